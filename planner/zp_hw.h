@@ -1,0 +1,44 @@
+/* zp_hw: cluster hardware profiles (hwprofiles/NAME.json) — the constants the memory model,
+ * the simulator's cost model and the planner read. Every constant's source is in "notes". */
+#ifndef ZP_HW_H
+#define ZP_HW_H
+
+#include <glib.h>
+
+typedef struct {
+    char name[64];
+    char gpu[64];                    /* marketing name, e.g. "V100-SXM3-32GB" */
+    double gpu_memory_bytes;         /* device memory per GPU */
+    double peak_fp16_flops;          /* dense tensor-core peak per GPU */
+    double peak_bf16_flops;          /* 0 where the GPU has no bf16 tensor cores */
+    double peak_fp32_flops;          /* non-tensor fp32 peak per GPU */
+    double hbm_bytes_per_s;          /* device memory bandwidth per GPU */
+    int gpus_per_node;
+    double intra_node_bytes_per_s;   /* per GPU, one direction (NVLink/NVSwitch) */
+    double intra_node_latency_s;     /* per hop inside a node */
+    double inter_node_bytes_per_s;   /* per node, one direction, all NICs together */
+    double inter_node_latency_s;     /* per network hop */
+    double host_link_bytes_per_s;    /* host<->GPU per GPU (PCIe), one direction */
+    double cpu_memory_bytes;         /* host memory per node */
+    double nvme_bytes_per_s;         /* per node */
+    double nvme_bytes;               /* per node */
+    double runtime_reserve_bytes;    /* CUDA context, library workspaces, allocator slack */
+    double gemm_efficiency_max;      /* achieved/peak for very large GEMMs */
+    double gemm_half_efficiency_flops; /* GEMM size (FLOPs) that reaches half of the max */
+} ZpHw;
+
+/* Resolves a name in DATA_DIR/hwprofiles/ or a PATH.json. An unknown name lists the
+ * profiles that exist. */
+gboolean zp_hw_load(const char *name_or_path, ZpHw *hw, GError **error);
+
+/* Parses a profile object; `what` names its file in messages. */
+gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError **error);
+
+/* A profile with only GPU memory known (maxmodel --gpu-memory). */
+void zp_hw_from_gpu_memory(double gpu_memory_bytes, ZpHw *hw);
+
+/* Fraction of peak a GEMM of `flops` reaches: max * F / (F + F_half). Small GEMMs cannot
+ * fill the machine's SMs; the saturating form is the simplest with the right limits. */
+double zp_hw_gemm_efficiency(const ZpHw *hw, double flops);
+
+#endif

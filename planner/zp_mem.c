@@ -1,0 +1,114 @@
+/* zp_mem: model states follow the ZeRO paper's formulas term by term, in double: 1e15
+ * parameters x 16 bytes is 1.6e16, exact in a double's 53-bit mantissa for our inputs. */
+#include "zp_mem.h"
+
+#include <math.h>
+
+ZpModelStates zp_mem_model_states(double params, int stage, int dp, int mp, ZpStateBytes bytes)
+{
+    const double psi = params / mp, n = dp;
+    ZpModelStates m;
+    m.params_bytes = bytes.param_bytes * psi / (stage >= 3 ? n : 1.0);
+    m.grads_bytes = bytes.grad_bytes * psi / (stage >= 2 ? n : 1.0);
+    m.optim_bytes = bytes.optim_bytes * psi / (stage >= 1 ? n : 1.0);
+    m.total_bytes = m.params_bytes + m.grads_bytes + m.optim_bytes;
+    return m;
+}
+
+double zp_mem_max_params(double budget_bytes, int stage, int dp, int mp, ZpStateBytes bytes)
+{
+    /* Model states are linear in psi: bytes(psi) = psi * bytes(1). */
+    const ZpModelStates per_param = zp_mem_model_states(1.0, stage, dp, mp, bytes);
+    return budget_bytes / per_param.total_bytes;
+}
+
+uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple)
+{
+    return multiple ? (elems + multiple - 1) / multiple * multiple : elems;
+}
+
+double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
+                                     double elem_bytes)
+{
+    const double s = model->seq_len, b = micro_batch, h = model->hidden, a = model->heads;
+    const double t = mp;
+    const double per_sbh = model->dropout ? 10.0 + 24.0 / t + 5.0 * a * s / (h * t)
+                                          : 8.0 + 24.0 / t + 2.0 * a * s / (h * t);
+    return s * b * h * per_sbh * elem_bytes / 2.0;
+}
+
+/* Stage-3 parameters DeepSpeed keeps whole on every rank: tensors of at most
+ * stage3_param_persistence_threshold elements (biases and layer norms of smaller models). */
+static double persistent_elems(const ZpModel *model, double threshold)
+{
+    GArray *tensors = zp_model_tensors(model);
+    double total = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        if ((double)t->elems <= threshold)
+            total += (double)t->elems;
+    }
+    g_array_unref(tensors);
+    return total;
+}
+
+static double largest_unit_elems(const ZpModel *model)
+{
+    double largest = 0;
+    for (int u = 0; u < zp_model_n_units(model); u++)
+        largest = fmax(largest, (double)zp_model_unit_elems(model, u));
+    return largest;
+}
+
+static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, double elem,
+                                 ZpResidual *r)
+{
+    const double s = model->seq_len, b = plan->micro_batch, h = model->hidden;
+    r->activation_block_bytes = zp_mem_activation_block_bytes(model, plan->micro_batch,
+                                                              plan->mp, elem);
+    if (plan->checkpoint) {
+        /* A checkpoint is the block input, 2sbh in 16 bits, replicated across the tensor
+         * group; backward recomputes one block at a time, so one block's set is live. */
+        r->checkpoint_bytes = (double)model->layers * s * b * h * elem;
+        r->recompute_bytes = r->activation_block_bytes;
+    } else {
+        r->activations_bytes = (double)model->layers * r->activation_block_bytes;
+    }
+    /* Korthikanti's output layer term: 4 s b V / t bytes of fp32 logits for the loss. */
+    r->logits_bytes = 4.0 * s * b * (double)model->vocab / plan->mp;
+}
+
+static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBytes bytes,
+                             ZpResidual *r)
+{
+    const ZpZeroConfig *z = &plan->zero;
+    const double psi = (double)zp_model_param_count(model) / plan->mp;
+    /* Stages 1-2 double-buffer the gradient bucket when overlap_comm is on (DeepSpeed's
+     * ipg_buffer pair); stages 0 and 3 use one. A bucket never exceeds the model. */
+    const double buffers = (z->stage == 1 || z->stage == 2) && z->overlap_comm ? 2.0 : 1.0;
+    r->reduce_bucket_bytes = fmin(z->reduce_bucket_size, psi) * bytes.grad_bytes * buffers;
+    if (z->stage == 1 || z->stage == 2)
+        r->allgather_bucket_bytes = fmin(z->allgather_bucket_size, psi) * bytes.param_bytes;
+    if (z->stage == 3 && zp_model_has_architecture(model)) {
+        const double gathered = fmin(z->stage3_max_live_parameters,
+                                     largest_unit_elems(model) / plan->mp +
+                                         z->stage3_prefetch_bucket_size);
+        r->stage3_gathered_bytes = gathered * bytes.param_bytes;
+        r->stage3_persistent_bytes = persistent_elems(model, z->stage3_param_persistence_threshold) /
+                                     plan->mp * bytes.param_bytes;
+    }
+}
+
+ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
+{
+    ZpResidual r = {0};
+    const ZpStateBytes bytes = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    if (zp_model_has_architecture(model))
+        add_activation_terms(model, plan, zp_plan_elem_bytes(plan->precision), &r);
+    add_buffer_terms(model, plan, bytes, &r);
+    r.reserve_bytes = hw ? hw->runtime_reserve_bytes : 0.0;
+    r.total_bytes = r.activations_bytes + r.checkpoint_bytes + r.recompute_bytes +
+                    r.logits_bytes + r.reduce_bucket_bytes + r.allgather_bucket_bytes +
+                    r.stage3_gathered_bytes + r.stage3_persistent_bytes + r.reserve_bytes;
+    return r;
+}

@@ -1,0 +1,116 @@
+/* zp_plan: plan defaults and the precision x optimizer table of bytes per parameter.
+ * The table is the only place the "K" of the ZeRO paper is decided. */
+#include "zp_plan.h"
+#include "zp_util.h"
+
+#include <string.h>
+
+void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
+{
+    *zero = (ZpZeroConfig){
+        .stage = stage,
+        .reduce_bucket_size = 5e8,
+        .allgather_bucket_size = 5e8,
+        .overlap_comm = stage == 3,
+        .contiguous_gradients = TRUE,
+        .reduce_scatter = TRUE,
+        .stage3_prefetch_bucket_size = 5e7,
+        .stage3_param_persistence_threshold = 1e5,
+        .stage3_max_live_parameters = 1e9,
+        .stage3_max_reuse_distance = 1e9,
+    };
+}
+
+void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp)
+{
+    memset(plan, 0, sizeof *plan);
+    zp_zero_config_defaults(&plan->zero, stage);
+    plan->dp = dp;
+    plan->mp = mp;
+    plan->micro_batch = 1;
+    plan->grad_accum = 1;
+    plan->precision = ZP_PREC_FP16;
+    plan->optimizer = ZP_OPT_ADAM;
+}
+
+/* Optimizer state bytes per parameter beyond the master copy:
+ *   Adam: fp32 momentum + variance = 8.
+ *   SGD with momentum: fp32 momentum = 4.  Plain SGD: nothing.
+ *   8-bit Adam (bitsandbytes, block-wise): 1 + 1 byte, plus one fp32 absmax per 2048-element
+ *   block for each of the two states = 2 + 8/2048. */
+static double optimizer_moment_bytes(ZpOptimizer optimizer)
+{
+    static const double moment_bytes[] = {
+        [ZP_OPT_ADAM] = 8.0,
+        [ZP_OPT_SGD_MOMENTUM] = 4.0,
+        [ZP_OPT_SGD] = 0.0,
+        [ZP_OPT_ADAM_8BIT] = 2.0 + 8.0 / 2048.0,
+    };
+    return moment_bytes[optimizer];
+}
+
+ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer)
+{
+    /* Mixed precision keeps 16-bit params and grads and a 4-byte fp32 master copy inside the
+     * optimizer states; fp32 training needs no master copy. Adam with fp16: 2 + 2 + 12. */
+    const gboolean mixed = precision != ZP_PREC_FP32;
+    const double elem = mixed ? 2.0 : 4.0;
+    return (ZpStateBytes){
+        .param_bytes = elem,
+        .grad_bytes = elem,
+        .optim_bytes = (mixed ? 4.0 : 0.0) + optimizer_moment_bytes(optimizer),
+    };
+}
+
+double zp_plan_elem_bytes(ZpPrecision precision)
+{
+    return precision == ZP_PREC_FP32 ? 4.0 : 2.0;
+}
+
+static const char *const precision_names[] = {"fp16", "bf16", "fp32", NULL};
+static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
+
+const char *zp_precision_name(ZpPrecision precision)
+{
+    return precision_names[precision];
+}
+
+const char *zp_optimizer_name(ZpOptimizer optimizer)
+{
+    return optimizer_names[optimizer];
+}
+
+static gboolean parse_choice(const char *text, const char *flag, const char *const *names,
+                             int count, int *out, GError **error)
+{
+    for (int i = 0; i < count; i++)
+        if (text && strcmp(text, names[i]) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    char *choices = g_strjoinv(", ", (char **)names);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
+                text ? text : "", choices);
+    g_free(choices);
+    return FALSE;
+}
+
+gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out,
+                            GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, precision_names, 3, &v, error))
+        return FALSE;
+    *out = (ZpPrecision)v;
+    return TRUE;
+}
+
+gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out,
+                            GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, optimizer_names, 4, &v, error))
+        return FALSE;
+    *out = (ZpOptimizer)v;
+    return TRUE;
+}

@@ -1,0 +1,64 @@
+/* zp_plan: one training plan — ZeRO stage and DeepSpeed's knobs, parallel degrees, batch,
+ * checkpointing, precision and optimizer — with DeepSpeed's real defaults. */
+#ifndef ZP_PLAN_H
+#define ZP_PLAN_H
+
+#include <glib.h>
+
+typedef enum { ZP_PREC_FP16, ZP_PREC_BF16, ZP_PREC_FP32 } ZpPrecision;
+typedef enum { ZP_OPT_ADAM, ZP_OPT_SGD_MOMENTUM, ZP_OPT_SGD, ZP_OPT_ADAM_8BIT } ZpOptimizer;
+
+/* Bytes per parameter of each model-state term for a precision and optimizer. */
+typedef struct {
+    double param_bytes; /* the weights the forward reads (2 for fp16/bf16, 4 for fp32) */
+    double grad_bytes;  /* gradients in the training precision */
+    double optim_bytes; /* K: fp32 master copy (mixed precision) plus optimizer moments */
+} ZpStateBytes;
+
+/* DeepSpeed's zero_optimization section, sizes in elements as DeepSpeed counts them. */
+typedef struct {
+    int stage;
+    double reduce_bucket_size;
+    double allgather_bucket_size;
+    gboolean overlap_comm;
+    gboolean contiguous_gradients;
+    gboolean reduce_scatter;
+    double stage3_prefetch_bucket_size;
+    double stage3_param_persistence_threshold;
+    double stage3_max_live_parameters;
+    double stage3_max_reuse_distance;
+} ZpZeroConfig;
+
+typedef struct {
+    ZpZeroConfig zero;
+    int dp;               /* data-parallel degree N */
+    int mp;               /* tensor (model) parallel degree M */
+    int micro_batch;      /* samples per GPU per micro-step */
+    int grad_accum;       /* micro-steps per optimizer step */
+    gboolean checkpoint;  /* activation checkpointing at every block */
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+} ZpPlan;
+
+/* DeepSpeed's defaults (deepspeed/runtime/zero/config.py): buckets 5e8 elements, overlap_comm
+ * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9. */
+void zp_zero_config_defaults(ZpZeroConfig *zero, int stage);
+
+/* A plan with the given stage and degrees and DeepSpeed defaults elsewhere: micro-batch 1,
+ * no accumulation, no checkpointing, fp16 mixed precision with Adam. */
+void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp);
+
+ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer);
+
+/* Bytes of one element of the 16-bit (or 32-bit) working precision. */
+double zp_plan_elem_bytes(ZpPrecision precision);
+
+/* Name <-> enum for flags and JSON; the parsers fail naming the flag and the choices. */
+const char *zp_precision_name(ZpPrecision precision);
+const char *zp_optimizer_name(ZpOptimizer optimizer);
+gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out,
+                            GError **error);
+gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out,
+                            GError **error);
+
+#endif

@@ -1,0 +1,246 @@
+/* zp_util: error domain, strict JSON readers, flag number parsing and atomic writes.
+ * Every message names the file, key or flag at fault so the CLI can print it as one line. */
+#include "zp_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef ZP_DATA_DIR
+#define ZP_DATA_DIR "."
+#endif
+
+G_DEFINE_QUARK(zp-error-quark, zp_error)
+
+const char *zp_data_dir(void)
+{
+    const char *env = g_getenv("ZPLAN_DATA_DIR");
+    return (env && *env) ? env : ZP_DATA_DIR;
+}
+
+json_t *zp_json_load_object(const char *path, GError **error)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        /* Jansson reports a missing file as a parse error at line -1. */
+        if (jerr.line < 0)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s", path, jerr.text);
+        else
+            g_set_error(error, ZP_ERROR, ZP_ERROR_PARSE, "%s:%d:%d: malformed JSON: %s", path,
+                        jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_PARSE, "%s: top level must be a JSON object", path);
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+static json_t *get_field(json_t *obj, const char *what, const char *key, gboolean required,
+                         GError **error, gboolean *present)
+{
+    json_t *v = json_object_get(obj, key);
+    *present = v != NULL && !json_is_null(v);
+    if (!*present && required)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: missing key \"%s\"", what, key);
+    return v;
+}
+
+gboolean zp_json_get_int(json_t *obj, const char *what, const char *key, gboolean required,
+                         int64_t min, int64_t max, int64_t *out, GError **error)
+{
+    gboolean present;
+    json_t *v = get_field(obj, what, key, required, error, &present);
+    if (!present)
+        return !required;
+    double d = json_is_integer(v) ? (double)json_integer_value(v)
+                                  : (json_is_real(v) ? json_real_value(v) : NAN);
+    if (!json_is_number(v) || d != floor(d)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be a whole number", what,
+                    key);
+        return FALSE;
+    }
+    if (d < (double)min || d > (double)max) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"%s\" = %.17g is outside [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+                    "]",
+                    what, key, d, min, max);
+        return FALSE;
+    }
+    *out = (int64_t)d;
+    return TRUE;
+}
+
+gboolean zp_json_get_number(json_t *obj, const char *what, const char *key, gboolean required,
+                            double min, double max, double *out, GError **error)
+{
+    gboolean present;
+    json_t *v = get_field(obj, what, key, required, error, &present);
+    if (!present)
+        return !required;
+    if (!json_is_number(v)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be a number", what, key);
+        return FALSE;
+    }
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < min || d > max) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" = %g is outside [%g, %g]",
+                    what, key, d, min, max);
+        return FALSE;
+    }
+    *out = d;
+    return TRUE;
+}
+
+gboolean zp_json_get_bool(json_t *obj, const char *what, const char *key, gboolean required,
+                          gboolean *out, GError **error)
+{
+    gboolean present;
+    json_t *v = get_field(obj, what, key, required, error, &present);
+    if (!present)
+        return !required;
+    if (!json_is_boolean(v)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be true or false", what,
+                    key);
+        return FALSE;
+    }
+    *out = json_is_true(v);
+    return TRUE;
+}
+
+gboolean zp_json_get_string(json_t *obj, const char *what, const char *key, gboolean required,
+                            const char **out, GError **error)
+{
+    gboolean present;
+    json_t *v = get_field(obj, what, key, required, error, &present);
+    if (!present)
+        return !required;
+    if (!json_is_string(v)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be a string", what, key);
+        return FALSE;
+    }
+    *out = json_string_value(v);
+    return TRUE;
+}
+
+gboolean zp_json_check_keys(json_t *obj, const char *what, const char *const *allowed,
+                            GError **error)
+{
+    const char *key;
+    json_t *value;
+    json_object_foreach(obj, key, value)
+    {
+        gboolean known = FALSE;
+        for (const char *const *a = allowed; *a && !known; a++)
+            known = strcmp(*a, key) == 0;
+        if (!known) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: unknown key \"%s\"", what, key);
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
+gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
+                         gboolean integral, double *out, GError **error)
+{
+    char *end = NULL;
+    errno = 0;
+    double d = text ? strtod(text, &end) : NAN;
+    if (!text || end == text || *end != '\0' || errno == ERANGE || !isfinite(d)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is not a number", flag,
+                    text ? text : "");
+        return FALSE;
+    }
+    if (integral && d != floor(d)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' must be a whole number", flag,
+                    text);
+        return FALSE;
+    }
+    if (d < min || d > max) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is outside [%g, %g]", flag, text,
+                    min, max);
+        return FALSE;
+    }
+    *out = d;
+    return TRUE;
+}
+
+GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,
+                          GError **error)
+{
+    GArray *values = g_array_new(FALSE, FALSE, sizeof(int64_t));
+    char **parts = g_strsplit(text ? text : "", ",", -1);
+    for (char **p = parts; *p; p++) {
+        double d;
+        if (!zp_parse_number(g_strstrip(*p), flag, min, max, TRUE, &d, error)) {
+            g_strfreev(parts);
+            g_array_unref(values);
+            return NULL;
+        }
+        int64_t v = (int64_t)d;
+        g_array_append_val(values, v);
+    }
+    g_strfreev(parts);
+    if (values->len == 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: empty list", flag);
+        g_array_unref(values);
+        return NULL;
+    }
+    return values;
+}
+
+gboolean zp_write_file_atomic(const char *path, const char *contents, gsize length,
+                              GError **error)
+{
+    /* g_file_set_contents writes a temporary file beside path and renames it. */
+    return g_file_set_contents(path, contents, (gssize)length, error);
+}
+
+gboolean zp_json_write(json_t *value, const char *path, GError **error)
+{
+    char *text = json_dumps(value, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    if (!text) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
+        return FALSE;
+    }
+    gboolean ok = TRUE;
+    if (!path || strcmp(path, "-") == 0) {
+        fputs(text, stdout);
+        fputc('\n', stdout);
+    } else {
+        GString *s = g_string_new(text);
+        g_string_append_c(s, '\n');
+        ok = zp_write_file_atomic(path, s->str, s->len, error);
+        g_string_free(s, TRUE);
+    }
+    free(text);
+    return ok;
+}
+
+static gint compare_strings(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+char *zp_list_json_names(const char *dir)
+{
+    GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
+    GDir *d = g_dir_open(dir, 0, NULL);
+    const char *entry;
+    while (d && (entry = g_dir_read_name(d)))
+        if (g_str_has_suffix(entry, ".json"))
+            g_ptr_array_add(names, g_strndup(entry, strlen(entry) - 5));
+    if (d)
+        g_dir_close(d);
+    g_ptr_array_sort(names, compare_strings);
+    g_ptr_array_add(names, NULL);
+    char *joined = g_strjoinv(", ", (char **)names->pdata);
+    g_ptr_array_unref(names);
+    return joined;
+}

@@ -1,0 +1,65 @@
+/* zp_util: the small pieces every zplan module shares — the error domain, strict JSON
+ * field readers that name the file and key, number parsing for flags, and atomic writes. */
+#ifndef ZP_UTIL_H
+#define ZP_UTIL_H
+
+#include <glib.h>
+#include <jansson.h>
+#include <stdint.h>
+
+#define ZP_ERROR (zp_error_quark())
+GQuark zp_error_quark(void);
+
+typedef enum {
+    ZP_ERROR_IO,      /* a file could not be read or written */
+    ZP_ERROR_PARSE,   /* malformed JSON */
+    ZP_ERROR_KEY,     /* missing, unknown or wrong-typed key */
+    ZP_ERROR_VALUE,   /* a value out of its allowed range */
+    ZP_ERROR_NOTFOUND /* an unknown model or cluster name */
+} ZpErrorCode;
+
+/* Directory that holds models/ and hwprofiles/: $ZPLAN_DATA_DIR if set, else the source
+ * tree the binary was built from (ZP_DATA_DIR, set by the Makefile). */
+const char *zp_data_dir(void);
+
+/* Loads a JSON object from path. On a syntax error the message is "PATH:LINE:COL: text". */
+json_t *zp_json_load_object(const char *path, GError **error);
+
+/* Strict field readers. `what` names the file (or object) for messages; a missing
+ * required key, a wrong type or a value outside [min, max] sets error naming the key. */
+gboolean zp_json_get_int(json_t *obj, const char *what, const char *key, gboolean required,
+                         int64_t min, int64_t max, int64_t *out, GError **error);
+gboolean zp_json_get_number(json_t *obj, const char *what, const char *key, gboolean required,
+                            double min, double max, double *out, GError **error);
+gboolean zp_json_get_bool(json_t *obj, const char *what, const char *key, gboolean required,
+                          gboolean *out, GError **error);
+gboolean zp_json_get_string(json_t *obj, const char *what, const char *key, gboolean required,
+                            const char **out, GError **error);
+
+/* Fails naming the first key of obj that is not in the NULL-terminated `allowed` list,
+ * so a typo in a spec file is never silently ignored. */
+gboolean zp_json_check_keys(json_t *obj, const char *what, const char *const *allowed,
+                            GError **error);
+
+/* Parses a flag value as a finite number in [min, max] ("7.5e9", "64"). If `integral`,
+ * the value must be a whole number. `flag` names the flag in the message. */
+gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
+                         gboolean integral, double *out, GError **error);
+
+/* Parses a comma-separated list of whole numbers in [min, max] ("1,4,16"). */
+GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,
+                          GError **error);
+
+/* Writes `contents` to path through a temporary file in the same directory and a rename,
+ * so a reader never sees a half-written file. */
+gboolean zp_write_file_atomic(const char *path, const char *contents, gsize length,
+                              GError **error);
+
+/* Dumps JSON (indented, keys in insertion order) atomically to path, or to stdout if
+ * path is NULL or "-". */
+gboolean zp_json_write(json_t *value, const char *path, GError **error);
+
+/* Lists the *.json base names (without extension) in a directory, sorted, comma-joined. */
+char *zp_list_json_names(const char *dir);
+
+#endif

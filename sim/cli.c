@@ -1,0 +1,123 @@
+/* cli: the flag handling every zplan subcommand shares, so that each bad-input case is
+ * refused the same way everywhere: one line, naming the flag, non-zero exit. */
+#include "cli.h"
+#include "zp_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int cli_fail(const char *command, GError *error)
+{
+    fprintf(stderr, "zplan %s: %s\n", command, error ? error->message : "failed");
+    g_clear_error(&error);
+    return 1;
+}
+
+gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **error)
+{
+    if (!g_option_context_parse(context, argc, argv, error))
+        return FALSE;
+    if (*argc > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "unexpected argument '%s' (see --help)",
+                    (*argv)[1]);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean cli_model(const char *model_flag, const char *params_flag, ZpModel *model,
+                   GError **error)
+{
+    if (!!model_flag == !!params_flag) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "give exactly one of --model NAME|PATH.json and --params P");
+        return FALSE;
+    }
+    if (model_flag)
+        return zp_model_load(model_flag, model, error);
+    double params;
+    if (!zp_parse_number(params_flag, "--params", 1, CLI_MAX_PARAMS, FALSE, &params, error))
+        return FALSE;
+    zp_model_from_params(params, model);
+    return TRUE;
+}
+
+gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean required,
+                     ZpHw *hw, gboolean *have, GError **error)
+{
+    *have = cluster_flag || memory_flag;
+    if (cluster_flag && memory_flag) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "give one of --cluster and --gpu-memory, not both");
+        return FALSE;
+    }
+    if (!*have) {
+        if (required)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "give --cluster NAME|PATH.json or --gpu-memory BYTES");
+        return !required;
+    }
+    if (cluster_flag)
+        return zp_hw_load(cluster_flag, hw, error);
+    double bytes;
+    if (!zp_parse_number(memory_flag, "--gpu-memory", 1e6, 1e14, FALSE, &bytes, error))
+        return FALSE;
+    zp_hw_from_gpu_memory(bytes, hw);
+    return TRUE;
+}
+
+gboolean cli_int(const char *text, const char *flag, double min, double max, int fallback,
+                 int *out, GError **error)
+{
+    if (!text) {
+        *out = fallback;
+        return TRUE;
+    }
+    double value;
+    if (!zp_parse_number(text, flag, min, max, TRUE, &value, error))
+        return FALSE;
+    *out = (int)value;
+    return TRUE;
+}
+
+gboolean cli_precision_optimizer(const char *precision_flag, const char *optimizer_flag,
+                                 ZpPrecision *precision, ZpOptimizer *optimizer,
+                                 GError **error)
+{
+    *precision = ZP_PREC_FP16;
+    *optimizer = ZP_OPT_ADAM;
+    return (!precision_flag || zp_precision_parse(precision_flag, "--precision", precision,
+                                                  error)) &&
+           (!optimizer_flag || zp_optimizer_parse(optimizer_flag, "--optimizer", optimizer,
+                                                  error));
+}
+
+gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error)
+{
+    if (gpus % mp != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--mp: %d does not divide --gpus %" G_GINT64_FORMAT, mp, gpus);
+        return FALSE;
+    }
+    if (zp_model_has_architecture(model) && model->heads % mp != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--mp: %d does not divide the %" G_GINT64_FORMAT " attention heads of %s",
+                    mp, model->heads, model->name);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+char *cli_thousands(uint64_t value)
+{
+    char digits[32];
+    g_snprintf(digits, sizeof digits, "%" G_GUINT64_FORMAT, value);
+    GString *out = g_string_new(NULL);
+    const size_t n = strlen(digits);
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && (n - i) % 3 == 0)
+            g_string_append_c(out, ',');
+        g_string_append_c(out, digits[i]);
+    }
+    return g_string_free(out, FALSE);
+}

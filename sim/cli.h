@@ -1,0 +1,52 @@
+/* cli: zplan's command line — one function per subcommand (cli_memory, cli_maxmodel, ...)
+ * in its own cli_NAME.c, plus the shared flag handling in cli.c. Errors end here: a
+ * subcommand prints one line naming the flag, key or file and returns non-zero. */
+#ifndef CLI_H
+#define CLI_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+
+#include <glib.h>
+
+/* Limits that reject absurd input with a clear message rather than overflow later. */
+#define CLI_MAX_PARAMS 1e15 /* a thousand trillion parameters */
+#define CLI_MAX_GPUS 1048576.0
+
+typedef int (*CliCommand)(int argc, char **argv);
+
+int cli_memory(int argc, char **argv);
+int cli_maxmodel(int argc, char **argv);
+
+/* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
+int cli_fail(const char *command, GError *error);
+
+/* Parses options; fails on a parse error or on a stray positional argument. */
+gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **error);
+
+/* --model NAME|PATH.json or --params P, exactly one of them. */
+gboolean cli_model(const char *model_flag, const char *params_flag, ZpModel *model,
+                   GError **error);
+
+/* --cluster NAME|PATH.json or --gpu-memory BYTES; *have is FALSE when neither was given
+ * and neither is required. */
+gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean required,
+                     ZpHw *hw, gboolean *have, GError **error);
+
+/* Parses a whole-number flag in [min, max], or returns `fallback` when text is NULL. */
+gboolean cli_int(const char *text, const char *flag, double min, double max, int fallback,
+                 int *out, GError **error);
+
+/* --precision and --optimizer with their defaults (fp16, adam). */
+gboolean cli_precision_optimizer(const char *precision_flag, const char *optimizer_flag,
+                                 ZpPrecision *precision, ZpOptimizer *optimizer,
+                                 GError **error);
+
+/* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
+gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
+
+/* "1,557,611,200" for the human tables. Returns a newly allocated string. */
+char *cli_thousands(uint64_t value);
+
+#endif

@@ -1,0 +1,97 @@
+/* cli_maxmodel: `zplan maxmodel` prints the ZeRO paper's Table 2 theoretical columns — the
+ * largest parameter count whose model states fit in one GPU's memory, per stage. */
+#include "cli.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <stdio.h>
+
+/* "7.64B", "2.05T": the paper's way of writing model sizes. */
+static void format_params(double params, char *out, size_t size)
+{
+    if (params >= 1e12)
+        g_snprintf(out, size, "%.3gT", params / 1e12);
+    else if (params >= 1e9)
+        g_snprintf(out, size, "%.3gB", params / 1e9);
+    else
+        g_snprintf(out, size, "%.3gM", params / 1e6);
+}
+
+int cli_maxmodel(int argc, char **argv)
+{
+    char *cluster = NULL, *gpu_memory = NULL, *gpus_flag = NULL, *mp_flag = NULL;
+    char *precision_flag = NULL, *optimizer_flag = NULL;
+    gboolean json = FALSE;
+    GOptionEntry entries[] = {
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (its GPU memory)", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory in bytes instead of a cluster", "BYTES"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus_flag, "Total GPU count (required)", "N"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp_flag, "Tensor (model) parallel degree; DP = N / M", "M"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision_flag, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer_flag, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- the largest model whose states fit");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Prints the ZeRO paper's Table 2 theoretical columns: the largest parameter count\n"
+        "whose model states (no activations or buffers) fit in one GPU, per ZeRO stage.");
+    GError *error = NULL;
+    ZpHw hw;
+    ZpModel no_model;
+    zp_model_from_params(1, &no_model);
+    gboolean have_hw = FALSE;
+    int gpus = 0, mp = 1;
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+    gboolean ok = cli_parse(context, &argc, &argv, &error) &&
+                  cli_cluster(cluster, gpu_memory, TRUE, &hw, &have_hw, &error) &&
+                  cli_int(mp_flag, "--mp", 1, 65536, 1, &mp, &error) &&
+                  cli_precision_optimizer(precision_flag, optimizer_flag, &precision,
+                                          &optimizer, &error);
+    if (ok && !gpus_flag) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N is required");
+        ok = FALSE;
+    }
+    ok = ok && cli_int(gpus_flag, "--gpus", 1, CLI_MAX_GPUS, 1, &gpus, &error) &&
+         cli_check_mp(mp, gpus, &no_model, &error);
+    int status = 0;
+    if (!ok) {
+        status = cli_fail("maxmodel", error);
+    } else {
+        const ZpStateBytes sb = zp_plan_state_bytes(precision, optimizer);
+        const int dp = gpus / mp;
+        double best[4];
+        for (int stage = 0; stage <= 3; stage++)
+            best[stage] = zp_mem_max_params(hw.gpu_memory_bytes, stage, dp, mp, sb);
+        if (json) {
+            json_t *root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f}", "stage0",
+                                     best[0], "stage1", best[1], "stage2", best[2], "stage3",
+                                     best[3], "gpus", gpus, "mp", mp, "dp", dp,
+                                     "gpu_memory_bytes", hw.gpu_memory_bytes);
+            ok = zp_json_write(root, NULL, &error);
+            json_decref(root);
+            status = ok ? 0 : cli_fail("maxmodel", error);
+        } else {
+            printf("Largest model whose model states fit in %.3g GB per GPU (%s), %d GPUs = "
+                   "MP %d x DP %d,\n%s + %s; activations, buffers and reserve not counted "
+                   "(Table 2's theoretical columns; B = 1e9, T = 1e12).\n\n",
+                   hw.gpu_memory_bytes / 1e9, hw.name, gpus, mp, dp,
+                   zp_precision_name(precision), zp_optimizer_name(optimizer));
+            printf("  %4s %6s %10s %10s %10s %10s\n", "MP", "GPUs", "baseline", "Pos", "Pos+g",
+                   "Pos+g+p");
+            printf("  %4d %6d", mp, gpus);
+            for (int stage = 0; stage <= 3; stage++) {
+                char cell[32];
+                format_params(best[stage], cell, sizeof cell);
+                printf(" %10s", cell);
+            }
+            printf("\n");
+        }
+    }
+    g_option_context_free(context);
+    g_free(cluster), g_free(gpu_memory), g_free(gpus_flag), g_free(mp_flag);
+    g_free(precision_flag), g_free(optimizer_flag);
+    return status;
+}

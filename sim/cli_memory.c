@@ -1,0 +1,228 @@
+/* cli_memory: `zplan memory` prints the ZeRO paper's Table 1 layout — model-state bytes per
+ * GPU, one row per GPU count, one column per stage — and the residual terms beside it. */
+#include "cli.h"
+#include "zp_comm.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <stdio.h>
+
+typedef struct {
+    ZpModel model;
+    ZpHw hw;
+    gboolean have_hw;
+    GArray *gpus; /* int64_t */
+    int mp, micro_batch;
+    gboolean checkpoint, json;
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+} MemoryArgs;
+
+#define GB 1e9
+
+static json_t *states_json(ZpModelStates m)
+{
+    return json_pack("{s:f, s:f, s:f, s:f}", "params_bytes", m.params_bytes, "grads_bytes",
+                     m.grads_bytes, "optimizer_bytes", m.optim_bytes, "total_bytes",
+                     m.total_bytes);
+}
+
+static json_t *residual_json(const ZpResidual *r)
+{
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                     "activation_block_bytes", r->activation_block_bytes, "activations_bytes",
+                     r->activations_bytes, "checkpoint_bytes", r->checkpoint_bytes,
+                     "recompute_bytes", r->recompute_bytes, "logits_bytes", r->logits_bytes,
+                     "reduce_bucket_bytes", r->reduce_bucket_bytes, "allgather_bucket_bytes",
+                     r->allgather_bucket_bytes, "stage3_gathered_bytes",
+                     r->stage3_gathered_bytes, "stage3_persistent_bytes",
+                     r->stage3_persistent_bytes, "reserve_bytes", r->reserve_bytes,
+                     "total_bytes", r->total_bytes);
+}
+
+static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
+{
+    zp_plan_defaults(plan, stage, gpus / a->mp, a->mp);
+    plan->micro_batch = a->micro_batch;
+    plan->checkpoint = a->checkpoint;
+    plan->precision = a->precision;
+    plan->optimizer = a->optimizer;
+}
+
+static int print_json(const MemoryArgs *a)
+{
+    const double params = (double)zp_model_param_count(&a->model);
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    json_t *root = json_pack("{s:I, s:s, s:s, s:s, s:i, s:{s:f, s:f, s:f}}", "params",
+                             (json_int_t)zp_model_param_count(&a->model), "model",
+                             a->model.name, "precision", zp_precision_name(a->precision),
+                             "optimizer", zp_optimizer_name(a->optimizer), "mp", a->mp,
+                             "bytes_per_param", "params", sb.param_bytes, "grads",
+                             sb.grad_bytes, "optimizer", sb.optim_bytes);
+    json_t *rows = json_array();
+    for (guint i = 0; i < a->gpus->len; i++) {
+        const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
+        json_t *row = json_pack("{s:i, s:i}", "gpus", gpus, "dp", dp);
+        json_t *detail = json_object(), *comm = json_object(), *residual = json_object();
+        for (int stage = 0; stage <= 3; stage++) {
+            char key[16];
+            g_snprintf(key, sizeof key, "stage%d", stage);
+            ZpModelStates m = zp_mem_model_states(params, stage, dp, a->mp, sb);
+            json_object_set_new(row, key, json_real(m.total_bytes));
+            json_object_set_new(detail, key, states_json(m));
+            json_object_set_new(comm, key,
+                                json_real(zp_comm_dp_bytes_per_rank(
+                                    params, stage, dp, a->mp, zp_plan_elem_bytes(a->precision))));
+            ZpPlan plan;
+            plan_for(a, stage, gpus, &plan);
+            ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
+            json_object_set_new(residual, key, residual_json(&r));
+        }
+        json_object_set_new(row, "model_states", detail);
+        json_object_set_new(row, "residual", residual);
+        json_object_set_new(row, "comm_bytes_per_rank", comm);
+        json_array_append_new(rows, row);
+    }
+    json_object_set_new(root, "rows", rows);
+    if (a->have_hw)
+        json_object_set_new(root, "gpu_memory_bytes", json_real(a->hw.gpu_memory_bytes));
+    GError *error = NULL;
+    gboolean ok = zp_json_write(root, NULL, &error);
+    json_decref(root);
+    return ok ? 0 : cli_fail("memory", error);
+}
+
+static void print_residual(const MemoryArgs *a, int gpus, double params)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    ZpResidual r[4];
+    ZpModelStates m[4];
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan plan;
+        plan_for(a, stage, gpus, &plan);
+        r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
+        m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+    }
+    printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
+           ", %s (GB):\n",
+           gpus, a->micro_batch, a->model.seq_len,
+           a->checkpoint ? "checkpointing every block" : "no activation checkpointing");
+    printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
+    const struct {
+        const char *label;
+        size_t offset;
+    } rows[] = {
+        {"activations (all blocks)", G_STRUCT_OFFSET(ZpResidual, activations_bytes)},
+        {"checkpoints (block inputs)", G_STRUCT_OFFSET(ZpResidual, checkpoint_bytes)},
+        {"recomputed block", G_STRUCT_OFFSET(ZpResidual, recompute_bytes)},
+        {"logits (fp32)", G_STRUCT_OFFSET(ZpResidual, logits_bytes)},
+        {"gradient buckets", G_STRUCT_OFFSET(ZpResidual, reduce_bucket_bytes)},
+        {"all-gather bucket", G_STRUCT_OFFSET(ZpResidual, allgather_bucket_bytes)},
+        {"stage-3 gathered params", G_STRUCT_OFFSET(ZpResidual, stage3_gathered_bytes)},
+        {"stage-3 persistent params", G_STRUCT_OFFSET(ZpResidual, stage3_persistent_bytes)},
+        {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
+    };
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "model states", m[0].total_bytes / GB,
+           m[1].total_bytes / GB, m[2].total_bytes / GB, m[3].total_bytes / GB);
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
+        printf("  %-28s", rows[i].label);
+        for (int stage = 0; stage <= 3; stage++)
+            printf(" %9.3f", G_STRUCT_MEMBER(double, &r[stage], rows[i].offset) / GB);
+        printf("\n");
+    }
+    printf("  %-28s", "total");
+    for (int stage = 0; stage <= 3; stage++)
+        printf(" %9.3f", (m[stage].total_bytes + r[stage].total_bytes) / GB);
+    printf("\n");
+    if (!a->have_hw)
+        return;
+    printf("  %-28s", "fits in GPU memory?");
+    for (int stage = 0; stage <= 3; stage++) {
+        const double over = m[stage].total_bytes + r[stage].total_bytes - a->hw.gpu_memory_bytes;
+        char cell[32];
+        if (over <= 0)
+            g_snprintf(cell, sizeof cell, "yes");
+        else
+            g_snprintf(cell, sizeof cell, "+%.1f", over / GB);
+        printf(" %9s", cell);
+    }
+    printf("\n  (%s: %.1f GB per GPU; \"+X\" is how far over)\n", a->hw.name,
+           a->hw.gpu_memory_bytes / GB);
+}
+
+static void print_table(const MemoryArgs *a)
+{
+    const uint64_t count = zp_model_param_count(&a->model);
+    const double params = (double)count;
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    char *pretty = cli_thousands(count);
+    printf("Model-state memory per GPU for %s (%s parameters), %s + %s: %g + %g + %g bytes "
+           "per parameter, MP %d.\nGB = 1e9 bytes, as in the ZeRO paper's Table 1.\n\n",
+           a->model.name, pretty, zp_precision_name(a->precision),
+           zp_optimizer_name(a->optimizer), sb.param_bytes, sb.grad_bytes, sb.optim_bytes,
+           a->mp);
+    g_free(pretty);
+    printf("  %7s %7s %10s %10s %10s %10s\n", "GPUs", "DP", "stage 0", "stage 1", "stage 2",
+           "stage 3");
+    printf("  %7s %7s %10s %10s %10s %10s\n", "", "", "(baseline)", "(Pos)", "(Pos+g)",
+           "(Pos+g+p)");
+    for (guint i = 0; i < a->gpus->len; i++) {
+        const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
+        printf("  %7d %7d", gpus, dp);
+        for (int stage = 0; stage <= 3; stage++)
+            printf(" %10.3f", zp_mem_model_states(params, stage, dp, a->mp, sb).total_bytes / GB);
+        printf("\n");
+    }
+    if (zp_model_has_architecture(&a->model) || a->have_hw)
+        print_residual(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1), params);
+}
+
+int cli_memory(int argc, char **argv)
+{
+    char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
+    char *micro_batch = NULL, *precision = NULL, *optimizer = NULL;
+    MemoryArgs a = {0};
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model", "P"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU counts, comma-separated (required)", "N[,N...]"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor (model) parallel degree (default 1)", "M"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
+        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro_batch, "Samples per GPU for activations (default 1)", "B"},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- model-state and residual memory per GPU");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Prints the ZeRO paper's Table 1 layout: bytes per GPU of parameters, gradients and\n"
+        "optimizer states for ZeRO stages 0-3, one row per GPU count (GB = 1e9 bytes).");
+    GError *error = NULL;
+    gboolean have_hw = FALSE;
+    gboolean ok = cli_parse(context, &argc, &argv, &error) &&
+                  cli_model(model, params, &a.model, &error) &&
+                  cli_cluster(cluster, NULL, FALSE, &a.hw, &have_hw, &error) &&
+                  cli_int(mp, "--mp", 1, 65536, 1, &a.mp, &error) &&
+                  cli_int(micro_batch, "--micro-batch", 1, 1e6, 1, &a.micro_batch, &error) &&
+                  cli_precision_optimizer(precision, optimizer, &a.precision, &a.optimizer,
+                                          &error);
+    if (ok && !gpus) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
+        ok = FALSE;
+    }
+    if (ok)
+        ok = (a.gpus = zp_parse_int_list(gpus, "--gpus", 1, CLI_MAX_GPUS, &error)) != NULL;
+    for (guint i = 0; ok && a.gpus && i < a.gpus->len; i++)
+        ok = cli_check_mp(a.mp, g_array_index(a.gpus, int64_t, i), &a.model, &error);
+    a.have_hw = have_hw;
+    int status = ok ? (a.json ? print_json(&a) : (print_table(&a), 0)) : cli_fail("memory", error);
+    if (a.gpus)
+        g_array_unref(a.gpus);
+    g_option_context_free(context);
+    g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
+    g_free(micro_batch), g_free(precision), g_free(optimizer);
+    return status;
+}

@@ -1,0 +1,44 @@
+/* zplan: the command-line front end. It lives beside the simulator because it is the
+ * simulator's user interface; planner-only commands are here too, one table row each. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    CliCommand run;
+    const char *summary;
+} Command;
+
+static const Command commands[] = {
+    {"memory", cli_memory, "model-state and residual memory per GPU (ZeRO paper Table 1)"},
+    {"maxmodel", cli_maxmodel, "largest model whose states fit per stage (Table 2)"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: zplan COMMAND [OPTIONS]   (zplan COMMAND --help for its options)\n\n");
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            g_set_prgname(g_strdup_printf("zplan %s", argv[1]));
+            return commands[i].run(argc - 1, argv + 1);
+        }
+    fprintf(stderr, "zplan: unknown command '%s' (see zplan --help)\n", argv[1]);
+    return 2;
+}

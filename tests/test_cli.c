@@ -1,0 +1,226 @@
+/* test_cli: zplan's command line end to end — the issue's JSON figures, help for every
+ * subcommand, and every bad-input case: one stderr line naming the fault, non-zero exit. */
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <string.h>
+
+#ifndef ZP_BUILD_DIR
+#define ZP_BUILD_DIR "build"
+#endif
+
+typedef struct {
+    int status;
+    char *out, *err;
+} Run;
+
+static Run run_zplan(const char *args)
+{
+    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
+    char **argv = NULL;
+    Run r = {0};
+    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
+                               &r.status, NULL));
+    g_strfreev(argv);
+    g_free(command);
+    return r;
+}
+
+static void run_free(Run *r)
+{
+    g_free(r->out);
+    g_free(r->err);
+}
+
+static char *tmp_dir;
+
+static char *write_tmp(const char *name, const char *contents)
+{
+    char *path = g_build_filename(tmp_dir, name, NULL);
+    g_assert_true(g_file_set_contents(path, contents, -1, NULL));
+    return path;
+}
+
+static json_t *run_json(const char *args)
+{
+    Run r = run_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(r.out, 0, &jerr);
+    g_assert_nonnull(root);
+    run_free(&r);
+    return root;
+}
+
+static void test_memory_json_figures(void)
+{
+    json_t *root = run_json("memory --params 7.5e9 --gpus 64 --json");
+    g_assert_cmpint(json_integer_value(json_object_get(root, "params")), ==, 7500000000);
+    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
+    g_assert_cmpint(json_integer_value(json_object_get(row, "gpus")), ==, 64);
+    const double expected[4] = {120e9, 31.40625e9, 16.640625e9, 1.875e9};
+    for (int stage = 0; stage <= 3; stage++) {
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        g_assert_cmpfloat(json_number_value(json_object_get(row, key)), ==, expected[stage]);
+    }
+    json_decref(root);
+}
+
+static void test_maxmodel_json(void)
+{
+    json_t *root = run_json("maxmodel --gpu-memory 32e9 --gpus 64 --json");
+    g_assert_cmpfloat(json_number_value(json_object_get(root, "stage0")), ==, 2e9);
+    g_assert_cmpfloat(json_number_value(json_object_get(root, "stage3")), ==, 128e9);
+    json_decref(root);
+    root = run_json("maxmodel --cluster dgx2-v100 --gpus 1024 --mp 16 --json");
+    g_assert_cmpint(json_integer_value(json_object_get(root, "dp")), ==, 64);
+    json_decref(root);
+}
+
+static void test_human_tables(void)
+{
+    Run r = run_zplan("memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "GB = 1e9 bytes"));
+    g_assert_nonnull(strstr(r.out, "1,557,611,200"));
+    g_assert_nonnull(strstr(r.out, "fits in GPU memory?"));
+    run_free(&r);
+}
+
+static void test_help(void)
+{
+    const char *commands[] = {"memory", "maxmodel"};
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
+        char *args = g_strdup_printf("%s --help", commands[i]);
+        Run r = run_zplan(args);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_nonnull(strstr(r.out, "--json"));
+        run_free(&r);
+        g_free(args);
+    }
+    Run r = run_zplan("--help");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "maxmodel"));
+    run_free(&r);
+}
+
+/* Each case: arguments (with %s replaced by a temp file's path where given), the file's
+ * contents, and a substring the single error line must contain. */
+static const struct {
+    const char *args, *file, *message;
+} bad_cases[] = {
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": 2,\n \"hidden\": }", ":2:12: malformed JSON"},
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8}", "missing key \"hidden\""},
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": \"2\", \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8}", "key \"layers\" must be a whole number"},
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8, \"hiden\": 3}", "unknown key \"hiden\""},
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"hidden\": 8, \"heads\": 3, \"seq_len\": 8, \"vocab\": 8}", "does not divide hidden"},
+    {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": -2, \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8}", "key \"layers\" = -2 is outside"},
+    {"memory --model %s --gpus 4", "[1, 2]", "top level must be a JSON object"},
+    {"memory --model nosuch --gpus 4", NULL, "unknown model 'nosuch' (known: "},
+    {"memory --model gpt2-1.5b --cluster nosuch --gpus 4", NULL, "unknown cluster 'nosuch' (known: "},
+    {"memory --model gpt2-1.5b --cluster %s --gpus 4", "{\"name\": \"c\"}", "missing key \"gpu\""},
+    {"memory --model gpt2-1.5b --cluster %s --gpus 4", "{\"name\": \"c\", \"gpu\": \"g\", \"gpus_per_node\": 0}", "key \"gpus_per_node\" = 0 is outside"},
+    {"memory --params 1e30 --gpus 4", NULL, "--params: '1e30' is outside"},
+    {"memory --params 0 --gpus 4", NULL, "--params: '0' is outside"},
+    {"memory --params -5e9 --gpus 4", NULL, "--params: '-5e9' is outside"},
+    {"memory --params lots --gpus 4", NULL, "--params: 'lots' is not a number"},
+    {"memory --params 1e9 --gpus 0", NULL, "--gpus: '0' is outside"},
+    {"memory --params 1e9 --gpus -8", NULL, "--gpus: '-8' is outside"},
+    {"memory --params 1e9 --gpus 4.5", NULL, "--gpus: '4.5' must be a whole number"},
+    {"memory --params 1e9 --gpus 1e9", NULL, "--gpus: '1e9' is outside"},
+    {"memory --params 1e9", NULL, "--gpus N[,N...] is required"},
+    {"memory --gpus 4", NULL, "give exactly one of --model"},
+    {"memory --params 1e9 --model gpt2-1.5b --gpus 4", NULL, "give exactly one of --model"},
+    {"memory --params 1e9 --gpus 64 --mp 3", NULL, "--mp: 3 does not divide --gpus 64"},
+    {"memory --model gpt2-1.5b --gpus 64 --mp 2", NULL, "--mp: 2 does not divide the 25 attention heads"},
+    {"memory --params 1e9 --gpus 4 --precision fp8", NULL, "--precision: unknown value 'fp8'"},
+    {"memory --params 1e9 --gpus 4 --optimizer lion", NULL, "--optimizer: unknown value 'lion'"},
+    {"memory --params 1e9 --gpus 4 stray", NULL, "unexpected argument 'stray'"},
+    {"memory --params 1e9 --gpus 4 --frobnicate", NULL, "Unknown option --frobnicate"},
+    {"maxmodel --gpus 64", NULL, "give --cluster NAME|PATH.json or --gpu-memory BYTES"},
+    {"maxmodel --gpu-memory -1 --gpus 64", NULL, "--gpu-memory: '-1' is outside"},
+    {"maxmodel --gpu-memory 32e9", NULL, "--gpus N is required"},
+    {"maxmodel --gpu-memory 32e9 --gpus 0", NULL, "--gpus: '0' is outside"},
+    {"maxmodel --gpu-memory 32e9 --cluster dgx2-v100 --gpus 8", NULL, "not both"},
+    {"frobnicate", NULL, "unknown command 'frobnicate'"},
+};
+
+static void test_bad_input(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
+        char *path = bad_cases[i].file ? write_tmp("spec.json", bad_cases[i].file) : NULL;
+        char *args = path ? g_strdup_printf(bad_cases[i].args, path) : g_strdup(bad_cases[i].args);
+        Run r = run_zplan(args);
+        g_test_message("case: zplan %s -> %s", args, r.err);
+        g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_nonnull(strstr(r.err, bad_cases[i].message));
+        /* One line on stderr, nothing on stdout. */
+        g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+        g_assert_cmpstr(r.out, ==, "");
+        if (path) /* a file error names the file */
+            g_assert_true(strstr(r.err, path) || !strstr(bad_cases[i].message, "key"));
+        run_free(&r);
+        g_free(args);
+        g_free(path);
+    }
+}
+
+/* Every shipped profile loads, and every number in it has its source in "notes". */
+static void test_hwprofiles_have_sources(void)
+{
+    char *dir = g_build_filename(zp_data_dir(), "hwprofiles", NULL);
+    GDir *d = g_dir_open(dir, 0, NULL);
+    const char *entry;
+    int profiles = 0;
+    while ((entry = g_dir_read_name(d))) {
+        if (!g_str_has_suffix(entry, ".json"))
+            continue;
+        char *path = g_build_filename(dir, entry, NULL);
+        json_t *root = zp_json_load_object(path, NULL);
+        g_assert_nonnull(root);
+        json_t *notes = json_object_get(root, "notes");
+        g_assert_true(json_is_object(notes));
+        const char *key;
+        json_t *value;
+        json_object_foreach(root, key, value)
+        {
+            if (json_is_number(value)) {
+                g_test_message("%s: %s", entry, key);
+                g_assert_true(json_is_string(json_object_get(notes, key)));
+            }
+        }
+        json_decref(root);
+        char *name = g_strndup(entry, strlen(entry) - 5);
+        char *args = g_strdup_printf("maxmodel --cluster %s --gpus 8 --json", name);
+        json_decref(run_json(args));
+        g_free(args);
+        g_free(name);
+        g_free(path);
+        profiles++;
+    }
+    g_dir_close(d);
+    g_free(dir);
+    g_assert_cmpint(profiles, >=, 4);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    tmp_dir = g_dir_make_tmp("zplan-test-XXXXXX", NULL);
+    g_test_add_func("/cli/memory-json-figures", test_memory_json_figures);
+    g_test_add_func("/cli/maxmodel-json", test_maxmodel_json);
+    g_test_add_func("/cli/human-tables", test_human_tables);
+    g_test_add_func("/cli/help", test_help);
+    g_test_add_func("/cli/bad-input", test_bad_input);
+    g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
+    int status = g_test_run();
+    char *spec = g_build_filename(tmp_dir, "spec.json", NULL);
+    g_remove(spec);
+    g_rmdir(tmp_dir);
+    g_free(spec);
+    g_free(tmp_dir);
+    return status;
+}
