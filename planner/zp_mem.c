@@ -37,18 +37,18 @@ double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int 
     return s * b * h * per_sbh * elem_bytes / 2.0;
 }
 
-/* Stage-3 parameters DeepSpeed keeps whole on every rank: tensors of at most
- * stage3_param_persistence_threshold elements (biases and layer norms of smaller models). */
-static double persistent_elems(const ZpModel *model, double threshold)
+/* Stage-3 parameters kept whole on every rank. DeepSpeed decides per tensor (those of at most
+ * stage3_param_persistence_threshold elements); zplan decides per unit, the granularity its
+ * schedule gathers at, so the memory model and the schedule agree. The difference is the
+ * biases and norms inside each block (9h + f elements, under 0.1% of a block). */
+static double persistent_elems(const ZpModel *model, double threshold, int mp)
 {
-    GArray *tensors = zp_model_tensors(model);
     double total = 0;
-    for (guint i = 0; i < tensors->len; i++) {
-        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
-        if ((double)t->elems <= threshold)
-            total += (double)t->elems;
+    for (int u = 0; u < zp_model_n_units(model); u++) {
+        const double elems = (double)zp_model_unit_elems(model, u) / mp;
+        if (elems <= threshold)
+            total += elems;
     }
-    g_array_unref(tensors);
     return total;
 }
 
@@ -94,8 +94,9 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
                                      largest_unit_elems(model) / plan->mp +
                                          z->stage3_prefetch_bucket_size);
         r->stage3_gathered_bytes = gathered * bytes.param_bytes;
-        r->stage3_persistent_bytes = persistent_elems(model, z->stage3_param_persistence_threshold) /
-                                     plan->mp * bytes.param_bytes;
+        r->stage3_persistent_bytes =
+            persistent_elems(model, z->stage3_param_persistence_threshold, plan->mp) *
+            bytes.param_bytes;
     }
 }
 

@@ -159,3 +159,19 @@ uint64_t zp_model_param_count(const ZpModel *model)
         total += zp_model_unit_elems(model, u);
     return total;
 }
+
+void *zp_model_to_json(const ZpModel *model)
+{
+    if (!zp_model_has_architecture(model))
+        return NULL;
+    json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}", "name",
+                          model->name, "layers", (json_int_t)model->layers, "hidden",
+                          (json_int_t)model->hidden, "heads", (json_int_t)model->heads,
+                          "seq_len", (json_int_t)model->seq_len, "vocab",
+                          (json_int_t)model->vocab, "ffn_hidden", (json_int_t)model->ffn_hidden,
+                          "tied_embeddings", model->tied_embeddings, "learned_positions",
+                          model->learned_positions, "dropout", model->dropout);
+    if (model->published_params > 0)
+        json_object_set_new(o, "published_params", json_real(model->published_params));
+    return o;
+}

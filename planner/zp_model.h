@@ -53,4 +53,8 @@ uint64_t zp_model_unit_elems(const ZpModel *model, int unit);
 /* The model's tensors in layout order; caller frees with g_array_unref. */
 GArray *zp_model_tensors(const ZpModel *model);
 
+
+
+/* The spec as a JSON object (the keys of models/NAME.json); NULL for a params-only model. */
+void *zp_model_to_json(const ZpModel *model);
 #endif

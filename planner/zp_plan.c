@@ -114,3 +114,87 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
     *out = (ZpOptimizer)v;
     return TRUE;
 }
+
+/* zero_optimization keys that are numbers, with their slots: one table drives both the
+ * writer and the reader. */
+static const struct {
+    const char *key;
+    size_t offset;
+} zero_numbers[] = {
+    {"reduce_bucket_size", G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size)},
+    {"allgather_bucket_size", G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size)},
+    {"stage3_prefetch_bucket_size", G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size)},
+    {"stage3_param_persistence_threshold",
+     G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold)},
+    {"stage3_max_live_parameters", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters)},
+    {"stage3_max_reuse_distance", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_reuse_distance)},
+};
+static const struct {
+    const char *key;
+    size_t offset;
+} zero_flags[] = {
+    {"overlap_comm", G_STRUCT_OFFSET(ZpZeroConfig, overlap_comm)},
+    {"contiguous_gradients", G_STRUCT_OFFSET(ZpZeroConfig, contiguous_gradients)},
+    {"reduce_scatter", G_STRUCT_OFFSET(ZpZeroConfig, reduce_scatter)},
+};
+
+void *zp_plan_to_json(const ZpPlan *plan)
+{
+    json_t *zero = json_pack("{s:i}", "stage", plan->zero.stage);
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_numbers); i++)
+        json_object_set_new(zero, zero_numbers[i].key,
+                            json_real(G_STRUCT_MEMBER(double, &plan->zero, zero_numbers[i].offset)));
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
+        json_object_set_new(zero, zero_flags[i].key,
+                            json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:o}", "stage", plan->zero.stage,
+                     "dp", plan->dp, "mp", plan->mp, "micro_batch", plan->micro_batch,
+                     "grad_accum", plan->grad_accum, "checkpoint", plan->checkpoint,
+                     "precision", zp_precision_name(plan->precision), "optimizer",
+                     zp_optimizer_name(plan->optimizer), "zero", zero);
+}
+
+static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
+{
+    int64_t stage;
+    if (!zp_json_get_int(zero, what, "stage", TRUE, 0, 3, &stage, error))
+        return FALSE;
+    zp_zero_config_defaults(z, (int)stage);
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_numbers); i++)
+        if (!zp_json_get_number(zero, what, zero_numbers[i].key, FALSE, 0, 1e15,
+                                G_STRUCT_MEMBER_P(z, zero_numbers[i].offset), error))
+            return FALSE;
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
+        if (!zp_json_get_bool(zero, what, zero_flags[i].key, FALSE,
+                              G_STRUCT_MEMBER_P(z, zero_flags[i].offset), error))
+            return FALSE;
+    return TRUE;
+}
+
+gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)
+{
+    json_t *o = json_object;
+    int64_t dp, mp, micro, accum;
+    const char *precision, *optimizer;
+    gboolean checkpoint = FALSE;
+    json_t *zero = json_object_get(o, "zero");
+    if (!json_is_object(zero)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"zero\" must be an object", what);
+        return FALSE;
+    }
+    memset(plan, 0, sizeof *plan);
+    if (!zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
+        !zp_json_get_int(o, what, "mp", TRUE, 1, 1 << 16, &mp, error) ||
+        !zp_json_get_int(o, what, "micro_batch", TRUE, 1, 1 << 24, &micro, error) ||
+        !zp_json_get_int(o, what, "grad_accum", TRUE, 1, 1 << 24, &accum, error) ||
+        !zp_json_get_bool(o, what, "checkpoint", TRUE, &checkpoint, error) ||
+        !zp_json_get_string(o, what, "precision", TRUE, &precision, error) ||
+        !zp_json_get_string(o, what, "optimizer", TRUE, &optimizer, error) ||
+        !zp_precision_parse(precision, "precision", &plan->precision, error) ||
+        !zp_optimizer_parse(optimizer, "optimizer", &plan->optimizer, error) ||
+        !zero_from_json(zero, what, &plan->zero, error))
+        return FALSE;
+    plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
+    plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
+    return TRUE;
+}

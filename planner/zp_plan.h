@@ -61,4 +61,10 @@ gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out
 gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out,
                             GError **error);
 
+/* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
+ * "precision", "optimizer", "zero": {DeepSpeed's zero_optimization keys}}) and back; the
+ * reader names the first missing, unknown or ill-typed key. */
+void *zp_plan_to_json(const ZpPlan *plan);
+gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
+
 #endif

@@ -1,0 +1,854 @@
+/* zp_sched: builds one optimizer step's op graph for a rank, in the order the host would
+ * issue the ops (so in-order streams behave like CUDA streams), and reads/writes it as JSON.
+ *
+ * The step: for each micro-step, forward (embedding, blocks, head), backward (blocks in
+ * reverse, embedding), gradient buckets launched as their last gradient is produced; after
+ * the last micro-step the optimizer on this rank's partition and, for stages 1-2, the
+ * all-gather of the updated parameters. Stage 3 gathers each unit before use (prefetching
+ * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
+#include "zp_sched.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NONE UINT32_MAX
+
+typedef struct {
+    uint64_t lo, hi;     /* flat element range (unpadded space) */
+    double bytes;        /* bytes reduced (stage 3: padded unit sizes) */
+    int top_unit, low_unit;
+    int buffer;          /* bucket buffer id once allocated, -1 before */
+    uint32_t alloc_op, coll_op;
+} Bucket;
+
+typedef struct {
+    int unit;
+    int use_pos, free_pos; /* compute positions where it is used and after which it is freed */
+    double elems;
+    int trigger_pos;       /* position at whose start the gather is issued */
+    int buffer;
+    uint32_t coll_op;
+} Gather;
+
+typedef struct {
+    ZpSchedule *s;
+    ZpStateBytes state;
+    int next_buffer;
+    uint32_t last_compute;  /* last compute op emitted */
+    GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
+    GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
+    GArray *buckets;        /* Bucket */
+    GArray *gathers;        /* Gather */
+} Builder;
+
+/* ---- op emission ---------------------------------------------------------------------- */
+
+static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
+{
+    ZpSchedule *s = b->s;
+    op.dep_start = s->deps->len;
+    op.n_deps = 0;
+    for (guint i = 0; i < n_deps; i++)
+        if (deps[i] != NONE) {
+            g_array_append_val(s->deps, deps[i]);
+            op.n_deps++;
+        }
+    g_array_append_val(s->ops, op);
+    return s->ops->len - 1;
+}
+
+static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, double flops,
+                             double gemm_flops, double mem_bytes, const uint32_t *deps,
+                             guint n_deps)
+{
+    GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_vals(all, deps, n_deps);
+    g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
+    g_array_set_size(b->sync_deps, 0);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = kind, .stream = ZP_STREAM_COMPUTE, .unit = unit,
+               .micro = micro, .buffer = -1, .flops = flops, .gemm_flops = gemm_flops,
+               .mem_bytes = mem_bytes};
+    b->last_compute = emit(b, op, (uint32_t *)all->data, all->len);
+    g_array_unref(all);
+    return b->last_compute;
+}
+
+static uint32_t emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int unit, int micro,
+                                int buffer, uint64_t offset, uint64_t elems, double bytes,
+                                const uint32_t *deps, guint n_deps)
+{
+    ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = kind,
+               .stream = group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP, .group = group,
+               .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
+               .elem_offset = offset, .elems = elems};
+    return emit(b, op, deps, n_deps);
+}
+
+/* Emits an alloc; returns the op index and stores the new buffer id in *buffer. */
+static uint32_t emit_alloc(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                           int *buffer, const uint32_t *deps, guint n_deps)
+{
+    *buffer = b->next_buffer++;
+    ZpOp op = {.kind = ZP_OP_ALLOC, .sub = cat, .unit = unit, .micro = micro,
+               .buffer = *buffer, .bytes = bytes};
+    return emit(b, op, deps, n_deps);
+}
+
+static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                          int buffer, uint32_t after)
+{
+    ZpOp op = {.kind = ZP_OP_FREE, .sub = cat, .unit = unit, .micro = micro, .buffer = buffer,
+               .bytes = bytes};
+    return emit(b, op, &after, 1);
+}
+
+/* ---- costs of the compute ops ----------------------------------------------------------- */
+
+/* FLOPs and memory-bound bytes of one block's forward on this rank (tensor degree mp):
+ * GEMMs 2bs(3h^2 + h^2 + 2hf)/mp, attention scores and values 4bs^2h/mp; elementwise work
+ * reads and writes: two layer norms (4bsh), two residual adds (6bsh), GELU (2bsf/mp),
+ * softmax (2bas^2/mp), in the working precision. Bias adds ride in the GEMM epilogues. */
+typedef struct {
+    double flops, gemm_flops, mem_bytes;
+} Cost;
+
+static Cost block_forward_cost(const ZpSchedule *s)
+{
+    const ZpModel *m = &s->model;
+    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, f = m->ffn_hidden;
+    const double a = m->heads, mp = s->plan.mp, e = s->elem_bytes;
+    const double gemm = 2 * b * sq * (4 * h * h + 2 * h * f) / mp;
+    const double attention = 4 * b * sq * sq * h / mp;
+    return (Cost){.flops = gemm + attention,
+                  .gemm_flops = gemm / 4,
+                  .mem_bytes = e * (10 * b * sq * h + 2 * b * sq * f / mp + 2 * b * a * sq * sq / mp)};
+}
+
+/* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
+ * read and write the logits four times. */
+static Cost head_cost(const ZpSchedule *s)
+{
+    const ZpModel *m = &s->model;
+    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, V = m->vocab;
+    const double logits_gemm = 2 * b * sq * h * V / s->plan.mp;
+    return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm,
+                  .mem_bytes = 16 * b * sq * V / s->plan.mp};
+}
+
+/* Embedding lookup or its scatter-add backward: read token and position rows, write bsh. */
+static Cost embed_cost(const ZpSchedule *s)
+{
+    const double b = s->plan.micro_batch, sq = s->model.seq_len, h = s->model.hidden;
+    return (Cost){.flops = 0, .gemm_flops = 0, .mem_bytes = 3 * b * sq * h * s->elem_bytes};
+}
+
+/* Adam-like update: read the gradient, read and write every optimizer state (the master
+ * copy included), write the 16-bit parameter. */
+static Cost optimizer_cost(const Builder *b, double elems)
+{
+    const ZpStateBytes st = b->state;
+    return (Cost){.flops = 0, .gemm_flops = 0,
+                  .mem_bytes = elems * (st.grad_bytes + st.param_bytes + 2 * st.optim_bytes)};
+}
+
+/* ---- layout and model states --------------------------------------------------------- */
+
+static gboolean is_persistent(const ZpSchedule *s, int unit)
+{
+    return s->plan.zero.stage == 3 &&
+           (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
+}
+
+static uint64_t unit_padded(const ZpSchedule *s, int unit)
+{
+    return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
+}
+
+/* Splits K into the fp32 master copy and the two moment buffers. */
+static void optimizer_split(const ZpPlan *plan, double *master, double *m, double *v)
+{
+    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    *master = plan->precision == ZP_PREC_FP32 ? 0.0 : 4.0;
+    const double moments = st.optim_bytes - *master;
+    const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
+    *m = two ? moments / 2 : moments;
+    *v = two ? moments / 2 : 0.0;
+}
+
+static void layout(Builder *b)
+{
+    ZpSchedule *s = b->s;
+    const int dp = s->plan.dp, stage = s->plan.zero.stage;
+    s->n_units = zp_model_n_units(&s->model);
+    s->unit_offset = g_new0(uint64_t, s->n_units);
+    s->unit_elems = g_new0(uint64_t, s->n_units);
+    uint64_t offset = 0, partition3 = 0, persistent = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        const uint64_t full = zp_model_unit_elems(&s->model, u);
+        s->unit_offset[u] = offset;
+        s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
+        offset += s->unit_elems[u];
+        partition3 += unit_padded(s, u) / (uint64_t)dp;
+        if (is_persistent(s, u))
+            persistent += s->unit_elems[u];
+    }
+    s->total_elems = offset;
+    s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
+    s->partition_elems = stage == 3 ? partition3 : s->padded_elems / (uint64_t)dp;
+
+    const double total = (double)s->total_elems, padded = (double)s->padded_elems;
+    const double part = (double)s->partition_elems;
+    const double p = b->state.param_bytes, g = b->state.grad_bytes;
+    double master, m, v;
+    optimizer_split(&s->plan, &master, &m, &v);
+    const double params_elems[4] = {total, padded, padded, part};
+    const double grads_elems[4] = {total, total, part, part};
+    const double optim_elems = stage == 0 ? total : part;
+    s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
+    s->state_bytes[ZP_MEM_GRADS] = grads_elems[stage] * g;
+    s->state_bytes[ZP_MEM_MASTER] = optim_elems * master;
+    s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
+    s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
+    s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
+}
+
+double zp_sched_model_state_bytes(const ZpSchedule *s)
+{
+    return s->state_bytes[ZP_MEM_PARAMS] + s->state_bytes[ZP_MEM_GRADS] +
+           s->state_bytes[ZP_MEM_MASTER] + s->state_bytes[ZP_MEM_ADAM_M] +
+           s->state_bytes[ZP_MEM_ADAM_V];
+}
+
+/* ---- gradient buckets ------------------------------------------------------------------ */
+
+static int unit_of_elem(const ZpSchedule *s, uint64_t elem)
+{
+    int u = 0;
+    while (u + 1 < s->n_units && s->unit_offset[u + 1] <= elem)
+        u++;
+    return u;
+}
+
+/* Buckets in launch order (from the last unit down, the order backward produces them).
+ * Stages 0-2 cut the flat space every reduce_bucket_size elements; stage 3 reduce-scatters
+ * whole units (each unit is partitioned on its own), grouping them up to the bucket size. */
+static void plan_buckets(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const double limit = fmax(1.0, floor(s->plan.zero.reduce_bucket_size));
+    const double g = b->state.grad_bytes;
+    if (s->plan.zero.stage < 3) {
+        const uint64_t step = (uint64_t)limit;
+        for (uint64_t hi = s->total_elems; hi > 0;) {
+            const uint64_t lo = hi > step ? hi - step : 0;
+            Bucket k = {lo, hi, (double)(hi - lo) * g, unit_of_elem(s, hi - 1),
+                        unit_of_elem(s, lo), -1, NONE, NONE};
+            g_array_append_val(b->buckets, k);
+            hi = lo;
+        }
+        return;
+    }
+    for (int u = s->n_units - 1; u >= 0;) {
+        Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
+                    NONE};
+        double elems = (double)unit_padded(s, u);
+        for (u--; u >= 0 && elems + (double)unit_padded(s, u) <= limit; u--) {
+            elems += (double)unit_padded(s, u);
+            k.lo = s->unit_offset[u];
+            k.low_unit = u;
+        }
+        k.bytes = elems * g;
+        g_array_append_val(b->buckets, k);
+    }
+}
+
+static Bucket *bucket(Builder *b, guint i)
+{
+    return &g_array_index(b->buckets, Bucket, i);
+}
+
+static void reset_buckets(Builder *b)
+{
+    for (guint i = 0; i < b->buckets->len; i++) {
+        bucket(b, i)->buffer = -1;
+        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = NONE;
+    }
+}
+
+/* Double buffering: bucket i may take memory only once bucket i-2's collective was issued
+ * (DeepSpeed waits on the older ipg buffer before refilling it). */
+static uint32_t bucket_backpressure(Builder *b, guint i)
+{
+    return i >= 2 ? bucket(b, i - 2)->coll_op : NONE;
+}
+
+/* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
+ * buckets that cover it, so those are allocated before the unit's producing op. */
+static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
+{
+    for (guint i = 0; i < b->buckets->len; i++) {
+        Bucket *k = bucket(b, i);
+        if (k->buffer >= 0 || unit > k->top_unit || unit < k->low_unit)
+            continue;
+        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
+                                 adeps, 2);
+        g_array_append_val(deps, k->alloc_op);
+    }
+}
+
+/* Launches every bucket whose lowest unit's gradients are now complete. */
+static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
+{
+    const ZpSchedule *s = b->s;
+    const int stage = s->plan.zero.stage;
+    const ZpCollKind kind = stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
+    for (guint i = 0; i < b->buckets->len; i++) {
+        Bucket *k = bucket(b, i);
+        if (k->low_unit != unit || k->coll_op != NONE)
+            continue;
+        if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
+            uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+            k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro,
+                                     &k->buffer, adeps, 2);
+        }
+        uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
+        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
+                                     k->hi - k->lo, k->bytes, cdeps, 2);
+        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+        if (!s->plan.zero.overlap_comm)
+            g_array_append_val(b->sync_deps, k->coll_op);
+        g_array_append_val(launched, k->coll_op);
+    }
+}
+
+/* ---- stage-3 gathers ------------------------------------------------------------------- */
+
+/* Compute positions of a micro-step: 0 embedding, 1..L blocks forward, L+1 head,
+ * L+2..2L+1 blocks L..1 backward, 2L+2 embedding backward. */
+static int pos_fwd(int l) { return l; }
+static int pos_head(int L) { return L + 1; }
+static int pos_bwd(int L, int l) { return 2 * L + 2 - l; }
+static int pos_embed_bwd(int L) { return 2 * L + 2; }
+
+static void add_gather(Builder *b, int unit, int use_pos, int free_pos)
+{
+    if (is_persistent(b->s, unit))
+        return;
+    Gather g = {unit, use_pos, free_pos, (double)unit_padded(b->s, unit), use_pos, -1, NONE};
+    g_array_append_val(b->gathers, g);
+}
+
+/* Gather k is issued at the start of the earliest position whose current use leaves room:
+ * the gathers after the current one up to k fit in stage3_prefetch_bucket_size, and all
+ * live ones (current to k) in stage3_max_live_parameters. A unit too large for either is
+ * fetched just in time. The tied embedding gathered for the head stays until the
+ * embedding's backward (it is needed again there). */
+static void plan_gathers(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const int L = (int)s->model.layers;
+    g_array_set_size(b->gathers, 0);
+    add_gather(b, 0, pos_fwd(0), pos_fwd(0));
+    for (int l = 1; l <= L; l++)
+        add_gather(b, l, pos_fwd(l), pos_fwd(l));
+    add_gather(b, L + 1, pos_head(L), pos_head(L));
+    add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
+    for (int l = L; l >= 1; l--)
+        add_gather(b, l, pos_bwd(L, l), pos_bwd(L, l));
+    const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
+    const double live = s->plan.zero.stage3_max_live_parameters;
+    Gather *g = (Gather *)b->gathers->data;
+    for (guint k = 0; k < b->gathers->len; k++) {
+        /* ahead = elements of gathers i+1..k, those prefetched beyond the current use i. */
+        guint i = k;
+        double ahead = 0;
+        while (i > 0 && ahead + g[i].elems <= prefetch &&
+               ahead + g[i].elems + g[i - 1].elems <= live) {
+            ahead += g[i].elems;
+            i--;
+        }
+        /* Issued when gather i's use starts, and never before the previous gather. */
+        g[k].trigger_pos = MAX(g[i].use_pos, k > 0 ? g[k - 1].trigger_pos : 0);
+    }
+}
+
+static void issue_gathers(Builder *b, int pos, int micro)
+{
+    const ZpSchedule *s = b->s;
+    for (guint k = 0; k < b->gathers->len; k++) {
+        Gather *g = &g_array_index(b->gathers, Gather, k);
+        if (g->trigger_pos != pos)
+            continue;
+        const double bytes = g->elems * b->state.param_bytes;
+        uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
+                                 : b->last_compute;
+        uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
+                                    &g->buffer, &after, 1);
+        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->unit, micro,
+                                     g->buffer, s->unit_offset[g->unit], (uint64_t)g->elems,
+                                     bytes, &alloc, 1);
+    }
+}
+
+/* The gathers the compute op at `pos` needs. */
+static void gathers_used_at(Builder *b, int pos, GArray *deps)
+{
+    for (guint k = 0; k < b->gathers->len; k++) {
+        Gather *g = &g_array_index(b->gathers, Gather, k);
+        if (g->use_pos == pos)
+            g_array_append_val(deps, g->coll_op);
+    }
+}
+
+static void free_gathers(Builder *b, int pos, int micro)
+{
+    for (guint k = 0; k < b->gathers->len; k++) {
+        Gather *g = &g_array_index(b->gathers, Gather, k);
+        if (g->free_pos == pos)
+            emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit,
+                      micro, g->buffer, b->last_compute);
+    }
+}
+
+/* ---- the step -------------------------------------------------------------------------- */
+
+static void position_begin(Builder *b, int pos, int micro, GArray *deps)
+{
+    g_array_set_size(deps, 0);
+    if (b->s->plan.zero.stage == 3) {
+        issue_gathers(b, pos, micro);
+        gathers_used_at(b, pos, deps);
+    }
+}
+
+static void position_end(Builder *b, int pos, int micro)
+{
+    g_array_index(b->pos_last_op, uint32_t, pos) = b->last_compute;
+    if (b->s->plan.zero.stage == 3)
+        free_gathers(b, pos, micro);
+}
+
+/* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
+ * path, so the next compute op waits for them. */
+static void tp_allreduces(Builder *b, int unit, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (s->plan.mp == 1)
+        return;
+    const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->model.hidden;
+    for (int i = 0; i < 2; i++) {
+        uint32_t coll = emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_TP, unit, micro, -1, 0,
+                                        elems, (double)elems * s->elem_bytes, &b->last_compute, 1);
+        g_array_append_val(b->sync_deps, coll);
+    }
+}
+
+typedef struct {
+    int *act, *ckpt; /* buffer ids per block */
+    double act_bytes, ckpt_bytes;
+} Activations;
+
+static void forward(Builder *b, int micro, Activations *a, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    const int L = (int)s->model.layers;
+    const gboolean ckpt = s->plan.checkpoint;
+    const Cost embed = embed_cost(s), block = block_forward_cost(s);
+    position_begin(b, pos_fwd(0), micro, deps);
+    emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed.flops, embed.gemm_flops,
+                 embed.mem_bytes, (uint32_t *)deps->data, deps->len);
+    position_end(b, pos_fwd(0), micro);
+    for (int l = 1; l <= L; l++) {
+        position_begin(b, pos_fwd(l), micro, deps);
+        uint32_t alloc = ckpt ? emit_alloc(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
+                                           &a->ckpt[l], &b->last_compute, 1)
+                              : emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
+                                           &a->act[l], &b->last_compute, 1);
+        g_array_append_val(deps, alloc);
+        emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block.flops, block.gemm_flops,
+                     block.mem_bytes, (uint32_t *)deps->data, deps->len);
+        tp_allreduces(b, l, micro);
+        position_end(b, pos_fwd(l), micro);
+    }
+}
+
+static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *launched)
+{
+    const ZpSchedule *s = b->s;
+    const int L = (int)s->model.layers;
+    const Cost c = head_cost(s);
+    const double logits_bytes = 4.0 * s->plan.micro_batch * (double)s->model.seq_len *
+                                (double)s->model.vocab / s->plan.mp;
+    position_begin(b, pos_head(L), micro, deps);
+    int logits;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, &logits,
+                                &b->last_compute, 1);
+    g_array_append_val(deps, alloc);
+    if (reduce && s->plan.zero.stage >= 2) {
+        alloc_landing_buckets(b, L + 1, micro, deps);
+        alloc_landing_buckets(b, 0, micro, deps); /* the tied LM head's wte gradient */
+    }
+    emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c.flops, c.gemm_flops, c.mem_bytes,
+                 (uint32_t *)deps->data, deps->len);
+    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, b->last_compute);
+    position_end(b, pos_head(L), micro);
+    if (reduce)
+        launch_buckets(b, L + 1, micro, launched);
+}
+
+static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
+                     GArray *launched)
+{
+    const ZpSchedule *s = b->s;
+    const int L = (int)s->model.layers;
+    const gboolean ckpt = s->plan.checkpoint;
+    const Cost fwd = block_forward_cost(s), embed = embed_cost(s);
+    for (int l = L; l >= 1; l--) {
+        const int pos = pos_bwd(L, l);
+        position_begin(b, pos, micro, deps);
+        if (ckpt) {
+            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
+                                        &a->act[l], &b->last_compute, 1);
+            g_array_append_val(deps, alloc);
+            emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd.flops, fwd.gemm_flops,
+                         fwd.mem_bytes, (uint32_t *)deps->data, deps->len);
+            tp_allreduces(b, l, micro);
+            g_array_set_size(deps, 0);
+        }
+        if (reduce && s->plan.zero.stage >= 2)
+            alloc_landing_buckets(b, l, micro, deps);
+        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, 2 * fwd.flops, fwd.gemm_flops,
+                     2 * fwd.mem_bytes, (uint32_t *)deps->data, deps->len);
+        tp_allreduces(b, l, micro);
+        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
+        if (ckpt)
+            emit_free(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro, a->ckpt[l],
+                      b->last_compute);
+        position_end(b, pos, micro);
+        if (reduce)
+            launch_buckets(b, l, micro, launched);
+    }
+    position_begin(b, pos_embed_bwd(L), micro, deps);
+    emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed.flops, embed.gemm_flops,
+                 embed.mem_bytes, (uint32_t *)deps->data, deps->len);
+    position_end(b, pos_embed_bwd(L), micro);
+    if (reduce)
+        launch_buckets(b, 0, micro, launched);
+}
+
+/* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
+ * 16-bit partitions in allgather_bucket_size chunks. For those all-gathers elem_offset is
+ * the offset inside every rank's partition and elems the gathered total. */
+static void optimizer_step(Builder *b, GArray *launched)
+{
+    const ZpSchedule *s = b->s;
+    const int stage = s->plan.zero.stage;
+    const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
+    const Cost c = optimizer_cost(b, elems);
+    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c.flops, c.gemm_flops,
+                                c.mem_bytes, (uint32_t *)launched->data, launched->len);
+    if (stage != 1 && stage != 2)
+        return;
+    const uint64_t dp = (uint64_t)s->plan.dp;
+    const uint64_t chunk = MAX((uint64_t)1, (uint64_t)(s->plan.zero.allgather_bucket_size / dp));
+    for (uint64_t off = 0; off < s->partition_elems; off += chunk) {
+        const uint64_t n = MIN(chunk, s->partition_elems - off) * dp;
+        const double bytes = (double)n * b->state.param_bytes;
+        int buffer;
+        uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, -1, &buffer, &opt, 1);
+        uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, buffer, off,
+                                        n, bytes, &alloc, 1);
+        emit_free(b, ZP_MEM_BUCKETS, bytes, -1, -1, buffer, coll);
+    }
+}
+
+static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error)
+{
+    const char *bad = NULL;
+    if (!zp_model_has_architecture(model))
+        bad = "model: a schedule needs an architecture (--model, not --params)";
+    else if (p->zero.stage < 0 || p->zero.stage > 3)
+        bad = "stage: must be 0, 1, 2 or 3";
+    else if (p->dp < 1 || p->mp < 1)
+        bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
+    else if (model->heads % p->mp != 0)
+        bad = "mp: the tensor-parallel degree must divide the attention heads";
+    else if (p->micro_batch < 1 || p->grad_accum < 1)
+        bad = "micro-batch/grad-accum: must be at least 1";
+    else if (p->zero.reduce_bucket_size < 1 || p->zero.allgather_bucket_size < 1)
+        bad = "reduce_bucket_size/allgather_bucket_size: must be at least 1 element";
+    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 1 ||
+             p->zero.stage3_param_persistence_threshold < 0)
+        bad = "stage3_*: prefetch and persistence must be >= 0, live parameters >= 1";
+    if (bad)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+    return bad == NULL;
+}
+
+ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
+{
+    if (!check_plan(model, plan, error))
+        return NULL;
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = *model;
+    s->plan = *plan;
+    s->world = plan->dp * plan->mp;
+    s->elem_bytes = zp_plan_elem_bytes(plan->precision);
+    s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    const int L = (int)model->layers;
+    Builder b = {.s = s, .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
+                 .last_compute = NONE,
+                 .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
+                 .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
+    g_array_set_size(b.pos_last_op, (guint)(2 * L + 3));
+    layout(&b);
+    plan_buckets(&b);
+    if (plan->zero.stage == 3)
+        plan_gathers(&b);
+    Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
+                     zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
+                                                   s->elem_bytes),
+                     (double)plan->micro_batch * (double)model->seq_len *
+                         (double)model->hidden * s->elem_bytes};
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (int micro = 0; micro < plan->grad_accum; micro++) {
+        /* Stages 0-1 keep full gradients and reduce once; stages 2-3 every micro-step. */
+        const gboolean reduce = plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
+        reset_buckets(&b);
+        g_array_set_size(launched, 0);
+        forward(&b, micro, &a, deps);
+        head(&b, micro, reduce, deps, launched);
+        backward(&b, micro, reduce, &a, deps, launched);
+    }
+    optimizer_step(&b, launched);
+    g_array_unref(deps);
+    g_array_unref(launched);
+    g_free(a.act);
+    g_free(a.ckpt);
+    g_array_unref(b.sync_deps);
+    g_array_unref(b.pos_last_op);
+    g_array_unref(b.buckets);
+    g_array_unref(b.gathers);
+    return s;
+}
+
+void zp_sched_free(ZpSchedule *s)
+{
+    if (!s)
+        return;
+    g_array_unref(s->ops);
+    g_array_unref(s->deps);
+    g_free(s->unit_offset);
+    g_free(s->unit_elems);
+    g_free(s);
+}
+
+/* Ring volumes: what one member of an n-rank group sends. */
+double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
+{
+    const double n = group == ZP_GROUP_DP ? s->plan.dp : s->plan.mp;
+    double total = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COLLECTIVE || op->group != group)
+            continue;
+        const double factor = op->sub == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
+        total += factor * (n - 1) / n * op->bytes;
+    }
+    return total;
+}
+
+/* ---- names and JSON -------------------------------------------------------------------- */
+
+static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
+                                            "block_bwd", "embed_bwd", "optimizer", NULL};
+static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
+static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
+                                        "gathered_params", "buckets", "activations",
+                                        "checkpoints", "workspace", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", NULL};
+static const char *const group_names[] = {"dp", "tp", NULL};
+
+const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
+const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
+const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
+const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
+
+static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
+{
+    json_t *deps = json_array();
+    const uint32_t *d = zp_sched_deps(s, op);
+    for (uint32_t i = 0; i < op->n_deps; i++)
+        json_array_append_new(deps, json_integer(d[i]));
+    json_t *o = json_pack("{s:s, s:i, s:i}", "kind", kind_names[op->kind], "unit", op->unit,
+                          "micro", op->micro);
+    switch (op->kind) {
+    case ZP_OP_COMPUTE:
+        json_object_set_new(o, "op", json_string(compute_names[op->sub]));
+        json_object_set_new(o, "flops", json_real(op->flops));
+        json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
+        json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
+        break;
+    case ZP_OP_COLLECTIVE:
+        json_object_set_new(o, "op", json_string(coll_names[op->sub]));
+        json_object_set_new(o, "group", json_string(group_names[op->group]));
+        json_object_set_new(o, "buffer", json_integer(op->buffer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
+        json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
+        break;
+    default:
+        json_object_set_new(o, "category", json_string(mem_names[op->sub]));
+        json_object_set_new(o, "buffer", json_integer(op->buffer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+    }
+    json_object_set_new(o, "deps", deps);
+    return o;
+}
+
+gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+{
+    json_t *state = json_object(), *units = json_array(), *ops = json_array();
+    for (int c = 0; c < ZP_MEM_N; c++)
+        json_object_set_new(state, mem_names[c], json_real(s->state_bytes[c]));
+    for (int u = 0; u < s->n_units; u++)
+        json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
+                                               (json_int_t)s->unit_elems[u]));
+    for (guint i = 0; i < s->ops->len; i++)
+        json_array_append_new(ops, op_to_json(s, zp_sched_op(s, i)));
+    json_t *root = json_pack("{s:s, s:o, s:o, s:i, s:f, s:o, s:o, s:I, s:I, s:I, s:o}", "format",
+                             "zplan-schedule-1", "model", zp_model_to_json(&s->model), "plan",
+                             zp_plan_to_json(&s->plan), "world", s->world, "elem_bytes",
+                             s->elem_bytes, "state_bytes", state, "units", units, "total_elems",
+                             (json_int_t)s->total_elems, "padded_elems",
+                             (json_int_t)s->padded_elems, "partition_elems",
+                             (json_int_t)s->partition_elems, "ops", ops);
+    gboolean ok = zp_json_write(root, path, error);
+    json_decref(root);
+    return ok;
+}
+
+static gboolean name_index(json_t *o, const char *what, const char *key,
+                           const char *const *names, int *out, GError **error)
+{
+    const char *text;
+    if (!zp_json_get_string(o, what, key, TRUE, &text, error))
+        return FALSE;
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], text) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" has unknown value \"%s\"", what,
+                key, text);
+    return FALSE;
+}
+
+static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *path,
+                             GError **error)
+{
+    char *what = g_strdup_printf("%s: ops[%u]", path, index);
+    ZpOp op = {0};
+    int kind = 0, sub = 0, group = 0;
+    int64_t unit, micro, buffer = -1, offset = 0, elems = 0;
+    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
+                  zp_json_get_int(o, what, "unit", TRUE, -1, INT32_MAX, &unit, error) &&
+                  zp_json_get_int(o, what, "micro", TRUE, -1, INT32_MAX, &micro, error);
+    if (ok && kind == ZP_OP_COMPUTE)
+        ok = name_index(o, what, "op", compute_names, &sub, error) &&
+             zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
+             zp_json_get_number(o, what, "gemm_flops", TRUE, 0, 1e30, &op.gemm_flops, error) &&
+             zp_json_get_number(o, what, "mem_bytes", TRUE, 0, 1e30, &op.mem_bytes, error);
+    else if (ok && kind == ZP_OP_COLLECTIVE)
+        ok = name_index(o, what, "op", coll_names, &sub, error) &&
+             name_index(o, what, "group", group_names, &group, error) &&
+             zp_json_get_int(o, what, "buffer", TRUE, -1, INT32_MAX, &buffer, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
+             zp_json_get_int(o, what, "elem_offset", TRUE, 0, INT64_MAX, &offset, error) &&
+             zp_json_get_int(o, what, "elems", TRUE, 0, INT64_MAX, &elems, error);
+    else if (ok)
+        ok = name_index(o, what, "category", mem_names, &sub, error) &&
+             zp_json_get_int(o, what, "buffer", TRUE, 0, INT32_MAX, &buffer, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
+    json_t *deps = json_object_get(o, "deps");
+    if (ok && !json_is_array(deps)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"deps\" must be an array", what);
+        ok = FALSE;
+    }
+    op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
+    op.stream = kind == ZP_OP_COMPUTE ? ZP_STREAM_COMPUTE
+                                      : (group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP);
+    op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
+    op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
+    op.dep_start = s->deps->len;
+    for (size_t i = 0; ok && i < json_array_size(deps); i++) {
+        json_t *d = json_array_get(deps, i);
+        /* Dependencies point backwards: the list is in issue order, so the graph is acyclic. */
+        if (!json_is_integer(d) || json_integer_value(d) < 0 ||
+            json_integer_value(d) >= (json_int_t)index) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: deps[%zu] must be the index of an earlier op", what, i);
+            ok = FALSE;
+            break;
+        }
+        uint32_t dep = (uint32_t)json_integer_value(d);
+        g_array_append_val(s->deps, dep);
+        op.n_deps++;
+    }
+    if (ok)
+        g_array_append_val(s->ops, op);
+    else if (!json_is_object(o))
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+    g_free(what);
+    return ok;
+}
+
+/* Reads a schedule: the model and plan are re-read strictly and the layout rebuilt from
+ * them (a file cannot claim a layout its plan does not give); the ops are taken as written. */
+ZpSchedule *zp_sched_read_json(const char *path, GError **error)
+{
+    json_t *root = zp_json_load_object(path, error);
+    if (!root)
+        return NULL;
+    ZpModel model;
+    ZpPlan plan;
+    const char *format = NULL;
+    json_t *ops = json_object_get(root, "ops");
+    gboolean ok = zp_json_get_string(root, path, "format", TRUE, &format, error);
+    if (ok && strcmp(format, "zplan-schedule-1") != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown format \"%s\"", path, format);
+        ok = FALSE;
+    }
+    ok = ok && json_is_object(json_object_get(root, "model")) &&
+         zp_model_from_json(json_object_get(root, "model"), path, &model, error) &&
+         json_is_object(json_object_get(root, "plan")) &&
+         zp_plan_from_json(json_object_get(root, "plan"), path, &plan, error);
+    if (ok && !json_is_array(ops)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
+        ok = FALSE;
+    }
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: keys \"model\" and \"plan\" must be objects",
+                    path);
+    ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
+    if (s) {
+        g_array_set_size(s->ops, 0);
+        g_array_set_size(s->deps, 0);
+        for (size_t i = 0; s && i < json_array_size(ops); i++)
+            if (!op_from_json(s, json_array_get(ops, i), (guint)i, path, error)) {
+                zp_sched_free(s);
+                s = NULL;
+            }
+    }
+    json_decref(root);
+    return s;
+}

@@ -1,0 +1,132 @@
+/* zp_sched: the per-rank schedule of one training step — compute, collective, alloc and
+ * free ops with dependencies. It is the contract: sim/ times these ops, real/ runs them.
+ *
+ * Every data-parallel and tensor-parallel rank runs the same op list (ZeRO pads partitions
+ * so that all ranks hold equal sizes), so one list describes every rank; the simulator
+ * replicates it per rank (--explicit) or folds identical ranks into one.
+ *
+ * Ops run on streams, in list order within a stream (like CUDA streams): an op starts when
+ * it is the next op of its stream, the previous op of its stream has finished, and all its
+ * dependencies have finished. Alloc and free ops take no time and run on no stream; they
+ * happen as soon as their dependencies are done. A collective op starts on all members of
+ * its group together, when every member has reached it. */
+#ifndef ZP_SCHED_H
+#define ZP_SCHED_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+typedef enum { ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE } ZpOpKind;
+
+typedef enum {
+    ZP_COMP_EMBED_FWD,   /* token + position embedding of one micro-batch */
+    ZP_COMP_BLOCK_FWD,   /* one transformer block forward */
+    ZP_COMP_HEAD,        /* final norm, LM head, loss and their backward */
+    ZP_COMP_RECOMPUTE,   /* block forward again before its backward (checkpointing) */
+    ZP_COMP_BLOCK_BWD,   /* one block backward (2x the forward's FLOPs) */
+    ZP_COMP_EMBED_BWD,   /* embedding backward */
+    ZP_COMP_OPTIMIZER,   /* Adam on this rank's partition: memory-bound */
+    ZP_COMP_N
+} ZpComputeKind;
+
+typedef enum {
+    ZP_COLL_ALLREDUCE,
+    ZP_COLL_REDUCE_SCATTER,
+    ZP_COLL_ALLGATHER,
+    ZP_COLL_N
+} ZpCollKind;
+
+typedef enum { ZP_GROUP_DP, ZP_GROUP_TP } ZpGroup;
+
+typedef enum {
+    ZP_STREAM_COMPUTE, /* kernels */
+    ZP_STREAM_DP,      /* data-parallel collectives (NCCL's own stream) */
+    ZP_STREAM_TP,      /* tensor-parallel all-reduces */
+    ZP_STREAM_N
+} ZpStream;
+
+/* Memory categories: what a buffer is, as the real executor's tracking allocator counts it. */
+typedef enum {
+    ZP_MEM_PARAMS,          /* 16-bit parameters this rank keeps (all, or its partition) */
+    ZP_MEM_GRADS,           /* 16-bit gradients this rank keeps */
+    ZP_MEM_MASTER,          /* fp32 master weights of the partition */
+    ZP_MEM_ADAM_M,          /* fp32 first moment */
+    ZP_MEM_ADAM_V,          /* fp32 second moment */
+    ZP_MEM_GATHERED_PARAMS, /* stage 3: a unit's gathered parameters, or the persistent ones */
+    ZP_MEM_BUCKETS,         /* gradient reduce buckets and parameter all-gather buckets */
+    ZP_MEM_ACTIVATIONS,     /* what a block keeps for its backward */
+    ZP_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
+    ZP_MEM_WORKSPACE,       /* logits and other scratch */
+    ZP_MEM_N
+} ZpMemCategory;
+
+typedef struct {
+    uint8_t kind;      /* ZpOpKind */
+    uint8_t sub;       /* ZpComputeKind or ZpCollKind; for alloc/free the ZpMemCategory */
+    uint8_t stream;    /* ZpStream (compute and collective ops) */
+    uint8_t group;     /* ZpGroup (collectives) */
+    int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
+    int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
+    int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
+    double flops;      /* compute: floating-point operations */
+    double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
+    double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
+    double bytes;      /* collective: whole array size S in bytes; alloc/free: bytes */
+    uint64_t elem_offset; /* collective: first element of the flat range it covers */
+    uint64_t elems;       /* collective: elements covered (S / element size) */
+    uint32_t dep_start, n_deps; /* dependencies: deps[dep_start .. dep_start+n_deps) */
+} ZpOp;
+
+typedef struct {
+    ZpModel model;
+    ZpPlan plan;
+    int world;            /* dp * mp */
+    double elem_bytes;    /* 16-bit or 32-bit working precision */
+    GArray *ops;          /* ZpOp */
+    GArray *deps;         /* uint32_t op indices */
+    /* Model states each rank holds for the whole step (allocated before op 0). */
+    double state_bytes[ZP_MEM_N];
+    /* Flat layout: unit u occupies [unit_offset[u], unit_offset[u] + unit_elems[u]) of the
+     * concatenated parameter space; stage 3 partitions each unit on its own, padded to a
+     * multiple of dp; stages 0-2 partition the whole flat space padded to a multiple of dp. */
+    uint64_t *unit_offset, *unit_elems;
+    uint64_t total_elems, padded_elems, partition_elems;
+    int n_units;
+} ZpSchedule;
+
+/* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
+ * The model must have an architecture. Fails naming the plan field that is invalid. */
+ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
+void zp_sched_free(ZpSchedule *sched);
+
+static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
+{
+    return &g_array_index(s->ops, ZpOp, i);
+}
+static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
+{
+    return &g_array_index(s->deps, uint32_t, op->dep_start);
+}
+
+/* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
+ * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
+double zp_sched_model_state_bytes(const ZpSchedule *sched);
+
+/* Bytes this rank sends in the step's collectives (ring algorithms): all-reduce
+ * 2(n-1)/n S, reduce-scatter and all-gather (n-1)/n S, per its group size n. */
+double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
+
+/* JSON round trip (`zplan schedule --out`); the reader validates every field. */
+gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
+ZpSchedule *zp_sched_read_json(const char *path, GError **error);
+
+const char *zp_sched_compute_name(ZpComputeKind kind);
+const char *zp_sched_coll_name(ZpCollKind kind);
+const char *zp_sched_mem_name(ZpMemCategory category);
+const char *zp_sched_stream_name(ZpStream stream);
+
+#endif
