@@ -785,8 +785,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    op.stream = kind == ZP_OP_COMPUTE ? ZP_STREAM_COMPUTE
-                                      : (group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP);
+    op.stream = kind != ZP_OP_COLLECTIVE ? ZP_STREAM_COMPUTE
+                                         : (group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP);
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
     op.dep_start = s->deps->len;

@@ -1,0 +1,186 @@
+/* test_sched: the schedule against the memory and communication models it must agree
+ * with, its memory bookkeeping, and its JSON round trip. */
+#include "zp_comm.h"
+#include "zp_mem.h"
+#include "zp_sched.h"
+
+#include <glib/gstdio.h>
+#include <math.h>
+#include <string.h>
+
+/* A CI-sized GPT whose units (6144, 49984 and 128 elements) divide by 1, 2 and 4 ranks, so
+ * no padding hides a difference from the closed forms. */
+static ZpModel small_model(void)
+{
+    ZpModel m = {.name = "small", .layers = 2, .hidden = 64, .heads = 4, .seq_len = 32,
+                 .vocab = 64, .ffn_hidden = 256, .tied_embeddings = TRUE,
+                 .learned_positions = TRUE, .dropout = FALSE};
+    return m;
+}
+
+static ZpSchedule *build(const ZpModel *m, int stage, int dp, int accum, gboolean ckpt)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, dp, 1);
+    p.grad_accum = accum;
+    p.checkpoint = ckpt;
+    p.zero.stage3_param_persistence_threshold = 0; /* gather every unit */
+    p.zero.reduce_bucket_size = 20000;              /* several buckets */
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static void test_states_and_comm_match_models(void)
+{
+    ZpModel m = small_model();
+    const double psi = (double)zp_model_param_count(&m);
+    const ZpStateBytes sb = zp_plan_state_bytes(ZP_PREC_FP16, ZP_OPT_ADAM);
+    for (int stage = 0; stage <= 3; stage++)
+        for (int dp = 1; dp <= 4; dp *= 2) {
+            ZpSchedule *s = build(&m, stage, dp, 1, FALSE);
+            g_assert_cmpfloat(zp_sched_model_state_bytes(s), ==,
+                              zp_mem_model_states(psi, stage, dp, 1, sb).total_bytes);
+            /* Stage 3 gathers each unit twice, except the final norm: the head op runs its
+             * forward and backward together on one gather (2h elements, here 128). */
+            const double final_norm = stage == 3 ? 128.0 * (dp - 1) / dp * 2 : 0;
+            g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_DP), ==,
+                              zp_comm_dp_bytes_per_rank(psi, stage, dp, 1, 2) - final_norm);
+            g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TP), ==, 0);
+            zp_sched_free(s);
+        }
+}
+
+/* Walks the ops in list order: every buffer is freed once with the bytes it was allocated
+ * with, dependencies point backwards, and nothing is left at the end of the step. */
+static void check_bookkeeping(const ZpSchedule *s)
+{
+    GHashTable *live = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    double bytes = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *d = zp_sched_deps(s, op);
+        for (uint32_t j = 0; j < op->n_deps; j++)
+            g_assert_cmpuint(d[j], <, i);
+        if (op->kind == ZP_OP_ALLOC) {
+            g_assert_false(g_hash_table_contains(live, GINT_TO_POINTER(op->buffer + 1)));
+            g_hash_table_insert(live, GINT_TO_POINTER(op->buffer + 1), g_memdup2(op, sizeof *op));
+            bytes += op->bytes;
+        } else if (op->kind == ZP_OP_FREE) {
+            ZpOp *a = g_hash_table_lookup(live, GINT_TO_POINTER(op->buffer + 1));
+            g_assert_nonnull(a);
+            g_assert_cmpfloat(a->bytes, ==, op->bytes);
+            g_assert_cmpint(a->sub, ==, op->sub);
+            g_hash_table_remove(live, GINT_TO_POINTER(op->buffer + 1));
+            bytes -= op->bytes;
+        }
+        g_assert_cmpfloat(bytes, >=, -1e-6);
+    }
+    g_assert_cmpuint(g_hash_table_size(live), ==, 0);
+    g_hash_table_unref(live);
+}
+
+static void test_bookkeeping(void)
+{
+    ZpModel m = small_model();
+    for (int stage = 0; stage <= 3; stage++)
+        for (int accum = 1; accum <= 2; accum++)
+            for (int ckpt = 0; ckpt <= 1; ckpt++) {
+                ZpSchedule *s = build(&m, stage, 4, accum, ckpt);
+                check_bookkeeping(s);
+                zp_sched_free(s);
+            }
+}
+
+/* Op counts that follow from the plan: L forward blocks per micro-step, L backward blocks,
+ * L recomputes with checkpointing, one optimizer; stage 3 gathers every block twice per
+ * micro-step and the embedding twice (the head keeps it for the embedding backward). */
+static void test_structure(void)
+{
+    ZpModel m = small_model();
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpSchedule *s = build(&m, stage, 4, 2, TRUE);
+        int count[ZP_COMP_N] = {0}, gathers = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind == ZP_OP_COMPUTE)
+                count[op->sub]++;
+            if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER && op->unit >= 0)
+                gathers++;
+        }
+        g_assert_cmpint(count[ZP_COMP_BLOCK_FWD], ==, 2 * 2);
+        g_assert_cmpint(count[ZP_COMP_BLOCK_BWD], ==, 2 * 2);
+        g_assert_cmpint(count[ZP_COMP_RECOMPUTE], ==, 2 * 2);
+        g_assert_cmpint(count[ZP_COMP_OPTIMIZER], ==, 1);
+        g_assert_cmpint(gathers, ==, stage == 3 ? 2 * (2 * 2 + 2 + 1) : 0);
+        zp_sched_free(s);
+    }
+    /* Tensor parallelism: two all-reduces per block forward and backward, two per recompute. */
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 2, 2);
+    p.checkpoint = TRUE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TP), ==,
+                      2 * zp_comm_tp_bytes_per_block(&m, 1, 2, TRUE, 2));
+    zp_sched_free(s);
+}
+
+static void test_json_round_trip(void)
+{
+    ZpModel m = small_model();
+    ZpSchedule *s = build(&m, 3, 4, 2, TRUE);
+    char *dir = g_dir_make_tmp("zplan-sched-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "s.json", NULL);
+    GError *error = NULL;
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *r = zp_sched_read_json(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(r->ops->len, ==, s->ops->len);
+    g_assert_cmpuint(r->deps->len, ==, s->deps->len);
+    g_assert_cmpint(memcmp(r->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    g_assert_cmpint(memcmp(r->deps->data, s->deps->data, s->deps->len * sizeof(uint32_t)), ==, 0);
+    g_assert_cmpfloat(zp_sched_model_state_bytes(r), ==, zp_sched_model_state_bytes(s));
+    /* A dependency on a later op is refused, naming the op. */
+    g_assert_true(g_file_set_contents(path, "{\"format\": \"zplan-schedule-1\"}", -1, NULL));
+    g_assert_null(zp_sched_read_json(path, &error));
+    g_assert_nonnull(strstr(error->message, "\"model\""));
+    g_clear_error(&error);
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+    zp_sched_free(r);
+    zp_sched_free(s);
+}
+
+static void test_bad_plans(void)
+{
+    ZpModel m = small_model();
+    ZpPlan p;
+    GError *error = NULL;
+    zp_plan_defaults(&p, 4, 2, 1);
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "stage"));
+    g_clear_error(&error);
+    zp_plan_defaults(&p, 1, 2, 3);
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "mp"));
+    g_clear_error(&error);
+    ZpModel params_only;
+    zp_model_from_params(1e9, &params_only);
+    zp_plan_defaults(&p, 1, 2, 1);
+    g_assert_null(zp_sched_build(&params_only, &p, &error));
+    g_clear_error(&error);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/sched/states-and-comm-match-models", test_states_and_comm_match_models);
+    g_test_add_func("/sched/bookkeeping", test_bookkeeping);
+    g_test_add_func("/sched/structure", test_structure);
+    g_test_add_func("/sched/json-round-trip", test_json_round_trip);
+    g_test_add_func("/sched/bad-plans", test_bad_plans);
+    return g_test_run();
+}
