@@ -1,0 +1,66 @@
+/* real_alloc: a tracking host allocator that records live and peak bytes per memory category,
+ * so zreal's measured memory can be compared term by term with the planner's model. */
+#ifndef REAL_ALLOC_H
+#define REAL_ALLOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a buffer is for, in the planner's terms. */
+typedef enum {
+    REAL_MEM_PARAMS,          /* bf16 parameters this rank keeps */
+    REAL_MEM_GRADS,           /* bf16 gradients */
+    REAL_MEM_MASTER,          /* fp32 master weights */
+    REAL_MEM_ADAM_M,          /* fp32 Adam first moment */
+    REAL_MEM_ADAM_V,          /* fp32 Adam second moment */
+    REAL_MEM_GATHERED_PARAMS, /* ZeRO-3 parameters gathered for one unit */
+    REAL_MEM_BUCKETS,         /* communication buckets */
+    REAL_MEM_ACTIVATIONS,     /* what blocks save for backward */
+    REAL_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
+    REAL_MEM_WORKSPACE,       /* transient scratch: logits, fp32 copies, GEMM staging */
+    REAL_MEM_N_CATEGORIES
+} RealMemCategory;
+
+/* Counters of one tracker. Bytes are the bytes requested (alignment padding and the
+ * allocator's own header are not counted), so they compare with the planner's formulas. */
+typedef struct {
+    uint64_t live_bytes[REAL_MEM_N_CATEGORIES];
+    uint64_t peak_bytes[REAL_MEM_N_CATEGORIES];     /* each category's own maximum */
+    uint64_t at_peak_bytes[REAL_MEM_N_CATEGORIES];  /* each category when the total peaked */
+    uint64_t live_total_bytes;
+    uint64_t peak_total_bytes;
+    uint64_t live_allocs;                           /* allocations not yet released */
+} RealAllocStats;
+
+typedef struct RealAlloc RealAlloc;
+
+/* The category's short name ("params", "grads", "master", "adam_m", "adam_v",
+ * "gathered_params", "buckets", "activations", "checkpoints", "workspace"); NULL when
+ * `cat` is out of range. */
+const char *real_alloc_category_name(RealMemCategory cat);
+
+/* A new tracker with all counters zero; free it with real_alloc_free_tracker(). */
+RealAlloc *real_alloc_new(void);
+
+/* Frees the tracker itself; buffers still live are not freed (they stay usable until
+ * real_alloc_release, which must not be called after this). NULL is ignored. */
+void real_alloc_free_tracker(RealAlloc *tracker);
+
+/* Allocates `bytes` (0 allowed) aligned to 64 bytes and counts them under `cat`.
+ * Returns NULL, counting nothing, when memory is exhausted or `cat` is out of range.
+ * The contents are uninitialised. */
+void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat);
+
+/* Releases a buffer from real_alloc_take of the same tracker and uncounts it. NULL is
+ * ignored. */
+void real_alloc_release(RealAlloc *tracker, void *ptr);
+
+/* Copies the current counters into `out`. */
+void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out);
+
+/* Starts a new measuring window: every peak becomes the current live value, so the next
+ * real_alloc_stats reports the peaks reached from now on. */
+void real_alloc_reset_peaks(RealAlloc *tracker);
+
+#endif

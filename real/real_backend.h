@@ -1,0 +1,133 @@
+/* real_backend: the one device interface zreal's model and ZeRO engine compute through.
+ * A table of function pointers, so a CUDA backend can be added without touching either. */
+#ifndef REAL_BACKEND_H
+#define REAL_BACKEND_H
+
+#include "real_alloc.h"
+#include "real_bf16.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Element type of an operand whose precision varies (GEMM inputs, attention probs). */
+typedef enum {
+    REAL_DTYPE_F32,
+    REAL_DTYPE_BF16,
+} RealDType;
+
+/* AdamW hyper-parameters for one optimizer step. */
+typedef struct {
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay; /* decoupled (AdamW): master -= lr * weight_decay * master */
+    float grad_scale;   /* every gradient is multiplied by this first (averaging, clipping) */
+    int64_t step;       /* 1 for the first step; drives the bias correction */
+} RealAdamHyper;
+
+typedef struct RealBackend RealBackend;
+
+/* Conventions shared by every entry:
+ *  - pointers are device memory from `alloc`, except token/target arrays, `loss_out` and
+ *    the hyper-parameters, which are host memory;
+ *  - matrices are dense and row-major; `rows` = tokens (batch * seq_len) for activations;
+ *  - arithmetic is fp32; bf16 appears only in storage (parameters, gradients, saved
+ *    activations) and is widened on load and rounded to nearest-even on store;
+ *  - "+=" outputs accumulate and must be initialised by the caller; "=" outputs are
+ *    overwritten entirely;
+ *  - results are deterministic: the same inputs give bit-identical outputs.
+ * Calls that may need backend workspace return false when it cannot be allocated (the
+ * outputs are then unspecified); the others cannot fail on valid arguments. */
+struct RealBackend {
+    const char *name;   /* "cpu", ... */
+    RealAlloc *tracker; /* counts every allocation of this backend; owned by it */
+
+    /* Memory. alloc: `bytes` (0 allowed) aligned to 64 bytes, counted under `cat`, NULL
+     * when exhausted. free: NULL is ignored. fill: every byte of dst = byte_value.
+     * copy: dst = src, the ranges may overlap. destroy: releases the backend's own
+     * workspace and tracker (free every buffer first; read the tracker before). */
+    void *(*alloc)(RealBackend *be, size_t bytes, RealMemCategory cat);
+    void (*free)(RealBackend *be, void *ptr);
+    void (*fill)(RealBackend *be, void *dst, int byte_value, size_t bytes);
+    void (*copy)(RealBackend *be, void *dst, const void *src, size_t bytes);
+    void (*destroy)(RealBackend *be);
+
+    /* Precision. dst = widen(src); dst = round(src); x = widen(round(x)) in place (the
+     * value a bf16 store would read back); dst = round(widen(dst) + src), the gradient
+     * accumulation into bf16 storage; x = round(widen(x) * factor). */
+    void (*bf16_to_f32)(RealBackend *be, float *dst, const RealBf16 *src, size_t n_elems);
+    void (*f32_to_bf16)(RealBackend *be, RealBf16 *dst, const float *src, size_t n_elems);
+    void (*round_bf16)(RealBackend *be, float *x, size_t n_elems);
+    void (*accumulate_bf16)(RealBackend *be, RealBf16 *dst, const float *src, size_t n_elems);
+    void (*scale_bf16)(RealBackend *be, RealBf16 *x, size_t n_elems, float factor);
+
+    /* c[m,n] = alpha * op(a) op(b) + beta * c, with op(a) [m,k] and op(b) [k,n]; a is
+     * stored [m,k] (or [k,m] when trans_a), b [k,n] (or [n,k] when trans_b). a and b may
+     * each be fp32 or bf16 (weights, saved activations); the product accumulates in fp32.
+     * beta = 0 ignores c's old contents. May need workspace (bf16 operands are widened). */
+    bool (*gemm)(RealBackend *be, bool trans_a, bool trans_b, int m, int n, int k,
+                 float alpha, RealDType a_dtype, const void *a, RealDType b_dtype,
+                 const void *b, float beta, float *c);
+
+    /* y[r,c] += bias[c] over rows x cols; dbias[c] += sum_r dy[r,c]. */
+    void (*bias_fwd)(RealBackend *be, float *y, const RealBf16 *bias, int rows, int cols);
+    void (*bias_bwd)(RealBackend *be, float *dbias, const float *dy, int rows, int cols);
+
+    /* out = a + b elementwise; out may alias a or b. */
+    void (*add)(RealBackend *be, float *out, const float *a, const float *b, size_t n_elems);
+
+    /* x[i*s+t,:] = wte[tokens[i*s+t],:] + wpe[t,:] for batch i, position t < seq_len.
+     * Backward: dwte[token,:] += dx[row,:], dwpe[t,:] += dx[row,:]. Tokens must be in
+     * [0, vocab) (the caller checks). */
+    void (*embedding_fwd)(RealBackend *be, float *x, const int *tokens, const RealBf16 *wte,
+                          const RealBf16 *wpe, int batch, int seq_len, int hidden);
+    void (*embedding_bwd)(RealBackend *be, float *dwte, float *dwpe, const int *tokens,
+                          const float *dx, int batch, int seq_len, int hidden);
+
+    /* Layer norm over each row of cols values, eps 1e-5 (GPT-2):
+     * y = (x - mean) * rstd * gain + bias, with mean[r], rstd[r] = 1/sqrt(var + eps) saved.
+     * Backward from those saved statistics: dx += d/dx, dgain += sum_r dy * xhat,
+     * dbias += sum_r dy. dx must not alias dy or x. */
+    void (*layernorm_fwd)(RealBackend *be, float *y, float *mean, float *rstd, const float *x,
+                          const RealBf16 *gain, const RealBf16 *bias, int rows, int cols);
+    void (*layernorm_bwd)(RealBackend *be, float *dx, float *dgain, float *dbias,
+                          const float *dy, const float *x, const float *mean,
+                          const float *rstd, const RealBf16 *gain, int rows, int cols);
+
+    /* Causal multi-head self-attention on qkv [batch*seq_len, 3*heads*head_dim] (per row:
+     * all heads' q, then k, then v; head j at columns j*head_dim within each third).
+     * Forward: probs[i,j,t,u] = softmax_u<=t(q.k / sqrt(head_dim)) (0 for u > t), stored
+     * [batch, heads, seq_len, seq_len] in probs_dtype, and out [batch*seq_len, heads*
+     * head_dim] = probs v computed from the probs as stored (rounded to probs_dtype), so a
+     * backward that reads them back is exactly consistent. probs may be NULL: nothing is
+     * stored and out is the same. Backward: dqkv = d/dqkv given dout and the saved probs.
+     * Both may need workspace (two seq_len^2 fp32 tiles). */
+    bool (*attention_fwd)(RealBackend *be, float *out, void *probs, RealDType probs_dtype,
+                          const float *qkv, int batch, int seq_len, int heads, int head_dim);
+    bool (*attention_bwd)(RealBackend *be, float *dqkv, const float *dout, const float *qkv,
+                          const void *probs, RealDType probs_dtype, int batch, int seq_len,
+                          int heads, int head_dim);
+
+    /* GPT-2's tanh GELU: y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); backward
+     * dx = dy * gelu'(x). y may alias x, dx may alias dy. */
+    void (*gelu_fwd)(RealBackend *be, float *y, const float *x, size_t n_elems);
+    void (*gelu_bwd)(RealBackend *be, float *dx, const float *dy, const float *x,
+                     size_t n_elems);
+
+    /* Softmax cross-entropy over `vocab` logits per row, forward and backward at once:
+     * *loss_out = mean over rows of -log softmax(logits)[target]; then logits is
+     * overwritten with d(dloss_scale * mean loss)/d logits. Targets in [0, vocab). */
+    void (*softmax_xent)(RealBackend *be, float *logits, const int *targets, int rows,
+                         int vocab, float dloss_scale, float *loss_out);
+
+    /* One AdamW step on a flat partition of n_elems: g = widen(grad) * grad_scale,
+     * m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, master -= lr (mhat / (sqrt(vhat) + eps)
+     * + weight_decay master) with bias-corrected mhat, vhat; then param = round(master). */
+    void (*adam_step)(RealBackend *be, const RealAdamHyper *hyper, size_t n_elems,
+                      float *master, float *m, float *v, const RealBf16 *grad,
+                      RealBf16 *param);
+};
+
+#endif

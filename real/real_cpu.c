@@ -1,0 +1,518 @@
+/* real_cpu: the host implementation of RealBackend (OpenBLAS GEMMs, plain C loops).
+ * Staging buffers grow on demand and stay, like a device workspace, counted as `workspace`. */
+#include "real_cpu.h"
+
+#include <glib.h>
+#include <gsl/gsl_cblas.h>
+#include <math.h>
+#include <string.h>
+
+#define REAL_CPU_LN_EPS 1e-5f
+#define REAL_CPU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define REAL_CPU_GELU_K 0.044715f
+
+/* One reusable staging buffer per purpose, so a GEMM's two operands never share one. */
+typedef enum {
+    REAL_CPU_SLOT_GEMM_A,
+    REAL_CPU_SLOT_GEMM_B,
+    REAL_CPU_SLOT_ATTENTION,
+    REAL_CPU_N_SLOTS
+} RealCpuSlot;
+
+typedef struct {
+    RealBackend base; /* first, so the interface pointer converts back */
+    float *slot[REAL_CPU_N_SLOTS];
+    size_t slot_elems[REAL_CPU_N_SLOTS];
+} RealCpu;
+
+static RealCpu *real_cpu_of(RealBackend *be)
+{
+    return (RealCpu *)be;
+}
+
+/* ---- memory ---- */
+
+static void *real_cpu_alloc(RealBackend *be, size_t bytes, RealMemCategory cat)
+{
+    return real_alloc_take(be->tracker, bytes, cat);
+}
+
+static void real_cpu_free(RealBackend *be, void *ptr)
+{
+    real_alloc_release(be->tracker, ptr);
+}
+
+static void real_cpu_fill(RealBackend *be, void *dst, int byte_value, size_t bytes)
+{
+    (void)be;
+    memset(dst, byte_value, bytes);
+}
+
+static void real_cpu_copy(RealBackend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memmove(dst, src, bytes);
+}
+
+static void real_cpu_destroy(RealBackend *be)
+{
+    RealCpu *cpu = real_cpu_of(be);
+    for (int i = 0; i < REAL_CPU_N_SLOTS; i++)
+        real_alloc_release(be->tracker, cpu->slot[i]);
+    real_alloc_free_tracker(be->tracker);
+    g_free(cpu);
+}
+
+/* A staging buffer of at least n_elems floats; grows (never shrinks) through the tracker.
+ * NULL when the allocation fails. */
+static float *real_cpu_slot(RealCpu *cpu, RealCpuSlot slot, size_t n_elems)
+{
+    if (cpu->slot_elems[slot] >= n_elems && cpu->slot[slot])
+        return cpu->slot[slot];
+    if (n_elems > SIZE_MAX / sizeof(float))
+        return NULL;
+    real_alloc_release(cpu->base.tracker, cpu->slot[slot]);
+    cpu->slot[slot] = real_alloc_take(cpu->base.tracker, n_elems * sizeof(float),
+                                      REAL_MEM_WORKSPACE);
+    cpu->slot_elems[slot] = cpu->slot[slot] ? n_elems : 0;
+    return cpu->slot[slot];
+}
+
+/* ---- precision ---- */
+
+static void real_cpu_bf16_to_f32(RealBackend *be, float *dst, const RealBf16 *src,
+                                 size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        dst[i] = real_bf16_to_f32(src[i]);
+}
+
+static void real_cpu_f32_to_bf16(RealBackend *be, RealBf16 *dst, const float *src,
+                                 size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        dst[i] = real_bf16_from_f32(src[i]);
+}
+
+static void real_cpu_round_bf16(RealBackend *be, float *x, size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        x[i] = real_bf16_round_f32(x[i]);
+}
+
+static void real_cpu_accumulate_bf16(RealBackend *be, RealBf16 *dst, const float *src,
+                                     size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        dst[i] = real_bf16_from_f32(real_bf16_to_f32(dst[i]) + src[i]);
+}
+
+static void real_cpu_scale_bf16(RealBackend *be, RealBf16 *x, size_t n_elems, float factor)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        x[i] = real_bf16_from_f32(real_bf16_to_f32(x[i]) * factor);
+}
+
+/* An fp32 view of an operand: itself when fp32, else widened into `slot`. */
+static const float *real_cpu_as_f32(RealCpu *cpu, RealCpuSlot slot, RealDType dtype,
+                                    const void *data, size_t n_elems)
+{
+    if (dtype == REAL_DTYPE_F32)
+        return data;
+    float *out = real_cpu_slot(cpu, slot, n_elems);
+    if (out)
+        real_cpu_bf16_to_f32(&cpu->base, out, data, n_elems);
+    return out;
+}
+
+/* ---- linear algebra ---- */
+
+/* sgemm rejects k = 0 (its leading dimensions would be 0), but the product is then
+ * empty: c = beta * c. */
+static void real_cpu_scale_f32(float *c, size_t n_elems, float beta)
+{
+    for (size_t i = 0; i < n_elems; i++)
+        c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+}
+
+static bool real_cpu_gemm(RealBackend *be, bool trans_a, bool trans_b, int m, int n, int k,
+                          float alpha, RealDType a_dtype, const void *a, RealDType b_dtype,
+                          const void *b, float beta, float *c)
+{
+    if (m <= 0 || n <= 0)
+        return true;
+    if (k <= 0) {
+        real_cpu_scale_f32(c, (size_t)m * n, beta);
+        return true;
+    }
+    RealCpu *cpu = real_cpu_of(be);
+    const float *af = real_cpu_as_f32(cpu, REAL_CPU_SLOT_GEMM_A, a_dtype, a, (size_t)m * k);
+    const float *bf = real_cpu_as_f32(cpu, REAL_CPU_SLOT_GEMM_B, b_dtype, b, (size_t)k * n);
+    if (!af || !bf)
+        return false;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, af, trans_a ? m : k, bf,
+                trans_b ? k : n, beta, c, n);
+    return true;
+}
+
+static void real_cpu_bias_fwd(RealBackend *be, float *y, const RealBf16 *bias, int rows,
+                              int cols)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        float *row = y + (size_t)r * cols;
+        for (int c = 0; c < cols; c++)
+            row[c] += real_bf16_to_f32(bias[c]);
+    }
+}
+
+static void real_cpu_bias_bwd(RealBackend *be, float *dbias, const float *dy, int rows,
+                              int cols)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *row = dy + (size_t)r * cols;
+        for (int c = 0; c < cols; c++)
+            dbias[c] += row[c];
+    }
+}
+
+static void real_cpu_add(RealBackend *be, float *out, const float *a, const float *b,
+                         size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* ---- embedding ---- */
+
+static void real_cpu_embedding_fwd(RealBackend *be, float *x, const int *tokens,
+                                   const RealBf16 *wte, const RealBf16 *wpe, int batch,
+                                   int seq_len, int hidden)
+{
+    (void)be;
+    for (int i = 0; i < batch; i++) {
+        for (int t = 0; t < seq_len; t++) {
+            size_t row = (size_t)i * seq_len + t;
+            const RealBf16 *tok = wte + (size_t)tokens[row] * hidden;
+            const RealBf16 *pos = wpe + (size_t)t * hidden;
+            float *out = x + row * hidden;
+            for (int c = 0; c < hidden; c++)
+                out[c] = real_bf16_to_f32(tok[c]) + real_bf16_to_f32(pos[c]);
+        }
+    }
+}
+
+static void real_cpu_embedding_bwd(RealBackend *be, float *dwte, float *dwpe,
+                                   const int *tokens, const float *dx, int batch, int seq_len,
+                                   int hidden)
+{
+    (void)be;
+    for (int i = 0; i < batch; i++) {
+        for (int t = 0; t < seq_len; t++) {
+            size_t row = (size_t)i * seq_len + t;
+            float *tok = dwte + (size_t)tokens[row] * hidden;
+            float *pos = dwpe + (size_t)t * hidden;
+            const float *g = dx + row * hidden;
+            for (int c = 0; c < hidden; c++) {
+                tok[c] += g[c];
+                pos[c] += g[c];
+            }
+        }
+    }
+}
+
+/* ---- layer norm ---- */
+
+static void real_cpu_layernorm_fwd(RealBackend *be, float *y, float *mean, float *rstd,
+                                   const float *x, const RealBf16 *gain, const RealBf16 *bias,
+                                   int rows, int cols)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * cols;
+        float *yr = y + (size_t)r * cols;
+        /* Two passes in double: the variance of nearly constant rows stays accurate. */
+        double sum = 0.0, sq = 0.0;
+        for (int c = 0; c < cols; c++)
+            sum += xr[c];
+        double mu = sum / cols;
+        for (int c = 0; c < cols; c++)
+            sq += (xr[c] - mu) * (xr[c] - mu);
+        float m = (float)mu;
+        float rs = (float)(1.0 / sqrt(sq / cols + REAL_CPU_LN_EPS));
+        for (int c = 0; c < cols; c++)
+            yr[c] = (xr[c] - m) * rs * real_bf16_to_f32(gain[c]) + real_bf16_to_f32(bias[c]);
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+
+static void real_cpu_layernorm_bwd(RealBackend *be, float *dx, float *dgain, float *dbias,
+                                   const float *dy, const float *x, const float *mean,
+                                   const float *rstd, const RealBf16 *gain, int rows, int cols)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * cols, *dyr = dy + (size_t)r * cols;
+        float *dxr = dx + (size_t)r * cols;
+        float m = mean[r], rs = rstd[r];
+        /* dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy gain. */
+        float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+        for (int c = 0; c < cols; c++) {
+            float xhat = (xr[c] - m) * rs;
+            float dxhat = dyr[c] * real_bf16_to_f32(gain[c]);
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * xhat;
+            dgain[c] += dyr[c] * xhat;
+            dbias[c] += dyr[c];
+        }
+        float mean_dxhat = sum_dxhat / cols, mean_dxhat_xhat = sum_dxhat_xhat / cols;
+        for (int c = 0; c < cols; c++) {
+            float xhat = (xr[c] - m) * rs;
+            float dxhat = dyr[c] * real_bf16_to_f32(gain[c]);
+            dxr[c] += rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
+    }
+}
+
+/* ---- attention ---- */
+
+/* Causal softmax of each row of scores [seq_len, seq_len] in place; entries past the
+ * diagonal become 0 so the tile can feed full GEMMs. */
+static void real_cpu_causal_softmax(float *scores, int seq_len)
+{
+    for (int t = 0; t < seq_len; t++) {
+        float *row = scores + (size_t)t * seq_len;
+        float max = row[0];
+        for (int u = 1; u <= t; u++)
+            max = fmaxf(max, row[u]);
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) {
+            row[u] = expf(row[u] - max);
+            sum += row[u];
+        }
+        for (int u = 0; u <= t; u++)
+            row[u] /= sum;
+        for (int u = t + 1; u < seq_len; u++)
+            row[u] = 0.0f;
+    }
+}
+
+/* Loads one head's stored probs tile into fp32. */
+static void real_cpu_load_probs(RealBackend *be, float *tile, const void *probs,
+                                RealDType dtype, size_t offset_elems, size_t n_elems)
+{
+    if (dtype == REAL_DTYPE_F32)
+        memcpy(tile, (const float *)probs + offset_elems, n_elems * sizeof(float));
+    else
+        real_cpu_bf16_to_f32(be, tile, (const RealBf16 *)probs + offset_elems, n_elems);
+}
+
+/* Stores one head's probs tile in `dtype`, first rounding the tile itself so that the
+ * caller computes with exactly the stored values. */
+static void real_cpu_store_probs(RealBackend *be, float *tile, void *probs, RealDType dtype,
+                                 size_t offset_elems, size_t n_elems)
+{
+    if (dtype == REAL_DTYPE_BF16)
+        real_cpu_round_bf16(be, tile, n_elems);
+    if (!probs)
+        return;
+    if (dtype == REAL_DTYPE_F32)
+        memcpy((float *)probs + offset_elems, tile, n_elems * sizeof(float));
+    else
+        real_cpu_f32_to_bf16(be, (RealBf16 *)probs + offset_elems, tile, n_elems);
+}
+
+static bool real_cpu_attention_fwd(RealBackend *be, float *out, void *probs,
+                                   RealDType probs_dtype, const float *qkv, int batch,
+                                   int seq_len, int heads, int head_dim)
+{
+    int h = heads * head_dim, ld = 3 * h, s = seq_len;
+    size_t tile_elems = (size_t)s * s;
+    float *tile = real_cpu_slot(real_cpu_of(be), REAL_CPU_SLOT_ATTENTION, 2 * tile_elems);
+    if (!tile)
+        return false;
+    float scale = 1.0f / sqrtf((float)head_dim);
+    for (int i = 0; i < batch; i++) {
+        for (int j = 0; j < heads; j++) {
+            const float *q = qkv + (size_t)i * s * ld + (size_t)j * head_dim;
+            const float *k = q + h, *v = q + 2 * h;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, scale, q, ld,
+                        k, ld, 0.0f, tile, s);
+            real_cpu_causal_softmax(tile, s);
+            size_t offset = ((size_t)i * heads + j) * tile_elems;
+            real_cpu_store_probs(be, tile, probs, probs_dtype, offset, tile_elems);
+            float *o = out + (size_t)i * s * h + (size_t)j * head_dim;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, head_dim, s, 1.0f, tile,
+                        s, v, ld, 0.0f, o, h);
+        }
+    }
+    return true;
+}
+
+/* dS = P o (dP - rowsum(dP o P)), in place over dP: the softmax backward, per row. */
+static void real_cpu_softmax_bwd(const float *p, float *dp, int seq_len)
+{
+    for (int t = 0; t < seq_len; t++) {
+        const float *pr = p + (size_t)t * seq_len;
+        float *dr = dp + (size_t)t * seq_len;
+        float dot = 0.0f;
+        for (int u = 0; u <= t; u++)
+            dot += pr[u] * dr[u];
+        for (int u = 0; u < seq_len; u++)
+            dr[u] = u <= t ? pr[u] * (dr[u] - dot) : 0.0f;
+    }
+}
+
+static bool real_cpu_attention_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                   const float *qkv, const void *probs, RealDType probs_dtype,
+                                   int batch, int seq_len, int heads, int head_dim)
+{
+    int h = heads * head_dim, ld = 3 * h, s = seq_len;
+    size_t tile_elems = (size_t)s * s;
+    float *p = real_cpu_slot(real_cpu_of(be), REAL_CPU_SLOT_ATTENTION, 2 * tile_elems);
+    if (!p)
+        return false;
+    float *dp = p + tile_elems;
+    float scale = 1.0f / sqrtf((float)head_dim);
+    for (int i = 0; i < batch; i++) {
+        for (int j = 0; j < heads; j++) {
+            size_t col = (size_t)j * head_dim;
+            const float *q = qkv + (size_t)i * s * ld + col, *k = q + h, *v = q + 2 * h;
+            float *dq = dqkv + (size_t)i * s * ld + col, *dk = dq + h, *dv = dq + 2 * h;
+            const float *dout_ij = dout + (size_t)i * s * h + col;
+            real_cpu_load_probs(be, p, probs, probs_dtype, ((size_t)i * heads + j) * tile_elems,
+                                tile_elems);
+            /* out = P v: dP = dout v^T, dv = P^T dout. */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, 1.0f, dout_ij,
+                        h, v, ld, 0.0f, dp, s);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, head_dim, s, 1.0f, p, s,
+                        dout_ij, h, 0.0f, dv, ld);
+            real_cpu_softmax_bwd(p, dp, s);
+            /* scores = scale q k^T: dq = scale dS k, dk = scale dS^T q. */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, head_dim, s, scale, dp,
+                        s, k, ld, 0.0f, dq, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, head_dim, s, scale, dp, s,
+                        q, ld, 0.0f, dk, ld);
+        }
+    }
+    return true;
+}
+
+/* ---- GELU ---- */
+
+static void real_cpu_gelu_fwd(RealBackend *be, float *y, const float *x, size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++) {
+        float xi = x[i];
+        float inner = REAL_CPU_GELU_C * (xi + REAL_CPU_GELU_K * xi * xi * xi);
+        y[i] = 0.5f * xi * (1.0f + tanhf(inner));
+    }
+}
+
+static void real_cpu_gelu_bwd(RealBackend *be, float *dx, const float *dy, const float *x,
+                              size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++) {
+        float xi = x[i];
+        float inner = REAL_CPU_GELU_C * (xi + REAL_CPU_GELU_K * xi * xi * xi);
+        float th = tanhf(inner);
+        float dinner = REAL_CPU_GELU_C * (1.0f + 3.0f * REAL_CPU_GELU_K * xi * xi);
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * dinner;
+        dx[i] = dy[i] * grad;
+    }
+}
+
+/* ---- loss ---- */
+
+static void real_cpu_softmax_xent(RealBackend *be, float *logits, const int *targets, int rows,
+                                  int vocab, float dloss_scale, float *loss_out)
+{
+    (void)be;
+    double loss_sum = 0.0;
+    float grad_scale = dloss_scale / (float)rows;
+    for (int r = 0; r < rows; r++) {
+        float *row = logits + (size_t)r * vocab;
+        float target_logit = row[targets[r]];
+        float max = row[0];
+        for (int c = 1; c < vocab; c++)
+            max = fmaxf(max, row[c]);
+        /* Shifted by the max so exp cannot overflow; the sum in double keeps large
+         * vocabularies accurate. */
+        double sum = 0.0;
+        for (int c = 0; c < vocab; c++) {
+            row[c] = expf(row[c] - max);
+            sum += row[c];
+        }
+        loss_sum += log(sum) + max - target_logit;
+        float inv_sum = (float)(1.0 / sum);
+        for (int c = 0; c < vocab; c++)
+            row[c] *= inv_sum * grad_scale;
+        row[targets[r]] -= grad_scale;
+    }
+    *loss_out = (float)(loss_sum / rows);
+}
+
+/* ---- optimizer ---- */
+
+static void real_cpu_adam_step(RealBackend *be, const RealAdamHyper *hyper, size_t n_elems,
+                               float *master, float *m, float *v, const RealBf16 *grad,
+                               RealBf16 *param)
+{
+    (void)be;
+    float b1 = hyper->beta1, b2 = hyper->beta2;
+    float correct1 = (float)(1.0 - pow(b1, (double)hyper->step));
+    float correct2 = (float)(1.0 - pow(b2, (double)hyper->step));
+    for (size_t i = 0; i < n_elems; i++) {
+        float g = real_bf16_to_f32(grad[i]) * hyper->grad_scale;
+        m[i] = b1 * m[i] + (1.0f - b1) * g;
+        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        float update = (m[i] / correct1) / (sqrtf(v[i] / correct2) + hyper->eps);
+        master[i] -= hyper->lr * (update + hyper->weight_decay * master[i]);
+        param[i] = real_bf16_from_f32(master[i]);
+    }
+}
+
+RealBackend *real_cpu_backend_new(void)
+{
+    RealCpu *cpu = g_new0(RealCpu, 1);
+    cpu->base = (RealBackend){
+        .name = "cpu",
+        .tracker = real_alloc_new(),
+        .alloc = real_cpu_alloc,
+        .free = real_cpu_free,
+        .fill = real_cpu_fill,
+        .copy = real_cpu_copy,
+        .destroy = real_cpu_destroy,
+        .bf16_to_f32 = real_cpu_bf16_to_f32,
+        .f32_to_bf16 = real_cpu_f32_to_bf16,
+        .round_bf16 = real_cpu_round_bf16,
+        .accumulate_bf16 = real_cpu_accumulate_bf16,
+        .scale_bf16 = real_cpu_scale_bf16,
+        .gemm = real_cpu_gemm,
+        .bias_fwd = real_cpu_bias_fwd,
+        .bias_bwd = real_cpu_bias_bwd,
+        .add = real_cpu_add,
+        .embedding_fwd = real_cpu_embedding_fwd,
+        .embedding_bwd = real_cpu_embedding_bwd,
+        .layernorm_fwd = real_cpu_layernorm_fwd,
+        .layernorm_bwd = real_cpu_layernorm_bwd,
+        .attention_fwd = real_cpu_attention_fwd,
+        .attention_bwd = real_cpu_attention_bwd,
+        .gelu_fwd = real_cpu_gelu_fwd,
+        .gelu_bwd = real_cpu_gelu_bwd,
+        .softmax_xent = real_cpu_softmax_xent,
+        .adam_step = real_cpu_adam_step,
+    };
+    return &cpu->base;
+}

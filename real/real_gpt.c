@@ -1,0 +1,721 @@
+/* real_gpt: the GPT-2 model zreal trains (pre-LN blocks, tied LM head), forward and backward.
+ * All compute goes through RealBackend; fp32 math, bf16 storage, bit-identical recompute. */
+#include "real_gpt.h"
+
+#include <limits.h>
+#include <math.h>
+
+#define REAL_GPT_INIT_STD 0.02
+
+G_DEFINE_QUARK(real-gpt-error-quark, real_gpt_error)
+
+/* How a tensor starts out. */
+typedef enum {
+    REAL_GPT_INIT_ONES,
+    REAL_GPT_INIT_ZEROS,
+    REAL_GPT_INIT_NORMAL,          /* N(0, 0.02) */
+    REAL_GPT_INIT_NORMAL_RESIDUAL, /* N(0, 0.02 / sqrt(2L)): layers writing the residual */
+} RealGptInit;
+
+/* A block's tensors, in layout order (indices into its tensor table). */
+typedef enum {
+    REAL_GPT_LN1_G,
+    REAL_GPT_LN1_B,
+    REAL_GPT_QKV_W,
+    REAL_GPT_QKV_B,
+    REAL_GPT_PROJ_W,
+    REAL_GPT_PROJ_B,
+    REAL_GPT_LN2_G,
+    REAL_GPT_LN2_B,
+    REAL_GPT_FC1_W,
+    REAL_GPT_FC1_B,
+    REAL_GPT_FC2_W,
+    REAL_GPT_FC2_B,
+    REAL_GPT_N_BLOCK_TENSORS
+} RealGptBlockTensor;
+
+G_STATIC_ASSERT(REAL_GPT_N_BLOCK_TENSORS == REAL_GPT_MAX_UNIT_TENSORS);
+
+/* Pointers into one block's saved activations (a single allocation; fp32 first). */
+typedef struct {
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu;
+} RealGptSaved;
+
+struct RealGpt {
+    RealBackend *be;
+    RealGptDims dims;
+    size_t block_offset[REAL_GPT_N_BLOCK_TENSORS]; /* element offsets inside a block unit */
+    size_t block_elems;
+    void **saved; /* [layers]: saved activations between forward and backward, or NULL */
+};
+
+/* ---- dimensions and layout ---- */
+
+RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, int vocab,
+                               int micro_batch)
+{
+    return (RealGptDims){.layers = layers, .hidden = hidden, .heads = heads,
+                         .seq_len = seq_len, .vocab = vocab, .ffn_hidden = 4 * hidden,
+                         .micro_batch = micro_batch};
+}
+
+gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
+{
+    if (d->layers <= 0 || d->hidden <= 0 || d->heads <= 0 || d->seq_len <= 0 ||
+        d->vocab <= 0 || d->ffn_hidden <= 0 || d->micro_batch <= 0) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "model dimensions must be positive (L=%d h=%d a=%d s=%d V=%d f=%d b=%d)",
+                    d->layers, d->hidden, d->heads, d->seq_len, d->vocab, d->ffn_hidden,
+                    d->micro_batch);
+        return FALSE;
+    }
+    if (d->hidden % d->heads != 0) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "heads = %d does not divide hidden = %d", d->heads, d->hidden);
+        return FALSE;
+    }
+    /* GEMM dimensions are ints: tokens b s, 3h and f must fit. */
+    if ((int64_t)d->micro_batch * d->seq_len > INT_MAX || d->hidden > INT_MAX / 3) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "micro_batch * seq_len or 3 * hidden exceeds the int range");
+        return FALSE;
+    }
+    return TRUE;
+}
+
+int real_gpt_n_units(const RealGptDims *dims)
+{
+    return dims->layers + 2;
+}
+
+/* Appends a tensor to a table being built, placing it right after the previous one. */
+static void real_gpt_push(RealGptTensor *out, RealGptInit *init, int *n, const char *name,
+                          size_t elems, RealGptInit how)
+{
+    size_t offset = *n ? out[*n - 1].offset_elems + out[*n - 1].elems : 0;
+    out[*n] = (RealGptTensor){.name = name, .offset_elems = offset, .elems = elems};
+    init[*n] = how;
+    (*n)++;
+}
+
+/* The tensor table of a unit with each tensor's initialisation; the single definition of
+ * the layout. */
+static int real_gpt_layout(const RealGptDims *d, int unit,
+                           RealGptTensor out[REAL_GPT_MAX_UNIT_TENSORS],
+                           RealGptInit init[REAL_GPT_MAX_UNIT_TENSORS])
+{
+    size_t h = d->hidden, f = d->ffn_hidden;
+    int n = 0;
+    if (unit == 0) {
+        real_gpt_push(out, init, &n, "wte", (size_t)d->vocab * h, REAL_GPT_INIT_NORMAL);
+        real_gpt_push(out, init, &n, "wpe", (size_t)d->seq_len * h, REAL_GPT_INIT_NORMAL);
+    } else if (unit >= 1 && unit <= d->layers) {
+        real_gpt_push(out, init, &n, "ln1.weight", h, REAL_GPT_INIT_ONES);
+        real_gpt_push(out, init, &n, "ln1.bias", h, REAL_GPT_INIT_ZEROS);
+        real_gpt_push(out, init, &n, "qkv.weight", 3 * h * h, REAL_GPT_INIT_NORMAL);
+        real_gpt_push(out, init, &n, "qkv.bias", 3 * h, REAL_GPT_INIT_ZEROS);
+        real_gpt_push(out, init, &n, "proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL);
+        real_gpt_push(out, init, &n, "proj.bias", h, REAL_GPT_INIT_ZEROS);
+        real_gpt_push(out, init, &n, "ln2.weight", h, REAL_GPT_INIT_ONES);
+        real_gpt_push(out, init, &n, "ln2.bias", h, REAL_GPT_INIT_ZEROS);
+        real_gpt_push(out, init, &n, "fc1.weight", h * f, REAL_GPT_INIT_NORMAL);
+        real_gpt_push(out, init, &n, "fc1.bias", f, REAL_GPT_INIT_ZEROS);
+        real_gpt_push(out, init, &n, "fc2.weight", f * h, REAL_GPT_INIT_NORMAL_RESIDUAL);
+        real_gpt_push(out, init, &n, "fc2.bias", h, REAL_GPT_INIT_ZEROS);
+    } else if (unit == d->layers + 1) {
+        real_gpt_push(out, init, &n, "lnf.weight", h, REAL_GPT_INIT_ONES);
+        real_gpt_push(out, init, &n, "lnf.bias", h, REAL_GPT_INIT_ZEROS);
+    }
+    return n;
+}
+
+int real_gpt_unit_tensors(const RealGptDims *dims, int unit,
+                          RealGptTensor out[REAL_GPT_MAX_UNIT_TENSORS])
+{
+    RealGptInit init[REAL_GPT_MAX_UNIT_TENSORS];
+    return real_gpt_layout(dims, unit, out, init);
+}
+
+size_t real_gpt_unit_elems(const RealGptDims *dims, int unit)
+{
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    int n = real_gpt_unit_tensors(dims, unit, t);
+    return n ? t[n - 1].offset_elems + t[n - 1].elems : 0;
+}
+
+size_t real_gpt_param_elems(const RealGptDims *dims)
+{
+    size_t total = 0;
+    for (int u = 0; u < real_gpt_n_units(dims); u++)
+        total += real_gpt_unit_elems(dims, u);
+    return total;
+}
+
+/* ---- memory sizes ---- */
+
+static size_t real_gpt_tokens(const RealGptDims *d)
+{
+    return (size_t)d->micro_batch * d->seq_len;
+}
+
+/* bf16 elements of the saved tensors; fp32 statistics come first in the allocation. */
+static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
+{
+    uint64_t t = real_gpt_tokens(d);
+    return t * (8 * (uint64_t)d->hidden + 2 * (uint64_t)d->ffn_hidden) +
+           (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len;
+}
+
+uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims)
+{
+    return 4 * sizeof(float) * real_gpt_tokens(dims) +
+           sizeof(RealBf16) * real_gpt_saved_bf16_elems(dims);
+}
+
+uint64_t real_gpt_checkpoint_bytes(const RealGptDims *dims)
+{
+    return sizeof(RealBf16) * real_gpt_tokens(dims) * dims->hidden;
+}
+
+uint64_t real_gpt_residual_grad_bytes(const RealGptDims *dims)
+{
+    return sizeof(float) * real_gpt_tokens(dims) * dims->hidden;
+}
+
+uint64_t real_gpt_logits_bytes(const RealGptDims *dims)
+{
+    return sizeof(float) * real_gpt_tokens(dims) * dims->vocab;
+}
+
+/* Carves one block's saved-activation allocation into its tensors. */
+static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
+{
+    size_t t = real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    RealGptSaved sv;
+    float *stats = base;
+    sv.ln1_mean = stats;
+    sv.ln1_rstd = stats + t;
+    sv.ln2_mean = stats + 2 * t;
+    sv.ln2_rstd = stats + 3 * t;
+    RealBf16 *p = (RealBf16 *)(stats + 4 * t);
+    sv.x = p, p += t * h;
+    sv.ln1 = p, p += t * h;
+    sv.qkv = p, p += 3 * t * h;
+    sv.att = p, p += t * h;
+    sv.x2 = p, p += t * h;
+    sv.ln2 = p, p += t * h;
+    sv.fc1 = p, p += t * f;
+    sv.gelu = p, p += t * f;
+    sv.probs = p;
+    return sv;
+}
+
+/* ---- initialisation ---- */
+
+/* A standard normal from GRand by Box-Muller; 1 - u keeps the log argument in (0, 1]. */
+static double real_gpt_normal(GRand *rng)
+{
+    double u1 = 1.0 - g_rand_double(rng), u2 = g_rand_double(rng);
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * G_PI * u2);
+}
+
+static void real_gpt_init_tensor(GRand *rng, RealGptInit how, double residual_std,
+                                 RealBf16 *out, size_t elems)
+{
+    for (size_t i = 0; i < elems; i++) {
+        double value = 0.0;
+        if (how == REAL_GPT_INIT_ONES)
+            value = 1.0;
+        else if (how == REAL_GPT_INIT_NORMAL)
+            value = REAL_GPT_INIT_STD * real_gpt_normal(rng);
+        else if (how == REAL_GPT_INIT_NORMAL_RESIDUAL)
+            value = residual_std * real_gpt_normal(rng);
+        out[i] = real_bf16_from_f32((float)value);
+    }
+}
+
+gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
+                              RealBf16 *out, GError **error)
+{
+    if (!real_gpt_dims_check(dims, error))
+        return FALSE;
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    RealGptInit init[REAL_GPT_MAX_UNIT_TENSORS];
+    int n = real_gpt_layout(dims, unit, t, init);
+    if (n == 0) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "unit %d out of range 0..%d", unit, dims->layers + 1);
+        return FALSE;
+    }
+    guint32 words[3] = {(guint32)seed, (guint32)(seed >> 32), (guint32)unit};
+    GRand *rng = g_rand_new_with_seed_array(words, G_N_ELEMENTS(words));
+    double residual_std = REAL_GPT_INIT_STD / sqrt(2.0 * dims->layers);
+    for (int i = 0; i < n; i++)
+        real_gpt_init_tensor(rng, init[i], residual_std, out + t[i].offset_elems, t[i].elems);
+    g_rand_free(rng);
+    return TRUE;
+}
+
+/* ---- runtime ---- */
+
+RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
+{
+    if (!real_gpt_dims_check(dims, error))
+        return NULL;
+    RealGpt *gpt = g_new0(RealGpt, 1);
+    gpt->be = be;
+    gpt->dims = *dims;
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    real_gpt_unit_tensors(dims, 1, t);
+    for (int i = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++)
+        gpt->block_offset[i] = t[i].offset_elems;
+    gpt->block_elems = real_gpt_unit_elems(dims, 1);
+    gpt->saved = g_new0(void *, dims->layers);
+    return gpt;
+}
+
+void real_gpt_free(RealGpt *gpt)
+{
+    if (!gpt)
+        return;
+    for (int l = 0; l < gpt->dims.layers; l++)
+        gpt->be->free(gpt->be, gpt->saved[l]);
+    g_free(gpt->saved);
+    g_free(gpt);
+}
+
+static gboolean real_gpt_nomem(GError **error, const char *what)
+{
+    g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_NOMEM, "out of backend memory for %s",
+                what);
+    return FALSE;
+}
+
+static gboolean real_gpt_check_layer(const RealGpt *gpt, int layer, GError **error)
+{
+    if (layer >= 0 && layer < gpt->dims.layers)
+        return TRUE;
+    g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID, "layer %d out of range 0..%d",
+                layer, gpt->dims.layers - 1);
+    return FALSE;
+}
+
+/* Token ids index wte rows, so an out-of-range one would read or write out of bounds. */
+static gboolean real_gpt_check_tokens(const RealGpt *gpt, const int *tokens, const char *what,
+                                      GError **error)
+{
+    size_t n = real_gpt_tokens(&gpt->dims);
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= gpt->dims.vocab) {
+            g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                        "%s[%zu] = %d is outside the vocabulary 0..%d", what, i, tokens[i],
+                        gpt->dims.vocab - 1);
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
+/* An fp32 workspace of n_elems, NULL when the backend has no memory left. */
+static float *real_gpt_workspace(RealGpt *gpt, size_t n_elems)
+{
+    return gpt->be->alloc(gpt->be, n_elems * sizeof(float), REAL_MEM_WORKSPACE);
+}
+
+/* ---- embeddings ---- */
+
+gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
+                                RealBf16 *x0, GError **error)
+{
+    if (!real_gpt_check_tokens(gpt, tokens, "tokens", error))
+        return FALSE;
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    size_t n = real_gpt_tokens(d) * d->hidden;
+    float *xf = real_gpt_workspace(gpt, n);
+    if (!xf)
+        return real_gpt_nomem(error, "the embedding output");
+    const RealBf16 *wpe = embed_params + (size_t)d->vocab * d->hidden;
+    be->embedding_fwd(be, xf, tokens, embed_params, wpe, d->micro_batch, d->seq_len, d->hidden);
+    be->f32_to_bf16(be, x0, xf, n);
+    be->free(be, xf);
+    return TRUE;
+}
+
+gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *dx0,
+                                 RealBf16 *embed_grads, GError **error)
+{
+    if (!real_gpt_check_tokens(gpt, tokens, "tokens", error))
+        return FALSE;
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    size_t n = real_gpt_unit_elems(d, 0);
+    float *grads = real_gpt_workspace(gpt, n);
+    if (!grads)
+        return real_gpt_nomem(error, "the embedding gradients");
+    be->fill(be, grads, 0, n * sizeof(float));
+    be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
+                      d->micro_batch, d->seq_len, d->hidden);
+    be->accumulate_bf16(be, embed_grads, grads, n);
+    be->free(be, grads);
+    return TRUE;
+}
+
+/* ---- transformer block ---- */
+
+/* Rounds a freshly computed activation to bf16 (every activation tensor is bf16 in mixed
+ * precision) and, when saving, stores it: later ops and the backward then see the same
+ * values, whether or not activations were saved. */
+static void real_gpt_keep(RealBackend *be, float *x, RealBf16 *saved, size_t n_elems)
+{
+    be->round_bf16(be, x, n_elems);
+    if (saved)
+        be->f32_to_bf16(be, saved, x, n_elems);
+}
+
+/* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. */
+static bool real_gpt_linear(RealGpt *gpt, const RealBf16 *params, RealGptBlockTensor weight,
+                            const float *x, float *y, int n, int k)
+{
+    RealBackend *be = gpt->be;
+    int t = (int)real_gpt_tokens(&gpt->dims);
+    if (!be->gemm(be, false, false, t, n, k, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
+                  params + gpt->block_offset[weight], 0.0f, y))
+        return false;
+    be->bias_fwd(be, y, params + gpt->block_offset[weight + 1], t, n);
+    return true;
+}
+
+/* The block forward's fp32 workspace, T(6h + f) + 4T floats, and where the layer-norm
+ * statistics go (into the saved activations when saving). */
+typedef struct {
+    float *x, *a, *qkv, *x2, *u;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+} RealGptFwdBufs;
+
+static size_t real_gpt_fwd_ws_elems(const RealGptDims *d)
+{
+    return real_gpt_tokens(d) * (6 * (size_t)d->hidden + d->ffn_hidden + 4);
+}
+
+static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const RealGptSaved *sv)
+{
+    size_t t = real_gpt_tokens(d), th = t * d->hidden;
+    RealGptFwdBufs b = {.x = ws, .a = ws + th, .qkv = ws + 2 * th, .x2 = ws + 5 * th,
+                        .u = ws + 6 * th};
+    float *stats = b.u + t * d->ffn_hidden;
+    b.ln1_mean = sv ? sv->ln1_mean : stats;
+    b.ln1_rstd = sv ? sv->ln1_rstd : stats + t;
+    b.ln2_mean = sv ? sv->ln2_mean : stats + 2 * t;
+    b.ln2_rstd = sv ? sv->ln2_rstd : stats + 3 * t;
+    return b;
+}
+
+/* x2 = x + attention(ln1(x)) Wp + bp, from b->x; sv NULL when not saving. */
+static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+                                   const RealGptFwdBufs *b)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t *off = gpt->block_offset;
+    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    size_t th = (size_t)t * h;
+    be->layernorm_fwd(be, b->a, b->ln1_mean, b->ln1_rstd, b->x, p + off[REAL_GPT_LN1_G],
+                      p + off[REAL_GPT_LN1_B], t, h);
+    real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
+    if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, 3 * h, h))
+        return false;
+    real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, 3 * th);
+    if (!be->attention_fwd(be, b->a, sv ? sv->probs : NULL, REAL_DTYPE_BF16, b->qkv,
+                           d->micro_batch, d->seq_len, d->heads, h / d->heads))
+        return false;
+    real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
+    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, h))
+        return false;
+    be->add(be, b->x2, b->x2, b->x, th);
+    real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th);
+    return true;
+}
+
+/* b->x = x2 + gelu(ln2(x2) W1 + b1) W2 + b2 (the block input is dead by now, so its
+ * buffer takes the output); sv NULL when not saving. */
+static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+                             const RealGptFwdBufs *b)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t *off = gpt->block_offset;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    size_t th = (size_t)t * h, tf = (size_t)t * f;
+    be->layernorm_fwd(be, b->a, b->ln2_mean, b->ln2_rstd, b->x2, p + off[REAL_GPT_LN2_G],
+                      p + off[REAL_GPT_LN2_B], t, h);
+    real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
+    if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f, h))
+        return false;
+    real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, tf);
+    be->gelu_fwd(be, b->u, b->u, tf);
+    real_gpt_keep(be, b->u, sv ? sv->gelu : NULL, tf);
+    if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->u, b->x, h, f))
+        return false;
+    be->add(be, b->x, b->x, b->x2, th);
+    return true;
+}
+
+/* The whole block forward in workspace ws; sv NULL when not saving. */
+static bool real_gpt_block_fwd_compute(RealGpt *gpt, const RealBf16 *p, const RealBf16 *x_in,
+                                       RealBf16 *x_out, const RealGptSaved *sv, float *ws)
+{
+    RealBackend *be = gpt->be;
+    size_t th = real_gpt_tokens(&gpt->dims) * gpt->dims.hidden;
+    RealGptFwdBufs b = real_gpt_fwd_bufs(&gpt->dims, ws, sv);
+    be->bf16_to_f32(be, b.x, x_in, th);
+    if (sv)
+        be->copy(be, sv->x, x_in, th * sizeof(RealBf16));
+    if (!real_gpt_fwd_attention(gpt, p, sv, &b) || !real_gpt_fwd_mlp(gpt, p, sv, &b))
+        return false;
+    be->f32_to_bf16(be, x_out, b.x, th);
+    return true;
+}
+
+gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_params,
+                                const RealBf16 *x_in, RealBf16 *x_out,
+                                gboolean save_activations, GError **error)
+{
+    if (!real_gpt_check_layer(gpt, layer, error))
+        return FALSE;
+    if (save_activations && gpt->saved[layer]) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "block %d already holds saved activations (forward twice?)", layer);
+        return FALSE;
+    }
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    void *saved = NULL;
+    if (save_activations) {
+        saved = be->alloc(be, real_gpt_block_activation_bytes(d), REAL_MEM_ACTIVATIONS);
+        if (!saved)
+            return real_gpt_nomem(error, "saved activations");
+    }
+    float *ws = real_gpt_workspace(gpt, real_gpt_fwd_ws_elems(d));
+    RealGptSaved sv = {0};
+    if (saved)
+        sv = real_gpt_saved_view(d, saved);
+    bool ok = ws && real_gpt_block_fwd_compute(gpt, block_params, x_in, x_out,
+                                               saved ? &sv : NULL, ws);
+    be->free(be, ws);
+    if (!ok) {
+        be->free(be, saved);
+        return real_gpt_nomem(error, "the block forward workspace");
+    }
+    gpt->saved[layer] = saved;
+    return TRUE;
+}
+
+/* dW += x^T dy for a weight [k,n] given x [T,k] (bf16 saved) and dy [T,n] (fp32); bias
+ * gradient too; writes into the unit's fp32 gradient scratch g. */
+static bool real_gpt_linear_param_grads(RealGpt *gpt, float *g, RealGptBlockTensor weight,
+                                        const RealBf16 *x, const float *dy, int n, int k)
+{
+    RealBackend *be = gpt->be;
+    int t = (int)real_gpt_tokens(&gpt->dims);
+    if (!be->gemm(be, true, false, k, n, t, 1.0f, REAL_DTYPE_BF16, x, REAL_DTYPE_F32, dy, 1.0f,
+                  g + gpt->block_offset[weight]))
+        return false;
+    be->bias_bwd(be, g + gpt->block_offset[weight + 1], dy, t, n);
+    return true;
+}
+
+/* dx[T,k] = dy[T,n] W^T for a block weight W [k,n]. */
+static bool real_gpt_linear_input_grad(RealGpt *gpt, const RealBf16 *p,
+                                       RealGptBlockTensor weight, const float *dy, float *dx,
+                                       int n, int k)
+{
+    RealBackend *be = gpt->be;
+    int t = (int)real_gpt_tokens(&gpt->dims);
+    return be->gemm(be, false, true, t, k, n, 1.0f, REAL_DTYPE_F32, dy, REAL_DTYPE_BF16,
+                    p + gpt->block_offset[weight], 0.0f, dx);
+}
+
+/* The block backward's fp32 workspace, unit + T(2f + 9h) floats: the unit's parameter
+ * gradients gather in g and reach the bf16 gradients in one accumulation. */
+typedef struct {
+    float *g, *df, *uf, *dh, *xh, *dx2, *qkv, *dqkv;
+} RealGptBwdBufs;
+
+static size_t real_gpt_bwd_ws_elems(const RealGpt *gpt)
+{
+    const RealGptDims *d = &gpt->dims;
+    return gpt->block_elems +
+           real_gpt_tokens(d) * (2 * (size_t)d->ffn_hidden + 9 * (size_t)d->hidden);
+}
+
+static RealGptBwdBufs real_gpt_bwd_bufs(const RealGpt *gpt, float *ws)
+{
+    size_t t = real_gpt_tokens(&gpt->dims), th = t * gpt->dims.hidden;
+    size_t tf = t * gpt->dims.ffn_hidden;
+    RealGptBwdBufs b = {.g = ws, .df = ws + gpt->block_elems};
+    b.uf = b.df + tf;
+    b.dh = b.uf + tf;
+    b.xh = b.dh + th;
+    b.dx2 = b.xh + th;
+    b.qkv = b.dx2 + th;
+    b.dqkv = b.qkv + 3 * th;
+    return b;
+}
+
+/* MLP part, y = x2 + gelu(ln2(x2) W1 + b1) W2 + b2: b->dx2 = dL/dx2 from dy. */
+static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+                             const float *dy, const RealGptBwdBufs *b)
+{
+    RealBackend *be = gpt->be;
+    const size_t *off = gpt->block_offset;
+    int t = (int)real_gpt_tokens(&gpt->dims), h = gpt->dims.hidden, f = gpt->dims.ffn_hidden;
+    size_t th = (size_t)t * h, tf = (size_t)t * f;
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
+        return false;
+    be->bf16_to_f32(be, b->uf, sv->fc1, tf);
+    be->gelu_bwd(be, b->df, b->df, b->uf, tf);
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, b->df, f, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, b->df, b->dh, f, h))
+        return false;
+    be->bf16_to_f32(be, b->xh, sv->x2, th);
+    be->copy(be, b->dx2, dy, th * sizeof(float));
+    be->layernorm_bwd(be, b->dx2, b->g + off[REAL_GPT_LN2_G], b->g + off[REAL_GPT_LN2_B], b->dh,
+                      b->xh, sv->ln2_mean, sv->ln2_rstd, p + off[REAL_GPT_LN2_G], t, h);
+    return true;
+}
+
+/* Attention part, x2 = x + attention(ln1(x)) Wp + bp: dx = dL/dx from b->dx2. */
+static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+                                   float *dx, const RealGptBwdBufs *b)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t *off = gpt->block_offset;
+    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    size_t th = (size_t)t * h;
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, b->dx2, h, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, b->dx2, b->dh, h, h))
+        return false;
+    be->bf16_to_f32(be, b->qkv, sv->qkv, 3 * th);
+    if (!be->attention_bwd(be, b->dqkv, b->dh, b->qkv, sv->probs, REAL_DTYPE_BF16,
+                           d->micro_batch, d->seq_len, d->heads, h / d->heads))
+        return false;
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, 3 * h, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, 3 * h, h))
+        return false;
+    be->bf16_to_f32(be, b->xh, sv->x, th);
+    be->copy(be, dx, b->dx2, th * sizeof(float));
+    be->layernorm_bwd(be, dx, b->g + off[REAL_GPT_LN1_G], b->g + off[REAL_GPT_LN1_B], b->dh,
+                      b->xh, sv->ln1_mean, sv->ln1_rstd, p + off[REAL_GPT_LN1_G], t, h);
+    return true;
+}
+
+/* The whole block backward in workspace ws. dy is last read (in the MLP part) before dx is
+ * first written (in the attention part), so they may alias. */
+static bool real_gpt_block_bwd_compute(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+                                       const float *dy, float *dx, RealBf16 *block_grads,
+                                       float *ws)
+{
+    RealBackend *be = gpt->be;
+    RealGptBwdBufs b = real_gpt_bwd_bufs(gpt, ws);
+    be->fill(be, b.g, 0, gpt->block_elems * sizeof(float));
+    if (!real_gpt_bwd_mlp(gpt, p, sv, dy, &b) || !real_gpt_bwd_attention(gpt, p, sv, dx, &b))
+        return false;
+    be->accumulate_bf16(be, block_grads, b.g, gpt->block_elems);
+    return true;
+}
+
+gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_params,
+                                 const float *dx_out, float *dx_in, RealBf16 *block_grads,
+                                 GError **error)
+{
+    if (!real_gpt_check_layer(gpt, layer, error))
+        return FALSE;
+    if (!gpt->saved[layer]) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "block %d has no saved activations: forward it with save_activations "
+                    "(recompute) before its backward",
+                    layer);
+        return FALSE;
+    }
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    float *ws = real_gpt_workspace(gpt, real_gpt_bwd_ws_elems(gpt));
+    RealGptSaved sv = real_gpt_saved_view(d, gpt->saved[layer]);
+    bool ok = ws && real_gpt_block_bwd_compute(gpt, block_params, &sv, dx_out, dx_in,
+                                               block_grads, ws);
+    be->free(be, ws);
+    if (!ok)
+        return real_gpt_nomem(error, "the block backward workspace");
+    be->free(be, gpt->saved[layer]);
+    gpt->saved[layer] = NULL;
+    return TRUE;
+}
+
+/* ---- head: final layer norm, tied LM head, loss ---- */
+
+/* The head in workspace ws (T(2h + 2) + h(V + 2) floats) and logits [T,V]. */
+static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealBf16 *wte,
+                                  const RealBf16 *x_last, const int *targets, float dloss_scale,
+                                  float *loss_out, float *dx_last, RealBf16 *final_ln_grads,
+                                  RealBf16 *embed_grads, float *ws, float *logits)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, v = d->vocab;
+    size_t th = (size_t)t * h;
+    float *xf = ws, *y = xf + th, *mean = y + th, *rstd = mean + t, *gwte = rstd + t;
+    float *gln = gwte + (size_t)v * h;
+
+    be->bf16_to_f32(be, xf, x_last, th);
+    be->layernorm_fwd(be, y, mean, rstd, xf, lnf, lnf + h, t, h);
+    /* The LM-head GEMM reads the normalised stream as a bf16 tensor, as mixed precision
+     * does; its backward uses the same rounded values. */
+    be->round_bf16(be, y, th);
+    if (!be->gemm(be, false, true, t, v, h, 1.0f, REAL_DTYPE_F32, y, REAL_DTYPE_BF16, wte, 0.0f,
+                  logits))
+        return false;
+    be->softmax_xent(be, logits, targets, t, v, dloss_scale, loss_out);
+    /* logits = y wte^T: dwte = dlogits^T y, then dy = dlogits wte into y's buffer (y is
+     * dead once dwte is formed). */
+    if (!be->gemm(be, true, false, v, h, t, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_F32, y,
+                  0.0f, gwte))
+        return false;
+    be->accumulate_bf16(be, embed_grads, gwte, (size_t)v * h);
+    if (!be->gemm(be, false, false, t, h, v, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_BF16, wte,
+                  0.0f, y))
+        return false;
+    be->fill(be, gln, 0, 2 * (size_t)h * sizeof(float));
+    be->fill(be, dx_last, 0, th * sizeof(float));
+    be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf, t, h);
+    be->accumulate_bf16(be, final_ln_grads, gln, 2 * (size_t)h);
+    return true;
+}
+
+gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_params,
+                                        const RealBf16 *embed_params, const RealBf16 *x_last,
+                                        const int *targets, float dloss_scale,
+                                        float *loss_out, float *dx_last,
+                                        RealBf16 *final_ln_grads, RealBf16 *embed_grads,
+                                        GError **error)
+{
+    if (!real_gpt_check_tokens(gpt, targets, "targets", error))
+        return FALSE;
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    size_t t = real_gpt_tokens(d), h = d->hidden;
+    float *logits = be->alloc(be, real_gpt_logits_bytes(d), REAL_MEM_WORKSPACE);
+    float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)d->vocab + 2));
+    bool ok = logits && ws &&
+              real_gpt_head_compute(gpt, final_ln_params, embed_params, x_last, targets,
+                                    dloss_scale, loss_out, dx_last, final_ln_grads,
+                                    embed_grads, ws, logits);
+    be->free(be, ws);
+    be->free(be, logits);
+    if (!ok)
+        return real_gpt_nomem(error, "the head workspace");
+    return TRUE;
+}

@@ -1,0 +1,162 @@
+/* real_gpt: the GPT-2 model zreal trains (pre-LN blocks, tied LM head), forward and backward,
+ * per parameter unit, so the ZeRO engine can run it on buffers it chooses (gathered, ZeRO-3). */
+
+/* Parameter layout (the contract shared with the planner's zp_model): each unit is one
+ * flat contiguous bf16 array,
+ *   unit 0      embeddings: wte [V,h], then wpe [s,h]                    (V h + s h)
+ *   unit 1..L   block l-1: ln1.weight [h], ln1.bias [h], qkv.weight [h,3h], qkv.bias [3h],
+ *               proj.weight [h,h], proj.bias [h], ln2.weight [h], ln2.bias [h],
+ *               fc1.weight [h,f], fc1.bias [f], fc2.weight [f,h], fc2.bias [h]
+ *                                                          (4h^2 + 2hf + 9h + f)
+ *   unit L+1    final layer norm: lnf.weight [h], lnf.bias [h]           (2h)
+ * Weights are stored [in, out] (y = x W + b). The LM head is wte itself (no bias).
+ *
+ * One micro-batch step, as the engine drives it (T = b s tokens, x_l bf16 [T,h], dx_l fp32
+ * [T,h]; every buffer passed in is the caller's and must stay valid during the call only):
+ *   embed_forward -> x_0; block_forward(l) x_l -> x_{l+1} for l = 0..L-1;
+ *   head_forward_backward(x_L) -> loss, dx_L;
+ *   for l = L-1..0: [recompute: block_forward(l, save) from the checkpointed x_l]
+ *                   block_backward(l) dx_{l+1} -> dx_l;
+ *   embed_backward(dx_0).
+ * Backward and head calls ACCUMULATE into the bf16 gradient units (+=), so gradient
+ * accumulation over micro-batches needs only zeroing once per step. The head and
+ * embed_backward both add to unit 0's wte gradient (tied weights), so under ZeRO-3 unit 0
+ * must be gathered for the head as well. */
+#ifndef REAL_GPT_H
+#define REAL_GPT_H
+
+#include "real_backend.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+typedef struct {
+    int layers;      /* L */
+    int hidden;      /* h */
+    int heads;       /* a; divides h */
+    int seq_len;     /* s */
+    int vocab;       /* V */
+    int ffn_hidden;  /* f; 4h by default */
+    int micro_batch; /* b: samples per forward/backward call */
+} RealGptDims;
+
+/* One named tensor inside a unit. Names are the planner's (zp_model_tensors). */
+typedef struct {
+    const char *name; /* static string */
+    size_t offset_elems;
+    size_t elems;
+} RealGptTensor;
+
+#define REAL_GPT_MAX_UNIT_TENSORS 12
+
+typedef enum {
+    REAL_GPT_ERROR_INVALID, /* bad dimensions, unit/layer index or token */
+    REAL_GPT_ERROR_STATE,   /* calls out of order (backward without saved activations) */
+    REAL_GPT_ERROR_NOMEM,   /* the backend could not allocate */
+} RealGptError;
+
+#define REAL_GPT_ERROR real_gpt_error_quark()
+GQuark real_gpt_error_quark(void);
+
+typedef struct RealGpt RealGpt;
+
+/* Dimensions with the GPT-2 default ffn_hidden = 4 * hidden. Not checked. */
+RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, int vocab,
+                               int micro_batch);
+
+/* TRUE when every dimension is positive, heads divides hidden and every matrix dimension
+ * (b s tokens included) fits an int. */
+gboolean real_gpt_dims_check(const RealGptDims *dims, GError **error);
+
+/* L + 2: embeddings, L blocks, final layer norm. */
+int real_gpt_n_units(const RealGptDims *dims);
+
+/* Elements of unit `unit` (see the layout above); 0 when unit is out of range. */
+size_t real_gpt_unit_elems(const RealGptDims *dims, int unit);
+
+/* Elements of all units together: L(4h^2 + 2hf + 9h + f) + Vh + sh + 2h. */
+size_t real_gpt_param_elems(const RealGptDims *dims);
+
+/* The tensors of `unit` in layout order into `out`; returns how many (0 when unit is out
+ * of range). */
+int real_gpt_unit_tensors(const RealGptDims *dims, int unit,
+                          RealGptTensor out[REAL_GPT_MAX_UNIT_TENSORS]);
+
+/* Bytes one block keeps for backward when forwarded with save_activations, exactly what
+ * real_gpt_block_forward allocates under REAL_MEM_ACTIVATIONS (one allocation, freed by
+ * real_gpt_block_backward). With T = b s:
+ *   bf16 [T,h] x8:  block input (LN1 input), LN1 output, Q, K, V, attention output before
+ *                   proj, LN2 input (residual after attention), LN2 output
+ *   bf16 [T,f] x2:  fc1 output (GELU input), GELU output
+ *   bf16 [b,a,s,s]: softmax probabilities (the masked half included)
+ *   fp32 [T]   x4:  LN1 and LN2 mean and 1/std
+ *   = 2T(8h + 2f) + 2 a b s^2 + 16T
+ *   = s b h (32 + 2 a s / h) + 16 s b   when f = 4h (no dropout). */
+uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims);
+
+/* Bytes of one block's checkpoint, its bf16 input [b s, h]: 2 s b h. Also the size of any
+ * bf16 residual-stream buffer x_l. The engine allocates checkpoints (REAL_MEM_CHECKPOINTS). */
+uint64_t real_gpt_checkpoint_bytes(const RealGptDims *dims);
+
+/* Bytes of an fp32 residual-gradient buffer dx_l [b s, h]: 4 s b h. */
+uint64_t real_gpt_residual_grad_bytes(const RealGptDims *dims);
+
+/* Bytes of the fp32 logits [b s, V] the head allocates (REAL_MEM_WORKSPACE) while it runs,
+ * turned into their gradient in place: 4 s b V. */
+uint64_t real_gpt_logits_bytes(const RealGptDims *dims);
+
+/* Writes unit `unit`'s initial parameters into out (real_gpt_unit_elems elements, host
+ * memory). GPT-2 init: weights N(0, 0.02), proj.weight and fc2.weight N(0, 0.02/sqrt(2L)),
+ * biases 0, layer-norm gains 1; wte and wpe N(0, 0.02). Deterministic in (seed, unit)
+ * alone, through GLib's GRand (Mersenne Twister) seeded with them and Box-Muller, so any
+ * rank can initialise any unit identically. */
+gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
+                              RealBf16 *out, GError **error);
+
+/* A model runtime on backend `be` (borrowed; must outlive it). It owns only the saved
+ * activations of blocks between their forward and backward. NULL on invalid dims. */
+RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error);
+
+/* Frees the runtime and any activations still saved. NULL is ignored. */
+void real_gpt_free(RealGpt *gpt);
+
+/* x0 [T,h] = wte[tokens] + wpe[position], rounded to bf16. tokens: host, b s of them, in
+ * [0, V). */
+gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
+                                RealBf16 *x0, GError **error);
+
+/* Block `layer` (0..L-1, parameters = unit layer + 1): x_out = block(x_in). x_out may
+ * alias x_in. With save_activations the block keeps real_gpt_block_activation_bytes for
+ * its backward (an error if it already holds some); without, it keeps nothing and computes
+ * bit-identical outputs, so a later save_activations call on the same x_in recomputes
+ * exactly what backward needs. */
+gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_params,
+                                const RealBf16 *x_in, RealBf16 *x_out,
+                                gboolean save_activations, GError **error);
+
+/* Final layer norm, tied LM head and mean cross-entropy over the b s tokens, forward and
+ * backward at once: *loss_out = mean loss; dx_last [T,h] = d(dloss_scale * loss)/dx_last
+ * (overwritten); final_ln_grads (unit L+1) += and the wte part of embed_grads (unit 0)
+ * += their gradients of dloss_scale * loss. embed_params is unit 0 (wte is read). targets:
+ * host, b s of them, in [0, V). */
+gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_params,
+                                        const RealBf16 *embed_params, const RealBf16 *x_last,
+                                        const int *targets, float dloss_scale,
+                                        float *loss_out, float *dx_last,
+                                        RealBf16 *final_ln_grads, RealBf16 *embed_grads,
+                                        GError **error);
+
+/* Backward of block `layer` from its saved activations (which it then frees):
+ * dx_in = dL/dx_layer from dx_out = dL/dx_{layer+1} (dx_in may alias dx_out), and
+ * block_grads (unit layer + 1) += dL/dparams. block_params must hold the same values the
+ * forward used. */
+gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_params,
+                                 const float *dx_out, float *dx_in, RealBf16 *block_grads,
+                                 GError **error);
+
+/* embed_grads (unit 0: wte and wpe) += the gradients given dx0 = dL/dx_0 and the tokens
+ * of the forward. */
+gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *dx0,
+                                 RealBf16 *embed_grads, GError **error);
+
+#endif
