@@ -84,9 +84,14 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
     const ZpZeroConfig *z = &plan->zero;
     const double psi = (double)zp_model_param_count(model) / plan->mp;
     /* Stages 1-2 double-buffer the gradient bucket when overlap_comm is on (DeepSpeed's
-     * ipg_buffer pair); stages 0 and 3 use one. A bucket never exceeds the model. */
+     * ipg_buffer pair); stages 0 and 3 use one. A bucket holds whole units (a larger unit
+     * gets a bucket of its own) and never exceeds the model. */
     const double buffers = (z->stage == 1 || z->stage == 2) && z->overlap_comm ? 2.0 : 1.0;
-    r->reduce_bucket_bytes = fmin(z->reduce_bucket_size, psi) * bytes.grad_bytes * buffers;
+    const double bucket_elems =
+        zp_model_has_architecture(model)
+            ? fmax(z->reduce_bucket_size, largest_unit_elems(model) / plan->mp)
+            : z->reduce_bucket_size;
+    r->reduce_bucket_bytes = fmin(bucket_elems, psi) * bytes.grad_bytes * buffers;
     if (z->stage == 1 || z->stage == 2)
         r->allgather_bucket_bytes = fmin(z->allgather_bucket_size, psi) * bytes.param_bytes;
     if (z->stage == 3 && zp_model_has_architecture(model)) {

@@ -204,7 +204,9 @@ static void layout(Builder *b)
     double master, m, v;
     optimizer_split(&s->plan, &master, &m, &v);
     const double params_elems[4] = {total, padded, padded, part};
-    const double grads_elems[4] = {total, total, part, part};
+    /* Stage 1 keeps full gradients in a buffer padded like the parameters, so that each
+     * rank's reduce-scatter output lands in place at its partition. */
+    const double grads_elems[4] = {total, padded, part, part};
     const double optim_elems = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
     s->state_bytes[ZP_MEM_GRADS] = grads_elems[stage] * g;
@@ -223,43 +225,29 @@ double zp_sched_model_state_bytes(const ZpSchedule *s)
 
 /* ---- gradient buckets ------------------------------------------------------------------ */
 
-static int unit_of_elem(const ZpSchedule *s, uint64_t elem)
-{
-    int u = 0;
-    while (u + 1 < s->n_units && s->unit_offset[u + 1] <= elem)
-        u++;
-    return u;
-}
-
-/* Buckets in launch order (from the last unit down, the order backward produces them).
- * Stages 0-2 cut the flat space every reduce_bucket_size elements; stage 3 reduce-scatters
- * whole units (each unit is partitioned on its own), grouping them up to the bucket size. */
+/* Buckets in launch order (from the last unit down, the order backward produces them):
+ * whole units grouped up to reduce_bucket_size elements, a larger unit alone. DeepSpeed never
+ * splits a parameter across buckets either, and the model writes a unit's gradients into one
+ * contiguous array. Stage 3 reduces each unit padded to a multiple of dp (each unit is
+ * partitioned on its own); stages 0-2 reduce the unpadded flat range. */
 static void plan_buckets(Builder *b)
 {
     const ZpSchedule *s = b->s;
-    const double limit = fmax(1.0, floor(s->plan.zero.reduce_bucket_size));
-    const double g = b->state.grad_bytes;
-    if (s->plan.zero.stage < 3) {
-        const uint64_t step = (uint64_t)limit;
-        for (uint64_t hi = s->total_elems; hi > 0;) {
-            const uint64_t lo = hi > step ? hi - step : 0;
-            Bucket k = {lo, hi, (double)(hi - lo) * g, unit_of_elem(s, hi - 1),
-                        unit_of_elem(s, lo), -1, NONE, NONE};
-            g_array_append_val(b->buckets, k);
-            hi = lo;
-        }
-        return;
-    }
+    const double limit = s->plan.zero.reduce_bucket_size;
+    const gboolean padded = s->plan.zero.stage == 3;
     for (int u = s->n_units - 1; u >= 0;) {
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
                     NONE};
-        double elems = (double)unit_padded(s, u);
-        for (u--; u >= 0 && elems + (double)unit_padded(s, u) <= limit; u--) {
-            elems += (double)unit_padded(s, u);
+        double elems = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+        for (u--; u >= 0; u--) {
+            const double next = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+            if (elems + next > limit)
+                break;
+            elems += next;
             k.lo = s->unit_offset[u];
             k.low_unit = u;
         }
-        k.bytes = elems * g;
+        k.bytes = elems * b->state.grad_bytes;
         g_array_append_val(b->buckets, k);
     }
 }
@@ -542,7 +530,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
 
 /* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
  * 16-bit partitions in allgather_bucket_size chunks. For those all-gathers elem_offset is
- * the offset inside every rank's partition and elems the gathered total. */
+ * the offset inside every rank's partition and elems the gathered total. Stage 3 refreshes
+ * the full copies of its persistent units. */
 static void optimizer_step(Builder *b, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -551,6 +540,16 @@ static void optimizer_step(Builder *b, GArray *launched)
     const Cost c = optimizer_cost(b, elems);
     uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c.flops, c.gemm_flops,
                                 c.mem_bytes, (uint32_t *)launched->data, launched->len);
+    if (stage == 3) {
+        /* Persistent units are never gathered before use, so their full copies (buffer -1:
+         * the step-long state) are refreshed from the updated partitions here. */
+        for (int u = 0; u < s->n_units; u++)
+            if (is_persistent(s, u))
+                emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, u, -1, -1, s->unit_offset[u],
+                                unit_padded(s, u),
+                                (double)unit_padded(s, u) * b->state.param_bytes, &opt, 1);
+        return;
+    }
     if (stage != 1 && stage != 2)
         return;
     const uint64_t dp = (uint64_t)s->plan.dp;
