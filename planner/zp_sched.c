@@ -191,8 +191,8 @@ static void layout(Builder *b)
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
         partition3 += unit_padded(s, u) / (uint64_t)dp;
-        if (is_persistent(s, u))
-            persistent += s->unit_elems[u];
+        if (is_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
+            persistent += unit_padded(s, u);
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
@@ -554,14 +554,18 @@ static void optimizer_step(Builder *b, GArray *launched)
         return;
     const uint64_t dp = (uint64_t)s->plan.dp;
     const uint64_t chunk = MAX((uint64_t)1, (uint64_t)(s->plan.zero.allgather_bucket_size / dp));
+    /* One chunk's buffer at a time, as the memory model counts it: a chunk takes its
+     * buffer only when the previous chunk's all-gather is done. */
+    uint32_t previous = NONE;
     for (uint64_t off = 0; off < s->partition_elems; off += chunk) {
         const uint64_t n = MIN(chunk, s->partition_elems - off) * dp;
         const double bytes = (double)n * b->state.param_bytes;
         int buffer;
-        uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, -1, &buffer, &opt, 1);
-        uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, buffer, off,
-                                        n, bytes, &alloc, 1);
-        emit_free(b, ZP_MEM_BUCKETS, bytes, -1, -1, buffer, coll);
+        const uint32_t adeps[2] = {opt, previous};
+        uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, -1, &buffer, adeps, 2);
+        previous = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, buffer, off, n,
+                                   bytes, &alloc, 1);
+        emit_free(b, ZP_MEM_BUCKETS, bytes, -1, -1, buffer, previous);
     }
 }
 

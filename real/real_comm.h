@@ -1,0 +1,46 @@
+/* real_comm: the collectives the ZeRO engine needs, as a table of function pointers, so MPI
+ * (CPU ranks), NCCL (GPU ranks) or an emulated world can stand behind the same engine. */
+#ifndef REAL_COMM_H
+#define REAL_COMM_H
+
+#include "real_bf16.h"
+
+#include <glib.h>
+#include <stddef.h>
+
+#define REAL_COMM_ERROR real_comm_error_quark()
+GQuark real_comm_error_quark(void);
+
+typedef struct RealComm RealComm;
+
+/* Every collective is over all `size` ranks, called by all of them in the same order, on
+ * buffers of the backend's memory. Sums of bf16 are taken in fp32 and rounded to bf16 (as
+ * NCCL does for bf16). `sent_bytes` counts what this rank sends under ring algorithms:
+ * 2(n-1)/n S for an all-reduce of S bytes, (n-1)/n S for reduce-scatter and all-gather,
+ * the same formula the planner and simulator use, so the three can be compared. */
+struct RealComm {
+    int rank, size;
+    double sent_bytes;
+
+    /* buf[0..n) = sum over ranks of buf[0..n). */
+    gboolean (*allreduce_bf16)(RealComm *c, RealBf16 *buf, size_t n, GError **error);
+    /* In place: buf holds sum(counts) elements, rank q's piece after the pieces of ranks
+     * < q; afterwards buf[0..counts[rank]) holds the sum of this rank's piece. */
+    gboolean (*reduce_scatter_bf16)(RealComm *c, RealBf16 *buf, const int *counts,
+                                    GError **error);
+    /* recv[q*n .. (q+1)*n) = rank q's send[0..n). */
+    gboolean (*allgather_bf16)(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
+                               GError **error);
+    /* Sums doubles on the host: metrics (loss, timings), not counted in sent_bytes. */
+    gboolean (*allreduce_host_f64)(RealComm *c, double *buf, size_t n, GError **error);
+    /* Gathers n doubles from every rank to rank 0's recv (size * n); host memory. */
+    gboolean (*gather_host_f64)(RealComm *c, const double *send, size_t n, double *recv,
+                                GError **error);
+    void (*destroy)(RealComm *c);
+};
+
+/* MPI_COMM_WORLD after MPI_Init: errors are returned (not fatal) and turned into GErrors
+ * that say a peer may have died. */
+RealComm *real_comm_mpi_new(GError **error);
+
+#endif

@@ -1,0 +1,123 @@
+/* real_comm_mpi: RealComm over MPI_COMM_WORLD, with a user-defined bf16 sum so gradients
+ * travel in their 16-bit storage format, as they do under NCCL. */
+#include "real_comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+
+G_DEFINE_QUARK(real-comm-error-quark, real_comm_error)
+
+typedef struct {
+    RealComm base;
+    MPI_Datatype bf16;
+    MPI_Op bf16_sum;
+} MpiComm;
+
+/* MPI reduction callback: inout[i] = round(widen(in[i]) + widen(inout[i])). */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const RealBf16 *a = in;
+    RealBf16 *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = real_bf16_from_f32(real_bf16_to_f32(a[i]) + real_bf16_to_f32(b[i]));
+}
+
+static gboolean check(RealComm *c, int rc, const char *what, GError **error)
+{
+    if (rc == MPI_SUCCESS)
+        return TRUE;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    g_set_error(error, REAL_COMM_ERROR, 0, "rank %d: %s failed: %s (a peer rank may have died)",
+                c->rank, what, text);
+    return FALSE;
+}
+
+static gboolean fits_int(RealComm *c, size_t n, const char *what, GError **error)
+{
+    if (n <= INT_MAX)
+        return TRUE;
+    g_set_error(error, REAL_COMM_ERROR, 0, "rank %d: %s of %zu elements exceeds MPI's int count",
+                c->rank, what, n);
+    return FALSE;
+}
+
+static gboolean mpi_allreduce(RealComm *c, RealBf16 *buf, size_t n, GError **error)
+{
+    MpiComm *m = (MpiComm *)c;
+    if (!fits_int(c, n, "all-reduce", error))
+        return FALSE;
+    c->sent_bytes += 2.0 * (c->size - 1) / c->size * (double)n * sizeof(RealBf16);
+    return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, m->bf16, m->bf16_sum, MPI_COMM_WORLD),
+                 "MPI_Allreduce", error);
+}
+
+static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts, GError **error)
+{
+    MpiComm *m = (MpiComm *)c;
+    double total = 0;
+    for (int q = 0; q < c->size; q++)
+        total += counts[q];
+    c->sent_bytes += (double)(c->size - 1) / c->size * total * sizeof(RealBf16);
+    return check(c, MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, m->bf16, m->bf16_sum,
+                                       MPI_COMM_WORLD),
+                 "MPI_Reduce_scatter", error);
+}
+
+static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
+                              GError **error)
+{
+    MpiComm *m = (MpiComm *)c;
+    if (!fits_int(c, n, "all-gather", error))
+        return FALSE;
+    c->sent_bytes += (double)(c->size - 1) * (double)n * sizeof(RealBf16);
+    return check(c, MPI_Allgather(send, (int)n, m->bf16, recv, (int)n, m->bf16, MPI_COMM_WORLD),
+                 "MPI_Allgather", error);
+}
+
+static gboolean mpi_allreduce_host(RealComm *c, double *buf, size_t n, GError **error)
+{
+    return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+                 "MPI_Allreduce", error);
+}
+
+static gboolean mpi_gather_host(RealComm *c, const double *send, size_t n, double *recv,
+                                GError **error)
+{
+    return check(c, MPI_Gather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0,
+                               MPI_COMM_WORLD),
+                 "MPI_Gather", error);
+}
+
+static void mpi_destroy(RealComm *c)
+{
+    MpiComm *m = (MpiComm *)c;
+    MPI_Op_free(&m->bf16_sum);
+    MPI_Type_free(&m->bf16);
+    g_free(m);
+}
+
+RealComm *real_comm_mpi_new(GError **error)
+{
+    MpiComm *m = g_new0(MpiComm, 1);
+    RealComm *c = &m->base;
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    /* Return errors instead of aborting, so a dead peer becomes a message naming this rank. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if (!check(c, MPI_Type_contiguous(1, MPI_UINT16_T, &m->bf16), "MPI_Type_contiguous", error) ||
+        !check(c, MPI_Type_commit(&m->bf16), "MPI_Type_commit", error) ||
+        !check(c, MPI_Op_create(bf16_sum, 1, &m->bf16_sum), "MPI_Op_create", error)) {
+        g_free(m);
+        return NULL;
+    }
+    c->allreduce_bf16 = mpi_allreduce;
+    c->reduce_scatter_bf16 = mpi_reduce_scatter;
+    c->allgather_bf16 = mpi_allgather;
+    c->allreduce_host_f64 = mpi_allreduce_host;
+    c->gather_host_f64 = mpi_gather_host;
+    c->destroy = mpi_destroy;
+    return c;
+}

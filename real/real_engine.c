@@ -1,0 +1,574 @@
+/* real_engine: executes the schedule op by op. Everything a stage decides — what is
+ * partitioned, when buckets are reduced, what is gathered and freed — comes from the ops;
+ * the engine only maps each op onto model calls, backend buffers and collectives. */
+#include "real_engine.h"
+#include "real_data.h"
+#include "real_gpt.h"
+#include "zp_mem.h"
+
+#include <string.h>
+#include <time.h>
+
+G_DEFINE_QUARK(real-engine-error-quark, real_engine_error)
+
+G_STATIC_ASSERT((int)REAL_MEM_N_CATEGORIES == (int)ZP_MEM_N);
+
+struct RealEngine {
+    const ZpSchedule *s;
+    RealBackend *be;
+    RealComm *comm;
+    RealGpt *gpt;
+    RealGptDims dims;
+    RealTrainConfig cfg;
+    int stage, dp, rank, L;
+    uint64_t step;
+    int64_t adam_step;
+
+    /* Model states, laid out as zp_sched's layout() says. */
+    RealBf16 *params, *grads;
+    float *master, *adam_m, *adam_v;
+    uint64_t opt_elems;   /* elements of the optimizer partition */
+    uint64_t part_base;   /* stages 1-2: offset of this rank's partition in params/grads */
+    uint64_t *part_off;   /* stage 3: offset of unit u's slice in the partition arrays */
+    RealBf16 **persistent; /* stage 3: full copies of persistent units */
+
+    /* Buffers by schedule id, and the flat range a bucket id covers. */
+    void **buffers;
+    uint64_t *bucket_lo, *bucket_hi;
+    int n_buffers;
+    int *ckpt_buffer;       /* per block: its current checkpoint buffer id */
+    RealBf16 **unit_params; /* where each unit's full parameters are now */
+    RealBf16 **unit_grads;  /* where backward accumulates each unit's gradients */
+
+    RealBf16 *x;  /* residual stream [b s, h] */
+    float *dx;    /* its gradient */
+    int *tokens, *targets;
+    double loss_sum;
+    RealOpTiming timing[REAL_ENGINE_N_OP_TYPES];
+    double model_state_bytes;
+};
+
+static gboolean fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
+static gboolean fail(GError **error, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    char *message = g_strdup_vprintf(format, args);
+    va_end(args);
+    g_set_error_literal(error, REAL_ENGINE_ERROR, 0, message);
+    g_free(message);
+    return FALSE;
+}
+
+static uint64_t unit_padded(const RealEngine *e, int u)
+{
+    return zp_mem_padded_elems(e->s->unit_elems[u], (uint64_t)e->dp);
+}
+
+static gboolean is_persistent(const RealEngine *e, int u)
+{
+    return e->stage == 3 &&
+           (double)e->s->unit_elems[u] <= e->s->plan.zero.stage3_param_persistence_threshold;
+}
+
+static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
+{
+    void *p = e->be->alloc(e->be, bytes, (RealMemCategory)cat);
+    if (!p)
+        fail(error, "rank %d: out of memory allocating %" G_GUINT64_FORMAT " bytes of %s",
+             e->rank, bytes, zp_sched_mem_name(cat));
+    return p;
+}
+
+/* ---- set-up ------------------------------------------------------------------------------ */
+
+static gboolean check_schedule(const ZpSchedule *s, GError **error)
+{
+    if (s->plan.mp != 1)
+        return fail(error, "zreal executes data parallelism only: mp must be 1, not %d",
+                    s->plan.mp);
+    if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
+        return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
+                    zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
+    if (s->model.ffn_hidden != 4 * s->model.hidden || !s->model.tied_embeddings ||
+        !s->model.learned_positions)
+        return fail(error, "zreal's GPT has ffn_hidden = 4 hidden, tied embeddings and learned "
+                           "positions; %s differs", s->model.name);
+    return TRUE;
+}
+
+static gboolean allocate_states(RealEngine *e, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    const uint64_t total = s->total_elems, padded = s->padded_elems, part = s->partition_elems;
+    const uint64_t params_elems[4] = {total, padded, padded, part};
+    const uint64_t grads_elems[4] = {total, padded, part, part};
+    e->opt_elems = e->stage == 0 ? total : part;
+    e->part_base = (e->stage == 1 || e->stage == 2) ? (uint64_t)e->rank * part : 0;
+    const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
+    if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)) ||
+        !(e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error)) ||
+        !(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
+        !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
+        !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error)))
+        return FALSE;
+    e->be->fill(e->be, e->params, 0, params_elems[e->stage] * b2);
+    e->be->fill(e->be, e->adam_m, 0, e->opt_elems * f4);
+    e->be->fill(e->be, e->adam_v, 0, e->opt_elems * f4);
+    for (int u = 0, off = 0; u < s->n_units; u++) {
+        e->part_off[u] = (uint64_t)off;
+        off += (int)(unit_padded(e, u) / (uint64_t)e->dp);
+        if (is_persistent(e, u) &&
+            !(e->persistent[u] = take(e, unit_padded(e, u) * b2, ZP_MEM_GATHERED_PARAMS, error)))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Every rank initialises every unit from the seed and keeps what its layout holds. */
+static gboolean init_params(RealEngine *e, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    for (int u = 0; u < s->n_units; u++) {
+        const uint64_t elems = s->unit_elems[u], padded = unit_padded(e, u);
+        RealBf16 *host = g_new0(RealBf16, padded);
+        if (!real_gpt_init_params(&e->dims, e->cfg.seed, u, host, error)) {
+            g_free(host);
+            return FALSE;
+        }
+        const size_t b2 = sizeof(RealBf16);
+        if (e->stage < 3) {
+            e->be->copy(e->be, e->params + s->unit_offset[u], host, elems * b2);
+        } else {
+            const uint64_t slice = padded / (uint64_t)e->dp;
+            e->be->copy(e->be, e->params + e->part_off[u], host + (uint64_t)e->rank * slice,
+                        slice * b2);
+            if (e->persistent[u])
+                e->be->copy(e->be, e->persistent[u], host, padded * b2);
+        }
+        g_free(host);
+    }
+    e->be->bf16_to_f32(e->be, e->master, e->params + e->part_base, e->opt_elems);
+    return TRUE;
+}
+
+/* Buckets' flat ranges come from the collectives that reduce them. */
+static void index_buckets(RealEngine *e)
+{
+    const ZpSchedule *s = e->s;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->buffer >= e->n_buffers)
+            e->n_buffers = op->buffer + 1;
+    }
+    e->buffers = g_new0(void *, e->n_buffers);
+    e->bucket_lo = g_new0(uint64_t, e->n_buffers);
+    e->bucket_hi = g_new0(uint64_t, e->n_buffers);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0) {
+            e->bucket_lo[op->buffer] = op->elem_offset;
+            e->bucket_hi[op->buffer] = op->elem_offset + op->elems;
+        }
+    }
+}
+
+RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm,
+                            const RealTrainConfig *cfg, GError **error)
+{
+    if (!check_schedule(s, error))
+        return NULL;
+    if (comm->size != s->plan.dp) {
+        fail(error, "the schedule is for %d data-parallel ranks, %d are running", s->plan.dp,
+             comm->size);
+        return NULL;
+    }
+    RealEngine *e = g_new0(RealEngine, 1);
+    e->s = s, e->be = be, e->comm = comm, e->cfg = *cfg;
+    e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
+    e->L = (int)s->model.layers;
+    e->dims = real_gpt_dims_make(e->L, (int)s->model.hidden, (int)s->model.heads,
+                                 (int)s->model.seq_len, (int)s->model.vocab, s->plan.micro_batch);
+    e->part_off = g_new0(uint64_t, s->n_units);
+    e->persistent = g_new0(RealBf16 *, s->n_units);
+    e->unit_params = g_new0(RealBf16 *, s->n_units);
+    e->unit_grads = g_new0(RealBf16 *, s->n_units);
+    e->ckpt_buffer = g_new0(int, e->L + 2);
+    const int tokens = s->plan.micro_batch * (int)s->model.seq_len;
+    e->tokens = g_new0(int, tokens);
+    e->targets = g_new0(int, tokens);
+    index_buckets(e);
+    gboolean ok = (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
+    for (int u = 0; ok && u < s->n_units; u++)
+        if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
+            ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
+                             "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
+    ok = ok && allocate_states(e, error) && init_params(e, error) &&
+         (e->x = take(e, real_gpt_checkpoint_bytes(&e->dims), ZP_MEM_WORKSPACE, error)) &&
+         (e->dx = take(e, real_gpt_residual_grad_bytes(&e->dims), ZP_MEM_WORKSPACE, error));
+    if (!ok) {
+        real_engine_free(e);
+        return NULL;
+    }
+    RealAllocStats st;
+    real_alloc_stats(be->tracker, &st);
+    for (int c = ZP_MEM_PARAMS; c <= ZP_MEM_ADAM_V; c++)
+        e->model_state_bytes += (double)st.live_bytes[c];
+    return e;
+}
+
+void real_engine_free(RealEngine *e)
+{
+    if (!e)
+        return;
+    RealBackend *be = e->be;
+    for (int i = 0; i < e->n_buffers; i++)
+        be->free(be, e->buffers[i]);
+    for (int u = 0; u < e->s->n_units; u++)
+        be->free(be, e->persistent[u]);
+    void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
+    for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
+        be->free(be, states[i]);
+    real_gpt_free(e->gpt);
+    g_free(e->buffers), g_free(e->bucket_lo), g_free(e->bucket_hi);
+    g_free(e->part_off), g_free(e->persistent), g_free(e->unit_params), g_free(e->unit_grads);
+    g_free(e->ckpt_buffer), g_free(e->tokens), g_free(e->targets);
+    g_free(e);
+}
+
+double real_engine_model_state_bytes(const RealEngine *e)
+{
+    return e->model_state_bytes;
+}
+
+/* ---- alloc and free ---------------------------------------------------------------------- */
+
+/* The units a bucket covers and, for stage 3, each unit's offset inside it (units padded). */
+static void map_landing_bucket(RealEngine *e, int id)
+{
+    const ZpSchedule *s = e->s;
+    RealBf16 *bucket = e->buffers[id];
+    uint64_t offset = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        if (s->unit_offset[u] < e->bucket_lo[id] || s->unit_offset[u] >= e->bucket_hi[id])
+            continue;
+        e->unit_grads[u] = bucket + (e->stage == 3 ? offset : s->unit_offset[u] - e->bucket_lo[id]);
+        offset += unit_padded(e, u);
+    }
+}
+
+/* Bytes the engine needs for the buffer an alloc op asks for; 0 for the buffers the model
+ * allocates itself (activations, logits), whose sizes the tracker measures instead. */
+static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
+{
+    const size_t b2 = sizeof(RealBf16);
+    switch (op->sub) {
+    case ZP_MEM_GATHERED_PARAMS:
+        return unit_padded(e, op->unit) * b2;
+    case ZP_MEM_CHECKPOINTS:
+        return real_gpt_checkpoint_bytes(&e->dims);
+    case ZP_MEM_BUCKETS:
+        return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
+    default:
+        return 0;
+    }
+}
+
+static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
+{
+    const uint64_t need = needed_bytes(e, op);
+    if (need == 0)
+        return TRUE;
+    if ((double)need != op->bytes)
+        return fail(error, "schedule op %u: a %s buffer of %.0f bytes; the engine needs %" G_GUINT64_FORMAT,
+                    index, zp_sched_mem_name(op->sub), op->bytes, need);
+    if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
+        return FALSE;
+    if (op->sub == ZP_MEM_CHECKPOINTS)
+        e->ckpt_buffer[op->unit] = op->buffer;
+    if (op->sub == ZP_MEM_BUCKETS && e->stage >= 2 && op->unit >= 0) {
+        /* Stages 2-3: backward accumulates straight into the bucket. */
+        e->be->fill(e->be, e->buffers[op->buffer], 0, need);
+        map_landing_bucket(e, op->buffer);
+    }
+    return TRUE;
+}
+
+static void do_free(RealEngine *e, const ZpOp *op)
+{
+    void *p = e->buffers[op->buffer];
+    if (!p)
+        return;
+    if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
+        e->unit_params[op->unit] = NULL;
+    e->be->free(e->be, p);
+    e->buffers[op->buffer] = NULL;
+}
+
+/* ---- compute ----------------------------------------------------------------------------- */
+
+static const RealBf16 *params_of(RealEngine *e, int u, GError **error)
+{
+    if (e->stage < 3)
+        return e->params + e->s->unit_offset[u];
+    const RealBf16 *p = e->persistent[u] ? e->persistent[u] : e->unit_params[u];
+    if (!p)
+        fail(error, "rank %d: unit %d is used but was not gathered", e->rank, u);
+    return p;
+}
+
+static RealBf16 *grads_of(RealEngine *e, int u, GError **error)
+{
+    RealBf16 *g = e->stage < 2 ? e->grads + e->s->unit_offset[u] : e->unit_grads[u];
+    if (!g)
+        fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
+    return g;
+}
+
+static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    uint64_t first = real_data_first_sample(e->step, micro, s->plan.grad_accum, e->rank, e->dp,
+                                            s->plan.micro_batch);
+    return real_data_batch(e->cfg.seed, first, s->plan.micro_batch, (int)s->model.seq_len,
+                           (int)s->model.vocab, e->tokens, e->targets, error);
+}
+
+static gboolean optimizer(RealEngine *e)
+{
+    const RealAdamHyper hyper = {
+        .lr = e->cfg.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+        .weight_decay = e->cfg.weight_decay,
+        /* Each micro-step's loss is a mean over its tokens; the step's is their mean. */
+        .grad_scale = 1.0f / (float)(e->dp * e->s->plan.grad_accum),
+        .step = ++e->adam_step};
+    const RealBf16 *grad = e->grads + (e->stage == 1 ? e->part_base : 0);
+    e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
+                     e->params + e->part_base);
+    return TRUE;
+}
+
+static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const int l = op->unit, L = e->L;
+    const RealBf16 *p;
+    RealBf16 *g;
+    float loss = 0;
+    switch ((ZpComputeKind)op->sub) {
+    case ZP_COMP_EMBED_FWD:
+        return load_micro_batch(e, op->micro, error) && (p = params_of(e, 0, error)) &&
+               real_gpt_embed_forward(e->gpt, p, e->tokens, e->x, error);
+    case ZP_COMP_BLOCK_FWD:
+        if (e->s->plan.checkpoint)
+            e->be->copy(e->be, e->buffers[e->ckpt_buffer[l]], e->x,
+                        real_gpt_checkpoint_bytes(&e->dims));
+        return (p = params_of(e, l, error)) &&
+               real_gpt_block_forward(e->gpt, l - 1, p, e->x, e->x, !e->s->plan.checkpoint,
+                                      error);
+    case ZP_COMP_HEAD: {
+        const RealBf16 *lnf = params_of(e, L + 1, error), *emb = lnf ? params_of(e, 0, error) : NULL;
+        RealBf16 *glnf = emb ? grads_of(e, L + 1, error) : NULL;
+        RealBf16 *gemb = glnf ? grads_of(e, 0, error) : NULL;
+        gboolean ok = gemb && real_gpt_head_forward_backward(e->gpt, lnf, emb, e->x, e->targets,
+                                                             1.0f, &loss, e->dx, glnf, gemb,
+                                                             error);
+        e->loss_sum += loss;
+        return ok;
+    }
+    case ZP_COMP_RECOMPUTE:
+        /* The recomputed block's output is not needed: the residual stream is scratch now. */
+        return (p = params_of(e, l, error)) &&
+               real_gpt_block_forward(e->gpt, l - 1, p, e->buffers[e->ckpt_buffer[l]], e->x,
+                                      TRUE, error);
+    case ZP_COMP_BLOCK_BWD:
+        return (p = params_of(e, l, error)) && (g = grads_of(e, l, error)) &&
+               real_gpt_block_backward(e->gpt, l - 1, p, e->dx, e->dx, g, error);
+    case ZP_COMP_EMBED_BWD:
+        return (g = grads_of(e, 0, error)) &&
+               real_gpt_embed_backward(e->gpt, e->tokens, e->dx, g, error);
+    case ZP_COMP_OPTIMIZER:
+        return optimizer(e);
+    default:
+        return fail(error, "unknown compute op %d", op->sub);
+    }
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+/* dst = src (the step's first reduction of this range) or dst += src (later micro-steps). */
+static gboolean deliver(RealEngine *e, RealBf16 *dst, const RealBf16 *src, uint64_t n,
+                        gboolean accumulate, GError **error)
+{
+    if (!accumulate) {
+        e->be->copy(e->be, dst, src, n * sizeof(RealBf16));
+        return TRUE;
+    }
+    float *widened = take(e, n * sizeof(float), ZP_MEM_WORKSPACE, error);
+    if (!widened)
+        return FALSE;
+    e->be->bf16_to_f32(e->be, widened, src, n);
+    e->be->accumulate_bf16(e->be, dst, widened, n);
+    e->be->free(e->be, widened);
+    return TRUE;
+}
+
+/* Stages 1-2: rank q receives the part of [lo, hi) inside its partition [qP, (q+1)P). */
+static int *partition_counts(const RealEngine *e, uint64_t lo, uint64_t hi)
+{
+    const uint64_t P = e->s->partition_elems;
+    int *counts = g_new0(int, e->dp);
+    for (int q = 0; q < e->dp; q++) {
+        const uint64_t a = MAX(lo, (uint64_t)q * P), b = MIN(hi, (uint64_t)(q + 1) * P);
+        counts[q] = b > a ? (int)(b - a) : 0;
+    }
+    return counts;
+}
+
+static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
+{
+    RealBf16 *bucket = e->buffers[op->buffer];
+    const uint64_t lo = op->elem_offset, hi = lo + op->elems;
+    const size_t b2 = sizeof(RealBf16);
+    if (e->stage < 2) /* full gradients live in grads; the bucket is a copy */
+        e->be->copy(e->be, bucket, e->grads + lo, (hi - lo) * b2);
+    if (op->sub == ZP_COLL_ALLREDUCE) {
+        if (!e->comm->allreduce_bf16(e->comm, bucket, hi - lo, error))
+            return FALSE;
+        e->be->copy(e->be, e->grads + lo, bucket, (hi - lo) * b2);
+        return TRUE;
+    }
+    int *counts = partition_counts(e, lo, hi);
+    gboolean ok = e->comm->reduce_scatter_bf16(e->comm, bucket, counts, error);
+    const uint64_t mine = (uint64_t)counts[e->rank];
+    g_free(counts);
+    if (!ok || mine == 0)
+        return ok;
+    const uint64_t start = MAX(lo, e->part_base); /* first element of ours in the flat space */
+    RealBf16 *dst = e->stage == 1 ? e->grads + start : e->grads + (start - e->part_base);
+    return deliver(e, dst, bucket, mine, e->stage == 2 && op->micro > 0, error);
+}
+
+/* Stage 3: each unit of the bucket is reduce-scattered over its own padded partition. */
+static gboolean reduce_units(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    for (int u = 0; u < s->n_units; u++) {
+        if (s->unit_offset[u] < op->elem_offset ||
+            s->unit_offset[u] >= op->elem_offset + op->elems)
+            continue;
+        const int slice = (int)(unit_padded(e, u) / (uint64_t)e->dp);
+        int *counts = g_new(int, e->dp);
+        for (int q = 0; q < e->dp; q++)
+            counts[q] = slice;
+        gboolean ok = e->comm->reduce_scatter_bf16(e->comm, e->unit_grads[u], counts, error) &&
+                      deliver(e, e->grads + e->part_off[u], e->unit_grads[u], (uint64_t)slice,
+                              op->micro > 0, error);
+        g_free(counts);
+        if (!ok)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const size_t b2 = sizeof(RealBf16);
+    if (e->stage == 3) { /* a unit, into its gathered buffer or its persistent copy */
+        RealBf16 *dst = op->buffer >= 0 ? e->buffers[op->buffer] : e->persistent[op->unit];
+        const uint64_t slice = unit_padded(e, op->unit) / (uint64_t)e->dp;
+        if (!e->comm->allgather_bf16(e->comm, e->params + e->part_off[op->unit], slice, dst,
+                                     error))
+            return FALSE;
+        if (op->buffer >= 0)
+            e->unit_params[op->unit] = dst;
+        return TRUE;
+    }
+    /* Stages 1-2: a chunk at offset elem_offset of every rank's partition. */
+    const uint64_t n = op->elems / (uint64_t)e->dp, P = e->s->partition_elems;
+    RealBf16 *bucket = e->buffers[op->buffer];
+    if (!e->comm->allgather_bf16(e->comm, e->params + e->part_base + op->elem_offset, n, bucket,
+                                 error))
+        return FALSE;
+    for (int q = 0; q < e->dp; q++)
+        e->be->copy(e->be, e->params + (uint64_t)q * P + op->elem_offset, bucket + (uint64_t)q * n,
+                    n * b2);
+    return TRUE;
+}
+
+static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
+{
+    if (op->group != ZP_GROUP_DP)
+        return fail(error, "zreal has no tensor-parallel group");
+    if (op->sub == ZP_COLL_ALLGATHER)
+        return gather(e, op, error);
+    return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);
+}
+
+/* ---- the step ---------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void zero_gradients(RealEngine *e)
+{
+    const ZpSchedule *s = e->s;
+    const uint64_t elems[4] = {s->total_elems, s->padded_elems, s->partition_elems,
+                               s->partition_elems};
+    e->be->fill(e->be, e->grads, 0, elems[e->stage] * sizeof(RealBf16));
+}
+
+gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    e->step = step;
+    e->loss_sum = 0;
+    zero_gradients(e);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const double t0 = now_s();
+        gboolean ok = TRUE;
+        int type = -1;
+        switch ((ZpOpKind)op->kind) {
+        case ZP_OP_ALLOC:
+            ok = do_alloc(e, i, op, error);
+            break;
+        case ZP_OP_FREE:
+            do_free(e, op);
+            break;
+        case ZP_OP_COMPUTE:
+            type = op->sub;
+            ok = do_compute(e, op, error);
+            break;
+        case ZP_OP_COLLECTIVE:
+            type = ZP_COMP_N + op->sub;
+            ok = do_collective(e, op, error);
+            break;
+        }
+        if (!ok)
+            return FALSE;
+        if (type >= 0) {
+            e->timing[type].count++;
+            e->timing[type].total_s += now_s() - t0;
+        }
+    }
+    double loss = e->loss_sum / s->plan.grad_accum;
+    if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error))
+        return FALSE;
+    *loss_out = loss / e->dp;
+    return TRUE;
+}
+
+void real_engine_timings(const RealEngine *e, RealOpTiming out[REAL_ENGINE_N_OP_TYPES])
+{
+    memcpy(out, e->timing, sizeof e->timing);
+}
+
+const char *real_engine_op_type_name(int type)
+{
+    return type < ZP_COMP_N ? zp_sched_compute_name((ZpComputeKind)type)
+                            : zp_sched_coll_name((ZpCollKind)(type - ZP_COMP_N));
+}

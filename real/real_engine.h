@@ -1,0 +1,52 @@
+/* real_engine: runs a ZpSchedule — the very op list the simulator times — on a backend and a
+ * communicator, training real_gpt under ZeRO stages 0-3, and measures what it does. */
+#ifndef REAL_ENGINE_H
+#define REAL_ENGINE_H
+
+#include "real_backend.h"
+#include "real_comm.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+#define REAL_ENGINE_ERROR real_engine_error_quark()
+GQuark real_engine_error_quark(void);
+
+typedef struct {
+    float lr;           /* AdamW learning rate */
+    float weight_decay; /* decoupled weight decay */
+    uint64_t seed;      /* parameter initialisation and the synthetic data stream */
+} RealTrainConfig;
+
+/* Op types that are timed: the compute kinds, then the collective kinds. */
+#define REAL_ENGINE_N_OP_TYPES (ZP_COMP_N + ZP_COLL_N)
+
+typedef struct {
+    uint64_t count;
+    double total_s;
+} RealOpTiming;
+
+typedef struct RealEngine RealEngine;
+
+/* Allocates this rank's model states as the schedule lays them out and initialises them
+ * (identically on every rank, from cfg->seed). Fails if the schedule is not one this engine
+ * executes (tensor parallelism, fp32 or a non-Adam optimizer) or does not match the model. */
+RealEngine *real_engine_new(const ZpSchedule *sched, RealBackend *be, RealComm *comm,
+                            const RealTrainConfig *cfg, GError **error);
+void real_engine_free(RealEngine *engine);
+
+/* Runs every op of the schedule once, in list order, for optimizer step `step` (0-based):
+ * *loss_out is the mean training loss over all ranks and micro-steps of the step. A buffer
+ * size that differs from what the engine needs is an error naming the op. */
+gboolean real_engine_step(RealEngine *engine, uint64_t step, double *loss_out, GError **error);
+
+/* Bytes of params, grads, master, Adam m and v this rank holds, read from the tracker. */
+double real_engine_model_state_bytes(const RealEngine *engine);
+
+/* Cumulative op timings (clock_gettime) since the engine was made, by op type. */
+void real_engine_timings(const RealEngine *engine, RealOpTiming out[REAL_ENGINE_N_OP_TYPES]);
+
+/* "block_fwd", ..., "optimizer", "allreduce", "reduce_scatter", "allgather". */
+const char *real_engine_op_type_name(int type);
+
+#endif

@@ -1,0 +1,262 @@
+/* zreal: trains the GPT of a plan's schedule on MPI ranks (one process per rank, launched by
+ * `mpirun -np N build/zreal ...`) and writes what it measured beside what was planned. */
+#include "real_comm.h"
+#include "real_cpu.h"
+#include "real_engine.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+/* OpenBLAS's own thread control; the GSL CBLAS header does not declare it. */
+extern void openblas_set_num_threads(int threads);
+
+typedef struct {
+    char *model, *schedule, *out;
+    int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
+    gboolean checkpoint;
+    double lr, reduce_bucket, allgather_bucket, prefetch, live, persistence;
+    gint64 seed;
+} Args;
+
+/* Per-rank figures gathered to rank 0, one fixed-layout vector of doubles each. */
+enum {
+    F_STATE, F_PEAK, F_STEP_S, F_COMM,
+    F_AT_PEAK, F_CAT_PEAK = F_AT_PEAK + ZP_MEM_N,
+    F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
+    F_LOSS = F_OP_S + REAL_ENGINE_N_OP_TYPES
+};
+
+/* Ranks share the machine's cores: each gets cores / ranks-on-this-node BLAS threads
+ * unless OPENBLAS_NUM_THREADS says otherwise. */
+static void set_blas_threads(void)
+{
+    if (g_getenv("OPENBLAS_NUM_THREADS"))
+        return;
+    const char *local = g_getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long ranks = local ? MAX(1, atol(local)) : 1;
+    openblas_set_num_threads((int)MAX(1, cores / ranks));
+}
+
+static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
+{
+    if (a->schedule)
+        return zp_sched_read_json(a->schedule, error);
+    ZpModel model;
+    if (!zp_model_load(a->model, &model, error))
+        return NULL;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, a->stage, world, 1);
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = a->micro_batch;
+    plan.grad_accum = a->grad_accum;
+    plan.checkpoint = a->checkpoint;
+    const double *knobs[] = {&a->reduce_bucket, &a->allgather_bucket, &a->prefetch, &a->live,
+                             &a->persistence};
+    double *slots[] = {&plan.zero.reduce_bucket_size, &plan.zero.allgather_bucket_size,
+                       &plan.zero.stage3_prefetch_bucket_size,
+                       &plan.zero.stage3_max_live_parameters,
+                       &plan.zero.stage3_param_persistence_threshold};
+    for (size_t i = 0; i < G_N_ELEMENTS(slots); i++)
+        if (*knobs[i] >= 0)
+            *slots[i] = *knobs[i];
+    return zp_sched_build(&model, &plan, error);
+}
+
+static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
+                    const double *local_loss, int steps, double *v)
+{
+    RealAllocStats st;
+    real_alloc_stats(be->tracker, &st);
+    RealOpTiming t[REAL_ENGINE_N_OP_TYPES];
+    real_engine_timings(engine, t);
+    v[F_STATE] = real_engine_model_state_bytes(engine);
+    v[F_PEAK] = (double)st.peak_total_bytes;
+    v[F_STEP_S] = step_s;
+    v[F_COMM] = comm->sent_bytes / steps;
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        v[F_AT_PEAK + c] = (double)st.at_peak_bytes[c];
+        v[F_CAT_PEAK + c] = (double)st.peak_bytes[c];
+    }
+    for (int k = 0; k < REAL_ENGINE_N_OP_TYPES; k++) {
+        v[F_OP_COUNT + k] = (double)t[k].count / steps;
+        v[F_OP_S + k] = t[k].total_s / steps;
+    }
+    for (int i = 0; i < steps; i++)
+        v[F_LOSS + i] = local_loss[i];
+}
+
+static json_t *category_object(const double *bytes)
+{
+    json_t *o = json_object();
+    for (int c = 0; c < ZP_MEM_N; c++)
+        json_object_set_new(o, zp_sched_mem_name(c), json_real(bytes[c]));
+    return o;
+}
+
+static json_t *rank_json(int rank, const double *v, int steps)
+{
+    json_t *ops = json_object(), *loss = json_array();
+    for (int k = 0; k < REAL_ENGINE_N_OP_TYPES; k++)
+        if (v[F_OP_COUNT + k] > 0)
+            json_object_set_new(ops, real_engine_op_type_name(k),
+                                json_pack("{s:f, s:f}", "count", v[F_OP_COUNT + k], "total_s",
+                                          v[F_OP_S + k]));
+    for (int i = 0; i < steps; i++)
+        json_array_append_new(loss, json_real(v[F_LOSS + i]));
+    return json_pack("{s:i, s:f, s:f, s:o, s:o, s:f, s:f, s:o, s:o}", "rank", rank,
+                     "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
+                     "peak_breakdown", category_object(v + F_AT_PEAK), "category_peak_bytes",
+                     category_object(v + F_CAT_PEAK), "step_time_s", v[F_STEP_S], "comm_bytes",
+                     v[F_COMM], "ops", ops, "loss", loss);
+}
+
+static gboolean write_measured(const char *path, const ZpSchedule *s, const char *backend,
+                               const double *all, int world, int steps, const double *loss,
+                               GError **error)
+{
+    const int n = F_LOSS + steps;
+    json_t *ranks = json_array(), *global = json_array();
+    double step_s = 0;
+    for (int r = 0; r < world; r++) {
+        json_array_append_new(ranks, rank_json(r, all + (size_t)r * n, steps));
+        step_s = MAX(step_s, all[(size_t)r * n + F_STEP_S]);
+    }
+    for (int i = 0; i < steps; i++)
+        json_array_append_new(global, json_real(loss[i]));
+    json_t *root = json_pack("{s:s, s:s, s:i, s:i, s:o, s:o, s:f, s:f, s:o, s:o}", "format",
+                             "zplan-measured-1", "backend", backend, "world", world, "steps",
+                             steps, "model", zp_model_to_json(&s->model), "plan",
+                             zp_plan_to_json(&s->plan), "step_time_s", step_s,
+                             "predicted_model_state_bytes", zp_sched_model_state_bytes(s),
+                             "loss", global, "ranks", ranks);
+    gboolean ok = zp_json_write(root, path, error);
+    json_decref(root);
+    return ok;
+}
+
+static gboolean train(const Args *a, RealComm *comm, GError **error)
+{
+    ZpSchedule *s = make_schedule(a, comm->size, error);
+    if (!s)
+        return FALSE;
+    RealBackend *be = real_cpu_backend_new();
+    RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed};
+    RealEngine *engine = real_engine_new(s, be, comm, &cfg, error);
+    gboolean ok = engine != NULL;
+    double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
+    double timed_s = 0;
+    if (ok)
+        real_alloc_reset_peaks(be->tracker);
+    for (int step = 0; ok && step < a->steps; step++) {
+        if (step == a->fault_step && comm->rank == a->fault_rank)
+            raise(SIGKILL); /* fault injection for the tests: this rank dies mid-run */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ok = real_engine_step(engine, (uint64_t)step, &loss[step], error);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        /* The first step pays one-time costs (page faults, BLAS start-up): not timed. */
+        if (step > 0 || a->steps == 1)
+            timed_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        local[step] = loss[step];
+        if (ok && comm->rank == 0)
+            fprintf(stderr, "step %3d  loss %.4f\n", step, loss[step]);
+    }
+    if (ok && a->out) {
+        const int n = F_LOSS + a->steps;
+        double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
+        collect(engine, be, comm, timed_s / MAX(1, a->steps - 1), local, a->steps, mine);
+        ok = comm->gather_host_f64(comm, mine, (size_t)n, all, error) &&
+             (comm->rank != 0 ||
+              write_measured(a->out, s, be->name, all, comm->size, a->steps, loss, error));
+        g_free(mine);
+        g_free(all);
+    }
+    g_free(loss);
+    g_free(local);
+    real_engine_free(engine);
+    be->destroy(be);
+    zp_sched_free(s);
+    return ok;
+}
+
+static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
+{
+    char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
+    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
+                .fault_step = -1, .lr = 3e-3, .reduce_bucket = -1, .allgather_bucket = -1,
+                .prefetch = -1, .live = -1, .persistence = -1, .seed = 1234};
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
+        {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &a->schedule, "Run this schedule (zplan schedule --out) instead of building one", "FILE"},
+        {"stage", 0, 0, G_OPTION_ARG_STRING, &stage, "ZeRO stage 0-3 (default 0)", "S"},
+        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro, "Samples per rank per micro-step (default 4)", "B"},
+        {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
+        {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20)", "N"},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
+        {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
+        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->reduce_bucket, "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
+        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->allgather_bucket, "Elements per all-gather bucket", "E"},
+        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->prefetch, "stage3_prefetch_bucket_size", "E"},
+        {"max-live-parameters", 0, 0, G_OPTION_ARG_DOUBLE, &a->live, "stage3_max_live_parameters", "E"},
+        {"persistence-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &a->persistence, "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
+        {"fault-kill-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank SIGKILLs itself", "R"},
+        {"fault-kill-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- train a GPT under ZeRO on MPI ranks");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Launch with mpirun -np N build/zreal --model tiny --stage 3 --steps 20 --out m.json;\n"
+        "it runs the schedule zplan simulates and writes what it measured.");
+    double value;
+    gboolean ok = g_option_context_parse(context, argc, argv, error);
+    if (ok && *argc > 1)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "unexpected argument '%s'", (*argv)[1]), FALSE);
+    if (ok && !!a->model == !!a->schedule)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
+    struct { const char *text, *flag; double min, max; int *out; } ints[] = {
+        {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
+        {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 1, 1 << 24, &a->steps}};
+    for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
+        if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,
+                                                  ints[i].max, TRUE, &value, error)))
+            *ints[i].out = (int)value;
+    if (ok && lr && (ok = zp_parse_number(lr, "--lr", 1e-9, 10, FALSE, &value, error)))
+        a->lr = value;
+    g_option_context_free(context);
+    g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    set_blas_threads();
+    Args a;
+    GError *error = NULL;
+    RealComm *comm = NULL;
+    gboolean ok = parse_args(&argc, &argv, &a, &error) && (comm = real_comm_mpi_new(&error)) &&
+                  train(&a, comm, &error);
+    if (!ok) {
+        /* One line naming the rank; abort the job so no peer waits forever in a collective. */
+        fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
+        g_clear_error(&error);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+    comm->destroy(comm);
+    g_free(a.model), g_free(a.schedule), g_free(a.out);
+    MPI_Finalize();
+    return 0;
+}
