@@ -3,6 +3,7 @@
 #include "real_comm.h"
 #include "real_cpu.h"
 #include "real_engine.h"
+#include "real_microbench.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -19,7 +20,7 @@ extern void openblas_set_num_threads(int threads);
 typedef struct {
     char *model, *schedule, *out;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
-    gboolean checkpoint;
+    gboolean checkpoint, microbench;
     double lr, reduce_bucket, allgather_bucket, prefetch, live, persistence;
     gint64 seed;
 } Args;
@@ -208,6 +209,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"max-live-parameters", 0, 0, G_OPTION_ARG_DOUBLE, &a->live, "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &a->persistence, "stage3_param_persistence_threshold (default 1e5)", "E"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
+        {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs, Adam and collectives for zplan calibrate (needs --out)", NULL},
         {"fault-kill-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank SIGKILLs itself", "R"},
         {"fault-kill-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -221,7 +223,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     gboolean ok = g_option_context_parse(context, argc, argv, error);
     if (ok && *argc > 1)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "unexpected argument '%s'", (*argv)[1]), FALSE);
-    if (ok && !!a->model == !!a->schedule)
+    if (ok && a->microbench && !a->out)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
+    if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
@@ -246,8 +250,14 @@ int main(int argc, char **argv)
     Args a;
     GError *error = NULL;
     RealComm *comm = NULL;
-    gboolean ok = parse_args(&argc, &argv, &a, &error) && (comm = real_comm_mpi_new(&error)) &&
-                  train(&a, comm, &error);
+    gboolean ok = parse_args(&argc, &argv, &a, &error) && (comm = real_comm_mpi_new(&error));
+    if (ok && a.microbench) {
+        RealBackend *be = real_cpu_backend_new();
+        ok = real_microbench_run(be, comm, a.out, &error);
+        be->destroy(be);
+    } else if (ok) {
+        ok = train(&a, comm, &error);
+    }
     if (!ok) {
         /* One line naming the rank; abort the job so no peer waits forever in a collective. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
