@@ -10,7 +10,7 @@ DEB_PACKAGES := build-essential pkg-config perl libglib2.0-dev libjansson-dev li
 CC       := mpicc
 PKGS     := glib-2.0 jansson gsl
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -MMD -MP \
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -MMD -MP \
             -Iplanner -Isim -Ireal $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
             -DZP_DATA_DIR=\"$(CURDIR)\" -DZP_BUILD_DIR=\"$(abspath $(BUILD))\"
 # GSL's CBLAS interface, implemented by OpenBLAS (not GSL's reference gslcblas).

@@ -18,6 +18,7 @@ typedef int (*CliCommand)(int argc, char **argv);
 
 int cli_memory(int argc, char **argv);
 int cli_maxmodel(int argc, char **argv);
+int cli_simulate(int argc, char **argv);
 
 /* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
 int cli_fail(const char *command, GError *error);

@@ -14,6 +14,7 @@ typedef struct {
 static const Command commands[] = {
     {"memory", cli_memory, "model-state and residual memory per GPU (ZeRO paper Table 1)"},
     {"maxmodel", cli_maxmodel, "largest model whose states fit per stage (Table 2)"},
+    {"simulate", cli_simulate, "simulate one training step: time, MFU, breakdown, memory"},
 };
 
 static void usage(FILE *out)
@@ -36,7 +37,9 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
         if (strcmp(argv[1], commands[i].name) == 0) {
-            g_set_prgname(g_strdup_printf("zplan %s", argv[1]));
+            char *prgname = g_strdup_printf("zplan %s", argv[1]);
+            g_set_prgname(prgname); /* GLib copies it */
+            g_free(prgname);
             return commands[i].run(argc - 1, argv + 1);
         }
     fprintf(stderr, "zplan: unknown command '%s' (see zplan --help)\n", argv[1]);

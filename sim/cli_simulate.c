@@ -1,0 +1,331 @@
+/* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
+ * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
+#include "cli.h"
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "sim_trace.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <stdio.h>
+
+#define GB 1e9
+
+/* The flags as given (NULL when absent); the plan is built from them in one place. */
+typedef struct {
+    char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
+    char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
+    char *precision, *optimizer, *trace;
+    gboolean checkpoint, overlap, no_overlap, explicit_ranks, json;
+} SimulateFlags;
+
+/* DeepSpeed's size knobs, in elements: flag, where its text is, which ZeRO field it sets and
+ * the least value DeepSpeed accepts. */
+static const struct {
+    const char *flag;
+    size_t text_offset, field_offset;
+    double min;
+} zero_sizes[] = {
+    {"--reduce-bucket-size", G_STRUCT_OFFSET(SimulateFlags, reduce_bucket),
+     G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 1},
+    {"--allgather-bucket-size", G_STRUCT_OFFSET(SimulateFlags, allgather_bucket),
+     G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size), 1},
+    {"--prefetch-bucket-size", G_STRUCT_OFFSET(SimulateFlags, prefetch_bucket),
+     G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size), 0},
+    {"--max-live-parameters", G_STRUCT_OFFSET(SimulateFlags, max_live),
+     G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 1},
+    {"--persistence-threshold", G_STRUCT_OFFSET(SimulateFlags, persistence),
+     G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
+};
+
+static gboolean required(const char *text, const char *usage, GError **error)
+{
+    if (!text)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s is required", usage);
+    return text != NULL;
+}
+
+static gboolean overlap_flag(const SimulateFlags *f, ZpZeroConfig *zero, GError **error)
+{
+    if (f->overlap && f->no_overlap) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--overlap and --no-overlap: give one of them, not both");
+        return FALSE;
+    }
+    if (f->overlap || f->no_overlap)
+        zero->overlap_comm = f->overlap;
+    return TRUE;
+}
+
+static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GError **error)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_sizes); i++) {
+        const char *text = G_STRUCT_MEMBER(char *, f, zero_sizes[i].text_offset);
+        if (text && !zp_parse_number(text, zero_sizes[i].flag, zero_sizes[i].min, 1e15, TRUE,
+                                     &G_STRUCT_MEMBER(double, zero, zero_sizes[i].field_offset),
+                                     error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* The one place a plan is made from the command line: degrees, batch, DeepSpeed's knobs
+ * (defaults where a flag is absent), precision and optimizer, checked against the model and
+ * the cluster's node size. */
+static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                              ZpPlan *plan, GError **error)
+{
+    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1;
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+    if (!(required(f->gpus, "--gpus N", error) &&
+          cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
+          required(f->stage, "--stage S (0, 1, 2 or 3)", error) &&
+          cli_int(f->stage, "--stage", 0, 3, 0, &stage, error) &&
+          required(f->micro_batch, "--micro-batch B", error) &&
+          cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &micro_batch, error) &&
+          cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
+          cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
+          cli_check_mp(mp, gpus, model, error) &&
+          cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
+        return FALSE;
+    if (!sim_coll_check_placement(hw, mp, error)) {
+        g_prefix_error(error, "--mp: ");
+        return FALSE;
+    }
+    zp_plan_defaults(plan, stage, gpus / mp, mp);
+    plan->micro_batch = micro_batch;
+    plan->grad_accum = grad_accum;
+    plan->checkpoint = f->checkpoint;
+    plan->precision = precision;
+    plan->optimizer = optimizer;
+    return overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
+}
+
+/* ---- output ---- */
+
+typedef struct {
+    const ZpModel *model;
+    const ZpHw *hw;
+    const ZpPlan *plan;
+    const ZpSchedule *sched;
+    const SimResult *r;
+    double peak_flops;
+} Report;
+
+static double samples_per_s(const Report *p)
+{
+    return (double)p->plan->dp * p->plan->micro_batch * p->plan->grad_accum / p->r->step_time_s;
+}
+
+static double flops_per_gpu(const Report *p)
+{
+    return p->r->model_flops / p->r->step_time_s;
+}
+
+/* Bytes over the GPU's memory at the peak, counting the profile's CUDA-context reserve
+ * (not a schedule buffer); zero or less when the step fits. */
+static double bytes_over(const Report *p)
+{
+    return p->r->peak_memory_bytes + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
+}
+
+static json_t *per_category_json(const double *bytes)
+{
+    json_t *o = json_object();
+    for (int c = 0; c < ZP_MEM_N; c++)
+        json_object_set_new(o, zp_sched_mem_name(c), json_real(bytes[c]));
+    return o;
+}
+
+static int print_json(const Report *p)
+{
+    const SimResult *r = p->r;
+    json_t *root = json_pack(
+        "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f,"
+        " s:{s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
+        " s:i, s:i, s:s, s:I, s:I}",
+        "model", p->model->name, "cluster", p->hw->name, "stage", p->plan->zero.stage,
+        "gpus", p->sched->world, "dp", p->plan->dp, "mp", p->plan->mp, "micro_batch",
+        p->plan->micro_batch, "grad_accum", p->plan->grad_accum, "step_time_s", r->step_time_s,
+        "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
+        flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
+        "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
+        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
+        r->peak_memory_bytes, "peak_breakdown", per_category_json(r->peak_breakdown_bytes),
+        "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
+        bytes_over(p) <= 0, "breakdown", "compute_s",
+        r->compute_s, "exposed_comm_s", r->exposed_comm_s, "optimizer_s", r->optimizer_s,
+        "idle_s", r->idle_s, "stream_busy_s", "compute", r->stream_busy_s[ZP_STREAM_COMPUTE],
+        "dp", r->stream_busy_s[ZP_STREAM_DP], "tp", r->stream_busy_s[ZP_STREAM_TP],
+        "ranks_simulated", r->ranks_simulated, "report_rank", r->report_rank, "mode",
+        sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
+        (json_int_t)r->heap_events);
+    GError *error = NULL;
+    const gboolean ok = zp_json_write(root, NULL, &error);
+    json_decref(root);
+    return ok ? 0 : cli_fail("simulate", error);
+}
+
+static void print_breakdown(const Report *p)
+{
+    const SimResult *r = p->r;
+    const struct {
+        const char *label;
+        double seconds;
+    } rows[] = {
+        {"compute", r->compute_s},
+        {"exposed communication", r->exposed_comm_s},
+        {"optimizer", r->optimizer_s},
+        {"idle", r->idle_s},
+    };
+    printf("\n  breakdown of the step (rank %d)   seconds    share\n", r->report_rank);
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
+        printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
+               100.0 * rows[i].seconds / r->step_time_s);
+    printf("  streams busy: compute %.4f s, dp-comm %.4f s, tp-comm %.4f s\n",
+           r->stream_busy_s[ZP_STREAM_COMPUTE], r->stream_busy_s[ZP_STREAM_DP],
+           r->stream_busy_s[ZP_STREAM_TP]);
+}
+
+static void print_memory(const Report *p)
+{
+    const SimResult *r = p->r;
+    printf("\n  peak memory per rank           %10.3f GB (of %.1f GB), live at the peak:\n",
+           r->peak_memory_bytes / GB, p->hw->gpu_memory_bytes / GB);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        if (r->peak_breakdown_bytes[c] > 0)
+            printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
+    printf("  (model states peak at %.3f GB; the CUDA context and allocator reserve of %.1f GB "
+           "come on top)\n",
+           r->peak_model_state_bytes / GB, p->hw->runtime_reserve_bytes / GB);
+    if (bytes_over(p) > 0)
+        printf("  does not fit: %.3f GB over the GPU's memory with the reserve\n",
+               bytes_over(p) / GB);
+}
+
+static void print_human(const Report *p)
+{
+    const SimResult *r = p->r;
+    const ZpPlan *plan = p->plan;
+    printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+           "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
+           p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage, plan->dp,
+           plan->mp, plan->micro_batch, plan->grad_accum, zp_precision_name(plan->precision),
+           zp_optimizer_name(plan->optimizer), plan->zero.overlap_comm ? "on" : "off",
+           plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    if (r->mode == SIM_MODE_FOLDED)
+        printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
+               "schedule and its groups are placed alike).\n\n",
+               r->world);
+    else
+        printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
+               "group members.\n\n",
+               r->ranks_simulated);
+    printf("  step time                      %10.4f s\n", r->step_time_s);
+    printf("  samples/s                      %10.2f\n", samples_per_s(p));
+    printf("  model TFLOP/s per GPU          %10.1f   (model FLOPs: forward and backward, not "
+           "recomputation or the optimizer)\n",
+           flops_per_gpu(p) / 1e12);
+    printf("  MFU                            %10.1f %% (of the %.0f TFLOP/s %s peak)\n",
+           100.0 * flops_per_gpu(p) / p->peak_flops, p->peak_flops / 1e12,
+           zp_precision_name(plan->precision));
+    print_breakdown(p);
+    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
+           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    print_memory(p);
+    printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
+           " queue events\n",
+           r->op_events, r->ranks_simulated, r->heap_events);
+}
+
+/* ---- the command ---- */
+
+static int simulate(const SimulateFlags *f)
+{
+    GError *error = NULL;
+    ZpModel model;
+    ZpHw hw;
+    ZpPlan plan;
+    double peak_flops = 0;
+    if (!(required(f->model, "--model NAME|PATH.json", &error) &&
+          zp_model_load(f->model, &model, &error) &&
+          required(f->cluster, "--cluster NAME|PATH.json", &error) &&
+          zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error)))
+        return cli_fail("simulate", error);
+    if (!sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
+        g_prefix_error(&error, "--precision: ");
+        return cli_fail("simulate", error);
+    }
+    ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
+    if (!sched)
+        return cli_fail("simulate", error);
+    const SimOptions options = {
+        .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
+        .record_timeline = f->trace != NULL,
+    };
+    SimResult *result = sim_engine_run(sched, &hw, &options, &error);
+    gboolean ok = result != NULL;
+    if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
+        g_prefix_error(&error, "--trace: ");
+        ok = FALSE;
+    }
+    int status = 0;
+    if (!ok) {
+        status = cli_fail("simulate", error);
+    } else {
+        const Report report = {&model, &hw, &plan, sched, result, peak_flops};
+        if (f->json)
+            status = print_json(&report);
+        else
+            print_human(&report);
+    }
+    sim_result_free(result);
+    zp_sched_free(sched);
+    return status;
+}
+
+int cli_simulate(int argc, char **argv)
+{
+    SimulateFlags f = {0};
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &f.model, "Model name in models/ or a PATH.json (required)", "M"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &f.cluster, "Hardware profile name or PATH.json (required)", "C"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f.gpus, "Total GPU count, DP x MP (required)", "N"},
+        {"stage", 0, 0, G_OPTION_ARG_STRING, &f.stage, "ZeRO stage 0, 1, 2 or 3 (required)", "S"},
+        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f.micro_batch, "Samples per GPU per micro-step (required)", "B"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f.mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
+        {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f.grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f.checkpoint, "Activation checkpointing at every block", NULL},
+        {"overlap", 0, 0, G_OPTION_ARG_NONE, &f.overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
+        {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f.no_overlap, "overlap_comm off", NULL},
+        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.reduce_bucket, "Gradient bucket, elements (default 5e8)", "E"},
+        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.allgather_bucket, "Stage 1-2 parameter all-gather bucket, elements (default 5e8)", "E"},
+        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.prefetch_bucket, "Stage 3 prefetch, elements (default 5e7)", "E"},
+        {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &f.max_live, "Stage 3 live gathered parameters, elements (default 1e9)", "E"},
+        {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f.persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
+        {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- simulate one training step");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Builds the schedule of one optimizer step for a ZeRO plan and times it with a\n"
+        "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
+        "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
+        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.");
+    GError *error = NULL;
+    int status = cli_parse(context, &argc, &argv, &error) ? simulate(&f)
+                                                          : cli_fail("simulate", error);
+    g_option_context_free(context);
+    char **texts[] = {&f.model, &f.cluster, &f.gpus, &f.stage, &f.micro_batch, &f.mp,
+                      &f.grad_accum, &f.reduce_bucket, &f.allgather_bucket, &f.prefetch_bucket,
+                      &f.max_live, &f.persistence, &f.precision, &f.optimizer, &f.trace};
+    for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
+        g_free(*texts[i]);
+    return status;
+}

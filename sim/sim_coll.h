@@ -1,0 +1,71 @@
+/* sim_coll: the NCCL-like cost of one collective — where a group's ranks sit, the bus
+ * bandwidth its bottleneck link gives it, and ring/tree x LL/LL128/Simple timing. */
+#ifndef SIM_COLL_H
+#define SIM_COLL_H
+
+#include "zp_hw.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+/* The link class that limits a group's bandwidth; collectives crossing the same class on
+ * the same rank share it. */
+typedef enum { SIM_LINK_INTRA, SIM_LINK_INTER, SIM_LINK_N } SimLink;
+
+typedef enum { SIM_ALGO_RING, SIM_ALGO_TREE, SIM_ALGO_N } SimAlgo;
+typedef enum { SIM_PROTO_LL, SIM_PROTO_LL128, SIM_PROTO_SIMPLE, SIM_PROTO_N } SimProto;
+
+/* One communicator: its placement and the links it runs over. */
+typedef struct {
+    int ranks;              /* n: members */
+    int nodes;              /* nodes the members span */
+    int ranks_per_node;     /* NCCL's ppn = n / nodes */
+    double bus_bytes_per_s; /* busbw this group gets from its bottleneck link */
+    SimLink bottleneck;     /* the link class that sets bus_bytes_per_s */
+    double intra_hop_s;     /* LL per-hop latency over NVLink (the hwprofile's) */
+    double inter_hop_s;     /* LL per-hop latency over the network (the hwprofile's) */
+} SimCollGroup;
+
+/* The time of one collective, split into what contention stretches and what it does not. */
+typedef struct {
+    SimAlgo algo;
+    SimProto proto;
+    double latency_s;  /* fixed part: base + hops; not shared between collectives */
+    double transfer_s; /* bandwidth part at the group's full busbw; shared under contention */
+} SimCollCost;
+
+/* Placement of the DP or TP group of a world of dp*mp ranks numbered tp-fastest
+ * (rank = dp_index*mp + tp_index, gpus_per_node consecutive ranks per node). mp must divide
+ * hw->gpus_per_node, so a TP group lies inside one node and a node holds gpus_per_node/mp
+ * members of each DP group; sim_coll_check_placement says so first. */
+SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group);
+
+/* Fails unless mp divides the node's GPUs, i.e. every TP group fits inside one node. */
+gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
+
+/* Ring all-reduce, reduce-scatter or all-gather of `bytes` (the whole array S) with one
+ * protocol: latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
+ * factor * S / (busbw * protocol fraction), factor 2(n-1)/n for all-reduce, (n-1)/n
+ * otherwise. Zero for a group of one. */
+SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup *group,
+                               SimProto proto);
+
+/* The same as a single number of seconds, for hand checks. */
+double sim_coll_ring_time_s(ZpCollKind kind, double bytes, const SimCollGroup *group,
+                            SimProto proto);
+
+/* Tree all-reduce: base + 2((ppn-1) intraLat + floor(log2 nodes) interLat), plus
+ * S / (0.5 * busbw * protocol fraction). Zero for a group of one. */
+SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto proto);
+
+/* NCCL's choice: the algorithm and protocol of least time (tree for all-reduce only). */
+SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group);
+
+/* Bytes one rank sends in a ring collective of S bytes over n ranks: 2(n-1)/n S for
+ * all-reduce, (n-1)/n S for reduce-scatter and all-gather (zp_sched_comm_bytes's rule). */
+double sim_coll_bytes_sent(ZpCollKind kind, double bytes, int ranks);
+
+const char *sim_coll_algo_name(SimAlgo algo);
+const char *sim_coll_proto_name(SimProto proto);
+
+#endif

@@ -1,0 +1,769 @@
+/* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
+ * and a collective is one queue event for its whole group, never one per ring step. */
+#include "sim_engine.h"
+#include "sim_coll.h"
+#include "zp_util.h"
+
+#include <math.h>
+#include <string.h>
+
+/* What the loop needs of an op, computed once and shared by all ranks. */
+typedef struct {
+    uint8_t kind, sub, stream, group;
+    uint8_t link;                /* collectives: the link class they load */
+    uint32_t n_deps;
+    uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
+    uint32_t dependents_end;
+    uint32_t stream_pos;         /* position in its stream's op list */
+    double duration_s;           /* compute ops */
+    double latency_s;            /* collectives: the part contention does not stretch */
+    double transfer_s;           /* collectives: the bandwidth part at full busbw */
+    double bytes;                /* alloc and free */
+} SimOp;
+
+typedef enum { EVENT_OP_DONE, EVENT_FLOW_DONE } EventKind;
+
+typedef struct {
+    double time_s;
+    uint64_t seq;    /* ties at one time run in the order they were queued */
+    uint32_t id;     /* rank (op done) or flow slot (flow done) */
+    uint32_t detail; /* op index (op done) or the flow's version when queued (flow done) */
+    EventKind kind;
+} Event;
+
+/* A binary min-heap over a flat array (GLib has none). */
+typedef struct {
+    Event *items;
+    size_t len, cap;
+    uint64_t next_seq;
+} Heap;
+
+/* One collective in flight on one group (a group has at most one per stream: its members
+ * reach a stream's collectives in the same order and none passes one before it ends). */
+typedef struct {
+    uint32_t first, stride, count; /* simulated members: first + i * stride, i < count */
+    uint32_t op, arrived, version, touched;
+    gboolean active;
+    double start_s;
+    double transfer_from_s; /* when the transfer began, or was last brought up to date */
+    double remaining_s;     /* transfer left, in seconds at the group's full busbw */
+    double share;           /* fraction of the link it gets now: 1 / most flows on a member */
+    double end_s;
+} Flow;
+
+typedef struct {
+    double live[ZP_MEM_N];
+    double live_total, live_states;
+    double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
+    double busy_s[ZP_STREAM_N];
+    double compute_s, optimizer_s, exposed_s;
+    double mark_s; /* exposed communication is accounted up to here */
+    double end_s;
+    uint32_t compute_running, comm_active, ops_done;
+} RankState;
+
+typedef struct {
+    uint32_t rank, op;
+} ReadyOp;
+
+typedef struct {
+    const ZpSchedule *sched;
+    uint32_t n_ops;
+    SimOp *ops;
+    uint32_t *dependents;
+    uint32_t *stream_ops[ZP_STREAM_N];
+    uint32_t stream_len[ZP_STREAM_N];
+
+    uint32_t ranks, sim_dp, sim_mp;
+    uint32_t *pending;     /* [rank * n_ops + op]: dependencies not yet done */
+    uint32_t *stream_head; /* [rank * ZP_STREAM_N + stream]: next op of the stream */
+    uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
+    uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
+    RankState *rank;
+    double *op_start_s, *op_end_s;
+
+    Flow *flows;
+    uint32_t n_flows, epoch;
+    uint32_t active_on_link[SIM_LINK_N]; /* flows transferring over each link class, all ranks */
+    uint32_t *affected;
+    uint32_t n_affected, affected_cap;
+
+    Heap heap;
+    ReadyOp *ready; /* zero-time ops waiting to run, FIFO */
+    size_t ready_head, ready_len, ready_cap;
+
+    double mem_tolerance_bytes;
+    uint64_t op_events, heap_events;
+    GError *error;
+} Sim;
+
+static const char *const mode_names[] = {"folded", "explicit"};
+
+const char *sim_mode_name(SimMode mode)
+{
+    return mode_names[mode];
+}
+
+/* ---- the event queue ---- */
+
+static gboolean event_before(const Event *a, const Event *b)
+{
+    return a->time_s < b->time_s || (a->time_s == b->time_s && a->seq < b->seq);
+}
+
+static void heap_push(Heap *h, double time_s, EventKind kind, uint32_t id, uint32_t detail)
+{
+    if (h->len == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 1024;
+        h->items = g_renew(Event, h->items, h->cap);
+    }
+    Event e = {.time_s = time_s, .seq = h->next_seq++, .id = id, .detail = detail, .kind = kind};
+    size_t i = h->len++;
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (!event_before(&e, &h->items[parent]))
+            break;
+        h->items[i] = h->items[parent];
+        i = parent;
+    }
+    h->items[i] = e;
+}
+
+static Event heap_pop(Heap *h)
+{
+    const Event top = h->items[0];
+    const Event last = h->items[--h->len];
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= h->len)
+            break;
+        if (child + 1 < h->len && event_before(&h->items[child + 1], &h->items[child]))
+            child++;
+        if (!event_before(&h->items[child], &last))
+            break;
+        h->items[i] = h->items[child];
+        i = child;
+    }
+    if (h->len > 0)
+        h->items[i] = last;
+    return top;
+}
+
+/* ---- static facts ---- */
+
+double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops)
+{
+    const double math_s =
+        op->flops > 0 ? op->flops / (peak_flops * zp_hw_gemm_efficiency(hw, op->gemm_flops)) : 0;
+    return math_s + op->mem_bytes / hw->hbm_bytes_per_s;
+}
+
+gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,
+                               GError **error)
+{
+    const double peaks[] = {
+        [ZP_PREC_FP16] = hw->peak_fp16_flops,
+        [ZP_PREC_BF16] = hw->peak_bf16_flops,
+        [ZP_PREC_FP32] = hw->peak_fp32_flops,
+    };
+    *peak_flops = peaks[precision];
+    if (*peak_flops <= 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s) has no %s peak in its profile",
+                    hw->name, hw->gpu, zp_precision_name(precision));
+        return FALSE;
+    }
+    return TRUE;
+}
+
+static gboolean op_on_stream(const SimOp *op)
+{
+    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
+}
+
+static gboolean is_model_state(ZpMemCategory category)
+{
+    return category <= ZP_MEM_ADAM_V;
+}
+
+static gboolean fail_op(GError **error, uint32_t i, const char *what)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "schedule: op %u: %s", i, what);
+    return FALSE;
+}
+
+/* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
+static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
+{
+    const ZpOp *op = zp_sched_op(s, i);
+    static const uint8_t sub_limit[] = {
+        [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
+        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N};
+    if (op->kind > ZP_OP_FREE)
+        return fail_op(error, i, "unknown kind");
+    if (op->sub >= sub_limit[op->kind])
+        return fail_op(error, i, "unknown compute, collective or memory category");
+    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE) && op->stream >= ZP_STREAM_N)
+        return fail_op(error, i, "unknown stream");
+    if (op->kind == ZP_OP_COLLECTIVE && op->group > ZP_GROUP_TP)
+        return fail_op(error, i, "unknown group");
+    if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
+        !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
+        return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
+    if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
+        return fail_op(error, i, "dependencies run past the dependency list");
+    const uint32_t *deps = zp_sched_deps(s, op);
+    for (uint32_t d = 0; d < op->n_deps; d++)
+        if (deps[d] >= s->ops->len)
+            return fail_op(error, i, "depends on an op that does not exist");
+    return TRUE;
+}
+
+static void build_dependents(Sim *sim)
+{
+    const ZpSchedule *s = sim->sched;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *deps = zp_sched_deps(s, op);
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->ops[deps[d]].dependents_end++;
+    }
+    uint32_t offset = 0;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const uint32_t count = sim->ops[i].dependents_end;
+        sim->ops[i].dependents_start = sim->ops[i].dependents_end = offset;
+        offset += count;
+    }
+    sim->dependents = g_new(uint32_t, offset ? offset : 1);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *deps = zp_sched_deps(s, op);
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->dependents[sim->ops[deps[d]].dependents_end++] = i;
+    }
+}
+
+static void build_streams(Sim *sim)
+{
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (op_on_stream(&sim->ops[i]))
+            sim->ops[i].stream_pos = sim->stream_len[sim->ops[i].stream]++;
+    for (int s = 0; s < ZP_STREAM_N; s++)
+        sim->stream_ops[s] = g_new(uint32_t, sim->stream_len[s] ? sim->stream_len[s] : 1);
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (op_on_stream(&sim->ops[i]))
+            sim->stream_ops[sim->ops[i].stream][sim->ops[i].stream_pos] = i;
+}
+
+/* Durations, costs and totals of every op; the result's per-rank sums come from here. */
+static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
+{
+    const ZpSchedule *s = sim->sched;
+    double peak_flops;
+    if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error))
+        return FALSE;
+    const SimCollGroup groups[2] = {
+        [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
+        [ZP_GROUP_TP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_TP),
+    };
+    double largest_buffer = 0, states = 0;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        if (!check_op(s, i, error))
+            return FALSE;
+        const ZpOp *op = zp_sched_op(s, i);
+        SimOp *o = &sim->ops[i];
+        *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
+                     .group = op->group, .n_deps = op->n_deps, .bytes = op->bytes};
+        if (op->kind == ZP_OP_COMPUTE) {
+            o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops);
+            if (op->sub == ZP_COMP_RECOMPUTE)
+                result->recompute_flops += op->flops;
+            else if (op->sub != ZP_COMP_OPTIMIZER)
+                result->model_flops += op->flops;
+        } else if (op->kind == ZP_OP_COLLECTIVE) {
+            const SimCollGroup *g = &groups[op->group];
+            const SimCollCost cost = sim_coll_cost(op->sub, op->bytes, g);
+            o->latency_s = cost.latency_s;
+            o->transfer_s = cost.transfer_s;
+            o->link = g->bottleneck;
+            result->comm_bytes[op->group] += sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+        } else {
+            largest_buffer = MAX(largest_buffer, op->bytes);
+        }
+    }
+    for (int c = 0; c < ZP_MEM_N; c++)
+        states += s->state_bytes[c];
+    /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
+     * "back to the start" allow rounding relative to the largest amounts involved. */
+    sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
+    build_dependents(sim);
+    build_streams(sim);
+    return TRUE;
+}
+
+/* ---- per-rank state ---- */
+
+static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
+{
+    const size_t per_op = (size_t)sim->ranks * sim->n_ops;
+    sim->pending = g_try_new(uint32_t, per_op ? per_op : 1);
+    sim->stream_head = g_try_new0(uint32_t, (size_t)sim->ranks * ZP_STREAM_N);
+    sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
+    sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
+    sim->rank = g_try_new0(RankState, sim->ranks);
+    gboolean ok = sim->pending && sim->stream_head && sim->stream_busy && sim->link_load &&
+                  sim->rank;
+    if (ok && timeline) {
+        sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
+        sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
+        ok = sim->op_start_s && sim->op_end_s;
+    }
+    if (!ok) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "simulating %u ranks x %u ops%s does not fit in memory; fold the ranks",
+                    sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
+        return FALSE;
+    }
+    const ZpSchedule *s = sim->sched;
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        sim->pending[i] = sim->ops[i].n_deps;
+    for (uint32_t r = 1; r < sim->ranks; r++)
+        memcpy(sim->pending + (size_t)r * sim->n_ops, sim->pending, sim->n_ops * sizeof(uint32_t));
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        RankState *rs = &sim->rank[r];
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            rs->live[c] = rs->peak_breakdown[c] = s->state_bytes[c];
+            rs->live_total += s->state_bytes[c];
+            if (is_model_state(c))
+                rs->live_states += s->state_bytes[c];
+        }
+        rs->peak_total = rs->live_total;
+        rs->peak_states = rs->live_states;
+    }
+    return TRUE;
+}
+
+/* Flow slots: the DP groups (one per tp index) then the TP groups (one per dp index), each
+ * with one slot per stream. */
+static void build_flows(Sim *sim)
+{
+    sim->n_flows = (sim->sim_mp + sim->sim_dp) * ZP_STREAM_N;
+    sim->flows = g_new0(Flow, sim->n_flows);
+    for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
+        Flow *f = &sim->flows[slot];
+        const uint32_t group = slot / ZP_STREAM_N;
+        if (group < sim->sim_mp)
+            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp};
+        else
+            *f = (Flow){.first = (group - sim->sim_mp) * sim->sim_mp, .stride = 1,
+                        .count = sim->sim_mp};
+    }
+    sim->affected_cap = 64;
+    sim->affected = g_new(uint32_t, sim->affected_cap);
+}
+
+static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
+{
+    const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
+    return g * ZP_STREAM_N + stream;
+}
+
+static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
+{
+    if (sim->ready_head + sim->ready_len == sim->ready_cap) {
+        if (sim->ready_head > 0) { /* slide the queue back to the front before growing */
+            memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_len * sizeof *sim->ready);
+            sim->ready_head = 0;
+        }
+        if (sim->ready_len == sim->ready_cap) {
+            sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
+            sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
+        }
+    }
+    sim->ready[sim->ready_head + sim->ready_len++] = (ReadyOp){rank, op};
+}
+
+/* Exposed communication: time no compute op runs while a collective of the rank is in flight.
+ * Called before either count changes. */
+static void account(RankState *rs, double now_s)
+{
+    if (rs->compute_running == 0 && rs->comm_active > 0)
+        rs->exposed_s += now_s - rs->mark_s;
+    rs->mark_s = now_s;
+}
+
+/* ---- bandwidth sharing ---- */
+
+/* Brings a flow's transfer up to now at its old share, then gives it 1/k of the link, k the
+ * most flows in flight on that link at any of its members; requeues it if its end moved. */
+static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
+{
+    Flow *f = &sim->flows[slot];
+    if (now_s > f->transfer_from_s) {
+        f->remaining_s = MAX(0.0, f->remaining_s - (now_s - f->transfer_from_s) * f->share);
+        f->transfer_from_s = now_s;
+    }
+    uint16_t most = 1;
+    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
+        most = MAX(most, sim->link_load[m * SIM_LINK_N + link]);
+    f->share = 1.0 / most;
+    const double end_s = f->transfer_from_s + f->remaining_s / f->share;
+    if (end_s != f->end_s) {
+        f->end_s = end_s;
+        heap_push(&sim->heap, end_s, EVENT_FLOW_DONE, slot, ++f->version);
+    }
+}
+
+/* Reshares every flow in flight on the same link at any member of `changed`. */
+static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, double now_s)
+{
+    sim->epoch++;
+    sim->n_affected = 0;
+    for (uint32_t i = 0, m = changed->first; i < changed->count; i++, m += changed->stride)
+        for (int group = 0; group < 2; group++)
+            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+                const uint32_t slot = flow_slot(sim, group, m, stream);
+                Flow *f = &sim->flows[slot];
+                if (!f->active || f->touched == sim->epoch || f->remaining_s <= 0 ||
+                    sim->ops[f->op].link != link)
+                    continue;
+                f->touched = sim->epoch;
+                if (sim->n_affected == sim->affected_cap) {
+                    sim->affected_cap *= 2;
+                    sim->affected = g_renew(uint32_t, sim->affected, sim->affected_cap);
+                }
+                sim->affected[sim->n_affected++] = slot;
+            }
+    for (uint32_t i = 0; i < sim->n_affected; i++)
+        reshare(sim, sim->affected[i], link, now_s);
+}
+
+static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
+{
+    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
+        sim->link_load[m * SIM_LINK_N + link] += delta;
+}
+
+/* ---- ops ---- */
+
+static void start_flow(Sim *sim, uint32_t slot, double now_s)
+{
+    Flow *f = &sim->flows[slot];
+    const SimOp *op = &sim->ops[f->op];
+    f->arrived = 0;
+    f->active = TRUE;
+    f->start_s = now_s;
+    f->transfer_from_s = now_s + op->latency_s;
+    f->remaining_s = op->transfer_s;
+    f->share = 1.0;
+    f->end_s = f->transfer_from_s + f->remaining_s;
+    heap_push(&sim->heap, f->end_s, EVENT_FLOW_DONE, slot, ++f->version);
+    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
+        account(&sim->rank[m], now_s);
+        sim->rank[m].comm_active++;
+        if (sim->op_start_s)
+            sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
+    }
+    if (op->transfer_s > 0) {
+        set_link_load(sim, f, op->link, +1);
+        /* Alone on its link class anywhere, it has the link to itself: nothing to reshare. */
+        if (++sim->active_on_link[op->link] > 1)
+            reshare_neighbours(sim, f, op->link, now_s);
+    }
+}
+
+static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
+{
+    const size_t rs_index = (size_t)rank * ZP_STREAM_N + stream;
+    if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[stream])
+        return;
+    const uint32_t i = sim->stream_ops[stream][sim->stream_head[rs_index]];
+    if (sim->pending[(size_t)rank * sim->n_ops + i])
+        return;
+    sim->stream_head[rs_index]++;
+    sim->stream_busy[rs_index] = 1;
+    const SimOp *op = &sim->ops[i];
+    if (op->kind == ZP_OP_COMPUTE) {
+        RankState *rs = &sim->rank[rank];
+        account(rs, now_s);
+        rs->compute_running++;
+        rs->busy_s[stream] += op->duration_s;
+        if (op->sub == ZP_COMP_OPTIMIZER)
+            rs->optimizer_s += op->duration_s;
+        else
+            rs->compute_s += op->duration_s;
+        if (sim->op_start_s)
+            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        heap_push(&sim->heap, now_s + op->duration_s, EVENT_OP_DONE, rank, i);
+        return;
+    }
+    const uint32_t slot = flow_slot(sim, op->group, rank, stream);
+    Flow *f = &sim->flows[slot];
+    f->op = i;
+    if (++f->arrived == f->count)
+        start_flow(sim, slot, now_s);
+}
+
+static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+{
+    const SimOp *op = &sim->ops[i];
+    RankState *rs = &sim->rank[rank];
+    rs->ops_done++;
+    rs->end_s = now_s;
+    sim->op_events++;
+    if (sim->op_end_s)
+        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
+    uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
+    for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
+        const uint32_t next = sim->dependents[d];
+        if (--pending[next] > 0)
+            continue;
+        if (op_on_stream(&sim->ops[next]))
+            try_stream(sim, rank, sim->ops[next].stream, now_s);
+        else
+            ready_push(sim, rank, next);
+    }
+    if (op_on_stream(op)) {
+        sim->stream_busy[(size_t)rank * ZP_STREAM_N + op->stream] = 0;
+        try_stream(sim, rank, op->stream, now_s);
+    }
+}
+
+static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+{
+    const SimOp *op = &sim->ops[i];
+    RankState *rs = &sim->rank[rank];
+    const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+    rs->live[op->sub] += delta;
+    rs->live_total += delta;
+    if (is_model_state(op->sub))
+        rs->live_states += delta;
+    if (rs->live[op->sub] < -sim->mem_tolerance_bytes) {
+        g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
+                    zp_sched_mem_name(op->sub), rs->live[op->sub], rank, i);
+        return;
+    }
+    if (rs->live_total > rs->peak_total) {
+        rs->peak_total = rs->live_total;
+        memcpy(rs->peak_breakdown, rs->live, sizeof rs->live);
+    }
+    rs->peak_states = MAX(rs->peak_states, rs->live_states);
+    if (sim->op_start_s)
+        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+    complete(sim, rank, i, now_s);
+}
+
+static void drain_ready(Sim *sim, double now_s)
+{
+    while (sim->ready_len > 0 && !sim->error) {
+        const ReadyOp r = sim->ready[sim->ready_head++];
+        sim->ready_len--;
+        run_memory_op(sim, r.rank, r.op, now_s);
+    }
+    sim->ready_head = 0;
+}
+
+static void finish_flow(Sim *sim, uint32_t slot, double now_s)
+{
+    Flow *f = &sim->flows[slot];
+    /* Completing the last member may start the group's next collective in this same slot. */
+    const uint32_t i = f->op;
+    const double start_s = f->start_s;
+    const SimOp *op = &sim->ops[i];
+    f->active = FALSE;
+    if (op->transfer_s > 0) {
+        set_link_load(sim, f, op->link, -1);
+        if (--sim->active_on_link[op->link] > 0)
+            reshare_neighbours(sim, f, op->link, now_s);
+    }
+    const uint32_t first = f->first, stride = f->stride, count = f->count;
+    for (uint32_t k = 0, m = first; k < count; k++, m += stride) {
+        RankState *rs = &sim->rank[m];
+        account(rs, now_s);
+        rs->comm_active--;
+        rs->busy_s[op->stream] += now_s - start_s;
+        complete(sim, m, i, now_s);
+    }
+}
+
+static void handle(Sim *sim, const Event *e)
+{
+    if (e->kind == EVENT_OP_DONE) {
+        RankState *rs = &sim->rank[e->id];
+        account(rs, e->time_s);
+        rs->compute_running--;
+        complete(sim, e->id, e->detail, e->time_s);
+    } else if (e->detail == sim->flows[e->id].version && sim->flows[e->id].active) {
+        finish_flow(sim, e->id, e->time_s);
+    }
+}
+
+/* ---- the run ---- */
+
+/* The first op of a rank that never started: a stream op its stream never reached, or an
+ * alloc or free whose dependencies never finished. Called only when one exists. */
+static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
+{
+    const uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
+    uint32_t i = 0;
+    for (; i + 1 < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        const gboolean ran = op_on_stream(o)
+                                 ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
+                                 : pending[i] == 0;
+        if (!ran)
+            break;
+    }
+    return i;
+}
+
+static gboolean check_end(Sim *sim, GError **error)
+{
+    const ZpSchedule *s = sim->sched;
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        const RankState *rs = &sim->rank[r];
+        if (rs->ops_done < sim->n_ops) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
+                        rs->ops_done, sim->n_ops, first_unrun_op(sim, r));
+            return FALSE;
+        }
+        for (int c = 0; c < ZP_MEM_N; c++)
+            if (fabs(rs->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+                g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "memory: %s ends the step at %.6g bytes on rank %u, not the "
+                            "%.6g it started with",
+                            zp_sched_mem_name(c), rs->live[c], r, s->state_bytes[c]);
+                return FALSE;
+            }
+    }
+    return TRUE;
+}
+
+static void fill_result(const Sim *sim, SimResult *result)
+{
+    uint32_t last = 0, peak = 0;
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        if (sim->rank[r].end_s > sim->rank[last].end_s)
+            last = r;
+        if (sim->rank[r].peak_total > sim->rank[peak].peak_total)
+            peak = r;
+        result->peak_model_state_bytes =
+            MAX(result->peak_model_state_bytes, sim->rank[r].peak_states);
+    }
+    const RankState *rs = &sim->rank[last];
+    result->step_time_s = rs->end_s;
+    result->report_rank = (int)last;
+    memcpy(result->stream_busy_s, rs->busy_s, sizeof rs->busy_s);
+    result->compute_s = rs->compute_s;
+    result->optimizer_s = rs->optimizer_s;
+    result->exposed_comm_s = rs->exposed_s;
+    result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
+    result->peak_memory_bytes = sim->rank[peak].peak_total;
+    memcpy(result->peak_breakdown_bytes, sim->rank[peak].peak_breakdown,
+           sizeof result->peak_breakdown_bytes);
+    result->op_events = sim->op_events;
+    result->heap_events = sim->heap_events;
+}
+
+static void sim_clear(Sim *sim)
+{
+    g_free(sim->ops);
+    g_free(sim->dependents);
+    for (int s = 0; s < ZP_STREAM_N; s++)
+        g_free(sim->stream_ops[s]);
+    g_free(sim->pending);
+    g_free(sim->stream_head);
+    g_free(sim->stream_busy);
+    g_free(sim->link_load);
+    g_free(sim->rank);
+    g_free(sim->op_start_s);
+    g_free(sim->op_end_s);
+    g_free(sim->flows);
+    g_free(sim->affected);
+    g_free(sim->heap.items);
+    g_free(sim->ready);
+    g_clear_error(&sim->error);
+}
+
+static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
+{
+    if (s->plan.dp < 1 || s->plan.mp < 1 || (int64_t)s->plan.dp * s->plan.mp != s->world) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "schedule: world %d is not dp %d x mp %d", s->world, s->plan.dp, s->plan.mp);
+        return FALSE;
+    }
+    return sim_coll_check_placement(hw, s->plan.mp, error);
+}
+
+static void seed(Sim *sim)
+{
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        for (uint32_t i = 0; i < sim->n_ops; i++)
+            if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
+                ready_push(sim, r, i);
+        for (uint32_t s = 0; s < ZP_STREAM_N; s++)
+            try_stream(sim, r, s, 0.0);
+    }
+    drain_ready(sim, 0.0);
+}
+
+SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                          GError **error)
+{
+    if (!check_plan(sched, hw, error))
+        return NULL;
+    const gboolean explicit_ranks = options->mode == SIM_MODE_EXPLICIT;
+    Sim sim = {
+        .sched = sched,
+        .n_ops = sched->ops->len,
+        .sim_dp = explicit_ranks ? (uint32_t)sched->plan.dp : 1,
+        .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
+    };
+    sim.ranks = sim.sim_dp * sim.sim_mp;
+    sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
+    SimResult *result = g_new0(SimResult, 1);
+    *result = (SimResult){.mode = options->mode, .world = sched->world,
+                          .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops};
+    gboolean ok = build_ops(&sim, hw, result, error) &&
+                  alloc_rank_state(&sim, options->record_timeline, error);
+    if (ok) {
+        build_flows(&sim);
+        seed(&sim);
+        while (sim.heap.len > 0 && !sim.error) {
+            const Event e = heap_pop(&sim.heap);
+            sim.heap_events++;
+            handle(&sim, &e);
+            drain_ready(&sim, e.time_s);
+        }
+        if (sim.error) {
+            g_propagate_error(error, sim.error);
+            sim.error = NULL;
+            ok = FALSE;
+        } else {
+            ok = check_end(&sim, error);
+        }
+    }
+    if (ok) {
+        fill_result(&sim, result);
+        result->op_start_s = sim.op_start_s;
+        result->op_end_s = sim.op_end_s;
+        sim.op_start_s = sim.op_end_s = NULL;
+    }
+    sim_clear(&sim);
+    if (!ok) {
+        sim_result_free(result);
+        return NULL;
+    }
+    return result;
+}
+
+void sim_result_free(SimResult *result)
+{
+    if (!result)
+        return;
+    g_free(result->op_start_s);
+    g_free(result->op_end_s);
+    g_free(result);
+}

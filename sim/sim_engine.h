@@ -1,0 +1,78 @@
+/* sim_engine: a discrete-event simulation of one training step — every op of a ZpSchedule
+ * timed on every rank's streams, collectives synchronised across their groups, memory tracked. */
+#ifndef SIM_ENGINE_H
+#define SIM_ENGINE_H
+
+#include "zp_hw.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+typedef enum {
+    SIM_MODE_FOLDED,   /* one rank stands for each class of identical ranks */
+    SIM_MODE_EXPLICIT, /* every rank of the world, collectives wait for every real member */
+} SimMode;
+
+typedef struct {
+    SimMode mode;
+    gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
+} SimOptions;
+
+typedef struct {
+    SimMode mode;
+    int world;            /* dp * mp ranks the step runs on */
+    int ranks_simulated;  /* world in explicit mode; 1 folded (the schedule is symmetric) */
+    double step_time_s;   /* when the last op of any rank ends */
+
+    /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The four
+     * terms add up to step_time_s: compute (all compute ops but the optimizer), exposed
+     * communication (no compute op running while a collective of this rank is in flight),
+     * optimizer, and idle (neither). */
+    int report_rank;
+    double stream_busy_s[ZP_STREAM_N]; /* compute op durations; collective start to end */
+    double compute_s, exposed_comm_s, optimizer_s, idle_s;
+
+    /* Per rank per step. Model FLOPs are the forward and backward compute ops' FLOPs:
+     * recomputation and the optimizer are not the model's work (the MFU definition). */
+    double model_flops;
+    double recompute_flops;
+    double comm_bytes[2]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
+
+    /* The highest per-rank total of live bytes, what each category held at that moment, and
+     * the highest total of the model-state categories (params, grads, master, Adam m, v). */
+    double peak_memory_bytes;
+    double peak_breakdown_bytes[ZP_MEM_N];
+    double peak_model_state_bytes;
+
+    uint64_t op_events;   /* ops executed, summed over simulated ranks */
+    uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
+
+    /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
+     * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's
+     * start is when its group started it, not when this rank reached it. */
+    uint32_t n_ops;
+    double *op_start_s, *op_end_s;
+} SimResult;
+
+/* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
+ * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node. Fails on an
+ * invalid schedule (naming the op), on a deadlock (naming an op that never ran), if memory
+ * of a category goes negative or does not return to sched->state_bytes by the end, or if
+ * the explicit ranks' state does not fit in memory. */
+SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                          GError **error);
+
+void sim_result_free(SimResult *result);
+
+/* Seconds one compute op takes: flops / (peak x GEMM efficiency at gemm_flops) plus
+ * mem_bytes / HBM bandwidth, with the peak of the plan's precision. */
+double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops);
+
+/* The tensor-core (or fp32) peak for a precision; fails if hw has none (bf16 on V100). */
+gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,
+                               GError **error);
+
+const char *sim_mode_name(SimMode mode);
+
+#endif

@@ -1,0 +1,210 @@
+/* sim_trace: formats the trace by hand into one string (a step on many ranks has millions of
+ * events, too many for a JSON object tree) and writes it through a temporary file and rename. */
+#include "sim_trace.h"
+#include "zp_util.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Stream tracks, in ZpStream order. */
+static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm"};
+static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather"};
+
+/* Unit 0 is the embedding, 1..L the blocks, L+1 the final norm and LM head. */
+static void append_unit(GString *out, const ZpSchedule *s, int unit)
+{
+    if (unit == 0)
+        g_string_append(out, "embed");
+    else if (unit == s->n_units - 1)
+        g_string_append(out, "head");
+    else
+        g_string_append_printf(out, "L%d", unit);
+}
+
+static char *compute_label(const ZpSchedule *s, const ZpOp *op)
+{
+    GString *out = g_string_new(NULL);
+    switch (op->sub) {
+    case ZP_COMP_EMBED_FWD: g_string_append(out, "embed fwd"); break;
+    case ZP_COMP_BLOCK_FWD: g_string_append(out, "fwd "); append_unit(out, s, op->unit); break;
+    case ZP_COMP_HEAD: g_string_append(out, "head fwd+bwd"); break;
+    case ZP_COMP_RECOMPUTE: g_string_append(out, "recompute "); append_unit(out, s, op->unit); break;
+    case ZP_COMP_BLOCK_BWD: g_string_append(out, "bwd "); append_unit(out, s, op->unit); break;
+    case ZP_COMP_EMBED_BWD: g_string_append(out, "embed bwd"); break;
+    default: g_string_append(out, zp_optimizer_name(s->plan.optimizer)); break;
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* Gradient reductions are numbered in launch order within their micro-step; the stage 1-2
+ * parameter all-gathers after the optimizer (unit -1) in issue order. */
+typedef struct {
+    int micro, buckets, chunks;
+} Ordinals;
+
+static char *collective_label(const ZpSchedule *s, const ZpOp *op, Ordinals *n)
+{
+    GString *out = g_string_new(coll_labels[op->sub]);
+    if (op->micro != n->micro) {
+        n->micro = op->micro;
+        n->buckets = 0;
+    }
+    if (op->group == ZP_GROUP_TP) {
+        g_string_prepend(out, "tp ");
+        g_string_append_c(out, ' ');
+        append_unit(out, s, op->unit);
+    } else if (op->sub != ZP_COLL_ALLGATHER) {
+        g_string_append_printf(out, " bucket %d", n->buckets++);
+    } else if (op->unit >= 0) {
+        g_string_append_c(out, ' ');
+        append_unit(out, s, op->unit);
+    } else {
+        g_string_append_printf(out, " params %d", n->chunks++);
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* Labels of every op (NULL for alloc and free), shared by all ranks. */
+static char **op_labels(const ZpSchedule *s)
+{
+    char **labels = g_new0(char *, s->ops->len);
+    Ordinals n = {.micro = -2};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE)
+            labels[i] = compute_label(s, op);
+        else if (op->kind == ZP_OP_COLLECTIVE)
+            labels[i] = collective_label(s, op, &n);
+    }
+    return labels;
+}
+
+/* Times go out as whole nanoseconds printed in microseconds, so an op's ts + dur is exactly
+ * the next op's ts and the viewer never sees a sliver of overlap on one track. */
+static int64_t to_ns(double seconds)
+{
+    return llround(seconds * 1e9);
+}
+
+static void append_us(GString *out, const char *key, int64_t ns)
+{
+    g_string_append_printf(out, ",\"%s\":%" PRId64 ".%03d", key, ns / 1000, (int)(ns % 1000));
+}
+
+static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *r, int pid)
+{
+    if (r->mode == SIM_MODE_FOLDED)
+        g_string_append_printf(out,
+                               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
+                               "\"name\":\"ranks 0-%d (folded: one simulated rank)\"}},\n",
+                               pid, s->world - 1);
+    else
+        g_string_append_printf(out,
+                               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
+                               "\"name\":\"rank %d (dp %d, tp %d)\"}},\n",
+                               pid, pid, pid / s->plan.mp, pid % s->plan.mp);
+    for (int t = 0; t < ZP_STREAM_N; t++)
+        g_string_append_printf(out,
+                               "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                               "\"args\":{\"name\":\"%s\"}},\n",
+                               pid, t, thread_names[t]);
+}
+
+static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
+                       char **labels)
+{
+    const size_t base = (size_t)pid * r->n_ops;
+    for (uint32_t i = 0; i < r->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (!labels[i])
+            continue;
+        const int64_t start_ns = to_ns(r->op_start_s[base + i]);
+        g_string_append_printf(out, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d",
+                               labels[i], pid, op->stream);
+        append_us(out, "ts", start_ns);
+        append_us(out, "dur", to_ns(r->op_end_s[base + i]) - start_ns);
+        g_string_append_printf(out, ",\"args\":{\"op\":%u,\"micro\":%d,", i, op->micro);
+        if (op->kind == ZP_OP_COMPUTE)
+            g_string_append_printf(out, "\"flops\":%.6g}},\n", op->flops);
+        else
+            g_string_append_printf(out, "\"bytes\":%.6g}},\n", op->bytes);
+    }
+}
+
+typedef struct {
+    double time_s;
+    uint32_t op;
+} MemoryChange;
+
+static int compare_changes(const void *a, const void *b)
+{
+    const MemoryChange *x = a, *y = b;
+    if (x->time_s != y->time_s)
+        return x->time_s < y->time_s ? -1 : 1;
+    return x->op < y->op ? -1 : x->op > y->op;
+}
+
+static void append_counter(GString *out, int pid, double time_s, const double *live)
+{
+    g_string_append_printf(out, "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":%d", pid);
+    append_us(out, "ts", to_ns(time_s));
+    g_string_append(out, ",\"args\":{");
+    for (int c = 0; c < ZP_MEM_N; c++)
+        g_string_append_printf(out, "%s\"%s\":%.17g", c ? "," : "", zp_sched_mem_name(c),
+                               live[c]);
+    g_string_append(out, "}},\n");
+}
+
+/* The live bytes of each category after every instant at which some buffer changed. */
+static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
+                          MemoryChange *changes)
+{
+    const size_t base = (size_t)pid * r->n_ops;
+    size_t n = 0;
+    for (uint32_t i = 0; i < r->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE)
+            changes[n++] = (MemoryChange){r->op_start_s[base + i], i};
+    }
+    qsort(changes, n, sizeof *changes, compare_changes);
+    double live[ZP_MEM_N];
+    memcpy(live, s->state_bytes, sizeof live);
+    append_counter(out, pid, 0.0, live);
+    for (size_t k = 0; k < n; k++) {
+        const ZpOp *op = zp_sched_op(s, changes[k].op);
+        live[op->sub] += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+        if (k + 1 == n || changes[k + 1].time_s != changes[k].time_s)
+            append_counter(out, pid, changes[k].time_s, live);
+    }
+}
+
+gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
+                         GError **error)
+{
+    if (!result->op_start_s) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "trace: the simulation was run without recording its timeline");
+        return FALSE;
+    }
+    char **labels = op_labels(sched);
+    MemoryChange *changes = g_new(MemoryChange, result->n_ops ? result->n_ops : 1);
+    GString *out = g_string_new("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    for (int pid = 0; pid < result->ranks_simulated; pid++) {
+        append_metadata(out, sched, result, pid);
+        append_ops(out, sched, result, pid, labels);
+        append_memory(out, sched, result, pid, changes);
+    }
+    /* Every event line ends in ",\n"; JSON allows no comma after the last one. */
+    g_string_truncate(out, out->len - 2);
+    g_string_append_printf(out, "\n],\"otherData\":{\"step_time_s\":%.17g,\"mode\":\"%s\"}}\n",
+                           result->step_time_s, sim_mode_name(result->mode));
+    const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
+    g_string_free(out, TRUE);
+    g_free(changes);
+    for (uint32_t i = 0; i < result->n_ops; i++)
+        g_free(labels[i]);
+    g_free(labels);
+    return ok;
+}

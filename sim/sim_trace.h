@@ -1,0 +1,19 @@
+/* sim_trace: a simulated step as Chrome trace-event JSON, which ui.perfetto.dev and
+ * chrome://tracing open: one process per simulated rank, one thread per stream, memory counters. */
+#ifndef SIM_TRACE_H
+#define SIM_TRACE_H
+
+#include "sim_engine.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+/* Writes the trace of `result` (run with record_timeline) to path, atomically: a complete
+ * ("X") event per compute and collective op, ts and dur in microseconds, named like
+ * "fwd L12", "allgather L13", "reduce-scatter bucket 3", "adam"; process and thread names;
+ * and a "memory" counter ("C") with the live bytes of every category after each change.
+ * Fails if the result has no timeline or the file cannot be written. */
+gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
+                         GError **error);
+
+#endif

@@ -1,0 +1,605 @@
+/* test_sim: the simulator against hand-computed costs and step times, the planner's volume and
+ * memory models, monotonicity, explicit = folded ranks, the trace, and `zplan simulate`. */
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "zp_comm.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#ifndef ZP_BUILD_DIR
+#define ZP_BUILD_DIR "build"
+#endif
+
+#define GIB 1073741824.0
+#define US 1e-6
+
+static ZpHw a100;  /* dgx-a100-80g: 8 GPUs a node, NVLink 300e9 B/s, NICs 200e9 B/s a node */
+static ZpModel gpt2;  /* gpt2-124m */
+static char *tmp_dir;
+
+static void assert_close(double got, double want, double rel)
+{
+    g_assert_cmpfloat(fabs(got - want), <=, rel * fabs(want) + 1e-15);
+}
+
+/* ---- the collective cost model by hand ---- */
+
+/* Inside one node: 8 ranks on NVLink. A 1 GiB ring all-reduce with Simple: 8.4 us base,
+ * 2(n-1) = 14 NVLink hops of 0.6 * 3.4/0.6 = 3.4 us, and 2 * 7/8 * S at 300e9 B/s. */
+static void test_ring_by_hand(void)
+{
+    const SimCollGroup g = sim_coll_group(&a100, 1, 8, ZP_GROUP_TP);
+    g_assert_cmpint(g.ranks, ==, 8);
+    g_assert_cmpint(g.nodes, ==, 1);
+    g_assert_cmpint(g.bottleneck, ==, SIM_LINK_INTRA);
+    const double want = 8.4 * US + 14 * 3.4 * US + 2.0 * 7 / 8 * GIB / 300e9;
+    assert_close(sim_coll_ring_time_s(ZP_COLL_ALLREDUCE, GIB, &g, SIM_PROTO_SIMPLE), want, 1e-12);
+    /* Reduce-scatter: half the hops and half the bytes. */
+    assert_close(sim_coll_ring_time_s(ZP_COLL_REDUCE_SCATTER, GIB, &g, SIM_PROTO_SIMPLE),
+                 8.4 * US + 7 * 3.4 * US + 7.0 / 8 * GIB / 300e9, 1e-12);
+    /* LL: the hwprofile's 0.6 us hops and half the bandwidth. */
+    assert_close(sim_coll_ring_time_s(ZP_COLL_ALLREDUCE, GIB, &g, SIM_PROTO_LL),
+                 6.6 * US + 14 * 0.6 * US + 2.0 * 7 / 8 * GIB / 150e9, 1e-12);
+    /* 1 GiB: Simple ring, the full-bandwidth protocol; the tree moves 2S at busbw. */
+    SimCollCost c = sim_coll_cost(ZP_COLL_ALLREDUCE, GIB, &g);
+    g_assert_cmpint(c.algo, ==, SIM_ALGO_RING);
+    g_assert_cmpint(c.proto, ==, SIM_PROTO_SIMPLE);
+    assert_close(c.latency_s + c.transfer_s, want, 1e-12);
+    /* 1 KiB: LL ring, the lowest latency (15 us against the tree's 15.2 us). */
+    c = sim_coll_cost(ZP_COLL_ALLREDUCE, 1024, &g);
+    g_assert_cmpint(c.proto, ==, SIM_PROTO_LL);
+    g_assert_cmpint(c.algo, ==, SIM_ALGO_RING);
+}
+
+/* 1,024 DP ranks on 128 nodes: the ring's 254 network hops lose to the tree's 7 levels for
+ * small messages. busbw is the node's NICs (200e9), split among mp DP groups. */
+static void test_placement_and_tree(void)
+{
+    SimCollGroup g = sim_coll_group(&a100, 1024, 1, ZP_GROUP_DP);
+    g_assert_cmpint(g.nodes, ==, 128);
+    g_assert_cmpint(g.ranks_per_node, ==, 8);
+    g_assert_cmpint(g.bottleneck, ==, SIM_LINK_INTER);
+    g_assert_cmpfloat(g.bus_bytes_per_s, ==, 200e9);
+    SimCollCost c = sim_coll_cost(ZP_COLL_ALLREDUCE, 1024, &g);
+    g_assert_cmpint(c.algo, ==, SIM_ALGO_TREE);
+    g_assert_cmpint(c.proto, ==, SIM_PROTO_LL);
+    assert_close(c.latency_s, 6.8 * US + 2 * (7 * 0.6 * US + 7 * 2.7 * US), 1e-12);
+    /* Ring LL latency: 6.6 + (2046 - 254) * 0.6 + 254 * 2.7 us. */
+    assert_close(sim_coll_ring_cost(ZP_COLL_ALLREDUCE, 0, &g, SIM_PROTO_LL).latency_s,
+                 (6.6 + 1792 * 0.6 + 254 * 2.7) * US, 1e-12);
+    g = sim_coll_group(&a100, 128, 8, ZP_GROUP_DP);
+    g_assert_cmpint(g.nodes, ==, 128);
+    g_assert_cmpint(g.ranks_per_node, ==, 1);
+    g_assert_cmpfloat(g.bus_bytes_per_s, ==, 25e9);
+    g = sim_coll_group(&a100, 4, 2, ZP_GROUP_DP); /* 8 ranks: one node */
+    g_assert_cmpint(g.nodes, ==, 1);
+    g_assert_cmpint(g.bottleneck, ==, SIM_LINK_INTRA);
+    g_assert_cmpfloat(g.bus_bytes_per_s, ==, 300e9);
+    g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 4), ==, 1500);
+    g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLGATHER, 1000, 4), ==, 750);
+    g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 1), ==, 0);
+    g_assert_false(sim_coll_check_placement(&a100, 16, NULL));
+    g_assert_false(sim_coll_check_placement(&a100, 3, NULL));
+    g_assert_true(sim_coll_check_placement(&a100, 4, NULL));
+}
+
+/* ---- hand-built schedules ---- */
+
+static ZpSchedule *hand_schedule(int dp, int mp)
+{
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = gpt2;
+    zp_plan_defaults(&s->plan, 0, dp, mp);
+    s->world = dp * mp;
+    s->elem_bytes = 2;
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    return s;
+}
+
+static uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps)
+{
+    op.dep_start = s->deps->len;
+    op.n_deps = n_deps;
+    g_array_append_vals(s->deps, deps, n_deps);
+    g_array_append_val(s->ops, op);
+    return s->ops->len - 1;
+}
+
+static ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream)
+{
+    return (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLREDUCE, .stream = stream,
+                  .group = group, .unit = -1, .buffer = -1, .bytes = bytes};
+}
+
+static SimResult *run(const ZpSchedule *s, const ZpHw *hw, SimMode mode)
+{
+    const SimOptions options = {.mode = mode};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* One 1 GiB all-reduce over the 8 ranks of a node: latency + 2(n-1)/n S / B, whether the
+ * 8 ranks are simulated or folded into one. */
+static void test_one_collective(void)
+{
+    ZpSchedule *s = hand_schedule(8, 1);
+    add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
+    const double want = 8.4 * US + 14 * 3.4 * US + 2.0 * 7 / 8 * GIB / 300e9;
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *r = run(s, &a100, mode);
+        assert_close(r->step_time_s, want, 1e-12);
+        g_assert_cmpint(r->ranks_simulated, ==, mode == SIM_MODE_EXPLICIT ? 8 : 1);
+        g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_DP], ==, 2.0 * 7 / 8 * GIB);
+        assert_close(r->exposed_comm_s, want, 1e-12);
+        g_assert_cmpuint(r->op_events, ==, (uint64_t)r->ranks_simulated);
+        sim_result_free(r);
+    }
+    zp_sched_free(s);
+}
+
+/* A chain of two compute ops takes the sum of their times; a collective beside them on its
+ * own stream overlaps them. 1e12 FLOPs with no GEMM size run at the largest efficiency
+ * (0.807 of 312e12); 2.039e9 bytes take 1 ms of HBM. */
+static void test_chain_and_overlap(void)
+{
+    ZpSchedule *s = hand_schedule(8, 1);
+    const ZpOp math = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_BLOCK_FWD, .flops = 1e12};
+    const ZpOp memory = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_OPTIMIZER, .mem_bytes = 2.039e9};
+    const uint32_t first = add_op(s, math, NULL, 0);
+    add_op(s, memory, &first, 1);
+    const double chain_s = 1e12 / (312e12 * 0.807) + 1e-3;
+    SimResult *r = run(s, &a100, SIM_MODE_FOLDED);
+    assert_close(r->step_time_s, chain_s, 1e-12);
+    assert_close(r->compute_s, 1e12 / (312e12 * 0.807), 1e-12);
+    assert_close(r->optimizer_s, 1e-3, 1e-12);
+    g_assert_cmpfloat(r->model_flops, ==, 1e12);
+    sim_result_free(r);
+    add_op(s, allreduce(64e6, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
+    const double coll_s = 8.4 * US + 14 * 3.4 * US + 2.0 * 7 / 8 * 64e6 / 300e9;
+    r = run(s, &a100, SIM_MODE_EXPLICIT);
+    assert_close(r->step_time_s, MAX(chain_s, coll_s), 1e-12);
+    g_assert_cmpfloat(r->exposed_comm_s, ==, 0);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* Two identical all-reduces in flight together on one link share it: each transfers at half
+ * the rate, so both end at latency + 2 x transfer. */
+static void test_bandwidth_sharing(void)
+{
+    ZpSchedule *s = hand_schedule(8, 1);
+    add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
+    add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_TP), NULL, 0);
+    const double want = 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 300e9);
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *r = run(s, &a100, mode);
+        assert_close(r->step_time_s, want, 1e-12);
+        sim_result_free(r);
+    }
+    /* One after the other on the same stream: no sharing, the same total. */
+    g_array_index(s->ops, ZpOp, 1).stream = ZP_STREAM_DP;
+    SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
+    assert_close(r->step_time_s, 2 * (8.4 * US + 14 * 3.4 * US) + 2 * 2.0 * 7 / 8 * GIB / 300e9,
+                 1e-12);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+static void expect_failure(const ZpSchedule *s, const char *message)
+{
+    const SimOptions options = {.mode = SIM_MODE_EXPLICIT};
+    GError *error = NULL;
+    g_assert_null(sim_engine_run(s, &a100, &options, &error));
+    g_assert_nonnull(error);
+    g_test_message("%s", error->message);
+    g_assert_nonnull(strstr(error->message, message));
+    g_error_free(error);
+}
+
+static void test_schedule_faults(void)
+{
+    const ZpOp alloc = {.kind = ZP_OP_ALLOC, .sub = ZP_MEM_BUCKETS, .bytes = 100};
+    const ZpOp free_op = {.kind = ZP_OP_FREE, .sub = ZP_MEM_BUCKETS, .bytes = 100};
+    ZpSchedule *s = hand_schedule(2, 1);
+    add_op(s, free_op, NULL, 0);
+    expect_failure(s, "memory: buckets goes negative");
+    zp_sched_free(s);
+    s = hand_schedule(2, 1);
+    add_op(s, alloc, NULL, 0);
+    expect_failure(s, "memory: buckets ends the step at 100 bytes");
+    zp_sched_free(s);
+    s = hand_schedule(2, 1);
+    const uint32_t later = 1, earlier = 0;
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, &later, 1);
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, &earlier, 1);
+    expect_failure(s, "schedule deadlock: rank 0 ran 0 of 2 ops; op 0 never ran");
+    zp_sched_free(s);
+    s = hand_schedule(2, 1);
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .stream = 9}, NULL, 0);
+    expect_failure(s, "op 0: unknown stream");
+    zp_sched_free(s);
+    s = hand_schedule(2, 1);
+    s->world = 3;
+    expect_failure(s, "world 3 is not dp 2 x mp 1");
+    zp_sched_free(s);
+}
+
+/* ---- schedules from the planner ---- */
+
+typedef struct {
+    int stage, dp, mp, accum;
+    gboolean checkpoint, overlap;
+} Case;
+
+static ZpSchedule *build(const Case *c)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.grad_accum = c->accum;
+    p.checkpoint = c->checkpoint;
+    p.zero.overlap_comm = c->overlap;
+    p.zero.reduce_bucket_size = 2e7; /* several buckets for a 124M model */
+    p.zero.allgather_bucket_size = 2e7;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static double step_time(const Case *c, const ZpHw *hw, SimMode mode)
+{
+    ZpSchedule *s = build(c);
+    SimResult *r = run(s, hw, mode);
+    const double t = r->step_time_s;
+    sim_result_free(r);
+    zp_sched_free(s);
+    return t;
+}
+
+/* Bytes sent per rank are the planner's: exactly zp_sched_comm_bytes, and the closed forms
+ * of zp_comm up to padding: stage 3 sends 1.5x stage 2, stages 0, 1 and 2 the same. */
+static void test_comm_bytes(void)
+{
+    const double psi = (double)zp_model_param_count(&gpt2);
+    double dp_bytes[4];
+    for (int stage = 0; stage <= 3; stage++) {
+        const Case c = {stage, 16, 2, 1, FALSE, TRUE};
+        ZpSchedule *s = build(&c);
+        SimResult *r = run(s, &a100, SIM_MODE_FOLDED);
+        dp_bytes[stage] = r->comm_bytes[ZP_GROUP_DP];
+        assert_close(dp_bytes[stage], zp_sched_comm_bytes(s, ZP_GROUP_DP), 1e-12);
+        assert_close(r->comm_bytes[ZP_GROUP_TP], zp_sched_comm_bytes(s, ZP_GROUP_TP), 1e-12);
+        assert_close(dp_bytes[stage], zp_comm_dp_bytes_per_rank(psi, stage, 16, 2, 2), 1e-3);
+        assert_close(r->comm_bytes[ZP_GROUP_TP],
+                     gpt2.layers * zp_comm_tp_bytes_per_block(&gpt2, 1, 2, FALSE, 2), 1e-12);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+    assert_close(dp_bytes[3] / dp_bytes[2], 1.5, 1e-3);
+    assert_close(dp_bytes[1], dp_bytes[2], 1e-3);
+    assert_close(dp_bytes[0], dp_bytes[1], 1e-3);
+    for (int stage = 0; stage <= 3; stage++) {
+        const Case c = {stage, 1, 1, 1, FALSE, TRUE};
+        ZpSchedule *s = build(&c);
+        SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
+        g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_DP] + r->comm_bytes[ZP_GROUP_TP], ==, 0);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
+/* The engine itself fails if a category goes negative or does not come back to the model
+ * states; here the model-state peak must be exactly the planner's padded figure. */
+static void test_memory_states(void)
+{
+    for (int stage = 0; stage <= 3; stage++)
+        for (int accum = 1; accum <= 2; accum++) {
+            const Case c = {stage, 8, 1, accum, accum == 2, TRUE};
+            ZpSchedule *s = build(&c);
+            SimResult *r = run(s, &a100, SIM_MODE_FOLDED);
+            assert_close(r->peak_model_state_bytes, zp_sched_model_state_bytes(s), 1e-12);
+            double sum = 0;
+            for (int k = 0; k < ZP_MEM_N; k++) {
+                g_assert_cmpfloat(r->peak_breakdown_bytes[k], >=, 0);
+                sum += r->peak_breakdown_bytes[k];
+            }
+            assert_close(sum, r->peak_memory_bytes, 1e-12);
+            g_assert_cmpfloat(r->peak_memory_bytes, >, zp_sched_model_state_bytes(s));
+            sim_result_free(r);
+            zp_sched_free(s);
+        }
+}
+
+static void test_overlap_never_slower(void)
+{
+    for (int stage = 0; stage <= 3; stage++)
+        for (int dp = 2; dp <= 32; dp *= 4) {
+            Case on = {stage, dp, 2, 2, FALSE, TRUE}, off = on;
+            off.overlap = FALSE;
+            const double t_on = step_time(&on, &a100, SIM_MODE_FOLDED);
+            const double t_off = step_time(&off, &a100, SIM_MODE_FOLDED);
+            g_test_message("stage %d dp %d: overlap %.6g s, none %.6g s", stage, dp, t_on, t_off);
+            g_assert_cmpfloat(t_on, <=, t_off * (1 + 1e-12));
+        }
+}
+
+static void test_faster_network_never_slower(void)
+{
+    for (int stage = 0; stage <= 3; stage++) {
+        const Case c = {stage, 32, 2, 1, FALSE, stage == 3};
+        double previous = INFINITY;
+        for (double scale = 1; scale <= 16; scale *= 2) {
+            ZpHw hw = a100;
+            hw.intra_node_bytes_per_s *= scale;
+            hw.inter_node_bytes_per_s *= scale;
+            const double t = step_time(&c, &hw, SIM_MODE_FOLDED);
+            g_assert_cmpfloat(t, <=, previous * (1 + 1e-12));
+            previous = t;
+        }
+        /* Only the network faster: still never slower. */
+        ZpHw hw = a100;
+        hw.inter_node_bytes_per_s *= 8;
+        g_assert_cmpfloat(step_time(&c, &hw, SIM_MODE_FOLDED), <=,
+                          step_time(&c, &a100, SIM_MODE_FOLDED) * (1 + 1e-12));
+    }
+}
+
+/* Explicit ranks and folded ones agree on everything, including plans whose DP and TP
+ * collectives share NVLink (8 ranks in one node). */
+static void test_explicit_equals_folded(void)
+{
+    const Case cases[] = {
+        {0, 16, 2, 1, FALSE, FALSE}, {1, 16, 2, 2, FALSE, TRUE}, {2, 8, 4, 1, TRUE, TRUE},
+        {3, 16, 2, 2, TRUE, TRUE},   {3, 2, 4, 1, FALSE, TRUE},  {2, 4, 2, 2, FALSE, FALSE},
+        {3, 64, 1, 1, FALSE, TRUE},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpSchedule *s = build(&cases[i]);
+        SimResult *folded = run(s, &a100, SIM_MODE_FOLDED);
+        SimResult *all = run(s, &a100, SIM_MODE_EXPLICIT);
+        g_test_message("case %zu: folded %.9g s, explicit %.9g s", i, folded->step_time_s,
+                       all->step_time_s);
+        g_assert_cmpint(all->ranks_simulated, ==, s->world);
+        assert_close(all->step_time_s, folded->step_time_s, 1e-12);
+        assert_close(all->exposed_comm_s, folded->exposed_comm_s, 1e-9);
+        g_assert_cmpfloat(all->peak_memory_bytes, ==, folded->peak_memory_bytes);
+        g_assert_cmpuint(all->op_events, ==, folded->op_events * (uint64_t)s->world);
+        sim_result_free(folded);
+        sim_result_free(all);
+        zp_sched_free(s);
+    }
+}
+
+/* ---- the command line ---- */
+
+typedef struct {
+    int status;
+    char *out, *err;
+} Run;
+
+static Run run_zplan(const char *args)
+{
+    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
+    char **argv = NULL;
+    Run r = {0};
+    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
+                               &r.status, NULL));
+    g_strfreev(argv);
+    g_free(command);
+    return r;
+}
+
+static void run_free(Run *r)
+{
+    g_free(r->out);
+    g_free(r->err);
+}
+
+static json_t *run_json(const char *args)
+{
+    Run r = run_zplan(args);
+    g_test_message("zplan %s: %s", args, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(r.out, 0, &jerr);
+    g_assert_nonnull(root);
+    run_free(&r);
+    return root;
+}
+
+static double number(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_true(json_is_number(v));
+    return json_number_value(v);
+}
+
+static void test_cli_json(void)
+{
+    const char *base = "simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 32 --mp 2 "
+                       "--stage 3 --micro-batch 2 --grad-accum 2 --checkpoint --json";
+    json_t *folded = run_json(base);
+    char *args = g_strdup_printf("%s --explicit", base);
+    json_t *all = run_json(args);
+    g_free(args);
+    g_assert_cmpstr(json_string_value(json_object_get(folded, "mode")), ==, "folded");
+    g_assert_cmpstr(json_string_value(json_object_get(all, "mode")), ==, "explicit");
+    g_assert_cmpfloat(number(folded, "ranks_simulated"), ==, 1);
+    g_assert_cmpfloat(number(all, "ranks_simulated"), ==, 32);
+    const double step = number(folded, "step_time_s");
+    assert_close(number(all, "step_time_s"), step, 1e-12);
+    /* samples/s = dp x micro-batch x accumulation / step; MFU = TFLOP/s over the peak. */
+    assert_close(number(folded, "samples_per_s"), 16.0 * 2 * 2 / step, 1e-12);
+    assert_close(number(folded, "mfu"), number(folded, "tflops_per_gpu") * 1e12 / 312e12, 1e-12);
+    g_assert_cmpfloat(number(folded, "mfu"), >, 0);
+    g_assert_cmpfloat(number(folded, "mfu"), <, 1);
+    json_t *breakdown = json_object_get(folded, "breakdown");
+    const double sum = number(breakdown, "compute_s") + number(breakdown, "exposed_comm_s") +
+                       number(breakdown, "optimizer_s") + number(breakdown, "idle_s");
+    assert_close(sum, step, 1e-9);
+    json_t *comm = json_object_get(folded, "comm_bytes_per_rank");
+    g_assert_cmpfloat(number(comm, "dp"), >, 0);
+    g_assert_cmpfloat(number(comm, "tp"), >, 0);
+    json_t *peak = json_object_get(folded, "peak_breakdown");
+    g_assert_cmpint(json_object_size(peak), ==, ZP_MEM_N);
+    g_assert_cmpfloat(number(peak, "checkpoints"), >, 0);
+    g_assert_cmpfloat(number(folded, "peak_memory_bytes"), >, 0);
+    json_decref(folded);
+    json_decref(all);
+}
+
+static void test_cli_human(void)
+{
+    Run r = run_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 --stage 2 "
+                      "--micro-batch 4 --no-overlap");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    const char *expected[] = {"step time", "samples/s", "MFU", "exposed communication",
+                              "bytes sent per rank", "peak memory per rank", "Ranks: folded",
+                              "overlap_comm off"};
+    for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
+        g_assert_nonnull(strstr(r.out, expected[i]));
+    run_free(&r);
+    r = run_zplan("simulate --help");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "--explicit"));
+    g_assert_nonnull(strstr(r.out, "--trace"));
+    run_free(&r);
+}
+
+static gboolean has_event(json_t *events, const char *ph, const char *name)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(events, i, e)
+    {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), ph) == 0 &&
+            (!name || strcmp(json_string_value(json_object_get(e, "name")), name) == 0))
+            return TRUE;
+    }
+    return FALSE;
+}
+
+static void test_trace(void)
+{
+    char *path = g_build_filename(tmp_dir, "trace.json", NULL);
+    char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 "
+                                 "--mp 2 --stage 3 --micro-batch 1 --explicit --trace %s",
+                                 path);
+    Run r = run_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    g_assert_nonnull(root);
+    json_t *events = json_object_get(root, "traceEvents");
+    g_assert_true(json_is_array(events));
+    size_t i, complete = 0, processes = 0;
+    json_t *e;
+    json_array_foreach(events, i, e)
+    {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        g_assert_nonnull(ph);
+        if (strcmp(ph, "X") == 0) {
+            complete++;
+            g_assert_true(json_is_number(json_object_get(e, "ts")));
+            g_assert_cmpfloat(json_number_value(json_object_get(e, "dur")), >=, 0);
+            g_assert_true(json_is_integer(json_object_get(e, "pid")));
+            g_assert_true(json_is_integer(json_object_get(e, "tid")));
+        } else if (strcmp(ph, "M") == 0 &&
+                   strcmp(json_string_value(json_object_get(e, "name")), "process_name") == 0) {
+            processes++;
+        }
+    }
+    g_assert_cmpuint(complete, >, 0);
+    g_assert_cmpuint(processes, ==, 8);
+    const char *names[] = {"fwd L1", "bwd L12", "allgather L1", "reduce-scatter bucket 0",
+                           "tp allreduce L1", "adam", "head fwd+bwd"};
+    for (size_t k = 0; k < G_N_ELEMENTS(names); k++) {
+        g_test_message("event %s", names[k]);
+        g_assert_true(has_event(events, "X", names[k]));
+    }
+    g_assert_true(has_event(events, "C", "memory"));
+    g_assert_true(has_event(events, "M", "thread_name"));
+    json_decref(root);
+    run_free(&r);
+    g_remove(path);
+    g_free(args);
+    g_free(path);
+}
+
+static const struct {
+    const char *args, *message;
+} bad_cases[] = {
+    {"simulate --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "--model NAME|PATH.json is required"},
+    {"simulate --model gpt2-124m --gpus 8 --stage 3 --micro-batch 1", "--cluster NAME|PATH.json is required"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --stage 3 --micro-batch 1", "--gpus N is required"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --micro-batch 1", "--stage S (0, 1, 2 or 3) is required"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3", "--micro-batch B is required"},
+    {"simulate --model nosuch --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "unknown model 'nosuch'"},
+    {"simulate --model gpt2-124m --cluster nosuch --gpus 8 --stage 3 --micro-batch 1", "unknown cluster 'nosuch'"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 0 --stage 3 --micro-batch 1", "--gpus: '0' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 4 --micro-batch 1", "--stage: '4' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage -1 --micro-batch 1", "--stage: '-1' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 0", "--micro-batch: '0' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --grad-accum 1.5", "--grad-accum: '1.5' must be a whole number"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 12 --mp 8 --stage 3 --micro-batch 1", "--mp: 8 does not divide --gpus 12"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 40 --mp 5 --stage 3 --micro-batch 1", "--mp: 5 does not divide the 12 attention heads"},
+    {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 32 --mp 16 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 16 must divide the 8 GPUs per node"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --overlap --no-overlap", "not both"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --reduce-bucket-size 0", "--reduce-bucket-size: '0' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters lots", "--max-live-parameters: 'lots' is not a number"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --persistence-threshold -1", "--persistence-threshold: '-1' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --stage 3 --micro-batch 1 --precision bf16", "--precision: dgx2-v100"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --precision fp8", "--precision: unknown value 'fp8'"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 stray", "unexpected argument 'stray'"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --trace /nonexistent-dir/t.json", "--trace: "},
+    {"simulate --params 1e9 --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "Unknown option --params"},
+};
+
+static void test_cli_bad_input(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
+        Run r = run_zplan(bad_cases[i].args);
+        g_test_message("case: zplan %s -> %s", bad_cases[i].args, r.err);
+        g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_nonnull(strstr(r.err, bad_cases[i].message));
+        g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+        g_assert_cmpstr(r.out, ==, "");
+        run_free(&r);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
+    tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+    g_test_add_func("/sim/coll/ring-by-hand", test_ring_by_hand);
+    g_test_add_func("/sim/coll/placement-and-tree", test_placement_and_tree);
+    g_test_add_func("/sim/engine/one-collective", test_one_collective);
+    g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
+    g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
+    g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);
+    g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
+    g_test_add_func("/sim/plan/memory-states", test_memory_states);
+    g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
+    g_test_add_func("/sim/plan/faster-network-never-slower", test_faster_network_never_slower);
+    g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
+    g_test_add_func("/sim/cli/json", test_cli_json);
+    g_test_add_func("/sim/cli/human", test_cli_human);
+    g_test_add_func("/sim/cli/trace", test_trace);
+    g_test_add_func("/sim/cli/bad-input", test_cli_bad_input);
+    const int status = g_test_run();
+    g_rmdir(tmp_dir);
+    g_free(tmp_dir);
+    return status;
+}
