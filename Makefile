@@ -88,6 +88,10 @@ $(BUILD)/bench/%: $(call obj,bench/%.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
+# Regenerates reports/ (README.md with the paper's tables beside zplan's, and the plots).
+reports: $(BUILD)/zplan
+	sh reports/generate.sh $(BUILD)/zplan
+
 clean:
 	rm -rf build build-asan
 

@@ -37,26 +37,48 @@ double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int 
     return s * b * h * per_sbh * elem_bytes / 2.0;
 }
 
+/* A model's units come in three sizes: the embedding (unit 0), L identical blocks and the
+ * final unit. Walking these classes gives the sums a walk over every unit gives, in O(1):
+ * the planner's search screens a million plans a second through zp_mem_residual. */
+typedef struct {
+    int unit;     /* a unit of the class */
+    double count; /* units in the class */
+} UnitClass;
+
+static int unit_classes(const ZpModel *model, UnitClass classes[3])
+{
+    if (!zp_model_has_architecture(model))
+        return 0;
+    classes[0] = (UnitClass){0, 1.0};
+    classes[1] = (UnitClass){1, (double)model->layers};
+    classes[2] = (UnitClass){(int)model->layers + 1, 1.0};
+    return 3;
+}
+
 /* Stage-3 parameters kept whole on every rank. DeepSpeed decides per tensor (those of at most
  * stage3_param_persistence_threshold elements); zplan decides per unit, the granularity its
  * schedule gathers at, so the memory model and the schedule agree. The difference is the
  * biases and norms inside each block (9h + f elements, under 0.1% of a block). */
 static double persistent_elems(const ZpModel *model, double threshold, int mp)
 {
+    UnitClass classes[3];
+    const int n = unit_classes(model, classes);
     double total = 0;
-    for (int u = 0; u < zp_model_n_units(model); u++) {
-        const double elems = (double)zp_model_unit_elems(model, u) / mp;
+    for (int c = 0; c < n; c++) {
+        const double elems = (double)zp_model_unit_elems(model, classes[c].unit) / mp;
         if (elems <= threshold)
-            total += elems;
+            total += classes[c].count * elems;
     }
     return total;
 }
 
 static double largest_unit_elems(const ZpModel *model)
 {
+    UnitClass classes[3];
+    const int n = unit_classes(model, classes);
     double largest = 0;
-    for (int u = 0; u < zp_model_n_units(model); u++)
-        largest = fmax(largest, (double)zp_model_unit_elems(model, u));
+    for (int c = 0; c < n; c++)
+        largest = fmax(largest, (double)zp_model_unit_elems(model, classes[c].unit));
     return largest;
 }
 
@@ -95,10 +117,17 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
     if (z->stage == 1 || z->stage == 2)
         r->allgather_bucket_bytes = fmin(z->allgather_bucket_size, psi) * bytes.param_bytes;
     if (z->stage == 3 && zp_model_has_architecture(model)) {
-        const double gathered = fmin(z->stage3_max_live_parameters,
-                                     largest_unit_elems(model) / plan->mp +
-                                         z->stage3_prefetch_bucket_size);
-        r->stage3_gathered_bytes = gathered * bytes.param_bytes;
+        /* The schedule's worst moment is in backward: the tied embedding, gathered for the
+         * head, is kept until the embedding's own backward, beside the block being worked on
+         * and what is prefetched after it. */
+        const double threshold = z->stage3_param_persistence_threshold;
+        const double embed = (double)zp_model_unit_elems(model, 0) / plan->mp;
+        const double block = (double)zp_model_unit_elems(model, 1) / plan->mp;
+        const double kept = embed <= threshold ? 0.0 : embed;
+        const double working = block <= threshold ? 0.0 : block;
+        r->stage3_gathered_bytes =
+            (kept + fmin(z->stage3_max_live_parameters, working + z->stage3_prefetch_bucket_size)) *
+            bytes.param_bytes;
         r->stage3_persistent_bytes =
             persistent_elems(model, z->stage3_param_persistence_threshold, plan->mp) *
             bytes.param_bytes;

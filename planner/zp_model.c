@@ -154,10 +154,11 @@ uint64_t zp_model_param_count(const ZpModel *model)
 {
     if (!zp_model_has_architecture(model))
         return (uint64_t)model->params_only;
-    uint64_t total = 0;
-    for (int u = 0; u < zp_model_n_units(model); u++)
-        total += zp_model_unit_elems(model, u);
-    return total;
+    /* The L blocks are identical, so the count is O(1) (zp_mem_residual, which the planner's
+     * search calls in its inner loop, needs it). */
+    const uint64_t L = (uint64_t)model->layers;
+    return zp_model_unit_elems(model, 0) + L * zp_model_unit_elems(model, 1) +
+           zp_model_unit_elems(model, (int)L + 1);
 }
 
 void *zp_model_to_json(const ZpModel *model)

@@ -126,6 +126,13 @@ static Cost block_forward_cost(const ZpSchedule *s)
                   .mem_bytes = e * (10 * b * sq * h + 2 * b * sq * f / mp + 2 * b * a * sq * sq / mp)};
 }
 
+/* A block's backward: twice the forward's GEMM work and elementwise traffic. */
+static Cost block_backward_cost(const ZpSchedule *s)
+{
+    const Cost fwd = block_forward_cost(s);
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.mem_bytes};
+}
+
 /* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
  * read and write the logits four times. */
 static Cost head_cost(const ZpSchedule *s)
@@ -494,7 +501,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost fwd = block_forward_cost(s), embed = embed_cost(s);
+    const Cost fwd = block_forward_cost(s), bwd = block_backward_cost(s), embed = embed_cost(s);
     for (int l = L; l >= 1; l--) {
         const int pos = pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
@@ -509,8 +516,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         }
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
-        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, 2 * fwd.flops, fwd.gemm_flops,
-                     2 * fwd.mem_bytes, (uint32_t *)deps->data, deps->len);
+        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd.flops, bwd.gemm_flops, bwd.mem_bytes,
+                     (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
         if (ckpt)
@@ -641,6 +648,46 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.buckets);
     g_array_unref(b.gathers);
     return s;
+}
+
+void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                          ZpComputeOps ops[ZP_COMP_N])
+{
+    const ZpSchedule s = {.model = *model, .plan = *plan,
+                          .elem_bytes = zp_plan_elem_bytes(plan->precision)};
+    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
+    /* The optimizer's elements as layout() pads them, from the three unit sizes (the blocks
+     * are identical) instead of a walk over every unit. */
+    const uint64_t mp = (uint64_t)plan->mp, dp = (uint64_t)plan->dp;
+    const uint64_t L = (uint64_t)model->layers;
+    const uint64_t first = (zp_model_unit_elems(model, 0) + mp - 1) / mp;
+    const uint64_t block = (zp_model_unit_elems(model, 1) + mp - 1) / mp;
+    const uint64_t last = (zp_model_unit_elems(model, (int)L + 1) + mp - 1) / mp;
+    const uint64_t total = first + L * block + last;
+    const uint64_t partition =
+        plan->zero.stage == 3
+            ? (zp_mem_padded_elems(first, dp) + L * zp_mem_padded_elems(block, dp) +
+               zp_mem_padded_elems(last, dp)) / dp
+            : zp_mem_padded_elems(total, dp) / dp;
+    const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
+    const Cost embed = embed_cost(&s), head = head_cost(&s);
+    const Cost opt = optimizer_cost(&b, (double)(plan->zero.stage == 0 ? total : partition));
+    const uint64_t micro = (uint64_t)plan->grad_accum;
+    const struct {
+        uint64_t count;
+        Cost cost;
+    } kinds[ZP_COMP_N] = {
+        [ZP_COMP_EMBED_FWD] = {micro, embed},
+        [ZP_COMP_BLOCK_FWD] = {micro * L, fwd},
+        [ZP_COMP_HEAD] = {micro, head},
+        [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
+        [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
+        [ZP_COMP_EMBED_BWD] = {micro, embed},
+        [ZP_COMP_OPTIMIZER] = {1, opt},
+    };
+    for (int k = 0; k < ZP_COMP_N; k++)
+        ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
+                                kinds[k].cost.mem_bytes};
 }
 
 void zp_sched_free(ZpSchedule *s)

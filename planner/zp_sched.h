@@ -112,6 +112,19 @@ static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
     return &g_array_index(s->deps, uint32_t, op->dep_start);
 }
 
+/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
+ * kind costs the same, so a kind is its count and one op's cost. O(1) and allocation-free:
+ * the planner's search bounds a step's compute time with it a million times a second. */
+typedef struct {
+    uint64_t count;    /* ops of this kind in the step */
+    double flops;      /* each op's */
+    double gemm_flops; /* each op's typical GEMM */
+    double mem_bytes;  /* each op's memory-bound bytes */
+} ZpComputeOps;
+
+void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                          ZpComputeOps ops[ZP_COMP_N]);
+
 /* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
  * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
 double zp_sched_model_state_bytes(const ZpSchedule *sched);

@@ -7,6 +7,7 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
+#include "zp_search.h"
 
 #include <glib.h>
 
@@ -18,7 +19,12 @@ typedef int (*CliCommand)(int argc, char **argv);
 
 int cli_memory(int argc, char **argv);
 int cli_maxmodel(int argc, char **argv);
+int cli_plan(int argc, char **argv);
+int cli_sweep(int argc, char **argv);
 int cli_simulate(int argc, char **argv);
+int cli_schedule(int argc, char **argv);
+int cli_validate(int argc, char **argv);
+int cli_calibrate(int argc, char **argv);
 
 /* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
 int cli_fail(const char *command, GError *error);
@@ -46,6 +52,25 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
 
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
+
+/* The simulator as the planner's ranking (a ZpRankFn; ctx is a CliRankContext): builds the
+ * plan's schedule and runs it folded; the peak is the simulated live bytes, no reserve. */
+typedef struct {
+    const ZpModel *model;
+    const ZpHw *hw;
+} CliRankContext;
+gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time_s,
+                                double *peak_memory_bytes, GError **error);
+
+/* The simulator's placement model as the planner's bandwidth bound (a ZpBusBandwidthFn). */
+double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);
+
+/* A search spec for `plan` and `sweep`: the simulator ranks, its placement bounds. */
+void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
+                     const ZpHw *hw, int gpus);
+
+/* Model TFLOP/s per GPU of a simulated plan (recomputation not counted). */
+double cli_plan_tflops(const ZpModel *model, const ZpCandidate *candidate);
 
 /* "1,557,611,200" for the human tables. Returns a newly allocated string. */
 char *cli_thousands(uint64_t value);

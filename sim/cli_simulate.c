@@ -4,10 +4,12 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
+#include "zp_dsconfig.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #define GB 1e9
 
@@ -15,7 +17,7 @@
 typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
-    char *precision, *optimizer, *trace;
+    char *precision, *optimizer, *trace, *ds_config, *out;
     gboolean checkpoint, overlap, no_overlap, explicit_ranks, json;
 } SimulateFlags;
 
@@ -69,12 +71,68 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
     return TRUE;
 }
 
+/* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
+ * and, for "auto", precision and optimizer from the flags. Flags that would say the plan a
+ * second time are refused rather than silently overridden. */
+static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, ZpPlan *plan,
+                               GError **error)
+{
+    const struct {
+        const char *flag;
+        gboolean given;
+    } plan_flags[] = {
+        {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
+        {"--grad-accum", f->grad_accum != NULL}, {"--checkpoint", f->checkpoint},
+        {"--overlap", f->overlap}, {"--no-overlap", f->no_overlap},
+        {"--reduce-bucket-size", f->reduce_bucket != NULL},
+        {"--allgather-bucket-size", f->allgather_bucket != NULL},
+        {"--prefetch-bucket-size", f->prefetch_bucket != NULL},
+        {"--max-live-parameters", f->max_live != NULL},
+        {"--persistence-threshold", f->persistence != NULL},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
+        if (plan_flags[i].given) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: the plan comes from --ds-config; set it in the file instead",
+                        plan_flags[i].flag);
+            return FALSE;
+        }
+    int gpus = 0, mp = 1;
+    ZpPlan launch;
+    if (!(required(f->gpus, "--gpus N", error) &&
+          cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
+          cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
+          cli_check_mp(mp, gpus, model, error)))
+        return FALSE;
+    zp_plan_defaults(&launch, 0, gpus / mp, mp);
+    if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
+                                 &launch.optimizer, error))
+        return FALSE;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    int64_t train_batch = 0;
+    gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
+                                   error);
+    for (guint i = 0; i < warnings->len; i++)
+        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
+    g_ptr_array_unref(warnings);
+    return ok;
+}
+
 /* The one place a plan is made from the command line: degrees, batch, DeepSpeed's knobs
- * (defaults where a flag is absent), precision and optimizer, checked against the model and
- * the cluster's node size. */
+ * (defaults where a flag is absent) or a DeepSpeed config, precision and optimizer, checked
+ * against the model and, when a cluster is given, its node size. */
 static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
                               ZpPlan *plan, GError **error)
 {
+    if (f->ds_config) {
+        if (!ds_config_plan(f, model, plan, error))
+            return FALSE;
+        if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
+            g_prefix_error(error, "--mp: ");
+            return FALSE;
+        }
+        return TRUE;
+    }
     int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1;
     ZpPrecision precision;
     ZpOptimizer optimizer;
@@ -89,7 +147,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_check_mp(mp, gpus, model, error) &&
           cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
         return FALSE;
-    if (!sim_coll_check_placement(hw, mp, error)) {
+    if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
         return FALSE;
     }
@@ -138,6 +196,30 @@ static json_t *per_category_json(const double *bytes)
     return o;
 }
 
+/* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...), from the
+ * timeline of the reported rank: the figures `zplan validate` sets against zreal's. */
+static json_t *ops_json(const Report *p)
+{
+    const SimResult *r = p->r;
+    const uint32_t base = (r->mode == SIM_MODE_EXPLICIT ? (uint32_t)r->report_rank : 0) * r->n_ops;
+    double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
+    for (uint32_t i = 0; i < r->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(p->sched, i);
+        if (op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE)
+            continue;
+        const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
+        seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
+        count[type] += 1;
+    }
+    json_t *o = json_object();
+    for (int k = 0; k < ZP_COMP_N + ZP_COLL_N; k++)
+        if (count[k] > 0)
+            json_object_set_new(o, k < ZP_COMP_N ? zp_sched_compute_name(k)
+                                                 : zp_sched_coll_name(k - ZP_COMP_N),
+                                json_pack("{s:f, s:f}", "count", count[k], "total_s", seconds[k]));
+    return o;
+}
+
 static int print_json(const Report *p)
 {
     const SimResult *r = p->r;
@@ -161,6 +243,11 @@ static int print_json(const Report *p)
         "ranks_simulated", r->ranks_simulated, "report_rank", r->report_rank, "mode",
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
+    json_object_set_new(root, "category_peak_bytes", per_category_json(r->category_peak_bytes));
+    json_object_set_new(root, "model_state_bytes",
+                        json_real(zp_sched_model_state_bytes(p->sched)));
+    json_object_set_new(root, "ops", ops_json(p));
+    json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -262,7 +349,7 @@ static int simulate(const SimulateFlags *f)
         return cli_fail("simulate", error);
     const SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
-        .record_timeline = f->trace != NULL,
+        .record_timeline = f->trace != NULL || f->json,
     };
     SimResult *result = sim_engine_run(sched, &hw, &options, &error);
     gboolean ok = result != NULL;
@@ -285,47 +372,118 @@ static int simulate(const SimulateFlags *f)
     return status;
 }
 
+/* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
+static void plan_entries(SimulateFlags *f, GOptionEntry out[20])
+{
+    const GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP (required)", "N"},
+        {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
+        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
+        {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
+        {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
+        {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f->no_overlap, "overlap_comm off", NULL},
+        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->reduce_bucket, "Gradient bucket, elements (default 5e8)", "E"},
+        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->allgather_bucket, "Stage 1-2 parameter all-gather bucket, elements (default 5e8)", "E"},
+        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->prefetch_bucket, "Stage 3 prefetch, elements (default 5e7)", "E"},
+        {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &f->max_live, "Stage 3 live gathered parameters, elements (default 1e9)", "E"},
+        {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus, --mp)", "FILE"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 20);
+    memcpy(out, entries, sizeof entries);
+}
+
+static void free_flags(SimulateFlags *f)
+{
+    char **texts[] = {&f->model, &f->cluster, &f->gpus, &f->stage, &f->micro_batch, &f->mp,
+                      &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
+                      &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
+                      &f->optimizer, &f->trace, &f->ds_config, &f->out};
+    for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
+        g_free(*texts[i]);
+}
+
+typedef int (*FlagsCommand)(const SimulateFlags *f);
+
+static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
+                          const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
+{
+    GOptionEntry entries[20];
+    plan_entries(f, entries);
+    GOptionContext *context = g_option_context_new(NULL);
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_add_main_entries(context, extra, NULL);
+    g_option_context_set_summary(context, summary);
+    GError *error = NULL;
+    int status = cli_parse(context, &argc, &argv, &error) ? command(f) : cli_fail(name, error);
+    g_option_context_free(context);
+    free_flags(f);
+    return status;
+}
+
 int cli_simulate(int argc, char **argv)
 {
     SimulateFlags f = {0};
-    GOptionEntry entries[] = {
-        {"model", 0, 0, G_OPTION_ARG_STRING, &f.model, "Model name in models/ or a PATH.json (required)", "M"},
-        {"cluster", 0, 0, G_OPTION_ARG_STRING, &f.cluster, "Hardware profile name or PATH.json (required)", "C"},
-        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f.gpus, "Total GPU count, DP x MP (required)", "N"},
-        {"stage", 0, 0, G_OPTION_ARG_STRING, &f.stage, "ZeRO stage 0, 1, 2 or 3 (required)", "S"},
-        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f.micro_batch, "Samples per GPU per micro-step (required)", "B"},
-        {"mp", 0, 0, G_OPTION_ARG_STRING, &f.mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
-        {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f.grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
-        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f.checkpoint, "Activation checkpointing at every block", NULL},
-        {"overlap", 0, 0, G_OPTION_ARG_NONE, &f.overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
-        {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f.no_overlap, "overlap_comm off", NULL},
-        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.reduce_bucket, "Gradient bucket, elements (default 5e8)", "E"},
-        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.allgather_bucket, "Stage 1-2 parameter all-gather bucket, elements (default 5e8)", "E"},
-        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f.prefetch_bucket, "Stage 3 prefetch, elements (default 5e7)", "E"},
-        {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &f.max_live, "Stage 3 live gathered parameters, elements (default 1e9)", "E"},
-        {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f.persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
-        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+    const GOptionEntry extra[] = {
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    GOptionContext *context = g_option_context_new("- simulate one training step");
-    g_option_context_add_main_entries(context, entries, NULL);
-    g_option_context_set_summary(context,
+    return run_with_flags(argc, argv, "simulate",
         "Builds the schedule of one optimizer step for a ZeRO plan and times it with a\n"
         "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
-        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.");
+        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.\n"
+        "--cluster is required.",
+        extra, &f, simulate);
+}
+
+/* `zplan schedule`: the per-rank op list of one step as JSON, for zreal --schedule and tests. */
+static int schedule(const SimulateFlags *f)
+{
     GError *error = NULL;
-    int status = cli_parse(context, &argc, &argv, &error) ? simulate(&f)
-                                                          : cli_fail("simulate", error);
-    g_option_context_free(context);
-    char **texts[] = {&f.model, &f.cluster, &f.gpus, &f.stage, &f.micro_batch, &f.mp,
-                      &f.grad_accum, &f.reduce_bucket, &f.allgather_bucket, &f.prefetch_bucket,
-                      &f.max_live, &f.persistence, &f.precision, &f.optimizer, &f.trace};
-    for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
-        g_free(*texts[i]);
-    return status;
+    ZpModel model;
+    ZpHw hw;
+    ZpPlan plan;
+    if (!(required(f->model, "--model NAME|PATH.json", &error) &&
+          zp_model_load(f->model, &model, &error) &&
+          required(f->out, "--out FILE", &error) &&
+          (!f->cluster || zp_hw_load(f->cluster, &hw, &error)) &&
+          simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))
+        return cli_fail("schedule", error);
+    ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
+    if (!sched || !zp_sched_write_json(sched, f->out, &error)) {
+        zp_sched_free(sched);
+        return cli_fail("schedule", error);
+    }
+    int counts[4] = {0};
+    for (guint i = 0; i < sched->ops->len; i++)
+        counts[zp_sched_op(sched, i)->kind]++;
+    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free) for each of %d ranks\n",
+           f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
+           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], sched->world);
+    zp_sched_free(sched);
+    return 0;
+}
+
+int cli_schedule(int argc, char **argv)
+{
+    SimulateFlags f = {0};
+    const GOptionEntry extra[] = {
+        {"out", 0, 0, G_OPTION_ARG_FILENAME, &f.out, "Write the schedule JSON here (required)", "FILE"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    return run_with_flags(argc, argv, "schedule",
+        "Writes the per-rank schedule of one optimizer step (compute, collective, alloc and\n"
+        "free ops with their dependencies) as JSON: the ops zplan simulate times and\n"
+        "zreal --schedule runs. --cluster, when given, checks tensor-parallel placement.",
+        extra, &f, schedule);
 }

@@ -55,6 +55,7 @@ typedef struct {
     double live[ZP_MEM_N];
     double live_total, live_states;
     double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
+    double category_peak[ZP_MEM_N]; /* each category's own maximum */
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s, exposed_s;
     double mark_s; /* exposed communication is accounted up to here */
@@ -332,7 +333,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         RankState *rs = &sim->rank[r];
         for (int c = 0; c < ZP_MEM_N; c++) {
-            rs->live[c] = rs->peak_breakdown[c] = s->state_bytes[c];
+            rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = s->state_bytes[c];
             rs->live_total += s->state_bytes[c];
             if (is_model_state(c))
                 rs->live_states += s->state_bytes[c];
@@ -535,6 +536,7 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     RankState *rs = &sim->rank[rank];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
     rs->live[op->sub] += delta;
+    rs->category_peak[op->sub] = MAX(rs->category_peak[op->sub], rs->live[op->sub]);
     rs->live_total += delta;
     if (is_model_state(op->sub))
         rs->live_states += delta;
@@ -663,6 +665,8 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->peak_memory_bytes = sim->rank[peak].peak_total;
     memcpy(result->peak_breakdown_bytes, sim->rank[peak].peak_breakdown,
            sizeof result->peak_breakdown_bytes);
+    memcpy(result->category_peak_bytes, sim->rank[peak].category_peak,
+           sizeof result->category_peak_bytes);
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
 }

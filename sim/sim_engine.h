@@ -43,6 +43,7 @@ typedef struct {
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */
     double peak_memory_bytes;
     double peak_breakdown_bytes[ZP_MEM_N];
+    double category_peak_bytes[ZP_MEM_N]; /* each category's own maximum on that rank */
     double peak_model_state_bytes;
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */

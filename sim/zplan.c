@@ -14,7 +14,12 @@ typedef struct {
 static const Command commands[] = {
     {"memory", cli_memory, "model-state and residual memory per GPU (ZeRO paper Table 1)"},
     {"maxmodel", cli_maxmodel, "largest model whose states fit per stage (Table 2)"},
+    {"plan", cli_plan, "search stage, batch, checkpointing, TP and buckets; rank by simulation"},
+    {"sweep", cli_sweep, "vary GPUs, size, micro-batch or stage; write a CSV and an SVG plot"},
     {"simulate", cli_simulate, "simulate one training step: time, MFU, breakdown, memory"},
+    {"schedule", cli_schedule, "one step's per-rank op list as JSON (for zreal --schedule)"},
+    {"validate", cli_validate, "predicted (simulate --json) against measured (zreal --out)"},
+    {"calibrate", cli_calibrate, "fit a hwprofile from zreal --microbench runs"},
 };
 
 static void usage(FILE *out)

@@ -213,8 +213,10 @@ static void test_activation_terms(void)
     /* Stage 3 buffers: one 5e8-element bucket capped by the model; prefetch + largest unit. */
     g_assert_cmpfloat(r.reduce_bucket_bytes, ==, 5e8 * 2);
     g_assert_cmpfloat(r.allgather_bucket_bytes, ==, 0);
-    const double largest = (double)zp_model_unit_elems(&m, 0); /* the embedding, 82M */
-    g_assert_cmpfloat(r.stage3_gathered_bytes, ==, (largest + 5e7) * 2);
+    /* The tied embedding (82M) kept from the head to its backward, a block (31M) and the
+     * 5e7-element prefetch. */
+    const double embed = (double)zp_model_unit_elems(&m, 0), block = (double)zp_model_unit_elems(&m, 1);
+    g_assert_cmpfloat(r.stage3_gathered_bytes, ==, (embed + block + 5e7) * 2);
     /* Stage 1 with overlap_comm doubles the gradient bucket (DeepSpeed's ipg buffers). */
     zp_plan_defaults(&plan, 1, 64, 1);
     plan.zero.overlap_comm = TRUE;

@@ -1,0 +1,121 @@
+/* bench_plan: how fast the planner is — closed-form screenings per second on one core, and the
+ * wall time of a whole `zplan plan` (screen + simulating finalists) for gpt-1t on 1,024 A100s. */
+#include "cli.h"
+#include "zp_search.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef ZP_BUILD_DIR
+#define ZP_BUILD_DIR "build"
+#endif
+
+/* Screens every enumerated plan over and over for at least `seconds` of wall time. */
+static int bench_screen(const ZpSearchSpec *spec, double seconds)
+{
+    GError *error = NULL;
+    ZpScreen screen;
+    GArray *plans = zp_search_screen_init(&screen, spec, &error)
+                        ? zp_search_enumerate(spec, &error)
+                        : NULL;
+    if (!plans) {
+        fprintf(stderr, "bench_plan: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    uint64_t screened = 0, fit = 0;
+    double checksum = 0;
+    const gint64 start_us = g_get_monotonic_time();
+    gint64 now_us = start_us;
+    while (now_us - start_us < seconds * G_USEC_PER_SEC) {
+        for (guint i = 0; i < plans->len; i++) {
+            double memory, bound;
+            zp_search_screen(&screen, &g_array_index(plans, ZpCandidate, i).plan, &memory,
+                             &bound);
+            fit += memory <= spec->hw->gpu_memory_bytes;
+            checksum += bound;
+        }
+        screened += plans->len;
+        now_us = g_get_monotonic_time();
+    }
+    const double wall_s = (now_us - start_us) / 1e6;
+    printf("closed-form screen (one core): %u plans of %s on %d GPUs, screened %" G_GUINT64_FORMAT
+           " times in %.3f s\n  %.3g screenings/s (%.0f ns each), %" G_GUINT64_FORMAT
+           " fit, bound checksum %.6g\n",
+           plans->len, spec->model->name, spec->gpus, screened, wall_s, screened / wall_s,
+           1e9 * wall_s / screened, fit, checksum);
+    g_array_unref(plans);
+    return 0;
+}
+
+/* The whole search in process: enumeration, screen, and the simulated finalists. */
+static int bench_search(const ZpSearchSpec *spec)
+{
+    ZpSearchResult r;
+    GError *error = NULL;
+    const gint64 start_us = g_get_monotonic_time();
+    const gboolean ok = zp_search_run(spec, &r, &error);
+    const double wall_s = (g_get_monotonic_time() - start_us) / 1e6;
+    if (!ok) {
+        fprintf(stderr, "bench_plan: %s\n", error->message);
+        g_error_free(error);
+        zp_search_result_clear(&r);
+        return 1;
+    }
+    printf("search in process: %u plans, %u simulated (%u over memory), %u pruned by the bound,"
+           " wall %.4f s\n",
+           r.candidates->len, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM],
+           r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], wall_s);
+    zp_search_result_clear(&r);
+    return 0;
+}
+
+/* `zplan plan` as a user runs it: process start, search, re-simulating the top plans, output. */
+static int bench_command(const char *args, int repeats)
+{
+    char *command = g_strdup_printf("%s/zplan plan %s", ZP_BUILD_DIR, args);
+    char **argv = NULL;
+    double best_s = G_MAXDOUBLE;
+    int status = 0;
+    g_shell_parse_argv(command, NULL, &argv, NULL);
+    for (int i = 0; i < repeats && status == 0; i++) {
+        char *out = NULL, *err = NULL;
+        const gint64 start_us = g_get_monotonic_time();
+        if (!g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err, &status,
+                          NULL))
+            status = -1;
+        best_s = MIN(best_s, (g_get_monotonic_time() - start_us) / 1e6);
+        g_free(out);
+        g_free(err);
+    }
+    if (status != 0)
+        fprintf(stderr, "bench_plan: %s failed (status %d)\n", command, status);
+    else
+        printf("zplan plan %s\n  wall %.4f s (fastest of %d)\n", args, best_s, repeats);
+    g_strfreev(argv);
+    g_free(command);
+    return status != 0;
+}
+
+int main(void)
+{
+    ZpModel model;
+    ZpHw hw;
+    GError *error = NULL;
+    if (!zp_model_load("gpt-1t", &model, &error) || !zp_hw_load("dgx-a100-80g", &hw, &error)) {
+        fprintf(stderr, "bench_plan: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    ZpSearchSpec spec;
+    CliRankContext rank;
+    cli_search_spec(&spec, &rank, &model, &hw, 1024);
+    int failed = bench_screen(&spec, 1.0);
+    failed |= bench_search(&spec);
+    spec.global_batch = 2048;
+    failed |= bench_search(&spec);
+    failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 1024", 5);
+    failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 1024 --global-batch 2048", 5);
+    failed |= bench_command("--model gpt3-175b --cluster dgx-a100-80g --gpus 256 --global-batch 1536", 5);
+    return failed;
+}

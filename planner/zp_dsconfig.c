@@ -1,0 +1,534 @@
+/* zp_dsconfig: one table per ds_config section says what each key DeepSpeed knows becomes in a
+ * ZpPlan (or that it is not modeled); the reader and the writer both walk these tables. */
+#include "zp_dsconfig.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+/* Sizes are element counts; beyond 1e15 a value is a typo, not a bucket. */
+#define MAX_ELEMS 1000000000000000LL
+#define MAX_BATCH (1LL << 24)
+
+typedef enum {
+    KEY_SIZE,    /* a whole number of elements, into a ZpZeroConfig double */
+    KEY_FLAG,    /* true or false, into a ZpZeroConfig gboolean */
+    KEY_OWN,     /* read by the section's own code */
+    KEY_IGNORED, /* DeepSpeed knows it, zplan does not model it: a warning */
+} KeyKind;
+
+/* The Hugging Face Trainer's "auto" for a size, from the model's hidden size h
+ * (transformers/integrations/deepspeed.py, trainer_config_process). */
+typedef enum { AUTO_NONE, AUTO_H2, AUTO_09H2, AUTO_10H } AutoRule;
+
+typedef struct {
+    const char *key;
+    KeyKind kind;
+    size_t offset;     /* KEY_SIZE, KEY_FLAG: the ZpZeroConfig field */
+    AutoRule autorule; /* KEY_SIZE */
+    gboolean alias;    /* another name of a field listed before it; never written */
+} KeySpec;
+
+#define SIZE(k, f, a) {k, KEY_SIZE, G_STRUCT_OFFSET(ZpZeroConfig, f), a, FALSE}
+#define SIZE_ALIAS(k, f, a) {k, KEY_SIZE, G_STRUCT_OFFSET(ZpZeroConfig, f), a, TRUE}
+#define FLAG(k, f) {k, KEY_FLAG, G_STRUCT_OFFSET(ZpZeroConfig, f), AUTO_NONE, FALSE}
+#define OWN(k) {k, KEY_OWN, 0, AUTO_NONE, FALSE}
+#define IGNORED(k) {k, KEY_IGNORED, 0, AUTO_NONE, FALSE}
+
+/* Top-level keys of deepspeed/runtime/config.py and constants.py. */
+static const KeySpec top_keys[] = {
+    OWN("train_batch_size"), OWN("train_micro_batch_size_per_gpu"),
+    OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
+    OWN("zero_optimization"), OWN("activation_checkpointing"),
+    IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
+    IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
+    IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
+    IGNORED("sparse_gradients"), IGNORED("zero_allow_untested_optimizer"),
+    IGNORED("zero_force_ds_cpu_optimizer"), IGNORED("amp"), IGNORED("dump_state"),
+    IGNORED("tensorboard"), IGNORED("wandb"), IGNORED("csv_monitor"), IGNORED("comet"),
+    IGNORED("flops_profiler"), IGNORED("autotuning"), IGNORED("elasticity"),
+    IGNORED("pipeline"), IGNORED("data_types"), IGNORED("communication_data_type"),
+    IGNORED("seq_parallel_communication_data_type"), IGNORED("disable_allgather"),
+    IGNORED("dataloader_drop_last"), IGNORED("aio"), IGNORED("checkpoint"),
+    IGNORED("data_efficiency"), IGNORED("curriculum_learning"),
+    IGNORED("compression_training"), IGNORED("sparse_attention"), IGNORED("eigenvalue"),
+    IGNORED("progressive_layer_drop"), IGNORED("quantize_training"), IGNORED("nebula"),
+    IGNORED("use_node_local_storage"), IGNORED("load_universal_checkpoint"),
+    IGNORED("weight_quantization"), IGNORED("hybrid_engine"), IGNORED("compile"),
+    IGNORED("timers"), IGNORED("graph_harvesting"),
+};
+
+/* zero_optimization (deepspeed/runtime/zero/config.py). DeepSpeed accepts the stage3_* keys
+ * also under their field names (populate_by_name). */
+static const KeySpec zero_keys[] = {
+    OWN("stage"),
+    SIZE("reduce_bucket_size", reduce_bucket_size, AUTO_H2),
+    SIZE("allgather_bucket_size", allgather_bucket_size, AUTO_NONE),
+    FLAG("overlap_comm", overlap_comm),
+    FLAG("contiguous_gradients", contiguous_gradients),
+    FLAG("reduce_scatter", reduce_scatter),
+    SIZE("stage3_prefetch_bucket_size", stage3_prefetch_bucket_size, AUTO_09H2),
+    SIZE("stage3_param_persistence_threshold", stage3_param_persistence_threshold, AUTO_10H),
+    SIZE("stage3_max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
+    SIZE("stage3_max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
+    SIZE_ALIAS("prefetch_bucket_size", stage3_prefetch_bucket_size, AUTO_09H2),
+    SIZE_ALIAS("param_persistence_threshold", stage3_param_persistence_threshold, AUTO_10H),
+    SIZE_ALIAS("max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
+    SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
+    OWN("allgather_partitions"), OWN("sub_group_size"),
+    IGNORED("offload_param"), IGNORED("offload_optimizer"), IGNORED("cpu_offload"),
+    IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),
+    IGNORED("load_from_fp32_weights"), IGNORED("elastic_checkpoint"),
+    IGNORED("stage3_gather_16bit_weights_on_model_save"),
+    IGNORED("stage3_gather_fp16_weights_on_model_save"),
+    IGNORED("gather_16bit_weights_on_model_save"),
+    IGNORED("stage3_model_persistence_threshold"), IGNORED("model_persistence_threshold"),
+    IGNORED("ignore_unused_parameters"), IGNORED("legacy_stage1"),
+    IGNORED("round_robin_gradients"), IGNORED("zero_hpz_partition_size"),
+    IGNORED("zero_quantized_weights"), IGNORED("zero_quantized_nontrainable_weights"),
+    IGNORED("zero_quantized_gradients"), IGNORED("zeropp_loco_param"),
+    IGNORED("mics_shard_size"), IGNORED("mics_hierarchical_params_gather"),
+    IGNORED("memory_efficient_linear"), IGNORED("use_multi_rank_bucket_allreduce"),
+    IGNORED("stage3_module_granularity_threshold"), IGNORED("module_granularity_threshold"),
+    IGNORED("stage3_use_all_reduce_for_fetch_params"),
+    IGNORED("use_all_reduce_for_fetch_params"), IGNORED("pipeline_loading_checkpoint"),
+    IGNORED("override_module_apply"), IGNORED("log_trace_cache_warnings"),
+};
+
+/* fp16 and bf16: only "enabled" changes the plan; loss scaling is not modeled. */
+static const KeySpec fp16_keys[] = {
+    OWN("enabled"), IGNORED("auto_cast"), IGNORED("loss_scale"),
+    IGNORED("initial_scale_power"), IGNORED("loss_scale_window"), IGNORED("hysteresis"),
+    IGNORED("consecutive_hysteresis"), IGNORED("min_loss_scale"),
+    IGNORED("fp16_master_weights_and_grads"),
+};
+static const KeySpec bf16_keys[] = {
+    OWN("enabled"), IGNORED("immediate_grad_update"), IGNORED("check_grad_overflow"),
+};
+
+/* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): the
+ * boolean options below change what is kept or where, which zplan does not model, so they
+ * warn when true; number_checkpoints warns when given (zplan checkpoints every block). */
+static const char *const checkpoint_options[] = {
+    "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+    "synchronize_checkpoint_boundary", "profile",
+};
+static const KeySpec checkpoint_keys[] = {
+    OWN("partition_activations"), OWN("contiguous_memory_optimization"),
+    OWN("cpu_checkpointing"), OWN("synchronize_checkpoint_boundary"), OWN("profile"),
+    OWN("number_checkpoints"),
+};
+
+static const KeySpec *find_key(const KeySpec *table, size_t n, const char *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(table[i].key, key) == 0)
+            return &table[i];
+    return NULL;
+}
+
+static void warn(GPtrArray *warnings, const char *what, const char *prefix, const char *key,
+                 const char *why)
+{
+    g_ptr_array_add(warnings, g_strdup_printf("%s: \"%s%s\" ignored: %s", what, prefix, key, why));
+}
+
+static gboolean is_auto(json_t *value)
+{
+    return json_is_string(value) && strcmp(json_string_value(value), "auto") == 0;
+}
+
+/* Unknown keys fail; known unmodeled ones warn. `prefix` is "zero_optimization." etc. */
+static gboolean check_section(json_t *obj, const char *what, const char *prefix,
+                              const KeySpec *table, size_t n, GPtrArray *warnings,
+                              GError **error)
+{
+    const char *key;
+    json_t *value;
+    json_object_foreach(obj, key, value)
+    {
+        const KeySpec *spec = find_key(table, n, key);
+        if (!spec) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: unknown key \"%s%s\"", what, prefix,
+                        key);
+            return FALSE;
+        }
+        if (spec->kind == KEY_IGNORED)
+            warn(warnings, what, prefix, key, "not modeled");
+    }
+    return TRUE;
+}
+
+/* A section's value must be an object; *section is NULL when the key is absent. */
+static gboolean get_section(json_t *root, const char *what, const char *key, json_t **section,
+                            GError **error)
+{
+    *section = json_object_get(root, key);
+    if (*section && !json_is_object(*section)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be an object", what, key);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+static double auto_size(AutoRule rule, double h)
+{
+    switch (rule) {
+    case AUTO_H2:
+        return h * h;
+    case AUTO_09H2:
+        return floor(0.9 * h * h);
+    case AUTO_10H:
+        return 10 * h;
+    case AUTO_NONE:
+        break;
+    }
+    return 0;
+}
+
+/* A whole number of elements, or "auto" where the Trainer has a rule for the key. */
+static gboolean read_size(json_t *obj, const char *what, const KeySpec *spec,
+                          const ZpModel *model, double *out, GError **error)
+{
+    json_t *value = json_object_get(obj, spec->key);
+    if (is_auto(value)) {
+        if (spec->autorule == AUTO_NONE) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"%s\" = \"auto\" has no Hugging Face rule; give a number",
+                        what, spec->key);
+            return FALSE;
+        }
+        if (!zp_model_has_architecture(model)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"%s\" = \"auto\" needs the model's hidden size (give --model)",
+                        what, spec->key);
+            return FALSE;
+        }
+        *out = auto_size(spec->autorule, (double)model->hidden);
+        return TRUE;
+    }
+    int64_t n;
+    if (!zp_json_get_int(obj, what, spec->key, TRUE, 0, MAX_ELEMS, &n, error))
+        return FALSE;
+    *out = (double)n;
+    return TRUE;
+}
+
+/* Applies a section's KEY_SIZE and KEY_FLAG keys to *zero; a field named twice (a key and
+ * its alias) fails. */
+static gboolean apply_fields(json_t *obj, const char *what, const KeySpec *table, size_t n,
+                             const ZpModel *model, ZpZeroConfig *zero, GError **error)
+{
+    for (size_t i = 0; i < n; i++) {
+        const KeySpec *spec = &table[i];
+        if ((spec->kind != KEY_SIZE && spec->kind != KEY_FLAG) ||
+            !json_object_get(obj, spec->key))
+            continue;
+        for (size_t j = 0; j < i; j++)
+            if (table[j].offset == spec->offset && table[j].kind == spec->kind &&
+                json_object_get(obj, table[j].key)) {
+                g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                            "%s: keys \"%s\" and \"%s\" name the same setting; give one", what,
+                            table[j].key, spec->key);
+                return FALSE;
+            }
+        void *field = G_STRUCT_MEMBER_P(zero, spec->offset);
+        if (spec->kind == KEY_SIZE ? !read_size(obj, what, spec, model, field, error)
+                                   : !zp_json_get_bool(obj, what, spec->key, TRUE, field, error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
+                          ZpZeroConfig *zero, GPtrArray *warnings, GError **error)
+{
+    json_t *section;
+    if (!get_section(root, path, "zero_optimization", &section, error))
+        return FALSE;
+    if (!section) {
+        zp_zero_config_defaults(zero, 0);
+        return TRUE;
+    }
+    char *what = g_strdup_printf("%s: zero_optimization", path);
+    int64_t stage = 0, sub_group_size = 0;
+    gboolean allgather_partitions = TRUE;
+    gboolean ok = check_section(section, path, "zero_optimization.", zero_keys,
+                                G_N_ELEMENTS(zero_keys), warnings, error) &&
+                  zp_json_get_int(section, what, "stage", FALSE, 0, 3, &stage, error);
+    if (ok) {
+        zp_zero_config_defaults(zero, (int)stage);
+        ok = apply_fields(section, what, zero_keys, G_N_ELEMENTS(zero_keys), model, zero,
+                          error) &&
+             zp_json_get_bool(section, what, "allgather_partitions", FALSE,
+                              &allgather_partitions, error) &&
+             zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
+                             &sub_group_size, error);
+    }
+    /* Both keys are checked above; only values other than DeepSpeed's defaults change what
+     * DeepSpeed does, and those zplan does not model. */
+    if (ok && !allgather_partitions)
+        warn(warnings, path, "zero_optimization.", "allgather_partitions",
+             "false is not modeled (zplan all-gathers the updated partitions)");
+    if (ok && json_object_get(section, "sub_group_size") && sub_group_size != 1000000000)
+        warn(warnings, path, "zero_optimization.", "sub_group_size",
+             "not modeled (the optimizer steps the whole partition at once)");
+    g_free(what);
+    return ok;
+}
+
+/* fp16/bf16 {"enabled": ...}; "auto" is enabled when the launch's precision is this one. */
+static gboolean read_enabled(json_t *root, const char *path, const char *key,
+                             const KeySpec *table, size_t n, ZpPrecision precision,
+                             const ZpPlan *launch, gboolean *enabled, GPtrArray *warnings,
+                             GError **error)
+{
+    json_t *section;
+    *enabled = FALSE;
+    if (!get_section(root, path, key, &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    char *prefix = g_strdup_printf("%s.", key);
+    char *what = g_strdup_printf("%s: %s", path, key);
+    gboolean ok = check_section(section, path, prefix, table, n, warnings, error);
+    if (ok && is_auto(json_object_get(section, "enabled")))
+        *enabled = launch->precision == precision;
+    else if (ok)
+        ok = zp_json_get_bool(section, what, "enabled", FALSE, enabled, error);
+    g_free(prefix);
+    g_free(what);
+    return ok;
+}
+
+static gboolean read_precision(json_t *root, const char *path, const ZpPlan *launch,
+                               ZpPrecision *precision, GPtrArray *warnings, GError **error)
+{
+    gboolean fp16 = FALSE, bf16 = FALSE, bf16_old = FALSE;
+    if (json_object_get(root, "bf16") && json_object_get(root, "bfloat16")) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: keys \"bf16\" and \"bfloat16\" name the same setting; give one", path);
+        return FALSE;
+    }
+    if (!read_enabled(root, path, "fp16", fp16_keys, G_N_ELEMENTS(fp16_keys), ZP_PREC_FP16,
+                      launch, &fp16, warnings, error) ||
+        !read_enabled(root, path, "bf16", bf16_keys, G_N_ELEMENTS(bf16_keys), ZP_PREC_BF16,
+                      launch, &bf16, warnings, error) ||
+        !read_enabled(root, path, "bfloat16", bf16_keys, G_N_ELEMENTS(bf16_keys), ZP_PREC_BF16,
+                      launch, &bf16_old, warnings, error))
+        return FALSE;
+    bf16 = bf16 || bf16_old;
+    if (fp16 && bf16) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: fp16.enabled and bf16.enabled are both true; DeepSpeed takes one", path);
+        return FALSE;
+    }
+    *precision = fp16 ? ZP_PREC_FP16 : bf16 ? ZP_PREC_BF16 : ZP_PREC_FP32;
+    return TRUE;
+}
+
+static gboolean read_checkpointing(json_t *root, const char *path, gboolean *checkpoint,
+                                   GPtrArray *warnings, GError **error)
+{
+    json_t *section;
+    *checkpoint = FALSE;
+    if (!get_section(root, path, "activation_checkpointing", &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    *checkpoint = TRUE;
+    char *what = g_strdup_printf("%s: activation_checkpointing", path);
+    gboolean ok = check_section(section, path, "activation_checkpointing.", checkpoint_keys,
+                                G_N_ELEMENTS(checkpoint_keys), warnings, error);
+    for (size_t i = 0; ok && i < G_N_ELEMENTS(checkpoint_options); i++) {
+        gboolean set = FALSE;
+        ok = zp_json_get_bool(section, what, checkpoint_options[i], FALSE, &set, error);
+        if (ok && set)
+            warn(warnings, path, "activation_checkpointing.", checkpoint_options[i],
+                 "true is not modeled");
+    }
+    int64_t number = 0;
+    if (ok && (ok = zp_json_get_int(section, what, "number_checkpoints", FALSE, 0, MAX_BATCH,
+                                    &number, error)) &&
+        number > 0)
+        warn(warnings, path, "activation_checkpointing.", "number_checkpoints",
+             "not modeled (zplan checkpoints every block)");
+    g_free(what);
+    return ok;
+}
+
+/* ---- batch ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *key;
+    int64_t value;
+    gboolean given;
+} BatchKey;
+
+static gboolean read_batch_key(json_t *root, const char *path, BatchKey *k, int64_t auto_value,
+                               GError **error)
+{
+    json_t *value = json_object_get(root, k->key);
+    k->given = value != NULL && !json_is_null(value);
+    if (is_auto(value)) {
+        k->value = auto_value;
+        return TRUE;
+    }
+    return zp_json_get_int(root, path, k->key, FALSE, 1, MAX_BATCH, &k->value, error);
+}
+
+/* DeepSpeed's _set_batch_related_parameters and _batch_assertion, with exact division. */
+static gboolean resolve_batch(const char *path, int64_t dp, BatchKey *train, BatchKey *micro,
+                              BatchKey *accum, GError **error)
+{
+    int64_t divisor = 0;
+    const char *by = NULL;
+    if (train->given && micro->given && !accum->given) {
+        divisor = micro->value * dp, by = micro->key;
+    } else if (train->given && accum->given && !micro->given) {
+        divisor = accum->value * dp, by = accum->key;
+    } else if (train->given && !micro->given) {
+        divisor = dp, accum->value = 1;
+    } else if (micro->given && !train->given) {
+        if (!accum->given)
+            accum->value = 1;
+        train->value = micro->value * accum->value * dp;
+    } else if (!train->given) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: give train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed "
+                    "needs one of them)", path);
+        return FALSE;
+    }
+    if (divisor) {
+        if (train->value % divisor != 0) {
+            char *factor = by ? g_strdup_printf("%s %" G_GINT64_FORMAT " x ", by, divisor / dp)
+                              : g_strdup("");
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: train_batch_size = %" G_GINT64_FORMAT " is not a multiple of %sthe "
+                        "data-parallel degree %" G_GINT64_FORMAT,
+                        path, train->value, factor, dp);
+            g_free(factor);
+            return FALSE;
+        }
+        const int64_t rest = train->value / divisor;
+        if (by == micro->key)
+            accum->value = rest;
+        else
+            micro->value = rest;
+    }
+    if (train->value != micro->value * accum->value * dp) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: train_batch_size = %" G_GINT64_FORMAT " but train_micro_batch_size_per_gpu"
+                    " %" G_GINT64_FORMAT " x gradient_accumulation_steps %" G_GINT64_FORMAT
+                    " x the data-parallel degree %" G_GINT64_FORMAT " = %" G_GINT64_FORMAT,
+                    path, train->value, micro->value, accum->value, dp,
+                    micro->value * accum->value * dp);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* ---- the whole file -------------------------------------------------------------------- */
+
+gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpModel *model,
+                               const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
+                               GPtrArray *warnings, GError **error)
+{
+    json_t *root = json_object;
+    if (!json_is_object(root)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_PARSE, "%s: top level must be a JSON object", what);
+        return FALSE;
+    }
+    if (launch->dp < 1 || launch->mp < 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: the launch's data- and tensor-parallel degrees must be at least 1", what);
+        return FALSE;
+    }
+    ZpPlan p = *launch;
+    const int64_t dp = launch->dp;
+    BatchKey train = {"train_batch_size", 0, FALSE};
+    BatchKey micro = {"train_micro_batch_size_per_gpu", 0, FALSE};
+    BatchKey accum = {"gradient_accumulation_steps", 0, FALSE};
+    if (!check_section(root, what, "", top_keys, G_N_ELEMENTS(top_keys), warnings, error) ||
+        !read_batch_key(root, what, &train,
+                        (int64_t)launch->micro_batch * launch->grad_accum * dp, error) ||
+        !read_batch_key(root, what, &micro, launch->micro_batch, error) ||
+        !read_batch_key(root, what, &accum, launch->grad_accum, error) ||
+        !resolve_batch(what, dp, &train, &micro, &accum, error) ||
+        !read_precision(root, what, launch, &p.precision, warnings, error) ||
+        !read_zero(root, what, model, &p.zero, warnings, error) ||
+        !read_checkpointing(root, what, &p.checkpoint, warnings, error))
+        return FALSE;
+    if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: train_micro_batch_size_per_gpu or gradient_accumulation_steps beyond %lld",
+                    what, MAX_BATCH);
+        return FALSE;
+    }
+    p.micro_batch = (int)micro.value;
+    p.grad_accum = (int)accum.value;
+    *plan = p;
+    *train_batch_size = train.value;
+    return TRUE;
+}
+
+gboolean zp_dsconfig_read(const char *path, const ZpModel *model, const ZpPlan *launch,
+                          ZpPlan *plan, int64_t *train_batch_size, GPtrArray *warnings,
+                          GError **error)
+{
+    json_t *root = zp_json_load_object(path, error);
+    gboolean ok = root && zp_dsconfig_from_json(root, path, model, launch, plan,
+                                                train_batch_size, warnings, error);
+    json_decref(root);
+    return ok;
+}
+
+void zp_dsconfig_hf_auto(const ZpModel *model, ZpZeroConfig *zero)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_keys); i++)
+        if (zero_keys[i].autorule != AUTO_NONE && !zero_keys[i].alias)
+            G_STRUCT_MEMBER(double, zero, zero_keys[i].offset) =
+                auto_size(zero_keys[i].autorule, (double)model->hidden);
+}
+
+void *zp_dsconfig_to_json(const ZpPlan *plan)
+{
+    const json_int_t micro = plan->micro_batch, accum = plan->grad_accum;
+    json_t *root = json_pack("{s:I, s:I, s:I}", "train_batch_size", micro * accum * plan->dp,
+                             "train_micro_batch_size_per_gpu", micro,
+                             "gradient_accumulation_steps", accum);
+    if (plan->precision != ZP_PREC_FP32)
+        json_object_set_new(root, plan->precision == ZP_PREC_FP16 ? "fp16" : "bf16",
+                            json_pack("{s:b}", "enabled", TRUE));
+    json_t *zero = json_pack("{s:i}", "stage", plan->zero.stage);
+    for (size_t i = 0; i < G_N_ELEMENTS(zero_keys); i++) {
+        const KeySpec *spec = &zero_keys[i];
+        if (spec->alias)
+            continue;
+        if (spec->kind == KEY_SIZE)
+            json_object_set_new(zero, spec->key,
+                                json_integer((json_int_t)llround(
+                                    G_STRUCT_MEMBER(double, &plan->zero, spec->offset))));
+        else if (spec->kind == KEY_FLAG)
+            json_object_set_new(zero, spec->key,
+                                json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, spec->offset)));
+    }
+    json_object_set_new(root, "zero_optimization", zero);
+    if (plan->checkpoint) {
+        /* The options zplan does not model, off: plain checkpointing of every block. */
+        json_t *ckpt = json_object();
+        for (size_t i = 0; i < G_N_ELEMENTS(checkpoint_options); i++)
+            json_object_set_new(ckpt, checkpoint_options[i], json_false());
+        json_object_set_new(root, "activation_checkpointing", ckpt);
+    }
+    return root;
+}
+
+gboolean zp_dsconfig_write(const ZpPlan *plan, const char *path, GError **error)
+{
+    json_t *root = zp_dsconfig_to_json(plan);
+    gboolean ok = zp_json_write(root, path, error);
+    json_decref(root);
+    return ok;
+}

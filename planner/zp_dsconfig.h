@@ -1,0 +1,60 @@
+/* zp_dsconfig: DeepSpeed's ds_config.json read into a ZpPlan (with DeepSpeed's defaults and
+ * the Hugging Face Trainer's "auto" rules) and written from one, so that a plan runs as is. */
+#ifndef ZP_DSCONFIG_H
+#define ZP_DSCONFIG_H
+
+#include "zp_model.h"
+#include "zp_plan.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* Reads a ds_config.json into *plan. A ds_config does not say how many GPUs there are, so
+ * `launch` supplies what DeepSpeed takes from the launch: dp and mp, and the optimizer (the
+ * config's "optimizer" section is not modeled); it also supplies what "auto" resolves to, as
+ * the Hugging Face Trainer resolves it: micro_batch and grad_accum for the batch keys, the
+ * precision for fp16/bf16 "enabled", and from the model's hidden size h: reduce_bucket_size
+ * h^2, stage3_prefetch_bucket_size floor(0.9 h^2), stage3_param_persistence_threshold 10h.
+ *
+ * Batch: DeepSpeed's rule train_batch_size = train_micro_batch_size_per_gpu x
+ * gradient_accumulation_steps x dp; any two keys determine the third, one of train_batch_size
+ * or the micro-batch alone means no accumulation; a contradiction or a batch the data-parallel
+ * degree does not divide fails naming the keys. *train_batch_size receives the global batch.
+ * Precision: fp16 or bf16 {"enabled": true} (both is an error), neither means fp32.
+ * zero_optimization: every absent key takes DeepSpeed's default (deepspeed/runtime/zero/
+ * config.py: overlap_comm true only for stage 3); the stage3_* keys also under DeepSpeed's
+ * short names (prefetch_bucket_size, ...). activation_checkpointing: its presence means
+ * checkpointing at every block (the section configures deepspeed.checkpointing, which the
+ * model calls at each block, as Megatron-DeepSpeed does); its options that change memory or
+ * time (partition_activations, cpu_checkpointing, ...) are not modeled and warn when set.
+ *
+ * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) append
+ * one line to `warnings` (g_free'd strings, never NULL) naming the key; unknown keys, values
+ * of the wrong type ("stage": "three"), fractional sizes and "auto" where the Trainer does not
+ * resolve it fail naming the file and key. Numbers may be written 5e8 or 500000000. */
+gboolean zp_dsconfig_read(const char *path, const ZpModel *model, const ZpPlan *launch,
+                          ZpPlan *plan, int64_t *train_batch_size, GPtrArray *warnings,
+                          GError **error);
+
+/* The same for a parsed JSON object (json_t *); `what` names it in messages. */
+gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpModel *model,
+                               const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
+                               GPtrArray *warnings, GError **error);
+
+/* Sets the sizes the Hugging Face Trainer fills in for "auto" from the model's hidden size h:
+ * reduce_bucket_size h^2, stage3_prefetch_bucket_size floor(0.9 h^2),
+ * stage3_param_persistence_threshold 10h; the rest of *zero is left as it is. */
+void zp_dsconfig_hf_auto(const ZpModel *model, ZpZeroConfig *zero);
+
+/* The ds_config DeepSpeed would run the plan with (json_t *, caller decrefs): the three batch
+ * keys, fp16 or bf16 {"enabled": true} (neither for fp32), zero_optimization with the stage,
+ * the bucket sizes, overlap_comm, contiguous_gradients, reduce_scatter and the stage3_* keys,
+ * and activation_checkpointing when the plan checkpoints. Sizes are written as JSON integers
+ * (rounded: DeepSpeed's fields are integers). Reading it back with the plan's dp and mp gives
+ * the plan again. */
+void *zp_dsconfig_to_json(const ZpPlan *plan);
+
+/* zp_dsconfig_to_json written atomically to path. */
+gboolean zp_dsconfig_write(const ZpPlan *plan, const char *path, GError **error);
+
+#endif

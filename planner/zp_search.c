@@ -1,0 +1,474 @@
+/* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
+ * for compute), and branch and bound over the caller's simulator for the ranking. */
+#include "zp_search.h"
+#include "zp_dsconfig.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* Without a global batch, micro-batches 1, 2, 4, ... up to this; memory stops them sooner. */
+#define FREE_MICRO_MAX 1024
+
+/* Bucket sizes tried, in elements: DeepSpeed's defaults, half and twice them, and the Hugging
+ * Face Trainer's "auto" values (which leave allgather_bucket_size at DeepSpeed's default). */
+typedef struct {
+    const char *name;
+    gboolean hf_auto;
+    double reduce, allgather, prefetch, persistence;
+} Buckets;
+
+static const Buckets bucket_choices[] = {
+    {"ds-default", FALSE, 5e8, 5e8, 5e7, 1e5},
+    {"hf-auto", TRUE, 0, 5e8, 0, 0},
+    {"ds-half", FALSE, 2.5e8, 2.5e8, 2.5e7, 1e5},
+    {"ds-double", FALSE, 1e9, 1e9, 1e8, 1e5},
+};
+
+static const char *const fate_names[ZP_FATE_N] = {"out of memory", "cannot win",
+                                                  "out of memory (simulated)", "simulated"};
+
+const char *zp_search_buckets_name(int buckets)
+{
+    return bucket_choices[buckets].name;
+}
+
+const char *zp_search_fate_name(ZpFate fate)
+{
+    return fate_names[fate];
+}
+
+void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpHw *hw, int gpus)
+{
+    *spec = (ZpSearchSpec){.model = model, .hw = hw, .gpus = gpus, .stage = -1,
+                           .precision = ZP_PREC_FP16, .optimizer = ZP_OPT_ADAM, .top_k = 5};
+}
+
+double zp_search_peak_flops(const ZpHw *hw, ZpPrecision precision)
+{
+    const double peaks[] = {
+        [ZP_PREC_FP16] = hw->peak_fp16_flops,
+        [ZP_PREC_BF16] = hw->peak_bf16_flops,
+        [ZP_PREC_FP32] = hw->peak_fp32_flops,
+    };
+    return peaks[precision];
+}
+
+double zp_search_samples(const ZpPlan *plan)
+{
+    return (double)plan->micro_batch * plan->grad_accum * plan->dp;
+}
+
+double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan)
+{
+    static const ZpComputeKind model_work[] = {ZP_COMP_EMBED_FWD, ZP_COMP_BLOCK_FWD,
+                                               ZP_COMP_HEAD, ZP_COMP_BLOCK_BWD,
+                                               ZP_COMP_EMBED_BWD};
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(model, plan, ops);
+    double flops = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(model_work); i++)
+        flops += (double)ops[model_work[i]].count * ops[model_work[i]].flops;
+    return flops;
+}
+
+/* ---- enumeration ----------------------------------------------------------------------- */
+
+/* Two bucket choices are the same plan when they differ only in sizes the stage never uses:
+ * stage 0 all-reduces gradient buckets only; stages 1-2 add the parameter all-gather; stage 3
+ * reduce-scatters and prefetches, and keeps small units whole. */
+static gboolean same_for_stage(const ZpZeroConfig *a, const ZpZeroConfig *b, int stage)
+{
+    if (a->reduce_bucket_size != b->reduce_bucket_size)
+        return FALSE;
+    if (stage == 1 || stage == 2)
+        return a->allgather_bucket_size == b->allgather_bucket_size;
+    if (stage == 3)
+        return a->stage3_prefetch_bucket_size == b->stage3_prefetch_bucket_size &&
+               a->stage3_param_persistence_threshold == b->stage3_param_persistence_threshold;
+    return TRUE;
+}
+
+static void apply_buckets(const ZpModel *model, int choice, ZpZeroConfig *zero)
+{
+    const Buckets *c = &bucket_choices[choice];
+    zero->allgather_bucket_size = c->allgather;
+    if (c->hf_auto) {
+        zp_dsconfig_hf_auto(model, zero);
+        return;
+    }
+    zero->reduce_bucket_size = c->reduce;
+    zero->stage3_prefetch_bucket_size = c->prefetch;
+    zero->stage3_param_persistence_threshold = c->persistence;
+}
+
+/* Every plan of one (mp, micro-batch, accumulation). */
+static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GArray *out)
+{
+    const int lo = spec->stage >= 0 ? spec->stage : 0, hi = spec->stage >= 0 ? spec->stage : 3;
+    for (int stage = lo; stage <= hi; stage++)
+        for (int ckpt = 0; ckpt <= 1; ckpt++)
+            for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
+                ZpPlan plan;
+                zp_plan_defaults(&plan, stage, spec->gpus / mp, mp);
+                plan.micro_batch = micro;
+                plan.grad_accum = accum;
+                plan.checkpoint = ckpt;
+                plan.precision = spec->precision;
+                plan.optimizer = spec->optimizer;
+                apply_buckets(spec->model, choice, &plan.zero);
+                gboolean seen = FALSE;
+                for (int earlier = 0; earlier < choice && !seen; earlier++) {
+                    ZpZeroConfig other = plan.zero;
+                    apply_buckets(spec->model, earlier, &other);
+                    seen = same_for_stage(&plan.zero, &other, stage);
+                }
+                for (int overlap = 0; overlap <= 1 && !seen; overlap++) {
+                    plan.zero.overlap_comm = overlap;
+                    ZpCandidate c = {.plan = plan, .buckets = choice};
+                    g_array_append_val(out, c);
+                }
+            }
+}
+
+static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
+{
+    const ZpModel *m = spec->model;
+    const char *bad = NULL;
+    char *owned = NULL;
+    if (!zp_model_has_architecture(m))
+        bad = "--model: planning simulates steps, which needs an architecture (not --params)";
+    else if (spec->gpus < 1)
+        bad = "--gpus: must be at least 1";
+    else if (spec->top_k < 1)
+        bad = "--top: must be at least 1";
+    else if (spec->global_batch < 0)
+        bad = "--global-batch: must be positive";
+    else if (spec->stage < -1 || spec->stage > 3)
+        bad = "--stage: must be 0, 1, 2 or 3";
+    else if (spec->micro_batch < 0)
+        bad = "--micro-batch: must be positive";
+    else if (zp_search_peak_flops(spec->hw, spec->precision) <= 0)
+        bad = owned = g_strdup_printf("--precision: %s (%s) has no %s peak in its profile",
+                                      spec->hw->name, spec->hw->gpu,
+                                      zp_precision_name(spec->precision));
+    else if (spec->mp > 0 && (m->heads % spec->mp || spec->gpus % spec->mp ||
+                              spec->hw->gpus_per_node % spec->mp))
+        bad = owned = g_strdup_printf(
+            "--mp: %d must divide the %" G_GINT64_FORMAT " attention heads of %s, the %d GPUs "
+            "and the %d GPUs of a %s node (tensor parallelism stays inside a node)",
+            spec->mp, m->heads, m->name, spec->gpus, spec->hw->gpus_per_node, spec->hw->name);
+    if (bad)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+    g_free(owned);
+    return bad == NULL;
+}
+
+/* The micro-batches to try at one data-parallel degree: with a global batch the divisors of
+ * its per-rank share, without one powers of two; --micro-batch keeps only itself. */
+static GArray *micro_batches(const ZpSearchSpec *spec, int64_t dp)
+{
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(int));
+    const int64_t B = spec->global_batch;
+    if (B == 0 && spec->micro_batch > 0) {
+        g_array_append_val(out, spec->micro_batch);
+        return out;
+    }
+    if (B > 0 && B % dp != 0)
+        return out;
+    for (int64_t micro = 1; micro <= (B > 0 ? B / dp : FREE_MICRO_MAX);
+         micro = B > 0 ? micro + 1 : micro * 2) {
+        const int m = (int)micro;
+        if ((B == 0 || (B / dp) % micro == 0) && (spec->micro_batch == 0 || m == spec->micro_batch))
+            g_array_append_val(out, m);
+    }
+    return out;
+}
+
+GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
+{
+    if (!check_spec(spec, error))
+        return NULL;
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpCandidate));
+    GString *degrees = g_string_new(NULL);
+    const int64_t B = spec->global_batch;
+    for (int mp = 1; mp <= spec->hw->gpus_per_node; mp++) {
+        if ((spec->mp > 0 && mp != spec->mp) || spec->hw->gpus_per_node % mp ||
+            spec->model->heads % mp || spec->gpus % mp)
+            continue;
+        const int64_t dp = spec->gpus / mp;
+        g_string_append_printf(degrees, "%s%" G_GINT64_FORMAT, degrees->len ? ", " : "", dp);
+        GArray *micros = micro_batches(spec, dp);
+        for (guint i = 0; i < micros->len; i++) {
+            const int micro = g_array_index(micros, int, i);
+            add_plans(spec, mp, micro, B > 0 ? (int)(B / dp / micro) : 1, out);
+        }
+        g_array_unref(micros);
+    }
+    if (out->len == 0) {
+        if (spec->micro_batch > 0 && B > 0)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "--micro-batch: %d x the data-parallel degree (%s) divides no "
+                        "--global-batch %" G_GINT64_FORMAT, spec->micro_batch, degrees->str, B);
+        else
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "--global-batch: %" G_GINT64_FORMAT " is not a multiple of any "
+                        "data-parallel degree gpus/mp (%s)", B, degrees->str);
+        g_array_unref(out);
+        out = NULL;
+    }
+    g_string_free(degrees, TRUE);
+    return out;
+}
+
+/* ---- the screen ------------------------------------------------------------------------ */
+
+gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GError **error)
+{
+    if (!check_spec(spec, error))
+        return FALSE;
+    *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
+                         .params = (double)zp_model_param_count(spec->model),
+                         .peak_flops = zp_search_peak_flops(spec->hw, spec->precision),
+                         .bus_bytes_per_s = spec->bus_bytes_per_s};
+    return TRUE;
+}
+
+static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup group)
+{
+    return sc->bus_bytes_per_s ? sc->bus_bytes_per_s(sc->hw, plan->dp, plan->mp, group)
+                               : sc->hw->intra_node_bytes_per_s;
+}
+
+/* The compute stream's busy time: each op as the simulator times it (sim_engine.h:
+ * flops / (peak x GEMM efficiency) + mem_bytes / HBM bandwidth). */
+static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
+{
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(sc->model, plan, ops);
+    double total = 0;
+    for (int k = 0; k < ZP_COMP_N; k++) {
+        const ZpComputeOps *o = &ops[k];
+        const double efficiency = zp_hw_gemm_efficiency(sc->hw, o->gemm_flops);
+        const double math_s = o->flops > 0 ? o->flops / (sc->peak_flops * efficiency) : 0;
+        total += (double)o->count * (math_s + o->mem_bytes / sc->hw->hbm_bytes_per_s);
+    }
+    return total;
+}
+
+static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
+{
+    const ZpModel *m = sc->model;
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const double e = zp_plan_elem_bytes(plan->precision), accum = plan->grad_accum;
+    const double L = (double)m->layers, mp = plan->mp, n = plan->dp;
+
+    /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute; each
+     * sends 2(M-1)/M of its bytes. */
+    double tp_s = 0;
+    if (plan->mp > 1) {
+        const double per_block = plan->checkpoint ? 6.0 : 4.0;
+        const double bytes = (double)plan->micro_batch * m->seq_len * m->hidden * e;
+        tp_s = accum * L * per_block * 2.0 * (mp - 1) / mp * bytes /
+               bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+    }
+
+    /* Data-parallel volumes per rank, from the unpadded psi (padding only adds): gradients
+     * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers every
+     * non-persistent block twice and the embedding at least once per micro-step; stages 1-2
+     * all-gather the updated parameters after the optimizer. */
+    const double psi = sc->params / mp, sent = (n - 1) / n;
+    const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
+    const int stage = plan->zero.stage;
+    const double reductions[4] = {2 * psi, psi, accum * psi, accum * psi};
+    const double reduce_s = sent * reductions[stage] * sb.grad_bytes / bw;
+    double gather_s = 0, post_s = 0;
+    if (stage == 3) {
+        const double threshold = plan->zero.stage3_param_persistence_threshold;
+        const double block = ceil((double)zp_model_unit_elems(m, 1) / mp);
+        const double embedding = ceil((double)zp_model_unit_elems(m, 0) / mp);
+        const double gathered = (block > threshold ? 2 * L * block : 0) +
+                                (embedding > threshold ? embedding : 0);
+        gather_s = accum * sent * gathered * sb.param_bytes / bw;
+    } else if (stage >= 1) {
+        post_s = sent * psi * sb.param_bytes / bw;
+    }
+    const double chain_s = compute_s(sc, plan) + tp_s + (plan->zero.overlap_comm ? 0 : reduce_s);
+    return fmax(chain_s, reduce_s + gather_s) + post_s;
+}
+
+void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
+                      double *bound_step_s)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpModelStates states =
+        zp_mem_model_states(screen->params, plan->zero.stage, plan->dp, plan->mp, sb);
+    const ZpResidual residual = zp_mem_residual(screen->model, plan, screen->hw);
+    *memory_bytes = states.total_bytes + residual.total_bytes;
+    *bound_step_s = step_bound_s(screen, plan);
+}
+
+/* ---- ranking --------------------------------------------------------------------------- */
+
+static double per_sample(const ZpCandidate *c, double step_s)
+{
+    return step_s / zp_search_samples(&c->plan);
+}
+
+static gint by_bound(gconstpointer a, gconstpointer b, gpointer data)
+{
+    const GArray *candidates = data;
+    const ZpCandidate *x = &g_array_index(candidates, ZpCandidate, *(const guint *)a);
+    const ZpCandidate *y = &g_array_index(candidates, ZpCandidate, *(const guint *)b);
+    const double bx = per_sample(x, x->bound_step_s), by = per_sample(y, y->bound_step_s);
+    if (bx != by)
+        return bx < by ? -1 : 1;
+    return *(const guint *)a < *(const guint *)b ? -1 : 1;
+}
+
+/* Bytes a plan needs: its simulated peak when simulated, else the closed form. */
+static double needed_bytes(const ZpCandidate *c)
+{
+    return c->fate == ZP_FATE_SIMULATED_OOM ? c->peak_memory_bytes : c->memory_bytes;
+}
+
+/* Remembers the plan over memory by the least, in its group and overall. */
+static void note_shortfall(ZpSearchResult *r, int index)
+{
+    const ZpCandidate *c = zp_search_candidate(r, index);
+    int *slots[2] = {&r->stage_closest[c->plan.zero.stage][c->plan.checkpoint], &r->closest};
+    for (int i = 0; i < 2; i++)
+        if (*slots[i] < 0 || needed_bytes(c) < needed_bytes(zp_search_candidate(r, *slots[i])))
+            *slots[i] = index;
+}
+
+/* How far a plan strays from DeepSpeed's defaults: other bucket sizes, overlap_comm flipped. */
+static int deviation(const ZpCandidate *c)
+{
+    return (c->buckets != 0) + (c->plan.zero.overlap_comm != (c->plan.zero.stage == 3));
+}
+
+/* Plans of one shape (stage, degrees, batch, checkpointing) that the simulator times and sizes
+ * alike, to 0.01%, differ only in knobs that did not matter. */
+#define TWIN_TOLERANCE 1e-4
+static gboolean twins(const ZpCandidate *a, const ZpCandidate *b)
+{
+    const ZpPlan *p = &a->plan, *q = &b->plan;
+    return p->zero.stage == q->zero.stage && p->mp == q->mp && p->micro_batch == q->micro_batch &&
+           p->grad_accum == q->grad_accum && p->checkpoint == q->checkpoint &&
+           fabs(a->step_time_s - b->step_time_s) <= TWIN_TOLERANCE * b->step_time_s &&
+           fabs(a->peak_memory_bytes - b->peak_memory_bytes) <=
+               TWIN_TOLERANCE * b->peak_memory_bytes;
+}
+
+/* Keeps r->ranked sorted by time per sample and at most top_k long; of twins it keeps the
+ * one closest to DeepSpeed's defaults, so the top K are K different choices. */
+static void insert_ranked(ZpSearchResult *r, guint index, int top_k)
+{
+    const ZpCandidate *c = zp_search_candidate(r, (int)index);
+    for (guint i = 0; i < r->ranked->len; i++) {
+        const ZpCandidate *o = zp_search_ranked(r, i);
+        if (!twins(c, o))
+            continue;
+        if (deviation(c) < deviation(o))
+            g_array_index(r->ranked, guint, i) = index;
+        return;
+    }
+    const double t = per_sample(c, c->step_time_s);
+    guint at = r->ranked->len;
+    while (at > 0) {
+        const ZpCandidate *o = zp_search_ranked(r, at - 1);
+        if (per_sample(o, o->step_time_s) <= t)
+            break;
+        at--;
+    }
+    if (at >= (guint)top_k)
+        return;
+    g_array_insert_val(r->ranked, at, index);
+    if (r->ranked->len > (guint)top_k)
+        g_array_set_size(r->ranked, (guint)top_k);
+}
+
+static double group_best_per_sample(const ZpSearchResult *r, const ZpPlan *plan)
+{
+    const int best = r->stage_best[plan->zero.stage][plan->checkpoint];
+    if (best < 0)
+        return DBL_MAX;
+    const ZpCandidate *b = zp_search_candidate(r, best);
+    return per_sample(b, b->step_time_s);
+}
+
+static gboolean simulate(const ZpSearchSpec *spec, ZpSearchResult *r, guint index,
+                         GError **error)
+{
+    ZpCandidate *c = &g_array_index(r->candidates, ZpCandidate, index);
+    double step_s = 0, peak_bytes = 0;
+    if (!spec->rank(&c->plan, spec->rank_ctx, &step_s, &peak_bytes, error))
+        return FALSE;
+    c->step_time_s = step_s;
+    c->peak_memory_bytes = peak_bytes + spec->hw->runtime_reserve_bytes;
+    if (c->peak_memory_bytes > spec->hw->gpu_memory_bytes) {
+        c->fate = ZP_FATE_SIMULATED_OOM;
+        note_shortfall(r, (int)index);
+        return TRUE;
+    }
+    c->fate = ZP_FATE_SIMULATED;
+    if (per_sample(c, step_s) < group_best_per_sample(r, &c->plan))
+        r->stage_best[c->plan.zero.stage][c->plan.checkpoint] = (int)index;
+    insert_ranked(r, index, spec->top_k);
+    return TRUE;
+}
+
+gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error)
+{
+    memset(result, 0, sizeof *result);
+    memset(result->stage_best, 0xff, sizeof result->stage_best);
+    memset(result->stage_closest, 0xff, sizeof result->stage_closest);
+    result->closest = -1;
+    ZpScreen screen;
+    if (!zp_search_screen_init(&screen, spec, error) ||
+        !(result->candidates = zp_search_enumerate(spec, error)))
+        return FALSE;
+    result->ranked = g_array_new(FALSE, FALSE, sizeof(guint));
+    GArray *survivors = g_array_new(FALSE, FALSE, sizeof(guint));
+    for (guint i = 0; i < result->candidates->len; i++) {
+        ZpCandidate *c = &g_array_index(result->candidates, ZpCandidate, i);
+        zp_search_screen(&screen, &c->plan, &c->memory_bytes, &c->bound_step_s);
+        if (c->memory_bytes > spec->hw->gpu_memory_bytes) {
+            c->fate = ZP_FATE_OUT_OF_MEMORY;
+            note_shortfall(result, (int)i);
+        } else {
+            c->fate = ZP_FATE_CANNOT_WIN; /* until it is simulated */
+            g_array_append_val(survivors, i);
+        }
+    }
+    g_array_sort_with_data(survivors, by_bound, result->candidates);
+    gboolean ok = TRUE;
+    for (guint s = 0; ok && s < survivors->len; s++) {
+        const guint i = g_array_index(survivors, guint, s);
+        const ZpCandidate *c = zp_search_candidate(result, (int)i);
+        const double bound = per_sample(c, c->bound_step_s);
+        const double kth =
+            result->ranked->len < (guint)spec->top_k
+                ? DBL_MAX
+                : per_sample(zp_search_ranked(result, result->ranked->len - 1),
+                             zp_search_ranked(result, result->ranked->len - 1)->step_time_s);
+        if (bound < kth || bound < group_best_per_sample(result, &c->plan))
+            ok = simulate(spec, result, i, error);
+    }
+    g_array_unref(survivors);
+    for (guint i = 0; i < result->candidates->len; i++)
+        result->count[zp_search_candidate(result, (int)i)->fate]++;
+    return ok;
+}
+
+void zp_search_result_clear(ZpSearchResult *result)
+{
+    if (result->candidates)
+        g_array_unref(result->candidates);
+    if (result->ranked)
+        g_array_unref(result->ranked);
+    result->candidates = result->ranked = NULL;
+}

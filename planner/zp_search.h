@@ -1,0 +1,134 @@
+/* zp_search: the planner's search over ZeRO stage, batch, checkpointing, TP and bucket sizes:
+ * a closed-form screen, then a ranking by a simulator the caller passes (no sim/ in planner/). */
+#ifndef ZP_SEARCH_H
+#define ZP_SEARCH_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* Simulates one plan: its step time and its peak of live bytes per GPU (what the schedule
+ * allocates; the search adds the hwprofile's runtime reserve to it). */
+typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double *step_time_s,
+                             double *peak_memory_bytes, GError **error);
+
+/* The bus bandwidth (nccl-tests' busbw, bytes/s) that the DP or TP group of a world of
+ * dp x mp ranks gets from its bottleneck link; the simulator's placement model says. */
+typedef double (*ZpBusBandwidthFn)(const ZpHw *hw, int dp, int mp, ZpGroup group);
+
+typedef struct {
+    const ZpModel *model; /* with an architecture */
+    const ZpHw *hw;
+    int gpus;
+    int64_t global_batch; /* 0: free, and a step is one micro-step (no accumulation) */
+    int mp;               /* 0: every degree that divides gpus_per_node, the heads and gpus */
+    int stage;            /* -1: stages 0 to 3 */
+    int micro_batch;      /* 0: searched */
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+    int top_k;            /* how many ranked plans to keep */
+    ZpRankFn rank;
+    void *rank_ctx;
+    /* NULL bounds every group by the intra-node link, which no busbw exceeds. */
+    ZpBusBandwidthFn bus_bytes_per_s;
+} ZpSearchSpec;
+
+/* A spec that searches everything for model on gpus GPUs of hw: fp16 mixed precision with
+ * Adam, free global batch, top 5; rank (and rank_ctx) must still be set. */
+void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpHw *hw, int gpus);
+
+typedef enum {
+    ZP_FATE_OUT_OF_MEMORY, /* the closed form says it does not fit */
+    ZP_FATE_CANNOT_WIN,    /* fits, but its time bound is no better than simulated plans */
+    ZP_FATE_SIMULATED_OOM, /* passed the screen, but its simulated peak does not fit */
+    ZP_FATE_SIMULATED,     /* simulated, and it fits */
+    ZP_FATE_N
+} ZpFate;
+
+typedef struct {
+    ZpPlan plan;
+    int buckets;              /* index of its bucket sizes (zp_search_buckets_name) */
+    ZpFate fate;
+    double memory_bytes;      /* closed form: model states + residual + runtime reserve */
+    double bound_step_s;      /* closed-form lower bound of the simulated step time */
+    double step_time_s;       /* simulated (0 when not simulated) */
+    double peak_memory_bytes; /* simulated peak + runtime reserve (0 when not simulated) */
+} ZpCandidate;
+
+typedef struct {
+    GArray *candidates;   /* ZpCandidate: every plan enumerated */
+    GArray *ranked;       /* guint indices into candidates: fitting simulated plans, fastest
+                           * per sample first, at most top_k */
+    int stage_best[4][2]; /* [stage][checkpoint]: the fastest fitting simulated plan, or -1 */
+    int stage_closest[4][2]; /* [stage][checkpoint]: the plan over memory by the least, or -1 */
+    int closest;          /* the plan over memory by the least overall, or -1 */
+    guint count[ZP_FATE_N];
+} ZpSearchResult;
+
+/* Every plan the spec allows, with DeepSpeed's other defaults: ZpCandidate with fate and
+ * figures unset (GArray, caller unrefs). With a global batch B, a TP degree mp is tried when
+ * dp = gpus/mp divides B, micro-batches are the divisors of B/dp and accumulation the rest;
+ * without one, micro-batches are powers of two and accumulation 1. Fails naming the flag when
+ * the spec leaves nothing to try: a global batch no data-parallel degree divides, a TP degree
+ * that does not divide the heads, the GPUs or a node, a precision the GPU has no peak for. */
+GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error);
+
+/* The closed-form screen's per-search constants. */
+typedef struct {
+    const ZpModel *model;
+    const ZpHw *hw;
+    double params;
+    double peak_flops;
+    ZpBusBandwidthFn bus_bytes_per_s;
+} ZpScreen;
+
+gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GError **error);
+
+/* Screens one plan in O(1) without allocating: *memory_bytes = model states + every residual
+ * term + the runtime reserve (zp_mem); *bound_step_s = a lower bound of the simulated step:
+ * the step's compute ops at their exact simulated duration (zp_sched_compute_ops), the
+ * tensor-parallel all-reduces that sit between them, and the data-parallel collectives at the
+ * group's busbw, ignoring latencies; what overlap_comm overlaps counts once:
+ *   max(compute + TP + (overlap ? 0 : reductions), reductions + stage-3 gathers)
+ *   + the stage 1-2 parameter all-gather after the optimizer. */
+void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
+                      double *bound_step_s);
+
+/* Enumerates, screens, and simulates the plans that fit and might win: candidates in order of
+ * their bound per sample, each simulated only while its bound is below the top_k-th simulated
+ * time per sample or below the best of its stage x checkpointing group, so the ranking and
+ * the per-stage bests are exact whenever the bound holds. A simulated plan whose peak plus
+ * reserve exceeds GPU memory is dropped (ZP_FATE_SIMULATED_OOM). An empty ranking means
+ * nothing fits; `closest` then says by how little. */
+gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error);
+
+void zp_search_result_clear(ZpSearchResult *result);
+
+static inline const ZpCandidate *zp_search_candidate(const ZpSearchResult *r, int index)
+{
+    return &g_array_index(r->candidates, ZpCandidate, index);
+}
+static inline const ZpCandidate *zp_search_ranked(const ZpSearchResult *r, guint i)
+{
+    return zp_search_candidate(r, (int)g_array_index(r->ranked, guint, i));
+}
+
+/* Samples per optimizer step: micro_batch x grad_accum x dp. */
+double zp_search_samples(const ZpPlan *plan);
+
+/* Model FLOPs one GPU does per step: forward and backward, not recomputation (the MFU
+ * definition; the simulator's SimResult.model_flops). */
+double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan);
+
+/* The tensor-core (or fp32) peak for the plan's precision; 0 when the GPU has none. */
+double zp_search_peak_flops(const ZpHw *hw, ZpPrecision precision);
+
+/* "deepspeed", "hf-auto", ...: the name of a bucket-size choice. */
+const char *zp_search_buckets_name(int buckets);
+const char *zp_search_fate_name(ZpFate fate);
+
+#endif

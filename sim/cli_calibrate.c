@@ -1,0 +1,345 @@
+/* cli_calibrate: `zplan calibrate MICROBENCH.json... --out PROFILE.json` fits a hwprofile of
+ * the machine the microbenchmarks ran on (GEMM rate, memory bandwidth, collectives) by least
+ * squares with GSL, so that zplan simulate can predict zreal on that machine. */
+#include "cli.h"
+#include "zp_util.h"
+
+#include <gsl/gsl_fit.h>
+#include <gsl/gsl_multifit.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Samples from every run. Times span orders of magnitude, so every fit weights a sample by
+ * 1/t^2: it minimises relative, not absolute, error. Ranks share the machine's cores, so GEMM
+ * and memory rates depend on how many run at once: they are fitted from the runs with the
+ * most ranks (the rank count the profile describes); collectives pool every run. */
+typedef struct {
+    GArray *gemm_flops, *gemm_s, *gemm_world; /* double, double, int */
+    GArray *mem_bytes, *mem_s, *mem_world;    /* double, double, int */
+    GArray *coll_kind, *coll_ranks; /* int */
+    GArray *coll_bytes, *coll_s;    /* double */
+    int max_world;
+    GPtrArray *runs;                /* file names */
+} Samples;
+
+static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather"};
+
+static gboolean read_array(json_t *root, const char *path, const char *key, json_t **out,
+                           GError **error)
+{
+    *out = json_object_get(root, key);
+    if (!json_is_array(*out))
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be an array", path, key);
+    return json_is_array(*out);
+}
+
+static gboolean read_run(const char *path, Samples *s, GError **error)
+{
+    json_t *root = zp_json_load_object(path, error), *gemm, *mem, *coll;
+    const char *format = NULL;
+    int64_t world;
+    gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error);
+    if (ok && strcmp(format, "zplan-microbench-1") != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: format \"%s\" is not zplan-microbench-1 (zreal --microbench --out)", path,
+                    format);
+        ok = FALSE;
+    }
+    ok = ok && zp_json_get_int(root, path, "world", TRUE, 1, 1 << 20, &world, error) &&
+         read_array(root, path, "gemm", &gemm, error) &&
+         read_array(root, path, "memory", &mem, error) &&
+         read_array(root, path, "collectives", &coll, error);
+    for (size_t i = 0; ok && i < json_array_size(gemm); i++) {
+        double f, t;
+        json_t *g = json_array_get(gemm, i);
+        ok = zp_json_get_number(g, path, "flops", TRUE, 1, 1e30, &f, error) &&
+             zp_json_get_number(g, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        int w = (int)world;
+        g_array_append_val(s->gemm_flops, f);
+        g_array_append_val(s->gemm_s, t);
+        g_array_append_val(s->gemm_world, w);
+    }
+    for (size_t i = 0; ok && i < json_array_size(mem); i++) {
+        double b, t;
+        json_t *m = json_array_get(mem, i);
+        ok = zp_json_get_number(m, path, "bytes", TRUE, 1, 1e30, &b, error) &&
+             zp_json_get_number(m, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        int w = (int)world;
+        g_array_append_val(s->mem_bytes, b);
+        g_array_append_val(s->mem_s, t);
+        g_array_append_val(s->mem_world, w);
+    }
+    for (size_t i = 0; ok && i < json_array_size(coll); i++) {
+        json_t *c = json_array_get(coll, i);
+        const char *op = NULL;
+        int64_t ranks;
+        double b, t;
+        int kind = -1;
+        ok = zp_json_get_string(c, path, "op", TRUE, &op, error) &&
+             zp_json_get_int(c, path, "ranks", TRUE, 2, 1 << 20, &ranks, error) &&
+             zp_json_get_number(c, path, "bytes", TRUE, 1, 1e30, &b, error) &&
+             zp_json_get_number(c, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        for (int k = 0; ok && k < 3; k++)
+            if (strcmp(op, coll_names[k]) == 0)
+                kind = k;
+        if (ok && kind < 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown collective \"%s\"", path, op);
+            ok = FALSE;
+        }
+        int n = (int)ranks;
+        g_array_append_val(s->coll_kind, kind);
+        g_array_append_val(s->coll_ranks, n);
+        g_array_append_val(s->coll_bytes, b);
+        g_array_append_val(s->coll_s, t);
+    }
+    if (ok) {
+        s->max_world = MAX(s->max_world, (int)world);
+        g_ptr_array_add(s->runs, g_path_get_basename(path));
+    }
+    json_decref(root);
+    return ok;
+}
+
+/* Drops the samples of runs with fewer ranks than the most. */
+static void keep_max_world(GArray *x, GArray *t, GArray *world, int max_world)
+{
+    for (guint i = x->len; i-- > 0;)
+        if (g_array_index(world, int, i) != max_world) {
+            g_array_remove_index(x, i);
+            g_array_remove_index(t, i);
+            g_array_remove_index(world, i);
+        }
+}
+
+/* t = c0 + c1 x, weighted by 1/t^2. */
+static gboolean fit_line(GArray *x, GArray *t, const char *what, double *c0, double *c1,
+                         GError **error)
+{
+    if (x->len < 2) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: need at least two samples", what);
+        return FALSE;
+    }
+    double *w = g_new(double, x->len), cov00, cov01, cov11, chisq;
+    for (guint i = 0; i < x->len; i++)
+        w[i] = 1.0 / pow(g_array_index(t, double, i), 2);
+    gsl_fit_wlinear((double *)x->data, 1, w, 1, (double *)t->data, 1, x->len, c0, c1, &cov00,
+                    &cov01, &cov11, &chisq);
+    g_free(w);
+    if (!(*c1 > 0)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: time does not grow with size (slope %g); rerun the benchmark", what, *c1);
+        return FALSE;
+    }
+    *c0 = fmax(*c0, 0.0);
+    return TRUE;
+}
+
+/* Ring model: t = base + hop * steps + sent / bw[kind], a linear least-squares fit in
+ * (base, hop, 1/bw[0..2]); hop is dropped when the data cannot carry it (negative). */
+typedef struct {
+    double base_s, hop_s, bytes_per_s[3];
+    double rms_rel_error;
+} CollFit;
+
+static double ring_steps(int kind, int n)
+{
+    return (kind == 0 ? 2.0 : 1.0) * (n - 1);
+}
+
+static double ring_sent(int kind, int n, double bytes)
+{
+    return (kind == 0 ? 2.0 : 1.0) * (n - 1) / n * bytes;
+}
+
+static gboolean fit_collectives(const Samples *s, gboolean with_hop, CollFit *fit,
+                                GError **error)
+{
+    const size_t n = s->coll_s->len, p = with_hop ? 5 : 4;
+    if (n < p) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "collectives: %zu samples, need at least %zu (run the microbenchmark with "
+                    "mpirun -np 2 or more)", n, p);
+        return FALSE;
+    }
+    gsl_matrix *X = gsl_matrix_calloc(n, p), *cov = gsl_matrix_alloc(p, p);
+    gsl_vector *y = gsl_vector_alloc(n), *w = gsl_vector_alloc(n), *c = gsl_vector_alloc(p);
+    for (size_t i = 0; i < n; i++) {
+        const int kind = g_array_index(s->coll_kind, int, i);
+        const int ranks = g_array_index(s->coll_ranks, int, i);
+        const double t = g_array_index(s->coll_s, double, i);
+        gsl_matrix_set(X, i, 0, 1.0);
+        if (with_hop)
+            gsl_matrix_set(X, i, 1, ring_steps(kind, ranks));
+        gsl_matrix_set(X, i, p - 3 + (size_t)kind,
+                       ring_sent(kind, ranks, g_array_index(s->coll_bytes, double, i)));
+        gsl_vector_set(y, i, t);
+        gsl_vector_set(w, i, 1.0 / (t * t));
+    }
+    gsl_multifit_linear_workspace *ws = gsl_multifit_linear_alloc(n, p);
+    double chisq;
+    gsl_multifit_wlinear(X, w, y, c, cov, &chisq, ws);
+    fit->base_s = gsl_vector_get(c, 0);
+    fit->hop_s = with_hop ? gsl_vector_get(c, 1) : 0.0;
+    gboolean ok = TRUE;
+    for (int k = 0; k < 3; k++) {
+        const double inv = gsl_vector_get(c, p - 3 + (size_t)k);
+        fit->bytes_per_s[k] = inv > 0 ? 1.0 / inv : 0;
+        ok = ok && inv > 0;
+    }
+    fit->rms_rel_error = sqrt(chisq / (double)n);
+    gsl_multifit_linear_free(ws);
+    gsl_matrix_free(X), gsl_matrix_free(cov);
+    gsl_vector_free(y), gsl_vector_free(w), gsl_vector_free(c);
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "collectives: the fit gives a non-positive bandwidth; rerun the benchmark");
+    return ok;
+}
+
+static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
+{
+    double sum = 0;
+    for (guint i = 0; i < x->len; i++) {
+        const double ti = g_array_index(t, double, i);
+        sum += pow((c0 + c1 * g_array_index(x, double, i) - ti) / ti, 2);
+    }
+    return sqrt(sum / x->len);
+}
+
+static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, double gemm_c1,
+                            double mem_c1, const CollFit *fit, double memory_bytes)
+{
+    const double peak = 1.0 / gemm_c1, mem_bw = 1.0 / mem_c1;
+    char *runs = g_strjoinv(", ", (char **)s->runs->pdata);
+    char *from = g_strdup_printf("fitted by zplan calibrate from %s", runs);
+    json_t *bw = json_object();
+    for (int k = 0; k < 3; k++)
+        json_object_set_new(bw, coll_names[k], json_real(fit->bytes_per_s[k]));
+    json_t *notes = json_object();
+    const struct {
+        const char *key;
+        char *text;
+    } note_rows[] = {
+        {"gpu_memory_bytes", g_strdup_printf("this machine's physical memory over its %d ranks (or --memory-bytes)", s->max_world)},
+        {"peak_fp16_flops", g_strdup_printf("%s: asymptotic GEMM rate 1/c1 of t = c0 + c1 F over the %u GEMMs of the runs with the most ranks; the CPU backend computes in fp32 whatever the storage, so one peak serves every precision", from, s->gemm_s->len)},
+        {"peak_bf16_flops", g_strdup("the same fitted GEMM rate")},
+        {"peak_fp32_flops", g_strdup("the same fitted GEMM rate")},
+        {"gemm_efficiency_max", g_strdup("1: the peak is the fitted asymptotic GEMM rate itself")},
+        {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1, the GEMM size whose fixed cost equals its FLOP time", from)},
+        {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
+        {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
+        {"intra_node_bytes_per_s", g_strdup("the fitted all-gather bus bandwidth (collective_fit holds one per collective)")},
+        {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
+        {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure and unused")},
+        {"inter_node_latency_s", g_strdup("one machine, no network: set to the intra-node figure and unused")},
+        {"host_link_bytes_per_s", g_strdup("host and device memory are one: the fitted memory bandwidth")},
+        {"cpu_memory_bytes", g_strdup("this machine's physical memory (sysconf)")},
+        {"runtime_reserve_bytes", g_strdup("0: no CUDA context on a CPU rank")},
+        {"collective_fit", g_strdup_printf("%s: t = base + steps x hop + bytes sent / bus_bytes_per_s[kind] over %u collectives, weighted by 1/t^2", from, s->coll_s->len)},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(note_rows); i++) {
+        json_object_set_new(notes, note_rows[i].key, json_string(note_rows[i].text));
+        g_free(note_rows[i].text);
+    }
+    json_t *runs_json = json_array();
+    for (guint i = 0; i < s->runs->len; i++)
+        json_array_append_new(runs_json, json_string(g_ptr_array_index(s->runs, i)));
+    const double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    json_t *root = json_pack(
+        "{s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f,"
+        " s:f, s:{s:f, s:o}, s:{s:o, s:f, s:f, s:f}, s:o}",
+        "name", name, "gpu", "CPU rank (OpenBLAS)", "gpus_per_node", s->max_world,
+        "gpu_memory_bytes", memory_bytes > 0 ? memory_bytes : phys / s->max_world,
+        "peak_fp16_flops", peak, "peak_bf16_flops", peak, "peak_fp32_flops", peak,
+        "hbm_bytes_per_s", mem_bw, "intra_node_bytes_per_s", fit->bytes_per_s[2],
+        "intra_node_latency_s", fit->hop_s, "inter_node_bytes_per_s", fit->bytes_per_s[2],
+        "inter_node_latency_s", fit->hop_s, "host_link_bytes_per_s", mem_bw,
+        "cpu_memory_bytes", phys, "runtime_reserve_bytes", 0.0, "gemm_efficiency_max", 1.0,
+        "gemm_half_efficiency_flops", gemm_c0 / gemm_c1, "collective_fit", "base_latency_s",
+        fit->base_s, "bus_bytes_per_s", bw, "calibration", "runs", runs_json,
+        "gemm_rms_rel_error", rms_rel_line(s->gemm_flops, s->gemm_s, gemm_c0, gemm_c1),
+        "memory_rms_rel_error", 0.0, "collective_rms_rel_error", fit->rms_rel_error,
+        "notes", notes);
+    g_free(runs);
+    g_free(from);
+    return root;
+}
+
+int cli_calibrate(int argc, char **argv)
+{
+    char *out = NULL, *name = NULL, *memory = NULL;
+    GOptionEntry entries[] = {
+        {"out", 0, 0, G_OPTION_ARG_FILENAME, &out, "Write the fitted hwprofile here (required)", "FILE"},
+        {"name", 0, 0, G_OPTION_ARG_STRING, &name, "Profile name (default: the file's base name)", "NAME"},
+        {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: physical memory / ranks)", "BYTES"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("MICROBENCH.json...");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Fits a hardware profile from `mpirun -np N zreal --microbench --out FILE` runs:\n"
+        "GEMM rate and size of half efficiency, memory bandwidth, and a ring model of the\n"
+        "collectives (latency per step and bus bandwidth per collective), by weighted least\n"
+        "squares. Runs at two or more rank counts separate the per-step latency.");
+    GError *error = NULL;
+    Samples s = {g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 g_array_new(FALSE, FALSE, sizeof(int)),
+                 g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 g_array_new(FALSE, FALSE, sizeof(int)),
+                 g_array_new(FALSE, FALSE, sizeof(int)), g_array_new(FALSE, FALSE, sizeof(int)),
+                 g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 0, g_ptr_array_new_with_free_func(g_free)};
+    double memory_bytes = 0, gemm_c0, gemm_c1, mem_c0, mem_c1;
+    CollFit fit;
+    gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
+    if (ok && (!out || argc < 2)) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "give --out FILE and at least one MICROBENCH.json (see --help)");
+        ok = FALSE;
+    }
+    if (ok && memory)
+        ok = zp_parse_number(memory, "--memory-bytes", 1e6, 1e15, FALSE, &memory_bytes, &error);
+    for (int i = 1; ok && i < argc; i++)
+        ok = read_run(argv[i], &s, &error);
+    if (ok) {
+        keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
+        keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, s.max_world);
+    }
+    ok = ok && fit_line(s.gemm_flops, s.gemm_s, "gemm", &gemm_c0, &gemm_c1, &error) &&
+         fit_line(s.mem_bytes, s.mem_s, "memory", &mem_c0, &mem_c1, &error) &&
+         fit_collectives(&s, TRUE, &fit, &error);
+    if (ok && (fit.hop_s < 0 || fit.base_s < 0))
+        ok = fit_collectives(&s, FALSE, &fit, &error); /* the data cannot separate the hop */
+    fit.base_s = ok ? fmax(fit.base_s, 0.0) : 0;
+    if (ok) {
+        g_ptr_array_add(s.runs, NULL);
+        char *base = g_path_get_basename(out);
+        if (g_str_has_suffix(base, ".json"))
+            base[strlen(base) - 5] = '\0';
+        json_t *profile = profile_json(name ? name : base, &s, gemm_c0, gemm_c1, mem_c1, &fit,
+                                       memory_bytes);
+        json_object_set_new(json_object_get(profile, "calibration"), "memory_rms_rel_error",
+                            json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
+        ok = zp_json_write(profile, out, &error);
+        if (ok)
+            printf("wrote %s: GEMM %.1f GFLOP/s (half at %.3g FLOP), memory %.2f GB/s, "
+                   "collectives base %.1f us + %.2f us/step, all-reduce %.2f, reduce-scatter "
+                   "%.2f, all-gather %.2f GB/s\n",
+                   out, 1e-9 / gemm_c1, gemm_c0 / gemm_c1, 1e-9 / mem_c1, fit.base_s * 1e6,
+                   fit.hop_s * 1e6, fit.bytes_per_s[0] / 1e9, fit.bytes_per_s[1] / 1e9,
+                   fit.bytes_per_s[2] / 1e9);
+        json_decref(profile);
+        g_free(base);
+    }
+    int status = ok ? 0 : cli_fail("calibrate", error);
+    GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.mem_bytes, s.mem_s, s.mem_world,
+                        s.coll_kind, s.coll_ranks, s.coll_bytes, s.coll_s};
+    for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
+        g_array_unref(arrays[i]);
+    g_ptr_array_unref(s.runs);
+    g_option_context_free(context);
+    g_free(out), g_free(name), g_free(memory);
+    return status;
+}

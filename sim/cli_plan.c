@@ -1,0 +1,470 @@
+/* cli_plan: `zplan plan` searches ZeRO stage, batch, checkpointing, tensor parallelism and
+ * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
+#include "cli.h"
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "zp_dsconfig.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define GB 1e9
+
+/* Exit status when the search worked and nothing fits: distinct from bad input (1). */
+#define EXIT_NOTHING_FITS 2
+
+typedef struct {
+    ZpModel model;
+    ZpHw hw;
+    int gpus, top_k, mp, seq;
+    int64_t global_batch;
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+    gboolean json;
+    char *ds_config;
+} PlanArgs;
+
+static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                           GError **error)
+{
+    ZpSchedule *sched = zp_sched_build(model, plan, error);
+    if (!sched)
+        return NULL;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *result = sim_engine_run(sched, hw, &options, error);
+    zp_sched_free(sched);
+    return result;
+}
+
+gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time_s,
+                                double *peak_memory_bytes, GError **error)
+{
+    const CliRankContext *c = ctx;
+    SimResult *result = simulate(c->model, c->hw, plan, error);
+    if (!result)
+        return FALSE;
+    *step_time_s = result->step_time_s;
+    *peak_memory_bytes = result->peak_memory_bytes;
+    sim_result_free(result);
+    return TRUE;
+}
+
+double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group)
+{
+    return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
+}
+
+void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
+                     const ZpHw *hw, int gpus)
+{
+    *context = (CliRankContext){model, hw};
+    zp_search_spec_defaults(spec, model, hw, gpus);
+    spec->rank = cli_rank_by_simulation;
+    spec->rank_ctx = context;
+    spec->bus_bytes_per_s = cli_bus_bytes_per_s;
+}
+
+double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
+{
+    return zp_search_model_flops(model, &c->plan) / c->step_time_s / 1e12;
+}
+
+/* ---- descriptions ---------------------------------------------------------------------- */
+
+/* "mp 8 x dp 32, micro 4 x accum 12, ckpt, overlap, hf-auto" (the stage is said beside it). */
+static char *describe(const ZpCandidate *c)
+{
+    const ZpPlan *p = &c->plan;
+    return g_strdup_printf("mp %d x dp %d, micro %d x accum %d, %s, %s, %s", p->mp, p->dp,
+                           p->micro_batch, p->grad_accum, p->checkpoint ? "ckpt" : "no ckpt",
+                           p->zero.overlap_comm ? "overlap" : "no overlap",
+                           zp_search_buckets_name(c->buckets));
+}
+
+static double needed_bytes(const ZpCandidate *c)
+{
+    return c->fate == ZP_FATE_SIMULATED_OOM ? c->peak_memory_bytes : c->memory_bytes;
+}
+
+/* The faster (per sample) of a stage's best plans with and without checkpointing. */
+static int stage_best(const ZpSearchResult *r, int stage)
+{
+    const int a = r->stage_best[stage][0], b = r->stage_best[stage][1];
+    if (a < 0 || b < 0)
+        return a < 0 ? b : a;
+    const ZpCandidate *x = zp_search_candidate(r, a), *y = zp_search_candidate(r, b);
+    return x->step_time_s / zp_search_samples(&x->plan) <=
+                   y->step_time_s / zp_search_samples(&y->plan)
+               ? a
+               : b;
+}
+
+/* The plan of a stage that missed memory by the least. */
+static int stage_closest(const ZpSearchResult *r, int stage)
+{
+    const int a = r->stage_closest[stage][0], b = r->stage_closest[stage][1];
+    if (a < 0 || b < 0)
+        return a < 0 ? b : a;
+    return needed_bytes(zp_search_candidate(r, a)) <= needed_bytes(zp_search_candidate(r, b))
+               ? a
+               : b;
+}
+
+static double slowdown(const ZpCandidate *c, const ZpCandidate *best)
+{
+    return (c->step_time_s / zp_search_samples(&c->plan)) /
+               (best->step_time_s / zp_search_samples(&best->plan)) -
+           1.0;
+}
+
+/* Whether checkpointing was needed at a stage and what it cost or saved. */
+static char *checkpoint_verdict(const ZpSearchResult *r, const PlanArgs *a, int stage)
+{
+    const int without = r->stage_best[stage][0], with = r->stage_best[stage][1];
+    if (without < 0 && with < 0)
+        return g_strdup("-");
+    if (without < 0) {
+        const int over = r->stage_closest[stage][0];
+        return over < 0 ? g_strdup("needed")
+                        : g_strdup_printf("needed (without: +%.1f GB over)",
+                                          (needed_bytes(zp_search_candidate(r, over)) -
+                                           a->hw.gpu_memory_bytes) / GB);
+    }
+    if (with < 0)
+        return g_strdup("not needed");
+    const ZpCandidate *x = zp_search_candidate(r, without), *y = zp_search_candidate(r, with);
+    const double d = slowdown(y, x);
+    return d >= 0 ? g_strdup_printf("not needed (with it %+.1f%%)", 100 * d)
+                  : g_strdup_printf("helps (without it %+.1f%%)", 100 * slowdown(x, y));
+}
+
+/* ---- human output ---------------------------------------------------------------------- */
+
+static void print_header(const PlanArgs *a, const ZpSearchResult *r)
+{
+    char *params = cli_thousands(zp_model_param_count(&a->model));
+    printf("Plans for %s (%s parameters, sequence %" G_GINT64_FORMAT ") on %d x %s (%s, "
+           "%.1f GB each),\n",
+           a->model.name, params, a->model.seq_len, a->gpus, a->hw.gpu, a->hw.name,
+           a->hw.gpu_memory_bytes / GB);
+    g_free(params);
+    if (a->global_batch > 0)
+        printf("global batch %" G_GINT64_FORMAT, a->global_batch);
+    else
+        printf("global batch free (one micro-step per step)");
+    printf(", %s + %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
+           "%u simulated and fit, %u over memory when simulated. GB = 1e9 bytes.\n",
+           zp_precision_name(a->precision), zp_optimizer_name(a->optimizer),
+           r->candidates->len, r->count[ZP_FATE_OUT_OF_MEMORY], r->count[ZP_FATE_CANNOT_WIN],
+           r->count[ZP_FATE_SIMULATED], r->count[ZP_FATE_SIMULATED_OOM]);
+}
+
+/* Memory columns: the simulated peak's categories, merged where the table would be wide. */
+static const struct {
+    const char *label;
+    ZpMemCategory first, last; /* inclusive range of categories */
+} memory_columns[] = {
+    {"params", ZP_MEM_PARAMS, ZP_MEM_PARAMS},
+    {"grads", ZP_MEM_GRADS, ZP_MEM_GRADS},
+    {"optim", ZP_MEM_MASTER, ZP_MEM_ADAM_V},
+    {"gathered", ZP_MEM_GATHERED_PARAMS, ZP_MEM_GATHERED_PARAMS},
+    {"buckets", ZP_MEM_BUCKETS, ZP_MEM_BUCKETS},
+    {"activ", ZP_MEM_ACTIVATIONS, ZP_MEM_ACTIVATIONS},
+    {"ckpts", ZP_MEM_CHECKPOINTS, ZP_MEM_CHECKPOINTS},
+    {"logits", ZP_MEM_WORKSPACE, ZP_MEM_WORKSPACE},
+};
+
+static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult **sims)
+{
+    const double peak = zp_search_peak_flops(&a->hw, a->precision);
+    printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
+           "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
+           r->ranked->len);
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %6s %8s\n", "#", "stage",
+           "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s", "samples/s",
+           "TFLOPs/GPU", "MFU", "peak GB");
+    for (guint i = 0; i < r->ranked->len; i++) {
+        const ZpCandidate *c = zp_search_ranked(r, i);
+        const ZpPlan *p = &c->plan;
+        const double tflops = cli_plan_tflops(&a->model, c);
+        printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.1f %5.1f%% %8.2f\n",
+               i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
+               p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
+               zp_search_buckets_name(c->buckets), c->step_time_s,
+               zp_search_samples(p) / c->step_time_s, tflops, 100 * tflops * 1e12 / peak,
+               c->peak_memory_bytes / GB);
+    }
+    printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments):\n");
+    printf("  %2s", "#");
+    for (size_t k = 0; k < G_N_ELEMENTS(memory_columns); k++)
+        printf(" %8s", memory_columns[k].label);
+    printf(" %8s %8s %8s\n", "reserve", "total", "of");
+    for (guint i = 0; i < r->ranked->len; i++) {
+        printf("  %2u", i + 1);
+        for (size_t k = 0; k < G_N_ELEMENTS(memory_columns); k++) {
+            double bytes = 0;
+            for (int m = memory_columns[k].first; m <= (int)memory_columns[k].last; m++)
+                bytes += sims[i]->peak_breakdown_bytes[m];
+            printf(" %8.2f", bytes / GB);
+        }
+        printf(" %8.2f %8.2f %8.1f\n", a->hw.runtime_reserve_bytes / GB,
+               zp_search_ranked(r, i)->peak_memory_bytes / GB, a->hw.gpu_memory_bytes / GB);
+    }
+}
+
+static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
+{
+    const ZpCandidate *best = r->ranked->len ? zp_search_ranked(r, 0) : NULL;
+    printf("\nWhy the other choices lost (the best plan of each stage):\n");
+    printf("  %5s %-60s %9s %8s  %s\n", "stage", "best plan", "step s", "vs #1", "checkpointing");
+    for (int stage = 0; stage <= 3; stage++) {
+        const int b = stage_best(r, stage);
+        char *verdict = checkpoint_verdict(r, a, stage);
+        if (b >= 0) {
+            const ZpCandidate *c = zp_search_candidate(r, b);
+            char *what = describe(c);
+            char vs[32];
+            if (c == best)
+                g_snprintf(vs, sizeof vs, "#1");
+            else
+                g_snprintf(vs, sizeof vs, "%+.1f%%", 100 * slowdown(c, best));
+            printf("  %5d %-60s %9.3f %8s  %s\n", stage, what, c->step_time_s, vs, verdict);
+            g_free(what);
+        } else { /* every stage is searched, so a stage without a fit has a closest plan */
+            const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
+            char *what = describe(c);
+            printf("  %5d out of memory: the closest plan needs %.1f GB more than %.1f GB\n"
+                   "        (%s%s)\n",
+                   stage, (needed_bytes(c) - a->hw.gpu_memory_bytes) / GB,
+                   a->hw.gpu_memory_bytes / GB, what,
+                   c->fate == ZP_FATE_SIMULATED_OOM ? ", simulated peak" : "");
+            g_free(what);
+        }
+        g_free(verdict);
+    }
+    if (best)
+        printf("  Plans that fit but were not simulated could not beat these: their lower "
+               "bound on the step\n  (exact compute + collectives at full bandwidth) was "
+               "already slower.\n");
+}
+
+/* ---- JSON ------------------------------------------------------------------------------ */
+
+static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const SimResult *sim)
+{
+    const ZpPlan *p = &c->plan;
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:b, s:s, s:s, s:f, s:f}",
+                          "stage", p->zero.stage, "dp", p->dp, "mp", p->mp, "micro_batch",
+                          p->micro_batch, "grad_accum", p->grad_accum, "global_batch",
+                          (json_int_t)zp_search_samples(p), "checkpoint", p->checkpoint,
+                          "overlap_comm", p->zero.overlap_comm, "buckets",
+                          zp_search_buckets_name(c->buckets), "fate",
+                          zp_search_fate_name(c->fate), "screen_memory_bytes", c->memory_bytes,
+                          "bound_step_time_s", c->bound_step_s);
+    if (c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM) {
+        const double tflops = cli_plan_tflops(&a->model, c);
+        json_object_set_new(o, "step_time_s", json_real(c->step_time_s));
+        json_object_set_new(o, "samples_per_s",
+                            json_real(zp_search_samples(p) / c->step_time_s));
+        json_object_set_new(o, "tflops_per_gpu", json_real(tflops));
+        json_object_set_new(o, "mfu",
+                            json_real(tflops * 1e12 / zp_search_peak_flops(&a->hw, p->precision)));
+        json_object_set_new(o, "peak_memory_bytes", json_real(c->peak_memory_bytes));
+    }
+    if (c->fate != ZP_FATE_SIMULATED)
+        json_object_set_new(o, "over_memory_bytes",
+                            json_real(fmax(0, needed_bytes(c) - a->hw.gpu_memory_bytes)));
+    if (sim) {
+        json_t *breakdown = json_object();
+        for (int m = 0; m < ZP_MEM_N; m++)
+            json_object_set_new(breakdown, zp_sched_mem_name(m),
+                                json_real(sim->peak_breakdown_bytes[m]));
+        json_object_set_new(breakdown, "reserve", json_real(a->hw.runtime_reserve_bytes));
+        json_object_set_new(o, "memory_breakdown_bytes", breakdown);
+    }
+    json_object_set_new(o, "plan", zp_plan_to_json(p));
+    return o;
+}
+
+static json_t *maybe_candidate(const PlanArgs *a, const ZpSearchResult *r, int index)
+{
+    return index < 0 ? json_null() : candidate_json(a, zp_search_candidate(r, index), NULL);
+}
+
+static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **sims)
+{
+    json_t *candidates = json_array(), *stages = json_array();
+    for (guint i = 0; i < r->ranked->len; i++)
+        json_array_append_new(candidates, candidate_json(a, zp_search_ranked(r, i), sims[i]));
+    for (int stage = 0; stage <= 3; stage++) {
+        const int best = stage_best(r, stage);
+        json_array_append_new(
+            stages, json_pack("{s:i, s:b, s:o, s:o, s:o, s:b, s:o}", "stage", stage, "fits",
+                              best >= 0, "best", maybe_candidate(a, r, best),
+                              "best_without_checkpointing",
+                              maybe_candidate(a, r, r->stage_best[stage][0]),
+                              "best_with_checkpointing",
+                              maybe_candidate(a, r, r->stage_best[stage][1]),
+                              "checkpointing_needed",
+                              r->stage_best[stage][0] < 0 && r->stage_best[stage][1] >= 0,
+                              "closest_over_memory",
+                              maybe_candidate(a, r, stage_closest(r, stage))));
+    }
+    json_t *root = json_pack(
+        "{s:s, s:I, s:I, s:s, s:s, s:i, s:f, s:s, s:s, s:{s:i, s:i, s:i, s:i, s:i}}", "model",
+        a->model.name, "params", (json_int_t)zp_model_param_count(&a->model), "seq_len",
+        (json_int_t)a->model.seq_len, "cluster", a->hw.name, "gpu", a->hw.gpu, "gpus", a->gpus,
+        "gpu_memory_bytes", a->hw.gpu_memory_bytes, "precision", zp_precision_name(a->precision),
+        "optimizer", zp_optimizer_name(a->optimizer), "screened", "plans",
+        (int)r->candidates->len, "out_of_memory", (int)r->count[ZP_FATE_OUT_OF_MEMORY],
+        "cannot_win", (int)r->count[ZP_FATE_CANNOT_WIN], "simulated",
+        (int)r->count[ZP_FATE_SIMULATED], "simulated_out_of_memory",
+        (int)r->count[ZP_FATE_SIMULATED_OOM]);
+    json_object_set_new(root, "global_batch",
+                        a->global_batch > 0 ? json_integer(a->global_batch) : json_null());
+    json_object_set_new(root, "best",
+                        r->ranked->len ? json_incref(json_array_get(candidates, 0)) : json_null());
+    json_object_set_new(root, "candidates", candidates);
+    json_object_set_new(root, "stages", stages);
+    json_object_set_new(root, "closest_over_memory",
+                        r->ranked->len ? json_null() : maybe_candidate(a, r, r->closest));
+    GError *error = NULL;
+    const gboolean ok = zp_json_write(root, NULL, &error);
+    json_decref(root);
+    return ok ? 0 : cli_fail("plan", error);
+}
+
+/* ---- the command ----------------------------------------------------------------------- */
+
+static int report(const PlanArgs *a, const ZpSearchResult *r)
+{
+    GError *error = NULL;
+    SimResult **sims = g_new0(SimResult *, r->ranked->len + 1);
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < r->ranked->len; i++)
+        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, &error)) !=
+             NULL;
+    if (ok && a->ds_config && r->ranked->len)
+        ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
+    int status = ok ? 0 : cli_fail("plan", error);
+    if (ok && a->json) {
+        status = print_json(a, r, sims);
+    } else if (ok) {
+        print_header(a, r);
+        if (r->ranked->len)
+            print_ranked(a, r, sims);
+        print_stages(a, r);
+        if (a->ds_config && r->ranked->len)
+            printf("\nDeepSpeed config of plan 1 written to %s\n", a->ds_config);
+    }
+    if (status == 0 && r->ranked->len == 0) {
+        /* Nothing ranked means every plan was over memory, so the closest one is set. */
+        const ZpCandidate *c = zp_search_candidate(r, r->closest);
+        fprintf(stderr, "zplan plan: no plan fits: %s on %d GPUs needs at least %.1f GB more "
+                        "per GPU than the %.1f GB of %s\n",
+                a->model.name, a->gpus, (needed_bytes(c) - a->hw.gpu_memory_bytes) / GB,
+                a->hw.gpu_memory_bytes / GB, a->hw.name);
+        /* Stage 3 spreads all model states over every GPU, so this is the fewest GPUs of
+         * this size that could hold them, before any activation or buffer. */
+        const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+        const double states = zp_mem_model_states((double)zp_model_param_count(&a->model), 3,
+                                                  1, 1, sb).total_bytes;
+        const double budget = a->hw.gpu_memory_bytes - a->hw.runtime_reserve_bytes;
+        if (!a->json)
+            printf("\nNo plan fits in %.1f GB per GPU. Even at stage 3, which spreads the %.0f "
+                   "GB of model states\nover all GPUs, they alone need at least %.0f GPUs of "
+                   "this size (%d given).\n",
+                   a->hw.gpu_memory_bytes / GB, states / GB, ceil(states / budget), a->gpus);
+        status = EXIT_NOTHING_FITS;
+    }
+    for (guint i = 0; i < r->ranked->len; i++)
+        sim_result_free(sims[i]);
+    g_free(sims);
+    return status;
+}
+
+static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
+                           const char *gpus, const char *global_batch, const char *seq,
+                           const char *top, const char *mp, const char *precision,
+                           const char *optimizer, GError **error)
+{
+    gboolean have_hw = FALSE;
+    int batch = 0;
+    if (!model || !cluster || !gpus) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s is required",
+                    !model ? "--model NAME|PATH.json"
+                           : !cluster ? "--cluster NAME|PATH.json" : "--gpus N");
+        return FALSE;
+    }
+    if (!(zp_model_load(model, &a->model, error) &&
+          cli_cluster(cluster, NULL, TRUE, &a->hw, &have_hw, error) &&
+          cli_int(gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &a->gpus, error) &&
+          cli_int(global_batch, "--global-batch", 1, 1 << 24, 0, &batch, error) &&
+          cli_int(seq, "--seq", 1, 10000000, (int)a->model.seq_len, &a->seq, error) &&
+          cli_int(top, "--top", 1, 1000, 5, &a->top_k, error) &&
+          cli_int(mp, "--mp", 1, 65536, 0, &a->mp, error) &&
+          (a->mp == 0 || cli_check_mp(a->mp, a->gpus, &a->model, error)) &&
+          cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error)))
+        return FALSE;
+    a->global_batch = batch;
+    a->model.seq_len = a->seq;
+    if (a->mp > 0 && !sim_coll_check_placement(&a->hw, a->mp, error)) {
+        g_prefix_error(error, "--mp: ");
+        return FALSE;
+    }
+    return TRUE;
+}
+
+int cli_plan(int argc, char **argv)
+{
+    char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
+    char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL;
+    PlanArgs a = {0};
+    GOptionEntry entries[] = {
+        {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (required)", "C"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
+        {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
+        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's)", "S"},
+        {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Only this tensor-parallel degree (default: all that fit a node)", "M"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
+        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Searches ZeRO stage 0-3, micro-batch, gradient accumulation, activation checkpointing,\n"
+        "tensor-parallel degree, overlap_comm and bucket sizes; drops what cannot fit (closed\n"
+        "form) or cannot win (a lower bound on the step), ranks the rest by simulating one step,\n"
+        "and shows why the best plan of every other stage lost. Exit status 2: nothing fits.");
+    GError *error = NULL;
+    int status;
+    if (!cli_parse(context, &argc, &argv, &error) ||
+        !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
+                    &error)) {
+        status = cli_fail("plan", error);
+    } else {
+        ZpSearchSpec spec;
+        CliRankContext rank;
+        cli_search_spec(&spec, &rank, &a.model, &a.hw, a.gpus);
+        spec.global_batch = a.global_batch;
+        spec.mp = a.mp;
+        spec.top_k = a.top_k;
+        spec.precision = a.precision;
+        spec.optimizer = a.optimizer;
+        ZpSearchResult result;
+        status = zp_search_run(&spec, &result, &error) ? report(&a, &result)
+                                                       : cli_fail("plan", error);
+        zp_search_result_clear(&result);
+    }
+    g_option_context_free(context);
+    g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
+    g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
+    return status;
+}

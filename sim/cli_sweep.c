@@ -1,0 +1,490 @@
+/* cli_sweep: `zplan sweep` varies one input (GPUs, model size, micro-batch or stage), computes
+ * a metric per ZeRO stage at each value, and writes PREFIX.csv and a gnuplot PREFIX.svg. */
+#include "cli.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GB 1e9
+
+typedef enum { VARY_GPUS, VARY_PARAMS, VARY_MICRO_BATCH, VARY_STAGE, VARY_N } SweepVary;
+typedef enum { METRIC_TFLOPS, METRIC_MEMORY, METRIC_MAXMODEL, METRIC_N } SweepMetric;
+
+/* Names on the command line, the CSV column of x and the axis label. */
+static const struct {
+    const char *name, *column, *label;
+    gboolean log_x;
+} varies[VARY_N] = {
+    [VARY_GPUS] = {"gpus", "gpus", "GPUs", TRUE},
+    [VARY_PARAMS] = {"params", "params_billions", "parameters (billions)", TRUE},
+    [VARY_MICRO_BATCH] = {"micro-batch", "micro_batch", "micro-batch per GPU", TRUE},
+    [VARY_STAGE] = {"stage", "stage", "ZeRO stage", FALSE},
+};
+
+/* Names, the CSV column when one stage is plotted, axis label and whether y is logarithmic. */
+static const struct {
+    const char *name, *column, *label;
+    gboolean log_y;
+} metrics[METRIC_N] = {
+    [METRIC_TFLOPS] = {"tflops", "tflops_per_gpu", "model TFLOP/s per GPU (best plan)", FALSE},
+    [METRIC_MEMORY] = {"memory", "memory_gb", "memory per GPU (GB)", TRUE},
+    [METRIC_MAXMODEL] = {"maxmodel", "max_params_billions", "largest model (billion parameters)",
+                         TRUE},
+};
+
+typedef struct {
+    SweepVary vary;
+    SweepMetric metric;
+    GArray *values; /* double */
+    ZpModel model;
+    gboolean have_model; /* --model (else --params, or the varied params) */
+    ZpHw hw;
+    gboolean have_hw;
+    int gpus, mp, micro_batch, stage;
+    int64_t global_batch;
+    gboolean checkpoint;
+    ZpPrecision precision;
+    ZpOptimizer optimizer;
+    char *out;
+} SweepArgs;
+
+/* One x value's row: a value per stage (NAN where nothing fits or nothing applies). */
+typedef struct {
+    double x;
+    double stage[4];
+} SweepRow;
+
+static int parse_choice(const char *text, const char *flag, const char *const *names, int n,
+                        GError **error)
+{
+    for (int i = 0; i < n; i++)
+        if (text && strcmp(text, names[i]) == 0)
+            return i;
+    GString *choices = g_string_new(NULL);
+    for (int i = 0; i < n; i++)
+        g_string_append_printf(choices, "%s%s", i ? ", " : "", names[i]);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
+                text ? text : "", choices->str);
+    g_string_free(choices, TRUE);
+    return -1;
+}
+
+/* ---- one point ------------------------------------------------------------------------- */
+
+/* The inputs at x: the varied one replaced, the rest from the flags. */
+static void point(const SweepArgs *a, double x, ZpModel *model, int *gpus, int *micro)
+{
+    *model = a->model;
+    *gpus = a->vary == VARY_GPUS ? (int)x : a->gpus;
+    *micro = a->vary == VARY_MICRO_BATCH ? (int)x : a->micro_batch;
+    if (a->vary == VARY_PARAMS)
+        zp_model_from_params(x, model);
+}
+
+static gboolean memory_row(const SweepArgs *a, double x, SweepRow *row, GError **error)
+{
+    ZpModel model;
+    int gpus, micro;
+    point(a, x, &model, &gpus, &micro);
+    if (!cli_check_mp(a->mp, gpus, &model, error))
+        return FALSE;
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan plan;
+        zp_plan_defaults(&plan, stage, gpus / a->mp, a->mp);
+        plan.micro_batch = micro;
+        plan.checkpoint = a->checkpoint;
+        plan.precision = a->precision;
+        plan.optimizer = a->optimizer;
+        double bytes = zp_mem_model_states((double)zp_model_param_count(&model), stage,
+                                           plan.dp, a->mp, sb).total_bytes;
+        /* Table 1 counts model states only; with an architecture the rest is known too. */
+        if (zp_model_has_architecture(&model))
+            bytes += zp_mem_residual(&model, &plan, a->have_hw ? &a->hw : NULL).total_bytes;
+        row->stage[stage] = bytes / GB;
+    }
+    return TRUE;
+}
+
+static gboolean maxmodel_row(const SweepArgs *a, double x, SweepRow *row, GError **error)
+{
+    ZpModel model;
+    int gpus, micro;
+    point(a, x, &model, &gpus, &micro);
+    if (!cli_check_mp(a->mp, gpus, &model, error))
+        return FALSE;
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    const double budget = a->hw.gpu_memory_bytes - a->hw.runtime_reserve_bytes;
+    for (int stage = 0; stage <= 3; stage++)
+        row->stage[stage] = zp_mem_max_params(budget, stage, gpus / a->mp, a->mp, sb) / 1e9;
+    return TRUE;
+}
+
+static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError **error)
+{
+    ZpModel model;
+    int gpus, micro;
+    point(a, x, &model, &gpus, &micro);
+    ZpSearchSpec spec;
+    CliRankContext rank;
+    cli_search_spec(&spec, &rank, &model, &a->hw, gpus);
+    spec.global_batch = a->global_batch;
+    spec.mp = a->mp;
+    spec.micro_batch = micro;
+    spec.stage = a->vary == VARY_STAGE ? (int)x : -1;
+    spec.top_k = 1;
+    spec.precision = a->precision;
+    spec.optimizer = a->optimizer;
+    ZpSearchResult r;
+    if (!zp_search_run(&spec, &r, error)) {
+        zp_search_result_clear(&r);
+        return FALSE;
+    }
+    for (int stage = 0; stage <= 3; stage++) {
+        row->stage[stage] = NAN;
+        for (int ckpt = 0; ckpt <= 1; ckpt++) {
+            const int best = r.stage_best[stage][ckpt];
+            if (best >= 0)
+                row->stage[stage] =
+                    fmax(isnan(row->stage[stage]) ? 0 : row->stage[stage],
+                         cli_plan_tflops(&model, zp_search_candidate(&r, best)));
+        }
+    }
+    zp_search_result_clear(&r);
+    return TRUE;
+}
+
+typedef gboolean (*RowFn)(const SweepArgs *a, double x, SweepRow *row, GError **error);
+static const RowFn row_fns[METRIC_N] = {
+    [METRIC_TFLOPS] = tflops_row,
+    [METRIC_MEMORY] = memory_row,
+    [METRIC_MAXMODEL] = maxmodel_row,
+};
+
+/* ---- output ---------------------------------------------------------------------------- */
+
+static void format_cell(GString *csv, double value)
+{
+    if (isnan(value))
+        g_string_append(csv, ",");
+    else
+        g_string_append_printf(csv, ",%.6g", value);
+}
+
+/* Varying the stage gives one series (the metric at that stage); otherwise one per stage,
+ * and the GPU's memory beside the memory series. */
+static char *csv_text(const SweepArgs *a, const SweepRow *rows, guint n)
+{
+    GString *csv = g_string_new(varies[a->vary].column);
+    const gboolean by_stage = a->vary != VARY_STAGE;
+    const gboolean memory_line = a->metric == METRIC_MEMORY && a->have_hw && by_stage;
+    if (by_stage)
+        g_string_append(csv, ",stage 0,stage 1,stage 2,stage 3");
+    else
+        g_string_append_printf(csv, ",%s", metrics[a->metric].column);
+    if (memory_line)
+        g_string_append_printf(csv, ",%s memory", a->hw.gpu);
+    g_string_append_c(csv, '\n');
+    for (guint i = 0; i < n; i++) {
+        g_string_append_printf(csv, "%.6g", rows[i].x);
+        for (int stage = 0; stage <= 3; stage++)
+            if (by_stage || stage == (int)rows[i].x)
+                format_cell(csv, rows[i].stage[stage]);
+        if (memory_line)
+            format_cell(csv, a->hw.gpu_memory_bytes / GB);
+        g_string_append_c(csv, '\n');
+    }
+    return g_string_free(csv, FALSE);
+}
+
+/* A gnuplot single-quoted string: only the quote itself needs escaping (doubled). */
+static char *gnuplot_quote(const char *text)
+{
+    char **parts = g_strsplit(text, "'", -1);
+    char *joined = g_strjoinv("''", parts);
+    char *quoted = g_strdup_printf("'%s'", joined);
+    g_strfreev(parts);
+    g_free(joined);
+    return quoted;
+}
+
+static char *plot_title(const SweepArgs *a)
+{
+    const char *model = a->vary == VARY_PARAMS ? "varying size" : a->model.name;
+    const char *where = a->have_hw ? a->hw.name : "any GPU";
+    switch (a->metric) {
+    case METRIC_TFLOPS:
+        return g_strdup_printf("%s on %s: model TFLOP/s per GPU of the best plan", model, where);
+    case METRIC_MEMORY:
+        return g_strdup_printf("%s: %s per GPU by ZeRO stage", model,
+                               zp_model_has_architecture(&a->model) && a->vary != VARY_PARAMS
+                                   ? "memory (states + activations + buffers)"
+                                   : "model-state memory");
+    case METRIC_MAXMODEL:
+        return g_strdup_printf("largest model whose states fit, %s (%.0f GB less reserve)", where,
+                               a->hw.gpu_memory_bytes / GB);
+    case METRIC_N:
+        break;
+    }
+    return g_strdup("");
+}
+
+static gboolean write_svg(const SweepArgs *a, const char *csv_path, guint columns,
+                          GError **error)
+{
+    char *svg = g_strconcat(a->out, ".svg", NULL), *tmp_svg = g_strconcat(svg, ".tmp", NULL);
+    char *q_out = gnuplot_quote(tmp_svg), *q_csv = gnuplot_quote(csv_path);
+    char *title = plot_title(a), *q_title = gnuplot_quote(title);
+    char *q_x = gnuplot_quote(varies[a->vary].label);
+    char *q_y = gnuplot_quote(metrics[a->metric].label);
+    GString *script = g_string_new(NULL);
+    g_string_append_printf(script,
+                           "set terminal svg size 800,500 dynamic enhanced font 'sans,12' "
+                           "background rgb 'white'\nset output %s\n"
+                           "set datafile separator ','\nset title %s noenhanced\n"
+                           "set xlabel %s\nset ylabel %s\nset grid\nset key outside right\n",
+                           q_out, q_title, q_x, q_y);
+    if (varies[a->vary].log_x && a->vary != VARY_STAGE)
+        g_string_append(script, "set logscale x 2\n");
+    if (metrics[a->metric].log_y)
+        g_string_append(script, "set logscale y 10\n");
+    if (a->vary == VARY_STAGE)
+        g_string_append(script, "set xtics 1\n");
+    g_string_append_printf(script,
+                           "plot for [i=2:%u] %s using 1:i with linespoints lw 2 pt 7 "
+                           "title columnheader(i)\n",
+                           columns, q_csv);
+    char *script_path = NULL;
+    int fd = g_file_open_tmp("zplan-sweep-XXXXXX.gp", &script_path, error);
+    gboolean ok = fd >= 0;
+    if (ok) {
+        close(fd);
+        ok = g_file_set_contents(script_path, script->str, (gssize)script->len, error);
+    }
+    int status = 0;
+    char *err = NULL;
+    if (ok) {
+        char *argv[] = {"gnuplot", script_path, NULL};
+        ok = g_spawn_sync(NULL, argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
+                          NULL, NULL, NULL, &err, &status, error);
+        if (!ok)
+            g_prefix_error(error, "gnuplot: ");
+    }
+    if (ok && !g_spawn_check_wait_status(status, NULL)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gnuplot failed on %s: %s", script_path,
+                    err ? g_strstrip(err) : "");
+        ok = FALSE;
+    }
+    if (ok && g_rename(tmp_svg, svg) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: cannot rename to %s", tmp_svg, svg);
+        ok = FALSE;
+    }
+    if (script_path && ok)
+        g_remove(script_path);
+    g_free(err);
+    g_free(script_path);
+    g_string_free(script, TRUE);
+    g_free(q_x), g_free(q_y), g_free(title), g_free(q_title), g_free(q_csv), g_free(q_out);
+    g_free(tmp_svg);
+    g_free(svg);
+    return ok;
+}
+
+/* A bar on stderr, only for a person watching (a terminal) and only once a sweep has run
+ * for more than a second; it ends with a newline so the shell prompt starts clean. */
+static void progress(gint64 start_us, guint done, guint total, gboolean *shown)
+{
+    if (!isatty(STDERR_FILENO) || g_get_monotonic_time() - start_us < G_USEC_PER_SEC)
+        return;
+    const int width = 30, filled = (int)(width * done / total);
+    fprintf(stderr, "\rzplan sweep: [%.*s%*s] %u/%u", filled,
+            "##############################", width - filled, "", done, total);
+    if (done == total)
+        fputc('\n', stderr);
+    fflush(stderr);
+    *shown = TRUE;
+}
+
+static gboolean run_sweep(const SweepArgs *a, GError **error)
+{
+    const guint n = a->values->len;
+    SweepRow *rows = g_new0(SweepRow, n);
+    gboolean ok = TRUE, shown = FALSE;
+    const gint64 start_us = g_get_monotonic_time();
+    for (guint i = 0; ok && i < n; i++) {
+        rows[i].x = g_array_index(a->values, double, i);
+        ok = row_fns[a->metric](a, rows[i].x, &rows[i], error);
+        if (!ok)
+            g_prefix_error(error, "--values: at %s = %g: ", varies[a->vary].name, rows[i].x);
+        else
+            progress(start_us, i + 1, n, &shown);
+    }
+    if (shown && !ok)
+        fputc('\n', stderr);
+    if (a->vary == VARY_PARAMS)
+        for (guint i = 0; i < n; i++)
+            rows[i].x /= 1e9;
+    char *csv_path = g_strconcat(a->out, ".csv", NULL);
+    if (ok) {
+        char *text = csv_text(a, rows, n);
+        ok = zp_write_file_atomic(csv_path, text, strlen(text), error);
+        g_free(text);
+    }
+    const guint columns = a->vary == VARY_STAGE ? 2
+                          : (a->metric == METRIC_MEMORY && a->have_hw) ? 6 : 5;
+    ok = ok && write_svg(a, csv_path, columns, error);
+    g_free(csv_path);
+    g_free(rows);
+    return ok;
+}
+
+/* ---- flags ----------------------------------------------------------------------------- */
+
+typedef struct {
+    char *vary, *values, *model, *params, *cluster, *gpu_memory, *metric, *out, *gpus, *mp;
+    char *micro_batch, *global_batch, *precision, *optimizer;
+} SweepFlags;
+
+static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage"};
+static const char *const metric_names[] = {"tflops", "memory", "maxmodel"};
+
+/* Which metric can vary what: a simulated step needs an architecture (so not --params), and
+ * the largest model does not depend on the size or the micro-batch. */
+static const char *combination_error(SweepVary vary, SweepMetric metric)
+{
+    if (metric == METRIC_TFLOPS && vary == VARY_PARAMS)
+        return "--vary params: tflops simulates steps, which needs --model (an architecture)";
+    if (metric == METRIC_MAXMODEL && (vary == VARY_PARAMS || vary == VARY_MICRO_BATCH))
+        return "--metric maxmodel: the largest model depends only on GPUs and stage; "
+               "vary gpus or stage";
+    return NULL;
+}
+
+static GArray *parse_values(const SweepFlags *f, SweepVary vary, GError **error)
+{
+    static const double ranges[VARY_N][2] = {
+        [VARY_GPUS] = {1, CLI_MAX_GPUS}, [VARY_PARAMS] = {1, CLI_MAX_PARAMS},
+        [VARY_MICRO_BATCH] = {1, 1e6}, [VARY_STAGE] = {0, 3},
+    };
+    GArray *values = g_array_new(FALSE, FALSE, sizeof(double));
+    char **parts = g_strsplit(f->values, ",", -1);
+    gboolean ok = parts[0] != NULL;
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--values: empty list");
+    for (char **p = parts; ok && *p; p++) {
+        double v;
+        ok = zp_parse_number(g_strstrip(*p), "--values", ranges[vary][0], ranges[vary][1],
+                             vary != VARY_PARAMS, &v, error);
+        if (ok)
+            g_array_append_val(values, v);
+    }
+    g_strfreev(parts);
+    if (!ok) {
+        g_array_unref(values);
+        return NULL;
+    }
+    return values;
+}
+
+static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
+{
+    const char *missing = !f->vary ? "--vary gpus|params|micro-batch|stage"
+                          : !f->values ? "--values A,B,C"
+                          : !f->out ? "--out PREFIX" : NULL;
+    if (missing) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s is required", missing);
+        return FALSE;
+    }
+    int vary = parse_choice(f->vary, "--vary", vary_names, VARY_N, error);
+    int metric = vary < 0 ? -1
+                          : parse_choice(f->metric ? f->metric : "tflops", "--metric",
+                                         metric_names, METRIC_N, error);
+    if (metric < 0)
+        return FALSE;
+    a->vary = (SweepVary)vary;
+    a->metric = (SweepMetric)metric;
+    const char *bad = combination_error(a->vary, a->metric);
+    if (!bad && a->vary == VARY_PARAMS && (f->model || f->params))
+        bad = "--vary params: the sizes come from --values; give neither --model nor --params";
+    if (!bad && a->vary != VARY_PARAMS && a->metric != METRIC_MAXMODEL && !f->model && !f->params)
+        bad = "give exactly one of --model NAME|PATH.json and --params P";
+    if (!bad && a->vary != VARY_GPUS && !f->gpus)
+        bad = "--gpus N is required unless --vary gpus";
+    if (!bad && a->vary == VARY_GPUS && f->gpus)
+        bad = "--gpus: the GPU counts come from --values";
+    if (!bad && a->metric == METRIC_TFLOPS && !f->cluster)
+        bad = "--metric tflops: give --cluster NAME|PATH.json (the hardware to simulate)";
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+        return FALSE;
+    }
+    int batch = 0;
+    a->have_model = f->model != NULL;
+    if (f->model || f->params) {
+        if (!cli_model(f->model, f->params, &a->model, error))
+            return FALSE;
+    } else {
+        zp_model_from_params(1, &a->model);
+    }
+    if (!(cli_cluster(f->cluster, f->gpu_memory, a->metric == METRIC_MAXMODEL, &a->hw,
+                      &a->have_hw, error) &&
+          cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 1, &a->gpus, error) &&
+          cli_int(f->mp, "--mp", 1, 65536, a->metric == METRIC_TFLOPS ? 0 : 1, &a->mp, error) &&
+          cli_int(f->micro_batch, "--micro-batch", 1, 1e6, a->metric == METRIC_TFLOPS ? 0 : 1,
+                  &a->micro_batch, error) &&
+          cli_int(f->global_batch, "--global-batch", 1, 1 << 24, 0, &batch, error) &&
+          cli_precision_optimizer(f->precision, f->optimizer, &a->precision, &a->optimizer,
+                                  error) &&
+          (a->values = parse_values(f, a->vary, error)) != NULL))
+        return FALSE;
+    a->global_batch = batch;
+    a->out = f->out;
+    return TRUE;
+}
+
+int cli_sweep(int argc, char **argv)
+{
+    SweepFlags f = {0};
+    SweepArgs a = {0};
+    GOptionEntry entries[] = {
+        {"vary", 0, 0, G_OPTION_ARG_STRING, &f.vary, "What varies: gpus, params, micro-batch or stage (required)", "WHAT"},
+        {"values", 0, 0, G_OPTION_ARG_STRING, &f.values, "Its values, comma-separated (required)", "A,B,C"},
+        {"model", 0, 0, G_OPTION_ARG_STRING, &f.model, "Model name in models/ or a PATH.json", "M"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &f.params, "Parameter count instead of a model (memory)", "P"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &f.cluster, "Hardware profile (tflops, maxmodel; memory adds its reserve)", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f.gpu_memory, "GPU memory in bytes instead of a cluster (maxmodel)", "BYTES"},
+        {"metric", 0, 0, G_OPTION_ARG_STRING, &f.metric, "tflops (default: best plan's model TFLOP/s per GPU, per stage), memory (per GPU, per stage) or maxmodel (largest model whose states fit, per stage)", "M"},
+        {"out", 0, 0, G_OPTION_ARG_FILENAME, &f.out, "Write PREFIX.csv and PREFIX.svg (required)", "PREFIX"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f.gpus, "GPU count when it does not vary", "N"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f.mp, "Tensor-parallel degree (default 1; tflops: searched)", "M"},
+        {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f.micro_batch, "Micro-batch (default 1; tflops: searched)", "B"},
+        {"global-batch", 0, 0, G_OPTION_ARG_STRING, &f.global_batch, "Global batch for tflops (default: free)", "B"},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "memory: with activation checkpointing", NULL},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
+        {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("- a metric per ZeRO stage against one input");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Writes PREFIX.csv (one row per value, one column per stage) and PREFIX.svg (gnuplot).\n"
+        "memory is model states per GPU (Table 1) with --params, and adds activations, buffers\n"
+        "and the reserve when --model gives an architecture; maxmodel budgets GPU memory less\n"
+        "the runtime reserve; tflops runs `zplan plan`'s search at each value.");
+    GError *error = NULL;
+    const gboolean ok = cli_parse(context, &argc, &argv, &error) && parse_flags(&f, &a, &error) &&
+                        run_sweep(&a, &error);
+    const int status = ok ? 0 : cli_fail("sweep", error);
+    if (a.values)
+        g_array_unref(a.values);
+    g_option_context_free(context);
+    g_free(f.vary), g_free(f.values), g_free(f.model), g_free(f.params), g_free(f.cluster);
+    g_free(f.gpu_memory), g_free(f.metric), g_free(f.out), g_free(f.gpus), g_free(f.mp);
+    g_free(f.micro_batch), g_free(f.global_batch), g_free(f.precision), g_free(f.optimizer);
+    return status;
+}

@@ -1,0 +1,205 @@
+/* cli_validate: `zplan validate PREDICTED MEASURED` sets what `zplan simulate --json`
+ * predicted beside what `zreal --out` measured: time, memory by category, bytes, op times. */
+#include "cli.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    char *quantity;
+    const char *unit;
+    double predicted, measured;
+} Row;
+
+static double number(json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static double rank_max(json_t *ranks, const char *object, const char *key)
+{
+    double best = NAN;
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *rank = json_array_get(ranks, r);
+        const double v = number(object ? json_object_get(rank, object) : rank, key);
+        if (!isnan(v))
+            best = isnan(best) ? v : fmax(best, v);
+    }
+    return best;
+}
+
+/* Mean over ranks of a per-step op time (the ranks run the same ops). */
+static double rank_mean_op(json_t *ranks, const char *op, const char *field)
+{
+    double sum = 0;
+    size_t n = 0;
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *o = json_object_get(json_object_get(json_array_get(ranks, r), "ops"), op);
+        if (o) {
+            sum += number(o, field);
+            n++;
+        }
+    }
+    return n ? sum / (double)n : NAN;
+}
+
+static void add(GArray *rows, const char *quantity, const char *unit, double predicted,
+                double measured)
+{
+    Row row = {g_strdup(quantity), unit, predicted, measured};
+    g_array_append_val(rows, row);
+}
+
+/* Both files must describe the same plan: compare the fields that change the step. */
+static gboolean same_plan(json_t *pred, json_t *meas, const char *pred_path,
+                          const char *meas_path, GError **error)
+{
+    static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
+                                       "checkpoint"};
+    json_t *a = json_object_get(pred, "plan"), *b = json_object_get(meas, "plan");
+    if (!json_is_object(a) || !json_is_object(b)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: no \"plan\" object (expected zplan simulate --json and zreal --out)",
+                    !json_is_object(a) ? pred_path : meas_path);
+        return FALSE;
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++)
+        if (!json_equal(json_object_get(a, keys[i]), json_object_get(b, keys[i]))) {
+            char *x = json_dumps(json_object_get(a, keys[i]), JSON_ENCODE_ANY);
+            char *y = json_dumps(json_object_get(b, keys[i]), JSON_ENCODE_ANY);
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s and %s are different plans: %s %s vs %s", pred_path, meas_path,
+                        keys[i], x ? x : "none", y ? y : "none");
+            free(x);
+            free(y);
+            return FALSE;
+        }
+    return TRUE;
+}
+
+static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
+{
+    json_t *ranks = json_object_get(meas, "ranks");
+    add(rows, "step time", "s", number(pred, "step_time_s"), number(meas, "step_time_s"));
+    add(rows, "model states", "bytes", number(pred, "model_state_bytes"),
+        rank_max(ranks, NULL, "model_state_bytes"));
+    add(rows, "peak memory", "bytes", number(pred, "peak_memory_bytes"),
+        rank_max(ranks, NULL, "peak_memory_bytes"));
+    json_t *cat = json_object_get(pred, "category_peak_bytes");
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        char *q = g_strdup_printf("peak %s", zp_sched_mem_name(c));
+        add(rows, q, "bytes", number(cat, zp_sched_mem_name(c)),
+            rank_max(ranks, "category_peak_bytes", zp_sched_mem_name(c)));
+        g_free(q);
+    }
+    add(rows, "bytes sent per rank", "bytes",
+        number(json_object_get(pred, "comm_bytes_per_rank"), "dp"),
+        rank_max(ranks, NULL, "comm_bytes"));
+    json_t *ops = json_object_get(pred, "ops");
+    const char *op;
+    json_t *o;
+    json_object_foreach(ops, op, o)
+    {
+        char *q = g_strdup_printf("%s (%.0f ops)", op, number(o, "count"));
+        add(rows, q, "s", number(o, "total_s"), rank_mean_op(ranks, op, "total_s"));
+        g_free(q);
+    }
+}
+
+static double error_of(const Row *r)
+{
+    return r->predicted == r->measured ? 0.0 : (r->measured - r->predicted) / r->predicted;
+}
+
+static void print_rows(const GArray *rows, const char *pred_path, const char *meas_path)
+{
+    printf("Predicted (%s) against measured (%s); error = (measured - predicted) / predicted.\n"
+           "Memory is each category's own peak on the rank where it is highest; op times are\n"
+           "seconds per step, summed over the step's ops of that type.\n\n",
+           pred_path, meas_path);
+    printf("  %-34s %16s %16s %10s\n", "quantity", "predicted", "measured", "error");
+    for (guint i = 0; i < rows->len; i++) {
+        const Row *r = &g_array_index(rows, Row, i);
+        char err[32];
+        if (isnan(r->predicted) || isnan(r->measured))
+            g_snprintf(err, sizeof err, "n/a");
+        else if (r->predicted == r->measured)
+            g_snprintf(err, sizeof err, "exact");
+        else if (r->predicted == 0)
+            g_snprintf(err, sizeof err, "(pred. 0)");
+        else
+            g_snprintf(err, sizeof err, "%+.1f%%", 100 * error_of(r));
+        printf("  %-34s %16.6g %16.6g %10s  %s\n", r->quantity, r->predicted, r->measured, err,
+               r->unit);
+    }
+}
+
+static json_t *rows_json(const GArray *rows)
+{
+    json_t *out = json_array();
+    for (guint i = 0; i < rows->len; i++) {
+        const Row *r = &g_array_index(rows, Row, i);
+        json_t *row = json_pack("{s:s, s:s}", "quantity", r->quantity, "unit", r->unit);
+        json_object_set_new(row, "predicted", isnan(r->predicted) ? json_null() : json_real(r->predicted));
+        json_object_set_new(row, "measured", isnan(r->measured) ? json_null() : json_real(r->measured));
+        json_object_set_new(row, "error", isnan(r->predicted) || isnan(r->measured) || r->predicted == 0
+                                              ? json_null() : json_real(error_of(r)));
+        json_array_append_new(out, row);
+    }
+    return json_pack("{s:o}", "rows", out);
+}
+
+int cli_validate(int argc, char **argv)
+{
+    gboolean json = FALSE;
+    GOptionEntry entries[] = {
+        {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    GOptionContext *context = g_option_context_new("PREDICTED.json MEASURED.json");
+    g_option_context_add_main_entries(context, entries, NULL);
+    g_option_context_set_summary(context,
+        "Compares zplan simulate --json (PREDICTED) with zreal --out (MEASURED) for the same\n"
+        "plan: step time, model states, peak memory and every memory category, bytes sent,\n"
+        "and the time of every op type.");
+    GError *error = NULL;
+    json_t *pred = NULL, *meas = NULL;
+    gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
+    if (ok && argc != 3) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "give two files: PREDICTED.json MEASURED.json (see --help)");
+        ok = FALSE;
+    }
+    ok = ok && (pred = zp_json_load_object(argv[1], &error)) &&
+         (meas = zp_json_load_object(argv[2], &error)) &&
+         same_plan(pred, meas, argv[1], argv[2], &error);
+    if (ok && !json_is_array(json_object_get(meas, "ranks"))) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_KEY, "%s: missing key \"ranks\"", argv[2]);
+        ok = FALSE;
+    }
+    int status = 0;
+    if (ok) {
+        GArray *rows = g_array_new(FALSE, FALSE, sizeof(Row));
+        collect_rows(pred, meas, rows);
+        if (json) {
+            json_t *out = rows_json(rows);
+            ok = zp_json_write(out, NULL, &error);
+            json_decref(out);
+        } else {
+            print_rows(rows, argv[1], argv[2]);
+        }
+        for (guint i = 0; i < rows->len; i++)
+            g_free(g_array_index(rows, Row, i).quantity);
+        g_array_unref(rows);
+    }
+    if (!ok)
+        status = cli_fail("validate", error);
+    json_decref(pred);
+    json_decref(meas);
+    g_option_context_free(context);
+    return status;
+}

@@ -1,0 +1,843 @@
+/* test_plan: the planner's search (its screen, its bound, its known answers), DeepSpeed config
+ * I/O and its round trip through the simulator, and `zplan plan` / `zplan sweep` end to end. */
+#include "cli.h"
+#include "zp_dsconfig.h"
+#include "zp_mem.h"
+#include "zp_sched.h"
+#include "zp_search.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#ifndef ZP_BUILD_DIR
+#define ZP_BUILD_DIR "build"
+#endif
+
+static char *tmp_dir;
+
+/* ---- running zplan --------------------------------------------------------------------- */
+
+typedef struct {
+    int status;
+    char *out, *err;
+} Run;
+
+static Run run_zplan(const char *args)
+{
+    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
+    char **argv = NULL;
+    Run r = {0};
+    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
+                               &r.status, NULL));
+    g_strfreev(argv);
+    g_free(command);
+    return r;
+}
+
+static void run_free(Run *r)
+{
+    g_free(r->out);
+    g_free(r->err);
+}
+
+static int exit_status(const Run *r)
+{
+    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
+}
+
+static json_t *parse_json(const char *text)
+{
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    g_assert_nonnull(root);
+    return root;
+}
+
+/* `zplan plan ... --json`: its JSON, and its exit status in *status. */
+static json_t *plan_json(const char *args, int *status)
+{
+    char *full = g_strdup_printf("plan %s --json", args);
+    Run r = run_zplan(full);
+    g_test_message("zplan %s -> %d %s", full, exit_status(&r), r.err);
+    *status = exit_status(&r);
+    json_t *root = parse_json(r.out);
+    run_free(&r);
+    g_free(full);
+    return root;
+}
+
+static double number(json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    g_assert_true(json_is_number(v));
+    return json_number_value(v);
+}
+
+static char *tmp_path(const char *name)
+{
+    return g_build_filename(tmp_dir, name, NULL);
+}
+
+/* A copy of a shipped hwprofile with another GPU memory size. */
+static char *profile_with_memory(const char *cluster, double gpu_memory_bytes)
+{
+    char *src = g_strdup_printf("%s/hwprofiles/%s.json", zp_data_dir(), cluster);
+    json_t *root = zp_json_load_object(src, NULL);
+    g_assert_nonnull(root);
+    json_object_set_new(root, "gpu_memory_bytes", json_real(gpu_memory_bytes));
+    char *name = g_strdup_printf("%s-%.0f.json", cluster, gpu_memory_bytes);
+    char *path = tmp_path(name);
+    g_assert_true(zp_json_write(root, path, NULL));
+    json_decref(root);
+    g_free(name);
+    g_free(src);
+    return path;
+}
+
+/* ---- the screen and the bound ---------------------------------------------------------- */
+
+static ZpModel load_model(const char *name)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load(name, &m, &error));
+    g_assert_no_error(error);
+    return m;
+}
+
+static ZpHw load_hw(const char *name)
+{
+    ZpHw hw;
+    g_assert_true(zp_hw_load(name, &hw, NULL));
+    return hw;
+}
+
+/* zp_sched_compute_ops is the schedule's compute in closed form: the same count of every kind
+ * and every op of a kind with the same cost, padding included (dp 3 pads every unit). */
+static void test_compute_ops_match_schedule(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    for (int stage = 0; stage <= 3; stage++)
+        for (int mp = 1; mp <= 2; mp++) {
+            ZpPlan p;
+            zp_plan_defaults(&p, stage, 3, mp);
+            p.micro_batch = 2;
+            p.grad_accum = 2;
+            p.checkpoint = stage % 2;
+            ZpComputeOps ops[ZP_COMP_N];
+            zp_sched_compute_ops(&m, &p, ops);
+            ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+            g_assert_nonnull(s);
+            uint64_t count[ZP_COMP_N] = {0};
+            for (guint i = 0; i < s->ops->len; i++) {
+                const ZpOp *op = zp_sched_op(s, i);
+                if (op->kind != ZP_OP_COMPUTE)
+                    continue;
+                count[op->sub]++;
+                g_assert_cmpfloat(op->flops, ==, ops[op->sub].flops);
+                g_assert_cmpfloat(op->gemm_flops, ==, ops[op->sub].gemm_flops);
+                g_assert_cmpfloat(op->mem_bytes, ==, ops[op->sub].mem_bytes);
+            }
+            for (int k = 0; k < ZP_COMP_N; k++)
+                g_assert_cmpuint(count[k], ==, ops[k].count);
+            zp_sched_free(s);
+        }
+}
+
+/* The screen's memory is zp_mem's model states + residual (reserve included). */
+static void test_screen_memory_is_zp_mem(void)
+{
+    ZpModel m = load_model("gpt2-1.5b");
+    ZpHw hw = load_hw("dgx2-v100");
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &hw, 64);
+    ZpScreen screen;
+    g_assert_true(zp_search_screen_init(&screen, &spec, NULL));
+    GArray *plans = zp_search_enumerate(&spec, NULL);
+    g_assert_nonnull(plans);
+    g_assert_cmpuint(plans->len, >, 100);
+    for (guint i = 0; i < plans->len; i++) {
+        const ZpPlan *p = &g_array_index(plans, ZpCandidate, i).plan;
+        double memory, bound;
+        zp_search_screen(&screen, p, &memory, &bound);
+        const ZpModelStates st = zp_mem_model_states(
+            (double)zp_model_param_count(&m), p->zero.stage, p->dp, p->mp,
+            zp_plan_state_bytes(p->precision, p->optimizer));
+        g_assert_cmpfloat(memory, ==, st.total_bytes + zp_mem_residual(&m, p, &hw).total_bytes);
+        g_assert_cmpfloat(bound, >, 0);
+    }
+    g_array_unref(plans);
+}
+
+/* The ranking callback, recording what it simulated. */
+typedef struct {
+    CliRankContext sim;
+    guint calls;
+} Recorder;
+
+static gboolean record(const ZpPlan *plan, void *ctx, double *step_s, double *peak, GError **error)
+{
+    Recorder *r = ctx;
+    r->calls++;
+    return cli_rank_by_simulation(plan, &r->sim, step_s, peak, error);
+}
+
+/* The bound never exceeds the simulated step (so pruning loses nothing), the plans it pruned
+ * really were slower than the K-th or their group's best, and the best plan fits. */
+static void check_search(const char *model_name, const char *cluster, int gpus, int64_t batch)
+{
+    ZpModel m = load_model(model_name);
+    ZpHw hw = load_hw(cluster);
+    ZpSearchSpec spec;
+    Recorder rec = {.sim = {&m, &hw}};
+    cli_search_spec(&spec, &rec.sim, &m, &hw, gpus);
+    spec.rank = record;
+    spec.rank_ctx = &rec;
+    spec.global_batch = batch;
+    spec.top_k = 3;
+    ZpSearchResult r;
+    GError *error = NULL;
+    g_assert_true(zp_search_run(&spec, &r, &error));
+    g_assert_no_error(error);
+    g_assert_cmpuint(rec.calls, ==, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM]);
+    g_assert_cmpuint(r.ranked->len, >, 0);
+    const ZpCandidate *best = zp_search_ranked(&r, 0);
+    g_assert_cmpfloat(best->peak_memory_bytes, <=, hw.gpu_memory_bytes);
+    const ZpCandidate *kth = zp_search_ranked(&r, r.ranked->len - 1);
+    const double kth_ps = kth->step_time_s / zp_search_samples(&kth->plan);
+    guint pruned_checked = 0;
+    for (guint i = 0; i < r.candidates->len; i++) {
+        const ZpCandidate *c = zp_search_candidate(&r, (int)i);
+        if (c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM)
+            g_assert_cmpfloat(c->bound_step_s, <=, c->step_time_s * (1 + 1e-9));
+        if (c->fate == ZP_FATE_SIMULATED)
+            g_assert_cmpfloat(c->peak_memory_bytes, <=, hw.gpu_memory_bytes);
+        if (c->fate != ZP_FATE_CANNOT_WIN || pruned_checked >= 40)
+            continue;
+        /* Simulate a pruned plan anyway: it is no faster per sample than the K-th. */
+        double step_s, peak;
+        g_assert_true(cli_rank_by_simulation(&c->plan, &rec.sim, &step_s, &peak, NULL));
+        g_assert_cmpfloat(c->bound_step_s, <=, step_s * (1 + 1e-9));
+        g_assert_cmpfloat(step_s / zp_search_samples(&c->plan), >=, kth_ps * (1 - 1e-9));
+        pruned_checked++;
+    }
+    for (guint i = 1; i < r.ranked->len; i++) {
+        const ZpCandidate *a = zp_search_ranked(&r, i - 1), *b = zp_search_ranked(&r, i);
+        g_assert_cmpfloat(a->step_time_s / zp_search_samples(&a->plan), <=,
+                          b->step_time_s / zp_search_samples(&b->plan));
+    }
+    zp_search_result_clear(&r);
+}
+
+static void test_bound_and_pruning(void)
+{
+    check_search("gpt2-1.5b", "dgx2-v100", 64, 0);
+    check_search("gpt2-1.5b", "dgx2-v100", 64, 512);
+    check_search("gpt-13b", "dgx-a100-80g", 64, 256);
+    check_search("gpt3-175b", "dgx-a100-80g", 256, 1536);
+}
+
+/* ---- DeepSpeed configs ----------------------------------------------------------------- */
+
+static gboolean read_ds(const char *text, const ZpModel *m, const ZpPlan *launch, ZpPlan *plan,
+                        int64_t *batch, GPtrArray *warnings, GError **error)
+{
+    char *path = tmp_path("ds_config.json");
+    g_assert_true(g_file_set_contents(path, text, -1, NULL));
+    const gboolean ok = zp_dsconfig_read(path, m, launch, plan, batch, warnings, error);
+    g_free(path);
+    return ok;
+}
+
+static ZpPlan launch_plan(int dp, int mp)
+{
+    ZpPlan launch;
+    zp_plan_defaults(&launch, 0, dp, mp);
+    return launch;
+}
+
+static void test_dsconfig_defaults_and_auto(void)
+{
+    ZpModel m = load_model("gpt2-1.5b");
+    ZpPlan launch = launch_plan(64, 1), plan;
+    launch.micro_batch = 4;
+    launch.grad_accum = 2;
+    int64_t batch = 0;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    GError *error = NULL;
+    /* Absent keys take DeepSpeed's defaults: overlap_comm off below stage 3, on at 3. */
+    g_assert_true(read_ds("{\"train_batch_size\": 256, \"zero_optimization\": {\"stage\": 2}}",
+                          &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(plan.zero.stage, ==, 2);
+    g_assert_false(plan.zero.overlap_comm);
+    g_assert_cmpfloat(plan.zero.reduce_bucket_size, ==, 5e8);
+    g_assert_cmpint(plan.micro_batch, ==, 4);
+    g_assert_cmpint(plan.grad_accum, ==, 1);
+    g_assert_cmpint(batch, ==, 256);
+    g_assert_cmpint(plan.precision, ==, ZP_PREC_FP32); /* neither fp16 nor bf16 */
+    g_assert_false(plan.checkpoint);
+    g_assert_cmpuint(warnings->len, ==, 0);
+    g_assert_true(read_ds("{\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": "
+                          "true}, \"zero_optimization\": {\"stage\": 3}, "
+                          "\"activation_checkpointing\": {}}",
+                          &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_true(plan.zero.overlap_comm);
+    g_assert_true(plan.checkpoint);
+    g_assert_cmpint(plan.precision, ==, ZP_PREC_FP16);
+    g_assert_cmpint(batch, ==, 128);
+    /* "auto" as the Hugging Face Trainer resolves it: h = 1600. */
+    g_assert_true(read_ds("{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\":"
+                          " \"auto\", \"gradient_accumulation_steps\": \"auto\", \"bf16\": "
+                          "{\"enabled\": \"auto\"}, \"zero_optimization\": {\"stage\": 3, "
+                          "\"reduce_bucket_size\": \"auto\", \"stage3_prefetch_bucket_size\": "
+                          "\"auto\", \"stage3_param_persistence_threshold\": \"auto\"}}",
+                          &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpfloat(plan.zero.reduce_bucket_size, ==, 1600.0 * 1600);
+    g_assert_cmpfloat(plan.zero.stage3_prefetch_bucket_size, ==, 2304000);
+    g_assert_cmpfloat(plan.zero.stage3_param_persistence_threshold, ==, 16000);
+    g_assert_cmpint(plan.micro_batch, ==, 4);
+    g_assert_cmpint(plan.grad_accum, ==, 2);
+    g_assert_cmpint(batch, ==, 4 * 2 * 64);
+    g_assert_cmpint(plan.precision, ==, ZP_PREC_FP32); /* the launch is fp16, not bf16 */
+    /* 5e8 and 500000000 are the same number; the stage3_* keys have DeepSpeed's short names. */
+    ZpPlan other;
+    g_assert_true(read_ds("{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": 3, "
+                          "\"reduce_bucket_size\": 5e8, \"max_live_parameters\": 2e8}}",
+                          &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_true(read_ds("{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": 3, "
+                          "\"reduce_bucket_size\": 500000000, \"stage3_max_live_parameters\": "
+                          "200000000}}",
+                          &m, &launch, &other, &batch, warnings, &error));
+    g_assert_cmpint(memcmp(&plan, &other, sizeof plan), ==, 0);
+    g_assert_cmpfloat(plan.zero.stage3_max_live_parameters, ==, 2e8);
+    g_assert_cmpuint(warnings->len, ==, 0);
+    g_ptr_array_unref(warnings);
+}
+
+/* DeepSpeed's batch rule: any two of the three give the third. */
+static void test_dsconfig_batch_rule(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    const ZpPlan launch = launch_plan(8, 1);
+    const struct {
+        const char *json;
+        int micro, accum;
+        int64_t batch;
+    } cases[] = {
+        {"{\"train_batch_size\": 64, \"train_micro_batch_size_per_gpu\": 2}", 2, 4, 64},
+        {"{\"train_batch_size\": 64, \"gradient_accumulation_steps\": 2}", 4, 2, 64},
+        {"{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 3}", 2, 3, 48},
+        {"{\"train_batch_size\": 64}", 8, 1, 64},
+        {"{\"train_micro_batch_size_per_gpu\": 5}", 5, 1, 40},
+        {"{\"train_batch_size\": 48, \"train_micro_batch_size_per_gpu\": 2, "
+         "\"gradient_accumulation_steps\": 3}", 2, 3, 48},
+    };
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpPlan plan;
+        int64_t batch = 0;
+        GError *error = NULL;
+        g_assert_true(read_ds(cases[i].json, &m, &launch, &plan, &batch, warnings, &error));
+        g_assert_no_error(error);
+        g_assert_cmpint(plan.micro_batch, ==, cases[i].micro);
+        g_assert_cmpint(plan.grad_accum, ==, cases[i].accum);
+        g_assert_cmpint(batch, ==, cases[i].batch);
+    }
+    g_ptr_array_unref(warnings);
+}
+
+/* Each bad config fails with one line naming the key at fault. */
+static void test_dsconfig_refusals(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    const ZpPlan launch = launch_plan(8, 1);
+    const struct {
+        const char *json, *message;
+    } cases[] = {
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": \"three\"}}",
+         "key \"stage\" must be a whole number"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": 4}}", "key \"stage\" = 4"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stag\": 2}}",
+         "unknown key \"zero_optimization.stag\""},
+        {"{\"train_batch_size\": 64, \"trian_batch_size\": 64}", "unknown key \"trian_batch_size\""},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"overlap_comm\": 1}}",
+         "key \"overlap_comm\" must be true or false"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"reduce_bucket_size\": 2.5}}",
+         "key \"reduce_bucket_size\" must be a whole number"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"allgather_bucket_size\": "
+         "\"auto\"}}", "key \"allgather_bucket_size\" = \"auto\" has no Hugging Face rule"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": {\"max_live_parameters\": 1, "
+         "\"stage3_max_live_parameters\": 1}}", "name the same setting"},
+        {"{\"train_batch_size\": 64, \"zero_optimization\": 2}",
+         "key \"zero_optimization\" must be an object"},
+        {"{\"train_batch_size\": 64, \"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": "
+         "true}}", "fp16.enabled and bf16.enabled are both true"},
+        {"{\"train_batch_size\": 60, \"train_micro_batch_size_per_gpu\": 2}",
+         "train_batch_size = 60 is not a multiple of train_micro_batch_size_per_gpu 2 x the "
+         "data-parallel degree 8"},
+        {"{\"train_batch_size\": 4}", "train_batch_size = 4 is not a multiple of the "
+         "data-parallel degree 8"},
+        {"{\"train_batch_size\": 64, \"train_micro_batch_size_per_gpu\": 2, "
+         "\"gradient_accumulation_steps\": 2}", "train_batch_size = 64 but "
+         "train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x the data-parallel "
+         "degree 8 = 32"},
+        {"{\"gradient_accumulation_steps\": 2}", "give train_batch_size or "
+         "train_micro_batch_size_per_gpu"},
+        {"{\"train_batch_size\": -8}", "key \"train_batch_size\" = -8 is outside"},
+        {"[]", "top level must be a JSON object"},
+    };
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpPlan plan;
+        int64_t batch;
+        GError *error = NULL;
+        g_assert_false(read_ds(cases[i].json, &m, &launch, &plan, &batch, warnings, &error));
+        g_test_message("%s -> %s", cases[i].json, error->message);
+        g_assert_nonnull(strstr(error->message, cases[i].message));
+        g_assert_nonnull(strstr(error->message, "ds_config.json"));
+        g_assert_null(strchr(error->message, '\n'));
+        g_clear_error(&error);
+    }
+    /* "auto" sizes need an architecture. */
+    ZpModel params_only;
+    zp_model_from_params(1e9, &params_only);
+    ZpPlan plan;
+    int64_t batch;
+    GError *error = NULL;
+    g_assert_false(read_ds("{\"train_batch_size\": 8, \"zero_optimization\": "
+                           "{\"reduce_bucket_size\": \"auto\"}}",
+                           &params_only, &launch, &plan, &batch, warnings, &error));
+    g_assert_nonnull(strstr(error->message, "hidden size"));
+    g_clear_error(&error);
+    g_ptr_array_unref(warnings);
+}
+
+/* Keys DeepSpeed knows and zplan does not model warn, one line each naming the key. */
+static void test_dsconfig_warnings(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    const ZpPlan launch = launch_plan(8, 1);
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    ZpPlan plan;
+    int64_t batch;
+    GError *error = NULL;
+    g_assert_true(read_ds(
+        "{\"train_batch_size\": 64, \"optimizer\": {\"type\": \"AdamW\"}, \"scheduler\": {}, "
+        "\"gradient_clipping\": 1.0, \"steps_per_print\": 10, \"wall_clock_breakdown\": false, "
+        "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
+        " \"offload_optimizer\": {\"device\": \"cpu\"}, \"allgather_partitions\": false, "
+        "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
+        "true, \"cpu_checkpointing\": false}}",
+        &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_no_error(error);
+    const char *expected[] = {
+        "\"optimizer\" ignored: not modeled", "\"scheduler\" ignored",
+        "\"gradient_clipping\" ignored", "\"steps_per_print\" ignored",
+        "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
+        "\"zero_optimization.offload_optimizer\" ignored",
+        "\"zero_optimization.allgather_partitions\" ignored",
+        "\"activation_checkpointing.partition_activations\" ignored",
+    };
+    GString *all = g_string_new(NULL);
+    for (guint i = 0; i < warnings->len; i++) {
+        const char *w = g_ptr_array_index(warnings, i);
+        g_assert_null(strchr(w, '\n'));
+        g_string_append_printf(all, "%s\n", w);
+    }
+    g_test_message("%s", all->str);
+    for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
+        g_assert_nonnull(strstr(all->str, expected[i]));
+    g_assert_cmpuint(warnings->len, ==, G_N_ELEMENTS(expected)); /* sub_group_size: default */
+    g_string_free(all, TRUE);
+    g_ptr_array_unref(warnings);
+}
+
+/* Every plan the search can produce survives write -> read unchanged. */
+static void test_dsconfig_round_trip(void)
+{
+    ZpModel m = load_model("gpt2-1.5b");
+    ZpHw hw = load_hw("dgx-a100-80g");
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &hw, 32);
+    spec.global_batch = 256;
+    GArray *plans = zp_search_enumerate(&spec, NULL);
+    g_assert_nonnull(plans);
+    char *path = tmp_path("round_trip.json");
+    for (guint i = 0; i < plans->len; i += 7) {
+        const ZpPlan *p = &g_array_index(plans, ZpCandidate, i).plan;
+        g_assert_true(zp_dsconfig_write(p, path, NULL));
+        const ZpPlan launch = launch_plan(p->dp, p->mp);
+        ZpPlan back;
+        int64_t batch;
+        GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+        GError *error = NULL;
+        g_assert_true(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
+        g_assert_no_error(error);
+        g_assert_cmpuint(warnings->len, ==, 0);
+        g_assert_cmpint(batch, ==, 256);
+        g_assert_cmpint(memcmp(p, &back, sizeof back), ==, 0);
+        g_ptr_array_unref(warnings);
+    }
+    g_remove(path);
+    g_free(path);
+    g_array_unref(plans);
+}
+
+/* ---- zplan plan ------------------------------------------------------------------------ */
+
+static void check_fits(json_t *candidate, double gpu_memory_bytes)
+{
+    g_assert_cmpfloat(number(candidate, "peak_memory_bytes"), <=, gpu_memory_bytes);
+    g_assert_cmpfloat(number(candidate, "step_time_s"), >, 0);
+}
+
+/* The best plan always fits, and so do all listed; with less GPU memory the answer still fits
+ * (or nothing does, and then nothing does with even less), and is never faster. */
+static void test_best_fits_as_memory_shrinks(void)
+{
+    const double sizes[] = {34359738368.0, 24e9, 16e9, 12e9, 8e9, 4e9, 2e9};
+    double previous_ps = 0;
+    gboolean nothing_fits = FALSE;
+    for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        char *profile = profile_with_memory("dgx2-v100", sizes[i]);
+        char *args = g_strdup_printf("--model gpt2-1.5b --cluster %s --gpus 64 --top 3", profile);
+        int status;
+        json_t *root = plan_json(args, &status);
+        json_t *best = json_object_get(root, "best");
+        if (json_is_null(best)) {
+            g_assert_cmpint(status, ==, 2);
+            nothing_fits = TRUE;
+        } else {
+            g_assert_cmpint(status, ==, 0);
+            g_assert_false(nothing_fits);
+            check_fits(best, sizes[i]);
+            json_t *c;
+            size_t k;
+            json_array_foreach(json_object_get(root, "candidates"), k, c) check_fits(c, sizes[i]);
+            const double ps = number(best, "step_time_s") / number(best, "global_batch");
+            g_assert_cmpfloat(ps, >=, previous_ps * (1 - 1e-9));
+            previous_ps = ps;
+        }
+        json_decref(root);
+        g_free(args);
+        g_remove(profile);
+        g_free(profile);
+    }
+    g_assert_true(nothing_fits); /* 2 GB cannot hold a 1.5B model's states over 64 GPUs */
+}
+
+/* The ZeRO paper trains the 1.5B model on 32 GB V100s without ZeRO: some stage-0 plan fits,
+ * and it needs activation checkpointing (without it, the closest is over). */
+static void test_gpt2_fits_at_stage0(void)
+{
+    int status;
+    json_t *root = plan_json("--model gpt2-1.5b --cluster dgx2-v100 --gpus 64", &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *stage0 = json_array_get(json_object_get(root, "stages"), 0);
+    g_assert_true(json_is_true(json_object_get(stage0, "fits")));
+    json_t *best0 = json_object_get(stage0, "best");
+    g_assert_cmpint(json_integer_value(json_object_get(best0, "stage")), ==, 0);
+    check_fits(best0, number(root, "gpu_memory_bytes"));
+    g_assert_true(json_is_true(json_object_get(stage0, "checkpointing_needed")));
+    g_assert_cmpfloat(number(json_object_get(stage0, "closest_over_memory"), "over_memory_bytes"),
+                      >, 0);
+    json_decref(root);
+}
+
+/* A trillion parameters need 16 TB of model states: 250 GB per GPU over 64 GPUs at best. */
+static void test_1t_does_not_fit_on_64(void)
+{
+    const char *clusters[] = {"dgx2-v100", "dgx-a100-80g"};
+    for (size_t i = 0; i < G_N_ELEMENTS(clusters); i++) {
+        char *args = g_strdup_printf("plan --model gpt-1t --cluster %s --gpus 64", clusters[i]);
+        Run r = run_zplan(args);
+        g_assert_cmpint(exit_status(&r), ==, 2);
+        g_assert_nonnull(strstr(r.err, "no plan fits"));
+        g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+        g_assert_nonnull(strstr(r.out, "No plan fits"));
+        for (int stage = 0; stage <= 3; stage++) {
+            char line[64];
+            g_snprintf(line, sizeof line, "%d out of memory", stage);
+            g_assert_nonnull(strstr(r.out, line));
+        }
+        run_free(&r);
+        g_free(args);
+    }
+    int status;
+    json_t *root = plan_json("--model gpt-1t --cluster dgx-a100-80g --gpus 64", &status);
+    g_assert_cmpint(status, ==, 2);
+    g_assert_true(json_is_null(json_object_get(root, "best")));
+    /* Stage 3 with all 64 GPUs sharing 16 bytes per parameter: at least 250 GB - 86 GB over. */
+    g_assert_cmpfloat(number(json_object_get(root, "closest_over_memory"), "over_memory_bytes"),
+                      >, 16 * 1e12 / 64 - 85.9e9);
+    json_decref(root);
+}
+
+/* Without tensor parallelism a 13B model on 128 V100s needs ZeRO stage 2 or 3: stage 1 keeps
+ * 4 bytes of parameters and gradients per parameter, 52 GB. */
+static void test_13b_needs_stage2(void)
+{
+    int status;
+    json_t *root = plan_json("--model gpt-13b --cluster dgx2-v100 --gpus 128 --mp 1", &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *stages = json_object_get(root, "stages");
+    g_assert_false(json_is_true(json_object_get(json_array_get(stages, 0), "fits")));
+    g_assert_false(json_is_true(json_object_get(json_array_get(stages, 1), "fits")));
+    json_t *best = json_object_get(root, "best");
+    g_assert_cmpint(json_integer_value(json_object_get(best, "stage")), >=, 2);
+    g_assert_cmpint(json_integer_value(json_object_get(best, "mp")), ==, 1);
+    check_fits(best, number(root, "gpu_memory_bytes"));
+    json_decref(root);
+}
+
+/* --ds-config writes what DeepSpeed would run: the chosen stage and batch sizes as integers;
+ * read back it is the best plan, and the simulator predicts the same step for it, through the
+ * API and through `zplan simulate --ds-config`. */
+static void test_ds_config_written_and_simulated(void)
+{
+    char *path = tmp_path("best.json");
+    char *args = g_strdup_printf("--model gpt2-1.5b --cluster dgx2-v100 --gpus 64 "
+                                 "--global-batch 512 --ds-config %s", path);
+    int status;
+    json_t *root = plan_json(args, &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *best = json_object_get(root, "best");
+    const int stage = (int)json_integer_value(json_object_get(best, "stage"));
+    const int micro = (int)json_integer_value(json_object_get(best, "micro_batch"));
+    const int accum = (int)json_integer_value(json_object_get(best, "grad_accum"));
+    const int mp = (int)json_integer_value(json_object_get(best, "mp"));
+    json_t *ds = zp_json_load_object(path, NULL);
+    g_assert_nonnull(ds);
+    g_assert_true(json_is_integer(json_object_get(ds, "train_batch_size")));
+    g_assert_cmpint(json_integer_value(json_object_get(ds, "train_batch_size")), ==, 512);
+    g_assert_cmpint(json_integer_value(json_object_get(ds, "train_micro_batch_size_per_gpu")),
+                    ==, micro);
+    g_assert_cmpint(json_integer_value(json_object_get(ds, "gradient_accumulation_steps")), ==,
+                    accum);
+    json_t *zero = json_object_get(ds, "zero_optimization");
+    g_assert_cmpint(json_integer_value(json_object_get(zero, "stage")), ==, stage);
+    g_assert_true(json_is_integer(json_object_get(zero, "reduce_bucket_size")));
+    g_assert_true(json_is_true(json_object_get(json_object_get(ds, "fp16"), "enabled")));
+    json_decref(ds);
+
+    ZpModel m = load_model("gpt2-1.5b");
+    ZpHw hw = load_hw("dgx2-v100");
+    const ZpPlan launch = launch_plan(64 / mp, mp);
+    ZpPlan plan, expected;
+    int64_t batch;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_dsconfig_read(path, &m, &launch, &plan, &batch, warnings, NULL));
+    g_assert_true(zp_plan_from_json(json_object_get(best, "plan"), "best", &expected, NULL));
+    g_assert_cmpint(memcmp(&plan, &expected, sizeof plan), ==, 0);
+    CliRankContext sim = {&m, &hw};
+    double step_s, peak;
+    g_assert_true(cli_rank_by_simulation(&plan, &sim, &step_s, &peak, NULL));
+    g_assert_cmpfloat(step_s, ==, number(best, "step_time_s"));
+    g_assert_cmpfloat(peak + hw.runtime_reserve_bytes, ==, number(best, "peak_memory_bytes"));
+    g_ptr_array_unref(warnings);
+
+    Run help = run_zplan("simulate --help");
+    if (strstr(help.out, "--ds-config")) {
+        char *sim_args = g_strdup_printf("simulate --model gpt2-1.5b --cluster dgx2-v100 "
+                                         "--gpus 64 --mp %d --ds-config %s --json", mp, path);
+        Run r = run_zplan(sim_args);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        json_t *s = parse_json(r.out);
+        g_assert_cmpfloat(number(s, "step_time_s"), ==, number(best, "step_time_s"));
+        g_assert_cmpint(json_integer_value(json_object_get(s, "stage")), ==, stage);
+        json_decref(s);
+        run_free(&r);
+        g_free(sim_args);
+    }
+    run_free(&help);
+    json_decref(root);
+    g_remove(path);
+    g_free(path);
+    g_free(args);
+}
+
+/* The human table: the top plans with memory, TFLOPs and MFU, and why the rest lost. */
+static void test_human_output(void)
+{
+    Run r = run_zplan("plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --top 2");
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    const char *expected[] = {"Top 2", "TFLOPs/GPU", "MFU", "Memory per GPU at the simulated peak",
+                              "Why the other choices lost", "checkpointing"};
+    for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
+        g_assert_nonnull(strstr(r.out, expected[i]));
+    g_assert_cmpstr(r.err, ==, "");
+    run_free(&r);
+    r = run_zplan("plan --help");
+    g_assert_nonnull(strstr(r.out, "--ds-config"));
+    run_free(&r);
+    r = run_zplan("sweep --help");
+    g_assert_nonnull(strstr(r.out, "--metric"));
+    run_free(&r);
+}
+
+static const struct {
+    const char *args, *file, *message;
+} bad_cases[] = {
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --global-batch 1000", NULL,
+     "--global-batch: 1000 is not a multiple of any data-parallel degree"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --mp 2", NULL,
+     "--mp: 2 does not divide the 25 attention heads"},
+    {"plan --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --mp 16", NULL,
+     "--mp: tensor-parallel degree 16 must divide the 8 GPUs per node"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 60 --mp 8", NULL,
+     "--mp: 8 does not divide --gpus 60"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100", NULL, "--gpus N is required"},
+    {"plan --cluster dgx2-v100 --gpus 8", NULL, "--model NAME|PATH.json is required"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 8 --top 0", NULL, "--top: '0' is outside"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 8 --precision bf16", NULL,
+     "--precision: dgx2-v100 (V100-SXM3-32GB) has no bf16 peak"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 8 --seq 0", NULL, "--seq: '0' is outside"},
+    {"plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 8 extra", NULL, "unexpected argument"},
+    {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
+     "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": \"three\"}}",
+     "key \"stage\" must be a whole number"},
+    {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
+     "{\"train_batch_size\": 8, \"zero_optimisation\": {\"stage\": 1}}",
+     "unknown key \"zero_optimisation\""},
+    {"sweep --vary params --values 1e9,2e9 --cluster dgx2-v100 --metric tflops --gpus 8 --out x",
+     NULL, "--vary params: tflops simulates steps"},
+    {"sweep --vary gpus --values 8,16 --model gpt2-124m --metric maxmodel --out x", NULL,
+     "give --cluster NAME|PATH.json or --gpu-memory BYTES"},
+    {"sweep --vary size --values 8 --params 1e9 --out x", NULL, "--vary: unknown value 'size'"},
+    {"sweep --vary gpus --values 8,0 --params 1e9 --metric memory --out x", NULL,
+     "--values: '0' is outside"},
+    {"sweep --vary gpus --values 8,16 --params 1e9 --metric memory", NULL, "--out PREFIX is required"},
+    {"sweep --vary stage --values 0,1 --params 1e9 --metric memory --out x", NULL,
+     "--gpus N is required unless --vary gpus"},
+    {"sweep --vary gpus --values 8,12 --params 1e9 --metric memory --mp 8 --out x", NULL,
+     "--values: at gpus = 12: --mp: 8 does not divide --gpus 12"},
+};
+
+static void test_bad_input(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
+        char *path = NULL;
+        if (bad_cases[i].file) {
+            path = tmp_path("bad.json");
+            g_assert_true(g_file_set_contents(path, bad_cases[i].file, -1, NULL));
+        }
+        char *args = path ? g_strdup_printf(bad_cases[i].args, path) : g_strdup(bad_cases[i].args);
+        Run r = run_zplan(args);
+        g_test_message("zplan %s -> %s", args, r.err);
+        g_assert_cmpint(exit_status(&r), ==, 1);
+        g_assert_nonnull(strstr(r.err, bad_cases[i].message));
+        g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+        g_assert_cmpstr(r.out, ==, "");
+        if (path)
+            g_assert_nonnull(strstr(r.err, path));
+        run_free(&r);
+        g_free(args);
+        if (path)
+            g_remove(path);
+        g_free(path);
+    }
+}
+
+/* ---- zplan sweep ----------------------------------------------------------------------- */
+
+static char **sweep_rows(const char *args, const char *prefix)
+{
+    Run r = run_zplan(args);
+    g_test_message("zplan %s -> %s", args, r.err);
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    run_free(&r);
+    char *csv_path = g_strconcat(prefix, ".csv", NULL), *svg_path = g_strconcat(prefix, ".svg", NULL);
+    char *csv = NULL, *svg = NULL;
+    g_assert_true(g_file_get_contents(csv_path, &csv, NULL, NULL));
+    g_assert_true(g_file_get_contents(svg_path, &svg, NULL, NULL));
+    g_assert_nonnull(strstr(svg, "<svg"));
+    g_assert_nonnull(strstr(svg, "</svg>"));
+    char **rows = g_strsplit(g_strchomp(csv), "\n", -1);
+    g_remove(csv_path);
+    g_remove(svg_path);
+    g_free(csv), g_free(svg), g_free(csv_path), g_free(svg_path);
+    return rows;
+}
+
+/* Memory of 7.5B's model states per GPU is the paper's Table 1 (exact: 16, 4 + 12/N, ...). */
+static void test_sweep_memory_is_table1(void)
+{
+    char *prefix = tmp_path("memory");
+    char *args = g_strdup_printf("sweep --vary gpus --values 1,4,64 --params 7.5e9 "
+                                 "--metric memory --out %s", prefix);
+    char **rows = sweep_rows(args, prefix);
+    g_assert_cmpstr(rows[0], ==, "gpus,stage 0,stage 1,stage 2,stage 3");
+    g_assert_cmpstr(rows[1], ==, "1,120,120,120,120");
+    g_assert_cmpstr(rows[2], ==, "4,120,52.5,41.25,30");
+    g_assert_cmpstr(rows[3], ==, "64,120,31.4062,16.6406,1.875");
+    g_assert_null(rows[4]);
+    g_strfreev(rows);
+    g_free(args);
+    /* The largest model: Table 2's MP-1 row (7.6B, 14.4B; --gpu-memory has no reserve). */
+    args = g_strdup_printf("sweep --vary gpus --values 64 --gpu-memory 32e9 --metric maxmodel "
+                           "--out %s", prefix);
+    rows = sweep_rows(args, prefix);
+    g_assert_cmpstr(rows[1], ==, "64,2,7.64179,14.4225,128");
+    g_strfreev(rows);
+    g_free(args);
+    g_free(prefix);
+}
+
+/* TFLOPs per stage against GPUs: every stage that fits has a positive figure. */
+static void test_sweep_tflops(void)
+{
+    char *prefix = tmp_path("tflops");
+    char *args = g_strdup_printf("sweep --vary gpus --values 8,16 --model gpt2-124m --cluster "
+                                 "dgx-a100-80g --out %s", prefix);
+    char **rows = sweep_rows(args, prefix);
+    for (int i = 1; i <= 2; i++) {
+        char **cells = g_strsplit(rows[i], ",", -1);
+        g_assert_cmpuint(g_strv_length(cells), ==, 5);
+        for (int stage = 1; stage <= 4; stage++)
+            g_assert_cmpfloat(g_ascii_strtod(cells[stage], NULL), >, 1);
+        g_strfreev(cells);
+    }
+    g_strfreev(rows);
+    g_free(args);
+    args = g_strdup_printf("sweep --vary stage --values 0,3 --gpus 8 --model gpt2-124m "
+                           "--cluster dgx-a100-80g --out %s", prefix);
+    rows = sweep_rows(args, prefix);
+    g_assert_cmpstr(rows[0], ==, "stage,tflops_per_gpu");
+    g_assert_true(g_str_has_prefix(rows[2], "3,"));
+    g_strfreev(rows);
+    g_free(args);
+    g_free(prefix);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    tmp_dir = g_dir_make_tmp("zplan-plan-XXXXXX", NULL);
+    g_test_add_func("/search/compute-ops-match-schedule", test_compute_ops_match_schedule);
+    g_test_add_func("/search/screen-memory-is-zp-mem", test_screen_memory_is_zp_mem);
+    g_test_add_func("/search/bound-and-pruning", test_bound_and_pruning);
+    g_test_add_func("/dsconfig/defaults-and-auto", test_dsconfig_defaults_and_auto);
+    g_test_add_func("/dsconfig/batch-rule", test_dsconfig_batch_rule);
+    g_test_add_func("/dsconfig/refusals", test_dsconfig_refusals);
+    g_test_add_func("/dsconfig/warnings", test_dsconfig_warnings);
+    g_test_add_func("/dsconfig/round-trip", test_dsconfig_round_trip);
+    g_test_add_func("/plan/best-fits-as-memory-shrinks", test_best_fits_as_memory_shrinks);
+    g_test_add_func("/plan/gpt2-1.5b-fits-at-stage-0", test_gpt2_fits_at_stage0);
+    g_test_add_func("/plan/1t-does-not-fit-on-64", test_1t_does_not_fit_on_64);
+    g_test_add_func("/plan/13b-without-tp-needs-stage-2", test_13b_needs_stage2);
+    g_test_add_func("/plan/ds-config-written-and-simulated", test_ds_config_written_and_simulated);
+    g_test_add_func("/plan/human-output", test_human_output);
+    g_test_add_func("/plan/bad-input", test_bad_input);
+    g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
+    g_test_add_func("/sweep/tflops", test_sweep_tflops);
+    const int status = g_test_run();
+    g_rmdir(tmp_dir);
+    g_free(tmp_dir);
+    return status;
+}
