@@ -27,8 +27,8 @@ static const HwField hw_fields[] = {
     F(inter_node_latency_s, 0, 1, TRUE),
     F(host_link_bytes_per_s, 1e6, 1e14, TRUE),
     F(cpu_memory_bytes, 1e6, 1e16, TRUE),
-    F(nvme_bytes_per_s, 1e6, 1e14, TRUE),
-    F(nvme_bytes, 1e6, 1e17, TRUE),
+    F(nvme_bytes_per_s, 1e6, 1e14, FALSE), /* absent on a measured machine without offload */
+    F(nvme_bytes, 1e6, 1e17, FALSE),
     F(runtime_reserve_bytes, 0, 1e12, TRUE),
     F(gemm_efficiency_max, 0.01, 1, TRUE),
     F(gemm_half_efficiency_flops, 0, 1e18, TRUE),
@@ -43,7 +43,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "host_link_bytes_per_s", "cpu_memory_bytes",
                                       "nvme_bytes_per_s", "nvme_bytes", "runtime_reserve_bytes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
-                                      "calibration", NULL};
+                                      "collective_fit", "calibration", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -55,6 +55,32 @@ static gboolean copy_name(char *dst, size_t size, const char *src, const char *w
     }
     g_strlcpy(dst, src, size);
     return TRUE;
+}
+
+static gboolean collective_fit(json_t *obj, const char *what, ZpHw *hw, GError **error)
+{
+    static const char *const kinds[] = {"allreduce", "reduce_scatter", "allgather"};
+    static const char *const keys[] = {"base_latency_s", "bus_bytes_per_s", NULL};
+    json_t *fit = json_object_get(obj, "collective_fit");
+    if (!fit)
+        return TRUE;
+    json_t *bw = json_object_get(fit, "bus_bytes_per_s");
+    if (!json_is_object(fit) || !json_is_object(bw)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"collective_fit\" must be an object with \"bus_bytes_per_s\" "
+                    "an object", what);
+        return FALSE;
+    }
+    char *inner = g_strdup_printf("%s: collective_fit", what);
+    gboolean ok = zp_json_check_keys(fit, inner, keys, error) &&
+                  zp_json_get_number(fit, inner, "base_latency_s", TRUE, 0, 1,
+                                     &hw->collective_base_latency_s, error);
+    for (size_t k = 0; ok && k < G_N_ELEMENTS(kinds); k++)
+        ok = zp_json_get_number(bw, inner, kinds[k], TRUE, 1e3, 1e15,
+                                &hw->collective_bytes_per_s[k], error);
+    g_free(inner);
+    hw->has_collective_fit = ok;
+    return ok;
 }
 
 gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError **error)
@@ -77,6 +103,8 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
         if (!zp_json_get_number(obj, what, f->key, f->required, f->min, f->max, slot, error))
             return FALSE;
     }
+    if (!collective_fit(obj, what, hw, error))
+        return FALSE;
     json_t *notes = json_object_get(obj, "notes");
     if (notes && !json_is_object(notes)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,

@@ -25,6 +25,13 @@ typedef struct {
     double runtime_reserve_bytes;    /* CUDA context, library workspaces, allocator slack */
     double gemm_efficiency_max;      /* achieved/peak for very large GEMMs */
     double gemm_half_efficiency_flops; /* GEMM size (FLOPs) that reaches half of the max */
+    /* Optional "collective_fit" {"base_latency_s", "bus_bytes_per_s": {"allreduce",
+     * "reduce_scatter", "allgather"}}: collectives measured on this machine (`zplan
+     * calibrate`), where NCCL's protocol table does not apply (MPI on CPU ranks, say). A ring
+     * then costs base + steps x intra_node_latency_s + bytes sent / bus_bytes_per_s[kind]. */
+    gboolean has_collective_fit;
+    double collective_base_latency_s;
+    double collective_bytes_per_s[3]; /* all-reduce, reduce-scatter, all-gather */
 } ZpHw;
 
 /* Resolves a name in DATA_DIR/hwprofiles/ or a PATH.json. An unknown name lists the

@@ -562,6 +562,11 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     return TRUE;
 }
 
+void real_engine_reset_timings(RealEngine *e)
+{
+    memset(e->timing, 0, sizeof e->timing);
+}
+
 void real_engine_timings(const RealEngine *e, RealOpTiming out[REAL_ENGINE_N_OP_TYPES])
 {
     memcpy(out, e->timing, sizeof e->timing);

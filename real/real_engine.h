@@ -43,7 +43,10 @@ gboolean real_engine_step(RealEngine *engine, uint64_t step, double *loss_out, G
 /* Bytes of params, grads, master, Adam m and v this rank holds, read from the tracker. */
 double real_engine_model_state_bytes(const RealEngine *engine);
 
-/* Cumulative op timings (clock_gettime) since the engine was made, by op type. */
+/* Forgets the op timings so far (zreal drops its warm-up step's one-time costs). */
+void real_engine_reset_timings(RealEngine *engine);
+
+/* Cumulative op timings (clock_gettime) since the engine was made or last reset, by type. */
 void real_engine_timings(const RealEngine *engine, RealOpTiming out[REAL_ENGINE_N_OP_TYPES]);
 
 /* "block_fwd", ..., "optimizer", "allreduce", "reduce_scatter", "allgather". */

@@ -51,6 +51,11 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
         .bottleneck = SIM_LINK_INTRA,
         .nodes = 1,
     };
+    if (hw->has_collective_fit) {
+        g.fit_base_s = hw->collective_base_latency_s;
+        for (int k = 0; k < ZP_COLL_N; k++)
+            g.fit_bytes_per_s[k] = hw->collective_bytes_per_s[k];
+    }
     if (group == ZP_GROUP_TP) {
         g.ranks = mp;
         g.ranks_per_node = mp;
@@ -134,8 +139,23 @@ SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto
     return c;
 }
 
+/* The fitted ring of a measured machine: one protocol, the machine's own constants. */
+static SimCollCost fitted_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
+{
+    SimCollCost c = {.algo = SIM_ALGO_RING, .proto = SIM_PROTO_SIMPLE};
+    const int n = group->ranks;
+    if (n <= 1)
+        return c;
+    const int steps = (is_allreduce(kind) ? 2 : 1) * (n - 1);
+    c.latency_s = group->fit_base_s + steps * group->intra_hop_s;
+    c.transfer_s = sim_coll_bytes_sent(kind, bytes, n) / group->fit_bytes_per_s[kind];
+    return c;
+}
+
 SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
 {
+    if (group->fit_bytes_per_s[kind] > 0)
+        return fitted_cost(kind, bytes, group);
     SimCollCost best = {0};
     double best_s = DBL_MAX;
     for (int algo = 0; algo < SIM_ALGO_N; algo++) {

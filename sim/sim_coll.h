@@ -24,6 +24,10 @@ typedef struct {
     SimLink bottleneck;     /* the link class that sets bus_bytes_per_s */
     double intra_hop_s;     /* LL per-hop latency over NVLink (the hwprofile's) */
     double inter_hop_s;     /* LL per-hop latency over the network (the hwprofile's) */
+    /* A measured machine (the hwprofile's collective_fit): fitted base latency and bus
+     * bandwidth per collective kind replace NCCL's protocols; 0 for NCCL's model. */
+    double fit_base_s;
+    double fit_bytes_per_s[ZP_COLL_N];
 } SimCollGroup;
 
 /* The time of one collective, split into what contention stretches and what it does not. */
@@ -58,7 +62,8 @@ double sim_coll_ring_time_s(ZpCollKind kind, double bytes, const SimCollGroup *g
  * S / (0.5 * busbw * protocol fraction). Zero for a group of one. */
 SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto proto);
 
-/* NCCL's choice: the algorithm and protocol of least time (tree for all-reduce only). */
+/* NCCL's choice: the algorithm and protocol of least time (tree for all-reduce only); on a
+ * measured machine the fitted ring: base + steps x hop + bytes sent / fitted busbw. */
 SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group);
 
 /* Bytes one rank sends in a ring collective of S bytes over n ranks: 2(n-1)/n S for
