@@ -171,6 +171,91 @@ static void test_killed_rank(void)
     g_free(path);
 }
 
+static int zplan(const char *args, char **out, char **err)
+{
+    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
+    char **argv = NULL;
+    int status = -1;
+    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, out, err, &status,
+                               NULL));
+    g_strfreev(argv);
+    g_free(command);
+    return status;
+}
+
+/* The whole loop on this machine: microbenchmarks -> calibrate -> simulate -> zreal ->
+ * validate, which must report every memory category and agree exactly where the engine
+ * allocates what the schedule says. */
+static void test_calibrate_and_validate(void)
+{
+    char *bench = g_strdup_printf("%s/mb.json", tmp_dir);
+    char *profile = g_strdup_printf("%s/cpu-test.json", tmp_dir);
+    char *pred = g_strdup_printf("%s/pred.json", tmp_dir);
+    char *meas = g_strdup_printf("%s/meas.json", tmp_dir);
+    char *args = g_strdup_printf("--microbench --out %s", bench), *out = NULL, *err = NULL;
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("calibrate %s --out %s", bench, profile);
+    g_assert_true(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    g_assert_nonnull(strstr(out, "GFLOP/s"));
+    g_free(args), g_free(out), g_free(err);
+    json_t *hw = json_load_file(profile, 0, NULL);
+    g_assert_nonnull(json_object_get(json_object_get(hw, "calibration"), "runs"));
+    g_assert_cmpfloat(json_number_value(json_object_get(hw, "peak_fp32_flops")), >, 1e8);
+    json_decref(hw);
+
+    args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
+                           "--precision bf16 --persistence-threshold 0 --json",
+                           profile);
+    g_assert_true(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    g_assert_true(g_file_set_contents(pred, out, -1, NULL));
+    g_free(args), g_free(out), g_free(err);
+    args = g_strdup_printf("--model tiny --stage 3 --micro-batch 8 --persistence-threshold 0 "
+                           "--steps 3 --out %s", meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("validate %s %s --json", pred, meas);
+    g_assert_true(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    json_t *report = json_loads(out, 0, NULL), *rows = json_object_get(report, "rows");
+    g_assert_nonnull(rows);
+    int categories = 0;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        const char *q = json_string_value(json_object_get(row, "quantity"));
+        const double p = json_number_value(json_object_get(row, "predicted"));
+        const double m = json_number_value(json_object_get(row, "measured"));
+        if (g_str_has_prefix(q, "peak ") && strcmp(q, "peak memory") != 0)
+            categories++;
+        if (strcmp(q, "model states") == 0 || strcmp(q, "bytes sent per rank") == 0 ||
+            strcmp(q, "peak gathered_params") == 0 || strcmp(q, "peak buckets") == 0)
+            g_assert_cmpfloat(p, ==, m);
+        if (strcmp(q, "step time") == 0)
+            g_assert_cmpfloat(p * m, >, 0);
+    }
+    g_assert_cmpint(categories, ==, 10);
+    json_decref(report);
+    g_free(args), g_free(out), g_free(err);
+
+    /* Mismatched plans and malformed input are refused with one line. */
+    args = g_strdup_printf("validate %s %s", meas, pred); /* the two swapped */
+    g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    g_assert_nonnull(strstr(err, "missing key \"ranks\""));
+    g_free(args), g_free(out), g_free(err);
+    args = g_strdup_printf("validate %s %s", pred, profile);
+    g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    g_assert_nonnull(strstr(err, "no \"plan\" object"));
+    g_free(args), g_free(out), g_free(err);
+    args = g_strdup_printf("calibrate %s --out %s/x.json", pred, tmp_dir);
+    g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
+    g_assert_nonnull(strstr(err, "missing key \"format\""));
+    g_free(args), g_free(out), g_free(err);
+    const char *files[] = {bench, profile, pred, meas};
+    for (size_t i = 0; i < G_N_ELEMENTS(files); i++)
+        g_remove(files[i]);
+    g_free(bench), g_free(profile), g_free(pred), g_free(meas);
+}
+
 static void test_bad_input(void)
 {
     const struct {
@@ -197,6 +282,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/stages-match-one-rank", test_stages_match_one_rank);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/bad-input", test_bad_input);
+    g_test_add_func("/zreal/calibrate-and-validate", test_calibrate_and_validate);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
