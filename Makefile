@@ -60,11 +60,12 @@ test: setup
 test-run: $(TESTS)
 	prove -f -e '' $(TESTS) :: --tap
 
+# The same variables go to both steps, so that nothing is relinked without the sanitizers.
+ASAN_VARS := BUILD=build-asan LDFLAGS="-fsanitize=address,undefined" \
+  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 check-asan: setup
-	@$(MAKE) --no-print-directory BUILD=build-asan \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDFLAGS="-fsanitize=address,undefined" all
-	ASAN_OPTIONS=detect_leaks=0 $(MAKE) --no-print-directory BUILD=build-asan test-run
+	@$(MAKE) --no-print-directory $(ASAN_VARS) all
+	ASAN_OPTIONS=detect_leaks=0 $(MAKE) --no-print-directory $(ASAN_VARS) test-run
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
