@@ -30,6 +30,7 @@ static const HwField hw_fields[] = {
     F(nvme_bytes_per_s, 1e6, 1e14, FALSE), /* absent on a measured machine without offload */
     F(nvme_bytes, 1e6, 1e17, FALSE),
     F(runtime_reserve_bytes, 0, 1e12, TRUE),
+    F(elementwise_bytes_per_s, 1e6, 1e15, FALSE),
     F(gemm_efficiency_max, 0.01, 1, TRUE),
     F(gemm_half_efficiency_flops, 0, 1e18, TRUE),
 };
@@ -43,7 +44,8 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "host_link_bytes_per_s", "cpu_memory_bytes",
                                       "nvme_bytes_per_s", "nvme_bytes", "runtime_reserve_bytes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
-                                      "collective_fit", "calibration", NULL};
+                                      "elementwise_bytes_per_s", "collective_fit",
+                                      "calibration", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -149,6 +151,12 @@ void zp_hw_from_gpu_memory(double gpu_memory_bytes, ZpHw *hw)
     g_strlcpy(hw->gpu, "unspecified", sizeof hw->gpu);
     hw->gpu_memory_bytes = gpu_memory_bytes;
     hw->gpus_per_node = 1;
+}
+
+double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer)
+{
+    return optimizer || hw->elementwise_bytes_per_s <= 0 ? hw->hbm_bytes_per_s
+                                                          : hw->elementwise_bytes_per_s;
 }
 
 double zp_hw_gemm_efficiency(const ZpHw *hw, double flops)

@@ -23,6 +23,11 @@ typedef struct {
     double nvme_bytes_per_s;         /* per node */
     double nvme_bytes;               /* per node */
     double runtime_reserve_bytes;    /* CUDA context, library workspaces, allocator slack */
+    /* Optional: the rate (in the schedule's bytes) of the kernels inside a block (norms,
+     * GELU, softmax, residual adds). On a GPU they are memory-bound and this is the HBM
+     * bandwidth (the default, when absent); on a CPU their transcendentals make them
+     * compute-bound, and `zplan calibrate` measures it. The optimizer uses hbm_bytes_per_s. */
+    double elementwise_bytes_per_s;
     double gemm_efficiency_max;      /* achieved/peak for very large GEMMs */
     double gemm_half_efficiency_flops; /* GEMM size (FLOPs) that reaches half of the max */
     /* Optional "collective_fit" {"base_latency_s", "bus_bytes_per_s": {"allreduce",
@@ -43,6 +48,10 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
 
 /* A profile with only GPU memory known (maxmodel --gpu-memory). */
 void zp_hw_from_gpu_memory(double gpu_memory_bytes, ZpHw *hw);
+
+/* The rate at which a compute op's memory-bound bytes move: HBM bandwidth for the optimizer,
+ * elementwise_bytes_per_s (or, when absent, HBM bandwidth) for the kernels inside a block. */
+double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer);
 
 /* Fraction of peak a GEMM of `flops` reaches: max * F / (F + F_half). Small GEMMs cannot
  * fill the machine's SMs; the saturating form is the simplest with the right limits. */

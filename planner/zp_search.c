@@ -243,7 +243,7 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
 }
 
 /* The compute stream's busy time: each op as the simulator times it (sim_engine.h:
- * flops / (peak x GEMM efficiency) + mem_bytes / HBM bandwidth). */
+ * flops / (peak x GEMM efficiency) + mem_bytes / zp_hw_memory_bytes_per_s). */
 static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
 {
     ZpComputeOps ops[ZP_COMP_N];
@@ -253,7 +253,8 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
         const ZpComputeOps *o = &ops[k];
         const double efficiency = zp_hw_gemm_efficiency(sc->hw, o->gemm_flops);
         const double math_s = o->flops > 0 ? o->flops / (sc->peak_flops * efficiency) : 0;
-        total += (double)o->count * (math_s + o->mem_bytes / sc->hw->hbm_bytes_per_s);
+        const double bytes_per_s = zp_hw_memory_bytes_per_s(sc->hw, k == ZP_COMP_OPTIMIZER);
+        total += (double)o->count * (math_s + o->mem_bytes / bytes_per_s);
     }
     return total;
 }

@@ -17,7 +17,8 @@
  * most ranks (the rank count the profile describes); collectives pool every run. */
 typedef struct {
     GArray *gemm_flops, *gemm_s, *gemm_world; /* double, double, int */
-    GArray *mem_bytes, *mem_s, *mem_world;    /* double, double, int */
+    GArray *mem_bytes, *mem_s, *mem_world;    /* the optimizer (Adam): double, double, int */
+    GArray *ew_bytes, *ew_s, *ew_world;       /* block kernels (GELU, norm, add): same */
     GArray *coll_kind, *coll_ranks; /* int */
     GArray *coll_bytes, *coll_s;    /* double */
     int max_world;
@@ -66,10 +67,13 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         json_t *m = json_array_get(mem, i);
         ok = zp_json_get_number(m, path, "bytes", TRUE, 1, 1e30, &b, error) &&
              zp_json_get_number(m, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        const char *kernel = NULL;
+        ok = ok && zp_json_get_string(m, path, "kernel", TRUE, &kernel, error);
+        const gboolean adam = ok && strcmp(kernel, "adam") == 0;
         int w = (int)world;
-        g_array_append_val(s->mem_bytes, b);
-        g_array_append_val(s->mem_s, t);
-        g_array_append_val(s->mem_world, w);
+        g_array_append_val(adam ? s->mem_bytes : s->ew_bytes, b);
+        g_array_append_val(adam ? s->mem_s : s->ew_s, t);
+        g_array_append_val(adam ? s->mem_world : s->ew_world, w);
     }
     for (size_t i = 0; ok && i < json_array_size(coll); i++) {
         json_t *c = json_array_get(coll, i);
@@ -209,7 +213,7 @@ static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
 }
 
 static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, double gemm_c1,
-                            double mem_c1, const CollFit *fit, double memory_bytes)
+                            double mem_c1, double ew_c1, const CollFit *fit, double memory_bytes)
 {
     const double peak = 1.0 / gemm_c1, mem_bw = 1.0 / mem_c1;
     char *runs = g_strjoinv(", ", (char **)s->runs->pdata);
@@ -229,6 +233,7 @@ static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, 
         {"gemm_efficiency_max", g_strdup("1: the peak is the fitted asymptotic GEMM rate itself")},
         {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1, the GEMM size whose fixed cost equals its FLOP time", from)},
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
+        {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them (%u runs)", from, s->ew_s->len)},
         {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
         {"intra_node_bytes_per_s", g_strdup("the fitted all-gather bus bandwidth (collective_fit holds one per collective)")},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
@@ -249,14 +254,15 @@ static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, 
     const double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
     json_t *root = json_pack(
         "{s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f,"
-        " s:f, s:{s:f, s:o}, s:{s:o, s:f, s:f, s:f}, s:o}",
+        " s:f, s:f, s:{s:f, s:o}, s:{s:o, s:f, s:f, s:f}, s:o}",
         "name", name, "gpu", "CPU rank (OpenBLAS)", "gpus_per_node", s->max_world,
         "gpu_memory_bytes", memory_bytes > 0 ? memory_bytes : phys / s->max_world,
         "peak_fp16_flops", peak, "peak_bf16_flops", peak, "peak_fp32_flops", peak,
         "hbm_bytes_per_s", mem_bw, "intra_node_bytes_per_s", fit->bytes_per_s[2],
         "intra_node_latency_s", fit->hop_s, "inter_node_bytes_per_s", fit->bytes_per_s[2],
         "inter_node_latency_s", fit->hop_s, "host_link_bytes_per_s", mem_bw,
-        "cpu_memory_bytes", phys, "runtime_reserve_bytes", 0.0, "gemm_efficiency_max", 1.0,
+        "cpu_memory_bytes", phys, "runtime_reserve_bytes", 0.0, "elementwise_bytes_per_s",
+        1.0 / ew_c1, "gemm_efficiency_max", 1.0,
         "gemm_half_efficiency_flops", gemm_c0 / gemm_c1, "collective_fit", "base_latency_s",
         fit->base_s, "bus_bytes_per_s", bw, "calibration", "runs", runs_json,
         "gemm_rms_rel_error", rms_rel_line(s->gemm_flops, s->gemm_s, gemm_c0, gemm_c1),
@@ -288,10 +294,12 @@ int cli_calibrate(int argc, char **argv)
                  g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  g_array_new(FALSE, FALSE, sizeof(int)),
+                 g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(int)), g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  0, g_ptr_array_new_with_free_func(g_free)};
-    double memory_bytes = 0, gemm_c0, gemm_c1, mem_c0, mem_c1;
+    double memory_bytes = 0, gemm_c0, gemm_c1, mem_c0, mem_c1, ew_c0, ew_c1;
     CollFit fit;
     gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
     if (ok && (!out || argc < 2)) {
@@ -306,9 +314,11 @@ int cli_calibrate(int argc, char **argv)
     if (ok) {
         keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
         keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, s.max_world);
+        keep_max_world(s.ew_bytes, s.ew_s, s.ew_world, s.max_world);
     }
     ok = ok && fit_line(s.gemm_flops, s.gemm_s, "gemm", &gemm_c0, &gemm_c1, &error) &&
-         fit_line(s.mem_bytes, s.mem_s, "memory", &mem_c0, &mem_c1, &error) &&
+         fit_line(s.mem_bytes, s.mem_s, "memory (adam)", &mem_c0, &mem_c1, &error) &&
+         fit_line(s.ew_bytes, s.ew_s, "memory (block kernels)", &ew_c0, &ew_c1, &error) &&
          fit_collectives(&s, TRUE, &fit, &error);
     if (ok && (fit.hop_s < 0 || fit.base_s < 0))
         ok = fit_collectives(&s, FALSE, &fit, &error); /* the data cannot separate the hop */
@@ -318,16 +328,19 @@ int cli_calibrate(int argc, char **argv)
         char *base = g_path_get_basename(out);
         if (g_str_has_suffix(base, ".json"))
             base[strlen(base) - 5] = '\0';
-        json_t *profile = profile_json(name ? name : base, &s, gemm_c0, gemm_c1, mem_c1, &fit,
-                                       memory_bytes);
+        json_t *profile = profile_json(name ? name : base, &s, gemm_c0, gemm_c1, mem_c1, ew_c1,
+                                       &fit, memory_bytes);
         json_object_set_new(json_object_get(profile, "calibration"), "memory_rms_rel_error",
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
+        json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
+                            json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
         ok = zp_json_write(profile, out, &error);
         if (ok)
-            printf("wrote %s: GEMM %.1f GFLOP/s (half at %.3g FLOP), memory %.2f GB/s, "
+            printf("wrote %s: GEMM %.1f GFLOP/s (half at %.3g FLOP), Adam %.2f GB/s, block "
+                   "kernels %.2f GB/s, "
                    "collectives base %.1f us + %.2f us/step, all-reduce %.2f, reduce-scatter "
                    "%.2f, all-gather %.2f GB/s\n",
-                   out, 1e-9 / gemm_c1, gemm_c0 / gemm_c1, 1e-9 / mem_c1, fit.base_s * 1e6,
+                   out, 1e-9 / gemm_c1, gemm_c0 / gemm_c1, 1e-9 / mem_c1, 1e-9 / ew_c1, fit.base_s * 1e6,
                    fit.hop_s * 1e6, fit.bytes_per_s[0] / 1e9, fit.bytes_per_s[1] / 1e9,
                    fit.bytes_per_s[2] / 1e9);
         json_decref(profile);
@@ -335,7 +348,8 @@ int cli_calibrate(int argc, char **argv)
     }
     int status = ok ? 0 : cli_fail("calibrate", error);
     GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.mem_bytes, s.mem_s, s.mem_world,
-                        s.coll_kind, s.coll_ranks, s.coll_bytes, s.coll_s};
+                        s.ew_bytes, s.ew_s, s.ew_world, s.coll_kind, s.coll_ranks,
+                        s.coll_bytes, s.coll_s};
     for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);

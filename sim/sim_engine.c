@@ -157,7 +157,7 @@ double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flo
 {
     const double math_s =
         op->flops > 0 ? op->flops / (peak_flops * zp_hw_gemm_efficiency(hw, op->gemm_flops)) : 0;
-    return math_s + op->mem_bytes / hw->hbm_bytes_per_s;
+    return math_s + op->mem_bytes / zp_hw_memory_bytes_per_s(hw, op->sub == ZP_COMP_OPTIMIZER);
 }
 
 gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,

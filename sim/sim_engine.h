@@ -67,7 +67,8 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
 void sim_result_free(SimResult *result);
 
 /* Seconds one compute op takes: flops / (peak x GEMM efficiency at gemm_flops) plus
- * mem_bytes / HBM bandwidth, with the peak of the plan's precision. */
+ * mem_bytes / zp_hw_memory_bytes_per_s (HBM for the optimizer, the elementwise rate for the
+ * rest), with the peak of the plan's precision. */
 double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops);
 
 /* The tensor-core (or fp32) peak for a precision; fails if hw has none (bf16 on V100). */
