@@ -118,26 +118,8 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
 
 gboolean zp_hw_load(const char *name_or_path, ZpHw *hw, GError **error)
 {
-    char *path;
-    if (g_str_has_suffix(name_or_path, ".json")) {
-        path = g_strdup(name_or_path);
-    } else {
-        char *file = g_strconcat(name_or_path, ".json", NULL);
-        path = g_build_filename(zp_data_dir(), "hwprofiles", file, NULL);
-        g_free(file);
-        if (strchr(name_or_path, '/') || !g_file_test(path, G_FILE_TEST_EXISTS)) {
-            char *dir = g_build_filename(zp_data_dir(), "hwprofiles", NULL);
-            char *names = zp_list_json_names(dir);
-            g_set_error(error, ZP_ERROR, ZP_ERROR_NOTFOUND,
-                        "--cluster: unknown cluster '%s' (known: %s; or give a PATH.json)",
-                        name_or_path, names);
-            g_free(names);
-            g_free(dir);
-            g_free(path);
-            return FALSE;
-        }
-    }
-    json_t *root = zp_json_load_object(path, error);
+    char *path = zp_resolve_spec(name_or_path, "hwprofiles", "--cluster", "cluster", error);
+    json_t *root = path ? zp_json_load_object(path, error) : NULL;
     gboolean ok = root && zp_hw_from_json(root, path, hw, error);
     json_decref(root);
     g_free(path);

@@ -244,3 +244,24 @@ char *zp_list_json_names(const char *dir)
     g_ptr_array_unref(names);
     return joined;
 }
+
+char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *flag,
+                      const char *kind, GError **error)
+{
+    if (g_str_has_suffix(name_or_path, ".json"))
+        return g_strdup(name_or_path);
+    char *file = g_strconcat(name_or_path, ".json", NULL);
+    char *path = g_build_filename(zp_data_dir(), subdir, file, NULL);
+    g_free(file);
+    if (!strchr(name_or_path, '/') && g_file_test(path, G_FILE_TEST_EXISTS))
+        return path;
+    char *dir = g_build_filename(zp_data_dir(), subdir, NULL);
+    char *names = zp_list_json_names(dir);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_NOTFOUND,
+                "%s: unknown %s '%s' (known: %s; or give a PATH.json)", flag, kind, name_or_path,
+                names);
+    g_free(names);
+    g_free(dir);
+    g_free(path);
+    return NULL;
+}

@@ -59,6 +59,12 @@ gboolean zp_write_file_atomic(const char *path, const char *contents, gsize leng
  * path is NULL or "-". */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
+/* Resolves a spec given by name or path: a path ending in .json is returned as is, a name is
+ * looked up as DATA_DIR/SUBDIR/NAME.json. An unknown name fails as "FLAG: unknown KIND 'NAME'
+ * (known: ...; or give a PATH.json)". Returns a newly allocated path or NULL. */
+char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *flag,
+                      const char *kind, GError **error);
+
 /* Lists the *.json base names (without extension) in a directory, sorted, comma-joined. */
 char *zp_list_json_names(const char *dir);
 

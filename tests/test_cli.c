@@ -2,37 +2,11 @@
  * subcommand, and every bad-input case: one stderr line naming the fault, non-zero exit. */
 #include "zp_util.h"
 
+#include "testutil.h"
+
 #include <glib/gstdio.h>
 #include <jansson.h>
 #include <string.h>
-
-#ifndef ZP_BUILD_DIR
-#define ZP_BUILD_DIR "build"
-#endif
-
-typedef struct {
-    int status;
-    char *out, *err;
-} Run;
-
-static Run run_zplan(const char *args)
-{
-    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
-    char **argv = NULL;
-    Run r = {0};
-    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
-    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
-                               &r.status, NULL));
-    g_strfreev(argv);
-    g_free(command);
-    return r;
-}
-
-static void run_free(Run *r)
-{
-    g_free(r->out);
-    g_free(r->err);
-}
 
 static char *tmp_dir;
 
@@ -45,12 +19,12 @@ static char *write_tmp(const char *name, const char *contents)
 
 static json_t *run_json(const char *args)
 {
-    Run r = run_zplan(args);
+    TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     json_error_t jerr;
     json_t *root = json_loads(r.out, 0, &jerr);
     g_assert_nonnull(root);
-    run_free(&r);
+    tu_free(&r);
     return root;
 }
 
@@ -82,12 +56,12 @@ static void test_maxmodel_json(void)
 
 static void test_human_tables(void)
 {
-    Run r = run_zplan("memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64");
+    TuRun r = tu_zplan("memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64");
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     g_assert_nonnull(strstr(r.out, "GB = 1e9 bytes"));
     g_assert_nonnull(strstr(r.out, "1,557,611,200"));
     g_assert_nonnull(strstr(r.out, "fits in GPU memory?"));
-    run_free(&r);
+    tu_free(&r);
 }
 
 static void test_help(void)
@@ -95,16 +69,16 @@ static void test_help(void)
     const char *commands[] = {"memory", "maxmodel"};
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
         char *args = g_strdup_printf("%s --help", commands[i]);
-        Run r = run_zplan(args);
+        TuRun r = tu_zplan(args);
         g_assert_true(g_spawn_check_wait_status(r.status, NULL));
         g_assert_nonnull(strstr(r.out, "--json"));
-        run_free(&r);
+        tu_free(&r);
         g_free(args);
     }
-    Run r = run_zplan("--help");
+    TuRun r = tu_zplan("--help");
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     g_assert_nonnull(strstr(r.out, "maxmodel"));
-    run_free(&r);
+    tu_free(&r);
 }
 
 /* Each case: arguments (with %s replaced by a temp file's path where given), the file's
@@ -153,7 +127,7 @@ static void test_bad_input(void)
     for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
         char *path = bad_cases[i].file ? write_tmp("spec.json", bad_cases[i].file) : NULL;
         char *args = path ? g_strdup_printf(bad_cases[i].args, path) : g_strdup(bad_cases[i].args);
-        Run r = run_zplan(args);
+        TuRun r = tu_zplan(args);
         g_test_message("case: zplan %s -> %s", args, r.err);
         g_assert_false(g_spawn_check_wait_status(r.status, NULL));
         g_assert_nonnull(strstr(r.err, bad_cases[i].message));
@@ -162,7 +136,7 @@ static void test_bad_input(void)
         g_assert_cmpstr(r.out, ==, "");
         if (path) /* a file error names the file */
             g_assert_true(strstr(r.err, path) || !strstr(bad_cases[i].message, "key"));
-        run_free(&r);
+        tu_free(&r);
         g_free(args);
         g_free(path);
     }

@@ -7,44 +7,18 @@
 #include "zp_search.h"
 #include "zp_util.h"
 
+#include "testutil.h"
+
 #include <glib/gstdio.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
 
-#ifndef ZP_BUILD_DIR
-#define ZP_BUILD_DIR "build"
-#endif
-
 static char *tmp_dir;
 
 /* ---- running zplan --------------------------------------------------------------------- */
 
-typedef struct {
-    int status;
-    char *out, *err;
-} Run;
-
-static Run run_zplan(const char *args)
-{
-    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
-    char **argv = NULL;
-    Run r = {0};
-    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
-    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
-                               &r.status, NULL));
-    g_strfreev(argv);
-    g_free(command);
-    return r;
-}
-
-static void run_free(Run *r)
-{
-    g_free(r->out);
-    g_free(r->err);
-}
-
-static int exit_status(const Run *r)
+static int exit_status(const TuRun *r)
 {
     return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
 }
@@ -61,11 +35,11 @@ static json_t *parse_json(const char *text)
 static json_t *plan_json(const char *args, int *status)
 {
     char *full = g_strdup_printf("plan %s --json", args);
-    Run r = run_zplan(full);
+    TuRun r = tu_zplan(full);
     g_test_message("zplan %s -> %d %s", full, exit_status(&r), r.err);
     *status = exit_status(&r);
     json_t *root = parse_json(r.out);
-    run_free(&r);
+    tu_free(&r);
     g_free(full);
     return root;
 }
@@ -556,7 +530,7 @@ static void test_1t_does_not_fit_on_64(void)
     const char *clusters[] = {"dgx2-v100", "dgx-a100-80g"};
     for (size_t i = 0; i < G_N_ELEMENTS(clusters); i++) {
         char *args = g_strdup_printf("plan --model gpt-1t --cluster %s --gpus 64", clusters[i]);
-        Run r = run_zplan(args);
+        TuRun r = tu_zplan(args);
         g_assert_cmpint(exit_status(&r), ==, 2);
         g_assert_nonnull(strstr(r.err, "no plan fits"));
         g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
@@ -566,7 +540,7 @@ static void test_1t_does_not_fit_on_64(void)
             g_snprintf(line, sizeof line, "%d out of memory", stage);
             g_assert_nonnull(strstr(r.out, line));
         }
-        run_free(&r);
+        tu_free(&r);
         g_free(args);
     }
     int status;
@@ -642,20 +616,20 @@ static void test_ds_config_written_and_simulated(void)
     g_assert_cmpfloat(peak + hw.runtime_reserve_bytes, ==, number(best, "peak_memory_bytes"));
     g_ptr_array_unref(warnings);
 
-    Run help = run_zplan("simulate --help");
+    TuRun help = tu_zplan("simulate --help");
     if (strstr(help.out, "--ds-config")) {
         char *sim_args = g_strdup_printf("simulate --model gpt2-1.5b --cluster dgx2-v100 "
                                          "--gpus 64 --mp %d --ds-config %s --json", mp, path);
-        Run r = run_zplan(sim_args);
+        TuRun r = tu_zplan(sim_args);
         g_assert_cmpint(exit_status(&r), ==, 0);
         json_t *s = parse_json(r.out);
         g_assert_cmpfloat(number(s, "step_time_s"), ==, number(best, "step_time_s"));
         g_assert_cmpint(json_integer_value(json_object_get(s, "stage")), ==, stage);
         json_decref(s);
-        run_free(&r);
+        tu_free(&r);
         g_free(sim_args);
     }
-    run_free(&help);
+    tu_free(&help);
     json_decref(root);
     g_remove(path);
     g_free(path);
@@ -665,20 +639,20 @@ static void test_ds_config_written_and_simulated(void)
 /* The human table: the top plans with memory, TFLOPs and MFU, and why the rest lost. */
 static void test_human_output(void)
 {
-    Run r = run_zplan("plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --top 2");
+    TuRun r = tu_zplan("plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --top 2");
     g_assert_cmpint(exit_status(&r), ==, 0);
     const char *expected[] = {"Top 2", "TFLOPs/GPU", "MFU", "Memory per GPU at the simulated peak",
                               "Why the other choices lost", "checkpointing"};
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(r.out, expected[i]));
     g_assert_cmpstr(r.err, ==, "");
-    run_free(&r);
-    r = run_zplan("plan --help");
+    tu_free(&r);
+    r = tu_zplan("plan --help");
     g_assert_nonnull(strstr(r.out, "--ds-config"));
-    run_free(&r);
-    r = run_zplan("sweep --help");
+    tu_free(&r);
+    r = tu_zplan("sweep --help");
     g_assert_nonnull(strstr(r.out, "--metric"));
-    run_free(&r);
+    tu_free(&r);
 }
 
 static const struct {
@@ -728,7 +702,7 @@ static void test_bad_input(void)
             g_assert_true(g_file_set_contents(path, bad_cases[i].file, -1, NULL));
         }
         char *args = path ? g_strdup_printf(bad_cases[i].args, path) : g_strdup(bad_cases[i].args);
-        Run r = run_zplan(args);
+        TuRun r = tu_zplan(args);
         g_test_message("zplan %s -> %s", args, r.err);
         g_assert_cmpint(exit_status(&r), ==, 1);
         g_assert_nonnull(strstr(r.err, bad_cases[i].message));
@@ -736,7 +710,7 @@ static void test_bad_input(void)
         g_assert_cmpstr(r.out, ==, "");
         if (path)
             g_assert_nonnull(strstr(r.err, path));
-        run_free(&r);
+        tu_free(&r);
         g_free(args);
         if (path)
             g_remove(path);
@@ -748,10 +722,10 @@ static void test_bad_input(void)
 
 static char **sweep_rows(const char *args, const char *prefix)
 {
-    Run r = run_zplan(args);
+    TuRun r = tu_zplan(args);
     g_test_message("zplan %s -> %s", args, r.err);
     g_assert_cmpint(exit_status(&r), ==, 0);
-    run_free(&r);
+    tu_free(&r);
     char *csv_path = g_strconcat(prefix, ".csv", NULL), *svg_path = g_strconcat(prefix, ".svg", NULL);
     char *csv = NULL, *svg = NULL;
     g_assert_true(g_file_get_contents(csv_path, &csv, NULL, NULL));

@@ -2,6 +2,7 @@
  * to the same loss curve as one rank, holds exactly the planned model states, and a killed
  * rank takes the job down with a message naming it and no half-written output. */
 #include "zp_mem.h"
+#include "testutil.h"
 #include "zp_sched.h"
 
 #include <glib/gstdio.h>
@@ -23,19 +24,17 @@ static int mpirun(int n, const char *args, char **err)
 {
     char *command = g_strdup_printf("mpirun --oversubscribe -np %d %s/zreal %s", n, ZP_BUILD_DIR,
                                     args);
-    char **argv = NULL, **envp = g_get_environ();
-    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    char **envp = g_get_environ();
     /* Open MPI refuses to start as root unless told twice; CI runs as root. */
     envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
     envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
     envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
-    int status = -1;
-    g_assert_true(g_spawn_sync(NULL, argv, envp, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, err,
-                               &status, NULL));
-    g_strfreev(argv);
+    TuRun r = tu_run(command, envp);
     g_strfreev(envp);
     g_free(command);
-    return status;
+    g_free(r.out);
+    *err = r.err;
+    return r.status;
 }
 
 static json_t *train(int stage, int n, char **path_out)
@@ -173,15 +172,10 @@ static void test_killed_rank(void)
 
 static int zplan(const char *args, char **out, char **err)
 {
-    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
-    char **argv = NULL;
-    int status = -1;
-    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
-    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, out, err, &status,
-                               NULL));
-    g_strfreev(argv);
-    g_free(command);
-    return status;
+    TuRun r = tu_zplan(args);
+    *out = r.out;
+    *err = r.err;
+    return r.status;
 }
 
 /* The whole loop on this machine: microbenchmarks -> calibrate -> simulate -> zreal ->

@@ -6,14 +6,12 @@
 #include "zp_sched.h"
 #include "zp_util.h"
 
+#include "testutil.h"
+
 #include <glib/gstdio.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
-
-#ifndef ZP_BUILD_DIR
-#define ZP_BUILD_DIR "build"
-#endif
 
 #define GIB 1073741824.0
 #define US 1e-6
@@ -380,39 +378,15 @@ static void test_explicit_equals_folded(void)
 
 /* ---- the command line ---- */
 
-typedef struct {
-    int status;
-    char *out, *err;
-} Run;
-
-static Run run_zplan(const char *args)
-{
-    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
-    char **argv = NULL;
-    Run r = {0};
-    g_assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
-    g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err,
-                               &r.status, NULL));
-    g_strfreev(argv);
-    g_free(command);
-    return r;
-}
-
-static void run_free(Run *r)
-{
-    g_free(r->out);
-    g_free(r->err);
-}
-
 static json_t *run_json(const char *args)
 {
-    Run r = run_zplan(args);
+    TuRun r = tu_zplan(args);
     g_test_message("zplan %s: %s", args, r.err);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     json_error_t jerr;
     json_t *root = json_loads(r.out, 0, &jerr);
     g_assert_nonnull(root);
-    run_free(&r);
+    tu_free(&r);
     return root;
 }
 
@@ -459,7 +433,7 @@ static void test_cli_json(void)
 
 static void test_cli_human(void)
 {
-    Run r = run_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 --stage 2 "
+    TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 --stage 2 "
                       "--micro-batch 4 --no-overlap");
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     const char *expected[] = {"step time", "samples/s", "MFU", "exposed communication",
@@ -467,12 +441,12 @@ static void test_cli_human(void)
                               "overlap_comm off"};
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(r.out, expected[i]));
-    run_free(&r);
-    r = run_zplan("simulate --help");
+    tu_free(&r);
+    r = tu_zplan("simulate --help");
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     g_assert_nonnull(strstr(r.out, "--explicit"));
     g_assert_nonnull(strstr(r.out, "--trace"));
-    run_free(&r);
+    tu_free(&r);
 }
 
 static gboolean has_event(json_t *events, const char *ph, const char *name)
@@ -494,7 +468,7 @@ static void test_trace(void)
     char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 "
                                  "--mp 2 --stage 3 --micro-batch 1 --explicit --trace %s",
                                  path);
-    Run r = run_zplan(args);
+    TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
@@ -529,7 +503,7 @@ static void test_trace(void)
     g_assert_true(has_event(events, "C", "memory"));
     g_assert_true(has_event(events, "M", "thread_name"));
     json_decref(root);
-    run_free(&r);
+    tu_free(&r);
     g_remove(path);
     g_free(args);
     g_free(path);
@@ -567,13 +541,13 @@ static const struct {
 static void test_cli_bad_input(void)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
-        Run r = run_zplan(bad_cases[i].args);
+        TuRun r = tu_zplan(bad_cases[i].args);
         g_test_message("case: zplan %s -> %s", bad_cases[i].args, r.err);
         g_assert_false(g_spawn_check_wait_status(r.status, NULL));
         g_assert_nonnull(strstr(r.err, bad_cases[i].message));
         g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
         g_assert_cmpstr(r.out, ==, "");
-        run_free(&r);
+        tu_free(&r);
     }
 }
 

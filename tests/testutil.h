@@ -1,0 +1,22 @@
+/* testutil: what the end-to-end tests share — running build/zplan (or any program) and
+ * collecting its exit status, stdout and stderr. Linked into every test program. */
+#ifndef TESTUTIL_H
+#define TESTUTIL_H
+
+#include <glib.h>
+
+typedef struct {
+    int status; /* wait status, for g_spawn_check_wait_status */
+    char *out, *err;
+} TuRun;
+
+/* Runs build/zplan with `args` (split as a shell would) and waits for it. */
+TuRun tu_zplan(const char *args);
+
+/* Runs `command` (split as a shell would; found on PATH) with environment `envp` (NULL: this
+ * process's) and waits for it. */
+TuRun tu_run(const char *command, char **envp);
+
+void tu_free(TuRun *run);
+
+#endif
