@@ -135,6 +135,16 @@ void zp_hw_from_gpu_memory(double gpu_memory_bytes, ZpHw *hw)
     hw->gpus_per_node = 1;
 }
 
+double zp_hw_peak_flops(const ZpHw *hw, ZpPrecision precision)
+{
+    const double peaks[] = {
+        [ZP_PREC_FP16] = hw->peak_fp16_flops,
+        [ZP_PREC_BF16] = hw->peak_bf16_flops,
+        [ZP_PREC_FP32] = hw->peak_fp32_flops,
+    };
+    return peaks[precision];
+}
+
 double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer)
 {
     return optimizer || hw->elementwise_bytes_per_s <= 0 ? hw->hbm_bytes_per_s

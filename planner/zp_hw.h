@@ -3,6 +3,8 @@
 #ifndef ZP_HW_H
 #define ZP_HW_H
 
+#include "zp_plan.h"
+
 #include <glib.h>
 
 typedef struct {
@@ -48,6 +50,10 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
 
 /* A profile with only GPU memory known (maxmodel --gpu-memory). */
 void zp_hw_from_gpu_memory(double gpu_memory_bytes, ZpHw *hw);
+
+/* The tensor-core (or, for fp32, plain) peak for a precision; 0 when the GPU has none (bf16
+ * on a V100). */
+double zp_hw_peak_flops(const ZpHw *hw, ZpPrecision precision);
 
 /* The rate at which a compute op's memory-bound bytes move: HBM bandwidth for the optimizer,
  * elementwise_bytes_per_s (or, when absent, HBM bandwidth) for the kernels inside a block. */

@@ -46,16 +46,6 @@ void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpH
                            .precision = ZP_PREC_FP16, .optimizer = ZP_OPT_ADAM, .top_k = 5};
 }
 
-double zp_search_peak_flops(const ZpHw *hw, ZpPrecision precision)
-{
-    const double peaks[] = {
-        [ZP_PREC_FP16] = hw->peak_fp16_flops,
-        [ZP_PREC_BF16] = hw->peak_bf16_flops,
-        [ZP_PREC_FP32] = hw->peak_fp32_flops,
-    };
-    return peaks[precision];
-}
-
 double zp_search_samples(const ZpPlan *plan)
 {
     return (double)plan->micro_batch * plan->grad_accum * plan->dp;
@@ -150,7 +140,7 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
         bad = "--stage: must be 0, 1, 2 or 3";
     else if (spec->micro_batch < 0)
         bad = "--micro-batch: must be positive";
-    else if (zp_search_peak_flops(spec->hw, spec->precision) <= 0)
+    else if (zp_hw_peak_flops(spec->hw, spec->precision) <= 0)
         bad = owned = g_strdup_printf("--precision: %s (%s) has no %s peak in its profile",
                                       spec->hw->name, spec->hw->gpu,
                                       zp_precision_name(spec->precision));
@@ -231,7 +221,7 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
-                         .peak_flops = zp_search_peak_flops(spec->hw, spec->precision),
+                         .peak_flops = zp_hw_peak_flops(spec->hw, spec->precision),
                          .bus_bytes_per_s = spec->bus_bytes_per_s};
     return TRUE;
 }

@@ -124,8 +124,6 @@ double zp_search_samples(const ZpPlan *plan);
  * definition; the simulator's SimResult.model_flops). */
 double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan);
 
-/* The tensor-core (or fp32) peak for the plan's precision; 0 when the GPU has none. */
-double zp_search_peak_flops(const ZpHw *hw, ZpPrecision precision);
 
 /* "deepspeed", "hf-auto", ...: the name of a bucket-size choice. */
 const char *zp_search_buckets_name(int buckets);

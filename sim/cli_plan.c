@@ -178,7 +178,7 @@ static const struct {
 
 static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult **sims)
 {
-    const double peak = zp_search_peak_flops(&a->hw, a->precision);
+    const double peak = zp_hw_peak_flops(&a->hw, a->precision);
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
@@ -270,7 +270,7 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                             json_real(zp_search_samples(p) / c->step_time_s));
         json_object_set_new(o, "tflops_per_gpu", json_real(tflops));
         json_object_set_new(o, "mfu",
-                            json_real(tflops * 1e12 / zp_search_peak_flops(&a->hw, p->precision)));
+                            json_real(tflops * 1e12 / zp_hw_peak_flops(&a->hw, p->precision)));
         json_object_set_new(o, "peak_memory_bytes", json_real(c->peak_memory_bytes));
     }
     if (c->fate != ZP_FATE_SIMULATED)

@@ -163,12 +163,7 @@ double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flo
 gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,
                                GError **error)
 {
-    const double peaks[] = {
-        [ZP_PREC_FP16] = hw->peak_fp16_flops,
-        [ZP_PREC_BF16] = hw->peak_bf16_flops,
-        [ZP_PREC_FP32] = hw->peak_fp32_flops,
-    };
-    *peak_flops = peaks[precision];
+    *peak_flops = zp_hw_peak_flops(hw, precision);
     if (*peak_flops <= 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s) has no %s peak in its profile",
                     hw->name, hw->gpu, zp_precision_name(precision));
