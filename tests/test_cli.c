@@ -17,20 +17,9 @@ static char *write_tmp(const char *name, const char *contents)
     return path;
 }
 
-static json_t *run_json(const char *args)
-{
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    json_error_t jerr;
-    json_t *root = json_loads(r.out, 0, &jerr);
-    g_assert_nonnull(root);
-    tu_free(&r);
-    return root;
-}
-
 static void test_memory_json_figures(void)
 {
-    json_t *root = run_json("memory --params 7.5e9 --gpus 64 --json");
+    json_t *root = tu_zplan_json("memory --params 7.5e9 --gpus 64 --json");
     g_assert_cmpint(json_integer_value(json_object_get(root, "params")), ==, 7500000000);
     json_t *row = json_array_get(json_object_get(root, "rows"), 0);
     g_assert_cmpint(json_integer_value(json_object_get(row, "gpus")), ==, 64);
@@ -45,11 +34,11 @@ static void test_memory_json_figures(void)
 
 static void test_maxmodel_json(void)
 {
-    json_t *root = run_json("maxmodel --gpu-memory 32e9 --gpus 64 --json");
+    json_t *root = tu_zplan_json("maxmodel --gpu-memory 32e9 --gpus 64 --json");
     g_assert_cmpfloat(json_number_value(json_object_get(root, "stage0")), ==, 2e9);
     g_assert_cmpfloat(json_number_value(json_object_get(root, "stage3")), ==, 128e9);
     json_decref(root);
-    root = run_json("maxmodel --cluster dgx2-v100 --gpus 1024 --mp 16 --json");
+    root = tu_zplan_json("maxmodel --cluster dgx2-v100 --gpus 1024 --mp 16 --json");
     g_assert_cmpint(json_integer_value(json_object_get(root, "dp")), ==, 64);
     json_decref(root);
 }
@@ -169,7 +158,7 @@ static void test_hwprofiles_have_sources(void)
         json_decref(root);
         char *name = g_strndup(entry, strlen(entry) - 5);
         char *args = g_strdup_printf("maxmodel --cluster %s --gpus 8 --json", name);
-        json_decref(run_json(args));
+        json_decref(tu_zplan_json(args));
         g_free(args);
         g_free(name);
         g_free(path);

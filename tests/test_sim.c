@@ -378,18 +378,6 @@ static void test_explicit_equals_folded(void)
 
 /* ---- the command line ---- */
 
-static json_t *run_json(const char *args)
-{
-    TuRun r = tu_zplan(args);
-    g_test_message("zplan %s: %s", args, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    json_error_t jerr;
-    json_t *root = json_loads(r.out, 0, &jerr);
-    g_assert_nonnull(root);
-    tu_free(&r);
-    return root;
-}
-
 static double number(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);
@@ -401,9 +389,9 @@ static void test_cli_json(void)
 {
     const char *base = "simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 32 --mp 2 "
                        "--stage 3 --micro-batch 2 --grad-accum 2 --checkpoint --json";
-    json_t *folded = run_json(base);
+    json_t *folded = tu_zplan_json(base);
     char *args = g_strdup_printf("%s --explicit", base);
-    json_t *all = run_json(args);
+    json_t *all = tu_zplan_json(args);
     g_free(args);
     g_assert_cmpstr(json_string_value(json_object_get(folded, "mode")), ==, "folded");
     g_assert_cmpstr(json_string_value(json_object_get(all, "mode")), ==, "explicit");

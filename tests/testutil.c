@@ -2,6 +2,8 @@
  * their output captured; a failure to spawn at all fails the test on the spot. */
 #include "testutil.h"
 
+#include <jansson.h>
+
 #ifndef ZP_BUILD_DIR
 #define ZP_BUILD_DIR "build"
 #endif
@@ -29,4 +31,15 @@ void tu_free(TuRun *run)
 {
     g_free(run->out);
     g_free(run->err);
+}
+
+void *tu_zplan_json(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_test_message("zplan %s: %s", args, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(root);
+    tu_free(&r);
+    return root;
 }

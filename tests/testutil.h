@@ -19,4 +19,8 @@ TuRun tu_run(const char *command, char **envp);
 
 void tu_free(TuRun *run);
 
+/* Runs build/zplan with `args`, which must succeed, and parses its stdout as JSON
+ * (a json_t *, which the caller decrefs). */
+void *tu_zplan_json(const char *args);
+
 #endif
