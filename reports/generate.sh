@@ -23,6 +23,11 @@ for mp in 1 2 4 8 16; do
     "$ZPLAN" maxmodel --gpu-memory 32e9 --gpus $((64 * mp)) --mp "$mp" --json >"$tmp/table2-$mp.json"
 done
 
+# A Perfetto trace: gpt2-1.5b under ZeRO-3 on 64 V100s, with prefetched all-gathers beside
+# the forward compute (open it at ui.perfetto.dev).
+"$ZPLAN" simulate --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --stage 3 --micro-batch 8 \
+    --checkpoint --trace "$OUT/trace-gpt2-1.5b-zero3-64.json" >"$tmp/trace-summary.txt"
+
 # Plots (each writes NAME.csv and NAME.svg atomically).
 "$ZPLAN" sweep --vary gpus --values "$GPUS" --model gpt-7.5b --cluster dgx2-v100 \
     --metric memory --checkpoint --out "$OUT/memory-gpt-7.5b"
@@ -107,6 +112,7 @@ for my $mp (1, 2, 4, 8, 16) {
 }
 
 my $plan = do { local $/; open my $f, '<', "$dir/plan.txt" or die; <$f> };
+my $trace = do { local $/; open my $f, '<', "$dir/trace-summary.txt" or die; <$f> };
 
 print <<"MD";
 # zplan reports
@@ -153,6 +159,18 @@ models/gpt-60b.json on dgx2-v100: at each GPU count, `zplan plan`'s search (stag
 micro-batch, checkpointing, buckets; free global batch) and the simulated model TFLOP/s per
 GPU (recomputation not counted) of the best plan of each stage; a stage with no point has no
 plan that fits. Data: tflops-gpt-60b.csv.
+
+## A simulated step in Perfetto: gpt2-1.5b, ZeRO-3, 64 V100s
+
+[trace-gpt2-1.5b-zero3-64.json](trace-gpt2-1.5b-zero3-64.json) is Chrome trace-event JSON:
+open it at ui.perfetto.dev. One process stands for the 64 identical ranks; its compute,
+dp-comm and tp-comm tracks show each unit's all-gather issued ahead of the forward op that
+uses it (stage3_prefetch_bucket_size 5e7 covers the next 31M-parameter block), and a counter
+track shows memory by category.
+
+```
+\$ zplan simulate --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --stage 3 --micro-batch 8 --checkpoint
+$trace```
 
 ## A plan: GPT-3 175B on 256 A100s, global batch 1536
 
