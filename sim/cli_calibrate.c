@@ -117,9 +117,11 @@ static void keep_max_world(GArray *x, GArray *t, GArray *world, int max_world)
         }
 }
 
-/* t = c0 + c1 x, weighted by 1/t^2. */
-static gboolean fit_line(GArray *x, GArray *t, const char *what, double *c0, double *c1,
-                         GError **error)
+/* t = c0 + c1 x, weighted by 1/t^2 (relative error) or, with `by_time`, unweighted: the
+ * block kernels run together in a fixed mix, so each should count by the time it takes,
+ * not be fitted to its own rate (a fast residual add would set the rate of a slow GELU). */
+static gboolean fit_line(GArray *x, GArray *t, const char *what, gboolean by_time, double *c0,
+                         double *c1, GError **error)
 {
     if (x->len < 2) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: need at least two samples", what);
@@ -127,7 +129,7 @@ static gboolean fit_line(GArray *x, GArray *t, const char *what, double *c0, dou
     }
     double *w = g_new(double, x->len), cov00, cov01, cov11, chisq;
     for (guint i = 0; i < x->len; i++)
-        w[i] = 1.0 / pow(g_array_index(t, double, i), 2);
+        w[i] = by_time ? 1.0 : 1.0 / pow(g_array_index(t, double, i), 2);
     gsl_fit_wlinear((double *)x->data, 1, w, 1, (double *)t->data, 1, x->len, c0, c1, &cov00,
                     &cov01, &cov11, &chisq);
     g_free(w);
@@ -233,7 +235,7 @@ static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, 
         {"gemm_efficiency_max", g_strdup("1: the peak is the fitted asymptotic GEMM rate itself")},
         {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1, the GEMM size whose fixed cost equals its FLOP time", from)},
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
-        {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them (%u runs)", from, s->ew_s->len)},
+        {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
         {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
         {"intra_node_bytes_per_s", g_strdup("the fitted all-gather bus bandwidth (collective_fit holds one per collective)")},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
@@ -316,9 +318,9 @@ int cli_calibrate(int argc, char **argv)
         keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, s.max_world);
         keep_max_world(s.ew_bytes, s.ew_s, s.ew_world, s.max_world);
     }
-    ok = ok && fit_line(s.gemm_flops, s.gemm_s, "gemm", &gemm_c0, &gemm_c1, &error) &&
-         fit_line(s.mem_bytes, s.mem_s, "memory (adam)", &mem_c0, &mem_c1, &error) &&
-         fit_line(s.ew_bytes, s.ew_s, "memory (block kernels)", &ew_c0, &ew_c1, &error) &&
+    ok = ok && fit_line(s.gemm_flops, s.gemm_s, "gemm", FALSE, &gemm_c0, &gemm_c1, &error) &&
+         fit_line(s.mem_bytes, s.mem_s, "memory (adam)", FALSE, &mem_c0, &mem_c1, &error) &&
+         fit_line(s.ew_bytes, s.ew_s, "memory (block kernels)", TRUE, &ew_c0, &ew_c1, &error) &&
          fit_collectives(&s, TRUE, &fit, &error);
     if (ok && (fit.hop_s < 0 || fit.base_s < 0))
         ok = fit_collectives(&s, FALSE, &fit, &error); /* the data cannot separate the hop */
