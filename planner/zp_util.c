@@ -89,7 +89,7 @@ gboolean zp_json_get_number(json_t *obj, const char *what, const char *key, gboo
     }
     double d = json_number_value(v);
     if (!isfinite(d) || d < min || d > max) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" = %g is outside [%g, %g]",
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" = %g is outside [%.15g, %.15g]",
                     what, key, d, min, max);
         return FALSE;
     }
@@ -163,7 +163,7 @@ gboolean zp_parse_number(const char *text, const char *flag, double min, double 
         return FALSE;
     }
     if (d < min || d > max) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is outside [%g, %g]", flag, text,
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is outside [%.15g, %.15g]", flag, text,
                     min, max);
         return FALSE;
     }
