@@ -276,15 +276,18 @@ static gboolean write_svg(const SweepArgs *a, const char *csv_path, guint column
             g_prefix_error(error, "gnuplot: ");
     }
     if (ok && !g_spawn_check_wait_status(status, NULL)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gnuplot failed on %s: %s", script_path,
-                    err ? g_strstrip(err) : "");
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gnuplot failed: %s", err ? g_strstrip(err) : "");
         ok = FALSE;
     }
     if (ok && g_rename(tmp_svg, svg) != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: cannot rename to %s", tmp_svg, svg);
         ok = FALSE;
     }
-    if (script_path && ok)
+    /* Nothing half-written stays behind: the temporary plot goes on failure, the script
+     * always. */
+    if (!ok)
+        g_remove(tmp_svg);
+    if (script_path)
         g_remove(script_path);
     g_free(err);
     g_free(script_path);
