@@ -21,6 +21,34 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
     };
 }
 
+static const struct {
+    const char *flag;
+    size_t offset;
+    double min;
+} zero_knobs[ZP_KNOB_N] = {
+    [ZP_KNOB_REDUCE_BUCKET] = {"--reduce-bucket-size",
+                               G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 1},
+    [ZP_KNOB_ALLGATHER_BUCKET] = {"--allgather-bucket-size",
+                                  G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size), 1},
+    [ZP_KNOB_PREFETCH_BUCKET] = {"--prefetch-bucket-size",
+                                 G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size), 0},
+    [ZP_KNOB_MAX_LIVE] = {"--max-live-parameters",
+                          G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 1},
+    [ZP_KNOB_PERSISTENCE] = {"--persistence-threshold",
+                             G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
+};
+
+const char *zp_zero_knob_flag(ZpZeroKnob knob)
+{
+    return zero_knobs[knob].flag;
+}
+
+gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text, GError **error)
+{
+    return zp_parse_number(text, zero_knobs[knob].flag, zero_knobs[knob].min, 1e15, TRUE,
+                           &G_STRUCT_MEMBER(double, zero, zero_knobs[knob].offset), error);
+}
+
 void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp)
 {
     memset(plan, 0, sizeof *plan);

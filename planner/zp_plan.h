@@ -40,6 +40,27 @@ typedef struct {
     ZpOptimizer optimizer;
 } ZpPlan;
 
+/* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,
+ * --allgather-bucket-size, --prefetch-bucket-size, --max-live-parameters,
+ * --persistence-threshold. Shared by zplan and zreal so both refuse the same values. */
+typedef enum {
+    ZP_KNOB_REDUCE_BUCKET,
+    ZP_KNOB_ALLGATHER_BUCKET,
+    ZP_KNOB_PREFETCH_BUCKET,
+    ZP_KNOB_MAX_LIVE,
+    ZP_KNOB_PERSISTENCE,
+    ZP_KNOB_N
+} ZpZeroKnob;
+
+/* The flag's name ("--reduce-bucket-size"). */
+const char *zp_zero_knob_flag(ZpZeroKnob knob);
+
+/* Sets the knob from a flag's text: a whole number of elements, at least DeepSpeed's least
+ * value (1 for buckets and live parameters, 0 for prefetch and persistence), at most 1e15.
+ * Fails naming the flag. */
+gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text,
+                          GError **error);
+
 /* DeepSpeed's defaults (deepspeed/runtime/zero/config.py): buckets 5e8 elements, overlap_comm
  * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9. */
 void zp_zero_config_defaults(ZpZeroConfig *zero, int stage);

@@ -733,6 +733,14 @@ const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
 
+void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
+{
+    json_t *o = json_object();
+    for (int c = 0; c < ZP_MEM_N; c++)
+        json_object_set_new(o, mem_names[c], json_real(bytes[c]));
+    return o;
+}
+
 static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
 {
     json_t *deps = json_array();
@@ -767,9 +775,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
-    json_t *state = json_object(), *units = json_array(), *ops = json_array();
-    for (int c = 0; c < ZP_MEM_N; c++)
-        json_object_set_new(state, mem_names[c], json_real(s->state_bytes[c]));
+    json_t *state = zp_sched_categories_json(s->state_bytes), *units = json_array();
+    json_t *ops = json_array();
     for (int u = 0; u < s->n_units; u++)
         json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
                                                (json_int_t)s->unit_elems[u]));

@@ -137,6 +137,9 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 
+/* {"params": B, ..., "workspace": B}: one figure per memory category (a json_t *). */
+void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);
+
 const char *zp_sched_compute_name(ZpComputeKind kind);
 const char *zp_sched_coll_name(ZpCollKind kind);
 const char *zp_sched_mem_name(ZpMemCategory category);

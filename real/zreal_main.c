@@ -21,7 +21,8 @@ typedef struct {
     char *model, *schedule, *out;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     gboolean checkpoint, microbench;
-    double lr, reduce_bucket, allgather_bucket, prefetch, live, persistence;
+    double lr;
+    char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
     gint64 seed;
 } Args;
 
@@ -58,15 +59,9 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     plan.micro_batch = a->micro_batch;
     plan.grad_accum = a->grad_accum;
     plan.checkpoint = a->checkpoint;
-    const double *knobs[] = {&a->reduce_bucket, &a->allgather_bucket, &a->prefetch, &a->live,
-                             &a->persistence};
-    double *slots[] = {&plan.zero.reduce_bucket_size, &plan.zero.allgather_bucket_size,
-                       &plan.zero.stage3_prefetch_bucket_size,
-                       &plan.zero.stage3_max_live_parameters,
-                       &plan.zero.stage3_param_persistence_threshold};
-    for (size_t i = 0; i < G_N_ELEMENTS(slots); i++)
-        if (*knobs[i] >= 0)
-            *slots[i] = *knobs[i];
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        if (a->knobs[k] && !zp_zero_knob_set(&plan.zero, (ZpZeroKnob)k, a->knobs[k], error))
+            return NULL;
     return zp_sched_build(&model, &plan, error);
 }
 
@@ -93,14 +88,6 @@ static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double 
         v[F_LOSS + i] = local_loss[i];
 }
 
-static json_t *category_object(const double *bytes)
-{
-    json_t *o = json_object();
-    for (int c = 0; c < ZP_MEM_N; c++)
-        json_object_set_new(o, zp_sched_mem_name(c), json_real(bytes[c]));
-    return o;
-}
-
 static json_t *rank_json(int rank, const double *v, int steps)
 {
     json_t *ops = json_object(), *loss = json_array();
@@ -113,8 +100,8 @@ static json_t *rank_json(int rank, const double *v, int steps)
         json_array_append_new(loss, json_real(v[F_LOSS + i]));
     return json_pack("{s:i, s:f, s:f, s:o, s:o, s:f, s:f, s:o, s:o}", "rank", rank,
                      "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
-                     "peak_breakdown", category_object(v + F_AT_PEAK), "category_peak_bytes",
-                     category_object(v + F_CAT_PEAK), "step_time_s", v[F_STEP_S], "comm_bytes",
+                     "peak_breakdown", zp_sched_categories_json(v + F_AT_PEAK), "category_peak_bytes",
+                     zp_sched_categories_json(v + F_CAT_PEAK), "step_time_s", v[F_STEP_S], "comm_bytes",
                      v[F_COMM], "ops", ops, "loss", loss);
 }
 
@@ -195,8 +182,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
     *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
-                .fault_step = -1, .lr = 3e-3, .reduce_bucket = -1, .allgather_bucket = -1,
-                .prefetch = -1, .live = -1, .persistence = -1, .seed = 1234};
+                .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &a->schedule, "Run this schedule (zplan schedule --out) instead of building one", "FILE"},
@@ -207,11 +193,11 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
-        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->reduce_bucket, "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
-        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->allgather_bucket, "Elements per all-gather bucket", "E"},
-        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_DOUBLE, &a->prefetch, "stage3_prefetch_bucket_size", "E"},
-        {"max-live-parameters", 0, 0, G_OPTION_ARG_DOUBLE, &a->live, "stage3_max_live_parameters", "E"},
-        {"persistence-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &a->persistence, "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
+        {"allgather-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_ALLGATHER_BUCKET], "Elements per all-gather bucket", "E"},
+        {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PREFETCH_BUCKET], "stage3_prefetch_bucket_size", "E"},
+        {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
+        {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
         {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs, Adam and collectives for zplan calibrate (needs --out)", NULL},
         {"fault-kill-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank SIGKILLs itself", "R"},
@@ -271,6 +257,8 @@ int main(int argc, char **argv)
     }
     comm->destroy(comm);
     g_free(a.model), g_free(a.schedule), g_free(a.out);
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        g_free(a.knobs[k]);
     MPI_Finalize();
     return 0;
 }

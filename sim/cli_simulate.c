@@ -21,25 +21,6 @@ typedef struct {
     gboolean checkpoint, overlap, no_overlap, explicit_ranks, json;
 } SimulateFlags;
 
-/* DeepSpeed's size knobs, in elements: flag, where its text is, which ZeRO field it sets and
- * the least value DeepSpeed accepts. */
-static const struct {
-    const char *flag;
-    size_t text_offset, field_offset;
-    double min;
-} zero_sizes[] = {
-    {"--reduce-bucket-size", G_STRUCT_OFFSET(SimulateFlags, reduce_bucket),
-     G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 1},
-    {"--allgather-bucket-size", G_STRUCT_OFFSET(SimulateFlags, allgather_bucket),
-     G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size), 1},
-    {"--prefetch-bucket-size", G_STRUCT_OFFSET(SimulateFlags, prefetch_bucket),
-     G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size), 0},
-    {"--max-live-parameters", G_STRUCT_OFFSET(SimulateFlags, max_live),
-     G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 1},
-    {"--persistence-threshold", G_STRUCT_OFFSET(SimulateFlags, persistence),
-     G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
-};
-
 static gboolean required(const char *text, const char *usage, GError **error)
 {
     if (!text)
@@ -61,13 +42,13 @@ static gboolean overlap_flag(const SimulateFlags *f, ZpZeroConfig *zero, GError 
 
 static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GError **error)
 {
-    for (size_t i = 0; i < G_N_ELEMENTS(zero_sizes); i++) {
-        const char *text = G_STRUCT_MEMBER(char *, f, zero_sizes[i].text_offset);
-        if (text && !zp_parse_number(text, zero_sizes[i].flag, zero_sizes[i].min, 1e15, TRUE,
-                                     &G_STRUCT_MEMBER(double, zero, zero_sizes[i].field_offset),
-                                     error))
+    const char *texts[ZP_KNOB_N] = {
+        [ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket, [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
+        [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket, [ZP_KNOB_MAX_LIVE] = f->max_live,
+        [ZP_KNOB_PERSISTENCE] = f->persistence};
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        if (texts[k] && !zp_zero_knob_set(zero, (ZpZeroKnob)k, texts[k], error))
             return FALSE;
-    }
     return TRUE;
 }
 
@@ -188,14 +169,6 @@ static double bytes_over(const Report *p)
     return p->r->peak_memory_bytes + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
 }
 
-static json_t *per_category_json(const double *bytes)
-{
-    json_t *o = json_object();
-    for (int c = 0; c < ZP_MEM_N; c++)
-        json_object_set_new(o, zp_sched_mem_name(c), json_real(bytes[c]));
-    return o;
-}
-
 /* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...), from the
  * timeline of the reported rank: the figures `zplan validate` sets against zreal's. */
 static json_t *ops_json(const Report *p)
@@ -234,7 +207,7 @@ static int print_json(const Report *p)
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
         r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
-        r->peak_memory_bytes, "peak_breakdown", per_category_json(r->peak_breakdown_bytes),
+        r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
         bytes_over(p) <= 0, "breakdown", "compute_s",
         r->compute_s, "exposed_comm_s", r->exposed_comm_s, "optimizer_s", r->optimizer_s,
@@ -243,7 +216,7 @@ static int print_json(const Report *p)
         "ranks_simulated", r->ranks_simulated, "report_rank", r->report_rank, "mode",
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
-    json_object_set_new(root, "category_peak_bytes", per_category_json(r->category_peak_bytes));
+    json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));

@@ -259,6 +259,7 @@ static void test_bad_input(void)
         {"--model nosuch", "unknown model 'nosuch'"},
         {"--stage 1", "give one of --model and --schedule"},
         {"--model tiny --micro-batch 0", "--micro-batch: '0' is outside"},
+        {"--model tiny --reduce-bucket-size -5", "--reduce-bucket-size: '-5' is outside"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
