@@ -3,6 +3,7 @@
 #ifndef REAL_COMM_H
 #define REAL_COMM_H
 
+#include "real_backend.h"
 #include "real_bf16.h"
 
 #include <glib.h>
@@ -39,8 +40,31 @@ struct RealComm {
     void (*destroy)(RealComm *c);
 };
 
+/* Bytes one rank sends under ring algorithms, for collectives over `size` ranks of `total`
+ * bf16 elements (the whole buffer: an all-reduce's, a reduce-scatter's input, an
+ * all-gather's output). The schedule's formula, evaluated in the same order so the sums
+ * compare exactly; every communicator counts with these. */
+static inline double real_comm_ring_allreduce_bytes(int size, double total)
+{
+    return 2.0 * (size - 1) / size * (total * sizeof(RealBf16));
+}
+static inline double real_comm_ring_scatter_gather_bytes(int size, double total)
+{
+    return (double)(size - 1) / size * (total * sizeof(RealBf16));
+}
+
 /* MPI_COMM_WORLD after MPI_Init: errors are returned (not fatal) and turned into GErrors
  * that say a peer may have died. */
 RealComm *real_comm_mpi_new(GError **error);
+
+/* One process playing rank `rank` of a virtual world of `world` ranks (1 <= world, 0 <= rank
+ * < world): every collective is replaced by local copies on backend `be` (borrowed) of the
+ * sizes the real one would deliver, and sent_bytes counts what the real one would send, so
+ * the engine allocates, moves and measures exactly what that rank would. The other ranks
+ * are stand-ins holding what this one holds: sums are `world` times this rank's values and
+ * all-gathers repeat this rank's piece. At stage 0 that is N identical replicas and training
+ * is exact for them; at stages 1-3 the gathered partitions of other ranks are stand-ins, so
+ * the run measures memory, bytes and time, not learning. */
+RealComm *real_comm_emulated_new(RealBackend *be, int world, int rank);
 
 #endif

@@ -49,7 +49,7 @@ static gboolean mpi_allreduce(RealComm *c, RealBf16 *buf, size_t n, GError **err
     MpiComm *m = (MpiComm *)c;
     if (!fits_int(c, n, "all-reduce", error))
         return FALSE;
-    c->sent_bytes += 2.0 * (c->size - 1) / c->size * (double)n * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_allreduce_bytes(c->size, (double)n);
     return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, m->bf16, m->bf16_sum, MPI_COMM_WORLD),
                  "MPI_Allreduce", error);
 }
@@ -60,7 +60,7 @@ static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts
     double total = 0;
     for (int q = 0; q < c->size; q++)
         total += counts[q];
-    c->sent_bytes += (double)(c->size - 1) / c->size * total * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, total);
     return check(c, MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, m->bf16, m->bf16_sum,
                                        MPI_COMM_WORLD),
                  "MPI_Reduce_scatter", error);
@@ -72,7 +72,7 @@ static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealB
     MpiComm *m = (MpiComm *)c;
     if (!fits_int(c, n, "all-gather", error))
         return FALSE;
-    c->sent_bytes += (double)(c->size - 1) * (double)n * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
     return check(c, MPI_Allgather(send, (int)n, m->bf16, recv, (int)n, m->bf16, MPI_COMM_WORLD),
                  "MPI_Allgather", error);
 }

@@ -125,28 +125,34 @@ static gboolean allocate_states(RealEngine *e, GError **error)
     return TRUE;
 }
 
-/* Every rank initialises every unit from the seed and keeps what its layout holds. */
+/* Units are drawn from the seed as the whole model would be, each rank drawing only what its
+ * layout holds: a ZeRO-3 rank draws its slice of each unit (and persistent units whole), so
+ * setting up one rank of a 64-way 7.5B model draws 1/64 of the model, not all of it. */
+static gboolean init_unit(RealEngine *e, int u, uint64_t first, uint64_t count, RealBf16 *dst,
+                          GError **error)
+{
+    RealBf16 *host = g_new(RealBf16, count);
+    gboolean ok = real_gpt_init_params_range(&e->dims, e->cfg.seed, u, first, count, host, error);
+    if (ok)
+        e->be->copy(e->be, dst, host, count * sizeof(RealBf16));
+    g_free(host);
+    return ok;
+}
+
 static gboolean init_params(RealEngine *e, GError **error)
 {
     const ZpSchedule *s = e->s;
     for (int u = 0; u < s->n_units; u++) {
-        const uint64_t elems = s->unit_elems[u], padded = unit_padded(e, u);
-        RealBf16 *host = g_new0(RealBf16, padded);
-        if (!real_gpt_init_params(&e->dims, e->cfg.seed, u, host, error)) {
-            g_free(host);
+        const uint64_t padded = unit_padded(e, u), slice = padded / (uint64_t)e->dp;
+        gboolean ok = e->stage < 3
+                          ? init_unit(e, u, 0, s->unit_elems[u], e->params + s->unit_offset[u],
+                                      error)
+                          : init_unit(e, u, (uint64_t)e->rank * slice, slice,
+                                      e->params + e->part_off[u], error) &&
+                                (!e->persistent[u] ||
+                                 init_unit(e, u, 0, padded, e->persistent[u], error));
+        if (!ok)
             return FALSE;
-        }
-        const size_t b2 = sizeof(RealBf16);
-        if (e->stage < 3) {
-            e->be->copy(e->be, e->params + s->unit_offset[u], host, elems * b2);
-        } else {
-            const uint64_t slice = padded / (uint64_t)e->dp;
-            e->be->copy(e->be, e->params + e->part_off[u], host + (uint64_t)e->rank * slice,
-                        slice * b2);
-            if (e->persistent[u])
-                e->be->copy(e->be, e->persistent[u], host, padded * b2);
-        }
-        g_free(host);
     }
     e->be->bf16_to_f32(e->be, e->master, e->params + e->part_base, e->opt_elems);
     return TRUE;

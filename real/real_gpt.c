@@ -213,30 +213,34 @@ static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
 
 /* ---- initialisation ---- */
 
-/* A standard normal from GRand by Box-Muller; 1 - u keeps the log argument in (0, 1]. */
-static double real_gpt_normal(GRand *rng)
+/* SplitMix64's output function: a bijective mix of 64 bits. */
+static uint64_t real_gpt_mix64(uint64_t z)
 {
-    double u1 = 1.0 - g_rand_double(rng), u2 = g_rand_double(rng);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A uniform double in (0, 1) from 53 bits of a hash. */
+static double real_gpt_uniform(uint64_t bits)
+{
+    return ((double)(bits >> 11) + 0.5) * 0x1.0p-53;
+}
+
+/* The standard normal of element `index` of a unit whose stream key is `key`, by Box-Muller
+ * on two hashes of (key, index). A counter, not a sequence: any element can be drawn alone,
+ * so a rank initialises its own ZeRO-3 slice without drawing the rest of the unit. */
+static double real_gpt_normal_at(uint64_t key, uint64_t index)
+{
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    double u1 = real_gpt_uniform(real_gpt_mix64(key + (2 * index + 1) * golden));
+    double u2 = real_gpt_uniform(real_gpt_mix64(key + (2 * index + 2) * golden));
     return sqrt(-2.0 * log(u1)) * cos(2.0 * G_PI * u2);
 }
 
-static void real_gpt_init_tensor(GRand *rng, RealGptInit how, double residual_std,
-                                 RealBf16 *out, size_t elems)
-{
-    for (size_t i = 0; i < elems; i++) {
-        double value = 0.0;
-        if (how == REAL_GPT_INIT_ONES)
-            value = 1.0;
-        else if (how == REAL_GPT_INIT_NORMAL)
-            value = REAL_GPT_INIT_STD * real_gpt_normal(rng);
-        else if (how == REAL_GPT_INIT_NORMAL_RESIDUAL)
-            value = residual_std * real_gpt_normal(rng);
-        out[i] = real_bf16_from_f32((float)value);
-    }
-}
-
-gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
-                              RealBf16 *out, GError **error)
+gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int unit,
+                                    size_t first_elem, size_t n_elems, RealBf16 *out,
+                                    GError **error)
 {
     if (!real_gpt_dims_check(dims, error))
         return FALSE;
@@ -248,13 +252,32 @@ gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
                     "unit %d out of range 0..%d", unit, dims->layers + 1);
         return FALSE;
     }
-    guint32 words[3] = {(guint32)seed, (guint32)(seed >> 32), (guint32)unit};
-    GRand *rng = g_rand_new_with_seed_array(words, G_N_ELEMENTS(words));
-    double residual_std = REAL_GPT_INIT_STD / sqrt(2.0 * dims->layers);
-    for (int i = 0; i < n; i++)
-        real_gpt_init_tensor(rng, init[i], residual_std, out + t[i].offset_elems, t[i].elems);
-    g_rand_free(rng);
+    const uint64_t key = real_gpt_mix64(seed ^ real_gpt_mix64((uint64_t)unit + 1));
+    const double residual_std = REAL_GPT_INIT_STD / sqrt(2.0 * dims->layers);
+    const double std_of[] = {[REAL_GPT_INIT_NORMAL] = REAL_GPT_INIT_STD,
+                             [REAL_GPT_INIT_NORMAL_RESIDUAL] = residual_std};
+    const size_t end = first_elem + n_elems;
+    for (size_t i = 0; i < n_elems; i++)
+        out[i] = 0; /* +0.0 in bf16: padding past the unit's end stays 0 */
+    for (int k = 0; k < n; k++) {
+        const size_t lo = MAX(first_elem, t[k].offset_elems);
+        const size_t hi = MIN(end, t[k].offset_elems + t[k].elems);
+        for (size_t e = lo; e < hi; e++) {
+            double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
+                           : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
+                                                           : std_of[init[k]] *
+                                                                 real_gpt_normal_at(key, e);
+            out[e - first_elem] = real_bf16_from_f32((float)value);
+        }
+    }
     return TRUE;
+}
+
+gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
+                              RealBf16 *out, GError **error)
+{
+    return real_gpt_init_params_range(dims, seed, unit, 0, real_gpt_unit_elems(dims, unit), out,
+                                      error);
 }
 
 /* ---- runtime ---- */

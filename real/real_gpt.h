@@ -108,10 +108,17 @@ uint64_t real_gpt_logits_bytes(const RealGptDims *dims);
 /* Writes unit `unit`'s initial parameters into out (real_gpt_unit_elems elements, host
  * memory). GPT-2 init: weights N(0, 0.02), proj.weight and fc2.weight N(0, 0.02/sqrt(2L)),
  * biases 0, layer-norm gains 1; wte and wpe N(0, 0.02). Deterministic in (seed, unit)
- * alone, through GLib's GRand (Mersenne Twister) seeded with them and Box-Muller, so any
- * rank can initialise any unit identically. */
+ * alone, so any rank can initialise any unit identically: each element's normal is drawn
+ * by Box-Muller from hashes of (seed, unit, element index), not from a sequence. */
 gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
                               RealBf16 *out, GError **error);
+
+/* Elements [first_elem, first_elem + n_elems) of what real_gpt_init_params writes, into
+ * out[0 .. n_elems): bit-identical to that slice of the whole unit. Elements at or past the
+ * unit's end (ZeRO padding) are 0. A ZeRO-3 rank draws only its own slice this way. */
+gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int unit,
+                                    size_t first_elem, size_t n_elems, RealBf16 *out,
+                                    GError **error);
 
 /* A model runtime on backend `be` (borrowed; must outlive it). It owns only the saved
  * activations of blocks between their forward and backward. NULL on invalid dims. */

@@ -20,6 +20,7 @@ extern void openblas_set_num_threads(int threads);
 typedef struct {
     char *model, *schedule, *out;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
+    int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
@@ -75,7 +76,7 @@ static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double 
     v[F_STATE] = real_engine_model_state_bytes(engine);
     v[F_PEAK] = (double)st.peak_total_bytes;
     v[F_STEP_S] = step_s;
-    v[F_COMM] = comm->sent_bytes / steps; /* every step sends the same */
+    v[F_COMM] = steps > 0 ? comm->sent_bytes / steps : 0; /* every step sends the same */
     for (int c = 0; c < ZP_MEM_N; c++) {
         v[F_AT_PEAK + c] = (double)st.at_peak_bytes[c];
         v[F_CAT_PEAK + c] = (double)st.peak_bytes[c];
@@ -88,6 +89,12 @@ static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double 
         v[F_LOSS + i] = local_loss[i];
 }
 
+/* A measured time, or null when no step ran (--steps 0 measures memory only). */
+static json_t *time_json(double seconds, int steps)
+{
+    return steps > 0 ? json_real(seconds) : json_null();
+}
+
 static json_t *rank_json(int rank, const double *v, int steps)
 {
     json_t *ops = json_object(), *loss = json_array();
@@ -98,30 +105,34 @@ static json_t *rank_json(int rank, const double *v, int steps)
                                           v[F_OP_S + k]));
     for (int i = 0; i < steps; i++)
         json_array_append_new(loss, json_real(v[F_LOSS + i]));
-    return json_pack("{s:i, s:f, s:f, s:o, s:o, s:f, s:f, s:o, s:o}", "rank", rank,
+    return json_pack("{s:i, s:f, s:f, s:o, s:o, s:o, s:f, s:o, s:o}", "rank", rank,
                      "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
                      "peak_breakdown", zp_sched_categories_json(v + F_AT_PEAK), "category_peak_bytes",
-                     zp_sched_categories_json(v + F_CAT_PEAK), "step_time_s", v[F_STEP_S], "comm_bytes",
-                     v[F_COMM], "ops", ops, "loss", loss);
+                     zp_sched_categories_json(v + F_CAT_PEAK), "step_time_s",
+                     time_json(v[F_STEP_S], steps), "comm_bytes", v[F_COMM], "ops", ops, "loss",
+                     loss);
 }
 
+/* Writes measured.json: `all` holds the figures of n_ranks processes, ranks first_rank on
+ * (all of a real world, or the one rank an emulating process plays). */
 static gboolean write_measured(const char *path, const ZpSchedule *s, const char *backend,
-                               const double *all, int world, int steps, const double *loss,
-                               GError **error)
+                               const double *all, const RealComm *comm, int n_ranks,
+                               int first_rank, int steps, const double *loss, GError **error)
 {
     const int n = F_LOSS + steps;
     json_t *ranks = json_array(), *global = json_array();
     double step_s = 0;
-    for (int r = 0; r < world; r++) {
-        json_array_append_new(ranks, rank_json(r, all + (size_t)r * n, steps));
+    for (int r = 0; r < n_ranks; r++) {
+        json_array_append_new(ranks, rank_json(first_rank + r, all + (size_t)r * n, steps));
         step_s = MAX(step_s, all[(size_t)r * n + F_STEP_S]);
     }
     for (int i = 0; i < steps; i++)
         json_array_append_new(global, json_real(loss[i]));
-    json_t *root = json_pack("{s:s, s:s, s:i, s:i, s:o, s:o, s:f, s:f, s:o, s:o}", "format",
-                             "zplan-measured-1", "backend", backend, "world", world, "steps",
-                             steps, "model", zp_model_to_json(&s->model), "plan",
-                             zp_plan_to_json(&s->plan), "step_time_s", step_s,
+    json_t *root = json_pack("{s:s, s:s, s:i, s:b, s:i, s:o, s:o, s:o, s:f, s:o, s:o}",
+                             "format", "zplan-measured-1", "backend", backend, "world",
+                             comm->size, "emulated", n_ranks < comm->size, "steps", steps,
+                             "model", zp_model_to_json(&s->model), "plan",
+                             zp_plan_to_json(&s->plan), "step_time_s", time_json(step_s, steps),
                              "predicted_model_state_bytes", zp_sched_model_state_bytes(s),
                              "loss", global, "ranks", ranks);
     gboolean ok = zp_json_write(root, path, error);
@@ -129,12 +140,11 @@ static gboolean write_measured(const char *path, const ZpSchedule *s, const char
     return ok;
 }
 
-static gboolean train(const Args *a, RealComm *comm, GError **error)
+static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **error)
 {
     ZpSchedule *s = make_schedule(a, comm->size, error);
     if (!s)
         return FALSE;
-    RealBackend *be = real_cpu_backend_new();
     RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed};
     RealEngine *engine = real_engine_new(s, be, comm, &cfg, error);
     gboolean ok = engine != NULL;
@@ -156,7 +166,7 @@ static gboolean train(const Args *a, RealComm *comm, GError **error)
         if (step == 0 && a->steps > 1)
             real_engine_reset_timings(engine);
         local[step] = loss[step];
-        if (ok && comm->rank == 0)
+        if (ok && (a->emulate || comm->rank == 0))
             fprintf(stderr, "step %3d  loss %.4f\n", step, loss[step]);
     }
     if (ok && a->out) {
@@ -164,16 +174,19 @@ static gboolean train(const Args *a, RealComm *comm, GError **error)
         double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
         const int timed_steps = MAX(1, a->steps - 1);
         collect(engine, be, comm, timed_s / timed_steps, timed_steps, local, a->steps, mine);
-        ok = comm->gather_host_f64(comm, mine, (size_t)n, all, error) &&
-             (comm->rank != 0 ||
-              write_measured(a->out, s, be->name, all, comm->size, a->steps, loss, error));
+        if (a->emulate) /* one process: its own figures are the measurement */
+            ok = write_measured(a->out, s, be->name, mine, comm, 1, comm->rank, a->steps, loss,
+                                error);
+        else
+            ok = comm->gather_host_f64(comm, mine, (size_t)n, all, error) &&
+                 (comm->rank != 0 || write_measured(a->out, s, be->name, all, comm, comm->size,
+                                                    0, a->steps, loss, error));
         g_free(mine);
         g_free(all);
     }
     g_free(loss);
     g_free(local);
     real_engine_free(engine);
-    be->destroy(be);
     zp_sched_free(s);
     return ok;
 }
@@ -181,6 +194,7 @@ static gboolean train(const Args *a, RealComm *comm, GError **error)
 static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
+    char *emulate = NULL, *rank = NULL;
     *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
@@ -189,7 +203,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"stage", 0, 0, G_OPTION_ARG_STRING, &stage, "ZeRO stage 0-3 (default 0)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro, "Samples per rank per micro-step (default 4)", "B"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
-        {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20)", "N"},
+        {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
@@ -198,6 +212,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PREFETCH_BUCKET], "stage3_prefetch_bucket_size", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
+        {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
         {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs, Adam and collectives for zplan calibrate (needs --out)", NULL},
         {"fault-kill-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank SIGKILLs itself", "R"},
@@ -208,7 +224,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     g_option_context_add_main_entries(context, entries, NULL);
     g_option_context_set_summary(context,
         "Launch with mpirun -np N build/zreal --model tiny --stage 3 --steps 20 --out m.json;\n"
-        "it runs the schedule zplan simulates and writes what it measured.");
+        "it runs the schedule zplan simulates and writes what it measured. With --emulate N,\n"
+        "one process (no mpirun) measures one rank of an N-rank world.");
     double value;
     gboolean ok = g_option_context_parse(context, argc, argv, error);
     if (ok && *argc > 1)
@@ -219,46 +236,85 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
-        {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 1, 1 << 24, &a->steps}};
+        {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
+        {emulate, "--emulate", 1, 1 << 20, &a->emulate}};
     for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
         if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,
                                                   ints[i].max, TRUE, &value, error)))
             *ints[i].out = (int)value;
     if (ok && lr && (ok = zp_parse_number(lr, "--lr", 1e-9, 10, FALSE, &value, error)))
         a->lr = value;
+    if (ok && rank && !a->emulate)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--rank needs --emulate N"), FALSE);
+    if (ok && rank && (ok = zp_parse_number(rank, "--rank", 0, a->emulate - 1, TRUE, &value, error)))
+        a->emulate_rank = (int)value;
+    if (ok && a->emulate && a->microbench)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench measures real collectives: not with --emulate"), FALSE);
     g_option_context_free(context);
     g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
+    g_free(emulate), g_free(rank);
     return ok;
+}
+
+/* An emulating process is one process: launched under mpirun with others, it would only
+ * repeat the same measurement, so that is refused. */
+static gboolean check_emulate_launch(const Args *a, GError **error)
+{
+    const char *world = g_getenv("OMPI_COMM_WORLD_SIZE");
+    if (!a->emulate || !world || atoi(world) <= 1)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "--emulate runs as one process; start it without mpirun (%s processes here)",
+                world);
+    return FALSE;
+}
+
+static void free_args(Args *a)
+{
+    g_free(a->model), g_free(a->schedule), g_free(a->out);
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        g_free(a->knobs[k]);
 }
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    set_blas_threads();
     Args a;
     GError *error = NULL;
-    RealComm *comm = NULL;
-    gboolean ok = parse_args(&argc, &argv, &a, &error) && (comm = real_comm_mpi_new(&error));
-    if (ok && a.microbench) {
-        RealBackend *be = real_cpu_backend_new();
-        ok = real_microbench_run(be, comm, a.out, &error);
-        be->destroy(be);
-    } else if (ok) {
-        ok = train(&a, comm, &error);
+    /* Flags first: an emulating process never starts MPI. */
+    gboolean ok = parse_args(&argc, &argv, &a, &error) && check_emulate_launch(&a, &error);
+    int rank = a.emulate_rank;
+    if (!ok) {
+        const char *mpi_rank = g_getenv("OMPI_COMM_WORLD_RANK");
+        fprintf(stderr, "zreal rank %s: %s\n", mpi_rank ? mpi_rank : "0", error->message);
+        g_clear_error(&error);
+        free_args(&a);
+        return 1;
     }
+    if (!a.emulate) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    }
+    set_blas_threads();
+    RealBackend *be = real_cpu_backend_new();
+    RealComm *comm = a.emulate ? real_comm_emulated_new(be, a.emulate, a.emulate_rank)
+                               : real_comm_mpi_new(&error);
+    ok = comm != NULL;
+    if (ok && a.microbench)
+        ok = real_microbench_run(be, comm, a.out, &error);
+    else if (ok)
+        ok = train(&a, be, comm, &error);
     if (!ok) {
         /* One line naming the rank; abort the job so no peer waits forever in a collective. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
         g_clear_error(&error);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        if (!a.emulate)
+            MPI_Abort(MPI_COMM_WORLD, 1);
         return 1;
     }
     comm->destroy(comm);
-    g_free(a.model), g_free(a.schedule), g_free(a.out);
-    for (int k = 0; k < ZP_KNOB_N; k++)
-        g_free(a.knobs[k]);
-    MPI_Finalize();
+    be->destroy(be);
+    free_args(&a);
+    if (!a.emulate)
+        MPI_Finalize();
     return 0;
 }

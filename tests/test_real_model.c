@@ -1083,6 +1083,17 @@ static void test_init_deterministic(void)
                                                                      : 0.02;
         g_assert_cmpfloat(fabs(rms - expect), <=, 0.1 * expect);
     }
+    /* Any slice, across tensor boundaries and into ZeRO padding, is that slice of the whole:
+     * what lets a ZeRO-3 rank draw only its own partition. */
+    const size_t slices[][2] = {{0, 1}, {31, 70}, {n / 3, n / 2}, {n - 5, 5}, {n - 3, 11}};
+    for (size_t i = 0; i < G_N_ELEMENTS(slices); i++) {
+        const size_t first = slices[i][0], count = slices[i][1];
+        RealBf16 *part = g_new(RealBf16, count);
+        g_assert_true(real_gpt_init_params_range(&dims, 77, 2, first, count, part, &error));
+        for (size_t e = 0; e < count; e++)
+            g_assert_cmpuint(part[e], ==, first + e < n ? a[first + e] : 0);
+        g_free(part);
+    }
     g_free(a), g_free(b);
 }
 

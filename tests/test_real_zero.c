@@ -260,6 +260,10 @@ static void test_bad_input(void)
         {"--stage 1", "give one of --model and --schedule"},
         {"--model tiny --micro-batch 0", "--micro-batch: '0' is outside"},
         {"--model tiny --reduce-bucket-size -5", "--reduce-bucket-size: '-5' is outside"},
+        {"--model tiny --rank 1", "--rank needs --emulate N"},
+        {"--model tiny --emulate 4 --rank 4", "--rank: '4' is outside [0, 3]"},
+        {"--model tiny --emulate 0", "--emulate: '0' is outside"},
+        {"--model tiny --steps -1", "--steps: '-1' is outside"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -268,6 +272,122 @@ static void test_bad_input(void)
         g_assert_nonnull(strstr(err, cases[i].message));
         g_free(err);
     }
+    char *err = NULL;
+    g_assert_false(g_spawn_check_wait_status(mpirun(2, "--model tiny --emulate 2", &err), NULL));
+    g_assert_nonnull(strstr(err, "--emulate runs as one process; start it without mpirun"));
+    g_free(err);
+}
+
+/* Runs build/zreal ARGS as one process (no mpirun), which must succeed, and returns the
+ * measured.json it wrote to `path`. */
+static json_t *zreal_emulated(const char *args, const char *path)
+{
+    char *command = g_strdup_printf("%s/zreal %s --out %s", ZP_BUILD_DIR, args, path);
+    char **envp = g_environ_setenv(g_get_environ(), "OPENBLAS_NUM_THREADS", "1", TRUE);
+    TuRun r = tu_run(command, envp);
+    if (!g_spawn_check_wait_status(r.status, NULL))
+        g_printerr("%s: %s", command, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    g_strfreev(envp);
+    tu_free(&r);
+    g_free(command);
+    g_remove(path);
+    return root;
+}
+
+static double number_at(json_t *object, const char *key)
+{
+    json_t *value = json_object_get(object, key);
+    g_assert_true(json_is_number(value));
+    return json_number_value(value);
+}
+
+/* One process emulating rank r of 4 allocates, peaks and sends exactly what rank r of a real
+ * 4-rank run does, category by category. */
+static void test_emulated_rank_is_the_real_rank(void)
+{
+    static const char *const figures[] = {"model_state_bytes", "peak_memory_bytes", "comm_bytes"};
+    char *real_path = g_strdup_printf("%s/real4.json", tmp_dir);
+    char *emu_path = g_strdup_printf("%s/emu4.json", tmp_dir);
+    for (int stage = 1; stage <= 3; stage += 2) {
+        char *args = g_strdup_printf("--model tiny --stage %d --micro-batch 4 --steps 2 "
+                                     "--persistence-threshold 0", stage);
+        char *mpi_args = g_strdup_printf("%s --out %s", args, real_path), *err = NULL;
+        g_assert_true(g_spawn_check_wait_status(mpirun(4, mpi_args, &err), NULL));
+        json_t *real = json_load_file(real_path, 0, NULL);
+        g_assert_false(json_is_true(json_object_get(real, "emulated")));
+        for (int r = 0; r < 4; r += 3) {
+            char *emu_args = g_strdup_printf("%s --emulate 4 --rank %d", args, r);
+            json_t *emu = zreal_emulated(emu_args, emu_path);
+            g_assert_true(json_is_true(json_object_get(emu, "emulated")));
+            g_assert_cmpfloat(number_at(emu, "world"), ==, 4);
+            json_t *ranks = json_object_get(emu, "ranks");
+            g_assert_cmpuint(json_array_size(ranks), ==, 1);
+            json_t *mine = json_array_get(ranks, 0);
+            json_t *theirs = json_array_get(json_object_get(real, "ranks"), (size_t)r);
+            g_assert_cmpfloat(number_at(mine, "rank"), ==, r);
+            for (size_t f = 0; f < G_N_ELEMENTS(figures); f++)
+                g_assert_cmpfloat(number_at(mine, figures[f]), ==, number_at(theirs, figures[f]));
+            for (int c = 0; c < ZP_MEM_N; c++) {
+                const char *name = zp_sched_mem_name(c);
+                g_assert_cmpfloat(category(mine, name), ==, category(theirs, name));
+            }
+            json_decref(emu);
+            g_free(emu_args);
+        }
+        json_decref(real);
+        g_remove(real_path);
+        g_free(args), g_free(mpi_args), g_free(err);
+    }
+    /* Stage 0: the emulated world is N replicas of this rank, which learn. */
+    json_t *emu = zreal_emulated("--model tiny --stage 0 --micro-batch 4 --steps 8 --emulate 4 "
+                                 "--rank 1", emu_path);
+    json_t *loss = json_object_get(emu, "loss");
+    g_assert_cmpfloat(json_number_value(json_array_get(loss, 7)), <,
+                      0.9 * json_number_value(json_array_get(loss, 0)));
+    json_decref(emu);
+    g_free(real_path), g_free(emu_path);
+}
+
+/* The issue's example: one process holds rank 63 of the 7.5B model on 64 GPUs under stage 3,
+ * exactly the planner's 16 psi / 64 bytes of model states; and a rank of a 64-way tiny run
+ * allocates the schedule's buffers and sends its bytes exactly. */
+static void test_emulated_rank_of_64(void)
+{
+    char *path = g_strdup_printf("%s/emu64.json", tmp_dir);
+    json_t *m = zreal_emulated("--model gpt-7.5b --stage 3 --micro-batch 1 --checkpoint "
+                               "--steps 0 --emulate 64 --rank 63", path);
+    ZpModel model;
+    g_assert_true(zp_model_load("gpt-7.5b", &model, NULL));
+    const double psi = (double)zp_model_param_count(&model);
+    json_t *rank = json_array_get(json_object_get(m, "ranks"), 0);
+    g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==, 16 * psi / 64);
+    g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
+                      number_at(m, "predicted_model_state_bytes"));
+    g_assert_true(json_is_null(json_object_get(m, "step_time_s"))); /* no step ran */
+    json_decref(m);
+
+    m = zreal_emulated("--model tiny --stage 3 --micro-batch 2 --steps 2 "
+                       "--persistence-threshold 0 --emulate 64 --rank 17", path);
+    g_assert_true(zp_model_load("tiny", &model, NULL));
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 64, 1);
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = 2;
+    plan.zero.stage3_param_persistence_threshold = 0;
+    ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(s, peak);
+    rank = json_array_get(json_object_get(m, "ranks"), 0);
+    g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==, zp_sched_model_state_bytes(s));
+    g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+    g_assert_cmpfloat(category(rank, "gathered_params"), ==, peak[ZP_MEM_GATHERED_PARAMS]);
+    g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+    zp_sched_free(s);
+    json_decref(m);
+    g_free(path);
 }
 
 int main(int argc, char **argv)
@@ -278,6 +398,8 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/bad-input", test_bad_input);
     g_test_add_func("/zreal/calibrate-and-validate", test_calibrate_and_validate);
+    g_test_add_func("/zreal/emulated-rank-is-the-real-rank", test_emulated_rank_is_the_real_rank);
+    g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
