@@ -90,6 +90,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
+    if (s->model.dropout)
+        return fail(error, "zreal's GPT trains without dropout; the schedule's model %s has it "
+                           "(build it with zplan schedule --no-dropout)", s->model.name);
     if (s->model.ffn_hidden != 4 * s->model.hidden || !s->model.tied_embeddings ||
         !s->model.learned_positions)
         return fail(error, "zreal's GPT has ffn_hidden = 4 hidden, tied embeddings and learned "

@@ -54,6 +54,7 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     ZpModel model;
     if (!zp_model_load(a->model, &model, error))
         return NULL;
+    model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
     zp_plan_defaults(&plan, a->stage, world, 1);
     plan.precision = ZP_PREC_BF16;

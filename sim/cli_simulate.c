@@ -18,7 +18,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out;
-    gboolean checkpoint, overlap, no_overlap, explicit_ranks, json;
+    gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -26,6 +26,18 @@ static gboolean required(const char *text, const char *usage, GError **error)
     if (!text)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s is required", usage);
     return text != NULL;
+}
+
+/* The model as trained: --no-dropout drops the dropout masks and outputs from the activation
+ * memory, as for zreal's GPT, which trains without dropout. */
+static gboolean load_model(const SimulateFlags *f, ZpModel *model, GError **error)
+{
+    if (!required(f->model, "--model NAME|PATH.json", error) ||
+        !zp_model_load(f->model, model, error))
+        return FALSE;
+    if (f->no_dropout)
+        model->dropout = FALSE;
+    return TRUE;
 }
 
 static gboolean overlap_flag(const SimulateFlags *f, ZpZeroConfig *zero, GError **error)
@@ -308,8 +320,7 @@ static int simulate(const SimulateFlags *f)
     ZpHw hw;
     ZpPlan plan;
     double peak_flops = 0;
-    if (!(required(f->model, "--model NAME|PATH.json", &error) &&
-          zp_model_load(f->model, &model, &error) &&
+    if (!(load_model(f, &model, &error) &&
           required(f->cluster, "--cluster NAME|PATH.json", &error) &&
           zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error)))
         return cli_fail("simulate", error);
@@ -357,6 +368,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[20])
         {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
+        {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
         {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f->no_overlap, "overlap_comm off", NULL},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->reduce_bucket, "Gradient bucket, elements (default 5e8)", "E"},
@@ -426,8 +438,7 @@ static int schedule(const SimulateFlags *f)
     ZpModel model;
     ZpHw hw;
     ZpPlan plan;
-    if (!(required(f->model, "--model NAME|PATH.json", &error) &&
-          zp_model_load(f->model, &model, &error) &&
+    if (!(load_model(f, &model, &error) &&
           required(f->out, "--out FILE", &error) &&
           (!f->cluster || zp_hw_load(f->cluster, &hw, &error)) &&
           simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))

@@ -32,6 +32,25 @@ static void test_memory_json_figures(void)
     json_decref(root);
 }
 
+/* --no-dropout: the activations of a block fall from s b h (34 + 5 a s/h) to s b h
+ * (32 + 2 a s/h) bytes (Korthikanti et al. without the masks and dropout outputs); for
+ * GPT-2 124M (a = 12, s = 1024, h = 768) that is 114 to 64 per s b h, with nothing else. */
+static void test_no_dropout(void)
+{
+    const char *args = "simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 "
+                       "--micro-batch 4 --json";
+    char *no_dropout = g_strdup_printf("%s --no-dropout", args);
+    json_t *with = tu_zplan_json(args), *without = tu_zplan_json(no_dropout);
+    const double sbh_L = 1024.0 * 4 * 768 * 12;
+    const char *keys[] = {"category_peak_bytes", "activations"};
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(with, keys[0]), keys[1])),
+                      ==, 114 * sbh_L);
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(without, keys[0]), keys[1])),
+                      ==, 64 * sbh_L);
+    json_decref(with), json_decref(without);
+    g_free(no_dropout);
+}
+
 static void test_maxmodel_json(void)
 {
     json_t *root = tu_zplan_json("maxmodel --gpu-memory 32e9 --gpus 64 --json");
@@ -175,6 +194,7 @@ int main(int argc, char **argv)
     tmp_dir = g_dir_make_tmp("zplan-test-XXXXXX", NULL);
     g_test_add_func("/cli/memory-json-figures", test_memory_json_figures);
     g_test_add_func("/cli/maxmodel-json", test_maxmodel_json);
+    g_test_add_func("/cli/no-dropout", test_no_dropout);
     g_test_add_func("/cli/human-tables", test_human_tables);
     g_test_add_func("/cli/help", test_help);
     g_test_add_func("/cli/bad-input", test_bad_input);

@@ -278,6 +278,49 @@ static void test_bad_input(void)
     g_free(err);
 }
 
+/* zreal --schedule runs a schedule file from zplan schedule exactly as the same plan given by
+ * flags; a schedule whose model keeps dropout (which zreal's GPT lacks) is refused. */
+static void test_schedule_file(void)
+{
+    char *sched = g_strdup_printf("%s/sched.json", tmp_dir);
+    char *meas = g_strdup_printf("%s/sched-m.json", tmp_dir);
+    char *flags_meas = g_strdup_printf("%s/flags-m.json", tmp_dir);
+    char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 2 --micro-batch 4 "
+                                 "--precision bf16 --out %s", sched);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_free(args);
+    char *err = NULL;
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --stage 2 --micro-batch 4 --steps 3 --out %s", flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    json_t *a = json_load_file(meas, 0, NULL), *b = json_load_file(flags_meas, 0, NULL);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    g_assert_true(json_equal(json_object_get(a, "predicted_model_state_bytes"),
+                             json_object_get(b, "predicted_model_state_bytes")));
+    json_decref(a), json_decref(b);
+
+    args = g_strdup_printf("schedule --model gpt2-124m --gpus 1 --stage 0 --micro-batch 1 "
+                           "--precision bf16 --out %s", sched);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_free(args);
+    args = g_strdup_printf("--schedule %s --steps 1", sched);
+    g_assert_false(g_spawn_check_wait_status(mpirun(1, args, &err), NULL));
+    g_assert_nonnull(strstr(err, "zreal's GPT trains without dropout; the schedule's model "
+                                 "gpt2-124m has it (build it with zplan schedule --no-dropout)"));
+    g_free(args), g_free(err);
+    const char *files[] = {sched, meas, flags_meas};
+    for (size_t i = 0; i < G_N_ELEMENTS(files); i++)
+        g_remove(files[i]);
+    g_free(sched), g_free(meas), g_free(flags_meas);
+}
+
 /* Runs build/zreal ARGS as one process (no mpirun), which must succeed, and returns the
  * measured.json it wrote to `path`. */
 static json_t *zreal_emulated(const char *args, const char *path)
@@ -400,6 +443,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/calibrate-and-validate", test_calibrate_and_validate);
     g_test_add_func("/zreal/emulated-rank-is-the-real-rank", test_emulated_rank_is_the_real_rank);
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
+    g_test_add_func("/zreal/schedule-file", test_schedule_file);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
