@@ -140,6 +140,25 @@ static void real_cpu_scale_f32(float *c, size_t n_elems, float beta)
         c[i] = beta == 0.0f ? 0.0f : beta * c[i];
 }
 
+/* A bf16 B operand is widened one panel of columns of op(B) at a time, at most this many
+ * elements: staging stays 32 MiB however large the weight (a 7.5B model's tied embedding
+ * would need 643 MB widened whole), so the workspace zreal measures stays the model's own. */
+#define REAL_CPU_GEMM_PANEL_ELEMS ((size_t)1 << 23)
+
+/* op(B)[:, j0 .. j0 + width) widened into a dense [k, width] (NoTrans) or [width, k] (Trans)
+ * panel, in the layout sgemm then reads with leading dimension width or k. */
+static void real_cpu_widen_panel(RealBackend *be, float *panel, const RealBf16 *b, bool trans_b,
+                                 int n, int k, int j0, int width)
+{
+    if (trans_b) { /* B is [n, k]: the panel's rows are contiguous */
+        real_cpu_bf16_to_f32(be, panel, b + (size_t)j0 * k, (size_t)width * k);
+        return;
+    }
+    for (int r = 0; r < k; r++)
+        real_cpu_bf16_to_f32(be, panel + (size_t)r * width, b + (size_t)r * n + j0,
+                             (size_t)width);
+}
+
 static bool real_cpu_gemm(RealBackend *be, bool trans_a, bool trans_b, int m, int n, int k,
                           float alpha, RealDType a_dtype, const void *a, RealDType b_dtype,
                           const void *b, float beta, float *c)
@@ -152,12 +171,25 @@ static bool real_cpu_gemm(RealBackend *be, bool trans_a, bool trans_b, int m, in
     }
     RealCpu *cpu = real_cpu_of(be);
     const float *af = real_cpu_as_f32(cpu, REAL_CPU_SLOT_GEMM_A, a_dtype, a, (size_t)m * k);
-    const float *bf = real_cpu_as_f32(cpu, REAL_CPU_SLOT_GEMM_B, b_dtype, b, (size_t)k * n);
-    if (!af || !bf)
+    if (!af)
         return false;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, af, trans_a ? m : k, bf,
-                trans_b ? k : n, beta, c, n);
+    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    if (b_dtype == REAL_DTYPE_F32) {
+        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, af, trans_a ? m : k, b,
+                    trans_b ? k : n, beta, c, n);
+        return true;
+    }
+    const int width = (int)MAX((size_t)1, MIN((size_t)n, REAL_CPU_GEMM_PANEL_ELEMS / (size_t)k));
+    float *panel = real_cpu_slot(cpu, REAL_CPU_SLOT_GEMM_B, (size_t)width * k);
+    if (!panel)
+        return false;
+    for (int j0 = 0; j0 < n; j0 += width) {
+        const int w = MIN(width, n - j0);
+        real_cpu_widen_panel(be, panel, b, trans_b, n, k, j0, w);
+        cblas_sgemm(CblasRowMajor, ta, tb, m, w, k, alpha, af, trans_a ? m : k, panel,
+                    trans_b ? k : w, beta, c + j0, n);
+    }
     return true;
 }
 

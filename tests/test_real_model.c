@@ -464,6 +464,41 @@ static void test_kernel_gemm(void)
     be->destroy(be);
 }
 
+/* A bf16 B operand bigger than the CPU backend's 2^23-element staging panel is multiplied
+ * panel by panel; every element must still be the whole product, in both storage orders, and
+ * the staging must stay one panel. */
+static void test_kernel_gemm_panels(void)
+{
+    enum { M = 2, K = 3000, N = 3001 }; /* K N = 9.0e6 elements: two panels of 2796 columns */
+    RealBackend *be = real_cpu_backend_new();
+    TestRng rng = {9};
+    float *a = g_new(float, (size_t)M * K), *c = g_new(float, (size_t)M * N);
+    RealBf16 *b = g_new(RealBf16, (size_t)K * N);
+    double *ad = g_new(double, (size_t)M * K), *bd = g_new(double, (size_t)K * N);
+    fill_bf16(&rng, b, bd, (size_t)K * N, 0.0, 1.0);
+    fill_normal(&rng, a, (size_t)M * K, 0.0, 1.0);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        ad[i] = a[i];
+    for (int tb = 0; tb <= 1; tb++) {
+        g_assert_true(be->gemm(be, false, tb, M, N, K, 1.0f, REAL_DTYPE_F32, a, REAL_DTYPE_BF16,
+                               b, 0.0f, c));
+        const int cols[] = {0, 1, 1400, 2795, 2796, 2797, N - 1}; /* around the panel edge */
+        for (int i = 0; i < M; i++)
+            for (size_t q = 0; q < G_N_ELEMENTS(cols); q++) {
+                const size_t j = (size_t)cols[q];
+                double acc = 0.0;
+                for (size_t k = 0; k < K; k++)
+                    acc += ad[(size_t)i * K + k] * bd[tb ? j * K + k : k * N + j];
+                g_assert_cmpfloat(fabs(c[(size_t)i * N + j] - acc), <, 1e-3);
+            }
+    }
+    RealAllocStats st;
+    real_alloc_stats(be->tracker, &st);
+    g_assert_cmpuint(st.peak_bytes[REAL_MEM_WORKSPACE], <=, ((uint64_t)1 << 23) * sizeof(float));
+    be->destroy(be);
+    g_free(a), g_free(c), g_free(b), g_free(ad), g_free(bd);
+}
+
 static void test_kernel_adam(void)
 {
     enum { N = 5 };
@@ -1106,6 +1141,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/kernel/gelu", test_kernel_gelu);
     g_test_add_func("/real/kernel/cross_entropy", test_kernel_cross_entropy);
     g_test_add_func("/real/kernel/gemm", test_kernel_gemm);
+    g_test_add_func("/real/kernel/gemm_panels", test_kernel_gemm_panels);
     g_test_add_func("/real/kernel/adam", test_kernel_adam);
     g_test_add_func("/real/alloc/tracker", test_alloc_tracker);
     g_test_add_func("/real/gpt/layout_matches_planner", test_layout_matches_planner);
