@@ -43,4 +43,10 @@ struct RealComm {
  * that say a peer may have died. */
 RealComm *real_comm_mpi_new(GError **error);
 
+/* Copies `bytes` of host memory from rank `root` to every rank of a communicator from
+ * real_comm_mpi_new (how the NCCL communicator shares its unique id). Not counted in
+ * sent_bytes. */
+gboolean real_comm_mpi_broadcast(RealComm *mpi, void *buf, size_t bytes, int root,
+                                 GError **error);
+
 #endif
