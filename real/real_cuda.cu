@@ -9,11 +9,9 @@ extern "C" {
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -227,6 +225,7 @@ static void *real_cuda_alloc(RealBackend *be, size_t bytes, RealMemCategory cat)
     }
     if (!real_alloc_track(be->tracker, ptr, bytes, cat)) {
         real_cuda_fail(cu, "the pool returned %p, which is still live", ptr);
+        (void)cudaFreeAsync(ptr, cu->stream);
         return NULL;
     }
     return ptr;
@@ -258,19 +257,45 @@ static void real_cuda_fill(RealBackend *be, void *dst, int byte_value, size_t by
                         "cudaMemsetAsync");
 }
 
-/* cudaMemcpyDefault lets the driver tell host from device memory (unified addressing), so
- * the engine's uploads of initial parameters work unchanged. Pageable host memory is read
- * before cudaMemcpyAsync returns, and written before it returns when it is the
- * destination (CUDA's documented synchronisation for pageable transfers). */
+/* Whether the host addresses ptr directly (pageable or pinned memory) rather than it being
+ * device memory; unified addressing tells them apart. */
+static bool real_cuda_is_host(RealCuda *cu, const void *ptr)
+{
+    cudaPointerAttributes attr;
+    if (!real_cuda_check(cu, cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes"))
+        return false;
+    return attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
+}
+
+/* A copy with a host side, in stream order and waited for: the host memory has been read (or
+ * written) when this returns, whatever CUDA's rules for pageable transfers allow, so callers
+ * may free or read it at once. Rare in a step (tokens, targets, the loss), so the wait is
+ * cheap. */
+static bool real_cuda_copy_host(RealCuda *cu, void *dst, const void *src, size_t bytes)
+{
+    return real_cuda_check(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu->stream),
+                           "cudaMemcpyAsync") &&
+           real_cuda_check(cu, cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
+}
+
+/* Either side may be host memory (the engine uploads initial parameters this way). */
 static void real_cuda_copy(RealBackend *be, void *dst, const void *src, size_t bytes)
 {
     RealCuda *cu = real_cuda_of(be);
     if (bytes == 0 || dst == src)
         return;
+    const bool host_dst = real_cuda_is_host(cu, dst), host_src = real_cuda_is_host(cu, src);
+    if (host_dst && host_src) { /* no device work pending on them: every host copy waits */
+        memmove(dst, src, bytes);
+        return;
+    }
+    if (host_dst || host_src) {
+        real_cuda_copy_host(cu, dst, src, bytes);
+        return;
+    }
     const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
     if (d < s + bytes && s < d + bytes) {
-        /* cudaMemcpy is undefined on overlapping ranges: go through scratch. (Host and device
-         * addresses never overlap under unified addressing.) */
+        /* cudaMemcpy is undefined on overlapping ranges: go through scratch. */
         void *tmp = real_cuda_scratch(cu, bytes);
         if (!tmp) {
             real_cuda_fail(cu, "no scratch memory for an overlapping copy of %zu bytes", bytes);
@@ -307,11 +332,7 @@ static const int *real_cuda_upload_ints(RealCuda *cu, int slot, const int *host,
         real_cuda_fail(cu, "no device memory to stage %zu host ints", n);
         return NULL;
     }
-    if (!real_cuda_check(cu, cudaMemcpyAsync(dev, host, n * sizeof(int), cudaMemcpyHostToDevice,
-                                             cu->stream),
-                         "cudaMemcpyAsync (host ints)"))
-        return NULL;
-    return dev;
+    return real_cuda_copy_host(cu, dev, host, n * sizeof(int)) ? dev : NULL;
 }
 
 /* ---- precision ---- */
@@ -1111,10 +1132,7 @@ static void real_cuda_softmax_xent(RealBackend *be, float *logits, const int *ta
     real_cuda_launched(cu, "softmax_xent (sum)");
     real_cuda_free(be, row_loss);
     double loss_sum = NAN;
-    /* To pageable host memory: returns once the value is there. */
-    if (real_cuda_check(cu, cudaMemcpyAsync(&loss_sum, cu->loss_sum, sizeof loss_sum,
-                                            cudaMemcpyDeviceToHost, cu->stream),
-                        "cudaMemcpyAsync (loss)"))
+    if (real_cuda_copy_host(cu, &loss_sum, cu->loss_sum, sizeof loss_sum))
         *loss_out = (float)(loss_sum / rows);
 }
 
