@@ -141,11 +141,12 @@ $(BUILD)/bench/%: $(call obj,bench/%.c) $(LIBS)
 # The checks that need a GPU: every CUDA backend entry against the CPU backend, then zreal
 # trained on both backends (bench/gpu_validate.sh). Non-zero exit when any fails, or when
 # this build has no CUDA parts to check.
-gpu-test: all
 ifeq ($(ZP_WITH_CUDA),yes)
+gpu-test: all
 	$(BUILD)/tests/gpu/test_cuda_backend
 	sh bench/gpu_validate.sh $(BUILD)
 else
+gpu-test:
 	@echo "gpu-test: this build has no CUDA parts (no nvcc under $(CUDA_HOME)); nothing to run" >&2
 	@exit 1
 endif
