@@ -36,7 +36,7 @@ gboolean real_cuda_gemm_mode_from_env(RealCudaGemmMode *mode, GError **error);
 
 /* A CUDA backend on device local_rank modulo the number of devices (one rank per GPU when
  * ranks on a node are numbered 0, 1, ...), with its own stream, cuBLAS handle, stream-ordered
- * memory pool and tracker. Every device allocation is counted in the tracker under its
+ * memory pool and tracker, named "cuda" (bf16 GEMMs) or "cuda-exact" (fp32 GEMMs). Every device allocation is counted in the tracker under its
  * category (its GEMM workspace and token staging as workspace). Fails with one line when no
  * device can be used: "no CUDA device (cudaGetDeviceCount: <CUDA's reason>)". Release with
  * be->destroy(be). One backend per thread: it makes its device current on construction and
