@@ -36,6 +36,7 @@ NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 -gencode arch=compute_80,code=sm_80 \
              --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -Ireal \
              $(patsubst -I%,-isystem %,$(shell pkg-config --cflags-only-I glib-2.0 2>/dev/null))
+# libstdc++: nvcc's object is C++ (static-initialisation guards).
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt \
                -lnccl -lstdc++
 
@@ -147,7 +148,7 @@ gpu-test: all
 	sh bench/gpu_validate.sh $(BUILD)
 else
 gpu-test:
-	@echo "gpu-test: this build has no CUDA parts (no nvcc under $(CUDA_HOME)); nothing to run" >&2
+	@echo "gpu-test: $(BUILD) has no CUDA parts (ZP_WITH_CUDA=$(ZP_WITH_CUDA); they need $(NVCC)); nothing to run" >&2
 	@exit 1
 endif
 
