@@ -581,7 +581,7 @@ static void real_cuda_column_sums(RealCuda *cu, float *dsum, float *dsum_xhat, c
         real_cuda_fail(cu, "no scratch memory for a column sum of %d x %d", rows, cols);
         return;
     }
-    float *partial_xhat = partial + (size_t)chunks * cols;
+    float *partial_xhat = dsum_xhat ? partial + (size_t)chunks * cols : NULL;
     const unsigned finish_blocks = (unsigned)((cols + REAL_CUDA_THREADS - 1) / REAL_CUDA_THREADS);
     const dim3 grid(finish_blocks, (unsigned)chunks);
     if (dsum_xhat)
