@@ -17,9 +17,32 @@ override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -MMD -MP \
 LDLIBS   := $(shell pkg-config --libs-only-L --libs-only-l glib-2.0 jansson 2>/dev/null) \
             -lgsl -lopenblas -lm
 
+# CUDA and NCCL are optional. Where $(CUDA_HOME)/bin/nvcc exists (ZP_WITH_CUDA=yes) the CUDA
+# backend (real/*.cu) and the NCCL communicator (the .c files in CUDA_C_SRC include CUDA and
+# NCCL headers, so they are kept out of REAL_SRC) go into libzcuda.a; zreal links them, told
+# by -DZP_HAVE_CUDA that they exist, and tests/gpu/ is built for `make gpu-test`. Elsewhere
+# all of it is skipped and `zreal --backend cuda` says it was built without CUDA.
+NVCC         := $(CUDA_HOME)/bin/nvcc
+ZP_WITH_CUDA ?= $(if $(wildcard $(NVCC)),yes,no)
+CUDA_C_SRC   := real/real_comm_nccl.c
+CUDA_CU_SRC  := $(wildcard real/*.cu)
+GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c)
+# sm_90 machine code and compute_90 PTX (what -arch=sm_90 gives: H100, and newer GPUs through
+# the driver's JIT), plus sm_80 machine code for A100s. --fmad=false keeps a * b + c rounded
+# twice, as the CPU backend's C computes it, so the elementwise kernels match it bit for bit
+# (the GEMMs are cuBLAS's and unaffected). GLib's headers are passed as system headers: nvcc's
+# front end warns about their gnu_printf format attribute otherwise.
+NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90 -gencode arch=compute_80,code=sm_80 \
+             --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -Ireal \
+             $(patsubst -I%,-isystem %,$(shell pkg-config --cflags-only-I glib-2.0 2>/dev/null))
+# libstdc++: nvcc's object is C++ (static-initialisation guards).
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt \
+               -lnccl -lstdc++
+
 PLANNER_SRC := $(wildcard planner/*.c)
 SIM_SRC     := $(filter-out sim/zplan.c,$(wildcard sim/*.c))
-REAL_SRC    := $(filter-out real/zreal_main.c,$(wildcard real/*.c))
+REAL_SRC    := $(filter-out real/zreal_main.c $(CUDA_C_SRC),$(wildcard real/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_UTIL   := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
 BENCH_SRC   := $(wildcard bench/*.c)
@@ -29,9 +52,17 @@ LIBS := $(BUILD)/libzsim.a $(BUILD)/libzreal.a $(BUILD)/libzplanner.a
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS := $(BUILD)/zplan $(if $(wildcard real/zreal_main.c),$(BUILD)/zreal)
+CUDA_OBJ := $(call obj,$(CUDA_C_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_CU_SRC))
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC))
+ifeq ($(ZP_WITH_CUDA),yes)
+override CFLAGS += -DZP_HAVE_CUDA
+ZREAL_LIBS := $(BUILD)/libzcuda.a
+ZREAL_LDLIBS := $(CUDA_LDLIBS)
+ALL_GPU_TESTS := $(GPU_TESTS)
+endif
 
-.PHONY: all setup run test test-run check-asan clean cuda-check bench reports
-all: cuda-check $(BINS) $(TESTS) $(BENCHES)
+.PHONY: all setup run test test-run check-asan clean cuda-check gpu-test bench reports
+all: cuda-check $(BINS) $(TESTS) $(BENCHES) $(ALL_GPU_TESTS)
 
 # Installs the Debian packages that are missing; does nothing when all are present.
 setup:
@@ -44,10 +75,15 @@ setup:
 	    >/dev/null || { echo "setup: apt-get install failed for:$$missing" >&2; exit 1; }; \
 	fi
 
-# CUDA/NCCL are optional: found under CUDA_HOME, and the GPU parts are skipped otherwise.
+# Says whether this build compiles the GPU parts, and why not when it does not.
 cuda-check:
-	@if [ -x "$(CUDA_HOME)/bin/nvcc" ]; then echo "cuda: nvcc found in $(CUDA_HOME)"; \
-	else echo "cuda: no nvcc under $(CUDA_HOME) (set CUDA_HOME); GPU parts skipped"; fi
+ifeq ($(ZP_WITH_CUDA),yes)
+	@echo "cuda: building the CUDA backend and NCCL communicator with $(NVCC)"
+else ifneq ($(wildcard $(NVCC)),)
+	@echo "cuda: GPU parts not built in $(BUILD) (ZP_WITH_CUDA=$(ZP_WITH_CUDA))"
+else
+	@echo "cuda: no nvcc under $(CUDA_HOME) (set CUDA_HOME); GPU parts skipped"
+endif
 
 run: setup
 	@$(MAKE) --no-print-directory all
@@ -62,7 +98,10 @@ test-run: $(TESTS)
 	prove -f -e '' $(TESTS) :: --tap
 
 # The same variables go to both steps, so that nothing is relinked without the sanitizers.
-ASAN_VARS := BUILD=build-asan LDFLAGS="-fsanitize=address,undefined" \
+# The CUDA parts are left out (ZP_WITH_CUDA=no): nvcc's objects would not be instrumented, and
+# the CUDA runtime maps memory where ASan keeps its shadow, so a sanitized zreal could not even
+# ask for a device; the sanitized tests then check the without-CUDA path instead.
+ASAN_VARS := BUILD=build-asan ZP_WITH_CUDA=no LDFLAGS="-fsanitize=address,undefined" \
   CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 check-asan: setup
 	@$(MAKE) --no-print-directory $(ASAN_VARS) all
@@ -71,24 +110,47 @@ check-asan: setup
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(call obj,$(CUDA_C_SRC)): $(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -c $< -o $@
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libzplanner.a: $(call obj,$(PLANNER_SRC))
 $(BUILD)/libzsim.a: $(call obj,$(SIM_SRC))
 $(BUILD)/libzreal.a: $(call obj,$(REAL_SRC))
+$(BUILD)/libzcuda.a: $(CUDA_OBJ)
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/zplan: $(call obj,sim/zplan.c) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/zreal: $(call obj,real/zreal_main.c) $(LIBS)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/zreal: $(call obj,real/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ZREAL_LDLIBS) $(LDLIBS)
+$(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(BUILD)/libzcuda.a $(LIBS) | $(BINS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(CUDA_LDLIBS) $(LDLIBS)
 $(BUILD)/tests/%: $(call obj,tests/%.c) $(call obj,$(TEST_UTIL)) $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(call obj,$(TEST_UTIL)) $(LIBS) -o $@ $(LDLIBS)
 $(BUILD)/bench/%: $(call obj,bench/%.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
+
+# The checks that need a GPU: every CUDA backend entry against the CPU backend, then zreal
+# trained on both backends (bench/gpu_validate.sh). Non-zero exit when any fails, or when
+# this build has no CUDA parts to check.
+ifeq ($(ZP_WITH_CUDA),yes)
+gpu-test: all
+	$(BUILD)/tests/gpu/test_cuda_backend
+	sh bench/gpu_validate.sh $(BUILD)
+else
+gpu-test:
+	@echo "gpu-test: $(BUILD) has no CUDA parts (ZP_WITH_CUDA=$(ZP_WITH_CUDA); they need $(NVCC)); nothing to run" >&2
+	@exit 1
+endif
 
 # Benchmarks print figures for the closing notes; they assert nothing about time.
 bench: all
@@ -102,6 +164,6 @@ reports: $(BUILD)/zplan
 	sh reports/generate.sh $(BUILD)/zplan
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-nocuda
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,5 +1,6 @@
 /* real_alloc: a tracking host allocator that records live and peak bytes per memory category.
- * Each buffer carries a 64-byte header with its size and category, so release needs no map. */
+ * Each host buffer carries a 64-byte header with its size and category, so release needs no
+ * map; buffers allocated elsewhere (device memory) are remembered in a table instead. */
 #include "real_alloc.h"
 
 #include <glib.h>
@@ -19,6 +20,7 @@ G_STATIC_ASSERT(sizeof(RealAllocHeader) <= REAL_ALLOC_ALIGN_BYTES);
 
 struct RealAlloc {
     RealAllocStats stats;
+    GHashTable *external; /* tracked pointer -> RealAllocHeader (g_new) */
 };
 
 static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
@@ -43,11 +45,16 @@ const char *real_alloc_category_name(RealMemCategory cat)
 
 RealAlloc *real_alloc_new(void)
 {
-    return g_new0(RealAlloc, 1);
+    RealAlloc *tracker = g_new0(RealAlloc, 1);
+    tracker->external = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    return tracker;
 }
 
 void real_alloc_free_tracker(RealAlloc *tracker)
 {
+    if (!tracker)
+        return;
+    g_hash_table_destroy(tracker->external);
     g_free(tracker);
 }
 
@@ -65,6 +72,15 @@ static void real_alloc_count(RealAlloc *tracker, RealMemCategory cat, size_t byt
         s->peak_total_bytes = s->live_total_bytes;
         memcpy(s->at_peak_bytes, s->live_bytes, sizeof s->at_peak_bytes);
     }
+}
+
+/* The inverse of real_alloc_count; peaks stay. */
+static void real_alloc_uncount(RealAlloc *tracker, RealMemCategory cat, size_t bytes)
+{
+    RealAllocStats *s = &tracker->stats;
+    s->live_bytes[cat] -= bytes;
+    s->live_total_bytes -= bytes;
+    s->live_allocs--;
 }
 
 void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat)
@@ -92,11 +108,30 @@ void real_alloc_release(RealAlloc *tracker, void *ptr)
     unsigned char *block = (unsigned char *)ptr - REAL_ALLOC_ALIGN_BYTES;
     RealAllocHeader header;
     memcpy(&header, block, sizeof header);
-    RealAllocStats *s = &tracker->stats;
-    s->live_bytes[header.cat] -= header.bytes;
-    s->live_total_bytes -= header.bytes;
-    s->live_allocs--;
+    real_alloc_uncount(tracker, header.cat, header.bytes);
     free(block);
+}
+
+bool real_alloc_track(RealAlloc *tracker, const void *ptr, size_t bytes, RealMemCategory cat)
+{
+    if (!ptr || (int)cat < 0 || cat >= REAL_MEM_N_CATEGORIES ||
+        g_hash_table_contains(tracker->external, ptr))
+        return false;
+    RealAllocHeader *header = g_new(RealAllocHeader, 1);
+    *header = (RealAllocHeader){.bytes = bytes, .cat = cat};
+    g_hash_table_insert(tracker->external, (gpointer)ptr, header);
+    real_alloc_count(tracker, cat, bytes);
+    return true;
+}
+
+bool real_alloc_untrack(RealAlloc *tracker, const void *ptr)
+{
+    const RealAllocHeader *header = ptr ? g_hash_table_lookup(tracker->external, ptr) : NULL;
+    if (!header)
+        return false;
+    real_alloc_uncount(tracker, header->cat, header->bytes);
+    g_hash_table_remove(tracker->external, ptr);
+    return true;
 }
 
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out)

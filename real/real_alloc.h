@@ -1,5 +1,6 @@
 /* real_alloc: a tracking host allocator that records live and peak bytes per memory category,
- * so zreal's measured memory can be compared term by term with the planner's model. */
+ * so zreal's measured memory can be compared term by term with the planner's model. It also
+ * counts buffers allocated elsewhere (device memory), so every backend reports the same way. */
 #ifndef REAL_ALLOC_H
 #define REAL_ALLOC_H
 
@@ -55,6 +56,16 @@ void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat);
 /* Releases a buffer from real_alloc_take of the same tracker and uncounts it. NULL is
  * ignored. */
 void real_alloc_release(RealAlloc *tracker, void *ptr);
+
+/* Counts a buffer another allocator made (device memory from a GPU backend) under `cat`,
+ * exactly as real_alloc_take counts its own: `bytes` requested, peaks updated. The tracker
+ * remembers (ptr, bytes, cat) until real_alloc_untrack. Returns false, counting nothing,
+ * when ptr is NULL or already tracked, or `cat` is out of range. */
+bool real_alloc_track(RealAlloc *tracker, const void *ptr, size_t bytes, RealMemCategory cat);
+
+/* Uncounts a buffer counted by real_alloc_track (the caller frees the memory itself).
+ * Returns false, changing nothing, for NULL and for pointers the tracker does not know. */
+bool real_alloc_untrack(RealAlloc *tracker, const void *ptr);
 
 /* Copies the current counters into `out`. */
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out);

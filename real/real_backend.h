@@ -27,27 +27,45 @@ typedef struct {
     int64_t step;       /* 1 for the first step; drives the bias correction */
 } RealAdamHyper;
 
+/* Device memory as the driver sees it, beside the tracker's counts: what a GPU process holds
+ * that no buffer of the backend accounts for (context, libraries, NCCL, pool slack). */
+typedef struct {
+    uint64_t total_bytes;              /* the device's memory */
+    uint64_t used_bytes;               /* in use now by every process: total - free */
+    uint64_t context_bytes;            /* in use when the backend was made, before its first
+                                        * allocation (CUDA context, cuBLAS, other processes) */
+    uint64_t nccl_bytes;               /* taken by the NCCL communicator's set-up; 0 without */
+    uint64_t pool_reserved_bytes;      /* the backend's allocation pool holds now */
+    uint64_t pool_peak_reserved_bytes; /* the most the pool ever held */
+} RealDeviceMemory;
+
 typedef struct RealBackend RealBackend;
 
 /* Conventions shared by every entry:
  *  - pointers are device memory from `alloc`, except token/target arrays, `loss_out` and
- *    the hyper-parameters, which are host memory;
+ *    the hyper-parameters, which are host memory (read or written before the call returns);
  *  - matrices are dense and row-major; `rows` = tokens (batch * seq_len) for activations;
  *  - arithmetic is fp32; bf16 appears only in storage (parameters, gradients, saved
  *    activations) and is widened on load and rounded to nearest-even on store;
  *  - "+=" outputs accumulate and must be initialised by the caller; "=" outputs are
  *    overwritten entirely;
- *  - results are deterministic: the same inputs give bit-identical outputs.
+ *  - results are deterministic: the same inputs give bit-identical outputs;
+ *  - a device backend may return before its work is done: results are ready for the next
+ *    call, and on the host after `copy` to host memory or `synchronize`.
  * Calls that may need backend workspace return false when it cannot be allocated (the
- * outputs are then unspecified); the others cannot fail on valid arguments. */
+ * outputs are then unspecified); the others cannot fail on valid arguments. A device
+ * backend's failures that no return value can carry (a faulting kernel) are reported by
+ * `synchronize`. */
 struct RealBackend {
     const char *name;   /* "cpu", ... */
     RealAlloc *tracker; /* counts every allocation of this backend; owned by it */
 
     /* Memory. alloc: `bytes` (0 allowed) aligned to 64 bytes, counted under `cat`, NULL
      * when exhausted. free: NULL is ignored. fill: every byte of dst = byte_value.
-     * copy: dst = src, the ranges may overlap. destroy: releases the backend's own
-     * workspace and tracker (free every buffer first; read the tracker before). */
+     * copy: dst = src, the ranges may overlap; either side may also be host memory (that is
+     * how parameters are uploaded and results read back: the host side is read or written
+     * before copy returns). destroy: releases the backend's own workspace and tracker (free
+     * every buffer first; read the tracker before). */
     void *(*alloc)(RealBackend *be, size_t bytes, RealMemCategory cat);
     void (*free)(RealBackend *be, void *ptr);
     void (*fill)(RealBackend *be, void *dst, int byte_value, size_t bytes);
@@ -66,7 +84,9 @@ struct RealBackend {
     /* c[m,n] = alpha * op(a) op(b) + beta * c, with op(a) [m,k] and op(b) [k,n]; a is
      * stored [m,k] (or [k,m] when trans_a), b [k,n] (or [n,k] when trans_b). a and b may
      * each be fp32 or bf16 (weights, saved activations); the product accumulates in fp32.
-     * beta = 0 ignores c's old contents. May need workspace (bf16 operands are widened). */
+     * beta = 0 ignores c's old contents. May need workspace (operands are converted). A
+     * tensor-core backend may round fp32 operands to bf16 first, as autocast does (the CUDA
+     * backend's default); the CPU backend and the CUDA backend's exact mode do not. */
     bool (*gemm)(RealBackend *be, bool trans_a, bool trans_b, int m, int n, int k,
                  float alpha, RealDType a_dtype, const void *a, RealDType b_dtype,
                  const void *b, float beta, float *c);
@@ -101,7 +121,8 @@ struct RealBackend {
      * Forward: probs[i,j,t,u] = softmax_u<=t(q.k / sqrt(head_dim)) (0 for u > t), stored
      * [batch, heads, seq_len, seq_len] in probs_dtype, and out [batch*seq_len, heads*
      * head_dim] = probs v computed from the probs as stored (rounded to probs_dtype), so a
-     * backward that reads them back is exactly consistent. probs may be NULL: nothing is
+     * backward that reads them back is exactly consistent (a backend whose GEMMs round fp32
+     * operands to bf16 rounds fp32 probs too, as gemm says). probs may be NULL: nothing is
      * stored and out is the same. Backward: dqkv = d/dqkv given dout and the saved probs.
      * Both may need workspace (two seq_len^2 fp32 tiles). */
     bool (*attention_fwd)(RealBackend *be, float *out, void *probs, RealDType probs_dtype,
@@ -128,6 +149,26 @@ struct RealBackend {
     void (*adam_step)(RealBackend *be, const RealAdamHyper *hyper, size_t n_elems,
                       float *master, float *m, float *v, const RealBf16 *grad,
                       RealBf16 *param);
+
+    /* Optional entries: NULL where the backend runs on the host, whose calls are finished
+     * when they return and whose memory the tracker alone describes. */
+
+    /* Waits until every call made so far has finished. Returns false when any device call
+     * failed since the backend was made (errors are sticky: a failed device stays failed);
+     * *error_text then describes the first failure (the backend's storage, valid until
+     * destroy). */
+    bool (*synchronize)(RealBackend *be, const char **error_text);
+
+    /* Device timing: mark records a point in the stream of calls made so far and returns
+     * its handle (NULL when it cannot, the failure then reported by synchronize).
+     * elapsed_s waits until `end` is reached and returns the device time from `begin` to
+     * `end` in seconds; it releases both handles (NULL ones give 0). */
+    void *(*mark)(RealBackend *be);
+    double (*elapsed_s)(RealBackend *be, void *begin, void *end);
+
+    /* Fills *out from the driver now; false when the driver cannot be queried (the failure
+     * then reported by synchronize). */
+    bool (*device_memory)(RealBackend *be, RealDeviceMemory *out);
 };
 
 #endif

@@ -57,6 +57,12 @@ static inline double real_comm_ring_scatter_gather_bytes(int size, double total)
  * that say a peer may have died. */
 RealComm *real_comm_mpi_new(GError **error);
 
+/* Copies `bytes` of host memory from rank `root` to every rank of a communicator from
+ * real_comm_mpi_new (how the NCCL communicator shares its unique id). Not counted in
+ * sent_bytes. */
+gboolean real_comm_mpi_broadcast(RealComm *mpi, void *buf, size_t bytes, int root,
+                                 GError **error);
+
 /* One process playing rank `rank` of a virtual world of `world` ranks (1 <= world, 0 <= rank
  * < world): every collective is replaced by local copies on backend `be` (borrowed) of the
  * sizes the real one would deliver, and sent_bytes counts what the real one would send, so

@@ -91,6 +91,14 @@ static gboolean mpi_gather_host(RealComm *c, const double *send, size_t n, doubl
                  "MPI_Gather", error);
 }
 
+gboolean real_comm_mpi_broadcast(RealComm *c, void *buf, size_t bytes, int root, GError **error)
+{
+    if (!fits_int(c, bytes, "broadcast", error))
+        return FALSE;
+    return check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast",
+                 error);
+}
+
 static void mpi_destroy(RealComm *c)
 {
     MpiComm *m = (MpiComm *)c;

@@ -45,8 +45,16 @@ struct RealEngine {
     int *tokens, *targets;
     double loss_sum;
     RealOpTiming timing[REAL_ENGINE_N_OP_TYPES];
+    GArray *marks; /* this step's device-timed ops (PendingMark), resolved at its end */
     double model_state_bytes;
 };
+
+/* One op timed on the backend's device clock: read after the step's last op, so that
+ * timing does not make the host wait for the device op by op. */
+typedef struct {
+    int type;
+    void *begin, *end;
+} PendingMark;
 
 static gboolean fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
 static gboolean fail(GError **error, const char *format, ...)
@@ -203,6 +211,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
     e->ckpt_buffer = g_new0(int, e->L + 2);
+    e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
     const int tokens = s->plan.micro_batch * (int)s->model.seq_len;
     e->tokens = g_new0(int, tokens);
     e->targets = g_new0(int, tokens);
@@ -242,6 +251,7 @@ void real_engine_free(RealEngine *e)
     g_free(e->buffers), g_free(e->bucket_lo), g_free(e->bucket_hi);
     g_free(e->part_off), g_free(e->persistent), g_free(e->unit_params), g_free(e->unit_grads);
     g_free(e->ckpt_buffer), g_free(e->tokens), g_free(e->targets);
+    g_array_free(e->marks, TRUE);
     g_free(e);
 }
 
@@ -530,15 +540,33 @@ static void zero_gradients(RealEngine *e)
     e->be->fill(e->be, e->grads, 0, elems[e->stage] * sizeof(RealBf16));
 }
 
+/* Waits for the device (when the backend has one) and adds the step's device-timed ops. */
+static gboolean finish_device_timings(RealEngine *e, GError **error)
+{
+    RealBackend *be = e->be;
+    const char *device_error = NULL;
+    if (be->synchronize && !be->synchronize(be, &device_error))
+        return fail(error, "rank %d: %s", e->rank, device_error);
+    for (guint i = 0; i < e->marks->len; i++) {
+        const PendingMark *m = &g_array_index(e->marks, PendingMark, i);
+        e->timing[m->type].total_s += be->elapsed_s(be, m->begin, m->end);
+    }
+    g_array_set_size(e->marks, 0);
+    return TRUE;
+}
+
 gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError **error)
 {
     const ZpSchedule *s = e->s;
     e->step = step;
     e->loss_sum = 0;
+    g_array_set_size(e->marks, 0); /* a failed step leaves marks: the backend frees them */
     zero_gradients(e);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const double t0 = now_s();
+        const gboolean timed = op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
+        void *begin = timed && e->be->mark ? e->be->mark(e->be) : NULL;
         gboolean ok = TRUE;
         int type = -1;
         switch ((ZpOpKind)op->kind) {
@@ -561,9 +589,16 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             return FALSE;
         if (type >= 0) {
             e->timing[type].count++;
-            e->timing[type].total_s += now_s() - t0;
+            if (begin) {
+                const PendingMark m = {type, begin, e->be->mark(e->be)};
+                g_array_append_val(e->marks, m);
+            } else {
+                e->timing[type].total_s += now_s() - t0;
+            }
         }
     }
+    if (!finish_device_timings(e, error))
+        return FALSE;
     double loss = e->loss_sum / s->plan.grad_accum;
     if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error))
         return FALSE;

@@ -37,7 +37,8 @@ void real_engine_free(RealEngine *engine);
 
 /* Runs every op of the schedule once, in list order, for optimizer step `step` (0-based):
  * *loss_out is the mean training loss over all ranks and micro-steps of the step. A buffer
- * size that differs from what the engine needs is an error naming the op. */
+ * size that differs from what the engine needs is an error naming the op. Returns once the
+ * backend's device (if any) has finished the step; a device failure is an error. */
 gboolean real_engine_step(RealEngine *engine, uint64_t step, double *loss_out, GError **error);
 
 /* Bytes of params, grads, master, Adam m and v this rank holds, read from the tracker. */
@@ -46,7 +47,8 @@ double real_engine_model_state_bytes(const RealEngine *engine);
 /* Forgets the op timings so far (zreal drops its warm-up step's one-time costs). */
 void real_engine_reset_timings(RealEngine *engine);
 
-/* Cumulative op timings (clock_gettime) since the engine was made or last reset, by type. */
+/* Cumulative op timings since the engine was made or last reset, by type: on the backend's
+ * device clock when it has one (mark/elapsed_s), else the host's (clock_gettime). */
 void real_engine_timings(const RealEngine *engine, RealOpTiming out[REAL_ENGINE_N_OP_TYPES]);
 
 /* "block_fwd", ..., "optimizer", "allreduce", "reduce_scatter", "allgather". */

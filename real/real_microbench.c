@@ -24,18 +24,28 @@ static int compare_doubles(const void *a, const void *b)
 /* The slowest rank's time of one call, as collectives and synchronous training see it. */
 typedef gboolean (*TimedFn)(void *ctx, GError **error);
 
-static gboolean median_time(RealComm *comm, TimedFn fn, void *ctx, double *median_s,
-                            GError **error)
+/* A device backend returns before its work is done: the timed region waits for it. */
+static gboolean finished(RealBackend *be, GError **error)
+{
+    const char *text = NULL;
+    if (!be->synchronize || be->synchronize(be, &text))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s", text);
+    return FALSE;
+}
+
+static gboolean median_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx,
+                            double *median_s, GError **error)
 {
     double times[REPEATS];
-    if (!fn(ctx, error)) /* warm-up: first-touch page faults, BLAS start-up */
+    if (!fn(ctx, error) || !finished(be, error)) /* warm-up: page faults, BLAS start-up */
         return FALSE;
     for (int i = 0; i < REPEATS; i++) {
         double zero = 0;
         if (!comm->allreduce_host_f64(comm, &zero, 1, error)) /* line the ranks up */
             return FALSE;
         const double t0 = now_s();
-        if (!fn(ctx, error))
+        if (!fn(ctx, error) || !finished(be, error))
             return FALSE;
         double elapsed[1] = {now_s() - t0};
         double *all = g_new0(double, comm->size);
@@ -112,7 +122,7 @@ static gboolean bench_gemms(Ctx *x, json_t *out, GError **error)
         x->be->fill(x->be, x->a, 0, (size_t)s * s * 4);
         x->be->fill(x->be, x->w, 0, (size_t)s * s * 2);
         double t;
-        gboolean ok = median_time(x->comm, run_gemm, x, &t, error);
+        gboolean ok = median_time(x->be, x->comm, run_gemm, x, &t, error);
         x->be->free(x->be, x->a), x->be->free(x->be, x->c), x->be->free(x->be, x->w);
         if (!ok)
             return FALSE;
@@ -174,7 +184,7 @@ static gboolean bench_memory(Ctx *x, json_t *out, GError **error)
         for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
             x->elems = sizes[i];
             double t;
-            if (!median_time(x->comm, kernels[k].fn, x, &t, error))
+            if (!median_time(x->be, x->comm, kernels[k].fn, x, &t, error))
                 return FALSE;
             json_array_append_new(out, json_pack("{s:s, s:I, s:f, s:f}", "kernel",
                                                  kernels[k].name, "elems", (json_int_t)x->elems,
@@ -193,7 +203,7 @@ static gboolean bench_collectives(Ctx *x, json_t *out, GError **error)
             x->op = op;
             x->elems = sizes[i] / (size_t)x->comm->size * (size_t)x->comm->size;
             double t;
-            if (!median_time(x->comm, run_collective, x, &t, error))
+            if (!median_time(x->be, x->comm, run_collective, x, &t, error))
                 return FALSE;
             json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f}", "op", names[op],
                                                  "ranks", x->comm->size, "bytes",

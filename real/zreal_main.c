@@ -6,11 +6,16 @@
 #include "real_microbench.h"
 #include "zp_sched.h"
 #include "zp_util.h"
+#ifdef ZP_HAVE_CUDA
+#include "real_comm_nccl.h"
+#include "real_cuda.h"
+#endif
 
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,7 +23,7 @@
 extern void openblas_set_num_threads(int threads);
 
 typedef struct {
-    char *model, *schedule, *out;
+    char *model, *schedule, *out, *backend;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
@@ -32,7 +37,9 @@ enum {
     F_STATE, F_PEAK, F_STEP_S, F_COMM,
     F_AT_PEAK, F_CAT_PEAK = F_AT_PEAK + ZP_MEM_N,
     F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
-    F_LOSS = F_OP_S + REAL_ENGINE_N_OP_TYPES
+    F_DEVICE = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the device_memory fields follow */
+    F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
+    F_LOSS
 };
 
 /* Ranks share the machine's cores: each gets cores / ranks-on-this-node BLAS threads
@@ -67,8 +74,9 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     return zp_sched_build(&model, &plan, error);
 }
 
-static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
-                    int timed_steps, const double *local_loss, int steps, double *v)
+static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
+                        int timed_steps, const double *local_loss, int steps, double *v,
+                        GError **error)
 {
     RealAllocStats st;
     real_alloc_stats(be->tracker, &st);
@@ -88,6 +96,21 @@ static void collect(RealEngine *engine, RealBackend *be, RealComm *comm, double 
     }
     for (int i = 0; i < steps; i++)
         v[F_LOSS + i] = local_loss[i];
+    RealDeviceMemory dm;
+    if (!be->device_memory)
+        return TRUE;
+    if (!be->device_memory(be, &dm)) {
+        const char *text = NULL;
+        be->synchronize(be, &text);
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "the device memory query failed: %s",
+                    text ? text : "no reason given");
+        return FALSE;
+    }
+    const double device[] = {1, (double)dm.total_bytes, (double)dm.used_bytes,
+                             (double)dm.context_bytes, (double)dm.nccl_bytes,
+                             (double)dm.pool_reserved_bytes, (double)dm.pool_peak_reserved_bytes};
+    memcpy(v + F_DEVICE, device, sizeof device);
+    return TRUE;
 }
 
 /* A measured time, or null when no step ran (--steps 0 measures memory only). */
@@ -106,12 +129,21 @@ static json_t *rank_json(int rank, const double *v, int steps)
                                           v[F_OP_S + k]));
     for (int i = 0; i < steps; i++)
         json_array_append_new(loss, json_real(v[F_LOSS + i]));
-    return json_pack("{s:i, s:f, s:f, s:o, s:o, s:o, s:f, s:o, s:o}", "rank", rank,
-                     "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
-                     "peak_breakdown", zp_sched_categories_json(v + F_AT_PEAK), "category_peak_bytes",
-                     zp_sched_categories_json(v + F_CAT_PEAK), "step_time_s",
-                     time_json(v[F_STEP_S], steps), "comm_bytes", v[F_COMM], "ops", ops, "loss",
-                     loss);
+    json_t *out = json_pack("{s:i, s:f, s:f, s:o, s:o, s:o, s:f, s:o, s:o}", "rank", rank,
+                            "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
+                            "peak_breakdown", zp_sched_categories_json(v + F_AT_PEAK),
+                            "category_peak_bytes", zp_sched_categories_json(v + F_CAT_PEAK),
+                            "step_time_s", time_json(v[F_STEP_S], steps), "comm_bytes",
+                            v[F_COMM], "ops", ops, "loss", loss);
+    /* The driver's view beside the tracker's, after the last step (device backends only). */
+    if (v[F_DEVICE] > 0)
+        json_object_set_new(out, "device_memory",
+                            json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "total_bytes",
+                                      v[F_DEV_TOTAL], "used_bytes", v[F_DEV_USED],
+                                      "context_bytes", v[F_DEV_CONTEXT], "nccl_bytes",
+                                      v[F_DEV_NCCL], "pool_reserved_bytes", v[F_DEV_POOL],
+                                      "pool_peak_reserved_bytes", v[F_DEV_POOL_PEAK]));
+    return out;
 }
 
 /* Writes measured.json: `all` holds the figures of n_ranks processes, ranks first_rank on
@@ -174,11 +206,12 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         const int n = F_LOSS + a->steps;
         double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
         const int timed_steps = MAX(1, a->steps - 1);
-        collect(engine, be, comm, timed_s / timed_steps, timed_steps, local, a->steps, mine);
-        if (a->emulate) /* one process: its own figures are the measurement */
+        ok = collect(engine, be, comm, timed_s / timed_steps, timed_steps, local, a->steps, mine,
+                     error);
+        if (ok && a->emulate) /* one process: its own figures are the measurement */
             ok = write_measured(a->out, s, be->name, mine, comm, 1, comm->rank, a->steps, loss,
                                 error);
-        else
+        else if (ok)
             ok = comm->gather_host_f64(comm, mine, (size_t)n, all, error) &&
                  (comm->rank != 0 || write_measured(a->out, s, be->name, all, comm, comm->size,
                                                     0, a->steps, loss, error));
@@ -192,6 +225,49 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     return ok;
 }
 
+/* The backend and communicator --backend names: the CPU with MPI, or the GPU numbered by
+ * this rank's place on its node (modulo the node's GPUs) with NCCL; with --emulate, the
+ * emulated communicator on either. */
+static gboolean make_backend(const Args *a, RealBackend **be, RealComm **comm, GError **error)
+{
+    if (strcmp(a->backend, "cpu") == 0) {
+        *be = real_cpu_backend_new();
+        *comm = a->emulate ? real_comm_emulated_new(*be, a->emulate, a->emulate_rank)
+                           : real_comm_mpi_new(error);
+        return *comm != NULL;
+    }
+#ifdef ZP_HAVE_CUDA
+    RealCudaGemmMode mode;
+    const char *local_rank = g_getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!real_cuda_gemm_mode_from_env(&mode, error) ||
+        !(*be = real_cuda_backend_new(local_rank ? atoi(local_rank) : 0, mode, error))) {
+        g_prefix_error(error, "--backend cuda: ");
+        return FALSE;
+    }
+    *comm = a->emulate ? real_comm_emulated_new(*be, a->emulate, a->emulate_rank)
+                       : real_comm_nccl_new(*be, error);
+    return *comm != NULL;
+#else
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--backend cuda: this zreal was built without "
+                                                 "CUDA (no nvcc under CUDA_HOME when it was built)");
+    return FALSE;
+#endif
+}
+
+/* A device backend's own failure, when it has one, added to an error that may only show
+ * its consequence (a model call that could not proceed). Not after a communicator error:
+ * the device may be stuck in the collective that failed. */
+static void add_device_error(RealBackend *be, GError *error)
+{
+    const char *text = NULL;
+    if (!be || !be->synchronize || !error || error->domain == REAL_COMM_ERROR ||
+        be->synchronize(be, &text) || strstr(error->message, text))
+        return;
+    char *message = g_strdup_printf("%s (device: %s)", error->message, text);
+    g_free(error->message);
+    error->message = message;
+}
+
 static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
@@ -200,6 +276,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
+        {"backend", 0, 0, G_OPTION_ARG_STRING, &a->backend, "cpu (MPI) or cuda (a GPU per rank, NCCL; GEMMs in bf16, or fp32 with ZREAL_CUDA_GEMM=fp32); default cpu", "B"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &a->schedule, "Run this schedule (zplan schedule --out) instead of building one", "FILE"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &stage, "ZeRO stage 0-3 (default 0)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro, "Samples per rank per micro-step (default 4)", "B"},
@@ -235,6 +312,11 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
     if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
+    if (ok && !a->backend)
+        a->backend = g_strdup("cpu");
+    if (ok && strcmp(a->backend, "cpu") != 0 && strcmp(a->backend, "cuda") != 0)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--backend: '%s' is neither cpu nor cuda",
+                          a->backend), FALSE);
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
         {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
@@ -272,7 +354,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 
 static void free_args(Args *a)
 {
-    g_free(a->model), g_free(a->schedule), g_free(a->out);
+    g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }
@@ -281,6 +363,8 @@ int main(int argc, char **argv)
 {
     Args a;
     GError *error = NULL;
+    RealBackend *be = NULL;
+    RealComm *comm = NULL;
     /* Flags first: an emulating process never starts MPI. */
     gboolean ok = parse_args(&argc, &argv, &a, &error) && check_emulate_launch(&a, &error);
     int rank = a.emulate_rank;
@@ -296,15 +380,13 @@ int main(int argc, char **argv)
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     }
     set_blas_threads();
-    RealBackend *be = real_cpu_backend_new();
-    RealComm *comm = a.emulate ? real_comm_emulated_new(be, a.emulate, a.emulate_rank)
-                               : real_comm_mpi_new(&error);
-    ok = comm != NULL;
+    ok = make_backend(&a, &be, &comm, &error);
     if (ok && a.microbench)
         ok = real_microbench_run(be, comm, a.out, &error);
     else if (ok)
         ok = train(&a, be, comm, &error);
     if (!ok) {
+        add_device_error(be, error);
         /* One line naming the rank; abort the job so no peer waits forever in a collective. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
         g_clear_error(&error);

@@ -940,6 +940,40 @@ static void test_alloc_tracker(void)
     g_assert_null(real_alloc_category_name(REAL_MEM_N_CATEGORIES));
 }
 
+/* Buffers another allocator made (a GPU backend's device memory) count exactly as taken
+ * ones do, in the same totals and peaks, and are remembered until untracked. */
+static void test_alloc_track_external(void)
+{
+    RealAlloc *t = real_alloc_new();
+    RealAllocStats s;
+    static char device_a[1], device_b[1]; /* stand-ins: the tracker never dereferences them */
+    void *host = real_alloc_take(t, 50, REAL_MEM_PARAMS);
+    g_assert_true(real_alloc_track(t, device_a, 200, REAL_MEM_ACTIVATIONS));
+    g_assert_true(real_alloc_track(t, device_b, 0, REAL_MEM_WORKSPACE));
+    g_assert_false(real_alloc_track(t, device_a, 7, REAL_MEM_PARAMS)); /* already tracked */
+    g_assert_false(real_alloc_track(t, NULL, 7, REAL_MEM_PARAMS));
+    g_assert_false(real_alloc_track(t, host, 7, REAL_MEM_N_CATEGORIES));
+    real_alloc_stats(t, &s);
+    g_assert_cmpuint(s.live_total_bytes, ==, 250);
+    g_assert_cmpuint(s.live_allocs, ==, 3);
+    g_assert_cmpuint(s.live_bytes[REAL_MEM_ACTIVATIONS], ==, 200);
+    g_assert_true(real_alloc_untrack(t, device_a));
+    g_assert_false(real_alloc_untrack(t, device_a)); /* no longer known */
+    g_assert_false(real_alloc_untrack(t, NULL));
+    real_alloc_stats(t, &s);
+    g_assert_cmpuint(s.live_total_bytes, ==, 50);
+    g_assert_cmpuint(s.live_allocs, ==, 2);
+    g_assert_cmpuint(s.peak_total_bytes, ==, 250);
+    g_assert_cmpuint(s.peak_bytes[REAL_MEM_ACTIVATIONS], ==, 200);
+    g_assert_cmpuint(s.at_peak_bytes[REAL_MEM_ACTIVATIONS], ==, 200);
+    g_assert_true(real_alloc_untrack(t, device_b));
+    real_alloc_release(t, host);
+    real_alloc_stats(t, &s);
+    g_assert_cmpuint(s.live_total_bytes, ==, 0);
+    g_assert_cmpuint(s.live_allocs, ==, 0);
+    real_alloc_free_tracker(t);
+}
+
 static void test_memory_accounting(void)
 {
     RealGptDims dims = tiny_dims(4);
@@ -1144,6 +1178,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/kernel/gemm_panels", test_kernel_gemm_panels);
     g_test_add_func("/real/kernel/adam", test_kernel_adam);
     g_test_add_func("/real/alloc/tracker", test_alloc_tracker);
+    g_test_add_func("/real/alloc/track_external", test_alloc_track_external);
     g_test_add_func("/real/gpt/layout_matches_planner", test_layout_matches_planner);
     g_test_add_func("/real/gpt/init", test_init_deterministic);
     g_test_add_func("/real/gpt/errors", test_model_errors);

@@ -264,6 +264,7 @@ static void test_bad_input(void)
         {"--model tiny --emulate 4 --rank 4", "--rank: '4' is outside [0, 3]"},
         {"--model tiny --emulate 0", "--emulate: '0' is outside"},
         {"--model tiny --steps -1", "--steps: '-1' is outside"},
+        {"--model tiny --backend gpu", "--backend: 'gpu' is neither cpu nor cuda"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -433,6 +434,28 @@ static void test_emulated_rank_of_64(void)
     g_free(path);
 }
 
+/* --backend cuda where no GPU can be used (CI has none; CUDA_VISIBLE_DEVICES=-1 hides any a
+ * GPU machine has): one line naming the rank and why, and a non-zero exit. */
+static void test_cuda_backend_without_device(void)
+{
+#ifdef ZP_HAVE_CUDA
+    const char *reason = "zreal rank 0: --backend cuda: no CUDA device (cudaGetDeviceCount: ";
+#else
+    const char *reason = "zreal rank 0: --backend cuda: this zreal was built without CUDA";
+#endif
+    g_setenv("CUDA_VISIBLE_DEVICES", "-1", TRUE);
+    char *err = NULL;
+    int status = mpirun(1, "--model tiny --backend cuda --steps 1", &err);
+    g_unsetenv("CUDA_VISIBLE_DEVICES");
+    g_assert_false(g_spawn_check_wait_status(status, NULL));
+    g_assert_nonnull(strstr(err, reason));
+    int lines = 0;
+    for (const char *at = err; (at = strstr(at, "zreal rank")); at++)
+        lines++;
+    g_assert_cmpint(lines, ==, 1);
+    g_free(err);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -440,6 +463,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/stages-match-one-rank", test_stages_match_one_rank);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/bad-input", test_bad_input);
+    g_test_add_func("/zreal/cuda-backend-without-device", test_cuda_backend_without_device);
     g_test_add_func("/zreal/calibrate-and-validate", test_calibrate_and_validate);
     g_test_add_func("/zreal/emulated-rank-is-the-real-rank", test_emulated_rank_is_the_real_rank);
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
