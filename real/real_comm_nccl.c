@@ -155,7 +155,7 @@ static gboolean nccl_finish(NcclComm *n, const char *what, GError **error)
 static gboolean nccl_allreduce(RealComm *c, RealBf16 *buf, size_t n, GError **error)
 {
     NcclComm *nc = nccl_of(c);
-    c->sent_bytes += 2.0 * (c->size - 1) / c->size * (double)n * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_allreduce_bytes(c->size, (double)n);
     if (n == 0)
         return TRUE;
     return nccl_begin(nc, "ncclAllReduce", error) &&
@@ -181,7 +181,7 @@ static gboolean nccl_reduce_scatter(RealComm *c, RealBf16 *buf, const int *count
         if (q < c->rank)
             mine_offset += (size_t)counts[q];
     }
-    c->sent_bytes += (double)(c->size - 1) / c->size * total * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, total);
     if (total == 0)
         return TRUE;
     const char *what = equal ? "ncclReduceScatter" : "ncclReduce (grouped)";
@@ -218,7 +218,7 @@ static gboolean nccl_allgather(RealComm *c, const RealBf16 *send, size_t n, Real
                                GError **error)
 {
     NcclComm *nc = nccl_of(c);
-    c->sent_bytes += (double)(c->size - 1) * (double)n * sizeof(RealBf16);
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
     if (n == 0)
         return TRUE;
     const size_t bytes = n * sizeof(RealBf16);
