@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # zreal times every step but the first (one-time costs), so one step more than PyTorch's
 # timed ones. Stage 0: on one GPU the stages differ only in layout.
-mpirun -np 1 "$build/zreal" --model gpt2-124m --backend cuda --stage 0 --micro-batch "$micro" \
+"$build/zreal" --emulate 1 --model gpt2-124m --backend cuda --stage 0 --micro-batch "$micro" \
     --steps $((steps + 1)) --out "$tmp/zreal.json" 2>"$tmp/zreal.log" ||
     { cat "$tmp/zreal.log" >&2; exit 1; }
 # Without PyTorch (a machine with no network cannot install it) zreal's row still prints.
