@@ -2,17 +2,10 @@
  * of OpenBLAS's large-GEMM rate on this machine (issue 5's GEMM benchmark). Prints figures. */
 #include "real_cpu.h"
 #include "zp_model.h"
+#include "zp_util.h"
 
 #include <gsl/gsl_cblas.h>
 #include <stdio.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Repeats a GEMM for at least 0.3 s and returns its FLOP/s. */
 static double rate(RealBackend *be, int m, int n, int k, RealDType b_dtype)
@@ -24,12 +17,12 @@ static double rate(RealBackend *be, int m, int n, int k, RealDType b_dtype)
     be->fill(be, b, 0, (size_t)k * n * 4);
     be->gemm(be, false, false, m, n, k, 1.0f, REAL_DTYPE_F32, a, b_dtype, b, 0.0f, c);
     int reps = 0;
-    const double t0 = now_s();
+    const double t0 = zp_now_s();
     double elapsed = 0;
     while (elapsed < 0.3) {
         be->gemm(be, false, false, m, n, k, 1.0f, REAL_DTYPE_F32, a, b_dtype, b, 0.0f, c);
         reps++;
-        elapsed = now_s() - t0;
+        elapsed = zp_now_s() - t0;
     }
     be->free(be, a), be->free(be, b), be->free(be, c);
     return 2.0 * m * n * k * reps / elapsed;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef ZP_DATA_DIR
 #define ZP_DATA_DIR "."
@@ -264,4 +265,11 @@ char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *
     g_free(dir);
     g_free(path);
     return NULL;
+}
+
+double zp_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }

@@ -59,6 +59,10 @@ gboolean zp_write_file_atomic(const char *path, const char *contents, gsize leng
  * path is NULL or "-". */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
+/* Seconds on the monotonic clock, for differences only: clock_gettime's nanoseconds, since
+ * g_get_monotonic_time's microseconds are coarse for the shortest ops zreal times. */
+double zp_now_s(void);
+
 /* Resolves a spec given by name or path: a path ending in .json is returned as is, a name is
  * looked up as DATA_DIR/SUBDIR/NAME.json. An unknown name fails as "FLAG: unknown KIND 'NAME'
  * (known: ...; or give a PATH.json)". Returns a newly allocated path or NULL. */

@@ -5,9 +5,9 @@
 #include "real_data.h"
 #include "real_gpt.h"
 #include "zp_mem.h"
+#include "zp_util.h"
 
 #include <string.h>
-#include <time.h>
 
 G_DEFINE_QUARK(real-engine-error-quark, real_engine_error)
 
@@ -525,13 +525,6 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- the step ---------------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void zero_gradients(RealEngine *e)
 {
     const ZpSchedule *s = e->s;
@@ -564,7 +557,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     zero_gradients(e);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        const double t0 = now_s();
+        const double t0 = zp_now_s();
         const gboolean timed = op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
         void *begin = timed && e->be->mark ? e->be->mark(e->be) : NULL;
         gboolean ok = TRUE;
@@ -593,7 +586,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
                 const PendingMark m = {type, begin, e->be->mark(e->be)};
                 g_array_append_val(e->marks, m);
             } else {
-                e->timing[type].total_s += now_s() - t0;
+                e->timing[type].total_s += zp_now_s() - t0;
             }
         }
     }

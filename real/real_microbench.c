@@ -8,13 +8,6 @@
 
 #define REPEATS 5
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int compare_doubles(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -44,10 +37,10 @@ static gboolean median_time(RealBackend *be, RealComm *comm, TimedFn fn, void *c
         double zero = 0;
         if (!comm->allreduce_host_f64(comm, &zero, 1, error)) /* line the ranks up */
             return FALSE;
-        const double t0 = now_s();
+        const double t0 = zp_now_s();
         if (!fn(ctx, error) || !finished(be, error))
             return FALSE;
-        double elapsed[1] = {now_s() - t0};
+        double elapsed[1] = {zp_now_s() - t0};
         double *all = g_new0(double, comm->size);
         gboolean ok = comm->gather_host_f64(comm, elapsed, 1, all, error);
         times[i] = 0;
