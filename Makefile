@@ -4,6 +4,9 @@
 
 BUILD      ?= build
 CUDA_HOME  ?= /usr/local/cuda
+# NCCL's headers and library: CUDA's own tree where NCCL was installed into it (as here), or
+# a separate NCCL (a pip wheel's nvidia/nccl, with include/ and lib/) named by NCCL_HOME.
+NCCL_HOME  ?= $(CUDA_HOME)
 DEB_PACKAGES := build-essential pkg-config perl libglib2.0-dev libjansson-dev libgsl-dev \
                 libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox
 
@@ -37,8 +40,11 @@ NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 \
              --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -Ireal \
              $(patsubst -I%,-isystem %,$(shell pkg-config --cflags-only-I glib-2.0 2>/dev/null))
 # libstdc++: nvcc's object is C++ (static-initialisation guards).
+# libnccl.so.2 by its soname: a wheel ships no unversioned libnccl.so for -lnccl to find.
+NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2))
+NCCL_LIB_DIR := $(patsubst %/,%,$(dir $(or $(NCCL_LIB),$(CUDA_HOME)/lib64/)))
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt \
-               -lnccl -lstdc++
+               -L$(NCCL_LIB_DIR) -Wl,-rpath,$(NCCL_LIB_DIR) -l:libnccl.so.2 -lstdc++
 
 PLANNER_SRC := $(wildcard planner/*.c)
 SIM_SRC     := $(filter-out sim/zplan.c,$(wildcard sim/*.c))
@@ -112,7 +118,7 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 $(call obj,$(CUDA_C_SRC)): $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -c $< -o $@
+	$(CC) $(CFLAGS) -isystem $(NCCL_HOME)/include -isystem $(CUDA_HOME)/include -c $< -o $@
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

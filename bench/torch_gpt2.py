@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import torch
@@ -98,6 +99,14 @@ def run(mode, m, args):
         loss = step()
     torch.cuda.synchronize()
     elapsed_s = time.perf_counter() - start
+    if args.profile:  # the kernels of two more steps, by GPU time, on stderr
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30,
+                                        max_name_column_width=90), file=sys.stderr)
     result = {
         "system": "pytorch-" + mode,
         "torch": torch.__version__,
@@ -126,6 +135,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--modes", default="eager,compile")
+    parser.add_argument("--profile", action="store_true",
+                        help="print the GPU kernels of two further steps per mode on stderr")
     args = parser.parse_args()
     with open(args.model) as f:
         m = json.load(f)

@@ -1,12 +1,14 @@
-/* real_microbench: GEMMs shaped like the model's (fp32 activations times bf16 weights), the
- * memory-bound Adam step, and the three collectives at several sizes. */
+/* real_microbench: times, on this backend and communicator, what the simulator's cost model has
+ * constants for (GEMMs, Adam, the block's elementwise kernels, collectives) for `zplan
+ * calibrate` to fit, and on a device backend every other kernel of a step, model-shaped. */
 #include "real_microbench.h"
 #include "zp_util.h"
 
 #include <jansson.h>
-#include <time.h>
+#include <math.h>
+#include <unistd.h>
 
-#define REPEATS 5
+#define REPEATS 7
 
 static int compare_doubles(const void *a, const void *b)
 {
@@ -14,7 +16,6 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The slowest rank's time of one call, as collectives and synchronous training see it. */
 typedef gboolean (*TimedFn)(void *ctx, GError **error);
 
 /* A device backend returns before its work is done: the timed region waits for it. */
@@ -27,53 +28,251 @@ static gboolean finished(RealBackend *be, GError **error)
     return FALSE;
 }
 
+/* One call's time on the device clock (events around it, as the engine times its ops). */
+static gboolean device_time(RealBackend *be, TimedFn fn, void *ctx, double *s, GError **error)
+{
+    void *begin = be->mark(be);
+    if (!fn(ctx, error))
+        return FALSE;
+    *s = be->elapsed_s(be, begin, be->mark(be));
+    return finished(be, error);
+}
+
+/* One call's time on the host clock, the slowest rank's (collectives and synchronous
+ * training wait for it), the ranks lined up first. */
+static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx, double *s,
+                          GError **error)
+{
+    double zero = 0;
+    if (!comm->allreduce_host_f64(comm, &zero, 1, error))
+        return FALSE;
+    const double t0 = zp_now_s();
+    if (!fn(ctx, error) || !finished(be, error))
+        return FALSE;
+    double elapsed[1] = {zp_now_s() - t0};
+    double *all = g_new0(double, comm->size);
+    gboolean ok = comm->gather_host_f64(comm, elapsed, 1, all, error);
+    *s = 0;
+    for (int r = 0; ok && r < comm->size; r++)
+        *s = MAX(*s, all[r]);
+    g_free(all);
+    return ok;
+}
+
+/* The median of REPEATS calls after one warm-up call (page faults, library start-up). */
 static gboolean median_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx,
                             double *median_s, GError **error)
 {
     double times[REPEATS];
-    if (!fn(ctx, error) || !finished(be, error)) /* warm-up: page faults, BLAS start-up */
+    if (!fn(ctx, error) || !finished(be, error))
         return FALSE;
-    for (int i = 0; i < REPEATS; i++) {
-        double zero = 0;
-        if (!comm->allreduce_host_f64(comm, &zero, 1, error)) /* line the ranks up */
+    for (int i = 0; i < REPEATS; i++)
+        if (!(be->mark ? device_time(be, fn, ctx, &times[i], error)
+                       : host_time(be, comm, fn, ctx, &times[i], error)))
             return FALSE;
-        const double t0 = zp_now_s();
-        if (!fn(ctx, error) || !finished(be, error))
-            return FALSE;
-        double elapsed[1] = {zp_now_s() - t0};
-        double *all = g_new0(double, comm->size);
-        gboolean ok = comm->gather_host_f64(comm, elapsed, 1, all, error);
-        times[i] = 0;
-        for (int r = 0; ok && r < comm->size; r++)
-            times[i] = MAX(times[i], all[r]);
-        g_free(all);
-        if (!ok)
-            return FALSE;
-    }
     qsort(times, REPEATS, sizeof times[0], compare_doubles);
     *median_s = times[REPEATS / 2];
     return TRUE;
 }
 
+/* The sizes a backend is measured at: small on a CPU rank (whose GEMMs run at a few hundred
+ * GFLOP/s), model-sized on a device. */
+typedef struct {
+    const int *gemm_squares;      /* CPU: square GEMMs */
+    size_t n_gemm_squares;
+    const int *hiddens, *tokens;  /* device: GPT-2 shaped GEMMs, hidden x tokens */
+    size_t n_hiddens, n_tokens;
+    const size_t *elems;          /* elementwise kernels and Adam */
+    size_t n_elems;
+    const size_t *coll_elems;     /* collectives, whole-buffer elements */
+    size_t n_coll_elems;
+} Sizes;
+
+static const int cpu_squares[] = {32, 64, 128, 256, 512, 768};
+static const size_t cpu_elems[] = {1u << 16, 1u << 18, 1u << 20, 1u << 22};
+static const size_t cpu_coll[] = {1u << 10, 1u << 14, 1u << 18, 1u << 21, 1u << 22};
+/* GPT-2 124M and 1.5B hidden sizes; micro-batches 1, 4 and 16 of 1,024 tokens. */
+static const int device_hiddens[] = {768, 1600};
+static const int device_tokens[] = {1024, 4096, 16384};
+static const size_t device_elems[] = {1u << 20, 1u << 22, 1u << 24, 1u << 26};
+static const size_t device_coll[] = {1u << 16, 1u << 20, 1u << 22, 1u << 24, 1u << 26};
+
+static const Sizes cpu_sizes = {cpu_squares, G_N_ELEMENTS(cpu_squares), NULL, NULL, 0, 0,
+                                cpu_elems, G_N_ELEMENTS(cpu_elems), cpu_coll,
+                                G_N_ELEMENTS(cpu_coll)};
+static const Sizes device_sizes = {NULL, 0, device_hiddens, device_tokens,
+                                   G_N_ELEMENTS(device_hiddens), G_N_ELEMENTS(device_tokens),
+                                   device_elems, G_N_ELEMENTS(device_elems), device_coll,
+                                   G_N_ELEMENTS(device_coll)};
+
+#define GPT2_VOCAB 50257
+#define HEAD_DIM 64
+#define SEQ_LEN 1024
+
 typedef struct {
     RealBackend *be;
     RealComm *comm;
-    int m, n, k, op;
+    GRand *rand;
+    /* GEMM: c[m,n] = op(a) op(b), a and b in their dtypes */
+    int m, n, k;
+    bool trans_a, trans_b;
+    RealDType a_dtype, b_dtype;
+    float beta;
+    void *a, *b;
+    float *c;
+    /* elementwise and Adam: n_elems over the buffers below; rows x cols for row kernels */
     size_t elems;
-    float *a, *c, *master, *mom, *var;
-    RealBf16 *w, *grad, *param;
+    int rows, cols, batch, heads;
+    int op;
+    float *f[4];       /* fp32 buffers */
+    RealBf16 *h[2];    /* bf16 buffers */
+    int *targets;      /* host */
 } Ctx;
+
+/* Random values in [-1, 1) (or [0, 1) when `positive`) into dst, uploaded through the
+ * backend: timing zeros can flatter a kernel (and hides unwritten outputs). */
+static void fill_random(Ctx *x, void *dst, RealDType dtype, size_t elems, gboolean positive)
+{
+    const size_t chunk = MIN(elems, (size_t)1 << 20);
+    float *host = g_new(float, chunk);
+    for (size_t i = 0; i < chunk; i++)
+        host[i] = (float)(positive ? g_rand_double(x->rand)
+                                   : g_rand_double_range(x->rand, -1.0, 1.0));
+    float *stage = dtype == REAL_DTYPE_BF16
+                       ? x->be->alloc(x->be, chunk * sizeof(float), REAL_MEM_WORKSPACE)
+                       : NULL;
+    for (size_t at = 0; at < elems; at += chunk) {
+        const size_t n = MIN(chunk, elems - at);
+        if (dtype == REAL_DTYPE_F32) {
+            x->be->copy(x->be, (float *)dst + at, host, n * sizeof(float));
+        } else if (stage) {
+            x->be->copy(x->be, stage, host, n * sizeof(float));
+            x->be->f32_to_bf16(x->be, (RealBf16 *)dst + at, stage, n);
+        }
+    }
+    x->be->free(x->be, stage);
+    g_free(host);
+}
+
+static size_t dtype_bytes(RealDType dtype)
+{
+    return dtype == REAL_DTYPE_BF16 ? sizeof(RealBf16) : sizeof(float);
+}
+
+/* ---- GEMMs ---- */
 
 static gboolean run_gemm(void *p, GError **error)
 {
     Ctx *x = p;
-    if (!x->be->gemm(x->be, false, false, x->m, x->n, x->k, 1.0f, REAL_DTYPE_F32, x->a,
-                     REAL_DTYPE_BF16, x->w, 0.0f, x->c)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gemm workspace allocation failed");
+    if (!x->be->gemm(x->be, x->trans_a, x->trans_b, x->m, x->n, x->k, 1.0f, x->a_dtype, x->a,
+                     x->b_dtype, x->b, x->beta, x->c)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gemm %dx%dx%d: workspace allocation failed",
+                    x->m, x->n, x->k);
         return FALSE;
     }
     return TRUE;
 }
+
+/* Times c[m,n] = op(a) op(b) as set in x, on fresh random operands. */
+static gboolean time_gemm(Ctx *x, const char *shape, const char *form, json_t *out,
+                          GError **error)
+{
+    const size_t a_bytes = (size_t)x->m * x->k * dtype_bytes(x->a_dtype);
+    const size_t b_bytes = (size_t)x->k * x->n * dtype_bytes(x->b_dtype);
+    x->a = x->be->alloc(x->be, a_bytes, REAL_MEM_WORKSPACE);
+    x->b = x->be->alloc(x->be, b_bytes, REAL_MEM_WORKSPACE);
+    x->c = x->be->alloc(x->be, (size_t)x->m * x->n * sizeof(float), REAL_MEM_WORKSPACE);
+    gboolean ok = x->a && x->b && x->c;
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gemm %dx%dx%d: out of memory", x->m, x->n,
+                    x->k);
+    double t = 0;
+    if (ok) {
+        fill_random(x, x->a, x->a_dtype, (size_t)x->m * x->k, FALSE);
+        fill_random(x, x->b, x->b_dtype, (size_t)x->k * x->n, FALSE);
+        fill_random(x, x->c, REAL_DTYPE_F32, (size_t)x->m * x->n, FALSE);
+        ok = median_time(x->be, x->comm, run_gemm, x, &t, error);
+    }
+    x->be->free(x->be, x->a), x->be->free(x->be, x->b), x->be->free(x->be, x->c);
+    if (ok)
+        json_array_append_new(out, json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f}", "shape",
+                                             shape, "form", form, "m", x->m, "n", x->n, "k",
+                                             x->k, "flops", 2.0 * x->m * x->n * x->k, "time_s",
+                                             t));
+    return ok;
+}
+
+/* The three GEMMs a step issues per linear layer, exactly as real_gpt issues them; m, n and k
+ * are picked from the layer's tokens T, outputs N and inputs K. A block linear y = x W
+ * (W [K,N]): forward (fp32 activations times bf16 weights), the input gradient dy W^T, and
+ * the weight gradient x^T dy (saved bf16 activations times the fp32 output gradient,
+ * accumulated). The tied LM head logits = y wte^T (wte [N = vocab, K = hidden]): forward,
+ * dwte = dlogits^T y (both fp32) and dy = dlogits wte. */
+enum { DIM_T, DIM_N, DIM_K };
+typedef struct {
+    const char *form;
+    int m, n, k; /* DIM_* */
+    bool ta, tb;
+    RealDType a, b;
+    float beta;
+} GemmForm;
+
+static const GemmForm linear_forms[] = {
+    {"forward", DIM_T, DIM_N, DIM_K, false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+    {"input_grad", DIM_T, DIM_K, DIM_N, false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+    {"weight_grad", DIM_K, DIM_N, DIM_T, true, false, REAL_DTYPE_BF16, REAL_DTYPE_F32, 1.0f},
+};
+static const GemmForm head_forms[] = {
+    {"forward", DIM_T, DIM_N, DIM_K, false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+    {"weight_grad", DIM_N, DIM_K, DIM_T, true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
+    {"input_grad", DIM_T, DIM_K, DIM_N, false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+};
+
+static gboolean bench_linear(Ctx *x, const char *shape, const GemmForm *forms, int tokens,
+                             int n, int k, json_t *out, GError **error)
+{
+    const int dims[] = {[DIM_T] = tokens, [DIM_N] = n, [DIM_K] = k};
+    for (size_t i = 0; i < 3; i++) {
+        x->m = dims[forms[i].m], x->n = dims[forms[i].n], x->k = dims[forms[i].k];
+        x->trans_a = forms[i].ta, x->trans_b = forms[i].tb;
+        x->a_dtype = forms[i].a, x->b_dtype = forms[i].b, x->beta = forms[i].beta;
+        if (!time_gemm(x, shape, forms[i].form, out, error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+static gboolean bench_gemms(Ctx *x, const Sizes *sz, json_t *out, GError **error)
+{
+    for (size_t i = 0; i < sz->n_gemm_squares; i++) {
+        const int s = sz->gemm_squares[i];
+        x->m = x->n = x->k = s;
+        x->trans_a = x->trans_b = false;
+        x->a_dtype = REAL_DTYPE_F32, x->b_dtype = REAL_DTYPE_BF16, x->beta = 0.0f;
+        if (!time_gemm(x, "square", "forward", out, error))
+            return FALSE;
+    }
+    for (size_t hi = 0; hi < sz->n_hiddens; hi++)
+        for (size_t ti = 0; ti < sz->n_tokens; ti++) {
+            const int h = sz->hiddens[hi], t = sz->tokens[ti];
+            const struct {
+                const char *shape;
+                const GemmForm *forms;
+                int n, k;
+            } linears[] = {{"qkv", linear_forms, 3 * h, h},
+                           {"attn_proj", linear_forms, h, h},
+                           {"fc1", linear_forms, 4 * h, h},
+                           {"fc2", linear_forms, h, 4 * h},
+                           {"lm_head", head_forms, GPT2_VOCAB, h}};
+            for (size_t l = 0; l < G_N_ELEMENTS(linears); l++)
+                if (!bench_linear(x, linears[l].shape, linears[l].forms, t, linears[l].n,
+                                  linears[l].k, out, error))
+                    return FALSE;
+        }
+    return TRUE;
+}
+
+/* ---- memory-bound kernels ---- */
 
 static gboolean run_adam(void *p, GError **error)
 {
@@ -81,59 +280,23 @@ static gboolean run_adam(void *p, GError **error)
     Ctx *x = p;
     const RealAdamHyper hyper = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                  .grad_scale = 1.0f, .step = 1};
-    x->be->adam_step(x->be, &hyper, x->elems, x->master, x->mom, x->var, x->grad, x->param);
+    x->be->adam_step(x->be, &hyper, x->elems, x->f[0], x->f[1], x->f[2], x->h[0], x->h[1]);
     return TRUE;
 }
 
-static gboolean run_collective(void *p, GError **error)
-{
-    Ctx *x = p;
-    RealComm *c = x->comm;
-    const size_t per_rank = x->elems / (size_t)c->size;
-    if (x->op == 0)
-        return c->allreduce_bf16(c, x->grad, x->elems, error);
-    if (x->op == 1) {
-        int *counts = g_new(int, c->size);
-        for (int q = 0; q < c->size; q++)
-            counts[q] = (int)per_rank;
-        gboolean ok = c->reduce_scatter_bf16(c, x->grad, counts, error);
-        g_free(counts);
-        return ok;
-    }
-    return c->allgather_bf16(c, x->param, per_rank, x->grad, error);
-}
-
-static gboolean bench_gemms(Ctx *x, json_t *out, GError **error)
-{
-    static const int sizes[] = {32, 64, 128, 256, 512, 768};
-    for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
-        const int s = sizes[i];
-        x->m = x->n = x->k = s;
-        x->a = x->be->alloc(x->be, (size_t)s * s * 4, REAL_MEM_WORKSPACE);
-        x->c = x->be->alloc(x->be, (size_t)s * s * 4, REAL_MEM_WORKSPACE);
-        x->w = x->be->alloc(x->be, (size_t)s * s * 2, REAL_MEM_WORKSPACE);
-        x->be->fill(x->be, x->a, 0, (size_t)s * s * 4);
-        x->be->fill(x->be, x->w, 0, (size_t)s * s * 2);
-        double t;
-        gboolean ok = median_time(x->be, x->comm, run_gemm, x, &t, error);
-        x->be->free(x->be, x->a), x->be->free(x->be, x->c), x->be->free(x->be, x->w);
-        if (!ok)
-            return FALSE;
-        json_array_append_new(out, json_pack("{s:i, s:i, s:i, s:f, s:f}", "m", s, "n", s, "k",
-                                             s, "flops", 2.0 * s * s * s, "time_s", t));
-    }
-    return TRUE;
-}
-
-/* Buffers for the Adam and collective benchmarks, the largest size. */
-#define MAX_ELEMS (1u << 22)
-
-/* The model's elementwise kernels on rows of 256 values (a hidden size's worth). */
 static gboolean run_gelu(void *p, GError **error)
 {
     (void)error;
     Ctx *x = p;
-    x->be->gelu_fwd(x->be, x->mom, x->master, x->elems);
+    x->be->gelu_fwd(x->be, x->f[1], x->f[0], x->elems);
+    return TRUE;
+}
+
+static gboolean run_gelu_bwd(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->gelu_bwd(x->be, x->f[2], x->f[1], x->f[0], x->elems);
     return TRUE;
 }
 
@@ -141,9 +304,18 @@ static gboolean run_layernorm(void *p, GError **error)
 {
     (void)error;
     Ctx *x = p;
-    const int cols = 256, rows = (int)(x->elems / (size_t)cols);
-    x->be->layernorm_fwd(x->be, x->mom, x->var, x->var + rows, x->master, x->param,
-                         x->param + cols, rows, cols);
+    x->be->layernorm_fwd(x->be, x->f[1], x->f[3], x->f[3] + x->rows, x->f[0], x->h[0],
+                         x->h[0] + x->cols, x->rows, x->cols);
+    return TRUE;
+}
+
+static gboolean run_layernorm_bwd(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    float *dgain = x->f[3] + 2 * (size_t)x->rows;
+    x->be->layernorm_bwd(x->be, x->f[2], dgain, dgain + x->cols, x->f[1], x->f[0], x->f[3],
+                         x->f[3] + x->rows, x->h[0], x->rows, x->cols);
     return TRUE;
 }
 
@@ -151,83 +323,340 @@ static gboolean run_add(void *p, GError **error)
 {
     (void)error;
     Ctx *x = p;
-    x->be->add(x->be, x->mom, x->master, x->var, x->elems);
+    x->be->add(x->be, x->f[2], x->f[0], x->f[1], x->elems);
     return TRUE;
 }
 
-/* Memory-bound kernels with their bytes counted as the schedule counts them, so that the
- * fitted rate means what the simulator divides by: Adam reads the gradient, reads and writes
- * master, m and v and writes the parameter (28 bytes per element); GELU and layer norm read
- * and write each element (2 x 2 bytes in the 16-bit working precision); a residual add reads
- * two and writes one (3 x 2). */
-static gboolean bench_memory(Ctx *x, json_t *out, GError **error)
+static gboolean run_bias_fwd(void *p, GError **error)
 {
-    static const size_t sizes[] = {1u << 16, 1u << 18, 1u << 20, 1u << 22};
-    static const struct {
-        const char *name;
-        TimedFn fn;
-        double bytes_per_elem;
-    } kernels[] = {
-        {"adam", run_adam, 28.0},
-        {"gelu", run_gelu, 4.0},
-        {"layernorm", run_layernorm, 4.0},
-        {"add", run_add, 6.0},
-    };
-    for (size_t k = 0; k < G_N_ELEMENTS(kernels); k++)
-        for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
-            x->elems = sizes[i];
+    (void)error;
+    Ctx *x = p;
+    x->be->bias_fwd(x->be, x->f[0], x->h[0], x->rows, x->cols);
+    return TRUE;
+}
+
+static gboolean run_bias_bwd(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->bias_bwd(x->be, x->f[3], x->f[0], x->rows, x->cols);
+    return TRUE;
+}
+
+static gboolean run_to_bf16(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->f32_to_bf16(x->be, x->h[1], x->f[0], x->elems);
+    return TRUE;
+}
+
+static gboolean run_to_f32(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->bf16_to_f32(x->be, x->f[1], x->h[1], x->elems);
+    return TRUE;
+}
+
+static gboolean run_round(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->round_bf16(x->be, x->f[1], x->elems);
+    return TRUE;
+}
+
+static gboolean run_accumulate(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->accumulate_bf16(x->be, x->h[1], x->f[0], x->elems);
+    return TRUE;
+}
+
+/* Kernels with their bytes counted two ways. `schedule_bytes` is what the schedule counts
+ * for them, so that a rate fitted to it means what the simulator divides by: Adam reads the
+ * gradient, reads and writes master, m and v and writes the parameter (28 bytes per
+ * element); GELU and layer norm read and write each element (2 x 2 bytes in the 16-bit
+ * working precision); a residual add reads two and writes one (3 x 2). Those four are the
+ * `memory` samples calibrate fits; the others (schedule_bytes 0) are recorded under
+ * `kernels` with the bytes they really move (`bytes`, fp32 activations as zreal keeps
+ * them), to explain a step op by op. */
+static const struct {
+    const char *name;
+    TimedFn fn;
+    double schedule_bytes, bytes; /* per element */
+    gboolean rows;                /* a row kernel: rows of GPT-2's 768 columns */
+} memory_kernels[] = {
+    {"adam", run_adam, 28.0, 28.0, FALSE},
+    {"gelu", run_gelu, 4.0, 8.0, FALSE},
+    {"layernorm", run_layernorm, 4.0, 8.0, TRUE},
+    {"add", run_add, 6.0, 12.0, FALSE},
+    {"gelu_bwd", run_gelu_bwd, 0, 12.0, FALSE},
+    {"layernorm_bwd", run_layernorm_bwd, 0, 12.0, TRUE},
+    {"bias_fwd", run_bias_fwd, 0, 8.0, TRUE},
+    {"bias_bwd", run_bias_bwd, 0, 4.0, TRUE},
+    {"f32_to_bf16", run_to_bf16, 0, 6.0, FALSE},
+    {"bf16_to_f32", run_to_f32, 0, 6.0, FALSE},
+    {"round_bf16", run_round, 0, 8.0, FALSE},
+    {"accumulate_bf16", run_accumulate, 0, 8.0, FALSE},
+};
+
+/* Buffers for the largest size: 4 fp32 and 2 bf16 arrays of max_elems (the fourth fp32 one
+ * also holds layer-norm statistics and column sums). */
+static gboolean alloc_memory_buffers(Ctx *x, size_t max_elems, GError **error)
+{
+    for (int i = 0; i < 4; i++) {
+        x->f[i] = x->be->alloc(x->be, max_elems * sizeof(float), REAL_MEM_WORKSPACE);
+        if (x->f[i])
+            fill_random(x, x->f[i], REAL_DTYPE_F32, max_elems, i == 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        x->h[i] = x->be->alloc(x->be, max_elems * sizeof(RealBf16), REAL_MEM_WORKSPACE);
+        if (x->h[i])
+            fill_random(x, x->h[i], REAL_DTYPE_BF16, max_elems, FALSE);
+    }
+    if (x->f[0] && x->f[1] && x->f[2] && x->f[3] && x->h[0] && x->h[1])
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "microbench: no memory for %zu-element buffers",
+                max_elems);
+    return FALSE;
+}
+
+static void free_memory_buffers(Ctx *x)
+{
+    for (int i = 0; i < 4; i++)
+        x->be->free(x->be, x->f[i]), x->f[i] = NULL;
+    for (int i = 0; i < 2; i++)
+        x->be->free(x->be, x->h[i]), x->h[i] = NULL;
+}
+
+static gboolean bench_memory(Ctx *x, const Sizes *sz, json_t *memory, json_t *kernels,
+                             gboolean all_kernels, GError **error)
+{
+    /* Adam's v must not be negative (f[2] is drawn in [0, 1)). */
+    for (size_t k = 0; k < G_N_ELEMENTS(memory_kernels); k++) {
+        const gboolean fitted = memory_kernels[k].schedule_bytes > 0;
+        if (!fitted && !all_kernels)
+            continue;
+        for (size_t i = 0; i < sz->n_elems; i++) {
+            x->elems = sz->elems[i];
+            x->cols = 768;
+            x->rows = (int)(x->elems / (size_t)x->cols);
             double t;
-            if (!median_time(x->be, x->comm, kernels[k].fn, x, &t, error))
+            if (!median_time(x->be, x->comm, memory_kernels[k].fn, x, &t, error))
                 return FALSE;
+            const double elems = memory_kernels[k].rows ? (double)x->rows * x->cols
+                                                         : (double)x->elems;
+            json_t *row = json_pack("{s:s, s:I, s:f, s:f}", "kernel", memory_kernels[k].name,
+                                    "elems", (json_int_t)elems, "bytes",
+                                    (fitted ? memory_kernels[k].schedule_bytes
+                                            : memory_kernels[k].bytes) * elems,
+                                    "time_s", t);
+            if (fitted)
+                json_object_set_new(row, "device_bytes",
+                                    json_real(memory_kernels[k].bytes * elems));
+            json_array_append_new(fitted ? memory : kernels, row);
+        }
+    }
+    return TRUE;
+}
+
+/* ---- attention and the loss (device backends: model-shaped, for the record) ---- */
+
+static gboolean run_attention_fwd(void *p, GError **error)
+{
+    Ctx *x = p;
+    if (x->be->attention_fwd(x->be, x->f[1], x->h[0], REAL_DTYPE_BF16, x->f[0], x->batch,
+                             SEQ_LEN, x->heads, HEAD_DIM))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "attention_fwd: workspace allocation failed");
+    return FALSE;
+}
+
+static gboolean run_attention_bwd(void *p, GError **error)
+{
+    Ctx *x = p;
+    if (x->be->attention_bwd(x->be, x->f[2], x->f[1], x->f[0], x->h[0], REAL_DTYPE_BF16,
+                             x->batch, SEQ_LEN, x->heads, HEAD_DIM))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "attention_bwd: workspace allocation failed");
+    return FALSE;
+}
+
+static gboolean run_softmax_xent(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    float loss;
+    x->be->softmax_xent(x->be, x->f[0], x->targets, x->rows, GPT2_VOCAB, 1.0f, &loss);
+    return TRUE;
+}
+
+/* Causal attention of GPT-2's two widths at 1,024 tokens, micro-batches 1 to 16: FLOPs of
+ * its four (forward) or eight (backward) s x s x head_dim products, bytes of the s^2 tiles
+ * it writes and reads (fp32 scores, bf16 probabilities). */
+static gboolean bench_attention(Ctx *x, const Sizes *sz, json_t *out, GError **error)
+{
+    static const int batches[] = {1, 4, 16};
+    for (size_t hi = 0; hi < sz->n_hiddens; hi++)
+        for (size_t bi = 0; bi < G_N_ELEMENTS(batches); bi++) {
+            x->heads = sz->hiddens[hi] / HEAD_DIM;
+            x->batch = batches[bi];
+            const double h = (double)x->heads * HEAD_DIM, tokens = (double)x->batch * SEQ_LEN;
+            const double scores = (double)x->batch * x->heads * SEQ_LEN * SEQ_LEN;
+            const size_t qkv = (size_t)(tokens * 3 * h);
+            for (int i = 0; i < 3; i++)
+                x->f[i] = x->be->alloc(x->be, qkv * sizeof(float), REAL_MEM_WORKSPACE);
+            x->h[0] = x->be->alloc(x->be, (size_t)scores * sizeof(RealBf16), REAL_MEM_WORKSPACE);
+            gboolean ok = x->f[0] && x->f[1] && x->f[2] && x->h[0];
+            if (!ok)
+                g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "attention: out of memory");
+            if (ok)
+                fill_random(x, x->f[0], REAL_DTYPE_F32, qkv, FALSE);
+            const struct {
+                const char *kernel;
+                TimedFn fn;
+                double flops, bytes;
+            } passes[] = {
+                {"attention_fwd", run_attention_fwd, 4.0 * scores * HEAD_DIM,
+                 scores * (4 + 4 + 2 + 2) + tokens * h * 4 * 4},
+                {"attention_bwd", run_attention_bwd, 8.0 * scores * HEAD_DIM,
+                 scores * (4 + 4 + 2 + 2 + 2) + tokens * h * 4 * 8},
+            };
+            for (size_t k = 0; ok && k < G_N_ELEMENTS(passes); k++) {
+                double t;
+                ok = median_time(x->be, x->comm, passes[k].fn, x, &t, error);
+                if (ok)
+                    json_array_append_new(
+                        out, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f}", "kernel",
+                                       passes[k].kernel, "batch", x->batch, "seq_len", SEQ_LEN,
+                                       "heads", x->heads, "head_dim", HEAD_DIM, "flops",
+                                       passes[k].flops, "bytes", passes[k].bytes, "time_s", t));
+            }
+            for (int i = 0; i < 3; i++)
+                x->be->free(x->be, x->f[i]), x->f[i] = NULL;
+            x->be->free(x->be, x->h[0]), x->h[0] = NULL;
+            if (!ok)
+                return FALSE;
+        }
+    return TRUE;
+}
+
+/* The loss over GPT-2's vocabulary for micro-batches 1 and 4 of 1,024 tokens: it reads the
+ * logits three times and writes them twice (fp32). */
+static gboolean bench_loss(Ctx *x, json_t *out, GError **error)
+{
+    static const int rows[] = {1024, 4096};
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
+        x->rows = rows[i];
+        const size_t elems = (size_t)x->rows * GPT2_VOCAB;
+        x->f[0] = x->be->alloc(x->be, elems * sizeof(float), REAL_MEM_WORKSPACE);
+        x->targets = g_new(int, x->rows);
+        for (int r = 0; r < x->rows; r++)
+            x->targets[r] = g_rand_int_range(x->rand, 0, GPT2_VOCAB);
+        gboolean ok = x->f[0] != NULL;
+        double t = 0;
+        if (!ok)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "softmax_xent: out of memory");
+        if (ok) {
+            fill_random(x, x->f[0], REAL_DTYPE_F32, elems, FALSE);
+            ok = median_time(x->be, x->comm, run_softmax_xent, x, &t, error);
+        }
+        if (ok)
             json_array_append_new(out, json_pack("{s:s, s:I, s:f, s:f}", "kernel",
-                                                 kernels[k].name, "elems", (json_int_t)x->elems,
-                                                 "bytes", kernels[k].bytes_per_elem * x->elems,
-                                                 "time_s", t));
-        }
+                                                 "softmax_xent", "elems", (json_int_t)elems,
+                                                 "bytes", 20.0 * elems, "time_s", t));
+        x->be->free(x->be, x->f[0]), x->f[0] = NULL;
+        g_free(x->targets), x->targets = NULL;
+        if (!ok)
+            return FALSE;
+    }
     return TRUE;
 }
 
-static gboolean bench_collectives(Ctx *x, json_t *out, GError **error)
+/* ---- collectives ---- */
+
+static gboolean run_collective(void *p, GError **error)
 {
-    static const size_t sizes[] = {1u << 10, 1u << 14, 1u << 18, 1u << 21, 1u << 22};
+    Ctx *x = p;
+    RealComm *c = x->comm;
+    const size_t per_rank = x->elems / (size_t)c->size;
+    if (x->op == 0)
+        return c->allreduce_bf16(c, x->h[0], x->elems, error);
+    if (x->op == 1) {
+        int *counts = g_new(int, c->size);
+        for (int q = 0; q < c->size; q++)
+            counts[q] = (int)per_rank;
+        gboolean ok = c->reduce_scatter_bf16(c, x->h[0], counts, error);
+        g_free(counts);
+        return ok;
+    }
+    return c->allgather_bf16(c, x->h[1], per_rank, x->h[0], error);
+}
+
+/* Over a real communicator, the real collectives; over an emulated one (one process playing
+ * a rank of a node), the device-to-device copies that stand in for them. */
+static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError **error)
+{
     static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
-    for (int op = 0; op < 3 && x->comm->size > 1; op++)
-        for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+    if (x->comm->size < 2)
+        return TRUE;
+    const size_t max = sz->coll_elems[sz->n_coll_elems - 1];
+    x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
+    x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
+    gboolean ok = x->h[0] && x->h[1];
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "collectives: out of memory");
+    if (ok) {
+        fill_random(x, x->h[0], REAL_DTYPE_BF16, max, FALSE);
+        fill_random(x, x->h[1], REAL_DTYPE_BF16, max, FALSE);
+    }
+    for (int op = 0; ok && op < 3; op++)
+        for (size_t i = 0; ok && i < sz->n_coll_elems; i++) {
             x->op = op;
-            x->elems = sizes[i] / (size_t)x->comm->size * (size_t)x->comm->size;
+            x->elems = sz->coll_elems[i] / (size_t)x->comm->size * (size_t)x->comm->size;
             double t;
-            if (!median_time(x->be, x->comm, run_collective, x, &t, error))
-                return FALSE;
-            json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f}", "op", names[op],
-                                                 "ranks", x->comm->size, "bytes",
-                                                 2.0 * x->elems, "time_s", t));
+            ok = median_time(x->be, x->comm, run_collective, x, &t, error);
+            if (ok)
+                json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f}", "op", names[op],
+                                                     "ranks", x->comm->size, "bytes",
+                                                     2.0 * x->elems, "time_s", t));
         }
-    return TRUE;
+    x->be->free(x->be, x->h[0]), x->h[0] = NULL;
+    x->be->free(x->be, x->h[1]), x->h[1] = NULL;
+    return ok;
 }
 
-gboolean real_microbench_run(RealBackend *be, RealComm *comm, const char *path, GError **error)
+gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
+                             const char *path, GError **error)
 {
-    Ctx x = {.be = be, .comm = comm};
-    x.master = be->alloc(be, MAX_ELEMS * 4, REAL_MEM_MASTER);
-    x.mom = be->alloc(be, MAX_ELEMS * 4, REAL_MEM_ADAM_M);
-    x.var = be->alloc(be, MAX_ELEMS * 4, REAL_MEM_ADAM_V);
-    x.grad = be->alloc(be, MAX_ELEMS * 2, REAL_MEM_GRADS);
-    x.param = be->alloc(be, MAX_ELEMS * 2, REAL_MEM_PARAMS);
-    void *bufs[] = {x.master, x.mom, x.var, x.grad, x.param};
-    const size_t sizes[] = {MAX_ELEMS * 4, MAX_ELEMS * 4, MAX_ELEMS * 4, MAX_ELEMS * 2,
-                            MAX_ELEMS * 2};
-    for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
-        be->fill(be, bufs[i], 0, sizes[i]);
-    json_t *gemm = json_array(), *memory = json_array(), *coll = json_array();
-    gboolean ok = bench_gemms(&x, gemm, error) && bench_memory(&x, memory, error) &&
-                  bench_collectives(&x, coll, error);
-    for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
-        be->free(be, bufs[i]);
-    json_t *root = json_pack("{s:s, s:s, s:i, s:o, s:o, s:o}", "format", "zplan-microbench-1",
-                             "backend", be->name, "world", comm->size, "gemm", gemm, "memory",
-                             memory, "collectives", coll);
+    const gboolean device = be->mark != NULL;
+    const Sizes *sz = device ? &device_sizes : &cpu_sizes;
+    Ctx x = {.be = be, .comm = comm, .rand = g_rand_new_with_seed(1234)};
+    json_t *gemm = json_array(), *memory = json_array(), *kernels = json_array();
+    json_t *coll = json_array();
+    gboolean ok = bench_gemms(&x, sz, gemm, error) &&
+                  alloc_memory_buffers(&x, sz->elems[sz->n_elems - 1], error) &&
+                  bench_memory(&x, sz, memory, kernels, device, error);
+    free_memory_buffers(&x);
+    ok = ok && (!device || (bench_attention(&x, sz, kernels, error) &&
+                            bench_loss(&x, kernels, error))) &&
+         bench_collectives(&x, sz, coll, error);
+    const double host_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    json_t *root = json_pack("{s:s, s:s, s:i, s:b, s:f, s:o, s:o, s:o, s:o}", "format",
+                             "zplan-microbench-1", "backend", be->name, "world", comm->size,
+                             "emulated", emulated, "host_memory_bytes", host_bytes, "gemm", gemm,
+                             "memory", memory, "kernels", kernels, "collectives", coll);
+    RealDeviceMemory dm;
+    if (ok && be->device_memory && be->device_memory(be, &dm))
+        json_object_set_new(root, "device_memory",
+                            json_pack("{s:f, s:f}", "total_bytes", (double)dm.total_bytes,
+                                      "context_bytes", (double)dm.context_bytes));
     if (ok && comm->rank == 0)
         ok = zp_json_write(root, path, error);
     json_decref(root);
+    g_rand_free(x.rand);
     return ok;
 }

@@ -10,10 +10,18 @@
 
 /* Runs on every rank at once (all ranks compute together, as they do in training, so the
  * GEMM rates include contention for the machine's cores). Rank 0 writes, atomically, a
- * JSON object {"format": "zplan-microbench-1", "world", "gemm": [{m, n, k, flops, time_s}],
- * "memory": [{kernel, elems, bytes, time_s}], "collectives": [{op, ranks, bytes, time_s}]}
- * to `path`; times are the median of repeats, each repeat the slowest rank's. */
-gboolean real_microbench_run(RealBackend *be, RealComm *comm, const char *path,
-                             GError **error);
+ * JSON object {"format": "zplan-microbench-1", "backend", "world", "emulated",
+ * "host_memory_bytes" (the machine's physical memory),
+ * "gemm": [{shape, form, m, n, k, flops, time_s}], "memory": [{kernel, elems, bytes,
+ * time_s}] (the kernels calibrate fits, bytes as the schedule counts them),
+ * "kernels": [{kernel, elems or shape, bytes, [flops,] time_s}] (every other kernel of a
+ * step, device backends only), "collectives": [{op, ranks, bytes, time_s}],
+ * "device_memory": {total_bytes, context_bytes} (device backends)} to `path`. Times are
+ * the median of repeats: on a device backend each one call on the device clock; on the host
+ * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
+ * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
+ * (`emulated`), the collectives are the device-to-device copies that stand in for them. */
+gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
+                             const char *path, GError **error);
 
 #endif

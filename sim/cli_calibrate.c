@@ -16,14 +16,26 @@
  * and memory rates depend on how many run at once: they are fitted from the runs with the
  * most ranks (the rank count the profile describes); collectives pool every run. */
 typedef struct {
-    GArray *gemm_flops, *gemm_s, *gemm_world; /* double, double, int */
+    GArray *gemm_flops, *gemm_s, *gemm_world; /* double, double, int: exact GEMMs (fp32) */
+    GArray *tc_flops, *tc_s, *tc_world;       /* tensor-core GEMMs (bf16 operands) */
     GArray *mem_bytes, *mem_s, *mem_world;    /* the optimizer (Adam): double, double, int */
     GArray *ew_bytes, *ew_s, *ew_world;       /* block kernels (GELU, norm, add): same */
     GArray *coll_kind, *coll_ranks; /* int */
     GArray *coll_bytes, *coll_s;    /* double */
     int max_world;
     GPtrArray *runs;                /* file names */
+    /* From runs on a device backend (their device_memory): the device's memory and what the
+     * process held before its first allocation (CUDA context, cuBLAS). 0 on CPU runs. */
+    double device_total_bytes, device_context_bytes;
+    double host_memory_bytes; /* of the machine the runs measured (0: not recorded) */
 } Samples;
+
+/* Backends whose GEMMs round their operands to bf16 (tensor cores); the others (cpu,
+ * cuda-exact) compute in fp32 and give the fp32 peak. */
+static gboolean tensor_core_backend(const char *backend)
+{
+    return strcmp(backend, "cuda") == 0;
+}
 
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather"};
 
@@ -39,9 +51,10 @@ static gboolean read_array(json_t *root, const char *path, const char *key, json
 static gboolean read_run(const char *path, Samples *s, GError **error)
 {
     json_t *root = zp_json_load_object(path, error), *gemm, *mem, *coll;
-    const char *format = NULL;
+    const char *format = NULL, *backend = NULL;
     int64_t world;
-    gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error);
+    gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error) &&
+                  zp_json_get_string(root, path, "backend", TRUE, &backend, error);
     if (ok && strcmp(format, "zplan-microbench-1") != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: format \"%s\" is not zplan-microbench-1 (zreal --microbench --out)", path,
@@ -58,10 +71,20 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         ok = zp_json_get_number(g, path, "flops", TRUE, 1, 1e30, &f, error) &&
              zp_json_get_number(g, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
         int w = (int)world;
-        g_array_append_val(s->gemm_flops, f);
-        g_array_append_val(s->gemm_s, t);
-        g_array_append_val(s->gemm_world, w);
+        const gboolean tc = ok && tensor_core_backend(backend);
+        g_array_append_val(tc ? s->tc_flops : s->gemm_flops, f);
+        g_array_append_val(tc ? s->tc_s : s->gemm_s, t);
+        g_array_append_val(tc ? s->tc_world : s->gemm_world, w);
     }
+    if (ok && json_object_get(root, "host_memory_bytes"))
+        ok = zp_json_get_number(root, path, "host_memory_bytes", TRUE, 1, 1e18,
+                                &s->host_memory_bytes, error);
+    json_t *device = ok ? json_object_get(root, "device_memory") : NULL;
+    if (device)
+        ok = zp_json_get_number(device, path, "total_bytes", TRUE, 1, 1e15,
+                                &s->device_total_bytes, error) &&
+             zp_json_get_number(device, path, "context_bytes", TRUE, 0, 1e15,
+                                &s->device_context_bytes, error);
     for (size_t i = 0; ok && i < json_array_size(mem); i++) {
         double b, t;
         json_t *m = json_array_get(mem, i);
@@ -214,37 +237,55 @@ static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
     return sqrt(sum / x->len);
 }
 
-static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, double gemm_c1,
-                            double mem_c1, double ew_c1, const CollFit *fit, double memory_bytes)
+/* What the fits gave, in the profile's terms. */
+typedef struct {
+    double peak_tc_flops, peak_fp32_flops; /* asymptotic GEMM rates, 1/c1 */
+    double half_flops;                     /* c0/c1 of the GEMM fit that sets the curve */
+    double gemm_rms, fp32_rms;
+    guint gemm_n, fp32_n;
+    double mem_bytes_per_s, ew_bytes_per_s;
+    CollFit coll;
+} Fitted;
+
+static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
+                            const Fitted *f, double memory_bytes)
 {
-    const double peak = 1.0 / gemm_c1, mem_bw = 1.0 / mem_c1;
+    const gboolean device = s->device_total_bytes > 0;
     char *runs = g_strjoinv(", ", (char **)s->runs->pdata);
     char *from = g_strdup_printf("fitted by zplan calibrate from %s", runs);
     json_t *bw = json_object();
     for (int k = 0; k < 3; k++)
-        json_object_set_new(bw, coll_names[k], json_real(fit->bytes_per_s[k]));
+        json_object_set_new(bw, coll_names[k], json_real(f->coll.bytes_per_s[k]));
     json_t *notes = json_object();
+    const char *coll_source = device ? "the emulated communicator's device-to-device copies "
+                                       "that stand in for a node's collectives"
+                                     : "the collectives";
     const struct {
         const char *key;
         char *text;
     } note_rows[] = {
-        {"gpu_memory_bytes", g_strdup_printf("this machine's physical memory over its %d ranks (or --memory-bytes)", s->max_world)},
-        {"peak_fp16_flops", g_strdup_printf("%s: asymptotic GEMM rate 1/c1 of t = c0 + c1 F over the %u GEMMs of the runs with the most ranks; the CPU backend computes in fp32 whatever the storage, so one peak serves every precision", from, s->gemm_s->len)},
+        {"gpu_memory_bytes", device ? g_strdup_printf("the device's memory as the driver reports it (cudaMemGetInfo total) in %s", runs)
+                                    : g_strdup_printf("this machine's physical memory over its %d ranks (or --memory-bytes)", s->max_world)},
+        {"peak_fp16_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 of t = c0 + c1 F over the %u model-shaped GEMMs of the tensor-core backend (bf16 operands, fp32 accumulation; operand conversions included, as zreal pays them); fp16 taken to run at the bf16 rate, as on the datasheet", from, f->gemm_n)
+                                   : g_strdup_printf("%s: asymptotic GEMM rate 1/c1 of t = c0 + c1 F over the %u GEMMs of the runs with the most ranks; the CPU backend computes in fp32 whatever the storage, so one peak serves every precision", from, f->gemm_n)},
         {"peak_bf16_flops", g_strdup("the same fitted GEMM rate")},
-        {"peak_fp32_flops", g_strdup("the same fitted GEMM rate")},
+        {"peak_fp32_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 over the %u GEMMs of the exact backend (fp32 operands, ZREAL_CUDA_GEMM=fp32)", from, f->fp32_n)
+                                   : g_strdup("the same fitted GEMM rate")},
         {"gemm_efficiency_max", g_strdup("1: the peak is the fitted asymptotic GEMM rate itself")},
-        {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1, the GEMM size whose fixed cost equals its FLOP time", from)},
+        {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1 of the %s GEMM fit, the GEMM size whose fixed cost equals its FLOP time", from, device ? "tensor-core" : "")},
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
         {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
         {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
-        {"intra_node_bytes_per_s", g_strdup("the fitted all-gather bus bandwidth (collective_fit holds one per collective)")},
+        {"intra_node_bytes_per_s", g_strdup_printf("the fitted all-gather bus bandwidth of %s (collective_fit holds one per collective)", coll_source)},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
-        {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure and unused")},
-        {"inter_node_latency_s", g_strdup("one machine, no network: set to the intra-node figure and unused")},
-        {"host_link_bytes_per_s", g_strdup("host and device memory are one: the fitted memory bandwidth")},
-        {"cpu_memory_bytes", g_strdup("this machine's physical memory (sysconf)")},
-        {"runtime_reserve_bytes", g_strdup("0: no CUDA context on a CPU rank")},
-        {"collective_fit", g_strdup_printf("%s: t = base + steps x hop + bytes sent / bus_bytes_per_s[kind] over %u collectives, weighted by 1/t^2", from, s->coll_s->len)},
+        {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure")},
+        {"inter_node_latency_s", g_strdup("one machine, no network: set to the intra-node figure")},
+        {"host_link_bytes_per_s", device ? g_strdup("not measured by the microbenchmark (no offload is modelled from this profile): the device memory bandwidth fitted from Adam")
+                                         : g_strdup("host and device memory are one: the fitted memory bandwidth")},
+        {"cpu_memory_bytes", g_strdup(s->host_memory_bytes > 0 ? "the measured machine's physical memory (sysconf), as the microbenchmark recorded it" : "this machine's physical memory (sysconf)")},
+        {"runtime_reserve_bytes", device ? g_strdup_printf("measured: device memory in use before the backend's first allocation (CUDA context, cuBLAS), in %s", runs)
+                                         : g_strdup("0: no CUDA context on a CPU rank")},
+        {"collective_fit", g_strdup_printf("%s: t = base + steps x hop + bytes sent / bus_bytes_per_s[kind] over %u timings of %s, weighted by 1/t^2", from, s->coll_s->len, coll_source)},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(note_rows); i++) {
         json_object_set_new(notes, note_rows[i].key, json_string(note_rows[i].text));
@@ -253,35 +294,79 @@ static json_t *profile_json(const char *name, const Samples *s, double gemm_c0, 
     json_t *runs_json = json_array();
     for (guint i = 0; i < s->runs->len; i++)
         json_array_append_new(runs_json, json_string(g_ptr_array_index(s->runs, i)));
-    const double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    const double phys = s->host_memory_bytes > 0
+                            ? s->host_memory_bytes
+                            : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    const double gpu_memory = memory_bytes > 0 ? memory_bytes
+                              : device         ? s->device_total_bytes
+                                               : phys / s->max_world;
     json_t *root = json_pack(
         "{s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f,"
         " s:f, s:f, s:{s:f, s:o}, s:{s:o, s:f, s:f, s:f}, s:o}",
-        "name", name, "gpu", "CPU rank (OpenBLAS)", "gpus_per_node", s->max_world,
-        "gpu_memory_bytes", memory_bytes > 0 ? memory_bytes : phys / s->max_world,
-        "peak_fp16_flops", peak, "peak_bf16_flops", peak, "peak_fp32_flops", peak,
-        "hbm_bytes_per_s", mem_bw, "intra_node_bytes_per_s", fit->bytes_per_s[2],
-        "intra_node_latency_s", fit->hop_s, "inter_node_bytes_per_s", fit->bytes_per_s[2],
-        "inter_node_latency_s", fit->hop_s, "host_link_bytes_per_s", mem_bw,
-        "cpu_memory_bytes", phys, "runtime_reserve_bytes", 0.0, "elementwise_bytes_per_s",
-        1.0 / ew_c1, "gemm_efficiency_max", 1.0,
-        "gemm_half_efficiency_flops", gemm_c0 / gemm_c1, "collective_fit", "base_latency_s",
-        fit->base_s, "bus_bytes_per_s", bw, "calibration", "runs", runs_json,
-        "gemm_rms_rel_error", rms_rel_line(s->gemm_flops, s->gemm_s, gemm_c0, gemm_c1),
-        "memory_rms_rel_error", 0.0, "collective_rms_rel_error", fit->rms_rel_error,
-        "notes", notes);
+        "name", name, "gpu", gpu ? gpu : device ? "CUDA device" : "CPU rank (OpenBLAS)",
+        "gpus_per_node", s->max_world, "gpu_memory_bytes", gpu_memory,
+        "peak_fp16_flops", f->peak_tc_flops, "peak_bf16_flops", f->peak_tc_flops,
+        "peak_fp32_flops", f->peak_fp32_flops, "hbm_bytes_per_s", f->mem_bytes_per_s,
+        "intra_node_bytes_per_s", f->coll.bytes_per_s[2], "intra_node_latency_s", f->coll.hop_s,
+        "inter_node_bytes_per_s", f->coll.bytes_per_s[2], "inter_node_latency_s", f->coll.hop_s,
+        "host_link_bytes_per_s", f->mem_bytes_per_s, "cpu_memory_bytes", phys,
+        "runtime_reserve_bytes", s->device_context_bytes, "elementwise_bytes_per_s",
+        f->ew_bytes_per_s, "gemm_efficiency_max", 1.0,
+        "gemm_half_efficiency_flops", f->half_flops, "collective_fit", "base_latency_s",
+        f->coll.base_s, "bus_bytes_per_s", bw, "calibration", "runs", runs_json,
+        "gemm_rms_rel_error", f->gemm_rms, "memory_rms_rel_error", 0.0,
+        "collective_rms_rel_error", f->coll.rms_rel_error, "notes", notes);
+    if (device)
+        json_object_set_new(json_object_get(root, "calibration"), "fp32_gemm_rms_rel_error",
+                            json_real(f->fp32_rms));
     g_free(runs);
     g_free(from);
     return root;
 }
 
+/* The GEMM fits: on a CPU the exact GEMMs give every peak; on a device the tensor-core
+ * GEMMs give the fp16/bf16 peak and the efficiency curve, and exact ones the fp32 peak. */
+static gboolean fit_gemms(const Samples *s, Fitted *f, GError **error)
+{
+    const gboolean device = s->device_total_bytes > 0;
+    double c0, c1, x0, x1;
+    if (!device) {
+        if (!fit_line(s->gemm_flops, s->gemm_s, "gemm", FALSE, &c0, &c1, error))
+            return FALSE;
+        f->peak_tc_flops = f->peak_fp32_flops = 1.0 / c1;
+        f->half_flops = c0 / c1;
+        f->gemm_rms = rms_rel_line(s->gemm_flops, s->gemm_s, c0, c1);
+        f->gemm_n = s->gemm_s->len;
+        return TRUE;
+    }
+    if (s->tc_s->len < 2 || s->gemm_s->len < 2) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "a device profile needs a run of the tensor-core backend (cuda) and one of "
+                    "the exact backend (cuda-exact, ZREAL_CUDA_GEMM=fp32) for the fp32 peak; "
+                    "have %u and %u GEMMs", s->tc_s->len, s->gemm_s->len);
+        return FALSE;
+    }
+    if (!fit_line(s->tc_flops, s->tc_s, "gemm (tensor cores)", FALSE, &c0, &c1, error) ||
+        !fit_line(s->gemm_flops, s->gemm_s, "gemm (fp32)", FALSE, &x0, &x1, error))
+        return FALSE;
+    f->peak_tc_flops = 1.0 / c1;
+    f->half_flops = c0 / c1;
+    f->gemm_rms = rms_rel_line(s->tc_flops, s->tc_s, c0, c1);
+    f->gemm_n = s->tc_s->len;
+    f->peak_fp32_flops = 1.0 / x1;
+    f->fp32_rms = rms_rel_line(s->gemm_flops, s->gemm_s, x0, x1);
+    f->fp32_n = s->gemm_s->len;
+    return TRUE;
+}
+
 int cli_calibrate(int argc, char **argv)
 {
-    char *out = NULL, *name = NULL, *memory = NULL;
+    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL;
     GOptionEntry entries[] = {
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &out, "Write the fitted hwprofile here (required)", "FILE"},
         {"name", 0, 0, G_OPTION_ARG_STRING, &name, "Profile name (default: the file's base name)", "NAME"},
-        {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: physical memory / ranks)", "BYTES"},
+        {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: the device's, or physical memory / ranks)", "BYTES"},
+        {"gpu", 0, 0, G_OPTION_ARG_STRING, &gpu, "The device's name for the profile's \"gpu\" (default: CUDA device, or CPU rank)", "NAME"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("MICROBENCH.json...");
@@ -290,7 +375,9 @@ int cli_calibrate(int argc, char **argv)
         "Fits a hardware profile from `mpirun -np N zreal --microbench --out FILE` runs:\n"
         "GEMM rate and size of half efficiency, memory bandwidth, and a ring model of the\n"
         "collectives (latency per step and bus bandwidth per collective), by weighted least\n"
-        "squares. Runs at two or more rank counts separate the per-step latency.");
+        "squares. Runs at two or more rank counts separate the per-step latency. On a GPU:\n"
+        "`zreal --backend cuda --emulate 8 --microbench` once in each GEMM mode (default and\n"
+        "ZREAL_CUDA_GEMM=fp32) gives the bf16 and fp32 peaks.");
     GError *error = NULL;
     Samples s = {g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  g_array_new(FALSE, FALSE, sizeof(int)),
@@ -298,10 +385,13 @@ int cli_calibrate(int argc, char **argv)
                  g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  g_array_new(FALSE, FALSE, sizeof(int)),
+                 g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(int)), g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
-                 0, g_ptr_array_new_with_free_func(g_free)};
-    double memory_bytes = 0, gemm_c0, gemm_c1, mem_c0, mem_c1, ew_c0, ew_c1;
+                 0, g_ptr_array_new_with_free_func(g_free), 0, 0, 0};
+    double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
+    Fitted fitted = {0};
     CollFit fit;
     gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
     if (ok && (!out || argc < 2)) {
@@ -315,10 +405,11 @@ int cli_calibrate(int argc, char **argv)
         ok = read_run(argv[i], &s, &error);
     if (ok) {
         keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
+        keep_max_world(s.tc_flops, s.tc_s, s.tc_world, s.max_world);
         keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, s.max_world);
         keep_max_world(s.ew_bytes, s.ew_s, s.ew_world, s.max_world);
     }
-    ok = ok && fit_line(s.gemm_flops, s.gemm_s, "gemm", FALSE, &gemm_c0, &gemm_c1, &error) &&
+    ok = ok && fit_gemms(&s, &fitted, &error) &&
          fit_line(s.mem_bytes, s.mem_s, "memory (adam)", FALSE, &mem_c0, &mem_c1, &error) &&
          fit_line(s.ew_bytes, s.ew_s, "memory (block kernels)", TRUE, &ew_c0, &ew_c1, &error) &&
          fit_collectives(&s, TRUE, &fit, &error);
@@ -330,32 +421,36 @@ int cli_calibrate(int argc, char **argv)
         char *base = g_path_get_basename(out);
         if (g_str_has_suffix(base, ".json"))
             base[strlen(base) - 5] = '\0';
-        json_t *profile = profile_json(name ? name : base, &s, gemm_c0, gemm_c1, mem_c1, ew_c1,
-                                       &fit, memory_bytes);
+        fitted.mem_bytes_per_s = 1.0 / mem_c1;
+        fitted.ew_bytes_per_s = 1.0 / ew_c1;
+        fitted.coll = fit;
+        json_t *profile = profile_json(name ? name : base, gpu, &s, &fitted, memory_bytes);
         json_object_set_new(json_object_get(profile, "calibration"), "memory_rms_rel_error",
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
         ok = zp_json_write(profile, out, &error);
         if (ok)
-            printf("wrote %s: GEMM %.1f GFLOP/s (half at %.3g FLOP), Adam %.2f GB/s, block "
-                   "kernels %.2f GB/s, "
+            printf("wrote %s: GEMM %.1f GFLOP/s (fp32 %.1f; half at %.3g FLOP), Adam %.2f GB/s, "
+                   "block kernels %.2f GB/s, "
                    "collectives base %.1f us + %.2f us/step, all-reduce %.2f, reduce-scatter "
                    "%.2f, all-gather %.2f GB/s\n",
-                   out, 1e-9 / gemm_c1, gemm_c0 / gemm_c1, 1e-9 / mem_c1, 1e-9 / ew_c1, fit.base_s * 1e6,
+                   out, 1e-9 * fitted.peak_tc_flops, 1e-9 * fitted.peak_fp32_flops,
+                   fitted.half_flops, 1e-9 / mem_c1, 1e-9 / ew_c1, fit.base_s * 1e6,
                    fit.hop_s * 1e6, fit.bytes_per_s[0] / 1e9, fit.bytes_per_s[1] / 1e9,
                    fit.bytes_per_s[2] / 1e9);
         json_decref(profile);
         g_free(base);
     }
     int status = ok ? 0 : cli_fail("calibrate", error);
-    GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.mem_bytes, s.mem_s, s.mem_world,
+    GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.tc_flops, s.tc_s, s.tc_world,
+                        s.mem_bytes, s.mem_s, s.mem_world,
                         s.ew_bytes, s.ew_s, s.ew_world, s.coll_kind, s.coll_ranks,
                         s.coll_bytes, s.coll_s};
     for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);
     g_option_context_free(context);
-    g_free(out), g_free(name), g_free(memory);
+    g_free(out), g_free(name), g_free(memory), g_free(gpu);
     return status;
 }

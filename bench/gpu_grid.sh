@@ -1,0 +1,69 @@
+#!/bin/sh
+# bench/gpu_grid.sh: issue 20's predicted-against-measured grid on one GPU. `measure` trains
+# every configuration with zreal --backend cuda (on the GPU machine); `predict` simulates each
+# with zplan on a profile (here, from reports/gpu/'s microbenchmarks); `report` writes
+# reports/gpu/README.md from the JSON of both. Usage:
+#   sh bench/gpu_grid.sh measure|predict|report|list     (OUTDIR, default reports/gpu)
+# Configurations: gpt2-124m and gpt2-1.5b on one GPU (ranks 1), stages 0-3, micro-batches 1,
+# 4 and 16, with and without activation checkpointing; and one rank of 8 and of 64 emulated
+# (--emulate N), stages 1-3, micro-batch 4, checkpointing. Sequence 1,024, bf16, no dropout.
+set -eu
+cd "$(dirname "$0")/.."
+out=${OUTDIR:-reports/gpu}
+build=${BUILD:-build}
+profile=${PROFILE:-hwprofiles/h100-measured.json}
+steps=${STEPS:-4}
+
+# One configuration a line: NAME MODEL RANKS STAGE MICRO_BATCH CHECKPOINT(0|1)
+list() {
+    for model in gpt2-124m gpt2-1.5b; do
+        for stage in 0 1 2 3; do
+            for micro in 1 4 16; do
+                for ckpt in 0 1; do
+                    echo "$model-n1-s$stage-mb$micro-c$ckpt $model 1 $stage $micro $ckpt"
+                done
+            done
+        done
+        for ranks in 8 64; do
+            for stage in 1 2 3; do
+                echo "$model-n$ranks-s$stage-mb4-c1 $model $ranks $stage 4 1"
+            done
+        done
+    done
+}
+
+measure() {
+    mkdir -p "$out/measured"
+    list | while read -r name model ranks stage micro ckpt; do
+        flag=""
+        [ "$ckpt" = 1 ] && flag=--checkpoint
+        if "$build/zreal" --model "$model" --backend cuda --emulate "$ranks" --stage "$stage" \
+            --micro-batch "$micro" $flag --steps "$steps" --out "$out/measured/$name.json" \
+            >"$out/measured/$name.log" 2>&1; then
+            rm -f "$out/measured/$name.log"
+            echo "measured $name"
+        else
+            echo "measured $name: zreal failed: $(tail -n 1 "$out/measured/$name.log")"
+        fi
+    done
+}
+
+predict() {
+    mkdir -p "$out/predicted"
+    list | while read -r name model ranks stage micro ckpt; do
+        flag=""
+        [ "$ckpt" = 1 ] && flag=--checkpoint
+        "$build/zplan" simulate --model "$model" --cluster "$profile" --gpus "$ranks" \
+            --stage "$stage" --micro-batch "$micro" $flag --precision bf16 --no-dropout --json \
+            >"$out/predicted/$name.json"
+    done
+    echo "predicted $(list | wc -l) configurations on $profile"
+}
+
+case ${1:-} in
+list) list ;;
+measure) measure ;;
+predict) predict ;;
+report) python3 reports/gpu/generate.py "$out" ;;
+*) echo "usage: sh bench/gpu_grid.sh measure|predict|report|list" >&2; exit 2 ;;
+esac
