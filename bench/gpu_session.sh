@@ -83,7 +83,7 @@ profile() {
 }
 
 # The predicted-against-measured grid: sh bench/gpu_grid.sh measures, under $out/grid/.
-grid() { OUTDIR="$out/grid" BUILD="$build" sh bench/gpu_grid.sh measure; }
+grid() { OUTDIR="$out/grid" BUILD="$build" timeout "${GRID_TIMEOUT_S:-420}" sh bench/gpu_grid.sh measure; }
 
 for p in "$@"; do
     case $p in

@@ -564,9 +564,9 @@ __global__ void real_cuda_k_scale_f32(float *c, size_t n, float beta)
 /* cuBLAS picks its fast kernels (on Hopper, tensor-core kernels fed by the TMA) only when
  * every matrix's row stride is a multiple of 16 bytes and the output's extents m and n are
  * multiples of 8; otherwise it falls back to "align1" kernels. Measured on an H100 (Nsight
- * Compute): GPT-2's tied LM head, vocabulary 50257, ran two of its three GEMMs in 12.4 ms
- * of a 66 ms step through align1 kernels, and still did with only the strides padded. So
- * m and n are rounded up to multiples of 8, like the vocabulary padding of nanoGPT and
+ * Compute): GPT-2's tied LM head, vocabulary 50257, ran its three GEMMs in 15.5 ms of a
+ * 66 ms step through align1 kernels, and still did with only the strides padded. So m, n
+ * and k are rounded up to multiples of 8, like the vocabulary padding of nanoGPT and
  * Megatron but invisible to the caller: an operand that must grow, change dtype or stride
  * is staged in scratch, and the output is computed into padded scratch and copied out, a
  * band of rows at a time (so that the padding costs at most REAL_CUDA_PAD_C_BYTES). Each
@@ -613,11 +613,12 @@ static void real_cuda_convert_2d(RealCuda *cu, void *dst, int ld_dst, RealDType 
 
 /* A GEMM operand stored rows x cols (row-major, row stride cols) in `dtype`, as cuBLAS will
  * read it: in the GEMM dtype, rows_ext x cols_ext (>= rows x cols), row stride *ld a
- * multiple of 16 bytes. *out is the operand itself when it already is, else *tmp, scratch
- * the caller frees. False when scratch cannot be had. */
+ * multiple of 16 bytes; with zero_pad, what lies outside rows x cols is +0 (padding along
+ * k, which every output sums over). *out is the operand itself when it already is, else
+ * *tmp, scratch the caller frees. False when scratch cannot be had. */
 static bool real_cuda_gemm_operand(RealCuda *cu, RealDType dtype, const void *data, int rows,
-                                   int cols, int rows_ext, int cols_ext, const void **out,
-                                   int *ld, void **tmp)
+                                   int cols, int rows_ext, int cols_ext, bool zero_pad,
+                                   const void **out, int *ld, void **tmp)
 {
     const RealDType want = real_cuda_gemm_dtype(cu);
     const size_t want_bytes = real_cuda_dtype_bytes(want);
@@ -627,11 +628,18 @@ static bool real_cuda_gemm_operand(RealCuda *cu, RealDType dtype, const void *da
     if (dtype == want && *ld == cols && rows_ext == rows &&
         real_cuda_aligned(data, REAL_CUDA_LD_ALIGN_BYTES))
         return true;
-    *tmp = real_cuda_scratch(cu, (size_t)rows_ext * *ld * want_bytes);
+    const size_t tmp_bytes = (size_t)rows_ext * *ld * want_bytes;
+    *tmp = real_cuda_scratch(cu, tmp_bytes);
     if (!*tmp)
         return false;
     *out = *tmp;
-    if (*ld == cols)
+    if (zero_pad && (rows_ext != rows || cols_ext != cols))
+        real_cuda_check(cu, cudaMemsetAsync(*tmp, 0, tmp_bytes, cu->stream), "cudaMemsetAsync");
+    if (*ld == cols && dtype == want) /* staged only to add rows, or to align the pointer */
+        real_cuda_check(cu, cudaMemcpyAsync(*tmp, data, (size_t)rows * cols * want_bytes,
+                                            cudaMemcpyDeviceToDevice, cu->stream),
+                        "cudaMemcpyAsync");
+    else if (*ld == cols)
         real_cuda_as_gemm_dtype(cu, dtype, data, (size_t)rows * cols, *tmp);
     else if (dtype == want)
         real_cuda_check(cu, cudaMemcpy2DAsync(*tmp, (size_t)*ld * want_bytes, data,
@@ -670,18 +678,22 @@ static bool real_cuda_gemm(RealBackend *be, bool trans_a, bool trans_b, int m, i
     }
     const int mp = real_cuda_round_up(m, REAL_CUDA_EXTENT_ALIGN);
     const int np = real_cuda_round_up(n, REAL_CUDA_EXTENT_ALIGN);
+    const int kp = real_cuda_round_up(k, REAL_CUDA_EXTENT_ALIGN);
     const void *ag = NULL, *bg = NULL;
     int lda = 0, ldb = 0;
     void *scratch[3] = {NULL, NULL, NULL};
-    /* op(A) is m x k: A stored [m,k], or [k,m] when transposed; op(B) is k x n likewise. */
+    /* op(A) is m x k: A stored [m,k], or [k,m] when transposed; op(B) is k x n likewise. k
+     * grows with zeros in both operands, so the sums gain only exact zeros. */
     bool ok = real_cuda_gemm_operand(cu, a_dtype, a, trans_a ? k : m, trans_a ? m : k,
-                                     trans_a ? k : mp, trans_a ? mp : k, &ag, &lda, &scratch[0]) &&
+                                     trans_a ? kp : mp, trans_a ? mp : kp, kp != k, &ag, &lda,
+                                     &scratch[0]) &&
               real_cuda_gemm_operand(cu, b_dtype, b, trans_b ? n : k, trans_b ? k : n,
-                                     trans_b ? np : k, trans_b ? k : np, &bg, &ldb, &scratch[1]);
+                                     trans_b ? np : kp, trans_b ? kp : np, kp != k, &bg, &ldb,
+                                     &scratch[1]);
     const bool direct = mp == m && np == n && real_cuda_aligned(c, REAL_CUDA_LD_ALIGN_BYTES);
     if (ok && direct)
-        ok = real_cuda_gemm_strided(cu, trans_a, trans_b, m, n, k, alpha, ag, lda, 0, bg, ldb, 0,
-                                    beta, c, n, 0, 1);
+        ok = real_cuda_gemm_strided(cu, trans_a, trans_b, m, n, kp, alpha, ag, lda, 0, bg, ldb,
+                                    0, beta, c, n, 0, 1);
     /* Otherwise bands of rows of the padded output; rows of C are rows of op(A): rows of A,
      * or columns when A is transposed. */
     const int band = real_cuda_round_up(
@@ -696,7 +708,7 @@ static bool real_cuda_gemm(RealBackend *be, bool trans_a, bool trans_b, int m, i
         const char *a_band = (const char *)ag + (trans_a ? (size_t)r0 : (size_t)r0 * lda) * a_bytes;
         float *cg = (float *)scratch[2];
         ok = (beta == 0.0f || real_cuda_copy_2d(cu, cg, np, c + (size_t)r0 * n, n, kept, n)) &&
-             real_cuda_gemm_strided(cu, trans_a, trans_b, rows, np, k, alpha, a_band, lda, 0, bg,
+             real_cuda_gemm_strided(cu, trans_a, trans_b, rows, np, kp, alpha, a_band, lda, 0, bg,
                                     ldb, 0, beta, cg, np, 0, 1) &&
              real_cuda_copy_2d(cu, c + (size_t)r0 * n, n, cg, np, kept, n);
     }
