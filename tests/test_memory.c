@@ -129,13 +129,13 @@ static void test_state_bytes_table(void)
 static void test_comm_volume(void)
 {
     const double psi = 1e9;
-    g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 0, 1, 1, 2), ==, 0);
+    g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 0, 1, 1, 2, 2), ==, 0);
     for (int n = 2; n <= 1024; n *= 4) {
-        const double s0 = zp_comm_dp_bytes_per_rank(psi, 0, n, 1, 2);
+        const double s0 = zp_comm_dp_bytes_per_rank(psi, 0, n, 1, 2, 2);
         g_assert_cmpfloat(s0, ==, 2 * psi * (n - 1) / n * 2);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 1, n, 1, 2), ==, s0);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 2, n, 1, 2), ==, s0);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 3, n, 1, 2) / s0, ==, 1.5);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 1, n, 1, 2, 2), ==, s0);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 2, n, 1, 2, 2), ==, s0);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 3, n, 1, 2, 2) / s0, ==, 1.5);
     }
     ZpModel m = {.seq_len = 1024, .hidden = 1000};
     /* MP 2: each all-reduce of b s h elements sends half of them; 4 all-reduces. */
@@ -196,10 +196,10 @@ static void test_activation_terms(void)
     ZpModel m;
     g_assert_true(zp_model_load("gpt2-1.5b", &m, NULL));
     const double s = 1024, b = 4, h = 1600, a = 25;
-    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2) -
+    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2, ZP_ATTN_EAGER) -
                            s * b * h * (34 + 5 * a * s / h)), <, 1e-3);
     m.dropout = FALSE;
-    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2) -
+    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2, ZP_ATTN_EAGER) -
                            s * b * h * (32 + 2 * a * s / h)), <, 1e-3);
     m.dropout = TRUE;
     ZpPlan plan;
