@@ -125,11 +125,11 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
     if (z->stage == 3 && zp_model_has_architecture(model)) {
         /* The schedule's worst moment is in backward: the tied embedding, gathered for the
          * head, is kept until the embedding's own backward, beside the block being worked on
-         * and what is prefetched after it. */
+         * and what is prefetched after it (an untied head leaves the embedding alone). */
         const double threshold = z->stage3_param_persistence_threshold;
         const double embed = (double)zp_model_unit_elems(model, 0) / plan->mp;
         const double block = (double)zp_model_unit_elems(model, 1) / plan->mp;
-        const double kept = embed <= threshold ? 0.0 : embed;
+        const double kept = embed <= threshold || !model->tied_embeddings ? 0.0 : embed;
         const double working = block <= threshold ? 0.0 : block;
         r->stage3_gathered_bytes =
             (kept + fmin(z->stage3_max_live_parameters, working + z->stage3_prefetch_bucket_size)) *

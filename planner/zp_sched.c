@@ -363,7 +363,8 @@ static void plan_gathers(Builder *b)
     for (int l = 1; l <= L; l++)
         add_gather(b, l, pos_fwd(l), pos_fwd(l));
     add_gather(b, L + 1, pos_head(L), pos_head(L));
-    add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
+    if (s->model.tied_embeddings) /* the head reads wte */
+        add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
     for (int l = L; l >= 1; l--)
         add_gather(b, l, pos_bwd(L, l), pos_bwd(L, l));
     const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
@@ -496,7 +497,8 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     g_array_append_val(deps, alloc);
     if (reduce && s->plan.zero.stage >= 2) {
         alloc_landing_buckets(b, L + 1, micro, deps);
-        alloc_landing_buckets(b, 0, micro, deps); /* the tied LM head's wte gradient */
+        if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
+            alloc_landing_buckets(b, 0, micro, deps);
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
@@ -538,6 +540,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             launch_buckets(b, l, micro, launched);
     }
     position_begin(b, pos_embed_bwd(L), micro, deps);
+    if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
+        alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
     position_end(b, pos_embed_bwd(L), micro);
     if (reduce)
