@@ -119,13 +119,10 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     return TRUE;
 }
 
-/* The executor's model from the schedule's: the same architecture, this plan's micro-batch
- * and attention kernel. */
-static RealGptDims engine_dims(const ZpSchedule *s)
+RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
 {
-    const ZpModel *m = &s->model;
     RealGptDims d = real_gpt_dims_make((int)m->layers, (int)m->hidden, (int)m->heads,
-                                       (int)m->seq_len, (int)m->vocab, s->plan.micro_batch);
+                                       (int)m->seq_len, (int)m->vocab, plan->micro_batch);
     d.ffn_hidden = (int)m->ffn_hidden;
     d.kv_heads = (int)zp_model_kv_heads(m);
     d.swiglu = m->mlp == ZP_MLP_SWIGLU;
@@ -134,7 +131,7 @@ static RealGptDims engine_dims(const ZpSchedule *s)
     d.no_bias = m->no_bias != 0;
     d.rope_theta = (float)m->rope_theta;
     d.norm_eps = (float)m->norm_eps;
-    d.flash = zp_attention_fused(s->plan.attention);
+    d.flash = zp_attention_fused(plan->attention);
     return d;
 }
 
@@ -234,7 +231,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->s = s, e->be = be, e->comm = comm, e->cfg = *cfg;
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
-    e->dims = engine_dims(s);
+    e->dims = real_engine_dims(&s->model, &s->plan);
     e->part_off = g_new0(uint64_t, s->n_units);
     e->persistent = g_new0(RealBf16 *, s->n_units);
     e->unit_params = g_new0(RealBf16 *, s->n_units);
