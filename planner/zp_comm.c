@@ -2,11 +2,15 @@
  * simulator's collectives must add up to these, which the tests check. */
 #include "zp_comm.h"
 
-double zp_comm_dp_bytes_per_rank(double params, int stage, int dp, int mp, double elem_bytes)
+double zp_comm_dp_bytes_per_rank(double params, int stage, int dp, int mp, double param_bytes,
+                                 double reduce_bytes)
 {
     const double psi = params / mp;
-    const double passes = stage >= 3 ? 3.0 : 2.0;
-    return passes * psi * (dp - 1) / dp * elem_bytes;
+    /* Stage 0 all-reduces gradients (a reduce-scatter and an all-gather of them); stages 1-2
+     * reduce-scatter gradients and all-gather parameters; stage 3 gathers parameters twice. */
+    const double gradient_passes = stage == 0 ? 2.0 : 1.0;
+    const double param_passes = stage == 0 ? 0.0 : stage == 3 ? 2.0 : 1.0;
+    return psi * (dp - 1) / dp * (gradient_passes * reduce_bytes + param_passes * param_bytes);
 }
 
 double zp_comm_tp_bytes_per_block(const ZpModel *model, int micro_batch, int mp,

@@ -7,8 +7,10 @@
 
 /* Bytes a rank sends per step in data-parallel collectives: a ring all-reduce (or
  * reduce-scatter + all-gather) of psi elements sends 2 psi (N-1)/N elements per rank;
- * stage 3 adds a second all-gather for backward: 3 psi (N-1)/N. psi = params / mp. */
-double zp_comm_dp_bytes_per_rank(double params, int stage, int dp, int mp, double elem_bytes);
+ * stage 3 adds a second all-gather for backward: 3 psi (N-1)/N. psi = params / mp. Gradient
+ * passes move reduce_bytes per element (the reduction dtype), parameter passes param_bytes. */
+double zp_comm_dp_bytes_per_rank(double params, int stage, int dp, int mp, double param_bytes,
+                                 double reduce_bytes);
 
 /* Bytes a rank sends per step per transformer block in tensor-parallel all-reduces of the
  * b*s*h activations: two in forward, two in backward, two more when the forward is

@@ -40,7 +40,8 @@ typedef struct {
 static const KeySpec top_keys[] = {
     OWN("train_batch_size"), OWN("train_micro_batch_size_per_gpu"),
     OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
-    OWN("zero_optimization"), OWN("activation_checkpointing"),
+    OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
+    OWN("attention_kernel"),
     IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
@@ -48,7 +49,7 @@ static const KeySpec top_keys[] = {
     IGNORED("zero_force_ds_cpu_optimizer"), IGNORED("amp"), IGNORED("dump_state"),
     IGNORED("tensorboard"), IGNORED("wandb"), IGNORED("csv_monitor"), IGNORED("comet"),
     IGNORED("flops_profiler"), IGNORED("autotuning"), IGNORED("elasticity"),
-    IGNORED("pipeline"), IGNORED("data_types"), IGNORED("communication_data_type"),
+    IGNORED("pipeline"), IGNORED("data_types"),
     IGNORED("seq_parallel_communication_data_type"), IGNORED("disable_allgather"),
     IGNORED("dataloader_drop_last"), IGNORED("aio"), IGNORED("checkpoint"),
     IGNORED("data_efficiency"), IGNORED("curriculum_learning"),
@@ -431,6 +432,24 @@ static gboolean resolve_batch(const char *path, int64_t dp, BatchKey *train, Bat
 
 /* ---- the whole file -------------------------------------------------------------------- */
 
+/* communication_data_type (DeepSpeed: "fp32", "fp16", "bf16" or its old "bfp16") and
+ * attention_kernel (zplan's; DeepSpeed ignores unknown top-level keys) over the launch's. */
+static gboolean read_kernels(json_t *root, const char *what, ZpPlan *p, GError **error)
+{
+    const char *dtype = NULL, *kernel = NULL;
+    char *key = g_strdup_printf("%s: communication_data_type", what);
+    gboolean ok = zp_json_get_string(root, what, "communication_data_type", FALSE, &dtype,
+                                     error) &&
+                  (!dtype || zp_reduce_dtype_parse(strcmp(dtype, "bfp16") == 0 ? "bf16" : dtype,
+                                                   key, &p->reduce_dtype, error)) &&
+                  zp_json_get_string(root, what, "attention_kernel", FALSE, &kernel, error);
+    g_free(key);
+    key = g_strdup_printf("%s: attention_kernel", what);
+    ok = ok && (!kernel || zp_attention_parse(kernel, key, &p->attention, error));
+    g_free(key);
+    return ok;
+}
+
 gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpModel *model,
                                const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
                                GPtrArray *warnings, GError **error)
@@ -458,7 +477,8 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         !resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
-        !read_checkpointing(root, what, &p.checkpoint, warnings, error))
+        !read_checkpointing(root, what, &p.checkpoint, warnings, error) ||
+        !read_kernels(root, what, &p, error))
         return FALSE;
     if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -515,6 +535,10 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
                                 json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, spec->offset)));
     }
     json_object_set_new(root, "zero_optimization", zero);
+    if (plan->reduce_dtype != ZP_REDUCE_GRAD)
+        json_object_set_new(root, "communication_data_type",
+                            json_string(zp_reduce_dtype_name(plan->reduce_dtype)));
+    json_object_set_new(root, "attention_kernel", json_string(zp_attention_name(plan->attention)));
     if (plan->checkpoint) {
         /* The options zplan does not model, off: plain checkpointing of every block. */
         json_t *ckpt = json_object();

@@ -27,6 +27,8 @@
  * checkpointing at every block (the section configures deepspeed.checkpointing, which the
  * model calls at each block, as Megatron-DeepSpeed does); its options that change memory or
  * time (partition_activations, cpu_checkpointing, ...) are not modeled and warn when set.
+ * communication_data_type sets the gradient reduction dtype; attention_kernel (zplan's own
+ * key: eager, flash2, ...) the attention kernel, else the launch's.
  *
  * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) append
  * one line to `warnings` (g_free'd strings, never NULL) naming the key; unknown keys, values
@@ -49,7 +51,9 @@ void zp_dsconfig_hf_auto(const ZpModel *model, ZpZeroConfig *zero);
 /* The ds_config DeepSpeed would run the plan with (json_t *, caller decrefs): the three batch
  * keys, fp16 or bf16 {"enabled": true} (neither for fp32), zero_optimization with the stage,
  * the bucket sizes, overlap_comm, contiguous_gradients, reduce_scatter and the stage3_* keys,
- * and activation_checkpointing when the plan checkpoints. Sizes are written as JSON integers
+ * activation_checkpointing when the plan checkpoints, communication_data_type when gradients
+ * are reduced in another dtype than their own, and attention_kernel (zplan's key, which
+ * DeepSpeed ignores: the model's attention implementation must match it). Sizes are written as JSON integers
  * (rounded: DeepSpeed's fields are integers). Reading it back with the plan's dp and mp gives
  * the plan again. */
 void *zp_dsconfig_to_json(const ZpPlan *plan);

@@ -4,6 +4,7 @@
 #include "zp_util.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -45,7 +46,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "nvme_bytes_per_s", "nvme_bytes", "runtime_reserve_bytes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
                                       "elementwise_bytes_per_s", "collective_fit",
-                                      "calibration", NULL};
+                                      "calibration", "attention", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -85,6 +86,110 @@ static gboolean collective_fit(json_t *obj, const char *what, ZpHw *hw, GError *
     return ok;
 }
 
+/* A JSON array of up to `max` increasing positive numbers into out. */
+static gboolean number_row(json_t *array, const char *what, const char *key, int max,
+                           double *out, int *count, GError **error)
+{
+    const size_t n = json_array_size(array);
+    gboolean ok = json_is_array(array) && n >= 1 && n <= (size_t)max;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *v = json_array_get(array, i);
+        out[i] = json_is_number(v) ? json_number_value(v) : 0;
+        ok = out[i] > 0 && out[i] < 1e18 && (i == 0 || out[i] > out[i - 1]);
+    }
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"%s\" must be an array of 1 to %d increasing positive numbers",
+                    what, key, max);
+    *count = (int)n;
+    return ok;
+}
+
+static gboolean attention_kernel(json_t *k, const char *what, ZpHwAttention *t, GError **error)
+{
+    static const char *const keys[] = {"source", "head_dims", "seq_lens", "flops_per_s", NULL};
+    const char *source = NULL;
+    if (!json_is_object(k)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+        return FALSE;
+    }
+    if (!zp_json_check_keys(k, what, keys, error) ||
+        !zp_json_get_string(k, what, "source", TRUE, &source, error) ||
+        !number_row(json_object_get(k, "head_dims"), what, "head_dims", ZP_HW_ATTN_MAX_DIMS,
+                    t->head_dims, &t->n_head_dims, error) ||
+        !number_row(json_object_get(k, "seq_lens"), what, "seq_lens", ZP_HW_ATTN_MAX_SEQS,
+                    t->seq_lens, &t->n_seq_lens, error))
+        return FALSE;
+    json_t *rows = json_object_get(k, "flops_per_s");
+    if (!json_is_array(rows) || json_array_size(rows) != (size_t)t->n_head_dims) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"flops_per_s\" must hold one row per head dimension", what);
+        return FALSE;
+    }
+    for (int d = 0; d < t->n_head_dims; d++) {
+        json_t *row = json_array_get(rows, (size_t)d);
+        gboolean ok = json_is_array(row) && json_array_size(row) == (size_t)t->n_seq_lens;
+        for (int i = 0; ok && i < t->n_seq_lens; i++) {
+            json_t *v = json_array_get(row, (size_t)i);
+            t->flops_per_s[d][i] = json_is_number(v) ? json_number_value(v) : 0;
+            ok = t->flops_per_s[d][i] >= 1e9 && t->flops_per_s[d][i] <= 1e17;
+        }
+        if (!ok) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: flops_per_s[%d] must hold %d rates in [1e9, 1e17], one per "
+                        "sequence length", what, d, t->n_seq_lens);
+            return FALSE;
+        }
+    }
+    t->present = TRUE;
+    return TRUE;
+}
+
+static gboolean attention_table(json_t *obj, const char *what, ZpHw *hw, GError **error)
+{
+    static const char *const keys[] = {"default", "kernels", NULL};
+    json_t *a = json_object_get(obj, "attention");
+    hw->attention_default = ZP_ATTN_EAGER;
+    if (!a)
+        return TRUE;
+    json_t *kernels = json_object_get(a, "kernels");
+    char *inner = g_strdup_printf("%s: attention", what);
+    const char *fallback = NULL;
+    gboolean ok = json_is_object(a) && json_is_object(kernels);
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"attention\" must be an object with \"kernels\" an object", what);
+    ok = ok && zp_json_check_keys(a, inner, keys, error) &&
+         zp_json_get_string(a, inner, "default", TRUE, &fallback, error);
+    const char *name;
+    json_t *k;
+    json_object_foreach(ok ? kernels : NULL, name, k)
+    {
+        char *flag = g_strdup_printf("%s: kernels", inner);
+        char *where = g_strdup_printf("%s.kernels.%s", inner, name);
+        ZpAttention kind = ZP_ATTN_EAGER;
+        ok = zp_attention_parse(name, flag, &kind, error) && kind != ZP_ATTN_EAGER &&
+             attention_kernel(k, where, &hw->attention[kind], error);
+        if (ok == FALSE && error && !*error)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: eager has no table", where);
+        g_free(flag);
+        g_free(where);
+        if (!ok)
+            break;
+    }
+    ZpAttention chosen = ZP_ATTN_EAGER;
+    if (ok && (!zp_attention_parse(fallback, inner, &chosen, error) ||
+               !hw->attention[chosen].present)) {
+        if (error && !*error)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"default\" = \"%s\" is not one of its kernels", inner, fallback);
+        ok = FALSE;
+    }
+    hw->attention_default = chosen;
+    g_free(inner);
+    return ok;
+}
+
 gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError **error)
 {
     json_t *obj = json_object;
@@ -105,7 +210,7 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
         if (!zp_json_get_number(obj, what, f->key, f->required, f->min, f->max, slot, error))
             return FALSE;
     }
-    if (!collective_fit(obj, what, hw, error))
+    if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error))
         return FALSE;
     json_t *notes = json_object_get(obj, "notes");
     if (notes && !json_is_object(notes)) {
@@ -156,4 +261,77 @@ double zp_hw_gemm_efficiency(const ZpHw *hw, double flops)
     if (flops <= 0)
         return hw->gemm_efficiency_max;
     return hw->gemm_efficiency_max * flops / (flops + hw->gemm_half_efficiency_flops);
+}
+
+gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision precision,
+                                const char *flag, ZpAttention *out, GError **error)
+{
+    if (!text) {
+        *out = hw && precision != ZP_PREC_FP32 ? hw->attention_default : ZP_ATTN_EAGER;
+        return TRUE;
+    }
+    if (strcmp(text, "flash") == 0) {
+        *out = hw ? hw->attention_default : ZP_ATTN_FLASH2;
+        if (*out == ZP_ATTN_EAGER) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: %s lists no fused attention kernel in its \"attention\" table",
+                        flag, hw->name);
+            return FALSE;
+        }
+        return TRUE;
+    }
+    if (!zp_attention_parse(text, flag, out, error))
+        return FALSE;
+    if (hw && *out != ZP_ATTN_EAGER && !hw->attention[*out].present) {
+        GString *listed = g_string_new("eager, flash");
+        for (int k = 1; k < ZP_ATTN_N; k++)
+            if (hw->attention[k].present)
+                g_string_append_printf(listed, ", %s", zp_attention_name((ZpAttention)k));
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %s has no rate for '%s' in its attention table (choose from %s)", flag,
+                    hw->name, text, listed->str);
+        g_string_free(listed, TRUE);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* Interpolates row d of a table in log2 of the sequence length, clamped at both ends. */
+static double attention_row_rate(const ZpHwAttention *t, int d, double seq_len)
+{
+    const int n = t->n_seq_lens;
+    if (seq_len <= t->seq_lens[0])
+        return t->flops_per_s[d][0];
+    for (int i = 1; i < n; i++)
+        if (seq_len <= t->seq_lens[i]) {
+            const double x = log2(seq_len / t->seq_lens[i - 1]) /
+                             log2(t->seq_lens[i] / t->seq_lens[i - 1]);
+            return t->flops_per_s[d][i - 1] + x * (t->flops_per_s[d][i] - t->flops_per_s[d][i - 1]);
+        }
+    return t->flops_per_s[d][n - 1];
+}
+
+double zp_hw_attention_flops_per_s(const ZpHw *hw, ZpAttention attention, double head_dim,
+                                   double seq_len)
+{
+    const ZpHwAttention *t = &hw->attention[attention];
+    if (!t->present)
+        return 0;
+    int nearest = 0;
+    for (int d = 1; d < t->n_head_dims; d++)
+        if (fabs(t->head_dims[d] - head_dim) < fabs(t->head_dims[nearest] - head_dim))
+            nearest = d;
+    /* 12 b s^2 h model FLOPs per forward and backward against the table's 3.5 x 2 b s^2 h. */
+    return attention_row_rate(t, nearest, seq_len) * 12.0 / 7.0;
+}
+
+double zp_hw_compute_time_s(const ZpHw *hw, double peak_flops, double flops, double gemm_flops,
+                            double attn_flops, double attn_flops_per_s, double mem_bytes,
+                            gboolean optimizer)
+{
+    const double gemm = flops - attn_flops;
+    const double math_s = gemm > 0 ? gemm / (peak_flops * zp_hw_gemm_efficiency(hw, gemm_flops))
+                                   : 0;
+    const double attn_s = attn_flops > 0 ? attn_flops / attn_flops_per_s : 0;
+    return math_s + attn_s + mem_bytes / zp_hw_memory_bytes_per_s(hw, optimizer);
 }

@@ -7,6 +7,19 @@
 
 #include <glib.h>
 
+/* One fused attention kernel's measured rate: forward + backward FLOP/s, causal, FLOPs
+ * counted as its benchmarks count them (4 b s^2 a d forward x 3.5 for forward and backward,
+ * halved for causal), by head dimension (rows) and sequence length (columns). */
+#define ZP_HW_ATTN_MAX_DIMS 4
+#define ZP_HW_ATTN_MAX_SEQS 16
+typedef struct {
+    gboolean present;
+    int n_head_dims, n_seq_lens;
+    double head_dims[ZP_HW_ATTN_MAX_DIMS];
+    double seq_lens[ZP_HW_ATTN_MAX_SEQS];
+    double flops_per_s[ZP_HW_ATTN_MAX_DIMS][ZP_HW_ATTN_MAX_SEQS];
+} ZpHwAttention;
+
 typedef struct {
     char name[64];
     char gpu[64];                    /* marketing name, e.g. "V100-SXM3-32GB" */
@@ -39,6 +52,12 @@ typedef struct {
     gboolean has_collective_fit;
     double collective_base_latency_s;
     double collective_bytes_per_s[3]; /* all-reduce, reduce-scatter, all-gather */
+    /* Optional "attention" {"default": NAME, "kernels": {NAME: {"source", "head_dims",
+     * "seq_lens", "flops_per_s": [[...] per head dim]}}}: the fused kernels this GPU runs,
+     * each with its published or measured rate and that figure's source, and the one PyTorch's
+     * scaled-dot-product attention picks in fp16/bf16 (ZP_ATTN_EAGER when none is listed). */
+    ZpHwAttention attention[ZP_ATTN_N];
+    ZpAttention attention_default;
 } ZpHw;
 
 /* Resolves a name in DATA_DIR/hwprofiles/ or a PATH.json. An unknown name lists the
@@ -62,5 +81,28 @@ double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer);
 /* Fraction of peak a GEMM of `flops` reaches: max * F / (F + F_half). Small GEMMs cannot
  * fill the machine's SMs; the saturating form is the simplest with the right limits. */
 double zp_hw_gemm_efficiency(const ZpHw *hw, double flops);
+
+/* The kernel a flag names: NULL (flag absent) is PyTorch's choice on this GPU, the profile's
+ * default in fp16/bf16 and eager in fp32 (FlashAttention needs 16-bit inputs); "flash" the
+ * profile's default fused kernel; "eager"; or a kernel the profile lists. hw may be NULL
+ * (memory without --cluster): then NULL is eager and "flash" FlashAttention-2, whose memory
+ * every fused kernel shares. Fails naming the flag. */
+gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision precision,
+                                const char *flag, ZpAttention *out, GError **error);
+
+/* The rate at which a fused kernel does the model's attention FLOPs (4 b s^2 h forward,
+ * twice that backward, the s^2 counted whole as in Megatron's count) on this profile: the
+ * table's figure at the nearest head dimension, interpolated in log2 of the sequence length
+ * (clamped at the table's ends), times 12/7 — the table counts 3.5 x 2 b s^2 h per forward
+ * and backward where the model counts 12 b s^2 h. 0 when the kernel is not listed. */
+double zp_hw_attention_flops_per_s(const ZpHw *hw, ZpAttention attention, double head_dim,
+                                   double seq_len);
+
+/* Seconds of one compute op with `flops` of which `attn_flops` run in the fused attention
+ * kernel at attn_flops_per_s: the rest at peak x GEMM efficiency at gemm_flops, plus mem_bytes
+ * at the memory rate (HBM for the optimizer, the elementwise rate for the rest). */
+double zp_hw_compute_time_s(const ZpHw *hw, double peak_flops, double flops, double gemm_flops,
+                            double attn_flops, double attn_flops_per_s, double mem_bytes,
+                            gboolean optimizer);
 
 #endif

@@ -28,13 +28,19 @@ uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple)
 }
 
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
-                                     double elem_bytes)
+                                     double elem_bytes, ZpAttention attention)
 {
     const double s = model->seq_len, b = micro_batch, h = model->hidden, a = model->heads;
-    const double t = mp;
-    const double per_sbh = model->dropout ? 10.0 + 24.0 / t + 5.0 * a * s / (h * t)
-                                          : 8.0 + 24.0 / t + 2.0 * a * s / (h * t);
-    return s * b * h * per_sbh * elem_bytes / 2.0;
+    const double t = mp, f = model->ffn_hidden;
+    const double kd = (double)zp_model_kv_heads(model) * (double)zp_model_head_dim(model);
+    const double replicated = model->parallel_residual ? 3 * h : 4 * h;
+    const double split = 2 * h + 2 * kd + (zp_model_gated(model) ? 3 : 2) * f;
+    const gboolean fused = zp_attention_fused(attention);
+    const double scores = fused ? 0.0 : (model->dropout ? 5.0 : 2.0) * a * s * s * b / t;
+    const double masks = model->dropout ? 2.0 * s * b * h : 0.0;
+    const double sixteen_bit = 2.0 * s * b * (replicated + split / t) + masks + scores;
+    const double lse = fused ? 4.0 * a * s * b / t : 0.0;
+    return sixteen_bit * elem_bytes / 2.0 + lse;
 }
 
 /* A model's units come in three sizes: the embedding (unit 0), L identical blocks and the
@@ -87,7 +93,7 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, doubl
 {
     const double s = model->seq_len, b = plan->micro_batch, h = model->hidden;
     r->activation_block_bytes = zp_mem_activation_block_bytes(model, plan->micro_batch,
-                                                              plan->mp, elem);
+                                                              plan->mp, elem, plan->attention);
     if (plan->checkpoint) {
         /* A checkpoint is the block input, 2sbh in 16 bits, replicated across the tensor
          * group; backward recomputes one block at a time, so one block's set is live. */
@@ -113,17 +119,17 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
         zp_model_has_architecture(model)
             ? fmax(z->reduce_bucket_size, largest_unit_elems(model) / plan->mp)
             : z->reduce_bucket_size;
-    r->reduce_bucket_bytes = fmin(bucket_elems, psi) * bytes.grad_bytes * buffers;
+    r->reduce_bucket_bytes = fmin(bucket_elems, psi) * zp_plan_reduce_bytes(plan) * buffers;
     if (z->stage == 1 || z->stage == 2)
         r->allgather_bucket_bytes = fmin(z->allgather_bucket_size, psi) * bytes.param_bytes;
     if (z->stage == 3 && zp_model_has_architecture(model)) {
         /* The schedule's worst moment is in backward: the tied embedding, gathered for the
          * head, is kept until the embedding's own backward, beside the block being worked on
-         * and what is prefetched after it. */
+         * and what is prefetched after it (an untied head leaves the embedding alone). */
         const double threshold = z->stage3_param_persistence_threshold;
         const double embed = (double)zp_model_unit_elems(model, 0) / plan->mp;
         const double block = (double)zp_model_unit_elems(model, 1) / plan->mp;
-        const double kept = embed <= threshold ? 0.0 : embed;
+        const double kept = embed <= threshold || !model->tied_embeddings ? 0.0 : embed;
         const double working = block <= threshold ? 0.0 : block;
         r->stage3_gathered_bytes =
             (kept + fmin(z->stage3_max_live_parameters, working + z->stage3_prefetch_bucket_size)) *

@@ -44,14 +44,26 @@ typedef struct {
     double total_bytes;
 } ZpResidual;
 
-/* Activation bytes one block saves for backward (Korthikanti et al., arXiv 2205.05198,
- * tensor parallel degree t, no sequence parallelism, 16-bit activations):
- *   with dropout     s b h (10 + 24/t + 5 a s/(h t))
- *   without dropout  s b h ( 8 + 24/t + 2 a s/(h t))
- * The second drops the two 1-byte masks and the dropout outputs that stand in for the
- * softmax output and the block outputs. Scaled by elem/2 for fp32 training. */
+/* Activation bytes one block saves for backward: Korthikanti et al.'s accounting (arXiv
+ * 2205.05198: tensor parallel degree t, no sequence parallelism, 16-bit activations)
+ * extended to grouped-query attention, gated MLPs and fused attention kernels. Per token,
+ * in 16-bit elements, with k key/value heads of dimension d and MLP width f:
+ *   replicated across t: both norms' inputs and outputs   4h (3h with a parallel residual,
+ *                                                          whose second norm reads the input)
+ *   split across t:      Q h, K and V 2kd, the attention output h (the projection's input),
+ *                        plain MLP: fc1 output f and activation output f;
+ *                        gated MLP: gate f, up f and their product f (the activation is
+ *                        recomputed from the gate)
+ * so 2 s b (4h + (2h + 2kd + 2f or 3f)/t) bytes, which for GPT-2 (k d = h, f = 4h) is
+ * Korthikanti's s b h (8 + 24/t). The attention kernel adds:
+ *   eager    the softmax output, 2 a s^2 b / t
+ *   fused    no s x s tensor: an fp32 log-sum-exp per row and head, 4 a s b / t
+ * and training with dropout adds the two 1-byte residual masks (2 s b h) and, eager only,
+ * the attention mask and dropout output (3 a s^2 b / t; a fused kernel regenerates its mask
+ * from the RNG state): GPT-2 eager with dropout is s b h (10 + 24/t + 5 a s/(h t)).
+ * The 16-bit terms scale by elem/2 for fp32 training; the log-sum-exp is fp32 either way. */
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
-                                     double elem_bytes);
+                                     double elem_bytes, ZpAttention attention);
 
 /* Every residual term for a plan; hw may be NULL (no reserve). The model must have an
  * architecture for activation terms; a params-only model reports buffers and reserve. */

@@ -1,6 +1,7 @@
 /* zp_model: reads model specs and counts their parameters exactly from the architecture.
  * Sizes are uint64_t: a 1T-parameter model's block holds ~8e9 elements, beyond int32. */
 #include "zp_model.h"
+#include "zp_hf.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -8,7 +9,61 @@
 
 static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
-    "learned_positions", "dropout", "published_params", "notes", NULL};
+    "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
+    "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
+    "rotary_fraction", "norm_eps", NULL};
+
+static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
+static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
+
+const char *zp_model_mlp_name(ZpMlp mlp)
+{
+    return mlp_names[mlp];
+}
+
+const char *zp_model_norm_name(ZpNorm norm)
+{
+    return norm_names[norm];
+}
+
+/* An optional string key that must be one of `names`; *out keeps its value when absent. */
+static gboolean get_choice(json_t *obj, const char *what, const char *key,
+                           const char *const *names, int *out, GError **error)
+{
+    const char *text = NULL;
+    if (!zp_json_get_string(obj, what, key, FALSE, &text, error))
+        return FALSE;
+    if (!text)
+        return TRUE;
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], text) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    char *choices = g_strjoinv(", ", (char **)names);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" = \"%s\" is not one of %s",
+                what, key, text, choices);
+    g_free(choices);
+    return FALSE;
+}
+
+/* The optional bias keys (true when absent) into model->no_bias. */
+static gboolean get_biases(json_t *obj, const char *what, ZpModel *model, GError **error)
+{
+    static const struct {
+        const char *key;
+        unsigned flag;
+    } keys[] = {{"qkv_bias", ZP_NO_BIAS_QKV}, {"proj_bias", ZP_NO_BIAS_PROJ},
+                {"mlp_bias", ZP_NO_BIAS_MLP}};
+    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
+        gboolean present = TRUE;
+        if (!zp_json_get_bool(obj, what, keys[i].key, FALSE, &present, error))
+            return FALSE;
+        if (!present)
+            model->no_bias |= keys[i].flag;
+    }
+    return TRUE;
+}
 
 /* Bounds that reject absurd specs while admitting anything trained to date with margin. */
 #define MAX_LAYERS 100000
@@ -25,6 +80,7 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
     model->dropout = TRUE;
     const char *name = NULL;
     int64_t ffn = 0;
+    int mlp = ZP_MLP_GELU, norm = ZP_NORM_LAYERNORM;
     if (!zp_json_check_keys(obj, what, model_keys, error) ||
         !zp_json_get_string(obj, what, "name", TRUE, &name, error) ||
         !zp_json_get_int(obj, what, "layers", TRUE, 1, MAX_LAYERS, &model->layers, error) ||
@@ -38,8 +94,25 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                           error) ||
         !zp_json_get_bool(obj, what, "dropout", FALSE, &model->dropout, error) ||
         !zp_json_get_number(obj, what, "published_params", FALSE, 1, 1e15,
-                            &model->published_params, error))
+                            &model->published_params, error) ||
+        !zp_json_get_int(obj, what, "kv_heads", FALSE, 1, MAX_HIDDEN, &model->kv_heads, error) ||
+        !zp_json_get_int(obj, what, "max_positions", FALSE, 1, MAX_SEQ, &model->max_positions,
+                         error) ||
+        !get_choice(obj, what, "mlp", mlp_names, &mlp, error) ||
+        !get_choice(obj, what, "norm", norm_names, &norm, error) ||
+        !get_biases(obj, what, model, error) ||
+        !zp_json_get_bool(obj, what, "parallel_residual", FALSE, &model->parallel_residual,
+                          error) ||
+        !zp_json_get_number(obj, what, "rope_theta", FALSE, 1, 1e12, &model->rope_theta,
+                            error) ||
+        !zp_json_get_number(obj, what, "rotary_fraction", FALSE, 0, 1, &model->rotary_fraction,
+                            error) ||
+        !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error))
         return FALSE;
+    model->mlp = (ZpMlp)mlp;
+    model->norm = (ZpNorm)norm;
+    if (model->rope_theta > 0 && model->rotary_fraction == 0)
+        model->rotary_fraction = 1.0;
     if (strlen(name) == 0 || strlen(name) >= sizeof model->name) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"name\" must be 1 to %zu characters", what,
@@ -55,16 +128,49 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
     }
     g_strlcpy(model->name, name, sizeof model->name);
     model->ffn_hidden = ffn ? ffn : 4 * model->hidden;
+    return zp_model_check(model, what, error);
+}
+
+gboolean zp_model_check(const ZpModel *model, const char *what, GError **error)
+{
+    const int64_t kv = zp_model_kv_heads(model);
+    if (model->heads % kv != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %" G_GINT64_FORMAT " key/value heads do not divide the %" G_GINT64_FORMAT
+                    " attention heads", what, kv, model->heads);
+        return FALSE;
+    }
+    if (model->learned_positions && model->seq_len > zp_model_positions(model)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: sequence %" G_GINT64_FORMAT " is longer than the %" G_GINT64_FORMAT
+                    " learned positions", what, model->seq_len, zp_model_positions(model));
+        return FALSE;
+    }
     return TRUE;
 }
 
 gboolean zp_model_load(const char *name_or_path, ZpModel *model, GError **error)
 {
-    char *path = zp_resolve_spec(name_or_path, "models", "--model", "model", error);
-    json_t *root = path ? zp_json_load_object(path, error) : NULL;
-    gboolean ok = root && zp_model_from_json(root, path, model, error);
-    json_decref(root);
-    g_free(path);
+    /* A directory is a Hugging Face checkpoint's: its config.json is the model. */
+    char *in_data = g_build_filename(zp_data_dir(), "models", name_or_path, NULL);
+    const char *dir = g_file_test(name_or_path, G_FILE_TEST_IS_DIR) ? name_or_path
+                      : !g_path_is_absolute(name_or_path) &&
+                              g_file_test(in_data, G_FILE_TEST_IS_DIR)
+                          ? in_data
+                          : NULL;
+    gboolean ok;
+    if (dir) {
+        ok = zp_hf_load_dir(dir, model, error);
+    } else {
+        char *path = zp_resolve_spec(name_or_path, "models", "--model", "model", error);
+        json_t *root = path ? zp_json_load_object(path, error) : NULL;
+        ok = root && (json_object_get(root, "architectures")
+                          ? zp_hf_from_json(root, path, model, error)
+                          : zp_model_from_json(root, path, model, error));
+        json_decref(root);
+        g_free(path);
+    }
+    g_free(in_data);
     return ok;
 }
 
@@ -81,39 +187,96 @@ gboolean zp_model_has_architecture(const ZpModel *model)
     return model->params_only <= 0;
 }
 
+int64_t zp_model_kv_heads(const ZpModel *model)
+{
+    return model->kv_heads > 0 ? model->kv_heads : model->heads;
+}
+
+int64_t zp_model_head_dim(const ZpModel *model)
+{
+    return model->heads > 0 ? model->hidden / model->heads : 0;
+}
+
+int64_t zp_model_qkv_width(const ZpModel *model)
+{
+    return model->hidden + 2 * zp_model_kv_heads(model) * zp_model_head_dim(model);
+}
+
+gboolean zp_model_gated(const ZpModel *model)
+{
+    return model->mlp != ZP_MLP_GELU;
+}
+
+int64_t zp_model_fc1_width(const ZpModel *model)
+{
+    return (zp_model_gated(model) ? 2 : 1) * model->ffn_hidden;
+}
+
+int64_t zp_model_positions(const ZpModel *model)
+{
+    return model->max_positions > 0 ? model->max_positions : model->seq_len;
+}
+
+gboolean zp_model_has_bias(const ZpModel *model, unsigned which)
+{
+    return !(model->no_bias & which);
+}
+
 int zp_model_n_units(const ZpModel *model)
 {
     return zp_model_has_architecture(model) ? (int)model->layers + 2 : 0;
 }
 
-/* The per-unit tensor table: one row per tensor, sizes as products of the dimensions. */
+/* The per-unit tensor table: one row per tensor, sizes as products of the dimensions; a
+ * row whose flag is off (a bias the model lacks, a norm's bias under RMSNorm) is left out. */
 GArray *zp_model_tensors(const ZpModel *model)
 {
     GArray *t = g_array_new(FALSE, FALSE, sizeof(ZpTensor));
     if (!zp_model_has_architecture(model))
         return t;
     const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
-    const uint64_t V = (uint64_t)model->vocab, s = (uint64_t)model->seq_len;
+    const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
+    const uint64_t q = (uint64_t)zp_model_qkv_width(model), f1 = (uint64_t)zp_model_fc1_width(model);
+    const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
     const int L = (int)model->layers;
-    ZpTensor wte = {"wte", 0, V * h}, wpe = {"wpe", 0, s * h};
-    g_array_append_val(t, wte);
-    if (model->learned_positions)
-        g_array_append_val(t, wpe);
+    const struct {
+        ZpTensor tensor;
+        gboolean present;
+    } embed[] = {{{"wte", 0, V * h}, TRUE}, {{"wpe", 0, P * h}, model->learned_positions}};
+    for (size_t i = 0; i < G_N_ELEMENTS(embed); i++)
+        if (embed[i].present)
+            g_array_append_val(t, embed[i].tensor);
     for (int l = 1; l <= L; l++) {
-        const ZpTensor block[] = {
-            {"ln1.weight", l, h},      {"ln1.bias", l, h},  {"qkv.weight", l, 3 * h * h},
-            {"qkv.bias", l, 3 * h},    {"proj.weight", l, h * h}, {"proj.bias", l, h},
-            {"ln2.weight", l, h},      {"ln2.bias", l, h},  {"fc1.weight", l, h * f},
-            {"fc1.bias", l, f},        {"fc2.weight", l, f * h},  {"fc2.bias", l, h},
+        const struct {
+            ZpTensor tensor;
+            gboolean present;
+        } block[] = {
+            {{"ln1.weight", l, h}, TRUE},
+            {{"ln1.bias", l, h}, ln},
+            {{"qkv.weight", l, q * h}, TRUE},
+            {{"qkv.bias", l, q}, zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
+            {{"proj.weight", l, h * h}, TRUE},
+            {{"proj.bias", l, h}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
+            {{"ln2.weight", l, h}, TRUE},
+            {{"ln2.bias", l, h}, ln},
+            {{"fc1.weight", l, h * f1}, TRUE},
+            {{"fc1.bias", l, f1}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
+            {{"fc2.weight", l, f * h}, TRUE},
+            {{"fc2.bias", l, h}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
         };
-        g_array_append_vals(t, block, G_N_ELEMENTS(block));
+        for (size_t i = 0; i < G_N_ELEMENTS(block); i++)
+            if (block[i].present)
+                g_array_append_val(t, block[i].tensor);
     }
-    const ZpTensor lnf_w = {"lnf.weight", L + 1, h}, lnf_b = {"lnf.bias", L + 1, h};
-    const ZpTensor head = {"lm_head.weight", L + 1, V * h};
-    g_array_append_val(t, lnf_w);
-    g_array_append_val(t, lnf_b);
-    if (!model->tied_embeddings)
-        g_array_append_val(t, head);
+    const struct {
+        ZpTensor tensor;
+        gboolean present;
+    } last[] = {{{"lnf.weight", L + 1, h}, TRUE},
+                {{"lnf.bias", L + 1, h}, ln},
+                {{"lm_head.weight", L + 1, V * h}, !model->tied_embeddings}};
+    for (size_t i = 0; i < G_N_ELEMENTS(last); i++)
+        if (last[i].present)
+            g_array_append_val(t, last[i].tensor);
     return t;
 }
 
@@ -122,14 +285,21 @@ GArray *zp_model_tensors(const ZpModel *model)
 uint64_t zp_model_unit_elems(const ZpModel *model, int unit)
 {
     const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
-    const uint64_t V = (uint64_t)model->vocab, s = (uint64_t)model->seq_len;
+    const uint64_t V = (uint64_t)model->vocab;
     if (!zp_model_has_architecture(model) || unit < 0 || unit > model->layers + 1)
         return 0;
+    const uint64_t norm = model->norm == ZP_NORM_LAYERNORM ? 2 * h : h;
     if (unit == 0)
-        return V * h + (model->learned_positions ? s * h : 0);
-    if (unit <= model->layers)
-        return 4 * h * h + 2 * h * f + 9 * h + f;
-    return 2 * h + (model->tied_embeddings ? 0 : V * h);
+        return V * h + (model->learned_positions ? (uint64_t)zp_model_positions(model) * h : 0);
+    if (unit <= model->layers) {
+        const uint64_t q = (uint64_t)zp_model_qkv_width(model);
+        const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
+        return 2 * norm + q * h + h * h + h * f1 + f * h +
+               (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0) +
+               (zp_model_has_bias(model, ZP_NO_BIAS_PROJ) ? h : 0) +
+               (zp_model_has_bias(model, ZP_NO_BIAS_MLP) ? f1 + h : 0);
+    }
+    return norm + (model->tied_embeddings ? 0 : V * h);
 }
 
 uint64_t zp_model_param_count(const ZpModel *model)
@@ -154,6 +324,20 @@ void *zp_model_to_json(const ZpModel *model)
                           (json_int_t)model->vocab, "ffn_hidden", (json_int_t)model->ffn_hidden,
                           "tied_embeddings", model->tied_embeddings, "learned_positions",
                           model->learned_positions, "dropout", model->dropout);
+    json_object_set_new(o, "kv_heads", json_integer((json_int_t)zp_model_kv_heads(model)));
+    json_object_set_new(o, "max_positions", json_integer((json_int_t)zp_model_positions(model)));
+    json_object_set_new(o, "mlp", json_string(mlp_names[model->mlp]));
+    json_object_set_new(o, "norm", json_string(norm_names[model->norm]));
+    json_object_set_new(o, "qkv_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_QKV)));
+    json_object_set_new(o, "proj_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_PROJ)));
+    json_object_set_new(o, "mlp_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_MLP)));
+    json_object_set_new(o, "parallel_residual", json_boolean(model->parallel_residual));
+    if (model->rope_theta > 0) {
+        json_object_set_new(o, "rope_theta", json_real(model->rope_theta));
+        json_object_set_new(o, "rotary_fraction", json_real(model->rotary_fraction));
+    }
+    if (model->norm_eps > 0)
+        json_object_set_new(o, "norm_eps", json_real(model->norm_eps));
     if (model->published_params > 0)
         json_object_set_new(o, "published_params", json_real(model->published_params));
     return o;

@@ -1,26 +1,50 @@
-/* zp_model: transformer model specs (models/NAME.json) and their exact parameter count.
+/* zp_model: transformer model specs (models/NAME.json, or a Hugging Face config.json through
+ * zp_hf) and their exact parameter count.
  * The parameter layout (units and tensors) is the contract shared by the planner, the
  * simulator's schedule and the real executor, so it is defined here and only here.
  *
- * Architecture (GPT-2 family, pre-LN, every linear layer with a bias):
- *   unit 0       embeddings: token wte [V,h], learned positions wpe [s,h] (if learned_positions)
- *   unit 1..L    blocks: ln1 (2h), qkv (3h*h + 3h), proj (h*h + h), ln2 (2h),
- *                fc1 (h*f + f), fc2 (f*h + h)           = 4h^2 + 2hf + 9h + f elements
- *   unit L+1     final layer norm (2h), plus the LM head [V,h] when embeddings are untied
- * Total = L(4h^2 + 2hf + 9h + f) + Vh + sh + 2h (+ Vh untied); with f = 4h a block is
- * 12h^2 + 13h, which is how "12Lh^2" in the papers comes about. */
+ * Architecture (pre-norm decoder blocks; GPT-2 when every optional field is zero):
+ *   unit 0       embeddings: token wte [V,h], learned positions wpe [P,h] (if learned_positions)
+ *   unit 1..L    blocks: norm1, qkv [h, h + 2 k d] (+ bias), proj [h,h] (+ bias), norm2,
+ *                MLP: plain  fc1 [h,f] (+ f), fc2 [f,h] (+ h)
+ *                     gated  fc1 [h,2f] (gate and up, + 2f), fc2 [f,h] (+ h)
+ *                with d = h/a the head dimension, k the key/value heads (a: MHA, 1: MQA,
+ *                between: GQA), a norm 2h (LayerNorm: gain and bias) or h (RMSNorm: gain)
+ *   unit L+1     final norm, plus the LM head [V,h] when embeddings are untied
+ * GPT-2 (k = a, plain GELU MLP, LayerNorm, biases everywhere) gives a block of
+ * 4h^2 + 2hf + 9h + f elements (12h^2 + 13h with f = 4h), which is how "12Lh^2" in the papers
+ * comes about; Llama-2-7B (MHA, SwiGLU, RMSNorm, no biases) 4h^2 + 3hf + 2h. */
 #ifndef ZP_MODEL_H
 #define ZP_MODEL_H
 
 #include <glib.h>
 #include <stdint.h>
 
+/* The MLP: GPT-2's fc1 -> GELU -> fc2, or a gated unit act(x Wg) * (x Wu) -> Wd (three
+ * projections of f: SwiGLU with SiLU as in Llama, GeGLU with GELU). */
+typedef enum { ZP_MLP_GELU, ZP_MLP_SWIGLU, ZP_MLP_GEGLU, ZP_MLP_N } ZpMlp;
+typedef enum { ZP_NORM_LAYERNORM, ZP_NORM_RMSNORM, ZP_NORM_N } ZpNorm;
+
+/* Linear layers WITHOUT a bias (a zero ZpModel has GPT-2's biases everywhere). */
+enum { ZP_NO_BIAS_QKV = 1, ZP_NO_BIAS_PROJ = 2, ZP_NO_BIAS_MLP = 4 };
+
+/* Every field that is zero takes GPT-2's choice, so a spec written before the Llama-family
+ * fields existed means what it meant. */
 typedef struct {
     char name[64];
     int64_t layers, hidden, heads, seq_len, vocab, ffn_hidden;
+    int64_t kv_heads;           /* key/value heads; 0: heads (multi-head attention) */
+    int64_t max_positions;      /* rows of the learned position table; 0: seq_len */
+    ZpMlp mlp;
+    ZpNorm norm;
+    unsigned no_bias;           /* ZP_NO_BIAS_* flags */
     gboolean tied_embeddings;   /* LM head shares wte (default true) */
     gboolean learned_positions; /* a wpe table (default true; false for ALiBi/rotary) */
+    gboolean parallel_residual; /* GPT-NeoX: attention and MLP both read the block input */
     gboolean dropout;           /* trained with dropout: changes activation memory */
+    double rope_theta;          /* rotary embeddings' base; 0: no rotary embeddings */
+    double rotary_fraction;     /* share of each head's dimensions rotated (NeoX: 0.25) */
+    double norm_eps;            /* 0: 1e-5 */
     double published_params;    /* the size the model is known by, 0 if not given */
     double params_only;         /* > 0: built from --params, no architecture known */
 } ZpModel;
@@ -31,18 +55,38 @@ typedef struct {
     uint64_t elems;
 } ZpTensor;
 
-/* Resolves `name_or_path`: a path ending in .json is read as is; otherwise
- * DATA_DIR/models/NAME.json. An unknown name lists the models that exist. */
+/* Resolves `name_or_path`: a directory (or DATA_DIR/models/NAME that is one) holding a
+ * Hugging Face config.json, a file that is a Hugging Face config (it has "architectures"),
+ * a path ending in .json read as zplan's own spec, or DATA_DIR/models/NAME.json. An unknown
+ * name lists the models that exist. */
 gboolean zp_model_load(const char *name_or_path, ZpModel *model, GError **error);
 
 /* Parses a model spec object; `what` names its file in messages. */
 gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                             GError **error);
 
+/* The checks every spec passes, whoever read it: key/value heads divide the heads, the
+ * sequence fits a learned position table. `what` names the file. */
+gboolean zp_model_check(const ZpModel *model, const char *what, GError **error);
+
 /* A model known only by its parameter count (the paper's formula-only questions). */
 void zp_model_from_params(double params, ZpModel *model);
 
 gboolean zp_model_has_architecture(const ZpModel *model);
+
+/* Derived dimensions: key/value heads (heads when 0), head dimension h/a, the width of the
+ * fused qkv projection h + 2 k d, the first MLP projection's width (2f gated, f plain), the
+ * learned position table's rows, and the norm's parameters per norm (2h or h). */
+int64_t zp_model_kv_heads(const ZpModel *model);
+int64_t zp_model_head_dim(const ZpModel *model);
+int64_t zp_model_qkv_width(const ZpModel *model);
+int64_t zp_model_fc1_width(const ZpModel *model);
+int64_t zp_model_positions(const ZpModel *model);
+gboolean zp_model_gated(const ZpModel *model);
+gboolean zp_model_has_bias(const ZpModel *model, unsigned which);
+
+const char *zp_model_mlp_name(ZpMlp mlp);
+const char *zp_model_norm_name(ZpNorm norm);
 
 /* Exact parameter count (or the given count for a params-only model). */
 uint64_t zp_model_param_count(const ZpModel *model);

@@ -96,6 +96,34 @@ double zp_plan_elem_bytes(ZpPrecision precision)
 }
 
 static const char *const precision_names[] = {"fp16", "bf16", "fp32", NULL};
+static const char *const attention_names[] = {"eager", "flash1", "flash1-triton", "flash2",
+                                              "flash3", "mem-efficient", NULL};
+/* "grad" is the default's name in plan JSON; the flag takes the three dtypes. */
+static const char *const reduce_names[] = {"grad", "fp32", "bf16", "fp16", NULL};
+
+double zp_plan_reduce_bytes(const ZpPlan *plan)
+{
+    static const double bytes[] = {[ZP_REDUCE_FP32] = 4.0, [ZP_REDUCE_BF16] = 2.0,
+                                   [ZP_REDUCE_FP16] = 2.0};
+    return plan->reduce_dtype == ZP_REDUCE_GRAD
+               ? zp_plan_state_bytes(plan->precision, plan->optimizer).grad_bytes
+               : bytes[plan->reduce_dtype];
+}
+
+gboolean zp_attention_fused(ZpAttention attention)
+{
+    return attention != ZP_ATTN_EAGER;
+}
+
+const char *zp_attention_name(ZpAttention attention)
+{
+    return attention_names[attention];
+}
+
+const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
+{
+    return reduce_names[dtype];
+}
 static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
 
 const char *zp_precision_name(ZpPrecision precision)
@@ -143,6 +171,29 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
     return TRUE;
 }
 
+gboolean zp_attention_parse(const char *text, const char *flag, ZpAttention *out,
+                            GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, attention_names, ZP_ATTN_N, &v, error))
+        return FALSE;
+    *out = (ZpAttention)v;
+    return TRUE;
+}
+
+gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype *out,
+                               GError **error)
+{
+    int v;
+    /* The flag names a dtype; plan JSON may also say "grad" (the default). */
+    const gboolean json = strcmp(flag, "reduce_dtype") == 0;
+    if (!parse_choice(text, flag, json ? reduce_names : reduce_names + 1,
+                      json ? ZP_REDUCE_N : ZP_REDUCE_N - 1, &v, error))
+        return FALSE;
+    *out = (ZpReduceDtype)(json ? v : v + 1);
+    return TRUE;
+}
+
 /* zero_optimization keys that are numbers, with their slots: one table drives both the
  * writer and the reader. */
 static const struct {
@@ -175,11 +226,13 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:o}", "stage", plan->zero.stage,
-                     "dp", plan->dp, "mp", plan->mp, "micro_batch", plan->micro_batch,
-                     "grad_accum", plan->grad_accum, "checkpoint", plan->checkpoint,
-                     "precision", zp_precision_name(plan->precision), "optimizer",
-                     zp_optimizer_name(plan->optimizer), "zero", zero);
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o}", "stage",
+                     plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
+                     plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
+                     plan->checkpoint, "precision", zp_precision_name(plan->precision),
+                     "optimizer", zp_optimizer_name(plan->optimizer), "attention",
+                     zp_attention_name(plan->attention), "reduce_dtype",
+                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero);
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -203,7 +256,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
 {
     json_t *o = json_object;
     int64_t dp, mp, micro, accum;
-    const char *precision, *optimizer;
+    const char *precision, *optimizer, *attention = NULL, *reduce = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
@@ -220,6 +273,10 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_string(o, what, "optimizer", TRUE, &optimizer, error) ||
         !zp_precision_parse(precision, "precision", &plan->precision, error) ||
         !zp_optimizer_parse(optimizer, "optimizer", &plan->optimizer, error) ||
+        !zp_json_get_string(o, what, "attention", FALSE, &attention, error) ||
+        (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
+        !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
+        (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
         !zero_from_json(zero, what, &plan->zero, error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;

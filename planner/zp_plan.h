@@ -8,6 +8,25 @@
 typedef enum { ZP_PREC_FP16, ZP_PREC_BF16, ZP_PREC_FP32 } ZpPrecision;
 typedef enum { ZP_OPT_ADAM, ZP_OPT_SGD_MOMENTUM, ZP_OPT_SGD, ZP_OPT_ADAM_8BIT } ZpOptimizer;
 
+/* The attention kernel. Eager is the unfused path that writes the s x s scores; every other
+ * kernel is fused (FlashAttention 1 and its Triton port, FlashAttention-2 and -3, PyTorch's
+ * memory-efficient kernel): it stores no s x s tensor, only its output and an fp32
+ * log-sum-exp per row and head, recomputes the scores in backward, and is timed at its own
+ * rate from the hwprofile's attention table. */
+typedef enum {
+    ZP_ATTN_EAGER,
+    ZP_ATTN_FLASH1,
+    ZP_ATTN_FLASH1_TRITON,
+    ZP_ATTN_FLASH2,
+    ZP_ATTN_FLASH3,
+    ZP_ATTN_MEM_EFFICIENT,
+    ZP_ATTN_N
+} ZpAttention;
+
+/* The dtype gradients are reduced in (DeepSpeed's communication_data_type, FSDP's
+ * reduce_dtype); ZP_REDUCE_GRAD, the default, is the gradients' own. */
+typedef enum { ZP_REDUCE_GRAD, ZP_REDUCE_FP32, ZP_REDUCE_BF16, ZP_REDUCE_FP16, ZP_REDUCE_N } ZpReduceDtype;
+
 /* Bytes per parameter of each model-state term for a precision and optimizer. */
 typedef struct {
     double param_bytes; /* the weights the forward reads (2 for fp16/bf16, 4 for fp32) */
@@ -38,6 +57,8 @@ typedef struct {
     gboolean checkpoint;  /* activation checkpointing at every block */
     ZpPrecision precision;
     ZpOptimizer optimizer;
+    ZpAttention attention;     /* eager (the zero value) or a fused kernel */
+    ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
 } ZpPlan;
 
 /* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,
@@ -74,7 +95,18 @@ ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer);
 /* Bytes of one element of the 16-bit (or 32-bit) working precision. */
 double zp_plan_elem_bytes(ZpPrecision precision);
 
+/* Bytes per element of the gradients on the wire and in the reduce buckets. */
+double zp_plan_reduce_bytes(const ZpPlan *plan);
+
+gboolean zp_attention_fused(ZpAttention attention);
+
 /* Name <-> enum for flags and JSON; the parsers fail naming the flag and the choices. */
+const char *zp_attention_name(ZpAttention attention);
+gboolean zp_attention_parse(const char *text, const char *flag, ZpAttention *out,
+                            GError **error);
+const char *zp_reduce_dtype_name(ZpReduceDtype dtype);
+gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype *out,
+                               GError **error);
 const char *zp_precision_name(ZpPrecision precision);
 const char *zp_optimizer_name(ZpOptimizer optimizer);
 gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out,
@@ -83,8 +115,9 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
                             GError **error);
 
 /* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
- * "precision", "optimizer", "zero": {DeepSpeed's zero_optimization keys}}) and back; the
- * reader names the first missing, unknown or ill-typed key. */
+ * "precision", "optimizer", "attention", "reduce_dtype", "zero": {DeepSpeed's
+ * zero_optimization keys}}) and back; the reader names the first missing, unknown or
+ * ill-typed key ("attention" and "reduce_dtype" may be absent: eager, the gradients'). */
 void *zp_plan_to_json(const ZpPlan *plan);
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
 

@@ -45,6 +45,12 @@ typedef struct {
 
 /* ---- op emission ---------------------------------------------------------------------- */
 
+/* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
+ * kernel does, and the bytes its memory-bound kernels move. */
+typedef struct {
+    double flops, gemm_flops, attn_flops, mem_bytes;
+} Cost;
+
 static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
 {
     ZpSchedule *s = b->s;
@@ -59,8 +65,8 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
     return s->ops->len - 1;
 }
 
-static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, double flops,
-                             double gemm_flops, double mem_bytes, const uint32_t *deps,
+static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
+                             const uint32_t *deps,
                              guint n_deps)
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -68,8 +74,9 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
     ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = kind, .stream = ZP_STREAM_COMPUTE, .unit = unit,
-               .micro = micro, .buffer = -1, .flops = flops, .gemm_flops = gemm_flops,
-               .mem_bytes = mem_bytes};
+               .micro = micro, .buffer = -1, .flops = cost.flops,
+               .gemm_flops = cost.gemm_flops, .attn_flops = cost.attn_flops,
+               .mem_bytes = cost.mem_bytes};
     b->last_compute = emit(b, op, (uint32_t *)all->data, all->len);
     g_array_unref(all);
     return b->last_compute;
@@ -106,31 +113,36 @@ static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit,
 
 /* ---- costs of the compute ops ----------------------------------------------------------- */
 
-/* FLOPs and memory-bound bytes of one block's forward on this rank (tensor degree mp):
- * GEMMs 2bs(3h^2 + h^2 + 2hf)/mp, attention scores and values 4bs^2h/mp; elementwise work
- * reads and writes: two layer norms (4bsh), two residual adds (6bsh), GELU (2bsf/mp),
- * softmax (2bas^2/mp), in the working precision. Bias adds ride in the GEMM epilogues. */
-typedef struct {
-    double flops, gemm_flops, mem_bytes;
-} Cost;
-
+/* FLOPs and memory-bound bytes of one block's forward on this rank (tensor degree mp), with
+ * q = h + 2kd the fused qkv width and f1 = f (plain MLP) or 2f (gated: gate and up):
+ * GEMMs 2bs(hq + h^2 + h f1 + f h)/mp, attention scores and values 4bs^2h/mp (the s^2 counted
+ * whole, as Megatron's model FLOPs count it). Elementwise work reads and writes: two norms
+ * (4bsh), two residual adds (6bsh), the activation (2bsf/mp; a gated unit reads gate and up
+ * and writes their product, 3bsf/mp), the eager softmax (2bas^2/mp), in the working
+ * precision. A fused attention kernel's work is its own (attn_flops, timed at the kernel's
+ * rate, which covers its memory traffic), so it moves no s^2 bytes here. Bias adds ride in
+ * the GEMM epilogues. The typical GEMM is the mean of the block's four (five gated). */
 static Cost block_forward_cost(const ZpSchedule *s)
 {
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, f = m->ffn_hidden;
     const double a = m->heads, mp = s->plan.mp, e = s->elem_bytes;
-    const double gemm = 2 * b * sq * (4 * h * h + 2 * h * f) / mp;
+    const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
+    const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
+    const double gemm = 2 * b * sq * (h * q + h * h + h * f1 + f * h) / mp;
     const double attention = 4 * b * sq * sq * h / mp;
+    const double softmax = fused ? 0.0 : 2 * b * a * sq * sq / mp;
     return (Cost){.flops = gemm + attention,
-                  .gemm_flops = gemm / 4,
-                  .mem_bytes = e * (10 * b * sq * h + 2 * b * sq * f / mp + 2 * b * a * sq * sq / mp)};
+                  .gemm_flops = gemm / (gated ? 5 : 4),
+                  .attn_flops = fused ? attention : 0.0,
+                  .mem_bytes = e * (10 * b * sq * h + (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
-/* A block's backward: twice the forward's GEMM work and elementwise traffic. */
+/* A block's backward: twice the forward's GEMM and attention work and elementwise traffic. */
 static Cost block_backward_cost(const ZpSchedule *s)
 {
     const Cost fwd = block_forward_cost(s);
-    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.mem_bytes};
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops, 2 * fwd.mem_bytes};
 }
 
 /* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
@@ -140,7 +152,7 @@ static Cost head_cost(const ZpSchedule *s)
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, V = m->vocab;
     const double logits_gemm = 2 * b * sq * h * V / s->plan.mp;
-    return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm,
+    return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm, .attn_flops = 0,
                   .mem_bytes = 16 * b * sq * V / s->plan.mp};
 }
 
@@ -148,7 +160,8 @@ static Cost head_cost(const ZpSchedule *s)
 static Cost embed_cost(const ZpSchedule *s)
 {
     const double b = s->plan.micro_batch, sq = s->model.seq_len, h = s->model.hidden;
-    return (Cost){.flops = 0, .gemm_flops = 0, .mem_bytes = 3 * b * sq * h * s->elem_bytes};
+    return (Cost){.flops = 0, .gemm_flops = 0, .attn_flops = 0,
+                  .mem_bytes = 3 * b * sq * h * s->elem_bytes};
 }
 
 /* Adam-like update: read the gradient, read and write every optimizer state (the master
@@ -156,7 +169,7 @@ static Cost embed_cost(const ZpSchedule *s)
 static Cost optimizer_cost(const Builder *b, double elems)
 {
     const ZpStateBytes st = b->state;
-    return (Cost){.flops = 0, .gemm_flops = 0,
+    return (Cost){.flops = 0, .gemm_flops = 0, .attn_flops = 0,
                   .mem_bytes = elems * (st.grad_bytes + st.param_bytes + 2 * st.optim_bytes)};
 }
 
@@ -254,7 +267,7 @@ static void plan_buckets(Builder *b)
             k.lo = s->unit_offset[u];
             k.low_unit = u;
         }
-        k.bytes = elems * b->state.grad_bytes;
+        k.bytes = elems * zp_plan_reduce_bytes(&s->plan);
         g_array_append_val(b->buckets, k);
     }
 }
@@ -350,7 +363,8 @@ static void plan_gathers(Builder *b)
     for (int l = 1; l <= L; l++)
         add_gather(b, l, pos_fwd(l), pos_fwd(l));
     add_gather(b, L + 1, pos_head(L), pos_head(L));
-    add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
+    if (s->model.tied_embeddings) /* the head reads wte */
+        add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
     for (int l = L; l >= 1; l--)
         add_gather(b, l, pos_bwd(L, l), pos_bwd(L, l));
     const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
@@ -454,8 +468,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps)
     const gboolean ckpt = s->plan.checkpoint;
     const Cost embed = embed_cost(s), block = block_forward_cost(s);
     position_begin(b, pos_fwd(0), micro, deps);
-    emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed.flops, embed.gemm_flops,
-                 embed.mem_bytes, (uint32_t *)deps->data, deps->len);
+    emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
     position_end(b, pos_fwd(0), micro);
     for (int l = 1; l <= L; l++) {
         position_begin(b, pos_fwd(l), micro, deps);
@@ -464,8 +477,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps)
                               : emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
                                            &a->act[l], &b->last_compute, 1);
         g_array_append_val(deps, alloc);
-        emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block.flops, block.gemm_flops,
-                     block.mem_bytes, (uint32_t *)deps->data, deps->len);
+        emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         position_end(b, pos_fwd(l), micro);
     }
@@ -485,9 +497,10 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     g_array_append_val(deps, alloc);
     if (reduce && s->plan.zero.stage >= 2) {
         alloc_landing_buckets(b, L + 1, micro, deps);
-        alloc_landing_buckets(b, 0, micro, deps); /* the tied LM head's wte gradient */
+        if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
+            alloc_landing_buckets(b, 0, micro, deps);
     }
-    emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c.flops, c.gemm_flops, c.mem_bytes,
+    emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
     emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, b->last_compute);
     position_end(b, pos_head(L), micro);
@@ -509,14 +522,13 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
                                         &a->act[l], &b->last_compute, 1);
             g_array_append_val(deps, alloc);
-            emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd.flops, fwd.gemm_flops,
-                         fwd.mem_bytes, (uint32_t *)deps->data, deps->len);
+            emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd, (uint32_t *)deps->data, deps->len);
             tp_allreduces(b, l, micro);
             g_array_set_size(deps, 0);
         }
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
-        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd.flops, bwd.gemm_flops, bwd.mem_bytes,
+        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
                      (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
@@ -528,8 +540,9 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             launch_buckets(b, l, micro, launched);
     }
     position_begin(b, pos_embed_bwd(L), micro, deps);
-    emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed.flops, embed.gemm_flops,
-                 embed.mem_bytes, (uint32_t *)deps->data, deps->len);
+    if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
+        alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
+    emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
     position_end(b, pos_embed_bwd(L), micro);
     if (reduce)
         launch_buckets(b, 0, micro, launched);
@@ -545,8 +558,7 @@ static void optimizer_step(Builder *b, GArray *launched)
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
     const Cost c = optimizer_cost(b, elems);
-    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c.flops, c.gemm_flops,
-                                c.mem_bytes, (uint32_t *)launched->data, launched->len);
+    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data, launched->len);
     if (stage == 3) {
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
@@ -624,7 +636,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         plan_gathers(&b);
     Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
                      zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
-                                                   s->elem_bytes),
+                                                   s->elem_bytes, plan->attention),
                      (double)plan->micro_batch * (double)model->seq_len *
                          (double)model->hidden * s->elem_bytes};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -687,7 +699,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
-                                kinds[k].cost.mem_bytes};
+                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes};
 }
 
 void zp_sched_free(ZpSchedule *s)
@@ -754,6 +766,7 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "op", json_string(compute_names[op->sub]));
         json_object_set_new(o, "flops", json_real(op->flops));
         json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
+        json_object_set_new(o, "attn_flops", json_real(op->attn_flops));
         json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
         break;
     case ZP_OP_COLLECTIVE:
@@ -824,6 +837,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
         ok = name_index(o, what, "op", compute_names, &sub, error) &&
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
              zp_json_get_number(o, what, "gemm_flops", TRUE, 0, 1e30, &op.gemm_flops, error) &&
+             zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
              zp_json_get_number(o, what, "mem_bytes", TRUE, 0, 1e30, &op.mem_bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&

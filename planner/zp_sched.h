@@ -74,6 +74,7 @@ typedef struct {
     int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
     double flops;      /* compute: floating-point operations */
     double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
+    double attn_flops; /* compute: those of `flops` a fused attention kernel does */
     double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
     double bytes;      /* collective: whole array size S in bytes; alloc/free: bytes */
     uint64_t elem_offset; /* collective: first element of the flat range it covers */
@@ -119,6 +120,7 @@ typedef struct {
     uint64_t count;    /* ops of this kind in the step */
     double flops;      /* each op's */
     double gemm_flops; /* each op's typical GEMM */
+    double attn_flops; /* each op's FLOPs in the fused attention kernel */
     double mem_bytes;  /* each op's memory-bound bytes */
 } ZpComputeOps;
 

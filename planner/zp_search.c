@@ -108,6 +108,8 @@ static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GA
                 plan.checkpoint = ckpt;
                 plan.precision = spec->precision;
                 plan.optimizer = spec->optimizer;
+                plan.attention = spec->attention;
+                plan.reduce_dtype = spec->reduce_dtype;
                 apply_buckets(spec->model, choice, &plan.zero);
                 gboolean seen = FALSE;
                 for (int earlier = 0; earlier < choice && !seen; earlier++) {
@@ -144,6 +146,10 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
         bad = owned = g_strdup_printf("--precision: %s (%s) has no %s peak in its profile",
                                       spec->hw->name, spec->hw->gpu,
                                       zp_precision_name(spec->precision));
+    else if (zp_attention_fused(spec->attention) &&
+             zp_hw_attention_flops_per_s(spec->hw, spec->attention, 64, m->seq_len) <= 0)
+        bad = owned = g_strdup_printf("--attention: %s has no rate for '%s' in its attention "
+                                      "table", spec->hw->name, zp_attention_name(spec->attention));
     else if (spec->mp > 0 && (m->heads % spec->mp || spec->gpus % spec->mp ||
                               spec->hw->gpus_per_node % spec->mp))
         bad = owned = g_strdup_printf(
@@ -222,6 +228,9 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
                          .peak_flops = zp_hw_peak_flops(spec->hw, spec->precision),
+                         .attn_flops_per_s = zp_hw_attention_flops_per_s(
+                             spec->hw, spec->attention, (double)zp_model_head_dim(spec->model),
+                             (double)spec->model->seq_len),
                          .bus_bytes_per_s = spec->bus_bytes_per_s};
     return TRUE;
 }
@@ -232,8 +241,7 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
                                : sc->hw->intra_node_bytes_per_s;
 }
 
-/* The compute stream's busy time: each op as the simulator times it (sim_engine.h:
- * flops / (peak x GEMM efficiency) + mem_bytes / zp_hw_memory_bytes_per_s). */
+/* The compute stream's busy time: each op as the simulator times it (zp_hw_compute_time_s). */
 static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
 {
     ZpComputeOps ops[ZP_COMP_N];
@@ -241,10 +249,10 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
-        const double efficiency = zp_hw_gemm_efficiency(sc->hw, o->gemm_flops);
-        const double math_s = o->flops > 0 ? o->flops / (sc->peak_flops * efficiency) : 0;
-        const double bytes_per_s = zp_hw_memory_bytes_per_s(sc->hw, k == ZP_COMP_OPTIMIZER);
-        total += (double)o->count * (math_s + o->mem_bytes / bytes_per_s);
+        total += (double)o->count *
+                 zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
+                                      o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
+                                      k == ZP_COMP_OPTIMIZER);
     }
     return total;
 }
@@ -274,7 +282,7 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
     const double reductions[4] = {2 * psi, psi, accum * psi, accum * psi};
-    const double reduce_s = sent * reductions[stage] * sb.grad_bytes / bw;
+    const double reduce_s = sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {
         const double threshold = plan->zero.stage3_param_persistence_threshold;

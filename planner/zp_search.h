@@ -30,6 +30,8 @@ typedef struct {
     int micro_batch;      /* 0: searched */
     ZpPrecision precision;
     ZpOptimizer optimizer;
+    ZpAttention attention;      /* the kernel every plan uses (the caller resolves "flash") */
+    ZpReduceDtype reduce_dtype; /* the dtype every plan reduces gradients in */
     int top_k;            /* how many ranked plans to keep */
     ZpRankFn rank;
     void *rank_ctx;
@@ -38,7 +40,8 @@ typedef struct {
 } ZpSearchSpec;
 
 /* A spec that searches everything for model on gpus GPUs of hw: fp16 mixed precision with
- * Adam, free global batch, top 5; rank (and rank_ctx) must still be set. */
+ * Adam, eager attention, gradients reduced in their own dtype, free global batch, top 5; rank
+ * (and rank_ctx) must still be set. */
 void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpHw *hw, int gpus);
 
 typedef enum {
@@ -83,6 +86,7 @@ typedef struct {
     const ZpHw *hw;
     double params;
     double peak_flops;
+    double attn_flops_per_s; /* the fused attention kernel's rate; 0 for eager */
     ZpBusBandwidthFn bus_bytes_per_s;
 } ZpScreen;
 

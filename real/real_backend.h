@@ -150,6 +150,61 @@ struct RealBackend {
                       float *master, float *m, float *v, const RealBf16 *grad,
                       RealBf16 *param);
 
+    /* The Llama-family block (real_gpt_check_backend says which a model needs; a backend
+     * that lacks one leaves it NULL and such models are refused on it):
+     *
+     * x[r,:] = wte[tokens[r],:] for rows tokens (no position table: rotary models);
+     * backward dwte[tokens[r],:] += dx[r,:]. */
+    void (*token_embedding_fwd)(RealBackend *be, float *x, const int *tokens,
+                                const RealBf16 *wte, int rows, int hidden);
+    void (*token_embedding_bwd)(RealBackend *be, float *dwte, const int *tokens,
+                                const float *dx, int rows, int hidden);
+
+    /* RMSNorm over each row: y = x rstd gain, rstd = 1/sqrt(mean(x^2) + eps). The backward
+     * recomputes rstd from x (nothing is saved): dx += rstd (dxhat - xhat mean(dxhat xhat)),
+     * dxhat = dy gain, dgain += sum_r dy xhat. dx must not alias dy or x. */
+    void (*rmsnorm_fwd)(RealBackend *be, float *y, const float *x, const RealBf16 *gain,
+                        int rows, int cols, float eps);
+    void (*rmsnorm_bwd)(RealBackend *be, float *dx, float *dgain, const float *dy,
+                        const float *x, const RealBf16 *gain, int rows, int cols, float eps);
+
+    /* Rotary embeddings in place on the q and k parts of qkv rows [batch*seq_len, (heads +
+     * 2 kv_heads) head_dim] (q heads, then k heads, then v heads): the pair (c, c + d/2) of
+     * each head (d = head_dim, c < d/2) turns by t theta^(-2c/d) at position t = row mod
+     * seq_len (Hugging Face's rotate_half convention). inverse turns back by the same
+     * angle: the backward, applied to dq and dk. */
+    void (*rope)(RealBackend *be, float *qkv, int batch, int seq_len, int heads, int kv_heads,
+                 int head_dim, float theta, bool inverse);
+
+    /* SwiGLU on gate_up [rows, 2 ffn] (gate in the first ffn columns, up in the last):
+     * out [rows, ffn] = silu(gate) up, silu(g) = g / (1 + e^-g). Backward: dgate_up =
+     * (dout up silu'(gate), dout silu(gate)), overwritten; dgate_up may alias gate_up. */
+    void (*swiglu_fwd)(RealBackend *be, float *out, const float *gate_up, int rows, int ffn);
+    void (*swiglu_bwd)(RealBackend *be, float *dgate_up, const float *dout,
+                       const float *gate_up, int rows, int ffn);
+
+    /* attention_fwd/bwd with grouped-query attention: qkv rows hold heads query heads, then
+     * kv_heads key heads, then kv_heads value heads; query head j reads key/value head
+     * j / (heads / kv_heads). kv_heads = heads is attention_fwd/bwd. */
+    bool (*attention_gqa_fwd)(RealBackend *be, float *out, void *probs, RealDType probs_dtype,
+                              const float *qkv, int batch, int seq_len, int heads,
+                              int kv_heads, int head_dim);
+    bool (*attention_gqa_bwd)(RealBackend *be, float *dqkv, const float *dout,
+                              const float *qkv, const void *probs, RealDType probs_dtype,
+                              int batch, int seq_len, int heads, int kv_heads, int head_dim);
+
+    /* Fused (FlashAttention-style) causal attention, qkv laid out as for attention_gqa: it
+     * stores no seq_len^2 tensor. Forward: out = softmax(q k^T / sqrt(d)) v computed in key
+     * blocks with a running maximum and sum, and lse [batch, heads, seq_len] (fp32) = the
+     * log-sum-exp of each row's scaled scores. Backward recomputes the probabilities block by
+     * block from q, k and lse: dqkv = d/dqkv (overwritten) given dout and the forward's out
+     * (as the caller kept it). Workspace: a few block tiles, never seq_len^2. */
+    bool (*flash_attention_fwd)(RealBackend *be, float *out, float *lse, const float *qkv,
+                                int batch, int seq_len, int heads, int kv_heads, int head_dim);
+    bool (*flash_attention_bwd)(RealBackend *be, float *dqkv, const float *dout,
+                                const float *qkv, const float *out, const float *lse,
+                                int batch, int seq_len, int heads, int kv_heads, int head_dim);
+
     /* Optional entries: NULL where the backend runs on the host, whose calls are finished
      * when they return and whose memory the tracker alone describes. */
 

@@ -363,11 +363,24 @@ static void real_cpu_store_probs(RealBackend *be, float *tile, void *probs, Real
         real_cpu_f32_to_bf16(be, (RealBf16 *)probs + offset_elems, tile, n_elems);
 }
 
-static bool real_cpu_attention_fwd(RealBackend *be, float *out, void *probs,
-                                   RealDType probs_dtype, const float *qkv, int batch,
-                                   int seq_len, int heads, int head_dim)
+/* Query head j of a grouped-query layout reads key/value head j / (heads / kv_heads); qkv
+ * rows are [q: heads d, k: kv_heads d, v: kv_heads d]. */
+typedef struct {
+    int h, kvd, ld, group;
+} RealCpuHeads;
+
+static RealCpuHeads real_cpu_heads(int heads, int kv_heads, int head_dim)
 {
-    int h = heads * head_dim, ld = 3 * h, s = seq_len;
+    return (RealCpuHeads){.h = heads * head_dim, .kvd = kv_heads * head_dim,
+                          .ld = (heads + 2 * kv_heads) * head_dim, .group = heads / kv_heads};
+}
+
+static bool real_cpu_attention_gqa_fwd(RealBackend *be, float *out, void *probs,
+                                       RealDType probs_dtype, const float *qkv, int batch,
+                                       int seq_len, int heads, int kv_heads, int head_dim)
+{
+    const RealCpuHeads g = real_cpu_heads(heads, kv_heads, head_dim);
+    int h = g.h, ld = g.ld, s = seq_len;
     size_t tile_elems = (size_t)s * s;
     float *tile = real_cpu_slot(real_cpu_of(be), REAL_CPU_SLOT_ATTENTION, 2 * tile_elems);
     if (!tile)
@@ -375,8 +388,9 @@ static bool real_cpu_attention_fwd(RealBackend *be, float *out, void *probs,
     float scale = 1.0f / sqrtf((float)head_dim);
     for (int i = 0; i < batch; i++) {
         for (int j = 0; j < heads; j++) {
-            const float *q = qkv + (size_t)i * s * ld + (size_t)j * head_dim;
-            const float *k = q + h, *v = q + 2 * h;
+            const float *row = qkv + (size_t)i * s * ld;
+            const float *q = row + (size_t)j * head_dim;
+            const float *k = row + h + (size_t)(j / g.group) * head_dim, *v = k + g.kvd;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, scale, q, ld,
                         k, ld, 0.0f, tile, s);
             real_cpu_causal_softmax(tile, s);
@@ -388,6 +402,14 @@ static bool real_cpu_attention_fwd(RealBackend *be, float *out, void *probs,
         }
     }
     return true;
+}
+
+static bool real_cpu_attention_fwd(RealBackend *be, float *out, void *probs,
+                                   RealDType probs_dtype, const float *qkv, int batch,
+                                   int seq_len, int heads, int head_dim)
+{
+    return real_cpu_attention_gqa_fwd(be, out, probs, probs_dtype, qkv, batch, seq_len, heads,
+                                      heads, head_dim);
 }
 
 /* dS = P o (dP - rowsum(dP o P)), in place over dP: the softmax backward, per row. */
@@ -404,39 +426,276 @@ static void real_cpu_softmax_bwd(const float *p, float *dp, int seq_len)
     }
 }
 
-static bool real_cpu_attention_bwd(RealBackend *be, float *dqkv, const float *dout,
-                                   const float *qkv, const void *probs, RealDType probs_dtype,
-                                   int batch, int seq_len, int heads, int head_dim)
+/* Zeroes the k and v columns of every row of dqkv: grouped query heads accumulate there. */
+static void real_cpu_zero_kv(float *dqkv, size_t rows, const RealCpuHeads *g)
 {
-    int h = heads * head_dim, ld = 3 * h, s = seq_len;
+    for (size_t r = 0; r < rows; r++)
+        memset(dqkv + r * g->ld + g->h, 0, 2 * (size_t)g->kvd * sizeof(float));
+}
+
+static bool real_cpu_attention_gqa_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                       const float *qkv, const void *probs,
+                                       RealDType probs_dtype, int batch, int seq_len, int heads,
+                                       int kv_heads, int head_dim)
+{
+    const RealCpuHeads g = real_cpu_heads(heads, kv_heads, head_dim);
+    int h = g.h, ld = g.ld, s = seq_len;
     size_t tile_elems = (size_t)s * s;
     float *p = real_cpu_slot(real_cpu_of(be), REAL_CPU_SLOT_ATTENTION, 2 * tile_elems);
     if (!p)
         return false;
     float *dp = p + tile_elems;
     float scale = 1.0f / sqrtf((float)head_dim);
+    real_cpu_zero_kv(dqkv, (size_t)batch * s, &g);
     for (int i = 0; i < batch; i++) {
         for (int j = 0; j < heads; j++) {
-            size_t col = (size_t)j * head_dim;
-            const float *q = qkv + (size_t)i * s * ld + col, *k = q + h, *v = q + 2 * h;
-            float *dq = dqkv + (size_t)i * s * ld + col, *dk = dq + h, *dv = dq + 2 * h;
+            size_t col = (size_t)j * head_dim, kv_col = h + (size_t)(j / g.group) * head_dim;
+            const float *row = qkv + (size_t)i * s * ld, *q = row + col;
+            const float *k = row + kv_col, *v = k + g.kvd;
+            float *drow = dqkv + (size_t)i * s * ld, *dq = drow + col;
+            float *dk = drow + kv_col, *dv = dk + g.kvd;
             const float *dout_ij = dout + (size_t)i * s * h + col;
             real_cpu_load_probs(be, p, probs, probs_dtype, ((size_t)i * heads + j) * tile_elems,
                                 tile_elems);
-            /* out = P v: dP = dout v^T, dv = P^T dout. */
+            /* out = P v: dP = dout v^T, dv += P^T dout. */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, 1.0f, dout_ij,
                         h, v, ld, 0.0f, dp, s);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, head_dim, s, 1.0f, p, s,
-                        dout_ij, h, 0.0f, dv, ld);
+                        dout_ij, h, 1.0f, dv, ld);
             real_cpu_softmax_bwd(p, dp, s);
-            /* scores = scale q k^T: dq = scale dS k, dk = scale dS^T q. */
+            /* scores = scale q k^T: dq = scale dS k, dk += scale dS^T q. */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, head_dim, s, scale, dp,
                         s, k, ld, 0.0f, dq, ld);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, head_dim, s, scale, dp, s,
-                        q, ld, 0.0f, dk, ld);
+                        q, ld, 1.0f, dk, ld);
         }
     }
     return true;
+}
+
+static bool real_cpu_attention_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                   const float *qkv, const void *probs, RealDType probs_dtype,
+                                   int batch, int seq_len, int heads, int head_dim)
+{
+    return real_cpu_attention_gqa_bwd(be, dqkv, dout, qkv, probs, probs_dtype, batch, seq_len,
+                                      heads, heads, head_dim);
+}
+
+/* ---- fused attention: blocks of keys, a running max and sum, the log-sum-exp kept ---- */
+
+#define REAL_CPU_FLASH_BLOCK 32
+
+static bool real_cpu_flash_attention_fwd(RealBackend *be, float *out, float *lse,
+                                         const float *qkv, int batch, int seq_len, int heads,
+                                         int kv_heads, int head_dim)
+{
+    const RealCpuHeads g = real_cpu_heads(heads, kv_heads, head_dim);
+    const int s = seq_len, d = head_dim, B = REAL_CPU_FLASH_BLOCK;
+    /* One query row's running output and one block of its scores. */
+    float *acc = real_cpu_slot(real_cpu_of(be), REAL_CPU_SLOT_ATTENTION, (size_t)d + B);
+    if (!acc)
+        return false;
+    float *sc = acc + d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < batch; i++)
+        for (int j = 0; j < heads; j++) {
+            const float *row = qkv + (size_t)i * s * g.ld;
+            const size_t qc = (size_t)j * d, kc = g.h + (size_t)(j / g.group) * d;
+            for (int t = 0; t < s; t++) {
+                const float *q = row + (size_t)t * g.ld + qc;
+                float m = -INFINITY, l = 0.0f;
+                memset(acc, 0, (size_t)d * sizeof(float));
+                for (int u0 = 0; u0 <= t; u0 += B) {
+                    const int n = MIN(B, t + 1 - u0);
+                    float bm = -INFINITY;
+                    for (int u = 0; u < n; u++) {
+                        const float *k = row + (size_t)(u0 + u) * g.ld + kc;
+                        float dot = 0.0f;
+                        for (int c = 0; c < d; c++)
+                            dot += q[c] * k[c];
+                        sc[u] = dot * scale;
+                        bm = fmaxf(bm, sc[u]);
+                    }
+                    const float m_new = fmaxf(m, bm), rescale = expf(m - m_new);
+                    l *= rescale;
+                    for (int c = 0; c < d; c++)
+                        acc[c] *= rescale;
+                    for (int u = 0; u < n; u++) {
+                        const float pu = expf(sc[u] - m_new);
+                        const float *v = row + (size_t)(u0 + u) * g.ld + kc + g.kvd;
+                        l += pu;
+                        for (int c = 0; c < d; c++)
+                            acc[c] += pu * v[c];
+                    }
+                    m = m_new;
+                }
+                float *o = out + ((size_t)i * s + t) * g.h + qc;
+                for (int c = 0; c < d; c++)
+                    o[c] = acc[c] / l;
+                lse[((size_t)i * heads + j) * s + t] = m + logf(l);
+            }
+        }
+    return true;
+}
+
+static bool real_cpu_flash_attention_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                         const float *qkv, const float *out, const float *lse,
+                                         int batch, int seq_len, int heads, int kv_heads,
+                                         int head_dim)
+{
+    (void)be;
+    const RealCpuHeads g = real_cpu_heads(heads, kv_heads, head_dim);
+    const int s = seq_len, d = head_dim;
+    const float scale = 1.0f / sqrtf((float)d);
+    memset(dqkv, 0, (size_t)batch * s * g.ld * sizeof(float));
+    for (int i = 0; i < batch; i++)
+        for (int j = 0; j < heads; j++) {
+            const float *row = qkv + (size_t)i * s * g.ld;
+            float *drow = dqkv + (size_t)i * s * g.ld;
+            const size_t qc = (size_t)j * d, kc = g.h + (size_t)(j / g.group) * d;
+            for (int t = 0; t < s; t++) {
+                const float *q = row + (size_t)t * g.ld + qc;
+                const float *dot_ = dout + ((size_t)i * s + t) * g.h + qc;
+                const float *o = out + ((size_t)i * s + t) * g.h + qc;
+                const float row_lse = lse[((size_t)i * heads + j) * s + t];
+                float *dq = drow + (size_t)t * g.ld + qc;
+                float delta = 0.0f; /* rowsum(dout o out) */
+                for (int c = 0; c < d; c++)
+                    delta += dot_[c] * o[c];
+                /* Each probability again from q, k and the log-sum-exp, one key at a time. */
+                for (int u = 0; u <= t; u++) {
+                    const float *k = row + (size_t)u * g.ld + kc, *v = k + g.kvd;
+                    float *dk = drow + (size_t)u * g.ld + kc, *dv = dk + g.kvd;
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int c = 0; c < d; c++) {
+                        dot += q[c] * k[c];
+                        dp += dot_[c] * v[c];
+                    }
+                    const float p = expf(dot * scale - row_lse);
+                    const float ds = p * (dp - delta) * scale;
+                    for (int c = 0; c < d; c++) {
+                        dv[c] += p * dot_[c];
+                        dq[c] += ds * k[c];
+                        dk[c] += ds * q[c];
+                    }
+                }
+            }
+        }
+    return true;
+}
+
+/* ---- the Llama-family block: token embedding, RMSNorm, rotary embeddings, SwiGLU ---- */
+
+static void real_cpu_token_embedding_fwd(RealBackend *be, float *x, const int *tokens,
+                                         const RealBf16 *wte, int rows, int hidden)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < hidden; c++)
+            x[(size_t)r * hidden + c] = real_bf16_to_f32(wte[(size_t)tokens[r] * hidden + c]);
+}
+
+static void real_cpu_token_embedding_bwd(RealBackend *be, float *dwte, const int *tokens,
+                                         const float *dx, int rows, int hidden)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < hidden; c++)
+            dwte[(size_t)tokens[r] * hidden + c] += dx[(size_t)r * hidden + c];
+}
+
+static float real_cpu_rms_rstd(const float *x, int cols, float eps)
+{
+    double sq = 0.0;
+    for (int c = 0; c < cols; c++)
+        sq += (double)x[c] * x[c];
+    return (float)(1.0 / sqrt(sq / cols + eps));
+}
+
+static void real_cpu_rmsnorm_fwd(RealBackend *be, float *y, const float *x, const RealBf16 *gain,
+                                 int rows, int cols, float eps)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * cols;
+        float *yr = y + (size_t)r * cols;
+        const float rs = real_cpu_rms_rstd(xr, cols, eps);
+        for (int c = 0; c < cols; c++)
+            yr[c] = xr[c] * rs * real_bf16_to_f32(gain[c]);
+    }
+}
+
+static void real_cpu_rmsnorm_bwd(RealBackend *be, float *dx, float *dgain, const float *dy,
+                                 const float *x, const RealBf16 *gain, int rows, int cols,
+                                 float eps)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * cols, *dyr = dy + (size_t)r * cols;
+        float *dxr = dx + (size_t)r * cols;
+        const float rs = real_cpu_rms_rstd(xr, cols, eps);
+        float sum = 0.0f;
+        for (int c = 0; c < cols; c++) {
+            const float xhat = xr[c] * rs;
+            sum += dyr[c] * real_bf16_to_f32(gain[c]) * xhat;
+            dgain[c] += dyr[c] * xhat;
+        }
+        const float mean = sum / cols;
+        for (int c = 0; c < cols; c++)
+            dxr[c] += rs * (dyr[c] * real_bf16_to_f32(gain[c]) - xr[c] * rs * mean);
+    }
+}
+
+static void real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
+                          int kv_heads, int head_dim, float theta, bool inverse)
+{
+    (void)be;
+    const int half = head_dim / 2, ld = (heads + 2 * kv_heads) * head_dim;
+    for (int r = 0; r < batch * seq_len; r++) {
+        const int t = r % seq_len;
+        for (int c = 0; c < half; c++) {
+            const double angle = t * pow(theta, -2.0 * c / head_dim);
+            const float cs = (float)cos(angle), sn = (float)(inverse ? -sin(angle) : sin(angle));
+            /* The q heads and the k heads, which follow them in the row. */
+            for (int j = 0; j < heads + kv_heads; j++) {
+                float *x = qkv + (size_t)r * ld + (size_t)j * head_dim;
+                const float a = x[c], b = x[c + half];
+                x[c] = a * cs - b * sn;
+                x[c + half] = b * cs + a * sn;
+            }
+        }
+    }
+}
+
+static float real_cpu_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+static void real_cpu_swiglu_fwd(RealBackend *be, float *out, const float *gate_up, int rows,
+                                int ffn)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ffn; c++) {
+            const float gt = gate_up[(size_t)r * 2 * ffn + c];
+            const float up = gate_up[(size_t)r * 2 * ffn + ffn + c];
+            out[(size_t)r * ffn + c] = gt * real_cpu_sigmoid(gt) * up;
+        }
+}
+
+static void real_cpu_swiglu_bwd(RealBackend *be, float *dgate_up, const float *dout,
+                                const float *gate_up, int rows, int ffn)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ffn; c++) {
+            const size_t gi = (size_t)r * 2 * ffn + c, ui = gi + (size_t)ffn;
+            const float gt = gate_up[gi], up = gate_up[ui], sg = real_cpu_sigmoid(gt);
+            const float dy = dout[(size_t)r * ffn + c];
+            dgate_up[gi] = dy * up * sg * (1.0f + gt * (1.0f - sg));
+            dgate_up[ui] = dy * gt * sg;
+        }
 }
 
 /* ---- GELU ---- */
@@ -545,6 +804,17 @@ RealBackend *real_cpu_backend_new(void)
         .gelu_bwd = real_cpu_gelu_bwd,
         .softmax_xent = real_cpu_softmax_xent,
         .adam_step = real_cpu_adam_step,
+        .token_embedding_fwd = real_cpu_token_embedding_fwd,
+        .token_embedding_bwd = real_cpu_token_embedding_bwd,
+        .rmsnorm_fwd = real_cpu_rmsnorm_fwd,
+        .rmsnorm_bwd = real_cpu_rmsnorm_bwd,
+        .rope = real_cpu_rope,
+        .swiglu_fwd = real_cpu_swiglu_fwd,
+        .swiglu_bwd = real_cpu_swiglu_bwd,
+        .attention_gqa_fwd = real_cpu_attention_gqa_fwd,
+        .attention_gqa_bwd = real_cpu_attention_gqa_bwd,
+        .flash_attention_fwd = real_cpu_flash_attention_fwd,
+        .flash_attention_bwd = real_cpu_flash_attention_bwd,
     };
     return &cpu->base;
 }

@@ -101,11 +101,38 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->model.dropout)
         return fail(error, "zreal's GPT trains without dropout; the schedule's model %s has it "
                            "(build it with zplan schedule --no-dropout)", s->model.name);
-    if (s->model.ffn_hidden != 4 * s->model.hidden || !s->model.tied_embeddings ||
-        !s->model.learned_positions)
-        return fail(error, "zreal's GPT has ffn_hidden = 4 hidden, tied embeddings and learned "
-                           "positions; %s differs", s->model.name);
+    const ZpModel *m = &s->model;
+    const gboolean gpt2 = m->mlp == ZP_MLP_GELU && m->norm == ZP_NORM_LAYERNORM &&
+                          m->no_bias == 0 && m->learned_positions && m->rope_theta == 0 &&
+                          m->ffn_hidden == 4 * m->hidden;
+    const gboolean llama = m->mlp == ZP_MLP_SWIGLU && m->norm == ZP_NORM_RMSNORM &&
+                           m->no_bias == (ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP) &&
+                           !m->learned_positions && m->rope_theta > 0 &&
+                           m->rotary_fraction == 1.0;
+    if ((!gpt2 && !llama) || m->parallel_residual)
+        return fail(error, "zreal trains GPT-2 blocks (GELU MLP of 4 hidden, LayerNorm, biases, "
+                           "learned positions) or Llama blocks (SwiGLU, RMSNorm, no biases, "
+                           "full rotary embeddings); %s is neither", m->name);
+    if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
+        return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
+                    zp_reduce_dtype_name(s->plan.reduce_dtype));
     return TRUE;
+}
+
+RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
+{
+    RealGptDims d = real_gpt_dims_make((int)m->layers, (int)m->hidden, (int)m->heads,
+                                       (int)m->seq_len, (int)m->vocab, plan->micro_batch);
+    d.ffn_hidden = (int)m->ffn_hidden;
+    d.kv_heads = (int)zp_model_kv_heads(m);
+    d.swiglu = m->mlp == ZP_MLP_SWIGLU;
+    d.rmsnorm = m->norm == ZP_NORM_RMSNORM;
+    d.untied = !m->tied_embeddings;
+    d.no_bias = m->no_bias != 0;
+    d.rope_theta = (float)m->rope_theta;
+    d.norm_eps = (float)m->norm_eps;
+    d.flash = zp_attention_fused(plan->attention);
+    return d;
 }
 
 static gboolean allocate_states(RealEngine *e, GError **error)
@@ -259,8 +286,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->s = s, e->be = be, e->comm = comm, e->cfg = *cfg;
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
-    e->dims = real_gpt_dims_make(e->L, (int)s->model.hidden, (int)s->model.heads,
-                                 (int)s->model.seq_len, (int)s->model.vocab, s->plan.micro_batch);
+    e->dims = real_engine_dims(&s->model, &s->plan);
     e->part_off = g_new0(uint64_t, s->n_units);
     e->persistent = g_new0(RealBf16 *, s->n_units);
     e->unit_params = g_new0(RealBf16 *, s->n_units);
@@ -440,10 +466,14 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                real_gpt_block_forward(e->gpt, l - 1, p, e->x, e->x, !e->s->plan.checkpoint,
                                       error);
     case ZP_COMP_HEAD: {
-        const RealBf16 *lnf = params_of(e, L + 1, error), *emb = lnf ? params_of(e, 0, error) : NULL;
-        RealBf16 *glnf = emb ? grads_of(e, L + 1, error) : NULL;
-        RealBf16 *gemb = glnf ? grads_of(e, 0, error) : NULL;
-        gboolean ok = gemb && real_gpt_head_forward_backward(e->gpt, lnf, emb, e->x, e->targets,
+        /* A tied head reads and updates the embedding (unit 0) too; an untied one only its
+         * own unit. */
+        const gboolean tied = !e->dims.untied;
+        const RealBf16 *lnf = params_of(e, L + 1, error);
+        const RealBf16 *emb = lnf && tied ? params_of(e, 0, error) : NULL;
+        RealBf16 *glnf = lnf && (emb || !tied) ? grads_of(e, L + 1, error) : NULL;
+        RealBf16 *gemb = glnf && tied ? grads_of(e, 0, error) : NULL;
+        gboolean ok = glnf && (gemb || !tied) && real_gpt_head_forward_backward(e->gpt, lnf, emb, e->x, e->targets,
                                                              1.0f, &loss, e->dx, glnf, gemb,
                                                              error);
         e->loss_sum += loss;

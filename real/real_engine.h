@@ -5,6 +5,7 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_gpt.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -27,6 +28,11 @@ typedef struct {
 } RealOpTiming;
 
 typedef struct RealEngine RealEngine;
+
+/* The executor's model for a planner's model and plan: the same architecture (GPT-2 or
+ * Llama blocks), the plan's micro-batch and attention kernel (eager or fused). Not checked:
+ * real_engine_new refuses what the executor cannot train. */
+RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
  * (identically on every rank, from cfg->seed). Fails if the schedule is not one this engine

@@ -1,9 +1,10 @@
-/* real_gpt: the GPT-2 model zreal trains (pre-LN blocks, tied LM head), forward and backward.
+/* real_gpt: the GPT-2 and Llama-family models zreal trains, forward and backward.
  * All compute goes through RealBackend; fp32 math, bf16 storage, bit-identical recompute. */
 #include "real_gpt.h"
 
 #include <limits.h>
 #include <math.h>
+#include <string.h>
 
 #define REAL_GPT_INIT_STD 0.02
 
@@ -38,14 +39,17 @@ G_STATIC_ASSERT(REAL_GPT_N_BLOCK_TENSORS == REAL_GPT_MAX_UNIT_TENSORS);
 
 /* Pointers into one block's saved activations (a single allocation; fp32 first). */
 typedef struct {
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-    RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd; /* LayerNorm only */
+    float *lse;                                       /* fused attention only */
+    RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu; /* probs: eager only */
 } RealGptSaved;
 
 struct RealGpt {
     RealBackend *be;
     RealGptDims dims;
     size_t block_offset[REAL_GPT_N_BLOCK_TENSORS]; /* element offsets inside a block unit */
+    bool block_has[REAL_GPT_N_BLOCK_TENSORS];      /* biases and norm biases may be absent */
+    size_t head_offset;                            /* untied: lm_head inside unit L+1 */
     size_t block_elems;
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
 };
@@ -58,6 +62,33 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
     return (RealGptDims){.layers = layers, .hidden = hidden, .heads = heads,
                          .seq_len = seq_len, .vocab = vocab, .ffn_hidden = 4 * hidden,
                          .micro_batch = micro_batch};
+}
+
+static int real_gpt_kv(const RealGptDims *d)
+{
+    return d->kv_heads > 0 ? d->kv_heads : d->heads;
+}
+
+static int real_gpt_head_dim(const RealGptDims *d)
+{
+    return d->hidden / d->heads;
+}
+
+/* Width of the fused qkv projection: h + 2 k d. */
+static size_t real_gpt_qkv_width(const RealGptDims *d)
+{
+    return (size_t)d->hidden + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+}
+
+/* Width of fc1: f, or 2f for SwiGLU's gate and up. */
+static size_t real_gpt_fc1_width(const RealGptDims *d)
+{
+    return (d->swiglu ? 2 : 1) * (size_t)d->ffn_hidden;
+}
+
+static float real_gpt_eps(const RealGptDims *d)
+{
+    return d->norm_eps > 0 ? d->norm_eps : 1e-5f;
 }
 
 gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
@@ -75,12 +106,46 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "heads = %d does not divide hidden = %d", d->heads, d->hidden);
         return FALSE;
     }
+    if (d->kv_heads < 0 || d->heads % real_gpt_kv(d) != 0 ||
+        (d->rope_theta > 0 && real_gpt_head_dim(d) % 2 != 0)) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "kv_heads = %d must divide heads = %d (and rotary embeddings need an even "
+                    "head dimension, not %d)", d->kv_heads, d->heads, real_gpt_head_dim(d));
+        return FALSE;
+    }
     /* GEMM dimensions are ints: tokens b s, 3h and f must fit. */
-    if ((int64_t)d->micro_batch * d->seq_len > INT_MAX || d->hidden > INT_MAX / 3) {
+    if ((int64_t)d->micro_batch * d->seq_len > INT_MAX || d->hidden > INT_MAX / 3 ||
+        (int64_t)d->ffn_hidden > INT_MAX / 2) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
                     "micro_batch * seq_len or 3 * hidden exceeds the int range");
         return FALSE;
     }
+    return TRUE;
+}
+
+gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GError **error)
+{
+    const bool gqa = real_gpt_kv(d) != d->heads;
+    const struct {
+        bool needed, present;
+        const char *entry, *why;
+    } needs[] = {
+        {d->rmsnorm, be->rmsnorm_fwd && be->rmsnorm_bwd, "rmsnorm_fwd/bwd", "RMSNorm"},
+        {d->swiglu, be->swiglu_fwd && be->swiglu_bwd, "swiglu_fwd/bwd", "SwiGLU"},
+        {d->rope_theta > 0, be->rope && be->token_embedding_fwd && be->token_embedding_bwd,
+         "rope and token_embedding_fwd/bwd", "rotary embeddings"},
+        {gqa && !d->flash, be->attention_gqa_fwd && be->attention_gqa_bwd,
+         "attention_gqa_fwd/bwd", "grouped-query attention"},
+        {d->flash, be->flash_attention_fwd && be->flash_attention_bwd,
+         "flash_attention_fwd/bwd", "fused attention (--attention flash)"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(needs); i++)
+        if (needs[i].needed && !needs[i].present) {
+            g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                        "the %s backend has no %s yet, which %s needs", be->name,
+                        needs[i].entry, needs[i].why);
+            return FALSE;
+        }
     return TRUE;
 }
 
@@ -99,33 +164,63 @@ static void real_gpt_push(RealGptTensor *out, RealGptInit *init, int *n, const c
     (*n)++;
 }
 
+/* A block's twelve tensors in layout order (RealGptBlockTensor), with whether the model has
+ * each: the single definition of a block's layout. */
+typedef struct {
+    const char *name;
+    size_t elems;
+    RealGptInit init;
+    bool present;
+} RealGptBlockSpec;
+
+static void real_gpt_block_spec(const RealGptDims *d,
+                                RealGptBlockSpec out[REAL_GPT_N_BLOCK_TENSORS])
+{
+    const size_t h = d->hidden, f = d->ffn_hidden, q = real_gpt_qkv_width(d);
+    const size_t f1 = real_gpt_fc1_width(d);
+    const bool ln = !d->rmsnorm, bias = !d->no_bias;
+    const RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS] = {
+        [REAL_GPT_LN1_G] = {"ln1.weight", h, REAL_GPT_INIT_ONES, true},
+        [REAL_GPT_LN1_B] = {"ln1.bias", h, REAL_GPT_INIT_ZEROS, ln},
+        [REAL_GPT_QKV_W] = {"qkv.weight", q * h, REAL_GPT_INIT_NORMAL, true},
+        [REAL_GPT_QKV_B] = {"qkv.bias", q, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_PROJ_W] = {"proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
+        [REAL_GPT_PROJ_B] = {"proj.bias", h, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_LN2_G] = {"ln2.weight", h, REAL_GPT_INIT_ONES, true},
+        [REAL_GPT_LN2_B] = {"ln2.bias", h, REAL_GPT_INIT_ZEROS, ln},
+        [REAL_GPT_FC1_W] = {"fc1.weight", h * f1, REAL_GPT_INIT_NORMAL, true},
+        [REAL_GPT_FC1_B] = {"fc1.bias", f1, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_FC2_W] = {"fc2.weight", f * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
+        [REAL_GPT_FC2_B] = {"fc2.bias", h, REAL_GPT_INIT_ZEROS, bias},
+    };
+    memcpy(out, spec, sizeof spec);
+}
+
 /* The tensor table of a unit with each tensor's initialisation; the single definition of
- * the layout. */
+ * the layout (zp_model_tensors is the planner's copy, and a test checks they agree). */
 static int real_gpt_layout(const RealGptDims *d, int unit,
                            RealGptTensor out[REAL_GPT_MAX_UNIT_TENSORS],
                            RealGptInit init[REAL_GPT_MAX_UNIT_TENSORS])
 {
-    size_t h = d->hidden, f = d->ffn_hidden;
+    size_t h = d->hidden;
     int n = 0;
     if (unit == 0) {
         real_gpt_push(out, init, &n, "wte", (size_t)d->vocab * h, REAL_GPT_INIT_NORMAL);
-        real_gpt_push(out, init, &n, "wpe", (size_t)d->seq_len * h, REAL_GPT_INIT_NORMAL);
+        if (d->rope_theta <= 0)
+            real_gpt_push(out, init, &n, "wpe", (size_t)d->seq_len * h, REAL_GPT_INIT_NORMAL);
     } else if (unit >= 1 && unit <= d->layers) {
-        real_gpt_push(out, init, &n, "ln1.weight", h, REAL_GPT_INIT_ONES);
-        real_gpt_push(out, init, &n, "ln1.bias", h, REAL_GPT_INIT_ZEROS);
-        real_gpt_push(out, init, &n, "qkv.weight", 3 * h * h, REAL_GPT_INIT_NORMAL);
-        real_gpt_push(out, init, &n, "qkv.bias", 3 * h, REAL_GPT_INIT_ZEROS);
-        real_gpt_push(out, init, &n, "proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL);
-        real_gpt_push(out, init, &n, "proj.bias", h, REAL_GPT_INIT_ZEROS);
-        real_gpt_push(out, init, &n, "ln2.weight", h, REAL_GPT_INIT_ONES);
-        real_gpt_push(out, init, &n, "ln2.bias", h, REAL_GPT_INIT_ZEROS);
-        real_gpt_push(out, init, &n, "fc1.weight", h * f, REAL_GPT_INIT_NORMAL);
-        real_gpt_push(out, init, &n, "fc1.bias", f, REAL_GPT_INIT_ZEROS);
-        real_gpt_push(out, init, &n, "fc2.weight", f * h, REAL_GPT_INIT_NORMAL_RESIDUAL);
-        real_gpt_push(out, init, &n, "fc2.bias", h, REAL_GPT_INIT_ZEROS);
+        RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
+        real_gpt_block_spec(d, spec);
+        for (int i = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++)
+            if (spec[i].present)
+                real_gpt_push(out, init, &n, spec[i].name, spec[i].elems, spec[i].init);
     } else if (unit == d->layers + 1) {
         real_gpt_push(out, init, &n, "lnf.weight", h, REAL_GPT_INIT_ONES);
-        real_gpt_push(out, init, &n, "lnf.bias", h, REAL_GPT_INIT_ZEROS);
+        if (!d->rmsnorm)
+            real_gpt_push(out, init, &n, "lnf.bias", h, REAL_GPT_INIT_ZEROS);
+        if (d->untied)
+            real_gpt_push(out, init, &n, "lm_head.weight", (size_t)d->vocab * h,
+                          REAL_GPT_INIT_NORMAL);
     }
     return n;
 }
@@ -159,17 +254,25 @@ static size_t real_gpt_tokens(const RealGptDims *d)
     return (size_t)d->micro_batch * d->seq_len;
 }
 
-/* bf16 elements of the saved tensors; fp32 statistics come first in the allocation. */
+/* fp32 elements of the saved tensors (LayerNorm statistics, the log-sum-exp), which come
+ * first in the allocation. */
+static uint64_t real_gpt_saved_f32_elems(const RealGptDims *d)
+{
+    return (d->rmsnorm ? 0 : 4 * (uint64_t)real_gpt_tokens(d)) +
+           (d->flash ? (uint64_t)d->micro_batch * d->heads * d->seq_len : 0);
+}
+
 static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
 {
     uint64_t t = real_gpt_tokens(d);
-    return t * (8 * (uint64_t)d->hidden + 2 * (uint64_t)d->ffn_hidden) +
-           (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len;
+    return t * (5 * (uint64_t)d->hidden + real_gpt_qkv_width(d) + real_gpt_fc1_width(d) +
+                (uint64_t)d->ffn_hidden) +
+           (d->flash ? 0 : (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len);
 }
 
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims)
 {
-    return 4 * sizeof(float) * real_gpt_tokens(dims) +
+    return sizeof(float) * real_gpt_saved_f32_elems(dims) +
            sizeof(RealBf16) * real_gpt_saved_bf16_elems(dims);
 }
 
@@ -192,22 +295,29 @@ uint64_t real_gpt_logits_bytes(const RealGptDims *dims)
 static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
 {
     size_t t = real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
-    RealGptSaved sv;
+    RealGptSaved sv = {0};
     float *stats = base;
-    sv.ln1_mean = stats;
-    sv.ln1_rstd = stats + t;
-    sv.ln2_mean = stats + 2 * t;
-    sv.ln2_rstd = stats + 3 * t;
-    RealBf16 *p = (RealBf16 *)(stats + 4 * t);
+    if (!d->rmsnorm) {
+        sv.ln1_mean = stats;
+        sv.ln1_rstd = stats + t;
+        sv.ln2_mean = stats + 2 * t;
+        sv.ln2_rstd = stats + 3 * t;
+        stats += 4 * t;
+    }
+    if (d->flash) {
+        sv.lse = stats;
+        stats += (size_t)d->micro_batch * d->heads * d->seq_len;
+    }
+    RealBf16 *p = (RealBf16 *)stats;
     sv.x = p, p += t * h;
     sv.ln1 = p, p += t * h;
-    sv.qkv = p, p += 3 * t * h;
+    sv.qkv = p, p += t * real_gpt_qkv_width(d);
     sv.att = p, p += t * h;
     sv.x2 = p, p += t * h;
     sv.ln2 = p, p += t * h;
-    sv.fc1 = p, p += t * f;
+    sv.fc1 = p, p += t * real_gpt_fc1_width(d);
     sv.gelu = p, p += t * f;
-    sv.probs = p;
+    sv.probs = d->flash ? NULL : p;
     return sv;
 }
 
@@ -284,16 +394,21 @@ gboolean real_gpt_init_params(const RealGptDims *dims, uint64_t seed, int unit,
 
 RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
 {
-    if (!real_gpt_dims_check(dims, error))
+    if (!real_gpt_dims_check(dims, error) || !real_gpt_check_backend(be, dims, error))
         return NULL;
     RealGpt *gpt = g_new0(RealGpt, 1);
     gpt->be = be;
     gpt->dims = *dims;
-    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
-    real_gpt_unit_tensors(dims, 1, t);
-    for (int i = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++)
-        gpt->block_offset[i] = t[i].offset_elems;
+    RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_spec(dims, spec);
+    size_t offset = 0;
+    for (int i = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++) {
+        gpt->block_has[i] = spec[i].present;
+        gpt->block_offset[i] = offset;
+        offset += spec[i].present ? spec[i].elems : 0;
+    }
     gpt->block_elems = real_gpt_unit_elems(dims, 1);
+    gpt->head_offset = (dims->rmsnorm ? 1 : 2) * (size_t)dims->hidden;
     gpt->saved = g_new0(void *, dims->layers);
     return gpt;
 }
@@ -360,7 +475,11 @@ gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, cons
     if (!xf)
         return real_gpt_nomem(error, "the embedding output");
     const RealBf16 *wpe = embed_params + (size_t)d->vocab * d->hidden;
-    be->embedding_fwd(be, xf, tokens, embed_params, wpe, d->micro_batch, d->seq_len, d->hidden);
+    if (d->rope_theta > 0)
+        be->token_embedding_fwd(be, xf, tokens, embed_params, (int)real_gpt_tokens(d), d->hidden);
+    else
+        be->embedding_fwd(be, xf, tokens, embed_params, wpe, d->micro_batch, d->seq_len,
+                          d->hidden);
     be->f32_to_bf16(be, x0, xf, n);
     be->free(be, xf);
     return TRUE;
@@ -378,8 +497,11 @@ gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *d
     if (!grads)
         return real_gpt_nomem(error, "the embedding gradients");
     be->fill(be, grads, 0, n * sizeof(float));
-    be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
-                      d->micro_batch, d->seq_len, d->hidden);
+    if (d->rope_theta > 0)
+        be->token_embedding_bwd(be, grads, tokens, dx0, (int)real_gpt_tokens(d), d->hidden);
+    else
+        be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
+                          d->micro_batch, d->seq_len, d->hidden);
     be->accumulate_bf16(be, embed_grads, grads, n);
     be->free(be, grads);
     return TRUE;
@@ -406,52 +528,106 @@ static bool real_gpt_linear(RealGpt *gpt, const RealBf16 *params, RealGptBlockTe
     if (!be->gemm(be, false, false, t, n, k, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
                   params + gpt->block_offset[weight], 0.0f, y))
         return false;
-    be->bias_fwd(be, y, params + gpt->block_offset[weight + 1], t, n);
+    if (gpt->block_has[weight + 1])
+        be->bias_fwd(be, y, params + gpt->block_offset[weight + 1], t, n);
     return true;
 }
 
-/* The block forward's fp32 workspace, T(6h + f) + 4T floats, and where the layer-norm
- * statistics go (into the saved activations when saving). */
+/* A block's norm forward: LayerNorm (gain, bias; statistics kept in mean and rstd) or
+ * RMSNorm (gain; nothing kept). */
+static void real_gpt_norm_fwd(RealGpt *gpt, const RealBf16 *p, RealGptBlockTensor gain,
+                              float *y, float *mean, float *rstd, const float *x)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    if (d->rmsnorm)
+        be->rmsnorm_fwd(be, y, x, p + gpt->block_offset[gain], t, h, real_gpt_eps(d));
+    else
+        be->layernorm_fwd(be, y, mean, rstd, x, p + gpt->block_offset[gain],
+                          p + gpt->block_offset[gain + 1], t, h);
+}
+
+/* Its backward: dx += d/dx, the gain's (and bias's) gradients into g. */
+static void real_gpt_norm_bwd(RealGpt *gpt, const RealBf16 *p, float *g,
+                              RealGptBlockTensor gain, float *dx, const float *dy,
+                              const float *x, const float *mean, const float *rstd)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    const size_t *off = gpt->block_offset;
+    if (d->rmsnorm)
+        be->rmsnorm_bwd(be, dx, g + off[gain], dy, x, p + off[gain], t, h, real_gpt_eps(d));
+    else
+        be->layernorm_bwd(be, dx, g + off[gain], g + off[gain + 1], dy, x, mean, rstd,
+                          p + off[gain], t, h);
+}
+
+/* The block forward's fp32 workspace, T(3h + q + f1 + f + 4) + b a s floats, and where the
+ * norm statistics and the log-sum-exp go (into the saved activations when saving). */
 typedef struct {
-    float *x, *a, *qkv, *x2, *u;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float *x, *a, *qkv, *x2, *u, *act;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } RealGptFwdBufs;
 
 static size_t real_gpt_fwd_ws_elems(const RealGptDims *d)
 {
-    return real_gpt_tokens(d) * (6 * (size_t)d->hidden + d->ffn_hidden + 4);
+    return real_gpt_tokens(d) * (3 * (size_t)d->hidden + real_gpt_qkv_width(d) +
+                                 real_gpt_fc1_width(d) + d->ffn_hidden + 4) +
+           (size_t)d->micro_batch * d->heads * d->seq_len;
 }
 
 static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const RealGptSaved *sv)
 {
     size_t t = real_gpt_tokens(d), th = t * d->hidden;
-    RealGptFwdBufs b = {.x = ws, .a = ws + th, .qkv = ws + 2 * th, .x2 = ws + 5 * th,
-                        .u = ws + 6 * th};
-    float *stats = b.u + t * d->ffn_hidden;
-    b.ln1_mean = sv ? sv->ln1_mean : stats;
-    b.ln1_rstd = sv ? sv->ln1_rstd : stats + t;
-    b.ln2_mean = sv ? sv->ln2_mean : stats + 2 * t;
-    b.ln2_rstd = sv ? sv->ln2_rstd : stats + 3 * t;
+    RealGptFwdBufs b = {.x = ws, .a = ws + th, .qkv = ws + 2 * th};
+    b.x2 = b.qkv + t * real_gpt_qkv_width(d);
+    b.u = b.x2 + th;
+    b.act = d->swiglu ? b.u + t * real_gpt_fc1_width(d) : b.u; /* GELU works in place */
+    float *stats = b.u + t * real_gpt_fc1_width(d) + t * d->ffn_hidden;
+    const bool saved_stats = sv && !d->rmsnorm;
+    b.ln1_mean = saved_stats ? sv->ln1_mean : stats;
+    b.ln1_rstd = saved_stats ? sv->ln1_rstd : stats + t;
+    b.ln2_mean = saved_stats ? sv->ln2_mean : stats + 2 * t;
+    b.ln2_rstd = saved_stats ? sv->ln2_rstd : stats + 3 * t;
+    b.lse = sv && d->flash ? sv->lse : stats + 4 * t;
     return b;
 }
 
-/* x2 = x + attention(ln1(x)) Wp + bp, from b->x; sv NULL when not saving. */
+/* The attention of qkv into out: fused (keeping the log-sum-exp), grouped-query or, with as
+ * many key/value heads as heads, the original entry (which every backend has). */
+static bool real_gpt_attention_fwd(RealGpt *gpt, float *out, RealBf16 *probs, float *lse,
+                                   const float *qkv)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int hd = real_gpt_head_dim(d);
+    if (d->flash)
+        return be->flash_attention_fwd(be, out, lse, qkv, b, s, a, k, hd);
+    if (k != a)
+        return be->attention_gqa_fwd(be, out, probs, REAL_DTYPE_BF16, qkv, b, s, a, k, hd);
+    return be->attention_fwd(be, out, probs, REAL_DTYPE_BF16, qkv, b, s, a, hd);
+}
+
+/* x2 = x + attention(norm1(x)) Wp + bp, from b->x; sv NULL when not saving. */
 static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                                    const RealGptFwdBufs *b)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const size_t *off = gpt->block_offset;
-    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
     size_t th = (size_t)t * h;
-    be->layernorm_fwd(be, b->a, b->ln1_mean, b->ln1_rstd, b->x, p + off[REAL_GPT_LN1_G],
-                      p + off[REAL_GPT_LN1_B], t, h);
+    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN1_G, b->a, b->ln1_mean, b->ln1_rstd, b->x);
     real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, 3 * h, h))
+    if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
         return false;
-    real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, 3 * th);
-    if (!be->attention_fwd(be, b->a, sv ? sv->probs : NULL, REAL_DTYPE_BF16, b->qkv,
-                           d->micro_batch, d->seq_len, d->heads, h / d->heads))
+    if (d->rope_theta > 0)
+        be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
+                 real_gpt_head_dim(d), d->rope_theta, false);
+    real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
+    if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
         return false;
     real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
     if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, h))
@@ -461,25 +637,27 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     return true;
 }
 
-/* b->x = x2 + gelu(ln2(x2) W1 + b1) W2 + b2 (the block input is dead by now, so its
- * buffer takes the output); sv NULL when not saving. */
+/* b->x = x2 + act(norm2(x2) W1 + b1) W2 + b2, act GELU or SwiGLU (the block input is dead by
+ * now, so its buffer takes the output); sv NULL when not saving. */
 static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                              const RealGptFwdBufs *b)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const size_t *off = gpt->block_offset;
     int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h, tf = (size_t)t * f;
-    be->layernorm_fwd(be, b->a, b->ln2_mean, b->ln2_rstd, b->x2, p + off[REAL_GPT_LN2_G],
-                      p + off[REAL_GPT_LN2_B], t, h);
+    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd, b->x2);
     real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f, h))
+    if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f1, h))
         return false;
-    real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, tf);
-    be->gelu_fwd(be, b->u, b->u, tf);
-    real_gpt_keep(be, b->u, sv ? sv->gelu : NULL, tf);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->u, b->x, h, f))
+    real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, (size_t)t * f1);
+    if (d->swiglu)
+        be->swiglu_fwd(be, b->act, b->u, t, f);
+    else
+        be->gelu_fwd(be, b->act, b->u, tf);
+    real_gpt_keep(be, b->act, sv ? sv->gelu : NULL, tf);
+    if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->act, b->x, h, f))
         return false;
     be->add(be, b->x, b->x, b->x2, th);
     return true;
@@ -545,7 +723,8 @@ static bool real_gpt_linear_param_grads(RealGpt *gpt, float *g, RealGptBlockTens
     if (!be->gemm(be, true, false, k, n, t, 1.0f, REAL_DTYPE_BF16, x, REAL_DTYPE_F32, dy, 1.0f,
                   g + gpt->block_offset[weight]))
         return false;
-    be->bias_bwd(be, g + gpt->block_offset[weight + 1], dy, t, n);
+    if (gpt->block_has[weight + 1])
+        be->bias_bwd(be, g + gpt->block_offset[weight + 1], dy, t, n);
     return true;
 }
 
@@ -560,7 +739,7 @@ static bool real_gpt_linear_input_grad(RealGpt *gpt, const RealBf16 *p,
                     p + gpt->block_offset[weight], 0.0f, dx);
 }
 
-/* The block backward's fp32 workspace, unit + T(2f + 9h) floats: the unit's parameter
+/* The block backward's fp32 workspace, unit + T(2 f1 + 3h + 2q) floats: the unit's parameter
  * gradients gather in g and reach the bf16 gradients in one accumulation. */
 typedef struct {
     float *g, *df, *uf, *dh, *xh, *dx2, *qkv, *dqkv;
@@ -570,69 +749,97 @@ static size_t real_gpt_bwd_ws_elems(const RealGpt *gpt)
 {
     const RealGptDims *d = &gpt->dims;
     return gpt->block_elems +
-           real_gpt_tokens(d) * (2 * (size_t)d->ffn_hidden + 9 * (size_t)d->hidden);
+           real_gpt_tokens(d) * (2 * real_gpt_fc1_width(d) + 3 * (size_t)d->hidden +
+                                 2 * real_gpt_qkv_width(d));
 }
 
 static RealGptBwdBufs real_gpt_bwd_bufs(const RealGpt *gpt, float *ws)
 {
-    size_t t = real_gpt_tokens(&gpt->dims), th = t * gpt->dims.hidden;
-    size_t tf = t * gpt->dims.ffn_hidden;
+    const RealGptDims *d = &gpt->dims;
+    size_t t = real_gpt_tokens(d), th = t * d->hidden, tf1 = t * real_gpt_fc1_width(d);
     RealGptBwdBufs b = {.g = ws, .df = ws + gpt->block_elems};
-    b.uf = b.df + tf;
-    b.dh = b.uf + tf;
+    b.uf = b.df + tf1;
+    b.dh = b.uf + tf1;
     b.xh = b.dh + th;
     b.dx2 = b.xh + th;
     b.qkv = b.dx2 + th;
-    b.dqkv = b.qkv + 3 * th;
+    b.dqkv = b.qkv + t * real_gpt_qkv_width(d);
     return b;
 }
 
-/* MLP part, y = x2 + gelu(ln2(x2) W1 + b1) W2 + b2: b->dx2 = dL/dx2 from dy. */
+/* MLP part, y = x2 + act(norm2(x2) W1 + b1) W2 + b2: b->dx2 = dL/dx2 from dy. */
 static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                              const float *dy, const RealGptBwdBufs *b)
 {
     RealBackend *be = gpt->be;
-    const size_t *off = gpt->block_offset;
-    int t = (int)real_gpt_tokens(&gpt->dims), h = gpt->dims.hidden, f = gpt->dims.ffn_hidden;
-    size_t th = (size_t)t * h, tf = (size_t)t * f;
+    const RealGptDims *d = &gpt->dims;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int f1 = (int)real_gpt_fc1_width(d);
+    size_t th = (size_t)t * h;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
         return false;
-    be->bf16_to_f32(be, b->uf, sv->fc1, tf);
-    be->gelu_bwd(be, b->df, b->df, b->uf, tf);
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, b->df, f, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, b->df, b->dh, f, h))
+    /* dfc1: GELU's backward in place over df, or SwiGLU's over the widened gate and up. */
+    be->bf16_to_f32(be, b->uf, sv->fc1, (size_t)t * f1);
+    float *dfc1 = d->swiglu ? b->uf : b->df;
+    if (d->swiglu)
+        be->swiglu_bwd(be, b->uf, b->df, b->uf, t, f);
+    else
+        be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h))
         return false;
     be->bf16_to_f32(be, b->xh, sv->x2, th);
     be->copy(be, b->dx2, dy, th * sizeof(float));
-    be->layernorm_bwd(be, b->dx2, b->g + off[REAL_GPT_LN2_G], b->g + off[REAL_GPT_LN2_B], b->dh,
-                      b->xh, sv->ln2_mean, sv->ln2_rstd, p + off[REAL_GPT_LN2_G], t, h);
+    real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN2_G, b->dx2, b->dh, b->xh, sv->ln2_mean,
+                      sv->ln2_rstd);
     return true;
 }
 
-/* Attention part, x2 = x + attention(ln1(x)) Wp + bp: dx = dL/dx from b->dx2. */
+/* dqkv from dout and the saved attention: the fused kernel's backward (which reads the
+ * forward's output, widened into out_scratch), the grouped-query one or the original. */
+static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *dqkv,
+                                   const float *dout, const float *qkv, float *out_scratch)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int hd = real_gpt_head_dim(d);
+    if (d->flash) {
+        be->bf16_to_f32(be, out_scratch, sv->att, real_gpt_tokens(d) * d->hidden);
+        return be->flash_attention_bwd(be, dqkv, dout, qkv, out_scratch, sv->lse, b, s, a, k,
+                                       hd);
+    }
+    if (k != a)
+        return be->attention_gqa_bwd(be, dqkv, dout, qkv, sv->probs, REAL_DTYPE_BF16, b, s, a,
+                                     k, hd);
+    return be->attention_bwd(be, dqkv, dout, qkv, sv->probs, REAL_DTYPE_BF16, b, s, a, hd);
+}
+
+/* Attention part, x2 = x + attention(norm1(x)) Wp + bp: dx = dL/dx from b->dx2. */
 static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                                    float *dx, const RealGptBwdBufs *b)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const size_t *off = gpt->block_offset;
-    int t = (int)real_gpt_tokens(d), h = d->hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
     size_t th = (size_t)t * h;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, b->dx2, h, h) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, b->dx2, b->dh, h, h))
         return false;
-    be->bf16_to_f32(be, b->qkv, sv->qkv, 3 * th);
-    if (!be->attention_bwd(be, b->dqkv, b->dh, b->qkv, sv->probs, REAL_DTYPE_BF16,
-                           d->micro_batch, d->seq_len, d->heads, h / d->heads))
+    be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
+    if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
         return false;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, 3 * h, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, 3 * h, h))
+    if (d->rope_theta > 0)
+        be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
+                 real_gpt_head_dim(d), d->rope_theta, true);
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h))
         return false;
     be->bf16_to_f32(be, b->xh, sv->x, th);
     be->copy(be, dx, b->dx2, th * sizeof(float));
-    be->layernorm_bwd(be, dx, b->g + off[REAL_GPT_LN1_G], b->g + off[REAL_GPT_LN1_B], b->dh,
-                      b->xh, sv->ln1_mean, sv->ln1_rstd, p + off[REAL_GPT_LN1_G], t, h);
+    real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN1_G, dx, b->dh, b->xh, sv->ln1_mean,
+                      sv->ln1_rstd);
     return true;
 }
 
@@ -678,13 +885,14 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
     return TRUE;
 }
 
-/* ---- head: final layer norm, tied LM head, loss ---- */
+/* ---- head: final norm, LM head (tied or its own), loss ---- */
 
-/* The head in workspace ws (T(2h + 2) + h(V + 2) floats) and logits [T,V]. */
+/* The head in workspace ws (T(2h + 2) + h(V + 2) floats) and logits [T,V]; wte is the head
+ * weight (unit 0's when tied, unit L+1's lm_head when not) and gwte_out its gradient. */
 static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealBf16 *wte,
                                   const RealBf16 *x_last, const int *targets, float dloss_scale,
                                   float *loss_out, float *dx_last, RealBf16 *final_ln_grads,
-                                  RealBf16 *embed_grads, float *ws, float *logits)
+                                  RealBf16 *gwte_out, float *ws, float *logits)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
@@ -692,9 +900,13 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
     size_t th = (size_t)t * h;
     float *xf = ws, *y = xf + th, *mean = y + th, *rstd = mean + t, *gwte = rstd + t;
     float *gln = gwte + (size_t)v * h;
+    const size_t norm_elems = d->rmsnorm ? (size_t)h : 2 * (size_t)h;
 
     be->bf16_to_f32(be, xf, x_last, th);
-    be->layernorm_fwd(be, y, mean, rstd, xf, lnf, lnf + h, t, h);
+    if (d->rmsnorm)
+        be->rmsnorm_fwd(be, y, xf, lnf, t, h, real_gpt_eps(d));
+    else
+        be->layernorm_fwd(be, y, mean, rstd, xf, lnf, lnf + h, t, h);
     /* The LM-head GEMM reads the normalised stream as a bf16 tensor, as mixed precision
      * does; its backward uses the same rounded values. */
     be->round_bf16(be, y, th);
@@ -707,14 +919,17 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
     if (!be->gemm(be, true, false, v, h, t, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_F32, y,
                   0.0f, gwte))
         return false;
-    be->accumulate_bf16(be, embed_grads, gwte, (size_t)v * h);
+    be->accumulate_bf16(be, gwte_out, gwte, (size_t)v * h);
     if (!be->gemm(be, false, false, t, h, v, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_BF16, wte,
                   0.0f, y))
         return false;
     be->fill(be, gln, 0, 2 * (size_t)h * sizeof(float));
     be->fill(be, dx_last, 0, th * sizeof(float));
-    be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf, t, h);
-    be->accumulate_bf16(be, final_ln_grads, gln, 2 * (size_t)h);
+    if (d->rmsnorm)
+        be->rmsnorm_bwd(be, dx_last, gln, y, xf, lnf, t, h, real_gpt_eps(d));
+    else
+        be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf, t, h);
+    be->accumulate_bf16(be, final_ln_grads, gln, norm_elems);
     return true;
 }
 
@@ -730,12 +945,13 @@ gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_p
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     size_t t = real_gpt_tokens(d), h = d->hidden;
+    const RealBf16 *head = d->untied ? final_ln_params + gpt->head_offset : embed_params;
+    RealBf16 *ghead = d->untied ? final_ln_grads + gpt->head_offset : embed_grads;
     float *logits = be->alloc(be, real_gpt_logits_bytes(d), REAL_MEM_WORKSPACE);
     float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)d->vocab + 2));
     bool ok = logits && ws &&
-              real_gpt_head_compute(gpt, final_ln_params, embed_params, x_last, targets,
-                                    dloss_scale, loss_out, dx_last, final_ln_grads,
-                                    embed_grads, ws, logits);
+              real_gpt_head_compute(gpt, final_ln_params, head, x_last, targets, dloss_scale,
+                                    loss_out, dx_last, final_ln_grads, ghead, ws, logits);
     be->free(be, ws);
     be->free(be, logits);
     if (!ok)

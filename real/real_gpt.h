@@ -1,5 +1,7 @@
-/* real_gpt: the GPT-2 model zreal trains (pre-LN blocks, tied LM head), forward and backward,
- * per parameter unit, so the ZeRO engine can run it on buffers it chooses (gathered, ZeRO-3). */
+/* real_gpt: the models zreal trains — GPT-2 (pre-LN blocks, tied LM head) and the Llama family
+ * (RMSNorm, SwiGLU, rotary embeddings, grouped-query attention, untied head, no biases) —
+ * forward and backward per parameter unit, so the ZeRO engine can run them on buffers it
+ * chooses (gathered, ZeRO-3). */
 
 /* Parameter layout (the contract shared with the planner's zp_model): each unit is one
  * flat contiguous bf16 array,
@@ -10,6 +12,10 @@
  *                                                          (4h^2 + 2hf + 9h + f)
  *   unit L+1    final layer norm: lnf.weight [h], lnf.bias [h]           (2h)
  * Weights are stored [in, out] (y = x W + b). The LM head is wte itself (no bias).
+ * The Llama family changes that layout as zp_model_tensors does: no wpe (rotary positions),
+ * norms without bias (RMSNorm), qkv [h, h + 2 k d] for k key/value heads of dimension d,
+ * fc1 [h, 2f] (gate, then up), no linear biases, and lm_head.weight [V,h] after lnf.weight
+ * when untied.
  *
  * One micro-batch step, as the engine drives it (T = b s tokens, x_l bf16 [T,h], dx_l fp32
  * [T,h]; every buffer passed in is the caller's and must stay valid during the call only):
@@ -38,6 +44,15 @@ typedef struct {
     int vocab;       /* V */
     int ffn_hidden;  /* f; 4h by default */
     int micro_batch; /* b: samples per forward/backward call */
+    /* The Llama family; all zero is GPT-2. */
+    int kv_heads;     /* key/value heads (0: heads); divides heads */
+    bool swiglu;      /* gated MLP silu(x Wg) (x Wu) Wd instead of GELU */
+    bool rmsnorm;     /* RMSNorm (gain only) instead of LayerNorm */
+    bool untied;      /* an LM head of its own in the last unit */
+    bool no_bias;     /* no linear biases */
+    float rope_theta; /* rotary embeddings' base instead of a position table (0: none) */
+    float norm_eps;   /* RMSNorm's eps (0: 1e-5); LayerNorm uses 1e-5 */
+    bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */
 } RealGptDims;
 
 /* One named tensor inside a unit. Names are the planner's (zp_model_tensors). */
@@ -64,9 +79,15 @@ typedef struct RealGpt RealGpt;
 RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, int vocab,
                                int micro_batch);
 
-/* TRUE when every dimension is positive, heads divides hidden and every matrix dimension
- * (b s tokens included) fits an int. */
+/* TRUE when every dimension is positive, heads divides hidden, kv_heads divides heads, the
+ * head dimension is even under rotary embeddings and every matrix dimension (b s tokens
+ * included) fits an int. */
 gboolean real_gpt_dims_check(const RealGptDims *dims, GError **error);
+
+/* TRUE when `be` has every entry the model needs (RMSNorm, SwiGLU, rotary, grouped-query or
+ * fused attention); otherwise one line naming the backend and the first entry it lacks. */
+gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *dims,
+                                GError **error);
 
 /* L + 2: embeddings, L blocks, final layer norm. */
 int real_gpt_n_units(const RealGptDims *dims);
@@ -84,14 +105,19 @@ int real_gpt_unit_tensors(const RealGptDims *dims, int unit,
 
 /* Bytes one block keeps for backward when forwarded with save_activations, exactly what
  * real_gpt_block_forward allocates under REAL_MEM_ACTIVATIONS (one allocation, freed by
- * real_gpt_block_backward). With T = b s:
- *   bf16 [T,h] x8:  block input (LN1 input), LN1 output, Q, K, V, attention output before
- *                   proj, LN2 input (residual after attention), LN2 output
- *   bf16 [T,f] x2:  fc1 output (GELU input), GELU output
- *   bf16 [b,a,s,s]: softmax probabilities (the masked half included)
- *   fp32 [T]   x4:  LN1 and LN2 mean and 1/std
- *   = 2T(8h + 2f) + 2 a b s^2 + 16T
- *   = s b h (32 + 2 a s / h) + 16 s b   when f = 4h (no dropout). */
+ * real_gpt_block_backward). With T = b s, q = h + 2 k d the qkv width and f1 = f (GELU) or 2f
+ * (SwiGLU):
+ *   bf16 [T,h] x6:  block input (norm1 input), norm1 output, attention output before proj,
+ *                   norm2 input (residual after attention), norm2 output
+ *   bf16 [T,q]:     q, k, v (after the rotary embeddings)
+ *   bf16 [T,f1]:    fc1 output (GELU input; gate and up)
+ *   bf16 [T,f]:     the activation's output (GELU, or silu(gate) up), fc2's input
+ *   eager: bf16 [b,a,s,s] softmax probabilities (the masked half included)
+ *   flash: fp32 [b,a,s] log-sum-exp per row and head
+ *   LayerNorm only: fp32 [T] x4, both norms' mean and 1/std (RMSNorm recomputes its 1/rms)
+ *   = 2T(5h + q + f1 + f) + (2 a b s^2 or 4 a b s) (+ 16T)
+ * which is zp_mem_activation_block_bytes without dropout (plus the LayerNorm statistics):
+ * s b h (32 + 2 a s / h) + 16 s b for GPT-2. */
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims);
 
 /* Bytes of one block's checkpoint, its bf16 input [b s, h]: 2 s b h. Also the size of any
@@ -141,11 +167,12 @@ gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_p
                                 const RealBf16 *x_in, RealBf16 *x_out,
                                 gboolean save_activations, GError **error);
 
-/* Final layer norm, tied LM head and mean cross-entropy over the b s tokens, forward and
- * backward at once: *loss_out = mean loss; dx_last [T,h] = d(dloss_scale * loss)/dx_last
- * (overwritten); final_ln_grads (unit L+1) += and the wte part of embed_grads (unit 0)
- * += their gradients of dloss_scale * loss. embed_params is unit 0 (wte is read). targets:
- * host, b s of them, in [0, V). */
+/* Final norm, LM head and mean cross-entropy over the b s tokens, forward and backward at
+ * once: *loss_out = mean loss; dx_last [T,h] = d(dloss_scale * loss)/dx_last (overwritten);
+ * final_ln_grads (unit L+1) += and, tied, the wte part of embed_grads (unit 0) += their
+ * gradients of dloss_scale * loss. embed_params is unit 0 (wte is read) when tied; untied, the
+ * head is unit L+1's lm_head and embed_params and embed_grads are not read (may be NULL).
+ * targets: host, b s of them, in [0, V). */
 gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_params,
                                         const RealBf16 *embed_params, const RealBf16 *x_last,
                                         const int *targets, float dloss_scale,

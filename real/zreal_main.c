@@ -22,7 +22,7 @@
 extern void openblas_set_num_threads(int threads);
 
 typedef struct {
-    char *model, *schedule, *out, *backend;
+    char *model, *schedule, *out, *backend, *attention;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
@@ -67,6 +67,10 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     plan.micro_batch = a->micro_batch;
     plan.grad_accum = a->grad_accum;
     plan.checkpoint = a->checkpoint;
+    /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
+    if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan.precision,
+                                                "--attention", &plan.attention, error))
+        return NULL;
     for (int k = 0; k < ZP_KNOB_N; k++)
         if (a->knobs[k] && !zp_zero_knob_set(&plan.zero, (ZpZeroKnob)k, a->knobs[k], error))
             return NULL;
@@ -280,6 +284,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -350,6 +355,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
+    g_free(a->attention);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }

@@ -92,6 +92,32 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
                                                   error));
 }
 
+gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
+                              const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
+                              GError **error)
+{
+    plan->reduce_dtype = ZP_REDUCE_GRAD;
+    return zp_hw_attention_choose(hw, attention_flag, precision, "--attention",
+                                  &plan->attention, error) &&
+           (!reduce_flag ||
+            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error));
+}
+
+gboolean cli_seq(const char *text, ZpModel *model, GError **error)
+{
+    int seq;
+    if (!text || !zp_model_has_architecture(model))
+        return TRUE;
+    if (!cli_int(text, "--seq", 1, 10000000, 0, &seq, error))
+        return FALSE;
+    model->seq_len = seq;
+    if (!zp_model_check(model, model->name, error)) {
+        g_prefix_error(error, "--seq: ");
+        return FALSE;
+    }
+    return TRUE;
+}
+
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error)
 {
     if (gpus % mp != 0) {

@@ -50,6 +50,17 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
                                  ZpPrecision *precision, ZpOptimizer *optimizer,
                                  GError **error);
 
+/* --attention eager|flash|NAME (NULL: what PyTorch's scaled-dot-product attention picks on
+ * hw at this precision; hw may be NULL) and --reduce-dtype fp32|bf16|fp16 (NULL: the
+ * gradients' own dtype). */
+gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
+                              const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
+                              GError **error);
+
+/* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
+ * sets model->seq_len and checks it against a learned position table. */
+gboolean cli_seq(const char *text, ZpModel *model, GError **error);
+
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
 

@@ -16,6 +16,7 @@ typedef struct {
     gboolean checkpoint, json;
     ZpPrecision precision;
     ZpOptimizer optimizer;
+    ZpPlan kernels; /* its attention and reduce_dtype */
 } MemoryArgs;
 
 #define GB 1e9
@@ -47,15 +48,19 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->checkpoint = a->checkpoint;
     plan->precision = a->precision;
     plan->optimizer = a->optimizer;
+    plan->attention = a->kernels.attention;
+    plan->reduce_dtype = a->kernels.reduce_dtype;
 }
 
 static int print_json(const MemoryArgs *a)
 {
     const double params = (double)zp_model_param_count(&a->model);
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
-    json_t *root = json_pack("{s:I, s:s, s:s, s:s, s:i, s:{s:f, s:f, s:f}}", "params",
+    json_t *root = json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:i, s:{s:f, s:f, s:f}}", "params",
                              (json_int_t)zp_model_param_count(&a->model), "model",
-                             a->model.name, "precision", zp_precision_name(a->precision),
+                             a->model.name, "seq_len", (json_int_t)a->model.seq_len,
+                             "attention", zp_attention_name(a->kernels.attention),
+                             "precision", zp_precision_name(a->precision),
                              "optimizer", zp_optimizer_name(a->optimizer), "mp", a->mp,
                              "bytes_per_param", "params", sb.param_bytes, "grads",
                              sb.grad_bytes, "optimizer", sb.optim_bytes);
@@ -70,11 +75,12 @@ static int print_json(const MemoryArgs *a)
             ZpModelStates m = zp_mem_model_states(params, stage, dp, a->mp, sb);
             json_object_set_new(row, key, json_real(m.total_bytes));
             json_object_set_new(detail, key, states_json(m));
-            json_object_set_new(comm, key,
-                                json_real(zp_comm_dp_bytes_per_rank(
-                                    params, stage, dp, a->mp, zp_plan_elem_bytes(a->precision))));
             ZpPlan plan;
             plan_for(a, stage, gpus, &plan);
+            json_object_set_new(comm, key,
+                                json_real(zp_comm_dp_bytes_per_rank(params, stage, dp, a->mp,
+                                                                    zp_plan_elem_bytes(a->precision),
+                                                                    zp_plan_reduce_bytes(&plan))));
             ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
             json_object_set_new(residual, key, residual_json(&r));
         }
@@ -104,8 +110,8 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
     }
     printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
-           ", %s (GB):\n",
-           gpus, a->micro_batch, a->model.seq_len,
+           ", %s attention, %s (GB):\n",
+           gpus, a->micro_batch, a->model.seq_len, zp_attention_name(a->kernels.attention),
            a->checkpoint ? "checkpointing every block" : "no activation checkpointing");
     printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
     const struct {
@@ -180,7 +186,8 @@ static void print_table(const MemoryArgs *a)
 int cli_memory(int argc, char **argv)
 {
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
-    char *micro_batch = NULL, *precision = NULL, *optimizer = NULL;
+    char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
+    char *attention = NULL, *reduce = NULL;
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
@@ -192,6 +199,9 @@ int cli_memory(int argc, char **argv)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
+        {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -204,11 +214,14 @@ int cli_memory(int argc, char **argv)
     gboolean have_hw = FALSE;
     gboolean ok = cli_parse(context, &argc, &argv, &error) &&
                   cli_model(model, params, &a.model, &error) &&
+                  cli_seq(seq, &a.model, &error) &&
                   cli_cluster(cluster, NULL, FALSE, &a.hw, &have_hw, &error) &&
                   cli_int(mp, "--mp", 1, 65536, 1, &a.mp, &error) &&
                   cli_int(micro_batch, "--micro-batch", 1, 1e6, 1, &a.micro_batch, &error) &&
                   cli_precision_optimizer(precision, optimizer, &a.precision, &a.optimizer,
-                                          &error);
+                                          &error) &&
+                  cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
+                                       &a.kernels, &error);
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -223,6 +236,7 @@ int cli_memory(int argc, char **argv)
         g_array_unref(a.gpus);
     g_option_context_free(context);
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
-    g_free(micro_batch), g_free(precision), g_free(optimizer);
+    g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
+    g_free(attention), g_free(reduce);
     return status;
 }

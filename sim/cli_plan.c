@@ -22,6 +22,7 @@ typedef struct {
     int64_t global_batch;
     ZpPrecision precision;
     ZpOptimizer optimizer;
+    ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
     gboolean json;
     char *ds_config;
 } PlanArgs;
@@ -154,9 +155,12 @@ static void print_header(const PlanArgs *a, const ZpSearchResult *r)
         printf("global batch %" G_GINT64_FORMAT, a->global_batch);
     else
         printf("global batch free (one micro-step per step)");
-    printf(", %s + %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
+    printf(", %s + %s, %s attention, gradients reduced in %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
            "%u simulated and fit, %u over memory when simulated. GB = 1e9 bytes.\n",
            zp_precision_name(a->precision), zp_optimizer_name(a->optimizer),
+           zp_attention_name(a->kernels.attention),
+           a->kernels.reduce_dtype == ZP_REDUCE_GRAD ? zp_precision_name(a->precision)
+                                                     : zp_reduce_dtype_name(a->kernels.reduce_dtype),
            r->candidates->len, r->count[ZP_FATE_OUT_OF_MEMORY], r->count[ZP_FATE_CANNOT_WIN],
            r->count[ZP_FATE_SIMULATED], r->count[ZP_FATE_SIMULATED_OOM]);
 }
@@ -388,7 +392,8 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
 static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
                            const char *gpus, const char *global_batch, const char *seq,
                            const char *top, const char *mp, const char *precision,
-                           const char *optimizer, GError **error)
+                           const char *optimizer, const char *attention, const char *reduce,
+                           GError **error)
 {
     gboolean have_hw = FALSE;
     int batch = 0;
@@ -402,14 +407,15 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
           cli_cluster(cluster, NULL, TRUE, &a->hw, &have_hw, error) &&
           cli_int(gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &a->gpus, error) &&
           cli_int(global_batch, "--global-batch", 1, 1 << 24, 0, &batch, error) &&
-          cli_int(seq, "--seq", 1, 10000000, (int)a->model.seq_len, &a->seq, error) &&
+          cli_seq(seq, &a->model, error) &&
           cli_int(top, "--top", 1, 1000, 5, &a->top_k, error) &&
           cli_int(mp, "--mp", 1, 65536, 0, &a->mp, error) &&
           (a->mp == 0 || cli_check_mp(a->mp, a->gpus, &a->model, error)) &&
-          cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error)))
+          cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error) &&
+          cli_attention_reduce(attention, reduce, &a->hw, a->precision, &a->kernels, error)))
         return FALSE;
     a->global_batch = batch;
-    a->model.seq_len = a->seq;
+    a->seq = (int)a->model.seq_len;
     if (a->mp > 0 && !sim_coll_check_placement(&a->hw, a->mp, error)) {
         g_prefix_error(error, "--mp: ");
         return FALSE;
@@ -420,14 +426,17 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
 int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
-    char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL;
+    char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
+    char *reduce = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (required)", "C"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's)", "S"},
+        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
+        {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Only this tensor-parallel degree (default: all that fit a node)", "M"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
@@ -447,7 +456,7 @@ int cli_plan(int argc, char **argv)
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
-                    &error)) {
+                    attention, reduce, &error)) {
         status = cli_fail("plan", error);
     } else {
         ZpSearchSpec spec;
@@ -458,6 +467,8 @@ int cli_plan(int argc, char **argv)
         spec.top_k = a.top_k;
         spec.precision = a.precision;
         spec.optimizer = a.optimizer;
+        spec.attention = a.kernels.attention;
+        spec.reduce_dtype = a.kernels.reduce_dtype;
         ZpSearchResult result;
         status = zp_search_run(&spec, &result, &error) ? report(&a, &result)
                                                        : cli_fail("plan", error);
@@ -466,5 +477,6 @@ int cli_plan(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
+    g_free(attention), g_free(reduce);
     return status;
 }

@@ -17,7 +17,7 @@
 typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
-    char *precision, *optimizer, *trace, *ds_config, *out;
+    char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
 } SimulateFlags;
 
@@ -33,7 +33,7 @@ static gboolean required(const char *text, const char *usage, GError **error)
 static gboolean load_model(const SimulateFlags *f, ZpModel *model, GError **error)
 {
     if (!required(f->model, "--model NAME|PATH.json", error) ||
-        !zp_model_load(f->model, model, error))
+        !zp_model_load(f->model, model, error) || !cli_seq(f->seq, model, error))
         return FALSE;
     if (f->no_dropout)
         model->dropout = FALSE;
@@ -67,8 +67,8 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
  * and, for "auto", precision and optimizer from the flags. Flags that would say the plan a
  * second time are refused rather than silently overridden. */
-static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, ZpPlan *plan,
-                               GError **error)
+static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                               ZpPlan *plan, GError **error)
 {
     const struct {
         const char *flag;
@@ -101,6 +101,12 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, ZpP
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
                                  &launch.optimizer, error))
         return FALSE;
+    ZpPlan kernels = launch;
+    if (!cli_attention_reduce(f->attention, f->reduce_dtype, hw, launch.precision, &kernels,
+                              error))
+        return FALSE;
+    launch.attention = kernels.attention;
+    launch.reduce_dtype = kernels.reduce_dtype;
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     int64_t train_batch = 0;
     gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
@@ -118,7 +124,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
                               ZpPlan *plan, GError **error)
 {
     if (f->ds_config) {
-        if (!ds_config_plan(f, model, plan, error))
+        if (!ds_config_plan(f, model, hw, plan, error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
@@ -150,7 +156,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
-    return overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
+    return cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
+           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
 }
 
 /* ---- output ---- */
@@ -357,7 +364,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[20])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -379,9 +386,12 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[20])
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus, --mp)", "FILE"},
+        {"seq", 0, 0, G_OPTION_ARG_STRING, &f->seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
+        {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 20);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 24);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -390,7 +400,8 @@ static void free_flags(SimulateFlags *f)
     char **texts[] = {&f->model, &f->cluster, &f->gpus, &f->stage, &f->micro_batch, &f->mp,
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
-                      &f->optimizer, &f->trace, &f->ds_config, &f->out};
+                      &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
+                      &f->attention, &f->reduce_dtype};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
 }
@@ -400,7 +411,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[20];
+    GOptionEntry entries[24];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

@@ -153,11 +153,28 @@ static Event heap_pop(Heap *h)
 
 /* ---- static facts ---- */
 
-double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops)
+double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops,
+                                 double attn_flops_per_s)
 {
-    const double math_s =
-        op->flops > 0 ? op->flops / (peak_flops * zp_hw_gemm_efficiency(hw, op->gemm_flops)) : 0;
-    return math_s + op->mem_bytes / zp_hw_memory_bytes_per_s(hw, op->sub == ZP_COMP_OPTIMIZER);
+    return zp_hw_compute_time_s(hw, peak_flops, op->flops, op->gemm_flops, op->attn_flops,
+                                attn_flops_per_s, op->mem_bytes, op->sub == ZP_COMP_OPTIMIZER);
+}
+
+gboolean sim_engine_attention_flops_per_s(const ZpModel *model, const ZpPlan *plan,
+                                          const ZpHw *hw, double *flops_per_s, GError **error)
+{
+    *flops_per_s = 0;
+    if (!zp_attention_fused(plan->attention))
+        return TRUE;
+    *flops_per_s = zp_hw_attention_flops_per_s(hw, plan->attention,
+                                               (double)zp_model_head_dim(model),
+                                               (double)model->seq_len);
+    if (*flops_per_s > 0)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "attention: %s has no rate for '%s' in its attention table", hw->name,
+                zp_attention_name(plan->attention));
+    return FALSE;
 }
 
 gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,
@@ -206,6 +223,9 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
     if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
         !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
         return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
+    if (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
+        (op->attn_flops > 0 && !zp_attention_fused(s->plan.attention)))
+        return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
     if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
         return fail_op(error, i, "dependencies run past the dependency list");
     const uint32_t *deps = zp_sched_deps(s, op);
@@ -255,8 +275,9 @@ static void build_streams(Sim *sim)
 static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
-    double peak_flops;
-    if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error))
+    double peak_flops, attn_flops_per_s;
+    if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
+        !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
         return FALSE;
     const SimCollGroup groups[2] = {
         [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
@@ -271,7 +292,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
                      .group = op->group, .n_deps = op->n_deps, .bytes = op->bytes};
         if (op->kind == ZP_OP_COMPUTE) {
-            o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops);
+            o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)

@@ -66,10 +66,16 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
 
 void sim_result_free(SimResult *result);
 
-/* Seconds one compute op takes: flops / (peak x GEMM efficiency at gemm_flops) plus
- * mem_bytes / zp_hw_memory_bytes_per_s (HBM for the optimizer, the elementwise rate for the
- * rest), with the peak of the plan's precision. */
-double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops);
+/* Seconds one compute op takes (zp_hw_compute_time_s): flops other than attn_flops at peak x
+ * GEMM efficiency at gemm_flops, attn_flops at the fused kernel's attn_flops_per_s, plus
+ * mem_bytes / zp_hw_memory_bytes_per_s, with the peak of the plan's precision. */
+double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops,
+                                 double attn_flops_per_s);
+
+/* The fused attention kernel's rate on hw for a schedule's model and plan
+ * (zp_hw_attention_flops_per_s); 0 for eager. Fails when hw lists no rate for the kernel. */
+gboolean sim_engine_attention_flops_per_s(const ZpModel *model, const ZpPlan *plan,
+                                          const ZpHw *hw, double *flops_per_s, GError **error);
 
 /* The tensor-core (or fp32) peak for a precision; fails if hw has none (bf16 on V100). */
 gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,

@@ -38,7 +38,7 @@ static void test_memory_json_figures(void)
 static void test_no_dropout(void)
 {
     const char *args = "simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 "
-                       "--micro-batch 4 --json";
+                       "--micro-batch 4 --attention eager --json";
     char *no_dropout = g_strdup_printf("%s --no-dropout", args);
     json_t *with = tu_zplan_json(args), *without = tu_zplan_json(no_dropout);
     const double sbh_L = 1024.0 * 4 * 768 * 12;

@@ -129,13 +129,13 @@ static void test_state_bytes_table(void)
 static void test_comm_volume(void)
 {
     const double psi = 1e9;
-    g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 0, 1, 1, 2), ==, 0);
+    g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 0, 1, 1, 2, 2), ==, 0);
     for (int n = 2; n <= 1024; n *= 4) {
-        const double s0 = zp_comm_dp_bytes_per_rank(psi, 0, n, 1, 2);
+        const double s0 = zp_comm_dp_bytes_per_rank(psi, 0, n, 1, 2, 2);
         g_assert_cmpfloat(s0, ==, 2 * psi * (n - 1) / n * 2);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 1, n, 1, 2), ==, s0);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 2, n, 1, 2), ==, s0);
-        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 3, n, 1, 2) / s0, ==, 1.5);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 1, n, 1, 2, 2), ==, s0);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 2, n, 1, 2, 2), ==, s0);
+        g_assert_cmpfloat(zp_comm_dp_bytes_per_rank(psi, 3, n, 1, 2, 2) / s0, ==, 1.5);
     }
     ZpModel m = {.seq_len = 1024, .hidden = 1000};
     /* MP 2: each all-reduce of b s h elements sends half of them; 4 all-reduces. */
@@ -162,9 +162,16 @@ static void test_param_counts(void)
         g_assert_true(zp_model_load(path, &m, &error));
         g_assert_no_error(error);
         const double L = m.layers, h = m.hidden, V = m.vocab, s = m.seq_len, f = m.ffn_hidden;
-        const double textbook = L * (4 * h * h + 2 * h * f + 9 * h + f) + V * h +
-                                (m.learned_positions ? s * h : 0) + 2 * h +
-                                (m.tied_embeddings ? 0 : V * h);
+        const double kd = (double)zp_model_kv_heads(&m) * (double)zp_model_head_dim(&m);
+        /* GPT-2 blocks, or Llama blocks (SwiGLU, RMSNorm, no biases, rotary positions). */
+        const gboolean llama = m.mlp == ZP_MLP_SWIGLU;
+        g_assert_true(llama ? m.norm == ZP_NORM_RMSNORM && m.no_bias == 7 && !m.learned_positions
+                            : m.norm == ZP_NORM_LAYERNORM && m.no_bias == 0 && kd == h);
+        const double textbook =
+            llama ? L * (2 * h * h + 2 * h * kd + 3 * h * f + 2 * h) + V * h + h +
+                        (m.tied_embeddings ? 0 : V * h)
+                  : L * (4 * h * h + 2 * h * f + 9 * h + f) + V * h +
+                        (m.learned_positions ? s * h : 0) + 2 * h + (m.tied_embeddings ? 0 : V * h);
         const uint64_t count = zp_model_param_count(&m);
         g_assert_cmpfloat((double)count, ==, textbook);
         GArray *tensors = zp_model_tensors(&m);
@@ -187,6 +194,8 @@ static void test_param_counts(void)
     g_assert_cmpuint(zp_model_param_count(&m), ==, 124439808);
     g_assert_true(zp_model_load("gpt2-1.5b", &m, NULL));
     g_assert_cmpuint(zp_model_param_count(&m), ==, 1557611200);
+    g_assert_true(zp_model_load("llama-tiny", &m, NULL));
+    g_assert_cmpuint(zp_model_param_count(&m), ==, 1401472);
 }
 
 /* Activation memory: Korthikanti's sbh(34 + 5as/h) at t = 1 with dropout, and the
@@ -196,10 +205,10 @@ static void test_activation_terms(void)
     ZpModel m;
     g_assert_true(zp_model_load("gpt2-1.5b", &m, NULL));
     const double s = 1024, b = 4, h = 1600, a = 25;
-    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2) -
+    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2, ZP_ATTN_EAGER) -
                            s * b * h * (34 + 5 * a * s / h)), <, 1e-3);
     m.dropout = FALSE;
-    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2) -
+    g_assert_cmpfloat(fabs(zp_mem_activation_block_bytes(&m, 4, 1, 2, ZP_ATTN_EAGER) -
                            s * b * h * (32 + 2 * a * s / h)), <, 1e-3);
     m.dropout = TRUE;
     ZpPlan plan;

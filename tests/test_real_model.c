@@ -3,6 +3,7 @@
 #include "real_alloc.h"
 #include "real_cpu.h"
 #include "real_data.h"
+#include "real_engine.h"
 #include "real_gpt.h"
 #include "zp_mem.h"
 #include "zp_model.h"
@@ -185,6 +186,123 @@ static double ref_model_loss(const RealGptDims *d, double *const *units, const i
         }
     double loss = ref_xent(logits, targets, T, V);
     g_free(x), g_free(ln), g_free(qkv), g_free(att), g_free(tmp), g_free(u), g_free(logits);
+    return loss;
+}
+
+/* ---- the Llama block in double: RMSNorm, rotary embeddings, grouped-query attention,
+ * SwiGLU, untied head, no biases ---- */
+
+static void ref_rmsnorm(const double *x, const double *gain, double *y, int rows, int cols,
+                        double eps)
+{
+    for (int r = 0; r < rows; r++) {
+        const double *xr = x + (size_t)r * cols;
+        double sq = 0.0;
+        for (int c = 0; c < cols; c++)
+            sq += xr[c] * xr[c] / cols;
+        for (int c = 0; c < cols; c++)
+            y[(size_t)r * cols + c] = xr[c] / sqrt(sq + eps) * gain[c];
+    }
+}
+
+/* Rotates the pair (c, c + d/2) of every q and k head of row r by t theta^(-2c/d). */
+static void ref_rope(double *qkv, int rows, int s, int heads, int kv, int hd, double theta)
+{
+    const int ld = (heads + 2 * kv) * hd;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < heads + kv; j++)
+            for (int c = 0; c < hd / 2; c++) {
+                double *x = qkv + (size_t)r * ld + (size_t)j * hd;
+                const double angle = (r % s) * pow(theta, -2.0 * c / hd);
+                const double a = x[c], b = x[c + hd / 2];
+                x[c] = a * cos(angle) - b * sin(angle);
+                x[c + hd / 2] = b * cos(angle) + a * sin(angle);
+            }
+}
+
+/* Causal attention where query head a reads key/value head a / (heads / kv); lse [batch,
+ * heads, s] the log-sum-exp of each row's scaled scores when not NULL. */
+static void ref_attention_gqa(const double *qkv, double *out, double *lse, int batch, int s,
+                              int heads, int kv, int hd)
+{
+    const int h = heads * hd, ld = (heads + 2 * kv) * hd;
+    double *p = g_new(double, s);
+    for (int b = 0; b < batch; b++)
+        for (int a = 0; a < heads; a++)
+            for (int t = 0; t < s; t++) {
+                const double *q = qkv + ((size_t)b * s + t) * ld + a * hd;
+                const size_t kc = h + (size_t)(a / (heads / kv)) * hd;
+                double max = -INFINITY, sum = 0.0;
+                for (int u = 0; u <= t; u++) {
+                    const double *k = qkv + ((size_t)b * s + u) * ld + kc;
+                    double dot = 0.0;
+                    for (int i = 0; i < hd; i++)
+                        dot += q[i] * k[i];
+                    p[u] = dot / sqrt((double)hd);
+                    max = fmax(max, p[u]);
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += (p[u] = exp(p[u] - max));
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0.0;
+                    for (int u = 0; u <= t; u++)
+                        acc += p[u] / sum * qkv[((size_t)b * s + u) * ld + kc + kv * hd + i];
+                    out[((size_t)b * s + t) * h + a * hd + i] = acc;
+                }
+                if (lse)
+                    lse[((size_t)b * heads + a) * s + t] = max + log(sum);
+            }
+    g_free(p);
+}
+
+/* The whole Llama forward in double, from the documented layout, to the mean loss. */
+static double ref_llama_loss(const RealGptDims *d, double *const *units, const int *tokens,
+                             const int *targets)
+{
+    const int L = d->layers, h = d->hidden, f = d->ffn_hidden, s = d->seq_len, V = d->vocab;
+    const int kv = d->kv_heads ? d->kv_heads : d->heads, hd = h / d->heads;
+    const int q = h + 2 * kv * hd, T = d->micro_batch * s;
+    const double eps = d->norm_eps > 0 ? d->norm_eps : 1e-5;
+    double *x = g_new(double, (size_t)T * h), *ln = g_new(double, (size_t)T * h);
+    double *qkv = g_new(double, (size_t)T * q), *att = g_new(double, (size_t)T * h);
+    double *tmp = g_new(double, (size_t)T * h), *u = g_new(double, (size_t)T * 2 * f);
+    double *act = g_new(double, (size_t)T * f), *logits = g_new(double, (size_t)T * V);
+    for (int r = 0; r < T; r++)
+        for (int c = 0; c < h; c++)
+            x[(size_t)r * h + c] = units[0][(size_t)tokens[r] * h + c];
+    for (int l = 0; l < L; l++) {
+        const double *g1 = units[l + 1], *wqkv = g1 + h, *wo = wqkv + (size_t)h * q;
+        const double *g2 = wo + (size_t)h * h, *w1 = g2 + h, *w2 = w1 + (size_t)h * 2 * f;
+        ref_rmsnorm(x, g1, ln, T, h, eps);
+        ref_linear(ln, wqkv, NULL, qkv, T, h, q);
+        ref_rope(qkv, T, s, d->heads, kv, hd, d->rope_theta);
+        ref_attention_gqa(qkv, att, NULL, d->micro_batch, s, d->heads, kv, hd);
+        ref_linear(att, wo, NULL, tmp, T, h, h);
+        for (size_t i = 0; i < (size_t)T * h; i++)
+            x[i] += tmp[i];
+        ref_rmsnorm(x, g2, ln, T, h, eps);
+        ref_linear(ln, w1, NULL, u, T, h, 2 * f);
+        for (int r = 0; r < T; r++)
+            for (int c = 0; c < f; c++) {
+                const double gt = u[(size_t)r * 2 * f + c], up = u[(size_t)r * 2 * f + f + c];
+                act[(size_t)r * f + c] = gt / (1.0 + exp(-gt)) * up;
+            }
+        ref_linear(act, w2, NULL, tmp, T, f, h);
+        for (size_t i = 0; i < (size_t)T * h; i++)
+            x[i] += tmp[i];
+    }
+    const double *lnf = units[L + 1], *head = lnf + h;
+    ref_rmsnorm(x, lnf, ln, T, h, eps);
+    for (int r = 0; r < T; r++)
+        for (int v = 0; v < V; v++) {
+            double acc = 0.0;
+            for (int c = 0; c < h; c++)
+                acc += ln[(size_t)r * h + c] * head[(size_t)v * h + c];
+            logits[(size_t)r * V + v] = acc;
+        }
+    double loss = ref_xent(logits, targets, T, V);
+    g_free(x), g_free(ln), g_free(qkv), g_free(att), g_free(tmp), g_free(u), g_free(act);
+    g_free(logits);
     return loss;
 }
 
@@ -701,10 +819,25 @@ static double model_objective(const double *unit_values, void *ctx)
 {
     ModelCtx *c = ctx;
     g_assert_true(unit_values == c->units[c->unit]);
-    return ref_model_loss(c->dims, c->units, c->tokens, c->targets);
+    return c->dims->swiglu ? ref_llama_loss(c->dims, c->units, c->tokens, c->targets)
+                           : ref_model_loss(c->dims, c->units, c->tokens, c->targets);
 }
 
-static void test_model_gradients(void)
+/* The models the gradient check runs: GPT-2, and a Llama block (grouped-query attention with
+ * 4 query and 2 key/value heads, SwiGLU, RMSNorm, rotary embeddings, untied head, no biases)
+ * with the eager and the fused attention. */
+static RealGptDims gradient_dims(int which)
+{
+    RealGptDims d = real_gpt_dims_make(2, 16, 2, 8, 32, 2);
+    if (which == 0)
+        return d;
+    d.heads = 4, d.kv_heads = 2, d.ffn_hidden = 24, d.swiglu = true, d.rmsnorm = true;
+    d.untied = true, d.no_bias = true, d.rope_theta = 10000.0f, d.norm_eps = 1e-5f;
+    d.flash = which == 2;
+    return d;
+}
+
+static void test_model_gradients(gconstpointer data)
 {
     /* Tolerances. The model computes in fp32 but stores every activation, the residual
      * stream and the gradients in bf16 (8 significant bits, relative rounding <= 2^-9 =
@@ -716,7 +849,7 @@ static void test_model_gradients(void)
      * wrong scale) are off by 20% or more. The loss must agree to 0.5% for the same reason
      * (measured 0.007%). */
     const double tol_direction = 0.03, tol_element = 0.06, tol_loss = 0.005;
-    RealGptDims dims = real_gpt_dims_make(2, 16, 2, 8, 32, 2);
+    RealGptDims dims = gradient_dims(GPOINTER_TO_INT(data));
     Fixture fx;
     fx_init(&fx, &dims, 7);
     TestRng rng = {5};
@@ -731,7 +864,8 @@ static void test_model_gradients(void)
         for (size_t i = 0; i < fx.elems[u]; i++)
             units[u][i] = real_bf16_to_f32(fx.params[u][i]);
     }
-    double ref_loss = ref_model_loss(&dims, units, tokens, targets);
+    double ref_loss = dims.swiglu ? ref_llama_loss(&dims, units, tokens, targets)
+                                  : ref_model_loss(&dims, units, tokens, targets);
     g_test_message("loss: model %.6f, double reference %.6f", loss, ref_loss);
     g_assert_cmpfloat(fabs(loss - ref_loss), <, tol_loss * ref_loss);
 
@@ -780,7 +914,13 @@ static void test_model_gradients(void)
             g_free(g), g_free(dir);
         }
     }
-    g_assert_cmpint(checked, ==, 2 + 12 * dims.layers + 2);
+    int tensors = 0;
+    for (int u = 0; u < fx.n_units; u++) {
+        RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+        tensors += real_gpt_unit_tensors(&dims, u, t);
+    }
+    g_assert_cmpint(checked, ==, tensors);
+    g_assert_cmpint(tensors, ==, dims.swiglu ? 1 + 6 * dims.layers + 2 : 2 + 12 * dims.layers + 2);
     g_test_message("worst relative error: direction %.2e, element %.2e", worst_dir, worst_elem);
     for (int u = 0; u < fx.n_units; u++)
         g_free(units[u]);
@@ -1054,7 +1194,7 @@ static void test_layout_matches_planner(void)
             g_assert_false(model.dropout);
         model.dropout = FALSE;
         /* The planner's s b h (32 + 2 a s / h) in 16 bits, plus our fp32 LN statistics. */
-        double planner_act = zp_mem_activation_block_bytes(&model, 2, 1, 2.0);
+        double planner_act = zp_mem_activation_block_bytes(&model, 2, 1, 2.0, ZP_ATTN_EAGER);
         g_assert_cmpfloat(fabs((double)real_gpt_block_activation_bytes(&dims) -
                                (planner_act + 16.0 * 2 * model.seq_len)),
                           <, 0.5);
@@ -1166,6 +1306,121 @@ static void test_init_deterministic(void)
     g_free(a), g_free(b);
 }
 
+/* The fused kernel against the eager one and the double reference, with grouped-query heads
+ * and a sequence that ends inside a key block: outputs, log-sum-exp and every gradient. */
+static void test_llama_attention_kernels(void)
+{
+    enum { B = 2, S = 37, A = 4, KV = 2, D = 8, LD = (A + 2 * KV) * D, H = A * D };
+    RealBackend *be = real_cpu_backend_new();
+    TestRng rng = {21};
+    const size_t nq = (size_t)B * S * LD, no = (size_t)B * S * H, nl = (size_t)B * A * S;
+    float *qkv = g_new(float, nq), *dout = g_new(float, no);
+    float *out_e = g_new(float, no), *out_f = g_new(float, no), *lse = g_new(float, nl);
+    float *dq_e = g_new(float, nq), *dq_f = g_new(float, nq);
+    float *probs = g_new(float, (size_t)B * A * S * S);
+    fill_normal(&rng, qkv, nq, 0.0, 1.0);
+    fill_normal(&rng, dout, no, 0.0, 1.0);
+    double *qkv_d = to_double(qkv, nq), *out_d = g_new(double, no), *lse_d = g_new(double, nl);
+    ref_attention_gqa(qkv_d, out_d, lse_d, B, S, A, KV, D);
+    g_assert_true(be->attention_gqa_fwd(be, out_e, probs, REAL_DTYPE_F32, qkv, B, S, A, KV, D));
+    g_assert_true(be->flash_attention_fwd(be, out_f, lse, qkv, B, S, A, KV, D));
+    g_assert_cmpfloat(max_abs_diff_fd(out_e, out_d, no), <, 1e-5);
+    g_assert_cmpfloat(max_abs_diff_fd(out_f, out_d, no), <, 1e-5);
+    g_assert_cmpfloat(max_abs_diff_fd(lse, lse_d, nl), <, 1e-5);
+    g_assert_true(be->attention_gqa_bwd(be, dq_e, dout, qkv, probs, REAL_DTYPE_F32, B, S, A, KV,
+                                        D));
+    g_assert_true(be->flash_attention_bwd(be, dq_f, dout, qkv, out_f, lse, B, S, A, KV, D));
+    double *dq_e_d = to_double(dq_e, nq), worst = 0.0, largest = 0.0;
+    for (size_t i = 0; i < nq; i++)
+        largest = fmax(largest, fabs(dq_e_d[i]));
+    worst = max_abs_diff_fd(dq_f, dq_e_d, nq);
+    g_test_message("fused vs eager gradients: worst %.2e of largest %.2e", worst, largest);
+    g_assert_cmpfloat(largest, >, 0.1);
+    g_assert_cmpfloat(worst, <, 1e-5 * largest);
+    /* With as many key/value heads as heads the grouped entry is the original one. */
+    float *out_m = g_new(float, (size_t)B * S * H);
+    float *qkv_m = g_new(float, (size_t)B * S * 3 * H);
+    fill_normal(&rng, qkv_m, (size_t)B * S * 3 * H, 0.0, 1.0);
+    g_assert_true(be->attention_fwd(be, out_e, NULL, REAL_DTYPE_F32, qkv_m, B, S, A, D));
+    g_assert_true(be->attention_gqa_fwd(be, out_m, NULL, REAL_DTYPE_F32, qkv_m, B, S, A, A, D));
+    g_assert_cmpmem(out_e, no * sizeof(float), out_m, no * sizeof(float));
+    g_free(qkv), g_free(dout), g_free(out_e), g_free(out_f), g_free(lse), g_free(dq_e);
+    g_free(dq_f), g_free(probs), g_free(qkv_d), g_free(out_d), g_free(lse_d), g_free(dq_e_d);
+    g_free(out_m), g_free(qkv_m);
+    be->destroy(be);
+}
+
+/* Rotary embeddings turn back exactly, keep each pair's length and leave position 0 and v
+ * alone; a backend without an entry the model needs refuses it in one line. */
+static void test_llama_rope_and_backend(void)
+{
+    enum { B = 2, S = 5, A = 4, KV = 2, D = 6, LD = (A + 2 * KV) * D };
+    RealBackend *be = real_cpu_backend_new();
+    TestRng rng = {3};
+    const size_t n = (size_t)B * S * LD;
+    float *x = g_new(float, n), *y = g_new(float, n);
+    fill_normal(&rng, x, n, 0.0, 1.0);
+    memcpy(y, x, n * sizeof(float));
+    be->rope(be, y, B, S, A, KV, D, 10000.0f, false);
+    for (int r = 0; r < B * S; r++)
+        for (int c = 0; c < LD; c++) {
+            const size_t i = (size_t)r * LD + c;
+            if (r % S == 0 || c >= (A + KV) * D) /* position 0 and v are not turned */
+                g_assert_cmpfloat(y[i], ==, x[i]);
+        }
+    for (int r = 0; r < B * S; r++)
+        for (int j = 0; j < A + KV; j++)
+            for (int c = 0; c < D / 2; c++) {
+                const size_t i = (size_t)r * LD + (size_t)j * D + c, k = i + D / 2;
+                g_assert_cmpfloat(fabs(hypot(y[i], y[k]) - hypot(x[i], x[k])), <, 1e-5);
+            }
+    be->rope(be, y, B, S, A, KV, D, 10000.0f, true);
+    for (size_t i = 0; i < n; i++)
+        g_assert_cmpfloat(fabs(y[i] - x[i]), <, 1e-5);
+    g_free(x), g_free(y);
+    RealGptDims d = gradient_dims(1);
+    be->rmsnorm_fwd = NULL; /* a backend that has not implemented RMSNorm yet */
+    GError *error = NULL;
+    g_assert_null(real_gpt_new(be, &d, &error));
+    g_assert_cmpstr(error->message, ==, "the cpu backend has no rmsnorm_fwd/bwd yet, which RMSNorm needs");
+    g_clear_error(&error);
+    be->destroy(be);
+}
+
+/* llama-tiny's layout is the planner's, tensor by tensor, and a block keeps exactly the
+ * activation bytes the planner counts, eager and fused. */
+static void test_llama_layout_memory(void)
+{
+    const char *models[] = {"llama-tiny", "hf/llama-2-7b", "hf/llama-2-70b"};
+    for (size_t m = 0; m < G_N_ELEMENTS(models); m++) {
+        ZpModel model;
+        g_assert_true(zp_model_load(models[m], &model, NULL));
+        for (int fused = 0; fused <= 1; fused++) {
+            ZpPlan plan;
+            zp_plan_defaults(&plan, 0, 1, 1);
+            plan.micro_batch = 2;
+            plan.attention = fused ? ZP_ATTN_FLASH2 : ZP_ATTN_EAGER;
+            RealGptDims dims = real_engine_dims(&model, &plan);
+            g_assert_cmpuint(real_gpt_param_elems(&dims), ==, zp_model_param_count(&model));
+            GArray *tensors = zp_model_tensors(&model);
+            guint k = 0;
+            for (int u = 0; u < real_gpt_n_units(&dims); u++) {
+                RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+                int n = real_gpt_unit_tensors(&dims, u, t);
+                for (int i = 0; i < n; i++, k++) {
+                    const ZpTensor *zt = &g_array_index(tensors, ZpTensor, k);
+                    g_assert_cmpstr(t[i].name, ==, zt->name);
+                    g_assert_cmpuint(t[i].elems, ==, zt->elems);
+                }
+            }
+            g_assert_cmpuint(k, ==, tensors->len);
+            g_array_unref(tensors);
+            g_assert_cmpfloat((double)real_gpt_block_activation_bytes(&dims), ==,
+                              zp_mem_activation_block_bytes(&model, 2, 1, 2.0, plan.attention));
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1182,7 +1437,12 @@ int main(int argc, char **argv)
     g_test_add_func("/real/gpt/layout_matches_planner", test_layout_matches_planner);
     g_test_add_func("/real/gpt/init", test_init_deterministic);
     g_test_add_func("/real/gpt/errors", test_model_errors);
-    g_test_add_func("/real/gpt/gradients", test_model_gradients);
+    g_test_add_data_func("/real/gpt/gradients", GINT_TO_POINTER(0), test_model_gradients);
+    g_test_add_data_func("/real/llama/gradients-eager", GINT_TO_POINTER(1), test_model_gradients);
+    g_test_add_data_func("/real/llama/gradients-flash", GINT_TO_POINTER(2), test_model_gradients);
+    g_test_add_func("/real/llama/attention-kernels", test_llama_attention_kernels);
+    g_test_add_func("/real/llama/rope-and-backend-check", test_llama_rope_and_backend);
+    g_test_add_func("/real/llama/layout-and-memory", test_llama_layout_memory);
     g_test_add_func("/real/gpt/recompute_bit_identical", test_recompute_bit_identical);
     g_test_add_func("/real/gpt/memory_accounting", test_memory_accounting);
     g_test_add_func("/real/gpt/training", test_training_loss_falls);

@@ -46,7 +46,7 @@ static void test_states_and_comm_match_models(void)
              * forward and backward together on one gather (2h elements, here 128). */
             const double final_norm = stage == 3 ? 128.0 * (dp - 1) / dp * 2 : 0;
             g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_DP), ==,
-                              zp_comm_dp_bytes_per_rank(psi, stage, dp, 1, 2) - final_norm);
+                              zp_comm_dp_bytes_per_rank(psi, stage, dp, 1, 2, 2) - final_norm);
             g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TP), ==, 0);
             zp_sched_free(s);
         }

@@ -275,7 +275,7 @@ static void test_comm_bytes(void)
         dp_bytes[stage] = r->comm_bytes[ZP_GROUP_DP];
         assert_close(dp_bytes[stage], zp_sched_comm_bytes(s, ZP_GROUP_DP), 1e-12);
         assert_close(r->comm_bytes[ZP_GROUP_TP], zp_sched_comm_bytes(s, ZP_GROUP_TP), 1e-12);
-        assert_close(dp_bytes[stage], zp_comm_dp_bytes_per_rank(psi, stage, 16, 2, 2), 1e-3);
+        assert_close(dp_bytes[stage], zp_comm_dp_bytes_per_rank(psi, stage, 16, 2, 2, 2), 1e-3);
         assert_close(r->comm_bytes[ZP_GROUP_TP],
                      gpt2.layers * zp_comm_tp_bytes_per_block(&gpt2, 1, 2, FALSE, 2), 1e-12);
         sim_result_free(r);

@@ -1,0 +1,280 @@
+/* zp_hf: maps a Hugging Face config.json onto ZpModel through tables: which architectures
+ * exist, how each family spells a dimension, and what it defaults to when a key is absent. */
+#include "zp_hf.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <string.h>
+
+/* Families share their keys' spellings and defaults (transformers' *Config classes). */
+typedef enum { HF_LLAMA, HF_GPT2, HF_NEOX, HF_N } HfFamily;
+
+static const struct {
+    const char *name;
+    HfFamily family;
+    gboolean qkv_bias; /* biases on q, k and v whatever the config says (Qwen2) */
+} hf_archs[] = {
+    {"LlamaForCausalLM", HF_LLAMA, FALSE},
+    {"MistralForCausalLM", HF_LLAMA, FALSE},
+    {"Qwen2ForCausalLM", HF_LLAMA, TRUE},
+    {"GPT2LMHeadModel", HF_GPT2, FALSE},
+    {"GPTNeoXForCausalLM", HF_NEOX, FALSE},
+};
+
+/* Whole-number dimensions: the key in each family (NULL: the family has none) and whether
+ * it must be present. */
+static const struct {
+    size_t offset;
+    const char *key[HF_N];
+    gboolean required[HF_N];
+    int64_t max;
+} hf_dims[] = {
+    {G_STRUCT_OFFSET(ZpModel, hidden), {"hidden_size", "n_embd", "hidden_size"},
+     {TRUE, TRUE, TRUE}, 1000000},
+    {G_STRUCT_OFFSET(ZpModel, layers), {"num_hidden_layers", "n_layer", "num_hidden_layers"},
+     {TRUE, TRUE, TRUE}, 100000},
+    {G_STRUCT_OFFSET(ZpModel, heads), {"num_attention_heads", "n_head", "num_attention_heads"},
+     {TRUE, TRUE, TRUE}, 1000000},
+    {G_STRUCT_OFFSET(ZpModel, kv_heads), {"num_key_value_heads", NULL, NULL},
+     {FALSE, FALSE, FALSE}, 1000000},
+    {G_STRUCT_OFFSET(ZpModel, ffn_hidden), {"intermediate_size", "n_inner", "intermediate_size"},
+     {TRUE, FALSE, TRUE}, 16000000},
+    {G_STRUCT_OFFSET(ZpModel, vocab), {"vocab_size", "vocab_size", "vocab_size"},
+     {TRUE, TRUE, TRUE}, 100000000},
+    {G_STRUCT_OFFSET(ZpModel, max_positions),
+     {"max_position_embeddings", "n_positions", "max_position_embeddings"},
+     {TRUE, TRUE, TRUE}, 10000000},
+};
+
+/* Everything else a family decides: its norm, its activation key and default, the eps key,
+ * whether embeddings are tied by default, rotary or learned positions, the bias keys. */
+typedef struct {
+    ZpNorm norm;
+    const char *act_key, *act_default;
+    const char *eps_key;
+    double eps_default;
+    gboolean tied_default;
+    const char *theta_key;    /* NULL: learned positions */
+    const char *fraction_key; /* NULL: every dimension rotates */
+    double fraction_default;
+    const char *attention_bias_key; /* q, k, v and the output projection */
+    gboolean attention_bias_default;
+    const char *mlp_bias_key; /* NULL: the MLP has biases */
+    const char *parallel_key; /* NULL: sequential residual */
+    const char *dropout_keys[3];
+    double dropout_default;
+} HfFamilySpec;
+
+static const HfFamilySpec hf_families[HF_N] = {
+    [HF_LLAMA] = {ZP_NORM_RMSNORM, "hidden_act", "silu", "rms_norm_eps", 1e-6, FALSE,
+                  "rope_theta", NULL, 1.0, "attention_bias", FALSE, "mlp_bias", NULL,
+                  {"attention_dropout", NULL, NULL}, 0.0},
+    [HF_GPT2] = {ZP_NORM_LAYERNORM, "activation_function", "gelu_new", "layer_norm_epsilon",
+                 1e-5, TRUE, NULL, NULL, 0.0, NULL, TRUE, NULL, NULL,
+                 {"resid_pdrop", "embd_pdrop", "attn_pdrop"}, 0.1},
+    [HF_NEOX] = {ZP_NORM_LAYERNORM, "hidden_act", "gelu", "layer_norm_eps", 1e-5, FALSE,
+                 "rotary_emb_base", "rotary_pct", 0.25, "attention_bias", TRUE, NULL,
+                 "use_parallel_residual", {"attention_dropout", "hidden_dropout", NULL}, 0.0},
+};
+
+/* transformers' activation names (ACT2FN) and the MLP they make: gated in the Llama family,
+ * plain in GPT-2 and NeoX. */
+static const struct {
+    const char *name;
+    ZpMlp gated, plain;
+} hf_acts[] = {
+    {"silu", ZP_MLP_SWIGLU, ZP_MLP_N}, {"swish", ZP_MLP_SWIGLU, ZP_MLP_N},
+    {"gelu", ZP_MLP_GEGLU, ZP_MLP_GELU}, {"gelu_new", ZP_MLP_GEGLU, ZP_MLP_GELU},
+    {"gelu_pytorch_tanh", ZP_MLP_GEGLU, ZP_MLP_GELU}, {"gelu_fast", ZP_MLP_GEGLU, ZP_MLP_GELU},
+};
+
+/* A key that is absent or JSON null counts as absent (GPT-2 writes "n_inner": null). */
+static gboolean present(json_t *obj, const char *key)
+{
+    json_t *v = key ? json_object_get(obj, key) : NULL;
+    return v && !json_is_null(v);
+}
+
+static gboolean get_architecture(json_t *obj, const char *path, int *arch, GError **error)
+{
+    json_t *list = json_object_get(obj, "architectures");
+    json_t *first = json_array_get(list, 0);
+    if (!json_is_array(list) || json_array_size(list) != 1 || !json_is_string(first)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"architectures\" must be an array of one string", path);
+        return FALSE;
+    }
+    const char *name = json_string_value(first);
+    GString *known = g_string_new(NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(hf_archs); i++) {
+        if (strcmp(name, hf_archs[i].name) == 0) {
+            *arch = (int)i;
+            g_string_free(known, TRUE);
+            return TRUE;
+        }
+        g_string_append_printf(known, "%s%s", i ? ", " : "", hf_archs[i].name);
+    }
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s: architectures \"%s\" is not supported (supported: %s)", path, name,
+                known->str);
+    g_string_free(known, TRUE);
+    return FALSE;
+}
+
+static gboolean get_bool(json_t *obj, const char *path, const char *key, gboolean fallback,
+                         gboolean *out, GError **error)
+{
+    *out = fallback;
+    return !present(obj, key) || zp_json_get_bool(obj, path, key, TRUE, out, error);
+}
+
+static gboolean get_number(json_t *obj, const char *path, const char *key, double fallback,
+                           double min, double max, double *out, GError **error)
+{
+    *out = fallback;
+    return !present(obj, key) || zp_json_get_number(obj, path, key, TRUE, min, max, out, error);
+}
+
+static gboolean get_mlp(json_t *obj, const char *path, HfFamily family, ZpMlp *mlp,
+                        GError **error)
+{
+    const char *key = hf_families[family].act_key, *act = hf_families[family].act_default;
+    if (present(obj, key) && !zp_json_get_string(obj, path, key, TRUE, &act, error))
+        return FALSE;
+    for (size_t i = 0; i < G_N_ELEMENTS(hf_acts); i++) {
+        const ZpMlp m = family == HF_LLAMA ? hf_acts[i].gated : hf_acts[i].plain;
+        if (strcmp(act, hf_acts[i].name) == 0 && m != ZP_MLP_N) {
+            *mlp = m;
+            return TRUE;
+        }
+    }
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" = \"%s\" is not supported", path,
+                key, act);
+    return FALSE;
+}
+
+/* The dimensions, then what the family's other keys say. */
+static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, GError **error)
+{
+    const HfFamily family = hf_archs[arch].family;
+    for (size_t i = 0; i < G_N_ELEMENTS(hf_dims); i++) {
+        const char *key = hf_dims[i].key[family];
+        if (!key || (!hf_dims[i].required[family] && !present(obj, key)))
+            continue;
+        if (!zp_json_get_int(obj, path, key, TRUE, 1, hf_dims[i].max,
+                             G_STRUCT_MEMBER_P(m, hf_dims[i].offset), error))
+            return FALSE;
+    }
+    const char *heads_key = hf_dims[2].key[family];
+    if (m->hidden % m->heads != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"%s\" = %" G_GINT64_FORMAT " does not divide %s = %" G_GINT64_FORMAT,
+                    path, heads_key, m->heads, hf_dims[0].key[family], m->hidden);
+        return FALSE;
+    }
+    if (m->kv_heads > 0 && m->heads % m->kv_heads != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"num_key_value_heads\" = %" G_GINT64_FORMAT
+                    " does not divide num_attention_heads = %" G_GINT64_FORMAT,
+                    path, m->kv_heads, m->heads);
+        return FALSE;
+    }
+    if (family == HF_LLAMA && present(obj, "head_dim")) {
+        int64_t head_dim;
+        if (!zp_json_get_int(obj, path, "head_dim", TRUE, 1, 1000000, &head_dim, error))
+            return FALSE;
+        if (head_dim != m->hidden / m->heads) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"head_dim\" = %" G_GINT64_FORMAT " differs from hidden_size / "
+                        "num_attention_heads = %" G_GINT64_FORMAT " (not supported)",
+                        path, head_dim, m->hidden / m->heads);
+            return FALSE;
+        }
+    }
+    json_t *scaling = json_object_get(obj, "rope_scaling");
+    if (scaling && !json_is_null(scaling) && !json_is_object(scaling)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"rope_scaling\" must be an object or null",
+                    path);
+        return FALSE;
+    }
+    if (!m->ffn_hidden)
+        m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */
+    m->seq_len = m->max_positions;
+    m->norm = hf_families[family].norm;
+    m->learned_positions = hf_families[family].theta_key == NULL;
+
+    const HfFamilySpec *f = &hf_families[family];
+    gboolean attention_bias = f->attention_bias_default, mlp_bias = TRUE, qkv_bias;
+    double dropout = 0;
+    if (!get_mlp(obj, path, family, &m->mlp, error) ||
+        !get_bool(obj, path, "tie_word_embeddings", f->tied_default, &m->tied_embeddings,
+                  error) ||
+        !get_number(obj, path, f->eps_key, f->eps_default, 1e-12, 1, &m->norm_eps, error) ||
+        (f->attention_bias_key && !get_bool(obj, path, f->attention_bias_key,
+                                            f->attention_bias_default, &attention_bias, error)) ||
+        (f->mlp_bias_key && !get_bool(obj, path, f->mlp_bias_key, FALSE, &mlp_bias, error)) ||
+        !get_bool(obj, path, "qkv_bias", attention_bias || hf_archs[arch].qkv_bias, &qkv_bias,
+                  error) ||
+        (f->parallel_key &&
+         !get_bool(obj, path, f->parallel_key, TRUE, &m->parallel_residual, error)) ||
+        (f->theta_key &&
+         !get_number(obj, path, f->theta_key, 10000.0, 1, 1e12, &m->rope_theta, error)) ||
+        (f->theta_key && !get_number(obj, path, f->fraction_key, f->fraction_default, 0, 1,
+                                     &m->rotary_fraction, error)))
+        return FALSE;
+    if (f->theta_key && !f->fraction_key)
+        m->rotary_fraction = 1.0;
+    for (size_t i = 0; i < G_N_ELEMENTS(f->dropout_keys) && f->dropout_keys[i]; i++) {
+        double p;
+        if (!get_number(obj, path, f->dropout_keys[i], f->dropout_default, 0, 1, &p, error))
+            return FALSE;
+        dropout = MAX(dropout, p);
+    }
+    m->dropout = dropout > 0;
+    m->no_bias = (qkv_bias ? 0 : ZP_NO_BIAS_QKV) | (attention_bias ? 0 : ZP_NO_BIAS_PROJ) |
+                 (mlp_bias ? 0 : ZP_NO_BIAS_MLP);
+    return zp_model_check(m, path, error);
+}
+
+/* The model's name: the directory of a config.json, else the file's name without .json. */
+static void model_name(const char *path, char *out, size_t size)
+{
+    char *base = g_path_get_basename(path);
+    char *name;
+    if (strcmp(base, "config.json") == 0) {
+        char *dir = g_path_get_dirname(path);
+        name = g_path_get_basename(dir);
+        g_free(dir);
+    } else {
+        name = g_strndup(base, g_str_has_suffix(base, ".json") ? strlen(base) - 5 : strlen(base));
+    }
+    g_strlcpy(out, name, size);
+    g_free(name);
+    g_free(base);
+}
+
+gboolean zp_hf_from_json(void *json_object, const char *path, ZpModel *model, GError **error)
+{
+    json_t *obj = json_object;
+    memset(model, 0, sizeof *model);
+    int arch;
+    if (!get_architecture(obj, path, &arch, error) || !map_config(obj, path, arch, model, error))
+        return FALSE;
+    model_name(path, model->name, sizeof model->name);
+    return TRUE;
+}
+
+gboolean zp_hf_load_dir(const char *dir, ZpModel *model, GError **error)
+{
+    char *path = g_build_filename(dir, "config.json", NULL);
+    gboolean ok = FALSE;
+    if (!g_file_test(path, G_FILE_TEST_IS_REGULAR)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: no config.json in this directory", dir);
+    } else {
+        json_t *root = zp_json_load_object(path, error);
+        ok = root && zp_hf_from_json(root, path, model, error);
+        json_decref(root);
+    }
+    g_free(path);
+    return ok;
+}

@@ -1,0 +1,409 @@
+/* test_llama: models people train today in the planner — Hugging Face configs read as models
+ * with their exact published sizes, grouped-query attention and gated MLPs in the activation
+ * accounting, the attention kernel as an input, the gradient reduction dtype, bad configs. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_comm.h"
+#include "zp_dsconfig.h"
+#include "zp_hw.h"
+#include "zp_mem.h"
+#include "zp_model.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char *tmp_dir;
+
+static void load(const char *name, ZpModel *model)
+{
+    char *path = g_build_filename(zp_data_dir(), "models", "hf", name, NULL);
+    GError *error = NULL;
+    gboolean ok = zp_model_load(path, model, &error);
+    g_test_message("%s: %s", path, error ? error->message : "ok");
+    g_assert_true(ok);
+    g_free(path);
+}
+
+/* The sizes the models are published with, from the shipped config.json files. */
+static void test_param_counts(void)
+{
+    static const struct {
+        const char *name;
+        uint64_t params;
+    } published[] = {
+        {"llama-2-7b", 6738415616ull},     {"llama-2-13b", 13015864320ull},
+        {"llama-2-70b", 68976648192ull},   {"llama-3-8b", 8030261248ull},
+        {"llama-3.1-8b", 8030261248ull},   {"mistral-7b-v0.1", 7241732096ull},
+        {"gpt2", 124439808ull},            {"qwen2-0.5b", 494032768ull},
+        {"pythia-160m", 162322944ull},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(published); i++) {
+        ZpModel m;
+        load(published[i].name, &m);
+        g_assert_cmpuint(zp_model_param_count(&m), ==, published[i].params);
+        /* The closed form the search uses and the tensor table the executor lays out agree. */
+        GArray *t = zp_model_tensors(&m);
+        uint64_t sum = 0;
+        for (guint k = 0; k < t->len; k++)
+            sum += g_array_index(t, ZpTensor, k).elems;
+        g_assert_cmpuint(sum, ==, published[i].params);
+        g_array_unref(t);
+    }
+    /* The defaults a config leaves to its family: the sequence is max_position_embeddings;
+     * Llama has no biases, RMSNorm, SwiGLU, rotary positions and an untied head; GPT-2 is the
+     * zplan GPT-2. */
+    ZpModel m;
+    load("llama-2-70b", &m);
+    g_assert_cmpint(m.seq_len, ==, 4096);
+    g_assert_cmpint(zp_model_kv_heads(&m), ==, 8);
+    g_assert_true(m.mlp == ZP_MLP_SWIGLU && m.norm == ZP_NORM_RMSNORM && !m.tied_embeddings &&
+                  !m.learned_positions && m.rope_theta == 10000.0 && !m.dropout);
+    g_assert_cmpuint(m.no_bias, ==, ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP);
+    ZpModel gpt2, ours;
+    load("gpt2", &gpt2);
+    g_assert_true(zp_model_load("gpt2-124m", &ours, NULL));
+    for (int u = 0; u < zp_model_n_units(&ours); u++)
+        g_assert_cmpuint(zp_model_unit_elems(&gpt2, u), ==, zp_model_unit_elems(&ours, u));
+    g_assert_true(gpt2.dropout);
+}
+
+/* Llama-2-7B, sequence 4096, micro-batch 1, bf16, no checkpointing. Per block, with h = 4096,
+ * kd = 4096 (32 key/value heads of 128), f = 11008, a = 32, s = 4096, b = 1:
+ *   flash: s b (2 (4h + 2h + 2kd + 3f)) + 4 a s b   = 4096 x 131,712 bytes
+ *   eager: the same without the log-sum-exp, plus the softmax output 2 a s^2 b. */
+static void test_activations_flash_eager(void)
+{
+    const double L = 32, s = 4096, b = 1, h = 4096, kd = 4096, f = 11008, a = 32;
+    const double flash_block = s * b * 2 * (4 * h + 2 * h + 2 * kd + 3 * f) + 4 * a * s * b;
+    const double lse = 4 * a * s * b, scores = 2 * a * s * s * b;
+    double act[2];
+    const char *kernels[2] = {"flash", "eager"};
+    for (int k = 0; k < 2; k++) {
+        char *args = g_strdup_printf("memory --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                                     "--seq 4096 --micro-batch 1 --precision bf16 "
+                                     "--attention %s --json", kernels[k]);
+        json_t *root = tu_zplan_json(args);
+        json_t *row = json_array_get(json_object_get(root, "rows"), 0);
+        json_t *r = json_object_get(json_object_get(row, "residual"), "stage3");
+        act[k] = json_number_value(json_object_get(r, "activations_bytes"));
+        g_assert_cmpfloat(json_number_value(json_object_get(r, "checkpoint_bytes")), ==, 0);
+        g_assert_cmpstr(json_string_value(json_object_get(root, "attention")), ==,
+                        k == 0 ? "flash2" : "eager");
+        json_decref(root);
+        g_free(args);
+    }
+    g_assert_cmpfloat(act[0], ==, L * flash_block);
+    g_assert_cmpfloat(act[0], ==, 17263755264.0);
+    g_assert_cmpfloat(act[1] - act[0], ==, L * (scores - lse));
+    /* What the issue measured: 51.5 GB eager, against 17.3 GB fused. */
+    g_assert_cmpfloat(fabs(act[1] / 1e9 - 51.607), <, 1e-3);
+    /* The default on an H100 in bf16 is PyTorch's choice there, FlashAttention-2. */
+    json_t *root = tu_zplan_json("memory --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                                 "--precision bf16 --json");
+    g_assert_cmpstr(json_string_value(json_object_get(root, "attention")), ==, "flash2");
+    json_decref(root);
+}
+
+/* K and V scale with the key/value heads, in parameters and in activations, with MHA (k = a)
+ * and MQA (k = 1) as the two limits. */
+static void test_gqa(void)
+{
+    ZpModel m;
+    load("llama-2-70b", &m);
+    const double h = (double)m.hidden, d = (double)zp_model_head_dim(&m), s = 4096, b = 2;
+    const int64_t ks[] = {64, 8, 1};
+    uint64_t block[3];
+    double act[3];
+    for (int i = 0; i < 3; i++) {
+        m.kv_heads = ks[i];
+        block[i] = zp_model_unit_elems(&m, 1);
+        act[i] = zp_mem_activation_block_bytes(&m, (int)b, 1, 2.0, ZP_ATTN_FLASH2);
+        /* q h^2, k and v h k d each, o h^2, SwiGLU 3 h f, two RMSNorm gains. */
+        g_assert_cmpuint(block[i], ==, (uint64_t)(2 * h * h + 2 * h * ks[i] * d +
+                                                  3 * h * (double)m.ffn_hidden + 2 * h));
+    }
+    g_assert_cmpuint(block[0] - block[1], ==, (uint64_t)(2 * h * d * (64 - 8)));
+    g_assert_cmpuint(block[1] - block[2], ==, (uint64_t)(2 * h * d * (8 - 1)));
+    g_assert_cmpfloat(act[0] - act[1], ==, 2 * s * b * 2 * d * (64 - 8));
+    g_assert_cmpfloat(act[1] - act[2], ==, 2 * s * b * 2 * d * (8 - 1));
+    /* MHA is GPT-2's accounting: with a plain MLP of 4h and k = a, 2 s b (4h + 12h) + LSE. */
+    m.kv_heads = 0;
+    m.mlp = ZP_MLP_GELU;
+    m.ffn_hidden = 4 * m.hidden;
+    g_assert_cmpfloat(zp_mem_activation_block_bytes(&m, (int)b, 1, 2.0, ZP_ATTN_EAGER), ==,
+                      s * b * h * (32 + 2 * (double)m.heads * s / h));
+    /* A tensor-parallel degree splits Q, K, V and the MLP, not the norms. */
+    g_assert_cmpfloat(zp_mem_activation_block_bytes(&m, (int)b, 8, 2.0, ZP_ATTN_EAGER), ==,
+                      s * b * h * (8 + 24.0 / 8 + 2 * (double)m.heads * s / (h * 8)));
+}
+
+static char *write_config(const char *dir_name, const char *text)
+{
+    char *dir = g_build_filename(tmp_dir, dir_name, NULL);
+    g_assert_cmpint(g_mkdir_with_parents(dir, 0700), ==, 0);
+    char *path = g_build_filename(dir, "config.json", NULL);
+    g_assert_true(g_file_set_contents(path, text, -1, NULL));
+    g_free(path);
+    return dir;
+}
+
+#define LLAMA_KEYS "\"hidden_size\": 4096, \"num_hidden_layers\": 32, \"intermediate_size\": 11008, " \
+                   "\"vocab_size\": 32000, \"max_position_embeddings\": 4096"
+
+/* One line naming the file and the key, exit status 1, nothing on stdout; every command that
+ * takes --model, and zreal, refuse alike. */
+static void test_bad_configs(void)
+{
+    static const struct {
+        const char *dir, *config, *message;
+    } cases[] = {
+        {"mixtral", "{\"architectures\": [\"MixtralForCausalLM\"], " LLAMA_KEYS
+                    ", \"num_attention_heads\": 32, \"num_local_experts\": 8}",
+         "architectures \"MixtralForCausalLM\" is not supported"},
+        {"no-hidden", "{\"architectures\": [\"LlamaForCausalLM\"], \"num_hidden_layers\": 2, "
+                      "\"num_attention_heads\": 4, \"intermediate_size\": 8, \"vocab_size\": 8, "
+                      "\"max_position_embeddings\": 8}",
+         "missing key \"hidden_size\""},
+        {"negative-kv", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
+                        ", \"num_attention_heads\": 32, \"num_key_value_heads\": -8}",
+         "key \"num_key_value_heads\" = -8 is outside"},
+        {"kv-not-dividing", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
+                            ", \"num_attention_heads\": 32, \"num_key_value_heads\": 5}",
+         "key \"num_key_value_heads\" = 5 does not divide num_attention_heads = 32"},
+        {"ill-typed", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
+                      ", \"num_attention_heads\": \"32\"}",
+         "key \"num_attention_heads\" must be a whole number"},
+        {"empty", NULL, "no config.json in this directory"},
+    };
+    const char *commands[] = {"zplan memory --gpus 8 --model %s",
+                              "zplan plan --cluster dgx-h100 --gpus 8 --model %s",
+                              "zplan simulate --cluster dgx-h100 --gpus 8 --stage 3 "
+                              "--micro-batch 1 --model %s",
+                              "zreal --steps 0 --emulate 2 --model %s"};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *dir = cases[i].config ? write_config(cases[i].dir, cases[i].config)
+                                    : g_build_filename(tmp_dir, cases[i].dir, NULL);
+        g_assert_cmpint(g_mkdir_with_parents(dir, 0700), ==, 0);
+        for (size_t c = 0; c < G_N_ELEMENTS(commands); c++) {
+            char *tail = g_strdup_printf(commands[c], dir);
+            char *command = g_strdup_printf("%s/%s", ZP_BUILD_DIR, tail);
+            TuRun r = tu_run(command, NULL);
+            g_test_message("%s -> %s", command, r.err);
+            g_assert_true(WIFEXITED(r.status));
+            g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+            g_assert_nonnull(strstr(r.err, cases[i].message));
+            g_assert_nonnull(strstr(r.err, dir)); /* names the file (or directory) */
+            g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+            g_assert_cmpstr(r.out, ==, "");
+            tu_free(&r);
+            g_free(command);
+            g_free(tail);
+        }
+        char *config = g_build_filename(dir, "config.json", NULL);
+        g_remove(config);
+        g_rmdir(dir);
+        g_free(config);
+        g_free(dir);
+    }
+}
+
+/* --attention resolves against the profile: "flash" is its default fused kernel, a name must
+ * be in its table, fp32 gets eager (FlashAttention needs 16-bit inputs). */
+static void test_attention_choice(void)
+{
+    ZpHw h100, v100;
+    g_assert_true(zp_hw_load("dgx-h100", &h100, NULL));
+    g_assert_true(zp_hw_load("dgx2-v100", &v100, NULL));
+    ZpAttention k;
+    g_assert_true(zp_hw_attention_choose(&h100, NULL, ZP_PREC_BF16, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_FLASH2);
+    g_assert_true(zp_hw_attention_choose(&h100, NULL, ZP_PREC_FP32, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_EAGER);
+    g_assert_true(zp_hw_attention_choose(&h100, "flash1", ZP_PREC_FP16, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_FLASH1);
+    GError *error = NULL;
+    g_assert_false(zp_hw_attention_choose(&h100, "flash3", ZP_PREC_BF16, "--attention", &k, &error));
+    g_assert_nonnull(strstr(error->message, "--attention: dgx-h100 has no rate for 'flash3'"));
+    g_clear_error(&error);
+    g_assert_false(zp_hw_attention_choose(&v100, "flash", ZP_PREC_FP16, "--attention", &k, &error));
+    g_assert_nonnull(strstr(error->message, "lists no fused attention kernel"));
+    g_clear_error(&error);
+    g_assert_false(zp_hw_attention_choose(&h100, "sparse", ZP_PREC_FP16, "--attention", &k, &error));
+    g_assert_nonnull(strstr(error->message, "unknown value 'sparse'"));
+    g_clear_error(&error);
+    /* The table's figures: H100, head dimension 128, FlashAttention-2 at s = 4096 is 294
+     * TFLOP/s; between two lengths log-linear; model FLOPs run 12/7 faster than kernel FLOPs. */
+    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH2, 128, 4096), ==,
+                      294e12 * 12 / 7);
+    g_assert_cmpfloat(fabs(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH2, 128, 2048 * M_SQRT2) -
+                           (265e12 + 294e12) / 2 * 12 / 7), <, 1e3);
+    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH2, 64, 1e6), ==,
+                      284e12 * 12 / 7);
+    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH3, 128, 4096), ==, 0);
+}
+
+/* A fused kernel's block op: the attention FLOPs are timed at the kernel's rate, the GEMMs at
+ * the GEMM rate, and no s^2 bytes move; eager times the whole at the GEMM rate and moves the
+ * softmax. */
+static void test_attention_timing(void)
+{
+    ZpModel m;
+    ZpHw hw;
+    load("llama-2-7b", &m);
+    g_assert_true(zp_hw_load("dgx-h100", &hw, NULL));
+    double fwd_s[2], mem[2];
+    for (int fused = 0; fused <= 1; fused++) {
+        ZpPlan plan;
+        zp_plan_defaults(&plan, 3, 8, 1);
+        plan.precision = ZP_PREC_BF16;
+        plan.attention = fused ? ZP_ATTN_FLASH2 : ZP_ATTN_EAGER;
+        ZpSchedule *s = zp_sched_build(&m, &plan, NULL);
+        g_assert_nonnull(s);
+        const ZpOp *op = NULL;
+        for (guint i = 0; i < s->ops->len && !op; i++)
+            if (zp_sched_op(s, i)->kind == ZP_OP_COMPUTE &&
+                zp_sched_op(s, i)->sub == ZP_COMP_BLOCK_FWD)
+                op = zp_sched_op(s, i);
+        const double sq = 4096, h = 4096, f = 11008;
+        const double gemm = 2 * sq * (h * 3 * h + h * h + 3 * h * f);
+        g_assert_cmpfloat(op->flops, ==, gemm + 4 * sq * sq * h);
+        g_assert_cmpfloat(op->attn_flops, ==, fused ? 4 * sq * sq * h : 0);
+        g_assert_cmpfloat(op->gemm_flops, ==, gemm / 5);
+        double rate;
+        g_assert_true(sim_engine_attention_flops_per_s(&m, &plan, &hw, &rate, NULL));
+        g_assert_cmpfloat(rate, ==, fused ? 294e12 * 12 / 7 : 0);
+        const double peak = hw.peak_bf16_flops;
+        const double expect =
+            (fused ? gemm : gemm + 4 * sq * sq * h) / (peak * zp_hw_gemm_efficiency(&hw, gemm / 5)) +
+            (fused ? 4 * sq * sq * h / rate : 0) + op->mem_bytes / hw.hbm_bytes_per_s;
+        fwd_s[fused] = sim_engine_compute_time_s(op, &hw, peak, rate);
+        g_assert_cmpfloat(fabs(fwd_s[fused] - expect), <=, 1e-12 * expect);
+        mem[fused] = op->mem_bytes;
+        zp_sched_free(s);
+    }
+    g_assert_cmpfloat(mem[0] - mem[1], ==, 2.0 * 2 * 32 * 4096.0 * 4096.0);
+    g_assert_cmpfloat(fwd_s[1], <, fwd_s[0]);
+}
+
+/* --reduce-dtype: fp32 gradients on the wire double the gradient bytes and the buckets, in the
+ * closed form, the schedule and the written ds_config, which reads back the same. */
+static void test_reduce_dtype(void)
+{
+    ZpModel m;
+    load("llama-2-7b", &m);
+    const double psi = (double)zp_model_param_count(&m);
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan plan;
+        zp_plan_defaults(&plan, stage, 8, 1);
+        plan.precision = ZP_PREC_BF16;
+        ZpSchedule *bf16 = zp_sched_build(&m, &plan, NULL);
+        ZpResidual r16 = zp_mem_residual(&m, &plan, NULL);
+        plan.reduce_dtype = ZP_REDUCE_FP32;
+        ZpSchedule *fp32 = zp_sched_build(&m, &plan, NULL);
+        ZpResidual r32 = zp_mem_residual(&m, &plan, NULL);
+        g_assert_cmpfloat(r32.reduce_bucket_bytes, ==, 2 * r16.reduce_bucket_bytes);
+        /* The gradient collectives double; parameter gathers stay. */
+        double grads16 = 0, grads32 = 0;
+        for (guint i = 0; i < bf16->ops->len; i++) {
+            const ZpOp *a = zp_sched_op(bf16, i), *b = zp_sched_op(fp32, i);
+            g_assert_cmpint(a->kind, ==, b->kind);
+            if (a->kind == ZP_OP_COLLECTIVE && a->sub != ZP_COLL_ALLGATHER) {
+                grads16 += a->bytes;
+                grads32 += b->bytes;
+            } else if (a->kind == ZP_OP_COLLECTIVE) {
+                g_assert_cmpfloat(a->bytes, ==, b->bytes);
+            }
+        }
+        g_assert_cmpfloat(grads32, ==, 2 * grads16);
+        const double n = 8, p = 2, sent = psi * (n - 1) / n;
+        const double passes[4][2] = {{2, 0}, {1, 1}, {1, 1}, {1, 2}};
+        g_assert_cmpfloat(fabs(zp_comm_dp_bytes_per_rank(psi, stage, 8, 1, p, 4) -
+                               sent * (passes[stage][0] * 4 + passes[stage][1] * p)), <, 1);
+        json_t *ds = zp_dsconfig_to_json(&plan);
+        g_assert_cmpstr(json_string_value(json_object_get(ds, "communication_data_type")), ==,
+                        "fp32");
+        ZpPlan launch, back;
+        zp_plan_defaults(&launch, 0, 8, 1);
+        launch.precision = ZP_PREC_BF16;
+        int64_t train = 0;
+        GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+        g_assert_true(zp_dsconfig_from_json(ds, "ds", &m, &launch, &back, &train, warnings, NULL));
+        g_assert_cmpint(back.reduce_dtype, ==, ZP_REDUCE_FP32);
+        g_assert_cmpint(back.attention, ==, ZP_ATTN_EAGER);
+        g_ptr_array_unref(warnings);
+        json_decref(ds);
+        zp_sched_free(bf16);
+        zp_sched_free(fp32);
+    }
+    /* The command line: bytes on the wire in the simulator follow. */
+    json_t *a = tu_zplan_json("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 16 "
+                              "--stage 0 --micro-batch 1 --precision bf16 --json");
+    json_t *b = tu_zplan_json("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 16 "
+                              "--stage 0 --micro-batch 1 --precision bf16 --reduce-dtype fp32 "
+                              "--json");
+    const double sa = json_number_value(json_object_get(a, "step_time_s"));
+    const double sb = json_number_value(json_object_get(b, "step_time_s"));
+    g_assert_cmpfloat(sb, >, sa);
+    json_decref(a);
+    json_decref(b);
+    TuRun r = tu_zplan("memory --model hf/llama-2-7b --gpus 8 --reduce-dtype fp64");
+    g_assert_nonnull(strstr(r.err, "--reduce-dtype: unknown value 'fp64' (choose from fp32, bf16, fp16)"));
+    tu_free(&r);
+}
+
+/* The best plan's ds_config carries its attention kernel, and simulate reads it back. */
+static void test_plan_ds_config(void)
+{
+    char *out = g_build_filename(tmp_dir, "ds.json", NULL);
+    char *args = g_strdup_printf("plan --model hf/llama-2-7b --cluster dgx-h100 --gpus 64 "
+                                 "--precision bf16 --ds-config %s", out);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    json_t *ds = json_load_file(out, 0, NULL);
+    g_assert_cmpstr(json_string_value(json_object_get(ds, "attention_kernel")), ==, "flash2");
+    json_decref(ds);
+    g_free(args);
+    args = g_strdup_printf("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 64 "
+                           "--precision bf16 --ds-config %s --json", out);
+    json_t *sim = tu_zplan_json(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(sim, "step_time_s")), >, 0);
+    json_decref(sim);
+    g_free(args);
+    g_remove(out);
+    g_free(out);
+}
+
+/* The issue's acceptance: Llama-2-70B on 512 H100s at sequence 4096 has a plan that fits. */
+static void test_70b_fits(void)
+{
+    json_t *root = tu_zplan_json("plan --model models/hf/llama-2-70b --cluster dgx-h100 "
+                                 "--gpus 512 --seq 4096 --json");
+    json_t *best = json_object_get(root, "best");
+    g_assert_nonnull(best);
+    g_assert_cmpfloat(json_number_value(json_object_get(best, "peak_memory_bytes")), <=,
+                      85899345920.0);
+    json_decref(root);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    tmp_dir = g_dir_make_tmp("zplan-llama-XXXXXX", NULL);
+    g_test_add_func("/hf/param-counts", test_param_counts);
+    g_test_add_func("/hf/bad-configs", test_bad_configs);
+    g_test_add_func("/llama/activations-flash-eager", test_activations_flash_eager);
+    g_test_add_func("/llama/gqa-mha-mqa", test_gqa);
+    g_test_add_func("/attention/choice", test_attention_choice);
+    g_test_add_func("/attention/timing", test_attention_timing);
+    g_test_add_func("/reduce-dtype/bytes-buckets-ds-config", test_reduce_dtype);
+    g_test_add_func("/plan/ds-config-attention", test_plan_ds_config);
+    g_test_add_func("/plan/llama-2-70b-512-fits", test_70b_fits);
+    int status = g_test_run();
+    g_rmdir(tmp_dir);
+    return status;
+}
