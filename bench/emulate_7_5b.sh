@@ -10,6 +10,6 @@ steps=${1:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 plan="--model gpt-7.5b --stage 3 --micro-batch 1 --checkpoint"
-build/zplan simulate $plan --cluster dgx-h100 --gpus 64 --precision bf16 --no-dropout --json >"$tmp/predicted.json"
+build/zplan simulate $plan --cluster dgx-h100 --gpus 64 --precision bf16 --no-dropout --attention eager --json >"$tmp/predicted.json"
 build/zreal $plan --emulate 64 --rank 0 --steps "$steps" --out "$tmp/measured.json" "$@"
 build/zplan validate "$tmp/predicted.json" "$tmp/measured.json"

@@ -54,7 +54,7 @@ predict() {
         flag=""
         [ "$ckpt" = 1 ] && flag=--checkpoint
         "$build/zplan" simulate --model "$model" --cluster "$profile" --gpus "$ranks" \
-            --stage "$stage" --micro-batch "$micro" $flag --precision bf16 --no-dropout --json \
+            --stage "$stage" --micro-batch "$micro" $flag --precision bf16 --no-dropout --attention eager --json \
             >"$out/predicted/$name.json"
     done
     echo "predicted $(list | wc -l) configurations on $profile"
