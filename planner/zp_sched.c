@@ -8,6 +8,7 @@
  * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
 #include "zp_sched.h"
 #include "zp_mem.h"
+#include "zp_schedcheck.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -162,13 +163,13 @@ static Cost optimizer_cost(const Builder *b, double elems)
 
 /* ---- layout and model states --------------------------------------------------------- */
 
-static gboolean is_persistent(const ZpSchedule *s, int unit)
+gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {
     return s->plan.zero.stage == 3 &&
            (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
 }
 
-static uint64_t unit_padded(const ZpSchedule *s, int unit)
+uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
 {
     return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
 }
@@ -197,9 +198,9 @@ static void layout(Builder *b)
         s->unit_offset[u] = offset;
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
-        partition3 += unit_padded(s, u) / (uint64_t)dp;
-        if (is_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
-            persistent += unit_padded(s, u);
+        partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
+        if (zp_sched_unit_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
+            persistent += zp_sched_unit_padded(s, u);
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
@@ -245,9 +246,9 @@ static void plan_buckets(Builder *b)
     for (int u = s->n_units - 1; u >= 0;) {
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
                     NONE};
-        double elems = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+        double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
-            const double next = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+            const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
             if (elems + next > limit)
                 break;
             elems += next;
@@ -330,9 +331,9 @@ static int pos_embed_bwd(int L) { return 2 * L + 2; }
 
 static void add_gather(Builder *b, int unit, int use_pos, int free_pos)
 {
-    if (is_persistent(b->s, unit))
+    if (zp_sched_unit_persistent(b->s, unit))
         return;
-    Gather g = {unit, use_pos, free_pos, (double)unit_padded(b->s, unit), use_pos, -1, NONE};
+    Gather g = {unit, use_pos, free_pos, (double)zp_sched_unit_padded(b->s, unit), use_pos, -1, NONE};
     g_array_append_val(b->gathers, g);
 }
 
@@ -551,10 +552,10 @@ static void optimizer_step(Builder *b, GArray *launched)
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
         for (int u = 0; u < s->n_units; u++)
-            if (is_persistent(s, u))
+            if (zp_sched_unit_persistent(s, u))
                 emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, u, -1, -1, s->unit_offset[u],
-                                unit_padded(s, u),
-                                (double)unit_padded(s, u) * b->state.param_bytes, &opt, 1);
+                                zp_sched_unit_padded(s, u),
+                                (double)zp_sched_unit_padded(s, u) * b->state.param_bytes, &opt, 1);
         return;
     }
     if (stage != 1 && stage != 2)
@@ -817,7 +818,17 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
     ZpOp op = {0};
     int kind = 0, sub = 0, group = 0;
     int64_t unit, micro, buffer = -1, offset = 0, elems = 0;
+    /* The keys op_to_json writes for each kind, and no others. */
+    static const char *const keys[][11] = {
+        [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
+                           "mem_bytes", NULL},
+        [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
+                              "elem_offset", "elems", NULL},
+        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+    };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
+                  zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", TRUE, -1, INT32_MAX, &unit, error) &&
                   zp_json_get_int(o, what, "micro", TRUE, -1, INT32_MAX, &micro, error);
     if (ok && kind == ZP_OP_COMPUTE)
@@ -870,7 +881,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
 }
 
 /* Reads a schedule: the model and plan are re-read strictly and the layout rebuilt from
- * them (a file cannot claim a layout its plan does not give); the ops are taken as written. */
+ * them (a file cannot claim a layout its plan does not give); the ops are read strictly and
+ * then checked against that layout (zp_schedcheck) before anything uses them. */
 ZpSchedule *zp_sched_read_json(const char *path, GError **error)
 {
     json_t *root = zp_json_load_object(path, error);
@@ -885,10 +897,18 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown format \"%s\"", path, format);
         ok = FALSE;
     }
-    ok = ok && json_is_object(json_object_get(root, "model")) &&
-         zp_model_from_json(json_object_get(root, "model"), path, &model, error) &&
+    static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
+                                       "state_bytes", "units", "total_elems", "padded_elems",
+                                       "partition_elems", "ops", NULL};
+    char *model_what = g_strdup_printf("%s: model", path);
+    char *plan_what = g_strdup_printf("%s: plan", path);
+    ok = ok && zp_json_check_keys(root, path, keys, error) &&
+         json_is_object(json_object_get(root, "model")) &&
+         zp_model_from_json(json_object_get(root, "model"), model_what, &model, error) &&
          json_is_object(json_object_get(root, "plan")) &&
-         zp_plan_from_json(json_object_get(root, "plan"), path, &plan, error);
+         zp_plan_from_json(json_object_get(root, "plan"), plan_what, &plan, error);
+    g_free(model_what);
+    g_free(plan_what);
     if (ok && !json_is_array(ops)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
         ok = FALSE;
@@ -905,6 +925,10 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
                 zp_sched_free(s);
                 s = NULL;
             }
+        if (s && !zp_schedcheck_ops(s, path, error)) {
+            zp_sched_free(s);
+            s = NULL;
+        }
     }
     json_decref(root);
     return s;

@@ -125,6 +125,11 @@ typedef struct {
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
+/* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold). */
+uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
+gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
+
 /* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
  * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
 double zp_sched_model_state_bytes(const ZpSchedule *sched);

@@ -206,13 +206,17 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->L = (int)s->model.layers;
     e->dims = real_gpt_dims_make(e->L, (int)s->model.hidden, (int)s->model.heads,
                                  (int)s->model.seq_len, (int)s->model.vocab, s->plan.micro_batch);
+    if (!real_gpt_dims_check(&e->dims, error)) { /* before b s sizes anything */
+        g_free(e);
+        return NULL;
+    }
     e->part_off = g_new0(uint64_t, s->n_units);
     e->persistent = g_new0(RealBf16 *, s->n_units);
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
     e->ckpt_buffer = g_new0(int, e->L + 2);
     e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
-    const int tokens = s->plan.micro_batch * (int)s->model.seq_len;
+    const gsize tokens = (gsize)s->plan.micro_batch * (gsize)s->model.seq_len;
     e->tokens = g_new0(int, tokens);
     e->targets = g_new0(int, tokens);
     index_buckets(e);
