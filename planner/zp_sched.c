@@ -33,6 +33,11 @@ typedef struct {
     uint32_t coll_op;
 } Gather;
 
+/* Items listed by the compute position they belong to: items[start[p] .. start[p+1]). */
+typedef struct {
+    guint *start, *items;
+} PosIndex;
+
 typedef struct {
     ZpSchedule *s;
     ZpStateBytes state;
@@ -41,7 +46,9 @@ typedef struct {
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
+    guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
+    PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -256,6 +263,8 @@ static void plan_buckets(Builder *b)
             k.low_unit = u;
         }
         k.bytes = elems * b->state.grad_bytes;
+        for (int v = k.low_unit; v <= k.top_unit; v++)
+            b->unit_bucket[v] = b->buckets->len;
         g_array_append_val(b->buckets, k);
     }
 }
@@ -284,15 +293,14 @@ static uint32_t bucket_backpressure(Builder *b, guint i)
  * buckets that cover it, so those are allocated before the unit's producing op. */
 static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
 {
-    for (guint i = 0; i < b->buckets->len; i++) {
-        Bucket *k = bucket(b, i);
-        if (k->buffer >= 0 || unit > k->top_unit || unit < k->low_unit)
-            continue;
-        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
-                                 adeps, 2);
-        g_array_append_val(deps, k->alloc_op);
-    }
+    const guint i = b->unit_bucket[unit];
+    Bucket *k = bucket(b, i);
+    if (k->buffer >= 0)
+        return;
+    uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+    k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
+                             adeps, 2);
+    g_array_append_val(deps, k->alloc_op);
 }
 
 /* Launches every bucket whose lowest unit's gradients are now complete. */
@@ -301,23 +309,22 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const ZpCollKind kind = stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
-    for (guint i = 0; i < b->buckets->len; i++) {
-        Bucket *k = bucket(b, i);
-        if (k->low_unit != unit || k->coll_op != NONE)
-            continue;
-        if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
-            uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-            k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro,
-                                     &k->buffer, adeps, 2);
-        }
-        uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
-        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
-                                     k->hi - k->lo, k->bytes, cdeps, 2);
-        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
-        if (!s->plan.zero.overlap_comm)
-            g_array_append_val(b->sync_deps, k->coll_op);
-        g_array_append_val(launched, k->coll_op);
+    const guint i = b->unit_bucket[unit];
+    Bucket *k = bucket(b, i);
+    if (k->low_unit != unit || k->coll_op != NONE)
+        return;
+    if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
+        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
+                                 adeps, 2);
     }
+    uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
+    k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
+                                 k->hi - k->lo, k->bytes, cdeps, 2);
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    if (!s->plan.zero.overlap_comm)
+        g_array_append_val(b->sync_deps, k->coll_op);
+    g_array_append_val(launched, k->coll_op);
 }
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
@@ -357,27 +364,59 @@ static void plan_gathers(Builder *b)
     const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
     const double live = s->plan.zero.stage3_max_live_parameters;
     Gather *g = (Gather *)b->gathers->data;
-    for (guint k = 0; k < b->gathers->len; k++) {
-        /* ahead = elements of gathers i+1..k, those prefetched beyond the current use i. */
-        guint i = k;
-        double ahead = 0;
-        while (i > 0 && ahead + g[i].elems <= prefetch &&
-               ahead + g[i].elems + g[i - 1].elems <= live) {
-            ahead += g[i].elems;
-            i--;
-        }
+    const guint n = b->gathers->len;
+    /* sum[k]: elements of gathers 0..k-1 (whole numbers below 2^53: exact in a double). */
+    double *sum = g_new(double, n + 1);
+    sum[0] = 0;
+    for (guint k = 0; k < n; k++)
+        sum[k + 1] = sum[k] + g[k].elems;
+    /* Gather k may be prefetched while gather i < k is in use when, for every j in i+1..k,
+     * gathers j..k fit the prefetch bucket and j-1..k the live limit. That holds for a run
+     * of j ending at k, whose start only moves forward as k grows: two pointers, O(n). */
+    guint j = 1;
+    for (guint k = 0; k < n; k++) {
+        while (j <= k && !(sum[k + 1] - sum[j] <= prefetch && sum[k + 1] - sum[j - 1] <= live))
+            j++;
+        const guint i = j - 1 < k ? j - 1 : k;
         /* Issued when gather i's use starts, and never before the previous gather. */
         g[k].trigger_pos = MAX(g[i].use_pos, k > 0 ? g[k - 1].trigger_pos : 0);
     }
+    g_free(sum);
+}
+
+/* Lists the gathers by the position an int field of theirs names (a counting sort, so each
+ * position keeps list order). */
+static PosIndex index_gathers(const Builder *b, size_t field, int n_pos)
+{
+    const GArray *gathers = b->gathers;
+    PosIndex ix = {g_new0(guint, (gsize)n_pos + 1), g_new(guint, MAX(gathers->len, 1))};
+    for (guint k = 0; k < gathers->len; k++)
+        ix.start[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field) + 1]++;
+    for (int p = 0; p < n_pos; p++)
+        ix.start[p + 1] += ix.start[p];
+    guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_pos);
+    for (guint k = 0; k < gathers->len; k++)
+        ix.items[next[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field)]++] = k;
+    g_free(next);
+    return ix;
+}
+
+static void free_pos_index(PosIndex *ix)
+{
+    g_free(ix->start);
+    g_free(ix->items);
+}
+
+static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
+{
+    return &g_array_index(b->gathers, Gather, ix->items[i]);
 }
 
 static void issue_gathers(Builder *b, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->trigger_pos != pos)
-            continue;
+    for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
+        Gather *g = gather_at(b, &b->by_trigger, i);
         const double bytes = g->elems * b->state.param_bytes;
         uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                                  : b->last_compute;
@@ -392,20 +431,16 @@ static void issue_gathers(Builder *b, int pos, int micro)
 /* The gathers the compute op at `pos` needs. */
 static void gathers_used_at(Builder *b, int pos, GArray *deps)
 {
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->use_pos == pos)
-            g_array_append_val(deps, g->coll_op);
-    }
+    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++)
+        g_array_append_val(deps, gather_at(b, &b->by_use, i)->coll_op);
 }
 
 static void free_gathers(Builder *b, int pos, int micro)
 {
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->free_pos == pos)
-            emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit,
-                      micro, g->buffer, b->last_compute);
+    for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
+        const Gather *g = gather_at(b, &b->by_free, i);
+        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit, micro,
+                  g->buffer, b->last_compute);
     }
 }
 
@@ -595,9 +630,20 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 1 ||
              p->zero.stage3_param_persistence_threshold < 0)
         bad = "stage3_*: prefetch and persistence must be >= 0, live parameters >= 1";
-    if (bad)
+    if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
-    return bad == NULL;
+        return FALSE;
+    }
+    const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
+    if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "grad-accum: %d micro-steps x %" G_GINT64_FORMAT " units = %.4g exceeds the "
+                    "%.0e a schedule holds (each micro-step's ops are built and simulated one "
+                    "by one); raise the micro-batch or lower the accumulation",
+                    p->grad_accum, model->layers + 2, unit_steps, ZP_SCHED_MAX_UNIT_STEPS);
+        return FALSE;
+    }
+    return TRUE;
 }
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
@@ -617,12 +663,18 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .unit_bucket = g_new0(guint, (gsize)L + 2),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
-    g_array_set_size(b.pos_last_op, (guint)(2 * L + 3));
+    const int n_pos = 2 * L + 3;
+    g_array_set_size(b.pos_last_op, (guint)n_pos);
     layout(&b);
     plan_buckets(&b);
-    if (plan->zero.stage == 3)
+    if (plan->zero.stage == 3) {
         plan_gathers(&b);
+        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(Gather, trigger_pos), n_pos);
+        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(Gather, use_pos), n_pos);
+        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(Gather, free_pos), n_pos);
+    }
     Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
                      zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
                                                    s->elem_bytes),
@@ -647,7 +699,11 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    g_free(b.unit_bucket);
     g_array_unref(b.gathers);
+    free_pos_index(&b.by_trigger);
+    free_pos_index(&b.by_use);
+    free_pos_index(&b.by_free);
     return s;
 }
 

@@ -98,6 +98,12 @@ typedef struct {
     int n_units;
 } ZpSchedule;
 
+/* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every
+ * micro-step's ops (about 6 to 13 per unit), so this bounds a build and its simulation to
+ * about 1.5 s and 1 GB (stage 3 with checkpointing, the most ops per unit). Larger plans are
+ * refused naming grad-accum. */
+#define ZP_SCHED_MAX_UNIT_STEPS 5e5
+
 /* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
  * The model must have an architecture. Fails naming the plan field that is invalid. */
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);

@@ -282,6 +282,38 @@ static void test_check_refuses_hostile(void)
     zp_sched_free(s);
 }
 
+/* The model limit, 100,000 layers, at stage 3 with checkpointing: the gather bookkeeping is
+ * linear in layers (quadratic, it took minutes), and every block is gathered twice. The
+ * accumulation that would list more than ZP_SCHED_MAX_UNIT_STEPS is refused, naming it. */
+static void test_deep_and_long_bounded(void)
+{
+    ZpModel m = small_model();
+    m.layers = 100000;
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 1);
+    p.checkpoint = TRUE;
+    p.zero.stage3_param_persistence_threshold = 0;
+    const double t0 = g_get_monotonic_time() / 1e6;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const double build_s = g_get_monotonic_time() / 1e6 - t0;
+    g_test_message("100,000-layer stage-3 schedule: %u ops in %.2f s", s->ops->len, build_s);
+    g_assert_cmpfloat(build_s, <, 10);
+    guint gathers = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        gathers += zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE &&
+                   zp_sched_op(s, i)->sub == ZP_COLL_ALLGATHER;
+    g_assert_cmpuint(gathers, ==, 2 * 100000 + 3);
+    g_assert_true(zp_schedcheck_ops(s, "deep", &error));
+    zp_sched_free(s);
+    m.layers = 48;
+    p.grad_accum = 1000000;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "grad-accum: 1000000 micro-steps x 50 units"));
+    g_clear_error(&error);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -292,5 +324,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sched/bad-plans", test_bad_plans);
     g_test_add_func("/sched/check-accepts-built", test_check_accepts_built);
     g_test_add_func("/sched/check-refuses-hostile", test_check_refuses_hostile);
+    g_test_add_func("/sched/deep-and-long-bounded", test_deep_and_long_bounded);
     return g_test_run();
 }
