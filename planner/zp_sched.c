@@ -786,6 +786,7 @@ static const char *const kind_names[] = {"compute", "collective", "alloc", "free
 static const char *const group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
+const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }

@@ -152,6 +152,7 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);
 
 const char *zp_sched_compute_name(ZpComputeKind kind);
+const char *zp_sched_op_kind_name(ZpOpKind kind);
 const char *zp_sched_coll_name(ZpCollKind kind);
 const char *zp_sched_mem_name(ZpMemCategory category);
 const char *zp_sched_stream_name(ZpStream stream);

@@ -529,6 +529,19 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- the step ---------------------------------------------------------------------------- */
 
+/* "block_fwd", "allgather", "buckets": what an op does, for messages. */
+static const char *op_sub_name(const ZpOp *op)
+{
+    switch ((ZpOpKind)op->kind) {
+    case ZP_OP_COMPUTE:
+        return zp_sched_compute_name((ZpComputeKind)op->sub);
+    case ZP_OP_COLLECTIVE:
+        return zp_sched_coll_name((ZpCollKind)op->sub);
+    default:
+        return zp_sched_mem_name((ZpMemCategory)op->sub);
+    }
+}
+
 static void zero_gradients(RealEngine *e)
 {
     const ZpSchedule *s = e->s;
@@ -582,8 +595,12 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             ok = do_collective(e, op, error);
             break;
         }
-        if (!ok)
+        if (!ok) {
+            g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
+                           zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
+                           op->micro);
             return FALSE;
+        }
         if (type >= 0) {
             e->timing[type].count++;
             if (begin) {
@@ -597,8 +614,10 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     if (!finish_device_timings(e, error))
         return FALSE;
     double loss = e->loss_sum / s->plan.grad_accum;
-    if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error))
+    if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error)) {
+        g_prefix_error(error, "the step's loss all-reduce: ");
         return FALSE;
+    }
     *loss_out = loss / e->dp;
     return TRUE;
 }
