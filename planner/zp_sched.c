@@ -874,7 +874,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
     char *what = g_strdup_printf("%s: ops[%u]", path, index);
     ZpOp op = {0};
     int kind = 0, sub = 0, group = 0;
-    int64_t unit, micro, buffer = -1, offset = 0, elems = 0;
+    int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
     static const char *const keys[][11] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
