@@ -316,6 +316,36 @@ static void run_case(gconstpointer data)
     g_free(input), g_free(case_dir);
 }
 
+/* Output that cannot be written fails the command: stdout a full device or closed. */
+static void test_failed_stdout(void)
+{
+    const char *commands[] = {
+        "memory --params 7.5e9 --gpus 64",
+        "memory --params 7.5e9 --gpus 64 --json",
+        "simulate --model tiny --cluster dgx-h100 --gpus 2 --stage 1 --micro-batch 2 --json",
+        "plan --model gpt2-124m --cluster dgx-h100 --gpus 8 --json",
+        "validate " CORPUS "/predicted/predicted-tiny.json " CORPUS "/measured/measured-tiny.json --json",
+        "maxmodel --gpu-memory 32e9 --gpus 64",
+        "--help",
+    };
+    const char *redirects[] = {"> /dev/full", ">&-"};
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
+        for (size_t j = 0; j < G_N_ELEMENTS(redirects); j++) {
+            char *script = g_strdup_printf("%s/zplan %s %s", ZP_BUILD_DIR, commands[i], redirects[j]);
+            char *argv[] = {"/bin/sh", "-c", script, NULL};
+            char *err = NULL;
+            int status = 0;
+            g_assert_true(g_spawn_sync(NULL, argv, NULL, G_SPAWN_STDOUT_TO_DEV_NULL, NULL, NULL,
+                                       NULL, &err, &status, NULL));
+            g_test_message("%s -> %d: %s", script, status, err);
+            g_assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+            g_assert_nonnull(strstr(err, "writing to standard output"));
+            g_assert_cmpint((int)(strchr(err, '\n') - err), ==, (int)strlen(err) - 1);
+            g_free(err);
+            g_free(script);
+        }
+}
+
 static void remove_fixtures(void)
 {
     GDir *d = g_dir_open(fixtures, 0, NULL);
@@ -342,6 +372,7 @@ int main(int argc, char **argv)
         g_test_add_data_func(name, &cases[i], run_case);
         g_free(name);
     }
+    g_test_add_func("/bad-input/failed-stdout", test_failed_stdout);
     const int status = g_test_run();
     remove_fixtures();
     return status;
