@@ -217,10 +217,13 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->ckpt_buffer = g_new0(int, e->L + 2);
     e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
     const gsize tokens = (gsize)s->plan.micro_batch * (gsize)s->model.seq_len;
-    e->tokens = g_new0(int, tokens);
-    e->targets = g_new0(int, tokens);
+    e->tokens = g_try_new0(int, tokens);
+    e->targets = g_try_new0(int, tokens);
     index_buckets(e);
-    gboolean ok = (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
+    gboolean ok = (e->tokens && e->targets) ||
+                  fail(error, "rank %d: out of memory allocating two arrays of %" G_GSIZE_FORMAT
+                              " tokens (micro_batch x seq_len)", e->rank, tokens);
+    ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     for (int u = 0; ok && u < s->n_units; u++)
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
