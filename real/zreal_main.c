@@ -458,13 +458,13 @@ int main(int argc, char **argv)
         /* One line naming the rank. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
     }
-    /* After a collective timed out on a device, tearing the device down may block on it. */
-    const gboolean stuck = error && g_error_matches(error, REAL_COMM_ERROR, REAL_COMM_ERROR_TIMEOUT) &&
-                           be && be->synchronize;
+    /* Everything is freed, except a device backend after a failure: its streams may be stuck
+     * in the operation that failed, and tearing them down could block; exit releases them. */
+    const gboolean teardown = ok || !be || !be->synchronize;
     g_clear_error(&error);
-    if (comm && !stuck)
+    if (comm && teardown)
         comm->destroy(comm);
-    if (be && !stuck)
+    if (be && teardown)
         be->destroy(be);
     free_args(&a);
     int world = 1;
