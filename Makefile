@@ -51,6 +51,10 @@ SIM_SRC     := $(filter-out sim/zplan.c,$(wildcard sim/*.c))
 REAL_SRC    := $(filter-out real/zreal_main.c $(CUDA_C_SRC),$(wildcard real/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_UTIL   := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+# The fuzz harnesses, one per input loader, and what they share (tests/fuzz/fuzz.h).
+FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_UTIL   := tests/fuzz/fuzz_util.c
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(filter-out $(FUZZ_UTIL),$(FUZZ_SRC)))
 BENCH_SRC   := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -67,7 +71,8 @@ ZREAL_LDLIBS := $(CUDA_LDLIBS)
 ALL_GPU_TESTS := $(GPU_TESTS)
 endif
 
-.PHONY: all setup run test test-run check-asan clean cuda-check gpu-test bench reports
+.PHONY: all setup run test test-run check-asan clean cuda-check gpu-test bench reports fuzz \
+        fuzz-setup
 all: cuda-check $(BINS) $(TESTS) $(BENCHES) $(ALL_GPU_TESTS)
 
 # Installs the Debian packages that are missing; does nothing when all are present.
@@ -104,6 +109,9 @@ test-run: $(TESTS)
 	prove -f -e '' $(TESTS) :: --tap
 
 # The same variables go to both steps, so that nothing is relinked without the sanitizers.
+# Leaks are detected; tests/lsan.supp names the third-party internals that leak by design
+# (Open MPI's), found through full stacks (fast_unwind_on_malloc=0) with Open MPI's plugins
+# kept loaded so their frames have names.
 # The CUDA parts are left out (ZP_WITH_CUDA=no): nvcc's objects would not be instrumented, and
 # the CUDA runtime maps memory where ASan keeps its shadow, so a sanitized zreal could not even
 # ask for a device; the sanitized tests then check the without-CUDA path instead.
@@ -111,7 +119,10 @@ ASAN_VARS := BUILD=build-asan ZP_WITH_CUDA=no LDFLAGS="-fsanitize=address,undefi
   CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 check-asan: setup
 	@$(MAKE) --no-print-directory $(ASAN_VARS) all
-	ASAN_OPTIONS=detect_leaks=0 $(MAKE) --no-print-directory $(ASAN_VARS) test-run
+	ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	  OMPI_MCA_mca_base_component_disable_dlclose=1 \
+	  $(MAKE) --no-print-directory $(ASAN_VARS) test-run
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -138,9 +149,13 @@ $(BUILD)/zreal: $(call obj,real/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
 $(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(BUILD)/libzcuda.a $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(CUDA_LDLIBS) $(LDLIBS)
+# The replay test links every harness (tests/fuzz/ is on its include path).
+$(BUILD)/tests/test_fuzz_replay: EXTRA_OBJ = $(call obj,$(FUZZ_SRC))
+$(BUILD)/tests/test_fuzz_replay: $(call obj,$(FUZZ_SRC))
+$(call obj,tests/test_fuzz_replay.c $(FUZZ_SRC)): override CFLAGS += -Itests/fuzz
 $(BUILD)/tests/%: $(call obj,tests/%.c) $(call obj,$(TEST_UTIL)) $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $< $(call obj,$(TEST_UTIL)) $(LIBS) -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(call obj,$(TEST_UTIL)) $(LIBS) -o $@ $(LDLIBS)
 $(BUILD)/bench/%: $(call obj,bench/%.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
@@ -169,7 +184,41 @@ bench: all
 reports: $(BUILD)/zplan
 	sh reports/generate.sh $(BUILD)/zplan
 
+# Fuzzing, outside CI: every harness built by clang with libFuzzer and ASan/UBSan against the
+# project's sources (build-fuzz/), then run FUZZ_S seconds each over its seed corpus (models/,
+# hwprofiles/ or tests/fuzz/corpus/TARGET/) and its past crashes. New inputs collect in
+# build-fuzz/corpus/TARGET/, crashes in build-fuzz/crashes/; a fixed crash's input goes into
+# tests/fuzz/regressions/TARGET/, which test_fuzz_replay replays in `make test`.
+FUZZ_S      ?= 60
+FUZZ_BUILD  := build-fuzz
+FUZZ_DEBS   := clang libclang-rt-dev
+FUZZ_VARS := BUILD=$(FUZZ_BUILD) ZP_WITH_CUDA=no CC=clang \
+  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
+          -fno-sanitize-recover=undefined -DZP_LIBFUZZER -Itests/fuzz $(shell mpicc --showme:compile 2>/dev/null)" \
+  LDFLAGS="-fsanitize=fuzzer,address,undefined $(shell mpicc --showme:link 2>/dev/null)"
+
+fuzz-setup:
+	@$(MAKE) --no-print-directory DEB_PACKAGES="$(FUZZ_DEBS)" setup
+
+fuzz: setup fuzz-setup
+	@$(MAKE) --no-print-directory $(FUZZ_VARS) $(patsubst %,$(FUZZ_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
+	@mkdir -p $(FUZZ_BUILD)/crashes
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  case $$t in model) seeds=models;; hwprofile) seeds=hwprofiles;; \
+	    *) seeds=tests/fuzz/corpus/$$t;; esac; \
+	  regressions=; [ -d tests/fuzz/regressions/$$t ] && regressions=tests/fuzz/regressions/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_S) s"; \
+	  ASAN_OPTIONS=detect_leaks=0 $(FUZZ_BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_S) \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t- \
+	    $(FUZZ_BUILD)/corpus/$$t $$seeds $$regressions || exit 1; \
+	done
+
+$(BUILD)/fuzz/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c) $(call obj,$(FUZZ_UTIL)) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
 clean:
-	rm -rf build build-asan build-nocuda
+	rm -rf build build-asan build-nocuda build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

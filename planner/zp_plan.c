@@ -240,6 +240,14 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
     int64_t stage;
     if (!zp_json_get_int(zero, what, "stage", TRUE, 0, 3, &stage, error))
         return FALSE;
+    static const char *const keys[] = {"stage", "reduce_bucket_size", "allgather_bucket_size",
+                                       "stage3_prefetch_bucket_size",
+                                       "stage3_param_persistence_threshold",
+                                       "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                       "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                                       NULL};
+    if (!zp_json_check_keys(zero, what, keys, error))
+        return FALSE;
     zp_zero_config_defaults(z, (int)stage);
     for (size_t i = 0; i < G_N_ELEMENTS(zero_numbers); i++)
         if (!zp_json_get_number(zero, what, zero_numbers[i].key, FALSE, 0, 1e15,
@@ -263,8 +271,12 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"zero\" must be an object", what);
         return FALSE;
     }
+    static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
+                                       "checkpoint", "precision", "optimizer", "attention",
+                                       "reduce_dtype", "zero", NULL};
     memset(plan, 0, sizeof *plan);
-    if (!zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
+    if (!zp_json_check_keys(o, what, keys, error) ||
+        !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
         !zp_json_get_int(o, what, "mp", TRUE, 1, 1 << 16, &mp, error) ||
         !zp_json_get_int(o, what, "micro_batch", TRUE, 1, 1 << 24, &micro, error) ||
         !zp_json_get_int(o, what, "grad_accum", TRUE, 1, 1 << 24, &accum, error) ||

@@ -8,6 +8,7 @@
  * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
 #include "zp_sched.h"
 #include "zp_mem.h"
+#include "zp_schedcheck.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -32,6 +33,11 @@ typedef struct {
     uint32_t coll_op;
 } Gather;
 
+/* Items listed by the compute position they belong to: items[start[p] .. start[p+1]). */
+typedef struct {
+    guint *start, *items;
+} PosIndex;
+
 typedef struct {
     ZpSchedule *s;
     ZpStateBytes state;
@@ -40,7 +46,9 @@ typedef struct {
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
+    guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
+    PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -175,13 +183,13 @@ static Cost optimizer_cost(const Builder *b, double elems)
 
 /* ---- layout and model states --------------------------------------------------------- */
 
-static gboolean is_persistent(const ZpSchedule *s, int unit)
+gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {
     return s->plan.zero.stage == 3 &&
            (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
 }
 
-static uint64_t unit_padded(const ZpSchedule *s, int unit)
+uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
 {
     return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
 }
@@ -210,9 +218,9 @@ static void layout(Builder *b)
         s->unit_offset[u] = offset;
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
-        partition3 += unit_padded(s, u) / (uint64_t)dp;
-        if (is_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
-            persistent += unit_padded(s, u);
+        partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
+        if (zp_sched_unit_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
+            persistent += zp_sched_unit_padded(s, u);
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
@@ -258,9 +266,9 @@ static void plan_buckets(Builder *b)
     for (int u = s->n_units - 1; u >= 0;) {
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
                     NONE};
-        double elems = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+        double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
-            const double next = (double)(padded ? unit_padded(s, u) : s->unit_elems[u]);
+            const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
             if (elems + next > limit)
                 break;
             elems += next;
@@ -268,6 +276,8 @@ static void plan_buckets(Builder *b)
             k.low_unit = u;
         }
         k.bytes = elems * zp_plan_reduce_bytes(&s->plan);
+        for (int v = k.low_unit; v <= k.top_unit; v++)
+            b->unit_bucket[v] = b->buckets->len;
         g_array_append_val(b->buckets, k);
     }
 }
@@ -296,15 +306,14 @@ static uint32_t bucket_backpressure(Builder *b, guint i)
  * buckets that cover it, so those are allocated before the unit's producing op. */
 static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
 {
-    for (guint i = 0; i < b->buckets->len; i++) {
-        Bucket *k = bucket(b, i);
-        if (k->buffer >= 0 || unit > k->top_unit || unit < k->low_unit)
-            continue;
-        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
-                                 adeps, 2);
-        g_array_append_val(deps, k->alloc_op);
-    }
+    const guint i = b->unit_bucket[unit];
+    Bucket *k = bucket(b, i);
+    if (k->buffer >= 0)
+        return;
+    uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+    k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
+                             adeps, 2);
+    g_array_append_val(deps, k->alloc_op);
 }
 
 /* Launches every bucket whose lowest unit's gradients are now complete. */
@@ -313,23 +322,22 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const ZpCollKind kind = stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
-    for (guint i = 0; i < b->buckets->len; i++) {
-        Bucket *k = bucket(b, i);
-        if (k->low_unit != unit || k->coll_op != NONE)
-            continue;
-        if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
-            uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-            k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro,
-                                     &k->buffer, adeps, 2);
-        }
-        uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
-        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
-                                     k->hi - k->lo, k->bytes, cdeps, 2);
-        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
-        if (!s->plan.zero.overlap_comm)
-            g_array_append_val(b->sync_deps, k->coll_op);
-        g_array_append_val(launched, k->coll_op);
+    const guint i = b->unit_bucket[unit];
+    Bucket *k = bucket(b, i);
+    if (k->low_unit != unit || k->coll_op != NONE)
+        return;
+    if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
+        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
+                                 adeps, 2);
     }
+    uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
+    k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
+                                 k->hi - k->lo, k->bytes, cdeps, 2);
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    if (!s->plan.zero.overlap_comm)
+        g_array_append_val(b->sync_deps, k->coll_op);
+    g_array_append_val(launched, k->coll_op);
 }
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
@@ -343,9 +351,9 @@ static int pos_embed_bwd(int L) { return 2 * L + 2; }
 
 static void add_gather(Builder *b, int unit, int use_pos, int free_pos)
 {
-    if (is_persistent(b->s, unit))
+    if (zp_sched_unit_persistent(b->s, unit))
         return;
-    Gather g = {unit, use_pos, free_pos, (double)unit_padded(b->s, unit), use_pos, -1, NONE};
+    Gather g = {unit, use_pos, free_pos, (double)zp_sched_unit_padded(b->s, unit), use_pos, -1, NONE};
     g_array_append_val(b->gathers, g);
 }
 
@@ -370,27 +378,59 @@ static void plan_gathers(Builder *b)
     const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
     const double live = s->plan.zero.stage3_max_live_parameters;
     Gather *g = (Gather *)b->gathers->data;
-    for (guint k = 0; k < b->gathers->len; k++) {
-        /* ahead = elements of gathers i+1..k, those prefetched beyond the current use i. */
-        guint i = k;
-        double ahead = 0;
-        while (i > 0 && ahead + g[i].elems <= prefetch &&
-               ahead + g[i].elems + g[i - 1].elems <= live) {
-            ahead += g[i].elems;
-            i--;
-        }
+    const guint n = b->gathers->len;
+    /* sum[k]: elements of gathers 0..k-1 (whole numbers below 2^53: exact in a double). */
+    double *sum = g_new(double, n + 1);
+    sum[0] = 0;
+    for (guint k = 0; k < n; k++)
+        sum[k + 1] = sum[k] + g[k].elems;
+    /* Gather k may be prefetched while gather i < k is in use when, for every j in i+1..k,
+     * gathers j..k fit the prefetch bucket and j-1..k the live limit. That holds for a run
+     * of j ending at k, whose start only moves forward as k grows: two pointers, O(n). */
+    guint j = 1;
+    for (guint k = 0; k < n; k++) {
+        while (j <= k && !(sum[k + 1] - sum[j] <= prefetch && sum[k + 1] - sum[j - 1] <= live))
+            j++;
+        const guint i = j - 1 < k ? j - 1 : k;
         /* Issued when gather i's use starts, and never before the previous gather. */
         g[k].trigger_pos = MAX(g[i].use_pos, k > 0 ? g[k - 1].trigger_pos : 0);
     }
+    g_free(sum);
+}
+
+/* Lists the gathers by the position an int field of theirs names (a counting sort, so each
+ * position keeps list order). */
+static PosIndex index_gathers(const Builder *b, size_t field, int n_pos)
+{
+    const GArray *gathers = b->gathers;
+    PosIndex ix = {g_new0(guint, (gsize)n_pos + 1), g_new(guint, MAX(gathers->len, 1))};
+    for (guint k = 0; k < gathers->len; k++)
+        ix.start[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field) + 1]++;
+    for (int p = 0; p < n_pos; p++)
+        ix.start[p + 1] += ix.start[p];
+    guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_pos);
+    for (guint k = 0; k < gathers->len; k++)
+        ix.items[next[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field)]++] = k;
+    g_free(next);
+    return ix;
+}
+
+static void free_pos_index(PosIndex *ix)
+{
+    g_free(ix->start);
+    g_free(ix->items);
+}
+
+static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
+{
+    return &g_array_index(b->gathers, Gather, ix->items[i]);
 }
 
 static void issue_gathers(Builder *b, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->trigger_pos != pos)
-            continue;
+    for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
+        Gather *g = gather_at(b, &b->by_trigger, i);
         const double bytes = g->elems * b->state.param_bytes;
         uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                                  : b->last_compute;
@@ -405,20 +445,16 @@ static void issue_gathers(Builder *b, int pos, int micro)
 /* The gathers the compute op at `pos` needs. */
 static void gathers_used_at(Builder *b, int pos, GArray *deps)
 {
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->use_pos == pos)
-            g_array_append_val(deps, g->coll_op);
-    }
+    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++)
+        g_array_append_val(deps, gather_at(b, &b->by_use, i)->coll_op);
 }
 
 static void free_gathers(Builder *b, int pos, int micro)
 {
-    for (guint k = 0; k < b->gathers->len; k++) {
-        Gather *g = &g_array_index(b->gathers, Gather, k);
-        if (g->free_pos == pos)
-            emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit,
-                      micro, g->buffer, b->last_compute);
+    for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
+        const Gather *g = gather_at(b, &b->by_free, i);
+        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit, micro,
+                  g->buffer, b->last_compute);
     }
 }
 
@@ -563,10 +599,10 @@ static void optimizer_step(Builder *b, GArray *launched)
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
         for (int u = 0; u < s->n_units; u++)
-            if (is_persistent(s, u))
+            if (zp_sched_unit_persistent(s, u))
                 emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, u, -1, -1, s->unit_offset[u],
-                                unit_padded(s, u),
-                                (double)unit_padded(s, u) * b->state.param_bytes, &opt, 1);
+                                zp_sched_unit_padded(s, u),
+                                (double)zp_sched_unit_padded(s, u) * b->state.param_bytes, &opt, 1);
         return;
     }
     if (stage != 1 && stage != 2)
@@ -606,9 +642,20 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 1 ||
              p->zero.stage3_param_persistence_threshold < 0)
         bad = "stage3_*: prefetch and persistence must be >= 0, live parameters >= 1";
-    if (bad)
+    if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
-    return bad == NULL;
+        return FALSE;
+    }
+    const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
+    if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "grad-accum: %d micro-steps x %" G_GINT64_FORMAT " units = %.4g exceeds the "
+                    "%.0e a schedule holds (each micro-step's ops are built and simulated one "
+                    "by one); raise the micro-batch or lower the accumulation",
+                    p->grad_accum, model->layers + 2, unit_steps, ZP_SCHED_MAX_UNIT_STEPS);
+        return FALSE;
+    }
+    return TRUE;
 }
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
@@ -628,12 +675,18 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .unit_bucket = g_new0(guint, (gsize)L + 2),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
-    g_array_set_size(b.pos_last_op, (guint)(2 * L + 3));
+    const int n_pos = 2 * L + 3;
+    g_array_set_size(b.pos_last_op, (guint)n_pos);
     layout(&b);
     plan_buckets(&b);
-    if (plan->zero.stage == 3)
+    if (plan->zero.stage == 3) {
         plan_gathers(&b);
+        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(Gather, trigger_pos), n_pos);
+        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(Gather, use_pos), n_pos);
+        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(Gather, free_pos), n_pos);
+    }
     Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
                      zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
                                                    s->elem_bytes, plan->attention),
@@ -658,7 +711,11 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    g_free(b.unit_bucket);
     g_array_unref(b.gathers);
+    free_pos_index(&b.by_trigger);
+    free_pos_index(&b.by_use);
+    free_pos_index(&b.by_free);
     return s;
 }
 
@@ -741,6 +798,7 @@ static const char *const kind_names[] = {"compute", "collective", "alloc", "free
 static const char *const group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
+const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
@@ -829,8 +887,18 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
     char *what = g_strdup_printf("%s: ops[%u]", path, index);
     ZpOp op = {0};
     int kind = 0, sub = 0, group = 0;
-    int64_t unit, micro, buffer = -1, offset = 0, elems = 0;
+    int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
+    /* The keys op_to_json writes for each kind, and no others. */
+    static const char *const keys[][11] = {
+        [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
+                           "attn_flops", "mem_bytes", NULL},
+        [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
+                              "elem_offset", "elems", NULL},
+        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+    };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
+                  zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", TRUE, -1, INT32_MAX, &unit, error) &&
                   zp_json_get_int(o, what, "micro", TRUE, -1, INT32_MAX, &micro, error);
     if (ok && kind == ZP_OP_COMPUTE)
@@ -884,7 +952,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
 }
 
 /* Reads a schedule: the model and plan are re-read strictly and the layout rebuilt from
- * them (a file cannot claim a layout its plan does not give); the ops are taken as written. */
+ * them (a file cannot claim a layout its plan does not give); the ops are read strictly and
+ * then checked against that layout (zp_schedcheck) before anything uses them. */
 ZpSchedule *zp_sched_read_json(const char *path, GError **error)
 {
     json_t *root = zp_json_load_object(path, error);
@@ -899,10 +968,18 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown format \"%s\"", path, format);
         ok = FALSE;
     }
-    ok = ok && json_is_object(json_object_get(root, "model")) &&
-         zp_model_from_json(json_object_get(root, "model"), path, &model, error) &&
+    static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
+                                       "state_bytes", "units", "total_elems", "padded_elems",
+                                       "partition_elems", "ops", NULL};
+    char *model_what = g_strdup_printf("%s: model", path);
+    char *plan_what = g_strdup_printf("%s: plan", path);
+    ok = ok && zp_json_check_keys(root, path, keys, error) &&
+         json_is_object(json_object_get(root, "model")) &&
+         zp_model_from_json(json_object_get(root, "model"), model_what, &model, error) &&
          json_is_object(json_object_get(root, "plan")) &&
-         zp_plan_from_json(json_object_get(root, "plan"), path, &plan, error);
+         zp_plan_from_json(json_object_get(root, "plan"), plan_what, &plan, error);
+    g_free(model_what);
+    g_free(plan_what);
     if (ok && !json_is_array(ops)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
         ok = FALSE;
@@ -919,6 +996,10 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
                 zp_sched_free(s);
                 s = NULL;
             }
+        if (s && !zp_schedcheck_ops(s, path, error)) {
+            zp_sched_free(s);
+            s = NULL;
+        }
     }
     json_decref(root);
     return s;

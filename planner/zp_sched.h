@@ -99,6 +99,12 @@ typedef struct {
     int n_units;
 } ZpSchedule;
 
+/* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every
+ * micro-step's ops (about 6 to 13 per unit), so this bounds a build and its simulation to
+ * about 1.5 s and 1 GB (stage 3 with checkpointing, the most ops per unit). Larger plans are
+ * refused naming grad-accum. */
+#define ZP_SCHED_MAX_UNIT_STEPS 5e5
+
 /* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
  * The model must have an architecture. Fails naming the plan field that is invalid. */
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
@@ -127,6 +133,11 @@ typedef struct {
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
+/* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold). */
+uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
+gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
+
 /* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
  * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
 double zp_sched_model_state_bytes(const ZpSchedule *sched);
@@ -143,6 +154,7 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);
 
 const char *zp_sched_compute_name(ZpComputeKind kind);
+const char *zp_sched_op_kind_name(ZpOpKind kind);
 const char *zp_sched_coll_name(ZpCollKind kind);
 const char *zp_sched_mem_name(ZpMemCategory category);
 const char *zp_sched_stream_name(ZpStream stream);

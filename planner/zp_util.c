@@ -3,11 +3,13 @@
 #include "zp_util.h"
 
 #include <errno.h>
+#include <glib/gstdio.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef ZP_DATA_DIR
 #define ZP_DATA_DIR "."
@@ -23,6 +25,10 @@ const char *zp_data_dir(void)
 
 json_t *zp_json_load_object(const char *path, GError **error)
 {
+    if (g_file_test(path, G_FILE_TEST_IS_DIR)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: is a directory, not a JSON file", path);
+        return NULL;
+    }
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -147,6 +153,23 @@ gboolean zp_json_check_keys(json_t *obj, const char *what, const char *const *al
     return TRUE;
 }
 
+gboolean zp_check_args_utf8(int argc, char **argv, GError **error)
+{
+    for (int i = 1; i < argc; i++) {
+        if (g_utf8_validate(argv[i], -1, NULL))
+            continue;
+        /* The flag is the argument itself (--flag=value) or the one before it. */
+        const char *flag = g_str_has_prefix(argv[i], "-") ? argv[i] : i > 1 ? argv[i - 1] : "";
+        const size_t len = strcspn(flag, "=");
+        char *name = g_utf8_make_valid(flag, (gssize)len);
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: argument %d is not valid UTF-8",
+                    g_str_has_prefix(name, "-") ? name : "argument", i);
+        g_free(name);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
                          gboolean integral, double *out, GError **error)
 {
@@ -212,8 +235,11 @@ gboolean zp_json_write(json_t *value, const char *path, GError **error)
     }
     gboolean ok = TRUE;
     if (!path || strcmp(path, "-") == 0) {
-        fputs(text, stdout);
-        fputc('\n', stdout);
+        if (fputs(text, stdout) == EOF || fputc('\n', stdout) == EOF || fflush(stdout) == EOF) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "writing to standard output: %s",
+                        g_strerror(errno));
+            ok = FALSE;
+        }
     } else {
         GString *s = g_string_new(text);
         g_string_append_c(s, '\n');
@@ -222,6 +248,31 @@ gboolean zp_json_write(json_t *value, const char *path, GError **error)
     }
     free(text);
     return ok;
+}
+
+gboolean zp_check_out_path(const char *path, const char *flag, GError **error)
+{
+    if (!path || !*path || g_file_test(path, G_FILE_TEST_IS_DIR)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: '%s' is not a file name", flag,
+                    path ? path : "");
+        return FALSE;
+    }
+    /* The truth about a directory is whether a file can be made in it (root ignores mode
+     * bits; a read-only mount or a full quota does not). */
+    char *dir = g_path_get_dirname(path);
+    char *probe = g_build_filename(dir, ".zplan-probe-XXXXXX", NULL);
+    const int fd = g_mkstemp(probe);
+    const int saved = errno;
+    if (fd >= 0) {
+        close(fd);
+        g_unlink(probe);
+    } else {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: cannot write in directory '%s': %s", flag,
+                    dir, g_strerror(saved));
+    }
+    g_free(probe);
+    g_free(dir);
+    return fd >= 0;
 }
 
 static gint compare_strings(gconstpointer a, gconstpointer b)

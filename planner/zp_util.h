@@ -41,6 +41,10 @@ gboolean zp_json_get_string(json_t *obj, const char *what, const char *key, gboo
 gboolean zp_json_check_keys(json_t *obj, const char *what, const char *const *allowed,
                             GError **error);
 
+/* Every argument valid UTF-8 (GLib's option parser converts them and would fail without
+ * naming the flag); else an error naming the flag the bad argument belongs to. */
+gboolean zp_check_args_utf8(int argc, char **argv, GError **error);
+
 /* Parses a flag value as a finite number in [min, max] ("7.5e9", "64"). If `integral`,
  * the value must be a whole number. `flag` names the flag in the message. */
 gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
@@ -55,8 +59,12 @@ GArray *zp_parse_int_list(const char *text, const char *flag, double min, double
 gboolean zp_write_file_atomic(const char *path, const char *contents, gsize length,
                               GError **error);
 
+/* An output path given by `flag`, checked before any work: not a directory, and a file can
+ * be created beside it (a probe file is made and removed). */
+gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
+
 /* Dumps JSON (indented, keys in insertion order) atomically to path, or to stdout if
- * path is NULL or "-". */
+ * path is NULL or "-"; a failed write to stdout is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
 /* Seconds on the monotonic clock, for differences only: clock_gettime's nanoseconds, since

@@ -12,6 +12,17 @@
 #define REAL_COMM_ERROR real_comm_error_quark()
 GQuark real_comm_error_quark(void);
 
+typedef enum {
+    REAL_COMM_ERROR_FAILED,  /* the collective failed (a peer died, a count too large) */
+    REAL_COMM_ERROR_TIMEOUT, /* it did not complete within ZREAL_COMM_TIMEOUT_S */
+} RealCommError;
+
+/* Seconds a collective may take before its rank gives up: ZREAL_COMM_TIMEOUT_S (MPI and
+ * NCCL alike), REAL_COMM_DEFAULT_TIMEOUT_S when unset; fails naming the variable when it is
+ * not a positive number. */
+#define REAL_COMM_DEFAULT_TIMEOUT_S 300.0
+gboolean real_comm_timeout_s(double *out, GError **error);
+
 typedef struct RealComm RealComm;
 
 /* Every collective is over all `size` ranks, called by all of them in the same order, on
@@ -54,7 +65,9 @@ static inline double real_comm_ring_scatter_gather_bytes(int size, double total)
 }
 
 /* MPI_COMM_WORLD after MPI_Init: errors are returned (not fatal) and turned into GErrors
- * that say a peer may have died. */
+ * that say a peer may have died. Every collective is started non-blocking and waited for
+ * at most ZREAL_COMM_TIMEOUT_S seconds: a stopped or hung peer then fails the collective
+ * with REAL_COMM_ERROR_TIMEOUT naming it, and zreal aborts the job. */
 RealComm *real_comm_mpi_new(GError **error);
 
 /* Copies `bytes` of host memory from rank `root` to every rank of a communicator from

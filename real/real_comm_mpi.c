@@ -1,16 +1,23 @@
 /* real_comm_mpi: RealComm over MPI_COMM_WORLD, with a user-defined bf16 sum so gradients
- * travel in their 16-bit storage format, as they do under NCCL. */
+ * travel in their 16-bit storage format, as they do under NCCL; every collective is
+ * non-blocking and waited for with a deadline, so a stopped peer cannot hang the job. */
 #include "real_comm.h"
+#include "zp_util.h"
 
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 
 G_DEFINE_QUARK(real-comm-error-quark, real_comm_error)
+
+#define WAIT_SPIN_S 0.01
+#define WAIT_SLEEP_US 200
 
 typedef struct {
     RealComm base;
     MPI_Datatype bf16;
     MPI_Op bf16_sum;
+    double timeout_s; /* ZREAL_COMM_TIMEOUT_S */
 } MpiComm;
 
 /* MPI reduction callback: inout[i] = round(widen(in[i]) + widen(inout[i])). */
@@ -35,6 +42,36 @@ static gboolean check(RealComm *c, int rc, const char *what, GError **error)
     return FALSE;
 }
 
+/* Waits for the request a non-blocking collective `what` started (rc: its start's code)
+ * until the deadline; a collective that outlives it fails with REAL_COMM_ERROR_TIMEOUT, and
+ * the caller aborts the job (its peers are then still inside the collective). */
+static gboolean wait_for(RealComm *c, int rc, MPI_Request *request, const char *what,
+                         GError **error)
+{
+    if (!check(c, rc, what, error))
+        return FALSE;
+    const double timeout_s = ((MpiComm *)c)->timeout_s, deadline = zp_now_s() + timeout_s;
+    for (;;) {
+        int done = 0;
+        if (!check(c, MPI_Test(request, &done, MPI_STATUS_IGNORE), what, error))
+            return FALSE;
+        if (done)
+            return TRUE;
+        if (zp_now_s() > deadline) {
+            g_set_error(error, REAL_COMM_ERROR, REAL_COMM_ERROR_TIMEOUT,
+                        "%s did not complete within %g s (ZREAL_COMM_TIMEOUT_S): a peer rank "
+                        "is stopped, hung or dead; aborting the job", what, timeout_s);
+            return FALSE;
+        }
+        /* Ranks may share cores: yield to the one we wait for, and past the first
+         * WAIT_SPIN_S of a long wait, sleep between polls rather than burn a core. */
+        if (zp_now_s() - (deadline - timeout_s) < WAIT_SPIN_S)
+            sched_yield();
+        else
+            g_usleep(WAIT_SLEEP_US);
+    }
+}
+
 static gboolean fits_int(RealComm *c, size_t n, const char *what, GError **error)
 {
     if (n <= INT_MAX)
@@ -50,8 +87,10 @@ static gboolean mpi_allreduce(RealComm *c, RealBf16 *buf, size_t n, GError **err
     if (!fits_int(c, n, "all-reduce", error))
         return FALSE;
     c->sent_bytes += real_comm_ring_allreduce_bytes(c->size, (double)n);
-    return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, m->bf16, m->bf16_sum, MPI_COMM_WORLD),
-                 "MPI_Allreduce", error);
+    MPI_Request r;
+    return wait_for(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, m->bf16, m->bf16_sum,
+                                      MPI_COMM_WORLD, &r),
+                    &r, "MPI_Allreduce", error);
 }
 
 static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts, GError **error)
@@ -61,9 +100,10 @@ static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts
     for (int q = 0; q < c->size; q++)
         total += counts[q];
     c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, total);
-    return check(c, MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, m->bf16, m->bf16_sum,
-                                       MPI_COMM_WORLD),
-                 "MPI_Reduce_scatter", error);
+    MPI_Request r;
+    return wait_for(c, MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, m->bf16, m->bf16_sum,
+                                           MPI_COMM_WORLD, &r),
+                    &r, "MPI_Reduce_scatter", error);
 }
 
 static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
@@ -73,30 +113,38 @@ static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealB
     if (!fits_int(c, n, "all-gather", error))
         return FALSE;
     c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
-    return check(c, MPI_Allgather(send, (int)n, m->bf16, recv, (int)n, m->bf16, MPI_COMM_WORLD),
-                 "MPI_Allgather", error);
+    MPI_Request r;
+    return wait_for(c, MPI_Iallgather(send, (int)n, m->bf16, recv, (int)n, m->bf16,
+                                      MPI_COMM_WORLD, &r),
+                    &r, "MPI_Allgather", error);
 }
 
 static gboolean mpi_allreduce_host(RealComm *c, double *buf, size_t n, GError **error)
 {
-    return check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
-                 "MPI_Allreduce", error);
+    MPI_Request r;
+    return fits_int(c, n, "host all-reduce", error) &&
+           wait_for(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM,
+                                      MPI_COMM_WORLD, &r),
+                    &r, "MPI_Allreduce (host)", error);
 }
 
 static gboolean mpi_gather_host(RealComm *c, const double *send, size_t n, double *recv,
                                 GError **error)
 {
-    return check(c, MPI_Gather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0,
-                               MPI_COMM_WORLD),
-                 "MPI_Gather", error);
+    MPI_Request r;
+    return fits_int(c, n, "host gather", error) &&
+           wait_for(c, MPI_Igather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0,
+                                   MPI_COMM_WORLD, &r),
+                    &r, "MPI_Gather", error);
 }
 
 gboolean real_comm_mpi_broadcast(RealComm *c, void *buf, size_t bytes, int root, GError **error)
 {
     if (!fits_int(c, bytes, "broadcast", error))
         return FALSE;
-    return check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast",
-                 error);
+    MPI_Request r;
+    return wait_for(c, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &r), &r,
+                    "MPI_Bcast", error);
 }
 
 static void mpi_destroy(RealComm *c)
@@ -107,10 +155,22 @@ static void mpi_destroy(RealComm *c)
     g_free(m);
 }
 
+gboolean real_comm_timeout_s(double *out, GError **error)
+{
+    const char *text = g_getenv("ZREAL_COMM_TIMEOUT_S");
+    *out = REAL_COMM_DEFAULT_TIMEOUT_S;
+    return !text || zp_parse_number(text, "ZREAL_COMM_TIMEOUT_S", 1e-3, 1e9, FALSE, out, error);
+}
+
 RealComm *real_comm_mpi_new(GError **error)
 {
     MpiComm *m = g_new0(MpiComm, 1);
     RealComm *c = &m->base;
+    m->bf16 = MPI_DATATYPE_NULL;
+    if (!real_comm_timeout_s(&m->timeout_s, error)) {
+        g_free(m);
+        return NULL;
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
     /* Return errors instead of aborting, so a dead peer becomes a message naming this rank. */
@@ -118,6 +178,8 @@ RealComm *real_comm_mpi_new(GError **error)
     if (!check(c, MPI_Type_contiguous(1, MPI_UINT16_T, &m->bf16), "MPI_Type_contiguous", error) ||
         !check(c, MPI_Type_commit(&m->bf16), "MPI_Type_commit", error) ||
         !check(c, MPI_Op_create(bf16_sum, 1, &m->bf16_sum), "MPI_Op_create", error)) {
+        if (m->bf16 != MPI_DATATYPE_NULL)
+            MPI_Type_free(&m->bf16);
         g_free(m);
         return NULL;
     }

@@ -65,7 +65,7 @@ static gboolean nccl_abort(NcclComm *n, const char *what, ncclResult_t result, G
 
 static gboolean nccl_timed_out(NcclComm *n, const char *what, GError **error)
 {
-    nccl_fail(n, error, "%s did not finish within %g s (ZREAL_NCCL_TIMEOUT_S); a peer rank may "
+    nccl_fail(n, error, "%s did not finish within %g s (ZREAL_COMM_TIMEOUT_S); a peer rank may "
                         "have died or stopped", what, n->timeout_s);
     if (n->nccl)
         ncclCommAbort(n->nccl);
@@ -279,17 +279,17 @@ static void nccl_destroy(RealComm *c)
     g_free(nc);
 }
 
-/* ZREAL_NCCL_TIMEOUT_S, a positive number of seconds; the default when unset. */
+/* ZREAL_COMM_TIMEOUT_S, a positive number of seconds; the default when unset. */
 static gboolean nccl_read_timeout(NcclComm *nc, GError **error)
 {
-    const char *text = g_getenv("ZREAL_NCCL_TIMEOUT_S");
+    const char *text = g_getenv("ZREAL_COMM_TIMEOUT_S");
     nc->timeout_s = NCCL_COMM_DEFAULT_TIMEOUT_S;
     if (!text)
         return TRUE;
     char *end = NULL;
     const double value = g_ascii_strtod(text, &end);
     if (end == text || *end != '\0' || !isfinite(value) || value <= 0)
-        return nccl_fail(nc, error, "ZREAL_NCCL_TIMEOUT_S: '%s' is not a positive number of "
+        return nccl_fail(nc, error, "ZREAL_COMM_TIMEOUT_S: '%s' is not a positive number of "
                                     "seconds", text);
     nc->timeout_s = value;
     return TRUE;

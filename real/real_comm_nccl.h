@@ -11,7 +11,7 @@
 /* Called by every rank after MPI_Init, with its CUDA backend (real_cuda_backend_new; borrowed,
  * must outlive the communicator). Rank 0 makes the NCCL unique id and MPI broadcasts it; the
  * communicator is non-blocking, so that waiting for a collective can poll for NCCL's
- * asynchronous errors and give up after ZREAL_NCCL_TIMEOUT_S seconds (default 300): the
+ * asynchronous errors and give up after ZREAL_COMM_TIMEOUT_S seconds (default 300): the
  * communicator is then aborted and the GError names the rank and NCCL's reason. Every
  * collective waits, on the host, until it has finished, and the backend's stream is ordered
  * after it, so its results are ready for the next backend call. Host f64 collectives go over

@@ -287,17 +287,24 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
     e->dims = real_engine_dims(&s->model, &s->plan);
+    if (!real_gpt_dims_check(&e->dims, error)) { /* before b s sizes anything */
+        g_free(e);
+        return NULL;
+    }
     e->part_off = g_new0(uint64_t, s->n_units);
     e->persistent = g_new0(RealBf16 *, s->n_units);
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
     e->ckpt_buffer = g_new0(int, e->L + 2);
     e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
-    const int tokens = s->plan.micro_batch * (int)s->model.seq_len;
-    e->tokens = g_new0(int, tokens);
-    e->targets = g_new0(int, tokens);
+    const gsize tokens = (gsize)s->plan.micro_batch * (gsize)s->model.seq_len;
+    e->tokens = g_try_new0(int, tokens);
+    e->targets = g_try_new0(int, tokens);
     index_buckets(e);
-    gboolean ok = (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
+    gboolean ok = (e->tokens && e->targets) ||
+                  fail(error, "rank %d: out of memory allocating two arrays of %" G_GSIZE_FORMAT
+                              " tokens (micro_batch x seq_len)", e->rank, tokens);
+    ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     for (int u = 0; ok && u < s->n_units; u++)
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
@@ -610,6 +617,19 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- the step ---------------------------------------------------------------------------- */
 
+/* "block_fwd", "allgather", "buckets": what an op does, for messages. */
+static const char *op_sub_name(const ZpOp *op)
+{
+    switch ((ZpOpKind)op->kind) {
+    case ZP_OP_COMPUTE:
+        return zp_sched_compute_name((ZpComputeKind)op->sub);
+    case ZP_OP_COLLECTIVE:
+        return zp_sched_coll_name((ZpCollKind)op->sub);
+    default:
+        return zp_sched_mem_name((ZpMemCategory)op->sub);
+    }
+}
+
 static void zero_gradients(RealEngine *e)
 {
     const ZpSchedule *s = e->s;
@@ -663,8 +683,12 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             ok = do_collective(e, op, error);
             break;
         }
-        if (!ok)
+        if (!ok) {
+            g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
+                           zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
+                           op->micro);
             return FALSE;
+        }
         if (type >= 0) {
             e->timing[type].count++;
             if (begin) {
@@ -678,8 +702,10 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     if (!finish_device_timings(e, error))
         return FALSE;
     double loss = e->loss_sum / s->plan.grad_accum;
-    if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error))
+    if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error)) {
+        g_prefix_error(error, "the step's loss all-reduce: ");
         return FALSE;
+    }
     *loss_out = loss / e->dp;
     return TRUE;
 }

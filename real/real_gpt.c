@@ -114,10 +114,23 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
         return FALSE;
     }
     /* GEMM dimensions are ints: tokens b s, 3h and f must fit. */
-    if ((int64_t)d->micro_batch * d->seq_len > INT_MAX || d->hidden > INT_MAX / 3 ||
-        (int64_t)d->ffn_hidden > INT_MAX / 2) {
+    const int64_t tokens = (int64_t)d->micro_batch * d->seq_len;
+    if (tokens > INT_MAX || d->hidden > INT_MAX / 3 || (int64_t)d->ffn_hidden > INT_MAX / 2) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
-                    "micro_batch * seq_len or 3 * hidden exceeds the int range");
+                    "micro_batch %d x seq_len %d = %" G_GINT64_FORMAT " tokens, 3 x hidden "
+                    "%d or 2 x ffn_hidden %d exceeds the int range of a GEMM dimension",
+                    d->micro_batch, d->seq_len, tokens, d->hidden, d->ffn_hidden);
+        return FALSE;
+    }
+    /* The largest buffers' byte counts must fit 64 bits: a block's saved attention scores
+     * (b a s^2, with room for the rest of its tensors) and the logits (b s V, fp32). */
+    guint64 scores, logits;
+    if (!g_uint64_checked_mul(&scores, (guint64)tokens, (guint64)d->heads * (guint64)d->seq_len) ||
+        !g_uint64_checked_mul(&scores, scores, 16) ||
+        !g_uint64_checked_mul(&logits, (guint64)tokens, (guint64)d->vocab * 16)) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "micro_batch %d x heads %d x seq_len %d^2 (or x vocab %d) bytes overflow "
+                    "64 bits", d->micro_batch, d->heads, d->seq_len, d->vocab);
         return FALSE;
     }
     return TRUE;

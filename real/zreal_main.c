@@ -21,9 +21,20 @@
 /* OpenBLAS's own thread control; the GSL CBLAS header does not declare it. */
 extern void openblas_set_num_threads(int threads);
 
+/* Fault injection for the tests (hidden flags): at the start of step --fault-step, rank
+ * --fault-rank kills itself, stops itself (SIGSTOP, as `kill -STOP` would) or sleeps
+ * FAULT_SLEEP_S (a slow step). */
+typedef enum { FAULT_KILL, FAULT_STOP, FAULT_SLEEP } FaultAction;
+static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
+#define FAULT_SLEEP_S 2.0
+
+/* A step slower than this many times the median step is flagged. */
+#define SLOW_STEP_FACTOR 10.0
+
 typedef struct {
     char *model, *schedule, *out, *backend, *attention;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
+    FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
     double lr;
@@ -153,7 +164,8 @@ static json_t *rank_json(int rank, const double *v, int steps)
  * (all of a real world, or the one rank an emulating process plays). */
 static gboolean write_measured(const char *path, const ZpSchedule *s, const char *backend,
                                const double *all, const RealComm *comm, int n_ranks,
-                               int first_rank, int steps, const double *loss, GError **error)
+                               int first_rank, int steps, const double *loss, json_t *slow,
+                               GError **error)
 {
     const int n = F_LOSS + steps;
     json_t *ranks = json_array(), *global = json_array();
@@ -171,9 +183,51 @@ static gboolean write_measured(const char *path, const ZpSchedule *s, const char
                              zp_plan_to_json(&s->plan), "step_time_s", time_json(step_s, steps),
                              "predicted_model_state_bytes", zp_sched_model_state_bytes(s),
                              "loss", global, "ranks", ranks);
+    json_object_set(root, "slow_steps", slow);
     gboolean ok = zp_json_write(root, path, error);
     json_decref(root);
     return ok;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps whose wall time exceeds SLOW_STEP_FACTOR x the median of the timed steps (all
+ * but the warm-up step 0 when there are more): [{"step", "time_s", "median_s"}], each also
+ * one line on stderr when `warn` (a stalled rank makes every rank's step slow). */
+static json_t *slow_steps(const double *step_s, int steps, gboolean warn)
+{
+    json_t *slow = json_array();
+    const int first = steps > 1 ? 1 : 0, n = steps - first;
+    if (n <= 0)
+        return slow;
+    double *sorted = g_memdup2(step_s + first, sizeof(double) * (gsize)n);
+    qsort(sorted, (size_t)n, sizeof(double), compare_doubles);
+    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    g_free(sorted);
+    for (int i = first; i < steps; i++) {
+        if (step_s[i] <= SLOW_STEP_FACTOR * median)
+            continue;
+        json_array_append_new(slow, json_pack("{s:i, s:f, s:f}", "step", i, "time_s", step_s[i],
+                                              "median_s", median));
+        if (warn)
+            fprintf(stderr, "zreal: warning: step %d took %.3g s, %.0f x the median step "
+                            "(%.3g s): a rank stalled\n", i, step_s[i], step_s[i] / median, median);
+    }
+    return slow;
+}
+
+static void inject_fault(const Args *a, int step, int rank)
+{
+    if (step != a->fault_step || rank != a->fault_rank)
+        return;
+    if (a->fault_action == FAULT_SLEEP)
+        g_usleep((gulong)(FAULT_SLEEP_S * 1e6));
+    else
+        raise(a->fault_action == FAULT_STOP ? SIGSTOP : SIGKILL);
 }
 
 static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **error)
@@ -185,14 +239,15 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     RealEngine *engine = real_engine_new(s, be, comm, &cfg, error);
     gboolean ok = engine != NULL;
     double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
+    double *step_s = g_new0(double, a->steps);
     double timed_s = 0;
     if (ok)
         real_alloc_reset_peaks(be->tracker);
     for (int step = 0; ok && step < a->steps; step++) {
-        if (step == a->fault_step && comm->rank == a->fault_rank)
-            raise(SIGKILL); /* fault injection for the tests: this rank dies mid-run */
+        inject_fault(a, step, comm->rank);
         const double t0 = zp_now_s();
         ok = real_engine_step(engine, (uint64_t)step, &loss[step], error);
+        step_s[step] = zp_now_s() - t0;
         /* The first step pays one-time costs (page faults, BLAS start-up): neither its step
          * time nor its op times are counted when there are later steps. */
         if (step > 0 || a->steps == 1)
@@ -203,6 +258,8 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         if (ok && (a->emulate || comm->rank == 0))
             fprintf(stderr, "step %3d  loss %.4f\n", step, loss[step]);
     }
+    const gboolean writer = a->emulate || comm->rank == 0;
+    json_t *slow = ok ? slow_steps(step_s, a->steps, writer) : NULL;
     if (ok && a->out) {
         const int n = F_LOSS + a->steps;
         double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
@@ -211,16 +268,18 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
                      error);
         if (ok && a->emulate) /* one process: its own figures are the measurement */
             ok = write_measured(a->out, s, be->name, mine, comm, 1, comm->rank, a->steps, loss,
-                                error);
+                                slow, error);
         else if (ok)
             ok = comm->gather_host_f64(comm, mine, (size_t)n, all, error) &&
                  (comm->rank != 0 || write_measured(a->out, s, be->name, all, comm, comm->size,
-                                                    0, a->steps, loss, error));
+                                                    0, a->steps, loss, slow, error));
         g_free(mine);
         g_free(all);
     }
+    json_decref(slow);
     g_free(loss);
     g_free(local);
+    g_free(step_s);
     real_engine_free(engine);
     zp_sched_free(s);
     return ok;
@@ -272,7 +331,7 @@ static void add_device_error(RealBackend *be, GError *error)
 static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
-    char *emulate = NULL, *rank = NULL;
+    char *emulate = NULL, *rank = NULL, *fault_action = NULL;
     *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
@@ -296,8 +355,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
         {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs, Adam, the block's kernels and collectives for zplan calibrate (needs --out; with --emulate N the collectives are the local copies that stand in for them)", NULL},
-        {"fault-kill-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank SIGKILLs itself", "R"},
-        {"fault-kill-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
+        {"fault-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank fails", "R"},
+        {"fault-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
+        {"fault-action", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING, &fault_action, "Fault injection: kill (default), stop or sleep", "A"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- train a GPT under ZeRO on MPI ranks");
@@ -307,7 +367,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         "it runs the schedule zplan simulates and writes what it measured. With --emulate N,\n"
         "one process (no mpirun) measures one rank of an N-rank world.");
     double value;
-    gboolean ok = g_option_context_parse(context, argc, argv, error);
+    gboolean ok = zp_check_args_utf8(*argc, *argv, error) &&
+                  g_option_context_parse(context, argc, argv, error);
     if (ok && *argc > 1)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "unexpected argument '%s'", (*argv)[1]), FALSE);
     if (ok && a->microbench && !a->out)
@@ -333,9 +394,19 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--rank needs --emulate N"), FALSE);
     if (ok && rank && (ok = zp_parse_number(rank, "--rank", 0, a->emulate - 1, TRUE, &value, error)))
         a->emulate_rank = (int)value;
+    for (int i = 0; ok && fault_action && fault_actions[i]; i++)
+        if (strcmp(fault_action, fault_actions[i]) == 0) {
+            a->fault_action = (FaultAction)i;
+            g_clear_pointer(&fault_action, g_free);
+        }
+    if (ok && fault_action)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--fault-action: '%s' is not kill, "
+                          "stop or sleep", fault_action), FALSE);
+    if (ok && a->out)
+        ok = zp_check_out_path(a->out, "--out", error);
     g_option_context_free(context);
     g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
-    g_free(emulate), g_free(rank);
+    g_free(emulate), g_free(rank), g_free(fault_action);
     return ok;
 }
 
@@ -388,17 +459,26 @@ int main(int argc, char **argv)
         ok = train(&a, be, comm, &error);
     if (!ok) {
         add_device_error(be, error);
-        /* One line naming the rank; abort the job so no peer waits forever in a collective. */
+        /* One line naming the rank. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
-        g_clear_error(&error);
-        if (!a.emulate)
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        return 1;
     }
-    comm->destroy(comm);
-    be->destroy(be);
+    /* Everything is freed, except a device backend after a failure: its streams may be stuck
+     * in the operation that failed, and tearing them down could block; exit releases them. */
+    const gboolean teardown = ok || !be || !be->synchronize;
+    g_clear_error(&error);
+    if (comm && teardown)
+        comm->destroy(comm);
+    if (be && teardown)
+        be->destroy(be);
     free_args(&a);
+    int world = 1;
+    if (!a.emulate)
+        MPI_Comm_size(MPI_COMM_WORLD, &world);
+    /* A failed rank of a job aborts it, so no peer waits forever in a collective; a lone
+     * process just ends. */
+    if (!ok && world > 1)
+        MPI_Abort(MPI_COMM_WORLD, 1);
     if (!a.emulate)
         MPI_Finalize();
-    return 0;
+    return ok ? 0 : 1;
 }

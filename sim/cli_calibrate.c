@@ -53,14 +53,14 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
     json_t *root = zp_json_load_object(path, error), *gemm, *mem, *coll;
     const char *format = NULL, *backend = NULL;
     int64_t world;
-    gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error) &&
-                  zp_json_get_string(root, path, "backend", TRUE, &backend, error);
+    gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error);
     if (ok && strcmp(format, "zplan-microbench-1") != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: format \"%s\" is not zplan-microbench-1 (zreal --microbench --out)", path,
                     format);
         ok = FALSE;
     }
+    ok = ok && zp_json_get_string(root, path, "backend", TRUE, &backend, error);
     ok = ok && zp_json_get_int(root, path, "world", TRUE, 1, 1 << 20, &world, error) &&
          read_array(root, path, "gemm", &gemm, error) &&
          read_array(root, path, "memory", &mem, error) &&
@@ -70,6 +70,8 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         json_t *g = json_array_get(gemm, i);
         ok = zp_json_get_number(g, path, "flops", TRUE, 1, 1e30, &f, error) &&
              zp_json_get_number(g, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        if (!ok)
+            break;
         int w = (int)world;
         const gboolean tc = ok && tensor_core_backend(backend);
         g_array_append_val(tc ? s->tc_flops : s->gemm_flops, f);
@@ -92,7 +94,9 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
              zp_json_get_number(m, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
         const char *kernel = NULL;
         ok = ok && zp_json_get_string(m, path, "kernel", TRUE, &kernel, error);
-        const gboolean adam = ok && strcmp(kernel, "adam") == 0;
+        if (!ok)
+            break;
+        const gboolean adam = strcmp(kernel, "adam") == 0;
         int w = (int)world;
         g_array_append_val(adam ? s->mem_bytes : s->ew_bytes, b);
         g_array_append_val(adam ? s->mem_s : s->ew_s, t);
@@ -115,6 +119,8 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown collective \"%s\"", path, op);
             ok = FALSE;
         }
+        if (!ok)
+            break;
         int n = (int)ranks;
         g_array_append_val(s->coll_kind, kind);
         g_array_append_val(s->coll_ranks, n);
@@ -359,6 +365,30 @@ static gboolean fit_gemms(const Samples *s, Fitted *f, GError **error)
     return TRUE;
 }
 
+/* The profile must load: a fit outside the loader's own bounds (runs of absurd sizes or
+ * times) is refused, naming the constant, its bound and where it was fitted from (its note). */
+static gboolean check_loadable(json_t *profile, GError **error)
+{
+    ZpHw hw;
+    GError *local = NULL;
+    if (zp_hw_from_json(profile, "the fitted profile", &hw, &local))
+        return TRUE;
+    const char *source = "";
+    const char *key;
+    json_t *note;
+    json_object_foreach(json_object_get(profile, "notes"), key, note)
+    {
+        if (strstr(local->message, key)) {
+            source = json_string_value(note);
+            break;
+        }
+    }
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--out: nothing written: %s (%s)",
+                local->message, source);
+    g_error_free(local);
+    return FALSE;
+}
+
 int cli_calibrate(int argc, char **argv)
 {
     char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL;
@@ -401,6 +431,7 @@ int cli_calibrate(int argc, char **argv)
     }
     if (ok && memory)
         ok = zp_parse_number(memory, "--memory-bytes", 1e6, 1e15, FALSE, &memory_bytes, &error);
+    ok = ok && zp_check_out_path(out, "--out", &error);
     for (int i = 1; ok && i < argc; i++)
         ok = read_run(argv[i], &s, &error);
     if (ok) {
@@ -429,7 +460,7 @@ int cli_calibrate(int argc, char **argv)
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
-        ok = zp_json_write(profile, out, &error);
+        ok = check_loadable(profile, &error) && zp_json_write(profile, out, &error);
         if (ok)
             printf("wrote %s: GEMM %.1f GFLOP/s (fp32 %.1f; half at %.3g FLOP), Adam %.2f GB/s, "
                    "block kernels %.2f GB/s, "

@@ -456,7 +456,8 @@ int cli_plan(int argc, char **argv)
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
-                    attention, reduce, &error)) {
+                    attention, reduce, &error) ||
+        (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
     } else {
         ZpSearchSpec spec;

@@ -329,7 +329,8 @@ static int simulate(const SimulateFlags *f)
     double peak_flops = 0;
     if (!(load_model(f, &model, &error) &&
           required(f->cluster, "--cluster NAME|PATH.json", &error) &&
-          zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error)))
+          zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error) &&
+          (!f->trace || zp_check_out_path(f->trace, "--trace", &error))))
         return cli_fail("simulate", error);
     if (!sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
@@ -451,6 +452,7 @@ static int schedule(const SimulateFlags *f)
     ZpPlan plan;
     if (!(load_model(f, &model, &error) &&
           required(f->out, "--out FILE", &error) &&
+          zp_check_out_path(f->out, "--out", &error) &&
           (!f->cluster || zp_hw_load(f->cluster, &hw, &error)) &&
           simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))
         return cli_fail("schedule", error);

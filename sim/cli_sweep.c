@@ -340,7 +340,11 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
     }
     const guint columns = a->vary == VARY_STAGE ? 2
                           : (a->metric == METRIC_MEMORY && a->have_hw) ? 6 : 5;
-    ok = ok && write_svg(a, csv_path, columns, error);
+    /* The CSV and the plot come as a pair: a failed plot takes the CSV with it. */
+    if (ok && !write_svg(a, csv_path, columns, error)) {
+        g_remove(csv_path);
+        ok = FALSE;
+    }
     g_free(csv_path);
     g_free(rows);
     return ok;
@@ -426,6 +430,19 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
+    /* The plot needs gnuplot: without it nothing is computed or written. */
+    char *gnuplot = g_find_program_in_path("gnuplot");
+    g_free(gnuplot);
+    if (!gnuplot) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "--out: PREFIX.svg needs gnuplot, which is "
+                                                  "not on PATH (Debian: gnuplot-nox)");
+        return FALSE;
+    }
+    char *csv = g_strconcat(f->out, ".csv", NULL);
+    const gboolean writable = zp_check_out_path(csv, "--out", error);
+    g_free(csv);
+    if (!writable)
+        return FALSE;
     int batch = 0;
     a->have_model = f->model != NULL;
     if (f->model || f->params) {

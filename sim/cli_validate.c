@@ -81,6 +81,119 @@ static gboolean same_plan(json_t *pred, json_t *meas, const char *pred_path,
     return TRUE;
 }
 
+/* ---- what each file must hold ----------------------------------------------------------- */
+
+/* Each key a number in [0, 1e30] in the object `o` (named `what`), or, for `nullable` keys,
+ * null (zreal --steps 0 measures no time). */
+static gboolean check_numbers(json_t *o, const char *what, const char *const *keys,
+                              gboolean nullable, GError **error)
+{
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s must be an object", what);
+        return FALSE;
+    }
+    double v;
+    for (const char *const *k = keys; *k; k++)
+        if (!(nullable && json_is_null(json_object_get(o, *k))) &&
+            !zp_json_get_number(o, what, *k, TRUE, 0, 1e30, &v, error))
+            return FALSE;
+    return TRUE;
+}
+
+/* Every memory category's figure, in the object at `key` of o. */
+static gboolean check_categories(json_t *o, const char *what, const char *key, GError **error)
+{
+    const char *names[ZP_MEM_N + 1] = {NULL};
+    for (int c = 0; c < ZP_MEM_N; c++)
+        names[c] = zp_sched_mem_name(c);
+    char *inner = g_strdup_printf("%s: %s", what, key);
+    const gboolean ok = check_numbers(json_object_get(o, key), inner, names, FALSE, error);
+    g_free(inner);
+    return ok;
+}
+
+/* "ops": {"block_fwd": {"count": N, "total_s": T}, ...}, with known op types only. */
+static gboolean check_ops(json_t *o, const char *what, GError **error)
+{
+    static const char *const fields[] = {"count", "total_s", NULL};
+    json_t *ops = json_object_get(o, "ops"), *entry;
+    const char *op;
+    if (!json_is_object(ops)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an object", what);
+        return FALSE;
+    }
+    json_object_foreach(ops, op, entry)
+    {
+        gboolean known = FALSE;
+        for (int k = 0; k < ZP_COMP_N; k++)
+            known = known || strcmp(op, zp_sched_compute_name(k)) == 0;
+        for (int k = 0; k < ZP_COLL_N; k++)
+            known = known || strcmp(op, zp_sched_coll_name(k)) == 0;
+        char *inner = g_strdup_printf("%s: ops: %s", what, op);
+        const gboolean ok = known ? check_numbers(entry, inner, fields, FALSE, error)
+                                  : (g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                                                 "%s: unknown op type", inner), FALSE);
+        g_free(inner);
+        if (!ok)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* zplan simulate --json: the figures compared, all present. */
+static gboolean check_predicted(json_t *pred, const char *path, GError **error)
+{
+    static const char *const keys[] = {"step_time_s", "model_state_bytes", "peak_memory_bytes",
+                                       NULL};
+    static const char *const comm[] = {"dp", NULL};
+    char *inner = g_strdup_printf("%s: comm_bytes_per_rank", path);
+    const gboolean ok = check_numbers(pred, path, keys, FALSE, error) &&
+                        check_numbers(json_object_get(pred, "comm_bytes_per_rank"), inner, comm,
+                                      FALSE, error) &&
+                        check_categories(pred, path, "category_peak_bytes", error) &&
+                        check_ops(pred, path, error);
+    g_free(inner);
+    return ok;
+}
+
+/* zreal --out: its format, and one object per rank, 0..world-1, with every figure. */
+static gboolean check_measured(json_t *meas, const char *path, GError **error)
+{
+    static const char *const keys[] = {"model_state_bytes", "peak_memory_bytes", "comm_bytes",
+                                       NULL};
+    static const char *const step[] = {"step_time_s", NULL};
+    const char *format = NULL;
+    int64_t world = 0, rank = 0;
+    if (!zp_json_get_string(meas, path, "format", TRUE, &format, error))
+        return FALSE;
+    if (strcmp(format, "zplan-measured-1") != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: format \"%s\" is not zplan-measured-1 (zreal --out)", path, format);
+        return FALSE;
+    }
+    json_t *ranks = json_object_get(meas, "ranks");
+    if (!zp_json_get_int(meas, path, "world", TRUE, 1, 1 << 24, &world, error) ||
+        !check_numbers(meas, path, step, TRUE, error))
+        return FALSE;
+    if (!json_is_array(ranks) || json_array_size(ranks) == 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"ranks\" must be a non-empty array of rank objects", path);
+        return FALSE;
+    }
+    gboolean ok = TRUE;
+    for (size_t r = 0; ok && r < json_array_size(ranks); r++) {
+        json_t *o = json_array_get(ranks, r);
+        char *what = g_strdup_printf("%s: ranks[%zu]", path, r);
+        ok = check_numbers(o, what, keys, FALSE, error) &&
+             zp_json_get_int(o, what, "rank", TRUE, 0, world - 1, &rank, error) &&
+             check_numbers(o, what, step, TRUE, error) &&
+             check_categories(o, what, "category_peak_bytes", error) &&
+             check_ops(o, what, error);
+        g_free(what);
+    }
+    return ok;
+}
+
 static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
 {
     json_t *ranks = json_object_get(meas, "ranks");
@@ -176,11 +289,8 @@ int cli_validate(int argc, char **argv)
     }
     ok = ok && (pred = zp_json_load_object(argv[1], &error)) &&
          (meas = zp_json_load_object(argv[2], &error)) &&
-         same_plan(pred, meas, argv[1], argv[2], &error);
-    if (ok && !json_is_array(json_object_get(meas, "ranks"))) {
-        g_set_error(&error, ZP_ERROR, ZP_ERROR_KEY, "%s: missing key \"ranks\"", argv[2]);
-        ok = FALSE;
-    }
+         same_plan(pred, meas, argv[1], argv[2], &error) &&
+         check_predicted(pred, argv[1], &error) && check_measured(meas, argv[2], &error);
     int status = 0;
     if (ok) {
         GArray *rows = g_array_new(FALSE, FALSE, sizeof(Row));

@@ -1,7 +1,9 @@
 /* zplan: the command-line front end. It lives beside the simulator because it is the
  * simulator's user interface; planner-only commands are here too, one table row each. */
 #include "cli.h"
+#include "zp_util.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,7 +31,24 @@ static void usage(FILE *out)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
-int main(int argc, char **argv)
+/* Standard output is flushed, checked and closed before exit: output lost to a full disk or
+ * a closed pipe fails the command (one line, status 1) instead of passing for success. */
+static int close_stdout(const char *command, int status)
+{
+    errno = 0;
+    const gboolean flushed = fflush(stdout) == 0;
+    const int flush_errno = errno;
+    const gboolean clean = flushed && !ferror(stdout);
+    if (fclose(stdout) == 0 && clean)
+        return status;
+    if (status == 0)
+        fprintf(stderr, "zplan%s%s: writing to standard output: %s\n", command ? " " : "",
+                command ? command : "",
+                flush_errno ? g_strerror(flush_errno) : errno ? g_strerror(errno) : "write error");
+    return status ? status : 1;
+}
+
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -40,6 +59,9 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    GError *error = NULL;
+    if (!zp_check_args_utf8(argc, argv, &error))
+        return cli_fail(g_utf8_validate(argv[1], -1, NULL) ? argv[1] : "", error);
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
         if (strcmp(argv[1], commands[i].name) == 0) {
             char *prgname = g_strdup_printf("zplan %s", argv[1]);
@@ -49,4 +71,9 @@ int main(int argc, char **argv)
         }
     fprintf(stderr, "zplan: unknown command '%s' (see zplan --help)\n", argv[1]);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    return close_stdout(argc > 1 ? argv[1] : NULL, run(argc, argv));
 }

@@ -19,8 +19,9 @@
 
 static char *tmp_dir;
 
-/* Runs `mpirun -np n zreal ARGS`; returns the exit status, stderr in *err. */
-static int mpirun(int n, const char *args, char **err)
+/* Runs `mpirun -np n zreal ARGS` with ZREAL_COMM_TIMEOUT_S = timeout (NULL: unset);
+ * returns the exit status, stderr in *err. */
+static int mpirun_timeout(int n, const char *args, const char *timeout, char **err)
 {
     char *command = g_strdup_printf("mpirun --oversubscribe -np %d %s/zreal %s", n, ZP_BUILD_DIR,
                                     args);
@@ -29,12 +30,19 @@ static int mpirun(int n, const char *args, char **err)
     envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
     envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
     envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
+    envp = timeout ? g_environ_setenv(envp, "ZREAL_COMM_TIMEOUT_S", timeout, TRUE)
+                   : g_environ_unsetenv(envp, "ZREAL_COMM_TIMEOUT_S");
     TuRun r = tu_run(command, envp);
     g_strfreev(envp);
     g_free(command);
     g_free(r.out);
     *err = r.err;
     return r.status;
+}
+
+static int mpirun(int n, const char *args, char **err)
+{
+    return mpirun_timeout(n, args, NULL, err);
 }
 
 /* A model the stage-equivalence test trains: GPT-2's tiny for STEPS steps, llama-tiny (a few
@@ -172,8 +180,8 @@ static void test_stages_match_one_rank(gconstpointer data)
 static void test_killed_rank(void)
 {
     char *path = g_strdup_printf("%s/killed.json", tmp_dir);
-    char *args = g_strdup_printf("--model tiny --stage 3 --steps 100000 --fault-kill-rank 2 "
-                                 "--fault-kill-step 3 --out %s",
+    char *args = g_strdup_printf("--model tiny --stage 3 --steps 100000 --fault-rank 2 "
+                                 "--fault-step 3 --out %s",
                                  path);
     char *err = NULL;
     const gint64 start = g_get_monotonic_time();
@@ -183,6 +191,55 @@ static void test_killed_rank(void)
     g_assert_cmpfloat(elapsed_s, <, 30); /* the issue's bound, not a timing benchmark */
     g_assert_nonnull(strstr(err, "rank 2"));
     g_assert_false(g_file_test(path, G_FILE_TEST_EXISTS));
+    g_free(err);
+    g_free(args);
+    g_free(path);
+}
+
+/* A rank stopped with SIGSTOP (kill -STOP) mid-run: its peers' collectives time out after
+ * ZREAL_COMM_TIMEOUT_S, one of them names itself, the op and the collective in one line, and
+ * the job ends with a non-zero status and no measured.json. */
+static void test_stopped_rank(void)
+{
+    char *path = g_strdup_printf("%s/stopped.json", tmp_dir);
+    char *args = g_strdup_printf("--model tiny --stage 2 --steps 100000 --fault-rank 1 "
+                                 "--fault-step 3 --fault-action stop --out %s", path);
+    char *err = NULL;
+    const gint64 start = g_get_monotonic_time();
+    int status = mpirun_timeout(3, args, "2", &err);
+    const double elapsed_s = (double)(g_get_monotonic_time() - start) / 1e6;
+    g_test_message("stopped rank: %.1f s, status %d: %s", elapsed_s, status, err);
+    g_assert_false(g_spawn_check_wait_status(status, NULL));
+    g_assert_true(WIFEXITED(status) && WEXITSTATUS(status) > 0 && WEXITSTATUS(status) < 128);
+    g_assert_cmpfloat(elapsed_s, >=, 2);
+    g_assert_cmpfloat(elapsed_s, <, 30);
+    g_assert_nonnull(strstr(err, "did not complete within 2 s (ZREAL_COMM_TIMEOUT_S)"));
+    g_assert_true(g_regex_match_simple("zreal rank [02]: op [0-9]+ \\(collective [a-z_]+, unit",
+                                       err, 0, 0));
+    g_assert_false(g_file_test(path, G_FILE_TEST_EXISTS));
+    g_free(err);
+    g_free(args);
+    g_free(path);
+}
+
+/* A step 2 s slower than the others (a rank slept): flagged in measured.json and on stderr;
+ * the other steps of the tiny model take milliseconds. */
+static void test_slow_step_flagged(void)
+{
+    char *path = g_strdup_printf("%s/slow.json", tmp_dir);
+    char *args = g_strdup_printf("--model tiny --stage 1 --steps 8 --fault-rank 1 "
+                                 "--fault-step 5 --fault-action sleep --out %s", path);
+    char *err = NULL;
+    int status = mpirun(2, args, &err);
+    g_assert_true(g_spawn_check_wait_status(status, NULL));
+    g_assert_nonnull(strstr(err, "zreal: warning: step 5 took"));
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *slow = json_object_get(root, "slow_steps");
+    g_assert_cmpuint(json_array_size(slow), ==, 1);
+    g_assert_cmpint(json_integer_value(json_object_get(json_array_get(slow, 0), "step")), ==, 5);
+    g_assert_cmpfloat(json_number_value(json_object_get(json_array_get(slow, 0), "time_s")), >=,
+                      2);
+    json_decref(root);
     g_free(err);
     g_free(args);
     g_free(path);
@@ -252,7 +309,7 @@ static void test_calibrate_and_validate(void)
     /* Mismatched plans and malformed input are refused with one line. */
     args = g_strdup_printf("validate %s %s", meas, pred); /* the two swapped */
     g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
-    g_assert_nonnull(strstr(err, "missing key \"ranks\""));
+    g_assert_nonnull(strstr(err, "missing key \"model_state_bytes\""));
     g_free(args), g_free(out), g_free(err);
     args = g_strdup_printf("validate %s %s", pred, profile);
     g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
@@ -484,6 +541,8 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal/llama-tiny-flash-stages-match-one-rank", &llama_flash,
                          test_stages_match_one_rank);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
+    g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
+    g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);
     g_test_add_func("/zreal/bad-input", test_bad_input);
     g_test_add_func("/zreal/cuda-backend-without-device", test_cuda_backend_without_device);
     g_test_add_func("/zreal/calibrate-and-validate", test_calibrate_and_validate);

@@ -3,6 +3,7 @@
 #include "zp_comm.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
+#include "zp_schedcheck.h"
 
 #include <glib/gstdio.h>
 #include <math.h>
@@ -174,6 +175,148 @@ static void test_bad_plans(void)
     g_clear_error(&error);
 }
 
+/* Every schedule the builder makes passes the validator: stages, accumulation,
+ * checkpointing, tensor parallelism, overlap, bucket sizes, persistence and padding, with a
+ * tied LM head (which reads the embedding's weights) and an untied one (which does not). */
+static void test_check_accepts_built(void)
+{
+    ZpModel m = small_model();
+    for (int untied = 0; untied < 2; untied++)
+    for (int stage = 0; stage <= 3; stage++)
+        for (int variant = 0; variant < 16; variant++) {
+            m.tied_embeddings = !untied;
+            ZpPlan p;
+            const int mp = variant & 1 ? 2 : 1, dp = variant & 8 ? 3 : 2;
+            zp_plan_defaults(&p, stage, dp, mp);
+            p.checkpoint = (variant & 2) != 0;
+            p.grad_accum = variant & 4 ? 3 : 1;
+            p.zero.overlap_comm = !p.zero.overlap_comm;
+            p.zero.reduce_bucket_size = variant & 4 ? 20000 : 5e8;
+            p.zero.allgather_bucket_size = variant & 8 ? 7000 : 5e8;
+            p.zero.stage3_param_persistence_threshold = variant & 2 ? 0 : 1e5;
+            GError *error = NULL;
+            ZpSchedule *s = zp_sched_build(&m, &p, &error);
+            g_assert_no_error(error);
+            g_assert_true(zp_schedcheck_ops(s, "built", &error));
+            g_assert_no_error(error);
+            zp_sched_free(s);
+        }
+}
+
+/* Hostile edits of a valid schedule: each names the op and the field. */
+static ZpOp *nth_op(ZpSchedule *s, ZpOpKind kind, int sub, int nth)
+{
+    for (guint i = 0; i < s->ops->len; i++) {
+        ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->kind == kind && (sub < 0 || op->sub == sub) && nth-- == 0)
+            return op;
+    }
+    g_assert_not_reached();
+}
+
+static void edit_unit_beyond(ZpOp *op) { op->unit = 99; }
+static void edit_block_zero(ZpOp *op) { op->unit = 0; }
+static void edit_buffer_max(ZpOp *op) { op->buffer = G_MAXINT32; }
+static void edit_bytes_zero(ZpOp *op) { op->bytes = 0; }
+static void edit_bytes_double(ZpOp *op) { op->bytes *= 2; }
+static void edit_elems_more(ZpOp *op) { op->elems += 1; }
+static void edit_offset_far(ZpOp *op) { op->elem_offset = G_MAXUINT64 - 3; }
+static void edit_micro_late(ZpOp *op) { op->micro = 7; }
+static void edit_tp(ZpOp *op) { op->group = ZP_GROUP_TP; }
+static void edit_category(ZpOp *op) { op->sub = ZP_MEM_PARAMS; }
+static void edit_allreduce(ZpOp *op) { op->sub = ZP_COLL_ALLREDUCE; }
+static void edit_free_other(ZpOp *op) { op->buffer = 0; }
+
+static void test_check_refuses_hostile(void)
+{
+    const struct {
+        int stage;
+        ZpOpKind kind;
+        int sub, nth;
+        void (*edit)(ZpOp *op);
+        const char *message;
+    } cases[] = {
+        {3, ZP_OP_COMPUTE, ZP_COMP_BLOCK_FWD, 0, edit_unit_beyond, "key \"unit\" = 99 is outside"},
+        {3, ZP_OP_COMPUTE, ZP_COMP_BLOCK_BWD, 0, edit_block_zero, "key \"unit\" = 0 is not a unit"},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_buffer_max, "key \"buffer\" = 2147483647"},
+        {3, ZP_OP_ALLOC, ZP_MEM_GATHERED_PARAMS, 0, edit_bytes_zero, "key \"bytes\" = 0; the layout gives"},
+        {3, ZP_OP_ALLOC, ZP_MEM_GATHERED_PARAMS, 1, edit_unit_beyond, "key \"unit\" = 99"},
+        {3, ZP_OP_ALLOC, ZP_MEM_BUCKETS, 0, edit_bytes_double, "key \"bytes\""},
+        {3, ZP_OP_ALLOC, ZP_MEM_BUCKETS, 0, edit_buffer_max, "key \"buffer\" = 2147483647"},
+        {3, ZP_OP_ALLOC, ZP_MEM_CHECKPOINTS, 0, edit_bytes_zero, "key \"bytes\" = 0"},
+        {3, ZP_OP_ALLOC, ZP_MEM_ACTIVATIONS, 0, edit_category, "key \"category\" params"},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 2, edit_elems_more, "key \"elems\""},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 0, edit_bytes_double, "key \"bytes\""},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_elems_more, "key \"elems\""},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 1, edit_offset_far, "key \"elems\""},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_tp, "key \"group\" tp"},
+        {3, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_allreduce, "key \"op\" allreduce"},
+        {3, ZP_OP_FREE, ZP_MEM_GATHERED_PARAMS, 1, edit_free_other, "key \"buffer\" = 0"},
+        {3, ZP_OP_FREE, ZP_MEM_BUCKETS, 0, edit_bytes_double, "key \"bytes\""},
+        {3, ZP_OP_COMPUTE, ZP_COMP_EMBED_FWD, 0, edit_micro_late, "key \"micro\" = 7"},
+        {1, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 0, edit_elems_more, "key \"elems\""},
+        {1, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 0, edit_offset_far, "key \"elem_offset\""},
+        {1, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_elems_more, "key \"elems\""},
+        {0, ZP_OP_COLLECTIVE, ZP_COLL_ALLREDUCE, 0, edit_buffer_max, "key \"buffer\""},
+        {2, ZP_OP_ALLOC, ZP_MEM_BUCKETS, 1, edit_unit_beyond, "key \"unit\" = 99"},
+    };
+    ZpModel m = small_model();
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpSchedule *s = build(&m, cases[i].stage, 2, 1, TRUE);
+        ZpOp *op = nth_op(s, cases[i].kind, cases[i].sub, cases[i].nth);
+        const guint index = (guint)(op - (ZpOp *)s->ops->data);
+        cases[i].edit(op);
+        GError *error = NULL;
+        g_assert_false(zp_schedcheck_ops(s, "f.json", &error));
+        char *where = g_strdup_printf("f.json: ops[%u]: %s", index, cases[i].message);
+        g_test_message("case %zu: %s", i, error->message);
+        g_assert_nonnull(strstr(error->message, where));
+        g_free(where);
+        g_clear_error(&error);
+        zp_sched_free(s);
+    }
+    /* A buffer id allocated twice: a gathered buffer's free becomes a bucket's alloc again. */
+    ZpSchedule *s = build(&m, 3, 2, 1, FALSE);
+    *nth_op(s, ZP_OP_FREE, ZP_MEM_GATHERED_PARAMS, 0) = *nth_op(s, ZP_OP_ALLOC, ZP_MEM_BUCKETS, 0);
+    GError *error = NULL;
+    g_assert_false(zp_schedcheck_ops(s, "f.json", &error));
+    g_assert_nonnull(strstr(error->message, "was allocated before"));
+    g_clear_error(&error);
+    zp_sched_free(s);
+}
+
+/* The model limit, 100,000 layers, at stage 3 with checkpointing: the gather bookkeeping is
+ * linear in layers (quadratic, it took minutes), and every block is gathered twice. The
+ * accumulation that would list more than ZP_SCHED_MAX_UNIT_STEPS is refused, naming it. */
+static void test_deep_and_long_bounded(void)
+{
+    ZpModel m = small_model();
+    m.layers = 100000;
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 1);
+    p.checkpoint = TRUE;
+    p.zero.stage3_param_persistence_threshold = 0;
+    const double t0 = g_get_monotonic_time() / 1e6;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const double build_s = g_get_monotonic_time() / 1e6 - t0;
+    g_test_message("100,000-layer stage-3 schedule: %u ops in %.2f s", s->ops->len, build_s);
+    g_assert_cmpfloat(build_s, <, 10);
+    guint gathers = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        gathers += zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE &&
+                   zp_sched_op(s, i)->sub == ZP_COLL_ALLGATHER;
+    g_assert_cmpuint(gathers, ==, 2 * 100000 + 3);
+    g_assert_true(zp_schedcheck_ops(s, "deep", &error));
+    zp_sched_free(s);
+    m.layers = 48;
+    p.grad_accum = 1000000;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "grad-accum: 1000000 micro-steps x 50 units"));
+    g_clear_error(&error);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -182,5 +325,8 @@ int main(int argc, char **argv)
     g_test_add_func("/sched/structure", test_structure);
     g_test_add_func("/sched/json-round-trip", test_json_round_trip);
     g_test_add_func("/sched/bad-plans", test_bad_plans);
+    g_test_add_func("/sched/check-accepts-built", test_check_accepts_built);
+    g_test_add_func("/sched/check-refuses-hostile", test_check_refuses_hostile);
+    g_test_add_func("/sched/deep-and-long-bounded", test_deep_and_long_bounded);
     return g_test_run();
 }
