@@ -32,38 +32,41 @@ list() {
     done
 }
 
-measure() {
-    mkdir -p "$out/measured"
+# each FUNCTION: FUNCTION NAME MODEL RANKS STAGE MICRO_BATCH [--checkpoint] per configuration.
+each() {
     list | while read -r name model ranks stage micro ckpt; do
         flag=""
         [ "$ckpt" = 1 ] && flag=--checkpoint
-        if "$build/zreal" --model "$model" --backend cuda --emulate "$ranks" --stage "$stage" \
-            --micro-batch "$micro" $flag --steps "$steps" --out "$out/measured/$name.json" \
-            >"$out/measured/$name.log" 2>&1; then
-            rm -f "$out/measured/$name.log"
-            echo "measured $name"
-        else
-            echo "measured $name: zreal failed: $(tail -n 1 "$out/measured/$name.log")"
-        fi
+        "$1" "$name" "$model" "$ranks" "$stage" "$micro" $flag
     done
 }
 
-predict() {
-    mkdir -p "$out/predicted"
-    list | while read -r name model ranks stage micro ckpt; do
-        flag=""
-        [ "$ckpt" = 1 ] && flag=--checkpoint
-        "$build/zplan" simulate --model "$model" --cluster "$profile" --gpus "$ranks" \
-            --stage "$stage" --micro-batch "$micro" $flag --precision bf16 --no-dropout --attention eager --json \
-            >"$out/predicted/$name.json"
-    done
-    echo "predicted $(list | wc -l) configurations on $profile"
+measure_one() {
+    name=$1 model=$2 ranks=$3 stage=$4 micro=$5
+    shift 5
+    if "$build/zreal" --model "$model" --backend cuda --emulate "$ranks" --stage "$stage" \
+        --micro-batch "$micro" "$@" --steps "$steps" --out "$out/measured/$name.json" \
+        >"$out/measured/$name.log" 2>&1; then
+        rm -f "$out/measured/$name.log"
+        echo "measured $name"
+    else
+        echo "measured $name: zreal failed: $(tail -n 1 "$out/measured/$name.log")"
+    fi
+}
+
+predict_one() {
+    name=$1 model=$2 ranks=$3 stage=$4 micro=$5
+    shift 5
+    "$build/zplan" simulate --model "$model" --cluster "$profile" --gpus "$ranks" \
+        --stage "$stage" --micro-batch "$micro" "$@" --precision bf16 --no-dropout \
+        --attention eager --json >"$out/predicted/$name.json"
 }
 
 case ${1:-} in
 list) list ;;
-measure) measure ;;
-predict) predict ;;
+measure) mkdir -p "$out/measured" && each measure_one ;;
+predict) mkdir -p "$out/predicted" && each predict_one &&
+    echo "predicted $(list | wc -l) configurations on $profile" ;;
 report) python3 reports/gpu/generate.py "$out" ;;
 *) echo "usage: sh bench/gpu_grid.sh measure|predict|report|list" >&2; exit 2 ;;
 esac

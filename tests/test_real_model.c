@@ -89,19 +89,22 @@ static void ref_linear(const double *x, const double *w, const double *bias, dou
         }
 }
 
-/* Causal attention; probs [batch, heads, s, s] when not NULL. */
-static void ref_attention(const double *qkv, double *out, double *probs, int batch, int s,
-                          int heads, int hd)
+/* Causal attention where query head a reads key/value head a / (heads / kv); probs [batch,
+ * heads, s, s] and lse [batch, heads, s] (the log-sum-exp of each row's scaled scores) when
+ * not NULL. */
+static void ref_attention_gqa(const double *qkv, double *out, double *probs, double *lse,
+                              int batch, int s, int heads, int kv, int hd)
 {
-    int h = heads * hd;
+    const int h = heads * hd, ld = (heads + 2 * kv) * hd;
     double *p = g_new(double, s);
     for (int b = 0; b < batch; b++)
         for (int a = 0; a < heads; a++)
             for (int t = 0; t < s; t++) {
-                const double *q = qkv + ((size_t)b * s + t) * 3 * h + a * hd;
+                const double *q = qkv + ((size_t)b * s + t) * ld + a * hd;
+                const size_t kc = h + (size_t)(a / (heads / kv)) * hd;
                 double max = -INFINITY, sum = 0.0;
                 for (int u = 0; u <= t; u++) {
-                    const double *k = qkv + ((size_t)b * s + u) * 3 * h + h + a * hd;
+                    const double *k = qkv + ((size_t)b * s + u) * ld + kc;
                     double dot = 0.0;
                     for (int i = 0; i < hd; i++)
                         dot += q[i] * k[i];
@@ -113,13 +116,22 @@ static void ref_attention(const double *qkv, double *out, double *probs, int bat
                 for (int i = 0; i < hd; i++) {
                     double acc = 0.0;
                     for (int u = 0; u <= t; u++)
-                        acc += p[u] / sum * qkv[((size_t)b * s + u) * 3 * h + 2 * h + a * hd + i];
+                        acc += p[u] / sum * qkv[((size_t)b * s + u) * ld + kc + kv * hd + i];
                     out[((size_t)b * s + t) * h + a * hd + i] = acc;
                 }
                 for (int u = 0; probs && u < s; u++)
                     probs[(((size_t)b * heads + a) * s + t) * s + u] = u <= t ? p[u] / sum : 0.0;
+                if (lse)
+                    lse[((size_t)b * heads + a) * s + t] = max + log(sum);
             }
     g_free(p);
+}
+
+/* Causal multi-head attention (as many key/value heads as query heads). */
+static void ref_attention(const double *qkv, double *out, double *probs, int batch, int s,
+                          int heads, int hd)
+{
+    ref_attention_gqa(qkv, out, probs, NULL, batch, s, heads, heads, hd);
 }
 
 static double ref_gelu(double x)
@@ -220,41 +232,6 @@ static void ref_rope(double *qkv, int rows, int s, int heads, int kv, int hd, do
             }
 }
 
-/* Causal attention where query head a reads key/value head a / (heads / kv); lse [batch,
- * heads, s] the log-sum-exp of each row's scaled scores when not NULL. */
-static void ref_attention_gqa(const double *qkv, double *out, double *lse, int batch, int s,
-                              int heads, int kv, int hd)
-{
-    const int h = heads * hd, ld = (heads + 2 * kv) * hd;
-    double *p = g_new(double, s);
-    for (int b = 0; b < batch; b++)
-        for (int a = 0; a < heads; a++)
-            for (int t = 0; t < s; t++) {
-                const double *q = qkv + ((size_t)b * s + t) * ld + a * hd;
-                const size_t kc = h + (size_t)(a / (heads / kv)) * hd;
-                double max = -INFINITY, sum = 0.0;
-                for (int u = 0; u <= t; u++) {
-                    const double *k = qkv + ((size_t)b * s + u) * ld + kc;
-                    double dot = 0.0;
-                    for (int i = 0; i < hd; i++)
-                        dot += q[i] * k[i];
-                    p[u] = dot / sqrt((double)hd);
-                    max = fmax(max, p[u]);
-                }
-                for (int u = 0; u <= t; u++)
-                    sum += (p[u] = exp(p[u] - max));
-                for (int i = 0; i < hd; i++) {
-                    double acc = 0.0;
-                    for (int u = 0; u <= t; u++)
-                        acc += p[u] / sum * qkv[((size_t)b * s + u) * ld + kc + kv * hd + i];
-                    out[((size_t)b * s + t) * h + a * hd + i] = acc;
-                }
-                if (lse)
-                    lse[((size_t)b * heads + a) * s + t] = max + log(sum);
-            }
-    g_free(p);
-}
-
 /* The whole Llama forward in double, from the documented layout, to the mean loss. */
 static double ref_llama_loss(const RealGptDims *d, double *const *units, const int *tokens,
                              const int *targets)
@@ -276,7 +253,7 @@ static double ref_llama_loss(const RealGptDims *d, double *const *units, const i
         ref_rmsnorm(x, g1, ln, T, h, eps);
         ref_linear(ln, wqkv, NULL, qkv, T, h, q);
         ref_rope(qkv, T, s, d->heads, kv, hd, d->rope_theta);
-        ref_attention_gqa(qkv, att, NULL, d->micro_batch, s, d->heads, kv, hd);
+        ref_attention_gqa(qkv, att, NULL, NULL, d->micro_batch, s, d->heads, kv, hd);
         ref_linear(att, wo, NULL, tmp, T, h, h);
         for (size_t i = 0; i < (size_t)T * h; i++)
             x[i] += tmp[i];
@@ -1321,7 +1298,7 @@ static void test_llama_attention_kernels(void)
     fill_normal(&rng, qkv, nq, 0.0, 1.0);
     fill_normal(&rng, dout, no, 0.0, 1.0);
     double *qkv_d = to_double(qkv, nq), *out_d = g_new(double, no), *lse_d = g_new(double, nl);
-    ref_attention_gqa(qkv_d, out_d, lse_d, B, S, A, KV, D);
+    ref_attention_gqa(qkv_d, out_d, NULL, lse_d, B, S, A, KV, D);
     g_assert_true(be->attention_gqa_fwd(be, out_e, probs, REAL_DTYPE_F32, qkv, B, S, A, KV, D));
     g_assert_true(be->flash_attention_fwd(be, out_f, lse, qkv, B, S, A, KV, D));
     g_assert_cmpfloat(max_abs_diff_fd(out_e, out_d, no), <, 1e-5);
