@@ -14,6 +14,7 @@ typedef struct {
 
 static const Target targets[] = {
     {"model", fuzz_model, "models", 10},
+    {"hfconfig", fuzz_hfconfig, "models/hf", 6},
     {"hwprofile", fuzz_hwprofile, "hwprofiles", 4},
     {"dsconfig", fuzz_dsconfig, "tests/fuzz/corpus/dsconfig", 3},
     {"schedule", fuzz_schedule, "tests/fuzz/corpus/schedule", 4},
@@ -22,8 +23,9 @@ static const Target targets[] = {
     {"microbench", fuzz_microbench, "tests/fuzz/corpus/microbench", 1},
 };
 
-/* Runs the target on every file of DATA_DIR/dir; returns how many (0 when dir is absent).
- * Folders (models/hf/'s configs) are not seeds of these targets and are skipped. */
+/* Runs the target on every file of DATA_DIR/dir, and on DIR/config.json of every folder that
+ * holds one (models/hf/NAME/, a Hugging Face checkpoint's layout); returns how many (0 when
+ * dir is absent). */
 static guint replay_dir(const Target *t, const char *dir)
 {
     char *path = g_build_filename(ZP_DATA_DIR, dir, NULL);
@@ -34,8 +36,13 @@ static guint replay_dir(const Target *t, const char *dir)
         char *file = g_build_filename(path, entry, NULL), *data = NULL;
         gsize size = 0;
         if (g_file_test(file, G_FILE_TEST_IS_DIR)) {
+            char *config = g_build_filename(file, "config.json", NULL);
             g_free(file);
-            continue;
+            if (!g_file_test(config, G_FILE_TEST_IS_REGULAR)) {
+                g_free(config);
+                continue;
+            }
+            file = config;
         }
         g_assert_true(g_file_get_contents(file, &data, &size, NULL));
         g_test_message("%s: %s", t->name, file);

@@ -27,6 +27,7 @@ void fuzz_run_quiet(int (*command)(int argc, char **argv), int argc, char **argv
 
 /* Every target, by name; the replay test runs each over its corpus. */
 int fuzz_model(const uint8_t *data, size_t size);
+int fuzz_hfconfig(const uint8_t *data, size_t size);
 int fuzz_hwprofile(const uint8_t *data, size_t size);
 int fuzz_dsconfig(const uint8_t *data, size_t size);
 int fuzz_schedule(const uint8_t *data, size_t size);
