@@ -3,6 +3,7 @@
 #include "zp_search.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
+#include "zp_sched.h"
 #include "zp_util.h"
 
 #include <float.h>
@@ -190,6 +191,7 @@ GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpCandidate));
     GString *degrees = g_string_new(NULL);
     const int64_t B = spec->global_batch;
+    guint too_long = 0; /* (mp, micro-batch) pairs whose schedule would exceed the cap */
     for (int mp = 1; mp <= spec->hw->gpus_per_node; mp++) {
         if ((spec->mp > 0 && mp != spec->mp) || spec->hw->gpus_per_node % mp ||
             spec->model->heads % mp || spec->gpus % mp)
@@ -199,12 +201,23 @@ GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
         GArray *micros = micro_batches(spec, dp);
         for (guint i = 0; i < micros->len; i++) {
             const int micro = g_array_index(micros, int, i);
-            add_plans(spec, mp, micro, B > 0 ? (int)(B / dp / micro) : 1, out);
+            const int accum = B > 0 ? (int)(B / dp / micro) : 1;
+            /* A plan is ranked by simulating its schedule, which lists every micro-step. */
+            if ((double)accum * (double)(spec->model->layers + 2) > ZP_SCHED_MAX_UNIT_STEPS)
+                too_long++;
+            else
+                add_plans(spec, mp, micro, accum, out);
         }
         g_array_unref(micros);
     }
     if (out->len == 0) {
-        if (spec->micro_batch > 0 && B > 0)
+        if (too_long > 0)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "--global-batch: %" G_GINT64_FORMAT " needs so much accumulation that "
+                        "every plan's schedule exceeds %.0e micro-steps x units (data-parallel "
+                        "degrees %s); use more GPUs or a smaller batch", B,
+                        ZP_SCHED_MAX_UNIT_STEPS, degrees->str);
+        else if (spec->micro_batch > 0 && B > 0)
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "--micro-batch: %d x the data-parallel degree (%s) divides no "
                         "--global-batch %" G_GINT64_FORMAT, spec->micro_batch, degrees->str, B);

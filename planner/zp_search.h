@@ -102,7 +102,8 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s);
 
-/* Enumerates, screens, and simulates the plans that fit and might win: candidates in order of
+/* Enumerates (leaving out plans whose accumulation would make a schedule longer than
+ * ZP_SCHED_MAX_UNIT_STEPS), screens, and simulates the plans that fit and might win: candidates in order of
  * their bound per sample, each simulated only while its bound is below the top_k-th simulated
  * time per sample or below the best of its stage x checkpointing group, so the ranking and
  * the per-stage bests are exact whenever the bound holds. A simulated plan whose peak plus

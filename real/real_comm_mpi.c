@@ -10,8 +10,11 @@
 
 G_DEFINE_QUARK(real-comm-error-quark, real_comm_error)
 
-#define WAIT_SPIN_S 0.01
-#define WAIT_SLEEP_US 200
+/* A wait polls MPI_Test (Open MPI progresses non-blocking collectives only inside MPI calls)
+ * without pause for WAIT_SPIN_S, as a blocking collective would spin, then every
+ * WAIT_SLEEP_US: only a stalled peer makes a wait that long, and it should not burn a core. */
+#define WAIT_SPIN_S 1.0
+#define WAIT_SLEEP_US 1000
 
 typedef struct {
     RealComm base;
@@ -63,8 +66,7 @@ static gboolean wait_for(RealComm *c, int rc, MPI_Request *request, const char *
                         "is stopped, hung or dead; aborting the job", what, timeout_s);
             return FALSE;
         }
-        /* Ranks may share cores: yield to the one we wait for, and past the first
-         * WAIT_SPIN_S of a long wait, sleep between polls rather than burn a core. */
+        /* Ranks may share cores: yield to the one we wait for. */
         if (zp_now_s() - (deadline - timeout_s) < WAIT_SPIN_S)
             sched_yield();
         else

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "zp_util.h"
 
+#include <gsl/gsl_errno.h>
 #include <gsl/gsl_fit.h>
 #include <gsl/gsl_multifit.h>
 #include <math.h>
@@ -159,9 +160,14 @@ static gboolean fit_line(GArray *x, GArray *t, const char *what, gboolean by_tim
     double *w = g_new(double, x->len), cov00, cov01, cov11, chisq;
     for (guint i = 0; i < x->len; i++)
         w[i] = by_time ? 1.0 : 1.0 / pow(g_array_index(t, double, i), 2);
-    gsl_fit_wlinear((double *)x->data, 1, w, 1, (double *)t->data, 1, x->len, c0, c1, &cov00,
-                    &cov01, &cov11, &chisq);
+    const int status = gsl_fit_wlinear((double *)x->data, 1, w, 1, (double *)t->data, 1, x->len,
+                                       c0, c1, &cov00, &cov01, &cov11, &chisq);
     g_free(w);
+    if (status != GSL_SUCCESS) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: the fit failed: %s", what,
+                    gsl_strerror(status));
+        return FALSE;
+    }
     if (!(*c1 > 0)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: time does not grow with size (slope %g); rerun the benchmark", what, *c1);
@@ -214,10 +220,10 @@ static gboolean fit_collectives(const Samples *s, gboolean with_hop, CollFit *fi
     }
     gsl_multifit_linear_workspace *ws = gsl_multifit_linear_alloc(n, p);
     double chisq;
-    gsl_multifit_wlinear(X, w, y, c, cov, &chisq, ws);
+    const int status = gsl_multifit_wlinear(X, w, y, c, cov, &chisq, ws);
     fit->base_s = gsl_vector_get(c, 0);
     fit->hop_s = with_hop ? gsl_vector_get(c, 1) : 0.0;
-    gboolean ok = TRUE;
+    gboolean ok = status == GSL_SUCCESS;
     for (int k = 0; k < 3; k++) {
         const double inv = gsl_vector_get(c, p - 3 + (size_t)k);
         fit->bytes_per_s[k] = inv > 0 ? 1.0 / inv : 0;
@@ -227,7 +233,10 @@ static gboolean fit_collectives(const Samples *s, gboolean with_hop, CollFit *fi
     gsl_multifit_linear_free(ws);
     gsl_matrix_free(X), gsl_matrix_free(cov);
     gsl_vector_free(y), gsl_vector_free(w), gsl_vector_free(c);
-    if (!ok)
+    if (status != GSL_SUCCESS)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "collectives: the fit failed: %s",
+                    gsl_strerror(status));
+    else if (!ok)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "collectives: the fit gives a non-positive bandwidth; rerun the benchmark");
     return ok;
@@ -409,6 +418,8 @@ int cli_calibrate(int argc, char **argv)
         "`zreal --backend cuda --emulate 8 --microbench` once in each GEMM mode (default and\n"
         "ZREAL_CUDA_GEMM=fp32) gives the bf16 and fp32 peaks.");
     GError *error = NULL;
+    /* GSL's default handler aborts; its errors are returned and reported here instead. */
+    gsl_set_error_handler_off();
     Samples s = {g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),

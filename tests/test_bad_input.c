@@ -80,6 +80,7 @@ static const BadCase cases[] = {
     {"zplan sweep --vary stage --values 0,4 --params 1e9 --metric memory --gpus 4 --out {D}/s", NULL, "--values: '4' is outside"},
     {"zplan sweep --vary gpus --values 1,2 --params 1e9 --metric tflops --out {D}/s", NULL, "--metric tflops: give --cluster"},
     {"zplan sweep --vary micro-batch --values 0 --model tiny --metric memory --gpus 4 --out {D}/s", NULL, "--values: '0' is outside"},
+    {"zplan sweep --vary gpus --values 1,2 --model gpt2-1.5b --cluster dgx-h100 --micro-batch 1 --global-batch 1000000 --out {D}/s", NULL, "--global-batch: 1000000 needs so much accumulation"},
     /* ---- simulate ---- */
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3", NULL, "--micro-batch"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 5 --micro-batch 1", NULL, "--stage"},
