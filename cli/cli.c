@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -132,6 +133,24 @@ gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error
         return FALSE;
     }
     return TRUE;
+}
+
+char *cli_capacity(double bytes)
+{
+    return g_strdup_printf("%.4g GiB (%.1f GB)", bytes / (1024.0 * 1024 * 1024), bytes / 1e9);
+}
+
+char *cli_verdict(const char *what, const char *detail, double needed_bytes,
+                  double capacity_bytes)
+{
+    char *capacity = cli_capacity(capacity_bytes);
+    const double margin = capacity_bytes - needed_bytes;
+    char *line = g_strdup_printf("%s: %s needs %.1f GB per GPU (%s) of %s, %.1f GB %s.",
+                                 margin >= 0 ? "Fits" : "Does not fit", what, needed_bytes / 1e9,
+                                 detail, capacity, fabs(margin) / 1e9,
+                                 margin >= 0 ? "headroom" : "short");
+    g_free(capacity);
+    return line;
 }
 
 char *cli_thousands(uint64_t value)

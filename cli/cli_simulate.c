@@ -8,6 +8,7 @@
 #include "zp_sched.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -270,23 +271,74 @@ static void print_breakdown(const Report *p)
 static void print_memory(const Report *p)
 {
     const SimResult *r = p->r;
-    printf("\n  peak memory per rank           %10.3f GB (of %.1f GB), live at the peak:\n",
-           r->peak_memory_bytes / GB, p->hw->gpu_memory_bytes / GB);
+    char *capacity = cli_capacity(p->hw->gpu_memory_bytes);
+    printf("\n  peak memory per rank           %10.3f GB (of %s), live at the peak:\n",
+           r->peak_memory_bytes / GB, capacity);
+    g_free(capacity);
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
     printf("  (model states peak at %.3f GB; the CUDA context and allocator reserve of %.1f GB "
            "come on top)\n",
            r->peak_model_state_bytes / GB, p->hw->runtime_reserve_bytes / GB);
-    if (bytes_over(p) > 0)
-        printf("  does not fit: %.3f GB over the GPU's memory with the reserve\n",
-               bytes_over(p) / GB);
+}
+
+/* A count as DeepSpeed's configs write it: "5e7", "2.3e8". */
+static char *elems_text(double count)
+{
+    if (count < 1)
+        return g_strdup_printf("%g", count);
+    const int exponent = (int)floor(log10(count));
+    return g_strdup_printf("%.2ge%d", count / pow(10, exponent), exponent);
+}
+
+/* Why a step that is mostly exposed communication is so, in one line: the first diagnosis
+ * whose condition holds. */
+static void print_exposed_reason(const Report *p)
+{
+    const SimResult *r = p->r;
+    const ZpPlan *plan = p->plan;
+    if (r->exposed_comm_s <= 0.5 * r->step_time_s)
+        return;
+    const double block_elems = p->sched->n_units > 2 ? (double)p->sched->unit_elems[1] : 0;
+    char *why;
+    if (plan->zero.stage == 3 && plan->zero.stage3_prefetch_bucket_size < block_elems) {
+        char *prefetch = elems_text(plan->zero.stage3_prefetch_bucket_size);
+        char *block = elems_text(block_elems);
+        why = g_strdup_printf("stage-3 gathers are not prefetched: stage3_prefetch_bucket_size "
+                              "%s is smaller than one block (%s elements)", prefetch, block);
+        g_free(prefetch);
+        g_free(block);
+    } else if (!plan->zero.overlap_comm && plan->dp > 1)
+        why = g_strdup("overlap_comm is off: the gradient reduction waits for the backward "
+                       "pass instead of running beside it");
+    else if (r->stream_busy_s[ZP_STREAM_TP] > r->stream_busy_s[ZP_STREAM_DP])
+        why = g_strdup_printf("the tensor-parallel all-reduces (%.3f s) sit between compute "
+                              "ops and cannot be hidden: use a smaller --mp",
+                              r->stream_busy_s[ZP_STREAM_TP]);
+    else
+        why = g_strdup_printf("the data-parallel collectives (%.3f s) take longer than the "
+                              "compute they could hide behind (%.3f s): a larger micro-batch or "
+                              "more accumulation amortises them",
+                              r->stream_busy_s[ZP_STREAM_DP], r->stream_busy_s[ZP_STREAM_COMPUTE]);
+    printf("Mostly exposed communication (%.0f%% of the step): %s.\n",
+           100 * r->exposed_comm_s / r->step_time_s, why);
+    g_free(why);
 }
 
 static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
     const ZpPlan *plan = p->plan;
+    char *detail = g_strdup_printf("simulated peak + %.1f GB reserve",
+                                   p->hw->runtime_reserve_bytes / GB);
+    char *verdict = cli_verdict("the step", detail,
+                                r->peak_memory_bytes + p->hw->runtime_reserve_bytes,
+                                p->hw->gpu_memory_bytes);
+    printf("%s\n", verdict);
+    g_free(verdict);
+    g_free(detail);
+    print_exposed_reason(p);
     printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
            "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
            p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage, plan->dp,
@@ -358,6 +410,8 @@ static int simulate(const SimulateFlags *f)
             status = print_json(&report);
         else
             print_human(&report);
+        if (status == 0 && bytes_over(&report) > 0)
+            status = CLI_EXIT_DOES_NOT_FIT;
     }
     sim_result_free(result);
     zp_sched_free(sched);
@@ -438,8 +492,9 @@ int cli_simulate(int argc, char **argv)
         "Builds the schedule of one optimizer step for a ZeRO plan and times it with a\n"
         "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
-        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.\n"
-        "--cluster is required.",
+        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory,\n"
+        "after a first line saying whether the step fits in the GPU's memory.\n"
+        "--cluster is required. Exit status 2: the step does not fit.",
         extra, &f, simulate);
 }
 

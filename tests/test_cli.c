@@ -7,6 +7,7 @@
 #include <glib/gstdio.h>
 #include <jansson.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static char *tmp_dir;
 
@@ -69,6 +70,61 @@ static void test_human_tables(void)
     g_assert_nonnull(strstr(r.out, "GB = 1e9 bytes"));
     g_assert_nonnull(strstr(r.out, "1,557,611,200"));
     g_assert_nonnull(strstr(r.out, "fits in GPU memory?"));
+    tu_free(&r);
+}
+
+static int exit_status(const TuRun *r)
+{
+    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
+}
+
+/* The verdict first: simulate and memory open with whether it fits, the need against the
+ * GPU's capacity in GB and GiB, and the headroom or shortfall; exit status 2 when it does not
+ * fit, in JSON too, and nothing on stderr. */
+static void test_verdict_first(void)
+{
+    const struct {
+        const char *args;
+        int status;
+        const char *first_line;
+    } cases[] = {
+        {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 2 --micro-batch 4",
+         2, "Does not fit: the step needs 722.4 GB per GPU (simulated peak + 1.0 GB reserve) of "
+            "80 GiB (85.9 GB), 636.5 GB short.\n"},
+        {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 3 --micro-batch 1 "
+         "--checkpoint", 0, "Fits: the step needs 60.2 GB per GPU (simulated peak + 1.0 GB "
+                            "reserve) of 80 GiB (85.9 GB), 25.7 GB headroom.\n"},
+        {"memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64", 2,
+         "Does not fit: stage 3 on 64 GPUs needs 134.2 GB per GPU"},
+        {"memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64", 0,
+         "Fits: stage 3 on 64 GPUs needs 11.9 GB per GPU"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        TuRun r = tu_zplan(cases[i].args);
+        g_test_message("zplan %s -> %d", cases[i].args, exit_status(&r));
+        g_assert_cmpint(exit_status(&r), ==, cases[i].status);
+        g_assert_true(g_str_has_prefix(r.out, cases[i].first_line));
+        g_assert_cmpstr(r.err, ==, "");
+        tu_free(&r);
+        char *json = g_strdup_printf("%s --json", cases[i].args);
+        r = tu_zplan(json);
+        g_assert_cmpint(exit_status(&r), ==, cases[i].status);
+        json_t *root = json_loads(r.out, 0, NULL);
+        g_assert_nonnull(root);
+        json_decref(root);
+        tu_free(&r);
+        g_free(json);
+    }
+    /* A step that is mostly exposed communication says why on its second line. */
+    TuRun r = tu_zplan("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --mp 8 "
+                       "--stage 3 --micro-batch 1 --checkpoint");
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    char **lines = g_strsplit(r.out, "\n", 3);
+    g_assert_true(g_str_has_prefix(lines[1], "Mostly exposed communication ("));
+    g_assert_true(g_str_has_suffix(lines[1], "stage-3 gathers are not prefetched: "
+                                             "stage3_prefetch_bucket_size 5e7 is smaller than "
+                                             "one block (2.3e8 elements)."));
+    g_strfreev(lines);
     tu_free(&r);
 }
 
@@ -197,6 +253,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cli/no-dropout", test_no_dropout);
     g_test_add_func("/cli/human-tables", test_human_tables);
     g_test_add_func("/cli/help", test_help);
+    g_test_add_func("/cli/verdict-first", test_verdict_first);
     g_test_add_func("/cli/bad-input", test_bad_input);
     g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
     int status = g_test_run();
