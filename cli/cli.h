@@ -62,8 +62,15 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
                               GError **error);
 
 /* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
- * sets model->seq_len and checks it against a learned position table. */
+ * sets model->seq_len and checks it against a learned position table; refused for a model
+ * known only by its parameter count. */
 gboolean cli_seq(const char *text, ZpModel *model, GError **error);
+
+/* The --seq entry every command that takes a model shares; target is a char **. */
+#define CLI_SEQ_ENTRY(target)                                                                  \
+    {"seq", 0, 0, G_OPTION_ARG_STRING, (target),                                              \
+     "Sequence length (default: the model's; max_position_embeddings for a Hugging Face "      \
+     "config)", "S"}
 
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);

@@ -430,7 +430,8 @@ int cli_calibrate(int argc, char **argv)
         ok = FALSE;
     }
     if (ok && memory)
-        ok = zp_parse_number(memory, "--memory-bytes", 1e6, 1e15, FALSE, &memory_bytes, &error);
+        ok = zp_parse_size(memory, "--memory-bytes", ZP_SIZE_BYTES, 1e6, 1e15, FALSE,
+                           &memory_bytes, &error);
     ok = ok && zp_check_out_path(out, "--out", &error);
     for (int i = 1; ok && i < argc; i++)
         ok = read_run(argv[i], &s, &error);

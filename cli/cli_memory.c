@@ -233,7 +233,7 @@ int cli_memory(int argc, char **argv)
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
-        {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model", "P"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model (7B, 1.5e9, 1T)", "P"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU counts, comma-separated (required)", "N[,N...]"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor (model) parallel degree (default 1)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
@@ -241,7 +241,7 @@ int cli_memory(int argc, char **argv)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},

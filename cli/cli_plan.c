@@ -434,7 +434,7 @@ int cli_plan(int argc, char **argv)
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (required)", "C"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},

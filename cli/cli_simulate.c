@@ -441,7 +441,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus, --mp)", "FILE"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &f->seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},

@@ -354,7 +354,7 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
 
 typedef struct {
     char *vary, *values, *model, *params, *cluster, *gpu_memory, *metric, *out, *gpus, *mp;
-    char *micro_batch, *global_batch, *precision, *optimizer;
+    char *micro_batch, *global_batch, *precision, *optimizer, *seq;
 } SweepFlags;
 
 static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage"};
@@ -385,8 +385,8 @@ static GArray *parse_values(const SweepFlags *f, SweepVary vary, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--values: empty list");
     for (char **p = parts; ok && *p; p++) {
         double v;
-        ok = zp_parse_number(g_strstrip(*p), "--values", ranges[vary][0], ranges[vary][1],
-                             vary != VARY_PARAMS, &v, error);
+        ok = zp_parse_size(g_strstrip(*p), "--values", ZP_SIZE_COUNT, ranges[vary][0],
+                           ranges[vary][1], vary != VARY_PARAMS, &v, error);
         if (ok)
             g_array_append_val(values, v);
     }
@@ -446,7 +446,7 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
     int batch = 0;
     a->have_model = f->model != NULL;
     if (f->model || f->params) {
-        if (!cli_model(f->model, f->params, &a->model, error))
+        if (!cli_model(f->model, f->params, &a->model, error) || !cli_seq(f->seq, &a->model, error))
             return FALSE;
     } else {
         zp_model_from_params(1, &a->model);
@@ -473,11 +473,11 @@ int cli_sweep(int argc, char **argv)
     SweepArgs a = {0};
     GOptionEntry entries[] = {
         {"vary", 0, 0, G_OPTION_ARG_STRING, &f.vary, "What varies: gpus, params, micro-batch or stage (required)", "WHAT"},
-        {"values", 0, 0, G_OPTION_ARG_STRING, &f.values, "Its values, comma-separated (required)", "A,B,C"},
+        {"values", 0, 0, G_OPTION_ARG_STRING, &f.values, "Its values, comma-separated (required; params take 7B, 175B, 1T)", "A,B,C"},
         {"model", 0, 0, G_OPTION_ARG_STRING, &f.model, "Model name in models/ or a PATH.json", "M"},
-        {"params", 0, 0, G_OPTION_ARG_STRING, &f.params, "Parameter count instead of a model (memory)", "P"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &f.params, "Parameter count instead of a model (memory; 7B, 1.5e9, 1T)", "P"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f.cluster, "Hardware profile (tflops, maxmodel; memory adds its reserve)", "C"},
-        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f.gpu_memory, "GPU memory in bytes instead of a cluster (maxmodel)", "BYTES"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f.gpu_memory, "GPU memory instead of a cluster (maxmodel; 80GB, 80GiB)", "BYTES"},
         {"metric", 0, 0, G_OPTION_ARG_STRING, &f.metric, "tflops (default: best plan's model TFLOP/s per GPU, per stage), memory (per GPU, per stage) or maxmodel (largest model whose states fit, per stage)", "M"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &f.out, "Write PREFIX.csv and PREFIX.svg (required)", "PREFIX"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &f.gpus, "GPU count when it does not vary", "N"},
@@ -485,6 +485,7 @@ int cli_sweep(int argc, char **argv)
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f.micro_batch, "Micro-batch (default 1; tflops: searched)", "B"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &f.global_batch, "Global batch for tflops (default: free)", "B"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "memory: with activation checkpointing", NULL},
+        CLI_SEQ_ENTRY(&f.seq),
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -506,5 +507,6 @@ int cli_sweep(int argc, char **argv)
     g_free(f.vary), g_free(f.values), g_free(f.model), g_free(f.params), g_free(f.cluster);
     g_free(f.gpu_memory), g_free(f.metric), g_free(f.out), g_free(f.gpus), g_free(f.mp);
     g_free(f.micro_batch), g_free(f.global_batch), g_free(f.precision), g_free(f.optimizer);
+    g_free(f.seq);
     return status;
 }

@@ -128,6 +128,113 @@ static void test_verdict_first(void)
     tu_free(&r);
 }
 
+/* Sizes take suffixes: counts K, M, B, T; bytes KB ... TB and KiB ... TiB. */
+static void test_size_suffixes(void)
+{
+    const struct {
+        const char *text;
+        ZpSizeUnit unit;
+        double value;
+    } good[] = {
+        {"7B", ZP_SIZE_COUNT, 7e9},         {"1.5e9", ZP_SIZE_COUNT, 1.5e9},
+        {"175B", ZP_SIZE_COUNT, 175e9},     {"1T", ZP_SIZE_COUNT, 1e12},
+        {"1.1K", ZP_SIZE_COUNT, 1100},      {"80GB", ZP_SIZE_BYTES, 80e9},
+        {"80GiB", ZP_SIZE_BYTES, 85899345920.0}, {"32e9", ZP_SIZE_BYTES, 32e9},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(good); i++) {
+        double v = 0;
+        GError *error = NULL;
+        g_assert_true(zp_parse_size(good[i].text, "--x", good[i].unit, 1, 1e15, TRUE, &v, &error));
+        g_assert_no_error(error);
+        g_assert_cmpfloat(v, ==, good[i].value);
+    }
+    const struct {
+        const char *text;
+        ZpSizeUnit unit;
+        const char *message;
+    } bad[] = {
+        {"7Q", ZP_SIZE_COUNT, "--x: '7Q' is not a number (suffixes: K, M, B, T)"},
+        {"-1B", ZP_SIZE_COUNT, "--x: '-1B' is outside [1, 1e+15]"},
+        {"1e400", ZP_SIZE_COUNT, "--x: '1e400' is not a number (suffixes: K, M, B, T)"},
+        {"80GB", ZP_SIZE_COUNT, "--x: '80GB' is not a number"},
+        {"7B", ZP_SIZE_BYTES, "--x: '7B' is not a number (suffixes: KB, MB, GB, TB, KiB, MiB, GiB, TiB)"},
+        {"1.5K", ZP_SIZE_BYTES, "is not a number"},
+        {"B", ZP_SIZE_COUNT, "--x: 'B' is not a number"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        double v = -1;
+        GError *error = NULL;
+        g_assert_false(zp_parse_size(bad[i].text, "--x", bad[i].unit, 1, 1e15, TRUE, &v, &error));
+        g_assert_nonnull(strstr(error->message, bad[i].message));
+        g_assert_cmpfloat(v, ==, -1);
+        g_clear_error(&error);
+    }
+    /* On the command line: --params, --gpu-memory. */
+    json_t *root = tu_zplan_json("memory --params 7B --gpus 64 --json");
+    g_assert_cmpint(json_integer_value(json_object_get(root, "params")), ==, 7000000000);
+    json_decref(root);
+    root = tu_zplan_json("maxmodel --gpu-memory 80GiB --gpus 64 --json");
+    json_t *same = tu_zplan_json("maxmodel --gpu-memory 85899345920 --gpus 64 --json");
+    g_assert_true(json_equal(root, same));
+    json_decref(root), json_decref(same);
+}
+
+static char *replace(const char *text, const char *placeholder, const char *value)
+{
+    char **parts = g_strsplit(text, placeholder, -1);
+    char *out = g_strjoinv(value, parts);
+    g_strfreev(parts);
+    return out;
+}
+
+/* Every command that takes a model takes --seq, and the answer follows it: the output (or the
+ * file written) differs between two sequence lengths. */
+static void test_seq_everywhere(void)
+{
+    const struct {
+        const char *command; /* {D} the directory, {S} the sequence length */
+        const char *file;    /* what is compared, NULL: stdout */
+    } cases[] = {
+        {"zplan memory --model gpt2-124m --cluster dgx-h100 --gpus 8 --json --seq {S}", NULL},
+        {"zplan simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --json --seq {S}", NULL},
+        {"zplan plan --model gpt2-124m --cluster dgx-h100 --gpus 8 --top 1 --json --seq {S}", NULL},
+        {"zplan schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 --seq {S} --out {D}/s.json", "s.json"},
+        {"zplan sweep --vary gpus --values 8,16 --model gpt2-124m --cluster dgx-h100 --metric memory --seq {S} --out {D}/sw", "sw.csv"},
+        {"zreal --model tiny --emulate 2 --steps 1 --seq {S} --out {D}/m.json", "m.json"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *outputs[2];
+        const int seqs[2] = {16, 32};
+        for (int k = 0; k < 2; k++) {
+            char seq[16];
+            g_snprintf(seq, sizeof seq, "%d", seqs[k]);
+            char *args = replace(cases[i].command, "{D}", tmp_dir);
+            char *with_seq = replace(args, "{S}", seq);
+            char *command = g_strdup_printf("%s/%s", ZP_BUILD_DIR, with_seq);
+            g_free(with_seq);
+            TuRun r = tu_run(command, NULL);
+            g_test_message("%s -> %s", args, r.err);
+            g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+            if (cases[i].file) {
+                char *path = g_build_filename(tmp_dir, cases[i].file, NULL);
+                g_assert_true(g_file_get_contents(path, &outputs[k], NULL, NULL));
+                g_remove(path);
+                g_free(path);
+            } else {
+                outputs[k] = g_strdup(r.out);
+            }
+            tu_free(&r);
+            g_free(command);
+            g_free(args);
+        }
+        g_assert_cmpstr(outputs[0], !=, outputs[1]);
+        g_free(outputs[0]), g_free(outputs[1]);
+    }
+    char *svg = g_build_filename(tmp_dir, "sw.svg", NULL);
+    g_remove(svg);
+    g_free(svg);
+}
+
 static void test_help(void)
 {
     const char *commands[] = {"memory", "maxmodel"};
@@ -254,6 +361,8 @@ int main(int argc, char **argv)
     g_test_add_func("/cli/human-tables", test_human_tables);
     g_test_add_func("/cli/help", test_help);
     g_test_add_func("/cli/verdict-first", test_verdict_first);
+    g_test_add_func("/cli/size-suffixes", test_size_suffixes);
+    g_test_add_func("/cli/seq-everywhere", test_seq_everywhere);
     g_test_add_func("/cli/bad-input", test_bad_input);
     g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
     int status = g_test_run();
