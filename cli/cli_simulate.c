@@ -125,7 +125,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
                               ZpPlan *plan, GError **error)
 {
     if (f->ds_config) {
-        if (!ds_config_plan(f, model, hw, plan, error))
+        if (!ds_config_plan(f, model, hw, plan, error) ||
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
@@ -440,7 +441,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus, --mp)", "FILE"},
+        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},

@@ -63,6 +63,9 @@ static const BadCase cases[] = {
     {"zplan maxmodel --cluster {IN} --gpus 8", "{\"name\": \"c\", \"gpu\": \"g\", \"gpus_per_node\": 8, \"gpu_memory_bytes\": 8e10, \"peak_fp16_flops\": 1e30}", "key \"peak_fp16_flops\""},
     {"zplan maxmodel --cluster {IN} --gpus 8", "{\"name\": \"c\", \"gpu\": \"g\", \"gpus_per_node\": 8, \"collective_fit\": 5}", "{IN}"},
     /* ---- plan ---- */
+    {"zplan plan --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --headroom 85", NULL, "--headroom: '85' (85.0 GB) leaves nothing"},
+    {"zplan plan --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --headroom 8Q", NULL, "--headroom: '8Q' is not a number (suffixes: KB"},
+    {"zplan plan --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --headroom -1", NULL, "--headroom: '-1' is outside"},
     {"zplan plan --model gpt2-1.5b --cluster dgx-h100", NULL, "--gpus"},
     {"zplan plan --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --global-batch 0", NULL, "--global-batch: '0' is outside"},
     {"zplan plan --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --global-batch 1e30", NULL, "--global-batch"},

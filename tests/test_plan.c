@@ -532,6 +532,7 @@ static void test_1t_does_not_fit_on_64(void)
         char *args = g_strdup_printf("plan --model gpt-1t --cluster %s --gpus 64", clusters[i]);
         TuRun r = tu_zplan(args);
         g_assert_cmpint(exit_status(&r), ==, 2);
+        g_assert_true(g_str_has_prefix(r.out, "Does not fit: the closest plan (stage "));
         g_assert_nonnull(strstr(r.err, "no plan fits"));
         g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
         g_assert_nonnull(strstr(r.out, "No plan fits"));
@@ -636,15 +637,111 @@ static void test_ds_config_written_and_simulated(void)
     g_free(args);
 }
 
+/* The written ds_config records every choice, tensor parallelism included: for every stage and
+ * tensor-parallel degrees 1, 2 and 4, `simulate --ds-config` of it (without --mp) predicts
+ * exactly the step that `simulate` with the same choices as flags does; and `plan --mp 2`'s
+ * best plan round-trips the same way. */
+static void test_ds_config_round_trip_tp(void)
+{
+    char *path = tmp_path("tp.json");
+    const int mps[] = {1, 2, 4};
+    for (int stage = 0; stage <= 3; stage++)
+        for (size_t i = 0; i < G_N_ELEMENTS(mps); i++) {
+            ZpPlan plan;
+            zp_plan_defaults(&plan, stage, 16 / mps[i], mps[i]);
+            plan.micro_batch = 2;
+            plan.grad_accum = 3;
+            plan.checkpoint = stage % 2 == 1;
+            plan.zero.reduce_bucket_size = 2.5e8;
+            plan.precision = ZP_PREC_BF16;
+            g_assert_true(zp_dsconfig_write(&plan, path, NULL));
+            char *from_file = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g "
+                                              "--gpus 16 --ds-config %s --json", path);
+            char *from_flags = g_strdup_printf(
+                "simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp %d --stage %d "
+                "--micro-batch 2 --grad-accum 3 %s --reduce-bucket-size 250M --precision bf16 "
+                "--attention eager --json", mps[i],
+                stage, plan.checkpoint ? "--checkpoint" : "");
+            json_t *a = tu_zplan_json(from_file), *b = tu_zplan_json(from_flags);
+            g_assert_cmpfloat(number(a, "step_time_s"), ==, number(b, "step_time_s"));
+            g_assert_cmpfloat(number(a, "peak_memory_bytes"), ==, number(b, "peak_memory_bytes"));
+            g_assert_cmpfloat(number(a, "mp"), ==, mps[i]);
+            json_decref(a), json_decref(b);
+            g_free(from_file), g_free(from_flags);
+        }
+    /* The planner's own best plan with TP 2. */
+    char *args = g_strdup_printf("--model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp 2 "
+                                 "--top 1 --ds-config %s", path);
+    int status;
+    json_t *root = plan_json(args, &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *best = json_object_get(root, "best");
+    g_assert_cmpint(json_integer_value(json_object_get(best, "mp")), ==, 2);
+    char *sim = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 "
+                                "--ds-config %s --json", path);
+    json_t *s = tu_zplan_json(sim);
+    g_assert_cmpfloat(number(s, "step_time_s"), ==, number(best, "step_time_s"));
+    g_assert_cmpfloat(number(s, "mp"), ==, 2);
+    json_decref(s);
+    /* A launch that says another degree is refused, naming the key. */
+    char *other = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 "
+                                  "--mp 4 --ds-config %s", path);
+    TuRun r = tu_zplan(other);
+    g_assert_cmpint(exit_status(&r), ==, 1);
+    g_assert_nonnull(strstr(r.err, "tensor_parallel: autotp_size 2 disagrees with the launch's "
+                                   "tensor-parallel degree 4"));
+    tu_free(&r);
+    json_decref(root);
+    g_remove(path);
+    g_free(path), g_free(args), g_free(sim), g_free(other);
+}
+
+/* --headroom keeps memory free: as GB, bytes with a suffix or a fraction, every listed plan
+ * fits in what is left; tokens/s is samples/s times the sequence. */
+static void test_headroom_and_tokens(void)
+{
+    const char *rooms[] = {"40", "40GB", "0.5"};
+    const double capacity = 85899345920.0, left[] = {capacity - 40e9, capacity - 40e9,
+                                                     0.5 * capacity};
+    for (size_t i = 0; i < G_N_ELEMENTS(rooms); i++) {
+        char *args = g_strdup_printf("--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16 "
+                                     "--headroom %s", rooms[i]);
+        int status;
+        json_t *root = plan_json(args, &status);
+        g_assert_cmpint(status, ==, 0);
+        g_assert_cmpfloat(fabs(number(root, "headroom_bytes") - (capacity - left[i])), <, 1);
+        g_assert_cmpfloat(number(root, "gpu_memory_bytes"), ==, capacity);
+        size_t k;
+        json_t *c;
+        json_array_foreach(json_object_get(root, "candidates"), k, c)
+        {
+            g_assert_cmpfloat(number(c, "peak_memory_bytes"), <=, left[i]);
+            g_assert_cmpfloat(number(c, "tokens_per_s"), ==, number(c, "samples_per_s") * 1024);
+            g_assert_cmpfloat(number(c, "tokens_per_s_per_gpu"), ==,
+                              number(c, "tokens_per_s") / 16);
+        }
+        json_decref(root);
+        g_free(args);
+    }
+    /* Without headroom the best plan uses more memory than any of them leaves: they bind. */
+    int status;
+    json_t *root = plan_json("--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16", &status);
+    g_assert_cmpfloat(number(json_object_get(root, "best"), "peak_memory_bytes"), >, left[0]);
+    json_decref(root);
+}
+
 /* The human table: the top plans with memory, TFLOPs and MFU, and why the rest lost. */
 static void test_human_output(void)
 {
     TuRun r = tu_zplan("plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --top 2");
     g_assert_cmpint(exit_status(&r), ==, 0);
     const char *expected[] = {"Top 2", "TFLOPs/GPU", "MFU", "Memory per GPU at the simulated peak",
-                              "Why the other choices lost", "checkpointing"};
+                              "Why the other choices lost", "checkpointing", "tokens/s",
+                              "tok/s/GPU", "per sample vs #1", "% slower"};
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(r.out, expected[i]));
+    g_assert_true(g_str_has_prefix(r.out, "Fits: plan 1 (stage "));
+    g_assert_nonnull(strstr(r.out, "of 32 GiB (34.4 GB), "));
     g_assert_cmpstr(r.err, ==, "");
     tu_free(&r);
     r = tu_zplan("plan --help");
@@ -806,6 +903,8 @@ int main(int argc, char **argv)
     g_test_add_func("/plan/1t-does-not-fit-on-64", test_1t_does_not_fit_on_64);
     g_test_add_func("/plan/13b-without-tp-needs-stage-2", test_13b_needs_stage2);
     g_test_add_func("/plan/ds-config-written-and-simulated", test_ds_config_written_and_simulated);
+    g_test_add_func("/plan/ds-config-round-trip-tp", test_ds_config_round_trip_tp);
+    g_test_add_func("/plan/headroom-and-tokens", test_headroom_and_tokens);
     g_test_add_func("/plan/human-output", test_human_output);
     g_test_add_func("/plan/bad-input", test_bad_input);
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
