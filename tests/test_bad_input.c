@@ -125,7 +125,7 @@ static const BadCase cases[] = {
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/meas-op.json", NULL, "ops: frobnicate: unknown op type"},
     {"zplan validate {T}/pred-no-step.json {C}/measured/measured-tiny.json", NULL, "{T}/pred-no-step.json: missing key \"step_time_s\""},
     {"zplan validate {T}/pred-negative.json {C}/measured/measured-tiny.json", NULL, "key \"peak_memory_bytes\" = -1 is outside"},
-    {"zplan validate {C}/measured/measured-tiny.json {C}/predicted/predicted-tiny.json", NULL, "missing key \"model_state_bytes\""},
+    {"zplan validate {C}/measured/measured-tiny.json {C}/predicted/predicted-tiny.json", NULL, "the two files are swapped: {C}/measured/measured-tiny.json is zreal's measurement"},
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/dir.json", NULL, "{T}/dir.json: is a directory"},
     {"zplan validate {C}/predicted/predicted-tiny.json {IN}", "{\"plan\": {}}", "different plans"},
     /* ---- calibrate ---- */

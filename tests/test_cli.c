@@ -6,6 +6,7 @@
 
 #include <glib/gstdio.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -235,6 +236,41 @@ static void test_seq_everywhere(void)
     g_free(svg);
 }
 
+/* validate's rows come largest miss first (rows without both figures last), in JSON and in
+ * the table alike; swapped files are named as swapped (tests/test_bad_input). */
+static void test_validate_sorted(void)
+{
+    const char *files = ZP_DATA_DIR "/tests/fuzz/corpus/predicted/predicted-tiny.json "
+                        ZP_DATA_DIR "/tests/fuzz/corpus/measured/measured-tiny.json";
+    char *args = g_strdup_printf("validate %s --json", files);
+    json_t *root = tu_zplan_json(args);
+    json_t *rows = json_object_get(root, "rows");
+    g_assert_cmpuint(json_array_size(rows), >, 5);
+    double last = INFINITY;
+    gboolean some_miss = FALSE;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        json_t *pv = json_object_get(row, "predicted"), *mv = json_object_get(row, "measured");
+        const double p = json_number_value(pv), m = json_number_value(mv);
+        const double miss = !json_is_number(pv) || !json_is_number(mv) ? -1
+                            : p == m                                    ? 0
+                            : p == 0                                    ? INFINITY
+                                                                        : fabs((m - p) / p);
+        g_assert_cmpfloat(miss, <=, last);
+        last = miss;
+        some_miss = some_miss || miss > 0;
+    }
+    g_assert_true(some_miss);
+    json_decref(root);
+    g_free(args);
+    args = g_strdup_printf("validate %s", files);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "largest miss first"));
+    tu_free(&r);
+    g_free(args);
+}
+
 static void test_help(void)
 {
     const char *commands[] = {"memory", "maxmodel"};
@@ -363,6 +399,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cli/verdict-first", test_verdict_first);
     g_test_add_func("/cli/size-suffixes", test_size_suffixes);
     g_test_add_func("/cli/seq-everywhere", test_seq_everywhere);
+    g_test_add_func("/cli/validate-sorted", test_validate_sorted);
     g_test_add_func("/cli/bad-input", test_bad_input);
     g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
     int status = g_test_run();
