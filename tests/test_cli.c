@@ -271,6 +271,46 @@ static void test_validate_sorted(void)
     g_free(args);
 }
 
+/* A calibration fit whose residual is over 10% warns on stderr, naming the ops, one line each;
+ * the profile is still written and stdout says so. The corpus run is a noisy one. */
+static void test_calibrate_warns(void)
+{
+    char *out = g_build_filename(tmp_dir, "cal.json", NULL);
+    char *args = g_strdup_printf("calibrate " ZP_DATA_DIR "/tests/fuzz/corpus/microbench/"
+                                 "microbench-2.json --out %s", out);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(g_str_has_prefix(r.out, "wrote "));
+    json_t *profile = json_load_file(out, 0, NULL);
+    json_t *cal = json_object_get(profile, "calibration");
+    const struct {
+        const char *key, *ops;
+    } fits[] = {
+        {"gemm_rms_rel_error", "the fit of the GEMMs (the peak FLOP/s)"},
+        {"memory_rms_rel_error", "the fit of the optimizer step, Adam (hbm_bytes_per_s)"},
+        {"elementwise_rms_rel_error", "the fit of the block kernels, GELU, layer norm and "
+                                      "residual add (elementwise_bytes_per_s)"},
+        {"collective_rms_rel_error", "the fit of the collectives, all-reduce, reduce-scatter "
+                                     "and all-gather (collective_fit)"},
+    };
+    int warned = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(fits); i++) {
+        const double rms = json_number_value(json_object_get(cal, fits[i].key));
+        char *line = g_strdup_printf("%s misses its samples by %.1f%%", fits[i].ops, 100 * rms);
+        g_assert_true((strstr(r.err, line) != NULL) == (rms > 0.10));
+        warned += rms > 0.10;
+        g_free(line);
+    }
+    g_assert_cmpint(warned, >, 0);
+    char **lines = g_strsplit(g_strstrip(r.err), "\n", -1);
+    g_assert_cmpint((int)g_strv_length(lines), ==, warned);
+    g_strfreev(lines);
+    json_decref(profile);
+    g_remove(out);
+    tu_free(&r);
+    g_free(args), g_free(out);
+}
+
 static void test_help(void)
 {
     const char *commands[] = {"memory", "maxmodel"};
@@ -400,6 +440,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cli/size-suffixes", test_size_suffixes);
     g_test_add_func("/cli/seq-everywhere", test_seq_everywhere);
     g_test_add_func("/cli/validate-sorted", test_validate_sorted);
+    g_test_add_func("/cli/calibrate-warns", test_calibrate_warns);
     g_test_add_func("/cli/bad-input", test_bad_input);
     g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
     int status = g_test_run();
