@@ -1,6 +1,7 @@
 /* cli_plan: `zplan plan` searches ZeRO stage, batch, checkpointing, tensor parallelism and
  * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
 #include "cli.h"
+#include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_dsconfig.h"
@@ -541,8 +542,12 @@ int cli_plan(int argc, char **argv)
         spec.attention = a.kernels.attention;
         spec.reduce_dtype = a.kernels.reduce_dtype;
         ZpSearchResult result;
-        status = zp_search_run(&spec, &result, &error) ? report(&a, &result)
-                                                       : cli_fail("plan", error);
+        CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
+        spec.progress = cli_progress_update;
+        spec.progress_ctx = progress;
+        const gboolean searched = zp_search_run(&spec, &result, &error);
+        cli_progress_free(progress);
+        status = searched ? report(&a, &result) : cli_fail("plan", error);
         zp_search_result_clear(&result);
     }
     g_option_context_free(context);

@@ -1,6 +1,7 @@
 /* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
  * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
 #include "cli.h"
+#include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
@@ -392,11 +393,18 @@ static int simulate(const SimulateFlags *f)
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
     if (!sched)
         return cli_fail("simulate", error);
+    char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",
+                                 f->explicit_ranks ? sched->world : 1, sched->ops->len);
+    CliProgress *progress = cli_progress_new(what);
+    g_free(what);
     const SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .record_timeline = f->trace != NULL || f->json,
+        .progress = cli_progress_update,
+        .progress_ctx = progress,
     };
     SimResult *result = sim_engine_run(sched, &hw, &options, &error);
+    cli_progress_free(progress);
     gboolean ok = result != NULL;
     if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
         g_prefix_error(&error, "--trace: ");

@@ -459,6 +459,8 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
                              zp_search_ranked(result, result->ranked->len - 1)->step_time_s);
         if (bound < kth || bound < group_best_per_sample(result, &c->plan))
             ok = simulate(spec, result, i, error);
+        if (spec->progress)
+            spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);
     }
     g_array_unref(survivors);
     for (guint i = 0; i < result->candidates->len; i++)

@@ -77,6 +77,10 @@ gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
  * path is NULL or "-"; a failed write to stdout is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
+/* Progress of long work, reported by library code to whoever shows it (the CLI): `fraction`
+ * of the work is done, in [0, 1]. */
+typedef void (*ZpProgressFn)(double fraction, void *ctx);
+
 /* Seconds on the monotonic clock, for differences only: clock_gettime's nanoseconds, since
  * g_get_monotonic_time's microseconds are coarse for the shortest ops zreal times. */
 double zp_now_s(void);

@@ -311,6 +311,39 @@ static void test_calibrate_warns(void)
     g_free(args), g_free(out);
 }
 
+/* Progress goes to stderr only: forced on (ZPLAN_PROGRESS=always, as on a terminal after two
+ * seconds), --json output still parses with stderr kept apart, and the progress line is on
+ * stderr; without a terminal and unforced there is none. */
+static void test_progress_off_stdout(void)
+{
+    const char *commands[] = {
+        "simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 3 --micro-batch 1 "
+        "--checkpoint --explicit --json",
+        "plan --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --json",
+    };
+    const char *what[] = {"zplan simulate: 64 rank(s) of ", "zplan plan: simulating"};
+    char **forced = g_environ_setenv(g_get_environ(), "ZPLAN_PROGRESS", "always", TRUE);
+    char **plain = g_environ_unsetenv(g_get_environ(), "ZPLAN_PROGRESS");
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
+        char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, commands[i]);
+        TuRun r = tu_run(command, forced);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        json_t *root = json_loads(r.out, 0, NULL);
+        g_assert_nonnull(root);
+        json_decref(root);
+        g_assert_nonnull(strstr(r.err, what[i]));
+        g_assert_null(strstr(r.out, what[i]));
+        tu_free(&r);
+        r = tu_run(command, plain);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_cmpstr(r.err, ==, "");
+        tu_free(&r);
+        g_free(command);
+    }
+    g_strfreev(forced);
+    g_strfreev(plain);
+}
+
 static void test_help(void)
 {
     const char *commands[] = {"memory", "maxmodel"};
@@ -441,6 +474,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cli/seq-everywhere", test_seq_everywhere);
     g_test_add_func("/cli/validate-sorted", test_validate_sorted);
     g_test_add_func("/cli/calibrate-warns", test_calibrate_warns);
+    g_test_add_func("/cli/progress-off-stdout", test_progress_off_stdout);
     g_test_add_func("/cli/bad-input", test_bad_input);
     g_test_add_func("/cli/hwprofiles-have-sources", test_hwprofiles_have_sources);
     int status = g_test_run();
