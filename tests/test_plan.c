@@ -886,6 +886,54 @@ static void test_sweep_tflops(void)
     g_free(prefix);
 }
 
+/* What does not fit stays on the plot: memory above the GPU's is shaded and labelled, a stage
+ * with no plan that fits is a cross on the axis with its own legend entry; the title says what
+ * the sweep assumed; --vary stage names the stages; --png writes a PNG. */
+static void test_sweep_shows_infeasible(void)
+{
+    const struct {
+        const char *args;
+        const char *expected[4];
+    } cases[] = {
+        {"sweep --vary gpus --values 1,64 --model gpt-7.5b --cluster dgx2-v100 --metric memory "
+         "--checkpoint",
+         {"shaded: does not fit in V100-SXM3-32GB (34.4 GB)", "checkpointing every block",
+          "sequence 1024", "micro-batch 1"}},
+        {"sweep --vary gpus --values 16,64 --model gpt-60b --cluster dgx2-v100",
+         {"stage 0: no plan fits", "micro-batch searched", "sequence 1024", "stage 3"}},
+        {"sweep --vary stage --values 0,1,2,3 --gpus 64 --model gpt-60b --cluster dgx2-v100 --seq 512",
+         {"model TFLOP/s per GPU (best plan)", "0 (baseline)", "no plan fits", "sequence 512"}},
+    };
+    char *prefix = tmp_path("infeasible");
+    char *csv_path = g_strconcat(prefix, ".csv", NULL), *svg_path = g_strconcat(prefix, ".svg", NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("%s --out %s", cases[i].args, prefix);
+        TuRun r = tu_zplan(args);
+        g_test_message("zplan %s -> %s", args, r.err);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        char *svg = NULL;
+        g_assert_true(g_file_get_contents(svg_path, &svg, NULL, NULL));
+        for (size_t k = 0; k < G_N_ELEMENTS(cases[i].expected); k++) {
+            g_test_message("expect '%s'", cases[i].expected[k]);
+            g_assert_nonnull(strstr(svg, cases[i].expected[k]));
+        }
+        g_free(svg);
+        tu_free(&r);
+        g_free(args);
+    }
+    char *args = g_strdup_printf("%s --out %s --png", cases[0].args, prefix);
+    TuRun r = tu_zplan(args);
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    char *png_path = g_strconcat(prefix, ".png", NULL), *png = NULL;
+    gsize length = 0;
+    g_assert_true(g_file_get_contents(png_path, &png, &length, NULL));
+    g_assert_cmpuint(length, >, 8);
+    g_assert_cmpint(memcmp(png, "\x89PNG\r\n\x1a\n", 8), ==, 0);
+    g_remove(png_path), g_remove(csv_path), g_remove(svg_path);
+    g_free(png), g_free(png_path), g_free(args), g_free(csv_path), g_free(svg_path), g_free(prefix);
+    tu_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -909,6 +957,7 @@ int main(int argc, char **argv)
     g_test_add_func("/plan/bad-input", test_bad_input);
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
     g_test_add_func("/sweep/tflops", test_sweep_tflops);
+    g_test_add_func("/sweep/shows-infeasible", test_sweep_shows_infeasible);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
