@@ -406,9 +406,12 @@ static int simulate(const SimulateFlags *f)
     SimResult *result = sim_engine_run(sched, &hw, &options, &error);
     cli_progress_free(progress);
     gboolean ok = result != NULL;
-    if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
-        g_prefix_error(&error, "--trace: ");
-        ok = FALSE;
+    if (ok && f->trace) {
+        progress = cli_progress_new("zplan simulate: writing the trace");
+        ok = sim_trace_write(sched, result, f->trace, cli_progress_update, progress, &error);
+        cli_progress_free(progress);
+        if (!ok)
+            g_prefix_error(&error, "--trace: ");
     }
     int status = 0;
     if (!ok) {
