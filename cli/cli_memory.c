@@ -135,6 +135,17 @@ static void print_verdict(const MemoryArgs *a)
     char *verdict = cli_verdict(what, detail, need, a->hw.gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict), g_free(detail), g_free(what);
+    /* What does not fit for its activations may fit with checkpointing: say so. */
+    MemoryArgs with = *a;
+    with.checkpoint = TRUE;
+    double with_need = 0;
+    const int with_stage = need > a->hw.gpu_memory_bytes && !a->checkpoint &&
+                                   zp_model_has_architecture(&a->model)
+                               ? least_stage(&with, &with_need)
+                               : -1;
+    if (with_stage >= 0 && with_need <= a->hw.gpu_memory_bytes)
+        printf("With --checkpoint it fits: stage %d needs %.1f GB per GPU, %.1f GB headroom.\n",
+               with_stage, with_need / GB, (a->hw.gpu_memory_bytes - with_need) / GB);
 }
 
 static void print_residual(const MemoryArgs *a, int gpus, double params)

@@ -116,6 +116,15 @@ static void test_verdict_first(void)
         tu_free(&r);
         g_free(json);
     }
+    /* What does not fit for its activations says that checkpointing would fit it. */
+    TuRun m = tu_zplan("memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64");
+    g_assert_nonnull(strstr(m.out, ".\nWith --checkpoint it fits: stage 3 needs 57.7 GB per GPU, "
+                                   "28.2 GB headroom.\n"));
+    tu_free(&m);
+    m = tu_zplan("memory --model gpt3-175b --cluster dgx-a100-80g --gpus 8 --checkpoint");
+    g_assert_true(g_str_has_prefix(m.out, "Does not fit: stage 3 on 8 GPUs"));
+    g_assert_null(strstr(m.out, "With --checkpoint"));
+    tu_free(&m);
     /* A step that is mostly exposed communication says why on its second line. */
     TuRun r = tu_zplan("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --mp 8 "
                        "--stage 3 --micro-batch 1 --checkpoint");
