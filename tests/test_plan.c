@@ -886,6 +886,38 @@ static void test_sweep_tflops(void)
     g_free(prefix);
 }
 
+/* A ranker under which every plan takes the same time per sample (a tie everywhere) and needs
+ * memory that depends on its shape: the ranking must then list the plans with more memory
+ * left first. */
+static gboolean tied_rank(const ZpPlan *plan, void *ctx, double *step_time_s,
+                          double *peak_memory_bytes, GError **error)
+{
+    (void)ctx, (void)error;
+    *step_time_s = 1e6 * zp_search_samples(plan);
+    *peak_memory_bytes = 1e9 * (1 + plan->zero.stage + 4.0 * plan->checkpoint +
+                                8.0 * plan->mp + 0.5 * plan->micro_batch);
+    return TRUE;
+}
+
+static void test_ties_prefer_memory_left(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    ZpHw hw = load_hw("dgx-a100-80g");
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &hw, 16);
+    spec.rank = tied_rank;
+    spec.top_k = 6;
+    ZpSearchResult r;
+    g_assert_true(zp_search_run(&spec, &r, NULL));
+    g_assert_cmpuint(r.ranked->len, ==, 6);
+    for (guint i = 1; i < r.ranked->len; i++)
+        g_assert_cmpfloat(zp_search_ranked(&r, i - 1)->peak_memory_bytes, <=,
+                          zp_search_ranked(&r, i)->peak_memory_bytes);
+    g_assert_cmpfloat(zp_search_ranked(&r, 0)->peak_memory_bytes, <,
+                      zp_search_ranked(&r, 5)->peak_memory_bytes);
+    zp_search_result_clear(&r);
+}
+
 /* What does not fit stays on the plot: memory above the GPU's is shaded and labelled, a stage
  * with no plan that fits is a cross on the axis with its own legend entry; the title says what
  * the sweep assumed; --vary stage names the stages; --png writes a PNG. */
@@ -958,6 +990,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
     g_test_add_func("/sweep/tflops", test_sweep_tflops);
     g_test_add_func("/sweep/shows-infeasible", test_sweep_shows_infeasible);
+    g_test_add_func("/search/ties-prefer-memory-left", test_ties_prefer_memory_left);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
