@@ -6,8 +6,8 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
-#include "zp_util.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 
 #include <glib.h>
 #include <stdint.h>
