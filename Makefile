@@ -47,8 +47,12 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcub
                -L$(NCCL_LIB_DIR) -Wl,-rpath,$(NCCL_LIB_DIR) -l:libnccl.so.2 -lstdc++
 
 PLANNER_SRC := $(wildcard planner/*.c)
-SIM_SRC     := $(filter-out sim/zplan.c,$(wildcard sim/*.c))
-REAL_SRC    := $(filter-out real/zreal_main.c $(CUDA_C_SRC),$(wildcard real/*.c))
+SIM_SRC     := $(wildcard sim/*.c)
+REAL_SRC    := $(filter-out $(CUDA_C_SRC),$(wildcard real/*.c))
+# cli/: the two programs' mains and zplan's subcommands. Dependencies run one way: cli/ uses
+# planner/, sim/ and real/, and only cli/, the tests and the benchmarks see cli/'s headers.
+CLI_MAINS   := cli/zplan.c cli/zreal_main.c
+CLI_SRC     := $(filter-out $(CLI_MAINS),$(wildcard cli/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_UTIL   := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
 # The fuzz harnesses, one per input loader, and what they share (tests/fuzz/fuzz.h).
@@ -58,10 +62,10 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(filter-out $(FUZZ_UTIL),$(FUZ
 BENCH_SRC   := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-LIBS := $(BUILD)/libzsim.a $(BUILD)/libzreal.a $(BUILD)/libzplanner.a
+LIBS := $(BUILD)/libzcli.a $(BUILD)/libzsim.a $(BUILD)/libzreal.a $(BUILD)/libzplanner.a
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
-BINS := $(BUILD)/zplan $(if $(wildcard real/zreal_main.c),$(BUILD)/zreal)
+BINS := $(BUILD)/zplan $(BUILD)/zreal
 CUDA_OBJ := $(call obj,$(CUDA_C_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_CU_SRC))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC))
 ifeq ($(ZP_WITH_CUDA),yes)
@@ -124,6 +128,8 @@ check-asan: setup
 	  OMPI_MCA_mca_base_component_disable_dlclose=1 \
 	  $(MAKE) --no-print-directory $(ASAN_VARS) test-run
 
+$(call obj,$(CLI_SRC) $(CLI_MAINS) $(TEST_SRC) $(TEST_UTIL) $(FUZZ_SRC) $(BENCH_SRC)): \
+  override CFLAGS += -Icli
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -138,13 +144,14 @@ $(BUILD)/libzplanner.a: $(call obj,$(PLANNER_SRC))
 $(BUILD)/libzsim.a: $(call obj,$(SIM_SRC))
 $(BUILD)/libzreal.a: $(call obj,$(REAL_SRC))
 $(BUILD)/libzcuda.a: $(CUDA_OBJ)
+$(BUILD)/libzcli.a: $(call obj,$(CLI_SRC))
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/zplan: $(call obj,sim/zplan.c) $(LIBS)
+$(BUILD)/zplan: $(call obj,cli/zplan.c) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/zreal: $(call obj,real/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
+$(BUILD)/zreal: $(call obj,cli/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(ZREAL_LDLIBS) $(LDLIBS)
 $(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(BUILD)/libzcuda.a $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)

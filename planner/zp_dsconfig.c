@@ -41,7 +41,7 @@ static const KeySpec top_keys[] = {
     OWN("train_batch_size"), OWN("train_micro_batch_size_per_gpu"),
     OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
     OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
-    OWN("attention_kernel"),
+    OWN("attention_kernel"), OWN("tensor_parallel"),
     IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
@@ -95,6 +95,13 @@ static const KeySpec zero_keys[] = {
     IGNORED("stage3_use_all_reduce_for_fetch_params"),
     IGNORED("use_all_reduce_for_fetch_params"), IGNORED("pipeline_loading_checkpoint"),
     IGNORED("override_module_apply"), IGNORED("log_trace_cache_warnings"),
+};
+
+/* tensor_parallel (DeepSpeed's AutoTP training, deepspeed/runtime/tensor_parallel/config.py):
+ * autotp_size is the tensor-parallel degree; the rest is not modeled. */
+static const KeySpec tensor_parallel_keys[] = {
+    OWN("autotp_size"), IGNORED("tp_overlap_comm"), IGNORED("partition_config"),
+    IGNORED("injection_policy_tuple"), IGNORED("keep_module_on_host"),
 };
 
 /* fp16 and bf16: only "enabled" changes the plan; loss scaling is not modeled. */
@@ -359,6 +366,41 @@ static gboolean read_checkpointing(json_t *root, const char *path, gboolean *che
     return ok;
 }
 
+/* tensor_parallel.autotp_size over the launch's degrees: the world stays dp x mp, split by the
+ * file's degree; a launch that names another degree (not 1, the default) is refused. */
+static gboolean read_tensor_parallel(json_t *root, const char *path, ZpPlan *p,
+                                     GPtrArray *warnings, GError **error)
+{
+    json_t *section;
+    if (!get_section(root, path, "tensor_parallel", &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    char *what = g_strdup_printf("%s: tensor_parallel", path);
+    int64_t size = p->mp;
+    const int64_t world = (int64_t)p->dp * p->mp;
+    gboolean ok = check_section(section, path, "tensor_parallel.", tensor_parallel_keys,
+                                G_N_ELEMENTS(tensor_parallel_keys), warnings, error) &&
+                  zp_json_get_int(section, what, "autotp_size", FALSE, 1, 65536, &size, error);
+    if (ok && p->mp != 1 && size != p->mp) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: autotp_size %" G_GINT64_FORMAT " disagrees with the launch's "
+                    "tensor-parallel degree %d", what, size, p->mp);
+        ok = FALSE;
+    } else if (ok && world % size != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: autotp_size %" G_GINT64_FORMAT " does not divide the %" G_GINT64_FORMAT
+                    " GPUs", what, size, world);
+        ok = FALSE;
+    }
+    if (ok) {
+        p->mp = (int)size;
+        p->dp = (int)(world / size);
+    }
+    g_free(what);
+    return ok;
+}
+
 /* ---- batch ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -465,7 +507,9 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         return FALSE;
     }
     ZpPlan p = *launch;
-    const int64_t dp = launch->dp;
+    if (!read_tensor_parallel(root, what, &p, warnings, error))
+        return FALSE;
+    const int64_t dp = p.dp;
     BatchKey train = {"train_batch_size", 0, FALSE};
     BatchKey micro = {"train_micro_batch_size_per_gpu", 0, FALSE};
     BatchKey accum = {"gradient_accumulation_steps", 0, FALSE};
@@ -535,6 +579,7 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
                                 json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, spec->offset)));
     }
     json_object_set_new(root, "zero_optimization", zero);
+    json_object_set_new(root, "tensor_parallel", json_pack("{s:i}", "autotp_size", plan->mp));
     if (plan->reduce_dtype != ZP_REDUCE_GRAD)
         json_object_set_new(root, "communication_data_type",
                             json_string(zp_reduce_dtype_name(plan->reduce_dtype)));

@@ -28,7 +28,10 @@
  * model calls at each block, as Megatron-DeepSpeed does); its options that change memory or
  * time (partition_activations, cpu_checkpointing, ...) are not modeled and warn when set.
  * communication_data_type sets the gradient reduction dtype; attention_kernel (zplan's own
- * key: eager, flash2, ...) the attention kernel, else the launch's.
+ * key: eager, flash2, ...) the attention kernel, else the launch's. tensor_parallel.autotp_size
+ * (DeepSpeed's AutoTP) is the tensor-parallel degree: the launch's dp x mp GPUs are split by
+ * it, and a launch mp other than 1 that disagrees is an error. The writer records every choice
+ * of the plan, autotp_size included.
  *
  * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) append
  * one line to `warnings` (g_free'd strings, never NULL) naming the key; unknown keys, values

@@ -45,8 +45,8 @@ const char *zp_zero_knob_flag(ZpZeroKnob knob)
 
 gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text, GError **error)
 {
-    return zp_parse_number(text, zero_knobs[knob].flag, zero_knobs[knob].min, 1e15, TRUE,
-                           &G_STRUCT_MEMBER(double, zero, zero_knobs[knob].offset), error);
+    return zp_parse_size(text, zero_knobs[knob].flag, ZP_SIZE_COUNT, zero_knobs[knob].min, 1e15,
+                         TRUE, &G_STRUCT_MEMBER(double, zero, zero_knobs[knob].offset), error);
 }
 
 void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp)

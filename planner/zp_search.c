@@ -375,8 +375,9 @@ static gboolean twins(const ZpCandidate *a, const ZpCandidate *b)
                TWIN_TOLERANCE * b->peak_memory_bytes;
 }
 
-/* Keeps r->ranked sorted by time per sample and at most top_k long; of twins it keeps the
- * one closest to DeepSpeed's defaults, so the top K are K different choices. */
+/* Keeps r->ranked sorted by time per sample (equal times to TWIN_TOLERANCE: the plan with more
+ * memory left first) and at most top_k long; of twins it keeps the one closest to DeepSpeed's
+ * defaults, so the top K are K different choices. */
 static void insert_ranked(ZpSearchResult *r, guint index, int top_k)
 {
     const ZpCandidate *c = zp_search_candidate(r, (int)index);
@@ -392,7 +393,9 @@ static void insert_ranked(ZpSearchResult *r, guint index, int top_k)
     guint at = r->ranked->len;
     while (at > 0) {
         const ZpCandidate *o = zp_search_ranked(r, at - 1);
-        if (per_sample(o, o->step_time_s) <= t)
+        const double u = per_sample(o, o->step_time_s);
+        const gboolean tie = fabs(u - t) <= TWIN_TOLERANCE * t;
+        if (tie ? o->peak_memory_bytes <= c->peak_memory_bytes : u < t)
             break;
         at--;
     }
@@ -469,6 +472,8 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
                              zp_search_ranked(result, result->ranked->len - 1)->step_time_s);
         if (bound < kth || bound < group_best_per_sample(result, &c->plan))
             ok = simulate(spec, result, i, error);
+        if (spec->progress)
+            spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);
     }
     g_array_unref(survivors);
     for (guint i = 0; i < result->candidates->len; i++)

@@ -7,6 +7,7 @@
 #include "zp_model.h"
 #include "zp_plan.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -37,6 +38,8 @@ typedef struct {
     void *rank_ctx;
     /* NULL bounds every group by the intra-node link, which no busbw exceeds. */
     ZpBusBandwidthFn bus_bytes_per_s;
+    ZpProgressFn progress; /* NULL, or told the share of screened plans ranked so far */
+    void *progress_ctx;
 } ZpSearchSpec;
 
 /* A spec that searches everything for model on gpus GPUs of hw: fp16 mixed precision with

@@ -170,17 +170,10 @@ gboolean zp_check_args_utf8(int argc, char **argv, GError **error)
     return TRUE;
 }
 
-gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
-                         gboolean integral, double *out, GError **error)
+/* The checks a parsed flag value passes: whole when asked, inside [min, max]. */
+static gboolean check_number(const char *text, const char *flag, double d, double min,
+                             double max, gboolean integral, double *out, GError **error)
 {
-    char *end = NULL;
-    errno = 0;
-    double d = text ? strtod(text, &end) : NAN;
-    if (!text || end == text || *end != '\0' || errno == ERANGE || !isfinite(d)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is not a number", flag,
-                    text ? text : "");
-        return FALSE;
-    }
     if (integral && d != floor(d)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' must be a whole number", flag,
                     text);
@@ -193,6 +186,60 @@ gboolean zp_parse_number(const char *text, const char *flag, double min, double 
     }
     *out = d;
     return TRUE;
+}
+
+gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
+                         gboolean integral, double *out, GError **error)
+{
+    char *end = NULL;
+    errno = 0;
+    double d = text ? strtod(text, &end) : NAN;
+    if (!text || end == text || *end != '\0' || errno == ERANGE || !isfinite(d)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is not a number", flag,
+                    text ? text : "");
+        return FALSE;
+    }
+    return check_number(text, flag, d, min, max, integral, out, error);
+}
+
+static const struct {
+    ZpSizeUnit unit;
+    const char *suffix;
+    double factor;
+} size_suffixes[] = {
+    {ZP_SIZE_COUNT, "K", 1e3},    {ZP_SIZE_COUNT, "M", 1e6},
+    {ZP_SIZE_COUNT, "B", 1e9},    {ZP_SIZE_COUNT, "T", 1e12},
+    {ZP_SIZE_BYTES, "KB", 1e3},   {ZP_SIZE_BYTES, "MB", 1e6},
+    {ZP_SIZE_BYTES, "GB", 1e9},   {ZP_SIZE_BYTES, "TB", 1e12},
+    {ZP_SIZE_BYTES, "KiB", 0x1p10}, {ZP_SIZE_BYTES, "MiB", 0x1p20},
+    {ZP_SIZE_BYTES, "GiB", 0x1p30}, {ZP_SIZE_BYTES, "TiB", 0x1p40},
+};
+
+gboolean zp_parse_size(const char *text, const char *flag, ZpSizeUnit unit, double min,
+                       double max, gboolean integral, double *out, GError **error)
+{
+    char *end = NULL;
+    errno = 0;
+    double d = text ? strtod(text, &end) : NAN;
+    double factor = end != text && text && *end == '\0' ? 1 : 0;
+    for (size_t i = 0; factor == 0 && end != text && i < G_N_ELEMENTS(size_suffixes); i++)
+        if (size_suffixes[i].unit == unit && strcmp(end, size_suffixes[i].suffix) == 0)
+            factor = size_suffixes[i].factor;
+    d *= factor;
+    if (factor == 0 || errno == ERANGE || !isfinite(d)) {
+        GString *known = g_string_new(NULL);
+        for (size_t i = 0; i < G_N_ELEMENTS(size_suffixes); i++)
+            if (size_suffixes[i].unit == unit)
+                g_string_append_printf(known, "%s%s", known->len ? ", " : "",
+                                       size_suffixes[i].suffix);
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%s' is not a number (suffixes: %s)",
+                    flag, text ? text : "", known->str);
+        g_string_free(known, TRUE);
+        return FALSE;
+    }
+    if (factor != 1 && fabs(d - nearbyint(d)) <= 1e-9 * fabs(d))
+        d = nearbyint(d); /* 1.1K is 1100.0000000000002 in binary */
+    return check_number(text, flag, d, min, max, integral, out, error);
 }
 
 GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,

@@ -50,6 +50,16 @@ gboolean zp_check_args_utf8(int argc, char **argv, GError **error);
 gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
                          gboolean integral, double *out, GError **error);
 
+/* What a size counts: parameters or elements (suffixes K, M, B, T: 1e3 to 1e12) or bytes
+ * (KB, MB, GB, TB: 1e3 to 1e12; KiB, MiB, GiB, TiB: 2^10 to 2^40). */
+typedef enum { ZP_SIZE_COUNT, ZP_SIZE_BYTES } ZpSizeUnit;
+
+/* zp_parse_number with an optional suffix of `unit` ("7B", "1.5e9", "1T"; "80GB", "80GiB").
+ * A value that is whole to within rounding after the suffix is rounded ("1.1K" is 1100). An
+ * unknown suffix is "FLAG: '7Q' is not a number (suffixes: K, M, B, T)". */
+gboolean zp_parse_size(const char *text, const char *flag, ZpSizeUnit unit, double min,
+                       double max, gboolean integral, double *out, GError **error);
+
 /* Parses a comma-separated list of whole numbers in [min, max] ("1,4,16"). */
 GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,
                           GError **error);
@@ -66,6 +76,10 @@ gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
 /* Dumps JSON (indented, keys in insertion order) atomically to path, or to stdout if
  * path is NULL or "-"; a failed write to stdout is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
+
+/* Progress of long work, reported by library code to whoever shows it (the CLI): `fraction`
+ * of the work is done, in [0, 1]. */
+typedef void (*ZpProgressFn)(double fraction, void *ctx);
 
 /* Seconds on the monotonic clock, for differences only: clock_gettime's nanoseconds, since
  * g_get_monotonic_time's microseconds are coarse for the shortest ops zreal times. */

@@ -7,6 +7,9 @@
 #include <math.h>
 #include <string.h>
 
+/* How often (queue events) the run tells SimOptions.progress how far it is. */
+#define PROGRESS_EVERY_EVENTS 4096
+
 /* What the loop needs of an op, computed once and shared by all ranks. */
 typedef struct {
     uint8_t kind, sub, stream, group;
@@ -751,11 +754,14 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok) {
         build_flows(&sim);
         seed(&sim);
+        const double total_ops = (double)sim.n_ops * sim.ranks;
         while (sim.heap.len > 0 && !sim.error) {
             const Event e = heap_pop(&sim.heap);
             sim.heap_events++;
             handle(&sim, &e);
             drain_ready(&sim, e.time_s);
+            if (options->progress && sim.heap_events % PROGRESS_EVERY_EVENTS == 0)
+                options->progress((double)sim.op_events / total_ops, options->progress_ctx);
         }
         if (sim.error) {
             g_propagate_error(error, sim.error);

@@ -5,6 +5,7 @@
 
 #include "zp_hw.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -17,6 +18,8 @@ typedef enum {
 typedef struct {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
+    ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
+    void *progress_ctx;
 } SimOptions;
 
 typedef struct {

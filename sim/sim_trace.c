@@ -181,7 +181,7 @@ static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r,
 }
 
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
-                         GError **error)
+                         ZpProgressFn progress, void *progress_ctx, GError **error)
 {
     if (!result->op_start_s) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -195,6 +195,8 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
         append_metadata(out, sched, result, pid);
         append_ops(out, sched, result, pid, labels);
         append_memory(out, sched, result, pid, changes);
+        if (progress)
+            progress((double)(pid + 1) / result->ranks_simulated, progress_ctx);
     }
     /* Every event line ends in ",\n"; JSON allows no comma after the last one. */
     g_string_truncate(out, out->len - 2);

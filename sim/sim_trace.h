@@ -12,8 +12,9 @@
  * ("X") event per compute and collective op, ts and dur in microseconds, named like
  * "fwd L12", "allgather L13", "reduce-scatter bucket 3", "adam"; process and thread names;
  * and a "memory" counter ("C") with the live bytes of every category after each change.
- * Fails if the result has no timeline or the file cannot be written. */
+ * Fails if the result has no timeline or the file cannot be written. `progress` (or NULL) is
+ * told the share of ranks written. */
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
-                         GError **error);
+                         ZpProgressFn progress, void *progress_ctx, GError **error);
 
 #endif

@@ -532,6 +532,7 @@ static void test_1t_does_not_fit_on_64(void)
         char *args = g_strdup_printf("plan --model gpt-1t --cluster %s --gpus 64", clusters[i]);
         TuRun r = tu_zplan(args);
         g_assert_cmpint(exit_status(&r), ==, 2);
+        g_assert_true(g_str_has_prefix(r.out, "Does not fit: the closest plan (stage "));
         g_assert_nonnull(strstr(r.err, "no plan fits"));
         g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
         g_assert_nonnull(strstr(r.out, "No plan fits"));
@@ -636,15 +637,111 @@ static void test_ds_config_written_and_simulated(void)
     g_free(args);
 }
 
+/* The written ds_config records every choice, tensor parallelism included: for every stage and
+ * tensor-parallel degrees 1, 2 and 4, `simulate --ds-config` of it (without --mp) predicts
+ * exactly the step that `simulate` with the same choices as flags does; and `plan --mp 2`'s
+ * best plan round-trips the same way. */
+static void test_ds_config_round_trip_tp(void)
+{
+    char *path = tmp_path("tp.json");
+    const int mps[] = {1, 2, 4};
+    for (int stage = 0; stage <= 3; stage++)
+        for (size_t i = 0; i < G_N_ELEMENTS(mps); i++) {
+            ZpPlan plan;
+            zp_plan_defaults(&plan, stage, 16 / mps[i], mps[i]);
+            plan.micro_batch = 2;
+            plan.grad_accum = 3;
+            plan.checkpoint = stage % 2 == 1;
+            plan.zero.reduce_bucket_size = 2.5e8;
+            plan.precision = ZP_PREC_BF16;
+            g_assert_true(zp_dsconfig_write(&plan, path, NULL));
+            char *from_file = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g "
+                                              "--gpus 16 --ds-config %s --json", path);
+            char *from_flags = g_strdup_printf(
+                "simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp %d --stage %d "
+                "--micro-batch 2 --grad-accum 3 %s --reduce-bucket-size 250M --precision bf16 "
+                "--attention eager --json", mps[i],
+                stage, plan.checkpoint ? "--checkpoint" : "");
+            json_t *a = tu_zplan_json(from_file), *b = tu_zplan_json(from_flags);
+            g_assert_cmpfloat(number(a, "step_time_s"), ==, number(b, "step_time_s"));
+            g_assert_cmpfloat(number(a, "peak_memory_bytes"), ==, number(b, "peak_memory_bytes"));
+            g_assert_cmpfloat(number(a, "mp"), ==, mps[i]);
+            json_decref(a), json_decref(b);
+            g_free(from_file), g_free(from_flags);
+        }
+    /* The planner's own best plan with TP 2. */
+    char *args = g_strdup_printf("--model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp 2 "
+                                 "--top 1 --ds-config %s", path);
+    int status;
+    json_t *root = plan_json(args, &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *best = json_object_get(root, "best");
+    g_assert_cmpint(json_integer_value(json_object_get(best, "mp")), ==, 2);
+    char *sim = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 "
+                                "--ds-config %s --json", path);
+    json_t *s = tu_zplan_json(sim);
+    g_assert_cmpfloat(number(s, "step_time_s"), ==, number(best, "step_time_s"));
+    g_assert_cmpfloat(number(s, "mp"), ==, 2);
+    json_decref(s);
+    /* A launch that says another degree is refused, naming the key. */
+    char *other = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 16 "
+                                  "--mp 4 --ds-config %s", path);
+    TuRun r = tu_zplan(other);
+    g_assert_cmpint(exit_status(&r), ==, 1);
+    g_assert_nonnull(strstr(r.err, "tensor_parallel: autotp_size 2 disagrees with the launch's "
+                                   "tensor-parallel degree 4"));
+    tu_free(&r);
+    json_decref(root);
+    g_remove(path);
+    g_free(path), g_free(args), g_free(sim), g_free(other);
+}
+
+/* --headroom keeps memory free: as GB, bytes with a suffix or a fraction, every listed plan
+ * fits in what is left; tokens/s is samples/s times the sequence. */
+static void test_headroom_and_tokens(void)
+{
+    const char *rooms[] = {"40", "40GB", "0.5"};
+    const double capacity = 85899345920.0, left[] = {capacity - 40e9, capacity - 40e9,
+                                                     0.5 * capacity};
+    for (size_t i = 0; i < G_N_ELEMENTS(rooms); i++) {
+        char *args = g_strdup_printf("--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16 "
+                                     "--headroom %s", rooms[i]);
+        int status;
+        json_t *root = plan_json(args, &status);
+        g_assert_cmpint(status, ==, 0);
+        g_assert_cmpfloat(fabs(number(root, "headroom_bytes") - (capacity - left[i])), <, 1);
+        g_assert_cmpfloat(number(root, "gpu_memory_bytes"), ==, capacity);
+        size_t k;
+        json_t *c;
+        json_array_foreach(json_object_get(root, "candidates"), k, c)
+        {
+            g_assert_cmpfloat(number(c, "peak_memory_bytes"), <=, left[i]);
+            g_assert_cmpfloat(number(c, "tokens_per_s"), ==, number(c, "samples_per_s") * 1024);
+            g_assert_cmpfloat(number(c, "tokens_per_s_per_gpu"), ==,
+                              number(c, "tokens_per_s") / 16);
+        }
+        json_decref(root);
+        g_free(args);
+    }
+    /* Without headroom the best plan uses more memory than any of them leaves: they bind. */
+    int status;
+    json_t *root = plan_json("--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16", &status);
+    g_assert_cmpfloat(number(json_object_get(root, "best"), "peak_memory_bytes"), >, left[0]);
+    json_decref(root);
+}
+
 /* The human table: the top plans with memory, TFLOPs and MFU, and why the rest lost. */
 static void test_human_output(void)
 {
     TuRun r = tu_zplan("plan --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --top 2");
     g_assert_cmpint(exit_status(&r), ==, 0);
     const char *expected[] = {"Top 2", "TFLOPs/GPU", "MFU", "Memory per GPU at the simulated peak",
-                              "Why the other choices lost", "checkpointing"};
+                              "Why the other choices lost", "checkpointing", "tokens/s",
+                              "tok/s/GPU", "per sample vs #1", "% slower"};
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(r.out, expected[i]));
+    g_assert_true(g_str_has_prefix(r.out, "Fits: plan 1 (stage "));
+    g_assert_nonnull(strstr(r.out, "of 32 GiB (34.4 GB), "));
     g_assert_cmpstr(r.err, ==, "");
     tu_free(&r);
     r = tu_zplan("plan --help");
@@ -789,6 +886,86 @@ static void test_sweep_tflops(void)
     g_free(prefix);
 }
 
+/* A ranker under which every plan takes the same time per sample (a tie everywhere) and needs
+ * memory that depends on its shape: the ranking must then list the plans with more memory
+ * left first. */
+static gboolean tied_rank(const ZpPlan *plan, void *ctx, double *step_time_s,
+                          double *peak_memory_bytes, GError **error)
+{
+    (void)ctx, (void)error;
+    *step_time_s = 1e6 * zp_search_samples(plan);
+    *peak_memory_bytes = 1e9 * (1 + plan->zero.stage + 4.0 * plan->checkpoint +
+                                8.0 * plan->mp + 0.5 * plan->micro_batch);
+    return TRUE;
+}
+
+static void test_ties_prefer_memory_left(void)
+{
+    ZpModel m = load_model("gpt2-124m");
+    ZpHw hw = load_hw("dgx-a100-80g");
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &hw, 16);
+    spec.rank = tied_rank;
+    spec.top_k = 6;
+    ZpSearchResult r;
+    g_assert_true(zp_search_run(&spec, &r, NULL));
+    g_assert_cmpuint(r.ranked->len, ==, 6);
+    for (guint i = 1; i < r.ranked->len; i++)
+        g_assert_cmpfloat(zp_search_ranked(&r, i - 1)->peak_memory_bytes, <=,
+                          zp_search_ranked(&r, i)->peak_memory_bytes);
+    g_assert_cmpfloat(zp_search_ranked(&r, 0)->peak_memory_bytes, <,
+                      zp_search_ranked(&r, 5)->peak_memory_bytes);
+    zp_search_result_clear(&r);
+}
+
+/* What does not fit stays on the plot: memory above the GPU's is shaded and labelled, a stage
+ * with no plan that fits is a cross on the axis with its own legend entry; the title says what
+ * the sweep assumed; --vary stage names the stages; --png writes a PNG. */
+static void test_sweep_shows_infeasible(void)
+{
+    const struct {
+        const char *args;
+        const char *expected[4];
+    } cases[] = {
+        {"sweep --vary gpus --values 1,64 --model gpt-7.5b --cluster dgx2-v100 --metric memory "
+         "--checkpoint",
+         {"shaded: does not fit in V100-SXM3-32GB (34.4 GB)", "checkpointing every block",
+          "sequence 1024", "micro-batch 1"}},
+        {"sweep --vary gpus --values 16,64 --model gpt-60b --cluster dgx2-v100",
+         {"stage 0: no plan fits", "micro-batch searched", "sequence 1024", "stage 3"}},
+        {"sweep --vary stage --values 0,1,2,3 --gpus 64 --model gpt-60b --cluster dgx2-v100 --seq 512",
+         {"model TFLOP/s per GPU (best plan)", "0 (baseline)", "no plan fits", "sequence 512"}},
+    };
+    char *prefix = tmp_path("infeasible");
+    char *csv_path = g_strconcat(prefix, ".csv", NULL), *svg_path = g_strconcat(prefix, ".svg", NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("%s --out %s", cases[i].args, prefix);
+        TuRun r = tu_zplan(args);
+        g_test_message("zplan %s -> %s", args, r.err);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        char *svg = NULL;
+        g_assert_true(g_file_get_contents(svg_path, &svg, NULL, NULL));
+        for (size_t k = 0; k < G_N_ELEMENTS(cases[i].expected); k++) {
+            g_test_message("expect '%s'", cases[i].expected[k]);
+            g_assert_nonnull(strstr(svg, cases[i].expected[k]));
+        }
+        g_free(svg);
+        tu_free(&r);
+        g_free(args);
+    }
+    char *args = g_strdup_printf("%s --out %s --png", cases[0].args, prefix);
+    TuRun r = tu_zplan(args);
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    char *png_path = g_strconcat(prefix, ".png", NULL), *png = NULL;
+    gsize length = 0;
+    g_assert_true(g_file_get_contents(png_path, &png, &length, NULL));
+    g_assert_cmpuint(length, >, 8);
+    g_assert_cmpint(memcmp(png, "\x89PNG\r\n\x1a\n", 8), ==, 0);
+    g_remove(png_path), g_remove(csv_path), g_remove(svg_path);
+    g_free(png), g_free(png_path), g_free(args), g_free(csv_path), g_free(svg_path), g_free(prefix);
+    tu_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -806,10 +983,14 @@ int main(int argc, char **argv)
     g_test_add_func("/plan/1t-does-not-fit-on-64", test_1t_does_not_fit_on_64);
     g_test_add_func("/plan/13b-without-tp-needs-stage-2", test_13b_needs_stage2);
     g_test_add_func("/plan/ds-config-written-and-simulated", test_ds_config_written_and_simulated);
+    g_test_add_func("/plan/ds-config-round-trip-tp", test_ds_config_round_trip_tp);
+    g_test_add_func("/plan/headroom-and-tokens", test_headroom_and_tokens);
     g_test_add_func("/plan/human-output", test_human_output);
     g_test_add_func("/plan/bad-input", test_bad_input);
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
     g_test_add_func("/sweep/tflops", test_sweep_tflops);
+    g_test_add_func("/sweep/shows-infeasible", test_sweep_shows_infeasible);
+    g_test_add_func("/search/ties-prefer-memory-left", test_ties_prefer_memory_left);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);

@@ -309,7 +309,8 @@ static void test_calibrate_and_validate(void)
     /* Mismatched plans and malformed input are refused with one line. */
     args = g_strdup_printf("validate %s %s", meas, pred); /* the two swapped */
     g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
-    g_assert_nonnull(strstr(err, "missing key \"model_state_bytes\""));
+    g_assert_nonnull(strstr(err, "the two files are swapped"));
+    g_assert_nonnull(strstr(err, "give the prediction first: zplan validate"));
     g_free(args), g_free(out), g_free(err);
     args = g_strdup_printf("validate %s %s", pred, profile);
     g_assert_false(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));

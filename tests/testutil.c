@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <sys/wait.h>
 
 #ifndef ZP_BUILD_DIR
 #define ZP_BUILD_DIR "build"
@@ -35,9 +36,15 @@ void tu_free(TuRun *run)
 
 void *tu_zplan_json(const char *args)
 {
+    return tu_zplan_json_exit(args, 0);
+}
+
+void *tu_zplan_json_exit(const char *args, int exit_status)
+{
     TuRun r = tu_zplan(args);
     g_test_message("zplan %s: %s", args, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, exit_status);
     json_t *root = json_loads(r.out, 0, NULL);
     g_assert_nonnull(root);
     tu_free(&r);

@@ -23,4 +23,7 @@ void tu_free(TuRun *run);
  * (a json_t *, which the caller decrefs). */
 void *tu_zplan_json(const char *args);
 
+/* The same for a command that must exit with `exit_status` (2: the plan does not fit). */
+void *tu_zplan_json_exit(const char *args, int exit_status);
+
 #endif

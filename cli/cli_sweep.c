@@ -1,6 +1,8 @@
 /* cli_sweep: `zplan sweep` varies one input (GPUs, model size, micro-batch or stage), computes
- * a metric per ZeRO stage at each value, and writes PREFIX.csv and a gnuplot PREFIX.svg. */
+ * a metric per ZeRO stage at each value, and writes PREFIX.csv and a gnuplot PREFIX.svg (or
+ * .png) whose title states what it assumes and where what does not fit stays visible. */
 #include "cli.h"
+#include "cli_progress.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 
@@ -51,6 +53,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     char *out;
+    gboolean png; /* PREFIX.png instead of PREFIX.svg */
 } SweepArgs;
 
 /* One x value's row: a value per stage (NAN where nothing fits or nothing applies). */
@@ -213,6 +216,71 @@ static char *gnuplot_quote(const char *text)
     return quoted;
 }
 
+/* A gnuplot double-quoted string, for text with a line break ("\n" there). */
+static char *gnuplot_dquote(const char *text)
+{
+    GString *out = g_string_new("\"");
+    for (const char *c = text; *c; c++) {
+        if (*c == '\n')
+            g_string_append(out, "\\n");
+        else if (*c == '"' || *c == '\\')
+            g_string_append_printf(out, "\\%c", *c);
+        else
+            g_string_append_c(out, *c);
+    }
+    g_string_append_c(out, '"');
+    return g_string_free(out, FALSE);
+}
+
+/* The second line of the title: what the sweep holds fixed (or searches). */
+static char *plot_assumptions(const SweepArgs *a)
+{
+    GString *s = g_string_new(NULL);
+    if (a->vary != VARY_GPUS)
+        g_string_append_printf(s, "%d GPUs, ", a->gpus);
+    if (a->metric == METRIC_TFLOPS) {
+        if (a->micro_batch > 0 && a->vary != VARY_MICRO_BATCH)
+            g_string_append_printf(s, "micro-batch %d, ", a->micro_batch);
+        else if (a->vary != VARY_MICRO_BATCH)
+            g_string_append(s, "micro-batch searched, ");
+        g_string_append_printf(s, "checkpointing searched, sequence %" G_GINT64_FORMAT ", %s",
+                               a->model.seq_len, a->mp > 0 ? "" : "TP searched, ");
+        if (a->mp > 0)
+            g_string_append_printf(s, "MP %d, ", a->mp);
+        if (a->global_batch > 0)
+            g_string_append_printf(s, "global batch %" G_GINT64_FORMAT ", ", a->global_batch);
+        else
+            g_string_append(s, "no accumulation, ");
+    } else if (a->metric == METRIC_MEMORY && zp_model_has_architecture(&a->model) &&
+               a->vary != VARY_PARAMS) {
+        if (a->vary != VARY_MICRO_BATCH)
+            g_string_append_printf(s, "micro-batch %d, ", a->micro_batch);
+        g_string_append_printf(s, "%s, sequence %" G_GINT64_FORMAT ", MP %d, ",
+                               a->checkpoint ? "checkpointing every block" : "no checkpointing",
+                               a->model.seq_len, a->mp);
+    } else {
+        g_string_append_printf(s, "model states only, MP %d, ", a->mp);
+    }
+    g_string_append_printf(s, "%s + %s", zp_precision_name(a->precision),
+                           zp_optimizer_name(a->optimizer));
+    /* Wrapped at the commas so that a long list stays inside the plot's width. */
+    GString *wrapped = g_string_new(NULL);
+    char **parts = g_strsplit(s->str, ", ", -1);
+    size_t line = 0;
+    for (char **part = parts; *part; part++) {
+        const size_t n = strlen(*part);
+        if (part != parts) {
+            g_string_append(wrapped, line + n + 2 > 60 ? ",\n" : ", ");
+            line = line + n + 2 > 60 ? 0 : line + 2;
+        }
+        g_string_append(wrapped, *part);
+        line += n;
+    }
+    g_strfreev(parts);
+    g_string_free(s, TRUE);
+    return g_string_free(wrapped, FALSE);
+}
+
 static char *plot_title(const SweepArgs *a)
 {
     const char *model = a->vary == VARY_PARAMS ? "varying size" : a->model.name;
@@ -234,31 +302,73 @@ static char *plot_title(const SweepArgs *a)
     return g_strdup("");
 }
 
-static gboolean write_svg(const SweepArgs *a, const char *csv_path, guint columns,
-                          GError **error)
+static gboolean write_plot(const SweepArgs *a, const char *csv_path, guint columns,
+                           GError **error)
 {
-    char *svg = g_strconcat(a->out, ".svg", NULL), *tmp_svg = g_strconcat(svg, ".tmp", NULL);
+    char *svg = g_strconcat(a->out, a->png ? ".png" : ".svg", NULL);
+    char *tmp_svg = g_strconcat(svg, ".tmp", NULL);
     char *q_out = gnuplot_quote(tmp_svg), *q_csv = gnuplot_quote(csv_path);
-    char *title = plot_title(a), *q_title = gnuplot_quote(title);
+    char *first = plot_title(a), *assumptions = plot_assumptions(a);
+    char *title = g_strdup_printf("%s\n(%s)", first, assumptions);
+    char *q_title = gnuplot_dquote(title);
+    g_free(first), g_free(assumptions);
     char *q_x = gnuplot_quote(varies[a->vary].label);
     char *q_y = gnuplot_quote(metrics[a->metric].label);
     GString *script = g_string_new(NULL);
+    if (a->png) /* pngcairo where gnuplot has it, else libgd's png */
+        g_string_append(script,
+                        "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+                        "  set terminal pngcairo size 1000,600 enhanced font 'sans,11' "
+                        "background rgb 'white'\n"
+                        "} else {\n  set terminal png size 1000,600 background rgb 'white'\n}\n");
+    else
+        g_string_append(script, "set terminal svg size 900,540 dynamic enhanced font 'sans,12' "
+                                "background rgb 'white'\n");
     g_string_append_printf(script,
-                           "set terminal svg size 800,500 dynamic enhanced font 'sans,12' "
-                           "background rgb 'white'\nset output %s\n"
+                           "set output %s\n"
                            "set datafile separator ','\nset title %s noenhanced\n"
                            "set xlabel %s\nset ylabel %s\nset grid\nset key outside right\n",
                            q_out, q_title, q_x, q_y);
+    /* Memory above the GPU's is shaded: the stages there do not fit. */
+    if (a->metric == METRIC_MEMORY && a->have_hw)
+        g_string_append_printf(script,
+                               "set object 1 rectangle from graph 0, first %g to graph 1, graph 1 "
+                               "behind fillcolor rgb '#f6d5d5' fillstyle solid 1.0 noborder\n"
+                               "set label 1 'shaded: does not fit in %s (%.1f GB)' at graph 0.02, "
+                               "graph 0.95 textcolor rgb '#a02020' noenhanced\n"
+                               "set linetype 5 lc rgb '#a02020' lw 2 dt 2 pt 0\n",
+                               a->hw.gpu_memory_bytes / GB, a->hw.gpu,
+                               a->hw.gpu_memory_bytes / GB);
     if (varies[a->vary].log_x && a->vary != VARY_STAGE)
         g_string_append(script, "set logscale x 2\n");
     if (metrics[a->metric].log_y)
         g_string_append(script, "set logscale y 10\n");
     if (a->vary == VARY_STAGE)
-        g_string_append(script, "set xtics 1\n");
-    g_string_append_printf(script,
-                           "plot for [i=2:%u] %s using 1:i with linespoints lw 2 pt 7 "
-                           "title columnheader(i)\n",
-                           columns, q_csv);
+        g_string_append(script, "set xrange [-0.5:3.5]\nset xtics ('0 (baseline)' 0, "
+                                "'1 (P_{os})' 1, '2 (P_{os+g})' 2, '3 (P_{os+g+p})' 3)\n");
+    /* A stage without a plan that fits keeps its colour as a cross on the axis instead of
+     * vanishing (tflops: an empty cell), the stages side by side; the memory series show
+     * theirs above the shading. */
+    const gboolean crosses = a->metric == METRIC_TFLOPS;
+    if (a->vary == VARY_STAGE) {
+        g_string_append_printf(script, "plot %s using 1:2 with linespoints lt 1 lw 2 pt 7 title %s",
+                               q_csv, q_y);
+        if (crosses)
+            g_string_append_printf(script, ", %s using 1:(valid(2) ? 1/0 : 0) with points lt 1 "
+                                           "pt 2 ps 2.5 lw 3 title 'no plan fits'", q_csv);
+    } else {
+        g_string_append_printf(script,
+                               "plot for [i=2:%u] %s using 1:i with linespoints lt (i-1) lw 2 "
+                               "pt 7 title columnheader(i)",
+                               columns, q_csv);
+        if (crosses)
+            g_string_append_printf(script,
+                                   ", for [i=2:5] %s using ($1 * %s):(valid(i) ? 1/0 : 0) with "
+                                   "points lt (i-1) pt 2 ps 2.5 lw 3 "
+                                   "title sprintf('stage %%d: no plan fits', i - 2)",
+                                   q_csv, varies[a->vary].log_x ? "2**((i - 3.5) * 0.06)" : "1");
+    }
+    g_string_append_c(script, '\n');
     char *script_path = NULL;
     int fd = g_file_open_tmp("zplan-sweep-XXXXXX.gp", &script_path, error);
     gboolean ok = fd >= 0;
@@ -298,37 +408,21 @@ static gboolean write_svg(const SweepArgs *a, const char *csv_path, guint column
     return ok;
 }
 
-/* A bar on stderr, only for a person watching (a terminal) and only once a sweep has run
- * for more than a second; it ends with a newline so the shell prompt starts clean. */
-static void progress(gint64 start_us, guint done, guint total, gboolean *shown)
-{
-    if (!isatty(STDERR_FILENO) || g_get_monotonic_time() - start_us < G_USEC_PER_SEC)
-        return;
-    const int width = 30, filled = (int)(width * done / total);
-    fprintf(stderr, "\rzplan sweep: [%.*s%*s] %u/%u", filled,
-            "##############################", width - filled, "", done, total);
-    if (done == total)
-        fputc('\n', stderr);
-    fflush(stderr);
-    *shown = TRUE;
-}
-
 static gboolean run_sweep(const SweepArgs *a, GError **error)
 {
     const guint n = a->values->len;
     SweepRow *rows = g_new0(SweepRow, n);
-    gboolean ok = TRUE, shown = FALSE;
-    const gint64 start_us = g_get_monotonic_time();
+    gboolean ok = TRUE;
+    CliProgress *progress = cli_progress_new("zplan sweep");
     for (guint i = 0; ok && i < n; i++) {
         rows[i].x = g_array_index(a->values, double, i);
         ok = row_fns[a->metric](a, rows[i].x, &rows[i], error);
         if (!ok)
             g_prefix_error(error, "--values: at %s = %g: ", varies[a->vary].name, rows[i].x);
         else
-            progress(start_us, i + 1, n, &shown);
+            cli_progress_update((double)(i + 1) / n, progress);
     }
-    if (shown && !ok)
-        fputc('\n', stderr);
+    cli_progress_free(progress);
     if (a->vary == VARY_PARAMS)
         for (guint i = 0; i < n; i++)
             rows[i].x /= 1e9;
@@ -341,7 +435,7 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
     const guint columns = a->vary == VARY_STAGE ? 2
                           : (a->metric == METRIC_MEMORY && a->have_hw) ? 6 : 5;
     /* The CSV and the plot come as a pair: a failed plot takes the CSV with it. */
-    if (ok && !write_svg(a, csv_path, columns, error)) {
+    if (ok && !write_plot(a, csv_path, columns, error)) {
         g_remove(csv_path);
         ok = FALSE;
     }
@@ -354,7 +448,7 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
 
 typedef struct {
     char *vary, *values, *model, *params, *cluster, *gpu_memory, *metric, *out, *gpus, *mp;
-    char *micro_batch, *global_batch, *precision, *optimizer;
+    char *micro_batch, *global_batch, *precision, *optimizer, *seq;
 } SweepFlags;
 
 static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage"};
@@ -385,8 +479,8 @@ static GArray *parse_values(const SweepFlags *f, SweepVary vary, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--values: empty list");
     for (char **p = parts; ok && *p; p++) {
         double v;
-        ok = zp_parse_number(g_strstrip(*p), "--values", ranges[vary][0], ranges[vary][1],
-                             vary != VARY_PARAMS, &v, error);
+        ok = zp_parse_size(g_strstrip(*p), "--values", ZP_SIZE_COUNT, ranges[vary][0],
+                           ranges[vary][1], vary != VARY_PARAMS, &v, error);
         if (ok)
             g_array_append_val(values, v);
     }
@@ -446,7 +540,7 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
     int batch = 0;
     a->have_model = f->model != NULL;
     if (f->model || f->params) {
-        if (!cli_model(f->model, f->params, &a->model, error))
+        if (!cli_model(f->model, f->params, &a->model, error) || !cli_seq(f->seq, &a->model, error))
             return FALSE;
     } else {
         zp_model_from_params(1, &a->model);
@@ -473,18 +567,20 @@ int cli_sweep(int argc, char **argv)
     SweepArgs a = {0};
     GOptionEntry entries[] = {
         {"vary", 0, 0, G_OPTION_ARG_STRING, &f.vary, "What varies: gpus, params, micro-batch or stage (required)", "WHAT"},
-        {"values", 0, 0, G_OPTION_ARG_STRING, &f.values, "Its values, comma-separated (required)", "A,B,C"},
+        {"values", 0, 0, G_OPTION_ARG_STRING, &f.values, "Its values, comma-separated (required; params take 7B, 175B, 1T)", "A,B,C"},
         {"model", 0, 0, G_OPTION_ARG_STRING, &f.model, "Model name in models/ or a PATH.json", "M"},
-        {"params", 0, 0, G_OPTION_ARG_STRING, &f.params, "Parameter count instead of a model (memory)", "P"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &f.params, "Parameter count instead of a model (memory; 7B, 1.5e9, 1T)", "P"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f.cluster, "Hardware profile (tflops, maxmodel; memory adds its reserve)", "C"},
-        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f.gpu_memory, "GPU memory in bytes instead of a cluster (maxmodel)", "BYTES"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f.gpu_memory, "GPU memory instead of a cluster (maxmodel; 80GB, 80GiB)", "BYTES"},
         {"metric", 0, 0, G_OPTION_ARG_STRING, &f.metric, "tflops (default: best plan's model TFLOP/s per GPU, per stage), memory (per GPU, per stage) or maxmodel (largest model whose states fit, per stage)", "M"},
-        {"out", 0, 0, G_OPTION_ARG_FILENAME, &f.out, "Write PREFIX.csv and PREFIX.svg (required)", "PREFIX"},
+        {"out", 0, 0, G_OPTION_ARG_FILENAME, &f.out, "Write PREFIX.csv and PREFIX.svg or .png (required)", "PREFIX"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &f.gpus, "GPU count when it does not vary", "N"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &f.mp, "Tensor-parallel degree (default 1; tflops: searched)", "M"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f.micro_batch, "Micro-batch (default 1; tflops: searched)", "B"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &f.global_batch, "Global batch for tflops (default: free)", "B"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "memory: with activation checkpointing", NULL},
+        {"png", 0, 0, G_OPTION_ARG_NONE, &a.png, "Plot to PREFIX.png instead of PREFIX.svg", NULL},
+        CLI_SEQ_ENTRY(&f.seq),
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -506,5 +602,6 @@ int cli_sweep(int argc, char **argv)
     g_free(f.vary), g_free(f.values), g_free(f.model), g_free(f.params), g_free(f.cluster);
     g_free(f.gpu_memory), g_free(f.metric), g_free(f.out), g_free(f.gpus), g_free(f.mp);
     g_free(f.micro_batch), g_free(f.global_batch), g_free(f.precision), g_free(f.optimizer);
+    g_free(f.seq);
     return status;
 }

@@ -1,5 +1,5 @@
-/* zplan: the command-line front end. It lives beside the simulator because it is the
- * simulator's user interface; planner-only commands are here too, one table row each. */
+/* zplan: the command-line front end, one table row per subcommand (cli_NAME.c); it lives in
+ * cli/ with zreal's main, above planner/, sim/ and real/, which never include cli/. */
 #include "cli.h"
 #include "zp_util.h"
 

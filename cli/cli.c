@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,7 +37,8 @@ gboolean cli_model(const char *model_flag, const char *params_flag, ZpModel *mod
     if (model_flag)
         return zp_model_load(model_flag, model, error);
     double params;
-    if (!zp_parse_number(params_flag, "--params", 1, CLI_MAX_PARAMS, FALSE, &params, error))
+    if (!zp_parse_size(params_flag, "--params", ZP_SIZE_COUNT, 1, CLI_MAX_PARAMS, FALSE, &params,
+                       error))
         return FALSE;
     zp_model_from_params(params, model);
     return TRUE;
@@ -60,7 +62,7 @@ gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean
     if (cluster_flag)
         return zp_hw_load(cluster_flag, hw, error);
     double bytes;
-    if (!zp_parse_number(memory_flag, "--gpu-memory", 1e6, 1e14, FALSE, &bytes, error))
+    if (!zp_parse_size(memory_flag, "--gpu-memory", ZP_SIZE_BYTES, 1e6, 1e14, FALSE, &bytes, error))
         return FALSE;
     zp_hw_from_gpu_memory(bytes, hw);
     return TRUE;
@@ -106,8 +108,13 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
 gboolean cli_seq(const char *text, ZpModel *model, GError **error)
 {
     int seq;
-    if (!text || !zp_model_has_architecture(model))
+    if (!text)
         return TRUE;
+    if (!zp_model_has_architecture(model)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--seq: --params gives no architecture "
+                                                     "for a sequence to change (give --model)");
+        return FALSE;
+    }
     if (!cli_int(text, "--seq", 1, 10000000, 0, &seq, error))
         return FALSE;
     model->seq_len = seq;
@@ -132,6 +139,24 @@ gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error
         return FALSE;
     }
     return TRUE;
+}
+
+char *cli_capacity(double bytes)
+{
+    return g_strdup_printf("%.4g GiB (%.1f GB)", bytes / (1024.0 * 1024 * 1024), bytes / 1e9);
+}
+
+char *cli_verdict(const char *what, const char *detail, double needed_bytes,
+                  double capacity_bytes)
+{
+    char *capacity = cli_capacity(capacity_bytes);
+    const double margin = capacity_bytes - needed_bytes;
+    char *line = g_strdup_printf("%s: %s needs %.1f GB per GPU (%s) of %s, %.1f GB %s.",
+                                 margin >= 0 ? "Fits" : "Does not fit", what, needed_bytes / 1e9,
+                                 detail, capacity, fabs(margin) / 1e9,
+                                 margin >= 0 ? "headroom" : "short");
+    g_free(capacity);
+    return line;
 }
 
 char *cli_thousands(uint64_t value)

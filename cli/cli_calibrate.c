@@ -242,6 +242,33 @@ static gboolean fit_collectives(const Samples *s, gboolean with_hop, CollFit *fi
     return ok;
 }
 
+/* The fits whose RMS relative residual the profile's "calibration" records, and the ops each
+ * concerns; above RESIDUAL_WARN a warning on stderr names them. */
+#define RESIDUAL_WARN 0.10
+static const struct {
+    const char *key, *ops;
+} fit_residuals[] = {
+    {"gemm_rms_rel_error", "the GEMMs (the peak FLOP/s)"},
+    {"fp32_gemm_rms_rel_error", "the fp32 GEMMs (peak_fp32_flops)"},
+    {"memory_rms_rel_error", "the optimizer step, Adam (hbm_bytes_per_s)"},
+    {"elementwise_rms_rel_error",
+     "the block kernels, GELU, layer norm and residual add (elementwise_bytes_per_s)"},
+    {"collective_rms_rel_error",
+     "the collectives, all-reduce, reduce-scatter and all-gather (collective_fit)"},
+};
+
+static void warn_residuals(json_t *calibration)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fit_residuals); i++) {
+        json_t *v = json_object_get(calibration, fit_residuals[i].key);
+        if (json_is_number(v) && json_number_value(v) > RESIDUAL_WARN)
+            fprintf(stderr, "zplan calibrate: warning: the fit of %s misses its samples by "
+                            "%.1f%% (RMS relative residual, over %.0f%%): its rate is uncertain; "
+                            "rerun the microbenchmark on a quiet machine\n",
+                    fit_residuals[i].ops, 100 * json_number_value(v), 100 * RESIDUAL_WARN);
+    }
+}
+
 static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
 {
     double sum = 0;
@@ -441,7 +468,8 @@ int cli_calibrate(int argc, char **argv)
         ok = FALSE;
     }
     if (ok && memory)
-        ok = zp_parse_number(memory, "--memory-bytes", 1e6, 1e15, FALSE, &memory_bytes, &error);
+        ok = zp_parse_size(memory, "--memory-bytes", ZP_SIZE_BYTES, 1e6, 1e15, FALSE,
+                           &memory_bytes, &error);
     ok = ok && zp_check_out_path(out, "--out", &error);
     for (int i = 1; ok && i < argc; i++)
         ok = read_run(argv[i], &s, &error);
@@ -472,6 +500,8 @@ int cli_calibrate(int argc, char **argv)
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
         ok = check_loadable(profile, &error) && zp_json_write(profile, out, &error);
+        if (ok)
+            warn_residuals(json_object_get(profile, "calibration"));
         if (ok)
             printf("wrote %s: GEMM %.1f GFLOP/s (fp32 %.1f; half at %.3g FLOP), Adam %.2f GB/s, "
                    "block kernels %.2f GB/s, "

@@ -1,6 +1,7 @@
 /* cli_plan: `zplan plan` searches ZeRO stage, batch, checkpointing, tensor parallelism and
  * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
 #include "cli.h"
+#include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_dsconfig.h"
@@ -12,9 +13,6 @@
 
 #define GB 1e9
 
-/* Exit status when the search worked and nothing fits: distinct from bad input (1). */
-#define EXIT_NOTHING_FITS 2
-
 typedef struct {
     ZpModel model;
     ZpHw hw;
@@ -25,6 +23,7 @@ typedef struct {
     ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
     gboolean json;
     char *ds_config;
+    double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
 } PlanArgs;
 
 static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
@@ -120,6 +119,14 @@ static double slowdown(const ZpCandidate *c, const ZpCandidate *best)
            1.0;
 }
 
+/* A relative time per sample in words: "16.0% slower", "3.2% faster", "as fast". */
+static char *relative(double d)
+{
+    if (fabs(d) < 0.0005)
+        return g_strdup("as fast");
+    return g_strdup_printf("%.1f%% %s", 100 * fabs(d), d > 0 ? "slower" : "faster");
+}
+
 /* Whether checkpointing was needed at a stage and what it cost or saved. */
 static char *checkpoint_verdict(const ZpSearchResult *r, const PlanArgs *a, int stage)
 {
@@ -137,8 +144,11 @@ static char *checkpoint_verdict(const ZpSearchResult *r, const PlanArgs *a, int 
         return g_strdup("not needed");
     const ZpCandidate *x = zp_search_candidate(r, without), *y = zp_search_candidate(r, with);
     const double d = slowdown(y, x);
-    return d >= 0 ? g_strdup_printf("not needed (with it %+.1f%%)", 100 * d)
-                  : g_strdup_printf("helps (without it %+.1f%%)", 100 * slowdown(x, y));
+    char *how = relative(d >= 0 ? d : slowdown(x, y));
+    char *verdict = d >= 0 ? g_strdup_printf("not needed (with it %s)", how)
+                           : g_strdup_printf("helps (without it %s)", how);
+    g_free(how);
+    return verdict;
 }
 
 /* ---- human output ---------------------------------------------------------------------- */
@@ -146,10 +156,15 @@ static char *checkpoint_verdict(const ZpSearchResult *r, const PlanArgs *a, int 
 static void print_header(const PlanArgs *a, const ZpSearchResult *r)
 {
     char *params = cli_thousands(zp_model_param_count(&a->model));
+    char *capacity = cli_capacity(a->capacity_bytes);
     printf("Plans for %s (%s parameters, sequence %" G_GINT64_FORMAT ") on %d x %s (%s, "
-           "%.1f GB each),\n",
-           a->model.name, params, a->model.seq_len, a->gpus, a->hw.gpu, a->hw.name,
-           a->hw.gpu_memory_bytes / GB);
+           "%s each",
+           a->model.name, params, a->model.seq_len, a->gpus, a->hw.gpu, a->hw.name, capacity);
+    if (a->hw.gpu_memory_bytes < a->capacity_bytes)
+        printf("; --headroom keeps %.1f GB free, plans fit in %.1f GB",
+               (a->capacity_bytes - a->hw.gpu_memory_bytes) / GB, a->hw.gpu_memory_bytes / GB);
+    printf("),\n");
+    g_free(capacity);
     g_free(params);
     if (a->global_batch > 0)
         printf("global batch %" G_GINT64_FORMAT, a->global_batch);
@@ -186,18 +201,21 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
-    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %6s %8s\n", "#", "stage",
-           "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s", "samples/s",
-           "TFLOPs/GPU", "MFU", "peak GB");
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s\n", "#",
+           "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
+           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB");
     for (guint i = 0; i < r->ranked->len; i++) {
         const ZpCandidate *c = zp_search_ranked(r, i);
         const ZpPlan *p = &c->plan;
         const double tflops = cli_plan_tflops(&a->model, c);
-        printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.1f %5.1f%% %8.2f\n",
+        const double samples_per_s = zp_search_samples(p) / c->step_time_s;
+        const double tokens_per_s = samples_per_s * (double)a->model.seq_len;
+        printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
+               "%8.2f\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
                p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
-               zp_search_buckets_name(c->buckets), c->step_time_s,
-               zp_search_samples(p) / c->step_time_s, tflops, 100 * tflops * 1e12 / peak,
+               zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
+               tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
                c->peak_memory_bytes / GB);
     }
     printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments):\n");
@@ -222,19 +240,17 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
 {
     const ZpCandidate *best = r->ranked->len ? zp_search_ranked(r, 0) : NULL;
     printf("\nWhy the other choices lost (the best plan of each stage):\n");
-    printf("  %5s %-60s %9s %8s  %s\n", "stage", "best plan", "step s", "vs #1", "checkpointing");
+    printf("  %5s %-60s %9s %14s  %s\n", "stage", "best plan", "step s", "per sample vs #1",
+           "checkpointing");
     for (int stage = 0; stage <= 3; stage++) {
         const int b = stage_best(r, stage);
         char *verdict = checkpoint_verdict(r, a, stage);
         if (b >= 0) {
             const ZpCandidate *c = zp_search_candidate(r, b);
             char *what = describe(c);
-            char vs[32];
-            if (c == best)
-                g_snprintf(vs, sizeof vs, "#1");
-            else
-                g_snprintf(vs, sizeof vs, "%+.1f%%", 100 * slowdown(c, best));
-            printf("  %5d %-60s %9.3f %8s  %s\n", stage, what, c->step_time_s, vs, verdict);
+            char *vs = c == best ? g_strdup("#1") : relative(slowdown(c, best));
+            printf("  %5d %-60s %9.3f %16s  %s\n", stage, what, c->step_time_s, vs, verdict);
+            g_free(vs);
             g_free(what);
         } else { /* every stage is searched, so a stage without a fit has a closest plan */
             const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
@@ -252,6 +268,23 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
         printf("  Plans that fit but were not simulated could not beat these: their lower "
                "bound on the step\n  (exact compute + collectives at full bandwidth) was "
                "already slower.\n");
+}
+
+/* The first line: whether plan 1 (or, when nothing fits, the closest plan) fits the GPU. */
+static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
+{
+    const ZpCandidate *c = r->ranked->len ? zp_search_ranked(r, 0)
+                                          : zp_search_candidate(r, r->closest);
+    char *shape = describe(c);
+    char *what = g_strdup_printf("%s (stage %d, %s)", r->ranked->len ? "plan 1" : "the closest plan",
+                                 c->plan.zero.stage, shape);
+    const gboolean simulated = c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM;
+    char *verdict = cli_verdict(what, simulated ? "simulated peak + reserve"
+                                                : "closed form + reserve",
+                                simulated ? c->peak_memory_bytes : c->memory_bytes,
+                                a->capacity_bytes);
+    printf("%s\n", verdict);
+    g_free(verdict), g_free(what), g_free(shape);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------ */
@@ -272,6 +305,10 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
         json_object_set_new(o, "step_time_s", json_real(c->step_time_s));
         json_object_set_new(o, "samples_per_s",
                             json_real(zp_search_samples(p) / c->step_time_s));
+        const double tokens_per_s =
+            zp_search_samples(p) / c->step_time_s * (double)a->model.seq_len;
+        json_object_set_new(o, "tokens_per_s", json_real(tokens_per_s));
+        json_object_set_new(o, "tokens_per_s_per_gpu", json_real(tokens_per_s / a->gpus));
         json_object_set_new(o, "tflops_per_gpu", json_real(tflops));
         json_object_set_new(o, "mfu",
                             json_real(tflops * 1e12 / zp_hw_peak_flops(&a->hw, p->precision)));
@@ -320,12 +357,13 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
         "{s:s, s:I, s:I, s:s, s:s, s:i, s:f, s:s, s:s, s:{s:i, s:i, s:i, s:i, s:i}}", "model",
         a->model.name, "params", (json_int_t)zp_model_param_count(&a->model), "seq_len",
         (json_int_t)a->model.seq_len, "cluster", a->hw.name, "gpu", a->hw.gpu, "gpus", a->gpus,
-        "gpu_memory_bytes", a->hw.gpu_memory_bytes, "precision", zp_precision_name(a->precision),
+        "gpu_memory_bytes", a->capacity_bytes, "precision", zp_precision_name(a->precision),
         "optimizer", zp_optimizer_name(a->optimizer), "screened", "plans",
         (int)r->candidates->len, "out_of_memory", (int)r->count[ZP_FATE_OUT_OF_MEMORY],
         "cannot_win", (int)r->count[ZP_FATE_CANNOT_WIN], "simulated",
         (int)r->count[ZP_FATE_SIMULATED], "simulated_out_of_memory",
         (int)r->count[ZP_FATE_SIMULATED_OOM]);
+    json_object_set_new(root, "headroom_bytes", json_real(a->capacity_bytes - a->hw.gpu_memory_bytes));
     json_object_set_new(root, "global_batch",
                         a->global_batch > 0 ? json_integer(a->global_batch) : json_null());
     json_object_set_new(root, "best",
@@ -356,6 +394,7 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
     if (ok && a->json) {
         status = print_json(a, r, sims);
     } else if (ok) {
+        print_verdict(a, r);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -381,7 +420,7 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
                    "GB of model states\nover all GPUs, they alone need at least %.0f GPUs of "
                    "this size (%d given).\n",
                    a->hw.gpu_memory_bytes / GB, states / GB, ceil(states / budget), a->gpus);
-        status = EXIT_NOTHING_FITS;
+        status = CLI_EXIT_DOES_NOT_FIT;
     }
     for (guint i = 0; i < r->ranked->len; i++)
         sim_result_free(sims[i]);
@@ -389,11 +428,40 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
     return status;
 }
 
+/* --headroom: a fraction of the GPU's memory below 1 ("0.1"), GB without a suffix ("8"), or
+ * bytes with one ("8GB", "8GiB"); the plans must fit in what is left. */
+static gboolean headroom(const char *text, PlanArgs *a, GError **error)
+{
+    a->capacity_bytes = a->hw.gpu_memory_bytes;
+    if (!text)
+        return TRUE;
+    double value, bytes;
+    char *end = NULL;
+    const double plain = g_ascii_strtod(text, &end);
+    if (end != text && *end == '\0' && plain >= 0 && plain < 1) {
+        bytes = plain * a->capacity_bytes;
+    } else if (end != text && *end == '\0') {
+        if (!zp_parse_number(text, "--headroom", 0, 1e5, FALSE, &value, error))
+            return FALSE;
+        bytes = value * GB;
+    } else if (!zp_parse_size(text, "--headroom", ZP_SIZE_BYTES, 0, 1e14, FALSE, &bytes, error)) {
+        return FALSE;
+    }
+    if (bytes >= a->capacity_bytes - a->hw.runtime_reserve_bytes) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--headroom: '%s' (%.1f GB) leaves nothing "
+                    "of the %.1f GB GPU beyond its %.1f GB reserve", text, bytes / GB,
+                    a->capacity_bytes / GB, a->hw.runtime_reserve_bytes / GB);
+        return FALSE;
+    }
+    a->hw.gpu_memory_bytes -= bytes;
+    return TRUE;
+}
+
 static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
                            const char *gpus, const char *global_batch, const char *seq,
                            const char *top, const char *mp, const char *precision,
                            const char *optimizer, const char *attention, const char *reduce,
-                           GError **error)
+                           const char *room, GError **error)
 {
     gboolean have_hw = FALSE;
     int batch = 0;
@@ -412,7 +480,8 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
           cli_int(mp, "--mp", 1, 65536, 0, &a->mp, error) &&
           (a->mp == 0 || cli_check_mp(a->mp, a->gpus, &a->model, error)) &&
           cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error) &&
-          cli_attention_reduce(attention, reduce, &a->hw, a->precision, &a->kernels, error)))
+          cli_attention_reduce(attention, reduce, &a->hw, a->precision, &a->kernels, error) &&
+          headroom(room, a, error)))
         return FALSE;
     a->global_batch = batch;
     a->seq = (int)a->model.seq_len;
@@ -427,16 +496,17 @@ int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL;
+    char *reduce = NULL, *room = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (required)", "C"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"headroom", 0, 0, G_OPTION_ARG_STRING, &room, "Memory to leave free on each GPU: GB (8), bytes with a suffix (8GB, 8GiB) or a fraction below 1 (0.1)", "GB"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Only this tensor-parallel degree (default: all that fit a node)", "M"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
@@ -451,12 +521,13 @@ int cli_plan(int argc, char **argv)
         "Searches ZeRO stage 0-3, micro-batch, gradient accumulation, activation checkpointing,\n"
         "tensor-parallel degree, overlap_comm and bucket sizes; drops what cannot fit (closed\n"
         "form) or cannot win (a lower bound on the step), ranks the rest by simulating one step,\n"
-        "and shows why the best plan of every other stage lost. Exit status 2: nothing fits.");
+        "and shows why the best plan of every other stage lost. Opens with whether plan 1 fits\n"
+        "and its headroom; tokens/s = samples/s x sequence. Exit status 2: nothing fits.");
     GError *error = NULL;
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
-                    attention, reduce, &error) ||
+                    attention, reduce, room, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
     } else {
@@ -471,13 +542,17 @@ int cli_plan(int argc, char **argv)
         spec.attention = a.kernels.attention;
         spec.reduce_dtype = a.kernels.reduce_dtype;
         ZpSearchResult result;
-        status = zp_search_run(&spec, &result, &error) ? report(&a, &result)
-                                                       : cli_fail("plan", error);
+        CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
+        spec.progress = cli_progress_update;
+        spec.progress_ctx = progress;
+        const gboolean searched = zp_search_run(&spec, &result, &error);
+        cli_progress_free(progress);
+        status = searched ? report(&a, &result) : cli_fail("plan", error);
         zp_search_result_clear(&result);
     }
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
-    g_free(attention), g_free(reduce);
+    g_free(attention), g_free(reduce), g_free(room);
     return status;
 }

@@ -1,6 +1,7 @@
 /* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
  * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
 #include "cli.h"
+#include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
@@ -8,6 +9,7 @@
 #include "zp_sched.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -124,7 +126,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
                               ZpPlan *plan, GError **error)
 {
     if (f->ds_config) {
-        if (!ds_config_plan(f, model, hw, plan, error))
+        if (!ds_config_plan(f, model, hw, plan, error) ||
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
@@ -270,23 +273,74 @@ static void print_breakdown(const Report *p)
 static void print_memory(const Report *p)
 {
     const SimResult *r = p->r;
-    printf("\n  peak memory per rank           %10.3f GB (of %.1f GB), live at the peak:\n",
-           r->peak_memory_bytes / GB, p->hw->gpu_memory_bytes / GB);
+    char *capacity = cli_capacity(p->hw->gpu_memory_bytes);
+    printf("\n  peak memory per rank           %10.3f GB (of %s), live at the peak:\n",
+           r->peak_memory_bytes / GB, capacity);
+    g_free(capacity);
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
     printf("  (model states peak at %.3f GB; the CUDA context and allocator reserve of %.1f GB "
            "come on top)\n",
            r->peak_model_state_bytes / GB, p->hw->runtime_reserve_bytes / GB);
-    if (bytes_over(p) > 0)
-        printf("  does not fit: %.3f GB over the GPU's memory with the reserve\n",
-               bytes_over(p) / GB);
+}
+
+/* A count as DeepSpeed's configs write it: "5e7", "2.3e8". */
+static char *elems_text(double count)
+{
+    if (count < 1)
+        return g_strdup_printf("%g", count);
+    const int exponent = (int)floor(log10(count));
+    return g_strdup_printf("%.2ge%d", count / pow(10, exponent), exponent);
+}
+
+/* Why a step that is mostly exposed communication is so, in one line: the first diagnosis
+ * whose condition holds. */
+static void print_exposed_reason(const Report *p)
+{
+    const SimResult *r = p->r;
+    const ZpPlan *plan = p->plan;
+    if (r->exposed_comm_s <= 0.5 * r->step_time_s)
+        return;
+    const double block_elems = p->sched->n_units > 2 ? (double)p->sched->unit_elems[1] : 0;
+    char *why;
+    if (plan->zero.stage == 3 && plan->zero.stage3_prefetch_bucket_size < block_elems) {
+        char *prefetch = elems_text(plan->zero.stage3_prefetch_bucket_size);
+        char *block = elems_text(block_elems);
+        why = g_strdup_printf("stage-3 gathers are not prefetched: stage3_prefetch_bucket_size "
+                              "%s is smaller than one block (%s elements)", prefetch, block);
+        g_free(prefetch);
+        g_free(block);
+    } else if (!plan->zero.overlap_comm && plan->dp > 1)
+        why = g_strdup("overlap_comm is off: the gradient reduction waits for the backward "
+                       "pass instead of running beside it");
+    else if (r->stream_busy_s[ZP_STREAM_TP] > r->stream_busy_s[ZP_STREAM_DP])
+        why = g_strdup_printf("the tensor-parallel all-reduces (%.3f s) sit between compute "
+                              "ops and cannot be hidden: use a smaller --mp",
+                              r->stream_busy_s[ZP_STREAM_TP]);
+    else
+        why = g_strdup_printf("the data-parallel collectives (%.3f s) take longer than the "
+                              "compute they could hide behind (%.3f s): a larger micro-batch or "
+                              "more accumulation amortises them",
+                              r->stream_busy_s[ZP_STREAM_DP], r->stream_busy_s[ZP_STREAM_COMPUTE]);
+    printf("Mostly exposed communication (%.0f%% of the step): %s.\n",
+           100 * r->exposed_comm_s / r->step_time_s, why);
+    g_free(why);
 }
 
 static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
     const ZpPlan *plan = p->plan;
+    char *detail = g_strdup_printf("simulated peak + %.1f GB reserve",
+                                   p->hw->runtime_reserve_bytes / GB);
+    char *verdict = cli_verdict("the step", detail,
+                                r->peak_memory_bytes + p->hw->runtime_reserve_bytes,
+                                p->hw->gpu_memory_bytes);
+    printf("%s\n", verdict);
+    g_free(verdict);
+    g_free(detail);
+    print_exposed_reason(p);
     printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
            "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
            p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage, plan->dp,
@@ -339,15 +393,25 @@ static int simulate(const SimulateFlags *f)
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
     if (!sched)
         return cli_fail("simulate", error);
+    char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",
+                                 f->explicit_ranks ? sched->world : 1, sched->ops->len);
+    CliProgress *progress = cli_progress_new(what);
+    g_free(what);
     const SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .record_timeline = f->trace != NULL || f->json,
+        .progress = cli_progress_update,
+        .progress_ctx = progress,
     };
     SimResult *result = sim_engine_run(sched, &hw, &options, &error);
+    cli_progress_free(progress);
     gboolean ok = result != NULL;
-    if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
-        g_prefix_error(&error, "--trace: ");
-        ok = FALSE;
+    if (ok && f->trace) {
+        progress = cli_progress_new("zplan simulate: writing the trace");
+        ok = sim_trace_write(sched, result, f->trace, cli_progress_update, progress, &error);
+        cli_progress_free(progress);
+        if (!ok)
+            g_prefix_error(&error, "--trace: ");
     }
     int status = 0;
     if (!ok) {
@@ -358,6 +422,8 @@ static int simulate(const SimulateFlags *f)
             status = print_json(&report);
         else
             print_human(&report);
+        if (status == 0 && bytes_over(&report) > 0)
+            status = CLI_EXIT_DOES_NOT_FIT;
     }
     sim_result_free(result);
     zp_sched_free(sched);
@@ -386,8 +452,8 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus, --mp)", "FILE"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &f->seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
+        CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -438,8 +504,9 @@ int cli_simulate(int argc, char **argv)
         "Builds the schedule of one optimizer step for a ZeRO plan and times it with a\n"
         "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
-        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.\n"
-        "--cluster is required.",
+        "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory,\n"
+        "after a first line saying whether the step fits in the GPU's memory.\n"
+        "--cluster is required. Exit status 2: the step does not fit.",
         extra, &f, simulate);
 }
 

@@ -1,5 +1,6 @@
 /* zreal: trains the GPT of a plan's schedule on MPI ranks (one process per rank, launched by
  * `mpirun -np N build/zreal ...`) and writes what it measured beside what was planned. */
+#include "cli.h"
 #include "real_comm.h"
 #include "real_cpu.h"
 #include "real_engine.h"
@@ -32,7 +33,7 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 #define SLOW_STEP_FACTOR 10.0
 
 typedef struct {
-    char *model, *schedule, *out, *backend, *attention;
+    char *model, *schedule, *out, *backend, *attention, *seq;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
@@ -69,7 +70,7 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     if (a->schedule)
         return zp_sched_read_json(a->schedule, error);
     ZpModel model;
-    if (!zp_model_load(a->model, &model, error))
+    if (!zp_model_load(a->model, &model, error) || !cli_seq(a->seq, &model, error))
         return NULL;
     model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
@@ -241,6 +242,9 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
     double *step_s = g_new0(double, a->steps);
     double timed_s = 0;
+    /* Tokens the whole world trains on per step (an emulated rank stands for its world). */
+    const double tokens_per_step = (double)s->plan.dp * s->plan.micro_batch *
+                                   s->plan.grad_accum * (double)s->model.seq_len;
     if (ok)
         real_alloc_reset_peaks(be->tracker);
     for (int step = 0; ok && step < a->steps; step++) {
@@ -256,7 +260,8 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
             real_engine_reset_timings(engine);
         local[step] = loss[step];
         if (ok && (a->emulate || comm->rank == 0))
-            fprintf(stderr, "step %3d  loss %.4f\n", step, loss[step]);
+            fprintf(stderr, "step %3d  loss %.4f  %.3f s  %.0f tokens/s\n", step, loss[step],
+                    step_s[step], tokens_per_step / step_s[step]);
     }
     const gboolean writer = a->emulate || comm->rank == 0;
     json_t *slow = ok ? slow_steps(step_s, a->steps, writer) : NULL;
@@ -343,6 +348,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
@@ -375,6 +381,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
     if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
+    if (ok && a->seq && (!a->model || a->microbench))
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--seq needs --model (a --schedule "
+                          "has its own sequence length)"), FALSE);
     if (ok && !a->backend)
         a->backend = g_strdup("cpu");
     if (ok && strcmp(a->backend, "cpu") != 0 && strcmp(a->backend, "cuda") != 0)
@@ -426,7 +435,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
-    g_free(a->attention);
+    g_free(a->attention), g_free(a->seq);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }

@@ -140,6 +140,26 @@ static gboolean check_ops(json_t *o, const char *what, GError **error)
     return TRUE;
 }
 
+/* zreal --out says what it is ("format"); simulate --json does not. */
+static gboolean is_measured(json_t *obj)
+{
+    json_t *format = json_object_get(obj, "format");
+    return json_is_string(format) && strcmp(json_string_value(format), "zplan-measured-1") == 0;
+}
+
+/* The two files given the wrong way round are named as such, not as a missing key. */
+static gboolean not_swapped(json_t *pred, json_t *meas, const char *pred_path,
+                            const char *meas_path, GError **error)
+{
+    if (!is_measured(pred) || is_measured(meas))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "the two files are swapped: %s is zreal's measurement and %s is not; give the "
+                "prediction first: zplan validate %s %s", pred_path, meas_path, meas_path,
+                pred_path);
+    return FALSE;
+}
+
 /* zplan simulate --json: the figures compared, all present. */
 static gboolean check_predicted(json_t *pred, const char *path, GError **error)
 {
@@ -228,9 +248,29 @@ static double error_of(const Row *r)
     return r->predicted == r->measured ? 0.0 : (r->measured - r->predicted) / r->predicted;
 }
 
+/* The size of a row's miss for sorting: |error|, a prediction of 0 that missed above all, and
+ * rows without both figures below the exact ones. */
+static double miss_of(const Row *r)
+{
+    if (isnan(r->predicted) || isnan(r->measured))
+        return -1;
+    if (r->predicted == 0 && r->measured != 0)
+        return INFINITY;
+    return fabs(error_of(r));
+}
+
+/* Largest miss first; equal misses keep the order they were collected in (step time, memory,
+ * bytes, op times). */
+static gint by_miss(gconstpointer a, gconstpointer b)
+{
+    const double x = miss_of(a), y = miss_of(b);
+    return (x < y) - (x > y);
+}
+
 static void print_rows(const GArray *rows, const char *pred_path, const char *meas_path)
 {
-    printf("Predicted (%s) against measured (%s); error = (measured - predicted) / predicted.\n"
+    printf("Predicted (%s) against measured (%s); error = (measured - predicted) / predicted,\n"
+           "largest miss first.\n"
            "Memory is each category's own peak on the rank where it is highest; op times are\n"
            "seconds per step, summed over the step's ops of that type.\n\n",
            pred_path, meas_path);
@@ -289,12 +329,14 @@ int cli_validate(int argc, char **argv)
     }
     ok = ok && (pred = zp_json_load_object(argv[1], &error)) &&
          (meas = zp_json_load_object(argv[2], &error)) &&
+         not_swapped(pred, meas, argv[1], argv[2], &error) &&
          same_plan(pred, meas, argv[1], argv[2], &error) &&
          check_predicted(pred, argv[1], &error) && check_measured(meas, argv[2], &error);
     int status = 0;
     if (ok) {
         GArray *rows = g_array_new(FALSE, FALSE, sizeof(Row));
         collect_rows(pred, meas, rows);
+        g_array_sort(rows, by_miss); /* GLib's sort is stable */
         if (json) {
             json_t *out = rows_json(rows);
             ok = zp_json_write(out, NULL, &error);

@@ -24,7 +24,7 @@ int cli_maxmodel(int argc, char **argv)
     gboolean json = FALSE;
     GOptionEntry entries[] = {
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (its GPU memory)", "C"},
-        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory in bytes instead of a cluster", "BYTES"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory instead of a cluster (32e9, 80GB, 80GiB)", "BYTES"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus_flag, "Total GPU count (required)", "N"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp_flag, "Tensor (model) parallel degree; DP = N / M", "M"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision_flag, "fp16 (default), bf16 or fp32", "P"},

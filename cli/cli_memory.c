@@ -98,6 +98,56 @@ static int print_json(const MemoryArgs *a)
     return ok ? 0 : cli_fail("memory", error);
 }
 
+/* Bytes per GPU at a stage: model states + residual (the reserve included). */
+static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    ZpPlan plan;
+    plan_for(a, stage, gpus, &plan);
+    const ZpResidual r = zp_mem_residual(&a->model, &plan, &a->hw);
+    const double params = (double)zp_model_param_count(&a->model);
+    return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes + r.total_bytes;
+}
+
+/* The stage that needs the least memory at the last GPU count (the one the residual table
+ * is for), and whether it fits in --cluster's GPU. */
+static int least_stage(const MemoryArgs *a, double *need_bytes)
+{
+    const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
+    int best = 0;
+    for (int stage = 0; stage <= 3; stage++) {
+        const double need = stage_need_bytes(a, stage, gpus);
+        if (stage == 0 || need < *need_bytes)
+            best = stage, *need_bytes = need;
+    }
+    return best;
+}
+
+static void print_verdict(const MemoryArgs *a)
+{
+    double need = 0;
+    const int stage = least_stage(a, &need);
+    const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
+    char *what = g_strdup_printf("stage %d on %d GPUs", stage, gpus);
+    char *detail = g_strdup_printf("model states + residual at micro-batch %d, sequence %"
+                                   G_GINT64_FORMAT ", %s", a->micro_batch, a->model.seq_len,
+                                   a->checkpoint ? "checkpointing" : "no checkpointing");
+    char *verdict = cli_verdict(what, detail, need, a->hw.gpu_memory_bytes);
+    printf("%s\n", verdict);
+    g_free(verdict), g_free(detail), g_free(what);
+    /* What does not fit for its activations may fit with checkpointing: say so. */
+    MemoryArgs with = *a;
+    with.checkpoint = TRUE;
+    double with_need = 0;
+    const int with_stage = need > a->hw.gpu_memory_bytes && !a->checkpoint &&
+                                   zp_model_has_architecture(&a->model)
+                               ? least_stage(&with, &with_need)
+                               : -1;
+    if (with_stage >= 0 && with_need <= a->hw.gpu_memory_bytes)
+        printf("With --checkpoint it fits: stage %d needs %.1f GB per GPU, %.1f GB headroom.\n",
+               with_stage, with_need / GB, (a->hw.gpu_memory_bytes - with_need) / GB);
+}
+
 static void print_residual(const MemoryArgs *a, int gpus, double params)
 {
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
@@ -152,8 +202,9 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
             g_snprintf(cell, sizeof cell, "+%.1f", over / GB);
         printf(" %9s", cell);
     }
-    printf("\n  (%s: %.1f GB per GPU; \"+X\" is how far over)\n", a->hw.name,
-           a->hw.gpu_memory_bytes / GB);
+    char *capacity = cli_capacity(a->hw.gpu_memory_bytes);
+    printf("\n  (%s: %s per GPU; \"+X\" is how many GB over)\n", a->hw.name, capacity);
+    g_free(capacity);
 }
 
 static void print_table(const MemoryArgs *a)
@@ -161,6 +212,8 @@ static void print_table(const MemoryArgs *a)
     const uint64_t count = zp_model_param_count(&a->model);
     const double params = (double)count;
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    if (a->have_hw)
+        print_verdict(a);
     char *pretty = cli_thousands(count);
     printf("Model-state memory per GPU for %s (%s parameters), %s + %s: %g + %g + %g bytes "
            "per parameter, MP %d.\nGB = 1e9 bytes, as in the ZeRO paper's Table 1.\n\n",
@@ -191,7 +244,7 @@ int cli_memory(int argc, char **argv)
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
-        {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model", "P"},
+        {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model (7B, 1.5e9, 1T)", "P"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU counts, comma-separated (required)", "N[,N...]"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor (model) parallel degree (default 1)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
@@ -199,7 +252,7 @@ int cli_memory(int argc, char **argv)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"seq", 0, 0, G_OPTION_ARG_STRING, &seq, "Sequence length (default: the model's; max_position_embeddings for a Hugging Face config)", "S"},
+        CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
@@ -209,7 +262,9 @@ int cli_memory(int argc, char **argv)
     g_option_context_add_main_entries(context, entries, NULL);
     g_option_context_set_summary(context,
         "Prints the ZeRO paper's Table 1 layout: bytes per GPU of parameters, gradients and\n"
-        "optimizer states for ZeRO stages 0-3, one row per GPU count (GB = 1e9 bytes).");
+        "optimizer states for ZeRO stages 0-3, one row per GPU count (GB = 1e9 bytes).\n"
+        "With --cluster it opens with whether the least hungry stage fits at the last GPU\n"
+        "count, and exits with status 2 when none does.");
     GError *error = NULL;
     gboolean have_hw = FALSE;
     gboolean ok = cli_parse(context, &argc, &argv, &error) &&
@@ -232,6 +287,9 @@ int cli_memory(int argc, char **argv)
         ok = cli_check_mp(a.mp, g_array_index(a.gpus, int64_t, i), &a.model, &error);
     a.have_hw = have_hw;
     int status = ok ? (a.json ? print_json(&a) : (print_table(&a), 0)) : cli_fail("memory", error);
+    double need = 0;
+    if (ok && status == 0 && have_hw && (least_stage(&a, &need), need > a.hw.gpu_memory_bytes))
+        status = CLI_EXIT_DOES_NOT_FIT;
     if (a.gpus)
         g_array_unref(a.gpus);
     g_option_context_free(context);

@@ -15,6 +15,10 @@
 #define CLI_MAX_PARAMS 1e15 /* a thousand trillion parameters */
 #define CLI_MAX_GPUS 1048576.0
 
+/* Exit status of a command that worked and found that the plan does not fit in the GPU's
+ * memory (plan, simulate, memory): distinct from bad input (1). */
+#define CLI_EXIT_DOES_NOT_FIT 2
+
 typedef int (*CliCommand)(int argc, char **argv);
 
 int cli_memory(int argc, char **argv);
@@ -58,8 +62,15 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
                               GError **error);
 
 /* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
- * sets model->seq_len and checks it against a learned position table. */
+ * sets model->seq_len and checks it against a learned position table; refused for a model
+ * known only by its parameter count. */
 gboolean cli_seq(const char *text, ZpModel *model, GError **error);
+
+/* The --seq entry every command that takes a model shares; target is a char **. */
+#define CLI_SEQ_ENTRY(target)                                                                  \
+    {"seq", 0, 0, G_OPTION_ARG_STRING, (target),                                              \
+     "Sequence length (default: the model's; max_position_embeddings for a Hugging Face "      \
+     "config)", "S"}
 
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
@@ -82,6 +93,14 @@ void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel 
 
 /* Model TFLOP/s per GPU of a simulated plan (recomputation not counted). */
 double cli_plan_tflops(const ZpModel *model, const ZpCandidate *candidate);
+
+/* A GPU's capacity as quoted: "80 GiB (85.9 GB)" (GB = 1e9 bytes). Newly allocated. */
+char *cli_capacity(double bytes);
+
+/* The verdict that opens a report: "Fits: WHAT needs 52.1 GB per GPU (DETAIL) of 80 GiB
+ * (85.9 GB), 33.8 GB headroom." or "Does not fit: ... 215.3 GB short." Newly allocated. */
+char *cli_verdict(const char *what, const char *detail, double needed_bytes,
+                  double capacity_bytes);
 
 /* "1,557,611,200" for the human tables. Returns a newly allocated string. */
 char *cli_thousands(uint64_t value);
