@@ -94,7 +94,7 @@ typedef struct {
     size_t ready_head, ready_len, ready_cap;
 
     double mem_tolerance_bytes;
-    uint64_t op_events, heap_events;
+    uint64_t op_events, heap_events, state_bytes;
     GError *error;
 } Sim;
 
@@ -341,6 +341,11 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
+    sim->state_bytes = per_op * (sizeof *sim->pending + (timeline ? 2 * sizeof(double) : 0)) +
+                       (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
+                                                            sizeof *sim->stream_busy) +
+                                             SIM_LINK_N * sizeof *sim->link_load +
+                                             sizeof *sim->rank);
     const ZpSchedule *s = sim->sched;
     for (uint32_t i = 0; i < sim->n_ops; i++)
         sim->pending[i] = sim->ops[i].n_deps;
@@ -685,6 +690,7 @@ static void fill_result(const Sim *sim, SimResult *result)
            sizeof result->category_peak_bytes);
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
+    result->state_bytes = sim->state_bytes;
 }
 
 static void sim_clear(Sim *sim)

@@ -48,6 +48,7 @@ typedef struct {
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
+    uint64_t state_bytes; /* per-rank state the run allocated (timeline included) */
 
     /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
      * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's

@@ -376,6 +376,128 @@ static void test_explicit_equals_folded(void)
     }
 }
 
+/* ---- results frozen before the memory-layout change (issue 19) ---- */
+
+/* Plans of several models, profiles and degrees; every one is simulated folded and explicit
+ * with a timeline, and each figure must equal, bit for bit, what the engine gave before its
+ * state was laid out op-major (the figures below were printed with %a by that engine). */
+typedef struct {
+    const char *model, *hw;
+    int stage, dp, mp, accum;
+    gboolean checkpoint, overlap;
+} FrozenPlan;
+
+static const FrozenPlan frozen_plans[] = {
+    {"gpt2-124m", "dgx-a100-80g", 0, 16, 2, 1, FALSE, FALSE},
+    {"gpt2-124m", "dgx-a100-80g", 1, 16, 2, 2, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 2, 8, 4, 1, TRUE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 16, 2, 2, TRUE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 2, 4, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 2, 4, 2, 2, FALSE, FALSE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 64, 1, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 32, 4, 2, TRUE, FALSE},
+    {"gpt2-124m", "dgx2-v100", 3, 48, 2, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-h100", 1, 24, 4, 3, TRUE, TRUE},
+    {"gpt2-124m", "h100-measured", 3, 16, 1, 1, TRUE, TRUE},
+    {"gpt2-124m", "h100-measured", 2, 8, 1, 2, FALSE, TRUE},
+    {"gpt-1t", "dgx-a100-80g", 3, 1024, 1, 1, TRUE, TRUE},
+    {"gpt-1t", "dgx-a100-80g", 3, 128, 8, 1, TRUE, TRUE},
+    {"gpt-13b", "dgx-a100-80g", 3, 96, 2, 2, TRUE, TRUE},
+};
+
+/* step, exposed comm, compute, optimizer, idle, peak memory, peak model states, and the
+ * compute, dp and tp streams' busy time; the report rank; op and queue events; FNV-1a of
+ * every op's start and end time on every simulated rank. */
+static const struct {
+    size_t plan;
+    SimMode mode;
+    double seconds_bytes[10];
+    int report_rank;
+    uint64_t op_events, heap_events, timeline_hash;
+} frozen[] = {
+    {0, 0, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 114u, 80u, 0x1563040bac2e672eu},
+    {0, 1, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 3648u, 1672u, 0x587254c50fe23143u},
+    {1, 0, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 227u, 159u, 0xa015f108dd42eac2u},
+    {1, 1, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 7264u, 3312u, 0xeea959d0e9942e83u},
+    {2, 0, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 174u, 116u, 0x3783a9aaa4527f63u},
+    {2, 1, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 5568u, 1872u, 0x8c3dbfed01d70003u},
+    {3, 0, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 504u, 284u, 0xf6c0bed9fb068fb5u},
+    {3, 1, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 16128u, 4954u, 0x686876cadc336503u},
+    {4, 0, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 187u, 153u, 0xb80b1791c62bae06u},
+    {4, 1, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 1496u, 516u, 0x180ee6f687aab153u},
+    {5, 0, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 239u, 199u, 0x519e3613e9316c35u},
+    {5, 1, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 1912u, 920u, 0x6b2cceae07eb4a83u},
+    {6, 0, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 154u, 62u, 0x147692d2b27ec7d1u},
+    {6, 1, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 9856u, 1826u, 0x394c3a370ec94583u},
+    {7, 0, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 492u, 280u, 0x7900e030e80fb4f7u},
+    {7, 1, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 62976u, 14948u, 0x1d947941671fbf83u},
+    {8, 0, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 193u, 107u, 0x4849946f9b30fd79u},
+    {8, 1, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 18528u, 5054u, 0x7ba22ccf47263883u},
+    {9, 0, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 496u, 338u, 0xf197bf39a7542deeu},
+    {9, 1, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 47616u, 16528u, 0xf7c30a40d9272243u},
+    {10, 0, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 190u, 74u, 0x716e6449d469fad6u},
+    {10, 1, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 3040u, 674u, 0x4af7dbe58dd4d2a3u},
+    {11, 0, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 170u, 76u, 0x4280c5c8f6fd0873u},
+    {11, 1, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 1360u, 461u, 0x532a9e44eed9be53u},
+    {12, 0, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2067u, 777u, 0x10bdfcdf97970543u},
+    {12, 1, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2116608u, 397701u, 0xf0aca9932bc2a383u},
+    {13, 0, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2835u, 1545u, 0x158c633cb3dba616u},
+    {13, 1, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2903040u, 498728u, 0xef158d862dd18383u},
+    {14, 0, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 1628u, 920u, 0x388edb62d7963e36u},
+    {14, 1, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 312576u, 93890u, 0xb149d34d89172783u},
+};
+
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
+{
+    const unsigned char *c = data;
+    for (size_t i = 0; i < bytes; i++)
+        hash = (hash ^ c[i]) * 1099511628211u;
+    return hash;
+}
+
+static void test_frozen_results(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(frozen); i++) {
+        const FrozenPlan *c = &frozen_plans[frozen[i].plan];
+        ZpModel model;
+        ZpHw hw;
+        ZpPlan p;
+        GError *error = NULL;
+        g_assert_true(zp_model_load(c->model, &model, &error));
+        g_assert_true(zp_hw_load(c->hw, &hw, &error));
+        zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+        p.grad_accum = c->accum;
+        p.checkpoint = c->checkpoint;
+        p.zero.overlap_comm = c->overlap;
+        if (strcmp(c->model, "gpt2-124m") == 0)
+            p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
+        if (strcmp(c->hw, "dgx2-v100") == 0)
+            p.precision = ZP_PREC_FP16;
+        ZpSchedule *s = zp_sched_build(&model, &p, &error);
+        g_assert_no_error(error);
+        const SimOptions options = {.mode = frozen[i].mode, .record_timeline = TRUE};
+        SimResult *r = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        const double got[10] = {r->step_time_s, r->exposed_comm_s, r->compute_s,
+                                r->optimizer_s, r->idle_s, r->peak_memory_bytes,
+                                r->peak_model_state_bytes, r->stream_busy_s[ZP_STREAM_COMPUTE],
+                                r->stream_busy_s[ZP_STREAM_DP], r->stream_busy_s[ZP_STREAM_TP]};
+        g_test_message("case %zu (%s, %s): step %a s", i, c->model, sim_mode_name(frozen[i].mode),
+                       r->step_time_s);
+        for (int k = 0; k < 10; k++)
+            g_assert_cmpfloat(got[k], ==, frozen[i].seconds_bytes[k]);
+        g_assert_cmpint(r->report_rank, ==, frozen[i].report_rank);
+        g_assert_cmpuint(r->op_events, ==, frozen[i].op_events);
+        g_assert_cmpuint(r->heap_events, ==, frozen[i].heap_events);
+        const size_t n = (size_t)r->ranks_simulated * r->n_ops;
+        const uint64_t hash = fnv1a(fnv1a(1469598103934665603u, r->op_start_s, n * sizeof(double)),
+                                    r->op_end_s, n * sizeof(double));
+        g_assert_cmpuint(hash, ==, frozen[i].timeline_hash);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
 /* ---- the command line ---- */
 
 static double number(json_t *o, const char *key)
@@ -556,6 +678,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
     g_test_add_func("/sim/plan/faster-network-never-slower", test_faster_network_never_slower);
     g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
+    g_test_add_func("/sim/plan/frozen-results", test_frozen_results);
     g_test_add_func("/sim/cli/json", test_cli_json);
     g_test_add_func("/sim/cli/human", test_cli_human);
     g_test_add_func("/sim/cli/trace", test_trace);
