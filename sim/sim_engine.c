@@ -15,28 +15,49 @@ typedef struct {
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
+    uint32_t pending_row;        /* its row of pending counts (NO_ROW without dependencies) */
+    uint8_t wide;                /* the row is in pending_wide (over 255 dependencies) */
     double duration_s;           /* compute ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
     double bytes;                /* alloc and free */
 } SimOp;
 
-typedef enum { EVENT_OP_DONE, EVENT_FLOW_DONE } EventKind;
+#define NO_ROW UINT32_MAX
 
+/* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
+ * slot, detail its version when queued) from an op's (id the rank, detail the op). */
 typedef struct {
-    double time_s;
-    uint64_t seq;    /* ties at one time run in the order they were queued */
-    uint32_t id;     /* rank (op done) or flow slot (flow done) */
-    uint32_t detail; /* op index (op done) or the flow's version when queued (flow done) */
-    EventKind kind;
+    uint32_t id, detail;
 } Event;
 
-/* A binary min-heap over a flat array (GLib has none). */
+#define EVENT_FLOW 0x80000000u
+
+/* Events of one time in the order they were queued. */
 typedef struct {
+    double time_s;
+    uint64_t seq; /* among buckets of one time, the order they were made in */
     Event *items;
-    size_t len, cap;
+    uint32_t head, len, cap;
+} Bucket;
+
+/* The event queue, in (time, queue order) like one binary heap of events, but with the events
+ * in FIFO buckets and only the buckets in the heap: ranks in lockstep queue thousands of
+ * events at one time, and each goes to the bucket the last event went to, in O(1), when its
+ * time is that bucket's. Any other bucket of that time was made earlier and was never pushed
+ * to since, so it holds only earlier events: buckets taken by (time, seq) and each in order
+ * give exactly the order of the one heap. */
+typedef struct {
+    Bucket *buckets;
+    uint32_t n_buckets, cap_buckets;
+    uint32_t *spare; /* buckets not in use (their items kept for reuse) */
+    uint32_t n_spare;
+    uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
+    uint32_t heap_len;
+    uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     uint64_t next_seq;
-} Heap;
+    size_t len; /* events queued */
+} Queue;
 
 /* One collective in flight on one group (a group has at most one per stream: its members
  * reach a stream's collectives in the same order and none passes one before it ends). */
@@ -76,7 +97,12 @@ typedef struct {
     uint32_t stream_len[ZP_STREAM_N];
 
     uint32_t ranks, sim_dp, sim_mp;
-    uint32_t *pending;     /* [rank * n_ops + op]: dependencies not yet done */
+    /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
+     * through the same ops, count down adjacent bytes: [row * ranks + rank] with the op's
+     * pending_row; one byte each, four for the few ops with more than 255 dependencies. */
+    uint8_t *pending;
+    uint32_t *pending_wide;
+    uint32_t n_rows, n_wide_rows;
     uint32_t *stream_head; /* [rank * ZP_STREAM_N + stream]: next op of the stream */
     uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
@@ -89,7 +115,7 @@ typedef struct {
     uint32_t *affected;
     uint32_t n_affected, affected_cap;
 
-    Heap heap;
+    Queue queue;
     ReadyOp *ready; /* zero-time ops waiting to run, FIFO */
     size_t ready_head, ready_len, ready_cap;
 
@@ -107,48 +133,101 @@ const char *sim_mode_name(SimMode mode)
 
 /* ---- the event queue ---- */
 
-static gboolean event_before(const Event *a, const Event *b)
+static gboolean bucket_before(const Queue *q, uint32_t a, uint32_t b)
 {
-    return a->time_s < b->time_s || (a->time_s == b->time_s && a->seq < b->seq);
+    const Bucket *x = &q->buckets[a], *y = &q->buckets[b];
+    return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
 }
 
-static void heap_push(Heap *h, double time_s, EventKind kind, uint32_t id, uint32_t detail)
+static void queue_sift_down(Queue *q, size_t i)
 {
-    if (h->len == h->cap) {
-        h->cap = h->cap ? 2 * h->cap : 1024;
-        h->items = g_renew(Event, h->items, h->cap);
-    }
-    Event e = {.time_s = time_s, .seq = h->next_seq++, .id = id, .detail = detail, .kind = kind};
-    size_t i = h->len++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!event_before(&e, &h->items[parent]))
-            break;
-        h->items[i] = h->items[parent];
-        i = parent;
-    }
-    h->items[i] = e;
-}
-
-static Event heap_pop(Heap *h)
-{
-    const Event top = h->items[0];
-    const Event last = h->items[--h->len];
-    size_t i = 0;
+    const uint32_t moving = q->heap[i];
     for (;;) {
         size_t child = 2 * i + 1;
-        if (child >= h->len)
+        if (child >= q->heap_len)
             break;
-        if (child + 1 < h->len && event_before(&h->items[child + 1], &h->items[child]))
+        if (child + 1 < q->heap_len && bucket_before(q, q->heap[child + 1], q->heap[child]))
             child++;
-        if (!event_before(&h->items[child], &last))
+        if (!bucket_before(q, q->heap[child], moving))
             break;
-        h->items[i] = h->items[child];
+        q->heap[i] = q->heap[child];
         i = child;
     }
-    if (h->len > 0)
-        h->items[i] = last;
-    return top;
+    q->heap[i] = moving;
+}
+
+/* A bucket for time_s, newest of its time, in the heap. */
+static uint32_t queue_new_bucket(Queue *q, double time_s)
+{
+    uint32_t b;
+    if (q->n_spare > 0) {
+        b = q->spare[--q->n_spare];
+    } else {
+        if (q->n_buckets == q->cap_buckets) {
+            q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
+            q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
+            q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
+            q->heap = g_renew(uint32_t, q->heap, q->cap_buckets);
+        }
+        b = q->n_buckets++;
+        q->buckets[b] = (Bucket){0};
+    }
+    Bucket *bucket = &q->buckets[b];
+    bucket->time_s = time_s;
+    bucket->seq = q->next_seq++;
+    bucket->head = bucket->len = 0;
+    size_t i = q->heap_len++;
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (!bucket_before(q, b, q->heap[parent]))
+            break;
+        q->heap[i] = q->heap[parent];
+        i = parent;
+    }
+    q->heap[i] = b;
+    return b;
+}
+
+static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
+{
+    uint32_t b = q->last;
+    if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
+        b = q->last = queue_new_bucket(q, time_s);
+    Bucket *bucket = &q->buckets[b];
+    if (bucket->len == bucket->cap) {
+        bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
+        bucket->items = g_renew(Event, bucket->items, bucket->cap);
+    }
+    bucket->items[bucket->len++] = (Event){id, detail};
+    q->len++;
+}
+
+/* The earliest event; the queue must not be empty. */
+static Event queue_pop(Queue *q, double *time_s)
+{
+    const uint32_t b = q->heap[0];
+    Bucket *bucket = &q->buckets[b];
+    const Event e = bucket->items[bucket->head++];
+    *time_s = bucket->time_s;
+    q->len--;
+    if (bucket->head == bucket->len) {
+        q->heap[0] = q->heap[--q->heap_len];
+        if (q->heap_len > 0)
+            queue_sift_down(q, 0);
+        q->spare[q->n_spare++] = b;
+        if (q->last == b)
+            q->last = UINT32_MAX;
+    }
+    return e;
+}
+
+static void queue_clear(Queue *q)
+{
+    for (uint32_t b = 0; b < q->n_buckets; b++)
+        g_free(q->buckets[b].items);
+    g_free(q->buckets);
+    g_free(q->spare);
+    g_free(q->heap);
 }
 
 /* ---- static facts ---- */
@@ -308,6 +387,11 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
     }
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        o->wide = o->n_deps > UINT8_MAX;
+        o->pending_row = o->n_deps == 0 ? NO_ROW : o->wide ? sim->n_wide_rows++ : sim->n_rows++;
+    }
     for (int c = 0; c < ZP_MEM_N; c++)
         states += s->state_bytes[c];
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
@@ -323,12 +407,13 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->pending = g_try_new(uint32_t, per_op ? per_op : 1);
+    sim->pending = g_try_new(uint8_t, MAX((size_t)sim->n_rows * sim->ranks, 1));
+    sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream_head = g_try_new0(uint32_t, (size_t)sim->ranks * ZP_STREAM_N);
     sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
-    gboolean ok = sim->pending && sim->stream_head && sim->stream_busy && sim->link_load &&
+    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy && sim->link_load &&
                   sim->rank;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
@@ -341,16 +426,24 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
-    sim->state_bytes = per_op * (sizeof *sim->pending + (timeline ? 2 * sizeof(double) : 0)) +
+    sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
+                                             sim->n_wide_rows * sizeof *sim->pending_wide) +
+                       per_op * (timeline ? 2 * sizeof(double) : 0) +
                        (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
                                                             sizeof *sim->stream_busy) +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank);
     const ZpSchedule *s = sim->sched;
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        sim->pending[i] = sim->ops[i].n_deps;
-    for (uint32_t r = 1; r < sim->ranks; r++)
-        memcpy(sim->pending + (size_t)r * sim->n_ops, sim->pending, sim->n_ops * sizeof(uint32_t));
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        const size_t row = (size_t)o->pending_row * sim->ranks;
+        if (o->pending_row == NO_ROW)
+            continue;
+        if (!o->wide)
+            memset(sim->pending + row, (int)o->n_deps, sim->ranks);
+        for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
+            sim->pending_wide[row + r] = o->n_deps;
+    }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         RankState *rs = &sim->rank[r];
         for (int c = 0; c < ZP_MEM_N; c++) {
@@ -388,6 +481,23 @@ static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t
 {
     const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
     return g * ZP_STREAM_N + stream;
+}
+
+static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
+{
+    const SimOp *o = &sim->ops[op];
+    if (o->pending_row == NO_ROW)
+        return 0;
+    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
+    return o->wide ? sim->pending_wide[at] : sim->pending[at];
+}
+
+/* One dependency of `op` done on `rank`; TRUE when it was the last. */
+static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
+{
+    const SimOp *o = &sim->ops[op];
+    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
+    return o->wide ? --sim->pending_wide[at] == 0 : --sim->pending[at] == 0;
 }
 
 static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
@@ -432,7 +542,7 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
     const double end_s = f->transfer_from_s + f->remaining_s / f->share;
     if (end_s != f->end_s) {
         f->end_s = end_s;
-        heap_push(&sim->heap, end_s, EVENT_FLOW_DONE, slot, ++f->version);
+        queue_push(&sim->queue, end_s, EVENT_FLOW | slot, ++f->version);
     }
 }
 
@@ -479,7 +589,7 @@ static void start_flow(Sim *sim, uint32_t slot, double now_s)
     f->remaining_s = op->transfer_s;
     f->share = 1.0;
     f->end_s = f->transfer_from_s + f->remaining_s;
-    heap_push(&sim->heap, f->end_s, EVENT_FLOW_DONE, slot, ++f->version);
+    queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
@@ -500,7 +610,7 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[stream])
         return;
     const uint32_t i = sim->stream_ops[stream][sim->stream_head[rs_index]];
-    if (sim->pending[(size_t)rank * sim->n_ops + i])
+    if (pending_of(sim, i, rank))
         return;
     sim->stream_head[rs_index]++;
     sim->stream_busy[rs_index] = 1;
@@ -516,7 +626,7 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
             rs->compute_s += op->duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        heap_push(&sim->heap, now_s + op->duration_s, EVENT_OP_DONE, rank, i);
+        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
@@ -535,10 +645,9 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     sim->op_events++;
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
-    uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
         const uint32_t next = sim->dependents[d];
-        if (--pending[next] > 0)
+        if (!pending_done(sim, next, rank))
             continue;
         if (op_on_stream(&sim->ops[next]))
             try_stream(sim, rank, sim->ops[next].stream, now_s);
@@ -610,16 +719,18 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
     }
 }
 
-static void handle(Sim *sim, const Event *e)
+static void handle(Sim *sim, const Event *e, double now_s)
 {
-    if (e->kind == EVENT_OP_DONE) {
+    if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
-        account(rs, e->time_s);
+        account(rs, now_s);
         rs->compute_running--;
-        complete(sim, e->id, e->detail, e->time_s);
-    } else if (e->detail == sim->flows[e->id].version && sim->flows[e->id].active) {
-        finish_flow(sim, e->id, e->time_s);
+        complete(sim, e->id, e->detail, now_s);
+        return;
     }
+    const uint32_t slot = e->id & ~EVENT_FLOW;
+    if (e->detail == sim->flows[slot].version && sim->flows[slot].active)
+        finish_flow(sim, slot, now_s);
 }
 
 /* ---- the run ---- */
@@ -628,13 +739,12 @@ static void handle(Sim *sim, const Event *e)
  * alloc or free whose dependencies never finished. Called only when one exists. */
 static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
 {
-    const uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
     uint32_t i = 0;
     for (; i + 1 < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const gboolean ran = op_on_stream(o)
                                  ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
-                                 : pending[i] == 0;
+                                 : pending_of(sim, i, rank) == 0;
         if (!ran)
             break;
     }
@@ -700,6 +810,7 @@ static void sim_clear(Sim *sim)
     for (int s = 0; s < ZP_STREAM_N; s++)
         g_free(sim->stream_ops[s]);
     g_free(sim->pending);
+    g_free(sim->pending_wide);
     g_free(sim->stream_head);
     g_free(sim->stream_busy);
     g_free(sim->link_load);
@@ -708,7 +819,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->op_end_s);
     g_free(sim->flows);
     g_free(sim->affected);
-    g_free(sim->heap.items);
+    queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);
 }
@@ -746,6 +857,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .n_ops = sched->ops->len,
         .sim_dp = explicit_ranks ? (uint32_t)sched->plan.dp : 1,
         .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
+        .queue = {.last = UINT32_MAX},
     };
     sim.ranks = sim.sim_dp * sim.sim_mp;
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
@@ -757,11 +869,12 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok) {
         build_flows(&sim);
         seed(&sim);
-        while (sim.heap.len > 0 && !sim.error) {
-            const Event e = heap_pop(&sim.heap);
+        while (sim.queue.len > 0 && !sim.error) {
+            double now_s;
+            const Event e = queue_pop(&sim.queue, &now_s);
             sim.heap_events++;
-            handle(&sim, &e);
-            drain_ready(&sim, e.time_s);
+            handle(&sim, &e, now_s);
+            drain_ready(&sim, now_s);
         }
         if (sim.error) {
             g_propagate_error(error, sim.error);
