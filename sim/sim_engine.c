@@ -72,11 +72,16 @@ typedef struct {
     double end_s;
 } Flow;
 
+/* A rank's live and peak bytes, apart from its times: memory ops touch only these. */
 typedef struct {
     double live[ZP_MEM_N];
     double live_total, live_states;
     double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
     double category_peak[ZP_MEM_N]; /* each category's own maximum */
+} RankMemory;
+
+/* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
+typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s, exposed_s;
     double mark_s; /* exposed communication is accounted up to here */
@@ -107,6 +112,7 @@ typedef struct {
     uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
+    RankMemory *memory;
     double *op_start_s, *op_end_s;
 
     Flow *flows;
@@ -413,8 +419,9 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
+    sim->memory = g_try_new0(RankMemory, sim->ranks);
     gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy && sim->link_load &&
-                  sim->rank;
+                  sim->rank && sim->memory;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -432,7 +439,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                        (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
                                                             sizeof *sim->stream_busy) +
                                              SIM_LINK_N * sizeof *sim->link_load +
-                                             sizeof *sim->rank);
+                                             sizeof *sim->rank + sizeof *sim->memory);
     const ZpSchedule *s = sim->sched;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
@@ -445,7 +452,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
             sim->pending_wide[row + r] = o->n_deps;
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        RankState *rs = &sim->rank[r];
+        RankMemory *rs = &sim->memory[r];
         for (int c = 0; c < ZP_MEM_N; c++) {
             rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = s->state_bytes[c];
             rs->live_total += s->state_bytes[c];
@@ -663,7 +670,7 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankState *rs = &sim->rank[rank];
+    RankMemory *rs = &sim->memory[rank];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
     rs->live[op->sub] += delta;
     rs->category_peak[op->sub] = MAX(rs->category_peak[op->sub], rs->live[op->sub]);
@@ -762,12 +769,13 @@ static gboolean check_end(Sim *sim, GError **error)
                         rs->ops_done, sim->n_ops, first_unrun_op(sim, r));
             return FALSE;
         }
+        const RankMemory *rm = &sim->memory[r];
         for (int c = 0; c < ZP_MEM_N; c++)
-            if (fabs(rs->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+            if (fabs(rm->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), rs->live[c], r, s->state_bytes[c]);
+                            zp_sched_mem_name(c), rm->live[c], r, s->state_bytes[c]);
                 return FALSE;
             }
     }
@@ -780,10 +788,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->rank[r].peak_total > sim->rank[peak].peak_total)
+        if (sim->memory[r].peak_total > sim->memory[peak].peak_total)
             peak = r;
         result->peak_model_state_bytes =
-            MAX(result->peak_model_state_bytes, sim->rank[r].peak_states);
+            MAX(result->peak_model_state_bytes, sim->memory[r].peak_states);
     }
     const RankState *rs = &sim->rank[last];
     result->step_time_s = rs->end_s;
@@ -793,10 +801,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->optimizer_s = rs->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
     result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
-    result->peak_memory_bytes = sim->rank[peak].peak_total;
-    memcpy(result->peak_breakdown_bytes, sim->rank[peak].peak_breakdown,
+    result->peak_memory_bytes = sim->memory[peak].peak_total;
+    memcpy(result->peak_breakdown_bytes, sim->memory[peak].peak_breakdown,
            sizeof result->peak_breakdown_bytes);
-    memcpy(result->category_peak_bytes, sim->rank[peak].category_peak,
+    memcpy(result->category_peak_bytes, sim->memory[peak].category_peak,
            sizeof result->category_peak_bytes);
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
@@ -815,6 +823,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->stream_busy);
     g_free(sim->link_load);
     g_free(sim->rank);
+    g_free(sim->memory);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->flows);
@@ -834,15 +843,20 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
+/* Every rank's allocs and frees without dependencies, then its streams, rank by rank. */
 static void seed(Sim *sim)
 {
+    GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
+            g_array_append_val(roots, i);
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        for (uint32_t i = 0; i < sim->n_ops; i++)
-            if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
-                ready_push(sim, r, i);
+        for (guint k = 0; k < roots->len; k++)
+            ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
             try_stream(sim, r, s, 0.0);
     }
+    g_array_free(roots, TRUE);
     drain_ready(sim, 0.0);
 }
 
