@@ -19,6 +19,7 @@ typedef struct {
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
+    char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -169,6 +170,7 @@ typedef struct {
     const ZpSchedule *sched;
     const SimResult *r;
     double peak_flops;
+    const SimOptions *options;
 } Report;
 
 static double samples_per_s(const Report *p)
@@ -239,6 +241,15 @@ static int print_json(const Report *p)
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
+    json_t *slow[2] = {json_array(), json_array()};
+    for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
+        json_array_append_new(slow[0], json_pack("[i, f]", (int)p->options->slow_ranks[k].index,
+                                                 p->options->slow_ranks[k].factor));
+    for (uint32_t k = 0; k < p->options->n_slow_nodes; k++)
+        json_array_append_new(slow[1], json_pack("[i, f]", (int)p->options->slow_nodes[k].index,
+                                                 p->options->slow_nodes[k].factor));
+    json_object_set_new(root, "slow_ranks", slow[0]);
+    json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
@@ -301,6 +312,14 @@ static void print_human(const Report *p)
         printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
                "group members.\n\n",
                r->ranks_simulated);
+    for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
+        printf("Slowed: rank %u computes %g times slower.\n", p->options->slow_ranks[k].index,
+               p->options->slow_ranks[k].factor);
+    for (uint32_t k = 0; k < p->options->n_slow_nodes; k++)
+        printf("Slowed: node %u's network moves data %g times slower.\n",
+               p->options->slow_nodes[k].index, p->options->slow_nodes[k].factor);
+    if (p->options->n_slow_ranks + p->options->n_slow_nodes > 0)
+        printf("\n");
     printf("  step time                      %10.4f s\n", r->step_time_s);
     printf("  samples/s                      %10.2f\n", samples_per_s(p));
     printf("  model TFLOP/s per GPU          %10.1f   (model FLOPs: forward and backward, not "
@@ -320,6 +339,43 @@ static void print_human(const Report *p)
 
 /* ---- the command ---- */
 
+/* --slow-rank and --slow-link into the options' arrays (freed by the caller). */
+static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpHw *hw,
+                           SimOptions *options, GError **error)
+{
+    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp;
+    const struct {
+        char **texts;
+        const char *flag, *what;
+        uint32_t count;
+        const SimSlow **out;
+        uint32_t *n;
+    } lists[] = {
+        {f->slow_ranks, "--slow-rank", "rank", world, &options->slow_ranks,
+         &options->n_slow_ranks},
+        {f->slow_links, "--slow-link", "node", (world + hw->gpus_per_node - 1) / hw->gpus_per_node,
+         &options->slow_nodes, &options->n_slow_nodes},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(lists); k++) {
+        const guint n = lists[k].texts ? g_strv_length(lists[k].texts) : 0;
+        SimSlow *slow = g_new0(SimSlow, n ? n : 1);
+        *lists[k].out = slow;
+        *lists[k].n = n;
+        if (n > 0 && !f->explicit_ranks) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: needs --explicit (folded ranks are all alike)", lists[k].flag);
+            return FALSE;
+        }
+        for (guint i = 0; i < n; i++)
+            if (!sim_slow_parse(lists[k].texts[i], lists[k].count, lists[k].what, &slow[i],
+                                error)) {
+                g_prefix_error(error, "%s: ", lists[k].flag);
+                return FALSE;
+            }
+    }
+    return TRUE;
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -336,14 +392,15 @@ static int simulate(const SimulateFlags *f)
         g_prefix_error(&error, "--precision: ");
         return cli_fail("simulate", error);
     }
-    ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
-    if (!sched)
-        return cli_fail("simulate", error);
-    const SimOptions options = {
+    SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .record_timeline = f->trace != NULL || f->json,
     };
-    SimResult *result = sim_engine_run(sched, &hw, &options, &error);
+    ZpSchedule *sched = NULL;
+    SimResult *result = NULL;
+    if (slow_flags(f, &plan, &hw, &options, &error) &&
+        (sched = zp_sched_build(&model, &plan, &error)) != NULL)
+        result = sim_engine_run(sched, &hw, &options, &error);
     gboolean ok = result != NULL;
     if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
         g_prefix_error(&error, "--trace: ");
@@ -353,7 +410,7 @@ static int simulate(const SimulateFlags *f)
     if (!ok) {
         status = cli_fail("simulate", error);
     } else {
-        const Report report = {&model, &hw, &plan, sched, result, peak_flops};
+        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options};
         if (f->json)
             status = print_json(&report);
         else
@@ -361,6 +418,8 @@ static int simulate(const SimulateFlags *f)
     }
     sim_result_free(result);
     zp_sched_free(sched);
+    g_free((SimSlow *)options.slow_ranks);
+    g_free((SimSlow *)options.slow_nodes);
     return status;
 }
 
@@ -405,6 +464,8 @@ static void free_flags(SimulateFlags *f)
                       &f->attention, &f->reduce_dtype};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
+    g_strfreev(f->slow_ranks);
+    g_strfreev(f->slow_links);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -432,6 +493,8 @@ int cli_simulate(int argc, char **argv)
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (with --explicit; repeatable)", "R:FACTOR"},
+        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (with --explicit; repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     return run_with_flags(argc, argv, "simulate",

@@ -70,6 +70,7 @@ typedef struct {
     double remaining_s;     /* transfer left, in seconds at the group's full busbw */
     double share;           /* fraction of the link it gets now: 1 / most flows on a member */
     double end_s;
+    double inter_scale; /* network transfers take this many times longer (a slow node) */
 } Flow;
 
 /* A rank's live and peak bytes, apart from its times: memory ops touch only these. */
@@ -113,7 +114,9 @@ typedef struct {
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
     RankMemory *memory;
-    double *op_start_s, *op_end_s;
+    double *op_start_s, *op_end_s, *op_ready_s;
+    uint32_t *op_last_rank;
+    double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
 
     Flow *flows;
     uint32_t n_flows, epoch;
@@ -425,7 +428,9 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
-        ok = sim->op_start_s && sim->op_end_s;
+        sim->op_ready_s = g_try_new0(double, per_op ? per_op : 1);
+        sim->op_last_rank = g_try_new0(uint32_t, per_op ? per_op : 1);
+        ok = sim->op_start_s && sim->op_end_s && sim->op_ready_s && sim->op_last_rank;
     }
     if (!ok) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -435,7 +440,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     }
     sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
                                              sim->n_wide_rows * sizeof *sim->pending_wide) +
-                       per_op * (timeline ? 2 * sizeof(double) : 0) +
+                       per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
                                                             sizeof *sim->stream_busy) +
                                              SIM_LINK_N * sizeof *sim->link_load +
@@ -475,13 +480,93 @@ static void build_flows(Sim *sim)
         Flow *f = &sim->flows[slot];
         const uint32_t group = slot / ZP_STREAM_N;
         if (group < sim->sim_mp)
-            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp};
+            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp,
+                        .inter_scale = 1.0};
         else
             *f = (Flow){.first = (group - sim->sim_mp) * sim->sim_mp, .stride = 1,
-                        .count = sim->sim_mp};
+                        .count = sim->sim_mp, .inter_scale = 1.0};
     }
     sim->affected_cap = 64;
     sim->affected = g_new(uint32_t, sim->affected_cap);
+}
+
+/* Slow ranks scale their compute; a slow node scales the network transfers of every group
+ * with a member on it (the slowest link paces a ring or a tree). */
+static gboolean apply_slowdowns(Sim *sim, const SimOptions *o, int gpus_per_node,
+                                GError **error)
+{
+    if (o->n_slow_ranks + o->n_slow_nodes == 0)
+        return TRUE;
+    const uint32_t nodes = (sim->ranks + gpus_per_node - 1) / gpus_per_node;
+    if (o->mode != SIM_MODE_EXPLICIT) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "slow ranks and links need explicit ranks: folded ranks are all alike");
+        return FALSE;
+    }
+    for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
+        const gboolean is_rank = k < o->n_slow_ranks;
+        const SimSlow *w = is_rank ? &o->slow_ranks[k] : &o->slow_nodes[k - o->n_slow_ranks];
+        if (w->index >= (is_rank ? sim->ranks : nodes) || !(w->factor >= 1 && w->factor <= 1e6)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "slow %s %u x %g: the index must be below %u and the factor in 1..1e6",
+                        is_rank ? "rank" : "node", w->index, w->factor,
+                        is_rank ? sim->ranks : nodes);
+            return FALSE;
+        }
+    }
+    if (o->n_slow_ranks > 0) {
+        sim->compute_scale = g_new(double, sim->ranks);
+        for (uint32_t r = 0; r < sim->ranks; r++)
+            sim->compute_scale[r] = 1.0;
+        for (uint32_t k = 0; k < o->n_slow_ranks; k++)
+            sim->compute_scale[o->slow_ranks[k].index] =
+                MAX(sim->compute_scale[o->slow_ranks[k].index], o->slow_ranks[k].factor);
+    }
+    double *node_scale = g_new(double, nodes);
+    for (uint32_t n = 0; n < nodes; n++)
+        node_scale[n] = 1.0;
+    for (uint32_t k = 0; k < o->n_slow_nodes; k++)
+        node_scale[o->slow_nodes[k].index] =
+            MAX(node_scale[o->slow_nodes[k].index], o->slow_nodes[k].factor);
+    for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
+        Flow *f = &sim->flows[slot];
+        for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
+            f->inter_scale = MAX(f->inter_scale, node_scale[m / (uint32_t)gpus_per_node]);
+    }
+    g_free(node_scale);
+    return TRUE;
+}
+
+gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimSlow *slow,
+                        GError **error)
+{
+    const char *colon = strchr(text, ':');
+    char *end = NULL;
+    guint64 index = 0;
+    double factor = 0;
+    gboolean ok = colon != NULL && colon > text;
+    if (ok) {
+        char *index_text = g_strndup(text, (gsize)(colon - text));
+        ok = g_ascii_string_to_unsigned(index_text, 10, 0, G_MAXUINT32, &index, NULL);
+        g_free(index_text);
+    }
+    if (ok) {
+        factor = g_ascii_strtod(colon + 1, &end);
+        ok = end != colon + 1 && *end == '\0' && factor >= 1 && factor <= 1e6;
+    }
+    if (!ok) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "'%s' is not %s:FACTOR (a whole number, a colon, a factor from 1 to 1e6)",
+                    text, what);
+        return FALSE;
+    }
+    if (index >= count) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "'%s': %s %" G_GUINT64_FORMAT
+                    " is not below the %u there are", text, what, index, count);
+        return FALSE;
+    }
+    *slow = (SimSlow){.index = (uint32_t)index, .factor = factor};
+    return TRUE;
 }
 
 static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
@@ -585,7 +670,8 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 
 /* ---- ops ---- */
 
-static void start_flow(Sim *sim, uint32_t slot, double now_s)
+/* `last` is the member whose arrival starts it. */
+static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
     Flow *f = &sim->flows[slot];
     const SimOp *op = &sim->ops[f->op];
@@ -593,15 +679,18 @@ static void start_flow(Sim *sim, uint32_t slot, double now_s)
     f->active = TRUE;
     f->start_s = now_s;
     f->transfer_from_s = now_s + op->latency_s;
-    f->remaining_s = op->transfer_s;
+    f->remaining_s = op->link == SIM_LINK_INTER ? op->transfer_s * f->inter_scale
+                                                : op->transfer_s;
     f->share = 1.0;
     f->end_s = f->transfer_from_s + f->remaining_s;
     queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
-        if (sim->op_start_s)
+        if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
+            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = last;
+        }
     }
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, +1);
@@ -622,25 +711,29 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     sim->stream_head[rs_index]++;
     sim->stream_busy[rs_index] = 1;
     const SimOp *op = &sim->ops[i];
+    if (sim->op_ready_s)
+        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE) {
+        const double duration_s =
+            sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
         RankState *rs = &sim->rank[rank];
         account(rs, now_s);
         rs->compute_running++;
-        rs->busy_s[stream] += op->duration_s;
+        rs->busy_s[stream] += duration_s;
         if (op->sub == ZP_COMP_OPTIMIZER)
-            rs->optimizer_s += op->duration_s;
+            rs->optimizer_s += duration_s;
         else
-            rs->compute_s += op->duration_s;
+            rs->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+        queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
     Flow *f = &sim->flows[slot];
     f->op = i;
     if (++f->arrived == f->count)
-        start_flow(sim, slot, now_s);
+        start_flow(sim, slot, rank, now_s);
 }
 
 static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
@@ -689,7 +782,8 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     }
     rs->peak_states = MAX(rs->peak_states, rs->live_states);
     if (sim->op_start_s)
-        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        sim->op_start_s[(size_t)rank * sim->n_ops + i] =
+            sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     complete(sim, rank, i, now_s);
 }
 
@@ -826,6 +920,9 @@ static void sim_clear(Sim *sim)
     g_free(sim->memory);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
+    g_free(sim->op_ready_s);
+    g_free(sim->op_last_rank);
+    g_free(sim->compute_scale);
     g_free(sim->flows);
     g_free(sim->affected);
     queue_clear(&sim->queue);
@@ -882,6 +979,9 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
                   alloc_rank_state(&sim, options->record_timeline, error);
     if (ok) {
         build_flows(&sim);
+        ok = apply_slowdowns(&sim, options, hw->gpus_per_node, error);
+    }
+    if (ok) {
         seed(&sim);
         while (sim.queue.len > 0 && !sim.error) {
             double now_s;
@@ -902,7 +1002,10 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         fill_result(&sim, result);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;
-        sim.op_start_s = sim.op_end_s = NULL;
+        result->op_ready_s = sim.op_ready_s;
+        result->op_last_rank = sim.op_last_rank;
+        sim.op_start_s = sim.op_end_s = sim.op_ready_s = NULL;
+        sim.op_last_rank = NULL;
     }
     sim_clear(&sim);
     if (!ok) {
@@ -918,5 +1021,7 @@ void sim_result_free(SimResult *result)
         return;
     g_free(result->op_start_s);
     g_free(result->op_end_s);
+    g_free(result->op_ready_s);
+    g_free(result->op_last_rank);
     g_free(result);
 }

@@ -230,6 +230,131 @@ static void test_schedule_faults(void)
     zp_sched_free(s);
 }
 
+/* ---- stragglers ---- */
+
+static SimResult *run_slow(const ZpSchedule *s, const SimSlow *ranks, uint32_t n_ranks,
+                           const SimSlow *nodes, uint32_t n_nodes)
+{
+    const SimOptions options = {.mode = SIM_MODE_EXPLICIT, .record_timeline = TRUE,
+                                .slow_ranks = ranks, .n_slow_ranks = n_ranks,
+                                .slow_nodes = nodes, .n_slow_nodes = n_nodes};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &a100, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* 1,024 ranks each run A (1e12 FLOPs, a = 1e12 / (312e12 x 0.807) s), then a 64 MB
+ * all-gather over all of them (c s, NCCL's cost for 128 nodes), then B (= A). Rank 5 at 2x:
+ * its A ends at 2a, when the all-gather starts for all, so every rank waited a for it; its B
+ * ends last at 2a + c + 2a. The step grows from 2a + c by exactly 2a. */
+static void test_slow_rank_by_hand(void)
+{
+    ZpSchedule *s = hand_schedule(1024, 1);
+    const ZpOp math = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_BLOCK_FWD, .flops = 1e12};
+    ZpOp gather = allreduce(64e6, ZP_GROUP_DP, ZP_STREAM_DP);
+    gather.sub = ZP_COLL_ALLGATHER;
+    const uint32_t a = add_op(s, math, NULL, 0);
+    const uint32_t c = add_op(s, gather, &a, 1);
+    add_op(s, math, &c, 1);
+    const double a_s = 1e12 / (312e12 * 0.807);
+    const SimCollGroup g = sim_coll_group(&a100, 1024, 1, ZP_GROUP_DP);
+    const SimCollCost cost = sim_coll_cost(ZP_COLL_ALLGATHER, 64e6, &g);
+    const double c_s = cost.latency_s + cost.transfer_s;
+    SimResult *r = run_slow(s, NULL, 0, NULL, 0);
+    assert_close(r->step_time_s, 2 * a_s + c_s, 1e-12);
+    const double base_s = r->step_time_s;
+    sim_result_free(r);
+    const SimSlow slow = {5, 2.0};
+    r = run_slow(s, &slow, 1, NULL, 0);
+    g_test_message("1,024 ranks: step %.9g s, with rank 5 at 2x %.9g s (+%.9g s, 2a = %.9g s)",
+                   base_s, r->step_time_s, r->step_time_s - base_s, 2 * a_s);
+    assert_close(r->step_time_s, 4 * a_s + c_s, 1e-12);
+    assert_close(r->step_time_s - base_s, 2 * a_s, 1e-9);
+    g_assert_cmpint(r->report_rank, ==, 5);
+    assert_close(r->compute_s, 4 * a_s, 1e-12);
+    /* Who waited for whom: rank 0 reached the all-gather at a and started it at 2a, when
+     * rank 5 arrived; rank 5 waited for nobody. */
+    const size_t rank0 = c, rank5 = 5 * (size_t)r->n_ops + c;
+    assert_close(r->op_ready_s[rank0], a_s, 1e-12);
+    assert_close(r->op_start_s[rank0], 2 * a_s, 1e-12);
+    g_assert_cmpuint(r->op_last_rank[rank0], ==, 5);
+    g_assert_cmpfloat(r->op_ready_s[rank5], ==, r->op_start_s[rank5]);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* A 1 GiB all-gather over 16 ranks on 2 nodes, node 1's network at 3x: the ring is as fast
+ * as its slowest link, so the transfer takes 3x and the latency stays. Inside one node
+ * (8 ranks) a slow network changes nothing. */
+static void test_slow_link_by_hand(void)
+{
+    for (int dp = 8; dp <= 16; dp += 8) {
+        ZpSchedule *s = hand_schedule(dp, 1);
+        ZpOp gather = allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP);
+        gather.sub = ZP_COLL_ALLGATHER;
+        add_op(s, gather, NULL, 0);
+        const SimCollGroup g = sim_coll_group(&a100, dp, 1, ZP_GROUP_DP);
+        const SimCollCost cost = sim_coll_cost(ZP_COLL_ALLGATHER, GIB, &g);
+        const SimSlow slow = {dp / 8 - 1, 3.0};
+        SimResult *r = run_slow(s, NULL, 0, &slow, 1);
+        const double factor = dp > 8 ? 3.0 : 1.0;
+        g_assert_cmpint(g.bottleneck, ==, dp > 8 ? SIM_LINK_INTER : SIM_LINK_INTRA);
+        assert_close(r->step_time_s, cost.latency_s + factor * cost.transfer_s, 1e-12);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
+/* A ZeRO-3 step of gpt2-124m (micro-batch 32: compute-bound) on 1,024 explicit ranks with
+ * rank 700 at 2x. Every all-gather
+ * waits for every rank, so the step is at least the slow rank's own compute (2x its compute
+ * and optimizer time) and at most the even step plus that extra compute: here (compute-bound)
+ * it grows by nearly all of it. */
+static void test_slow_rank_zero3(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 1024, 1);
+    p.micro_batch = 32;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    SimResult *even = run_slow(s, NULL, 0, NULL, 0);
+    const SimSlow slow = {700, 2.0};
+    SimResult *r = run_slow(s, &slow, 1, NULL, 0);
+    const double busy_s = even->compute_s + even->optimizer_s;
+    g_test_message("ZeRO-3, 1,024 ranks: step %.6g s (compute %.6g s), rank 700 at 2x: %.6g s",
+                   even->step_time_s, busy_s, r->step_time_s);
+    g_assert_cmpfloat(r->step_time_s, >=, 2 * busy_s);
+    g_assert_cmpfloat(r->step_time_s, <=, (even->step_time_s + busy_s) * (1 + 1e-12));
+    sim_result_free(even);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+static void test_slow_bad_input(void)
+{
+    SimSlow slow;
+    GError *error = NULL;
+    const char *bad[] = {"5", ":2", "5:", "5:0.5", "x:2", "5:2x", "-1:2", "5:nan", "1024:2"};
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_assert_false(sim_slow_parse(bad[i], 1024, "rank", &slow, &error));
+        g_test_message("%s: %s", bad[i], error->message);
+        g_assert_nonnull(strstr(error->message, bad[i]));
+        g_clear_error(&error);
+    }
+    g_assert_true(sim_slow_parse("1023:2.5", 1024, "rank", &slow, &error));
+    g_assert_cmpuint(slow.index, ==, 1023);
+    g_assert_cmpfloat(slow.factor, ==, 2.5);
+    ZpSchedule *s = hand_schedule(8, 1);
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, NULL, 0);
+    const SimOptions folded = {.mode = SIM_MODE_FOLDED, .slow_ranks = &slow, .n_slow_ranks = 1};
+    g_assert_null(sim_engine_run(s, &a100, &folded, &error));
+    g_assert_nonnull(strstr(error->message, "need explicit ranks"));
+    g_clear_error(&error);
+    zp_sched_free(s);
+}
+
 /* ---- schedules from the planner ---- */
 
 typedef struct {
@@ -576,7 +701,8 @@ static void test_trace(void)
 {
     char *path = g_build_filename(tmp_dir, "trace.json", NULL);
     char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 "
-                                 "--mp 2 --stage 3 --micro-batch 1 --explicit --trace %s",
+                                 "--mp 2 --stage 3 --micro-batch 1 --explicit --slow-rank 3:2 "
+                                 "--trace %s",
                                  path);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
@@ -612,6 +738,44 @@ static void test_trace(void)
     }
     g_assert_true(has_event(events, "C", "memory"));
     g_assert_true(has_event(events, "M", "thread_name"));
+    g_assert_true(has_event(events, "X", "wait for rank 3"));
+    json_decref(root);
+    tu_free(&r);
+    g_remove(path);
+    g_free(args);
+    g_free(path);
+}
+
+/* Past 64 ranks the trace holds rank 0, the last to finish and the one rank 0 waited for
+ * longest: here the slow rank 77. */
+static void test_trace_many_ranks(void)
+{
+    char *path = g_build_filename(tmp_dir, "trace-many.json", NULL);
+    char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 128 "
+                                 "--stage 3 --micro-batch 8 --explicit --slow-rank 77:3 "
+                                 "--trace %s",
+                                 path);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    json_t *other = json_object_get(root, "otherData");
+    g_assert_cmpfloat(number(other, "ranks_simulated"), ==, 128);
+    const double traced = number(other, "ranks_traced");
+    g_assert_cmpfloat(traced, >=, 2);
+    g_assert_cmpfloat(traced, <=, 3);
+    json_t *events = json_object_get(root, "traceEvents");
+    g_assert_true(has_event(events, "X", "wait for rank 77"));
+    size_t i;
+    json_t *e;
+    gboolean named = FALSE;
+    json_array_foreach(events, i, e)
+    {
+        json_t *args_json = json_object_get(e, "args");
+        const char *name = json_string_value(json_object_get(args_json, "name"));
+        named = named || (name && strcmp(name, "rank 77 (dp 77, tp 0)") == 0);
+    }
+    g_assert_true(named);
     json_decref(root);
     tu_free(&r);
     g_remove(path);
@@ -646,6 +810,10 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 stray", "unexpected argument 'stray'"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --trace /nonexistent-dir/t.json", "--trace: "},
     {"simulate --params 1e9 --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "Unknown option --params"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --slow-rank 3:2", "--slow-rank: needs --explicit"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 8:2", "--slow-rank: '8:2': rank 8 is not below the 8 there are"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-link 1:2", "--slow-link: '1:2': node 1 is not below the 1 there are"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 3:0.5", "--slow-rank: '3:0.5' is not rank:FACTOR"},
 };
 
 static void test_cli_bad_input(void)
@@ -673,6 +841,10 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
     g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
     g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);
+    g_test_add_func("/sim/slow/rank-by-hand", test_slow_rank_by_hand);
+    g_test_add_func("/sim/slow/link-by-hand", test_slow_link_by_hand);
+    g_test_add_func("/sim/slow/rank-zero3", test_slow_rank_zero3);
+    g_test_add_func("/sim/slow/bad-input", test_slow_bad_input);
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
     g_test_add_func("/sim/plan/memory-states", test_memory_states);
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
@@ -682,6 +854,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/cli/json", test_cli_json);
     g_test_add_func("/sim/cli/human", test_cli_human);
     g_test_add_func("/sim/cli/trace", test_trace);
+    g_test_add_func("/sim/cli/trace-many-ranks", test_trace_many_ranks);
     g_test_add_func("/sim/cli/bad-input", test_cli_bad_input);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
