@@ -18,6 +18,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
 } SimulateFlags;
@@ -171,6 +172,7 @@ typedef struct {
     const SimResult *r;
     double peak_flops;
     const SimOptions *options;
+    const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
 } Report;
 
 static double samples_per_s(const Report *p)
@@ -298,12 +300,18 @@ static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
     const ZpPlan *plan = p->plan;
-    printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
-           "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
-           p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage, plan->dp,
-           plan->mp, plan->micro_batch, plan->grad_accum, zp_precision_name(plan->precision),
-           zp_optimizer_name(plan->optimizer), plan->zero.overlap_comm ? "on" : "off",
-           plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    if (p->schedule_path)
+        printf("Simulated the schedule %s (%u ops a rank, %s) on %d x %s (%s): DP %d x MP %d.\n",
+               p->schedule_path, p->sched->ops->len, zp_precision_name(plan->precision),
+               p->sched->world, p->hw->gpu, p->hw->name, plan->dp, plan->mp);
+    else
+        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+               "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
+               p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage,
+               plan->dp, plan->mp, plan->micro_batch, plan->grad_accum,
+               zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
+               plan->zero.overlap_comm ? "on" : "off",
+               plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
     if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
                "schedule and its groups are placed alike).\n\n",
@@ -376,6 +384,31 @@ static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpH
     return TRUE;
 }
 
+/* --schedule FILE: the graph, its plan and model (zp_sched_read_graph); the flags that make
+ * a plan would say it a second time and are refused. */
+static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
+{
+    const struct {
+        const char *flag;
+        gboolean given;
+    } plan_flags[] = {
+        {"--model", f->model != NULL}, {"--gpus", f->gpus != NULL}, {"--mp", f->mp != NULL},
+        {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
+        {"--grad-accum", f->grad_accum != NULL}, {"--ds-config", f->ds_config != NULL},
+        {"--checkpoint", f->checkpoint}, {"--precision", f->precision != NULL},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
+        if (plan_flags[i].given) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: the ops come from --schedule; leave it out", plan_flags[i].flag);
+            return NULL;
+        }
+    ZpSchedule *sched = zp_sched_read_graph(f->schedule, error);
+    if (!sched)
+        g_prefix_error(error, "--schedule: ");
+    return sched;
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -383,23 +416,32 @@ static int simulate(const SimulateFlags *f)
     ZpHw hw;
     ZpPlan plan;
     double peak_flops = 0;
-    if (!(load_model(f, &model, &error) &&
-          required(f->cluster, "--cluster NAME|PATH.json", &error) &&
-          zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error) &&
-          (!f->trace || zp_check_out_path(f->trace, "--trace", &error))))
-        return cli_fail("simulate", error);
-    if (!sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
+    ZpSchedule *sched = f->schedule ? schedule_file(f, &error) : NULL;
+    gboolean ready = f->schedule ? sched != NULL : load_model(f, &model, &error);
+    ready = ready && required(f->cluster, "--cluster NAME|PATH.json", &error) &&
+            zp_hw_load(f->cluster, &hw, &error) &&
+            (sched ? sim_coll_check_placement(&hw, sched->plan.mp, &error)
+                   : simulate_plan(f, &model, &hw, &plan, &error)) &&
+            (!f->trace || zp_check_out_path(f->trace, "--trace", &error));
+    if (ready && sched) {
+        model = sched->model;
+        plan = sched->plan;
+    }
+    if (ready && !sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
+        ready = FALSE;
+    }
+    if (!ready) {
+        zp_sched_free(sched);
         return cli_fail("simulate", error);
     }
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .record_timeline = f->trace != NULL || f->json,
     };
-    ZpSchedule *sched = NULL;
     SimResult *result = NULL;
     if (slow_flags(f, &plan, &hw, &options, &error) &&
-        (sched = zp_sched_build(&model, &plan, &error)) != NULL)
+        (sched || (sched = zp_sched_build(&model, &plan, &error)) != NULL))
         result = sim_engine_run(sched, &hw, &options, &error);
     gboolean ok = result != NULL;
     if (ok && f->trace && !sim_trace_write(sched, result, f->trace, &error)) {
@@ -410,7 +452,8 @@ static int simulate(const SimulateFlags *f)
     if (!ok) {
         status = cli_fail("simulate", error);
     } else {
-        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options};
+        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options,
+                               f->schedule};
         if (f->json)
             status = print_json(&report);
         else
@@ -461,7 +504,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype};
+                      &f->attention, &f->reduce_dtype, &f->schedule};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -493,6 +536,7 @@ int cli_simulate(int argc, char **argv)
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; README) instead of a plan: no --model or plan flags", "FILE"},
         {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (with --explicit; repeatable)", "R:FACTOR"},
         {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (with --explicit; repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -502,7 +546,7 @@ int cli_simulate(int argc, char **argv)
         "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
         "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory.\n"
-        "--cluster is required.",
+        "--cluster is required; --schedule FILE times a schedule file in place of a plan.",
         extra, &f, simulate);
 }
 

@@ -355,6 +355,159 @@ static void test_slow_bad_input(void)
     zp_sched_free(s);
 }
 
+/* ---- schedule files ---- */
+
+/* A planner's schedule written and read back as a graph is the same op list, bit for bit,
+ * and simulates to the same figures; the model-bound reader still reads the file. */
+static void test_schedule_file_round_trip(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 2);
+    p.checkpoint = TRUE;
+    p.grad_accum = 2;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    char *path = g_build_filename(tmp_dir, "round-trip.json", NULL);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *g = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(g->ops->len, ==, s->ops->len);
+    g_assert_cmpint(memcmp(g->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    g_assert_cmpuint(g->deps->len, ==, s->deps->len);
+    g_assert_cmpint(memcmp(g->deps->data, s->deps->data, s->deps->len * sizeof(uint32_t)), ==, 0);
+    g_assert_cmpint(memcmp(g->state_bytes, s->state_bytes, sizeof s->state_bytes), ==, 0);
+    g_assert_cmpint(g->world, ==, 16);
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *a = run(s, &a100, mode), *b = run(g, &a100, mode);
+        g_assert_cmpfloat(a->step_time_s, ==, b->step_time_s);
+        g_assert_cmpfloat(a->peak_memory_bytes, ==, b->peak_memory_bytes);
+        g_assert_cmpfloat(a->exposed_comm_s, ==, b->exposed_comm_s);
+        sim_result_free(a);
+        sim_result_free(b);
+    }
+    ZpSchedule *full = zp_sched_read_json(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(full->ops->len, ==, s->ops->len);
+    zp_sched_free(full);
+    zp_sched_free(g);
+    zp_sched_free(s);
+    g_remove(path);
+    g_free(path);
+}
+
+/* tests/data/schedule-example.json, by hand: 16 ranks on 2 nodes, bf16. A 64 MB all-gather
+ * (c1), block_fwd 1e12 FLOPs (a), block_bwd 2e12 (2a) and then a 64 MB reduce-scatter (c2):
+ * the step is c1 + 3a + c2; the peak is the states plus the gathered 64 MB. */
+static void test_schedule_file_example(void)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(ZP_DATA_DIR "/tests/data/schedule-example.json", &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->plan.precision, ==, ZP_PREC_BF16);
+    const SimCollGroup g = sim_coll_group(&a100, 16, 1, ZP_GROUP_DP);
+    const SimCollCost gather = sim_coll_cost(ZP_COLL_ALLGATHER, 64e6, &g);
+    const SimCollCost scatter = sim_coll_cost(ZP_COLL_REDUCE_SCATTER, 64e6, &g);
+    const double a_s = 1e12 / (312e12 * 0.807);
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *r = run(s, &a100, mode);
+        assert_close(r->step_time_s, gather.latency_s + gather.transfer_s + 3 * a_s +
+                                         scatter.latency_s + scatter.transfer_s,
+                     1e-12);
+        g_assert_cmpfloat(r->peak_memory_bytes, ==, 5e9 + 64e6);
+        sim_result_free(r);
+    }
+    zp_sched_free(s);
+}
+
+/* One line naming the op index and key for each fault in a graph file. */
+static void test_schedule_file_bad_input(void)
+{
+    static const char *const head =
+        "{\"format\": \"zplan-schedule-1\", \"world\": 4, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}], ";
+    static const struct {
+        const char *ops, *message;
+    } cases[] = {
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [7]}]}",
+         "ops[0]: key \"deps\": deps[0] is not the index of an op (0 to 0)"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": []}, "
+         "{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [0, 2]}, "
+         "{\"kind\": \"compute\", \"op\": \"block_bwd\", \"flops\": 1, \"deps\": [1]}]}",
+         "ops[1]: key \"deps\": the op is on a dependency cycle"},
+        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"pp\", "
+         "\"bytes\": 1, \"deps\": []}]}",
+         "ops[0]: key \"group\" has unknown value \"pp\""},
+        {"\"ops\": [{\"kind\": \"alloc\", \"category\": \"buckets\", \"bytes\": -5, \"deps\": []}]}",
+         "ops[0]: key \"bytes\" = -5 is outside"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": -1, \"deps\": []}]}",
+         "ops[0]: key \"flops\" = -1 is outside"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
+         "\"colour\": 1}]}",
+         "ops[0]: unknown key \"colour\""},
+        {"\"precision\": \"fp8\", \"ops\": []}", "precision"},
+    };
+    char *path = g_build_filename(tmp_dir, "bad-graph.json", NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *text = g_strconcat(head, cases[i].ops, NULL);
+        g_assert_true(g_file_set_contents(path, text, -1, NULL));
+        GError *error = NULL;
+        g_assert_null(zp_sched_read_graph(path, &error));
+        g_assert_nonnull(error);
+        g_test_message("case %zu: %s", i, error->message);
+        g_assert_nonnull(strstr(error->message, cases[i].message));
+        g_error_free(error);
+        g_free(text);
+    }
+    /* The groups must be placed as the simulator lays them out. */
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 2, \"stride\": 1}], \"ops\": []}",
+        -1, NULL));
+    GError *error = NULL;
+    g_assert_null(zp_sched_read_graph(path, &error));
+    g_assert_nonnull(strstr(error->message, "key \"groups\": dp 4 x tp 2"));
+    g_clear_error(&error);
+    /* zplan simulate --schedule: one line, nothing on stdout. */
+    char *args = g_strdup_printf("simulate --schedule %s --cluster dgx-a100-80g", path);
+    TuRun r = tu_zplan(args);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "--schedule: "));
+    g_assert_nonnull(strstr(r.err, "key \"groups\""));
+    g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+    g_free(args);
+    g_remove(path);
+    g_free(path);
+}
+
+/* `zplan schedule --out` then `zplan simulate --schedule`: the same JSON as simulating the
+ * plan itself. */
+static void test_schedule_file_cli(void)
+{
+    char *path = g_build_filename(tmp_dir, "cli-schedule.json", NULL);
+    const char *plan = "--model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp 2 --stage 3 "
+                       "--micro-batch 2 --checkpoint";
+    char *args = g_strdup_printf("schedule %s --out %s", plan, path);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_free(args);
+    args = g_strdup_printf("simulate --schedule %s --cluster dgx-a100-80g --explicit --json", path);
+    json_t *from_file = tu_zplan_json(args);
+    g_free(args);
+    args = g_strdup_printf("simulate %s --explicit --json", plan);
+    json_t *from_plan = tu_zplan_json(args);
+    g_free(args);
+    g_assert_true(json_equal(from_file, from_plan));
+    json_decref(from_file);
+    json_decref(from_plan);
+    g_remove(path);
+    g_free(path);
+}
+
 /* ---- schedules from the planner ---- */
 
 typedef struct {
@@ -845,6 +998,10 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/slow/link-by-hand", test_slow_link_by_hand);
     g_test_add_func("/sim/slow/rank-zero3", test_slow_rank_zero3);
     g_test_add_func("/sim/slow/bad-input", test_slow_bad_input);
+    g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
+    g_test_add_func("/sim/file/example", test_schedule_file_example);
+    g_test_add_func("/sim/file/bad-input", test_schedule_file_bad_input);
+    g_test_add_func("/sim/file/cli", test_schedule_file_cli);
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
     g_test_add_func("/sim/plan/memory-states", test_memory_states);
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
