@@ -1216,8 +1216,8 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
         ok = FALSE;
     }
     if (!ok && error && !*error)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: keys \"model\" and \"plan\" must be objects",
-                    path);
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: keys \"model\" and \"plan\" must be objects", path);
     s->world = (int)world;
     for (size_t i = 0; ok && i < json_array_size(ops); i++)
         ok = op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops), FALSE,

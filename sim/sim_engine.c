@@ -423,8 +423,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
     sim->memory = g_try_new0(RankMemory, sim->ranks);
-    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy && sim->link_load &&
-                  sim->rank && sim->memory;
+    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy &&
+                  sim->link_load && sim->rank && sim->memory;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
