@@ -811,6 +811,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
+/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
+ * otherwise (written only then). */
+static ZpStream default_stream(int kind, int group)
+{
+    if (kind != ZP_OP_COLLECTIVE)
+        return ZP_STREAM_COMPUTE;
+    return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
+}
+
 static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
 {
     json_t *deps = json_array();
@@ -840,6 +849,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
+    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+        json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
 }
@@ -918,6 +929,9 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
     json_object_set_new(root, "groups", groups_json(s));
+    /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
+    if (s->n_units == 0)
+        json_object_del(root, "model");
     gboolean ok = zp_json_write(root, path, error);
     json_decref(root);
     return ok;
@@ -950,11 +964,11 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     int kind = 0, sub = 0, group = 0;
     int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
-    static const char *const keys[][11] = {
+    static const char *const keys[][12] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", NULL},
+                           "attn_flops", "mem_bytes", "stream", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
-                              "elem_offset", "elems", NULL},
+                              "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
     };
@@ -985,8 +999,10 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    op.stream = kind != ZP_OP_COLLECTIVE ? ZP_STREAM_COMPUTE
-                                         : (group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP);
+    int stream = default_stream(kind, group);
+    if (ok && json_object_get(o, "stream"))
+        ok = name_index(o, what, "stream", stream_names, &stream, error);
+    op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
     op.dep_start = s->deps->len;

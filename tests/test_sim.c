@@ -420,6 +420,38 @@ static void test_schedule_file_example(void)
     zp_sched_free(s);
 }
 
+/* Two 1 GiB all-reduces over a node's 8 ranks, the second put on the tp stream by its
+ * "stream" key: in flight together they share NVLink (test_bandwidth_sharing's case). */
+static void test_schedule_file_streams(void)
+{
+    char *path = g_build_filename(tmp_dir, "streams.json", NULL);
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 8, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}], "
+        "\"ops\": [{\"kind\": \"collective\", \"op\": \"allreduce\", \"group\": \"dp\", "
+        "\"bytes\": 1073741824, \"deps\": []}, {\"kind\": \"collective\", \"op\": \"allreduce\", "
+        "\"group\": \"dp\", \"stream\": \"tp\", \"bytes\": 1073741824, \"deps\": []}]}",
+        -1, NULL));
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(zp_sched_op(s, 1)->stream, ==, ZP_STREAM_TP);
+    SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
+    assert_close(r->step_time_s, 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 300e9),
+                 1e-12);
+    sim_result_free(r);
+    /* Written back, the stream that is not the group's own is kept. */
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *again = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    zp_sched_free(again);
+    zp_sched_free(s);
+    g_remove(path);
+    g_free(path);
+}
+
 /* One line naming the op index and key for each fault in a graph file. */
 static void test_schedule_file_bad_input(void)
 {
@@ -446,6 +478,9 @@ static void test_schedule_file_bad_input(void)
          "\"colour\": 1}]}",
          "ops[0]: unknown key \"colour\""},
         {"\"precision\": \"fp8\", \"ops\": []}", "precision"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
+         "\"stream\": \"pp\"}]}",
+         "ops[0]: key \"stream\" has unknown value \"pp\""},
     };
     char *path = g_build_filename(tmp_dir, "bad-graph.json", NULL);
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -1000,6 +1035,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/slow/bad-input", test_slow_bad_input);
     g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
     g_test_add_func("/sim/file/example", test_schedule_file_example);
+    g_test_add_func("/sim/file/streams", test_schedule_file_streams);
     g_test_add_func("/sim/file/bad-input", test_schedule_file_bad_input);
     g_test_add_func("/sim/file/cli", test_schedule_file_cli);
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
