@@ -361,8 +361,9 @@ static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpH
     } lists[] = {
         {f->slow_ranks, "--slow-rank", "rank", world, &options->slow_ranks,
          &options->n_slow_ranks},
-        {f->slow_links, "--slow-link", "node", (world + hw->gpus_per_node - 1) / hw->gpus_per_node,
-         &options->slow_nodes, &options->n_slow_nodes},
+        {f->slow_links, "--slow-link", "node",
+         (world + hw->gpus_per_node - 1) / hw->gpus_per_node, &options->slow_nodes,
+         &options->n_slow_nodes},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(lists); k++) {
         const guint n = lists[k].texts ? g_strv_length(lists[k].texts) : 0;
@@ -396,6 +397,14 @@ static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
         {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
         {"--grad-accum", f->grad_accum != NULL}, {"--ds-config", f->ds_config != NULL},
         {"--checkpoint", f->checkpoint}, {"--precision", f->precision != NULL},
+        {"--optimizer", f->optimizer != NULL}, {"--seq", f->seq != NULL},
+        {"--attention", f->attention != NULL}, {"--reduce-dtype", f->reduce_dtype != NULL},
+        {"--overlap", f->overlap}, {"--no-overlap", f->no_overlap},
+        {"--no-dropout", f->no_dropout}, {"--reduce-bucket-size", f->reduce_bucket != NULL},
+        {"--allgather-bucket-size", f->allgather_bucket != NULL},
+        {"--prefetch-bucket-size", f->prefetch_bucket != NULL},
+        {"--max-live-parameters", f->max_live != NULL},
+        {"--persistence-threshold", f->persistence != NULL},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given) {

@@ -1002,6 +1002,9 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 8:2", "--slow-rank: '8:2': rank 8 is not below the 8 there are"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-link 1:2", "--slow-link: '1:2': node 1 is not below the 1 there are"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 3:0.5", "--slow-rank: '3:0.5' is not rank:FACTOR"},
+    {"simulate --schedule tests/data/schedule-example.json --cluster dgx-a100-80g --gpus 8", "--gpus: the ops come from --schedule; leave it out"},
+    {"simulate --schedule tests/data/schedule-example.json --cluster dgx-a100-80g --attention flash", "--attention: the ops come from --schedule"},
+    {"simulate --schedule /nonexistent/s.json --cluster dgx-a100-80g", "--schedule: /nonexistent/s.json"},
 };
 
 static void test_cli_bad_input(void)
