@@ -1,69 +1,116 @@
-/* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 explicit ranks
- * and one 1 GiB all-reduce on 4,096 explicit ranks — in events/s, wall time and peak RSS. */
+/* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 to 131,072
+ * explicit ranks (CPU time, events/s, peak RSS) and one 1 GiB all-reduce on 4,096 ranks. */
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
-/* Wall seconds of the fastest of `repeats` runs, and the result of the last one. */
-static double time_runs(const ZpSchedule *s, const ZpHw *hw, int repeats, SimResult **last)
+static double cpu_s(void)
 {
-    const SimOptions options = {.mode = SIM_MODE_EXPLICIT};
-    double best_s = G_MAXDOUBLE;
-    for (int i = 0; i < repeats; i++) {
-        GError *error = NULL;
-        const gint64 start_us = g_get_monotonic_time();
-        SimResult *r = sim_engine_run(s, hw, &options, &error);
-        const double wall_s = (g_get_monotonic_time() - start_us) / 1e6;
-        if (!r) {
-            fprintf(stderr, "bench_sim: %s\n", error->message);
-            g_error_free(error);
-            return -1;
-        }
-        best_s = MIN(best_s, wall_s);
-        sim_result_free(*last);
-        *last = r;
-    }
-    return best_s;
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static void report(const char *what, const SimResult *r, double wall_s, int repeats)
-{
-    printf("%s\n  %d ranks, %" G_GUINT64_FORMAT " op events, %" G_GUINT64_FORMAT
-           " queue events, simulated step %.6g s\n  wall %.4f s (fastest of %d), %.3g op "
-           "events/s\n",
-           what, r->ranks_simulated, r->op_events, r->heap_events, r->step_time_s, wall_s,
-           repeats, r->op_events / wall_s);
-}
+/* What one size's child process sends back to the parent. */
+typedef struct {
+    int ok;
+    uint32_t n_ops;
+    double build_s, cpu_s, step_s, state_bytes;
+    uint64_t op_events, heap_events;
+} Row;
 
-static int bench_gpt_1t(const ZpHw *hw)
+/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, dp ranks, every rank explicit: the issue's
+ * case. Runs in a child so that its peak RSS is its own. */
+static Row run_gpt_1t(const ZpHw *hw, int dp)
 {
+    Row row = {0};
     ZpModel model;
     ZpPlan plan;
     GError *error = NULL;
-    zp_plan_defaults(&plan, 3, 1024, 1);
-    const gint64 start_us = g_get_monotonic_time();
+    zp_plan_defaults(&plan, 3, dp, 1);
+    plan.checkpoint = TRUE;
+    const double build_start_s = cpu_s();
     ZpSchedule *s = zp_model_load("gpt-1t", &model, &error)
                         ? zp_sched_build(&model, &plan, &error)
                         : NULL;
-    if (!s) {
-        fprintf(stderr, "bench_sim: %s\n", error->message);
-        g_error_free(error);
-        return 1;
-    }
-    printf("gpt-1t schedule: %u ops, built in %.4f s\n", s->ops->len,
-           (g_get_monotonic_time() - start_us) / 1e6);
+    row.build_s = cpu_s() - build_start_s;
     SimResult *r = NULL;
-    const int repeats = 3;
-    const double wall_s = time_runs(s, hw, repeats, &r);
-    if (wall_s >= 0)
-        report("gpt-1t, ZeRO-3, dp 1024, mp 1, micro-batch 1, explicit ranks, dgx-a100-80g:", r,
-               wall_s, repeats);
+    if (s) {
+        const SimOptions options = {.mode = SIM_MODE_EXPLICIT};
+        const double start_s = cpu_s();
+        r = sim_engine_run(s, hw, &options, &error);
+        row.cpu_s = cpu_s() - start_s;
+    }
+    if (!r) {
+        fprintf(stderr, "bench_sim: %d ranks: %s\n", dp, error->message);
+        g_error_free(error);
+    } else {
+        row = (Row){.ok = 1, .n_ops = r->n_ops, .build_s = row.build_s, .cpu_s = row.cpu_s,
+                    .step_s = r->step_time_s, .state_bytes = (double)r->state_bytes,
+                    .op_events = r->op_events, .heap_events = r->heap_events};
+    }
     sim_result_free(r);
     zp_sched_free(s);
-    return wall_s < 0;
+    return row;
+}
+
+/* One table row: the run in a child process, its peak RSS from wait4. */
+static int table_row(const ZpHw *hw, int dp)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        perror("bench_sim: pipe");
+        return 1;
+    }
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) {
+        perror("bench_sim: fork");
+        return 1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        const Row row = run_gpt_1t(hw, dp);
+        const ssize_t written = write(fds[1], &row, sizeof row);
+        _exit(written == (ssize_t)sizeof row && row.ok ? 0 : 1);
+    }
+    close(fds[1]);
+    Row row = {0};
+    const ssize_t got = read(fds[0], &row, sizeof row);
+    close(fds[0]);
+    int status = 0;
+    struct rusage usage;
+    if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0 || got != (ssize_t)sizeof row) {
+        fprintf(stderr, "bench_sim: the %d-rank run failed\n", dp);
+        return 1;
+    }
+    const double rank_ops = (double)dp * row.n_ops;
+    printf("%8d %9.3f %12.3g %10.1f %9.2f %11.2f %10.1f %14.6g\n", dp, row.cpu_s,
+           row.op_events / row.cpu_s, usage.ru_maxrss / 1024.0, row.state_bytes / rank_ops,
+           1e9 * row.cpu_s / row.op_events, row.heap_events / (double)dp, row.step_s);
+    return 0;
+}
+
+static int bench_table(const ZpHw *hw, int max_ranks)
+{
+    printf("gpt-1t, ZeRO-3, micro-batch 1, checkpointing, mp 1, explicit ranks, dgx-a100-80g; "
+           "one process per row\n"
+           "   ranks     CPU s     events/s   peak RSS  bytes per   ns per op  queue ev.  "
+           "simulated\n"
+           "                                      MiB    rank-op       event   per rank     "
+           "step s\n");
+    int failed = 0;
+    for (int dp = 1024; dp <= max_ranks; dp *= 2)
+        failed += table_row(hw, dp);
+    return failed;
 }
 
 /* A schedule of one all-reduce on the DP stream, built by hand: no model, no other op. */
@@ -86,27 +133,41 @@ static int bench_allreduce(const ZpHw *hw)
            g.nodes, sim_coll_algo_name(c.algo), sim_coll_proto_name(c.proto),
            c.latency_s + c.transfer_s,
            sim_coll_ring_time_s(ZP_COLL_ALLREDUCE, op.bytes, &g, SIM_PROTO_SIMPLE));
-    SimResult *r = NULL;
+    const SimOptions options = {.mode = SIM_MODE_EXPLICIT};
     const int repeats = 20;
-    const double wall_s = time_runs(s, hw, repeats, &r);
-    if (wall_s >= 0)
-        report("1 GiB all-reduce, dp 4096, explicit ranks, dgx-a100-80g:", r, wall_s, repeats);
-    sim_result_free(r);
+    double best_s = G_MAXDOUBLE;
+    int failed = 0;
+    for (int i = 0; i < repeats && !failed; i++) {
+        GError *error = NULL;
+        const double start_s = cpu_s();
+        SimResult *r = sim_engine_run(s, hw, &options, &error);
+        best_s = MIN(best_s, cpu_s() - start_s);
+        if (!r) {
+            fprintf(stderr, "bench_sim: %s\n", error->message);
+            g_error_free(error);
+            failed = 1;
+        } else if (i == repeats - 1) {
+            printf("  %d ranks, %" G_GUINT64_FORMAT " op events, simulated %.6g s, CPU %.5f s "
+                   "(least of %d)\n",
+                   r->ranks_simulated, r->op_events, r->step_time_s, best_s, repeats);
+        }
+        sim_result_free(r);
+    }
     zp_sched_free(s);
-    return wall_s < 0;
+    return failed;
 }
 
-int main(void)
+/* Usage: bench_sim [MAX_RANKS] (default 131072): the table's last row. */
+int main(int argc, char **argv)
 {
+    const int max_ranks = argc > 1 ? atoi(argv[1]) : 131072;
     ZpHw hw;
     GError *error = NULL;
-    if (!zp_hw_load("dgx-a100-80g", &hw, &error)) {
-        fprintf(stderr, "bench_sim: %s\n", error->message);
+    if (max_ranks < 1024 || !zp_hw_load("dgx-a100-80g", &hw, &error)) {
+        fprintf(stderr, "bench_sim: %s\n",
+                error ? error->message : "MAX_RANKS must be at least 1024");
         return 1;
     }
-    const int failed = bench_gpt_1t(&hw) + bench_allreduce(&hw);
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    printf("\npeak RSS of this process: %.1f MiB\n", usage.ru_maxrss / 1024.0);
+    const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw);
     return failed ? 1 : 0;
 }

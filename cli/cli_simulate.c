@@ -20,7 +20,9 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
+    char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -172,6 +174,8 @@ typedef struct {
     const ZpSchedule *sched;
     const SimResult *r;
     double peak_flops;
+    const SimOptions *options;
+    const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
 } Report;
 
 static double samples_per_s(const Report *p)
@@ -242,6 +246,15 @@ static int print_json(const Report *p)
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
+    json_t *slow[2] = {json_array(), json_array()};
+    for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
+        json_array_append_new(slow[0], json_pack("[i, f]", (int)p->options->slow_ranks[k].index,
+                                                 p->options->slow_ranks[k].factor));
+    for (uint32_t k = 0; k < p->options->n_slow_nodes; k++)
+        json_array_append_new(slow[1], json_pack("[i, f]", (int)p->options->slow_nodes[k].index,
+                                                 p->options->slow_nodes[k].factor));
+    json_object_set_new(root, "slow_ranks", slow[0]);
+    json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
@@ -341,12 +354,18 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
-    printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
-           "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
-           p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage, plan->dp,
-           plan->mp, plan->micro_batch, plan->grad_accum, zp_precision_name(plan->precision),
-           zp_optimizer_name(plan->optimizer), plan->zero.overlap_comm ? "on" : "off",
-           plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    if (p->schedule_path)
+        printf("Simulated the schedule %s (%u ops a rank, %s) on %d x %s (%s): DP %d x MP %d.\n",
+               p->schedule_path, p->sched->ops->len, zp_precision_name(plan->precision),
+               p->sched->world, p->hw->gpu, p->hw->name, plan->dp, plan->mp);
+    else
+        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+               "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
+               p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage,
+               plan->dp, plan->mp, plan->micro_batch, plan->grad_accum,
+               zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
+               plan->zero.overlap_comm ? "on" : "off",
+               plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
     if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
                "schedule and its groups are placed alike).\n\n",
@@ -355,6 +374,14 @@ static void print_human(const Report *p)
         printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
                "group members.\n\n",
                r->ranks_simulated);
+    for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
+        printf("Slowed: rank %u computes %g times slower.\n", p->options->slow_ranks[k].index,
+               p->options->slow_ranks[k].factor);
+    for (uint32_t k = 0; k < p->options->n_slow_nodes; k++)
+        printf("Slowed: node %u's network moves data %g times slower.\n",
+               p->options->slow_nodes[k].index, p->options->slow_nodes[k].factor);
+    if (p->options->n_slow_ranks + p->options->n_slow_nodes > 0)
+        printf("\n");
     printf("  step time                      %10.4f s\n", r->step_time_s);
     printf("  samples/s                      %10.2f\n", samples_per_s(p));
     printf("  model TFLOP/s per GPU          %10.1f   (model FLOPs: forward and backward, not "
@@ -374,6 +401,77 @@ static void print_human(const Report *p)
 
 /* ---- the command ---- */
 
+/* --slow-rank and --slow-link into the options' arrays (freed by the caller). */
+static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpHw *hw,
+                           SimOptions *options, GError **error)
+{
+    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp;
+    const struct {
+        char **texts;
+        const char *flag, *what;
+        uint32_t count;
+        const SimSlow **out;
+        uint32_t *n;
+    } lists[] = {
+        {f->slow_ranks, "--slow-rank", "rank", world, &options->slow_ranks,
+         &options->n_slow_ranks},
+        {f->slow_links, "--slow-link", "node",
+         (world + hw->gpus_per_node - 1) / hw->gpus_per_node, &options->slow_nodes,
+         &options->n_slow_nodes},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(lists); k++) {
+        const guint n = lists[k].texts ? g_strv_length(lists[k].texts) : 0;
+        SimSlow *slow = g_new0(SimSlow, n ? n : 1);
+        *lists[k].out = slow;
+        *lists[k].n = n;
+        if (n > 0 && !f->explicit_ranks) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: needs --explicit (folded ranks are all alike)", lists[k].flag);
+            return FALSE;
+        }
+        for (guint i = 0; i < n; i++)
+            if (!sim_slow_parse(lists[k].texts[i], lists[k].count, lists[k].what, &slow[i],
+                                error)) {
+                g_prefix_error(error, "%s: ", lists[k].flag);
+                return FALSE;
+            }
+    }
+    return TRUE;
+}
+
+/* --schedule FILE: the graph, its plan and model (zp_sched_read_graph); the flags that make
+ * a plan would say it a second time and are refused. */
+static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
+{
+    const struct {
+        const char *flag;
+        gboolean given;
+    } plan_flags[] = {
+        {"--model", f->model != NULL}, {"--gpus", f->gpus != NULL}, {"--mp", f->mp != NULL},
+        {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
+        {"--grad-accum", f->grad_accum != NULL}, {"--ds-config", f->ds_config != NULL},
+        {"--checkpoint", f->checkpoint}, {"--precision", f->precision != NULL},
+        {"--optimizer", f->optimizer != NULL}, {"--seq", f->seq != NULL},
+        {"--attention", f->attention != NULL}, {"--reduce-dtype", f->reduce_dtype != NULL},
+        {"--overlap", f->overlap}, {"--no-overlap", f->no_overlap},
+        {"--no-dropout", f->no_dropout}, {"--reduce-bucket-size", f->reduce_bucket != NULL},
+        {"--allgather-bucket-size", f->allgather_bucket != NULL},
+        {"--prefetch-bucket-size", f->prefetch_bucket != NULL},
+        {"--max-live-parameters", f->max_live != NULL},
+        {"--persistence-threshold", f->persistence != NULL},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
+        if (plan_flags[i].given) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: the ops come from --schedule; leave it out", plan_flags[i].flag);
+            return NULL;
+        }
+    ZpSchedule *sched = zp_sched_read_graph(f->schedule, error);
+    if (!sched)
+        g_prefix_error(error, "--schedule: ");
+    return sched;
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -381,29 +479,40 @@ static int simulate(const SimulateFlags *f)
     ZpHw hw;
     ZpPlan plan;
     double peak_flops = 0;
-    if (!(load_model(f, &model, &error) &&
-          required(f->cluster, "--cluster NAME|PATH.json", &error) &&
-          zp_hw_load(f->cluster, &hw, &error) && simulate_plan(f, &model, &hw, &plan, &error) &&
-          (!f->trace || zp_check_out_path(f->trace, "--trace", &error))))
-        return cli_fail("simulate", error);
-    if (!sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
+    ZpSchedule *sched = f->schedule ? schedule_file(f, &error) : NULL;
+    gboolean ready = f->schedule ? sched != NULL : load_model(f, &model, &error);
+    ready = ready && required(f->cluster, "--cluster NAME|PATH.json", &error) &&
+            zp_hw_load(f->cluster, &hw, &error) &&
+            (sched ? sim_coll_check_placement(&hw, sched->plan.mp, &error)
+                   : simulate_plan(f, &model, &hw, &plan, &error)) &&
+            (!f->trace || zp_check_out_path(f->trace, "--trace", &error));
+    if (ready && sched) {
+        model = sched->model;
+        plan = sched->plan;
+    }
+    if (ready && !sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
+        ready = FALSE;
+    }
+    if (!ready) {
+        zp_sched_free(sched);
         return cli_fail("simulate", error);
     }
-    ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
-    if (!sched)
+    if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
     char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",
                                  f->explicit_ranks ? sched->world : 1, sched->ops->len);
     CliProgress *progress = cli_progress_new(what);
     g_free(what);
-    const SimOptions options = {
+    SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .record_timeline = f->trace != NULL || f->json,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
-    SimResult *result = sim_engine_run(sched, &hw, &options, &error);
+    SimResult *result = NULL;
+    if (slow_flags(f, &plan, &hw, &options, &error))
+        result = sim_engine_run(sched, &hw, &options, &error);
     cli_progress_free(progress);
     gboolean ok = result != NULL;
     if (ok && f->trace) {
@@ -417,7 +526,8 @@ static int simulate(const SimulateFlags *f)
     if (!ok) {
         status = cli_fail("simulate", error);
     } else {
-        const Report report = {&model, &hw, &plan, sched, result, peak_flops};
+        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options,
+                               f->schedule};
         if (f->json)
             status = print_json(&report);
         else
@@ -427,6 +537,8 @@ static int simulate(const SimulateFlags *f)
     }
     sim_result_free(result);
     zp_sched_free(sched);
+    g_free((SimSlow *)options.slow_ranks);
+    g_free((SimSlow *)options.slow_nodes);
     return status;
 }
 
@@ -468,9 +580,11 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype};
+                      &f->attention, &f->reduce_dtype, &f->schedule};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
+    g_strfreev(f->slow_ranks);
+    g_strfreev(f->slow_links);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -498,6 +612,9 @@ int cli_simulate(int argc, char **argv)
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; README) instead of a plan: no --model or plan flags", "FILE"},
+        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (with --explicit; repeatable)", "R:FACTOR"},
+        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (with --explicit; repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     return run_with_flags(argc, argv, "simulate",
@@ -506,7 +623,8 @@ int cli_simulate(int argc, char **argv)
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
         "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory,\n"
         "after a first line saying whether the step fits in the GPU's memory.\n"
-        "--cluster is required. Exit status 2: the step does not fit.",
+        "--cluster is required; --schedule FILE times a schedule file in place of a plan.\n"
+        "Exit status 2: the step does not fit.",
         extra, &f, simulate);
 }
 

@@ -811,6 +811,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
+/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
+ * otherwise (written only then). */
+static ZpStream default_stream(int kind, int group)
+{
+    if (kind != ZP_OP_COLLECTIVE)
+        return ZP_STREAM_COMPUTE;
+    return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
+}
+
 static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
 {
     json_t *deps = json_array();
@@ -840,8 +849,67 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
+    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+        json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
+}
+
+static gboolean name_index(json_t *o, const char *what, const char *key,
+                           const char *const *names, int *out, GError **error);
+
+/* The communicators and where their members sit: ranks are numbered tp-fastest, so a TP
+ * group is mp consecutive ranks and a DP group every mp-th rank. */
+static json_t *groups_json(const ZpSchedule *s)
+{
+    return json_pack("[{s:s, s:i, s:i}, {s:s, s:i, s:i}]", "name", group_names[ZP_GROUP_DP],
+                     "ranks", s->plan.dp, "stride", s->plan.mp, "name",
+                     group_names[ZP_GROUP_TP], "ranks", s->plan.mp, "stride", 1);
+}
+
+/* Reads "groups" into dp and mp: each of dp and tp once, with the placement groups_json
+ * writes (the only one the simulator lays out), their sizes multiplying to world. */
+static gboolean groups_from_json(json_t *groups, const char *path, int64_t world, int *dp,
+                                 int *mp, GError **error)
+{
+    static const char *const keys[] = {"name", "ranks", "stride", NULL};
+    int64_t ranks[2] = {0, 0}, stride[2] = {0, 0};
+    if (!json_is_array(groups) || json_array_size(groups) != 2) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"groups\" must be an array of two groups, dp and tp", path);
+        return FALSE;
+    }
+    for (size_t i = 0; i < 2; i++) {
+        char *what = g_strdup_printf("%s: groups[%zu]", path, i);
+        json_t *g = json_array_get(groups, i);
+        int group = 0;
+        gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
+                      name_index(g, what, "name", group_names, &group, error);
+        if (ok && ranks[group] != 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"name\": group %s twice",
+                        what, group_names[group]);
+            ok = FALSE;
+        }
+        ok = ok && zp_json_get_int(g, what, "ranks", TRUE, 1, INT32_MAX, &ranks[group], error) &&
+             zp_json_get_int(g, what, "stride", TRUE, 1, INT32_MAX, &stride[group], error);
+        if (!ok && error && !*error)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+        g_free(what);
+        if (!ok)
+            return FALSE;
+    }
+    if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||
+        stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP]) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"groups\": dp %" G_GINT64_FORMAT " x tp %" G_GINT64_FORMAT
+                    " ranks must make the world of %" G_GINT64_FORMAT ", tp with stride 1 and "
+                    "dp with stride tp (ranks numbered tp-fastest)",
+                    path, ranks[ZP_GROUP_DP], ranks[ZP_GROUP_TP], world);
+        return FALSE;
+    }
+    *dp = (int)ranks[ZP_GROUP_DP];
+    *mp = (int)ranks[ZP_GROUP_TP];
+    return TRUE;
 }
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
@@ -860,6 +928,10 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->total_elems, "padded_elems",
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
+    json_object_set_new(root, "groups", groups_json(s));
+    /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
+    if (s->n_units == 0)
+        json_object_del(root, "model");
     gboolean ok = zp_json_write(root, path, error);
     json_decref(root);
     return ok;
@@ -881,42 +953,45 @@ static gboolean name_index(json_t *o, const char *what, const char *key,
     return FALSE;
 }
 
-static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *path,
-                             GError **error)
+/* One op. A schedule of the planner's (`layout`) names the unit, micro-step, buffer and
+ * element range of its ops and depends only on earlier ops; a graph needs none of these, and
+ * its dependencies may be any of its n_ops ops (zp_sched_read_graph then refuses cycles). */
+static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
+                             gboolean layout, const char *path, GError **error)
 {
     char *what = g_strdup_printf("%s: ops[%u]", path, index);
     ZpOp op = {0};
     int kind = 0, sub = 0, group = 0;
     int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
-    static const char *const keys[][11] = {
+    static const char *const keys[][12] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", NULL},
+                           "attn_flops", "mem_bytes", "stream", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
-                              "elem_offset", "elems", NULL},
+                              "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
     };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
                   zp_json_check_keys(o, what, keys[kind], error) &&
-                  zp_json_get_int(o, what, "unit", TRUE, -1, INT32_MAX, &unit, error) &&
-                  zp_json_get_int(o, what, "micro", TRUE, -1, INT32_MAX, &micro, error);
+                  zp_json_get_int(o, what, "unit", layout, -1, INT32_MAX, &unit, error) &&
+                  zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error);
     if (ok && kind == ZP_OP_COMPUTE)
         ok = name_index(o, what, "op", compute_names, &sub, error) &&
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
-             zp_json_get_number(o, what, "gemm_flops", TRUE, 0, 1e30, &op.gemm_flops, error) &&
+             zp_json_get_number(o, what, "gemm_flops", layout, 0, 1e30, &op.gemm_flops, error) &&
              zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
-             zp_json_get_number(o, what, "mem_bytes", TRUE, 0, 1e30, &op.mem_bytes, error);
+             zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
              name_index(o, what, "group", group_names, &group, error) &&
-             zp_json_get_int(o, what, "buffer", TRUE, -1, INT32_MAX, &buffer, error) &&
+             zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
-             zp_json_get_int(o, what, "elem_offset", TRUE, 0, INT64_MAX, &offset, error) &&
-             zp_json_get_int(o, what, "elems", TRUE, 0, INT64_MAX, &elems, error);
+             zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
+             zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
     else if (ok)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
-             zp_json_get_int(o, what, "buffer", TRUE, 0, INT32_MAX, &buffer, error) &&
+             zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     json_t *deps = json_object_get(o, "deps");
     if (ok && !json_is_array(deps)) {
@@ -924,18 +999,26 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, const char *
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    op.stream = kind != ZP_OP_COLLECTIVE ? ZP_STREAM_COMPUTE
-                                         : (group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP);
+    int stream = default_stream(kind, group);
+    if (ok && json_object_get(o, "stream"))
+        ok = name_index(o, what, "stream", stream_names, &stream, error);
+    op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
     op.dep_start = s->deps->len;
     for (size_t i = 0; ok && i < json_array_size(deps); i++) {
         json_t *d = json_array_get(deps, i);
-        /* Dependencies point backwards: the list is in issue order, so the graph is acyclic. */
-        if (!json_is_integer(d) || json_integer_value(d) < 0 ||
-            json_integer_value(d) >= (json_int_t)index) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: deps[%zu] must be the index of an earlier op", what, i);
+        /* A planner's dependencies point backwards: the list is in issue order, so the graph
+         * is acyclic. A graph's may point anywhere among its ops. */
+        const json_int_t limit = layout ? (json_int_t)index : (json_int_t)n_ops;
+        if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) >= limit) {
+            if (layout)
+                g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "%s: deps[%zu] must be the index of an earlier op", what, i);
+            else
+                g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "%s: key \"deps\": deps[%zu] is not the index of an op (0 to %u)",
+                            what, i, n_ops - 1);
             ok = FALSE;
             break;
         }
@@ -970,7 +1053,7 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     }
     static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
                                        "state_bytes", "units", "total_elems", "padded_elems",
-                                       "partition_elems", "ops", NULL};
+                                       "partition_elems", "ops", "groups", NULL};
     char *model_what = g_strdup_printf("%s: model", path);
     char *plan_what = g_strdup_printf("%s: plan", path);
     ok = ok && zp_json_check_keys(root, path, keys, error) &&
@@ -987,12 +1070,24 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     if (!ok && error && !*error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: keys \"model\" and \"plan\" must be objects",
                     path);
+    json_t *groups = json_object_get(root, "groups");
+    int dp = 0, mp = 0;
+    if (ok && groups) {
+        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp, &dp, &mp, error);
+        if (ok && (dp != plan.dp || mp != plan.mp)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
+                        path, dp, mp, plan.dp, plan.mp);
+            ok = FALSE;
+        }
+    }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
     if (s) {
         g_array_set_size(s->ops, 0);
         g_array_set_size(s->deps, 0);
         for (size_t i = 0; s && i < json_array_size(ops); i++)
-            if (!op_from_json(s, json_array_get(ops, i), (guint)i, path, error)) {
+            if (!op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops),
+                              TRUE, path, error)) {
                 zp_sched_free(s);
                 s = NULL;
             }
@@ -1002,5 +1097,154 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         }
     }
     json_decref(root);
+    return s;
+}
+
+/* ---- a graph: a schedule file without its model ----------------------------------------- */
+
+/* Fails naming an op on a dependency cycle, if there is one (Kahn's algorithm; an op left
+ * over has a dependency left over, and following those from it must come round). */
+static gboolean check_acyclic(const ZpSchedule *s, const char *path, GError **error)
+{
+    const guint n = s->ops->len;
+    uint32_t *left = g_new(uint32_t, n ? n : 1), *start = g_new0(uint32_t, n + 1);
+    uint32_t *users = g_new(uint32_t, s->deps->len ? s->deps->len : 1);
+    uint32_t *ready = g_new(uint32_t, n ? n : 1), *seen = g_new0(uint32_t, n ? n : 1);
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        left[i] = op->n_deps;
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            start[zp_sched_deps(s, op)[d] + 1]++;
+    }
+    for (guint i = 0; i < n; i++)
+        start[i + 1] += start[i];
+    uint32_t *fill = g_memdup2(start, (n + 1) * sizeof *start);
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            users[fill[zp_sched_deps(s, op)[d]]++] = i;
+    }
+    guint n_ready = 0, done = 0;
+    for (guint i = 0; i < n; i++)
+        if (left[i] == 0)
+            ready[n_ready++] = i;
+    while (done < n_ready) {
+        const uint32_t i = ready[done++];
+        for (uint32_t k = start[i]; k < start[i + 1]; k++)
+            if (--left[users[k]] == 0)
+                ready[n_ready++] = users[k];
+    }
+    gboolean ok = done == n;
+    if (!ok) {
+        uint32_t at = 0;
+        while (left[at] == 0)
+            at++;
+        while (!seen[at]) {
+            seen[at] = 1;
+            const ZpOp *op = zp_sched_op(s, at);
+            uint32_t d = 0;
+            while (left[zp_sched_deps(s, op)[d]] == 0)
+                d++;
+            at = zp_sched_deps(s, op)[d];
+        }
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: ops[%u]: key \"deps\": the op is on a dependency cycle", path, at);
+    }
+    g_free(left);
+    g_free(start);
+    g_free(fill);
+    g_free(users);
+    g_free(ready);
+    g_free(seen);
+    return ok;
+}
+
+/* "state_bytes": any of the memory categories, bytes each rank holds all step (0 if absent). */
+static gboolean state_from_json(json_t *o, const char *path, double state[ZP_MEM_N],
+                                GError **error)
+{
+    char *what = g_strdup_printf("%s: state_bytes", path);
+    gboolean ok = json_is_object(o) && zp_json_check_keys(o, what, mem_names, error);
+    for (int c = 0; ok && c < ZP_MEM_N; c++)
+        ok = zp_json_get_number(o, what, mem_names[c], FALSE, 0, 1e30, &state[c], error);
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+    g_free(what);
+    return ok;
+}
+
+ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
+{
+    json_t *root = zp_json_load_object(path, error);
+    if (!root)
+        return NULL;
+    static const char *const keys[] = {"format", "world", "groups", "ops", "state_bytes",
+                                       "precision", "model", "plan", "elem_bytes", "units",
+                                       "total_elems", "padded_elems", "partition_elems", NULL};
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    s->elem_bytes = 2;
+    const char *format = NULL, *precision = NULL;
+    int64_t world = 0;
+    int dp = 0, mp = 0;
+    json_t *ops = json_object_get(root, "ops"), *model = json_object_get(root, "model");
+    json_t *plan = json_object_get(root, "plan"), *state = json_object_get(root, "state_bytes");
+    char *model_what = g_strdup_printf("%s: model", path);
+    char *plan_what = g_strdup_printf("%s: plan", path);
+    gboolean ok = zp_json_check_keys(root, path, keys, error) &&
+                  zp_json_get_string(root, path, "format", TRUE, &format, error);
+    if (ok && strcmp(format, "zplan-schedule-1") != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown format \"%s\"", path, format);
+        ok = FALSE;
+    }
+    ok = ok && zp_json_get_int(root, path, "world", TRUE, 1, INT32_MAX, &world, error) &&
+         groups_from_json(json_object_get(root, "groups"), path, world, &dp, &mp, error) &&
+         zp_json_get_number(root, path, "elem_bytes", FALSE, 1, 8, &s->elem_bytes, error) &&
+         zp_json_get_string(root, path, "precision", FALSE, &precision, error) &&
+         (!state || state_from_json(state, path, s->state_bytes, error));
+    if (ok && plan && precision) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"precision\": the plan gives it; give one of them", path);
+        ok = FALSE;
+    }
+    if (ok && plan) {
+        ok = json_is_object(plan) && zp_plan_from_json(plan, plan_what, &s->plan, error);
+        if (ok && (s->plan.dp != dp || s->plan.mp != mp)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
+                        path, dp, mp, s->plan.dp, s->plan.mp);
+            ok = FALSE;
+        }
+    } else if (ok) {
+        zp_plan_defaults(&s->plan, 0, dp, mp);
+        ok = !precision ||
+             zp_precision_parse(precision, "key \"precision\"", &s->plan.precision, error);
+        if (!ok)
+            g_prefix_error(error, "%s: ", path);
+    }
+    if (ok && model)
+        ok = json_is_object(model) && zp_model_from_json(model, model_what, &s->model, error);
+    else if (ok)
+        g_snprintf(s->model.name, sizeof s->model.name, "%s", "schedule");
+    if (ok && !json_is_array(ops)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
+        ok = FALSE;
+    }
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: keys \"model\" and \"plan\" must be objects", path);
+    s->world = (int)world;
+    for (size_t i = 0; ok && i < json_array_size(ops); i++)
+        ok = op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops), FALSE,
+                          path, error);
+    ok = ok && check_acyclic(s, path, error);
+    g_free(model_what);
+    g_free(plan_what);
+    json_decref(root);
+    if (!ok) {
+        zp_sched_free(s);
+        return NULL;
+    }
     return s;
 }

@@ -150,6 +150,15 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 
+/* A schedule file as an op graph, for the simulator: no model needed. It needs "format",
+ * "world", "groups" (dp and tp: their ranks and stride, tp-fastest) and "ops" (kind, op or
+ * category, group for collectives, flops or bytes, deps: indices of any ops); "state_bytes",
+ * "precision" (or a "plan") and a "model" are optional, the planner's layout keys ignored.
+ * Fails with one error naming the op index and key at fault: a dangling dependency, a
+ * dependency cycle, an unknown group, a negative size. A file `zplan schedule --out` wrote
+ * reads back to the same ops, so it simulates exactly as the plan does. */
+ZpSchedule *zp_sched_read_graph(const char *path, GError **error);
+
 /* {"params": B, ..., "workspace": B}: one figure per memory category (a json_t *). */
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);
 

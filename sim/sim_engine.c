@@ -18,28 +18,49 @@ typedef struct {
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
+    uint32_t pending_row;        /* its row of pending counts (NO_ROW without dependencies) */
+    uint8_t wide;                /* the row is in pending_wide (over 255 dependencies) */
     double duration_s;           /* compute ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
     double bytes;                /* alloc and free */
 } SimOp;
 
-typedef enum { EVENT_OP_DONE, EVENT_FLOW_DONE } EventKind;
+#define NO_ROW UINT32_MAX
 
+/* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
+ * slot, detail its version when queued) from an op's (id the rank, detail the op). */
 typedef struct {
-    double time_s;
-    uint64_t seq;    /* ties at one time run in the order they were queued */
-    uint32_t id;     /* rank (op done) or flow slot (flow done) */
-    uint32_t detail; /* op index (op done) or the flow's version when queued (flow done) */
-    EventKind kind;
+    uint32_t id, detail;
 } Event;
 
-/* A binary min-heap over a flat array (GLib has none). */
+#define EVENT_FLOW 0x80000000u
+
+/* Events of one time in the order they were queued. */
 typedef struct {
+    double time_s;
+    uint64_t seq; /* among buckets of one time, the order they were made in */
     Event *items;
-    size_t len, cap;
+    uint32_t head, len, cap;
+} Bucket;
+
+/* The event queue, in (time, queue order) like one binary heap of events, but with the events
+ * in FIFO buckets and only the buckets in the heap: ranks in lockstep queue thousands of
+ * events at one time, and each goes to the bucket the last event went to, in O(1), when its
+ * time is that bucket's. Any other bucket of that time was made earlier and was never pushed
+ * to since, so it holds only earlier events: buckets taken by (time, seq) and each in order
+ * give exactly the order of the one heap. */
+typedef struct {
+    Bucket *buckets;
+    uint32_t n_buckets, cap_buckets;
+    uint32_t *spare; /* buckets not in use (their items kept for reuse) */
+    uint32_t n_spare;
+    uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
+    uint32_t heap_len;
+    uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     uint64_t next_seq;
-} Heap;
+    size_t len; /* events queued */
+} Queue;
 
 /* One collective in flight on one group (a group has at most one per stream: its members
  * reach a stream's collectives in the same order and none passes one before it ends). */
@@ -52,13 +73,19 @@ typedef struct {
     double remaining_s;     /* transfer left, in seconds at the group's full busbw */
     double share;           /* fraction of the link it gets now: 1 / most flows on a member */
     double end_s;
+    double inter_scale; /* network transfers take this many times longer (a slow node) */
 } Flow;
 
+/* A rank's live and peak bytes, apart from its times: memory ops touch only these. */
 typedef struct {
     double live[ZP_MEM_N];
     double live_total, live_states;
     double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
     double category_peak[ZP_MEM_N]; /* each category's own maximum */
+} RankMemory;
+
+/* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
+typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s, exposed_s;
     double mark_s; /* exposed communication is accounted up to here */
@@ -79,12 +106,20 @@ typedef struct {
     uint32_t stream_len[ZP_STREAM_N];
 
     uint32_t ranks, sim_dp, sim_mp;
-    uint32_t *pending;     /* [rank * n_ops + op]: dependencies not yet done */
+    /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
+     * through the same ops, count down adjacent bytes: [row * ranks + rank] with the op's
+     * pending_row; one byte each, four for the few ops with more than 255 dependencies. */
+    uint8_t *pending;
+    uint32_t *pending_wide;
+    uint32_t n_rows, n_wide_rows;
     uint32_t *stream_head; /* [rank * ZP_STREAM_N + stream]: next op of the stream */
     uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
-    double *op_start_s, *op_end_s;
+    RankMemory *memory;
+    double *op_start_s, *op_end_s, *op_ready_s;
+    uint32_t *op_last_rank;
+    double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
 
     Flow *flows;
     uint32_t n_flows, epoch;
@@ -92,12 +127,12 @@ typedef struct {
     uint32_t *affected;
     uint32_t n_affected, affected_cap;
 
-    Heap heap;
+    Queue queue;
     ReadyOp *ready; /* zero-time ops waiting to run, FIFO */
     size_t ready_head, ready_len, ready_cap;
 
     double mem_tolerance_bytes;
-    uint64_t op_events, heap_events;
+    uint64_t op_events, heap_events, state_bytes;
     GError *error;
 } Sim;
 
@@ -110,48 +145,101 @@ const char *sim_mode_name(SimMode mode)
 
 /* ---- the event queue ---- */
 
-static gboolean event_before(const Event *a, const Event *b)
+static gboolean bucket_before(const Queue *q, uint32_t a, uint32_t b)
 {
-    return a->time_s < b->time_s || (a->time_s == b->time_s && a->seq < b->seq);
+    const Bucket *x = &q->buckets[a], *y = &q->buckets[b];
+    return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
 }
 
-static void heap_push(Heap *h, double time_s, EventKind kind, uint32_t id, uint32_t detail)
+static void queue_sift_down(Queue *q, size_t i)
 {
-    if (h->len == h->cap) {
-        h->cap = h->cap ? 2 * h->cap : 1024;
-        h->items = g_renew(Event, h->items, h->cap);
-    }
-    Event e = {.time_s = time_s, .seq = h->next_seq++, .id = id, .detail = detail, .kind = kind};
-    size_t i = h->len++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!event_before(&e, &h->items[parent]))
-            break;
-        h->items[i] = h->items[parent];
-        i = parent;
-    }
-    h->items[i] = e;
-}
-
-static Event heap_pop(Heap *h)
-{
-    const Event top = h->items[0];
-    const Event last = h->items[--h->len];
-    size_t i = 0;
+    const uint32_t moving = q->heap[i];
     for (;;) {
         size_t child = 2 * i + 1;
-        if (child >= h->len)
+        if (child >= q->heap_len)
             break;
-        if (child + 1 < h->len && event_before(&h->items[child + 1], &h->items[child]))
+        if (child + 1 < q->heap_len && bucket_before(q, q->heap[child + 1], q->heap[child]))
             child++;
-        if (!event_before(&h->items[child], &last))
+        if (!bucket_before(q, q->heap[child], moving))
             break;
-        h->items[i] = h->items[child];
+        q->heap[i] = q->heap[child];
         i = child;
     }
-    if (h->len > 0)
-        h->items[i] = last;
-    return top;
+    q->heap[i] = moving;
+}
+
+/* A bucket for time_s, newest of its time, in the heap. */
+static uint32_t queue_new_bucket(Queue *q, double time_s)
+{
+    uint32_t b;
+    if (q->n_spare > 0) {
+        b = q->spare[--q->n_spare];
+    } else {
+        if (q->n_buckets == q->cap_buckets) {
+            q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
+            q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
+            q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
+            q->heap = g_renew(uint32_t, q->heap, q->cap_buckets);
+        }
+        b = q->n_buckets++;
+        q->buckets[b] = (Bucket){0};
+    }
+    Bucket *bucket = &q->buckets[b];
+    bucket->time_s = time_s;
+    bucket->seq = q->next_seq++;
+    bucket->head = bucket->len = 0;
+    size_t i = q->heap_len++;
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (!bucket_before(q, b, q->heap[parent]))
+            break;
+        q->heap[i] = q->heap[parent];
+        i = parent;
+    }
+    q->heap[i] = b;
+    return b;
+}
+
+static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
+{
+    uint32_t b = q->last;
+    if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
+        b = q->last = queue_new_bucket(q, time_s);
+    Bucket *bucket = &q->buckets[b];
+    if (bucket->len == bucket->cap) {
+        bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
+        bucket->items = g_renew(Event, bucket->items, bucket->cap);
+    }
+    bucket->items[bucket->len++] = (Event){id, detail};
+    q->len++;
+}
+
+/* The earliest event; the queue must not be empty. */
+static Event queue_pop(Queue *q, double *time_s)
+{
+    const uint32_t b = q->heap[0];
+    Bucket *bucket = &q->buckets[b];
+    const Event e = bucket->items[bucket->head++];
+    *time_s = bucket->time_s;
+    q->len--;
+    if (bucket->head == bucket->len) {
+        q->heap[0] = q->heap[--q->heap_len];
+        if (q->heap_len > 0)
+            queue_sift_down(q, 0);
+        q->spare[q->n_spare++] = b;
+        if (q->last == b)
+            q->last = UINT32_MAX;
+    }
+    return e;
+}
+
+static void queue_clear(Queue *q)
+{
+    for (uint32_t b = 0; b < q->n_buckets; b++)
+        g_free(q->buckets[b].items);
+    g_free(q->buckets);
+    g_free(q->spare);
+    g_free(q->heap);
 }
 
 /* ---- static facts ---- */
@@ -311,6 +399,11 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
     }
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        o->wide = o->n_deps > UINT8_MAX;
+        o->pending_row = o->n_deps == 0 ? NO_ROW : o->wide ? sim->n_wide_rows++ : sim->n_rows++;
+    }
     for (int c = 0; c < ZP_MEM_N; c++)
         states += s->state_bytes[c];
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
@@ -326,17 +419,21 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->pending = g_try_new(uint32_t, per_op ? per_op : 1);
+    sim->pending = g_try_new(uint8_t, MAX((size_t)sim->n_rows * sim->ranks, 1));
+    sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream_head = g_try_new0(uint32_t, (size_t)sim->ranks * ZP_STREAM_N);
     sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
-    gboolean ok = sim->pending && sim->stream_head && sim->stream_busy && sim->link_load &&
-                  sim->rank;
+    sim->memory = g_try_new0(RankMemory, sim->ranks);
+    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy &&
+                  sim->link_load && sim->rank && sim->memory;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
-        ok = sim->op_start_s && sim->op_end_s;
+        sim->op_ready_s = g_try_new0(double, per_op ? per_op : 1);
+        sim->op_last_rank = g_try_new0(uint32_t, per_op ? per_op : 1);
+        ok = sim->op_start_s && sim->op_end_s && sim->op_ready_s && sim->op_last_rank;
     }
     if (!ok) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -344,13 +441,26 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
+    sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
+                                             sim->n_wide_rows * sizeof *sim->pending_wide) +
+                       per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
+                       (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
+                                                            sizeof *sim->stream_busy) +
+                                             SIM_LINK_N * sizeof *sim->link_load +
+                                             sizeof *sim->rank + sizeof *sim->memory);
     const ZpSchedule *s = sim->sched;
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        sim->pending[i] = sim->ops[i].n_deps;
-    for (uint32_t r = 1; r < sim->ranks; r++)
-        memcpy(sim->pending + (size_t)r * sim->n_ops, sim->pending, sim->n_ops * sizeof(uint32_t));
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        const size_t row = (size_t)o->pending_row * sim->ranks;
+        if (o->pending_row == NO_ROW)
+            continue;
+        if (!o->wide)
+            memset(sim->pending + row, (int)o->n_deps, sim->ranks);
+        for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
+            sim->pending_wide[row + r] = o->n_deps;
+    }
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        RankState *rs = &sim->rank[r];
+        RankMemory *rs = &sim->memory[r];
         for (int c = 0; c < ZP_MEM_N; c++) {
             rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = s->state_bytes[c];
             rs->live_total += s->state_bytes[c];
@@ -373,19 +483,116 @@ static void build_flows(Sim *sim)
         Flow *f = &sim->flows[slot];
         const uint32_t group = slot / ZP_STREAM_N;
         if (group < sim->sim_mp)
-            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp};
+            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp,
+                        .inter_scale = 1.0};
         else
             *f = (Flow){.first = (group - sim->sim_mp) * sim->sim_mp, .stride = 1,
-                        .count = sim->sim_mp};
+                        .count = sim->sim_mp, .inter_scale = 1.0};
     }
     sim->affected_cap = 64;
     sim->affected = g_new(uint32_t, sim->affected_cap);
+}
+
+/* Slow ranks scale their compute; a slow node scales the network transfers of every group
+ * with a member on it (the slowest link paces a ring or a tree). */
+static gboolean apply_slowdowns(Sim *sim, const SimOptions *o, int gpus_per_node,
+                                GError **error)
+{
+    if (o->n_slow_ranks + o->n_slow_nodes == 0)
+        return TRUE;
+    const uint32_t nodes = (sim->ranks + gpus_per_node - 1) / gpus_per_node;
+    if (o->mode != SIM_MODE_EXPLICIT) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "slow ranks and links need explicit ranks: folded ranks are all alike");
+        return FALSE;
+    }
+    for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
+        const gboolean is_rank = k < o->n_slow_ranks;
+        const SimSlow *w = is_rank ? &o->slow_ranks[k] : &o->slow_nodes[k - o->n_slow_ranks];
+        if (w->index >= (is_rank ? sim->ranks : nodes) || !(w->factor >= 1 && w->factor <= 1e6)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "slow %s %u x %g: the index must be below %u and the factor in 1..1e6",
+                        is_rank ? "rank" : "node", w->index, w->factor,
+                        is_rank ? sim->ranks : nodes);
+            return FALSE;
+        }
+    }
+    if (o->n_slow_ranks > 0) {
+        sim->compute_scale = g_new(double, sim->ranks);
+        for (uint32_t r = 0; r < sim->ranks; r++)
+            sim->compute_scale[r] = 1.0;
+        for (uint32_t k = 0; k < o->n_slow_ranks; k++)
+            sim->compute_scale[o->slow_ranks[k].index] =
+                MAX(sim->compute_scale[o->slow_ranks[k].index], o->slow_ranks[k].factor);
+    }
+    double *node_scale = g_new(double, nodes);
+    for (uint32_t n = 0; n < nodes; n++)
+        node_scale[n] = 1.0;
+    for (uint32_t k = 0; k < o->n_slow_nodes; k++)
+        node_scale[o->slow_nodes[k].index] =
+            MAX(node_scale[o->slow_nodes[k].index], o->slow_nodes[k].factor);
+    for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
+        Flow *f = &sim->flows[slot];
+        for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
+            f->inter_scale = MAX(f->inter_scale, node_scale[m / (uint32_t)gpus_per_node]);
+    }
+    g_free(node_scale);
+    return TRUE;
+}
+
+gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimSlow *slow,
+                        GError **error)
+{
+    const char *colon = strchr(text, ':');
+    char *end = NULL;
+    guint64 index = 0;
+    double factor = 0;
+    gboolean ok = colon != NULL && colon > text;
+    if (ok) {
+        char *index_text = g_strndup(text, (gsize)(colon - text));
+        ok = g_ascii_string_to_unsigned(index_text, 10, 0, G_MAXUINT32, &index, NULL);
+        g_free(index_text);
+    }
+    if (ok) {
+        factor = g_ascii_strtod(colon + 1, &end);
+        ok = end != colon + 1 && *end == '\0' && factor >= 1 && factor <= 1e6;
+    }
+    if (!ok) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "'%s' is not %s:FACTOR (a whole number, a colon, a factor from 1 to 1e6)",
+                    text, what);
+        return FALSE;
+    }
+    if (index >= count) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "'%s': %s %" G_GUINT64_FORMAT
+                    " is not below the %u there are", text, what, index, count);
+        return FALSE;
+    }
+    *slow = (SimSlow){.index = (uint32_t)index, .factor = factor};
+    return TRUE;
 }
 
 static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
 {
     const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
     return g * ZP_STREAM_N + stream;
+}
+
+static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
+{
+    const SimOp *o = &sim->ops[op];
+    if (o->pending_row == NO_ROW)
+        return 0;
+    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
+    return o->wide ? sim->pending_wide[at] : sim->pending[at];
+}
+
+/* One dependency of `op` done on `rank`; TRUE when it was the last. */
+static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
+{
+    const SimOp *o = &sim->ops[op];
+    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
+    return o->wide ? --sim->pending_wide[at] == 0 : --sim->pending[at] == 0;
 }
 
 static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
@@ -430,7 +637,7 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
     const double end_s = f->transfer_from_s + f->remaining_s / f->share;
     if (end_s != f->end_s) {
         f->end_s = end_s;
-        heap_push(&sim->heap, end_s, EVENT_FLOW_DONE, slot, ++f->version);
+        queue_push(&sim->queue, end_s, EVENT_FLOW | slot, ++f->version);
     }
 }
 
@@ -466,7 +673,8 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 
 /* ---- ops ---- */
 
-static void start_flow(Sim *sim, uint32_t slot, double now_s)
+/* `last` is the member whose arrival starts it. */
+static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
     Flow *f = &sim->flows[slot];
     const SimOp *op = &sim->ops[f->op];
@@ -474,15 +682,18 @@ static void start_flow(Sim *sim, uint32_t slot, double now_s)
     f->active = TRUE;
     f->start_s = now_s;
     f->transfer_from_s = now_s + op->latency_s;
-    f->remaining_s = op->transfer_s;
+    f->remaining_s = op->link == SIM_LINK_INTER ? op->transfer_s * f->inter_scale
+                                                : op->transfer_s;
     f->share = 1.0;
     f->end_s = f->transfer_from_s + f->remaining_s;
-    heap_push(&sim->heap, f->end_s, EVENT_FLOW_DONE, slot, ++f->version);
+    queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
-        if (sim->op_start_s)
+        if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
+            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = last;
+        }
     }
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, +1);
@@ -498,30 +709,34 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[stream])
         return;
     const uint32_t i = sim->stream_ops[stream][sim->stream_head[rs_index]];
-    if (sim->pending[(size_t)rank * sim->n_ops + i])
+    if (pending_of(sim, i, rank))
         return;
     sim->stream_head[rs_index]++;
     sim->stream_busy[rs_index] = 1;
     const SimOp *op = &sim->ops[i];
+    if (sim->op_ready_s)
+        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE) {
+        const double duration_s =
+            sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
         RankState *rs = &sim->rank[rank];
         account(rs, now_s);
         rs->compute_running++;
-        rs->busy_s[stream] += op->duration_s;
+        rs->busy_s[stream] += duration_s;
         if (op->sub == ZP_COMP_OPTIMIZER)
-            rs->optimizer_s += op->duration_s;
+            rs->optimizer_s += duration_s;
         else
-            rs->compute_s += op->duration_s;
+            rs->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        heap_push(&sim->heap, now_s + op->duration_s, EVENT_OP_DONE, rank, i);
+        queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
     Flow *f = &sim->flows[slot];
     f->op = i;
     if (++f->arrived == f->count)
-        start_flow(sim, slot, now_s);
+        start_flow(sim, slot, rank, now_s);
 }
 
 static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
@@ -533,10 +748,9 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     sim->op_events++;
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
-    uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
         const uint32_t next = sim->dependents[d];
-        if (--pending[next] > 0)
+        if (!pending_done(sim, next, rank))
             continue;
         if (op_on_stream(&sim->ops[next]))
             try_stream(sim, rank, sim->ops[next].stream, now_s);
@@ -552,7 +766,7 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankState *rs = &sim->rank[rank];
+    RankMemory *rs = &sim->memory[rank];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
     rs->live[op->sub] += delta;
     rs->category_peak[op->sub] = MAX(rs->category_peak[op->sub], rs->live[op->sub]);
@@ -571,7 +785,8 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     }
     rs->peak_states = MAX(rs->peak_states, rs->live_states);
     if (sim->op_start_s)
-        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        sim->op_start_s[(size_t)rank * sim->n_ops + i] =
+            sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     complete(sim, rank, i, now_s);
 }
 
@@ -608,16 +823,18 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
     }
 }
 
-static void handle(Sim *sim, const Event *e)
+static void handle(Sim *sim, const Event *e, double now_s)
 {
-    if (e->kind == EVENT_OP_DONE) {
+    if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
-        account(rs, e->time_s);
+        account(rs, now_s);
         rs->compute_running--;
-        complete(sim, e->id, e->detail, e->time_s);
-    } else if (e->detail == sim->flows[e->id].version && sim->flows[e->id].active) {
-        finish_flow(sim, e->id, e->time_s);
+        complete(sim, e->id, e->detail, now_s);
+        return;
     }
+    const uint32_t slot = e->id & ~EVENT_FLOW;
+    if (e->detail == sim->flows[slot].version && sim->flows[slot].active)
+        finish_flow(sim, slot, now_s);
 }
 
 /* ---- the run ---- */
@@ -626,13 +843,12 @@ static void handle(Sim *sim, const Event *e)
  * alloc or free whose dependencies never finished. Called only when one exists. */
 static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
 {
-    const uint32_t *pending = sim->pending + (size_t)rank * sim->n_ops;
     uint32_t i = 0;
     for (; i + 1 < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const gboolean ran = op_on_stream(o)
                                  ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
-                                 : pending[i] == 0;
+                                 : pending_of(sim, i, rank) == 0;
         if (!ran)
             break;
     }
@@ -650,12 +866,13 @@ static gboolean check_end(Sim *sim, GError **error)
                         rs->ops_done, sim->n_ops, first_unrun_op(sim, r));
             return FALSE;
         }
+        const RankMemory *rm = &sim->memory[r];
         for (int c = 0; c < ZP_MEM_N; c++)
-            if (fabs(rs->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+            if (fabs(rm->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), rs->live[c], r, s->state_bytes[c]);
+                            zp_sched_mem_name(c), rm->live[c], r, s->state_bytes[c]);
                 return FALSE;
             }
     }
@@ -668,10 +885,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->rank[r].peak_total > sim->rank[peak].peak_total)
+        if (sim->memory[r].peak_total > sim->memory[peak].peak_total)
             peak = r;
         result->peak_model_state_bytes =
-            MAX(result->peak_model_state_bytes, sim->rank[r].peak_states);
+            MAX(result->peak_model_state_bytes, sim->memory[r].peak_states);
     }
     const RankState *rs = &sim->rank[last];
     result->step_time_s = rs->end_s;
@@ -681,13 +898,14 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->optimizer_s = rs->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
     result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
-    result->peak_memory_bytes = sim->rank[peak].peak_total;
-    memcpy(result->peak_breakdown_bytes, sim->rank[peak].peak_breakdown,
+    result->peak_memory_bytes = sim->memory[peak].peak_total;
+    memcpy(result->peak_breakdown_bytes, sim->memory[peak].peak_breakdown,
            sizeof result->peak_breakdown_bytes);
-    memcpy(result->category_peak_bytes, sim->rank[peak].category_peak,
+    memcpy(result->category_peak_bytes, sim->memory[peak].category_peak,
            sizeof result->category_peak_bytes);
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
+    result->state_bytes = sim->state_bytes;
 }
 
 static void sim_clear(Sim *sim)
@@ -697,15 +915,20 @@ static void sim_clear(Sim *sim)
     for (int s = 0; s < ZP_STREAM_N; s++)
         g_free(sim->stream_ops[s]);
     g_free(sim->pending);
+    g_free(sim->pending_wide);
     g_free(sim->stream_head);
     g_free(sim->stream_busy);
     g_free(sim->link_load);
     g_free(sim->rank);
+    g_free(sim->memory);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
+    g_free(sim->op_ready_s);
+    g_free(sim->op_last_rank);
+    g_free(sim->compute_scale);
     g_free(sim->flows);
     g_free(sim->affected);
-    g_free(sim->heap.items);
+    queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);
 }
@@ -720,15 +943,20 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
+/* Every rank's allocs and frees without dependencies, then its streams, rank by rank. */
 static void seed(Sim *sim)
 {
+    GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
+            g_array_append_val(roots, i);
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        for (uint32_t i = 0; i < sim->n_ops; i++)
-            if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
-                ready_push(sim, r, i);
+        for (guint k = 0; k < roots->len; k++)
+            ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
             try_stream(sim, r, s, 0.0);
     }
+    g_array_free(roots, TRUE);
     drain_ready(sim, 0.0);
 }
 
@@ -743,6 +971,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .n_ops = sched->ops->len,
         .sim_dp = explicit_ranks ? (uint32_t)sched->plan.dp : 1,
         .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
+        .queue = {.last = UINT32_MAX},
     };
     sim.ranks = sim.sim_dp * sim.sim_mp;
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
@@ -753,13 +982,17 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
                   alloc_rank_state(&sim, options->record_timeline, error);
     if (ok) {
         build_flows(&sim);
+        ok = apply_slowdowns(&sim, options, hw->gpus_per_node, error);
+    }
+    if (ok) {
         seed(&sim);
         const double total_ops = (double)sim.n_ops * sim.ranks;
-        while (sim.heap.len > 0 && !sim.error) {
-            const Event e = heap_pop(&sim.heap);
+        while (sim.queue.len > 0 && !sim.error) {
+            double now_s;
+            const Event e = queue_pop(&sim.queue, &now_s);
             sim.heap_events++;
-            handle(&sim, &e);
-            drain_ready(&sim, e.time_s);
+            handle(&sim, &e, now_s);
+            drain_ready(&sim, now_s);
             if (options->progress && sim.heap_events % PROGRESS_EVERY_EVENTS == 0)
                 options->progress((double)sim.op_events / total_ops, options->progress_ctx);
         }
@@ -775,7 +1008,10 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         fill_result(&sim, result);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;
-        sim.op_start_s = sim.op_end_s = NULL;
+        result->op_ready_s = sim.op_ready_s;
+        result->op_last_rank = sim.op_last_rank;
+        sim.op_start_s = sim.op_end_s = sim.op_ready_s = NULL;
+        sim.op_last_rank = NULL;
     }
     sim_clear(&sim);
     if (!ok) {
@@ -791,5 +1027,7 @@ void sim_result_free(SimResult *result)
         return;
     g_free(result->op_start_s);
     g_free(result->op_end_s);
+    g_free(result->op_ready_s);
+    g_free(result->op_last_rank);
     g_free(result);
 }

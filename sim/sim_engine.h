@@ -15,11 +15,23 @@ typedef enum {
     SIM_MODE_EXPLICIT, /* every rank of the world, collectives wait for every real member */
 } SimMode;
 
+/* One slowed rank or node: its index and how many times longer its work takes. */
+typedef struct {
+    uint32_t index;
+    double factor; /* >= 1 */
+} SimSlow;
+
 typedef struct {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
     ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
     void *progress_ctx;
+    /* Stragglers (explicit ranks only): a slow rank's compute ops take factor times as long;
+     * a slow node's network link moves data factor times slower, so every collective whose
+     * group crosses nodes through it transfers that much slower (a ring or tree is as fast
+     * as its slowest link). A rank counts gpus_per_node ranks to a node, tp fastest. */
+    const SimSlow *slow_ranks, *slow_nodes;
+    uint32_t n_slow_ranks, n_slow_nodes;
 } SimOptions;
 
 typedef struct {
@@ -51,12 +63,18 @@ typedef struct {
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
+    uint64_t state_bytes; /* per-rank state the run allocated (timeline included) */
 
     /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
      * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's
      * start is when its group started it, not when this rank reached it. */
     uint32_t n_ops;
     double *op_start_s, *op_end_s;
+    /* With record_timeline, who waited for whom: when rank r reached op i (its own arrival
+     * at a collective, which starts when the last member arrives), op_ready_s[r * n_ops + i],
+     * and for a collective the member whose arrival started it, op_last_rank[r * n_ops + i]. */
+    double *op_ready_s;
+    uint32_t *op_last_rank;
 } SimResult;
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
@@ -85,5 +103,10 @@ gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *pe
                                GError **error);
 
 const char *sim_mode_name(SimMode mode);
+
+/* Parses "INDEX:FACTOR" (a --slow-rank or --slow-link value): INDEX a whole number below
+ * count (the ranks or nodes there are, named by `what`), FACTOR a number from 1 to 1e6. */
+gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimSlow *slow,
+                        GError **error);
 
 #endif

@@ -121,6 +121,17 @@ static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, in
         if (!labels[i])
             continue;
         const int64_t start_ns = to_ns(r->op_start_s[base + i]);
+        const int64_t ready_ns = to_ns(r->op_ready_s[base + i]);
+        if (op->kind == ZP_OP_COLLECTIVE && ready_ns < start_ns) {
+            /* This rank reached the collective first and waited for the last member. */
+            g_string_append_printf(out, "{\"name\":\"wait for rank %u\",\"ph\":\"X\","
+                                        "\"pid\":%d,\"tid\":%d",
+                                   r->op_last_rank[base + i], pid, op->stream);
+            append_us(out, "ts", ready_ns);
+            append_us(out, "dur", start_ns - ready_ns);
+            g_string_append_printf(out, ",\"args\":{\"op\":%u,\"waited_for\":%u}},\n", i,
+                                   r->op_last_rank[base + i]);
+        }
         g_string_append_printf(out, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d",
                                labels[i], pid, op->stream);
         append_us(out, "ts", start_ns);
@@ -180,6 +191,44 @@ static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r,
     }
 }
 
+static int compare_ints(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every rank up to SIM_TRACE_ALL_RANKS; past that rank 0, the rank that finished last, and
+ * the rank rank 0 waited for longest in all (a straggler, if there is one). */
+static GArray *traced_ranks(const ZpSchedule *s, const SimResult *r)
+{
+    GArray *ranks = g_array_new(FALSE, FALSE, sizeof(int));
+    if (r->ranks_simulated <= SIM_TRACE_ALL_RANKS) {
+        for (int pid = 0; pid < r->ranks_simulated; pid++)
+            g_array_append_val(ranks, pid);
+        return ranks;
+    }
+    double *waited_s = g_new0(double, r->ranks_simulated);
+    int most = 0;
+    for (uint32_t i = 0; i < r->n_ops; i++)
+        if (zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE) {
+            const uint32_t last = r->op_last_rank[i];
+            waited_s[last] += r->op_start_s[i] - r->op_ready_s[i];
+            if (waited_s[last] > waited_s[most])
+                most = (int)last;
+        }
+    g_free(waited_s);
+    const int picks[] = {0, r->report_rank, most};
+    for (size_t k = 0; k < G_N_ELEMENTS(picks); k++) {
+        gboolean seen = FALSE;
+        for (guint j = 0; j < ranks->len; j++)
+            seen = seen || g_array_index(ranks, int, j) == picks[k];
+        if (!seen)
+            g_array_append_val(ranks, picks[k]);
+    }
+    g_array_sort(ranks, compare_ints);
+    return ranks;
+}
+
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
                          ZpProgressFn progress, void *progress_ctx, GError **error)
 {
@@ -190,18 +239,25 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
     }
     char **labels = op_labels(sched);
     MemoryChange *changes = g_new(MemoryChange, result->n_ops ? result->n_ops : 1);
+    GArray *ranks = traced_ranks(sched, result);
     GString *out = g_string_new("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    for (int pid = 0; pid < result->ranks_simulated; pid++) {
+    for (guint k = 0; k < ranks->len; k++) {
+        const int pid = g_array_index(ranks, int, k);
         append_metadata(out, sched, result, pid);
         append_ops(out, sched, result, pid, labels);
         append_memory(out, sched, result, pid, changes);
         if (progress)
             progress((double)(pid + 1) / result->ranks_simulated, progress_ctx);
     }
+    const guint ranks_traced = ranks->len;
+    g_array_free(ranks, TRUE);
     /* Every event line ends in ",\n"; JSON allows no comma after the last one. */
     g_string_truncate(out, out->len - 2);
-    g_string_append_printf(out, "\n],\"otherData\":{\"step_time_s\":%.17g,\"mode\":\"%s\"}}\n",
-                           result->step_time_s, sim_mode_name(result->mode));
+    g_string_append_printf(out,
+                           "\n],\"otherData\":{\"step_time_s\":%.17g,\"mode\":\"%s\","
+                           "\"ranks_simulated\":%d,\"ranks_traced\":%u}}\n",
+                           result->step_time_s, sim_mode_name(result->mode),
+                           result->ranks_simulated, ranks_traced);
     const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
     g_string_free(out, TRUE);
     g_free(changes);

@@ -8,10 +8,16 @@
 
 #include <glib.h>
 
+/* A result of more ranks than this is traced on a few of them (sim_trace_write). */
+#define SIM_TRACE_ALL_RANKS 64
+
 /* Writes the trace of `result` (run with record_timeline) to path, atomically: a complete
  * ("X") event per compute and collective op, ts and dur in microseconds, named like
- * "fwd L12", "allgather L13", "reduce-scatter bucket 3", "adam"; process and thread names;
- * and a "memory" counter ("C") with the live bytes of every category after each change.
+ * "fwd L12", "allgather L13", "reduce-scatter bucket 3", "adam"; before a collective that
+ * this rank reached before the last member did, a "wait for rank N" event naming that
+ * member; process and thread names; and a "memory" counter ("C") with the live bytes of
+ * every category after each change. Up to SIM_TRACE_ALL_RANKS simulated ranks all go in;
+ * past that rank 0, the rank that finished last and the rank rank 0 waited for longest.
  * Fails if the result has no timeline or the file cannot be written. `progress` (or NULL) is
  * told the share of ranks written. */
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,

@@ -230,6 +230,319 @@ static void test_schedule_faults(void)
     zp_sched_free(s);
 }
 
+/* ---- stragglers ---- */
+
+static SimResult *run_slow(const ZpSchedule *s, const SimSlow *ranks, uint32_t n_ranks,
+                           const SimSlow *nodes, uint32_t n_nodes)
+{
+    const SimOptions options = {.mode = SIM_MODE_EXPLICIT, .record_timeline = TRUE,
+                                .slow_ranks = ranks, .n_slow_ranks = n_ranks,
+                                .slow_nodes = nodes, .n_slow_nodes = n_nodes};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &a100, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* 1,024 ranks each run A (1e12 FLOPs, a = 1e12 / (312e12 x 0.807) s), then a 64 MB
+ * all-gather over all of them (c s, NCCL's cost for 128 nodes), then B (= A). Rank 5 at 2x:
+ * its A ends at 2a, when the all-gather starts for all, so every rank waited a for it; its B
+ * ends last at 2a + c + 2a. The step grows from 2a + c by exactly 2a. */
+static void test_slow_rank_by_hand(void)
+{
+    ZpSchedule *s = hand_schedule(1024, 1);
+    const ZpOp math = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_BLOCK_FWD, .flops = 1e12};
+    ZpOp gather = allreduce(64e6, ZP_GROUP_DP, ZP_STREAM_DP);
+    gather.sub = ZP_COLL_ALLGATHER;
+    const uint32_t a = add_op(s, math, NULL, 0);
+    const uint32_t c = add_op(s, gather, &a, 1);
+    add_op(s, math, &c, 1);
+    const double a_s = 1e12 / (312e12 * 0.807);
+    const SimCollGroup g = sim_coll_group(&a100, 1024, 1, ZP_GROUP_DP);
+    const SimCollCost cost = sim_coll_cost(ZP_COLL_ALLGATHER, 64e6, &g);
+    const double c_s = cost.latency_s + cost.transfer_s;
+    SimResult *r = run_slow(s, NULL, 0, NULL, 0);
+    assert_close(r->step_time_s, 2 * a_s + c_s, 1e-12);
+    const double base_s = r->step_time_s;
+    sim_result_free(r);
+    const SimSlow slow = {5, 2.0};
+    r = run_slow(s, &slow, 1, NULL, 0);
+    g_test_message("1,024 ranks: step %.9g s, with rank 5 at 2x %.9g s (+%.9g s, 2a = %.9g s)",
+                   base_s, r->step_time_s, r->step_time_s - base_s, 2 * a_s);
+    assert_close(r->step_time_s, 4 * a_s + c_s, 1e-12);
+    assert_close(r->step_time_s - base_s, 2 * a_s, 1e-9);
+    g_assert_cmpint(r->report_rank, ==, 5);
+    assert_close(r->compute_s, 4 * a_s, 1e-12);
+    /* Who waited for whom: rank 0 reached the all-gather at a and started it at 2a, when
+     * rank 5 arrived; rank 5 waited for nobody. */
+    const size_t rank0 = c, rank5 = 5 * (size_t)r->n_ops + c;
+    assert_close(r->op_ready_s[rank0], a_s, 1e-12);
+    assert_close(r->op_start_s[rank0], 2 * a_s, 1e-12);
+    g_assert_cmpuint(r->op_last_rank[rank0], ==, 5);
+    g_assert_cmpfloat(r->op_ready_s[rank5], ==, r->op_start_s[rank5]);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* A 1 GiB all-gather over 16 ranks on 2 nodes, node 1's network at 3x: the ring is as fast
+ * as its slowest link, so the transfer takes 3x and the latency stays. Inside one node
+ * (8 ranks) a slow network changes nothing. */
+static void test_slow_link_by_hand(void)
+{
+    for (int dp = 8; dp <= 16; dp += 8) {
+        ZpSchedule *s = hand_schedule(dp, 1);
+        ZpOp gather = allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP);
+        gather.sub = ZP_COLL_ALLGATHER;
+        add_op(s, gather, NULL, 0);
+        const SimCollGroup g = sim_coll_group(&a100, dp, 1, ZP_GROUP_DP);
+        const SimCollCost cost = sim_coll_cost(ZP_COLL_ALLGATHER, GIB, &g);
+        const SimSlow slow = {dp / 8 - 1, 3.0};
+        SimResult *r = run_slow(s, NULL, 0, &slow, 1);
+        const double factor = dp > 8 ? 3.0 : 1.0;
+        g_assert_cmpint(g.bottleneck, ==, dp > 8 ? SIM_LINK_INTER : SIM_LINK_INTRA);
+        assert_close(r->step_time_s, cost.latency_s + factor * cost.transfer_s, 1e-12);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
+/* A ZeRO-3 step of gpt2-124m (micro-batch 32: compute-bound) on 1,024 explicit ranks with
+ * rank 700 at 2x. Every all-gather
+ * waits for every rank, so the step is at least the slow rank's own compute (2x its compute
+ * and optimizer time) and at most the even step plus that extra compute: here (compute-bound)
+ * it grows by nearly all of it. */
+static void test_slow_rank_zero3(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 1024, 1);
+    p.micro_batch = 32;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    SimResult *even = run_slow(s, NULL, 0, NULL, 0);
+    const SimSlow slow = {700, 2.0};
+    SimResult *r = run_slow(s, &slow, 1, NULL, 0);
+    const double busy_s = even->compute_s + even->optimizer_s;
+    g_test_message("ZeRO-3, 1,024 ranks: step %.6g s (compute %.6g s), rank 700 at 2x: %.6g s",
+                   even->step_time_s, busy_s, r->step_time_s);
+    g_assert_cmpfloat(r->step_time_s, >=, 2 * busy_s);
+    g_assert_cmpfloat(r->step_time_s, <=, (even->step_time_s + busy_s) * (1 + 1e-12));
+    sim_result_free(even);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+static void test_slow_bad_input(void)
+{
+    SimSlow slow;
+    GError *error = NULL;
+    const char *bad[] = {"5", ":2", "5:", "5:0.5", "x:2", "5:2x", "-1:2", "5:nan", "1024:2"};
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_assert_false(sim_slow_parse(bad[i], 1024, "rank", &slow, &error));
+        g_test_message("%s: %s", bad[i], error->message);
+        g_assert_nonnull(strstr(error->message, bad[i]));
+        g_clear_error(&error);
+    }
+    g_assert_true(sim_slow_parse("1023:2.5", 1024, "rank", &slow, &error));
+    g_assert_cmpuint(slow.index, ==, 1023);
+    g_assert_cmpfloat(slow.factor, ==, 2.5);
+    ZpSchedule *s = hand_schedule(8, 1);
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, NULL, 0);
+    const SimOptions folded = {.mode = SIM_MODE_FOLDED, .slow_ranks = &slow, .n_slow_ranks = 1};
+    g_assert_null(sim_engine_run(s, &a100, &folded, &error));
+    g_assert_nonnull(strstr(error->message, "need explicit ranks"));
+    g_clear_error(&error);
+    zp_sched_free(s);
+}
+
+/* ---- schedule files ---- */
+
+/* A planner's schedule written and read back as a graph is the same op list, bit for bit,
+ * and simulates to the same figures; the model-bound reader still reads the file. */
+static void test_schedule_file_round_trip(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 2);
+    p.checkpoint = TRUE;
+    p.grad_accum = 2;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    char *path = g_build_filename(tmp_dir, "round-trip.json", NULL);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *g = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(g->ops->len, ==, s->ops->len);
+    g_assert_cmpint(memcmp(g->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    g_assert_cmpuint(g->deps->len, ==, s->deps->len);
+    g_assert_cmpint(memcmp(g->deps->data, s->deps->data, s->deps->len * sizeof(uint32_t)), ==, 0);
+    g_assert_cmpint(memcmp(g->state_bytes, s->state_bytes, sizeof s->state_bytes), ==, 0);
+    g_assert_cmpint(g->world, ==, 16);
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *a = run(s, &a100, mode), *b = run(g, &a100, mode);
+        g_assert_cmpfloat(a->step_time_s, ==, b->step_time_s);
+        g_assert_cmpfloat(a->peak_memory_bytes, ==, b->peak_memory_bytes);
+        g_assert_cmpfloat(a->exposed_comm_s, ==, b->exposed_comm_s);
+        sim_result_free(a);
+        sim_result_free(b);
+    }
+    ZpSchedule *full = zp_sched_read_json(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(full->ops->len, ==, s->ops->len);
+    zp_sched_free(full);
+    zp_sched_free(g);
+    zp_sched_free(s);
+    g_remove(path);
+    g_free(path);
+}
+
+/* tests/data/schedule-example.json, by hand: 16 ranks on 2 nodes, bf16. A 64 MB all-gather
+ * (c1), block_fwd 1e12 FLOPs (a), block_bwd 2e12 (2a) and then a 64 MB reduce-scatter (c2):
+ * the step is c1 + 3a + c2; the peak is the states plus the gathered 64 MB. */
+static void test_schedule_file_example(void)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(ZP_DATA_DIR "/tests/data/schedule-example.json", &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->plan.precision, ==, ZP_PREC_BF16);
+    const SimCollGroup g = sim_coll_group(&a100, 16, 1, ZP_GROUP_DP);
+    const SimCollCost gather = sim_coll_cost(ZP_COLL_ALLGATHER, 64e6, &g);
+    const SimCollCost scatter = sim_coll_cost(ZP_COLL_REDUCE_SCATTER, 64e6, &g);
+    const double a_s = 1e12 / (312e12 * 0.807);
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *r = run(s, &a100, mode);
+        assert_close(r->step_time_s, gather.latency_s + gather.transfer_s + 3 * a_s +
+                                         scatter.latency_s + scatter.transfer_s,
+                     1e-12);
+        g_assert_cmpfloat(r->peak_memory_bytes, ==, 5e9 + 64e6);
+        sim_result_free(r);
+    }
+    zp_sched_free(s);
+}
+
+/* Two 1 GiB all-reduces over a node's 8 ranks, the second put on the tp stream by its
+ * "stream" key: in flight together they share NVLink (test_bandwidth_sharing's case). */
+static void test_schedule_file_streams(void)
+{
+    char *path = g_build_filename(tmp_dir, "streams.json", NULL);
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 8, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}], "
+        "\"ops\": [{\"kind\": \"collective\", \"op\": \"allreduce\", \"group\": \"dp\", "
+        "\"bytes\": 1073741824, \"deps\": []}, {\"kind\": \"collective\", \"op\": \"allreduce\", "
+        "\"group\": \"dp\", \"stream\": \"tp\", \"bytes\": 1073741824, \"deps\": []}]}",
+        -1, NULL));
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(zp_sched_op(s, 1)->stream, ==, ZP_STREAM_TP);
+    SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
+    assert_close(r->step_time_s, 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 300e9),
+                 1e-12);
+    sim_result_free(r);
+    /* Written back, the stream that is not the group's own is kept. */
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *again = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    zp_sched_free(again);
+    zp_sched_free(s);
+    g_remove(path);
+    g_free(path);
+}
+
+/* One line naming the op index and key for each fault in a graph file. */
+static void test_schedule_file_bad_input(void)
+{
+    static const char *const head =
+        "{\"format\": \"zplan-schedule-1\", \"world\": 4, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}], ";
+    static const struct {
+        const char *ops, *message;
+    } cases[] = {
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [7]}]}",
+         "ops[0]: key \"deps\": deps[0] is not the index of an op (0 to 0)"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": []}, "
+         "{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [0, 2]}, "
+         "{\"kind\": \"compute\", \"op\": \"block_bwd\", \"flops\": 1, \"deps\": [1]}]}",
+         "ops[1]: key \"deps\": the op is on a dependency cycle"},
+        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"pp\", "
+         "\"bytes\": 1, \"deps\": []}]}",
+         "ops[0]: key \"group\" has unknown value \"pp\""},
+        {"\"ops\": [{\"kind\": \"alloc\", \"category\": \"buckets\", \"bytes\": -5, \"deps\": []}]}",
+         "ops[0]: key \"bytes\" = -5 is outside"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": -1, \"deps\": []}]}",
+         "ops[0]: key \"flops\" = -1 is outside"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
+         "\"colour\": 1}]}",
+         "ops[0]: unknown key \"colour\""},
+        {"\"precision\": \"fp8\", \"ops\": []}", "precision"},
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
+         "\"stream\": \"pp\"}]}",
+         "ops[0]: key \"stream\" has unknown value \"pp\""},
+    };
+    char *path = g_build_filename(tmp_dir, "bad-graph.json", NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *text = g_strconcat(head, cases[i].ops, NULL);
+        g_assert_true(g_file_set_contents(path, text, -1, NULL));
+        GError *error = NULL;
+        g_assert_null(zp_sched_read_graph(path, &error));
+        g_assert_nonnull(error);
+        g_test_message("case %zu: %s", i, error->message);
+        g_assert_nonnull(strstr(error->message, cases[i].message));
+        g_error_free(error);
+        g_free(text);
+    }
+    /* The groups must be placed as the simulator lays them out. */
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"dp\", "
+        "\"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 2, \"stride\": 1}], \"ops\": []}",
+        -1, NULL));
+    GError *error = NULL;
+    g_assert_null(zp_sched_read_graph(path, &error));
+    g_assert_nonnull(strstr(error->message, "key \"groups\": dp 4 x tp 2"));
+    g_clear_error(&error);
+    /* zplan simulate --schedule: one line, nothing on stdout. */
+    char *args = g_strdup_printf("simulate --schedule %s --cluster dgx-a100-80g", path);
+    TuRun r = tu_zplan(args);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "--schedule: "));
+    g_assert_nonnull(strstr(r.err, "key \"groups\""));
+    g_assert_cmpint((int)(strchr(r.err, '\n') - r.err), ==, (int)strlen(r.err) - 1);
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+    g_free(args);
+    g_remove(path);
+    g_free(path);
+}
+
+/* `zplan schedule --out` then `zplan simulate --schedule`: the same JSON as simulating the
+ * plan itself. */
+static void test_schedule_file_cli(void)
+{
+    char *path = g_build_filename(tmp_dir, "cli-schedule.json", NULL);
+    const char *plan = "--model gpt2-124m --cluster dgx-a100-80g --gpus 16 --mp 2 --stage 3 "
+                       "--micro-batch 2 --checkpoint";
+    char *args = g_strdup_printf("schedule %s --out %s", plan, path);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_free(args);
+    args = g_strdup_printf("simulate --schedule %s --cluster dgx-a100-80g --explicit --json", path);
+    json_t *from_file = tu_zplan_json(args);
+    g_free(args);
+    args = g_strdup_printf("simulate %s --explicit --json", plan);
+    json_t *from_plan = tu_zplan_json(args);
+    g_free(args);
+    g_assert_true(json_equal(from_file, from_plan));
+    json_decref(from_file);
+    json_decref(from_plan);
+    g_remove(path);
+    g_free(path);
+}
+
 /* ---- schedules from the planner ---- */
 
 typedef struct {
@@ -376,6 +689,128 @@ static void test_explicit_equals_folded(void)
     }
 }
 
+/* ---- results frozen before the memory-layout change (issue 19) ---- */
+
+/* Plans of several models, profiles and degrees; every one is simulated folded and explicit
+ * with a timeline, and each figure must equal, bit for bit, what the engine gave before its
+ * state was laid out op-major (the figures below were printed with %a by that engine). */
+typedef struct {
+    const char *model, *hw;
+    int stage, dp, mp, accum;
+    gboolean checkpoint, overlap;
+} FrozenPlan;
+
+static const FrozenPlan frozen_plans[] = {
+    {"gpt2-124m", "dgx-a100-80g", 0, 16, 2, 1, FALSE, FALSE},
+    {"gpt2-124m", "dgx-a100-80g", 1, 16, 2, 2, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 2, 8, 4, 1, TRUE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 16, 2, 2, TRUE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 2, 4, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 2, 4, 2, 2, FALSE, FALSE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 64, 1, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-a100-80g", 3, 32, 4, 2, TRUE, FALSE},
+    {"gpt2-124m", "dgx2-v100", 3, 48, 2, 1, FALSE, TRUE},
+    {"gpt2-124m", "dgx-h100", 1, 24, 4, 3, TRUE, TRUE},
+    {"gpt2-124m", "h100-measured", 3, 16, 1, 1, TRUE, TRUE},
+    {"gpt2-124m", "h100-measured", 2, 8, 1, 2, FALSE, TRUE},
+    {"gpt-1t", "dgx-a100-80g", 3, 1024, 1, 1, TRUE, TRUE},
+    {"gpt-1t", "dgx-a100-80g", 3, 128, 8, 1, TRUE, TRUE},
+    {"gpt-13b", "dgx-a100-80g", 3, 96, 2, 2, TRUE, TRUE},
+};
+
+/* step, exposed comm, compute, optimizer, idle, peak memory, peak model states, and the
+ * compute, dp and tp streams' busy time; the report rank; op and queue events; FNV-1a of
+ * every op's start and end time on every simulated rank. */
+static const struct {
+    size_t plan;
+    SimMode mode;
+    double seconds_bytes[10];
+    int report_rank;
+    uint64_t op_events, heap_events, timeline_hash;
+} frozen[] = {
+    {0, 0, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 114u, 80u, 0x1563040bac2e672eu},
+    {0, 1, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 3648u, 1672u, 0x587254c50fe23143u},
+    {1, 0, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 227u, 159u, 0xa015f108dd42eac2u},
+    {1, 1, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 7264u, 3312u, 0xeea959d0e9942e83u},
+    {2, 0, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 174u, 116u, 0x3783a9aaa4527f63u},
+    {2, 1, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 5568u, 1872u, 0x8c3dbfed01d70003u},
+    {3, 0, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 504u, 284u, 0xf6c0bed9fb068fb5u},
+    {3, 1, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 16128u, 4954u, 0x686876cadc336503u},
+    {4, 0, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 187u, 153u, 0xb80b1791c62bae06u},
+    {4, 1, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 1496u, 516u, 0x180ee6f687aab153u},
+    {5, 0, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 239u, 199u, 0x519e3613e9316c35u},
+    {5, 1, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 1912u, 920u, 0x6b2cceae07eb4a83u},
+    {6, 0, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 154u, 62u, 0x147692d2b27ec7d1u},
+    {6, 1, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 9856u, 1826u, 0x394c3a370ec94583u},
+    {7, 0, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 492u, 280u, 0x7900e030e80fb4f7u},
+    {7, 1, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 62976u, 14948u, 0x1d947941671fbf83u},
+    {8, 0, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 193u, 107u, 0x4849946f9b30fd79u},
+    {8, 1, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 18528u, 5054u, 0x7ba22ccf47263883u},
+    {9, 0, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 496u, 338u, 0xf197bf39a7542deeu},
+    {9, 1, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 47616u, 16528u, 0xf7c30a40d9272243u},
+    {10, 0, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 190u, 74u, 0x716e6449d469fad6u},
+    {10, 1, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 3040u, 674u, 0x4af7dbe58dd4d2a3u},
+    {11, 0, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 170u, 76u, 0x4280c5c8f6fd0873u},
+    {11, 1, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 1360u, 461u, 0x532a9e44eed9be53u},
+    {12, 0, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2067u, 777u, 0x10bdfcdf97970543u},
+    {12, 1, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2116608u, 397701u, 0xf0aca9932bc2a383u},
+    {13, 0, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2835u, 1545u, 0x158c633cb3dba616u},
+    {13, 1, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2903040u, 498728u, 0xef158d862dd18383u},
+    {14, 0, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 1628u, 920u, 0x388edb62d7963e36u},
+    {14, 1, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 312576u, 93890u, 0xb149d34d89172783u},
+};
+
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
+{
+    const unsigned char *c = data;
+    for (size_t i = 0; i < bytes; i++)
+        hash = (hash ^ c[i]) * 1099511628211u;
+    return hash;
+}
+
+static void test_frozen_results(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(frozen); i++) {
+        const FrozenPlan *c = &frozen_plans[frozen[i].plan];
+        ZpModel model;
+        ZpHw hw;
+        ZpPlan p;
+        GError *error = NULL;
+        g_assert_true(zp_model_load(c->model, &model, &error));
+        g_assert_true(zp_hw_load(c->hw, &hw, &error));
+        zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+        p.grad_accum = c->accum;
+        p.checkpoint = c->checkpoint;
+        p.zero.overlap_comm = c->overlap;
+        if (strcmp(c->model, "gpt2-124m") == 0)
+            p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
+        if (strcmp(c->hw, "dgx2-v100") == 0)
+            p.precision = ZP_PREC_FP16;
+        ZpSchedule *s = zp_sched_build(&model, &p, &error);
+        g_assert_no_error(error);
+        const SimOptions options = {.mode = frozen[i].mode, .record_timeline = TRUE};
+        SimResult *r = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        const double got[10] = {r->step_time_s, r->exposed_comm_s, r->compute_s,
+                                r->optimizer_s, r->idle_s, r->peak_memory_bytes,
+                                r->peak_model_state_bytes, r->stream_busy_s[ZP_STREAM_COMPUTE],
+                                r->stream_busy_s[ZP_STREAM_DP], r->stream_busy_s[ZP_STREAM_TP]};
+        g_test_message("case %zu (%s, %s): step %a s", i, c->model, sim_mode_name(frozen[i].mode),
+                       r->step_time_s);
+        for (int k = 0; k < 10; k++)
+            g_assert_cmpfloat(got[k], ==, frozen[i].seconds_bytes[k]);
+        g_assert_cmpint(r->report_rank, ==, frozen[i].report_rank);
+        g_assert_cmpuint(r->op_events, ==, frozen[i].op_events);
+        g_assert_cmpuint(r->heap_events, ==, frozen[i].heap_events);
+        const size_t n = (size_t)r->ranks_simulated * r->n_ops;
+        const uint64_t hash = fnv1a(fnv1a(1469598103934665603u, r->op_start_s, n * sizeof(double)),
+                                    r->op_end_s, n * sizeof(double));
+        g_assert_cmpuint(hash, ==, frozen[i].timeline_hash);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
 /* ---- the command line ---- */
 
 static double number(json_t *o, const char *key)
@@ -454,7 +889,8 @@ static void test_trace(void)
 {
     char *path = g_build_filename(tmp_dir, "trace.json", NULL);
     char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 "
-                                 "--mp 2 --stage 3 --micro-batch 1 --explicit --trace %s",
+                                 "--mp 2 --stage 3 --micro-batch 1 --explicit --slow-rank 3:2 "
+                                 "--trace %s",
                                  path);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
@@ -490,6 +926,44 @@ static void test_trace(void)
     }
     g_assert_true(has_event(events, "C", "memory"));
     g_assert_true(has_event(events, "M", "thread_name"));
+    g_assert_true(has_event(events, "X", "wait for rank 3"));
+    json_decref(root);
+    tu_free(&r);
+    g_remove(path);
+    g_free(args);
+    g_free(path);
+}
+
+/* Past 64 ranks the trace holds rank 0, the last to finish and the one rank 0 waited for
+ * longest: here the slow rank 77. */
+static void test_trace_many_ranks(void)
+{
+    char *path = g_build_filename(tmp_dir, "trace-many.json", NULL);
+    char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 128 "
+                                 "--stage 3 --micro-batch 8 --explicit --slow-rank 77:3 "
+                                 "--trace %s",
+                                 path);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    json_t *other = json_object_get(root, "otherData");
+    g_assert_cmpfloat(number(other, "ranks_simulated"), ==, 128);
+    const double traced = number(other, "ranks_traced");
+    g_assert_cmpfloat(traced, >=, 2);
+    g_assert_cmpfloat(traced, <=, 3);
+    json_t *events = json_object_get(root, "traceEvents");
+    g_assert_true(has_event(events, "X", "wait for rank 77"));
+    size_t i;
+    json_t *e;
+    gboolean named = FALSE;
+    json_array_foreach(events, i, e)
+    {
+        json_t *args_json = json_object_get(e, "args");
+        const char *name = json_string_value(json_object_get(args_json, "name"));
+        named = named || (name && strcmp(name, "rank 77 (dp 77, tp 0)") == 0);
+    }
+    g_assert_true(named);
     json_decref(root);
     tu_free(&r);
     g_remove(path);
@@ -524,6 +998,13 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 stray", "unexpected argument 'stray'"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --trace /nonexistent-dir/t.json", "--trace: "},
     {"simulate --params 1e9 --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "Unknown option --params"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --slow-rank 3:2", "--slow-rank: needs --explicit"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 8:2", "--slow-rank: '8:2': rank 8 is not below the 8 there are"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-link 1:2", "--slow-link: '1:2': node 1 is not below the 1 there are"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 3:0.5", "--slow-rank: '3:0.5' is not rank:FACTOR"},
+    {"simulate --schedule tests/data/schedule-example.json --cluster dgx-a100-80g --gpus 8", "--gpus: the ops come from --schedule; leave it out"},
+    {"simulate --schedule tests/data/schedule-example.json --cluster dgx-a100-80g --attention flash", "--attention: the ops come from --schedule"},
+    {"simulate --schedule /nonexistent/s.json --cluster dgx-a100-80g", "--schedule: /nonexistent/s.json"},
 };
 
 static void test_cli_bad_input(void)
@@ -551,14 +1032,25 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
     g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
     g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);
+    g_test_add_func("/sim/slow/rank-by-hand", test_slow_rank_by_hand);
+    g_test_add_func("/sim/slow/link-by-hand", test_slow_link_by_hand);
+    g_test_add_func("/sim/slow/rank-zero3", test_slow_rank_zero3);
+    g_test_add_func("/sim/slow/bad-input", test_slow_bad_input);
+    g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
+    g_test_add_func("/sim/file/example", test_schedule_file_example);
+    g_test_add_func("/sim/file/streams", test_schedule_file_streams);
+    g_test_add_func("/sim/file/bad-input", test_schedule_file_bad_input);
+    g_test_add_func("/sim/file/cli", test_schedule_file_cli);
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
     g_test_add_func("/sim/plan/memory-states", test_memory_states);
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
     g_test_add_func("/sim/plan/faster-network-never-slower", test_faster_network_never_slower);
     g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
+    g_test_add_func("/sim/plan/frozen-results", test_frozen_results);
     g_test_add_func("/sim/cli/json", test_cli_json);
     g_test_add_func("/sim/cli/human", test_cli_human);
     g_test_add_func("/sim/cli/trace", test_trace);
+    g_test_add_func("/sim/cli/trace-many-ranks", test_trace_many_ranks);
     g_test_add_func("/sim/cli/bad-input", test_cli_bad_input);
     const int status = g_test_run();
     g_rmdir(tmp_dir);

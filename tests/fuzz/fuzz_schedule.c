@@ -1,5 +1,5 @@
-/* fuzz_schedule: the schedule reader and its validator (zreal --schedule) on arbitrary bytes;
- * what they accept must simulate, and, when small, run one step of zreal's engine on the CPU. */
+/* fuzz_schedule: the schedule readers (zreal --schedule's and simulate --schedule's graph) on
+ * arbitrary bytes; what they accept must simulate, and small ones run a step of zreal's engine. */
 #include "fuzz.h"
 #include "real_comm.h"
 #include "real_cpu.h"
@@ -46,11 +46,19 @@ int fuzz_schedule(const uint8_t *data, size_t size)
         openblas_set_num_threads(1);
     }
     GError *error = NULL;
-    ZpSchedule *s = zp_sched_read_json(fuzz_input_path("schedule", data, size), &error);
+    const char *path = fuzz_input_path("schedule", data, size);
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    /* The same bytes as an op graph (zplan simulate --schedule): what it accepts simulates. */
+    ZpSchedule *graph = zp_sched_read_graph(path, &error);
+    g_clear_error(&error);
+    if (graph)
+        sim_result_free(sim_engine_run(graph, &hw, &options, &error));
+    g_clear_error(&error);
+    zp_sched_free(graph);
+    ZpSchedule *s = zp_sched_read_json(path, &error);
     g_clear_error(&error);
     if (!s)
         return 0;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED};
     sim_result_free(sim_engine_run(s, &hw, &options, &error));
     g_clear_error(&error);
     if (small(s))
