@@ -68,32 +68,55 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
     return TRUE;
 }
 
+/* The flags that say a plan, and which other source of the plan refuses them rather than
+ * silently overriding it: a DeepSpeed config says the ZeRO and batch choices (the degrees,
+ * precision and model still come from flags); a schedule file says everything. */
+enum { FROM_DS_CONFIG = 1, FROM_SCHEDULE = 2, FROM_BOTH = 3 };
+
+static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char *why,
+                                  GError **error)
+{
+    const struct {
+        const char *flag;
+        gboolean given;
+        int refused_by;
+    } plan_flags[] = {
+        {"--model", f->model != NULL, FROM_SCHEDULE}, {"--gpus", f->gpus != NULL, FROM_SCHEDULE},
+        {"--mp", f->mp != NULL, FROM_SCHEDULE}, {"--stage", f->stage != NULL, FROM_BOTH},
+        {"--micro-batch", f->micro_batch != NULL, FROM_BOTH},
+        {"--grad-accum", f->grad_accum != NULL, FROM_BOTH},
+        {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE},
+        {"--checkpoint", f->checkpoint, FROM_BOTH},
+        {"--precision", f->precision != NULL, FROM_SCHEDULE},
+        {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE},
+        {"--seq", f->seq != NULL, FROM_SCHEDULE},
+        {"--attention", f->attention != NULL, FROM_SCHEDULE},
+        {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE},
+        {"--overlap", f->overlap, FROM_BOTH}, {"--no-overlap", f->no_overlap, FROM_BOTH},
+        {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
+        {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH},
+        {"--allgather-bucket-size", f->allgather_bucket != NULL, FROM_BOTH},
+        {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
+        {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
+        {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
+        if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", plan_flags[i].flag, why);
+            return FALSE;
+        }
+    return TRUE;
+}
+
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
  * and, for "auto", precision and optimizer from the flags. Flags that would say the plan a
  * second time are refused rather than silently overridden. */
 static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
                                ZpPlan *plan, GError **error)
 {
-    const struct {
-        const char *flag;
-        gboolean given;
-    } plan_flags[] = {
-        {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
-        {"--grad-accum", f->grad_accum != NULL}, {"--checkpoint", f->checkpoint},
-        {"--overlap", f->overlap}, {"--no-overlap", f->no_overlap},
-        {"--reduce-bucket-size", f->reduce_bucket != NULL},
-        {"--allgather-bucket-size", f->allgather_bucket != NULL},
-        {"--prefetch-bucket-size", f->prefetch_bucket != NULL},
-        {"--max-live-parameters", f->max_live != NULL},
-        {"--persistence-threshold", f->persistence != NULL},
-    };
-    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
-        if (plan_flags[i].given) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: the plan comes from --ds-config; set it in the file instead",
-                        plan_flags[i].flag);
-            return FALSE;
-        }
+    if (!refuse_plan_flags(f, FROM_DS_CONFIG,
+                           "the plan comes from --ds-config; set it in the file instead", error))
+        return FALSE;
     int gpus = 0, mp = 1;
     ZpPlan launch;
     if (!(required(f->gpus, "--gpus N", error) &&
@@ -443,29 +466,8 @@ static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpH
  * a plan would say it a second time and are refused. */
 static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
 {
-    const struct {
-        const char *flag;
-        gboolean given;
-    } plan_flags[] = {
-        {"--model", f->model != NULL}, {"--gpus", f->gpus != NULL}, {"--mp", f->mp != NULL},
-        {"--stage", f->stage != NULL}, {"--micro-batch", f->micro_batch != NULL},
-        {"--grad-accum", f->grad_accum != NULL}, {"--ds-config", f->ds_config != NULL},
-        {"--checkpoint", f->checkpoint}, {"--precision", f->precision != NULL},
-        {"--optimizer", f->optimizer != NULL}, {"--seq", f->seq != NULL},
-        {"--attention", f->attention != NULL}, {"--reduce-dtype", f->reduce_dtype != NULL},
-        {"--overlap", f->overlap}, {"--no-overlap", f->no_overlap},
-        {"--no-dropout", f->no_dropout}, {"--reduce-bucket-size", f->reduce_bucket != NULL},
-        {"--allgather-bucket-size", f->allgather_bucket != NULL},
-        {"--prefetch-bucket-size", f->prefetch_bucket != NULL},
-        {"--max-live-parameters", f->max_live != NULL},
-        {"--persistence-threshold", f->persistence != NULL},
-    };
-    for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
-        if (plan_flags[i].given) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: the ops come from --schedule; leave it out", plan_flags[i].flag);
-            return NULL;
-        }
+    if (!refuse_plan_flags(f, FROM_SCHEDULE, "the ops come from --schedule; leave it out", error))
+        return NULL;
     ZpSchedule *sched = zp_sched_read_graph(f->schedule, error);
     if (!sched)
         g_prefix_error(error, "--schedule: ");
