@@ -76,13 +76,12 @@ typedef struct {
     double inter_scale; /* network transfers take this many times longer (a slow node) */
 } Flow;
 
-/* A rank's live and peak bytes, apart from its times: memory ops touch only these. */
+/* Live bytes and their highest value, side by side: an alloc reads and writes both. Memory
+ * ops touch only these (never a rank's times), and the members of a group reach an op in
+ * rank order, so each array is swept in order: 16 bytes a rank-op, not a 272-byte record. */
 typedef struct {
-    double live[ZP_MEM_N];
-    double live_total, live_states;
-    double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
-    double category_peak[ZP_MEM_N]; /* each category's own maximum */
-} RankMemory;
+    double live, peak;
+} LiveBytes;
 
 /* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
 typedef struct {
@@ -96,6 +95,12 @@ typedef struct {
 typedef struct {
     uint32_t rank, op;
 } ReadyOp;
+
+/* A rank's streams: the next op of each, and whether one is running (together, one access). */
+typedef struct {
+    uint32_t head[ZP_STREAM_N];
+    uint8_t busy[ZP_STREAM_N];
+} StreamState;
 
 typedef struct {
     const ZpSchedule *sched;
@@ -112,11 +117,13 @@ typedef struct {
     uint8_t *pending;
     uint32_t *pending_wide;
     uint32_t n_rows, n_wide_rows;
-    uint32_t *stream_head; /* [rank * ZP_STREAM_N + stream]: next op of the stream */
-    uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
+    StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
-    RankMemory *memory;
+    LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
+    LiveBytes *total;       /* [rank]: all categories */
+    LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
+    double *peak_breakdown; /* [rank * ZP_MEM_N + category]: live bytes at the total's peak */
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
@@ -421,13 +428,16 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
     sim->pending = g_try_new(uint8_t, MAX((size_t)sim->n_rows * sim->ranks, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
-    sim->stream_head = g_try_new0(uint32_t, (size_t)sim->ranks * ZP_STREAM_N);
-    sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
+    sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
-    sim->memory = g_try_new0(RankMemory, sim->ranks);
-    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy &&
-                  sim->link_load && sim->rank && sim->memory;
+    sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
+    sim->total = g_try_new(LiveBytes, sim->ranks);
+    sim->states = g_try_new(LiveBytes, sim->ranks);
+    sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
+    gboolean ok = sim->pending && sim->pending_wide && sim->stream &&
+                  sim->link_load && sim->rank && sim->category && sim->total && sim->states &&
+                  sim->peak_breakdown;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -444,10 +454,11 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
                                              sim->n_wide_rows * sizeof *sim->pending_wide) +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
-                       (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
-                                                            sizeof *sim->stream_busy) +
-                                             SIM_LINK_N * sizeof *sim->link_load +
-                                             sizeof *sim->rank + sizeof *sim->memory);
+                       (size_t)sim->ranks * (sizeof *sim->stream + SIM_LINK_N * sizeof *sim->link_load +
+                                             sizeof *sim->rank +
+                                             ZP_MEM_N * (sizeof *sim->category +
+                                                         sizeof *sim->peak_breakdown) +
+                                             sizeof *sim->total + sizeof *sim->states);
     const ZpSchedule *s = sim->sched;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
@@ -459,16 +470,22 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
-    for (uint32_t r = 0; r < sim->ranks; r++) {
-        RankMemory *rs = &sim->memory[r];
-        for (int c = 0; c < ZP_MEM_N; c++) {
-            rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = s->state_bytes[c];
-            rs->live_total += s->state_bytes[c];
-            if (is_model_state(c))
-                rs->live_states += s->state_bytes[c];
+    LiveBytes total = {0}, states = {0};
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        total.live += s->state_bytes[c];
+        if (is_model_state(c))
+            states.live += s->state_bytes[c];
+        for (uint32_t r = 0; r < sim->ranks; r++) {
+            sim->category[(size_t)c * sim->ranks + r] =
+                (LiveBytes){s->state_bytes[c], s->state_bytes[c]};
+            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = s->state_bytes[c];
         }
-        rs->peak_total = rs->live_total;
-        rs->peak_states = rs->live_states;
+    }
+    total.peak = total.live;
+    states.peak = states.live;
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        sim->total[r] = total;
+        sim->states[r] = states;
     }
     return TRUE;
 }
@@ -705,14 +722,14 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 
 static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
 {
-    const size_t rs_index = (size_t)rank * ZP_STREAM_N + stream;
-    if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[stream])
+    StreamState *ss = &sim->stream[rank];
+    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[stream])
         return;
-    const uint32_t i = sim->stream_ops[stream][sim->stream_head[rs_index]];
+    const uint32_t i = sim->stream_ops[stream][ss->head[stream]];
     if (pending_of(sim, i, rank))
         return;
-    sim->stream_head[rs_index]++;
-    sim->stream_busy[rs_index] = 1;
+    ss->head[stream]++;
+    ss->busy[stream] = 1;
     const SimOp *op = &sim->ops[i];
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -739,12 +756,10 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
         start_flow(sim, slot, rank, now_s);
 }
 
-static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+/* Op i is done on rank: counts down its dependents there and starts those now ready. */
+static void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankState *rs = &sim->rank[rank];
-    rs->ops_done++;
-    rs->end_s = now_s;
     sim->op_events++;
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -757,37 +772,52 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
         else
             ready_push(sim, rank, next);
     }
-    if (op_on_stream(op)) {
-        sim->stream_busy[(size_t)rank * ZP_STREAM_N + op->stream] = 0;
-        try_stream(sim, rank, op->stream, now_s);
-    }
+}
+
+/* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
+ * free runs at the time the op it waited for ended on the same rank, so it never moves
+ * end_s, and keeping its count out of RankState spares memory ops that record. */
+static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+{
+    const SimOp *op = &sim->ops[i];
+    RankState *rs = &sim->rank[rank];
+    rs->ops_done++;
+    rs->end_s = now_s;
+    release_dependents(sim, rank, i, now_s);
+    sim->stream[rank].busy[op->stream] = 0;
+    try_stream(sim, rank, op->stream, now_s);
 }
 
 static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankMemory *rs = &sim->memory[rank];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-    rs->live[op->sub] += delta;
-    rs->category_peak[op->sub] = MAX(rs->category_peak[op->sub], rs->live[op->sub]);
-    rs->live_total += delta;
-    if (is_model_state(op->sub))
-        rs->live_states += delta;
-    if (rs->live[op->sub] < -sim->mem_tolerance_bytes) {
+    LiveBytes *category = &sim->category[(size_t)op->sub * sim->ranks + rank];
+    LiveBytes *total = &sim->total[rank];
+    category->live += delta;
+    category->peak = MAX(category->peak, category->live);
+    total->live += delta;
+    if (is_model_state(op->sub)) {
+        LiveBytes *states = &sim->states[rank];
+        states->live += delta;
+        states->peak = MAX(states->peak, states->live);
+    }
+    if (category->live < -sim->mem_tolerance_bytes) {
         g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
                     "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
-                    zp_sched_mem_name(op->sub), rs->live[op->sub], rank, i);
+                    zp_sched_mem_name(op->sub), category->live, rank, i);
         return;
     }
-    if (rs->live_total > rs->peak_total) {
-        rs->peak_total = rs->live_total;
-        memcpy(rs->peak_breakdown, rs->live, sizeof rs->live);
+    if (total->live > total->peak) {
+        total->peak = total->live;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            sim->peak_breakdown[(size_t)rank * ZP_MEM_N + c] =
+                sim->category[(size_t)c * sim->ranks + rank].live;
     }
-    rs->peak_states = MAX(rs->peak_states, rs->live_states);
     if (sim->op_start_s)
         sim->op_start_s[(size_t)rank * sim->n_ops + i] =
             sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
-    complete(sim, rank, i, now_s);
+    release_dependents(sim, rank, i, now_s);
 }
 
 static void drain_ready(Sim *sim, double now_s)
@@ -847,7 +877,7 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     for (; i + 1 < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
+                                 ? o->stream_pos < sim->stream[rank].head[o->stream]
                                  : pending_of(sim, i, rank) == 0;
         if (!ran)
             break;
@@ -855,26 +885,39 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     return i;
 }
 
+/* Ops done on a rank once the queue is empty: its finished compute ops and collectives, and
+ * the allocs and frees whose dependencies all finished (each ran as soon as they had). */
+static uint32_t ops_done(const Sim *sim, uint32_t rank)
+{
+    uint32_t done = sim->rank[rank].ops_done;
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        done += !op_on_stream(&sim->ops[i]) && pending_of(sim, i, rank) == 0;
+    return done;
+}
+
 static gboolean check_end(Sim *sim, GError **error)
 {
     const ZpSchedule *s = sim->sched;
+    /* Each rank does each op at most once, so a full count means that no rank fell short. */
+    const gboolean all_done = sim->op_events == (uint64_t)sim->n_ops * sim->ranks;
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        const RankState *rs = &sim->rank[r];
-        if (rs->ops_done < sim->n_ops) {
+        const uint32_t done = all_done ? sim->n_ops : ops_done(sim, r);
+        if (done < sim->n_ops) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
-                        rs->ops_done, sim->n_ops, first_unrun_op(sim, r));
+                        done, sim->n_ops, first_unrun_op(sim, r));
             return FALSE;
         }
-        const RankMemory *rm = &sim->memory[r];
-        for (int c = 0; c < ZP_MEM_N; c++)
-            if (fabs(rm->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            const double live = sim->category[(size_t)c * sim->ranks + r].live;
+            if (fabs(live - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), rm->live[c], r, s->state_bytes[c]);
+                            zp_sched_mem_name(c), live, r, s->state_bytes[c]);
                 return FALSE;
             }
+        }
     }
     return TRUE;
 }
@@ -885,10 +928,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->memory[r].peak_total > sim->memory[peak].peak_total)
+        if (sim->total[r].peak > sim->total[peak].peak)
             peak = r;
         result->peak_model_state_bytes =
-            MAX(result->peak_model_state_bytes, sim->memory[r].peak_states);
+            MAX(result->peak_model_state_bytes, sim->states[r].peak);
     }
     const RankState *rs = &sim->rank[last];
     result->step_time_s = rs->end_s;
@@ -898,11 +941,11 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->optimizer_s = rs->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
     result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
-    result->peak_memory_bytes = sim->memory[peak].peak_total;
-    memcpy(result->peak_breakdown_bytes, sim->memory[peak].peak_breakdown,
+    result->peak_memory_bytes = sim->total[peak].peak;
+    memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
            sizeof result->peak_breakdown_bytes);
-    memcpy(result->category_peak_bytes, sim->memory[peak].category_peak,
-           sizeof result->category_peak_bytes);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes;
@@ -916,11 +959,13 @@ static void sim_clear(Sim *sim)
         g_free(sim->stream_ops[s]);
     g_free(sim->pending);
     g_free(sim->pending_wide);
-    g_free(sim->stream_head);
-    g_free(sim->stream_busy);
+    g_free(sim->stream);
     g_free(sim->link_load);
     g_free(sim->rank);
-    g_free(sim->memory);
+    g_free(sim->category);
+    g_free(sim->total);
+    g_free(sim->states);
+    g_free(sim->peak_breakdown);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
