@@ -18,8 +18,8 @@ typedef struct {
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
-    uint32_t pending_row;        /* its row of pending counts (NO_ROW without dependencies) */
-    uint8_t wide;                /* the row is in pending_wide (over 255 dependencies) */
+    uint32_t pending_row;        /* over 255 dependencies: its row of pending_wide; else NO_ROW */
+    uint8_t wide;                /* it has that many */
     double duration_s;           /* compute ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
@@ -27,6 +27,9 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
+/* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
+#define ROW_UNUSED (UINT32_MAX - 1)
+#define ROW_DONE UINT32_MAX
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
  * slot, detail its version when queued) from an op's (id the rank, detail the op). */
@@ -112,11 +115,17 @@ typedef struct {
 
     uint32_t ranks, sim_dp, sim_mp;
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
-     * through the same ops, count down adjacent bytes: [row * ranks + rank] with the op's
-     * pending_row; one byte each, four for the few ops with more than 255 dependencies. */
-    uint8_t *pending;
+     * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
+     * An op holds a row only while some ranks have begun counting it down and others have not
+     * finished (row_of[op]; zeroed[op] ranks have): ranks near lockstep need a few dozen rows,
+     * not one per op, and those stay in cache. The few ops with over 255 dependencies keep a
+     * row of four-byte counts in pending_wide for the whole run. */
+    uint8_t *rows;
+    uint32_t *row_of, *zeroed;
+    uint32_t *free_rows;
+    uint32_t n_rows_made, cap_rows, n_free_rows;
     uint32_t *pending_wide;
-    uint32_t n_rows, n_wide_rows;
+    uint32_t n_wide_rows;
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
@@ -409,7 +418,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         SimOp *o = &sim->ops[i];
         o->wide = o->n_deps > UINT8_MAX;
-        o->pending_row = o->n_deps == 0 ? NO_ROW : o->wide ? sim->n_wide_rows++ : sim->n_rows++;
+        o->pending_row = o->wide ? sim->n_wide_rows++ : NO_ROW;
     }
     for (int c = 0; c < ZP_MEM_N; c++)
         states += s->state_bytes[c];
@@ -426,7 +435,8 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->pending = g_try_new(uint8_t, MAX((size_t)sim->n_rows * sim->ranks, 1));
+    sim->row_of = g_try_new(uint32_t, MAX(sim->n_ops, 1));
+    sim->zeroed = g_try_new0(uint32_t, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
@@ -435,7 +445,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
     sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
-    gboolean ok = sim->pending && sim->pending_wide && sim->stream &&
+    gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
                   sim->link_load && sim->rank && sim->category && sim->total && sim->states &&
                   sim->peak_breakdown;
     if (ok && timeline) {
@@ -451,8 +461,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
-    sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
-                                             sim->n_wide_rows * sizeof *sim->pending_wide) +
+    sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
+                       (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (sizeof *sim->stream + SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank +
@@ -463,10 +473,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
-        if (o->pending_row == NO_ROW)
-            continue;
-        if (!o->wide)
-            memset(sim->pending + row, (int)o->n_deps, sim->ranks);
+        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : ROW_UNUSED;
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
@@ -598,18 +605,57 @@ static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t
 static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
     const SimOp *o = &sim->ops[op];
-    if (o->pending_row == NO_ROW)
-        return 0;
-    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
-    return o->wide ? sim->pending_wide[at] : sim->pending[at];
+    if (o->wide)
+        return sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
+    const uint32_t row = sim->row_of[op];
+    return row == ROW_DONE     ? 0
+           : row == ROW_UNUSED ? o->n_deps
+                               : sim->rows[(size_t)row * sim->ranks + rank];
+}
+
+/* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
+static gboolean take_row(Sim *sim, uint32_t op)
+{
+    uint32_t row;
+    if (sim->n_free_rows > 0) {
+        row = sim->free_rows[--sim->n_free_rows];
+    } else {
+        if (sim->n_rows_made == sim->cap_rows) {
+            const uint32_t cap = sim->cap_rows ? 2 * sim->cap_rows : 16;
+            uint8_t *rows = g_try_realloc(sim->rows, (size_t)cap * sim->ranks);
+            if (!rows) {
+                g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "simulating %u ranks: %u rows of dependency counts do not fit in "
+                            "memory; fold the ranks", sim->ranks, cap);
+                return FALSE;
+            }
+            sim->rows = rows;
+            sim->free_rows = g_renew(uint32_t, sim->free_rows, cap);
+            sim->cap_rows = cap;
+        }
+        row = sim->n_rows_made++;
+    }
+    memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
+    sim->row_of[op] = row;
+    return TRUE;
 }
 
 /* One dependency of `op` done on `rank`; TRUE when it was the last. */
 static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
     const SimOp *o = &sim->ops[op];
-    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
-    return o->wide ? --sim->pending_wide[at] == 0 : --sim->pending[at] == 0;
+    if (o->wide)
+        return --sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank] == 0;
+    if (sim->row_of[op] == ROW_UNUSED && !take_row(sim, op))
+        return FALSE;
+    const uint32_t row = sim->row_of[op];
+    if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
+        return FALSE;
+    if (++sim->zeroed[op] == sim->ranks) { /* no rank needs the row any more */
+        sim->free_rows[sim->n_free_rows++] = row;
+        sim->row_of[op] = ROW_DONE;
+    }
+    return TRUE;
 }
 
 static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
@@ -948,7 +994,7 @@ static void fill_result(const Sim *sim, SimResult *result)
         result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
-    result->state_bytes = sim->state_bytes;
+    result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks;
 }
 
 static void sim_clear(Sim *sim)
@@ -957,7 +1003,10 @@ static void sim_clear(Sim *sim)
     g_free(sim->dependents);
     for (int s = 0; s < ZP_STREAM_N; s++)
         g_free(sim->stream_ops[s]);
-    g_free(sim->pending);
+    g_free(sim->rows);
+    g_free(sim->row_of);
+    g_free(sim->zeroed);
+    g_free(sim->free_rows);
     g_free(sim->pending_wide);
     g_free(sim->stream);
     g_free(sim->link_load);
