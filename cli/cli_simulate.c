@@ -266,6 +266,11 @@ static int print_json(const Report *p)
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
+    /* A schedule file's other communicators (a world group, node groups): their bytes too. */
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    json_t *comm = json_object_get(root, "comm_bytes_per_rank");
+    for (int g = ZP_GROUP_TP + 1; g < zp_sched_groups(p->sched, groups); g++)
+        json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
@@ -414,8 +419,12 @@ static void print_human(const Report *p)
            100.0 * flops_per_gpu(p) / p->peak_flops, p->peak_flops / 1e12,
            zp_precision_name(plan->precision));
     print_breakdown(p);
-    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
+    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel",
            r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    for (int g = ZP_GROUP_TP + 1; g < zp_sched_groups(p->sched, groups); g++)
+        printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
+    printf("\n");
     print_memory(p);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",

@@ -114,6 +114,10 @@ typedef struct {
     uint32_t stream_len[ZP_STREAM_N];
 
     uint32_t ranks, sim_dp, sim_mp;
+    /* The communicators (zp_sched_groups); group g's flow slots start at flow_base[g]: one
+     * per stream for each of its groups of simulated ranks (one group when folded). */
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    uint32_t n_groups, flow_base[ZP_SCHED_MAX_GROUPS];
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
      * An op holds a row only while some ranks have begun counting it down and others have not
@@ -313,7 +317,7 @@ static gboolean fail_op(GError **error, uint32_t i, const char *what)
 }
 
 /* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
-static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
+static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GError **error)
 {
     const ZpOp *op = zp_sched_op(s, i);
     static const uint8_t sub_limit[] = {
@@ -325,7 +329,7 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
         return fail_op(error, i, "unknown compute, collective or memory category");
     if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
-    if (op->kind == ZP_OP_COLLECTIVE && op->group > ZP_GROUP_TP)
+    if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
         return fail_op(error, i, "unknown group");
     if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
         !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
@@ -386,13 +390,13 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
         !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
         return FALSE;
-    const SimCollGroup groups[2] = {
-        [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
-        [ZP_GROUP_TP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_TP),
-    };
+    SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
+    for (uint32_t g = 0; g < sim->n_groups; g++)
+        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
+                                          sim->groups[g].stride);
     double largest_buffer = 0, states = 0;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
-        if (!check_op(s, i, error))
+        if (!check_op(s, sim->n_groups, i, error))
             return FALSE;
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
@@ -501,17 +505,22 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
  * with one slot per stream. */
 static void build_flows(Sim *sim)
 {
-    sim->n_flows = (sim->sim_mp + sim->sim_dp) * ZP_STREAM_N;
+    const gboolean folded = sim->ranks == 1;
+    sim->n_flows = 0;
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        sim->flow_base[g] = sim->n_flows;
+        sim->n_flows += (folded ? 1 : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
+    }
     sim->flows = g_new0(Flow, sim->n_flows);
-    for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
-        Flow *f = &sim->flows[slot];
-        const uint32_t group = slot / ZP_STREAM_N;
-        if (group < sim->sim_mp)
-            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp,
-                        .inter_scale = 1.0};
-        else
-            *f = (Flow){.first = (group - sim->sim_mp) * sim->sim_mp, .stride = 1,
-                        .count = sim->sim_mp, .inter_scale = 1.0};
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
+        const uint32_t n = folded ? 1 : sim->ranks / ranks;
+        for (uint32_t k = 0; k < n; k++) /* group k: first (k / stride) ranks x stride + k % stride */
+            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
+                sim->flows[sim->flow_base[g] + k * ZP_STREAM_N + stream] = (Flow){
+                    .first = folded ? 0 : k / stride * ranks * stride + k % stride,
+                    .stride = folded ? 1 : stride, .count = folded ? 1 : ranks,
+                    .inter_scale = 1.0};
     }
     sim->affected_cap = 64;
     sim->affected = g_new(uint32_t, sim->affected_cap);
@@ -596,10 +605,15 @@ gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimS
     return TRUE;
 }
 
-static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
+static uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
 {
-    const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
-    return g * ZP_STREAM_N + stream;
+    if (sim->ranks == 1)
+        return sim->flow_base[group] + stream;
+    const uint32_t stride = sim->groups[group].stride, span = sim->groups[group].ranks * stride;
+    /* The common cases without a division: one group spanning the world, stride 1. */
+    const uint32_t block = span == sim->ranks ? 0 : rank / span;
+    const uint32_t offset = stride == 1 ? 0 : rank % stride;
+    return sim->flow_base[group] + (block * stride + offset) * ZP_STREAM_N + stream;
 }
 
 static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
@@ -710,7 +724,7 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
     sim->epoch++;
     sim->n_affected = 0;
     for (uint32_t i = 0, m = changed->first; i < changed->count; i++, m += changed->stride)
-        for (int group = 0; group < 2; group++)
+        for (uint32_t group = 0; group < sim->n_groups; group++)
             for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
                 const uint32_t slot = flow_slot(sim, group, m, stream);
                 Flow *f = &sim->flows[slot];
@@ -1034,6 +1048,16 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
                     "schedule: world %d is not dp %d x mp %d", s->world, s->plan.dp, s->plan.mp);
         return FALSE;
     }
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    for (int g = 0; g < n_groups; g++)
+        if (groups[g].ranks < 1 || groups[g].stride < 1 ||
+            s->world % ((int64_t)groups[g].ranks * groups[g].stride) != 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "schedule: group %s: %d ranks %d apart do not tile the world of %d",
+                        groups[g].name, groups[g].ranks, groups[g].stride, s->world);
+            return FALSE;
+        }
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
@@ -1068,6 +1092,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .queue = {.last = UINT32_MAX},
     };
     sim.ranks = sim.sim_dp * sim.sim_mp;
+    sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
     SimResult *result = g_new0(SimResult, 1);
     *result = (SimResult){.mode = options->mode, .world = sched->world,

@@ -52,7 +52,9 @@ typedef struct {
      * recomputation and the optimizer are not the model's work (the MFU definition). */
     double model_flops;
     double recompute_flops;
-    double comm_bytes[2]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
+    /* Bytes one rank sends (ring algorithms), by the schedule's group index (ZpGroup for dp
+     * and tp). */
+    double comm_bytes[ZP_SCHED_MAX_GROUPS];
 
     /* The highest per-rank total of live bytes, what each category held at that moment, and
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */
