@@ -30,6 +30,10 @@ typedef struct {
 /* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
 #define ROW_UNUSED (UINT32_MAX - 1)
 #define ROW_DONE UINT32_MAX
+/* row_of[op] of an op with over 255 dependencies: its counts are in pending_wide. */
+#define ROW_WIDE (UINT32_MAX - 2)
+/* dependent_stream[d] of an alloc or free. */
+#define NOT_ON_STREAM UINT8_MAX
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
  * slot, detail its version when queued) from an op's (id the rank, detail the op). */
@@ -110,6 +114,7 @@ typedef struct {
     uint32_t n_ops;
     SimOp *ops;
     uint32_t *dependents;
+    uint8_t *dependent_stream; /* [d]: the stream dependents[d] runs on, or NOT_ON_STREAM */
     uint32_t *stream_ops[ZP_STREAM_N];
     uint32_t stream_len[ZP_STREAM_N];
 
@@ -362,11 +367,16 @@ static void build_dependents(Sim *sim)
         offset += count;
     }
     sim->dependents = g_new(uint32_t, offset ? offset : 1);
+    sim->dependent_stream = g_new(uint8_t, offset ? offset : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint32_t *deps = zp_sched_deps(s, op);
-        for (uint32_t d = 0; d < op->n_deps; d++)
-            sim->dependents[sim->ops[deps[d]].dependents_end++] = i;
+        for (uint32_t d = 0; d < op->n_deps; d++) {
+            const uint32_t at = sim->ops[deps[d]].dependents_end++;
+            sim->dependents[at] = i;
+            sim->dependent_stream[at] = op_on_stream(&sim->ops[i]) ? sim->ops[i].stream
+                                                                    : NOT_ON_STREAM;
+        }
     }
 }
 
@@ -477,7 +487,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
-        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : ROW_UNUSED;
+        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED;
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
@@ -616,15 +626,15 @@ static uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_
     return sim->flow_base[group] + (block * stride + offset) * ZP_STREAM_N + stream;
 }
 
-static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
+static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
-    const SimOp *o = &sim->ops[op];
-    if (o->wide)
-        return sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
     const uint32_t row = sim->row_of[op];
+    if (row < ROW_WIDE)
+        return sim->rows[(size_t)row * sim->ranks + rank];
+    const SimOp *o = &sim->ops[op];
     return row == ROW_DONE     ? 0
            : row == ROW_UNUSED ? o->n_deps
-                               : sim->rows[(size_t)row * sim->ranks + rank];
+                               : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
 }
 
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
@@ -655,13 +665,14 @@ static gboolean take_row(Sim *sim, uint32_t op)
 }
 
 /* One dependency of `op` done on `rank`; TRUE when it was the last. */
-static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
+static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
-    const SimOp *o = &sim->ops[op];
-    if (o->wide)
-        return --sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank] == 0;
-    if (sim->row_of[op] == ROW_UNUSED && !take_row(sim, op))
-        return FALSE;
+    if (sim->row_of[op] >= ROW_WIDE) {
+        if (sim->row_of[op] == ROW_WIDE)
+            return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
+        if (!take_row(sim, op))
+            return FALSE;
+    }
     const uint32_t row = sim->row_of[op];
     if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
         return FALSE;
@@ -672,7 +683,7 @@ static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
     return TRUE;
 }
 
-static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
+static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
 {
     if (sim->ready_head + sim->ready_len == sim->ready_cap) {
         if (sim->ready_head > 0) { /* slide the queue back to the front before growing */
@@ -780,13 +791,15 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     }
 }
 
-static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
+/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
+ * done; `ready` is an op known to have none left (UINT32_MAX: none known). */
+static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
     if (ss->busy[stream] || ss->head[stream] == sim->stream_len[stream])
         return;
     const uint32_t i = sim->stream_ops[stream][ss->head[stream]];
-    if (pending_of(sim, i, rank))
+    if (i != ready && pending_of(sim, i, rank))
         return;
     ss->head[stream]++;
     ss->busy[stream] = 1;
@@ -817,7 +830,7 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
 }
 
 /* Op i is done on rank: counts down its dependents there and starts those now ready. */
-static void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
@@ -827,8 +840,8 @@ static void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s
         const uint32_t next = sim->dependents[d];
         if (!pending_done(sim, next, rank))
             continue;
-        if (op_on_stream(&sim->ops[next]))
-            try_stream(sim, rank, sim->ops[next].stream, now_s);
+        if (sim->dependent_stream[d] != NOT_ON_STREAM)
+            try_stream(sim, rank, sim->dependent_stream[d], next, now_s);
         else
             ready_push(sim, rank, next);
     }
@@ -845,7 +858,7 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     rs->end_s = now_s;
     release_dependents(sim, rank, i, now_s);
     sim->stream[rank].busy[op->stream] = 0;
-    try_stream(sim, rank, op->stream, now_s);
+    try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
 }
 
 static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
@@ -1015,6 +1028,7 @@ static void sim_clear(Sim *sim)
 {
     g_free(sim->ops);
     g_free(sim->dependents);
+    g_free(sim->dependent_stream);
     for (int s = 0; s < ZP_STREAM_N; s++)
         g_free(sim->stream_ops[s]);
     g_free(sim->rows);
@@ -1072,7 +1086,7 @@ static void seed(Sim *sim)
         for (guint k = 0; k < roots->len; k++)
             ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
-            try_stream(sim, r, s, 0.0);
+            try_stream(sim, r, s, UINT32_MAX, 0.0);
     }
     g_array_free(roots, TRUE);
     drain_ready(sim, 0.0);
