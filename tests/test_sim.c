@@ -549,6 +549,19 @@ static void test_schedule_file_example(void)
         sim_result_free(r);
     }
     zp_sched_free(s);
+    /* The second example declares the world, node groups and pipeline neighbours too: every
+     * rank simulated or one folded, the same step; each group's ring bytes. */
+    s = zp_sched_read_graph(ZP_DATA_DIR "/tests/data/schedule-groups.json", &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->n_groups, ==, 5);
+    SimResult *all = run(s, &a100, SIM_MODE_EXPLICIT), *one = run(s, &a100, SIM_MODE_FOLDED);
+    g_assert_cmpfloat(all->step_time_s, ==, one->step_time_s);
+    g_assert_cmpfloat(all->comm_bytes[2], ==, 2.0 * 63 / 64 * 1e6);
+    g_assert_cmpfloat(all->comm_bytes[3], ==, 7.0 / 8 * 256e6);
+    g_assert_cmpfloat(all->comm_bytes[4], ==, 0.5 * 16e6);
+    sim_result_free(all);
+    sim_result_free(one);
+    zp_sched_free(s);
 }
 
 /* Two 1 GiB all-reduces over a node's 8 ranks, the second put on the tp stream by its
