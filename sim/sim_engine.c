@@ -90,14 +90,20 @@ typedef struct {
     double live, peak;
 } LiveBytes;
 
-/* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
+/* A rank's clock and what account() reads: every compute op and collective touches these at
+ * its start and its end, so they are kept to 32 bytes (the busy times apart): the members of
+ * a collective are swept in order at each, 131,072 of them at the largest. */
+typedef struct {
+    double mark_s; /* exposed communication is accounted up to here */
+    double exposed_s, end_s;
+    uint32_t compute_running, comm_active;
+} RankState;
+
+/* A rank's busy times: touched when a compute op starts and when a collective ends. */
 typedef struct {
     double busy_s[ZP_STREAM_N];
-    double compute_s, optimizer_s, exposed_s;
-    double mark_s; /* exposed communication is accounted up to here */
-    double end_s;
-    uint32_t compute_running, comm_active, ops_done;
-} RankState;
+    double compute_s, optimizer_s;
+} RankBusy;
 
 typedef struct {
     uint32_t rank, op;
@@ -138,6 +144,7 @@ typedef struct {
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
+    RankBusy *busy;
     LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
     LiveBytes *total;       /* [rank]: all categories */
     LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
@@ -455,12 +462,13 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
+    sim->busy = g_try_new0(RankBusy, sim->ranks);
     sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
     sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
     gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
-                  sim->link_load && sim->rank && sim->category && sim->total && sim->states &&
+                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total && sim->states &&
                   sim->peak_breakdown;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
@@ -479,7 +487,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                        (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (sizeof *sim->stream + SIM_LINK_N * sizeof *sim->link_load +
-                                             sizeof *sim->rank +
+                                             sizeof *sim->rank + sizeof *sim->busy +
                                              ZP_MEM_N * (sizeof *sim->category +
                                                          sizeof *sim->peak_breakdown) +
                                              sizeof *sim->total + sizeof *sim->states);
@@ -816,13 +824,14 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         const double duration_s =
             sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
         RankState *rs = &sim->rank[rank];
+        RankBusy *rb = &sim->busy[rank];
         account(rs, now_s);
         rs->compute_running++;
-        rs->busy_s[stream] += duration_s;
+        rb->busy_s[stream] += duration_s;
         if (op->sub == ZP_COMP_OPTIMIZER)
-            rs->optimizer_s += duration_s;
+            rb->optimizer_s += duration_s;
         else
-            rs->compute_s += duration_s;
+            rb->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
         queue_push(&sim->queue, now_s + duration_s, rank, i);
@@ -855,13 +864,11 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
 
 /* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
  * free runs at the time the op it waited for ended on the same rank, so it never moves
- * end_s, and keeping its count out of RankState spares memory ops that record. */
+ * end_s, and memory ops never touch RankState. */
 static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankState *rs = &sim->rank[rank];
-    rs->ops_done++;
-    rs->end_s = now_s;
+    sim->rank[rank].end_s = now_s;
     release_dependents(sim, rank, i, now_s);
     sim->stream[rank].busy[op->stream] = 0;
     try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
@@ -927,7 +934,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
-        rs->busy_s[op->stream] += now_s - start_s;
+        sim->busy[m].busy_s[op->stream] += now_s - start_s;
         complete(sim, m, i, now_s);
     }
 }
@@ -964,11 +971,14 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     return i;
 }
 
-/* Ops done on a rank once the queue is empty: its finished compute ops and collectives, and
- * the allocs and frees whose dependencies all finished (each ran as soon as they had). */
+/* Ops done on a rank once the queue is empty: its finished compute ops and collectives (those
+ * its streams passed, less one still running or waiting on a busy stream), and the allocs and
+ * frees whose dependencies all finished (each ran as soon as they had). */
 static uint32_t ops_done(const Sim *sim, uint32_t rank)
 {
-    uint32_t done = sim->rank[rank].ops_done;
+    uint32_t done = 0;
+    for (int s = 0; s < ZP_STREAM_N; s++) /* a busy stream's last op has not finished */
+        done += sim->stream[rank].head[s] - sim->stream[rank].busy[s];
     for (uint32_t i = 0; i < sim->n_ops; i++)
         done += !op_on_stream(&sim->ops[i]) && pending_of(sim, i, rank) == 0;
     return done;
@@ -1013,13 +1023,14 @@ static void fill_result(const Sim *sim, SimResult *result)
             MAX(result->peak_model_state_bytes, sim->states[r].peak);
     }
     const RankState *rs = &sim->rank[last];
+    const RankBusy *rb = &sim->busy[last];
     result->step_time_s = rs->end_s;
     result->report_rank = (int)last;
-    memcpy(result->stream_busy_s, rs->busy_s, sizeof rs->busy_s);
-    result->compute_s = rs->compute_s;
-    result->optimizer_s = rs->optimizer_s;
+    memcpy(result->stream_busy_s, rb->busy_s, sizeof rb->busy_s);
+    result->compute_s = rb->compute_s;
+    result->optimizer_s = rb->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
-    result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
+    result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s);
     result->peak_memory_bytes = sim->total[peak].peak;
     memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
            sizeof result->peak_breakdown_bytes);
@@ -1045,6 +1056,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->stream);
     g_free(sim->link_load);
     g_free(sim->rank);
+    g_free(sim->busy);
     g_free(sim->category);
     g_free(sim->total);
     g_free(sim->states);
