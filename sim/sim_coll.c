@@ -83,18 +83,21 @@ static double inter_bus_bytes_per_s(const ZpHw *hw)
 
 SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node)
 {
-    SimCollPlacement p = {.ranks = ranks, .nodes = 1, .groups_per_node = 1};
     const int64_t span = (int64_t)ranks * stride, g = gpus_per_node;
-    /* Every group's members: first + i * stride, first = block * span + offset. */
-    for (int64_t block = 0; block * span < world; block++)
-        for (int64_t offset = 0; offset < stride; offset++) {
-            const int64_t first = block * span + offset;
-            const int nodes = (int)((first + (ranks - 1) * (int64_t)stride) / g - first / g + 1);
-            /* With members farther apart than a node, each sits on a node of its own. */
-            p.nodes = MAX(p.nodes, stride >= g ? ranks : MIN(ranks, nodes));
-        }
     /* The groups with members on one node: the distinct offsets among its ranks. */
-    p.groups_per_node = (int)MIN((int64_t)stride, MIN(g, (int64_t)world));
+    SimCollPlacement p = {.ranks = ranks, .nodes = ranks,
+                          .groups_per_node = (int)MIN((int64_t)stride, MIN(g, (int64_t)world))};
+    if (stride >= g) /* members farther apart than a node: each on a node of its own */
+        return p;
+    /* A group whose first member is f spans floor((f mod g + (ranks - 1) stride) / g) + 1
+     * nodes. First members are block * span + offset (offset < stride < g), and block * span
+     * mod g repeats within g blocks: O(g^2) whatever the world, as the planner's search asks
+     * this of every candidate plan. */
+    int64_t most_mod = 0;
+    for (int64_t block = 0; block < MIN(g, world / span); block++)
+        for (int64_t offset = 0; offset < stride; offset++)
+            most_mod = MAX(most_mod, (block * span + offset) % g);
+    p.nodes = (int)MIN((int64_t)ranks, (most_mod + (ranks - 1) * (int64_t)stride) / g + 1);
     return p;
 }
 

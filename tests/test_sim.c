@@ -115,6 +115,27 @@ static void test_placement_groups(void)
     /* A world smaller than a node. */
     p = sim_coll_placement(3, 3, 1, 8);
     g_assert_cmpint(p.nodes, ==, 1);
+    /* The closed form against counting every group's nodes, for every tiling of small worlds. */
+    for (int world = 1; world <= 96; world++)
+        for (int gpn = 2; gpn <= 16; gpn *= 2)
+            for (int ranks = 1; ranks <= world; ranks++)
+                for (int stride = 1; (int64_t)ranks * stride <= world; stride++) {
+                    if (world % (ranks * stride) != 0)
+                        continue;
+                    int most = 0;
+                    for (int first = 0; first < world; first++) {
+                        if (first % (ranks * stride) >= stride)
+                            continue; /* not a group's first member */
+                        int nodes = 0, last_node = -1;
+                        for (int i = 0; i < ranks; i++) {
+                            const int node = (first + i * stride) / gpn;
+                            nodes += node != last_node;
+                            last_node = node;
+                        }
+                        most = MAX(most, nodes);
+                    }
+                    g_assert_cmpint(sim_coll_placement(world, ranks, stride, gpn).nodes, ==, most);
+                }
     /* A profile's measured bus bandwidth replaces the line rate at its level. */
     ZpHw hw = a100;
     hw.intra_node_bus_bytes_per_s = 230e9;
