@@ -468,8 +468,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->states = g_try_new(LiveBytes, sim->ranks);
     sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
     gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
-                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total && sim->states &&
-                  sim->peak_breakdown;
+                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total &&
+                  sim->states && sim->peak_breakdown;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -486,7 +486,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
                        (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
-                       (size_t)sim->ranks * (sizeof *sim->stream + SIM_LINK_N * sizeof *sim->link_load +
+                       (size_t)sim->ranks * (sizeof *sim->stream +
+                                             SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
                                              ZP_MEM_N * (sizeof *sim->category +
                                                          sizeof *sim->peak_breakdown) +
@@ -519,8 +520,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     return TRUE;
 }
 
-/* Flow slots: the DP groups (one per tp index) then the TP groups (one per dp index), each
- * with one slot per stream. */
+/* Flow slots: each communicator's groups in turn (for dp, one per tp index; for tp, one per
+ * dp index), each group with one slot per stream; folded, one group per communicator. */
 static void build_flows(Sim *sim)
 {
     const gboolean folded = sim->ranks == 1;
@@ -533,7 +534,8 @@ static void build_flows(Sim *sim)
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
         const uint32_t n = folded ? 1 : sim->ranks / ranks;
-        for (uint32_t k = 0; k < n; k++) /* group k: first (k / stride) ranks x stride + k % stride */
+        /* Group k's first member: (k / stride) x ranks x stride + k % stride. */
+        for (uint32_t k = 0; k < n; k++)
             for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
                 sim->flows[sim->flow_base[g] + k * ZP_STREAM_N + stream] = (Flow){
                     .first = folded ? 0 : k / stride * ranks * stride + k % stride,
