@@ -883,8 +883,7 @@ static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
     return a;
 }
 
-/* One group of "groups": a name not yet taken (dp and tp first, in that order), and ranks x
- * stride dividing the world. */
+/* One group of "groups": a name not yet taken, and ranks x stride dividing the world. */
 static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCommGroup *table,
                                 int index, GError **error)
 {
@@ -901,9 +900,7 @@ static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCo
         return FALSE;
     }
     const char *problem = NULL;
-    if (index < 2 && strcmp(name, group_names[index]) != 0)
-        problem = index == 0 ? "the first group must be dp" : "the second group must be tp";
-    else if (strlen(name) >= sizeof table->name)
+    if (strlen(name) >= sizeof table->name)
         problem = "a group's name has at most 15 characters";
     for (int g = 0; !problem && g < index; g++)
         if (strcmp(table[g].name, name) == 0)
@@ -925,9 +922,9 @@ static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCo
     return TRUE;
 }
 
-/* Reads "groups" into dp, mp and the table: dp and tp first, with the placement groups_json
- * writes (ranks tp-fastest), their sizes multiplying to world; then, where `others`, any
- * other communicators. */
+/* Reads "groups" into dp, mp and the table: dp and tp, with the placement groups_json writes
+ * (ranks tp-fastest), their sizes multiplying to world, go first in the table (ZpGroup);
+ * then, where `others`, any other communicators in the file's order. */
 static gboolean groups_from_json(json_t *groups, const char *path, int64_t world,
                                  gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
                                  int *n_groups, int *dp, int *mp, GError **error)
@@ -940,15 +937,31 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
                     others ? " and at most 14 other groups" : " and no other group");
         return FALSE;
     }
-    for (size_t i = 0; i < json_array_size(groups); i++) {
-        char *what = g_strdup_printf("%s: groups[%zu]", path, i);
-        const gboolean ok = group_from_json(json_array_get(groups, i), what, world, table,
-                                            (int)i, error);
+    ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
+    const int n = (int)json_array_size(groups);
+    int at[2] = {-1, -1}; /* where dp and tp are in the file */
+    for (int i = 0; i < n; i++) {
+        char *what = g_strdup_printf("%s: groups[%d]", path, i);
+        const gboolean ok = group_from_json(json_array_get(groups, (size_t)i), what, world,
+                                            read, i, error);
         g_free(what);
         if (!ok)
             return FALSE;
+        for (int g = ZP_GROUP_DP; g <= ZP_GROUP_TP; g++)
+            if (strcmp(read[i].name, group_names[g]) == 0)
+                at[g] = i;
     }
-    *n_groups = (int)json_array_size(groups);
+    if (at[ZP_GROUP_DP] < 0 || at[ZP_GROUP_TP] < 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"groups\" must hold a group named dp and one named tp", path);
+        return FALSE;
+    }
+    table[ZP_GROUP_DP] = read[at[ZP_GROUP_DP]];
+    table[ZP_GROUP_TP] = read[at[ZP_GROUP_TP]];
+    *n_groups = 2;
+    for (int i = 0; i < n; i++)
+        if (i != at[ZP_GROUP_DP] && i != at[ZP_GROUP_TP])
+            table[(*n_groups)++] = read[i];
     const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
     const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
     if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||

@@ -672,6 +672,22 @@ static void test_schedule_file_groups(void)
     g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
     zp_sched_free(again);
     zp_sched_free(s);
+    /* dp and tp anywhere in the list: they take the first places, the others keep their order. */
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"world\", "
+        "\"ranks\": 8, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, "
+        "{\"name\": \"dp\", \"ranks\": 8, \"stride\": 1}], \"ops\": [{\"kind\": \"collective\", "
+        "\"op\": \"allreduce\", \"group\": \"dp\", \"bytes\": 1, \"deps\": []}, {\"kind\": "
+        "\"collective\", \"op\": \"allreduce\", \"group\": \"world\", \"bytes\": 1, \"deps\": []}]}",
+        -1, NULL));
+    s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpstr(s->groups[ZP_GROUP_DP].name, ==, "dp");
+    g_assert_cmpstr(s->groups[2].name, ==, "world");
+    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, ZP_GROUP_DP);
+    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, 2);
+    zp_sched_free(s);
     g_remove(path);
     g_free(path);
 }
@@ -727,8 +743,8 @@ static void test_schedule_file_bad_input(void)
     static const struct {
         const char *groups, *message;
     } group_cases[] = {
-        {"{\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, {\"name\": \"dp\", \"ranks\": 4, "
-         "\"stride\": 1}", "groups[0]: key \"name\": \"tp\": the first group must be dp"},
+        {"{\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, {\"name\": \"pp\", \"ranks\": 4, "
+         "\"stride\": 1}", "key \"groups\" must hold a group named dp and one named tp"},
         {"{\"name\": \"dp\", \"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, "
          "\"stride\": 1}, {\"name\": \"dp\", \"ranks\": 2, \"stride\": 1}",
          "groups[2]: key \"name\": \"dp\": a second group of that name"},
