@@ -14,7 +14,7 @@
 
 #define US 1e-6
 
-/* NCCL's tuning model as src/graph/tuning.cc has it (NVIDIA/nccl master, 2026-06,
+/* NCCL's tuning model as src/graph/tuning.cc has it (NVIDIA/nccl master 5067397, 2026-06,
  * ncclTunerConstantsDefaults and ncclTopoTuneModel), for the ring and tree algorithms:
  * baseLatencies[algo][proto], seconds. */
 static const double base_latency_s[SIM_ALGO_N][SIM_PROTO_N] = {
