@@ -80,7 +80,9 @@ typedef struct {
 } SimResult;
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
- * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node. Fails on an
+ * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node. Each of the
+ * schedule's communicators (zp_sched_groups) must tile the world; where its groups sit on
+ * hw's nodes sets its collectives' cost (sim_coll_group_placed). Fails on an
  * invalid schedule (naming the op), on a deadlock (naming an op that never ran), if memory
  * of a category goes negative or does not return to sched->state_bytes by the end, or if
  * the explicit ranks' state does not fit in memory. */
