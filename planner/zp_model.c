@@ -11,7 +11,7 @@ static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
-    "rotary_fraction", "norm_eps", NULL};
+    "rotary_fraction", "norm_eps", "exact_gelu", NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -107,7 +107,8 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                             error) ||
         !zp_json_get_number(obj, what, "rotary_fraction", FALSE, 0, 1, &model->rotary_fraction,
                             error) ||
-        !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error))
+        !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error) ||
+        !zp_json_get_bool(obj, what, "exact_gelu", FALSE, &model->exact_gelu, error))
         return FALSE;
     model->mlp = (ZpMlp)mlp;
     model->norm = (ZpNorm)norm;
@@ -328,6 +329,7 @@ void *zp_model_to_json(const ZpModel *model)
     json_object_set_new(o, "max_positions", json_integer((json_int_t)zp_model_positions(model)));
     json_object_set_new(o, "mlp", json_string(mlp_names[model->mlp]));
     json_object_set_new(o, "norm", json_string(norm_names[model->norm]));
+    json_object_set_new(o, "exact_gelu", json_boolean(model->exact_gelu));
     json_object_set_new(o, "qkv_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_QKV)));
     json_object_set_new(o, "proj_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_PROJ)));
     json_object_set_new(o, "mlp_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_MLP)));

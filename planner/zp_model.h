@@ -36,6 +36,8 @@ typedef struct {
     int64_t kv_heads;           /* key/value heads; 0: heads (multi-head attention) */
     int64_t max_positions;      /* rows of the learned position table; 0: seq_len */
     ZpMlp mlp;
+    gboolean exact_gelu;        /* GELU as x Phi(x) with erf (transformers' "gelu"), not GPT-2's
+                                 * tanh approximation ("gelu_new"); the same cost, other values */
     ZpNorm norm;
     unsigned no_bias;           /* ZP_NO_BIAS_* flags */
     gboolean tied_embeddings;   /* LM head shares wte (default true) */

@@ -69,6 +69,16 @@ static void test_param_counts(void)
     for (int u = 0; u < zp_model_n_units(&ours); u++)
         g_assert_cmpuint(zp_model_unit_elems(&gpt2, u), ==, zp_model_unit_elems(&ours, u));
     g_assert_true(gpt2.dropout);
+    /* transformers' "gelu" is the exact erf GELU (Pythia's), "gelu_new" the tanh one
+     * (GPT-2's); Qwen2 has biases on q, k and v alone; NeoX a parallel residual and a
+     * quarter of each head rotated. */
+    g_assert_false(gpt2.exact_gelu);
+    load("pythia-160m", &m);
+    g_assert_true(m.exact_gelu && m.mlp == ZP_MLP_GELU && m.parallel_residual &&
+                  m.rotary_fraction == 0.25 && m.no_bias == 0 && !m.tied_embeddings);
+    load("qwen2-0.5b", &m);
+    g_assert_cmpuint(m.no_bias, ==, ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP);
+    g_assert_true(m.mlp == ZP_MLP_SWIGLU && !m.exact_gelu && m.tied_embeddings);
 }
 
 /* Llama-2-7B, sequence 4096, micro-batch 1, bf16, no checkpointing. Per block, with h = 4096,
