@@ -195,12 +195,8 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
             return FALSE;
         }
     }
-    json_t *scaling = json_object_get(obj, "rope_scaling");
-    if (scaling && !json_is_null(scaling) && !json_is_object(scaling)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"rope_scaling\" must be an object or null",
-                    path);
+    if (!zp_model_get_rope_scaling(obj, path, m, error))
         return FALSE;
-    }
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */
     m->seq_len = m->max_positions;

@@ -5,6 +5,7 @@
 
 #include "real_alloc.h"
 #include "real_bf16.h"
+#include "real_rope.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -177,14 +178,15 @@ struct RealBackend {
                         const float *x, const RealBf16 *gain, int rows, int cols, float eps);
 
     /* Rotary embeddings in place on the q and k parts of qkv rows [batch*seq_len, (heads +
-     * 2 kv_heads) head_dim] (q heads, then k heads, then v heads): the first rot_dim (even,
-     * at most head_dim) dimensions of each head turn, the pair (c, c + r/2) (r = rot_dim,
-     * c < r/2) by t theta^(-2c/r) at position t = row mod seq_len (Hugging Face's rotate_half
-     * convention; rot_dim < head_dim is GPT-NeoX's partial rotary, rotary_pct); the other
-     * dimensions stay. inverse turns back by the same angle: the backward, applied to dq
-     * and dk. */
-    void (*rope)(RealBackend *be, float *qkv, int batch, int seq_len, int heads, int kv_heads,
-                 int head_dim, int rot_dim, float theta, bool inverse);
+     * 2 kv_heads) head_dim] (q heads, then k heads, then v heads): the first rope->rot_dim
+     * (even, at most head_dim) dimensions of each head turn, the pair (c, c + r/2) (r =
+     * rot_dim, c < r/2) by t real_rope_inv_freq(rope, c) at position t = row mod seq_len
+     * (Hugging Face's rotate_half convention; rot_dim < head_dim is GPT-NeoX's partial rotary,
+     * rotary_pct); the other dimensions stay. The angle is computed in double, its cosine and
+     * sine rounded to float. inverse turns back by the same angle: the backward, applied to
+     * dq and dk. rope is host memory. May need workspace (the frequencies, on a device). */
+    bool (*rope)(RealBackend *be, float *qkv, int batch, int seq_len, int heads, int kv_heads,
+                 int head_dim, const RealRope *rope, bool inverse);
 
     /* Gated MLP on gate_up [rows, 2 ffn] (gate in the first ffn columns, up in the last):
      * out [rows, ffn] = act(gate) up: SwiGLU with REAL_ACT_SILU (silu(g) = g / (1 + e^-g)),

@@ -648,15 +648,15 @@ static void real_cpu_rmsnorm_bwd(RealBackend *be, float *dx, float *dgain, const
     }
 }
 
-static void real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
-                          int kv_heads, int head_dim, int rot_dim, float theta, bool inverse)
+static bool real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
+                          int kv_heads, int head_dim, const RealRope *rope, bool inverse)
 {
     (void)be;
-    const int half = rot_dim / 2, ld = (heads + 2 * kv_heads) * head_dim;
+    const int half = rope->rot_dim / 2, ld = (heads + 2 * kv_heads) * head_dim;
     for (int r = 0; r < batch * seq_len; r++) {
         const int t = r % seq_len;
         for (int c = 0; c < half; c++) {
-            const double angle = t * pow(theta, -2.0 * c / rot_dim);
+            const double angle = t * real_rope_inv_freq(rope, c);
             const float cs = (float)cos(angle), sn = (float)(inverse ? -sin(angle) : sin(angle));
             /* The q heads and the k heads, which follow them in the row. */
             for (int j = 0; j < heads + kv_heads; j++) {
@@ -667,6 +667,7 @@ static void real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, i
             }
         }
     }
+    return true;
 }
 
 /* ---- activations: GELU (tanh and exact), SiLU, and the gated MLP ---- */

@@ -1420,10 +1420,20 @@ static void real_cuda_rmsnorm_bwd(RealBackend *be, float *dx, float *dgain, cons
     real_cuda_free(be, rstd);
 }
 
-/* A thread per (row, q or k head, pair c < rot_dim/2): the CPU's angle t theta^(-2c/r) in
- * double, its cosine and sine rounded to float, then the same float rotation. */
+/* The frequencies of up to REAL_CUDA_ROPE_MAX_PAIRS pairs (head dimensions up to 512; every
+ * published model's are 256 at most), passed by value as a kernel parameter: no copy, no
+ * synchronisation. */
+#define REAL_CUDA_ROPE_MAX_PAIRS 256
+
+struct RealCudaRopeFreqs {
+    double inv_freq[REAL_CUDA_ROPE_MAX_PAIRS];
+};
+
+/* A thread per (row, q or k head, pair c < rot_dim/2): the CPU's angle t inv_freq[c] in double
+ * (the same table, real_rope_inv_freq), its cosine and sine rounded to float, then the same
+ * float rotation. */
 __global__ void real_cuda_k_rope(float *qkv, size_t n, int seq_len, int heads_qk, int ld,
-                                 int head_dim, int rot_dim, float theta, bool inverse)
+                                 int head_dim, int rot_dim, RealCudaRopeFreqs freqs, bool inverse)
 {
     const int half = rot_dim / 2;
     REAL_CUDA_GRID_STRIDE(i, n)
@@ -1432,7 +1442,7 @@ __global__ void real_cuda_k_rope(float *qkv, size_t n, int seq_len, int heads_qk
         const int j = (int)(i / (size_t)half % (size_t)heads_qk);
         const size_t r = i / ((size_t)half * heads_qk);
         const int t = (int)(r % (size_t)seq_len);
-        const double angle = t * pow((double)theta, -2.0 * c / rot_dim);
+        const double angle = t * freqs.inv_freq[c];
         const float cs = (float)cos(angle), sn = (float)(inverse ? -sin(angle) : sin(angle));
         float *x = qkv + r * ld + (size_t)j * head_dim;
         const float a = x[c], b = x[c + half];
@@ -1441,17 +1451,26 @@ __global__ void real_cuda_k_rope(float *qkv, size_t n, int seq_len, int heads_qk
     }
 }
 
-static void real_cuda_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
-                           int kv_heads, int head_dim, int rot_dim, float theta, bool inverse)
+static bool real_cuda_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
+                           int kv_heads, int head_dim, const RealRope *rope, bool inverse)
 {
     RealCuda *cu = real_cuda_of(be);
-    if (batch <= 0 || seq_len <= 0 || rot_dim < 2)
-        return;
-    const size_t n = (size_t)batch * seq_len * (size_t)(heads + kv_heads) * (size_t)(rot_dim / 2);
+    const int half = rope->rot_dim / 2;
+    if (batch <= 0 || seq_len <= 0 || half < 1)
+        return !cu->failed;
+    if (half > REAL_CUDA_ROPE_MAX_PAIRS) {
+        real_cuda_fail(cu, "rope: %d rotated dimensions, more than the %d this backend turns",
+                       rope->rot_dim, 2 * REAL_CUDA_ROPE_MAX_PAIRS);
+        return false;
+    }
+    RealCudaRopeFreqs freqs;
+    for (int c = 0; c < half; c++)
+        freqs.inv_freq[c] = real_rope_inv_freq(rope, c);
+    const size_t n = (size_t)batch * seq_len * (size_t)(heads + kv_heads) * (size_t)half;
     real_cuda_k_rope<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(
-        qkv, n, seq_len, heads + kv_heads, (heads + 2 * kv_heads) * head_dim, head_dim, rot_dim,
-        theta, inverse);
-    real_cuda_launched(cu, "rope");
+        qkv, n, seq_len, heads + kv_heads, (heads + 2 * kv_heads) * head_dim, head_dim,
+        rope->rot_dim, freqs, inverse);
+    return real_cuda_launched(cu, "rope") && !cu->failed;
 }
 
 /* The activations as real_cpu.c computes them, operation for operation. */

@@ -111,6 +111,10 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
         return fail(error, "zreal trains models with learned positions or rotary embeddings, "
                            "one of the two; %s has %s", m->name,
                     m->learned_positions ? "both" : "neither");
+    if (m->rope_scaling.type == ZP_ROPE_SCALING_OTHER)
+        return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
+                           "(\"linear\", \"llama3\"), not \"%s\" as %s does",
+                    m->rope_scaling.name, m->name);
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -132,6 +136,14 @@ RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
     d.parallel_residual = m->parallel_residual;
     d.rope_theta = (float)m->rope_theta;
     d.rotary_fraction = (float)m->rotary_fraction;
+    const ZpRopeScaling *r = &m->rope_scaling;
+    d.rope_scaling = r->type == ZP_ROPE_SCALING_LINEAR   ? REAL_ROPE_SCALING_LINEAR
+                     : r->type == ZP_ROPE_SCALING_LLAMA3 ? REAL_ROPE_SCALING_LLAMA3
+                                                         : REAL_ROPE_SCALING_NONE;
+    d.rope_factor = (float)r->factor;
+    d.rope_low_freq_factor = (float)r->low_freq_factor;
+    d.rope_high_freq_factor = (float)r->high_freq_factor;
+    d.rope_original_positions = (int)r->original_max_positions; /* <= 10^7: zp_model's bound */
     d.positions = m->learned_positions ? (int)zp_model_positions(m) : 0;
     d.norm_eps = (float)m->norm_eps;
     d.flash = zp_attention_fused(plan->attention);

@@ -106,6 +106,16 @@ static int real_gpt_rot_dim(const RealGptDims *d)
     return d->rotary_fraction > 0 ? (int)((float)hd * d->rotary_fraction) : hd;
 }
 
+/* The rotary embeddings as the backends take them. */
+static RealRope real_gpt_rope(const RealGptDims *d)
+{
+    return (RealRope){.theta = d->rope_theta, .rot_dim = real_gpt_rot_dim(d),
+                      .scaling = d->rope_scaling, .factor = d->rope_factor,
+                      .low_freq_factor = d->rope_low_freq_factor,
+                      .high_freq_factor = d->rope_high_freq_factor,
+                      .original_positions = d->rope_original_positions};
+}
+
 /* Rows of the learned position table. */
 static int real_gpt_positions(const RealGptDims *d)
 {
@@ -143,6 +153,19 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "rotary embeddings turn pairs: %g of head dimension %d is %d dimensions, "
                     "which must be even and positive", d->rotary_fraction,
                     real_gpt_head_dim(d), real_gpt_rot_dim(d));
+        return FALSE;
+    }
+    const bool llama3 = d->rope_scaling == REAL_ROPE_SCALING_LLAMA3;
+    if (d->rope_scaling != REAL_ROPE_SCALING_NONE &&
+        (!(d->rope_factor > 0) ||
+         (llama3 && !(d->rope_low_freq_factor > 0 &&
+                      d->rope_low_freq_factor < d->rope_high_freq_factor &&
+                      d->rope_original_positions > 0)))) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "rope scaling needs factor > 0 (%g) and, llama3, 0 < low_freq_factor (%g) < "
+                    "high_freq_factor (%g) and original positions > 0 (%d)", d->rope_factor,
+                    d->rope_low_freq_factor, d->rope_high_freq_factor,
+                    d->rope_original_positions);
         return FALSE;
     }
     if (d->rope_theta <= 0 && (d->positions < 0 || real_gpt_positions(d) < d->seq_len)) {
@@ -690,9 +713,10 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
     if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
         return false;
-    if (d->rope_theta > 0)
-        be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
-                 real_gpt_head_dim(d), real_gpt_rot_dim(d), d->rope_theta, false);
+    const RealRope rope = real_gpt_rope(d);
+    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads,
+                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
+        return false;
     real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
     if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
         return false;
@@ -907,9 +931,10 @@ static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
     if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
         return false;
-    if (d->rope_theta > 0)
-        be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
-                 real_gpt_head_dim(d), real_gpt_rot_dim(d), d->rope_theta, true);
+    const RealRope rope = real_gpt_rope(d);
+    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads,
+                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, true))
+        return false;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h))
         return false;

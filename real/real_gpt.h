@@ -61,6 +61,9 @@ typedef struct {
     bool parallel_residual; /* GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) */
     float rope_theta; /* rotary embeddings' base instead of a position table (0: none) */
     float rotary_fraction; /* share of each head's dimensions rotated (0: all; NeoX 0.25) */
+    RealRopeScaling rope_scaling; /* config.json's rope_scaling, with RealRope's parameters: */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_positions;
     int positions;    /* rows of the learned position table (0: seq_len; >= seq_len) */
     float norm_eps;   /* RMSNorm's eps (0: 1e-5); LayerNorm uses 1e-5 */
     bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */

@@ -78,7 +78,13 @@ static void test_param_counts(void)
                   m.rotary_fraction == 0.25 && m.no_bias == 0 && !m.tied_embeddings);
     load("qwen2-0.5b", &m);
     g_assert_cmpuint(m.no_bias, ==, ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP);
-    g_assert_true(m.mlp == ZP_MLP_SWIGLU && !m.exact_gelu && m.tied_embeddings);
+    g_assert_true(m.mlp == ZP_MLP_SWIGLU && !m.exact_gelu && m.tied_embeddings &&
+                  m.rope_scaling.type == ZP_ROPE_SCALING_NONE);
+    /* Llama 3.1's long-context rotary rescaling, as its config says it. */
+    load("llama-3.1-8b", &m);
+    g_assert_true(m.rope_scaling.type == ZP_ROPE_SCALING_LLAMA3 && m.rope_scaling.factor == 8 &&
+                  m.rope_scaling.low_freq_factor == 1 && m.rope_scaling.high_freq_factor == 4 &&
+                  m.rope_scaling.original_max_positions == 8192);
 }
 
 /* Llama-2-7B, sequence 4096, micro-batch 1, bf16, no checkpointing. Per block, with h = 4096,
@@ -187,6 +193,11 @@ static void test_bad_configs(void)
         {"ill-typed", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
                       ", \"num_attention_heads\": \"32\"}",
          "key \"num_attention_heads\" must be a whole number"},
+        {"rope-scaling", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
+                         ", \"num_attention_heads\": 32, \"rope_scaling\": {\"rope_type\": "
+                         "\"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+                         "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 8192}}",
+         "rope_scaling: key \"low_freq_factor\" = 4 must be below high_freq_factor = 1"},
         {"empty", NULL, "no config.json in this directory"},
     };
     const char *commands[] = {"zplan memory --gpus 8 --model %s",

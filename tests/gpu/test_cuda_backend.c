@@ -781,16 +781,22 @@ static void test_llama_elementwise(void)
     be->free(be, d_wte), be->free(be, d_x), be->free(be, d_g), be->free(be, d_gte);
     g_free(wte), g_free(want), g_free(g), g_free(gte0), g_free(want_te);
 
-    /* Rotary: 4 query and 2 key/value heads of 24, all 24 turned or the first 6 (NeoX). */
+    /* Rotary: 4 query and 2 key/value heads of 24, all 24 turned or the first 6 (NeoX), and
+     * all 24 with Llama 3.1's rescaling (pairs in each of its three ranges). */
     enum { A = 4, KV = 2, D = 24, LD = (A + 2 * KV) * D };
     const size_t nq = (size_t)ROWS * LD;
-    static const int rot[] = {D, 6};
-    for (size_t k = 0; k < G_N_ELEMENTS(rot); k++)
+    static const RealRope ropes[] = {
+        {.theta = 10000.0f, .rot_dim = D},
+        {.theta = 10000.0f, .rot_dim = 6},
+        {.theta = 500000.0f, .rot_dim = D, .scaling = REAL_ROPE_SCALING_LLAMA3, .factor = 8.0f,
+         .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_positions = 8192},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(ropes); k++)
         for (int inverse = 0; inverse <= 1; inverse++) {
             float *qkv = random_f32(nq, 0.0, 1.0);
             float *d_qkv = upload(be, qkv, nq * sizeof(float));
-            cpu->rope(cpu, qkv, B, S, A, KV, D, rot[k], 10000.0f, inverse);
-            be->rope(be, d_qkv, B, S, A, KV, D, rot[k], 10000.0f, inverse);
+            g_assert_true(cpu->rope(cpu, qkv, B, S, A, KV, D, &ropes[k], inverse));
+            g_assert_true(be->rope(be, d_qkv, B, S, A, KV, D, &ropes[k], inverse));
             got = download(be, d_qkv, nq * sizeof(float));
             assert_close(got, qkv, nq, 4 * EPS, 4 * EPS, inverse ? "rope inverse" : "rope");
             be->free(be, d_qkv);
@@ -1218,8 +1224,11 @@ static RealGptDims step_dims(int which)
     } else if (which == STEP_NEOX || which == STEP_NEOX_FLASH) {
         d.kv_heads = 0, d.ffn_hidden = 320, d.swiglu = false, d.rmsnorm = false, d.no_bias = 0;
         d.norm_eps = 0, d.exact_gelu = true, d.parallel_residual = true, d.rotary_fraction = 0.5f;
-    } else if (which == STEP_GEGLU) {
+    } else if (which == STEP_GEGLU) { /* and Llama 3.1's rotary rescaling */
         d.swiglu = false, d.geglu = true, d.exact_gelu = true;
+        d.rope_scaling = REAL_ROPE_SCALING_LLAMA3, d.rope_factor = 8.0f;
+        d.rope_low_freq_factor = 1.0f, d.rope_high_freq_factor = 4.0f;
+        d.rope_original_positions = 1000;
     }
     return d;
 }
