@@ -1678,7 +1678,8 @@ static bool real_cuda_attention_gqa_bwd(RealBackend *be, float *dqkv, const floa
                        probs_convert ? real_cuda_scratch(cu, tile_elems * gsize) : NULL};
     float *dp = (float *)scratch[2];
     char *ds = (char *)scratch[3];
-    bool ok = (!convert || (scratch[0] && scratch[1])) && dp && ds && (!probs_convert || scratch[4]);
+    bool ok = (!convert || (scratch[0] && scratch[1])) && dp && ds &&
+              (!probs_convert || scratch[4]);
     const char *qkv_g = NULL, *dout_g = NULL;
     if (ok) {
         qkv_g = (const char *)real_cuda_as_gemm_dtype(cu, REAL_DTYPE_F32, qkv, qkv_elems,

@@ -100,7 +100,8 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
 gboolean real_gpt_dims_check(const RealGptDims *dims, GError **error);
 
 /* TRUE when `be` has every entry the model needs (RMSNorm, a gated MLP, the exact GELU,
- * rotary, grouped-query or fused attention); otherwise one line naming the backend and the first entry it lacks. */
+ * rotary, grouped-query or fused attention); otherwise one line naming the backend and the
+ * first entry it lacks. */
 gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *dims,
                                 GError **error);
 

@@ -1614,8 +1614,10 @@ int main(int argc, char **argv)
     g_test_add_func("/real/gpt/init", test_init_deterministic);
     g_test_add_func("/real/gpt/errors", test_model_errors);
     g_test_add_data_func("/real/gpt/gradients", GINT_TO_POINTER(GRAD_GPT2), test_model_gradients);
-    g_test_add_data_func("/real/llama/gradients-eager", GINT_TO_POINTER(GRAD_LLAMA), test_model_gradients);
-    g_test_add_data_func("/real/llama/gradients-flash", GINT_TO_POINTER(GRAD_LLAMA_FLASH), test_model_gradients);
+    g_test_add_data_func("/real/llama/gradients-eager", GINT_TO_POINTER(GRAD_LLAMA),
+                         test_model_gradients);
+    g_test_add_data_func("/real/llama/gradients-flash", GINT_TO_POINTER(GRAD_LLAMA_FLASH),
+                         test_model_gradients);
     g_test_add_data_func("/real/qwen2/gradients", GINT_TO_POINTER(GRAD_QWEN2),
                          test_model_gradients);
     g_test_add_data_func("/real/neox/gradients-eager", GINT_TO_POINTER(GRAD_NEOX),

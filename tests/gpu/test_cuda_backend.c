@@ -815,7 +815,8 @@ static void test_llama_elementwise(void)
     float *d_y = be->alloc(be, N * sizeof(float), REAL_MEM_WORKSPACE);
     be->gelu_erf_fwd(be, d_y, d_in, N);
     be->gelu_erf_bwd(be, d_dy, d_dy, d_in, N); /* in place, as the model calls it */
-    float *got_y = download(be, d_y, N * sizeof(float)), *got_dx = download(be, d_dy, N * sizeof(float));
+    float *got_y = download(be, d_y, N * sizeof(float));
+    float *got_dx = download(be, d_dy, N * sizeof(float));
     assert_close(got_y, y, N, LIBM_TOL, LIBM_TOL, "gelu_erf_fwd");
     double *bound = g_new(double, N);
     for (size_t i = 0; i < N; i++)
