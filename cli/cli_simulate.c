@@ -268,8 +268,9 @@ static int print_json(const Report *p)
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
     /* A schedule file's other communicators (a world group, node groups): their bytes too. */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(p->sched, groups);
     json_t *comm = json_object_get(root, "comm_bytes_per_rank");
-    for (int g = ZP_GROUP_TP + 1; g < zp_sched_groups(p->sched, groups); g++)
+    for (int g = ZP_GROUP_TP + 1; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
@@ -422,7 +423,8 @@ static void print_human(const Report *p)
     printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel",
            r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
-    for (int g = ZP_GROUP_TP + 1; g < zp_sched_groups(p->sched, groups); g++)
+    const int n_groups = zp_sched_groups(p->sched, groups);
+    for (int g = ZP_GROUP_TP + 1; g < n_groups; g++)
         printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
     printf("\n");
     print_memory(p);

@@ -48,7 +48,7 @@ typedef struct {
 } SimCollPlacement;
 
 /* The placement of groups of `ranks` members `stride` apart in a world of `world` ranks;
- * world must be a multiple of ranks x stride. O(world / ranks). */
+ * world must be a multiple of ranks x stride. O(gpus_per_node^2), whatever the world. */
 SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node);
 
 /* The communicator of those groups on hw: per-level bus bandwidth (the hwprofile's measured
