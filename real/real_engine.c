@@ -682,6 +682,9 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             type = ZP_COMP_N + op->sub;
             ok = do_collective(e, op, error);
             break;
+        case ZP_OP_P2P: /* zp_sched_build makes them only for --pp, which zreal refuses */
+            ok = fail(error, "pipeline sends are not executed by zreal");
+            break;
         }
         if (!ok) {
             g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,

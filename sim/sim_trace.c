@@ -9,7 +9,8 @@
 #include <string.h>
 
 /* Stream tracks, in ZpStream order. */
-static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm"};
+static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm",
+                                                       "pp-send"};
 static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather"};
 
 /* Unit 0 is the embedding, 1..L the blocks, L+1 the final norm and LM head. */
