@@ -795,11 +795,11 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
-    if (op->kind == ZP_OP_P2P) { /* the sender's share of its link, no group to wait for */
-        RankState *rs = &sim->rank[rank];
-        account(rs, now_s);
-        rs->comm_active++;
-        rs->busy_s[stream] += op->duration_s;
+    if (op->kind == ZP_OP_P2P) {
+        /* The sender's share of its link, no group to wait for. An isend: the rank does not
+         * wait for it, so it is never exposed communication (a rank waiting only for sends
+         * idles, in the pipeline's bubble). */
+        sim->rank[rank].busy_s[stream] += op->duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
         queue_push(&sim->queue, now_s + op->duration_s, rank, i);
@@ -904,10 +904,8 @@ static void handle(Sim *sim, const Event *e, double now_s)
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
-        account(rs, now_s);
-        if (op->kind == ZP_OP_P2P) {
-            rs->comm_active--;
-        } else {
+        if (op->kind == ZP_OP_COMPUTE) {
+            account(rs, now_s);
             rs->compute_running--;
             if (op->sub != ZP_COMP_OPTIMIZER)
                 rs->flush_s = now_s;
@@ -994,13 +992,25 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->state_bytes = sim->state_bytes;
     for (uint32_t r = 0; r < sim->ranks; r++)
         result->flush_s = MAX(result->flush_s, sim->rank[r].flush_s);
+    /* A stage's bubble: the time its rank neither computes nor waits for its own
+     * communication, over the step up to the flush or the rank's end, whichever is later
+     * (after the flush a rank reduces and steps without waiting on other stages). The rank
+     * of the stage with the least stands for it. */
+    for (int k = 0; k < result->stages; k++)
+        result->stage_bubble_s[k] = G_MAXDOUBLE;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
+        const RankState *rs = &sim->rank[r];
         result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->memory[r].peak_total);
-        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], sim->rank[r].compute_s);
+        for (int c = 0; c < ZP_MEM_N; c++)
+            result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
+                MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c],
+                    sim->memory[r].category_peak[c]);
+        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rs->compute_s);
+        const double idle_s = MAX(rs->end_s, result->flush_s) - rs->compute_s - rs->optimizer_s -
+                              rs->exposed_s;
+        result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
     }
-    for (int k = 0; k < result->stages; k++)
-        result->stage_bubble_s[k] = MAX(0.0, result->flush_s - result->stage_compute_s[k]);
 }
 
 static void sim_clear(Sim *sim)
@@ -1088,6 +1098,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     result->stage_compute_s = g_new0(double, sim.sim_pp);
     result->stage_bubble_s = g_new0(double, sim.sim_pp);
     result->stage_comm_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_GROUP_N);
+    result->stage_category_peak_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_MEM_N);
     gboolean ok = build_ops(&sim, hw, result, error) &&
                   alloc_rank_state(&sim, options->record_timeline, error);
     if (ok) {
@@ -1143,5 +1154,6 @@ void sim_result_free(SimResult *result)
     g_free(result->stage_compute_s);
     g_free(result->stage_bubble_s);
     g_free(result->stage_comm_bytes);
+    g_free(result->stage_category_peak_bytes);
     g_free(result);
 }

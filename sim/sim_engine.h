@@ -70,6 +70,7 @@ typedef struct {
     int stages;
     double flush_s;
     double *stage_peak_bytes, *stage_compute_s, *stage_bubble_s, *stage_comm_bytes;
+    double *stage_category_peak_bytes; /* [stage * ZP_MEM_N + c]: each category's own maximum */
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
