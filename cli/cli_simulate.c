@@ -125,14 +125,16 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!refuse_plan_flags(f, FROM_DS_CONFIG,
                            "the plan comes from --ds-config; set it in the file instead", error))
         return FALSE;
-    int gpus = 0, mp = 1;
+    int gpus = 0, mp = 1, pp = 1;
     ZpPlan launch;
     if (!(required(f->gpus, "--gpus N", error) &&
           cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
-          cli_check_mp(mp, gpus, model, error)))
+          cli_check_mp(mp, gpus, model, error) && cli_pipe_stages(&f->pipe, gpus, mp, &pp, error)))
         return FALSE;
-    zp_plan_defaults(&launch, 0, gpus / mp, mp);
+    zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
+        return FALSE;
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
                                  &launch.optimizer, error))
         return FALSE;
@@ -160,7 +162,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
 {
     if (f->ds_config) {
         if (!ds_config_plan(f, model, hw, plan, error) ||
-            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
+                          error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");

@@ -3,6 +3,7 @@
  * parallelism across nodes (the ZeRO paper's Megatron baseline). */
 #include "sim_coll.h"
 #include "sim_engine.h"
+#include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_sched.h"
@@ -273,6 +274,67 @@ static void test_zero1_per_stage(void)
     zp_sched_free(s);
 }
 
+/* ---- the plan as JSON and as a ds_config ------------------------------------------------- */
+
+static void test_plan_files(void)
+{
+    ZpModel m = pipe_model(16);
+    ZpPlan p = pipe_plan(1, 8, 4, ZP_PIPE_INTERLEAVED, 2, 8);
+    p.pipe.partition = ZP_PARTITION_PARAMETERS;
+    p.sequence_parallel = TRUE;
+    p.mp = 2;
+    GError *error = NULL;
+    json_t *o = zp_plan_to_json(&p);
+    ZpPlan back;
+    g_assert_true(zp_plan_from_json(o, "plan", &back, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(memcmp(&p, &back, sizeof p), ==, 0);
+    json_decref(o);
+    /* ds_config: DeepSpeed's pipeline engine runs 1F1B; its world is dp x mp x stages. */
+    p = pipe_plan(1, 8, 4, ZP_PIPE_1F1B, 1, 16);
+    p.mp = 2;
+    p.checkpoint = TRUE;
+    p.pipe.partition = ZP_PARTITION_PARAMETERS;
+    o = zp_dsconfig_to_json(&p);
+    json_t *section = json_object_get(o, "pipeline");
+    g_assert_cmpint(json_integer_value(json_object_get(section, "stages")), ==, 4);
+    g_assert_cmpint(json_integer_value(json_object_get(section, "activation_checkpoint_interval")),
+                    ==, 1);
+    g_assert_cmpint(json_integer_value(json_object_get(o, "gradient_accumulation_steps")), ==, 16);
+    ZpPlan launch;
+    zp_plan_defaults(&launch, 0, 32, 2); /* 64 GPUs, no stages: the file says 4 */
+    int64_t batch = 0;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_dsconfig_from_json(o, "ds", &m, &launch, &back, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(back.dp, ==, 8);
+    g_assert_cmpint(zp_plan_pp(&back), ==, 4);
+    g_assert_cmpint(back.grad_accum, ==, 16);
+    g_assert_true(back.checkpoint);
+    g_assert_cmpint(back.pipe.partition, ==, ZP_PARTITION_PARAMETERS);
+    g_assert_cmpint(batch, ==, 8 * 16);
+    json_decref(o);
+    /* Bad input: a checkpoint interval zplan does not model, stages that do not divide. */
+    const char *bad[][2] = {
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"activation_checkpoint_interval\": 2}}",
+         "activation_checkpoint_interval 2 is not modeled"},
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"stages\": 3}}", "does not divide"},
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"partition_method\": \"type:x\"}}",
+         "ds: pipeline: key \"partition_method\": unknown value"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        o = json_loads(bad[i][0], 0, NULL);
+        g_assert_nonnull(o);
+        g_assert_false(zp_dsconfig_from_json(o, "ds", &m, &launch, &back, &batch, warnings,
+                                             &error));
+        g_test_message("%s", error->message);
+        g_assert_nonnull(strstr(error->message, bad[i][1]));
+        g_clear_error(&error);
+        json_decref(o);
+    }
+    g_ptr_array_unref(warnings);
+}
+
 /* ---- tensor parallelism across nodes ---------------------------------------------------- */
 
 /* The ZeRO paper's Megatron baseline for 40B: MP 32 over 384 V100s (DGX-2s of 16), so each
@@ -331,5 +393,6 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/zero23-refused", test_zero23_refused);
     g_test_add_func("/pipe/zero1-per-stage", test_zero1_per_stage);
     g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
+    g_test_add_func("/pipe/plan-files", test_plan_files);
     return g_test_run();
 }
