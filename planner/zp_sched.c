@@ -785,7 +785,9 @@ static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray
 {
     const ZpPlan *plan = &b->s->plan;
     const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
-    const gboolean last = x->chunk == b->n_chunks - 1, reduce = reduces(plan, x->micro);
+    /* A pipeline reduces after its flush (below), not during its backwards. */
+    const gboolean last = x->chunk == b->n_chunks - 1;
+    const gboolean reduce = zp_plan_pp(plan) == 1 && reduces(plan, x->micro);
     if (plan->zero.stage >= 2 && !x->backward) { /* buckets and launches per micro-step */
         reset_buckets(b);
         g_array_set_size(launched, 0);
@@ -830,6 +832,12 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     for (guint i = 0; i < actions->len; i++)
         run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
     g_array_unref(actions);
+    /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
+     * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
+     * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
+    for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
+        if (s->unit_elems[u] > 0)
+            launch_buckets(b, u, plan->grad_accum - 1, launched);
     optimizer_step(b, launched);
     memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
            sizeof s->state_bytes);
