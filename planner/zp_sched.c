@@ -162,7 +162,8 @@ static Cost block_forward_cost(const ZpSchedule *s)
     return (Cost){.flops = gemm + attention,
                   .gemm_flops = gemm / (gated ? 5 : 4),
                   .attn_flops = fused ? attention : 0.0,
-                  .mem_bytes = e * (10 * b * sq * h + (gated ? 3 : 2) * b * sq * f / mp + softmax)};
+                  .mem_bytes = e * (10 * b * sq * h / (s->plan.sequence_parallel ? mp : 1) +
+                                    (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
 /* A block's backward: twice the forward's GEMM and attention work and elementwise traffic. */
@@ -535,7 +536,9 @@ static void position_end(Builder *b, int pos, int micro)
 }
 
 /* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
- * path, so the next compute op waits for them. */
+ * path, so the next compute op waits for them. With sequence parallelism each all-reduce is a
+ * reduce-scatter (into the sequence-split layer norm and dropout) and an all-gather (back to
+ * the full sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
 static void tp_allreduces(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
@@ -543,10 +546,17 @@ static void tp_allreduces(Builder *b, int unit, int micro)
         return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
+    static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
+    static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
+    const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
+    const int n = s->plan.sequence_parallel ? 2 : 1;
     for (int i = 0; i < 2; i++) {
-        uint32_t coll = emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_TP, unit, micro, -1, 0,
-                                        elems, (double)elems * s->elem_bytes, &b->last_compute, 1);
-        g_array_append_val(b->sync_deps, coll);
+        uint32_t after = b->last_compute;
+        for (int k = 0; k < n; k++) {
+            after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                    (double)elems * s->elem_bytes, &after, 1);
+            g_array_append_val(b->sync_deps, after);
+        }
     }
 }
 
@@ -894,10 +904,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     }
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
-                     zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
-                                                   s->elem_bytes, plan->attention),
-                     (double)plan->micro_batch * (double)model->seq_len *
-                         (double)model->hidden * s->elem_bytes};
+                     zp_mem_plan_activation_block_bytes(model, plan),
+                     zp_mem_checkpoint_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)

@@ -197,7 +197,7 @@ static GArray *micro_batches(const ZpSearchSpec *spec, int64_t dp)
 static GArray *pipelines(const ZpSearchSpec *spec, int mp)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpPipeConfig));
-    const ZpPipeConfig none = {1, 1, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM};
+    const ZpPipeConfig none = {0}; /* the plan's zero value: no pipeline */
     g_array_append_val(out, none);
     const int64_t L = spec->model->layers;
     for (int P = 2; spec->three_d && spec->global_batch > 0 && P <= L; P++) {
@@ -236,7 +236,8 @@ GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
         GArray *pipes = pipelines(spec, mp);
         for (guint k = 0; k < pipes->len; k++) {
             const ZpPipeConfig pipe = g_array_index(pipes, ZpPipeConfig, k);
-            const int64_t dp = spec->gpus / ((int64_t)mp * pipe.stages);
+            const int P = pipe.stages > 1 ? pipe.stages : 1;
+            const int64_t dp = spec->gpus / ((int64_t)mp * P);
             if (k == 0)
                 g_string_append_printf(degrees, "%s%" G_GINT64_FORMAT, degrees->len ? ", " : "",
                                        dp);
@@ -244,8 +245,8 @@ GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
             for (guint i = 0; i < micros->len; i++) {
                 const int micro = g_array_index(micros, int, i);
                 const int accum = B > 0 ? (int)(B / dp / micro) : 1;
-                if (pipe.stages > 1 && (accum < pipe.stages ||
-                                        (pipe.virtual_stages > 1 && accum % pipe.stages != 0)))
+                if (P > 1 && (accum < P ||
+                              (pipe.virtual_stages > 1 && accum % P != 0)))
                     continue; /* a pipeline needs micro-batches to fill it (Megatron's check) */
                 /* A plan is ranked by simulating its schedule, which lists every micro-step. */
                 if ((double)accum * (double)(spec->model->layers + 2) > ZP_SCHED_MAX_UNIT_STEPS)

@@ -275,6 +275,51 @@ static void test_zero1_per_stage(void)
     zp_sched_free(s);
 }
 
+/* ---- sequence parallelism ---------------------------------------------------------------- */
+
+/* Korthikanti et al.: with tensor and sequence parallelism a GPT block (eager attention,
+ * dropout) keeps (s b h / t)(34 + 5 a s / h) bytes; each TP all-reduce becomes a
+ * reduce-scatter and an all-gather of the same b s h, so the bytes sent are unchanged; the
+ * checkpoint is split over t too. */
+static void test_sequence_parallel(void)
+{
+    ZpModel m;
+    g_assert_true(zp_model_load("gpt3-175b", &m, NULL));
+    g_assert_true(m.dropout);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 8);
+    p.sequence_parallel = TRUE;
+    const double s = (double)m.seq_len, h = (double)m.hidden, a = (double)m.heads, t = 8;
+    g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
+                           s * h / t * (34 + 5 * a * s / h)), <=, 1e-9 * s * h * 34);
+    g_assert_cmpfloat(zp_mem_checkpoint_bytes(&m, &p), ==, s * h * 2 / t);
+    p.sequence_parallel = FALSE;
+    g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
+                           s * h * (10 + 24 / t + 5 * a * s / (h * t))), <=, 1e-9 * s * h * 34);
+    /* The schedule: per block forward two reduce-scatters and two all-gathers, no all-reduce,
+     * and the same TP bytes as without. */
+    m.layers = 4;
+    GError *error = NULL;
+    double tp_bytes[2];
+    for (int sp = 0; sp < 2; sp++) {
+        p.sequence_parallel = sp;
+        ZpSchedule *sched = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        guint kinds[ZP_COLL_N] = {0};
+        for (guint i = 0; i < sched->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(sched, i);
+            if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP)
+                kinds[op->sub]++;
+        }
+        g_assert_cmpuint(kinds[ZP_COLL_ALLREDUCE], ==, sp ? 0 : 4 * 4);
+        g_assert_cmpuint(kinds[ZP_COLL_REDUCE_SCATTER], ==, sp ? 4 * 4 : 0);
+        g_assert_cmpuint(kinds[ZP_COLL_ALLGATHER], ==, sp ? 4 * 4 : 0);
+        tp_bytes[sp] = zp_sched_comm_bytes(sched, ZP_GROUP_TP);
+        zp_sched_free(sched);
+    }
+    g_assert_cmpfloat(fabs(tp_bytes[1] - tp_bytes[0]), <=, 1e-9 * tp_bytes[0]);
+}
+
 /* ---- the 3D search ----------------------------------------------------------------------- */
 
 static gboolean rank_fn(const ZpPlan *plan, void *ctx, double *step_s, double *peak_bytes,
@@ -458,5 +503,6 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
     g_test_add_func("/pipe/plan-files", test_plan_files);
     g_test_add_func("/pipe/search-3d", test_search_3d);
+    g_test_add_func("/pipe/sequence-parallel", test_sequence_parallel);
     return g_test_run();
 }
