@@ -237,11 +237,14 @@ static double bytes_over(const Report *p)
 static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
-    const uint32_t base = (r->mode == SIM_MODE_EXPLICIT ? (uint32_t)r->report_rank : 0) * r->n_ops;
+    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    /* The reported rank's pipeline stage (ranks tp-fastest, then stage). */
+    const int mp = r->mode == SIM_MODE_EXPLICIT ? p->plan->mp : 1;
+    const uint32_t stage = (uint32_t)((r->report_rank / mp) % MAX(r->stages, 1));
     double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(p->sched, i);
-        if (op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE)
+        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
             continue;
         const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
         seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
