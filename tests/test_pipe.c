@@ -488,6 +488,44 @@ static void test_cross_node_tp(void)
     tu_free(&run);
 }
 
+/* ---- bad input ----------------------------------------------------------------------------- */
+
+/* One line naming the flag, exit status 1. */
+static void test_bad_flags(void)
+{
+    static const struct {
+        const char *args, *message;
+    } cases[] = {
+        {"--gpus 8 --pp 0", "--pp"},
+        {"--gpus 8 --pp 3", "--pp: MP 1 x PP 3 = 3 does not divide --gpus 8"},
+        {"--gpus 8 --pp 4 --pp-schedule zigzag", "--pp-schedule: unknown value 'zigzag'"},
+        {"--gpus 8 --pp 4 --virtual-stages 2",
+         "virtual-stages: more than one model chunk per stage needs --pp-schedule interleaved"},
+        {"--gpus 8 --pp 4 --pp-schedule interleaved",
+         "pp-schedule: interleaved needs --virtual-stages of 2 or more"},
+        {"--gpus 8 --pp 4 --pp-schedule interleaved --virtual-stages 2 --grad-accum 6",
+         "grad-accum: the interleaved schedule needs the number of micro-batches to be a "
+         "multiple of the pipeline stages"},
+        {"--gpus 8 --pp 8 --virtual-stages 2 --pp-schedule interleaved --grad-accum 8",
+         "pp: 8 stages x 2 virtual stages exceed the model's 12 layers"},
+        {"--gpus 8 --pp-schedule gpipe", "need --pp of 2 or more"},
+        {"--gpus 8 --sequence-parallel", "--sequence-parallel: splits the sequence over the "
+         "tensor-parallel group; needs --mp of 2 or more"},
+        {"--gpus 8 --pp 2 --partition-method type:transformer", "--partition-method: unknown value"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --stage 1 "
+                                     "--micro-batch 1 %s", cases[i].args);
+        TuRun r = tu_zplan(args);
+        g_test_message("%s -> %s", args, r.err);
+        g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+        g_assert_nonnull(strstr(r.err, cases[i].message));
+        g_assert_cmpstr(r.out, ==, "");
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -504,5 +542,6 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/plan-files", test_plan_files);
     g_test_add_func("/pipe/search-3d", test_search_3d);
     g_test_add_func("/pipe/sequence-parallel", test_sequence_parallel);
+    g_test_add_func("/pipe/bad-flags", test_bad_flags);
     return g_test_run();
 }
