@@ -52,9 +52,10 @@ typedef struct {
     guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
-    /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition), each
-     * chunk's owner, the send op of every (chunk, micro, direction), the receive the next
-     * compute op waits for (-1: none) and where such dependencies sit in the deps array. */
+    /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
+     * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
+     * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
+     * the deps array with the keys they wait for. */
     int stage, n_chunks;
     int *first_unit;
     uint32_t *send_op;
