@@ -122,19 +122,32 @@ static void test_stage_checkpoints(void)
     }
 }
 
-/* Explicit ranks (every DP and stage rank) give the folded figures. */
+/* Explicit ranks (every DP, TP and stage rank, Megatron's order) give the folded figures,
+ * for 1F1B and interleaved, with and without tensor parallelism. */
 static void test_explicit_equals_folded(void)
 {
     const ZpModel m = pipe_model(8);
-    ZpPlan p = pipe_plan(1, 2, 4, ZP_PIPE_1F1B, 1, 4);
-    SimResult *folded = simulate(&m, &p, SIM_MODE_FOLDED);
-    SimResult *all = simulate(&m, &p, SIM_MODE_EXPLICIT);
-    g_assert_cmpint(all->ranks_simulated, ==, 8);
-    g_assert_cmpfloat(fabs(all->step_time_s - folded->step_time_s), <=, 1e-9 * folded->step_time_s);
-    for (int k = 0; k < 4; k++)
-        g_assert_cmpfloat(all->stage_peak_bytes[k], ==, folded->stage_peak_bytes[k]);
-    sim_result_free(folded);
-    sim_result_free(all);
+    const struct {
+        int dp, mp, pp, v;
+    } cases[] = {{2, 1, 4, 1}, {2, 2, 2, 1}, {2, 2, 2, 2}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpPlan p = pipe_plan(1, cases[i].dp, cases[i].pp,
+                             cases[i].v > 1 ? ZP_PIPE_INTERLEAVED : ZP_PIPE_1F1B, cases[i].v, 4);
+        p.mp = cases[i].mp;
+        SimResult *folded = simulate(&m, &p, SIM_MODE_FOLDED);
+        SimResult *all = simulate(&m, &p, SIM_MODE_EXPLICIT);
+        g_assert_cmpint(all->ranks_simulated, ==, cases[i].dp * cases[i].mp * cases[i].pp);
+        g_assert_cmpfloat(fabs(all->step_time_s - folded->step_time_s), <=,
+                          1e-9 * folded->step_time_s);
+        for (int k = 0; k < cases[i].pp; k++) {
+            g_assert_cmpfloat(all->stage_peak_bytes[k], ==, folded->stage_peak_bytes[k]);
+            for (int g = 0; g < ZP_GROUP_N; g++)
+                g_assert_cmpfloat(all->stage_comm_bytes[k * ZP_GROUP_N + g], ==,
+                                  folded->stage_comm_bytes[k * ZP_GROUP_N + g]);
+        }
+        sim_result_free(folded);
+        sim_result_free(all);
+    }
 }
 
 /* ---- partitions ------------------------------------------------------------------------ */
