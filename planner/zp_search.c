@@ -340,10 +340,12 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
 /* A pipeline's forward-backward chain, a lower bound: the last stage does at least its
  * fewest blocks (uniform split) of every micro-batch and the head, and cannot start before
  * the first micro-batch's chunks reach it nor finish before the last drains back: P - 1
- * chunk steps of the average stage's work (the bubble). Sends: a stage cannot hide all of
- * them; half a send over the slowest boundary per micro-batch is an estimate, not a proof
- * (the simulator's 1F1B pays one to two per micro-batch when a boundary crosses nodes), so
- * test_pipe checks the bound against simulated steps. */
+ * chunk steps of the average stage's work (the bubble). Sends: in 1F1B's steady state the
+ * last stage's F(j+1) waits for stage P-2 to receive B(j-1)'s gradient (a send), run B(j-1)
+ * and F(j+1) and send back (another), while the last stage itself runs F(j) and B(j), longer
+ * than stage P-2's by the head: it idles 2c - head every two micro-batches when that is
+ * positive, counted here past the warm-up. Interleaving has more boundaries, so this stays
+ * below; test_pipe checks the bound against simulated steps. */
 static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp_s)
 {
     double kind[ZP_COMP_N];
@@ -352,8 +354,10 @@ static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp
     const double blocks = kind[ZP_COMP_BLOCK_FWD] + kind[ZP_COMP_BLOCK_BWD] +
                           kind[ZP_COMP_RECOMPUTE] + tp_s;
     const double last = blocks * floor(L / (P * V)) * V / L + kind[ZP_COMP_HEAD];
-    const double step = (total + tp_s) / P / (plan->grad_accum * V);
-    return last + (P - 1) * step + 0.5 * plan->grad_accum * p2p_s(sc, plan);
+    /* The fill and drain run through the other stages: their average, without the head. */
+    const double step = (total - kind[ZP_COMP_HEAD] + tp_s) / P / (plan->grad_accum * V);
+    const double idle = fmax(0.0, p2p_s(sc, plan) - 0.5 * kind[ZP_COMP_HEAD] / plan->grad_accum);
+    return last + (P - 1) * step + fmax(0.0, plan->grad_accum - P) * idle;
 }
 
 static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
