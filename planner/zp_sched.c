@@ -8,6 +8,7 @@
  * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
 #include "zp_sched.h"
 #include "zp_mem.h"
+#include "zp_offload.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 
@@ -49,6 +50,7 @@ typedef struct {
     guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
+    GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -116,6 +118,19 @@ static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit,
 {
     ZpOp op = {.kind = ZP_OP_FREE, .sub = cat, .unit = unit, .micro = micro, .buffer = buffer,
                .bytes = bytes};
+    return emit(b, op, &after, 1);
+}
+
+/* A transfer of `bytes` (none when 0: returns `after`) after `after`. */
+static uint32_t emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                              uint32_t after)
+{
+    if (bytes <= 0)
+        return after;
+    const ZpStream stream =
+        kind == ZP_XFER_D2H || kind == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .bytes = bytes};
     return emit(b, op, &after, 1);
 }
 
@@ -242,6 +257,7 @@ static void layout(Builder *b)
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
     s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
+    zp_offload_layout(s);
 }
 
 double zp_sched_model_state_bytes(const ZpSchedule *s)
@@ -334,7 +350,19 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
     uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
     k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
                                  k->hi - k->lo, k->bytes, cdeps, 2);
-    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
+     * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
+     * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
+    const double slice = zp_offload_grad_d2h_bytes(
+        &s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
+    uint32_t drained = k->coll_op;
+    if (slice > 0) {
+        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
+                                unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+        g_array_append_val(b->offloaded, drained);
+    }
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
@@ -436,9 +464,16 @@ static void issue_gathers(Builder *b, int pos, int micro)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
                                     &g->buffer, &after, 1);
+        /* Parameter offload: the unit's partition comes up from the host (and NVMe) first. */
+        double nvme_bytes, h2d_bytes;
+        zp_offload_fetch(&s->plan, g->elems / s->plan.dp, (double)s->partition_elems,
+                         &nvme_bytes, &h2d_bytes);
+        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->unit, micro,
+                                            alloc);
+        const uint32_t fetched = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->unit, micro, read);
         g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->unit, micro,
                                      g->buffer, s->unit_offset[g->unit], (uint64_t)g->elems,
-                                     bytes, &alloc, 1);
+                                     bytes, &fetched, 1);
     }
 }
 
@@ -584,6 +619,35 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         launch_buckets(b, 0, micro, launched);
 }
 
+/* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
+ * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
+ * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
+ * in order, the GPU's share (`gpu_opt`, partial offload) before the host's. Returns the op
+ * the parameter all-gathers wait for. */
+static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt)
+{
+    const ZpPlan *plan = &b->s->plan;
+    ZpOffloadStep step;
+    zp_offload_step(plan, elems, &step);
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_vals(deps, launched->data, launched->len);
+    g_array_append_vals(deps, b->offloaded->data, b->offloaded->len);
+    g_array_append_val(deps, gpu_opt);
+    if (step.nvme_read_bytes > 0) {
+        ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ, .stream = ZP_STREAM_NVME,
+                     .unit = -1, .micro = -1, .buffer = -1, .bytes = step.nvme_read_bytes};
+        const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
+        g_array_append_val(deps, r);
+    }
+    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
+               .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
+    const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    emit_transfer(b, ZP_XFER_NVME_WRITE, step.nvme_write_bytes, -1, -1, adam);
+    return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
+}
+
 /* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
  * 16-bit partitions in allgather_bucket_size chunks. For those all-gathers elem_offset is
  * the offset inside every rank's partition and elems the gathered total. Stage 3 refreshes
@@ -593,8 +657,15 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const Cost c = optimizer_cost(b, elems);
-    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data, launched->len);
+    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    uint32_t opt = NONE;
+    if (cpu_share < 1.0) {
+        const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
+        opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data,
+                           launched->len);
+    }
+    if (cpu_share > 0)
+        opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
@@ -646,6 +717,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
+    if (!zp_offload_check(p, error))
+        return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -676,7 +749,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
                  .unit_bucket = g_new0(guint, (gsize)L + 2),
-                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
+                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     const int n_pos = 2 * L + 3;
     g_array_set_size(b.pos_last_op, (guint)n_pos);
     layout(&b);
@@ -713,6 +787,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.buckets);
     g_free(b.unit_bucket);
     g_array_unref(b.gathers);
+    g_array_unref(b.offloaded);
     free_pos_index(&b.by_trigger);
     free_pos_index(&b.by_use);
     free_pos_index(&b.by_free);
@@ -740,7 +815,10 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
             : zp_mem_padded_elems(total, dp) / dp;
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
-    const Cost opt = optimizer_cost(&b, (double)(plan->zero.stage == 0 ? total : partition));
+    const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
+    const double cpu_share = zp_offload_cpu_share(plan);
+    const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
+    const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;
     const struct {
         uint64_t count;
@@ -752,7 +830,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
-        [ZP_COMP_OPTIMIZER] = {1, opt},
+        [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
+        [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
@@ -788,13 +867,16 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 /* ---- names and JSON -------------------------------------------------------------------- */
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer", NULL};
+                                            "block_bwd", "embed_bwd", "optimizer",
+                                            "cpu_optimizer", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
                                         "checkpoints", "workspace", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", "host", "nvme", "cpu", NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "transfer",
+                                         NULL};
+static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 static const char *const group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
@@ -802,6 +884,7 @@ const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
+const char *zp_sched_transfer_name(ZpTransferKind kind) { return transfer_names[kind]; }
 
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
 {
@@ -811,10 +894,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
-/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
- * otherwise (written only then). */
-static ZpStream default_stream(int kind, int group)
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's,
+ * a transfer on the host link's or the NVMe's, unless "stream" says otherwise (written only
+ * then). */
+static ZpStream default_stream(int kind, int sub, int group)
 {
+    if (kind == ZP_OP_TRANSFER)
+        return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    if (kind == ZP_OP_COMPUTE)
+        return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
@@ -844,12 +932,17 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
+    case ZP_OP_TRANSFER:
+        json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
-    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+    if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
+        op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
@@ -971,6 +1064,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
     };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
                   zp_json_check_keys(o, what, keys[kind], error) &&
@@ -989,6 +1083,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
              zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
+    else if (ok && kind == ZP_OP_TRANSFER)
+        ok = name_index(o, what, "op", transfer_names, &sub, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
@@ -999,7 +1096,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    int stream = default_stream(kind, group);
+    int stream = default_stream(kind, sub, group);
     if (ok && json_object_get(o, "stream"))
         ok = name_index(o, what, "stream", stream_names, &stream, error);
     op.stream = (uint8_t)stream;

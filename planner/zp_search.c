@@ -1,6 +1,7 @@
 /* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
  * for compute), and branch and bound over the caller's simulator for the ranking. */
 #include "zp_search.h"
+#include "zp_offload.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
@@ -98,7 +99,12 @@ static void apply_buckets(const ZpModel *model, int choice, ZpZeroConfig *zero)
 /* Every plan of one (mp, micro-batch, accumulation). */
 static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GArray *out)
 {
-    const int lo = spec->stage >= 0 ? spec->stage : 0, hi = spec->stage >= 0 ? spec->stage : 3;
+    int lo = spec->stage >= 0 ? spec->stage : 0;
+    const int hi = spec->stage >= 0 ? spec->stage : 3;
+    if (spec->offload_optimizer != ZP_OFFLOAD_NONE)
+        lo = MAX(lo, 1);
+    if (spec->offload_param != ZP_OFFLOAD_NONE)
+        lo = MAX(lo, 3);
     for (int stage = lo; stage <= hi; stage++)
         for (int ckpt = 0; ckpt <= 1; ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
@@ -111,6 +117,8 @@ static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GA
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
+                plan.zero.offload_optimizer.device = spec->offload_optimizer;
+                plan.zero.offload_param.device = spec->offload_param;
                 apply_buckets(spec->model, choice, &plan.zero);
                 gboolean seen = FALSE;
                 for (int earlier = 0; earlier < choice && !seen; earlier++) {
@@ -262,6 +270,14 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
+        double cpu_s = 0;
+        if (k == ZP_COMP_CPU_OPTIMIZER) { /* after backward, overlapping nothing */
+            if (o->count && zp_offload_cpu_time_s(sc->hw, o->mem_bytes,
+                                                MIN(sc->hw->gpus_per_node, plan->dp * plan->mp),
+                                                &cpu_s, NULL))
+                total += cpu_s;
+            continue;
+        }
         total += (double)o->count *
                  zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
                                       o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
@@ -314,11 +330,15 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s)
 {
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
-    const ZpModelStates states =
-        zp_mem_model_states(screen->params, plan->zero.stage, plan->dp, plan->mp, sb);
+    ZpTiers tiers;
+    zp_offload_tiers(screen->model, plan, screen->hw, &tiers);
     const ZpResidual residual = zp_mem_residual(screen->model, plan, screen->hw);
-    *memory_bytes = states.total_bytes + residual.total_bytes;
+    *memory_bytes = tiers.total_bytes[ZP_TIER_GPU] + residual.total_bytes;
+    /* A plan whose host memory or NVMe overflows does not fit either: it counts as needing
+     * that much more than the GPU has. */
+    double short_bytes;
+    if (zp_offload_overflow(&tiers, *memory_bytes, screen->hw, &short_bytes) > ZP_TIER_GPU)
+        *memory_bytes = screen->hw->gpu_memory_bytes + short_bytes;
     *bound_step_s = step_bound_s(screen, plan);
 }
 

@@ -98,6 +98,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
+    if (s->host_bytes[ZP_MEM_MASTER] > 0 || s->host_bytes[ZP_MEM_PARAMS] > 0)
+        return fail(error, "zreal does not execute offload (offload_optimizer/offload_param): "
+                           "simulate the plan instead");
     if (s->model.dropout)
         return fail(error, "zreal's GPT trains without dropout; the schedule's model %s has it "
                            "(build it with zplan schedule --no-dropout)", s->model.name);
@@ -681,6 +684,9 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
         case ZP_OP_COLLECTIVE:
             type = ZP_COMP_N + op->sub;
             ok = do_collective(e, op, error);
+            break;
+        case ZP_OP_TRANSFER: /* check_schedule refused offload */
+            ok = fail(error, "offload transfers are not executed");
             break;
         }
         if (!ok) {
