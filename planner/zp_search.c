@@ -337,7 +337,8 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
     /* A plan whose host memory or NVMe overflows does not fit either: it counts as needing
      * that much more than the GPU has. */
     double short_bytes;
-    if (zp_offload_overflow(&tiers, *memory_bytes, screen->hw, &short_bytes) > ZP_TIER_GPU)
+    const ZpTier over = zp_offload_overflow(&tiers, *memory_bytes, screen->hw, &short_bytes);
+    if (over == ZP_TIER_CPU || over == ZP_TIER_NVME)
         *memory_bytes = screen->hw->gpu_memory_bytes + short_bytes;
     *bound_step_s = step_bound_s(screen, plan);
 }

@@ -405,7 +405,8 @@ static void test_dsconfig_warnings(void)
         "{\"train_batch_size\": 64, \"optimizer\": {\"type\": \"AdamW\"}, \"scheduler\": {}, "
         "\"gradient_clipping\": 1.0, \"steps_per_print\": 10, \"wall_clock_breakdown\": false, "
         "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
-        " \"offload_optimizer\": {\"device\": \"cpu\"}, \"allgather_partitions\": false, "
+        " \"offload_optimizer\": {\"device\": \"cpu\", \"pipeline_read\": true}, "
+        "\"allgather_partitions\": false, "
         "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
         "true, \"cpu_checkpointing\": false}}",
         &m, &launch, &plan, &batch, warnings, &error));
@@ -414,7 +415,7 @@ static void test_dsconfig_warnings(void)
         "\"optimizer\" ignored: not modeled", "\"scheduler\" ignored",
         "\"gradient_clipping\" ignored", "\"steps_per_print\" ignored",
         "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
-        "\"zero_optimization.offload_optimizer\" ignored",
+        "zero_optimization.offload_optimizer: \"pipeline_read\" ignored",
         "\"zero_optimization.allgather_partitions\" ignored",
         "\"activation_checkpointing.partition_activations\" ignored",
     };
@@ -428,6 +429,7 @@ static void test_dsconfig_warnings(void)
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(all->str, expected[i]));
     g_assert_cmpuint(warnings->len, ==, G_N_ELEMENTS(expected)); /* sub_group_size: default */
+    g_assert_cmpint(plan.zero.offload_optimizer.device, ==, ZP_OFFLOAD_CPU); /* modeled now */
     g_string_free(all, TRUE);
     g_ptr_array_unref(warnings);
 }
