@@ -23,6 +23,8 @@ typedef struct {
     int top_unit, low_unit;
     int buffer;          /* bucket buffer id once allocated, -1 before */
     uint32_t alloc_op, coll_op;
+    uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
+                          * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
 typedef struct {
@@ -281,7 +283,7 @@ static void plan_buckets(Builder *b)
     const gboolean padded = s->plan.zero.stage == 3;
     for (int u = s->n_units - 1; u >= 0;) {
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
-                    NONE};
+                    NONE, NONE};
         double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
             const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
@@ -307,15 +309,16 @@ static void reset_buckets(Builder *b)
 {
     for (guint i = 0; i < b->buckets->len; i++) {
         bucket(b, i)->buffer = -1;
-        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = NONE;
+        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
 }
 
 /* Double buffering: bucket i may take memory only once bucket i-2's collective was issued
- * (DeepSpeed waits on the older ipg buffer before refilling it). */
+ * (DeepSpeed waits on the older ipg buffer before refilling it), and with optimizer offload
+ * once its slice has been copied to the host. */
 static uint32_t bucket_backpressure(Builder *b, guint i)
 {
-    return i >= 2 ? bucket(b, i - 2)->coll_op : NONE;
+    return i >= 2 ? bucket(b, i - 2)->drain_op : NONE;
 }
 
 /* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
@@ -362,6 +365,7 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
         drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
         g_array_append_val(b->offloaded, drained);
     }
+    k->drain_op = drained;
     emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
