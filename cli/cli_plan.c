@@ -335,6 +335,10 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
         json_object_set_new(breakdown, "reserve", json_real(a->hw.runtime_reserve_bytes));
         json_object_set_new(o, "memory_breakdown_bytes", breakdown);
     }
+    json_object_set_new(o, "offload_optimizer",
+                        json_string(zp_offload_device_name(p->zero.offload_optimizer.device)));
+    json_object_set_new(o, "offload_param",
+                        json_string(zp_offload_device_name(p->zero.offload_param.device)));
     json_object_set_new(o, "plan", zp_plan_to_json(p));
     return o;
 }
@@ -383,6 +387,8 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
     json_object_set_new(root, "closest_over_memory",
                         r->ranked->len ? json_null() : maybe_candidate(a, r, r->closest));
     GError *error = NULL;
+    if (a->offload_note) /* what offloading costs plan 1, when nothing fit without it */
+        json_object_set_new(root, "offload_note", json_string(a->offload_note));
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
