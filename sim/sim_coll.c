@@ -57,10 +57,10 @@ static const char *const proto_names[SIM_PROTO_N] = {"LL", "LL128", "Simple"};
 
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error)
 {
-    if (mp < 1 || hw->gpus_per_node % mp != 0) {
+    if (mp < 1 || (hw->gpus_per_node % mp != 0 && mp % hw->gpus_per_node != 0)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "tensor-parallel degree %d must divide the %d GPUs per node of %s, so "
-                    "that every tensor-parallel group stays inside one node",
+                    "tensor-parallel degree %d must divide the %d GPUs per node of %s, or be a "
+                    "multiple of them, so that tensor-parallel groups tile the nodes",
                     mp, hw->gpus_per_node, hw->name);
         return FALSE;
     }

@@ -1,6 +1,7 @@
 /* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
  * and a collective is one queue event for its whole group, never one per ring step. */
 #include "sim_engine.h"
+#include "zp_offload.h"
 #include "sim_coll.h"
 #include "zp_util.h"
 
@@ -14,13 +15,14 @@
 typedef struct {
     uint8_t kind, sub, stream, group;
     uint8_t link;                /* collectives: the link class they load */
+    uint16_t stage;              /* the rank class (pipeline stage) that runs it */
     uint32_t n_deps;
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
     uint32_t pending_row;        /* over 255 dependencies: its row of pending_wide; else NO_ROW */
     uint8_t wide;                /* it has that many */
-    double duration_s;           /* compute ops */
+    double duration_s;           /* compute and p2p ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
     double bytes;                /* alloc and free */
@@ -91,12 +93,15 @@ typedef struct {
 } LiveBytes;
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
- * its start and its end, so they are kept to 32 bytes (the busy times apart): the members of
- * a collective are swept in order at each, 131,072 of them at the largest. */
+ * its start and its end, so they are kept to one 64-byte line (the busy times apart): the
+ * members of a collective are swept in order at each, 131,072 of them at the largest. */
 typedef struct {
     double mark_s; /* exposed communication is accounted up to here */
     double exposed_s, end_s;
+    double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
+    double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
     uint32_t compute_running, comm_active;
+    uint32_t cpu_running, transfers_active;
 } RankState;
 
 /* A rank's busy times: touched when a compute op starts and when a collective ends. */
@@ -121,14 +126,21 @@ typedef struct {
     SimOp *ops;
     uint32_t *dependents;
     uint8_t *dependent_stream; /* [d]: the stream dependents[d] runs on, or NOT_ON_STREAM */
-    uint32_t *stream_ops[ZP_STREAM_N];
-    uint32_t stream_len[ZP_STREAM_N];
+    /* Rank classes: a pipeline stage's ranks run the ops with its stage, each class its own
+     * stream lists, [class * ZP_STREAM_N + stream]; one class without a pipeline. */
+    uint32_t **stream_ops;
+    uint32_t *stream_len;
+    uint32_t *class_ops;          /* [class]: ops a rank of it runs */
+    const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
-    uint32_t ranks, sim_dp, sim_mp;
+    /* Simulated ranks, numbered as Megatron orders them: tp fastest, then pipeline stage,
+     * then dp: rank = (dp_index * sim_pp + stage) * sim_mp + tp_index. */
+    uint32_t ranks, sim_dp, sim_mp, sim_pp;
     /* The communicators (zp_sched_groups); group g's flow slots start at flow_base[g]: one
-     * per stream for each of its groups of simulated ranks (one group when folded). */
+     * per stream for each of its groups of simulated ranks (each rank its own when folded). */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     uint32_t n_groups, flow_base[ZP_SCHED_MAX_GROUPS];
+    gboolean folded; /* fewer ranks simulated than the world has: one per stage */
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
      * An op holds a row only while some ranks have begun counting it down and others have not
@@ -169,6 +181,12 @@ typedef struct {
 } Sim;
 
 static const char *const mode_names[] = {"folded", "explicit"};
+
+/* The pipeline stage (rank class) of a simulated rank. */
+static uint32_t rank_class(const Sim *sim, uint32_t rank)
+{
+    return (rank / sim->sim_mp) % sim->sim_pp;
+}
 
 const char *sim_mode_name(SimMode mode)
 {
@@ -314,7 +332,19 @@ gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *pe
 
 static gboolean op_on_stream(const SimOp *op)
 {
-    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
+    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
+           op->kind == ZP_OP_TRANSFER;
+}
+
+/* What a timed op of one rank keeps busy, for the breakdown: the GPU's kernels, the host's
+ * CPU Adam, or an offload transfer. */
+typedef enum { BUSY_GPU, BUSY_CPU, BUSY_TRANSFER } Busy;
+
+static Busy busy_of(const SimOp *op)
+{
+    if (op->kind == ZP_OP_TRANSFER)
+        return BUSY_TRANSFER;
+    return op->sub == ZP_COMP_CPU_OPTIMIZER ? BUSY_CPU : BUSY_GPU;
 }
 
 static gboolean is_model_state(ZpMemCategory category)
@@ -334,12 +364,16 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
     const ZpOp *op = zp_sched_op(s, i);
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
-        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N};
-    if (op->kind > ZP_OP_FREE)
+        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N,
+        [ZP_OP_TRANSFER] = ZP_XFER_N};
+    if (op->kind > ZP_OP_TRANSFER)
         return fail_op(error, i, "unknown kind");
+    if (op->stage >= (uint32_t)MAX(s->stages, 1) || op->peer >= (uint32_t)MAX(s->stages, 1))
+        return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
     if (op->sub >= sub_limit[op->kind])
-        return fail_op(error, i, "unknown compute, collective or memory category");
-    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE) && op->stream >= ZP_STREAM_N)
+        return fail_op(error, i, "unknown compute, collective, p2p, transfer or memory category");
+    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
+         op->kind == ZP_OP_TRANSFER) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
     if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
         return fail_op(error, i, "unknown group");
@@ -387,16 +421,37 @@ static void build_dependents(Sim *sim)
     }
 }
 
+/* Each class's stream lists: an op's stream_pos is its place in its own class's stream. */
 static void build_streams(Sim *sim)
 {
+    const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
+    sim->stream_ops = g_new0(uint32_t *, lists);
+    sim->stream_len = g_new0(uint32_t, lists);
+    sim->class_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        sim->class_ops[o->stage]++;
+        if (op_on_stream(o))
+            o->stream_pos = sim->stream_len[o->stage * ZP_STREAM_N + o->stream]++;
+    }
+    for (uint32_t l = 0; l < lists; l++)
+        sim->stream_ops[l] = g_new(uint32_t, sim->stream_len[l] ? sim->stream_len[l] : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++)
         if (op_on_stream(&sim->ops[i]))
-            sim->ops[i].stream_pos = sim->stream_len[sim->ops[i].stream]++;
-    for (int s = 0; s < ZP_STREAM_N; s++)
-        sim->stream_ops[s] = g_new(uint32_t, sim->stream_len[s] ? sim->stream_len[s] : 1);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (op_on_stream(&sim->ops[i]))
-            sim->stream_ops[sim->ops[i].stream][sim->ops[i].stream_pos] = i;
+            sim->stream_ops[sim->ops[i].stage * ZP_STREAM_N + sim->ops[i].stream]
+                           [sim->ops[i].stream_pos] = i;
+}
+
+/* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
+ * distance ranks away (Megatron's order), over NVLink when both sit on one node and else over
+ * the sender's share of the node's NICs (every GPU of a node sends to its peer at once). */
+static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
+{
+    const int64_t mp = sim->sched->plan.mp, gpn = hw->gpus_per_node;
+    const gboolean same_node = op->stage * mp / gpn == op->peer * mp / gpn;
+    if (same_node)
+        return hw->intra_node_latency_s + op->bytes / hw->intra_node_bytes_per_s;
+    return hw->inter_node_latency_s + op->bytes / (hw->inter_node_bytes_per_s / gpn);
 }
 
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */
@@ -411,27 +466,46 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     for (uint32_t g = 0; g < sim->n_groups; g++)
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
                                           sim->groups[g].stride);
+    double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
+    const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, sim->n_groups, i, error))
             return FALSE;
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
-                     .group = op->group, .n_deps = op->n_deps, .bytes = op->bytes};
-        if (op->kind == ZP_OP_COMPUTE) {
+                     .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
+                     .bytes = op->bytes};
+        if (op->kind == ZP_OP_TRANSFER) {
+            /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
+             * move their slices at the same time (the schedule is the same on every rank). */
+            o->duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
+            result->offload_bytes[op->sub] += op->bytes;
+        } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
+            if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
+                                       error))
+                return FALSE;
+        } else if (op->kind == ZP_OP_COMPUTE) {
             o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
-                result->model_flops += op->flops;
+                stage_flops[op->stage] += op->flops;
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
             const SimCollCost cost = sim_coll_cost(op->sub, op->bytes, g);
             o->latency_s = cost.latency_s;
             o->transfer_s = cost.transfer_s;
             o->link = g->bottleneck;
-            result->comm_bytes[op->group] += sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            const double sent = sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            if (op->group < ZP_GROUP_N)
+                result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
+            else /* a schedule file's own communicator: files hold no pipeline */
+                result->comm_bytes[op->group] += sent;
+        } else if (op->kind == ZP_OP_P2P) {
+            o->duration_s = p2p_time_s(sim, hw, op);
+            result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
@@ -441,8 +515,22 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         o->wide = o->n_deps > UINT8_MAX;
         o->pending_row = o->wide ? sim->n_wide_rows++ : NO_ROW;
     }
-    for (int c = 0; c < ZP_MEM_N; c++)
-        states += s->state_bytes[c];
+    /* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the
+     * stage that sends most (all of them without a pipeline). */
+    result->recompute_flops /= sim->sim_pp;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        result->model_flops += stage_flops[k] / sim->sim_pp;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            result->comm_bytes[g] =
+                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
+    }
+    g_free(stage_flops);
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        double stage_states = 0;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            stage_states += sim->class_state[k * ZP_MEM_N + c];
+        states = MAX(states, stage_states);
+    }
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
@@ -492,7 +580,6 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                                              ZP_MEM_N * (sizeof *sim->category +
                                                          sizeof *sim->peak_breakdown) +
                                              sizeof *sim->total + sizeof *sim->states);
-    const ZpSchedule *s = sim->sched;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
@@ -500,45 +587,44 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
-    LiveBytes total = {0}, states = {0};
-    for (int c = 0; c < ZP_MEM_N; c++) {
-        total.live += s->state_bytes[c];
-        if (is_model_state(c))
-            states.live += s->state_bytes[c];
-        for (uint32_t r = 0; r < sim->ranks; r++) {
-            sim->category[(size_t)c * sim->ranks + r] =
-                (LiveBytes){s->state_bytes[c], s->state_bytes[c]};
-            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = s->state_bytes[c];
-        }
-    }
-    total.peak = total.live;
-    states.peak = states.live;
     for (uint32_t r = 0; r < sim->ranks; r++) {
+        const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
+        LiveBytes total = {0}, states = {0};
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            total.live += state[c];
+            if (is_model_state(c))
+                states.live += state[c];
+            sim->category[(size_t)c * sim->ranks + r] = (LiveBytes){state[c], state[c]};
+            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = state[c];
+        }
+        total.peak = total.live;
+        states.peak = states.live;
         sim->total[r] = total;
         sim->states[r] = states;
     }
     return TRUE;
 }
 
-/* Flow slots: each communicator's groups in turn (for dp, one per tp index; for tp, one per
- * dp index), each group with one slot per stream; folded, one group per communicator. */
+/* Flow slots: each communicator's groups in turn (for dp, one per stage and tp index; for tp,
+ * one per dp index and stage), each group with one slot per stream; folded, each simulated
+ * rank (one per stage) stands for its group alone. */
 static void build_flows(Sim *sim)
 {
-    const gboolean folded = sim->ranks == 1;
+    const gboolean folded = sim->folded = sim->ranks < (uint32_t)sim->sched->world;
     sim->n_flows = 0;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         sim->flow_base[g] = sim->n_flows;
-        sim->n_flows += (folded ? 1 : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
+        sim->n_flows += (folded ? sim->ranks : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
     }
     sim->flows = g_new0(Flow, sim->n_flows);
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
-        const uint32_t n = folded ? 1 : sim->ranks / ranks;
+        const uint32_t n = folded ? sim->ranks : sim->ranks / ranks;
         /* Group k's first member: (k / stride) x ranks x stride + k % stride. */
         for (uint32_t k = 0; k < n; k++)
             for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
                 sim->flows[sim->flow_base[g] + k * ZP_STREAM_N + stream] = (Flow){
-                    .first = folded ? 0 : k / stride * ranks * stride + k % stride,
+                    .first = folded ? k : k / stride * ranks * stride + k % stride,
                     .stride = folded ? 1 : stride, .count = folded ? 1 : ranks,
                     .inter_scale = 1.0};
     }
@@ -627,8 +713,8 @@ gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimS
 
 static uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
 {
-    if (sim->ranks == 1)
-        return sim->flow_base[group] + stream;
+    if (sim->folded)
+        return sim->flow_base[group] + rank * ZP_STREAM_N + stream;
     const uint32_t stride = sim->groups[group].stride, span = sim->groups[group].ranks * stride;
     /* The common cases without a division: one group spanning the world, stride 1. */
     const uint32_t block = span == sim->ranks ? 0 : rank / span;
@@ -686,7 +772,7 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
     const uint32_t row = sim->row_of[op];
     if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
         return FALSE;
-    if (++sim->zeroed[op] == sim->ranks) { /* no rank needs the row any more */
+    if (++sim->zeroed[op] == sim->ranks / sim->sim_pp) { /* no rank of its class needs it */
         sim->free_rows[sim->n_free_rows++] = row;
         sim->row_of[op] = ROW_DONE;
     }
@@ -718,9 +804,25 @@ static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
  * Called before either count changes. */
 static void account(RankState *rs, double now_s)
 {
-    if (rs->compute_running == 0 && rs->comm_active > 0)
-        rs->exposed_s += now_s - rs->mark_s;
+    /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
+     * offload transfer. */
+    const double dt = now_s - rs->mark_s;
+    if (rs->compute_running == 0) {
+        if (rs->comm_active > 0)
+            rs->exposed_s += dt;
+        else if (rs->cpu_running > 0)
+            rs->cpu_optimizer_s += dt;
+        else if (rs->transfers_active > 0)
+            rs->transfer_s += dt;
+    }
     rs->mark_s = now_s;
+}
+
+static uint32_t *busy_counter(RankState *rs, Busy busy)
+{
+    return busy == BUSY_GPU ? &rs->compute_running
+           : busy == BUSY_CPU ? &rs->cpu_running
+                              : &rs->transfers_active;
 }
 
 /* ---- bandwidth sharing ---- */
@@ -812,9 +914,10 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
-    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[stream])
+    const uint32_t list = rank_class(sim, rank) * ZP_STREAM_N + stream;
+    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[list])
         return;
-    const uint32_t i = sim->stream_ops[stream][ss->head[stream]];
+    const uint32_t i = sim->stream_ops[list][ss->head[stream]];
     if (i != ready && pending_of(sim, i, rank))
         return;
     ss->head[stream]++;
@@ -822,21 +925,33 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
     const SimOp *op = &sim->ops[i];
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
-    if (op->kind == ZP_OP_COMPUTE) {
-        const double duration_s =
-            sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
+    if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
+        const Busy busy = busy_of(op);
+        const double duration_s = sim->compute_scale && busy == BUSY_GPU
+                                      ? op->duration_s * sim->compute_scale[rank]
+                                      : op->duration_s;
         RankState *rs = &sim->rank[rank];
         RankBusy *rb = &sim->busy[rank];
         account(rs, now_s);
-        rs->compute_running++;
+        (*busy_counter(rs, busy))++;
         rb->busy_s[stream] += duration_s;
-        if (op->sub == ZP_COMP_OPTIMIZER)
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
             rb->optimizer_s += duration_s;
-        else
+        else if (busy == BUSY_GPU)
             rb->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
         queue_push(&sim->queue, now_s + duration_s, rank, i);
+        return;
+    }
+    if (op->kind == ZP_OP_P2P) {
+        /* The sender's share of its link, no group to wait for. An isend: the rank does not
+         * wait for it, so it is never exposed communication (a rank waiting only for sends
+         * idles, in the pipeline's bubble). */
+        sim->busy[rank].busy_s[stream] += op->duration_s;
+        if (sim->op_start_s)
+            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
@@ -855,12 +970,15 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
         const uint32_t next = sim->dependents[d];
-        if (!pending_done(sim, next, rank))
+        /* Another stage's op waiting for this send runs on the same dp and tp index's rank
+         * of that stage. */
+        const uint32_t at = rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
+        if (!pending_done(sim, next, at))
             continue;
         if (sim->dependent_stream[d] != NOT_ON_STREAM)
-            try_stream(sim, rank, sim->dependent_stream[d], next, now_s);
+            try_stream(sim, at, sim->dependent_stream[d], next, now_s);
         else
-            ready_push(sim, rank, next);
+            ready_push(sim, at, next);
     }
 }
 
@@ -945,8 +1063,14 @@ static void handle(Sim *sim, const Event *e, double now_s)
 {
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
-        account(rs, now_s);
-        rs->compute_running--;
+        const SimOp *op = &sim->ops[e->detail];
+        if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
+            account(rs, now_s);
+            (*busy_counter(rs, busy_of(op)))--;
+            if (op->kind == ZP_OP_COMPUTE && op->sub != ZP_COMP_OPTIMIZER &&
+                op->sub != ZP_COMP_CPU_OPTIMIZER)
+                rs->flush_s = now_s;
+        }
         complete(sim, e->id, e->detail, now_s);
         return;
     }
@@ -964,6 +1088,8 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     uint32_t i = 0;
     for (; i + 1 < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
+        if (o->stage != rank_class(sim, rank))
+            continue;
         const gboolean ran = op_on_stream(o)
                                  ? o->stream_pos < sim->stream[rank].head[o->stream]
                                  : pending_of(sim, i, rank) == 0;
@@ -982,30 +1108,34 @@ static uint32_t ops_done(const Sim *sim, uint32_t rank)
     for (int s = 0; s < ZP_STREAM_N; s++) /* a busy stream's last op has not finished */
         done += sim->stream[rank].head[s] - sim->stream[rank].busy[s];
     for (uint32_t i = 0; i < sim->n_ops; i++)
-        done += !op_on_stream(&sim->ops[i]) && pending_of(sim, i, rank) == 0;
+        done += sim->ops[i].stage == rank_class(sim, rank) && !op_on_stream(&sim->ops[i]) &&
+                pending_of(sim, i, rank) == 0;
     return done;
 }
 
 static gboolean check_end(Sim *sim, GError **error)
 {
-    const ZpSchedule *s = sim->sched;
-    /* Each rank does each op at most once, so a full count means that no rank fell short. */
-    const gboolean all_done = sim->op_events == (uint64_t)sim->n_ops * sim->ranks;
+    /* Each rank does each op of its class at most once, so a full count means that no rank
+     * fell short (every class has ranks / sim_pp ranks). */
+    const gboolean all_done =
+        sim->op_events == (uint64_t)sim->n_ops * (sim->ranks / sim->sim_pp);
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        const uint32_t done = all_done ? sim->n_ops : ops_done(sim, r);
-        if (done < sim->n_ops) {
+        const uint32_t k = rank_class(sim, r);
+        const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);
+        if (done < sim->class_ops[k]) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
-                        done, sim->n_ops, first_unrun_op(sim, r));
+                        done, sim->class_ops[k], first_unrun_op(sim, r));
             return FALSE;
         }
+        const double *state = &sim->class_state[k * ZP_MEM_N];
         for (int c = 0; c < ZP_MEM_N; c++) {
             const double live = sim->category[(size_t)c * sim->ranks + r].live;
-            if (fabs(live - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+            if (fabs(live - state[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), live, r, s->state_bytes[c]);
+                            zp_sched_mem_name(c), live, r, state[c]);
                 return FALSE;
             }
         }
@@ -1032,7 +1162,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->compute_s = rb->compute_s;
     result->optimizer_s = rb->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
-    result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s);
+    result->cpu_optimizer_s = rs->cpu_optimizer_s;
+    result->offload_transfer_s = rs->transfer_s;
+    result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
+                                  rs->cpu_optimizer_s - rs->transfer_s);
     result->peak_memory_bytes = sim->total[peak].peak;
     memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
            sizeof result->peak_breakdown_bytes);
@@ -1041,6 +1174,28 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks;
+    for (uint32_t r = 0; r < sim->ranks; r++)
+        result->flush_s = MAX(result->flush_s, sim->rank[r].flush_s);
+    /* A stage's bubble: the time its rank neither computes nor waits for its own
+     * communication, over the step up to the flush or the rank's end, whichever is later
+     * (after the flush a rank reduces and steps without waiting on other stages). The rank
+     * of the stage with the least stands for it. */
+    for (int k = 0; k < result->stages; k++)
+        result->stage_bubble_s[k] = G_MAXDOUBLE;
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        const uint32_t k = rank_class(sim, r);
+        const RankState *rs = &sim->rank[r];
+        const RankBusy *rb = &sim->busy[r];
+        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->total[r].peak);
+        for (int c = 0; c < ZP_MEM_N; c++)
+            result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
+                MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c],
+                    sim->category[(size_t)c * sim->ranks + r].peak);
+        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rb->compute_s);
+        const double idle_s = MAX(rs->end_s, result->flush_s) - rb->compute_s - rb->optimizer_s -
+                              rs->exposed_s;
+        result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
+    }
 }
 
 static void sim_clear(Sim *sim)
@@ -1048,8 +1203,11 @@ static void sim_clear(Sim *sim)
     g_free(sim->ops);
     g_free(sim->dependents);
     g_free(sim->dependent_stream);
-    for (int s = 0; s < ZP_STREAM_N; s++)
-        g_free(sim->stream_ops[s]);
+    for (uint32_t l = 0; sim->stream_ops && l < sim->sim_pp * ZP_STREAM_N; l++)
+        g_free(sim->stream_ops[l]);
+    g_free(sim->stream_ops);
+    g_free(sim->stream_len);
+    g_free(sim->class_ops);
     g_free(sim->rows);
     g_free(sim->row_of);
     g_free(sim->zeroed);
@@ -1077,9 +1235,13 @@ static void sim_clear(Sim *sim)
 
 static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
 {
-    if (s->plan.dp < 1 || s->plan.mp < 1 || (int64_t)s->plan.dp * s->plan.mp != s->world) {
+    const int P = MAX(s->stages, 1);
+    if (s->plan.dp < 1 || s->plan.mp < 1 ||
+        (int64_t)s->plan.dp * s->plan.mp * P != s->world || P > UINT16_MAX ||
+        (P > 1 && !s->stage_state_bytes)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "schedule: world %d is not dp %d x mp %d", s->world, s->plan.dp, s->plan.mp);
+                    "schedule: world %d is not dp %d x mp %d x pp %d", s->world, s->plan.dp,
+                    s->plan.mp, P);
         return FALSE;
     }
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
@@ -1104,7 +1266,8 @@ static void seed(Sim *sim)
             g_array_append_val(roots, i);
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
-            ready_push(sim, r, g_array_index(roots, uint32_t, k));
+            if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))
+                ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
             try_stream(sim, r, s, UINT32_MAX, 0.0);
     }
@@ -1123,14 +1286,22 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .n_ops = sched->ops->len,
         .sim_dp = explicit_ranks ? (uint32_t)sched->plan.dp : 1,
         .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
+        .sim_pp = (uint32_t)MAX(sched->stages, 1),
+        .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
     };
-    sim.ranks = sim.sim_dp * sim.sim_mp;
+    sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
     SimResult *result = g_new0(SimResult, 1);
     *result = (SimResult){.mode = options->mode, .world = sched->world,
-                          .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops};
+                          .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops,
+                          .stages = (int)sim.sim_pp};
+    result->stage_peak_bytes = g_new0(double, sim.sim_pp);
+    result->stage_compute_s = g_new0(double, sim.sim_pp);
+    result->stage_bubble_s = g_new0(double, sim.sim_pp);
+    result->stage_comm_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_GROUP_N);
+    result->stage_category_peak_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_MEM_N);
     gboolean ok = build_ops(&sim, hw, result, error) &&
                   alloc_rank_state(&sim, options->record_timeline, error);
     if (ok) {
@@ -1182,5 +1353,10 @@ void sim_result_free(SimResult *result)
     g_free(result->op_end_s);
     g_free(result->op_ready_s);
     g_free(result->op_last_rank);
+    g_free(result->stage_peak_bytes);
+    g_free(result->stage_compute_s);
+    g_free(result->stage_bubble_s);
+    g_free(result->stage_comm_bytes);
+    g_free(result->stage_category_peak_bytes);
     g_free(result);
 }

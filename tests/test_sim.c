@@ -86,7 +86,8 @@ static void test_placement_and_tree(void)
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 4), ==, 1500);
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLGATHER, 1000, 4), ==, 750);
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 1), ==, 0);
-    g_assert_false(sim_coll_check_placement(&a100, 16, NULL));
+    g_assert_true(sim_coll_check_placement(&a100, 16, NULL)); /* two whole nodes */
+    g_assert_false(sim_coll_check_placement(&a100, 12, NULL));
     g_assert_false(sim_coll_check_placement(&a100, 3, NULL));
     g_assert_true(sim_coll_check_placement(&a100, 4, NULL));
 }
@@ -577,9 +578,9 @@ static void test_schedule_file_example(void)
     g_assert_cmpint(s->n_groups, ==, 5);
     SimResult *all = run(s, &a100, SIM_MODE_EXPLICIT), *one = run(s, &a100, SIM_MODE_FOLDED);
     g_assert_cmpfloat(all->step_time_s, ==, one->step_time_s);
-    g_assert_cmpfloat(all->comm_bytes[2], ==, 2.0 * 63 / 64 * 1e6);
-    g_assert_cmpfloat(all->comm_bytes[3], ==, 7.0 / 8 * 256e6);
-    g_assert_cmpfloat(all->comm_bytes[4], ==, 0.5 * 16e6);
+    g_assert_cmpfloat(all->comm_bytes[3], ==, 2.0 * 63 / 64 * 1e6);
+    g_assert_cmpfloat(all->comm_bytes[4], ==, 7.0 / 8 * 256e6);
+    g_assert_cmpfloat(all->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16e6);
     sim_result_free(all);
     sim_result_free(one);
     zp_sched_free(s);
@@ -638,8 +639,8 @@ static void test_schedule_file_groups(void)
     GError *error = NULL;
     ZpSchedule *s = zp_sched_read_graph(path, &error);
     g_assert_no_error(error);
-    g_assert_cmpint(s->n_groups, ==, 5);
-    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, 2);
+    g_assert_cmpint(s->n_groups, ==, 5); /* dp, tp, pp (ZpGroup), then world and node */
+    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, 3);
     g_assert_cmpint(zp_sched_op(s, 0)->stream, ==, ZP_STREAM_DP);
     /* The world spans 4 nodes, alone on their NICs; a node group stays on NVLink; a pair
      * 16 ranks apart sits on two nodes, one rank each, 8 pairs sharing each node's NICs. */
@@ -660,8 +661,8 @@ static void test_schedule_file_groups(void)
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
         assert_close(r->step_time_s, want_s, 1e-12);
-        g_assert_cmpfloat(r->comm_bytes[2], ==, 2.0 * 31 / 32 * GIB);
-        g_assert_cmpfloat(r->comm_bytes[4], ==, 0.5 * 16777216);
+        g_assert_cmpfloat(r->comm_bytes[3], ==, 2.0 * 31 / 32 * GIB);
+        g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16777216);
         sim_result_free(r);
     }
     g_assert_true(zp_sched_write_json(s, path, &error));
@@ -684,9 +685,11 @@ static void test_schedule_file_groups(void)
     s = zp_sched_read_graph(path, &error);
     g_assert_no_error(error);
     g_assert_cmpstr(s->groups[ZP_GROUP_DP].name, ==, "dp");
-    g_assert_cmpstr(s->groups[2].name, ==, "world");
+    g_assert_cmpstr(s->groups[ZP_GROUP_PP].name, ==, "pp"); /* one rank: no pipeline */
+    g_assert_cmpint(s->groups[ZP_GROUP_PP].ranks, ==, 1);
+    g_assert_cmpstr(s->groups[3].name, ==, "world");
     g_assert_cmpint(zp_sched_op(s, 0)->group, ==, ZP_GROUP_DP);
-    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, 2);
+    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, 3);
     zp_sched_free(s);
     g_remove(path);
     g_free(path);
@@ -707,9 +710,9 @@ static void test_schedule_file_bad_input(void)
          "{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [0, 2]}, "
          "{\"kind\": \"compute\", \"op\": \"block_bwd\", \"flops\": 1, \"deps\": [1]}]}",
          "ops[1]: key \"deps\": the op is on a dependency cycle"},
-        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"pp\", "
+        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"ep\", "
          "\"bytes\": 1, \"deps\": []}]}",
-         "ops[0]: key \"group\" has unknown value \"pp\""},
+         "ops[0]: key \"group\" has unknown value \"ep\""},
         {"\"ops\": [{\"kind\": \"alloc\", \"category\": \"buckets\", \"bytes\": -5, \"deps\": []}]}",
          "ops[0]: key \"bytes\" = -5 is outside"},
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": -1, \"deps\": []}]}",
@@ -719,8 +722,8 @@ static void test_schedule_file_bad_input(void)
          "ops[0]: unknown key \"colour\""},
         {"\"precision\": \"fp8\", \"ops\": []}", "precision"},
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
-         "\"stream\": \"pp\"}]}",
-         "ops[0]: key \"stream\" has unknown value \"pp\""},
+         "\"stream\": \"ep\"}]}",
+         "ops[0]: key \"stream\" has unknown value \"ep\""},
         /* A fused kernel's rate needs the model's head dimension and sequence length. */
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 4, "
          "\"attn_flops\": 1, \"deps\": []}]}",
@@ -1258,7 +1261,7 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --grad-accum 1.5", "--grad-accum: '1.5' must be a whole number"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 12 --mp 8 --stage 3 --micro-batch 1", "--mp: 8 does not divide --gpus 12"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 40 --mp 5 --stage 3 --micro-batch 1", "--mp: 5 does not divide the 12 attention heads"},
-    {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 32 --mp 16 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 16 must divide the 8 GPUs per node"},
+    {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 40 --mp 20 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 20 must divide the 8 GPUs per node"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --overlap --no-overlap", "not both"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --reduce-bucket-size 0", "--reduce-bucket-size: '0' is outside"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters lots", "--max-live-parameters: 'lots' is not a number"},
