@@ -29,6 +29,8 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
+/* flow_base[g] of a communicator no collective uses. */
+#define NO_FLOWS UINT32_MAX
 /* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
 #define ROW_UNUSED (UINT32_MAX - 1)
 #define ROW_DONE UINT32_MAX
@@ -611,13 +613,24 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 static void build_flows(Sim *sim)
 {
     const gboolean folded = sim->folded = sim->ranks < (uint32_t)sim->sched->world;
+    /* Only communicators that run collectives get slots: tp without tensor parallelism or pp
+     * (whose sends are p2p ops) would otherwise be a slot per rank and stream, written and
+     * resident for nothing (160 MB at 131,072 ranks). */
+    gboolean used[ZP_SCHED_MAX_GROUPS] = {FALSE};
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (sim->ops[i].kind == ZP_OP_COLLECTIVE)
+            used[sim->ops[i].group] = TRUE;
     sim->n_flows = 0;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
-        sim->flow_base[g] = sim->n_flows;
-        sim->n_flows += (folded ? sim->ranks : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
+        sim->flow_base[g] = used[g] ? sim->n_flows : NO_FLOWS;
+        if (used[g])
+            sim->n_flows +=
+                (folded ? sim->ranks : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
     }
-    sim->flows = g_new0(Flow, sim->n_flows);
+    sim->flows = g_new0(Flow, MAX(sim->n_flows, 1));
     for (uint32_t g = 0; g < sim->n_groups; g++) {
+        if (!used[g])
+            continue;
         const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
         const uint32_t n = folded ? sim->ranks : sim->ranks / ranks;
         /* Group k's first member: (k / stride) x ranks x stride + k % stride. */
@@ -854,7 +867,8 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
     sim->n_affected = 0;
     for (uint32_t i = 0, m = changed->first; i < changed->count; i++, m += changed->stride)
         for (uint32_t group = 0; group < sim->n_groups; group++)
-            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+            for (uint32_t stream = 0; stream < ZP_STREAM_N && sim->flow_base[group] != NO_FLOWS;
+                 stream++) {
                 const uint32_t slot = flow_slot(sim, group, m, stream);
                 Flow *f = &sim->flows[slot];
                 if (!f->active || f->touched == sim->epoch || f->remaining_s <= 0 ||
