@@ -1,6 +1,7 @@
 /* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
  * for compute), and branch and bound over the caller's simulator for the ranking. */
 #include "zp_search.h"
+#include "zp_cost.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
@@ -240,10 +241,6 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
-                         .peak_flops = zp_hw_peak_flops(spec->hw, spec->precision),
-                         .attn_flops_per_s = zp_hw_attention_flops_per_s(
-                             spec->hw, spec->attention, (double)zp_model_head_dim(spec->model),
-                             (double)spec->model->seq_len),
                          .bus_bytes_per_s = spec->bus_bytes_per_s};
     return TRUE;
 }
@@ -254,18 +251,20 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
                                : sc->hw->intra_node_bytes_per_s;
 }
 
-/* The compute stream's busy time: each op as the simulator times it (zp_hw_compute_time_s). */
+/* The compute stream's busy time: each op as the simulator times it (zp_cost_op_s); a plan
+ * the cost model cannot time (no peak for its precision) is never a bound's winner. */
 static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
 {
     ZpComputeOps ops[ZP_COMP_N];
+    ZpCost cost;
+    if (!zp_cost_init(&cost, sc->hw, sc->model, plan, NULL))
+        return INFINITY;
     zp_sched_compute_ops(sc->model, plan, ops);
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
-        total += (double)o->count *
-                 zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
-                                      o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
-                                      k == ZP_COMP_OPTIMIZER);
+        total += (double)o->count * zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops,
+                                                 o->gemm_flops, o->attn_flops, o->mem_bytes);
     }
     return total;
 }

@@ -1,6 +1,7 @@
 /* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
  * and a collective is one queue event for its whole group, never one per ring step. */
 #include "sim_engine.h"
+#include "zp_cost.h"
 #include "sim_coll.h"
 #include "zp_util.h"
 
@@ -120,6 +121,7 @@ typedef struct {
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
+    ZpCost cost;           /* how compute ops are costed (zp_cost), and their contention */
 
     Flow *flows;
     uint32_t n_flows, epoch;
@@ -366,10 +368,9 @@ static void build_streams(Sim *sim)
 static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
-    double peak_flops, attn_flops_per_s;
-    if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
-        !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
+    if (!zp_cost_init(&sim->cost, hw, &s->model, &s->plan, error))
         return FALSE;
+    g_strlcpy(result->cost_model, sim->cost.why, sizeof result->cost_model);
     const SimCollGroup groups[2] = {
         [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
         [ZP_GROUP_TP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_TP),
@@ -383,7 +384,8 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
                      .group = op->group, .n_deps = op->n_deps, .bytes = op->bytes};
         if (op->kind == ZP_OP_COMPUTE) {
-            o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
+            o->duration_s = zp_cost_op_s(&sim->cost, op->sub, op->flops, op->gemm_flops,
+                                         op->attn_flops, op->mem_bytes);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
@@ -717,8 +719,11 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE) {
+        /* A collective in flight on this rank's own streams shares the device with it. */
+        const uint8_t *busy = &sim->stream_busy[(size_t)rank * ZP_STREAM_N];
         const double duration_s =
-            sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
+            (sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s) *
+            zp_cost_contention(&sim->cost, busy[ZP_STREAM_DP] + busy[ZP_STREAM_TP]);
         RankState *rs = &sim->rank[rank];
         account(rs, now_s);
         rs->compute_running++;
