@@ -266,6 +266,7 @@ static int print_json(const Report *p)
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
+    json_object_set_new(root, "cost_model", json_string(r->cost_model));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
@@ -389,6 +390,7 @@ static void print_human(const Report *p)
                zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
                plan->zero.overlap_comm ? "on" : "off",
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    printf("Compute costed by: %s.\n", r->cost_model);
     if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
                "schedule and its groups are placed alike).\n\n",

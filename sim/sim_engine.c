@@ -85,13 +85,16 @@ typedef struct {
     double category_peak[ZP_MEM_N]; /* each category's own maximum */
 } RankMemory;
 
-/* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
+/* A rank's clock and time accounts, what compute and collective ops touch (96 bytes). */
 typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s, exposed_s;
     double mark_s; /* exposed communication is accounted up to here */
     double end_s;
+    double compute_end_s; /* with contention: when the running compute op ends now */
     uint32_t compute_running, comm_active, ops_done;
+    uint32_t compute_op;  /* with contention: the running compute op */
+    uint8_t compute_slowed; /* with contention: it runs slowed (a collective is in flight) */
 } RankState;
 
 typedef struct {
@@ -122,6 +125,7 @@ typedef struct {
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
     ZpCost cost;           /* how compute ops are costed (zp_cost), and their contention */
+    double contention;     /* compute slows this many times while a collective runs (>= 1) */
 
     Flow *flows;
     uint32_t n_flows, epoch;
@@ -371,6 +375,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     if (!zp_cost_init(&sim->cost, hw, &s->model, &s->plan, error))
         return FALSE;
     g_strlcpy(result->cost_model, sim->cost.why, sizeof result->cost_model);
+    sim->contention = zp_cost_contention(&sim->cost, 1);
     const SimCollGroup groups[2] = {
         [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
         [ZP_GROUP_TP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_TP),
@@ -667,6 +672,28 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
         reshare(sim, sim->affected[i], link, now_s);
 }
 
+/* Contention: a rank's compute op runs sim->contention times slower while a collective of
+ * that rank is in flight. When that changes in the middle of an op, the rest of the op is
+ * rescaled and its end queued again; the superseded end event is ignored (handle). */
+static void recontend(Sim *sim, uint32_t rank, double now_s)
+{
+    RankState *rs = &sim->rank[rank];
+    const uint8_t slowed = rs->comm_active > 0;
+    if (sim->contention == 1 || rs->compute_running == 0 || slowed == rs->compute_slowed)
+        return;
+    const double end_s = now_s + (rs->compute_end_s - now_s) *
+                                     (slowed ? sim->contention : 1 / sim->contention);
+    const SimOp *op = &sim->ops[rs->compute_op];
+    rs->busy_s[op->stream] += end_s - rs->compute_end_s;
+    if (op->sub == ZP_COMP_OPTIMIZER)
+        rs->optimizer_s += end_s - rs->compute_end_s;
+    else
+        rs->compute_s += end_s - rs->compute_end_s;
+    rs->compute_end_s = end_s;
+    rs->compute_slowed = slowed;
+    queue_push(&sim->queue, end_s, rank, rs->compute_op);
+}
+
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 {
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
@@ -692,6 +719,7 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
+        recontend(sim, m, now_s);
         if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
             sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = last;
@@ -719,12 +747,14 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE) {
-        /* A collective in flight on this rank's own streams shares the device with it. */
-        const uint8_t *busy = &sim->stream_busy[(size_t)rank * ZP_STREAM_N];
+        /* A collective of this rank in flight shares the device with it (recontend). */
+        RankState *rs = &sim->rank[rank];
+        rs->compute_slowed = sim->contention > 1 && rs->comm_active > 0;
         const double duration_s =
             (sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s) *
-            zp_cost_contention(&sim->cost, busy[ZP_STREAM_DP] + busy[ZP_STREAM_TP]);
-        RankState *rs = &sim->rank[rank];
+            (rs->compute_slowed ? sim->contention : 1);
+        rs->compute_op = i;
+        rs->compute_end_s = now_s + duration_s;
         account(rs, now_s);
         rs->compute_running++;
         rs->busy_s[stream] += duration_s;
@@ -734,7 +764,7 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
             rs->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        queue_push(&sim->queue, now_s + duration_s, rank, i);
+        queue_push(&sim->queue, rs->compute_end_s, rank, i);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
@@ -823,6 +853,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
+        recontend(sim, m, now_s);
         rs->busy_s[op->stream] += now_s - start_s;
         complete(sim, m, i, now_s);
     }
@@ -832,6 +863,8 @@ static void handle(Sim *sim, const Event *e, double now_s)
 {
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
+        if (sim->contention > 1 && (e->detail != rs->compute_op || now_s != rs->compute_end_s))
+            return; /* an end that contention moved */
         account(rs, now_s);
         rs->compute_running--;
         complete(sim, e->id, e->detail, now_s);
