@@ -2,11 +2,14 @@
  * the machine the microbenchmarks ran on (GEMM rate, memory bandwidth, collectives) by least
  * squares with GSL, so that zplan simulate can predict zreal on that machine. */
 #include "cli.h"
+#include "cli_optable.h"
 #include "zp_util.h"
 
 #include <gsl/gsl_errno.h>
 #include <gsl/gsl_fit.h>
 #include <gsl/gsl_multifit.h>
+#include <gsl/gsl_sort.h>
+#include <gsl/gsl_statistics_double.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -279,6 +282,35 @@ static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
     return sqrt(sum / x->len);
 }
 
+/* The all-reduce bus bandwidth as nccl-tests define it (algbw x 2(n-1)/n, algbw = S / t) at
+ * the largest message of the runs with the most ranks: the median over those samples. */
+static double allreduce_busbw(const Samples *s, int *ranks, double *bytes)
+{
+    *ranks = 0, *bytes = 0;
+    for (guint i = 0; i < s->coll_s->len; i++)
+        if (g_array_index(s->coll_kind, int, i) == 0) {
+            const int n = g_array_index(s->coll_ranks, int, i);
+            const double b = g_array_index(s->coll_bytes, double, i);
+            if (n > *ranks || (n == *ranks && b > *bytes))
+                *ranks = n, *bytes = b;
+        }
+    GArray *bw = g_array_new(FALSE, FALSE, sizeof(double));
+    for (guint i = 0; i < s->coll_s->len; i++)
+        if (g_array_index(s->coll_kind, int, i) == 0 &&
+            g_array_index(s->coll_ranks, int, i) == *ranks &&
+            g_array_index(s->coll_bytes, double, i) == *bytes) {
+            const double v = *bytes / g_array_index(s->coll_s, double, i) * 2 * (*ranks - 1) /
+                             *ranks;
+            g_array_append_val(bw, v);
+        }
+    gsl_sort((double *)bw->data, 1, bw->len);
+    const double median = bw->len ? gsl_stats_median_from_sorted_data((double *)bw->data, 1,
+                                                                      bw->len)
+                                  : 0;
+    g_array_unref(bw);
+    return median;
+}
+
 /* What the fits gave, in the profile's terms. */
 typedef struct {
     double peak_tc_flops, peak_fp32_flops; /* asymptotic GEMM rates, 1/c1 */
@@ -287,6 +319,8 @@ typedef struct {
     guint gemm_n, fp32_n;
     double mem_bytes_per_s, ew_bytes_per_s;
     CollFit coll;
+    double busbw_bytes_per_s, busbw_bytes; /* all-reduce, nccl-tests' definition */
+    int busbw_ranks;
 } Fitted;
 
 static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
@@ -318,7 +352,7 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
         {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
         {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
-        {"intra_node_bytes_per_s", g_strdup_printf("the fitted all-gather bus bandwidth of %s (collective_fit holds one per collective)", coll_source)},
+        {"intra_node_bytes_per_s", g_strdup_printf("measured: the all-reduce bus bandwidth of %s as nccl-tests define it (algbw x 2(n-1)/n, algbw = bytes / time; nccl-tests doc/PERFORMANCE.md) at the largest message, %.0f bytes over %d ranks, the median over %s (collective_fit holds the fitted ring model the simulator uses for these collectives)", coll_source, f->busbw_bytes, f->busbw_ranks, runs)},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
         {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure")},
         {"inter_node_latency_s", g_strdup("one machine, no network: set to the intra-node figure")},
@@ -349,8 +383,8 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         "gpus_per_node", s->max_world, "gpu_memory_bytes", gpu_memory,
         "peak_fp16_flops", f->peak_tc_flops, "peak_bf16_flops", f->peak_tc_flops,
         "peak_fp32_flops", f->peak_fp32_flops, "hbm_bytes_per_s", f->mem_bytes_per_s,
-        "intra_node_bytes_per_s", f->coll.bytes_per_s[2], "intra_node_latency_s", f->coll.hop_s,
-        "inter_node_bytes_per_s", f->coll.bytes_per_s[2], "inter_node_latency_s", f->coll.hop_s,
+        "intra_node_bytes_per_s", f->busbw_bytes_per_s, "intra_node_latency_s", f->coll.hop_s,
+        "inter_node_bytes_per_s", f->busbw_bytes_per_s, "inter_node_latency_s", f->coll.hop_s,
         "host_link_bytes_per_s", f->mem_bytes_per_s, "cpu_memory_bytes", phys,
         "runtime_reserve_bytes", s->device_context_bytes, "elementwise_bytes_per_s",
         f->ew_bytes_per_s, "gemm_efficiency_max", 1.0,
@@ -494,12 +528,19 @@ int cli_calibrate(int argc, char **argv)
         fitted.mem_bytes_per_s = 1.0 / mem_c1;
         fitted.ew_bytes_per_s = 1.0 / ew_c1;
         fitted.coll = fit;
+        fitted.busbw_bytes_per_s = allreduce_busbw(&s, &fitted.busbw_ranks, &fitted.busbw_bytes);
         json_t *profile = profile_json(name ? name : base, gpu, &s, &fitted, memory_bytes);
+        void *op_costs = NULL;
+        ok = cli_optable_fit(argv + 1, argc - 1, s.max_world, &op_costs,
+                             json_object_get(profile, "calibration"),
+                             json_object_get(profile, "notes"), &error);
+        if (op_costs)
+            json_object_set_new(profile, "op_costs", op_costs);
         json_object_set_new(json_object_get(profile, "calibration"), "memory_rms_rel_error",
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
-        ok = check_loadable(profile, &error) && zp_json_write(profile, out, &error);
+        ok = ok && check_loadable(profile, &error) && zp_json_write(profile, out, &error);
         if (ok)
             warn_residuals(json_object_get(profile, "calibration"));
         if (ok)
