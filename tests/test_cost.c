@@ -261,6 +261,132 @@ static void test_contention(void)
     g_assert_cmpfloat(step_s(&m, &p, &hw), >, step_s(&m, &p, &calm));
 }
 
+/* A microbenchmark run whose every time a known table gives: t = launch + work / rate. */
+static double grid_rate(int form, double x, double y)
+{
+    return (form + 1) * 1e9 * (x - 11) / (y + 1);
+}
+
+static json_t *synthetic_run(double add_slowdown)
+{
+    const double launch = 1e-6;
+    json_t *gemm = json_array(), *memory = json_array(), *coll = json_array();
+    json_t *grid = json_array(), *attn = json_array(), *ew = json_array();
+    for (int i = 1; i <= 3; i++) {
+        const double f = 2e6 * i * i * i;
+        json_array_append_new(gemm, json_pack("{s:f, s:f}", "flops", f, "time_s", 1e-5 + f / 1e10));
+        const double b = 1e6 * i;
+        json_array_append_new(memory, json_pack("{s:s, s:f, s:f}", "kernel", "adam", "bytes", b,
+                                                "time_s", launch + b / 2e9));
+        json_array_append_new(memory, json_pack("{s:s, s:f, s:f}", "kernel", "gelu", "bytes", b,
+                                                "time_s", 1e-6 + b / 1e9));
+        static const char *const ops[] = {"allreduce", "reduce_scatter", "allgather"};
+        for (int k = 0; k < 3; k++)
+            json_array_append_new(coll, json_pack("{s:s, s:i, s:f, s:f}", "op", ops[k], "ranks", 2,
+                                                  "bytes", b, "time_s",
+                                                  1e-5 + (k ? 0.5 : 1.0) * b / 1e9));
+    }
+    for (int form = 0; form < ZP_GEMM_N; form++)
+        for (int x = 12; x <= 18; x += 3)
+            for (int y = 0; y <= 2; y += 2) {
+                const double flops = pow(2, x + 1);
+                json_array_append_new(grid, json_pack("{s:s, s:i, s:i, s:f, s:f}", "form",
+                                                      zp_gemm_form_name(form), "log2_mnk", x,
+                                                      "log2_aspect", y, "flops", flops, "time_s",
+                                                      launch + flops / grid_rate(form, x, y)));
+            }
+    for (int pass = 0; pass < 2; pass++)
+        for (int seq = 32; seq <= 64; seq *= 2)
+            for (int hd = 16; hd <= 32; hd *= 2) {
+                const double flops = 4.0 * (1 + pass) * seq * seq * hd * 8;
+                json_array_append_new(attn, json_pack("{s:s, s:i, s:i, s:f, s:f}", "pass",
+                                                      pass ? "backward" : "forward", "seq_len",
+                                                      seq, "head_dim", hd, "flops", flops,
+                                                      "time_s", launch + flops / (1e9 * (pass + 1))));
+            }
+    for (int c = 0; c < ZP_EW_N; c++)
+        for (int i = 1; i <= 3; i++) {
+            const double bytes = 1e5 * i;
+            const double slow = c == ZP_EW_ADD && i == 3 ? add_slowdown : 1;
+            json_array_append_new(ew, json_pack("{s:s, s:f, s:f}", "class", zp_ew_class_name(c),
+                                                "bytes", bytes, "time_s",
+                                                slow * (launch + bytes / ((c + 1) * 1e9))));
+        }
+    return json_pack("{s:s, s:s, s:i, s:f, s:o, s:o, s:o, s:f, s:o, s:o, s:o, s:{s:f, s:f}}",
+                     "format", "zplan-microbench-1", "backend", "cpu", "world", 2,
+                     "host_memory_bytes", 8e9, "gemm", gemm, "memory", memory, "collectives",
+                     coll, "launch_s", launch, "gemm_grid", grid, "attention_grid", attn,
+                     "elementwise", ew, "contention", "gemm_s", 1.0, "gemm_with_collective_s",
+                     1.25);
+}
+
+static gboolean close_to(double a, double b)
+{
+    return fabs(a - b) <= 1e-9 * fabs(b);
+}
+
+/* `zplan calibrate` turns runs into the table that made them: the grids exact at their
+ * points, each class at its rate, launch and contention; the profile loads back to it; a
+ * sample off by half is a warning on stderr naming its class. */
+static void test_calibrated_round_trip(void)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL);
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    json_t *root = synthetic_run(1);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    TuRun r = tu_zplan(args);
+    g_test_message("%s%s", r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_null(strstr(r.err, "op table misses"));
+    tu_free(&r);
+    ZpHw hw;
+    load_hw(prof, &hw);
+    const ZpOpTable *t = &hw.op_costs;
+    g_assert_true(t->present);
+    g_assert_cmpfloat(t->launch_s, ==, 1e-6);
+    g_assert_cmpfloat(t->contention, ==, 1.25);
+    g_assert_true(close_to(t->optimizer_bytes_per_s, 2e9));
+    for (int form = 0; form < ZP_GEMM_N; form++) {
+        const ZpGrid *g = &t->gemm[form];
+        g_assert_cmpint(g->nx, ==, 3);
+        g_assert_cmpint(g->ny, ==, 2);
+        for (int i = 0; i < g->nx; i++)
+            for (int j = 0; j < g->ny; j++)
+                g_assert_true(close_to(zp_grid_at(g, g->x[i], g->y[j]),
+                                       grid_rate(form, g->x[i], g->y[j])));
+    }
+    g_assert_true(t->has_eager_attention);
+    g_assert_true(close_to(zp_grid_at(&t->eager_attention[1], 5, 4), 2e9));
+    for (int c = 0; c < ZP_EW_N; c++)
+        g_assert_true(close_to(t->ew_bytes_per_s[c], (c + 1) * 1e9));
+    /* Written and read again: the same table. */
+    json_t *again = zp_json_load_object(prof, &error);
+    g_assert_no_error(error);
+    json_object_set_new(again, "op_costs", zp_optable_to_json(t));
+    g_assert_true(zp_json_write(again, prof, &error));
+    json_decref(again);
+    ZpHw back;
+    load_hw(prof, &back);
+    g_assert_true(memcmp(&back.op_costs, t, sizeof *t) == 0);
+    /* One residual add 1.5 times slower: over 10% off its class's line, said on stderr. */
+    root = synthetic_run(1.5);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "warning: the op table misses the elementwise class add"));
+    g_assert_null(strstr(r.err, "class norm_fwd"));
+    tu_free(&r);
+    g_unlink(run);
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -269,5 +395,6 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/fallback-reported", test_fallback_reported);
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);
+    g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     return g_test_run();
 }
