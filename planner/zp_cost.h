@@ -60,8 +60,10 @@ typedef struct {
 
 /* Chooses the table when hw has one, the model an architecture and the table covers the
  * plan's attention kernel (eager needs "eager_attention", a fused kernel the profile's
- * "attention" entry); else the roofline, saying why in c->why. Fails only as the roofline
- * would: no peak for the plan's precision, no rate for a fused kernel. */
+ * "attention" entry); else the roofline, saying why in c->why. The table describes the kernels
+ * as the backend that was measured runs them, operand dtypes included, whatever the plan's
+ * precision. Fails only as the roofline would: no peak for the plan's precision, no rate for a
+ * fused kernel. */
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error);
 

@@ -22,7 +22,10 @@
  * the median of repeats: on a device backend each one call on the device clock; on the host
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
- * (`emulated`), the collectives are the device-to-device copies that stand in for them. */
+ * (`emulated`), the collectives are the device-to-device copies that stand in for them. Each
+ * collective also carries its algorithm and bus bandwidth as nccl-tests define them. The op
+ * microbenchmarks of real_opbench follow (its sections), with `model` and `plan` (both NULL,
+ * or both set) also every kernel of that plan's compute ops. */
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                              const ZpModel *model, const ZpPlan *plan, const char *path,
                              GError **error);
