@@ -28,8 +28,10 @@ seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
 
 echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
 printf '%-10s %2s %5s %4s %11s %11s %8s %5s\n' model N stage ckpt predicted_s measured_s error load
+# Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
+# N ranks (they shared the cores as training will) and its collectives from every run.
+runs=""
 for n in $RANKS; do
-    runs=""
     for m in $MODELS; do
         name=$(field "$m" 1)
         # shellcheck disable=SC2046
@@ -37,8 +39,10 @@ for n in $RANKS; do
             --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n.json"
         runs="$runs $out/mb-$name-n$n.json"
     done
+done
+for n in $RANKS; do
     # shellcheck disable=SC2086
-    build/zplan calibrate $runs --name "cpu-n$n" --out "$out/cpu-n$n.json" \
+    build/zplan calibrate $runs --ranks "$n" --name "cpu-n$n" --out "$out/cpu-n$n.json" \
         >"$out/calibrate-n$n.log" 2>&1
     for m in $MODELS; do
         name=$(field "$m" 1) mb=$(field "$m" 2)

@@ -351,7 +351,7 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1 of the %s GEMM fit, the GEMM size whose fixed cost equals its FLOP time", from, device ? "tensor-core" : "")},
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
         {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
-        {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
+        {"gpus_per_node", g_strdup_printf("the ranks the profile describes (%d: --ranks, or the most of any run), every rank on this one machine; compute rates come from the runs with that many ranks, which shared the cores as they will", s->max_world)},
         {"intra_node_bytes_per_s", g_strdup_printf("measured: the all-reduce bus bandwidth of %s as nccl-tests define it (algbw x 2(n-1)/n, algbw = bytes / time; nccl-tests doc/PERFORMANCE.md) at the largest message, %.0f bytes over %d ranks, the median over %s (collective_fit holds the fitted ring model the simulator uses for these collectives)", coll_source, f->busbw_bytes, f->busbw_ranks, runs)},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
         {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure")},
@@ -461,11 +461,12 @@ static gboolean check_loadable(json_t *profile, GError **error)
 
 int cli_calibrate(int argc, char **argv)
 {
-    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL;
+    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL;
     GOptionEntry entries[] = {
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &out, "Write the fitted hwprofile here (required)", "FILE"},
         {"name", 0, 0, G_OPTION_ARG_STRING, &name, "Profile name (default: the file's base name)", "NAME"},
         {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: the device's, or physical memory / ranks)", "BYTES"},
+        {"ranks", 0, 0, G_OPTION_ARG_STRING, &ranks, "The rank count the profile describes: compute rates from the runs with that many ranks, collectives from every run (default: the most of any run)", "N"},
         {"gpu", 0, 0, G_OPTION_ARG_STRING, &gpu, "The device's name for the profile's \"gpu\" (default: CUDA device, or CPU rank)", "NAME"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -507,6 +508,19 @@ int cli_calibrate(int argc, char **argv)
     ok = ok && zp_check_out_path(out, "--out", &error);
     for (int i = 1; ok && i < argc; i++)
         ok = read_run(argv[i], &s, &error);
+    int world = 0;
+    ok = ok && cli_int(ranks, "--ranks", 1, 1 << 20, 0, &world, &error);
+    if (ok && world > 0) {
+        gboolean seen = FALSE;
+        for (guint i = 0; i < s.gemm_world->len; i++)
+            seen = seen || g_array_index(s.gemm_world, int, i) == world;
+        for (guint i = 0; i < s.tc_world->len; i++)
+            seen = seen || g_array_index(s.tc_world, int, i) == world;
+        if (!seen)
+            g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--ranks: no run has %d ranks", world);
+        ok = seen;
+        s.max_world = world;
+    }
     if (ok) {
         keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
         keep_max_world(s.tc_flops, s.tc_s, s.tc_world, s.max_world);
@@ -564,6 +578,6 @@ int cli_calibrate(int argc, char **argv)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);
     g_option_context_free(context);
-    g_free(out), g_free(name), g_free(memory), g_free(gpu);
+    g_free(out), g_free(name), g_free(memory), g_free(gpu), g_free(ranks);
     return status;
 }
