@@ -173,7 +173,8 @@ static double median(GArray *values)
     return gsl_stats_median_from_sorted_data((double *)values->data, 1, values->len);
 }
 
-/* The sorted distinct values of one coordinate of the samples of kind `which`. */
+/* The sorted distinct values of one coordinate of the grid samples (not a model's own) of
+ * kind `which`. */
 static int axis(GArray *samples, int which, gboolean y, double *out, int max)
 {
     int n = 0;
@@ -181,7 +182,7 @@ static int axis(GArray *samples, int which, gboolean y, double *out, int max)
         const Sample *s = &g_array_index(samples, Sample, i);
         const double v = y ? s->y : s->x;
         int at = 0;
-        if (s->which != which)
+        if (s->which != which || s->model)
             continue;
         while (at < n && out[at] < v)
             at++;
@@ -196,8 +197,8 @@ static int axis(GArray *samples, int which, gboolean y, double *out, int max)
 }
 
 /* A grid of the mean rate at each point, net of the launch (work / (t - launch), at most
- * twice the raw rate), so that launch + work / rate gives the measured time back. A point a
- * model's own kernels were timed at takes their mean alone: those are the shapes costed. */
+ * twice the raw rate), so that launch + work / rate gives the measured time back. A grid point
+ * a model's own kernels were timed at takes their mean alone: those are the shapes costed. */
 static gboolean grid(GArray *samples, int which, double launch, const char *what, ZpGrid *g,
                      GError **error)
 {
@@ -218,10 +219,12 @@ static gboolean grid(GArray *samples, int which, double launch, const char *what
             int i = 0, j = 0;
             if (s->which != which || s->model != pass)
                 continue;
-            while (g->x[i] != s->x)
+            while (i < g->nx && g->x[i] != s->x)
                 i++;
-            while (g->y[j] != s->y)
+            while (j < g->ny && g->y[j] != s->y)
                 j++;
+            if (i == g->nx || j == g->ny) /* a model's kernel off the grid: only checked */
+                continue;
             if (model[i][j] && !pass)
                 continue;
             model[i][j] = pass;
