@@ -28,6 +28,7 @@ typedef struct {
     size_t elems;
     int batch, seq, heads, kv_heads, head_dim;
     gboolean rms, swiglu, fused, backward;
+    RealActivation act; /* the MLP's (gated: of its gate; plain: GELU's form) */
 } Bench;
 
 /* ---- buffers ---- */
@@ -241,7 +242,6 @@ static gboolean bench_attention_grid(Bench *x, int s_lo, int s_hi, json_t *out, 
 
 static gboolean run_ew(void *p, GError **error)
 {
-    (void)error;
     Bench *x = p;
     RealBackend *be = x->be;
     float **f = x->f;
@@ -262,13 +262,17 @@ static gboolean run_ew(void *p, GError **error)
         break;
     case ZP_EW_ACT_FWD:
         if (x->swiglu)
-            be->swiglu_fwd(be, f[1], f[0], r, c);
+            be->glu_fwd(be, f[1], f[0], r, c, x->act);
+        else if (x->act == REAL_ACT_GELU_ERF)
+            be->gelu_erf_fwd(be, f[1], f[0], x->elems);
         else
             be->gelu_fwd(be, f[1], f[0], x->elems);
         break;
     case ZP_EW_ACT_BWD:
         if (x->swiglu)
-            be->swiglu_bwd(be, f[2], f[1], f[0], r, c);
+            be->glu_bwd(be, f[2], f[1], f[0], r, c, x->act);
+        else if (x->act == REAL_ACT_GELU_ERF)
+            be->gelu_erf_bwd(be, f[2], f[1], f[0], x->elems);
         else
             be->gelu_bwd(be, f[2], f[1], f[0], x->elems);
         break;
@@ -281,9 +285,15 @@ static gboolean run_ew(void *p, GError **error)
     case ZP_EW_BIAS_BWD:
         be->bias_bwd(be, f[3], f[0], r, c);
         break;
-    case ZP_EW_ROPE:
-        be->rope(be, f[0], 1, r, x->heads, x->kv_heads, x->head_dim, 10000.0f, false);
+    case ZP_EW_ROPE: {
+        /* Every dimension turned, unscaled: a rescaling changes the angles, not the work. */
+        const RealRope rope = {.theta = 10000.0f, .rot_dim = x->head_dim};
+        if (!be->rope(be, f[0], 1, r, x->heads, x->kv_heads, x->head_dim, &rope, false)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "rope: the backend failed");
+            return FALSE;
+        }
         break;
+    }
     case ZP_EW_CONVERT:
         be->round_bf16(be, f[1], x->elems);
         break;
@@ -349,7 +359,7 @@ static gboolean bench_ew_classes(Bench *x, int lo, int hi, int cols, json_t *out
     for (int c = 0; c < ZP_EW_N; c++)
         for (int e = lo; e <= hi; e += 2) {
             if ((c == ZP_EW_ROPE && !x->be->rope) || (x->rms && !x->be->rmsnorm_fwd) ||
-                (x->swiglu && !x->be->swiglu_fwd))
+                (x->swiglu && !x->be->glu_fwd))
                 continue;
             double bytes, t;
             /* The loss and the embedding need a vocabulary: rows of cols over cols tokens. */
@@ -444,6 +454,14 @@ static gboolean bench_contention(Bench *x, json_t *root, GError **error)
 
 /* ---- a plan's own kernels ---- */
 
+/* The MLP's activation as real_gpt picks it: SiLU for SwiGLU, else GELU, exact or tanh. */
+static RealActivation mlp_activation(const ZpModel *model)
+{
+    return model->mlp == ZP_MLP_SWIGLU ? REAL_ACT_SILU
+           : model->exact_gelu         ? REAL_ACT_GELU_ERF
+                                       : REAL_ACT_GELU_TANH;
+}
+
 static gboolean time_kernel(Bench *x, const ZpKernel *k, double *t, GError **error)
 {
     if (k->kind == ZP_KERNEL_GEMM)
@@ -476,6 +494,7 @@ static gboolean bench_ops(Bench *x, const ZpModel *model, const ZpPlan *plan, js
             x->head_dim = (int)zp_model_head_dim(model);
             x->rms = model->norm == ZP_NORM_RMSNORM;
             x->swiglu = zp_model_gated(model);
+            x->act = mlp_activation(model);
             x->fused = zp_attention_fused(plan->attention);
             x->m = (int)model->hidden; /* the row width of the block's row kernels */
             x->cols = (int)(model->vocab / plan->mp);
@@ -532,6 +551,7 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     x.heads = x.kv_heads = 4, x.head_dim = 64;
     x.rms = model && model->norm == ZP_NORM_RMSNORM;
     x.swiglu = model && zp_model_gated(model);
+    x.act = model ? mlp_activation(model) : REAL_ACT_GELU_TANH;
     ok = ok && bench_ew_classes(&x, device ? 16 : 12, device ? 26 : 20, 256, ew, error) &&
          bench_contention(&x, root, error);
     if (ok && model)

@@ -1,5 +1,5 @@
 build2/obj/real/real_comm_mpi.o: real/real_comm_mpi.c real/real_comm.h \
- real/real_backend.h real/real_alloc.h real/real_bf16.h \
+ real/real_backend.h real/real_alloc.h real/real_bf16.h real/real_rope.h \
  /usr/include/glib-2.0/glib.h /usr/include/glib-2.0/glib/galloca.h \
  /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
@@ -76,6 +76,7 @@ real/real_comm.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:
 /usr/include/glib-2.0/glib/gtypes.h:

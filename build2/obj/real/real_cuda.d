@@ -55,6 +55,7 @@ build2/obj/real/real_cuda.o : real/real_cuda.cu \
     real/real_backend.h \
     real/real_alloc.h \
     real/real_bf16.h \
+    real/real_rope.h \
     real/real_cuda.h \
     /usr/local/cuda/bin/../targets/x86_64-linux/include/cublas_v2.h \
     /usr/local/cuda/bin/../targets/x86_64-linux/include/cublas_api.h \
@@ -178,6 +179,8 @@ real/real_backend.h:
 real/real_alloc.h:
 
 real/real_bf16.h:
+
+real/real_rope.h:
 
 real/real_cuda.h:
 

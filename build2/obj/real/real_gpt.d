@@ -1,5 +1,5 @@
 build2/obj/real/real_gpt.o: real/real_gpt.c real/real_gpt.h \
- real/real_backend.h real/real_alloc.h real/real_bf16.h \
+ real/real_backend.h real/real_alloc.h real/real_bf16.h real/real_rope.h \
  /usr/include/glib-2.0/glib.h /usr/include/glib-2.0/glib/galloca.h \
  /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
@@ -74,6 +74,7 @@ real/real_gpt.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:
 /usr/include/glib-2.0/glib/gtypes.h:

@@ -1,7 +1,7 @@
 build2/obj/real/real_opbench.o: real/real_opbench.c real/real_opbench.h \
- real/real_backend.h real/real_alloc.h real/real_bf16.h real/real_comm.h \
- /usr/include/glib-2.0/glib.h /usr/include/glib-2.0/glib/galloca.h \
- /usr/include/glib-2.0/glib/gtypes.h \
+ real/real_backend.h real/real_alloc.h real/real_bf16.h real/real_rope.h \
+ real/real_comm.h /usr/include/glib-2.0/glib.h \
+ /usr/include/glib-2.0/glib/galloca.h /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
  /usr/include/glib-2.0/glib/gmacros.h \
  /usr/include/glib-2.0/glib/gversionmacros.h \
@@ -77,6 +77,7 @@ real/real_opbench.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 real/real_comm.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:

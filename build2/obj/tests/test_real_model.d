@@ -1,7 +1,8 @@
 build2/obj/tests/test_real_model.o: tests/test_real_model.c \
  real/real_alloc.h real/real_cpu.h real/real_backend.h real/real_alloc.h \
- real/real_bf16.h real/real_data.h /usr/include/glib-2.0/glib.h \
- /usr/include/glib-2.0/glib/galloca.h /usr/include/glib-2.0/glib/gtypes.h \
+ real/real_bf16.h real/real_rope.h real/real_data.h \
+ /usr/include/glib-2.0/glib.h /usr/include/glib-2.0/glib/galloca.h \
+ /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
  /usr/include/glib-2.0/glib/gmacros.h \
  /usr/include/glib-2.0/glib/gversionmacros.h \
@@ -78,6 +79,7 @@ real/real_cpu.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 real/real_data.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:

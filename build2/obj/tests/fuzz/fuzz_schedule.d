@@ -1,6 +1,6 @@
 build2/obj/tests/fuzz/fuzz_schedule.o: tests/fuzz/fuzz_schedule.c \
  tests/fuzz/fuzz.h real/real_comm.h real/real_backend.h real/real_alloc.h \
- real/real_bf16.h /usr/include/glib-2.0/glib.h \
+ real/real_bf16.h real/real_rope.h /usr/include/glib-2.0/glib.h \
  /usr/include/glib-2.0/glib/galloca.h /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
  /usr/include/glib-2.0/glib/gmacros.h \
@@ -78,6 +78,7 @@ real/real_comm.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:
 /usr/include/glib-2.0/glib/gtypes.h:

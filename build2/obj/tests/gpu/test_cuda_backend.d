@@ -1,6 +1,6 @@
 build2/obj/tests/gpu/test_cuda_backend.o: tests/gpu/test_cuda_backend.c \
  real/real_cpu.h real/real_backend.h real/real_alloc.h real/real_bf16.h \
- real/real_cuda.h /usr/include/glib-2.0/glib.h \
+ real/real_rope.h real/real_cuda.h /usr/include/glib-2.0/glib.h \
  /usr/include/glib-2.0/glib/galloca.h /usr/include/glib-2.0/glib/gtypes.h \
  /usr/lib/x86_64-linux-gnu/glib-2.0/include/glibconfig.h \
  /usr/include/glib-2.0/glib/gmacros.h \
@@ -74,6 +74,7 @@ real/real_cpu.h:
 real/real_backend.h:
 real/real_alloc.h:
 real/real_bf16.h:
+real/real_rope.h:
 real/real_cuda.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:
