@@ -6,6 +6,8 @@
 #include "sim_engine.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -21,9 +23,12 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
-    gboolean json;
+    gboolean json, three_d;
     char *ds_config;
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
+    ZpZeroConfig offload;  /* --offload-optimizer/--offload-param: searched with these only */
+    gboolean offload_given;
+    char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
 } PlanArgs;
 
 static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
@@ -77,10 +82,19 @@ double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
 static char *describe(const ZpCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    return g_strdup_printf("mp %d x dp %d, micro %d x accum %d, %s, %s, %s", p->mp, p->dp,
-                           p->micro_batch, p->grad_accum, p->checkpoint ? "ckpt" : "no ckpt",
-                           p->zero.overlap_comm ? "overlap" : "no overlap",
-                           zp_search_buckets_name(c->buckets));
+    char *pipe = zp_plan_pp(p) > 1 ? g_strdup_printf(" x pp %d (%s%s)", zp_plan_pp(p),
+                                                     zp_pipe_schedule_name(p->pipe.schedule),
+                                                     zp_plan_vstages(p) == 2   ? " v2"
+                                                     : zp_plan_vstages(p) == 4 ? " v4"
+                                                                               : "")
+                                   : g_strdup("");
+    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s", p->mp,
+                                 pipe, p->dp, p->micro_batch, p->grad_accum,
+                                 p->checkpoint ? "ckpt" : "no ckpt",
+                                 p->zero.overlap_comm ? "overlap" : "no overlap",
+                                 zp_search_buckets_name(c->buckets));
+    g_free(pipe);
+    return text;
 }
 
 static double needed_bytes(const ZpCandidate *c)
@@ -201,22 +215,30 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
-    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s\n", "#",
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s\n", "#",
            "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
-           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB");
+           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB",
+           a->three_d ? "  pipeline" : "");
     for (guint i = 0; i < r->ranked->len; i++) {
         const ZpCandidate *c = zp_search_ranked(r, i);
         const ZpPlan *p = &c->plan;
         const double tflops = cli_plan_tflops(&a->model, c);
         const double samples_per_s = zp_search_samples(p) / c->step_time_s;
         const double tokens_per_s = samples_per_s * (double)a->model.seq_len;
+        char *pipe = !a->three_d ? g_strdup("")
+                     : zp_plan_pp(p) > 1
+                         ? g_strdup_printf("  pp %d %s v%d", zp_plan_pp(p),
+                                           zp_pipe_schedule_name(p->pipe.schedule),
+                                           zp_plan_vstages(p))
+                         : g_strdup("  none");
         printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
-               "%8.2f\n",
+               "%8.2f%s\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
                p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
                zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
                tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
-               c->peak_memory_bytes / GB);
+               c->peak_memory_bytes / GB, pipe);
+        g_free(pipe);
     }
     printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments):\n");
     printf("  %2s", "#");
@@ -252,7 +274,13 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
             printf("  %5d %-60s %9.3f %16s  %s\n", stage, what, c->step_time_s, vs, verdict);
             g_free(vs);
             g_free(what);
-        } else { /* every stage is searched, so a stage without a fit has a closest plan */
+        } else if (stage_closest(r, stage) < 0) { /* offload leaves the stage out */
+            printf("  %5d not searched: %s offload needs stage %d or above\n", stage,
+                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE
+                       ? "parameter"
+                       : "optimizer",
+                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE ? 3 : 1);
+        } else { /* a stage searched without a fit has a closest plan */
             const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
             char *what = describe(c);
             printf("  %5d out of memory: the closest plan needs %.1f GB more than %.1f GB\n"
@@ -263,6 +291,18 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
             g_free(what);
         }
         g_free(verdict);
+    }
+    for (int ckpt = 0; a->three_d && ckpt < 2; ckpt++) {
+        const int b = r->pipe_best[ckpt];
+        if (b < 0)
+            continue;
+        const ZpCandidate *c = zp_search_candidate(r, b);
+        char *what = describe(c);
+        char *vs = c == best ? g_strdup("#1") : relative(slowdown(c, best));
+        printf("  %5s %-60s %9.3f %16s  %s\n", ckpt ? "3D+ck" : "3D", what, c->step_time_s, vs,
+               "(stage 1 or 0 with pipeline stages)");
+        g_free(vs);
+        g_free(what);
     }
     if (best)
         printf("  Plans that fit but were not simulated could not beat these: their lower "
@@ -300,6 +340,11 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                           zp_search_buckets_name(c->buckets), "fate",
                           zp_search_fate_name(c->fate), "screen_memory_bytes", c->memory_bytes,
                           "bound_step_time_s", c->bound_step_s);
+    if (zp_plan_pp(p) > 1)
+        json_object_set_new(o, "pipeline",
+                            json_pack("{s:i, s:i, s:s}", "stages", zp_plan_pp(p),
+                                      "virtual_stages", zp_plan_vstages(p), "schedule",
+                                      zp_pipe_schedule_name(p->pipe.schedule)));
     if (c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM) {
         const double tflops = cli_plan_tflops(&a->model, c);
         json_object_set_new(o, "step_time_s", json_real(c->step_time_s));
@@ -325,6 +370,10 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
         json_object_set_new(breakdown, "reserve", json_real(a->hw.runtime_reserve_bytes));
         json_object_set_new(o, "memory_breakdown_bytes", breakdown);
     }
+    json_object_set_new(o, "offload_optimizer",
+                        json_string(zp_offload_device_name(p->zero.offload_optimizer.device)));
+    json_object_set_new(o, "offload_param",
+                        json_string(zp_offload_device_name(p->zero.offload_param.device)));
     json_object_set_new(o, "plan", zp_plan_to_json(p));
     return o;
 }
@@ -373,6 +422,8 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
     json_object_set_new(root, "closest_over_memory",
                         r->ranked->len ? json_null() : maybe_candidate(a, r, r->closest));
     GError *error = NULL;
+    if (a->offload_note) /* what offloading costs plan 1, when nothing fit without it */
+        json_object_set_new(root, "offload_note", json_string(a->offload_note));
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
@@ -395,6 +446,8 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
         status = print_json(a, r, sims);
     } else if (ok) {
         print_verdict(a, r);
+        if (a->offload_note)
+            printf("%s\n", a->offload_note);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -492,11 +545,115 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
     return TRUE;
 }
 
+static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice param,
+                       ZpSearchResult *result, GError **error)
+{
+    ZpSearchSpec spec;
+    CliRankContext rank;
+    cli_search_spec(&spec, &rank, &a->model, &a->hw, a->gpus);
+    spec.global_batch = a->global_batch;
+    spec.mp = a->mp;
+    spec.top_k = a->top_k;
+    spec.precision = a->precision;
+    spec.optimizer = a->optimizer;
+    spec.attention = a->kernels.attention;
+    spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.three_d = a->three_d;
+    spec.offload_optimizer = optimizer;
+    spec.offload_param = param;
+    CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
+    spec.progress = cli_progress_update;
+    spec.progress_ctx = progress;
+    const gboolean searched = zp_search_run(&spec, result, error);
+    cli_progress_free(progress);
+    return searched;
+}
+
+/* What offloading costs plan 1: the same plan with everything on the GPU, simulated (it
+ * does not fit, so its time is what the GPU would take if it had the memory). */
+static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **error)
+{
+    const ZpCandidate *best = zp_search_ranked(r, 0);
+    ZpPlan plain = best->plan;
+    zp_offload_defaults(&plain.zero.offload_optimizer, FALSE);
+    zp_offload_defaults(&plain.zero.offload_param, TRUE);
+    SimResult *sim = simulate(&a->model, &a->hw, &plain, error);
+    if (!sim)
+        return NULL;
+    ZpTiers t;
+    zp_offload_tiers(&a->model, &best->plan, &a->hw, &t);
+    char *note = g_strdup_printf(
+        "Nothing fits on the GPUs alone: plan 1 offloads the optimizer to %s and the parameters "
+        "to %s (host memory %.1f GB and NVMe %.1f GB per node).\nIts step takes %.3f s, %.1f%% "
+        "longer than the same plan with everything on the GPU (%.3f s), which would need "
+        "%.1f GB more per GPU than %s has.",
+        zp_offload_device_name(best->plan.zero.offload_optimizer.device),
+        best->plan.zero.offload_param.device == ZP_OFFLOAD_NONE
+            ? "none (they stay on the GPU)"
+            : zp_offload_device_name(best->plan.zero.offload_param.device),
+        t.cpu_node_bytes / GB,
+        t.nvme_node_bytes / GB, best->step_time_s,
+        100.0 * (best->step_time_s / sim->step_time_s - 1.0), sim->step_time_s,
+        (sim->peak_memory_bytes + a->hw.runtime_reserve_bytes - a->hw.gpu_memory_bytes) / GB,
+        a->hw.name);
+    sim_result_free(sim);
+    return note;
+}
+
+/* The search: with the offload flags, that offload only; without, everything on the GPUs,
+ * and when nothing fits, optimizer offload to the host, then parameters too, then both to
+ * NVMe, until something fits (ZeRO-Offload, then ZeRO-Infinity). */
+static gboolean search_with_offload(PlanArgs *a, ZpSearchResult *result, GError **error)
+{
+    if (a->offload_given)
+        return search(a, a->offload.offload_optimizer.device, a->offload.offload_param.device,
+                      result, error);
+    static const ZpOffloadDevice levels[][2] = {
+        {ZP_OFFLOAD_NONE, ZP_OFFLOAD_NONE},
+        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
+        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU},
+        {ZP_OFFLOAD_NVME, ZP_OFFLOAD_NVME},
+    };
+    ZpSearchResult plain;
+    if (!search(a, levels[0][0], levels[0][1], &plain, error))
+        return FALSE;
+    if (plain.ranked->len > 0 || a->hw.cpu_adam_bytes_per_s_per_core <= 0) {
+        *result = plain;
+        return TRUE;
+    }
+    for (size_t i = 1; i < G_N_ELEMENTS(levels); i++) {
+        if (!search(a, levels[i][0], levels[i][1], result, error)) {
+            zp_search_result_clear(&plain);
+            return FALSE;
+        }
+        if (result->ranked->len > 0) {
+            zp_search_result_clear(&plain);
+            return (a->offload_note = offload_cost(a, result, error)) != NULL;
+        }
+        if (i + 1 < G_N_ELEMENTS(levels))
+            zp_search_result_clear(result);
+    }
+    /* Nothing fits even with NVMe: report the search without offload. */
+    zp_search_result_clear(result);
+    *result = plain;
+    return TRUE;
+}
+
+/* The offload flags: the search then keeps to that offload. */
+static gboolean plan_offload(PlanArgs *a, const char *opt, const char *param, const char *path,
+                             GError **error)
+{
+    a->offload_given = opt || param;
+    zp_zero_config_defaults(&a->offload, 3);
+    return cli_offload(opt, param, path, &a->offload, error);
+}
+
 int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL, *room = NULL;
+    char *reduce = NULL, *room = NULL, *offload_opt = NULL, *offload_param = NULL;
+    char *nvme_path = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -513,6 +670,8 @@ int cli_plan(int argc, char **argv)
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
+        CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -522,7 +681,10 @@ int cli_plan(int argc, char **argv)
         "tensor-parallel degree, overlap_comm and bucket sizes; drops what cannot fit (closed\n"
         "form) or cannot win (a lower bound on the step), ranks the rest by simulating one step,\n"
         "and shows why the best plan of every other stage lost. Opens with whether plan 1 fits\n"
-        "and its headroom; tokens/s = samples/s x sequence. Exit status 2: nothing fits.");
+        "and its headroom; tokens/s = samples/s x sequence. When nothing fits on the GPUs\n"
+        "alone it tries optimizer offload to the host, then parameter offload, then NVMe,\n"
+        "and says what the offload costs (--offload-* search that offload only).\n"
+        "Exit status 2: nothing fits.");
     GError *error = NULL;
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
@@ -530,29 +692,18 @@ int cli_plan(int argc, char **argv)
                     attention, reduce, room, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
+    } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
+        status = cli_fail("plan", error);
     } else {
-        ZpSearchSpec spec;
-        CliRankContext rank;
-        cli_search_spec(&spec, &rank, &a.model, &a.hw, a.gpus);
-        spec.global_batch = a.global_batch;
-        spec.mp = a.mp;
-        spec.top_k = a.top_k;
-        spec.precision = a.precision;
-        spec.optimizer = a.optimizer;
-        spec.attention = a.kernels.attention;
-        spec.reduce_dtype = a.kernels.reduce_dtype;
-        ZpSearchResult result;
-        CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
-        spec.progress = cli_progress_update;
-        spec.progress_ctx = progress;
-        const gboolean searched = zp_search_run(&spec, &result, &error);
-        cli_progress_free(progress);
+        ZpSearchResult result = {0};
+        const gboolean searched = search_with_offload(&a, &result, &error);
         status = searched ? report(&a, &result) : cli_fail("plan", error);
         zp_search_result_clear(&result);
     }
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
-    g_free(attention), g_free(reduce), g_free(room);
+    g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt);
+    g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     return status;
 }

@@ -1,11 +1,14 @@
 /* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
  * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
 #include "cli.h"
+#include "cli_pipe.h"
 #include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
 #include "zp_dsconfig.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -21,8 +24,10 @@ typedef struct {
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
+    char *offload_optimizer, *offload_param, *nvme_path;
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
+    CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -99,6 +104,14 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
         {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
         {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
+        {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE},
+        {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE},
+        {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
+        {"--partition-method", f->pipe.partition != NULL, FROM_BOTH},
+        {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE},
+        {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH},
+        {"--offload-param", f->offload_param != NULL, FROM_BOTH},
+        {"--nvme-path", f->nvme_path != NULL, FROM_BOTH},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -117,14 +130,16 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!refuse_plan_flags(f, FROM_DS_CONFIG,
                            "the plan comes from --ds-config; set it in the file instead", error))
         return FALSE;
-    int gpus = 0, mp = 1;
+    int gpus = 0, mp = 1, pp = 1;
     ZpPlan launch;
     if (!(required(f->gpus, "--gpus N", error) &&
           cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
-          cli_check_mp(mp, gpus, model, error)))
+          cli_check_mp(mp, gpus, model, error) && cli_pipe_stages(&f->pipe, gpus, mp, &pp, error)))
         return FALSE;
-    zp_plan_defaults(&launch, 0, gpus / mp, mp);
+    zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
+        return FALSE;
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
                                  &launch.optimizer, error))
         return FALSE;
@@ -152,7 +167,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
 {
     if (f->ds_config) {
         if (!ds_config_plan(f, model, hw, plan, error) ||
-            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
+                          error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
@@ -160,7 +176,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         }
         return TRUE;
     }
-    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1;
+    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1, pp = 1;
     ZpPrecision precision;
     ZpOptimizer optimizer;
     if (!(required(f->gpus, "--gpus N", error) &&
@@ -172,20 +188,24 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
           cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
           cli_check_mp(mp, gpus, model, error) &&
+          cli_pipe_stages(&f->pipe, gpus, mp, &pp, error) &&
           cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
         return FALSE;
     if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
         return FALSE;
     }
-    zp_plan_defaults(plan, stage, gpus / mp, mp);
+    zp_plan_defaults(plan, stage, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, plan, error))
+        return FALSE;
     plan->micro_batch = micro_batch;
     plan->grad_accum = grad_accum;
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
     return cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
-           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
+           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
+           cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error);
 }
 
 /* ---- output ---- */
@@ -200,6 +220,8 @@ typedef struct {
     const SimOptions *options;
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
 } Report;
+
+static void print_tiers(const Report *p);
 
 static double samples_per_s(const Report *p)
 {
@@ -223,11 +245,14 @@ static double bytes_over(const Report *p)
 static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
-    const uint32_t base = (r->mode == SIM_MODE_EXPLICIT ? (uint32_t)r->report_rank : 0) * r->n_ops;
+    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    /* The reported rank's pipeline stage (ranks tp-fastest, then stage). */
+    const int mp = r->mode == SIM_MODE_EXPLICIT ? p->plan->mp : 1;
+    const uint32_t stage = (uint32_t)((r->report_rank / mp) % MAX(r->stages, 1));
     double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(p->sched, i);
-        if (op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE)
+        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
             continue;
         const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
         seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
@@ -247,7 +272,7 @@ static int print_json(const Report *p)
     const SimResult *r = p->r;
     json_t *root = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f,"
-        " s:{s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
+        " s:{s:f, s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
         " s:i, s:i, s:s, s:I, s:I}",
         "model", p->model->name, "cluster", p->hw->name, "stage", p->plan->zero.stage,
         "gpus", p->sched->world, "dp", p->plan->dp, "mp", p->plan->mp, "micro_batch",
@@ -255,7 +280,8 @@ static int print_json(const Report *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
+        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
+        r->comm_bytes[ZP_GROUP_PP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
         bytes_over(p) <= 0, "breakdown", "compute_s",
@@ -280,6 +306,7 @@ static int print_json(const Report *p)
     json_object_set_new(root, "slow_ranks", slow[0]);
     json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
+    cli_pipe_json(root, p->plan, r);
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -296,12 +323,22 @@ static void print_breakdown(const Report *p)
         {"compute", r->compute_s},
         {"exposed communication", r->exposed_comm_s},
         {"optimizer", r->optimizer_s},
+        {"CPU optimizer", r->cpu_optimizer_s},
+        {"offload transfer", r->offload_transfer_s},
         {"idle", r->idle_s},
     };
     printf("\n  breakdown of the step (rank %d)   seconds    share\n", r->report_rank);
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
-        printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
-               100.0 * rows[i].seconds / r->step_time_s);
+        if (i < 3 || i == G_N_ELEMENTS(rows) - 1 || zp_offload_any(p->plan))
+            printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
+                   100.0 * rows[i].seconds / r->step_time_s);
+    if (zp_offload_any(p->plan))
+        printf("  host link %.4f s busy (%.3f GB down, %.3f GB up), NVMe %.4f s busy (%.3f GB "
+               "read, %.3f GB written), CPU Adam %.4f s\n",
+               r->stream_busy_s[ZP_STREAM_HOST], r->offload_bytes[ZP_XFER_D2H] / GB,
+               r->offload_bytes[ZP_XFER_H2D] / GB, r->stream_busy_s[ZP_STREAM_NVME],
+               r->offload_bytes[ZP_XFER_NVME_READ] / GB, r->offload_bytes[ZP_XFER_NVME_WRITE] / GB,
+               r->stream_busy_s[ZP_STREAM_CPU]);
     printf("  streams busy: compute %.4f s, dp-comm %.4f s, tp-comm %.4f s\n",
            r->stream_busy_s[ZP_STREAM_COMPUTE], r->stream_busy_s[ZP_STREAM_DP],
            r->stream_busy_s[ZP_STREAM_TP]);
@@ -378,22 +415,32 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
+    char *pipe_text = zp_plan_pp(plan) > 1
+                          ? g_strdup_printf(" x PP %d (%s, %d chunk(s) a stage, %s partition)",
+                                            zp_plan_pp(plan),
+                                            zp_pipe_schedule_name(plan->pipe.schedule),
+                                            zp_plan_vstages(plan),
+                                            zp_partition_name(plan->pipe.partition))
+                          : g_strdup("");
     if (p->schedule_path)
         printf("Simulated the schedule %s (%u ops a rank, %s) on %d x %s (%s): DP %d x MP %d.\n",
                p->schedule_path, p->sched->ops->len, zp_precision_name(plan->precision),
                p->sched->world, p->hw->gpu, p->hw->name, plan->dp, plan->mp);
     else
-        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d%s%s, "
                "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
                p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage,
-               plan->dp, plan->mp, plan->micro_batch, plan->grad_accum,
+               plan->dp, plan->mp, pipe_text, plan->sequence_parallel ? " (sequence parallel)" : "",
+               plan->micro_batch, plan->grad_accum,
                zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
                plan->zero.overlap_comm ? "on" : "off",
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    g_free(pipe_text);
+    cli_pipe_print_placement(plan, p->hw);
     printf("Compute costed by: %s.\n", r->cost_model);
     if (r->mode == SIM_MODE_FOLDED)
-        printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
-               "schedule and its groups are placed alike).\n\n",
+        printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
+               "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",
                r->world);
     else
         printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
@@ -416,9 +463,13 @@ static void print_human(const Report *p)
            100.0 * flops_per_gpu(p) / p->peak_flops, p->peak_flops / 1e12,
            zp_precision_name(plan->precision));
     print_breakdown(p);
-    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
-           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
+           "%.3f GB pipeline\n",
+           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB,
+           r->comm_bytes[ZP_GROUP_PP] / GB);
     print_memory(p);
+    cli_pipe_print_stages(r);
+    print_tiers(p);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",
            r->op_events, r->ranks_simulated, r->heap_events);
@@ -430,7 +481,7 @@ static void print_human(const Report *p)
 static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpHw *hw,
                            SimOptions *options, GError **error)
 {
-    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp;
+    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp * (uint32_t)zp_plan_pp(plan);
     const struct {
         char **texts;
         const char *flag, *what;
@@ -476,6 +527,37 @@ static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
     return sched;
 }
 
+/* The schedule's host memory and NVMe per node against the profile (ranks of a node hold
+ * the same): the error names the tier that overflows. */
+static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError **error)
+{
+    ZpTiers t = {0};
+    t.ranks_per_node = MIN(hw->gpus_per_node, sched->world);
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        t.cpu_node_bytes += t.ranks_per_node * sched->host_bytes[c];
+        t.nvme_node_bytes += t.ranks_per_node * sched->nvme_bytes[c];
+    }
+    return zp_offload_fit(&t, 0, hw, error);
+}
+
+/* Where offload puts the model states: per rank and per node. */
+static void print_tiers(const Report *p)
+{
+    if (!zp_offload_any(p->plan))
+        return;
+    const ZpSchedule *s = p->sched;
+    const int per_node = MIN(p->hw->gpus_per_node, s->world);
+    double host = 0, nvme = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        host += s->host_bytes[c], nvme += s->nvme_bytes[c];
+    printf("  offload: optimizer %s, parameters %s; host memory %.3f GB per rank, %.1f GB per "
+           "node of %.1f GB; NVMe %.3f GB per rank, %.1f GB per node of %.1f GB\n",
+           zp_offload_device_name(p->plan->zero.offload_optimizer.device),
+           zp_offload_device_name(p->plan->zero.offload_param.device), host / GB,
+           per_node * host / GB, p->hw->cpu_memory_bytes / GB, nvme / GB, per_node * nvme / GB,
+           p->hw->nvme_bytes / GB);
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -504,6 +586,12 @@ static int simulate(const SimulateFlags *f)
     }
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
+    if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
+        zp_sched_free(sched);
+        fprintf(stderr, "zplan simulate: %s\n", error->message);
+        g_error_free(error);
+        return CLI_EXIT_DOES_NOT_FIT;
+    }
     char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",
                                  f->explicit_ranks ? sched->world : 1, sched->ops->len);
     CliProgress *progress = cli_progress_new(what);
@@ -547,15 +635,15 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[36])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
-        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP (required)", "N"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP x PP (required)", "N"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
-        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
@@ -572,9 +660,11 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        CLI_PIPE_ENTRIES(&f->pipe),
+        CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 24);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 36);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -584,11 +674,13 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->schedule};
+                      &f->attention, &f->reduce_dtype, &f->schedule, &f->offload_optimizer,
+                      &f->offload_param, &f->nvme_path};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
     g_strfreev(f->slow_links);
+    cli_pipe_free(&f->pipe);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -596,7 +688,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[24];
+    GOptionEntry entries[36];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);
@@ -650,12 +742,13 @@ static int schedule(const SimulateFlags *f)
         zp_sched_free(sched);
         return cli_fail("schedule", error);
     }
-    int counts[4] = {0};
+    int counts[ZP_OP_TRANSFER + 1] = {0};
     for (guint i = 0; i < sched->ops->len; i++)
         counts[zp_sched_op(sched, i)->kind]++;
-    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free) for each of %d ranks\n",
+    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free, %d transfer) for "
+           "each of %d ranks\n",
            f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
-           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], sched->world);
+           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], counts[ZP_OP_TRANSFER], sched->world);
     zp_sched_free(sched);
     return 0;
 }

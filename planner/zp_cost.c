@@ -216,6 +216,7 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
         embed(out, &d, TRUE);
         break;
     case ZP_COMP_OPTIMIZER:
+    case ZP_COMP_CPU_OPTIMIZER:
     case ZP_COMP_N:
         break;
     }

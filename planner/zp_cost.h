@@ -35,7 +35,8 @@ typedef struct {
     ZpKernel k[ZP_COST_MAX_KERNELS];
 } ZpKernels;
 
-/* The kernels of one compute op of `kind` (not the optimizer, whose work is its op's bytes)
+/* The kernels of one compute op of `kind` (none for the optimizers, whose work is their op's
+ * bytes, on the GPU or, offloaded, on the host: zp_offload costs that one)
  * for the model (with an architecture) and plan, in the order real_gpt.c issues them:
  * a block forward saves its activations unless the plan checkpoints (the recompute always
  * does); widths split by the tensor degree mp as Megatron splits them. */

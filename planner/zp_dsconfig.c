@@ -1,6 +1,8 @@
 /* zp_dsconfig: one table per ds_config section says what each key DeepSpeed knows becomes in a
  * ZpPlan (or that it is not modeled); the reader and the writer both walk these tables. */
 #include "zp_dsconfig.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -41,7 +43,7 @@ static const KeySpec top_keys[] = {
     OWN("train_batch_size"), OWN("train_micro_batch_size_per_gpu"),
     OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
     OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
-    OWN("attention_kernel"), OWN("tensor_parallel"),
+    OWN("attention_kernel"), OWN("tensor_parallel"), OWN("pipeline"),
     IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
@@ -49,7 +51,7 @@ static const KeySpec top_keys[] = {
     IGNORED("zero_force_ds_cpu_optimizer"), IGNORED("amp"), IGNORED("dump_state"),
     IGNORED("tensorboard"), IGNORED("wandb"), IGNORED("csv_monitor"), IGNORED("comet"),
     IGNORED("flops_profiler"), IGNORED("autotuning"), IGNORED("elasticity"),
-    IGNORED("pipeline"), IGNORED("data_types"),
+    IGNORED("data_types"),
     IGNORED("seq_parallel_communication_data_type"), IGNORED("disable_allgather"),
     IGNORED("dataloader_drop_last"), IGNORED("aio"), IGNORED("checkpoint"),
     IGNORED("data_efficiency"), IGNORED("curriculum_learning"),
@@ -78,7 +80,7 @@ static const KeySpec zero_keys[] = {
     SIZE_ALIAS("max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
     SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
     OWN("allgather_partitions"), OWN("sub_group_size"),
-    IGNORED("offload_param"), IGNORED("offload_optimizer"), IGNORED("cpu_offload"),
+    OWN("offload_param"), OWN("offload_optimizer"), IGNORED("cpu_offload"),
     IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),
     IGNORED("load_from_fp32_weights"), IGNORED("elastic_checkpoint"),
     IGNORED("stage3_gather_16bit_weights_on_model_save"),
@@ -102,6 +104,16 @@ static const KeySpec zero_keys[] = {
 static const KeySpec tensor_parallel_keys[] = {
     OWN("autotp_size"), IGNORED("tp_overlap_comm"), IGNORED("partition_config"),
     IGNORED("injection_policy_tuple"), IGNORED("keep_module_on_host"),
+};
+
+/* pipeline (deepspeed/runtime/config.py get_pipeline_config: stages "auto", partition "best",
+ * seed_layers, activation_checkpoint_interval 0, pipe_partitioned, grad_partitioned): the
+ * stages and the checkpoint interval, and partition_method (the argument of PipelineModule,
+ * deepspeed/runtime/pipe/module.py, that zplan keeps here: "uniform" or "parameters"). */
+static const KeySpec pipeline_keys[] = {
+    OWN("stages"), OWN("partition_method"), OWN("activation_checkpoint_interval"),
+    IGNORED("partition"), IGNORED("seed_layers"), IGNORED("pipe_partitioned"),
+    IGNORED("grad_partitioned"),
 };
 
 /* fp16 and bf16: only "enabled" changes the plan; loss scaling is not modeled. */
@@ -249,6 +261,31 @@ static gboolean apply_fields(json_t *obj, const char *what, const KeySpec *table
     return TRUE;
 }
 
+/* offload_optimizer and offload_param (zp_offload), then DeepSpeed's own checks of them
+ * against the stage, naming the key. */
+static gboolean read_offload(json_t *section, const char *path, ZpZeroConfig *zero,
+                             GPtrArray *warnings, GError **error)
+{
+    static const char *const keys[2] = {"offload_optimizer", "offload_param"};
+    ZpOffload *slots[2] = {&zero->offload_optimizer, &zero->offload_param};
+    for (int i = 0; i < 2; i++) {
+        char *what = g_strdup_printf("%s: zero_optimization.%s", path, keys[i]);
+        const gboolean ok = zp_offload_from_json(json_object_get(section, keys[i]), what, i == 1,
+                                                 slots[i], warnings, error);
+        g_free(what);
+        if (!ok)
+            return FALSE;
+    }
+    ZpPlan probe;
+    zp_plan_defaults(&probe, zero->stage, 1, 1);
+    probe.zero = *zero;
+    if (!zp_offload_check(&probe, error)) {
+        g_prefix_error(error, "%s: zero_optimization.", path);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
                           ZpZeroConfig *zero, GPtrArray *warnings, GError **error)
 {
@@ -272,7 +309,8 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
              zp_json_get_bool(section, what, "allgather_partitions", FALSE,
                               &allgather_partitions, error) &&
              zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
-                             &sub_group_size, error);
+                             &sub_group_size, error) &&
+             read_offload(section, path, zero, warnings, error);
     }
     /* Both keys are checked above; only values other than DeepSpeed's defaults change what
      * DeepSpeed does, and those zplan does not model. */
@@ -401,6 +439,56 @@ static gboolean read_tensor_parallel(json_t *root, const char *path, ZpPlan *p,
     return ok;
 }
 
+/* pipeline.stages over the launch's world (dp x mp x its stages): DeepSpeed's pipeline engine
+ * runs 1F1B (TrainSchedule) with gradient_accumulation_steps micro-batches; "auto" keeps the
+ * launch's stages. activation_checkpoint_interval 1 checkpoints every block, 0 none; others
+ * (every k-th layer) are not modeled and fail. */
+static gboolean read_pipeline(json_t *root, const char *path, ZpPlan *p, GPtrArray *warnings,
+                              GError **error)
+{
+    json_t *section;
+    if (!get_section(root, path, "pipeline", &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    char *what = g_strdup_printf("%s: pipeline", path);
+    const int launch_pp = zp_plan_pp(p);
+    const int64_t world = (int64_t)p->dp * p->mp * launch_pp;
+    int64_t stages = launch_pp, interval = 0;
+    const char *method = NULL;
+    gboolean ok = check_section(section, path, "pipeline.", pipeline_keys,
+                                G_N_ELEMENTS(pipeline_keys), warnings, error) &&
+                  (is_auto(json_object_get(section, "stages")) ||
+                   zp_json_get_int(section, what, "stages", FALSE, 1, 65535, &stages, error)) &&
+                  zp_json_get_int(section, what, "activation_checkpoint_interval", FALSE, 0,
+                                  MAX_BATCH, &interval, error) &&
+                  zp_json_get_string(section, what, "partition_method", FALSE, &method, error) &&
+                  (!method || zp_partition_parse(method, "key \"partition_method\"",
+                                                 &p->pipe.partition, error));
+    if (!ok && method)
+        g_prefix_error(error, "%s: ", what);
+    if (ok && interval > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: activation_checkpoint_interval %" G_GINT64_FORMAT " is not modeled "
+                    "(0: none, 1: every block)", what, interval);
+        ok = FALSE;
+    } else if (ok && world % ((int64_t)p->mp * stages) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: stages %" G_GINT64_FORMAT " x tensor-parallel %d does not divide the %"
+                    G_GINT64_FORMAT " GPUs", what, stages, p->mp, world);
+        ok = FALSE;
+    }
+    if (ok) {
+        p->pipe.stages = (int)stages;
+        p->pipe.schedule = ZP_PIPE_1F1B;
+        p->pipe.virtual_stages = 1;
+        p->dp = (int)(world / ((int64_t)p->mp * stages));
+        p->checkpoint = p->checkpoint || interval == 1;
+    }
+    g_free(what);
+    return ok;
+}
+
 /* ---- batch ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -507,7 +595,9 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         return FALSE;
     }
     ZpPlan p = *launch;
-    if (!read_tensor_parallel(root, what, &p, warnings, error))
+    if (!read_tensor_parallel(root, what, &p, warnings, error) ||
+        !read_checkpointing(root, what, &p.checkpoint, warnings, error) ||
+        !read_pipeline(root, what, &p, warnings, error))
         return FALSE;
     const int64_t dp = p.dp;
     BatchKey train = {"train_batch_size", 0, FALSE};
@@ -521,7 +611,6 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         !resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
-        !read_checkpointing(root, what, &p.checkpoint, warnings, error) ||
         !read_kernels(root, what, &p, error))
         return FALSE;
     if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
@@ -578,12 +667,24 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
             json_object_set_new(zero, spec->key,
                                 json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, spec->offset)));
     }
+    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
+    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
+    if (offload_optimizer)
+        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
+    if (offload_param)
+        json_object_set_new(zero, "offload_param", offload_param);
     json_object_set_new(root, "zero_optimization", zero);
     json_object_set_new(root, "tensor_parallel", json_pack("{s:i}", "autotp_size", plan->mp));
     if (plan->reduce_dtype != ZP_REDUCE_GRAD)
         json_object_set_new(root, "communication_data_type",
                             json_string(zp_reduce_dtype_name(plan->reduce_dtype)));
     json_object_set_new(root, "attention_kernel", json_string(zp_attention_name(plan->attention)));
+    if (zp_plan_pp(plan) > 1)
+        json_object_set_new(root, "pipeline",
+                            json_pack("{s:i, s:s, s:i}", "stages", zp_plan_pp(plan),
+                                      "partition_method",
+                                      zp_partition_name(plan->pipe.partition),
+                                      "activation_checkpoint_interval", plan->checkpoint ? 1 : 0));
     if (plan->checkpoint) {
         /* The options zplan does not model, off: plain checkpointing of every block. */
         json_t *ckpt = json_object();

@@ -1,6 +1,8 @@
 /* zp_plan: plan defaults and the precision x optimizer table of bytes per parameter.
  * The table is the only place the "K" of the ZeRO paper is decided. */
 #include "zp_plan.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -19,6 +21,15 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_max_live_parameters = 1e9,
         .stage3_max_reuse_distance = 1e9,
     };
+    zp_offload_defaults(&zero->offload_optimizer, FALSE);
+    zp_offload_defaults(&zero->offload_param, TRUE);
+}
+
+void zp_offload_defaults(ZpOffload *offload, gboolean param)
+{
+    *offload = (ZpOffload){.device = ZP_OFFLOAD_NONE, .pin_memory = TRUE,
+                           .buffer_count = param ? 5 : 4, .buffer_size = 1e8,
+                           .max_in_cpu = 1e9, .ratio = 1.0};
 }
 
 static const struct {
@@ -124,6 +135,13 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
+static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+
+const char *zp_offload_device_name(ZpOffloadDevice device)
+{
+    return offload_names[device];
+}
+
 static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
 
 const char *zp_precision_name(ZpPrecision precision)
@@ -168,6 +186,16 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
     if (!parse_choice(text, flag, optimizer_names, 4, &v, error))
         return FALSE;
     *out = (ZpOptimizer)v;
+    return TRUE;
+}
+
+gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDevice *out,
+                                 GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, offload_names, ZP_OFFLOAD_N, &v, error))
+        return FALSE;
+    *out = (ZpOffloadDevice)v;
     return TRUE;
 }
 
@@ -226,13 +254,55 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o}", "stage",
-                     plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
-                     plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
-                     plan->checkpoint, "precision", zp_precision_name(plan->precision),
-                     "optimizer", zp_optimizer_name(plan->optimizer), "attention",
-                     zp_attention_name(plan->attention), "reduce_dtype",
-                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero);
+    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
+    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
+    if (offload_optimizer)
+        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
+    if (offload_param)
+        json_object_set_new(zero, "offload_param", offload_param);
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o}", "stage",
+                          plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
+                          plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
+                          plan->checkpoint, "precision", zp_precision_name(plan->precision),
+                          "optimizer", zp_optimizer_name(plan->optimizer), "attention",
+                          zp_attention_name(plan->attention), "reduce_dtype",
+                          zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero);
+    /* The 3D keys only where they say something, so that plans without them read as before. */
+    if (zp_plan_pp(plan) > 1)
+        json_object_set_new(o, "pipeline",
+                            json_pack("{s:i, s:i, s:s, s:s}", "stages", zp_plan_pp(plan),
+                                      "virtual_stages", zp_plan_vstages(plan), "schedule",
+                                      zp_pipe_schedule_name(plan->pipe.schedule),
+                                      "partition_method",
+                                      zp_partition_name(plan->pipe.partition)));
+    if (plan->sequence_parallel)
+        json_object_set_new(o, "sequence_parallel", json_true());
+    return o;
+}
+
+/* "pipeline": {"stages", "virtual_stages", "schedule", "partition_method"}, all optional. */
+static gboolean pipe_from_json(json_t *o, const char *what, ZpPipeConfig *pipe, GError **error)
+{
+    static const char *const keys[] = {"stages", "virtual_stages", "schedule",
+                                       "partition_method", NULL};
+    char *inner = g_strdup_printf("%s: pipeline", what);
+    int64_t stages = 1, v = 1;
+    const char *schedule = NULL, *partition = NULL;
+    gboolean ok = json_is_object(o) && zp_json_check_keys(o, inner, keys, error) &&
+                  zp_json_get_int(o, inner, "stages", FALSE, 1, 65535, &stages, error) &&
+                  zp_json_get_int(o, inner, "virtual_stages", FALSE, 1, 65535, &v, error) &&
+                  zp_json_get_string(o, inner, "schedule", FALSE, &schedule, error) &&
+                  (!schedule || zp_pipe_schedule_parse(schedule, "schedule", &pipe->schedule,
+                                                       error)) &&
+                  zp_json_get_string(o, inner, "partition_method", FALSE, &partition, error) &&
+                  (!partition || zp_partition_parse(partition, "partition_method",
+                                                    &pipe->partition, error));
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", inner);
+    g_free(inner);
+    pipe->stages = (int)stages;
+    pipe->virtual_stages = (int)v;
+    return ok;
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -245,7 +315,7 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_param_persistence_threshold",
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "overlap_comm", "contiguous_gradients", "reduce_scatter",
-                                       NULL};
+                                       "offload_optimizer", "offload_param", NULL};
     if (!zp_json_check_keys(zero, what, keys, error))
         return FALSE;
     zp_zero_config_defaults(z, (int)stage);
@@ -257,7 +327,18 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
         if (!zp_json_get_bool(zero, what, zero_flags[i].key, FALSE,
                               G_STRUCT_MEMBER_P(z, zero_flags[i].offset), error))
             return FALSE;
-    return TRUE;
+    /* The plan's own JSON holds no unmodeled option, so nothing warns. */
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    char *opt_what = g_strdup_printf("%s: zero.offload_optimizer", what);
+    char *param_what = g_strdup_printf("%s: zero.offload_param", what);
+    const gboolean ok = zp_offload_from_json(json_object_get(zero, "offload_optimizer"),
+                                             opt_what, FALSE, &z->offload_optimizer, warnings,
+                                             error) &&
+                        zp_offload_from_json(json_object_get(zero, "offload_param"), param_what,
+                                             TRUE, &z->offload_param, warnings, error);
+    g_free(opt_what), g_free(param_what);
+    g_ptr_array_unref(warnings);
+    return ok;
 }
 
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)
@@ -273,7 +354,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "zero", NULL};
+                                       "reduce_dtype", "zero", "pipeline", "sequence_parallel",
+                                       NULL};
+    json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
@@ -289,6 +372,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
+        !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
+                          error) ||
+        (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         !zero_from_json(zero, what, &plan->zero, error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;

@@ -34,6 +34,24 @@ typedef struct {
     double optim_bytes; /* K: fp32 master copy (mixed precision) plus optimizer moments */
 } ZpStateBytes;
 
+/* Where offloaded model states live (DeepSpeed's OffloadDeviceEnum). */
+typedef enum { ZP_OFFLOAD_NONE, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NVME, ZP_OFFLOAD_N } ZpOffloadDevice;
+
+/* zero_optimization.offload_optimizer / offload_param (deepspeed/runtime/zero/
+ * offload_config.py, v0.19.6: DeepSpeedZeroOffloadOptimizerConfig and
+ * DeepSpeedZeroOffloadParamConfig). Sizes in elements. buffer_size and max_in_cpu are
+ * offload_param's only, ratio offload_optimizer's only (the share of the optimizer states
+ * that goes to the CPU; ZeRO-3 keeps the rest on the GPU). nvme_path is "" when unset. */
+typedef struct {
+    ZpOffloadDevice device;
+    gboolean pin_memory;
+    double buffer_count;
+    double buffer_size;
+    double max_in_cpu;
+    double ratio;
+    char nvme_path[256];
+} ZpOffload;
+
 /* DeepSpeed's zero_optimization section, sizes in elements as DeepSpeed counts them. */
 typedef struct {
     int stage;
@@ -46,7 +64,21 @@ typedef struct {
     double stage3_param_persistence_threshold;
     double stage3_max_live_parameters;
     double stage3_max_reuse_distance;
+    ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
+    ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;
+
+/* Pipeline parallelism (zp_pipe): the schedule a stage runs its micro-batches in, and how
+ * the layers are split over the stages. */
+typedef enum { ZP_PIPE_1F1B, ZP_PIPE_GPIPE, ZP_PIPE_INTERLEAVED, ZP_PIPE_N } ZpPipeSchedule;
+typedef enum { ZP_PARTITION_UNIFORM, ZP_PARTITION_PARAMETERS, ZP_PARTITION_N } ZpPartition;
+
+typedef struct {
+    int stages;         /* P; 0 or 1: no pipeline */
+    int virtual_stages; /* V model chunks per stage (interleaved 1F1B); 0 or 1: one */
+    ZpPipeSchedule schedule;
+    ZpPartition partition;
+} ZpPipeConfig;
 
 typedef struct {
     ZpZeroConfig zero;
@@ -59,7 +91,19 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpAttention attention;     /* eager (the zero value) or a fused kernel */
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
+    ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
+    gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
 } ZpPlan;
+
+/* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */
+static inline int zp_plan_pp(const ZpPlan *plan)
+{
+    return plan->pipe.stages > 1 ? plan->pipe.stages : 1;
+}
+static inline int zp_plan_vstages(const ZpPlan *plan)
+{
+    return plan->pipe.virtual_stages > 1 ? plan->pipe.virtual_stages : 1;
+}
 
 /* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,
  * --allgather-bucket-size, --prefetch-bucket-size, --max-live-parameters,
@@ -83,8 +127,19 @@ gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text,
                           GError **error);
 
 /* DeepSpeed's defaults (deepspeed/runtime/zero/config.py): buckets 5e8 elements, overlap_comm
- * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9. */
+ * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9; no offload, with
+ * offload_config.py's defaults for when one is asked for (zp_offload_defaults). */
 void zp_zero_config_defaults(ZpZeroConfig *zero, int stage);
+
+/* offload_config.py's defaults: device none, pin_memory true (v0.19.6; older releases
+ * defaulted to false), buffer_count 4 for the optimizer and 5 for parameters, buffer_size
+ * 1e8, max_in_cpu 1e9, ratio 1. */
+void zp_offload_defaults(ZpOffload *offload, gboolean param);
+
+/* "none", "cpu", "nvme", and back; the parser fails naming the flag or key. */
+const char *zp_offload_device_name(ZpOffloadDevice device);
+gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDevice *out,
+                                 GError **error);
 
 /* A plan with the given stage and degrees and DeepSpeed defaults elsewhere: micro-batch 1,
  * no accumulation, no checkpointing, fp16 mixed precision with Adam. */

@@ -9,6 +9,8 @@
 #include "zp_sched.h"
 #include "zp_cost.h"
 #include "zp_mem.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 
@@ -16,6 +18,8 @@
 #include <string.h>
 
 #define NONE UINT32_MAX
+/* A dependency on another stage's p2p send, filled in once every stage is built. */
+#define CROSS (UINT32_MAX - 1)
 
 typedef struct {
     uint64_t lo, hi;     /* flat element range (unpadded space) */
@@ -23,6 +27,8 @@ typedef struct {
     int top_unit, low_unit;
     int buffer;          /* bucket buffer id once allocated, -1 before */
     uint32_t alloc_op, coll_op;
+    uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
+                          * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
 typedef struct {
@@ -50,6 +56,16 @@ typedef struct {
     guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
+    /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
+     * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
+     * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
+     * the deps array with the keys they wait for. */
+    int stage, n_chunks;
+    int *first_unit;
+    uint32_t *send_op;
+    int64_t recv_key;
+    GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
+    GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -63,6 +79,7 @@ typedef struct {
 static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
 {
     ZpSchedule *s = b->s;
+    op.stage = (uint32_t)b->stage;
     op.dep_start = s->deps->len;
     op.n_deps = 0;
     for (guint i = 0; i < n_deps; i++)
@@ -79,6 +96,13 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
                              guint n_deps)
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    if (b->recv_key >= 0) { /* the first dependency: the neighbour's send, filled in later */
+        const uint32_t cross = CROSS, at = b->s->deps->len;
+        g_array_append_val(all, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key);
+        b->recv_key = -1;
+    }
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
@@ -120,6 +144,19 @@ static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit,
     return emit(b, op, &after, 1);
 }
 
+/* A transfer of `bytes` (none when 0: returns `after`) after `after`. */
+static uint32_t emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                              uint32_t after)
+{
+    if (bytes <= 0)
+        return after;
+    const ZpStream stream =
+        kind == ZP_XFER_D2H || kind == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .bytes = bytes};
+    return emit(b, op, &after, 1);
+}
+
 /* ---- costs of the compute ops ----------------------------------------------------------- */
 
 /* FLOPs and memory-bound bytes of one block's forward on this rank (tensor degree mp), with
@@ -144,7 +181,8 @@ static Cost block_forward_cost(const ZpSchedule *s)
     return (Cost){.flops = gemm + attention,
                   .gemm_flops = gemm / (gated ? 5 : 4),
                   .attn_flops = fused ? attention : 0.0,
-                  .mem_bytes = e * (10 * b * sq * h + (gated ? 3 : 2) * b * sq * f / mp + softmax)};
+                  .mem_bytes = e * (10 * b * sq * h / (s->plan.sequence_parallel ? mp : 1) +
+                                    (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
 /* A block's backward from its own ops (zp_cost_kernels): the data-gradient and
@@ -213,16 +251,49 @@ static void optimizer_split(const ZpPlan *plan, double *master, double *m, doubl
     *v = two ? moments / 2 : 0.0;
 }
 
+/* The chunk that holds a unit (one chunk without a pipeline). */
+static int unit_chunk(const Builder *b, int unit)
+{
+    int c = 0;
+    while (c + 1 < b->n_chunks && b->first_unit[c + 1] <= unit)
+        c++;
+    return c;
+}
+
+/* Whether the stage being built holds the unit: chunk c sits on stage c mod P. */
+static gboolean unit_held(const Builder *b, int unit)
+{
+    return unit_chunk(b, unit) % zp_plan_pp(&b->s->plan) == b->stage;
+}
+
+/* A unit's elements on the stage being built: 0 for another stage's. A last stage without
+ * the embedding keeps its own copy of a tied word embedding for the LM head (Megatron's
+ * pipeline: the first and last stages each hold word_embeddings). */
+static uint64_t held_elems(const Builder *b, int unit)
+{
+    if (!unit_held(b, unit))
+        return 0;
+    const ZpModel *m = &b->s->model;
+    uint64_t full = zp_model_unit_elems(m, unit);
+    if (unit == (int)m->layers + 1 && m->tied_embeddings && !unit_held(b, 0))
+        full += (uint64_t)m->vocab * (uint64_t)m->hidden;
+    return full;
+}
+
+/* The flat layout of the units the stage being built holds (all of them without a
+ * pipeline): ZeRO partitions each stage's own parameters over its data-parallel group. */
 static void layout(Builder *b)
 {
     ZpSchedule *s = b->s;
     const int dp = s->plan.dp, stage = s->plan.zero.stage;
     s->n_units = zp_model_n_units(&s->model);
+    g_free(s->unit_offset);
+    g_free(s->unit_elems);
     s->unit_offset = g_new0(uint64_t, s->n_units);
     s->unit_elems = g_new0(uint64_t, s->n_units);
     uint64_t offset = 0, partition3 = 0, persistent = 0;
     for (int u = 0; u < s->n_units; u++) {
-        const uint64_t full = zp_model_unit_elems(&s->model, u);
+        const uint64_t full = held_elems(b, u);
         s->unit_offset[u] = offset;
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
@@ -250,6 +321,7 @@ static void layout(Builder *b)
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
     s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
+    zp_offload_layout(s);
 }
 
 double zp_sched_model_state_bytes(const ZpSchedule *s)
@@ -272,10 +344,16 @@ static void plan_buckets(Builder *b)
     const double limit = s->plan.zero.reduce_bucket_size;
     const gboolean padded = s->plan.zero.stage == 3;
     for (int u = s->n_units - 1; u >= 0;) {
+        if (s->unit_elems[u] == 0) { /* another pipeline stage's unit */
+            u--;
+            continue;
+        }
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
-                    NONE};
+                    NONE, NONE};
         double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
+            if (s->unit_elems[u] == 0)
+                continue;
             const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
             if (elems + next > limit)
                 break;
@@ -299,15 +377,16 @@ static void reset_buckets(Builder *b)
 {
     for (guint i = 0; i < b->buckets->len; i++) {
         bucket(b, i)->buffer = -1;
-        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = NONE;
+        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
 }
 
 /* Double buffering: bucket i may take memory only once bucket i-2's collective was issued
- * (DeepSpeed waits on the older ipg buffer before refilling it). */
+ * (DeepSpeed waits on the older ipg buffer before refilling it), and with optimizer offload
+ * once its slice has been copied to the host. */
 static uint32_t bucket_backpressure(Builder *b, guint i)
 {
-    return i >= 2 ? bucket(b, i - 2)->coll_op : NONE;
+    return i >= 2 ? bucket(b, i - 2)->drain_op : NONE;
 }
 
 /* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
@@ -342,7 +421,20 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
     uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
     k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
                                  k->hi - k->lo, k->bytes, cdeps, 2);
-    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
+     * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
+     * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
+    const double slice = zp_offload_grad_d2h_bytes(
+        &s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
+    uint32_t drained = k->coll_op;
+    if (slice > 0) {
+        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
+                                unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+        g_array_append_val(b->offloaded, drained);
+    }
+    k->drain_op = drained;
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
@@ -444,9 +536,16 @@ static void issue_gathers(Builder *b, int pos, int micro)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
                                     &g->buffer, &after, 1);
+        /* Parameter offload: the unit's partition comes up from the host (and NVMe) first. */
+        double nvme_bytes, h2d_bytes;
+        zp_offload_fetch(&s->plan, g->elems / s->plan.dp, (double)s->partition_elems,
+                         &nvme_bytes, &h2d_bytes);
+        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->unit, micro,
+                                            alloc);
+        const uint32_t fetched = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->unit, micro, read);
         g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->unit, micro,
                                      g->buffer, s->unit_offset[g->unit], (uint64_t)g->elems,
-                                     bytes, &alloc, 1);
+                                     bytes, &fetched, 1);
     }
 }
 
@@ -485,7 +584,9 @@ static void position_end(Builder *b, int pos, int micro)
 }
 
 /* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
- * path, so the next compute op waits for them. */
+ * path, so the next compute op waits for them. With sequence parallelism each all-reduce is a
+ * reduce-scatter (into the sequence-split layer norm and dropout) and an all-gather (back to
+ * the full sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
 static void tp_allreduces(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
@@ -493,33 +594,52 @@ static void tp_allreduces(Builder *b, int unit, int micro)
         return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
+    static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
+    static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
+    const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
+    const int n = s->plan.sequence_parallel ? 2 : 1;
     for (int i = 0; i < 2; i++) {
-        uint32_t coll = emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_TP, unit, micro, -1, 0,
-                                        elems, (double)elems * s->elem_bytes, &b->last_compute, 1);
-        g_array_append_val(b->sync_deps, coll);
+        uint32_t after = b->last_compute;
+        for (int k = 0; k < n; k++) {
+            after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                    (double)elems * s->elem_bytes, &after, 1);
+            g_array_append_val(b->sync_deps, after);
+        }
     }
 }
 
 typedef struct {
-    int *act, *ckpt; /* buffer ids per block */
+    int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
     double act_bytes, ckpt_bytes;
 } Activations;
 
-static void forward(Builder *b, int micro, Activations *a, GArray *deps)
+static int *act_slot(const Builder *b, int *ids, int micro, int l)
+{
+    return &ids[(gsize)micro * (gsize)(b->s->model.layers + 1) + (gsize)l];
+}
+
+/* The units [lo, hi) of one model chunk (all of them without a pipeline). */
+typedef struct {
+    int lo, hi;
+} Range;
+
+static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r)
 {
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
     const Cost embed = embed_cost(s), block = block_forward_cost(s);
-    position_begin(b, pos_fwd(0), micro, deps);
-    emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
-    position_end(b, pos_fwd(0), micro);
-    for (int l = 1; l <= L; l++) {
+    if (r.lo == 0) {
+        position_begin(b, pos_fwd(0), micro, deps);
+        emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+        position_end(b, pos_fwd(0), micro);
+    }
+    for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
         position_begin(b, pos_fwd(l), micro, deps);
         uint32_t alloc = ckpt ? emit_alloc(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
-                                           &a->ckpt[l], &b->last_compute, 1)
+                                           act_slot(b, a->ckpt, micro, l), &b->last_compute, 1)
                               : emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                           &a->act[l], &b->last_compute, 1);
+                                           act_slot(b, a->act, micro, l), &b->last_compute, 1);
         g_array_append_val(deps, alloc);
         emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
@@ -553,18 +673,19 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
 }
 
 static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
-                     GArray *launched)
+                     GArray *launched, Range r)
 {
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
     const Cost fwd = block_forward_cost(s), bwd = block_backward_cost(s), embed = embed_cost(s);
-    for (int l = L; l >= 1; l--) {
+    for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         const int pos = pos_bwd(L, l);
+        int *act = act_slot(b, a->act, micro, l);
         position_begin(b, pos, micro, deps);
         if (ckpt) {
-            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                        &a->act[l], &b->last_compute, 1);
+            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
+                                        &b->last_compute, 1);
             g_array_append_val(deps, alloc);
             emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd, (uint32_t *)deps->data, deps->len);
             tp_allreduces(b, l, micro);
@@ -575,14 +696,16 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
                      (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
-        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
+        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
         if (ckpt)
-            emit_free(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro, a->ckpt[l],
-                      b->last_compute);
+            emit_free(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
+                      *act_slot(b, a->ckpt, micro, l), b->last_compute);
         position_end(b, pos, micro);
         if (reduce)
             launch_buckets(b, l, micro, launched);
     }
+    if (r.lo != 0)
+        return;
     position_begin(b, pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
@@ -590,6 +713,66 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_end(b, pos_embed_bwd(L), micro);
     if (reduce)
         launch_buckets(b, 0, micro, launched);
+}
+
+/* ---- pipeline sends -------------------------------------------------------------------- */
+
+/* The send of (chunk, micro, direction): its index among every stage's sends. */
+static int64_t send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
+{
+    return ((int64_t)chunk * b->s->plan.grad_accum + micro) * ZP_P2P_N + dir;
+}
+
+/* Sends the chunk's output activations (forward) or its input gradients (backward) to the
+ * neighbouring stage once the last compute op and its tensor-parallel all-reduces are done:
+ * b s h elements, or b s h / t when sequence parallelism keeps the sequence split over the
+ * TP group (Megatron's p2p_communication sends each rank's own part). */
+static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
+{
+    const ZpSchedule *s = b->s;
+    uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                     (uint64_t)s->model.hidden;
+    if (s->plan.sequence_parallel)
+        elems /= (uint64_t)s->plan.mp;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    const int P = zp_plan_pp(&s->plan);
+    const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
+               .unit = unit, .micro = micro, .buffer = -1, .peer = (uint32_t)peer,
+               .bytes = (double)elems * s->elem_bytes, .elems = elems};
+    b->send_op[send_key(b, chunk, micro, dir)] = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+}
+
+/* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
+ * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
+ * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
+ * in order, the GPU's share (`gpu_opt`, partial offload) before the host's. Returns the op
+ * the parameter all-gathers wait for. */
+static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt)
+{
+    const ZpPlan *plan = &b->s->plan;
+    ZpOffloadStep step;
+    zp_offload_step(plan, elems, &step);
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_vals(deps, launched->data, launched->len);
+    g_array_append_vals(deps, b->offloaded->data, b->offloaded->len);
+    g_array_append_val(deps, gpu_opt);
+    if (step.nvme_read_bytes > 0) {
+        ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ, .stream = ZP_STREAM_NVME,
+                     .unit = -1, .micro = -1, .buffer = -1, .bytes = step.nvme_read_bytes};
+        const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
+        g_array_append_val(deps, r);
+    }
+    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
+               .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
+    const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    emit_transfer(b, ZP_XFER_NVME_WRITE, step.nvme_write_bytes, -1, -1, adam);
+    return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
 }
 
 /* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
@@ -601,8 +784,15 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const Cost c = optimizer_cost(b, elems);
-    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data, launched->len);
+    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    uint32_t opt = NONE;
+    if (cpu_share < 1.0) {
+        const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
+        opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data,
+                           launched->len);
+    }
+    if (cpu_share > 0)
+        opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
@@ -654,6 +844,16 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
+    if (!zp_pipe_check(model, p, error))
+        return FALSE;
+    if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "gpus: dp %d x mp %d x pp %d ranks is more than a schedule numbers", p->dp,
+                    p->mp, zp_plan_pp(p));
+        return FALSE;
+    }
+    if (!zp_offload_check(p, error))
+        return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -666,14 +866,103 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     return TRUE;
 }
 
+/* Whether the action's backward launches gradient reductions: stages 0-1 keep full gradients
+ * and reduce once, in the last micro-step; stages 2-3 every micro-step. */
+static gboolean reduces(const ZpPlan *plan, int micro)
+{
+    return plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
+}
+
+/* One action of the stage: a forward (with the head on the last chunk) and the send of its
+ * output, or a backward and the send of its input gradients, each first waiting for the
+ * neighbour's send when there is one. */
+static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray *deps,
+                       GArray *launched)
+{
+    const ZpPlan *plan = &b->s->plan;
+    const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
+    /* A pipeline reduces after its flush (below), not during its backwards. */
+    const gboolean last = x->chunk == b->n_chunks - 1;
+    const gboolean reduce = zp_plan_pp(plan) == 1 && reduces(plan, x->micro);
+    if (plan->zero.stage >= 2 && !x->backward) { /* buckets and launches per micro-step */
+        reset_buckets(b);
+        g_array_set_size(launched, 0);
+    }
+    if (!x->backward) {
+        b->recv_key = x->chunk > 0 ? send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
+        forward(b, x->micro, a, deps, r);
+        if (last)
+            head(b, x->micro, reduce, deps, launched);
+        else
+            send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
+        return;
+    }
+    b->recv_key = !last ? send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    backward(b, x->micro, reduce, a, deps, launched, r);
+    if (x->chunk > 0)
+        send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
+}
+
+/* One stage's ops: its layout and buckets, its actions in pipeline order, its optimizer. */
+static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launched)
+{
+    ZpSchedule *s = b->s;
+    const ZpPlan *plan = &s->plan;
+    const int P = zp_plan_pp(plan);
+    b->last_compute = NONE;
+    g_array_set_size(b->sync_deps, 0);
+    g_array_set_size(b->buckets, 0);
+    layout(b);
+    plan_buckets(b);
+    reset_buckets(b);
+    g_array_set_size(launched, 0);
+    GArray *actions = P > 1 ? zp_pipe_actions(plan->pipe.schedule, P, zp_plan_vstages(plan),
+                                              plan->grad_accum, b->stage)
+                            : zp_pipe_actions(ZP_PIPE_GPIPE, 1, 1, 0, 0);
+    /* Without a pipeline: forward and backward of each micro-step in turn. */
+    for (int micro = 0; P == 1 && micro < plan->grad_accum; micro++) {
+        const ZpPipeAction f = {micro, 0, FALSE}, w = {micro, 0, TRUE};
+        g_array_append_val(actions, f);
+        g_array_append_val(actions, w);
+    }
+    for (guint i = 0; i < actions->len; i++)
+        run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
+    g_array_unref(actions);
+    /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
+     * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
+     * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
+    for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
+        if (s->unit_elems[u] > 0)
+            launch_buckets(b, u, plan->grad_accum - 1, launched);
+    optimizer_step(b, launched);
+    memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
+           sizeof s->state_bytes);
+}
+
+/* Points every receiving op at the send it waits for, now that all stages are built. */
+static void link_sends(Builder *b)
+{
+    for (guint i = 0; i < b->cross_at->len; i++)
+        g_array_index(b->s->deps, uint32_t, g_array_index(b->cross_at, uint32_t, i)) =
+            b->send_op[g_array_index(b->cross_key, int64_t, i)];
+}
+
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
     if (!check_plan(model, plan, error))
         return NULL;
+    const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
+    int *first_unit = g_new(int, chunks + 1);
+    if (!zp_pipe_partition(model, chunks, plan->pipe.partition, first_unit, error)) {
+        g_free(first_unit);
+        return NULL;
+    }
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = *model;
     s->plan = *plan;
-    s->world = plan->dp * plan->mp;
+    s->world = plan->dp * plan->mp * P;
+    s->stages = P;
+    s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
     s->elem_bytes = zp_plan_elem_bytes(plan->precision);
     s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -684,34 +973,31 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
                  .unit_bucket = g_new0(guint, (gsize)L + 2),
-                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
+                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
+                 .n_chunks = chunks, .first_unit = first_unit,
+                 .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
+                 .recv_key = -1,
+                 .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     const int n_pos = 2 * L + 3;
     g_array_set_size(b.pos_last_op, (guint)n_pos);
-    layout(&b);
-    plan_buckets(&b);
-    if (plan->zero.stage == 3) {
+    if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
+        layout(&b);
         plan_gathers(&b);
         b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(Gather, trigger_pos), n_pos);
         b.by_use = index_gathers(&b, G_STRUCT_OFFSET(Gather, use_pos), n_pos);
         b.by_free = index_gathers(&b, G_STRUCT_OFFSET(Gather, free_pos), n_pos);
     }
-    Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
-                     zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
-                                                   s->elem_bytes, plan->attention),
-                     (double)plan->micro_batch * (double)model->seq_len *
-                         (double)model->hidden * s->elem_bytes};
+    const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
+    Activations a = {g_new0(int, slots), g_new0(int, slots),
+                     zp_mem_plan_activation_block_bytes(model, plan),
+                     zp_mem_checkpoint_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (int micro = 0; micro < plan->grad_accum; micro++) {
-        /* Stages 0-1 keep full gradients and reduce once; stages 2-3 every micro-step. */
-        const gboolean reduce = plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
-        reset_buckets(&b);
-        g_array_set_size(launched, 0);
-        forward(&b, micro, &a, deps);
-        head(&b, micro, reduce, deps, launched);
-        backward(&b, micro, reduce, &a, deps, launched);
-    }
-    optimizer_step(&b, launched);
+    for (b.stage = 0; b.stage < P; b.stage++)
+        build_stage(&b, &a, deps, launched);
+    link_sends(&b);
     g_array_unref(deps);
     g_array_unref(launched);
     g_free(a.act);
@@ -721,6 +1007,11 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.buckets);
     g_free(b.unit_bucket);
     g_array_unref(b.gathers);
+    g_free(b.first_unit);
+    g_free(b.send_op);
+    g_array_unref(b.cross_at);
+    g_array_unref(b.cross_key);
+    g_array_unref(b.offloaded);
     free_pos_index(&b.by_trigger);
     free_pos_index(&b.by_use);
     free_pos_index(&b.by_free);
@@ -748,7 +1039,10 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
             : zp_mem_padded_elems(total, dp) / dp;
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
-    const Cost opt = optimizer_cost(&b, (double)(plan->zero.stage == 0 ? total : partition));
+    const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
+    const double cpu_share = zp_offload_cpu_share(plan);
+    const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
+    const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;
     const struct {
         uint64_t count;
@@ -760,7 +1054,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
-        [ZP_COMP_OPTIMIZER] = {1, opt},
+        [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
+        [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
@@ -775,41 +1070,54 @@ void zp_sched_free(ZpSchedule *s)
     g_array_unref(s->deps);
     g_free(s->unit_offset);
     g_free(s->unit_elems);
+    g_free(s->stage_state_bytes);
     g_free(s);
 }
 
-/* Ring volumes: what one member of an n-rank group sends. */
+/* Ring volumes: what one member of an n-rank group sends; a p2p send moves its bytes once.
+ * With pipeline stages, the most any stage's rank sends. */
 double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 {
     const double n = group == ZP_GROUP_DP ? s->plan.dp : s->plan.mp;
-    double total = 0;
+    double *total = g_new0(double, MAX(s->stages, 1)), most = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_COLLECTIVE || op->group != group)
+        if (op->group != group || (op->kind != ZP_OP_COLLECTIVE && op->kind != ZP_OP_P2P))
             continue;
         const double factor = op->sub == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
-        total += factor * (n - 1) / n * op->bytes;
+        total[op->stage] += op->kind == ZP_OP_P2P ? op->bytes : factor * (n - 1) / n * op->bytes;
     }
-    return total;
+    for (int k = 0; k < MAX(s->stages, 1); k++)
+        most = MAX(most, total[k]);
+    g_free(total);
+    return most;
 }
 
 /* ---- names and JSON -------------------------------------------------------------------- */
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer", NULL};
+                                            "block_bwd", "embed_bwd", "optimizer",
+                                            "cpu_optimizer", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
                                         "checkpoints", "workspace", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", NULL};
-static const char *const group_names[] = {"dp", "tp", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
+                                           NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
+                                         "transfer", NULL};
+static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
+static const char *const group_names[] = {"dp", "tp", "pp", NULL};
+/* The groups a file's collectives and communicators may name: a pipeline's p2p is no
+ * collective, and files hold no pipeline. */
+static const char *const coll_group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
+const char *zp_sched_transfer_name(ZpTransferKind kind) { return transfer_names[kind]; }
 
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
 {
@@ -819,10 +1127,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
-/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
- * otherwise (written only then). */
-static ZpStream default_stream(int kind, int group)
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's,
+ * a transfer on the host link's or the NVMe's, unless "stream" says otherwise (written only
+ * then). */
+static ZpStream default_stream(int kind, int sub, int group)
 {
+    if (kind == ZP_OP_TRANSFER)
+        return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    if (kind == ZP_OP_COMPUTE)
+        return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
@@ -852,12 +1165,17 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
+    case ZP_OP_TRANSFER:
+        json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
-    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+    if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
+        op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
@@ -892,7 +1210,7 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         json_t *g = json_array_get(groups, i);
         int group = 0;
         gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
-                      name_index(g, what, "name", group_names, &group, error);
+                      name_index(g, what, "name", coll_group_names, &group, error);
         if (ok && ranks[group] != 0) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"name\": group %s twice",
                         what, group_names[group]);
@@ -922,6 +1240,12 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
+    if (s->stages > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: a schedule file holds one op list for every rank; a pipeline's "
+                    "stages (--pp %d) each have their own and are not written", path, s->stages);
+        return FALSE;
+    }
     json_t *state = zp_sched_categories_json(s->state_bytes), *units = json_array();
     json_t *ops = json_array();
     for (int u = 0; u < s->n_units; u++)
@@ -979,9 +1303,16 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
     };
-    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
-                  zp_json_check_keys(o, what, keys[kind], error) &&
+    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
+    if (ok && kind == ZP_OP_P2P) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"kind\": p2p ops belong to pipeline schedules, which files do "
+                    "not hold", what);
+        ok = FALSE;
+    }
+    ok = ok && zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", layout, -1, INT32_MAX, &unit, error) &&
                   zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error);
     if (ok && kind == ZP_OP_COMPUTE)
@@ -992,11 +1323,14 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
-             name_index(o, what, "group", group_names, &group, error) &&
+             name_index(o, what, "group", coll_group_names, &group, error) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
              zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
+    else if (ok && kind == ZP_OP_TRANSFER)
+        ok = name_index(o, what, "op", transfer_names, &sub, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
@@ -1007,7 +1341,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    int stream = default_stream(kind, group);
+    int stream = default_stream(kind, sub, group);
     if (ok && json_object_get(o, "stream"))
         ok = name_index(o, what, "stream", stream_names, &stream, error);
     op.stream = (uint8_t)stream;

@@ -41,19 +41,23 @@ typedef struct {
     int ranks_simulated;  /* world in explicit mode; 1 folded (the schedule is symmetric) */
     double step_time_s;   /* when the last op of any rank ends */
 
-    /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The four
-     * terms add up to step_time_s: compute (all compute ops but the optimizer), exposed
-     * communication (no compute op running while a collective of this rank is in flight),
-     * optimizer, and idle (neither). */
+    /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The six
+     * terms add up to step_time_s: compute (all GPU compute ops but the optimizer), exposed
+     * communication (no GPU compute op running while a collective of this rank is in
+     * flight), optimizer, CPU optimizer (CPU Adam running and neither of those), offload
+     * transfer (a host-link or NVMe transfer in flight and none of those), and idle. */
     int report_rank;
     double stream_busy_s[ZP_STREAM_N]; /* compute op durations; collective start to end */
     double compute_s, exposed_comm_s, optimizer_s, idle_s;
+    double cpu_optimizer_s, offload_transfer_s;
+    double offload_bytes[ZP_XFER_N]; /* bytes one rank moves per step, by ZpTransferKind */
 
     /* Per rank per step. Model FLOPs are the forward and backward compute ops' FLOPs:
      * recomputation and the optimizer are not the model's work (the MFU definition). */
     double model_flops;
     double recompute_flops;
-    double comm_bytes[2]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
+    double comm_bytes[ZP_GROUP_N]; /* bytes one rank sends, by ZpGroup (ring algorithms;
+                                      p2p sends once), the most any stage's rank sends */
 
     /* The highest per-rank total of live bytes, what each category held at that moment, and
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */
@@ -61,6 +65,16 @@ typedef struct {
     double peak_breakdown_bytes[ZP_MEM_N];
     double category_peak_bytes[ZP_MEM_N]; /* each category's own maximum on that rank */
     double peak_model_state_bytes;
+
+    /* Pipeline stages (1 without): per stage, its ranks' highest peak of live bytes, the
+     * compute busy time (optimizer excluded) of its busiest rank, its bubble — the time
+     * before the flush its compute stream idles — and the bytes one of its ranks sends by
+     * ZpGroup ([stage * ZP_GROUP_N + group]). flush_s: when the last forward or backward
+     * ended on any rank. Without a pipeline the bubble is the compute stream's idle time. */
+    int stages;
+    double flush_s;
+    double *stage_peak_bytes, *stage_compute_s, *stage_bubble_s, *stage_comm_bytes;
+    double *stage_category_peak_bytes; /* [stage * ZP_MEM_N + c]: each category's own maximum */
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
@@ -79,7 +93,9 @@ typedef struct {
 } SimResult;
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
- * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node. Fails on an
+ * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node or be a multiple
+ * of it. Pipeline stages are rank classes: each runs its own ops, and a p2p send takes the
+ * sender's NVLink or its share of the NICs (no contention with collectives). Fails on an
  * invalid schedule (naming the op), on a deadlock (naming an op that never ran), if memory
  * of a category goes negative or does not return to sched->state_bytes by the end, or if
  * the explicit ranks' state does not fit in memory. */

@@ -71,7 +71,7 @@ build2/obj/cli/cli.o: cli/cli.c cli/cli.h planner/zp_hw.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h planner/zp_plan.h planner/zp_search.h planner/zp_hw.h \
  planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
- planner/zp_util.h
+ planner/zp_offload.h planner/zp_util.h
 cli/cli.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -168,4 +168,5 @@ planner/zp_hw.h:
 planner/zp_model.h:
 planner/zp_sched.h:
 planner/zp_util.h:
+planner/zp_offload.h:
 planner/zp_util.h:

@@ -71,7 +71,8 @@ build2/obj/cli/cli_memory.o: cli/cli_memory.c cli/cli.h planner/zp_hw.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h planner/zp_plan.h planner/zp_search.h planner/zp_hw.h \
  planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
- planner/zp_comm.h planner/zp_mem.h planner/zp_util.h
+ planner/zp_comm.h planner/zp_mem.h planner/zp_offload.h \
+ planner/zp_util.h
 cli/cli.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -170,4 +171,5 @@ planner/zp_sched.h:
 planner/zp_util.h:
 planner/zp_comm.h:
 planner/zp_mem.h:
+planner/zp_offload.h:
 planner/zp_util.h:

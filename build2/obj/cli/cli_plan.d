@@ -72,7 +72,8 @@ build2/obj/cli/cli_plan.o: cli/cli_plan.c cli/cli.h planner/zp_hw.h \
  planner/zp_model.h planner/zp_plan.h planner/zp_search.h planner/zp_hw.h \
  planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
  cli/cli_progress.h sim/sim_coll.h planner/zp_sched.h sim/sim_engine.h \
- planner/zp_util.h planner/zp_dsconfig.h planner/zp_mem.h
+ planner/zp_util.h planner/zp_dsconfig.h planner/zp_mem.h \
+ planner/zp_pipe.h planner/zp_offload.h
 cli/cli.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -176,3 +177,5 @@ sim/sim_engine.h:
 planner/zp_util.h:
 planner/zp_dsconfig.h:
 planner/zp_mem.h:
+planner/zp_pipe.h:
+planner/zp_offload.h:

@@ -70,9 +70,10 @@ build2/obj/cli/cli_simulate.o: cli/cli_simulate.c cli/cli.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h planner/zp_plan.h planner/zp_search.h planner/zp_hw.h \
- planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
- cli/cli_progress.h sim/sim_coll.h planner/zp_sched.h sim/sim_engine.h \
- planner/zp_util.h sim/sim_trace.h sim/sim_engine.h planner/zp_dsconfig.h
+ planner/zp_model.h planner/zp_sched.h planner/zp_util.h cli/cli_pipe.h \
+ sim/sim_engine.h planner/zp_sched.h planner/zp_util.h cli/cli_progress.h \
+ sim/sim_coll.h sim/sim_trace.h sim/sim_engine.h planner/zp_dsconfig.h \
+ planner/zp_pipe.h planner/zp_offload.h
 cli/cli.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -169,11 +170,14 @@ planner/zp_hw.h:
 planner/zp_model.h:
 planner/zp_sched.h:
 planner/zp_util.h:
+cli/cli_pipe.h:
+sim/sim_engine.h:
+planner/zp_sched.h:
+planner/zp_util.h:
 cli/cli_progress.h:
 sim/sim_coll.h:
-planner/zp_sched.h:
-sim/sim_engine.h:
-planner/zp_util.h:
 sim/sim_trace.h:
 sim/sim_engine.h:
 planner/zp_dsconfig.h:
+planner/zp_pipe.h:
+planner/zp_offload.h:

@@ -70,12 +70,12 @@ build2/obj/cli/zreal_main.o: cli/zreal_main.c cli/cli.h planner/zp_hw.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h planner/zp_plan.h planner/zp_search.h planner/zp_hw.h \
- planner/zp_model.h planner/zp_sched.h planner/zp_util.h real/real_comm.h \
- real/real_backend.h real/real_alloc.h real/real_bf16.h real/real_rope.h \
- real/real_cpu.h real/real_engine.h real/real_comm.h real/real_gpt.h \
- planner/zp_sched.h real/real_microbench.h planner/zp_util.h \
- real/real_comm_nccl.h real/real_cuda.h \
- /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
+ planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
+ planner/zp_offload.h real/real_comm.h real/real_backend.h \
+ real/real_alloc.h real/real_bf16.h real/real_rope.h real/real_cpu.h \
+ real/real_engine.h real/real_comm.h real/real_gpt.h planner/zp_sched.h \
+ real/real_microbench.h planner/zp_util.h real/real_comm_nccl.h \
+ real/real_cuda.h /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
  /usr/lib/x86_64-linux-gnu/openmpi/include/mpi_portable_platform.h
 cli/cli.h:
 planner/zp_hw.h:
@@ -173,6 +173,7 @@ planner/zp_hw.h:
 planner/zp_model.h:
 planner/zp_sched.h:
 planner/zp_util.h:
+planner/zp_offload.h:
 real/real_comm.h:
 real/real_backend.h:
 real/real_alloc.h:

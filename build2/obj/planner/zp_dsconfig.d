@@ -69,7 +69,8 @@ build2/obj/planner/zp_dsconfig.o: planner/zp_dsconfig.c \
  /usr/include/glib-2.0/glib/deprecated/grel.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
- planner/zp_util.h
+ planner/zp_pipe.h planner/zp_offload.h planner/zp_hw.h \
+ planner/zp_optable.h planner/zp_sched.h planner/zp_util.h
 planner/zp_dsconfig.h:
 planner/zp_model.h:
 /usr/include/glib-2.0/glib.h:
@@ -158,4 +159,9 @@ planner/zp_model.h:
 /usr/include/glib-2.0/glib/deprecated/gthread.h:
 /usr/include/glib-2.0/glib/glib-autocleanups.h:
 planner/zp_plan.h:
+planner/zp_pipe.h:
+planner/zp_offload.h:
+planner/zp_hw.h:
+planner/zp_optable.h:
+planner/zp_sched.h:
 planner/zp_util.h:

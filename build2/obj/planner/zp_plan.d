@@ -68,7 +68,9 @@ build2/obj/planner/zp_plan.o: planner/zp_plan.c planner/zp_plan.h \
  /usr/include/glib-2.0/glib/deprecated/gmain.h \
  /usr/include/glib-2.0/glib/deprecated/grel.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
- /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_util.h
+ /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_pipe.h \
+ planner/zp_model.h planner/zp_offload.h planner/zp_hw.h \
+ planner/zp_optable.h planner/zp_sched.h planner/zp_util.h
 planner/zp_plan.h:
 /usr/include/glib-2.0/glib.h:
 /usr/include/glib-2.0/glib/galloca.h:
@@ -155,4 +157,10 @@ planner/zp_plan.h:
 /usr/include/glib-2.0/glib/deprecated/grel.h:
 /usr/include/glib-2.0/glib/deprecated/gthread.h:
 /usr/include/glib-2.0/glib/glib-autocleanups.h:
+planner/zp_pipe.h:
+planner/zp_model.h:
+planner/zp_offload.h:
+planner/zp_hw.h:
+planner/zp_optable.h:
+planner/zp_sched.h:
 planner/zp_util.h:

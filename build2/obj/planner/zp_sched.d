@@ -69,8 +69,8 @@ build2/obj/planner/zp_sched.o: planner/zp_sched.c planner/zp_sched.h \
  /usr/include/glib-2.0/glib/deprecated/grel.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
- planner/zp_model.h planner/zp_cost.h planner/zp_mem.h \
- planner/zp_schedcheck.h planner/zp_util.h
+ planner/zp_model.h planner/zp_cost.h planner/zp_mem.h planner/zp_pipe.h \
+ planner/zp_offload.h planner/zp_schedcheck.h planner/zp_util.h
 planner/zp_sched.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -163,5 +163,7 @@ planner/zp_plan.h:
 planner/zp_model.h:
 planner/zp_cost.h:
 planner/zp_mem.h:
+planner/zp_pipe.h:
+planner/zp_offload.h:
 planner/zp_schedcheck.h:
 planner/zp_util.h:

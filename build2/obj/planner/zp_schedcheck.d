@@ -70,7 +70,7 @@ build2/obj/planner/zp_schedcheck.o: planner/zp_schedcheck.c \
  /usr/include/glib-2.0/glib/deprecated/grel.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
- planner/zp_model.h planner/zp_util.h
+ planner/zp_model.h planner/zp_offload.h planner/zp_util.h
 planner/zp_schedcheck.h:
 planner/zp_sched.h:
 planner/zp_hw.h:
@@ -162,4 +162,5 @@ planner/zp_optable.h:
 /usr/include/glib-2.0/glib/glib-autocleanups.h:
 planner/zp_plan.h:
 planner/zp_model.h:
+planner/zp_offload.h:
 planner/zp_util.h:

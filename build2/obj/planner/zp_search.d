@@ -70,7 +70,8 @@ build2/obj/planner/zp_search.o: planner/zp_search.c planner/zp_search.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h planner/zp_sched.h planner/zp_util.h \
- planner/zp_cost.h planner/zp_dsconfig.h planner/zp_mem.h
+ planner/zp_cost.h planner/zp_offload.h planner/zp_dsconfig.h \
+ planner/zp_mem.h
 planner/zp_search.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -164,5 +165,6 @@ planner/zp_model.h:
 planner/zp_sched.h:
 planner/zp_util.h:
 planner/zp_cost.h:
+planner/zp_offload.h:
 planner/zp_dsconfig.h:
 planner/zp_mem.h:

@@ -71,8 +71,9 @@ build2/obj/real/real_engine.o: real/real_engine.c real/real_engine.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h real/real_gpt.h \
  planner/zp_sched.h planner/zp_hw.h planner/zp_optable.h \
- planner/zp_plan.h planner/zp_model.h real/real_data.h planner/zp_mem.h \
- planner/zp_util.h
+ planner/zp_plan.h planner/zp_model.h real/real_offload.h \
+ planner/zp_offload.h planner/zp_sched.h real/real_data.h \
+ planner/zp_mem.h planner/zp_util.h
 real/real_engine.h:
 real/real_backend.h:
 real/real_alloc.h:
@@ -170,6 +171,9 @@ planner/zp_hw.h:
 planner/zp_optable.h:
 planner/zp_plan.h:
 planner/zp_model.h:
+real/real_offload.h:
+planner/zp_offload.h:
+planner/zp_sched.h:
 real/real_data.h:
 planner/zp_mem.h:
 planner/zp_util.h:

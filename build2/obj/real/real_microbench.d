@@ -71,7 +71,9 @@ build2/obj/real/real_microbench.o: real/real_microbench.c \
  /usr/include/glib-2.0/glib/deprecated/grel.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_model.h \
- planner/zp_plan.h real/real_opbench.h planner/zp_util.h
+ planner/zp_plan.h real/real_offload.h planner/zp_sched.h planner/zp_hw.h \
+ planner/zp_optable.h planner/zp_plan.h planner/zp_model.h \
+ real/real_opbench.h planner/zp_util.h
 real/real_microbench.h:
 real/real_backend.h:
 real/real_alloc.h:
@@ -165,5 +167,11 @@ real/real_comm.h:
 /usr/include/glib-2.0/glib/glib-autocleanups.h:
 planner/zp_model.h:
 planner/zp_plan.h:
+real/real_offload.h:
+planner/zp_sched.h:
+planner/zp_hw.h:
+planner/zp_optable.h:
+planner/zp_plan.h:
+planner/zp_model.h:
 real/real_opbench.h:
 planner/zp_util.h:

@@ -70,7 +70,7 @@ build2/obj/sim/sim_engine.o: sim/sim_engine.c sim/sim_engine.h \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_sched.h planner/zp_hw.h planner/zp_model.h planner/zp_util.h \
- planner/zp_cost.h planner/zp_sched.h sim/sim_coll.h
+ planner/zp_cost.h planner/zp_sched.h planner/zp_offload.h sim/sim_coll.h
 sim/sim_engine.h:
 planner/zp_hw.h:
 planner/zp_optable.h:
@@ -166,4 +166,5 @@ planner/zp_model.h:
 planner/zp_util.h:
 planner/zp_cost.h:
 planner/zp_sched.h:
+planner/zp_offload.h:
 sim/sim_coll.h:

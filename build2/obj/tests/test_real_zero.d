@@ -71,6 +71,7 @@ build2/obj/tests/test_real_zero.o: tests/test_real_zero.c \
  /usr/include/glib-2.0/glib/deprecated/gthread.h \
  /usr/include/glib-2.0/glib/glib-autocleanups.h planner/zp_plan.h \
  planner/zp_model.h tests/testutil.h planner/zp_sched.h \
+ planner/zp_offload.h planner/zp_sched.h \
  /usr/include/glib-2.0/glib/gstdio.h /usr/include/glib-2.0/glib/gprintf.h
 planner/zp_mem.h:
 planner/zp_hw.h:
@@ -163,6 +164,8 @@ planner/zp_optable.h:
 planner/zp_plan.h:
 planner/zp_model.h:
 tests/testutil.h:
+planner/zp_sched.h:
+planner/zp_offload.h:
 planner/zp_sched.h:
 /usr/include/glib-2.0/glib/gstdio.h:
 /usr/include/glib-2.0/glib/gprintf.h:
