@@ -298,6 +298,7 @@ static int print_json(const Report *p)
     json_t *comm = json_object_get(root, "comm_bytes_per_rank");
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
+    json_object_set_new(root, "cost_model", json_string(r->cost_model));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
@@ -442,6 +443,7 @@ static void print_human(const Report *p)
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
     g_free(pipe_text);
     cli_pipe_print_placement(plan, p->hw);
+    printf("Compute costed by: %s.\n", r->cost_model);
     if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
                "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",

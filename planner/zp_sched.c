@@ -7,6 +7,7 @@
  * all-gather of the updated parameters. Stage 3 gathers each unit before use (prefetching
  * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
 #include "zp_sched.h"
+#include "zp_cost.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -184,11 +185,18 @@ static Cost block_forward_cost(const ZpSchedule *s)
                                     (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
-/* A block's backward: twice the forward's GEMM and attention work and elementwise traffic. */
+/* A block's backward from its own ops (zp_cost_kernels): the data-gradient and
+ * weight-gradient GEMMs of every linear (as many FLOPs as the forward's, each), the attention
+ * backward (twice the forward's), and the elementwise traffic of the backward's own kernels
+ * (norm and activation backward, bias gradients, the eager softmax's backward), not twice the
+ * forward's. */
 static Cost block_backward_cost(const ZpSchedule *s)
 {
     const Cost fwd = block_forward_cost(s);
-    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops, 2 * fwd.mem_bytes};
+    ZpKernels bwd;
+    zp_cost_kernels(&s->model, &s->plan, ZP_COMP_BLOCK_BWD, &bwd);
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops,
+                  s->elem_bytes * zp_cost_accesses(&bwd)};
 }
 
 /* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss

@@ -1,6 +1,7 @@
 /* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
  * for compute), and branch and bound over the caller's simulator for the ranking. */
 #include "zp_search.h"
+#include "zp_cost.h"
 #include "zp_offload.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
@@ -300,10 +301,6 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
-                         .peak_flops = zp_hw_peak_flops(spec->hw, spec->precision),
-                         .attn_flops_per_s = zp_hw_attention_flops_per_s(
-                             spec->hw, spec->attention, (double)zp_model_head_dim(spec->model),
-                             (double)spec->model->seq_len),
                          .bus_bytes_per_s = spec->bus_bytes_per_s};
     return TRUE;
 }
@@ -316,16 +313,21 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
                                : sc->hw->intra_node_bytes_per_s;
 }
 
-/* The compute stream's busy time by kind: each op as the simulator times it
- * (zp_hw_compute_time_s); returns the total. */
+/* The compute stream's busy time by kind: each op as the simulator times it (zp_cost_op_s;
+ * the CPU optimizer zp_offload_cpu_time_s); returns the total. A plan the cost model cannot
+ * time (no peak for its precision) is never a bound's winner. */
 static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
 {
     ZpComputeOps ops[ZP_COMP_N];
+    ZpCost cost;
+    for (int k = 0; k < ZP_COMP_N; k++)
+        by_kind[k] = 0;
+    if (!zp_cost_init(&cost, sc->hw, sc->model, plan, NULL))
+        return INFINITY;
     zp_sched_compute_ops(sc->model, plan, ops);
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
-        by_kind[k] = 0;
         if (k == ZP_COMP_CPU_OPTIMIZER) { /* after backward, overlapping nothing */
             if (o->count && zp_offload_cpu_time_s(sc->hw, o->mem_bytes,
                                                 MIN(sc->hw->gpus_per_node, plan->dp * plan->mp),
@@ -333,10 +335,9 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
                 total += by_kind[k];
             continue;
         }
-        by_kind[k] = (double)o->count *
-                     zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
-                                          o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
-                                          k == ZP_COMP_OPTIMIZER);
+        by_kind[k] = (double)o->count * zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops,
+                                                     o->gemm_flops, o->attn_flops,
+                                                     o->mem_bytes);
         total += by_kind[k];
     }
     return total;

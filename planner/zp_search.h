@@ -98,8 +98,6 @@ typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
     double params;
-    double peak_flops;
-    double attn_flops_per_s; /* the fused attention kernel's rate; 0 for eager */
     ZpBusBandwidthFn bus_bytes_per_s;
 } ZpScreen;
 
