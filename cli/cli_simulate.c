@@ -20,6 +20,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *impl;     /* --impl deepspeed|fsdp|paper */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
@@ -92,6 +93,7 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--seq", f->seq != NULL, FROM_SCHEDULE},
         {"--attention", f->attention != NULL, FROM_SCHEDULE},
         {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE},
+        {"--impl", f->impl != NULL, FROM_SCHEDULE},
         {"--overlap", f->overlap, FROM_BOTH}, {"--no-overlap", f->no_overlap, FROM_BOTH},
         {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
         {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH},
@@ -134,6 +136,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
         return FALSE;
     launch.attention = kernels.attention;
     launch.reduce_dtype = kernels.reduce_dtype;
+    if (f->impl && !zp_impl_parse(f->impl, "--impl", &launch.impl, error))
+        return FALSE;
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     int64_t train_batch = 0;
     gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
@@ -184,6 +188,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
+    if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
+        return FALSE;
     return cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
            overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
 }
@@ -545,7 +551,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[25])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -570,9 +576,10 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 24);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 25);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -582,7 +589,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->schedule};
+                      &f->attention, &f->reduce_dtype, &f->impl, &f->schedule};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -594,7 +601,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[24];
+    GOptionEntry entries[25];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

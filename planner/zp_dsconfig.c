@@ -77,7 +77,9 @@ static const KeySpec zero_keys[] = {
     SIZE_ALIAS("param_persistence_threshold", stage3_param_persistence_threshold, AUTO_10H),
     SIZE_ALIAS("max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
     SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
-    OWN("allgather_partitions"), OWN("sub_group_size"),
+    SIZE("sub_group_size", sub_group_size, AUTO_NONE),
+    FLAG("use_multi_rank_bucket_allreduce", use_multi_rank_bucket_allreduce),
+    OWN("allgather_partitions"),
     IGNORED("offload_param"), IGNORED("offload_optimizer"), IGNORED("cpu_offload"),
     IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),
     IGNORED("load_from_fp32_weights"), IGNORED("elastic_checkpoint"),
@@ -90,7 +92,7 @@ static const KeySpec zero_keys[] = {
     IGNORED("zero_quantized_weights"), IGNORED("zero_quantized_nontrainable_weights"),
     IGNORED("zero_quantized_gradients"), IGNORED("zeropp_loco_param"),
     IGNORED("mics_shard_size"), IGNORED("mics_hierarchical_params_gather"),
-    IGNORED("memory_efficient_linear"), IGNORED("use_multi_rank_bucket_allreduce"),
+    IGNORED("memory_efficient_linear"),
     IGNORED("stage3_module_granularity_threshold"), IGNORED("module_granularity_threshold"),
     IGNORED("stage3_use_all_reduce_for_fetch_params"),
     IGNORED("use_all_reduce_for_fetch_params"), IGNORED("pipeline_loading_checkpoint"),
@@ -260,7 +262,7 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
         return TRUE;
     }
     char *what = g_strdup_printf("%s: zero_optimization", path);
-    int64_t stage = 0, sub_group_size = 0;
+    int64_t stage = 0;
     gboolean allgather_partitions = TRUE;
     gboolean ok = check_section(section, path, "zero_optimization.", zero_keys,
                                 G_N_ELEMENTS(zero_keys), warnings, error) &&
@@ -270,18 +272,12 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
         ok = apply_fields(section, what, zero_keys, G_N_ELEMENTS(zero_keys), model, zero,
                           error) &&
              zp_json_get_bool(section, what, "allgather_partitions", FALSE,
-                              &allgather_partitions, error) &&
-             zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
-                             &sub_group_size, error);
+                              &allgather_partitions, error);
     }
-    /* Both keys are checked above; only values other than DeepSpeed's defaults change what
-     * DeepSpeed does, and those zplan does not model. */
+    /* Checked above; only false changes what DeepSpeed does, which zplan does not model. */
     if (ok && !allgather_partitions)
         warn(warnings, path, "zero_optimization.", "allgather_partitions",
              "false is not modeled (zplan all-gathers the updated partitions)");
-    if (ok && json_object_get(section, "sub_group_size") && sub_group_size != 1000000000)
-        warn(warnings, path, "zero_optimization.", "sub_group_size",
-             "not modeled (the optimizer steps the whole partition at once)");
     g_free(what);
     return ok;
 }

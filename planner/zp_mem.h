@@ -40,6 +40,7 @@ typedef struct {
     double allgather_bucket_bytes;  /* parameter all-gather bucket (stages 1-2) */
     double stage3_gathered_bytes;   /* stage 3: largest unit gathered + prefetch, capped */
     double stage3_persistent_bytes; /* stage 3: full copies of params under the threshold */
+    double step_buffer_bytes;       /* the step's gradient copies (flattened, fp32) */
     double reserve_bytes;           /* CUDA context and allocator (from the hwprofile) */
     double total_bytes;
 } ZpResidual;
@@ -65,7 +66,8 @@ typedef struct {
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
                                      double elem_bytes, ZpAttention attention);
 
-/* Every residual term for a plan; hw may be NULL (no reserve). The model must have an
+/* Every residual term for a plan, the buffer terms by its implementation's rules (zp_impl.h);
+ * hw may be NULL (no reserve). The model must have an
  * architecture for activation terms; a params-only model reports buffers and reserve. */
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 

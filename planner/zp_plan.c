@@ -18,6 +18,8 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_param_persistence_threshold = 1e5,
         .stage3_max_live_parameters = 1e9,
         .stage3_max_reuse_distance = 1e9,
+        .sub_group_size = 1e9,
+        .use_multi_rank_bucket_allreduce = TRUE,
     };
 }
 
@@ -124,6 +126,25 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
+static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", NULL};
+
+const char *zp_impl_name(ZpImplKind impl)
+{
+    return impl_names[impl];
+}
+
+static gboolean parse_choice(const char *text, const char *flag, const char *const *names,
+                             int count, int *out, GError **error);
+
+gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, impl_names, ZP_IMPL_N, &v, error))
+        return FALSE;
+    *out = (ZpImplKind)v;
+    return TRUE;
+}
+
 static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
 
 const char *zp_precision_name(ZpPrecision precision)
@@ -207,6 +228,7 @@ static const struct {
      G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold)},
     {"stage3_max_live_parameters", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters)},
     {"stage3_max_reuse_distance", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_reuse_distance)},
+    {"sub_group_size", G_STRUCT_OFFSET(ZpZeroConfig, sub_group_size)},
 };
 static const struct {
     const char *key;
@@ -215,6 +237,8 @@ static const struct {
     {"overlap_comm", G_STRUCT_OFFSET(ZpZeroConfig, overlap_comm)},
     {"contiguous_gradients", G_STRUCT_OFFSET(ZpZeroConfig, contiguous_gradients)},
     {"reduce_scatter", G_STRUCT_OFFSET(ZpZeroConfig, reduce_scatter)},
+    {"use_multi_rank_bucket_allreduce",
+     G_STRUCT_OFFSET(ZpZeroConfig, use_multi_rank_bucket_allreduce)},
 };
 
 void *zp_plan_to_json(const ZpPlan *plan)
@@ -226,13 +250,14 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o}", "stage",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o}", "stage",
                      plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
                      plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
                      plan->checkpoint, "precision", zp_precision_name(plan->precision),
                      "optimizer", zp_optimizer_name(plan->optimizer), "attention",
                      zp_attention_name(plan->attention), "reduce_dtype",
-                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero);
+                     zp_reduce_dtype_name(plan->reduce_dtype), "impl",
+                     zp_impl_name(plan->impl), "zero", zero);
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -244,8 +269,8 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_prefetch_bucket_size",
                                        "stage3_param_persistence_threshold",
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                                       "overlap_comm", "contiguous_gradients", "reduce_scatter",
-                                       NULL};
+                                       "sub_group_size", "overlap_comm", "contiguous_gradients",
+                                       "reduce_scatter", "use_multi_rank_bucket_allreduce", NULL};
     if (!zp_json_check_keys(zero, what, keys, error))
         return FALSE;
     zp_zero_config_defaults(z, (int)stage);
@@ -264,7 +289,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
 {
     json_t *o = json_object;
     int64_t dp, mp, micro, accum;
-    const char *precision, *optimizer, *attention = NULL, *reduce = NULL;
+    const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
@@ -273,7 +298,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "zero", NULL};
+                                       "reduce_dtype", "impl", "zero", NULL};
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
@@ -289,6 +314,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
+        !zp_json_get_string(o, what, "impl", FALSE, &impl, error) ||
+        (impl && !zp_impl_parse(impl, "impl", &plan->impl, error)) ||
         !zero_from_json(zero, what, &plan->zero, error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;

@@ -100,7 +100,8 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
  * the step's compute ops at their exact simulated duration (zp_sched_compute_ops), the
  * tensor-parallel all-reduces that sit between them, and the data-parallel collectives at the
  * group's busbw, ignoring latencies; what overlap_comm overlaps counts once:
- *   max(compute + TP + (overlap ? 0 : reductions), reductions + stage-3 gathers)
+ *   max(compute + TP (forward, recompute) + max(TP after backward, overlap ? 0 : reductions),
+ *       reductions + stage-3 gathers)
  *   + the stage 1-2 parameter all-gather after the optimizer. */
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s);

@@ -99,6 +99,7 @@ static void test_compute_ops_match_schedule(void)
         for (int mp = 1; mp <= 2; mp++) {
             ZpPlan p;
             zp_plan_defaults(&p, stage, 3, mp);
+            p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             p.micro_batch = 2;
             p.grad_accum = 2;
             p.checkpoint = stage % 2;
@@ -649,6 +650,7 @@ static void test_ds_config_round_trip_tp(void)
         for (size_t i = 0; i < G_N_ELEMENTS(mps); i++) {
             ZpPlan plan;
             zp_plan_defaults(&plan, stage, 16 / mps[i], mps[i]);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.micro_batch = 2;
             plan.grad_accum = 3;
             plan.checkpoint = stage % 2 == 1;

@@ -93,6 +93,7 @@ static ZpSchedule *hand_schedule(int dp, int mp)
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = gpt2;
     zp_plan_defaults(&s->plan, 0, dp, mp);
+    s->plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     s->world = dp * mp;
     s->elem_bytes = 2;
     s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
@@ -315,6 +316,7 @@ static void test_slow_rank_zero3(void)
 {
     ZpPlan p;
     zp_plan_defaults(&p, 3, 1024, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.micro_batch = 32;
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
@@ -363,6 +365,7 @@ static void test_schedule_file_round_trip(void)
 {
     ZpPlan p;
     zp_plan_defaults(&p, 3, 8, 2);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.checkpoint = TRUE;
     p.grad_accum = 2;
     GError *error = NULL;
@@ -554,6 +557,7 @@ static ZpSchedule *build(const Case *c)
 {
     ZpPlan p;
     zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.grad_accum = c->accum;
     p.checkpoint = c->checkpoint;
     p.zero.overlap_comm = c->overlap;
@@ -779,6 +783,7 @@ static void test_frozen_results(void)
         g_assert_true(zp_model_load(c->model, &model, &error));
         g_assert_true(zp_hw_load(c->hw, &hw, &error));
         zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+        p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
         p.grad_accum = c->accum;
         p.checkpoint = c->checkpoint;
         p.zero.overlap_comm = c->overlap;
