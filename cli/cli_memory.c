@@ -1,10 +1,14 @@
 /* cli_memory: `zplan memory` prints the ZeRO paper's Table 1 layout — model-state bytes per
- * GPU, one row per GPU count, one column per stage — and the residual terms beside it. */
+ * GPU, one row per GPU count, one column per stage — and the residual terms beside it. With a
+ * model and --cluster, the need per stage is the plan's schedule's peak, as `simulate` gives
+ * it (the same rules: zp_impl), so the two commands never disagree. */
 #include "cli.h"
 #include "zp_comm.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 
 typedef struct {
@@ -17,6 +21,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype */
+    ZpImplKind impl;
 } MemoryArgs;
 
 #define GB 1e9
@@ -50,6 +55,43 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->optimizer = a->optimizer;
     plan->attention = a->kernels.attention;
     plan->reduce_dtype = a->kernels.reduce_dtype;
+    plan->impl = a->impl;
+}
+
+static gboolean has_stage(const MemoryArgs *a, int stage)
+{
+    return zp_impl_get(a->impl)->has_stage(stage);
+}
+
+/* Whether the need is the schedule's simulated peak: a model with an architecture on a
+ * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
+static gboolean simulated(const MemoryArgs *a)
+{
+    return a->have_hw && zp_model_has_architecture(&a->model);
+}
+
+/* Bytes per GPU at a stage, the reserve included: the simulated peak of the plan's schedule
+ * (what `simulate` reports), or model states + residual in closed form. A stage the
+ * implementation does not have needs infinitely much. */
+static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
+{
+    if (!has_stage(a, stage))
+        return INFINITY;
+    ZpPlan plan;
+    plan_for(a, stage, gpus, &plan);
+    if (simulated(a)) {
+        CliRankContext ctx = {&a->model, &a->hw};
+        double step_s = 0, peak = 0;
+        GError *error = NULL;
+        if (cli_rank_by_simulation(&plan, &ctx, &step_s, &peak, &error))
+            return peak + a->hw.runtime_reserve_bytes;
+        g_error_free(error); /* a plan the simulator refuses cannot run: it fits nowhere */
+        return INFINITY;
+    }
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    const ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
+    const double params = (double)zp_model_param_count(&a->model);
+    return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes + r.total_bytes;
 }
 
 static int print_json(const MemoryArgs *a)
@@ -69,6 +111,7 @@ static int print_json(const MemoryArgs *a)
         const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
         json_t *row = json_pack("{s:i, s:i}", "gpus", gpus, "dp", dp);
         json_t *detail = json_object(), *comm = json_object(), *residual = json_object();
+        json_t *needs = json_object();
         for (int stage = 0; stage <= 3; stage++) {
             char key[16];
             g_snprintf(key, sizeof key, "stage%d", stage);
@@ -83,7 +126,10 @@ static int print_json(const MemoryArgs *a)
                                                                     zp_plan_reduce_bytes(&plan))));
             ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
             json_object_set_new(residual, key, residual_json(&r));
+            const double need = stage_need_bytes(a, stage, gpus);
+            json_object_set_new(needs, key, isinf(need) ? json_null() : json_real(need));
         }
+        json_object_set_new(row, "need_bytes", needs);
         json_object_set_new(row, "model_states", detail);
         json_object_set_new(row, "residual", residual);
         json_object_set_new(row, "comm_bytes_per_rank", comm);
@@ -96,17 +142,6 @@ static int print_json(const MemoryArgs *a)
     gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("memory", error);
-}
-
-/* Bytes per GPU at a stage: model states + residual (the reserve included). */
-static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
-{
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
-    ZpPlan plan;
-    plan_for(a, stage, gpus, &plan);
-    const ZpResidual r = zp_mem_residual(&a->model, &plan, &a->hw);
-    const double params = (double)zp_model_param_count(&a->model);
-    return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes + r.total_bytes;
 }
 
 /* The stage that needs the least memory at the last GPU count (the one the residual table
@@ -129,9 +164,12 @@ static void print_verdict(const MemoryArgs *a)
     const int stage = least_stage(a, &need);
     const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
     char *what = g_strdup_printf("stage %d on %d GPUs", stage, gpus);
-    char *detail = g_strdup_printf("model states + residual at micro-batch %d, sequence %"
-                                   G_GINT64_FORMAT ", %s", a->micro_batch, a->model.seq_len,
-                                   a->checkpoint ? "checkpointing" : "no checkpointing");
+    char *detail = g_strdup_printf("%s at micro-batch %d, sequence %" G_GINT64_FORMAT ", %s, %s",
+                                   simulated(a) ? "simulated peak + reserve"
+                                                : "model states + residual",
+                                   a->micro_batch, a->model.seq_len,
+                                   a->checkpoint ? "checkpointing" : "no checkpointing",
+                                   zp_impl_name(a->impl));
     char *verdict = cli_verdict(what, detail, need, a->hw.gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict), g_free(detail), g_free(what);
@@ -153,11 +191,13 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     ZpResidual r[4];
     ZpModelStates m[4];
+    double need[4];
     for (int stage = 0; stage <= 3; stage++) {
         ZpPlan plan;
         plan_for(a, stage, gpus, &plan);
         r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
         m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+        need[stage] = stage_need_bytes(a, stage, gpus);
     }
     printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
            ", %s attention, %s (GB):\n",
@@ -176,6 +216,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         {"all-gather bucket", G_STRUCT_OFFSET(ZpResidual, allgather_bucket_bytes)},
         {"stage-3 gathered params", G_STRUCT_OFFSET(ZpResidual, stage3_gathered_bytes)},
         {"stage-3 persistent params", G_STRUCT_OFFSET(ZpResidual, stage3_persistent_bytes)},
+        {"step gradient copies", G_STRUCT_OFFSET(ZpResidual, step_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
     printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "model states", m[0].total_bytes / GB,
@@ -186,17 +227,29 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
             printf(" %9.3f", G_STRUCT_MEMBER(double, &r[stage], rows[i].offset) / GB);
         printf("\n");
     }
-    printf("  %-28s", "total");
+    printf("  %-28s", "sum of the terms");
     for (int stage = 0; stage <= 3; stage++)
         printf(" %9.3f", (m[stage].total_bytes + r[stage].total_bytes) / GB);
     printf("\n");
+    if (simulated(a)) {
+        /* The terms are each one's worst; the schedule's peak is when they add up most. */
+        printf("  %-28s", "peak + reserve (simulate)");
+        for (int stage = 0; stage <= 3; stage++)
+            if (isinf(need[stage]))
+                printf(" %9s", "n/a");
+            else
+                printf(" %9.3f", need[stage] / GB);
+        printf("\n");
+    }
     if (!a->have_hw)
         return;
     printf("  %-28s", "fits in GPU memory?");
     for (int stage = 0; stage <= 3; stage++) {
-        const double over = m[stage].total_bytes + r[stage].total_bytes - a->hw.gpu_memory_bytes;
+        const double over = need[stage] - a->hw.gpu_memory_bytes;
         char cell[32];
-        if (over <= 0)
+        if (isinf(need[stage]))
+            g_snprintf(cell, sizeof cell, "n/a");
+        else if (over <= 0)
             g_snprintf(cell, sizeof cell, "yes");
         else
             g_snprintf(cell, sizeof cell, "+%.1f", over / GB);
@@ -240,7 +293,7 @@ int cli_memory(int argc, char **argv)
 {
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
-    char *attention = NULL, *reduce = NULL;
+    char *attention = NULL, *reduce = NULL, *impl = NULL;
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
@@ -255,6 +308,7 @@ int cli_memory(int argc, char **argv)
         CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -276,7 +330,8 @@ int cli_memory(int argc, char **argv)
                   cli_precision_optimizer(precision, optimizer, &a.precision, &a.optimizer,
                                           &error) &&
                   cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
-                                       &a.kernels, &error);
+                                       &a.kernels, &error) &&
+                  (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error));
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -295,6 +350,6 @@ int cli_memory(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
-    g_free(attention), g_free(reduce);
+    g_free(attention), g_free(reduce), g_free(impl);
     return status;
 }
