@@ -14,7 +14,7 @@ for run in "tiny 8" "cpu-small 4"; do
     set -- $run
     for stage in 0 3; do
         echo "== $1, stage $stage, $ranks ranks, micro-batch $2"
-        build/zplan simulate --model "$1" --cluster "$tmp/cpu-local.json" --gpus "$ranks" \
+        build/zplan simulate --impl paper --model "$1" --cluster "$tmp/cpu-local.json" --gpus "$ranks" \
             --stage "$stage" --micro-batch "$2" --precision bf16 --no-dropout --persistence-threshold 0 \
             --json >"$tmp/predicted.json"
         mpirun --oversubscribe -np "$ranks" build/zreal --model "$1" --stage "$stage" \

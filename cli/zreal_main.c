@@ -75,6 +75,9 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
     zp_plan_defaults(&plan, a->stage, world, 1);
+    /* The engine executes the paper's unit-level semantics (real/real_engine.c); DeepSpeed's
+     * and FSDP's schedules (zp_impl) are simulated, not yet executed. */
+    plan.impl = ZP_IMPL_PAPER;
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = a->micro_batch;
     plan.grad_accum = a->grad_accum;

@@ -146,7 +146,8 @@ double zp_sched_model_state_bytes(const ZpSchedule *sched);
  * 2(n-1)/n S, reduce-scatter and all-gather (n-1)/n S, per its group size n. */
 double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 
-/* JSON round trip (`zplan schedule --out`); the reader validates every field. */
+/* JSON round trip (`zplan schedule --out`); the reader validates every field and, since zreal
+ * executes what it reads, takes --impl paper schedules only. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 

@@ -276,7 +276,7 @@ static void test_calibrate_and_validate(void)
     json_decref(hw);
 
     args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
-                           "--precision bf16 --persistence-threshold 0 --json",
+                           "--precision bf16 --persistence-threshold 0 --impl paper --json",
                            profile);
     g_assert_true(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
     g_assert_true(g_file_set_contents(pred, out, -1, NULL));
