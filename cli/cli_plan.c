@@ -21,6 +21,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
+    ZpImplKind impl;
     gboolean json;
     char *ds_config;
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
@@ -252,6 +253,8 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
             printf("  %5d %-60s %9.3f %16s  %s\n", stage, what, c->step_time_s, vs, verdict);
             g_free(vs);
             g_free(what);
+        } else if (stage_closest(r, stage) < 0) { /* the implementation has no such stage */
+            printf("  %5d not a stage of --impl %s\n", stage, zp_impl_name(a->impl));
         } else { /* every stage is searched, so a stage without a fit has a closest plan */
             const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
             char *what = describe(c);
@@ -496,7 +499,7 @@ int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL, *room = NULL;
+    char *reduce = NULL, *room = NULL, *impl = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -513,6 +516,7 @@ int cli_plan(int argc, char **argv)
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -528,6 +532,7 @@ int cli_plan(int argc, char **argv)
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
                     attention, reduce, room, &error) ||
+        (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
     } else {
@@ -541,6 +546,7 @@ int cli_plan(int argc, char **argv)
         spec.optimizer = a.optimizer;
         spec.attention = a.kernels.attention;
         spec.reduce_dtype = a.kernels.reduce_dtype;
+        spec.impl = a.impl;
         ZpSearchResult result;
         CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
         spec.progress = cli_progress_update;
@@ -553,6 +559,6 @@ int cli_plan(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
-    g_free(attention), g_free(reduce), g_free(room);
+    g_free(attention), g_free(reduce), g_free(room), g_free(impl);
     return status;
 }

@@ -101,7 +101,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GA
 {
     const int lo = spec->stage >= 0 ? spec->stage : 0, hi = spec->stage >= 0 ? spec->stage : 3;
     for (int stage = lo; stage <= hi; stage++)
-        for (int ckpt = 0; ckpt <= 1; ckpt++)
+        for (int ckpt = 0; ckpt <= 1 && zp_impl_get(spec->impl)->has_stage(stage); ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
                 ZpPlan plan;
                 zp_plan_defaults(&plan, stage, spec->gpus / mp, mp);
@@ -112,6 +112,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GA
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
+                plan.impl = spec->impl;
                 apply_buckets(spec->model, choice, &plan.zero);
                 gboolean seen = FALSE;
                 for (int earlier = 0; earlier < choice && !seen; earlier++) {

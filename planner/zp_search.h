@@ -33,6 +33,7 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpAttention attention;      /* the kernel every plan uses (the caller resolves "flash") */
     ZpReduceDtype reduce_dtype; /* the dtype every plan reduces gradients in */
+    ZpImplKind impl;            /* whose ZeRO every plan follows (its stages only) */
     int top_k;            /* how many ranked plans to keep */
     ZpRankFn rank;
     void *rank_ctx;
