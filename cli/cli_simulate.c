@@ -84,10 +84,10 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
     } plan_flags[] = {
         {"--model", f->model != NULL, FROM_SCHEDULE}, {"--gpus", f->gpus != NULL, FROM_SCHEDULE},
         {"--mp", f->mp != NULL, FROM_SCHEDULE}, {"--stage", f->stage != NULL, FROM_BOTH},
-        {"--micro-batch", f->micro_batch != NULL, FROM_BOTH},
-        {"--grad-accum", f->grad_accum != NULL, FROM_BOTH},
+        {"--micro-batch", f->micro_batch != NULL, FROM_SCHEDULE},
+        {"--grad-accum", f->grad_accum != NULL, FROM_SCHEDULE},
         {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE},
-        {"--checkpoint", f->checkpoint, FROM_BOTH},
+        {"--checkpoint", f->checkpoint, FROM_SCHEDULE},
         {"--precision", f->precision != NULL, FROM_SCHEDULE},
         {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE},
         {"--seq", f->seq != NULL, FROM_SCHEDULE},
@@ -110,9 +110,24 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
     return TRUE;
 }
 
+/* A flag given beside --ds-config must agree with the value the file gives (its "auto" took
+ * the flag's value already). */
+static gboolean agrees(const char *flag, const char *given, int flag_value, const char *key,
+                       int file_value, const char *path, GError **error)
+{
+    if (!given || flag_value == file_value)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s %d contradicts %s's %s %d; give one of them",
+                flag, flag_value, path, key, file_value);
+    return FALSE;
+}
+
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
- * and, for "auto", precision and optimizer from the flags. Flags that would say the plan a
- * second time are refused rather than silently overridden. */
+ * and, for "auto" (as the Hugging Face Trainer fills it from its arguments), --micro-batch,
+ * --grad-accum, --precision and the optimizer from the flags; --checkpoint turns
+ * checkpointing on (the Trainer's gradient_checkpointing lives outside the config). A flag
+ * that contradicts a concrete value of the file is an error naming both; the ZeRO knobs'
+ * flags would say the plan a second time and are refused. */
 static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
                                ZpPlan *plan, GError **error)
 {
@@ -128,7 +143,9 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
         return FALSE;
     zp_plan_defaults(&launch, 0, gpus / mp, mp);
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
-                                 &launch.optimizer, error))
+                                 &launch.optimizer, error) ||
+        !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
+        !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error))
         return FALSE;
     ZpPlan kernels = launch;
     if (!cli_attention_reduce(f->attention, f->reduce_dtype, hw, launch.precision, &kernels,
@@ -145,6 +162,23 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     for (guint i = 0; i < warnings->len; i++)
         fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
     g_ptr_array_unref(warnings);
+    ok = ok &&
+         agrees("--micro-batch", f->micro_batch, launch.micro_batch,
+                "train_micro_batch_size_per_gpu", plan->micro_batch, f->ds_config, error) &&
+         agrees("--grad-accum", f->grad_accum, launch.grad_accum, "gradient_accumulation_steps",
+                plan->grad_accum, f->ds_config, error);
+    if (ok && f->precision && plan->precision != launch.precision) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--precision %s contradicts %s's %s; give one of them", f->precision,
+                    f->ds_config,
+                    plan->precision == ZP_PREC_FP32 ? "fp32 (neither fp16 nor bf16 enabled)"
+                                                    : plan->precision == ZP_PREC_FP16
+                                                          ? "fp16.enabled"
+                                                          : "bf16.enabled");
+        ok = FALSE;
+    }
+    if (ok && f->checkpoint)
+        plan->checkpoint = TRUE;
     return ok;
 }
 

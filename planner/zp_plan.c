@@ -29,13 +29,13 @@ static const struct {
     double min;
 } zero_knobs[ZP_KNOB_N] = {
     [ZP_KNOB_REDUCE_BUCKET] = {"--reduce-bucket-size",
-                               G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 1},
+                               G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 0},
     [ZP_KNOB_ALLGATHER_BUCKET] = {"--allgather-bucket-size",
                                   G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size), 1},
     [ZP_KNOB_PREFETCH_BUCKET] = {"--prefetch-bucket-size",
                                  G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size), 0},
     [ZP_KNOB_MAX_LIVE] = {"--max-live-parameters",
-                          G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 1},
+                          G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 0},
     [ZP_KNOB_PERSISTENCE] = {"--persistence-threshold",
                              G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
 };
@@ -315,7 +315,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
         !zp_json_get_string(o, what, "impl", FALSE, &impl, error) ||
-        (impl && !zp_impl_parse(impl, "impl", &plan->impl, error)) ||
+        !zp_impl_parse(impl ? impl : "paper", "impl", &plan->impl, error) ||
         !zero_from_json(zero, what, &plan->zero, error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;

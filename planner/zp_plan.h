@@ -86,7 +86,8 @@ typedef enum {
 const char *zp_zero_knob_flag(ZpZeroKnob knob);
 
 /* Sets the knob from a flag's text: a whole number of elements, at least DeepSpeed's least
- * value (1 for buckets and live parameters, 0 for prefetch and persistence), at most 1e15.
+ * value (1 for the all-gather bucket, which DeepSpeed divides by; 0 for the others), at most
+ * 1e15.
  * Fails naming the flag. */
 gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text,
                           GError **error);
@@ -129,7 +130,7 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
  * "precision", "optimizer", "attention", "reduce_dtype", "impl", "zero": {DeepSpeed's
  * zero_optimization keys}}) and back; the reader names the first missing, unknown or
  * ill-typed key ("attention", "reduce_dtype" and "impl" may be absent: eager, the
- * gradients', deepspeed). */
+ * gradients', and paper, the semantics of every file written before "impl" existed). */
 void *zp_plan_to_json(const ZpPlan *plan);
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
 

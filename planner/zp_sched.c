@@ -703,11 +703,14 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "mp: the tensor-parallel degree must divide the attention heads";
     else if (p->micro_batch < 1 || p->grad_accum < 1)
         bad = "micro-batch/grad-accum: must be at least 1";
-    else if (p->zero.reduce_bucket_size < 1 || p->zero.allgather_bucket_size < 1)
-        bad = "reduce_bucket_size/allgather_bucket_size: must be at least 1 element";
-    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 1 ||
-             p->zero.stage3_param_persistence_threshold < 0)
-        bad = "stage3_*: prefetch and persistence must be >= 0, live parameters >= 1";
+    /* DeepSpeed takes 0 for the reduce bucket (every parameter then bypasses it) and the
+     * stage-3 sizes (no prefetch, nothing persistent, nothing kept live ahead), but divides by
+     * allgather_bucket_size (runtime/utils.py all_gather_dp_groups). */
+    else if (p->zero.reduce_bucket_size < 0 || p->zero.allgather_bucket_size < 1)
+        bad = "reduce_bucket_size/allgather_bucket_size: must be >= 0 and >= 1 element";
+    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 0 ||
+             p->zero.stage3_param_persistence_threshold < 0 || p->zero.sub_group_size < 0)
+        bad = "stage3_*/sub_group_size: must be >= 0";
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;

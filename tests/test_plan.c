@@ -340,7 +340,6 @@ static void test_dsconfig_refusals(void)
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": 4}}", "key \"stage\" = 4"},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stag\": 2}}",
          "unknown key \"zero_optimization.stag\""},
-        {"{\"train_batch_size\": 64, \"trian_batch_size\": 64}", "unknown key \"trian_batch_size\""},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"overlap_comm\": 1}}",
          "key \"overlap_comm\" must be true or false"},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"reduce_bucket_size\": 2.5}}",
@@ -393,7 +392,8 @@ static void test_dsconfig_refusals(void)
     g_ptr_array_unref(warnings);
 }
 
-/* Keys DeepSpeed knows and zplan does not model warn, one line each naming the key. */
+/* Keys DeepSpeed knows and zplan does not model are listed in one warning line; unknown
+ * top-level keys, which DeepSpeed ignores, in another; other warnings say why. */
 static void test_dsconfig_warnings(void)
 {
     ZpModel m = load_model("gpt2-124m");
@@ -405,6 +405,7 @@ static void test_dsconfig_warnings(void)
     g_assert_true(read_ds(
         "{\"train_batch_size\": 64, \"optimizer\": {\"type\": \"AdamW\"}, \"scheduler\": {}, "
         "\"gradient_clipping\": 1.0, \"steps_per_print\": 10, \"wall_clock_breakdown\": false, "
+        "\"trian_batch_size\": 64, "
         "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
         " \"offload_optimizer\": {\"device\": \"cpu\"}, \"allgather_partitions\": false, "
         "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
@@ -412,10 +413,10 @@ static void test_dsconfig_warnings(void)
         &m, &launch, &plan, &batch, warnings, &error));
     g_assert_no_error(error);
     const char *expected[] = {
-        "\"optimizer\" ignored: not modeled", "\"scheduler\" ignored",
-        "\"gradient_clipping\" ignored", "\"steps_per_print\" ignored",
-        "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
-        "\"zero_optimization.offload_optimizer\" ignored",
+        "read but not modeled (ignored): optimizer, scheduler, gradient_clipping, "
+        "steps_per_print, wall_clock_breakdown, fp16.loss_scale, "
+        "zero_optimization.offload_optimizer",
+        "unknown top-level keys, which DeepSpeed ignores: trian_batch_size",
         "\"zero_optimization.allgather_partitions\" ignored",
         "\"activation_checkpointing.partition_activations\" ignored",
     };
@@ -775,9 +776,6 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
      "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": \"three\"}}",
      "key \"stage\" must be a whole number"},
-    {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
-     "{\"train_batch_size\": 8, \"zero_optimisation\": {\"stage\": 1}}",
-     "unknown key \"zero_optimisation\""},
     {"sweep --vary params --values 1e9,2e9 --cluster dgx2-v100 --metric tflops --gpus 8 --out x",
      NULL, "--vary params: tflops simulates steps"},
     {"sweep --vary gpus --values 8,16 --model gpt2-124m --metric maxmodel --out x", NULL,

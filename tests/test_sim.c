@@ -995,7 +995,7 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 40 --mp 5 --stage 3 --micro-batch 1", "--mp: 5 does not divide the 12 attention heads"},
     {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 32 --mp 16 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 16 must divide the 8 GPUs per node"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --overlap --no-overlap", "not both"},
-    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --reduce-bucket-size 0", "--reduce-bucket-size: '0' is outside"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --reduce-bucket-size -1", "--reduce-bucket-size: '-1' is outside"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters lots", "--max-live-parameters: 'lots' is not a number"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --persistence-threshold -1", "--persistence-threshold: '-1' is outside"},
     {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --stage 3 --micro-batch 1 --precision bf16", "--precision: dgx2-v100"},
