@@ -313,6 +313,24 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
     }
 }
 
+/* Elements kept whole per rank under per-parameter persistence: the tensors of the embedding,
+ * of one block (times L) and of the final unit, from a one-block copy of the model. */
+static double persistent_elems(const ZpModel *model, const ZpPlan *plan)
+{
+    ZpModel one = *model;
+    one.layers = 1;
+    GArray *tensors = zp_model_tensors(&one);
+    double total = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double elems = ceil((double)t->elems / plan->mp);
+        if (elems <= plan->zero.stage3_param_persistence_threshold)
+            total += elems * (t->unit == 1 ? (double)model->layers : 1.0);
+    }
+    g_array_unref(tensors);
+    return total;
+}
+
 static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
     /* Start from the unit-level terms, then put DeepSpeed's own where they differ. */
@@ -328,6 +346,9 @@ static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
     const double part = z->stage == 0 ? 0 : psi / plan->dp;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const gboolean mixed = plan->precision != ZP_PREC_FP32;
+    if (z->stage == 3 && zp_model_has_architecture(model))
+        r->stage3_persistent_bytes = persistent_elems(model, plan) *
+                                     zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     if (z->stage == 1 || z->stage == 2)
         r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
     else if (z->stage == 3 && mixed)
