@@ -94,6 +94,29 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
     return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes + r.total_bytes;
 }
 
+/* Bytes a rank sends per step: the plan's schedule's collectives when the model has an
+ * architecture (the implementation's rules), else the paper's closed form with the
+ * implementation's gradient collective (an all-reduce moves the gradients twice); null for a
+ * stage the implementation lacks. */
+static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
+{
+    if (!has_stage(a, plan->zero.stage))
+        return json_null();
+    if (!zp_model_has_architecture(&a->model)) {
+        const double psi = (double)zp_model_param_count(&a->model) / plan->mp;
+        const double sent = psi * (plan->dp - 1) / plan->dp, reduce = zp_plan_reduce_bytes(plan);
+        const gboolean twice = zp_impl_get(a->impl)->grad_collective(plan) == ZP_COLL_ALLREDUCE;
+        return json_real(zp_comm_dp_bytes_per_rank(psi * plan->mp, plan->zero.stage, plan->dp,
+                                                   plan->mp, zp_plan_elem_bytes(plan->precision),
+                                                   reduce) +
+                         (twice && plan->zero.stage > 0 ? sent * reduce : 0.0));
+    }
+    ZpSchedule *s = zp_sched_build(&a->model, plan, NULL);
+    json_t *bytes = s ? json_real(zp_sched_comm_bytes(s, ZP_GROUP_DP)) : json_null();
+    zp_sched_free(s);
+    return bytes;
+}
+
 static int print_json(const MemoryArgs *a)
 {
     const double params = (double)zp_model_param_count(&a->model);
@@ -120,10 +143,7 @@ static int print_json(const MemoryArgs *a)
             json_object_set_new(detail, key, states_json(m));
             ZpPlan plan;
             plan_for(a, stage, gpus, &plan);
-            json_object_set_new(comm, key,
-                                json_real(zp_comm_dp_bytes_per_rank(params, stage, dp, a->mp,
-                                                                    zp_plan_elem_bytes(a->precision),
-                                                                    zp_plan_reduce_bytes(&plan))));
+            json_object_set_new(comm, key, comm_json(a, &plan));
             ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
             json_object_set_new(residual, key, residual_json(&r));
             const double need = stage_need_bytes(a, stage, gpus);

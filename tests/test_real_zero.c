@@ -383,7 +383,7 @@ static void test_schedule_file(void)
     json_decref(a), json_decref(b);
 
     args = g_strdup_printf("schedule --model gpt2-124m --gpus 1 --stage 0 --micro-batch 1 "
-                           "--precision bf16 --out %s", sched);
+                           "--precision bf16 --impl paper --out %s", sched);
     r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r);
