@@ -229,6 +229,47 @@ static void test_fsdp(void)
     zp_sched_free(s);
 }
 
+/* Every implementation's schedule is well formed at every stage, with and without
+ * checkpointing, accumulation and tensor parallelism: the simulator runs it (it refuses a
+ * category that goes negative or does not return to the model states at the end) and every
+ * unit's gradients are reduced once per reducing backward. */
+static void test_schedules_balance(void)
+{
+    const ZpModel m = load_model("gpt2-124m");
+    ZpHw hw;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, NULL));
+    for (int impl = 0; impl < ZP_IMPL_N; impl++)
+        for (int stage = 0; stage <= 3; stage++)
+            for (int variant = 0; variant < 8; variant++) {
+                if (!zp_impl_get((ZpImplKind)impl)->has_stage(stage))
+                    continue;
+                ZpPlan p;
+                zp_plan_defaults(&p, stage, 4, variant & 4 ? 2 : 1);
+                p.impl = (ZpImplKind)impl;
+                p.checkpoint = variant & 1;
+                p.grad_accum = variant & 2 ? 3 : 1;
+                p.zero.reduce_bucket_size = 2e7; /* several buckets, wte bypassing */
+                p.zero.overlap_comm = variant & 1;
+                GError *error = NULL;
+                ZpSchedule *s = zp_sched_build(&m, &p, &error);
+                g_assert_no_error(error);
+                SimOptions options = {0};
+                SimResult *r = sim_engine_run(s, &hw, &options, &error);
+                g_assert_no_error(error);
+                sim_result_free(r);
+                double reduced = 0;
+                for (guint i = 0; i < s->ops->len; i++) {
+                    const ZpOp *op = zp_sched_op(s, i);
+                    if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+                        op->sub != ZP_COLL_ALLGATHER)
+                        reduced += (double)op->elems;
+                }
+                const double backwards = stage >= 2 ? p.grad_accum : 1;
+                g_assert_cmpfloat(reduced, ==, backwards * (double)s->total_elems);
+                zp_sched_free(s);
+            }
+}
+
 /* `zplan memory`'s need per stage is `zplan simulate`'s peak + reserve, for every stage x
  * implementation x checkpointing over models and GPU counts. */
 static void test_memory_is_simulate(void)
@@ -290,6 +331,7 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-bucket-buffers", test_deepspeed_bucket_buffers);
     g_test_add_func("/impl/step-copies", test_step_copies);
     g_test_add_func("/impl/fsdp", test_fsdp);
+    g_test_add_func("/impl/schedules-balance", test_schedules_balance);
     g_test_add_func("/impl/memory-is-simulate", test_memory_is_simulate);
     return g_test_run();
 }
