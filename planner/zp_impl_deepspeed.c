@@ -313,17 +313,20 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
     }
 }
 
-/* Elements kept whole per rank under per-parameter persistence: the tensors of the embedding,
- * of one block (times L) and of the final unit, from a one-block copy of the model. */
-static double persistent_elems(const ZpModel *model, const ZpPlan *plan)
+/* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,
+ * of one block times L and of the final unit, from a one-block copy of the model), and the
+ * largest tensor a rank holds. */
+static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double *largest)
 {
     ZpModel one = *model;
     one.layers = 1;
     GArray *tensors = zp_model_tensors(&one);
     double total = 0;
+    *largest = 0;
     for (guint i = 0; i < tensors->len; i++) {
         const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
         const double elems = ceil((double)t->elems / plan->mp);
+        *largest = fmax(*largest, elems);
         if (elems <= plan->zero.stage3_param_persistence_threshold)
             total += elems * (t->unit == 1 ? (double)model->layers : 1.0);
     }
@@ -340,15 +343,20 @@ static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
     const double psi = (double)zp_model_param_count(model) / plan->mp;
     double elems;
     const int held = ds_bucket_buffers(plan, &elems);
+    double largest = 0, kept = 0;
+    if (zp_model_has_architecture(model))
+        kept = persistent_elems(model, plan, &largest);
     if (held > 0)
         r->reduce_bucket_bytes = held * elems * reduce * (z->stage == 3 ? 2.0 : 1.0);
+    else if (largest > 0) /* a bucket flattened on its own: whole tensors, a larger one alone */
+        r->reduce_bucket_bytes = fmin(fmax(z->reduce_bucket_size, largest), psi) * reduce;
     r->allgather_bucket_bytes = 0; /* runtime/utils.py all_gather_dp_groups: in place */
     const double part = z->stage == 0 ? 0 : psi / plan->dp;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const gboolean mixed = plan->precision != ZP_PREC_FP32;
     if (z->stage == 3 && zp_model_has_architecture(model))
-        r->stage3_persistent_bytes = persistent_elems(model, plan) *
-                                     zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
+        r->stage3_persistent_bytes =
+            kept * zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     if (z->stage == 1 || z->stage == 2)
         r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
     else if (z->stage == 3 && mixed)
