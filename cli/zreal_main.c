@@ -33,7 +33,7 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 #define SLOW_STEP_FACTOR 10.0
 
 typedef struct {
-    char *model, *schedule, *out, *backend, *attention, *seq;
+    char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
@@ -75,9 +75,11 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
     zp_plan_defaults(&plan, a->stage, world, 1);
-    /* The engine executes the paper's unit-level semantics (real/real_engine.c); DeepSpeed's
-     * and FSDP's schedules (zp_impl) are simulated, not yet executed. */
+    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's at
+     * every stage and DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
     plan.impl = ZP_IMPL_PAPER;
+    if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan.impl, error))
+        return NULL;
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = a->micro_batch;
     plan.grad_accum = a->grad_accum;
@@ -353,6 +355,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default, every stage) or deepspeed (stages 0-1)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -438,7 +441,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
-    g_free(a->attention), g_free(a->seq);
+    g_free(a->attention), g_free(a->seq), g_free(a->impl);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }
