@@ -365,12 +365,14 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     Bucket *k = bucket(b, i);
     uint32_t after = NONE; /* what the collective waits for besides the gradients */
     int held = -1;
-    if (own_buffer(b, k) && k->buffer < 0 && !(k->spec.bypass && s->plan.zero.stage < 2)) {
+    /* A bypassing bucket at stages 0-1 is reduced in place in the full gradients: no buffer. */
+    const gboolean in_place = k->spec.bypass && s->plan.zero.stage < 2;
+    if (!in_place && own_buffer(b, k) && k->buffer < 0) {
         /* stages 0-1: copy the finished gradients into a bucket */
         uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
         k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
                                  &k->buffer, adeps, 2);
-    } else if (!own_buffer(b, k)) {
+    } else if (!in_place && !own_buffer(b, k)) {
         /* the gradients are copied into the next held buffer once its last reduction ran */
         held = (int)(b->n_launched_held++ % (guint)b->n_ipg);
         k->buffer = b->ipg[held];

@@ -258,14 +258,25 @@ static void test_schedules_balance(void)
                 g_assert_no_error(error);
                 sim_result_free(r);
                 double reduced = 0;
+                GHashTable *size = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL,
+                                                         g_free);
                 for (guint i = 0; i < s->ops->len; i++) {
                     const ZpOp *op = zp_sched_op(s, i);
+                    if (op->kind == ZP_OP_ALLOC)
+                        g_hash_table_insert(size, GINT_TO_POINTER(op->buffer),
+                                            g_memdup2(&op->bytes, sizeof op->bytes));
+                    /* a collective fits the buffer it works in */
+                    if (op->kind == ZP_OP_COLLECTIVE && op->buffer >= 0)
+                        g_assert_cmpfloat(op->bytes, <=,
+                                          *(double *)g_hash_table_lookup(
+                                              size, GINT_TO_POINTER(op->buffer)));
                     if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
                         op->sub != ZP_COLL_ALLGATHER)
                         reduced += (double)op->elems;
                 }
                 const double backwards = stage >= 2 ? p.grad_accum : 1;
                 g_assert_cmpfloat(reduced, ==, backwards * (double)s->total_elems);
+                g_hash_table_unref(size);
                 zp_sched_free(s);
             }
 }
