@@ -568,7 +568,8 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
     /* No batch key at all: the launcher supplies the batch (Accelerate fills
      * train_micro_batch_size_per_gpu from its dataloader, the Trainer its accumulation). */
     const gboolean no_batch = !json_object_get(root, train.key) &&
-                              !json_object_get(root, micro.key) && !json_object_get(root, accum.key);
+                              !json_object_get(root, micro.key) &&
+                              !json_object_get(root, accum.key);
     if (!check_section(root, what, "", top_keys, G_N_ELEMENTS(top_keys), warnings, error) ||
         !read_batch_key(root, what, &train,
                         (int64_t)launch->micro_batch * launch->grad_accum * dp, error) ||

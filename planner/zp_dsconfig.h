@@ -20,7 +20,8 @@
  * gradient_accumulation_steps x dp; any two keys determine the third, one of train_batch_size
  * or the micro-batch alone means no accumulation, none of the three the launch's micro-batch
  * and accumulation (as Accelerate and the Trainer fill them); a contradiction or a batch the
- * data-parallel degree does not divide fails naming the keys. *train_batch_size receives the global batch.
+ * data-parallel degree does not divide fails naming the keys. *train_batch_size receives the
+ * global batch.
  * Precision: fp16 or bf16 {"enabled": true} (both is an error), neither means fp32.
  * zero_optimization: every absent key takes DeepSpeed's default (deepspeed/runtime/zero/
  * config.py: overlap_comm true only for stage 3); the stage3_* keys also under DeepSpeed's

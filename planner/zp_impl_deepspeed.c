@@ -83,7 +83,8 @@ static void add_use(Trace *t, int module, int pos)
 /* Modules of unit u, forward or reverse. */
 static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
 {
-    const int n_modules = (int)g_array_index(t->tensors, ZpImplTensor, t->tensors->len - 1).module + 1;
+    const int n_modules =
+        (int)g_array_index(t->tensors, ZpImplTensor, t->tensors->len - 1).module + 1;
     int first = -1, last = -1;
     for (int m = 0; m < n_modules; m++) {
         const ZpImplTensor *x = &g_array_index(t->tensors, ZpImplTensor, t->module_start[m]);

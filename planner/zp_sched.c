@@ -1164,7 +1164,8 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
          * that; the other implementations' schedules are for the simulator (read_graph). */
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"plan\": impl \"%s\": zreal executes --impl paper schedules only "
-                    "(zp_schedcheck checks the paper's layout; zplan simulate --schedule times any)",
+                    "(zp_schedcheck checks the paper's layout; zplan simulate --schedule times "
+                    "any)",
                     path, zp_impl_name(plan.impl));
         ok = FALSE;
     }

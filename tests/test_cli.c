@@ -94,8 +94,9 @@ static void test_verdict_first(void)
          2, "Does not fit: the step needs 722.4 GB per GPU (simulated peak + 1.0 GB reserve) of "
             "80 GiB (85.9 GB), 636.5 GB short.\n"},
         {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 3 --micro-batch 1 "
-         "--checkpoint --impl paper", 0, "Fits: the step needs 60.2 GB per GPU (simulated peak + 1.0 GB "
-                            "reserve) of 80 GiB (85.9 GB), 25.7 GB headroom.\n"},
+         "--checkpoint --impl paper", 0,
+         "Fits: the step needs 60.2 GB per GPU (simulated peak + 1.0 GB reserve) of 80 GiB "
+         "(85.9 GB), 25.7 GB headroom.\n"},
         /* memory's need is simulate's peak + reserve for the same plan */
         {"memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --impl paper", 2,
          "Does not fit: stage 3 on 64 GPUs needs 139.5 GB per GPU"},

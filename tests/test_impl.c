@@ -212,7 +212,8 @@ static void test_fsdp(void)
     g_assert_nonnull(strstr(error->message, "no stage 1"));
     g_clear_error(&error);
     ZpSchedule *s = build(&m, ZP_IMPL_FSDP, 3, 8, FALSE);
-    const double root = (double)(zp_sched_unit_padded(s, 0) + zp_sched_unit_padded(s, s->n_units - 1));
+    const double root =
+        (double)(zp_sched_unit_padded(s, 0) + zp_sched_unit_padded(s, s->n_units - 1));
     double blocks = 0, grads = 0;
     for (int u = 1; u < s->n_units - 1; u++)
         blocks += (double)zp_sched_unit_padded(s, u);
