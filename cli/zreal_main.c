@@ -75,8 +75,8 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
     zp_plan_defaults(&plan, a->stage, world, 1);
-    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's at
-     * every stage and DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
+    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
+     * FSDP's at every stage, DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
     plan.impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan.impl, error))
         return NULL;
@@ -355,7 +355,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default, every stage) or deepspeed (stages 0-1)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},

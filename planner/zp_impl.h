@@ -74,6 +74,9 @@ typedef struct ZpImpl {
     /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and
      * elems), refreshed by an all-gather after the step. */
     void (*persistent)(const ZpSchedule *s, GArray *ranges);
+    /* Whether those are whole units at or below the persistence threshold (the rule
+     * zp_sched_unit_persistent answers in O(1)); FALSE when decided otherwise or never. */
+    gboolean unit_persistence;
     /* Gradient elements kept as a model state (stage 2 may hold more than the partition). */
     double (*grad_state_elems)(const ZpSchedule *s);
     /* The step's buffers around the optimizer (GArray of ZpStepBuffer). */

@@ -389,6 +389,7 @@ const ZpImpl zp_impl_deepspeed = {
     .post_step_gather_buffer = FALSE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
+    .unit_persistence = FALSE, /* per parameter */
     .grad_state_elems = ds_grad_state_elems,
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,

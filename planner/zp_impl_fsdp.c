@@ -115,6 +115,7 @@ const ZpImpl zp_impl_fsdp = {
     .post_step_gather_buffer = FALSE,
     .plan_fetches = fsdp_plan_fetches,
     .persistent = fsdp_persistent,
+    .unit_persistence = FALSE,
     .grad_state_elems = fsdp_grad_state_elems,
     .step_buffers = zp_impl_no_step_buffers,
     .residual_buffers = fsdp_residual,

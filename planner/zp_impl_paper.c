@@ -162,6 +162,7 @@ const ZpImpl zp_impl_paper = {
     .post_step_gather_buffer = TRUE,
     .plan_fetches = paper_plan_fetches,
     .persistent = zp_impl_persistent_units,
+    .unit_persistence = TRUE,
     .grad_state_elems = paper_grad_state_elems,
     .step_buffers = zp_impl_no_step_buffers,
     .residual_buffers = zp_impl_paper_residual,

@@ -188,10 +188,10 @@ static Cost optimizer_cost(const Builder *b, double elems)
 
 /* ---- layout and model states --------------------------------------------------------- */
 
-/* The paper's unit-level rule (zp_impl_paper.c; schedcheck checks paper schedules by it). */
+/* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
 gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {
-    return s->plan.zero.stage == 3 &&
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->unit_persistence &&
            (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
 }
 

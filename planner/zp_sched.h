@@ -134,7 +134,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
 /* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
- * stage 3 keeps the unit whole on every rank (at or below the persistence threshold). */
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold, for an
+ * implementation that decides persistence per unit: the paper's). */
 uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
 gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 

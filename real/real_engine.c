@@ -78,8 +78,7 @@ static uint64_t unit_padded(const RealEngine *e, int u)
 
 static gboolean is_persistent(const RealEngine *e, int u)
 {
-    return e->stage == 3 &&
-           (double)e->s->unit_elems[u] <= e->s->plan.zero.stage3_param_persistence_threshold;
+    return zp_sched_unit_persistent(e->s, u);
 }
 
 static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
@@ -116,12 +115,12 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
     /* DeepSpeed's stages 2-3 split a unit's gradients over buckets and gather parameters per
-     * tensor, which the engine's unit-level landing buckets and gathers do not do. */
-    if (s->plan.impl == ZP_IMPL_FSDP ||
-        (s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2))
-        return fail(error, "zreal executes --impl paper at every stage and --impl deepspeed at "
-                           "stages 0-1; the plan is %s at stage %d",
-                    zp_impl_name(s->plan.impl), s->plan.zero.stage);
+     * tensor, which the engine's unit-level landing buckets and gathers do not do; FSDP's are
+     * unit-level. */
+    if (s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2)
+        return fail(error, "zreal executes --impl paper and fsdp at every stage and --impl "
+                           "deepspeed at stages 0-1; the plan is deepspeed at stage %d",
+                    s->plan.zero.stage);
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
