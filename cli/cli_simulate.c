@@ -1,11 +1,13 @@
 /* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
  * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
 #include "cli.h"
+#include "cli_pipe.h"
 #include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
 #include "zp_dsconfig.h"
+#include "zp_pipe.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -24,6 +26,7 @@ typedef struct {
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
+    CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -101,6 +104,11 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
         {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
         {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
+        {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE},
+        {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE},
+        {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
+        {"--partition-method", f->pipe.partition != NULL, FROM_BOTH},
+        {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -134,14 +142,16 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!refuse_plan_flags(f, FROM_DS_CONFIG,
                            "the plan comes from --ds-config; set it in the file instead", error))
         return FALSE;
-    int gpus = 0, mp = 1;
+    int gpus = 0, mp = 1, pp = 1;
     ZpPlan launch;
     if (!(required(f->gpus, "--gpus N", error) &&
           cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
-          cli_check_mp(mp, gpus, model, error)))
+          cli_check_mp(mp, gpus, model, error) && cli_pipe_stages(&f->pipe, gpus, mp, &pp, error)))
         return FALSE;
-    zp_plan_defaults(&launch, 0, gpus / mp, mp);
+    zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
+        return FALSE;
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
                                  &launch.optimizer, error) ||
         !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
@@ -190,7 +200,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
 {
     if (f->ds_config) {
         if (!ds_config_plan(f, model, hw, plan, error) ||
-            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
+                          error))
             return FALSE;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
@@ -198,7 +209,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         }
         return TRUE;
     }
-    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1;
+    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1, pp = 1;
     ZpPrecision precision;
     ZpOptimizer optimizer;
     if (!(required(f->gpus, "--gpus N", error) &&
@@ -210,13 +221,16 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
           cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
           cli_check_mp(mp, gpus, model, error) &&
+          cli_pipe_stages(&f->pipe, gpus, mp, &pp, error) &&
           cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
         return FALSE;
     if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
         return FALSE;
     }
-    zp_plan_defaults(plan, stage, gpus / mp, mp);
+    zp_plan_defaults(plan, stage, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, plan, error))
+        return FALSE;
     plan->micro_batch = micro_batch;
     plan->grad_accum = grad_accum;
     plan->checkpoint = f->checkpoint;
@@ -263,11 +277,14 @@ static double bytes_over(const Report *p)
 static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
-    const uint32_t base = (r->mode == SIM_MODE_EXPLICIT ? (uint32_t)r->report_rank : 0) * r->n_ops;
+    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    /* The reported rank's pipeline stage (ranks tp-fastest, then stage). */
+    const int mp = r->mode == SIM_MODE_EXPLICIT ? p->plan->mp : 1;
+    const uint32_t stage = (uint32_t)((r->report_rank / mp) % MAX(r->stages, 1));
     double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(p->sched, i);
-        if (op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE)
+        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
             continue;
         const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
         seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
@@ -287,7 +304,7 @@ static int print_json(const Report *p)
     const SimResult *r = p->r;
     json_t *root = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f,"
-        " s:{s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
+        " s:{s:f, s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
         " s:i, s:i, s:s, s:I, s:I}",
         "model", p->model->name, "cluster", p->hw->name, "stage", p->plan->zero.stage,
         "gpus", p->sched->world, "dp", p->plan->dp, "mp", p->plan->mp, "micro_batch",
@@ -295,7 +312,8 @@ static int print_json(const Report *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
+        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
+        r->comm_bytes[ZP_GROUP_PP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
         bytes_over(p) <= 0, "breakdown", "compute_s",
@@ -319,6 +337,7 @@ static int print_json(const Report *p)
     json_object_set_new(root, "slow_ranks", slow[0]);
     json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
+    cli_pipe_json(root, p->plan, r);
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -417,21 +436,31 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
+    char *pipe_text = zp_plan_pp(plan) > 1
+                          ? g_strdup_printf(" x PP %d (%s, %d chunk(s) a stage, %s partition)",
+                                            zp_plan_pp(plan),
+                                            zp_pipe_schedule_name(plan->pipe.schedule),
+                                            zp_plan_vstages(plan),
+                                            zp_partition_name(plan->pipe.partition))
+                          : g_strdup("");
     if (p->schedule_path)
         printf("Simulated the schedule %s (%u ops a rank, %s) on %d x %s (%s): DP %d x MP %d.\n",
                p->schedule_path, p->sched->ops->len, zp_precision_name(plan->precision),
                p->sched->world, p->hw->gpu, p->hw->name, plan->dp, plan->mp);
     else
-        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d%s%s, "
                "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
                p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage,
-               plan->dp, plan->mp, plan->micro_batch, plan->grad_accum,
+               plan->dp, plan->mp, pipe_text, plan->sequence_parallel ? " (sequence parallel)" : "",
+               plan->micro_batch, plan->grad_accum,
                zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
                plan->zero.overlap_comm ? "on" : "off",
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    g_free(pipe_text);
+    cli_pipe_print_placement(plan, p->hw);
     if (r->mode == SIM_MODE_FOLDED)
-        printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
-               "schedule and its groups are placed alike).\n\n",
+        printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
+               "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",
                r->world);
     else
         printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
@@ -454,9 +483,12 @@ static void print_human(const Report *p)
            100.0 * flops_per_gpu(p) / p->peak_flops, p->peak_flops / 1e12,
            zp_precision_name(plan->precision));
     print_breakdown(p);
-    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
-           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
+           "%.3f GB pipeline\n",
+           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB,
+           r->comm_bytes[ZP_GROUP_PP] / GB);
     print_memory(p);
+    cli_pipe_print_stages(r);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",
            r->op_events, r->ranks_simulated, r->heap_events);
@@ -468,7 +500,7 @@ static void print_human(const Report *p)
 static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpHw *hw,
                            SimOptions *options, GError **error)
 {
-    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp;
+    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp * (uint32_t)zp_plan_pp(plan);
     const struct {
         char **texts;
         const char *flag, *what;
@@ -585,15 +617,15 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[25])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[33])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
-        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP (required)", "N"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP x PP (required)", "N"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
-        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
@@ -611,9 +643,10 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[25])
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
+        CLI_PIPE_ENTRIES(&f->pipe),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 25);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 33);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -628,6 +661,7 @@ static void free_flags(SimulateFlags *f)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
     g_strfreev(f->slow_links);
+    cli_pipe_free(&f->pipe);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -635,7 +669,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[25];
+    GOptionEntry entries[33];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);
@@ -689,7 +723,7 @@ static int schedule(const SimulateFlags *f)
         zp_sched_free(sched);
         return cli_fail("schedule", error);
     }
-    int counts[4] = {0};
+    int counts[ZP_OP_P2P + 1] = {0};
     for (guint i = 0; i < sched->ops->len; i++)
         counts[zp_sched_op(sched, i)->kind]++;
     printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free) for each of %d ranks\n",

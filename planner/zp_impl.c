@@ -37,8 +37,17 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
     int unit = -1, module = -1;
     const char *module_name = "";
     uint64_t inside = 0;
-    for (guint i = 0; i < tensors->len; i++) {
-        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+    for (guint i = 0; i <= tensors->len; i++) {
+        const ZpTensor *t = i < tensors->len ? &g_array_index(tensors, ZpTensor, i) : NULL;
+        if (unit >= 0 && (!t || t->unit != unit) && inside < s->unit_elems[unit]) {
+            /* What a unit holds beyond its tensors: a pipeline's last stage's own copy of the
+             * tied word embedding, a module of its own. */
+            ZpImplTensor rest = {unit, ++module, s->unit_offset[unit] + inside,
+                                 s->unit_elems[unit] - inside};
+            g_array_append_val(out, rest);
+        }
+        if (!t)
+            break;
         if (t->unit != unit)
             unit = t->unit, inside = 0, module_name = "";
         if (!same_module(t->name, module_name) || inside == 0)
@@ -64,6 +73,8 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
     const gboolean padded = s->plan.zero.stage == 3;
     if (!by_tensor) {
         for (int u = 0; u < s->n_units; u++) {
+            if (s->unit_elems[u] == 0) /* another pipeline stage's unit */
+                continue;
             Item it = {u, s->unit_offset[u], s->unit_elems[u],
                        (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u])};
             g_array_append_val(items, it);

@@ -385,6 +385,9 @@ static gboolean walk(Check *c)
         case ZP_OP_FREE:
             ok = check_free(c, op);
             break;
+        case ZP_OP_P2P: /* the reader refuses them: files hold no pipeline */
+            ok = bad(c, "kind", "p2p: a schedule file holds no pipeline sends");
+            break;
         }
         if (!ok)
             return FALSE;

@@ -97,6 +97,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->plan.mp != 1)
         return fail(error, "zreal executes data parallelism only: mp must be 1, not %d",
                     s->plan.mp);
+    if (s->stages > 1)
+        return fail(error, "zreal executes data parallelism only: no pipeline stages (pp %d)",
+                    s->stages);
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
@@ -731,6 +734,9 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
         case ZP_OP_COLLECTIVE:
             type = ZP_COMP_N + op->sub;
             ok = do_collective(e, op, error);
+            break;
+        case ZP_OP_P2P: /* only in pipeline schedules, which check_schedule refuses */
+            ok = fail(error, "pipeline sends are not executed by zreal");
             break;
         }
         if (!ok) {
