@@ -2,6 +2,7 @@
  * The table is the only place the "K" of the ZeRO paper is decided. */
 #include "zp_plan.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -22,6 +23,15 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .sub_group_size = 1e9,
         .use_multi_rank_bucket_allreduce = TRUE,
     };
+    zp_offload_defaults(&zero->offload_optimizer, FALSE);
+    zp_offload_defaults(&zero->offload_param, TRUE);
+}
+
+void zp_offload_defaults(ZpOffload *offload, gboolean param)
+{
+    *offload = (ZpOffload){.device = ZP_OFFLOAD_NONE, .pin_memory = TRUE,
+                           .buffer_count = param ? 5 : 4, .buffer_size = 1e8,
+                           .max_in_cpu = 1e9, .ratio = 1.0};
 }
 
 static const struct {
@@ -146,6 +156,13 @@ gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GErr
     return TRUE;
 }
 
+static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+
+const char *zp_offload_device_name(ZpOffloadDevice device)
+{
+    return offload_names[device];
+}
+
 static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
 
 const char *zp_precision_name(ZpPrecision precision)
@@ -190,6 +207,16 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
     if (!parse_choice(text, flag, optimizer_names, 4, &v, error))
         return FALSE;
     *out = (ZpOptimizer)v;
+    return TRUE;
+}
+
+gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDevice *out,
+                                 GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, offload_names, ZP_OFFLOAD_N, &v, error))
+        return FALSE;
+    *out = (ZpOffloadDevice)v;
     return TRUE;
 }
 
@@ -251,6 +278,12 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
+    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
+    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
+    if (offload_optimizer)
+        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
+    if (offload_param)
+        json_object_set_new(zero, "offload_param", offload_param);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o}", "stage",
                           plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
                           plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
@@ -307,7 +340,8 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_param_persistence_threshold",
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "sub_group_size", "overlap_comm", "contiguous_gradients",
-                                       "reduce_scatter", "use_multi_rank_bucket_allreduce", NULL};
+                                       "reduce_scatter", "use_multi_rank_bucket_allreduce",
+                                       "offload_optimizer", "offload_param", NULL};
     if (!zp_json_check_keys(zero, what, keys, error))
         return FALSE;
     zp_zero_config_defaults(z, (int)stage);
@@ -319,7 +353,18 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
         if (!zp_json_get_bool(zero, what, zero_flags[i].key, FALSE,
                               G_STRUCT_MEMBER_P(z, zero_flags[i].offset), error))
             return FALSE;
-    return TRUE;
+    /* The plan's own JSON holds no unmodeled option, so nothing warns. */
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    char *opt_what = g_strdup_printf("%s: zero.offload_optimizer", what);
+    char *param_what = g_strdup_printf("%s: zero.offload_param", what);
+    const gboolean ok = zp_offload_from_json(json_object_get(zero, "offload_optimizer"),
+                                             opt_what, FALSE, &z->offload_optimizer, warnings,
+                                             error) &&
+                        zp_offload_from_json(json_object_get(zero, "offload_param"), param_what,
+                                             TRUE, &z->offload_param, warnings, error);
+    g_free(opt_what), g_free(param_what);
+    g_ptr_array_unref(warnings);
+    return ok;
 }
 
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)

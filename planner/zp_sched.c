@@ -11,6 +11,7 @@
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 
@@ -25,6 +26,8 @@ typedef struct {
     ZpBucketSpec spec;
     int buffer;          /* bucket buffer id once allocated, -1 before (or none) */
     uint32_t alloc_op, coll_op;
+    uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
+                          * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
 typedef struct {
@@ -66,6 +69,7 @@ typedef struct {
     uint32_t *send_op;
     int64_t recv_key;
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
+    GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -141,6 +145,19 @@ static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit,
 {
     ZpOp op = {.kind = ZP_OP_FREE, .sub = cat, .unit = unit, .micro = micro, .buffer = buffer,
                .bytes = bytes};
+    return emit(b, op, &after, 1);
+}
+
+/* A transfer of `bytes` (none when 0: returns `after`) after `after`. */
+static uint32_t emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                              uint32_t after)
+{
+    if (bytes <= 0)
+        return after;
+    const ZpStream stream =
+        kind == ZP_XFER_D2H || kind == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .bytes = bytes};
     return emit(b, op, &after, 1);
 }
 
@@ -305,7 +322,10 @@ static void layout(Builder *b)
         s->state_bytes[ZP_MEM_GATHERED_PARAMS] = elems * p;
         g_array_unref(kept);
     }
+    zp_offload_layout(s);
 }
+
+
 
 
 
@@ -331,7 +351,7 @@ static void plan_buckets(Builder *b)
     GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
     b->impl->plan_buckets(s, specs);
     for (guint i = 0; i < specs->len; i++) {
-        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE};
+        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE};
         g_array_append_val(b->buckets, k);
     }
     g_array_unref(specs);
@@ -361,7 +381,7 @@ static void reset_buckets(Builder *b)
 {
     for (guint i = 0; i < b->buckets->len; i++) {
         bucket(b, i)->buffer = -1;
-        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = NONE;
+        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
     for (int i = 0; i < 2; i++)
         b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE;
@@ -380,7 +400,7 @@ static gboolean own_buffer(const Builder *b, const Bucket *k)
  * (DeepSpeed waits on the older ipg buffer before refilling it). */
 static uint32_t bucket_backpressure(Builder *b, guint i)
 {
-    return i >= 2 ? bucket(b, i - 2)->coll_op : NONE;
+    return i >= 2 ? bucket(b, i - 2)->drain_op : NONE;
 }
 
 /* The held bucket buffers, allocated as the reducing backward starts (DeepSpeed allocates
@@ -453,11 +473,24 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
                                  k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
     if (copy >= 0)
         emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy, k->coll_op);
+    /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
+     * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
+     * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
+    const double slice = zp_offload_grad_d2h_bytes(
+        &s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
+    uint32_t drained = k->coll_op;
+    if (slice > 0) {
+        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
+                                unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+        g_array_append_val(b->offloaded, drained);
+    }
+    k->drain_op = drained;
     if (held >= 0)
-        b->ipg_last[held] = k->coll_op;
+        b->ipg_last[held] = drained;
     else if (k->buffer >= 0)
         emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer,
-                  k->coll_op);
+                  drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
@@ -520,9 +553,17 @@ static void issue_gathers(Builder *b, int pos, int micro)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->fetch.unit, micro,
                                     &g->buffer, &after, 1);
+        /* Parameter offload: the partition comes up from the host (and NVMe) first. */
+        double nvme_bytes, h2d_bytes;
+        zp_offload_fetch(&b->s->plan, (double)g->fetch.elems / b->s->plan.dp,
+                         (double)b->s->partition_elems, &nvme_bytes, &h2d_bytes);
+        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->fetch.unit,
+                                            micro, alloc);
+        const uint32_t fetched = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro,
+                                               read);
         g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->fetch.unit, micro,
                                      g->buffer, g->fetch.offset, g->fetch.elems, bytes,
-                                     &alloc, 1);
+                                     &fetched, 1);
     }
 }
 
@@ -730,6 +771,35 @@ static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
     g_array_unref(deps);
 }
 
+/* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
+ * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
+ * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
+ * in order, the GPU's share (`gpu_opt`, partial offload) before the host's. Returns the op
+ * the parameter all-gathers wait for. */
+static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt)
+{
+    const ZpPlan *plan = &b->s->plan;
+    ZpOffloadStep step;
+    zp_offload_step(plan, elems, &step);
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_vals(deps, launched->data, launched->len);
+    g_array_append_vals(deps, b->offloaded->data, b->offloaded->len);
+    g_array_append_val(deps, gpu_opt);
+    if (step.nvme_read_bytes > 0) {
+        ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ, .stream = ZP_STREAM_NVME,
+                     .unit = -1, .micro = -1, .buffer = -1, .bytes = step.nvme_read_bytes};
+        const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
+        g_array_append_val(deps, r);
+    }
+    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
+               .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
+    const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    emit_transfer(b, ZP_XFER_NVME_WRITE, step.nvme_write_bytes, -1, -1, adam);
+    return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
+}
+
 /* The implementation's buffers around the optimizer, then the optimizer on this rank's
  * partition, then (stages 1-2) the all-gather of the updated 16-bit partitions in
  * allgather_bucket_size chunks. For those all-gathers elem_offset is the offset inside every
@@ -740,9 +810,11 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const Cost c = optimizer_cost(b, elems);
+    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
     GArray *step = g_array_new(FALSE, FALSE, sizeof(ZpStepBuffer));
-    b->impl->step_buffers(s, step);
+    if (cpu_share < 1.0) /* the GPU's step (all of it without optimizer offload) */
+        b->impl->step_buffers(s, step);
     int *ids = g_new(int, step->len + 1);
     uint32_t previous = NONE;
     for (guint i = 0; i < step->len; i++) {
@@ -757,8 +829,10 @@ static void optimizer_step(Builder *b, GArray *launched)
                       previous);
     }
     g_array_append_val(launched, previous);
-    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data,
-                                launched->len);
+    uint32_t opt = cpu_share < 1.0 ? emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c,
+                                                  (uint32_t *)launched->data, launched->len)
+                                   : NONE;
+    g_array_set_size(launched, launched->len - 1);
     for (guint i = 0; i < step->len; i++) {
         const ZpStepBuffer *sb = &g_array_index(step, ZpStepBuffer, i);
         if (!sb->transient || i + 1 == step->len)
@@ -766,6 +840,8 @@ static void optimizer_step(Builder *b, GArray *launched)
     }
     g_free(ids);
     g_array_unref(step);
+    if (cpu_share > 0)
+        opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent parameters are never gathered before use, so their full copies (buffer
          * -1: the step-long state) are refreshed from the updated partitions here. */
@@ -816,6 +892,7 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "stage: --impl fsdp has stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), "
               "no stage 1";
 
+
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
@@ -831,6 +908,7 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
              p->zero.stage3_param_persistence_threshold < 0 || p->zero.sub_group_size < 0)
         bad = "stage3_*/sub_group_size: must be >= 0";
 
+
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
@@ -843,6 +921,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
                     p->mp, zp_plan_pp(p));
         return FALSE;
     }
+    if (!zp_offload_check(p, error))
+        return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -973,7 +1053,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
                  .recv_key = -1,
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t))};
+                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     const int n_pos = zp_pos_count(L);
     g_array_set_size(b.pos_last_op, (guint)n_pos);
     if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
@@ -1008,6 +1089,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.send_op);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
+    g_array_unref(b.offloaded);
     free_pos_index(&b.by_trigger);
     free_pos_index(&b.by_use);
     free_pos_index(&b.by_free);
@@ -1035,7 +1117,10 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
             : zp_mem_padded_elems(total, dp) / dp;
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
-    const Cost opt = optimizer_cost(&b, (double)(plan->zero.stage == 0 ? total : partition));
+    const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
+    const double cpu_share = zp_offload_cpu_share(plan);
+    const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
+    const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;
     const struct {
         uint64_t count;
@@ -1047,7 +1132,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
-        [ZP_COMP_OPTIMIZER] = {1, opt},
+        [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
+        [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
@@ -1088,13 +1174,17 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 /* ---- names and JSON -------------------------------------------------------------------- */
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer", NULL};
+                                            "block_bwd", "embed_bwd", "optimizer",
+                                            "cpu_optimizer", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
                                         "checkpoints", "workspace", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", "pp", NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
+                                           NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
+                                         "transfer", NULL};
+static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 static const char *const group_names[] = {"dp", "tp", "pp", NULL};
 /* The groups a file's collectives and communicators may name: a pipeline's p2p is no
  * collective, and files hold no pipeline. */
@@ -1105,6 +1195,7 @@ const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
+const char *zp_sched_transfer_name(ZpTransferKind kind) { return transfer_names[kind]; }
 
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
 {
@@ -1114,10 +1205,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
-/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
- * otherwise (written only then). */
-static ZpStream default_stream(int kind, int group)
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's,
+ * a transfer on the host link's or the NVMe's, unless "stream" says otherwise (written only
+ * then). */
+static ZpStream default_stream(int kind, int sub, int group)
 {
+    if (kind == ZP_OP_TRANSFER)
+        return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    if (kind == ZP_OP_COMPUTE)
+        return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
@@ -1147,12 +1243,17 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
+    case ZP_OP_TRANSFER:
+        json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
-    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+    if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
+        op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
@@ -1280,6 +1381,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
     };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
     if (ok && kind == ZP_OP_P2P) {
@@ -1304,6 +1406,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
              zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
+    else if (ok && kind == ZP_OP_TRANSFER)
+        ok = name_index(o, what, "op", transfer_names, &sub, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
@@ -1314,7 +1419,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    int stream = default_stream(kind, group);
+    int stream = default_stream(kind, sub, group);
     if (ok && json_object_get(o, "stream"))
         ok = name_index(o, what, "stream", stream_names, &stream, error);
     op.stream = (uint8_t)stream;
@@ -1395,16 +1500,6 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
                         path, dp, mp, plan.dp, plan.mp);
             ok = FALSE;
         }
-    }
-    if (ok && plan.impl != ZP_IMPL_PAPER) {
-        /* zp_schedcheck checks ops against the paper's unit-level layout, and zreal executes
-         * that; the other implementations' schedules are for the simulator (read_graph). */
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: key \"plan\": impl \"%s\": zreal executes --impl paper schedules only "
-                    "(zp_schedcheck checks the paper's layout; zplan simulate --schedule times "
-                    "any)",
-                    path, zp_impl_name(plan.impl));
-        ok = FALSE;
     }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
     if (s) {

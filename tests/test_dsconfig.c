@@ -19,10 +19,11 @@ typedef struct {
 static const ConfigCase cases[] = {
     /* "auto" batch keys and fp16/bf16 "auto" from --micro-batch, --grad-accum, --precision */
     {"hf_zero2.json", "--model gpt2-1.5b --gpus 8 --micro-batch 4 --grad-accum 2 --precision bf16",
-     0, 1, 4, 2, "bf16", FALSE, "zero_optimization.offload_optimizer"},
-    /* no batch keys (the launcher's), buckets 0 as DeepSpeed allows; 175B on 8 GPUs: too big */
-    {"hf_zero3.json", "--model gpt3-175b --gpus 8 --micro-batch 1", 2, 1, 1, 1, "fp16", FALSE,
-     "zero_optimization.offload_param"},
+     0, 1, 4, 2, "bf16", FALSE, "fp16.loss_scale_window"},
+    /* no batch keys (the launcher's), buckets 0 as DeepSpeed allows, CPU offload of the
+     * optimizer and parameters; 175B's activations without checkpointing: too big */
+    {"hf_zero3.json", "--model gpt3-175b --gpus 64 --micro-batch 1", 2, 1, 1, 1, "fp16", FALSE,
+     "zero_optimization.stage3_gather_fp16_weights_on_model_save"},
     /* AutoTP: tensor_parallel.autotp_size 4 is the tensor-parallel degree; --checkpoint */
     {"dse_autotp_zero2.json", "--model hf/llama-2-7b --gpus 8 --micro-batch 2 --checkpoint", 0, 4,
      2, 1, "fp32", TRUE, "scheduler"},
@@ -58,7 +59,8 @@ static void test_real_world_configs(void)
         json_t *root = tu_zplan_json_exit(json, c->status);
         json_t *plan = json_object_get(root, "plan");
         g_assert_cmpint(json_integer_value(json_object_get(plan, "mp")), ==, c->mp);
-        g_assert_cmpint(json_integer_value(json_object_get(plan, "dp")), ==, 8 / c->mp);
+        g_assert_cmpint(json_integer_value(json_object_get(plan, "dp")) * c->mp, ==,
+                        strstr(c->flags, "--gpus 64") ? 64 : 8);
         g_assert_cmpint(json_integer_value(json_object_get(plan, "micro_batch")), ==, c->micro);
         g_assert_cmpint(json_integer_value(json_object_get(plan, "grad_accum")), ==, c->accum);
         g_assert_cmpstr(json_string_value(json_object_get(plan, "precision")), ==, c->precision);
