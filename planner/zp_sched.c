@@ -1501,6 +1501,16 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
             ok = FALSE;
         }
     }
+    if (ok && plan.impl != ZP_IMPL_PAPER) {
+        /* zp_schedcheck checks ops against the paper's unit-level layout, and zreal executes
+         * that; the other implementations' schedules are for the simulator (read_graph). */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"plan\": impl \"%s\": zreal executes --impl paper schedules only "
+                    "(zp_schedcheck checks the paper's layout; zplan simulate --schedule times "
+                    "any)",
+                    path, zp_impl_name(plan.impl));
+        ok = FALSE;
+    }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
     if (s) {
         g_array_set_size(s->ops, 0);
