@@ -52,7 +52,7 @@ for n in $RANKS; do
                 ckflag=""
                 [ "$ck" = 1 ] && ckflag=--checkpoint
                 # shellcheck disable=SC2046,SC2086
-                build/zplan simulate --model "$name" $(seq_flag "$m") --cluster "$out/cpu-n$n.json" \
+                build/zplan simulate --impl paper --model "$name" $(seq_flag "$m") --cluster "$out/cpu-n$n.json" \
                     --gpus "$n" --stage "$stage" --micro-batch "$mb" $ckflag --precision bf16 \
                     --no-dropout --persistence-threshold 0 --json >"$out/p-$case.json" || true
                 r=1

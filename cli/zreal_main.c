@@ -34,7 +34,7 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 #define SLOW_STEP_FACTOR 10.0
 
 typedef struct {
-    char *model, *schedule, *out, *backend, *attention, *seq;
+    char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int mp; /* --microbench: the tensor degree whose shapes are timed */
     FaultAction fault_action;
@@ -79,6 +79,11 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
         return FALSE;
     model->dropout = FALSE; /* zreal's GPT trains without dropout */
     zp_plan_defaults(plan, a->stage, world, a->mp);
+    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
+     * FSDP's at every stage, DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
+    plan->impl = ZP_IMPL_PAPER;
+    if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
+        return FALSE;
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
@@ -402,6 +407,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -492,7 +498,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
-    g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer);
+    g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }

@@ -4,6 +4,7 @@
 #include "zp_cost.h"
 #include "zp_offload.h"
 #include "zp_dsconfig.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -114,7 +115,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                   spec->offload_param != ZP_OFFLOAD_NONE))
         return;
     for (int stage = lo; stage <= hi; stage++)
-        for (int ckpt = 0; ckpt <= 1; ckpt++)
+        for (int ckpt = 0; ckpt <= 1 && zp_impl_get(spec->impl)->has_stage(stage); ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
                 ZpPlan plan;
                 zp_plan_defaults(&plan, stage, spec->gpus / (mp * P), mp);
@@ -126,6 +127,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
+                plan.impl = spec->impl;
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
                 apply_buckets(spec->model, choice, &plan.zero);
@@ -391,18 +393,21 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute; each
-     * sends 2(M-1)/M of its bytes. */
-    double tp_s = 0;
+     * sends 2(M-1)/M of its bytes. Those after a block's backward run beside the gradient
+     * reductions launched there (another stream), so only the rest add to them. */
+    double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
         const double per_block = plan->checkpoint ? 6.0 : 4.0;
         const double bytes = (double)plan->micro_batch * m->seq_len * m->hidden * e;
-        tp_s = accum * L * per_block * 2.0 * (mp - 1) / mp * bytes /
-               bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        const double one_s = accum * L * 2.0 * (mp - 1) / mp * bytes /
+                             bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        tp_s = (per_block - 2.0) * one_s;
+        tp_bwd_s = 2.0 * one_s;
     }
 
     /* Data-parallel volumes per rank, from the unpadded psi (padding only adds): gradients
-     * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers every
-     * non-persistent block twice and the embedding at least once per micro-step; stages 1-2
+     * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers at least
+     * what its implementation's bound says (zp_impl.h); stages 1-2
      * all-gather the updated parameters after the optimizer. */
     const double psi = sc->params / mp / P, sent = (n - 1) / n;
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
@@ -411,20 +416,20 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double reduce_s = sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {
-        const double threshold = plan->zero.stage3_param_persistence_threshold;
-        const double block = ceil((double)zp_model_unit_elems(m, 1) / mp);
-        const double embedding = ceil((double)zp_model_unit_elems(m, 0) / mp);
-        const double gathered = (block > threshold ? 2 * L * block : 0) +
-                                (embedding > threshold ? embedding : 0);
+        const double gathered = zp_impl_get(plan->impl)->gather_bound_elems(m, plan);
         gather_s = accum * sent * gathered * sb.param_bytes / bw;
     } else if (stage >= 1) {
         post_s = sent * psi * sb.param_bytes / bw;
     }
+    /* A pipeline reduces after its flush, so its TP all-reduces all add. */
     double kind[ZP_COMP_N];
-    const double chain_s = (P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_s),
-                                         (compute_s(sc, plan, kind) + tp_s) / P * bubble)
-                                  : compute_s(sc, plan, kind) + tp_s) +
-                           (plan->zero.overlap_comm ? 0 : reduce_s);
+    const double tp_all_s = tp_s + tp_bwd_s;
+    const double chain_s =
+        P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_all_s),
+                     (compute_s(sc, plan, kind) + tp_all_s) / P * bubble) +
+                    (plan->zero.overlap_comm ? 0 : reduce_s)
+              : compute_s(sc, plan, kind) + tp_s +
+                    fmax(tp_bwd_s, plan->zero.overlap_comm ? 0 : reduce_s);
     return fmax(chain_s, reduce_s + gather_s) + post_s;
 }
 
