@@ -478,8 +478,10 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
-        if (!check_op(s, sim->n_groups, i, error))
+        if (!check_op(s, sim->n_groups, i, error)) {
+            g_free(stage_flops);
             return FALSE;
+        }
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
@@ -492,8 +494,10 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             result->offload_bytes[op->sub] += op->bytes;
         } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
             if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
-                                       error))
+                                       error)) {
+                g_free(stage_flops);
                 return FALSE;
+            }
         } else if (op->kind == ZP_OP_COMPUTE) {
             o->duration_s = zp_cost_op_s(&sim->cost, op->sub, op->flops, op->gemm_flops,
                                          op->attn_flops, op->mem_bytes);
