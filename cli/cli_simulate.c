@@ -5,6 +5,7 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
+#include "zp_alloc_replay.h"
 #include "zp_dsconfig.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -21,6 +22,9 @@ typedef struct {
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
+    char *hpz;      /* --hpz-partition-size */
+    gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
+    gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
 } SimulateFlags;
@@ -99,6 +103,12 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
         {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
         {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
+        {"--partition-activations", f->partition_activations, FROM_BOTH},
+        {"--cpu-checkpointing", f->cpu_checkpointing, FROM_BOTH},
+        {"--contiguous-memory", f->contiguous_memory, FROM_BOTH},
+        {"--quantized-weights", f->quantized_weights, FROM_BOTH},
+        {"--quantized-gradients", f->quantized_gradients, FROM_BOTH},
+        {"--hpz-partition-size", f->hpz != NULL, FROM_BOTH},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -184,7 +194,14 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
-    return cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
+    plan->ckpt.partition_activations = f->partition_activations;
+    plan->ckpt.cpu_checkpointing = f->cpu_checkpointing;
+    plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
+    plan->zero.zero_quantized_weights = f->quantized_weights;
+    plan->zero.zero_quantized_gradients = f->quantized_gradients;
+    return cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
+                   &plan->zero.zero_hpz_partition_size, error) &&
+           cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
            overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
 }
 
@@ -199,6 +216,7 @@ typedef struct {
     double peak_flops;
     const SimOptions *options;
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
+    ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
 } Report;
 
 static double samples_per_s(const Report *p)
@@ -211,11 +229,36 @@ static double flops_per_gpu(const Report *p)
     return p->r->model_flops / p->r->step_time_s;
 }
 
+/* The bytes the step needs from the GPU: what the caching allocator reserves (its
+ * segments, holes included), at least the simulated live bytes. */
+static double needed_bytes(const Report *p)
+{
+    return fmax(p->r->peak_memory_bytes, p->alloc.peak_reserved_bytes);
+}
+
 /* Bytes over the GPU's memory at the peak, counting the profile's CUDA-context reserve
- * (not a schedule buffer); zero or less when the step fits. */
+ * (not a schedule buffer); zero or less when the step fits. An out-of-memory from
+ * fragmentation does not fit whatever the sums say. */
 static double bytes_over(const Report *p)
 {
-    return p->r->peak_memory_bytes + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
+    const double over = needed_bytes(p) + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
+    return p->alloc.oom_fragmented ? fmax(over, p->alloc.oom_request_bytes) : over;
+}
+
+static json_t *alloc_json(const ZpAllocStats *a)
+{
+    json_t *o = json_pack("{s:f, s:f, s:f, s:f, s:b, s:b}", "peak_allocated_bytes",
+                          a->peak_allocated_bytes, "peak_reserved_bytes", a->peak_reserved_bytes,
+                          "reserved_at_peak_bytes", a->reserved_at_peak_bytes,
+                          "largest_free_at_peak_bytes", a->largest_free_at_peak_bytes, "oom",
+                          a->oom, "oom_fragmented", a->oom_fragmented);
+    if (a->oom)
+        json_object_set_new(o, "oom_at", json_pack("{s:f, s:f, s:f, s:f}", "request_bytes",
+                                                   a->oom_request_bytes, "allocated_bytes",
+                                                   a->oom_allocated_bytes, "reserved_bytes",
+                                                   a->oom_reserved_bytes, "largest_free_bytes",
+                                                   a->oom_largest_free_bytes));
+    return o;
 }
 
 /* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...), from the
@@ -269,6 +312,7 @@ static int print_json(const Report *p)
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
+    json_object_set_new(root, "caching_allocator", alloc_json(&p->alloc));
     json_t *slow[2] = {json_array(), json_array()};
     for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
         json_array_append_new(slow[0], json_pack("[i, f]", (int)p->options->slow_ranks[k].index,
@@ -316,6 +360,17 @@ static void print_memory(const Report *p)
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
+    const ZpAllocStats *a = &p->alloc;
+    printf("  caching allocator (replay)     %10.3f GB allocated, %.3f GB reserved at that "
+           "peak (largest free block %.3f GB); reserved peaks at %.3f GB\n",
+           a->peak_allocated_bytes / GB, a->reserved_at_peak_bytes / GB,
+           a->largest_free_at_peak_bytes / GB, a->peak_reserved_bytes / GB);
+    if (a->oom)
+        printf("  out of memory%s: a %.3f GB request with %.3f GB allocated and %.3f GB "
+               "reserved; the largest free block is %.3f GB\n",
+               a->oom_fragmented ? " from fragmentation" : "", a->oom_request_bytes / GB,
+               a->oom_allocated_bytes / GB, a->oom_reserved_bytes / GB,
+               a->oom_largest_free_bytes / GB);
     printf("  (model states peak at %.3f GB; the CUDA context and allocator reserve of %.1f GB "
            "come on top)\n",
            r->peak_model_state_bytes / GB, p->hw->runtime_reserve_bytes / GB);
@@ -368,10 +423,12 @@ static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
     const ZpPlan *plan = p->plan;
-    char *detail = g_strdup_printf("simulated peak + %.1f GB reserve",
-                                   p->hw->runtime_reserve_bytes / GB);
+    char *detail = g_strdup_printf("allocator-reserved peak + %.1f GB reserve%s",
+                                   p->hw->runtime_reserve_bytes / GB,
+                                   p->alloc.oom_fragmented ? "; out of memory from fragmentation"
+                                                           : "");
     char *verdict = cli_verdict("the step", detail,
-                                r->peak_memory_bytes + p->hw->runtime_reserve_bytes,
+                                p->hw->gpu_memory_bytes + bytes_over(p),
                                 p->hw->gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict);
@@ -528,8 +585,9 @@ static int simulate(const SimulateFlags *f)
     if (!ok) {
         status = cli_fail("simulate", error);
     } else {
-        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options,
-                               f->schedule};
+        const Report report = {
+            &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
+            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
         if (f->json)
             status = print_json(&report);
         else
@@ -545,7 +603,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[32])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -570,9 +628,15 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[24])
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &f->partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks, all-gathered before its recompute (with --checkpoint)", NULL},
+        {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &f->cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints kept in host memory (with --checkpoint)", NULL},
+        {"contiguous-memory", 0, 0, G_OPTION_ARG_NONE, &f->contiguous_memory, "ZeRO-R MD: checkpoints in one pre-allocated region (contiguous_memory_optimization)", NULL},
+        {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
+        {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 24);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 32);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -582,7 +646,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->schedule};
+                      &f->attention, &f->reduce_dtype, &f->schedule, &f->hpz};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -594,7 +658,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[24];
+    GOptionEntry entries[32];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

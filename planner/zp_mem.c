@@ -1,6 +1,7 @@
 /* zp_mem: model states follow the ZeRO paper's formulas term by term, in double: 1e15
  * parameters x 16 bytes is 1.6e16, exact in a double's 53-bit mantissa for our inputs. */
 #include "zp_mem.h"
+#include "zp_zeror.h"
 
 #include <math.h>
 
@@ -91,14 +92,17 @@ static double largest_unit_elems(const ZpModel *model)
 static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, double elem,
                                  ZpResidual *r)
 {
-    const double s = model->seq_len, b = plan->micro_batch, h = model->hidden;
+    const double s = model->seq_len, b = plan->micro_batch;
     r->activation_block_bytes = zp_mem_activation_block_bytes(model, plan->micro_batch,
                                                               plan->mp, elem, plan->attention);
     if (plan->checkpoint) {
         /* A checkpoint is the block input, 2sbh in 16 bits, replicated across the tensor
-         * group; backward recomputes one block at a time, so one block's set is live. */
-        r->checkpoint_bytes = (double)model->layers * s * b * h * elem;
-        r->recompute_bytes = r->activation_block_bytes;
+         * group unless Pa partitions it (zp_zeror); backward recomputes one block at a time,
+         * so one block's set is live, beside the re-gathered input under Pa. */
+        const ZpCkptRule rule = zp_zeror_checkpoint(model, plan);
+        r->checkpoint_bytes = (double)model->layers * rule.gpu_bytes;
+        r->checkpoint_host_bytes = (double)model->layers * rule.host_bytes;
+        r->recompute_bytes = r->activation_block_bytes + (rule.regathered ? rule.full_bytes : 0);
     } else {
         r->activations_bytes = (double)model->layers * r->activation_block_bytes;
     }

@@ -33,8 +33,11 @@ uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple);
 typedef struct {
     double activation_block_bytes;  /* one block's saved activations (per rank) */
     double activations_bytes;       /* all blocks kept for backward (0 with checkpointing) */
-    double checkpoint_bytes;        /* block-input checkpoints of all blocks */
-    double recompute_bytes;         /* one block recomputed in backward (checkpointing) */
+    double checkpoint_bytes;        /* block-input checkpoints of all blocks (1/M with Pa) */
+    double checkpoint_host_bytes;   /* those in host memory instead (cpu_checkpointing);
+                                     * not part of total_bytes */
+    double recompute_bytes;         /* one block recomputed in backward (checkpointing), with
+                                     * the re-gathered whole input under Pa or Pa+cpu */
     double logits_bytes;            /* fp32 logits/softmax of the LM head and loss */
     double reduce_bucket_bytes;     /* gradient bucket buffers */
     double allgather_bucket_bytes;  /* parameter all-gather bucket (stages 1-2) */

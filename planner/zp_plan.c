@@ -18,6 +18,7 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_param_persistence_threshold = 1e5,
         .stage3_max_live_parameters = 1e9,
         .stage3_max_reuse_distance = 1e9,
+        .zero_hpz_partition_size = 1,
     };
 }
 
@@ -215,7 +216,57 @@ static const struct {
     {"overlap_comm", G_STRUCT_OFFSET(ZpZeroConfig, overlap_comm)},
     {"contiguous_gradients", G_STRUCT_OFFSET(ZpZeroConfig, contiguous_gradients)},
     {"reduce_scatter", G_STRUCT_OFFSET(ZpZeroConfig, reduce_scatter)},
+    {"zero_quantized_weights", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_weights)},
+    {"zero_quantized_gradients", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_gradients)},
 };
+/* activation_checkpointing's booleans, as DeepSpeed names them. */
+static const struct {
+    const char *key;
+    size_t offset;
+} ckpt_flags[] = {
+    {"partition_activations", G_STRUCT_OFFSET(ZpCheckpointConfig, partition_activations)},
+    {"cpu_checkpointing", G_STRUCT_OFFSET(ZpCheckpointConfig, cpu_checkpointing)},
+    {"contiguous_memory_optimization",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, contiguous_memory_optimization)},
+    {"synchronize_checkpoint_boundary",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, synchronize_checkpoint_boundary)},
+};
+
+static json_t *ckpt_to_json(const ZpCheckpointConfig *c)
+{
+    json_t *o = json_pack("{s:i}", "number_checkpoints", c->number_checkpoints);
+    for (size_t i = 0; i < G_N_ELEMENTS(ckpt_flags); i++)
+        json_object_set_new(o, ckpt_flags[i].key,
+                            json_boolean(G_STRUCT_MEMBER(gboolean, c, ckpt_flags[i].offset)));
+    return o;
+}
+
+static gboolean ckpt_from_json(json_t *o, const char *what, ZpCheckpointConfig *c,
+                               GError **error)
+{
+    static const char *const keys[] = {"partition_activations", "cpu_checkpointing",
+                                       "contiguous_memory_optimization",
+                                       "synchronize_checkpoint_boundary", "number_checkpoints",
+                                       NULL};
+    int64_t number = 0;
+    memset(c, 0, sizeof *c);
+    if (!o)
+        return TRUE;
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"activation_checkpointing\" must be an object", what);
+        return FALSE;
+    }
+    if (!zp_json_check_keys(o, what, keys, error) ||
+        !zp_json_get_int(o, what, "number_checkpoints", FALSE, 0, 1 << 24, &number, error))
+        return FALSE;
+    c->number_checkpoints = (int)number;
+    for (size_t i = 0; i < G_N_ELEMENTS(ckpt_flags); i++)
+        if (!zp_json_get_bool(o, what, ckpt_flags[i].key, FALSE,
+                              G_STRUCT_MEMBER_P(c, ckpt_flags[i].offset), error))
+            return FALSE;
+    return TRUE;
+}
 
 void *zp_plan_to_json(const ZpPlan *plan)
 {
@@ -226,13 +277,16 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o}", "stage",
+    json_object_set_new(zero, "zero_hpz_partition_size",
+                        json_integer(plan->zero.zero_hpz_partition_size));
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o}", "stage",
                      plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
                      plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
                      plan->checkpoint, "precision", zp_precision_name(plan->precision),
                      "optimizer", zp_optimizer_name(plan->optimizer), "attention",
                      zp_attention_name(plan->attention), "reduce_dtype",
-                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero);
+                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero,
+                     "activation_checkpointing", ckpt_to_json(&plan->ckpt));
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -245,10 +299,14 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_param_persistence_threshold",
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "overlap_comm", "contiguous_gradients", "reduce_scatter",
-                                       NULL};
-    if (!zp_json_check_keys(zero, what, keys, error))
+                                       "zero_quantized_weights", "zero_quantized_gradients",
+                                       "zero_hpz_partition_size", NULL};
+    int64_t hpz = 1;
+    if (!zp_json_check_keys(zero, what, keys, error) ||
+        !zp_json_get_int(zero, what, "zero_hpz_partition_size", FALSE, 1, 1 << 16, &hpz, error))
         return FALSE;
     zp_zero_config_defaults(z, (int)stage);
+    z->zero_hpz_partition_size = (int)hpz;
     for (size_t i = 0; i < G_N_ELEMENTS(zero_numbers); i++)
         if (!zp_json_get_number(zero, what, zero_numbers[i].key, FALSE, 0, 1e15,
                                 G_STRUCT_MEMBER_P(z, zero_numbers[i].offset), error))
@@ -273,7 +331,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "zero", NULL};
+                                       "reduce_dtype", "zero", "activation_checkpointing", NULL};
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
@@ -289,7 +347,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
-        !zero_from_json(zero, what, &plan->zero, error))
+        !zero_from_json(zero, what, &plan->zero, error) ||
+        !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,
+                        error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;

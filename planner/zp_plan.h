@@ -46,7 +46,23 @@ typedef struct {
     double stage3_param_persistence_threshold;
     double stage3_max_live_parameters;
     double stage3_max_reuse_distance;
+    /* ZeRO++ (deepspeed/runtime/zero/config.py; stage 3 only): qwZ, the block-quantised int8
+     * parameter all-gather; hpZ, a secondary parameter partition over this many ranks of a
+     * node (1: none); qgZ, int4 gradients through the hierarchical all-to-all. */
+    gboolean zero_quantized_weights;
+    int zero_hpz_partition_size;
+    gboolean zero_quantized_gradients;
 } ZpZeroConfig;
+
+/* DeepSpeed's activation_checkpointing section (ZeRO-R;
+ * deepspeed/runtime/activation_checkpointing/config.py), meaningful with checkpointing on. */
+typedef struct {
+    gboolean partition_activations;          /* Pa: 1/M of each checkpoint per TP rank */
+    gboolean cpu_checkpointing;              /* Pa+cpu: the partition kept in host memory */
+    gboolean contiguous_memory_optimization; /* MD: checkpoints in one pre-allocated region */
+    int number_checkpoints;                  /* that region's slots; 0: one per block */
+    gboolean synchronize_checkpoint_boundary; /* device synchronize at each checkpoint */
+} ZpCheckpointConfig;
 
 typedef struct {
     ZpZeroConfig zero;
@@ -55,6 +71,7 @@ typedef struct {
     int micro_batch;      /* samples per GPU per micro-step */
     int grad_accum;       /* micro-steps per optimizer step */
     gboolean checkpoint;  /* activation checkpointing at every block */
+    ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpAttention attention;     /* eager (the zero value) or a fused kernel */
@@ -116,8 +133,9 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
 
 /* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
  * "precision", "optimizer", "attention", "reduce_dtype", "zero": {DeepSpeed's
- * zero_optimization keys}}) and back; the reader names the first missing, unknown or
- * ill-typed key ("attention" and "reduce_dtype" may be absent: eager, the gradients'). */
+ * zero_optimization keys}, "activation_checkpointing": {DeepSpeed's keys}}) and back; the
+ * reader names the first missing, unknown or ill-typed key ("attention", "reduce_dtype",
+ * "activation_checkpointing" and the ZeRO++ keys may be absent: DeepSpeed's defaults). */
 void *zp_plan_to_json(const ZpPlan *plan);
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
 

@@ -10,6 +10,7 @@
 #include "zp_mem.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
+#include "zp_zeror.h"
 
 #include <math.h>
 #include <string.h>
@@ -494,8 +495,57 @@ static void tp_allreduces(Builder *b, int unit, int micro)
 
 typedef struct {
     int *act, *ckpt; /* buffer ids per block */
-    double act_bytes, ckpt_bytes;
+    double act_bytes;
+    ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
 } Activations;
+
+/* Pa+cpu (zp_zeror): the synchronous copy of a block's checkpoint slice over the host link,
+ * on the compute stream as DeepSpeed's `.cpu()` and `copy_()` are. */
+static void host_copy(Builder *b, int unit, int micro, double bytes)
+{
+    const Cost none = {0};
+    const uint32_t op = emit_compute(b, ZP_COMP_HOST_COPY, unit, micro, none, &b->last_compute, 1);
+    g_array_index(b->s->ops, ZpOp, op).bytes = bytes;
+}
+
+/* Forward keeps the block input: whole, its 1/M slice (Pa) on the GPU, or the slice copied
+ * to the host (Pa+cpu), before the block runs (CheckpointFunction.forward). */
+static void keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArray *deps)
+{
+    a->ckpt[l] = -1;
+    if (a->rule.copy_bytes > 0)
+        host_copy(b, l, micro, a->rule.copy_bytes);
+    if (a->rule.gpu_bytes > 0) {
+        uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro,
+                                    &a->ckpt[l], &b->last_compute, 1);
+        g_array_append_val(deps, alloc);
+    }
+}
+
+/* Before the recompute, Pa and Pa+cpu rebuild the whole input in a new GPU buffer
+ * (gather_partitioned_activations): the slice copied in from the host, then the all-gather
+ * of b*s*h over the tensor group; the slice kept on the GPU is released then. */
+static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
+{
+    if (!a->rule.regathered)
+        return;
+    const int kept = a->ckpt[l];
+    uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.full_bytes, l, micro, &a->ckpt[l],
+                                &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, alloc);
+    if (a->rule.copy_bytes > 0)
+        host_copy(b, l, micro, a->rule.copy_bytes);
+    if (a->rule.gather_elems > 0) {
+        const uint32_t after[2] = {alloc, b->last_compute};
+        uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, l, micro, -1, 0,
+                                        a->rule.gather_elems, a->rule.full_bytes, after, 2);
+        g_array_append_val(b->sync_deps, coll);
+        if (kept >= 0)
+            emit_free(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, kept, coll);
+    } else if (kept >= 0) {
+        emit_free(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, kept, b->last_compute);
+    }
+}
 
 static void forward(Builder *b, int micro, Activations *a, GArray *deps)
 {
@@ -508,11 +558,13 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps)
     position_end(b, pos_fwd(0), micro);
     for (int l = 1; l <= L; l++) {
         position_begin(b, pos_fwd(l), micro, deps);
-        uint32_t alloc = ckpt ? emit_alloc(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
-                                           &a->ckpt[l], &b->last_compute, 1)
-                              : emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                           &a->act[l], &b->last_compute, 1);
-        g_array_append_val(deps, alloc);
+        if (ckpt) {
+            keep_checkpoint(b, l, micro, a, deps);
+        } else {
+            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
+                                        &a->act[l], &b->last_compute, 1);
+            g_array_append_val(deps, alloc);
+        }
         emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         position_end(b, pos_fwd(l), micro);
@@ -555,6 +607,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         const int pos = pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
         if (ckpt) {
+            regather_checkpoint(b, l, micro, a);
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
                                         &a->act[l], &b->last_compute, 1);
             g_array_append_val(deps, alloc);
@@ -568,9 +621,10 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
                      (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
-        if (ckpt)
-            emit_free(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro, a->ckpt[l],
-                      b->last_compute);
+        if (ckpt && a->ckpt[l] >= 0)
+            emit_free(b, ZP_MEM_CHECKPOINTS,
+                      a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l, micro,
+                      a->ckpt[l], b->last_compute);
         position_end(b, pos, micro);
         if (reduce)
             launch_buckets(b, l, micro, launched);
@@ -646,6 +700,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
+    if (!zp_zeror_check(model, p, error))
+        return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -690,8 +746,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
                      zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
                                                    s->elem_bytes, plan->attention),
-                     (double)plan->micro_batch * (double)model->seq_len *
-                         (double)model->hidden * s->elem_bytes};
+                     zp_zeror_checkpoint(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (int micro = 0; micro < plan->grad_accum; micro++) {
@@ -753,10 +808,14 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
         [ZP_COMP_OPTIMIZER] = {1, opt},
+        [ZP_COMP_HOST_COPY] = {zp_zeror_checkpoint(model, plan).copy_bytes > 0 ? 2 * micro * L : 0,
+                               {0}},
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
-                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes};
+                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes,
+                                k == ZP_COMP_HOST_COPY ? zp_zeror_checkpoint(model, plan).copy_bytes
+                                                       : 0.0};
 }
 
 void zp_sched_free(ZpSchedule *s)
@@ -788,7 +847,8 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 /* ---- names and JSON -------------------------------------------------------------------- */
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer", NULL};
+                                            "block_bwd", "embed_bwd", "optimizer", "host_copy",
+                                            NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
@@ -835,6 +895,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
         json_object_set_new(o, "attn_flops", json_real(op->attn_flops));
         json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
+        if (op->bytes > 0)
+            json_object_set_new(o, "bytes", json_real(op->bytes));
         break;
     case ZP_OP_COLLECTIVE:
         json_object_set_new(o, "op", json_string(coll_names[op->sub]));
@@ -966,7 +1028,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     /* The keys op_to_json writes for each kind, and no others. */
     static const char *const keys[][12] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", "stream", NULL},
+                           "attn_flops", "mem_bytes", "bytes", "stream", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
@@ -981,7 +1043,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
              zp_json_get_number(o, what, "gemm_flops", layout, 0, 1e30, &op.gemm_flops, error) &&
              zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
-             zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error);
+             zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error) &&
+             zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
              name_index(o, what, "group", group_names, &group, error) &&

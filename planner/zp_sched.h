@@ -30,6 +30,8 @@ typedef enum {
     ZP_COMP_BLOCK_BWD,   /* one block backward (2x the forward's FLOPs) */
     ZP_COMP_EMBED_BWD,   /* embedding backward */
     ZP_COMP_OPTIMIZER,   /* Adam on this rank's partition: memory-bound */
+    ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
+                          * its `bytes`, at the hwprofile's host_link_bytes_per_s */
     ZP_COMP_N
 } ZpComputeKind;
 
@@ -76,7 +78,8 @@ typedef struct {
     double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
     double attn_flops; /* compute: those of `flops` a fused attention kernel does */
     double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
-    double bytes;      /* collective: whole array size S in bytes; alloc/free: bytes */
+    double bytes;      /* collective: whole array size S in bytes; alloc/free: bytes;
+                        * compute: bytes over the host link (host_copy) */
     uint64_t elem_offset; /* collective: first element of the flat range it covers */
     uint64_t elems;       /* collective: elements covered (S / element size) */
     uint32_t dep_start, n_deps; /* dependencies: deps[dep_start .. dep_start+n_deps) */
@@ -128,6 +131,7 @@ typedef struct {
     double gemm_flops; /* each op's typical GEMM */
     double attn_flops; /* each op's FLOPs in the fused attention kernel */
     double mem_bytes;  /* each op's memory-bound bytes */
+    double host_bytes; /* each op's bytes over the host link (host_copy) */
 } ZpComputeOps;
 
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,

@@ -1,6 +1,7 @@
 /* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
+#include "zp_zeror.h"
 #include "zp_util.h"
 
 #include <stdarg.h>
@@ -118,6 +119,7 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_BLOCK_BWD] = {U_BLOCK, TRUE, TRUE, FALSE},
     [ZP_COMP_EMBED_BWD] = {U_EMBED, FALSE, TRUE, FALSE},
     [ZP_COMP_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
+    [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
 };
 
 static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
@@ -156,7 +158,12 @@ static gboolean check_compute(Check *c, const ZpOp *op)
                    zp_sched_compute_name(op->sub));
     if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
         return bad(c, "op", "recompute in a plan without checkpointing");
-    if (r->ckpt && c->s->plan.checkpoint && !need_buffer(c, c->ckpt[u], ZP_MEM_CHECKPOINTS))
+    if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
+        return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
+    /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */
+    const gboolean on_gpu = op->sub == ZP_COMP_RECOMPUTE || !c->s->plan.ckpt.cpu_checkpointing;
+    if (r->ckpt && c->s->plan.checkpoint && on_gpu &&
+        !need_buffer(c, c->ckpt[u], ZP_MEM_CHECKPOINTS))
         return FALSE;
     /* A tied LM head also reads the embedding's weights and adds to their gradient. */
     const gboolean reads_embedding = op->sub == ZP_COMP_HEAD && c->s->model.tied_embeddings;
@@ -270,10 +277,12 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
         if (u < 1 || u > c->L)
             return bad(c, "unit", "= %d: %s belong to a block, 1..%d", u,
                        zp_sched_mem_name(op->sub), c->L);
-        return op->sub != ZP_MEM_CHECKPOINTS ||
-               need_bytes(c, op->bytes,
-                          (double)s->plan.micro_batch * (double)s->model.seq_len *
-                              (double)s->model.hidden * s->elem_bytes, "the layout");
+        if (op->sub != ZP_MEM_CHECKPOINTS)
+            return TRUE;
+        /* The kept checkpoint (1/M under Pa) or, before the recompute, the whole input. */
+        const ZpCkptRule rule = zp_zeror_checkpoint(&s->model, &s->plan);
+        return op->bytes == rule.full_bytes ||
+               need_bytes(c, op->bytes, rule.gpu_bytes, "the layout (zp_zeror)");
     case ZP_MEM_BUCKETS:
         if (c->buf[op->buffer].coll < 0)
             return bad(c, "buffer", "= %d: a bucket no collective uses", op->buffer);

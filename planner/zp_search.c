@@ -265,7 +265,8 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
         total += (double)o->count *
                  zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
                                       o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
-                                      k == ZP_COMP_OPTIMIZER);
+                                      k == ZP_COMP_OPTIMIZER) +
+                 (double)o->count * o->host_bytes / sc->hw->host_link_bytes_per_s;
     }
     return total;
 }

@@ -95,6 +95,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->plan.mp != 1)
         return fail(error, "zreal executes data parallelism only: mp must be 1, not %d",
                     s->plan.mp);
+    if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
+        return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
+                    "and cpu_checkpointing are planned and simulated, not executed");
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
