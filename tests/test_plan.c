@@ -407,7 +407,7 @@ static void test_dsconfig_warnings(void)
         "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
         " \"offload_optimizer\": {\"device\": \"cpu\"}, \"allgather_partitions\": false, "
         "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
-        "true, \"cpu_checkpointing\": false}}",
+        "true, \"cpu_checkpointing\": false, \"profile\": true}}",
         &m, &launch, &plan, &batch, warnings, &error));
     g_assert_no_error(error);
     const char *expected[] = {
@@ -416,8 +416,11 @@ static void test_dsconfig_warnings(void)
         "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
         "\"zero_optimization.offload_optimizer\" ignored",
         "\"zero_optimization.allgather_partitions\" ignored",
-        "\"activation_checkpointing.partition_activations\" ignored",
+        "\"activation_checkpointing.profile\" ignored",
     };
+    /* ZeRO-R's options are modeled: read into the plan, no warning. */
+    g_assert_true(plan.checkpoint && plan.ckpt.partition_activations);
+    g_assert_false(plan.ckpt.cpu_checkpointing);
     GString *all = g_string_new(NULL);
     for (guint i = 0; i < warnings->len; i++) {
         const char *w = g_ptr_array_index(warnings, i);
