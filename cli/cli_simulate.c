@@ -164,6 +164,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         if (!ds_config_plan(f, model, hw, plan, error) ||
             !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
             return FALSE;
+        plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
             return FALSE;
@@ -194,6 +195,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
+    plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
     plan->ckpt.partition_activations = f->partition_activations;
     plan->ckpt.cpu_checkpointing = f->cpu_checkpointing;
     plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
@@ -285,6 +287,13 @@ static json_t *ops_json(const Report *p)
     return o;
 }
 
+/* Data-parallel bytes: the DP group's and those of ZeRO++'s subgroups of it. */
+static double dp_bytes(const SimResult *r)
+{
+    return r->comm_bytes[ZP_GROUP_DP] + r->comm_bytes[ZP_GROUP_HPZ] +
+           r->comm_bytes[ZP_GROUP_NODE] + r->comm_bytes[ZP_GROUP_XNODE];
+}
+
 static int print_json(const Report *p)
 {
     const SimResult *r = p->r;
@@ -298,7 +307,7 @@ static int print_json(const Report *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
+        dp_bytes(r), "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
         bytes_over(p) <= 0, "breakdown", "compute_s",
@@ -313,6 +322,11 @@ static int print_json(const Report *p)
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
     json_object_set_new(root, "caching_allocator", alloc_json(&p->alloc));
+    json_object_set_new(root, "zeropp_comm_bytes_per_rank",
+                        json_pack("{s:f, s:f, s:f, s:f}", "dp_group", r->comm_bytes[ZP_GROUP_DP],
+                                  "hpz", r->comm_bytes[ZP_GROUP_HPZ], "node",
+                                  r->comm_bytes[ZP_GROUP_NODE], "xnode",
+                                  r->comm_bytes[ZP_GROUP_XNODE]));
     json_t *slow[2] = {json_array(), json_array()};
     for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
         json_array_append_new(slow[0], json_pack("[i, f]", (int)p->options->slow_ranks[k].index,
@@ -472,7 +486,12 @@ static void print_human(const Report *p)
            zp_precision_name(plan->precision));
     print_breakdown(p);
     printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
-           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+           dp_bytes(r) / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    if (dp_bytes(r) > r->comm_bytes[ZP_GROUP_DP])
+        printf("    ZeRO++ subgroups             %10.3f GB hpZ (in the node), %.3f GB qgZ in the "
+               "node, %.3f GB qgZ across nodes\n",
+               r->comm_bytes[ZP_GROUP_HPZ] / GB, r->comm_bytes[ZP_GROUP_NODE] / GB,
+               r->comm_bytes[ZP_GROUP_XNODE] / GB);
     print_memory(p);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",

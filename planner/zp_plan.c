@@ -279,14 +279,15 @@ void *zp_plan_to_json(const ZpPlan *plan)
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o}", "stage",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o, s:i}", "stage",
                      plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
                      plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
                      plan->checkpoint, "precision", zp_precision_name(plan->precision),
                      "optimizer", zp_optimizer_name(plan->optimizer), "attention",
                      zp_attention_name(plan->attention), "reduce_dtype",
                      zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero,
-                     "activation_checkpointing", ckpt_to_json(&plan->ckpt));
+                     "activation_checkpointing", ckpt_to_json(&plan->ckpt), "gpus_per_node",
+                     plan->gpus_per_node);
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -321,7 +322,7 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)
 {
     json_t *o = json_object;
-    int64_t dp, mp, micro, accum;
+    int64_t dp, mp, micro, accum, node = 0;
     const char *precision, *optimizer, *attention = NULL, *reduce = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
@@ -331,13 +332,15 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "zero", "activation_checkpointing", NULL};
+                                       "reduce_dtype", "zero", "activation_checkpointing",
+                                       "gpus_per_node", NULL};
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
         !zp_json_get_int(o, what, "mp", TRUE, 1, 1 << 16, &mp, error) ||
         !zp_json_get_int(o, what, "micro_batch", TRUE, 1, 1 << 24, &micro, error) ||
         !zp_json_get_int(o, what, "grad_accum", TRUE, 1, 1 << 24, &accum, error) ||
+        !zp_json_get_int(o, what, "gpus_per_node", FALSE, 0, 1 << 16, &node, error) ||
         !zp_json_get_bool(o, what, "checkpoint", TRUE, &checkpoint, error) ||
         !zp_json_get_string(o, what, "precision", TRUE, &precision, error) ||
         !zp_json_get_string(o, what, "optimizer", TRUE, &optimizer, error) ||
@@ -353,5 +356,6 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
+    plan->gpus_per_node = (int)node;
     return TRUE;
 }

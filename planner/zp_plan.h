@@ -76,6 +76,8 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpAttention attention;     /* eager (the zero value) or a fused kernel */
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
+    int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
+                           * unknown, one node holds every data-parallel rank */
 } ZpPlan;
 
 /* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,

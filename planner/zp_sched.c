@@ -11,6 +11,7 @@
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
+#include "zp_zeropp.h"
 
 #include <math.h>
 #include <string.h>
@@ -31,6 +32,7 @@ typedef struct {
     double elems;
     int trigger_pos;       /* position at whose start the gather is issued */
     int buffer;
+    int quant_buffer;      /* qwZ: the gathered int8 and scales, until dequantised */
     uint32_t coll_op;
 } Gather;
 
@@ -96,7 +98,7 @@ static uint32_t emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int 
                                 const uint32_t *deps, guint n_deps)
 {
     ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = kind,
-               .stream = group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP, .group = group,
+               .stream = group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP, .group = group,
                .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
                .elem_offset = offset, .elems = elems};
     return emit(b, op, deps, n_deps);
@@ -243,6 +245,7 @@ static void layout(Builder *b)
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
     s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
+    s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s);
 }
 
 double zp_sched_model_state_bytes(const ZpSchedule *s)
@@ -317,6 +320,40 @@ static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
     g_array_append_val(deps, k->alloc_op);
 }
 
+/* A memory-bound ZeRO++ kernel (zp_zeropp) on `stream`, after `after`. */
+static uint32_t emit_quantize(Builder *b, ZpStream stream, int unit, int micro, double mem_bytes,
+                              const uint32_t *after, guint n_after)
+{
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_QUANTIZE, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .mem_bytes = mem_bytes};
+    return emit(b, op, after, n_after);
+}
+
+/* qgZ (zp_zeropp_qgz): the bucket quantised to int4 on the reduce stream, the all-to-all
+ * inside the node, the node's reduction, the all-to-all across nodes, dequantisation. The
+ * int4 buffers are workspace from the quantisation to the end. */
+static void qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[2])
+{
+    const ZpSchedule *s = b->s;
+    const ZpQgz q = zp_zeropp_qgz(&s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan),
+                                  (double)s->model.hidden / s->plan.mp,
+                                  zp_plan_reduce_bytes(&s->plan));
+    int work;
+    const double work_bytes = q.intra_bytes * 2 + q.inter_bytes;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->top_unit, micro, &work,
+                                cdeps, 2);
+    const uint32_t qdeps[3] = {cdeps[0], cdeps[1], alloc};
+    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 3);
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, op);
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro, -1, k->lo,
+                         k->hi - k->lo, q.intra_bytes, &op, 1);
+    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &op, 1);
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->lo,
+                         k->hi - k->lo, q.inter_bytes, &op, 1);
+    k->coll_op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.dequantize_mem_bytes, &op, 1);
+    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->top_unit, micro, work, k->coll_op);
+}
+
 /* Launches every bucket whose lowest unit's gradients are now complete. */
 static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
 {
@@ -333,9 +370,13 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
                                  adeps, 2);
     }
     uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
-    k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
-                                 k->hi - k->lo, k->bytes, cdeps, 2);
-    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    if (stage == 3 && s->plan.zero.zero_quantized_gradients) {
+        qgz_reduce(b, k, unit, micro, cdeps);
+    } else {
+        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
+                                     k->hi - k->lo, k->bytes, cdeps, 2);
+        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+    }
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
@@ -354,7 +395,8 @@ static void add_gather(Builder *b, int unit, int use_pos, int free_pos)
 {
     if (zp_sched_unit_persistent(b->s, unit))
         return;
-    Gather g = {unit, use_pos, free_pos, (double)zp_sched_unit_padded(b->s, unit), use_pos, -1, NONE};
+    Gather g = {unit, use_pos, free_pos, (double)zp_sched_unit_padded(b->s, unit), use_pos, -1,
+                -1, NONE};
     g_array_append_val(b->gathers, g);
 }
 
@@ -427,27 +469,64 @@ static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
     return &g_array_index(b->gathers, Gather, ix->items[i]);
 }
 
+/* hpZ: backward gathers from the secondary partitions, inside the node (DeepSpeed's
+ * all_gather_coalesced with use_secondary_tensor); forward ones over the whole group. */
+static ZpGroup gather_group(const Builder *b, const Gather *g)
+{
+    const int L = (int)b->s->model.layers;
+    return b->s->plan.zero.zero_hpz_partition_size > 1 && g->use_pos > pos_head(L) ? ZP_GROUP_HPZ
+                                                                                   : ZP_GROUP_DP;
+}
+
 static void issue_gathers(Builder *b, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
+    const gboolean qwz = s->plan.zero.zero_quantized_weights;
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
         const double bytes = g->elems * b->state.param_bytes;
+        const ZpGroup group = gather_group(b, g);
+        const int ranks = zp_zeropp_group_ranks(&s->plan, group);
+        const double wire = zp_zeropp_gather_bytes(&s->plan, (uint64_t)g->elems, ranks,
+                                                   b->state.param_bytes);
         uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
                                     &g->buffer, &after, 1);
-        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->unit, micro,
-                                     g->buffer, s->unit_offset[g->unit], (uint64_t)g->elems,
-                                     bytes, &alloc, 1);
+        if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
+            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->unit, micro,
+                                         &g->quant_buffer, &alloc, 1);
+            alloc = emit_quantize(b, ZP_STREAM_DP, g->unit, micro,
+                                  zp_zeropp_quantize_mem_bytes((uint64_t)g->elems / (uint64_t)ranks),
+                                  &qalloc, 1);
+        }
+        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->unit, micro, g->buffer,
+                                     s->unit_offset[g->unit], (uint64_t)g->elems, wire, &alloc,
+                                     1);
     }
 }
 
-/* The gathers the compute op at `pos` needs. */
-static void gathers_used_at(Builder *b, int pos, GArray *deps)
+/* The gathers the compute op at `pos` needs; with qwZ each is dequantised first, on the
+ * compute stream when it is waited for (AllGatherCoalescedHandle.wait). */
+static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
 {
-    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++)
-        g_array_append_val(deps, gather_at(b, &b->by_use, i)->coll_op);
+    const ZpSchedule *s = b->s;
+    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++) {
+        Gather *g = gather_at(b, &b->by_use, i);
+        if (g->quant_buffer >= 0) {
+            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, g));
+            const uint32_t after[2] = {g->coll_op, b->last_compute};
+            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->unit, micro,
+                                       zp_zeropp_dequantize_mem_bytes((uint64_t)g->elems, ranks),
+                                       after, 2);
+            emit_free(b, ZP_MEM_WORKSPACE,
+                      zp_zeropp_gather_bytes(&s->plan, (uint64_t)g->elems, ranks,
+                                             b->state.param_bytes),
+                      g->unit, micro, g->quant_buffer, g->coll_op);
+            g->quant_buffer = -1;
+        }
+        g_array_append_val(deps, g->coll_op);
+    }
 }
 
 static void free_gathers(Builder *b, int pos, int micro)
@@ -466,7 +545,7 @@ static void position_begin(Builder *b, int pos, int micro, GArray *deps)
     g_array_set_size(deps, 0);
     if (b->s->plan.zero.stage == 3) {
         issue_gathers(b, pos, micro);
-        gathers_used_at(b, pos, deps);
+        gathers_used_at(b, pos, micro, deps);
     }
 }
 
@@ -700,7 +779,7 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
-    if (!zp_zeror_check(model, p, error))
+    if (!zp_zeror_check(model, p, error) || !zp_zeropp_check(p, error))
         return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
@@ -832,7 +911,7 @@ void zp_sched_free(ZpSchedule *s)
 /* Ring volumes: what one member of an n-rank group sends. */
 double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 {
-    const double n = group == ZP_GROUP_DP ? s->plan.dp : s->plan.mp;
+    const double n = zp_zeropp_group_ranks(&s->plan, group);
     double total = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
@@ -848,14 +927,15 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
                                             "block_bwd", "embed_bwd", "optimizer", "host_copy",
-                                            NULL};
-static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
+                                            "quantize", NULL};
+static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
+                                         NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
-                                        "checkpoints", "workspace", NULL};
+                                        "checkpoints", "workspace", "secondary_params", NULL};
 static const char *const stream_names[] = {"compute", "dp", "tp", NULL};
 static const char *const kind_names[] = {"compute", "collective", "alloc", "free", NULL};
-static const char *const group_names[] = {"dp", "tp", NULL};
+static const char *const group_names[] = {"dp", "tp", "hpz", "node", "xnode", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
@@ -877,7 +957,7 @@ static ZpStream default_stream(int kind, int group)
 {
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
-    return group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP;
+    return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
 }
 
 static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)

@@ -32,6 +32,7 @@ typedef enum {
     ZP_COMP_OPTIMIZER,   /* Adam on this rank's partition: memory-bound */
     ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
                           * its `bytes`, at the hwprofile's host_link_bytes_per_s */
+    ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
     ZP_COMP_N
 } ZpComputeKind;
 
@@ -39,10 +40,21 @@ typedef enum {
     ZP_COLL_ALLREDUCE,
     ZP_COLL_REDUCE_SCATTER,
     ZP_COLL_ALLGATHER,
+    ZP_COLL_ALLTOALL, /* qgZ: each rank sends (n-1)/n of S, a 1/n slice to every member */
     ZP_COLL_N
 } ZpCollKind;
 
-typedef enum { ZP_GROUP_DP, ZP_GROUP_TP } ZpGroup;
+/* The data-parallel and tensor-parallel groups, and ZeRO++'s subgroups of the data-parallel
+ * one (zp_zeropp_group_ranks gives their sizes): hpZ's secondary partition (HPZ), a node's
+ * data-parallel ranks (NODE) and the ranks of one local index across nodes (XNODE). */
+typedef enum {
+    ZP_GROUP_DP,
+    ZP_GROUP_TP,
+    ZP_GROUP_HPZ,
+    ZP_GROUP_NODE,
+    ZP_GROUP_XNODE,
+    ZP_GROUP_N
+} ZpGroup;
 
 typedef enum {
     ZP_STREAM_COMPUTE, /* kernels */
@@ -63,6 +75,7 @@ typedef enum {
     ZP_MEM_ACTIVATIONS,     /* what a block keeps for its backward */
     ZP_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     ZP_MEM_WORKSPACE,       /* logits and other scratch */
+    ZP_MEM_SECONDARY_PARAMS, /* hpZ: the 16-bit secondary partitions inside the node */
     ZP_MEM_N
 } ZpMemCategory;
 
@@ -134,6 +147,7 @@ typedef struct {
     double host_bytes; /* each op's bytes over the host link (host_copy) */
 } ZpComputeOps;
 
+/* ZeRO++'s quantize kernels are not among them: the search plans no ZeRO++. */
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
@@ -147,7 +161,8 @@ gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 double zp_sched_model_state_bytes(const ZpSchedule *sched);
 
 /* Bytes this rank sends in the step's collectives (ring algorithms): all-reduce
- * 2(n-1)/n S, reduce-scatter and all-gather (n-1)/n S, per its group size n. */
+ * 2(n-1)/n S, reduce-scatter, all-gather and all-to-all (n-1)/n S, per its group's size n
+ * (zp_zeropp_group_ranks). */
 double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 
 /* JSON round trip (`zplan schedule --out`); the reader validates every field. */

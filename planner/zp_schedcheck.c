@@ -2,6 +2,7 @@
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
 #include "zp_zeror.h"
+#include "zp_zeropp.h"
 #include "zp_util.h"
 
 #include <stdarg.h>
@@ -101,7 +102,7 @@ static gboolean need_bytes(Check *c, double have, double want, const char *sourc
 
 /* ---- compute ------------------------------------------------------------------------- */
 
-typedef enum { U_NONE, U_EMBED, U_BLOCK, U_HEAD } UnitRule;
+typedef enum { U_NONE, U_EMBED, U_BLOCK, U_HEAD, U_ANY } UnitRule;
 
 /* What each compute op works on: its unit, and whether it needs the unit's parameters
  * (gathered, at stage 3), its gradient bucket (stages 2-3) or its checkpoint. The head also
@@ -120,6 +121,7 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_EMBED_BWD] = {U_EMBED, FALSE, TRUE, FALSE},
     [ZP_COMP_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
     [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
 };
 
 static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
@@ -131,6 +133,8 @@ static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
         return unit >= 1 && unit <= c->L;
     case U_HEAD:
         return unit == c->L + 1;
+    case U_ANY:
+        return unit >= 0 && unit <= c->L + 1;
     default:
         return unit == -1;
     }
@@ -158,6 +162,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
                    zp_sched_compute_name(op->sub));
     if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
         return bad(c, "op", "recompute in a plan without checkpointing");
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
+        return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
     if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
         return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
     /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */
@@ -185,7 +192,11 @@ static gboolean check_unit_gather(Check *c, const ZpOp *op, int id)
         return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": unit %d is %"
                    G_GUINT64_FORMAT " padded elements at %" G_GUINT64_FORMAT, op->elems,
                    op->elem_offset, u, padded, c->s->unit_offset[u]);
-    if (!need_bytes(c, op->bytes, (double)padded * c->st.param_bytes, "the layout"))
+    const double wire = id < 0 ? (double)padded * c->st.param_bytes
+                               : zp_zeropp_gather_bytes(&c->s->plan, padded,
+                                                        zp_zeropp_group_ranks(&c->s->plan, op->group),
+                                                        c->st.param_bytes);
+    if (!need_bytes(c, op->bytes, wire, "the layout (zp_zeropp)"))
         return FALSE;
     if (id < 0) {
         if (!zp_sched_unit_persistent(c->s, u))
@@ -240,9 +251,26 @@ static gboolean check_reduce(Check *c, const ZpOp *op, int id)
     return TRUE;
 }
 
+/* ZeRO++'s subgroups: hpZ's backward gathers and qgZ's two all-to-alls of a bucket. */
+static gboolean check_zeropp(Check *c, const ZpOp *op)
+{
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->group == ZP_GROUP_HPZ) {
+        if (z->zero_hpz_partition_size <= 1 || op->sub != ZP_COLL_ALLGATHER)
+            return bad(c, "group", "hpz: only stage 3's all-gathers with zero_hpz_partition_size > 1");
+        return check_unit_gather(c, op, op->buffer);
+    }
+    if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)
+        return bad(c, "group", "%s: only qgZ's all-to-alls (zero_quantized_gradients, stage 3)",
+                   op->group == ZP_GROUP_NODE ? "node" : "xnode");
+    return op->buffer == -1 || bad(c, "buffer", "= %d: qgZ's all-to-alls use workspace", op->buffer);
+}
+
 static gboolean check_collective(Check *c, const ZpOp *op)
 {
     const int id = op->buffer;
+    if (op->group > ZP_GROUP_TP)
+        return check_zeropp(c, op);
     if (op->group == ZP_GROUP_TP) {
         if (c->s->plan.mp == 1)
             return bad(c, "group", "tp in a plan without tensor parallelism (mp 1)");

@@ -34,6 +34,7 @@ static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
     [REAL_MEM_ACTIVATIONS] = "activations",
     [REAL_MEM_CHECKPOINTS] = "checkpoints",
     [REAL_MEM_WORKSPACE] = "workspace",
+    [REAL_MEM_SECONDARY_PARAMS] = "secondary_params",
 };
 
 const char *real_alloc_category_name(RealMemCategory cat)

@@ -20,6 +20,7 @@ typedef enum {
     REAL_MEM_ACTIVATIONS,     /* what blocks save for backward */
     REAL_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     REAL_MEM_WORKSPACE,       /* transient scratch: logits, fp32 copies, GEMM staging */
+    REAL_MEM_SECONDARY_PARAMS, /* ZeRO++ hpZ: bf16 secondary partitions inside the node */
     REAL_MEM_N_CATEGORIES
 } RealMemCategory;
 

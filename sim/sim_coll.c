@@ -1,6 +1,7 @@
 /* sim_coll: NCCL's own tuning model (src/graph/tuning.cc), reduced to the pieces a ZeRO step
  * needs, so the simulator picks the algorithm and protocol NCCL would pick for each size. */
 #include "sim_coll.h"
+#include "zp_zeropp.h"
 #include "zp_util.h"
 
 #include <float.h>
@@ -53,8 +54,10 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
     };
     if (hw->has_collective_fit) {
         g.fit_base_s = hw->collective_base_latency_s;
-        for (int k = 0; k < ZP_COLL_N; k++)
+        for (int k = 0; k < (int)G_N_ELEMENTS(hw->collective_bytes_per_s); k++)
             g.fit_bytes_per_s[k] = hw->collective_bytes_per_s[k];
+        /* No fit of its own: an all-to-all moves what an all-gather does. */
+        g.fit_bytes_per_s[ZP_COLL_ALLTOALL] = hw->collective_bytes_per_s[ZP_COLL_ALLGATHER];
     }
     if (group == ZP_GROUP_TP) {
         g.ranks = mp;
@@ -73,6 +76,25 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
          * the busbw of the node's NICs together is inter_node_bytes_per_s. The mp DP groups
          * with members on a node run at once and split it. */
         const double nic_share = hw->inter_node_bytes_per_s / mp;
+        if (nic_share < g.bus_bytes_per_s) {
+            g.bus_bytes_per_s = nic_share;
+            g.bottleneck = SIM_LINK_INTER;
+        }
+    }
+    return g;
+}
+
+SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup group)
+{
+    if (group == ZP_GROUP_DP || group == ZP_GROUP_TP)
+        return sim_coll_group(hw, plan->dp, plan->mp, group);
+    SimCollGroup g = sim_coll_group(hw, plan->dp, plan->mp, ZP_GROUP_TP);
+    g.ranks = zp_zeropp_group_ranks(plan, group);
+    g.ranks_per_node = g.ranks;
+    if (group == ZP_GROUP_XNODE && g.ranks > 1) {
+        g.nodes = g.ranks;
+        g.ranks_per_node = 1;
+        const double nic_share = hw->inter_node_bytes_per_s / hw->gpus_per_node;
         if (nic_share < g.bus_bytes_per_s) {
             g.bus_bytes_per_s = nic_share;
             g.bottleneck = SIM_LINK_INTER;

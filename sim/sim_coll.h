@@ -44,11 +44,17 @@ typedef struct {
  * members of each DP group; sim_coll_check_placement says so first. */
 SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group);
 
+/* A group of a plan: the DP and TP groups as sim_coll_group places them, and ZeRO++'s
+ * subgroups of the DP group (zp_zeropp_group_ranks): hpZ's partition and a node's DP ranks
+ * inside one node over NVLink, the ranks of one local index one per node, sharing the
+ * node's NICs with the node's other gpus_per_node - 1 such groups. */
+SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup group);
+
 /* Fails unless mp divides the node's GPUs, i.e. every TP group fits inside one node. */
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
 
 /* Ring all-reduce, reduce-scatter or all-gather of `bytes` (the whole array S) with one
- * protocol: latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
+ * protocol (an all-to-all is timed as an all-gather: n-1 steps, (n-1)/n S sent): latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
  * factor * S / (busbw * protocol fraction), factor 2(n-1)/n for all-reduce, (n-1)/n
  * otherwise. Zero for a group of one. */
 SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup *group,

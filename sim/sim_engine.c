@@ -311,7 +311,7 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
         return fail_op(error, i, "unknown compute, collective or memory category");
     if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
-    if (op->kind == ZP_OP_COLLECTIVE && op->group > ZP_GROUP_TP)
+    if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_N)
         return fail_op(error, i, "unknown group");
     if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
         !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
@@ -372,10 +372,9 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
         !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
         return FALSE;
-    const SimCollGroup groups[2] = {
-        [ZP_GROUP_DP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_DP),
-        [ZP_GROUP_TP] = sim_coll_group(hw, s->plan.dp, s->plan.mp, ZP_GROUP_TP),
-    };
+    SimCollGroup groups[ZP_GROUP_N];
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        groups[g] = sim_coll_plan_group(hw, &s->plan, (ZpGroup)g);
     double largest_buffer = 0, states = 0;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, i, error))
@@ -576,6 +575,10 @@ gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimS
 
 static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
 {
+    /* ZeRO++'s subgroups run folded only (sim_engine_run refuses them explicit), where a
+     * DP group's slot serves them: they are on its stream, in its order. */
+    if (group > ZP_GROUP_TP)
+        group = ZP_GROUP_DP;
     const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
     return g * ZP_STREAM_N + stream;
 }
@@ -945,6 +948,22 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
+/* Explicit ranks model the DP and TP groups' members and flows only: ZeRO++'s subgroups
+ * (hpZ, qgZ) are simulated folded. */
+static gboolean check_explicit_groups(const ZpSchedule *s, SimMode mode, GError **error)
+{
+    for (guint i = 0; mode == SIM_MODE_EXPLICIT && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->group > ZP_GROUP_TP) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "schedule: op %u: ZeRO++'s node groups (hpZ, qgZ) are simulated with "
+                        "folded ranks only; leave out --explicit", i);
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
 /* Every rank's allocs and frees without dependencies, then its streams, rank by rank. */
 static void seed(Sim *sim)
 {
@@ -965,7 +984,7 @@ static void seed(Sim *sim)
 SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
                           GError **error)
 {
-    if (!check_plan(sched, hw, error))
+    if (!check_plan(sched, hw, error) || !check_explicit_groups(sched, options->mode, error))
         return NULL;
     const gboolean explicit_ranks = options->mode == SIM_MODE_EXPLICIT;
     Sim sim = {

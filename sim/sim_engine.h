@@ -52,7 +52,7 @@ typedef struct {
      * recomputation and the optimizer are not the model's work (the MFU definition). */
     double model_flops;
     double recompute_flops;
-    double comm_bytes[2]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
+    double comm_bytes[ZP_GROUP_N]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
 
     /* The highest per-rank total of live bytes, what each category held at that moment, and
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */

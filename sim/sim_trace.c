@@ -10,7 +10,8 @@
 
 /* Stream tracks, in ZpStream order. */
 static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm"};
-static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather"};
+static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather",
+                                                   "all-to-all"};
 
 /* Unit 0 is the embedding, 1..L the blocks, L+1 the final norm and LM head. */
 static void append_unit(GString *out, const ZpSchedule *s, int unit)
