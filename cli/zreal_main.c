@@ -35,6 +35,8 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
+    int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
+    gboolean quantized_weights; /* ZeRO++ qwZ */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
@@ -79,6 +81,9 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     plan.micro_batch = a->micro_batch;
     plan.grad_accum = a->grad_accum;
     plan.checkpoint = a->checkpoint;
+    plan.zero.zero_quantized_weights = a->quantized_weights;
+    plan.zero.zero_hpz_partition_size = a->hpz;
+    plan.gpus_per_node = a->ranks_per_node;
     /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
     if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan.precision,
                                                 "--attention", &plan.attention, error))
@@ -336,8 +341,8 @@ static void add_device_error(RealBackend *be, GError *error)
 static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
-    char *emulate = NULL, *rank = NULL, *fault_action = NULL;
-    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
+    char *emulate = NULL, *rank = NULL, *fault_action = NULL, *hpz = NULL, *per_node = NULL;
+    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1, .hpz = 1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
@@ -348,6 +353,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &hpz, "ZeRO++ hpZ: backward gathers from secondary partitions over this many ranks of a node (default 1: none)", "N"},
+        {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
@@ -392,7 +400,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
         {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
-        {emulate, "--emulate", 1, 1 << 20, &a->emulate}};
+        {emulate, "--emulate", 1, 1 << 20, &a->emulate}, {hpz, "--hpz-partition-size", 1, 1 << 16, &a->hpz},
+        {per_node, "--ranks-per-node", 1, 1 << 16, &a->ranks_per_node}};
     for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
         if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,
                                                   ints[i].max, TRUE, &value, error)))
@@ -415,7 +424,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = zp_check_out_path(a->out, "--out", error);
     g_option_context_free(context);
     g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
-    g_free(emulate), g_free(rank), g_free(fault_action);
+    g_free(emulate), g_free(rank), g_free(fault_action), g_free(hpz), g_free(per_node);
     return ok;
 }
 
