@@ -52,6 +52,7 @@ enum {
     F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
     F_DEVICE = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
+    F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
     F_LOSS
 };
 
@@ -116,6 +117,11 @@ static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, dou
     }
     for (int i = 0; i < steps; i++)
         v[F_LOSS + i] = local_loss[i];
+    RealCachingStats ca;
+    real_alloc_caching_stats(be->tracker, &ca);
+    v[F_CA_ALLOCATED] = ca.peak_allocated_bytes;
+    v[F_CA_RESERVED] = ca.peak_reserved_bytes;
+    v[F_CA_LARGEST_FREE] = ca.largest_free_at_peak_bytes;
     RealDeviceMemory dm;
     if (!be->device_memory)
         return TRUE;
@@ -155,6 +161,11 @@ static json_t *rank_json(int rank, const double *v, int steps)
                             "category_peak_bytes", zp_sched_categories_json(v + F_CAT_PEAK),
                             "step_time_s", time_json(v[F_STEP_S], steps), "comm_bytes",
                             v[F_COMM], "ops", ops, "loss", loss);
+    /* Its own allocation sequence through the caching-allocator model (zp_alloc_replay). */
+    json_object_set_new(out, "caching_allocator",
+                        json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
+                                  "peak_reserved_bytes", v[F_CA_RESERVED],
+                                  "largest_free_at_peak_bytes", v[F_CA_LARGEST_FREE]));
     /* The driver's view beside the tracker's, after the last step (device backends only). */
     if (v[F_DEVICE] > 0)
         json_object_set_new(out, "device_memory",

@@ -71,6 +71,15 @@ bool real_alloc_untrack(RealAlloc *tracker, const void *ptr);
 /* Copies the current counters into `out`. */
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out);
 
+/* The tracker's own allocation sequence (every take and track, release and untrack, in
+ * order, buffers of 0 bytes aside) replayed through the model of PyTorch's caching allocator
+ * (zp_alloc_replay, no capacity limit): allocated and reserved peaks and the largest free
+ * block at the allocated peak, over the tracker's whole life. */
+typedef struct {
+    double peak_allocated_bytes, peak_reserved_bytes, largest_free_at_peak_bytes;
+} RealCachingStats;
+void real_alloc_caching_stats(const RealAlloc *tracker, RealCachingStats *out);
+
 /* Starts a new measuring window: every peak becomes the current live value, so the next
  * real_alloc_stats reports the peaks reached from now on. */
 void real_alloc_reset_peaks(RealAlloc *tracker);

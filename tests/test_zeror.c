@@ -1,5 +1,6 @@
 /* test_zeror: ZeRO-R — partitioned activation checkpoints (Pa, Pa+cpu) in the memory model
  * and the schedule, the ZeRO paper's 100B run, and the caching-allocator replay. */
+#include "real_alloc.h"
 #include "testutil.h"
 #include "zp_alloc_replay.h"
 #include "zp_mem.h"
@@ -229,6 +230,23 @@ static void test_schedule_replay(void)
     zp_sched_free(s);
 }
 
+/* zreal's tracker replays its own sequence: a 5 MiB buffer reserves a 20 MiB segment, and
+ * 1000 bytes a 2 MiB small one; releasing keeps the segments (no compaction). */
+static void test_tracker_replay(void)
+{
+    RealAlloc *t = real_alloc_new();
+    void *a = real_alloc_take(t, 5 * 1048576, REAL_MEM_WORKSPACE);
+    void *b = real_alloc_take(t, 1000, REAL_MEM_BUCKETS);
+    real_alloc_release(t, a);
+    real_alloc_release(t, b);
+    RealCachingStats st;
+    real_alloc_caching_stats(t, &st);
+    g_assert_cmpfloat(st.peak_allocated_bytes, ==, 5 * MIB + 1024);
+    g_assert_cmpfloat(st.peak_reserved_bytes, ==, 22 * MIB);
+    g_assert_cmpfloat(st.largest_free_at_peak_bytes, ==, 15 * MIB);
+    real_alloc_free_tracker(t);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -238,5 +256,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/fragmentation", test_fragmentation);
     g_test_add_func("/alloc/size-classes", test_size_classes);
     g_test_add_func("/alloc/schedule", test_schedule_replay);
+    g_test_add_func("/alloc/zreal-tracker", test_tracker_replay);
     return g_test_run();
 }
