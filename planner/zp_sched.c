@@ -46,6 +46,7 @@ typedef struct {
     ZpStateBytes state;
     int next_buffer;
     uint32_t last_compute;  /* last compute op emitted */
+    uint32_t last_on_stream[ZP_STREAM_N]; /* last compute or collective op of each stream */
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
@@ -73,6 +74,8 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
             op.n_deps++;
         }
     g_array_append_val(s->ops, op);
+    if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
+        b->last_on_stream[op.stream] = s->ops->len - 1;
     return s->ops->len - 1;
 }
 
@@ -578,6 +581,17 @@ typedef struct {
     ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
 } Activations;
 
+/* synchronize_checkpoint_boundary: CheckpointFunction's forward and backward begin and end
+ * with a device synchronize, so the next compute op waits for everything issued so far on
+ * every stream (in-flight gathers and reductions included). */
+static void checkpoint_boundary(Builder *b)
+{
+    if (!b->s->plan.checkpoint || !b->s->plan.ckpt.synchronize_checkpoint_boundary)
+        return;
+    for (int stream = 0; stream < ZP_STREAM_N; stream++)
+        g_array_append_val(b->sync_deps, b->last_on_stream[stream]);
+}
+
 /* Pa+cpu (zp_zeror): the synchronous copy of a block's checkpoint slice over the host link,
  * on the compute stream as DeepSpeed's `.cpu()` and `copy_()` are. */
 static void host_copy(Builder *b, int unit, int micro, double bytes)
@@ -638,6 +652,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps)
     for (int l = 1; l <= L; l++) {
         position_begin(b, pos_fwd(l), micro, deps);
         if (ckpt) {
+            checkpoint_boundary(b);
             keep_checkpoint(b, l, micro, a, deps);
         } else {
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
@@ -646,6 +661,8 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps)
         }
         emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
+        if (ckpt)
+            checkpoint_boundary(b);
         position_end(b, pos_fwd(l), micro);
     }
 }
@@ -686,6 +703,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         const int pos = pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
         if (ckpt) {
+            checkpoint_boundary(b);
             regather_checkpoint(b, l, micro, a);
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
                                         &a->act[l], &b->last_compute, 1);
@@ -699,6 +717,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
                      (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
+        if (ckpt)
+            checkpoint_boundary(b);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
         if (ckpt && a->ckpt[l] >= 0)
             emit_free(b, ZP_MEM_CHECKPOINTS,
@@ -812,6 +832,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
                  .unit_bucket = g_new0(guint, (gsize)L + 2),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
+    for (int stream = 0; stream < ZP_STREAM_N; stream++)
+        b.last_on_stream[stream] = NONE;
     const int n_pos = 2 * L + 3;
     g_array_set_size(b.pos_last_op, (guint)n_pos);
     layout(&b);

@@ -139,6 +139,46 @@ static void test_paper_100b_fits_with_pa(void)
     json_decref(with);
 }
 
+/* Compute ops that wait on a data-parallel collective (a dependency on one). */
+static int compute_waiting_on_dp(const ZpSchedule *s)
+{
+    int n = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *d = zp_sched_deps(s, op);
+        gboolean waits = FALSE;
+        for (uint32_t k = 0; op->kind == ZP_OP_COMPUTE && k < op->n_deps; k++)
+            waits |= zp_sched_op(s, d[k])->kind == ZP_OP_COLLECTIVE &&
+                     zp_sched_op(s, d[k])->stream == ZP_STREAM_DP;
+        n += waits;
+    }
+    return n;
+}
+
+/* synchronize_checkpoint_boundary: each checkpointed block's forward and backward waits for
+ * what every stream has in flight, so at stage 2 with overlap_comm the backward blocks wait
+ * for the gradient reductions launched before them, which otherwise only the optimizer does. */
+static void test_synchronize_boundary(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt2-1.5b", &m, &error));
+    ZpPlan p;
+    zp_plan_defaults(&p, 2, 64, 1);
+    p.checkpoint = TRUE;
+    p.zero.overlap_comm = TRUE;
+    p.zero.reduce_bucket_size = 5e7;
+    ZpSchedule *plain = zp_sched_build(&m, &p, &error);
+    p.ckpt.synchronize_checkpoint_boundary = TRUE;
+    ZpSchedule *sync = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    /* Without it only the optimizer waits for the reductions; with it the blocks do too. */
+    g_assert_cmpint(compute_waiting_on_dp(plain), ==, 1);
+    g_assert_cmpint(compute_waiting_on_dp(sync), >, 1);
+    zp_sched_free(plain);
+    zp_sched_free(sync);
+}
+
 /* A hand-built sequence (MiB) under an 80 MiB capacity: a 60 MiB temporary is freed, then
  * short-lived s0, s1 and long-lived l0, l1 (12 each) are carved from its segment in turn.
  * Freeing s0 and s1 leaves three separate 12 MiB holes, so a 24 MiB request needs a new
@@ -253,6 +293,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zeror/partition-activations", test_partition_activations);
     g_test_add_func("/zeror/cpu-checkpointing", test_cpu_checkpointing);
     g_test_add_func("/zeror/paper-100b", test_paper_100b_fits_with_pa);
+    g_test_add_func("/zeror/synchronize-boundary", test_synchronize_boundary);
     g_test_add_func("/alloc/fragmentation", test_fragmentation);
     g_test_add_func("/alloc/size-classes", test_size_classes);
     g_test_add_func("/alloc/schedule", test_schedule_replay);
