@@ -333,8 +333,9 @@ static uint32_t emit_quantize(Builder *b, ZpStream stream, int unit, int micro, 
 }
 
 /* qgZ (zp_zeropp_qgz): the bucket quantised to int4 on the reduce stream, the all-to-all
- * inside the node, the node's reduction, the all-to-all across nodes, dequantisation. The
- * int4 buffers are workspace from the quantisation to the end. */
+ * inside the node (naming the bucket it reduces, released after it), the node's reduction,
+ * the all-to-all across nodes, dequantisation. The int4 buffers are workspace from the
+ * quantisation to the end. */
 static void qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[2])
 {
     const ZpSchedule *s = b->s;
@@ -347,9 +348,9 @@ static void qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_
                                 cdeps, 2);
     const uint32_t qdeps[3] = {cdeps[0], cdeps[1], alloc};
     uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 3);
-    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, op);
-    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro, -1, k->lo,
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro, k->buffer, k->lo,
                          k->hi - k->lo, q.intra_bytes, &op, 1);
+    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, op);
     op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &op, 1);
     op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->lo,
                          k->hi - k->lo, q.inter_bytes, &op, 1);

@@ -263,7 +263,10 @@ static gboolean check_zeropp(Check *c, const ZpOp *op)
     if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)
         return bad(c, "group", "%s: only qgZ's all-to-alls (zero_quantized_gradients, stage 3)",
                    op->group == ZP_GROUP_NODE ? "node" : "xnode");
-    return op->buffer == -1 || bad(c, "buffer", "= %d: qgZ's all-to-alls use workspace", op->buffer);
+    if (op->group == ZP_GROUP_XNODE) /* moves the node's reduction, from workspace */
+        return op->buffer == -1 || bad(c, "buffer", "= %d: the inter-node all-to-all uses "
+                                                    "workspace", op->buffer);
+    return need_buffer(c, op->buffer, ZP_MEM_BUCKETS);
 }
 
 static gboolean check_collective(Check *c, const ZpOp *op)
@@ -314,6 +317,9 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
     case ZP_MEM_BUCKETS:
         if (c->buf[op->buffer].coll < 0)
             return bad(c, "buffer", "= %d: a bucket no collective uses", op->buffer);
+        /* qgZ: the intra-node all-to-all names the bucket it reduces, moving its int4 form. */
+        if (op_at(c, (guint)c->buf[op->buffer].coll)->sub == ZP_COLL_ALLTOALL)
+            return TRUE;
         return need_bytes(c, op->bytes, op_at(c, (guint)c->buf[op->buffer].coll)->bytes,
                           "the collective using it");
     case ZP_MEM_WORKSPACE:

@@ -224,6 +224,51 @@ static void test_keys(void)
     g_free(dir);
 }
 
+/* Schedules with every ZeRO-R and ZeRO++ option write and read back op for op, through the
+ * reader's checks (zp_schedcheck). */
+static void test_round_trip(void)
+{
+    ZpModel m = model();
+    ZpPlan plans[2] = {plan64(), plan64()};
+    plans[0].zero.zero_quantized_weights = plans[0].zero.zero_quantized_gradients = TRUE;
+    plans[0].zero.zero_hpz_partition_size = 8;
+    plans[0].checkpoint = TRUE;
+    plans[1].zero.stage = 2;
+    plans[1].dp = 16, plans[1].mp = 5; /* gpt2-1.5b has 25 heads */
+    plans[1].checkpoint = TRUE;
+    plans[1].ckpt = (ZpCheckpointConfig){.partition_activations = TRUE, .cpu_checkpointing = TRUE,
+                                         .contiguous_memory_optimization = TRUE,
+                                         .synchronize_checkpoint_boundary = TRUE};
+    char *dir = g_dir_make_tmp("zplan-zeropp-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "s.json", NULL);
+    for (int i = 0; i < 2; i++) {
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &plans[i], &error);
+        g_assert_no_error(error);
+        g_assert_true(zp_sched_write_json(s, path, &error));
+        ZpSchedule *back = zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        g_assert_cmpuint(back->ops->len, ==, s->ops->len);
+        for (guint k = 0; k < s->ops->len; k++) {
+            const ZpOp *x = zp_sched_op(s, k), *y = zp_sched_op(back, k);
+            g_assert_cmpint(x->kind, ==, y->kind);
+            g_assert_cmpint(x->sub, ==, y->sub);
+            g_assert_cmpint(x->group, ==, y->group);
+            g_assert_cmpint(x->stream, ==, y->stream);
+            g_assert_cmpfloat(x->bytes, ==, y->bytes);
+            g_assert_cmpfloat(x->mem_bytes, ==, y->mem_bytes);
+        }
+        for (int c = 0; c < ZP_MEM_N; c++)
+            g_assert_cmpfloat(back->state_bytes[c], ==, s->state_bytes[c]);
+        zp_sched_free(s);
+        zp_sched_free(back);
+    }
+    g_unlink(path);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -231,5 +276,6 @@ int main(int argc, char **argv)
     g_test_add_func("/zeropp/hpz", test_hpz);
     g_test_add_func("/zeropp/qgz", test_qgz);
     g_test_add_func("/zeropp/keys", test_keys);
+    g_test_add_func("/zeropp/round-trip", test_round_trip);
     return g_test_run();
 }
