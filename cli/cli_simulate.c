@@ -381,7 +381,8 @@ static void print_memory(const Report *p)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
     const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
-    printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets", cb.constant_bytes / GB);
+    printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets",
+           cb.constant_bytes / GB);
     if (cb.model_sized_what)
         printf("; %.3f GB sized by the model (%s)", cb.model_sized_bytes / GB, cb.model_sized_what);
     printf("\n");

@@ -353,7 +353,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
     char *emulate = NULL, *rank = NULL, *fault_action = NULL, *hpz = NULL, *per_node = NULL;
-    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1, .hpz = 1,
+    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .hpz = 1,
+                .fault_rank = -1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
@@ -411,7 +412,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
         {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
-        {emulate, "--emulate", 1, 1 << 20, &a->emulate}, {hpz, "--hpz-partition-size", 1, 1 << 16, &a->hpz},
+        {emulate, "--emulate", 1, 1 << 20, &a->emulate},
+        {hpz, "--hpz-partition-size", 1, 1 << 16, &a->hpz},
         {per_node, "--ranks-per-node", 1, 1 << 16, &a->ranks_per_node}};
     for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
         if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,

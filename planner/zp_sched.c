@@ -500,9 +500,9 @@ static void issue_gathers(Builder *b, int pos, int micro)
         if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
             uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->unit, micro,
                                          &g->quant_buffer, &alloc, 1);
+            const uint64_t part = (uint64_t)g->elems / (uint64_t)ranks;
             alloc = emit_quantize(b, ZP_STREAM_DP, g->unit, micro,
-                                  zp_zeropp_quantize_mem_bytes((uint64_t)g->elems / (uint64_t)ranks),
-                                  &qalloc, 1);
+                                  zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
         }
         g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->unit, micro, g->buffer,
                                      s->unit_offset[g->unit], (uint64_t)g->elems, wire, &alloc,

@@ -192,9 +192,9 @@ static gboolean check_unit_gather(Check *c, const ZpOp *op, int id)
         return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": unit %d is %"
                    G_GUINT64_FORMAT " padded elements at %" G_GUINT64_FORMAT, op->elems,
                    op->elem_offset, u, padded, c->s->unit_offset[u]);
+    const int ranks = zp_zeropp_group_ranks(&c->s->plan, op->group);
     const double wire = id < 0 ? (double)padded * c->st.param_bytes
-                               : zp_zeropp_gather_bytes(&c->s->plan, padded,
-                                                        zp_zeropp_group_ranks(&c->s->plan, op->group),
+                               : zp_zeropp_gather_bytes(&c->s->plan, padded, ranks,
                                                         c->st.param_bytes);
     if (!need_bytes(c, op->bytes, wire, "the layout (zp_zeropp)"))
         return FALSE;
@@ -257,7 +257,8 @@ static gboolean check_zeropp(Check *c, const ZpOp *op)
     const ZpZeroConfig *z = &c->s->plan.zero;
     if (op->group == ZP_GROUP_HPZ) {
         if (z->zero_hpz_partition_size <= 1 || op->sub != ZP_COLL_ALLGATHER)
-            return bad(c, "group", "hpz: only stage 3's all-gathers with zero_hpz_partition_size > 1");
+            return bad(c, "group",
+                       "hpz: only stage 3's all-gathers with zero_hpz_partition_size > 1");
         return check_unit_gather(c, op, op->buffer);
     }
     if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)

@@ -631,7 +631,8 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
     case ZP_COMP_QUANTIZE:
-        return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error) : qwz_dequantize(e, op, error);
+        return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
+                                          : qwz_dequantize(e, op, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }

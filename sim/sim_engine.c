@@ -247,7 +247,8 @@ static void queue_clear(Queue *q)
 double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops,
                                  double attn_flops_per_s)
 {
-    const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0 ? op->bytes / hw->host_link_bytes_per_s : 0.0;
+    const double link = hw->host_link_bytes_per_s;
+    const double host_s = op->bytes > 0 && link > 0 ? op->bytes / link : 0.0;
     return host_s + zp_hw_compute_time_s(hw, peak_flops, op->flops, op->gemm_flops,
                                          op->attn_flops, attn_flops_per_s, op->mem_bytes,
                                          op->sub == ZP_COMP_OPTIMIZER);

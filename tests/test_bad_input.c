@@ -100,6 +100,13 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 0", NULL, "--grad-accum: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch -1", NULL, "--micro-batch"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --reduce-bucket-size -5", NULL, "--reduce-bucket-size"},
+    /* ZeRO-R and ZeRO++ options the plan cannot run */
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --partition-activations", NULL, "need checkpointing on (--checkpoint)"},
+    {"zplan memory --model tiny --gpus 8 --cpu-checkpointing", NULL, "need checkpointing on (--checkpoint)"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --quantized-weights", NULL, "(stage 3 only)"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 3", NULL, "zero_hpz_partition_size: must divide"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 0", NULL, "--hpz-partition-size"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --quantized-gradients --explicit", NULL, "folded ranks only"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters 0", NULL, "max-live-parameters"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --trace {T}/missing/t.json", NULL, "--trace: cannot write in directory '{T}/missing'"},
