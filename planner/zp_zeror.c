@@ -18,7 +18,9 @@ ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan)
     r.host_bytes = c->cpu_checkpointing ? kept : 0.0;
     r.copy_bytes = r.host_bytes;
     r.gather_elems = c->partition_activations && plan->mp > 1 ? (uint64_t)elems : 0;
-    r.regathered = c->partition_activations || c->cpu_checkpointing;
+    /* With M = 1 the slice is the whole input and gather_partitioned_activations only views
+     * it; a host copy always comes back into a new GPU buffer. */
+    r.regathered = (c->partition_activations && plan->mp > 1) || c->cpu_checkpointing;
     return r;
 }
 

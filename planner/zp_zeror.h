@@ -22,7 +22,8 @@ typedef struct {
     double host_bytes;      /* what each rank keeps in host memory per block */
     double copy_bytes;      /* over the host link per block, each way (forward and backward) */
     uint64_t gather_elems;  /* Pa with M > 1: the all-gather before the recompute (b*s*h) */
-    gboolean regathered;    /* backward rebuilds the whole input in a new GPU buffer */
+    gboolean regathered;    /* backward rebuilds the whole input in a new GPU buffer (Pa with
+                             * M > 1, or cpu_checkpointing) */
 } ZpCkptRule;
 
 /* The rule for a plan with checkpointing; all zero without. */

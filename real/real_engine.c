@@ -193,9 +193,10 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
         e->quant_of[i] = -1;
     if (!z->zero_quantized_weights && hpz <= 1)
         return TRUE;
-    if (strcmp(e->be->name, "cpu") != 0 || !e->comm->allgather_bytes || !e->comm->split)
-        return fail(error, "zreal executes qwZ and hpZ on the CPU backend over MPI (or "
-                    "--emulate), not with backend %s", e->be->name);
+    if (strcmp(e->be->name, "cpu") != 0)
+        return fail(error, "zreal executes qwZ and hpZ on the CPU backend, not %s", e->be->name);
+    if (!e->comm->allgather_bytes || !e->comm->split)
+        return fail(error, "zreal executes qwZ and hpZ over MPI ranks (mpirun), not --emulate");
     if (hpz > 1 && !(e->hpz_comm = e->comm->split(e->comm, e->rank / hpz, e->rank % hpz, error)))
         return FALSE;
     for (int u = 0; hpz > 1 && u < e->s->n_units; u++)

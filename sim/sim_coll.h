@@ -54,9 +54,10 @@ SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup gro
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
 
 /* Ring all-reduce, reduce-scatter or all-gather of `bytes` (the whole array S) with one
- * protocol (an all-to-all is timed as an all-gather: n-1 steps, (n-1)/n S sent): latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
+ * protocol: latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
  * factor * S / (busbw * protocol fraction), factor 2(n-1)/n for all-reduce, (n-1)/n
- * otherwise. Zero for a group of one. */
+ * otherwise. Zero for a group of one. An all-to-all is timed as an all-gather: n-1 steps,
+ * (n-1)/n of S sent by each rank. */
 SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup *group,
                                SimProto proto);
 
