@@ -118,7 +118,7 @@ static const KeySpec bf16_keys[] = {
 
 /* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): ZeRO-R's
  * options, read into the plan's ZpCheckpointConfig (zp_zeror models them); profile only
- * times the checkpointed functions and is not modeled. */
+ * times the checkpointed functions, and warns when true. */
 static const struct {
     const char *key;
     size_t offset;
@@ -132,7 +132,7 @@ static const struct {
 };
 static const KeySpec checkpoint_keys[] = {
     OWN("partition_activations"), OWN("contiguous_memory_optimization"),
-    OWN("cpu_checkpointing"), OWN("synchronize_checkpoint_boundary"), IGNORED("profile"),
+    OWN("cpu_checkpointing"), OWN("synchronize_checkpoint_boundary"), OWN("profile"),
     OWN("number_checkpoints"),
 };
 
@@ -369,6 +369,10 @@ static gboolean read_checkpointing(json_t *root, const char *path, gboolean *che
     if (ok && (ok = zp_json_get_int(section, what, "number_checkpoints", FALSE, 0, MAX_BATCH,
                                     &number, error)))
         options->number_checkpoints = (int)number;
+    gboolean profile = FALSE;
+    if (ok && (ok = zp_json_get_bool(section, what, "profile", FALSE, &profile, error)) && profile)
+        warn(warnings, path, "activation_checkpointing.", "profile",
+             "true is not modeled (it times the checkpointed functions)");
     g_free(what);
     return ok;
 }
