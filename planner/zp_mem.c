@@ -141,6 +141,10 @@ static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBy
         r->stage3_persistent_bytes =
             persistent_elems(model, z->stage3_param_persistence_threshold, plan->mp) *
             bytes.param_bytes;
+        /* hpZ (zp_zeropp_secondary_bytes, without the schedule's per-unit padding). */
+        if (z->zero_hpz_partition_size > 1)
+            r->hpz_secondary_bytes = (psi - persistent_elems(model, threshold, plan->mp)) *
+                                     bytes.param_bytes / z->zero_hpz_partition_size;
     }
 }
 
@@ -154,6 +158,7 @@ ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw 
     r.reserve_bytes = hw ? hw->runtime_reserve_bytes : 0.0;
     r.total_bytes = r.activations_bytes + r.checkpoint_bytes + r.recompute_bytes +
                     r.logits_bytes + r.reduce_bucket_bytes + r.allgather_bucket_bytes +
-                    r.stage3_gathered_bytes + r.stage3_persistent_bytes + r.reserve_bytes;
+                    r.stage3_gathered_bytes + r.stage3_persistent_bytes + r.hpz_secondary_bytes +
+                    r.reserve_bytes;
     return r;
 }

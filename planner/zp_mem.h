@@ -43,6 +43,8 @@ typedef struct {
     double allgather_bucket_bytes;  /* parameter all-gather bucket (stages 1-2) */
     double stage3_gathered_bytes;   /* stage 3: largest unit gathered + prefetch, capped */
     double stage3_persistent_bytes; /* stage 3: full copies of params under the threshold */
+    double hpz_secondary_bytes;     /* stage 3 with ZeRO++ hpZ: the 16-bit secondary partition
+                                     * of the non-persistent parameters, 2 psi / size */
     double reserve_bytes;           /* CUDA context and allocator (from the hwprofile) */
     double total_bytes;
 } ZpResidual;

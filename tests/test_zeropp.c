@@ -1,6 +1,7 @@
 /* test_zeropp: ZeRO++'s volumes per rank in the schedule against plain stage 3 at 64 GPUs,
  * 8 per node, each from a formula stated with its test; and the ds_config keys. */
 #include "zp_dsconfig.h"
+#include "zp_mem.h"
 #include "zp_model.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -126,6 +127,10 @@ static void test_hpz(void)
             secondary += 2.0 * (double)zp_sched_unit_padded(h, u) / 8;
     g_assert_cmpfloat(h->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, secondary);
     g_assert_cmpfloat(plain->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 0);
+    /* The memory model's closed form: 2 psi / 8, the units unpadded (within 0.1%). */
+    ZpModel m = model();
+    const ZpResidual r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(fabs(r.hpz_secondary_bytes - secondary), <, 1e-3 * secondary);
     g_ptr_array_unref(a);
     g_ptr_array_unref(b);
     zp_sched_free(plain);
