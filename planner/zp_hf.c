@@ -78,14 +78,17 @@ static const HfFamilySpec hf_families[HF_N] = {
 };
 
 /* transformers' activation names (ACT2FN) and the MLP they make: gated in the Llama family,
- * plain in GPT-2 and NeoX. */
+ * plain in GPT-2 and NeoX; "gelu" is the exact erf form (GELUActivation), the others the tanh
+ * approximation (NewGELUActivation, PytorchGELUTanh, FastGELUActivation). */
 static const struct {
     const char *name;
     ZpMlp gated, plain;
+    gboolean exact;
 } hf_acts[] = {
-    {"silu", ZP_MLP_SWIGLU, ZP_MLP_N}, {"swish", ZP_MLP_SWIGLU, ZP_MLP_N},
-    {"gelu", ZP_MLP_GEGLU, ZP_MLP_GELU}, {"gelu_new", ZP_MLP_GEGLU, ZP_MLP_GELU},
-    {"gelu_pytorch_tanh", ZP_MLP_GEGLU, ZP_MLP_GELU}, {"gelu_fast", ZP_MLP_GEGLU, ZP_MLP_GELU},
+    {"silu", ZP_MLP_SWIGLU, ZP_MLP_N, FALSE}, {"swish", ZP_MLP_SWIGLU, ZP_MLP_N, FALSE},
+    {"gelu", ZP_MLP_GEGLU, ZP_MLP_GELU, TRUE}, {"gelu_new", ZP_MLP_GEGLU, ZP_MLP_GELU, FALSE},
+    {"gelu_pytorch_tanh", ZP_MLP_GEGLU, ZP_MLP_GELU, FALSE},
+    {"gelu_fast", ZP_MLP_GEGLU, ZP_MLP_GELU, FALSE},
 };
 
 /* A key that is absent or JSON null counts as absent (GPT-2 writes "n_inner": null). */
@@ -135,16 +138,17 @@ static gboolean get_number(json_t *obj, const char *path, const char *key, doubl
     return !present(obj, key) || zp_json_get_number(obj, path, key, TRUE, min, max, out, error);
 }
 
-static gboolean get_mlp(json_t *obj, const char *path, HfFamily family, ZpMlp *mlp,
+static gboolean get_mlp(json_t *obj, const char *path, HfFamily family, ZpModel *m,
                         GError **error)
 {
     const char *key = hf_families[family].act_key, *act = hf_families[family].act_default;
     if (present(obj, key) && !zp_json_get_string(obj, path, key, TRUE, &act, error))
         return FALSE;
     for (size_t i = 0; i < G_N_ELEMENTS(hf_acts); i++) {
-        const ZpMlp m = family == HF_LLAMA ? hf_acts[i].gated : hf_acts[i].plain;
-        if (strcmp(act, hf_acts[i].name) == 0 && m != ZP_MLP_N) {
-            *mlp = m;
+        const ZpMlp mlp = family == HF_LLAMA ? hf_acts[i].gated : hf_acts[i].plain;
+        if (strcmp(act, hf_acts[i].name) == 0 && mlp != ZP_MLP_N) {
+            m->mlp = mlp;
+            m->exact_gelu = hf_acts[i].exact;
             return TRUE;
         }
     }
@@ -191,12 +195,8 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
             return FALSE;
         }
     }
-    json_t *scaling = json_object_get(obj, "rope_scaling");
-    if (scaling && !json_is_null(scaling) && !json_is_object(scaling)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"rope_scaling\" must be an object or null",
-                    path);
+    if (!zp_model_get_rope_scaling(obj, path, m, error))
         return FALSE;
-    }
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */
     m->seq_len = m->max_positions;
@@ -206,7 +206,7 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
     const HfFamilySpec *f = &hf_families[family];
     gboolean attention_bias = f->attention_bias_default, mlp_bias = TRUE, qkv_bias;
     double dropout = 0;
-    if (!get_mlp(obj, path, family, &m->mlp, error) ||
+    if (!get_mlp(obj, path, family, m, error) ||
         !get_bool(obj, path, "tie_word_embeddings", f->tied_default, &m->tied_embeddings,
                   error) ||
         !get_number(obj, path, f->eps_key, f->eps_default, 1e-12, 1, &m->norm_eps, error) ||

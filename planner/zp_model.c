@@ -11,7 +11,7 @@ static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
-    "rotary_fraction", "norm_eps", NULL};
+    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -71,6 +71,56 @@ static gboolean get_biases(json_t *obj, const char *what, ZpModel *model, GError
 #define MAX_SEQ 10000000
 #define MAX_VOCAB 100000000
 
+gboolean zp_model_get_rope_scaling(void *json_object, const char *what, ZpModel *model,
+                                   GError **error)
+{
+    static const struct {
+        const char *name;
+        ZpRopeScalingType type;
+    } types[] = {{"default", ZP_ROPE_SCALING_NONE},
+                 {"linear", ZP_ROPE_SCALING_LINEAR},
+                 {"llama3", ZP_ROPE_SCALING_LLAMA3}};
+    json_t *obj = json_object_get(json_object, "rope_scaling");
+    ZpRopeScaling *r = &model->rope_scaling;
+    memset(r, 0, sizeof *r);
+    if (!obj || json_is_null(obj))
+        return TRUE;
+    if (!json_is_object(obj)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"rope_scaling\" must be an object or null", what);
+        return FALSE;
+    }
+    char *inner = g_strdup_printf("%s: rope_scaling", what);
+    const char *name = NULL;
+    const char *type_key = json_object_get(obj, "rope_type") ? "rope_type" : "type";
+    gboolean ok = zp_json_get_string(obj, inner, type_key, TRUE, &name, error);
+    if (ok) {
+        g_strlcpy(r->name, name, sizeof r->name);
+        r->type = ZP_ROPE_SCALING_OTHER;
+        for (size_t i = 0; i < G_N_ELEMENTS(types); i++)
+            if (strcmp(name, types[i].name) == 0)
+                r->type = types[i].type;
+    }
+    /* The keys of the two types zreal implements; other types' keys are not read. */
+    const gboolean llama3 = r->type == ZP_ROPE_SCALING_LLAMA3;
+    ok = ok && (r->type == ZP_ROPE_SCALING_OTHER || r->type == ZP_ROPE_SCALING_NONE ||
+                (zp_json_get_number(obj, inner, "factor", TRUE, 1e-3, 1e6, &r->factor, error) &&
+                 zp_json_get_number(obj, inner, "low_freq_factor", llama3, 1e-6, 1e6,
+                                    &r->low_freq_factor, error) &&
+                 zp_json_get_number(obj, inner, "high_freq_factor", llama3, 1e-6, 1e6,
+                                    &r->high_freq_factor, error) &&
+                 zp_json_get_int(obj, inner, "original_max_position_embeddings", llama3, 1,
+                                 MAX_SEQ, &r->original_max_positions, error)));
+    if (ok && llama3 && r->low_freq_factor >= r->high_freq_factor) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"low_freq_factor\" = %g must be below high_freq_factor = %g", inner,
+                    r->low_freq_factor, r->high_freq_factor);
+        ok = FALSE;
+    }
+    g_free(inner);
+    return ok;
+}
+
 gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model, GError **error)
 {
     json_t *obj = json_object;
@@ -107,7 +157,9 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                             error) ||
         !zp_json_get_number(obj, what, "rotary_fraction", FALSE, 0, 1, &model->rotary_fraction,
                             error) ||
-        !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error))
+        !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error) ||
+        !zp_json_get_bool(obj, what, "exact_gelu", FALSE, &model->exact_gelu, error) ||
+        !zp_model_get_rope_scaling(obj, what, model, error))
         return FALSE;
     model->mlp = (ZpMlp)mlp;
     model->norm = (ZpNorm)norm;
@@ -328,6 +380,7 @@ void *zp_model_to_json(const ZpModel *model)
     json_object_set_new(o, "max_positions", json_integer((json_int_t)zp_model_positions(model)));
     json_object_set_new(o, "mlp", json_string(mlp_names[model->mlp]));
     json_object_set_new(o, "norm", json_string(norm_names[model->norm]));
+    json_object_set_new(o, "exact_gelu", json_boolean(model->exact_gelu));
     json_object_set_new(o, "qkv_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_QKV)));
     json_object_set_new(o, "proj_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_PROJ)));
     json_object_set_new(o, "mlp_bias", json_boolean(zp_model_has_bias(model, ZP_NO_BIAS_MLP)));
@@ -335,6 +388,20 @@ void *zp_model_to_json(const ZpModel *model)
     if (model->rope_theta > 0) {
         json_object_set_new(o, "rope_theta", json_real(model->rope_theta));
         json_object_set_new(o, "rotary_fraction", json_real(model->rotary_fraction));
+    }
+    const ZpRopeScaling *r = &model->rope_scaling;
+    if (r->type == ZP_ROPE_SCALING_LINEAR || r->type == ZP_ROPE_SCALING_LLAMA3) {
+        json_t *scaling = json_pack("{s:s, s:f}", "rope_type", r->name, "factor", r->factor);
+        if (r->type == ZP_ROPE_SCALING_LLAMA3)
+            json_object_update_new(scaling,
+                                   json_pack("{s:f, s:f, s:I}", "low_freq_factor",
+                                             r->low_freq_factor, "high_freq_factor",
+                                             r->high_freq_factor,
+                                             "original_max_position_embeddings",
+                                             (json_int_t)r->original_max_positions));
+        json_object_set_new(o, "rope_scaling", scaling);
+    } else if (r->type == ZP_ROPE_SCALING_OTHER) {
+        json_object_set_new(o, "rope_scaling", json_pack("{s:s}", "rope_type", r->name));
     }
     if (model->norm_eps > 0)
         json_object_set_new(o, "norm_eps", json_real(model->norm_eps));

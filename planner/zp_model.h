@@ -28,6 +28,24 @@ typedef enum { ZP_NORM_LAYERNORM, ZP_NORM_RMSNORM, ZP_NORM_N } ZpNorm;
 /* Linear layers WITHOUT a bias (a zero ZpModel has GPT-2's biases everywhere). */
 enum { ZP_NO_BIAS_QKV = 1, ZP_NO_BIAS_PROJ = 2, ZP_NO_BIAS_MLP = 4 };
 
+/* Rotary frequencies rescaled for a longer context (config.json's rope_scaling): none, linear
+ * (positions / factor) or Llama 3.1's "llama3" (long wavelengths / factor, short ones kept, a
+ * smooth ramp between, by original_max_position_embeddings). Other types (dynamic, yarn, ...)
+ * are kept by name: they change no memory or time, and zreal refuses them. */
+typedef enum {
+    ZP_ROPE_SCALING_NONE,
+    ZP_ROPE_SCALING_LINEAR,
+    ZP_ROPE_SCALING_LLAMA3,
+    ZP_ROPE_SCALING_OTHER,
+} ZpRopeScalingType;
+
+typedef struct {
+    ZpRopeScalingType type;
+    char name[24]; /* the rope_type as written */
+    double factor, low_freq_factor, high_freq_factor;
+    int64_t original_max_positions;
+} ZpRopeScaling;
+
 /* Every field that is zero takes GPT-2's choice, so a spec written before the Llama-family
  * fields existed means what it meant. */
 typedef struct {
@@ -36,6 +54,8 @@ typedef struct {
     int64_t kv_heads;           /* key/value heads; 0: heads (multi-head attention) */
     int64_t max_positions;      /* rows of the learned position table; 0: seq_len */
     ZpMlp mlp;
+    gboolean exact_gelu;        /* GELU as x Phi(x) with erf (transformers' "gelu"), not GPT-2's
+                                 * tanh approximation ("gelu_new"); the same cost, other values */
     ZpNorm norm;
     unsigned no_bias;           /* ZP_NO_BIAS_* flags */
     gboolean tied_embeddings;   /* LM head shares wte (default true) */
@@ -44,6 +64,7 @@ typedef struct {
     gboolean dropout;           /* trained with dropout: changes activation memory */
     double rope_theta;          /* rotary embeddings' base; 0: no rotary embeddings */
     double rotary_fraction;     /* share of each head's dimensions rotated (NeoX: 0.25) */
+    ZpRopeScaling rope_scaling;
     double norm_eps;            /* 0: 1e-5 */
     double published_params;    /* the size the model is known by, 0 if not given */
     double params_only;         /* > 0: built from --params, no architecture known */
@@ -64,6 +85,12 @@ gboolean zp_model_load(const char *name_or_path, ZpModel *model, GError **error)
 /* Parses a model spec object; `what` names its file in messages. */
 gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                             GError **error);
+
+/* Reads the optional "rope_scaling" object of `obj` (Hugging Face's spelling: rope_type or type,
+ * factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) into
+ * model->rope_scaling; absent or null is none. `what` names the file. */
+gboolean zp_model_get_rope_scaling(void *json_object, const char *what, ZpModel *model,
+                                   GError **error);
 
 /* The checks every spec passes, whoever read it: key/value heads divide the heads, the
  * sequence fits a learned position table. `what` names the file. */

@@ -5,6 +5,7 @@
 
 #include "real_alloc.h"
 #include "real_bf16.h"
+#include "real_rope.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,6 +16,14 @@ typedef enum {
     REAL_DTYPE_F32,
     REAL_DTYPE_BF16,
 } RealDType;
+
+/* The activation of an MLP: transformers' "silu", "gelu" (the exact x Phi(x), with erf) and
+ * "gelu_new"/"gelu_pytorch_tanh" (the tanh approximation, GPT-2's). */
+typedef enum {
+    REAL_ACT_SILU,
+    REAL_ACT_GELU_TANH,
+    REAL_ACT_GELU_ERF,
+} RealActivation;
 
 /* AdamW hyper-parameters for one optimizer step. */
 typedef struct {
@@ -169,19 +178,30 @@ struct RealBackend {
                         const float *x, const RealBf16 *gain, int rows, int cols, float eps);
 
     /* Rotary embeddings in place on the q and k parts of qkv rows [batch*seq_len, (heads +
-     * 2 kv_heads) head_dim] (q heads, then k heads, then v heads): the pair (c, c + d/2) of
-     * each head (d = head_dim, c < d/2) turns by t theta^(-2c/d) at position t = row mod
-     * seq_len (Hugging Face's rotate_half convention). inverse turns back by the same
-     * angle: the backward, applied to dq and dk. */
-    void (*rope)(RealBackend *be, float *qkv, int batch, int seq_len, int heads, int kv_heads,
-                 int head_dim, float theta, bool inverse);
+     * 2 kv_heads) head_dim] (q heads, then k heads, then v heads): the first rope->rot_dim
+     * (even, at most head_dim) dimensions of each head turn, the pair (c, c + r/2) (r =
+     * rot_dim, c < r/2) by t real_rope_inv_freq(rope, c) at position t = row mod seq_len
+     * (Hugging Face's rotate_half convention; rot_dim < head_dim is GPT-NeoX's partial rotary,
+     * rotary_pct); the other dimensions stay. The angle is computed in double, its cosine and
+     * sine rounded to float. inverse turns back by the same angle: the backward, applied to
+     * dq and dk. rope is host memory. May need workspace (the frequencies, on a device). */
+    bool (*rope)(RealBackend *be, float *qkv, int batch, int seq_len, int heads, int kv_heads,
+                 int head_dim, const RealRope *rope, bool inverse);
 
-    /* SwiGLU on gate_up [rows, 2 ffn] (gate in the first ffn columns, up in the last):
-     * out [rows, ffn] = silu(gate) up, silu(g) = g / (1 + e^-g). Backward: dgate_up =
-     * (dout up silu'(gate), dout silu(gate)), overwritten; dgate_up may alias gate_up. */
-    void (*swiglu_fwd)(RealBackend *be, float *out, const float *gate_up, int rows, int ffn);
-    void (*swiglu_bwd)(RealBackend *be, float *dgate_up, const float *dout,
-                       const float *gate_up, int rows, int ffn);
+    /* Gated MLP on gate_up [rows, 2 ffn] (gate in the first ffn columns, up in the last):
+     * out [rows, ffn] = act(gate) up: SwiGLU with REAL_ACT_SILU (silu(g) = g / (1 + e^-g)),
+     * GeGLU with a GELU. Backward: dgate_up = (dout up act'(gate), dout act(gate)),
+     * overwritten; dgate_up may alias gate_up. */
+    void (*glu_fwd)(RealBackend *be, float *out, const float *gate_up, int rows, int ffn,
+                    RealActivation act);
+    void (*glu_bwd)(RealBackend *be, float *dgate_up, const float *dout, const float *gate_up,
+                    int rows, int ffn, RealActivation act);
+
+    /* The exact GELU, y = x Phi(x) = x/2 (1 + erf(x / sqrt 2)) (GPT-NeoX's "gelu"), as
+     * gelu_fwd/bwd: dx = dy (Phi(x) + x phi(x)); y may alias x, dx may alias dy. */
+    void (*gelu_erf_fwd)(RealBackend *be, float *y, const float *x, size_t n_elems);
+    void (*gelu_erf_bwd)(RealBackend *be, float *dx, const float *dy, const float *x,
+                         size_t n_elems);
 
     /* attention_fwd/bwd with grouped-query attention: qkv rows hold heads query heads, then
      * kv_heads key heads, then kv_heads value heads; query head j reads key/value head

@@ -10,6 +10,8 @@
 #define REAL_CPU_LN_EPS 1e-5f
 #define REAL_CPU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define REAL_CPU_GELU_K 0.044715f
+#define REAL_CPU_SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define REAL_CPU_INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 /* One reusable staging buffer per purpose, so a GEMM's two operands never share one. */
 typedef enum {
@@ -646,15 +648,15 @@ static void real_cpu_rmsnorm_bwd(RealBackend *be, float *dx, float *dgain, const
     }
 }
 
-static void real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
-                          int kv_heads, int head_dim, float theta, bool inverse)
+static bool real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
+                          int kv_heads, int head_dim, const RealRope *rope, bool inverse)
 {
     (void)be;
-    const int half = head_dim / 2, ld = (heads + 2 * kv_heads) * head_dim;
+    const int half = rope->rot_dim / 2, ld = (heads + 2 * kv_heads) * head_dim;
     for (int r = 0; r < batch * seq_len; r++) {
         const int t = r % seq_len;
         for (int c = 0; c < half; c++) {
-            const double angle = t * pow(theta, -2.0 * c / head_dim);
+            const double angle = t * real_rope_inv_freq(rope, c);
             const float cs = (float)cos(angle), sn = (float)(inverse ? -sin(angle) : sin(angle));
             /* The q heads and the k heads, which follow them in the row. */
             for (int j = 0; j < heads + kv_heads; j++) {
@@ -665,63 +667,124 @@ static void real_cpu_rope(RealBackend *be, float *qkv, int batch, int seq_len, i
             }
         }
     }
+    return true;
 }
+
+/* ---- activations: GELU (tanh and exact), SiLU, and the gated MLP ---- */
 
 static float real_cpu_sigmoid(float x)
 {
     return 1.0f / (1.0f + expf(-x));
 }
 
-static void real_cpu_swiglu_fwd(RealBackend *be, float *out, const float *gate_up, int rows,
-                                int ffn)
+static float real_cpu_gelu_tanh(float x)
+{
+    const float inner = REAL_CPU_GELU_C * (x + REAL_CPU_GELU_K * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+static float real_cpu_gelu_tanh_grad(float x)
+{
+    const float inner = REAL_CPU_GELU_C * (x + REAL_CPU_GELU_K * x * x * x);
+    const float th = tanhf(inner);
+    const float dinner = REAL_CPU_GELU_C * (1.0f + 3.0f * REAL_CPU_GELU_K * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner;
+}
+
+/* x Phi(x) and its derivative Phi(x) + x phi(x), Phi the standard normal's distribution. */
+static float real_cpu_gelu_erf(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * REAL_CPU_SQRT1_2));
+}
+
+static float real_cpu_gelu_erf_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * REAL_CPU_SQRT1_2)) +
+           x * REAL_CPU_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+static float real_cpu_act(float x, RealActivation act)
+{
+    switch (act) {
+    case REAL_ACT_SILU:
+        return x * real_cpu_sigmoid(x);
+    case REAL_ACT_GELU_TANH:
+        return real_cpu_gelu_tanh(x);
+    case REAL_ACT_GELU_ERF:
+        return real_cpu_gelu_erf(x);
+    }
+    return NAN;
+}
+
+static float real_cpu_act_grad(float x, RealActivation act)
+{
+    switch (act) {
+    case REAL_ACT_SILU: {
+        const float sg = real_cpu_sigmoid(x);
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case REAL_ACT_GELU_TANH:
+        return real_cpu_gelu_tanh_grad(x);
+    case REAL_ACT_GELU_ERF:
+        return real_cpu_gelu_erf_grad(x);
+    }
+    return NAN;
+}
+
+static void real_cpu_glu_fwd(RealBackend *be, float *out, const float *gate_up, int rows,
+                             int ffn, RealActivation act)
 {
     (void)be;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < ffn; c++) {
             const float gt = gate_up[(size_t)r * 2 * ffn + c];
             const float up = gate_up[(size_t)r * 2 * ffn + ffn + c];
-            out[(size_t)r * ffn + c] = gt * real_cpu_sigmoid(gt) * up;
+            out[(size_t)r * ffn + c] = real_cpu_act(gt, act) * up;
         }
 }
 
-static void real_cpu_swiglu_bwd(RealBackend *be, float *dgate_up, const float *dout,
-                                const float *gate_up, int rows, int ffn)
+static void real_cpu_glu_bwd(RealBackend *be, float *dgate_up, const float *dout,
+                             const float *gate_up, int rows, int ffn, RealActivation act)
 {
     (void)be;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < ffn; c++) {
             const size_t gi = (size_t)r * 2 * ffn + c, ui = gi + (size_t)ffn;
-            const float gt = gate_up[gi], up = gate_up[ui], sg = real_cpu_sigmoid(gt);
+            const float gt = gate_up[gi], up = gate_up[ui];
             const float dy = dout[(size_t)r * ffn + c];
-            dgate_up[gi] = dy * up * sg * (1.0f + gt * (1.0f - sg));
-            dgate_up[ui] = dy * gt * sg;
+            dgate_up[gi] = dy * up * real_cpu_act_grad(gt, act);
+            dgate_up[ui] = dy * real_cpu_act(gt, act);
         }
 }
-
-/* ---- GELU ---- */
 
 static void real_cpu_gelu_fwd(RealBackend *be, float *y, const float *x, size_t n_elems)
 {
     (void)be;
-    for (size_t i = 0; i < n_elems; i++) {
-        float xi = x[i];
-        float inner = REAL_CPU_GELU_C * (xi + REAL_CPU_GELU_K * xi * xi * xi);
-        y[i] = 0.5f * xi * (1.0f + tanhf(inner));
-    }
+    for (size_t i = 0; i < n_elems; i++)
+        y[i] = real_cpu_gelu_tanh(x[i]);
 }
 
 static void real_cpu_gelu_bwd(RealBackend *be, float *dx, const float *dy, const float *x,
                               size_t n_elems)
 {
     (void)be;
-    for (size_t i = 0; i < n_elems; i++) {
-        float xi = x[i];
-        float inner = REAL_CPU_GELU_C * (xi + REAL_CPU_GELU_K * xi * xi * xi);
-        float th = tanhf(inner);
-        float dinner = REAL_CPU_GELU_C * (1.0f + 3.0f * REAL_CPU_GELU_K * xi * xi);
-        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * dinner;
-        dx[i] = dy[i] * grad;
-    }
+    for (size_t i = 0; i < n_elems; i++)
+        dx[i] = dy[i] * real_cpu_gelu_tanh_grad(x[i]);
+}
+
+static void real_cpu_gelu_erf_fwd(RealBackend *be, float *y, const float *x, size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        y[i] = real_cpu_gelu_erf(x[i]);
+}
+
+static void real_cpu_gelu_erf_bwd(RealBackend *be, float *dx, const float *dy, const float *x,
+                                  size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        dx[i] = dy[i] * real_cpu_gelu_erf_grad(x[i]);
 }
 
 /* ---- loss ---- */
@@ -809,8 +872,10 @@ RealBackend *real_cpu_backend_new(void)
         .rmsnorm_fwd = real_cpu_rmsnorm_fwd,
         .rmsnorm_bwd = real_cpu_rmsnorm_bwd,
         .rope = real_cpu_rope,
-        .swiglu_fwd = real_cpu_swiglu_fwd,
-        .swiglu_bwd = real_cpu_swiglu_bwd,
+        .glu_fwd = real_cpu_glu_fwd,
+        .glu_bwd = real_cpu_glu_bwd,
+        .gelu_erf_fwd = real_cpu_gelu_erf_fwd,
+        .gelu_erf_bwd = real_cpu_gelu_erf_bwd,
         .attention_gqa_fwd = real_cpu_attention_gqa_fwd,
         .attention_gqa_bwd = real_cpu_attention_gqa_bwd,
         .flash_attention_fwd = real_cpu_flash_attention_fwd,

@@ -913,17 +913,10 @@ static int real_cuda_compare_pairs(const void *pa, const void *pb)
     return (a[1] > b[1]) - (a[1] < b[1]);
 }
 
-static void real_cuda_embedding_bwd(RealBackend *be, float *dwte, float *dwpe, const int *tokens,
-                                    const float *dx, int batch, int seq_len, int hidden)
+/* dwte[tokens[r],:] += dx[r,:] for rows r < rows (rows, hidden > 0). */
+static void real_cuda_embedding_bwd_tokens(RealCuda *cu, float *dwte, const int *tokens,
+                                           const float *dx, int rows, int hidden)
 {
-    RealCuda *cu = real_cuda_of(be);
-    const int rows = batch * seq_len;
-    if (rows <= 0 || hidden <= 0)
-        return;
-    const size_t pos_elems = (size_t)seq_len * hidden;
-    real_cuda_k_embedding_bwd_pos<<<real_cuda_blocks(pos_elems), REAL_CUDA_THREADS, 0,
-                                    cu->stream>>>(dwpe, dx, batch, seq_len, hidden);
-    real_cuda_launched(cu, "embedding_bwd (positions)");
     /* The token index is built on the host, where the tokens are: (token, row) pairs sorted,
      * then cut into one segment per distinct token. */
     int *pairs = g_new(int, 2 * (size_t)rows);
@@ -952,6 +945,20 @@ static void real_cuda_embedding_bwd(RealBackend *be, float *dwte, float *dwpe, c
     real_cuda_k_embedding_bwd_tok<<<grid, REAL_CUDA_THREADS, 0, cu->stream>>>(
         dwte, dx, dev_index, rows, n_segments, hidden);
     real_cuda_launched(cu, "embedding_bwd (tokens)");
+}
+
+static void real_cuda_embedding_bwd(RealBackend *be, float *dwte, float *dwpe, const int *tokens,
+                                    const float *dx, int batch, int seq_len, int hidden)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const int rows = batch * seq_len;
+    if (rows <= 0 || hidden <= 0)
+        return;
+    const size_t pos_elems = (size_t)seq_len * hidden;
+    real_cuda_k_embedding_bwd_pos<<<real_cuda_blocks(pos_elems), REAL_CUDA_THREADS, 0,
+                                    cu->stream>>>(dwpe, dx, batch, seq_len, hidden);
+    real_cuda_launched(cu, "embedding_bwd (positions)");
+    real_cuda_embedding_bwd_tokens(cu, dwte, tokens, dx, rows, hidden);
 }
 
 /* ---- layer norm ---- */
@@ -1280,6 +1287,637 @@ static void real_cuda_gelu_bwd(RealBackend *be, float *dx, const float *dy, cons
     real_cuda_launched(cu, "gelu_bwd");
 }
 
+/* ---- the Llama family: token embedding, RMSNorm, rotary, gated MLP, exact GELU ---- */
+
+__global__ void real_cuda_k_token_embedding_fwd(float *x, const int *tokens, const RealBf16 *wte,
+                                                size_t n, int hidden)
+{
+    REAL_CUDA_GRID_STRIDE(i, n)
+    {
+        const size_t row = i / (size_t)hidden;
+        x[i] = real_cuda_widen(wte[(size_t)tokens[row] * hidden + i % (size_t)hidden]);
+    }
+}
+
+static void real_cuda_token_embedding_fwd(RealBackend *be, float *x, const int *tokens,
+                                          const RealBf16 *wte, int rows, int hidden)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const size_t n = (size_t)MAX(rows, 0) * (size_t)MAX(hidden, 0);
+    if (n == 0)
+        return;
+    const int *dev_tokens = real_cuda_upload_ints(cu, REAL_CUDA_STAGE_TOKENS, tokens,
+                                                  (size_t)rows);
+    if (!dev_tokens)
+        return;
+    real_cuda_k_token_embedding_fwd<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(
+        x, dev_tokens, wte, n, hidden);
+    real_cuda_launched(cu, "token_embedding_fwd");
+}
+
+static void real_cuda_token_embedding_bwd(RealBackend *be, float *dwte, const int *tokens,
+                                          const float *dx, int rows, int hidden)
+{
+    if (rows > 0 && hidden > 0)
+        real_cuda_embedding_bwd_tokens(real_cuda_of(be), dwte, tokens, dx, rows, hidden);
+}
+
+/* 1/sqrt(mean(x^2) + eps) of one row, a block per row, the sum of squares in double as the
+ * CPU computes it (in another order: the double sum may round to another float only at a
+ * rounding boundary). */
+__device__ float real_cuda_rms_rstd(const float *xr, int cols, float eps, double *shared)
+{
+    double sq = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        sq += (double)xr[c] * xr[c];
+    sq = real_cuda_block_sum(sq, shared);
+    return (float)(1.0 / sqrt(sq / cols + eps));
+}
+
+/* y = x rstd gain, a block per row; rstd_out[r] = rstd when not NULL. */
+__global__ void real_cuda_k_rmsnorm_fwd(float *y, float *rstd_out, const float *x,
+                                        const RealBf16 *gain, int cols, float eps)
+{
+    __shared__ double shared[32];
+    const size_t r = blockIdx.x;
+    const float *xr = x + r * cols;
+    float *yr = y ? y + r * cols : NULL;
+    const float rs = real_cuda_rms_rstd(xr, cols, eps, shared);
+    for (int c = threadIdx.x; yr && c < cols; c += blockDim.x)
+        yr[c] = xr[c] * rs * real_cuda_widen(gain[c]);
+    if (rstd_out && threadIdx.x == 0)
+        rstd_out[r] = rs;
+}
+
+static void real_cuda_rmsnorm_fwd(RealBackend *be, float *y, const float *x, const RealBf16 *gain,
+                                  int rows, int cols, float eps)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (rows <= 0 || cols <= 0)
+        return;
+    real_cuda_k_rmsnorm_fwd<<<(unsigned)rows, REAL_CUDA_THREADS, 0, cu->stream>>>(
+        y, NULL, x, gain, cols, eps);
+    real_cuda_launched(cu, "rmsnorm_fwd");
+}
+
+/* dx += rstd (dy gain - xhat mean(dy gain xhat)), a block per row, rstd from rstd[r]. */
+__global__ void real_cuda_k_rmsnorm_bwd_dx(float *dx, const float *dy, const float *x,
+                                           const float *rstd, const RealBf16 *gain, int cols)
+{
+    __shared__ float shared[32];
+    const size_t r = blockIdx.x;
+    const float *xr = x + r * cols, *dyr = dy + r * cols;
+    float *dxr = dx + r * cols;
+    const float rs = rstd[r];
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float xhat = xr[c] * rs;
+        sum += dyr[c] * real_cuda_widen(gain[c]) * xhat;
+    }
+    const float mean = real_cuda_block_sum(sum, shared) / cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        dxr[c] += rs * (dyr[c] * real_cuda_widen(gain[c]) - xr[c] * rs * mean);
+}
+
+/* dgain[c] += sum_r dy[r,c] x[r,c] rstd[r], a thread per column summing the rows in order as
+ * the CPU does (correctness first: one pass, no partial sums). */
+__global__ void real_cuda_k_rmsnorm_bwd_dgain(float *dgain, const float *dy, const float *x,
+                                              const float *rstd, int rows, int cols)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    float sum = dgain[c];
+    for (int r = 0; r < rows; r++) {
+        const size_t at = (size_t)r * cols + c;
+        sum += dy[at] * (x[at] * rstd[r]);
+    }
+    dgain[c] = sum;
+}
+
+static void real_cuda_rmsnorm_bwd(RealBackend *be, float *dx, float *dgain, const float *dy,
+                                  const float *x, const RealBf16 *gain, int rows, int cols,
+                                  float eps)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (rows <= 0 || cols <= 0)
+        return;
+    float *rstd = (float *)real_cuda_scratch(cu, (size_t)rows * sizeof(float));
+    if (!rstd) {
+        real_cuda_fail(cu, "no scratch memory for the RMSNorm statistics of %d rows", rows);
+        return;
+    }
+    real_cuda_k_rmsnorm_fwd<<<(unsigned)rows, REAL_CUDA_THREADS, 0, cu->stream>>>(
+        NULL, rstd, x, gain, cols, eps);
+    real_cuda_launched(cu, "rmsnorm_bwd (statistics)");
+    real_cuda_k_rmsnorm_bwd_dx<<<(unsigned)rows, REAL_CUDA_THREADS, 0, cu->stream>>>(
+        dx, dy, x, rstd, gain, cols);
+    real_cuda_launched(cu, "rmsnorm_bwd (dx)");
+    real_cuda_k_rmsnorm_bwd_dgain<<<(unsigned)((cols + REAL_CUDA_THREADS - 1) / REAL_CUDA_THREADS),
+                                    REAL_CUDA_THREADS, 0, cu->stream>>>(dgain, dy, x, rstd, rows,
+                                                                         cols);
+    real_cuda_launched(cu, "rmsnorm_bwd (dgain)");
+    real_cuda_free(be, rstd);
+}
+
+/* The frequencies of up to REAL_CUDA_ROPE_MAX_PAIRS pairs (head dimensions up to 512; every
+ * published model's are 256 at most), passed by value as a kernel parameter: no copy, no
+ * synchronisation. */
+#define REAL_CUDA_ROPE_MAX_PAIRS 256
+
+struct RealCudaRopeFreqs {
+    double inv_freq[REAL_CUDA_ROPE_MAX_PAIRS];
+};
+
+/* A thread per (row, q or k head, pair c < rot_dim/2): the CPU's angle t inv_freq[c] in double
+ * (the same table, real_rope_inv_freq), its cosine and sine rounded to float, then the same
+ * float rotation. */
+__global__ void real_cuda_k_rope(float *qkv, size_t n, int seq_len, int heads_qk, int ld,
+                                 int head_dim, int rot_dim, RealCudaRopeFreqs freqs, bool inverse)
+{
+    const int half = rot_dim / 2;
+    REAL_CUDA_GRID_STRIDE(i, n)
+    {
+        const int c = (int)(i % (size_t)half);
+        const int j = (int)(i / (size_t)half % (size_t)heads_qk);
+        const size_t r = i / ((size_t)half * heads_qk);
+        const int t = (int)(r % (size_t)seq_len);
+        const double angle = t * freqs.inv_freq[c];
+        const float cs = (float)cos(angle), sn = (float)(inverse ? -sin(angle) : sin(angle));
+        float *x = qkv + r * ld + (size_t)j * head_dim;
+        const float a = x[c], b = x[c + half];
+        x[c] = a * cs - b * sn;
+        x[c + half] = b * cs + a * sn;
+    }
+}
+
+static bool real_cuda_rope(RealBackend *be, float *qkv, int batch, int seq_len, int heads,
+                           int kv_heads, int head_dim, const RealRope *rope, bool inverse)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const int half = rope->rot_dim / 2;
+    if (batch <= 0 || seq_len <= 0 || half < 1)
+        return !cu->failed;
+    if (half > REAL_CUDA_ROPE_MAX_PAIRS) {
+        real_cuda_fail(cu, "rope: %d rotated dimensions, more than the %d this backend turns",
+                       rope->rot_dim, 2 * REAL_CUDA_ROPE_MAX_PAIRS);
+        return false;
+    }
+    RealCudaRopeFreqs freqs;
+    for (int c = 0; c < half; c++)
+        freqs.inv_freq[c] = real_rope_inv_freq(rope, c);
+    const size_t n = (size_t)batch * seq_len * (size_t)(heads + kv_heads) * (size_t)half;
+    real_cuda_k_rope<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(
+        qkv, n, seq_len, heads + kv_heads, (heads + 2 * kv_heads) * head_dim, head_dim,
+        rope->rot_dim, freqs, inverse);
+    return real_cuda_launched(cu, "rope") && !cu->failed;
+}
+
+/* The activations as real_cpu.c computes them, operation for operation. */
+#define REAL_CUDA_SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define REAL_CUDA_INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
+
+__device__ float real_cuda_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+__device__ float real_cuda_act(float x, RealActivation act)
+{
+    switch (act) {
+    case REAL_ACT_SILU:
+        return x * real_cuda_sigmoid(x);
+    case REAL_ACT_GELU_TANH: {
+        const float inner = REAL_CUDA_GELU_C * (x + REAL_CUDA_GELU_K * x * x * x);
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    case REAL_ACT_GELU_ERF:
+        return 0.5f * x * (1.0f + erff(x * REAL_CUDA_SQRT1_2));
+    }
+    return NAN;
+}
+
+__device__ float real_cuda_act_grad(float x, RealActivation act)
+{
+    switch (act) {
+    case REAL_ACT_SILU: {
+        const float sg = real_cuda_sigmoid(x);
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case REAL_ACT_GELU_TANH: {
+        const float inner = REAL_CUDA_GELU_C * (x + REAL_CUDA_GELU_K * x * x * x);
+        const float th = tanhf(inner);
+        const float dinner = REAL_CUDA_GELU_C * (1.0f + 3.0f * REAL_CUDA_GELU_K * x * x);
+        return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner;
+    }
+    case REAL_ACT_GELU_ERF:
+        return 0.5f * (1.0f + erff(x * REAL_CUDA_SQRT1_2)) +
+               x * REAL_CUDA_INV_SQRT_2PI * expf(-0.5f * x * x);
+    }
+    return NAN;
+}
+
+/* A thread per (row, c < ffn): out = act(gate) up. */
+__global__ void real_cuda_k_glu_fwd(float *out, const float *gate_up, size_t n, int ffn,
+                                    RealActivation act)
+{
+    REAL_CUDA_GRID_STRIDE(i, n)
+    {
+        const size_t r = i / (size_t)ffn, c = i % (size_t)ffn;
+        const float gt = gate_up[r * 2 * ffn + c], up = gate_up[r * 2 * ffn + ffn + c];
+        out[i] = real_cuda_act(gt, act) * up;
+    }
+}
+
+/* Each thread reads its gate and up before writing either, so dgate_up may alias gate_up. */
+__global__ void real_cuda_k_glu_bwd(float *dgate_up, const float *dout, const float *gate_up,
+                                    size_t n, int ffn, RealActivation act)
+{
+    REAL_CUDA_GRID_STRIDE(i, n)
+    {
+        const size_t r = i / (size_t)ffn, c = i % (size_t)ffn;
+        const size_t gi = r * 2 * ffn + c, ui = gi + (size_t)ffn;
+        const float gt = gate_up[gi], up = gate_up[ui], dy = dout[i];
+        dgate_up[gi] = dy * up * real_cuda_act_grad(gt, act);
+        dgate_up[ui] = dy * real_cuda_act(gt, act);
+    }
+}
+
+static void real_cuda_glu_fwd(RealBackend *be, float *out, const float *gate_up, int rows,
+                              int ffn, RealActivation act)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const size_t n = (size_t)MAX(rows, 0) * (size_t)MAX(ffn, 0);
+    if (n == 0)
+        return;
+    real_cuda_k_glu_fwd<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(out, gate_up,
+                                                                                  n, ffn, act);
+    real_cuda_launched(cu, "glu_fwd");
+}
+
+static void real_cuda_glu_bwd(RealBackend *be, float *dgate_up, const float *dout,
+                              const float *gate_up, int rows, int ffn, RealActivation act)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const size_t n = (size_t)MAX(rows, 0) * (size_t)MAX(ffn, 0);
+    if (n == 0)
+        return;
+    real_cuda_k_glu_bwd<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(
+        dgate_up, dout, gate_up, n, ffn, act);
+    real_cuda_launched(cu, "glu_bwd");
+}
+
+__global__ void real_cuda_k_gelu_erf_fwd(float *y, const float *x, size_t n)
+{
+    REAL_CUDA_GRID_STRIDE(i, n)
+    y[i] = real_cuda_act(x[i], REAL_ACT_GELU_ERF);
+}
+
+__global__ void real_cuda_k_gelu_erf_bwd(float *dx, const float *dy, const float *x, size_t n)
+{
+    REAL_CUDA_GRID_STRIDE(i, n)
+    dx[i] = dy[i] * real_cuda_act_grad(x[i], REAL_ACT_GELU_ERF);
+}
+
+static void real_cuda_gelu_erf_fwd(RealBackend *be, float *y, const float *x, size_t n)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (n == 0)
+        return;
+    real_cuda_k_gelu_erf_fwd<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(y, x, n);
+    real_cuda_launched(cu, "gelu_erf_fwd");
+}
+
+static void real_cuda_gelu_erf_bwd(RealBackend *be, float *dx, const float *dy, const float *x,
+                                   size_t n)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (n == 0)
+        return;
+    real_cuda_k_gelu_erf_bwd<<<real_cuda_blocks(n), REAL_CUDA_THREADS, 0, cu->stream>>>(dx, dy,
+                                                                                       x, n);
+    real_cuda_launched(cu, "gelu_erf_bwd");
+}
+
+/* ---- grouped-query attention ---- */
+
+/* attention_fwd with kv_heads key/value heads: per sample, and per position g of a query head
+ * within its group, all key/value heads at once (strided): query head j = kh group + g reads
+ * key/value head kh, so its q columns are group head_dim apart from one problem to the next
+ * and its k and v columns head_dim apart. Scores land in head order [heads, s, s], so the
+ * softmax (and the stored probs) are those of attention_fwd. */
+static bool real_cuda_attention_gqa_fwd(RealBackend *be, float *out, void *probs,
+                                        RealDType probs_dtype, const float *qkv, int batch,
+                                        int seq_len, int heads, int kv_heads, int head_dim)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const int h = heads * head_dim, kvd = kv_heads * head_dim, ld = h + 2 * kvd, s = seq_len;
+    if (batch <= 0 || s <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0)
+        return !cu->failed;
+    const int group = heads / kv_heads;
+    const RealDType gt = real_cuda_gemm_dtype(cu);
+    const size_t gsize = real_cuda_dtype_bytes(gt), tile_elems = (size_t)heads * s * s;
+    const size_t qkv_elems = (size_t)batch * s * ld;
+    void *qkv_tmp = gt == REAL_DTYPE_F32 ? NULL : real_cuda_scratch(cu, qkv_elems * gsize);
+    void *scratch[] = {qkv_tmp, real_cuda_scratch(cu, tile_elems * sizeof(float)),
+                       real_cuda_scratch(cu, tile_elems * gsize)};
+    float *scores = (float *)scratch[1];
+    char *tile = (char *)scratch[2];
+    bool ok = (gt == REAL_DTYPE_F32 || qkv_tmp) && scores && tile;
+    const char *qkv_g = ok ? (const char *)real_cuda_as_gemm_dtype(cu, REAL_DTYPE_F32, qkv,
+                                                                   qkv_elems, qkv_tmp)
+                           : NULL;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const long long ss = (long long)s * s, gss = (long long)group * ss;
+    const long long ghd = (long long)group * head_dim;
+    for (int i = 0; ok && i < batch; i++) {
+        const char *q = qkv_g + (size_t)i * s * ld * gsize;
+        const char *k = q + (size_t)h * gsize, *v = k + (size_t)kvd * gsize;
+        for (int g = 0; ok && g < group; g++)
+            ok = real_cuda_gemm_strided(cu, false, true, s, s, head_dim, scale,
+                                        q + (size_t)g * head_dim * gsize, ld, ghd, k, ld,
+                                        head_dim, 0.0f, scores + (size_t)g * ss, s, gss,
+                                        kv_heads);
+        void *probs_i = probs ? (char *)probs + (size_t)i * tile_elems *
+                                                    real_cuda_dtype_bytes(probs_dtype)
+                              : NULL;
+        if (ok)
+            real_cuda_softmax(cu, scores, tile, probs_i, probs_dtype, heads * s, s);
+        float *out_i = out + (size_t)i * s * h;
+        for (int g = 0; ok && g < group; g++)
+            ok = real_cuda_gemm_strided(cu, false, false, s, head_dim, s, 1.0f,
+                                        tile + (size_t)g * ss * gsize, s, gss, v, ld, head_dim,
+                                        0.0f, out_i + (size_t)g * head_dim, h, ghd, kv_heads);
+    }
+    real_cuda_free_all(cu, scratch, G_N_ELEMENTS(scratch));
+    return ok && !cu->failed;
+}
+
+/* attention_bwd with grouped-query heads, strided as the forward: dP = dout v^T, then dv of
+ * key/value head kh = sum over its group's query heads of P^T dout (g = 0 overwrites, the
+ * others add, in head order as the CPU does), dS, dq = scale dS k, dk = sum scale dS^T q. */
+static bool real_cuda_attention_gqa_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                        const float *qkv, const void *probs,
+                                        RealDType probs_dtype, int batch, int seq_len, int heads,
+                                        int kv_heads, int head_dim)
+{
+    RealCuda *cu = real_cuda_of(be);
+    const int h = heads * head_dim, kvd = kv_heads * head_dim, ld = h + 2 * kvd, s = seq_len;
+    if (batch <= 0 || s <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0)
+        return !cu->failed;
+    const int group = heads / kv_heads;
+    const RealDType gt = real_cuda_gemm_dtype(cu);
+    const bool convert = gt == REAL_DTYPE_BF16; /* fp32 activations to bf16 operands */
+    const size_t gsize = real_cuda_dtype_bytes(gt), tile_elems = (size_t)heads * s * s;
+    const size_t qkv_elems = (size_t)batch * s * ld, dout_elems = (size_t)batch * s * h;
+    const bool probs_convert = probs_dtype != gt;
+    void *scratch[] = {convert ? real_cuda_scratch(cu, qkv_elems * gsize) : NULL,
+                       convert ? real_cuda_scratch(cu, dout_elems * gsize) : NULL,
+                       real_cuda_scratch(cu, tile_elems * sizeof(float)),
+                       real_cuda_scratch(cu, tile_elems * gsize),
+                       probs_convert ? real_cuda_scratch(cu, tile_elems * gsize) : NULL};
+    float *dp = (float *)scratch[2];
+    char *ds = (char *)scratch[3];
+    bool ok = (!convert || (scratch[0] && scratch[1])) && dp && ds &&
+              (!probs_convert || scratch[4]);
+    const char *qkv_g = NULL, *dout_g = NULL;
+    if (ok) {
+        qkv_g = (const char *)real_cuda_as_gemm_dtype(cu, REAL_DTYPE_F32, qkv, qkv_elems,
+                                                      scratch[0]);
+        dout_g = (const char *)real_cuda_as_gemm_dtype(cu, REAL_DTYPE_F32, dout, dout_elems,
+                                                       scratch[1]);
+    }
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const long long ss = (long long)s * s, gss = (long long)group * ss;
+    const long long ghd = (long long)group * head_dim;
+    const size_t probs_sample_bytes = tile_elems * real_cuda_dtype_bytes(probs_dtype);
+    for (int i = 0; ok && i < batch; i++) {
+        const char *q = qkv_g + (size_t)i * s * ld * gsize;
+        const char *k = q + (size_t)h * gsize, *v = k + (size_t)kvd * gsize;
+        const char *dout_i = dout_g + (size_t)i * s * h * gsize;
+        const void *probs_i = (const char *)probs + (size_t)i * probs_sample_bytes;
+        const char *p = (const char *)real_cuda_as_gemm_dtype(cu, probs_dtype, probs_i,
+                                                              tile_elems, scratch[4]);
+        float *dq = dqkv + (size_t)i * s * ld, *dk = dq + h, *dv = dk + kvd;
+        for (int g = 0; ok && g < group; g++) {
+            const char *dout_g_i = dout_i + (size_t)g * head_dim * gsize;
+            const char *p_g = p + (size_t)g * ss * gsize;
+            ok = real_cuda_gemm_strided(cu, false, true, s, s, head_dim, 1.0f, dout_g_i, h, ghd,
+                                        v, ld, head_dim, 0.0f, dp + (size_t)g * ss, s, gss,
+                                        kv_heads) &&
+                 real_cuda_gemm_strided(cu, true, false, s, head_dim, s, 1.0f, p_g, s, gss,
+                                        dout_g_i, h, ghd, g ? 1.0f : 0.0f, dv, ld, head_dim,
+                                        kv_heads);
+        }
+        if (ok)
+            real_cuda_softmax_bwd(cu, ds, dp, probs_i, probs_dtype, heads * s, s);
+        for (int g = 0; ok && g < group; g++) {
+            const char *ds_g = ds + (size_t)g * ss * gsize;
+            ok = real_cuda_gemm_strided(cu, false, false, s, head_dim, s, scale, ds_g, s, gss, k,
+                                        ld, head_dim, 0.0f, dq + (size_t)g * head_dim, ld, ghd,
+                                        kv_heads) &&
+                 real_cuda_gemm_strided(cu, true, false, s, head_dim, s, scale, ds_g, s, gss,
+                                        q + (size_t)g * head_dim * gsize, ld, ghd,
+                                        g ? 1.0f : 0.0f, dk, ld, head_dim, kv_heads);
+        }
+    }
+    real_cuda_free_all(cu, scratch, G_N_ELEMENTS(scratch));
+    return ok && !cu->failed;
+}
+
+/* ---- fused attention: no s^2 tensor, the CPU's blockwise algorithm thread by thread ---- */
+
+#define REAL_CUDA_FLASH_BLOCK 32 /* keys per block: real_cpu.c's REAL_CPU_FLASH_BLOCK */
+
+/* Where query head j of sample i at position t reads and writes, in the grouped-query layout
+ * of qkv rows [heads d | kv_heads d | kv_heads d]. */
+struct RealCudaFlashRow {
+    const float *q;  /* q[t] of head j */
+    const float *k0; /* k of position 0 of j's key/value head; v = k + kvd */
+    size_t ld, kvd;
+};
+
+__device__ RealCudaFlashRow real_cuda_flash_row(const float *qkv, int i, int j, int t, int s,
+                                                int heads, int kv_heads, int d)
+{
+    const size_t h = (size_t)heads * d, kvd = (size_t)kv_heads * d, ld = h + 2 * kvd;
+    const float *row = qkv + (size_t)i * s * ld;
+    RealCudaFlashRow f;
+    f.q = row + (size_t)t * ld + (size_t)j * d;
+    f.k0 = row + h + (size_t)(j / (heads / kv_heads)) * d;
+    f.ld = ld;
+    f.kvd = kvd;
+    return f;
+}
+
+/* A thread per query row (sample i, head j, position t), as the CPU's loop body computes it:
+ * keys in blocks of 32 with a running maximum m and sum l, the output accumulated in place
+ * in out (the thread's own row), then out /= l and lse = m + log l. */
+__global__ void real_cuda_k_flash_fwd(float *out, float *lse, const float *qkv, int batch,
+                                      int s, int heads, int kv_heads, int d, float scale)
+{
+    const size_t rows = (size_t)batch * heads * s;
+    REAL_CUDA_GRID_STRIDE(idx, rows)
+    {
+        const int t = (int)(idx % (size_t)s), j = (int)(idx / (size_t)s % (size_t)heads);
+        const int i = (int)(idx / ((size_t)s * heads));
+        const RealCudaFlashRow f = real_cuda_flash_row(qkv, i, j, t, s, heads, kv_heads, d);
+        float *o = out + ((size_t)i * s + t) * (size_t)heads * d + (size_t)j * d;
+        float sc[REAL_CUDA_FLASH_BLOCK];
+        float m = -INFINITY, l = 0.0f;
+        for (int c = 0; c < d; c++)
+            o[c] = 0.0f;
+        for (int u0 = 0; u0 <= t; u0 += REAL_CUDA_FLASH_BLOCK) {
+            const int n = min(REAL_CUDA_FLASH_BLOCK, t + 1 - u0);
+            float bm = -INFINITY;
+            for (int u = 0; u < n; u++) {
+                const float *k = f.k0 + (size_t)(u0 + u) * f.ld;
+                float dot = 0.0f;
+                for (int c = 0; c < d; c++)
+                    dot += f.q[c] * k[c];
+                sc[u] = dot * scale;
+                bm = fmaxf(bm, sc[u]);
+            }
+            const float m_new = fmaxf(m, bm), rescale = expf(m - m_new);
+            l *= rescale;
+            for (int c = 0; c < d; c++)
+                o[c] *= rescale;
+            for (int u = 0; u < n; u++) {
+                const float pu = expf(sc[u] - m_new);
+                const float *v = f.k0 + (size_t)(u0 + u) * f.ld + f.kvd;
+                l += pu;
+                for (int c = 0; c < d; c++)
+                    o[c] += pu * v[c];
+            }
+            m = m_new;
+        }
+        for (int c = 0; c < d; c++)
+            o[c] = o[c] / l;
+        lse[idx] = m + logf(l); /* [batch, heads, s]: idx's own order */
+    }
+}
+
+static bool real_cuda_flash_attention_fwd(RealBackend *be, float *out, float *lse,
+                                          const float *qkv, int batch, int seq_len, int heads,
+                                          int kv_heads, int head_dim)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (batch <= 0 || seq_len <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0)
+        return !cu->failed;
+    const size_t rows = (size_t)batch * heads * seq_len;
+    real_cuda_k_flash_fwd<<<real_cuda_blocks(rows), REAL_CUDA_THREADS, 0, cu->stream>>>(
+        out, lse, qkv, batch, seq_len, heads, kv_heads, head_dim,
+        1.0f / sqrtf((float)head_dim));
+    return real_cuda_launched(cu, "flash_attention_fwd") && !cu->failed;
+}
+
+/* Backward, pass 1, a thread per query row: delta = rowsum(dout o out) into delta[idx], and
+ * dq[t] = sum over keys u <= t of ds k[u] with each probability recomputed from q, k and
+ * the log-sum-exp, in the CPU's order. */
+__global__ void real_cuda_k_flash_bwd_dq(float *dqkv, float *delta_out, const float *dout,
+                                         const float *qkv, const float *out, const float *lse,
+                                         int batch, int s, int heads, int kv_heads, int d,
+                                         float scale)
+{
+    const size_t rows = (size_t)batch * heads * s;
+    REAL_CUDA_GRID_STRIDE(idx, rows)
+    {
+        const int t = (int)(idx % (size_t)s), j = (int)(idx / (size_t)s % (size_t)heads);
+        const int i = (int)(idx / ((size_t)s * heads));
+        const RealCudaFlashRow f = real_cuda_flash_row(qkv, i, j, t, s, heads, kv_heads, d);
+        const size_t orow = ((size_t)i * s + t) * (size_t)heads * d + (size_t)j * d;
+        const float *dot_ = dout + orow, *o = out + orow;
+        float *dq = dqkv + (f.q - qkv);
+        float delta = 0.0f;
+        for (int c = 0; c < d; c++)
+            delta += dot_[c] * o[c];
+        delta_out[idx] = delta;
+        for (int c = 0; c < d; c++)
+            dq[c] = 0.0f;
+        const float row_lse = lse[idx];
+        for (int u = 0; u <= t; u++) {
+            const float *k = f.k0 + (size_t)u * f.ld, *v = k + f.kvd;
+            float dot = 0.0f, dp = 0.0f;
+            for (int c = 0; c < d; c++) {
+                dot += f.q[c] * k[c];
+                dp += dot_[c] * v[c];
+            }
+            const float p = expf(dot * scale - row_lse);
+            const float ds = p * (dp - delta) * scale;
+            for (int c = 0; c < d; c++)
+                dq[c] += ds * k[c];
+        }
+    }
+}
+
+/* Pass 2, a thread per key row (sample i, key/value head kh, position u): dk[u] and dv[u]
+ * sum over the group's query heads j (in order), then positions t >= u (in order), the
+ * CPU's order of accumulation into them; no two threads write the same element. */
+__global__ void real_cuda_k_flash_bwd_dkv(float *dqkv, const float *delta, const float *dout,
+                                          const float *qkv, const float *lse, int batch, int s,
+                                          int heads, int kv_heads, int d, float scale)
+{
+    const size_t rows = (size_t)batch * kv_heads * s;
+    const int group = heads / kv_heads;
+    REAL_CUDA_GRID_STRIDE(idx, rows)
+    {
+        const int u = (int)(idx % (size_t)s), kh = (int)(idx / (size_t)s % (size_t)kv_heads);
+        const int i = (int)(idx / ((size_t)s * kv_heads));
+        const RealCudaFlashRow f0 =
+            real_cuda_flash_row(qkv, i, kh * group, u, s, heads, kv_heads, d);
+        const float *k = f0.k0 + (size_t)u * f0.ld, *v = k + f0.kvd;
+        float *dk = dqkv + (k - qkv), *dv = dqkv + (v - qkv);
+        for (int c = 0; c < d; c++)
+            dk[c] = 0.0f, dv[c] = 0.0f;
+        for (int j = kh * group; j < (kh + 1) * group; j++)
+            for (int t = u; t < s; t++) {
+                const RealCudaFlashRow f = real_cuda_flash_row(qkv, i, j, t, s, heads, kv_heads,
+                                                               d);
+                const size_t row = ((size_t)i * heads + j) * s + t;
+                const float *dot_ = dout + ((size_t)i * s + t) * (size_t)heads * d +
+                                    (size_t)j * d;
+                float dot = 0.0f, dp = 0.0f;
+                for (int c = 0; c < d; c++) {
+                    dot += f.q[c] * k[c];
+                    dp += dot_[c] * v[c];
+                }
+                const float p = expf(dot * scale - lse[row]);
+                const float ds = p * (dp - delta[row]) * scale;
+                for (int c = 0; c < d; c++) {
+                    dv[c] += p * dot_[c];
+                    dk[c] += ds * f.q[c];
+                }
+            }
+    }
+}
+
+static bool real_cuda_flash_attention_bwd(RealBackend *be, float *dqkv, const float *dout,
+                                          const float *qkv, const float *out, const float *lse,
+                                          int batch, int seq_len, int heads, int kv_heads,
+                                          int head_dim)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (batch <= 0 || seq_len <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0)
+        return !cu->failed;
+    const size_t q_rows = (size_t)batch * heads * seq_len;
+    const size_t kv_rows = (size_t)batch * kv_heads * seq_len;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    float *delta = (float *)real_cuda_scratch(cu, q_rows * sizeof(float));
+    if (!delta)
+        return false;
+    real_cuda_k_flash_bwd_dq<<<real_cuda_blocks(q_rows), REAL_CUDA_THREADS, 0, cu->stream>>>(
+        dqkv, delta, dout, qkv, out, lse, batch, seq_len, heads, kv_heads, head_dim, scale);
+    const bool ok = real_cuda_launched(cu, "flash_attention_bwd (dq)");
+    if (ok) {
+        real_cuda_k_flash_bwd_dkv<<<real_cuda_blocks(kv_rows), REAL_CUDA_THREADS, 0,
+                                    cu->stream>>>(dqkv, delta, dout, qkv, lse, batch, seq_len,
+                                                  heads, kv_heads, head_dim, scale);
+        real_cuda_launched(cu, "flash_attention_bwd (dk, dv)");
+    }
+    real_cuda_free(be, delta);
+    return !cu->failed;
+}
+
 /* ---- loss ---- */
 
 /* One block per row, two passes over the logits (they are the largest tensor of a step:
@@ -1594,6 +2232,19 @@ RealBackend *real_cuda_backend_new(int local_rank, RealCudaGemmMode mode, GError
     be->gelu_bwd = real_cuda_gelu_bwd;
     be->softmax_xent = real_cuda_softmax_xent;
     be->adam_step = real_cuda_adam_step;
+    be->token_embedding_fwd = real_cuda_token_embedding_fwd;
+    be->token_embedding_bwd = real_cuda_token_embedding_bwd;
+    be->rmsnorm_fwd = real_cuda_rmsnorm_fwd;
+    be->rmsnorm_bwd = real_cuda_rmsnorm_bwd;
+    be->rope = real_cuda_rope;
+    be->glu_fwd = real_cuda_glu_fwd;
+    be->glu_bwd = real_cuda_glu_bwd;
+    be->gelu_erf_fwd = real_cuda_gelu_erf_fwd;
+    be->gelu_erf_bwd = real_cuda_gelu_erf_bwd;
+    be->attention_gqa_fwd = real_cuda_attention_gqa_fwd;
+    be->attention_gqa_bwd = real_cuda_attention_gqa_bwd;
+    be->flash_attention_fwd = real_cuda_flash_attention_fwd;
+    be->flash_attention_bwd = real_cuda_flash_attention_bwd;
     be->synchronize = real_cuda_synchronize;
     be->mark = real_cuda_mark;
     be->elapsed_s = real_cuda_elapsed_s;

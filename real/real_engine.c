@@ -14,6 +14,9 @@
 G_DEFINE_QUARK(real-engine-error-quark, real_engine_error)
 
 G_STATIC_ASSERT((int)REAL_MEM_N_CATEGORIES == (int)ZP_MEM_N);
+G_STATIC_ASSERT((int)REAL_GPT_NO_BIAS_QKV == (int)ZP_NO_BIAS_QKV &&
+                (int)REAL_GPT_NO_BIAS_PROJ == (int)ZP_NO_BIAS_PROJ &&
+                (int)REAL_GPT_NO_BIAS_MLP == (int)ZP_NO_BIAS_MLP);
 
 struct RealEngine {
     const ZpSchedule *s;
@@ -116,18 +119,17 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->model.dropout)
         return fail(error, "zreal's GPT trains without dropout; the schedule's model %s has it "
                            "(build it with zplan schedule --no-dropout)", s->model.name);
+    /* Positions come from a learned table or from rotary embeddings, one of the two: the
+     * blocks real_gpt trains (real_gpt_dims_check refuses what else it cannot run). */
     const ZpModel *m = &s->model;
-    const gboolean gpt2 = m->mlp == ZP_MLP_GELU && m->norm == ZP_NORM_LAYERNORM &&
-                          m->no_bias == 0 && m->learned_positions && m->rope_theta == 0 &&
-                          m->ffn_hidden == 4 * m->hidden;
-    const gboolean llama = m->mlp == ZP_MLP_SWIGLU && m->norm == ZP_NORM_RMSNORM &&
-                           m->no_bias == (ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP) &&
-                           !m->learned_positions && m->rope_theta > 0 &&
-                           m->rotary_fraction == 1.0;
-    if ((!gpt2 && !llama) || m->parallel_residual)
-        return fail(error, "zreal trains GPT-2 blocks (GELU MLP of 4 hidden, LayerNorm, biases, "
-                           "learned positions) or Llama blocks (SwiGLU, RMSNorm, no biases, "
-                           "full rotary embeddings); %s is neither", m->name);
+    if (m->learned_positions == (m->rope_theta > 0))
+        return fail(error, "zreal trains models with learned positions or rotary embeddings, "
+                           "one of the two; %s has %s", m->name,
+                    m->learned_positions ? "both" : "neither");
+    if (m->rope_scaling.type == ZP_ROPE_SCALING_OTHER)
+        return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
+                           "(\"linear\", \"llama3\"), not \"%s\" as %s does",
+                    m->rope_scaling.name, m->name);
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -141,10 +143,23 @@ RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
     d.ffn_hidden = (int)m->ffn_hidden;
     d.kv_heads = (int)zp_model_kv_heads(m);
     d.swiglu = m->mlp == ZP_MLP_SWIGLU;
+    d.geglu = m->mlp == ZP_MLP_GEGLU;
+    d.exact_gelu = m->exact_gelu;
     d.rmsnorm = m->norm == ZP_NORM_RMSNORM;
     d.untied = !m->tied_embeddings;
-    d.no_bias = m->no_bias != 0;
+    d.no_bias = m->no_bias; /* the same flags (real_gpt.h) */
+    d.parallel_residual = m->parallel_residual;
     d.rope_theta = (float)m->rope_theta;
+    d.rotary_fraction = (float)m->rotary_fraction;
+    const ZpRopeScaling *r = &m->rope_scaling;
+    d.rope_scaling = r->type == ZP_ROPE_SCALING_LINEAR   ? REAL_ROPE_SCALING_LINEAR
+                     : r->type == ZP_ROPE_SCALING_LLAMA3 ? REAL_ROPE_SCALING_LLAMA3
+                                                         : REAL_ROPE_SCALING_NONE;
+    d.rope_factor = (float)r->factor;
+    d.rope_low_freq_factor = (float)r->low_freq_factor;
+    d.rope_high_freq_factor = (float)r->high_freq_factor;
+    d.rope_original_positions = (int)r->original_max_positions; /* <= 10^7: zp_model's bound */
+    d.positions = m->learned_positions ? (int)zp_model_positions(m) : 0;
     d.norm_eps = (float)m->norm_eps;
     d.flash = zp_attention_fused(plan->attention);
     return d;

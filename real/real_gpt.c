@@ -41,7 +41,8 @@ G_STATIC_ASSERT(REAL_GPT_N_BLOCK_TENSORS == REAL_GPT_MAX_UNIT_TENSORS);
 typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd; /* LayerNorm only */
     float *lse;                                       /* fused attention only */
-    RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu; /* probs: eager only */
+    RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu; /* probs: eager only,
+                                                                     * x2: sequential only */
 } RealGptSaved;
 
 struct RealGpt {
@@ -80,10 +81,45 @@ static size_t real_gpt_qkv_width(const RealGptDims *d)
     return (size_t)d->hidden + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
 }
 
-/* Width of fc1: f, or 2f for SwiGLU's gate and up. */
+static bool real_gpt_gated(const RealGptDims *d)
+{
+    return d->swiglu || d->geglu;
+}
+
+/* Width of fc1: f, or 2f for a gated MLP's gate and up. */
 static size_t real_gpt_fc1_width(const RealGptDims *d)
 {
-    return (d->swiglu ? 2 : 1) * (size_t)d->ffn_hidden;
+    return (real_gpt_gated(d) ? 2 : 1) * (size_t)d->ffn_hidden;
+}
+
+/* The MLP's activation. */
+static RealActivation real_gpt_act(const RealGptDims *d)
+{
+    return d->swiglu ? REAL_ACT_SILU : d->exact_gelu ? REAL_ACT_GELU_ERF : REAL_ACT_GELU_TANH;
+}
+
+/* Dimensions of each head the rotary embeddings turn: int(d * fraction), as transformers'
+ * GPT-NeoX computes rotary_ndims. */
+static int real_gpt_rot_dim(const RealGptDims *d)
+{
+    const int hd = d->hidden / d->heads;
+    return d->rotary_fraction > 0 ? (int)((float)hd * d->rotary_fraction) : hd;
+}
+
+/* The rotary embeddings as the backends take them. */
+static RealRope real_gpt_rope(const RealGptDims *d)
+{
+    return (RealRope){.theta = d->rope_theta, .rot_dim = real_gpt_rot_dim(d),
+                      .scaling = d->rope_scaling, .factor = d->rope_factor,
+                      .low_freq_factor = d->rope_low_freq_factor,
+                      .high_freq_factor = d->rope_high_freq_factor,
+                      .original_positions = d->rope_original_positions};
+}
+
+/* Rows of the learned position table. */
+static int real_gpt_positions(const RealGptDims *d)
+{
+    return d->positions > 0 ? d->positions : d->seq_len;
 }
 
 static float real_gpt_eps(const RealGptDims *d)
@@ -106,11 +142,46 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "heads = %d does not divide hidden = %d", d->heads, d->hidden);
         return FALSE;
     }
-    if (d->kv_heads < 0 || d->heads % real_gpt_kv(d) != 0 ||
-        (d->rope_theta > 0 && real_gpt_head_dim(d) % 2 != 0)) {
+    if (d->kv_heads < 0 || d->heads % real_gpt_kv(d) != 0) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
-                    "kv_heads = %d must divide heads = %d (and rotary embeddings need an even "
-                    "head dimension, not %d)", d->kv_heads, d->heads, real_gpt_head_dim(d));
+                    "kv_heads = %d must divide heads = %d", d->kv_heads, d->heads);
+        return FALSE;
+    }
+    if (d->rope_theta > 0 && (d->rotary_fraction < 0 || d->rotary_fraction > 1 ||
+                              real_gpt_rot_dim(d) % 2 != 0 || real_gpt_rot_dim(d) <= 0)) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "rotary embeddings turn pairs: %g of head dimension %d is %d dimensions, "
+                    "which must be even and positive", d->rotary_fraction,
+                    real_gpt_head_dim(d), real_gpt_rot_dim(d));
+        return FALSE;
+    }
+    const bool llama3 = d->rope_scaling == REAL_ROPE_SCALING_LLAMA3;
+    if (d->rope_scaling != REAL_ROPE_SCALING_NONE &&
+        (!(d->rope_factor > 0) ||
+         (llama3 && !(d->rope_low_freq_factor > 0 &&
+                      d->rope_low_freq_factor < d->rope_high_freq_factor &&
+                      d->rope_original_positions > 0)))) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "rope scaling needs factor > 0 (%g) and, llama3, 0 < low_freq_factor (%g) < "
+                    "high_freq_factor (%g) and original positions > 0 (%d)", d->rope_factor,
+                    d->rope_low_freq_factor, d->rope_high_freq_factor,
+                    d->rope_original_positions);
+        return FALSE;
+    }
+    if (d->rope_theta <= 0 && (d->positions < 0 || real_gpt_positions(d) < d->seq_len)) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "the position table's %d rows do not hold seq_len = %d", d->positions,
+                    d->seq_len);
+        return FALSE;
+    }
+    if (!d->rmsnorm && d->norm_eps != 0 && d->norm_eps != 1e-5f) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "LayerNorm's eps is 1e-5 in zreal, not %g", d->norm_eps);
+        return FALSE;
+    }
+    if (d->swiglu && d->geglu) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "an MLP is SwiGLU or GeGLU, not both");
         return FALSE;
     }
     /* GEMM dimensions are ints: tokens b s, 3h and f must fit. */
@@ -144,7 +215,9 @@ gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GEr
         const char *entry, *why;
     } needs[] = {
         {d->rmsnorm, be->rmsnorm_fwd && be->rmsnorm_bwd, "rmsnorm_fwd/bwd", "RMSNorm"},
-        {d->swiglu, be->swiglu_fwd && be->swiglu_bwd, "swiglu_fwd/bwd", "SwiGLU"},
+        {real_gpt_gated(d), be->glu_fwd && be->glu_bwd, "glu_fwd/bwd", "a gated MLP"},
+        {d->exact_gelu && !real_gpt_gated(d), be->gelu_erf_fwd && be->gelu_erf_bwd,
+         "gelu_erf_fwd/bwd", "the exact GELU"},
         {d->rope_theta > 0, be->rope && be->token_embedding_fwd && be->token_embedding_bwd,
          "rope and token_embedding_fwd/bwd", "rotary embeddings"},
         {gqa && !d->flash, be->attention_gqa_fwd && be->attention_gqa_bwd,
@@ -191,20 +264,22 @@ static void real_gpt_block_spec(const RealGptDims *d,
 {
     const size_t h = d->hidden, f = d->ffn_hidden, q = real_gpt_qkv_width(d);
     const size_t f1 = real_gpt_fc1_width(d);
-    const bool ln = !d->rmsnorm, bias = !d->no_bias;
+    const bool ln = !d->rmsnorm, qkv_bias = !(d->no_bias & REAL_GPT_NO_BIAS_QKV);
+    const bool proj_bias = !(d->no_bias & REAL_GPT_NO_BIAS_PROJ);
+    const bool mlp_bias = !(d->no_bias & REAL_GPT_NO_BIAS_MLP);
     const RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS] = {
         [REAL_GPT_LN1_G] = {"ln1.weight", h, REAL_GPT_INIT_ONES, true},
         [REAL_GPT_LN1_B] = {"ln1.bias", h, REAL_GPT_INIT_ZEROS, ln},
         [REAL_GPT_QKV_W] = {"qkv.weight", q * h, REAL_GPT_INIT_NORMAL, true},
-        [REAL_GPT_QKV_B] = {"qkv.bias", q, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_QKV_B] = {"qkv.bias", q, REAL_GPT_INIT_ZEROS, qkv_bias},
         [REAL_GPT_PROJ_W] = {"proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
-        [REAL_GPT_PROJ_B] = {"proj.bias", h, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_PROJ_B] = {"proj.bias", h, REAL_GPT_INIT_ZEROS, proj_bias},
         [REAL_GPT_LN2_G] = {"ln2.weight", h, REAL_GPT_INIT_ONES, true},
         [REAL_GPT_LN2_B] = {"ln2.bias", h, REAL_GPT_INIT_ZEROS, ln},
         [REAL_GPT_FC1_W] = {"fc1.weight", h * f1, REAL_GPT_INIT_NORMAL, true},
-        [REAL_GPT_FC1_B] = {"fc1.bias", f1, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_FC1_B] = {"fc1.bias", f1, REAL_GPT_INIT_ZEROS, mlp_bias},
         [REAL_GPT_FC2_W] = {"fc2.weight", f * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
-        [REAL_GPT_FC2_B] = {"fc2.bias", h, REAL_GPT_INIT_ZEROS, bias},
+        [REAL_GPT_FC2_B] = {"fc2.bias", h, REAL_GPT_INIT_ZEROS, mlp_bias},
     };
     memcpy(out, spec, sizeof spec);
 }
@@ -220,7 +295,8 @@ static int real_gpt_layout(const RealGptDims *d, int unit,
     if (unit == 0) {
         real_gpt_push(out, init, &n, "wte", (size_t)d->vocab * h, REAL_GPT_INIT_NORMAL);
         if (d->rope_theta <= 0)
-            real_gpt_push(out, init, &n, "wpe", (size_t)d->seq_len * h, REAL_GPT_INIT_NORMAL);
+            real_gpt_push(out, init, &n, "wpe", (size_t)real_gpt_positions(d) * h,
+                          REAL_GPT_INIT_NORMAL);
     } else if (unit >= 1 && unit <= d->layers) {
         RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
         real_gpt_block_spec(d, spec);
@@ -278,8 +354,8 @@ static uint64_t real_gpt_saved_f32_elems(const RealGptDims *d)
 static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
 {
     uint64_t t = real_gpt_tokens(d);
-    return t * (5 * (uint64_t)d->hidden + real_gpt_qkv_width(d) + real_gpt_fc1_width(d) +
-                (uint64_t)d->ffn_hidden) +
+    return t * ((d->parallel_residual ? 4 : 5) * (uint64_t)d->hidden + real_gpt_qkv_width(d) +
+                real_gpt_fc1_width(d) + (uint64_t)d->ffn_hidden) +
            (d->flash ? 0 : (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len);
 }
 
@@ -326,7 +402,8 @@ static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
     sv.ln1 = p, p += t * h;
     sv.qkv = p, p += t * real_gpt_qkv_width(d);
     sv.att = p, p += t * h;
-    sv.x2 = p, p += t * h;
+    if (!d->parallel_residual)
+        sv.x2 = p, p += t * h;
     sv.ln2 = p, p += t * h;
     sv.fc1 = p, p += t * real_gpt_fc1_width(d);
     sv.gelu = p, p += t * f;
@@ -597,7 +674,7 @@ static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const R
     RealGptFwdBufs b = {.x = ws, .a = ws + th, .qkv = ws + 2 * th};
     b.x2 = b.qkv + t * real_gpt_qkv_width(d);
     b.u = b.x2 + th;
-    b.act = d->swiglu ? b.u + t * real_gpt_fc1_width(d) : b.u; /* GELU works in place */
+    b.act = real_gpt_gated(d) ? b.u + t * real_gpt_fc1_width(d) : b.u; /* GELU: in place */
     float *stats = b.u + t * real_gpt_fc1_width(d) + t * d->ffn_hidden;
     const bool saved_stats = sv && !d->rmsnorm;
     b.ln1_mean = saved_stats ? sv->ln1_mean : stats;
@@ -636,9 +713,10 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
     if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
         return false;
-    if (d->rope_theta > 0)
-        be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
-                 real_gpt_head_dim(d), d->rope_theta, false);
+    const RealRope rope = real_gpt_rope(d);
+    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads,
+                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
+        return false;
     real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
     if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
         return false;
@@ -646,12 +724,13 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, h))
         return false;
     be->add(be, b->x2, b->x2, b->x, th);
-    real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th);
+    real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th); /* sv->x2 NULL: parallel residual */
     return true;
 }
 
-/* b->x = x2 + act(norm2(x2) W1 + b1) W2 + b2, act GELU or SwiGLU (the block input is dead by
- * now, so its buffer takes the output); sv NULL when not saving. */
+/* b->x = x2 + act(norm2(y) W1 + b1) W2 + b2 with y = x2, or the block input x itself under a
+ * parallel residual; act GELU or gated (x is dead once norm2 has read it, so its buffer
+ * takes the output); sv NULL when not saving. */
 static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                              const RealGptFwdBufs *b)
 {
@@ -660,13 +739,16 @@ static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
     int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
     int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h, tf = (size_t)t * f;
-    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd, b->x2);
+    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd,
+                      d->parallel_residual ? b->x : b->x2);
     real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
     if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f1, h))
         return false;
     real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, (size_t)t * f1);
-    if (d->swiglu)
-        be->swiglu_fwd(be, b->act, b->u, t, f);
+    if (real_gpt_gated(d))
+        be->glu_fwd(be, b->act, b->u, t, f, real_gpt_act(d));
+    else if (d->exact_gelu)
+        be->gelu_erf_fwd(be, b->act, b->u, tf);
     else
         be->gelu_fwd(be, b->act, b->u, tf);
     real_gpt_keep(be, b->act, sv ? sv->gelu : NULL, tf);
@@ -780,7 +862,8 @@ static RealGptBwdBufs real_gpt_bwd_bufs(const RealGpt *gpt, float *ws)
     return b;
 }
 
-/* MLP part, y = x2 + act(norm2(x2) W1 + b1) W2 + b2: b->dx2 = dL/dx2 from dy. */
+/* MLP part, y = x2 + act(norm2(z) W1 + b1) W2 + b2 (z = x2, or x under a parallel residual):
+ * b->dx2 = dy + the MLP's part of dL/dz. */
 static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                              const float *dy, const RealGptBwdBufs *b)
 {
@@ -792,17 +875,19 @@ static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
         return false;
-    /* dfc1: GELU's backward in place over df, or SwiGLU's over the widened gate and up. */
+    /* dfc1: GELU's backward in place over df, or the gated one over the widened gate and up. */
     be->bf16_to_f32(be, b->uf, sv->fc1, (size_t)t * f1);
-    float *dfc1 = d->swiglu ? b->uf : b->df;
-    if (d->swiglu)
-        be->swiglu_bwd(be, b->uf, b->df, b->uf, t, f);
+    float *dfc1 = real_gpt_gated(d) ? b->uf : b->df;
+    if (real_gpt_gated(d))
+        be->glu_bwd(be, b->uf, b->df, b->uf, t, f, real_gpt_act(d));
+    else if (d->exact_gelu)
+        be->gelu_erf_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
     else
         be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h))
         return false;
-    be->bf16_to_f32(be, b->xh, sv->x2, th);
+    be->bf16_to_f32(be, b->xh, d->parallel_residual ? sv->x : sv->x2, th);
     be->copy(be, b->dx2, dy, th * sizeof(float));
     real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN2_G, b->dx2, b->dh, b->xh, sv->ln2_mean,
                       sv->ln2_rstd);
@@ -829,23 +914,27 @@ static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *
     return be->attention_bwd(be, dqkv, dout, qkv, sv->probs, REAL_DTYPE_BF16, b, s, a, hd);
 }
 
-/* Attention part, x2 = x + attention(norm1(x)) Wp + bp: dx = dL/dx from b->dx2. */
+/* Attention part, x2 = x + attention(norm1(x)) Wp + bp: dx = dL/dx from b->dx2, whose
+ * attention output's gradient is b->dx2 too, or the block output's dy under a parallel
+ * residual (b->dx2 then carries the MLP's part, which does not flow through attention). */
 static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
-                                   float *dx, const RealGptBwdBufs *b)
+                                   const float *dy, float *dx, const RealGptBwdBufs *b)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
     size_t th = (size_t)t * h;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, b->dx2, h, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, b->dx2, b->dh, h, h))
+    const float *datt = d->parallel_residual ? dy : b->dx2;
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, h) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, h))
         return false;
     be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
     if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
         return false;
-    if (d->rope_theta > 0)
-        be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads, real_gpt_kv(d),
-                 real_gpt_head_dim(d), d->rope_theta, true);
+    const RealRope rope = real_gpt_rope(d);
+    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads,
+                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, true))
+        return false;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
         !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h))
         return false;
@@ -856,8 +945,9 @@ static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     return true;
 }
 
-/* The whole block backward in workspace ws. dy is last read (in the MLP part) before dx is
- * first written (in the attention part), so they may alias. */
+/* The whole block backward in workspace ws. dy is last read (by the MLP part, or the
+ * attention's projection under a parallel residual) before dx is first written (at the end
+ * of the attention part), so they may alias. */
 static bool real_gpt_block_bwd_compute(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
                                        const float *dy, float *dx, RealBf16 *block_grads,
                                        float *ws)
@@ -865,7 +955,8 @@ static bool real_gpt_block_bwd_compute(RealGpt *gpt, const RealBf16 *p, const Re
     RealBackend *be = gpt->be;
     RealGptBwdBufs b = real_gpt_bwd_bufs(gpt, ws);
     be->fill(be, b.g, 0, gpt->block_elems * sizeof(float));
-    if (!real_gpt_bwd_mlp(gpt, p, sv, dy, &b) || !real_gpt_bwd_attention(gpt, p, sv, dx, &b))
+    if (!real_gpt_bwd_mlp(gpt, p, sv, dy, &b) ||
+        !real_gpt_bwd_attention(gpt, p, sv, dy, dx, &b))
         return false;
     be->accumulate_bf16(be, block_grads, b.g, gpt->block_elems);
     return true;

@@ -1,11 +1,12 @@
-/* real_gpt: the models zreal trains — GPT-2 (pre-LN blocks, tied LM head) and the Llama family
- * (RMSNorm, SwiGLU, rotary embeddings, grouped-query attention, untied head, no biases) —
- * forward and backward per parameter unit, so the ZeRO engine can run them on buffers it
+/* real_gpt: the models zreal trains — GPT-2 (pre-LN blocks, tied LM head), the Llama family
+ * (RMSNorm, SwiGLU or GeGLU, rotary embeddings, grouped-query attention, untied head, no
+ * biases, or Qwen2's q/k/v biases) and GPT-NeoX (parallel residual, partial rotary, exact
+ * GELU) — forward and backward per parameter unit, so the ZeRO engine can run them on buffers it
  * chooses (gathered, ZeRO-3). */
 
 /* Parameter layout (the contract shared with the planner's zp_model): each unit is one
  * flat contiguous bf16 array,
- *   unit 0      embeddings: wte [V,h], then wpe [s,h]                    (V h + s h)
+ *   unit 0      embeddings: wte [V,h], then wpe [P,h] (P >= s positions)   (V h + P h)
  *   unit 1..L   block l-1: ln1.weight [h], ln1.bias [h], qkv.weight [h,3h], qkv.bias [3h],
  *               proj.weight [h,h], proj.bias [h], ln2.weight [h], ln2.bias [h],
  *               fc1.weight [h,f], fc1.bias [f], fc2.weight [f,h], fc2.bias [h]
@@ -14,8 +15,8 @@
  * Weights are stored [in, out] (y = x W + b). The LM head is wte itself (no bias).
  * The Llama family changes that layout as zp_model_tensors does: no wpe (rotary positions),
  * norms without bias (RMSNorm), qkv [h, h + 2 k d] for k key/value heads of dimension d,
- * fc1 [h, 2f] (gate, then up), no linear biases, and lm_head.weight [V,h] after lnf.weight
- * when untied.
+ * fc1 [h, 2f] (gate, then up), each linear bias present or not, and lm_head.weight [V,h]
+ * after lnf.weight when untied.
  *
  * One micro-batch step, as the engine drives it (T = b s tokens, x_l bf16 [T,h], dx_l fp32
  * [T,h]; every buffer passed in is the caller's and must stay valid during the call only):
@@ -36,6 +37,11 @@
 #include <glib.h>
 #include <stdint.h>
 
+/* Linear layers without a bias (the planner's ZP_NO_BIAS_* values): Llama has none, Qwen2
+ * only q, k and v's (REAL_GPT_NO_BIAS_PROJ | REAL_GPT_NO_BIAS_MLP). */
+enum { REAL_GPT_NO_BIAS_QKV = 1, REAL_GPT_NO_BIAS_PROJ = 2, REAL_GPT_NO_BIAS_MLP = 4,
+       REAL_GPT_NO_BIAS_ALL = 7 };
+
 typedef struct {
     int layers;      /* L */
     int hidden;      /* h */
@@ -44,13 +50,21 @@ typedef struct {
     int vocab;       /* V */
     int ffn_hidden;  /* f; 4h by default */
     int micro_batch; /* b: samples per forward/backward call */
-    /* The Llama family; all zero is GPT-2. */
+    /* The Llama family, Qwen2 and GPT-NeoX; all zero is GPT-2. */
     int kv_heads;     /* key/value heads (0: heads); divides heads */
     bool swiglu;      /* gated MLP silu(x Wg) (x Wu) Wd instead of GELU */
+    bool geglu;       /* gated MLP gelu(x Wg) (x Wu) Wd (Gemma-style "gelu" in the Llama family) */
+    bool exact_gelu;  /* GELU (plain or GeGLU) is the exact erf form, not the tanh one */
     bool rmsnorm;     /* RMSNorm (gain only) instead of LayerNorm */
     bool untied;      /* an LM head of its own in the last unit */
-    bool no_bias;     /* no linear biases */
+    unsigned no_bias; /* REAL_GPT_NO_BIAS_* flags: linear layers without a bias */
+    bool parallel_residual; /* GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) */
     float rope_theta; /* rotary embeddings' base instead of a position table (0: none) */
+    float rotary_fraction; /* share of each head's dimensions rotated (0: all; NeoX 0.25) */
+    RealRopeScaling rope_scaling; /* config.json's rope_scaling, with RealRope's parameters: */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_positions;
+    int positions;    /* rows of the learned position table (0: seq_len; >= seq_len) */
     float norm_eps;   /* RMSNorm's eps (0: 1e-5); LayerNorm uses 1e-5 */
     bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */
 } RealGptDims;
@@ -80,12 +94,14 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
                                int micro_batch);
 
 /* TRUE when every dimension is positive, heads divides hidden, kv_heads divides heads, the
- * head dimension is even under rotary embeddings and every matrix dimension (b s tokens
- * included) fits an int. */
+ * rotated share of a head's dimensions is even and positive under rotary embeddings, a
+ * position table holds the sequence, LayerNorm's eps is its 1e-5 and every matrix dimension
+ * (b s tokens included) fits an int. */
 gboolean real_gpt_dims_check(const RealGptDims *dims, GError **error);
 
-/* TRUE when `be` has every entry the model needs (RMSNorm, SwiGLU, rotary, grouped-query or
- * fused attention); otherwise one line naming the backend and the first entry it lacks. */
+/* TRUE when `be` has every entry the model needs (RMSNorm, a gated MLP, the exact GELU,
+ * rotary, grouped-query or fused attention); otherwise one line naming the backend and the
+ * first entry it lacks. */
 gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *dims,
                                 GError **error);
 
@@ -95,7 +111,7 @@ int real_gpt_n_units(const RealGptDims *dims);
 /* Elements of unit `unit` (see the layout above); 0 when unit is out of range. */
 size_t real_gpt_unit_elems(const RealGptDims *dims, int unit);
 
-/* Elements of all units together: L(4h^2 + 2hf + 9h + f) + Vh + sh + 2h. */
+/* Elements of all units together (GPT-2: L(4h^2 + 2hf + 9h + f) + Vh + sh + 2h). */
 size_t real_gpt_param_elems(const RealGptDims *dims);
 
 /* The tensors of `unit` in layout order into `out`; returns how many (0 when unit is out
@@ -106,16 +122,17 @@ int real_gpt_unit_tensors(const RealGptDims *dims, int unit,
 /* Bytes one block keeps for backward when forwarded with save_activations, exactly what
  * real_gpt_block_forward allocates under REAL_MEM_ACTIVATIONS (one allocation, freed by
  * real_gpt_block_backward). With T = b s, q = h + 2 k d the qkv width and f1 = f (GELU) or 2f
- * (SwiGLU):
- *   bf16 [T,h] x6:  block input (norm1 input), norm1 output, attention output before proj,
- *                   norm2 input (residual after attention), norm2 output
+ * (SwiGLU, GeGLU), r = 5 (or 4 with a parallel residual, whose norm2 reads the block input):
+ *   bf16 [T,h] x r: block input (norm1 input), norm1 output, attention output before proj,
+ *                   norm2 input (residual after attention; not with a parallel residual),
+ *                   norm2 output
  *   bf16 [T,q]:     q, k, v (after the rotary embeddings)
  *   bf16 [T,f1]:    fc1 output (GELU input; gate and up)
- *   bf16 [T,f]:     the activation's output (GELU, or silu(gate) up), fc2's input
+ *   bf16 [T,f]:     the activation's output (GELU, or act(gate) up), fc2's input
  *   eager: bf16 [b,a,s,s] softmax probabilities (the masked half included)
  *   flash: fp32 [b,a,s] log-sum-exp per row and head
  *   LayerNorm only: fp32 [T] x4, both norms' mean and 1/std (RMSNorm recomputes its 1/rms)
- *   = 2T(5h + q + f1 + f) + (2 a b s^2 or 4 a b s) (+ 16T)
+ *   = 2T(r h + q + f1 + f) + (2 a b s^2 or 4 a b s) (+ 16T)
  * which is zp_mem_activation_block_bytes without dropout (plus the LayerNorm statistics):
  * s b h (32 + 2 a s / h) + 16 s b for GPT-2. */
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims);

@@ -169,7 +169,8 @@ static const BadCase cases[] = {
     {"zreal --model nosuch --emulate 2 --steps 1", NULL, "--model: unknown model 'nosuch'"},
     {"zreal --model {T}/long.json --micro-batch 600000 --emulate 2 --steps 1 --out {D}/m.json", NULL, "micro_batch 600000 x seq_len 4096"},
     {"zreal --model tiny --grad-accum 300000 --emulate 2 --steps 1 --out {D}/m.json", NULL, "grad-accum: 300000 micro-steps"},
-    {"zreal --model {T}/geglu.json --emulate 2 --steps 1 --out {D}/m.json", NULL, "geglu is neither"},
+    {"zreal --model {T}/ropewpe.json --emulate 2 --steps 1 --out {D}/m.json", NULL, "one of the two; ropewpe has both"},
+    {"zreal --model {T}/yarn.json --emulate 2 --steps 1 --out {D}/m.json", NULL, "(\"linear\", \"llama3\"), not \"yarn\" as yarn does"},
     {"zreal --schedule {T}/dir.json --emulate 2 --steps 1", NULL, "{T}/dir.json: is a directory"},
     {"zreal --schedule {IN} --emulate 2 --steps 1", "{\"format\": \"zplan-schedule-1\"}", "{IN}: keys \"model\" and \"plan\" must be objects"},
     {"zreal --schedule {T}/sched-plan-key.json --emulate 2 --steps 1", NULL, "{T}/sched-plan-key.json: plan: unknown key \"bogus\""},
@@ -243,9 +244,13 @@ static void make_fixtures(void)
     char *dir = g_build_filename(fixtures, "dir.json", NULL);
     g_assert_cmpint(g_mkdir(dir, 0755), ==, 0);
     g_free(dir);
-    write_fixture("geglu.json", "{\"name\": \"geglu\", \"layers\": 2, \"hidden\": 64, "
-                                "\"heads\": 4, \"seq_len\": 32, \"vocab\": 64, \"mlp\": "
-                                "\"geglu\", \"ffn_hidden\": 128, \"norm\": \"rmsnorm\"}");
+    write_fixture("ropewpe.json", "{\"name\": \"ropewpe\", \"layers\": 2, \"hidden\": 64, "
+                                  "\"heads\": 4, \"seq_len\": 32, \"vocab\": 64, \"dropout\": "
+                                  "false, \"rope_theta\": 10000, \"learned_positions\": true}");
+    write_fixture("yarn.json", "{\"name\": \"yarn\", \"layers\": 2, \"hidden\": 64, "
+                               "\"heads\": 4, \"seq_len\": 32, \"vocab\": 64, \"dropout\": "
+                               "false, \"rope_theta\": 10000, \"learned_positions\": false, "
+                               "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
     write_fixture("long.json", "{\"name\": \"long\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
                                "\"seq_len\": 4096, \"vocab\": 64, \"dropout\": false}");
     mutate("measured/measured-tiny.json", "meas-ranks-empty.json", "", "ranks", "[]");

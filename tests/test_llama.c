@@ -69,6 +69,22 @@ static void test_param_counts(void)
     for (int u = 0; u < zp_model_n_units(&ours); u++)
         g_assert_cmpuint(zp_model_unit_elems(&gpt2, u), ==, zp_model_unit_elems(&ours, u));
     g_assert_true(gpt2.dropout);
+    /* transformers' "gelu" is the exact erf GELU (Pythia's), "gelu_new" the tanh one
+     * (GPT-2's); Qwen2 has biases on q, k and v alone; NeoX a parallel residual and a
+     * quarter of each head rotated. */
+    g_assert_false(gpt2.exact_gelu);
+    load("pythia-160m", &m);
+    g_assert_true(m.exact_gelu && m.mlp == ZP_MLP_GELU && m.parallel_residual &&
+                  m.rotary_fraction == 0.25 && m.no_bias == 0 && !m.tied_embeddings);
+    load("qwen2-0.5b", &m);
+    g_assert_cmpuint(m.no_bias, ==, ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP);
+    g_assert_true(m.mlp == ZP_MLP_SWIGLU && !m.exact_gelu && m.tied_embeddings &&
+                  m.rope_scaling.type == ZP_ROPE_SCALING_NONE);
+    /* Llama 3.1's long-context rotary rescaling, as its config says it. */
+    load("llama-3.1-8b", &m);
+    g_assert_true(m.rope_scaling.type == ZP_ROPE_SCALING_LLAMA3 && m.rope_scaling.factor == 8 &&
+                  m.rope_scaling.low_freq_factor == 1 && m.rope_scaling.high_freq_factor == 4 &&
+                  m.rope_scaling.original_max_positions == 8192);
 }
 
 /* Llama-2-7B, sequence 4096, micro-batch 1, bf16, no checkpointing. Per block, with h = 4096,
@@ -177,6 +193,11 @@ static void test_bad_configs(void)
         {"ill-typed", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
                       ", \"num_attention_heads\": \"32\"}",
          "key \"num_attention_heads\" must be a whole number"},
+        {"rope-scaling", "{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_KEYS
+                         ", \"num_attention_heads\": 32, \"rope_scaling\": {\"rope_type\": "
+                         "\"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+                         "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 8192}}",
+         "rope_scaling: key \"low_freq_factor\" = 4 must be below high_freq_factor = 1"},
         {"empty", NULL, "no config.json in this directory"},
     };
     const char *commands[] = {"zplan memory --gpus 8 --model %s",

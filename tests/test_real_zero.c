@@ -1,6 +1,8 @@
-/* test_real_zero: zreal under mpirun — every ZeRO stage at N = 1, 2, 4 trains the tiny GPT-2
- * and llama-tiny (eager and fused attention) to the same loss curve as one rank, holds exactly the planned model states, and a killed
- * rank takes the job down with a message naming it and no half-written output. */
+/* test_real_zero: zreal under mpirun — every ZeRO stage at N = 1, 2, 4 trains the tiny GPT-2,
+ * llama-tiny (eager and fused attention), a tiny Qwen2 (q/k/v biases, tied) and a tiny
+ * GPT-NeoX (parallel residual, partial rotary, exact GELU; fused attention) to the same loss
+ * curve as one rank, holds exactly the planned model states, and a killed rank takes the job
+ * down with a message naming it and no half-written output. */
 #include "zp_mem.h"
 #include "testutil.h"
 #include "zp_sched.h"
@@ -55,6 +57,8 @@ typedef struct {
 static const Trained gpt2_tiny = {"tiny", "eager", STEPS};
 static const Trained llama_eager = {"llama-tiny", "eager", 8};
 static const Trained llama_flash = {"llama-tiny", "flash", 8};
+static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
+static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
 
 static json_t *train(const Trained *t, int stage, int n, char **path_out)
 {
@@ -538,6 +542,10 @@ int main(int argc, char **argv)
     tmp_dir = g_dir_make_tmp("zreal-test-XXXXXX", NULL);
     g_test_add_data_func("/zreal/stages-match-one-rank", &gpt2_tiny, test_stages_match_one_rank);
     g_test_add_data_func("/zreal/llama-tiny-stages-match-one-rank", &llama_eager,
+                         test_stages_match_one_rank);
+    g_test_add_data_func("/zreal/qwen2-tiny-stages-match-one-rank", &qwen2_eager,
+                         test_stages_match_one_rank);
+    g_test_add_data_func("/zreal/neox-tiny-flash-stages-match-one-rank", &neox_flash,
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/llama-tiny-flash-stages-match-one-rank", &llama_flash,
                          test_stages_match_one_rank);

@@ -1,5 +1,7 @@
 /* test_cuda_backend: every entry of the CUDA backend against the CPU backend, in both GEMM modes,
- * on awkward sizes; determinism; the tracker against the driver; one whole model micro-step. */
+ * on awkward sizes (the Llama family's too: RMSNorm, rotary, gated MLPs, grouped-query and fused
+ * attention); determinism; the tracker against the driver; a whole model micro-step of each
+ * block zreal trains. */
 #include "real_cpu.h"
 #include "real_cuda.h"
 #include "real_gpt.h"
@@ -745,6 +747,296 @@ static void test_attention(void)
     device_ok(gpu[1]);
 }
 
+/* ---- the Llama family's entries ---- */
+
+/* Token embedding (bit for bit, forward and the backward's per-token sums), rotary embeddings
+ * whole and partial (the CPU's double angle, rounded to float: the same bits but for a
+ * one-ulp double cos/sin difference at a float rounding boundary), the exact GELU and the
+ * gated MLP with each activation (libm). */
+static void test_llama_elementwise(void)
+{
+    RealBackend *be = gpu[REAL_CUDA_GEMM_BF16];
+    enum { B = 3, S = 37, H = 80, V = 50, ROWS = B * S };
+    int tokens[ROWS];
+    for (int r = 0; r < ROWS; r++)
+        tokens[r] = r % 7 == 0 ? V - 1 : (int)g_rand_int_range(rng, 0, 9);
+    RealBf16 *wte = random_bf16((size_t)V * H, 0.0, 0.1);
+    RealBf16 *d_wte = upload(be, wte, (size_t)V * H * 2);
+    float *d_x = be->alloc(be, (size_t)ROWS * H * sizeof(float), REAL_MEM_WORKSPACE);
+    float *want = g_new(float, (size_t)ROWS * H);
+    be->token_embedding_fwd(be, d_x, tokens, d_wte, ROWS, H);
+    cpu->token_embedding_fwd(cpu, want, tokens, wte, ROWS, H);
+    float *got = download(be, d_x, (size_t)ROWS * H * sizeof(float));
+    assert_same_bits(got, want, (size_t)ROWS * H * sizeof(float), "token_embedding_fwd");
+    g_free(got);
+    float *g = random_f32((size_t)ROWS * H, 0.0, 1.0), *gte0 = random_f32((size_t)V * H, 0.0, 1.0);
+    float *d_g = upload(be, g, (size_t)ROWS * H * sizeof(float));
+    float *d_gte = upload(be, gte0, (size_t)V * H * sizeof(float));
+    float *want_te = copy_of(gte0, (size_t)V * H * sizeof(float));
+    cpu->token_embedding_bwd(cpu, want_te, tokens, g, ROWS, H);
+    be->token_embedding_bwd(be, d_gte, tokens, d_g, ROWS, H);
+    got = download(be, d_gte, (size_t)V * H * sizeof(float));
+    assert_same_bits(got, want_te, (size_t)V * H * sizeof(float), "token_embedding_bwd");
+    g_free(got);
+    be->free(be, d_wte), be->free(be, d_x), be->free(be, d_g), be->free(be, d_gte);
+    g_free(wte), g_free(want), g_free(g), g_free(gte0), g_free(want_te);
+
+    /* Rotary: 4 query and 2 key/value heads of 24, all 24 turned or the first 6 (NeoX), and
+     * all 24 with Llama 3.1's rescaling (pairs in each of its three ranges). */
+    enum { A = 4, KV = 2, D = 24, LD = (A + 2 * KV) * D };
+    const size_t nq = (size_t)ROWS * LD;
+    static const RealRope ropes[] = {
+        {.theta = 10000.0f, .rot_dim = D},
+        {.theta = 10000.0f, .rot_dim = 6},
+        {.theta = 500000.0f, .rot_dim = D, .scaling = REAL_ROPE_SCALING_LLAMA3, .factor = 8.0f,
+         .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_positions = 8192},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(ropes); k++)
+        for (int inverse = 0; inverse <= 1; inverse++) {
+            float *qkv = random_f32(nq, 0.0, 1.0);
+            float *d_qkv = upload(be, qkv, nq * sizeof(float));
+            g_assert_true(cpu->rope(cpu, qkv, B, S, A, KV, D, &ropes[k], inverse));
+            g_assert_true(be->rope(be, d_qkv, B, S, A, KV, D, &ropes[k], inverse));
+            got = download(be, d_qkv, nq * sizeof(float));
+            assert_close(got, qkv, nq, 4 * EPS, 4 * EPS, inverse ? "rope inverse" : "rope");
+            be->free(be, d_qkv);
+            g_free(qkv), g_free(got);
+        }
+
+    /* Activations over [-8, 8]: the exact GELU alone, and gated (gate, up) rows. */
+    enum { N = 100003, F = 1001 };
+    float *x = g_new(float, N), *dy = random_f32(N, 0.0, 1.0);
+    for (size_t i = 0; i < N; i++)
+        x[i] = -8.0f + 16.0f * (float)i / N;
+    float *y = g_new(float, N), *dx = g_new(float, N);
+    cpu->gelu_erf_fwd(cpu, y, x, N);
+    cpu->gelu_erf_bwd(cpu, dx, dy, x, N);
+    float *d_in = upload(be, x, N * sizeof(float)), *d_dy = upload(be, dy, N * sizeof(float));
+    float *d_y = be->alloc(be, N * sizeof(float), REAL_MEM_WORKSPACE);
+    be->gelu_erf_fwd(be, d_y, d_in, N);
+    be->gelu_erf_bwd(be, d_dy, d_dy, d_in, N); /* in place, as the model calls it */
+    float *got_y = download(be, d_y, N * sizeof(float));
+    float *got_dx = download(be, d_dy, N * sizeof(float));
+    assert_close(got_y, y, N, LIBM_TOL, LIBM_TOL, "gelu_erf_fwd");
+    double *bound = g_new(double, N);
+    for (size_t i = 0; i < N; i++)
+        bound[i] = LIBM_TOL * fmax(1.0, fabs(x[i])) * fmax(1.0, fabs(dy[i]));
+    assert_within(got_dx, dx, bound, N, "gelu_erf_bwd");
+    be->free(be, d_in), be->free(be, d_dy), be->free(be, d_y);
+    g_free(got_y), g_free(got_dx);
+    const int rows = N / F;
+    const size_t ne = (size_t)rows * F;
+    float *gate_up = g_new(float, 2 * ne), *dout = random_f32(ne, 0.0, 1.0);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < F; c++) {
+            gate_up[(size_t)r * 2 * F + c] = x[(size_t)r * F + c];
+            gate_up[(size_t)r * 2 * F + F + c] = dy[(size_t)r * F + c];
+        }
+    static const RealActivation acts[] = {REAL_ACT_SILU, REAL_ACT_GELU_TANH, REAL_ACT_GELU_ERF};
+    static const char *const act_name[] = {"silu", "gelu_tanh", "gelu_erf"};
+    for (size_t k = 0; k < G_N_ELEMENTS(acts); k++) {
+        float *out = g_new(float, ne), *dgu = g_new(float, 2 * ne);
+        cpu->glu_fwd(cpu, out, gate_up, rows, F, acts[k]);
+        cpu->glu_bwd(cpu, dgu, dout, gate_up, rows, F, acts[k]);
+        float *d_gu = upload(be, gate_up, 2 * ne * sizeof(float));
+        float *d_dout = upload(be, dout, ne * sizeof(float));
+        float *d_out = be->alloc(be, ne * sizeof(float), REAL_MEM_WORKSPACE);
+        be->glu_fwd(be, d_out, d_gu, rows, F, acts[k]);
+        be->glu_bwd(be, d_gu, d_dout, d_gu, rows, F, acts[k]); /* in place, as the model does */
+        float *got_out = download(be, d_out, ne * sizeof(float));
+        float *got_dgu = download(be, d_gu, 2 * ne * sizeof(float));
+        /* act(x) up and its derivatives: libm-level, relative to max(1, |x|) |up| (|dout|). */
+        for (size_t i = 0; i < ne; i++)
+            bound[i] = LIBM_TOL * fmax(1.0, fabs(x[i])) * fmax(1.0, fabs(dy[i]));
+        char *what = g_strdup_printf("glu_fwd %s", act_name[k]);
+        assert_within(got_out, out, bound, ne, what);
+        g_free(what);
+        what = g_strdup_printf("glu_bwd %s", act_name[k]);
+        double *bound_bwd = g_new(double, 2 * ne);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < F; c++) {
+                const size_t i = (size_t)r * F + c, gi = (size_t)r * 2 * F + c;
+                const double b = LIBM_TOL * fmax(1.0, fabs(x[i])) * fmax(1.0, fabs(dy[i])) *
+                                 fmax(1.0, fabs(dout[i]));
+                bound_bwd[gi] = b, bound_bwd[gi + F] = b;
+            }
+        assert_within(got_dgu, dgu, bound_bwd, 2 * ne, what);
+        g_free(what), g_free(bound_bwd);
+        be->free(be, d_gu), be->free(be, d_dout), be->free(be, d_out);
+        g_free(out), g_free(dgu), g_free(got_out), g_free(got_dgu);
+    }
+    g_free(x), g_free(dy), g_free(y), g_free(dx), g_free(bound), g_free(gate_up), g_free(dout);
+    device_ok(be);
+}
+
+/* RMSNorm: rstd in double as on the CPU; dx's row sum in another order (as layer norm's);
+ * dgain summed over rows in the CPU's order from the same rstd. */
+static void test_rmsnorm(void)
+{
+    RealBackend *be = gpu[REAL_CUDA_GEMM_FP32];
+    static const int dims[][2] = {{1003, 80}, {67, 768}, {5, 1601}, {1, 3}};
+    const float eps = 1e-6f;
+    for (size_t d = 0; d < G_N_ELEMENTS(dims); d++) {
+        const int rows = dims[d][0], cols = dims[d][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = random_f32(n, 0.5, 2.0), *dy = random_f32(n, 0.0, 1.0);
+        float *dx0 = random_f32(n, 0.0, 1.0), *dg0 = random_f32((size_t)cols, 0.0, 1.0);
+        RealBf16 *gain = random_bf16((size_t)cols, 1.0, 0.3);
+        float *y = g_new(float, n);
+        cpu->rmsnorm_fwd(cpu, y, x, gain, rows, cols, eps);
+        float *d_x = upload(be, x, n * sizeof(float));
+        float *d_y = be->alloc(be, n * sizeof(float), REAL_MEM_WORKSPACE);
+        RealBf16 *d_gain = upload(be, gain, (size_t)cols * 2);
+        be->rmsnorm_fwd(be, d_y, d_x, d_gain, rows, cols, eps);
+        float *got_y = download(be, d_y, n * sizeof(float));
+        assert_close(got_y, y, n, LN_FWD_TOL, LN_FWD_TOL, "rmsnorm_fwd");
+        float *want_dx = copy_of(dx0, n * sizeof(float));
+        float *want_dg = copy_of(dg0, (size_t)cols * sizeof(float));
+        cpu->rmsnorm_bwd(cpu, want_dx, want_dg, dy, x, gain, rows, cols, eps);
+        float *d_dy = upload(be, dy, n * sizeof(float));
+        float *got[2][2];
+        for (int run = 0; run < 2; run++) {
+            float *d_dx = upload(be, dx0, n * sizeof(float));
+            float *d_dg = upload(be, dg0, (size_t)cols * sizeof(float));
+            be->rmsnorm_bwd(be, d_dx, d_dg, d_dy, d_x, d_gain, rows, cols, eps);
+            got[run][0] = download(be, d_dx, n * sizeof(float));
+            got[run][1] = download(be, d_dg, (size_t)cols * sizeof(float));
+            be->free(be, d_dx), be->free(be, d_dg);
+        }
+        assert_same_bits(got[1][0], got[0][0], n * sizeof(float), "rmsnorm_bwd dx repeated");
+        assert_same_bits(got[1][1], got[0][1], (size_t)cols * sizeof(float),
+                         "rmsnorm_bwd dgain repeated");
+        double *bound = g_new(double, n), *bg = g_new(double, cols), *rs = g_new(double, rows);
+        for (int r = 0; r < rows; r++) {
+            double sq = 0.0, row_max = 0.0;
+            for (int c = 0; c < cols; c++)
+                sq += (double)x[(size_t)r * cols + c] * x[(size_t)r * cols + c];
+            rs[r] = 1.0 / sqrt(sq / cols + eps);
+            for (int c = 0; c < cols; c++)
+                row_max = fmax(row_max, fabs(rs[r] * dy[(size_t)r * cols + c] *
+                                             real_bf16_to_f32(gain[c])));
+            for (int c = 0; c < cols; c++)
+                bound[(size_t)r * cols + c] =
+                    LN_DX_TOL(cols) * (row_max + fabs(dx0[(size_t)r * cols + c])) + FLT_MIN;
+        }
+        assert_within(got[0][0], want_dx, bound, n, "rmsnorm_bwd dx");
+        for (int c = 0; c < cols; c++) {
+            double sg = fabs(dg0[c]);
+            for (int r = 0; r < rows; r++)
+                sg += fabs(dy[(size_t)r * cols + c] * x[(size_t)r * cols + c] * rs[r]);
+            bg[c] = COLUMN_TOL(rows + 1) * sg + FLT_MIN;
+        }
+        assert_within(got[0][1], want_dg, bg, (size_t)cols, "rmsnorm_bwd dgain");
+        be->free(be, d_x), be->free(be, d_y), be->free(be, d_gain), be->free(be, d_dy);
+        for (int run = 0; run < 2; run++)
+            g_free(got[run][0]), g_free(got[run][1]);
+        g_free(x), g_free(dy), g_free(dx0), g_free(dg0), g_free(gain), g_free(y), g_free(got_y);
+        g_free(want_dx), g_free(want_dg), g_free(bound), g_free(bg), g_free(rs);
+    }
+    device_ok(be);
+}
+
+typedef struct {
+    int batch, seq, heads, kv_heads, head_dim;
+} GqaShape;
+
+/* Grouped-query attention against the CPU's, with the tolerances of check_attention; and the
+ * fused kernel against the CPU's fused kernel, which it follows operation for operation (no
+ * GEMMs: the same in both modes; expf and logf differ by libm ulps only). */
+static void check_attention_gqa(RealCudaGemmMode mode, GqaShape sh, RealDType probs_dtype)
+{
+    RealBackend *be = gpu[mode];
+    const int b = sh.batch, s = sh.seq, a = sh.heads, kv = sh.kv_heads, hd = sh.head_dim;
+    const int h = a * hd, ld = (a + 2 * kv) * hd;
+    const size_t rows = (size_t)b * s, nqkv = rows * ld, nout = rows * h;
+    const size_t np = (size_t)b * a * s * s, pbytes = np * (probs_dtype == REAL_DTYPE_BF16 ? 2 : 4);
+    const size_t nl = (size_t)b * a * s;
+    float *qkv = random_bf16_values(nqkv, 1.0), *dout = random_f32(nout, 0.0, 1.0);
+    float *out = g_new(float, nout), *dqkv = g_new(float, nqkv);
+    void *probs = g_malloc(pbytes);
+    g_assert_true(cpu->attention_gqa_fwd(cpu, out, probs, probs_dtype, qkv, b, s, a, kv, hd));
+    g_assert_true(cpu->attention_gqa_bwd(cpu, dqkv, dout, qkv, probs, probs_dtype, b, s, a, kv,
+                                         hd));
+    char *what = g_strdup_printf("gqa %s b=%d s=%d a=%d kv=%d hd=%d probs=%s", mode_name[mode],
+                                 b, s, a, kv, hd, probs_dtype == REAL_DTYPE_BF16 ? "bf16" : "f32");
+    float *d_qkv = upload(be, qkv, nqkv * sizeof(float));
+    float *d_out = be->alloc(be, nout * sizeof(float), REAL_MEM_WORKSPACE);
+    void *d_probs = be->alloc(be, pbytes, REAL_MEM_ACTIVATIONS);
+    g_assert_true(be->attention_gqa_fwd(be, d_out, d_probs, probs_dtype, d_qkv, b, s, a, kv, hd));
+    float *got_out = download(be, d_out, nout * sizeof(float));
+    const double base_tol = mode == REAL_CUDA_GEMM_FP32 ? ATTN_EXACT_TOL : ATTN_BF16_FWD_TOL;
+    const double fwd_tol = probs_dtype == REAL_DTYPE_BF16 ? MAX(base_tol, ATTN_BF16_PROBS_TOL)
+                                                          : base_tol;
+    assert_close_to_max(got_out, out, rows, (size_t)h, (size_t)h, fwd_tol, what);
+    be->copy(be, d_probs, probs, pbytes);
+    float *d_dout = upload(be, dout, nout * sizeof(float));
+    float *d_dqkv = be->alloc(be, nqkv * sizeof(float), REAL_MEM_WORKSPACE);
+    be->fill(be, d_dqkv, 0xff, nqkv * sizeof(float)); /* NaNs: every element must be written */
+    g_assert_true(be->attention_gqa_bwd(be, d_dqkv, d_dout, d_qkv, d_probs, probs_dtype, b, s, a,
+                                        kv, hd));
+    float *got_dqkv = download(be, d_dqkv, nqkv * sizeof(float));
+    const double bwd_tol = mode == REAL_CUDA_GEMM_FP32 ? ATTN_EXACT_TOL : ATTN_BF16_BWD_TOL;
+    const size_t off[3] = {0, (size_t)h, (size_t)h + (size_t)kv * hd};
+    const size_t width[3] = {(size_t)h, (size_t)kv * hd, (size_t)kv * hd};
+    static const char *const part[3] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; p++) {
+        char *label = g_strdup_printf("%s %s", what, part[p]);
+        assert_close_to_max(got_dqkv + off[p], dqkv + off[p], rows, width[p], (size_t)ld, bwd_tol,
+                            label);
+        g_free(label);
+    }
+
+    /* The fused kernel. */
+    float *f_out = g_new(float, nout), *f_lse = g_new(float, nl), *f_dqkv = g_new(float, nqkv);
+    g_assert_true(cpu->flash_attention_fwd(cpu, f_out, f_lse, qkv, b, s, a, kv, hd));
+    g_assert_true(cpu->flash_attention_bwd(cpu, f_dqkv, dout, qkv, f_out, f_lse, b, s, a, kv, hd));
+    float *d_lse = be->alloc(be, nl * sizeof(float), REAL_MEM_ACTIVATIONS);
+    g_assert_true(be->flash_attention_fwd(be, d_out, d_lse, d_qkv, b, s, a, kv, hd));
+    float *got_fo = download(be, d_out, nout * sizeof(float));
+    float *got_lse = download(be, d_lse, nl * sizeof(float));
+    char *label = g_strdup_printf("flash %s out", what);
+    assert_close_to_max(got_fo, f_out, rows, (size_t)h, (size_t)h, ATTN_EXACT_TOL, label);
+    g_free(label);
+    assert_close(got_lse, f_lse, nl, LIBM_TOL, LIBM_TOL, "flash lse");
+    /* The backward from the CPU's out and lse, so only the backward differs. */
+    be->copy(be, d_out, f_out, nout * sizeof(float));
+    be->copy(be, d_lse, f_lse, nl * sizeof(float));
+    be->fill(be, d_dqkv, 0xff, nqkv * sizeof(float));
+    g_assert_true(be->flash_attention_bwd(be, d_dqkv, d_dout, d_qkv, d_out, d_lse, b, s, a, kv,
+                                          hd));
+    float *got_fd = download(be, d_dqkv, nqkv * sizeof(float));
+    g_assert_true(be->flash_attention_bwd(be, d_dqkv, d_dout, d_qkv, d_out, d_lse, b, s, a, kv,
+                                          hd));
+    float *again = download(be, d_dqkv, nqkv * sizeof(float));
+    assert_same_bits(again, got_fd, nqkv * sizeof(float), "flash_attention_bwd repeated");
+    for (int p = 0; p < 3; p++) {
+        label = g_strdup_printf("flash %s %s", what, part[p]);
+        assert_close_to_max(got_fd + off[p], f_dqkv + off[p], rows, width[p], (size_t)ld,
+                            ATTN_EXACT_TOL, label);
+        g_free(label);
+    }
+    be->free(be, d_qkv), be->free(be, d_out), be->free(be, d_probs), be->free(be, d_dout);
+    be->free(be, d_dqkv), be->free(be, d_lse);
+    g_free(what), g_free(qkv), g_free(dout), g_free(out), g_free(dqkv), g_free(probs);
+    g_free(got_out), g_free(got_dqkv), g_free(f_out), g_free(f_lse), g_free(f_dqkv);
+    g_free(got_fo), g_free(got_lse), g_free(got_fd), g_free(again);
+}
+
+static void test_attention_gqa(void)
+{
+    /* Groups of 1 (multi-head), 2, 4 and all heads (multi-query); sequences ending inside a
+     * 32-key block of the fused kernel, a single position, and a longer one. */
+    static const GqaShape shapes[] = {{2, 37, 4, 4, 16}, {2, 37, 4, 2, 16}, {1, 129, 8, 2, 24},
+                                      {3, 1, 4, 1, 8}, {1, 256, 12, 4, 64}, {2, 70, 6, 1, 32}};
+    for (int mode = 0; mode < 2; mode++)
+        for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++) {
+            check_attention_gqa((RealCudaGemmMode)mode, shapes[i], REAL_DTYPE_F32);
+            check_attention_gqa((RealCudaGemmMode)mode, shapes[i], REAL_DTYPE_BF16);
+        }
+    device_ok(gpu[0]);
+    device_ok(gpu[1]);
+}
+
 /* ---- GELU ---- */
 
 static void test_gelu(void)
@@ -912,10 +1204,39 @@ static float model_step(RealBackend *be, const RealGptDims *d, RealBf16 *const *
     return loss;
 }
 
-static void test_model_step(void)
+/* The blocks a model step runs: GPT-2 (h = 80 and head_dim 16 are no multiples of 32, T = 111
+ * tokens, awkward on purpose); Llama (grouped-query 4/2 heads of 20, SwiGLU, RMSNorm, rotary,
+ * untied, no biases) eager and fused; Qwen2 (q/k/v biases, tied); GPT-NeoX (LayerNorm,
+ * parallel residual, half of each head rotated, exact GELU, biases) eager and fused; GeGLU. */
+enum { STEP_GPT2, STEP_LLAMA, STEP_LLAMA_FLASH, STEP_QWEN2, STEP_NEOX, STEP_NEOX_FLASH,
+       STEP_GEGLU, STEP_N };
+
+static RealGptDims step_dims(int which)
 {
-    /* Awkward on purpose: h = 80 and head_dim 16 are no multiples of 32, T = 111 tokens. */
-    const RealGptDims d = real_gpt_dims_make(2, 80, 5, 37, 101, 3);
+    if (which == STEP_GPT2)
+        return real_gpt_dims_make(2, 80, 5, 37, 101, 3);
+    RealGptDims d = real_gpt_dims_make(2, 80, 4, 37, 101, 3);
+    d.kv_heads = 2, d.ffn_hidden = 72, d.swiglu = true, d.rmsnorm = true, d.untied = true;
+    d.no_bias = REAL_GPT_NO_BIAS_ALL, d.rope_theta = 10000.0f, d.norm_eps = 1e-5f;
+    d.flash = which == STEP_LLAMA_FLASH || which == STEP_NEOX_FLASH;
+    if (which == STEP_QWEN2) {
+        d.no_bias = REAL_GPT_NO_BIAS_PROJ | REAL_GPT_NO_BIAS_MLP, d.untied = false;
+        d.norm_eps = 1e-6f, d.rope_theta = 1e6f;
+    } else if (which == STEP_NEOX || which == STEP_NEOX_FLASH) {
+        d.kv_heads = 0, d.ffn_hidden = 320, d.swiglu = false, d.rmsnorm = false, d.no_bias = 0;
+        d.norm_eps = 0, d.exact_gelu = true, d.parallel_residual = true, d.rotary_fraction = 0.5f;
+    } else if (which == STEP_GEGLU) { /* and Llama 3.1's rotary rescaling */
+        d.swiglu = false, d.geglu = true, d.exact_gelu = true;
+        d.rope_scaling = REAL_ROPE_SCALING_LLAMA3, d.rope_factor = 8.0f;
+        d.rope_low_freq_factor = 1.0f, d.rope_high_freq_factor = 4.0f;
+        d.rope_original_positions = 1000;
+    }
+    return d;
+}
+
+static void test_model_step(gconstpointer data)
+{
+    const RealGptDims d = step_dims(GPOINTER_TO_INT(data));
     const int n_units = real_gpt_n_units(&d), T = d.micro_batch * d.seq_len;
     RealBf16 *params[8];
     GError *error = NULL;
@@ -982,7 +1303,16 @@ int main(int argc, char **argv)
     g_test_add_func("/cuda/softmax_xent", test_softmax_xent);
     g_test_add_func("/cuda/adam", test_adam);
     g_test_add_func("/cuda/timing", test_timing);
-    g_test_add_func("/cuda/model_step", test_model_step);
+    g_test_add_func("/cuda/llama_elementwise", test_llama_elementwise);
+    g_test_add_func("/cuda/rmsnorm", test_rmsnorm);
+    g_test_add_func("/cuda/attention_gqa_and_fused", test_attention_gqa);
+    static const char *const step_name[STEP_N] = {"gpt2", "llama", "llama-flash", "qwen2",
+                                                  "neox", "neox-flash", "geglu"};
+    for (int i = 0; i < STEP_N; i++) {
+        char *path = g_strdup_printf("/cuda/model_step/%s", step_name[i]);
+        g_test_add_data_func(path, GINT_TO_POINTER(i), test_model_step);
+        g_free(path);
+    }
     const int status = g_test_run();
     for (int mode = 0; mode < 2; mode++)
         gpu[mode]->destroy(gpu[mode]);
