@@ -281,9 +281,10 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
                               &allgather_partitions, error) &&
              zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
                              &sub_group_size, error) &&
-             zp_json_get_int(section, what, "zero_hpz_partition_size", FALSE, 1, 1 << 16, &hpz,
+             zp_json_get_int(section, what, "zero_hpz_partition_size", FALSE, 0, 1 << 16, &hpz,
                              error);
-        zero->zero_hpz_partition_size = (int)hpz;
+        /* DeepSpeed accepts 0 (Field ge=0) and builds hpZ's group only above 1. */
+        zero->zero_hpz_partition_size = (int)MAX(hpz, 1);
     }
     /* Both keys are checked above; only values other than DeepSpeed's defaults change what
      * DeepSpeed does, and those zplan does not model. */
