@@ -323,11 +323,13 @@ static int print_json(const Report *p)
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
     json_object_set_new(root, "caching_allocator", alloc_json(&p->alloc));
-    const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
-    json_object_set_new(root, "constant_buffers",
-                        json_pack("{s:f, s:f, s:s?}", "constant_bytes", cb.constant_bytes,
-                                  "model_sized_bytes", cb.model_sized_bytes, "model_sized_what",
-                                  cb.model_sized_what));
+    if (!p->schedule_path) { /* a plan's buckets; a schedule file's are its ops */
+        const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
+        json_object_set_new(root, "constant_buffers",
+                            json_pack("{s:f, s:f, s:s?}", "constant_bytes", cb.constant_bytes,
+                                      "model_sized_bytes", cb.model_sized_bytes,
+                                      "model_sized_what", cb.model_sized_what));
+    }
     json_object_set_new(root, "zeropp_comm_bytes_per_rank",
                         json_pack("{s:f, s:f, s:f, s:f}", "dp_group", r->comm_bytes[ZP_GROUP_DP],
                                   "hpz", r->comm_bytes[ZP_GROUP_HPZ], "node",
@@ -380,12 +382,15 @@ static void print_memory(const Report *p)
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
-    const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
-    printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets",
-           cb.constant_bytes / GB);
-    if (cb.model_sized_what)
-        printf("; %.3f GB sized by the model (%s)", cb.model_sized_bytes / GB, cb.model_sized_what);
-    printf("\n");
+    if (!p->schedule_path) {
+        const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
+        printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets",
+               cb.constant_bytes / GB);
+        if (cb.model_sized_what)
+            printf("; %.3f GB sized by the model (%s)", cb.model_sized_bytes / GB,
+                   cb.model_sized_what);
+        printf("\n");
+    }
     const ZpAllocStats *a = &p->alloc;
     printf("  caching allocator (replay)     %10.3f GB allocated, %.3f GB reserved at that "
            "peak (largest free block %.3f GB); reserved peaks at %.3f GB\n",
