@@ -323,7 +323,7 @@ static int print_json(const Report *p)
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
     json_object_set_new(root, "caching_allocator", alloc_json(&p->alloc));
-    if (!p->schedule_path) { /* a plan's buckets; a schedule file's are its ops */
+    if (zp_model_has_architecture(p->model)) { /* a graph without a model has no buckets */
         const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
         json_object_set_new(root, "constant_buffers",
                             json_pack("{s:f, s:f, s:s?}", "constant_bytes", cb.constant_bytes,
@@ -382,7 +382,7 @@ static void print_memory(const Report *p)
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
-    if (!p->schedule_path) {
+    if (zp_model_has_architecture(p->model)) {
         const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
         printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets",
                cb.constant_bytes / GB);
