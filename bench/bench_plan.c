@@ -1,10 +1,12 @@
 /* bench_plan: how fast the planner is — closed-form screenings per second on one core, and the
- * wall time of a whole `zplan plan` (screen + simulating finalists) for gpt-1t on 1,024 A100s. */
+ * wall time of a whole `zplan plan` (screen + simulating finalists) for gpt-1t on 1,024 A100s,
+ * and of the 3D search (pipelines, TP over nodes) for gpt-1t on 4,096. */
 #include "cli.h"
 #include "zp_search.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #ifndef ZP_BUILD_DIR
 #define ZP_BUILD_DIR "build"
@@ -54,18 +56,20 @@ static int bench_search(const ZpSearchSpec *spec)
     ZpSearchResult r;
     GError *error = NULL;
     const gint64 start_us = g_get_monotonic_time();
+    const clock_t start_cpu = clock(); /* one thread: the CPU time is one core's */
     const gboolean ok = zp_search_run(spec, &r, &error);
     const double wall_s = (g_get_monotonic_time() - start_us) / 1e6;
+    const double cpu_s = (double)(clock() - start_cpu) / CLOCKS_PER_SEC;
     if (!ok) {
         fprintf(stderr, "bench_plan: %s\n", error->message);
         g_error_free(error);
         zp_search_result_clear(&r);
         return 1;
     }
-    printf("search in process: %u plans, %u simulated (%u over memory), %u pruned by the bound,"
-           " wall %.4f s\n",
+    printf("search in process: %u plans screened, %u simulated (%u over memory), %u pruned by "
+           "the bound, wall %.4f s, CPU %.4f s\n",
            r.candidates->len, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM],
-           r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], wall_s);
+           r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], wall_s, cpu_s);
     zp_search_result_clear(&r);
     return 0;
 }
@@ -114,6 +118,15 @@ int main(void)
     failed |= bench_search(&spec);
     spec.global_batch = 2048;
     failed |= bench_search(&spec);
+    /* 3D: pipeline stages, virtual stages and TP over whole nodes as well, on 4,096 GPUs. */
+    ZpSearchSpec spec3d;
+    cli_search_spec(&spec3d, &rank, &model, &hw, 4096);
+    spec3d.global_batch = 2048;
+    spec3d.three_d = TRUE;
+    printf("3D (DP x TP x PP x V, stage, micro-batch, micro-batches, checkpointing), gpt-1t on "
+           "4096 GPUs, global batch 2048:\n");
+    failed |= bench_search(&spec3d);
+    failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 4096 --global-batch 2048 --3d", 3);
     failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 1024", 5);
     failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 1024 --global-batch 2048", 5);
     failed |= bench_command("--model gpt3-175b --cluster dgx-a100-80g --gpus 256 --global-batch 1536", 5);

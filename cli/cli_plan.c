@@ -6,6 +6,7 @@
 #include "sim_engine.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
+#include "zp_pipe.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -21,7 +22,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
-    gboolean json;
+    gboolean json, three_d;
     char *ds_config;
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
 } PlanArgs;
@@ -77,10 +78,19 @@ double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
 static char *describe(const ZpCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    return g_strdup_printf("mp %d x dp %d, micro %d x accum %d, %s, %s, %s", p->mp, p->dp,
-                           p->micro_batch, p->grad_accum, p->checkpoint ? "ckpt" : "no ckpt",
-                           p->zero.overlap_comm ? "overlap" : "no overlap",
-                           zp_search_buckets_name(c->buckets));
+    char *pipe = zp_plan_pp(p) > 1 ? g_strdup_printf(" x pp %d (%s%s)", zp_plan_pp(p),
+                                                     zp_pipe_schedule_name(p->pipe.schedule),
+                                                     zp_plan_vstages(p) == 2   ? " v2"
+                                                     : zp_plan_vstages(p) == 4 ? " v4"
+                                                                               : "")
+                                   : g_strdup("");
+    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s", p->mp,
+                                 pipe, p->dp, p->micro_batch, p->grad_accum,
+                                 p->checkpoint ? "ckpt" : "no ckpt",
+                                 p->zero.overlap_comm ? "overlap" : "no overlap",
+                                 zp_search_buckets_name(c->buckets));
+    g_free(pipe);
+    return text;
 }
 
 static double needed_bytes(const ZpCandidate *c)
@@ -201,22 +211,30 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
-    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s\n", "#",
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s\n", "#",
            "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
-           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB");
+           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB",
+           a->three_d ? "  pipeline" : "");
     for (guint i = 0; i < r->ranked->len; i++) {
         const ZpCandidate *c = zp_search_ranked(r, i);
         const ZpPlan *p = &c->plan;
         const double tflops = cli_plan_tflops(&a->model, c);
         const double samples_per_s = zp_search_samples(p) / c->step_time_s;
         const double tokens_per_s = samples_per_s * (double)a->model.seq_len;
+        char *pipe = !a->three_d ? g_strdup("")
+                     : zp_plan_pp(p) > 1
+                         ? g_strdup_printf("  pp %d %s v%d", zp_plan_pp(p),
+                                           zp_pipe_schedule_name(p->pipe.schedule),
+                                           zp_plan_vstages(p))
+                         : g_strdup("  none");
         printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
-               "%8.2f\n",
+               "%8.2f%s\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
                p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
                zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
                tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
-               c->peak_memory_bytes / GB);
+               c->peak_memory_bytes / GB, pipe);
+        g_free(pipe);
     }
     printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments):\n");
     printf("  %2s", "#");
@@ -264,6 +282,18 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
         }
         g_free(verdict);
     }
+    for (int ckpt = 0; a->three_d && ckpt < 2; ckpt++) {
+        const int b = r->pipe_best[ckpt];
+        if (b < 0)
+            continue;
+        const ZpCandidate *c = zp_search_candidate(r, b);
+        char *what = describe(c);
+        char *vs = c == best ? g_strdup("#1") : relative(slowdown(c, best));
+        printf("  %5s %-60s %9.3f %16s  %s\n", ckpt ? "3D+ck" : "3D", what, c->step_time_s, vs,
+               "(stage 1 or 0 with pipeline stages)");
+        g_free(vs);
+        g_free(what);
+    }
     if (best)
         printf("  Plans that fit but were not simulated could not beat these: their lower "
                "bound on the step\n  (exact compute + collectives at full bandwidth) was "
@@ -300,6 +330,11 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                           zp_search_buckets_name(c->buckets), "fate",
                           zp_search_fate_name(c->fate), "screen_memory_bytes", c->memory_bytes,
                           "bound_step_time_s", c->bound_step_s);
+    if (zp_plan_pp(p) > 1)
+        json_object_set_new(o, "pipeline",
+                            json_pack("{s:i, s:i, s:s}", "stages", zp_plan_pp(p),
+                                      "virtual_stages", zp_plan_vstages(p), "schedule",
+                                      zp_pipe_schedule_name(p->pipe.schedule)));
     if (c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM) {
         const double tflops = cli_plan_tflops(&a->model, c);
         json_object_set_new(o, "step_time_s", json_real(c->step_time_s));
@@ -513,6 +548,7 @@ int cli_plan(int argc, char **argv)
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -541,6 +577,7 @@ int cli_plan(int argc, char **argv)
         spec.optimizer = a.optimizer;
         spec.attention = a.kernels.attention;
         spec.reduce_dtype = a.kernels.reduce_dtype;
+        spec.three_d = a.three_d;
         ZpSearchResult result;
         CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
         spec.progress = cli_progress_update;

@@ -1,6 +1,7 @@
 /* cli_simulate: `zplan simulate` builds one step's schedule for a plan, runs it through the
  * discrete-event simulator and prints step time, throughput, MFU, breakdown, bytes and memory. */
 #include "cli.h"
+#include "cli_pipe.h"
 #include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
@@ -8,6 +9,7 @@
 #include "zp_alloc_replay.h"
 #include "zp_zeror.h"
 #include "zp_dsconfig.h"
+#include "zp_pipe.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -28,6 +30,7 @@ typedef struct {
     gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
+    CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -110,6 +113,11 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--quantized-weights", f->quantized_weights, FROM_BOTH},
         {"--quantized-gradients", f->quantized_gradients, FROM_BOTH},
         {"--hpz-partition-size", f->hpz != NULL, FROM_BOTH},
+        {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE},
+        {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE},
+        {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
+        {"--partition-method", f->pipe.partition != NULL, FROM_BOTH},
+        {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -128,14 +136,16 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!refuse_plan_flags(f, FROM_DS_CONFIG,
                            "the plan comes from --ds-config; set it in the file instead", error))
         return FALSE;
-    int gpus = 0, mp = 1;
+    int gpus = 0, mp = 1, pp = 1;
     ZpPlan launch;
     if (!(required(f->gpus, "--gpus N", error) &&
           cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error) &&
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
-          cli_check_mp(mp, gpus, model, error)))
+          cli_check_mp(mp, gpus, model, error) && cli_pipe_stages(&f->pipe, gpus, mp, &pp, error)))
         return FALSE;
-    zp_plan_defaults(&launch, 0, gpus / mp, mp);
+    zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
+        return FALSE;
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
                                  &launch.optimizer, error))
         return FALSE;
@@ -163,7 +173,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
 {
     if (f->ds_config) {
         if (!ds_config_plan(f, model, hw, plan, error) ||
-            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp, model, error))
+            !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
+                          error))
             return FALSE;
         plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
@@ -172,7 +183,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         }
         return TRUE;
     }
-    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1;
+    int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1, pp = 1;
     ZpPrecision precision;
     ZpOptimizer optimizer;
     if (!(required(f->gpus, "--gpus N", error) &&
@@ -184,13 +195,16 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_int(f->mp, "--mp", 1, 65536, 1, &mp, error) &&
           cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
           cli_check_mp(mp, gpus, model, error) &&
+          cli_pipe_stages(&f->pipe, gpus, mp, &pp, error) &&
           cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
         return FALSE;
     if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
         return FALSE;
     }
-    zp_plan_defaults(plan, stage, gpus / mp, mp);
+    zp_plan_defaults(plan, stage, gpus / (mp * pp), mp);
+    if (!cli_pipe_plan(&f->pipe, pp, plan, error))
+        return FALSE;
     plan->micro_batch = micro_batch;
     plan->grad_accum = grad_accum;
     plan->checkpoint = f->checkpoint;
@@ -269,11 +283,14 @@ static json_t *alloc_json(const ZpAllocStats *a)
 static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
-    const uint32_t base = (r->mode == SIM_MODE_EXPLICIT ? (uint32_t)r->report_rank : 0) * r->n_ops;
+    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    /* The reported rank's pipeline stage (ranks tp-fastest, then stage). */
+    const int mp = r->mode == SIM_MODE_EXPLICIT ? p->plan->mp : 1;
+    const uint32_t stage = (uint32_t)((r->report_rank / mp) % MAX(r->stages, 1));
     double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(p->sched, i);
-        if (op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE)
+        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
             continue;
         const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
         seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
@@ -300,7 +317,7 @@ static int print_json(const Report *p)
     const SimResult *r = p->r;
     json_t *root = json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f,"
-        " s:{s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
+        " s:{s:f, s:f, s:f}, s:f, s:o, s:f, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f},"
         " s:i, s:i, s:s, s:I, s:I}",
         "model", p->model->name, "cluster", p->hw->name, "stage", p->plan->zero.stage,
         "gpus", p->sched->world, "dp", p->plan->dp, "mp", p->plan->mp, "micro_batch",
@@ -308,7 +325,8 @@ static int print_json(const Report *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        dp_bytes(r), "tp", r->comm_bytes[ZP_GROUP_TP], "peak_memory_bytes",
+        dp_bytes(r), "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
+        r->comm_bytes[ZP_GROUP_PP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
         bytes_over(p) <= 0, "breakdown", "compute_s",
@@ -345,6 +363,7 @@ static int print_json(const Report *p)
     json_object_set_new(root, "slow_ranks", slow[0]);
     json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
+    cli_pipe_json(root, p->plan, r);
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -465,21 +484,31 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
+    char *pipe_text = zp_plan_pp(plan) > 1
+                          ? g_strdup_printf(" x PP %d (%s, %d chunk(s) a stage, %s partition)",
+                                            zp_plan_pp(plan),
+                                            zp_pipe_schedule_name(plan->pipe.schedule),
+                                            zp_plan_vstages(plan),
+                                            zp_partition_name(plan->pipe.partition))
+                          : g_strdup("");
     if (p->schedule_path)
         printf("Simulated the schedule %s (%u ops a rank, %s) on %d x %s (%s): DP %d x MP %d.\n",
                p->schedule_path, p->sched->ops->len, zp_precision_name(plan->precision),
                p->sched->world, p->hw->gpu, p->hw->name, plan->dp, plan->mp);
     else
-        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, "
+        printf("Simulated one step of %s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d%s%s, "
                "micro-batch %d x %d accumulation step(s),\n%s %s, overlap_comm %s, %s.\n",
                p->model->name, p->sched->world, p->hw->gpu, p->hw->name, plan->zero.stage,
-               plan->dp, plan->mp, plan->micro_batch, plan->grad_accum,
+               plan->dp, plan->mp, pipe_text, plan->sequence_parallel ? " (sequence parallel)" : "",
+               plan->micro_batch, plan->grad_accum,
                zp_precision_name(plan->precision), zp_optimizer_name(plan->optimizer),
                plan->zero.overlap_comm ? "on" : "off",
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
+    g_free(pipe_text);
+    cli_pipe_print_placement(plan, p->hw);
     if (r->mode == SIM_MODE_FOLDED)
-        printf("Ranks: folded - one simulated rank stands for all %d (every rank runs the same "
-               "schedule and its groups are placed alike).\n\n",
+        printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
+               "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",
                r->world);
     else
         printf("Ranks: explicit - all %d ranks simulated, collectives wait for their real "
@@ -502,14 +531,16 @@ static void print_human(const Report *p)
            100.0 * flops_per_gpu(p) / p->peak_flops, p->peak_flops / 1e12,
            zp_precision_name(plan->precision));
     print_breakdown(p);
-    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel\n",
-           dp_bytes(r) / GB, r->comm_bytes[ZP_GROUP_TP] / GB);
+    printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
+           "%.3f GB pipeline\n",
+           dp_bytes(r) / GB, r->comm_bytes[ZP_GROUP_TP] / GB, r->comm_bytes[ZP_GROUP_PP] / GB);
     if (dp_bytes(r) > r->comm_bytes[ZP_GROUP_DP])
         printf("    ZeRO++ subgroups             %10.3f GB hpZ (in the node), %.3f GB qgZ in the "
                "node, %.3f GB qgZ across nodes\n",
                r->comm_bytes[ZP_GROUP_HPZ] / GB, r->comm_bytes[ZP_GROUP_NODE] / GB,
                r->comm_bytes[ZP_GROUP_XNODE] / GB);
     print_memory(p);
+    cli_pipe_print_stages(r);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",
            r->op_events, r->ranks_simulated, r->heap_events);
@@ -521,7 +552,7 @@ static void print_human(const Report *p)
 static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpHw *hw,
                            SimOptions *options, GError **error)
 {
-    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp;
+    const uint32_t world = (uint32_t)plan->dp * (uint32_t)plan->mp * (uint32_t)zp_plan_pp(plan);
     const struct {
         char **texts;
         const char *flag, *what;
@@ -639,15 +670,15 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[32])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[40])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
-        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP (required)", "N"},
+        {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP x PP (required)", "N"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
-        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree, inside a node (default 1)", "M"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
@@ -670,9 +701,10 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[32])
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
+        CLI_PIPE_ENTRIES(&f->pipe),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 32);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 40);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -687,6 +719,7 @@ static void free_flags(SimulateFlags *f)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
     g_strfreev(f->slow_links);
+    cli_pipe_free(&f->pipe);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -694,7 +727,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[32];
+    GOptionEntry entries[40];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);
@@ -748,7 +781,7 @@ static int schedule(const SimulateFlags *f)
         zp_sched_free(sched);
         return cli_fail("schedule", error);
     }
-    int counts[4] = {0};
+    int counts[ZP_OP_P2P + 1] = {0};
     for (guint i = 0; i < sched->ops->len; i++)
         counts[zp_sched_op(sched, i)->kind]++;
     printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free) for each of %d ranks\n",

@@ -1,6 +1,7 @@
 /* zp_dsconfig: one table per ds_config section says what each key DeepSpeed knows becomes in a
  * ZpPlan (or that it is not modeled); the reader and the writer both walk these tables. */
 #include "zp_dsconfig.h"
+#include "zp_pipe.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -41,7 +42,7 @@ static const KeySpec top_keys[] = {
     OWN("train_batch_size"), OWN("train_micro_batch_size_per_gpu"),
     OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
     OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
-    OWN("attention_kernel"), OWN("tensor_parallel"),
+    OWN("attention_kernel"), OWN("tensor_parallel"), OWN("pipeline"),
     IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
@@ -49,7 +50,7 @@ static const KeySpec top_keys[] = {
     IGNORED("zero_force_ds_cpu_optimizer"), IGNORED("amp"), IGNORED("dump_state"),
     IGNORED("tensorboard"), IGNORED("wandb"), IGNORED("csv_monitor"), IGNORED("comet"),
     IGNORED("flops_profiler"), IGNORED("autotuning"), IGNORED("elasticity"),
-    IGNORED("pipeline"), IGNORED("data_types"),
+    IGNORED("data_types"),
     IGNORED("seq_parallel_communication_data_type"), IGNORED("disable_allgather"),
     IGNORED("dataloader_drop_last"), IGNORED("aio"), IGNORED("checkpoint"),
     IGNORED("data_efficiency"), IGNORED("curriculum_learning"),
@@ -103,6 +104,16 @@ static const KeySpec zero_keys[] = {
 static const KeySpec tensor_parallel_keys[] = {
     OWN("autotp_size"), IGNORED("tp_overlap_comm"), IGNORED("partition_config"),
     IGNORED("injection_policy_tuple"), IGNORED("keep_module_on_host"),
+};
+
+/* pipeline (deepspeed/runtime/config.py get_pipeline_config: stages "auto", partition "best",
+ * seed_layers, activation_checkpoint_interval 0, pipe_partitioned, grad_partitioned): the
+ * stages and the checkpoint interval, and partition_method (the argument of PipelineModule,
+ * deepspeed/runtime/pipe/module.py, that zplan keeps here: "uniform" or "parameters"). */
+static const KeySpec pipeline_keys[] = {
+    OWN("stages"), OWN("partition_method"), OWN("activation_checkpoint_interval"),
+    IGNORED("partition"), IGNORED("seed_layers"), IGNORED("pipe_partitioned"),
+    IGNORED("grad_partitioned"),
 };
 
 /* fp16 and bf16: only "enabled" changes the plan; loss scaling is not modeled. */
@@ -413,6 +424,56 @@ static gboolean read_tensor_parallel(json_t *root, const char *path, ZpPlan *p,
     return ok;
 }
 
+/* pipeline.stages over the launch's world (dp x mp x its stages): DeepSpeed's pipeline engine
+ * runs 1F1B (TrainSchedule) with gradient_accumulation_steps micro-batches; "auto" keeps the
+ * launch's stages. activation_checkpoint_interval 1 checkpoints every block, 0 none; others
+ * (every k-th layer) are not modeled and fail. */
+static gboolean read_pipeline(json_t *root, const char *path, ZpPlan *p, GPtrArray *warnings,
+                              GError **error)
+{
+    json_t *section;
+    if (!get_section(root, path, "pipeline", &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    char *what = g_strdup_printf("%s: pipeline", path);
+    const int launch_pp = zp_plan_pp(p);
+    const int64_t world = (int64_t)p->dp * p->mp * launch_pp;
+    int64_t stages = launch_pp, interval = 0;
+    const char *method = NULL;
+    gboolean ok = check_section(section, path, "pipeline.", pipeline_keys,
+                                G_N_ELEMENTS(pipeline_keys), warnings, error) &&
+                  (is_auto(json_object_get(section, "stages")) ||
+                   zp_json_get_int(section, what, "stages", FALSE, 1, 65535, &stages, error)) &&
+                  zp_json_get_int(section, what, "activation_checkpoint_interval", FALSE, 0,
+                                  MAX_BATCH, &interval, error) &&
+                  zp_json_get_string(section, what, "partition_method", FALSE, &method, error) &&
+                  (!method || zp_partition_parse(method, "key \"partition_method\"",
+                                                 &p->pipe.partition, error));
+    if (!ok && method)
+        g_prefix_error(error, "%s: ", what);
+    if (ok && interval > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: activation_checkpoint_interval %" G_GINT64_FORMAT " is not modeled "
+                    "(0: none, 1: every block)", what, interval);
+        ok = FALSE;
+    } else if (ok && world % ((int64_t)p->mp * stages) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: stages %" G_GINT64_FORMAT " x tensor-parallel %d does not divide the %"
+                    G_GINT64_FORMAT " GPUs", what, stages, p->mp, world);
+        ok = FALSE;
+    }
+    if (ok) {
+        p->pipe.stages = (int)stages;
+        p->pipe.schedule = ZP_PIPE_1F1B;
+        p->pipe.virtual_stages = 1;
+        p->dp = (int)(world / ((int64_t)p->mp * stages));
+        p->checkpoint = p->checkpoint || interval == 1;
+    }
+    g_free(what);
+    return ok;
+}
+
 /* ---- batch ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -519,7 +580,9 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         return FALSE;
     }
     ZpPlan p = *launch;
-    if (!read_tensor_parallel(root, what, &p, warnings, error))
+    if (!read_tensor_parallel(root, what, &p, warnings, error) ||
+        !read_checkpointing(root, what, &p.checkpoint, &p.ckpt, warnings, error) ||
+        !read_pipeline(root, what, &p, warnings, error))
         return FALSE;
     const int64_t dp = p.dp;
     BatchKey train = {"train_batch_size", 0, FALSE};
@@ -533,7 +596,6 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
         !resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
-        !read_checkpointing(root, what, &p.checkpoint, &p.ckpt, warnings, error) ||
         !read_kernels(root, what, &p, error))
         return FALSE;
     if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
@@ -598,6 +660,12 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
         json_object_set_new(root, "communication_data_type",
                             json_string(zp_reduce_dtype_name(plan->reduce_dtype)));
     json_object_set_new(root, "attention_kernel", json_string(zp_attention_name(plan->attention)));
+    if (zp_plan_pp(plan) > 1)
+        json_object_set_new(root, "pipeline",
+                            json_pack("{s:i, s:s, s:i}", "stages", zp_plan_pp(plan),
+                                      "partition_method",
+                                      zp_partition_name(plan->pipe.partition),
+                                      "activation_checkpoint_interval", plan->checkpoint ? 1 : 0));
     if (plan->checkpoint) {
         /* number_checkpoints only when set: DeepSpeed's default is None (one per layer). */
         json_t *ckpt = json_object();

@@ -30,8 +30,12 @@
  * communication_data_type sets the gradient reduction dtype; attention_kernel (zplan's own
  * key: eager, flash2, ...) the attention kernel, else the launch's. tensor_parallel.autotp_size
  * (DeepSpeed's AutoTP) is the tensor-parallel degree: the launch's dp x mp GPUs are split by
- * it, and a launch mp other than 1 that disagrees is an error. The writer records every choice
- * of the plan, autotp_size included.
+ * it, and a launch mp other than 1 that disagrees is an error. pipeline.stages (DeepSpeed's
+ * pipeline engine: 1F1B, gradient_accumulation_steps micro-batches) splits the launch's world
+ * dp x mp x stages again; pipeline.partition_method ("uniform" or "parameters", the argument
+ * of DeepSpeed's PipelineModule) places the layers; pipeline.activation_checkpoint_interval 1
+ * checkpoints every block. The writer records every choice of the plan, autotp_size and the
+ * pipeline section included.
  *
  * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) append
  * one line to `warnings` (g_free'd strings, never NULL) naming the key; unknown keys, values

@@ -28,8 +28,10 @@ uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple)
     return multiple ? (elems + multiple - 1) / multiple * multiple : elems;
 }
 
-double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
-                                     double elem_bytes, ZpAttention attention)
+/* The block's bytes with the replicated terms (norms, dropout masks) divided by `spread`:
+ * 1 without sequence parallelism, t with it. */
+static double block_bytes(const ZpModel *model, int micro_batch, int mp, double elem_bytes,
+                          ZpAttention attention, double spread)
 {
     const double s = model->seq_len, b = micro_batch, h = model->hidden, a = model->heads;
     const double t = mp, f = model->ffn_hidden;
@@ -38,10 +40,28 @@ double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int 
     const double split = 2 * h + 2 * kd + (zp_model_gated(model) ? 3 : 2) * f;
     const gboolean fused = zp_attention_fused(attention);
     const double scores = fused ? 0.0 : (model->dropout ? 5.0 : 2.0) * a * s * s * b / t;
-    const double masks = model->dropout ? 2.0 * s * b * h : 0.0;
-    const double sixteen_bit = 2.0 * s * b * (replicated + split / t) + masks + scores;
+    const double masks = model->dropout ? 2.0 * s * b * h / spread : 0.0;
+    const double sixteen_bit = 2.0 * s * b * (replicated / spread + split / t) + masks + scores;
     const double lse = fused ? 4.0 * a * s * b / t : 0.0;
     return sixteen_bit * elem_bytes / 2.0 + lse;
+}
+
+double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
+                                     double elem_bytes, ZpAttention attention)
+{
+    return block_bytes(model, micro_batch, mp, elem_bytes, attention, 1.0);
+}
+
+double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    return block_bytes(model, plan->micro_batch, plan->mp, zp_plan_elem_bytes(plan->precision),
+                       plan->attention, plan->sequence_parallel ? plan->mp : 1.0);
+}
+
+double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    return (double)model->seq_len * plan->micro_batch * (double)model->hidden *
+           zp_plan_elem_bytes(plan->precision) / (plan->sequence_parallel ? plan->mp : 1);
 }
 
 /* A model's units come in three sizes: the embedding (unit 0), L identical blocks and the
@@ -89,16 +109,15 @@ static double largest_unit_elems(const ZpModel *model)
     return largest;
 }
 
-static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, double elem,
-                                 ZpResidual *r)
+static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
     const double s = model->seq_len, b = plan->micro_batch;
-    r->activation_block_bytes = zp_mem_activation_block_bytes(model, plan->micro_batch,
-                                                              plan->mp, elem, plan->attention);
+    r->activation_block_bytes = zp_mem_plan_activation_block_bytes(model, plan);
     if (plan->checkpoint) {
         /* A checkpoint is the block input, 2sbh in 16 bits, replicated across the tensor
-         * group unless Pa partitions it (zp_zeror); backward recomputes one block at a time,
-         * so one block's set is live, beside the re-gathered input under Pa. */
+         * group (split over it with sequence parallelism) unless Pa partitions it (zp_zeror);
+         * backward recomputes one block at a time, so one block's set is live, beside the
+         * re-gathered input under Pa. */
         const ZpCkptRule rule = zp_zeror_checkpoint(model, plan);
         r->checkpoint_bytes = (double)model->layers * rule.gpu_bytes;
         r->checkpoint_host_bytes = (double)model->layers * rule.host_bytes;
@@ -153,7 +172,7 @@ ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw 
     ZpResidual r = {0};
     const ZpStateBytes bytes = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_model_has_architecture(model))
-        add_activation_terms(model, plan, zp_plan_elem_bytes(plan->precision), &r);
+        add_activation_terms(model, plan, &r);
     add_buffer_terms(model, plan, bytes, &r);
     r.reserve_bytes = hw ? hw->runtime_reserve_bytes : 0.0;
     r.total_bytes = r.activations_bytes + r.checkpoint_bytes + r.recompute_bytes +

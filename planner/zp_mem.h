@@ -70,6 +70,15 @@ typedef struct {
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
                                      double elem_bytes, ZpAttention attention);
 
+/* The same for a plan, with Megatron's sequence parallelism when the plan has it
+ * (Korthikanti et al. section 4.2.2): the layer norms' inputs and outputs and the dropout
+ * masks are split over the t ranks of the tensor group too, so GPT-2 eager with dropout keeps
+ * (s b h / t)(34 + 5 a s / h) bytes. */
+double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan);
+
+/* One block's checkpoint, its input: s b h elements, over t with sequence parallelism. */
+double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan);
+
 /* Every residual term for a plan; hw may be NULL (no reserve). The model must have an
  * architecture for activation terms; a params-only model reports buffers and reserve. */
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);

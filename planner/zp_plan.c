@@ -1,6 +1,7 @@
 /* zp_plan: plan defaults and the precision x optimizer table of bytes per parameter.
  * The table is the only place the "K" of the ZeRO paper is decided. */
 #include "zp_plan.h"
+#include "zp_pipe.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -279,15 +280,52 @@ void *zp_plan_to_json(const ZpPlan *plan)
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o, s:i}", "stage",
-                     plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
-                     plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
-                     plan->checkpoint, "precision", zp_precision_name(plan->precision),
-                     "optimizer", zp_optimizer_name(plan->optimizer), "attention",
-                     zp_attention_name(plan->attention), "reduce_dtype",
-                     zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero,
-                     "activation_checkpointing", ckpt_to_json(&plan->ckpt), "gpus_per_node",
-                     plan->gpus_per_node);
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
+                          "stage", plan->zero.stage, "dp", plan->dp, "mp", plan->mp,
+                          "micro_batch", plan->micro_batch, "grad_accum", plan->grad_accum,
+                          "checkpoint", plan->checkpoint, "precision",
+                          zp_precision_name(plan->precision), "optimizer",
+                          zp_optimizer_name(plan->optimizer), "attention",
+                          zp_attention_name(plan->attention), "reduce_dtype",
+                          zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero,
+                          "activation_checkpointing", ckpt_to_json(&plan->ckpt),
+                          "gpus_per_node", plan->gpus_per_node);
+    /* The 3D keys only where they say something, so that plans without them read as before. */
+    if (zp_plan_pp(plan) > 1)
+        json_object_set_new(o, "pipeline",
+                            json_pack("{s:i, s:i, s:s, s:s}", "stages", zp_plan_pp(plan),
+                                      "virtual_stages", zp_plan_vstages(plan), "schedule",
+                                      zp_pipe_schedule_name(plan->pipe.schedule),
+                                      "partition_method",
+                                      zp_partition_name(plan->pipe.partition)));
+    if (plan->sequence_parallel)
+        json_object_set_new(o, "sequence_parallel", json_true());
+    return o;
+}
+
+/* "pipeline": {"stages", "virtual_stages", "schedule", "partition_method"}, all optional. */
+static gboolean pipe_from_json(json_t *o, const char *what, ZpPipeConfig *pipe, GError **error)
+{
+    static const char *const keys[] = {"stages", "virtual_stages", "schedule",
+                                       "partition_method", NULL};
+    char *inner = g_strdup_printf("%s: pipeline", what);
+    int64_t stages = 1, v = 1;
+    const char *schedule = NULL, *partition = NULL;
+    gboolean ok = json_is_object(o) && zp_json_check_keys(o, inner, keys, error) &&
+                  zp_json_get_int(o, inner, "stages", FALSE, 1, 65535, &stages, error) &&
+                  zp_json_get_int(o, inner, "virtual_stages", FALSE, 1, 65535, &v, error) &&
+                  zp_json_get_string(o, inner, "schedule", FALSE, &schedule, error) &&
+                  (!schedule || zp_pipe_schedule_parse(schedule, "schedule", &pipe->schedule,
+                                                       error)) &&
+                  zp_json_get_string(o, inner, "partition_method", FALSE, &partition, error) &&
+                  (!partition || zp_partition_parse(partition, "partition_method",
+                                                    &pipe->partition, error));
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", inner);
+    g_free(inner);
+    pipe->stages = (int)stages;
+    pipe->virtual_stages = (int)v;
+    return ok;
 }
 
 static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, GError **error)
@@ -333,7 +371,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "zero", "activation_checkpointing",
-                                       "gpus_per_node", NULL};
+                                       "gpus_per_node", "pipeline", "sequence_parallel", NULL};
+    json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
@@ -350,6 +389,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
+        !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
+                          error) ||
+        (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
         !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,
                         error))

@@ -64,6 +64,18 @@ typedef struct {
     gboolean synchronize_checkpoint_boundary; /* device synchronize at each checkpoint */
 } ZpCheckpointConfig;
 
+/* Pipeline parallelism (zp_pipe): the schedule a stage runs its micro-batches in, and how
+ * the layers are split over the stages. */
+typedef enum { ZP_PIPE_1F1B, ZP_PIPE_GPIPE, ZP_PIPE_INTERLEAVED, ZP_PIPE_N } ZpPipeSchedule;
+typedef enum { ZP_PARTITION_UNIFORM, ZP_PARTITION_PARAMETERS, ZP_PARTITION_N } ZpPartition;
+
+typedef struct {
+    int stages;         /* P; 0 or 1: no pipeline */
+    int virtual_stages; /* V model chunks per stage (interleaved 1F1B); 0 or 1: one */
+    ZpPipeSchedule schedule;
+    ZpPartition partition;
+} ZpPipeConfig;
+
 typedef struct {
     ZpZeroConfig zero;
     int dp;               /* data-parallel degree N */
@@ -78,7 +90,19 @@ typedef struct {
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
     int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
                            * unknown, one node holds every data-parallel rank */
+    ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
+    gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
 } ZpPlan;
+
+/* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */
+static inline int zp_plan_pp(const ZpPlan *plan)
+{
+    return plan->pipe.stages > 1 ? plan->pipe.stages : 1;
+}
+static inline int zp_plan_vstages(const ZpPlan *plan)
+{
+    return plan->pipe.virtual_stages > 1 ? plan->pipe.virtual_stages : 1;
+}
 
 /* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,
  * --allgather-bucket-size, --prefetch-bucket-size, --max-live-parameters,

@@ -8,6 +8,7 @@
  * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
 #include "zp_sched.h"
 #include "zp_mem.h"
+#include "zp_pipe.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -17,6 +18,8 @@
 #include <string.h>
 
 #define NONE UINT32_MAX
+/* A dependency on another stage's p2p send, filled in once every stage is built. */
+#define CROSS (UINT32_MAX - 1)
 
 typedef struct {
     uint64_t lo, hi;     /* flat element range (unpadded space) */
@@ -53,6 +56,15 @@ typedef struct {
     guint *unit_bucket;     /* per unit: the bucket that holds it */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
+    /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
+     * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
+     * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
+     * the deps array with the keys they wait for. */
+    int stage, n_chunks;
+    int *first_unit;
+    uint32_t *send_op;
+    int64_t recv_key;
+    GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -66,6 +78,7 @@ typedef struct {
 static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
 {
     ZpSchedule *s = b->s;
+    op.stage = (uint32_t)b->stage;
     op.dep_start = s->deps->len;
     op.n_deps = 0;
     for (guint i = 0; i < n_deps; i++)
@@ -84,6 +97,13 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
                              guint n_deps)
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    if (b->recv_key >= 0) { /* the first dependency: the neighbour's send, filled in later */
+        const uint32_t cross = CROSS, at = b->s->deps->len;
+        g_array_append_val(all, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key);
+        b->recv_key = -1;
+    }
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
@@ -149,7 +169,8 @@ static Cost block_forward_cost(const ZpSchedule *s)
     return (Cost){.flops = gemm + attention,
                   .gemm_flops = gemm / (gated ? 5 : 4),
                   .attn_flops = fused ? attention : 0.0,
-                  .mem_bytes = e * (10 * b * sq * h + (gated ? 3 : 2) * b * sq * f / mp + softmax)};
+                  .mem_bytes = e * (10 * b * sq * h / (s->plan.sequence_parallel ? mp : 1) +
+                                    (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
 /* A block's backward: twice the forward's GEMM and attention work and elementwise traffic. */
@@ -211,16 +232,49 @@ static void optimizer_split(const ZpPlan *plan, double *master, double *m, doubl
     *v = two ? moments / 2 : 0.0;
 }
 
+/* The chunk that holds a unit (one chunk without a pipeline). */
+static int unit_chunk(const Builder *b, int unit)
+{
+    int c = 0;
+    while (c + 1 < b->n_chunks && b->first_unit[c + 1] <= unit)
+        c++;
+    return c;
+}
+
+/* Whether the stage being built holds the unit: chunk c sits on stage c mod P. */
+static gboolean unit_held(const Builder *b, int unit)
+{
+    return unit_chunk(b, unit) % zp_plan_pp(&b->s->plan) == b->stage;
+}
+
+/* A unit's elements on the stage being built: 0 for another stage's. A last stage without
+ * the embedding keeps its own copy of a tied word embedding for the LM head (Megatron's
+ * pipeline: the first and last stages each hold word_embeddings). */
+static uint64_t held_elems(const Builder *b, int unit)
+{
+    if (!unit_held(b, unit))
+        return 0;
+    const ZpModel *m = &b->s->model;
+    uint64_t full = zp_model_unit_elems(m, unit);
+    if (unit == (int)m->layers + 1 && m->tied_embeddings && !unit_held(b, 0))
+        full += (uint64_t)m->vocab * (uint64_t)m->hidden;
+    return full;
+}
+
+/* The flat layout of the units the stage being built holds (all of them without a
+ * pipeline): ZeRO partitions each stage's own parameters over its data-parallel group. */
 static void layout(Builder *b)
 {
     ZpSchedule *s = b->s;
     const int dp = s->plan.dp, stage = s->plan.zero.stage;
     s->n_units = zp_model_n_units(&s->model);
+    g_free(s->unit_offset);
+    g_free(s->unit_elems);
     s->unit_offset = g_new0(uint64_t, s->n_units);
     s->unit_elems = g_new0(uint64_t, s->n_units);
     uint64_t offset = 0, partition3 = 0, persistent = 0;
     for (int u = 0; u < s->n_units; u++) {
-        const uint64_t full = zp_model_unit_elems(&s->model, u);
+        const uint64_t full = held_elems(b, u);
         s->unit_offset[u] = offset;
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
@@ -271,10 +325,16 @@ static void plan_buckets(Builder *b)
     const double limit = s->plan.zero.reduce_bucket_size;
     const gboolean padded = s->plan.zero.stage == 3;
     for (int u = s->n_units - 1; u >= 0;) {
+        if (s->unit_elems[u] == 0) { /* another pipeline stage's unit */
+            u--;
+            continue;
+        }
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
                     NONE};
         double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
+            if (s->unit_elems[u] == 0)
+                continue;
             const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
             if (elems + next > limit)
                 break;
@@ -561,7 +621,9 @@ static void position_end(Builder *b, int pos, int micro)
 }
 
 /* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
- * path, so the next compute op waits for them. */
+ * path, so the next compute op waits for them. With sequence parallelism each all-reduce is a
+ * reduce-scatter (into the sequence-split layer norm and dropout) and an all-gather (back to
+ * the full sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
 static void tp_allreduces(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
@@ -569,18 +631,30 @@ static void tp_allreduces(Builder *b, int unit, int micro)
         return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
+    static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
+    static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
+    const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
+    const int n = s->plan.sequence_parallel ? 2 : 1;
     for (int i = 0; i < 2; i++) {
-        uint32_t coll = emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_TP, unit, micro, -1, 0,
-                                        elems, (double)elems * s->elem_bytes, &b->last_compute, 1);
-        g_array_append_val(b->sync_deps, coll);
+        uint32_t after = b->last_compute;
+        for (int k = 0; k < n; k++) {
+            after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                    (double)elems * s->elem_bytes, &after, 1);
+            g_array_append_val(b->sync_deps, after);
+        }
     }
 }
 
 typedef struct {
-    int *act, *ckpt; /* buffer ids per block */
+    int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
     double act_bytes;
     ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
 } Activations;
+
+static int *act_slot(const Builder *b, int *ids, int micro, int l)
+{
+    return &ids[(gsize)micro * (gsize)(b->s->model.layers + 1) + (gsize)l];
+}
 
 /* synchronize_checkpoint_boundary: CheckpointFunction's forward and backward begin and end
  * with a device synchronize, so the next compute op waits for everything issued so far on
@@ -606,12 +680,13 @@ static void host_copy(Builder *b, int unit, int micro, double bytes)
  * to the host (Pa+cpu), before the block runs (CheckpointFunction.forward). */
 static void keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArray *deps)
 {
-    a->ckpt[l] = -1;
+    int *slot = act_slot(b, a->ckpt, micro, l);
+    *slot = -1;
     if (a->rule.copy_bytes > 0)
         host_copy(b, l, micro, a->rule.copy_bytes);
     if (a->rule.gpu_bytes > 0) {
-        uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro,
-                                    &a->ckpt[l], &b->last_compute, 1);
+        uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, slot,
+                                    &b->last_compute, 1);
         g_array_append_val(deps, alloc);
     }
 }
@@ -623,8 +698,9 @@ static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
 {
     if (!a->rule.regathered)
         return;
-    const int kept = a->ckpt[l];
-    uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.full_bytes, l, micro, &a->ckpt[l],
+    int *slot = act_slot(b, a->ckpt, micro, l);
+    const int kept = *slot;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.full_bytes, l, micro, slot,
                                 &b->last_compute, 1);
     g_array_append_val(b->sync_deps, alloc);
     if (a->rule.copy_bytes > 0)
@@ -641,23 +717,30 @@ static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
     }
 }
 
-static void forward(Builder *b, int micro, Activations *a, GArray *deps)
+/* The units [lo, hi) of one model chunk (all of them without a pipeline). */
+typedef struct {
+    int lo, hi;
+} Range;
+
+static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r)
 {
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
     const Cost embed = embed_cost(s), block = block_forward_cost(s);
-    position_begin(b, pos_fwd(0), micro, deps);
-    emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
-    position_end(b, pos_fwd(0), micro);
-    for (int l = 1; l <= L; l++) {
+    if (r.lo == 0) {
+        position_begin(b, pos_fwd(0), micro, deps);
+        emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+        position_end(b, pos_fwd(0), micro);
+    }
+    for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
         position_begin(b, pos_fwd(l), micro, deps);
         if (ckpt) {
             checkpoint_boundary(b);
             keep_checkpoint(b, l, micro, a, deps);
         } else {
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                        &a->act[l], &b->last_compute, 1);
+                                        act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
         emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
@@ -694,20 +777,21 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
 }
 
 static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
-                     GArray *launched)
+                     GArray *launched, Range r)
 {
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
     const Cost fwd = block_forward_cost(s), bwd = block_backward_cost(s), embed = embed_cost(s);
-    for (int l = L; l >= 1; l--) {
+    for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         const int pos = pos_bwd(L, l);
+        int *act = act_slot(b, a->act, micro, l);
         position_begin(b, pos, micro, deps);
         if (ckpt) {
             checkpoint_boundary(b);
             regather_checkpoint(b, l, micro, a);
-            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                        &a->act[l], &b->last_compute, 1);
+            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
+                                        &b->last_compute, 1);
             g_array_append_val(deps, alloc);
             emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd, (uint32_t *)deps->data, deps->len);
             tp_allreduces(b, l, micro);
@@ -720,15 +804,17 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         tp_allreduces(b, l, micro);
         if (ckpt)
             checkpoint_boundary(b);
-        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, a->act[l], b->last_compute);
-        if (ckpt && a->ckpt[l] >= 0)
+        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        if (ckpt && *act_slot(b, a->ckpt, micro, l) >= 0)
             emit_free(b, ZP_MEM_CHECKPOINTS,
                       a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l, micro,
-                      a->ckpt[l], b->last_compute);
+                      *act_slot(b, a->ckpt, micro, l), b->last_compute);
         position_end(b, pos, micro);
         if (reduce)
             launch_buckets(b, l, micro, launched);
     }
+    if (r.lo != 0)
+        return;
     position_begin(b, pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
@@ -736,6 +822,37 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_end(b, pos_embed_bwd(L), micro);
     if (reduce)
         launch_buckets(b, 0, micro, launched);
+}
+
+/* ---- pipeline sends -------------------------------------------------------------------- */
+
+/* The send of (chunk, micro, direction): its index among every stage's sends. */
+static int64_t send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
+{
+    return ((int64_t)chunk * b->s->plan.grad_accum + micro) * ZP_P2P_N + dir;
+}
+
+/* Sends the chunk's output activations (forward) or its input gradients (backward) to the
+ * neighbouring stage once the last compute op and its tensor-parallel all-reduces are done:
+ * b s h elements, or b s h / t when sequence parallelism keeps the sequence split over the
+ * TP group (Megatron's p2p_communication sends each rank's own part). */
+static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
+{
+    const ZpSchedule *s = b->s;
+    uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                     (uint64_t)s->model.hidden;
+    if (s->plan.sequence_parallel)
+        elems /= (uint64_t)s->plan.mp;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    const int P = zp_plan_pp(&s->plan);
+    const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
+               .unit = unit, .micro = micro, .buffer = -1, .peer = (uint32_t)peer,
+               .bytes = (double)elems * s->elem_bytes, .elems = elems};
+    b->send_op[send_key(b, chunk, micro, dir)] = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
 }
 
 /* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
@@ -802,6 +919,14 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     }
     if (!zp_zeror_check(model, p, error) || !zp_zeropp_check(p, error))
         return FALSE;
+    if (!zp_pipe_check(model, p, error))
+        return FALSE;
+    if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "gpus: dp %d x mp %d x pp %d ranks is more than a schedule numbers", p->dp,
+                    p->mp, zp_plan_pp(p));
+        return FALSE;
+    }
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -814,14 +939,103 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     return TRUE;
 }
 
+/* Whether the action's backward launches gradient reductions: stages 0-1 keep full gradients
+ * and reduce once, in the last micro-step; stages 2-3 every micro-step. */
+static gboolean reduces(const ZpPlan *plan, int micro)
+{
+    return plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
+}
+
+/* One action of the stage: a forward (with the head on the last chunk) and the send of its
+ * output, or a backward and the send of its input gradients, each first waiting for the
+ * neighbour's send when there is one. */
+static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray *deps,
+                       GArray *launched)
+{
+    const ZpPlan *plan = &b->s->plan;
+    const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
+    /* A pipeline reduces after its flush (below), not during its backwards. */
+    const gboolean last = x->chunk == b->n_chunks - 1;
+    const gboolean reduce = zp_plan_pp(plan) == 1 && reduces(plan, x->micro);
+    if (plan->zero.stage >= 2 && !x->backward) { /* buckets and launches per micro-step */
+        reset_buckets(b);
+        g_array_set_size(launched, 0);
+    }
+    if (!x->backward) {
+        b->recv_key = x->chunk > 0 ? send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
+        forward(b, x->micro, a, deps, r);
+        if (last)
+            head(b, x->micro, reduce, deps, launched);
+        else
+            send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
+        return;
+    }
+    b->recv_key = !last ? send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    backward(b, x->micro, reduce, a, deps, launched, r);
+    if (x->chunk > 0)
+        send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
+}
+
+/* One stage's ops: its layout and buckets, its actions in pipeline order, its optimizer. */
+static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launched)
+{
+    ZpSchedule *s = b->s;
+    const ZpPlan *plan = &s->plan;
+    const int P = zp_plan_pp(plan);
+    b->last_compute = NONE;
+    g_array_set_size(b->sync_deps, 0);
+    g_array_set_size(b->buckets, 0);
+    layout(b);
+    plan_buckets(b);
+    reset_buckets(b);
+    g_array_set_size(launched, 0);
+    GArray *actions = P > 1 ? zp_pipe_actions(plan->pipe.schedule, P, zp_plan_vstages(plan),
+                                              plan->grad_accum, b->stage)
+                            : zp_pipe_actions(ZP_PIPE_GPIPE, 1, 1, 0, 0);
+    /* Without a pipeline: forward and backward of each micro-step in turn. */
+    for (int micro = 0; P == 1 && micro < plan->grad_accum; micro++) {
+        const ZpPipeAction f = {micro, 0, FALSE}, w = {micro, 0, TRUE};
+        g_array_append_val(actions, f);
+        g_array_append_val(actions, w);
+    }
+    for (guint i = 0; i < actions->len; i++)
+        run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
+    g_array_unref(actions);
+    /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
+     * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
+     * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
+    for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
+        if (s->unit_elems[u] > 0)
+            launch_buckets(b, u, plan->grad_accum - 1, launched);
+    optimizer_step(b, launched);
+    memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
+           sizeof s->state_bytes);
+}
+
+/* Points every receiving op at the send it waits for, now that all stages are built. */
+static void link_sends(Builder *b)
+{
+    for (guint i = 0; i < b->cross_at->len; i++)
+        g_array_index(b->s->deps, uint32_t, g_array_index(b->cross_at, uint32_t, i)) =
+            b->send_op[g_array_index(b->cross_key, int64_t, i)];
+}
+
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
     if (!check_plan(model, plan, error))
         return NULL;
+    const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
+    int *first_unit = g_new(int, chunks + 1);
+    if (!zp_pipe_partition(model, chunks, plan->pipe.partition, first_unit, error)) {
+        g_free(first_unit);
+        return NULL;
+    }
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = *model;
     s->plan = *plan;
-    s->world = plan->dp * plan->mp;
+    s->world = plan->dp * plan->mp * P;
+    s->stages = P;
+    s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
     s->elem_bytes = zp_plan_elem_bytes(plan->precision);
     s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -832,35 +1046,32 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
                  .unit_bucket = g_new0(guint, (gsize)L + 2),
-                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather))};
+                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
+                 .n_chunks = chunks, .first_unit = first_unit,
+                 .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
+                 .recv_key = -1,
+                 .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t))};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = 2 * L + 3;
     g_array_set_size(b.pos_last_op, (guint)n_pos);
-    layout(&b);
-    plan_buckets(&b);
-    if (plan->zero.stage == 3) {
+    if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
+        layout(&b);
         plan_gathers(&b);
         b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(Gather, trigger_pos), n_pos);
         b.by_use = index_gathers(&b, G_STRUCT_OFFSET(Gather, use_pos), n_pos);
         b.by_free = index_gathers(&b, G_STRUCT_OFFSET(Gather, free_pos), n_pos);
     }
-    Activations a = {g_new0(int, L + 1), g_new0(int, L + 1),
-                     zp_mem_activation_block_bytes(model, plan->micro_batch, plan->mp,
-                                                   s->elem_bytes, plan->attention),
+    const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
+    Activations a = {g_new0(int, slots), g_new0(int, slots),
+                     zp_mem_plan_activation_block_bytes(model, plan),
                      zp_zeror_checkpoint(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (int micro = 0; micro < plan->grad_accum; micro++) {
-        /* Stages 0-1 keep full gradients and reduce once; stages 2-3 every micro-step. */
-        const gboolean reduce = plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
-        reset_buckets(&b);
-        g_array_set_size(launched, 0);
-        forward(&b, micro, &a, deps);
-        head(&b, micro, reduce, deps, launched);
-        backward(&b, micro, reduce, &a, deps, launched);
-    }
-    optimizer_step(&b, launched);
+    for (b.stage = 0; b.stage < P; b.stage++)
+        build_stage(&b, &a, deps, launched);
+    link_sends(&b);
     g_array_unref(deps);
     g_array_unref(launched);
     g_free(a.act);
@@ -870,6 +1081,10 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.buckets);
     g_free(b.unit_bucket);
     g_array_unref(b.gathers);
+    g_free(b.first_unit);
+    g_free(b.send_op);
+    g_array_unref(b.cross_at);
+    g_array_unref(b.cross_key);
     free_pos_index(&b.by_trigger);
     free_pos_index(&b.by_use);
     free_pos_index(&b.by_free);
@@ -928,22 +1143,27 @@ void zp_sched_free(ZpSchedule *s)
     g_array_unref(s->deps);
     g_free(s->unit_offset);
     g_free(s->unit_elems);
+    g_free(s->stage_state_bytes);
     g_free(s);
 }
 
-/* Ring volumes: what one member of an n-rank group sends. */
+/* Ring volumes: what one member of an n-rank group sends; a p2p send moves its bytes once.
+ * With pipeline stages, the most any stage's rank sends. */
 double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 {
     const double n = zp_zeropp_group_ranks(&s->plan, group);
-    double total = 0;
+    double *total = g_new0(double, MAX(s->stages, 1)), most = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_COLLECTIVE || op->group != group)
+        if (op->group != group || (op->kind != ZP_OP_COLLECTIVE && op->kind != ZP_OP_P2P))
             continue;
         const double factor = op->sub == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
-        total += factor * (n - 1) / n * op->bytes;
+        total[op->stage] += op->kind == ZP_OP_P2P ? op->bytes : factor * (n - 1) / n * op->bytes;
     }
-    return total;
+    for (int k = 0; k < MAX(s->stages, 1); k++)
+        most = MAX(most, total[k]);
+    g_free(total);
+    return most;
 }
 
 /* ---- names and JSON -------------------------------------------------------------------- */
@@ -956,9 +1176,12 @@ static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgath
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
                                         "checkpoints", "workspace", "secondary_params", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", NULL};
-static const char *const group_names[] = {"dp", "tp", "hpz", "node", "xnode", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", "pp", NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p", NULL};
+static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "node", "xnode", NULL};
+/* The groups a file's communicators may name: a pipeline's p2p is no collective, files hold
+ * no pipeline, and ZeRO++'s subgroups follow from the plan (zp_zeropp_group_ranks). */
+static const char *const coll_group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
@@ -1049,7 +1272,7 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         json_t *g = json_array_get(groups, i);
         int group = 0;
         gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
-                      name_index(g, what, "name", group_names, &group, error);
+                      name_index(g, what, "name", coll_group_names, &group, error);
         if (ok && ranks[group] != 0) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"name\": group %s twice",
                         what, group_names[group]);
@@ -1079,6 +1302,12 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
+    if (s->stages > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: a schedule file holds one op list for every rank; a pipeline's "
+                    "stages (--pp %d) each have their own and are not written", path, s->stages);
+        return FALSE;
+    }
     json_t *state = zp_sched_categories_json(s->state_bytes), *units = json_array();
     json_t *ops = json_array();
     for (int u = 0; u < s->n_units; u++)
@@ -1137,8 +1366,14 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
     };
-    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error) &&
-                  zp_json_check_keys(o, what, keys[kind], error) &&
+    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
+    if (ok && kind == ZP_OP_P2P) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"kind\": p2p ops belong to pipeline schedules, which files do "
+                    "not hold", what);
+        ok = FALSE;
+    }
+    ok = ok && zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", layout, -1, INT32_MAX, &unit, error) &&
                   zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error);
     if (ok && kind == ZP_OP_COMPUTE)
@@ -1151,6 +1386,10 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
              name_index(o, what, "group", group_names, &group, error) &&
+             (group != ZP_GROUP_PP ||
+              (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                           "%s: key \"group\": pp names a pipeline's p2p, not a collective's "
+                           "group", what), FALSE)) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&

@@ -3,7 +3,9 @@
  *
  * Every data-parallel and tensor-parallel rank runs the same op list (ZeRO pads partitions
  * so that all ranks hold equal sizes), so one list describes every rank; the simulator
- * replicates it per rank (--explicit) or folds identical ranks into one.
+ * replicates it per rank (--explicit) or folds identical ranks into one. With pipeline
+ * stages (zp_pipe) each stage is a rank class with its own ops (those with its `stage`); an
+ * op may depend on another stage's p2p send.
  *
  * Ops run on streams, in list order within a stream (like CUDA streams): an op starts when
  * it is the next op of its stream, the previous op of its stream has finished, and all its
@@ -20,7 +22,13 @@
 #include <glib.h>
 #include <stdint.h>
 
-typedef enum { ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE } ZpOpKind;
+/* ZP_OP_P2P: a pipeline send of one micro-batch's activations (forward) or their gradients
+ * (backward) to the neighbouring stage; the op that consumes it on that stage depends on it. */
+typedef enum { ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE, ZP_OP_P2P } ZpOpKind;
+
+/* A p2p op's direction (its sub): to the next stage (activations) or the previous (gradients).
+ * Interleaved chunks wrap: the last stage sends chunk v's output to stage 0's chunk v + 1. */
+typedef enum { ZP_P2P_SEND_NEXT, ZP_P2P_SEND_PREV, ZP_P2P_N } ZpP2pKind;
 
 typedef enum {
     ZP_COMP_EMBED_FWD,   /* token + position embedding of one micro-batch */
@@ -44,12 +52,14 @@ typedef enum {
     ZP_COLL_N
 } ZpCollKind;
 
-/* The data-parallel and tensor-parallel groups, and ZeRO++'s subgroups of the data-parallel
- * one (zp_zeropp_group_ranks gives their sizes): hpZ's secondary partition (HPZ), a node's
+/* The data-parallel and tensor-parallel groups; ZP_GROUP_PP names a rank's pipeline
+ * neighbours (p2p ops), not a collective's group; then ZeRO++'s subgroups of the data-parallel
+ * group (zp_zeropp_group_ranks gives their sizes): hpZ's secondary partition (HPZ), a node's
  * data-parallel ranks (NODE) and the ranks of one local index across nodes (XNODE). */
 typedef enum {
     ZP_GROUP_DP,
     ZP_GROUP_TP,
+    ZP_GROUP_PP,
     ZP_GROUP_HPZ,
     ZP_GROUP_NODE,
     ZP_GROUP_XNODE,
@@ -60,6 +70,7 @@ typedef enum {
     ZP_STREAM_COMPUTE, /* kernels */
     ZP_STREAM_DP,      /* data-parallel collectives (NCCL's own stream) */
     ZP_STREAM_TP,      /* tensor-parallel all-reduces */
+    ZP_STREAM_PP,      /* pipeline sends (asynchronous, as isend) */
     ZP_STREAM_N
 } ZpStream;
 
@@ -83,15 +94,17 @@ typedef struct {
     uint8_t kind;      /* ZpOpKind */
     uint8_t sub;       /* ZpComputeKind or ZpCollKind; for alloc/free the ZpMemCategory */
     uint8_t stream;    /* ZpStream (compute and collective ops) */
-    uint8_t group;     /* ZpGroup (collectives) */
+    uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
     int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
     int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
+    uint32_t stage;    /* the pipeline stage (rank class) that runs it; 0 without a pipeline */
+    uint32_t peer;     /* p2p: the stage it sends to (0 for other ops) */
     double flops;      /* compute: floating-point operations */
     double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
     double attn_flops; /* compute: those of `flops` a fused attention kernel does */
     double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
-    double bytes;      /* collective: whole array size S in bytes; alloc/free: bytes;
+    double bytes;      /* collective: whole array size S in bytes; alloc/free, p2p: bytes;
                         * compute: bytes over the host link (host_copy) */
     uint64_t elem_offset; /* collective: first element of the flat range it covers */
     uint64_t elems;       /* collective: elements covered (S / element size) */
@@ -113,6 +126,12 @@ typedef struct {
     uint64_t *unit_offset, *unit_elems;
     uint64_t total_elems, padded_elems, partition_elems;
     int n_units;
+    /* Pipeline stages: the ops of stage k carry stage = k (one op list per rank class, in
+     * one array), and stage k's ranks hold stage_state_bytes[k * ZP_MEM_N + c] of category c
+     * all step. Without a pipeline stages = 1 and that is state_bytes. With one, state_bytes
+     * and the layout above are the last stage's. */
+    int stages;
+    double *stage_state_bytes;
 } ZpSchedule;
 
 /* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every

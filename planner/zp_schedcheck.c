@@ -273,7 +273,7 @@ static gboolean check_zeropp(Check *c, const ZpOp *op)
 static gboolean check_collective(Check *c, const ZpOp *op)
 {
     const int id = op->buffer;
-    if (op->group > ZP_GROUP_TP)
+    if (op->group >= ZP_GROUP_HPZ)
         return check_zeropp(c, op);
     if (op->group == ZP_GROUP_TP) {
         if (c->s->plan.mp == 1)
@@ -428,6 +428,9 @@ static gboolean walk(Check *c)
             break;
         case ZP_OP_FREE:
             ok = check_free(c, op);
+            break;
+        case ZP_OP_P2P: /* the reader refuses them: files hold no pipeline */
+            ok = bad(c, "kind", "p2p: a schedule file holds no pipeline sends");
             break;
         }
         if (!ok)

@@ -62,7 +62,7 @@ double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan)
     double flops = 0;
     for (size_t i = 0; i < G_N_ELEMENTS(model_work); i++)
         flops += (double)ops[model_work[i]].count * ops[model_work[i]].flops;
-    return flops;
+    return flops / zp_plan_pp(plan); /* a pipeline's stages share a replica's work */
 }
 
 /* ---- enumeration ----------------------------------------------------------------------- */
@@ -95,15 +95,19 @@ static void apply_buckets(const ZpModel *model, int choice, ZpZeroConfig *zero)
     zero->stage3_param_persistence_threshold = c->persistence;
 }
 
-/* Every plan of one (mp, micro-batch, accumulation). */
-static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GArray *out)
+/* Every plan of one (mp, pipeline, micro-batch, accumulation). */
+static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int micro, int accum,
+                      GArray *out)
 {
-    const int lo = spec->stage >= 0 ? spec->stage : 0, hi = spec->stage >= 0 ? spec->stage : 3;
+    const int P = pipe.stages > 1 ? pipe.stages : 1;
+    const int lo = spec->stage >= 0 ? spec->stage : 0;
+    const int hi = MIN(spec->stage >= 0 ? spec->stage : 3, P > 1 ? 1 : 3); /* DeepSpeed's */
     for (int stage = lo; stage <= hi; stage++)
         for (int ckpt = 0; ckpt <= 1; ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
                 ZpPlan plan;
-                zp_plan_defaults(&plan, stage, spec->gpus / mp, mp);
+                zp_plan_defaults(&plan, stage, spec->gpus / (mp * P), mp);
+                plan.pipe = pipe;
                 plan.micro_batch = micro;
                 plan.grad_accum = accum;
                 plan.checkpoint = ckpt;
@@ -112,13 +116,15 @@ static void add_plans(const ZpSearchSpec *spec, int mp, int micro, int accum, GA
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
                 apply_buckets(spec->model, choice, &plan.zero);
-                gboolean seen = FALSE;
+                /* A pipeline reduces after its flush: buckets and overlap_comm change
+                 * nothing that matters, so only DeepSpeed's defaults. */
+                gboolean seen = P > 1 && choice > 0;
                 for (int earlier = 0; earlier < choice && !seen; earlier++) {
                     ZpZeroConfig other = plan.zero;
                     apply_buckets(spec->model, earlier, &other);
                     seen = same_for_stage(&plan.zero, &other, stage);
                 }
-                for (int overlap = 0; overlap <= 1 && !seen; overlap++) {
+                for (int overlap = 0; overlap <= (P > 1 ? 0 : 1) && !seen; overlap++) {
                     plan.zero.overlap_comm = overlap;
                     ZpCandidate c = {.plan = plan, .buckets = choice};
                     g_array_append_val(out, c);
@@ -152,10 +158,12 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
         bad = owned = g_strdup_printf("--attention: %s has no rate for '%s' in its attention "
                                       "table", spec->hw->name, zp_attention_name(spec->attention));
     else if (spec->mp > 0 && (m->heads % spec->mp || spec->gpus % spec->mp ||
-                              spec->hw->gpus_per_node % spec->mp))
+                              (spec->hw->gpus_per_node % spec->mp &&
+                               (!spec->three_d || spec->mp % spec->hw->gpus_per_node))))
         bad = owned = g_strdup_printf(
             "--mp: %d must divide the %" G_GINT64_FORMAT " attention heads of %s, the %d GPUs "
-            "and the %d GPUs of a %s node (tensor parallelism stays inside a node)",
+            "and the %d GPUs of a %s node (tensor parallelism stays inside a node; --3d lets "
+            "it span whole nodes)",
             spec->mp, m->heads, m->name, spec->gpus, spec->hw->gpus_per_node, spec->hw->name);
     if (bad)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
@@ -184,6 +192,33 @@ static GArray *micro_batches(const ZpSearchSpec *spec, int64_t dp)
     return out;
 }
 
+/* The pipelines tried at one TP degree: none, and (3D with a global batch) every P that
+ * leaves whole data-parallel ranks, each 1F1B and interleaved with 2 and 4 chunks a stage. */
+static GArray *pipelines(const ZpSearchSpec *spec, int mp)
+{
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpPipeConfig));
+    const ZpPipeConfig none = {0}; /* the plan's zero value: no pipeline */
+    g_array_append_val(out, none);
+    const int64_t L = spec->model->layers;
+    for (int P = 2; spec->three_d && spec->global_batch > 0 && P <= L; P++) {
+        if (spec->gpus % ((int64_t)mp * P) != 0)
+            continue;
+        for (int v = 1; v <= 4 && (int64_t)P * v <= L; v *= 2) {
+            const ZpPipeConfig c = {P, v, v > 1 ? ZP_PIPE_INTERLEAVED : ZP_PIPE_1F1B,
+                                    ZP_PARTITION_UNIFORM};
+            g_array_append_val(out, c);
+        }
+    }
+    return out;
+}
+
+/* Whether a tensor-parallel degree can be placed: inside a node, or (3D) over whole nodes. */
+static gboolean placeable_mp(const ZpSearchSpec *spec, int mp)
+{
+    const int gpn = spec->hw->gpus_per_node;
+    return gpn % mp == 0 || (spec->three_d && mp % gpn == 0);
+}
+
 GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
 {
     if (!check_spec(spec, error))
@@ -192,23 +227,36 @@ GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error)
     GString *degrees = g_string_new(NULL);
     const int64_t B = spec->global_batch;
     guint too_long = 0; /* (mp, micro-batch) pairs whose schedule would exceed the cap */
-    for (int mp = 1; mp <= spec->hw->gpus_per_node; mp++) {
-        if ((spec->mp > 0 && mp != spec->mp) || spec->hw->gpus_per_node % mp ||
+    const int mp_max = spec->three_d ? (int)MIN(spec->model->heads, spec->gpus)
+                                     : spec->hw->gpus_per_node;
+    for (int mp = 1; mp <= mp_max; mp++) {
+        if ((spec->mp > 0 && mp != spec->mp) || !placeable_mp(spec, mp) ||
             spec->model->heads % mp || spec->gpus % mp)
             continue;
-        const int64_t dp = spec->gpus / mp;
-        g_string_append_printf(degrees, "%s%" G_GINT64_FORMAT, degrees->len ? ", " : "", dp);
-        GArray *micros = micro_batches(spec, dp);
-        for (guint i = 0; i < micros->len; i++) {
-            const int micro = g_array_index(micros, int, i);
-            const int accum = B > 0 ? (int)(B / dp / micro) : 1;
-            /* A plan is ranked by simulating its schedule, which lists every micro-step. */
-            if ((double)accum * (double)(spec->model->layers + 2) > ZP_SCHED_MAX_UNIT_STEPS)
-                too_long++;
-            else
-                add_plans(spec, mp, micro, accum, out);
+        GArray *pipes = pipelines(spec, mp);
+        for (guint k = 0; k < pipes->len; k++) {
+            const ZpPipeConfig pipe = g_array_index(pipes, ZpPipeConfig, k);
+            const int P = pipe.stages > 1 ? pipe.stages : 1;
+            const int64_t dp = spec->gpus / ((int64_t)mp * P);
+            if (k == 0)
+                g_string_append_printf(degrees, "%s%" G_GINT64_FORMAT, degrees->len ? ", " : "",
+                                       dp);
+            GArray *micros = micro_batches(spec, dp);
+            for (guint i = 0; i < micros->len; i++) {
+                const int micro = g_array_index(micros, int, i);
+                const int accum = B > 0 ? (int)(B / dp / micro) : 1;
+                if (P > 1 && (accum < P ||
+                              (pipe.virtual_stages > 1 && accum % P != 0)))
+                    continue; /* a pipeline needs micro-batches to fill it (Megatron's check) */
+                /* A plan is ranked by simulating its schedule, which lists every micro-step. */
+                if ((double)accum * (double)(spec->model->layers + 2) > ZP_SCHED_MAX_UNIT_STEPS)
+                    too_long++;
+                else
+                    add_plans(spec, mp, pipe, micro, accum, out);
+            }
+            g_array_unref(micros);
         }
-        g_array_unref(micros);
+        g_array_unref(pipes);
     }
     if (out->len == 0) {
         if (too_long > 0)
@@ -248,27 +296,69 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
     return TRUE;
 }
 
+/* DP members sit tp x pp ranks apart (Megatron's order), TP members next to each other. */
 static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup group)
 {
-    return sc->bus_bytes_per_s ? sc->bus_bytes_per_s(sc->hw, plan->dp, plan->mp, group)
+    const int stride = group == ZP_GROUP_DP ? plan->mp * zp_plan_pp(plan) : plan->mp;
+    return sc->bus_bytes_per_s ? sc->bus_bytes_per_s(sc->hw, plan->dp, stride, group)
                                : sc->hw->intra_node_bytes_per_s;
 }
 
-/* The compute stream's busy time: each op as the simulator times it (zp_hw_compute_time_s). */
-static double compute_s(const ZpScreen *sc, const ZpPlan *plan)
+/* The compute stream's busy time by kind: each op as the simulator times it
+ * (zp_hw_compute_time_s); returns the total. */
+static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
 {
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(sc->model, plan, ops);
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
-        total += (double)o->count *
-                 zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
-                                      o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
-                                      k == ZP_COMP_OPTIMIZER) +
-                 (double)o->count * o->host_bytes / sc->hw->host_link_bytes_per_s;
+        by_kind[k] = (double)o->count *
+                     (zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
+                                           o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
+                                           k == ZP_COMP_OPTIMIZER) +
+                      o->host_bytes / sc->hw->host_link_bytes_per_s);
+        total += by_kind[k];
     }
     return total;
+}
+
+/* One micro-batch's send between stages over the slowest boundary, as the simulator times
+ * it: b s h elements (over t with sequence parallelism), NVLink when all stages share a node,
+ * else the sender's share of the node's NICs. */
+static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
+{
+    const ZpModel *m = sc->model;
+    const ZpHw *hw = sc->hw;
+    const double bytes = (double)plan->micro_batch * (double)m->seq_len * (double)m->hidden *
+                         zp_plan_elem_bytes(plan->precision) /
+                         (plan->sequence_parallel ? plan->mp : 1);
+    if ((int64_t)plan->mp * zp_plan_pp(plan) <= hw->gpus_per_node)
+        return hw->intra_node_latency_s + bytes / hw->intra_node_bytes_per_s;
+    return hw->inter_node_latency_s + bytes / (hw->inter_node_bytes_per_s / hw->gpus_per_node);
+}
+
+/* A pipeline's forward-backward chain, a lower bound: the last stage does at least its
+ * fewest blocks (uniform split) of every micro-batch and the head, and cannot start before
+ * the first micro-batch's chunks reach it nor finish before the last drains back: P - 1
+ * chunk steps of the average stage's work (the bubble). Sends: in 1F1B's steady state the
+ * last stage's F(j+1) waits for stage P-2 to receive B(j-1)'s gradient (a send), run B(j-1)
+ * and F(j+1) and send back (another), while the last stage itself runs F(j) and B(j), longer
+ * than stage P-2's by the head: it idles 2c - head every two micro-batches when that is
+ * positive, counted here past the warm-up. Interleaving has more boundaries, so this stays
+ * below; test_pipe checks the bound against simulated steps. */
+static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp_s)
+{
+    double kind[ZP_COMP_N];
+    const double total = compute_s(sc, plan, kind) - kind[ZP_COMP_OPTIMIZER];
+    const double P = zp_plan_pp(plan), V = zp_plan_vstages(plan), L = (double)sc->model->layers;
+    const double blocks = kind[ZP_COMP_BLOCK_FWD] + kind[ZP_COMP_BLOCK_BWD] +
+                          kind[ZP_COMP_RECOMPUTE] + tp_s;
+    const double last = blocks * floor(L / (P * V)) * V / L + kind[ZP_COMP_HEAD];
+    /* The fill and drain run through the other stages: their average, without the head. */
+    const double step = (total - kind[ZP_COMP_HEAD] + tp_s) / P / (plan->grad_accum * V);
+    const double idle = fmax(0.0, p2p_s(sc, plan) - 0.5 * kind[ZP_COMP_HEAD] / plan->grad_accum);
+    return last + (P - 1) * step + fmax(0.0, plan->grad_accum - P) * idle;
 }
 
 static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
@@ -276,7 +366,9 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const ZpModel *m = sc->model;
     const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
     const double e = zp_plan_elem_bytes(plan->precision), accum = plan->grad_accum;
-    const double L = (double)m->layers, mp = plan->mp, n = plan->dp;
+    const double L = (double)m->layers, mp = plan->mp, n = plan->dp, P = zp_plan_pp(plan);
+    /* A stage's share of the work, stretched by the bubble. */
+    const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute; each
      * sends 2(M-1)/M of its bytes. */
@@ -292,7 +384,7 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
      * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers every
      * non-persistent block twice and the embedding at least once per micro-step; stages 1-2
      * all-gather the updated parameters after the optimizer. */
-    const double psi = sc->params / mp, sent = (n - 1) / n;
+    const double psi = sc->params / mp / P, sent = (n - 1) / n;
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
     const double reductions[4] = {2 * psi, psi, accum * psi, accum * psi};
@@ -308,19 +400,51 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     } else if (stage >= 1) {
         post_s = sent * psi * sb.param_bytes / bw;
     }
-    const double chain_s = compute_s(sc, plan) + tp_s + (plan->zero.overlap_comm ? 0 : reduce_s);
+    double kind[ZP_COMP_N];
+    const double chain_s = (P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_s),
+                                         (compute_s(sc, plan, kind) + tp_s) / P * bubble)
+                                  : compute_s(sc, plan, kind) + tp_s) +
+                           (plan->zero.overlap_comm ? 0 : reduce_s);
     return fmax(chain_s, reduce_s + gather_s) + post_s;
+}
+
+/* The first stage's memory: the embedding and its chunks' blocks, and the activations of the
+ * micro-batches in flight there. */
+static double pipeline_memory_bytes(const ZpScreen *sc, const ZpPlan *plan)
+{
+    const ZpModel *m = sc->model;
+    const int P = zp_plan_pp(plan), V = zp_plan_vstages(plan), micro = plan->grad_accum;
+    const int64_t blocks = V * ((m->layers + (int64_t)P * V - 1) / ((int64_t)P * V));
+    const double params = (double)zp_model_unit_elems(m, 0) +
+                          (double)blocks * (double)zp_model_unit_elems(m, 1);
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpModelStates states =
+        zp_mem_model_states(params, plan->zero.stage, plan->dp, plan->mp, sb);
+    ZpModel stage = *m;
+    stage.layers = blocks;
+    ZpPlan one = *plan;
+    one.pipe = (ZpPipeConfig){0};
+    const ZpResidual r = zp_mem_residual(&stage, &one, sc->hw);
+    const double in_flight =
+        V == 1 ? MIN(P, micro)
+               : MIN((double)micro * V, (double)(P - 1) * 2 + (double)(V - 1) * P + 1) / V;
+    return states.total_bytes + r.total_bytes +
+           (in_flight - 1) * (r.activations_bytes + r.checkpoint_bytes);
 }
 
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s)
 {
+    *bound_step_s = step_bound_s(screen, plan);
+    if (zp_plan_pp(plan) > 1) {
+        *memory_bytes = pipeline_memory_bytes(screen, plan);
+        return;
+    }
     const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
     const ZpModelStates states =
         zp_mem_model_states(screen->params, plan->zero.stage, plan->dp, plan->mp, sb);
     const ZpResidual residual = zp_mem_residual(screen->model, plan, screen->hw);
     *memory_bytes = states.total_bytes + residual.total_bytes;
-    *bound_step_s = step_bound_s(screen, plan);
 }
 
 /* ---- ranking --------------------------------------------------------------------------- */
@@ -351,8 +475,8 @@ static double needed_bytes(const ZpCandidate *c)
 static void note_shortfall(ZpSearchResult *r, int index)
 {
     const ZpCandidate *c = zp_search_candidate(r, index);
-    int *slots[2] = {&r->stage_closest[c->plan.zero.stage][c->plan.checkpoint], &r->closest};
-    for (int i = 0; i < 2; i++)
+    int *slots[2] = {&r->closest, &r->stage_closest[c->plan.zero.stage][c->plan.checkpoint]};
+    for (int i = 0; i < (zp_plan_pp(&c->plan) > 1 ? 1 : 2); i++) /* pipelines: overall only */
         if (*slots[i] < 0 || needed_bytes(c) < needed_bytes(zp_search_candidate(r, *slots[i])))
             *slots[i] = index;
 }
@@ -370,6 +494,7 @@ static gboolean twins(const ZpCandidate *a, const ZpCandidate *b)
 {
     const ZpPlan *p = &a->plan, *q = &b->plan;
     return p->zero.stage == q->zero.stage && p->mp == q->mp && p->micro_batch == q->micro_batch &&
+           memcmp(&p->pipe, &q->pipe, sizeof p->pipe) == 0 &&
            p->grad_accum == q->grad_accum && p->checkpoint == q->checkpoint &&
            fabs(a->step_time_s - b->step_time_s) <= TWIN_TOLERANCE * b->step_time_s &&
            fabs(a->peak_memory_bytes - b->peak_memory_bytes) <=
@@ -407,9 +532,16 @@ static void insert_ranked(ZpSearchResult *r, guint index, int top_k)
         g_array_set_size(r->ranked, (guint)top_k);
 }
 
-static double group_best_per_sample(const ZpSearchResult *r, const ZpPlan *plan)
+/* The slot of a plan's group's best: pipelined plans apart from the stages'. */
+static int *group_best(ZpSearchResult *r, const ZpPlan *plan)
 {
-    const int best = r->stage_best[plan->zero.stage][plan->checkpoint];
+    return zp_plan_pp(plan) > 1 ? &r->pipe_best[plan->checkpoint]
+                                : &r->stage_best[plan->zero.stage][plan->checkpoint];
+}
+
+static double group_best_per_sample(ZpSearchResult *r, const ZpPlan *plan)
+{
+    const int best = *group_best(r, plan);
     if (best < 0)
         return DBL_MAX;
     const ZpCandidate *b = zp_search_candidate(r, best);
@@ -432,7 +564,7 @@ static gboolean simulate(const ZpSearchSpec *spec, ZpSearchResult *r, guint inde
     }
     c->fate = ZP_FATE_SIMULATED;
     if (per_sample(c, step_s) < group_best_per_sample(r, &c->plan))
-        r->stage_best[c->plan.zero.stage][c->plan.checkpoint] = (int)index;
+        *group_best(r, &c->plan) = (int)index;
     insert_ranked(r, index, spec->top_k);
     return TRUE;
 }
@@ -442,6 +574,7 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
     memset(result, 0, sizeof *result);
     memset(result->stage_best, 0xff, sizeof result->stage_best);
     memset(result->stage_closest, 0xff, sizeof result->stage_closest);
+    memset(result->pipe_best, 0xff, sizeof result->pipe_best);
     result->closest = -1;
     ZpScreen screen;
     if (!zp_search_screen_init(&screen, spec, error) ||

@@ -27,6 +27,10 @@ typedef struct {
     int gpus;
     int64_t global_batch; /* 0: free, and a step is one micro-step (no accumulation) */
     int mp;               /* 0: every degree that divides gpus_per_node, the heads and gpus */
+    /* 3D: also tensor parallelism over whole nodes (mp a multiple of gpus_per_node), and, with
+     * a global batch, pipeline stages P (gpus / (mp P) the data-parallel degree) run 1F1B or
+     * interleaved with V = 2 or 4 chunks a stage, ZeRO stages 0-1 only (DeepSpeed's rule). */
+    gboolean three_d;
     int stage;            /* -1: stages 0 to 3 */
     int micro_batch;      /* 0: searched */
     ZpPrecision precision;
@@ -72,12 +76,15 @@ typedef struct {
     int stage_best[4][2]; /* [stage][checkpoint]: the fastest fitting simulated plan, or -1 */
     int stage_closest[4][2]; /* [stage][checkpoint]: the plan over memory by the least, or -1 */
     int closest;          /* the plan over memory by the least overall, or -1 */
+    int pipe_best[2];     /* [checkpoint]: the fastest fitting simulated plan with pipeline
+                           * stages (those are not in stage_best), or -1 */
     guint count[ZP_FATE_N];
 } ZpSearchResult;
 
 /* Every plan the spec allows, with DeepSpeed's other defaults: ZpCandidate with fate and
- * figures unset (GArray, caller unrefs). With a global batch B, a TP degree mp is tried when
- * dp = gpus/mp divides B, micro-batches are the divisors of B/dp and accumulation the rest;
+ * figures unset (GArray, caller unrefs). With a global batch B, a TP degree mp (and, 3D,
+ * pipeline stages P) is tried when dp = gpus/(mp P) divides B, micro-batches are the divisors
+ * of B/dp and accumulation (the pipeline's micro-batches) the rest;
  * without one, micro-batches are powers of two and accumulation 1. Fails naming the flag when
  * the spec leaves nothing to try: a global batch no data-parallel degree divides, a TP degree
  * that does not divide the heads, the GPUs or a node, a precision the GPU has no peak for. */
@@ -101,7 +108,12 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
  * tensor-parallel all-reduces that sit between them, and the data-parallel collectives at the
  * group's busbw, ignoring latencies; what overlap_comm overlaps counts once:
  *   max(compute + TP + (overlap ? 0 : reductions), reductions + stage-3 gathers)
- *   + the stage 1-2 parameter all-gather after the optimizer. */
+ *   + the stage 1-2 parameter all-gather after the optimizer.
+ * With P pipeline stages (V chunks each, m micro-batches) a stage does 1/P of the compute
+ * and TP work, stretched by the bubble to (V m + P - 1) / (V m), and reduces 1/P of the
+ * parameters (sends and stage imbalance only add); the memory is the first stage's: its
+ * embedding and blocks, and the activations of the micro-batches it holds at once (1F1B:
+ * min(P, m); interleaved: Megatron's warm-up plus one, in chunks). */
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s);
 
@@ -129,7 +141,7 @@ static inline const ZpCandidate *zp_search_ranked(const ZpSearchResult *r, guint
 double zp_search_samples(const ZpPlan *plan);
 
 /* Model FLOPs one GPU does per step: forward and backward, not recomputation (the MFU
- * definition; the simulator's SimResult.model_flops). */
+ * definition; the simulator's SimResult.model_flops), a 1/P share with P pipeline stages. */
 double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan);
 
 

@@ -1,9 +1,18 @@
 /* zp_zeror: ZeRO-R as DeepSpeed implements it. The rules are closed forms over the plan, so
  * the memory model, the schedule builder and the CLI all ask this file the same question. */
 #include "zp_zeror.h"
+#include "zp_mem.h"
 #include "zp_util.h"
 
 #include <math.h>
+
+/* Pa splits what each tensor-parallel rank holds whole; with sequence parallelism each rank's
+ * checkpoint is already its own 1/M of the sequence (zp_mem_checkpoint_bytes), so Pa has
+ * nothing left to split. */
+static gboolean splits(const ZpPlan *plan)
+{
+    return plan->ckpt.partition_activations && plan->mp > 1 && !plan->sequence_parallel;
+}
 
 ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan)
 {
@@ -11,16 +20,17 @@ ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan)
     if (!plan->checkpoint)
         return r;
     const ZpCheckpointConfig *c = &plan->ckpt;
-    const double elems = (double)plan->micro_batch * (double)model->seq_len * (double)model->hidden;
-    r.full_bytes = elems * zp_plan_elem_bytes(plan->precision);
-    const double kept = c->partition_activations ? r.full_bytes / plan->mp : r.full_bytes;
+    r.full_bytes = zp_mem_checkpoint_bytes(model, plan);
+    const double kept = splits(plan) ? r.full_bytes / plan->mp : r.full_bytes;
     r.gpu_bytes = c->cpu_checkpointing ? 0.0 : kept;
     r.host_bytes = c->cpu_checkpointing ? kept : 0.0;
     r.copy_bytes = r.host_bytes;
-    r.gather_elems = c->partition_activations && plan->mp > 1 ? (uint64_t)elems : 0;
+    r.gather_elems = splits(plan) ? (uint64_t)plan->micro_batch * (uint64_t)model->seq_len *
+                                        (uint64_t)model->hidden
+                                  : 0;
     /* With M = 1 the slice is the whole input and gather_partitioned_activations only views
      * it; a host copy always comes back into a new GPU buffer. */
-    r.regathered = (c->partition_activations && plan->mp > 1) || c->cpu_checkpointing;
+    r.regathered = splits(plan) || c->cpu_checkpointing;
     return r;
 }
 
@@ -38,7 +48,7 @@ gboolean zp_zeror_check(const ZpModel *model, const ZpPlan *plan, GError **error
               "options need checkpointing on (--checkpoint)";
     else if (c->number_checkpoints < 0)
         bad = "activation_checkpointing.number_checkpoints: must be at least 0";
-    else if (c->partition_activations && plan->mp > 1 && elems % (uint64_t)plan->mp != 0)
+    else if (splits(plan) && elems % (uint64_t)plan->mp != 0)
         bad = "activation_checkpointing.partition_activations: micro-batch x seq x hidden must be "
               "a multiple of the tensor-parallel degree (DeepSpeed's get_partition_size asserts)";
     if (bad) {

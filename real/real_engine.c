@@ -107,6 +107,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->plan.mp != 1)
         return fail(error, "zreal executes data parallelism only: mp must be 1, not %d",
                     s->plan.mp);
+    if (s->stages > 1)
+        return fail(error, "zreal executes data parallelism only: no pipeline stages (pp %d)",
+                    s->stages);
     if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
         return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
                     "and cpu_checkpointing are planned and simulated, not executed");
@@ -861,6 +864,9 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
         case ZP_OP_COLLECTIVE:
             type = ZP_COMP_N + op->sub;
             ok = do_collective(e, op, error);
+            break;
+        case ZP_OP_P2P: /* only in pipeline schedules, which check_schedule refuses */
+            ok = fail(error, "pipeline sends are not executed by zreal");
             break;
         }
         if (!ok) {

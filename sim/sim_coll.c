@@ -33,10 +33,10 @@ static const char *const proto_names[SIM_PROTO_N] = {"LL", "LL128", "Simple"};
 
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error)
 {
-    if (mp < 1 || hw->gpus_per_node % mp != 0) {
+    if (mp < 1 || (hw->gpus_per_node % mp != 0 && mp % hw->gpus_per_node != 0)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "tensor-parallel degree %d must divide the %d GPUs per node of %s, so "
-                    "that every tensor-parallel group stays inside one node",
+                    "tensor-parallel degree %d must divide the %d GPUs per node of %s, or be a "
+                    "multiple of them, so that tensor-parallel groups tile the nodes",
                     mp, hw->gpus_per_node, hw->name);
         return FALSE;
     }
@@ -61,12 +61,21 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
     }
     if (group == ZP_GROUP_TP) {
         g.ranks = mp;
-        g.ranks_per_node = mp;
+        g.ranks_per_node = MIN(mp, hw->gpus_per_node);
+        g.nodes = mp / g.ranks_per_node;
+        /* Across nodes (Megatron's TP of 16-256 in the ZeRO paper's baselines) the group is
+         * alone on its nodes' NICs: one ring per NIC, as for DP below. */
+        if (g.nodes > 1 && hw->inter_node_bytes_per_s < g.bus_bytes_per_s) {
+            g.bus_bytes_per_s = hw->inter_node_bytes_per_s;
+            g.bottleneck = SIM_LINK_INTER;
+        }
         return g;
     }
     /* Ranks are tp-fastest, so a node's gpus_per_node consecutive ranks hold gpus_per_node/mp
-     * members of each of the mp DP groups. */
-    const int members_per_node = hw->gpus_per_node / mp;
+     * members of each of the mp DP groups (mp here is the DP members' stride: tp x pp with
+     * pipeline stages); with a stride of a node or more, one member of each of gpus_per_node
+     * DP groups. */
+    const int members_per_node = MAX(1, hw->gpus_per_node / mp);
     g.ranks = dp;
     g.nodes = (dp + members_per_node - 1) / members_per_node;
     g.ranks_per_node = dp / g.nodes;
@@ -75,7 +84,7 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
          * boundary once, so the boundary moves 2(n-1)/n S/c per ring and 2(n-1)/n S in all:
          * the busbw of the node's NICs together is inter_node_bytes_per_s. The mp DP groups
          * with members on a node run at once and split it. */
-        const double nic_share = hw->inter_node_bytes_per_s / mp;
+        const double nic_share = hw->inter_node_bytes_per_s / MIN(mp, hw->gpus_per_node);
         if (nic_share < g.bus_bytes_per_s) {
             g.bus_bytes_per_s = nic_share;
             g.bottleneck = SIM_LINK_INTER;

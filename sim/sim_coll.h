@@ -40,8 +40,11 @@ typedef struct {
 
 /* Placement of the DP or TP group of a world of dp*mp ranks numbered tp-fastest
  * (rank = dp_index*mp + tp_index, gpus_per_node consecutive ranks per node). mp must divide
- * hw->gpus_per_node, so a TP group lies inside one node and a node holds gpus_per_node/mp
- * members of each DP group; sim_coll_check_placement says so first. */
+ * hw->gpus_per_node, so that a TP group lies inside one node and a node holds
+ * gpus_per_node/mp members of each DP group, or be a multiple of it, so that a TP group
+ * spans mp/gpus_per_node whole nodes over their NICs and each DP group has one member per
+ * node; sim_coll_check_placement says so first. With pipeline stages the DP members' stride
+ * is tp x pp: pass that as mp for the DP group. */
 SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group);
 
 /* A group of a plan: the DP and TP groups as sim_coll_group places them, and ZeRO++'s
@@ -50,7 +53,7 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group);
  * node's NICs with the node's other gpus_per_node - 1 such groups. */
 SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup group);
 
-/* Fails unless mp divides the node's GPUs, i.e. every TP group fits inside one node. */
+/* Fails unless mp divides the node's GPUs or is a multiple of them. */
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
 
 /* Ring all-reduce, reduce-scatter or all-gather of `bytes` (the whole array S) with one

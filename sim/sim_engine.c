@@ -14,13 +14,14 @@
 typedef struct {
     uint8_t kind, sub, stream, group;
     uint8_t link;                /* collectives: the link class they load */
+    uint16_t stage;              /* the rank class (pipeline stage) that runs it */
     uint32_t n_deps;
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
     uint32_t pending_row;        /* its row of pending counts (NO_ROW without dependencies) */
     uint8_t wide;                /* the row is in pending_wide (over 255 dependencies) */
-    double duration_s;           /* compute ops */
+    double duration_s;           /* compute and p2p ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
     double bytes;                /* alloc and free */
@@ -90,6 +91,7 @@ typedef struct {
     double compute_s, optimizer_s, exposed_s;
     double mark_s; /* exposed communication is accounted up to here */
     double end_s;
+    double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
     uint32_t compute_running, comm_active, ops_done;
 } RankState;
 
@@ -102,10 +104,16 @@ typedef struct {
     uint32_t n_ops;
     SimOp *ops;
     uint32_t *dependents;
-    uint32_t *stream_ops[ZP_STREAM_N];
-    uint32_t stream_len[ZP_STREAM_N];
+    /* Rank classes: a pipeline stage's ranks run the ops with its stage, each class its own
+     * stream lists, [class * ZP_STREAM_N + stream]; one class without a pipeline. */
+    uint32_t **stream_ops;
+    uint32_t *stream_len;
+    uint32_t *class_ops;          /* [class]: ops a rank of it runs */
+    const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
-    uint32_t ranks, sim_dp, sim_mp;
+    /* Simulated ranks, numbered as Megatron orders them: tp fastest, then pipeline stage,
+     * then dp: rank = (dp_index * sim_pp + stage) * sim_mp + tp_index. */
+    uint32_t ranks, sim_dp, sim_mp, sim_pp;
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank] with the op's
      * pending_row; one byte each, four for the few ops with more than 255 dependencies. */
@@ -137,6 +145,12 @@ typedef struct {
 } Sim;
 
 static const char *const mode_names[] = {"folded", "explicit"};
+
+/* The pipeline stage (rank class) of a simulated rank. */
+static uint32_t rank_class(const Sim *sim, uint32_t rank)
+{
+    return (rank / sim->sim_mp) % sim->sim_pp;
+}
 
 const char *sim_mode_name(SimMode mode)
 {
@@ -285,7 +299,7 @@ gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *pe
 
 static gboolean op_on_stream(const SimOp *op)
 {
-    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
+    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P;
 }
 
 static gboolean is_model_state(ZpMemCategory category)
@@ -305,12 +319,15 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
     const ZpOp *op = zp_sched_op(s, i);
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
-        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N};
-    if (op->kind > ZP_OP_FREE)
+        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N};
+    if (op->kind > ZP_OP_P2P)
         return fail_op(error, i, "unknown kind");
+    if (op->stage >= (uint32_t)MAX(s->stages, 1) || op->peer >= (uint32_t)MAX(s->stages, 1))
+        return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
     if (op->sub >= sub_limit[op->kind])
         return fail_op(error, i, "unknown compute, collective or memory category");
-    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE) && op->stream >= ZP_STREAM_N)
+    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P) &&
+        op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
     if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_N)
         return fail_op(error, i, "unknown group");
@@ -353,16 +370,37 @@ static void build_dependents(Sim *sim)
     }
 }
 
+/* Each class's stream lists: an op's stream_pos is its place in its own class's stream. */
 static void build_streams(Sim *sim)
 {
+    const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
+    sim->stream_ops = g_new0(uint32_t *, lists);
+    sim->stream_len = g_new0(uint32_t, lists);
+    sim->class_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        sim->class_ops[o->stage]++;
+        if (op_on_stream(o))
+            o->stream_pos = sim->stream_len[o->stage * ZP_STREAM_N + o->stream]++;
+    }
+    for (uint32_t l = 0; l < lists; l++)
+        sim->stream_ops[l] = g_new(uint32_t, sim->stream_len[l] ? sim->stream_len[l] : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++)
         if (op_on_stream(&sim->ops[i]))
-            sim->ops[i].stream_pos = sim->stream_len[sim->ops[i].stream]++;
-    for (int s = 0; s < ZP_STREAM_N; s++)
-        sim->stream_ops[s] = g_new(uint32_t, sim->stream_len[s] ? sim->stream_len[s] : 1);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (op_on_stream(&sim->ops[i]))
-            sim->stream_ops[sim->ops[i].stream][sim->ops[i].stream_pos] = i;
+            sim->stream_ops[sim->ops[i].stage * ZP_STREAM_N + sim->ops[i].stream]
+                           [sim->ops[i].stream_pos] = i;
+}
+
+/* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
+ * distance ranks away (Megatron's order), over NVLink when both sit on one node and else over
+ * the sender's share of the node's NICs (every GPU of a node sends to its peer at once). */
+static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
+{
+    const int64_t mp = sim->sched->plan.mp, gpn = hw->gpus_per_node;
+    const gboolean same_node = op->stage * mp / gpn == op->peer * mp / gpn;
+    if (same_node)
+        return hw->intra_node_latency_s + op->bytes / hw->intra_node_bytes_per_s;
+    return hw->inter_node_latency_s + op->bytes / (hw->inter_node_bytes_per_s / gpn);
 }
 
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */
@@ -373,9 +411,14 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
         !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
         return FALSE;
+    /* DP members sit tp x pp ranks apart; ZeRO++'s subgroups (stage 3, no pipeline) as
+     * sim_coll_plan_group places them. */
     SimCollGroup groups[ZP_GROUP_N];
     for (int g = 0; g < ZP_GROUP_N; g++)
         groups[g] = sim_coll_plan_group(hw, &s->plan, (ZpGroup)g);
+    groups[ZP_GROUP_DP] =
+        sim_coll_group(hw, s->plan.dp, s->plan.mp * MAX(s->stages, 1), ZP_GROUP_DP);
+    double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, i, error))
@@ -383,20 +426,25 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
-                     .group = op->group, .n_deps = op->n_deps, .bytes = op->bytes};
+                     .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
+                     .bytes = op->bytes};
         if (op->kind == ZP_OP_COMPUTE) {
             o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
-                result->model_flops += op->flops;
+                stage_flops[op->stage] += op->flops;
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
             const SimCollCost cost = sim_coll_cost(op->sub, op->bytes, g);
             o->latency_s = cost.latency_s;
             o->transfer_s = cost.transfer_s;
             o->link = g->bottleneck;
-            result->comm_bytes[op->group] += sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] +=
+                sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+        } else if (op->kind == ZP_OP_P2P) {
+            o->duration_s = p2p_time_s(sim, hw, op);
+            result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
@@ -406,8 +454,22 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         o->wide = o->n_deps > UINT8_MAX;
         o->pending_row = o->n_deps == 0 ? NO_ROW : o->wide ? sim->n_wide_rows++ : sim->n_rows++;
     }
-    for (int c = 0; c < ZP_MEM_N; c++)
-        states += s->state_bytes[c];
+    /* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the
+     * stage that sends most (all of them without a pipeline). */
+    result->recompute_flops /= sim->sim_pp;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        result->model_flops += stage_flops[k] / sim->sim_pp;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            result->comm_bytes[g] =
+                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
+    }
+    g_free(stage_flops);
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        double stage_states = 0;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            stage_states += sim->class_state[k * ZP_MEM_N + c];
+        states = MAX(states, stage_states);
+    }
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
@@ -450,7 +512,6 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                                                             sizeof *sim->stream_busy) +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->memory);
-    const ZpSchedule *s = sim->sched;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
@@ -463,11 +524,12 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         RankMemory *rs = &sim->memory[r];
+        const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
         for (int c = 0; c < ZP_MEM_N; c++) {
-            rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = s->state_bytes[c];
-            rs->live_total += s->state_bytes[c];
+            rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = state[c];
+            rs->live_total += state[c];
             if (is_model_state(c))
-                rs->live_states += s->state_bytes[c];
+                rs->live_states += state[c];
         }
         rs->peak_total = rs->live_total;
         rs->peak_states = rs->live_states;
@@ -475,20 +537,21 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     return TRUE;
 }
 
-/* Flow slots: the DP groups (one per tp index) then the TP groups (one per dp index), each
- * with one slot per stream. */
+/* Flow slots: the DP groups (one per stage and tp index) then the TP groups (one per dp
+ * index and stage), each with one slot per stream. */
 static void build_flows(Sim *sim)
 {
-    sim->n_flows = (sim->sim_mp + sim->sim_dp) * ZP_STREAM_N;
+    const uint32_t line = sim->sim_mp * sim->sim_pp; /* ranks between DP members */
+    sim->n_flows = (line + sim->sim_dp * sim->sim_pp) * ZP_STREAM_N;
     sim->flows = g_new0(Flow, sim->n_flows);
     for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
         Flow *f = &sim->flows[slot];
         const uint32_t group = slot / ZP_STREAM_N;
-        if (group < sim->sim_mp)
-            *f = (Flow){.first = group, .stride = sim->sim_mp, .count = sim->sim_dp,
+        if (group < line)
+            *f = (Flow){.first = group, .stride = line, .count = sim->sim_dp,
                         .inter_scale = 1.0};
         else
-            *f = (Flow){.first = (group - sim->sim_mp) * sim->sim_mp, .stride = 1,
+            *f = (Flow){.first = (group - line) * sim->sim_mp, .stride = 1,
                         .count = sim->sim_mp, .inter_scale = 1.0};
     }
     sim->affected_cap = 64;
@@ -578,9 +641,10 @@ static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t
 {
     /* ZeRO++'s subgroups run folded only (sim_engine_run refuses them explicit), where a
      * DP group's slot serves them: they are on its stream, in its order. */
-    if (group > ZP_GROUP_TP)
+    if (group >= ZP_GROUP_HPZ)
         group = ZP_GROUP_DP;
-    const uint32_t g = group == ZP_GROUP_DP ? rank % sim->sim_mp : sim->sim_mp + rank / sim->sim_mp;
+    const uint32_t line = sim->sim_mp * sim->sim_pp;
+    const uint32_t g = group == ZP_GROUP_DP ? rank % line : line + rank / sim->sim_mp;
     return g * ZP_STREAM_N + stream;
 }
 
@@ -712,9 +776,10 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
 {
     const size_t rs_index = (size_t)rank * ZP_STREAM_N + stream;
-    if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[stream])
+    const uint32_t list = rank_class(sim, rank) * ZP_STREAM_N + stream;
+    if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[list])
         return;
-    const uint32_t i = sim->stream_ops[stream][sim->stream_head[rs_index]];
+    const uint32_t i = sim->stream_ops[list][sim->stream_head[rs_index]];
     if (pending_of(sim, i, rank))
         return;
     sim->stream_head[rs_index]++;
@@ -738,6 +803,16 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
+    if (op->kind == ZP_OP_P2P) {
+        /* The sender's share of its link, no group to wait for. An isend: the rank does not
+         * wait for it, so it is never exposed communication (a rank waiting only for sends
+         * idles, in the pipeline's bubble). */
+        sim->rank[rank].busy_s[stream] += op->duration_s;
+        if (sim->op_start_s)
+            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+        return;
+    }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
     Flow *f = &sim->flows[slot];
     f->op = i;
@@ -756,12 +831,15 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
         const uint32_t next = sim->dependents[d];
-        if (!pending_done(sim, next, rank))
+        /* Another stage's op waiting for this send runs on the same dp and tp index's rank
+         * of that stage. */
+        const uint32_t at = rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
+        if (!pending_done(sim, next, at))
             continue;
         if (op_on_stream(&sim->ops[next]))
-            try_stream(sim, rank, sim->ops[next].stream, now_s);
+            try_stream(sim, at, sim->ops[next].stream, now_s);
         else
-            ready_push(sim, rank, next);
+            ready_push(sim, at, next);
     }
     if (op_on_stream(op)) {
         sim->stream_busy[(size_t)rank * ZP_STREAM_N + op->stream] = 0;
@@ -833,8 +911,13 @@ static void handle(Sim *sim, const Event *e, double now_s)
 {
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
-        account(rs, now_s);
-        rs->compute_running--;
+        const SimOp *op = &sim->ops[e->detail];
+        if (op->kind == ZP_OP_COMPUTE) {
+            account(rs, now_s);
+            rs->compute_running--;
+            if (op->sub != ZP_COMP_OPTIMIZER)
+                rs->flush_s = now_s;
+        }
         complete(sim, e->id, e->detail, now_s);
         return;
     }
@@ -852,6 +935,8 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     uint32_t i = 0;
     for (; i + 1 < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
+        if (o->stage != rank_class(sim, rank))
+            continue;
         const gboolean ran = op_on_stream(o)
                                  ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
                                  : pending_of(sim, i, rank) == 0;
@@ -863,22 +948,23 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
 
 static gboolean check_end(Sim *sim, GError **error)
 {
-    const ZpSchedule *s = sim->sched;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const RankState *rs = &sim->rank[r];
-        if (rs->ops_done < sim->n_ops) {
+        const uint32_t k = rank_class(sim, r);
+        if (rs->ops_done < sim->class_ops[k]) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
-                        rs->ops_done, sim->n_ops, first_unrun_op(sim, r));
+                        rs->ops_done, sim->class_ops[k], first_unrun_op(sim, r));
             return FALSE;
         }
         const RankMemory *rm = &sim->memory[r];
+        const double *state = &sim->class_state[k * ZP_MEM_N];
         for (int c = 0; c < ZP_MEM_N; c++)
-            if (fabs(rm->live[c] - s->state_bytes[c]) > sim->mem_tolerance_bytes) {
+            if (fabs(rm->live[c] - state[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), rm->live[c], r, s->state_bytes[c]);
+                            zp_sched_mem_name(c), rm->live[c], r, state[c]);
                 return FALSE;
             }
     }
@@ -912,14 +998,38 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes;
+    for (uint32_t r = 0; r < sim->ranks; r++)
+        result->flush_s = MAX(result->flush_s, sim->rank[r].flush_s);
+    /* A stage's bubble: the time its rank neither computes nor waits for its own
+     * communication, over the step up to the flush or the rank's end, whichever is later
+     * (after the flush a rank reduces and steps without waiting on other stages). The rank
+     * of the stage with the least stands for it. */
+    for (int k = 0; k < result->stages; k++)
+        result->stage_bubble_s[k] = G_MAXDOUBLE;
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        const uint32_t k = rank_class(sim, r);
+        const RankState *rs = &sim->rank[r];
+        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->memory[r].peak_total);
+        for (int c = 0; c < ZP_MEM_N; c++)
+            result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
+                MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c],
+                    sim->memory[r].category_peak[c]);
+        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rs->compute_s);
+        const double idle_s = MAX(rs->end_s, result->flush_s) - rs->compute_s - rs->optimizer_s -
+                              rs->exposed_s;
+        result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
+    }
 }
 
 static void sim_clear(Sim *sim)
 {
     g_free(sim->ops);
     g_free(sim->dependents);
-    for (int s = 0; s < ZP_STREAM_N; s++)
-        g_free(sim->stream_ops[s]);
+    for (uint32_t l = 0; sim->stream_ops && l < sim->sim_pp * ZP_STREAM_N; l++)
+        g_free(sim->stream_ops[l]);
+    g_free(sim->stream_ops);
+    g_free(sim->stream_len);
+    g_free(sim->class_ops);
     g_free(sim->pending);
     g_free(sim->pending_wide);
     g_free(sim->stream_head);
@@ -941,9 +1051,13 @@ static void sim_clear(Sim *sim)
 
 static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
 {
-    if (s->plan.dp < 1 || s->plan.mp < 1 || (int64_t)s->plan.dp * s->plan.mp != s->world) {
+    const int P = MAX(s->stages, 1);
+    if (s->plan.dp < 1 || s->plan.mp < 1 ||
+        (int64_t)s->plan.dp * s->plan.mp * P != s->world || P > UINT16_MAX ||
+        (P > 1 && !s->stage_state_bytes)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "schedule: world %d is not dp %d x mp %d", s->world, s->plan.dp, s->plan.mp);
+                    "schedule: world %d is not dp %d x mp %d x pp %d", s->world, s->plan.dp,
+                    s->plan.mp, P);
         return FALSE;
     }
     return sim_coll_check_placement(hw, s->plan.mp, error);
@@ -955,7 +1069,7 @@ static gboolean check_explicit_groups(const ZpSchedule *s, SimMode mode, GError 
 {
     for (guint i = 0; mode == SIM_MODE_EXPLICIT && i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COLLECTIVE && op->group > ZP_GROUP_TP) {
+        if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_HPZ) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "schedule: op %u: ZeRO++'s node groups (hpZ, qgZ) are simulated with "
                         "folded ranks only; leave out --explicit", i);
@@ -974,7 +1088,8 @@ static void seed(Sim *sim)
             g_array_append_val(roots, i);
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
-            ready_push(sim, r, g_array_index(roots, uint32_t, k));
+            if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))
+                ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
             try_stream(sim, r, s, 0.0);
     }
@@ -993,13 +1108,21 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .n_ops = sched->ops->len,
         .sim_dp = explicit_ranks ? (uint32_t)sched->plan.dp : 1,
         .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
+        .sim_pp = (uint32_t)MAX(sched->stages, 1),
+        .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
     };
-    sim.ranks = sim.sim_dp * sim.sim_mp;
+    sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
     SimResult *result = g_new0(SimResult, 1);
     *result = (SimResult){.mode = options->mode, .world = sched->world,
-                          .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops};
+                          .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops,
+                          .stages = (int)sim.sim_pp};
+    result->stage_peak_bytes = g_new0(double, sim.sim_pp);
+    result->stage_compute_s = g_new0(double, sim.sim_pp);
+    result->stage_bubble_s = g_new0(double, sim.sim_pp);
+    result->stage_comm_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_GROUP_N);
+    result->stage_category_peak_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_MEM_N);
     gboolean ok = build_ops(&sim, hw, result, error) &&
                   alloc_rank_state(&sim, options->record_timeline, error);
     if (ok) {
@@ -1051,5 +1174,10 @@ void sim_result_free(SimResult *result)
     g_free(result->op_end_s);
     g_free(result->op_ready_s);
     g_free(result->op_last_rank);
+    g_free(result->stage_peak_bytes);
+    g_free(result->stage_compute_s);
+    g_free(result->stage_bubble_s);
+    g_free(result->stage_comm_bytes);
+    g_free(result->stage_category_peak_bytes);
     g_free(result);
 }

@@ -52,7 +52,8 @@ typedef struct {
      * recomputation and the optimizer are not the model's work (the MFU definition). */
     double model_flops;
     double recompute_flops;
-    double comm_bytes[ZP_GROUP_N]; /* bytes one rank sends, by ZpGroup (ring algorithms) */
+    double comm_bytes[ZP_GROUP_N]; /* bytes one rank sends, by ZpGroup (ring algorithms;
+                                      p2p sends once), the most any stage's rank sends */
 
     /* The highest per-rank total of live bytes, what each category held at that moment, and
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */
@@ -60,6 +61,16 @@ typedef struct {
     double peak_breakdown_bytes[ZP_MEM_N];
     double category_peak_bytes[ZP_MEM_N]; /* each category's own maximum on that rank */
     double peak_model_state_bytes;
+
+    /* Pipeline stages (1 without): per stage, its ranks' highest peak of live bytes, the
+     * compute busy time (optimizer excluded) of its busiest rank, its bubble — the time
+     * before the flush its compute stream idles — and the bytes one of its ranks sends by
+     * ZpGroup ([stage * ZP_GROUP_N + group]). flush_s: when the last forward or backward
+     * ended on any rank. Without a pipeline the bubble is the compute stream's idle time. */
+    int stages;
+    double flush_s;
+    double *stage_peak_bytes, *stage_compute_s, *stage_bubble_s, *stage_comm_bytes;
+    double *stage_category_peak_bytes; /* [stage * ZP_MEM_N + c]: each category's own maximum */
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
@@ -78,7 +89,9 @@ typedef struct {
 } SimResult;
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
- * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node. Fails on an
+ * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node or be a multiple
+ * of it. Pipeline stages are rank classes: each runs its own ops, and a p2p send takes the
+ * sender's NVLink or its share of the NICs (no contention with collectives). Fails on an
  * invalid schedule (naming the op), on a deadlock (naming an op that never ran), if memory
  * of a category goes negative or does not return to sched->state_bytes by the end, or if
  * the explicit ranks' state does not fit in memory. */

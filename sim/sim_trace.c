@@ -9,7 +9,8 @@
 #include <string.h>
 
 /* Stream tracks, in ZpStream order. */
-static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm"};
+static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm",
+                                                       "pp-send"};
 static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather",
                                                    "all-to-all"};
 
@@ -94,9 +95,23 @@ static void append_us(GString *out, const char *key, int64_t ns)
     g_string_append_printf(out, ",\"%s\":%" PRId64 ".%03d", key, ns / 1000, (int)(ns % 1000));
 }
 
+/* The pipeline stage a simulated rank runs (sim_engine's order: tp, then stage, then dp;
+ * folded, one rank a stage). */
+static uint32_t stage_of(const ZpSchedule *s, const SimResult *r, int pid)
+{
+    const int mp = r->mode == SIM_MODE_FOLDED ? 1 : s->plan.mp;
+    return (uint32_t)((pid / mp) % MAX(r->stages, 1));
+}
+
 static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *r, int pid)
 {
-    if (r->mode == SIM_MODE_FOLDED)
+    if (r->stages > 1)
+        g_string_append_printf(out,
+                               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
+                               "\"name\":\"pipeline stage %u%s\"}},\n",
+                               pid, stage_of(s, r, pid),
+                               r->mode == SIM_MODE_FOLDED ? " (folded)" : "");
+    else if (r->mode == SIM_MODE_FOLDED)
         g_string_append_printf(out,
                                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
                                "\"name\":\"ranks 0-%d (folded: one simulated rank)\"}},\n",
@@ -119,7 +134,7 @@ static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, in
     const size_t base = (size_t)pid * r->n_ops;
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (!labels[i])
+        if (!labels[i] || op->stage != stage_of(s, r, pid)) /* another stage's op */
             continue;
         const int64_t start_ns = to_ns(r->op_start_s[base + i]);
         const int64_t ready_ns = to_ns(r->op_ready_s[base + i]);
@@ -177,12 +192,13 @@ static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r,
     size_t n = 0;
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE)
+        if ((op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) && op->stage == stage_of(s, r, pid))
             changes[n++] = (MemoryChange){r->op_start_s[base + i], i};
     }
     qsort(changes, n, sizeof *changes, compare_changes);
     double live[ZP_MEM_N];
-    memcpy(live, s->state_bytes, sizeof live);
+    memcpy(live, r->stages > 1 ? &s->stage_state_bytes[stage_of(s, r, pid) * ZP_MEM_N]
+                               : s->state_bytes, sizeof live);
     append_counter(out, pid, 0.0, live);
     for (size_t k = 0; k < n; k++) {
         const ZpOp *op = zp_sched_op(s, changes[k].op);

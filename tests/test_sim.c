@@ -81,7 +81,8 @@ static void test_placement_and_tree(void)
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 4), ==, 1500);
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLGATHER, 1000, 4), ==, 750);
     g_assert_cmpfloat(sim_coll_bytes_sent(ZP_COLL_ALLREDUCE, 1000, 1), ==, 0);
-    g_assert_false(sim_coll_check_placement(&a100, 16, NULL));
+    g_assert_true(sim_coll_check_placement(&a100, 16, NULL)); /* two whole nodes */
+    g_assert_false(sim_coll_check_placement(&a100, 12, NULL));
     g_assert_false(sim_coll_check_placement(&a100, 3, NULL));
     g_assert_true(sim_coll_check_placement(&a100, 4, NULL));
 }
@@ -479,8 +480,8 @@ static void test_schedule_file_bad_input(void)
          "ops[0]: unknown key \"colour\""},
         {"\"precision\": \"fp8\", \"ops\": []}", "precision"},
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
-         "\"stream\": \"pp\"}]}",
-         "ops[0]: key \"stream\" has unknown value \"pp\""},
+         "\"stream\": \"ep\"}]}",
+         "ops[0]: key \"stream\" has unknown value \"ep\""},
     };
     char *path = g_build_filename(tmp_dir, "bad-graph.json", NULL);
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -988,7 +989,7 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --grad-accum 1.5", "--grad-accum: '1.5' must be a whole number"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 12 --mp 8 --stage 3 --micro-batch 1", "--mp: 8 does not divide --gpus 12"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 40 --mp 5 --stage 3 --micro-batch 1", "--mp: 5 does not divide the 12 attention heads"},
-    {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 32 --mp 16 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 16 must divide the 8 GPUs per node"},
+    {"simulate --model gpt-1t --cluster dgx-a100-80g --gpus 40 --mp 20 --stage 3 --micro-batch 1", "--mp: tensor-parallel degree 20 must divide the 8 GPUs per node"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --overlap --no-overlap", "not both"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --reduce-bucket-size 0", "--reduce-bucket-size: '0' is outside"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters lots", "--max-live-parameters: 'lots' is not a number"},

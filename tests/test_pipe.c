@@ -1,0 +1,560 @@
+/* test_pipe: 3D parallelism — pipeline bubbles from the simulator against the closed forms,
+ * per-stage memory, layer partitions, ZeRO with pipelines as DeepSpeed allows it, and tensor
+ * parallelism across nodes (the ZeRO paper's Megatron baseline). */
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "zp_dsconfig.h"
+#include "zp_mem.h"
+#include "zp_pipe.h"
+#include "zp_search.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include "testutil.h"
+
+#include <jansson.h>
+#include <sys/wait.h>
+#include <math.h>
+#include <string.h>
+
+static ZpHw a100, v100;
+
+/* Blocks of equal work, a 2-token vocabulary (the head and embedding next to nothing), so a
+ * stage's forward and backward take the same time on every stage. */
+static ZpModel pipe_model_h(int layers, int hidden)
+{
+    ZpModel m;
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "pipe-test", "layers", layers,
+                          "hidden", hidden, "heads", 32, "seq_len", 2048, "vocab", 2);
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(o, "pipe-test", &m, &error));
+    g_assert_no_error(error);
+    json_decref(o);
+    return m;
+}
+
+static ZpModel pipe_model(int layers)
+{
+    return pipe_model_h(layers, 4096);
+}
+
+static ZpPlan pipe_plan(int stage, int dp, int pp, ZpPipeSchedule schedule, int v, int micro)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, dp, 1);
+    p.pipe.stages = pp;
+    p.pipe.schedule = schedule;
+    p.pipe.virtual_stages = v;
+    p.grad_accum = micro;
+    return p;
+}
+
+static SimResult *simulate(const ZpModel *m, const ZpPlan *p, SimMode mode)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, p, &error);
+    g_assert_no_error(error);
+    const SimOptions o = {.mode = mode};
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    zp_sched_free(s);
+    return r;
+}
+
+/* ---- the bubble --------------------------------------------------------------------- */
+
+/* The first stage's idle share of the time to the flush, out of the DES, against
+ * (P-1)/(m+P-1) for GPipe and 1F1B and (P-1)/(V m + P-1) interleaved. The sends (b s h, 67 MB
+ * over NVLink, 0.2 ms against a block's 14 ms) and the 2-token head leave it within 1.5% of the
+ * form. */
+static void test_bubble(void)
+{
+    const ZpModel m = pipe_model_h(16, 16384);
+    const struct {
+        ZpPipeSchedule schedule;
+        int pp, v, micro;
+    } cases[] = {
+        {ZP_PIPE_GPIPE, 4, 1, 8},       {ZP_PIPE_1F1B, 4, 1, 8},
+        {ZP_PIPE_1F1B, 4, 1, 2},        {ZP_PIPE_1F1B, 8, 1, 16},
+        {ZP_PIPE_INTERLEAVED, 4, 2, 8}, {ZP_PIPE_INTERLEAVED, 4, 4, 8},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const ZpPlan p = pipe_plan(1, 1, cases[i].pp, cases[i].schedule, cases[i].v,
+                                   cases[i].micro);
+        SimResult *r = simulate(&m, &p, SIM_MODE_FOLDED);
+        const double P = cases[i].pp, vm = cases[i].v * cases[i].micro;
+        const double want = (P - 1) / (vm + P - 1), got = r->stage_bubble_s[0] / r->flush_s;
+        g_test_message("%s P %d V %d m %d: bubble %.4f, form %.4f",
+                       zp_pipe_schedule_name(cases[i].schedule), cases[i].pp, cases[i].v,
+                       cases[i].micro, got, want);
+        g_assert_cmpfloat(fabs(got - want), <=, 0.015 * want);
+        g_assert_cmpint(r->stages, ==, cases[i].pp);
+        sim_result_free(r);
+    }
+}
+
+/* ---- memory per stage ------------------------------------------------------------------ */
+
+/* With checkpointing, stage k of 1F1B holds at most min(P - k, m) micro-batches' block-input
+ * checkpoints (b s h 16-bit elements a block), the first stage min(P, m); GPipe holds all m
+ * on every stage. */
+static void test_stage_checkpoints(void)
+{
+    const ZpModel m = pipe_model(16);
+    const double ckpt = 2048.0 * 4096 * 2, blocks = 4; /* 16 blocks over 4 stages */
+    const int micros[] = {2, 8};
+    for (size_t i = 0; i < G_N_ELEMENTS(micros); i++) {
+        const int micro = micros[i];
+        for (int gpipe = 0; gpipe < 2; gpipe++) {
+            ZpPlan p = pipe_plan(1, 1, 4, gpipe ? ZP_PIPE_GPIPE : ZP_PIPE_1F1B, 1, micro);
+            p.checkpoint = TRUE;
+            SimResult *r = simulate(&m, &p, SIM_MODE_FOLDED);
+            for (int k = 0; k < 4; k++) {
+                const int held = gpipe ? micro : MIN(4 - k, micro);
+                g_assert_cmpfloat(r->stage_category_peak_bytes[k * ZP_MEM_N + ZP_MEM_CHECKPOINTS],
+                                  ==, held * blocks * ckpt);
+            }
+            /* The first stage's peak is the highest of 1F1B's stages. */
+            for (int k = 1; !gpipe && k < 4; k++)
+                g_assert_cmpfloat(r->stage_peak_bytes[0], >, r->stage_peak_bytes[k]);
+            sim_result_free(r);
+        }
+    }
+}
+
+/* Explicit ranks (every DP, TP and stage rank, Megatron's order) give the folded figures,
+ * for 1F1B and interleaved, with and without tensor parallelism. */
+static void test_explicit_equals_folded(void)
+{
+    const ZpModel m = pipe_model(8);
+    const struct {
+        int dp, mp, pp, v;
+    } cases[] = {{2, 1, 4, 1}, {2, 2, 2, 1}, {2, 2, 2, 2}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpPlan p = pipe_plan(1, cases[i].dp, cases[i].pp,
+                             cases[i].v > 1 ? ZP_PIPE_INTERLEAVED : ZP_PIPE_1F1B, cases[i].v, 4);
+        p.mp = cases[i].mp;
+        SimResult *folded = simulate(&m, &p, SIM_MODE_FOLDED);
+        SimResult *all = simulate(&m, &p, SIM_MODE_EXPLICIT);
+        g_assert_cmpint(all->ranks_simulated, ==, cases[i].dp * cases[i].mp * cases[i].pp);
+        g_assert_cmpfloat(fabs(all->step_time_s - folded->step_time_s), <=,
+                          1e-9 * folded->step_time_s);
+        for (int k = 0; k < cases[i].pp; k++) {
+            g_assert_cmpfloat(all->stage_peak_bytes[k], ==, folded->stage_peak_bytes[k]);
+            for (int g = 0; g < ZP_GROUP_N; g++)
+                g_assert_cmpfloat(all->stage_comm_bytes[k * ZP_GROUP_N + g], ==,
+                                  folded->stage_comm_bytes[k * ZP_GROUP_N + g]);
+        }
+        sim_result_free(folded);
+        sim_result_free(all);
+    }
+}
+
+/* ---- partitions ------------------------------------------------------------------------ */
+
+static void test_partition(void)
+{
+    ZpModel m = pipe_model(10);
+    m.vocab = 50000; /* a heavy embedding and head (untied) */
+    m.tied_embeddings = FALSE;
+    int first[5];
+    GError *error = NULL;
+    /* Uniform: 10 blocks over 4 chunks, 3 3 2 2; the embedding first, the head last. */
+    g_assert_true(zp_pipe_partition(&m, 4, ZP_PARTITION_UNIFORM, first, &error));
+    const int uniform[] = {0, 4, 7, 9, 12};
+    for (int c = 0; c <= 4; c++)
+        g_assert_cmpint(first[c], ==, uniform[c]);
+    /* Parameters: the embedding and head (50000 x 4096 each) weigh about a block each, so
+     * the balanced split gives the end chunks fewer blocks. */
+    g_assert_true(zp_pipe_partition(&m, 4, ZP_PARTITION_PARAMETERS, first, &error));
+    g_assert_cmpint(first[0], ==, 0);
+    g_assert_cmpint(first[4], ==, 12);
+    double heaviest = 0;
+    for (int c = 0; c < 4; c++) {
+        double w = 0;
+        g_assert_cmpint(first[c + 1], >, first[c]);
+        for (int u = first[c]; u < first[c + 1]; u++)
+            w += (double)zp_model_unit_elems(&m, u);
+        heaviest = MAX(heaviest, w);
+    }
+    /* The embedding (with its positions) is a little heavier than a block, so the lightest
+     * bottleneck is the embedding and two blocks: the first chunk, and no chunk weighs more. */
+    g_assert_cmpint(first[1], ==, 3);
+    g_assert_cmpfloat(heaviest, ==, (double)zp_model_unit_elems(&m, 0) +
+                                        2.0 * (double)zp_model_unit_elems(&m, 1));
+    g_assert_false(zp_pipe_partition(&m, 11, ZP_PARTITION_UNIFORM, first, &error));
+    g_assert_nonnull(strstr(error->message, "at least one block"));
+    g_clear_error(&error);
+}
+
+/* Every action of every stage once; 1F1B's first stage warms up with P-1 forwards. */
+static void test_actions(void)
+{
+    for (int schedule = 0; schedule < ZP_PIPE_N; schedule++) {
+        const int P = 4, V = schedule == ZP_PIPE_INTERLEAVED ? 2 : 1, m = 8;
+        for (int stage = 0; stage < P; stage++) {
+            GArray *a = zp_pipe_actions(schedule, P, V, m, stage);
+            g_assert_cmpuint(a->len, ==, 2 * m * V);
+            int seen[2][8][2] = {{{0}}};
+            for (guint i = 0; i < a->len; i++) {
+                const ZpPipeAction *x = &g_array_index(a, ZpPipeAction, i);
+                g_assert_cmpint(x->chunk % P, ==, stage);
+                seen[x->backward][x->micro][x->chunk / P]++;
+                /* A micro-batch's backward through a chunk follows its forward. */
+                if (x->backward)
+                    g_assert_cmpint(seen[0][x->micro][x->chunk / P], ==, 1);
+            }
+            for (int b = 0; b < 2; b++)
+                for (int i = 0; i < m; i++)
+                    for (int v = 0; v < V; v++)
+                        g_assert_cmpint(seen[b][i][v], ==, 1);
+            if (schedule == ZP_PIPE_1F1B)
+                for (int i = 0; i < P - stage; i++)
+                    g_assert_false(g_array_index(a, ZpPipeAction, i).backward);
+            g_array_unref(a);
+        }
+    }
+}
+
+/* ---- ZeRO with pipelines ------------------------------------------------------------- */
+
+/* DeepSpeed's PipelineEngine refuses ZeRO-2 and -3 (deepspeed/runtime/pipe/engine.py). */
+static void test_zero23_refused(void)
+{
+    const ZpModel m = pipe_model(8);
+    for (int stage = 2; stage <= 3; stage++) {
+        const ZpPlan p = pipe_plan(stage, 2, 4, ZP_PIPE_1F1B, 1, 4);
+        GError *error = NULL;
+        g_assert_null(zp_sched_build(&m, &p, &error));
+        g_assert_nonnull(strstr(error->message,
+                                "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"));
+        g_error_free(error);
+    }
+    TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --pp 4 "
+                       "--stage 3 --micro-batch 1 --grad-accum 4");
+    g_assert_nonnull(strstr(r.err, "ZeRO-2 and ZeRO-3 are incompatible"));
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    tu_free(&r);
+}
+
+/* ZeRO-1 with a pipeline: each stage reduce-scatters its own parameters' gradients over its
+ * data-parallel group, once, after its last backward, and all-gathers its own partition. */
+static void test_zero1_per_stage(void)
+{
+    ZpModel m = pipe_model(8);
+    m.vocab = 1000;
+    const ZpPlan p = pipe_plan(1, 4, 4, ZP_PIPE_1F1B, 1, 4);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const uint64_t block = zp_model_unit_elems(&m, 1);
+    /* Stage 0: the embedding and 2 blocks; stage 3: 2 blocks, the final norm and the tied
+     * head's own copy of the word embedding (Megatron's). */
+    const double want[4] = {(double)zp_model_unit_elems(&m, 0) + 2.0 * block, 2.0 * block,
+                            2.0 * block,
+                            2.0 * block + (double)zp_model_unit_elems(&m, 9) + 1000.0 * 4096};
+    double reduced[4] = {0}, gathered[4] = {0};
+    int last_micro[4] = {-1, -1, -1, -1};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COLLECTIVE)
+            continue;
+        g_assert_cmpint(op->group, ==, ZP_GROUP_DP);
+        if (op->sub == ZP_COLL_REDUCE_SCATTER) {
+            reduced[op->stage] += (double)op->elems;
+            last_micro[op->stage] = MAX(last_micro[op->stage], op->micro);
+            g_assert_cmpint(op->micro, ==, 3); /* the last micro-batch only */
+        } else {
+            g_assert_cmpint(op->sub, ==, ZP_COLL_ALLGATHER);
+            gathered[op->stage] += (double)op->elems;
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        g_assert_cmpfloat(reduced[k], ==, want[k]);
+        g_assert_cmpfloat(gathered[k], ==, (double)zp_mem_padded_elems((uint64_t)want[k], 4));
+        /* Optimizer states: this stage's parameters over its 4 DP ranks. */
+        g_assert_cmpfloat(s->stage_state_bytes[k * ZP_MEM_N + ZP_MEM_MASTER], ==,
+                          4.0 * (double)zp_mem_padded_elems((uint64_t)want[k], 4) / 4);
+    }
+    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    for (int k = 0; k < 4; k++)
+        g_assert_cmpfloat(fabs(r->stage_comm_bytes[k * ZP_GROUP_N + ZP_GROUP_DP] -
+                               3.0 / 4 * want[k] * 2 -
+                               3.0 / 4 * (double)zp_mem_padded_elems((uint64_t)want[k], 4) * 2),
+                          <=, 1.0);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* ---- sequence parallelism ---------------------------------------------------------------- */
+
+/* Korthikanti et al.: with tensor and sequence parallelism a GPT block (eager attention,
+ * dropout) keeps (s b h / t)(34 + 5 a s / h) bytes; each TP all-reduce becomes a
+ * reduce-scatter and an all-gather of the same b s h, so the bytes sent are unchanged; the
+ * checkpoint is split over t too. */
+static void test_sequence_parallel(void)
+{
+    ZpModel m;
+    g_assert_true(zp_model_load("gpt3-175b", &m, NULL));
+    g_assert_true(m.dropout);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 8);
+    p.sequence_parallel = TRUE;
+    const double s = (double)m.seq_len, h = (double)m.hidden, a = (double)m.heads, t = 8;
+    g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
+                           s * h / t * (34 + 5 * a * s / h)), <=, 1e-9 * s * h * 34);
+    g_assert_cmpfloat(zp_mem_checkpoint_bytes(&m, &p), ==, s * h * 2 / t);
+    p.sequence_parallel = FALSE;
+    g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
+                           s * h * (10 + 24 / t + 5 * a * s / (h * t))), <=, 1e-9 * s * h * 34);
+    /* The schedule: per block forward two reduce-scatters and two all-gathers, no all-reduce,
+     * and the same TP bytes as without. */
+    m.layers = 4;
+    GError *error = NULL;
+    double tp_bytes[2];
+    for (int sp = 0; sp < 2; sp++) {
+        p.sequence_parallel = sp;
+        ZpSchedule *sched = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        guint kinds[ZP_COLL_N] = {0};
+        for (guint i = 0; i < sched->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(sched, i);
+            if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP)
+                kinds[op->sub]++;
+        }
+        g_assert_cmpuint(kinds[ZP_COLL_ALLREDUCE], ==, sp ? 0 : 4 * 4);
+        g_assert_cmpuint(kinds[ZP_COLL_REDUCE_SCATTER], ==, sp ? 4 * 4 : 0);
+        g_assert_cmpuint(kinds[ZP_COLL_ALLGATHER], ==, sp ? 4 * 4 : 0);
+        tp_bytes[sp] = zp_sched_comm_bytes(sched, ZP_GROUP_TP);
+        zp_sched_free(sched);
+    }
+    g_assert_cmpfloat(fabs(tp_bytes[1] - tp_bytes[0]), <=, 1e-9 * tp_bytes[0]);
+}
+
+/* ---- the 3D search ----------------------------------------------------------------------- */
+
+static gboolean rank_fn(const ZpPlan *plan, void *ctx, double *step_s, double *peak_bytes,
+                        GError **error)
+{
+    const ZpModel *m = ctx;
+    ZpSchedule *s = zp_sched_build(m, plan, error);
+    if (!s)
+        return FALSE;
+    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &a100, &o, error);
+    zp_sched_free(s);
+    if (!r)
+        return FALSE;
+    *step_s = r->step_time_s;
+    *peak_bytes = r->peak_memory_bytes;
+    sim_result_free(r);
+    return TRUE;
+}
+
+static double bus(const ZpHw *hw, int dp, int mp, ZpGroup group)
+{
+    return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
+}
+
+/* The screen's step bound stays below the simulated step for pipelines too (the branch and
+ * bound is exact only then), and the 3D search finds pipelined plans, ZeRO stages 0-1 only. */
+static void test_search_3d(void)
+{
+    ZpModel m;
+    g_assert_true(zp_model_load("gpt3-175b", &m, NULL));
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &a100, 256);
+    spec.global_batch = 512;
+    spec.three_d = TRUE;
+    spec.rank = rank_fn;
+    spec.rank_ctx = &m;
+    spec.bus_bytes_per_s = bus;
+    spec.top_k = 8;
+    ZpSearchResult r;
+    GError *error = NULL;
+    g_assert_true(zp_search_run(&spec, &r, &error));
+    g_assert_no_error(error);
+    guint pipelined = 0, checked = 0;
+    for (guint i = 0; i < r.candidates->len; i++) {
+        const ZpCandidate *c = zp_search_candidate(&r, (int)i);
+        if (zp_plan_pp(&c->plan) > 1)
+            g_assert_cmpint(c->plan.zero.stage, <=, 1);
+        if (c->fate != ZP_FATE_SIMULATED && c->fate != ZP_FATE_SIMULATED_OOM)
+            continue;
+        if (c->bound_step_s > c->step_time_s)
+            g_test_message("bound over: pp %d v %d stage %d mp %d dp %d micro %d x %d ckpt %d: %g > %g", zp_plan_pp(&c->plan), zp_plan_vstages(&c->plan), c->plan.zero.stage, c->plan.mp, c->plan.dp, c->plan.micro_batch, c->plan.grad_accum, c->plan.checkpoint, c->bound_step_s, c->step_time_s);
+        g_assert_cmpfloat(c->bound_step_s, <=, c->step_time_s);
+        checked++;
+        pipelined += zp_plan_pp(&c->plan) > 1;
+    }
+    g_test_message("%u simulated, %u pipelined", checked, pipelined);
+    g_assert_cmpuint(pipelined, >, 0);
+    g_assert_cmpint(r.pipe_best[0] >= 0 || r.pipe_best[1] >= 0, ==, TRUE);
+    zp_search_result_clear(&r);
+}
+
+/* ---- the plan as JSON and as a ds_config ------------------------------------------------- */
+
+static void test_plan_files(void)
+{
+    ZpModel m = pipe_model(16);
+    ZpPlan p = pipe_plan(1, 8, 4, ZP_PIPE_INTERLEAVED, 2, 8);
+    p.pipe.partition = ZP_PARTITION_PARAMETERS;
+    p.sequence_parallel = TRUE;
+    p.mp = 2;
+    GError *error = NULL;
+    json_t *o = zp_plan_to_json(&p);
+    ZpPlan back;
+    g_assert_true(zp_plan_from_json(o, "plan", &back, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(memcmp(&p, &back, sizeof p), ==, 0);
+    json_decref(o);
+    /* ds_config: DeepSpeed's pipeline engine runs 1F1B; its world is dp x mp x stages. */
+    p = pipe_plan(1, 8, 4, ZP_PIPE_1F1B, 1, 16);
+    p.mp = 2;
+    p.checkpoint = TRUE;
+    p.pipe.partition = ZP_PARTITION_PARAMETERS;
+    o = zp_dsconfig_to_json(&p);
+    json_t *section = json_object_get(o, "pipeline");
+    g_assert_cmpint(json_integer_value(json_object_get(section, "stages")), ==, 4);
+    g_assert_cmpint(json_integer_value(json_object_get(section, "activation_checkpoint_interval")),
+                    ==, 1);
+    g_assert_cmpint(json_integer_value(json_object_get(o, "gradient_accumulation_steps")), ==, 16);
+    ZpPlan launch;
+    zp_plan_defaults(&launch, 0, 32, 2); /* 64 GPUs, no stages: the file says 4 */
+    int64_t batch = 0;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_dsconfig_from_json(o, "ds", &m, &launch, &back, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(back.dp, ==, 8);
+    g_assert_cmpint(zp_plan_pp(&back), ==, 4);
+    g_assert_cmpint(back.grad_accum, ==, 16);
+    g_assert_true(back.checkpoint);
+    g_assert_cmpint(back.pipe.partition, ==, ZP_PARTITION_PARAMETERS);
+    g_assert_cmpint(batch, ==, 8 * 16);
+    json_decref(o);
+    /* Bad input: a checkpoint interval zplan does not model, stages that do not divide. */
+    const char *bad[][2] = {
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"activation_checkpoint_interval\": 2}}",
+         "activation_checkpoint_interval 2 is not modeled"},
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"stages\": 3}}", "does not divide"},
+        {"{\"train_batch_size\": 32, \"pipeline\": {\"partition_method\": \"type:x\"}}",
+         "ds: pipeline: key \"partition_method\": unknown value"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        o = json_loads(bad[i][0], 0, NULL);
+        g_assert_nonnull(o);
+        g_assert_false(zp_dsconfig_from_json(o, "ds", &m, &launch, &back, &batch, warnings,
+                                             &error));
+        g_test_message("%s", error->message);
+        g_assert_nonnull(strstr(error->message, bad[i][1]));
+        g_clear_error(&error);
+        json_decref(o);
+    }
+    g_ptr_array_unref(warnings);
+}
+
+/* ---- tensor parallelism across nodes ---------------------------------------------------- */
+
+/* The ZeRO paper's Megatron baseline for 40B: MP 32 over 384 V100s (DGX-2s of 16), so each
+ * TP group spans two nodes and its all-reduces run at the NICs' bandwidth. */
+static void test_cross_node_tp(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("zero-40b", &m, &error));
+    g_assert_true(sim_coll_check_placement(&v100, 32, &error));
+    const SimCollGroup tp = sim_coll_group(&v100, 12, 32, ZP_GROUP_TP);
+    g_assert_cmpint(tp.nodes, ==, 2);
+    g_assert_cmpint(tp.ranks_per_node, ==, 16);
+    g_assert_cmpint(tp.bottleneck, ==, SIM_LINK_INTER);
+    g_assert_cmpfloat(tp.bus_bytes_per_s, ==, v100.inter_node_bytes_per_s);
+    const SimCollGroup dp = sim_coll_group(&v100, 12, 32, ZP_GROUP_DP);
+    g_assert_cmpint(dp.nodes, ==, 12);
+    g_assert_cmpint(dp.ranks_per_node, ==, 1);
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 12, 32);
+    p.micro_batch = 4;
+    p.checkpoint = TRUE;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &v100, &o, &error);
+    g_assert_no_error(error);
+    /* The same plan's TP all-reduce of b s h, timed over the NIC. */
+    const double elems = 4.0 * 1024 * 6144, per = sim_coll_cost(ZP_COLL_ALLREDUCE, elems * 2, &tp)
+                                                          .transfer_s;
+    g_assert_cmpfloat(per, >, 2 * 31.0 / 32 * elems * 2 / v100.intra_node_bytes_per_s);
+    /* 6 all-reduces a block (2 forward, 2 recompute, 2 backward), all on the TP stream. */
+    g_assert_cmpfloat(r->stream_busy_s[ZP_STREAM_TP], >=, 6 * 88 * per);
+    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TP], ==, 6 * 88 * 2 * 31.0 / 32 * elems * 2);
+    g_assert_cmpfloat(r->peak_memory_bytes, <, v100.gpu_memory_bytes);
+    sim_result_free(r);
+    zp_sched_free(s);
+    /* The CLI says where the groups sit. */
+    TuRun run = tu_zplan("simulate --model zero-40b --cluster dgx2-v100 --gpus 384 --mp 32 "
+                         "--stage 0 --micro-batch 4 --checkpoint");
+    g_assert_nonnull(strstr(run.out, "TP innermost"));
+    g_assert_nonnull(strstr(run.out, "a TP group spans 2 node(s) (its all-reduces cross the NIC)"));
+    tu_free(&run);
+}
+
+/* ---- bad input ----------------------------------------------------------------------------- */
+
+/* One line naming the flag, exit status 1. */
+static void test_bad_flags(void)
+{
+    static const struct {
+        const char *args, *message;
+    } cases[] = {
+        {"--gpus 8 --pp 0", "--pp"},
+        {"--gpus 8 --pp 3", "--pp: MP 1 x PP 3 = 3 does not divide --gpus 8"},
+        {"--gpus 8 --pp 4 --pp-schedule zigzag", "--pp-schedule: unknown value 'zigzag'"},
+        {"--gpus 8 --pp 4 --virtual-stages 2",
+         "virtual-stages: more than one model chunk per stage needs --pp-schedule interleaved"},
+        {"--gpus 8 --pp 4 --pp-schedule interleaved",
+         "pp-schedule: interleaved needs --virtual-stages of 2 or more"},
+        {"--gpus 8 --pp 4 --pp-schedule interleaved --virtual-stages 2 --grad-accum 6",
+         "grad-accum: the interleaved schedule needs the number of micro-batches to be a "
+         "multiple of the pipeline stages"},
+        {"--gpus 8 --pp 8 --virtual-stages 2 --pp-schedule interleaved --grad-accum 8",
+         "pp: 8 stages x 2 virtual stages exceed the model's 12 layers"},
+        {"--gpus 8 --pp-schedule gpipe", "need --pp of 2 or more"},
+        {"--gpus 8 --sequence-parallel", "--sequence-parallel: splits the sequence over the "
+         "tensor-parallel group; needs --mp of 2 or more"},
+        {"--gpus 8 --pp 2 --partition-method type:transformer", "--partition-method: unknown value"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-a100-80g --stage 1 "
+                                     "--micro-batch 1 %s", cases[i].args);
+        TuRun r = tu_zplan(args);
+        g_test_message("%s -> %s", args, r.err);
+        g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+        g_assert_nonnull(strstr(r.err, cases[i].message));
+        g_assert_cmpstr(r.out, ==, "");
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_true(zp_hw_load("dgx2-v100", &v100, NULL));
+    g_test_add_func("/pipe/bubble", test_bubble);
+    g_test_add_func("/pipe/stage-checkpoints", test_stage_checkpoints);
+    g_test_add_func("/pipe/explicit-equals-folded", test_explicit_equals_folded);
+    g_test_add_func("/pipe/partition", test_partition);
+    g_test_add_func("/pipe/actions", test_actions);
+    g_test_add_func("/pipe/zero23-refused", test_zero23_refused);
+    g_test_add_func("/pipe/zero1-per-stage", test_zero1_per_stage);
+    g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
+    g_test_add_func("/pipe/plan-files", test_plan_files);
+    g_test_add_func("/pipe/search-3d", test_search_3d);
+    g_test_add_func("/pipe/sequence-parallel", test_sequence_parallel);
+    g_test_add_func("/pipe/bad-flags", test_bad_flags);
+    return g_test_run();
+}
