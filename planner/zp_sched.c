@@ -1388,8 +1388,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              name_index(o, what, "group", group_names, &group, error) &&
              (group != ZP_GROUP_PP ||
               (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                           "%s: key \"group\": pp names a pipeline's p2p, not a collective's "
-                           "group", what), FALSE)) &&
+                           "%s: key \"group\" has unknown value \"pp\" for a collective (pp "
+                           "names a pipeline's p2p; a collective's group is dp, tp, hpz, node or "
+                           "xnode)", what), FALSE)) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&

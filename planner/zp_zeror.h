@@ -15,7 +15,9 @@
  * cpu_checkpointing is on; CheckpointFunction.backward calls gather_partitioned_activations(),
  * which allocates the whole b*s*h tensor on the GPU, copies the slice in (from the host with
  * cpu_checkpointing) and all-gathers it over the tensor-parallel group. Both copies are
- * synchronous on the compute stream. cpu_checkpointing without Pa moves the whole input. */
+ * synchronous on the compute stream. cpu_checkpointing without Pa moves the whole input.
+ * Under sequence parallelism a rank's checkpoint is already its own 1/M of the sequence
+ * (zp_mem_checkpoint_bytes), so Pa splits nothing further and gathers nothing. */
 typedef struct {
     double full_bytes;      /* the block input, b*s*h elements in the working precision */
     double gpu_bytes;       /* what each rank keeps on the GPU per block until its backward */
