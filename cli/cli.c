@@ -1,6 +1,7 @@
 /* cli: the flag handling every zplan subcommand shares, so that each bad-input case is
  * refused the same way everywhere: one line, naming the flag, non-zero exit. */
 #include "cli.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -171,4 +172,38 @@ char *cli_thousands(uint64_t value)
         g_string_append_c(out, digits[i]);
     }
     return g_string_free(out, FALSE);
+}
+
+gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const char *nvme_path,
+                     ZpZeroConfig *zero, GError **error)
+{
+    const struct {
+        const char *flag, *text;
+        ZpOffload *slot;
+    } flags[] = {{"--offload-optimizer", optimizer_flag, &zero->offload_optimizer},
+                 {"--offload-param", param_flag, &zero->offload_param}};
+    for (size_t i = 0; i < G_N_ELEMENTS(flags); i++) {
+        if (!flags[i].text)
+            continue;
+        if (!zp_offload_device_parse(flags[i].text, flags[i].flag, &flags[i].slot->device,
+                                     error))
+            return FALSE;
+        if (nvme_path && strlen(nvme_path) >= sizeof flags[i].slot->nvme_path) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--nvme-path: longer than %zu characters",
+                        sizeof flags[i].slot->nvme_path - 1);
+            return FALSE;
+        }
+        if (nvme_path && flags[i].slot->device == ZP_OFFLOAD_NVME)
+            g_strlcpy(flags[i].slot->nvme_path, nvme_path, sizeof flags[i].slot->nvme_path);
+    }
+    ZpPlan probe;
+    zp_plan_defaults(&probe, zero->stage, 1, 1);
+    probe.zero = *zero;
+    if (!zp_offload_check(&probe, error)) {
+        const gboolean optimizer = zero->offload_optimizer.device != ZP_OFFLOAD_NONE &&
+                                   zero->stage < 1;
+        g_prefix_error(error, "%s: ", optimizer ? "--offload-optimizer" : "--offload-param");
+        return FALSE;
+    }
+    return TRUE;
 }

@@ -61,6 +61,22 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
                               const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
                               GError **error);
 
+/* --offload-optimizer cpu|nvme, --offload-param cpu|nvme and --nvme-path DIR (NULL: absent)
+ * into zero's offload sections, checked against its stage (zp_offload_check), failing
+ * naming the flag. */
+gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const char *nvme_path,
+                     ZpZeroConfig *zero, GError **error);
+
+/* The three offload flags' GOptionEntry lines; targets are char **. */
+#define CLI_OFFLOAD_ENTRIES(opt, param, path)                                                  \
+    {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, (opt),                                    \
+     "ZeRO-Offload: fp32 master, Adam moments and fp32 gradients to cpu or nvme (stage >= 1)", \
+     "DEV"},                                                                                   \
+    {"offload-param", 0, 0, G_OPTION_ARG_STRING, (param),                                      \
+     "ZeRO-Infinity: the 16-bit parameter partitions to cpu or nvme (stage 3)", "DEV"},        \
+    {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, (path),                                         \
+     "Directory DeepSpeed swaps to with nvme (written to --ds-config)", "DIR"}
+
 /* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
  * sets model->seq_len and checks it against a learned position table; refused for a model
  * known only by its parameter count. */

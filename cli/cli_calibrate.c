@@ -29,6 +29,10 @@ typedef struct {
      * process held before its first allocation (CUDA context, cuBLAS). 0 on CPU runs. */
     double device_total_bytes, device_context_bytes;
     double host_memory_bytes; /* of the machine the runs measured (0: not recorded) */
+    /* The host's CPU Adam (optimizer offload), one core per rank, and the host's cores, from
+     * runs that recorded them; empty otherwise. */
+    GArray *cpu_adam_bytes, *cpu_adam_s; /* double, double */
+    double host_cores;
 } Samples;
 
 /* Backends whose GEMMs round their operands to bf16 (tensor cores); the others (cpu,
@@ -79,6 +83,19 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         g_array_append_val(tc ? s->tc_s : s->gemm_s, t);
         g_array_append_val(tc ? s->tc_world : s->gemm_world, w);
     }
+    json_t *cpu_adam = ok ? json_object_get(root, "cpu_adam") : NULL;
+    for (size_t i = 0; ok && i < json_array_size(cpu_adam); i++) {
+        double b, t;
+        json_t *c = json_array_get(cpu_adam, i);
+        ok = zp_json_get_number(c, path, "bytes", TRUE, 1, 1e30, &b, error) &&
+             zp_json_get_number(c, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
+        if (ok) {
+            g_array_append_val(s->cpu_adam_bytes, b);
+            g_array_append_val(s->cpu_adam_s, t);
+        }
+    }
+    if (ok && json_object_get(root, "host_cores"))
+        ok = zp_json_get_number(root, path, "host_cores", TRUE, 1, 1e6, &s->host_cores, error);
     if (ok && json_object_get(root, "host_memory_bytes"))
         ok = zp_json_get_number(root, path, "host_memory_bytes", TRUE, 1, 1e18,
                                 &s->host_memory_bytes, error);
@@ -425,6 +442,28 @@ static gboolean check_loadable(json_t *profile, GError **error)
     return FALSE;
 }
 
+/* The host's CPU Adam rate per core (1/slope of its time against the bytes it moves, one
+ * core per rank) and the host's cores, with their notes, when the runs measured them. */
+static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
+{
+    if (s->cpu_adam_bytes->len == 0 || s->host_cores <= 0)
+        return TRUE;
+    double c0, c1;
+    if (!fit_line(s->cpu_adam_bytes, s->cpu_adam_s, "cpu adam", FALSE, &c0, &c1, error))
+        return FALSE;
+    json_object_set_new(profile, "cpu_adam_bytes_per_s_per_core", json_real(1.0 / c1));
+    json_object_set_new(profile, "cpu_cores_per_node", json_real(s->host_cores));
+    json_t *notes = json_object_get(profile, "notes");
+    json_object_set_new(notes, "cpu_adam_bytes_per_s_per_core",
+                        json_string("zreal --microbench: 1/slope of the vectorised CPU Adam's "
+                                    "time against its bytes (30 per element), one core per rank"));
+    json_object_set_new(notes, "cpu_cores_per_node",
+                        json_string("zreal --microbench: the cores online on the machine"));
+    json_object_set_new(json_object_get(profile, "calibration"), "cpu_adam_rms_rel_error",
+                        json_real(rms_rel_line(s->cpu_adam_bytes, s->cpu_adam_s, c0, c1)));
+    return TRUE;
+}
+
 int cli_calibrate(int argc, char **argv)
 {
     char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL;
@@ -457,7 +496,9 @@ int cli_calibrate(int argc, char **argv)
                  g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(int)), g_array_new(FALSE, FALSE, sizeof(int)),
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
-                 0, g_ptr_array_new_with_free_func(g_free), 0, 0, 0};
+                 0, g_ptr_array_new_with_free_func(g_free), 0, 0, 0,
+                 g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
+                 0};
     double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
     Fitted fitted = {0};
     CollFit fit;
@@ -499,7 +540,8 @@ int cli_calibrate(int argc, char **argv)
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
-        ok = check_loadable(profile, &error) && zp_json_write(profile, out, &error);
+        ok = add_cpu_adam(profile, &s, &error) && check_loadable(profile, &error) &&
+             zp_json_write(profile, out, &error);
         if (ok)
             warn_residuals(json_object_get(profile, "calibration"));
         if (ok)
@@ -518,7 +560,7 @@ int cli_calibrate(int argc, char **argv)
     GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.tc_flops, s.tc_s, s.tc_world,
                         s.mem_bytes, s.mem_s, s.mem_world,
                         s.ew_bytes, s.ew_s, s.ew_world, s.coll_kind, s.coll_ranks,
-                        s.coll_bytes, s.coll_s};
+                        s.coll_bytes, s.coll_s, s.cpu_adam_bytes, s.cpu_adam_s};
     for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);

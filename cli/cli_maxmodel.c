@@ -2,8 +2,10 @@
  * largest parameter count whose model states fit in one GPU's memory, per stage. */
 #include "cli.h"
 #include "zp_mem.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <stdio.h>
 
 /* "7.64B", "2.05T": the paper's way of writing model sizes. */
@@ -17,10 +19,33 @@ static void format_params(double params, char *out, size_t size)
         g_snprintf(out, size, "%.3gM", params / 1e6);
 }
 
+/* The largest parameter count whose model states fit every tier with offload: the GPU's
+ * states in its memory, the host's and NVMe's per node in the profile's. The tiers grow with
+ * the parameters (the offload buffers are fixed or proportional), so a bisection in log
+ * space finds the edge to 1e-6. */
+static double max_params_offloaded(const ZpHw *hw, const ZpPlan *plan)
+{
+    double lo = 1, hi = 1e16;
+    for (int i = 0; i < 200 && hi / lo > 1 + 1e-6; i++) {
+        const double mid = sqrt(lo * hi);
+        ZpModel m;
+        zp_model_from_params((uint64_t)mid, &m);
+        ZpTiers t;
+        zp_offload_tiers(&m, plan, hw, &t);
+        double short_bytes;
+        if (zp_offload_overflow(&t, t.total_bytes[ZP_TIER_GPU], hw, &short_bytes) == ZP_TIER_N)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 int cli_maxmodel(int argc, char **argv)
 {
     char *cluster = NULL, *gpu_memory = NULL, *gpus_flag = NULL, *mp_flag = NULL;
-    char *precision_flag = NULL, *optimizer_flag = NULL;
+    char *precision_flag = NULL, *optimizer_flag = NULL, *offload_opt = NULL;
+    char *offload_param = NULL, *nvme_path = NULL;
     gboolean json = FALSE;
     GOptionEntry entries[] = {
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (its GPU memory)", "C"},
@@ -29,6 +54,7 @@ int cli_maxmodel(int argc, char **argv)
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp_flag, "Tensor (model) parallel degree; DP = N / M", "M"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision_flag, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer_flag, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -36,7 +62,10 @@ int cli_maxmodel(int argc, char **argv)
     g_option_context_add_main_entries(context, entries, NULL);
     g_option_context_set_summary(context,
         "Prints the ZeRO paper's Table 2 theoretical columns: the largest parameter count\n"
-        "whose model states (no activations or buffers) fit in one GPU, per ZeRO stage.");
+        "whose model states (no activations or buffers) fit in one GPU, per ZeRO stage.\n"
+        "With --offload-optimizer/--offload-param (and --cluster) the states that go to\n"
+        "the host or NVMe must fit there too, per node; stages that cannot offload so\n"
+        "keep everything on the GPU.");
     GError *error = NULL;
     ZpHw hw;
     ZpModel no_model;
@@ -56,6 +85,9 @@ int cli_maxmodel(int argc, char **argv)
     }
     ok = ok && cli_int(gpus_flag, "--gpus", 1, CLI_MAX_GPUS, 1, &gpus, &error) &&
          cli_check_mp(mp, gpus, &no_model, &error);
+    ZpZeroConfig offload;
+    zp_zero_config_defaults(&offload, 3);
+    ok = ok && cli_offload(offload_opt, offload_param, nvme_path, &offload, &error);
     int status = 0;
     if (!ok) {
         status = cli_fail("maxmodel", error);
@@ -63,8 +95,18 @@ int cli_maxmodel(int argc, char **argv)
         const ZpStateBytes sb = zp_plan_state_bytes(precision, optimizer);
         const int dp = gpus / mp;
         double best[4];
-        for (int stage = 0; stage <= 3; stage++)
-            best[stage] = zp_mem_max_params(hw.gpu_memory_bytes, stage, dp, mp, sb);
+        for (int stage = 0; stage <= 3; stage++) {
+            ZpPlan plan;
+            zp_plan_defaults(&plan, stage, dp, mp);
+            plan.precision = precision, plan.optimizer = optimizer;
+            if (stage >= 1)
+                plan.zero.offload_optimizer = offload.offload_optimizer;
+            if (stage == 3)
+                plan.zero.offload_param = offload.offload_param;
+            best[stage] = zp_offload_any(&plan)
+                              ? max_params_offloaded(&hw, &plan)
+                              : zp_mem_max_params(hw.gpu_memory_bytes, stage, dp, mp, sb);
+        }
         if (json) {
             json_t *root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f}", "stage0",
                                      best[0], "stage1", best[1], "stage2", best[2], "stage3",
@@ -92,6 +134,7 @@ int cli_maxmodel(int argc, char **argv)
     }
     g_option_context_free(context);
     g_free(cluster), g_free(gpu_memory), g_free(gpus_flag), g_free(mp_flag);
-    g_free(precision_flag), g_free(optimizer_flag);
+    g_free(precision_flag), g_free(optimizer_flag), g_free(offload_opt);
+    g_free(offload_param), g_free(nvme_path);
     return status;
 }

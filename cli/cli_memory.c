@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "zp_comm.h"
 #include "zp_mem.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
@@ -18,7 +19,7 @@ typedef struct {
     ZpCheckpointConfig ckpt; /* ZeRO-R: --partition-activations, --cpu-checkpointing */
     ZpPrecision precision;
     ZpOptimizer optimizer;
-    ZpPlan kernels; /* its attention and reduce_dtype */
+    ZpPlan kernels; /* its attention and reduce_dtype, and the offload flags' zero sections */
 } MemoryArgs;
 
 #define GB 1e9
@@ -54,6 +55,16 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->optimizer = a->optimizer;
     plan->attention = a->kernels.attention;
     plan->reduce_dtype = a->kernels.reduce_dtype;
+    /* Offload where the stage allows it (the optimizer from stage 1, parameters at 3). */
+    if (stage >= 1)
+        plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
+    if (stage == 3)
+        plan->zero.offload_param = a->kernels.zero.offload_param;
+}
+
+static gboolean offloads(const MemoryArgs *a)
+{
+    return zp_offload_any(&a->kernels);
 }
 
 static int print_json(const MemoryArgs *a)
@@ -102,15 +113,21 @@ static int print_json(const MemoryArgs *a)
     return ok ? 0 : cli_fail("memory", error);
 }
 
-/* Bytes per GPU at a stage: model states + residual (the reserve included). */
+/* Bytes per GPU at a stage: the model states left on the GPU (all of them without offload)
+ * + residual (the reserve included). A stage whose host memory or NVMe per node overflows
+ * needs, for the verdict, the GPU's memory and that shortfall. */
 static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
 {
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     ZpPlan plan;
     plan_for(a, stage, gpus, &plan);
     const ZpResidual r = zp_mem_residual(&a->model, &plan, &a->hw);
-    const double params = (double)zp_model_param_count(&a->model);
-    return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes + r.total_bytes;
+    ZpTiers t;
+    zp_offload_tiers(&a->model, &plan, &a->hw, &t);
+    const double need = t.total_bytes[ZP_TIER_GPU] + r.total_bytes;
+    double short_bytes;
+    const ZpTier over = zp_offload_overflow(&t, need, &a->hw, &short_bytes);
+    return over == ZP_TIER_CPU || over == ZP_TIER_NVME ? a->hw.gpu_memory_bytes + short_bytes
+                                                       : need;
 }
 
 /* The stage that needs the least memory at the last GPU count (the one the residual table
@@ -118,10 +135,10 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
 static int least_stage(const MemoryArgs *a, double *need_bytes)
 {
     const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
-    int best = 0;
+    int best = -1;
     for (int stage = 0; stage <= 3; stage++) {
         const double need = stage_need_bytes(a, stage, gpus);
-        if (stage == 0 || need < *need_bytes)
+        if (best < 0 || need < *need_bytes)
             best = stage, *need_bytes = need;
     }
     return best;
@@ -217,6 +234,55 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
     g_free(capacity);
 }
 
+/* With offload: where each stage's model states go, per GPU and per node, and which tier
+ * overflows (DeepSpeed's own estimator beside it). */
+static void print_offload(const MemoryArgs *a, int gpus)
+{
+    printf("\nOffload (optimizer %s, parameters %s) at %d GPUs, %d per node (GB):\n",
+           zp_offload_device_name(a->kernels.zero.offload_optimizer.device),
+           zp_offload_device_name(a->kernels.zero.offload_param.device), gpus,
+           a->have_hw ? MIN(a->hw.gpus_per_node, gpus) : 1);
+    printf("  %-28s %9s %9s %9s %9s\n", "tier", "stage 0", "stage 1", "stage 2", "stage 3");
+    ZpTiers t[4];
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan plan;
+        plan_for(a, stage, gpus, &plan);
+        zp_offload_tiers(&a->model, &plan, a->have_hw ? &a->hw : NULL, &t[stage]);
+    }
+    const struct {
+        const char *label;
+        size_t offset;
+    } rows[] = {
+        {"GPU model states per GPU", G_STRUCT_OFFSET(ZpTiers, total_bytes[ZP_TIER_GPU])},
+        {"host memory per GPU", G_STRUCT_OFFSET(ZpTiers, total_bytes[ZP_TIER_CPU])},
+        {"  of it pinned", G_STRUCT_OFFSET(ZpTiers, pinned_bytes)},
+        {"host memory per node", G_STRUCT_OFFSET(ZpTiers, cpu_node_bytes)},
+        {"NVMe per node", G_STRUCT_OFFSET(ZpTiers, nvme_node_bytes)},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
+        printf("  %-28s", rows[i].label);
+        for (int stage = 0; stage <= 3; stage++)
+            printf(" %9.3f", G_STRUCT_MEMBER(double, &t[stage], rows[i].offset) / GB);
+        printf("\n");
+    }
+    if (!a->have_hw)
+        return;
+    printf("  %-28s", "fits (every tier)?");
+    for (int stage = 0; stage <= 3; stage++) {
+        double short_bytes;
+        const double need = stage_need_bytes(a, stage, gpus);
+        const ZpTier over =
+            zp_offload_overflow(&t[stage], need > a->hw.gpu_memory_bytes ? need : 0, &a->hw,
+                                &short_bytes);
+        static const char *const tier_cell[ZP_TIER_N + 1] = {"GPU over", "CPU over",
+                                                             "NVMe over", "yes"};
+        printf(" %9s", need > a->hw.gpu_memory_bytes && over == ZP_TIER_N ? "GPU over"
+                                                                          : tier_cell[over]);
+    }
+    printf("\n  (%s: %.0f GB host memory and %.0f GB NVMe per node)\n", a->hw.name,
+           a->hw.cpu_memory_bytes / GB, a->hw.nvme_bytes / GB);
+}
+
 static void print_table(const MemoryArgs *a)
 {
     const uint64_t count = zp_model_param_count(&a->model);
@@ -244,13 +310,25 @@ static void print_table(const MemoryArgs *a)
     }
     if (zp_model_has_architecture(&a->model) || a->have_hw)
         print_residual(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1), params);
+    if (offloads(a))
+        print_offload(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1));
+}
+
+/* The offload flags, checked as a stage-3 plan would take them (each stage then uses what it
+ * can: plan_for). */
+static gboolean memory_offload(const char *opt, const char *param, const char *path,
+                               ZpPlan *kernels, GError **error)
+{
+    zp_zero_config_defaults(&kernels->zero, 3);
+    return cli_offload(opt, param, path, &kernels->zero, error);
 }
 
 int cli_memory(int argc, char **argv)
 {
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
-    char *attention = NULL, *reduce = NULL;
+    char *attention = NULL, *reduce = NULL, *offload_opt = NULL, *offload_param = NULL;
+    char *nvme_path = NULL;
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
@@ -267,6 +345,7 @@ int cli_memory(int argc, char **argv)
         CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -288,7 +367,8 @@ int cli_memory(int argc, char **argv)
                   cli_precision_optimizer(precision, optimizer, &a.precision, &a.optimizer,
                                           &error) &&
                   cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
-                                       &a.kernels, &error);
+                                       &a.kernels, &error) &&
+                  memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error);
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -312,6 +392,7 @@ int cli_memory(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
-    g_free(attention), g_free(reduce);
+    g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
+    g_free(nvme_path);
     return status;
 }

@@ -7,6 +7,7 @@
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -25,6 +26,9 @@ typedef struct {
     gboolean json, three_d;
     char *ds_config;
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
+    ZpZeroConfig offload;  /* --offload-optimizer/--offload-param: searched with these only */
+    gboolean offload_given;
+    char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
 } PlanArgs;
 
 static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
@@ -270,7 +274,13 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
             printf("  %5d %-60s %9.3f %16s  %s\n", stage, what, c->step_time_s, vs, verdict);
             g_free(vs);
             g_free(what);
-        } else { /* every stage is searched, so a stage without a fit has a closest plan */
+        } else if (stage_closest(r, stage) < 0) { /* offload leaves the stage out */
+            printf("  %5d not searched: %s offload needs stage %d or above\n", stage,
+                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE
+                       ? "parameter"
+                       : "optimizer",
+                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE ? 3 : 1);
+        } else { /* a stage searched without a fit has a closest plan */
             const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
             char *what = describe(c);
             printf("  %5d out of memory: the closest plan needs %.1f GB more than %.1f GB\n"
@@ -360,6 +370,10 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
         json_object_set_new(breakdown, "reserve", json_real(a->hw.runtime_reserve_bytes));
         json_object_set_new(o, "memory_breakdown_bytes", breakdown);
     }
+    json_object_set_new(o, "offload_optimizer",
+                        json_string(zp_offload_device_name(p->zero.offload_optimizer.device)));
+    json_object_set_new(o, "offload_param",
+                        json_string(zp_offload_device_name(p->zero.offload_param.device)));
     json_object_set_new(o, "plan", zp_plan_to_json(p));
     return o;
 }
@@ -408,6 +422,8 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
     json_object_set_new(root, "closest_over_memory",
                         r->ranked->len ? json_null() : maybe_candidate(a, r, r->closest));
     GError *error = NULL;
+    if (a->offload_note) /* what offloading costs plan 1, when nothing fit without it */
+        json_object_set_new(root, "offload_note", json_string(a->offload_note));
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
@@ -430,6 +446,8 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
         status = print_json(a, r, sims);
     } else if (ok) {
         print_verdict(a, r);
+        if (a->offload_note)
+            printf("%s\n", a->offload_note);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -527,11 +545,115 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
     return TRUE;
 }
 
+static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice param,
+                       ZpSearchResult *result, GError **error)
+{
+    ZpSearchSpec spec;
+    CliRankContext rank;
+    cli_search_spec(&spec, &rank, &a->model, &a->hw, a->gpus);
+    spec.global_batch = a->global_batch;
+    spec.mp = a->mp;
+    spec.top_k = a->top_k;
+    spec.precision = a->precision;
+    spec.optimizer = a->optimizer;
+    spec.attention = a->kernels.attention;
+    spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.three_d = a->three_d;
+    spec.offload_optimizer = optimizer;
+    spec.offload_param = param;
+    CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
+    spec.progress = cli_progress_update;
+    spec.progress_ctx = progress;
+    const gboolean searched = zp_search_run(&spec, result, error);
+    cli_progress_free(progress);
+    return searched;
+}
+
+/* What offloading costs plan 1: the same plan with everything on the GPU, simulated (it
+ * does not fit, so its time is what the GPU would take if it had the memory). */
+static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **error)
+{
+    const ZpCandidate *best = zp_search_ranked(r, 0);
+    ZpPlan plain = best->plan;
+    zp_offload_defaults(&plain.zero.offload_optimizer, FALSE);
+    zp_offload_defaults(&plain.zero.offload_param, TRUE);
+    SimResult *sim = simulate(&a->model, &a->hw, &plain, error);
+    if (!sim)
+        return NULL;
+    ZpTiers t;
+    zp_offload_tiers(&a->model, &best->plan, &a->hw, &t);
+    char *note = g_strdup_printf(
+        "Nothing fits on the GPUs alone: plan 1 offloads the optimizer to %s and the parameters "
+        "to %s (host memory %.1f GB and NVMe %.1f GB per node).\nIts step takes %.3f s, %.1f%% "
+        "longer than the same plan with everything on the GPU (%.3f s), which would need "
+        "%.1f GB more per GPU than %s has.",
+        zp_offload_device_name(best->plan.zero.offload_optimizer.device),
+        best->plan.zero.offload_param.device == ZP_OFFLOAD_NONE
+            ? "none (they stay on the GPU)"
+            : zp_offload_device_name(best->plan.zero.offload_param.device),
+        t.cpu_node_bytes / GB,
+        t.nvme_node_bytes / GB, best->step_time_s,
+        100.0 * (best->step_time_s / sim->step_time_s - 1.0), sim->step_time_s,
+        (sim->peak_memory_bytes + a->hw.runtime_reserve_bytes - a->hw.gpu_memory_bytes) / GB,
+        a->hw.name);
+    sim_result_free(sim);
+    return note;
+}
+
+/* The search: with the offload flags, that offload only; without, everything on the GPUs,
+ * and when nothing fits, optimizer offload to the host, then parameters too, then both to
+ * NVMe, until something fits (ZeRO-Offload, then ZeRO-Infinity). */
+static gboolean search_with_offload(PlanArgs *a, ZpSearchResult *result, GError **error)
+{
+    if (a->offload_given)
+        return search(a, a->offload.offload_optimizer.device, a->offload.offload_param.device,
+                      result, error);
+    static const ZpOffloadDevice levels[][2] = {
+        {ZP_OFFLOAD_NONE, ZP_OFFLOAD_NONE},
+        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
+        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU},
+        {ZP_OFFLOAD_NVME, ZP_OFFLOAD_NVME},
+    };
+    ZpSearchResult plain;
+    if (!search(a, levels[0][0], levels[0][1], &plain, error))
+        return FALSE;
+    if (plain.ranked->len > 0 || a->hw.cpu_adam_bytes_per_s_per_core <= 0) {
+        *result = plain;
+        return TRUE;
+    }
+    for (size_t i = 1; i < G_N_ELEMENTS(levels); i++) {
+        if (!search(a, levels[i][0], levels[i][1], result, error)) {
+            zp_search_result_clear(&plain);
+            return FALSE;
+        }
+        if (result->ranked->len > 0) {
+            zp_search_result_clear(&plain);
+            return (a->offload_note = offload_cost(a, result, error)) != NULL;
+        }
+        if (i + 1 < G_N_ELEMENTS(levels))
+            zp_search_result_clear(result);
+    }
+    /* Nothing fits even with NVMe: report the search without offload. */
+    zp_search_result_clear(result);
+    *result = plain;
+    return TRUE;
+}
+
+/* The offload flags: the search then keeps to that offload. */
+static gboolean plan_offload(PlanArgs *a, const char *opt, const char *param, const char *path,
+                             GError **error)
+{
+    a->offload_given = opt || param;
+    zp_zero_config_defaults(&a->offload, 3);
+    return cli_offload(opt, param, path, &a->offload, error);
+}
+
 int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL, *room = NULL;
+    char *reduce = NULL, *room = NULL, *offload_opt = NULL, *offload_param = NULL;
+    char *nvme_path = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -549,6 +671,7 @@ int cli_plan(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
+        CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -558,7 +681,10 @@ int cli_plan(int argc, char **argv)
         "tensor-parallel degree, overlap_comm and bucket sizes; drops what cannot fit (closed\n"
         "form) or cannot win (a lower bound on the step), ranks the rest by simulating one step,\n"
         "and shows why the best plan of every other stage lost. Opens with whether plan 1 fits\n"
-        "and its headroom; tokens/s = samples/s x sequence. Exit status 2: nothing fits.");
+        "and its headroom; tokens/s = samples/s x sequence. When nothing fits on the GPUs\n"
+        "alone it tries optimizer offload to the host, then parameter offload, then NVMe,\n"
+        "and says what the offload costs (--offload-* search that offload only).\n"
+        "Exit status 2: nothing fits.");
     GError *error = NULL;
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
@@ -566,30 +692,18 @@ int cli_plan(int argc, char **argv)
                     attention, reduce, room, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
+    } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
+        status = cli_fail("plan", error);
     } else {
-        ZpSearchSpec spec;
-        CliRankContext rank;
-        cli_search_spec(&spec, &rank, &a.model, &a.hw, a.gpus);
-        spec.global_batch = a.global_batch;
-        spec.mp = a.mp;
-        spec.top_k = a.top_k;
-        spec.precision = a.precision;
-        spec.optimizer = a.optimizer;
-        spec.attention = a.kernels.attention;
-        spec.reduce_dtype = a.kernels.reduce_dtype;
-        spec.three_d = a.three_d;
-        ZpSearchResult result;
-        CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
-        spec.progress = cli_progress_update;
-        spec.progress_ctx = progress;
-        const gboolean searched = zp_search_run(&spec, &result, &error);
-        cli_progress_free(progress);
+        ZpSearchResult result = {0};
+        const gboolean searched = search_with_offload(&a, &result, &error);
         status = searched ? report(&a, &result) : cli_fail("plan", error);
         zp_search_result_clear(&result);
     }
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
-    g_free(attention), g_free(reduce), g_free(room);
+    g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt);
+    g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     return status;
 }

@@ -10,6 +10,7 @@
 #include "zp_zeror.h"
 #include "zp_dsconfig.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -28,6 +29,7 @@ typedef struct {
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
     gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
+    char *offload_optimizer, *offload_param, *nvme_path;
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
@@ -118,6 +120,9 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
         {"--partition-method", f->pipe.partition != NULL, FROM_BOTH},
         {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE},
+        {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH},
+        {"--offload-param", f->offload_param != NULL, FROM_BOTH},
+        {"--nvme-path", f->nvme_path != NULL, FROM_BOTH},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -219,7 +224,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     return cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
                    &plan->zero.zero_hpz_partition_size, error) &&
            cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
-           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error);
+           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
+           cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error);
 }
 
 /* ---- output ---- */
@@ -235,6 +241,8 @@ typedef struct {
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
     ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
 } Report;
+
+static void print_tiers(const Report *p);
 
 static double samples_per_s(const Report *p)
 {
@@ -380,12 +388,22 @@ static void print_breakdown(const Report *p)
         {"compute", r->compute_s},
         {"exposed communication", r->exposed_comm_s},
         {"optimizer", r->optimizer_s},
+        {"CPU optimizer", r->cpu_optimizer_s},
+        {"offload transfer", r->offload_transfer_s},
         {"idle", r->idle_s},
     };
     printf("\n  breakdown of the step (rank %d)   seconds    share\n", r->report_rank);
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
-        printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
-               100.0 * rows[i].seconds / r->step_time_s);
+        if (i < 3 || i == G_N_ELEMENTS(rows) - 1 || zp_offload_any(p->plan))
+            printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
+                   100.0 * rows[i].seconds / r->step_time_s);
+    if (zp_offload_any(p->plan))
+        printf("  host link %.4f s busy (%.3f GB down, %.3f GB up), NVMe %.4f s busy (%.3f GB "
+               "read, %.3f GB written), CPU Adam %.4f s\n",
+               r->stream_busy_s[ZP_STREAM_HOST], r->offload_bytes[ZP_XFER_D2H] / GB,
+               r->offload_bytes[ZP_XFER_H2D] / GB, r->stream_busy_s[ZP_STREAM_NVME],
+               r->offload_bytes[ZP_XFER_NVME_READ] / GB, r->offload_bytes[ZP_XFER_NVME_WRITE] / GB,
+               r->stream_busy_s[ZP_STREAM_CPU]);
     printf("  streams busy: compute %.4f s, dp-comm %.4f s, tp-comm %.4f s\n",
            r->stream_busy_s[ZP_STREAM_COMPUTE], r->stream_busy_s[ZP_STREAM_DP],
            r->stream_busy_s[ZP_STREAM_TP]);
@@ -541,6 +559,7 @@ static void print_human(const Report *p)
                r->comm_bytes[ZP_GROUP_XNODE] / GB);
     print_memory(p);
     cli_pipe_print_stages(r);
+    print_tiers(p);
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",
            r->op_events, r->ranks_simulated, r->heap_events);
@@ -598,6 +617,37 @@ static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
     return sched;
 }
 
+/* The schedule's host memory and NVMe per node against the profile (ranks of a node hold
+ * the same): the error names the tier that overflows. */
+static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError **error)
+{
+    ZpTiers t = {0};
+    t.ranks_per_node = MIN(hw->gpus_per_node, sched->world);
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        t.cpu_node_bytes += t.ranks_per_node * sched->host_bytes[c];
+        t.nvme_node_bytes += t.ranks_per_node * sched->nvme_bytes[c];
+    }
+    return zp_offload_fit(&t, 0, hw, error);
+}
+
+/* Where offload puts the model states: per rank and per node. */
+static void print_tiers(const Report *p)
+{
+    if (!zp_offload_any(p->plan))
+        return;
+    const ZpSchedule *s = p->sched;
+    const int per_node = MIN(p->hw->gpus_per_node, s->world);
+    double host = 0, nvme = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        host += s->host_bytes[c], nvme += s->nvme_bytes[c];
+    printf("  offload: optimizer %s, parameters %s; host memory %.3f GB per rank, %.1f GB per "
+           "node of %.1f GB; NVMe %.3f GB per rank, %.1f GB per node of %.1f GB\n",
+           zp_offload_device_name(p->plan->zero.offload_optimizer.device),
+           zp_offload_device_name(p->plan->zero.offload_param.device), host / GB,
+           per_node * host / GB, p->hw->cpu_memory_bytes / GB, nvme / GB, per_node * nvme / GB,
+           p->hw->nvme_bytes / GB);
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -626,6 +676,12 @@ static int simulate(const SimulateFlags *f)
     }
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
+    if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
+        zp_sched_free(sched);
+        fprintf(stderr, "zplan simulate: %s\n", error->message);
+        g_error_free(error);
+        return CLI_EXIT_DOES_NOT_FIT;
+    }
     char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",
                                  f->explicit_ranks ? sched->world : 1, sched->ops->len);
     CliProgress *progress = cli_progress_new(what);
@@ -670,7 +726,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[40])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[44])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -702,9 +758,10 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[40])
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
         CLI_PIPE_ENTRIES(&f->pipe),
+        CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 40);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 44);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -714,7 +771,8 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->schedule, &f->hpz};
+                      &f->attention, &f->reduce_dtype, &f->schedule, &f->hpz,
+                      &f->offload_optimizer, &f->offload_param, &f->nvme_path};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -727,7 +785,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[40];
+    GOptionEntry entries[44];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);
@@ -781,12 +839,13 @@ static int schedule(const SimulateFlags *f)
         zp_sched_free(sched);
         return cli_fail("schedule", error);
     }
-    int counts[ZP_OP_P2P + 1] = {0};
+    int counts[ZP_OP_TRANSFER + 1] = {0};
     for (guint i = 0; i < sched->ops->len; i++)
         counts[zp_sched_op(sched, i)->kind]++;
-    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free) for each of %d ranks\n",
+    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free, %d transfer) for "
+           "each of %d ranks\n",
            f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
-           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], sched->world);
+           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], counts[ZP_OP_TRANSFER], sched->world);
     zp_sched_free(sched);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* zreal: trains the GPT of a plan's schedule on MPI ranks (one process per rank, launched by
  * `mpirun -np N build/zreal ...`) and writes what it measured beside what was planned. */
 #include "cli.h"
+#include "zp_offload.h"
 #include "real_comm.h"
 #include "real_cpu.h"
 #include "real_engine.h"
@@ -42,6 +43,7 @@ typedef struct {
     gboolean checkpoint, microbench;
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
+    char *offload_optimizer; /* --offload-optimizer cpu|nvme, NULL when absent */
     gint64 seed;
 } Args;
 
@@ -50,7 +52,9 @@ enum {
     F_STATE, F_PEAK, F_STEP_S, F_COMM,
     F_AT_PEAK, F_CAT_PEAK = F_AT_PEAK + ZP_MEM_N,
     F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
-    F_DEVICE = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the device_memory fields follow */
+    F_OFFLOAD = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the host tier's fields follow */
+    F_HOST = F_OFFLOAD + 1, F_MOVED = F_HOST + ZP_MEM_N,
+    F_DEVICE = F_MOVED + ZP_XFER_N, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
     F_LOSS
@@ -92,6 +96,8 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
     for (int k = 0; k < ZP_KNOB_N; k++)
         if (a->knobs[k] && !zp_zero_knob_set(&plan.zero, (ZpZeroKnob)k, a->knobs[k], error))
             return NULL;
+    if (!cli_offload(a->offload_optimizer, NULL, NULL, &plan.zero, error))
+        return NULL;
     return zp_sched_build(&model, &plan, error);
 }
 
@@ -122,6 +128,14 @@ static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, dou
     v[F_CA_ALLOCATED] = ca.peak_allocated_bytes;
     v[F_CA_RESERVED] = ca.peak_reserved_bytes;
     v[F_CA_LARGEST_FREE] = ca.largest_free_at_peak_bytes;
+    RealAllocStats host;
+    if (real_engine_offload_stats(engine, &host, v + F_MOVED)) {
+        v[F_OFFLOAD] = 1;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            v[F_HOST + c] = (double)host.live_bytes[c];
+        for (int k = 0; k < ZP_XFER_N; k++) /* per step, as the schedule counts them */
+            v[F_MOVED + k] /= MAX(1, steps);
+    }
     RealDeviceMemory dm;
     if (!be->device_memory)
         return TRUE;
@@ -166,6 +180,13 @@ static json_t *rank_json(int rank, const double *v, int steps)
                         json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
                                   "peak_reserved_bytes", v[F_CA_RESERVED],
                                   "largest_free_at_peak_bytes", v[F_CA_LARGEST_FREE]));
+    if (v[F_OFFLOAD] > 0) { /* the host tier and what crossed between the tiers per step */
+        json_t *moved = json_object();
+        for (int k = 0; k < ZP_XFER_N; k++)
+            json_object_set_new(moved, zp_sched_transfer_name(k), json_real(v[F_MOVED + k]));
+        json_object_set_new(out, "host_bytes", zp_sched_categories_json(v + F_HOST));
+        json_object_set_new(out, "transfer_bytes", moved);
+    }
     /* The driver's view beside the tracker's, after the last step (device backends only). */
     if (v[F_DEVICE] > 0)
         json_object_set_new(out, "device_memory",
@@ -201,6 +222,8 @@ static gboolean write_measured(const char *path, const ZpSchedule *s, const char
                              "predicted_model_state_bytes", zp_sched_model_state_bytes(s),
                              "loss", global, "ranks", ranks);
     json_object_set(root, "slow_steps", slow);
+    if (zp_offload_any(&s->plan))
+        json_object_set_new(root, "predicted_host_bytes", zp_sched_categories_json(s->host_bytes));
     gboolean ok = zp_json_write(root, path, error);
     json_decref(root);
     return ok;
@@ -377,6 +400,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PREFETCH_BUCKET], "stage3_prefetch_bucket_size", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stage 1: fp32 master, Adam moments and fp32 gradients in a tracked host tier, CPU Adam (cpu; nvme is cpu at stages 1-2, as in DeepSpeed)", "DEV"},
         {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
@@ -457,7 +481,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
-    g_free(a->attention), g_free(a->seq);
+    g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }

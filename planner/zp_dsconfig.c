@@ -2,6 +2,7 @@
  * ZpPlan (or that it is not modeled); the reader and the writer both walk these tables. */
 #include "zp_dsconfig.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -79,7 +80,7 @@ static const KeySpec zero_keys[] = {
     SIZE_ALIAS("max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
     SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
     OWN("allgather_partitions"), OWN("sub_group_size"),
-    IGNORED("offload_param"), IGNORED("offload_optimizer"), IGNORED("cpu_offload"),
+    OWN("offload_param"), OWN("offload_optimizer"), IGNORED("cpu_offload"),
     IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),
     IGNORED("load_from_fp32_weights"), IGNORED("elastic_checkpoint"),
     IGNORED("stage3_gather_16bit_weights_on_model_save"),
@@ -268,6 +269,31 @@ static gboolean apply_fields(json_t *obj, const char *what, const KeySpec *table
     return TRUE;
 }
 
+/* offload_optimizer and offload_param (zp_offload), then DeepSpeed's own checks of them
+ * against the stage, naming the key. */
+static gboolean read_offload(json_t *section, const char *path, ZpZeroConfig *zero,
+                             GPtrArray *warnings, GError **error)
+{
+    static const char *const keys[2] = {"offload_optimizer", "offload_param"};
+    ZpOffload *slots[2] = {&zero->offload_optimizer, &zero->offload_param};
+    for (int i = 0; i < 2; i++) {
+        char *what = g_strdup_printf("%s: zero_optimization.%s", path, keys[i]);
+        const gboolean ok = zp_offload_from_json(json_object_get(section, keys[i]), what, i == 1,
+                                                 slots[i], warnings, error);
+        g_free(what);
+        if (!ok)
+            return FALSE;
+    }
+    ZpPlan probe;
+    zp_plan_defaults(&probe, zero->stage, 1, 1);
+    probe.zero = *zero;
+    if (!zp_offload_check(&probe, error)) {
+        g_prefix_error(error, "%s: zero_optimization.", path);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
                           ZpZeroConfig *zero, GPtrArray *warnings, GError **error)
 {
@@ -293,7 +319,8 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
              zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
                              &sub_group_size, error) &&
              zp_json_get_int(section, what, "zero_hpz_partition_size", FALSE, 0, 1 << 16, &hpz,
-                             error);
+                             error) &&
+             read_offload(section, path, zero, warnings, error);
         /* DeepSpeed accepts 0 (Field ge=0) and builds hpZ's group only above 1. */
         zero->zero_hpz_partition_size = (int)MAX(hpz, 1);
     }
@@ -654,6 +681,12 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
     }
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
+    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
+    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
+    if (offload_optimizer)
+        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
+    if (offload_param)
+        json_object_set_new(zero, "offload_param", offload_param);
     json_object_set_new(root, "zero_optimization", zero);
     json_object_set_new(root, "tensor_parallel", json_pack("{s:i}", "autotp_size", plan->mp));
     if (plan->reduce_dtype != ZP_REDUCE_GRAD)

@@ -32,6 +32,8 @@ static const HwField hw_fields[] = {
     F(nvme_bytes, 1e6, 1e17, FALSE),
     F(runtime_reserve_bytes, 0, 1e12, TRUE),
     F(elementwise_bytes_per_s, 1e6, 1e15, FALSE),
+    F(cpu_cores_per_node, 1, 1e5, FALSE),
+    F(cpu_adam_bytes_per_s_per_core, 1e6, 1e13, FALSE),
     F(gemm_efficiency_max, 0.01, 1, TRUE),
     F(gemm_half_efficiency_flops, 0, 1e18, TRUE),
 };
@@ -46,6 +48,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "nvme_bytes_per_s", "nvme_bytes", "runtime_reserve_bytes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
                                       "elementwise_bytes_per_s", "collective_fit",
+                                      "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
                                       "calibration", "attention", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,

@@ -37,6 +37,10 @@ typedef struct {
     double cpu_memory_bytes;         /* host memory per node */
     double nvme_bytes_per_s;         /* per node */
     double nvme_bytes;               /* per node */
+    /* Optional, for offload: the host's cores and the rate one core runs CPU Adam at, in the
+     * bytes the update moves (zp_offload_cpu_adam_bytes); a rank gets cores/gpus_per_node. */
+    double cpu_cores_per_node;
+    double cpu_adam_bytes_per_s_per_core;
     double runtime_reserve_bytes;    /* CUDA context, library workspaces, allocator slack */
     /* Optional: the rate (in the schedule's bytes) of the kernels inside a block (norms,
      * GELU, softmax, residual adds). On a GPU they are memory-bound and this is the HBM

@@ -2,6 +2,7 @@
  * The table is the only place the "K" of the ZeRO paper is decided. */
 #include "zp_plan.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -21,6 +22,15 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_max_reuse_distance = 1e9,
         .zero_hpz_partition_size = 1,
     };
+    zp_offload_defaults(&zero->offload_optimizer, FALSE);
+    zp_offload_defaults(&zero->offload_param, TRUE);
+}
+
+void zp_offload_defaults(ZpOffload *offload, gboolean param)
+{
+    *offload = (ZpOffload){.device = ZP_OFFLOAD_NONE, .pin_memory = TRUE,
+                           .buffer_count = param ? 5 : 4, .buffer_size = 1e8,
+                           .max_in_cpu = 1e9, .ratio = 1.0};
 }
 
 static const struct {
@@ -126,6 +136,13 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
+static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
+
+const char *zp_offload_device_name(ZpOffloadDevice device)
+{
+    return offload_names[device];
+}
+
 static const char *const optimizer_names[] = {"adam", "sgd-momentum", "sgd", "adam-8bit", NULL};
 
 const char *zp_precision_name(ZpPrecision precision)
@@ -170,6 +187,16 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
     if (!parse_choice(text, flag, optimizer_names, 4, &v, error))
         return FALSE;
     *out = (ZpOptimizer)v;
+    return TRUE;
+}
+
+gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDevice *out,
+                                 GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, offload_names, ZP_OFFLOAD_N, &v, error))
+        return FALSE;
+    *out = (ZpOffloadDevice)v;
     return TRUE;
 }
 
@@ -280,6 +307,12 @@ void *zp_plan_to_json(const ZpPlan *plan)
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
+    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
+    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
+    if (offload_optimizer)
+        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
+    if (offload_param)
+        json_object_set_new(zero, "offload_param", offload_param);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
                           "stage", plan->zero.stage, "dp", plan->dp, "mp", plan->mp,
                           "micro_batch", plan->micro_batch, "grad_accum", plan->grad_accum,
@@ -339,7 +372,8 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "overlap_comm", "contiguous_gradients", "reduce_scatter",
                                        "zero_quantized_weights", "zero_quantized_gradients",
-                                       "zero_hpz_partition_size", NULL};
+                                       "zero_hpz_partition_size", "offload_optimizer",
+                                       "offload_param", NULL};
     int64_t hpz = 1;
     if (!zp_json_check_keys(zero, what, keys, error) ||
         !zp_json_get_int(zero, what, "zero_hpz_partition_size", FALSE, 1, 1 << 16, &hpz, error))
@@ -354,7 +388,18 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
         if (!zp_json_get_bool(zero, what, zero_flags[i].key, FALSE,
                               G_STRUCT_MEMBER_P(z, zero_flags[i].offset), error))
             return FALSE;
-    return TRUE;
+    /* The plan's own JSON holds no unmodeled option, so nothing warns. */
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    char *opt_what = g_strdup_printf("%s: zero.offload_optimizer", what);
+    char *param_what = g_strdup_printf("%s: zero.offload_param", what);
+    const gboolean ok = zp_offload_from_json(json_object_get(zero, "offload_optimizer"),
+                                             opt_what, FALSE, &z->offload_optimizer, warnings,
+                                             error) &&
+                        zp_offload_from_json(json_object_get(zero, "offload_param"), param_what,
+                                             TRUE, &z->offload_param, warnings, error);
+    g_free(opt_what), g_free(param_what);
+    g_ptr_array_unref(warnings);
+    return ok;
 }
 
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)

@@ -34,6 +34,24 @@ typedef struct {
     double optim_bytes; /* K: fp32 master copy (mixed precision) plus optimizer moments */
 } ZpStateBytes;
 
+/* Where offloaded model states live (DeepSpeed's OffloadDeviceEnum). */
+typedef enum { ZP_OFFLOAD_NONE, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NVME, ZP_OFFLOAD_N } ZpOffloadDevice;
+
+/* zero_optimization.offload_optimizer / offload_param (deepspeed/runtime/zero/
+ * offload_config.py, v0.19.6: DeepSpeedZeroOffloadOptimizerConfig and
+ * DeepSpeedZeroOffloadParamConfig). Sizes in elements. buffer_size and max_in_cpu are
+ * offload_param's only, ratio offload_optimizer's only (the share of the optimizer states
+ * that goes to the CPU; ZeRO-3 keeps the rest on the GPU). nvme_path is "" when unset. */
+typedef struct {
+    ZpOffloadDevice device;
+    gboolean pin_memory;
+    double buffer_count;
+    double buffer_size;
+    double max_in_cpu;
+    double ratio;
+    char nvme_path[256];
+} ZpOffload;
+
 /* DeepSpeed's zero_optimization section, sizes in elements as DeepSpeed counts them. */
 typedef struct {
     int stage;
@@ -52,6 +70,8 @@ typedef struct {
     gboolean zero_quantized_weights;
     int zero_hpz_partition_size;
     gboolean zero_quantized_gradients;
+    ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
+    ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;
 
 /* DeepSpeed's activation_checkpointing section (ZeRO-R;
@@ -126,8 +146,19 @@ gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text,
                           GError **error);
 
 /* DeepSpeed's defaults (deepspeed/runtime/zero/config.py): buckets 5e8 elements, overlap_comm
- * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9. */
+ * true only for stage 3, prefetch 5e7, persistence 1e5, live/reuse 1e9; no offload, with
+ * offload_config.py's defaults for when one is asked for (zp_offload_defaults). */
 void zp_zero_config_defaults(ZpZeroConfig *zero, int stage);
+
+/* offload_config.py's defaults: device none, pin_memory true (v0.19.6; older releases
+ * defaulted to false), buffer_count 4 for the optimizer and 5 for parameters, buffer_size
+ * 1e8, max_in_cpu 1e9, ratio 1. */
+void zp_offload_defaults(ZpOffload *offload, gboolean param);
+
+/* "none", "cpu", "nvme", and back; the parser fails naming the flag or key. */
+const char *zp_offload_device_name(ZpOffloadDevice device);
+gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDevice *out,
+                                 GError **error);
 
 /* A plan with the given stage and degrees and DeepSpeed defaults elsewhere: micro-batch 1,
  * no accumulation, no checkpointing, fp16 mixed precision with Adam. */

@@ -9,6 +9,7 @@
 #include "zp_sched.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
+#include "zp_offload.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -27,6 +28,8 @@ typedef struct {
     int top_unit, low_unit;
     int buffer;          /* bucket buffer id once allocated, -1 before */
     uint32_t alloc_op, coll_op;
+    uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
+                          * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
 typedef struct {
@@ -65,6 +68,7 @@ typedef struct {
     uint32_t *send_op;
     int64_t recv_key;
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
+    GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -142,6 +146,19 @@ static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit,
 {
     ZpOp op = {.kind = ZP_OP_FREE, .sub = cat, .unit = unit, .micro = micro, .buffer = buffer,
                .bytes = bytes};
+    return emit(b, op, &after, 1);
+}
+
+/* A transfer of `bytes` (none when 0: returns `after`) after `after`. */
+static uint32_t emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                              uint32_t after)
+{
+    if (bytes <= 0)
+        return after;
+    const ZpStream stream =
+        kind == ZP_XFER_D2H || kind == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .bytes = bytes};
     return emit(b, op, &after, 1);
 }
 
@@ -303,6 +320,7 @@ static void layout(Builder *b)
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
     s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
     s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s);
+    zp_offload_layout(s);
 }
 
 double zp_sched_model_state_bytes(const ZpSchedule *s)
@@ -330,7 +348,7 @@ static void plan_buckets(Builder *b)
             continue;
         }
         Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
-                    NONE};
+                    NONE, NONE};
         double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
         for (u--; u >= 0; u--) {
             if (s->unit_elems[u] == 0)
@@ -358,15 +376,16 @@ static void reset_buckets(Builder *b)
 {
     for (guint i = 0; i < b->buckets->len; i++) {
         bucket(b, i)->buffer = -1;
-        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = NONE;
+        bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
 }
 
 /* Double buffering: bucket i may take memory only once bucket i-2's collective was issued
- * (DeepSpeed waits on the older ipg buffer before refilling it). */
+ * (DeepSpeed waits on the older ipg buffer before refilling it), and with optimizer offload
+ * once its slice has been copied to the host. */
 static uint32_t bucket_backpressure(Builder *b, guint i)
 {
-    return i >= 2 ? bucket(b, i - 2)->coll_op : NONE;
+    return i >= 2 ? bucket(b, i - 2)->drain_op : NONE;
 }
 
 /* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
@@ -436,10 +455,24 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
     uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
     if (stage == 3 && s->plan.zero.zero_quantized_gradients) {
         qgz_reduce(b, k, unit, micro, cdeps);
+        k->drain_op = k->coll_op;
     } else {
         k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
                                      k->hi - k->lo, k->bytes, cdeps, 2);
-        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, k->coll_op);
+        /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
+         * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
+         * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
+        const double slice = zp_offload_grad_d2h_bytes(
+            &s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
+        uint32_t drained = k->coll_op;
+        if (slice > 0) {
+            const double up = s->plan.zero.stage >= 2 && micro > 0 ? slice : 0;
+            drained = emit_transfer(b, ZP_XFER_H2D, up, unit, micro, drained);
+            drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+            g_array_append_val(b->offloaded, drained);
+        }
+        k->drain_op = drained;
+        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, drained);
     }
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
@@ -557,6 +590,13 @@ static void issue_gathers(Builder *b, int pos, int micro)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
                                     &g->buffer, &after, 1);
+        /* Parameter offload: the unit's partition comes up from the host (and NVMe) first. */
+        double nvme_bytes, h2d_bytes;
+        zp_offload_fetch(&s->plan, g->elems / s->plan.dp, (double)s->partition_elems,
+                         &nvme_bytes, &h2d_bytes);
+        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->unit, micro,
+                                            alloc);
+        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->unit, micro, read);
         if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
             uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->unit, micro,
                                          &g->quant_buffer, &alloc, 1);
@@ -855,6 +895,35 @@ static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
     g_array_unref(deps);
 }
 
+/* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
+ * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
+ * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
+ * in order, the GPU's share (`gpu_opt`, partial offload) before the host's. Returns the op
+ * the parameter all-gathers wait for. */
+static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt)
+{
+    const ZpPlan *plan = &b->s->plan;
+    ZpOffloadStep step;
+    zp_offload_step(plan, elems, &step);
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_vals(deps, launched->data, launched->len);
+    g_array_append_vals(deps, b->offloaded->data, b->offloaded->len);
+    g_array_append_val(deps, gpu_opt);
+    if (step.nvme_read_bytes > 0) {
+        ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ, .stream = ZP_STREAM_NVME,
+                     .unit = -1, .micro = -1, .buffer = -1, .bytes = step.nvme_read_bytes};
+        const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
+        g_array_append_val(deps, r);
+    }
+    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
+               .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
+    const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    emit_transfer(b, ZP_XFER_NVME_WRITE, step.nvme_write_bytes, -1, -1, adam);
+    return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
+}
+
 /* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
  * 16-bit partitions in allgather_bucket_size chunks. For those all-gathers elem_offset is
  * the offset inside every rank's partition and elems the gathered total. Stage 3 refreshes
@@ -864,8 +933,15 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const Cost c = optimizer_cost(b, elems);
-    uint32_t opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data, launched->len);
+    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    uint32_t opt = NONE;
+    if (cpu_share < 1.0) {
+        const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
+        opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data,
+                           launched->len);
+    }
+    if (cpu_share > 0)
+        opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent units are never gathered before use, so their full copies (buffer -1:
          * the step-long state) are refreshed from the updated partitions here. */
@@ -927,6 +1003,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
                     p->mp, zp_plan_pp(p));
         return FALSE;
     }
+    if (!zp_offload_check(p, error))
+        return FALSE;
     const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
     if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -1051,7 +1129,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
                  .recv_key = -1,
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t))};
+                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = 2 * L + 3;
@@ -1085,6 +1164,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.send_op);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
+    g_array_unref(b.offloaded);
     free_pos_index(&b.by_trigger);
     free_pos_index(&b.by_use);
     free_pos_index(&b.by_free);
@@ -1112,7 +1192,10 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
             : zp_mem_padded_elems(total, dp) / dp;
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
-    const Cost opt = optimizer_cost(&b, (double)(plan->zero.stage == 0 ? total : partition));
+    const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
+    const double cpu_share = zp_offload_cpu_share(plan);
+    const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
+    const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;
     const struct {
         uint64_t count;
@@ -1124,7 +1207,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
-        [ZP_COMP_OPTIMIZER] = {1, opt},
+        [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
+        [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
         [ZP_COMP_HOST_COPY] = {zp_zeror_checkpoint(model, plan).copy_bytes > 0 ? 2 * micro * L : 0,
                                {0}},
     };
@@ -1169,15 +1253,18 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 /* ---- names and JSON -------------------------------------------------------------------- */
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer", "host_copy",
-                                            "quantize", NULL};
+                                            "block_bwd", "embed_bwd", "optimizer",
+                                            "cpu_optimizer", "host_copy", "quantize", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
                                          NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
                                         "checkpoints", "workspace", "secondary_params", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", "pp", NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p", NULL};
+static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
+                                           NULL};
+static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
+                                         "transfer", NULL};
+static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "node", "xnode", NULL};
 /* The groups a file's communicators may name: a pipeline's p2p is no collective, files hold
  * no pipeline, and ZeRO++'s subgroups follow from the plan (zp_zeropp_group_ranks). */
@@ -1188,6 +1275,7 @@ const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
 const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
 const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
+const char *zp_sched_transfer_name(ZpTransferKind kind) { return transfer_names[kind]; }
 
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
 {
@@ -1197,10 +1285,15 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
-/* Compute runs on the compute stream and a collective on its group's, unless "stream" says
- * otherwise (written only then). */
-static ZpStream default_stream(int kind, int group)
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's,
+ * a transfer on the host link's or the NVMe's, unless "stream" says otherwise (written only
+ * then). */
+static ZpStream default_stream(int kind, int sub, int group)
 {
+    if (kind == ZP_OP_TRANSFER)
+        return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    if (kind == ZP_OP_COMPUTE)
+        return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
@@ -1232,12 +1325,17 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
+    case ZP_OP_TRANSFER:
+        json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
-    if (op->kind <= ZP_OP_COLLECTIVE && op->stream != default_stream(op->kind, op->group))
+    if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
+        op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
     json_object_set_new(o, "deps", deps);
     return o;
@@ -1365,6 +1463,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
         [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
     };
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
     if (ok && kind == ZP_OP_P2P) {
@@ -1395,6 +1494,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
              zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
+    else if (ok && kind == ZP_OP_TRANSFER)
+        ok = name_index(o, what, "op", transfer_names, &sub, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
@@ -1405,7 +1507,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = FALSE;
     }
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
-    int stream = default_stream(kind, group);
+    int stream = default_stream(kind, sub, group);
     if (ok && json_object_get(o, "stream"))
         ok = name_index(o, what, "stream", stream_names, &stream, error);
     op.stream = (uint8_t)stream;

@@ -23,12 +23,29 @@
 #include <stdint.h>
 
 /* ZP_OP_P2P: a pipeline send of one micro-batch's activations (forward) or their gradients
- * (backward) to the neighbouring stage; the op that consumes it on that stage depends on it. */
-typedef enum { ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE, ZP_OP_P2P } ZpOpKind;
+ * (backward) to the neighbouring stage; the op that consumes it on that stage depends on it.
+ * ZP_OP_TRANSFER: an offload copy over the host link or to/from NVMe (planner/zp_offload.c). */
+typedef enum {
+    ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE, ZP_OP_P2P, ZP_OP_TRANSFER
+} ZpOpKind;
 
 /* A p2p op's direction (its sub): to the next stage (activations) or the previous (gradients).
  * Interleaved chunks wrap: the last stage sends chunk v's output to stage 0's chunk v + 1. */
 typedef enum { ZP_P2P_SEND_NEXT, ZP_P2P_SEND_PREV, ZP_P2P_N } ZpP2pKind;
+
+/* Offload transfers (ZeRO-Offload, ZeRO-Infinity; planner/zp_offload.c decides them): over
+ * the GPU's host link, or between host memory and the node's NVMe. `bytes` is what this rank
+ * moves. */
+typedef enum {
+    ZP_XFER_D2H,        /* GPU to host: gradient slices as buckets are reduced */
+    ZP_XFER_H2D,        /* host to GPU: updated 16-bit parameters, offloaded partitions */
+    ZP_XFER_NVME_READ,  /* NVMe to host: swapped optimizer states, gradients, parameters */
+    ZP_XFER_NVME_WRITE, /* host to NVMe */
+    ZP_XFER_N
+} ZpTransferKind;
+
+/* Where a model state lives: the GPU, the node's host memory, the node's NVMe. */
+typedef enum { ZP_TIER_GPU, ZP_TIER_CPU, ZP_TIER_NVME, ZP_TIER_N } ZpTier;
 
 typedef enum {
     ZP_COMP_EMBED_FWD,   /* token + position embedding of one micro-batch */
@@ -38,6 +55,7 @@ typedef enum {
     ZP_COMP_BLOCK_BWD,   /* one block backward (2x the forward's FLOPs) */
     ZP_COMP_EMBED_BWD,   /* embedding backward */
     ZP_COMP_OPTIMIZER,   /* Adam on this rank's partition: memory-bound */
+    ZP_COMP_CPU_OPTIMIZER, /* CPU Adam on the offloaded partition (mem_bytes at the CPU rate) */
     ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
                           * its `bytes`, at the hwprofile's host_link_bytes_per_s */
     ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
@@ -71,6 +89,9 @@ typedef enum {
     ZP_STREAM_DP,      /* data-parallel collectives (NCCL's own stream) */
     ZP_STREAM_TP,      /* tensor-parallel all-reduces */
     ZP_STREAM_PP,      /* pipeline sends (asynchronous, as isend) */
+    ZP_STREAM_HOST,    /* copies over the GPU's host link (offload) */
+    ZP_STREAM_NVME,    /* asynchronous NVMe reads and writes (ZeRO-Infinity's aio) */
+    ZP_STREAM_CPU,     /* the host's optimizer step (CPU Adam) */
     ZP_STREAM_N
 } ZpStream;
 
@@ -92,7 +113,7 @@ typedef enum {
 
 typedef struct {
     uint8_t kind;      /* ZpOpKind */
-    uint8_t sub;       /* ZpComputeKind or ZpCollKind; for alloc/free the ZpMemCategory */
+    uint8_t sub;       /* ZpComputeKind, ZpCollKind or ZpTransferKind; alloc/free: ZpMemCategory */
     uint8_t stream;    /* ZpStream (compute and collective ops) */
     uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
@@ -104,7 +125,7 @@ typedef struct {
     double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
     double attn_flops; /* compute: those of `flops` a fused attention kernel does */
     double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
-    double bytes;      /* collective: whole array size S in bytes; alloc/free, p2p: bytes;
+    double bytes;      /* collective: whole array size S; alloc/free, p2p, transfer: bytes;
                         * compute: bytes over the host link (host_copy) */
     uint64_t elem_offset; /* collective: first element of the flat range it covers */
     uint64_t elems;       /* collective: elements covered (S / element size) */
@@ -118,8 +139,11 @@ typedef struct {
     double elem_bytes;    /* 16-bit or 32-bit working precision */
     GArray *ops;          /* ZpOp */
     GArray *deps;         /* uint32_t op indices */
-    /* Model states each rank holds for the whole step (allocated before op 0). */
+    /* Model states each rank holds on its GPU for the whole step (allocated before op 0). */
     double state_bytes[ZP_MEM_N];
+    /* With offload, what each rank holds in the node's host memory and on its NVMe for the
+     * whole step (zp_offload_tiers' CPU and NVMe rows); zero otherwise. */
+    double host_bytes[ZP_MEM_N], nvme_bytes[ZP_MEM_N];
     /* Flat layout: unit u occupies [unit_offset[u], unit_offset[u] + unit_elems[u]) of the
      * concatenated parameter space; stage 3 partitions each unit on its own, padded to a
      * multiple of dp; stages 0-2 partition the whole flat space padded to a multiple of dp. */
@@ -205,5 +229,6 @@ const char *zp_sched_op_kind_name(ZpOpKind kind);
 const char *zp_sched_coll_name(ZpCollKind kind);
 const char *zp_sched_mem_name(ZpMemCategory category);
 const char *zp_sched_stream_name(ZpStream stream);
+const char *zp_sched_transfer_name(ZpTransferKind kind);
 
 #endif

@@ -3,6 +3,7 @@
 #include "zp_schedcheck.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <stdarg.h>
@@ -120,6 +121,7 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_BLOCK_BWD] = {U_BLOCK, TRUE, TRUE, FALSE},
     [ZP_COMP_EMBED_BWD] = {U_EMBED, FALSE, TRUE, FALSE},
     [ZP_COMP_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
+    [ZP_COMP_CPU_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
     [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
     [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
 };
@@ -157,7 +159,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
     if (!unit_fits_rule(c, r->unit, u))
         return bad(c, "unit", "= %d is not a unit op %s works on", u,
                    zp_sched_compute_name(op->sub));
-    if (op->sub != ZP_COMP_OPTIMIZER && op->micro < 0)
+    if (op->sub == ZP_COMP_CPU_OPTIMIZER && zp_offload_cpu_share(&c->s->plan) <= 0)
+        return bad(c, "op", "cpu_optimizer in a plan without optimizer offload");
+    if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER && op->micro < 0)
         return bad(c, "micro", "= %d: op %s needs a micro-step", op->micro,
                    zp_sched_compute_name(op->sub));
     if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
@@ -372,6 +376,24 @@ static gboolean check_free(Check *c, const ZpOp *op)
     return TRUE;
 }
 
+/* ---- offload transfers --------------------------------------------------------------- */
+
+/* A transfer moves a non-negative byte count over the stream of its kind, in a plan that
+ * offloads something. */
+static gboolean check_transfer(Check *c, const ZpOp *op)
+{
+    if (!zp_offload_any(&c->s->plan))
+        return bad(c, "op", "%s in a plan without offload", zp_sched_transfer_name(op->sub));
+    const ZpStream want = op->sub == ZP_XFER_D2H || op->sub == ZP_XFER_H2D ? ZP_STREAM_HOST
+                                                                            : ZP_STREAM_NVME;
+    if (op->stream != want)
+        return bad(c, "stream", "= %s: %s runs on %s", zp_sched_stream_name(op->stream),
+                   zp_sched_transfer_name(op->sub), zp_sched_stream_name(want));
+    if (!(op->bytes >= 0))
+        return bad(c, "bytes", "= %g: must be >= 0", op->bytes);
+    return TRUE;
+}
+
 /* ---- the walk ------------------------------------------------------------------------ */
 
 static gboolean check_common(Check *c, const ZpOp *op)
@@ -431,6 +453,9 @@ static gboolean walk(Check *c)
             break;
         case ZP_OP_P2P: /* the reader refuses them: files hold no pipeline */
             ok = bad(c, "kind", "p2p: a schedule file holds no pipeline sends");
+            break;
+        case ZP_OP_TRANSFER:
+            ok = check_transfer(c, op);
             break;
         }
         if (!ok)

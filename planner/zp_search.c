@@ -1,6 +1,7 @@
 /* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
  * for compute), and branch and bound over the caller's simulator for the ranking. */
 #include "zp_search.h"
+#include "zp_offload.h"
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
@@ -100,8 +101,17 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                       GArray *out)
 {
     const int P = pipe.stages > 1 ? pipe.stages : 1;
-    const int lo = spec->stage >= 0 ? spec->stage : 0;
+    int lo = spec->stage >= 0 ? spec->stage : 0;
     const int hi = MIN(spec->stage >= 0 ? spec->stage : 3, P > 1 ? 1 : 3); /* DeepSpeed's */
+    if (spec->offload_optimizer != ZP_OFFLOAD_NONE)
+        lo = MAX(lo, 1);
+    if (spec->offload_param != ZP_OFFLOAD_NONE)
+        lo = MAX(lo, 3);
+    /* Offload is searched on data parallelism alone: the pipeline screen's per-stage memory
+     * does not count host tiers, and nothing fitting without them is what tries offload. */
+    if (P > 1 && (spec->offload_optimizer != ZP_OFFLOAD_NONE ||
+                  spec->offload_param != ZP_OFFLOAD_NONE))
+        return;
     for (int stage = lo; stage <= hi; stage++)
         for (int ckpt = 0; ckpt <= 1; ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
@@ -115,6 +125,8 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
+                plan.zero.offload_optimizer.device = spec->offload_optimizer;
+                plan.zero.offload_param.device = spec->offload_param;
                 apply_buckets(spec->model, choice, &plan.zero);
                 /* A pipeline reduces after its flush: buckets and overlap_comm change
                  * nothing that matters, so only DeepSpeed's defaults. */
@@ -313,6 +325,14 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
+        by_kind[k] = 0;
+        if (k == ZP_COMP_CPU_OPTIMIZER) { /* after backward, overlapping nothing */
+            if (o->count && zp_offload_cpu_time_s(sc->hw, o->mem_bytes,
+                                                MIN(sc->hw->gpus_per_node, plan->dp * plan->mp),
+                                                &by_kind[k], NULL))
+                total += by_kind[k];
+            continue;
+        }
         by_kind[k] = (double)o->count *
                      (zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
                                            o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
@@ -436,15 +456,20 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
                       double *bound_step_s)
 {
     *bound_step_s = step_bound_s(screen, plan);
-    if (zp_plan_pp(plan) > 1) {
+    if (zp_plan_pp(plan) > 1) { /* never with offload (add_plans) */
         *memory_bytes = pipeline_memory_bytes(screen, plan);
         return;
     }
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
-    const ZpModelStates states =
-        zp_mem_model_states(screen->params, plan->zero.stage, plan->dp, plan->mp, sb);
+    ZpTiers tiers;
+    zp_offload_tiers(screen->model, plan, screen->hw, &tiers);
     const ZpResidual residual = zp_mem_residual(screen->model, plan, screen->hw);
-    *memory_bytes = states.total_bytes + residual.total_bytes;
+    *memory_bytes = tiers.total_bytes[ZP_TIER_GPU] + residual.total_bytes;
+    /* A plan whose host memory or NVMe overflows does not fit either: it counts as needing
+     * that much more than the GPU has. */
+    double short_bytes;
+    const ZpTier over = zp_offload_overflow(&tiers, *memory_bytes, screen->hw, &short_bytes);
+    if (over == ZP_TIER_CPU || over == ZP_TIER_NVME)
+        *memory_bytes = screen->hw->gpu_memory_bytes + short_bytes;
 }
 
 /* ---- ranking --------------------------------------------------------------------------- */

@@ -37,6 +37,9 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpAttention attention;      /* the kernel every plan uses (the caller resolves "flash") */
     ZpReduceDtype reduce_dtype; /* the dtype every plan reduces gradients in */
+    /* Offload every plan uses (DeepSpeed's defaults otherwise); stages that cannot offload
+     * that way (0 for the optimizer, 0-2 for parameters) are left out. */
+    ZpOffloadDevice offload_optimizer, offload_param;
     int top_k;            /* how many ranked plans to keep */
     ZpRankFn rank;
     void *rank_ctx;

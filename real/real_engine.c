@@ -2,6 +2,8 @@
  * partitioned, when buckets are reduced, what is gathered and freed — comes from the ops;
  * the engine only maps each op onto model calls, backend buffers and collectives. */
 #include "real_engine.h"
+#include "real_offload.h"
+#include "zp_offload.h"
 #include "real_data.h"
 #include "real_gpt.h"
 #include "real_zeropp.h"
@@ -59,6 +61,7 @@ struct RealEngine {
     RealOpTiming timing[REAL_ENGINE_N_OP_TYPES];
     GArray *marks; /* this step's device-timed ops (PendingMark), resolved at its end */
     double model_state_bytes;
+    RealOffload *offload; /* the host tier, with optimizer offload */
 };
 
 /* One op timed on the backend's device clock: read after the step's last op, so that
@@ -178,11 +181,19 @@ static gboolean allocate_states(RealEngine *e, GError **error)
     e->part_base = (e->stage == 1 || e->stage == 2) ? (uint64_t)e->rank * part : 0;
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
     if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)) ||
-        !(e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error)) ||
-        !(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
-        !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
-        !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error)))
+        !(e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error)))
         return FALSE;
+    if (zp_offload_any(&s->plan)) { /* the optimizer states live in the host tier */
+        if (!(e->offload = real_offload_new(s, e->be, e->opt_elems, error)))
+            return FALSE;
+        e->master = real_offload_master(e->offload);
+        e->adam_m = real_offload_adam_m(e->offload);
+        e->adam_v = real_offload_adam_v(e->offload);
+    } else if (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
+               !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
+               !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error))) {
+        return FALSE;
+    }
     e->be->fill(e->be, e->params, 0, params_elems[e->stage] * b2);
     e->be->fill(e->be, e->adam_m, 0, e->opt_elems * f4);
     e->be->fill(e->be, e->adam_v, 0, e->opt_elems * f4);
@@ -400,6 +411,9 @@ void real_engine_free(RealEngine *e)
     if (e->hpz_comm)
         e->hpz_comm->destroy(e->hpz_comm);
     g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
+    if (e->offload) /* its states are the host tier's */
+        e->master = e->adam_m = e->adam_v = NULL;
+    real_offload_free(e->offload);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
         be->free(be, states[i]);
@@ -515,14 +529,19 @@ static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
                            (int)s->model.vocab, e->tokens, e->targets, error);
 }
 
-static gboolean optimizer(RealEngine *e)
+static RealAdamHyper adam_hyper(RealEngine *e)
 {
-    const RealAdamHyper hyper = {
+    return (RealAdamHyper){
         .lr = e->cfg.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
         .weight_decay = e->cfg.weight_decay,
         /* Each micro-step's loss is a mean over its tokens; the step's is their mean. */
         .grad_scale = 1.0f / (float)(e->dp * e->s->plan.grad_accum),
         .step = ++e->adam_step};
+}
+
+static gboolean optimizer(RealEngine *e)
+{
+    const RealAdamHyper hyper = adam_hyper(e);
     const RealBf16 *grad = e->grads + (e->stage == 1 ? e->part_base : 0);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);
@@ -649,6 +668,11 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                real_gpt_embed_backward(e->gpt, e->tokens, e->dx, g, error);
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
+    case ZP_COMP_CPU_OPTIMIZER: {
+        const RealAdamHyper hyper = adam_hyper(e);
+        real_offload_adam(e->offload, &hyper);
+        return TRUE;
+    }
     case ZP_COMP_QUANTIZE:
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
@@ -798,6 +822,37 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
     return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);
 }
 
+/* ---- offload transfers ------------------------------------------------------------------ */
+
+/* Stage 1: a bucket's reduced gradients, this rank's part of them, go down to the host (the
+ * bucket is the transfer's dependency); after CPU Adam the 16-bit partition comes up. */
+static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
+{
+    if (op->sub == ZP_XFER_H2D && op->unit < 0) {
+        real_offload_params_up(e->offload, e->params + e->part_base);
+        return TRUE;
+    }
+    const uint32_t *deps = zp_sched_deps(e->s, op);
+    const ZpOp *coll = op->n_deps ? zp_sched_op(e->s, deps[0]) : NULL;
+    if (op->sub != ZP_XFER_D2H || !coll || coll->kind != ZP_OP_COLLECTIVE)
+        return fail(error, "zreal moves gradients down after their reduction and parameters "
+                           "up after the step, nothing else");
+    const uint64_t lo = MAX(coll->elem_offset, e->part_base);
+    const uint64_t hi = MIN(coll->elem_offset + coll->elems, e->part_base + e->opt_elems);
+    if (hi > lo)
+        real_offload_grads_down(e->offload, e->grads + lo, lo - e->part_base, hi - lo);
+    return TRUE;
+}
+
+gboolean real_engine_offload_stats(const RealEngine *e, RealAllocStats *host,
+                                   double moved[ZP_XFER_N])
+{
+    if (!e->offload)
+        return FALSE;
+    real_offload_stats(e->offload, host, moved);
+    return TRUE;
+}
+
 /* ---- the step ---------------------------------------------------------------------------- */
 
 /* "block_fwd", "allgather", "buckets": what an op does, for messages. */
@@ -867,6 +922,9 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             break;
         case ZP_OP_P2P: /* only in pipeline schedules, which check_schedule refuses */
             ok = fail(error, "pipeline sends are not executed by zreal");
+            break;
+        case ZP_OP_TRANSFER:
+            ok = do_transfer(e, op, error);
             break;
         }
         if (!ok) {

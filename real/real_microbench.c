@@ -2,6 +2,7 @@
  * constants for (GEMMs, Adam, the block's elementwise kernels, collectives) for `zplan
  * calibrate` to fit, and on a device backend every other kernel of a step, model-shaped. */
 #include "real_microbench.h"
+#include "real_offload.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -463,6 +464,54 @@ static gboolean bench_memory(Ctx *x, const Sizes *sz, json_t *memory, json_t *ke
     return TRUE;
 }
 
+/* ---- CPU Adam (the optimizer offload's host step) ---- */
+
+typedef struct {
+    size_t elems;
+    float *master, *m, *v, *grad;
+    RealBf16 *param;
+} CpuAdam;
+
+static gboolean run_cpu_adam(void *p, GError **error)
+{
+    (void)error;
+    CpuAdam *a = p;
+    const RealAdamHyper hyper = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                 .grad_scale = 1.0f, .step = 1};
+    real_offload_cpu_adam(&hyper, a->elems, a->master, a->m, a->v, a->grad, a->param);
+    return TRUE;
+}
+
+/* The host's vectorised Adam on one core per rank (every rank at once, as the ranks of a
+ * node share its memory in training), at the elementwise sizes, in host memory whatever the
+ * backend: {elems, bytes (30 per element, zp_offload_cpu_adam_bytes), time_s}. */
+static gboolean bench_cpu_adam(Ctx *x, const Sizes *sz, json_t *out, GError **error)
+{
+    const size_t n = sz->elems[sz->n_elems - 1];
+    CpuAdam a = {.master = g_try_new0(float, n), .m = g_try_new0(float, n),
+                 .v = g_try_new0(float, n), .grad = g_try_new0(float, n),
+                 .param = g_try_new0(RealBf16, n)};
+    gboolean ok = a.master && a.m && a.v && a.grad && a.param;
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "microbench: no host memory for CPU Adam");
+    for (size_t i = 0; ok && i < n; i++)
+        a.grad[i] = (float)g_rand_double_range(x->rand, -1, 1), a.master[i] = 0.5f;
+    /* The host clock and the ranks' barrier, as for any host kernel. */
+    RealBackend host_clock = *x->be;
+    host_clock.mark = NULL, host_clock.synchronize = NULL;
+    for (size_t i = 0; ok && i < sz->n_elems; i++) {
+        a.elems = sz->elems[i];
+        double t;
+        ok = median_time(&host_clock, x->comm, run_cpu_adam, &a, &t, error);
+        if (ok)
+            json_array_append_new(out, json_pack("{s:I, s:f, s:f}", "elems",
+                                                 (json_int_t)a.elems, "bytes",
+                                                 30.0 * (double)a.elems, "time_s", t));
+    }
+    g_free(a.master), g_free(a.m), g_free(a.v), g_free(a.grad), g_free(a.param);
+    return ok;
+}
+
 /* ---- attention and the loss (device backends: model-shaped, for the record) ---- */
 
 static gboolean run_attention_fwd(void *p, GError **error)
@@ -636,8 +685,9 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
     const Sizes *sz = device ? &device_sizes : &cpu_sizes;
     Ctx x = {.be = be, .comm = comm, .rand = g_rand_new_with_seed(1234)};
     json_t *gemm = json_array(), *memory = json_array(), *kernels = json_array();
-    json_t *coll = json_array();
+    json_t *coll = json_array(), *cpu_adam = json_array();
     gboolean ok = bench_gemms(&x, sz, gemm, error) &&
+                  bench_cpu_adam(&x, &cpu_sizes, cpu_adam, error) &&
                   alloc_memory_buffers(&x, sz->elems[sz->n_elems - 1], error) &&
                   bench_memory(&x, sz, memory, kernels, device, error);
     free_memory_buffers(&x);
@@ -654,6 +704,8 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
         json_object_set_new(root, "device_memory",
                             json_pack("{s:f, s:f}", "total_bytes", (double)dm.total_bytes,
                                       "context_bytes", (double)dm.context_bytes));
+    json_object_set_new(root, "cpu_adam", cpu_adam);
+    json_object_set_new(root, "host_cores", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
     if (ok && comm->rank == 0)
         ok = zp_json_write(root, path, error);
     json_decref(root);

@@ -16,7 +16,9 @@
  * time_s}] (the kernels calibrate fits, bytes as the schedule counts them),
  * "kernels": [{kernel, elems or shape, bytes, [flops,] time_s}] (every other kernel of a
  * step, device backends only), "collectives": [{op, ranks, bytes, time_s}],
- * "device_memory": {total_bytes, context_bytes} (device backends)} to `path`. Times are
+ * "device_memory": {total_bytes, context_bytes} (device backends), "cpu_adam": [{elems,
+ * bytes, time_s}] (the host's vectorised Adam of optimizer offload, one core per rank) and
+ * "host_cores"} to `path`. Times are
  * the median of repeats: on a device backend each one call on the device clock; on the host
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator

@@ -1,6 +1,7 @@
 /* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
  * and a collective is one queue event for its whole group, never one per ring step. */
 #include "sim_engine.h"
+#include "zp_offload.h"
 #include "sim_coll.h"
 #include "zp_util.h"
 
@@ -89,10 +90,12 @@ typedef struct {
 typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s, exposed_s;
+    double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double mark_s; /* exposed communication is accounted up to here */
     double end_s;
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
     uint32_t compute_running, comm_active, ops_done;
+    uint32_t cpu_running, transfers_active;
 } RankState;
 
 typedef struct {
@@ -299,7 +302,19 @@ gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *pe
 
 static gboolean op_on_stream(const SimOp *op)
 {
-    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P;
+    return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
+           op->kind == ZP_OP_TRANSFER;
+}
+
+/* What a timed op of one rank keeps busy, for the breakdown: the GPU's kernels, the host's
+ * CPU Adam, or an offload transfer. */
+typedef enum { BUSY_GPU, BUSY_CPU, BUSY_TRANSFER } Busy;
+
+static Busy busy_of(const SimOp *op)
+{
+    if (op->kind == ZP_OP_TRANSFER)
+        return BUSY_TRANSFER;
+    return op->sub == ZP_COMP_CPU_OPTIMIZER ? BUSY_CPU : BUSY_GPU;
 }
 
 static gboolean is_model_state(ZpMemCategory category)
@@ -319,15 +334,16 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
     const ZpOp *op = zp_sched_op(s, i);
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
-        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N};
-    if (op->kind > ZP_OP_P2P)
+        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N,
+        [ZP_OP_TRANSFER] = ZP_XFER_N};
+    if (op->kind > ZP_OP_TRANSFER)
         return fail_op(error, i, "unknown kind");
     if (op->stage >= (uint32_t)MAX(s->stages, 1) || op->peer >= (uint32_t)MAX(s->stages, 1))
         return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
     if (op->sub >= sub_limit[op->kind])
-        return fail_op(error, i, "unknown compute, collective or memory category");
-    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P) &&
-        op->stream >= ZP_STREAM_N)
+        return fail_op(error, i, "unknown compute, collective, p2p, transfer or memory category");
+    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
+         op->kind == ZP_OP_TRANSFER) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
     if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_N)
         return fail_op(error, i, "unknown group");
@@ -420,6 +436,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         sim_coll_group(hw, s->plan.dp, s->plan.mp * MAX(s->stages, 1), ZP_GROUP_DP);
     double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
+    const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, i, error))
             return FALSE;
@@ -428,7 +445,16 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
                      .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
                      .bytes = op->bytes};
-        if (op->kind == ZP_OP_COMPUTE) {
+        if (op->kind == ZP_OP_TRANSFER) {
+            /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
+             * move their slices at the same time (the schedule is the same on every rank). */
+            o->duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
+            result->offload_bytes[op->sub] += op->bytes;
+        } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
+            if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
+                                       error))
+                return FALSE;
+        } else if (op->kind == ZP_OP_COMPUTE) {
             o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
@@ -684,9 +710,25 @@ static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
  * Called before either count changes. */
 static void account(RankState *rs, double now_s)
 {
-    if (rs->compute_running == 0 && rs->comm_active > 0)
-        rs->exposed_s += now_s - rs->mark_s;
+    /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
+     * offload transfer. */
+    const double dt = now_s - rs->mark_s;
+    if (rs->compute_running == 0) {
+        if (rs->comm_active > 0)
+            rs->exposed_s += dt;
+        else if (rs->cpu_running > 0)
+            rs->cpu_optimizer_s += dt;
+        else if (rs->transfers_active > 0)
+            rs->transfer_s += dt;
+    }
     rs->mark_s = now_s;
+}
+
+static uint32_t *busy_counter(RankState *rs, Busy busy)
+{
+    return busy == BUSY_GPU ? &rs->compute_running
+           : busy == BUSY_CPU ? &rs->cpu_running
+                              : &rs->transfers_active;
 }
 
 /* ---- bandwidth sharing ---- */
@@ -787,16 +829,18 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
     const SimOp *op = &sim->ops[i];
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
-    if (op->kind == ZP_OP_COMPUTE) {
-        const double duration_s =
-            sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s;
+    if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
+        const Busy busy = busy_of(op);
+        const double duration_s = sim->compute_scale && busy == BUSY_GPU
+                                      ? op->duration_s * sim->compute_scale[rank]
+                                      : op->duration_s;
         RankState *rs = &sim->rank[rank];
         account(rs, now_s);
-        rs->compute_running++;
+        (*busy_counter(rs, busy))++;
         rs->busy_s[stream] += duration_s;
-        if (op->sub == ZP_COMP_OPTIMIZER)
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
             rs->optimizer_s += duration_s;
-        else
+        else if (busy == BUSY_GPU)
             rs->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -912,10 +956,11 @@ static void handle(Sim *sim, const Event *e, double now_s)
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
-        if (op->kind == ZP_OP_COMPUTE) {
+        if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
-            rs->compute_running--;
-            if (op->sub != ZP_COMP_OPTIMIZER)
+            (*busy_counter(rs, busy_of(op)))--;
+            if (op->kind == ZP_OP_COMPUTE && op->sub != ZP_COMP_OPTIMIZER &&
+                op->sub != ZP_COMP_CPU_OPTIMIZER)
                 rs->flush_s = now_s;
         }
         complete(sim, e->id, e->detail, now_s);
@@ -989,7 +1034,10 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->compute_s = rs->compute_s;
     result->optimizer_s = rs->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
-    result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s);
+    result->cpu_optimizer_s = rs->cpu_optimizer_s;
+    result->offload_transfer_s = rs->transfer_s;
+    result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s -
+                                  rs->cpu_optimizer_s - rs->transfer_s);
     result->peak_memory_bytes = sim->memory[peak].peak_total;
     memcpy(result->peak_breakdown_bytes, sim->memory[peak].peak_breakdown,
            sizeof result->peak_breakdown_bytes);

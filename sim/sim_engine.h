@@ -40,13 +40,16 @@ typedef struct {
     int ranks_simulated;  /* world in explicit mode; 1 folded (the schedule is symmetric) */
     double step_time_s;   /* when the last op of any rank ends */
 
-    /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The four
-     * terms add up to step_time_s: compute (all compute ops but the optimizer), exposed
-     * communication (no compute op running while a collective of this rank is in flight),
-     * optimizer, and idle (neither). */
+    /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The six
+     * terms add up to step_time_s: compute (all GPU compute ops but the optimizer), exposed
+     * communication (no GPU compute op running while a collective of this rank is in
+     * flight), optimizer, CPU optimizer (CPU Adam running and neither of those), offload
+     * transfer (a host-link or NVMe transfer in flight and none of those), and idle. */
     int report_rank;
     double stream_busy_s[ZP_STREAM_N]; /* compute op durations; collective start to end */
     double compute_s, exposed_comm_s, optimizer_s, idle_s;
+    double cpu_optimizer_s, offload_transfer_s;
+    double offload_bytes[ZP_XFER_N]; /* bytes one rank moves per step, by ZpTransferKind */
 
     /* Per rank per step. Model FLOPs are the forward and backward compute ops' FLOPs:
      * recomputation and the optimizer are not the model's work (the MFU definition). */

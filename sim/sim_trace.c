@@ -10,7 +10,10 @@
 
 /* Stream tracks, in ZpStream order. */
 static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-comm",
-                                                       "pp-send"};
+                                                       "pp-send", "host-link", "nvme",
+                                                       "cpu-optimizer"};
+static const char *const transfer_labels[ZP_XFER_N] = {"grads to host", "to GPU",
+                                                       "nvme read", "nvme write"};
 static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather",
                                                    "all-to-all"};
 
@@ -35,6 +38,7 @@ static char *compute_label(const ZpSchedule *s, const ZpOp *op)
     case ZP_COMP_RECOMPUTE: g_string_append(out, "recompute "); append_unit(out, s, op->unit); break;
     case ZP_COMP_BLOCK_BWD: g_string_append(out, "bwd "); append_unit(out, s, op->unit); break;
     case ZP_COMP_EMBED_BWD: g_string_append(out, "embed bwd"); break;
+    case ZP_COMP_CPU_OPTIMIZER: g_string_append(out, "cpu "); /* fall through */
     default: g_string_append(out, zp_optimizer_name(s->plan.optimizer)); break;
     }
     return g_string_free(out, FALSE);
@@ -79,6 +83,8 @@ static char **op_labels(const ZpSchedule *s)
             labels[i] = compute_label(s, op);
         else if (op->kind == ZP_OP_COLLECTIVE)
             labels[i] = collective_label(s, op, &n);
+        else if (op->kind == ZP_OP_TRANSFER)
+            labels[i] = g_strdup(transfer_labels[op->sub]);
     }
     return labels;
 }

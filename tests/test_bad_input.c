@@ -25,6 +25,13 @@ typedef struct {
 } BadCase;
 
 static const BadCase cases[] = {
+    /* ---- offload ---- */
+    {"zplan memory --model tiny --gpus 2 --offload-optimizer foo", NULL, "zplan memory: --offload-optimizer: unknown value 'foo' (choose from none, cpu, nvme)"},
+    {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --stage 2 --micro-batch 1 --offload-param cpu", NULL, "zplan simulate: --offload-param: offload_param: needs ZeRO stage 3"},
+    {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --stage 0 --micro-batch 1 --offload-optimizer cpu", NULL, "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
+    {"zplan simulate --model tiny --cluster h100-measured --gpus 2 --stage 2 --micro-batch 1 --offload-optimizer cpu", NULL, "h100-measured: optimizer offload needs \"cpu_adam_bytes_per_s_per_core\""},
+    {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --ds-config {IN}", "{\"train_batch_size\": 2, \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\", \"max_in_cpu\": -1}}}", "offload_param: key \"max_in_cpu\""},
+    {"zplan maxmodel --gpu-memory 32e9 --gpus 1 --offload-param tape", NULL, "--offload-param: unknown value 'tape'"},
     /* ---- memory ---- */
     {"zplan memory --model {IN} --gpus 4", "", "{IN}:1:0: malformed JSON"},
     {"zplan memory --model {IN} --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"layers\": 3}", "{IN}:1:"},

@@ -405,7 +405,8 @@ static void test_dsconfig_warnings(void)
         "{\"train_batch_size\": 64, \"optimizer\": {\"type\": \"AdamW\"}, \"scheduler\": {}, "
         "\"gradient_clipping\": 1.0, \"steps_per_print\": 10, \"wall_clock_breakdown\": false, "
         "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
-        " \"offload_optimizer\": {\"device\": \"cpu\"}, \"allgather_partitions\": false, "
+        " \"offload_optimizer\": {\"device\": \"cpu\", \"pipeline_read\": true}, "
+        "\"allgather_partitions\": false, "
         "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
         "true, \"cpu_checkpointing\": false, \"profile\": true}}",
         &m, &launch, &plan, &batch, warnings, &error));
@@ -414,7 +415,7 @@ static void test_dsconfig_warnings(void)
         "\"optimizer\" ignored: not modeled", "\"scheduler\" ignored",
         "\"gradient_clipping\" ignored", "\"steps_per_print\" ignored",
         "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
-        "\"zero_optimization.offload_optimizer\" ignored",
+        "zero_optimization.offload_optimizer: \"pipeline_read\" ignored",
         "\"zero_optimization.allgather_partitions\" ignored",
         "\"activation_checkpointing.profile\" ignored",
     };
@@ -431,6 +432,7 @@ static void test_dsconfig_warnings(void)
     for (size_t i = 0; i < G_N_ELEMENTS(expected); i++)
         g_assert_nonnull(strstr(all->str, expected[i]));
     g_assert_cmpuint(warnings->len, ==, G_N_ELEMENTS(expected)); /* sub_group_size: default */
+    g_assert_cmpint(plan.zero.offload_optimizer.device, ==, ZP_OFFLOAD_CPU); /* modeled now */
     g_string_free(all, TRUE);
     g_ptr_array_unref(warnings);
 }
@@ -475,12 +477,13 @@ static void check_fits(json_t *candidate, double gpu_memory_bytes)
 }
 
 /* The best plan always fits, and so do all listed; with less GPU memory the answer still fits
- * (or nothing does, and then nothing does with even less), and is never faster. */
+ * (or nothing does, and then nothing does with even less), and is never faster. Once nothing
+ * fits on the GPUs alone, plan offloads (to the host, then NVMe), and so with even less. */
 static void test_best_fits_as_memory_shrinks(void)
 {
     const double sizes[] = {34359738368.0, 24e9, 16e9, 12e9, 8e9, 4e9, 2e9};
     double previous_ps = 0;
-    gboolean nothing_fits = FALSE;
+    gboolean nothing_fits = FALSE, offloaded = FALSE;
     for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
         char *profile = profile_with_memory("dgx2-v100", sizes[i]);
         char *args = g_strdup_printf("--model gpt2-1.5b --cluster %s --gpus 64 --top 3", profile);
@@ -492,8 +495,13 @@ static void test_best_fits_as_memory_shrinks(void)
             nothing_fits = TRUE;
         } else {
             g_assert_cmpint(status, ==, 0);
-            g_assert_false(nothing_fits);
+            g_assert_false(nothing_fits && !offloaded);
             check_fits(best, sizes[i]);
+            const gboolean offloads =
+                strcmp(json_string_value(json_object_get(best, "offload_optimizer")), "none") != 0;
+            g_assert_true(offloads || !offloaded);
+            offloaded = offloads;
+            nothing_fits = nothing_fits || offloads;
             json_t *c;
             size_t k;
             json_array_foreach(json_object_get(root, "candidates"), k, c) check_fits(c, sizes[i]);
@@ -506,7 +514,8 @@ static void test_best_fits_as_memory_shrinks(void)
         g_remove(profile);
         g_free(profile);
     }
-    g_assert_true(nothing_fits); /* 2 GB cannot hold a 1.5B model's states over 64 GPUs */
+    /* 2 GB cannot hold a 1.5B model's states over 64 GPUs without offload */
+    g_assert_true(nothing_fits);
 }
 
 /* The ZeRO paper trains the 1.5B model on 32 GB V100s without ZeRO: some stage-0 plan fits,
@@ -527,10 +536,13 @@ static void test_gpt2_fits_at_stage0(void)
     json_decref(root);
 }
 
-/* A trillion parameters need 16 TB of model states: 250 GB per GPU over 64 GPUs at best. */
+/* A trillion parameters need 16 TB of model states: 250 GB per GPU over 64 GPUs at best.
+ * Offload cannot help on four DGX-2 nodes (18 bytes per parameter of NVMe, 18 TB, against
+ * 4 x 1.92 TB); eight DGX A100 nodes hold it on their NVMe (ZeRO-Infinity), which plan
+ * proposes. */
 static void test_1t_does_not_fit_on_64(void)
 {
-    const char *clusters[] = {"dgx2-v100", "dgx-a100-80g"};
+    const char *clusters[] = {"dgx2-v100"};
     for (size_t i = 0; i < G_N_ELEMENTS(clusters); i++) {
         char *args = g_strdup_printf("plan --model gpt-1t --cluster %s --gpus 64", clusters[i]);
         TuRun r = tu_zplan(args);
@@ -548,12 +560,18 @@ static void test_1t_does_not_fit_on_64(void)
         g_free(args);
     }
     int status;
-    json_t *root = plan_json("--model gpt-1t --cluster dgx-a100-80g --gpus 64", &status);
+    json_t *root = plan_json("--model gpt-1t --cluster dgx2-v100 --gpus 64", &status);
     g_assert_cmpint(status, ==, 2);
     g_assert_true(json_is_null(json_object_get(root, "best")));
-    /* Stage 3 with all 64 GPUs sharing 16 bytes per parameter: at least 250 GB - 86 GB over. */
+    /* Stage 3 with all 64 GPUs sharing 16 bytes per parameter: at least 250 GB - 34 GB over. */
     g_assert_cmpfloat(number(json_object_get(root, "closest_over_memory"), "over_memory_bytes"),
-                      >, 16 * 1e12 / 64 - 85.9e9);
+                      >, 16 * 1e12 / 64 - 34.4e9);
+    json_decref(root);
+    root = plan_json("--model gpt-1t --cluster dgx-a100-80g --gpus 64", &status);
+    g_assert_cmpint(status, ==, 0);
+    json_t *best = json_object_get(root, "best");
+    g_assert_cmpstr(json_string_value(json_object_get(best, "offload_optimizer")), ==, "nvme");
+    g_assert_cmpstr(json_string_value(json_object_get(best, "offload_param")), ==, "nvme");
     json_decref(root);
 }
 

@@ -6,6 +6,7 @@
 #include "zp_mem.h"
 #include "testutil.h"
 #include "zp_sched.h"
+#include "zp_offload.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -345,6 +346,11 @@ static void test_bad_input(void)
         {"--model tiny --emulate 0", "--emulate: '0' is outside"},
         {"--model tiny --steps -1", "--steps: '-1' is outside"},
         {"--model tiny --backend gpu", "--backend: 'gpu' is neither cpu nor cuda"},
+        {"--model tiny --offload-optimizer disk", "--offload-optimizer: unknown value 'disk'"},
+        {"--model tiny --offload-optimizer cpu",
+         "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
+        {"--model tiny --stage 2 --offload-optimizer cpu",
+         "zreal executes optimizer offload at ZeRO stage 1 only"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -536,6 +542,79 @@ static void test_cuda_backend_without_device(void)
     g_free(err);
 }
 
+/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
+static json_t *zreal_measured(int n, const char *args, const char *name)
+{
+    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
+    char *full = g_strdup_printf("%s --out %s", args, path);
+    char *err = NULL;
+    const int status = mpirun(n, full, &err);
+    if (!g_spawn_check_wait_status(status, NULL))
+        g_printerr("%s", err);
+    g_assert_true(g_spawn_check_wait_status(status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    g_free(err), g_free(full), g_free(path);
+    return root;
+}
+
+/* ZeRO-Offload in zreal (stage 1, 2 ranks): the optimizer states live in the host tier, CPU
+ * Adam steps them from fp32 gradients copied down bucket by bucket, and the updated 16-bit
+ * partition comes back up. The losses equal the run without offload bit for bit (the same
+ * update from the same values); each rank's host bytes per category equal the schedule's
+ * host_bytes; the bytes each transfer kind moved, summed over the ranks, equal the
+ * schedule's transfer ops (each rank's own slice of a bucket is its part of the unpadded
+ * range, so only the sum over ranks is the ops' dp x bytes); device nvme is cpu at stage 1,
+ * as in DeepSpeed. */
+static void test_offload_matches(void)
+{
+    const char *base = "--model tiny --stage 1 --micro-batch 4 --steps 6 --reduce-bucket-size 20000";
+    char *with = g_strdup_printf("%s --offload-optimizer cpu", base);
+    char *nvme = g_strdup_printf("%s --offload-optimizer nvme", base);
+    json_t *plain = zreal_measured(2, base, "offload_none");
+    json_t *cpu = zreal_measured(2, with, "offload_cpu");
+    json_t *as_cpu = zreal_measured(2, nvme, "offload_nvme");
+    json_t *loss = json_object_get(plain, "loss");
+    for (size_t i = 0; i < json_array_size(loss); i++) {
+        const double want = json_number_value(json_array_get(loss, i));
+        g_assert_cmpfloat(json_number_value(json_array_get(json_object_get(cpu, "loss"), i)),
+                          ==, want);
+        g_assert_cmpfloat(json_number_value(json_array_get(json_object_get(as_cpu, "loss"), i)),
+                          ==, want);
+    }
+    ZpModel model;
+    ZpPlan plan;
+    g_assert_true(zp_model_from_json(json_object_get(cpu, "model"), "model", &model, NULL));
+    g_assert_true(zp_plan_from_json(json_object_get(cpu, "plan"), "plan", &plan, NULL));
+    ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+    g_assert_nonnull(s);
+    double predicted[ZP_XFER_N] = {0}, measured[ZP_XFER_N] = {0};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_TRANSFER)
+            predicted[op->sub] += op->bytes * plan.dp;
+    }
+    g_assert_cmpfloat(predicted[ZP_XFER_D2H], >, 0);
+    json_t *ranks = json_object_get(cpu, "ranks");
+    g_assert_cmpuint(json_array_size(ranks), ==, 2);
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *rank = json_array_get(ranks, r);
+        for (int c = 0; c < ZP_MEM_N; c++)
+            g_assert_cmpfloat(number_at(json_object_get(rank, "host_bytes"),
+                                        zp_sched_mem_name(c)), ==, s->host_bytes[c]);
+        for (int k = 0; k < ZP_XFER_N; k++)
+            measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
+                                     zp_sched_transfer_name(k));
+        g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
+                          zp_sched_model_state_bytes(s));
+    }
+    for (int k = 0; k < ZP_XFER_N; k++)
+        g_assert_cmpfloat(measured[k], ==, predicted[k]);
+    zp_sched_free(s);
+    json_decref(plain), json_decref(cpu), json_decref(as_cpu);
+    g_free(with), g_free(nvme);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -558,6 +637,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/emulated-rank-is-the-real-rank", test_emulated_rank_is_the_real_rank);
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
+    g_test_add_func("/zreal/offload-matches", test_offload_matches);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);

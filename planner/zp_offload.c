@@ -1,0 +1,444 @@
+/* zp_offload: the tiers follow DeepSpeed v0.19.6 (deepspeed/runtime/zero/stage_1_and_2.py,
+ * stage3.py, swap_tensor/), buffer by buffer; the transfers follow where those buffers are
+ * filled and drained. Citations name the file and the attribute or function. */
+#include "zp_offload.h"
+#include "zp_mem.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+/* stage3.py's sub_group_size default (deepspeed/runtime/zero/config.py: 1e9): the optimizer
+ * swapper's buffers hold one sub-group. */
+#define SUB_GROUP_ELEMS 1e9
+
+gboolean zp_offload_any(const ZpPlan *plan)
+{
+    return plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE ||
+           plan->zero.offload_param.device != ZP_OFFLOAD_NONE;
+}
+
+double zp_offload_cpu_share(const ZpPlan *plan)
+{
+    const ZpOffload *o = &plan->zero.offload_optimizer;
+    if (o->device == ZP_OFFLOAD_NONE)
+        return 0.0;
+    return plan->zero.stage == 3 ? o->ratio : 1.0;
+}
+
+ZpTier zp_offload_optimizer_tier(const ZpPlan *plan)
+{
+    /* stage_1_and_2.py sets cpu_offload for any device but none: NVMe is only swapped to by
+     * stage3.py (_configure_tensor_swapping). */
+    switch (plan->zero.offload_optimizer.device) {
+    case ZP_OFFLOAD_CPU: return ZP_TIER_CPU;
+    case ZP_OFFLOAD_NVME: return plan->zero.stage == 3 ? ZP_TIER_NVME : ZP_TIER_CPU;
+    default: return ZP_TIER_GPU;
+    }
+}
+
+ZpTier zp_offload_param_tier(const ZpPlan *plan)
+{
+    switch (plan->zero.offload_param.device) {
+    case ZP_OFFLOAD_CPU: return ZP_TIER_CPU;
+    case ZP_OFFLOAD_NVME: return ZP_TIER_NVME;
+    default: return ZP_TIER_GPU;
+    }
+}
+
+gboolean zp_offload_check(const ZpPlan *plan, GError **error)
+{
+    const ZpZeroConfig *z = &plan->zero;
+    const char *bad = NULL;
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && z->stage < 1)
+        bad = "offload_optimizer: needs ZeRO stage 1, 2 or 3";
+    else if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage != 3)
+        bad = "offload_param: needs ZeRO stage 3 (DeepSpeed partitions parameters only there)";
+    else if (z->offload_optimizer.ratio < 1.0 && z->stage != 3 &&
+             z->offload_optimizer.device != ZP_OFFLOAD_NONE)
+        bad = "offload_optimizer.ratio: below 1 only with ZeRO stage 3 (partial offload)";
+    else if (z->offload_optimizer.ratio < 0 || z->offload_optimizer.ratio > 1)
+        bad = "offload_optimizer.ratio: must be from 0 to 1";
+    if (bad)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+    return bad == NULL;
+}
+
+/* The largest single tensor per rank, which DeepSpeed's per-parameter staging buffers are
+ * sized by (largest_param_numel): the token embedding or an MLP weight. */
+static double largest_tensor_elems(const ZpModel *model, int mp)
+{
+    if (!zp_model_has_architecture(model))
+        return 0.0;
+    return fmax((double)model->vocab * (double)model->hidden,
+                (double)model->hidden * (double)model->ffn_hidden) / mp;
+}
+
+/* Bytes per element of the fp32 master copy and the two moments (as zp_sched splits K). */
+static void optimizer_terms(const ZpPlan *plan, double *master, double *m, double *v)
+{
+    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    *master = plan->precision == ZP_PREC_FP32 ? 0.0 : 4.0;
+    const double moments = st.optim_bytes - *master;
+    const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
+    *m = two ? moments / 2 : moments;
+    *v = two ? moments / 2 : 0.0;
+}
+
+static double row_bytes(const ZpTiers *t, ZpTier tier)
+{
+    double sum = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        sum += t->bytes[tier][c];
+    return sum;
+}
+
+/* What offload_optimizer moves and adds (see the header). */
+static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double part,
+                              ZpTiers *t, double *pinned)
+{
+    const double r = zp_offload_cpu_share(plan);
+    const ZpTier tier = zp_offload_optimizer_tier(plan);
+    const ZpOffload *o = &plan->zero.offload_optimizer;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    const int stage = plan->zero.stage;
+    const double cpu_before = row_bytes(t, ZP_TIER_CPU);
+    static const ZpMemCategory states[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V};
+    for (size_t i = 0; i < G_N_ELEMENTS(states); i++) {
+        const double moved = r * t->bytes[ZP_TIER_GPU][states[i]];
+        t->bytes[ZP_TIER_GPU][states[i]] -= moved;
+        t->bytes[tier][states[i]] += moved;
+    }
+    if (stage == 2)
+        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = 0.0;
+    else if (stage == 3)
+        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
+    const double fp32_grads = r * part * 4.0;
+    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads;
+    double swap = 0;
+    if (tier == ZP_TIER_NVME) {
+        t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
+        swap = o->buffer_count * fmin(SUB_GROUP_ELEMS, r * part) * 4.0;
+        t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += swap;
+    }
+    if (stage < 3) {
+        const double largest = largest_tensor_elems(model, plan->mp) * elem;
+        t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += part * elem;
+        t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += largest; /* temp_grad_buffer_for_cpu_offload */
+        t->bytes[ZP_TIER_GPU][ZP_MEM_BUCKETS] += largest; /* temp_grad_buffer_for_gpu_offload */
+    }
+    /* Swap buffers are pinned whatever pin_memory says (SwapBufferManager); the rest is
+     * pinned when pin_memory is set. */
+    *pinned += swap + (o->pin_memory ? row_bytes(t, ZP_TIER_CPU) - cpu_before - swap : 0.0);
+}
+
+static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *pinned)
+{
+    const ZpOffload *o = &plan->zero.offload_param;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    const double bytes = t->bytes[ZP_TIER_GPU][ZP_MEM_PARAMS];
+    t->bytes[ZP_TIER_GPU][ZP_MEM_PARAMS] = 0.0;
+    if (zp_offload_param_tier(plan) == ZP_TIER_CPU) {
+        t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += bytes;
+        if (o->pin_memory)
+            *pinned += bytes;
+        return;
+    }
+    /* NVMe: the host keeps max_in_cpu elements in a pinned flat buffer and a pool of
+     * buffer_count pinned swap buffers of buffer_size elements. */
+    t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
+    const double kept = fmin(part, o->max_in_cpu) * elem;
+    const double pool = o->buffer_count * o->buffer_size * elem;
+    t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += kept;
+    t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += pool;
+    *pinned += kept + pool;
+}
+
+/* Applies the plan's offload to t's GPU row (filled with the states as if nothing were
+ * offloaded) for a partition of `part` elements per rank. */
+static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part, ZpTiers *t)
+{
+    const int stage = plan->zero.stage;
+    double pinned = 0;
+    if (plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE && stage >= 1)
+        optimizer_offload(model, plan, part, t, &pinned);
+    if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
+        param_offload(plan, part, t, &pinned);
+    for (int tier = 0; tier < ZP_TIER_N; tier++)
+        t->total_bytes[tier] = row_bytes(t, (ZpTier)tier);
+    t->pinned_bytes = pinned;
+}
+
+void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, ZpTiers *t)
+{
+    memset(t, 0, sizeof *t);
+    const int stage = plan->zero.stage;
+    const double params = (double)zp_model_param_count(model);
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpModelStates m = zp_mem_model_states(params, stage, plan->dp, plan->mp, sb);
+    const double psi = params / plan->mp, part = psi / plan->dp;
+    const double optim_elems = stage == 0 ? psi : part;
+    double master, mom1, mom2;
+    optimizer_terms(plan, &master, &mom1, &mom2);
+    t->bytes[ZP_TIER_GPU][ZP_MEM_PARAMS] = m.params_bytes;
+    t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = m.grads_bytes;
+    t->bytes[ZP_TIER_GPU][ZP_MEM_MASTER] = optim_elems * master;
+    t->bytes[ZP_TIER_GPU][ZP_MEM_ADAM_M] = optim_elems * mom1;
+    t->bytes[ZP_TIER_GPU][ZP_MEM_ADAM_V] = optim_elems * mom2;
+    apply_offload(model, plan, part, t);
+    const int world = plan->dp * plan->mp;
+    t->ranks_per_node = hw && hw->gpus_per_node > 0 ? MIN(hw->gpus_per_node, world) : 1;
+    t->cpu_node_bytes = t->ranks_per_node * t->total_bytes[ZP_TIER_CPU];
+    t->nvme_node_bytes = t->ranks_per_node * t->total_bytes[ZP_TIER_NVME];
+}
+
+void zp_offload_layout(ZpSchedule *s)
+{
+    if (!zp_offload_any(&s->plan))
+        return;
+    ZpTiers t = {0};
+    memcpy(t.bytes[ZP_TIER_GPU], s->state_bytes, sizeof s->state_bytes);
+    apply_offload(&s->model, &s->plan, (double)s->partition_elems, &t);
+    memcpy(s->state_bytes, t.bytes[ZP_TIER_GPU], sizeof s->state_bytes);
+    memcpy(s->host_bytes, t.bytes[ZP_TIER_CPU], sizeof s->host_bytes);
+    memcpy(s->nvme_bytes, t.bytes[ZP_TIER_NVME], sizeof s->nvme_bytes);
+}
+
+void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
+                      double *nvme_read_bytes, double *h2d_bytes)
+{
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    const ZpTier tier = zp_offload_param_tier(plan);
+    *h2d_bytes = tier == ZP_TIER_GPU ? 0.0 : elems * elem;
+    /* The host keeps max_in_cpu elements of the partition (the first parameter groups); the
+     * rest is read from NVMe. zplan spreads that share over the units evenly. */
+    const double on_nvme =
+        tier == ZP_TIER_NVME && partition_elems > 0
+            ? fmax(0.0, partition_elems - plan->zero.offload_param.max_in_cpu) / partition_elems
+            : 0.0;
+    *nvme_read_bytes = on_nvme * elems * elem;
+}
+
+static const char *const tier_what[ZP_TIER_N] = {"GPU memory per GPU", "CPU memory per node",
+                                                 "NVMe per node"};
+
+const char *zp_tier_what(ZpTier tier)
+{
+    return tier_what[tier];
+}
+
+static void tier_need(const ZpTiers *t, double gpu_need_bytes, const ZpHw *hw,
+                      double need[ZP_TIER_N], double have[ZP_TIER_N])
+{
+    need[ZP_TIER_GPU] = gpu_need_bytes, have[ZP_TIER_GPU] = hw->gpu_memory_bytes;
+    need[ZP_TIER_CPU] = t->cpu_node_bytes, have[ZP_TIER_CPU] = hw->cpu_memory_bytes;
+    need[ZP_TIER_NVME] = t->nvme_node_bytes, have[ZP_TIER_NVME] = hw->nvme_bytes;
+}
+
+ZpTier zp_offload_overflow(const ZpTiers *t, double gpu_need_bytes, const ZpHw *hw,
+                           double *short_bytes)
+{
+    double need[ZP_TIER_N], have[ZP_TIER_N];
+    tier_need(t, gpu_need_bytes, hw, need, have);
+    for (int tier = 0; tier < ZP_TIER_N; tier++)
+        if (need[tier] > have[tier]) {
+            *short_bytes = need[tier] - have[tier];
+            return (ZpTier)tier;
+        }
+    *short_bytes = 0;
+    return ZP_TIER_N;
+}
+
+gboolean zp_offload_fit(const ZpTiers *t, double gpu_need_bytes, const ZpHw *hw, GError **error)
+{
+    double short_bytes, need[ZP_TIER_N], have[ZP_TIER_N];
+    const ZpTier tier = zp_offload_overflow(t, gpu_need_bytes, hw, &short_bytes);
+    if (tier == ZP_TIER_N)
+        return TRUE;
+    tier_need(t, gpu_need_bytes, hw, need, have);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s overflows: the plan needs %.1f GB of %s's %.1f GB (%.1f GB short)",
+                tier_what[tier], need[tier] / 1e9, hw->name, have[tier] / 1e9, short_bytes / 1e9);
+    return FALSE;
+}
+
+void zp_offload_ds_estimate_zero2(double params, int gpus_per_node, int nodes,
+                                  gboolean cpu_offload, double *cpu_bytes, double *gpu_bytes)
+{
+    const double total_gpus = (double)gpus_per_node * nodes, factor = 1.5;
+    if (cpu_offload) {
+        *gpu_bytes = 2 * params;
+        *cpu_bytes = params * fmax(4 * total_gpus, 16) * factor;
+    } else {
+        *gpu_bytes = 4 * params + floor(16 * params / total_gpus);
+        *cpu_bytes = params * 4 * gpus_per_node * factor;
+    }
+}
+
+void zp_offload_ds_estimate_zero3(double params, double largest_layer_params,
+                                  int gpus_per_node, int nodes, gboolean cpu_offload,
+                                  gboolean cpu_offload_params, double *cpu_bytes,
+                                  double *gpu_bytes)
+{
+    const double total_gpus = (double)gpus_per_node * nodes, gpus_factor = 1.0 / nodes;
+    const double factor = 1.5, largest = 4 * largest_layer_params;
+    if (cpu_offload && cpu_offload_params) {
+        *gpu_bytes = largest;
+        *cpu_bytes = params * 18 * gpus_factor * factor;
+    } else if (cpu_offload) {
+        *gpu_bytes = largest + floor(2 * params / total_gpus);
+        *cpu_bytes = params * 16 * gpus_factor * factor;
+    } else {
+        *gpu_bytes = largest + floor(18 * params / total_gpus);
+        *cpu_bytes = largest_layer_params * 4 * gpus_per_node * factor;
+    }
+}
+
+/* ---- transfers ---- */
+
+double zp_offload_cpu_adam_bytes(const ZpPlan *plan)
+{
+    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    return 4.0 + 2.0 * st.optim_bytes + st.param_bytes;
+}
+
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems)
+{
+    return zp_offload_cpu_share(plan) * elems * 4.0;
+}
+
+void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
+{
+    memset(step, 0, sizeof *step);
+    const double r = zp_offload_cpu_share(plan), cpu_elems = r * elems;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    if (zp_offload_optimizer_tier(plan) == ZP_TIER_NVME) {
+        /* stage3.py _optimizer_states_and_gradient_swap_in / _swap_out: the states and the
+         * fp32 gradients in, the states out. */
+        step->nvme_read_bytes += cpu_elems * (st.optim_bytes + 4.0);
+        step->nvme_write_bytes += cpu_elems * st.optim_bytes;
+    }
+    switch (zp_offload_param_tier(plan)) {
+    case ZP_TIER_GPU: /* the updated 16-bit partition returns to the GPU */
+        step->h2d_bytes = cpu_elems * elem;
+        break;
+    case ZP_TIER_NVME: /* written back past what max_in_cpu keeps on the host */
+        step->nvme_write_bytes +=
+            fmax(0.0, elems - plan->zero.offload_param.max_in_cpu) * elem;
+        break;
+    default:
+        break;
+    }
+}
+
+gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,
+                               double *seconds, GError **error)
+{
+    if (hw->cpu_adam_bytes_per_s_per_core <= 0 || hw->cpu_cores_per_node <= 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: optimizer offload needs \"cpu_adam_bytes_per_s_per_core\" and "
+                    "\"cpu_cores_per_node\" in the hwprofile (zreal --microbench and zplan "
+                    "calibrate measure the first)", hw->name);
+        return FALSE;
+    }
+    *seconds = bytes / (hw->cpu_adam_bytes_per_s_per_core * hw->cpu_cores_per_node /
+                        MAX(1, ranks_per_node));
+    return TRUE;
+}
+
+double zp_offload_link_bytes_per_s(const ZpHw *hw, ZpTransferKind kind, int ranks_per_node)
+{
+    if (kind == ZP_XFER_D2H || kind == ZP_XFER_H2D)
+        return hw->host_link_bytes_per_s;
+    return hw->nvme_bytes_per_s / MAX(1, ranks_per_node);
+}
+
+/* ---- ds_config ---- */
+
+static const char *const optimizer_keys[] = {"device", "nvme_path", "buffer_count",
+                                             "pin_memory", "ratio", "pipeline_read",
+                                             "pipeline_write", "fast_init", "super_offload",
+                                             "cpuadam_cores_perc", NULL};
+static const char *const param_keys[] = {"device", "nvme_path", "buffer_count", "buffer_size",
+                                         "max_in_cpu", "pin_memory", NULL};
+/* offload_optimizer's options that change only how the swaps are pipelined or initialised. */
+static const char *const unmodeled[] = {"pipeline_read", "pipeline_write", "fast_init",
+                                        "super_offload", "cpuadam_cores_perc"};
+
+static gboolean read_count(json_t *o, const char *what, const char *key, double *out,
+                           GError **error)
+{
+    int64_t n;
+    if (!json_object_get(o, key))
+        return TRUE;
+    if (!zp_json_get_int(o, what, key, TRUE, 0, 1000000000000000LL, &n, error))
+        return FALSE;
+    *out = (double)n;
+    return TRUE;
+}
+
+gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
+                              ZpOffload *offload, GPtrArray *warnings, GError **error)
+{
+    json_t *o = section;
+    zp_offload_defaults(offload, param);
+    if (!o)
+        return TRUE;
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s must be an object", what);
+        return FALSE;
+    }
+    const char *device = "none", *path = NULL;
+    char *device_key = g_strdup_printf("%s: key \"device\"", what);
+    gboolean ok = zp_json_check_keys(o, what, param ? param_keys : optimizer_keys, error) &&
+                  zp_json_get_string(o, what, "device", FALSE, &device, error) &&
+                  zp_offload_device_parse(device, device_key, &offload->device, error) &&
+                  zp_json_get_string(o, what, "nvme_path", FALSE, &path, error) &&
+                  zp_json_get_bool(o, what, "pin_memory", FALSE, &offload->pin_memory, error) &&
+                  read_count(o, what, "buffer_count", &offload->buffer_count, error) &&
+                  (!param || (read_count(o, what, "buffer_size", &offload->buffer_size, error) &&
+                              read_count(o, what, "max_in_cpu", &offload->max_in_cpu, error))) &&
+                  (param || zp_json_get_number(o, what, "ratio", FALSE, 0, 1, &offload->ratio,
+                                               error));
+    g_free(device_key);
+    if (ok && path) {
+        if (strlen(path) == 0 || strlen(path) >= sizeof offload->nvme_path) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"nvme_path\" must be 1 to %zu characters", what,
+                        sizeof offload->nvme_path - 1);
+            return FALSE;
+        }
+        g_strlcpy(offload->nvme_path, path, sizeof offload->nvme_path);
+    }
+    if (!ok)
+        return FALSE;
+    for (size_t i = 0; !param && i < G_N_ELEMENTS(unmodeled); i++)
+        if (json_object_get(o, unmodeled[i]))
+            g_ptr_array_add(warnings, g_strdup_printf("%s: \"%s\" ignored: not modeled", what,
+                                                      unmodeled[i]));
+    if (offload->device == ZP_OFFLOAD_NVME && !offload->nvme_path[0])
+        g_ptr_array_add(warnings,
+                        g_strdup_printf("%s: device nvme without \"nvme_path\": DeepSpeed needs "
+                                        "the directory to swap to", what));
+    return TRUE;
+}
+
+void *zp_offload_to_json(const ZpOffload *offload, gboolean param)
+{
+    if (offload->device == ZP_OFFLOAD_NONE)
+        return NULL;
+    json_t *o = json_pack("{s:s, s:b, s:I}", "device", zp_offload_device_name(offload->device),
+                          "pin_memory", offload->pin_memory, "buffer_count",
+                          (json_int_t)llround(offload->buffer_count));
+    if (param) {
+        json_object_set_new(o, "buffer_size", json_integer((json_int_t)llround(offload->buffer_size)));
+        json_object_set_new(o, "max_in_cpu", json_integer((json_int_t)llround(offload->max_in_cpu)));
+    } else {
+        json_object_set_new(o, "ratio", json_real(offload->ratio));
+    }
+    if (offload->nvme_path[0])
+        json_object_set_new(o, "nvme_path", json_string(offload->nvme_path));
+    return o;
+}

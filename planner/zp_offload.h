@@ -1,0 +1,149 @@
+/* zp_offload: ZeRO-Offload and ZeRO-Infinity — which model states DeepSpeed v0.19.6 moves to
+ * host memory or NVMe, the tiers' bytes per GPU and per node, their fit, and the rules the
+ * schedule builder asks about transfers (gradients down, parameters up, NVMe swaps, CPU Adam). */
+#ifndef ZP_OFFLOAD_H
+#define ZP_OFFLOAD_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+/* Per-rank bytes of each memory category in each tier, and the per-node sums of the host
+ * tiers. The GPU row holds the model states left on the GPU plus the GPU staging buffers
+ * offload adds (counted as ZP_MEM_BUCKETS); the CPU row the host copies, pinned staging and
+ * swap buffers; the NVMe row the swapped files. Residual terms (activations, buckets of the
+ * plain schedule, the reserve) are zp_mem_residual's and are not in here. */
+typedef struct {
+    double bytes[ZP_TIER_N][ZP_MEM_N];
+    double total_bytes[ZP_TIER_N]; /* per rank */
+    double pinned_bytes;           /* of the CPU row: page-locked (pin_memory) */
+    int ranks_per_node;            /* min(gpus_per_node, dp x mp) */
+    double cpu_node_bytes;         /* all the node's ranks together */
+    double nvme_node_bytes;
+} ZpTiers;
+
+/* The tiers of a plan for a model of `params` parameters (model may be a params-only model;
+ * the largest tensor then counts as 0). hw may be NULL (one rank per node). Without offload
+ * the GPU row equals zp_mem_model_states term by term (params, grads, master + moments).
+ *
+ * offload_optimizer (stages 1-3; stage_1_and_2.py treats device nvme as cpu, only stage3.py
+ * swaps to NVMe), with r = ratio (stage 3; 1 otherwise) and P the partition, Psi/mp/dp:
+ *   moves r of the fp32 master and moments off the GPU (cpu, or nvme at stage 3);
+ *   gradients: stage 2 keeps no 16-bit partition on the GPU, stage 3 r of it; the host holds
+ *     r P fp32 gradients (stage_1_and_2.py single_partition_of_fp32_groups[i].grad;
+ *     stage3.py grad_partitions_flat_buffer), and at stage 3 with nvme also NVMe (swapped out
+ *     by swap_out_gradients);
+ *   stages 1-2 add a 16-bit host copy of the partition (param_buffer_of_bit16_for_cpu_offload
+ *     _groups, what returns to the GPU) and a GPU buffer of the largest tensor
+ *     (temp_grad_buffer_for_gpu_offload);
+ *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size 1e9, P) fp32 elements
+ *     on the host (PartitionedOptimizerSwapper's SwapBufferManager).
+ * offload_param (stage 3): the 16-bit partition P moves to the host (cpu) or NVMe; with nvme
+ *   the host keeps min(P, max_in_cpu) of it (_create_param_groups_fp16_flat_cpu_memory) and
+ *   buffer_count x buffer_size 16-bit swap buffers (AsyncPartitionedParameterSwapper).
+ * Host buffers are pinned when pin_memory is set. */
+void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, ZpTiers *tiers);
+
+/* Whether a plan offloads anything. */
+gboolean zp_offload_any(const ZpPlan *plan);
+
+/* Checks the plan's offload settings: offload_optimizer needs stage >= 1, offload_param stage
+ * 3, ratio below 1 stage 3 (DeepSpeed's own asserts); fails naming the setting. */
+gboolean zp_offload_check(const ZpPlan *plan, GError **error);
+
+/* The fit check over the three tiers: GPU need per GPU (the caller's total: states, residual
+ * and reserve) against gpu_memory_bytes, CPU per node against cpu_memory_bytes, NVMe per node
+ * against nvme_bytes (0 in a profile without NVMe). Returns the first tier that overflows and
+ * by how many bytes in *short_bytes, or ZP_TIER_N when all fit. */
+ZpTier zp_offload_overflow(const ZpTiers *tiers, double gpu_need_bytes, const ZpHw *hw,
+                           double *short_bytes);
+
+/* "GPU memory per GPU", "CPU memory per node", "NVMe per node". */
+const char *zp_tier_what(ZpTier tier);
+
+/* The fit check as an error naming the tier that overflows, its need and its capacity. */
+gboolean zp_offload_fit(const ZpTiers *tiers, double gpu_need_bytes, const ZpHw *hw,
+                        GError **error);
+
+/* DeepSpeed's own estimators, as written in v0.19.6 (bytes, before its int()):
+ * stage_1_and_2.py estimate_zero2_model_states_mem_needs and stage3.py
+ * estimate_zero3_model_states_mem_needs, additional_buffer_factor 1.5, zero_init true. */
+void zp_offload_ds_estimate_zero2(double params, int gpus_per_node, int nodes,
+                                  gboolean cpu_offload, double *cpu_bytes, double *gpu_bytes);
+void zp_offload_ds_estimate_zero3(double params, double largest_layer_params,
+                                  int gpus_per_node, int nodes, gboolean cpu_offload,
+                                  gboolean cpu_offload_params, double *cpu_bytes,
+                                  double *gpu_bytes);
+
+/* ---- rules for the schedule builder (zp_sched.c) ---- */
+
+/* Bytes per element CPU Adam moves: read the fp32 gradient, read and write the master copy
+ * and the moments, write the 16-bit parameter (the same accounting as the GPU optimizer). */
+double zp_offload_cpu_adam_bytes(const ZpPlan *plan);
+
+/* Share of the partition the CPU steps (offload_optimizer's ratio at stage 3, 1 at stages
+ * 1-2), 0 without optimizer offload. */
+double zp_offload_cpu_share(const ZpPlan *plan);
+
+/* The tier optimizer states live in: ZP_TIER_CPU, ZP_TIER_NVME (stage 3 only), or ZP_TIER_GPU
+ * without offload; likewise for the parameters. */
+ZpTier zp_offload_optimizer_tier(const ZpPlan *plan);
+ZpTier zp_offload_param_tier(const ZpPlan *plan);
+
+/* Bytes of a gradient slice of `elems` elements (this rank's part of a bucket) that go down
+ * the host link: fp32, since DeepSpeed copies the 16-bit gradient into the fp32 host buffer
+ * and PyTorch converts a cross-device copy on the GPU before the transfer. Scaled by the
+ * CPU share. */
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems);
+
+/* The step's transfers around CPU Adam, per rank, for `elems` partition elements:
+ * nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again, and
+ * the 16-bit parameters when they live on NVMe), h2d (the updated 16-bit partition back to
+ * the GPU when parameters stay there). */
+typedef struct {
+    double nvme_read_bytes, nvme_write_bytes, h2d_bytes;
+} ZpOffloadStep;
+void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step);
+
+/* Stage 3 with offload_param: what fetching a unit's partition of `elems` elements (of the
+ * rank's partition_elems) to the GPU before its all-gather moves: with nvme, the share of the
+ * partition beyond max_in_cpu read from NVMe, then the whole slice over the host link. Zeros
+ * when parameters stay on the GPU. */
+void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
+                      double *nvme_read_bytes, double *h2d_bytes);
+
+/* Moves a built schedule's model states (ZpSchedule.state_bytes, laid out with the
+ * schedule's padding) between the tiers as zp_offload_tiers does, into state_bytes (GPU),
+ * host_bytes and nvme_bytes. Nothing changes without offload. */
+void zp_offload_layout(ZpSchedule *sched);
+
+/* Per-rank seconds of CPU Adam over `bytes` (zp_offload_cpu_adam_bytes x elements): the
+ * rate per core x the cores one rank gets, cpu_cores_per_node / ranks_per_node (DeepSpeed's
+ * launcher gives each local process its share of the cores as OMP_NUM_THREADS). Fails naming
+ * the hwprofile keys when the profile has no CPU Adam rate. */
+gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,
+                               double *seconds, GError **error);
+
+/* Per-rank bandwidth of a transfer: the host link is each GPU's own (host_link_bytes_per_s);
+ * NVMe is the node's, shared by its ranks_per_node ranks moving their slices at once
+ * (ZeRO-Infinity's bandwidth-centric partitioning: each rank moves only its 1/N, so the
+ * aggregate grows with the nodes). */
+double zp_offload_link_bytes_per_s(const ZpHw *hw, ZpTransferKind kind, int ranks_per_node);
+
+/* ---- ds_config sections ---- */
+
+/* Reads zero_optimization.offload_optimizer or .offload_param (`param`) into *offload:
+ * device, pin_memory, buffer_count, buffer_size and max_in_cpu (param), ratio (optimizer),
+ * nvme_path; the options zplan does not model (pipeline_read, pipeline_write, fast_init,
+ * super_offload, cpuadam_cores_perc) warn. Unknown keys and bad values fail naming the key.
+ * A missing section leaves the defaults. */
+gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
+                              ZpOffload *offload, GPtrArray *warnings, GError **error);
+
+/* The section as DeepSpeed reads it (json_t *), or NULL when device is none. */
+void *zp_offload_to_json(const ZpOffload *offload, gboolean param);
+
+#endif

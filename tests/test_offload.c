@@ -1,0 +1,391 @@
+/* test_offload: ZeRO-Offload and ZeRO-Infinity — the tiers' bytes from formulas stated here,
+ * DeepSpeed's own estimators beside them, the fit check naming the tier, the schedule's
+ * transfers and CPU Adam in the simulator, ds_config round trips, and `plan` proposing it. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_dsconfig.h"
+#include "zp_offload.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static ZpModel load_model(const char *name)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load(name, &m, &error));
+    g_assert_no_error(error);
+    return m;
+}
+
+static ZpHw load_hw(const char *name)
+{
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_true(zp_hw_load(name, &hw, &error));
+    g_assert_no_error(error);
+    return hw;
+}
+
+static void assert_close(double got, double want)
+{
+    g_assert_cmpfloat(fabs(got - want), <=, 1e-9 * fabs(want) + 1e-3);
+}
+
+/* The largest single tensor (DeepSpeed's largest_param_numel): the token embedding or an MLP
+ * weight. */
+static double largest(const ZpModel *m)
+{
+    return fmax((double)m->vocab * m->hidden, (double)m->hidden * m->ffn_hidden);
+}
+
+static const char *const models[] = {"gpt-13b", "gpt3-175b"};
+static const int gpu_counts[] = {1, 8, 64};
+
+/* Optimizer offload to the CPU at stage 2 (ZeRO-Offload), fp16 Adam, on dgx2-v100 (16 GPUs a
+ * node), P = psi/N the partition:
+ *   GPU  = 2 psi (the 16-bit parameters stay; stage 2 keeps no gradient partition on the GPU)
+ *          + 2 L (temp_grad_buffer_for_gpu_offload, L the largest tensor)
+ *   host = 4P master + 8P moments + 4P fp32 gradients + 2P 16-bit copy + 2 L staging
+ *        = 18 P + 2 L per rank, times the node's ranks, min(16, N).
+ * DeepSpeed's estimate_zero2_model_states_mem_needs(cpu_offload=True) says GPU 2 psi and host
+ * psi max(4 N_total, 16) x 1.5 per node. They differ: (1) DeepSpeed's estimator leaves out
+ * the two largest-tensor staging buffers; (2) its host figure grows with the total GPU count,
+ * because it budgets 4 bytes per parameter per process for the whole fp32 model each process
+ * loads before partitioning (an initialisation peak, and counted against one node whatever
+ * the node count), and adds 50% for buffers; zplan counts the steady state of the step, which
+ * shrinks as 18 psi / N per rank. At 1 GPU they are 18 psi (+2 L) against 24 psi. */
+static void test_zero_offload_cpu(void)
+{
+    const ZpHw hw = load_hw("dgx2-v100");
+    for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++) {
+        const ZpModel m = load_model(models[mi]);
+        const double psi = (double)zp_model_param_count(&m), L = largest(&m);
+        for (size_t gi = 0; gi < G_N_ELEMENTS(gpu_counts); gi++) {
+            const int n = gpu_counts[gi], per_node = MIN(16, n);
+            ZpPlan plan;
+            zp_plan_defaults(&plan, 2, n, 1);
+            plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+            ZpTiers t;
+            zp_offload_tiers(&m, &plan, &hw, &t);
+            const double part = psi / n;
+            assert_close(t.total_bytes[ZP_TIER_GPU], 2 * psi + 2 * L);
+            assert_close(t.total_bytes[ZP_TIER_CPU], 18 * part + 2 * L);
+            assert_close(t.cpu_node_bytes, per_node * (18 * part + 2 * L));
+            assert_close(t.pinned_bytes, t.total_bytes[ZP_TIER_CPU]); /* pin_memory: true */
+            g_assert_cmpfloat(t.nvme_node_bytes, ==, 0);
+            double ds_cpu, ds_gpu;
+            const int nodes = (n + 15) / 16;
+            zp_offload_ds_estimate_zero2(psi, per_node, nodes, TRUE, &ds_cpu, &ds_gpu);
+            assert_close(ds_gpu, 2 * psi);
+            assert_close(ds_cpu, psi * fmax(4.0 * per_node * nodes, 16) * 1.5);
+            g_assert_cmpfloat(t.cpu_node_bytes, <, ds_cpu); /* see the comment above */
+        }
+    }
+}
+
+/* Both offloads to NVMe at stage 3 (ZeRO-Infinity), defaults buffer_count 4 (optimizer) and
+ * 5 x buffer_size 1e8 (parameters), max_in_cpu 1e9, sub_group_size 1e9:
+ *   GPU  = 0 model states (gathered units are residual terms)
+ *   NVMe = 12P master + moments + 4P fp32 gradients (swap_out_gradients) + 2P parameters
+ *        = 18 P per rank
+ *   host = 4P fp32 gradients (grad_partitions_flat_buffer) + 4 x min(1e9, P) x 4 optimizer
+ *          swap buffers + 2 min(P, 1e9) parameters kept in memory + 5 x 1e8 x 2 swap pool.
+ * DeepSpeed's estimate_zero3_model_states_mem_needs(cpu_offload, cpu_offload_params) knows no
+ * NVMe; its host figure, 18 psi / nodes x 1.5, is what the same plan puts on the host with
+ * device cpu: zplan's 18 P per rank x the node's ranks is 18 psi / nodes exactly, without the
+ * 50% buffer factor. Its GPU figure, 4 x the largest layer, is the gathered parameters and
+ * their gradient, which zplan counts among the residual terms, not the model states. */
+static void test_zero_infinity_nvme(void)
+{
+    const ZpHw hw = load_hw("dgx2-v100");
+    for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++) {
+        const ZpModel m = load_model(models[mi]);
+        const double psi = (double)zp_model_param_count(&m), L = largest(&m);
+        for (size_t gi = 0; gi < G_N_ELEMENTS(gpu_counts); gi++) {
+            const int n = gpu_counts[gi], per_node = MIN(16, n), nodes = (n + 15) / 16;
+            ZpPlan plan;
+            zp_plan_defaults(&plan, 3, n, 1);
+            plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+            plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
+            ZpTiers t;
+            zp_offload_tiers(&m, &plan, &hw, &t);
+            const double part = psi / n;
+            assert_close(t.total_bytes[ZP_TIER_GPU], 0);
+            assert_close(t.total_bytes[ZP_TIER_NVME], 18 * part);
+            assert_close(t.nvme_node_bytes, per_node * 18 * part);
+            assert_close(t.total_bytes[ZP_TIER_CPU],
+                         4 * part + 16 * fmin(1e9, part) + 2 * fmin(part, 1e9) + 1e9);
+            /* The same plan with device cpu against DeepSpeed's estimator. */
+            plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+            plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
+            zp_offload_tiers(&m, &plan, &hw, &t);
+            double ds_cpu, ds_gpu;
+            zp_offload_ds_estimate_zero3(psi, L, per_node, nodes, TRUE, TRUE, &ds_cpu, &ds_gpu);
+            assert_close(t.cpu_node_bytes * 1.5, ds_cpu);
+            assert_close(ds_gpu, 4 * L);
+            assert_close(t.total_bytes[ZP_TIER_GPU], 0);
+            /* Optimizer only: the 16-bit partition stays on the GPU, 16 psi / nodes host. */
+            plan.zero.offload_param.device = ZP_OFFLOAD_NONE;
+            zp_offload_tiers(&m, &plan, &hw, &t);
+            zp_offload_ds_estimate_zero3(psi, L, per_node, nodes, TRUE, FALSE, &ds_cpu, &ds_gpu);
+            assert_close(t.cpu_node_bytes * 1.5, ds_cpu);
+            assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part);
+            assert_close(ds_gpu, 4 * L + floor(2 * psi / n));
+        }
+    }
+}
+
+/* Partial offload (ratio, stage 3): the GPU keeps 1 - ratio of the optimizer states and the
+ * gradient partition. */
+static void test_ratio(void)
+{
+    const ZpModel m = load_model("gpt-13b");
+    const double psi = (double)zp_model_param_count(&m);
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    plan.zero.offload_optimizer.ratio = 0.25;
+    ZpTiers t;
+    zp_offload_tiers(&m, &plan, NULL, &t);
+    const double part = psi / 8;
+    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part + 0.75 * (2 + 12) * part);
+    assert_close(t.total_bytes[ZP_TIER_CPU], 0.25 * 12 * part + 0.25 * 4 * part);
+    g_assert_true(zp_offload_check(&plan, NULL));
+    plan.zero.stage = 2;
+    GError *error = NULL;
+    g_assert_false(zp_offload_check(&plan, &error));
+    g_assert_nonnull(strstr(error->message, "offload_optimizer.ratio"));
+    g_clear_error(&error);
+    plan.zero.offload_optimizer.ratio = 1;
+    plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
+    g_assert_false(zp_offload_check(&plan, &error));
+    g_assert_nonnull(strstr(error->message, "offload_param"));
+    g_clear_error(&error);
+}
+
+/* gpt3-175b with both offloads to the host on 8 dgx2-v100 GPUs of one node needs 18 psi =
+ * 3.2 TB of host memory, over the node's 1.5 TB: refused, naming the tier. */
+static void test_cpu_overflow_refused(void)
+{
+    const ZpModel m = load_model("gpt3-175b");
+    const ZpHw hw = load_hw("dgx2-v100");
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
+    ZpTiers t;
+    zp_offload_tiers(&m, &plan, &hw, &t);
+    GError *error = NULL;
+    g_assert_false(zp_offload_fit(&t, 10e9, &hw, &error));
+    g_assert_nonnull(strstr(error->message, "CPU memory per node"));
+    g_clear_error(&error);
+    TuRun r = tu_zplan("simulate --model gpt3-175b --cluster dgx2-v100 --gpus 8 --stage 3 "
+                       "--micro-batch 1 --checkpoint --offload-optimizer cpu --offload-param cpu");
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 2);
+    g_assert_nonnull(strstr(r.err, "CPU memory per node overflows"));
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+    /* With NVMe the same plan fits the host; 18 psi / 8 x 8 = 3.2 TB still overflows the
+     * node's 1.92 TB of NVMe. */
+    r = tu_zplan("simulate --model gpt3-175b --cluster dgx2-v100 --gpus 8 --stage 3 "
+                 "--micro-batch 1 --checkpoint --offload-optimizer nvme --offload-param nvme");
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 2);
+    g_assert_nonnull(strstr(r.err, "NVMe per node overflows"));
+    tu_free(&r);
+}
+
+/* The schedule moves what the tiers say: every gradient slice down once per micro-step
+ * (4 bytes, fp32), the second micro-step's sums back up first, the updated 16-bit partition
+ * up after CPU Adam; NVMe states in and out around it. The simulator's breakdown adds up. */
+static void test_schedule_transfers(void)
+{
+    const ZpModel m = load_model("gpt2-124m");
+    const ZpHw hw = load_hw("dgx2-v100");
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 2, 4, 1);
+    plan.grad_accum = 2;
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    const double part = (double)s->partition_elems;
+    double moved[ZP_XFER_N] = {0};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_TRANSFER)
+            moved[op->sub] += op->bytes;
+    }
+    /* Buckets reduce the unpadded space: their slices sum to total/dp per micro-step. */
+    const double slices = (double)s->total_elems / plan.dp;
+    assert_close(moved[ZP_XFER_D2H], 2 * 4 * slices);
+    assert_close(moved[ZP_XFER_H2D], 4 * slices + 2 * part);
+    g_assert_cmpfloat(moved[ZP_XFER_NVME_READ] + moved[ZP_XFER_NVME_WRITE], ==, 0);
+    assert_close(s->host_bytes[ZP_MEM_MASTER] + s->host_bytes[ZP_MEM_ADAM_M] +
+                     s->host_bytes[ZP_MEM_ADAM_V],
+                 12 * part);
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_MASTER], ==, 0);
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->cpu_optimizer_s, >, 0);
+    assert_close(r->compute_s + r->exposed_comm_s + r->optimizer_s + r->cpu_optimizer_s +
+                     r->offload_transfer_s + r->idle_s,
+                 r->step_time_s);
+    g_assert_cmpfloat(r->optimizer_s, ==, 0); /* the whole partition steps on the host */
+    /* CPU Adam: 30 bytes per element at 5.3e9 x 48 cores / 4 ranks. */
+    assert_close(r->stream_busy_s[ZP_STREAM_CPU], 30 * part / (5.3e9 * 48 / 4));
+    assert_close(r->offload_bytes[ZP_XFER_D2H], moved[ZP_XFER_D2H]);
+    sim_result_free(r);
+    /* The schedule file round trip keeps the transfers. */
+    char *name = g_strdup_printf("zplan-offload-sched-%d.json", (int)getpid());
+    char *path = g_build_filename(g_get_tmp_dir(), name, NULL);
+    g_free(name);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *back = zp_sched_read_json(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(back->ops->len, ==, s->ops->len);
+    g_assert_cmpint(memcmp(back->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    g_remove(path);
+    g_free(path);
+    zp_sched_free(back);
+    zp_sched_free(s);
+
+    /* ZeRO-Infinity: states and gradients read from NVMe and states written back, the
+     * 16-bit partition fetched before every gather (forward and backward). */
+    zp_plan_defaults(&plan, 3, 4, 1);
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_param.max_in_cpu = 0;
+    s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    memset(moved, 0, sizeof moved);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_TRANSFER)
+            moved[op->sub] += op->bytes;
+    }
+    const double p3 = (double)s->partition_elems;
+    g_assert_cmpfloat(moved[ZP_XFER_NVME_READ], >, (12 + 4) * p3); /* + parameter fetches */
+    assert_close(moved[ZP_XFER_NVME_WRITE], 12 * p3 + 2 * p3);
+    assert_close(moved[ZP_XFER_NVME_READ] - (12 + 4) * p3, moved[ZP_XFER_H2D]);
+    r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->stream_busy_s[ZP_STREAM_NVME], >, 0);
+    /* NVMe is the node's, shared by its 4 ranks: each moves at a quarter of 6e9 bytes/s. */
+    assert_close(r->stream_busy_s[ZP_STREAM_NVME],
+                 (moved[ZP_XFER_NVME_READ] + moved[ZP_XFER_NVME_WRITE]) / (6e9 / 4));
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* offload_optimizer and offload_param are read, written and read back as they were; the
+ * unmodeled pipelining options warn; DeepSpeed's own constraints fail naming the key. */
+static void test_dsconfig_round_trip(void)
+{
+    const ZpModel m = load_model("gpt2-124m");
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_optimizer.ratio = 0.5;
+    plan.zero.offload_optimizer.pin_memory = FALSE;
+    g_strlcpy(plan.zero.offload_optimizer.nvme_path, "/local_nvme",
+              sizeof plan.zero.offload_optimizer.nvme_path);
+    plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
+    plan.zero.offload_param.buffer_count = 7;
+    plan.zero.offload_param.max_in_cpu = 2e9;
+    char *name = g_strdup_printf("zplan-offload-ds-%d.json", (int)getpid());
+    char *path = g_build_filename(g_get_tmp_dir(), name, NULL);
+    g_free(name);
+    GError *error = NULL;
+    g_assert_true(zp_dsconfig_write(&plan, path, &error));
+    ZpPlan launch, back;
+    zp_plan_defaults(&launch, 0, 8, 1);
+    int64_t batch;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpuint(warnings->len, ==, 0);
+    g_assert_cmpint(memcmp(&back.zero, &plan.zero, sizeof plan.zero), ==, 0);
+    /* Plan JSON too (schedule files carry it). */
+    json_t *j = zp_plan_to_json(&plan);
+    ZpPlan again;
+    g_assert_true(zp_plan_from_json(j, "plan", &again, &error));
+    json_decref(j);
+    g_assert_cmpint(memcmp(&again.zero, &plan.zero, sizeof plan.zero), ==, 0);
+
+    static const struct {
+        const char *json, *expect;
+    } bad[] = {
+        {"{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}",
+         "offload_param: needs ZeRO stage 3"},
+        {"{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"gpu\"}}}",
+         "zero_optimization.offload_optimizer: key \"device\": unknown value 'gpu'"},
+        {"{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"ratio\": 2}}}",
+         "ratio"},
+        {"{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"speed\": 2}}}",
+         "speed"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_assert_true(g_file_set_contents(path, bad[i].json, -1, NULL));
+        g_assert_false(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
+        g_test_message("%s", error->message);
+        g_assert_nonnull(strstr(error->message, bad[i].expect));
+        g_clear_error(&error);
+    }
+    g_assert_true(g_file_set_contents(
+        path, "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": "
+              "\"nvme\", \"pipeline_read\": true}}}", -1, NULL));
+    g_assert_true(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
+    g_assert_cmpuint(warnings->len, ==, 2); /* pipeline_read; nvme without nvme_path */
+    g_ptr_array_unref(warnings);
+    g_remove(path);
+    g_free(path);
+}
+
+/* gpt-13b does not fit one 32 GB V100 on the GPU alone; `plan` proposes optimizer offload
+ * (the ZeRO-Offload paper's case) and says what it costs; with --offload-* it keeps to
+ * that offload. */
+static void test_plan_proposes_offload(void)
+{
+    TuRun r = tu_zplan("plan --model gpt-13b --cluster dgx2-v100 --gpus 1 --top 1");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(g_str_has_prefix(r.out, "Fits: plan 1"));
+    g_assert_nonnull(strstr(r.out, "Nothing fits on the GPUs alone: plan 1 offloads the "
+                                   "optimizer to cpu"));
+    g_assert_nonnull(strstr(r.out, "longer than the same plan with everything on the GPU"));
+    tu_free(&r);
+    r = tu_zplan("memory --model gpt-13b --cluster dgx2-v100 --gpus 1 --checkpoint");
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 2);
+    tu_free(&r);
+    r = tu_zplan("memory --model gpt-13b --cluster dgx2-v100 --gpus 1 --checkpoint "
+                 "--offload-optimizer cpu");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "host memory per node"));
+    tu_free(&r);
+    r = tu_zplan("plan --model gpt2-124m --cluster dgx2-v100 --gpus 2 --top 1 "
+                 "--offload-optimizer cpu --offload-param cpu");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "0 not searched: parameter offload needs stage 3"));
+    tu_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/offload/zero_offload_cpu", test_zero_offload_cpu);
+    g_test_add_func("/offload/zero_infinity_nvme", test_zero_infinity_nvme);
+    g_test_add_func("/offload/ratio", test_ratio);
+    g_test_add_func("/offload/cpu_overflow_refused", test_cpu_overflow_refused);
+    g_test_add_func("/offload/schedule_transfers", test_schedule_transfers);
+    g_test_add_func("/offload/dsconfig_round_trip", test_dsconfig_round_trip);
+    g_test_add_func("/offload/plan_proposes_offload", test_plan_proposes_offload);
+    return g_test_run();
+}
