@@ -345,6 +345,12 @@ static int print_json(const Report *p)
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
+    /* A schedule file's other communicators (a world group, node groups): their bytes too. */
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(p->sched, groups);
+    json_t *comm = json_object_get(root, "comm_bytes_per_rank");
+    for (int g = ZP_GROUP_N; g < n_groups; g++)
+        json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
@@ -550,8 +556,13 @@ static void print_human(const Report *p)
            zp_precision_name(plan->precision));
     print_breakdown(p);
     printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
-           "%.3f GB pipeline\n",
+           "%.3f GB pipeline",
            dp_bytes(r) / GB, r->comm_bytes[ZP_GROUP_TP] / GB, r->comm_bytes[ZP_GROUP_PP] / GB);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(p->sched, groups);
+    for (int g = ZP_GROUP_N; g < n_groups; g++)
+        printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
+    printf("\n");
     if (dp_bytes(r) > r->comm_bytes[ZP_GROUP_DP])
         printf("    ZeRO++ subgroups             %10.3f GB hpZ (in the node), %.3f GB qgZ in the "
                "node, %.3f GB qgZ across nodes\n",

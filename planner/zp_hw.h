@@ -33,6 +33,11 @@ typedef struct {
     double intra_node_latency_s;     /* per hop inside a node */
     double inter_node_bytes_per_s;   /* per node, one direction, all NICs together */
     double inter_node_latency_s;     /* per network hop */
+    /* Optional: the bus bandwidth collectives reach at each level, as nccl-tests reports it
+     * (busbw of a large ring all-reduce): inside a node per GPU, across nodes per node. 0
+     * when absent: the simulator then takes the line rates above. */
+    double intra_node_bus_bytes_per_s;
+    double inter_node_bus_bytes_per_s;
     double host_link_bytes_per_s;    /* host<->GPU per GPU (PCIe), one direction */
     double cpu_memory_bytes;         /* host memory per node */
     double nvme_bytes_per_s;         /* per node */

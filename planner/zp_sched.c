@@ -1235,7 +1235,9 @@ void zp_sched_free(ZpSchedule *s)
  * With pipeline stages, the most any stage's rank sends. */
 double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 {
-    const double n = zp_zeropp_group_ranks(&s->plan, group);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    const double n = (int)group < n_groups ? groups[group].ranks : 1;
     double *total = g_new0(double, MAX(s->stages, 1)), most = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
@@ -1266,9 +1268,6 @@ static const char *const kind_names[] = {"compute", "collective", "alloc", "free
                                          "transfer", NULL};
 static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "node", "xnode", NULL};
-/* The groups a file's communicators may name: a pipeline's p2p is no collective, files hold
- * no pipeline, and ZeRO++'s subgroups follow from the plan (zp_zeropp_group_ranks). */
-static const char *const coll_group_names[] = {"dp", "tp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
@@ -1285,9 +1284,34 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
-/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's,
- * a transfer on the host link's or the NVMe's, unless "stream" says otherwise (written only
- * then). */
+int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
+{
+    if (s->n_groups > 0) {
+        memcpy(out, s->groups, (size_t)s->n_groups * sizeof *out);
+        return s->n_groups;
+    }
+    /* Ranks are tp-fastest, then pipeline stage, then dp (Megatron's order). */
+    const int stages = MAX(s->stages, 1);
+    out[ZP_GROUP_DP] = (ZpCommGroup){.ranks = s->plan.dp, .stride = s->plan.mp * stages};
+    out[ZP_GROUP_TP] = (ZpCommGroup){.ranks = s->plan.mp, .stride = 1};
+    out[ZP_GROUP_PP] = (ZpCommGroup){.ranks = stages, .stride = s->plan.mp};
+    /* ZeRO++'s subgroups of dp (zp_zeropp_group_ranks; one rank each where unused): hpZ's
+     * and a node's consecutive dp ranks, and one dp rank of each node. */
+    const int dp_stride = s->plan.mp * stages;
+    const int local = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_NODE);
+    out[ZP_GROUP_HPZ] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_HPZ),
+                                      .stride = dp_stride};
+    out[ZP_GROUP_NODE] = (ZpCommGroup){.ranks = local, .stride = dp_stride};
+    out[ZP_GROUP_XNODE] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE),
+                                        .stride = dp_stride * local};
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        g_strlcpy(out[g].name, group_names[g], sizeof out->name);
+    return ZP_GROUP_N;
+}
+
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's
+ * (tp's on the tp stream, every other group's on NCCL's dp stream), a transfer on the host
+ * link's or the NVMe's, unless "stream" says otherwise (written only then). */
 static ZpStream default_stream(int kind, int sub, int group)
 {
     if (kind == ZP_OP_TRANSFER)
@@ -1299,7 +1323,7 @@ static ZpStream default_stream(int kind, int sub, int group)
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
 }
 
-static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
+static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const ZpOp *op)
 {
     json_t *deps = json_array();
     const uint32_t *d = zp_sched_deps(s, op);
@@ -1319,7 +1343,7 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpOp *op)
         break;
     case ZP_OP_COLLECTIVE:
         json_object_set_new(o, "op", json_string(coll_names[op->sub]));
-        json_object_set_new(o, "group", json_string(group_names[op->group]));
+        json_object_set_new(o, "group", json_string(groups[op->group].name));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
         json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
@@ -1345,45 +1369,113 @@ static gboolean name_index(json_t *o, const char *what, const char *key,
                            const char *const *names, int *out, GError **error);
 
 /* The communicators and where their members sit: ranks are numbered tp-fastest, so a TP
- * group is mp consecutive ranks and a DP group every mp-th rank. */
-static json_t *groups_json(const ZpSchedule *s)
+ * group is mp consecutive ranks and a DP group every mp-th rank; a graph's own follow. */
+static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
 {
-    return json_pack("[{s:s, s:i, s:i}, {s:s, s:i, s:i}]", "name", group_names[ZP_GROUP_DP],
-                     "ranks", s->plan.dp, "stride", s->plan.mp, "name",
-                     group_names[ZP_GROUP_TP], "ranks", s->plan.mp, "stride", 1);
+    json_t *a = json_array();
+    for (int g = 0; g < n_groups; g++)
+        if (g != ZP_GROUP_PP || groups[g].ranks > 1) /* no pipeline: no pp group written */
+            json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
+                                               "ranks", groups[g].ranks, "stride",
+                                               groups[g].stride));
+    return a;
 }
 
-/* Reads "groups" into dp and mp: each of dp and tp once, with the placement groups_json
- * writes (the only one the simulator lays out), their sizes multiplying to world. */
-static gboolean groups_from_json(json_t *groups, const char *path, int64_t world, int *dp,
-                                 int *mp, GError **error)
+/* One group of "groups": a name not yet taken, and ranks x stride dividing the world. */
+static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCommGroup *table,
+                                int index, GError **error)
 {
     static const char *const keys[] = {"name", "ranks", "stride", NULL};
-    int64_t ranks[2] = {0, 0}, stride[2] = {0, 0};
-    if (!json_is_array(groups) || json_array_size(groups) != 2) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
-                    "%s: key \"groups\" must be an array of two groups, dp and tp", path);
+    const char *name = NULL;
+    int64_t ranks = 0, stride = 0;
+    gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
+                  zp_json_get_string(g, what, "name", TRUE, &name, error) &&
+                  zp_json_get_int(g, what, "ranks", TRUE, 1, INT32_MAX, &ranks, error) &&
+                  zp_json_get_int(g, what, "stride", TRUE, 1, INT32_MAX, &stride, error);
+    if (!ok) {
+        if (error && !*error)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
         return FALSE;
     }
-    for (size_t i = 0; i < 2; i++) {
-        char *what = g_strdup_printf("%s: groups[%zu]", path, i);
-        json_t *g = json_array_get(groups, i);
-        int group = 0;
-        gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
-                      name_index(g, what, "name", coll_group_names, &group, error);
-        if (ok && ranks[group] != 0) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"name\": group %s twice",
-                        what, group_names[group]);
-            ok = FALSE;
-        }
-        ok = ok && zp_json_get_int(g, what, "ranks", TRUE, 1, INT32_MAX, &ranks[group], error) &&
-             zp_json_get_int(g, what, "stride", TRUE, 1, INT32_MAX, &stride[group], error);
-        if (!ok && error && !*error)
-            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+    const char *problem = NULL;
+    if (strlen(name) >= sizeof table->name)
+        problem = "a group's name has at most 15 characters";
+    for (int g = 0; !problem && g < index; g++)
+        if (strcmp(table[g].name, name) == 0)
+            problem = "a second group of that name";
+    if (problem) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"name\": \"%s\": %s", what,
+                    name, problem);
+        return FALSE;
+    }
+    if (world % (ranks * stride) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %" G_GINT64_FORMAT " ranks %" G_GINT64_FORMAT " apart do not tile "
+                    "the world of %" G_GINT64_FORMAT " (ranks x stride must divide it)",
+                    what, ranks, stride, world);
+        return FALSE;
+    }
+    table[index] = (ZpCommGroup){.ranks = (int)ranks, .stride = (int)stride};
+    g_strlcpy(table[index].name, name, sizeof table->name);
+    return TRUE;
+}
+
+/* Reads "groups" into dp, mp and the table: dp and tp, with the placement groups_json writes
+ * (ranks tp-fastest), their sizes multiplying to world, and pp (a file's own, or the one
+ * group of one rank a world without a pipeline has) go first in the table (ZpGroup); then,
+ * where `others`, any other communicators in the file's order. */
+static gboolean groups_from_json(json_t *groups, const char *path, int64_t world,
+                                 gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
+                                 int *n_groups, int *dp, int *mp, GError **error)
+{
+    const size_t most = others ? ZP_SCHED_MAX_GROUPS : 2;
+    if (!json_is_array(groups) || json_array_size(groups) < 2 ||
+        json_array_size(groups) > most) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"groups\" must be an array of dp, tp%s", path,
+                    others ? " and at most 14 other groups" : " and no other group");
+        return FALSE;
+    }
+    ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
+    const int n = (int)json_array_size(groups);
+    int at[ZP_GROUP_N] = {-1, -1, -1}; /* where dp, tp and pp are in the file */
+    for (int i = 0; i < n; i++) {
+        char *what = g_strdup_printf("%s: groups[%d]", path, i);
+        const gboolean ok = group_from_json(json_array_get(groups, (size_t)i), what, world,
+                                            read, i, error);
         g_free(what);
         if (!ok)
             return FALSE;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            if (strcmp(read[i].name, group_names[g]) == 0)
+                at[g] = i;
     }
+    if (at[ZP_GROUP_DP] < 0 || at[ZP_GROUP_TP] < 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"groups\" must hold a group named dp and one named tp", path);
+        return FALSE;
+    }
+    table[ZP_GROUP_DP] = read[at[ZP_GROUP_DP]];
+    table[ZP_GROUP_TP] = read[at[ZP_GROUP_TP]];
+    if (at[ZP_GROUP_PP] >= 0) {
+        table[ZP_GROUP_PP] = read[at[ZP_GROUP_PP]];
+    } else {
+        table[ZP_GROUP_PP] = (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_TP].ranks};
+        g_strlcpy(table[ZP_GROUP_PP].name, group_names[ZP_GROUP_PP], sizeof table->name);
+    }
+    *n_groups = ZP_GROUP_N;
+    for (int i = 0; i < n; i++)
+        if (i != at[ZP_GROUP_DP] && i != at[ZP_GROUP_TP] && i != at[ZP_GROUP_PP]) {
+            if (*n_groups == ZP_SCHED_MAX_GROUPS) {
+                g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                            "%s: key \"groups\": at most %d groups in all", path,
+                            ZP_SCHED_MAX_GROUPS);
+                return FALSE;
+            }
+            table[(*n_groups)++] = read[i];
+        }
+    const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
+    const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
     if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||
         stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP]) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -1411,8 +1503,10 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
     for (int u = 0; u < s->n_units; u++)
         json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
                                                (json_int_t)s->unit_elems[u]));
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
     for (guint i = 0; i < s->ops->len; i++)
-        json_array_append_new(ops, op_to_json(s, zp_sched_op(s, i)));
+        json_array_append_new(ops, op_to_json(s, groups, zp_sched_op(s, i)));
     json_t *root = json_pack("{s:s, s:o, s:o, s:i, s:f, s:o, s:o, s:I, s:I, s:I, s:o}", "format",
                              "zplan-schedule-1", "model", zp_model_to_json(&s->model), "plan",
                              zp_plan_to_json(&s->plan), "world", s->world, "elem_bytes",
@@ -1420,7 +1514,7 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->total_elems, "padded_elems",
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
-    json_object_set_new(root, "groups", groups_json(s));
+    json_object_set_new(root, "groups", groups_json(groups, n_groups));
     /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
     if (s->n_units == 0)
         json_object_del(root, "model");
@@ -1443,6 +1537,18 @@ static gboolean name_index(json_t *o, const char *what, const char *key,
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" has unknown value \"%s\"", what,
                 key, text);
     return FALSE;
+}
+
+/* A collective's "group": the index of the schedule's communicator of that name. */
+static gboolean group_index(const ZpSchedule *s, json_t *o, const char *what, int *out,
+                            GError **error)
+{
+    ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
+    const char *names[ZP_SCHED_MAX_GROUPS + 1] = {NULL};
+    const int n = zp_sched_groups(s, table);
+    for (int g = 0; g < n; g++)
+        names[g] = table[g].name;
+    return name_index(o, what, "group", names, out, error);
 }
 
 /* One op. A schedule of the planner's (`layout`) names the unit, micro-step, buffer and
@@ -1484,12 +1590,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
-             name_index(o, what, "group", group_names, &group, error) &&
-             (group != ZP_GROUP_PP ||
-              (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                           "%s: key \"group\" has unknown value \"pp\" for a collective (pp "
-                           "names a pipeline's p2p; a collective's group is dp, tp, hpz, node or "
-                           "xnode)", what), FALSE)) &&
+             group_index(s, o, what, &group, error) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
@@ -1579,9 +1680,11 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: keys \"model\" and \"plan\" must be objects",
                     path);
     json_t *groups = json_object_get(root, "groups");
-    int dp = 0, mp = 0;
+    int dp = 0, mp = 0, n_groups = 0;
+    ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
     if (ok && groups) {
-        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp, &dp, &mp, error);
+        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp, FALSE, table, &n_groups,
+                              &dp, &mp, error);
         if (ok && (dp != plan.dp || mp != plan.mp)) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
@@ -1681,6 +1784,31 @@ static gboolean state_from_json(json_t *o, const char *path, double state[ZP_MEM
     return ok;
 }
 
+/* FLOPs in a fused attention kernel run at its measured rate for the model's head dimension
+ * and sequence length; without the model there is no such rate, and without a fused kernel in
+ * the plan they have no kernel to run in. A guess would time them wrongly, so they are
+ * refused, naming the first op that has them. */
+static gboolean check_attention(const ZpSchedule *s, gboolean has_model, const char *path,
+                                GError **error)
+{
+    for (guint i = 0; i < s->ops->len; i++) {
+        if (zp_sched_op(s, i)->attn_flops <= 0)
+            continue;
+        if (has_model && zp_attention_fused(s->plan.attention))
+            return TRUE;
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: ops[%u]: key \"attn_flops\": %s", path, i,
+                    !has_model ? "a fused attention kernel's rate depends on the model's head "
+                                 "dimension and sequence length: give the \"model\", or count "
+                                 "these FLOPs in \"flops\" alone"
+                               : "the plan runs eager attention: give a \"plan\" with a fused "
+                                 "\"attention\" kernel, or count these FLOPs in \"flops\" "
+                                 "alone");
+        return FALSE;
+    }
+    return TRUE;
+}
+
 ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
 {
     json_t *root = zp_json_load_object(path, error);
@@ -1707,7 +1835,8 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
         ok = FALSE;
     }
     ok = ok && zp_json_get_int(root, path, "world", TRUE, 1, INT32_MAX, &world, error) &&
-         groups_from_json(json_object_get(root, "groups"), path, world, &dp, &mp, error) &&
+         groups_from_json(json_object_get(root, "groups"), path, world, TRUE, s->groups,
+                          &s->n_groups, &dp, &mp, error) &&
          zp_json_get_number(root, path, "elem_bytes", FALSE, 1, 8, &s->elem_bytes, error) &&
          zp_json_get_string(root, path, "precision", FALSE, &precision, error) &&
          (!state || state_from_json(state, path, s->state_bytes, error));
@@ -1746,7 +1875,7 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
     for (size_t i = 0; ok && i < json_array_size(ops); i++)
         ok = op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops), FALSE,
                           path, error);
-    ok = ok && check_acyclic(s, path, error);
+    ok = ok && check_acyclic(s, path, error) && check_attention(s, model != NULL, path, error);
     g_free(model_what);
     g_free(plan_what);
     json_decref(root);

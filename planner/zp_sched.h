@@ -132,10 +132,24 @@ typedef struct {
     uint32_t dep_start, n_deps; /* dependencies: deps[dep_start .. dep_start+n_deps) */
 } ZpOp;
 
+/* A communicator: the world cut into world / ranks groups of `ranks` members `stride` apart
+ * (members first + i * stride, first = b * ranks * stride + o, o < stride). Ops name it by
+ * its index in the schedule's table. */
+#define ZP_SCHED_MAX_GROUPS 16
+typedef struct {
+    char name[16];
+    int ranks, stride;
+} ZpCommGroup;
+
 typedef struct {
     ZpModel model;
     ZpPlan plan;
     int world;            /* dp * mp */
+    /* The communicators ops name by index: dp (ZP_GROUP_DP) and tp (ZP_GROUP_TP) and, in a
+     * graph read from a file, any others it declares (the world, node groups, pipeline
+     * neighbours). n_groups 0: dp and tp as the plan places them (zp_sched_groups). */
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    int n_groups;
     double elem_bytes;    /* 16-bit or 32-bit working precision */
     GArray *ops;          /* ZpOp */
     GArray *deps;         /* uint32_t op indices */
@@ -208,13 +222,21 @@ double zp_sched_model_state_bytes(const ZpSchedule *sched);
  * (zp_zeropp_group_ranks). */
 double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 
+/* The schedule's communicators into out, returning how many: its table, or dp (dp ranks mp
+ * apart) and tp (mp consecutive ranks) when it has none. */
+int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
+
 /* JSON round trip (`zplan schedule --out`); the reader validates every field. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 
 /* A schedule file as an op graph, for the simulator: no model needed. It needs "format",
- * "world", "groups" (dp and tp: their ranks and stride, tp-fastest) and "ops" (kind, op or
- * category, group for collectives, flops or bytes, deps: indices of any ops); "state_bytes",
+ * "world", "groups" (dp and tp: their ranks and stride, tp-fastest; then any other
+ * communicators, each a name, ranks and a stride whose product divides the world) and "ops"
+ * (kind, op or category, group for collectives by name, flops or bytes, deps: indices of any
+ * ops); a collective of a group other than dp and tp runs on the dp stream unless "stream"
+ * says otherwise. "attn_flops" need the "model" (a fused kernel's rate depends on its head
+ * dimension and sequence length) and a "plan" with a fused attention kernel. "state_bytes",
  * "precision" (or a "plan") and a "model" are optional, the planner's layout keys ignored.
  * Fails with one error naming the op index and key at fault: a dangling dependency, a
  * dependency cycle, an unknown group, a negative size. A file `zplan schedule --out` wrote

@@ -1,32 +1,56 @@
 /* sim_coll: NCCL's own tuning model (src/graph/tuning.cc), reduced to the pieces a ZeRO step
- * needs, so the simulator picks the algorithm and protocol NCCL would pick for each size. */
+ * needs, so the simulator picks the algorithm and protocol NCCL would pick for each size.
+ *
+ * What is left out, and why: NCCL's bus bandwidth is nChannels x the per-channel bandwidth
+ * its topology search finds; here it is the profile's per-level bus bandwidth (measured
+ * nccl-tests busbw where the profile has it, line rate otherwise), so the per-channel ceilings
+ * (llMaxBws, perChMax*Bws) and the ring's "plateau" latency (x1.4 when bytes / (nChannels x
+ * nRanks) >= 64), which need the channel count, are not applied. NVLS, CollNet and PAT need
+ * hardware (NVLink SHARP, SHARP switches, one GPU per node) the profiles do not describe. */
 #include "sim_coll.h"
-#include "zp_zeropp.h"
 #include "zp_util.h"
 
 #include <float.h>
 
 #define US 1e-6
 
-/* NCCL's base latencies per algorithm and protocol (tuning.cc baseLat, v2.30), seconds. */
+/* NCCL's tuning model as src/graph/tuning.cc has it (NVIDIA/nccl master 5067397, 2026-06,
+ * ncclTunerConstantsDefaults and ncclTopoTuneModel), for the ring and tree algorithms:
+ * baseLatencies[algo][proto], seconds. */
 static const double base_latency_s[SIM_ALGO_N][SIM_PROTO_N] = {
     [SIM_ALGO_RING] = {6.6 * US, 14.0 * US, 8.4 * US},
     [SIM_ALGO_TREE] = {6.8 * US, 14.0 * US, 8.4 * US},
 };
 
-/* Per-hop latency of each protocol relative to LL's, from NCCL's ring hwLat table: NVLink
- * 0.6 / 1.9 / 3.4 us and network 2.7 / 4.0 / 14 us. The hwprofile holds the LL hop (what the
- * link itself costs); the slower protocols wait for larger chunks, in NCCL's proportions.
- * The tree reuses these ratios: the profile has one hop latency per link class. */
-static const double hop_ratio[SIM_LINK_N][SIM_PROTO_N] = {
-    [SIM_LINK_INTRA] = {1.0, 1.9 / 0.6, 3.4 / 0.6},
-    [SIM_LINK_INTER] = {1.0, 4.0 / 2.7, 14.0 / 2.7},
+/* hwLatencies[NVLINK or NET][algo][proto]: NVLink ring 0.6 / 1.9 / 3.4 us, tree 0.6 / 1.25 /
+ * 4.0; network ring 2.7 / 4.0 / 14, tree 5.0 / 8.5 / 14. The hwprofile holds each level's
+ * ring LL hop (what the link itself costs: 0.6 and 2.7 us in the shipped profiles, NCCL's
+ * own); the other entries keep NCCL's proportion to it, so a shipped profile gives NCCL's
+ * table exactly. */
+static const double hw_latency_us[SIM_LINK_N][SIM_ALGO_N][SIM_PROTO_N] = {
+    [SIM_LINK_INTRA] = {[SIM_ALGO_RING] = {0.6, 1.9, 3.4}, [SIM_ALGO_TREE] = {0.6, 1.25, 4.0}},
+    [SIM_LINK_INTER] = {[SIM_ALGO_RING] = {2.7, 4.0, 14.0}, [SIM_ALGO_TREE] = {5.0, 8.5, 14.0}},
 };
 
-/* Fraction of the link's bandwidth that carries data. LL sends each 8 bytes of data with
- * an 8-byte flag in the same store (half the bandwidth); LL128 spends 8 bytes of flag per
- * 128-byte line (120/128); Simple moves bare data and synchronises by separate fences. */
-static const double proto_fraction[SIM_PROTO_N] = {0.5, 120.0 / 128.0, 1.0};
+/* getNetOverhead: posting a network send costs 1 us on Intel x86 hosts (2 on AMD; the
+ * profiles' DGX hosts are Intel), three times that with Simple; a multi-node ring pays at
+ * least this at every step. */
+#define NET_OVERHEAD_S (1.0 * US)
+
+/* Share of the bus bandwidth each protocol gets: ring LL x .5, LL128 x .92, Simple x 1; the
+ * tree x .92, then LL x 1/3.8 and LL128 x 7/9 in one node or 120/128 across nodes. */
+static const double ring_bw_factor[SIM_PROTO_N] = {0.5, 0.92, 1.0};
+#define TREE_BW_FACTOR 0.92
+
+/* treeCorrectionFactor[proto][log2(bytes / 64)]: trees fall short of the model at medium
+ * sizes (64 B to 256 MiB; 1 above). */
+static const double tree_correction[SIM_PROTO_N][23] = {
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+     1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+     1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9},
+};
 
 static const char *const algo_names[SIM_ALGO_N] = {"ring", "tree"};
 static const char *const proto_names[SIM_PROTO_N] = {"LL", "LL128", "Simple"};
@@ -43,14 +67,50 @@ gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error)
     return TRUE;
 }
 
-SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
+/* The bus bandwidth per level: a profile's measured nccl-tests figure where it has one, the
+ * link's line rate otherwise. */
+static double intra_bus_bytes_per_s(const ZpHw *hw)
+{
+    return hw->intra_node_bus_bytes_per_s > 0 ? hw->intra_node_bus_bytes_per_s
+                                              : hw->intra_node_bytes_per_s;
+}
+
+static double inter_bus_bytes_per_s(const ZpHw *hw)
+{
+    return hw->inter_node_bus_bytes_per_s > 0 ? hw->inter_node_bus_bytes_per_s
+                                              : hw->inter_node_bytes_per_s;
+}
+
+SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node)
+{
+    const int64_t span = (int64_t)ranks * stride, g = gpus_per_node;
+    /* The groups with members on one node: the distinct offsets among its ranks. */
+    SimCollPlacement p = {.ranks = ranks, .nodes = ranks,
+                          .groups_per_node = (int)MIN((int64_t)stride, MIN(g, (int64_t)world))};
+    if (stride >= g) /* members farther apart than a node: each on a node of its own */
+        return p;
+    /* A group whose first member is f spans floor((f mod g + (ranks - 1) stride) / g) + 1
+     * nodes. First members are block * span + offset (offset < stride < g), and block * span
+     * mod g repeats within g blocks: O(g^2) whatever the world, as the planner's search asks
+     * this of every candidate plan. */
+    int64_t most_mod = 0;
+    for (int64_t block = 0; block < MIN(g, world / span); block++)
+        for (int64_t offset = 0; offset < stride; offset++)
+            most_mod = MAX(most_mod, (block * span + offset) % g);
+    p.nodes = (int)MIN((int64_t)ranks, (most_mod + (ranks - 1) * (int64_t)stride) / g + 1);
+    return p;
+}
+
+static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
 {
     SimCollGroup g = {
+        .ranks = placement.ranks,
+        .nodes = placement.nodes,
+        .ranks_per_node = placement.ranks / placement.nodes,
         .intra_hop_s = hw->intra_node_latency_s,
         .inter_hop_s = hw->inter_node_latency_s,
-        .bus_bytes_per_s = hw->intra_node_bytes_per_s,
+        .bus_bytes_per_s = intra_bus_bytes_per_s(hw),
         .bottleneck = SIM_LINK_INTRA,
-        .nodes = 1,
     };
     if (hw->has_collective_fit) {
         g.fit_base_s = hw->collective_base_latency_s;
@@ -59,32 +119,12 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
         /* No fit of its own: an all-to-all moves what an all-gather does. */
         g.fit_bytes_per_s[ZP_COLL_ALLTOALL] = hw->collective_bytes_per_s[ZP_COLL_ALLGATHER];
     }
-    if (group == ZP_GROUP_TP) {
-        g.ranks = mp;
-        g.ranks_per_node = MIN(mp, hw->gpus_per_node);
-        g.nodes = mp / g.ranks_per_node;
-        /* Across nodes (Megatron's TP of 16-256 in the ZeRO paper's baselines) the group is
-         * alone on its nodes' NICs: one ring per NIC, as for DP below. */
-        if (g.nodes > 1 && hw->inter_node_bytes_per_s < g.bus_bytes_per_s) {
-            g.bus_bytes_per_s = hw->inter_node_bytes_per_s;
-            g.bottleneck = SIM_LINK_INTER;
-        }
-        return g;
-    }
-    /* Ranks are tp-fastest, so a node's gpus_per_node consecutive ranks hold gpus_per_node/mp
-     * members of each of the mp DP groups (mp here is the DP members' stride: tp x pp with
-     * pipeline stages); with a stride of a node or more, one member of each of gpus_per_node
-     * DP groups. */
-    const int members_per_node = MAX(1, hw->gpus_per_node / mp);
-    g.ranks = dp;
-    g.nodes = (dp + members_per_node - 1) / members_per_node;
-    g.ranks_per_node = dp / g.nodes;
     if (g.nodes > 1) {
         /* With one ring per NIC (c rings), each ring carries S/c and crosses every node
          * boundary once, so the boundary moves 2(n-1)/n S/c per ring and 2(n-1)/n S in all:
-         * the busbw of the node's NICs together is inter_node_bytes_per_s. The mp DP groups
+         * the busbw of the node's NICs together is the inter-node bus bandwidth. The groups
          * with members on a node run at once and split it. */
-        const double nic_share = hw->inter_node_bytes_per_s / MIN(mp, hw->gpus_per_node);
+        const double nic_share = inter_bus_bytes_per_s(hw) / placement.groups_per_node;
         if (nic_share < g.bus_bytes_per_s) {
             g.bus_bytes_per_s = nic_share;
             g.bottleneck = SIM_LINK_INTER;
@@ -93,29 +133,23 @@ SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
     return g;
 }
 
-SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup group)
+SimCollGroup sim_coll_group_placed(const ZpHw *hw, int world, int ranks, int stride)
 {
-    if (group == ZP_GROUP_DP || group == ZP_GROUP_TP)
-        return sim_coll_group(hw, plan->dp, plan->mp, group);
-    SimCollGroup g = sim_coll_group(hw, plan->dp, plan->mp, ZP_GROUP_TP);
-    g.ranks = zp_zeropp_group_ranks(plan, group);
-    g.ranks_per_node = g.ranks;
-    if (group == ZP_GROUP_XNODE && g.ranks > 1) {
-        g.nodes = g.ranks;
-        g.ranks_per_node = 1;
-        const double nic_share = hw->inter_node_bytes_per_s / hw->gpus_per_node;
-        if (nic_share < g.bus_bytes_per_s) {
-            g.bus_bytes_per_s = nic_share;
-            g.bottleneck = SIM_LINK_INTER;
-        }
-    }
-    return g;
+    return group_on(hw, sim_coll_placement(world, ranks, stride, hw->gpus_per_node));
 }
 
-static double hop_s(const SimCollGroup *g, SimLink link, SimProto proto)
+SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)
 {
-    const double ll_hop = link == SIM_LINK_INTRA ? g->intra_hop_s : g->inter_hop_s;
-    return ll_hop * hop_ratio[link][proto];
+    /* Ranks are tp-fastest: a TP group is mp consecutive ranks, a DP group every mp-th. */
+    return group == ZP_GROUP_TP ? sim_coll_group_placed(hw, dp * mp, mp, 1)
+                                : sim_coll_group_placed(hw, dp * mp, dp, mp);
+}
+
+/* NCCL's hop latency of one level for an algorithm and protocol, scaled by the profile. */
+static double hop_s(const SimCollGroup *g, SimLink link, SimAlgo algo, SimProto proto)
+{
+    const double ll_hop_s = link == SIM_LINK_INTRA ? g->intra_hop_s : g->inter_hop_s;
+    return ll_hop_s * hw_latency_us[link][algo][proto] / hw_latency_us[link][SIM_ALGO_RING][0];
 }
 
 static gboolean is_allreduce(ZpCollKind kind)
@@ -132,11 +166,16 @@ SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup
         return c;
     const int passes = is_allreduce(kind) ? 2 : 1; /* reduce-scatter then all-gather */
     const int steps = passes * (n - 1), inter_steps = passes * (group->nodes - 1);
-    c.latency_s = base_latency_s[SIM_ALGO_RING][proto] +
-                  (steps - inter_steps) * hop_s(group, SIM_LINK_INTRA, proto) +
-                  inter_steps * hop_s(group, SIM_LINK_INTER, proto);
+    double intra_s = hop_s(group, SIM_LINK_INTRA, SIM_ALGO_RING, proto);
+    if (group->nodes > 1)
+        intra_s = MAX(intra_s, NET_OVERHEAD_S * (proto == SIM_PROTO_SIMPLE ? 3 : 1));
+    /* One rank per node: every step's latency is exposed; NCCL takes the tree's. */
+    const double inter_s = hop_s(group, SIM_LINK_INTER,
+                                 n == group->nodes ? SIM_ALGO_TREE : SIM_ALGO_RING, proto);
+    c.latency_s = base_latency_s[SIM_ALGO_RING][proto] + (steps - inter_steps) * intra_s +
+                  inter_steps * inter_s;
     c.transfer_s = sim_coll_bytes_sent(kind, bytes, n) /
-                   (group->bus_bytes_per_s * proto_fraction[proto]);
+                   (group->bus_bytes_per_s * ring_bw_factor[proto]);
     return c;
 }
 
@@ -147,10 +186,11 @@ double sim_coll_ring_time_s(ZpCollKind kind, double bytes, const SimCollGroup *g
     return c.latency_s + c.transfer_s;
 }
 
-static int floor_log2(int value)
+/* NCCL's log2i: the floor of log2 (-1 for 0). */
+static int floor_log2(uint64_t value)
 {
-    int log = 0;
-    while (value >>= 1)
+    int log = -1;
+    for (; value; value >>= 1)
         log++;
     return log;
 }
@@ -161,12 +201,23 @@ SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto
     if (group->ranks <= 1)
         return c;
     /* Up the tree and down again: inside a node a chain of ppn ranks, across nodes a
-     * binary tree of depth log2(nodes) (NCCL uses the integer log). */
+     * double binary tree of depth log2(nodes) (the integer log). */
     c.latency_s = base_latency_s[SIM_ALGO_TREE][proto] +
-                  2.0 * ((group->ranks_per_node - 1) * hop_s(group, SIM_LINK_INTRA, proto) +
-                         floor_log2(group->nodes) * hop_s(group, SIM_LINK_INTER, proto));
-    /* NCCL's tree algorithm bandwidth is half the bus bandwidth (tuning.cc ratio .5). */
-    c.transfer_s = bytes / (0.5 * group->bus_bytes_per_s * proto_fraction[proto]);
+                  2.0 * ((group->ranks_per_node - 1) *
+                             hop_s(group, SIM_LINK_INTRA, SIM_ALGO_TREE, proto) +
+                         floor_log2((uint64_t)group->nodes) *
+                             hop_s(group, SIM_LINK_INTER, SIM_ALGO_TREE, proto));
+    double bus = group->bus_bytes_per_s * TREE_BW_FACTOR;
+    if (proto == SIM_PROTO_LL)
+        bus /= 3.8;
+    else if (proto == SIM_PROTO_LL128)
+        bus *= group->nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0;
+    /* The tree's algorithm bandwidth is half its bus bandwidth (the ratio .5). */
+    double algbw = 0.5 * bus;
+    const int log_size = floor_log2((uint64_t)bytes >> 6);
+    if (log_size >= 0 && log_size < (int)G_N_ELEMENTS(tree_correction[0]))
+        algbw *= tree_correction[proto][log_size];
+    c.transfer_s = bytes / algbw;
     return c;
 }
 

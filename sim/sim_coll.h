@@ -38,6 +38,24 @@ typedef struct {
     double transfer_s; /* bandwidth part at the group's full busbw; shared under contention */
 } SimCollCost;
 
+/* Where a communicator's groups sit: the world's ranks cut into world / ranks groups of
+ * `ranks` members `stride` apart (members first + i * stride, first = b * ranks * stride + o
+ * for o < stride), gpus_per_node consecutive ranks to a node. */
+typedef struct {
+    int ranks;
+    int nodes;           /* the most nodes one group spans */
+    int groups_per_node; /* groups with members on one node, sharing its NICs */
+} SimCollPlacement;
+
+/* The placement of groups of `ranks` members `stride` apart in a world of `world` ranks;
+ * world must be a multiple of ranks x stride. O(gpus_per_node^2), whatever the world. */
+SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node);
+
+/* The communicator of those groups on hw: per-level bus bandwidth (the hwprofile's measured
+ * busbw, or line rate) and hop latencies; across nodes, the node's inter-node busbw split
+ * among the groups on it when that is below the intra-node busbw. */
+SimCollGroup sim_coll_group_placed(const ZpHw *hw, int world, int ranks, int stride);
+
 /* Placement of the DP or TP group of a world of dp*mp ranks numbered tp-fastest
  * (rank = dp_index*mp + tp_index, gpus_per_node consecutive ranks per node). mp must divide
  * hw->gpus_per_node, so that a TP group lies inside one node and a node holds
@@ -47,20 +65,17 @@ typedef struct {
  * is tp x pp: pass that as mp for the DP group. */
 SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group);
 
-/* A group of a plan: the DP and TP groups as sim_coll_group places them, and ZeRO++'s
- * subgroups of the DP group (zp_zeropp_group_ranks): hpZ's partition and a node's DP ranks
- * inside one node over NVLink, the ranks of one local index one per node, sharing the
- * node's NICs with the node's other gpus_per_node - 1 such groups. */
-SimCollGroup sim_coll_plan_group(const ZpHw *hw, const ZpPlan *plan, ZpGroup group);
-
 /* Fails unless mp divides the node's GPUs or is a multiple of them. */
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
 
 /* Ring all-reduce, reduce-scatter or all-gather of `bytes` (the whole array S) with one
- * protocol: latency = base + (nsteps - nInter) intraLat + nInter interLat, plus
- * factor * S / (busbw * protocol fraction), factor 2(n-1)/n for all-reduce, (n-1)/n
- * otherwise. Zero for a group of one. An all-to-all is timed as an all-gather: n-1 steps,
- * (n-1)/n of S sent by each rank. */
+ * protocol, as NCCL's tuning model has it: latency = base + (nsteps - nInter) intraLat +
+ * nInter interLat (nsteps 2(n-1) for all-reduce, n-1 otherwise; nInter the same in nodes;
+ * across nodes intraLat is at least the network post overhead, 1 us, 3 us with Simple; with
+ * one rank per node interLat is the tree's), plus factor * S / (busbw * protocol share),
+ * factor 2(n-1)/n for all-reduce, (n-1)/n otherwise, share .5 LL, .92 LL128, 1 Simple. Zero
+ * for a group of one. An all-to-all is timed as an all-gather: n-1 steps, (n-1)/n of S
+ * sent by each rank. */
 SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup *group,
                                SimProto proto);
 
@@ -68,8 +83,11 @@ SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup
 double sim_coll_ring_time_s(ZpCollKind kind, double bytes, const SimCollGroup *group,
                             SimProto proto);
 
-/* Tree all-reduce: base + 2((ppn-1) intraLat + floor(log2 nodes) interLat), plus
- * S / (0.5 * busbw * protocol fraction). Zero for a group of one. */
+/* Tree all-reduce, NCCL's two-level decomposition (a chain inside each node, a double binary
+ * tree across nodes): base + 2((ppn-1) intraLat + floor(log2 nodes) interLat) with the
+ * tree's hop latencies, plus S / (0.5 * busbw * .92 * protocol share * correction), share
+ * 1/3.8 LL, 7/9 (one node) or 120/128 LL128, 1 Simple, correction NCCL's
+ * treeCorrectionFactor at log2(S / 64). Zero for a group of one. */
 SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto proto);
 
 /* NCCL's choice: the algorithm and protocol of least time (tree for all-reduce only); on a

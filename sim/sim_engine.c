@@ -20,8 +20,8 @@ typedef struct {
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
-    uint32_t pending_row;        /* its row of pending counts (NO_ROW without dependencies) */
-    uint8_t wide;                /* the row is in pending_wide (over 255 dependencies) */
+    uint32_t pending_row;        /* over 255 dependencies: its row of pending_wide; else NO_ROW */
+    uint8_t wide;                /* it has that many */
     double duration_s;           /* compute and p2p ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
@@ -29,6 +29,15 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
+/* flow_base[g] of a communicator no collective uses. */
+#define NO_FLOWS UINT32_MAX
+/* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
+#define ROW_UNUSED (UINT32_MAX - 1)
+#define ROW_DONE UINT32_MAX
+/* row_of[op] of an op with over 255 dependencies: its counts are in pending_wide. */
+#define ROW_WIDE (UINT32_MAX - 2)
+/* dependent_stream[d] of an alloc or free. */
+#define NOT_ON_STREAM UINT8_MAX
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
  * slot, detail its version when queued) from an op's (id the rank, detail the op). */
@@ -78,35 +87,47 @@ typedef struct {
     double inter_scale; /* network transfers take this many times longer (a slow node) */
 } Flow;
 
-/* A rank's live and peak bytes, apart from its times: memory ops touch only these. */
+/* Live bytes and their highest value, side by side: an alloc reads and writes both. Memory
+ * ops touch only these (never a rank's times), and the members of a group reach an op in
+ * rank order, so each array is swept in order: 16 bytes a rank-op, not a 272-byte record. */
 typedef struct {
-    double live[ZP_MEM_N];
-    double live_total, live_states;
-    double peak_total, peak_states, peak_breakdown[ZP_MEM_N];
-    double category_peak[ZP_MEM_N]; /* each category's own maximum */
-} RankMemory;
+    double live, peak;
+} LiveBytes;
 
-/* A rank's clock and time accounts, what compute and collective ops touch (80 bytes). */
+/* A rank's clock and what account() reads: every compute op and collective touches these at
+ * its start and its end, so they are kept to one 64-byte line (the busy times apart): the
+ * members of a collective are swept in order at each, 131,072 of them at the largest. */
 typedef struct {
-    double busy_s[ZP_STREAM_N];
-    double compute_s, optimizer_s, exposed_s;
-    double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double mark_s; /* exposed communication is accounted up to here */
-    double end_s;
+    double exposed_s, end_s;
+    double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
-    uint32_t compute_running, comm_active, ops_done;
+    uint32_t compute_running, comm_active;
     uint32_t cpu_running, transfers_active;
 } RankState;
+
+/* A rank's busy times: touched when a compute op starts and when a collective ends. */
+typedef struct {
+    double busy_s[ZP_STREAM_N];
+    double compute_s, optimizer_s;
+} RankBusy;
 
 typedef struct {
     uint32_t rank, op;
 } ReadyOp;
+
+/* A rank's streams: the next op of each, and whether one is running (together, one access). */
+typedef struct {
+    uint32_t head[ZP_STREAM_N];
+    uint8_t busy[ZP_STREAM_N];
+} StreamState;
 
 typedef struct {
     const ZpSchedule *sched;
     uint32_t n_ops;
     SimOp *ops;
     uint32_t *dependents;
+    uint8_t *dependent_stream; /* [d]: the stream dependents[d] runs on, or NOT_ON_STREAM */
     /* Rank classes: a pipeline stage's ranks run the ops with its stage, each class its own
      * stream lists, [class * ZP_STREAM_N + stream]; one class without a pipeline. */
     uint32_t **stream_ops;
@@ -117,17 +138,31 @@ typedef struct {
     /* Simulated ranks, numbered as Megatron orders them: tp fastest, then pipeline stage,
      * then dp: rank = (dp_index * sim_pp + stage) * sim_mp + tp_index. */
     uint32_t ranks, sim_dp, sim_mp, sim_pp;
+    /* The communicators (zp_sched_groups); group g's flow slots start at flow_base[g]: one
+     * per stream for each of its groups of simulated ranks (each rank its own when folded). */
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    uint32_t n_groups, flow_base[ZP_SCHED_MAX_GROUPS];
+    gboolean folded; /* fewer ranks simulated than the world has: one per stage */
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
-     * through the same ops, count down adjacent bytes: [row * ranks + rank] with the op's
-     * pending_row; one byte each, four for the few ops with more than 255 dependencies. */
-    uint8_t *pending;
+     * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
+     * An op holds a row only while some ranks have begun counting it down and others have not
+     * finished (row_of[op]; zeroed[op] ranks have): ranks near lockstep need a few dozen rows,
+     * not one per op, and those stay in cache. The few ops with over 255 dependencies keep a
+     * row of four-byte counts in pending_wide for the whole run. */
+    uint8_t *rows;
+    uint32_t *row_of, *zeroed;
+    uint32_t *free_rows;
+    uint32_t n_rows_made, cap_rows, n_free_rows;
     uint32_t *pending_wide;
-    uint32_t n_rows, n_wide_rows;
-    uint32_t *stream_head; /* [rank * ZP_STREAM_N + stream]: next op of the stream */
-    uint8_t *stream_busy;  /* [rank * ZP_STREAM_N + stream] */
+    uint32_t n_wide_rows;
+    StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
-    RankMemory *memory;
+    RankBusy *busy;
+    LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
+    LiveBytes *total;       /* [rank]: all categories */
+    LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
+    double *peak_breakdown; /* [rank * ZP_MEM_N + category]: live bytes at the total's peak */
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
@@ -329,7 +364,7 @@ static gboolean fail_op(GError **error, uint32_t i, const char *what)
 }
 
 /* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
-static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
+static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GError **error)
 {
     const ZpOp *op = zp_sched_op(s, i);
     static const uint8_t sub_limit[] = {
@@ -345,7 +380,7 @@ static gboolean check_op(const ZpSchedule *s, uint32_t i, GError **error)
     if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
          op->kind == ZP_OP_TRANSFER) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
-    if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_N)
+    if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
         return fail_op(error, i, "unknown group");
     if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
         !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
@@ -378,11 +413,16 @@ static void build_dependents(Sim *sim)
         offset += count;
     }
     sim->dependents = g_new(uint32_t, offset ? offset : 1);
+    sim->dependent_stream = g_new(uint8_t, offset ? offset : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint32_t *deps = zp_sched_deps(s, op);
-        for (uint32_t d = 0; d < op->n_deps; d++)
-            sim->dependents[sim->ops[deps[d]].dependents_end++] = i;
+        for (uint32_t d = 0; d < op->n_deps; d++) {
+            const uint32_t at = sim->ops[deps[d]].dependents_end++;
+            sim->dependents[at] = i;
+            sim->dependent_stream[at] = op_on_stream(&sim->ops[i]) ? sim->ops[i].stream
+                                                                    : NOT_ON_STREAM;
+        }
     }
 }
 
@@ -427,18 +467,15 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
         !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
         return FALSE;
-    /* DP members sit tp x pp ranks apart; ZeRO++'s subgroups (stage 3, no pipeline) as
-     * sim_coll_plan_group places them. */
-    SimCollGroup groups[ZP_GROUP_N];
-    for (int g = 0; g < ZP_GROUP_N; g++)
-        groups[g] = sim_coll_plan_group(hw, &s->plan, (ZpGroup)g);
-    groups[ZP_GROUP_DP] =
-        sim_coll_group(hw, s->plan.dp, s->plan.mp * MAX(s->stages, 1), ZP_GROUP_DP);
+    SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
+    for (uint32_t g = 0; g < sim->n_groups; g++)
+        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
+                                          sim->groups[g].stride);
     double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
-        if (!check_op(s, i, error))
+        if (!check_op(s, sim->n_groups, i, error))
             return FALSE;
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
@@ -466,8 +503,11 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             o->latency_s = cost.latency_s;
             o->transfer_s = cost.transfer_s;
             o->link = g->bottleneck;
-            result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] +=
-                sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            const double sent = sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            if (op->group < ZP_GROUP_N)
+                result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
+            else /* a schedule file's own communicator: files hold no pipeline */
+                result->comm_bytes[op->group] += sent;
         } else if (op->kind == ZP_OP_P2P) {
             o->duration_s = p2p_time_s(sim, hw, op);
             result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
@@ -478,7 +518,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         SimOp *o = &sim->ops[i];
         o->wide = o->n_deps > UINT8_MAX;
-        o->pending_row = o->n_deps == 0 ? NO_ROW : o->wide ? sim->n_wide_rows++ : sim->n_rows++;
+        o->pending_row = o->wide ? sim->n_wide_rows++ : NO_ROW;
     }
     /* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the
      * stage that sends most (all of them without a pipeline). */
@@ -509,15 +549,20 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->pending = g_try_new(uint8_t, MAX((size_t)sim->n_rows * sim->ranks, 1));
+    sim->row_of = g_try_new(uint32_t, MAX(sim->n_ops, 1));
+    sim->zeroed = g_try_new0(uint32_t, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
-    sim->stream_head = g_try_new0(uint32_t, (size_t)sim->ranks * ZP_STREAM_N);
-    sim->stream_busy = g_try_new0(uint8_t, (size_t)sim->ranks * ZP_STREAM_N);
+    sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
-    sim->memory = g_try_new0(RankMemory, sim->ranks);
-    gboolean ok = sim->pending && sim->pending_wide && sim->stream_head && sim->stream_busy &&
-                  sim->link_load && sim->rank && sim->memory;
+    sim->busy = g_try_new0(RankBusy, sim->ranks);
+    sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
+    sim->total = g_try_new(LiveBytes, sim->ranks);
+    sim->states = g_try_new(LiveBytes, sim->ranks);
+    sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
+    gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
+                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total &&
+                  sim->states && sim->peak_breakdown;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -531,54 +576,73 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
-    sim->state_bytes = (size_t)sim->ranks * (sim->n_rows * sizeof *sim->pending +
-                                             sim->n_wide_rows * sizeof *sim->pending_wide) +
+    sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
+                       (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
-                       (size_t)sim->ranks * (ZP_STREAM_N * (sizeof *sim->stream_head +
-                                                            sizeof *sim->stream_busy) +
+                       (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
-                                             sizeof *sim->rank + sizeof *sim->memory);
+                                             sizeof *sim->rank + sizeof *sim->busy +
+                                             ZP_MEM_N * (sizeof *sim->category +
+                                                         sizeof *sim->peak_breakdown) +
+                                             sizeof *sim->total + sizeof *sim->states);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
-        if (o->pending_row == NO_ROW)
-            continue;
-        if (!o->wide)
-            memset(sim->pending + row, (int)o->n_deps, sim->ranks);
+        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED;
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        RankMemory *rs = &sim->memory[r];
         const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
+        LiveBytes total = {0}, states = {0};
         for (int c = 0; c < ZP_MEM_N; c++) {
-            rs->live[c] = rs->peak_breakdown[c] = rs->category_peak[c] = state[c];
-            rs->live_total += state[c];
+            total.live += state[c];
             if (is_model_state(c))
-                rs->live_states += state[c];
+                states.live += state[c];
+            sim->category[(size_t)c * sim->ranks + r] = (LiveBytes){state[c], state[c]};
+            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = state[c];
         }
-        rs->peak_total = rs->live_total;
-        rs->peak_states = rs->live_states;
+        total.peak = total.live;
+        states.peak = states.live;
+        sim->total[r] = total;
+        sim->states[r] = states;
     }
     return TRUE;
 }
 
-/* Flow slots: the DP groups (one per stage and tp index) then the TP groups (one per dp
- * index and stage), each with one slot per stream. */
+/* Flow slots: each communicator's groups in turn (for dp, one per stage and tp index; for tp,
+ * one per dp index and stage), each group with one slot per stream; folded, each simulated
+ * rank (one per stage) stands for its group alone. */
 static void build_flows(Sim *sim)
 {
-    const uint32_t line = sim->sim_mp * sim->sim_pp; /* ranks between DP members */
-    sim->n_flows = (line + sim->sim_dp * sim->sim_pp) * ZP_STREAM_N;
-    sim->flows = g_new0(Flow, sim->n_flows);
-    for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
-        Flow *f = &sim->flows[slot];
-        const uint32_t group = slot / ZP_STREAM_N;
-        if (group < line)
-            *f = (Flow){.first = group, .stride = line, .count = sim->sim_dp,
-                        .inter_scale = 1.0};
-        else
-            *f = (Flow){.first = (group - line) * sim->sim_mp, .stride = 1,
-                        .count = sim->sim_mp, .inter_scale = 1.0};
+    const gboolean folded = sim->folded = sim->ranks < (uint32_t)sim->sched->world;
+    /* Only communicators that run collectives get slots: tp without tensor parallelism or pp
+     * (whose sends are p2p ops) would otherwise be a slot per rank and stream, written and
+     * resident for nothing (160 MB at 131,072 ranks). */
+    gboolean used[ZP_SCHED_MAX_GROUPS] = {FALSE};
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (sim->ops[i].kind == ZP_OP_COLLECTIVE)
+            used[sim->ops[i].group] = TRUE;
+    sim->n_flows = 0;
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        sim->flow_base[g] = used[g] ? sim->n_flows : NO_FLOWS;
+        if (used[g])
+            sim->n_flows +=
+                (folded ? sim->ranks : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
+    }
+    sim->flows = g_new0(Flow, MAX(sim->n_flows, 1));
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        if (!used[g])
+            continue;
+        const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
+        const uint32_t n = folded ? sim->ranks : sim->ranks / ranks;
+        /* Group k's first member: (k / stride) x ranks x stride + k % stride. */
+        for (uint32_t k = 0; k < n; k++)
+            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
+                sim->flows[sim->flow_base[g] + k * ZP_STREAM_N + stream] = (Flow){
+                    .first = folded ? k : k / stride * ranks * stride + k % stride,
+                    .stride = folded ? 1 : stride, .count = folded ? 1 : ranks,
+                    .inter_scale = 1.0};
     }
     sim->affected_cap = 64;
     sim->affected = g_new(uint32_t, sim->affected_cap);
@@ -663,46 +727,92 @@ gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimS
     return TRUE;
 }
 
-static uint32_t flow_slot(const Sim *sim, ZpGroup group, uint32_t rank, uint32_t stream)
+static uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
 {
-    /* ZeRO++'s subgroups run folded only (sim_engine_run refuses them explicit), where a
-     * DP group's slot serves them: they are on its stream, in its order. */
-    if (group >= ZP_GROUP_HPZ)
-        group = ZP_GROUP_DP;
-    const uint32_t line = sim->sim_mp * sim->sim_pp;
-    const uint32_t g = group == ZP_GROUP_DP ? rank % line : line + rank / sim->sim_mp;
-    return g * ZP_STREAM_N + stream;
+    if (sim->folded)
+        return sim->flow_base[group] + rank * ZP_STREAM_N + stream;
+    const uint32_t stride = sim->groups[group].stride, span = sim->groups[group].ranks * stride;
+    /* The common cases without a division: one group spanning the world, stride 1. */
+    const uint32_t block = span == sim->ranks ? 0 : rank / span;
+    const uint32_t offset = stride == 1 ? 0 : rank % stride;
+    return sim->flow_base[group] + (block * stride + offset) * ZP_STREAM_N + stream;
 }
 
-static uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
+static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
+    const uint32_t row = sim->row_of[op];
+    if (row < ROW_WIDE)
+        return sim->rows[(size_t)row * sim->ranks + rank];
     const SimOp *o = &sim->ops[op];
-    if (o->pending_row == NO_ROW)
-        return 0;
-    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
-    return o->wide ? sim->pending_wide[at] : sim->pending[at];
+    return row == ROW_DONE     ? 0
+           : row == ROW_UNUSED ? o->n_deps
+                               : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
+}
+
+/* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
+static gboolean take_row(Sim *sim, uint32_t op)
+{
+    uint32_t row;
+    if (sim->n_free_rows > 0) {
+        row = sim->free_rows[--sim->n_free_rows];
+    } else {
+        if (sim->n_rows_made == sim->cap_rows) {
+            const uint32_t cap = sim->cap_rows ? 2 * sim->cap_rows : 16;
+            uint8_t *rows = g_try_realloc(sim->rows, (size_t)cap * sim->ranks);
+            if (!rows) {
+                g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "simulating %u ranks: %u rows of dependency counts do not fit in "
+                            "memory; fold the ranks", sim->ranks, cap);
+                return FALSE;
+            }
+            sim->rows = rows;
+            sim->free_rows = g_renew(uint32_t, sim->free_rows, cap);
+            sim->cap_rows = cap;
+        }
+        row = sim->n_rows_made++;
+    }
+    memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
+    sim->row_of[op] = row;
+    return TRUE;
 }
 
 /* One dependency of `op` done on `rank`; TRUE when it was the last. */
-static gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
+static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
-    const SimOp *o = &sim->ops[op];
-    const size_t at = (size_t)o->pending_row * sim->ranks + rank;
-    return o->wide ? --sim->pending_wide[at] == 0 : --sim->pending[at] == 0;
+    if (sim->row_of[op] >= ROW_WIDE) {
+        if (sim->row_of[op] == ROW_WIDE)
+            return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
+        if (!take_row(sim, op))
+            return FALSE;
+    }
+    const uint32_t row = sim->row_of[op];
+    if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
+        return FALSE;
+    if (++sim->zeroed[op] == sim->ranks / sim->sim_pp) { /* no rank of its class needs it */
+        sim->free_rows[sim->n_free_rows++] = row;
+        sim->row_of[op] = ROW_DONE;
+    }
+    return TRUE;
 }
 
-static void ready_push(Sim *sim, uint32_t rank, uint32_t op)
+/* Room at the end of the ready queue: slides it back to the front, else grows it. Apart
+ * from ready_push so that the push, on every alloc and free, stays small enough to inline. */
+static void ready_make_room(Sim *sim)
 {
-    if (sim->ready_head + sim->ready_len == sim->ready_cap) {
-        if (sim->ready_head > 0) { /* slide the queue back to the front before growing */
-            memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_len * sizeof *sim->ready);
-            sim->ready_head = 0;
-        }
-        if (sim->ready_len == sim->ready_cap) {
-            sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
-            sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
-        }
+    if (sim->ready_head > 0) {
+        memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_len * sizeof *sim->ready);
+        sim->ready_head = 0;
     }
+    if (sim->ready_len == sim->ready_cap) {
+        sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
+        sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
+    }
+}
+
+static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
+{
+    if (sim->ready_head + sim->ready_len == sim->ready_cap)
+        ready_make_room(sim);
     sim->ready[sim->ready_head + sim->ready_len++] = (ReadyOp){rank, op};
 }
 
@@ -759,8 +869,9 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
     sim->epoch++;
     sim->n_affected = 0;
     for (uint32_t i = 0, m = changed->first; i < changed->count; i++, m += changed->stride)
-        for (int group = 0; group < 2; group++)
-            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+        for (uint32_t group = 0; group < sim->n_groups; group++)
+            for (uint32_t stream = 0; stream < ZP_STREAM_N && sim->flow_base[group] != NO_FLOWS;
+                 stream++) {
                 const uint32_t slot = flow_slot(sim, group, m, stream);
                 Flow *f = &sim->flows[slot];
                 if (!f->active || f->touched == sim->epoch || f->remaining_s <= 0 ||
@@ -815,17 +926,19 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     }
 }
 
-static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
+/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
+ * done; `ready` is an op known to have none left (UINT32_MAX: none known). */
+static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
 {
-    const size_t rs_index = (size_t)rank * ZP_STREAM_N + stream;
+    StreamState *ss = &sim->stream[rank];
     const uint32_t list = rank_class(sim, rank) * ZP_STREAM_N + stream;
-    if (sim->stream_busy[rs_index] || sim->stream_head[rs_index] == sim->stream_len[list])
+    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[list])
         return;
-    const uint32_t i = sim->stream_ops[list][sim->stream_head[rs_index]];
-    if (pending_of(sim, i, rank))
+    const uint32_t i = sim->stream_ops[list][ss->head[stream]];
+    if (i != ready && pending_of(sim, i, rank))
         return;
-    sim->stream_head[rs_index]++;
-    sim->stream_busy[rs_index] = 1;
+    ss->head[stream]++;
+    ss->busy[stream] = 1;
     const SimOp *op = &sim->ops[i];
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -835,13 +948,14 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
                                       ? op->duration_s * sim->compute_scale[rank]
                                       : op->duration_s;
         RankState *rs = &sim->rank[rank];
+        RankBusy *rb = &sim->busy[rank];
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
-        rs->busy_s[stream] += duration_s;
+        rb->busy_s[stream] += duration_s;
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
-            rs->optimizer_s += duration_s;
+            rb->optimizer_s += duration_s;
         else if (busy == BUSY_GPU)
-            rs->compute_s += duration_s;
+            rb->compute_s += duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
         queue_push(&sim->queue, now_s + duration_s, rank, i);
@@ -851,7 +965,7 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
         /* The sender's share of its link, no group to wait for. An isend: the rank does not
          * wait for it, so it is never exposed communication (a rank waiting only for sends
          * idles, in the pipeline's bubble). */
-        sim->rank[rank].busy_s[stream] += op->duration_s;
+        sim->busy[rank].busy_s[stream] += op->duration_s;
         if (sim->op_start_s)
             sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
         queue_push(&sim->queue, now_s + op->duration_s, rank, i);
@@ -864,12 +978,10 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
         start_flow(sim, slot, rank, now_s);
 }
 
-static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+/* Op i is done on rank: counts down its dependents there and starts those now ready. */
+static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankState *rs = &sim->rank[rank];
-    rs->ops_done++;
-    rs->end_s = now_s;
     sim->op_events++;
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -880,42 +992,55 @@ static void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
         const uint32_t at = rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
         if (!pending_done(sim, next, at))
             continue;
-        if (op_on_stream(&sim->ops[next]))
-            try_stream(sim, at, sim->ops[next].stream, now_s);
+        if (sim->dependent_stream[d] != NOT_ON_STREAM)
+            try_stream(sim, at, sim->dependent_stream[d], next, now_s);
         else
             ready_push(sim, at, next);
     }
-    if (op_on_stream(op)) {
-        sim->stream_busy[(size_t)rank * ZP_STREAM_N + op->stream] = 0;
-        try_stream(sim, rank, op->stream, now_s);
-    }
+}
+
+/* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
+ * free runs at the time the op it waited for ended on the same rank, so it never moves
+ * end_s, and memory ops never touch RankState. */
+static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+{
+    const SimOp *op = &sim->ops[i];
+    sim->rank[rank].end_s = now_s;
+    release_dependents(sim, rank, i, now_s);
+    sim->stream[rank].busy[op->stream] = 0;
+    try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
 }
 
 static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    RankMemory *rs = &sim->memory[rank];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-    rs->live[op->sub] += delta;
-    rs->category_peak[op->sub] = MAX(rs->category_peak[op->sub], rs->live[op->sub]);
-    rs->live_total += delta;
-    if (is_model_state(op->sub))
-        rs->live_states += delta;
-    if (rs->live[op->sub] < -sim->mem_tolerance_bytes) {
+    LiveBytes *category = &sim->category[(size_t)op->sub * sim->ranks + rank];
+    LiveBytes *total = &sim->total[rank];
+    category->live += delta;
+    category->peak = MAX(category->peak, category->live);
+    total->live += delta;
+    if (is_model_state(op->sub)) {
+        LiveBytes *states = &sim->states[rank];
+        states->live += delta;
+        states->peak = MAX(states->peak, states->live);
+    }
+    if (category->live < -sim->mem_tolerance_bytes) {
         g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
                     "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
-                    zp_sched_mem_name(op->sub), rs->live[op->sub], rank, i);
+                    zp_sched_mem_name(op->sub), category->live, rank, i);
         return;
     }
-    if (rs->live_total > rs->peak_total) {
-        rs->peak_total = rs->live_total;
-        memcpy(rs->peak_breakdown, rs->live, sizeof rs->live);
+    if (total->live > total->peak) {
+        total->peak = total->live;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            sim->peak_breakdown[(size_t)rank * ZP_MEM_N + c] =
+                sim->category[(size_t)c * sim->ranks + rank].live;
     }
-    rs->peak_states = MAX(rs->peak_states, rs->live_states);
     if (sim->op_start_s)
         sim->op_start_s[(size_t)rank * sim->n_ops + i] =
             sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
-    complete(sim, rank, i, now_s);
+    release_dependents(sim, rank, i, now_s);
 }
 
 static void drain_ready(Sim *sim, double now_s)
@@ -946,7 +1071,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
-        rs->busy_s[op->stream] += now_s - start_s;
+        sim->busy[m].busy_s[op->stream] += now_s - start_s;
         complete(sim, m, i, now_s);
     }
 }
@@ -983,7 +1108,7 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
         if (o->stage != rank_class(sim, rank))
             continue;
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < sim->stream_head[rank * ZP_STREAM_N + o->stream]
+                                 ? o->stream_pos < sim->stream[rank].head[o->stream]
                                  : pending_of(sim, i, rank) == 0;
         if (!ran)
             break;
@@ -991,27 +1116,46 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
     return i;
 }
 
+/* Ops done on a rank once the queue is empty: its finished compute ops and collectives (those
+ * its streams passed, less one still running or waiting on a busy stream), and the allocs and
+ * frees whose dependencies all finished (each ran as soon as they had). */
+static uint32_t ops_done(const Sim *sim, uint32_t rank)
+{
+    uint32_t done = 0;
+    for (int s = 0; s < ZP_STREAM_N; s++) /* a busy stream's last op has not finished */
+        done += sim->stream[rank].head[s] - sim->stream[rank].busy[s];
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        done += sim->ops[i].stage == rank_class(sim, rank) && !op_on_stream(&sim->ops[i]) &&
+                pending_of(sim, i, rank) == 0;
+    return done;
+}
+
 static gboolean check_end(Sim *sim, GError **error)
 {
+    /* Each rank does each op of its class at most once, so a full count means that no rank
+     * fell short (every class has ranks / sim_pp ranks). */
+    const gboolean all_done =
+        sim->op_events == (uint64_t)sim->n_ops * (sim->ranks / sim->sim_pp);
     for (uint32_t r = 0; r < sim->ranks; r++) {
-        const RankState *rs = &sim->rank[r];
         const uint32_t k = rank_class(sim, r);
-        if (rs->ops_done < sim->class_ops[k]) {
+        const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);
+        if (done < sim->class_ops[k]) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
-                        rs->ops_done, sim->class_ops[k], first_unrun_op(sim, r));
+                        done, sim->class_ops[k], first_unrun_op(sim, r));
             return FALSE;
         }
-        const RankMemory *rm = &sim->memory[r];
         const double *state = &sim->class_state[k * ZP_MEM_N];
-        for (int c = 0; c < ZP_MEM_N; c++)
-            if (fabs(rm->live[c] - state[c]) > sim->mem_tolerance_bytes) {
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            const double live = sim->category[(size_t)c * sim->ranks + r].live;
+            if (fabs(live - state[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), rm->live[c], r, state[c]);
+                            zp_sched_mem_name(c), live, r, state[c]);
                 return FALSE;
             }
+        }
     }
     return TRUE;
 }
@@ -1022,30 +1166,31 @@ static void fill_result(const Sim *sim, SimResult *result)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->memory[r].peak_total > sim->memory[peak].peak_total)
+        if (sim->total[r].peak > sim->total[peak].peak)
             peak = r;
         result->peak_model_state_bytes =
-            MAX(result->peak_model_state_bytes, sim->memory[r].peak_states);
+            MAX(result->peak_model_state_bytes, sim->states[r].peak);
     }
     const RankState *rs = &sim->rank[last];
+    const RankBusy *rb = &sim->busy[last];
     result->step_time_s = rs->end_s;
     result->report_rank = (int)last;
-    memcpy(result->stream_busy_s, rs->busy_s, sizeof rs->busy_s);
-    result->compute_s = rs->compute_s;
-    result->optimizer_s = rs->optimizer_s;
+    memcpy(result->stream_busy_s, rb->busy_s, sizeof rb->busy_s);
+    result->compute_s = rb->compute_s;
+    result->optimizer_s = rb->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
     result->cpu_optimizer_s = rs->cpu_optimizer_s;
     result->offload_transfer_s = rs->transfer_s;
-    result->idle_s = MAX(0.0, rs->end_s - rs->compute_s - rs->optimizer_s - rs->exposed_s -
+    result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
-    result->peak_memory_bytes = sim->memory[peak].peak_total;
-    memcpy(result->peak_breakdown_bytes, sim->memory[peak].peak_breakdown,
+    result->peak_memory_bytes = sim->total[peak].peak;
+    memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
            sizeof result->peak_breakdown_bytes);
-    memcpy(result->category_peak_bytes, sim->memory[peak].category_peak,
-           sizeof result->category_peak_bytes);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
-    result->state_bytes = sim->state_bytes;
+    result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks;
     for (uint32_t r = 0; r < sim->ranks; r++)
         result->flush_s = MAX(result->flush_s, sim->rank[r].flush_s);
     /* A stage's bubble: the time its rank neither computes nor waits for its own
@@ -1057,13 +1202,14 @@ static void fill_result(const Sim *sim, SimResult *result)
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
         const RankState *rs = &sim->rank[r];
-        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->memory[r].peak_total);
+        const RankBusy *rb = &sim->busy[r];
+        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->total[r].peak);
         for (int c = 0; c < ZP_MEM_N; c++)
             result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
                 MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c],
-                    sim->memory[r].category_peak[c]);
-        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rs->compute_s);
-        const double idle_s = MAX(rs->end_s, result->flush_s) - rs->compute_s - rs->optimizer_s -
+                    sim->category[(size_t)c * sim->ranks + r].peak);
+        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rb->compute_s);
+        const double idle_s = MAX(rs->end_s, result->flush_s) - rb->compute_s - rb->optimizer_s -
                               rs->exposed_s;
         result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
     }
@@ -1073,18 +1219,25 @@ static void sim_clear(Sim *sim)
 {
     g_free(sim->ops);
     g_free(sim->dependents);
+    g_free(sim->dependent_stream);
     for (uint32_t l = 0; sim->stream_ops && l < sim->sim_pp * ZP_STREAM_N; l++)
         g_free(sim->stream_ops[l]);
     g_free(sim->stream_ops);
     g_free(sim->stream_len);
     g_free(sim->class_ops);
-    g_free(sim->pending);
+    g_free(sim->rows);
+    g_free(sim->row_of);
+    g_free(sim->zeroed);
+    g_free(sim->free_rows);
     g_free(sim->pending_wide);
-    g_free(sim->stream_head);
-    g_free(sim->stream_busy);
+    g_free(sim->stream);
     g_free(sim->link_load);
     g_free(sim->rank);
-    g_free(sim->memory);
+    g_free(sim->busy);
+    g_free(sim->category);
+    g_free(sim->total);
+    g_free(sim->states);
+    g_free(sim->peak_breakdown);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
@@ -1108,23 +1261,17 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
                     s->plan.mp, P);
         return FALSE;
     }
-    return sim_coll_check_placement(hw, s->plan.mp, error);
-}
-
-/* Explicit ranks model the DP and TP groups' members and flows only: ZeRO++'s subgroups
- * (hpZ, qgZ) are simulated folded. */
-static gboolean check_explicit_groups(const ZpSchedule *s, SimMode mode, GError **error)
-{
-    for (guint i = 0; mode == SIM_MODE_EXPLICIT && i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_HPZ) {
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    for (int g = 0; g < n_groups; g++)
+        if (groups[g].ranks < 1 || groups[g].stride < 1 ||
+            s->world % ((int64_t)groups[g].ranks * groups[g].stride) != 0) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "schedule: op %u: ZeRO++'s node groups (hpZ, qgZ) are simulated with "
-                        "folded ranks only; leave out --explicit", i);
+                        "schedule: group %s: %d ranks %d apart do not tile the world of %d",
+                        groups[g].name, groups[g].ranks, groups[g].stride, s->world);
             return FALSE;
         }
-    }
-    return TRUE;
+    return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
 /* Every rank's allocs and frees without dependencies, then its streams, rank by rank. */
@@ -1139,7 +1286,7 @@ static void seed(Sim *sim)
             if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))
                 ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
-            try_stream(sim, r, s, 0.0);
+            try_stream(sim, r, s, UINT32_MAX, 0.0);
     }
     g_array_free(roots, TRUE);
     drain_ready(sim, 0.0);
@@ -1148,7 +1295,7 @@ static void seed(Sim *sim)
 SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
                           GError **error)
 {
-    if (!check_plan(sched, hw, error) || !check_explicit_groups(sched, options->mode, error))
+    if (!check_plan(sched, hw, error))
         return NULL;
     const gboolean explicit_ranks = options->mode == SIM_MODE_EXPLICIT;
     Sim sim = {
@@ -1161,6 +1308,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .queue = {.last = UINT32_MAX},
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
+    sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
     SimResult *result = g_new0(SimResult, 1);
     *result = (SimResult){.mode = options->mode, .world = sched->world,

@@ -55,8 +55,10 @@ typedef struct {
      * recomputation and the optimizer are not the model's work (the MFU definition). */
     double model_flops;
     double recompute_flops;
-    double comm_bytes[ZP_GROUP_N]; /* bytes one rank sends, by ZpGroup (ring algorithms;
-                                      p2p sends once), the most any stage's rank sends */
+    /* Bytes one rank sends (ring algorithms; p2p sends once), by the schedule's group index
+     * (ZpGroup for dp, tp and pp; a schedule file's other communicators after them), the
+     * most any stage's rank sends. */
+    double comm_bytes[ZP_SCHED_MAX_GROUPS];
 
     /* The highest per-rank total of live bytes, what each category held at that moment, and
      * the highest total of the model-state categories (params, grads, master, Adam m, v). */
@@ -93,8 +95,10 @@ typedef struct {
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision
  * (whose tensor-core peak must exist on hw); mp must divide hw->gpus_per_node or be a multiple
- * of it. Pipeline stages are rank classes: each runs its own ops, and a p2p send takes the
- * sender's NVLink or its share of the NICs (no contention with collectives). Fails on an
+ * of it. Each of the schedule's communicators (zp_sched_groups) must tile the world; where its
+ * groups sit on hw's nodes sets its collectives' cost (sim_coll_group_placed). Pipeline stages
+ * are rank classes: each runs its own ops, and a p2p send takes the sender's NVLink or its
+ * share of the NICs (no contention with collectives). Fails on an
  * invalid schedule (naming the op), on a deadlock (naming an op that never ran), if memory
  * of a category goes negative or does not return to sched->state_bytes by the end, or if
  * the explicit ranks' state does not fit in memory. */

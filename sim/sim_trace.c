@@ -57,7 +57,12 @@ static char *collective_label(const ZpSchedule *s, const ZpOp *op, Ordinals *n)
         n->micro = op->micro;
         n->buckets = 0;
     }
-    if (op->group == ZP_GROUP_TP) {
+    if (op->group > ZP_GROUP_TP) { /* a schedule file's own communicator: its name */
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_string_prepend_c(out, ' ');
+        g_string_prepend(out, groups[op->group].name);
+    } else if (op->group == ZP_GROUP_TP) {
         g_string_prepend(out, "tp ");
         g_string_append_c(out, ' ');
         append_unit(out, s, op->unit);

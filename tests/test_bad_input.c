@@ -113,7 +113,6 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --quantized-weights", NULL, "(stage 3 only)"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 3", NULL, "zero_hpz_partition_size: must divide"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 0", NULL, "--hpz-partition-size"},
-    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --quantized-gradients --explicit", NULL, "folded ranks only"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters 0", NULL, "max-live-parameters"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --trace {T}/missing/t.json", NULL, "--trace: cannot write in directory '{T}/missing'"},

@@ -66,14 +66,19 @@ static void test_placement_and_tree(void)
     SimCollCost c = sim_coll_cost(ZP_COLL_ALLREDUCE, 1024, &g);
     g_assert_cmpint(c.algo, ==, SIM_ALGO_TREE);
     g_assert_cmpint(c.proto, ==, SIM_PROTO_LL);
-    assert_close(c.latency_s, 6.8 * US + 2 * (7 * 0.6 * US + 7 * 2.7 * US), 1e-12);
-    /* Ring LL latency: 6.6 + (2046 - 254) * 0.6 + 254 * 2.7 us. */
+    /* The tree's LL hops: 0.6 us on NVLink, 5.0 us on the network. */
+    assert_close(c.latency_s, 6.8 * US + 2 * (7 * 0.6 * US + 7 * 5.0 * US), 1e-12);
+    /* Ring LL latency: 6.6 + (2046 - 254) * max(0.6, 1 us network overhead) + 254 * 2.7. */
     assert_close(sim_coll_ring_cost(ZP_COLL_ALLREDUCE, 0, &g, SIM_PROTO_LL).latency_s,
-                 (6.6 + 1792 * 0.6 + 254 * 2.7) * US, 1e-12);
+                 (6.6 + 1792 * 1.0 + 254 * 2.7) * US, 1e-12);
     g = sim_coll_group(&a100, 128, 8, ZP_GROUP_DP);
     g_assert_cmpint(g.nodes, ==, 128);
     g_assert_cmpint(g.ranks_per_node, ==, 1);
     g_assert_cmpfloat(g.bus_bytes_per_s, ==, 25e9);
+    /* One rank per node: the ring's network hops take the tree's latency (Simple: 14 us, and
+     * 3 us of network overhead inside). */
+    assert_close(sim_coll_ring_cost(ZP_COLL_ALLGATHER, 0, &g, SIM_PROTO_SIMPLE).latency_s,
+                 (8.4 + 127 * 14.0) * US, 1e-12);
     g = sim_coll_group(&a100, 4, 2, ZP_GROUP_DP); /* 8 ranks: one node */
     g_assert_cmpint(g.nodes, ==, 1);
     g_assert_cmpint(g.bottleneck, ==, SIM_LINK_INTRA);
@@ -85,6 +90,140 @@ static void test_placement_and_tree(void)
     g_assert_false(sim_coll_check_placement(&a100, 12, NULL));
     g_assert_false(sim_coll_check_placement(&a100, 3, NULL));
     g_assert_true(sim_coll_check_placement(&a100, 4, NULL));
+}
+
+/* Communicators other than DP and TP: their placement over 8-GPU nodes. */
+static void test_placement_groups(void)
+{
+    /* The world of 4,096: 512 nodes, one group, alone on its nodes' NICs. */
+    SimCollPlacement p = sim_coll_placement(4096, 4096, 1, 8);
+    g_assert_cmpint(p.nodes, ==, 512);
+    g_assert_cmpint(p.groups_per_node, ==, 1);
+    /* hpZ node groups (8 consecutive ranks): one node each. */
+    p = sim_coll_placement(4096, 8, 1, 8);
+    g_assert_cmpint(p.nodes, ==, 1);
+    /* Pipeline neighbours 2,048 ranks apart: two nodes, 8 pairs on each node's NICs. */
+    p = sim_coll_placement(4096, 2, 2048, 8);
+    g_assert_cmpint(p.nodes, ==, 2);
+    g_assert_cmpint(p.groups_per_node, ==, 8);
+    SimCollGroup g = sim_coll_group_placed(&a100, 4096, 2, 2048);
+    g_assert_cmpint(g.ranks_per_node, ==, 1);
+    g_assert_cmpfloat(g.bus_bytes_per_s, ==, 200e9 / 8);
+    /* DP groups every 4th rank over 64 ranks: 2 members a node, 4 groups sharing the NICs. */
+    p = sim_coll_placement(64, 16, 4, 8);
+    g_assert_cmpint(p.nodes, ==, 8);
+    g_assert_cmpint(p.groups_per_node, ==, 4);
+    /* A world smaller than a node. */
+    p = sim_coll_placement(3, 3, 1, 8);
+    g_assert_cmpint(p.nodes, ==, 1);
+    /* The closed form against counting every group's nodes, for every tiling of small worlds. */
+    for (int world = 1; world <= 96; world++)
+        for (int gpn = 2; gpn <= 16; gpn *= 2)
+            for (int ranks = 1; ranks <= world; ranks++)
+                for (int stride = 1; (int64_t)ranks * stride <= world; stride++) {
+                    if (world % (ranks * stride) != 0)
+                        continue;
+                    int most = 0;
+                    for (int first = 0; first < world; first++) {
+                        if (first % (ranks * stride) >= stride)
+                            continue; /* not a group's first member */
+                        int nodes = 0, last_node = -1;
+                        for (int i = 0; i < ranks; i++) {
+                            const int node = (first + i * stride) / gpn;
+                            nodes += node != last_node;
+                            last_node = node;
+                        }
+                        most = MAX(most, nodes);
+                    }
+                    g_assert_cmpint(sim_coll_placement(world, ranks, stride, gpn).nodes, ==, most);
+                }
+    /* A profile's measured bus bandwidth replaces the line rate at its level. */
+    ZpHw hw = a100;
+    hw.intra_node_bus_bytes_per_s = 230e9;
+    hw.inter_node_bus_bytes_per_s = 190e9;
+    g_assert_cmpfloat(sim_coll_group_placed(&hw, 8, 8, 1).bus_bytes_per_s, ==, 230e9);
+    g_assert_cmpfloat(sim_coll_group_placed(&hw, 64, 64, 1).bus_bytes_per_s, ==, 190e9);
+}
+
+/* NCCL's tuning model (src/graph/tuning.cc) for an all-reduce of S bytes over n ranks, 8 a
+ * node (nodes = n/8, ppn = 8), with bus bandwidth B = 300e9 B/s inside a node and 200e9 B/s
+ * (the node's NICs) across nodes, and the shipped profiles' LL hops (0.6 us NVLink, 2.7 us
+ * network), so that the hop latencies are NCCL's table. Written out here on their own:
+ *   ring, protocol p:  (base_p + (2(n-1) - 2(nodes-1)) intra_p + 2(nodes-1) inter_p) us
+ *                      + 2(n-1)/n S / (B f_p)
+ *     base 6.6 / 14 / 8.4 (LL / LL128 / Simple); intra 0.6 / 1.9 / 3.4, raised across nodes
+ *     to the network overhead 1 / 1 / 3; inter 2.7 / 4.0 / 14; f .5 / .92 / 1
+ *   tree, protocol p:  (base_p + 2((ppn-1) tintra_p + log2(nodes) tinter_p)) us
+ *                      + S / (.5 x .92 B t_p c_p(S))
+ *     base 6.8 / 14 / 8.4; tintra 0.6 / 1.25 / 4.0; tinter 5.0 / 8.5 / 14;
+ *     t 1/3.8 / (7/9 in one node, 120/128 across) / 1; c NCCL's treeCorrectionFactor at
+ *     log2(S/64): for 1 MiB (14) .5 / .6 / .5, for 1 GiB (24, past the table) 1.
+ * NCCL runs the least time of the six. */
+static double nccl_ring_s(int n, double bytes, int p)
+{
+    static const double base[] = {6.6, 14.0, 8.4}, intra[] = {0.6, 1.9, 3.4},
+                        overhead[] = {1.0, 1.0, 3.0}, inter[] = {2.7, 4.0, 14.0},
+                        f[] = {0.5, 0.92, 1.0};
+    const int nodes = n / 8;
+    const double bus = nodes == 1 ? 300e9 : 200e9;
+    const double hop = nodes == 1 ? intra[p] : MAX(intra[p], overhead[p]);
+    return (base[p] + (2 * (n - 1) - 2 * (nodes - 1)) * hop + 2 * (nodes - 1) * inter[p]) * US +
+           2.0 * (n - 1) / n * bytes / (bus * f[p]);
+}
+
+static double nccl_tree_s(int n, double bytes, int p)
+{
+    static const double base[] = {6.8, 14.0, 8.4}, intra[] = {0.6, 1.25, 4.0},
+                        inter[] = {5.0, 8.5, 14.0}, mib_correction[] = {0.5, 0.6, 0.5};
+    const int nodes = n / 8, log2_nodes = (int)round(log2(nodes));
+    const double bus = nodes == 1 ? 300e9 : 200e9;
+    const double t[] = {1 / 3.8, nodes == 1 ? 7.0 / 9 : 120.0 / 128, 1.0};
+    const double c = bytes == 1048576.0 ? mib_correction[p] : 1.0;
+    return (base[p] + 2 * (7 * intra[p] + log2_nodes * inter[p])) * US +
+           bytes / (0.5 * 0.92 * bus * t[p] * c);
+}
+
+static void test_nccl_tuning_model(void)
+{
+    static const struct {
+        int ranks;
+        double bytes;
+        SimAlgo algo;
+        SimProto proto;
+    } cases[] = {
+        {8, 1048576.0, SIM_ALGO_RING, SIM_PROTO_LL},
+        {8, GIB, SIM_ALGO_RING, SIM_PROTO_SIMPLE},
+        {64, 1048576.0, SIM_ALGO_TREE, SIM_PROTO_LL128},
+        {64, GIB, SIM_ALGO_RING, SIM_PROTO_SIMPLE},
+        {1024, 1048576.0, SIM_ALGO_TREE, SIM_PROTO_LL128},
+        {1024, GIB, SIM_ALGO_TREE, SIM_PROTO_SIMPLE},
+        {4096, 1048576.0, SIM_ALGO_TREE, SIM_PROTO_LL},
+        {4096, GIB, SIM_ALGO_TREE, SIM_PROTO_SIMPLE},
+    };
+    ZpHw hw = a100;
+    hw.intra_node_bus_bytes_per_s = 300e9;
+    hw.inter_node_bus_bytes_per_s = 200e9;
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const int n = cases[i].ranks;
+        const double bytes = cases[i].bytes;
+        const SimCollGroup g = sim_coll_group_placed(&hw, n, n, 1);
+        g_assert_cmpint(g.nodes, ==, n / 8);
+        double best_s = G_MAXDOUBLE;
+        for (int p = 0; p < SIM_PROTO_N; p++) {
+            const double ring_s = nccl_ring_s(n, bytes, p), tree_s = nccl_tree_s(n, bytes, p);
+            assert_close(sim_coll_ring_time_s(ZP_COLL_ALLREDUCE, bytes, &g, p), ring_s, 1e-12);
+            const SimCollCost tree = sim_coll_tree_cost(bytes, &g, p);
+            assert_close(tree.latency_s + tree.transfer_s, tree_s, 1e-12);
+            best_s = MIN(best_s, MIN(ring_s, tree_s));
+        }
+        const SimCollCost c = sim_coll_cost(ZP_COLL_ALLREDUCE, bytes, &g);
+        g_test_message("%d ranks, %.0f bytes: %s/%s %.6g s", n, bytes,
+                       sim_coll_algo_name(c.algo), sim_coll_proto_name(c.proto),
+                       c.latency_s + c.transfer_s);
+        g_assert_cmpint(c.algo, ==, cases[i].algo);
+        g_assert_cmpint(c.proto, ==, cases[i].proto);
+        assert_close(c.latency_s + c.transfer_s, best_s, 1e-12);
+    }
 }
 
 /* ---- hand-built schedules ---- */
@@ -366,9 +505,14 @@ static void test_schedule_file_round_trip(void)
     zp_plan_defaults(&p, 3, 8, 2);
     p.checkpoint = TRUE;
     p.grad_accum = 2;
+    p.attention = ZP_ATTN_FLASH2; /* FLOPs in the fused kernel: timed from the file's model */
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
     g_assert_no_error(error);
+    double attn_flops = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        attn_flops += zp_sched_op(s, i)->attn_flops;
+    g_assert_cmpfloat(attn_flops, >, 0);
     char *path = g_build_filename(tmp_dir, "round-trip.json", NULL);
     g_assert_true(zp_sched_write_json(s, path, &error));
     ZpSchedule *g = zp_sched_read_graph(path, &error);
@@ -391,6 +535,14 @@ static void test_schedule_file_round_trip(void)
     g_assert_no_error(error);
     g_assert_cmpuint(full->ops->len, ==, s->ops->len);
     zp_sched_free(full);
+    /* Without its model the fused kernel has no rate: refused, not guessed. */
+    json_t *root = json_load_file(path, 0, NULL);
+    json_object_del(root, "model");
+    g_assert_cmpint(json_dump_file(root, path, 0), ==, 0);
+    json_decref(root);
+    g_assert_null(zp_sched_read_graph(path, &error));
+    g_assert_nonnull(strstr(error->message, "key \"attn_flops\": a fused attention kernel's"));
+    g_clear_error(&error);
     zp_sched_free(g);
     zp_sched_free(s);
     g_remove(path);
@@ -418,6 +570,19 @@ static void test_schedule_file_example(void)
         g_assert_cmpfloat(r->peak_memory_bytes, ==, 5e9 + 64e6);
         sim_result_free(r);
     }
+    zp_sched_free(s);
+    /* The second example declares the world, node groups and pipeline neighbours too: every
+     * rank simulated or one folded, the same step; each group's ring bytes. */
+    s = zp_sched_read_graph(ZP_DATA_DIR "/tests/data/schedule-groups.json", &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->n_groups, ==, 5);
+    SimResult *all = run(s, &a100, SIM_MODE_EXPLICIT), *one = run(s, &a100, SIM_MODE_FOLDED);
+    g_assert_cmpfloat(all->step_time_s, ==, one->step_time_s);
+    g_assert_cmpfloat(all->comm_bytes[3], ==, 2.0 * 63 / 64 * 1e6);
+    g_assert_cmpfloat(all->comm_bytes[4], ==, 7.0 / 8 * 256e6);
+    g_assert_cmpfloat(all->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16e6);
+    sim_result_free(all);
+    sim_result_free(one);
     zp_sched_free(s);
 }
 
@@ -453,6 +618,83 @@ static void test_schedule_file_streams(void)
     g_free(path);
 }
 
+/* A graph's own communicators: the world, node groups and pipeline neighbours beside dp and
+ * tp, each timed by NCCL's model for its placement, and written back as read. */
+static void test_schedule_file_groups(void)
+{
+    char *path = g_build_filename(tmp_dir, "groups.json", NULL);
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 32, \"groups\": ["
+        "{\"name\": \"dp\", \"ranks\": 16, \"stride\": 2}, {\"name\": \"tp\", \"ranks\": 2, "
+        "\"stride\": 1}, {\"name\": \"world\", \"ranks\": 32, \"stride\": 1}, {\"name\": "
+        "\"node\", \"ranks\": 8, \"stride\": 1}, {\"name\": \"pp\", \"ranks\": 2, "
+        "\"stride\": 16}], "
+        "\"ops\": [{\"kind\": \"collective\", \"op\": \"allreduce\", \"group\": \"world\", "
+        "\"bytes\": 1073741824, \"deps\": []}, {\"kind\": \"collective\", \"op\": "
+        "\"allreduce\", \"group\": \"node\", \"bytes\": 67108864, \"deps\": [0]}, "
+        "{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"pp\", "
+        "\"stream\": \"tp\", \"bytes\": 16777216, \"deps\": [1]}]}",
+        -1, NULL));
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->n_groups, ==, 5); /* dp, tp, pp (ZpGroup), then world and node */
+    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, 3);
+    g_assert_cmpint(zp_sched_op(s, 0)->stream, ==, ZP_STREAM_DP);
+    /* The world spans 4 nodes, alone on their NICs; a node group stays on NVLink; a pair
+     * 16 ranks apart sits on two nodes, one rank each, 8 pairs sharing each node's NICs. */
+    const SimCollGroup world = sim_coll_group_placed(&a100, 32, 32, 1);
+    const SimCollGroup node = sim_coll_group_placed(&a100, 32, 8, 1);
+    const SimCollGroup pp = sim_coll_group_placed(&a100, 32, 2, 16);
+    g_assert_cmpint(world.nodes, ==, 4);
+    g_assert_cmpfloat(world.bus_bytes_per_s, ==, 200e9);
+    g_assert_cmpint(node.nodes, ==, 1);
+    g_assert_cmpfloat(node.bus_bytes_per_s, ==, 300e9);
+    g_assert_cmpint(pp.ranks_per_node, ==, 1);
+    g_assert_cmpfloat(pp.bus_bytes_per_s, ==, 25e9);
+    const SimCollCost c[] = {sim_coll_cost(ZP_COLL_ALLREDUCE, GIB, &world),
+                             sim_coll_cost(ZP_COLL_ALLREDUCE, 67108864, &node),
+                             sim_coll_cost(ZP_COLL_ALLGATHER, 16777216, &pp)};
+    const double want_s = c[0].latency_s + c[0].transfer_s + c[1].latency_s + c[1].transfer_s +
+                          c[2].latency_s + c[2].transfer_s;
+    for (int mode = 0; mode < 2; mode++) {
+        SimResult *r = run(s, &a100, mode);
+        assert_close(r->step_time_s, want_s, 1e-12);
+        g_assert_cmpfloat(r->comm_bytes[3], ==, 2.0 * 31 / 32 * GIB);
+        g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16777216);
+        sim_result_free(r);
+    }
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *again = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(again->n_groups, ==, 5);
+    g_assert_cmpint(memcmp(again->groups, s->groups, sizeof s->groups), ==, 0);
+    g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    zp_sched_free(again);
+    zp_sched_free(s);
+    /* dp and tp anywhere in the list: they take the first places, the others keep their order. */
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"format\": \"zplan-schedule-1\", \"world\": 8, \"groups\": [{\"name\": \"world\", "
+        "\"ranks\": 8, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, "
+        "{\"name\": \"dp\", \"ranks\": 8, \"stride\": 1}], \"ops\": [{\"kind\": \"collective\", "
+        "\"op\": \"allreduce\", \"group\": \"dp\", \"bytes\": 1, \"deps\": []}, {\"kind\": "
+        "\"collective\", \"op\": \"allreduce\", \"group\": \"world\", \"bytes\": 1, \"deps\": []}]}",
+        -1, NULL));
+    s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpstr(s->groups[ZP_GROUP_DP].name, ==, "dp");
+    g_assert_cmpstr(s->groups[ZP_GROUP_PP].name, ==, "pp"); /* one rank: no pipeline */
+    g_assert_cmpint(s->groups[ZP_GROUP_PP].ranks, ==, 1);
+    g_assert_cmpstr(s->groups[3].name, ==, "world");
+    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, ZP_GROUP_DP);
+    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, 3);
+    zp_sched_free(s);
+    g_remove(path);
+    g_free(path);
+}
+
 /* One line naming the op index and key for each fault in a graph file. */
 static void test_schedule_file_bad_input(void)
 {
@@ -468,9 +710,9 @@ static void test_schedule_file_bad_input(void)
          "{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [0, 2]}, "
          "{\"kind\": \"compute\", \"op\": \"block_bwd\", \"flops\": 1, \"deps\": [1]}]}",
          "ops[1]: key \"deps\": the op is on a dependency cycle"},
-        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"pp\", "
+        {"\"ops\": [{\"kind\": \"collective\", \"op\": \"allgather\", \"group\": \"ep\", "
          "\"bytes\": 1, \"deps\": []}]}",
-         "ops[0]: key \"group\" has unknown value \"pp\""},
+         "ops[0]: key \"group\" has unknown value \"ep\""},
         {"\"ops\": [{\"kind\": \"alloc\", \"category\": \"buckets\", \"bytes\": -5, \"deps\": []}]}",
          "ops[0]: key \"bytes\" = -5 is outside"},
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": -1, \"deps\": []}]}",
@@ -482,6 +724,11 @@ static void test_schedule_file_bad_input(void)
         {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1, \"deps\": [], "
          "\"stream\": \"ep\"}]}",
          "ops[0]: key \"stream\" has unknown value \"ep\""},
+        /* A fused kernel's rate needs the model's head dimension and sequence length. */
+        {"\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 4, "
+         "\"attn_flops\": 1, \"deps\": []}]}",
+         "ops[0]: key \"attn_flops\": a fused attention kernel's rate depends on the model"},
+        {"\"plan\": 7, \"ops\": []}", "keys \"model\" and \"plan\" must be objects"},
     };
     char *path = g_build_filename(tmp_dir, "bad-graph.json", NULL);
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -492,6 +739,31 @@ static void test_schedule_file_bad_input(void)
         g_assert_nonnull(error);
         g_test_message("case %zu: %s", i, error->message);
         g_assert_nonnull(strstr(error->message, cases[i].message));
+        g_error_free(error);
+        g_free(text);
+    }
+    /* Communicators beyond dp and tp: named once, tiling the world. */
+    static const struct {
+        const char *groups, *message;
+    } group_cases[] = {
+        {"{\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, {\"name\": \"pp\", \"ranks\": 4, "
+         "\"stride\": 1}", "key \"groups\" must hold a group named dp and one named tp"},
+        {"{\"name\": \"dp\", \"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, "
+         "\"stride\": 1}, {\"name\": \"dp\", \"ranks\": 2, \"stride\": 1}",
+         "groups[2]: key \"name\": \"dp\": a second group of that name"},
+        {"{\"name\": \"dp\", \"ranks\": 4, \"stride\": 1}, {\"name\": \"tp\", \"ranks\": 1, "
+         "\"stride\": 1}, {\"name\": \"pp\", \"ranks\": 3, \"stride\": 1}",
+         "groups[2]: 3 ranks 1 apart do not tile the world of 4"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(group_cases); i++) {
+        char *text = g_strdup_printf("{\"format\": \"zplan-schedule-1\", \"world\": 4, "
+                                     "\"groups\": [%s], \"ops\": []}",
+                                     group_cases[i].groups);
+        g_assert_true(g_file_set_contents(path, text, -1, NULL));
+        GError *error = NULL;
+        g_assert_null(zp_sched_read_graph(path, &error));
+        g_test_message("group case %zu: %s", i, error->message);
+        g_assert_nonnull(strstr(error->message, group_cases[i].message));
         g_error_free(error);
         g_free(text);
     }
@@ -729,36 +1001,36 @@ static const struct {
     int report_rank;
     uint64_t op_events, heap_events, timeline_hash;
 } frozen[] = {
-    {0, 0, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 114u, 80u, 0x1563040bac2e672eu},
-    {0, 1, {0x1.40550f79a61c9p-7, 0x1.d3a6d3a8ca571p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.6efcf56666dd2p-9, 0x1.cc2d1c9d3474bp-11}, 0, 3648u, 1672u, 0x587254c50fe23143u},
-    {1, 0, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 227u, 159u, 0xa015f108dd42eac2u},
-    {1, 1, {0x1.dcc3375f47921p-7, 0x1.f0ad2e3905e77p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7961cab122d1cp-9, 0x1.cc2d1c9d3475ep-10}, 0, 7264u, 3312u, 0xeea959d0e9942e83u},
-    {2, 0, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 174u, 116u, 0x3783a9aaa4527f63u},
-    {2, 1, {0x1.2e4745c0b39c4p-7, 0x1.f55169109415ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3df8a5c6e50a2p-9, 0x1.e962fe51a8058p-10}, 0, 5568u, 1872u, 0x8c3dbfed01d70003u},
-    {3, 0, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 504u, 284u, 0xf6c0bed9fb068fb5u},
-    {3, 1, {0x1.34397ea47ffabp-6, 0x1.454d1ebe9b7c9p-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5551e316fc1e8p-7, 0x1.5921d575e75b7p-9}, 0, 16128u, 4954u, 0x686876cadc336503u},
+    {0, 0, {0x1.42a5a23be69ffp-7, 0x1.dce91eb1cc649p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.783f406f68eaap-9, 0x1.cc2d1c9d3474bp-11}, 0, 114u, 80u, 0xe2369322f4efc9a6u},
+    {0, 1, {0x1.42a5a23be69ffp-7, 0x1.dce91eb1cc649p-9, 0x1.5ed7f5d6c507fp-8, 0x1.bff5fa41102d4p-11, 0x0p+0, 0x1.9163cp+30, 0x1.dab34p+29, 0x1.96d6b51ee70dap-8, 0x1.783f406f68eaap-9, 0x1.cc2d1c9d3474bp-11}, 0, 3648u, 1672u, 0xa204cddb7bc2d483u},
+    {1, 0, {0x1.dddf3e1b2362bp-7, 0x1.f51d49287529fp-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7f964cc5b8824p-9, 0x1.cc2d1c9d3475ep-10}, 0, 227u, 159u, 0x4a1b3567f02bd79u},
+    {1, 1, {0x1.dddf3e1b2362bp-7, 0x1.f51d49287529fp-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-15, 0x1.8p-59, 0x1.d50177p+29, 0x1.19da6ep+28, 0x1.6097ebd106182p-7, 0x1.7f964cc5b8824p-9, 0x1.cc2d1c9d3475ep-10}, 0, 7264u, 3312u, 0x4ac923558cad3943u},
+    {2, 0, {0x1.2e88700c0ec04p-7, 0x1.f656123e00a5ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3efd4ef4519a2p-9, 0x1.e962fe51a8058p-10}, 0, 174u, 116u, 0xb0ceb850ecab5760u},
+    {2, 1, {0x1.2e88700c0ec04p-7, 0x1.f656123e00a5ep-9, 0x1.5e65eb049b0d1p-8, 0x1.bff5fa41102d4p-15, 0x1.4p-59, 0x1.db5956p+27, 0x1.bd080cp+26, 0x1.61e5d6f91d2d7p-8, 0x1.3efd4ef4519a2p-9, 0x1.e962fe51a8058p-10}, 0, 5568u, 1872u, 0x80625f1ead217103u},
+    {3, 0, {0x1.34ed3e3c2876p-6, 0x1.481c1d1d3d69dp-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5a21860fd532ap-7, 0x1.5921d575e75b7p-9}, 0, 504u, 284u, 0x5b738e55fe7e20au},
+    {3, 1, {0x1.34ed3e3c2876p-6, 0x1.481c1d1d3d69dp-8, 0x1.c40c77ef7127p-7, 0x1.bff5fa41102d4p-15, 0x0p+0, 0x1.6d8778p+28, 0x1.dab34p+25, 0x1.c5cc6de9b2373p-7, 0x1.5a21860fd532ap-7, 0x1.5921d575e75b7p-9}, 0, 16128u, 4954u, 0xd02b3bd6da4887c3u},
     {4, 0, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 187u, 153u, 0xb80b1791c62bae06u},
     {4, 1, {0x1.7b0fc09e6183cp-8, 0x1.7fe0421fd40adp-10, 0x1.0d18004463ff7p-8, 0x1.bff5fa41102d4p-13, 0x1.ap-59, 0x1.6c8d58p+29, 0x1.dab34p+27, 0x1.1b17b0166c80ep-8, 0x1.8151012f9784bp-11, 0x1.6102c7e093a09p-10}, 0, 1496u, 516u, 0x180ee6f687aab153u},
     {5, 0, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 239u, 199u, 0x519e3613e9316c35u},
     {5, 1, {0x1.c1e62f400b8a1p-7, 0x1.7039860109059p-9, 0x1.5ed7f5d6c507fp-7, 0x1.bff5fa41102d4p-13, 0x1p-60, 0x1.0777dfp+30, 0x1.465b3cp+28, 0x1.65d7cdbfc948ap-7, 0x1.4dcb92f88422cp-10, 0x1.ed295c6f6a8e6p-10}, 0, 1912u, 920u, 0x6b2cceae07eb4a83u},
-    {6, 0, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 154u, 62u, 0x147692d2b27ec7d1u},
-    {6, 1, {0x1.4c6b2e8f8a662p-7, 0x1.297d0c529946ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.0fd6725baf688p-7, 0x0p+0}, 0, 9856u, 1826u, 0x394c3a370ec94583u},
-    {7, 0, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 492u, 280u, 0x7900e030e80fb4f7u},
-    {7, 1, {0x1.470b4b0b87913p-6, 0x1.2f40ad93e3d16p-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.be3ede5e475c9p-7, 0x1.e962fe51a806p-9}, 0, 62976u, 14948u, 0x1d947941671fbf83u},
-    {8, 0, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 193u, 107u, 0x4849946f9b30fd79u},
-    {8, 1, {0x1.f3f09cde28c74p-7, 0x1.ecfb9bfaaede2p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.70e2f49d8706cp-7, 0x1.43339fd758b9cp-10}, 0, 18528u, 5054u, 0x7ba22ccf47263883u},
-    {9, 0, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 496u, 338u, 0xf197bf39a7542deeu},
-    {9, 1, {0x1.948fb36b10a1cp-7, 0x1.7cdf260cdb2dcp-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a22f81dd182cp-10, 0x1.24d2af2444516p-8}, 0, 47616u, 16528u, 0xf7c30a40d9272243u},
+    {6, 0, {0x1.56d3a6aa27e09p-7, 0x1.531eecbd0f30ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.2384878ad3494p-7, 0x0p+0}, 0, 154u, 62u, 0xf962e19b244aaaa5u},
+    {6, 1, {0x1.56d3a6aa27e09p-7, 0x1.531eecbd0f30ap-9, 0x1.012bf07dc38c8p-7, 0x1.bff5fa41102d4p-16, 0x0p+0, 0x1.7cf995p+30, 0x1.dab34p+24, 0x1.020beb7ae4149p-7, 0x1.2384878ad3494p-7, 0x0p+0}, 0, 9856u, 1826u, 0x1eb12c53adf8203u},
+    {7, 0, {0x1.49016fc902e37p-6, 0x1.332cf70eda75ep-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.c343a3aeba1bfp-7, 0x1.e962fe51a805dp-9}, 0, 492u, 280u, 0x239d10e3ad14af60u},
+    {7, 1, {0x1.49016fc902e37p-6, 0x1.332cf70eda75ep-7, 0x1.5e65eb049b0d4p-7, 0x1.bff5fa41102d4p-17, 0x0p+0, 0x1.912d54p+27, 0x1.dab34p+23, 0x1.5ed5e8832b515p-7, 0x1.c343a3aeba1bfp-7, 0x1.e962fe51a805dp-9}, 0, 62976u, 14948u, 0xc21f03d07f673083u},
+    {8, 0, {0x1.f5e41e51eba8ep-7, 0x1.f4c9a1c9ba649p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.764c348c8a1adp-7, 0x1.43339fd758b9cp-10}, 0, 193u, 107u, 0xc56744892ff71942u},
+    {8, 1, {0x1.f5e41e51eba8ep-7, 0x1.f4c9a1c9ba649p-9, 0x1.775f6ac366aa4p-7, 0x1.524b1c1665a08p-15, 0x0p+0, 0x1.b0fc44p+29, 0x1.3c778p+24, 0x1.78b1b5df7d0fep-7, 0x1.764c348c8a1adp-7, 0x1.43339fd758b9cp-10}, 0, 18528u, 5054u, 0x2fe795bdf9e4c743u},
+    {9, 0, {0x1.955aad48b7ab8p-7, 0x1.7e7519c829414p-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a88750ca507ap-10, 0x1.24d2af2444516p-8}, 0, 496u, 338u, 0x6b6e6a5574d57388u},
+    {9, 1, {0x1.955aad48b7ab8p-7, 0x1.7e7519c829414p-8, 0x1.ab8a7bc5a50a6p-8, 0x1.6b8a07421926bp-17, 0x0p+0, 0x1.912d54p+27, 0x1.0b04d4p+27, 0x1.ac4040c94616fp-8, 0x1.a88750ca507ap-10, 0x1.24d2af2444516p-8}, 0, 47616u, 16528u, 0xf478c4afba499343u},
     {10, 0, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 190u, 74u, 0x716e6449d469fad6u},
     {10, 1, {0x1.592280c0bc59dp-7, 0x1.f695ed1a2c75cp-14, 0x1.526e4de1b8b06p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.553554e68800fp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 3040u, 674u, 0x4af7dbe58dd4d2a3u},
     {11, 0, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 170u, 76u, 0x4280c5c8f6fd0873u},
     {11, 1, {0x1.0f279fda8a74p-6, 0x1.27ebd82e189p-12, 0x1.07c0e97502c13p-6, 0x1.63838267a8449p-13, 0x1.cp-60, 0x1.ba607bp+30, 0x1.bd080cp+28, 0x1.0a87f079d211cp-6, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 1360u, 461u, 0x532a9e44eed9be53u},
-    {12, 0, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2067u, 777u, 0x10bdfcdf97970543u},
-    {12, 1, {0x1.8ed8b00b64fdp+6, 0x1.00a0a6a31f04ep+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x1p-47, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a0f785f607p+5, 0x0p+0}, 0, 2116608u, 397701u, 0xf0aca9932bc2a383u},
-    {13, 0, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2835u, 1545u, 0x158c633cb3dba616u},
-    {13, 1, {0x1.3cb7258713fep+5, 0x1.edddadd1e8c3ep+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb2235785e9dap+4, 0x1.0689cbb50f629p-1}, 0, 2903040u, 498728u, 0xef158d862dd18383u},
-    {14, 0, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 1628u, 920u, 0x388edb62d7963e36u},
-    {14, 1, {0x1.58d8c2f03f687p+0, 0x1.b8d8448de0879p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b4a232d5000c6p-1, 0x1.8a6a62db7dc4p-6}, 0, 312576u, 93890u, 0xb149d34d89172783u},
+    {12, 0, {0x1.8eda453fbe4f6p+6, 0x1.00a3d10bd1a9bp+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x0p+0, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a421eea8abdp+5, 0x0p+0}, 0, 2067u, 777u, 0x67c23253d7d8f61cu},
+    {12, 1, {0x1.8eda453fbe4f6p+6, 0x1.00a3d10bd1a9bp+5, 0x1.0e7a85046f284p+6, 0x1.baf6acca4904p-7, 0x0p+0, 0x1.095250b2p+36, 0x1.d567959p+33, 0x1.0e885cb9d57a9p+6, 0x1.00a421eea8abdp+5, 0x0p+0}, 0, 2116608u, 397701u, 0x96561dc3e01a5383u},
+    {13, 0, {0x1.3cba9259056a2p+5, 0x1.ede48775cb9c1p+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1.08p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb290f1c4175fp+4, 0x1.0689cbb50f628p-1}, 0, 2835u, 1545u, 0x7066ad14ecb38e27u},
+    {13, 1, {0x1.3cba9259056a2p+5, 0x1.ede48775cb9c1p+4, 0x1.16b27ccd4bda1p+3, 0x1.baf6acca4904p-7, 0x1.08p-43, 0x1.03ee3ce4p+35, 0x1.d567959p+33, 0x1.17213a787e6c5p+3, 0x1.eb290f1c4175fp+4, 0x1.0689cbb50f628p-1}, 0, 2903040u, 498728u, 0x7195ddb8c20b9b83u},
+    {14, 0, {0x1.5b7ee7bf9eb46p+0, 0x1.be248e2c9f1f8p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b9ee7c73bea45p-1, 0x1.8a6a62db7dc98p-6}, 0, 1628u, 920u, 0xa59d4aad1faa4e04u},
+    {14, 1, {0x1.5b7ee7bf9eb46p+0, 0x1.be248e2c9f1f8p-1, 0x1.f0c19ea2b6a55p-2, 0x1.e1c8050bdd853p-11, 0x0p+0, 0x1.c606a5p+31, 0x1.fe8a1ap+29, 0x1.f1b282a53c941p-2, 0x1.b9ee7c73bea45p-1, 0x1.8a6a62db7dc98p-6}, 0, 312576u, 93890u, 0xe3fb87c8b929b03u},
 };
 
 static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
@@ -1029,6 +1301,8 @@ int main(int argc, char **argv)
     tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
     g_test_add_func("/sim/coll/ring-by-hand", test_ring_by_hand);
     g_test_add_func("/sim/coll/placement-and-tree", test_placement_and_tree);
+    g_test_add_func("/sim/coll/placement-groups", test_placement_groups);
+    g_test_add_func("/sim/coll/nccl-tuning-model", test_nccl_tuning_model);
     g_test_add_func("/sim/engine/one-collective", test_one_collective);
     g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
     g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
@@ -1040,6 +1314,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
     g_test_add_func("/sim/file/example", test_schedule_file_example);
     g_test_add_func("/sim/file/streams", test_schedule_file_streams);
+    g_test_add_func("/sim/file/groups", test_schedule_file_groups);
     g_test_add_func("/sim/file/bad-input", test_schedule_file_bad_input);
     g_test_add_func("/sim/file/cli", test_schedule_file_cli);
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
