@@ -1267,7 +1267,10 @@ static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", 
 static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
                                          "transfer", NULL};
 static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
-static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "node", "xnode", NULL};
+/* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
+ * keep theirs. */
+static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
+                                          NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
@@ -1374,7 +1377,8 @@ static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
 {
     json_t *a = json_array();
     for (int g = 0; g < n_groups; g++)
-        if (g != ZP_GROUP_PP || groups[g].ranks > 1) /* no pipeline: no pp group written */
+        /* No pipeline, no ZeRO++ subgroup: none of those groups written. */
+        if (g < ZP_GROUP_PP || g >= ZP_GROUP_N || groups[g].ranks > 1)
             json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
                                                "ranks", groups[g].ranks, "stride",
                                                groups[g].stride));
@@ -1428,17 +1432,21 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
                                  gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
                                  int *n_groups, int *dp, int *mp, GError **error)
 {
-    const size_t most = others ? ZP_SCHED_MAX_GROUPS : 2;
+    /* A planner's file: dp, tp and ZeRO++'s subgroups where the plan has them (no pp). */
+    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N - 1;
     if (!json_is_array(groups) || json_array_size(groups) < 2 ||
         json_array_size(groups) > most) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: key \"groups\" must be an array of dp, tp%s", path,
-                    others ? " and at most 14 other groups" : " and no other group");
+                    others ? " and at most 14 other groups"
+                           : " and no other group than hpz, qgz_node and qgz_cross");
         return FALSE;
     }
     ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
     const int n = (int)json_array_size(groups);
-    int at[ZP_GROUP_N] = {-1, -1, -1}; /* where dp, tp and pp are in the file */
+    int at[ZP_GROUP_N]; /* where dp, tp, pp and ZeRO++'s groups are in the file */
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        at[g] = -1;
     for (int i = 0; i < n; i++) {
         char *what = g_strdup_printf("%s: groups[%d]", path, i);
         const gboolean ok = group_from_json(json_array_get(groups, (size_t)i), what, world,
@@ -1463,17 +1471,32 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         table[ZP_GROUP_PP] = (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_TP].ranks};
         g_strlcpy(table[ZP_GROUP_PP].name, group_names[ZP_GROUP_PP], sizeof table->name);
     }
+    for (int g = ZP_GROUP_HPZ; g < ZP_GROUP_N; g++) { /* one rank each where absent */
+        table[g] = at[g] >= 0 ? read[at[g]]
+                              : (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_DP].stride};
+        g_strlcpy(table[g].name, group_names[g], sizeof table->name);
+    }
     *n_groups = ZP_GROUP_N;
-    for (int i = 0; i < n; i++)
-        if (i != at[ZP_GROUP_DP] && i != at[ZP_GROUP_TP] && i != at[ZP_GROUP_PP]) {
-            if (*n_groups == ZP_SCHED_MAX_GROUPS) {
-                g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
-                            "%s: key \"groups\": at most %d groups in all", path,
-                            ZP_SCHED_MAX_GROUPS);
-                return FALSE;
-            }
-            table[(*n_groups)++] = read[i];
+    for (int i = 0; i < n; i++) {
+        gboolean builtin = FALSE;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            builtin |= i == at[g];
+        if (builtin)
+            continue;
+        if (!others) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                        "%s: key \"groups\": groups[%d] \"%s\" is no group of a plan's schedule",
+                        path, i, read[i].name);
+            return FALSE;
         }
+        if (*n_groups == ZP_SCHED_MAX_GROUPS) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                        "%s: key \"groups\": at most %d groups in all", path,
+                        ZP_SCHED_MAX_GROUPS);
+            return FALSE;
+        }
+        table[(*n_groups)++] = read[i];
+    }
     const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
     const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
     if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||

@@ -267,7 +267,7 @@ static gboolean check_zeropp(Check *c, const ZpOp *op)
     }
     if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)
         return bad(c, "group", "%s: only qgZ's all-to-alls (zero_quantized_gradients, stage 3)",
-                   op->group == ZP_GROUP_NODE ? "node" : "xnode");
+                   op->group == ZP_GROUP_NODE ? "qgz_node" : "qgz_cross");
     if (op->group == ZP_GROUP_XNODE) /* moves the node's reduction, from workspace */
         return op->buffer == -1 || bad(c, "buffer", "= %d: the inter-node all-to-all uses "
                                                     "workspace", op->buffer);
