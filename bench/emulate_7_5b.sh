@@ -13,7 +13,7 @@ plan="--model gpt-7.5b --stage 3 --micro-batch 1 --checkpoint"
 # Progress on stderr when it is a terminal (zreal adds a line per step).
 say() { if [ -t 2 ]; then echo "emulate_7_5b: $*" >&2; fi; }
 say "1/3 predicting with zplan simulate"
-build/zplan simulate $plan --cluster dgx-h100 --gpus 64 --precision bf16 --no-dropout --attention eager --json >"$tmp/predicted.json"
+build/zplan simulate --impl paper $plan --cluster dgx-h100 --gpus 64 --precision bf16 --no-dropout --attention eager --json >"$tmp/predicted.json"
 say "2/3 measuring rank 0 of 64 with zreal, $steps step(s) (minutes per step on a CPU)"
 build/zreal $plan --emulate 64 --rank 0 --steps "$steps" --out "$tmp/measured.json" "$@"
 say "3/3 validating"

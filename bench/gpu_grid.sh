@@ -57,7 +57,7 @@ measure_one() {
 predict_one() {
     name=$1 model=$2 ranks=$3 stage=$4 micro=$5
     shift 5
-    "$build/zplan" simulate --model "$model" --cluster "$profile" --gpus "$ranks" \
+    "$build/zplan" simulate --impl paper --model "$model" --cluster "$profile" --gpus "$ranks" \
         --stage "$stage" --micro-batch "$micro" "$@" --precision bf16 --no-dropout \
         --attention eager --json >"$out/predicted/$name.json" ||
         [ $? -eq 2 ] # 2: predicted not to fit, the JSON is written

@@ -53,7 +53,7 @@ race() { BUILD="$build" sh bench/gpu_race.sh 8 10; }
 
 emulate() {
     for micro in 1 4; do
-        "$build/zplan" simulate --model gpt-7.5b --stage 3 --micro-batch "$micro" --checkpoint \
+        "$build/zplan" simulate --impl paper --model gpt-7.5b --stage 3 --micro-batch "$micro" --checkpoint \
             --cluster hwprofiles/dgx-h100.json --gpus 64 --precision bf16 --no-dropout --attention eager --json \
             >"$out/emulate-7.5b-mb$micro-predicted.json" &&
         "$build/zreal" --model gpt-7.5b --stage 3 --micro-batch "$micro" --checkpoint \

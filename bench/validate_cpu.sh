@@ -1,25 +1,82 @@
 #!/bin/sh
-# bench/validate_cpu.sh: issue 5's prediction check on this machine. Calibrates a profile from
-# microbenchmarks only, then predicts and measures zreal runs of the tiny and cpu-small models
-# and prints `zplan validate` for each. Usage: sh bench/validate_cpu.sh [RANKS] (default 2).
+# bench/validate_cpu.sh: the accuracy benchmark of issue 15 on this machine. For each rank count
+# it calibrates a profile from microbenchmarks only (`zreal --microbench` of every model's own
+# kernels, `zplan calibrate`), then for every model, ZeRO stage and checkpointing choice it
+# predicts the step (`zplan simulate`) and measures it REPEATS times (`zreal`); the run with the
+# median step is validated against the prediction (`zplan validate`: per op kind).
+# Prints one row per case (with the load average when it ran) and the median and worst error;
+# keeps every profile, prediction, measurement and report under OUTDIR.
+# Usage: sh bench/validate_cpu.sh [OUTDIR]
+# Environment (defaults): RANKS ("1 2 4"; above the cores, ranks are oversubscribed),
+# STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), STEPS (5), MODELS ("tiny:8 cpu-small:4
+# llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]).
 set -eu
 cd "$(dirname "$0")/.."
-ranks=${1:-2}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+out=${1:-$(mktemp -d)}
+mkdir -p "$out"
+RANKS=${RANKS:-"1 2 4"}
+STAGES=${STAGES:-"0 1 2 3"}
+CKPT=${CKPT:-"0 1"}
+REPEATS=${REPEATS:-3}
+STEPS=${STEPS:-5}
+MODELS=${MODELS:-"tiny:8 cpu-small:4 llama-tiny:8 gpt2-124m:1:256"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpirun --oversubscribe -np "$ranks" build/zreal --microbench --out "$tmp/microbench.json"
-build/zplan calibrate "$tmp/microbench.json" --name cpu-local --out "$tmp/cpu-local.json"
-for run in "tiny 8" "cpu-small 4"; do
-    set -- $run
-    for stage in 0 3; do
-        echo "== $1, stage $stage, $ranks ranks, micro-batch $2"
-        build/zplan simulate --model "$1" --cluster "$tmp/cpu-local.json" --gpus "$ranks" \
-            --stage "$stage" --micro-batch "$2" --precision bf16 --no-dropout --persistence-threshold 0 \
-            --json >"$tmp/predicted.json"
-        mpirun --oversubscribe -np "$ranks" build/zreal --model "$1" --stage "$stage" \
-            --micro-batch "$2" --persistence-threshold 0 --steps 10 \
-            --out "$tmp/measured.json" 2>/dev/null
-        build/zplan validate "$tmp/predicted.json" "$tmp/measured.json" | tail -n +5
+
+load() { cut -d' ' -f1 /proc/loadavg; }
+field() { echo "$1" | cut -d: -f"$2"; }
+seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
+
+echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
+printf '%-10s %2s %5s %4s %11s %11s %8s %5s\n' model N stage ckpt predicted_s measured_s error load
+# Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
+# N ranks (they shared the cores as training will) and its collectives from every run.
+runs=""
+for n in $RANKS; do
+    for m in $MODELS; do
+        name=$(field "$m" 1)
+        # shellcheck disable=SC2046
+        mpirun --oversubscribe -np "$n" build/zreal --microbench --model "$name" \
+            --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n.json"
+        runs="$runs $out/mb-$name-n$n.json"
     done
 done
+for n in $RANKS; do
+    # shellcheck disable=SC2086
+    build/zplan calibrate $runs --ranks "$n" --name "cpu-n$n" --out "$out/cpu-n$n.json" \
+        >"$out/calibrate-n$n.log" 2>&1
+    for m in $MODELS; do
+        name=$(field "$m" 1) mb=$(field "$m" 2)
+        for stage in $STAGES; do
+            for ck in $CKPT; do
+                case=$name-n$n-s$stage-c$ck
+                ckflag=""
+                [ "$ck" = 1 ] && ckflag=--checkpoint
+                # shellcheck disable=SC2046,SC2086
+                build/zplan simulate --impl paper --model "$name" $(seq_flag "$m") --cluster "$out/cpu-n$n.json" \
+                    --gpus "$n" --stage "$stage" --micro-batch "$mb" $ckflag --precision bf16 \
+                    --no-dropout --persistence-threshold 0 --json >"$out/p-$case.json" || true
+                r=1
+                while [ "$r" -le "$REPEATS" ]; do
+                    # shellcheck disable=SC2046,SC2086
+                    mpirun --oversubscribe -np "$n" build/zreal --model "$name" $(seq_flag "$m") \
+                        --stage "$stage" --micro-batch "$mb" $ckflag --persistence-threshold 0 \
+                        --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
+                    r=$((r + 1))
+                done
+                median=$(for f in "$out"/m-"$case"-*.json; do
+                    echo "$(jq .step_time_s "$f") $f"; done | sort -g | sed -n "$(((REPEATS + 1) / 2))p")
+                mfile=${median#* }
+                build/zplan validate "$out/p-$case.json" "$mfile" >"$out/v-$case.txt" || true
+                pred=$(jq .step_time_s "$out/p-$case.json")
+                meas=$(jq .step_time_s "$mfile")
+                err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
+                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %5s\n' "$name" "$n" "$stage" "$ck" \
+                    "$pred" "$meas" "$err" "$(load)" | tee -a "$out/table.txt"
+            done
+        done
+    done
+done
+awk '{sub("%", "", $7); e = $7 + 0; print (e < 0 ? -e : e)}' "$out/table.txt" | sort -g |
+    awk '{v[NR] = $1} END {printf "median |error| %.1f%%, worst %.1f%% over %d cases\n",
+         (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[NR], NR}'
+echo "load at end $(load); files in $out"

@@ -2,11 +2,14 @@
  * the machine the microbenchmarks ran on (GEMM rate, memory bandwidth, collectives) by least
  * squares with GSL, so that zplan simulate can predict zreal on that machine. */
 #include "cli.h"
+#include "cli_optable.h"
 #include "zp_util.h"
 
 #include <gsl/gsl_errno.h>
 #include <gsl/gsl_fit.h>
 #include <gsl/gsl_multifit.h>
+#include <gsl/gsl_sort.h>
+#include <gsl/gsl_statistics_double.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -296,6 +299,35 @@ static double rms_rel_line(GArray *x, GArray *t, double c0, double c1)
     return sqrt(sum / x->len);
 }
 
+/* The all-reduce bus bandwidth as nccl-tests define it (algbw x 2(n-1)/n, algbw = S / t) at
+ * the largest message of the runs with the most ranks: the median over those samples. */
+static double allreduce_busbw(const Samples *s, int *ranks, double *bytes)
+{
+    *ranks = 0, *bytes = 0;
+    for (guint i = 0; i < s->coll_s->len; i++)
+        if (g_array_index(s->coll_kind, int, i) == 0) {
+            const int n = g_array_index(s->coll_ranks, int, i);
+            const double b = g_array_index(s->coll_bytes, double, i);
+            if (n > *ranks || (n == *ranks && b > *bytes))
+                *ranks = n, *bytes = b;
+        }
+    GArray *bw = g_array_new(FALSE, FALSE, sizeof(double));
+    for (guint i = 0; i < s->coll_s->len; i++)
+        if (g_array_index(s->coll_kind, int, i) == 0 &&
+            g_array_index(s->coll_ranks, int, i) == *ranks &&
+            g_array_index(s->coll_bytes, double, i) == *bytes) {
+            const double v = *bytes / g_array_index(s->coll_s, double, i) * 2 * (*ranks - 1) /
+                             *ranks;
+            g_array_append_val(bw, v);
+        }
+    gsl_sort((double *)bw->data, 1, bw->len);
+    const double median = bw->len ? gsl_stats_median_from_sorted_data((double *)bw->data, 1,
+                                                                      bw->len)
+                                  : 0;
+    g_array_unref(bw);
+    return median;
+}
+
 /* What the fits gave, in the profile's terms. */
 typedef struct {
     double peak_tc_flops, peak_fp32_flops; /* asymptotic GEMM rates, 1/c1 */
@@ -304,6 +336,8 @@ typedef struct {
     guint gemm_n, fp32_n;
     double mem_bytes_per_s, ew_bytes_per_s;
     CollFit coll;
+    double busbw_bytes_per_s, busbw_bytes; /* all-reduce, nccl-tests' definition */
+    int busbw_ranks;
 } Fitted;
 
 static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
@@ -334,8 +368,8 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1 of the %s GEMM fit, the GEMM size whose fixed cost equals its FLOP time", from, device ? "tensor-core" : "")},
         {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
         {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
-        {"gpus_per_node", g_strdup_printf("the most ranks of any run (%d): every rank on this one machine", s->max_world)},
-        {"intra_node_bytes_per_s", g_strdup_printf("the fitted all-gather bus bandwidth of %s (collective_fit holds one per collective)", coll_source)},
+        {"gpus_per_node", g_strdup_printf("the ranks the profile describes (%d: --ranks, or the most of any run), every rank on this one machine; compute rates come from the runs with that many ranks, which shared the cores as they will", s->max_world)},
+        {"intra_node_bytes_per_s", g_strdup_printf("measured: the all-reduce bus bandwidth of %s as nccl-tests define it (algbw x 2(n-1)/n, algbw = bytes / time; nccl-tests doc/PERFORMANCE.md) at the largest message, %.0f bytes over %d ranks, the median over %s (collective_fit holds the fitted ring model the simulator uses for these collectives)", coll_source, f->busbw_bytes, f->busbw_ranks, runs)},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
         {"inter_node_bytes_per_s", g_strdup("one machine, no network: set to the intra-node figure")},
         {"inter_node_latency_s", g_strdup("one machine, no network: set to the intra-node figure")},
@@ -366,8 +400,8 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         "gpus_per_node", s->max_world, "gpu_memory_bytes", gpu_memory,
         "peak_fp16_flops", f->peak_tc_flops, "peak_bf16_flops", f->peak_tc_flops,
         "peak_fp32_flops", f->peak_fp32_flops, "hbm_bytes_per_s", f->mem_bytes_per_s,
-        "intra_node_bytes_per_s", f->coll.bytes_per_s[2], "intra_node_latency_s", f->coll.hop_s,
-        "inter_node_bytes_per_s", f->coll.bytes_per_s[2], "inter_node_latency_s", f->coll.hop_s,
+        "intra_node_bytes_per_s", f->busbw_bytes_per_s, "intra_node_latency_s", f->coll.hop_s,
+        "inter_node_bytes_per_s", f->busbw_bytes_per_s, "inter_node_latency_s", f->coll.hop_s,
         "host_link_bytes_per_s", f->mem_bytes_per_s, "cpu_memory_bytes", phys,
         "runtime_reserve_bytes", s->device_context_bytes, "elementwise_bytes_per_s",
         f->ew_bytes_per_s, "gemm_efficiency_max", 1.0,
@@ -466,11 +500,12 @@ static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
 
 int cli_calibrate(int argc, char **argv)
 {
-    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL;
+    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL;
     GOptionEntry entries[] = {
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &out, "Write the fitted hwprofile here (required)", "FILE"},
         {"name", 0, 0, G_OPTION_ARG_STRING, &name, "Profile name (default: the file's base name)", "NAME"},
         {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: the device's, or physical memory / ranks)", "BYTES"},
+        {"ranks", 0, 0, G_OPTION_ARG_STRING, &ranks, "The rank count the profile describes: compute rates from the runs with that many ranks, collectives from every run (default: the most of any run)", "N"},
         {"gpu", 0, 0, G_OPTION_ARG_STRING, &gpu, "The device's name for the profile's \"gpu\" (default: CUDA device, or CPU rank)", "NAME"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -514,6 +549,19 @@ int cli_calibrate(int argc, char **argv)
     ok = ok && zp_check_out_path(out, "--out", &error);
     for (int i = 1; ok && i < argc; i++)
         ok = read_run(argv[i], &s, &error);
+    int world = 0;
+    ok = ok && cli_int(ranks, "--ranks", 1, 1 << 20, 0, &world, &error);
+    if (ok && world > 0) {
+        gboolean seen = FALSE;
+        for (guint i = 0; i < s.gemm_world->len; i++)
+            seen = seen || g_array_index(s.gemm_world, int, i) == world;
+        for (guint i = 0; i < s.tc_world->len; i++)
+            seen = seen || g_array_index(s.tc_world, int, i) == world;
+        if (!seen)
+            g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--ranks: no run has %d ranks", world);
+        ok = seen;
+        s.max_world = world;
+    }
     if (ok) {
         keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
         keep_max_world(s.tc_flops, s.tc_s, s.tc_world, s.max_world);
@@ -535,12 +583,19 @@ int cli_calibrate(int argc, char **argv)
         fitted.mem_bytes_per_s = 1.0 / mem_c1;
         fitted.ew_bytes_per_s = 1.0 / ew_c1;
         fitted.coll = fit;
+        fitted.busbw_bytes_per_s = allreduce_busbw(&s, &fitted.busbw_ranks, &fitted.busbw_bytes);
         json_t *profile = profile_json(name ? name : base, gpu, &s, &fitted, memory_bytes);
+        void *op_costs = NULL;
+        ok = cli_optable_fit(argv + 1, argc - 1, s.max_world, &op_costs,
+                             json_object_get(profile, "calibration"),
+                             json_object_get(profile, "notes"), &error);
+        if (op_costs)
+            json_object_set_new(profile, "op_costs", op_costs);
         json_object_set_new(json_object_get(profile, "calibration"), "memory_rms_rel_error",
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
-        ok = add_cpu_adam(profile, &s, &error) && check_loadable(profile, &error) &&
+        ok = ok && add_cpu_adam(profile, &s, &error) && check_loadable(profile, &error) &&
              zp_json_write(profile, out, &error);
         if (ok)
             warn_residuals(json_object_get(profile, "calibration"));
@@ -565,6 +620,6 @@ int cli_calibrate(int argc, char **argv)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);
     g_option_context_free(context);
-    g_free(out), g_free(name), g_free(memory), g_free(gpu);
+    g_free(out), g_free(name), g_free(memory), g_free(gpu), g_free(ranks);
     return status;
 }

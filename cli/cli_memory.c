@@ -1,12 +1,16 @@
 /* cli_memory: `zplan memory` prints the ZeRO paper's Table 1 layout — model-state bytes per
- * GPU, one row per GPU count, one column per stage — and the residual terms beside it. */
+ * GPU, one row per GPU count, one column per stage — and the residual terms beside it. With a
+ * model and --cluster, the need per stage is the plan's schedule's peak, as `simulate` gives
+ * it (the same rules: zp_impl), so the two commands never disagree. */
 #include "cli.h"
 #include "zp_comm.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
+#include <math.h>
 #include <stdio.h>
 
 typedef struct {
@@ -20,6 +24,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype, and the offload flags' zero sections */
+    ZpImplKind impl;
 } MemoryArgs;
 
 #define GB 1e9
@@ -55,6 +60,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->optimizer = a->optimizer;
     plan->attention = a->kernels.attention;
     plan->reduce_dtype = a->kernels.reduce_dtype;
+    plan->impl = a->impl;
     /* Offload where the stage allows it (the optimizer from stage 1, parameters at 3). */
     if (stage >= 1)
         plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
@@ -65,6 +71,80 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
 static gboolean offloads(const MemoryArgs *a)
 {
     return zp_offload_any(&a->kernels);
+}
+
+static gboolean has_stage(const MemoryArgs *a, int stage)
+{
+    return zp_impl_get(a->impl)->has_stage(stage);
+}
+
+/* Whether the need is the schedule's simulated peak: a model with an architecture on a
+ * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
+static gboolean simulated(const MemoryArgs *a)
+{
+    return a->have_hw && zp_model_has_architecture(&a->model);
+}
+
+/* Bytes per GPU at a stage, the reserve included: the simulated peak of the plan's schedule
+ * (what `simulate` reports), or model states + residual in closed form. A stage the
+ * implementation does not have needs infinitely much. */
+static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
+{
+    if (!has_stage(a, stage))
+        return INFINITY;
+    ZpPlan plan;
+    plan_for(a, stage, gpus, &plan);
+    const ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
+    if (!a->have_hw) {
+        const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+        const double params = (double)zp_model_param_count(&a->model);
+        return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes +
+               r.total_bytes;
+    }
+    /* The model states left on the GPU (all of them without offload) + residual, or the
+     * schedule's simulated peak. */
+    ZpTiers t;
+    zp_offload_tiers(&a->model, &plan, &a->hw, &t);
+    double need = t.total_bytes[ZP_TIER_GPU] + r.total_bytes;
+    if (simulated(a)) {
+        CliRankContext ctx = {&a->model, &a->hw};
+        double step_s = 0, peak = 0;
+        GError *error = NULL;
+        if (!cli_rank_by_simulation(&plan, &ctx, &step_s, &peak, &error)) {
+            g_error_free(error); /* a plan the simulator refuses cannot run: it fits nowhere */
+            return INFINITY;
+        }
+        need = peak + a->hw.runtime_reserve_bytes;
+    }
+    /* A stage whose host memory or NVMe per node overflows needs, for the verdict, the GPU's
+     * memory and that shortfall. */
+    double short_bytes;
+    const ZpTier over = zp_offload_overflow(&t, need, &a->hw, &short_bytes);
+    return over == ZP_TIER_CPU || over == ZP_TIER_NVME ? a->hw.gpu_memory_bytes + short_bytes
+                                                       : need;
+}
+
+/* Bytes a rank sends per step: the plan's schedule's collectives when the model has an
+ * architecture (the implementation's rules), else the paper's closed form with the
+ * implementation's gradient collective (an all-reduce moves the gradients twice); null for a
+ * stage the implementation lacks. */
+static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
+{
+    if (!has_stage(a, plan->zero.stage))
+        return json_null();
+    if (!zp_model_has_architecture(&a->model)) {
+        const double psi = (double)zp_model_param_count(&a->model) / plan->mp;
+        const double sent = psi * (plan->dp - 1) / plan->dp, reduce = zp_plan_reduce_bytes(plan);
+        const gboolean twice = zp_impl_get(a->impl)->grad_collective(plan) == ZP_COLL_ALLREDUCE;
+        return json_real(zp_comm_dp_bytes_per_rank(psi * plan->mp, plan->zero.stage, plan->dp,
+                                                   plan->mp, zp_plan_elem_bytes(plan->precision),
+                                                   reduce) +
+                         (twice && plan->zero.stage > 0 ? sent * reduce : 0.0));
+    }
+    ZpSchedule *s = zp_sched_build(&a->model, plan, NULL);
+    json_t *bytes = s ? json_real(zp_sched_comm_bytes(s, ZP_GROUP_DP)) : json_null();
+    zp_sched_free(s);
+    return bytes;
 }
 
 static int print_json(const MemoryArgs *a)
@@ -84,6 +164,7 @@ static int print_json(const MemoryArgs *a)
         const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
         json_t *row = json_pack("{s:i, s:i}", "gpus", gpus, "dp", dp);
         json_t *detail = json_object(), *comm = json_object(), *residual = json_object();
+        json_t *needs = json_object();
         for (int stage = 0; stage <= 3; stage++) {
             char key[16];
             g_snprintf(key, sizeof key, "stage%d", stage);
@@ -92,13 +173,13 @@ static int print_json(const MemoryArgs *a)
             json_object_set_new(detail, key, states_json(m));
             ZpPlan plan;
             plan_for(a, stage, gpus, &plan);
-            json_object_set_new(comm, key,
-                                json_real(zp_comm_dp_bytes_per_rank(params, stage, dp, a->mp,
-                                                                    zp_plan_elem_bytes(a->precision),
-                                                                    zp_plan_reduce_bytes(&plan))));
+            json_object_set_new(comm, key, comm_json(a, &plan));
             ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
             json_object_set_new(residual, key, residual_json(&r));
+            const double need = stage_need_bytes(a, stage, gpus);
+            json_object_set_new(needs, key, isinf(need) ? json_null() : json_real(need));
         }
+        json_object_set_new(row, "need_bytes", needs);
         json_object_set_new(row, "model_states", detail);
         json_object_set_new(row, "residual", residual);
         json_object_set_new(row, "comm_bytes_per_rank", comm);
@@ -111,23 +192,6 @@ static int print_json(const MemoryArgs *a)
     gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("memory", error);
-}
-
-/* Bytes per GPU at a stage: the model states left on the GPU (all of them without offload)
- * + residual (the reserve included). A stage whose host memory or NVMe per node overflows
- * needs, for the verdict, the GPU's memory and that shortfall. */
-static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
-{
-    ZpPlan plan;
-    plan_for(a, stage, gpus, &plan);
-    const ZpResidual r = zp_mem_residual(&a->model, &plan, &a->hw);
-    ZpTiers t;
-    zp_offload_tiers(&a->model, &plan, &a->hw, &t);
-    const double need = t.total_bytes[ZP_TIER_GPU] + r.total_bytes;
-    double short_bytes;
-    const ZpTier over = zp_offload_overflow(&t, need, &a->hw, &short_bytes);
-    return over == ZP_TIER_CPU || over == ZP_TIER_NVME ? a->hw.gpu_memory_bytes + short_bytes
-                                                       : need;
 }
 
 /* The stage that needs the least memory at the last GPU count (the one the residual table
@@ -150,9 +214,12 @@ static void print_verdict(const MemoryArgs *a)
     const int stage = least_stage(a, &need);
     const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
     char *what = g_strdup_printf("stage %d on %d GPUs", stage, gpus);
-    char *detail = g_strdup_printf("model states + residual at micro-batch %d, sequence %"
-                                   G_GINT64_FORMAT ", %s", a->micro_batch, a->model.seq_len,
-                                   a->checkpoint ? "checkpointing" : "no checkpointing");
+    char *detail = g_strdup_printf("%s at micro-batch %d, sequence %" G_GINT64_FORMAT ", %s, %s",
+                                   simulated(a) ? "simulated peak + reserve"
+                                                : "model states + residual",
+                                   a->micro_batch, a->model.seq_len,
+                                   a->checkpoint ? "checkpointing" : "no checkpointing",
+                                   zp_impl_name(a->impl));
     char *verdict = cli_verdict(what, detail, need, a->hw.gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict), g_free(detail), g_free(what);
@@ -174,11 +241,13 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     ZpResidual r[4];
     ZpModelStates m[4];
+    double need[4];
     for (int stage = 0; stage <= 3; stage++) {
         ZpPlan plan;
         plan_for(a, stage, gpus, &plan);
         r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
         m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+        need[stage] = stage_need_bytes(a, stage, gpus);
     }
     printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
            ", %s attention, %s (GB):\n",
@@ -197,6 +266,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         {"all-gather bucket", G_STRUCT_OFFSET(ZpResidual, allgather_bucket_bytes)},
         {"stage-3 gathered params", G_STRUCT_OFFSET(ZpResidual, stage3_gathered_bytes)},
         {"stage-3 persistent params", G_STRUCT_OFFSET(ZpResidual, stage3_persistent_bytes)},
+        {"step gradient copies", G_STRUCT_OFFSET(ZpResidual, step_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
     printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "model states", m[0].total_bytes / GB,
@@ -207,7 +277,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
             printf(" %9.3f", G_STRUCT_MEMBER(double, &r[stage], rows[i].offset) / GB);
         printf("\n");
     }
-    printf("  %-28s", "total");
+    printf("  %-28s", "sum of the terms");
     for (int stage = 0; stage <= 3; stage++)
         printf(" %9.3f", (m[stage].total_bytes + r[stage].total_bytes) / GB);
     printf("\n");
@@ -217,13 +287,25 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
             printf(" %9.3f", r[stage].checkpoint_host_bytes / GB);
         printf("   (cpu_checkpointing; not in the total)\n");
     }
+    if (simulated(a)) {
+        /* The terms are each one's worst; the schedule's peak is when they add up most. */
+        printf("  %-28s", "peak + reserve (simulate)");
+        for (int stage = 0; stage <= 3; stage++)
+            if (isinf(need[stage]))
+                printf(" %9s", "n/a");
+            else
+                printf(" %9.3f", need[stage] / GB);
+        printf("\n");
+    }
     if (!a->have_hw)
         return;
     printf("  %-28s", "fits in GPU memory?");
     for (int stage = 0; stage <= 3; stage++) {
-        const double over = m[stage].total_bytes + r[stage].total_bytes - a->hw.gpu_memory_bytes;
+        const double over = need[stage] - a->hw.gpu_memory_bytes;
         char cell[32];
-        if (over <= 0)
+        if (isinf(need[stage]))
+            g_snprintf(cell, sizeof cell, "n/a");
+        else if (over <= 0)
             g_snprintf(cell, sizeof cell, "yes");
         else
             g_snprintf(cell, sizeof cell, "+%.1f", over / GB);
@@ -327,8 +409,8 @@ int cli_memory(int argc, char **argv)
 {
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
-    char *attention = NULL, *reduce = NULL, *offload_opt = NULL, *offload_param = NULL;
-    char *nvme_path = NULL;
+    char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL;
+    char *offload_param = NULL, *nvme_path = NULL;
     MemoryArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
@@ -345,6 +427,7 @@ int cli_memory(int argc, char **argv)
         CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -368,7 +451,8 @@ int cli_memory(int argc, char **argv)
                                           &error) &&
                   cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
                                        &a.kernels, &error) &&
-                  memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error);
+                  memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error) &&
+                  (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error));
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -393,6 +477,6 @@ int cli_memory(int argc, char **argv)
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
     g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
-    g_free(nvme_path);
+    g_free(nvme_path), g_free(impl);
     return status;
 }

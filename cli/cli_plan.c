@@ -5,6 +5,7 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_dsconfig.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -23,6 +24,7 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype: every plan's */
+    ZpImplKind impl;
     gboolean json, three_d;
     char *ds_config;
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
@@ -274,6 +276,9 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
             printf("  %5d %-60s %9.3f %16s  %s\n", stage, what, c->step_time_s, vs, verdict);
             g_free(vs);
             g_free(what);
+        } else if (stage_closest(r, stage) < 0 &&
+                   !zp_impl_get(a->impl)->has_stage(stage)) { /* the implementation lacks it */
+            printf("  %5d not a stage of --impl %s\n", stage, zp_impl_name(a->impl));
         } else if (stage_closest(r, stage) < 0) { /* offload leaves the stage out */
             printf("  %5d not searched: %s offload needs stage %d or above\n", stage,
                    best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE
@@ -558,6 +563,7 @@ static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice p
     spec.optimizer = a->optimizer;
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.impl = a->impl;
     spec.three_d = a->three_d;
     spec.offload_optimizer = optimizer;
     spec.offload_param = param;
@@ -652,8 +658,8 @@ int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL, *room = NULL, *offload_opt = NULL, *offload_param = NULL;
-    char *nvme_path = NULL;
+    char *reduce = NULL, *room = NULL, *impl = NULL, *offload_opt = NULL;
+    char *offload_param = NULL, *nvme_path = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -670,6 +676,7 @@ int cli_plan(int argc, char **argv)
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -690,6 +697,7 @@ int cli_plan(int argc, char **argv)
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
                     attention, reduce, room, &error) ||
+        (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
     } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
@@ -703,7 +711,7 @@ int cli_plan(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
-    g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt);
+    g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     return status;
 }

@@ -25,6 +25,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *impl;     /* --impl deepspeed|fsdp|paper */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
@@ -93,15 +94,16 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
     } plan_flags[] = {
         {"--model", f->model != NULL, FROM_SCHEDULE}, {"--gpus", f->gpus != NULL, FROM_SCHEDULE},
         {"--mp", f->mp != NULL, FROM_SCHEDULE}, {"--stage", f->stage != NULL, FROM_BOTH},
-        {"--micro-batch", f->micro_batch != NULL, FROM_BOTH},
-        {"--grad-accum", f->grad_accum != NULL, FROM_BOTH},
+        {"--micro-batch", f->micro_batch != NULL, FROM_SCHEDULE},
+        {"--grad-accum", f->grad_accum != NULL, FROM_SCHEDULE},
         {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE},
-        {"--checkpoint", f->checkpoint, FROM_BOTH},
+        {"--checkpoint", f->checkpoint, FROM_SCHEDULE},
         {"--precision", f->precision != NULL, FROM_SCHEDULE},
         {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE},
         {"--seq", f->seq != NULL, FROM_SCHEDULE},
         {"--attention", f->attention != NULL, FROM_SCHEDULE},
         {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE},
+        {"--impl", f->impl != NULL, FROM_SCHEDULE},
         {"--overlap", f->overlap, FROM_BOTH}, {"--no-overlap", f->no_overlap, FROM_BOTH},
         {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
         {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH},
@@ -132,9 +134,24 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
     return TRUE;
 }
 
+/* A flag given beside --ds-config must agree with the value the file gives (its "auto" took
+ * the flag's value already). */
+static gboolean agrees(const char *flag, const char *given, int flag_value, const char *key,
+                       int file_value, const char *path, GError **error)
+{
+    if (!given || flag_value == file_value)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s %d contradicts %s's %s %d; give one of them",
+                flag, flag_value, path, key, file_value);
+    return FALSE;
+}
+
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
- * and, for "auto", precision and optimizer from the flags. Flags that would say the plan a
- * second time are refused rather than silently overridden. */
+ * and, for "auto" (as the Hugging Face Trainer fills it from its arguments), --micro-batch,
+ * --grad-accum, --precision and the optimizer from the flags; --checkpoint turns
+ * checkpointing on (the Trainer's gradient_checkpointing lives outside the config). A flag
+ * that contradicts a concrete value of the file is an error naming both; the ZeRO knobs'
+ * flags would say the plan a second time and are refused. */
 static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
                                ZpPlan *plan, GError **error)
 {
@@ -152,7 +169,9 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
         return FALSE;
     if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
-                                 &launch.optimizer, error))
+                                 &launch.optimizer, error) ||
+        !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
+        !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error))
         return FALSE;
     ZpPlan kernels = launch;
     if (!cli_attention_reduce(f->attention, f->reduce_dtype, hw, launch.precision, &kernels,
@@ -160,6 +179,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
         return FALSE;
     launch.attention = kernels.attention;
     launch.reduce_dtype = kernels.reduce_dtype;
+    if (f->impl && !zp_impl_parse(f->impl, "--impl", &launch.impl, error))
+        return FALSE;
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     int64_t train_batch = 0;
     gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
@@ -167,6 +188,23 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     for (guint i = 0; i < warnings->len; i++)
         fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
     g_ptr_array_unref(warnings);
+    ok = ok &&
+         agrees("--micro-batch", f->micro_batch, launch.micro_batch,
+                "train_micro_batch_size_per_gpu", plan->micro_batch, f->ds_config, error) &&
+         agrees("--grad-accum", f->grad_accum, launch.grad_accum, "gradient_accumulation_steps",
+                plan->grad_accum, f->ds_config, error);
+    if (ok && f->precision && plan->precision != launch.precision) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--precision %s contradicts %s's %s; give one of them", f->precision,
+                    f->ds_config,
+                    plan->precision == ZP_PREC_FP32 ? "fp32 (neither fp16 nor bf16 enabled)"
+                                                    : plan->precision == ZP_PREC_FP16
+                                                          ? "fp16.enabled"
+                                                          : "bf16.enabled");
+        ok = FALSE;
+    }
+    if (ok && f->checkpoint)
+        plan->checkpoint = TRUE;
     return ok;
 }
 
@@ -221,6 +259,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
     plan->zero.zero_quantized_weights = f->quantized_weights;
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
+    if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
+        return FALSE;
     return cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
                    &plan->zero.zero_hpz_partition_size, error) &&
            cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
@@ -351,6 +391,7 @@ static int print_json(const Report *p)
     json_t *comm = json_object_get(root, "comm_bytes_per_rank");
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
+    json_object_set_new(root, "cost_model", json_string(r->cost_model));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
@@ -530,6 +571,7 @@ static void print_human(const Report *p)
                plan->checkpoint ? "activation checkpointing" : "no activation checkpointing");
     g_free(pipe_text);
     cli_pipe_print_placement(plan, p->hw);
+    printf("Compute costed by: %s.\n", r->cost_model);
     if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
                "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",
@@ -737,7 +779,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[44])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -768,11 +810,12 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[44])
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 44);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 45);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -782,7 +825,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->schedule, &f->hpz,
+                      &f->attention, &f->reduce_dtype, &f->impl, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
@@ -796,7 +839,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[44];
+    GOptionEntry entries[45];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

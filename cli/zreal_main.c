@@ -34,10 +34,11 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 #define SLOW_STEP_FACTOR 10.0
 
 typedef struct {
-    char *model, *schedule, *out, *backend, *attention, *seq;
+    char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
     gboolean quantized_weights; /* ZeRO++ qwZ */
+    int mp; /* --microbench: the tensor degree whose shapes are timed */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
@@ -72,33 +73,65 @@ static void set_blas_threads(void)
     openblas_set_num_threads((int)MAX(1, cores / ranks));
 }
 
+/* The model and plan of --model and the plan flags, on `world` ranks of tensor degree a->mp
+ * (1 but for --microbench, which times the kernels of that degree's shapes). */
+static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan,
+                          GError **error)
+{
+    if (!zp_model_load(a->model, model, error) || !cli_seq(a->seq, model, error))
+        return FALSE;
+    model->dropout = FALSE; /* zreal's GPT trains without dropout */
+    zp_plan_defaults(plan, a->stage, world, a->mp);
+    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
+     * FSDP's at every stage, DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
+    plan->impl = ZP_IMPL_PAPER;
+    if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
+        return FALSE;
+    plan->precision = ZP_PREC_BF16;
+    plan->micro_batch = a->micro_batch;
+    plan->grad_accum = a->grad_accum;
+    plan->checkpoint = a->checkpoint;
+    plan->zero.zero_quantized_weights = a->quantized_weights;
+    plan->zero.zero_hpz_partition_size = a->hpz;
+    plan->gpus_per_node = a->ranks_per_node;
+    /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
+    if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan->precision,
+                                                "--attention", &plan->attention, error))
+        return FALSE;
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        if (a->knobs[k] && !zp_zero_knob_set(&plan->zero, (ZpZeroKnob)k, a->knobs[k], error))
+            return FALSE;
+    if (!cli_offload(a->offload_optimizer, NULL, NULL, &plan->zero, error))
+        return FALSE;
+    if (a->mp > 1 && (model->heads % a->mp || zp_model_kv_heads(model) % a->mp ||
+                      model->ffn_hidden % a->mp || model->vocab % a->mp)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--mp: %d does not divide the heads, key/value heads, MLP width and "
+                    "vocabulary of %s", a->mp, model->name);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
 {
     if (a->schedule)
         return zp_sched_read_json(a->schedule, error);
     ZpModel model;
-    if (!zp_model_load(a->model, &model, error) || !cli_seq(a->seq, &model, error))
-        return NULL;
-    model.dropout = FALSE; /* zreal's GPT trains without dropout */
     ZpPlan plan;
-    zp_plan_defaults(&plan, a->stage, world, 1);
-    plan.precision = ZP_PREC_BF16;
-    plan.micro_batch = a->micro_batch;
-    plan.grad_accum = a->grad_accum;
-    plan.checkpoint = a->checkpoint;
-    plan.zero.zero_quantized_weights = a->quantized_weights;
-    plan.zero.zero_hpz_partition_size = a->hpz;
-    plan.gpus_per_node = a->ranks_per_node;
-    /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
-    if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan.precision,
-                                                "--attention", &plan.attention, error))
-        return NULL;
-    for (int k = 0; k < ZP_KNOB_N; k++)
-        if (a->knobs[k] && !zp_zero_knob_set(&plan.zero, (ZpZeroKnob)k, a->knobs[k], error))
-            return NULL;
-    if (!cli_offload(a->offload_optimizer, NULL, NULL, &plan.zero, error))
-        return NULL;
-    return zp_sched_build(&model, &plan, error);
+    return make_plan(a, world, &model, &plan, error) ? zp_sched_build(&model, &plan, error)
+                                                      : NULL;
+}
+
+/* --microbench: with --model, also every kernel of that model's plan. */
+static gboolean microbench(const Args *a, RealBackend *be, RealComm *comm, GError **error)
+{
+    ZpModel model;
+    ZpPlan plan;
+    if (a->model && !make_plan(a, comm->size, &model, &plan, error))
+        return FALSE;
+    return real_microbench_run(be, comm, a->emulate > 0, a->model ? &model : NULL,
+                               a->model ? &plan : NULL, a->out, error);
 }
 
 static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
@@ -376,7 +409,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
     char *emulate = NULL, *rank = NULL, *fault_action = NULL, *hpz = NULL, *per_node = NULL;
-    *a = (Args){.stage = 0, .micro_batch = 4, .grad_accum = 1, .steps = 20, .hpz = 1,
+    char *mp = NULL;
+    *a = (Args){.stage = 0, .mp = 1, .micro_batch = 4, .grad_accum = 1, .steps = 20, .hpz = 1,
                 .fault_rank = -1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
@@ -393,6 +427,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -404,7 +439,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
-        {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs, Adam, the block's kernels and collectives for zplan calibrate (needs --out; with --emulate N the collectives are the local copies that stand in for them)", NULL},
+        {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs (a shape grid), attention, every elementwise op class, Adam, a launch, collectives and compute under a collective for zplan calibrate (needs --out; with --emulate N the collectives are the local copies that stand in for them); with --model, also every kernel of that model's plan (--micro-batch, --mp, --checkpoint, --attention)", NULL},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "With --microbench: the tensor-parallel degree whose shapes are timed (default 1)", "T"},
         {"fault-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank fails", "R"},
         {"fault-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
         {"fault-action", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING, &fault_action, "Fault injection: kill (default), stop or sleep", "A"},
@@ -425,7 +461,10 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
     if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
-    if (ok && a->seq && (!a->model || a->microbench))
+    if (ok && mp && !a->microbench)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--mp needs --microbench (zreal "
+                          "trains data-parallel only)"), FALSE);
+    if (ok && a->seq && !a->model)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--seq needs --model (a --schedule "
                           "has its own sequence length)"), FALSE);
     if (ok && !a->backend)
@@ -438,7 +477,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
         {emulate, "--emulate", 1, 1 << 20, &a->emulate},
         {hpz, "--hpz-partition-size", 1, 1 << 16, &a->hpz},
-        {per_node, "--ranks-per-node", 1, 1 << 16, &a->ranks_per_node}};
+        {per_node, "--ranks-per-node", 1, 1 << 16, &a->ranks_per_node},
+        {mp, "--mp", 1, 1024, &a->mp}};
     for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
         if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,
                                                   ints[i].max, TRUE, &value, error)))
@@ -462,6 +502,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     g_option_context_free(context);
     g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
     g_free(emulate), g_free(rank), g_free(fault_action), g_free(hpz), g_free(per_node);
+    g_free(mp);
     return ok;
 }
 
@@ -481,7 +522,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
-    g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer);
+    g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }
@@ -509,7 +550,7 @@ int main(int argc, char **argv)
     set_blas_threads();
     ok = make_backend(&a, &be, &comm, &error);
     if (ok && a.microbench)
-        ok = real_microbench_run(be, comm, a.emulate > 0, a.out, &error);
+        ok = microbench(&a, be, comm, &error);
     else if (ok)
         ok = train(&a, be, comm, &error);
     if (!ok) {

@@ -79,7 +79,9 @@ static const KeySpec zero_keys[] = {
     SIZE_ALIAS("param_persistence_threshold", stage3_param_persistence_threshold, AUTO_10H),
     SIZE_ALIAS("max_live_parameters", stage3_max_live_parameters, AUTO_NONE),
     SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
-    OWN("allgather_partitions"), OWN("sub_group_size"),
+    SIZE("sub_group_size", sub_group_size, AUTO_NONE),
+    FLAG("use_multi_rank_bucket_allreduce", use_multi_rank_bucket_allreduce),
+    OWN("allgather_partitions"),
     OWN("offload_param"), OWN("offload_optimizer"), IGNORED("cpu_offload"),
     IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),
     IGNORED("load_from_fp32_weights"), IGNORED("elastic_checkpoint"),
@@ -93,7 +95,7 @@ static const KeySpec zero_keys[] = {
     IGNORED("zero_quantized_nontrainable_weights"),
     FLAG("zero_quantized_gradients", zero_quantized_gradients), IGNORED("zeropp_loco_param"),
     IGNORED("mics_shard_size"), IGNORED("mics_hierarchical_params_gather"),
-    IGNORED("memory_efficient_linear"), IGNORED("use_multi_rank_bucket_allreduce"),
+    IGNORED("memory_efficient_linear"),
     IGNORED("stage3_module_granularity_threshold"), IGNORED("module_granularity_threshold"),
     IGNORED("stage3_use_all_reduce_for_fetch_params"),
     IGNORED("use_all_reduce_for_fetch_params"), IGNORED("pipeline_loading_checkpoint"),
@@ -162,6 +164,43 @@ static void warn(GPtrArray *warnings, const char *what, const char *prefix, cons
     g_ptr_array_add(warnings, g_strdup_printf("%s: \"%s%s\" ignored: %s", what, prefix, key, why));
 }
 
+/* Keys read but not modeled, and unknown top-level keys (which DeepSpeed ignores), are listed
+ * in one line each: while a file is read they wait in `warnings` as entries starting with one
+ * of these marks and the key, and merge_key_lists joins them at the end. */
+#define MARK_UNMODELED '\x1f'
+#define MARK_UNKNOWN '\x1e'
+
+static void list_key(GPtrArray *warnings, char mark, const char *prefix, const char *key)
+{
+    g_ptr_array_add(warnings, g_strdup_printf("%c%s%s", mark, prefix, key));
+}
+
+static void merge_key_lists(GPtrArray *warnings, guint first, const char *what)
+{
+    const struct {
+        char mark;
+        const char *says;
+    } lists[] = {{MARK_UNMODELED, "read but not modeled (ignored)"},
+                 {MARK_UNKNOWN, "unknown top-level keys, which DeepSpeed ignores"}};
+    GString *line[2] = {g_string_new(NULL), g_string_new(NULL)};
+    for (guint i = first; i < warnings->len;) {
+        const char *w = g_ptr_array_index(warnings, i);
+        int l = w[0] == lists[0].mark ? 0 : w[0] == lists[1].mark ? 1 : -1;
+        if (l < 0) {
+            i++;
+            continue;
+        }
+        g_string_append_printf(line[l], "%s%s", line[l]->len ? ", " : "", w + 1);
+        g_ptr_array_remove_index(warnings, i);
+    }
+    for (int l = 0; l < 2; l++) {
+        if (line[l]->len)
+            g_ptr_array_add(warnings, g_strdup_printf("%s: %s: %s", what, lists[l].says,
+                                                      line[l]->str));
+        g_string_free(line[l], TRUE);
+    }
+}
+
 static gboolean is_auto(json_t *value)
 {
     return json_is_string(value) && strcmp(json_string_value(value), "auto") == 0;
@@ -177,13 +216,17 @@ static gboolean check_section(json_t *obj, const char *what, const char *prefix,
     json_object_foreach(obj, key, value)
     {
         const KeySpec *spec = find_key(table, n, key);
-        if (!spec) {
+        if (!spec && table == top_keys) { /* deepspeed/runtime/config.py reads what it knows */
+            list_key(warnings, MARK_UNKNOWN, prefix, key);
+            continue;
+        }
+        if (!spec) { /* a section's model (DeepSpeedConfigModel) forbids extra keys */
             g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: unknown key \"%s%s\"", what, prefix,
                         key);
             return FALSE;
         }
         if (spec->kind == KEY_IGNORED)
-            warn(warnings, what, prefix, key, "not modeled");
+            list_key(warnings, MARK_UNMODELED, prefix, key);
     }
     return TRUE;
 }
@@ -305,7 +348,7 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
         return TRUE;
     }
     char *what = g_strdup_printf("%s: zero_optimization", path);
-    int64_t stage = 0, sub_group_size = 0, hpz = 1;
+    int64_t stage = 0, hpz = 1;
     gboolean allgather_partitions = TRUE;
     gboolean ok = check_section(section, path, "zero_optimization.", zero_keys,
                                 G_N_ELEMENTS(zero_keys), warnings, error) &&
@@ -316,22 +359,16 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
                           error) &&
              zp_json_get_bool(section, what, "allgather_partitions", FALSE,
                               &allgather_partitions, error) &&
-             zp_json_get_int(section, what, "sub_group_size", FALSE, 0, MAX_ELEMS,
-                             &sub_group_size, error) &&
              zp_json_get_int(section, what, "zero_hpz_partition_size", FALSE, 0, 1 << 16, &hpz,
                              error) &&
              read_offload(section, path, zero, warnings, error);
         /* DeepSpeed accepts 0 (Field ge=0) and builds hpZ's group only above 1. */
         zero->zero_hpz_partition_size = (int)MAX(hpz, 1);
     }
-    /* Both keys are checked above; only values other than DeepSpeed's defaults change what
-     * DeepSpeed does, and those zplan does not model. */
+    /* Checked above; only false changes what DeepSpeed does, which zplan does not model. */
     if (ok && !allgather_partitions)
         warn(warnings, path, "zero_optimization.", "allgather_partitions",
              "false is not modeled (zplan all-gathers the updated partitions)");
-    if (ok && json_object_get(section, "sub_group_size") && sub_group_size != 1000000000)
-        warn(warnings, path, "zero_optimization.", "sub_group_size",
-             "not modeled (the optimizer steps the whole partition at once)");
     g_free(what);
     return ok;
 }
@@ -592,9 +629,24 @@ static gboolean read_kernels(json_t *root, const char *what, ZpPlan *p, GError *
     return ok;
 }
 
+static gboolean from_json(void *json_object, const char *what, const ZpModel *model,
+                          const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
+                          GPtrArray *warnings, GError **error);
+
 gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpModel *model,
                                const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
                                GPtrArray *warnings, GError **error)
+{
+    const guint first = warnings->len;
+    const gboolean ok = from_json(json_object, what, model, launch, plan, train_batch_size,
+                                  warnings, error);
+    merge_key_lists(warnings, first, what);
+    return ok;
+}
+
+static gboolean from_json(void *json_object, const char *what, const ZpModel *model,
+                          const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
+                          GPtrArray *warnings, GError **error)
 {
     json_t *root = json_object;
     if (!json_is_object(root)) {
@@ -615,12 +667,22 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
     BatchKey train = {"train_batch_size", 0, FALSE};
     BatchKey micro = {"train_micro_batch_size_per_gpu", 0, FALSE};
     BatchKey accum = {"gradient_accumulation_steps", 0, FALSE};
+    /* No batch key at all: the launcher supplies the batch (Accelerate fills
+     * train_micro_batch_size_per_gpu from its dataloader, the Trainer its accumulation). */
+    const gboolean no_batch = !json_object_get(root, train.key) &&
+                              !json_object_get(root, micro.key) &&
+                              !json_object_get(root, accum.key);
     if (!check_section(root, what, "", top_keys, G_N_ELEMENTS(top_keys), warnings, error) ||
         !read_batch_key(root, what, &train,
                         (int64_t)launch->micro_batch * launch->grad_accum * dp, error) ||
         !read_batch_key(root, what, &micro, launch->micro_batch, error) ||
-        !read_batch_key(root, what, &accum, launch->grad_accum, error) ||
-        !resolve_batch(what, dp, &train, &micro, &accum, error) ||
+        !read_batch_key(root, what, &accum, launch->grad_accum, error))
+        return FALSE;
+    if (no_batch) {
+        micro = (BatchKey){micro.key, launch->micro_batch, TRUE};
+        accum = (BatchKey){accum.key, launch->grad_accum, TRUE};
+    }
+    if (!resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
         !read_kernels(root, what, &p, error))

@@ -18,8 +18,10 @@
  *
  * Batch: DeepSpeed's rule train_batch_size = train_micro_batch_size_per_gpu x
  * gradient_accumulation_steps x dp; any two keys determine the third, one of train_batch_size
- * or the micro-batch alone means no accumulation; a contradiction or a batch the data-parallel
- * degree does not divide fails naming the keys. *train_batch_size receives the global batch.
+ * or the micro-batch alone means no accumulation, none of the three the launch's micro-batch
+ * and accumulation (as Accelerate and the Trainer fill them); a contradiction or a batch the
+ * data-parallel degree does not divide fails naming the keys. *train_batch_size receives the
+ * global batch.
  * Precision: fp16 or bf16 {"enabled": true} (both is an error), neither means fp32.
  * zero_optimization: every absent key takes DeepSpeed's default (deepspeed/runtime/zero/
  * config.py: overlap_comm true only for stage 3); the stage3_* keys also under DeepSpeed's
@@ -37,9 +39,10 @@
  * checkpoints every block. The writer records every choice of the plan, autotp_size and the
  * pipeline section included.
  *
- * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) append
- * one line to `warnings` (g_free'd strings, never NULL) naming the key; unknown keys, values
- * of the wrong type ("stage": "three"), fractional sizes and "auto" where the Trainer does not
+ * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) are
+ * listed in one line appended to `warnings` (g_free'd strings, never NULL), unknown top-level
+ * keys (DeepSpeed ignores them) in another; unknown keys inside a section, values of the
+ * wrong type ("stage": "three"), fractional sizes and "auto" where the Trainer does not
  * resolve it fail naming the file and key. Numbers may be written 5e8 or 500000000. */
 gboolean zp_dsconfig_read(const char *path, const ZpModel *model, const ZpPlan *launch,
                           ZpPlan *plan, int64_t *train_batch_size, GPtrArray *warnings,

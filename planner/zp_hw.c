@@ -53,7 +53,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
                                       "elementwise_bytes_per_s", "collective_fit",
                                       "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
-                                      "calibration", "attention", NULL};
+                                      "calibration", "attention", "op_costs", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -217,7 +217,9 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
         if (!zp_json_get_number(obj, what, f->key, f->required, f->min, f->max, slot, error))
             return FALSE;
     }
-    if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error))
+    json_t *op_costs = json_object_get(obj, "op_costs");
+    if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error) ||
+        (op_costs && !zp_optable_from_json(op_costs, what, &hw->op_costs, error)))
         return FALSE;
     json_t *notes = json_object_get(obj, "notes");
     if (notes && !json_is_object(notes)) {

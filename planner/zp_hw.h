@@ -3,6 +3,7 @@
 #ifndef ZP_HW_H
 #define ZP_HW_H
 
+#include "zp_optable.h"
 #include "zp_plan.h"
 
 #include <glib.h>
@@ -67,6 +68,10 @@ typedef struct {
      * scaled-dot-product attention picks in fp16/bf16 (ZP_ATTN_EAGER when none is listed). */
     ZpHwAttention attention[ZP_ATTN_N];
     ZpAttention attention_default;
+    /* Optional "op_costs" (zp_optable): the op-level cost table `zplan calibrate` fits from
+     * microbenchmarks of the step's own kernels; zp_cost uses it instead of the roofline
+     * above (peak x GEMM efficiency, elementwise and HBM rates) where present. */
+    ZpOpTable op_costs;
 } ZpHw;
 
 /* Resolves a name in DATA_DIR/hwprofiles/ or a PATH.json. An unknown name lists the

@@ -1,6 +1,7 @@
 /* zp_mem: model states follow the ZeRO paper's formulas term by term, in double: 1e15
  * parameters x 16 bytes is 1.6e16, exact in a double's 53-bit mantissa for our inputs. */
 #include "zp_mem.h"
+#include "zp_impl.h"
 #include "zp_zeror.h"
 
 #include <math.h>
@@ -64,51 +65,6 @@ double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan)
            zp_plan_elem_bytes(plan->precision) / (plan->sequence_parallel ? plan->mp : 1);
 }
 
-/* A model's units come in three sizes: the embedding (unit 0), L identical blocks and the
- * final unit. Walking these classes gives the sums a walk over every unit gives, in O(1):
- * the planner's search screens a million plans a second through zp_mem_residual. */
-typedef struct {
-    int unit;     /* a unit of the class */
-    double count; /* units in the class */
-} UnitClass;
-
-static int unit_classes(const ZpModel *model, UnitClass classes[3])
-{
-    if (!zp_model_has_architecture(model))
-        return 0;
-    classes[0] = (UnitClass){0, 1.0};
-    classes[1] = (UnitClass){1, (double)model->layers};
-    classes[2] = (UnitClass){(int)model->layers + 1, 1.0};
-    return 3;
-}
-
-/* Stage-3 parameters kept whole on every rank. DeepSpeed decides per tensor (those of at most
- * stage3_param_persistence_threshold elements); zplan decides per unit, the granularity its
- * schedule gathers at, so the memory model and the schedule agree. The difference is the
- * biases and norms inside each block (9h + f elements, under 0.1% of a block). */
-static double persistent_elems(const ZpModel *model, double threshold, int mp)
-{
-    UnitClass classes[3];
-    const int n = unit_classes(model, classes);
-    double total = 0;
-    for (int c = 0; c < n; c++) {
-        const double elems = (double)zp_model_unit_elems(model, classes[c].unit) / mp;
-        if (elems <= threshold)
-            total += classes[c].count * elems;
-    }
-    return total;
-}
-
-static double largest_unit_elems(const ZpModel *model)
-{
-    UnitClass classes[3];
-    const int n = unit_classes(model, classes);
-    double largest = 0;
-    for (int c = 0; c < n; c++)
-        largest = fmax(largest, (double)zp_model_unit_elems(model, classes[c].unit));
-    return largest;
-}
-
 static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
     const double s = model->seq_len, b = plan->micro_batch;
@@ -129,55 +85,29 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
     r->logits_bytes = 4.0 * s * b * (double)model->vocab / plan->mp;
 }
 
-static void add_buffer_terms(const ZpModel *model, const ZpPlan *plan, ZpStateBytes bytes,
-                             ZpResidual *r)
+/* hpZ (zp_zeropp_secondary_bytes, without the schedule's per-unit padding): the 16-bit
+ * secondary partition of the parameters the implementation does not keep whole. */
+static void add_hpz_term(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
-    const ZpZeroConfig *z = &plan->zero;
+    const int hpz = plan->zero.zero_hpz_partition_size;
+    if (plan->zero.stage != 3 || hpz <= 1)
+        return;
+    const double param_bytes = zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     const double psi = (double)zp_model_param_count(model) / plan->mp;
-    /* Stages 1-2 double-buffer the gradient bucket when overlap_comm is on (DeepSpeed's
-     * ipg_buffer pair); stages 0 and 3 use one. A bucket holds whole units (a larger unit
-     * gets a bucket of its own) and never exceeds the model. */
-    const double buffers = (z->stage == 1 || z->stage == 2) && z->overlap_comm ? 2.0 : 1.0;
-    const double bucket_elems =
-        zp_model_has_architecture(model)
-            ? fmax(z->reduce_bucket_size, largest_unit_elems(model) / plan->mp)
-            : z->reduce_bucket_size;
-    r->reduce_bucket_bytes = fmin(bucket_elems, psi) * zp_plan_reduce_bytes(plan) * buffers;
-    if (z->stage == 1 || z->stage == 2)
-        r->allgather_bucket_bytes = fmin(z->allgather_bucket_size, psi) * bytes.param_bytes;
-    if (z->stage == 3 && zp_model_has_architecture(model)) {
-        /* The schedule's worst moment is in backward: the tied embedding, gathered for the
-         * head, is kept until the embedding's own backward, beside the block being worked on
-         * and what is prefetched after it (an untied head leaves the embedding alone). */
-        const double threshold = z->stage3_param_persistence_threshold;
-        const double embed = (double)zp_model_unit_elems(model, 0) / plan->mp;
-        const double block = (double)zp_model_unit_elems(model, 1) / plan->mp;
-        const double kept = embed <= threshold || !model->tied_embeddings ? 0.0 : embed;
-        const double working = block <= threshold ? 0.0 : block;
-        r->stage3_gathered_bytes =
-            (kept + fmin(z->stage3_max_live_parameters, working + z->stage3_prefetch_bucket_size)) *
-            bytes.param_bytes;
-        r->stage3_persistent_bytes =
-            persistent_elems(model, z->stage3_param_persistence_threshold, plan->mp) *
-            bytes.param_bytes;
-        /* hpZ (zp_zeropp_secondary_bytes, without the schedule's per-unit padding). */
-        if (z->zero_hpz_partition_size > 1)
-            r->hpz_secondary_bytes = (psi - persistent_elems(model, threshold, plan->mp)) *
-                                     bytes.param_bytes / z->zero_hpz_partition_size;
-    }
+    r->hpz_secondary_bytes = (psi * param_bytes - r->stage3_persistent_bytes) / hpz;
 }
 
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
     ZpResidual r = {0};
-    const ZpStateBytes bytes = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_model_has_architecture(model))
         add_activation_terms(model, plan, &r);
-    add_buffer_terms(model, plan, bytes, &r);
+    zp_impl_get(plan->impl)->residual_buffers(model, plan, &r);
+    add_hpz_term(model, plan, &r);
     r.reserve_bytes = hw ? hw->runtime_reserve_bytes : 0.0;
     r.total_bytes = r.activations_bytes + r.checkpoint_bytes + r.recompute_bytes +
                     r.logits_bytes + r.reduce_bucket_bytes + r.allgather_bucket_bytes +
                     r.stage3_gathered_bytes + r.stage3_persistent_bytes + r.hpz_secondary_bytes +
-                    r.reserve_bytes;
+                    r.step_buffer_bytes + r.reserve_bytes;
     return r;
 }

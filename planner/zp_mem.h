@@ -45,6 +45,7 @@ typedef struct {
     double stage3_persistent_bytes; /* stage 3: full copies of params under the threshold */
     double hpz_secondary_bytes;     /* stage 3 with ZeRO++ hpZ: the 16-bit secondary partition
                                      * of the non-persistent parameters, 2 psi / size */
+    double step_buffer_bytes;       /* the step's gradient copies (flattened, fp32) */
     double reserve_bytes;           /* CUDA context and allocator (from the hwprofile) */
     double total_bytes;
 } ZpResidual;
@@ -79,7 +80,8 @@ double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *pl
 /* One block's checkpoint, its input: s b h elements, over t with sequence parallelism. */
 double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan);
 
-/* Every residual term for a plan; hw may be NULL (no reserve). The model must have an
+/* Every residual term for a plan, the buffer terms by its implementation's rules (zp_impl.h);
+ * hw may be NULL (no reserve). The model must have an
  * architecture for activation terms; a params-only model reports buffers and reserve. */
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 

@@ -21,6 +21,8 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_max_live_parameters = 1e9,
         .stage3_max_reuse_distance = 1e9,
         .zero_hpz_partition_size = 1,
+        .sub_group_size = 1e9,
+        .use_multi_rank_bucket_allreduce = TRUE,
     };
     zp_offload_defaults(&zero->offload_optimizer, FALSE);
     zp_offload_defaults(&zero->offload_param, TRUE);
@@ -39,13 +41,13 @@ static const struct {
     double min;
 } zero_knobs[ZP_KNOB_N] = {
     [ZP_KNOB_REDUCE_BUCKET] = {"--reduce-bucket-size",
-                               G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 1},
+                               G_STRUCT_OFFSET(ZpZeroConfig, reduce_bucket_size), 0},
     [ZP_KNOB_ALLGATHER_BUCKET] = {"--allgather-bucket-size",
                                   G_STRUCT_OFFSET(ZpZeroConfig, allgather_bucket_size), 1},
     [ZP_KNOB_PREFETCH_BUCKET] = {"--prefetch-bucket-size",
                                  G_STRUCT_OFFSET(ZpZeroConfig, stage3_prefetch_bucket_size), 0},
     [ZP_KNOB_MAX_LIVE] = {"--max-live-parameters",
-                          G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 1},
+                          G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 0},
     [ZP_KNOB_PERSISTENCE] = {"--persistence-threshold",
                              G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
 };
@@ -136,6 +138,25 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
+static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", NULL};
+
+const char *zp_impl_name(ZpImplKind impl)
+{
+    return impl_names[impl];
+}
+
+static gboolean parse_choice(const char *text, const char *flag, const char *const *names,
+                             int count, int *out, GError **error);
+
+gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GError **error)
+{
+    int v;
+    if (!parse_choice(text, flag, impl_names, ZP_IMPL_N, &v, error))
+        return FALSE;
+    *out = (ZpImplKind)v;
+    return TRUE;
+}
+
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 
 const char *zp_offload_device_name(ZpOffloadDevice device)
@@ -236,6 +257,7 @@ static const struct {
      G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold)},
     {"stage3_max_live_parameters", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters)},
     {"stage3_max_reuse_distance", G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_reuse_distance)},
+    {"sub_group_size", G_STRUCT_OFFSET(ZpZeroConfig, sub_group_size)},
 };
 static const struct {
     const char *key;
@@ -246,6 +268,8 @@ static const struct {
     {"reduce_scatter", G_STRUCT_OFFSET(ZpZeroConfig, reduce_scatter)},
     {"zero_quantized_weights", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_weights)},
     {"zero_quantized_gradients", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_gradients)},
+    {"use_multi_rank_bucket_allreduce",
+     G_STRUCT_OFFSET(ZpZeroConfig, use_multi_rank_bucket_allreduce)},
 };
 /* activation_checkpointing's booleans, as DeepSpeed names them. */
 static const struct {
@@ -313,14 +337,15 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(zero, "offload_optimizer", offload_optimizer);
     if (offload_param)
         json_object_set_new(zero, "offload_param", offload_param);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
                           "stage", plan->zero.stage, "dp", plan->dp, "mp", plan->mp,
                           "micro_batch", plan->micro_batch, "grad_accum", plan->grad_accum,
                           "checkpoint", plan->checkpoint, "precision",
                           zp_precision_name(plan->precision), "optimizer",
                           zp_optimizer_name(plan->optimizer), "attention",
                           zp_attention_name(plan->attention), "reduce_dtype",
-                          zp_reduce_dtype_name(plan->reduce_dtype), "zero", zero,
+                          zp_reduce_dtype_name(plan->reduce_dtype), "impl",
+                          zp_impl_name(plan->impl), "zero", zero,
                           "activation_checkpointing", ckpt_to_json(&plan->ckpt),
                           "gpus_per_node", plan->gpus_per_node);
     /* The 3D keys only where they say something, so that plans without them read as before. */
@@ -370,7 +395,8 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_prefetch_bucket_size",
                                        "stage3_param_persistence_threshold",
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                                       "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                                       "sub_group_size", "overlap_comm", "contiguous_gradients",
+                                       "reduce_scatter", "use_multi_rank_bucket_allreduce",
                                        "zero_quantized_weights", "zero_quantized_gradients",
                                        "zero_hpz_partition_size", "offload_optimizer",
                                        "offload_param", NULL};
@@ -406,7 +432,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
 {
     json_t *o = json_object;
     int64_t dp, mp, micro, accum, node = 0;
-    const char *precision, *optimizer, *attention = NULL, *reduce = NULL;
+    const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
@@ -415,7 +441,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "zero", "activation_checkpointing",
+                                       "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
@@ -434,6 +460,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         (attention && !zp_attention_parse(attention, "attention", &plan->attention, error)) ||
         !zp_json_get_string(o, what, "reduce_dtype", FALSE, &reduce, error) ||
         (reduce && !zp_reduce_dtype_parse(reduce, "reduce_dtype", &plan->reduce_dtype, error)) ||
+        !zp_json_get_string(o, what, "impl", FALSE, &impl, error) ||
+        !zp_impl_parse(impl ? impl : "paper", "impl", &plan->impl, error) ||
         !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
                           error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||

@@ -27,6 +27,10 @@ typedef enum {
  * reduce_dtype); ZP_REDUCE_GRAD, the default, is the gradients' own. */
 typedef enum { ZP_REDUCE_GRAD, ZP_REDUCE_FP32, ZP_REDUCE_BF16, ZP_REDUCE_FP16, ZP_REDUCE_N } ZpReduceDtype;
 
+/* Whose ZeRO a plan follows (planner/zp_impl.h): DeepSpeed v0.19.6 as its source does it (the
+ * zero value, the default), PyTorch FSDP, or the ZeRO paper's idealised volumes. */
+typedef enum { ZP_IMPL_DEEPSPEED, ZP_IMPL_FSDP, ZP_IMPL_PAPER, ZP_IMPL_N } ZpImplKind;
+
 /* Bytes per parameter of each model-state term for a precision and optimizer. */
 typedef struct {
     double param_bytes; /* the weights the forward reads (2 for fp16/bf16, 4 for fp32) */
@@ -70,6 +74,10 @@ typedef struct {
     gboolean zero_quantized_weights;
     int zero_hpz_partition_size;
     gboolean zero_quantized_gradients;
+    double sub_group_size; /* stage 3: elements of a partition the step handles at once */
+    /* stages 1-2: all-reduce each gradient bucket (DeepSpeed's default) rather than reduce
+     * each rank's slice to it */
+    gboolean use_multi_rank_bucket_allreduce;
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;
@@ -110,6 +118,7 @@ typedef struct {
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
     int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
                            * unknown, one node holds every data-parallel rank */
+    ZpImplKind impl;            /* DeepSpeed (the zero value), FSDP or the paper */
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
 } ZpPlan;
@@ -140,7 +149,8 @@ typedef enum {
 const char *zp_zero_knob_flag(ZpZeroKnob knob);
 
 /* Sets the knob from a flag's text: a whole number of elements, at least DeepSpeed's least
- * value (1 for buckets and live parameters, 0 for prefetch and persistence), at most 1e15.
+ * value (1 for the all-gather bucket, which DeepSpeed divides by; 0 for the others), at most
+ * 1e15.
  * Fails naming the flag. */
 gboolean zp_zero_knob_set(ZpZeroConfig *zero, ZpZeroKnob knob, const char *text,
                           GError **error);
@@ -181,6 +191,8 @@ gboolean zp_attention_parse(const char *text, const char *flag, ZpAttention *out
 const char *zp_reduce_dtype_name(ZpReduceDtype dtype);
 gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype *out,
                                GError **error);
+const char *zp_impl_name(ZpImplKind impl);
+gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GError **error);
 const char *zp_precision_name(ZpPrecision precision);
 const char *zp_optimizer_name(ZpOptimizer optimizer);
 gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out,
@@ -189,10 +201,12 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
                             GError **error);
 
 /* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
- * "precision", "optimizer", "attention", "reduce_dtype", "zero": {DeepSpeed's
+ * "precision", "optimizer", "attention", "reduce_dtype", "impl", "zero": {DeepSpeed's
  * zero_optimization keys}, "activation_checkpointing": {DeepSpeed's keys}}) and back; the
  * reader names the first missing, unknown or ill-typed key ("attention", "reduce_dtype",
- * "activation_checkpointing" and the ZeRO++ keys may be absent: DeepSpeed's defaults). */
+ * "impl", "activation_checkpointing" and the ZeRO++ keys may be absent: eager, the
+ * gradients', paper (the semantics of every file written before "impl" existed) and
+ * DeepSpeed's defaults). */
 void *zp_plan_to_json(const ZpPlan *plan);
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
 

@@ -4,9 +4,12 @@
  * The step: for each micro-step, forward (embedding, blocks, head), backward (blocks in
  * reverse, embedding), gradient buckets launched as their last gradient is produced; after
  * the last micro-step the optimizer on this rank's partition and, for stages 1-2, the
- * all-gather of the updated parameters. Stage 3 gathers each unit before use (prefetching
- * within stage3_prefetch_bucket_size and stage3_max_live_parameters) and frees it after. */
+ * all-gather of the updated parameters. Stage 3 gathers parameters before use and frees them
+ * after. Which buckets, buffers, gathers and step buffers: the plan's implementation's rules
+ * (zp_impl.h), which this one builder calls through. */
 #include "zp_sched.h"
+#include "zp_cost.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -23,20 +26,15 @@
 #define CROSS (UINT32_MAX - 1)
 
 typedef struct {
-    uint64_t lo, hi;     /* flat element range (unpadded space) */
-    double bytes;        /* bytes reduced (stage 3: padded unit sizes) */
-    int top_unit, low_unit;
-    int buffer;          /* bucket buffer id once allocated, -1 before */
+    ZpBucketSpec spec;
+    int buffer;          /* bucket buffer id once allocated, -1 before (or none) */
     uint32_t alloc_op, coll_op;
     uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
                           * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
 typedef struct {
-    int unit;
-    int use_pos, free_pos; /* compute positions where it is used and after which it is freed */
-    double elems;
-    int trigger_pos;       /* position at whose start the gather is issued */
+    ZpFetch fetch;
     int buffer;
     int quant_buffer;      /* qwZ: the gathered int8 and scales, until dequantised */
     uint32_t coll_op;
@@ -49,6 +47,7 @@ typedef struct {
 
 typedef struct {
     ZpSchedule *s;
+    const ZpImpl *impl;
     ZpStateBytes state;
     int next_buffer;
     uint32_t last_compute;  /* last compute op emitted */
@@ -56,7 +55,14 @@ typedef struct {
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
-    guint *unit_bucket;     /* per unit: the bucket that holds it */
+    guint *unit_first, *unit_last; /* per unit: the buckets holding its gradients */
+    GArray *launch;         /* buckets by launch unit: launch[start[u] .. start[u+1]) */
+    guint *launch_start;
+    int n_ipg;              /* bucket buffers held through the backward (0: per bucket) */
+    double ipg_bytes;
+    int ipg[2];             /* their buffer ids */
+    uint32_t ipg_alloc[2], ipg_last[2]; /* their alloc ops and last collectives */
+    guint n_launched_held;  /* buckets of this backward that used a held buffer */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
     /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
@@ -190,11 +196,18 @@ static Cost block_forward_cost(const ZpSchedule *s)
                                     (gated ? 3 : 2) * b * sq * f / mp + softmax)};
 }
 
-/* A block's backward: twice the forward's GEMM and attention work and elementwise traffic. */
+/* A block's backward from its own ops (zp_cost_kernels): the data-gradient and
+ * weight-gradient GEMMs of every linear (as many FLOPs as the forward's, each), the attention
+ * backward (twice the forward's), and the elementwise traffic of the backward's own kernels
+ * (norm and activation backward, bias gradients, the eager softmax's backward), not twice the
+ * forward's. */
 static Cost block_backward_cost(const ZpSchedule *s)
 {
     const Cost fwd = block_forward_cost(s);
-    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops, 2 * fwd.mem_bytes};
+    ZpKernels bwd;
+    zp_cost_kernels(&s->model, &s->plan, ZP_COMP_BLOCK_BWD, &bwd);
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops,
+                  s->elem_bytes * zp_cost_accesses(&bwd)};
 }
 
 /* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
@@ -227,9 +240,10 @@ static Cost optimizer_cost(const Builder *b, double elems)
 
 /* ---- layout and model states --------------------------------------------------------- */
 
+/* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
 gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {
-    return s->plan.zero.stage == 3 &&
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->unit_persistence &&
            (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
 }
 
@@ -289,15 +303,13 @@ static void layout(Builder *b)
     g_free(s->unit_elems);
     s->unit_offset = g_new0(uint64_t, s->n_units);
     s->unit_elems = g_new0(uint64_t, s->n_units);
-    uint64_t offset = 0, partition3 = 0, persistent = 0;
+    uint64_t offset = 0, partition3 = 0;
     for (int u = 0; u < s->n_units; u++) {
         const uint64_t full = held_elems(b, u);
         s->unit_offset[u] = offset;
         s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
         offset += s->unit_elems[u];
         partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
-        if (zp_sched_unit_persistent(s, u)) /* padded: the post-step all-gather fills it whole */
-            persistent += zp_sched_unit_padded(s, u);
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
@@ -309,19 +321,28 @@ static void layout(Builder *b)
     double master, m, v;
     optimizer_split(&s->plan, &master, &m, &v);
     const double params_elems[4] = {total, padded, padded, part};
-    /* Stage 1 keeps full gradients in a buffer padded like the parameters, so that each
-     * rank's reduce-scatter output lands in place at its partition. */
-    const double grads_elems[4] = {total, padded, part, part};
     const double optim_elems = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
-    s->state_bytes[ZP_MEM_GRADS] = grads_elems[stage] * g;
+    s->state_bytes[ZP_MEM_GRADS] = b->impl->grad_state_elems(s) * g;
     s->state_bytes[ZP_MEM_MASTER] = optim_elems * master;
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
-    s->state_bytes[ZP_MEM_GATHERED_PARAMS] = (double)persistent * p;
-    s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s);
+    if (stage == 3) { /* the full copies of persistent parameters, hpZ's secondary partition */
+        GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+        b->impl->persistent(s, kept);
+        double elems = 0;
+        for (guint i = 0; i < kept->len; i++)
+            elems += (double)g_array_index(kept, ZpFetch, i).elems;
+        s->state_bytes[ZP_MEM_GATHERED_PARAMS] = elems * p;
+        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s, elems);
+        g_array_unref(kept);
+    }
     zp_offload_layout(s);
 }
+
+
+
+
 
 double zp_sched_model_state_bytes(const ZpSchedule *s)
 {
@@ -332,44 +353,43 @@ double zp_sched_model_state_bytes(const ZpSchedule *s)
 
 /* ---- gradient buckets ------------------------------------------------------------------ */
 
-/* Buckets in launch order (from the last unit down, the order backward produces them):
- * whole units grouped up to reduce_bucket_size elements, a larger unit alone. DeepSpeed never
- * splits a parameter across buckets either, and the model writes a unit's gradients into one
- * contiguous array. Stage 3 reduces each unit padded to a multiple of dp (each unit is
- * partitioned on its own); stages 0-2 reduce the unpadded flat range. */
-static void plan_buckets(Builder *b)
-{
-    const ZpSchedule *s = b->s;
-    const double limit = s->plan.zero.reduce_bucket_size;
-    const gboolean padded = s->plan.zero.stage == 3;
-    for (int u = s->n_units - 1; u >= 0;) {
-        if (s->unit_elems[u] == 0) { /* another pipeline stage's unit */
-            u--;
-            continue;
-        }
-        Bucket k = {s->unit_offset[u], s->unit_offset[u] + s->unit_elems[u], 0, u, u, -1, NONE,
-                    NONE, NONE};
-        double elems = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
-        for (u--; u >= 0; u--) {
-            if (s->unit_elems[u] == 0)
-                continue;
-            const double next = (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
-            if (elems + next > limit)
-                break;
-            elems += next;
-            k.lo = s->unit_offset[u];
-            k.low_unit = u;
-        }
-        k.bytes = elems * zp_plan_reduce_bytes(&s->plan);
-        for (int v = k.low_unit; v <= k.top_unit; v++)
-            b->unit_bucket[v] = b->buckets->len;
-        g_array_append_val(b->buckets, k);
-    }
-}
-
 static Bucket *bucket(Builder *b, guint i)
 {
     return &g_array_index(b->buckets, Bucket, i);
+}
+
+/* The implementation's buckets, indexed by the units they hold and the unit after whose
+ * backward they launch. */
+static void plan_buckets(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    b->impl->plan_buckets(s, specs);
+    for (guint i = 0; i < specs->len; i++) {
+        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE};
+        g_array_append_val(b->buckets, k);
+    }
+    g_array_unref(specs);
+    memset(b->launch_start, 0, sizeof(guint) * ((gsize)s->n_units + 1));
+    for (int u = 0; u < s->n_units; u++)
+        b->unit_first[u] = G_MAXUINT, b->unit_last[u] = 0;
+    for (guint i = 0; i < b->buckets->len; i++) {
+        const ZpBucketSpec *k = &bucket(b, i)->spec;
+        for (int u = k->low_unit; u <= k->top_unit; u++) {
+            b->unit_first[u] = MIN(b->unit_first[u], i);
+            b->unit_last[u] = MAX(b->unit_last[u], i);
+        }
+        b->launch_start[k->launch_unit + 1]++;
+    }
+    for (int u = 0; u < s->n_units; u++)
+        b->launch_start[u + 1] += b->launch_start[u];
+    guint *next = g_memdup2(b->launch_start, sizeof(guint) * (gsize)s->n_units);
+    g_array_set_size(b->launch, b->buckets->len);
+    for (guint i = 0; i < b->buckets->len; i++)
+        g_array_index(b->launch, guint, next[bucket(b, i)->spec.launch_unit]++) = i;
+    g_free(next);
+    b->n_ipg = b->impl->bucket_buffers(&s->plan, &b->ipg_bytes);
+    b->ipg_bytes *= zp_plan_reduce_bytes(&s->plan);
 }
 
 static void reset_buckets(Builder *b)
@@ -378,28 +398,59 @@ static void reset_buckets(Builder *b)
         bucket(b, i)->buffer = -1;
         bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
+    for (int i = 0; i < 2; i++)
+        b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE;
+    b->n_launched_held = 0;
+}
+
+/* Whether a bucket takes a buffer of its own: always without held buffers; with them, only
+ * a bypassing bucket at stages 2-3 (the gradient autograd allocated, kept until reduced;
+ * stages 0-1 reduce a bypassing bucket straight from the full gradients). */
+static gboolean own_buffer(const Builder *b, const Bucket *k)
+{
+    return b->n_ipg == 0 || (k->spec.bypass && b->s->plan.zero.stage >= 2);
 }
 
 /* Double buffering: bucket i may take memory only once bucket i-2's collective was issued
- * (DeepSpeed waits on the older ipg buffer before refilling it), and with optimizer offload
- * once its slice has been copied to the host. */
+ * (DeepSpeed waits on the older ipg buffer before refilling it). */
 static uint32_t bucket_backpressure(Builder *b, guint i)
 {
     return i >= 2 ? bucket(b, i - 2)->drain_op : NONE;
 }
 
+/* The held bucket buffers, allocated as the reducing backward starts (DeepSpeed allocates
+ * its ipg_buffer pair in backward, stage_1_and_2.py DeepSpeedZeroOptimizer.backward), or at
+ * the first reduction when it runs apart from the backward (a pipeline's, after its flush). */
+static void alloc_held_buckets(Builder *b, int micro)
+{
+    for (int i = 0; i < b->n_ipg && b->ipg[i] < 0; i++)
+        b->ipg_alloc[i] = emit_alloc(b, ZP_MEM_BUCKETS, b->ipg_bytes, -1, micro, &b->ipg[i],
+                                     &b->last_compute, 1);
+}
+
+static void free_held_buckets(Builder *b, int micro)
+{
+    for (int i = 0; i < b->n_ipg && b->ipg[i] >= 0; i++) {
+        emit_free(b, ZP_MEM_BUCKETS, b->ipg_bytes, -1, micro, b->ipg[i],
+                  b->ipg_last[i] != NONE ? b->ipg_last[i] : b->ipg_alloc[i]);
+        b->ipg[i] = -1;
+    }
+}
+
 /* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
- * buckets that cover it, so those are allocated before the unit's producing op. */
+ * buckets that cover it, so those taking their own buffer are allocated before the unit's
+ * producing op. */
 static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
 {
-    const guint i = b->unit_bucket[unit];
-    Bucket *k = bucket(b, i);
-    if (k->buffer >= 0)
-        return;
-    uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-    k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
-                             adeps, 2);
-    g_array_append_val(deps, k->alloc_op);
+    for (guint i = b->unit_first[unit]; i <= b->unit_last[unit] && i < b->buckets->len; i++) {
+        Bucket *k = bucket(b, i);
+        if (k->buffer >= 0 || !own_buffer(b, k))
+            continue;
+        uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
+                                 &k->buffer, adeps, 2);
+        g_array_append_val(deps, k->alloc_op);
+    }
 }
 
 /* A memory-bound ZeRO++ kernel (zp_zeropp) on `stream`, after `after`. */
@@ -414,143 +465,132 @@ static uint32_t emit_quantize(Builder *b, ZpStream stream, int unit, int micro, 
 /* qgZ (zp_zeropp_qgz): the bucket quantised to int4 on the reduce stream, the all-to-all
  * inside the node (naming the bucket it reduces, released after it), the node's reduction,
  * the all-to-all across nodes, dequantisation. The int4 buffers are workspace from the
- * quantisation to the end. */
-static void qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[2])
+ * quantisation to the end. Returns the intra-node all-to-all, after which the bucket is
+ * free. */
+static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[3])
 {
     const ZpSchedule *s = b->s;
-    const ZpQgz q = zp_zeropp_qgz(&s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan),
+    const ZpQgz q = zp_zeropp_qgz(&s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan),
                                   (double)s->model.hidden / s->plan.mp,
                                   zp_plan_reduce_bytes(&s->plan));
     int work;
     const double work_bytes = q.intra_bytes * 2 + q.inter_bytes;
-    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->top_unit, micro, &work,
-                                cdeps, 2);
-    const uint32_t qdeps[3] = {cdeps[0], cdeps[1], alloc};
-    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 3);
-    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro, k->buffer, k->lo,
-                         k->hi - k->lo, q.intra_bytes, &op, 1);
-    emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, op);
-    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &op, 1);
-    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->lo,
-                         k->hi - k->lo, q.inter_bytes, &op, 1);
+    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, &work,
+                                cdeps, 3);
+    const uint32_t qdeps[4] = {cdeps[0], cdeps[1], cdeps[2], alloc};
+    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 4);
+    const uint64_t elems = k->spec.hi - k->spec.lo;
+    const uint32_t read = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro,
+                                          k->buffer, k->spec.lo, elems, q.intra_bytes, &op, 1);
+    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &read, 1);
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->spec.lo,
+                         elems, q.inter_bytes, &op, 1);
     k->coll_op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.dequantize_mem_bytes, &op, 1);
-    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->top_unit, micro, work, k->coll_op);
+    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, work, k->coll_op);
+    return read;
 }
 
-/* Launches every bucket whose lowest unit's gradients are now complete. */
-static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
+static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
-    const int stage = s->plan.zero.stage;
-    const ZpCollKind kind = stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
-    const guint i = b->unit_bucket[unit];
+    const ZpCollKind kind = b->impl->grad_collective(&s->plan);
     Bucket *k = bucket(b, i);
-    if (k->low_unit != unit || k->coll_op != NONE)
-        return;
-    if (k->buffer < 0) { /* stages 0-1: copy the finished gradients into a bucket */
+    uint32_t after = NONE; /* what the collective waits for besides the gradients */
+    int held = -1;
+    /* A bypassing bucket at stages 0-1 is reduced in place in the full gradients: no buffer. */
+    const gboolean in_place = k->spec.bypass && s->plan.zero.stage < 2;
+    if (!in_place && own_buffer(b, k) && k->buffer < 0) {
+        /* stages 0-1: copy the finished gradients into a bucket */
         uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, &k->buffer,
-                                 adeps, 2);
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
+                                 &k->buffer, adeps, 2);
+    } else if (!in_place && !own_buffer(b, k)) {
+        alloc_held_buckets(b, micro);
+        /* the gradients are copied into the next held buffer once its last reduction ran */
+        held = (int)(b->n_launched_held++ % (guint)b->n_ipg);
+        k->buffer = b->ipg[held];
+        after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
-    uint32_t cdeps[2] = {k->alloc_op, b->last_compute};
-    if (stage == 3 && s->plan.zero.zero_quantized_gradients) {
-        qgz_reduce(b, k, unit, micro, cdeps);
-        k->drain_op = k->coll_op;
+    uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
+    if (s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients) {
+        /* qgZ replaces the reduce-scatter and its concatenated copy (stage3.py
+         * __avg_scatter_grads calls all_to_all_quant_reduce instead) */
+        const uint32_t cdeps[3] = {k->alloc_op, b->last_compute, after};
+        read = qgz_reduce(b, k, unit, micro, cdeps);
     } else {
-        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->lo,
-                                     k->hi - k->lo, k->bytes, cdeps, 2);
-        /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
-         * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
-         * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
-        const double slice = zp_offload_grad_d2h_bytes(
-            &s->plan, k->bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
-        uint32_t drained = k->coll_op;
-        if (slice > 0) {
-            const double up = s->plan.zero.stage >= 2 && micro > 0 ? slice : 0;
-            drained = emit_transfer(b, ZP_XFER_H2D, up, unit, micro, drained);
-            drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
-            g_array_append_val(b->offloaded, drained);
+        int copy = -1;
+        uint32_t copy_op = NONE;
+        if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan)) {
+            /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
+             * bucket's padded partitions into one tensor first */
+            uint32_t adeps[2] = {b->last_compute, after};
+            copy_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
+                                 &copy, adeps, 2);
         }
-        k->drain_op = drained;
-        emit_free(b, ZP_MEM_BUCKETS, k->bytes, k->top_unit, micro, k->buffer, drained);
+        uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
+        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
+                                     k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
+        if (copy >= 0)
+            emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy,
+                      k->coll_op);
     }
+    /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
+     * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
+     * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
+    const double slice = zp_offload_grad_d2h_bytes(
+        &s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
+    uint32_t drained = k->coll_op;
+    if (slice > 0) {
+        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
+                                unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+        g_array_append_val(b->offloaded, drained);
+    }
+    k->drain_op = drained;
+    if (read == NONE)
+        read = drained;
+    if (held >= 0)
+        b->ipg_last[held] = read;
+    else if (k->buffer >= 0)
+        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer, read);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
 }
 
+/* Launches every bucket that waits for this unit's gradients. */
+static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
+{
+    for (guint j = b->launch_start[unit]; j < b->launch_start[unit + 1]; j++)
+        launch_bucket(b, g_array_index(b->launch, guint, j), unit, micro, launched);
+}
+
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
 
-/* Compute positions of a micro-step: 0 embedding, 1..L blocks forward, L+1 head,
- * L+2..2L+1 blocks L..1 backward, 2L+2 embedding backward. */
-static int pos_fwd(int l) { return l; }
-static int pos_head(int L) { return L + 1; }
-static int pos_bwd(int L, int l) { return 2 * L + 2 - l; }
-static int pos_embed_bwd(int L) { return 2 * L + 2; }
-
-static void add_gather(Builder *b, int unit, int use_pos, int free_pos)
-{
-    if (zp_sched_unit_persistent(b->s, unit))
-        return;
-    Gather g = {unit, use_pos, free_pos, (double)zp_sched_unit_padded(b->s, unit), use_pos, -1,
-                -1, NONE};
-    g_array_append_val(b->gathers, g);
-}
-
-/* Gather k is issued at the start of the earliest position whose current use leaves room:
- * the gathers after the current one up to k fit in stage3_prefetch_bucket_size, and all
- * live ones (current to k) in stage3_max_live_parameters. A unit too large for either is
- * fetched just in time. The tied embedding gathered for the head stays until the
- * embedding's backward (it is needed again there). */
 static void plan_gathers(Builder *b)
 {
-    const ZpSchedule *s = b->s;
-    const int L = (int)s->model.layers;
-    g_array_set_size(b->gathers, 0);
-    add_gather(b, 0, pos_fwd(0), pos_fwd(0));
-    for (int l = 1; l <= L; l++)
-        add_gather(b, l, pos_fwd(l), pos_fwd(l));
-    add_gather(b, L + 1, pos_head(L), pos_head(L));
-    if (s->model.tied_embeddings) /* the head reads wte */
-        add_gather(b, 0, pos_head(L), pos_embed_bwd(L));
-    for (int l = L; l >= 1; l--)
-        add_gather(b, l, pos_bwd(L, l), pos_bwd(L, l));
-    const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
-    const double live = s->plan.zero.stage3_max_live_parameters;
-    Gather *g = (Gather *)b->gathers->data;
-    const guint n = b->gathers->len;
-    /* sum[k]: elements of gathers 0..k-1 (whole numbers below 2^53: exact in a double). */
-    double *sum = g_new(double, n + 1);
-    sum[0] = 0;
-    for (guint k = 0; k < n; k++)
-        sum[k + 1] = sum[k] + g[k].elems;
-    /* Gather k may be prefetched while gather i < k is in use when, for every j in i+1..k,
-     * gathers j..k fit the prefetch bucket and j-1..k the live limit. That holds for a run
-     * of j ending at k, whose start only moves forward as k grows: two pointers, O(n). */
-    guint j = 1;
-    for (guint k = 0; k < n; k++) {
-        while (j <= k && !(sum[k + 1] - sum[j] <= prefetch && sum[k + 1] - sum[j - 1] <= live))
-            j++;
-        const guint i = j - 1 < k ? j - 1 : k;
-        /* Issued when gather i's use starts, and never before the previous gather. */
-        g[k].trigger_pos = MAX(g[i].use_pos, k > 0 ? g[k - 1].trigger_pos : 0);
+    GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    b->impl->plan_fetches(b->s, fetches);
+    for (guint i = 0; i < fetches->len; i++) {
+        Gather g = {g_array_index(fetches, ZpFetch, i), -1, -1, NONE};
+        g_array_append_val(b->gathers, g);
     }
-    g_free(sum);
+    g_array_unref(fetches);
 }
 
-/* Lists the gathers by the position an int field of theirs names (a counting sort, so each
- * position keeps list order). */
+/* Lists the gathers by the position an int field of their fetch names (a counting sort, so
+ * each position keeps list order). */
 static PosIndex index_gathers(const Builder *b, size_t field, int n_pos)
 {
     const GArray *gathers = b->gathers;
     PosIndex ix = {g_new0(guint, (gsize)n_pos + 1), g_new(guint, MAX(gathers->len, 1))};
     for (guint k = 0; k < gathers->len; k++)
-        ix.start[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field) + 1]++;
+        ix.start[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k).fetch, field) + 1]++;
     for (int p = 0; p < n_pos; p++)
         ix.start[p + 1] += ix.start[p];
     guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_pos);
     for (guint k = 0; k < gathers->len; k++)
-        ix.items[next[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k), field)]++] = k;
+        ix.items[next[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k).fetch, field)]++] = k;
     g_free(next);
     return ix;
 }
@@ -571,8 +611,9 @@ static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
 static ZpGroup gather_group(const Builder *b, const Gather *g)
 {
     const int L = (int)b->s->model.layers;
-    return b->s->plan.zero.zero_hpz_partition_size > 1 && g->use_pos > pos_head(L) ? ZP_GROUP_HPZ
-                                                                                   : ZP_GROUP_DP;
+    return b->s->plan.zero.zero_hpz_partition_size > 1 && g->fetch.use_pos > zp_pos_head(L)
+               ? ZP_GROUP_HPZ
+               : ZP_GROUP_DP;
 }
 
 static void issue_gathers(Builder *b, int pos, int micro)
@@ -581,32 +622,31 @@ static void issue_gathers(Builder *b, int pos, int micro)
     const gboolean qwz = s->plan.zero.zero_quantized_weights;
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
-        const double bytes = g->elems * b->state.param_bytes;
+        const double bytes = (double)g->fetch.elems * b->state.param_bytes;
         const ZpGroup group = gather_group(b, g);
         const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-        const double wire = zp_zeropp_gather_bytes(&s->plan, (uint64_t)g->elems, ranks,
+        const double wire = zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
                                                    b->state.param_bytes);
         uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                                  : b->last_compute;
-        uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->unit, micro,
+        uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->fetch.unit, micro,
                                     &g->buffer, &after, 1);
-        /* Parameter offload: the unit's partition comes up from the host (and NVMe) first. */
+        /* Parameter offload: the partition comes up from the host (and NVMe) first. */
         double nvme_bytes, h2d_bytes;
-        zp_offload_fetch(&s->plan, g->elems / s->plan.dp, (double)s->partition_elems,
-                         &nvme_bytes, &h2d_bytes);
-        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->unit, micro,
-                                            alloc);
-        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->unit, micro, read);
+        zp_offload_fetch(&s->plan, (double)g->fetch.elems / s->plan.dp,
+                         (double)s->partition_elems, &nvme_bytes, &h2d_bytes);
+        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->fetch.unit,
+                                            micro, alloc);
+        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro, read);
         if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
-            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->unit, micro,
+            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->fetch.unit, micro,
                                          &g->quant_buffer, &alloc, 1);
-            const uint64_t part = (uint64_t)g->elems / (uint64_t)ranks;
-            alloc = emit_quantize(b, ZP_STREAM_DP, g->unit, micro,
+            const uint64_t part = g->fetch.elems / (uint64_t)ranks;
+            alloc = emit_quantize(b, ZP_STREAM_DP, g->fetch.unit, micro,
                                   zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
         }
-        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->unit, micro, g->buffer,
-                                     s->unit_offset[g->unit], (uint64_t)g->elems, wire, &alloc,
-                                     1);
+        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->fetch.unit, micro,
+                                     g->buffer, g->fetch.offset, g->fetch.elems, wire, &alloc, 1);
     }
 }
 
@@ -620,13 +660,13 @@ static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
         if (g->quant_buffer >= 0) {
             const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, g));
             const uint32_t after[2] = {g->coll_op, b->last_compute};
-            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->unit, micro,
-                                       zp_zeropp_dequantize_mem_bytes((uint64_t)g->elems, ranks),
+            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->fetch.unit, micro,
+                                       zp_zeropp_dequantize_mem_bytes(g->fetch.elems, ranks),
                                        after, 2);
             emit_free(b, ZP_MEM_WORKSPACE,
-                      zp_zeropp_gather_bytes(&s->plan, (uint64_t)g->elems, ranks,
+                      zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
                                              b->state.param_bytes),
-                      g->unit, micro, g->quant_buffer, g->coll_op);
+                      g->fetch.unit, micro, g->quant_buffer, g->coll_op);
             g->quant_buffer = -1;
         }
         g_array_append_val(deps, g->coll_op);
@@ -637,8 +677,8 @@ static void free_gathers(Builder *b, int pos, int micro)
 {
     for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
-        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->elems * b->state.param_bytes, g->unit, micro,
-                  g->buffer, b->last_compute);
+        emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)g->fetch.elems * b->state.param_bytes,
+                  g->fetch.unit, micro, g->buffer, b->last_compute);
     }
 }
 
@@ -769,12 +809,12 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     const gboolean ckpt = s->plan.checkpoint;
     const Cost embed = embed_cost(s), block = block_forward_cost(s);
     if (r.lo == 0) {
-        position_begin(b, pos_fwd(0), micro, deps);
+        position_begin(b, zp_pos_fwd(0), micro, deps);
         emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
-        position_end(b, pos_fwd(0), micro);
+        position_end(b, zp_pos_fwd(0), micro);
     }
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
-        position_begin(b, pos_fwd(l), micro, deps);
+        position_begin(b, zp_pos_fwd(l), micro, deps);
         if (ckpt) {
             checkpoint_boundary(b);
             keep_checkpoint(b, l, micro, a, deps);
@@ -787,7 +827,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
         tp_allreduces(b, l, micro);
         if (ckpt)
             checkpoint_boundary(b);
-        position_end(b, pos_fwd(l), micro);
+        position_end(b, zp_pos_fwd(l), micro);
     }
 }
 
@@ -798,7 +838,9 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     const Cost c = head_cost(s);
     const double logits_bytes = 4.0 * s->plan.micro_batch * (double)s->model.seq_len *
                                 (double)s->model.vocab / s->plan.mp;
-    position_begin(b, pos_head(L), micro, deps);
+    if (reduce)
+        alloc_held_buckets(b, micro);
+    position_begin(b, zp_pos_head(L), micro, deps);
     int logits;
     uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, &logits,
                                 &b->last_compute, 1);
@@ -811,7 +853,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
     emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, b->last_compute);
-    position_end(b, pos_head(L), micro);
+    position_end(b, zp_pos_head(L), micro);
     if (reduce)
         launch_buckets(b, L + 1, micro, launched);
 }
@@ -824,9 +866,10 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     const gboolean ckpt = s->plan.checkpoint;
     const Cost fwd = block_forward_cost(s), bwd = block_backward_cost(s), embed = embed_cost(s);
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
-        const int pos = pos_bwd(L, l);
         int *act = act_slot(b, a->act, micro, l);
-        position_begin(b, pos, micro, deps);
+        /* The recompute has a position of its own (empty without checkpointing): an
+         * implementation may gather for it and again for the backward. */
+        position_begin(b, zp_pos_rec(L, l), micro, deps);
         if (ckpt) {
             checkpoint_boundary(b);
             regather_checkpoint(b, l, micro, a);
@@ -835,8 +878,10 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             g_array_append_val(deps, alloc);
             emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd, (uint32_t *)deps->data, deps->len);
             tp_allreduces(b, l, micro);
-            g_array_set_size(deps, 0);
         }
+        position_end(b, zp_pos_rec(L, l), micro);
+        const int pos = zp_pos_bwd(L, l);
+        position_begin(b, pos, micro, deps);
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
         emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
@@ -855,13 +900,15 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     }
     if (r.lo != 0)
         return;
-    position_begin(b, pos_embed_bwd(L), micro, deps);
+    position_begin(b, zp_pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
-    position_end(b, pos_embed_bwd(L), micro);
-    if (reduce)
+    position_end(b, zp_pos_embed_bwd(L), micro);
+    if (reduce) {
         launch_buckets(b, 0, micro, launched);
+        free_held_buckets(b, micro);
+    }
 }
 
 /* ---- pipeline sends -------------------------------------------------------------------- */
@@ -924,50 +971,82 @@ static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, u
     return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
 }
 
-/* The optimizer on this rank's partition, then (stages 1-2) the all-gather of the updated
- * 16-bit partitions in allgather_bucket_size chunks. For those all-gathers elem_offset is
- * the offset inside every rank's partition and elems the gathered total. Stage 3 refreshes
- * the full copies of its persistent units. */
+/* The implementation's buffers around the optimizer, then the optimizer on this rank's
+ * partition, then (stages 1-2) the all-gather of the updated 16-bit partitions in
+ * allgather_bucket_size chunks. For those all-gathers elem_offset is the offset inside every
+ * rank's partition and elems the gathered total. Stage 3 refreshes the full copies of its
+ * persistent parameters. */
 static void optimizer_step(Builder *b, GArray *launched)
 {
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
     const double cpu_share = zp_offload_cpu_share(&s->plan);
-    uint32_t opt = NONE;
-    if (cpu_share < 1.0) {
-        const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
-        opt = emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c, (uint32_t *)launched->data,
-                           launched->len);
+    const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
+    GArray *step = g_array_new(FALSE, FALSE, sizeof(ZpStepBuffer));
+    if (cpu_share < 1.0) /* the GPU's step (all of it without optimizer offload) */
+        b->impl->step_buffers(s, step);
+    int *ids = g_new(int, step->len + 1);
+    uint32_t previous = NONE;
+    for (guint i = 0; i < step->len; i++) {
+        const ZpStepBuffer *sb = &g_array_index(step, ZpStepBuffer, i);
+        g_array_append_val(launched, previous);
+        previous = emit_alloc(b, sb->cat, sb->bytes, -1, -1, &ids[i], (uint32_t *)launched->data,
+                              launched->len);
+        g_array_set_size(launched, launched->len - 1);
+        if (i > 0 && g_array_index(step, ZpStepBuffer, i - 1).transient)
+            emit_free(b, g_array_index(step, ZpStepBuffer, i - 1).cat,
+                      g_array_index(step, ZpStepBuffer, i - 1).bytes, -1, -1, ids[i - 1],
+                      previous);
     }
+    g_array_append_val(launched, previous);
+    uint32_t opt = cpu_share < 1.0 ? emit_compute(b, ZP_COMP_OPTIMIZER, -1, -1, c,
+                                                  (uint32_t *)launched->data, launched->len)
+                                   : NONE;
+    g_array_set_size(launched, launched->len - 1);
+    for (guint i = 0; i < step->len; i++) {
+        const ZpStepBuffer *sb = &g_array_index(step, ZpStepBuffer, i);
+        if (!sb->transient || i + 1 == step->len)
+            emit_free(b, sb->cat, sb->bytes, -1, -1, ids[i], opt);
+    }
+    g_free(ids);
+    g_array_unref(step);
     if (cpu_share > 0)
         opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
-        /* Persistent units are never gathered before use, so their full copies (buffer -1:
-         * the step-long state) are refreshed from the updated partitions here. */
-        for (int u = 0; u < s->n_units; u++)
-            if (zp_sched_unit_persistent(s, u))
-                emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, u, -1, -1, s->unit_offset[u],
-                                zp_sched_unit_padded(s, u),
-                                (double)zp_sched_unit_padded(s, u) * b->state.param_bytes, &opt, 1);
+        /* Persistent parameters are never gathered before use, so their full copies (buffer
+         * -1: the step-long state) are refreshed from the updated partitions here. */
+        GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+        b->impl->persistent(s, kept);
+        for (guint i = 0; i < kept->len; i++) {
+            const ZpFetch *f = &g_array_index(kept, ZpFetch, i);
+            emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, f->unit, -1, -1, f->offset,
+                            f->elems, (double)f->elems * b->state.param_bytes, &opt, 1);
+        }
+        g_array_unref(kept);
         return;
     }
     if (stage != 1 && stage != 2)
         return;
     const uint64_t dp = (uint64_t)s->plan.dp;
     const uint64_t chunk = MAX((uint64_t)1, (uint64_t)(s->plan.zero.allgather_bucket_size / dp));
+    const gboolean buffered = b->impl->post_step_gather_buffer;
     /* One chunk's buffer at a time, as the memory model counts it: a chunk takes its
-     * buffer only when the previous chunk's all-gather is done. */
-    uint32_t previous = NONE;
+     * buffer only when the previous chunk's all-gather is done. In place (no buffer), the
+     * chunks still go one after another on the stream. */
+    previous = NONE;
     for (uint64_t off = 0; off < s->partition_elems; off += chunk) {
         const uint64_t n = MIN(chunk, s->partition_elems - off) * dp;
         const double bytes = (double)n * b->state.param_bytes;
-        int buffer;
+        int buffer = -1;
         const uint32_t adeps[2] = {opt, previous};
-        uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, -1, &buffer, adeps, 2);
+        uint32_t alloc = buffered ? emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, -1, &buffer, adeps, 2)
+                                  : NONE;
+        const uint32_t cdeps[2] = {alloc, buffered ? NONE : opt};
         previous = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, buffer, off, n,
-                                   bytes, &alloc, 1);
-        emit_free(b, ZP_MEM_BUCKETS, bytes, -1, -1, buffer, previous);
+                                   bytes, cdeps, 2);
+        if (buffered)
+            emit_free(b, ZP_MEM_BUCKETS, bytes, -1, -1, buffer, previous);
     }
 }
 
@@ -978,17 +1057,29 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "model: a schedule needs an architecture (--model, not --params)";
     else if (p->zero.stage < 0 || p->zero.stage > 3)
         bad = "stage: must be 0, 1, 2 or 3";
+    else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
+        bad = "impl: must be deepspeed, fsdp or paper";
+    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage))
+        bad = "stage: --impl fsdp has stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), "
+              "no stage 1";
+
+
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
         bad = "mp: the tensor-parallel degree must divide the attention heads";
     else if (p->micro_batch < 1 || p->grad_accum < 1)
         bad = "micro-batch/grad-accum: must be at least 1";
-    else if (p->zero.reduce_bucket_size < 1 || p->zero.allgather_bucket_size < 1)
-        bad = "reduce_bucket_size/allgather_bucket_size: must be at least 1 element";
-    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 1 ||
-             p->zero.stage3_param_persistence_threshold < 0)
-        bad = "stage3_*: prefetch and persistence must be >= 0, live parameters >= 1";
+    /* DeepSpeed takes 0 for the reduce bucket (every parameter then bypasses it) and the
+     * stage-3 sizes (no prefetch, nothing persistent, nothing kept live ahead), but divides by
+     * allgather_bucket_size (runtime/utils.py all_gather_dp_groups). */
+    else if (p->zero.reduce_bucket_size < 0 || p->zero.allgather_bucket_size < 1)
+        bad = "reduce_bucket_size/allgather_bucket_size: must be >= 0 and >= 1 element";
+    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 0 ||
+             p->zero.stage3_param_persistence_threshold < 0 || p->zero.sub_group_size < 0)
+        bad = "stage3_*/sub_group_size: must be >= 0";
+
+
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
@@ -1085,6 +1176,8 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
         if (s->unit_elems[u] > 0)
             launch_buckets(b, u, plan->grad_accum - 1, launched);
+    if (P > 1)
+        free_held_buckets(b, plan->grad_accum - 1);
     optimizer_step(b, launched);
     memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
            sizeof s->state_bytes);
@@ -1118,12 +1211,16 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     const int L = (int)model->layers;
-    Builder b = {.s = s, .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
+    Builder b = {.s = s, .impl = zp_impl_get(plan->impl),
+                 .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
                  .last_compute = NONE,
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
-                 .unit_bucket = g_new0(guint, (gsize)L + 2),
+                 .unit_first = g_new0(guint, (gsize)L + 2),
+                 .unit_last = g_new0(guint, (gsize)L + 2),
+                 .launch = g_array_new(FALSE, FALSE, sizeof(guint)),
+                 .launch_start = g_new0(guint, (gsize)L + 3),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
                  .n_chunks = chunks, .first_unit = first_unit,
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
@@ -1133,14 +1230,14 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
-    const int n_pos = 2 * L + 3;
+    const int n_pos = zp_pos_count(L);
     g_array_set_size(b.pos_last_op, (guint)n_pos);
     if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
         layout(&b);
         plan_gathers(&b);
-        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(Gather, trigger_pos), n_pos);
-        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(Gather, use_pos), n_pos);
-        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(Gather, free_pos), n_pos);
+        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, trigger_pos), n_pos);
+        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, use_pos), n_pos);
+        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, free_pos), n_pos);
     }
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
@@ -1158,7 +1255,10 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
-    g_free(b.unit_bucket);
+    g_free(b.unit_first);
+    g_free(b.unit_last);
+    g_array_unref(b.launch);
+    g_free(b.launch_start);
     g_array_unref(b.gathers);
     g_free(b.first_unit);
     g_free(b.send_op);
@@ -1714,6 +1814,16 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
                         path, dp, mp, plan.dp, plan.mp);
             ok = FALSE;
         }
+    }
+    if (ok && plan.impl != ZP_IMPL_PAPER) {
+        /* zp_schedcheck checks ops against the paper's unit-level layout, and zreal executes
+         * that; the other implementations' schedules are for the simulator (read_graph). */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"plan\": impl \"%s\": zreal executes --impl paper schedules only "
+                    "(zp_schedcheck checks the paper's layout; zplan simulate --schedule times "
+                    "any)",
+                    path, zp_impl_name(plan.impl));
+        ok = FALSE;
     }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
     if (s) {

@@ -209,7 +209,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
 /* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
- * stage 3 keeps the unit whole on every rank (at or below the persistence threshold). */
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold, for an
+ * implementation that decides persistence per unit: the paper's). */
 uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
 gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 
@@ -226,7 +227,8 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
  * apart) and tp (mp consecutive ranks) when it has none. */
 int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
 
-/* JSON round trip (`zplan schedule --out`); the reader validates every field. */
+/* JSON round trip (`zplan schedule --out`); the reader validates every field and, since zreal
+ * executes what it reads, takes --impl paper schedules only. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 

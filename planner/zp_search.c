@@ -1,8 +1,10 @@
 /* zp_search: enumeration from tables, an O(1) screen (zp_mem for memory, zp_sched_compute_ops
  * for compute), and branch and bound over the caller's simulator for the ranking. */
 #include "zp_search.h"
+#include "zp_cost.h"
 #include "zp_offload.h"
 #include "zp_dsconfig.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -113,7 +115,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                   spec->offload_param != ZP_OFFLOAD_NONE))
         return;
     for (int stage = lo; stage <= hi; stage++)
-        for (int ckpt = 0; ckpt <= 1; ckpt++)
+        for (int ckpt = 0; ckpt <= 1 && zp_impl_get(spec->impl)->has_stage(stage); ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
                 ZpPlan plan;
                 zp_plan_defaults(&plan, stage, spec->gpus / (mp * P), mp);
@@ -125,6 +127,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
+                plan.impl = spec->impl;
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
                 apply_buckets(spec->model, choice, &plan.zero);
@@ -300,10 +303,6 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
-                         .peak_flops = zp_hw_peak_flops(spec->hw, spec->precision),
-                         .attn_flops_per_s = zp_hw_attention_flops_per_s(
-                             spec->hw, spec->attention, (double)zp_model_head_dim(spec->model),
-                             (double)spec->model->seq_len),
                          .bus_bytes_per_s = spec->bus_bytes_per_s};
     return TRUE;
 }
@@ -316,16 +315,21 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
                                : sc->hw->intra_node_bytes_per_s;
 }
 
-/* The compute stream's busy time by kind: each op as the simulator times it
- * (zp_hw_compute_time_s); returns the total. */
+/* The compute stream's busy time by kind: each op as the simulator times it (zp_cost_op_s;
+ * the CPU optimizer zp_offload_cpu_time_s); returns the total. A plan the cost model cannot
+ * time (no peak for its precision) is never a bound's winner. */
 static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
 {
     ZpComputeOps ops[ZP_COMP_N];
+    ZpCost cost;
+    for (int k = 0; k < ZP_COMP_N; k++)
+        by_kind[k] = 0;
+    if (!zp_cost_init(&cost, sc->hw, sc->model, plan, NULL))
+        return INFINITY;
     zp_sched_compute_ops(sc->model, plan, ops);
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
-        by_kind[k] = 0;
         if (k == ZP_COMP_CPU_OPTIMIZER) { /* after backward, overlapping nothing */
             if (o->count && zp_offload_cpu_time_s(sc->hw, o->mem_bytes,
                                                 MIN(sc->hw->gpus_per_node, plan->dp * plan->mp),
@@ -334,9 +338,8 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
             continue;
         }
         by_kind[k] = (double)o->count *
-                     (zp_hw_compute_time_s(sc->hw, sc->peak_flops, o->flops, o->gemm_flops,
-                                           o->attn_flops, sc->attn_flops_per_s, o->mem_bytes,
-                                           k == ZP_COMP_OPTIMIZER) +
+                     (zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops, o->gemm_flops,
+                                   o->attn_flops, o->mem_bytes) +
                       o->host_bytes / sc->hw->host_link_bytes_per_s);
         total += by_kind[k];
     }
@@ -391,18 +394,21 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute; each
-     * sends 2(M-1)/M of its bytes. */
-    double tp_s = 0;
+     * sends 2(M-1)/M of its bytes. Those after a block's backward run beside the gradient
+     * reductions launched there (another stream), so only the rest add to them. */
+    double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
         const double per_block = plan->checkpoint ? 6.0 : 4.0;
         const double bytes = (double)plan->micro_batch * m->seq_len * m->hidden * e;
-        tp_s = accum * L * per_block * 2.0 * (mp - 1) / mp * bytes /
-               bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        const double one_s = accum * L * 2.0 * (mp - 1) / mp * bytes /
+                             bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        tp_s = (per_block - 2.0) * one_s;
+        tp_bwd_s = 2.0 * one_s;
     }
 
     /* Data-parallel volumes per rank, from the unpadded psi (padding only adds): gradients
-     * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers every
-     * non-persistent block twice and the embedding at least once per micro-step; stages 1-2
+     * reduced once per step (stages 0-1) or every micro-step (2-3); stage 3 gathers at least
+     * what its implementation's bound says (zp_impl.h); stages 1-2
      * all-gather the updated parameters after the optimizer. */
     const double psi = sc->params / mp / P, sent = (n - 1) / n;
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
@@ -411,20 +417,20 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double reduce_s = sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {
-        const double threshold = plan->zero.stage3_param_persistence_threshold;
-        const double block = ceil((double)zp_model_unit_elems(m, 1) / mp);
-        const double embedding = ceil((double)zp_model_unit_elems(m, 0) / mp);
-        const double gathered = (block > threshold ? 2 * L * block : 0) +
-                                (embedding > threshold ? embedding : 0);
+        const double gathered = zp_impl_get(plan->impl)->gather_bound_elems(m, plan);
         gather_s = accum * sent * gathered * sb.param_bytes / bw;
     } else if (stage >= 1) {
         post_s = sent * psi * sb.param_bytes / bw;
     }
+    /* A pipeline reduces after its flush, so its TP all-reduces all add. */
     double kind[ZP_COMP_N];
-    const double chain_s = (P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_s),
-                                         (compute_s(sc, plan, kind) + tp_s) / P * bubble)
-                                  : compute_s(sc, plan, kind) + tp_s) +
-                           (plan->zero.overlap_comm ? 0 : reduce_s);
+    const double tp_all_s = tp_s + tp_bwd_s;
+    const double chain_s =
+        P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_all_s),
+                     (compute_s(sc, plan, kind) + tp_all_s) / P * bubble) +
+                    (plan->zero.overlap_comm ? 0 : reduce_s)
+              : compute_s(sc, plan, kind) + tp_s +
+                    fmax(tp_bwd_s, plan->zero.overlap_comm ? 0 : reduce_s);
     return fmax(chain_s, reduce_s + gather_s) + post_s;
 }
 

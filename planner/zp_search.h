@@ -37,6 +37,7 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpAttention attention;      /* the kernel every plan uses (the caller resolves "flash") */
     ZpReduceDtype reduce_dtype; /* the dtype every plan reduces gradients in */
+    ZpImplKind impl;            /* whose ZeRO every plan follows (its stages only) */
     /* Offload every plan uses (DeepSpeed's defaults otherwise); stages that cannot offload
      * that way (0 for the optimizer, 0-2 for parameters) are left out. */
     ZpOffloadDevice offload_optimizer, offload_param;
@@ -98,8 +99,6 @@ typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
     double params;
-    double peak_flops;
-    double attn_flops_per_s; /* the fused attention kernel's rate; 0 for eager */
     ZpBusBandwidthFn bus_bytes_per_s;
 } ZpScreen;
 
@@ -110,7 +109,8 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
  * the step's compute ops at their exact simulated duration (zp_sched_compute_ops), the
  * tensor-parallel all-reduces that sit between them, and the data-parallel collectives at the
  * group's busbw, ignoring latencies; what overlap_comm overlaps counts once:
- *   max(compute + TP + (overlap ? 0 : reductions), reductions + stage-3 gathers)
+ *   max(compute + TP (forward, recompute) + max(TP after backward, overlap ? 0 : reductions),
+ *       reductions + stage-3 gathers)
  *   + the stage 1-2 parameter all-gather after the optimizer.
  * With P pipeline stages (V chunks each, m micro-batches) a stage does 1/P of the compute
  * and TP work, stretched by the bubble to (V m + P - 1) / (V m), and reduces 1/P of the

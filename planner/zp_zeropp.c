@@ -32,7 +32,12 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
     const ZpZeroConfig *z = &plan->zero;
     const int hpz = z->zero_hpz_partition_size, local = node_ranks(plan);
     const char *bad = NULL;
-    if ((z->zero_quantized_weights || z->zero_quantized_gradients || hpz > 1) && z->stage != 3)
+    const gboolean any = z->zero_quantized_weights || z->zero_quantized_gradients || hpz > 1;
+    if (any && plan->impl == ZP_IMPL_FSDP)
+        bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients "
+              "(--quantized-weights, --hpz-partition-size, --quantized-gradients): ZeRO++ is "
+              "DeepSpeed's; --impl fsdp has none of it (use --impl deepspeed or paper)";
+    else if (any && z->stage != 3)
         bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients: ZeRO++ "
               "works on stage 3's partitioned parameters (stage 3 only)";
     else if (hpz < 1 || (hpz > 1 && local % hpz != 0))
@@ -99,17 +104,16 @@ double zp_zeropp_dequantize_mem_bytes(uint64_t elems, int ranks)
     return 3.0 * (double)elems + 4.0 * (double)ranks * (double)zp_zeropp_qwz_groups(part);
 }
 
-double zp_zeropp_secondary_bytes(const ZpSchedule *s)
+double zp_zeropp_secondary_bytes(const ZpSchedule *s, double persistent_elems)
 {
     const int hpz = s->plan.zero.zero_hpz_partition_size;
     if (s->plan.zero.stage != 3 || hpz <= 1)
         return 0.0;
     const ZpStateBytes st = zp_plan_state_bytes(s->plan.precision, s->plan.optimizer);
-    double elems = 0;
+    double elems = -persistent_elems;
     for (int u = 0; u < s->n_units; u++)
-        if (!zp_sched_unit_persistent(s, u))
-            elems += (double)zp_sched_unit_padded(s, u) / hpz;
-    return elems * st.param_bytes;
+        elems += (double)zp_sched_unit_padded(s, u);
+    return elems / hpz * st.param_bytes;
 }
 
 ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad_bytes)

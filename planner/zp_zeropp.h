@@ -15,8 +15,8 @@
  * one local index across the nodes (dp / that). */
 int zp_zeropp_group_ranks(const ZpPlan *plan, ZpGroup group);
 
-/* Fails naming the key when the plan's ZeRO++ options cannot run: any of them below stage
- * 3; an hpZ size that does not divide a node's data-parallel ranks; qgZ where a node's
+/* Fails naming the key when the plan's ZeRO++ options cannot run: any of them with --impl
+ * fsdp (PyTorch FSDP has no ZeRO++) or below stage 3; an hpZ size that does not divide a node's data-parallel ranks; qgZ where a node's
  * data-parallel ranks do not divide dp. */
 gboolean zp_zeropp_check(const ZpPlan *plan, GError **error);
 
@@ -35,10 +35,11 @@ double zp_zeropp_gather_bytes(const ZpPlan *plan, uint64_t elems, int ranks, dou
 double zp_zeropp_quantize_mem_bytes(uint64_t partition_elems);
 double zp_zeropp_dequantize_mem_bytes(uint64_t elems, int ranks);
 
-/* hpZ: the bytes of this rank's secondary partitions, every non-persistent unit padded
- * and split over zero_hpz_partition_size ranks in 16 bits (_partition_param_sec keeps
- * param.dtype): 2 psi / size for fp16. 0 without hpZ. */
-double zp_zeropp_secondary_bytes(const ZpSchedule *sched);
+/* hpZ: the bytes of this rank's secondary partitions, the padded units less the
+ * `persistent_elems` the implementation keeps whole (ZpImpl.persistent), split over
+ * zero_hpz_partition_size ranks in 16 bits (_partition_param_sec keeps param.dtype):
+ * 2 psi / size for fp16. 0 without hpZ. */
+double zp_zeropp_secondary_bytes(const ZpSchedule *sched, double persistent_elems);
 
 /* qgZ on a bucket of `elems` gradient elements (all_to_all_quant_reduce in
  * runtime/comm/coalesced_collectives.py): swizzle_quant to int4 with an fp32 scale per

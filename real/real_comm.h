@@ -40,7 +40,7 @@ struct RealComm {
      * < q; afterwards buf[0..counts[rank]) holds the sum of this rank's piece. */
     gboolean (*reduce_scatter_bf16)(RealComm *c, RealBf16 *buf, const int *counts,
                                     GError **error);
-    /* recv[q*n .. (q+1)*n) = rank q's send[0..n). */
+    /* recv[q*n .. (q+1)*n) = rank q's send[0..n); in place when send is recv + rank n. */
     gboolean (*allgather_bf16)(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
                                GError **error);
     /* Sums doubles on the host: metrics (loss, timings), not counted in sent_bytes. */

@@ -117,7 +117,9 @@ static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealB
         return FALSE;
     c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
     MPI_Request r;
-    return wait_for(c, MPI_Iallgather(send, (int)n, m->bf16, recv, (int)n, m->bf16,
+    /* This rank's piece already in its slot: MPI's in-place form (MPI forbids aliasing). */
+    const void *from = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void *)send;
+    return wait_for(c, MPI_Iallgather(from, (int)n, m->bf16, recv, (int)n, m->bf16,
                                       ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Allgather", error);
 }

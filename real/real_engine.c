@@ -90,8 +90,7 @@ static uint64_t unit_padded(const RealEngine *e, int u)
 
 static gboolean is_persistent(const RealEngine *e, int u)
 {
-    return e->stage == 3 &&
-           (double)e->s->unit_elems[u] <= e->s->plan.zero.stage3_param_persistence_threshold;
+    return zp_sched_unit_persistent(e->s, u);
 }
 
 static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
@@ -136,6 +135,13 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
+    /* DeepSpeed's stages 2-3 split a unit's gradients over buckets and gather parameters per
+     * tensor, which the engine's unit-level landing buckets and gathers do not do; FSDP's are
+     * unit-level. */
+    if (s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2)
+        return fail(error, "zreal executes --impl paper and fsdp at every stage and --impl "
+                           "deepspeed at stages 0-1; the plan is deepspeed at stage %d",
+                    s->plan.zero.stage);
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -446,6 +452,18 @@ static void map_landing_bucket(RealEngine *e, int id)
     }
 }
 
+/* DeepSpeed's step copies of the reduced partition (stage_1_and_2.py step): the flattened
+ * 16-bit gradients, or their fp32 conversion, by the buffer's size. */
+static void step_copy(RealEngine *e, void *dst, uint64_t bytes)
+{
+    const uint64_t part = e->s->partition_elems;
+    const RealBf16 *grad = e->grads + (e->stage == 1 ? e->part_base : 0);
+    if (bytes == part * sizeof(float))
+        e->be->bf16_to_f32(e->be, dst, grad, part);
+    else
+        e->be->copy(e->be, dst, grad, bytes);
+}
+
 /* Bytes the engine needs for the buffer an alloc op asks for; 0 for the buffers the model
  * allocates itself (activations, logits), whose sizes the tracker measures instead. */
 static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
@@ -458,6 +476,8 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
         return real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
+    case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
+        return op->unit == -1 && op->micro == -1 ? (uint64_t)op->bytes : 0;
     default:
         return 0;
     }
@@ -486,6 +506,8 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
         e->be->fill(e->be, e->buffers[op->buffer], 0, need);
         map_landing_bucket(e, op->buffer);
     }
+    if (op->sub == ZP_MEM_WORKSPACE)
+        step_copy(e, e->buffers[op->buffer], need);
     return TRUE;
 }
 
@@ -714,9 +736,15 @@ static int *partition_counts(const RealEngine *e, uint64_t lo, uint64_t hi)
 
 static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
 {
-    RealBf16 *bucket = e->buffers[op->buffer];
     const uint64_t lo = op->elem_offset, hi = lo + op->elems;
     const size_t b2 = sizeof(RealBf16);
+    if (op->buffer < 0) { /* a parameter larger than the bucket, reduced in place */
+        if (e->stage >= 2 || op->sub != ZP_COLL_ALLREDUCE)
+            return fail(error, "rank %d: a bucketless reduction is an all-reduce of the full "
+                               "gradients (stages 0-1)", e->rank);
+        return e->comm->allreduce_bf16(e->comm, e->grads + lo, hi - lo, error);
+    }
+    RealBf16 *bucket = e->buffers[op->buffer];
     if (e->stage < 2) /* full gradients live in grads; the bucket is a copy */
         e->be->copy(e->be, bucket, e->grads + lo, (hi - lo) * b2);
     if (op->sub == ZP_COLL_ALLREDUCE) {
@@ -803,6 +831,13 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
     }
     /* Stages 1-2: a chunk at offset elem_offset of every rank's partition. */
     const uint64_t n = op->elems / (uint64_t)e->dp, P = e->s->partition_elems;
+    if (op->buffer < 0) { /* in place (runtime/utils.py all_gather_dp_groups): one chunk */
+        if (op->elem_offset != 0 || n != P)
+            return fail(error, "rank %d: an in-place all-gather takes the whole partition in "
+                               "one chunk (allgather_bucket_size at least the parameters)",
+                        e->rank);
+        return e->comm->allgather_bf16(e->comm, e->params + e->part_base, P, e->params, error);
+    }
     RealBf16 *bucket = e->buffers[op->buffer];
     if (!e->comm->allgather_bf16(e->comm, e->params + e->part_base + op->elem_offset, n, bucket,
                                  error))

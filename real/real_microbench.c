@@ -3,6 +3,7 @@
  * calibrate` to fit, and on a device backend every other kernel of a step, model-shaped. */
 #include "real_microbench.h"
 #include "real_offload.h"
+#include "real_opbench.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -17,7 +18,7 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-typedef gboolean (*TimedFn)(void *ctx, GError **error);
+typedef RealTimedFn TimedFn;
 
 /* A device backend returns before its work is done: the timed region waits for it. */
 static gboolean finished(RealBackend *be, GError **error)
@@ -60,20 +61,27 @@ static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx
     return ok;
 }
 
+gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
+                                  int repeats, double *median_s, GError **error)
+{
+    double times[REPEATS];
+    repeats = CLAMP(repeats, 1, REPEATS);
+    if (!fn(ctx, error) || !finished(be, error))
+        return FALSE;
+    for (int i = 0; i < repeats; i++)
+        if (!(be->mark ? device_time(be, fn, ctx, &times[i], error)
+                       : host_time(be, comm, fn, ctx, &times[i], error)))
+            return FALSE;
+    qsort(times, (size_t)repeats, sizeof times[0], compare_doubles);
+    *median_s = times[repeats / 2];
+    return TRUE;
+}
+
 /* The median of REPEATS calls after one warm-up call (page faults, library start-up). */
 static gboolean median_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx,
                             double *median_s, GError **error)
 {
-    double times[REPEATS];
-    if (!fn(ctx, error) || !finished(be, error))
-        return FALSE;
-    for (int i = 0; i < REPEATS; i++)
-        if (!(be->mark ? device_time(be, fn, ctx, &times[i], error)
-                       : host_time(be, comm, fn, ctx, &times[i], error)))
-            return FALSE;
-    qsort(times, REPEATS, sizeof times[0], compare_doubles);
-    *median_s = times[REPEATS / 2];
-    return TRUE;
+    return real_microbench_median_s(be, comm, fn, ctx, REPEATS, median_s, error);
 }
 
 /* The sizes a backend is measured at: small on a CPU rank (whose GEMMs run at a few hundred
@@ -668,10 +676,16 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
             x->elems = sz->coll_elems[i] / (size_t)x->comm->size * (size_t)x->comm->size;
             double t;
             ok = median_time(x->be, x->comm, run_collective, x, &t, error);
+            /* Bus bandwidth as nccl-tests define it (doc/PERFORMANCE.md): the algorithm
+             * bandwidth S / t times 2(n-1)/n for an all-reduce, (n-1)/n for the others. */
+            const double n = x->comm->size, algbw = 2.0 * x->elems / t;
+            const double busbw = algbw * (op == 0 ? 2 * (n - 1) / n : (n - 1) / n);
             if (ok)
-                json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f}", "op", names[op],
-                                                     "ranks", x->comm->size, "bytes",
-                                                     2.0 * x->elems, "time_s", t));
+                json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f, s:f, s:f}", "op",
+                                                     names[op], "ranks", x->comm->size,
+                                                     "bytes", 2.0 * x->elems, "time_s", t,
+                                                     "algbw_bytes_per_s", algbw,
+                                                     "busbw_bytes_per_s", busbw));
         }
     x->be->free(x->be, x->h[0]), x->h[0] = NULL;
     x->be->free(x->be, x->h[1]), x->h[1] = NULL;
@@ -679,7 +693,8 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
 }
 
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
-                             const char *path, GError **error)
+                             const ZpModel *model, const ZpPlan *plan, const char *path,
+                             GError **error)
 {
     const gboolean device = be->mark != NULL;
     const Sizes *sz = device ? &device_sizes : &cpu_sizes;
@@ -706,6 +721,7 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                                       "context_bytes", (double)dm.context_bytes));
     json_object_set_new(root, "cpu_adam", cpu_adam);
     json_object_set_new(root, "host_cores", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
+    ok = ok && real_opbench_run(be, comm, model, plan, root, error);
     if (ok && comm->rank == 0)
         ok = zp_json_write(root, path, error);
     json_decref(root);

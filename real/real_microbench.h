@@ -5,6 +5,8 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "zp_model.h"
+#include "zp_plan.h"
 
 #include <glib.h>
 
@@ -22,8 +24,21 @@
  * the median of repeats: on a device backend each one call on the device clock; on the host
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
- * (`emulated`), the collectives are the device-to-device copies that stand in for them. */
+ * (`emulated`), the collectives are the device-to-device copies that stand in for them. Each
+ * collective also carries its algorithm and bus bandwidth as nccl-tests define them. The op
+ * microbenchmarks of real_opbench follow (its sections), with `model` and `plan` (both NULL,
+ * or both set) also every kernel of that plan's compute ops. */
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
-                             const char *path, GError **error);
+                             const ZpModel *model, const ZpPlan *plan, const char *path,
+                             GError **error);
+
+/* A timed call: runs the kernel once on ctx. */
+typedef gboolean (*RealTimedFn)(void *ctx, GError **error);
+
+/* The median of `repeats` (1 to 7) calls after one warm-up call (page faults, library
+ * start-up): each on the device clock on a device backend, on the host each the slowest
+ * rank's, the ranks lined up first. */
+gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
+                                  int repeats, double *median_s, GError **error);
 
 #endif

@@ -1,6 +1,7 @@
 /* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
  * and a collective is one queue event for its whole group, never one per ring step. */
 #include "sim_engine.h"
+#include "zp_cost.h"
 #include "zp_offload.h"
 #include "sim_coll.h"
 #include "zp_util.h"
@@ -95,15 +96,18 @@ typedef struct {
 } LiveBytes;
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
- * its start and its end, so they are kept to one 64-byte line (the busy times apart): the
- * members of a collective are swept in order at each, 131,072 of them at the largest. */
+ * its start and its end, so they are kept together (the busy times apart): the members of a
+ * collective are swept in order at each, 131,072 of them at the largest. */
 typedef struct {
     double mark_s; /* exposed communication is accounted up to here */
     double exposed_s, end_s;
     double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
+    double compute_end_s; /* with contention: when the running GPU compute op ends now */
     uint32_t compute_running, comm_active;
     uint32_t cpu_running, transfers_active;
+    uint32_t compute_op;  /* with contention: the running GPU compute op */
+    uint8_t compute_slowed; /* with contention: it runs slowed (a collective is in flight) */
 } RankState;
 
 /* A rank's busy times: touched when a compute op starts and when a collective ends. */
@@ -166,6 +170,8 @@ typedef struct {
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
+    ZpCost cost;           /* how compute ops are costed (zp_cost), and their contention */
+    double contention;     /* compute slows this many times while a collective runs (>= 1) */
 
     Flow *flows;
     uint32_t n_flows, epoch;
@@ -463,10 +469,10 @@ static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
 static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
-    double peak_flops, attn_flops_per_s;
-    if (!sim_engine_peak_flops(hw, s->plan.precision, &peak_flops, error) ||
-        !sim_engine_attention_flops_per_s(&s->model, &s->plan, hw, &attn_flops_per_s, error))
+    if (!zp_cost_init(&sim->cost, hw, &s->model, &s->plan, error))
         return FALSE;
+    g_strlcpy(result->cost_model, sim->cost.why, sizeof result->cost_model);
+    sim->contention = zp_cost_contention(&sim->cost, 1);
     SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
     for (uint32_t g = 0; g < sim->n_groups; g++)
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
@@ -492,7 +498,12 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
                                        error))
                 return FALSE;
         } else if (op->kind == ZP_OP_COMPUTE) {
-            o->duration_s = sim_engine_compute_time_s(op, hw, peak_flops, attn_flops_per_s);
+            /* Pa+cpu's host_copy: its bytes over the host link (0 for other ops). */
+            const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
+                                      ? op->bytes / hw->host_link_bytes_per_s
+                                      : 0.0;
+            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, op->flops,
+                                                  op->gemm_flops, op->attn_flops, op->mem_bytes);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
@@ -888,6 +899,29 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
         reshare(sim, sim->affected[i], link, now_s);
 }
 
+/* Contention: a rank's compute op runs sim->contention times slower while a collective of
+ * that rank is in flight. When that changes in the middle of an op, the rest of the op is
+ * rescaled and its end queued again; the superseded end event is ignored (handle). */
+static void recontend(Sim *sim, uint32_t rank, double now_s)
+{
+    RankState *rs = &sim->rank[rank];
+    const uint8_t slowed = rs->comm_active > 0;
+    if (sim->contention == 1 || rs->compute_running == 0 || slowed == rs->compute_slowed)
+        return;
+    const double end_s = now_s + (rs->compute_end_s - now_s) *
+                                     (slowed ? sim->contention : 1 / sim->contention);
+    const SimOp *op = &sim->ops[rs->compute_op];
+    RankBusy *rb = &sim->busy[rank];
+    rb->busy_s[op->stream] += end_s - rs->compute_end_s;
+    if (op->sub == ZP_COMP_OPTIMIZER)
+        rb->optimizer_s += end_s - rs->compute_end_s;
+    else
+        rb->compute_s += end_s - rs->compute_end_s;
+    rs->compute_end_s = end_s;
+    rs->compute_slowed = slowed;
+    queue_push(&sim->queue, end_s, rank, rs->compute_op);
+}
+
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 {
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
@@ -913,6 +947,7 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
+        recontend(sim, m, now_s);
         if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
             sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = last;
@@ -944,11 +979,20 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
         const Busy busy = busy_of(op);
-        const double duration_s = sim->compute_scale && busy == BUSY_GPU
-                                      ? op->duration_s * sim->compute_scale[rank]
-                                      : op->duration_s;
         RankState *rs = &sim->rank[rank];
         RankBusy *rb = &sim->busy[rank];
+        /* A collective of this rank in flight shares the GPU with its compute (recontend). */
+        const gboolean gpu = busy == BUSY_GPU;
+        const uint8_t slowed = gpu && sim->contention > 1 && rs->comm_active > 0;
+        const double duration_s =
+            (sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
+                                       : op->duration_s) *
+            (slowed ? sim->contention : 1);
+        if (gpu) {
+            rs->compute_slowed = slowed;
+            rs->compute_op = i;
+            rs->compute_end_s = now_s + duration_s;
+        }
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
         rb->busy_s[stream] += duration_s;
@@ -1071,6 +1115,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
+        recontend(sim, m, now_s);
         sim->busy[m].busy_s[op->stream] += now_s - start_s;
         complete(sim, m, i, now_s);
     }
@@ -1081,6 +1126,10 @@ static void handle(Sim *sim, const Event *e, double now_s)
     if (!(e->id & EVENT_FLOW)) {
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
+        const gboolean gpu = op->kind == ZP_OP_COMPUTE && busy_of(op) == BUSY_GPU;
+        if (gpu && sim->contention > 1 &&
+            (e->detail != rs->compute_op || now_s != rs->compute_end_s))
+            return; /* an end that contention moved */
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;

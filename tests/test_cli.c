@@ -89,15 +89,18 @@ static void test_verdict_first(void)
         int status;
         const char *first_line;
     } cases[] = {
-        {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 2 --micro-batch 4",
+        {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 2 --micro-batch 4 "
+         "--impl paper",
          2, "Does not fit: the step needs 723.9 GB per GPU (allocator-reserved peak + 1.0 GB "
             "reserve) of 80 GiB (85.9 GB), 638.0 GB short.\n"},
         {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 3 --micro-batch 1 "
-         "--checkpoint", 0, "Fits: the step needs 61.7 GB per GPU (allocator-reserved peak + "
-                            "1.0 GB reserve) of 80 GiB (85.9 GB), 24.2 GB headroom.\n"},
-        {"memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64", 2,
-         "Does not fit: stage 3 on 64 GPUs needs 134.2 GB per GPU"},
-        {"memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64", 0,
+         "--checkpoint --impl paper", 0,
+         "Fits: the step needs 61.7 GB per GPU (allocator-reserved peak + 1.0 GB reserve) of "
+         "80 GiB (85.9 GB), 24.2 GB headroom.\n"},
+        /* memory's need is simulate's allocated peak + reserve for the same plan */
+        {"memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --impl paper", 2,
+         "Does not fit: stage 3 on 64 GPUs needs 139.5 GB per GPU"},
+        {"memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --impl paper", 0,
          "Fits: stage 3 on 64 GPUs needs 11.9 GB per GPU"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -117,9 +120,9 @@ static void test_verdict_first(void)
         g_free(json);
     }
     /* What does not fit for its activations says that checkpointing would fit it. */
-    TuRun m = tu_zplan("memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64");
-    g_assert_nonnull(strstr(m.out, ".\nWith --checkpoint it fits: stage 3 needs 57.7 GB per GPU, "
-                                   "28.2 GB headroom.\n"));
+    TuRun m = tu_zplan("memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --impl paper");
+    g_assert_nonnull(strstr(m.out, ".\nWith --checkpoint it fits: stage 3 needs 60.2 GB per GPU, "
+                                   "25.7 GB headroom.\n"));
     tu_free(&m);
     m = tu_zplan("memory --model gpt3-175b --cluster dgx-a100-80g --gpus 8 --checkpoint");
     g_assert_true(g_str_has_prefix(m.out, "Does not fit: stage 3 on 8 GPUs"));

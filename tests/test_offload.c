@@ -71,6 +71,7 @@ static void test_zero_offload_cpu(void)
             const int n = gpu_counts[gi], per_node = MIN(16, n);
             ZpPlan plan;
             zp_plan_defaults(&plan, 2, n, 1);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
             ZpTiers t;
             zp_offload_tiers(&m, &plan, &hw, &t);
@@ -112,6 +113,7 @@ static void test_zero_infinity_nvme(void)
             const int n = gpu_counts[gi], per_node = MIN(16, n), nodes = (n + 15) / 16;
             ZpPlan plan;
             zp_plan_defaults(&plan, 3, n, 1);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
             plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
             ZpTiers t;
@@ -150,6 +152,7 @@ static void test_ratio(void)
     const double psi = (double)zp_model_param_count(&m);
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
     plan.zero.offload_optimizer.ratio = 0.25;
     ZpTiers t;
@@ -178,6 +181,7 @@ static void test_cpu_overflow_refused(void)
     const ZpHw hw = load_hw("dgx2-v100");
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
     plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
     ZpTiers t;
@@ -211,6 +215,7 @@ static void test_schedule_transfers(void)
     const ZpHw hw = load_hw("dgx2-v100");
     ZpPlan plan;
     zp_plan_defaults(&plan, 2, 4, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.grad_accum = 2;
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
     GError *error = NULL;
@@ -261,6 +266,7 @@ static void test_schedule_transfers(void)
     /* ZeRO-Infinity: states and gradients read from NVMe and states written back, the
      * 16-bit partition fetched before every gather (forward and backward). */
     zp_plan_defaults(&plan, 3, 4, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
     plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
     plan.zero.offload_param.max_in_cpu = 0;
@@ -293,6 +299,7 @@ static void test_dsconfig_round_trip(void)
     const ZpModel m = load_model("gpt2-124m");
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
     plan.zero.offload_optimizer.ratio = 0.5;
     plan.zero.offload_optimizer.pin_memory = FALSE;

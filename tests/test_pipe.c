@@ -42,6 +42,7 @@ static ZpPlan pipe_plan(int stage, int dp, int pp, ZpPipeSchedule schedule, int 
 {
     ZpPlan p;
     zp_plan_defaults(&p, stage, dp, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.pipe.stages = pp;
     p.pipe.schedule = schedule;
     p.pipe.virtual_stages = v;
@@ -301,6 +302,7 @@ static void test_sequence_parallel(void)
     g_assert_true(m.dropout);
     ZpPlan p;
     zp_plan_defaults(&p, 1, 4, 8);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.sequence_parallel = TRUE;
     const double s = (double)m.seq_len, h = (double)m.hidden, a = (double)m.heads, t = 8;
     g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
@@ -476,6 +478,7 @@ static void test_cross_node_tp(void)
     g_assert_cmpint(dp.ranks_per_node, ==, 1);
     ZpPlan p;
     zp_plan_defaults(&p, 0, 12, 32);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.micro_batch = 4;
     p.checkpoint = TRUE;
     ZpSchedule *s = zp_sched_build(&m, &p, &error);

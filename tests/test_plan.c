@@ -99,6 +99,7 @@ static void test_compute_ops_match_schedule(void)
         for (int mp = 1; mp <= 2; mp++) {
             ZpPlan p;
             zp_plan_defaults(&p, stage, 3, mp);
+            p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             p.micro_batch = 2;
             p.grad_accum = 2;
             p.checkpoint = stage % 2;
@@ -339,7 +340,6 @@ static void test_dsconfig_refusals(void)
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stage\": 4}}", "key \"stage\" = 4"},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"stag\": 2}}",
          "unknown key \"zero_optimization.stag\""},
-        {"{\"train_batch_size\": 64, \"trian_batch_size\": 64}", "unknown key \"trian_batch_size\""},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"overlap_comm\": 1}}",
          "key \"overlap_comm\" must be true or false"},
         {"{\"train_batch_size\": 64, \"zero_optimization\": {\"reduce_bucket_size\": 2.5}}",
@@ -392,7 +392,8 @@ static void test_dsconfig_refusals(void)
     g_ptr_array_unref(warnings);
 }
 
-/* Keys DeepSpeed knows and zplan does not model warn, one line each naming the key. */
+/* Keys DeepSpeed knows and zplan does not model are listed in one warning line; unknown
+ * top-level keys, which DeepSpeed ignores, in another; other warnings say why. */
 static void test_dsconfig_warnings(void)
 {
     ZpModel m = load_model("gpt2-124m");
@@ -404,6 +405,7 @@ static void test_dsconfig_warnings(void)
     g_assert_true(read_ds(
         "{\"train_batch_size\": 64, \"optimizer\": {\"type\": \"AdamW\"}, \"scheduler\": {}, "
         "\"gradient_clipping\": 1.0, \"steps_per_print\": 10, \"wall_clock_breakdown\": false, "
+        "\"trian_batch_size\": 64, "
         "\"fp16\": {\"enabled\": true, \"loss_scale\": 0}, \"zero_optimization\": {\"stage\": 3,"
         " \"offload_optimizer\": {\"device\": \"cpu\", \"pipeline_read\": true}, "
         "\"allgather_partitions\": false, "
@@ -412,9 +414,9 @@ static void test_dsconfig_warnings(void)
         &m, &launch, &plan, &batch, warnings, &error));
     g_assert_no_error(error);
     const char *expected[] = {
-        "\"optimizer\" ignored: not modeled", "\"scheduler\" ignored",
-        "\"gradient_clipping\" ignored", "\"steps_per_print\" ignored",
-        "\"wall_clock_breakdown\" ignored", "\"fp16.loss_scale\" ignored",
+        "read but not modeled (ignored): optimizer, scheduler, gradient_clipping, "
+        "steps_per_print, wall_clock_breakdown, fp16.loss_scale",
+        "unknown top-level keys, which DeepSpeed ignores: trian_batch_size",
         "zero_optimization.offload_optimizer: \"pipeline_read\" ignored",
         "\"zero_optimization.allgather_partitions\" ignored",
         "\"activation_checkpointing.profile\" ignored",
@@ -670,6 +672,7 @@ static void test_ds_config_round_trip_tp(void)
         for (size_t i = 0; i < G_N_ELEMENTS(mps); i++) {
             ZpPlan plan;
             zp_plan_defaults(&plan, stage, 16 / mps[i], mps[i]);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.micro_batch = 2;
             plan.grad_accum = 3;
             plan.checkpoint = stage % 2 == 1;
@@ -794,9 +797,6 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
      "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": \"three\"}}",
      "key \"stage\" must be a whole number"},
-    {"simulate --model gpt2-124m --cluster dgx2-v100 --gpus 8 --ds-config %s",
-     "{\"train_batch_size\": 8, \"zero_optimisation\": {\"stage\": 1}}",
-     "unknown key \"zero_optimisation\""},
     {"sweep --vary params --values 1e9,2e9 --cluster dgx2-v100 --metric tflops --gpus 8 --out x",
      NULL, "--vary params: tflops simulates steps"},
     {"sweep --vary gpus --values 8,16 --model gpt2-124m --metric maxmodel --out x", NULL,

@@ -1569,6 +1569,7 @@ static void test_llama_layout_memory(void)
         for (int fused = 0; fused <= 1; fused++) {
             ZpPlan plan;
             zp_plan_defaults(&plan, 0, 1, 1);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.micro_batch = 2;
             plan.attention = fused ? ZP_ATTN_FLASH2 : ZP_ATTN_EAGER;
             RealGptDims dims = real_engine_dims(&model, &plan);

@@ -137,6 +137,7 @@ static void test_stages_match_one_rank(gconstpointer data)
              * exactly the paper's formula. */
             ZpPlan plan;
             zp_plan_defaults(&plan, stage, n, 1);
+            plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             plan.precision = ZP_PREC_BF16;
             plan.micro_batch = GLOBAL_BATCH / n;
             plan.zero.stage3_param_persistence_threshold = 0;
@@ -180,6 +181,81 @@ static void test_stages_match_one_rank(gconstpointer data)
     json_decref(ref);
     g_remove(ref_path);
     g_free(ref_path);
+}
+
+/* zreal executes DeepSpeed's stages 0-1 (buckets of whole tensors, held ipg buffers of exactly
+ * reduce_bucket_size, parameters larger than a bucket reduced in place, the all-reduce of every
+ * gradient and the in-place all-gather after the step, the step's flattened and fp32 copies)
+ * and FSDP's stages 0, 2 and 3 (a reduction per unit, the root unit gathered for the whole
+ * micro-step, no persistent parameters). Each trains as the paper's semantics does, and the
+ * bytes it sends and the buffers it allocates are the schedule's, exactly. */
+static void test_other_impls(void)
+{
+    ZpModel model;
+    g_assert_true(zp_model_load("tiny", &model, NULL));
+    model.dropout = FALSE;
+    const struct {
+        ZpImplKind impl;
+        int stage;
+    } runs_of[] = {{ZP_IMPL_DEEPSPEED, 0}, {ZP_IMPL_DEEPSPEED, 1}, {ZP_IMPL_FSDP, 0},
+                   {ZP_IMPL_FSDP, 2}, {ZP_IMPL_FSDP, 3}};
+    for (int n = 2; n <= 4; n *= 2)
+        for (size_t k = 0; k < G_N_ELEMENTS(runs_of); k++) {
+            const int stage = runs_of[k].stage;
+            const char *impl = zp_impl_name(runs_of[k].impl);
+            char *paths[2];
+            json_t *runs[2];
+            for (int other = 0; other <= 1; other++) {
+                paths[other] = g_strdup_printf("%s/impl_%d_%zu_%d.json", tmp_dir, other, k, n);
+                char *args = g_strdup_printf("--model tiny --stage %d --micro-batch %d --steps 4 "
+                                             "--reduce-bucket-size 10000 --impl %s --out %s",
+                                             stage, GLOBAL_BATCH / n, other ? impl : "paper",
+                                             paths[other]);
+                char *err = NULL;
+                const int status = mpirun(n, args, &err);
+                if (!g_spawn_check_wait_status(status, NULL))
+                    g_printerr("%s", err);
+                g_assert_true(g_spawn_check_wait_status(status, NULL));
+                g_free(err), g_free(args);
+                runs[other] = json_load_file(paths[other], 0, NULL);
+                g_assert_nonnull(runs[other]);
+            }
+            json_t *loss = json_object_get(runs[1], "loss");
+            json_t *paper_loss = json_object_get(runs[0], "loss");
+            for (int i = 0; i < 4; i++) {
+                const double a = json_number_value(json_array_get(loss, i));
+                const double b = json_number_value(json_array_get(paper_loss, i));
+                g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+            }
+            ZpPlan plan;
+            zp_plan_defaults(&plan, stage, n, 1);
+            plan.impl = runs_of[k].impl;
+            plan.precision = ZP_PREC_BF16;
+            plan.micro_batch = GLOBAL_BATCH / n;
+            plan.zero.reduce_bucket_size = 10000; /* DeepSpeed: qkv, fc1 and fc2 bypass it */
+            ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+            double peak[ZP_MEM_N];
+            sequential_category_peaks(s, peak);
+            json_t *ranks = json_object_get(runs[1], "ranks");
+            for (int r = 0; r < n; r++) {
+                json_t *rank = json_array_get(ranks, r);
+                g_assert_cmpfloat(json_number_value(json_object_get(rank, "model_state_bytes")),
+                                  ==, zp_sched_model_state_bytes(s));
+                g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+                g_assert_cmpfloat(category(rank, "gathered_params"), ==,
+                                  peak[ZP_MEM_GATHERED_PARAMS]);
+                g_assert_cmpfloat(json_number_value(json_object_get(rank, "comm_bytes")), ==,
+                                  zp_sched_comm_bytes(s, ZP_GROUP_DP));
+            }
+            if (runs_of[k].impl == ZP_IMPL_DEEPSPEED && stage == 1) /* the held ipg buffer */
+                g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], ==, 10000 * 2);
+            zp_sched_free(s);
+            for (int other = 0; other <= 1; other++) {
+                json_decref(runs[other]);
+                g_remove(paths[other]);
+                g_free(paths[other]);
+            }
+        }
 }
 
 static void test_killed_rank(void)
@@ -280,7 +356,7 @@ static void test_calibrate_and_validate(void)
     json_decref(hw);
 
     args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
-                           "--precision bf16 --persistence-threshold 0 --json",
+                           "--precision bf16 --persistence-threshold 0 --impl paper --json",
                            profile);
     g_assert_true(g_spawn_check_wait_status(zplan(args, &out, &err), NULL));
     g_assert_true(g_file_set_contents(pred, out, -1, NULL));
@@ -373,7 +449,7 @@ static void test_schedule_file(void)
     char *meas = g_strdup_printf("%s/sched-m.json", tmp_dir);
     char *flags_meas = g_strdup_printf("%s/flags-m.json", tmp_dir);
     char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 2 --micro-batch 4 "
-                                 "--precision bf16 --out %s", sched);
+                                 "--precision bf16 --impl paper --out %s", sched);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r);
@@ -392,7 +468,7 @@ static void test_schedule_file(void)
     json_decref(a), json_decref(b);
 
     args = g_strdup_printf("schedule --model gpt2-124m --gpus 1 --stage 0 --micro-batch 1 "
-                           "--precision bf16 --out %s", sched);
+                           "--precision bf16 --impl paper --out %s", sched);
     r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r);
@@ -504,6 +580,7 @@ static void test_emulated_rank_of_64(void)
     g_assert_true(zp_model_load("tiny", &model, NULL));
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 64, 1);
+    plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = 2;
     plan.zero.stage3_param_persistence_threshold = 0;
@@ -637,6 +714,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/emulated-rank-is-the-real-rank", test_emulated_rank_is_the_real_rank);
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
+    g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     int status = g_test_run();
     g_rmdir(tmp_dir);

@@ -55,7 +55,7 @@ static json_t *predict(const char *options)
 {
     char *args = g_strdup_printf("simulate --model tiny --cluster dgx-a100-80g --gpus 4 --stage 3 "
                                  "--micro-batch 4 --persistence-threshold 0 --precision bf16 "
-                                 "--no-dropout --json %s", options);
+                                 "--no-dropout --impl paper --json %s", options);
     json_t *p = tu_zplan_json(args);
     g_free(args);
     return p;

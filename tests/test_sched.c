@@ -23,6 +23,7 @@ static ZpSchedule *build(const ZpModel *m, int stage, int dp, int accum, gboolea
 {
     ZpPlan p;
     zp_plan_defaults(&p, stage, dp, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.grad_accum = accum;
     p.checkpoint = ckpt;
     p.zero.stage3_param_persistence_threshold = 0; /* gather every unit */
@@ -120,6 +121,7 @@ static void test_structure(void)
     /* Tensor parallelism: two all-reduces per block forward and backward, two per recompute. */
     ZpPlan p;
     zp_plan_defaults(&p, 0, 2, 2);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.checkpoint = TRUE;
     ZpSchedule *s = zp_sched_build(&m, &p, NULL);
     g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TP), ==,
@@ -161,16 +163,19 @@ static void test_bad_plans(void)
     ZpPlan p;
     GError *error = NULL;
     zp_plan_defaults(&p, 4, 2, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     g_assert_null(zp_sched_build(&m, &p, &error));
     g_assert_nonnull(strstr(error->message, "stage"));
     g_clear_error(&error);
     zp_plan_defaults(&p, 1, 2, 3);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     g_assert_null(zp_sched_build(&m, &p, &error));
     g_assert_nonnull(strstr(error->message, "mp"));
     g_clear_error(&error);
     ZpModel params_only;
     zp_model_from_params(1e9, &params_only);
     zp_plan_defaults(&p, 1, 2, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     g_assert_null(zp_sched_build(&params_only, &p, &error));
     g_clear_error(&error);
 }
@@ -188,6 +193,7 @@ static void test_check_accepts_built(void)
             ZpPlan p;
             const int mp = variant & 1 ? 2 : 1, dp = variant & 8 ? 3 : 2;
             zp_plan_defaults(&p, stage, dp, mp);
+            p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
             p.checkpoint = (variant & 2) != 0;
             p.grad_accum = variant & 4 ? 3 : 1;
             p.zero.overlap_comm = !p.zero.overlap_comm;
@@ -294,6 +300,7 @@ static void test_deep_and_long_bounded(void)
     m.layers = 100000;
     ZpPlan p;
     zp_plan_defaults(&p, 3, 8, 1);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.checkpoint = TRUE;
     p.zero.stage3_param_persistence_threshold = 0;
     const double t0 = g_get_monotonic_time() / 1e6;

@@ -24,6 +24,7 @@ static ZpPlan plan64(void)
 {
     ZpPlan p;
     zp_plan_defaults(&p, 3, 64, 1);
+    p.impl = ZP_IMPL_PAPER; /* written against the paper's unit-level schedule */
     p.micro_batch = 2;
     p.gpus_per_node = 8;
     return p;

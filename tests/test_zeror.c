@@ -24,6 +24,7 @@ static ZpPlan paper_100b_plan(ZpModel *m)
     g_assert_no_error(error);
     ZpPlan p;
     zp_plan_defaults(&p, 2, 25, 16);
+    p.impl = ZP_IMPL_PAPER; /* the paper's figures */
     p.micro_batch = 32;
     p.checkpoint = TRUE;
     return p;
@@ -122,7 +123,7 @@ static void test_cpu_checkpointing(void)
 static void test_paper_100b_fits_with_pa(void)
 {
     const char *base = "simulate --model zero-100b --cluster dgx2-v100 --gpus 400 --mp 16 "
-                       "--stage 2 --micro-batch 32 --checkpoint --json";
+                       "--stage 2 --micro-batch 32 --checkpoint --impl paper --json";
     json_t *without = tu_zplan_json_exit(base, 2);
     char *args = g_strdup_printf("%s --partition-activations", base);
     json_t *with = tu_zplan_json(args);
@@ -165,6 +166,7 @@ static void test_synchronize_boundary(void)
     g_assert_true(zp_model_load("gpt2-1.5b", &m, &error));
     ZpPlan p;
     zp_plan_defaults(&p, 2, 64, 1);
+    p.impl = ZP_IMPL_PAPER; /* written against the paper's schedule */
     p.checkpoint = TRUE;
     p.zero.overlap_comm = TRUE;
     p.zero.reduce_bucket_size = 5e7;
@@ -256,6 +258,7 @@ static void test_schedule_replay(void)
     g_assert_true(zp_model_load("gpt3-175b", &m, &error));
     ZpPlan p;
     zp_plan_defaults(&p, 3, 64, 1);
+    p.impl = ZP_IMPL_PAPER; /* written against the paper's schedule */
     p.micro_batch = 2;
     p.checkpoint = TRUE;
     ZpSchedule *s = zp_sched_build(&m, &p, &error);

@@ -1,0 +1,483 @@
+/* cli_optable: fits the op-level cost table (zp_optable) from `zreal --microbench` runs and
+ * measures how well it predicts the runs' own model-shaped kernels, op by op. */
+#include "cli_optable.h"
+#include "zp_optable.h"
+#include "zp_util.h"
+
+#include <gsl/gsl_fit.h>
+#include <gsl/gsl_sort.h>
+#include <gsl/gsl_statistics_double.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define RESIDUAL_WARN 0.10
+
+typedef struct {
+    int which;      /* GEMM form, attention pass or elementwise class */
+    double x, y;    /* grid coordinates (GEMMs and attention) */
+    double work;    /* FLOPs or bytes */
+    double time_s;
+    gboolean model; /* one of a model's own kernels ("ops"), not a sweep or grid point */
+} Sample;
+
+typedef struct {
+    GArray *launch;           /* double */
+    GArray *gemm, *attn, *ew; /* Sample */
+    GArray *adam;             /* Sample: bytes (the schedule's), time */
+    GArray *contention;       /* double: with / without */
+    GPtrArray *ops;           /* json_t rows of "ops", borrowed from `roots` */
+    GPtrArray *roots;         /* json_t, owned */
+    GPtrArray *runs;          /* base names */
+} Runs;
+
+static int name_index(const char *name, const char *(*name_of)(int), int n)
+{
+    for (int i = 0; name && i < n; i++)
+        if (strcmp(name, name_of(i)) == 0)
+            return i;
+    return -1;
+}
+
+static const char *form_name(int i) { return zp_gemm_form_name((ZpGemmForm)i); }
+static const char *class_name(int i) { return zp_ew_class_name((ZpEwClass)i); }
+static const char *pass_name(int i) { return i ? "backward" : "forward"; }
+
+static gboolean bad(GError **error, const char *path, const char *what)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", path, what);
+    return FALSE;
+}
+
+/* A sample's time and work; its kind's index from `key` through name_of. */
+static gboolean sample(json_t *row, const char *path, const char *key, const char *work_key,
+                       const char *(*name_of)(int), int n, Sample *s, GError **error)
+{
+    const char *name = NULL;
+    if (!zp_json_get_string(row, path, key, TRUE, &name, error) ||
+        !zp_json_get_number(row, path, work_key, TRUE, 1, 1e30, &s->work, error) ||
+        !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s->time_s, error))
+        return FALSE;
+    s->which = name_index(name, name_of, n);
+    if (s->which < 0)
+        return bad(error, path, "an op microbenchmark names an unknown form, pass or class");
+    return TRUE;
+}
+
+static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **error)
+{
+    json_t *row;
+    size_t i;
+    json_array_foreach(json_object_get(root, "gemm_grid"), i, row)
+    {
+        Sample s;
+        if (!sample(row, path, "form", "flops", form_name, ZP_GEMM_N, &s, error) ||
+            !zp_json_get_number(row, path, "log2_mnk", TRUE, -1e3, 1e3, &s.x, error) ||
+            !zp_json_get_number(row, path, "log2_aspect", TRUE, -1e3, 1e3, &s.y, error))
+            return FALSE;
+        g_array_append_val(r->gemm, s);
+    }
+    json_array_foreach(json_object_get(root, "attention_grid"), i, row)
+    {
+        Sample s;
+        double seq, hd;
+        if (!sample(row, path, "pass", "flops", pass_name, 2, &s, error) ||
+            !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
+            !zp_json_get_number(row, path, "head_dim", TRUE, 1, 1e6, &hd, error))
+            return FALSE;
+        s.x = log2(seq), s.y = log2(hd);
+        g_array_append_val(r->attn, s);
+    }
+    json_array_foreach(json_object_get(root, "elementwise"), i, row)
+    {
+        Sample s = {0};
+        if (!sample(row, path, "class", "bytes", class_name, ZP_EW_N, &s, error))
+            return FALSE;
+        g_array_append_val(r->ew, s);
+    }
+    json_array_foreach(json_object_get(root, "memory"), i, row)
+    {
+        const char *kernel = json_string_value(json_object_get(row, "kernel"));
+        Sample s = {0};
+        if (!kernel || strcmp(kernel, "adam") != 0)
+            continue;
+        if (!zp_json_get_number(row, path, "bytes", TRUE, 1, 1e30, &s.work, error) ||
+            !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s.time_s, error))
+            return FALSE;
+        g_array_append_val(r->adam, s);
+    }
+    return TRUE;
+}
+
+/* One run: skipped when it has no op microbenchmarks or fewer ranks than `world`. */
+static gboolean read_run(const char *path, int world, Runs *r, GError **error)
+{
+    json_t *root = zp_json_load_object(path, error);
+    int64_t ranks = 0;
+    double launch;
+    if (!root || !zp_json_get_int(root, path, "world", TRUE, 1, 1 << 20, &ranks, error)) {
+        json_decref(root);
+        return FALSE;
+    }
+    if (ranks != world || !json_object_get(root, "gemm_grid")) {
+        json_decref(root);
+        return TRUE;
+    }
+    g_ptr_array_add(r->roots, root);
+    g_ptr_array_add(r->runs, g_path_get_basename(path));
+    if (!zp_json_get_number(root, path, "launch_s", TRUE, 0, 1, &launch, error) ||
+        !read_grid(root, path, r, error))
+        return FALSE;
+    g_array_append_val(r->launch, launch);
+    json_t *c = json_object_get(root, "contention"), *ops = json_object_get(root, "ops");
+    if (c) {
+        double alone, with;
+        if (!zp_json_get_number(c, path, "gemm_s", TRUE, 1e-12, 1e6, &alone, error) ||
+            !zp_json_get_number(c, path, "gemm_with_collective_s", TRUE, 1e-12, 1e6, &with,
+                                error))
+            return FALSE;
+        const double ratio = with / alone;
+        g_array_append_val(r->contention, ratio);
+    }
+    json_t *row;
+    size_t i;
+    json_array_foreach(ops, i, row)
+    {
+        g_ptr_array_add(r->ops, row);
+        const char *type = json_string_value(json_object_get(row, "type"));
+        Sample s = {.model = TRUE};
+        if (type && strcmp(type, "elementwise") == 0) {
+            if (!sample(row, path, "class", "bytes", class_name, ZP_EW_N, &s, error))
+                return FALSE;
+            g_array_append_val(r->ew, s);
+        } else if (type && strcmp(type, "attention") == 0 &&
+                   !json_is_true(json_object_get(row, "fused"))) {
+            double seq, hd;
+            if (!zp_json_get_number(row, path, "flops", TRUE, 1, 1e30, &s.work, error) ||
+                !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s.time_s, error) ||
+                !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
+                !zp_json_get_number(row, path, "head_dim", TRUE, 1, 1e6, &hd, error))
+                return FALSE;
+            s.which = json_is_true(json_object_get(row, "backward"));
+            s.x = log2(seq), s.y = log2(hd);
+            g_array_append_val(r->attn, s);
+        }
+    }
+    return TRUE;
+}
+
+static double median(GArray *values)
+{
+    gsl_sort((double *)values->data, 1, values->len);
+    return gsl_stats_median_from_sorted_data((double *)values->data, 1, values->len);
+}
+
+/* The sorted distinct values of one coordinate of the grid samples (not a model's own) of
+ * kind `which`. */
+static int axis(GArray *samples, int which, gboolean y, double *out, int max)
+{
+    int n = 0;
+    for (guint i = 0; i < samples->len; i++) {
+        const Sample *s = &g_array_index(samples, Sample, i);
+        const double v = y ? s->y : s->x;
+        int at = 0;
+        if (s->which != which || s->model)
+            continue;
+        while (at < n && out[at] < v)
+            at++;
+        if (at < n && out[at] == v)
+            continue;
+        if (n == max)
+            return max + 1;
+        memmove(out + at + 1, out + at, (size_t)(n - at) * sizeof *out);
+        out[at] = v, n++;
+    }
+    return n;
+}
+
+/* A grid of the mean rate at each point, net of the launch (work / (t - launch), at most
+ * twice the raw rate), so that launch + work / rate gives the measured time back. A grid point
+ * a model's own kernels were timed at takes their mean alone: those are the shapes costed. */
+static gboolean grid(GArray *samples, int which, double launch, const char *what, ZpGrid *g,
+                     GError **error)
+{
+    memset(g, 0, sizeof *g);
+    g->nx = axis(samples, which, FALSE, g->x, ZP_GRID_MAX_X);
+    g->ny = axis(samples, which, TRUE, g->y, ZP_GRID_MAX_Y);
+    if (g->nx < 1 || g->nx > ZP_GRID_MAX_X || g->ny < 1 || g->ny > ZP_GRID_MAX_Y) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d x %d grid points (need 1 to %d x 1 to %d)", what, g->nx, g->ny,
+                    ZP_GRID_MAX_X, ZP_GRID_MAX_Y);
+        return FALSE;
+    }
+    double count[ZP_GRID_MAX_X][ZP_GRID_MAX_Y] = {{0}};
+    gboolean model[ZP_GRID_MAX_X][ZP_GRID_MAX_Y] = {{0}};
+    for (int pass = 1; pass >= 0; pass--) /* the model's own samples first */
+        for (guint k = 0; k < samples->len; k++) {
+            const Sample *s = &g_array_index(samples, Sample, k);
+            int i = 0, j = 0;
+            if (s->which != which || s->model != pass)
+                continue;
+            while (i < g->nx && g->x[i] != s->x)
+                i++;
+            while (j < g->ny && g->y[j] != s->y)
+                j++;
+            if (i == g->nx || j == g->ny) /* a model's kernel off the grid: only checked */
+                continue;
+            if (model[i][j] && !pass)
+                continue;
+            model[i][j] = pass;
+            g->v[i][j] += s->work / fmax(s->time_s - launch, s->time_s / 2);
+            count[i][j]++;
+        }
+    for (int i = 0; i < g->nx; i++)
+        for (int j = 0; j < g->ny; j++) {
+            if (count[i][j] == 0) {
+                g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "%s: no run measured grid point (%g, %g)", what, g->x[i], g->y[j]);
+                return FALSE;
+            }
+            g->v[i][j] /= count[i][j];
+        }
+    return TRUE;
+}
+
+/* t = launch + work / rate over the samples of kind `which` (GSL's weighted fit through the
+ * origin of t - launch against work, weights 1/t^2: relative error), and the RMS relative
+ * residual. Where a model's own kernels of that kind were timed (`model` samples), they alone
+ * are fitted: they are the sizes the table will cost, and a CPU's rate falls off its caches
+ * between a size sweep's ends. */
+static gboolean rate_fit(GArray *samples, int which, double launch, const char *what,
+                         double *rate, double *rms, GError **error)
+{
+    GArray *x = g_array_new(FALSE, FALSE, sizeof(double)), *t = g_array_new(FALSE, FALSE, sizeof(double)),
+           *w = g_array_new(FALSE, FALSE, sizeof(double)), *net = g_array_new(FALSE, FALSE, sizeof(double));
+    gboolean model = FALSE;
+    for (guint i = 0; i < samples->len; i++) {
+        const Sample *s = &g_array_index(samples, Sample, i);
+        model = model || (s->which == which && s->model);
+    }
+    for (guint i = 0; i < samples->len; i++) {
+        const Sample *s = &g_array_index(samples, Sample, i);
+        if (s->which != which || s->model != model)
+            continue;
+        const double wi = 1 / (s->time_s * s->time_s), ni = s->time_s - launch;
+        g_array_append_val(x, s->work);
+        g_array_append_val(t, s->time_s);
+        g_array_append_val(w, wi);
+        g_array_append_val(net, ni);
+    }
+    double c1 = 0, cov11, sumsq;
+    gboolean ok = x->len >= 1 &&
+                  gsl_fit_wmul((double *)x->data, 1, (double *)w->data, 1, (double *)net->data,
+                               1, x->len, &c1, &cov11, &sumsq) == 0 &&
+                  c1 > 0;
+    double sum = 0;
+    for (guint i = 0; ok && i < x->len; i++) {
+        const double ti = g_array_index(t, double, i);
+        sum += pow((launch + c1 * g_array_index(x, double, i) - ti) / ti, 2);
+    }
+    if (ok) {
+        *rate = 1 / c1;
+        *rms = sqrt(sum / x->len);
+    } else {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %u samples that do not give a rate (time must grow with size); rerun "
+                    "the microbenchmark", what, x->len);
+    }
+    g_array_unref(x), g_array_unref(t), g_array_unref(w), g_array_unref(net);
+    return ok;
+}
+
+static void warn(const char *ops, double residual)
+{
+    if (residual > RESIDUAL_WARN)
+        fprintf(stderr, "zplan calibrate: warning: the op table misses %s by %.1f%% (over "
+                        "%.0f%%): rerun the microbenchmark on a quiet machine, or expect that "
+                        "error in predictions\n", ops, 100 * residual, 100 * RESIDUAL_WARN);
+}
+
+/* A model-shaped kernel of an "ops" row as the table costs it; -1 when the table does not
+ * cost it (a fused attention kernel: the profile's attention table does). */
+static double predict(const ZpOpTable *t, json_t *row)
+{
+    const char *type = json_string_value(json_object_get(row, "type"));
+    const double flops = json_number_value(json_object_get(row, "flops"));
+    const double bytes = json_number_value(json_object_get(row, "bytes"));
+    if (!type)
+        return -1;
+    if (strcmp(type, "gemm") == 0) {
+        const int form = name_index(json_string_value(json_object_get(row, "form")), form_name,
+                                    ZP_GEMM_N);
+        double x, y;
+        zp_gemm_coords(json_number_value(json_object_get(row, "m")),
+                       json_number_value(json_object_get(row, "n")),
+                       json_number_value(json_object_get(row, "k")), &x, &y);
+        return form < 0 ? -1 : t->launch_s + flops / zp_grid_at(&t->gemm[form], x, y);
+    }
+    if (strcmp(type, "attention") == 0) {
+        if (json_is_true(json_object_get(row, "fused")))
+            return -1;
+        const int pass = json_is_true(json_object_get(row, "backward"));
+        return t->launch_s +
+               flops / zp_grid_at(&t->eager_attention[pass],
+                                  log2(json_number_value(json_object_get(row, "seq_len"))),
+                                  log2(json_number_value(json_object_get(row, "head_dim"))));
+    }
+    const int c = name_index(json_string_value(json_object_get(row, "class")), class_name,
+                             ZP_EW_N);
+    return c < 0 ? -1 : t->launch_s + bytes / t->ew_bytes_per_s[c];
+}
+
+/* The table against the runs' model-shaped kernels: RMS relative error of the GEMMs and of
+ * the attention kernels, and each compute op's relative error (its kernels summed). */
+static json_t *check_ops(const ZpOpTable *t, GPtrArray *ops)
+{
+    double sq[2] = {0}, n[2] = {0};
+    GHashTable *measured = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, g_free);
+    GHashTable *predicted = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, g_free);
+    for (guint i = 0; i < ops->len; i++) {
+        json_t *row = g_ptr_array_index(ops, i);
+        const char *op = json_string_value(json_object_get(row, "op"));
+        const char *type = json_string_value(json_object_get(row, "type"));
+        const double tm = json_number_value(json_object_get(row, "time_s"));
+        const double tp = predict(t, row);
+        if (!op || !type || tp < 0 || tm <= 0)
+            continue;
+        const int k = strcmp(type, "gemm") == 0 ? 0 : strcmp(type, "attention") == 0 ? 1 : -1;
+        if (k >= 0)
+            sq[k] += pow((tp - tm) / tm, 2), n[k]++;
+        double *m = g_hash_table_lookup(measured, op), *p = g_hash_table_lookup(predicted, op);
+        if (!m) {
+            m = g_new0(double, 1), p = g_new0(double, 1);
+            g_hash_table_insert(measured, (gpointer)op, m);
+            g_hash_table_insert(predicted, (gpointer)op, p);
+        }
+        *m += tm, *p += tp;
+    }
+    json_t *out = json_object(), *per_op = json_object();
+    if (n[0] > 0)
+        json_object_set_new(out, "model_gemms_rms_rel_error", json_real(sqrt(sq[0] / n[0])));
+    if (n[1] > 0)
+        json_object_set_new(out, "model_attention_rms_rel_error", json_real(sqrt(sq[1] / n[1])));
+    GHashTableIter it;
+    gpointer key, value;
+    g_hash_table_iter_init(&it, measured);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        const double m = *(double *)value, p = *(double *)g_hash_table_lookup(predicted, key);
+        json_object_set_new(per_op, key, json_real((p - m) / m));
+    }
+    json_object_set_new(out, "ops_rel_error", per_op);
+    g_hash_table_unref(measured);
+    g_hash_table_unref(predicted);
+    return out;
+}
+
+static void warn_checks(json_t *checks)
+{
+    const char *key;
+    json_t *v;
+    if (json_object_get(checks, "model_gemms_rms_rel_error"))
+        warn("the model-shaped GEMMs (the GEMM surface between its grid points)",
+             json_number_value(json_object_get(checks, "model_gemms_rms_rel_error")));
+    if (json_object_get(checks, "model_attention_rms_rel_error"))
+        warn("the model-shaped attention kernels (eager_attention)",
+             json_number_value(json_object_get(checks, "model_attention_rms_rel_error")));
+    json_object_foreach(json_object_get(checks, "ops_rel_error"), key, v)
+    {
+        char *what = g_strdup_printf("the op %s (its kernels summed)", key);
+        warn(what, fabs(json_number_value(v)));
+        g_free(what);
+    }
+    json_object_foreach(json_object_get(checks, "elementwise_rms_rel_error"), key, v)
+    {
+        char *what = g_strdup_printf("the elementwise class %s", key);
+        warn(what, json_number_value(v));
+        g_free(what);
+    }
+    if (json_object_get(checks, "optimizer_rms_rel_error"))
+        warn("the optimizer (Adam)",
+             json_number_value(json_object_get(checks, "optimizer_rms_rel_error")));
+}
+
+static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
+{
+    t->launch_s = median(r->launch);
+    gboolean ok = TRUE;
+    for (int f = 0; ok && f < ZP_GEMM_N; f++) {
+        char *what = g_strdup_printf("gemm_grid (%s)", form_name(f));
+        ok = grid(r->gemm, f, t->launch_s, what, &t->gemm[f], error);
+        g_free(what);
+    }
+    t->has_eager_attention = r->attn->len > 0;
+    for (int p = 0; ok && t->has_eager_attention && p < 2; p++)
+        ok = grid(r->attn, p, t->launch_s, "attention_grid", &t->eager_attention[p], error);
+    json_t *ew = json_object();
+    json_object_set_new(checks, "elementwise_rms_rel_error", ew);
+    for (int c = 0; ok && c < ZP_EW_N; c++) {
+        char *what = g_strdup_printf("elementwise (%s)", class_name(c));
+        double rms;
+        ok = rate_fit(r->ew, c, t->launch_s, what, &t->ew_bytes_per_s[c], &rms, error);
+        if (ok)
+            json_object_set_new(ew, class_name(c), json_real(rms));
+        g_free(what);
+    }
+    double rms;
+    ok = ok && rate_fit(r->adam, 0, t->launch_s, "memory (adam)", &t->optimizer_bytes_per_s,
+                        &rms, error);
+    if (ok)
+        json_object_set_new(checks, "optimizer_rms_rel_error", json_real(rms));
+    t->contention = r->contention->len ? fmax(1.0, median(r->contention)) : 1.0;
+    return ok;
+}
+
+gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
+                         void *calibration, void *notes, GError **error)
+{
+    Runs r = {g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(Sample)),
+              g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(Sample)),
+              g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(double)),
+              g_ptr_array_new(), g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
+              g_ptr_array_new_with_free_func(g_free)};
+    gboolean ok = TRUE;
+    *op_costs = NULL;
+    for (int i = 0; ok && i < n_paths; i++)
+        ok = read_run(paths[i], world, &r, error);
+    if (ok && r.roots->len > 0) {
+        ZpOpTable t = {.present = TRUE};
+        json_t *checks = json_object();
+        g_ptr_array_add(r.runs, NULL);
+        char *runs = g_strjoinv(", ", (char **)r.runs->pdata);
+        g_snprintf(t.source, sizeof t.source, "zplan calibrate from %s", runs);
+        ok = fit(&r, &t, checks, error);
+        if (ok) {
+            json_t *op_checks = check_ops(&t, r.ops);
+            json_object_update(checks, op_checks);
+            json_decref(op_checks);
+            *op_costs = zp_optable_to_json(&t);
+            json_object_set_new(calibration, "op_table", checks);
+            warn_checks(checks);
+            char *note = g_strdup_printf(
+                "measured on this machine and fitted by zplan calibrate from %s (%d ranks): "
+                "GEMM rates at the grid points of each form's log2(m n k) x log2(aspect) grid "
+                "and eager attention's log2(seq) x log2(head_dim) grid (the mean over runs, net "
+                "of the launch); each elementwise class t = c0 + bytes / rate by GSL weighted "
+                "least squares (1/t^2) over its size sweep and the model's own kernels; the "
+                "optimizer from Adam's runs; launch_s a one-element add; contention %s",
+                runs, world,
+                r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "
+                                    "of 4 MiB run to its time alone"
+                                  : "1: not measured (one rank, or a device backend)");
+            json_object_set_new(notes, "op_costs", json_string(note));
+            g_free(note);
+        } else {
+            json_decref(checks);
+        }
+        g_free(runs);
+    }
+    g_array_unref(r.launch), g_array_unref(r.gemm), g_array_unref(r.attn);
+    g_array_unref(r.ew), g_array_unref(r.adam), g_array_unref(r.contention);
+    g_ptr_array_unref(r.ops), g_ptr_array_unref(r.roots), g_ptr_array_unref(r.runs);
+    return ok;
+}

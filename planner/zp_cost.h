@@ -1,0 +1,84 @@
+/* zp_cost: the time of one compute op of the schedule. With an op table in the profile
+ * (zp_optable), each op is the sum of its kernels as real/'s backends issue them — every GEMM
+ * of forward, data gradient and weight gradient with its own shape, attention, each
+ * elementwise kernel by its real bytes, a launch cost each; without one, today's roofline. */
+#ifndef ZP_COST_H
+#define ZP_COST_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_optable.h"
+#include "zp_plan.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+typedef enum { ZP_KERNEL_GEMM, ZP_KERNEL_ATTENTION, ZP_KERNEL_EW } ZpKernelKind;
+
+/* One kernel of a compute op. */
+typedef struct {
+    ZpKernelKind kind;
+    int sub;          /* GEMM: ZpGemmForm; attention: 0 forward, 1 backward; ZpEwClass */
+    double m, n, k;   /* GEMM shape: c[m,n] = a[m,k] b[k,n] */
+    double flops;     /* GEMM 2mnk; attention the model's 4bs^2h/mp forward, 8 backward */
+    double bytes;     /* elementwise: bytes the backend really reads and writes */
+    /* Elements read plus written in the schedule's accounting (its mem_bytes are this times
+     * the working precision's size): the norms, residual adds, activations, bias gradients,
+     * the eager softmax; 0 for conversions and copies (zreal's fp32 bookkeeping, which a
+     * 16-bit framework does not do) and for what a GEMM epilogue does (bias adds). */
+    double accesses;
+} ZpKernel;
+
+#define ZP_COST_MAX_KERNELS 64
+typedef struct {
+    int n;
+    ZpKernel k[ZP_COST_MAX_KERNELS];
+} ZpKernels;
+
+/* The kernels of one compute op of `kind` (none for the optimizers, whose work is their op's
+ * bytes, on the GPU or, offloaded, on the host: zp_offload costs that one)
+ * for the model (with an architecture) and plan, in the order real_gpt.c issues them:
+ * a block forward saves its activations unless the plan checkpoints (the recompute always
+ * does); widths split by the tensor degree mp as Megatron splits them. */
+void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                     ZpKernels *out);
+
+/* Elements read plus written by an op's memory-bound kernels in the schedule's accounting
+ * (the sum of their `accesses`): the schedule's mem_bytes of a block backward are this times
+ * the element size, from the backward's own kernels. */
+double zp_cost_accesses(const ZpKernels *kernels);
+
+/* How a profile costs a plan's compute ops. */
+typedef struct {
+    const ZpHw *hw;
+    gboolean table;             /* the profile's op table, op by op */
+    char why[200];              /* which model was used, and why not the table */
+    double peak_flops;          /* roofline: the plan's precision's peak */
+    double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
+    double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
+    double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
+} ZpCost;
+
+/* Chooses the table when hw has one, the model an architecture and the table covers the
+ * plan's attention kernel (eager needs "eager_attention", a fused kernel the profile's
+ * "attention" entry); else the roofline, saying why in c->why. The table describes the kernels
+ * as the backend that was measured runs them, operand dtypes included, whatever the plan's
+ * precision. Fails only as the roofline would: no peak for the plan's precision, no rate for a
+ * fused kernel. */
+gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
+                      GError **error);
+
+/* Seconds of one compute op of `kind` with the schedule's cost fields. Table: the kind's
+ * kernels (the optimizer: launch + mem_bytes at the optimizer rate); roofline:
+ * zp_hw_compute_time_s. */
+double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double gemm_flops,
+                    double attn_flops, double mem_bytes);
+
+/* Seconds of one kernel from the op table (launch included); c must use the table. */
+double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);
+
+/* How much slower a compute op runs while `overlapping` collectives of its rank are in
+ * flight: the table's contention factor, 1 when none overlaps or there is no table. */
+double zp_cost_contention(const ZpCost *c, int overlapping);
+
+#endif

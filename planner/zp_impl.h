@@ -1,0 +1,135 @@
+/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP or the ZeRO paper —
+ * as a table of rules the one schedule builder (zp_sched.c) and the memory model call through.
+ *
+ * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c) fills a
+ * ZpImpl; the builder never asks which implementation it runs. A new semantics (offload, ZeRO++)
+ * is a new table or a wrapper of one: each rule is a function or a plain field. */
+#ifndef ZP_IMPL_H
+#define ZP_IMPL_H
+
+#include "zp_mem.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* Compute positions of a micro-step, as the builder walks them: 0 embedding, 1..L blocks
+ * forward, L+1 head, then per block l from L down to 1 its recompute (checkpointing; empty
+ * otherwise) and its backward, and last the embedding's backward. */
+static inline int zp_pos_fwd(int l) { return l; }
+static inline int zp_pos_head(int L) { return L + 1; }
+static inline int zp_pos_rec(int L, int l) { return L + 2 + 2 * (L - l); }
+static inline int zp_pos_bwd(int L, int l) { return L + 3 + 2 * (L - l); }
+static inline int zp_pos_embed_bwd(int L) { return 3 * L + 2; }
+static inline int zp_pos_count(int L) { return 3 * L + 3; }
+
+/* One gradient reduction: the flat range [lo, hi) (unpadded) in bytes `bytes` on the wire. It
+ * launches after unit launch_unit's backward; top_unit produces its first gradients (where a
+ * landing buffer is allocated at stages 2-3). `bypass`: reduced from the gradient itself, no
+ * bucket buffer (DeepSpeed's parameter larger than reduce_bucket_size). */
+typedef struct {
+    uint64_t lo, hi;
+    double bytes;
+    int top_unit, low_unit, launch_unit;
+    gboolean bypass;
+} ZpBucketSpec;
+
+/* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
+ * `unit`, issued at the start of trigger_pos, needed by the compute at use_pos and freed after
+ * the compute at free_pos (positions as above). */
+typedef struct {
+    int unit;
+    uint64_t offset, elems;
+    int trigger_pos, use_pos, free_pos;
+} ZpFetch;
+
+/* A buffer the step allocates around the optimizer: `bytes` of category `cat`, freed once the
+ * next one is allocated (`transient`, as a flatten then a dtype conversion) or after the
+ * optimizer. */
+typedef struct {
+    ZpMemCategory cat;
+    double bytes;
+    gboolean transient;
+} ZpStepBuffer;
+
+typedef struct ZpImpl {
+    ZpImplKind kind;
+    const char *name;
+    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1). */
+    gboolean (*has_stage)(int stage);
+    /* The collective that reduces a gradient bucket at the plan's stage. */
+    ZpCollKind (*grad_collective)(const ZpPlan *plan);
+    /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
+    void (*plan_buckets)(const ZpSchedule *s, GArray *buckets);
+    /* Bucket buffers held for the whole reducing backward: their count (0: each bucket takes
+     * its own buffer of its size while it is filled and reduced) and elements each. */
+    int (*bucket_buffers)(const ZpPlan *plan, double *elems);
+    /* Whether a reduce-scatter first concatenates the bucket into a copy of its size. */
+    gboolean (*concat_copy)(const ZpPlan *plan);
+    /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
+     * buffers (FALSE: in place, allocating nothing). */
+    gboolean post_step_gather_buffer;
+    /* Stage 3: the micro-step's all-gathers (GArray of ZpFetch) in issue order. */
+    void (*plan_fetches)(const ZpSchedule *s, GArray *fetches);
+    /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and
+     * elems), refreshed by an all-gather after the step. */
+    void (*persistent)(const ZpSchedule *s, GArray *ranges);
+    /* Whether those are whole units at or below the persistence threshold (the rule
+     * zp_sched_unit_persistent answers in O(1)); FALSE when decided otherwise or never. */
+    gboolean unit_persistence;
+    /* Gradient elements kept as a model state (stage 2 may hold more than the partition). */
+    double (*grad_state_elems)(const ZpSchedule *s);
+    /* The step's buffers around the optimizer (GArray of ZpStepBuffer). */
+    void (*step_buffers)(const ZpSchedule *s, GArray *buffers);
+    /* The closed-form buffer terms of the memory model (reduce and all-gather buckets, stage-3
+     * gathered and persistent parameters, step buffers), from the same rules. */
+    void (*residual_buffers)(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
+    /* Stage 3: at most how many elements one micro-step gathers at the least (the search's
+     * lower bound of the gathers' time; O(1)). */
+    double (*gather_bound_elems)(const ZpModel *model, const ZpPlan *plan);
+} ZpImpl;
+
+extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
+
+const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* ---- rules the implementations share ------------------------------------------------- */
+
+/* A tensor as a rank holds it: its unit, flat offset and elements (its tensor-parallel share,
+ * clipped to the unit's range), and the module it belongs to (tensors of one unit whose
+ * names share the part before the '.': "qkv.weight" and "qkv.bias" are module "qkv"). */
+typedef struct {
+    int unit, module;
+    uint64_t offset, elems;
+} ZpImplTensor;
+
+/* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs). */
+GArray *zp_impl_tensors(const ZpSchedule *s);
+
+/* Buckets in backward order (from the last unit down): items (whole units, or whole tensors
+ * with by_tensor) grouped up to limit elements; an item larger than limit is a bucket alone
+ * (bypass when bypass_large). Stage 3 counts units padded to dp. */
+void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
+                           gboolean bypass_large, GArray *buckets);
+
+/* Prefetch windows over fetches already listed with use_pos and free_pos: fetch k is issued
+ * when fetch i's use starts, i the earliest with fetches i+1..k within the prefetch bucket and
+ * i..k within max live (the paper's unit-level rule; a fetch too large goes just in time). */
+void zp_impl_prefetch_window(const ZpSchedule *s, GArray *fetches);
+
+/* Unit-level persistence: units at or below the threshold (the paper's rule). */
+void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges);
+
+/* The stage's partition of gradients: all (stages 0-1, padded at 1) or this rank's. */
+double zp_impl_partition_grad_elems(const ZpSchedule *s);
+
+/* Nothing around the optimizer. */
+void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);
+
+/* Every non-persistent block twice and the embedding once (unit-level persistence). */
+double zp_impl_unit_gather_bound(const ZpModel *model, const ZpPlan *plan);
+
+/* The paper's closed-form buffer terms (the unit-level schedule's). */
+void zp_impl_paper_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
+
+#endif

@@ -1,0 +1,397 @@
+/* zp_impl_deepspeed: DeepSpeed v0.19.6's ZeRO as its source does it (deepspeed/runtime/zero/
+ * stage_1_and_2.py, stage3.py, partitioned_param_coordinator.py, runtime/utils.py, engine.py);
+ * each rule below names the file and function it follows. */
+#include "zp_impl.h"
+
+#include <math.h>
+
+static gboolean ds_has_stage(int stage)
+{
+    return stage >= 0 && stage <= 3;
+}
+
+/* Stage 0: engine.py DeepSpeedEngine.allreduce_gradients -> buffered_allreduce_fallback
+ * all-reduces flattened buckets. Stages 1-2: stage_1_and_2.py average_tensor with
+ * use_multi_rank_bucket_allreduce (default true) all-reduces each bucket and every rank keeps
+ * its slice; with false it dist.reduce()s each rank's slice to that rank, which sends what a
+ * reduce-scatter sends ((n-1)/n of the bucket per rank) and is timed as one. Stage 3: stage3.py
+ * __avg_scatter_grads reduce-scatters the bucket. */
+static ZpCollKind ds_grad_collective(const ZpPlan *plan)
+{
+    const int stage = plan->zero.stage;
+    if (stage == 3 || ((stage == 1 || stage == 2) && !plan->zero.use_multi_rank_bucket_allreduce))
+        return ZP_COLL_REDUCE_SCATTER;
+    return ZP_COLL_ALLREDUCE;
+}
+
+/* Buckets hold whole parameters in backward order up to reduce_bucket_size elements
+ * (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads, stage3.py
+ * reduce_independent_p_g_buckets_and_remove_grads). A parameter larger than the bucket is
+ * reduced from its own gradient (extra_large_param_to_reduce; stage 3's __add_grad_to_ipg_bucket
+ * leaves it outside the flat buffer). Stage 0's buffered_allreduce_fallback flattens every
+ * bucket, a large tensor alone, into a copy. */
+static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
+{
+    const gboolean bypass = s->plan.zero.stage >= 1 && s->plan.zero.contiguous_gradients;
+    zp_impl_group_buckets(s, TRUE, s->plan.zero.reduce_bucket_size, bypass, buckets);
+}
+
+/* Stages 1-2 with contiguous_gradients: stage_1_and_2.py DeepSpeedZeroOptimizer.backward
+ * allocates ipg_buffer, one tensor of exactly reduce_bucket_size elements, two with
+ * overlap_comm. Stage 3: stage3.py DeepSpeedZeroOptimizer_Stage3.__init__ allocates one
+ * __ipg_bucket_flat_buffer of reduce_bucket_size. Otherwise each bucket is flattened on its own. */
+static int ds_bucket_buffers(const ZpPlan *plan, double *elems)
+{
+    const ZpZeroConfig *z = &plan->zero;
+    *elems = z->reduce_bucket_size;
+    if (z->stage == 3)
+        return 1;
+    if ((z->stage == 1 || z->stage == 2) && z->contiguous_gradients)
+        return z->overlap_comm ? 2 : 1;
+    *elems = 0;
+    return 0;
+}
+
+/* stage3.py __avg_scatter_grads -> comm/coalesced_collectives.py reduce_scatter_coalesced
+ * concatenates the bucket's padded partitions into one tensor before reducing. */
+static gboolean ds_concat_copy(const ZpPlan *plan)
+{
+    return plan->zero.stage == 3;
+}
+
+/* ---- stage 3: the partitioned-parameter coordinator, replayed on the module trace -------- */
+
+typedef struct {
+    int module, pos;
+} Use;
+
+typedef struct {
+    const ZpSchedule *s;
+    GArray *tensors;      /* ZpImplTensor */
+    guint *module_start;  /* tensors of module m: [module_start[m], module_start[m+1]) */
+    double *module_numel; /* elements of each module's tensors (ds_numel, persistent too) */
+    gboolean *persist;    /* per tensor */
+    GArray *uses;         /* Use, in trace order */
+} Trace;
+
+static void add_use(Trace *t, int module, int pos)
+{
+    Use u = {module, pos};
+    g_array_append_val(t->uses, u);
+}
+
+/* Modules of unit u, forward or reverse. */
+static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
+{
+    const int n_modules =
+        (int)g_array_index(t->tensors, ZpImplTensor, t->tensors->len - 1).module + 1;
+    int first = -1, last = -1;
+    for (int m = 0; m < n_modules; m++) {
+        const ZpImplTensor *x = &g_array_index(t->tensors, ZpImplTensor, t->module_start[m]);
+        if (x->unit == unit) {
+            if (first < 0)
+                first = m;
+            last = m;
+        }
+    }
+    for (int i = 0; first >= 0 && i <= last - first; i++)
+        add_use(t, reverse ? last - i : first + i, pos);
+}
+
+static int module_of_first_tensor(const Trace *t, int unit)
+{
+    for (guint i = 0; i < t->tensors->len; i++)
+        if (g_array_index(t->tensors, ZpImplTensor, i).unit == unit)
+            return g_array_index(t->tensors, ZpImplTensor, i).module;
+    return -1;
+}
+
+/* The trace a micro-step records (parameter_offload.py hooks every module's forward and
+ * backward; partitioned_param_coordinator.py record_module): embeddings, each block's
+ * modules, the final norm and the LM head (the tied embedding's weight), their backward in
+ * reverse, each block's recompute in forward order before its backward (checkpointing runs
+ * the block's forward hooks again), the embeddings last. */
+static void build_trace(Trace *t)
+{
+    const ZpSchedule *s = t->s;
+    const int L = (int)s->model.layers;
+    add_unit(t, 0, zp_pos_fwd(0), FALSE);
+    for (int l = 1; l <= L; l++)
+        add_unit(t, l, zp_pos_fwd(l), FALSE);
+    add_unit(t, L + 1, zp_pos_head(L), FALSE);
+    const int wte = module_of_first_tensor(t, 0);
+    if (s->model.tied_embeddings)
+        add_use(t, wte, zp_pos_head(L)), add_use(t, wte, zp_pos_head(L));
+    add_unit(t, L + 1, zp_pos_head(L), TRUE);
+    for (int l = L; l >= 1; l--) {
+        if (s->plan.checkpoint)
+            add_unit(t, l, zp_pos_rec(L, l), FALSE);
+        add_unit(t, l, zp_pos_bwd(L, l), TRUE);
+    }
+    add_unit(t, 0, zp_pos_embed_bwd(L), TRUE);
+}
+
+typedef struct {
+    gboolean avail;
+    int fetch;          /* its live fetch, -1 when none */
+    int fetched_for;    /* __most_recent_step_id_param_fetched_for */
+} TensorState;
+
+static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, int trigger_pos,
+                  int use_pos, double *n_avail)
+{
+    const ZpImplTensor *ten = &g_array_index(t->tensors, ZpImplTensor, x);
+    ZpFetch f = {ten->unit, ten->offset, zp_mem_padded_elems(ten->elems, (uint64_t)t->s->plan.dp),
+                 trigger_pos, use_pos, use_pos};
+    g_array_append_val(fetches, f);
+    st[x].avail = TRUE;
+    st[x].fetch = (int)fetches->len - 1;
+    *n_avail += (double)ten->elems;
+}
+
+/* Whether a parameter of use i is kept: a later use already prefetched for it, or
+ * partitioned_param_coordinator.py __params_to_release: a module within
+ * stage3_max_reuse_distance elements of the modules after it uses it again (the walk stops
+ * once the elements passed reach the distance). A use in the same position is kept too: the
+ * schedule computes a position as one op. */
+static gboolean kept(const Trace *t, const TensorState *st, guint x, guint i)
+{
+    const Use *u = (const Use *)t->uses->data;
+    if (st[x].fetched_for > (int)i)
+        return TRUE;
+    const int module = g_array_index(t->tensors, ZpImplTensor, x).module;
+    double traversed = 0;
+    for (guint k = i + 1; k < t->uses->len; k++) {
+        if (u[k].module == module && u[k].pos == u[i].pos)
+            return TRUE;
+        if (traversed >= t->s->plan.zero.stage3_max_reuse_distance)
+            return FALSE;
+        if (u[k].module == module)
+            return TRUE;
+        traversed += t->module_numel[u[k].module];
+    }
+    return FALSE;
+}
+
+/* partitioned_param_coordinator.py fetch_sub_module, replayed: the current module's missing
+ * parameters are gathered; then, walking the parameter queue in trace order, parameters are
+ * prefetched while the elements prefetched stay below min(stage3_max_live_parameters - live,
+ * stage3_prefetch_bucket_size) (so the last one overshoots); release_sub_module frees what is
+ * not kept. */
+static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
+{
+    Trace t = {.s = s, .tensors = zp_impl_tensors(s),
+               .uses = g_array_new(FALSE, FALSE, sizeof(Use))};
+    const guint n_t = t.tensors->len;
+    const int n_modules = (int)g_array_index(t.tensors, ZpImplTensor, n_t - 1).module + 1;
+    t.module_start = g_new0(guint, (gsize)n_modules + 1);
+    t.module_numel = g_new0(double, (gsize)n_modules);
+    t.persist = g_new0(gboolean, n_t);
+    const ZpZeroConfig *z = &s->plan.zero;
+    double n_avail = 0;
+    for (guint x = 0; x < n_t; x++) {
+        const ZpImplTensor *ten = &g_array_index(t.tensors, ZpImplTensor, x);
+        t.module_start[ten->module + 1] = x + 1;
+        t.module_numel[ten->module] += (double)ten->elems;
+        /* partition_parameters.py _convert_to_deepspeed_param: ds_persist when
+         * ds_numel <= param_persistence_threshold */
+        t.persist[x] = (double)ten->elems <= z->stage3_param_persistence_threshold;
+        if (t.persist[x])
+            n_avail += (double)ten->elems;
+    }
+    build_trace(&t);
+    const Use *u = (const Use *)t.uses->data;
+    const guint n_u = t.uses->len;
+    TensorState *st = g_new(TensorState, n_t);
+    for (guint x = 0; x < n_t; x++)
+        st[x] = (TensorState){t.persist[x], -1, -1};
+    /* The parameter queue: every use's parameters in trace order. */
+    guint cursor = 0; /* next use in the queue (whole uses: a module's tensors go together) */
+    for (guint i = 0; i < n_u; i++) {
+        const int m = u[i].module;
+        for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
+            if (!st[x].avail)
+                fetch(&t, fetches, st, x, u[i].pos, u[i].pos, &n_avail);
+            else if (st[x].fetch >= 0) /* kept or prefetched: live until this use at least */
+                g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
+        for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
+            st[x].fetched_for = MAX(st[x].fetched_for, (int)i);
+        cursor = MAX(cursor, i + 1);
+        const double budget = fmin(z->stage3_max_live_parameters - n_avail,
+                                   z->stage3_prefetch_bucket_size);
+        double prefetching = 0;
+        while (z->stage3_prefetch_bucket_size > 0 && cursor < n_u && prefetching < budget) {
+            const int q = u[cursor].module;
+            for (guint x = t.module_start[q]; x < t.module_start[q + 1]; x++) {
+                st[x].fetched_for = MAX(st[x].fetched_for, (int)cursor);
+                if (!st[x].avail) {
+                    fetch(&t, fetches, st, x, u[i].pos, u[cursor].pos, &n_avail);
+                    prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
+                }
+            }
+            cursor++;
+        }
+        for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
+            if (!t.persist[x] && st[x].avail && !kept(&t, st, x, i)) {
+                g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
+                st[x].avail = FALSE;
+                st[x].fetch = -1;
+                n_avail -= (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
+            }
+    }
+    g_free(st);
+    g_free(t.module_start);
+    g_free(t.module_numel);
+    g_free(t.persist);
+    g_array_unref(t.uses);
+    g_array_unref(t.tensors);
+}
+
+/* Per parameter (partition_parameters.py _convert_to_deepspeed_param: ds_persist). */
+static void ds_persistent(const ZpSchedule *s, GArray *ranges)
+{
+    GArray *tensors = zp_impl_tensors(s);
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if ((double)t->elems <= s->plan.zero.stage3_param_persistence_threshold) {
+            ZpFetch f = {t->unit, t->offset, zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp),
+                         -1, -1, -1};
+            g_array_append_val(ranges, f);
+        }
+    }
+    g_array_unref(tensors);
+}
+
+/* Stage 2: stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition as the whole
+ * parameters that overlap the rank's partition (params_in_partition), on the rank where that
+ * is largest (every rank runs one schedule; the largest sets what fits); with gradient
+ * accumulation the reduced gradients of earlier micro-steps are kept beside it
+ * (averaged_gradients), a second copy. */
+static double ds_grad_state_elems(const ZpSchedule *s)
+{
+    if (s->plan.zero.stage != 2)
+        return zp_impl_partition_grad_elems(s);
+    GArray *tensors = zp_impl_tensors(s);
+    const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
+    const uint64_t part = s->partition_elems;
+    uint64_t worst = 0;
+    guint first = 0;
+    for (int r = 0; r < s->plan.dp; r++) {
+        const uint64_t lo = (uint64_t)r * part, hi = lo + part;
+        while (first < tensors->len && t[first].offset + t[first].elems <= lo)
+            first++;
+        uint64_t sum = 0;
+        for (guint i = first; i < tensors->len && t[i].offset < hi; i++)
+            sum += t[i].elems;
+        worst = MAX(worst, sum);
+    }
+    g_array_unref(tensors);
+    return (double)worst * (s->plan.grad_accum > 1 ? 2.0 : 1.0);
+}
+
+/* Stages 1-2: stage_1_and_2.py DeepSpeedZeroOptimizer.step flattens the partition's gradients
+ * (flatten_dense_tensors_aligned, a 16-bit copy) and converts it to the fp32 master's dtype
+ * (single_grad_partition, kept through the optimizer). Stage 3: stage3.py
+ * _prepare_fp32_grad_for_sub_group builds the fp32 gradient of one sub_group_size group at a
+ * time (the largest group is what is live at the peak). */
+static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
+{
+    const int stage = s->plan.zero.stage;
+    const gboolean mixed = s->plan.precision != ZP_PREC_FP32;
+    const double part = (double)s->partition_elems;
+    const double grad = zp_plan_elem_bytes(s->plan.precision);
+    if (stage == 1 || stage == 2) {
+        ZpStepBuffer flat = {ZP_MEM_WORKSPACE, part * grad, mixed};
+        g_array_append_val(buffers, flat);
+        if (mixed) {
+            ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, part * 4.0, FALSE};
+            g_array_append_val(buffers, fp32);
+        }
+    } else if (stage == 3 && mixed) {
+        ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, fmin(s->plan.zero.sub_group_size, part) * 4.0,
+                             FALSE};
+        g_array_append_val(buffers, fp32);
+    }
+}
+
+/* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,
+ * of one block times L and of the final unit, from a one-block copy of the model), and the
+ * largest tensor a rank holds. */
+static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double *largest)
+{
+    ZpModel one = *model;
+    one.layers = 1;
+    GArray *tensors = zp_model_tensors(&one);
+    double total = 0;
+    *largest = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double elems = ceil((double)t->elems / plan->mp);
+        *largest = fmax(*largest, elems);
+        if (elems <= plan->zero.stage3_param_persistence_threshold)
+            total += elems * (t->unit == 1 ? (double)model->layers : 1.0);
+    }
+    g_array_unref(tensors);
+    return total;
+}
+
+static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
+{
+    /* Start from the unit-level terms, then put DeepSpeed's own where they differ. */
+    zp_impl_paper_residual(model, plan, r);
+    const ZpZeroConfig *z = &plan->zero;
+    const double reduce = zp_plan_reduce_bytes(plan);
+    const double psi = (double)zp_model_param_count(model) / plan->mp;
+    double elems;
+    const int held = ds_bucket_buffers(plan, &elems);
+    double largest = 0, kept = 0;
+    if (zp_model_has_architecture(model))
+        kept = persistent_elems(model, plan, &largest);
+    if (held > 0)
+        r->reduce_bucket_bytes = held * elems * reduce * (z->stage == 3 ? 2.0 : 1.0);
+    else if (largest > 0) /* a bucket flattened on its own: whole tensors, a larger one alone */
+        r->reduce_bucket_bytes = fmin(fmax(z->reduce_bucket_size, largest), psi) * reduce;
+    r->allgather_bucket_bytes = 0; /* runtime/utils.py all_gather_dp_groups: in place */
+    const double part = z->stage == 0 ? 0 : psi / plan->dp;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    const gboolean mixed = plan->precision != ZP_PREC_FP32;
+    if (z->stage == 3 && zp_model_has_architecture(model))
+        r->stage3_persistent_bytes =
+            kept * zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
+    if (z->stage == 1 || z->stage == 2)
+        r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
+    else if (z->stage == 3 && mixed)
+        r->step_buffer_bytes = fmin(z->sub_group_size, part) * 4.0;
+}
+
+/* Each block's weights above the persistence threshold once (stage3_max_reuse_distance may
+ * keep everything else gathered): qkv, proj, fc1, fc2. */
+static double ds_gather_bound(const ZpModel *model, const ZpPlan *plan)
+{
+    const double h = (double)model->hidden, f = (double)model->ffn_hidden, mp = plan->mp;
+    const double weights[] = {h * (double)zp_model_qkv_width(model), h * h,
+                              h * (double)zp_model_fc1_width(model), f * h};
+    double block = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(weights); i++)
+        if (ceil(weights[i] / mp) > plan->zero.stage3_param_persistence_threshold)
+            block += floor(weights[i] / mp);
+    return (double)model->layers * block;
+}
+
+const ZpImpl zp_impl_deepspeed = {
+    .kind = ZP_IMPL_DEEPSPEED,
+    .name = "deepspeed",
+    .has_stage = ds_has_stage,
+    .grad_collective = ds_grad_collective,
+    .plan_buckets = ds_plan_buckets,
+    .bucket_buffers = ds_bucket_buffers,
+    .concat_copy = ds_concat_copy,
+    .post_step_gather_buffer = FALSE,
+    .plan_fetches = ds_plan_fetches,
+    .persistent = ds_persistent,
+    .unit_persistence = FALSE, /* per parameter */
+    .grad_state_elems = ds_grad_state_elems,
+    .step_buffers = ds_step_buffers,
+    .residual_buffers = ds_residual,
+    .gather_bound_elems = ds_gather_bound,
+};

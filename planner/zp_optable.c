@@ -1,0 +1,221 @@
+/* zp_optable: reads and writes a profile's op-level cost table strictly (every key known,
+ * every rate positive, grid axes increasing) and interpolates its grids. */
+#include "zp_optable.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+static const char *const gemm_forms[ZP_GEMM_N] = {"forward", "input_grad", "weight_grad"};
+static const char *const ew_names[ZP_EW_N] = {
+    "norm_fwd", "norm_bwd", "act_fwd", "act_bwd", "add", "bias_fwd",
+    "bias_bwd", "rope",     "convert", "loss",    "embed"};
+
+const char *zp_gemm_form_name(ZpGemmForm form)
+{
+    return gemm_forms[form];
+}
+
+const char *zp_ew_class_name(ZpEwClass ew)
+{
+    return ew_names[ew];
+}
+
+/* ---- interpolation ---- */
+
+/* The cell index i (x[i] <= v <= x[i+1]) and the fraction across it, clamped. */
+static void locate(const double *axis, int n, double v, int *i, double *frac)
+{
+    *i = 0, *frac = 0;
+    if (n < 2 || v <= axis[0])
+        return;
+    if (v >= axis[n - 1]) {
+        *i = n - 2, *frac = 1;
+        return;
+    }
+    while (*i < n - 2 && v > axis[*i + 1])
+        (*i)++;
+    *frac = (v - axis[*i]) / (axis[*i + 1] - axis[*i]);
+}
+
+double zp_grid_at(const ZpGrid *g, double x, double y)
+{
+    int i, j;
+    double fx, fy;
+    locate(g->x, g->nx, x, &i, &fx);
+    locate(g->y, g->ny, y, &j, &fy);
+    const int i1 = g->nx > 1 ? i + 1 : i, j1 = g->ny > 1 ? j + 1 : j;
+    const double low = g->v[i][j] + fx * (g->v[i1][j] - g->v[i][j]);
+    const double high = g->v[i][j1] + fx * (g->v[i1][j1] - g->v[i][j1]);
+    return low + fy * (high - low);
+}
+
+void zp_gemm_coords(double m, double n, double k, double *log2_mnk, double *log2_aspect)
+{
+    *log2_mnk = log2(m) + log2(n) + log2(k);
+    *log2_aspect = log2(MAX(m, MAX(n, k)) / MIN(m, MIN(n, k)));
+}
+
+/* ---- reading ---- */
+
+static gboolean fail(GError **error, const char *what, const char *key, const char *must)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: key \"%s\" must be %s", what, key, must);
+    return FALSE;
+}
+
+/* An array of 1 to max increasing finite numbers. */
+static gboolean axis(json_t *obj, const char *what, const char *key, int max, double *out,
+                     int *n, GError **error)
+{
+    json_t *a = json_object_get(obj, key);
+    const size_t len = json_array_size(a);
+    gboolean ok = json_is_array(a) && len >= 1 && len <= (size_t)max;
+    for (size_t i = 0; ok && i < len; i++) {
+        json_t *v = json_array_get(a, i);
+        out[i] = json_is_number(v) ? json_number_value(v) : NAN;
+        ok = isfinite(out[i]) && fabs(out[i]) < 1e3 && (i == 0 || out[i] > out[i - 1]);
+    }
+    *n = (int)len;
+    if (ok)
+        return TRUE;
+    char *must = g_strdup_printf("an array of 1 to %d increasing numbers", max);
+    fail(error, what, key, must);
+    g_free(must);
+    return FALSE;
+}
+
+/* A [nx][ny] array of rates in [lo, hi] into g->v. */
+static gboolean values(json_t *obj, const char *what, const char *key, double lo, double hi,
+                       ZpGrid *g, GError **error)
+{
+    json_t *rows = json_object_get(obj, key);
+    gboolean ok = json_is_array(rows) && json_array_size(rows) == (size_t)g->nx;
+    for (int i = 0; ok && i < g->nx; i++) {
+        json_t *row = json_array_get(rows, (size_t)i);
+        ok = json_is_array(row) && json_array_size(row) == (size_t)g->ny;
+        for (int j = 0; ok && j < g->ny; j++) {
+            json_t *v = json_array_get(row, (size_t)j);
+            g->v[i][j] = json_is_number(v) ? json_number_value(v) : 0;
+            ok = g->v[i][j] >= lo && g->v[i][j] <= hi;
+        }
+    }
+    if (ok)
+        return TRUE;
+    char *must = g_strdup_printf("%d rows of %d rates in [%g, %g]", g->nx, g->ny, lo, hi);
+    fail(error, what, key, must);
+    g_free(must);
+    return FALSE;
+}
+
+/* An object with two axes and one grid of rates per name in `names`. */
+static gboolean grids(json_t *obj, const char *what, const char *xkey, const char *ykey,
+                      const char *const *names, int n_names, ZpGrid *out, GError **error)
+{
+    const char *keys[8] = {xkey, ykey};
+    for (int i = 0; i < n_names; i++)
+        keys[2 + i] = names[i];
+    keys[2 + n_names] = NULL;
+    if (!json_is_object(obj))
+        return fail(error, what, "", "an object");
+    ZpGrid g = {0};
+    if (!zp_json_check_keys(obj, what, keys, error) ||
+        !axis(obj, what, xkey, ZP_GRID_MAX_X, g.x, &g.nx, error) ||
+        !axis(obj, what, ykey, ZP_GRID_MAX_Y, g.y, &g.ny, error))
+        return FALSE;
+    for (int i = 0; i < n_names; i++) {
+        out[i] = g;
+        if (!values(obj, what, names[i], 1e3, 1e18, &out[i], error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error)
+{
+    static const char *const keys[] = {"source", "launch_s", "gemm", "eager_attention",
+                                       "elementwise_bytes_per_s", "optimizer_bytes_per_s",
+                                       "contention", NULL};
+    static const char *const passes[] = {"forward", "backward"};
+    json_t *obj = json;
+    memset(t, 0, sizeof *t);
+    t->contention = 1;
+    char *inner = g_strdup_printf("%s: op_costs", what);
+    const char *source = NULL;
+    gboolean ok = json_is_object(obj) || fail(error, what, "op_costs", "an object");
+    ok = ok && zp_json_check_keys(obj, inner, keys, error) &&
+         zp_json_get_string(obj, inner, "source", TRUE, &source, error) &&
+         zp_json_get_number(obj, inner, "launch_s", TRUE, 0, 1, &t->launch_s, error) &&
+         zp_json_get_number(obj, inner, "optimizer_bytes_per_s", TRUE, 1e6, 1e15,
+                            &t->optimizer_bytes_per_s, error) &&
+         zp_json_get_number(obj, inner, "contention", FALSE, 1, 100, &t->contention, error);
+    if (ok)
+        g_strlcpy(t->source, source, sizeof t->source);
+    char *sub = g_strdup_printf("%s.gemm", inner);
+    ok = ok && grids(json_object_get(obj, "gemm"), sub, "log2_mnk", "log2_aspect", gemm_forms,
+                     ZP_GEMM_N, t->gemm, error);
+    g_free(sub);
+    json_t *attn = json_object_get(obj, "eager_attention");
+    sub = g_strdup_printf("%s.eager_attention", inner);
+    if (ok && attn)
+        ok = t->has_eager_attention = grids(attn, sub, "log2_seq", "log2_head_dim", passes, 2,
+                                            t->eager_attention, error);
+    g_free(sub);
+    json_t *ew = json_object_get(obj, "elementwise_bytes_per_s");
+    sub = g_strdup_printf("%s.elementwise_bytes_per_s", inner);
+    if (ok && !json_is_object(ew))
+        ok = fail(error, inner, "elementwise_bytes_per_s", "an object of op class -> bytes/s");
+    const char *ew_keys[ZP_EW_N + 1] = {NULL};
+    memcpy(ew_keys, ew_names, sizeof ew_names);
+    ok = ok && zp_json_check_keys(ew, sub, ew_keys, error);
+    for (int c = 0; ok && c < ZP_EW_N; c++)
+        ok = zp_json_get_number(ew, sub, ew_names[c], TRUE, 1e6, 1e15, &t->ew_bytes_per_s[c],
+                                error);
+    g_free(sub);
+    g_free(inner);
+    t->present = ok;
+    return ok;
+}
+
+/* ---- writing ---- */
+
+static json_t *numbers(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+static json_t *grids_json(const char *xkey, const char *ykey, const char *const *names,
+                          int n_names, const ZpGrid *g)
+{
+    json_t *o = json_pack("{s:o, s:o}", xkey, numbers(g[0].x, g[0].nx), ykey,
+                          numbers(g[0].y, g[0].ny));
+    for (int k = 0; k < n_names; k++) {
+        json_t *rows = json_array();
+        for (int i = 0; i < g[k].nx; i++)
+            json_array_append_new(rows, numbers(g[k].v[i], g[k].ny));
+        json_object_set_new(o, names[k], rows);
+    }
+    return o;
+}
+
+void *zp_optable_to_json(const ZpOpTable *t)
+{
+    static const char *const passes[] = {"forward", "backward"};
+    json_t *ew = json_object();
+    for (int c = 0; c < ZP_EW_N; c++)
+        json_object_set_new(ew, ew_names[c], json_real(t->ew_bytes_per_s[c]));
+    json_t *o = json_pack("{s:s, s:f, s:o, s:o, s:f, s:f}", "source", t->source, "launch_s",
+                          t->launch_s, "gemm",
+                          grids_json("log2_mnk", "log2_aspect", gemm_forms, ZP_GEMM_N, t->gemm),
+                          "elementwise_bytes_per_s", ew, "optimizer_bytes_per_s",
+                          t->optimizer_bytes_per_s, "contention", t->contention);
+    if (t->has_eager_attention)
+        json_object_set_new(o, "eager_attention",
+                            grids_json("log2_seq", "log2_head_dim", passes, 2,
+                                       t->eager_attention));
+    return o;
+}

@@ -1,0 +1,71 @@
+/* zp_optable: the op-level cost table of a hardware profile ("op_costs"): measured rates of the
+ * very kernels a step runs — a GEMM efficiency surface per GEMM form, eager attention, every
+ * elementwise op class, the optimizer, a launch cost and the compute/communication contention. */
+#ifndef ZP_OPTABLE_H
+#define ZP_OPTABLE_H
+
+#include <glib.h>
+
+/* A rate on a 2-D grid, bilinear between grid points and clamped at the edges: exact at the
+ * points, and between two neighbours it moves monotonically from one value to the other. */
+#define ZP_GRID_MAX_X 16
+#define ZP_GRID_MAX_Y 8
+typedef struct {
+    int nx, ny;
+    double x[ZP_GRID_MAX_X], y[ZP_GRID_MAX_Y]; /* increasing */
+    double v[ZP_GRID_MAX_X][ZP_GRID_MAX_Y];    /* v[i][j] at (x[i], y[j]), all > 0 */
+} ZpGrid;
+
+/* The three GEMMs of a linear layer, as zreal issues them (layouts and operand dtypes fixed
+ * per form, see real_gpt.c): y = x W, dx = dy W^T, dW += x^T dy. */
+typedef enum { ZP_GEMM_FORWARD, ZP_GEMM_INPUT_GRAD, ZP_GEMM_WEIGHT_GRAD, ZP_GEMM_N } ZpGemmForm;
+
+/* Elementwise op classes: each kernel of a step is one of these, costed by the bytes it really
+ * moves (as the backends in real/ read and write them) at its class's measured rate. */
+typedef enum {
+    ZP_EW_NORM_FWD,  /* LayerNorm / RMSNorm forward */
+    ZP_EW_NORM_BWD,  /* their backward */
+    ZP_EW_ACT_FWD,   /* GELU or SwiGLU forward */
+    ZP_EW_ACT_BWD,   /* their backward */
+    ZP_EW_ADD,       /* residual add */
+    ZP_EW_BIAS_FWD,  /* bias add */
+    ZP_EW_BIAS_BWD,  /* bias gradient (column sums) */
+    ZP_EW_ROPE,      /* rotary embedding, forward or backward */
+    ZP_EW_CONVERT,   /* bf16 <-> fp32 conversions, rounding, copies, fills, accumulations */
+    ZP_EW_LOSS,      /* softmax cross-entropy over the vocabulary, with its gradient */
+    ZP_EW_EMBED,     /* embedding lookup or its scatter-add backward */
+    ZP_EW_N
+} ZpEwClass;
+
+typedef struct {
+    gboolean present;
+    char source[256];
+    double launch_s;                     /* fixed cost of one kernel launch or dispatch */
+    ZpGrid gemm[ZP_GEMM_N];              /* FLOP/s over x = log2(m n k), y = log2(aspect) */
+    gboolean has_eager_attention;
+    ZpGrid eager_attention[2];           /* forward, backward: model FLOP/s (4 b s^2 h per
+                                          * forward, 8 backward) over x = log2 seq,
+                                          * y = log2 head dimension */
+    double ew_bytes_per_s[ZP_EW_N];
+    double optimizer_bytes_per_s;        /* in the schedule's optimizer bytes */
+    double contention;                   /* >= 1: compute slowdown while a collective runs */
+} ZpOpTable;
+
+/* Parses the "op_costs" object (a json_t *) into t; `what` names the file in messages. Every
+ * key is required but "eager_attention" and "contention" (default 1); every rate positive. */
+gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error);
+
+/* The table as an "op_costs" object (a new json_t *), which zp_optable_from_json reads back
+ * to the same table. */
+void *zp_optable_to_json(const ZpOpTable *t);
+
+/* The grid's value at (x, y): bilinear inside, clamped to the edges outside. */
+double zp_grid_at(const ZpGrid *g, double x, double y);
+
+/* Where a GEMM lies on the surface: log2(m n k) and log2(longest / shortest dimension). */
+void zp_gemm_coords(double m, double n, double k, double *log2_mnk, double *log2_aspect);
+
+const char *zp_gemm_form_name(ZpGemmForm form);
+const char *zp_ew_class_name(ZpEwClass ew);
+
+#endif

@@ -1,0 +1,400 @@
+/* test_cost: the op-level cost model — a profile's op table read back as written, the GEMM
+ * surface exact at its grid points and monotone between them, the fallback to the roofline
+ * said out loud, no contention without overlap, and op times a hand computation gives. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_cost.h"
+#include "zp_hw.h"
+#include "zp_model.h"
+#include "zp_optable.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+/* A synthetic table: GEMM rates rising with size and falling with aspect ratio (a 4 x 3 grid),
+ * every elementwise class at its own rate, eager attention flat. */
+static ZpOpTable synthetic_table(void)
+{
+    ZpOpTable t = {.present = TRUE, .launch_s = 1e-6, .optimizer_bytes_per_s = 4e9,
+                   .contention = 1.5, .has_eager_attention = TRUE};
+    g_strlcpy(t.source, "synthetic (test_cost)", sizeof t.source);
+    for (int f = 0; f < ZP_GEMM_N; f++) {
+        ZpGrid *g = &t.gemm[f];
+        *g = (ZpGrid){.nx = 4, .ny = 3, .x = {12, 18, 24, 30}, .y = {0, 2, 4}};
+        for (int i = 0; i < g->nx; i++)
+            for (int j = 0; j < g->ny; j++)
+                g->v[i][j] = (1 + f) * 1e9 * (i + 1) / (j + 1);
+    }
+    for (int p = 0; p < 2; p++)
+        t.eager_attention[p] = (ZpGrid){.nx = 1, .ny = 1, .x = {5}, .y = {4},
+                                        .v = {{p ? 2e9 : 3e9}}};
+    for (int c = 0; c < ZP_EW_N; c++)
+        t.ew_bytes_per_s[c] = (c + 1) * 1e9;
+    return t;
+}
+
+static void load_hw(const char *name, ZpHw *hw)
+{
+    GError *error = NULL;
+    g_assert_true(zp_hw_load(name, hw, &error));
+    g_assert_no_error(error);
+}
+
+static void load_model(const char *name, ZpModel *m)
+{
+    GError *error = NULL;
+    g_assert_true(zp_model_load(name, m, &error));
+    g_assert_no_error(error);
+}
+
+/* A profile with an op table, written to JSON, loads back to the same table. */
+static void test_round_trip(void)
+{
+    GError *error = NULL;
+    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
+    json_t *root = zp_json_load_object(src, &error);
+    g_assert_no_error(error);
+    const ZpOpTable t = synthetic_table();
+    json_object_set_new(root, "op_costs", zp_optable_to_json(&t));
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "profile.json", NULL);
+    g_assert_true(zp_json_write(root, path, &error));
+    ZpHw hw;
+    load_hw(path, &hw);
+    g_assert_true(hw.op_costs.present);
+    g_assert_cmpstr(hw.op_costs.source, ==, t.source);
+    g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
+    /* A table with a missing class is refused naming it. */
+    json_object_del(json_object_get(json_object_get(root, "op_costs"), "elementwise_bytes_per_s"),
+                    "rope");
+    g_assert_true(zp_json_write(root, path, &error));
+    g_assert_false(zp_hw_load(path, &hw, &error));
+    g_assert_nonnull(strstr(error->message, "rope"));
+    g_clear_error(&error);
+    g_unlink(path);
+    g_rmdir(dir);
+    json_decref(root);
+    g_free(path);
+    g_free(dir);
+    g_free(src);
+}
+
+/* The surface is exact at every grid point; between two neighbours along either axis it stays
+ * between their values and moves one way. */
+static void test_interpolation(void)
+{
+    const ZpGrid *g = &synthetic_table().gemm[ZP_GEMM_WEIGHT_GRAD];
+    for (int i = 0; i < g->nx; i++)
+        for (int j = 0; j < g->ny; j++)
+            g_assert_cmpfloat(zp_grid_at(g, g->x[i], g->y[j]), ==, g->v[i][j]);
+    for (int i = 0; i + 1 < g->nx; i++)
+        for (int j = 0; j + 1 < g->ny; j++) {
+            double prev_x = g->v[i][j], prev_y = g->v[i][j];
+            for (int s = 1; s < 16; s++) {
+                const double fx = zp_grid_at(g, g->x[i] + s * (g->x[i + 1] - g->x[i]) / 16,
+                                             g->y[j]);
+                const double fy = zp_grid_at(g, g->x[i], g->y[j] + s * (g->y[j + 1] - g->y[j]) / 16);
+                g_assert_cmpfloat(fx, >, prev_x); /* rate rises with size */
+                g_assert_cmpfloat(fx, <, g->v[i + 1][j]);
+                g_assert_cmpfloat(fy, <, prev_y); /* and falls with aspect */
+                g_assert_cmpfloat(fy, >, g->v[i][j + 1]);
+                prev_x = fx, prev_y = fy;
+            }
+        }
+    /* Outside the grid: clamped to the edge. */
+    g_assert_cmpfloat(zp_grid_at(g, 100, 100), ==, g->v[g->nx - 1][g->ny - 1]);
+    g_assert_cmpfloat(zp_grid_at(g, -5, -5), ==, g->v[0][0]);
+    double x, y;
+    zp_gemm_coords(64, 256, 16, &x, &y);
+    g_assert_cmpfloat(x, ==, 18);
+    g_assert_cmpfloat(y, ==, 4);
+}
+
+/* Without a table (every shipped GPU profile today) the roofline is used and says why; the
+ * simulator's result and `zplan simulate` say so too. */
+static void test_fallback_reported(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    load_hw("dgx-h100", &hw);
+    load_model("tiny", &m);
+    zp_plan_defaults(&p, 1, 2, 1);
+    ZpCost c;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_false(c.table);
+    g_assert_cmpstr(c.why, ==, "roofline: the profile has no op_costs table");
+    /* The roofline's figure, unchanged. */
+    const double peak = zp_hw_peak_flops(&hw, p.precision);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 1e12, 1e10, 0, 1e9), ==,
+                      zp_hw_compute_time_s(&hw, peak, 1e12, 1e10, 0, 0, 1e9, FALSE));
+    /* A table without eager attention cannot cost an eager plan. */
+    hw.op_costs = synthetic_table();
+    hw.op_costs.has_eager_attention = FALSE;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_false(c.table);
+    g_assert_cmpstr(c.why, ==, "roofline: the op table has no eager_attention rates");
+    json_t *out = tu_zplan_json("simulate --model tiny --cluster dgx-h100 --gpus 2 --stage 1 "
+                                "--micro-batch 1 --json");
+    g_assert_cmpstr(json_string_value(json_object_get(out, "cost_model")), ==,
+                    "roofline: the profile has no op_costs table");
+    json_decref(out);
+}
+
+/* Kernel by kernel, the op times a hand computation gives for tiny (h 64, 4 heads, s 32, f 256,
+ * V 64, GPT-2 style) at micro-batch 1, T = 32 tokens. */
+static void test_hand_computed(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    load_hw("dgx-h100", &hw);
+    load_model("tiny", &m);
+    hw.op_costs = synthetic_table();
+    zp_plan_defaults(&p, 1, 2, 1);
+    p.micro_batch = 1;
+    ZpCost c;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_true(c.table);
+    g_assert_nonnull(strstr(c.why, "op table (synthetic"));
+    const double L = 1e-6, th = 32 * 64;
+    /* Embedding forward: the lookup (bf16 token and position rows in, fp32 out: 8 th bytes at
+     * embed's 11e9) and the conversion to bf16 (6 th at convert's 9e9). */
+    g_assert_cmpfloat(fabs(c.kind_s[ZP_COMP_EMBED_FWD] - (2 * L + 8 * th / 11e9 + 6 * th / 9e9)),
+                      <, 1e-15);
+    /* Embedding backward: zero the fp32 gradients of wte and wpe ((64 + 32) x 64 elements),
+     * scatter-add (20 th), accumulate into bf16 (8 bytes an element). */
+    const double embed = 96 * 64;
+    g_assert_cmpfloat(fabs(c.kind_s[ZP_COMP_EMBED_BWD] -
+                           (3 * L + 4 * embed / 9e9 + 20 * th / 11e9 + 8 * embed / 9e9)), <, 1e-15);
+    /* Head: logits GEMM 32x64x64 forward (2^17 mnk, aspect 2: log2 17, 1 -> between grid
+     * rows 12 and 18: rate 1e9 (1 + 5/6) at aspect 0 and (1 + 5/6)/2... bilinear). */
+    double x, y;
+    zp_gemm_coords(32, 64, 64, &x, &y);
+    g_assert_cmpfloat(x, ==, 17);
+    g_assert_cmpfloat(y, ==, 1);
+    const double fwd_rate = 1e9 * (1 + 5.0 / 6) * (1 + 0.5 * (1.0 / 2 - 1)); /* y 1 of 0..2 */
+    zp_gemm_coords(64, 64, 32, &x, &y); /* weight gradient: same coordinates, its own grid */
+    const double flops = 2.0 * 32 * 64 * 64;
+    const double head = 11 * L + 6 * th / 9e9 + 8 * th / 1e9 + 8 * th / 9e9 + flops / fwd_rate +
+                        20 * 32 * 64 / 10e9 + flops / (2 * fwd_rate) + 8 * 64 * 64 / 9e9 +
+                        flops / (3 * fwd_rate) + 4 * (2 * 64 + th) / 9e9 + 16 * th / 2e9 +
+                        8 * 128 / 9e9;
+    g_assert_cmpfloat(fabs(c.kind_s[ZP_COMP_HEAD] - head) / head, <, 1e-12);
+    /* The optimizer: its launch plus its bytes at the optimizer rate. */
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, 0, 0, 0, 4e9), ==, L + 1);
+    /* The block backward's GEMMs: every linear's weight and input gradient, each as many
+     * FLOPs as its forward; attention backward twice the forward's FLOPs. */
+    ZpKernels fwd, bwd;
+    zp_cost_kernels(&m, &p, ZP_COMP_BLOCK_FWD, &fwd);
+    zp_cost_kernels(&m, &p, ZP_COMP_BLOCK_BWD, &bwd);
+    double gf = 0, gb = 0, af = 0, ab = 0;
+    int nf = 0, nb = 0;
+    for (int i = 0; i < fwd.n; i++)
+        gf += fwd.k[i].kind == ZP_KERNEL_GEMM ? fwd.k[i].flops : 0,
+        af += fwd.k[i].kind == ZP_KERNEL_ATTENTION ? fwd.k[i].flops : 0,
+        nf += fwd.k[i].kind == ZP_KERNEL_GEMM;
+    for (int i = 0; i < bwd.n; i++)
+        gb += bwd.k[i].kind == ZP_KERNEL_GEMM ? bwd.k[i].flops : 0,
+        ab += bwd.k[i].kind == ZP_KERNEL_ATTENTION ? bwd.k[i].flops : 0,
+        nb += bwd.k[i].kind == ZP_KERNEL_GEMM;
+    g_assert_cmpint(nf, ==, 4);
+    g_assert_cmpint(nb, ==, 8);
+    g_assert_cmpfloat(gf, ==, 2 * 32 * 64 * (192 + 64 + 256 + 256.0));
+    g_assert_cmpfloat(gb, ==, 2 * gf);
+    g_assert_cmpfloat(af, ==, 4.0 * 32 * 32 * 64);
+    g_assert_cmpfloat(ab, ==, 2 * af);
+    /* The backward's elementwise traffic is its own, not twice the forward's: two norm
+     * backwards (4 th each), GELU's (3 T f), four bias gradients, the softmax's (3 b a s^2). */
+    g_assert_cmpfloat(zp_cost_accesses(&bwd), ==,
+                      8 * th + 3 * 32 * 256.0 + 32 * (192 + 64 + 256 + 64.0) + 3 * 4 * 32 * 32.0);
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_BLOCK_BWD)
+            g_assert_cmpfloat(op->mem_bytes, ==, s->elem_bytes * zp_cost_accesses(&bwd));
+    }
+    zp_sched_free(s);
+}
+
+static double step_s(const ZpModel *m, const ZpPlan *p, const ZpHw *hw)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, p, &error);
+    g_assert_no_error(error);
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    const double t = r->step_time_s;
+    g_assert_nonnull(strstr(r->cost_model, "op table"));
+    sim_result_free(r);
+    zp_sched_free(s);
+    return t;
+}
+
+/* Contention slows only compute that overlaps a collective: with overlap off (every compute
+ * op waits for the collectives before it) the step is the same at any factor; with overlap on
+ * it is slower. */
+static void test_contention(void)
+{
+    ZpHw hw, calm;
+    ZpModel m;
+    ZpPlan p;
+    load_hw("dgx-h100", &hw);
+    load_model("cpu-small", &m);
+    hw.op_costs = synthetic_table();
+    calm = hw;
+    calm.op_costs.contention = 1;
+    ZpCost c;
+    zp_plan_defaults(&p, 2, 4, 1);
+    p.zero.reduce_bucket_size = 1e5; /* a bucket per block, reduced while the next computes */
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_cmpfloat(zp_cost_contention(&c, 0), ==, 1);
+    g_assert_cmpfloat(zp_cost_contention(&c, 1), ==, 1.5);
+    p.zero.overlap_comm = FALSE;
+    g_assert_cmpfloat(step_s(&m, &p, &hw), ==, step_s(&m, &p, &calm));
+    p.zero.overlap_comm = TRUE;
+    g_assert_cmpfloat(step_s(&m, &p, &hw), >, step_s(&m, &p, &calm));
+}
+
+/* A microbenchmark run whose every time a known table gives: t = launch + work / rate. */
+static double grid_rate(int form, double x, double y)
+{
+    return (form + 1) * 1e9 * (x - 11) / (y + 1);
+}
+
+static json_t *synthetic_run(double add_slowdown)
+{
+    const double launch = 1e-6;
+    json_t *gemm = json_array(), *memory = json_array(), *coll = json_array();
+    json_t *grid = json_array(), *attn = json_array(), *ew = json_array();
+    for (int i = 1; i <= 3; i++) {
+        const double f = 2e6 * i * i * i;
+        json_array_append_new(gemm, json_pack("{s:f, s:f}", "flops", f, "time_s", 1e-5 + f / 1e10));
+        const double b = 1e6 * i;
+        json_array_append_new(memory, json_pack("{s:s, s:f, s:f}", "kernel", "adam", "bytes", b,
+                                                "time_s", launch + b / 2e9));
+        json_array_append_new(memory, json_pack("{s:s, s:f, s:f}", "kernel", "gelu", "bytes", b,
+                                                "time_s", 1e-6 + b / 1e9));
+        static const char *const ops[] = {"allreduce", "reduce_scatter", "allgather"};
+        for (int k = 0; k < 3; k++)
+            json_array_append_new(coll, json_pack("{s:s, s:i, s:f, s:f}", "op", ops[k], "ranks", 2,
+                                                  "bytes", b, "time_s",
+                                                  1e-5 + (k ? 0.5 : 1.0) * b / 1e9));
+    }
+    for (int form = 0; form < ZP_GEMM_N; form++)
+        for (int x = 12; x <= 18; x += 3)
+            for (int y = 0; y <= 2; y += 2) {
+                const double flops = pow(2, x + 1);
+                json_array_append_new(grid, json_pack("{s:s, s:i, s:i, s:f, s:f}", "form",
+                                                      zp_gemm_form_name(form), "log2_mnk", x,
+                                                      "log2_aspect", y, "flops", flops, "time_s",
+                                                      launch + flops / grid_rate(form, x, y)));
+            }
+    for (int pass = 0; pass < 2; pass++)
+        for (int seq = 32; seq <= 64; seq *= 2)
+            for (int hd = 16; hd <= 32; hd *= 2) {
+                const double flops = 4.0 * (1 + pass) * seq * seq * hd * 8;
+                json_array_append_new(attn, json_pack("{s:s, s:i, s:i, s:f, s:f}", "pass",
+                                                      pass ? "backward" : "forward", "seq_len",
+                                                      seq, "head_dim", hd, "flops", flops,
+                                                      "time_s", launch + flops / (1e9 * (pass + 1))));
+            }
+    for (int c = 0; c < ZP_EW_N; c++)
+        for (int i = 1; i <= 3; i++) {
+            const double bytes = 1e5 * i;
+            const double slow = c == ZP_EW_ADD && i == 3 ? add_slowdown : 1;
+            json_array_append_new(ew, json_pack("{s:s, s:f, s:f}", "class", zp_ew_class_name(c),
+                                                "bytes", bytes, "time_s",
+                                                slow * (launch + bytes / ((c + 1) * 1e9))));
+        }
+    return json_pack("{s:s, s:s, s:i, s:f, s:o, s:o, s:o, s:f, s:o, s:o, s:o, s:{s:f, s:f}}",
+                     "format", "zplan-microbench-1", "backend", "cpu", "world", 2,
+                     "host_memory_bytes", 8e9, "gemm", gemm, "memory", memory, "collectives",
+                     coll, "launch_s", launch, "gemm_grid", grid, "attention_grid", attn,
+                     "elementwise", ew, "contention", "gemm_s", 1.0, "gemm_with_collective_s",
+                     1.25);
+}
+
+static gboolean close_to(double a, double b)
+{
+    return fabs(a - b) <= 1e-9 * fabs(b);
+}
+
+/* `zplan calibrate` turns runs into the table that made them: the grids exact at their
+ * points, each class at its rate, launch and contention; the profile loads back to it; a
+ * sample off by half is a warning on stderr naming its class. */
+static void test_calibrated_round_trip(void)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL);
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    json_t *root = synthetic_run(1);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    TuRun r = tu_zplan(args);
+    g_test_message("%s%s", r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_null(strstr(r.err, "op table misses"));
+    tu_free(&r);
+    ZpHw hw;
+    load_hw(prof, &hw);
+    const ZpOpTable *t = &hw.op_costs;
+    g_assert_true(t->present);
+    g_assert_cmpfloat(t->launch_s, ==, 1e-6);
+    g_assert_cmpfloat(t->contention, ==, 1.25);
+    g_assert_true(close_to(t->optimizer_bytes_per_s, 2e9));
+    for (int form = 0; form < ZP_GEMM_N; form++) {
+        const ZpGrid *g = &t->gemm[form];
+        g_assert_cmpint(g->nx, ==, 3);
+        g_assert_cmpint(g->ny, ==, 2);
+        for (int i = 0; i < g->nx; i++)
+            for (int j = 0; j < g->ny; j++)
+                g_assert_true(close_to(zp_grid_at(g, g->x[i], g->y[j]),
+                                       grid_rate(form, g->x[i], g->y[j])));
+    }
+    g_assert_true(t->has_eager_attention);
+    g_assert_true(close_to(zp_grid_at(&t->eager_attention[1], 5, 4), 2e9));
+    for (int c = 0; c < ZP_EW_N; c++)
+        g_assert_true(close_to(t->ew_bytes_per_s[c], (c + 1) * 1e9));
+    /* Written and read again: the same table. */
+    json_t *again = zp_json_load_object(prof, &error);
+    g_assert_no_error(error);
+    json_object_set_new(again, "op_costs", zp_optable_to_json(t));
+    g_assert_true(zp_json_write(again, prof, &error));
+    json_decref(again);
+    ZpHw back;
+    load_hw(prof, &back);
+    g_assert_true(memcmp(&back.op_costs, t, sizeof *t) == 0);
+    /* One residual add 1.5 times slower: over 10% off its class's line, said on stderr. */
+    root = synthetic_run(1.5);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "warning: the op table misses the elementwise class add"));
+    g_assert_null(strstr(r.err, "class norm_fwd"));
+    tu_free(&r);
+    g_unlink(run);
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/cost/round-trip", test_round_trip);
+    g_test_add_func("/cost/interpolation", test_interpolation);
+    g_test_add_func("/cost/fallback-reported", test_fallback_reported);
+    g_test_add_func("/cost/hand-computed", test_hand_computed);
+    g_test_add_func("/cost/contention", test_contention);
+    g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
+    return g_test_run();
+}

@@ -1,0 +1,110 @@
+/* test_dsconfig: real-world DeepSpeed configs (tests/data/ds_config/, the Hugging Face Trainer's
+ * examples and DeepSpeedExamples') through `zplan simulate --ds-config`: accepted with one
+ * warning line for what is not modeled, "auto" resolved from the flags, the verdict first and
+ * exit 2 when the plan does not fit. */
+#include "testutil.h"
+
+#include <jansson.h>
+#include <string.h>
+
+typedef struct {
+    const char *file, *flags;
+    int status;            /* 0 fits, 2 does not */
+    int mp, micro, accum;  /* the plan the config and flags resolve to */
+    const char *precision;
+    gboolean checkpoint;
+    const char *unmodeled; /* one key the warning line lists */
+} ConfigCase;
+
+static const ConfigCase cases[] = {
+    /* "auto" batch keys and fp16/bf16 "auto" from --micro-batch, --grad-accum, --precision */
+    {"hf_zero2.json", "--model gpt2-1.5b --gpus 8 --micro-batch 4 --grad-accum 2 --precision bf16",
+     0, 1, 4, 2, "bf16", FALSE, "fp16.loss_scale_window"},
+    /* no batch keys (the launcher's), buckets 0 as DeepSpeed allows, CPU offload of the
+     * optimizer and parameters; 175B's activations without checkpointing: too big */
+    {"hf_zero3.json", "--model gpt3-175b --gpus 64 --micro-batch 1", 2, 1, 1, 1, "fp16", FALSE,
+     "zero_optimization.stage3_gather_fp16_weights_on_model_save"},
+    /* AutoTP: tensor_parallel.autotp_size 4 is the tensor-parallel degree; --checkpoint */
+    {"dse_autotp_zero2.json", "--model hf/llama-2-7b --gpus 8 --micro-batch 2 --checkpoint", 0, 4,
+     2, 1, "fp32", TRUE, "scheduler"},
+    /* concrete batch 64 = 1 x 8 x dp 8 */
+    {"dse_neox20b_zero3.json", "--model gpt-13b --gpus 8", 0, 1, 1, 8, "bf16", FALSE,
+     "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+};
+
+static void test_real_world_configs(void)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const ConfigCase *c = &cases[i];
+        char *args = g_strdup_printf("simulate --cluster dgx-a100-80g --ds-config "
+                                     "tests/data/ds_config/%s %s", c->file, c->flags);
+        TuRun r = tu_zplan(args);
+        g_test_message("zplan %s -> %d\n%s", args, WEXITSTATUS(r.status), r.err);
+        g_assert_true(WIFEXITED(r.status));
+        g_assert_cmpint(WEXITSTATUS(r.status), ==, c->status);
+        /* The verdict first. */
+        g_assert_true(g_str_has_prefix(r.out, c->status == 0 ? "Fits: " : "Does not fit: "));
+        /* One warning line for every key read but not modeled. */
+        char **lines = g_strsplit(r.err, "\n", -1);
+        guint listed = 0;
+        for (char **l = lines; *l; l++)
+            if (strstr(*l, "read but not modeled (ignored): ")) {
+                listed++;
+                g_assert_nonnull(strstr(*l, c->unmodeled));
+            }
+        g_assert_cmpuint(listed, ==, 1);
+        g_strfreev(lines);
+        tu_free(&r);
+        char *json = g_strdup_printf("%s --json", args);
+        json_t *root = tu_zplan_json_exit(json, c->status);
+        json_t *plan = json_object_get(root, "plan");
+        g_assert_cmpint(json_integer_value(json_object_get(plan, "mp")), ==, c->mp);
+        g_assert_cmpint(json_integer_value(json_object_get(plan, "dp")) * c->mp, ==,
+                        strstr(c->flags, "--gpus 64") ? 64 : 8);
+        g_assert_cmpint(json_integer_value(json_object_get(plan, "micro_batch")), ==, c->micro);
+        g_assert_cmpint(json_integer_value(json_object_get(plan, "grad_accum")), ==, c->accum);
+        g_assert_cmpstr(json_string_value(json_object_get(plan, "precision")), ==, c->precision);
+        g_assert_cmpint(json_is_true(json_object_get(plan, "checkpoint")), ==, c->checkpoint);
+        g_assert_cmpstr(json_string_value(json_object_get(plan, "impl")), ==, "deepspeed");
+        json_decref(root);
+        g_free(json);
+        g_free(args);
+    }
+}
+
+/* A flag that contradicts a concrete value of the file is an error naming both. */
+static void test_contradictions(void)
+{
+    const struct {
+        const char *args, *message;
+    } bad[] = {
+        {"--ds-config tests/data/ds_config/dse_neox20b_zero3.json --model gpt-13b --gpus 8 "
+         "--micro-batch 2", "--micro-batch 2 contradicts tests/data/ds_config/dse_neox20b_zero3.json's "
+         "train_micro_batch_size_per_gpu 1"},
+        {"--ds-config tests/data/ds_config/dse_neox20b_zero3.json --model gpt-13b --gpus 8 "
+         "--grad-accum 2", "--grad-accum 2 contradicts"},
+        {"--ds-config tests/data/ds_config/dse_neox20b_zero3.json --model gpt-13b --gpus 8 "
+         "--precision fp16", "--precision fp16 contradicts tests/data/ds_config/dse_neox20b_zero3.json's "
+         "bf16.enabled"},
+        {"--ds-config tests/data/ds_config/hf_zero2.json --model gpt2-1.5b --gpus 8 "
+         "--reduce-bucket-size 1e6", "--reduce-bucket-size: the plan comes from --ds-config"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        char *args = g_strdup_printf("simulate --cluster dgx-a100-80g %s", bad[i].args);
+        TuRun r = tu_zplan(args);
+        g_test_message("zplan %s -> %s", args, r.err);
+        g_assert_true(WIFEXITED(r.status));
+        g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+        g_assert_nonnull(strstr(r.err, bad[i].message));
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/dsconfig/real-world-configs", test_real_world_configs);
+    g_test_add_func("/dsconfig/contradictions", test_contradictions);
+    return g_test_run();
+}

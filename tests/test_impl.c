@@ -1,0 +1,349 @@
+/* test_impl: the implementation semantics (planner/zp_impl_*.c) — DeepSpeed's bytes on the wire,
+ * buffers and step copies as its source does them, FSDP's, the paper's volumes — and `zplan
+ * memory` giving `zplan simulate`'s peak for the same plan. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_impl.h"
+#include "zp_mem.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+
+#define GB 1e9
+
+static ZpModel load_model(const char *name)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load(name, &m, &error));
+    g_assert_no_error(error);
+    return m;
+}
+
+static ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage, int dp,
+                         gboolean checkpoint)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, dp, 1);
+    p.impl = impl;
+    p.checkpoint = checkpoint;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static double dp_bytes(const char *model, ZpImplKind impl, int stage, gboolean checkpoint)
+{
+    const ZpModel m = load_model(model);
+    ZpSchedule *s = build(&m, impl, stage, 64, checkpoint);
+    const double bytes = zp_sched_comm_bytes(s, ZP_GROUP_DP);
+    zp_sched_free(s);
+    return bytes;
+}
+
+static void assert_within(double have, double want, double tolerance)
+{
+    g_test_message("%.6g against %.6g", have, want);
+    g_assert_cmpfloat(fabs(have - want), <=, tolerance * want);
+}
+
+/* Stages 1 and 2 all-reduce the gradients bucket by bucket (use_multi_rank_bucket_allreduce)
+ * and all-gather the updated partitions: 3 psi (N-1)/N 16-bit elements per rank, against the
+ * paper's 2 psi. */
+static void test_deepspeed_stage12_bytes(void)
+{
+    const struct {
+        const char *model;
+        double gb;
+    } cases[] = {{"gpt2-1.5b", 9.20}, {"gpt-13b", 75.88}, {"gpt3-175b", 1031.26}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++)
+        for (int stage = 1; stage <= 2; stage++) {
+            assert_within(dp_bytes(cases[i].model, ZP_IMPL_DEEPSPEED, stage, FALSE) / GB,
+                          cases[i].gb, 0.005);
+            /* The paper's Pos and Pos+g move 2 psi: two thirds of DeepSpeed's. */
+            assert_within(dp_bytes(cases[i].model, ZP_IMPL_PAPER, stage, FALSE) / GB,
+                          cases[i].gb * 2 / 3, 0.005);
+        }
+    /* With use_multi_rank_bucket_allreduce false each slice is reduced to its owner: the
+     * paper's volume again. */
+    const ZpModel m = load_model("gpt2-1.5b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 2, 64, 1);
+    p.zero.use_multi_rank_bucket_allreduce = FALSE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    assert_within(zp_sched_comm_bytes(s, ZP_GROUP_DP) / GB, 9.20 * 2 / 3, 0.005);
+    zp_sched_free(s);
+}
+
+/* Stage 3 on gpt3-175b at 64 GPUs, derived from the coordinator's rules as zplan replays them
+ * (h = 12288, V = 50257, P = 2048, L = 96; every tensor divides by 64, so nothing pads):
+ *   gradients: one reduce-scatter of every parameter, psi;
+ *   persistent parameters (norms and biases, at most 1e5 elements: 13h a block and the final
+ *   norm's 2h) are never gathered in a micro-step and refreshed once after the step;
+ *   without checkpointing each block's four weights W = 12h^2 are gathered for its forward and
+ *   again for its backward (stage3_max_reuse_distance, 1e9, is shorter than the ~1.2e9 of the
+ *   LM head between a block's forward and backward), wte three times (embedding, tied head,
+ *   embedding backward: the head keeps it through its own backward) and wpe twice;
+ *   with checkpointing the recompute gathers the block again, and its backward reuses only
+ *   fc2 (4h^2, used right after its recompute): fc1 sits 1.2e9 elements later, beyond the
+ *   reuse distance, so the backward gathers qkv, proj and fc1 (8h^2) again. */
+static void test_deepspeed_stage3_bytes(void)
+{
+    const double h = 12288, V = 50257, P = 2048, L = 96, n = 64;
+    const double W = 12 * h * h, persistent = L * 13 * h + 2 * h;
+    const double psi = L * (W + 13 * h) + V * h + P * h + 2 * h;
+    const double sent = 2.0 * (n - 1) / n; /* bytes per element sent per rank */
+    const double plain = psi + persistent + L * 2 * W + 3 * V * h + 2 * P * h;
+    const double ckpt = psi + persistent + L * (W + W + 8 * h * h) + 3 * V * h + 2 * P * h;
+    const double have_plain = dp_bytes("gpt3-175b", ZP_IMPL_DEEPSPEED, 3, FALSE);
+    const double have_ckpt = dp_bytes("gpt3-175b", ZP_IMPL_DEEPSPEED, 3, TRUE);
+    g_assert_cmpfloat(fabs(have_plain - plain * sent), <=, 1e-9 * plain * sent);
+    g_assert_cmpfloat(fabs(have_ckpt - ckpt * sent), <=, 1e-9 * ckpt * sent);
+    /* The figures a replay of the coordinator on a GPT-2 module trace gave. */
+    assert_within(have_plain / GB, 1032.44, 0.005);
+    assert_within(have_ckpt / GB, 1260.75, 0.005);
+    /* The paper's Pos+g+p: 3 psi, with or without checkpointing. */
+    const ZpModel m = load_model("gpt3-175b");
+    const double psi_model = (double)zp_model_param_count(&m);
+    assert_within(dp_bytes("gpt3-175b", ZP_IMPL_PAPER, 3, TRUE), 3 * psi_model * sent / 2 * 2,
+                  0.005);
+}
+
+static guint count_allocs(const ZpSchedule *s, ZpMemCategory cat, int unit, double bytes)
+{
+    guint count = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        count += op->kind == ZP_OP_ALLOC && op->sub == cat && op->unit == unit &&
+                 op->bytes == bytes;
+    }
+    return count;
+}
+
+/* Stage 1-2 gradient buffers are exactly reduce_bucket_size elements, two with overlap_comm
+ * (stage_1_and_2.py backward's ipg_buffer), held through the reducing backward; no other
+ * bucket buffer exists but the gradients of parameters larger than a bucket; the post-step
+ * all-gather allocates nothing. */
+static void test_deepspeed_bucket_buffers(void)
+{
+    const ZpModel m = load_model("gpt2-1.5b");
+    for (int stage = 1; stage <= 2; stage++)
+        for (int overlap = 0; overlap <= 1; overlap++) {
+            ZpPlan p;
+            zp_plan_defaults(&p, stage, 8, 1);
+            p.zero.overlap_comm = overlap;
+            p.zero.reduce_bucket_size = 3e7; /* below wte (80M): it bypasses the bucket */
+            p.grad_accum = 2;
+            ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+            const guint backwards = stage == 2 ? 2 : 1; /* stage 1 reduces once */
+            g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, -1, 3e7 * 2), ==,
+                             backwards * (overlap ? 2 : 1));
+            guint other = 0, post = 0;
+            for (guint i = 0; i < s->ops->len; i++) {
+                const ZpOp *op = zp_sched_op(s, i);
+                if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS && op->unit != -1) {
+                    other++;
+                    g_assert_cmpfloat(op->bytes, >, 3e7 * 2); /* a bypassing parameter's */
+                }
+                post += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER;
+            }
+            g_assert_cmpuint(other, ==, stage == 2 ? backwards : 0); /* wte, at stage 2 */
+            g_assert_cmpuint(post, >, 0);
+            zp_sched_free(s);
+        }
+}
+
+static SimResult *simulate(const ZpSchedule *s)
+{
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, &error));
+    SimOptions options = {0};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* The step flattens the partition's gradients and converts them to fp32 (stage_1_and_2.py
+ * step): at the step's peak the fp32 copy and the 16-bit flat copy are both live. Stage 3
+ * builds the fp32 gradient one sub_group_size group at a time. */
+static void test_step_copies(void)
+{
+    const ZpModel m = load_model("gpt2-1.5b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 2, 2, 1);
+    p.checkpoint = TRUE; /* small activations: the step is the peak */
+    ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 2, 2, TRUE);
+    const double part = (double)s->partition_elems;
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_WORKSPACE, -1, part * 4), ==, 1);
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_WORKSPACE, -1, part * 2), ==, 1);
+    SimResult *r = simulate(s);
+    g_assert_cmpfloat(r->peak_breakdown_bytes[ZP_MEM_WORKSPACE], ==, part * 6);
+    sim_result_free(r);
+    zp_sched_free(s);
+    /* The paper has no step copies. */
+    s = build(&m, ZP_IMPL_PAPER, 2, 2, TRUE);
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_WORKSPACE, -1, part * 4), ==, 0);
+    zp_sched_free(s);
+    /* Stage 3: the largest sub-group's fp32 gradient. */
+    for (int k = 0; k < 2; k++) {
+        zp_plan_defaults(&p, 3, 2, 1);
+        p.zero.sub_group_size = k ? 1e8 : 1e9;
+        s = zp_sched_build(&m, &p, NULL);
+        const double group = fmin(p.zero.sub_group_size, (double)s->partition_elems);
+        g_assert_cmpuint(count_allocs(s, ZP_MEM_WORKSPACE, -1, group * 4), ==, 1);
+        zp_sched_free(s);
+    }
+}
+
+/* FSDP: no stage 1; FULL_SHARD reduce-scatters one unit at a time and gathers each block
+ * twice and the root unit once per micro-step. */
+static void test_fsdp(void)
+{
+    const ZpModel m = load_model("gpt2-1.5b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 8, 1);
+    p.impl = ZP_IMPL_FSDP;
+    GError *error = NULL;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "no stage 1"));
+    g_clear_error(&error);
+    ZpSchedule *s = build(&m, ZP_IMPL_FSDP, 3, 8, FALSE);
+    const double root =
+        (double)(zp_sched_unit_padded(s, 0) + zp_sched_unit_padded(s, s->n_units - 1));
+    double blocks = 0, grads = 0;
+    for (int u = 1; u < s->n_units - 1; u++)
+        blocks += (double)zp_sched_unit_padded(s, u);
+    for (int u = 0; u < s->n_units; u++)
+        grads += (double)zp_sched_unit_padded(s, u);
+    const double want = (root + 2 * blocks + grads) * 2 * 7.0 / 8;
+    g_assert_cmpfloat(fabs(zp_sched_comm_bytes(s, ZP_GROUP_DP) - want), <=, 1e-9 * want);
+    guint rs = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        rs += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_REDUCE_SCATTER;
+    }
+    g_assert_cmpuint(rs, ==, (guint)s->n_units);
+    zp_sched_free(s);
+}
+
+/* Every implementation's schedule is well formed at every stage, with and without
+ * checkpointing, accumulation and tensor parallelism: the simulator runs it (it refuses a
+ * category that goes negative or does not return to the model states at the end) and every
+ * unit's gradients are reduced once per reducing backward. */
+static void test_schedules_balance(void)
+{
+    const ZpModel m = load_model("gpt2-124m");
+    ZpHw hw;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, NULL));
+    for (int impl = 0; impl < ZP_IMPL_N; impl++)
+        for (int stage = 0; stage <= 3; stage++)
+            for (int variant = 0; variant < 8; variant++) {
+                if (!zp_impl_get((ZpImplKind)impl)->has_stage(stage))
+                    continue;
+                ZpPlan p;
+                zp_plan_defaults(&p, stage, 4, variant & 4 ? 2 : 1);
+                p.impl = (ZpImplKind)impl;
+                p.checkpoint = variant & 1;
+                p.grad_accum = variant & 2 ? 3 : 1;
+                p.zero.reduce_bucket_size = 2e7; /* several buckets, wte bypassing */
+                p.zero.overlap_comm = variant & 1;
+                GError *error = NULL;
+                ZpSchedule *s = zp_sched_build(&m, &p, &error);
+                g_assert_no_error(error);
+                SimOptions options = {0};
+                SimResult *r = sim_engine_run(s, &hw, &options, &error);
+                g_assert_no_error(error);
+                sim_result_free(r);
+                double reduced = 0;
+                GHashTable *size = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL,
+                                                         g_free);
+                for (guint i = 0; i < s->ops->len; i++) {
+                    const ZpOp *op = zp_sched_op(s, i);
+                    if (op->kind == ZP_OP_ALLOC)
+                        g_hash_table_insert(size, GINT_TO_POINTER(op->buffer),
+                                            g_memdup2(&op->bytes, sizeof op->bytes));
+                    /* a collective fits the buffer it works in */
+                    if (op->kind == ZP_OP_COLLECTIVE && op->buffer >= 0)
+                        g_assert_cmpfloat(op->bytes, <=,
+                                          *(double *)g_hash_table_lookup(
+                                              size, GINT_TO_POINTER(op->buffer)));
+                    if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+                        op->sub != ZP_COLL_ALLGATHER)
+                        reduced += (double)op->elems;
+                }
+                const double backwards = stage >= 2 ? p.grad_accum : 1;
+                g_assert_cmpfloat(reduced, ==, backwards * (double)s->total_elems);
+                g_hash_table_unref(size);
+                zp_sched_free(s);
+            }
+}
+
+/* `zplan memory`'s need per stage is `zplan simulate`'s peak + reserve, for every stage x
+ * implementation x checkpointing over models and GPU counts. */
+static void test_memory_is_simulate(void)
+{
+    const char *models[] = {"gpt2-124m", "gpt2-1.5b", "gpt-13b"};
+    const char *impls[] = {"deepspeed", "fsdp", "paper"};
+    const int gpus[] = {8, 64};
+    ZpHw hw;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, NULL));
+    guint compared = 0;
+    for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++)
+        for (size_t ii = 0; ii < G_N_ELEMENTS(impls); ii++)
+            for (int ckpt = 0; ckpt <= 1; ckpt++) {
+                char *args = g_strdup_printf("memory --model %s --cluster dgx-a100-80g --gpus "
+                                             "8,64 --impl %s --json%s", models[mi], impls[ii],
+                                             ckpt ? " --checkpoint" : "");
+                TuRun run = tu_zplan(args);
+                json_t *mem = json_loads(run.out, 0, NULL);
+                g_assert_nonnull(mem);
+                tu_free(&run);
+                for (size_t gi = 0; gi < G_N_ELEMENTS(gpus); gi++)
+                    for (int stage = 0; stage <= 3; stage++) {
+                        char key[16];
+                        g_snprintf(key, sizeof key, "stage%d", stage);
+                        json_t *need = json_object_get(
+                            json_object_get(json_array_get(json_object_get(mem, "rows"), gi),
+                                            "need_bytes"), key);
+                        char *sim_args = g_strdup_printf(
+                            "simulate --model %s --cluster dgx-a100-80g --gpus %d --stage %d "
+                            "--micro-batch 1 --impl %s --json%s", models[mi], gpus[gi], stage,
+                            impls[ii], ckpt ? " --checkpoint" : "");
+                        TuRun sim = tu_zplan(sim_args);
+                        json_t *r = json_loads(sim.out, 0, NULL);
+                        if (json_is_null(need)) { /* a stage the implementation lacks */
+                            g_assert_null(r);
+                        } else {
+                            g_assert_nonnull(r);
+                            const double peak =
+                                json_number_value(json_object_get(r, "peak_memory_bytes")) +
+                                hw.runtime_reserve_bytes;
+                            g_assert_cmpfloat(json_number_value(need), ==, peak);
+                            compared++;
+                        }
+                        json_decref(r);
+                        tu_free(&sim);
+                        g_free(sim_args);
+                    }
+                json_decref(mem);
+                g_free(args);
+            }
+    g_assert_cmpuint(compared, ==, 3 * 3 * 2 * 2 * 4 - 3 * 2 * 2); /* FSDP has no stage 1 */
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/impl/deepspeed-stage12-bytes", test_deepspeed_stage12_bytes);
+    g_test_add_func("/impl/deepspeed-stage3-bytes", test_deepspeed_stage3_bytes);
+    g_test_add_func("/impl/deepspeed-bucket-buffers", test_deepspeed_bucket_buffers);
+    g_test_add_func("/impl/step-copies", test_step_copies);
+    g_test_add_func("/impl/fsdp", test_fsdp);
+    g_test_add_func("/impl/schedules-balance", test_schedules_balance);
+    g_test_add_func("/impl/memory-is-simulate", test_memory_is_simulate);
+    return g_test_run();
+}
