@@ -8,6 +8,7 @@
 #include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_util.h"
+#include "zp_zeror.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@ typedef struct {
     GArray *gpus; /* int64_t */
     int mp, micro_batch;
     gboolean checkpoint, json;
+    ZpCheckpointConfig ckpt; /* ZeRO-R: --partition-activations, --cpu-checkpointing */
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype, and the offload flags' zero sections */
@@ -36,9 +38,10 @@ static json_t *states_json(ZpModelStates m)
 
 static json_t *residual_json(const ZpResidual *r)
 {
-    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
                      "activation_block_bytes", r->activation_block_bytes, "activations_bytes",
                      r->activations_bytes, "checkpoint_bytes", r->checkpoint_bytes,
+                     "checkpoint_host_bytes", r->checkpoint_host_bytes,
                      "recompute_bytes", r->recompute_bytes, "logits_bytes", r->logits_bytes,
                      "reduce_bucket_bytes", r->reduce_bucket_bytes, "allgather_bucket_bytes",
                      r->allgather_bucket_bytes, "stage3_gathered_bytes",
@@ -52,6 +55,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     zp_plan_defaults(plan, stage, gpus / a->mp, a->mp);
     plan->micro_batch = a->micro_batch;
     plan->checkpoint = a->checkpoint;
+    plan->ckpt = a->ckpt;
     plan->precision = a->precision;
     plan->optimizer = a->optimizer;
     plan->attention = a->kernels.attention;
@@ -277,6 +281,12 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
     for (int stage = 0; stage <= 3; stage++)
         printf(" %9.3f", (m[stage].total_bytes + r[stage].total_bytes) / GB);
     printf("\n");
+    if (r[0].checkpoint_host_bytes > 0) {
+        printf("  %-28s", "checkpoints in host memory");
+        for (int stage = 0; stage <= 3; stage++)
+            printf(" %9.3f", r[stage].checkpoint_host_bytes / GB);
+        printf("   (cpu_checkpointing; not in the total)\n");
+    }
     if (simulated(a)) {
         /* The terms are each one's worst; the schedule's peak is when they add up most. */
         printf("  %-28s", "peak + reserve (simulate)");
@@ -410,6 +420,8 @@ int cli_memory(int argc, char **argv)
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro_batch, "Samples per GPU for activations (default 1)", "B"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
+        {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks (with --checkpoint)", NULL},
+        {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints in host memory (with --checkpoint)", NULL},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         CLI_SEQ_ENTRY(&seq),
@@ -449,6 +461,11 @@ int cli_memory(int argc, char **argv)
         ok = (a.gpus = zp_parse_int_list(gpus, "--gpus", 1, CLI_MAX_GPUS, &error)) != NULL;
     for (guint i = 0; ok && a.gpus && i < a.gpus->len; i++)
         ok = cli_check_mp(a.mp, g_array_index(a.gpus, int64_t, i), &a.model, &error);
+    if (ok) { /* ZeRO-R's options against the plan (any stage: they do not depend on it) */
+        ZpPlan probe;
+        plan_for(&a, 0, (int)g_array_index(a.gpus, int64_t, 0), &probe);
+        ok = !zp_model_has_architecture(&a.model) || zp_zeror_check(&a.model, &probe, &error);
+    }
     a.have_hw = have_hw;
     int status = ok ? (a.json ? print_json(&a) : (print_table(&a), 0)) : cli_fail("memory", error);
     double need = 0;

@@ -6,6 +6,8 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
+#include "zp_alloc_replay.h"
+#include "zp_zeror.h"
 #include "zp_dsconfig.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -25,6 +27,9 @@ typedef struct {
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
+    char *hpz;      /* --hpz-partition-size */
+    gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
+    gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     char *offload_optimizer, *offload_param, *nvme_path;
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
@@ -106,6 +111,12 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
         {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
         {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
+        {"--partition-activations", f->partition_activations, FROM_BOTH},
+        {"--cpu-checkpointing", f->cpu_checkpointing, FROM_BOTH},
+        {"--contiguous-memory", f->contiguous_memory, FROM_BOTH},
+        {"--quantized-weights", f->quantized_weights, FROM_BOTH},
+        {"--quantized-gradients", f->quantized_gradients, FROM_BOTH},
+        {"--hpz-partition-size", f->hpz != NULL, FROM_BOTH},
         {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE},
         {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE},
         {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
@@ -208,6 +219,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
             !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
                           error))
             return FALSE;
+        plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
         if (hw && !sim_coll_check_placement(hw, plan->mp, error)) {
             g_prefix_error(error, "--mp: ");
             return FALSE;
@@ -241,9 +253,17 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->checkpoint = f->checkpoint;
     plan->precision = precision;
     plan->optimizer = optimizer;
+    plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
+    plan->ckpt.partition_activations = f->partition_activations;
+    plan->ckpt.cpu_checkpointing = f->cpu_checkpointing;
+    plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
+    plan->zero.zero_quantized_weights = f->quantized_weights;
+    plan->zero.zero_quantized_gradients = f->quantized_gradients;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
-    return cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
+    return cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
+                   &plan->zero.zero_hpz_partition_size, error) &&
+           cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
            overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
            cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error);
 }
@@ -259,6 +279,7 @@ typedef struct {
     double peak_flops;
     const SimOptions *options;
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
+    ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
 } Report;
 
 static void print_tiers(const Report *p);
@@ -273,11 +294,36 @@ static double flops_per_gpu(const Report *p)
     return p->r->model_flops / p->r->step_time_s;
 }
 
+/* The bytes the step needs from the GPU: what the caching allocator reserves (its
+ * segments, holes included), at least the simulated live bytes. */
+static double needed_bytes(const Report *p)
+{
+    return fmax(p->r->peak_memory_bytes, p->alloc.peak_reserved_bytes);
+}
+
 /* Bytes over the GPU's memory at the peak, counting the profile's CUDA-context reserve
- * (not a schedule buffer); zero or less when the step fits. */
+ * (not a schedule buffer); zero or less when the step fits. An out-of-memory from
+ * fragmentation does not fit whatever the sums say. */
 static double bytes_over(const Report *p)
 {
-    return p->r->peak_memory_bytes + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
+    const double over = needed_bytes(p) + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
+    return p->alloc.oom_fragmented ? fmax(over, p->alloc.oom_request_bytes) : over;
+}
+
+static json_t *alloc_json(const ZpAllocStats *a)
+{
+    json_t *o = json_pack("{s:f, s:f, s:f, s:f, s:b, s:b}", "peak_allocated_bytes",
+                          a->peak_allocated_bytes, "peak_reserved_bytes", a->peak_reserved_bytes,
+                          "reserved_at_peak_bytes", a->reserved_at_peak_bytes,
+                          "largest_free_at_peak_bytes", a->largest_free_at_peak_bytes, "oom",
+                          a->oom, "oom_fragmented", a->oom_fragmented);
+    if (a->oom)
+        json_object_set_new(o, "oom_at", json_pack("{s:f, s:f, s:f, s:f}", "request_bytes",
+                                                   a->oom_request_bytes, "allocated_bytes",
+                                                   a->oom_allocated_bytes, "reserved_bytes",
+                                                   a->oom_reserved_bytes, "largest_free_bytes",
+                                                   a->oom_largest_free_bytes));
+    return o;
 }
 
 /* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...), from the
@@ -307,6 +353,13 @@ static json_t *ops_json(const Report *p)
     return o;
 }
 
+/* Data-parallel bytes: the DP group's and those of ZeRO++'s subgroups of it. */
+static double dp_bytes(const SimResult *r)
+{
+    return r->comm_bytes[ZP_GROUP_DP] + r->comm_bytes[ZP_GROUP_HPZ] +
+           r->comm_bytes[ZP_GROUP_NODE] + r->comm_bytes[ZP_GROUP_XNODE];
+}
+
 static int print_json(const Report *p)
 {
     const SimResult *r = p->r;
@@ -320,7 +373,7 @@ static int print_json(const Report *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        r->comm_bytes[ZP_GROUP_DP], "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
+        dp_bytes(r), "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
         r->comm_bytes[ZP_GROUP_PP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
@@ -342,6 +395,19 @@ static int print_json(const Report *p)
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));
+    json_object_set_new(root, "caching_allocator", alloc_json(&p->alloc));
+    if (zp_model_has_architecture(p->model)) { /* a graph without a model has no buckets */
+        const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
+        json_object_set_new(root, "constant_buffers",
+                            json_pack("{s:f, s:f, s:s?}", "constant_bytes", cb.constant_bytes,
+                                      "model_sized_bytes", cb.model_sized_bytes,
+                                      "model_sized_what", cb.model_sized_what));
+    }
+    json_object_set_new(root, "zeropp_comm_bytes_per_rank",
+                        json_pack("{s:f, s:f, s:f, s:f}", "dp_group", r->comm_bytes[ZP_GROUP_DP],
+                                  "hpz", r->comm_bytes[ZP_GROUP_HPZ], "node",
+                                  r->comm_bytes[ZP_GROUP_NODE], "xnode",
+                                  r->comm_bytes[ZP_GROUP_XNODE]));
     json_t *slow[2] = {json_array(), json_array()};
     for (uint32_t k = 0; k < p->options->n_slow_ranks; k++)
         json_array_append_new(slow[0], json_pack("[i, f]", (int)p->options->slow_ranks[k].index,
@@ -400,6 +466,26 @@ static void print_memory(const Report *p)
     for (int c = 0; c < ZP_MEM_N; c++)
         if (r->peak_breakdown_bytes[c] > 0)
             printf("    %-28s %10.3f GB\n", zp_sched_mem_name(c), r->peak_breakdown_bytes[c] / GB);
+    if (zp_model_has_architecture(p->model)) {
+        const ZpConstantBuffers cb = zp_zeror_constant_buffers(p->model, p->plan);
+        printf("  constant buffers (CB)          %10.3f GB of fixed-size buckets",
+               cb.constant_bytes / GB);
+        if (cb.model_sized_what)
+            printf("; %.3f GB sized by the model (%s)", cb.model_sized_bytes / GB,
+                   cb.model_sized_what);
+        printf("\n");
+    }
+    const ZpAllocStats *a = &p->alloc;
+    printf("  caching allocator (replay)     %10.3f GB allocated, %.3f GB reserved at that "
+           "peak (largest free block %.3f GB); reserved peaks at %.3f GB\n",
+           a->peak_allocated_bytes / GB, a->reserved_at_peak_bytes / GB,
+           a->largest_free_at_peak_bytes / GB, a->peak_reserved_bytes / GB);
+    if (a->oom)
+        printf("  out of memory%s: a %.3f GB request with %.3f GB allocated and %.3f GB "
+               "reserved; the largest free block is %.3f GB\n",
+               a->oom_fragmented ? " from fragmentation" : "", a->oom_request_bytes / GB,
+               a->oom_allocated_bytes / GB, a->oom_reserved_bytes / GB,
+               a->oom_largest_free_bytes / GB);
     printf("  (model states peak at %.3f GB; the CUDA context and allocator reserve of %.1f GB "
            "come on top)\n",
            r->peak_model_state_bytes / GB, p->hw->runtime_reserve_bytes / GB);
@@ -452,10 +538,12 @@ static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
     const ZpPlan *plan = p->plan;
-    char *detail = g_strdup_printf("simulated peak + %.1f GB reserve",
-                                   p->hw->runtime_reserve_bytes / GB);
+    char *detail = g_strdup_printf("allocator-reserved peak + %.1f GB reserve%s",
+                                   p->hw->runtime_reserve_bytes / GB,
+                                   p->alloc.oom_fragmented ? "; out of memory from fragmentation"
+                                                           : "");
     char *verdict = cli_verdict("the step", detail,
-                                r->peak_memory_bytes + p->hw->runtime_reserve_bytes,
+                                p->hw->gpu_memory_bytes + bytes_over(p),
                                 p->hw->gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict);
@@ -511,13 +599,17 @@ static void print_human(const Report *p)
     print_breakdown(p);
     printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
            "%.3f GB pipeline",
-           r->comm_bytes[ZP_GROUP_DP] / GB, r->comm_bytes[ZP_GROUP_TP] / GB,
-           r->comm_bytes[ZP_GROUP_PP] / GB);
+           dp_bytes(r) / GB, r->comm_bytes[ZP_GROUP_TP] / GB, r->comm_bytes[ZP_GROUP_PP] / GB);
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(p->sched, groups);
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
     printf("\n");
+    if (dp_bytes(r) > r->comm_bytes[ZP_GROUP_DP])
+        printf("    ZeRO++ subgroups             %10.3f GB hpZ (in the node), %.3f GB qgZ in the "
+               "node, %.3f GB qgZ across nodes\n",
+               r->comm_bytes[ZP_GROUP_HPZ] / GB, r->comm_bytes[ZP_GROUP_NODE] / GB,
+               r->comm_bytes[ZP_GROUP_XNODE] / GB);
     print_memory(p);
     cli_pipe_print_stages(r);
     print_tiers(p);
@@ -669,8 +761,9 @@ static int simulate(const SimulateFlags *f)
     if (!ok) {
         status = cli_fail("simulate", error);
     } else {
-        const Report report = {&model, &hw, &plan, sched, result, peak_flops, &options,
-                               f->schedule};
+        const Report report = {
+            &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
+            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
         if (f->json)
             status = print_json(&report);
         else
@@ -686,7 +779,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[37])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -711,12 +804,18 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[37])
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
+        {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &f->partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks, all-gathered before its recompute (with --checkpoint)", NULL},
+        {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &f->cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints kept in host memory (with --checkpoint)", NULL},
+        {"contiguous-memory", 0, 0, G_OPTION_ARG_NONE, &f->contiguous_memory, "ZeRO-R MD: checkpoints in one pre-allocated region (contiguous_memory_optimization)", NULL},
+        {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
+        {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 37);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 45);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -726,7 +825,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->impl, &f->schedule,
+                      &f->attention, &f->reduce_dtype, &f->impl, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
@@ -740,7 +839,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[37];
+    GOptionEntry entries[45];
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

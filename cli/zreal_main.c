@@ -36,6 +36,8 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
+    int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
+    gboolean quantized_weights; /* ZeRO++ qwZ */
     int mp; /* --microbench: the tensor degree whose shapes are timed */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
@@ -55,6 +57,7 @@ enum {
     F_HOST = F_OFFLOAD + 1, F_MOVED = F_HOST + ZP_MEM_N,
     F_DEVICE = F_MOVED + ZP_XFER_N, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
+    F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
     F_LOSS
 };
 
@@ -88,6 +91,9 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
     plan->checkpoint = a->checkpoint;
+    plan->zero.zero_quantized_weights = a->quantized_weights;
+    plan->zero.zero_hpz_partition_size = a->hpz;
+    plan->gpus_per_node = a->ranks_per_node;
     /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
     if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan->precision,
                                                 "--attention", &plan->attention, error))
@@ -150,6 +156,11 @@ static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, dou
     }
     for (int i = 0; i < steps; i++)
         v[F_LOSS + i] = local_loss[i];
+    RealCachingStats ca;
+    real_alloc_caching_stats(be->tracker, &ca);
+    v[F_CA_ALLOCATED] = ca.peak_allocated_bytes;
+    v[F_CA_RESERVED] = ca.peak_reserved_bytes;
+    v[F_CA_LARGEST_FREE] = ca.largest_free_at_peak_bytes;
     RealAllocStats host;
     if (real_engine_offload_stats(engine, &host, v + F_MOVED)) {
         v[F_OFFLOAD] = 1;
@@ -197,6 +208,11 @@ static json_t *rank_json(int rank, const double *v, int steps)
                             "category_peak_bytes", zp_sched_categories_json(v + F_CAT_PEAK),
                             "step_time_s", time_json(v[F_STEP_S], steps), "comm_bytes",
                             v[F_COMM], "ops", ops, "loss", loss);
+    /* Its own allocation sequence through the caching-allocator model (zp_alloc_replay). */
+    json_object_set_new(out, "caching_allocator",
+                        json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
+                                  "peak_reserved_bytes", v[F_CA_RESERVED],
+                                  "largest_free_at_peak_bytes", v[F_CA_LARGEST_FREE]));
     if (v[F_OFFLOAD] > 0) { /* the host tier and what crossed between the tiers per step */
         json_t *moved = json_object();
         for (int k = 0; k < ZP_XFER_N; k++)
@@ -392,9 +408,10 @@ static void add_device_error(RealBackend *be, GError *error)
 static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
 {
     char *stage = NULL, *micro = NULL, *accum = NULL, *steps = NULL, *lr = NULL;
-    char *emulate = NULL, *rank = NULL, *fault_action = NULL;
+    char *emulate = NULL, *rank = NULL, *fault_action = NULL, *hpz = NULL, *per_node = NULL;
     char *mp = NULL;
-    *a = (Args){.stage = 0, .mp = 1, .micro_batch = 4, .grad_accum = 1, .steps = 20, .fault_rank = -1,
+    *a = (Args){.stage = 0, .mp = 1, .micro_batch = 4, .grad_accum = 1, .steps = 20, .hpz = 1,
+                .fault_rank = -1,
                 .fault_step = -1, .lr = 3e-3, .seed = 1234};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &a->model, "Model name in models/ or a PATH.json", "M"},
@@ -405,6 +422,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &hpz, "ZeRO++ hpZ: backward gathers from secondary partitions over this many ranks of a node (default 1: none)", "N"},
+        {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
@@ -455,7 +475,10 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
     struct { const char *text, *flag; double min, max; int *out; } ints[] = {
         {stage, "--stage", 0, 3, &a->stage}, {micro, "--micro-batch", 1, 1 << 20, &a->micro_batch},
         {accum, "--grad-accum", 1, 1 << 20, &a->grad_accum}, {steps, "--steps", 0, 1 << 24, &a->steps},
-        {emulate, "--emulate", 1, 1 << 20, &a->emulate}, {mp, "--mp", 1, 1024, &a->mp}};
+        {emulate, "--emulate", 1, 1 << 20, &a->emulate},
+        {hpz, "--hpz-partition-size", 1, 1 << 16, &a->hpz},
+        {per_node, "--ranks-per-node", 1, 1 << 16, &a->ranks_per_node},
+        {mp, "--mp", 1, 1024, &a->mp}};
     for (size_t i = 0; ok && i < G_N_ELEMENTS(ints); i++)
         if (ints[i].text && (ok = zp_parse_number(ints[i].text, ints[i].flag, ints[i].min,
                                                   ints[i].max, TRUE, &value, error)))
@@ -478,7 +501,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = zp_check_out_path(a->out, "--out", error);
     g_option_context_free(context);
     g_free(stage), g_free(micro), g_free(accum), g_free(steps), g_free(lr);
-    g_free(emulate), g_free(rank), g_free(fault_action), g_free(mp);
+    g_free(emulate), g_free(rank), g_free(fault_action), g_free(hpz), g_free(per_node);
+    g_free(mp);
     return ok;
 }
 

@@ -217,6 +217,8 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
         break;
     case ZP_COMP_OPTIMIZER:
     case ZP_COMP_CPU_OPTIMIZER:
+    case ZP_COMP_HOST_COPY: /* the host link's, not a kernel's (sim_engine) */
+    case ZP_COMP_QUANTIZE:  /* ZeRO++'s: bytes vary per op (zp_cost_op_s) */
     case ZP_COMP_N:
         break;
     }
@@ -313,7 +315,9 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double ge
                     double attn_flops, double mem_bytes)
 {
     const gboolean optimizer = kind == ZP_COMP_OPTIMIZER;
-    if (!c->table)
+    /* ZeRO++'s (de)quantisation kernels move bytes that differ op by op (a bucket's, a
+     * unit's), so they stay on the roofline's memory rate even with an op table. */
+    if (!c->table || kind == ZP_COMP_QUANTIZE)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
     return c->kind_s[kind] +

@@ -90,9 +90,10 @@ static const KeySpec zero_keys[] = {
     IGNORED("gather_16bit_weights_on_model_save"),
     IGNORED("stage3_model_persistence_threshold"), IGNORED("model_persistence_threshold"),
     IGNORED("ignore_unused_parameters"), IGNORED("legacy_stage1"),
-    IGNORED("round_robin_gradients"), IGNORED("zero_hpz_partition_size"),
-    IGNORED("zero_quantized_weights"), IGNORED("zero_quantized_nontrainable_weights"),
-    IGNORED("zero_quantized_gradients"), IGNORED("zeropp_loco_param"),
+    IGNORED("round_robin_gradients"), OWN("zero_hpz_partition_size"),
+    FLAG("zero_quantized_weights", zero_quantized_weights),
+    IGNORED("zero_quantized_nontrainable_weights"),
+    FLAG("zero_quantized_gradients", zero_quantized_gradients), IGNORED("zeropp_loco_param"),
     IGNORED("mics_shard_size"), IGNORED("mics_hierarchical_params_gather"),
     IGNORED("memory_efficient_linear"),
     IGNORED("stage3_module_granularity_threshold"), IGNORED("module_granularity_threshold"),
@@ -129,12 +130,19 @@ static const KeySpec bf16_keys[] = {
     OWN("enabled"), IGNORED("immediate_grad_update"), IGNORED("check_grad_overflow"),
 };
 
-/* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): the
- * boolean options below change what is kept or where, which zplan does not model, so they
- * warn when true; number_checkpoints warns when given (zplan checkpoints every block). */
-static const char *const checkpoint_options[] = {
-    "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
-    "synchronize_checkpoint_boundary", "profile",
+/* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): ZeRO-R's
+ * options, read into the plan's ZpCheckpointConfig (zp_zeror models them); profile only
+ * times the checkpointed functions, and warns when true. */
+static const struct {
+    const char *key;
+    size_t offset;
+} checkpoint_options[] = {
+    {"partition_activations", G_STRUCT_OFFSET(ZpCheckpointConfig, partition_activations)},
+    {"contiguous_memory_optimization",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, contiguous_memory_optimization)},
+    {"cpu_checkpointing", G_STRUCT_OFFSET(ZpCheckpointConfig, cpu_checkpointing)},
+    {"synchronize_checkpoint_boundary",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, synchronize_checkpoint_boundary)},
 };
 static const KeySpec checkpoint_keys[] = {
     OWN("partition_activations"), OWN("contiguous_memory_optimization"),
@@ -340,7 +348,7 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
         return TRUE;
     }
     char *what = g_strdup_printf("%s: zero_optimization", path);
-    int64_t stage = 0;
+    int64_t stage = 0, hpz = 1;
     gboolean allgather_partitions = TRUE;
     gboolean ok = check_section(section, path, "zero_optimization.", zero_keys,
                                 G_N_ELEMENTS(zero_keys), warnings, error) &&
@@ -351,7 +359,11 @@ static gboolean read_zero(json_t *root, const char *path, const ZpModel *model,
                           error) &&
              zp_json_get_bool(section, what, "allgather_partitions", FALSE,
                               &allgather_partitions, error) &&
+             zp_json_get_int(section, what, "zero_hpz_partition_size", FALSE, 0, 1 << 16, &hpz,
+                             error) &&
              read_offload(section, path, zero, warnings, error);
+        /* DeepSpeed accepts 0 (Field ge=0) and builds hpZ's group only above 1. */
+        zero->zero_hpz_partition_size = (int)MAX(hpz, 1);
     }
     /* Checked above; only false changes what DeepSpeed does, which zplan does not model. */
     if (ok && !allgather_partitions)
@@ -412,10 +424,12 @@ static gboolean read_precision(json_t *root, const char *path, const ZpPlan *lau
 }
 
 static gboolean read_checkpointing(json_t *root, const char *path, gboolean *checkpoint,
-                                   GPtrArray *warnings, GError **error)
+                                   ZpCheckpointConfig *options, GPtrArray *warnings,
+                                   GError **error)
 {
     json_t *section;
     *checkpoint = FALSE;
+    memset(options, 0, sizeof *options);
     if (!get_section(root, path, "activation_checkpointing", &section, error))
         return FALSE;
     if (!section)
@@ -424,19 +438,17 @@ static gboolean read_checkpointing(json_t *root, const char *path, gboolean *che
     char *what = g_strdup_printf("%s: activation_checkpointing", path);
     gboolean ok = check_section(section, path, "activation_checkpointing.", checkpoint_keys,
                                 G_N_ELEMENTS(checkpoint_keys), warnings, error);
-    for (size_t i = 0; ok && i < G_N_ELEMENTS(checkpoint_options); i++) {
-        gboolean set = FALSE;
-        ok = zp_json_get_bool(section, what, checkpoint_options[i], FALSE, &set, error);
-        if (ok && set)
-            warn(warnings, path, "activation_checkpointing.", checkpoint_options[i],
-                 "true is not modeled");
-    }
+    for (size_t i = 0; ok && i < G_N_ELEMENTS(checkpoint_options); i++)
+        ok = zp_json_get_bool(section, what, checkpoint_options[i].key, FALSE,
+                              G_STRUCT_MEMBER_P(options, checkpoint_options[i].offset), error);
     int64_t number = 0;
     if (ok && (ok = zp_json_get_int(section, what, "number_checkpoints", FALSE, 0, MAX_BATCH,
-                                    &number, error)) &&
-        number > 0)
-        warn(warnings, path, "activation_checkpointing.", "number_checkpoints",
-             "not modeled (zplan checkpoints every block)");
+                                    &number, error)))
+        options->number_checkpoints = (int)number;
+    gboolean profile = FALSE;
+    if (ok && (ok = zp_json_get_bool(section, what, "profile", FALSE, &profile, error)) && profile)
+        warn(warnings, path, "activation_checkpointing.", "profile",
+             "true is not modeled (it times the checkpointed functions)");
     g_free(what);
     return ok;
 }
@@ -648,7 +660,7 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
     }
     ZpPlan p = *launch;
     if (!read_tensor_parallel(root, what, &p, warnings, error) ||
-        !read_checkpointing(root, what, &p.checkpoint, warnings, error) ||
+        !read_checkpointing(root, what, &p.checkpoint, &p.ckpt, warnings, error) ||
         !read_pipeline(root, what, &p, warnings, error))
         return FALSE;
     const int64_t dp = p.dp;
@@ -729,6 +741,8 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
             json_object_set_new(zero, spec->key,
                                 json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, spec->offset)));
     }
+    json_object_set_new(zero, "zero_hpz_partition_size",
+                        json_integer(plan->zero.zero_hpz_partition_size));
     json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
     json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
     if (offload_optimizer)
@@ -748,10 +762,15 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
                                       zp_partition_name(plan->pipe.partition),
                                       "activation_checkpoint_interval", plan->checkpoint ? 1 : 0));
     if (plan->checkpoint) {
-        /* The options zplan does not model, off: plain checkpointing of every block. */
+        /* number_checkpoints only when set: DeepSpeed's default is None (one per layer). */
         json_t *ckpt = json_object();
+        if (plan->ckpt.number_checkpoints)
+            json_object_set_new(ckpt, "number_checkpoints",
+                                json_integer(plan->ckpt.number_checkpoints));
         for (size_t i = 0; i < G_N_ELEMENTS(checkpoint_options); i++)
-            json_object_set_new(ckpt, checkpoint_options[i], json_false());
+            json_object_set_new(ckpt, checkpoint_options[i].key,
+                                json_boolean(G_STRUCT_MEMBER(gboolean, &plan->ckpt,
+                                                             checkpoint_options[i].offset)));
         json_object_set_new(root, "activation_checkpointing", ckpt);
     }
     return root;

@@ -33,13 +33,18 @@ uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple);
 typedef struct {
     double activation_block_bytes;  /* one block's saved activations (per rank) */
     double activations_bytes;       /* all blocks kept for backward (0 with checkpointing) */
-    double checkpoint_bytes;        /* block-input checkpoints of all blocks */
-    double recompute_bytes;         /* one block recomputed in backward (checkpointing) */
+    double checkpoint_bytes;        /* block-input checkpoints of all blocks (1/M with Pa) */
+    double checkpoint_host_bytes;   /* those in host memory instead (cpu_checkpointing);
+                                     * not part of total_bytes */
+    double recompute_bytes;         /* one block recomputed in backward (checkpointing), with
+                                     * the re-gathered whole input under Pa or Pa+cpu */
     double logits_bytes;            /* fp32 logits/softmax of the LM head and loss */
     double reduce_bucket_bytes;     /* gradient bucket buffers */
     double allgather_bucket_bytes;  /* parameter all-gather bucket (stages 1-2) */
     double stage3_gathered_bytes;   /* stage 3: largest unit gathered + prefetch, capped */
     double stage3_persistent_bytes; /* stage 3: full copies of params under the threshold */
+    double hpz_secondary_bytes;     /* stage 3 with ZeRO++ hpZ: the 16-bit secondary partition
+                                     * of the non-persistent parameters, 2 psi / size */
     double step_buffer_bytes;       /* the step's gradient copies (flattened, fp32) */
     double reserve_bytes;           /* CUDA context and allocator (from the hwprofile) */
     double total_bytes;

@@ -20,6 +20,7 @@ void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
         .stage3_param_persistence_threshold = 1e5,
         .stage3_max_live_parameters = 1e9,
         .stage3_max_reuse_distance = 1e9,
+        .zero_hpz_partition_size = 1,
         .sub_group_size = 1e9,
         .use_multi_rank_bucket_allreduce = TRUE,
     };
@@ -265,9 +266,59 @@ static const struct {
     {"overlap_comm", G_STRUCT_OFFSET(ZpZeroConfig, overlap_comm)},
     {"contiguous_gradients", G_STRUCT_OFFSET(ZpZeroConfig, contiguous_gradients)},
     {"reduce_scatter", G_STRUCT_OFFSET(ZpZeroConfig, reduce_scatter)},
+    {"zero_quantized_weights", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_weights)},
+    {"zero_quantized_gradients", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_gradients)},
     {"use_multi_rank_bucket_allreduce",
      G_STRUCT_OFFSET(ZpZeroConfig, use_multi_rank_bucket_allreduce)},
 };
+/* activation_checkpointing's booleans, as DeepSpeed names them. */
+static const struct {
+    const char *key;
+    size_t offset;
+} ckpt_flags[] = {
+    {"partition_activations", G_STRUCT_OFFSET(ZpCheckpointConfig, partition_activations)},
+    {"cpu_checkpointing", G_STRUCT_OFFSET(ZpCheckpointConfig, cpu_checkpointing)},
+    {"contiguous_memory_optimization",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, contiguous_memory_optimization)},
+    {"synchronize_checkpoint_boundary",
+     G_STRUCT_OFFSET(ZpCheckpointConfig, synchronize_checkpoint_boundary)},
+};
+
+static json_t *ckpt_to_json(const ZpCheckpointConfig *c)
+{
+    json_t *o = json_pack("{s:i}", "number_checkpoints", c->number_checkpoints);
+    for (size_t i = 0; i < G_N_ELEMENTS(ckpt_flags); i++)
+        json_object_set_new(o, ckpt_flags[i].key,
+                            json_boolean(G_STRUCT_MEMBER(gboolean, c, ckpt_flags[i].offset)));
+    return o;
+}
+
+static gboolean ckpt_from_json(json_t *o, const char *what, ZpCheckpointConfig *c,
+                               GError **error)
+{
+    static const char *const keys[] = {"partition_activations", "cpu_checkpointing",
+                                       "contiguous_memory_optimization",
+                                       "synchronize_checkpoint_boundary", "number_checkpoints",
+                                       NULL};
+    int64_t number = 0;
+    memset(c, 0, sizeof *c);
+    if (!o)
+        return TRUE;
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"activation_checkpointing\" must be an object", what);
+        return FALSE;
+    }
+    if (!zp_json_check_keys(o, what, keys, error) ||
+        !zp_json_get_int(o, what, "number_checkpoints", FALSE, 0, 1 << 24, &number, error))
+        return FALSE;
+    c->number_checkpoints = (int)number;
+    for (size_t i = 0; i < G_N_ELEMENTS(ckpt_flags); i++)
+        if (!zp_json_get_bool(o, what, ckpt_flags[i].key, FALSE,
+                              G_STRUCT_MEMBER_P(c, ckpt_flags[i].offset), error))
+            return FALSE;
+    return TRUE;
+}
 
 void *zp_plan_to_json(const ZpPlan *plan)
 {
@@ -278,20 +329,25 @@ void *zp_plan_to_json(const ZpPlan *plan)
     for (size_t i = 0; i < G_N_ELEMENTS(zero_flags); i++)
         json_object_set_new(zero, zero_flags[i].key,
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
+    json_object_set_new(zero, "zero_hpz_partition_size",
+                        json_integer(plan->zero.zero_hpz_partition_size));
     json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
     json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
     if (offload_optimizer)
         json_object_set_new(zero, "offload_optimizer", offload_optimizer);
     if (offload_param)
         json_object_set_new(zero, "offload_param", offload_param);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o}", "stage",
-                          plan->zero.stage, "dp", plan->dp, "mp", plan->mp, "micro_batch",
-                          plan->micro_batch, "grad_accum", plan->grad_accum, "checkpoint",
-                          plan->checkpoint, "precision", zp_precision_name(plan->precision),
-                          "optimizer", zp_optimizer_name(plan->optimizer), "attention",
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
+                          "stage", plan->zero.stage, "dp", plan->dp, "mp", plan->mp,
+                          "micro_batch", plan->micro_batch, "grad_accum", plan->grad_accum,
+                          "checkpoint", plan->checkpoint, "precision",
+                          zp_precision_name(plan->precision), "optimizer",
+                          zp_optimizer_name(plan->optimizer), "attention",
                           zp_attention_name(plan->attention), "reduce_dtype",
                           zp_reduce_dtype_name(plan->reduce_dtype), "impl",
-                          zp_impl_name(plan->impl), "zero", zero);
+                          zp_impl_name(plan->impl), "zero", zero,
+                          "activation_checkpointing", ckpt_to_json(&plan->ckpt),
+                          "gpus_per_node", plan->gpus_per_node);
     /* The 3D keys only where they say something, so that plans without them read as before. */
     if (zp_plan_pp(plan) > 1)
         json_object_set_new(o, "pipeline",
@@ -341,10 +397,15 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "sub_group_size", "overlap_comm", "contiguous_gradients",
                                        "reduce_scatter", "use_multi_rank_bucket_allreduce",
-                                       "offload_optimizer", "offload_param", NULL};
-    if (!zp_json_check_keys(zero, what, keys, error))
+                                       "zero_quantized_weights", "zero_quantized_gradients",
+                                       "zero_hpz_partition_size", "offload_optimizer",
+                                       "offload_param", NULL};
+    int64_t hpz = 1;
+    if (!zp_json_check_keys(zero, what, keys, error) ||
+        !zp_json_get_int(zero, what, "zero_hpz_partition_size", FALSE, 1, 1 << 16, &hpz, error))
         return FALSE;
     zp_zero_config_defaults(z, (int)stage);
+    z->zero_hpz_partition_size = (int)hpz;
     for (size_t i = 0; i < G_N_ELEMENTS(zero_numbers); i++)
         if (!zp_json_get_number(zero, what, zero_numbers[i].key, FALSE, 0, 1e15,
                                 G_STRUCT_MEMBER_P(z, zero_numbers[i].offset), error))
@@ -370,7 +431,7 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error)
 {
     json_t *o = json_object;
-    int64_t dp, mp, micro, accum;
+    int64_t dp, mp, micro, accum, node = 0;
     const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
@@ -380,8 +441,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     }
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
-                                       "reduce_dtype", "impl", "zero", "pipeline",
-                                       "sequence_parallel", NULL};
+                                       "reduce_dtype", "impl", "zero", "activation_checkpointing",
+                                       "gpus_per_node", "pipeline", "sequence_parallel", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
@@ -389,6 +450,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_int(o, what, "mp", TRUE, 1, 1 << 16, &mp, error) ||
         !zp_json_get_int(o, what, "micro_batch", TRUE, 1, 1 << 24, &micro, error) ||
         !zp_json_get_int(o, what, "grad_accum", TRUE, 1, 1 << 24, &accum, error) ||
+        !zp_json_get_int(o, what, "gpus_per_node", FALSE, 0, 1 << 16, &node, error) ||
         !zp_json_get_bool(o, what, "checkpoint", TRUE, &checkpoint, error) ||
         !zp_json_get_string(o, what, "precision", TRUE, &precision, error) ||
         !zp_json_get_string(o, what, "optimizer", TRUE, &optimizer, error) ||
@@ -403,9 +465,12 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
                           error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
-        !zero_from_json(zero, what, &plan->zero, error))
+        !zero_from_json(zero, what, &plan->zero, error) ||
+        !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,
+                        error))
         return FALSE;
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
+    plan->gpus_per_node = (int)node;
     return TRUE;
 }

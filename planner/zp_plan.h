@@ -68,6 +68,12 @@ typedef struct {
     double stage3_param_persistence_threshold;
     double stage3_max_live_parameters;
     double stage3_max_reuse_distance;
+    /* ZeRO++ (deepspeed/runtime/zero/config.py; stage 3 only): qwZ, the block-quantised int8
+     * parameter all-gather; hpZ, a secondary parameter partition over this many ranks of a
+     * node (1: none); qgZ, int4 gradients through the hierarchical all-to-all. */
+    gboolean zero_quantized_weights;
+    int zero_hpz_partition_size;
+    gboolean zero_quantized_gradients;
     double sub_group_size; /* stage 3: elements of a partition the step handles at once */
     /* stages 1-2: all-reduce each gradient bucket (DeepSpeed's default) rather than reduce
      * each rank's slice to it */
@@ -75,6 +81,16 @@ typedef struct {
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;
+
+/* DeepSpeed's activation_checkpointing section (ZeRO-R;
+ * deepspeed/runtime/activation_checkpointing/config.py), meaningful with checkpointing on. */
+typedef struct {
+    gboolean partition_activations;          /* Pa: 1/M of each checkpoint per TP rank */
+    gboolean cpu_checkpointing;              /* Pa+cpu: the partition kept in host memory */
+    gboolean contiguous_memory_optimization; /* MD: checkpoints in one pre-allocated region */
+    int number_checkpoints;                  /* that region's slots; 0: one per block */
+    gboolean synchronize_checkpoint_boundary; /* device synchronize at each checkpoint */
+} ZpCheckpointConfig;
 
 /* Pipeline parallelism (zp_pipe): the schedule a stage runs its micro-batches in, and how
  * the layers are split over the stages. */
@@ -95,10 +111,13 @@ typedef struct {
     int micro_batch;      /* samples per GPU per micro-step */
     int grad_accum;       /* micro-steps per optimizer step */
     gboolean checkpoint;  /* activation checkpointing at every block */
+    ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpAttention attention;     /* eager (the zero value) or a fused kernel */
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
+    int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
+                           * unknown, one node holds every data-parallel rank */
     ZpImplKind impl;            /* DeepSpeed (the zero value), FSDP or the paper */
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
@@ -183,9 +202,11 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
 
 /* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
  * "precision", "optimizer", "attention", "reduce_dtype", "impl", "zero": {DeepSpeed's
- * zero_optimization keys}}) and back; the reader names the first missing, unknown or
- * ill-typed key ("attention", "reduce_dtype" and "impl" may be absent: eager, the
- * gradients', and paper, the semantics of every file written before "impl" existed). */
+ * zero_optimization keys}, "activation_checkpointing": {DeepSpeed's keys}}) and back; the
+ * reader names the first missing, unknown or ill-typed key ("attention", "reduce_dtype",
+ * "impl", "activation_checkpointing" and the ZeRO++ keys may be absent: eager, the
+ * gradients', paper (the semantics of every file written before "impl" existed) and
+ * DeepSpeed's defaults). */
 void *zp_plan_to_json(const ZpPlan *plan);
 gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GError **error);
 

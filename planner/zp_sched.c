@@ -15,6 +15,8 @@
 #include "zp_offload.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
+#include "zp_zeror.h"
+#include "zp_zeropp.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,6 +36,7 @@ typedef struct {
 typedef struct {
     ZpFetch fetch;
     int buffer;
+    int quant_buffer;      /* qwZ: the gathered int8 and scales, until dequantised */
     uint32_t coll_op;
 } Gather;
 
@@ -48,6 +51,7 @@ typedef struct {
     ZpStateBytes state;
     int next_buffer;
     uint32_t last_compute;  /* last compute op emitted */
+    uint32_t last_on_stream[ZP_STREAM_N]; /* last compute or collective op of each stream */
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
@@ -93,6 +97,8 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
             op.n_deps++;
         }
     g_array_append_val(s->ops, op);
+    if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
+        b->last_on_stream[op.stream] = s->ops->len - 1;
     return s->ops->len - 1;
 }
 
@@ -125,7 +131,7 @@ static uint32_t emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int 
                                 const uint32_t *deps, guint n_deps)
 {
     ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = kind,
-               .stream = group == ZP_GROUP_DP ? ZP_STREAM_DP : ZP_STREAM_TP, .group = group,
+               .stream = group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP, .group = group,
                .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
                .elem_offset = offset, .elems = elems};
     return emit(b, op, deps, n_deps);
@@ -321,13 +327,14 @@ static void layout(Builder *b)
     s->state_bytes[ZP_MEM_MASTER] = optim_elems * master;
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
-    if (stage == 3) { /* the full copies of persistent parameters */
+    if (stage == 3) { /* the full copies of persistent parameters, hpZ's secondary partition */
         GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
         b->impl->persistent(s, kept);
         double elems = 0;
         for (guint i = 0; i < kept->len; i++)
             elems += (double)g_array_index(kept, ZpFetch, i).elems;
         s->state_bytes[ZP_MEM_GATHERED_PARAMS] = elems * p;
+        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s, elems);
         g_array_unref(kept);
     }
     zp_offload_layout(s);
@@ -446,6 +453,43 @@ static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
     }
 }
 
+/* A memory-bound ZeRO++ kernel (zp_zeropp) on `stream`, after `after`. */
+static uint32_t emit_quantize(Builder *b, ZpStream stream, int unit, int micro, double mem_bytes,
+                              const uint32_t *after, guint n_after)
+{
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_QUANTIZE, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .mem_bytes = mem_bytes};
+    return emit(b, op, after, n_after);
+}
+
+/* qgZ (zp_zeropp_qgz): the bucket quantised to int4 on the reduce stream, the all-to-all
+ * inside the node (naming the bucket it reduces, released after it), the node's reduction,
+ * the all-to-all across nodes, dequantisation. The int4 buffers are workspace from the
+ * quantisation to the end. Returns the intra-node all-to-all, after which the bucket is
+ * free. */
+static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[3])
+{
+    const ZpSchedule *s = b->s;
+    const ZpQgz q = zp_zeropp_qgz(&s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan),
+                                  (double)s->model.hidden / s->plan.mp,
+                                  zp_plan_reduce_bytes(&s->plan));
+    int work;
+    const double work_bytes = q.intra_bytes * 2 + q.inter_bytes;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, &work,
+                                cdeps, 3);
+    const uint32_t qdeps[4] = {cdeps[0], cdeps[1], cdeps[2], alloc};
+    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 4);
+    const uint64_t elems = k->spec.hi - k->spec.lo;
+    const uint32_t read = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro,
+                                          k->buffer, k->spec.lo, elems, q.intra_bytes, &op, 1);
+    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &read, 1);
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->spec.lo,
+                         elems, q.inter_bytes, &op, 1);
+    k->coll_op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.dequantize_mem_bytes, &op, 1);
+    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, work, k->coll_op);
+    return read;
+}
+
 static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -467,20 +511,29 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         k->buffer = b->ipg[held];
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
-    int copy = -1;
-    uint32_t copy_op = NONE;
-    if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan)) {
-        /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
-         * bucket's padded partitions into one tensor first */
-        uint32_t adeps[2] = {b->last_compute, after};
-        copy_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, &copy,
-                             adeps, 2);
+    uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
+    if (s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients) {
+        /* qgZ replaces the reduce-scatter and its concatenated copy (stage3.py
+         * __avg_scatter_grads calls all_to_all_quant_reduce instead) */
+        const uint32_t cdeps[3] = {k->alloc_op, b->last_compute, after};
+        read = qgz_reduce(b, k, unit, micro, cdeps);
+    } else {
+        int copy = -1;
+        uint32_t copy_op = NONE;
+        if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan)) {
+            /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
+             * bucket's padded partitions into one tensor first */
+            uint32_t adeps[2] = {b->last_compute, after};
+            copy_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
+                                 &copy, adeps, 2);
+        }
+        uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
+        k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
+                                     k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
+        if (copy >= 0)
+            emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy,
+                      k->coll_op);
     }
-    uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
-    k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
-                                 k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
-    if (copy >= 0)
-        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy, k->coll_op);
     /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
      * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
      * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
@@ -494,11 +547,12 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         g_array_append_val(b->offloaded, drained);
     }
     k->drain_op = drained;
+    if (read == NONE)
+        read = drained;
     if (held >= 0)
-        b->ipg_last[held] = drained;
+        b->ipg_last[held] = read;
     else if (k->buffer >= 0)
-        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer,
-                  drained);
+        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer, read);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
@@ -518,7 +572,7 @@ static void plan_gathers(Builder *b)
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     b->impl->plan_fetches(b->s, fetches);
     for (guint i = 0; i < fetches->len; i++) {
-        Gather g = {g_array_index(fetches, ZpFetch, i), -1, NONE};
+        Gather g = {g_array_index(fetches, ZpFetch, i), -1, -1, NONE};
         g_array_append_val(b->gathers, g);
     }
     g_array_unref(fetches);
@@ -552,34 +606,71 @@ static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
     return &g_array_index(b->gathers, Gather, ix->items[i]);
 }
 
+/* hpZ: backward gathers from the secondary partitions, inside the node (DeepSpeed's
+ * all_gather_coalesced with use_secondary_tensor); forward ones over the whole group. */
+static ZpGroup gather_group(const Builder *b, const Gather *g)
+{
+    const int L = (int)b->s->model.layers;
+    return b->s->plan.zero.zero_hpz_partition_size > 1 && g->fetch.use_pos > zp_pos_head(L)
+               ? ZP_GROUP_HPZ
+               : ZP_GROUP_DP;
+}
+
 static void issue_gathers(Builder *b, int pos, int micro)
 {
+    const ZpSchedule *s = b->s;
+    const gboolean qwz = s->plan.zero.zero_quantized_weights;
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
         const double bytes = (double)g->fetch.elems * b->state.param_bytes;
+        const ZpGroup group = gather_group(b, g);
+        const int ranks = zp_zeropp_group_ranks(&s->plan, group);
+        const double wire = zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
+                                                   b->state.param_bytes);
         uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                                  : b->last_compute;
         uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->fetch.unit, micro,
                                     &g->buffer, &after, 1);
         /* Parameter offload: the partition comes up from the host (and NVMe) first. */
         double nvme_bytes, h2d_bytes;
-        zp_offload_fetch(&b->s->plan, (double)g->fetch.elems / b->s->plan.dp,
-                         (double)b->s->partition_elems, &nvme_bytes, &h2d_bytes);
+        zp_offload_fetch(&s->plan, (double)g->fetch.elems / s->plan.dp,
+                         (double)s->partition_elems, &nvme_bytes, &h2d_bytes);
         const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->fetch.unit,
                                             micro, alloc);
-        const uint32_t fetched = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro,
-                                               read);
-        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, g->fetch.unit, micro,
-                                     g->buffer, g->fetch.offset, g->fetch.elems, bytes,
-                                     &fetched, 1);
+        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro, read);
+        if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
+            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->fetch.unit, micro,
+                                         &g->quant_buffer, &alloc, 1);
+            const uint64_t part = g->fetch.elems / (uint64_t)ranks;
+            alloc = emit_quantize(b, ZP_STREAM_DP, g->fetch.unit, micro,
+                                  zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
+        }
+        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->fetch.unit, micro,
+                                     g->buffer, g->fetch.offset, g->fetch.elems, wire, &alloc, 1);
     }
 }
 
-/* The gathers the compute op at `pos` needs. */
-static void gathers_used_at(Builder *b, int pos, GArray *deps)
+/* The gathers the compute op at `pos` needs; with qwZ each is dequantised first, on the
+ * compute stream when it is waited for (AllGatherCoalescedHandle.wait). */
+static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
 {
-    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++)
-        g_array_append_val(deps, gather_at(b, &b->by_use, i)->coll_op);
+    const ZpSchedule *s = b->s;
+    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++) {
+        Gather *g = gather_at(b, &b->by_use, i);
+        if (g->quant_buffer >= 0) {
+            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, g));
+            const uint32_t after[2] = {g->coll_op, b->last_compute};
+            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->fetch.unit, micro,
+                                       zp_zeropp_dequantize_mem_bytes(g->fetch.elems, ranks),
+                                       after, 2);
+            emit_free(b, ZP_MEM_WORKSPACE,
+                      zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
+                                             b->state.param_bytes),
+                      g->fetch.unit, micro, g->quant_buffer, g->coll_op);
+            g->quant_buffer = -1;
+        }
+        g_array_append_val(deps, g->coll_op);
+    }
 }
 
 static void free_gathers(Builder *b, int pos, int micro)
@@ -598,7 +689,7 @@ static void position_begin(Builder *b, int pos, int micro, GArray *deps)
     g_array_set_size(deps, 0);
     if (b->s->plan.zero.stage == 3) {
         issue_gathers(b, pos, micro);
-        gathers_used_at(b, pos, deps);
+        gathers_used_at(b, pos, micro, deps);
     }
 }
 
@@ -636,12 +727,74 @@ static void tp_allreduces(Builder *b, int unit, int micro)
 
 typedef struct {
     int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
-    double act_bytes, ckpt_bytes;
+    double act_bytes;
+    ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
 } Activations;
 
 static int *act_slot(const Builder *b, int *ids, int micro, int l)
 {
     return &ids[(gsize)micro * (gsize)(b->s->model.layers + 1) + (gsize)l];
+}
+
+/* synchronize_checkpoint_boundary: CheckpointFunction's forward and backward begin and end
+ * with a device synchronize, so the next compute op waits for everything issued so far on
+ * every stream (in-flight gathers and reductions included). */
+static void checkpoint_boundary(Builder *b)
+{
+    if (!b->s->plan.checkpoint || !b->s->plan.ckpt.synchronize_checkpoint_boundary)
+        return;
+    for (int stream = 0; stream < ZP_STREAM_N; stream++)
+        g_array_append_val(b->sync_deps, b->last_on_stream[stream]);
+}
+
+/* Pa+cpu (zp_zeror): the synchronous copy of a block's checkpoint slice over the host link,
+ * on the compute stream as DeepSpeed's `.cpu()` and `copy_()` are. */
+static void host_copy(Builder *b, int unit, int micro, double bytes)
+{
+    const Cost none = {0};
+    const uint32_t op = emit_compute(b, ZP_COMP_HOST_COPY, unit, micro, none, &b->last_compute, 1);
+    g_array_index(b->s->ops, ZpOp, op).bytes = bytes;
+}
+
+/* Forward keeps the block input: whole, its 1/M slice (Pa) on the GPU, or the slice copied
+ * to the host (Pa+cpu), before the block runs (CheckpointFunction.forward). */
+static void keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArray *deps)
+{
+    int *slot = act_slot(b, a->ckpt, micro, l);
+    *slot = -1;
+    if (a->rule.copy_bytes > 0)
+        host_copy(b, l, micro, a->rule.copy_bytes);
+    if (a->rule.gpu_bytes > 0) {
+        uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, slot,
+                                    &b->last_compute, 1);
+        g_array_append_val(deps, alloc);
+    }
+}
+
+/* Before the recompute, Pa and Pa+cpu rebuild the whole input in a new GPU buffer
+ * (gather_partitioned_activations): the slice copied in from the host, then the all-gather
+ * of b*s*h over the tensor group; the slice kept on the GPU is released then. */
+static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
+{
+    if (!a->rule.regathered)
+        return;
+    int *slot = act_slot(b, a->ckpt, micro, l);
+    const int kept = *slot;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.full_bytes, l, micro, slot,
+                                &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, alloc);
+    if (a->rule.copy_bytes > 0)
+        host_copy(b, l, micro, a->rule.copy_bytes);
+    if (a->rule.gather_elems > 0) {
+        const uint32_t after[2] = {alloc, b->last_compute};
+        uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, l, micro, -1, 0,
+                                        a->rule.gather_elems, a->rule.full_bytes, after, 2);
+        g_array_append_val(b->sync_deps, coll);
+        if (kept >= 0)
+            emit_free(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, kept, coll);
+    } else if (kept >= 0) {
+        emit_free(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, kept, b->last_compute);
+    }
 }
 
 /* The units [lo, hi) of one model chunk (all of them without a pipeline). */
@@ -662,13 +815,18 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     }
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
         position_begin(b, zp_pos_fwd(l), micro, deps);
-        uint32_t alloc = ckpt ? emit_alloc(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
-                                           act_slot(b, a->ckpt, micro, l), &b->last_compute, 1)
-                              : emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                           act_slot(b, a->act, micro, l), &b->last_compute, 1);
-        g_array_append_val(deps, alloc);
+        if (ckpt) {
+            checkpoint_boundary(b);
+            keep_checkpoint(b, l, micro, a, deps);
+        } else {
+            uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
+                                        act_slot(b, a->act, micro, l), &b->last_compute, 1);
+            g_array_append_val(deps, alloc);
+        }
         emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
+        if (ckpt)
+            checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
     }
 }
@@ -713,6 +871,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
          * implementation may gather for it and again for the backward. */
         position_begin(b, zp_pos_rec(L, l), micro, deps);
         if (ckpt) {
+            checkpoint_boundary(b);
+            regather_checkpoint(b, l, micro, a);
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
                                         &b->last_compute, 1);
             g_array_append_val(deps, alloc);
@@ -727,9 +887,12 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
                      (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
-        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
         if (ckpt)
-            emit_free(b, ZP_MEM_CHECKPOINTS, a->ckpt_bytes, l, micro,
+            checkpoint_boundary(b);
+        emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        if (ckpt && *act_slot(b, a->ckpt, micro, l) >= 0)
+            emit_free(b, ZP_MEM_CHECKPOINTS,
+                      a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l, micro,
                       *act_slot(b, a->ckpt, micro, l), b->last_compute);
         position_end(b, pos, micro);
         if (reduce)
@@ -921,6 +1084,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
     }
+    if (!zp_zeror_check(model, p, error) || !zp_zeropp_check(p, error))
+        return FALSE;
     if (!zp_pipe_check(model, p, error))
         return FALSE;
     if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
@@ -1063,6 +1228,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
+    for (int stream = 0; stream < ZP_STREAM_N; stream++)
+        b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
     g_array_set_size(b.pos_last_op, (guint)n_pos);
     if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
@@ -1075,7 +1242,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
                      zp_mem_plan_activation_block_bytes(model, plan),
-                     zp_mem_checkpoint_bytes(model, plan)};
+                     zp_zeror_checkpoint(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
@@ -1142,10 +1309,14 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_EMBED_BWD] = {micro, embed},
         [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
         [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
+        [ZP_COMP_HOST_COPY] = {zp_zeror_checkpoint(model, plan).copy_bytes > 0 ? 2 * micro * L : 0,
+                               {0}},
     };
     for (int k = 0; k < ZP_COMP_N; k++)
         ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
-                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes};
+                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes,
+                                k == ZP_COMP_HOST_COPY ? zp_zeror_checkpoint(model, plan).copy_bytes
+                                                       : 0.0};
 }
 
 void zp_sched_free(ZpSchedule *s)
@@ -1164,7 +1335,9 @@ void zp_sched_free(ZpSchedule *s)
  * With pipeline stages, the most any stage's rank sends. */
 double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 {
-    const double n = group == ZP_GROUP_DP ? s->plan.dp : s->plan.mp;
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    const double n = (int)group < n_groups ? groups[group].ranks : 1;
     double *total = g_new0(double, MAX(s->stages, 1)), most = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
@@ -1183,17 +1356,21 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
                                             "block_bwd", "embed_bwd", "optimizer",
-                                            "cpu_optimizer", NULL};
-static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
+                                            "cpu_optimizer", "host_copy", "quantize", NULL};
+static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
+                                         NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                         "gathered_params", "buckets", "activations",
-                                        "checkpoints", "workspace", NULL};
+                                        "checkpoints", "workspace", "secondary_params", NULL};
 static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
                                            NULL};
 static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
                                          "transfer", NULL};
 static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
-static const char *const group_names[] = {"dp", "tp", "pp", NULL};
+/* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
+ * keep theirs. */
+static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
+                                          NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
@@ -1221,6 +1398,15 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     out[ZP_GROUP_DP] = (ZpCommGroup){.ranks = s->plan.dp, .stride = s->plan.mp * stages};
     out[ZP_GROUP_TP] = (ZpCommGroup){.ranks = s->plan.mp, .stride = 1};
     out[ZP_GROUP_PP] = (ZpCommGroup){.ranks = stages, .stride = s->plan.mp};
+    /* ZeRO++'s subgroups of dp (zp_zeropp_group_ranks; one rank each where unused): hpZ's
+     * and a node's consecutive dp ranks, and one dp rank of each node. */
+    const int dp_stride = s->plan.mp * stages;
+    const int local = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_NODE);
+    out[ZP_GROUP_HPZ] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_HPZ),
+                                      .stride = dp_stride};
+    out[ZP_GROUP_NODE] = (ZpCommGroup){.ranks = local, .stride = dp_stride};
+    out[ZP_GROUP_XNODE] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE),
+                                        .stride = dp_stride * local};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, group_names[g], sizeof out->name);
     return ZP_GROUP_N;
@@ -1255,6 +1441,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
         json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
         json_object_set_new(o, "attn_flops", json_real(op->attn_flops));
         json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
+        if (op->bytes > 0)
+            json_object_set_new(o, "bytes", json_real(op->bytes));
         break;
     case ZP_OP_COLLECTIVE:
         json_object_set_new(o, "op", json_string(coll_names[op->sub]));
@@ -1289,7 +1477,8 @@ static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
 {
     json_t *a = json_array();
     for (int g = 0; g < n_groups; g++)
-        if (g != ZP_GROUP_PP || groups[g].ranks > 1) /* no pipeline: no pp group written */
+        /* No pipeline, no ZeRO++ subgroup: none of those groups written. */
+        if (g < ZP_GROUP_PP || g >= ZP_GROUP_N || groups[g].ranks > 1)
             json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
                                                "ranks", groups[g].ranks, "stride",
                                                groups[g].stride));
@@ -1343,17 +1532,21 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
                                  gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
                                  int *n_groups, int *dp, int *mp, GError **error)
 {
-    const size_t most = others ? ZP_SCHED_MAX_GROUPS : 2;
+    /* A planner's file: dp, tp and ZeRO++'s subgroups where the plan has them (no pp). */
+    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N - 1;
     if (!json_is_array(groups) || json_array_size(groups) < 2 ||
         json_array_size(groups) > most) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: key \"groups\" must be an array of dp, tp%s", path,
-                    others ? " and at most 14 other groups" : " and no other group");
+                    others ? " and at most 14 other groups"
+                           : " and no other group than hpz, qgz_node and qgz_cross");
         return FALSE;
     }
     ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
     const int n = (int)json_array_size(groups);
-    int at[ZP_GROUP_N] = {-1, -1, -1}; /* where dp, tp and pp are in the file */
+    int at[ZP_GROUP_N]; /* where dp, tp, pp and ZeRO++'s groups are in the file */
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        at[g] = -1;
     for (int i = 0; i < n; i++) {
         char *what = g_strdup_printf("%s: groups[%d]", path, i);
         const gboolean ok = group_from_json(json_array_get(groups, (size_t)i), what, world,
@@ -1378,17 +1571,32 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         table[ZP_GROUP_PP] = (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_TP].ranks};
         g_strlcpy(table[ZP_GROUP_PP].name, group_names[ZP_GROUP_PP], sizeof table->name);
     }
+    for (int g = ZP_GROUP_HPZ; g < ZP_GROUP_N; g++) { /* one rank each where absent */
+        table[g] = at[g] >= 0 ? read[at[g]]
+                              : (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_DP].stride};
+        g_strlcpy(table[g].name, group_names[g], sizeof table->name);
+    }
     *n_groups = ZP_GROUP_N;
-    for (int i = 0; i < n; i++)
-        if (i != at[ZP_GROUP_DP] && i != at[ZP_GROUP_TP] && i != at[ZP_GROUP_PP]) {
-            if (*n_groups == ZP_SCHED_MAX_GROUPS) {
-                g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
-                            "%s: key \"groups\": at most %d groups in all", path,
-                            ZP_SCHED_MAX_GROUPS);
-                return FALSE;
-            }
-            table[(*n_groups)++] = read[i];
+    for (int i = 0; i < n; i++) {
+        gboolean builtin = FALSE;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            builtin |= i == at[g];
+        if (builtin)
+            continue;
+        if (!others) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                        "%s: key \"groups\": groups[%d] \"%s\" is no group of a plan's schedule",
+                        path, i, read[i].name);
+            return FALSE;
         }
+        if (*n_groups == ZP_SCHED_MAX_GROUPS) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                        "%s: key \"groups\": at most %d groups in all", path,
+                        ZP_SCHED_MAX_GROUPS);
+            return FALSE;
+        }
+        table[(*n_groups)++] = read[i];
+    }
     const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
     const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
     if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||
@@ -1479,7 +1687,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     /* The keys op_to_json writes for each kind, and no others. */
     static const char *const keys[][12] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", "stream", NULL},
+                           "attn_flops", "mem_bytes", "bytes", "stream", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
                               "elem_offset", "elems", "stream", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
@@ -1501,7 +1709,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
              zp_json_get_number(o, what, "gemm_flops", layout, 0, 1e30, &op.gemm_flops, error) &&
              zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
-             zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error);
+             zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error) &&
+             zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
              group_index(s, o, what, &group, error) &&

@@ -56,6 +56,9 @@ typedef enum {
     ZP_COMP_EMBED_BWD,   /* embedding backward */
     ZP_COMP_OPTIMIZER,   /* Adam on this rank's partition: memory-bound */
     ZP_COMP_CPU_OPTIMIZER, /* CPU Adam on the offloaded partition (mem_bytes at the CPU rate) */
+    ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
+                          * its `bytes`, at the hwprofile's host_link_bytes_per_s */
+    ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
     ZP_COMP_N
 } ZpComputeKind;
 
@@ -63,11 +66,23 @@ typedef enum {
     ZP_COLL_ALLREDUCE,
     ZP_COLL_REDUCE_SCATTER,
     ZP_COLL_ALLGATHER,
+    ZP_COLL_ALLTOALL, /* qgZ: each rank sends (n-1)/n of S, a 1/n slice to every member */
     ZP_COLL_N
 } ZpCollKind;
 
-/* ZP_GROUP_PP names a rank's pipeline neighbours (p2p ops), not a collective's group. */
-typedef enum { ZP_GROUP_DP, ZP_GROUP_TP, ZP_GROUP_PP, ZP_GROUP_N } ZpGroup;
+/* The data-parallel and tensor-parallel groups; ZP_GROUP_PP names a rank's pipeline
+ * neighbours (p2p ops), not a collective's group; then ZeRO++'s subgroups of the data-parallel
+ * group (zp_zeropp_group_ranks gives their sizes): hpZ's secondary partition (HPZ), a node's
+ * data-parallel ranks (NODE) and the ranks of one local index across nodes (XNODE). */
+typedef enum {
+    ZP_GROUP_DP,
+    ZP_GROUP_TP,
+    ZP_GROUP_PP,
+    ZP_GROUP_HPZ,
+    ZP_GROUP_NODE,
+    ZP_GROUP_XNODE,
+    ZP_GROUP_N
+} ZpGroup;
 
 typedef enum {
     ZP_STREAM_COMPUTE, /* kernels */
@@ -92,6 +107,7 @@ typedef enum {
     ZP_MEM_ACTIVATIONS,     /* what a block keeps for its backward */
     ZP_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     ZP_MEM_WORKSPACE,       /* logits and other scratch */
+    ZP_MEM_SECONDARY_PARAMS, /* hpZ: the 16-bit secondary partitions inside the node */
     ZP_MEM_N
 } ZpMemCategory;
 
@@ -109,7 +125,8 @@ typedef struct {
     double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
     double attn_flops; /* compute: those of `flops` a fused attention kernel does */
     double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
-    double bytes;      /* collective: whole array size S; alloc/free, p2p, transfer: bytes */
+    double bytes;      /* collective: whole array size S; alloc/free, p2p, transfer: bytes;
+                        * compute: bytes over the host link (host_copy) */
     uint64_t elem_offset; /* collective: first element of the flat range it covers */
     uint64_t elems;       /* collective: elements covered (S / element size) */
     uint32_t dep_start, n_deps; /* dependencies: deps[dep_start .. dep_start+n_deps) */
@@ -184,8 +201,10 @@ typedef struct {
     double gemm_flops; /* each op's typical GEMM */
     double attn_flops; /* each op's FLOPs in the fused attention kernel */
     double mem_bytes;  /* each op's memory-bound bytes */
+    double host_bytes; /* each op's bytes over the host link (host_copy) */
 } ZpComputeOps;
 
+/* ZeRO++'s quantize kernels are not among them: the search plans no ZeRO++. */
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
@@ -200,7 +219,8 @@ gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 double zp_sched_model_state_bytes(const ZpSchedule *sched);
 
 /* Bytes this rank sends in the step's collectives (ring algorithms): all-reduce
- * 2(n-1)/n S, reduce-scatter and all-gather (n-1)/n S, per its group size n. */
+ * 2(n-1)/n S, reduce-scatter, all-gather and all-to-all (n-1)/n S, per its group's size n
+ * (zp_zeropp_group_ranks). */
 double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 
 /* The schedule's communicators into out, returning how many: its table, or dp (dp ranks mp

@@ -1,6 +1,8 @@
 /* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
+#include "zp_zeror.h"
+#include "zp_zeropp.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 
@@ -101,7 +103,7 @@ static gboolean need_bytes(Check *c, double have, double want, const char *sourc
 
 /* ---- compute ------------------------------------------------------------------------- */
 
-typedef enum { U_NONE, U_EMBED, U_BLOCK, U_HEAD } UnitRule;
+typedef enum { U_NONE, U_EMBED, U_BLOCK, U_HEAD, U_ANY } UnitRule;
 
 /* What each compute op works on: its unit, and whether it needs the unit's parameters
  * (gathered, at stage 3), its gradient bucket (stages 2-3) or its checkpoint. The head also
@@ -120,6 +122,8 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_EMBED_BWD] = {U_EMBED, FALSE, TRUE, FALSE},
     [ZP_COMP_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
     [ZP_COMP_CPU_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
+    [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
 };
 
 static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
@@ -131,6 +135,8 @@ static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
         return unit >= 1 && unit <= c->L;
     case U_HEAD:
         return unit == c->L + 1;
+    case U_ANY:
+        return unit >= 0 && unit <= c->L + 1;
     default:
         return unit == -1;
     }
@@ -160,7 +166,15 @@ static gboolean check_compute(Check *c, const ZpOp *op)
                    zp_sched_compute_name(op->sub));
     if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
         return bad(c, "op", "recompute in a plan without checkpointing");
-    if (r->ckpt && c->s->plan.checkpoint && !need_buffer(c, c->ckpt[u], ZP_MEM_CHECKPOINTS))
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
+        return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
+    if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
+        return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
+    /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */
+    const gboolean on_gpu = op->sub == ZP_COMP_RECOMPUTE || !c->s->plan.ckpt.cpu_checkpointing;
+    if (r->ckpt && c->s->plan.checkpoint && on_gpu &&
+        !need_buffer(c, c->ckpt[u], ZP_MEM_CHECKPOINTS))
         return FALSE;
     /* A tied LM head also reads the embedding's weights and adds to their gradient. */
     const gboolean reads_embedding = op->sub == ZP_COMP_HEAD && c->s->model.tied_embeddings;
@@ -182,7 +196,11 @@ static gboolean check_unit_gather(Check *c, const ZpOp *op, int id)
         return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": unit %d is %"
                    G_GUINT64_FORMAT " padded elements at %" G_GUINT64_FORMAT, op->elems,
                    op->elem_offset, u, padded, c->s->unit_offset[u]);
-    if (!need_bytes(c, op->bytes, (double)padded * c->st.param_bytes, "the layout"))
+    const int ranks = zp_zeropp_group_ranks(&c->s->plan, op->group);
+    const double wire = id < 0 ? (double)padded * c->st.param_bytes
+                               : zp_zeropp_gather_bytes(&c->s->plan, padded, ranks,
+                                                        c->st.param_bytes);
+    if (!need_bytes(c, op->bytes, wire, "the layout (zp_zeropp)"))
         return FALSE;
     if (id < 0) {
         if (!zp_sched_unit_persistent(c->s, u))
@@ -237,9 +255,30 @@ static gboolean check_reduce(Check *c, const ZpOp *op, int id)
     return TRUE;
 }
 
+/* ZeRO++'s subgroups: hpZ's backward gathers and qgZ's two all-to-alls of a bucket. */
+static gboolean check_zeropp(Check *c, const ZpOp *op)
+{
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->group == ZP_GROUP_HPZ) {
+        if (z->zero_hpz_partition_size <= 1 || op->sub != ZP_COLL_ALLGATHER)
+            return bad(c, "group",
+                       "hpz: only stage 3's all-gathers with zero_hpz_partition_size > 1");
+        return check_unit_gather(c, op, op->buffer);
+    }
+    if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)
+        return bad(c, "group", "%s: only qgZ's all-to-alls (zero_quantized_gradients, stage 3)",
+                   op->group == ZP_GROUP_NODE ? "qgz_node" : "qgz_cross");
+    if (op->group == ZP_GROUP_XNODE) /* moves the node's reduction, from workspace */
+        return op->buffer == -1 || bad(c, "buffer", "= %d: the inter-node all-to-all uses "
+                                                    "workspace", op->buffer);
+    return need_buffer(c, op->buffer, ZP_MEM_BUCKETS);
+}
+
 static gboolean check_collective(Check *c, const ZpOp *op)
 {
     const int id = op->buffer;
+    if (op->group >= ZP_GROUP_HPZ)
+        return check_zeropp(c, op);
     if (op->group == ZP_GROUP_TP) {
         if (c->s->plan.mp == 1)
             return bad(c, "group", "tp in a plan without tensor parallelism (mp 1)");
@@ -274,13 +313,18 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
         if (u < 1 || u > c->L)
             return bad(c, "unit", "= %d: %s belong to a block, 1..%d", u,
                        zp_sched_mem_name(op->sub), c->L);
-        return op->sub != ZP_MEM_CHECKPOINTS ||
-               need_bytes(c, op->bytes,
-                          (double)s->plan.micro_batch * (double)s->model.seq_len *
-                              (double)s->model.hidden * s->elem_bytes, "the layout");
+        if (op->sub != ZP_MEM_CHECKPOINTS)
+            return TRUE;
+        /* The kept checkpoint (1/M under Pa) or, before the recompute, the whole input. */
+        const ZpCkptRule rule = zp_zeror_checkpoint(&s->model, &s->plan);
+        return op->bytes == rule.full_bytes ||
+               need_bytes(c, op->bytes, rule.gpu_bytes, "the layout (zp_zeror)");
     case ZP_MEM_BUCKETS:
         if (c->buf[op->buffer].coll < 0)
             return bad(c, "buffer", "= %d: a bucket no collective uses", op->buffer);
+        /* qgZ: the intra-node all-to-all names the bucket it reduces, moving its int4 form. */
+        if (op_at(c, (guint)c->buf[op->buffer].coll)->sub == ZP_COLL_ALLTOALL)
+            return TRUE;
         return need_bytes(c, op->bytes, op_at(c, (guint)c->buf[op->buffer].coll)->bytes,
                           "the collective using it");
     case ZP_MEM_WORKSPACE:

@@ -337,9 +337,10 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
                 total += by_kind[k];
             continue;
         }
-        by_kind[k] = (double)o->count * zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops,
-                                                     o->gemm_flops, o->attn_flops,
-                                                     o->mem_bytes);
+        by_kind[k] = (double)o->count *
+                     (zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops, o->gemm_flops,
+                                   o->attn_flops, o->mem_bytes) +
+                      o->host_bytes / sc->hw->host_link_bytes_per_s);
         total += by_kind[k];
     }
     return total;

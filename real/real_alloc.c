@@ -2,6 +2,7 @@
  * Each host buffer carries a 64-byte header with its size and category, so release needs no
  * map; buffers allocated elsewhere (device memory) are remembered in a table instead. */
 #include "real_alloc.h"
+#include "zp_alloc_replay.h"
 
 #include <glib.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ G_STATIC_ASSERT(sizeof(RealAllocHeader) <= REAL_ALLOC_ALIGN_BYTES);
 struct RealAlloc {
     RealAllocStats stats;
     GHashTable *external; /* tracked pointer -> RealAllocHeader (g_new) */
+    ZpAllocReplay *replay; /* the same sequence through the caching-allocator model */
 };
 
 static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
@@ -34,6 +36,7 @@ static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
     [REAL_MEM_ACTIVATIONS] = "activations",
     [REAL_MEM_CHECKPOINTS] = "checkpoints",
     [REAL_MEM_WORKSPACE] = "workspace",
+    [REAL_MEM_SECONDARY_PARAMS] = "secondary_params",
 };
 
 const char *real_alloc_category_name(RealMemCategory cat)
@@ -47,6 +50,7 @@ RealAlloc *real_alloc_new(void)
 {
     RealAlloc *tracker = g_new0(RealAlloc, 1);
     tracker->external = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    tracker->replay = zp_alloc_replay_new(0);
     return tracker;
 }
 
@@ -55,6 +59,7 @@ void real_alloc_free_tracker(RealAlloc *tracker)
     if (!tracker)
         return;
     g_hash_table_destroy(tracker->external);
+    zp_alloc_replay_free_all(tracker->replay);
     g_free(tracker);
 }
 
@@ -98,6 +103,9 @@ void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat)
     RealAllocHeader header = {.bytes = bytes, .cat = cat};
     memcpy(block, &header, sizeof header);
     real_alloc_count(tracker, cat, bytes);
+    if (bytes > 0) /* PyTorch hands out no block for 0 bytes */
+        zp_alloc_replay_malloc(tracker->replay, (uintptr_t)(block + REAL_ALLOC_ALIGN_BYTES),
+                               (double)bytes);
     return block + REAL_ALLOC_ALIGN_BYTES;
 }
 
@@ -109,6 +117,7 @@ void real_alloc_release(RealAlloc *tracker, void *ptr)
     RealAllocHeader header;
     memcpy(&header, block, sizeof header);
     real_alloc_uncount(tracker, header.cat, header.bytes);
+    zp_alloc_replay_release(tracker->replay, (uintptr_t)ptr);
     free(block);
 }
 
@@ -121,6 +130,8 @@ bool real_alloc_track(RealAlloc *tracker, const void *ptr, size_t bytes, RealMem
     *header = (RealAllocHeader){.bytes = bytes, .cat = cat};
     g_hash_table_insert(tracker->external, (gpointer)ptr, header);
     real_alloc_count(tracker, cat, bytes);
+    if (bytes > 0)
+        zp_alloc_replay_malloc(tracker->replay, (uintptr_t)ptr, (double)bytes);
     return true;
 }
 
@@ -130,6 +141,7 @@ bool real_alloc_untrack(RealAlloc *tracker, const void *ptr)
     if (!header)
         return false;
     real_alloc_uncount(tracker, header->cat, header->bytes);
+    zp_alloc_replay_release(tracker->replay, (uintptr_t)ptr);
     g_hash_table_remove(tracker->external, ptr);
     return true;
 }
@@ -137,6 +149,13 @@ bool real_alloc_untrack(RealAlloc *tracker, const void *ptr)
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out)
 {
     *out = tracker->stats;
+}
+
+void real_alloc_caching_stats(const RealAlloc *tracker, RealCachingStats *out)
+{
+    const ZpAllocStats st = zp_alloc_replay_stats(tracker->replay);
+    *out = (RealCachingStats){st.peak_allocated_bytes, st.peak_reserved_bytes,
+                              st.largest_free_at_peak_bytes};
 }
 
 void real_alloc_reset_peaks(RealAlloc *tracker)

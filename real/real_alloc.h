@@ -20,6 +20,7 @@ typedef enum {
     REAL_MEM_ACTIVATIONS,     /* what blocks save for backward */
     REAL_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     REAL_MEM_WORKSPACE,       /* transient scratch: logits, fp32 copies, GEMM staging */
+    REAL_MEM_SECONDARY_PARAMS, /* ZeRO++ hpZ: bf16 secondary partitions inside the node */
     REAL_MEM_N_CATEGORIES
 } RealMemCategory;
 
@@ -69,6 +70,15 @@ bool real_alloc_untrack(RealAlloc *tracker, const void *ptr);
 
 /* Copies the current counters into `out`. */
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out);
+
+/* The tracker's own allocation sequence (every take and track, release and untrack, in
+ * order, buffers of 0 bytes aside) replayed through the model of PyTorch's caching allocator
+ * (zp_alloc_replay, no capacity limit): allocated and reserved peaks and the largest free
+ * block at the allocated peak, over the tracker's whole life. */
+typedef struct {
+    double peak_allocated_bytes, peak_reserved_bytes, largest_free_at_peak_bytes;
+} RealCachingStats;
+void real_alloc_caching_stats(const RealAlloc *tracker, RealCachingStats *out);
 
 /* Starts a new measuring window: every peak becomes the current live value, so the next
  * real_alloc_stats reports the peaks reached from now on. */

@@ -48,6 +48,13 @@ struct RealComm {
     /* Gathers n doubles from every rank to rank 0's recv (size * n); host memory. */
     gboolean (*gather_host_f64)(RealComm *c, const double *send, size_t n, double *recv,
                                 GError **error);
+    /* ZeRO++ (NULL where a communicator has none; zreal then refuses qwZ and hpZ). In place:
+     * buf holds size x n bytes, this rank's at rank x n; counts (size-1) n in sent_bytes,
+     * the ring all-gather's (n-1)/n S. Host memory. */
+    gboolean (*allgather_bytes)(RealComm *c, void *buf, size_t n, GError **error);
+    /* A communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split);
+     * collective over this one; the caller destroys it. */
+    RealComm *(*split)(RealComm *c, int color, int key, GError **error);
     void (*destroy)(RealComm *c);
 };
 

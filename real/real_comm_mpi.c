@@ -21,6 +21,7 @@ typedef struct {
     MPI_Datatype bf16;
     MPI_Op bf16_sum;
     double timeout_s; /* ZREAL_COMM_TIMEOUT_S */
+    MPI_Comm comm;    /* MPI_COMM_WORLD, or a split of it */
 } MpiComm;
 
 /* MPI reduction callback: inout[i] = round(widen(in[i]) + widen(inout[i])). */
@@ -91,7 +92,7 @@ static gboolean mpi_allreduce(RealComm *c, RealBf16 *buf, size_t n, GError **err
     c->sent_bytes += real_comm_ring_allreduce_bytes(c->size, (double)n);
     MPI_Request r;
     return wait_for(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, m->bf16, m->bf16_sum,
-                                      MPI_COMM_WORLD, &r),
+                                      ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Allreduce", error);
 }
 
@@ -104,7 +105,7 @@ static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts
     c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, total);
     MPI_Request r;
     return wait_for(c, MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, m->bf16, m->bf16_sum,
-                                           MPI_COMM_WORLD, &r),
+                                           ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Reduce_scatter", error);
 }
 
@@ -119,7 +120,7 @@ static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealB
     /* This rank's piece already in its slot: MPI's in-place form (MPI forbids aliasing). */
     const void *from = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void *)send;
     return wait_for(c, MPI_Iallgather(from, (int)n, m->bf16, recv, (int)n, m->bf16,
-                                      MPI_COMM_WORLD, &r),
+                                      ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Allgather", error);
 }
 
@@ -128,7 +129,7 @@ static gboolean mpi_allreduce_host(RealComm *c, double *buf, size_t n, GError **
     MPI_Request r;
     return fits_int(c, n, "host all-reduce", error) &&
            wait_for(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM,
-                                      MPI_COMM_WORLD, &r),
+                                      ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Allreduce (host)", error);
 }
 
@@ -138,7 +139,7 @@ static gboolean mpi_gather_host(RealComm *c, const double *send, size_t n, doubl
     MPI_Request r;
     return fits_int(c, n, "host gather", error) &&
            wait_for(c, MPI_Igather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, 0,
-                                   MPI_COMM_WORLD, &r),
+                                   ((MpiComm *)c)->comm, &r),
                     &r, "MPI_Gather", error);
 }
 
@@ -151,13 +152,29 @@ gboolean real_comm_mpi_broadcast(RealComm *c, void *buf, size_t bytes, int root,
                     "MPI_Bcast", error);
 }
 
+/* In place: buf holds size x n bytes, this rank's at rank x n (qwZ's int8 and scales). */
+static gboolean mpi_allgather_bytes(RealComm *c, void *buf, size_t n, GError **error)
+{
+    if (!fits_int(c, n, "byte all-gather", error))
+        return FALSE;
+    c->sent_bytes += (double)(c->size - 1) * (double)n;
+    MPI_Request r;
+    return wait_for(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_BYTE,
+                                      ((MpiComm *)c)->comm, &r),
+                    &r, "MPI_Allgather (bytes)", error);
+}
+
 static void mpi_destroy(RealComm *c)
 {
     MpiComm *m = (MpiComm *)c;
     MPI_Op_free(&m->bf16_sum);
     MPI_Type_free(&m->bf16);
+    if (m->comm != MPI_COMM_WORLD)
+        MPI_Comm_free(&m->comm);
     g_free(m);
 }
+
+static RealComm *mpi_split(RealComm *c, int color, int key, GError **error);
 
 gboolean real_comm_timeout_s(double *out, GError **error)
 {
@@ -166,19 +183,21 @@ gboolean real_comm_timeout_s(double *out, GError **error)
     return !text || zp_parse_number(text, "ZREAL_COMM_TIMEOUT_S", 1e-3, 1e9, FALSE, out, error);
 }
 
-RealComm *real_comm_mpi_new(GError **error)
+/* A communicator over `comm` (taken: freed with it unless it is MPI_COMM_WORLD). */
+static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
 {
     MpiComm *m = g_new0(MpiComm, 1);
     RealComm *c = &m->base;
     m->bf16 = MPI_DATATYPE_NULL;
+    m->comm = comm;
     if (!real_comm_timeout_s(&m->timeout_s, error)) {
         g_free(m);
         return NULL;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    MPI_Comm_rank(comm, &c->rank);
+    MPI_Comm_size(comm, &c->size);
     /* Return errors instead of aborting, so a dead peer becomes a message naming this rank. */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     if (!check(c, MPI_Type_contiguous(1, MPI_UINT16_T, &m->bf16), "MPI_Type_contiguous", error) ||
         !check(c, MPI_Type_commit(&m->bf16), "MPI_Type_commit", error) ||
         !check(c, MPI_Op_create(bf16_sum, 1, &m->bf16_sum), "MPI_Op_create", error)) {
@@ -192,6 +211,24 @@ RealComm *real_comm_mpi_new(GError **error)
     c->allgather_bf16 = mpi_allgather;
     c->allreduce_host_f64 = mpi_allreduce_host;
     c->gather_host_f64 = mpi_gather_host;
+    c->allgather_bytes = mpi_allgather_bytes;
+    c->split = mpi_split;
     c->destroy = mpi_destroy;
     return c;
+}
+
+RealComm *real_comm_mpi_new(GError **error)
+{
+    return mpi_comm_new(MPI_COMM_WORLD, error);
+}
+
+static RealComm *mpi_split(RealComm *c, int color, int key, GError **error)
+{
+    MPI_Comm sub;
+    if (!check(c, MPI_Comm_split(((MpiComm *)c)->comm, color, key, &sub), "MPI_Comm_split", error))
+        return NULL;
+    RealComm *s = mpi_comm_new(sub, error);
+    if (!s)
+        MPI_Comm_free(&sub);
+    return s;
 }

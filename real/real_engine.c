@@ -6,6 +6,8 @@
 #include "zp_offload.h"
 #include "real_data.h"
 #include "real_gpt.h"
+#include "real_zeropp.h"
+#include "zp_zeropp.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 
@@ -44,6 +46,13 @@ struct RealEngine {
     int *ckpt_buffer;       /* per block: its current checkpoint buffer id */
     RealBf16 **unit_params; /* where each unit's full parameters are now */
     RealBf16 **unit_grads;  /* where backward accumulates each unit's gradients */
+
+    /* ZeRO++ (qwZ, hpZ): hpZ's node communicator and secondary partitions per unit; per
+     * gathered buffer id, qwZ's int8 buffer id and the gather's group, from the quantize op
+     * to the dequantize op (a unit may have two gathers in flight). */
+    RealComm *hpz_comm;
+    RealBf16 **secondary;
+    int *quant_of, *quant_group;
 
     RealBf16 *x;  /* residual stream [b s, h] */
     float *dx;    /* its gradient */
@@ -103,6 +112,12 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->stages > 1)
         return fail(error, "zreal executes data parallelism only: no pipeline stages (pp %d)",
                     s->stages);
+    if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
+        return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
+                    "and cpu_checkpointing are planned and simulated, not executed");
+    if (s->plan.zero.zero_quantized_gradients)
+        return fail(error, "zreal executes ZeRO++'s qwZ and hpZ; qgZ (zero_quantized_gradients) "
+                    "is planned and simulated, not executed");
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
@@ -195,6 +210,35 @@ static gboolean allocate_states(RealEngine *e, GError **error)
             !(e->persistent[u] = take(e, unit_padded(e, u) * b2, ZP_MEM_GATHERED_PARAMS, error)))
             return FALSE;
     }
+    return TRUE;
+}
+
+/* qwZ and hpZ run on host memory over a communicator that has the byte all-gather and
+ * the split they need (MPI's); hpZ's group is zero_hpz_partition_size consecutive ranks
+ * (DeepSpeed's _create_zero_param_parallel_group), each keeping a 1/size slice of every
+ * non-persistent unit from its forward gather. */
+static gboolean setup_zeropp(RealEngine *e, GError **error)
+{
+    const ZpZeroConfig *z = &e->s->plan.zero;
+    const int hpz = z->zero_hpz_partition_size;
+    e->secondary = g_new0(RealBf16 *, e->s->n_units);
+    e->quant_of = g_new(int, MAX(e->n_buffers, 1));
+    e->quant_group = g_new0(int, MAX(e->n_buffers, 1));
+    for (int i = 0; i < e->n_buffers; i++)
+        e->quant_of[i] = -1;
+    if (!z->zero_quantized_weights && hpz <= 1)
+        return TRUE;
+    if (strcmp(e->be->name, "cpu") != 0)
+        return fail(error, "zreal executes qwZ and hpZ on the CPU backend, not %s", e->be->name);
+    if (!e->comm->allgather_bytes || !e->comm->split)
+        return fail(error, "zreal executes qwZ and hpZ over MPI ranks (mpirun), not --emulate");
+    if (hpz > 1 && !(e->hpz_comm = e->comm->split(e->comm, e->rank / hpz, e->rank % hpz, error)))
+        return FALSE;
+    for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
+        if (!is_persistent(e, u) &&
+            !(e->secondary[u] = take(e, unit_padded(e, u) / (uint64_t)hpz * sizeof(RealBf16),
+                                     ZP_MEM_SECONDARY_PARAMS, error)))
+            return FALSE;
     return TRUE;
 }
 
@@ -344,7 +388,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
                              "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
-    ok = ok && allocate_states(e, error) && init_params(e, error) &&
+    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) && init_params(e, error) &&
          (e->x = take(e, real_gpt_checkpoint_bytes(&e->dims), ZP_MEM_WORKSPACE, error)) &&
          (e->dx = take(e, real_gpt_residual_grad_bytes(&e->dims), ZP_MEM_WORKSPACE, error));
     if (!ok) {
@@ -365,8 +409,14 @@ void real_engine_free(RealEngine *e)
     RealBackend *be = e->be;
     for (int i = 0; i < e->n_buffers; i++)
         be->free(be, e->buffers[i]);
-    for (int u = 0; u < e->s->n_units; u++)
+    for (int u = 0; u < e->s->n_units; u++) {
         be->free(be, e->persistent[u]);
+        if (e->secondary)
+            be->free(be, e->secondary[u]);
+    }
+    if (e->hpz_comm)
+        e->hpz_comm->destroy(e->hpz_comm);
+    g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
     if (e->offload) /* its states are the host tier's */
         e->master = e->adam_m = e->adam_v = NULL;
     real_offload_free(e->offload);
@@ -435,6 +485,12 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
 
 static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
 {
+    /* qwZ's int8 buffer: the workspace a quantize op follows (zp_sched's issue_gathers). */
+    const ZpSchedule *s = e->s;
+    if (op->sub == ZP_MEM_WORKSPACE && index + 1 < s->ops->len &&
+        zp_sched_op(s, index + 1)->kind == ZP_OP_COMPUTE &&
+        zp_sched_op(s, index + 1)->sub == ZP_COMP_QUANTIZE)
+        return (e->buffers[op->buffer] = take(e, (uint64_t)op->bytes, op->sub, error)) != NULL;
     const uint64_t need = needed_bytes(e, op);
     if (need == 0)
         return TRUE;
@@ -514,6 +570,82 @@ static gboolean optimizer(RealEngine *e)
     return TRUE;
 }
 
+/* hpZ: a unit gathered whole over the DP group leaves this rank its 1/size slice in the
+ * node (_partition_param_sec: secondary_start = its size x rank in the group). */
+static void keep_secondary(RealEngine *e, int u, ZpGroup group, const RealBf16 *full)
+{
+    if (!e->hpz_comm || group != ZP_GROUP_DP || !e->secondary[u])
+        return;
+    const uint64_t n = unit_padded(e, u) / (uint64_t)e->hpz_comm->size;
+    e->be->copy(e->be, e->secondary[u], full + (uint64_t)e->hpz_comm->rank * n,
+                n * sizeof(RealBf16));
+}
+
+/* The communicator of a stage-3 gather on `group`. */
+static RealComm *gather_comm(RealEngine *e, ZpGroup group)
+{
+    return group == ZP_GROUP_HPZ ? e->hpz_comm : e->comm;
+}
+
+/* What this rank contributes to a stage-3 gather of unit u: its partition (the DP group) or
+ * its secondary slice (hpZ's group in backward). */
+static const RealBf16 *gather_source(RealEngine *e, int u, ZpGroup group)
+{
+    return group == ZP_GROUP_HPZ ? e->secondary[u] : e->params + e->part_off[u];
+}
+
+/* qwZ before the gather that follows it in the list (zp_sched's issue_gathers: the int8
+ * buffer's alloc, the quantize op, the gather): this rank's source, quantised into its place
+ * of the int8 buffer in CUDAQuantizer.quantize's groups. */
+static gboolean qwz_quantize(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const int u = op->unit;
+    const ZpSchedule *s = e->s;
+    const guint index = (guint)(op - zp_sched_op(s, 0));
+    const ZpOp *gather_op = index + 1 < s->ops->len ? zp_sched_op(s, index + 1) : NULL;
+    const ZpOp *alloc = op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0]) : NULL;
+    if (!gather_op || gather_op->kind != ZP_OP_COLLECTIVE || gather_op->unit != u ||
+        gather_op->buffer < 0 || !alloc || alloc->kind != ZP_OP_ALLOC ||
+        !e->buffers[alloc->buffer])
+        return fail(error, "a quantize op must follow its int8 buffer's alloc and precede its "
+                    "unit's gather");
+    RealComm *c = gather_comm(e, (ZpGroup)gather_op->group);
+    if (!c)
+        return fail(error, "an hpZ gather without zero_hpz_partition_size");
+    const uint64_t n = unit_padded(e, u) / (uint64_t)c->size;
+    const uint64_t groups = zp_zeropp_qwz_groups(n);
+    uint8_t *buf = e->buffers[alloc->buffer];
+    real_zeropp_quantize(gather_source(e, u, (ZpGroup)gather_op->group), n, groups,
+                         buf + (size_t)c->rank * real_zeropp_quantized_bytes(n, groups));
+    e->quant_of[gather_op->buffer] = alloc->buffer;
+    e->quant_group[gather_op->buffer] = gather_op->group;
+    return TRUE;
+}
+
+/* qwZ when the gathered unit is needed (its first dependency is the gather): every rank's
+ * int8 and scales into the unit's bf16 buffer. */
+static gboolean qwz_dequantize(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    const int u = op->unit;
+    const ZpOp *gather_op = op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0]) : NULL;
+    const int target = gather_op && gather_op->kind == ZP_OP_COLLECTIVE ? gather_op->buffer : -1;
+    if (target < 0 || e->quant_of[target] < 0 || !e->buffers[e->quant_of[target]])
+        return fail(error, "a dequantize op with no gathered int8 buffer for unit %d", u);
+    const ZpGroup group = (ZpGroup)e->quant_group[target];
+    const int ranks = gather_comm(e, group)->size;
+    const uint64_t n = unit_padded(e, u) / (uint64_t)ranks, groups = zp_zeropp_qwz_groups(n);
+    const uint8_t *buf = e->buffers[e->quant_of[target]];
+    RealBf16 *dst = e->buffers[target];
+    for (int q = 0; q < ranks; q++)
+        real_zeropp_dequantize(buf + (size_t)q * real_zeropp_quantized_bytes(n, groups), n,
+                               groups, dst + (uint64_t)q * n);
+    e->unit_params[u] = dst;
+    e->quant_of[target] = -1;
+    keep_secondary(e, u, group, dst);
+    return TRUE;
+}
+
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int l = op->unit, L = e->L;
@@ -563,6 +695,9 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         real_offload_adam(e->offload, &hyper);
         return TRUE;
     }
+    case ZP_COMP_QUANTIZE:
+        return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
+                                          : qwz_dequantize(e, op, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }
@@ -651,18 +786,48 @@ static gboolean reduce_units(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+/* Stage 3: over the DP group, or hpZ's in backward; qwZ's int8 and scales in place in the
+ * quantize op's buffer, dequantised when the unit is needed. A subgroup's bytes count in
+ * the rank's total. */
+static gboolean gather_unit(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const int u = op->unit;
+    const ZpGroup group = (ZpGroup)op->group;
+    RealComm *c = gather_comm(e, group);
+    if (!c)
+        return fail(error, "an hpZ gather without zero_hpz_partition_size");
+    const double before = c->sent_bytes;
+    const uint64_t slice = unit_padded(e, u) / (uint64_t)c->size;
+    RealBf16 *dst = e->buffers[op->buffer];
+    gboolean ok;
+    if (e->s->plan.zero.zero_quantized_weights) {
+        const int quant = e->quant_of[op->buffer];
+        if (quant < 0 || !e->buffers[quant])
+            return fail(error, "a qwZ gather of unit %d with no int8 buffer", u);
+        ok = c->allgather_bytes(c, e->buffers[quant],
+                                real_zeropp_quantized_bytes(slice, zp_zeropp_qwz_groups(slice)),
+                                error);
+    } else {
+        ok = c->allgather_bf16(c, gather_source(e, u, group), slice, dst, error);
+        if (ok) {
+            e->unit_params[u] = dst;
+            keep_secondary(e, u, group, dst);
+        }
+    }
+    if (c != e->comm)
+        e->comm->sent_bytes += c->sent_bytes - before;
+    return ok;
+}
+
 static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
 {
     const size_t b2 = sizeof(RealBf16);
-    if (e->stage == 3) { /* a unit, into its gathered buffer or its persistent copy */
-        RealBf16 *dst = op->buffer >= 0 ? e->buffers[op->buffer] : e->persistent[op->unit];
+    if (e->stage == 3 && op->buffer >= 0) /* a unit into its gathered buffer */
+        return gather_unit(e, op, error);
+    if (e->stage == 3) { /* a persistent unit's full copy */
         const uint64_t slice = unit_padded(e, op->unit) / (uint64_t)e->dp;
-        if (!e->comm->allgather_bf16(e->comm, e->params + e->part_off[op->unit], slice, dst,
-                                     error))
-            return FALSE;
-        if (op->buffer >= 0)
-            e->unit_params[op->unit] = dst;
-        return TRUE;
+        return e->comm->allgather_bf16(e->comm, e->params + e->part_off[op->unit], slice,
+                                       e->persistent[op->unit], error);
     }
     /* Stages 1-2: a chunk at offset elem_offset of every rank's partition. */
     const uint64_t n = op->elems / (uint64_t)e->dp, P = e->s->partition_elems;
@@ -685,8 +850,8 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
 
 static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
-    if (op->group != ZP_GROUP_DP)
-        return fail(error, "zreal has no tensor-parallel group");
+    if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
+        return fail(error, "zreal has no tensor-parallel group or qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
         return gather(e, op, error);
     return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);

@@ -114,8 +114,10 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
     };
     if (hw->has_collective_fit) {
         g.fit_base_s = hw->collective_base_latency_s;
-        for (int k = 0; k < ZP_COLL_N; k++)
+        for (int k = 0; k < (int)G_N_ELEMENTS(hw->collective_bytes_per_s); k++)
             g.fit_bytes_per_s[k] = hw->collective_bytes_per_s[k];
+        /* No fit of its own: an all-to-all moves what an all-gather does. */
+        g.fit_bytes_per_s[ZP_COLL_ALLTOALL] = hw->collective_bytes_per_s[ZP_COLL_ALLGATHER];
     }
     if (g.nodes > 1) {
         /* With one ring per NIC (c rings), each ring carries S/c and crosses every node

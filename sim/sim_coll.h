@@ -74,7 +74,8 @@ gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error);
  * across nodes intraLat is at least the network post overhead, 1 us, 3 us with Simple; with
  * one rank per node interLat is the tree's), plus factor * S / (busbw * protocol share),
  * factor 2(n-1)/n for all-reduce, (n-1)/n otherwise, share .5 LL, .92 LL128, 1 Simple. Zero
- * for a group of one. */
+ * for a group of one. An all-to-all is timed as an all-gather: n-1 steps, (n-1)/n of S
+ * sent by each rank. */
 SimCollCost sim_coll_ring_cost(ZpCollKind kind, double bytes, const SimCollGroup *group,
                                SimProto proto);
 

@@ -305,8 +305,11 @@ static void queue_clear(Queue *q)
 double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops,
                                  double attn_flops_per_s)
 {
-    return zp_hw_compute_time_s(hw, peak_flops, op->flops, op->gemm_flops, op->attn_flops,
-                                attn_flops_per_s, op->mem_bytes, op->sub == ZP_COMP_OPTIMIZER);
+    const double link = hw->host_link_bytes_per_s;
+    const double host_s = op->bytes > 0 && link > 0 ? op->bytes / link : 0.0;
+    return host_s + zp_hw_compute_time_s(hw, peak_flops, op->flops, op->gemm_flops,
+                                         op->attn_flops, attn_flops_per_s, op->mem_bytes,
+                                         op->sub == ZP_COMP_OPTIMIZER);
 }
 
 gboolean sim_engine_attention_flops_per_s(const ZpModel *model, const ZpPlan *plan,
@@ -499,8 +502,12 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
                 return FALSE;
             }
         } else if (op->kind == ZP_OP_COMPUTE) {
-            o->duration_s = zp_cost_op_s(&sim->cost, op->sub, op->flops, op->gemm_flops,
-                                         op->attn_flops, op->mem_bytes);
+            /* Pa+cpu's host_copy: its bytes over the host link (0 for other ops). */
+            const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
+                                      ? op->bytes / hw->host_link_bytes_per_s
+                                      : 0.0;
+            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, op->flops,
+                                                  op->gemm_flops, op->attn_flops, op->mem_bytes);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)

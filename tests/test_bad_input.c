@@ -107,6 +107,13 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 0", NULL, "--grad-accum: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch -1", NULL, "--micro-batch"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --reduce-bucket-size -5", NULL, "--reduce-bucket-size"},
+    /* ZeRO-R and ZeRO++ options the plan cannot run */
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --partition-activations", NULL, "need checkpointing on (--checkpoint)"},
+    {"zplan memory --model tiny --gpus 8 --cpu-checkpointing", NULL, "need checkpointing on (--checkpoint)"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --quantized-weights", NULL, "(stage 3 only)"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 3", NULL, "zero_hpz_partition_size: must divide"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 0", NULL, "--hpz-partition-size"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --impl fsdp --quantized-weights", NULL, "--impl fsdp has none of it"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters -1", NULL, "max-live-parameters"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --allgather-bucket-size 0", NULL, "--allgather-bucket-size: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megatron", NULL, "--impl: unknown value 'megatron'"},

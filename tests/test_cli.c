@@ -91,13 +91,13 @@ static void test_verdict_first(void)
     } cases[] = {
         {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 2 --micro-batch 4 "
          "--impl paper",
-         2, "Does not fit: the step needs 722.4 GB per GPU (simulated peak + 1.0 GB reserve) of "
-            "80 GiB (85.9 GB), 636.5 GB short.\n"},
+         2, "Does not fit: the step needs 723.9 GB per GPU (allocator-reserved peak + 1.0 GB "
+            "reserve) of 80 GiB (85.9 GB), 638.0 GB short.\n"},
         {"simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --stage 3 --micro-batch 1 "
          "--checkpoint --impl paper", 0,
-         "Fits: the step needs 60.2 GB per GPU (simulated peak + 1.0 GB reserve) of 80 GiB "
-         "(85.9 GB), 25.7 GB headroom.\n"},
-        /* memory's need is simulate's peak + reserve for the same plan */
+         "Fits: the step needs 61.7 GB per GPU (allocator-reserved peak + 1.0 GB reserve) of "
+         "80 GiB (85.9 GB), 24.2 GB headroom.\n"},
+        /* memory's need is simulate's allocated peak + reserve for the same plan */
         {"memory --model gpt3-175b --cluster dgx-a100-80g --gpus 64 --impl paper", 2,
          "Does not fit: stage 3 on 64 GPUs needs 139.5 GB per GPU"},
         {"memory --model gpt2-1.5b --cluster dgx2-v100 --gpus 64 --impl paper", 0,

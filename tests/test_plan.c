@@ -410,7 +410,7 @@ static void test_dsconfig_warnings(void)
         " \"offload_optimizer\": {\"device\": \"cpu\", \"pipeline_read\": true}, "
         "\"allgather_partitions\": false, "
         "\"sub_group_size\": 1e9}, \"activation_checkpointing\": {\"partition_activations\": "
-        "true, \"cpu_checkpointing\": false}}",
+        "true, \"cpu_checkpointing\": false, \"profile\": true}}",
         &m, &launch, &plan, &batch, warnings, &error));
     g_assert_no_error(error);
     const char *expected[] = {
@@ -419,8 +419,11 @@ static void test_dsconfig_warnings(void)
         "unknown top-level keys, which DeepSpeed ignores: trian_batch_size",
         "zero_optimization.offload_optimizer: \"pipeline_read\" ignored",
         "\"zero_optimization.allgather_partitions\" ignored",
-        "\"activation_checkpointing.partition_activations\" ignored",
+        "\"activation_checkpointing.profile\" ignored",
     };
+    /* ZeRO-R's options are modeled: read into the plan, no warning. */
+    g_assert_true(plan.checkpoint && plan.ckpt.partition_activations);
+    g_assert_false(plan.ckpt.cpu_checkpointing);
     GString *all = g_string_new(NULL);
     for (guint i = 0; i < warnings->len; i++) {
         const char *w = g_ptr_array_index(warnings, i);

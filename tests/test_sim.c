@@ -578,11 +578,11 @@ static void test_schedule_file_example(void)
      * rank simulated or one folded, the same step; each group's ring bytes. */
     s = zp_sched_read_graph(ZP_DATA_DIR "/tests/data/schedule-groups.json", &error);
     g_assert_no_error(error);
-    g_assert_cmpint(s->n_groups, ==, 5);
+    g_assert_cmpint(s->n_groups, ==, ZP_GROUP_N + 2); /* the file's two after the built-ins */
     SimResult *all = run(s, &a100, SIM_MODE_EXPLICIT), *one = run(s, &a100, SIM_MODE_FOLDED);
     g_assert_cmpfloat(all->step_time_s, ==, one->step_time_s);
-    g_assert_cmpfloat(all->comm_bytes[3], ==, 2.0 * 63 / 64 * 1e6);
-    g_assert_cmpfloat(all->comm_bytes[4], ==, 7.0 / 8 * 256e6);
+    g_assert_cmpfloat(all->comm_bytes[ZP_GROUP_N], ==, 2.0 * 63 / 64 * 1e6);
+    g_assert_cmpfloat(all->comm_bytes[ZP_GROUP_N + 1], ==, 7.0 / 8 * 256e6);
     g_assert_cmpfloat(all->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16e6);
     sim_result_free(all);
     sim_result_free(one);
@@ -642,8 +642,9 @@ static void test_schedule_file_groups(void)
     GError *error = NULL;
     ZpSchedule *s = zp_sched_read_graph(path, &error);
     g_assert_no_error(error);
-    g_assert_cmpint(s->n_groups, ==, 5); /* dp, tp, pp (ZpGroup), then world and node */
-    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, 3);
+    /* dp, tp, pp and ZeRO++'s (ZpGroup), then world and node */
+    g_assert_cmpint(s->n_groups, ==, ZP_GROUP_N + 2);
+    g_assert_cmpint(zp_sched_op(s, 0)->group, ==, ZP_GROUP_N);
     g_assert_cmpint(zp_sched_op(s, 0)->stream, ==, ZP_STREAM_DP);
     /* The world spans 4 nodes, alone on their NICs; a node group stays on NVLink; a pair
      * 16 ranks apart sits on two nodes, one rank each, 8 pairs sharing each node's NICs. */
@@ -664,14 +665,14 @@ static void test_schedule_file_groups(void)
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
         assert_close(r->step_time_s, want_s, 1e-12);
-        g_assert_cmpfloat(r->comm_bytes[3], ==, 2.0 * 31 / 32 * GIB);
+        g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_N], ==, 2.0 * 31 / 32 * GIB);
         g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16777216);
         sim_result_free(r);
     }
     g_assert_true(zp_sched_write_json(s, path, &error));
     ZpSchedule *again = zp_sched_read_graph(path, &error);
     g_assert_no_error(error);
-    g_assert_cmpint(again->n_groups, ==, 5);
+    g_assert_cmpint(again->n_groups, ==, ZP_GROUP_N + 2);
     g_assert_cmpint(memcmp(again->groups, s->groups, sizeof s->groups), ==, 0);
     g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
     zp_sched_free(again);
@@ -690,9 +691,9 @@ static void test_schedule_file_groups(void)
     g_assert_cmpstr(s->groups[ZP_GROUP_DP].name, ==, "dp");
     g_assert_cmpstr(s->groups[ZP_GROUP_PP].name, ==, "pp"); /* one rank: no pipeline */
     g_assert_cmpint(s->groups[ZP_GROUP_PP].ranks, ==, 1);
-    g_assert_cmpstr(s->groups[3].name, ==, "world");
+    g_assert_cmpstr(s->groups[ZP_GROUP_N].name, ==, "world");
     g_assert_cmpint(zp_sched_op(s, 0)->group, ==, ZP_GROUP_DP);
-    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, 3);
+    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, ZP_GROUP_N);
     zp_sched_free(s);
     g_remove(path);
     g_free(path);

@@ -1,0 +1,133 @@
+/* zp_zeropp: the figures follow DeepSpeed's code paths named in the header; each function is
+ * a closed form of one of them, so the schedule, its checker and the tests agree. */
+#include "zp_zeropp.h"
+#include "zp_util.h"
+
+#include <math.h>
+
+static int node_ranks(const ZpPlan *plan)
+{
+    const int per_node = plan->gpus_per_node > 0 ? plan->gpus_per_node / plan->mp : plan->dp;
+    return MAX(1, MIN(per_node, plan->dp));
+}
+
+int zp_zeropp_group_ranks(const ZpPlan *plan, ZpGroup group)
+{
+    switch (group) {
+    case ZP_GROUP_TP:
+        return plan->mp;
+    case ZP_GROUP_HPZ:
+        return plan->zero.zero_hpz_partition_size;
+    case ZP_GROUP_NODE:
+        return node_ranks(plan);
+    case ZP_GROUP_XNODE:
+        return plan->dp / node_ranks(plan);
+    default:
+        return plan->dp;
+    }
+}
+
+gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
+{
+    const ZpZeroConfig *z = &plan->zero;
+    const int hpz = z->zero_hpz_partition_size, local = node_ranks(plan);
+    const char *bad = NULL;
+    const gboolean any = z->zero_quantized_weights || z->zero_quantized_gradients || hpz > 1;
+    if (any && plan->impl == ZP_IMPL_FSDP)
+        bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients "
+              "(--quantized-weights, --hpz-partition-size, --quantized-gradients): ZeRO++ is "
+              "DeepSpeed's; --impl fsdp has none of it (use --impl deepspeed or paper)";
+    else if (any && z->stage != 3)
+        bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients: ZeRO++ "
+              "works on stage 3's partitioned parameters (stage 3 only)";
+    else if (hpz < 1 || (hpz > 1 && local % hpz != 0))
+        bad = "zero_hpz_partition_size: must divide the data-parallel ranks of one node "
+              "(GPUs per node / mp), so the secondary partition stays inside the node";
+    else if (z->zero_quantized_gradients && plan->dp % local != 0)
+        bad = "zero_quantized_gradients: the nodes must hold equal shares of the data-parallel "
+              "ranks for the hierarchical all-to-all";
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* The least divisor of m that is at least `least` (m itself if none is smaller): the
+ * divisors pair up around sqrt(m), so trial division up to it finds it. */
+static uint64_t least_divisor_from(uint64_t m, uint64_t least)
+{
+    uint64_t best = m;
+    for (uint64_t d = 1; d * d <= m; d++) {
+        if (m % d != 0)
+            continue;
+        if (d >= least && d < best)
+            best = d;
+        if (m / d >= least && m / d < best)
+            best = m / d;
+    }
+    return best;
+}
+
+/* CUDAQuantizer.quantize with target_group_size 8000: its first loop steps groups up from
+ * ceil(n / 8000) to the first with 8 x groups dividing n, i.e. the least divisor of n / 8 at
+ * least that. DeepSpeed asserts 8 | n; for other n the first guess stands. */
+uint64_t zp_zeropp_qwz_groups(uint64_t n)
+{
+    if (n == 0)
+        return 0;
+    uint64_t groups = (n + 7999) / 8000;
+    if (n % 8 == 0)
+        groups = least_divisor_from(n / 8, groups);
+    while (n % (16 * groups) == 0 && (double)n / (double)groups > 8000)
+        groups *= 2;
+    return groups;
+}
+
+double zp_zeropp_gather_bytes(const ZpPlan *plan, uint64_t elems, int ranks, double param_bytes)
+{
+    if (!plan->zero.zero_quantized_weights)
+        return (double)elems * param_bytes;
+    const uint64_t part = elems / (uint64_t)ranks;
+    return (double)ranks * ((double)part + 4.0 * (double)zp_zeropp_qwz_groups(part));
+}
+
+double zp_zeropp_quantize_mem_bytes(uint64_t partition_elems)
+{
+    /* Read 2 bytes, write 1, and 4 per group. */
+    return 3.0 * (double)partition_elems + 4.0 * (double)zp_zeropp_qwz_groups(partition_elems);
+}
+
+double zp_zeropp_dequantize_mem_bytes(uint64_t elems, int ranks)
+{
+    const uint64_t part = elems / (uint64_t)ranks;
+    return 3.0 * (double)elems + 4.0 * (double)ranks * (double)zp_zeropp_qwz_groups(part);
+}
+
+double zp_zeropp_secondary_bytes(const ZpSchedule *s, double persistent_elems)
+{
+    const int hpz = s->plan.zero.zero_hpz_partition_size;
+    if (s->plan.zero.stage != 3 || hpz <= 1)
+        return 0.0;
+    const ZpStateBytes st = zp_plan_state_bytes(s->plan.precision, s->plan.optimizer);
+    double elems = -persistent_elems;
+    for (int u = 0; u < s->n_units; u++)
+        elems += (double)zp_sched_unit_padded(s, u);
+    return elems / hpz * st.param_bytes;
+}
+
+ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad_bytes)
+{
+    const double world = plan->dp, local = node_ranks(plan);
+    ZpQgz q;
+    q.groups = fmax(world, ceil(elems / hidden));
+    q.intra_bytes = elems / 2 + 4 * q.groups;
+    q.inter_bytes = q.intra_bytes / local;
+    /* swizzle_quant reads the gradients and writes int4; quantized_reduction reads the
+     * node's int4 and writes 1/local of it; dequantize writes 16-bit elements of 1/local,
+     * whose node chunks are summed into this rank's partition. */
+    q.quantize_mem_bytes = elems * grad_bytes + q.intra_bytes;
+    q.reduce_mem_bytes = q.intra_bytes + q.inter_bytes;
+    q.dequantize_mem_bytes = q.inter_bytes + 2 * elems / local * grad_bytes;
+    return q;
+}

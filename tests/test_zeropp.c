@@ -1,0 +1,287 @@
+/* test_zeropp: ZeRO++'s volumes per rank in the schedule against plain stage 3 at 64 GPUs,
+ * 8 per node, each from a formula stated with its test; and the ds_config keys. */
+#include "zp_dsconfig.h"
+#include "zp_mem.h"
+#include "zp_model.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+#include "zp_zeropp.h"
+
+#include <glib/gstdio.h>
+#include <math.h>
+#include <string.h>
+
+static ZpModel model(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt2-1.5b", &m, &error));
+    g_assert_no_error(error);
+    return m;
+}
+
+static ZpPlan plan64(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 64, 1);
+    p.impl = ZP_IMPL_PAPER; /* written against the paper's unit-level schedule */
+    p.micro_batch = 2;
+    p.gpus_per_node = 8;
+    return p;
+}
+
+static ZpSchedule *build(const ZpPlan *p)
+{
+    ZpModel m = model();
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+/* The collectives of a schedule, in order. */
+static GPtrArray *collectives(const ZpSchedule *s)
+{
+    GPtrArray *out = g_ptr_array_new();
+    for (guint i = 0; i < s->ops->len; i++)
+        if (zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE)
+            g_ptr_array_add(out, (gpointer)zp_sched_op(s, i));
+    return out;
+}
+
+static double sent(double bytes, double n)
+{
+    return (n - 1) / n * bytes;
+}
+
+/* qwZ: every stage-3 unit gather of E elements carries E int8 bytes plus a 4-byte scale per
+ * quantisation group of each of the 64 partitions, S = E + 4 * 64 * groups(E / 64), against
+ * 2E: about half. The persistent units' post-step refresh stays 16-bit. */
+static void test_qwz(void)
+{
+    ZpPlan p = plan64();
+    ZpSchedule *plain = build(&p);
+    p.zero.zero_quantized_weights = TRUE;
+    ZpSchedule *q = build(&p);
+    GPtrArray *a = collectives(plain), *b = collectives(q);
+    g_assert_cmpuint(a->len, ==, b->len);
+    double plain_gather = 0, q_gather = 0;
+    int quantised = 0;
+    for (guint i = 0; i < a->len; i++) {
+        const ZpOp *x = g_ptr_array_index(a, i), *y = g_ptr_array_index(b, i);
+        g_assert_cmpint(x->sub, ==, y->sub);
+        if (x->sub != ZP_COLL_ALLGATHER || x->buffer < 0) {
+            g_assert_cmpfloat(y->bytes, ==, x->bytes);
+            continue;
+        }
+        const uint64_t e = x->elems;
+        g_assert_cmpfloat(x->bytes, ==, 2.0 * (double)e);
+        g_assert_cmpfloat(y->bytes, ==, (double)e + 4.0 * 64 * (double)zp_zeropp_qwz_groups(e / 64));
+        g_assert_cmpfloat(y->bytes, <, 0.51 * x->bytes);
+        plain_gather += sent(x->bytes, 64);
+        q_gather += sent(y->bytes, 64);
+        quantised++;
+    }
+    g_assert_cmpint(quantised, >, 0);
+    const double saved = zp_sched_comm_bytes(plain, ZP_GROUP_DP) - zp_sched_comm_bytes(q, ZP_GROUP_DP);
+    g_assert_cmpfloat(fabs(saved - (plain_gather - q_gather)), <, 1e-9 * saved);
+    /* DeepSpeed's grouping: about 8000 elements a group, 8 x groups dividing n. */
+    g_assert_cmpuint(zp_zeropp_qwz_groups(480000), ==, 60);
+    g_assert_cmpuint(zp_zeropp_qwz_groups(8000 * 8 * 7), ==, 56);
+    g_ptr_array_unref(a);
+    g_ptr_array_unref(b);
+    zp_sched_free(plain);
+    zp_sched_free(q);
+}
+
+/* hpZ with 8: backward's block gathers run in the 8-rank node group, sending 7/8 S each,
+ * instead of 63/64 S over all 64; forward's stay on the whole group; every rank keeps the
+ * secondary partitions, 2 bytes x E / 8 for each non-persistent unit (2 psi / 8). */
+static void test_hpz(void)
+{
+    ZpPlan p = plan64();
+    ZpSchedule *plain = build(&p);
+    p.zero.zero_hpz_partition_size = 8;
+    ZpSchedule *h = build(&p);
+    GPtrArray *a = collectives(plain), *b = collectives(h);
+    g_assert_cmpuint(a->len, ==, b->len);
+    double moved = 0, in_node = 0;
+    int backward = 0;
+    for (guint i = 0; i < a->len; i++) {
+        const ZpOp *x = g_ptr_array_index(a, i), *y = g_ptr_array_index(b, i);
+        g_assert_cmpfloat(y->bytes, ==, x->bytes);
+        if (y->group == ZP_GROUP_HPZ) {
+            g_assert_cmpint(x->group, ==, ZP_GROUP_DP);
+            g_assert_cmpint(y->unit, >=, 1); /* blocks, in backward */
+            moved += sent(x->bytes, 64);
+            in_node += sent(y->bytes, 8);
+            backward++;
+        }
+    }
+    g_assert_cmpint(backward, ==, 48); /* one per block */
+    g_assert_cmpfloat(zp_sched_comm_bytes(h, ZP_GROUP_HPZ), ==, in_node);
+    g_assert_cmpfloat(fabs(zp_sched_comm_bytes(plain, ZP_GROUP_DP) -
+                           zp_sched_comm_bytes(h, ZP_GROUP_DP) - moved), <, 1e-6 * moved);
+    double secondary = 0;
+    for (int u = 0; u < h->n_units; u++)
+        if (!zp_sched_unit_persistent(h, u))
+            secondary += 2.0 * (double)zp_sched_unit_padded(h, u) / 8;
+    g_assert_cmpfloat(h->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, secondary);
+    g_assert_cmpfloat(plain->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 0);
+    /* The memory model's closed form: 2 psi / 8, the units unpadded (within 0.1%). */
+    ZpModel m = model();
+    const ZpResidual r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(fabs(r.hpz_secondary_bytes - secondary), <, 1e-3 * secondary);
+    g_ptr_array_unref(a);
+    g_ptr_array_unref(b);
+    zp_sched_free(plain);
+    zp_sched_free(h);
+}
+
+/* qgZ: a bucket of N gradient elements, reduce-scattered as 2N bytes over 64 ranks, goes
+ * instead as int4 with a 4-byte scale per group, G = max(64, N / h): S1 = N/2 + 4G through
+ * the all-to-all inside the node (8 ranks), then S1 / 8 once across the 8 nodes. Per rank
+ * 7/8 S1 + 7/8 S1/8 against 63/64 2N: a quarter of the bytes, plus the scales. */
+static void test_qgz(void)
+{
+    ZpPlan p = plan64();
+    ZpSchedule *plain = build(&p);
+    p.zero.zero_quantized_gradients = TRUE;
+    ZpSchedule *g = build(&p);
+    GPtrArray *a = collectives(plain), *b = collectives(g);
+    GArray *sizes = g_array_new(FALSE, FALSE, sizeof(double));
+    double plain_bytes = 0;
+    for (guint i = 0; i < a->len; i++) {
+        const ZpOp *x = g_ptr_array_index(a, i);
+        if (x->sub == ZP_COLL_REDUCE_SCATTER) {
+            const double n = x->bytes / 2;
+            g_array_append_val(sizes, n);
+            plain_bytes += sent(x->bytes, 64);
+        }
+    }
+    guint k = 0, crossings = 0;
+    double expected = 0;
+    for (guint i = 0; i < b->len; i++) {
+        const ZpOp *y = g_ptr_array_index(b, i);
+        g_assert_cmpint(y->sub, !=, ZP_COLL_REDUCE_SCATTER);
+        if (y->group == ZP_GROUP_NODE) {
+            const double n = g_array_index(sizes, double, k++);
+            const double s1 = n / 2 + 4 * fmax(64, ceil(n / 1600));
+            g_assert_cmpfloat(y->bytes, ==, s1);
+            const ZpOp *next = g_ptr_array_index(b, i + 1);
+            g_assert_cmpint(next->group, ==, ZP_GROUP_XNODE);
+            g_assert_cmpfloat(next->bytes, ==, s1 / 8);
+            expected += sent(s1, 8) + sent(s1 / 8, 8);
+        }
+        crossings += y->group == ZP_GROUP_XNODE;
+    }
+    g_assert_cmpuint(sizes->len, >, 0);
+    g_assert_cmpuint(k, ==, sizes->len);
+    g_assert_cmpuint(crossings, ==, sizes->len); /* across nodes once a bucket */
+    const double got = zp_sched_comm_bytes(g, ZP_GROUP_NODE) + zp_sched_comm_bytes(g, ZP_GROUP_XNODE);
+    g_assert_cmpfloat(fabs(got - expected), <, 1e-9 * expected);
+    g_assert_cmpfloat(got, <, 0.3 * plain_bytes);
+    g_assert_cmpfloat(got, >, 0.25 * 63.0 / 64 * 7.0 / 8 * plain_bytes);
+    g_array_unref(sizes);
+    g_ptr_array_unref(a);
+    g_ptr_array_unref(b);
+    zp_sched_free(plain);
+    zp_sched_free(g);
+}
+
+/* The three keys read from ds_config's zero_optimization and written back; refused below
+ * stage 3 and for an hpZ size that leaves the node. */
+static void test_keys(void)
+{
+    ZpModel m = model();
+    char *dir = g_dir_make_tmp("zplan-zeropp-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "ds.json", NULL);
+    g_assert_true(g_file_set_contents(
+        path, "{\"train_batch_size\": 128, \"train_micro_batch_size_per_gpu\": 2, "
+              "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true, "
+              "\"zero_hpz_partition_size\": 8, \"zero_quantized_gradients\": true}}", -1, NULL));
+    ZpPlan launch = plan64(), plan;
+    int64_t batch;
+    GError *error = NULL;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_dsconfig_read(path, &m, &launch, &plan, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpuint(warnings->len, ==, 0);
+    g_assert_true(plan.zero.zero_quantized_weights && plan.zero.zero_quantized_gradients);
+    g_assert_cmpint(plan.zero.zero_hpz_partition_size, ==, 8);
+    g_assert_true(zp_dsconfig_write(&plan, path, &error));
+    ZpPlan again;
+    g_assert_true(zp_dsconfig_read(path, &m, &launch, &again, &batch, warnings, &error));
+    g_assert_true(again.zero.zero_quantized_weights && again.zero.zero_quantized_gradients);
+    g_assert_cmpint(again.zero.zero_hpz_partition_size, ==, 8);
+    plan.zero.stage = 2;
+    g_assert_null(zp_sched_build(&m, &plan, &error));
+    g_assert_nonnull(strstr(error->message, "stage 3 only"));
+    g_clear_error(&error);
+    plan.zero.stage = 3;
+    plan.zero.zero_hpz_partition_size = 16;
+    g_assert_null(zp_sched_build(&m, &plan, &error));
+    g_assert_nonnull(strstr(error->message, "zero_hpz_partition_size"));
+    g_clear_error(&error);
+    g_ptr_array_unref(warnings);
+    g_unlink(path);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+}
+
+/* Schedules with every ZeRO-R and ZeRO++ option write and read back op for op, through the
+ * reader's checks (zp_schedcheck). */
+static void test_round_trip(void)
+{
+    ZpModel m = model();
+    ZpPlan plans[2] = {plan64(), plan64()};
+    plans[0].zero.zero_quantized_weights = plans[0].zero.zero_quantized_gradients = TRUE;
+    plans[0].zero.zero_hpz_partition_size = 8;
+    plans[0].checkpoint = TRUE;
+    plans[1].zero.stage = 2;
+    plans[1].dp = 16, plans[1].mp = 5; /* gpt2-1.5b has 25 heads */
+    plans[1].checkpoint = TRUE;
+    plans[1].ckpt = (ZpCheckpointConfig){.partition_activations = TRUE, .cpu_checkpointing = TRUE,
+                                         .contiguous_memory_optimization = TRUE,
+                                         .synchronize_checkpoint_boundary = TRUE};
+    char *dir = g_dir_make_tmp("zplan-zeropp-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "s.json", NULL);
+    for (int i = 0; i < 2; i++) {
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &plans[i], &error);
+        g_assert_no_error(error);
+        g_assert_true(zp_sched_write_json(s, path, &error));
+        ZpSchedule *back = zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        g_assert_cmpuint(back->ops->len, ==, s->ops->len);
+        for (guint k = 0; k < s->ops->len; k++) {
+            const ZpOp *x = zp_sched_op(s, k), *y = zp_sched_op(back, k);
+            g_assert_cmpint(x->kind, ==, y->kind);
+            g_assert_cmpint(x->sub, ==, y->sub);
+            g_assert_cmpint(x->group, ==, y->group);
+            g_assert_cmpint(x->stream, ==, y->stream);
+            g_assert_cmpfloat(x->bytes, ==, y->bytes);
+            g_assert_cmpfloat(x->mem_bytes, ==, y->mem_bytes);
+        }
+        for (int c = 0; c < ZP_MEM_N; c++)
+            g_assert_cmpfloat(back->state_bytes[c], ==, s->state_bytes[c]);
+        zp_sched_free(s);
+        zp_sched_free(back);
+    }
+    g_unlink(path);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/zeropp/qwz", test_qwz);
+    g_test_add_func("/zeropp/hpz", test_hpz);
+    g_test_add_func("/zeropp/qgz", test_qgz);
+    g_test_add_func("/zeropp/keys", test_keys);
+    g_test_add_func("/zeropp/round-trip", test_round_trip);
+    return g_test_run();
+}
