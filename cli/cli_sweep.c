@@ -62,21 +62,6 @@ typedef struct {
     double stage[4];
 } SweepRow;
 
-static int parse_choice(const char *text, const char *flag, const char *const *names, int n,
-                        GError **error)
-{
-    for (int i = 0; i < n; i++)
-        if (text && strcmp(text, names[i]) == 0)
-            return i;
-    GString *choices = g_string_new(NULL);
-    for (int i = 0; i < n; i++)
-        g_string_append_printf(choices, "%s%s", i ? ", " : "", names[i]);
-    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
-                text ? text : "", choices->str);
-    g_string_free(choices, TRUE);
-    return -1;
-}
-
 /* ---- one point ------------------------------------------------------------------------- */
 
 /* The inputs at x: the varied one replaced, the rest from the flags. */
@@ -451,8 +436,8 @@ typedef struct {
     char *micro_batch, *global_batch, *precision, *optimizer, *seq;
 } SweepFlags;
 
-static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage"};
-static const char *const metric_names[] = {"tflops", "memory", "maxmodel"};
+static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage", NULL};
+static const char *const metric_names[] = {"tflops", "memory", "maxmodel", NULL};
 
 /* Which metric can vary what: a simulated step needs an architecture (so not --params), and
  * the largest model does not depend on the size or the micro-batch. */
@@ -501,11 +486,10 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s is required", missing);
         return FALSE;
     }
-    int vary = parse_choice(f->vary, "--vary", vary_names, VARY_N, error);
-    int metric = vary < 0 ? -1
-                          : parse_choice(f->metric ? f->metric : "tflops", "--metric",
-                                         metric_names, METRIC_N, error);
-    if (metric < 0)
+    int vary, metric;
+    if (!zp_parse_choice(f->vary, "--vary", vary_names, &vary, error) ||
+        !zp_parse_choice(f->metric ? f->metric : "tflops", "--metric", metric_names, &metric,
+                         error))
         return FALSE;
     a->vary = (SweepVary)vary;
     a->metric = (SweepMetric)metric;

@@ -18,26 +18,11 @@ const char *zp_partition_name(ZpPartition partition)
     return partition_names[partition];
 }
 
-static gboolean parse_name(const char *text, const char *flag, const char *const *names,
-                           int *out, GError **error)
-{
-    for (int i = 0; names[i]; i++)
-        if (text && strcmp(text, names[i]) == 0) {
-            *out = i;
-            return TRUE;
-        }
-    char *choices = g_strjoinv(", ", (char **)names);
-    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
-                text ? text : "", choices);
-    g_free(choices);
-    return FALSE;
-}
-
 gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
                                 GError **error)
 {
     int v;
-    if (!parse_name(text, flag, schedule_names, &v, error))
+    if (!zp_parse_choice(text, flag, schedule_names, &v, error))
         return FALSE;
     *out = (ZpPipeSchedule)v;
     return TRUE;
@@ -47,7 +32,7 @@ gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out
                             GError **error)
 {
     int v;
-    if (!parse_name(text, flag, partition_names, &v, error))
+    if (!zp_parse_choice(text, flag, partition_names, &v, error))
         return FALSE;
     *out = (ZpPartition)v;
     return TRUE;

@@ -145,13 +145,10 @@ const char *zp_impl_name(ZpImplKind impl)
     return impl_names[impl];
 }
 
-static gboolean parse_choice(const char *text, const char *flag, const char *const *names,
-                             int count, int *out, GError **error);
-
 gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GError **error)
 {
     int v;
-    if (!parse_choice(text, flag, impl_names, ZP_IMPL_N, &v, error))
+    if (!zp_parse_choice(text, flag, impl_names, &v, error))
         return FALSE;
     *out = (ZpImplKind)v;
     return TRUE;
@@ -176,26 +173,11 @@ const char *zp_optimizer_name(ZpOptimizer optimizer)
     return optimizer_names[optimizer];
 }
 
-static gboolean parse_choice(const char *text, const char *flag, const char *const *names,
-                             int count, int *out, GError **error)
-{
-    for (int i = 0; i < count; i++)
-        if (text && strcmp(text, names[i]) == 0) {
-            *out = i;
-            return TRUE;
-        }
-    char *choices = g_strjoinv(", ", (char **)names);
-    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
-                text ? text : "", choices);
-    g_free(choices);
-    return FALSE;
-}
-
 gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out,
                             GError **error)
 {
     int v;
-    if (!parse_choice(text, flag, precision_names, 3, &v, error))
+    if (!zp_parse_choice(text, flag, precision_names, &v, error))
         return FALSE;
     *out = (ZpPrecision)v;
     return TRUE;
@@ -205,7 +187,7 @@ gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out
                             GError **error)
 {
     int v;
-    if (!parse_choice(text, flag, optimizer_names, 4, &v, error))
+    if (!zp_parse_choice(text, flag, optimizer_names, &v, error))
         return FALSE;
     *out = (ZpOptimizer)v;
     return TRUE;
@@ -215,7 +197,7 @@ gboolean zp_offload_device_parse(const char *text, const char *flag, ZpOffloadDe
                                  GError **error)
 {
     int v;
-    if (!parse_choice(text, flag, offload_names, ZP_OFFLOAD_N, &v, error))
+    if (!zp_parse_choice(text, flag, offload_names, &v, error))
         return FALSE;
     *out = (ZpOffloadDevice)v;
     return TRUE;
@@ -225,7 +207,7 @@ gboolean zp_attention_parse(const char *text, const char *flag, ZpAttention *out
                             GError **error)
 {
     int v;
-    if (!parse_choice(text, flag, attention_names, ZP_ATTN_N, &v, error))
+    if (!zp_parse_choice(text, flag, attention_names, &v, error))
         return FALSE;
     *out = (ZpAttention)v;
     return TRUE;
@@ -237,8 +219,7 @@ gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype
     int v;
     /* The flag names a dtype; plan JSON may also say "grad" (the default). */
     const gboolean json = strcmp(flag, "reduce_dtype") == 0;
-    if (!parse_choice(text, flag, json ? reduce_names : reduce_names + 1,
-                      json ? ZP_REDUCE_N : ZP_REDUCE_N - 1, &v, error))
+    if (!zp_parse_choice(text, flag, json ? reduce_names : reduce_names + 1, &v, error))
         return FALSE;
     *out = (ZpReduceDtype)(json ? v : v + 1);
     return TRUE;

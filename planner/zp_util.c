@@ -371,3 +371,18 @@ double zp_now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+gboolean zp_parse_choice(const char *text, const char *flag, const char *const *names, int *out,
+                         GError **error)
+{
+    for (int i = 0; names[i]; i++)
+        if (text && strcmp(text, names[i]) == 0) {
+            *out = i;
+            return TRUE;
+        }
+    char *choices = g_strjoinv(", ", (char **)names);
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
+                text ? text : "", choices);
+    g_free(choices);
+    return FALSE;
+}

@@ -45,6 +45,11 @@ gboolean zp_json_check_keys(json_t *obj, const char *what, const char *const *al
  * naming the flag); else an error naming the flag the bad argument belongs to. */
 gboolean zp_check_args_utf8(int argc, char **argv, GError **error);
 
+/* Finds `text` in `names` (NULL-terminated) and stores its index. Otherwise fails with
+ * "FLAG: unknown value 'X' (choose from a, b, c)"; a NULL `text` is unknown too. */
+gboolean zp_parse_choice(const char *text, const char *flag, const char *const *names, int *out,
+                         GError **error);
+
 /* Parses a flag value as a finite number in [min, max] ("7.5e9", "64"). If `integral`,
  * the value must be a whole number. `flag` names the flag in the message. */
 gboolean zp_parse_number(const char *text, const char *flag, double min, double max,
