@@ -743,12 +743,7 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
     }
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
-    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
-    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
-    if (offload_optimizer)
-        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
-    if (offload_param)
-        json_object_set_new(zero, "offload_param", offload_param);
+    zp_offload_add_json(zero, &plan->zero.offload_optimizer, &plan->zero.offload_param);
     json_object_set_new(root, "zero_optimization", zero);
     json_object_set_new(root, "tensor_parallel", json_pack("{s:i}", "autotp_size", plan->mp));
     if (plan->reduce_dtype != ZP_REDUCE_GRAD)

@@ -425,7 +425,8 @@ gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
     return TRUE;
 }
 
-void *zp_offload_to_json(const ZpOffload *offload, gboolean param)
+/* One section as DeepSpeed reads it, or NULL when device is none. */
+static json_t *offload_to_json(const ZpOffload *offload, gboolean param)
 {
     if (offload->device == ZP_OFFLOAD_NONE)
         return NULL;
@@ -441,4 +442,14 @@ void *zp_offload_to_json(const ZpOffload *offload, gboolean param)
     if (offload->nvme_path[0])
         json_object_set_new(o, "nvme_path", json_string(offload->nvme_path));
     return o;
+}
+
+void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param)
+{
+    json_t *o = offload_to_json(optimizer, FALSE);
+    if (o)
+        json_object_set_new(zero, "offload_optimizer", o);
+    json_t *p = offload_to_json(param, TRUE);
+    if (p)
+        json_object_set_new(zero, "offload_param", p);
 }

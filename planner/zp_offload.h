@@ -143,7 +143,8 @@ double zp_offload_link_bytes_per_s(const ZpHw *hw, ZpTransferKind kind, int rank
 gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
                               ZpOffload *offload, GPtrArray *warnings, GError **error);
 
-/* The section as DeepSpeed reads it (json_t *), or NULL when device is none. */
-void *zp_offload_to_json(const ZpOffload *offload, gboolean param);
+/* Adds "offload_optimizer" and "offload_param" to a zero_optimization object (json_t *) as
+ * DeepSpeed reads them, each only where its device is not none. */
+void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param);
 
 #endif

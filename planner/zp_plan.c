@@ -312,12 +312,7 @@ void *zp_plan_to_json(const ZpPlan *plan)
                             json_boolean(G_STRUCT_MEMBER(gboolean, &plan->zero, zero_flags[i].offset)));
     json_object_set_new(zero, "zero_hpz_partition_size",
                         json_integer(plan->zero.zero_hpz_partition_size));
-    json_t *offload_optimizer = zp_offload_to_json(&plan->zero.offload_optimizer, FALSE);
-    json_t *offload_param = zp_offload_to_json(&plan->zero.offload_param, TRUE);
-    if (offload_optimizer)
-        json_object_set_new(zero, "offload_optimizer", offload_optimizer);
-    if (offload_param)
-        json_object_set_new(zero, "offload_param", offload_param);
+    zp_offload_add_json(zero, &plan->zero.offload_optimizer, &plan->zero.offload_param);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:i}",
                           "stage", plan->zero.stage, "dp", plan->dp, "mp", plan->mp,
                           "micro_batch", plan->micro_batch, "grad_accum", plan->grad_accum,

@@ -13,15 +13,6 @@
 
 #define GB 1e9
 
-static ZpModel load_model(const char *name)
-{
-    ZpModel m;
-    GError *error = NULL;
-    g_assert_true(zp_model_load(name, &m, &error));
-    g_assert_no_error(error);
-    return m;
-}
-
 static ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage, int dp,
                          gboolean checkpoint)
 {
@@ -37,7 +28,7 @@ static ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage, int dp,
 
 static double dp_bytes(const char *model, ZpImplKind impl, int stage, gboolean checkpoint)
 {
-    const ZpModel m = load_model(model);
+    const ZpModel m = tu_load_model(model);
     ZpSchedule *s = build(&m, impl, stage, 64, checkpoint);
     const double bytes = zp_sched_comm_bytes(s, ZP_GROUP_DP);
     zp_sched_free(s);
@@ -69,7 +60,7 @@ static void test_deepspeed_stage12_bytes(void)
         }
     /* With use_multi_rank_bucket_allreduce false each slice is reduced to its owner: the
      * paper's volume again. */
-    const ZpModel m = load_model("gpt2-1.5b");
+    const ZpModel m = tu_load_model("gpt2-1.5b");
     ZpPlan p;
     zp_plan_defaults(&p, 2, 64, 1);
     p.zero.use_multi_rank_bucket_allreduce = FALSE;
@@ -106,7 +97,7 @@ static void test_deepspeed_stage3_bytes(void)
     assert_within(have_plain / GB, 1032.44, 0.005);
     assert_within(have_ckpt / GB, 1260.75, 0.005);
     /* The paper's Pos+g+p: 3 psi, with or without checkpointing. */
-    const ZpModel m = load_model("gpt3-175b");
+    const ZpModel m = tu_load_model("gpt3-175b");
     const double psi_model = (double)zp_model_param_count(&m);
     assert_within(dp_bytes("gpt3-175b", ZP_IMPL_PAPER, 3, TRUE), 3 * psi_model * sent / 2 * 2,
                   0.005);
@@ -129,7 +120,7 @@ static guint count_allocs(const ZpSchedule *s, ZpMemCategory cat, int unit, doub
  * all-gather allocates nothing. */
 static void test_deepspeed_bucket_buffers(void)
 {
-    const ZpModel m = load_model("gpt2-1.5b");
+    const ZpModel m = tu_load_model("gpt2-1.5b");
     for (int stage = 1; stage <= 2; stage++)
         for (int overlap = 0; overlap <= 1; overlap++) {
             ZpPlan p;
@@ -172,7 +163,7 @@ static SimResult *simulate(const ZpSchedule *s)
  * builds the fp32 gradient one sub_group_size group at a time. */
 static void test_step_copies(void)
 {
-    const ZpModel m = load_model("gpt2-1.5b");
+    const ZpModel m = tu_load_model("gpt2-1.5b");
     ZpPlan p;
     zp_plan_defaults(&p, 2, 2, 1);
     p.checkpoint = TRUE; /* small activations: the step is the peak */
@@ -203,7 +194,7 @@ static void test_step_copies(void)
  * twice and the root unit once per micro-step. */
 static void test_fsdp(void)
 {
-    const ZpModel m = load_model("gpt2-1.5b");
+    const ZpModel m = tu_load_model("gpt2-1.5b");
     ZpPlan p;
     zp_plan_defaults(&p, 1, 8, 1);
     p.impl = ZP_IMPL_FSDP;
@@ -236,7 +227,7 @@ static void test_fsdp(void)
  * unit's gradients are reduced once per reducing backward. */
 static void test_schedules_balance(void)
 {
-    const ZpModel m = load_model("gpt2-124m");
+    const ZpModel m = tu_load_model("gpt2-124m");
     ZpHw hw;
     g_assert_true(zp_hw_load("dgx-a100-80g", &hw, NULL));
     for (int impl = 0; impl < ZP_IMPL_N; impl++)

@@ -15,24 +15,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static ZpModel load_model(const char *name)
-{
-    ZpModel m;
-    GError *error = NULL;
-    g_assert_true(zp_model_load(name, &m, &error));
-    g_assert_no_error(error);
-    return m;
-}
-
-static ZpHw load_hw(const char *name)
-{
-    ZpHw hw;
-    GError *error = NULL;
-    g_assert_true(zp_hw_load(name, &hw, &error));
-    g_assert_no_error(error);
-    return hw;
-}
-
 static void assert_close(double got, double want)
 {
     g_assert_cmpfloat(fabs(got - want), <=, 1e-9 * fabs(want) + 1e-3);
@@ -63,9 +45,9 @@ static const int gpu_counts[] = {1, 8, 64};
  * shrinks as 18 psi / N per rank. At 1 GPU they are 18 psi (+2 L) against 24 psi. */
 static void test_zero_offload_cpu(void)
 {
-    const ZpHw hw = load_hw("dgx2-v100");
+    const ZpHw hw = tu_load_hw("dgx2-v100");
     for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++) {
-        const ZpModel m = load_model(models[mi]);
+        const ZpModel m = tu_load_model(models[mi]);
         const double psi = (double)zp_model_param_count(&m), L = largest(&m);
         for (size_t gi = 0; gi < G_N_ELEMENTS(gpu_counts); gi++) {
             const int n = gpu_counts[gi], per_node = MIN(16, n);
@@ -105,9 +87,9 @@ static void test_zero_offload_cpu(void)
  * their gradient, which zplan counts among the residual terms, not the model states. */
 static void test_zero_infinity_nvme(void)
 {
-    const ZpHw hw = load_hw("dgx2-v100");
+    const ZpHw hw = tu_load_hw("dgx2-v100");
     for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++) {
-        const ZpModel m = load_model(models[mi]);
+        const ZpModel m = tu_load_model(models[mi]);
         const double psi = (double)zp_model_param_count(&m), L = largest(&m);
         for (size_t gi = 0; gi < G_N_ELEMENTS(gpu_counts); gi++) {
             const int n = gpu_counts[gi], per_node = MIN(16, n), nodes = (n + 15) / 16;
@@ -148,7 +130,7 @@ static void test_zero_infinity_nvme(void)
  * gradient partition. */
 static void test_ratio(void)
 {
-    const ZpModel m = load_model("gpt-13b");
+    const ZpModel m = tu_load_model("gpt-13b");
     const double psi = (double)zp_model_param_count(&m);
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
@@ -177,8 +159,8 @@ static void test_ratio(void)
  * 3.2 TB of host memory, over the node's 1.5 TB: refused, naming the tier. */
 static void test_cpu_overflow_refused(void)
 {
-    const ZpModel m = load_model("gpt3-175b");
-    const ZpHw hw = load_hw("dgx2-v100");
+    const ZpModel m = tu_load_model("gpt3-175b");
+    const ZpHw hw = tu_load_hw("dgx2-v100");
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
     plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
@@ -211,8 +193,8 @@ static void test_cpu_overflow_refused(void)
  * up after CPU Adam; NVMe states in and out around it. The simulator's breakdown adds up. */
 static void test_schedule_transfers(void)
 {
-    const ZpModel m = load_model("gpt2-124m");
-    const ZpHw hw = load_hw("dgx2-v100");
+    const ZpModel m = tu_load_model("gpt2-124m");
+    const ZpHw hw = tu_load_hw("dgx2-v100");
     ZpPlan plan;
     zp_plan_defaults(&plan, 2, 4, 1);
     plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
@@ -296,7 +278,7 @@ static void test_schedule_transfers(void)
  * unmodeled pipelining options warn; DeepSpeed's own constraints fail naming the key. */
 static void test_dsconfig_round_trip(void)
 {
-    const ZpModel m = load_model("gpt2-124m");
+    const ZpModel m = tu_load_model("gpt2-124m");
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 8, 1);
     plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */

@@ -74,27 +74,11 @@ static char *profile_with_memory(const char *cluster, double gpu_memory_bytes)
 
 /* ---- the screen and the bound ---------------------------------------------------------- */
 
-static ZpModel load_model(const char *name)
-{
-    ZpModel m;
-    GError *error = NULL;
-    g_assert_true(zp_model_load(name, &m, &error));
-    g_assert_no_error(error);
-    return m;
-}
-
-static ZpHw load_hw(const char *name)
-{
-    ZpHw hw;
-    g_assert_true(zp_hw_load(name, &hw, NULL));
-    return hw;
-}
-
 /* zp_sched_compute_ops is the schedule's compute in closed form: the same count of every kind
  * and every op of a kind with the same cost, padding included (dp 3 pads every unit). */
 static void test_compute_ops_match_schedule(void)
 {
-    ZpModel m = load_model("gpt2-124m");
+    ZpModel m = tu_load_model("gpt2-124m");
     for (int stage = 0; stage <= 3; stage++)
         for (int mp = 1; mp <= 2; mp++) {
             ZpPlan p;
@@ -126,8 +110,8 @@ static void test_compute_ops_match_schedule(void)
 /* The screen's memory is zp_mem's model states + residual (reserve included). */
 static void test_screen_memory_is_zp_mem(void)
 {
-    ZpModel m = load_model("gpt2-1.5b");
-    ZpHw hw = load_hw("dgx2-v100");
+    ZpModel m = tu_load_model("gpt2-1.5b");
+    ZpHw hw = tu_load_hw("dgx2-v100");
     ZpSearchSpec spec;
     zp_search_spec_defaults(&spec, &m, &hw, 64);
     ZpScreen screen;
@@ -165,8 +149,8 @@ static gboolean record(const ZpPlan *plan, void *ctx, double *step_s, double *pe
  * really were slower than the K-th or their group's best, and the best plan fits. */
 static void check_search(const char *model_name, const char *cluster, int gpus, int64_t batch)
 {
-    ZpModel m = load_model(model_name);
-    ZpHw hw = load_hw(cluster);
+    ZpModel m = tu_load_model(model_name);
+    ZpHw hw = tu_load_hw(cluster);
     ZpSearchSpec spec;
     Recorder rec = {.sim = {&m, &hw}};
     cli_search_spec(&spec, &rec.sim, &m, &hw, gpus);
@@ -237,7 +221,7 @@ static ZpPlan launch_plan(int dp, int mp)
 
 static void test_dsconfig_defaults_and_auto(void)
 {
-    ZpModel m = load_model("gpt2-1.5b");
+    ZpModel m = tu_load_model("gpt2-1.5b");
     ZpPlan launch = launch_plan(64, 1), plan;
     launch.micro_batch = 4;
     launch.grad_accum = 2;
@@ -298,7 +282,7 @@ static void test_dsconfig_defaults_and_auto(void)
 /* DeepSpeed's batch rule: any two of the three give the third. */
 static void test_dsconfig_batch_rule(void)
 {
-    ZpModel m = load_model("gpt2-124m");
+    ZpModel m = tu_load_model("gpt2-124m");
     const ZpPlan launch = launch_plan(8, 1);
     const struct {
         const char *json;
@@ -330,7 +314,7 @@ static void test_dsconfig_batch_rule(void)
 /* Each bad config fails with one line naming the key at fault. */
 static void test_dsconfig_refusals(void)
 {
-    ZpModel m = load_model("gpt2-124m");
+    ZpModel m = tu_load_model("gpt2-124m");
     const ZpPlan launch = launch_plan(8, 1);
     const struct {
         const char *json, *message;
@@ -396,7 +380,7 @@ static void test_dsconfig_refusals(void)
  * top-level keys, which DeepSpeed ignores, in another; other warnings say why. */
 static void test_dsconfig_warnings(void)
 {
-    ZpModel m = load_model("gpt2-124m");
+    ZpModel m = tu_load_model("gpt2-124m");
     const ZpPlan launch = launch_plan(8, 1);
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     ZpPlan plan;
@@ -442,8 +426,8 @@ static void test_dsconfig_warnings(void)
 /* Every plan the search can produce survives write -> read unchanged. */
 static void test_dsconfig_round_trip(void)
 {
-    ZpModel m = load_model("gpt2-1.5b");
-    ZpHw hw = load_hw("dgx-a100-80g");
+    ZpModel m = tu_load_model("gpt2-1.5b");
+    ZpHw hw = tu_load_hw("dgx-a100-80g");
     ZpSearchSpec spec;
     zp_search_spec_defaults(&spec, &m, &hw, 32);
     spec.global_batch = 256;
@@ -624,8 +608,8 @@ static void test_ds_config_written_and_simulated(void)
     g_assert_true(json_is_true(json_object_get(json_object_get(ds, "fp16"), "enabled")));
     json_decref(ds);
 
-    ZpModel m = load_model("gpt2-1.5b");
-    ZpHw hw = load_hw("dgx2-v100");
+    ZpModel m = tu_load_model("gpt2-1.5b");
+    ZpHw hw = tu_load_hw("dgx2-v100");
     const ZpPlan launch = launch_plan(64 / mp, mp);
     ZpPlan plan, expected;
     int64_t batch;
@@ -922,8 +906,8 @@ static gboolean tied_rank(const ZpPlan *plan, void *ctx, double *step_time_s,
 
 static void test_ties_prefer_memory_left(void)
 {
-    ZpModel m = load_model("gpt2-124m");
-    ZpHw hw = load_hw("dgx-a100-80g");
+    ZpModel m = tu_load_model("gpt2-124m");
+    ZpHw hw = tu_load_hw("dgx-a100-80g");
     ZpSearchSpec spec;
     zp_search_spec_defaults(&spec, &m, &hw, 16);
     spec.rank = tied_rank;

@@ -50,3 +50,21 @@ void *tu_zplan_json_exit(const char *args, int exit_status)
     tu_free(&r);
     return root;
 }
+
+ZpModel tu_load_model(const char *name)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load(name, &m, &error));
+    g_assert_no_error(error);
+    return m;
+}
+
+ZpHw tu_load_hw(const char *name)
+{
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_true(zp_hw_load(name, &hw, &error));
+    g_assert_no_error(error);
+    return hw;
+}

@@ -1,7 +1,11 @@
-/* testutil: what the end-to-end tests share — running build/zplan (or any program) and
- * collecting its exit status, stdout and stderr. Linked into every test program. */
+/* testutil: what the tests share — running build/zplan (or any program) and collecting its
+ * exit status, stdout and stderr, and loading a shipped model or profile. Linked into every
+ * test program. */
 #ifndef TESTUTIL_H
 #define TESTUTIL_H
+
+#include "zp_hw.h"
+#include "zp_model.h"
 
 #include <glib.h>
 
@@ -25,5 +29,9 @@ void *tu_zplan_json(const char *args);
 
 /* The same for a command that must exit with `exit_status` (2: the plan does not fit). */
 void *tu_zplan_json_exit(const char *args, int exit_status);
+
+/* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
+ZpModel tu_load_model(const char *name);
+ZpHw tu_load_hw(const char *name);
 
 #endif
