@@ -75,17 +75,6 @@ static double largest_tensor_elems(const ZpModel *model, int mp)
                 (double)model->hidden * (double)model->ffn_hidden) / mp;
 }
 
-/* Bytes per element of the fp32 master copy and the two moments (as zp_sched splits K). */
-static void optimizer_terms(const ZpPlan *plan, double *master, double *m, double *v)
-{
-    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
-    *master = plan->precision == ZP_PREC_FP32 ? 0.0 : 4.0;
-    const double moments = st.optim_bytes - *master;
-    const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
-    *m = two ? moments / 2 : moments;
-    *v = two ? moments / 2 : 0.0;
-}
-
 static double row_bytes(const ZpTiers *t, ZpTier tier)
 {
     double sum = 0;
@@ -180,7 +169,7 @@ void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, 
     const double psi = params / plan->mp, part = psi / plan->dp;
     const double optim_elems = stage == 0 ? psi : part;
     double master, mom1, mom2;
-    optimizer_terms(plan, &master, &mom1, &mom2);
+    zp_plan_optimizer_split(plan, &master, &mom1, &mom2);
     t->bytes[ZP_TIER_GPU][ZP_MEM_PARAMS] = m.params_bytes;
     t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = m.grads_bytes;
     t->bytes[ZP_TIER_GPU][ZP_MEM_MASTER] = optim_elems * master;

@@ -450,3 +450,13 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     plan->gpus_per_node = (int)node;
     return TRUE;
 }
+
+void zp_plan_optimizer_split(const ZpPlan *plan, double *master, double *m, double *v)
+{
+    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    *master = plan->precision == ZP_PREC_FP32 ? 0.0 : 4.0;
+    const double moments = st.optim_bytes - *master;
+    const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
+    *m = two ? moments / 2 : moments;
+    *v = two ? moments / 2 : 0.0;
+}

@@ -176,6 +176,10 @@ void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp);
 
 ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer);
 
+/* K's optimizer part split into bytes per element of the fp32 master copy and the two
+ * moments (the second 0 for optimizers with one), as the schedule and offload tiers hold them. */
+void zp_plan_optimizer_split(const ZpPlan *plan, double *master, double *m, double *v);
+
 /* Bytes of one element of the 16-bit (or 32-bit) working precision. */
 double zp_plan_elem_bytes(ZpPrecision precision);
 

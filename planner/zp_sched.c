@@ -252,17 +252,6 @@ uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
     return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
 }
 
-/* Splits K into the fp32 master copy and the two moment buffers. */
-static void optimizer_split(const ZpPlan *plan, double *master, double *m, double *v)
-{
-    const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
-    *master = plan->precision == ZP_PREC_FP32 ? 0.0 : 4.0;
-    const double moments = st.optim_bytes - *master;
-    const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
-    *m = two ? moments / 2 : moments;
-    *v = two ? moments / 2 : 0.0;
-}
-
 /* The chunk that holds a unit (one chunk without a pipeline). */
 static int unit_chunk(const Builder *b, int unit)
 {
@@ -319,7 +308,7 @@ static void layout(Builder *b)
     const double part = (double)s->partition_elems;
     const double p = b->state.param_bytes, g = b->state.grad_bytes;
     double master, m, v;
-    optimizer_split(&s->plan, &master, &m, &v);
+    zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params_elems[4] = {total, padded, padded, part};
     const double optim_elems = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
