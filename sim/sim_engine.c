@@ -817,6 +817,8 @@ static void build_flows(Sim *sim, SimClasses *classes)
             build_group_flows(sim, g, classes, flows, members, scratch);
     g_free(scratch);
     sim->n_flows = flows->len;
+    sim->state_bytes += n_slots * sizeof *sim->slot_of + members->len * sizeof(uint32_t) +
+                        (uint64_t)sim->n_flows * sizeof(Flow);
     sim->flows = (Flow *)g_array_free(flows, sim->n_flows == 0);
     sim->members = (uint32_t *)g_array_free(members, FALSE);
     sim->affected_cap = 64;
