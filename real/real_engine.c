@@ -73,8 +73,7 @@ typedef struct {
     void *begin, *end;
 } PendingMark;
 
-static gboolean fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
-static gboolean fail(GError **error, const char *format, ...)
+gboolean real_engine_fail(GError **error, const char *format, ...)
 {
     va_list args;
     va_start(args, format);
@@ -84,6 +83,7 @@ static gboolean fail(GError **error, const char *format, ...)
     g_free(message);
     return FALSE;
 }
+#define fail real_engine_fail
 
 static uint64_t unit_padded(const RealEngine *e, int u)
 {
@@ -95,13 +95,19 @@ static gboolean is_persistent(const RealEngine *e, int u)
     return zp_sched_unit_persistent(e->s, u);
 }
 
-static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
+void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
+                        GError **error)
 {
-    void *p = e->be->alloc(e->be, bytes, (RealMemCategory)cat);
+    void *p = be->alloc(be, bytes, (RealMemCategory)cat);
     if (!p)
         fail(error, "rank %d: out of memory allocating %" G_GUINT64_FORMAT " bytes of %s",
-             e->rank, bytes, zp_sched_mem_name(cat));
+             rank, bytes, zp_sched_mem_name(cat));
     return p;
+}
+
+static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
+{
+    return real_engine_alloc(e->be, e->rank, bytes, cat, error);
 }
 
 /* ---- set-up ------------------------------------------------------------------------------ */
@@ -748,21 +754,26 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-/* dst = src (the step's first reduction of this range) or dst += src (later micro-steps). */
+gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
+                             uint64_t n, gboolean accumulate, GError **error)
+{
+    if (!accumulate) {
+        be->copy(be, dst, src, n * sizeof(RealBf16));
+        return TRUE;
+    }
+    float *widened = real_engine_alloc(be, rank, n * sizeof(float), ZP_MEM_WORKSPACE, error);
+    if (!widened)
+        return FALSE;
+    be->bf16_to_f32(be, widened, src, n);
+    be->accumulate_bf16(be, dst, widened, n);
+    be->free(be, widened);
+    return TRUE;
+}
+
 static gboolean deliver(RealEngine *e, RealBf16 *dst, const RealBf16 *src, uint64_t n,
                         gboolean accumulate, GError **error)
 {
-    if (!accumulate) {
-        e->be->copy(e->be, dst, src, n * sizeof(RealBf16));
-        return TRUE;
-    }
-    float *widened = take(e, n * sizeof(float), ZP_MEM_WORKSPACE, error);
-    if (!widened)
-        return FALSE;
-    e->be->bf16_to_f32(e->be, widened, src, n);
-    e->be->accumulate_bf16(e->be, dst, widened, n);
-    e->be->free(e->be, widened);
-    return TRUE;
+    return real_engine_deliver(e->be, e->rank, dst, src, n, accumulate, error);
 }
 
 /* Stages 1-2: rank q receives the part of [lo, hi) inside its partition [qP, (q+1)P). */

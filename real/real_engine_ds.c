@@ -44,30 +44,18 @@ struct RealDs {
     uint64_t gip_lo, gip_hi, grad_elems;
 };
 
-static gboolean fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
-static gboolean fail(GError **error, const char *format, ...)
-{
-    va_list args;
-    va_start(args, format);
-    char *message = g_strdup_vprintf(format, args);
-    va_end(args);
-    g_set_error_literal(error, REAL_ENGINE_ERROR, 0, message);
-    g_free(message);
-    return FALSE;
-}
+#define fail real_engine_fail
 
 gboolean real_ds_applies(const ZpSchedule *s)
 {
     return s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2;
 }
 
+/* A zeroed buffer of the category. */
 static void *take(RealDs *ds, uint64_t bytes, ZpMemCategory cat, GError **error)
 {
-    void *p = ds->be->alloc(ds->be, bytes, (RealMemCategory)cat);
-    if (!p)
-        fail(error, "rank %d: out of memory allocating %" G_GUINT64_FORMAT " bytes of %s",
-             ds->rank, bytes, zp_sched_mem_name(cat));
-    else
+    void *p = real_engine_alloc(ds->be, ds->rank, bytes, cat, error);
+    if (p)
         ds->be->fill(ds->be, p, 0, bytes);
     return p;
 }
@@ -278,39 +266,18 @@ gboolean real_ds_init_params(RealDs *ds, RealDsInitFn init, void *engine, GError
     return TRUE;
 }
 
-/* The tensors of unit u: [*first, *last). */
-static void unit_range(const RealDs *ds, int u, guint *first, guint *last)
+/* Where a compute op reads tensor t's parameters: stage 2's full copy, stage 3's persistent
+ * copy or its live gather. */
+static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
 {
-    guint i = 0;
-    while (i < ds->n_t && ds->t[i].unit != u)
-        i++;
-    *first = i;
-    while (i < ds->n_t && ds->t[i].unit == u)
-        i++;
-    *last = i;
-}
-
-gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out,
-                        GError **error)
-{
-    memset(out, 0, sizeof *out);
-    guint first, last;
-    unit_range(ds, unit, &first, &last);
-    for (guint i = first; i < last; i++) {
-        const Tensor *t = &ds->t[i];
-        if (!(used >> t->k & 1))
-            continue;
-        if (ds->stage == 2)
-            out->at[t->k] = ds->params + t->offset;
-        else if (t->persistent)
-            out->at[t->k] = t->persistent;
-        else if (t->gathered >= 0 && ds->buffers[t->gathered])
-            out->at[t->k] = ds->buffers[t->gathered];
-        else
-            return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered",
-                        ds->rank, unit, t->k);
-    }
-    return TRUE;
+    if (ds->stage == 2)
+        return ds->params + t->offset;
+    if (t->persistent)
+        return t->persistent;
+    if (t->gathered >= 0 && ds->buffers[t->gathered])
+        return ds->buffers[t->gathered];
+    return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered", ds->rank,
+                t->unit, t->k), NULL;
 }
 
 /* The lowest place of n elements in held buffer id that no landed bucket takes. */
@@ -361,22 +328,34 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     return buf + b->slot;
 }
 
+/* Unit u's tensors in `used`: their parameters (micro -1) or where micro-step micro's
+ * gradients land. */
+static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
+                     GError **error)
+{
+    memset(out, 0, sizeof *out);
+    for (guint i = 0; i < ds->n_t; i++) {
+        const Tensor *t = &ds->t[i];
+        if (t->unit != unit || !(used >> t->k & 1))
+            continue;
+        RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
+        if (!base)
+            return FALSE;
+        out->at[t->k] = micro < 0 ? base : base + (t->offset - ds->bk[t->bucket].lo);
+    }
+    return TRUE;
+}
+
+gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out,
+                        GError **error)
+{
+    return view(ds, unit, used, -1, out, error);
+}
+
 gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
                        GError **error)
 {
-    memset(out, 0, sizeof *out);
-    guint first, last;
-    unit_range(ds, unit, &first, &last);
-    for (guint i = first; i < last; i++) {
-        const Tensor *t = &ds->t[i];
-        if (!(used >> t->k & 1))
-            continue;
-        RealBf16 *base = land(ds, t->bucket, micro, error);
-        if (!base)
-            return FALSE;
-        out->at[t->k] = base + (t->offset - ds->bk[t->bucket].lo);
-    }
-    return TRUE;
+    return view(ds, unit, used, micro, out, error);
 }
 
 const RealBf16 *real_ds_step_grads(const RealDs *ds)
@@ -385,21 +364,10 @@ const RealBf16 *real_ds_step_grads(const RealDs *ds)
     return ds->stage == 2 ? g + ((uint64_t)ds->rank * ds->s->partition_elems - ds->gip_lo) : g;
 }
 
-/* dst = src (the step's first micro-step) or dst += src. */
 static gboolean deliver(RealDs *ds, RealBf16 *dst, const RealBf16 *src, uint64_t n,
                         gboolean accumulate, GError **error)
 {
-    if (!accumulate) {
-        ds->be->copy(ds->be, dst, src, n * sizeof(RealBf16));
-        return TRUE;
-    }
-    float *widened = take(ds, n * sizeof(float), ZP_MEM_WORKSPACE, error);
-    if (!widened)
-        return FALSE;
-    ds->be->bf16_to_f32(ds->be, widened, src, n);
-    ds->be->accumulate_bf16(ds->be, dst, widened, n);
-    ds->be->free(ds->be, widened);
-    return TRUE;
+    return real_engine_deliver(ds->be, ds->rank, dst, src, n, accumulate, error);
 }
 
 /* Stage 2: the bucket all-reduced (use_multi_rank_bucket_allreduce) or each rank's part of it

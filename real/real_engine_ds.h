@@ -13,6 +13,16 @@
 
 typedef struct RealDs RealDs;
 
+/* What the engine (real_engine.c) shares with its plug-in: a REAL_ENGINE_ERROR (returns
+ * FALSE); a buffer of a category, NULL with an error naming the rank when there is no memory;
+ * dst = src, or dst += src through a transient fp32 workspace (the step's first micro-step's
+ * reduced gradients, then the later ones'). */
+gboolean real_engine_fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
+void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
+                        GError **error);
+gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
+                             uint64_t n, gboolean accumulate, GError **error);
+
 /* Writes elements [first, first + count) of unit u's initial parameters to dst. */
 typedef gboolean (*RealDsInitFn)(void *engine, int unit, uint64_t first, uint64_t count,
                                  RealBf16 *dst, GError **error);
