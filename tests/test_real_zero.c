@@ -738,6 +738,97 @@ static void test_offload_matches(void)
     g_free(with), g_free(nvme);
 }
 
+/* zreal --schedule runs a deepspeed schedule file as zplan schedule wrote it: stage 3 with
+ * checkpointing trains exactly as the same plan given by flags; stage 2 from a ds_config that
+ * reduces each rank's slice to its owner (use_multi_rank_bucket_allreduce false) over two ipg
+ * buffers (overlap_comm) trains as the paper's stage 2 and measures the file's buffers and
+ * bytes exactly; a deepspeed file whose ops were edited is refused naming the op. */
+static void test_deepspeed_schedule_file(void)
+{
+    char *sched = g_strdup_printf("%s/ds-sched.json", tmp_dir);
+    char *meas = g_strdup_printf("%s/ds-sched-m.json", tmp_dir);
+    char *flags_meas = g_strdup_printf("%s/ds-flags-m.json", tmp_dir);
+    const char *knobs = "--stage 3 --checkpoint --reduce-bucket-size 12000 "
+                        "--persistence-threshold 1000 --prefetch-bucket-size 20000 "
+                        "--impl deepspeed";
+    char *args = g_strdup_printf("schedule --model tiny --gpus 2 --micro-batch 8 --precision bf16 "
+                                 "--no-dropout %s --out %s", knobs, sched);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r), g_free(args);
+    char *err = NULL;
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --micro-batch 8 --steps 3 %s --out %s", knobs, flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    json_t *a = json_load_file(meas, 0, NULL), *b = json_load_file(flags_meas, 0, NULL);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    for (int q = 0; q < 2; q++) {
+        json_t *x = json_array_get(json_object_get(a, "ranks"), q);
+        json_t *y = json_array_get(json_object_get(b, "ranks"), q);
+        g_assert_cmpfloat(number_at(x, "comm_bytes"), ==, number_at(y, "comm_bytes"));
+        g_assert_true(json_equal(json_object_get(x, "category_peak_bytes"),
+                                 json_object_get(y, "category_peak_bytes")));
+    }
+    json_decref(a), json_decref(b);
+
+    /* An edited op: one gathered buffer two bytes larger. */
+    json_t *root = json_load_file(sched, 0, NULL);
+    json_t *op = json_array_get(json_object_get(root, "ops"), 0);
+    json_object_set_new(op, "bytes", json_real(json_number_value(json_object_get(op, "bytes")) + 2));
+    g_assert_cmpint(json_dump_file(root, sched, 0), ==, 0);
+    json_decref(root);
+    GError *error = NULL;
+    g_assert_null(zp_sched_read_json(sched, &error));
+    g_assert_nonnull(strstr(error->message, "ops[0]: differs from the deepspeed schedule zplan "
+                                            "builds for this model and plan"));
+    g_clear_error(&error);
+
+    char *config = g_strdup_printf("%s/ds-config.json", tmp_dir);
+    g_assert_true(g_file_set_contents(
+        config, "{\"train_micro_batch_size_per_gpu\": 8, \"bf16\": {\"enabled\": true}, "
+                "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 12000, "
+                "\"overlap_comm\": true, \"use_multi_rank_bucket_allreduce\": false}}",
+        -1, NULL));
+    args = g_strdup_printf("schedule --model tiny --gpus 2 --no-dropout --ds-config %s --out %s",
+                           config, sched);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r), g_free(args);
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --stage 2 --micro-batch 8 --steps 3 --out %s", flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    ZpSchedule *s = zp_sched_read_json(sched, NULL);
+    g_assert_nonnull(s);
+    g_assert_false(s->plan.zero.use_multi_rank_bucket_allreduce);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(s, peak);
+    a = json_load_file(meas, 0, NULL), b = json_load_file(flags_meas, 0, NULL);
+    for (int i = 0; i < 3; i++) {
+        const double x = json_number_value(json_array_get(json_object_get(a, "loss"), i));
+        const double y = json_number_value(json_array_get(json_object_get(b, "loss"), i));
+        g_assert_cmpfloat(fabs(x - y) / y, <=, LOSS_REL_TOL);
+    }
+    for (int q = 0; q < 2; q++) {
+        json_t *rank = json_array_get(json_object_get(a, "ranks"), q);
+        g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+        g_assert_cmpfloat(category(rank, "grads"), ==, peak[ZP_MEM_GRADS]);
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+    }
+    g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], >=, 2 * 12000 * 2); /* the two ipg buffers */
+    json_decref(a), json_decref(b);
+    zp_sched_free(s);
+    const char *files[] = {sched, meas, flags_meas, config};
+    for (size_t i = 0; i < G_N_ELEMENTS(files); i++)
+        g_remove(files[i]);
+    g_free(sched), g_free(meas), g_free(flags_meas), g_free(config);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -761,6 +852,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
     g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
+    g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     int status = g_test_run();
     g_rmdir(tmp_dir);
