@@ -473,6 +473,8 @@ static void test_bad_input(void)
          "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
         {"--model tiny --stage 2 --offload-optimizer cpu",
          "zreal executes optimizer offload at ZeRO stage 1 only"},
+        {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
+         "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
