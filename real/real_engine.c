@@ -481,7 +481,8 @@ static const RealBf16 *step_grads(const RealEngine *e);
 
 /* DeepSpeed's step copies of the reduced partition (stage_1_and_2.py step): the flattened
  * 16-bit gradients, or their fp32 conversion, by the buffer's size; at stage 3 the fp32
- * gradient of a sub_group_size group (stage3.py _prepare_fp32_grad_for_sub_group). */
+ * gradient of a sub_group_size group (stage3.py _prepare_fp32_grad_for_sub_group), the first:
+ * the schedule has one buffer of the largest group around one optimizer op. */
 static void step_copy(RealEngine *e, void *dst, uint64_t bytes)
 {
     const uint64_t part = e->s->partition_elems;
