@@ -210,15 +210,16 @@ static Cost block_backward_cost(const ZpSchedule *s)
                   s->elem_bytes * zp_cost_accesses(&bwd)};
 }
 
-/* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
- * read and write the logits four times. */
+/* LM head: logits GEMM 2bshV forward and twice that backward; the fp32 softmax and loss
+ * read and write the logits four times. Every rank of a tensor-parallel group computes the
+ * whole vocabulary (the head is replicated: zp_model_unit_tp_elems). */
 static Cost head_cost(const ZpSchedule *s)
 {
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, V = m->vocab;
-    const double logits_gemm = 2 * b * sq * h * V / s->plan.mp;
+    const double logits_gemm = 2 * b * sq * h * V;
     return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm, .attn_flops = 0,
-                  .mem_bytes = 16 * b * sq * V / s->plan.mp};
+                  .mem_bytes = 16 * b * sq * V};
 }
 
 /* Embedding lookup or its scatter-add backward: read token and position rows, write bsh. */
@@ -267,7 +268,8 @@ static gboolean unit_held(const Builder *b, int unit)
     return unit_chunk(b, unit) % zp_plan_pp(&b->s->plan) == b->stage;
 }
 
-/* A unit's elements on the stage being built: 0 for another stage's. A last stage without
+/* A unit's elements on the stage being built, this rank's share of the tensor-parallel group
+ * (zp_model_unit_tp_elems): 0 for another stage's. A last stage without
  * the embedding keeps its own copy of a tied word embedding for the LM head (Megatron's
  * pipeline: the first and last stages each hold word_embeddings). */
 static uint64_t held_elems(const Builder *b, int unit)
@@ -275,10 +277,10 @@ static uint64_t held_elems(const Builder *b, int unit)
     if (!unit_held(b, unit))
         return 0;
     const ZpModel *m = &b->s->model;
-    uint64_t full = zp_model_unit_elems(m, unit);
+    uint64_t elems = zp_model_unit_tp_elems(m, unit, b->s->plan.mp);
     if (unit == (int)m->layers + 1 && m->tied_embeddings && !unit_held(b, 0))
-        full += (uint64_t)m->vocab * (uint64_t)m->hidden;
-    return full;
+        elems += (uint64_t)m->vocab * (uint64_t)m->hidden;
+    return elems;
 }
 
 /* The flat layout of the units the stage being built holds (all of them without a
@@ -294,9 +296,8 @@ static void layout(Builder *b)
     s->unit_elems = g_new0(uint64_t, s->n_units);
     uint64_t offset = 0, partition3 = 0;
     for (int u = 0; u < s->n_units; u++) {
-        const uint64_t full = held_elems(b, u);
         s->unit_offset[u] = offset;
-        s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
+        s->unit_elems[u] = held_elems(b, u);
         offset += s->unit_elems[u];
         partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
     }
@@ -826,7 +827,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     const int L = (int)s->model.layers;
     const Cost c = head_cost(s);
     const double logits_bytes = 4.0 * s->plan.micro_batch * (double)s->model.seq_len *
-                                (double)s->model.vocab / s->plan.mp;
+                                (double)s->model.vocab; /* the whole vocabulary: head_cost */
     if (reduce)
         alloc_held_buckets(b, micro);
     position_begin(b, zp_pos_head(L), micro, deps);
@@ -1268,11 +1269,11 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
     /* The optimizer's elements as layout() pads them, from the three unit sizes (the blocks
      * are identical) instead of a walk over every unit. */
-    const uint64_t mp = (uint64_t)plan->mp, dp = (uint64_t)plan->dp;
+    const uint64_t dp = (uint64_t)plan->dp;
     const uint64_t L = (uint64_t)model->layers;
-    const uint64_t first = (zp_model_unit_elems(model, 0) + mp - 1) / mp;
-    const uint64_t block = (zp_model_unit_elems(model, 1) + mp - 1) / mp;
-    const uint64_t last = (zp_model_unit_elems(model, (int)L + 1) + mp - 1) / mp;
+    const uint64_t first = zp_model_unit_tp_elems(model, 0, plan->mp);
+    const uint64_t block = zp_model_unit_tp_elems(model, 1, plan->mp);
+    const uint64_t last = zp_model_unit_tp_elems(model, (int)L + 1, plan->mp);
     const uint64_t total = first + L * block + last;
     const uint64_t partition =
         plan->zero.stage == 3

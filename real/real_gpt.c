@@ -53,6 +53,9 @@ struct RealGpt {
     size_t head_offset;                            /* untied: lm_head inside unit L+1 */
     size_t block_elems;
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
+    RealGptTpReduce tp_reduce; /* tensor parallelism: the group's sum (real_gpt_set_tp_reduce) */
+    void *tp_ctx;
+    GError *tp_error; /* the first failed tp_reduce's, until the call that made it returns */
 };
 
 /* ---- dimensions and layout ---- */
@@ -65,9 +68,21 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
                          .micro_batch = micro_batch};
 }
 
+/* The tensor-parallel degree t (1 without): a block's shapes below are one rank's shard. */
+static int real_gpt_tp(const RealGptDims *d)
+{
+    return d->tp > 1 ? d->tp : 1;
+}
+
+/* Query heads and key/value heads of this rank: a / t and k / t. */
+static int real_gpt_heads(const RealGptDims *d)
+{
+    return d->heads / real_gpt_tp(d);
+}
+
 static int real_gpt_kv(const RealGptDims *d)
 {
-    return d->kv_heads > 0 ? d->kv_heads : d->heads;
+    return (d->kv_heads > 0 ? d->kv_heads : d->heads) / real_gpt_tp(d);
 }
 
 static int real_gpt_head_dim(const RealGptDims *d)
@@ -75,10 +90,22 @@ static int real_gpt_head_dim(const RealGptDims *d)
     return d->hidden / d->heads;
 }
 
-/* Width of the fused qkv projection: h + 2 k d. */
+/* Width of this rank's attention output, the row-parallel projection's input: h / t. */
+static size_t real_gpt_att_width(const RealGptDims *d)
+{
+    return (size_t)real_gpt_heads(d) * real_gpt_head_dim(d);
+}
+
+/* Width of the fused qkv projection: (h + 2 k d) / t. */
 static size_t real_gpt_qkv_width(const RealGptDims *d)
 {
-    return (size_t)d->hidden + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+    return real_gpt_att_width(d) + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+}
+
+/* This rank's MLP width f / t. */
+static int real_gpt_ffn(const RealGptDims *d)
+{
+    return d->ffn_hidden / real_gpt_tp(d);
 }
 
 static bool real_gpt_gated(const RealGptDims *d)
@@ -89,7 +116,7 @@ static bool real_gpt_gated(const RealGptDims *d)
 /* Width of fc1: f, or 2f for a gated MLP's gate and up. */
 static size_t real_gpt_fc1_width(const RealGptDims *d)
 {
-    return (real_gpt_gated(d) ? 2 : 1) * (size_t)d->ffn_hidden;
+    return (real_gpt_gated(d) ? 2 : 1) * (size_t)real_gpt_ffn(d);
 }
 
 /* The MLP's activation. */
@@ -142,7 +169,15 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "heads = %d does not divide hidden = %d", d->heads, d->hidden);
         return FALSE;
     }
-    if (d->kv_heads < 0 || d->heads % real_gpt_kv(d) != 0) {
+    const int t = real_gpt_tp(d), kv = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    if (d->tp < 0 || d->tp_rank < 0 || d->tp_rank >= t || kv % t != 0 || d->heads % t != 0 ||
+        d->ffn_hidden % t != 0) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "tensor parallelism: rank %d of %d, which must divide heads %d, kv_heads %d "
+                    "and ffn_hidden %d", d->tp_rank, d->tp, d->heads, kv, d->ffn_hidden);
+        return FALSE;
+    }
+    if (d->kv_heads < 0 || d->heads % kv != 0) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
                     "kv_heads = %d must divide heads = %d", d->kv_heads, d->heads);
         return FALSE;
@@ -209,7 +244,7 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
 
 gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GError **error)
 {
-    const bool gqa = real_gpt_kv(d) != d->heads;
+    const bool gqa = real_gpt_kv(d) != real_gpt_heads(d);
     const struct {
         bool needed, present;
         const char *entry, *why;
@@ -262,8 +297,8 @@ typedef struct {
 static void real_gpt_block_spec(const RealGptDims *d,
                                 RealGptBlockSpec out[REAL_GPT_N_BLOCK_TENSORS])
 {
-    const size_t h = d->hidden, f = d->ffn_hidden, q = real_gpt_qkv_width(d);
-    const size_t f1 = real_gpt_fc1_width(d);
+    const size_t h = d->hidden, f = real_gpt_ffn(d), q = real_gpt_qkv_width(d);
+    const size_t f1 = real_gpt_fc1_width(d), att = real_gpt_att_width(d);
     const bool ln = !d->rmsnorm, qkv_bias = !(d->no_bias & REAL_GPT_NO_BIAS_QKV);
     const bool proj_bias = !(d->no_bias & REAL_GPT_NO_BIAS_PROJ);
     const bool mlp_bias = !(d->no_bias & REAL_GPT_NO_BIAS_MLP);
@@ -272,7 +307,7 @@ static void real_gpt_block_spec(const RealGptDims *d,
         [REAL_GPT_LN1_B] = {"ln1.bias", h, REAL_GPT_INIT_ZEROS, ln},
         [REAL_GPT_QKV_W] = {"qkv.weight", q * h, REAL_GPT_INIT_NORMAL, true},
         [REAL_GPT_QKV_B] = {"qkv.bias", q, REAL_GPT_INIT_ZEROS, qkv_bias},
-        [REAL_GPT_PROJ_W] = {"proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
+        [REAL_GPT_PROJ_W] = {"proj.weight", att * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
         [REAL_GPT_PROJ_B] = {"proj.bias", h, REAL_GPT_INIT_ZEROS, proj_bias},
         [REAL_GPT_LN2_G] = {"ln2.weight", h, REAL_GPT_INIT_ONES, true},
         [REAL_GPT_LN2_B] = {"ln2.bias", h, REAL_GPT_INIT_ZEROS, ln},
@@ -348,15 +383,16 @@ static size_t real_gpt_tokens(const RealGptDims *d)
 static uint64_t real_gpt_saved_f32_elems(const RealGptDims *d)
 {
     return (d->rmsnorm ? 0 : 4 * (uint64_t)real_gpt_tokens(d)) +
-           (d->flash ? (uint64_t)d->micro_batch * d->heads * d->seq_len : 0);
+           (d->flash ? (uint64_t)d->micro_batch * real_gpt_heads(d) * d->seq_len : 0);
 }
 
 static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
 {
     uint64_t t = real_gpt_tokens(d);
-    return t * ((d->parallel_residual ? 4 : 5) * (uint64_t)d->hidden + real_gpt_qkv_width(d) +
-                real_gpt_fc1_width(d) + (uint64_t)d->ffn_hidden) +
-           (d->flash ? 0 : (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len);
+    return t * ((d->parallel_residual ? 3 : 4) * (uint64_t)d->hidden + real_gpt_att_width(d) +
+                real_gpt_qkv_width(d) + real_gpt_fc1_width(d) + (uint64_t)real_gpt_ffn(d)) +
+           (d->flash ? 0
+                     : (uint64_t)d->micro_batch * real_gpt_heads(d) * d->seq_len * d->seq_len);
 }
 
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims)
@@ -383,7 +419,7 @@ uint64_t real_gpt_logits_bytes(const RealGptDims *dims)
 /* Carves one block's saved-activation allocation into its tensors. */
 static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
 {
-    size_t t = real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    size_t t = real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     RealGptSaved sv = {0};
     float *stats = base;
     if (!d->rmsnorm) {
@@ -395,13 +431,13 @@ static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
     }
     if (d->flash) {
         sv.lse = stats;
-        stats += (size_t)d->micro_batch * d->heads * d->seq_len;
+        stats += (size_t)d->micro_batch * real_gpt_heads(d) * d->seq_len;
     }
     RealBf16 *p = (RealBf16 *)stats;
     sv.x = p, p += t * h;
     sv.ln1 = p, p += t * h;
     sv.qkv = p, p += t * real_gpt_qkv_width(d);
-    sv.att = p, p += t * h;
+    sv.att = p, p += t * real_gpt_att_width(d);
     if (!d->parallel_residual)
         sv.x2 = p, p += t * h;
     sv.ln2 = p, p += t * h;
@@ -438,6 +474,49 @@ static double real_gpt_normal_at(uint64_t key, uint64_t index)
     return sqrt(-2.0 * log(u1)) * cos(2.0 * G_PI * u2);
 }
 
+/* Column c of this rank's shard of a column-parallel matrix whose columns are `n` segments
+ * of widths w[] (q, k, v; gate, up), each split into t pieces: its column in the whole. */
+static size_t real_gpt_tp_column(size_t c, const size_t *w, int n, int t, int rank)
+{
+    size_t base = 0;
+    int i = 0;
+    for (; i < n - 1 && c >= w[i] / (size_t)t; i++) {
+        c -= w[i] / (size_t)t;
+        base += w[i];
+    }
+    return base + (size_t)rank * (w[i] / (size_t)t) + c;
+}
+
+/* Element e of tensor `k` of a block's shard (dims.tp > 1): its index in the whole tensor,
+ * whose table `whole` is of the dimensions without tensor parallelism. */
+static size_t real_gpt_tp_index(const RealGptDims *d, const RealGptDims *whole, int k,
+                                size_t e)
+{
+    const int t = real_gpt_tp(d), r = d->tp_rank;
+    const size_t h = d->hidden, kd = (size_t)real_gpt_kv(whole) * real_gpt_head_dim(d);
+    const size_t f = whole->ffn_hidden;
+    const size_t qkv[3] = {h, kd, kd}, fc1[2] = {f, f};
+    const size_t *w = k == REAL_GPT_QKV_W || k == REAL_GPT_QKV_B ? qkv : fc1;
+    const int n = k == REAL_GPT_QKV_W || k == REAL_GPT_QKV_B ? 3 : real_gpt_gated(d) ? 2 : 1;
+    size_t cols = 0, local = 0;
+    for (int i = 0; i < n; i++)
+        cols += w[i], local += w[i] / (size_t)t;
+    switch (k) {
+    case REAL_GPT_QKV_W:
+    case REAL_GPT_FC1_W: /* [h, cols] stored [in, out]: row e / local of this rank's columns */
+        return e / local * cols + real_gpt_tp_column(e % local, w, n, t, r);
+    case REAL_GPT_QKV_B:
+    case REAL_GPT_FC1_B:
+        return real_gpt_tp_column(e, w, n, t, r);
+    case REAL_GPT_PROJ_W: /* [a d, h]: this rank's rows, contiguous */
+        return (size_t)r * (h / (size_t)t) * h + e;
+    case REAL_GPT_FC2_W:
+        return (size_t)r * (f / (size_t)t) * h + e;
+    default: /* replicated */
+        return e;
+    }
+}
+
 gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int unit,
                                     size_t first_elem, size_t n_elems, RealBf16 *out,
                                     GError **error)
@@ -457,16 +536,34 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
     const double std_of[] = {[REAL_GPT_INIT_NORMAL] = REAL_GPT_INIT_STD,
                              [REAL_GPT_INIT_NORMAL_RESIDUAL] = residual_std};
     const size_t end = first_elem + n_elems;
+    /* A tensor-parallel shard draws each element where the whole model has it, so the
+     * group's shards are the single-rank model's parameters. */
+    RealGptDims whole = *dims;
+    whole.tp = 0, whole.tp_rank = 0;
+    RealGptTensor wt[REAL_GPT_MAX_UNIT_TENSORS];
+    RealGptInit winit[REAL_GPT_MAX_UNIT_TENSORS];
+    real_gpt_layout(&whole, unit, wt, winit);
+    const bool shard = real_gpt_tp(dims) > 1 && unit >= 1 && unit <= dims->layers;
+    RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_spec(dims, spec);
+    int kind[REAL_GPT_MAX_UNIT_TENSORS]; /* a block's tensor k: its RealGptBlockTensor */
+    for (int i = 0, k = 0; shard && i < REAL_GPT_N_BLOCK_TENSORS; i++)
+        if (spec[i].present)
+            kind[k++] = i;
     for (size_t i = 0; i < n_elems; i++)
         out[i] = 0; /* +0.0 in bf16: padding past the unit's end stays 0 */
     for (int k = 0; k < n; k++) {
         const size_t lo = MAX(first_elem, t[k].offset_elems);
         const size_t hi = MIN(end, t[k].offset_elems + t[k].elems);
         for (size_t e = lo; e < hi; e++) {
+            const size_t at = shard ? wt[k].offset_elems +
+                                          real_gpt_tp_index(dims, &whole, kind[k],
+                                                            e - t[k].offset_elems)
+                                    : e;
             double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
                            : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
                                                            : std_of[init[k]] *
-                                                                 real_gpt_normal_at(key, e);
+                                                                 real_gpt_normal_at(key, at);
             out[e - first_elem] = real_bf16_from_f32((float)value);
         }
     }
@@ -503,6 +600,12 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     return gpt;
 }
 
+void real_gpt_set_tp_reduce(RealGpt *gpt, RealGptTpReduce reduce, void *ctx)
+{
+    gpt->tp_reduce = reduce;
+    gpt->tp_ctx = ctx;
+}
+
 void real_gpt_free(RealGpt *gpt)
 {
     if (!gpt)
@@ -511,6 +614,19 @@ void real_gpt_free(RealGpt *gpt)
         gpt->be->free(gpt->be, gpt->saved[l]);
     g_free(gpt->saved);
     g_free(gpt);
+}
+
+/* A failed compute's error: the tensor group's sum's when it failed, else no memory. */
+static gboolean real_gpt_failed(RealGpt *gpt, GError **error, const char *what)
+{
+    if (gpt->tp_error) {
+        g_propagate_error(error, gpt->tp_error);
+        gpt->tp_error = NULL;
+        return FALSE;
+    }
+    g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_NOMEM, "out of backend memory for %s",
+                what);
+    return FALSE;
 }
 
 static gboolean real_gpt_nomem(GError **error, const char *what)
@@ -609,7 +725,24 @@ static void real_gpt_keep(RealBackend *be, float *x, RealBf16 *saved, size_t n_e
         be->f32_to_bf16(be, saved, x, n_elems);
 }
 
-/* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. */
+/* Tensor parallelism: x[0..n) = the sum of every rank's x over the group (nothing at t = 1).
+ * A failure is kept in gpt->tp_error for the public call to report. */
+static bool real_gpt_tp_sum(RealGpt *gpt, float *x, size_t n)
+{
+    if (real_gpt_tp(&gpt->dims) == 1)
+        return true;
+    if (!gpt->tp_reduce) {
+        g_set_error(&gpt->tp_error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "tensor parallelism without a group sum (real_gpt_set_tp_reduce)");
+        return false;
+    }
+    return gpt->tp_reduce(gpt->tp_ctx, x, n, &gpt->tp_error);
+}
+
+/* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. A
+ * row-parallel layer (proj, fc2) sums its partial products over the tensor group before its
+ * bias, which every rank holds whole and adds once to the sum (Megatron's
+ * RowParallelLinear). */
 static bool real_gpt_linear(RealGpt *gpt, const RealBf16 *params, RealGptBlockTensor weight,
                             const float *x, float *y, int n, int k)
 {
@@ -617,6 +750,9 @@ static bool real_gpt_linear(RealGpt *gpt, const RealBf16 *params, RealGptBlockTe
     int t = (int)real_gpt_tokens(&gpt->dims);
     if (!be->gemm(be, false, false, t, n, k, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
                   params + gpt->block_offset[weight], 0.0f, y))
+        return false;
+    const bool row_parallel = weight == REAL_GPT_PROJ_W || weight == REAL_GPT_FC2_W;
+    if (row_parallel && !real_gpt_tp_sum(gpt, y, (size_t)t * n))
         return false;
     if (gpt->block_has[weight + 1])
         be->bias_fwd(be, y, params + gpt->block_offset[weight + 1], t, n);
@@ -664,8 +800,8 @@ typedef struct {
 static size_t real_gpt_fwd_ws_elems(const RealGptDims *d)
 {
     return real_gpt_tokens(d) * (3 * (size_t)d->hidden + real_gpt_qkv_width(d) +
-                                 real_gpt_fc1_width(d) + d->ffn_hidden + 4) +
-           (size_t)d->micro_batch * d->heads * d->seq_len;
+                                 real_gpt_fc1_width(d) + real_gpt_ffn(d) + 4) +
+           (size_t)d->micro_batch * real_gpt_heads(d) * d->seq_len;
 }
 
 static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const RealGptSaved *sv)
@@ -675,7 +811,7 @@ static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const R
     b.x2 = b.qkv + t * real_gpt_qkv_width(d);
     b.u = b.x2 + th;
     b.act = real_gpt_gated(d) ? b.u + t * real_gpt_fc1_width(d) : b.u; /* GELU: in place */
-    float *stats = b.u + t * real_gpt_fc1_width(d) + t * d->ffn_hidden;
+    float *stats = b.u + t * real_gpt_fc1_width(d) + t * real_gpt_ffn(d);
     const bool saved_stats = sv && !d->rmsnorm;
     b.ln1_mean = saved_stats ? sv->ln1_mean : stats;
     b.ln1_rstd = saved_stats ? sv->ln1_rstd : stats + t;
@@ -692,7 +828,7 @@ static bool real_gpt_attention_fwd(RealGpt *gpt, float *out, RealBf16 *probs, fl
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int b = d->micro_batch, s = d->seq_len, a = real_gpt_heads(d), k = real_gpt_kv(d);
     const int hd = real_gpt_head_dim(d);
     if (d->flash)
         return be->flash_attention_fwd(be, out, lse, qkv, b, s, a, k, hd);
@@ -714,14 +850,14 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
         return false;
     const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads,
+    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
                                        real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
         return false;
     real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
     if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
         return false;
     real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, h))
+    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, (int)real_gpt_att_width(d)))
         return false;
     be->add(be, b->x2, b->x2, b->x, th);
     real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th); /* sv->x2 NULL: parallel residual */
@@ -736,7 +872,7 @@ static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h, tf = (size_t)t * f;
     real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd,
@@ -802,7 +938,7 @@ gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_p
     be->free(be, ws);
     if (!ok) {
         be->free(be, saved);
-        return real_gpt_nomem(error, "the block forward workspace");
+        return real_gpt_failed(gpt, error, "the block forward workspace");
     }
     gpt->saved[layer] = saved;
     return TRUE;
@@ -869,7 +1005,7 @@ static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
@@ -884,8 +1020,10 @@ static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
         be->gelu_erf_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
     else
         be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
+    /* Column-parallel fc1: its input gradient is summed over the tensor group. */
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h))
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h) ||
+        !real_gpt_tp_sum(gpt, b->dh, th))
         return false;
     be->bf16_to_f32(be, b->xh, d->parallel_residual ? sv->x : sv->x2, th);
     be->copy(be, b->dx2, dy, th * sizeof(float));
@@ -901,10 +1039,10 @@ static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int b = d->micro_batch, s = d->seq_len, a = real_gpt_heads(d), k = real_gpt_kv(d);
     const int hd = real_gpt_head_dim(d);
     if (d->flash) {
-        be->bf16_to_f32(be, out_scratch, sv->att, real_gpt_tokens(d) * d->hidden);
+        be->bf16_to_f32(be, out_scratch, sv->att, real_gpt_tokens(d) * real_gpt_att_width(d));
         return be->flash_attention_bwd(be, dqkv, dout, qkv, out_scratch, sv->lse, b, s, a, k,
                                        hd);
     }
@@ -923,20 +1061,23 @@ static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
+    int att = (int)real_gpt_att_width(d);
     size_t th = (size_t)t * h;
     const float *datt = d->parallel_residual ? dy : b->dx2;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, h))
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, att) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, att))
         return false;
     be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
     if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
         return false;
     const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads,
+    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
                                        real_gpt_kv(d), real_gpt_head_dim(d), &rope, true))
         return false;
+    /* Column-parallel qkv: its input gradient is summed over the tensor group. */
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h))
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h) ||
+        !real_gpt_tp_sum(gpt, b->dh, th))
         return false;
     be->bf16_to_f32(be, b->xh, sv->x, th);
     be->copy(be, dx, b->dx2, th * sizeof(float));
@@ -983,7 +1124,7 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
                                                block_grads, ws);
     be->free(be, ws);
     if (!ok)
-        return real_gpt_nomem(error, "the block backward workspace");
+        return real_gpt_failed(gpt, error, "the block backward workspace");
     be->free(be, gpt->saved[layer]);
     gpt->saved[layer] = NULL;
     return TRUE;

@@ -67,6 +67,14 @@ typedef struct {
     int positions;    /* rows of the learned position table (0: seq_len; >= seq_len) */
     float norm_eps;   /* RMSNorm's eps (0: 1e-5); LayerNorm uses 1e-5 */
     bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */
+    /* Tensor parallelism (Megatron's split; 0 or 1: none): this runtime is rank tp_rank of tp,
+     * dividing heads, kv_heads and ffn_hidden. Its blocks hold their shard: qkv and fc1
+     * column-parallel (this rank's q, k and v heads; its gate and up columns), proj and fc2
+     * row-parallel, norms and the row-parallel biases whole; the embedding and the head whole
+     * (every rank computes the whole vocabulary). A block sums the row-parallel outputs in
+     * forward and the column-parallel input gradients in backward over the group, two sums
+     * of [b s, h] each way, through real_gpt_set_tp_reduce's function. */
+    int tp, tp_rank;
 } RealGptDims;
 
 /* One named tensor inside a unit. Names are the planner's (zp_model_tensors). */
@@ -166,6 +174,13 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
 /* A model runtime on backend `be` (borrowed; must outlive it). It owns only the saved
  * activations of blocks between their forward and backward. NULL on invalid dims. */
 RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error);
+
+/* x[0..n) = the sum over the tensor group of every rank's x (device memory of the runtime's
+ * backend); FALSE with *error set when the collective fails. */
+typedef gboolean (*RealGptTpReduce)(void *ctx, float *x, size_t n, GError **error);
+
+/* The tensor group's sum a runtime of dims.tp > 1 calls, with ctx; a block fails without. */
+void real_gpt_set_tp_reduce(RealGpt *gpt, RealGptTpReduce reduce, void *ctx);
 
 /* Frees the runtime and any activations still saved. NULL is ignored. */
 void real_gpt_free(RealGpt *gpt);

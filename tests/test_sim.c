@@ -857,7 +857,12 @@ static double step_time(const Case *c, const ZpHw *hw, SimMode mode)
  * of zp_comm up to padding: stage 3 sends 1.5x stage 2, stages 0, 1 and 2 the same. */
 static void test_comm_bytes(void)
 {
-    const double psi = (double)zp_model_param_count(&gpt2);
+    /* The closed form's params / mp is a tensor rank's shard: what it holds under Megatron's
+     * split (zp_model_unit_tp_elems), times mp. */
+    double shard = 0;
+    for (int u = 0; u < zp_model_n_units(&gpt2); u++)
+        shard += (double)zp_model_unit_tp_elems(&gpt2, u, 2);
+    const double psi = 2 * shard;
     double dp_bytes[4];
     for (int stage = 0; stage <= 3; stage++) {
         const Case c = {stage, 16, 2, 1, FALSE, TRUE};
