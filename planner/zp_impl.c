@@ -52,7 +52,7 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
         if (!same_module(t->name, module_name) || inside == 0)
             module++, module_name = t->name;
         /* A tensor's share of a tensor-parallel rank; clipped to its unit's range. */
-        uint64_t elems = zp_model_tensor_tp_elems(t, s->plan.mp);
+        uint64_t elems = zp_model_tensor_tp_elems(&s->model, t, s->plan.mp);
         if (inside + elems > s->unit_elems[unit])
             elems = s->unit_elems[unit] - inside;
         if (elems == 0)

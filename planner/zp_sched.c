@@ -210,16 +210,15 @@ static Cost block_backward_cost(const ZpSchedule *s)
                   s->elem_bytes * zp_cost_accesses(&bwd)};
 }
 
-/* LM head: logits GEMM 2bshV forward and twice that backward; the fp32 softmax and loss
- * read and write the logits four times. Every rank of a tensor-parallel group computes the
- * whole vocabulary (the head is replicated: zp_model_unit_tp_elems). */
+/* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
+ * read and write the logits four times. */
 static Cost head_cost(const ZpSchedule *s)
 {
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, V = m->vocab;
-    const double logits_gemm = 2 * b * sq * h * V;
+    const double logits_gemm = 2 * b * sq * h * V / s->plan.mp;
     return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm, .attn_flops = 0,
-                  .mem_bytes = 16 * b * sq * V};
+                  .mem_bytes = 16 * b * sq * V / s->plan.mp};
 }
 
 /* Embedding lookup or its scatter-add backward: read token and position rows, write bsh. */
@@ -279,7 +278,8 @@ static uint64_t held_elems(const Builder *b, int unit)
     const ZpModel *m = &b->s->model;
     uint64_t elems = zp_model_unit_tp_elems(m, unit, b->s->plan.mp);
     if (unit == (int)m->layers + 1 && m->tied_embeddings && !unit_held(b, 0))
-        elems += (uint64_t)m->vocab * (uint64_t)m->hidden;
+        elems += ((uint64_t)m->vocab + (uint64_t)b->s->plan.mp - 1) / (uint64_t)b->s->plan.mp *
+                 (uint64_t)m->hidden; /* its vocabulary rows */
     return elems;
 }
 
@@ -690,29 +690,55 @@ static void position_end(Builder *b, int pos, int micro)
         free_gathers(b, pos, micro);
 }
 
-/* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
- * path, so the next compute op waits for them. With sequence parallelism each all-reduce is a
- * reduce-scatter (into the sequence-split layer norm and dropout) and an all-gather (back to
- * the full sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
-static void tp_allreduces(Builder *b, int unit, int micro)
+/* One tensor-parallel all-reduce of b*s*h activations or their gradients: on the critical
+ * path, so the next compute op waits for it. With sequence parallelism it is a reduce-scatter
+ * (into the sequence-split layer norm and dropout) and an all-gather (back to the full
+ * sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
+static void tp_sum(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
-    if (s->plan.mp == 1)
-        return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
     static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
     static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
     const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
-    const int n = s->plan.sequence_parallel ? 2 : 1;
-    for (int i = 0; i < 2; i++) {
-        uint32_t after = b->last_compute;
-        for (int k = 0; k < n; k++) {
-            after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
-                                    (double)elems * s->elem_bytes, &after, 1);
-            g_array_append_val(b->sync_deps, after);
-        }
+    uint32_t after = b->last_compute;
+    for (int k = 0; k < (s->plan.sequence_parallel ? 2 : 1); k++) {
+        after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                (double)elems * s->elem_bytes, &after, 1);
+        g_array_append_val(b->sync_deps, after);
     }
+}
+
+/* Megatron's two all-reduces of a block: after the row-parallel attention projection and
+ * MLP output in forward (and recompute), of the column-parallel qkv's and fc1's input
+ * gradients in backward. */
+static void tp_allreduces(Builder *b, int unit, int micro)
+{
+    if (b->s->plan.mp == 1)
+        return;
+    tp_sum(b, unit, micro);
+    tp_sum(b, unit, micro);
+}
+
+/* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
+ * vocabulary rows and its logit of the target (0 when another rank's rows hold it), two fp32
+ * per token, all-gathered over the tensor group (Megatron's vocab_parallel_cross_entropy
+ * all-reduces the maximum, the target logit and the sum of exponentials instead: 3 x 4bs
+ * bytes, the same as this at mp 2); then the sum of the head's input gradient, b*s*h
+ * (the column-parallel head's backward). */
+static void vocab_parallel_head(Builder *b, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (s->plan.mp == 1)
+        return;
+    const uint64_t elems = 2 * (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->plan.mp;
+    const int unit = (int)s->model.layers + 1;
+    uint32_t after = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
+                                     elems, 4.0 * (double)elems, &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, after);
+    tp_sum(b, unit, micro);
 }
 
 typedef struct {
@@ -801,6 +827,8 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
         emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+        if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
+            tp_sum(b, 0, micro);
         position_end(b, zp_pos_fwd(0), micro);
     }
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
@@ -827,7 +855,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     const int L = (int)s->model.layers;
     const Cost c = head_cost(s);
     const double logits_bytes = 4.0 * s->plan.micro_batch * (double)s->model.seq_len *
-                                (double)s->model.vocab; /* the whole vocabulary: head_cost */
+                                (double)s->model.vocab / s->plan.mp;
     if (reduce)
         alloc_held_buckets(b, micro);
     position_begin(b, zp_pos_head(L), micro, deps);
@@ -842,7 +870,9 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
-    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, b->last_compute);
+    const uint32_t head_op = b->last_compute;
+    vocab_parallel_head(b, micro);
+    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, head_op);
     position_end(b, zp_pos_head(L), micro);
     if (reduce)
         launch_buckets(b, L + 1, micro, launched);

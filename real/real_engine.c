@@ -389,7 +389,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
                               " tokens (micro_batch x seq_len)", e->rank, tokens);
     ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     if (ok && cfg->tp)
-        real_gpt_set_tp_reduce(e->gpt, real_tp_reduce, cfg->tp);
+        real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
     for (int u = 0; ok && u < s->n_units; u++)
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "

@@ -53,7 +53,7 @@ struct RealGpt {
     size_t head_offset;                            /* untied: lm_head inside unit L+1 */
     size_t block_elems;
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
-    RealGptTpReduce tp_reduce; /* tensor parallelism: the group's sum (real_gpt_set_tp_reduce) */
+    const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
     void *tp_ctx;
     GError *tp_error; /* the first failed tp_reduce's, until the call that made it returns */
 };
@@ -100,6 +100,12 @@ static size_t real_gpt_att_width(const RealGptDims *d)
 static size_t real_gpt_qkv_width(const RealGptDims *d)
 {
     return real_gpt_att_width(d) + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+}
+
+/* This rank's rows of the vocabulary, V / t, from row tp_rank V / t on. */
+static int real_gpt_vocab(const RealGptDims *d)
+{
+    return d->vocab / real_gpt_tp(d);
 }
 
 /* This rank's MLP width f / t. */
@@ -171,10 +177,11 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
     }
     const int t = real_gpt_tp(d), kv = d->kv_heads > 0 ? d->kv_heads : d->heads;
     if (d->tp < 0 || d->tp_rank < 0 || d->tp_rank >= t || kv % t != 0 || d->heads % t != 0 ||
-        d->ffn_hidden % t != 0) {
+        d->ffn_hidden % t != 0 || d->vocab % t != 0) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
-                    "tensor parallelism: rank %d of %d, which must divide heads %d, kv_heads %d "
-                    "and ffn_hidden %d", d->tp_rank, d->tp, d->heads, kv, d->ffn_hidden);
+                    "tensor parallelism: rank %d of %d, which must divide heads %d, kv_heads %d, "
+                    "ffn_hidden %d and vocab %d", d->tp_rank, d->tp, d->heads, kv,
+                    d->ffn_hidden, d->vocab);
         return FALSE;
     }
     if (d->kv_heads < 0 || d->heads % kv != 0) {
@@ -255,6 +262,8 @@ gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GEr
          "gelu_erf_fwd/bwd", "the exact GELU"},
         {d->rope_theta > 0, be->rope && be->token_embedding_fwd && be->token_embedding_bwd,
          "rope and token_embedding_fwd/bwd", "rotary embeddings"},
+        {real_gpt_tp(d) > 1, be->token_embedding_fwd && be->token_embedding_bwd,
+         "token_embedding_fwd/bwd", "tensor parallelism's vocabulary rows"},
         {gqa && !d->flash, be->attention_gqa_fwd && be->attention_gqa_bwd,
          "attention_gqa_fwd/bwd", "grouped-query attention"},
         {d->flash, be->flash_attention_fwd && be->flash_attention_bwd,
@@ -328,7 +337,7 @@ static int real_gpt_layout(const RealGptDims *d, int unit,
     size_t h = d->hidden;
     int n = 0;
     if (unit == 0) {
-        real_gpt_push(out, init, &n, "wte", (size_t)d->vocab * h, REAL_GPT_INIT_NORMAL);
+        real_gpt_push(out, init, &n, "wte", (size_t)real_gpt_vocab(d) * h, REAL_GPT_INIT_NORMAL);
         if (d->rope_theta <= 0)
             real_gpt_push(out, init, &n, "wpe", (size_t)real_gpt_positions(d) * h,
                           REAL_GPT_INIT_NORMAL);
@@ -343,7 +352,7 @@ static int real_gpt_layout(const RealGptDims *d, int unit,
         if (!d->rmsnorm)
             real_gpt_push(out, init, &n, "lnf.bias", h, REAL_GPT_INIT_ZEROS);
         if (d->untied)
-            real_gpt_push(out, init, &n, "lm_head.weight", (size_t)d->vocab * h,
+            real_gpt_push(out, init, &n, "lm_head.weight", (size_t)real_gpt_vocab(d) * h,
                           REAL_GPT_INIT_NORMAL);
     }
     return n;
@@ -413,7 +422,7 @@ uint64_t real_gpt_residual_grad_bytes(const RealGptDims *dims)
 
 uint64_t real_gpt_logits_bytes(const RealGptDims *dims)
 {
-    return sizeof(float) * real_gpt_tokens(dims) * dims->vocab;
+    return sizeof(float) * real_gpt_tokens(dims) * real_gpt_vocab(dims);
 }
 
 /* Carves one block's saved-activation allocation into its tensors. */
@@ -544,6 +553,7 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
     RealGptInit winit[REAL_GPT_MAX_UNIT_TENSORS];
     real_gpt_layout(&whole, unit, wt, winit);
     const bool shard = real_gpt_tp(dims) > 1 && unit >= 1 && unit <= dims->layers;
+    const size_t rank = (size_t)dims->tp_rank;
     RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
     real_gpt_block_spec(dims, spec);
     int kind[REAL_GPT_MAX_UNIT_TENSORS]; /* a block's tensor k: its RealGptBlockTensor */
@@ -555,11 +565,14 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
     for (int k = 0; k < n; k++) {
         const size_t lo = MAX(first_elem, t[k].offset_elems);
         const size_t hi = MIN(end, t[k].offset_elems + t[k].elems);
+        /* The word embedding and LM head: this rank's vocabulary rows, contiguous. */
+        const bool rows = strcmp(t[k].name, "wte") == 0 || strcmp(t[k].name, "lm_head.weight") == 0;
         for (size_t e = lo; e < hi; e++) {
-            const size_t at = shard ? wt[k].offset_elems +
-                                          real_gpt_tp_index(dims, &whole, kind[k],
-                                                            e - t[k].offset_elems)
-                                    : e;
+            const size_t in = e - t[k].offset_elems;
+            const size_t at = wt[k].offset_elems +
+                              (shard  ? real_gpt_tp_index(dims, &whole, kind[k], in)
+                               : rows ? rank * t[k].elems + in
+                                      : in);
             double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
                            : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
                                                            : std_of[init[k]] *
@@ -600,9 +613,9 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     return gpt;
 }
 
-void real_gpt_set_tp_reduce(RealGpt *gpt, RealGptTpReduce reduce, void *ctx)
+void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx)
 {
-    gpt->tp_reduce = reduce;
+    gpt->tp_ops = ops;
     gpt->tp_ctx = ctx;
 }
 
@@ -667,6 +680,163 @@ static float *real_gpt_workspace(RealGpt *gpt, size_t n_elems)
     return gpt->be->alloc(gpt->be, n_elems * sizeof(float), REAL_MEM_WORKSPACE);
 }
 
+/* Tensor parallelism: x[0..n) = the sum of every rank's x over the group (nothing at t = 1).
+ * A failure is kept in gpt->tp_error for the public call to report. */
+static bool real_gpt_tp_sum(RealGpt *gpt, float *x, size_t n)
+{
+    if (real_gpt_tp(&gpt->dims) == 1)
+        return true;
+    if (!gpt->tp_ops) {
+        g_set_error(&gpt->tp_error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "tensor parallelism without the group's collectives (real_gpt_set_tp)");
+        return false;
+    }
+    return gpt->tp_ops->sum(gpt->tp_ctx, x, n, &gpt->tp_error);
+}
+
+/* Tokens as rows of this rank's vocabulary shard (host arrays of b s): local[i] = tokens[i] -
+ * tp_rank V / t, or row 0 with mine[i] false where another rank's rows hold the token. */
+static void real_gpt_local_tokens(const RealGptDims *d, const int *tokens, int *local,
+                                  bool *mine)
+{
+    const int v = real_gpt_vocab(d), lo = d->tp_rank * v;
+    for (size_t i = 0; i < real_gpt_tokens(d); i++) {
+        mine[i] = tokens[i] >= lo && tokens[i] < lo + v;
+        local[i] = mine[i] ? tokens[i] - lo : 0;
+    }
+}
+
+/* Zeroes the rows [T, h] of x whose token another rank's rows hold. */
+static void real_gpt_zero_others(RealGpt *gpt, float *x, const bool *mine)
+{
+    const size_t h = gpt->dims.hidden;
+    for (size_t i = 0; i < real_gpt_tokens(&gpt->dims); i++)
+        if (!mine[i])
+            gpt->be->fill(gpt->be, x + i * h, 0, h * sizeof(float));
+}
+
+/* Positions of the rows, t for row i s + t (host array of b s). */
+static int *real_gpt_positions_of(const RealGptDims *d)
+{
+    int *pos = g_new(int, real_gpt_tokens(d));
+    for (size_t i = 0; i < real_gpt_tokens(d); i++)
+        pos[i] = (int)(i % (size_t)d->seq_len);
+    return pos;
+}
+
+/* VocabParallelEmbedding: xf = the sum over the group of each rank's lookup of the tokens in
+ * its rows (0 elsewhere), plus wpe[position] (whole on every rank) after the sum. */
+static bool real_gpt_embed_fwd_tp(RealGpt *gpt, const RealBf16 *embed_params,
+                                  const int *tokens, float *xf)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t n = real_gpt_tokens(d), th = n * d->hidden;
+    int *local = g_new(int, n), *pos = real_gpt_positions_of(d);
+    bool *mine = g_new(bool, n);
+    real_gpt_local_tokens(d, tokens, local, mine);
+    be->token_embedding_fwd(be, xf, local, embed_params, (int)n, d->hidden);
+    real_gpt_zero_others(gpt, xf, mine);
+    bool ok = real_gpt_tp_sum(gpt, xf, th);
+    if (ok && d->rope_theta <= 0) {
+        float *wpe_rows = real_gpt_workspace(gpt, th);
+        ok = wpe_rows != NULL;
+        if (ok) {
+            be->token_embedding_fwd(be, wpe_rows, pos,
+                                    embed_params + (size_t)real_gpt_vocab(d) * d->hidden,
+                                    (int)n, d->hidden);
+            be->add(be, xf, xf, wpe_rows, th);
+        }
+        be->free(be, wpe_rows);
+    }
+    g_free(local), g_free(pos), g_free(mine);
+    return ok;
+}
+
+/* Its backward into the fp32 unit gradients: this rank's rows from the tokens they hold,
+ * wpe's from every row. */
+static bool real_gpt_embed_bwd_tp(RealGpt *gpt, const int *tokens, const float *dx0,
+                                  float *grads)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t n = real_gpt_tokens(d), th = n * d->hidden;
+    float *dx = real_gpt_workspace(gpt, th);
+    if (!dx)
+        return false;
+    int *local = g_new(int, n), *pos = real_gpt_positions_of(d);
+    bool *mine = g_new(bool, n);
+    real_gpt_local_tokens(d, tokens, local, mine);
+    be->copy(be, dx, dx0, th * sizeof(float));
+    real_gpt_zero_others(gpt, dx, mine);
+    be->token_embedding_bwd(be, grads, local, dx, (int)n, d->hidden);
+    if (d->rope_theta <= 0)
+        be->token_embedding_bwd(be, grads + (size_t)real_gpt_vocab(d) * d->hidden, pos, dx0,
+                                (int)n, d->hidden);
+    be->free(be, dx);
+    g_free(local), g_free(pos), g_free(mine);
+    return true;
+}
+
+/* The vocab-parallel cross-entropy over logits [rows, v] of this rank's vocabulary rows, as
+ * softmax_xent does for the whole vocabulary: each rank's per-row log-sum-exp and target
+ * logit (0 where another rank holds the target) gathered over the group (2 fp32 per row),
+ * the loss from their combination, and the logits turned into their gradient. Computed on
+ * the host (copied there and back on a device backend). */
+static bool real_gpt_vocab_xent(RealGpt *gpt, float *logits, const int *targets, int rows,
+                                float scale, float *loss_out)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const int v = real_gpt_vocab(d), t = real_gpt_tp(d), lo = d->tp_rank * v;
+    const size_t n = (size_t)rows * v;
+    float *z = g_try_new(float, n), *stats = g_try_new(float, (size_t)2 * rows * t);
+    double *lse = g_try_new(double, rows);
+    bool ok = z && stats && lse;
+    if (ok) {
+        be->copy(be, z, logits, n * sizeof(float));
+        float *own = stats + (size_t)2 * rows * d->tp_rank;
+        for (int i = 0; i < rows; i++) {
+            const float *row = z + (size_t)i * v;
+            float max = row[0];
+            for (int j = 1; j < v; j++)
+                max = fmaxf(max, row[j]);
+            double sum = 0;
+            for (int j = 0; j < v; j++)
+                sum += exp((double)row[j] - max);
+            const int target = targets[i] - lo;
+            own[2 * i] = (float)(max + log(sum));
+            own[2 * i + 1] = target >= 0 && target < v ? row[target] : 0.0f;
+        }
+        ok = gpt->tp_ops->gather_host(gpt->tp_ctx, stats, (size_t)2 * rows * sizeof(float),
+                                      &gpt->tp_error);
+    }
+    double loss = 0;
+    for (int i = 0; ok && i < rows; i++) {
+        double max = -INFINITY, sum = 0, target_logit = 0;
+        for (int q = 0; q < t; q++)
+            max = fmax(max, stats[(size_t)2 * rows * q + 2 * i]);
+        for (int q = 0; q < t; q++) {
+            sum += exp(stats[(size_t)2 * rows * q + 2 * i] - max);
+            target_logit += stats[(size_t)2 * rows * q + 2 * i + 1];
+        }
+        lse[i] = max + log(sum);
+        loss += lse[i] - target_logit;
+    }
+    for (int i = 0; ok && i < rows; i++)
+        for (int j = 0; j < v; j++) {
+            float *g = z + (size_t)i * v + j;
+            const double p = exp((double)*g - lse[i]) - (j + lo == targets[i] ? 1.0 : 0.0);
+            *g = (float)(p * scale / rows);
+        }
+    if (ok) {
+        be->copy(be, logits, z, n * sizeof(float));
+        *loss_out = (float)(loss / rows);
+    }
+    g_free(z), g_free(stats), g_free(lse);
+    return ok;
+}
+
 /* ---- embeddings ---- */
 
 gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
@@ -681,11 +851,17 @@ gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, cons
     if (!xf)
         return real_gpt_nomem(error, "the embedding output");
     const RealBf16 *wpe = embed_params + (size_t)d->vocab * d->hidden;
-    if (d->rope_theta > 0)
+    if (real_gpt_tp(d) > 1) {
+        if (!real_gpt_embed_fwd_tp(gpt, embed_params, tokens, xf)) {
+            be->free(be, xf);
+            return real_gpt_failed(gpt, error, "the embedding output");
+        }
+    } else if (d->rope_theta > 0) {
         be->token_embedding_fwd(be, xf, tokens, embed_params, (int)real_gpt_tokens(d), d->hidden);
-    else
+    } else {
         be->embedding_fwd(be, xf, tokens, embed_params, wpe, d->micro_batch, d->seq_len,
                           d->hidden);
+    }
     be->f32_to_bf16(be, x0, xf, n);
     be->free(be, xf);
     return TRUE;
@@ -703,14 +879,18 @@ gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *d
     if (!grads)
         return real_gpt_nomem(error, "the embedding gradients");
     be->fill(be, grads, 0, n * sizeof(float));
-    if (d->rope_theta > 0)
+    bool ok = true;
+    if (real_gpt_tp(d) > 1)
+        ok = real_gpt_embed_bwd_tp(gpt, tokens, dx0, grads);
+    else if (d->rope_theta > 0)
         be->token_embedding_bwd(be, grads, tokens, dx0, (int)real_gpt_tokens(d), d->hidden);
     else
         be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
                           d->micro_batch, d->seq_len, d->hidden);
-    be->accumulate_bf16(be, embed_grads, grads, n);
+    if (ok)
+        be->accumulate_bf16(be, embed_grads, grads, n);
     be->free(be, grads);
-    return TRUE;
+    return ok ? TRUE : real_gpt_nomem(error, "the embedding gradients");
 }
 
 /* ---- transformer block ---- */
@@ -723,20 +903,6 @@ static void real_gpt_keep(RealBackend *be, float *x, RealBf16 *saved, size_t n_e
     be->round_bf16(be, x, n_elems);
     if (saved)
         be->f32_to_bf16(be, saved, x, n_elems);
-}
-
-/* Tensor parallelism: x[0..n) = the sum of every rank's x over the group (nothing at t = 1).
- * A failure is kept in gpt->tp_error for the public call to report. */
-static bool real_gpt_tp_sum(RealGpt *gpt, float *x, size_t n)
-{
-    if (real_gpt_tp(&gpt->dims) == 1)
-        return true;
-    if (!gpt->tp_reduce) {
-        g_set_error(&gpt->tp_error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
-                    "tensor parallelism without a group sum (real_gpt_set_tp_reduce)");
-        return false;
-    }
-    return gpt->tp_reduce(gpt->tp_ctx, x, n, &gpt->tp_error);
 }
 
 /* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. A
@@ -1141,7 +1307,7 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, v = d->vocab;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, v = real_gpt_vocab(d);
     size_t th = (size_t)t * h;
     float *xf = ws, *y = xf + th, *mean = y + th, *rstd = mean + t, *gwte = rstd + t;
     float *gln = gwte + (size_t)v * h;
@@ -1158,15 +1324,23 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
     if (!be->gemm(be, false, true, t, v, h, 1.0f, REAL_DTYPE_F32, y, REAL_DTYPE_BF16, wte, 0.0f,
                   logits))
         return false;
-    be->softmax_xent(be, logits, targets, t, v, dloss_scale, loss_out);
+    /* Tensor parallelism: the logits of this rank's vocabulary rows (Megatron's
+     * vocab-parallel head). */
+    if (real_gpt_tp(d) > 1) {
+        if (!real_gpt_vocab_xent(gpt, logits, targets, t, dloss_scale, loss_out))
+            return false;
+    } else {
+        be->softmax_xent(be, logits, targets, t, v, dloss_scale, loss_out);
+    }
     /* logits = y wte^T: dwte = dlogits^T y, then dy = dlogits wte into y's buffer (y is
-     * dead once dwte is formed). */
+     * dead once dwte is formed), summed over the tensor group. */
     if (!be->gemm(be, true, false, v, h, t, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_F32, y,
                   0.0f, gwte))
         return false;
     be->accumulate_bf16(be, gwte_out, gwte, (size_t)v * h);
     if (!be->gemm(be, false, false, t, h, v, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_BF16, wte,
-                  0.0f, y))
+                  0.0f, y) ||
+        !real_gpt_tp_sum(gpt, y, th))
         return false;
     be->fill(be, gln, 0, 2 * (size_t)h * sizeof(float));
     be->fill(be, dx_last, 0, th * sizeof(float));
@@ -1193,13 +1367,13 @@ gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_p
     const RealBf16 *head = d->untied ? final_ln_params + gpt->head_offset : embed_params;
     RealBf16 *ghead = d->untied ? final_ln_grads + gpt->head_offset : embed_grads;
     float *logits = be->alloc(be, real_gpt_logits_bytes(d), REAL_MEM_WORKSPACE);
-    float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)d->vocab + 2));
+    float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)real_gpt_vocab(d) + 2));
     bool ok = logits && ws &&
               real_gpt_head_compute(gpt, final_ln_params, head, x_last, targets, dloss_scale,
                                     loss_out, dx_last, final_ln_grads, ghead, ws, logits);
     be->free(be, ws);
     be->free(be, logits);
     if (!ok)
-        return real_gpt_nomem(error, "the head workspace");
+        return real_gpt_failed(gpt, error, "the head workspace");
     return TRUE;
 }

@@ -9,8 +9,21 @@ G_DEFINE_QUARK(real-tp-error-quark, real_tp_error)
 struct RealTp {
     RealComm *comm;
     RealBackend *be;
-    GQueue owed; /* elements of each sum no TP op has matched yet, oldest first */
+    GQueue owed; /* the collectives no TP op has matched yet (Owed), oldest first */
 };
+
+/* A collective the model made: its kind and its elements as the schedule counts them. */
+typedef struct {
+    ZpCollKind kind;
+    uint64_t elems;
+} Owed;
+
+static void owe(RealTp *tp, ZpCollKind kind, uint64_t elems)
+{
+    Owed *o = g_new(Owed, 1);
+    *o = (Owed){kind, elems};
+    g_queue_push_tail(&tp->owed, o);
+}
 
 static gboolean split_one(RealComm *world, int color, int key, RealComm **out, GError **error)
 {
@@ -69,7 +82,7 @@ void real_tp_free(RealTp *tp)
 {
     if (!tp)
         return;
-    g_queue_clear(&tp->owed);
+    g_queue_clear_full(&tp->owed, g_free);
     g_free(tp);
 }
 
@@ -99,23 +112,38 @@ gboolean real_tp_reduce(void *ctx, float *x, size_t n, GError **error)
         be->bf16_to_f32(be, x, buf, n);
     be->free(be, buf);
     if (ok)
-        g_queue_push_tail(&tp->owed, GSIZE_TO_POINTER(n));
+        owe(tp, ZP_COLL_ALLREDUCE, n);
     return ok;
 }
 
+gboolean real_tp_gather_host(void *ctx, void *buf, size_t n, GError **error)
+{
+    RealTp *tp = ctx;
+    if (!tp->comm->allgather_bytes) {
+        g_set_error(error, REAL_TP_ERROR, 0, "the vocab-parallel head needs a communicator "
+                    "with a host all-gather (MPI's)");
+        return FALSE;
+    }
+    const gboolean ok = tp->comm->allgather_bytes(tp->comm, buf, n, error);
+    if (ok) /* fp32 values of the whole gathered buffer */
+        owe(tp, ZP_COLL_ALLGATHER, (uint64_t)n * (uint64_t)tp->comm->size / sizeof(float));
+    return ok;
+}
+
+const RealGptTpOps real_tp_ops = {.sum = real_tp_reduce, .gather_host = real_tp_gather_host};
+
 gboolean real_tp_collective(RealTp *tp, const ZpOp *op, GError **error)
 {
-    const gsize made = g_queue_is_empty(&tp->owed)
-                           ? 0
-                           : GPOINTER_TO_SIZE(g_queue_pop_head(&tp->owed));
-    if (op->sub == ZP_COLL_ALLREDUCE && made > 0 && (uint64_t)made == op->elems)
-        return TRUE;
-    g_set_error(error, REAL_TP_ERROR, 0,
-                "the schedule's tensor-parallel %s of %" G_GUINT64_FORMAT " elements has no "
-                "matching sum in the model (%s%" G_GSIZE_FORMAT " elements)",
-                zp_sched_coll_name((ZpCollKind)op->sub), op->elems,
-                made ? "its next all-reduce is of " : "none owed, ", made);
-    return FALSE;
+    Owed *made = g_queue_pop_head(&tp->owed);
+    const gboolean ok = made && made->kind == (ZpCollKind)op->sub && made->elems == op->elems;
+    if (!ok)
+        g_set_error(error, REAL_TP_ERROR, 0,
+                    "the schedule's tensor-parallel %s of %" G_GUINT64_FORMAT " elements is not "
+                    "the model's next (%s of %" G_GUINT64_FORMAT " elements)",
+                    zp_sched_coll_name((ZpCollKind)op->sub), op->elems,
+                    made ? zp_sched_coll_name(made->kind) : "none", made ? made->elems : 0);
+    g_free(made);
+    return ok;
 }
 
 gboolean real_tp_settled(const RealTp *tp, GError **error)
@@ -123,7 +151,7 @@ gboolean real_tp_settled(const RealTp *tp, GError **error)
     const guint n = g_queue_get_length((GQueue *)&tp->owed);
     if (n == 0)
         return TRUE;
-    g_set_error(error, REAL_TP_ERROR, 0, "the model made %u tensor-parallel sums the "
+    g_set_error(error, REAL_TP_ERROR, 0, "the model made %u tensor-parallel collectives the "
                 "schedule has no TP op for", n);
     return FALSE;
 }

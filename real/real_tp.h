@@ -6,6 +6,7 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_gpt.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -33,14 +34,17 @@ void real_tp_free(RealTp *tp);
 int real_tp_rank(const RealTp *tp);
 int real_tp_size(const RealTp *tp);
 
-/* A RealGptTpReduce (ctx = the RealTp): x[0..n) rounded to bf16, all-reduced over the group
- * (the sum taken in fp32 and rounded, as NCCL's bf16 sum), widened back; the sum is then
- * owed to the schedule's next TP op. */
+/* RealGptTpOps's (ctx = the RealTp), each then owed to the schedule's next TP op. sum:
+ * x[0..n) rounded to bf16, all-reduced over the group (the sum taken in fp32 and rounded, as
+ * NCCL's bf16 sum), widened back: an all-reduce of n. gather_host: the communicator's host
+ * all-gather of n bytes a rank: an all-gather of size n / 4 fp32 values. */
 gboolean real_tp_reduce(void *tp, float *x, size_t n, GError **error);
+gboolean real_tp_gather_host(void *tp, void *buf, size_t n, GError **error);
+extern const RealGptTpOps real_tp_ops;
 
-/* The schedule's TP collective `op`: the oldest sum the model made and no TP op has matched,
- * which must be an all-reduce of op->elems (Megatron's, b s h); fails naming both when not.
- * The sum itself ran inside the compute op (a block sums in its middle), so it is timed
+/* The schedule's TP collective `op`: the oldest collective the model made that no TP op has
+ * matched, which must be of op's kind and elements; fails naming both when not. The
+ * collective itself ran inside the compute op (a block sums in its middle), so it is timed
  * there. */
 gboolean real_tp_collective(RealTp *tp, const ZpOp *op, GError **error);
 

@@ -8,6 +8,7 @@
 #include "testutil.h"
 #include "zp_sched.h"
 #include "zp_offload.h"
+#include "zp_comm.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -265,7 +266,8 @@ static void test_other_impls(void)
  * `impl`: its loss curve is the one-rank curve ref_loss within LOSS_REL_TOL, and every rank
  * holds the model states, buckets, gathered parameters and activations of its shard exactly
  * as the schedule lays them out, and sends exactly the schedule's bytes on the tensor group
- * (four all-reduces of b s h per block) and the data-parallel group. */
+ * (four all-reduces of b s h per block, the embedding's and head's) and the data-parallel
+ * group. */
 static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind impl,
                                   int steps, json_t *ref_loss)
 {
@@ -302,8 +304,10 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
     double peak[ZP_MEM_N];
     sequential_category_peaks(s, peak);
     const double tp_bytes = zp_sched_comm_bytes(s, ZP_GROUP_TP);
-    g_assert_cmpfloat(tp_bytes, ==, 4.0 * model.layers * 2.0 * (2 - 1) / 2 *
-                                        (plan.micro_batch * model.seq_len * model.hidden * 2.0));
+    g_assert_cmpfloat(tp_bytes, ==,
+                      model.layers * zp_comm_tp_bytes_per_block(&model, plan.micro_batch, 2,
+                                                                FALSE, 2) +
+                          zp_comm_tp_bytes_vocab(&model, plan.micro_batch, 2, 2));
     const double ln_stats = model.norm == ZP_NORM_LAYERNORM
                                 ? 16.0 * model.seq_len * plan.micro_batch * model.layers
                                 : 0.0;
