@@ -55,7 +55,7 @@ struct RealGpt {
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
     const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
     void *tp_ctx;
-    GError *tp_error; /* the first failed tp_reduce's, until the call that made it returns */
+    GError *tp_error; /* the first failed collective's, until the call that made it returns */
 };
 
 /* ---- dimensions and layout ---- */

@@ -47,7 +47,9 @@ gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GEr
     }
     if (!world->split) {
         g_set_error(error, REAL_TP_ERROR, 0,
-                    "--mp/--pp: this communicator cannot be split into groups (MPI's can)");
+                    "tensor parallelism (mp %d) and pipelines (pp %d) run over MPI ranks "
+                    "(mpirun), whose communicator splits into groups; this one does not",
+                    tp, pp);
         return FALSE;
     }
     const int w = world->rank, t = w % tp, p = w / tp % pp, d = w / block;

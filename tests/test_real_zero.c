@@ -50,6 +50,22 @@ static int mpirun(int n, const char *args, char **err)
     return mpirun_timeout(n, args, NULL, err);
 }
 
+/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
+static json_t *zreal_measured(int n, const char *args, const char *name)
+{
+    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
+    char *full = g_strdup_printf("%s --out %s", args, path);
+    char *err = NULL;
+    const int status = mpirun(n, full, &err);
+    if (!g_spawn_check_wait_status(status, NULL))
+        g_printerr("%s", err);
+    g_assert_true(g_spawn_check_wait_status(status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    g_free(err), g_free(full), g_free(path);
+    return root;
+}
+
 /* A model the stage-equivalence test trains: GPT-2's tiny for STEPS steps, llama-tiny (a few
  * times larger) for fewer, with eager or fused attention. */
 typedef struct {
@@ -272,18 +288,11 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
                                   int steps, json_t *ref_loss)
 {
     const int dp = n / 2;
-    char *path = g_strdup_printf("%s/tp_%d_%d_%d.json", tmp_dir, n, stage, (int)impl);
     char *args = g_strdup_printf("--model %s --mp 2 --stage %d --impl %s --micro-batch %d "
                                  "--steps %d --persistence-threshold 0 --reduce-bucket-size "
-                                 "10000 --out %s", name, stage, zp_impl_name(impl),
-                                 GLOBAL_BATCH / dp, steps, path);
-    char *err = NULL;
-    const int status = mpirun(n, args, &err);
-    if (!g_spawn_check_wait_status(status, NULL))
-        g_printerr("%s", err);
-    g_assert_true(g_spawn_check_wait_status(status, NULL));
-    json_t *m = json_load_file(path, 0, NULL);
-    g_assert_nonnull(m);
+                                 "10000", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
+                                 steps);
+    json_t *m = zreal_measured(n, args, "tp");
     json_t *loss = json_object_get(m, "loss");
     for (int i = 0; i < steps; i++) {
         const double a = json_number_value(json_array_get(loss, i));
@@ -334,10 +343,7 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
                    zp_sched_model_state_bytes(s), tp_bytes, zp_sched_comm_bytes(s, ZP_GROUP_DP));
     zp_sched_free(s);
     json_decref(m);
-    g_remove(path);
-    g_free(path);
     g_free(args);
-    g_free(err);
 }
 
 static void test_tensor_parallel(gconstpointer data)
@@ -524,6 +530,9 @@ static void test_bad_input(void)
          "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
         {"--model tiny --stage 2 --offload-optimizer cpu",
          "zreal executes optimizer offload at ZeRO stage 1 only"},
+        {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
+        {"--model tiny --mp 2 --emulate 2",
+         "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -714,22 +723,6 @@ static void test_cuda_backend_without_device(void)
         lines++;
     g_assert_cmpint(lines, ==, 1);
     g_free(err);
-}
-
-/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
-static json_t *zreal_measured(int n, const char *args, const char *name)
-{
-    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
-    char *full = g_strdup_printf("%s --out %s", args, path);
-    char *err = NULL;
-    const int status = mpirun(n, full, &err);
-    if (!g_spawn_check_wait_status(status, NULL))
-        g_printerr("%s", err);
-    g_assert_true(g_spawn_check_wait_status(status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_free(err), g_free(full), g_free(path);
-    return root;
 }
 
 /* ZeRO-Offload in zreal (stage 1, 2 ranks): the optimizer states live in the host tier, CPU
