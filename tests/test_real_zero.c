@@ -78,6 +78,7 @@ static const Trained llama_eager = {"llama-tiny", "eager", 8};
 static const Trained llama_flash = {"llama-tiny", "flash", 8};
 static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
 static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
+static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8}; /* a sliding window */
 static const Trained tp_gpt2 = {"tiny", "eager", 8};
 static const Trained tp_llama = {"llama-tiny", "eager", 4};
 
@@ -794,6 +795,8 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal/neox-tiny-flash-stages-match-one-rank", &neox_flash,
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/llama-tiny-flash-stages-match-one-rank", &llama_flash,
+                         test_stages_match_one_rank);
+    g_test_add_data_func("/zreal/mistral-tiny-flash-stages-match-one-rank", &mistral_flash,
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/tensor-parallel", &tp_gpt2, test_tensor_parallel);
     g_test_add_data_func("/zreal/llama-tiny-tensor-parallel", &tp_llama, test_tensor_parallel);
