@@ -6,6 +6,7 @@
 #include "real_cpu.h"
 #include "real_engine.h"
 #include "real_microbench.h"
+#include "real_tp.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 #ifdef ZP_HAVE_CUDA
@@ -38,7 +39,7 @@ typedef struct {
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
     gboolean quantized_weights; /* ZeRO++ qwZ */
-    int mp; /* --microbench: the tensor degree whose shapes are timed */
+    int mp; /* tensor-parallel degree; --microbench: the degree whose shapes are timed */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
@@ -50,7 +51,7 @@ typedef struct {
 
 /* Per-rank figures gathered to rank 0, one fixed-layout vector of doubles each. */
 enum {
-    F_STATE, F_PEAK, F_STEP_S, F_COMM,
+    F_STATE, F_PEAK, F_STEP_S, F_COMM, F_TP_COMM,
     F_AT_PEAK, F_CAT_PEAK = F_AT_PEAK + ZP_MEM_N,
     F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
     F_OFFLOAD = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the host tier's fields follow */
@@ -134,7 +135,7 @@ static gboolean microbench(const Args *a, RealBackend *be, RealComm *comm, GErro
                                a->model ? &plan : NULL, a->out, error);
 }
 
-static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
+static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g, double step_s,
                         int timed_steps, const double *local_loss, int steps, double *v,
                         GError **error)
 {
@@ -145,7 +146,9 @@ static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, dou
     v[F_STATE] = real_engine_model_state_bytes(engine);
     v[F_PEAK] = (double)st.peak_total_bytes;
     v[F_STEP_S] = step_s;
-    v[F_COMM] = steps > 0 ? comm->sent_bytes / steps : 0; /* every step sends the same */
+    /* Every step sends the same. */
+    v[F_COMM] = steps > 0 ? g->dp->sent_bytes / steps : 0;
+    v[F_TP_COMM] = steps > 0 && g->tp ? g->tp->sent_bytes / steps : 0;
     for (int c = 0; c < ZP_MEM_N; c++) {
         v[F_AT_PEAK + c] = (double)st.at_peak_bytes[c];
         v[F_CAT_PEAK + c] = (double)st.peak_bytes[c];
@@ -202,12 +205,12 @@ static json_t *rank_json(int rank, const double *v, int steps)
                                           v[F_OP_S + k]));
     for (int i = 0; i < steps; i++)
         json_array_append_new(loss, json_real(v[F_LOSS + i]));
-    json_t *out = json_pack("{s:i, s:f, s:f, s:o, s:o, s:o, s:f, s:o, s:o}", "rank", rank,
+    json_t *out = json_pack("{s:i, s:f, s:f, s:o, s:o, s:o, s:f, s:f, s:o, s:o}", "rank", rank,
                             "model_state_bytes", v[F_STATE], "peak_memory_bytes", v[F_PEAK],
                             "peak_breakdown", zp_sched_categories_json(v + F_AT_PEAK),
                             "category_peak_bytes", zp_sched_categories_json(v + F_CAT_PEAK),
                             "step_time_s", time_json(v[F_STEP_S], steps), "comm_bytes",
-                            v[F_COMM], "ops", ops, "loss", loss);
+                            v[F_COMM], "tp_comm_bytes", v[F_TP_COMM], "ops", ops, "loss", loss);
     /* Its own allocation sequence through the caching-allocator model (zp_alloc_replay). */
     json_object_set_new(out, "caching_allocator",
                         json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
@@ -303,13 +306,33 @@ static void inject_fault(const Args *a, int step, int rank)
         raise(a->fault_action == FAULT_STOP ? SIGSTOP : SIGKILL);
 }
 
+/* The schedule of --schedule, or of --model on the data-parallel group, and the groups its
+ * tensor-parallel degree splits the world into. */
+static ZpSchedule *schedule_and_groups(const Args *a, RealComm *world, RealGroups *g,
+                                       GError **error)
+{
+    ZpSchedule *s = a->schedule ? zp_sched_read_json(a->schedule, error) : NULL;
+    if (a->schedule && !s)
+        return NULL;
+    if (!real_groups_split(world, s ? s->plan.mp : a->mp, 1, g, error)) {
+        zp_sched_free(s);
+        return NULL;
+    }
+    if (!s && !(s = make_schedule(a, g->dp->size, error)))
+        real_groups_free(g);
+    return s;
+}
+
 static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **error)
 {
-    ZpSchedule *s = make_schedule(a, comm->size, error);
+    RealGroups groups;
+    ZpSchedule *s = schedule_and_groups(a, comm, &groups, error);
     if (!s)
         return FALSE;
-    RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed};
-    RealEngine *engine = real_engine_new(s, be, comm, &cfg, error);
+    RealTp *tp = groups.tp ? real_tp_new(groups.tp, be) : NULL;
+    RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed,
+                           .tp = tp};
+    RealEngine *engine = real_engine_new(s, be, groups.dp, &cfg, error);
     gboolean ok = engine != NULL;
     double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
     double *step_s = g_new0(double, a->steps);
@@ -341,8 +364,8 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         const int n = F_LOSS + a->steps;
         double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
         const int timed_steps = MAX(1, a->steps - 1);
-        ok = collect(engine, be, comm, timed_s / timed_steps, timed_steps, local, a->steps, mine,
-                     error);
+        ok = collect(engine, be, &groups, timed_s / timed_steps, timed_steps, local, a->steps,
+                     mine, error);
         if (ok && a->emulate) /* one process: its own figures are the measurement */
             ok = write_measured(a->out, s, be->name, mine, comm, 1, comm->rank, a->steps, loss,
                                 slow, error);
@@ -358,6 +381,8 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     g_free(local);
     g_free(step_s);
     real_engine_free(engine);
+    real_tp_free(tp);
+    real_groups_free(&groups);
     zp_sched_free(s);
     return ok;
 }
@@ -441,7 +466,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
         {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs (a shape grid), attention, every elementwise op class, Adam, a launch, collectives and compute under a collective for zplan calibrate (needs --out; with --emulate N the collectives are the local copies that stand in for them); with --model, also every kernel of that model's plan (--micro-batch, --mp, --checkpoint, --attention)", NULL},
-        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "With --microbench: the tensor-parallel degree whose shapes are timed (default 1)", "T"},
+        {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor-parallel degree T (Megatron's split of each block over T consecutive ranks; data parallelism over the others); with --microbench, the degree whose shapes are timed (default 1)", "T"},
         {"fault-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank fails", "R"},
         {"fault-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
         {"fault-action", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING, &fault_action, "Fault injection: kill (default), stop or sleep", "A"},
@@ -462,9 +487,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
     if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
-    if (ok && mp && !a->microbench)
-        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--mp needs --microbench (zreal "
-                          "trains data-parallel only)"), FALSE);
+    if (ok && mp && a->schedule)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--mp needs --model (a --schedule "
+                          "has its own tensor-parallel degree)"), FALSE);
     if (ok && a->seq && !a->model)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--seq needs --model (a --schedule "
                           "has its own sequence length)"), FALSE);

@@ -20,3 +20,10 @@ double zp_comm_tp_bytes_per_block(const ZpModel *model, int micro_batch, int mp,
     const double allreduces = checkpoint ? 6.0 : 4.0;
     return allreduces * 2.0 * (mp - 1) / mp * elems * elem_bytes;
 }
+
+double zp_comm_tp_bytes_vocab(const ZpModel *model, int micro_batch, int mp, double elem_bytes)
+{
+    const double tokens = (double)micro_batch * model->seq_len;
+    return 2 * 2.0 * (mp - 1) / mp * tokens * model->hidden * elem_bytes +
+           (mp - 1) * 8.0 * tokens;
+}

@@ -18,4 +18,10 @@ double zp_comm_dp_bytes_per_rank(double params, int stage, int dp, int mp, doubl
 double zp_comm_tp_bytes_per_block(const ZpModel *model, int micro_batch, int mp,
                                   gboolean checkpoint, double elem_bytes);
 
+/* Bytes a rank sends per micro-step for the vocab-parallel embedding and head: the sums of
+ * the embedding's lookups and of the head's input gradient (two all-reduces of b*s*h) and the
+ * all-gather of each rank's log-sum-exp and target logit, 2 fp32 per token:
+ * (M-1) 8 b s. */
+double zp_comm_tp_bytes_vocab(const ZpModel *model, int micro_batch, int mp, double elem_bytes);
+
 #endif

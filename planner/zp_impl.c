@@ -33,7 +33,6 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
     GArray *tensors = zp_model_tensors(&s->model);
-    const uint64_t mp = (uint64_t)s->plan.mp;
     int unit = -1, module = -1;
     const char *module_name = "";
     uint64_t inside = 0;
@@ -52,9 +51,8 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
             unit = t->unit, inside = 0, module_name = "";
         if (!same_module(t->name, module_name) || inside == 0)
             module++, module_name = t->name;
-        /* A tensor's share of a tensor-parallel rank; clipped to its unit's range, which
-         * rounds the unit's sum up once. */
-        uint64_t elems = (t->elems + mp - 1) / mp;
+        /* A tensor's share of a tensor-parallel rank; clipped to its unit's range. */
+        uint64_t elems = zp_model_tensor_tp_elems(&s->model, t, s->plan.mp);
         if (inside + elems > s->unit_elems[unit])
             elems = s->unit_elems[unit] - inside;
         if (elems == 0)

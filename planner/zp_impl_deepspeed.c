@@ -326,7 +326,7 @@ static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double 
     *largest = 0;
     for (guint i = 0; i < tensors->len; i++) {
         const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
-        const double elems = ceil((double)t->elems / plan->mp);
+        const double elems = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
         *largest = fmax(*largest, elems);
         if (elems <= plan->zero.stage3_param_persistence_threshold)
             total += elems * (t->unit == 1 ? (double)model->layers : 1.0);

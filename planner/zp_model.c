@@ -365,6 +365,41 @@ uint64_t zp_model_unit_elems(const ZpModel *model, int unit)
     return norm + (model->tied_embeddings ? 0 : V * h);
 }
 
+uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp)
+{
+    const uint64_t full = zp_model_unit_elems(model, unit), t = (uint64_t)MAX(mp, 1);
+    if (!zp_model_has_architecture(model))
+        return (full + t - 1) / t;
+    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t V = (uint64_t)model->vocab, vocab_rows = (V + t - 1) / t;
+    if (unit == 0)
+        return full - V * h + vocab_rows * h;
+    if (unit == model->layers + 1)
+        return model->tied_embeddings ? full : full - V * h + vocab_rows * h;
+    if (unit < 1 || unit > model->layers)
+        return 0;
+    const uint64_t q = (uint64_t)zp_model_qkv_width(model);
+    const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
+    const uint64_t split = q * h + h * h + h * f1 + f * h +
+                           (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0) +
+                           (zp_model_has_bias(model, ZP_NO_BIAS_MLP) ? f1 : 0);
+    return full - split + (split + t - 1) / t;
+}
+
+uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, int mp)
+{
+    static const char *const split[] = {"qkv.weight", "qkv.bias", "proj.weight",
+                                        "fc1.weight", "fc1.bias", "fc2.weight"};
+    const uint64_t t = (uint64_t)MAX(mp, 1);
+    for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
+        if (strcmp(tensor->name, split[i]) == 0)
+            return (tensor->elems + t - 1) / t;
+    const uint64_t h = (uint64_t)model->hidden;
+    if (strcmp(tensor->name, "wte") == 0 || strcmp(tensor->name, "lm_head.weight") == 0)
+        return (tensor->elems / h + t - 1) / t * h;
+    return tensor->elems;
+}
+
 uint64_t zp_model_param_count(const ZpModel *model)
 {
     if (!zp_model_has_architecture(model))

@@ -130,6 +130,20 @@ uint64_t zp_model_param_count(const ZpModel *model);
 int zp_model_n_units(const ZpModel *model);
 uint64_t zp_model_unit_elems(const ZpModel *model, int unit);
 
+/* Elements of `unit` one rank of a tensor-parallel group of mp holds (Megatron's split): a
+ * block's column-parallel qkv and fc1 (weights and biases) and row-parallel proj and fc2
+ * weights divided by mp, its norms and the row-parallel biases whole; the word embedding and
+ * an untied LM head split by vocabulary rows (VocabParallelEmbedding, the vocab-parallel
+ * head), the position table and the final norm whole. Divisions round up. A params-only
+ * model: the unit divided by mp, rounded up. */
+uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp);
+
+/* Elements of one tensor (zp_model_tensors) on a rank of that group: split ones ("wte",
+ * "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
+ * "lm_head.weight") divided by mp, rounded up (by rows for wte and lm_head), the others
+ * whole. */
+uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, int mp);
+
 /* The model's tensors in layout order; caller frees with g_array_unref. */
 GArray *zp_model_tensors(const ZpModel *model);
 

@@ -268,7 +268,8 @@ static gboolean unit_held(const Builder *b, int unit)
     return unit_chunk(b, unit) % zp_plan_pp(&b->s->plan) == b->stage;
 }
 
-/* A unit's elements on the stage being built: 0 for another stage's. A last stage without
+/* A unit's elements on the stage being built, this rank's share of the tensor-parallel group
+ * (zp_model_unit_tp_elems): 0 for another stage's. A last stage without
  * the embedding keeps its own copy of a tied word embedding for the LM head (Megatron's
  * pipeline: the first and last stages each hold word_embeddings). */
 static uint64_t held_elems(const Builder *b, int unit)
@@ -276,10 +277,11 @@ static uint64_t held_elems(const Builder *b, int unit)
     if (!unit_held(b, unit))
         return 0;
     const ZpModel *m = &b->s->model;
-    uint64_t full = zp_model_unit_elems(m, unit);
+    uint64_t elems = zp_model_unit_tp_elems(m, unit, b->s->plan.mp);
     if (unit == (int)m->layers + 1 && m->tied_embeddings && !unit_held(b, 0))
-        full += (uint64_t)m->vocab * (uint64_t)m->hidden;
-    return full;
+        elems += ((uint64_t)m->vocab + (uint64_t)b->s->plan.mp - 1) / (uint64_t)b->s->plan.mp *
+                 (uint64_t)m->hidden; /* its vocabulary rows */
+    return elems;
 }
 
 /* The flat layout of the units the stage being built holds (all of them without a
@@ -295,9 +297,8 @@ static void layout(Builder *b)
     s->unit_elems = g_new0(uint64_t, s->n_units);
     uint64_t offset = 0, partition3 = 0;
     for (int u = 0; u < s->n_units; u++) {
-        const uint64_t full = held_elems(b, u);
         s->unit_offset[u] = offset;
-        s->unit_elems[u] = (full + (uint64_t)s->plan.mp - 1) / (uint64_t)s->plan.mp;
+        s->unit_elems[u] = held_elems(b, u);
         offset += s->unit_elems[u];
         partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
     }
@@ -690,29 +691,55 @@ static void position_end(Builder *b, int pos, int micro)
         free_gathers(b, pos, micro);
 }
 
-/* Megatron's tensor-parallel all-reduces of the b*s*h block output: they sit on the critical
- * path, so the next compute op waits for them. With sequence parallelism each all-reduce is a
- * reduce-scatter (into the sequence-split layer norm and dropout) and an all-gather (back to
- * the full sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
-static void tp_allreduces(Builder *b, int unit, int micro)
+/* One tensor-parallel all-reduce of b*s*h activations or their gradients: on the critical
+ * path, so the next compute op waits for it. With sequence parallelism it is a reduce-scatter
+ * (into the sequence-split layer norm and dropout) and an all-gather (back to the full
+ * sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
+static void tp_sum(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
-    if (s->plan.mp == 1)
-        return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
     static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
     static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
     const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
-    const int n = s->plan.sequence_parallel ? 2 : 1;
-    for (int i = 0; i < 2; i++) {
-        uint32_t after = b->last_compute;
-        for (int k = 0; k < n; k++) {
-            after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
-                                    (double)elems * s->elem_bytes, &after, 1);
-            g_array_append_val(b->sync_deps, after);
-        }
+    uint32_t after = b->last_compute;
+    for (int k = 0; k < (s->plan.sequence_parallel ? 2 : 1); k++) {
+        after = emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                (double)elems * s->elem_bytes, &after, 1);
+        g_array_append_val(b->sync_deps, after);
     }
+}
+
+/* Megatron's two all-reduces of a block: after the row-parallel attention projection and
+ * MLP output in forward (and recompute), of the column-parallel qkv's and fc1's input
+ * gradients in backward. */
+static void tp_allreduces(Builder *b, int unit, int micro)
+{
+    if (b->s->plan.mp == 1)
+        return;
+    tp_sum(b, unit, micro);
+    tp_sum(b, unit, micro);
+}
+
+/* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
+ * vocabulary rows and its logit of the target (0 when another rank's rows hold it), two fp32
+ * per token, all-gathered over the tensor group (Megatron's vocab_parallel_cross_entropy
+ * all-reduces the maximum, the target logit and the sum of exponentials instead: 3 x 4bs
+ * bytes, the same as this at mp 2); then the sum of the head's input gradient, b*s*h
+ * (the column-parallel head's backward). */
+static void vocab_parallel_head(Builder *b, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (s->plan.mp == 1)
+        return;
+    const uint64_t elems = 2 * (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->plan.mp;
+    const int unit = (int)s->model.layers + 1;
+    uint32_t after = emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
+                                     elems, 4.0 * (double)elems, &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, after);
+    tp_sum(b, unit, micro);
 }
 
 typedef struct {
@@ -801,6 +828,8 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
         emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+        if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
+            tp_sum(b, 0, micro);
         position_end(b, zp_pos_fwd(0), micro);
     }
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
@@ -842,7 +871,9 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
-    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, b->last_compute);
+    const uint32_t head_op = b->last_compute;
+    vocab_parallel_head(b, micro);
+    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, head_op);
     position_end(b, zp_pos_head(L), micro);
     if (reduce)
         launch_buckets(b, L + 1, micro, launched);
@@ -1269,11 +1300,11 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
     /* The optimizer's elements as layout() pads them, from the three unit sizes (the blocks
      * are identical) instead of a walk over every unit. */
-    const uint64_t mp = (uint64_t)plan->mp, dp = (uint64_t)plan->dp;
+    const uint64_t dp = (uint64_t)plan->dp;
     const uint64_t L = (uint64_t)model->layers;
-    const uint64_t first = (zp_model_unit_elems(model, 0) + mp - 1) / mp;
-    const uint64_t block = (zp_model_unit_elems(model, 1) + mp - 1) / mp;
-    const uint64_t last = (zp_model_unit_elems(model, (int)L + 1) + mp - 1) / mp;
+    const uint64_t first = zp_model_unit_tp_elems(model, 0, plan->mp);
+    const uint64_t block = zp_model_unit_tp_elems(model, 1, plan->mp);
+    const uint64_t last = zp_model_unit_tp_elems(model, (int)L + 1, plan->mp);
     const uint64_t total = first + L * block + last;
     const uint64_t partition =
         plan->zero.stage == 3

@@ -112,13 +112,15 @@ static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **err
 
 /* ---- set-up ------------------------------------------------------------------------------ */
 
-static gboolean check_schedule(const ZpSchedule *s, GError **error)
+static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, GError **error)
 {
-    if (s->plan.mp != 1)
-        return fail(error, "zreal executes data parallelism only: mp must be 1, not %d",
-                    s->plan.mp);
+    if (s->plan.mp != (cfg->tp ? real_tp_size(cfg->tp) : 1))
+        return fail(error, "the schedule's tensor-parallel degree is %d, the tensor group's %d "
+                    "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
+    if (s->plan.sequence_parallel)
+        return fail(error, "zreal executes tensor parallelism without sequence parallelism");
     if (s->stages > 1)
-        return fail(error, "zreal executes data parallelism only: no pipeline stages (pp %d)",
+        return fail(error, "zreal executes data and tensor parallelism, no pipeline stages (pp %d)",
                     s->stages);
     if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
         return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
@@ -179,6 +181,7 @@ RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
     d.norm_eps = (float)m->norm_eps;
     d.attention_window = (int)MIN(m->sliding_window, (int64_t)m->seq_len);
     d.flash = zp_attention_fused(plan->attention);
+    d.tp = plan->mp;
     return d;
 }
 
@@ -379,7 +382,7 @@ static void index_buckets(RealEngine *e)
 RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm,
                             const RealTrainConfig *cfg, GError **error)
 {
-    if (!check_schedule(s, error))
+    if (!check_schedule(s, cfg, error))
         return NULL;
     if (comm->size != s->plan.dp) {
         fail(error, "the schedule is for %d data-parallel ranks, %d are running", s->plan.dp,
@@ -391,6 +394,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
     e->dims = real_engine_dims(&s->model, &s->plan);
+    e->dims.tp_rank = cfg->tp ? real_tp_rank(cfg->tp) : 0;
     if (!real_gpt_dims_check(&e->dims, error)) { /* before b s sizes anything */
         g_free(e);
         return NULL;
@@ -409,6 +413,8 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
                   fail(error, "rank %d: out of memory allocating two arrays of %" G_GSIZE_FORMAT
                               " tokens (micro_batch x seq_len)", e->rank, tokens);
     ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
+    if (ok && cfg->tp)
+        real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
     for (int u = 0; ok && u < s->n_units; u++)
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
@@ -906,10 +912,12 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
 
 static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
+    if (op->group == ZP_GROUP_TP && e->cfg.tp)
+        return real_tp_collective(e->cfg.tp, op, error);
     if (e->ds)
         return real_ds_collective(e->ds, op, error);
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
-        return fail(error, "zreal has no tensor-parallel group or qgZ's node groups");
+        return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
         return gather(e, op, error);
     return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);
@@ -1037,7 +1045,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             }
         }
     }
-    if (!finish_device_timings(e, error))
+    if (!finish_device_timings(e, error) || (e->cfg.tp && !real_tp_settled(e->cfg.tp, error)))
         return FALSE;
     double loss = e->loss_sum / s->plan.grad_accum;
     if (!e->comm->allreduce_host_f64(e->comm, &loss, 1, error)) {

@@ -6,6 +6,7 @@
 #include "real_backend.h"
 #include "real_comm.h"
 #include "real_gpt.h"
+#include "real_tp.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -17,6 +18,7 @@ typedef struct {
     float lr;           /* AdamW learning rate */
     float weight_decay; /* decoupled weight decay */
     uint64_t seed;      /* parameter initialisation and the synthetic data stream */
+    RealTp *tp;         /* the tensor group of a schedule with mp > 1 (borrowed); NULL at 1 */
 } RealTrainConfig;
 
 /* Op types that are timed: the compute kinds, then the collective kinds. */
@@ -35,8 +37,10 @@ typedef struct RealEngine RealEngine;
 RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
- * (identically on every rank, from cfg->seed). Fails if the schedule is not one this engine
- * executes (tensor parallelism, fp32 or a non-Adam optimizer) or does not match the model. */
+ * (identically on every rank, from cfg->seed). `comm` is the data-parallel group; with
+ * tensor parallelism cfg->tp is the tensor group and this rank holds its shard of every
+ * block. Fails if the schedule is not one this engine executes (sequence parallelism, fp32
+ * or a non-Adam optimizer) or does not match the model. */
 RealEngine *real_engine_new(const ZpSchedule *sched, RealBackend *be, RealComm *comm,
                             const RealTrainConfig *cfg, GError **error);
 void real_engine_free(RealEngine *engine);

@@ -52,6 +52,9 @@ struct RealGpt {
     bool block_has[REAL_GPT_N_BLOCK_TENSORS];      /* biases and norm biases may be absent */
     size_t block_elems;
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
+    const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
+    void *tp_ctx;
+    GError *tp_error; /* the first failed collective's, until the call that made it returns */
 };
 
 /* ---- dimensions and layout ---- */
@@ -64,9 +67,21 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
                          .micro_batch = micro_batch};
 }
 
+/* The tensor-parallel degree t (1 without): a block's shapes below are one rank's shard. */
+static int real_gpt_tp(const RealGptDims *d)
+{
+    return d->tp > 1 ? d->tp : 1;
+}
+
+/* Query heads and key/value heads of this rank: a / t and k / t. */
+static int real_gpt_heads(const RealGptDims *d)
+{
+    return d->heads / real_gpt_tp(d);
+}
+
 static int real_gpt_kv(const RealGptDims *d)
 {
-    return d->kv_heads > 0 ? d->kv_heads : d->heads;
+    return (d->kv_heads > 0 ? d->kv_heads : d->heads) / real_gpt_tp(d);
 }
 
 static int real_gpt_head_dim(const RealGptDims *d)
@@ -74,10 +89,28 @@ static int real_gpt_head_dim(const RealGptDims *d)
     return d->hidden / d->heads;
 }
 
-/* Width of the fused qkv projection: h + 2 k d. */
+/* Width of this rank's attention output, the row-parallel projection's input: h / t. */
+static size_t real_gpt_att_width(const RealGptDims *d)
+{
+    return (size_t)real_gpt_heads(d) * real_gpt_head_dim(d);
+}
+
+/* Width of the fused qkv projection: (h + 2 k d) / t. */
 static size_t real_gpt_qkv_width(const RealGptDims *d)
 {
-    return (size_t)d->hidden + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+    return real_gpt_att_width(d) + 2 * (size_t)real_gpt_kv(d) * real_gpt_head_dim(d);
+}
+
+/* This rank's rows of the vocabulary, V / t, from row tp_rank V / t on. */
+static int real_gpt_vocab(const RealGptDims *d)
+{
+    return d->vocab / real_gpt_tp(d);
+}
+
+/* This rank's MLP width f / t. */
+static int real_gpt_ffn(const RealGptDims *d)
+{
+    return d->ffn_hidden / real_gpt_tp(d);
 }
 
 static bool real_gpt_gated(const RealGptDims *d)
@@ -88,7 +121,7 @@ static bool real_gpt_gated(const RealGptDims *d)
 /* Width of fc1: f, or 2f for a gated MLP's gate and up. */
 static size_t real_gpt_fc1_width(const RealGptDims *d)
 {
-    return (real_gpt_gated(d) ? 2 : 1) * (size_t)d->ffn_hidden;
+    return (real_gpt_gated(d) ? 2 : 1) * (size_t)real_gpt_ffn(d);
 }
 
 /* The MLP's activation. */
@@ -141,7 +174,16 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "heads = %d does not divide hidden = %d", d->heads, d->hidden);
         return FALSE;
     }
-    if (d->kv_heads < 0 || d->heads % real_gpt_kv(d) != 0) {
+    const int t = real_gpt_tp(d), kv = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    if (d->tp < 0 || d->tp_rank < 0 || d->tp_rank >= t || kv % t != 0 || d->heads % t != 0 ||
+        d->ffn_hidden % t != 0 || d->vocab % t != 0) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                    "tensor parallelism: rank %d of %d, which must divide heads %d, kv_heads %d, "
+                    "ffn_hidden %d and vocab %d", d->tp_rank, d->tp, d->heads, kv,
+                    d->ffn_hidden, d->vocab);
+        return FALSE;
+    }
+    if (d->kv_heads < 0 || d->heads % kv != 0) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
                     "kv_heads = %d must divide heads = %d", d->kv_heads, d->heads);
         return FALSE;
@@ -209,7 +251,7 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
 
 gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GError **error)
 {
-    const bool gqa = real_gpt_kv(d) != d->heads;
+    const bool gqa = real_gpt_kv(d) != real_gpt_heads(d);
     const struct {
         bool needed, present;
         const char *entry, *why;
@@ -220,6 +262,8 @@ gboolean real_gpt_check_backend(const RealBackend *be, const RealGptDims *d, GEr
          "gelu_erf_fwd/bwd", "the exact GELU"},
         {d->rope_theta > 0, be->rope && be->token_embedding_fwd && be->token_embedding_bwd,
          "rope and token_embedding_fwd/bwd", "rotary embeddings"},
+        {real_gpt_tp(d) > 1, be->token_embedding_fwd && be->token_embedding_bwd,
+         "token_embedding_fwd/bwd", "tensor parallelism's vocabulary rows"},
         {gqa && !d->flash, be->attention_gqa_fwd && be->attention_gqa_bwd,
          "attention_gqa_fwd/bwd", "grouped-query attention"},
         {d->flash, be->flash_attention_fwd && be->flash_attention_bwd,
@@ -262,8 +306,8 @@ typedef struct {
 static void real_gpt_block_spec(const RealGptDims *d,
                                 RealGptBlockSpec out[REAL_GPT_N_BLOCK_TENSORS])
 {
-    const size_t h = d->hidden, f = d->ffn_hidden, q = real_gpt_qkv_width(d);
-    const size_t f1 = real_gpt_fc1_width(d);
+    const size_t h = d->hidden, f = real_gpt_ffn(d), q = real_gpt_qkv_width(d);
+    const size_t f1 = real_gpt_fc1_width(d), att = real_gpt_att_width(d);
     const bool ln = !d->rmsnorm, qkv_bias = !(d->no_bias & REAL_GPT_NO_BIAS_QKV);
     const bool proj_bias = !(d->no_bias & REAL_GPT_NO_BIAS_PROJ);
     const bool mlp_bias = !(d->no_bias & REAL_GPT_NO_BIAS_MLP);
@@ -272,7 +316,7 @@ static void real_gpt_block_spec(const RealGptDims *d,
         [REAL_GPT_LN1_B] = {"ln1.bias", h, REAL_GPT_INIT_ZEROS, ln},
         [REAL_GPT_QKV_W] = {"qkv.weight", q * h, REAL_GPT_INIT_NORMAL, true},
         [REAL_GPT_QKV_B] = {"qkv.bias", q, REAL_GPT_INIT_ZEROS, qkv_bias},
-        [REAL_GPT_PROJ_W] = {"proj.weight", h * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
+        [REAL_GPT_PROJ_W] = {"proj.weight", att * h, REAL_GPT_INIT_NORMAL_RESIDUAL, true},
         [REAL_GPT_PROJ_B] = {"proj.bias", h, REAL_GPT_INIT_ZEROS, proj_bias},
         [REAL_GPT_LN2_G] = {"ln2.weight", h, REAL_GPT_INIT_ONES, true},
         [REAL_GPT_LN2_B] = {"ln2.bias", h, REAL_GPT_INIT_ZEROS, ln},
@@ -293,7 +337,7 @@ static int real_gpt_layout(const RealGptDims *d, int unit,
     size_t h = d->hidden;
     int n = 0;
     if (unit == 0) {
-        real_gpt_push(out, init, &n, "wte", (size_t)d->vocab * h, REAL_GPT_INIT_NORMAL);
+        real_gpt_push(out, init, &n, "wte", (size_t)real_gpt_vocab(d) * h, REAL_GPT_INIT_NORMAL);
         if (d->rope_theta <= 0)
             real_gpt_push(out, init, &n, "wpe", (size_t)real_gpt_positions(d) * h,
                           REAL_GPT_INIT_NORMAL);
@@ -308,7 +352,7 @@ static int real_gpt_layout(const RealGptDims *d, int unit,
         if (!d->rmsnorm)
             real_gpt_push(out, init, &n, "lnf.bias", h, REAL_GPT_INIT_ZEROS);
         if (d->untied)
-            real_gpt_push(out, init, &n, "lm_head.weight", (size_t)d->vocab * h,
+            real_gpt_push(out, init, &n, "lm_head.weight", (size_t)real_gpt_vocab(d) * h,
                           REAL_GPT_INIT_NORMAL);
     }
     return n;
@@ -377,15 +421,16 @@ static size_t real_gpt_tokens(const RealGptDims *d)
 static uint64_t real_gpt_saved_f32_elems(const RealGptDims *d)
 {
     return (d->rmsnorm ? 0 : 4 * (uint64_t)real_gpt_tokens(d)) +
-           (d->flash ? (uint64_t)d->micro_batch * d->heads * d->seq_len : 0);
+           (d->flash ? (uint64_t)d->micro_batch * real_gpt_heads(d) * d->seq_len : 0);
 }
 
 static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
 {
     uint64_t t = real_gpt_tokens(d);
-    return t * ((d->parallel_residual ? 4 : 5) * (uint64_t)d->hidden + real_gpt_qkv_width(d) +
-                real_gpt_fc1_width(d) + (uint64_t)d->ffn_hidden) +
-           (d->flash ? 0 : (uint64_t)d->micro_batch * d->heads * d->seq_len * d->seq_len);
+    return t * ((d->parallel_residual ? 3 : 4) * (uint64_t)d->hidden + real_gpt_att_width(d) +
+                real_gpt_qkv_width(d) + real_gpt_fc1_width(d) + (uint64_t)real_gpt_ffn(d)) +
+           (d->flash ? 0
+                     : (uint64_t)d->micro_batch * real_gpt_heads(d) * d->seq_len * d->seq_len);
 }
 
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims)
@@ -406,13 +451,13 @@ uint64_t real_gpt_residual_grad_bytes(const RealGptDims *dims)
 
 uint64_t real_gpt_logits_bytes(const RealGptDims *dims)
 {
-    return sizeof(float) * real_gpt_tokens(dims) * dims->vocab;
+    return sizeof(float) * real_gpt_tokens(dims) * real_gpt_vocab(dims);
 }
 
 /* Carves one block's saved-activation allocation into its tensors. */
 static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
 {
-    size_t t = real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    size_t t = real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     RealGptSaved sv = {0};
     float *stats = base;
     if (!d->rmsnorm) {
@@ -424,13 +469,13 @@ static RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
     }
     if (d->flash) {
         sv.lse = stats;
-        stats += (size_t)d->micro_batch * d->heads * d->seq_len;
+        stats += (size_t)d->micro_batch * real_gpt_heads(d) * d->seq_len;
     }
     RealBf16 *p = (RealBf16 *)stats;
     sv.x = p, p += t * h;
     sv.ln1 = p, p += t * h;
     sv.qkv = p, p += t * real_gpt_qkv_width(d);
-    sv.att = p, p += t * h;
+    sv.att = p, p += t * real_gpt_att_width(d);
     if (!d->parallel_residual)
         sv.x2 = p, p += t * h;
     sv.ln2 = p, p += t * h;
@@ -467,6 +512,49 @@ static double real_gpt_normal_at(uint64_t key, uint64_t index)
     return sqrt(-2.0 * log(u1)) * cos(2.0 * G_PI * u2);
 }
 
+/* Column c of this rank's shard of a column-parallel matrix whose columns are `n` segments
+ * of widths w[] (q, k, v; gate, up), each split into t pieces: its column in the whole. */
+static size_t real_gpt_tp_column(size_t c, const size_t *w, int n, int t, int rank)
+{
+    size_t base = 0;
+    int i = 0;
+    for (; i < n - 1 && c >= w[i] / (size_t)t; i++) {
+        c -= w[i] / (size_t)t;
+        base += w[i];
+    }
+    return base + (size_t)rank * (w[i] / (size_t)t) + c;
+}
+
+/* Element e of tensor `k` of a block's shard (dims.tp > 1): its index in the whole tensor,
+ * whose table `whole` is of the dimensions without tensor parallelism. */
+static size_t real_gpt_tp_index(const RealGptDims *d, const RealGptDims *whole, int k,
+                                size_t e)
+{
+    const int t = real_gpt_tp(d), r = d->tp_rank;
+    const size_t h = d->hidden, kd = (size_t)real_gpt_kv(whole) * real_gpt_head_dim(d);
+    const size_t f = whole->ffn_hidden;
+    const size_t qkv[3] = {h, kd, kd}, fc1[2] = {f, f};
+    const size_t *w = k == REAL_GPT_QKV_W || k == REAL_GPT_QKV_B ? qkv : fc1;
+    const int n = k == REAL_GPT_QKV_W || k == REAL_GPT_QKV_B ? 3 : real_gpt_gated(d) ? 2 : 1;
+    size_t cols = 0, local = 0;
+    for (int i = 0; i < n; i++)
+        cols += w[i], local += w[i] / (size_t)t;
+    switch (k) {
+    case REAL_GPT_QKV_W:
+    case REAL_GPT_FC1_W: /* [h, cols] stored [in, out]: row e / local of this rank's columns */
+        return e / local * cols + real_gpt_tp_column(e % local, w, n, t, r);
+    case REAL_GPT_QKV_B:
+    case REAL_GPT_FC1_B:
+        return real_gpt_tp_column(e, w, n, t, r);
+    case REAL_GPT_PROJ_W: /* [a d, h]: this rank's rows, contiguous */
+        return (size_t)r * (h / (size_t)t) * h + e;
+    case REAL_GPT_FC2_W:
+        return (size_t)r * (f / (size_t)t) * h + e;
+    default: /* replicated */
+        return e;
+    }
+}
+
 gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int unit,
                                     size_t first_elem, size_t n_elems, RealBf16 *out,
                                     GError **error)
@@ -486,16 +574,38 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
     const double std_of[] = {[REAL_GPT_INIT_NORMAL] = REAL_GPT_INIT_STD,
                              [REAL_GPT_INIT_NORMAL_RESIDUAL] = residual_std};
     const size_t end = first_elem + n_elems;
+    /* A tensor-parallel shard draws each element where the whole model has it, so the
+     * group's shards are the single-rank model's parameters. */
+    RealGptDims whole = *dims;
+    whole.tp = 0, whole.tp_rank = 0;
+    RealGptTensor wt[REAL_GPT_MAX_UNIT_TENSORS];
+    RealGptInit winit[REAL_GPT_MAX_UNIT_TENSORS];
+    real_gpt_layout(&whole, unit, wt, winit);
+    const bool shard = real_gpt_tp(dims) > 1 && unit >= 1 && unit <= dims->layers;
+    const size_t rank = (size_t)dims->tp_rank;
+    RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_spec(dims, spec);
+    int kind[REAL_GPT_MAX_UNIT_TENSORS]; /* a block's tensor k: its RealGptBlockTensor */
+    for (int i = 0, k = 0; shard && i < REAL_GPT_N_BLOCK_TENSORS; i++)
+        if (spec[i].present)
+            kind[k++] = i;
     for (size_t i = 0; i < n_elems; i++)
         out[i] = 0; /* +0.0 in bf16: padding past the unit's end stays 0 */
     for (int k = 0; k < n; k++) {
         const size_t lo = MAX(first_elem, t[k].offset_elems);
         const size_t hi = MIN(end, t[k].offset_elems + t[k].elems);
+        /* The word embedding and LM head: this rank's vocabulary rows, contiguous. */
+        const bool rows = strcmp(t[k].name, "wte") == 0 || strcmp(t[k].name, "lm_head.weight") == 0;
         for (size_t e = lo; e < hi; e++) {
+            const size_t in = e - t[k].offset_elems;
+            const size_t at = wt[k].offset_elems +
+                              (shard  ? real_gpt_tp_index(dims, &whole, kind[k], in)
+                               : rows ? rank * t[k].elems + in
+                                      : in);
             double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
                            : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
                                                            : std_of[init[k]] *
-                                                                 real_gpt_normal_at(key, e);
+                                                                 real_gpt_normal_at(key, at);
             out[e - first_elem] = real_bf16_from_f32((float)value);
         }
     }
@@ -533,6 +643,12 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     return gpt;
 }
 
+void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx)
+{
+    gpt->tp_ops = ops;
+    gpt->tp_ctx = ctx;
+}
+
 void real_gpt_free(RealGpt *gpt)
 {
     if (!gpt)
@@ -541,6 +657,19 @@ void real_gpt_free(RealGpt *gpt)
         gpt->be->free(gpt->be, gpt->saved[l]);
     g_free(gpt->saved);
     g_free(gpt);
+}
+
+/* A failed compute's error: the tensor group's sum's when it failed, else no memory. */
+static gboolean real_gpt_failed(RealGpt *gpt, GError **error, const char *what)
+{
+    if (gpt->tp_error) {
+        g_propagate_error(error, gpt->tp_error);
+        gpt->tp_error = NULL;
+        return FALSE;
+    }
+    g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_NOMEM, "out of backend memory for %s",
+                what);
+    return FALSE;
 }
 
 static gboolean real_gpt_nomem(GError **error, const char *what)
@@ -581,6 +710,161 @@ static float *real_gpt_workspace(RealGpt *gpt, size_t n_elems)
     return gpt->be->alloc(gpt->be, n_elems * sizeof(float), REAL_MEM_WORKSPACE);
 }
 
+/* Tensor parallelism: x[0..n) = the sum of every rank's x over the group (nothing at t = 1).
+ * A failure is kept in gpt->tp_error for the public call to report. */
+static bool real_gpt_tp_sum(RealGpt *gpt, float *x, size_t n)
+{
+    if (real_gpt_tp(&gpt->dims) == 1)
+        return true;
+    if (!gpt->tp_ops) {
+        g_set_error(&gpt->tp_error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "tensor parallelism without the group's collectives (real_gpt_set_tp)");
+        return false;
+    }
+    return gpt->tp_ops->sum(gpt->tp_ctx, x, n, &gpt->tp_error);
+}
+
+/* Tokens as rows of this rank's vocabulary shard (host arrays of b s): local[i] = tokens[i] -
+ * tp_rank V / t, or row 0 with mine[i] false where another rank's rows hold the token. */
+static void real_gpt_local_tokens(const RealGptDims *d, const int *tokens, int *local,
+                                  bool *mine)
+{
+    const int v = real_gpt_vocab(d), lo = d->tp_rank * v;
+    for (size_t i = 0; i < real_gpt_tokens(d); i++) {
+        mine[i] = tokens[i] >= lo && tokens[i] < lo + v;
+        local[i] = mine[i] ? tokens[i] - lo : 0;
+    }
+}
+
+/* Zeroes the rows [T, h] of x whose token another rank's rows hold. */
+static void real_gpt_zero_others(RealGpt *gpt, float *x, const bool *mine)
+{
+    const size_t h = gpt->dims.hidden;
+    for (size_t i = 0; i < real_gpt_tokens(&gpt->dims); i++)
+        if (!mine[i])
+            gpt->be->fill(gpt->be, x + i * h, 0, h * sizeof(float));
+}
+
+/* Positions of the rows, t for row i s + t (host array of b s). */
+static int *real_gpt_positions_of(const RealGptDims *d)
+{
+    int *pos = g_new(int, real_gpt_tokens(d));
+    for (size_t i = 0; i < real_gpt_tokens(d); i++)
+        pos[i] = (int)(i % (size_t)d->seq_len);
+    return pos;
+}
+
+/* VocabParallelEmbedding: xf = the sum over the group of each rank's lookup of the tokens in
+ * its rows (0 elsewhere), plus wpe[position] (whole on every rank) after the sum. */
+static bool real_gpt_embed_fwd_tp(RealGpt *gpt, const RealGptTensors *embed,
+                                  const int *tokens, float *xf)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t n = real_gpt_tokens(d), th = n * d->hidden;
+    int *local = g_new(int, n), *pos = real_gpt_positions_of(d);
+    bool *mine = g_new(bool, n);
+    real_gpt_local_tokens(d, tokens, local, mine);
+    be->token_embedding_fwd(be, xf, local, embed->at[0], (int)n, d->hidden);
+    real_gpt_zero_others(gpt, xf, mine);
+    bool ok = real_gpt_tp_sum(gpt, xf, th);
+    if (ok && d->rope_theta <= 0) {
+        float *wpe_rows = real_gpt_workspace(gpt, th);
+        ok = wpe_rows != NULL;
+        if (ok) {
+            be->token_embedding_fwd(be, wpe_rows, pos, embed->at[1], (int)n, d->hidden);
+            be->add(be, xf, xf, wpe_rows, th);
+        }
+        be->free(be, wpe_rows);
+    }
+    g_free(local), g_free(pos), g_free(mine);
+    return ok;
+}
+
+/* Its backward into the fp32 unit gradients: this rank's rows from the tokens they hold,
+ * wpe's from every row. */
+static bool real_gpt_embed_bwd_tp(RealGpt *gpt, const int *tokens, const float *dx0,
+                                  float *grads)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const size_t n = real_gpt_tokens(d), th = n * d->hidden;
+    float *dx = real_gpt_workspace(gpt, th);
+    if (!dx)
+        return false;
+    int *local = g_new(int, n), *pos = real_gpt_positions_of(d);
+    bool *mine = g_new(bool, n);
+    real_gpt_local_tokens(d, tokens, local, mine);
+    be->copy(be, dx, dx0, th * sizeof(float));
+    real_gpt_zero_others(gpt, dx, mine);
+    be->token_embedding_bwd(be, grads, local, dx, (int)n, d->hidden);
+    if (d->rope_theta <= 0)
+        be->token_embedding_bwd(be, grads + (size_t)real_gpt_vocab(d) * d->hidden, pos, dx0,
+                                (int)n, d->hidden);
+    be->free(be, dx);
+    g_free(local), g_free(pos), g_free(mine);
+    return true;
+}
+
+/* The vocab-parallel cross-entropy over logits [rows, v] of this rank's vocabulary rows, as
+ * softmax_xent does for the whole vocabulary: each rank's per-row log-sum-exp and target
+ * logit (0 where another rank holds the target) gathered over the group (2 fp32 per row),
+ * the loss from their combination, and the logits turned into their gradient. Computed on
+ * the host (copied there and back on a device backend). */
+static bool real_gpt_vocab_xent(RealGpt *gpt, float *logits, const int *targets, int rows,
+                                float scale, float *loss_out)
+{
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    const int v = real_gpt_vocab(d), t = real_gpt_tp(d), lo = d->tp_rank * v;
+    const size_t n = (size_t)rows * v;
+    float *z = g_try_new(float, n), *stats = g_try_new(float, (size_t)2 * rows * t);
+    double *lse = g_try_new(double, rows);
+    bool ok = z && stats && lse;
+    if (ok) {
+        be->copy(be, z, logits, n * sizeof(float));
+        float *own = stats + (size_t)2 * rows * d->tp_rank;
+        for (int i = 0; i < rows; i++) {
+            const float *row = z + (size_t)i * v;
+            float max = row[0];
+            for (int j = 1; j < v; j++)
+                max = fmaxf(max, row[j]);
+            double sum = 0;
+            for (int j = 0; j < v; j++)
+                sum += exp((double)row[j] - max);
+            const int target = targets[i] - lo;
+            own[2 * i] = (float)(max + log(sum));
+            own[2 * i + 1] = target >= 0 && target < v ? row[target] : 0.0f;
+        }
+        ok = gpt->tp_ops->gather_host(gpt->tp_ctx, stats, (size_t)2 * rows * sizeof(float),
+                                      &gpt->tp_error);
+    }
+    double loss = 0;
+    for (int i = 0; ok && i < rows; i++) {
+        double max = -INFINITY, sum = 0, target_logit = 0;
+        for (int q = 0; q < t; q++)
+            max = fmax(max, stats[(size_t)2 * rows * q + 2 * i]);
+        for (int q = 0; q < t; q++) {
+            sum += exp(stats[(size_t)2 * rows * q + 2 * i] - max);
+            target_logit += stats[(size_t)2 * rows * q + 2 * i + 1];
+        }
+        lse[i] = max + log(sum);
+        loss += lse[i] - target_logit;
+    }
+    for (int i = 0; ok && i < rows; i++)
+        for (int j = 0; j < v; j++) {
+            float *g = z + (size_t)i * v + j;
+            const double p = exp((double)*g - lse[i]) - (j + lo == targets[i] ? 1.0 : 0.0);
+            *g = (float)(p * scale / rows);
+        }
+    if (ok) {
+        be->copy(be, logits, z, n * sizeof(float));
+        *loss_out = (float)(loss / rows);
+    }
+    g_free(z), g_free(stats), g_free(lse);
+    return ok;
+}
+
 /* ---- embeddings ---- */
 
 gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
@@ -602,12 +886,18 @@ gboolean real_gpt_embed_forward_t(RealGpt *gpt, const RealGptTensors *embed, con
     float *xf = real_gpt_workspace(gpt, n);
     if (!xf)
         return real_gpt_nomem(error, "the embedding output");
-    if (d->rope_theta > 0)
+    if (real_gpt_tp(d) > 1) {
+        if (!real_gpt_embed_fwd_tp(gpt, embed, tokens, xf)) {
+            be->free(be, xf);
+            return real_gpt_failed(gpt, error, "the embedding output");
+        }
+    } else if (d->rope_theta > 0) {
         be->token_embedding_fwd(be, xf, tokens, embed->at[0], (int)real_gpt_tokens(d),
                                 d->hidden);
-    else
+    } else {
         be->embedding_fwd(be, xf, tokens, embed->at[0], embed->at[1], d->micro_batch,
                           d->seq_len, d->hidden);
+    }
     be->f32_to_bf16(be, x0, xf, n);
     be->free(be, xf);
     return TRUE;
@@ -633,14 +923,18 @@ gboolean real_gpt_embed_backward_t(RealGpt *gpt, const int *tokens, const float 
     if (!grads)
         return real_gpt_nomem(error, "the embedding gradients");
     be->fill(be, grads, 0, n * sizeof(float));
-    if (d->rope_theta > 0)
+    bool ok = true;
+    if (real_gpt_tp(d) > 1)
+        ok = real_gpt_embed_bwd_tp(gpt, tokens, dx0, grads);
+    else if (d->rope_theta > 0)
         be->token_embedding_bwd(be, grads, tokens, dx0, (int)real_gpt_tokens(d), d->hidden);
     else
         be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
                           d->micro_batch, d->seq_len, d->hidden);
-    real_gpt_accumulate(be, d, 0, embed_grads, grads, 0, real_gpt_n_tensors(d, 0));
+    if (ok)
+        real_gpt_accumulate(be, d, 0, embed_grads, grads, 0, real_gpt_n_tensors(d, 0));
     be->free(be, grads);
-    return TRUE;
+    return ok ? TRUE : real_gpt_nomem(error, "the embedding gradients");
 }
 
 /* ---- transformer block ---- */
@@ -655,7 +949,10 @@ static void real_gpt_keep(RealBackend *be, float *x, RealBf16 *saved, size_t n_e
         be->f32_to_bf16(be, saved, x, n_elems);
 }
 
-/* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. */
+/* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. A
+ * row-parallel layer (proj, fc2) sums its partial products over the tensor group before its
+ * bias, which every rank holds whole and adds once to the sum (Megatron's
+ * RowParallelLinear). */
 static bool real_gpt_linear(RealGpt *gpt, RealBf16 *const *params, RealGptBlockTensor weight,
                             const float *x, float *y, int n, int k)
 {
@@ -663,6 +960,9 @@ static bool real_gpt_linear(RealGpt *gpt, RealBf16 *const *params, RealGptBlockT
     int t = (int)real_gpt_tokens(&gpt->dims);
     if (!be->gemm(be, false, false, t, n, k, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
                   params[weight], 0.0f, y))
+        return false;
+    const bool row_parallel = weight == REAL_GPT_PROJ_W || weight == REAL_GPT_FC2_W;
+    if (row_parallel && !real_gpt_tp_sum(gpt, y, (size_t)t * n))
         return false;
     if (gpt->block_has[weight + 1])
         be->bias_fwd(be, y, params[weight + 1], t, n);
@@ -710,8 +1010,8 @@ typedef struct {
 static size_t real_gpt_fwd_ws_elems(const RealGptDims *d)
 {
     return real_gpt_tokens(d) * (3 * (size_t)d->hidden + real_gpt_qkv_width(d) +
-                                 real_gpt_fc1_width(d) + d->ffn_hidden + 4) +
-           (size_t)d->micro_batch * d->heads * d->seq_len;
+                                 real_gpt_fc1_width(d) + real_gpt_ffn(d) + 4) +
+           (size_t)d->micro_batch * real_gpt_heads(d) * d->seq_len;
 }
 
 static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const RealGptSaved *sv)
@@ -721,7 +1021,7 @@ static RealGptFwdBufs real_gpt_fwd_bufs(const RealGptDims *d, float *ws, const R
     b.x2 = b.qkv + t * real_gpt_qkv_width(d);
     b.u = b.x2 + th;
     b.act = real_gpt_gated(d) ? b.u + t * real_gpt_fc1_width(d) : b.u; /* GELU: in place */
-    float *stats = b.u + t * real_gpt_fc1_width(d) + t * d->ffn_hidden;
+    float *stats = b.u + t * real_gpt_fc1_width(d) + t * real_gpt_ffn(d);
     const bool saved_stats = sv && !d->rmsnorm;
     b.ln1_mean = saved_stats ? sv->ln1_mean : stats;
     b.ln1_rstd = saved_stats ? sv->ln1_rstd : stats + t;
@@ -738,7 +1038,7 @@ static bool real_gpt_attention_fwd(RealGpt *gpt, float *out, RealBf16 *probs, fl
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int b = d->micro_batch, s = d->seq_len, a = real_gpt_heads(d), k = real_gpt_kv(d);
     const int hd = real_gpt_head_dim(d);
     if (d->flash)
         return be->flash_attention_fwd(be, out, lse, qkv, b, s, a, k, hd);
@@ -760,14 +1060,14 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealG
     if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
         return false;
     const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, d->heads,
+    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
                                        real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
         return false;
     real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
     if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
         return false;
     real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, h))
+    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, (int)real_gpt_att_width(d)))
         return false;
     be->add(be, b->x2, b->x2, b->x, th);
     real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th); /* sv->x2 NULL: parallel residual */
@@ -782,7 +1082,7 @@ static bool real_gpt_fwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSave
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h, tf = (size_t)t * f;
     real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd,
@@ -866,7 +1166,7 @@ gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors 
     be->free(be, ws);
     if (!ok) {
         be->free(be, saved);
-        return real_gpt_nomem(error, "the block forward workspace");
+        return real_gpt_failed(gpt, error, "the block forward workspace");
     }
     gpt->saved[layer] = saved;
     return TRUE;
@@ -933,7 +1233,7 @@ static bool real_gpt_bwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSave
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = d->ffn_hidden;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     int f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h;
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
@@ -948,8 +1248,10 @@ static bool real_gpt_bwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSave
         be->gelu_erf_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
     else
         be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
+    /* Column-parallel fc1: its input gradient is summed over the tensor group. */
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h))
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h) ||
+        !real_gpt_tp_sum(gpt, b->dh, th))
         return false;
     be->bf16_to_f32(be, b->xh, d->parallel_residual ? sv->x : sv->x2, th);
     be->copy(be, b->dx2, dy, th * sizeof(float));
@@ -965,10 +1267,10 @@ static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    const int b = d->micro_batch, s = d->seq_len, a = d->heads, k = real_gpt_kv(d);
+    const int b = d->micro_batch, s = d->seq_len, a = real_gpt_heads(d), k = real_gpt_kv(d);
     const int hd = real_gpt_head_dim(d);
     if (d->flash) {
-        be->bf16_to_f32(be, out_scratch, sv->att, real_gpt_tokens(d) * d->hidden);
+        be->bf16_to_f32(be, out_scratch, sv->att, real_gpt_tokens(d) * real_gpt_att_width(d));
         return be->flash_attention_bwd(be, dqkv, dout, qkv, out_scratch, sv->lse, b, s, a, k,
                                        hd);
     }
@@ -987,20 +1289,23 @@ static bool real_gpt_bwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealG
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
+    int att = (int)real_gpt_att_width(d);
     size_t th = (size_t)t * h;
     const float *datt = d->parallel_residual ? dy : b->dx2;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, h))
+    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, att) ||
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, att))
         return false;
     be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
     if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
         return false;
     const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, d->heads,
+    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
                                        real_gpt_kv(d), real_gpt_head_dim(d), &rope, true))
         return false;
+    /* Column-parallel qkv: its input gradient is summed over the tensor group. */
     if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h))
+        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h) ||
+        !real_gpt_tp_sum(gpt, b->dh, th))
         return false;
     be->bf16_to_f32(be, b->xh, sv->x, th);
     be->copy(be, dx, b->dx2, th * sizeof(float));
@@ -1059,7 +1364,7 @@ gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors
     bool ok = ws && real_gpt_block_bwd_compute(gpt, p, &sv, dx_out, dx_in, block_grads, ws);
     be->free(be, ws);
     if (!ok)
-        return real_gpt_nomem(error, "the block backward workspace");
+        return real_gpt_failed(gpt, error, "the block backward workspace");
     be->free(be, gpt->saved[layer]);
     gpt->saved[layer] = NULL;
     return TRUE;
@@ -1077,7 +1382,7 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealGptTensors *lnf, const
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, v = d->vocab;
+    int t = (int)real_gpt_tokens(d), h = d->hidden, v = real_gpt_vocab(d);
     size_t th = (size_t)t * h;
     float *xf = ws, *y = xf + th, *mean = y + th, *rstd = mean + t, *gwte = rstd + t;
     float *gln = gwte + (size_t)v * h;
@@ -1094,15 +1399,23 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealGptTensors *lnf, const
     if (!be->gemm(be, false, true, t, v, h, 1.0f, REAL_DTYPE_F32, y, REAL_DTYPE_BF16, wte, 0.0f,
                   logits))
         return false;
-    be->softmax_xent(be, logits, targets, t, v, dloss_scale, loss_out);
+    /* Tensor parallelism: the logits of this rank's vocabulary rows (Megatron's
+     * vocab-parallel head). */
+    if (real_gpt_tp(d) > 1) {
+        if (!real_gpt_vocab_xent(gpt, logits, targets, t, dloss_scale, loss_out))
+            return false;
+    } else {
+        be->softmax_xent(be, logits, targets, t, v, dloss_scale, loss_out);
+    }
     /* logits = y wte^T: dwte = dlogits^T y, then dy = dlogits wte into y's buffer (y is
-     * dead once dwte is formed). */
+     * dead once dwte is formed), summed over the tensor group. */
     if (!be->gemm(be, true, false, v, h, t, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_F32, y,
                   0.0f, gwte))
         return false;
     be->accumulate_bf16(be, gwte_out, gwte, (size_t)v * h);
     if (!be->gemm(be, false, false, t, h, v, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_BF16, wte,
-                  0.0f, y))
+                  0.0f, y) ||
+        !real_gpt_tp_sum(gpt, y, th))
         return false;
     be->fill(be, gln, 0, 2 * (size_t)h * sizeof(float));
     be->fill(be, dx_last, 0, th * sizeof(float));
@@ -1148,13 +1461,13 @@ gboolean real_gpt_head_forward_backward_t(RealGpt *gpt, const RealGptTensors *fi
     const RealBf16 *head = d->untied ? final_ln->at[lm_head] : embed->at[0];
     RealBf16 *ghead = d->untied ? final_ln_grads->at[lm_head] : embed_grads->at[0];
     float *logits = be->alloc(be, real_gpt_logits_bytes(d), REAL_MEM_WORKSPACE);
-    float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)d->vocab + 2));
+    float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)real_gpt_vocab(d) + 2));
     bool ok = logits && ws &&
               real_gpt_head_compute(gpt, final_ln, head, x_last, targets, dloss_scale,
                                     loss_out, dx_last, final_ln_grads, ghead, ws, logits);
     be->free(be, ws);
     be->free(be, logits);
     if (!ok)
-        return real_gpt_nomem(error, "the head workspace");
+        return real_gpt_failed(gpt, error, "the head workspace");
     return TRUE;
 }

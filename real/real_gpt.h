@@ -69,6 +69,17 @@ typedef struct {
     float norm_eps;   /* the norm's eps, RMSNorm or LayerNorm (0: 1e-5) */
     int attention_window; /* keys each query attends to, itself included (0: all earlier) */
     bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */
+    /* Tensor parallelism (Megatron's split; 0 or 1: none): this runtime is rank tp_rank of tp,
+     * dividing heads, kv_heads, ffn_hidden and vocab. Its blocks hold their shard: qkv and
+     * fc1 column-parallel (this rank's q, k and v heads; its gate and up columns), proj and
+     * fc2 row-parallel, norms and the row-parallel biases whole; wte and an untied lm_head
+     * hold this rank's V / tp vocabulary rows (from tp_rank V / tp on), wpe and the final
+     * norm whole. Through real_gpt_set_tp's collectives: a block sums the row-parallel
+     * outputs in forward and the column-parallel input gradients in backward, two sums of
+     * [b s, h] each way; the embedding sums its rows' lookups; the head gathers each rank's
+     * per-token log-sum-exp and target logit (2 fp32 per token) for the loss, then sums its
+     * input gradient. */
+    int tp, tp_rank;
 } RealGptDims;
 
 /* One named tensor inside a unit. Names are the planner's (zp_model_tensors). */
@@ -180,6 +191,18 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
 /* A model runtime on backend `be` (borrowed; must outlive it). It owns only the saved
  * activations of blocks between their forward and backward. NULL on invalid dims. */
 RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error);
+
+/* The tensor group's collectives a runtime of dims.tp > 1 calls (with ctx); FALSE with
+ * *error set when one fails. sum: x[0..n) = the sum over the group of every rank's x (device
+ * memory of the runtime's backend). gather_host: in place on host memory buf of size x n
+ * bytes, rank q's n bytes at q n afterwards (this rank's were there before). */
+typedef struct {
+    gboolean (*sum)(void *ctx, float *x, size_t n, GError **error);
+    gboolean (*gather_host)(void *ctx, void *buf, size_t n, GError **error);
+} RealGptTpOps;
+
+/* Sets them (`ops` must outlive the runtime); a runtime of dims.tp > 1 fails without. */
+void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx);
 
 /* Frees the runtime and any activations still saved. NULL is ignored. */
 void real_gpt_free(RealGpt *gpt);

@@ -163,7 +163,7 @@ static const BadCase cases[] = {
     {"zreal --model tiny --schedule {C}/schedule/tiny-stage0.json", NULL, "give one of --model and --schedule"},
     {"zreal --model tiny --stage 4", NULL, "--stage: '4' is outside"},
     {"zreal --model tiny --micro-batch 0", NULL, "--micro-batch: '0' is outside"},
-    {"zreal --model tiny --mp 2", NULL, "--mp needs --microbench"},
+    {"zreal --model tiny --mp 2", NULL, "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
     {"zreal --microbench --model tiny --mp 3 --out {D}/mb.json", NULL, "--mp: 3 does not divide"},
     {"zreal --model tiny --micro-batch 1e7", NULL, "--micro-batch: '1e7' is outside"},
     {"zreal --model tiny --grad-accum 1e7", NULL, "--grad-accum: '1e7' is outside"},
@@ -198,7 +198,7 @@ static const BadCase cases[] = {
     {"zreal --schedule {T}/sched-op-key.json --emulate 2 --steps 1", NULL, "{T}/sched-op-key.json: ops[2]: unknown key \"extra\""},
     {"zreal --schedule {T}/sched-negative.json --emulate 2 --steps 1", NULL, "{T}/sched-negative.json: ops[2]: key \"bytes\" = -8 is outside"},
     {"zreal --schedule {C}/schedule/tiny-stage1.json --emulate 4 --steps 1", NULL, "the schedule is for 2 data-parallel ranks, 4 are running"},
-    {"zreal --schedule {C}/schedule/tiny-tp.json --emulate 2 --steps 1", NULL, "zreal executes data parallelism only"},
+    {"zreal --schedule {C}/schedule/tiny-tp.json --emulate 2 --steps 1", NULL, "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
 };
 
 static char *fixtures;

@@ -142,6 +142,10 @@ static void test_comm_volume(void)
     g_assert_cmpfloat(zp_comm_tp_bytes_per_block(&m, 2, 2, FALSE, 2), ==,
                       4 * 2 * 0.5 * 2 * 1024 * 1000 * 2.0);
     g_assert_cmpfloat(zp_comm_tp_bytes_per_block(&m, 2, 1, TRUE, 2), ==, 0);
+    /* The vocab-parallel embedding and head: two all-reduces of b s h and 8 bytes a token. */
+    g_assert_cmpfloat(zp_comm_tp_bytes_vocab(&m, 2, 2, 2), ==,
+                      2 * 2 * 0.5 * 2 * 1024 * 1000 * 2.0 + 8.0 * 2 * 1024);
+    g_assert_cmpfloat(zp_comm_tp_bytes_vocab(&m, 2, 1, 2), ==, 0);
 }
 
 /* Independent count: the textbook GPT formula L(12h^2 + 13h) + Vh + sh + 2h (f = 4h,

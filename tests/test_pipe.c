@@ -11,6 +11,7 @@
 #include "zp_util.h"
 
 #include "testutil.h"
+#include "zp_comm.h"
 
 #include <jansson.h>
 #include <sys/wait.h>
@@ -312,7 +313,8 @@ static void test_sequence_parallel(void)
     g_assert_cmpfloat(fabs(zp_mem_plan_activation_block_bytes(&m, &p) -
                            s * h * (10 + 24 / t + 5 * a * s / (h * t))), <=, 1e-9 * s * h * 34);
     /* The schedule: per block forward two reduce-scatters and two all-gathers, no all-reduce,
-     * and the same TP bytes as without. */
+     * and the same TP bytes as without; the vocab-parallel embedding's sum and head's input
+     * gradient sum split alike, beside the head's all-gather of its loss statistics. */
     m.layers = 4;
     GError *error = NULL;
     double tp_bytes[2];
@@ -320,15 +322,18 @@ static void test_sequence_parallel(void)
         p.sequence_parallel = sp;
         ZpSchedule *sched = zp_sched_build(&m, &p, &error);
         g_assert_no_error(error);
-        guint kinds[ZP_COLL_N] = {0};
+        guint kinds[2][ZP_COLL_N] = {{0}}; /* blocks', the embedding's and head's */
         for (guint i = 0; i < sched->ops->len; i++) {
             const ZpOp *op = zp_sched_op(sched, i);
             if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP)
-                kinds[op->sub]++;
+                kinds[op->unit == 0 || op->unit == 5][op->sub]++;
         }
-        g_assert_cmpuint(kinds[ZP_COLL_ALLREDUCE], ==, sp ? 0 : 4 * 4);
-        g_assert_cmpuint(kinds[ZP_COLL_REDUCE_SCATTER], ==, sp ? 4 * 4 : 0);
-        g_assert_cmpuint(kinds[ZP_COLL_ALLGATHER], ==, sp ? 4 * 4 : 0);
+        g_assert_cmpuint(kinds[0][ZP_COLL_ALLREDUCE], ==, sp ? 0 : 4 * 4);
+        g_assert_cmpuint(kinds[0][ZP_COLL_REDUCE_SCATTER], ==, sp ? 4 * 4 : 0);
+        g_assert_cmpuint(kinds[0][ZP_COLL_ALLGATHER], ==, sp ? 4 * 4 : 0);
+        g_assert_cmpuint(kinds[1][ZP_COLL_ALLREDUCE], ==, sp ? 0 : 2);
+        g_assert_cmpuint(kinds[1][ZP_COLL_REDUCE_SCATTER], ==, sp ? 2 : 0);
+        g_assert_cmpuint(kinds[1][ZP_COLL_ALLGATHER], ==, sp ? 3 : 1);
         tp_bytes[sp] = zp_sched_comm_bytes(sched, ZP_GROUP_TP);
         zp_sched_free(sched);
     }
@@ -490,9 +495,11 @@ static void test_cross_node_tp(void)
     const double elems = 4.0 * 1024 * 6144, per = sim_coll_cost(ZP_COLL_ALLREDUCE, elems * 2, &tp)
                                                           .transfer_s;
     g_assert_cmpfloat(per, >, 2 * 31.0 / 32 * elems * 2 / v100.intra_node_bytes_per_s);
-    /* 6 all-reduces a block (2 forward, 2 recompute, 2 backward), all on the TP stream. */
+    /* 6 all-reduces a block (2 forward, 2 recompute, 2 backward), all on the TP stream, and
+     * the vocab-parallel embedding's and head's. */
     g_assert_cmpfloat(r->stream_busy_s[ZP_STREAM_TP], >=, 6 * 88 * per);
-    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TP], ==, 6 * 88 * 2 * 31.0 / 32 * elems * 2);
+    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TP], ==,
+                      6 * 88 * 2 * 31.0 / 32 * elems * 2 + zp_comm_tp_bytes_vocab(&m, 4, 32, 2));
     g_assert_cmpfloat(r->peak_memory_bytes, <, v100.gpu_memory_bytes);
     sim_result_free(r);
     zp_sched_free(s);

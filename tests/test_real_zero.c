@@ -2,11 +2,13 @@
  * llama-tiny (eager and fused attention), a tiny Qwen2 (q/k/v biases, tied) and a tiny
  * GPT-NeoX (parallel residual, partial rotary, exact GELU; fused attention) to the same loss
  * curve as one rank, holds exactly the planned model states, and a killed rank takes the job
- * down with a message naming it and no half-written output. */
+ * down with a message naming it and no half-written output. Tensor parallelism (--mp 2) alone
+ * and beside data parallelism does the same, its bytes on both groups the schedule's. */
 #include "zp_mem.h"
 #include "testutil.h"
 #include "zp_sched.h"
 #include "zp_offload.h"
+#include "zp_comm.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -48,6 +50,22 @@ static int mpirun(int n, const char *args, char **err)
     return mpirun_timeout(n, args, NULL, err);
 }
 
+/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
+static json_t *zreal_measured(int n, const char *args, const char *name)
+{
+    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
+    char *full = g_strdup_printf("%s --out %s", args, path);
+    char *err = NULL;
+    const int status = mpirun(n, full, &err);
+    if (!g_spawn_check_wait_status(status, NULL))
+        g_printerr("%s", err);
+    g_assert_true(g_spawn_check_wait_status(status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    g_free(err), g_free(full), g_free(path);
+    return root;
+}
+
 /* A model the stage-equivalence test trains: GPT-2's tiny for STEPS steps, llama-tiny (a few
  * times larger) for fewer, with eager or fused attention. */
 typedef struct {
@@ -61,6 +79,8 @@ static const Trained llama_flash = {"llama-tiny", "flash", 8};
 static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
 static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
 static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8}; /* a sliding window */
+static const Trained tp_gpt2 = {"tiny", "eager", 8};
+static const Trained tp_llama = {"llama-tiny", "eager", 4};
 
 static json_t *train(const Trained *t, int stage, int n, char **path_out)
 {
@@ -305,6 +325,89 @@ static void test_other_impls(void)
         }
 }
 
+/* One run of `mpirun -np n zreal --mp 2` (T = 2, DP n / 2) of `model` at `stage` under
+ * `impl`: its loss curve is the one-rank curve ref_loss within LOSS_REL_TOL, and every rank
+ * holds the model states, buckets, gathered parameters and activations of its shard exactly
+ * as the schedule lays them out, and sends exactly the schedule's bytes on the tensor group
+ * (four all-reduces of b s h per block, the embedding's and head's) and the data-parallel
+ * group. */
+static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind impl,
+                                  int steps, json_t *ref_loss)
+{
+    const int dp = n / 2;
+    char *args = g_strdup_printf("--model %s --mp 2 --stage %d --impl %s --micro-batch %d "
+                                 "--steps %d --persistence-threshold 0 --reduce-bucket-size "
+                                 "10000", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
+                                 steps);
+    json_t *m = zreal_measured(n, args, "tp");
+    json_t *loss = json_object_get(m, "loss");
+    for (int i = 0; i < steps; i++) {
+        const double a = json_number_value(json_array_get(loss, i));
+        const double b = json_number_value(json_array_get(ref_loss, i));
+        g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+    }
+    ZpModel model = tu_load_model(name);
+    model.dropout = FALSE;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, stage, dp, 2);
+    plan.impl = impl;
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = GLOBAL_BATCH / dp;
+    plan.zero.stage3_param_persistence_threshold = 0;
+    plan.zero.reduce_bucket_size = 10000;
+    ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+    g_assert_nonnull(s);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(s, peak);
+    const double tp_bytes = zp_sched_comm_bytes(s, ZP_GROUP_TP);
+    g_assert_cmpfloat(tp_bytes, ==,
+                      model.layers * zp_comm_tp_bytes_per_block(&model, plan.micro_batch, 2,
+                                                                FALSE, 2) +
+                          zp_comm_tp_bytes_vocab(&model, plan.micro_batch, 2, 2));
+    const double ln_stats = model.norm == ZP_NORM_LAYERNORM
+                                ? 16.0 * model.seq_len * plan.micro_batch * model.layers
+                                : 0.0;
+    json_t *ranks = json_object_get(m, "ranks");
+    g_assert_cmpuint(json_array_size(ranks), ==, (size_t)n);
+    for (int r = 0; r < n; r++) {
+        json_t *rank = json_array_get(ranks, r);
+        g_assert_cmpfloat(json_number_value(json_object_get(rank, "model_state_bytes")), ==,
+                          zp_sched_model_state_bytes(s));
+        g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+        g_assert_cmpfloat(category(rank, "gathered_params"), ==, peak[ZP_MEM_GATHERED_PARAMS]);
+        g_assert_cmpfloat(fabs(category(rank, "activations") - peak[ZP_MEM_ACTIVATIONS] -
+                               ln_stats), <, 1);
+        g_assert_cmpfloat(json_number_value(json_object_get(rank, "comm_bytes")), ==,
+                          zp_sched_comm_bytes(s, ZP_GROUP_DP));
+        g_assert_cmpfloat(json_number_value(json_object_get(rank, "tp_comm_bytes")), ==,
+                          tp_bytes);
+    }
+    g_test_message("%s --mp 2 on %d ranks, %s stage %d: last loss %.4f (one rank %.4f), "
+                   "model states %.0f bytes, TP %.0f bytes, DP %.0f bytes per rank", name, n,
+                   zp_impl_name(impl), stage,
+                   json_number_value(json_array_get(loss, steps - 1)),
+                   json_number_value(json_array_get(ref_loss, steps - 1)),
+                   zp_sched_model_state_bytes(s), tp_bytes, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+    zp_sched_free(s);
+    json_decref(m);
+    g_free(args);
+}
+
+static void test_tensor_parallel(gconstpointer data)
+{
+    const Trained *t = data;
+    char *ref_path;
+    json_t *ref = train(t, 0, 1, &ref_path);
+    json_t *ref_loss = json_object_get(ref, "loss");
+    check_tensor_parallel(t->model, 2, 0, ZP_IMPL_PAPER, t->steps, ref_loss);
+    for (int stage = 0; stage <= 3; stage++)
+        check_tensor_parallel(t->model, 4, stage, ZP_IMPL_PAPER, t->steps, ref_loss);
+    check_tensor_parallel(t->model, 4, 1, ZP_IMPL_DEEPSPEED, t->steps, ref_loss);
+    json_decref(ref);
+    g_remove(ref_path);
+    g_free(ref_path);
+}
+
 static void test_killed_rank(void)
 {
     char *path = g_strdup_printf("%s/killed.json", tmp_dir);
@@ -476,6 +579,9 @@ static void test_bad_input(void)
          "zreal executes optimizer offload at ZeRO stage 1 only"},
         {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
          "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
+        {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
+        {"--model tiny --mp 2 --emulate 2",
+         "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -668,22 +774,6 @@ static void test_cuda_backend_without_device(void)
     g_free(err);
 }
 
-/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
-static json_t *zreal_measured(int n, const char *args, const char *name)
-{
-    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
-    char *full = g_strdup_printf("%s --out %s", args, path);
-    char *err = NULL;
-    const int status = mpirun(n, full, &err);
-    if (!g_spawn_check_wait_status(status, NULL))
-        g_printerr("%s", err);
-    g_assert_true(g_spawn_check_wait_status(status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_free(err), g_free(full), g_free(path);
-    return root;
-}
-
 /* ZeRO-Offload in zreal (stage 1, 2 ranks): the optimizer states live in the host tier, CPU
  * Adam steps them from fp32 gradients copied down bucket by bucket, and the updated 16-bit
  * partition comes back up. The losses equal the run without offload bit for bit (the same
@@ -847,6 +937,8 @@ int main(int argc, char **argv)
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/mistral-tiny-flash-stages-match-one-rank", &mistral_flash,
                          test_stages_match_one_rank);
+    g_test_add_data_func("/zreal/tensor-parallel", &tp_gpt2, test_tensor_parallel);
+    g_test_add_data_func("/zreal/llama-tiny-tensor-parallel", &tp_llama, test_tensor_parallel);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);

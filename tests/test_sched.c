@@ -118,14 +118,16 @@ static void test_structure(void)
         g_assert_cmpint(gathers, ==, stage == 3 ? 2 * (2 * 2 + 2 + 1) : 0);
         zp_sched_free(s);
     }
-    /* Tensor parallelism: two all-reduces per block forward and backward, two per recompute. */
+    /* Tensor parallelism: two all-reduces per block forward and backward, two per recompute;
+     * the vocab-parallel embedding's and head's. */
     ZpPlan p;
     zp_plan_defaults(&p, 0, 2, 2);
     p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     p.checkpoint = TRUE;
     ZpSchedule *s = zp_sched_build(&m, &p, NULL);
     g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TP), ==,
-                      2 * zp_comm_tp_bytes_per_block(&m, 1, 2, TRUE, 2));
+                      2 * zp_comm_tp_bytes_per_block(&m, 1, 2, TRUE, 2) +
+                          zp_comm_tp_bytes_vocab(&m, 1, 2, 2));
     zp_sched_free(s);
 }
 

@@ -44,8 +44,9 @@ static Counts count_ops(const ZpSchedule *s, double kept_bytes, double full_byte
             c.kept_allocs += op->bytes == kept_bytes;
             c.full_allocs += op->bytes == full_bytes;
         }
+        /* A block's regathered checkpoint (not the vocab-parallel head's loss statistics). */
         if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP &&
-            op->sub == ZP_COLL_ALLGATHER) {
+            op->sub == ZP_COLL_ALLGATHER && op->unit >= 1 && op->unit <= (int)s->model.layers) {
             c.tp_gathers++;
             g_assert_cmpfloat(op->bytes, ==, full_bytes);
         }
