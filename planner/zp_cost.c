@@ -232,6 +232,22 @@ double zp_cost_accesses(const ZpKernels *kernels)
     return total;
 }
 
+void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                      char out[ZP_OPTABLE_SHAPE_LEN])
+{
+    const Dims d = dims(model, plan);
+    const gboolean save = kind == ZP_COMP_RECOMPUTE || (kind == ZP_COMP_BLOCK_FWD && !plan->checkpoint);
+    g_snprintf(out, ZP_OPTABLE_SHAPE_LEN,
+               "b%g s%g h%g a%g kv%g q%g f%g f1%g v%g mp%g e%g %s%s%s%s%s%s%s%s%s%s%s%s r%g ck%d sv%d",
+               d.b, d.s, d.h, d.heads, d.kvd, d.q, d.f, d.f1, d.v, d.mp, d.embed_elems,
+               d.bias_qkv ? "Q" : "", d.bias_proj ? "P" : "", d.bias_mlp ? "M" : "",
+               d.rope ? "R" : "", d.learned ? "L" : "", d.rms ? "N" : "", d.swiglu ? "G" : "",
+               d.fused ? "F" : "", model->exact_gelu ? "E" : "",
+               model->parallel_residual ? "X" : "", model->tied_embeddings ? "T" : "",
+               model->dropout ? "D" : "", model->rotary_fraction, plan->checkpoint ? 1 : 0,
+               save ? 1 : 0);
+}
+
 /* ---- times ---- */
 
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k)
@@ -302,12 +318,31 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     c->table = TRUE;
     c->log2_seq = log2((double)model->seq_len);
     c->log2_head_dim = log2((double)zp_model_head_dim(model));
-    g_snprintf(c->why, sizeof c->why, "op table (%s)", hw->op_costs.source);
+    const int world = plan->dp * plan->mp * zp_plan_pp(plan);
+    c->ranks = hw->gpus_per_node > 0 ? MIN(world, hw->gpus_per_node) : world;
+    GString *whole = g_string_new(NULL), *summed = g_string_new(NULL);
     for (int k = 0; k < ZP_COMP_N; k++) {
         ZpKernels ks;
         zp_cost_kernels(model, plan, (ZpComputeKind)k, &ks);
         c->kind_s[k] = k == ZP_COMP_OPTIMIZER ? hw->op_costs.launch_s : kernels_s(c, &ks);
+        if (ks.n == 0)
+            continue;
+        char shape[ZP_OPTABLE_SHAPE_LEN];
+        zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
+        const ZpOpTime *t = zp_optable_op(&hw->op_costs, zp_sched_compute_name(k), shape,
+                                          c->ranks);
+        c->whole[k] = t != NULL;
+        if (t)
+            c->kind_s[k] = t->time_s;
+        GString *list = t ? whole : summed;
+        g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
     }
+    g_snprintf(c->why, sizeof c->why, "op table: %s measured whole (%d rank%s at once)%s%s (%s)",
+               whole->len ? whole->str : "no op", c->ranks, c->ranks == 1 ? "" : "s",
+               summed->len ? "; the sum of their kernels for " : "", summed->str,
+               hw->op_costs.source);
+    g_string_free(whole, TRUE);
+    g_string_free(summed, TRUE);
     return TRUE;
 }
 
@@ -322,6 +357,35 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double ge
                                     c->attn_flops_per_s, mem_bytes, optimizer);
     return c->kind_s[kind] +
            (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
+}
+
+double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
+{
+    const double share = op->bytes / MAX(ranks, 1);
+    /* bf16 in, widened to fp32, accumulated into bf16: 2 + 4 read and written, then 4 + 2
+     * read and 2 written per 2-byte element (real_engine.c deliver). */
+    const double deliver = stage >= 2 && op->micro > 0 ? 7 * share : 2 * share;
+    if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
+        return 0;
+    switch ((ZpCollKind)op->sub) {
+    case ZP_COLL_ALLREDUCE:
+        return 4 * op->bytes;
+    case ZP_COLL_REDUCE_SCATTER:
+        return (stage < 2 ? 2 * op->bytes : 0) + deliver;
+    case ZP_COLL_ALLGATHER:
+        return stage < 3 ? 2 * op->bytes : ranks == 1 ? 2 * op->bytes : 0;
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks)
+{
+    const double bytes = zp_cost_coll_copy_bytes(op, stage, ranks);
+    if (!c->table || bytes <= 0)
+        return 0;
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
 }
 
 double zp_cost_contention(const ZpCost *c, int overlapping)
