@@ -31,6 +31,7 @@ typedef struct {
     GPtrArray *roots;         /* json_t, owned */
     GPtrArray *runs;          /* base names */
     GArray *whole, *whole_n;  /* ZpOpTime: whole-op times summed over runs; int: how many */
+    char backend[16];         /* the fitted runs' backend */
 } Runs;
 
 static int name_index(const char *name, const char *(*name_of)(int), int n)
@@ -173,6 +174,9 @@ static gboolean read_run(const char *path, int world, Runs *r, GError **error)
     }
     g_ptr_array_add(r->roots, root);
     g_ptr_array_add(r->runs, g_path_get_basename(path));
+    const char *backend = json_string_value(json_object_get(root, "backend"));
+    if (backend && strlen(backend) < sizeof r->backend)
+        g_strlcpy(r->backend, backend, sizeof r->backend);
     if (!zp_json_get_number(root, path, "launch_s", TRUE, 0, 1, &launch, error) ||
         !read_grid(root, path, r, error))
         return FALSE;
@@ -476,6 +480,7 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     if (ok)
         json_object_set_new(checks, "optimizer_rms_rel_error", json_real(rms));
     t->contention = r->contention->len ? fmax(1.0, median(r->contention)) : 1.0;
+    g_strlcpy(t->backend, r->backend, sizeof t->backend);
     t->n_ops = (int)r->whole->len;
     for (int k = 0; k < t->n_ops; k++) { /* the mean over runs */
         t->ops[k] = g_array_index(r->whole, ZpOpTime, k);
@@ -492,7 +497,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
               g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(double)),
               g_ptr_array_new(), g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
               g_ptr_array_new_with_free_func(g_free), g_array_new(FALSE, FALSE, sizeof(ZpOpTime)),
-              g_array_new(FALSE, FALSE, sizeof(int))};
+              g_array_new(FALSE, FALSE, sizeof(int)), ""};
     gboolean ok = TRUE;
     *op_costs = NULL;
     for (int i = 0; ok && i < n_paths; i++)

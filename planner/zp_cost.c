@@ -224,6 +224,53 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
     }
 }
 
+double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind)
+{
+    const Dims d = dims(model, plan);
+    switch (kind) {
+    case ZP_COMP_EMBED_FWD:
+        return 4 * d.t * d.h;
+    case ZP_COMP_BLOCK_FWD:
+    case ZP_COMP_RECOMPUTE:
+        return 4 * (d.t * (3 * d.h + d.q + d.f1 + d.f + 4) + d.b * d.heads * d.s);
+    case ZP_COMP_HEAD:
+        return 4 * (d.t * (2 * d.h + 2) + d.h * (d.v + 2));
+    case ZP_COMP_BLOCK_BWD:
+        return 4 * (d.block_elems + d.t * (2 * d.f1 + 3 * d.h + 2 * d.q));
+    case ZP_COMP_EMBED_BWD:
+        return 4 * d.embed_elems;
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    const Dims d = dims(model, plan);
+    const double panel_elems = 8388608; /* real_cpu.c's REAL_CPU_GEMM_PANEL_ELEMS */
+    double a = 0, b = 0;
+    for (int kind = 0; kind < ZP_COMP_N; kind++) {
+        ZpKernels ks;
+        zp_cost_kernels(model, plan, (ZpComputeKind)kind, &ks);
+        for (int i = 0; i < ks.n; i++) {
+            const ZpKernel *k = &ks.k[i];
+            if (k->kind != ZP_KERNEL_GEMM)
+                continue;
+            if (k->sub == ZP_GEMM_WEIGHT_GRAD && kind == ZP_COMP_BLOCK_BWD) /* bf16 x^T */
+                a = MAX(a, k->m * k->k);
+            else if (k->sub != ZP_GEMM_WEIGHT_GRAD) /* bf16 weights */
+                b = MAX(b, MAX(1.0, MIN(k->n, floor(panel_elems / k->k))) * k->k);
+        }
+    }
+    const double tile = d.fused ? (double)zp_model_head_dim(model) + 32 : 2 * d.s * d.s;
+    return 2 * d.t * d.h + 4 * d.t * d.h + 4 * (a + b + tile);
+}
+
+gboolean zp_cost_backend_workspace(const ZpHw *hw)
+{
+    return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
+}
+
 double zp_cost_accesses(const ZpKernels *kernels)
 {
     double total = 0;

@@ -92,6 +92,24 @@ double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);
  * flight: the table's contention factor, 1 when none overlaps or there is no table. */
 double zp_cost_contention(const ZpCost *c, int overlapping);
 
+/* Bytes of fp32 workspace real_gpt.c allocates while one compute op of `kind` runs, besides
+ * the head's logits (which the schedule lists for every backend): the embedding's fp32 output
+ * (T h) or its fp32 gradients (unit 0), a block forward's buffers
+ * T(3h + q + f1 + f + 4) + b a s, a block backward's block_elems + T(2 f1 + 3h + 2q), the
+ * head's T(2h + 2) + h(V + 2); 0 for other kinds. */
+double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind);
+
+/* Bytes zreal holds as workspace through a whole run on its CPU backend: the engine's residual
+ * stream x (bf16 T h) and gradient dx (fp32 T h), and real_cpu.c's staging buffers, grown to
+ * the largest use and kept: a bf16 first GEMM operand widened (the blocks' weight gradients,
+ * m k), a bf16 second operand widened a panel at a time (n k, at most 2^23 elements of it),
+ * and the eager attention's two s x s tiles (a fused kernel's d + 32). */
+double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan);
+
+/* Whether a profile's op table was measured on zreal's CPU backend, whose workspace
+ * (the two functions above) the schedule then lists. */
+gboolean zp_cost_backend_workspace(const ZpHw *hw);
+
 /* Bytes the rank's own memory copies move (read plus written) around collective `op` as
  * zreal's engine (real_engine.c reduce_flat, reduce_units, gather) performs it at ZeRO stage
  * `stage` on `ranks` ranks: a bucketed all-reduce copies the gradients into its bucket and

@@ -184,7 +184,7 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
 {
     static const char *const keys[] = {"source", "launch_s", "gemm", "eager_attention",
                                        "elementwise_bytes_per_s", "optimizer_bytes_per_s",
-                                       "contention", "ops", NULL};
+                                       "contention", "ops", "backend", NULL};
     static const char *const passes[] = {"forward", "backward"};
     json_t *obj = json;
     memset(t, 0, sizeof *t);
@@ -198,8 +198,14 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
          zp_json_get_number(obj, inner, "optimizer_bytes_per_s", TRUE, 1e6, 1e15,
                             &t->optimizer_bytes_per_s, error) &&
          zp_json_get_number(obj, inner, "contention", FALSE, 1, 100, &t->contention, error);
-    if (ok)
+    const char *backend = "";
+    ok = ok && zp_json_get_string(obj, inner, "backend", FALSE, &backend, error);
+    if (ok && strlen(backend) >= sizeof t->backend)
+        ok = fail(error, inner, "backend", "a backend's name (\"cpu\", \"cuda\")");
+    if (ok) {
         g_strlcpy(t->source, source, sizeof t->source);
+        g_strlcpy(t->backend, backend ? backend : "", sizeof t->backend);
+    }
     char *sub = g_strdup_printf("%s.gemm", inner);
     ok = ok && grids(json_object_get(obj, "gemm"), sub, "log2_mnk", "log2_aspect", gemm_forms,
                      ZP_GEMM_N, t->gemm, error);
@@ -266,6 +272,8 @@ void *zp_optable_to_json(const ZpOpTable *t)
         json_object_set_new(o, "eager_attention",
                             grids_json("log2_seq", "log2_head_dim", passes, 2,
                                        t->eager_attention));
+    if (t->backend[0])
+        json_object_set_new(o, "backend", json_string(t->backend));
     if (t->n_ops > 0) {
         json_t *ops = json_array();
         for (int i = 0; i < t->n_ops; i++)

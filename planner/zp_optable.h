@@ -52,6 +52,8 @@ typedef struct {
 typedef struct {
     gboolean present;
     char source[256];
+    char backend[16];                    /* zreal's backend the runs measured ("cpu", "cuda");
+                                          * "" when not recorded */
     double launch_s;                     /* fixed cost of one kernel launch or dispatch */
     ZpGrid gemm[ZP_GEMM_N];              /* FLOP/s over x = log2(m n k), y = log2(aspect) */
     gboolean has_eager_attention;
