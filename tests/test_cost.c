@@ -371,6 +371,63 @@ static void test_collective_copies(void)
     g_assert_cmpfloat(fabs(step_s(&m, &p, &hw) - (sum + copies)), <, 1e-9 * (sum + copies));
 }
 
+/* The CPU backend's workspace as real_gpt.c, real_engine.c and real_cpu.c allocate it, by hand
+ * for tiny at micro-batch 8 (T 256 tokens, h 64, 4 heads, s 32, f 256, q 192, V 64), and the
+ * schedule listing it: the run-long part plus one op's at a time, the largest the block
+ * backward's, which is what zreal measures (1,748,224 bytes). Only for a profile measured on
+ * that backend. */
+static void test_backend_workspace(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    load_hw("dgx-h100", &hw);
+    load_model("tiny", &m);
+    zp_plan_defaults(&p, 0, 1, 1);
+    p.micro_batch = 8;
+    const double T = 256, h = 64, block = 4 * h * h + 2 * h * 256 + 9 * h + 256;
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_FWD), ==, 4 * T * h);
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_FWD), ==,
+                      4 * (T * (3 * h + 192 + 256 + 256 + 4) + 8 * 4 * 32));
+    const double bwd = 4 * (block + T * (2 * 256 + 3 * h + 2 * 192));
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_BWD), ==, bwd);
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_HEAD), ==,
+                      4 * (T * (2 * h + 2) + h * (64 + 2)));
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_OPTIMIZER), ==, 0);
+    /* x and dx; fc2's weight gradient widens its bf16 input (f x T); fc1's weights (h x f) are
+     * the largest bf16 second operand; two s x s attention tiles. */
+    const double resident = 2 * T * h + 4 * T * h + 4 * (256 * T + h * 256 + 2 * 32 * 32);
+    g_assert_cmpfloat(zp_cost_resident_workspace_bytes(&m, &p), ==, resident);
+    g_assert_cmpfloat(resident + bwd, ==, 1748224);
+    g_assert_false(zp_cost_backend_workspace(&hw));
+    hw.op_costs = synthetic_table();
+    g_assert_false(zp_cost_backend_workspace(&hw));
+    g_strlcpy(hw.op_costs.backend, "cpu", sizeof hw.op_costs.backend);
+    g_assert_true(zp_cost_backend_workspace(&hw));
+    p.backend_workspace = TRUE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    double listed = 0;
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *o = zp_sched_op(s, i);
+        if (o->kind == ZP_OP_ALLOC && o->sub == ZP_MEM_WORKSPACE)
+            listed += o->bytes;
+    }
+    const double logits = 4 * T * 64;
+    g_assert_cmpfloat(listed, ==, resident + logits +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_FWD) +
+                                      2 * zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_FWD) +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_HEAD) +
+                                      2 * bwd +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_BWD));
+    GError *error = NULL;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->category_peak_bytes[ZP_MEM_WORKSPACE], ==, 1748224);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
 /* A microbenchmark run whose every time a known table gives: t = launch + work / rate. */
 static double grid_rate(int form, double x, double y)
 {
@@ -457,6 +514,7 @@ static void test_calibrated_round_trip(void)
     load_hw(prof, &hw);
     const ZpOpTable *t = &hw.op_costs;
     g_assert_true(t->present);
+    g_assert_cmpstr(t->backend, ==, "cpu");
     g_assert_cmpfloat(t->launch_s, ==, 1e-6);
     g_assert_cmpfloat(t->contention, ==, 1.25);
     g_assert_true(close_to(t->optimizer_bytes_per_s, 2e9));
@@ -562,6 +620,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/contention", test_contention);
     g_test_add_func("/cost/whole-op", test_whole_op);
     g_test_add_func("/cost/collective-copies", test_collective_copies);
+    g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
     return g_test_run();
