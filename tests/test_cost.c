@@ -54,6 +54,20 @@ static void load_model(const char *name, ZpModel *m)
     g_assert_no_error(error);
 }
 
+/* tiny on the H100 profile, with the synthetic op table when `table`, and a plan of `stage` on
+ * `dp` ranks at micro-batch `micro_batch` (0: the default). */
+static void tiny_setup(ZpHw *hw, ZpModel *m, ZpPlan *p, int stage, int dp, int micro_batch,
+                       gboolean table)
+{
+    load_hw("dgx-h100", hw);
+    load_model("tiny", m);
+    if (table)
+        hw->op_costs = synthetic_table();
+    zp_plan_defaults(p, stage, dp, 1);
+    if (micro_batch)
+        p->micro_batch = micro_batch;
+}
+
 /* A profile with an op table, written to JSON, loads back to the same table. */
 static void test_round_trip(void)
 {
@@ -124,9 +138,7 @@ static void test_fallback_reported(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    zp_plan_defaults(&p, 1, 2, 1);
+    tiny_setup(&hw, &m, &p, 1, 2, 0, FALSE);
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_false(c.table);
@@ -155,11 +167,7 @@ static void test_hand_computed(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    hw.op_costs = synthetic_table();
-    zp_plan_defaults(&p, 1, 2, 1);
-    p.micro_batch = 1;
+    tiny_setup(&hw, &m, &p, 1, 2, 1, TRUE);
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.table);
@@ -273,10 +281,7 @@ static void test_whole_op(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    hw.op_costs = synthetic_table();
-    zp_plan_defaults(&p, 1, 2, 1);
+    tiny_setup(&hw, &m, &p, 1, 2, 0, TRUE);
     ZpCost kernels, c;
     g_assert_true(zp_cost_init(&kernels, &hw, &m, &p, NULL));
     char fwd[ZP_OPTABLE_SHAPE_LEN], recompute[ZP_OPTABLE_SHAPE_LEN], head[ZP_OPTABLE_SHAPE_LEN];
@@ -345,11 +350,9 @@ static void test_collective_copies(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    zp_plan_defaults(&p, 0, 1, 1);
     ZpCost c;
-    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    tiny_setup(&hw, &m, &p, 0, 1, 0, FALSE);
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL) && !c.table);
     g_assert_cmpfloat(zp_cost_coll_copy_s(&c, &op, 1, 4), ==, 0);
     hw.op_costs = synthetic_table();
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
@@ -381,10 +384,7 @@ static void test_backend_workspace(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    zp_plan_defaults(&p, 0, 1, 1);
-    p.micro_batch = 8;
+    tiny_setup(&hw, &m, &p, 0, 1, 8, FALSE);
     const double T = 256, h = 64, block = 4 * h * h + 2 * h * 256 + 9 * h + 256;
     g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_FWD), ==, 4 * T * h);
     g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_FWD), ==,
