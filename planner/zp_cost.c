@@ -287,16 +287,18 @@ void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind ki
                       char out[ZP_OPTABLE_SHAPE_LEN])
 {
     const Dims d = dims(model, plan);
-    const gboolean save = kind == ZP_COMP_RECOMPUTE || (kind == ZP_COMP_BLOCK_FWD && !plan->checkpoint);
+    const gboolean save =
+        kind == ZP_COMP_RECOMPUTE || (kind == ZP_COMP_BLOCK_FWD && !plan->checkpoint);
     g_snprintf(out, ZP_OPTABLE_SHAPE_LEN,
-               "b%g s%g h%g a%g kv%g q%g f%g f1%g v%g mp%g e%g %s%s%s%s%s%s%s%s%s%s%s%s r%g ck%d sv%d",
+               "b%g s%g h%g a%g kv%g q%g f%g f1%g v%g mp%g e%g %s%s%s%s%s%s%s%s%s%s%s%s r%g w%lld "
+               "ck%d sv%d",
                d.b, d.s, d.h, d.heads, d.kvd, d.q, d.f, d.f1, d.v, d.mp, d.embed_elems,
                d.bias_qkv ? "Q" : "", d.bias_proj ? "P" : "", d.bias_mlp ? "M" : "",
                d.rope ? "R" : "", d.learned ? "L" : "", d.rms ? "N" : "", d.swiglu ? "G" : "",
                d.fused ? "F" : "", model->exact_gelu ? "E" : "",
                model->parallel_residual ? "X" : "", model->tied_embeddings ? "T" : "",
-               model->dropout ? "D" : "", model->rotary_fraction, plan->checkpoint ? 1 : 0,
-               save ? 1 : 0);
+               model->dropout ? "D" : "", model->rotary_fraction,
+               (long long)model->sliding_window, plan->checkpoint ? 1 : 0, save ? 1 : 0);
 }
 
 /* ---- times ---- */
