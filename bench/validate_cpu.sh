@@ -6,20 +6,26 @@
 # median step is validated against the prediction (`zplan validate`: per op kind).
 # Prints one row per case (with the load average when it ran) and the median and worst error;
 # keeps every profile, prediction, measurement and report under OUTDIR.
-# Usage: sh bench/validate_cpu.sh [OUTDIR]
+# Then, for the WORST cases (3) by |error|, every op kind's predicted against measured time.
+# Usage: sh bench/validate_cpu.sh [OUTDIR]   (on a quiet machine: check `uptime` first)
 # Environment (defaults): RANKS ("1 2 4"; above the cores, ranks are oversubscribed),
 # STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), STEPS (5), MODELS ("tiny:8 cpu-small:4
-# llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]).
+# llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]), WORST (3).
+# Each microbenchmark also times every compute op whole in a step's sequence (real_opseq) with
+# N ranks at once: the profiles take those times first (zp_cost), the kernel sums otherwise.
 set -eu
 cd "$(dirname "$0")/.."
 out=${1:-$(mktemp -d)}
 mkdir -p "$out"
+: >"$out/table.txt"
+: >"$out/cases.txt"
 RANKS=${RANKS:-"1 2 4"}
 STAGES=${STAGES:-"0 1 2 3"}
 CKPT=${CKPT:-"0 1"}
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-5}
 MODELS=${MODELS:-"tiny:8 cpu-small:4 llama-tiny:8 gpt2-124m:1:256"}
+WORST=${WORST:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 load() { cut -d' ' -f1 /proc/loadavg; }
@@ -72,6 +78,7 @@ for n in $RANKS; do
                 err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
                 printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %5s\n' "$name" "$n" "$stage" "$ck" \
                     "$pred" "$meas" "$err" "$(load)" | tee -a "$out/table.txt"
+                echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
             done
         done
     done
@@ -79,4 +86,8 @@ done
 awk '{sub("%", "", $7); e = $7 + 0; print (e < 0 ? -e : e)}' "$out/table.txt" | sort -g |
     awk '{v[NR] = $1} END {printf "median |error| %.1f%%, worst %.1f%% over %d cases\n",
          (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[NR], NR}'
+sort -gr "$out/cases.txt" | head -n "$WORST" | while read -r e case; do
+    echo "worst: $case ($e% off), by op kind (zplan validate):"
+    grep -E 'ops\)|step time' "$out/v-$case.txt" || true
+done
 echo "load at end $(load); files in $out"

@@ -30,6 +30,8 @@ typedef struct {
     GPtrArray *ops;           /* json_t rows of "ops", borrowed from `roots` */
     GPtrArray *roots;         /* json_t, owned */
     GPtrArray *runs;          /* base names */
+    GArray *whole, *whole_n;  /* ZpOpTime: whole-op times summed over runs; int: how many */
+    char backend[16];         /* the fitted runs' backend */
 } Runs;
 
 static int name_index(const char *name, const char *(*name_of)(int), int n)
@@ -71,7 +73,7 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     size_t i;
     json_array_foreach(json_object_get(root, "gemm_grid"), i, row)
     {
-        Sample s;
+        Sample s = {0};
         if (!sample(row, path, "form", "flops", form_name, ZP_GEMM_N, &s, error) ||
             !zp_json_get_number(row, path, "log2_mnk", TRUE, -1e3, 1e3, &s.x, error) ||
             !zp_json_get_number(row, path, "log2_aspect", TRUE, -1e3, 1e3, &s.y, error))
@@ -80,7 +82,7 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     }
     json_array_foreach(json_object_get(root, "attention_grid"), i, row)
     {
-        Sample s;
+        Sample s = {0};
         double seq, hd;
         if (!sample(row, path, "pass", "flops", pass_name, 2, &s, error) ||
             !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
@@ -110,13 +112,59 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     return TRUE;
 }
 
-/* One run: skipped when it has no op microbenchmarks or fewer ranks than `world`. */
+/* The run's whole-op times ("op_sequence"), keyed by op, shape and the run's rank count: every
+ * run's, whatever its ranks, so that one profile holds the ops as 1, 2, ... ranks at once run
+ * them (zp_cost picks the plan's). */
+static gboolean read_whole_ops(json_t *root, const char *path, int ranks, Runs *r,
+                               GError **error)
+{
+    json_t *row;
+    size_t i;
+    json_array_foreach(json_object_get(root, "op_sequence"), i, row)
+    {
+        ZpOpTime o = {.ranks = ranks};
+        const char *op = NULL, *shape = NULL;
+        if (!zp_json_get_string(row, path, "op", TRUE, &op, error) ||
+            !zp_json_get_string(row, path, "shape", TRUE, &shape, error) ||
+            !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &o.time_s, error))
+            return FALSE;
+        if (strlen(op) >= sizeof o.op || strlen(shape) >= sizeof o.shape)
+            return bad(error, path, "an op_sequence row's op or shape is too long");
+        g_strlcpy(o.op, op, sizeof o.op);
+        g_strlcpy(o.shape, shape, sizeof o.shape);
+        guint k = 0;
+        for (; k < r->whole->len; k++) {
+            ZpOpTime *w = &g_array_index(r->whole, ZpOpTime, k);
+            if (w->ranks == o.ranks && strcmp(w->op, o.op) == 0 && strcmp(w->shape, o.shape) == 0)
+                break;
+        }
+        if (k == r->whole->len) {
+            const int zero = 0;
+            o.time_s = 0;
+            g_array_append_val(r->whole, o);
+            g_array_append_val(r->whole_n, zero);
+        }
+        g_array_index(r->whole, ZpOpTime, k).time_s +=
+            json_number_value(json_object_get(row, "time_s"));
+        g_array_index(r->whole_n, int, k)++;
+    }
+    if (r->whole->len <= ZP_OPTABLE_MAX_OPS)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s: more than %d whole-op times over the runs (an op table holds that many)",
+                path, ZP_OPTABLE_MAX_OPS);
+    return FALSE;
+}
+
+/* One run: its whole-op times; the rest skipped when it has no op microbenchmarks or another
+ * rank count than `world`. */
 static gboolean read_run(const char *path, int world, Runs *r, GError **error)
 {
     json_t *root = zp_json_load_object(path, error);
     int64_t ranks = 0;
     double launch;
-    if (!root || !zp_json_get_int(root, path, "world", TRUE, 1, 1 << 20, &ranks, error)) {
+    if (!root || !zp_json_get_int(root, path, "world", TRUE, 1, 1 << 20, &ranks, error) ||
+        !read_whole_ops(root, path, (int)ranks, r, error)) {
         json_decref(root);
         return FALSE;
     }
@@ -126,6 +174,9 @@ static gboolean read_run(const char *path, int world, Runs *r, GError **error)
     }
     g_ptr_array_add(r->roots, root);
     g_ptr_array_add(r->runs, g_path_get_basename(path));
+    const char *backend = json_string_value(json_object_get(root, "backend"));
+    if (backend && strlen(backend) < sizeof r->backend)
+        g_strlcpy(r->backend, backend, sizeof r->backend);
     if (!zp_json_get_number(root, path, "launch_s", TRUE, 0, 1, &launch, error) ||
         !read_grid(root, path, r, error))
         return FALSE;
@@ -429,6 +480,12 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     if (ok)
         json_object_set_new(checks, "optimizer_rms_rel_error", json_real(rms));
     t->contention = r->contention->len ? fmax(1.0, median(r->contention)) : 1.0;
+    g_strlcpy(t->backend, r->backend, sizeof t->backend);
+    t->n_ops = (int)r->whole->len;
+    for (int k = 0; k < t->n_ops; k++) { /* the mean over runs */
+        t->ops[k] = g_array_index(r->whole, ZpOpTime, k);
+        t->ops[k].time_s /= g_array_index(r->whole_n, int, k);
+    }
     return ok;
 }
 
@@ -439,7 +496,8 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
               g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(Sample)),
               g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(double)),
               g_ptr_array_new(), g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
-              g_ptr_array_new_with_free_func(g_free)};
+              g_ptr_array_new_with_free_func(g_free), g_array_new(FALSE, FALSE, sizeof(ZpOpTime)),
+              g_array_new(FALSE, FALSE, sizeof(int)), ""};
     gboolean ok = TRUE;
     *op_costs = NULL;
     for (int i = 0; ok && i < n_paths; i++)
@@ -464,7 +522,10 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "and eager attention's log2(seq) x log2(head_dim) grid (the mean over runs, net "
                 "of the launch); each elementwise class t = c0 + bytes / rate by GSL weighted "
                 "least squares (1/t^2) over its size sweep and the model's own kernels; the "
-                "optimizer from Adam's runs; launch_s a one-element add; contention %s",
+                "optimizer from Adam's runs; launch_s a one-element add; ops: each compute op "
+                "timed whole inside a step's sequence of ops (real_opseq), the mean over runs "
+                "per op, shape and ranks at once, which zp_cost takes before the sum of the "
+                "op's kernels; contention %s",
                 runs, world,
                 r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "
                                     "of 4 MiB run to its time alone"
@@ -479,5 +540,6 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
     g_array_unref(r.launch), g_array_unref(r.gemm), g_array_unref(r.attn);
     g_array_unref(r.ew), g_array_unref(r.adam), g_array_unref(r.contention);
     g_ptr_array_unref(r.ops), g_ptr_array_unref(r.roots), g_ptr_array_unref(r.runs);
+    g_array_unref(r.whole), g_array_unref(r.whole_n);
     return ok;
 }

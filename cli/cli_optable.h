@@ -10,8 +10,9 @@
  * describes; runs with fewer share the cores differently and are left out): the GEMM
  * surface and eager attention at their grid points (mean rate over runs, net of the launch),
  * each elementwise class by t = c0 + bytes / rate (GSL weighted least squares, 1/t^2), the
- * optimizer from Adam's runs, the launch and the contention factor (1, said so in the note,
- * when no run measured it). Stores in *op_costs the "op_costs" object, or NULL when no run has
+ * optimizer from Adam's runs, the launch, the contention factor (1, said so in the note,
+ * when no run measured it) and the whole-op times of every run's "op_sequence" (runs of any
+ * rank count, each keyed by it: the mean per op, shape and ranks). Stores in *op_costs the "op_costs" object, or NULL when no run has
  * op microbenchmarks (runs of an older zreal); adds its residuals to `calibration` under
  * "op_table" and, for every residual over 10%, prints a warning on stderr naming the ops.
  * `notes` (a json_t object) gains the table's source. Fails on a malformed run or a grid

@@ -7,6 +7,7 @@
 #include "sim_engine.h"
 #include "sim_trace.h"
 #include "zp_alloc_replay.h"
+#include "zp_cost.h"
 #include "zp_zeror.h"
 #include "zp_dsconfig.h"
 #include "zp_pipe.h"
@@ -729,6 +730,8 @@ static int simulate(const SimulateFlags *f)
         zp_sched_free(sched);
         return cli_fail("simulate", error);
     }
+    /* A profile measured on zreal's CPU backend: its workspace buffers are listed too. */
+    plan.backend_workspace = zp_cost_backend_workspace(&hw) && zp_plan_pp(&plan) == 1;
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */

@@ -228,12 +228,77 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
     }
 }
 
+double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind)
+{
+    const Dims d = dims(model, plan);
+    switch (kind) {
+    case ZP_COMP_EMBED_FWD:
+        return 4 * d.t * d.h;
+    case ZP_COMP_BLOCK_FWD:
+    case ZP_COMP_RECOMPUTE:
+        return 4 * (d.t * (3 * d.h + d.q + d.f1 + d.f + 4) + d.b * d.heads * d.s);
+    case ZP_COMP_HEAD:
+        return 4 * (d.t * (2 * d.h + 2) + d.h * (d.v + 2));
+    case ZP_COMP_BLOCK_BWD:
+        return 4 * (d.block_elems + d.t * (2 * d.f1 + 3 * d.h + 2 * d.q));
+    case ZP_COMP_EMBED_BWD:
+        return 4 * d.embed_elems;
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    const Dims d = dims(model, plan);
+    const double panel_elems = 8388608; /* real_cpu.c's REAL_CPU_GEMM_PANEL_ELEMS */
+    double a = 0, b = 0;
+    for (int kind = 0; kind < ZP_COMP_N; kind++) {
+        ZpKernels ks;
+        zp_cost_kernels(model, plan, (ZpComputeKind)kind, &ks);
+        for (int i = 0; i < ks.n; i++) {
+            const ZpKernel *k = &ks.k[i];
+            if (k->kind != ZP_KERNEL_GEMM)
+                continue;
+            if (k->sub == ZP_GEMM_WEIGHT_GRAD && kind == ZP_COMP_BLOCK_BWD) /* bf16 x^T */
+                a = MAX(a, k->m * k->k);
+            else if (k->sub != ZP_GEMM_WEIGHT_GRAD) /* bf16 weights */
+                b = MAX(b, MAX(1.0, MIN(k->n, floor(panel_elems / k->k))) * k->k);
+        }
+    }
+    const double tile = d.fused ? (double)zp_model_head_dim(model) + 32 : 2 * d.s * d.s;
+    return 2 * d.t * d.h + 4 * d.t * d.h + 4 * (a + b + tile);
+}
+
+gboolean zp_cost_backend_workspace(const ZpHw *hw)
+{
+    return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
+}
+
 double zp_cost_accesses(const ZpKernels *kernels)
 {
     double total = 0;
     for (int i = 0; i < kernels->n; i++)
         total += kernels->k[i].accesses;
     return total;
+}
+
+void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                      char out[ZP_OPTABLE_SHAPE_LEN])
+{
+    const Dims d = dims(model, plan);
+    const gboolean save =
+        kind == ZP_COMP_RECOMPUTE || (kind == ZP_COMP_BLOCK_FWD && !plan->checkpoint);
+    g_snprintf(out, ZP_OPTABLE_SHAPE_LEN,
+               "b%g s%g h%g a%g kv%g q%g f%g f1%g v%g mp%g e%g %s%s%s%s%s%s%s%s%s%s%s%s r%g w%lld "
+               "ck%d sv%d",
+               d.b, d.s, d.h, d.heads, d.kvd, d.q, d.f, d.f1, d.v, d.mp, d.embed_elems,
+               d.bias_qkv ? "Q" : "", d.bias_proj ? "P" : "", d.bias_mlp ? "M" : "",
+               d.rope ? "R" : "", d.learned ? "L" : "", d.rms ? "N" : "", d.swiglu ? "G" : "",
+               d.fused ? "F" : "", model->exact_gelu ? "E" : "",
+               model->parallel_residual ? "X" : "", model->tied_embeddings ? "T" : "",
+               model->dropout ? "D" : "", model->rotary_fraction,
+               (long long)model->sliding_window, plan->checkpoint ? 1 : 0, save ? 1 : 0);
 }
 
 /* ---- times ---- */
@@ -306,12 +371,31 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     c->table = TRUE;
     c->log2_seq = log2((double)model->seq_len);
     c->log2_head_dim = log2((double)zp_model_head_dim(model));
-    g_snprintf(c->why, sizeof c->why, "op table (%s)", hw->op_costs.source);
+    const int world = plan->dp * plan->mp * zp_plan_pp(plan);
+    c->ranks = hw->gpus_per_node > 0 ? MIN(world, hw->gpus_per_node) : world;
+    GString *whole = g_string_new(NULL), *summed = g_string_new(NULL);
     for (int k = 0; k < ZP_COMP_N; k++) {
         ZpKernels ks;
         zp_cost_kernels(model, plan, (ZpComputeKind)k, &ks);
         c->kind_s[k] = k == ZP_COMP_OPTIMIZER ? hw->op_costs.launch_s : kernels_s(c, &ks);
+        if (ks.n == 0)
+            continue;
+        char shape[ZP_OPTABLE_SHAPE_LEN];
+        zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
+        const ZpOpTime *t = zp_optable_op(&hw->op_costs, zp_sched_compute_name(k), shape,
+                                          c->ranks);
+        c->whole[k] = t != NULL;
+        if (t)
+            c->kind_s[k] = t->time_s;
+        GString *list = t ? whole : summed;
+        g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
     }
+    g_snprintf(c->why, sizeof c->why, "op table: %s measured whole (%d rank%s at once)%s%s (%s)",
+               whole->len ? whole->str : "no op", c->ranks, c->ranks == 1 ? "" : "s",
+               summed->len ? "; the sum of their kernels for " : "", summed->str,
+               hw->op_costs.source);
+    g_string_free(whole, TRUE);
+    g_string_free(summed, TRUE);
     return TRUE;
 }
 
@@ -326,6 +410,35 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double ge
                                     c->attn_flops_per_s, mem_bytes, optimizer);
     return c->kind_s[kind] +
            (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
+}
+
+double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
+{
+    const double share = op->bytes / MAX(ranks, 1);
+    /* bf16 in, widened to fp32, accumulated into bf16: 2 + 4 read and written, then 4 + 2
+     * read and 2 written per 2-byte element (real_engine.c deliver). */
+    const double deliver = stage >= 2 && op->micro > 0 ? 7 * share : 2 * share;
+    if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
+        return 0;
+    switch ((ZpCollKind)op->sub) {
+    case ZP_COLL_ALLREDUCE:
+        return 4 * op->bytes;
+    case ZP_COLL_REDUCE_SCATTER:
+        return (stage < 2 ? 2 * op->bytes : 0) + deliver;
+    case ZP_COLL_ALLGATHER:
+        return stage < 3 ? 2 * op->bytes : ranks == 1 ? 2 * op->bytes : 0;
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks)
+{
+    const double bytes = zp_cost_coll_copy_bytes(op, stage, ranks);
+    if (!c->table || bytes <= 0)
+        return 0;
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
 }
 
 double zp_cost_contention(const ZpCost *c, int overlapping)

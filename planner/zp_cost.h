@@ -48,18 +48,29 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
  * the element size, from the backward's own kernels. */
 double zp_cost_accesses(const ZpKernels *kernels);
 
+/* The key of a compute op's shape in the op table's whole-op times: every size and choice
+ * that changes the op's kernels (its Dims), the plan's checkpointing and, for a block forward,
+ * whether it saves its activations. Written into out (ZP_OPTABLE_SHAPE_LEN bytes). */
+void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                      char out[ZP_OPTABLE_SHAPE_LEN]);
+
 /* How a profile costs a plan's compute ops. */
 typedef struct {
     const ZpHw *hw;
     gboolean table;             /* the profile's op table, op by op */
-    char why[200];              /* which model was used, and why not the table */
+    char why[512];              /* which model was used (per op: whole-op times or kernel
+                                 * sums), and why not the table */
+    int ranks;                  /* ranks sharing one machine: the whole-op times' key */
+    gboolean whole[ZP_COMP_N];  /* table: this kind's time was measured whole */
     double peak_flops;          /* roofline: the plan's precision's peak */
     double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
     double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
     double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
 } ZpCost;
 
-/* Chooses the table when hw has one, the model an architecture and the table covers the
+/* Chooses the table when hw has one (and for each op of the model and plan its whole-op time,
+ * measured with as many ranks at once as the plan puts on a machine, before the sum of its
+ * kernels), the model an architecture and the table covers the
  * plan's attention kernel (eager needs "eager_attention", a fused kernel the profile's
  * "attention" entry); else the roofline, saying why in c->why. The table describes the kernels
  * as the backend that was measured runs them, operand dtypes included, whatever the plan's
@@ -69,8 +80,8 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
                       GError **error);
 
 /* Seconds of one compute op of `kind` with the schedule's cost fields. Table: the kind's
- * kernels (the optimizer: launch + mem_bytes at the optimizer rate); roofline:
- * zp_hw_compute_time_s. */
+ * whole-op time, else its kernels (the optimizer: launch + mem_bytes at the optimizer rate);
+ * roofline: zp_hw_compute_time_s. */
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double gemm_flops,
                     double attn_flops, double mem_bytes);
 
@@ -80,5 +91,38 @@ double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);
 /* How much slower a compute op runs while `overlapping` collectives of its rank are in
  * flight: the table's contention factor, 1 when none overlaps or there is no table. */
 double zp_cost_contention(const ZpCost *c, int overlapping);
+
+/* Bytes of fp32 workspace real_gpt.c allocates while one compute op of `kind` runs, besides
+ * the head's logits (which the schedule lists for every backend): the embedding's fp32 output
+ * (T h) or its fp32 gradients (unit 0), a block forward's buffers
+ * T(3h + q + f1 + f + 4) + b a s, a block backward's block_elems + T(2 f1 + 3h + 2q), the
+ * head's T(2h + 2) + h(V + 2); 0 for other kinds. */
+double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind);
+
+/* Bytes zreal holds as workspace through a whole run on its CPU backend: the engine's residual
+ * stream x (bf16 T h) and gradient dx (fp32 T h), and real_cpu.c's staging buffers, grown to
+ * the largest use and kept: a bf16 first GEMM operand widened (the blocks' weight gradients,
+ * m k), a bf16 second operand widened a panel at a time (n k, at most 2^23 elements of it),
+ * and the eager attention's two s x s tiles (a fused kernel's d + 32). */
+double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan);
+
+/* Whether a profile's op table was measured on zreal's CPU backend, whose workspace
+ * (the two functions above) the schedule then lists. */
+gboolean zp_cost_backend_workspace(const ZpHw *hw);
+
+/* Bytes the rank's own memory copies move (read plus written) around collective `op` as
+ * zreal's engine (real_engine.c reduce_flat, reduce_units, gather) performs it at ZeRO stage
+ * `stage` on `ranks` ranks: a bucketed all-reduce copies the gradients into its bucket and
+ * back, as DeepSpeed does whatever the world size (runtime/engine.py allreduce_bucket
+ * flattens the bucket, allreduce_and_copy copies the result back); a reduce-scatter copies
+ * into the bucket (stage 1) and delivers this rank's share (a copy, or at stage 2-3 after the
+ * first micro-step a widen and accumulate); an all-gather copies the buckets' chunks into
+ * place (stages 1-2) or, on one rank, MPI copies the slice into the gathered buffer (stage
+ * 3). In-place collectives (no bucket) copy nothing. */
+double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks);
+
+/* Seconds of those copies: at the op table's copy (convert) rate, a launch per copy; 0
+ * without a table (the roofline's collectives stay as NCCL's model has them). */
+double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks);
 
 #endif

@@ -132,11 +132,59 @@ static gboolean grids(json_t *obj, const char *what, const char *xkey, const cha
     return TRUE;
 }
 
+/* The optional "ops" array of whole-op times. */
+static gboolean op_times(json_t *ops, const char *what, ZpOpTable *t, GError **error)
+{
+    static const char *const keys[] = {"op", "shape", "ranks", "time_s", NULL};
+    if (!ops)
+        return TRUE;
+    if (!json_is_array(ops) || json_array_size(ops) > ZP_OPTABLE_MAX_OPS) {
+        char *must = g_strdup_printf("an array of at most %d {op, shape, ranks, time_s}",
+                                     ZP_OPTABLE_MAX_OPS);
+        fail(error, what, "ops", must);
+        g_free(must);
+        return FALSE;
+    }
+    char *sub = g_strdup_printf("%s.ops", what);
+    gboolean ok = TRUE;
+    for (size_t i = 0; ok && i < json_array_size(ops); i++) {
+        json_t *row = json_array_get(ops, i);
+        ZpOpTime *o = &t->ops[i];
+        const char *op = NULL, *shape = NULL;
+        int64_t ranks = 0;
+        ok = (json_is_object(row) || fail(error, sub, "[]", "an object")) &&
+             zp_json_check_keys(row, sub, keys, error) &&
+             zp_json_get_string(row, sub, "op", TRUE, &op, error) &&
+             zp_json_get_string(row, sub, "shape", TRUE, &shape, error) &&
+             zp_json_get_int(row, sub, "ranks", TRUE, 1, 1 << 20, &ranks, error) &&
+             zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &o->time_s, error);
+        if (ok && (strlen(op) >= sizeof o->op || strlen(shape) >= sizeof o->shape))
+            ok = fail(error, sub, "op", "a known op name with a shape under 160 characters");
+        if (ok) {
+            g_strlcpy(o->op, op, sizeof o->op);
+            g_strlcpy(o->shape, shape, sizeof o->shape);
+            o->ranks = (int)ranks;
+            t->n_ops = (int)i + 1;
+        }
+    }
+    g_free(sub);
+    return ok;
+}
+
+const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *shape, int ranks)
+{
+    for (int i = 0; i < t->n_ops; i++)
+        if (t->ops[i].ranks == ranks && strcmp(t->ops[i].op, op) == 0 &&
+            strcmp(t->ops[i].shape, shape) == 0)
+            return &t->ops[i];
+    return NULL;
+}
+
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error)
 {
     static const char *const keys[] = {"source", "launch_s", "gemm", "eager_attention",
                                        "elementwise_bytes_per_s", "optimizer_bytes_per_s",
-                                       "contention", NULL};
+                                       "contention", "ops", "backend", NULL};
     static const char *const passes[] = {"forward", "backward"};
     json_t *obj = json;
     memset(t, 0, sizeof *t);
@@ -150,8 +198,14 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
          zp_json_get_number(obj, inner, "optimizer_bytes_per_s", TRUE, 1e6, 1e15,
                             &t->optimizer_bytes_per_s, error) &&
          zp_json_get_number(obj, inner, "contention", FALSE, 1, 100, &t->contention, error);
-    if (ok)
+    const char *backend = "";
+    ok = ok && zp_json_get_string(obj, inner, "backend", FALSE, &backend, error);
+    if (ok && strlen(backend) >= sizeof t->backend)
+        ok = fail(error, inner, "backend", "a backend's name (\"cpu\", \"cuda\")");
+    if (ok) {
         g_strlcpy(t->source, source, sizeof t->source);
+        g_strlcpy(t->backend, backend ? backend : "", sizeof t->backend);
+    }
     char *sub = g_strdup_printf("%s.gemm", inner);
     ok = ok && grids(json_object_get(obj, "gemm"), sub, "log2_mnk", "log2_aspect", gemm_forms,
                      ZP_GEMM_N, t->gemm, error);
@@ -173,6 +227,7 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
         ok = zp_json_get_number(ew, sub, ew_names[c], TRUE, 1e6, 1e15, &t->ew_bytes_per_s[c],
                                 error);
     g_free(sub);
+    ok = ok && op_times(json_object_get(obj, "ops"), inner, t, error);
     g_free(inner);
     t->present = ok;
     return ok;
@@ -217,5 +272,16 @@ void *zp_optable_to_json(const ZpOpTable *t)
         json_object_set_new(o, "eager_attention",
                             grids_json("log2_seq", "log2_head_dim", passes, 2,
                                        t->eager_attention));
+    if (t->backend[0])
+        json_object_set_new(o, "backend", json_string(t->backend));
+    if (t->n_ops > 0) {
+        json_t *ops = json_array();
+        for (int i = 0; i < t->n_ops; i++)
+            json_array_append_new(ops, json_pack("{s:s, s:s, s:i, s:f}", "op", t->ops[i].op,
+                                                 "shape", t->ops[i].shape, "ranks",
+                                                 t->ops[i].ranks, "time_s",
+                                                 t->ops[i].time_s));
+        json_object_set_new(o, "ops", ops);
+    }
     return o;
 }

@@ -37,9 +37,23 @@ typedef enum {
     ZP_EW_N
 } ZpEwClass;
 
+/* One compute op timed whole (every kernel in real_gpt.c's order, each reading what the one
+ * before wrote) at one shape, while `ranks` ranks ran the same sequence at once on the machine:
+ * zp_cost takes it before the sum of the op's kernels. */
+#define ZP_OPTABLE_MAX_OPS 192
+#define ZP_OPTABLE_SHAPE_LEN 160
+typedef struct {
+    char op[16];                       /* zp_sched_compute_name: "block_fwd", "head", ... */
+    char shape[ZP_OPTABLE_SHAPE_LEN];  /* zp_cost_op_shape of the model and plan */
+    int ranks;                         /* ranks running at once on the machine */
+    double time_s;
+} ZpOpTime;
+
 typedef struct {
     gboolean present;
     char source[256];
+    char backend[16];                    /* zreal's backend the runs measured ("cpu", "cuda");
+                                          * "" when not recorded */
     double launch_s;                     /* fixed cost of one kernel launch or dispatch */
     ZpGrid gemm[ZP_GEMM_N];              /* FLOP/s over x = log2(m n k), y = log2(aspect) */
     gboolean has_eager_attention;
@@ -49,15 +63,21 @@ typedef struct {
     double ew_bytes_per_s[ZP_EW_N];
     double optimizer_bytes_per_s;        /* in the schedule's optimizer bytes */
     double contention;                   /* >= 1: compute slowdown while a collective runs */
+    int n_ops;                           /* whole-op times ("ops", optional) */
+    ZpOpTime ops[ZP_OPTABLE_MAX_OPS];
 } ZpOpTable;
 
 /* Parses the "op_costs" object (a json_t *) into t; `what` names the file in messages. Every
- * key is required but "eager_attention" and "contention" (default 1); every rate positive. */
+ * key is required but "eager_attention", "contention" (default 1) and "ops" (an array of
+ * {op, shape, ranks, time_s}, none by default); every rate and time positive. */
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error);
 
 /* The table as an "op_costs" object (a new json_t *), which zp_optable_from_json reads back
  * to the same table. */
 void *zp_optable_to_json(const ZpOpTable *t);
+
+/* The whole-op time of op `op` at `shape` with `ranks` ranks at once; NULL when none. */
+const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *shape, int ranks);
 
 /* The grid's value at (x, y): bilinear inside, clamped to the edges outside. */
 double zp_grid_at(const ZpGrid *g, double x, double y);

@@ -121,6 +121,9 @@ typedef struct {
     ZpImplKind impl;            /* DeepSpeed (the zero value), FSDP or the paper */
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
+    /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
+     * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
+    gboolean backend_workspace;
 } ZpPlan;
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */

@@ -75,6 +75,8 @@ typedef struct {
     int64_t recv_key;
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
     GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
+    int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */
+    uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -102,11 +104,43 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
     return s->ops->len - 1;
 }
 
+static uint32_t emit_alloc(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                           int *buffer, const uint32_t *deps, guint n_deps);
+static uint32_t emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                          int buffer, uint32_t after);
+
+/* backend_workspace: the workspace zreal's CPU backend holds from the first compute op to the
+ * end of the run (the engine's, unit 0 micro-step 0, so that the engine allocates nothing for
+ * it: real_engine.c needed_bytes), then each op's own around it. */
+static void workspace_before(Builder *b, ZpComputeKind kind, int unit, int micro,
+                             GArray *all, int *buffer)
+{
+    const ZpSchedule *s = b->s;
+    *buffer = -1;
+    if (!s->plan.backend_workspace)
+        return;
+    if (b->resident < 0) {
+        const uint32_t at = emit_alloc(b, ZP_MEM_WORKSPACE,
+                                       zp_cost_resident_workspace_bytes(&s->model, &s->plan), 0,
+                                       0, &b->resident, NULL, 0);
+        g_array_append_val(all, at);
+    }
+    const double bytes = zp_cost_op_workspace_bytes(&s->model, &s->plan, kind);
+    if (b->workspace_free != NONE) /* one op's at a time, as the backend runs them */
+        g_array_append_val(all, b->workspace_free);
+    if (bytes > 0) {
+        const uint32_t at = emit_alloc(b, ZP_MEM_WORKSPACE, bytes, unit, micro, buffer,
+                                       (const uint32_t *)all->data, all->len);
+        g_array_append_val(all, at);
+    }
+}
+
 static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
                              const uint32_t *deps,
                              guint n_deps)
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    int workspace;
     if (b->recv_key >= 0) { /* the first dependency: the neighbour's send, filled in later */
         const uint32_t cross = CROSS, at = b->s->deps->len;
         g_array_append_val(all, cross);
@@ -117,12 +151,18 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
+    workspace_before(b, kind, unit, micro, all, &workspace);
     ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = kind, .stream = ZP_STREAM_COMPUTE, .unit = unit,
                .micro = micro, .buffer = -1, .flops = cost.flops,
                .gemm_flops = cost.gemm_flops, .attn_flops = cost.attn_flops,
                .mem_bytes = cost.mem_bytes};
     b->last_compute = emit(b, op, (uint32_t *)all->data, all->len);
     g_array_unref(all);
+    if (workspace >= 0)
+        b->workspace_free = emit_free(b, ZP_MEM_WORKSPACE,
+                                      zp_cost_op_workspace_bytes(&b->s->model, &b->s->plan,
+                                                                 kind),
+                                      unit, micro, workspace, b->last_compute);
     return b->last_compute;
 }
 
@@ -1248,7 +1288,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .recv_key = -1,
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
-                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .resident = -1, .workspace_free = NONE};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -1268,6 +1309,10 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
         build_stage(&b, &a, deps, launched);
+    b.stage = P - 1; /* backend_workspace: one stage only (cli_simulate) */
+    if (b.resident >= 0)
+        emit_free(&b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(model, plan), 0, 0,
+                  b.resident, b.last_compute);
     link_sends(&b);
     g_array_unref(deps);
     g_array_unref(launched);

@@ -61,6 +61,12 @@ static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx
     return ok;
 }
 
+gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
+                                double *s, GError **error)
+{
+    return be->mark ? device_time(be, fn, ctx, s, error) : host_time(be, comm, fn, ctx, s, error);
+}
+
 gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
                                   int repeats, double *median_s, GError **error)
 {
@@ -69,8 +75,7 @@ gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn f
     if (!fn(ctx, error) || !finished(be, error))
         return FALSE;
     for (int i = 0; i < repeats; i++)
-        if (!(be->mark ? device_time(be, fn, ctx, &times[i], error)
-                       : host_time(be, comm, fn, ctx, &times[i], error)))
+        if (!real_microbench_once_s(be, comm, fn, ctx, &times[i], error))
             return FALSE;
     qsort(times, (size_t)repeats, sizeof times[0], compare_doubles);
     *median_s = times[repeats / 2];

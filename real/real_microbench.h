@@ -35,6 +35,11 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
 /* A timed call: runs the kernel once on ctx. */
 typedef gboolean (*RealTimedFn)(void *ctx, GError **error);
 
+/* One call's time: on the device clock on a device backend; on the host the slowest rank's,
+ * the ranks lined up first. */
+gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
+                                double *s, GError **error);
+
 /* The median of `repeats` (1 to 7) calls after one warm-up call (page faults, library
  * start-up): each on the device clock on a device backend, on the host each the slowest
  * rank's, the ranks lined up first. */

@@ -2,6 +2,7 @@
  * eager attention, each elementwise class, a launch, contention — and a plan's own kernels. */
 #include "real_opbench.h"
 #include "real_microbench.h"
+#include "real_opseq.h"
 #include "zp_cost.h"
 #include "zp_util.h"
 
@@ -555,7 +556,8 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     ok = ok && bench_ew_classes(&x, device ? 16 : 12, device ? 26 : 20, 256, ew, error) &&
          bench_contention(&x, root, error);
     if (ok && model)
-        ok = bench_ops(&x, model, plan, ops, error);
+        ok = bench_ops(&x, model, plan, ops, error) &&
+             real_opseq_run(be, comm, model, plan, root, error);
     free_buffers(&x);
     g_rand_free(x.rand);
     json_object_set_new(root, "launch_s", json_real(launch_s));

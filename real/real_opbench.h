@@ -20,7 +20,8 @@
  * "contention": {gemm_s, gemm_with_collective_s, collective_bytes} (host backends with two or
  * more ranks: the GEMM in a thread while this thread runs all-reduces), and with a model
  * "ops": [{op, kernel, type, form or class, m, n, k, flops, bytes, time_s}] — each kernel
- * of each compute op (zp_cost_kernels) timed at its shape — and "model", "plan". */
+ * of each compute op (zp_cost_kernels) timed at its shape — "op_sequence" (real_opseq: each
+ * compute op timed whole inside a step's sequence), "model" and "plan". */
 gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
                           const ZpPlan *plan, void *root, GError **error);
 

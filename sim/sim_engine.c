@@ -527,7 +527,10 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
             const SimCollCost cost = sim_coll_cost(op->sub, op->bytes, g);
-            o->latency_s = cost.latency_s;
+            /* With an op table (the measured backend's), the rank's own copies around the
+             * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
+            o->latency_s = cost.latency_s + zp_cost_coll_copy_s(&sim->cost, op,
+                                                                s->plan.zero.stage, g->ranks);
             o->transfer_s = cost.transfer_s;
             o->link = g->bottleneck;
             const double sent = sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
@@ -1273,6 +1276,10 @@ static void handle(Sim *sim, const Event *e, double now_s)
         if (gpu && sim->contention > 1 &&
             (e->detail != rs->compute_op || now_s != rs->compute_end_s))
             return; /* an end that contention moved */
+        /* Rescaled there and back, an op can have two end events at the same instant: the
+         * first completes it, the end is then spent. */
+        if (gpu && sim->contention > 1)
+            rs->compute_end_s = -1;
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;

@@ -34,6 +34,9 @@ static ZpOpTable synthetic_table(void)
                                         .v = {{p ? 2e9 : 3e9}}};
     for (int c = 0; c < ZP_EW_N; c++)
         t.ew_bytes_per_s[c] = (c + 1) * 1e9;
+    /* A whole-op time at a shape no model here has: read back, never used. */
+    t.n_ops = 1;
+    t.ops[0] = (ZpOpTime){.op = "block_fwd", .shape = "b1 s1 (none)", .ranks = 3, .time_s = 9};
     return t;
 }
 
@@ -49,6 +52,20 @@ static void load_model(const char *name, ZpModel *m)
     GError *error = NULL;
     g_assert_true(zp_model_load(name, m, &error));
     g_assert_no_error(error);
+}
+
+/* tiny on the H100 profile, with the synthetic op table when `table`, and a plan of `stage` on
+ * `dp` ranks at micro-batch `micro_batch` (0: the default). */
+static void tiny_setup(ZpHw *hw, ZpModel *m, ZpPlan *p, int stage, int dp, int micro_batch,
+                       gboolean table)
+{
+    load_hw("dgx-h100", hw);
+    load_model("tiny", m);
+    if (table)
+        hw->op_costs = synthetic_table();
+    zp_plan_defaults(p, stage, dp, 1);
+    if (micro_batch)
+        p->micro_batch = micro_batch;
 }
 
 /* A profile with an op table, written to JSON, loads back to the same table. */
@@ -121,9 +138,7 @@ static void test_fallback_reported(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    zp_plan_defaults(&p, 1, 2, 1);
+    tiny_setup(&hw, &m, &p, 1, 2, 0, FALSE);
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_false(c.table);
@@ -152,15 +167,13 @@ static void test_hand_computed(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
-    load_hw("dgx-h100", &hw);
-    load_model("tiny", &m);
-    hw.op_costs = synthetic_table();
-    zp_plan_defaults(&p, 1, 2, 1);
-    p.micro_batch = 1;
+    tiny_setup(&hw, &m, &p, 1, 2, 1, TRUE);
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.table);
-    g_assert_nonnull(strstr(c.why, "op table (synthetic"));
+    g_assert_nonnull(strstr(c.why, "op table: no op measured whole (2 ranks at once); the sum "
+                                   "of their kernels for embed_fwd, block_fwd, head, recompute, "
+                                   "block_bwd, embed_bwd (synthetic"));
     const double L = 1e-6, th = 32 * 64;
     /* Embedding forward: the lookup (bf16 token and position rows in, fp32 out: 8 th bytes at
      * embed's 11e9) and the conversion to bf16 (6 th at convert's 9e9). */
@@ -250,7 +263,7 @@ static void test_contention(void)
     calm = hw;
     calm.op_costs.contention = 1;
     ZpCost c;
-    zp_plan_defaults(&p, 2, 4, 1);
+    zp_plan_defaults(&p, 1, 4, 1);
     p.zero.reduce_bucket_size = 1e5; /* a bucket per block, reduced while the next computes */
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_cmpfloat(zp_cost_contention(&c, 0), ==, 1);
@@ -259,6 +272,160 @@ static void test_contention(void)
     g_assert_cmpfloat(step_s(&m, &p, &hw), ==, step_s(&m, &p, &calm));
     p.zero.overlap_comm = TRUE;
     g_assert_cmpfloat(step_s(&m, &p, &hw), >, step_s(&m, &p, &calm));
+}
+
+/* Whole-op times measured at the plan's shape and ranks at once are taken before the sum of
+ * the op's kernels, op by op, and said; another rank count's, or another shape's, are not. */
+static void test_whole_op(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 1, 2, 0, TRUE);
+    ZpCost kernels, c;
+    g_assert_true(zp_cost_init(&kernels, &hw, &m, &p, NULL));
+    char fwd[ZP_OPTABLE_SHAPE_LEN], recompute[ZP_OPTABLE_SHAPE_LEN], head[ZP_OPTABLE_SHAPE_LEN];
+    char other[ZP_OPTABLE_SHAPE_LEN];
+    zp_cost_op_shape(&m, &p, ZP_COMP_BLOCK_FWD, fwd);
+    zp_cost_op_shape(&m, &p, ZP_COMP_RECOMPUTE, recompute);
+    zp_cost_op_shape(&m, &p, ZP_COMP_HEAD, head);
+    g_assert_cmpstr(fwd, ==, recompute); /* both save their activations without checkpointing */
+    g_assert_cmpstr(fwd, !=, head);
+    p.micro_batch++;
+    zp_cost_op_shape(&m, &p, ZP_COMP_BLOCK_BWD, other);
+    p.micro_batch--;
+    g_assert_cmpstr(other, !=, head);
+    ZpOpTable *t = &hw.op_costs;
+    t->n_ops = 3;
+    t->ops[0] = (ZpOpTime){.op = "block_fwd", .ranks = 2, .time_s = 0.25};
+    t->ops[1] = (ZpOpTime){.op = "head", .ranks = 1, .time_s = 0.5}; /* one rank: not ours */
+    t->ops[2] = (ZpOpTime){.op = "block_bwd", .ranks = 2, .time_s = 0.75};
+    g_strlcpy(t->ops[0].shape, fwd, sizeof t->ops[0].shape);
+    g_strlcpy(t->ops[1].shape, head, sizeof t->ops[1].shape);
+    g_strlcpy(t->ops[2].shape, other, sizeof t->ops[2].shape); /* another micro-batch's */
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_cmpint(c.ranks, ==, 2);
+    g_assert_true(c.whole[ZP_COMP_BLOCK_FWD]);
+    g_assert_false(c.whole[ZP_COMP_HEAD] || c.whole[ZP_COMP_BLOCK_BWD]);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 0, 0, 0, 0), ==, 0.25);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==,
+                      kernels.kind_s[ZP_COMP_HEAD]);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_BWD, 0, 0, 0, 0), ==,
+                      kernels.kind_s[ZP_COMP_BLOCK_BWD]);
+    g_assert_nonnull(strstr(c.why, "op table: block_fwd measured whole (2 ranks at once); the "
+                                   "sum of their kernels for embed_fwd, head, recompute, "
+                                   "block_bwd, embed_bwd"));
+    /* Under checkpointing the block forward keeps nothing: another shape, its kernels' sum. */
+    p.checkpoint = TRUE;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_false(c.whole[ZP_COMP_BLOCK_FWD]);
+    /* On one rank the head's own time. */
+    zp_plan_defaults(&p, 1, 1, 1);
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_true(c.whole[ZP_COMP_HEAD]);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 0.5);
+}
+
+/* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
+ * ranks, and their time at the copy rate (convert: 9e9 in the synthetic table); none without
+ * a table. */
+static void test_collective_copies(void)
+{
+    const double B = 1e6;
+    ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLREDUCE, .buffer = 0, .bytes = B};
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 0, 1), ==, 4 * B); /* into the bucket, back */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 4 * B);
+    op.buffer = -1; /* in place */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 0, 1), ==, 0);
+    op = (ZpOp){.sub = ZP_COLL_REDUCE_SCATTER, .buffer = 0, .bytes = B};
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B + 2 * B / 4);
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 2, 4), ==, 2 * B / 4);
+    op.micro = 1; /* accumulated: widened, added, rounded */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 2, 4), ==, 7 * B / 4);
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B + 2 * B / 4);
+    op = (ZpOp){.sub = ZP_COLL_ALLGATHER, .buffer = 0, .bytes = B};
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B);
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 3, 1), ==, 2 * B); /* MPI's copy, alone */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 3, 4), ==, 0);
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    ZpCost c;
+    tiny_setup(&hw, &m, &p, 0, 1, 0, FALSE);
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL) && !c.table);
+    g_assert_cmpfloat(zp_cost_coll_copy_s(&c, &op, 1, 4), ==, 0);
+    hw.op_costs = synthetic_table();
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_cmpfloat(fabs(zp_cost_coll_copy_s(&c, &op, 1, 4) - (1e-6 + 2 * B / 9e9)), <, 1e-15);
+    /* A one-rank step without overlap is its compute ops and its collectives' copies. */
+    zp_plan_defaults(&p, 1, 1, 1);
+    p.zero.overlap_comm = FALSE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    double sum = 0, copies = 0;
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *o = zp_sched_op(s, i);
+        if (o->kind == ZP_OP_COMPUTE)
+            sum += zp_cost_op_s(&c, o->sub, o->flops, o->gemm_flops, o->attn_flops, o->mem_bytes);
+        else if (o->kind == ZP_OP_COLLECTIVE)
+            copies += zp_cost_coll_copy_s(&c, o, 1, 1);
+    }
+    zp_sched_free(s);
+    g_assert_cmpfloat(copies, >, 0);
+    g_assert_cmpfloat(fabs(step_s(&m, &p, &hw) - (sum + copies)), <, 1e-9 * (sum + copies));
+}
+
+/* The CPU backend's workspace as real_gpt.c, real_engine.c and real_cpu.c allocate it, by hand
+ * for tiny at micro-batch 8 (T 256 tokens, h 64, 4 heads, s 32, f 256, q 192, V 64), and the
+ * schedule listing it: the run-long part plus one op's at a time, the largest the block
+ * backward's, which is what zreal measures (1,748,224 bytes). Only for a profile measured on
+ * that backend. */
+static void test_backend_workspace(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 0, 1, 8, FALSE);
+    const double T = 256, h = 64, block = 4 * h * h + 2 * h * 256 + 9 * h + 256;
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_FWD), ==, 4 * T * h);
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_FWD), ==,
+                      4 * (T * (3 * h + 192 + 256 + 256 + 4) + 8 * 4 * 32));
+    const double bwd = 4 * (block + T * (2 * 256 + 3 * h + 2 * 192));
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_BWD), ==, bwd);
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_HEAD), ==,
+                      4 * (T * (2 * h + 2) + h * (64 + 2)));
+    g_assert_cmpfloat(zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_OPTIMIZER), ==, 0);
+    /* x and dx; fc2's weight gradient widens its bf16 input (f x T); fc1's weights (h x f) are
+     * the largest bf16 second operand; two s x s attention tiles. */
+    const double resident = 2 * T * h + 4 * T * h + 4 * (256 * T + h * 256 + 2 * 32 * 32);
+    g_assert_cmpfloat(zp_cost_resident_workspace_bytes(&m, &p), ==, resident);
+    g_assert_cmpfloat(resident + bwd, ==, 1748224);
+    g_assert_false(zp_cost_backend_workspace(&hw));
+    hw.op_costs = synthetic_table();
+    g_assert_false(zp_cost_backend_workspace(&hw));
+    g_strlcpy(hw.op_costs.backend, "cpu", sizeof hw.op_costs.backend);
+    g_assert_true(zp_cost_backend_workspace(&hw));
+    p.backend_workspace = TRUE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    double listed = 0;
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *o = zp_sched_op(s, i);
+        if (o->kind == ZP_OP_ALLOC && o->sub == ZP_MEM_WORKSPACE)
+            listed += o->bytes;
+    }
+    const double logits = 4 * T * 64;
+    g_assert_cmpfloat(listed, ==, resident + logits +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_FWD) +
+                                      2 * zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_BLOCK_FWD) +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_HEAD) +
+                                      2 * bwd +
+                                      zp_cost_op_workspace_bytes(&m, &p, ZP_COMP_EMBED_BWD));
+    GError *error = NULL;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->category_peak_bytes[ZP_MEM_WORKSPACE], ==, 1748224);
+    sim_result_free(r);
+    zp_sched_free(s);
 }
 
 /* A microbenchmark run whose every time a known table gives: t = launch + work / rate. */
@@ -347,6 +514,7 @@ static void test_calibrated_round_trip(void)
     load_hw(prof, &hw);
     const ZpOpTable *t = &hw.op_costs;
     g_assert_true(t->present);
+    g_assert_cmpstr(t->backend, ==, "cpu");
     g_assert_cmpfloat(t->launch_s, ==, 1e-6);
     g_assert_cmpfloat(t->contention, ==, 1.25);
     g_assert_true(close_to(t->optimizer_bytes_per_s, 2e9));
@@ -387,6 +555,61 @@ static void test_calibrated_round_trip(void)
     g_free(args), g_free(run), g_free(prof), g_free(dir);
 }
 
+/* Whole-op times: every run's, whatever its rank count, kept per op, shape and ranks (the
+ * mean over runs of the same), and what zp_cost then finds for a plan of that shape. */
+static void test_calibrated_whole_ops(void)
+{
+    GError *error = NULL;
+    ZpModel m;
+    ZpPlan p;
+    load_model("tiny", &m);
+    zp_plan_defaults(&p, 0, 2, 1);
+    char shape[ZP_OPTABLE_SHAPE_LEN];
+    zp_cost_op_shape(&m, &p, ZP_COMP_HEAD, shape);
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    const int worlds[3] = {2, 2, 1};
+    const double times[3] = {1.0, 3.0, 5.0};
+    GString *args = g_string_new("calibrate");
+    for (int i = 0; i < 3; i++) {
+        json_t *root = synthetic_run(1);
+        json_object_set_new(root, "world", json_integer(worlds[i]));
+        json_object_set_new(root, "op_sequence",
+                            json_pack("[{s:s, s:s, s:b, s:i, s:f}]", "op", "head", "shape", shape,
+                                      "checkpoint", 0, "calls", 3, "time_s", times[i]));
+        char *name = g_strdup_printf("run%d.json", i);
+        char *path = g_build_filename(dir, name, NULL);
+        g_assert_true(zp_json_write(root, path, &error));
+        g_string_append_printf(args, " %s", path);
+        json_decref(root);
+        g_free(name), g_free(path);
+    }
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    g_string_append_printf(args, " --ranks 2 --out %s", prof);
+    TuRun r = tu_zplan(args->str);
+    g_test_message("%s: %s%s", args->str, r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    ZpHw hw;
+    load_hw(prof, &hw);
+    g_assert_cmpint(hw.op_costs.n_ops, ==, 2);
+    g_assert_cmpfloat(zp_optable_op(&hw.op_costs, "head", shape, 2)->time_s, ==, 2.0);
+    g_assert_cmpfloat(zp_optable_op(&hw.op_costs, "head", shape, 1)->time_s, ==, 5.0);
+    g_assert_null(zp_optable_op(&hw.op_costs, "block_fwd", shape, 2));
+    ZpCost c;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 2.0);
+    for (int i = 0; i < 3; i++) {
+        char *name = g_strdup_printf("run%d.json", i);
+        char *path = g_build_filename(dir, name, NULL);
+        g_unlink(path);
+        g_free(name), g_free(path);
+    }
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(prof), g_free(dir);
+    g_string_free(args, TRUE);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -395,6 +618,10 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/fallback-reported", test_fallback_reported);
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);
+    g_test_add_func("/cost/whole-op", test_whole_op);
+    g_test_add_func("/cost/collective-copies", test_collective_copies);
+    g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
+    g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
     return g_test_run();
 }

@@ -5,9 +5,13 @@
 #include "real_data.h"
 #include "real_engine.h"
 #include "real_gpt.h"
+#include "real_opseq.h"
+#include "testutil.h"
+#include "zp_cost.h"
 #include "zp_mem.h"
 #include "zp_model.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 
@@ -1667,6 +1671,58 @@ static void test_llama_layout_memory(void)
     }
 }
 
+/* The op sequence times every compute op of tiny's steps as real_gpt runs them: one row per op
+ * and mode, as many calls as three steps make, keyed by zp_cost's shape of that mode, every
+ * buffer freed after; nothing at a tensor degree zreal does not run. */
+static void test_opseq_rows(void)
+{
+    RealBackend *be = real_cpu_backend_new();
+    RealComm *comm = real_comm_emulated_new(be, 1, 0);
+    ZpModel m = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, 1);
+    p.micro_batch = 1;
+    json_t *root = json_object();
+    GError *error = NULL;
+    g_assert_true(real_opseq_run(be, comm, &m, &p, root, &error));
+    g_assert_no_error(error);
+    json_t *rows = json_object_get(root, "op_sequence");
+    g_assert_cmpint(json_array_size(rows), ==, 5 + 6);
+    const int L = (int)m.layers;
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row)
+    {
+        const char *op = json_string_value(json_object_get(row, "op"));
+        ZpPlan mode = p;
+        mode.checkpoint = json_is_true(json_object_get(row, "checkpoint"));
+        int kind = 0;
+        while (kind < ZP_COMP_N && strcmp(zp_sched_compute_name(kind), op) != 0)
+            kind++;
+        g_assert_cmpint(kind, <, ZP_COMP_N);
+        char shape[ZP_OPTABLE_SHAPE_LEN];
+        zp_cost_op_shape(&m, &mode, (ZpComputeKind)kind, shape);
+        g_assert_cmpstr(json_string_value(json_object_get(row, "shape")), ==, shape);
+        const gboolean block = kind == ZP_COMP_BLOCK_FWD || kind == ZP_COMP_RECOMPUTE ||
+                               kind == ZP_COMP_BLOCK_BWD;
+        g_assert_cmpint(json_integer_value(json_object_get(row, "calls")), ==, 3 * (block ? L : 1));
+        g_assert_cmpfloat(json_number_value(json_object_get(row, "time_s")), >, 0);
+        g_assert_true(kind != ZP_COMP_RECOMPUTE || mode.checkpoint);
+    }
+    RealAllocStats st;
+    real_alloc_stats(be->tracker, &st);
+    /* The backend's own GEMM and attention staging stays (grown, never shrunk). */
+    g_assert_cmpint(st.live_total_bytes, ==, st.live_bytes[REAL_MEM_WORKSPACE]);
+    json_decref(root);
+    root = json_object();
+    p.mp = 2;
+    g_assert_true(real_opseq_run(be, comm, &m, &p, root, &error));
+    g_assert_null(json_object_get(root, "op_sequence"));
+    json_decref(root);
+    comm->destroy(comm);
+    be->destroy(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1703,6 +1759,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/gpt/recompute_bit_identical", test_recompute_bit_identical);
     g_test_add_func("/real/gpt/memory_accounting", test_memory_accounting);
     g_test_add_func("/real/gpt/training", test_training_loss_falls);
+    g_test_add_func("/real/opseq/rows", test_opseq_rows);
     g_test_add_func("/real/data/split_invariant", test_data_split_invariant);
     g_test_add_func("/real/data/structure", test_data_structure);
     return g_test_run();

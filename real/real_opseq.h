@@ -1,0 +1,26 @@
+/* real_opseq: times each compute op of a step whole — every kernel of it in real_gpt.c's own
+ * order, each reading what the one before wrote — inside a step's sequence of ops over all
+ * the model's layers, so that each op meets its inputs as training leaves them (not warm in
+ * cache). zplan calibrate puts these times into the op table (zp_optable's "ops"). */
+#ifndef REAL_OPSEQ_H
+#define REAL_OPSEQ_H
+
+#include "real_backend.h"
+#include "real_comm.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+
+#include <glib.h>
+
+/* Runs, on every rank at once (as many ranks share the machine as will train on it), the
+ * compute of a step of `model` under `plan` as the engine drives real_gpt: embedding
+ * forward, every block forward, the head, every block backward (after its recompute under
+ * checkpointing), the embedding backward, from the model's initial parameters. It does so
+ * without and with checkpointing, a warm-up step and then three timed steps each. Adds to
+ * `root` (a json_t object) "op_sequence": [{op, shape (zp_cost_op_shape), checkpoint, calls,
+ * time_s}]: for each op kind and mode, the median over its calls of the slowest rank's time.
+ * Adds nothing (returns TRUE) when plan->mp > 1: zreal runs no tensor-parallel shapes. */
+gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
+                        const ZpPlan *plan, void *root, GError **error);
+
+#endif
