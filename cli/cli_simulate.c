@@ -294,20 +294,13 @@ static double flops_per_gpu(const Report *p)
     return p->r->model_flops / p->r->step_time_s;
 }
 
-/* The bytes the step needs from the GPU: what the caching allocator reserves (its
- * segments, holes included), at least the simulated live bytes. */
-static double needed_bytes(const Report *p)
-{
-    return fmax(p->r->peak_memory_bytes, p->alloc.peak_reserved_bytes);
-}
-
 /* Bytes over the GPU's memory at the peak, counting the profile's CUDA-context reserve
- * (not a schedule buffer); zero or less when the step fits. An out-of-memory from
- * fragmentation does not fit whatever the sums say. */
+ * (not a schedule buffer); zero or less when the step fits. The need is the allocator's
+ * (zp_alloc_replay_needed_bytes), as every command judges it. */
 static double bytes_over(const Report *p)
 {
-    const double over = needed_bytes(p) + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
-    return p->alloc.oom_fragmented ? fmax(over, p->alloc.oom_request_bytes) : over;
+    const double capacity = p->hw->gpu_memory_bytes - p->hw->runtime_reserve_bytes;
+    return zp_alloc_replay_needed_bytes(&p->alloc, p->r->peak_memory_bytes, capacity) - capacity;
 }
 
 static json_t *alloc_json(const ZpAllocStats *a)

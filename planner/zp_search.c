@@ -496,7 +496,7 @@ static gint by_bound(gconstpointer a, gconstpointer b, gpointer data)
     return *(const guint *)a < *(const guint *)b ? -1 : 1;
 }
 
-/* Bytes a plan needs: its simulated peak when simulated, else the closed form. */
+/* Bytes a plan needs: its simulated (reserved) peak when simulated, else the closed form. */
 static double needed_bytes(const ZpCandidate *c)
 {
     return c->fate == ZP_FATE_SIMULATED_OOM ? c->peak_memory_bytes : c->memory_bytes;

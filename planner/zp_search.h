@@ -12,8 +12,9 @@
 #include <glib.h>
 #include <stdint.h>
 
-/* Simulates one plan: its step time and its peak of live bytes per GPU (what the schedule
- * allocates; the search adds the hwprofile's runtime reserve to it). */
+/* Simulates one plan: its step time and the bytes per GPU it needs (what the caching
+ * allocator reserves at the peak, holes included, as `simulate` judges a fit; the search
+ * adds the hwprofile's runtime reserve to it). */
 typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double *step_time_s,
                              double *peak_memory_bytes, GError **error);
 
@@ -58,7 +59,7 @@ void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpH
 typedef enum {
     ZP_FATE_OUT_OF_MEMORY, /* the closed form says it does not fit */
     ZP_FATE_CANNOT_WIN,    /* fits, but its time bound is no better than simulated plans */
-    ZP_FATE_SIMULATED_OOM, /* passed the screen, but its simulated peak does not fit */
+    ZP_FATE_SIMULATED_OOM, /* passed the screen, but its simulated need does not fit */
     ZP_FATE_SIMULATED,     /* simulated, and it fits */
     ZP_FATE_N
 } ZpFate;
@@ -70,7 +71,8 @@ typedef struct {
     double memory_bytes;      /* closed form: model states + residual + runtime reserve */
     double bound_step_s;      /* closed-form lower bound of the simulated step time */
     double step_time_s;       /* simulated (0 when not simulated) */
-    double peak_memory_bytes; /* simulated peak + runtime reserve (0 when not simulated) */
+    double peak_memory_bytes; /* simulated need (allocator-reserved peak) + runtime reserve
+                               * (0 when not simulated) */
 } ZpCandidate;
 
 typedef struct {

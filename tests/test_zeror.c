@@ -9,9 +9,11 @@
 #include "zp_util.h"
 #include "zp_zeror.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB 1048576.0
 
@@ -282,6 +284,82 @@ static void test_schedule_replay(void)
     g_assert_cmpfloat(md_gap, <, gap / 10);
 }
 
+static double jnum(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_nonnull(v);
+    return json_number_value(v);
+}
+
+/* One answer for the fit: `simulate`, `memory` and `plan` all judge a plan by the bytes the
+ * caching allocator reserves at the peak (at least the live peak) plus the reserve. GPT-3
+ * 175B at stage 3 on 64 GPUs, micro-batch 2, checkpointing: its live peak is below its
+ * reserved peak, so on a GPU whose memory lies halfway between the two (plus the reserve)
+ * `simulate` and `memory` both say it does not fit, with the same need; and `plan`'s best plan
+ * needs what `simulate` of its ds_config says. */
+static void test_one_answer(void)
+{
+    const char *shape = "--model gpt3-175b --gpus 64 --micro-batch 2 --checkpoint";
+    char *args = g_strdup_printf("simulate %s --cluster dgx-a100-80g --stage 3 --json", shape);
+    json_t *sim = tu_zplan_json(args);
+    g_free(args);
+    const double live = jnum(sim, "peak_memory_bytes");
+    const double reserved = jnum(json_object_get(sim, "caching_allocator"), "peak_reserved_bytes");
+    json_decref(sim);
+    g_assert_cmpfloat(reserved, >, live + 1e9); /* the gap the test stands on */
+
+    json_error_t jerr;
+    json_t *profile = json_load_file(ZP_DATA_DIR "/hwprofiles/dgx-a100-80g.json", 0, &jerr);
+    g_assert_nonnull(profile);
+    const double reserve = jnum(profile, "runtime_reserve_bytes");
+    json_object_set_new(profile, "gpu_memory_bytes", json_real(0.5 * (live + reserved) + reserve));
+    json_object_set_new(profile, "name", json_string("a100-between"));
+    char *path = NULL;
+    const int fd = g_file_open_tmp("zp-one-answer-XXXXXX.json", &path, NULL);
+    g_assert_cmpint(fd, >=, 0);
+    close(fd);
+    g_assert_cmpint(json_dump_file(profile, path, 0), ==, 0);
+    json_decref(profile);
+
+    args = g_strdup_printf("simulate %s --cluster %s --stage 3 --json", shape, path);
+    sim = tu_zplan_json_exit(args, 2);
+    g_free(args);
+    g_assert_false(json_boolean_value(json_object_get(sim, "fits_in_gpu_memory")));
+    json_decref(sim);
+    args = g_strdup_printf("memory %s --cluster %s --json", shape, path);
+    json_t *mem = tu_zplan_json_exit(args, 2);
+    g_free(args);
+    json_t *need = json_object_get(json_array_get(json_object_get(mem, "rows"), 0), "need_bytes");
+    g_assert_cmpfloat(fabs(jnum(need, "stage3") - (reserved + reserve)),
+                      <=, 1e-9 * reserved);
+    json_decref(mem);
+    g_unlink(path);
+    g_free(path);
+
+    /* plan's need for its best plan is simulate's for the same ds_config. */
+    char *ds = NULL;
+    const int dfd = g_file_open_tmp("zp-one-answer-XXXXXX.json", &ds, NULL);
+    g_assert_cmpint(dfd, >=, 0);
+    close(dfd);
+    args = g_strdup_printf("plan --model gpt3-175b --gpus 64 --mp 1 --cluster dgx-a100-80g "
+                           "--json --ds-config %s", ds);
+    json_t *plan = tu_zplan_json(args);
+    g_free(args);
+    const double planned = jnum(json_object_get(plan, "best"), "peak_memory_bytes");
+    json_decref(plan);
+    args = g_strdup_printf("simulate --model gpt3-175b --gpus 64 --cluster dgx-a100-80g "
+                           "--ds-config %s --json", ds);
+    sim = tu_zplan_json(args);
+    g_free(args);
+    const double sim_need =
+        fmax(jnum(sim, "peak_memory_bytes"),
+             jnum(json_object_get(sim, "caching_allocator"), "peak_reserved_bytes")) + reserve;
+    json_decref(sim);
+    g_unlink(ds);
+    g_free(ds);
+    g_assert_cmpfloat(fabs(planned - sim_need), <=, 1e-9 * sim_need);
+}
+
 /* zreal's tracker replays its own sequence: a 5 MiB buffer reserves a 20 MiB segment, and
  * 1000 bytes a 2 MiB small one; releasing keeps the segments (no compaction). */
 static void test_tracker_replay(void)
@@ -310,5 +388,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/size-classes", test_size_classes);
     g_test_add_func("/alloc/schedule", test_schedule_replay);
     g_test_add_func("/alloc/zreal-tracker", test_tracker_replay);
+    g_test_add_func("/alloc/one-answer", test_one_answer);
     return g_test_run();
 }
