@@ -676,22 +676,27 @@ static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError *
     return zp_offload_fit(&t, 0, hw, error);
 }
 
-/* Where offload puts the model states: per rank and per node. */
+/* Where offload puts the model states (and Pa+cpu the checkpoints): per rank and per node. */
 static void print_tiers(const Report *p)
 {
-    if (!zp_offload_any(p->plan))
-        return;
     const ZpSchedule *s = p->sched;
+    const double ckpt_host = s->host_bytes[ZP_MEM_CHECKPOINTS];
+    if (!zp_offload_any(p->plan) && ckpt_host == 0)
+        return;
     const int per_node = MIN(p->hw->gpus_per_node, s->world);
     double host = 0, nvme = 0;
     for (int c = 0; c < ZP_MEM_N; c++)
         host += s->host_bytes[c], nvme += s->nvme_bytes[c];
-    printf("  offload: optimizer %s, parameters %s; host memory %.3f GB per rank, %.1f GB per "
+    char *ckpt = ckpt_host > 0 ? g_strdup_printf(", checkpoints %.3f GB (cpu_checkpointing)",
+                                                 ckpt_host / GB)
+                               : g_strdup("");
+    printf("  offload: optimizer %s, parameters %s%s; host memory %.3f GB per rank, %.1f GB per "
            "node of %.1f GB; NVMe %.3f GB per rank, %.1f GB per node of %.1f GB\n",
            zp_offload_device_name(p->plan->zero.offload_optimizer.device),
-           zp_offload_device_name(p->plan->zero.offload_param.device), host / GB,
+           zp_offload_device_name(p->plan->zero.offload_param.device), ckpt, host / GB,
            per_node * host / GB, p->hw->cpu_memory_bytes / GB, nvme / GB, per_node * nvme / GB,
            p->hw->nvme_bytes / GB);
+    g_free(ckpt);
 }
 
 static int simulate(const SimulateFlags *f)
