@@ -88,7 +88,8 @@ double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
 
 /* ---- descriptions ---------------------------------------------------------------------- */
 
-/* "mp 8 x dp 32, micro 4 x accum 12, ckpt, overlap, hf-auto" (the stage is said beside it). */
+/* "mp 8 x dp 32, micro 4 x accum 12, ckpt, overlap, hf-auto[, Pa, MD, qwZ, hpZ 8]" (the
+ * stage is said beside it). */
 static char *describe(const ZpCandidate *c)
 {
     const ZpPlan *p = &c->plan;
@@ -98,12 +99,15 @@ static char *describe(const ZpCandidate *c)
                                                      : zp_plan_vstages(p) == 4 ? " v4"
                                                                                : "")
                                    : g_strdup("");
-    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s", p->mp,
+    char *options = zp_search_options_text(p);
+    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s%s%s", p->mp,
                                  pipe, p->dp, p->micro_batch, p->grad_accum,
                                  p->checkpoint ? "ckpt" : "no ckpt",
                                  p->zero.overlap_comm ? "overlap" : "no overlap",
-                                 zp_search_buckets_name(c->buckets));
+                                 zp_search_buckets_name(c->buckets), *options ? ", " : "",
+                                 options);
     g_free(pipe);
+    g_free(options);
     return text;
 }
 
@@ -388,6 +392,9 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                         json_string(zp_offload_device_name(p->zero.offload_optimizer.device)));
     json_object_set_new(o, "offload_param",
                         json_string(zp_offload_device_name(p->zero.offload_param.device)));
+    char *options = zp_search_options_text(p);
+    json_object_set_new(o, "zero_r_zeropp", json_string(options)); /* "" when none */
+    g_free(options);
     json_object_set_new(o, "plan", zp_plan_to_json(p));
     return o;
 }

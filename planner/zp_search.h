@@ -67,6 +67,8 @@ typedef enum {
 typedef struct {
     ZpPlan plan;
     int buckets;              /* index of its bucket sizes (zp_search_buckets_name) */
+    int parent;               /* the same plan with the ZeRO-R level before this one, tried
+                               * first (this one only when that does not fit), or -1 */
     ZpFate fate;
     double memory_bytes;      /* closed form: model states + residual + runtime reserve */
     double bound_step_s;      /* closed-form lower bound of the simulated step time */
@@ -149,6 +151,10 @@ double zp_search_samples(const ZpPlan *plan);
  * definition; the simulator's SimResult.model_flops), a 1/P share with P pipeline stages. */
 double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan);
 
+
+/* The ZeRO-R and ZeRO++ options a plan has on, as the search names them: "Pa", "Pa+cpu",
+ * "cpu ckpt", "MD", "qwZ", "qgZ", "hpZ 8", comma-separated; "" for none. Newly allocated. */
+char *zp_search_options_text(const ZpPlan *plan);
 
 /* "deepspeed", "hf-auto", ...: the name of a bucket-size choice. */
 const char *zp_search_buckets_name(int buckets);

@@ -184,10 +184,14 @@ static void check_search(const char *model_name, const char *cluster, int gpus, 
         g_assert_cmpfloat(step_s / zp_search_samples(&c->plan), >=, kth_ps * (1 - 1e-9));
         pruned_checked++;
     }
+    /* Fastest first; times equal to 1e-4 (the search's twin tolerance) list the plan with
+     * more memory left first. */
     for (guint i = 1; i < r.ranked->len; i++) {
         const ZpCandidate *a = zp_search_ranked(&r, i - 1), *b = zp_search_ranked(&r, i);
-        g_assert_cmpfloat(a->step_time_s / zp_search_samples(&a->plan), <=,
-                          b->step_time_s / zp_search_samples(&b->plan));
+        const double a_ps = a->step_time_s / zp_search_samples(&a->plan);
+        const double b_ps = b->step_time_s / zp_search_samples(&b->plan);
+        g_assert_true(a_ps <= b_ps ||
+                      (a_ps <= b_ps * (1 + 1e-4) && a->peak_memory_bytes <= b->peak_memory_bytes));
     }
     zp_search_result_clear(&r);
 }
@@ -446,6 +450,7 @@ static void test_dsconfig_round_trip(void)
         g_assert_no_error(error);
         g_assert_cmpuint(warnings->len, ==, 0);
         g_assert_cmpint(batch, ==, 256);
+        back.gpus_per_node = hw.gpus_per_node; /* the cluster's, not ds_config's (simulate) */
         g_assert_cmpint(memcmp(p, &back, sizeof back), ==, 0);
         g_ptr_array_unref(warnings);
     }
@@ -616,6 +621,7 @@ static void test_ds_config_written_and_simulated(void)
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     g_assert_true(zp_dsconfig_read(path, &m, &launch, &plan, &batch, warnings, NULL));
     g_assert_true(zp_plan_from_json(json_object_get(best, "plan"), "best", &expected, NULL));
+    plan.gpus_per_node = hw.gpus_per_node; /* the cluster's, not ds_config's (simulate) */
     g_assert_cmpint(memcmp(&plan, &expected, sizeof plan), ==, 0);
     CliRankContext sim = {&m, &hw};
     double step_s, peak;
