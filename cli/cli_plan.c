@@ -229,10 +229,10 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
-    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s\n", "#",
-           "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s  %s\n",
+           "#", "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
            "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "need GB",
-           a->three_d ? "  pipeline" : "");
+           a->three_d ? "  pipeline" : "", "ZeRO-R/ZeRO++");
     for (guint i = 0; i < r->ranked->len; i++) {
         const ZpCandidate *c = zp_search_ranked(r, i);
         const ZpPlan *p = &c->plan;
@@ -245,14 +245,16 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
                                            zp_pipe_schedule_name(p->pipe.schedule),
                                            zp_plan_vstages(p))
                          : g_strdup("  none");
+        char *options = zp_search_options_text(p);
         printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
-               "%8.2f%s\n",
+               "%8.2f%s  %s\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
                p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
                zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
                tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
-               c->peak_memory_bytes / GB, pipe);
+               c->peak_memory_bytes / GB, pipe, *options ? options : "none");
         g_free(pipe);
+        g_free(options);
     }
     printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments; total:\n"
            "the allocator-reserved peak, holes included, + reserve):\n");

@@ -196,6 +196,91 @@ static void check_search(const char *model_name, const char *cluster, int gpus, 
     zp_search_result_clear(&r);
 }
 
+/* Runs the search for one shape (stage, mp, micro-batch fixed) with the simulator ranking. */
+static void search_shape(const char *model, const char *cluster, int gpus, int stage, int mp,
+                         int micro, ZpImplKind impl, ZpModel *m, ZpHw *hw, ZpSearchResult *r)
+{
+    *m = tu_load_model(model);
+    *hw = tu_load_hw(cluster);
+    ZpSearchSpec spec;
+    CliRankContext *ctx = g_new0(CliRankContext, 1);
+    cli_search_spec(&spec, ctx, m, hw, gpus);
+    spec.stage = stage;
+    spec.mp = mp;
+    spec.micro_batch = micro;
+    spec.impl = impl;
+    GError *error = NULL;
+    g_assert_true(zp_search_run(&spec, r, &error));
+    g_assert_no_error(error);
+    g_free(ctx);
+}
+
+/* ZeRO-R in the search: the ZeRO paper's 100B run (MP 16, stage 2, micro-batch 32 on 400
+ * V100s) fits only with Pa, so the best plan has it; and a level is simulated only when the
+ * level before it (its parent) did not fit. */
+static void test_search_zero_r(void)
+{
+    ZpModel m;
+    ZpHw hw;
+    ZpSearchResult r;
+    search_shape("zero-100b", "dgx2-v100", 400, 2, 16, 32, ZP_IMPL_PAPER, &m, &hw, &r);
+    g_assert_cmpuint(r.ranked->len, >, 0);
+    const ZpPlan *best = &zp_search_ranked(&r, 0)->plan;
+    g_assert_true(best->checkpoint && best->ckpt.partition_activations);
+    char *text = zp_search_options_text(best);
+    g_test_message("best: %s", text);
+    g_assert_true(g_str_has_prefix(text, "Pa"));
+    g_free(text);
+    guint levels_simulated = 0;
+    for (guint i = 0; i < r.candidates->len; i++) {
+        const ZpCandidate *c = zp_search_candidate(&r, (int)i);
+        const gboolean simulated =
+            c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM;
+        if (c->parent < 0 || !simulated)
+            continue;
+        const ZpFate parent = zp_search_candidate(&r, c->parent)->fate;
+        g_assert_true(parent == ZP_FATE_OUT_OF_MEMORY || parent == ZP_FATE_SIMULATED_OOM);
+        levels_simulated++;
+    }
+    g_assert_cmpuint(levels_simulated, >, 0);
+    zp_search_result_clear(&r);
+}
+
+/* ZeRO++ in the search: GPT-3 175B at stage 3 on 64 A100s (8 nodes), mp 1, micro-batch 2
+ * fits without ZeRO++, but its gathers and reductions cross nodes; the search tries qwZ, hpZ
+ * over the node's 8 ranks and qgZ, and its best plan quantises and is faster per sample than
+ * the same plan without ZeRO++ (simulated here). */
+static void test_search_zeropp(void)
+{
+    ZpModel m;
+    ZpHw hw;
+    ZpSearchResult r;
+    search_shape("gpt3-175b", "dgx-a100-80g", 64, 3, 1, 2, ZP_IMPL_DEEPSPEED, &m, &hw, &r);
+    guint hpz = 0, qwz = 0, qgz = 0;
+    for (guint i = 0; i < r.candidates->len; i++) {
+        const ZpZeroConfig *z = &zp_search_candidate(&r, (int)i)->plan.zero;
+        hpz += z->zero_hpz_partition_size == 8;
+        qwz += z->zero_quantized_weights;
+        qgz += z->zero_quantized_gradients;
+    }
+    g_assert_cmpuint(hpz, >, 0);
+    g_assert_cmpuint(qwz, >, 0);
+    g_assert_cmpuint(qgz, >, 0);
+    g_assert_cmpuint(r.ranked->len, >, 0);
+    const ZpCandidate *best = zp_search_ranked(&r, 0);
+    g_assert_true(best->plan.zero.zero_quantized_weights ||
+                  best->plan.zero.zero_quantized_gradients);
+    ZpPlan plain = best->plan;
+    plain.zero.zero_quantized_weights = plain.zero.zero_quantized_gradients = FALSE;
+    plain.zero.zero_hpz_partition_size = 1;
+    CliRankContext sim = {&m, &hw};
+    double step_s, need;
+    g_assert_true(cli_rank_by_simulation(&plain, &sim, &step_s, &need, NULL));
+    g_test_message("best %.3f s, without ZeRO++ %.3f s", best->step_time_s, step_s);
+    g_assert_cmpfloat(best->step_time_s, <, step_s);
+    zp_search_result_clear(&r);
+}
+
 static void test_bound_and_pruning(void)
 {
     check_search("gpt2-1.5b", "dgx2-v100", 64, 0);
@@ -871,7 +956,9 @@ static void test_sweep_memory_is_table1(void)
     g_free(prefix);
 }
 
-/* TFLOPs per stage against GPUs: every stage that fits has a positive figure. */
+/* TFLOPs per stage against GPUs: every stage that fits has a positive figure, and after the
+ * plotted columns the ZeRO-R/ZeRO++ options of each stage's best plan (none below stage 3
+ * for this small model, which needs no Pa and gets no ZeRO++ there). */
 static void test_sweep_tflops(void)
 {
     char *prefix = tmp_path("tflops");
@@ -880,9 +967,11 @@ static void test_sweep_tflops(void)
     char **rows = sweep_rows(args, prefix);
     for (int i = 1; i <= 2; i++) {
         char **cells = g_strsplit(rows[i], ",", -1);
-        g_assert_cmpuint(g_strv_length(cells), ==, 5);
+        g_assert_cmpuint(g_strv_length(cells), ==, 9);
         for (int stage = 1; stage <= 4; stage++)
             g_assert_cmpfloat(g_ascii_strtod(cells[stage], NULL), >, 1);
+        for (int stage = 5; stage <= 7; stage++)
+            g_assert_cmpstr(cells[stage], ==, "");
         g_strfreev(cells);
     }
     g_strfreev(rows);
@@ -890,7 +979,7 @@ static void test_sweep_tflops(void)
     args = g_strdup_printf("sweep --vary stage --values 0,3 --gpus 8 --model gpt2-124m "
                            "--cluster dgx-a100-80g --out %s", prefix);
     rows = sweep_rows(args, prefix);
-    g_assert_cmpstr(rows[0], ==, "stage,tflops_per_gpu");
+    g_assert_cmpstr(rows[0], ==, "stage,tflops_per_gpu,zero-r/zero++");
     g_assert_true(g_str_has_prefix(rows[2], "3,"));
     g_strfreev(rows);
     g_free(args);
@@ -984,6 +1073,8 @@ int main(int argc, char **argv)
     g_test_add_func("/search/compute-ops-match-schedule", test_compute_ops_match_schedule);
     g_test_add_func("/search/screen-memory-is-zp-mem", test_screen_memory_is_zp_mem);
     g_test_add_func("/search/bound-and-pruning", test_bound_and_pruning);
+    g_test_add_func("/search/zero-r", test_search_zero_r);
+    g_test_add_func("/search/zeropp", test_search_zeropp);
     g_test_add_func("/dsconfig/defaults-and-auto", test_dsconfig_defaults_and_auto);
     g_test_add_func("/dsconfig/batch-rule", test_dsconfig_batch_rule);
     g_test_add_func("/dsconfig/refusals", test_dsconfig_refusals);
