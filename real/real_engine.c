@@ -7,6 +7,7 @@
 #include "real_data.h"
 #include "real_gpt.h"
 #include "real_zeropp.h"
+#include "real_zeror.h"
 #include "zp_zeropp.h"
 #include "zp_mem.h"
 #include "zp_util.h"
@@ -62,6 +63,7 @@ struct RealEngine {
     GArray *marks; /* this step's device-timed ops (PendingMark), resolved at its end */
     double model_state_bytes;
     RealOffload *offload; /* the host tier, with optimizer offload */
+    RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
 
 /* One op timed on the backend's device clock: read after the step's last op, so that
@@ -112,9 +114,7 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
     if (s->stages > 1)
         return fail(error, "zreal executes data parallelism only: no pipeline stages (pp %d)",
                     s->stages);
-    if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
-        return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
-                    "and cpu_checkpointing are planned and simulated, not executed");
+    /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1. */
     if (s->plan.zero.zero_quantized_gradients)
         return fail(error, "zreal executes ZeRO++'s qwZ and hpZ; qgZ (zero_quantized_gradients) "
                     "is planned and simulated, not executed");
@@ -388,7 +388,8 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
                              "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
-    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) && init_params(e, error) &&
+    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) &&
+         real_zeror_new(s, be, &e->ckpt_host, error) && init_params(e, error) &&
          (e->x = take(e, real_gpt_checkpoint_bytes(&e->dims), ZP_MEM_WORKSPACE, error)) &&
          (e->dx = take(e, real_gpt_residual_grad_bytes(&e->dims), ZP_MEM_WORKSPACE, error));
     if (!ok) {
@@ -420,6 +421,7 @@ void real_engine_free(RealEngine *e)
     if (e->offload) /* its states are the host tier's */
         e->master = e->adam_m = e->adam_v = NULL;
     real_offload_free(e->offload);
+    real_zeror_free(e->ckpt_host);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
         be->free(be, states[i]);
@@ -657,7 +659,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return load_micro_batch(e, op->micro, error) && (p = params_of(e, 0, error)) &&
                real_gpt_embed_forward(e->gpt, p, e->tokens, e->x, error);
     case ZP_COMP_BLOCK_FWD:
-        if (e->s->plan.checkpoint)
+        if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
             e->be->copy(e->be, e->buffers[e->ckpt_buffer[l]], e->x,
                         real_gpt_checkpoint_bytes(&e->dims));
         return (p = params_of(e, l, error)) &&
@@ -698,6 +700,12 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_QUANTIZE:
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
+    case ZP_COMP_HOST_COPY: /* the block input down, or back into the recompute's buffer */
+        return real_zeror_host_copy(e->ckpt_host, l,
+                                    real_zeror_on_host(e->ckpt_host, l)
+                                        ? e->buffers[e->ckpt_buffer[l]]
+                                        : e->x,
+                                    (uint64_t)op->bytes, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }
@@ -876,6 +884,15 @@ static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
     const uint64_t hi = MIN(coll->elem_offset + coll->elems, e->part_base + e->opt_elems);
     if (hi > lo)
         real_offload_grads_down(e->offload, e->grads + lo, lo - e->part_base, hi - lo);
+    return TRUE;
+}
+
+gboolean real_engine_ckpt_host_stats(const RealEngine *e, RealAllocStats *host,
+                                     double *down_bytes, double *up_bytes)
+{
+    if (!e->ckpt_host)
+        return FALSE;
+    real_zeror_stats(e->ckpt_host, host, down_bytes, up_bytes);
     return TRUE;
 }
 

@@ -1,6 +1,6 @@
-/* test_real_zeropp: zreal executes ZeRO++'s qwZ and hpZ under mpirun (4 ranks of the tiny
- * GPT-2, 2 ranks a node for hpZ): the bytes it sends equal zplan's prediction, its secondary
- * partitions are the planned bytes, and its loss stays near unquantised training's. */
+/* test_real_zeropp: zreal executes ZeRO++'s qwZ and hpZ and ZeRO-R's cpu_checkpointing under
+ * mpirun (4 ranks of the tiny GPT-2, 2 ranks a node for hpZ): the bytes it sends and keeps
+ * equal zplan's prediction, and its loss stays near (or at) unquantised training's. */
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -108,11 +108,55 @@ static void test_qwz_hpz(void)
     json_decref(both);
 }
 
+static double num(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_nonnull(v);
+    return json_number_value(v);
+}
+
+/* cpu_checkpointing at mp 1: each block's input, 2 b s h bytes (b 4, s 32, h 64: 16,384),
+ * goes to the host tier in forward and comes back before the recompute, so per step
+ * L x 2bsh = 32,768 bytes each way (L 2) and a host peak of the same, which is zplan memory's
+ * checkpoint_host_bytes; the GPU holds one block's input at a time (simulate's checkpoints
+ * peak), the collectives are zplan's, and the copies are exact: the loss is plain
+ * checkpointing's to the bit. */
+static void test_cpu_checkpointing(void)
+{
+    json_t *plain = zreal("--checkpoint", "ckpt");
+    json_t *cpu = zreal("--checkpoint --cpu-checkpointing", "ckpt-cpu");
+    check_against_prediction(cpu, "--checkpoint --cpu-checkpointing");
+    json_t *host = json_object_get(rank0(cpu), "checkpoint_host");
+    g_assert_nonnull(host);
+    const double each_way = 2 * (2.0 * 4 * 32 * 64);
+    g_assert_cmpfloat(num(host, "down_bytes"), ==, each_way);
+    g_assert_cmpfloat(num(host, "up_bytes"), ==, each_way);
+    g_assert_cmpfloat(num(host, "peak_bytes"), ==, each_way);
+    json_t *mem = tu_zplan_json("memory --model tiny --gpus 4 --micro-batch 4 --checkpoint "
+                                "--cpu-checkpointing --precision bf16 --impl paper --json");
+    json_t *residual = json_object_get(json_object_get(json_array_get(
+                                           json_object_get(mem, "rows"), 0), "residual"),
+                                       "stage3");
+    g_assert_cmpfloat(num(residual, "checkpoint_host_bytes"), ==, each_way);
+    json_decref(mem);
+    json_t *p = predict("--checkpoint --cpu-checkpointing");
+    const double gpu_ckpt = num(json_object_get(p, "category_peak_bytes"), "checkpoints");
+    g_assert_cmpfloat(gpu_ckpt, ==, each_way / 2);
+    g_assert_cmpfloat(num(json_object_get(rank0(cpu), "category_peak_bytes"), "checkpoints"), ==,
+                      gpu_ckpt);
+    json_decref(p);
+    g_assert_null(json_object_get(rank0(plain), "checkpoint_host"));
+    g_assert_cmpfloat(final_loss(cpu), ==, final_loss(plain));
+    json_decref(plain);
+    json_decref(cpu);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     tmp_dir = g_dir_make_tmp("zreal-zeropp-XXXXXX", NULL);
     g_test_add_func("/real/zeropp/qwz-hpz", test_qwz_hpz);
+    g_test_add_func("/real/zeror/cpu-checkpointing", test_cpu_checkpointing);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
