@@ -37,7 +37,7 @@ typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
-    gboolean quantized_weights; /* ZeRO++ qwZ */
+    gboolean quantized_weights, quantized_gradients; /* ZeRO++ qwZ, qgZ */
     gboolean cpu_checkpointing; /* ZeRO-R: checkpoints in host memory */
     int mp; /* --microbench: the tensor degree whose shapes are timed */
     FaultAction fault_action;
@@ -95,6 +95,7 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->checkpoint = a->checkpoint;
     plan->ckpt.cpu_checkpointing = a->cpu_checkpointing;
     plan->zero.zero_quantized_weights = a->quantized_weights;
+    plan->zero.zero_quantized_gradients = a->quantized_gradients;
     plan->zero.zero_hpz_partition_size = a->hpz;
     plan->gpus_per_node = a->ranks_per_node;
     /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
@@ -439,6 +440,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
+        {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &a->quantized_gradients, "ZeRO++ qgZ: stage-3 gradients reduced as int4 with fp32 scales through an all-to-all inside the node, then one across nodes (CPU backend, MPI)", NULL},
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &hpz, "ZeRO++ hpZ: backward gathers from secondary partitions over this many ranks of a node (default 1: none)", "N"},
         {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),

@@ -146,8 +146,9 @@ static void test_hpz(void)
 }
 
 /* qgZ: a bucket of N gradient elements, reduce-scattered as 2N bytes over 64 ranks, goes
- * instead as int4 with a 4-byte scale per group, G = max(64, N / h): S1 = N/2 + 4G through
- * the all-to-all inside the node (8 ranks), then S1 / 8 once across the 8 nodes. Per rank
+ * instead as int4 with a 4-byte scale per group, g = ceil(max(64, N / h) / 64) groups in each
+ * of the 64 partitions of N / 64 elements: S1 = 64 (ceil(N / 128) + 4 g) through the
+ * all-to-all inside the node (8 ranks), then S1 / 8 once across the 8 nodes. Per rank
  * 7/8 S1 + 7/8 S1/8 against 63/64 2N: a quarter of the bytes, plus the scales. Run for each
  * `impl` (the paper's buckets, or DeepSpeed's 5e8-element ones: 4 for 1.56e9 elements). */
 static void test_qgz(gconstpointer impl)
@@ -174,7 +175,7 @@ static void test_qgz(gconstpointer impl)
         g_assert_cmpint(y->sub, !=, ZP_COLL_REDUCE_SCATTER);
         if (y->group == ZP_GROUP_NODE) {
             const double n = g_array_index(sizes, double, k++);
-            const double s1 = n / 2 + 4 * fmax(64, ceil(n / 1600));
+            const double s1 = 64 * (ceil(n / 128) + 4 * ceil(fmax(64, ceil(n / 1600)) / 64));
             g_assert_cmpfloat(y->bytes, ==, s1);
             const ZpOp *next = g_ptr_array_index(b, i + 1);
             g_assert_cmpint(next->group, ==, ZP_GROUP_XNODE);
