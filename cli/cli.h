@@ -92,7 +92,8 @@ gboolean cli_seq(const char *text, ZpModel *model, GError **error);
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
 
 /* The simulator as the planner's ranking (a ZpRankFn; ctx is a CliRankContext): builds the
- * plan's schedule and runs it folded; the peak is the simulated live bytes, no reserve. */
+ * plan's schedule and runs it folded; the bytes needed are the allocator's, as `simulate` judges
+ * a fit (zp_alloc_replay_needed_bytes: the reserved peak, holes included), no runtime reserve. */
 typedef struct {
     const ZpModel *model;
     const ZpHw *hw;

@@ -78,14 +78,15 @@ static gboolean has_stage(const MemoryArgs *a, int stage)
     return zp_impl_get(a->impl)->has_stage(stage);
 }
 
-/* Whether the need is the schedule's simulated peak: a model with an architecture on a
+/* Whether the need is the schedule's allocator-reserved peak: a model with an architecture on a
  * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
 static gboolean simulated(const MemoryArgs *a)
 {
     return a->have_hw && zp_model_has_architecture(&a->model);
 }
 
-/* Bytes per GPU at a stage, the reserve included: the simulated peak of the plan's schedule
+/* Bytes per GPU at a stage, the reserve included: the allocator-reserved peak of the plan's
+ * schedule
  * (what `simulate` reports), or model states + residual in closed form. A stage the
  * implementation does not have needs infinitely much. */
 static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
@@ -215,7 +216,7 @@ static void print_verdict(const MemoryArgs *a)
     const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
     char *what = g_strdup_printf("stage %d on %d GPUs", stage, gpus);
     char *detail = g_strdup_printf("%s at micro-batch %d, sequence %" G_GINT64_FORMAT ", %s, %s",
-                                   simulated(a) ? "simulated peak + reserve"
+                                   simulated(a) ? "allocator-reserved peak + reserve"
                                                 : "model states + residual",
                                    a->micro_batch, a->model.seq_len,
                                    a->checkpoint ? "checkpointing" : "no checkpointing",
@@ -289,7 +290,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
     }
     if (simulated(a)) {
         /* The terms are each one's worst; the schedule's peak is when they add up most. */
-        printf("  %-28s", "peak + reserve (simulate)");
+        printf("  %-28s", "reserved peak + reserve");
         for (int stage = 0; stage <= 3; stage++)
             if (isinf(need[stage]))
                 printf(" %9s", "n/a");

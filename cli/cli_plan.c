@@ -4,6 +4,7 @@
 #include "cli_progress.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
+#include "zp_alloc_replay.h"
 #include "zp_dsconfig.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
@@ -33,27 +34,34 @@ typedef struct {
     char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
 } PlanArgs;
 
+/* Simulates a plan's step folded; with `alloc`, also replays its allocations through the
+ * caching allocator against the GPU less its reserve. */
 static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
-                           GError **error)
+                           ZpAllocStats *alloc, GError **error)
 {
     ZpSchedule *sched = zp_sched_build(model, plan, error);
     if (!sched)
         return NULL;
     const SimOptions options = {.mode = SIM_MODE_FOLDED};
     SimResult *result = sim_engine_run(sched, hw, &options, error);
+    if (result && alloc)
+        *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
     zp_sched_free(sched);
     return result;
 }
 
 gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time_s,
-                                double *peak_memory_bytes, GError **error)
+                                double *needed_bytes, GError **error)
 {
     const CliRankContext *c = ctx;
-    SimResult *result = simulate(c->model, c->hw, plan, error);
+    ZpAllocStats alloc;
+    SimResult *result = simulate(c->model, c->hw, plan, &alloc, error);
     if (!result)
         return FALSE;
     *step_time_s = result->step_time_s;
-    *peak_memory_bytes = result->peak_memory_bytes;
+    /* The fit `simulate` judges: the allocator-reserved peak. */
+    *needed_bytes = zp_alloc_replay_needed_bytes(
+        &alloc, result->peak_memory_bytes, c->hw->gpu_memory_bytes - c->hw->runtime_reserve_bytes);
     sim_result_free(result);
     return TRUE;
 }
@@ -80,7 +88,8 @@ double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
 
 /* ---- descriptions ---------------------------------------------------------------------- */
 
-/* "mp 8 x dp 32, micro 4 x accum 12, ckpt, overlap, hf-auto" (the stage is said beside it). */
+/* "mp 8 x dp 32, micro 4 x accum 12, ckpt, overlap, hf-auto[, Pa, MD, qwZ, hpZ 8]" (the
+ * stage is said beside it). */
 static char *describe(const ZpCandidate *c)
 {
     const ZpPlan *p = &c->plan;
@@ -90,12 +99,15 @@ static char *describe(const ZpCandidate *c)
                                                      : zp_plan_vstages(p) == 4 ? " v4"
                                                                                : "")
                                    : g_strdup("");
-    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s", p->mp,
+    char *options = zp_search_options_text(p);
+    char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s%s%s", p->mp,
                                  pipe, p->dp, p->micro_batch, p->grad_accum,
                                  p->checkpoint ? "ckpt" : "no ckpt",
                                  p->zero.overlap_comm ? "overlap" : "no overlap",
-                                 zp_search_buckets_name(c->buckets));
+                                 zp_search_buckets_name(c->buckets), *options ? ", " : "",
+                                 options);
     g_free(pipe);
+    g_free(options);
     return text;
 }
 
@@ -217,10 +229,10 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
            r->ranked->len);
-    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s\n", "#",
-           "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
-           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "peak GB",
-           a->three_d ? "  pipeline" : "");
+    printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s  %s\n",
+           "#", "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
+           "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "need GB",
+           a->three_d ? "  pipeline" : "", "ZeRO-R/ZeRO++");
     for (guint i = 0; i < r->ranked->len; i++) {
         const ZpCandidate *c = zp_search_ranked(r, i);
         const ZpPlan *p = &c->plan;
@@ -233,16 +245,19 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
                                            zp_pipe_schedule_name(p->pipe.schedule),
                                            zp_plan_vstages(p))
                          : g_strdup("  none");
+        char *options = zp_search_options_text(p);
         printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
-               "%8.2f%s\n",
+               "%8.2f%s  %s\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
                p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
                zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
                tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
-               c->peak_memory_bytes / GB, pipe);
+               c->peak_memory_bytes / GB, pipe, *options ? options : "none");
         g_free(pipe);
+        g_free(options);
     }
-    printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments):\n");
+    printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments; total:\n"
+           "the allocator-reserved peak, holes included, + reserve):\n");
     printf("  %2s", "#");
     for (size_t k = 0; k < G_N_ELEMENTS(memory_columns); k++)
         printf(" %8s", memory_columns[k].label);
@@ -292,7 +307,7 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
                    "        (%s%s)\n",
                    stage, (needed_bytes(c) - a->hw.gpu_memory_bytes) / GB,
                    a->hw.gpu_memory_bytes / GB, what,
-                   c->fate == ZP_FATE_SIMULATED_OOM ? ", simulated peak" : "");
+                   c->fate == ZP_FATE_SIMULATED_OOM ? ", reserved peak" : "");
             g_free(what);
         }
         g_free(verdict);
@@ -324,7 +339,7 @@ static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
     char *what = g_strdup_printf("%s (stage %d, %s)", r->ranked->len ? "plan 1" : "the closest plan",
                                  c->plan.zero.stage, shape);
     const gboolean simulated = c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM;
-    char *verdict = cli_verdict(what, simulated ? "simulated peak + reserve"
+    char *verdict = cli_verdict(what, simulated ? "allocator-reserved peak + reserve"
                                                 : "closed form + reserve",
                                 simulated ? c->peak_memory_bytes : c->memory_bytes,
                                 a->capacity_bytes);
@@ -379,6 +394,9 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                         json_string(zp_offload_device_name(p->zero.offload_optimizer.device)));
     json_object_set_new(o, "offload_param",
                         json_string(zp_offload_device_name(p->zero.offload_param.device)));
+    char *options = zp_search_options_text(p);
+    json_object_set_new(o, "zero_r_zeropp", json_string(options)); /* "" when none */
+    g_free(options);
     json_object_set_new(o, "plan", zp_plan_to_json(p));
     return o;
 }
@@ -442,7 +460,7 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
     SimResult **sims = g_new0(SimResult *, r->ranked->len + 1);
     gboolean ok = TRUE;
     for (guint i = 0; ok && i < r->ranked->len; i++)
-        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, &error)) !=
+        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, NULL, &error)) !=
              NULL;
     if (ok && a->ds_config && r->ranked->len)
         ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
@@ -583,8 +601,9 @@ static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **e
     ZpPlan plain = best->plan;
     zp_offload_defaults(&plain.zero.offload_optimizer, FALSE);
     zp_offload_defaults(&plain.zero.offload_param, TRUE);
-    SimResult *sim = simulate(&a->model, &a->hw, &plain, error);
-    if (!sim)
+    CliRankContext ctx = {&a->model, &a->hw};
+    double plain_step_s, plain_need_bytes;
+    if (!cli_rank_by_simulation(&plain, &ctx, &plain_step_s, &plain_need_bytes, error))
         return NULL;
     ZpTiers t;
     zp_offload_tiers(&a->model, &best->plan, &a->hw, &t);
@@ -599,10 +618,9 @@ static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **e
             : zp_offload_device_name(best->plan.zero.offload_param.device),
         t.cpu_node_bytes / GB,
         t.nvme_node_bytes / GB, best->step_time_s,
-        100.0 * (best->step_time_s / sim->step_time_s - 1.0), sim->step_time_s,
-        (sim->peak_memory_bytes + a->hw.runtime_reserve_bytes - a->hw.gpu_memory_bytes) / GB,
+        100.0 * (best->step_time_s / plain_step_s - 1.0), plain_step_s,
+        (plain_need_bytes + a->hw.runtime_reserve_bytes - a->hw.gpu_memory_bytes) / GB,
         a->hw.name);
-    sim_result_free(sim);
     return note;
 }
 

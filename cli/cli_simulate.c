@@ -295,20 +295,13 @@ static double flops_per_gpu(const Report *p)
     return p->r->model_flops / p->r->step_time_s;
 }
 
-/* The bytes the step needs from the GPU: what the caching allocator reserves (its
- * segments, holes included), at least the simulated live bytes. */
-static double needed_bytes(const Report *p)
-{
-    return fmax(p->r->peak_memory_bytes, p->alloc.peak_reserved_bytes);
-}
-
 /* Bytes over the GPU's memory at the peak, counting the profile's CUDA-context reserve
- * (not a schedule buffer); zero or less when the step fits. An out-of-memory from
- * fragmentation does not fit whatever the sums say. */
+ * (not a schedule buffer); zero or less when the step fits. The need is the allocator's
+ * (zp_alloc_replay_needed_bytes), as every command judges it. */
 static double bytes_over(const Report *p)
 {
-    const double over = needed_bytes(p) + p->hw->runtime_reserve_bytes - p->hw->gpu_memory_bytes;
-    return p->alloc.oom_fragmented ? fmax(over, p->alloc.oom_request_bytes) : over;
+    const double capacity = p->hw->gpu_memory_bytes - p->hw->runtime_reserve_bytes;
+    return zp_alloc_replay_needed_bytes(&p->alloc, p->r->peak_memory_bytes, capacity) - capacity;
 }
 
 static json_t *alloc_json(const ZpAllocStats *a)
@@ -686,22 +679,27 @@ static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError *
     return zp_offload_fit(&t, 0, hw, error);
 }
 
-/* Where offload puts the model states: per rank and per node. */
+/* Where offload puts the model states (and Pa+cpu the checkpoints): per rank and per node. */
 static void print_tiers(const Report *p)
 {
-    if (!zp_offload_any(p->plan))
-        return;
     const ZpSchedule *s = p->sched;
+    const double ckpt_host = s->host_bytes[ZP_MEM_CHECKPOINTS];
+    if (!zp_offload_any(p->plan) && ckpt_host == 0)
+        return;
     const int per_node = MIN(p->hw->gpus_per_node, s->world);
     double host = 0, nvme = 0;
     for (int c = 0; c < ZP_MEM_N; c++)
         host += s->host_bytes[c], nvme += s->nvme_bytes[c];
-    printf("  offload: optimizer %s, parameters %s; host memory %.3f GB per rank, %.1f GB per "
+    char *ckpt = ckpt_host > 0 ? g_strdup_printf(", checkpoints %.3f GB (cpu_checkpointing)",
+                                                 ckpt_host / GB)
+                               : g_strdup("");
+    printf("  offload: optimizer %s, parameters %s%s; host memory %.3f GB per rank, %.1f GB per "
            "node of %.1f GB; NVMe %.3f GB per rank, %.1f GB per node of %.1f GB\n",
            zp_offload_device_name(p->plan->zero.offload_optimizer.device),
-           zp_offload_device_name(p->plan->zero.offload_param.device), host / GB,
+           zp_offload_device_name(p->plan->zero.offload_param.device), ckpt, host / GB,
            per_node * host / GB, p->hw->cpu_memory_bytes / GB, nvme / GB, per_node * nvme / GB,
            p->hw->nvme_bytes / GB);
+    g_free(ckpt);
 }
 
 static int simulate(const SimulateFlags *f)

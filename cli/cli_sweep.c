@@ -56,10 +56,13 @@ typedef struct {
     gboolean png; /* PREFIX.png instead of PREFIX.svg */
 } SweepArgs;
 
-/* One x value's row: a value per stage (NAN where nothing fits or nothing applies). */
+/* One x value's row: a value per stage (NAN where nothing fits or nothing applies); for
+ * tflops, the ZeRO-R and ZeRO++ options of each stage's best plan ("Pa + MD", "" for none,
+ * NULL where nothing fits). */
 typedef struct {
     double x;
     double stage[4];
+    char *options[4];
 } SweepRow;
 
 /* ---- one point ------------------------------------------------------------------------- */
@@ -113,6 +116,17 @@ static gboolean maxmodel_row(const SweepArgs *a, double x, SweepRow *row, GError
     return TRUE;
 }
 
+/* The options as one CSV cell: "Pa+cpu + MD + hpZ 8" (no commas). */
+static char *options_cell(const ZpPlan *plan)
+{
+    char *text = zp_search_options_text(plan);
+    char **parts = g_strsplit(text, ", ", -1);
+    char *cell = g_strjoinv(" + ", parts);
+    g_strfreev(parts);
+    g_free(text);
+    return cell;
+}
+
 static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError **error)
 {
     ZpModel model;
@@ -137,10 +151,15 @@ static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError *
         row->stage[stage] = NAN;
         for (int ckpt = 0; ckpt <= 1; ckpt++) {
             const int best = r.stage_best[stage][ckpt];
-            if (best >= 0)
-                row->stage[stage] =
-                    fmax(isnan(row->stage[stage]) ? 0 : row->stage[stage],
-                         cli_plan_tflops(&model, zp_search_candidate(&r, best)));
+            if (best < 0)
+                continue;
+            const ZpCandidate *c = zp_search_candidate(&r, best);
+            const double tflops = cli_plan_tflops(&model, c);
+            if (isnan(row->stage[stage]) || tflops > row->stage[stage]) {
+                row->stage[stage] = tflops;
+                g_free(row->options[stage]);
+                row->options[stage] = options_cell(&c->plan);
+            }
         }
     }
     zp_search_result_clear(&r);
@@ -177,6 +196,13 @@ static char *csv_text(const SweepArgs *a, const SweepRow *rows, guint n)
         g_string_append_printf(csv, ",%s", metrics[a->metric].column);
     if (memory_line)
         g_string_append_printf(csv, ",%s memory", a->hw.gpu);
+    /* tflops: which ZeRO-R and ZeRO++ options each best plan uses, after the plotted columns */
+    const gboolean options = a->metric == METRIC_TFLOPS;
+    for (int stage = 0; stage <= 3 && options; stage++)
+        if (by_stage)
+            g_string_append_printf(csv, ",stage %d zero-r/zero++", stage);
+    if (options && !by_stage)
+        g_string_append(csv, ",zero-r/zero++");
     g_string_append_c(csv, '\n');
     for (guint i = 0; i < n; i++) {
         g_string_append_printf(csv, "%.6g", rows[i].x);
@@ -185,6 +211,9 @@ static char *csv_text(const SweepArgs *a, const SweepRow *rows, guint n)
                 format_cell(csv, rows[i].stage[stage]);
         if (memory_line)
             format_cell(csv, a->hw.gpu_memory_bytes / GB);
+        for (int stage = 0; stage <= 3 && options; stage++)
+            if (by_stage || stage == (int)rows[i].x)
+                g_string_append_printf(csv, ",%s", rows[i].options[stage] ? rows[i].options[stage] : "");
         g_string_append_c(csv, '\n');
     }
     return g_string_free(csv, FALSE);
@@ -425,6 +454,9 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
         ok = FALSE;
     }
     g_free(csv_path);
+    for (guint i = 0; i < n; i++)
+        for (int stage = 0; stage <= 3; stage++)
+            g_free(rows[i].options[stage]);
     g_free(rows);
     return ok;
 }

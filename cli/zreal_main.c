@@ -38,7 +38,8 @@ typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq, *impl;
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
-    gboolean quantized_weights; /* ZeRO++ qwZ */
+    gboolean quantized_weights, quantized_gradients; /* ZeRO++ qwZ, qgZ */
+    gboolean cpu_checkpointing; /* ZeRO-R: checkpoints in host memory */
     int mp; /* tensor-parallel degree; --microbench: the degree whose shapes are timed */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
@@ -59,6 +60,7 @@ enum {
     F_DEVICE = F_MOVED + ZP_XFER_N, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
+    F_CKPT_HOST, F_CKPT_HOST_PEAK, F_CKPT_DOWN, F_CKPT_UP, /* cpu_checkpointing's host tier */
     F_LOSS
 };
 
@@ -92,7 +94,9 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
     plan->checkpoint = a->checkpoint;
+    plan->ckpt.cpu_checkpointing = a->cpu_checkpointing;
     plan->zero.zero_quantized_weights = a->quantized_weights;
+    plan->zero.zero_quantized_gradients = a->quantized_gradients;
     plan->zero.zero_hpz_partition_size = a->hpz;
     plan->gpus_per_node = a->ranks_per_node;
     /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
@@ -172,6 +176,14 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g
         for (int k = 0; k < ZP_XFER_N; k++) /* per step, as the schedule counts them */
             v[F_MOVED + k] /= MAX(1, steps);
     }
+    RealAllocStats ckpt_host;
+    double down = 0, up = 0;
+    if (real_engine_ckpt_host_stats(engine, &ckpt_host, &down, &up)) {
+        v[F_CKPT_HOST] = 1;
+        v[F_CKPT_HOST_PEAK] = (double)ckpt_host.peak_total_bytes;
+        v[F_CKPT_DOWN] = down / MAX(1, steps); /* per step, as the schedule counts them */
+        v[F_CKPT_UP] = up / MAX(1, steps);
+    }
     RealDeviceMemory dm;
     if (!be->device_memory)
         return TRUE;
@@ -223,6 +235,10 @@ static json_t *rank_json(int rank, const double *v, int steps)
         json_object_set_new(out, "host_bytes", zp_sched_categories_json(v + F_HOST));
         json_object_set_new(out, "transfer_bytes", moved);
     }
+    if (v[F_CKPT_HOST] > 0) /* cpu_checkpointing: the host tier's peak, bytes each way a step */
+        json_object_set_new(out, "checkpoint_host",
+                            json_pack("{s:f, s:f, s:f}", "peak_bytes", v[F_CKPT_HOST_PEAK],
+                                      "down_bytes", v[F_CKPT_DOWN], "up_bytes", v[F_CKPT_UP]));
     /* The driver's view beside the tracker's, after the last step (device backends only). */
     if (v[F_DEVICE] > 0)
         json_object_set_new(out, "device_memory",
@@ -447,7 +463,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
+        {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &a->quantized_gradients, "ZeRO++ qgZ: stage-3 gradients reduced as int4 with fp32 scales through an all-to-all inside the node, then one across nodes (CPU backend, MPI)", NULL},
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &hpz, "ZeRO++ hpZ: backward gathers from secondary partitions over this many ranks of a node (default 1: none)", "N"},
         {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),

@@ -307,3 +307,11 @@ ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *s, double capacity_bytes
     }
     return stats;
 }
+
+double zp_alloc_replay_needed_bytes(const ZpAllocStats *stats, double live_peak_bytes,
+                                    double capacity_bytes)
+{
+    const double needed = fmax(live_peak_bytes, stats->peak_reserved_bytes);
+    return stats->oom_fragmented ? fmax(needed, capacity_bytes + stats->oom_request_bytes)
+                                 : needed;
+}

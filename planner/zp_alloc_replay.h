@@ -67,4 +67,12 @@ ZpAllocStats zp_alloc_replay_stats(const ZpAllocReplay *a);
  * and the out-of-memory recorded, as from fragmentation when the allocated peak fits. */
 ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *sched, double capacity_bytes);
 
+/* The bytes a step needs from the GPU, the runtime reserve aside, as `memory`, `simulate`,
+ * `plan` and `sweep` all judge a fit: what the caching allocator reserves at its peak (its
+ * segments, holes included), at least the schedule's live peak; after an out-of-memory from
+ * fragmentation against capacity_bytes, at least capacity_bytes plus the request that failed
+ * (such a step does not fit whatever the sums say). */
+double zp_alloc_replay_needed_bytes(const ZpAllocStats *stats, double live_peak_bytes,
+                                    double capacity_bytes);
+
 #endif

@@ -76,7 +76,7 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
          * re-gathered input under Pa. */
         const ZpCkptRule rule = zp_zeror_checkpoint(model, plan);
         r->checkpoint_bytes = (double)model->layers * rule.gpu_bytes;
-        r->checkpoint_host_bytes = (double)model->layers * rule.host_bytes;
+        r->checkpoint_host_bytes = zp_zeror_host_bytes(model, plan);
         r->recompute_bytes = r->activation_block_bytes + (rule.regathered ? rule.full_bytes : 0);
     } else {
         r->activations_bytes = (double)model->layers * r->activation_block_bytes;

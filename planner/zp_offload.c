@@ -4,6 +4,7 @@
 #include "zp_offload.h"
 #include "zp_mem.h"
 #include "zp_util.h"
+#include "zp_zeror.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -150,6 +151,8 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
 {
     const int stage = plan->zero.stage;
     double pinned = 0;
+    /* Pa+cpu (ZeRO-R): the checkpoint slices in host memory, pageable (zp_zeror). */
+    t->bytes[ZP_TIER_CPU][ZP_MEM_CHECKPOINTS] = zp_zeror_host_bytes(model, plan);
     if (plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE && stage >= 1)
         optimizer_offload(model, plan, part, t, &pinned);
     if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
@@ -184,7 +187,7 @@ void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, 
 
 void zp_offload_layout(ZpSchedule *s)
 {
-    if (!zp_offload_any(&s->plan))
+    if (!zp_offload_any(&s->plan) && zp_zeror_host_bytes(&s->model, &s->plan) == 0)
         return;
     ZpTiers t = {0};
     memcpy(t.bytes[ZP_TIER_GPU], s->state_bytes, sizeof s->state_bytes);

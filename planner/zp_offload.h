@@ -14,8 +14,9 @@
 /* Per-rank bytes of each memory category in each tier, and the per-node sums of the host
  * tiers. The GPU row holds the model states left on the GPU plus the GPU staging buffers
  * offload adds (counted as ZP_MEM_BUCKETS); the CPU row the host copies, pinned staging and
- * swap buffers; the NVMe row the swapped files. Residual terms (activations, buckets of the
- * plain schedule, the reserve) are zp_mem_residual's and are not in here. */
+ * swap buffers, and Pa+cpu's checkpoint slices (ZP_MEM_CHECKPOINTS, zp_zeror_host_bytes); the
+ * NVMe row the swapped files. The GPU's residual terms (activations, buckets of the plain
+ * schedule, the reserve) are zp_mem_residual's and are not in here. */
 typedef struct {
     double bytes[ZP_TIER_N][ZP_MEM_N];
     double total_bytes[ZP_TIER_N]; /* per rank */
@@ -117,7 +118,8 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
 
 /* Moves a built schedule's model states (ZpSchedule.state_bytes, laid out with the
  * schedule's padding) between the tiers as zp_offload_tiers does, into state_bytes (GPU),
- * host_bytes and nvme_bytes. Nothing changes without offload. */
+ * host_bytes and nvme_bytes, and puts Pa+cpu's checkpoint slices in host_bytes. Nothing
+ * changes without offload or cpu_checkpointing. */
 void zp_offload_layout(ZpSchedule *sched);
 
 /* Per-rank seconds of CPU Adam over `bytes` (zp_offload_cpu_adam_bytes x elements): the

@@ -8,6 +8,8 @@
 #include "zp_mem.h"
 #include "zp_sched.h"
 #include "zp_util.h"
+#include "zp_zeropp.h"
+#include "zp_zeror.h"
 
 #include <float.h>
 #include <math.h>
@@ -33,6 +35,29 @@ static const Buckets bucket_choices[] = {
 
 static const char *const fate_names[ZP_FATE_N] = {"out of memory", "cannot win",
                                                   "out of memory (simulated)", "simulated"};
+
+char *zp_search_options_text(const ZpPlan *plan)
+{
+    GString *s = g_string_new(NULL);
+    const struct {
+        gboolean on;
+        const char *name;
+    } options[] = {
+        {plan->ckpt.partition_activations && !plan->ckpt.cpu_checkpointing, "Pa"},
+        {plan->ckpt.partition_activations && plan->ckpt.cpu_checkpointing, "Pa+cpu"},
+        {!plan->ckpt.partition_activations && plan->ckpt.cpu_checkpointing, "cpu ckpt"},
+        {plan->ckpt.contiguous_memory_optimization, "MD"},
+        {plan->zero.zero_quantized_weights, "qwZ"},
+        {plan->zero.zero_quantized_gradients, "qgZ"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(options); i++)
+        if (options[i].on)
+            g_string_append_printf(s, "%s%s", s->len ? ", " : "", options[i].name);
+    if (plan->zero.zero_hpz_partition_size > 1)
+        g_string_append_printf(s, "%shpZ %d", s->len ? ", " : "",
+                               plan->zero.zero_hpz_partition_size);
+    return g_string_free(s, FALSE);
+}
 
 const char *zp_search_buckets_name(int buckets)
 {
@@ -98,6 +123,76 @@ static void apply_buckets(const ZpModel *model, int choice, ZpZeroConfig *zero)
     zero->stage3_param_persistence_threshold = c->persistence;
 }
 
+/* ZeRO-R's checkpoint options, in order of the time they add: none; MD, which adds none (it
+ * only moves the checkpoints into one region); Pa, an all-gather before each recompute; Pa
+ * with MD; Pa+cpu, host copies besides (cpu_checkpointing alone with M = 1, where Pa splits
+ * nothing). zp_search_run tries each only when the one before it does not fit, so the first
+ * that fits is the fastest of them. */
+typedef struct {
+    gboolean pa, md, cpu;
+} CkptLevel;
+
+static const CkptLevel ckpt_levels[] = {
+    {FALSE, FALSE, FALSE}, {FALSE, TRUE, FALSE}, {TRUE, FALSE, FALSE},
+    {TRUE, TRUE, FALSE},   {TRUE, FALSE, TRUE},
+};
+
+/* Whether a level is a plan of its own here: Pa needs tensor parallelism (with M = 1 only
+ * Pa+cpu's host copy remains), a pipeline's screen counts no host tier (no cpu), and
+ * DeepSpeed must accept it (zp_zeror_check). */
+static gboolean ckpt_level_applies(const ZpModel *model, const ZpPlan *plan, const CkptLevel *l)
+{
+    return (plan->mp > 1 || !l->pa || l->cpu) && (zp_plan_pp(plan) == 1 || !l->cpu) &&
+           zp_zeror_check(model, plan, NULL);
+}
+
+/* ZeRO++ at stage 3 (not FSDP's): qwZ, hpZ over a node's data-parallel ranks, qgZ, each on
+ * or off. To keep the search fast they are tried at DeepSpeed's bucket sizes and
+ * overlap_comm only (which the bucket and overlap choices change by well under 1% where
+ * communication hides, and ZeRO++ is for where it does not). hpZ is tried only when the
+ * data-parallel group spans nodes (within one node the secondary partition is the primary);
+ * zp_zeropp_check must accept the rest. */
+#define ZEROPP_COMBOS 8
+static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, ZpPlan *plan)
+{
+    const int node_dp = zp_zeropp_group_ranks(plan, ZP_GROUP_NODE);
+    if (combo != 0 && (plan->zero.stage != 3 || spec->impl == ZP_IMPL_FSDP || buckets != 0 ||
+                       !plan->zero.overlap_comm))
+        return FALSE;
+    if ((combo & 2) && (node_dp <= 1 || node_dp >= plan->dp))
+        return FALSE;
+    plan->zero.zero_quantized_weights = (combo & 1) != 0;
+    plan->zero.zero_hpz_partition_size = combo & 2 ? node_dp : 1;
+    plan->zero.zero_quantized_gradients = (combo & 4) != 0;
+    return zp_zeropp_check(plan, NULL);
+}
+
+/* One plan with every ZeRO++ choice that applies, each with its chain of ZeRO-R levels (with
+ * checkpointing), a level's parent the one before it. */
+static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int buckets, GArray *out)
+{
+    for (int combo = 0; combo < ZEROPP_COMBOS; combo++) {
+        ZpPlan plan = *base;
+        if (!zeropp_apply(spec, combo, buckets, &plan))
+            continue;
+        int parent = -1;
+        /* FSDP has none of DeepSpeed's activation_checkpointing options. */
+        const size_t levels =
+            plan.checkpoint && spec->impl != ZP_IMPL_FSDP ? G_N_ELEMENTS(ckpt_levels) : 1;
+        for (size_t k = 0; k < levels; k++) {
+            const CkptLevel *l = &ckpt_levels[k];
+            plan.ckpt.partition_activations = l->pa && plan.mp > 1;
+            plan.ckpt.contiguous_memory_optimization = l->md;
+            plan.ckpt.cpu_checkpointing = l->cpu;
+            if (!ckpt_level_applies(spec->model, &plan, l))
+                continue;
+            ZpCandidate c = {.plan = plan, .buckets = buckets, .parent = parent};
+            parent = (int)out->len;
+            g_array_append_val(out, c);
+        }
+    }
+}
+
 /* Every plan of one (mp, pipeline, micro-batch, accumulation). */
 static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int micro, int accum,
                       GArray *out)
@@ -130,6 +225,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.impl = spec->impl;
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
+                plan.gpus_per_node = spec->hw->gpus_per_node; /* ZeRO++'s node groups */
                 apply_buckets(spec->model, choice, &plan.zero);
                 /* A pipeline reduces after its flush: buckets and overlap_comm change
                  * nothing that matters, so only DeepSpeed's defaults. */
@@ -141,8 +237,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 }
                 for (int overlap = 0; overlap <= (P > 1 ? 0 : 1) && !seen; overlap++) {
                     plan.zero.overlap_comm = overlap;
-                    ZpCandidate c = {.plan = plan, .buckets = choice};
-                    g_array_append_val(out, c);
+                    add_variants(spec, &plan, choice, out);
                 }
             }
 }
@@ -384,6 +479,31 @@ static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp
     return last + (P - 1) * step + fmax(0.0, plan->grad_accum - P) * idle;
 }
 
+/* ZeRO++ in the bound, each below what the schedule sends (zp_zeropp): qwZ gathers one byte
+ * an element (its scales left out); with hpZ at most half the gathers (the backward's) stay
+ * in the node, at the intra-node link's rate, which no busbw exceeds. */
+static double zeropp_gather_s_per_elem(const ZpScreen *sc, const ZpPlan *plan, double sent,
+                                       double bw, double param_bytes)
+{
+    const double bytes = plan->zero.zero_quantized_weights ? 1.0 : param_bytes;
+    const int hpz = plan->zero.zero_hpz_partition_size;
+    if (hpz <= 1)
+        return sent * bytes / bw;
+    const double sent_hpz = (hpz - 1.0) / hpz;
+    return 0.5 * bytes * (sent / bw + sent_hpz / sc->hw->intra_node_bytes_per_s);
+}
+
+/* qgZ's two all-to-alls of int4 gradients (half a byte an element, scales left out): the
+ * node's ranks exchange (local - 1) / local of each bucket, then the nodes 1/local of it,
+ * (nodes - 1) / nodes of that leaving each; both at the intra-node link's rate. */
+static double qgz_s_per_elem(const ZpScreen *sc, const ZpPlan *plan)
+{
+    const double local = zp_zeropp_group_ranks(plan, ZP_GROUP_NODE);
+    const double nodes = zp_zeropp_group_ranks(plan, ZP_GROUP_XNODE);
+    return 0.5 * ((local - 1) / local + (nodes - 1) / nodes / local) /
+           sc->hw->intra_node_bytes_per_s;
+}
+
 static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
 {
     const ZpModel *m = sc->model;
@@ -414,11 +534,14 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
     const double reductions[4] = {2 * psi, psi, accum * psi, accum * psi};
-    const double reduce_s = sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
+    const double reduce_s =
+        plan->zero.zero_quantized_gradients
+            ? reductions[stage] * qgz_s_per_elem(sc, plan)
+            : sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {
         const double gathered = zp_impl_get(plan->impl)->gather_bound_elems(m, plan);
-        gather_s = accum * sent * gathered * sb.param_bytes / bw;
+        gather_s = accum * gathered * zeropp_gather_s_per_elem(sc, plan, sent, bw, sb.param_bytes);
     } else if (stage >= 1) {
         post_s = sent * psi * sb.param_bytes / bw;
     }
@@ -496,7 +619,7 @@ static gint by_bound(gconstpointer a, gconstpointer b, gpointer data)
     return *(const guint *)a < *(const guint *)b ? -1 : 1;
 }
 
-/* Bytes a plan needs: its simulated peak when simulated, else the closed form. */
+/* Bytes a plan needs: its simulated (reserved) peak when simulated, else the closed form. */
 static double needed_bytes(const ZpCandidate *c)
 {
     return c->fate == ZP_FATE_SIMULATED_OOM ? c->peak_memory_bytes : c->memory_bytes;
@@ -512,10 +635,15 @@ static void note_shortfall(ZpSearchResult *r, int index)
             *slots[i] = index;
 }
 
-/* How far a plan strays from DeepSpeed's defaults: other bucket sizes, overlap_comm flipped. */
+/* How far a plan strays from DeepSpeed's defaults: other bucket sizes, overlap_comm flipped,
+ * each ZeRO-R and ZeRO++ option on. */
 static int deviation(const ZpCandidate *c)
 {
-    return (c->buckets != 0) + (c->plan.zero.overlap_comm != (c->plan.zero.stage == 3));
+    const ZpPlan *p = &c->plan;
+    return (c->buckets != 0) + (p->zero.overlap_comm != (p->zero.stage == 3)) +
+           p->ckpt.partition_activations + p->ckpt.cpu_checkpointing +
+           p->ckpt.contiguous_memory_optimization + p->zero.zero_quantized_weights +
+           (p->zero.zero_hpz_partition_size > 1) + p->zero.zero_quantized_gradients;
 }
 
 /* Plans of one shape (stage, degrees, batch, checkpointing) that the simulator times and sizes
@@ -600,6 +728,16 @@ static gboolean simulate(const ZpSearchSpec *spec, ZpSearchResult *r, guint inde
     return TRUE;
 }
 
+/* Whether a ZeRO-R level's parent fits or could not win: either way the level, no faster,
+ * cannot win (it stays ZP_FATE_CANNOT_WIN). The parent was decided first (by_bound). */
+static gboolean parent_fits(const ZpSearchResult *r, const ZpCandidate *c)
+{
+    if (c->parent < 0)
+        return FALSE;
+    const ZpFate fate = zp_search_candidate(r, c->parent)->fate;
+    return fate == ZP_FATE_SIMULATED || fate == ZP_FATE_CANNOT_WIN;
+}
+
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error)
 {
     memset(result, 0, sizeof *result);
@@ -624,6 +762,15 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
             g_array_append_val(survivors, i);
         }
     }
+    /* A ZeRO-R level is the same plan with more work (a gather, host copies) or none more:
+     * its step is at least its parent's, so at least the parent's bound, which orders it
+     * after the parent (equal bounds go by index). */
+    for (guint i = 0; i < result->candidates->len; i++) {
+        ZpCandidate *c = &g_array_index(result->candidates, ZpCandidate, i);
+        if (c->parent >= 0)
+            c->bound_step_s =
+                fmax(c->bound_step_s, zp_search_candidate(result, c->parent)->bound_step_s);
+    }
     g_array_sort_with_data(survivors, by_bound, result->candidates);
     gboolean ok = TRUE;
     for (guint s = 0; ok && s < survivors->len; s++) {
@@ -635,7 +782,8 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
                 ? DBL_MAX
                 : per_sample(zp_search_ranked(result, result->ranked->len - 1),
                              zp_search_ranked(result, result->ranked->len - 1)->step_time_s);
-        if (bound < kth || bound < group_best_per_sample(result, &c->plan))
+        if ((bound < kth || bound < group_best_per_sample(result, &c->plan)) &&
+            !parent_fits(result, c))
             ok = simulate(spec, result, i, error);
         if (spec->progress)
             spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);

@@ -12,8 +12,9 @@
 #include <glib.h>
 #include <stdint.h>
 
-/* Simulates one plan: its step time and its peak of live bytes per GPU (what the schedule
- * allocates; the search adds the hwprofile's runtime reserve to it). */
+/* Simulates one plan: its step time and the bytes per GPU it needs (what the caching
+ * allocator reserves at the peak, holes included, as `simulate` judges a fit; the search
+ * adds the hwprofile's runtime reserve to it). */
 typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double *step_time_s,
                              double *peak_memory_bytes, GError **error);
 
@@ -58,7 +59,7 @@ void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpH
 typedef enum {
     ZP_FATE_OUT_OF_MEMORY, /* the closed form says it does not fit */
     ZP_FATE_CANNOT_WIN,    /* fits, but its time bound is no better than simulated plans */
-    ZP_FATE_SIMULATED_OOM, /* passed the screen, but its simulated peak does not fit */
+    ZP_FATE_SIMULATED_OOM, /* passed the screen, but its simulated need does not fit */
     ZP_FATE_SIMULATED,     /* simulated, and it fits */
     ZP_FATE_N
 } ZpFate;
@@ -66,11 +67,14 @@ typedef enum {
 typedef struct {
     ZpPlan plan;
     int buckets;              /* index of its bucket sizes (zp_search_buckets_name) */
+    int parent;               /* the same plan with the ZeRO-R level before this one, tried
+                               * first (this one only when that does not fit), or -1 */
     ZpFate fate;
     double memory_bytes;      /* closed form: model states + residual + runtime reserve */
     double bound_step_s;      /* closed-form lower bound of the simulated step time */
     double step_time_s;       /* simulated (0 when not simulated) */
-    double peak_memory_bytes; /* simulated peak + runtime reserve (0 when not simulated) */
+    double peak_memory_bytes; /* simulated need (allocator-reserved peak) + runtime reserve
+                               * (0 when not simulated) */
 } ZpCandidate;
 
 typedef struct {
@@ -86,7 +90,10 @@ typedef struct {
 } ZpSearchResult;
 
 /* Every plan the spec allows, with DeepSpeed's other defaults: ZpCandidate with fate and
- * figures unset (GArray, caller unrefs). With a global batch B, a TP degree mp (and, 3D,
+ * figures unset (GArray, caller unrefs). Each plan with checkpointing comes with its ZeRO-R
+ * levels (MD, Pa, Pa + MD, Pa+cpu where they apply), each the parent of the next; each stage-3
+ * plan at DeepSpeed's buckets and overlap_comm with the ZeRO++ options that apply (qwZ, hpZ
+ * over a node's data-parallel ranks, qgZ), every plan with the cluster's gpus_per_node. With a global batch B, a TP degree mp (and, 3D,
  * pipeline stages P) is tried when dp = gpus/(mp P) divides B, micro-batches are the divisors
  * of B/dp and accumulation (the pipeline's micro-batches) the rest;
  * without one, micro-batches are powers of two and accumulation 1. Fails naming the flag when
@@ -112,6 +119,9 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
  *   max(compute + TP (forward, recompute) + max(TP after backward, overlap ? 0 : reductions),
  *       reductions + stage-3 gathers)
  *   + the stage 1-2 parameter all-gather after the optimizer.
+ * ZeRO++ lowers the volumes below what it sends: qwZ one byte a gathered element, hpZ half
+ * the gathers inside the node, qgZ half a byte a gradient element through its two
+ * all-to-alls, the node parts at the intra-node link's rate.
  * With P pipeline stages (V chunks each, m micro-batches) a stage does 1/P of the compute
  * and TP work, stretched by the bubble to (V m + P - 1) / (V m), and reduces 1/P of the
  * parameters (sends and stage imbalance only add); the memory is the first stage's: its
@@ -124,8 +134,9 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
  * ZP_SCHED_MAX_UNIT_STEPS), screens, and simulates the plans that fit and might win: candidates in order of
  * their bound per sample, each simulated only while its bound is below the top_k-th simulated
  * time per sample or below the best of its stage x checkpointing group, so the ranking and
- * the per-stage bests are exact whenever the bound holds. A simulated plan whose peak plus
- * reserve exceeds GPU memory is dropped (ZP_FATE_SIMULATED_OOM). An empty ranking means
+ * the per-stage bests are exact whenever the bound holds. A ZeRO-R level is simulated only
+ * when its parent does not fit (it is the same plan with more work). A simulated plan whose
+ * need plus reserve exceeds GPU memory is dropped (ZP_FATE_SIMULATED_OOM). An empty ranking means
  * nothing fits; `closest` then says by how little. */
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error);
 
@@ -147,6 +158,10 @@ double zp_search_samples(const ZpPlan *plan);
  * definition; the simulator's SimResult.model_flops), a 1/P share with P pipeline stages. */
 double zp_search_model_flops(const ZpModel *model, const ZpPlan *plan);
 
+
+/* The ZeRO-R and ZeRO++ options a plan has on, as the search names them: "Pa", "Pa+cpu",
+ * "cpu ckpt", "MD", "qwZ", "qgZ", "hpZ 8", comma-separated; "" for none. Newly allocated. */
+char *zp_search_options_text(const ZpPlan *plan);
 
 /* "deepspeed", "hf-auto", ...: the name of a bucket-size choice. */
 const char *zp_search_buckets_name(int buckets);

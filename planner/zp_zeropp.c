@@ -120,8 +120,12 @@ ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad
 {
     const double world = plan->dp, local = node_ranks(plan);
     ZpQgz q;
-    q.groups = fmax(world, ceil(elems / hidden));
-    q.intra_bytes = elems / 2 + 4 * q.groups;
+    /* swizzle_quant lays each rank's partition out as whole groups: the groups rounded up to
+     * a multiple of the world, each partition's int4 bytes whole (DeepSpeed asserts
+     * elems % (2 world) == 0, where a half byte never arises). */
+    const double per_part = ceil(fmax(world, ceil(elems / hidden)) / world);
+    q.groups = per_part * world;
+    q.intra_bytes = world * (ceil(elems / world / 2) + 4 * per_part);
     q.inter_bytes = q.intra_bytes / local;
     /* swizzle_quant reads the gradients and writes int4; quantized_reduction reads the
      * node's int4 and writes 1/local of it; dequantize writes 16-bit elements of 1/local,

@@ -46,7 +46,9 @@ double zp_zeropp_secondary_bytes(const ZpSchedule *sched, double persistent_elem
  * group, an all-to-all inside the node, quantized_reduction over the node's ranks to int4
  * again, an all-to-all across nodes, dequantize and sum the nodes' chunks. DeepSpeed groups a
  * tensor by max(rows, cols, world); for a unit whose matrices have the hidden size h on one
- * side that is elems / h groups (at least the world). */
+ * side that is elems / h groups (at least the world), here rounded up to a multiple of the
+ * world so that each of the world's partitions (elems / world elements) is g whole groups:
+ * S1 = world (ceil(elems / world / 2) + 4 g) bytes, S2 = S1 / local. */
 typedef struct {
     double groups;           /* intra-node quantisation groups */
     double intra_bytes;      /* S of the intra-node all-to-all: int4 data and scales */

@@ -34,6 +34,11 @@ ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan)
     return r;
 }
 
+double zp_zeror_host_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    return (double)model->layers * zp_zeror_checkpoint(model, plan).host_bytes;
+}
+
 gboolean zp_zeror_check(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
     const ZpCheckpointConfig *c = &plan->ckpt;

@@ -31,6 +31,12 @@ typedef struct {
 /* The rule for a plan with checkpointing; all zero without. */
 ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan);
 
+/* Pa+cpu: the bytes of checkpoints a rank keeps in host memory over the step, every
+ * block's slice (host_bytes x layers; 0 without cpu_checkpointing). Pageable memory:
+ * partition_activations() keeps `partition.cpu()`, and with contiguous_memory_optimization
+ * the same number of slices in CPU buffers (torch.tensor(()).new_empty(device='cpu')). */
+double zp_zeror_host_bytes(const ZpModel *model, const ZpPlan *plan);
+
 /* Fails naming the option when a plan's activation_checkpointing options cannot run:
  * options without checkpointing, Pa whose b*s*h is not a multiple of M (DeepSpeed asserts),
  * a negative number_checkpoints. */

@@ -52,6 +52,11 @@ struct RealComm {
      * buf holds size x n bytes, this rank's at rank x n; counts (size-1) n in sent_bytes,
      * the ring all-gather's (n-1)/n S. Host memory. */
     gboolean (*allgather_bytes)(RealComm *c, void *buf, size_t n, GError **error);
+    /* qgZ (NULL where a communicator has none): send holds size x n bytes, the q-th n for
+     * rank q; recv gets rank q's piece for this rank at q x n; counts (size-1) n in
+     * sent_bytes, an all-to-all's (n-1)/n S. Host memory. */
+    gboolean (*alltoall_bytes)(RealComm *c, const void *send, void *recv, size_t n,
+                               GError **error);
     /* A communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split);
      * collective over this one; the caller destroys it. */
     RealComm *(*split)(RealComm *c, int color, int key, GError **error);

@@ -164,6 +164,18 @@ static gboolean mpi_allgather_bytes(RealComm *c, void *buf, size_t n, GError **e
                     &r, "MPI_Allgather (bytes)", error);
 }
 
+static gboolean mpi_alltoall_bytes(RealComm *c, const void *send, void *recv, size_t n,
+                                   GError **error)
+{
+    if (!fits_int(c, n, "byte all-to-all", error))
+        return FALSE;
+    c->sent_bytes += (double)(c->size - 1) * (double)n;
+    MPI_Request r;
+    return wait_for(c, MPI_Ialltoall(send, (int)n, MPI_BYTE, recv, (int)n, MPI_BYTE,
+                                     ((MpiComm *)c)->comm, &r),
+                    &r, "MPI_Alltoall (bytes)", error);
+}
+
 static void mpi_destroy(RealComm *c)
 {
     MpiComm *m = (MpiComm *)c;
@@ -212,6 +224,7 @@ static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
     c->allreduce_host_f64 = mpi_allreduce_host;
     c->gather_host_f64 = mpi_gather_host;
     c->allgather_bytes = mpi_allgather_bytes;
+    c->alltoall_bytes = mpi_alltoall_bytes;
     c->split = mpi_split;
     c->destroy = mpi_destroy;
     return c;

@@ -8,6 +8,7 @@
 #include "real_data.h"
 #include "real_gpt.h"
 #include "real_zeropp.h"
+#include "real_zeror.h"
 #include "zp_zeropp.h"
 #include "zp_mem.h"
 #include "zp_util.h"
@@ -54,6 +55,8 @@ struct RealEngine {
     RealComm *hpz_comm;
     RealBf16 **secondary;
     int *quant_of, *quant_group;
+    RealComm *qgz_node, *qgz_cross; /* qgZ: the node's ranks; this node index's, a node each */
+    int qgz_work;                   /* qgZ: the bucket's int4 workspace buffer id */
 
     RealBf16 *x;  /* residual stream [b s, h] */
     float *dx;    /* its gradient */
@@ -64,6 +67,7 @@ struct RealEngine {
     double model_state_bytes;
     RealOffload *offload; /* the host tier, with optimizer offload */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
+    RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
 
 /* One op timed on the backend's device clock: read after the step's last op, so that
@@ -122,12 +126,7 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (s->stages > 1)
         return fail(error, "zreal executes data and tensor parallelism, no pipeline stages (pp %d)",
                     s->stages);
-    if (s->plan.ckpt.cpu_checkpointing || s->plan.ckpt.partition_activations)
-        return fail(error, "zreal keeps checkpoints whole on the device: partition_activations "
-                    "and cpu_checkpointing are planned and simulated, not executed");
-    if (s->plan.zero.zero_quantized_gradients)
-        return fail(error, "zreal executes ZeRO++'s qwZ and hpZ; qgZ (zero_quantized_gradients) "
-                    "is planned and simulated, not executed");
+    /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1. */
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
@@ -146,8 +145,10 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
     if (real_ds_applies(s) && (zp_offload_any(&s->plan) || s->plan.zero.zero_quantized_weights ||
-                               s->plan.zero.zero_hpz_partition_size > 1))
-        return fail(error, "zreal executes DeepSpeed's stages 2-3 without offload, qwZ or hpZ");
+                               s->plan.zero.zero_hpz_partition_size > 1 ||
+                               s->plan.zero.zero_quantized_gradients))
+        return fail(error, "zreal executes DeepSpeed's stages 2-3 without offload or ZeRO++ "
+                           "(qwZ, hpZ, qgZ)");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -239,13 +240,19 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
     e->quant_group = g_new0(int, MAX(e->n_buffers, 1));
     for (int i = 0; i < e->n_buffers; i++)
         e->quant_of[i] = -1;
-    if (!z->zero_quantized_weights && hpz <= 1)
+    if (!z->zero_quantized_weights && hpz <= 1 && !z->zero_quantized_gradients)
         return TRUE;
     if (strcmp(e->be->name, "cpu") != 0)
-        return fail(error, "zreal executes qwZ and hpZ on the CPU backend, not %s", e->be->name);
-    if (!e->comm->allgather_bytes || !e->comm->split)
-        return fail(error, "zreal executes qwZ and hpZ over MPI ranks (mpirun), not --emulate");
+        return fail(error, "zreal executes ZeRO++ on the CPU backend, not %s", e->be->name);
+    if (!e->comm->allgather_bytes || !e->comm->alltoall_bytes || !e->comm->split)
+        return fail(error, "zreal executes ZeRO++ over MPI ranks (mpirun), not --emulate");
     if (hpz > 1 && !(e->hpz_comm = e->comm->split(e->comm, e->rank / hpz, e->rank % hpz, error)))
+        return FALSE;
+    /* qgZ's groups: a node's consecutive ranks, and the ranks of one node index */
+    const int local = zp_zeropp_group_ranks(&e->s->plan, ZP_GROUP_NODE);
+    if (z->zero_quantized_gradients &&
+        (!(e->qgz_node = e->comm->split(e->comm, e->rank / local, e->rank % local, error)) ||
+         !(e->qgz_cross = e->comm->split(e->comm, e->rank % local, e->rank / local, error))))
         return FALSE;
     for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
         if (!is_persistent(e, u) &&
@@ -404,6 +411,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
     e->ckpt_buffer = g_new0(int, e->L + 2);
+    e->qgz_work = -1;
     e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
     const gsize tokens = (gsize)s->plan.micro_batch * (gsize)s->model.seq_len;
     e->tokens = g_try_new0(int, tokens);
@@ -419,7 +427,8 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
         if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
                              "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
-    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) && init_params(e, error) &&
+    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) &&
+         real_zeror_new(s, be, &e->ckpt_host, error) && init_params(e, error) &&
          (e->x = take(e, real_gpt_checkpoint_bytes(&e->dims), ZP_MEM_WORKSPACE, error)) &&
          (e->dx = take(e, real_gpt_residual_grad_bytes(&e->dims), ZP_MEM_WORKSPACE, error));
     if (!ok) {
@@ -445,13 +454,16 @@ void real_engine_free(RealEngine *e)
         if (e->secondary)
             be->free(be, e->secondary[u]);
     }
-    if (e->hpz_comm)
-        e->hpz_comm->destroy(e->hpz_comm);
+    RealComm *subgroups[] = {e->hpz_comm, e->qgz_node, e->qgz_cross};
+    for (size_t i = 0; i < G_N_ELEMENTS(subgroups); i++)
+        if (subgroups[i])
+            subgroups[i]->destroy(subgroups[i]);
     g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
     if (e->offload) /* its states are the host tier's */
         e->master = e->adam_m = e->adam_v = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
+    real_zeror_free(e->ckpt_host);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
         be->free(be, states[i]);
@@ -519,14 +531,25 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
     }
 }
 
+/* Whether op `index` is one of qgZ's all-to-alls. */
+static gboolean is_alltoall(const ZpSchedule *s, guint index)
+{
+    return index < s->ops->len && zp_sched_op(s, index)->kind == ZP_OP_COLLECTIVE &&
+           zp_sched_op(s, index)->sub == ZP_COLL_ALLTOALL;
+}
+
 static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
 {
     /* qwZ's int8 buffer: the workspace a quantize op follows (zp_sched's issue_gathers). */
+    /* qgZ's int4 buffers likewise, the quantize op then followed by its all-to-all. */
     const ZpSchedule *s = e->s;
     if (op->sub == ZP_MEM_WORKSPACE && index + 1 < s->ops->len &&
         zp_sched_op(s, index + 1)->kind == ZP_OP_COMPUTE &&
-        zp_sched_op(s, index + 1)->sub == ZP_COMP_QUANTIZE)
+        zp_sched_op(s, index + 1)->sub == ZP_COMP_QUANTIZE) {
+        if (is_alltoall(s, index + 2))
+            e->qgz_work = op->buffer;
         return (e->buffers[op->buffer] = take(e, (uint64_t)op->bytes, op->sub, error)) != NULL;
+    }
     const uint64_t need = needed_bytes(e, op);
     if (need == 0)
         return TRUE;
@@ -713,7 +736,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return load_micro_batch(e, op->micro, error) && params_of(e, 0, ALL_TENSORS, &p, error) &&
                real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
     case ZP_COMP_BLOCK_FWD:
-        if (e->s->plan.checkpoint)
+        if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
             e->be->copy(e->be, e->buffers[e->ckpt_buffer[l]], e->x,
                         real_gpt_checkpoint_bytes(&e->dims));
         return params_of(e, l, ALL_TENSORS, &p, error) &&
@@ -752,9 +775,20 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         real_offload_adam(e->offload, &hyper);
         return TRUE;
     }
-    case ZP_COMP_QUANTIZE:
+    case ZP_COMP_QUANTIZE: {
+        /* qgZ's kernels sit around its all-to-alls, whose op does their work (qgz_reduce) */
+        const guint index = (guint)(op - zp_sched_op(e->s, 0));
+        if (is_alltoall(e->s, index + 1) || (index > 0 && is_alltoall(e->s, index - 1)))
+            return TRUE;
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
+    }
+    case ZP_COMP_HOST_COPY: /* the block input down, or back into the recompute's buffer */
+        return real_zeror_host_copy(e->ckpt_host, l,
+                                    real_zeror_on_host(e->ckpt_host, l)
+                                        ? e->buffers[e->ckpt_buffer[l]]
+                                        : e->x,
+                                    (uint64_t)op->bytes, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }
@@ -910,12 +944,72 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+/* qgZ at the bucket's all-to-all inside the node (zp_sched's qgz_reduce): the bucket's units
+ * as the world's partitions (rank q's slice of every unit, in order) through
+ * real_zeropp_qgz_reduce in zp_zeropp_qgz's groups, and this rank's sum delivered as a
+ * reduce-scatter's is; the all-to-all across nodes and the kernels around them are part of
+ * it. Both subgroups' bytes count in the rank's total. */
+static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    const uint64_t lo = op->elem_offset, hi = lo + op->elems;
+    uint64_t part = 0;
+    for (int u = 0; u < s->n_units; u++)
+        if (s->unit_offset[u] >= lo && s->unit_offset[u] < hi)
+            part += unit_padded(e, u) / (uint64_t)e->dp;
+    if (part * (uint64_t)e->dp != op->elems || e->qgz_work < 0 || !e->buffers[e->qgz_work])
+        return fail(error, "a qgZ all-to-all must cover whole padded units after its int4 "
+                    "buffer");
+    const ZpQgz q = zp_zeropp_qgz(&s->plan, (double)op->elems,
+                                  (double)s->model.hidden / s->plan.mp,
+                                  zp_plan_reduce_bytes(&s->plan));
+    const int nodes = e->qgz_cross->size;
+    float *pieces = take(e, op->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
+    float *acc = pieces ? take(e, (uint64_t)nodes * part * sizeof(float), ZP_MEM_WORKSPACE, error)
+                        : NULL;
+    float *out = acc ? take(e, part * sizeof(float), ZP_MEM_WORKSPACE, error) : NULL;
+    RealBf16 *mine = out ? take(e, part * sizeof(RealBf16), ZP_MEM_WORKSPACE, error) : NULL;
+    gboolean ok = mine != NULL;
+    uint64_t at = 0; /* a unit's offset in every partition */
+    for (int u = 0; ok && u < s->n_units; u++) {
+        if (s->unit_offset[u] < lo || s->unit_offset[u] >= hi)
+            continue;
+        const uint64_t slice = unit_padded(e, u) / (uint64_t)e->dp;
+        for (int r = 0; r < e->dp; r++)
+            for (uint64_t k = 0; k < slice; k++)
+                pieces[(uint64_t)r * part + at + k] =
+                    real_bf16_to_f32(e->unit_grads[u][(uint64_t)r * slice + k]);
+        at += slice;
+    }
+    const double before = e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes;
+    ok = ok && real_zeropp_qgz_reduce(e->qgz_node, e->qgz_cross, pieces, part,
+                                      (uint64_t)q.groups / (uint64_t)e->dp,
+                                      e->buffers[e->qgz_work], acc, out, error);
+    e->comm->sent_bytes += e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes - before;
+    for (uint64_t k = 0; ok && k < part; k++)
+        mine[k] = real_bf16_from_f32(out[k]);
+    at = 0;
+    for (int u = 0; ok && u < s->n_units; u++) {
+        if (s->unit_offset[u] < lo || s->unit_offset[u] >= hi)
+            continue;
+        const uint64_t slice = unit_padded(e, u) / (uint64_t)e->dp;
+        ok = deliver(e, e->grads + e->part_off[u], mine + at, slice, op->micro > 0, error);
+        at += slice;
+    }
+    void *temps[] = {pieces, acc, out, mine};
+    for (size_t i = 0; i < G_N_ELEMENTS(temps); i++)
+        e->be->free(e->be, temps[i]);
+    return ok;
+}
+
 static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
     if (op->group == ZP_GROUP_TP && e->cfg.tp)
         return real_tp_collective(e->cfg.tp, op, error);
     if (e->ds)
         return real_ds_collective(e->ds, op, error);
+    if (op->sub == ZP_COLL_ALLTOALL) /* qgZ: the node's op does both (qgz_reduce) */
+        return op->group == ZP_GROUP_NODE ? qgz_reduce(e, op, error) : TRUE;
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
@@ -942,6 +1036,15 @@ static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
     const uint64_t hi = MIN(coll->elem_offset + coll->elems, e->part_base + e->opt_elems);
     if (hi > lo)
         real_offload_grads_down(e->offload, e->grads + lo, lo - e->part_base, hi - lo);
+    return TRUE;
+}
+
+gboolean real_engine_ckpt_host_stats(const RealEngine *e, RealAllocStats *host,
+                                     double *down_bytes, double *up_bytes)
+{
+    if (!e->ckpt_host)
+        return FALSE;
+    real_zeror_stats(e->ckpt_host, host, down_bytes, up_bytes);
     return TRUE;
 }
 

@@ -54,6 +54,11 @@ gboolean real_engine_step(RealEngine *engine, uint64_t step, double *loss_out, G
 /* Bytes of params, grads, master, Adam m and v this rank holds, read from the tracker. */
 double real_engine_model_state_bytes(const RealEngine *engine);
 
+/* With cpu_checkpointing: the checkpoints' host tier's tracker counters and the bytes copied
+ * down and up since the engine was made (real_zeror); FALSE without it. */
+gboolean real_engine_ckpt_host_stats(const RealEngine *engine, RealAllocStats *host,
+                                     double *down_bytes, double *up_bytes);
+
 /* With optimizer offload: the host tier's tracker counters (live bytes per category) and the
  * bytes moved per ZpTransferKind since the engine was made; FALSE without offload. */
 gboolean real_engine_offload_stats(const RealEngine *engine, RealAllocStats *host,

@@ -20,19 +20,40 @@ static uint64_t group_elems(uint64_t n, uint64_t groups)
     return groups ? (n + groups - 1) / groups : n;
 }
 
+static float at_bf16(const void *src, uint64_t i)
+{
+    return real_bf16_to_f32(((const RealBf16 *)src)[i]);
+}
+
+static float at_f32(const void *src, uint64_t i)
+{
+    return ((const float *)src)[i];
+}
+
+/* A group's symmetric scale, max |x| / levels over [lo, hi) (1 for an all-zero group), and
+ * an element's code, round(x / scale) clamped to [-levels, levels]. */
+static float group_scale(float (*at)(const void *, uint64_t), const void *src, uint64_t lo,
+                         uint64_t hi, float levels)
+{
+    float most = 0;
+    for (uint64_t i = lo; i < hi; i++)
+        most = fmaxf(most, fabsf(at(src, i)));
+    return most > 0 ? most / levels : 1.0f;
+}
+
+static int code(float x, float scale, float levels)
+{
+    return (int)fminf(levels, fmaxf(-levels, rintf(x / scale)));
+}
+
 void real_zeropp_quantize(const RealBf16 *src, uint64_t n, uint64_t groups, uint8_t *out)
 {
     const uint64_t g = group_elems(n, groups);
     for (uint64_t k = 0; k < groups; k++) {
         const uint64_t lo = min_u64(k * g, n), hi = min_u64(lo + g, n);
-        float most = 0;
+        const float scale = group_scale(at_bf16, src, lo, hi, 127.0f);
         for (uint64_t i = lo; i < hi; i++)
-            most = fmaxf(most, fabsf(real_bf16_to_f32(src[i])));
-        const float scale = most > 0 ? most / 127.0f : 1.0f;
-        for (uint64_t i = lo; i < hi; i++) {
-            const float q = fminf(127.0f, fmaxf(-127.0f, rintf(real_bf16_to_f32(src[i]) / scale)));
-            out[i] = (uint8_t)(int8_t)q;
-        }
+            out[i] = (uint8_t)(int8_t)code(at_bf16(src, i), scale, 127.0f);
         memcpy(out + n + k * sizeof(float), &scale, sizeof scale);
     }
 }
@@ -47,4 +68,70 @@ void real_zeropp_dequantize(const uint8_t *in, uint64_t n, uint64_t groups, Real
         for (uint64_t i = lo; i < hi; i++)
             dst[i] = real_bf16_from_f32((float)(int8_t)in[i] * scale);
     }
+}
+
+/* ---- qgZ's int4 ---- */
+
+size_t real_zeropp_int4_bytes(uint64_t n, uint64_t groups)
+{
+    return (size_t)((n + 1) / 2) + (size_t)groups * sizeof(float);
+}
+
+void real_zeropp_quantize_int4(const float *src, uint64_t n, uint64_t groups, uint8_t *out)
+{
+    const uint64_t g = group_elems(n, groups), packed = (n + 1) / 2;
+    memset(out, 0, (size_t)packed);
+    for (uint64_t k = 0; k < groups; k++) {
+        const uint64_t lo = min_u64(k * g, n), hi = min_u64(lo + g, n);
+        const float scale = group_scale(at_f32, src, lo, hi, 7.0f);
+        for (uint64_t i = lo; i < hi; i++)
+            out[i / 2] |= (uint8_t)((code(src[i], scale, 7.0f) & 0xf) << (4 * (i % 2)));
+        memcpy(out + packed + k * sizeof(float), &scale, sizeof scale);
+    }
+}
+
+void real_zeropp_dequantize_int4_add(const uint8_t *in, uint64_t n, uint64_t groups, float *dst)
+{
+    const uint64_t g = group_elems(n, groups), packed = (n + 1) / 2;
+    for (uint64_t k = 0; k < groups; k++) {
+        float scale;
+        memcpy(&scale, in + packed + k * sizeof(float), sizeof scale);
+        const uint64_t lo = min_u64(k * g, n), hi = min_u64(lo + g, n);
+        for (uint64_t i = lo; i < hi; i++) {
+            const int nibble = (in[i / 2] >> (4 * (i % 2))) & 0xf;
+            dst[i] += (float)(nibble >= 8 ? nibble - 16 : nibble) * scale;
+        }
+    }
+}
+
+gboolean real_zeropp_qgz_reduce(RealComm *node, RealComm *cross, const float *pieces,
+                                uint64_t part, uint64_t groups, uint8_t *work, float *acc,
+                                float *out, GError **error)
+{
+    const int local = node->size, nodes = cross->size;
+    const size_t qb = real_zeropp_int4_bytes(part, groups);
+    uint8_t *send1 = work, *recv1 = work + (size_t)local * nodes * qb;
+    uint8_t *send2 = recv1 + (size_t)local * nodes * qb, *recv2 = send1; /* send1 is done */
+    /* For node rank j, the partitions of rank j of every node, in node order. */
+    for (int j = 0; j < local; j++)
+        for (int m = 0; m < nodes; m++)
+            real_zeropp_quantize_int4(pieces + (uint64_t)(m * local + j) * part, part, groups,
+                                      send1 + ((size_t)j * nodes + m) * qb);
+    if (!node->alltoall_bytes(node, send1, recv1, (size_t)nodes * qb, error))
+        return FALSE;
+    /* quantized_reduction: each node partition summed over the node's ranks, to int4 again */
+    for (int m = 0; m < nodes; m++) {
+        float *sum = acc + (uint64_t)m * part;
+        memset(sum, 0, part * sizeof(float));
+        for (int i = 0; i < local; i++)
+            real_zeropp_dequantize_int4_add(recv1 + ((size_t)i * nodes + m) * qb, part, groups,
+                                            sum);
+        real_zeropp_quantize_int4(sum, part, groups, send2 + (size_t)m * qb);
+    }
+    if (!cross->alltoall_bytes(cross, send2, recv2, qb, error))
+        return FALSE;
+    memset(out, 0, part * sizeof(float));
+    for (int m = 0; m < nodes; m++)
+        real_zeropp_dequantize_int4_add(recv2 + (size_t)m * qb, part, groups, out);
+    return TRUE;
 }

@@ -1,6 +1,6 @@
-/* test_real_zeropp: zreal executes ZeRO++'s qwZ and hpZ under mpirun (4 ranks of the tiny
- * GPT-2, 2 ranks a node for hpZ): the bytes it sends equal zplan's prediction, its secondary
- * partitions are the planned bytes, and its loss stays near unquantised training's. */
+/* test_real_zeropp: zreal executes ZeRO++'s qwZ, hpZ and qgZ and ZeRO-R's cpu_checkpointing under
+ * mpirun (4 ranks of the tiny GPT-2, 2 ranks a node for hpZ): the bytes it sends and keeps
+ * equal zplan's prediction, and its loss stays near (or at) unquantised training's. */
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -50,20 +50,26 @@ static double final_loss(json_t *measured)
     return json_real_value(json_array_get(loss, json_array_size(loss) - 1));
 }
 
-/* zplan's prediction for the same plan: bytes per rank and the secondary partitions. */
-static json_t *predict(const char *options)
+/* zplan's prediction for the same plan on `cluster`: bytes per rank and the secondary
+ * partitions. */
+static json_t *predict_on(const char *cluster, const char *options)
 {
-    char *args = g_strdup_printf("simulate --model tiny --cluster dgx-a100-80g --gpus 4 --stage 3 "
+    char *args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 4 --stage 3 "
                                  "--micro-batch 4 --persistence-threshold 0 --precision bf16 "
-                                 "--no-dropout --impl paper --json %s", options);
+                                 "--no-dropout --impl paper --json %s", cluster, options);
     json_t *p = tu_zplan_json(args);
     g_free(args);
     return p;
 }
 
-static void check_against_prediction(json_t *measured, const char *zplan_options)
+static json_t *predict(const char *options)
 {
-    json_t *p = predict(zplan_options), *r = rank0(measured);
+    return predict_on("dgx-a100-80g", options);
+}
+
+static void check_on(const char *cluster, json_t *measured, const char *zplan_options)
+{
+    json_t *p = predict_on(cluster, zplan_options), *r = rank0(measured);
     const double predicted = json_real_value(
         json_object_get(json_object_get(p, "comm_bytes_per_rank"), "dp"));
     g_assert_cmpfloat(json_real_value(json_object_get(r, "comm_bytes")), ==, predicted);
@@ -78,6 +84,11 @@ static void check_against_prediction(json_t *measured, const char *zplan_options
     g_assert_cmpfloat(allocated, >=, json_real_value(json_object_get(r, "peak_memory_bytes")));
     g_assert_cmpfloat(json_real_value(json_object_get(ca, "peak_reserved_bytes")), >=, allocated);
     json_decref(p);
+}
+
+static void check_against_prediction(json_t *measured, const char *zplan_options)
+{
+    check_on("dgx-a100-80g", measured, zplan_options);
 }
 
 static void test_qwz_hpz(void)
@@ -108,11 +119,85 @@ static void test_qwz_hpz(void)
     json_decref(both);
 }
 
+static double num(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_nonnull(v);
+    return json_number_value(v);
+}
+
+/* cpu_checkpointing at mp 1: each block's input, 2 b s h bytes (b 4, s 32, h 64: 16,384),
+ * goes to the host tier in forward and comes back before the recompute, so per step
+ * L x 2bsh = 32,768 bytes each way (L 2) and a host peak of the same, which is zplan memory's
+ * checkpoint_host_bytes; the GPU holds one block's input at a time (simulate's checkpoints
+ * peak), the collectives are zplan's, and the copies are exact: the loss is plain
+ * checkpointing's to the bit. */
+static void test_cpu_checkpointing(void)
+{
+    json_t *plain = zreal("--checkpoint", "ckpt");
+    json_t *cpu = zreal("--checkpoint --cpu-checkpointing", "ckpt-cpu");
+    check_against_prediction(cpu, "--checkpoint --cpu-checkpointing");
+    json_t *host = json_object_get(rank0(cpu), "checkpoint_host");
+    g_assert_nonnull(host);
+    const double each_way = 2 * (2.0 * 4 * 32 * 64);
+    g_assert_cmpfloat(num(host, "down_bytes"), ==, each_way);
+    g_assert_cmpfloat(num(host, "up_bytes"), ==, each_way);
+    g_assert_cmpfloat(num(host, "peak_bytes"), ==, each_way);
+    json_t *mem = tu_zplan_json("memory --model tiny --gpus 4 --micro-batch 4 --checkpoint "
+                                "--cpu-checkpointing --precision bf16 --impl paper --json");
+    json_t *residual = json_object_get(json_object_get(json_array_get(
+                                           json_object_get(mem, "rows"), 0), "residual"),
+                                       "stage3");
+    g_assert_cmpfloat(num(residual, "checkpoint_host_bytes"), ==, each_way);
+    json_decref(mem);
+    json_t *p = predict("--checkpoint --cpu-checkpointing");
+    const double gpu_ckpt = num(json_object_get(p, "category_peak_bytes"), "checkpoints");
+    g_assert_cmpfloat(gpu_ckpt, ==, each_way / 2);
+    g_assert_cmpfloat(num(json_object_get(rank0(cpu), "category_peak_bytes"), "checkpoints"), ==,
+                      gpu_ckpt);
+    json_decref(p);
+    g_assert_null(json_object_get(rank0(plain), "checkpoint_host"));
+    g_assert_cmpfloat(final_loss(cpu), ==, final_loss(plain));
+    json_decref(plain);
+    json_decref(cpu);
+}
+
+/* qgZ with 2 ranks a node (2 nodes of 2): each bucket's gradients go as int4 with fp32
+ * scales through an all-to-all inside the node, are summed there and requantised, and cross
+ * the nodes once; the bytes zreal sends are zplan's on a cluster of 2 GPUs a node (its
+ * zp_zeropp_qgz: per rank 1/2 S1 + 1/2 S1/2 for S1 = 4 (ceil(N / 8) + 4 g) a bucket of N),
+ * fewer than the plain reduce-scatter's, and int4 gradients move the loss by less than the
+ * tolerance (but move it). */
+static void test_qgz(void)
+{
+    json_t *plain = zreal("", "plain-qgz");
+    json_t *qgz = zreal("--quantized-gradients --ranks-per-node 2", "qgz");
+    json_error_t jerr;
+    json_t *profile = json_load_file(ZP_DATA_DIR "/hwprofiles/dgx-a100-80g.json", 0, &jerr);
+    g_assert_nonnull(profile);
+    json_object_set_new(profile, "gpus_per_node", json_integer(2));
+    char *cluster = g_strdup_printf("%s/two-a-node.json", tmp_dir);
+    g_assert_cmpint(json_dump_file(profile, cluster, 0), ==, 0);
+    json_decref(profile);
+    check_on(cluster, qgz, "--quantized-gradients");
+    g_unlink(cluster);
+    g_free(cluster);
+    g_assert_cmpfloat(num(rank0(qgz), "comm_bytes"), <, num(rank0(plain), "comm_bytes"));
+    const double base = final_loss(plain);
+    g_test_message("final loss: plain %.4f, qgZ %+.4f", base, final_loss(qgz) - base);
+    g_assert_cmpfloat(fabs(final_loss(qgz) - base), <, LOSS_TOLERANCE);
+    g_assert_cmpfloat(final_loss(qgz), !=, base);
+    json_decref(plain);
+    json_decref(qgz);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     tmp_dir = g_dir_make_tmp("zreal-zeropp-XXXXXX", NULL);
     g_test_add_func("/real/zeropp/qwz-hpz", test_qwz_hpz);
+    g_test_add_func("/real/zeror/cpu-checkpointing", test_cpu_checkpointing);
+    g_test_add_func("/real/zeropp/qgz", test_qgz);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);

@@ -1,5 +1,5 @@
-/* test_zeropp: ZeRO++'s volumes per rank in the schedule against plain stage 3 at 64 GPUs,
- * 8 per node, each from a formula stated with its test; and the ds_config keys. */
+/* test_zeropp: ZeRO++'s volumes per rank in the schedule, the paper's and DeepSpeed's, against
+ * plain stage 3 at 64 GPUs, 8 per node, each from a formula stated with its test; ds_config. */
 #include "zp_dsconfig.h"
 #include "zp_mem.h"
 #include "zp_model.h"
@@ -20,14 +20,20 @@ static ZpModel model(void)
     return m;
 }
 
-static ZpPlan plan64(void)
+static ZpPlan plan64_impl(ZpImplKind impl)
 {
     ZpPlan p;
     zp_plan_defaults(&p, 3, 64, 1);
-    p.impl = ZP_IMPL_PAPER; /* written against the paper's unit-level schedule */
+    p.impl = impl;
     p.micro_batch = 2;
     p.gpus_per_node = 8;
     return p;
+}
+
+/* The paper's unit-level schedule, which the first tests were written against. */
+static ZpPlan plan64(void)
+{
+    return plan64_impl(ZP_IMPL_PAPER);
 }
 
 static ZpSchedule *build(const ZpPlan *p)
@@ -54,12 +60,13 @@ static double sent(double bytes, double n)
     return (n - 1) / n * bytes;
 }
 
-/* qwZ: every stage-3 unit gather of E elements carries E int8 bytes plus a 4-byte scale per
+/* qwZ: every stage-3 gather of E elements (a unit's under the paper's schedule, a fetch
+ * group's of parameters under DeepSpeed's) carries E int8 bytes plus a 4-byte scale per
  * quantisation group of each of the 64 partitions, S = E + 4 * 64 * groups(E / 64), against
- * 2E: about half. The persistent units' post-step refresh stays 16-bit. */
-static void test_qwz(void)
+ * 2E: about half. The persistent units' post-step refresh stays 16-bit. Run for each `impl`. */
+static void test_qwz(gconstpointer impl)
 {
-    ZpPlan p = plan64();
+    ZpPlan p = plan64_impl(GPOINTER_TO_INT(impl));
     ZpSchedule *plain = build(&p);
     p.zero.zero_quantized_weights = TRUE;
     ZpSchedule *q = build(&p);
@@ -139,12 +146,14 @@ static void test_hpz(void)
 }
 
 /* qgZ: a bucket of N gradient elements, reduce-scattered as 2N bytes over 64 ranks, goes
- * instead as int4 with a 4-byte scale per group, G = max(64, N / h): S1 = N/2 + 4G through
- * the all-to-all inside the node (8 ranks), then S1 / 8 once across the 8 nodes. Per rank
- * 7/8 S1 + 7/8 S1/8 against 63/64 2N: a quarter of the bytes, plus the scales. */
-static void test_qgz(void)
+ * instead as int4 with a 4-byte scale per group, g = ceil(max(64, N / h) / 64) groups in each
+ * of the 64 partitions of N / 64 elements: S1 = 64 (ceil(N / 128) + 4 g) through the
+ * all-to-all inside the node (8 ranks), then S1 / 8 once across the 8 nodes. Per rank
+ * 7/8 S1 + 7/8 S1/8 against 63/64 2N: a quarter of the bytes, plus the scales. Run for each
+ * `impl` (the paper's buckets, or DeepSpeed's 5e8-element ones: 4 for 1.56e9 elements). */
+static void test_qgz(gconstpointer impl)
 {
-    ZpPlan p = plan64();
+    ZpPlan p = plan64_impl(GPOINTER_TO_INT(impl));
     ZpSchedule *plain = build(&p);
     p.zero.zero_quantized_gradients = TRUE;
     ZpSchedule *g = build(&p);
@@ -166,7 +175,7 @@ static void test_qgz(void)
         g_assert_cmpint(y->sub, !=, ZP_COLL_REDUCE_SCATTER);
         if (y->group == ZP_GROUP_NODE) {
             const double n = g_array_index(sizes, double, k++);
-            const double s1 = n / 2 + 4 * fmax(64, ceil(n / 1600));
+            const double s1 = 64 * (ceil(n / 128) + 4 * ceil(fmax(64, ceil(n / 1600)) / 64));
             g_assert_cmpfloat(y->bytes, ==, s1);
             const ZpOp *next = g_ptr_array_index(b, i + 1);
             g_assert_cmpint(next->group, ==, ZP_GROUP_XNODE);
@@ -176,6 +185,8 @@ static void test_qgz(void)
         crossings += y->group == ZP_GROUP_XNODE;
     }
     g_assert_cmpuint(sizes->len, >, 0);
+    if (GPOINTER_TO_INT(impl) == ZP_IMPL_DEEPSPEED)
+        g_assert_cmpuint(sizes->len, ==, 4);
     g_assert_cmpuint(k, ==, sizes->len);
     g_assert_cmpuint(crossings, ==, sizes->len); /* across nodes once a bucket */
     const double got = zp_sched_comm_bytes(g, ZP_GROUP_NODE) + zp_sched_comm_bytes(g, ZP_GROUP_XNODE);
@@ -187,6 +198,73 @@ static void test_qgz(void)
     g_ptr_array_unref(b);
     zp_sched_free(plain);
     zp_sched_free(g);
+}
+
+/* Marks the all-gathers a compute op after the head (a backward op) waits for. */
+static gboolean *backward_gathers(const ZpSchedule *s)
+{
+    gboolean *marked = g_new0(gboolean, s->ops->len), after_head = FALSE;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE)
+            continue;
+        const uint32_t *d = zp_sched_deps(s, op);
+        for (uint32_t k = 0; after_head && k < op->n_deps; k++)
+            marked[d[k]] |= zp_sched_op(s, d[k])->kind == ZP_OP_COLLECTIVE &&
+                            zp_sched_op(s, d[k])->sub == ZP_COLL_ALLGATHER;
+        after_head |= op->sub == ZP_COMP_HEAD;
+    }
+    return marked;
+}
+
+/* hpZ with 8 under DeepSpeed's schedule: the gathers backward's compute ops wait for run in
+ * the 8-rank node group, sending 7/8 S each instead of 63/64 S, and the
+ * forward's stay on all 64; the op lists are otherwise identical. DeepSpeed keeps parameters
+ * of at most 1e5 elements whole (stage3_param_persistence_threshold), so gpt2-1.5b's
+ * secondary partition holds its weight matrices only, each padded to a multiple of 64 (all
+ * already are): 2 bytes x (48 blocks x (h x 3h + h^2 + 2 x h x 4h) + V h + s h) / 8, with
+ * h = 1600, V = 50257, s = 1024 (tied embeddings) = 389,152,400 bytes. */
+static void test_hpz_deepspeed(void)
+{
+    ZpPlan p = plan64_impl(ZP_IMPL_DEEPSPEED);
+    ZpSchedule *plain = build(&p);
+    p.zero.zero_hpz_partition_size = 8;
+    ZpSchedule *h = build(&p);
+    g_assert_cmpuint(plain->ops->len, ==, h->ops->len);
+    gboolean *in_backward = backward_gathers(plain);
+    double moved = 0, in_node = 0;
+    int n_backward = 0, n_forward = 0;
+    for (guint i = 0; i < h->ops->len; i++) {
+        const ZpOp *x = zp_sched_op(plain, i), *y = zp_sched_op(h, i);
+        g_assert_cmpint(x->kind, ==, y->kind);
+        g_assert_cmpfloat(x->bytes, ==, y->bytes);
+        if (y->kind != ZP_OP_COLLECTIVE || y->sub != ZP_COLL_ALLGATHER)
+            continue;
+        g_assert_cmpint(x->group, ==, ZP_GROUP_DP);
+        g_assert_cmpint(y->group, ==, in_backward[i] ? ZP_GROUP_HPZ : ZP_GROUP_DP);
+        if (in_backward[i]) {
+            moved += sent(x->bytes, 64);
+            in_node += sent(y->bytes, 8);
+            n_backward++;
+        } else {
+            n_forward++;
+        }
+    }
+    g_test_message("deepspeed: %d forward gathers on dp, %d backward in the node", n_forward,
+                   n_backward);
+    g_assert_cmpint(n_backward, >, 0);
+    g_assert_cmpint(n_forward, >, 0);
+    g_assert_cmpfloat(zp_sched_comm_bytes(h, ZP_GROUP_HPZ), ==, in_node);
+    g_assert_cmpfloat(fabs(zp_sched_comm_bytes(plain, ZP_GROUP_DP) -
+                           zp_sched_comm_bytes(h, ZP_GROUP_DP) - moved), <, 1e-6 * moved);
+    const double hd = 1600, blocks = 48 * (hd * 3 * hd + hd * hd + 2 * hd * 4 * hd);
+    const double secondary = 2.0 * (blocks + 50257 * hd + 1024 * hd) / 8;
+    g_assert_cmpfloat(secondary, ==, 389152400.0);
+    g_assert_cmpfloat(h->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, secondary);
+    g_assert_cmpfloat(plain->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 0);
+    g_free(in_backward);
+    zp_sched_free(plain);
+    zp_sched_free(h);
 }
 
 /* The three keys read from ds_config's zero_optimization and written back; refused below
@@ -278,9 +356,12 @@ static void test_round_trip(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    g_test_add_func("/zeropp/qwz", test_qwz);
+    g_test_add_data_func("/zeropp/qwz", GINT_TO_POINTER(ZP_IMPL_PAPER), test_qwz);
     g_test_add_func("/zeropp/hpz", test_hpz);
-    g_test_add_func("/zeropp/qgz", test_qgz);
+    g_test_add_data_func("/zeropp/qgz", GINT_TO_POINTER(ZP_IMPL_PAPER), test_qgz);
+    g_test_add_data_func("/zeropp/deepspeed/qwz", GINT_TO_POINTER(ZP_IMPL_DEEPSPEED), test_qwz);
+    g_test_add_func("/zeropp/deepspeed/hpz", test_hpz_deepspeed);
+    g_test_add_data_func("/zeropp/deepspeed/qgz", GINT_TO_POINTER(ZP_IMPL_DEEPSPEED), test_qgz);
     g_test_add_func("/zeropp/keys", test_keys);
     g_test_add_func("/zeropp/round-trip", test_round_trip);
     return g_test_run();

@@ -4,14 +4,18 @@
 #include "testutil.h"
 #include "zp_alloc_replay.h"
 #include "zp_mem.h"
+#include "zp_offload.h"
 #include "zp_model.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MIB 1048576.0
 
@@ -116,6 +120,78 @@ static void test_cpu_checkpointing(void)
     g_assert_error(error, ZP_ERROR, ZP_ERROR_VALUE);
     g_assert_nonnull(strstr(error->message, "activation_checkpointing"));
     g_clear_error(&error);
+}
+
+static double jnum(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_nonnull(v);
+    return json_number_value(v);
+}
+
+/* A copy of a shipped hwprofile with one number changed, in a temporary file the caller
+ * unlinks and frees. */
+static char *profile_with(const char *name, const char *key, double value)
+{
+    char *src = g_strdup_printf(ZP_DATA_DIR "/hwprofiles/%s.json", name);
+    json_error_t jerr;
+    json_t *profile = json_load_file(src, 0, &jerr);
+    g_free(src);
+    g_assert_nonnull(profile);
+    json_object_set_new(profile, key, json_real(value));
+    char *path = NULL;
+    const int fd = g_file_open_tmp("zp-profile-XXXXXX.json", &path, NULL);
+    g_assert_cmpint(fd, >=, 0);
+    close(fd);
+    g_assert_cmpint(json_dump_file(profile, path, 0), ==, 0);
+    json_decref(profile);
+    return path;
+}
+
+/* Pa+cpu's slices are in issue 16's host tier: per rank L x 2bsh/16 bytes of checkpoints in
+ * the CPU row (zp_offload_tiers and the schedule's host bytes alike), 16 ranks' worth per
+ * DGX-2 node (67.1 GB for the 100B run); on a node with 50 GB of host memory `simulate`
+ * refuses the plan naming the tier, and `memory` finds it does not fit. */
+static void test_cpu_checkpointing_host_tier(void)
+{
+    ZpModel m;
+    ZpPlan p = paper_100b_plan(&m);
+    p.ckpt.partition_activations = TRUE;
+    p.ckpt.cpu_checkpointing = TRUE;
+    const double per_rank = 125 * 2 * 32.0 * 1024 * 8192 / 16;
+    const ZpHw hw = tu_load_hw("dgx2-v100");
+    ZpTiers t;
+    zp_offload_tiers(&m, &p, &hw, &t);
+    g_assert_cmpfloat(t.bytes[ZP_TIER_CPU][ZP_MEM_CHECKPOINTS], ==, per_rank);
+    g_assert_cmpfloat(t.total_bytes[ZP_TIER_CPU], ==, per_rank);
+    g_assert_cmpfloat(t.pinned_bytes, ==, 0); /* .cpu(): pageable */
+    g_assert_cmpfloat(t.cpu_node_bytes, ==, 16 * per_rank);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(s->host_bytes[ZP_MEM_CHECKPOINTS], ==, per_rank);
+    zp_sched_free(s);
+
+    char *path = profile_with("dgx2-v100", "cpu_memory_bytes", 50e9);
+    char *args = g_strdup_printf("simulate --model zero-100b --cluster %s --gpus 400 --mp 16 "
+                                 "--stage 2 --micro-batch 32 --checkpoint --impl paper "
+                                 "--partition-activations --cpu-checkpointing", path);
+    TuRun run = tu_zplan(args);
+    g_free(args);
+    g_assert_true(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2);
+    g_assert_nonnull(strstr(run.err, "CPU memory per node overflows"));
+    g_assert_nonnull(strstr(run.err, "67.1 GB"));
+    tu_free(&run);
+    args = g_strdup_printf("memory --model zero-100b --cluster %s --gpus 400 --mp 16 "
+                           "--micro-batch 32 --checkpoint --impl paper --partition-activations "
+                           "--cpu-checkpointing --json", path);
+    json_t *mem = tu_zplan_json_exit(args, 2);
+    g_free(args);
+    json_t *need = json_object_get(json_array_get(json_object_get(mem, "rows"), 0), "need_bytes");
+    g_assert_cmpfloat(jnum(need, "stage2"), >, jnum(mem, "gpu_memory_bytes"));
+    json_decref(mem);
+    g_unlink(path);
+    g_free(path);
 }
 
 /* The ZeRO paper's 100B run fits 32 GB V100s with Pa and does not without: `zplan simulate`
@@ -283,6 +359,62 @@ static void test_schedule_replay(void)
     g_assert_cmpfloat(md_gap, <, gap / 10);
 }
 
+/* One answer for the fit: `simulate`, `memory` and `plan` all judge a plan by the bytes the
+ * caching allocator reserves at the peak (at least the live peak) plus the reserve. GPT-3
+ * 175B at stage 3 on 64 GPUs, micro-batch 2, checkpointing: its live peak is below its
+ * reserved peak, so on a GPU whose memory lies halfway between the two (plus the reserve)
+ * `simulate` and `memory` both say it does not fit, with the same need; and `plan`'s best plan
+ * needs what `simulate` of its ds_config says. */
+static void test_one_answer(void)
+{
+    const char *shape = "--model gpt3-175b --gpus 64 --micro-batch 2 --checkpoint";
+    char *args = g_strdup_printf("simulate %s --cluster dgx-a100-80g --stage 3 --json", shape);
+    json_t *sim = tu_zplan_json(args);
+    g_free(args);
+    const double live = jnum(sim, "peak_memory_bytes");
+    const double reserved = jnum(json_object_get(sim, "caching_allocator"), "peak_reserved_bytes");
+    json_decref(sim);
+    g_assert_cmpfloat(reserved, >, live + 1e9); /* the gap the test stands on */
+
+    const double reserve = tu_load_hw("dgx-a100-80g").runtime_reserve_bytes;
+    char *path = profile_with("dgx-a100-80g", "gpu_memory_bytes", 0.5 * (live + reserved) + reserve);
+
+    args = g_strdup_printf("simulate %s --cluster %s --stage 3 --json", shape, path);
+    sim = tu_zplan_json_exit(args, 2);
+    g_free(args);
+    g_assert_false(json_boolean_value(json_object_get(sim, "fits_in_gpu_memory")));
+    json_decref(sim);
+    args = g_strdup_printf("memory %s --cluster %s --json", shape, path);
+    json_t *mem = tu_zplan_json_exit(args, 2);
+    g_free(args);
+    json_t *need = json_object_get(json_array_get(json_object_get(mem, "rows"), 0), "need_bytes");
+    g_assert_cmpfloat(fabs(jnum(need, "stage3") - (reserved + reserve)),
+                      <=, 1e-9 * reserved);
+    json_decref(mem);
+    g_unlink(path);
+    g_free(path);
+
+    /* plan's need for its best plan is simulate's for the same ds_config. */
+    char *ds = g_strdup_printf("%s/zp-one-answer-%d.json", g_get_tmp_dir(), (int)getpid());
+    args = g_strdup_printf("plan --model gpt3-175b --gpus 64 --mp 1 --cluster dgx-a100-80g "
+                           "--json --ds-config %s", ds);
+    json_t *plan = tu_zplan_json(args);
+    g_free(args);
+    const double planned = jnum(json_object_get(plan, "best"), "peak_memory_bytes");
+    json_decref(plan);
+    args = g_strdup_printf("simulate --model gpt3-175b --gpus 64 --cluster dgx-a100-80g "
+                           "--ds-config %s --json", ds);
+    sim = tu_zplan_json(args);
+    g_free(args);
+    const double sim_need =
+        fmax(jnum(sim, "peak_memory_bytes"),
+             jnum(json_object_get(sim, "caching_allocator"), "peak_reserved_bytes")) + reserve;
+    json_decref(sim);
+    g_unlink(ds);
+    g_free(ds);
+    g_assert_cmpfloat(fabs(planned - sim_need), <=, 1e-9 * sim_need);
+}
+
 /* zreal's tracker replays its own sequence: a 5 MiB buffer reserves a 20 MiB segment, and
  * 1000 bytes a 2 MiB small one; releasing keeps the segments (no compaction). */
 static void test_tracker_replay(void)
@@ -305,11 +437,13 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/zeror/partition-activations", test_partition_activations);
     g_test_add_func("/zeror/cpu-checkpointing", test_cpu_checkpointing);
+    g_test_add_func("/zeror/cpu-checkpointing-host-tier", test_cpu_checkpointing_host_tier);
     g_test_add_func("/zeror/paper-100b", test_paper_100b_fits_with_pa);
     g_test_add_func("/zeror/synchronize-boundary", test_synchronize_boundary);
     g_test_add_func("/alloc/fragmentation", test_fragmentation);
     g_test_add_func("/alloc/size-classes", test_size_classes);
     g_test_add_func("/alloc/schedule", test_schedule_replay);
     g_test_add_func("/alloc/zreal-tracker", test_tracker_replay);
+    g_test_add_func("/alloc/one-answer", test_one_answer);
     return g_test_run();
 }

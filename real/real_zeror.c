@@ -1,0 +1,86 @@
+/* real_zeror: the checkpoints' host tier is plain host memory through a tracker of its own,
+ * one buffer a block from its forward copy to its backward one (checkpointing.py keeps the
+ * `.cpu()` tensor in ctx.deepspeed_saved_tensors until backward moves it to the device). */
+#include "real_zeror.h"
+#include "zp_util.h"
+
+#include <string.h>
+
+struct RealCkptHost {
+    RealBackend *be;
+    RealAlloc *host;
+    int blocks;
+    void **slot; /* per unit (blocks are units 1..L): its host copy, or NULL */
+    uint64_t *slot_bytes;
+    double down_bytes, up_bytes;
+};
+
+static gboolean fail(GError **error, const char *what)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "cpu_checkpointing: %s", what);
+    return FALSE;
+}
+
+gboolean real_zeror_new(const ZpSchedule *s, RealBackend *be, RealCkptHost **out,
+                        GError **error)
+{
+    *out = NULL;
+    if (!s->plan.checkpoint || !s->plan.ckpt.cpu_checkpointing)
+        return TRUE;
+    if (s->plan.mp != 1)
+        return fail(error, "zreal has no tensor parallelism to partition the checkpoints over");
+    if (strcmp(be->name, "cpu") != 0)
+        return fail(error, "zreal's host tier runs on the cpu backend only");
+    RealCkptHost *h = g_new0(RealCkptHost, 1);
+    h->be = be, h->host = real_alloc_new(), h->blocks = (int)s->model.layers;
+    h->slot = g_new0(void *, h->blocks + 2);
+    h->slot_bytes = g_new0(uint64_t, h->blocks + 2);
+    *out = h;
+    return TRUE;
+}
+
+void real_zeror_free(RealCkptHost *h)
+{
+    if (!h)
+        return;
+    for (int l = 0; l < h->blocks + 2; l++)
+        real_alloc_release(h->host, h->slot[l]);
+    real_alloc_free_tracker(h->host);
+    g_free(h->slot), g_free(h->slot_bytes);
+    g_free(h);
+}
+
+gboolean real_zeror_on_host(const RealCkptHost *h, int block)
+{
+    return h && block >= 1 && block <= h->blocks && h->slot[block] != NULL;
+}
+
+gboolean real_zeror_host_copy(RealCkptHost *h, int block, void *device, uint64_t bytes,
+                              GError **error)
+{
+    if (!h || block < 1 || block > h->blocks || !device)
+        return fail(error, "a host copy of a checkpoint the schedule did not plan");
+    if (!h->slot[block]) { /* forward: partition.cpu() */
+        if (!(h->slot[block] = real_alloc_take(h->host, bytes, REAL_MEM_CHECKPOINTS)))
+            return fail(error, "no host memory for a checkpoint");
+        h->be->copy(h->be, h->slot[block], device, bytes);
+        h->slot_bytes[block] = bytes;
+        h->down_bytes += (double)bytes;
+        return TRUE;
+    }
+    if (bytes != h->slot_bytes[block]) /* backward: copied into the regathered buffer */
+        return fail(error, "the copy back is not the size of the checkpoint kept");
+    h->be->copy(h->be, device, h->slot[block], bytes);
+    real_alloc_release(h->host, h->slot[block]);
+    h->slot[block] = NULL;
+    h->up_bytes += (double)bytes;
+    return TRUE;
+}
+
+void real_zeror_stats(const RealCkptHost *h, RealAllocStats *host, double *down_bytes,
+                      double *up_bytes)
+{
+    real_alloc_stats(h->host, host);
+    *down_bytes = h->down_bytes;
+    *up_bytes = h->up_bytes;
+}

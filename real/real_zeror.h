@@ -1,0 +1,37 @@
+/* real_zeror: ZeRO-R's cpu_checkpointing as zreal executes it — each block's checkpoint copied
+ * to a host tier of its own (tracked) in forward and back into a new device buffer before the
+ * recompute, as DeepSpeed's CheckpointFunction does with `.cpu()` and `copy_`. */
+#ifndef REAL_ZEROR_H
+#define REAL_ZEROR_H
+
+#include "real_alloc.h"
+#include "real_backend.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+typedef struct RealCkptHost RealCkptHost;
+
+/* The host tier of a schedule with cpu_checkpointing into *out (NULL without it). zreal has
+ * no tensor parallelism, so a block's slice is its whole input (Pa splits nothing at mp 1);
+ * the backend must address host memory directly (the CPU backend). Fails naming what is
+ * missing. */
+gboolean real_zeror_new(const ZpSchedule *s, RealBackend *be, RealCkptHost **out,
+                        GError **error);
+void real_zeror_free(RealCkptHost *h);
+
+/* Whether block `block`'s checkpoint is in host memory now (between its two copies). */
+gboolean real_zeror_on_host(const RealCkptHost *h, int block);
+
+/* A host_copy op of `block`: forward (nothing on the host yet) copies `bytes` of the block
+ * input at `device` into a new host buffer; backward copies the host buffer into `device`
+ * (the new GPU buffer the recompute reads) and releases it. */
+gboolean real_zeror_host_copy(RealCkptHost *h, int block, void *device, uint64_t bytes,
+                              GError **error);
+
+/* The host tier's tracker counters (checkpoints only) and the bytes copied down and up so
+ * far. */
+void real_zeror_stats(const RealCkptHost *h, RealAllocStats *host, double *down_bytes,
+                      double *up_bytes);
+
+#endif
