@@ -126,7 +126,11 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (s->stages > 1)
         return fail(error, "zreal executes data and tensor parallelism, no pipeline stages (pp %d)",
                     s->stages);
-    /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1. */
+    /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1, and at mp > 1 its
+     * slices and their tensor-group gather are not executed. */
+    if (s->plan.ckpt.partition_activations && s->plan.mp > 1)
+        return fail(error, "zreal keeps each checkpoint whole on every tensor rank: "
+                           "partition_activations at mp %d is not executed", s->plan.mp);
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
