@@ -139,7 +139,8 @@ static gboolean microbench(const Args *a, RealBackend *be, RealComm *comm, GErro
     if (a->model && !make_plan(a, comm->size, &model, &plan, error))
         return FALSE;
     return real_microbench_run(be, comm, a->emulate > 0, a->model ? &model : NULL,
-                               a->model ? &plan : NULL, a->out, error);
+                               a->model ? &plan : NULL,
+                               a->nvme_path ? a->nvme_path : g_get_tmp_dir(), a->out, error);
 }
 
 static gboolean collect(RealEngine *engine, RealBackend *be, RealComm *comm, double step_s,
@@ -452,7 +453,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
         {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stages 1-3: fp32 master, Adam moments and fp32 gradients in a tracked host tier (cpu) or swap files (nvme, stage 3; cpu at stages 1-2, as in DeepSpeed), CPU Adam", "DEV"},
         {"offload-param", 0, 0, G_OPTION_ARG_STRING, &a->offload_param, "ZeRO-Infinity at stage 3 (with --offload-optimizer): the 16-bit partition in the host tier (cpu) or a swap file (nvme), fetched before each all-gather", "DEV"},
-        {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &a->nvme_path, "Directory for the nvme tier's swap files (created, O_DIRECT where the file system allows it, removed at exit); overrides a --schedule's nvme_path", "DIR"},
+        {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &a->nvme_path, "Directory for the nvme tier's swap files (created, O_DIRECT where the file system allows it, removed at exit); overrides a --schedule's nvme_path; with --microbench, where the NVMe bandwidth is measured (default the temporary directory)", "DIR"},
         {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},

@@ -151,6 +151,11 @@ gboolean real_nvme_read(RealNvmeFile *f, void *buf, uint64_t bytes, uint64_t off
     return transfer(f, FALSE, buf, bytes, offset, error);
 }
 
+gboolean real_nvme_sync(RealNvmeFile *f, GError **error)
+{
+    return fdatasync(f->fd) == 0 || io_fail(error, f->path, "cannot sync", errno);
+}
+
 double real_nvme_direct_bytes(const RealNvmeFile *f)
 {
     return f->direct_bytes;

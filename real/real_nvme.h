@@ -28,6 +28,9 @@ gboolean real_nvme_write(RealNvmeFile *f, const void *buf, uint64_t bytes, uint6
 gboolean real_nvme_read(RealNvmeFile *f, void *buf, uint64_t bytes, uint64_t offset,
                         GError **error);
 
+/* Waits until what was written is on the device (fdatasync). */
+gboolean real_nvme_sync(RealNvmeFile *f, GError **error);
+
 /* Bytes this file moved with O_DIRECT so far. */
 double real_nvme_direct_bytes(const RealNvmeFile *f);
 

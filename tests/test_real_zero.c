@@ -343,7 +343,8 @@ static void test_calibrate_and_validate(void)
     char *profile = g_strdup_printf("%s/cpu-test.json", tmp_dir);
     char *pred = g_strdup_printf("%s/pred.json", tmp_dir);
     char *meas = g_strdup_printf("%s/meas.json", tmp_dir);
-    char *args = g_strdup_printf("--microbench --out %s", bench), *out = NULL, *err = NULL;
+    char *args = g_strdup_printf("--microbench --nvme-path %s --out %s", tmp_dir, bench);
+    char *out = NULL, *err = NULL;
     g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
     g_free(args), g_free(err);
     args = g_strdup_printf("calibrate %s --out %s", bench, profile);
@@ -353,6 +354,12 @@ static void test_calibrate_and_validate(void)
     json_t *hw = json_load_file(profile, 0, NULL);
     g_assert_nonnull(json_object_get(json_object_get(hw, "calibration"), "runs"));
     g_assert_cmpfloat(json_number_value(json_object_get(hw, "peak_fp32_flops")), >, 1e8);
+    /* The NVMe tier's swap files, measured where --nvme-path said, their source noted. */
+    g_assert_cmpfloat(json_number_value(json_object_get(hw, "nvme_bytes_per_s")), >, 0);
+    const char *note = json_string_value(json_object_get(json_object_get(hw, "notes"),
+                                                         "nvme_bytes_per_s"));
+    g_assert_nonnull(note);
+    g_assert_nonnull(strstr(note, tmp_dir));
     json_decref(hw);
 
     args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
