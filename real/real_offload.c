@@ -32,6 +32,8 @@ struct RealOffload {
     RealBf16 *pool;        /* parameter swapper's buffers */
     uint64_t pool_elems;
     RealNvmeFile *file[ZP_MEM_N];
+    void *pinned[8]; /* host buffers page-locked by a device backend (pin_memory) */
+    int n_pinned;
     double moved[ZP_XFER_N];
 };
 
@@ -47,8 +49,11 @@ static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, G
     if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && zp_offload_cpu_share(&s->plan) != 1.0)
         return fail(error, "zreal offloads all of the optimizer; a ratio below 1 (partial "
                            "offload) is planned and simulated, not executed");
-    if (strcmp(be->name, "cpu") != 0)
-        return fail(error, "zreal's host and NVMe tiers run on the cpu backend only");
+    const gboolean device = be->synchronize != NULL; /* else the host is the device */
+    if (device && (!be->copy_async || !be->pin_host))
+        return fail(error, "the backend has no pinned host memory or copy stream");
+    if (device && z->offload_param.device != ZP_OFFLOAD_NONE)
+        return fail(error, "zreal offloads parameters on the cpu backend only");
     if (z->zero_quantized_weights || z->zero_hpz_partition_size > 1)
         return fail(error, "zreal executes offload without ZeRO++ (qwZ, hpZ)");
     const ZpOffload *p = &z->offload_param;
@@ -120,6 +125,13 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
         if (!(*buf[i].slot = real_alloc_take(o->host, bytes, (RealMemCategory)buf[i].cat)))
             return fail(error, "no memory for the host tier");
         memset(*buf[i].slot, 0, bytes);
+        /* DeepSpeed pins the host tier when pin_memory is set (its swap buffers always). */
+        if (o->be->pin_host && (s->plan.zero.offload_optimizer.pin_memory || o->swap) &&
+            bytes > 0) {
+            if (!o->be->pin_host(o->be, *buf[i].slot, bytes))
+                return fail(error, "the driver refused to pin the host tier");
+            o->pinned[o->n_pinned++] = *buf[i].slot;
+        }
     }
     if (o->swap) { /* the four tensors of one sub-group, swapped in together */
         if ((double)s->plan.zero.offload_optimizer.buffer_count < 4 ||
@@ -180,6 +192,8 @@ void real_offload_free(RealOffload *o)
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
                     o->grads, o->params, o->out16, o->host_staging, o->swap, o->pool};
+    for (int i = 0; i < o->n_pinned; i++)
+        o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
         real_alloc_release(o->host, host[i]);
     real_alloc_free_tracker(o->host);
@@ -217,8 +231,13 @@ RealBf16 *real_offload_host_params(RealOffload *o)
 
 gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **error)
 {
+    RealBf16 *host = partition16(o); /* the partition may be on the device */
+    if (!host)
+        return fail(error, "no host memory for the 16-bit partition");
+    o->be->copy(o->be, host, partition, o->part * sizeof(RealBf16));
     for (uint64_t i = 0; i < o->part; i++)
-        o->master[i] = real_bf16_to_f32(partition[i]);
+        o->master[i] = real_bf16_to_f32(host[i]);
+    partition = host;
     const uint64_t f4 = o->part * sizeof(float);
     gboolean ok = TRUE;
     if (o->opt_tier == ZP_TIER_NVME) { /* the swap buffers are zero but for the master */
@@ -232,6 +251,23 @@ gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **e
                              error);
     release16(o);
     return ok;
+}
+
+/* A copy between the tiers: on the backend's copy stream where it has one (the host does not
+ * wait), else a plain copy. */
+static void tier_copy(RealOffload *o, void *dst, const void *src, size_t bytes)
+{
+    if (o->be->copy_async)
+        o->be->copy_async(o->be, dst, src, bytes);
+    else
+        o->be->copy(o->be, dst, src, bytes);
+}
+
+/* Later device calls (and with `host`, the host) wait for the tier copies so far. */
+static void tier_wait(RealOffload *o, bool host)
+{
+    if (o->be->copy_wait)
+        o->be->copy_wait(o->be, host);
 }
 
 /* Device scratch, counted as the workspace it is. */
@@ -252,7 +288,8 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
         if (!f32)
             return FALSE;
         o->be->bf16_to_f32(o->be, f32, src, n);
-        o->be->copy(o->be, o->grads + at, f32, n * sizeof(float));
+        tier_copy(o, o->grads + at, f32, n * sizeof(float));
+        tier_wait(o, false); /* before the scratch is freed (stream-ordered) */
         o->be->free(o->be, f32);
         return TRUE;
     }
@@ -261,7 +298,7 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
     for (uint64_t done = 0; done < n; done += o->staging_elems) {
         const uint64_t k = MIN(o->staging_elems, n - done);
         o->be->copy(o->be, o->device_staging, src + done, k * sizeof(RealBf16));
-        memcpy(o->host_staging, o->device_staging, k * sizeof(RealBf16));
+        o->be->copy(o->be, o->host_staging, o->device_staging, k * sizeof(RealBf16));
         for (uint64_t i = 0; i < k; i++)
             o->grads[at + done + i] = real_bf16_to_f32(o->host_staging[i]);
     }
@@ -274,7 +311,8 @@ gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, u
     float *sum = scratch(o, n, error);
     if (!sum)
         return FALSE;
-    o->be->copy(o->be, sum, o->grads + at, n * sizeof(float));
+    tier_copy(o, sum, o->grads + at, n * sizeof(float));
+    tier_wait(o, false);
     o->be->accumulate_bf16(o->be, dst, sum, n);
     o->be->free(o->be, sum);
     o->moved[ZP_XFER_H2D] += 4.0 * (double)n;
@@ -286,6 +324,7 @@ gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError 
     if (!o->file[ZP_MEM_GRADS])
         return fail(error, "a gradient swap-out without the optimizer on NVMe");
     o->moved[ZP_XFER_NVME_WRITE] += 4.0 * (double)n;
+    tier_wait(o, true); /* the slice has landed */
     return real_nvme_write(o->file[ZP_MEM_GRADS], o->grads + at, n * sizeof(float),
                            at * sizeof(float), error);
 }
@@ -353,13 +392,15 @@ gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **
     RealBf16 *out = partition16(o);
     if (!out)
         return fail(error, "no host memory for CPU Adam's 16-bit output");
+    tier_wait(o, true); /* every gradient slice has landed */
     real_offload_cpu_adam(hyper, o->part, o->master, o->m, o->v, o->adam_grads, out);
     return TRUE;
 }
 
 void real_offload_params_up(RealOffload *o, RealBf16 *dst)
 {
-    o->be->copy(o->be, dst, partition16(o), o->part * sizeof(RealBf16));
+    tier_copy(o, dst, partition16(o), o->part * sizeof(RealBf16));
+    tier_wait(o, o->out16 != NULL); /* the host waits before freeing a transient source */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)o->part;
     release16(o);
 }
@@ -376,7 +417,8 @@ gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError
 
 void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n)
 {
-    o->be->copy(o->be, dst, o->params ? o->params + at : o->pool, n * sizeof(RealBf16));
+    tier_copy(o, dst, o->params ? o->params + at : o->pool, n * sizeof(RealBf16));
+    tier_wait(o, true); /* before the gather, and before the pool is read into again */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
 }
 

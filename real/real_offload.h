@@ -13,8 +13,10 @@
 typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
- * optimizer offload at stages 1-3 (all of it: ratio 1), parameter offload at stage 3, on the
- * CPU backend (it addresses host memory directly). Host buffers of exactly the schedule's
+ * optimizer offload at stages 1-3 (all of it: ratio 1), parameter offload at stage 3 (CPU
+ * backend only). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
+ * copies on its copy stream (copy_async, ordered by copy_wait); the CPU backend addresses
+ * host memory directly and copies plainly. Host buffers of exactly the schedule's
  * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
  * host copy (stages 1-2) or partition (offload_param cpu, or max_in_cpu of it with nvme), the
  * staging buffer (stages 1-2), the optimizer swapper's buffer_count fp32 buffers of the
