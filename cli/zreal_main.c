@@ -84,8 +84,8 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
         return FALSE;
     model->dropout = FALSE; /* zreal's GPT trains without dropout */
     zp_plan_defaults(plan, a->stage, world, a->mp);
-    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
-     * FSDP's at every stage, DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
+    /* The paper's semantics unless --impl says otherwise (the engine executes the three at
+     * every stage; DeepSpeed's stages 2-3 through real/real_engine_ds.c). */
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
@@ -443,7 +443,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -451,6 +451,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PREFETCH_BUCKET], "stage3_prefetch_bucket_size", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"max-reuse-distance", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_REUSE], "stage3_max_reuse_distance (default 1e9)", "E"},
         {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stages 1-3: fp32 master, Adam moments and fp32 gradients in a tracked host tier (cpu) or swap files (nvme, stage 3; cpu at stages 1-2, as in DeepSpeed), CPU Adam", "DEV"},
         {"offload-param", 0, 0, G_OPTION_ARG_STRING, &a->offload_param, "ZeRO-Infinity at stage 3 (with --offload-optimizer): the 16-bit partition in the host tier (cpu) or a swap file (nvme), fetched before each all-gather", "DEV"},
         {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &a->nvme_path, "Directory for the nvme tier's swap files (created, O_DIRECT where the file system allows it, removed at exit); overrides a --schedule's nvme_path; with --microbench, where the NVMe bandwidth is measured (default the temporary directory)", "DIR"},
