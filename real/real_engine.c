@@ -195,9 +195,6 @@ static gboolean allocate_states(RealEngine *e, GError **error)
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
     /* With offload the optimizer states (and at stages 2-3 the gradient partition, at stage
      * 3 with offload_param the 16-bit partition) live in real_offload's tiers. */
-    if (zp_offload_any(&s->plan) && real_ds_applies(s))
-        return fail(error, "zreal offloads under --impl paper (and deepspeed at stage 1); "
-                           "DeepSpeed's stages 2-3 with offload are planned and simulated");
     if (zp_offload_any(&s->plan) &&
         !(e->offload = real_offload_new(s, e->be, e->rank, e->opt_elems, error)))
         return FALSE;

@@ -490,7 +490,7 @@ static void test_bad_input(void)
         {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
          "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
         {"--model tiny --impl deepspeed --stage 2 --offload-optimizer cpu",
-         "zreal offloads under --impl paper (and deepspeed at stage 1)"},
+         "zreal executes DeepSpeed's stages 2-3 without offload, qwZ or hpZ"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
