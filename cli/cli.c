@@ -174,6 +174,18 @@ char *cli_thousands(uint64_t value)
     return g_string_free(out, FALSE);
 }
 
+gboolean cli_offload_nvme_path(const char *nvme_path, ZpOffload *offload, GError **error)
+{
+    if (strlen(nvme_path) >= sizeof offload->nvme_path) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--nvme-path: longer than %zu characters",
+                    sizeof offload->nvme_path - 1);
+        return FALSE;
+    }
+    if (offload->device == ZP_OFFLOAD_NVME)
+        g_strlcpy(offload->nvme_path, nvme_path, sizeof offload->nvme_path);
+    return TRUE;
+}
+
 gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const char *nvme_path,
                      ZpZeroConfig *zero, GError **error)
 {
@@ -188,13 +200,8 @@ gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const c
         if (!zp_offload_device_parse(flags[i].text, flags[i].flag, &flags[i].slot->device,
                                      error))
             return FALSE;
-        if (nvme_path && strlen(nvme_path) >= sizeof flags[i].slot->nvme_path) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--nvme-path: longer than %zu characters",
-                        sizeof flags[i].slot->nvme_path - 1);
+        if (nvme_path && !cli_offload_nvme_path(nvme_path, flags[i].slot, error))
             return FALSE;
-        }
-        if (nvme_path && flags[i].slot->device == ZP_OFFLOAD_NVME)
-            g_strlcpy(flags[i].slot->nvme_path, nvme_path, sizeof flags[i].slot->nvme_path);
     }
     ZpPlan probe;
     zp_plan_defaults(&probe, zero->stage, 1, 1);

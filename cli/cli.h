@@ -64,6 +64,10 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
 /* --offload-optimizer cpu|nvme, --offload-param cpu|nvme and --nvme-path DIR (NULL: absent)
  * into zero's offload sections, checked against its stage (zp_offload_check), failing
  * naming the flag. */
+/* --nvme-path into an offload section whose device is nvme (others keep none); fails when
+ * the path is too long. */
+gboolean cli_offload_nvme_path(const char *nvme_path, ZpOffload *offload, GError **error);
+
 gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const char *nvme_path,
                      ZpZeroConfig *zero, GError **error);
 

@@ -36,6 +36,10 @@ typedef struct {
      * runs that recorded them; empty otherwise. */
     GArray *cpu_adam_bytes, *cpu_adam_s; /* double, double */
     double host_cores;
+    /* The NVMe tier's swap-file reads and writes (the node's bytes, the slowest rank's time)
+     * and where and how they were measured, from runs that recorded them. */
+    GArray *nvme_bytes, *nvme_s; /* double, double */
+    char *nvme_source;
 } Samples;
 
 /* Backends whose GEMMs round their operands to bf16 (tensor cores); the others (cpu,
@@ -54,6 +58,43 @@ static gboolean read_array(json_t *root, const char *path, const char *key, json
     if (!json_is_array(*out))
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"%s\" must be an array", path, key);
     return json_is_array(*out);
+}
+
+/* Rows of {bytes, time_s} (none when `rows` is NULL) onto `bytes` and `seconds`. */
+static gboolean read_byte_samples(json_t *rows, const char *path, GArray *bytes,
+                                  GArray *seconds, GError **error)
+{
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        double b, t;
+        json_t *row = json_array_get(rows, i);
+        if (!zp_json_get_number(row, path, "bytes", TRUE, 1, 1e30, &b, error) ||
+            !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &t, error))
+            return FALSE;
+        g_array_append_val(bytes, b);
+        g_array_append_val(seconds, t);
+    }
+    return TRUE;
+}
+
+/* A run's "nvme" section: its write and read samples, and its source for the notes. */
+static gboolean read_nvme(json_t *nvme, const char *path, Samples *s, GError **error)
+{
+    static const char *const kinds[] = {"write", "read"};
+    for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++) {
+        json_t *rows;
+        if (!read_array(nvme, path, kinds[k], &rows, error) ||
+            !read_byte_samples(rows, path, s->nvme_bytes, s->nvme_s, error))
+            return FALSE;
+    }
+    json_t *dir = json_object_get(nvme, "path"), *direct = json_object_get(nvme, "direct");
+    g_free(s->nvme_source);
+    s->nvme_source = g_strdup_printf(
+        "%s, %s, %" JSON_INTEGER_FORMAT " rank(s) at once",
+        json_is_string(dir) ? json_string_value(dir) : "?",
+        json_is_true(direct) ? "O_DIRECT"
+        : json_is_string(direct) ? json_string_value(direct) : "?",
+        json_integer_value(json_object_get(nvme, "ranks")));
+    return TRUE;
 }
 
 static gboolean read_run(const char *path, Samples *s, GError **error)
@@ -87,16 +128,10 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         g_array_append_val(tc ? s->tc_world : s->gemm_world, w);
     }
     json_t *cpu_adam = ok ? json_object_get(root, "cpu_adam") : NULL;
-    for (size_t i = 0; ok && i < json_array_size(cpu_adam); i++) {
-        double b, t;
-        json_t *c = json_array_get(cpu_adam, i);
-        ok = zp_json_get_number(c, path, "bytes", TRUE, 1, 1e30, &b, error) &&
-             zp_json_get_number(c, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
-        if (ok) {
-            g_array_append_val(s->cpu_adam_bytes, b);
-            g_array_append_val(s->cpu_adam_s, t);
-        }
-    }
+    ok = ok && read_byte_samples(cpu_adam, path, s->cpu_adam_bytes, s->cpu_adam_s, error);
+    json_t *nvme = ok ? json_object_get(root, "nvme") : NULL;
+    if (nvme && !read_nvme(nvme, path, s, error))
+        ok = FALSE;
     if (ok && json_object_get(root, "host_cores"))
         ok = zp_json_get_number(root, path, "host_cores", TRUE, 1, 1e6, &s->host_cores, error);
     if (ok && json_object_get(root, "host_memory_bytes"))
@@ -476,6 +511,27 @@ static gboolean check_loadable(json_t *profile, GError **error)
     return FALSE;
 }
 
+/* The node's NVMe rate (1/slope of the swap files' read and write times together against the
+ * node's bytes: the simulator has one rate for both), with its source in the notes. */
+static gboolean add_nvme(json_t *profile, const Samples *s, GError **error)
+{
+    if (s->nvme_bytes->len == 0)
+        return TRUE;
+    double c0, c1;
+    if (!fit_line(s->nvme_bytes, s->nvme_s, "nvme", FALSE, &c0, &c1, error))
+        return FALSE;
+    json_object_set_new(profile, "nvme_bytes_per_s", json_real(1.0 / c1));
+    char *note = g_strdup_printf("zreal --microbench: 1/slope of pwrite+fdatasync and pread "
+                                 "times of swap files against the node's bytes, reads and "
+                                 "writes together (%s)", s->nvme_source);
+    json_object_set_new(json_object_get(profile, "notes"), "nvme_bytes_per_s",
+                        json_string(note));
+    g_free(note);
+    json_object_set_new(json_object_get(profile, "calibration"), "nvme_rms_rel_error",
+                        json_real(rms_rel_line(s->nvme_bytes, s->nvme_s, c0, c1)));
+    return TRUE;
+}
+
 /* The host's CPU Adam rate per core (1/slope of its time against the bytes it moves, one
  * core per rank) and the host's cores, with their notes, when the runs measured them. */
 static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
@@ -533,7 +589,8 @@ int cli_calibrate(int argc, char **argv)
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  0, g_ptr_array_new_with_free_func(g_free), 0, 0, 0,
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
-                 0};
+                 0, g_array_new(FALSE, FALSE, sizeof(double)),
+                 g_array_new(FALSE, FALSE, sizeof(double)), NULL};
     double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
     Fitted fitted = {0};
     CollFit fit;
@@ -595,7 +652,8 @@ int cli_calibrate(int argc, char **argv)
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
-        ok = ok && add_cpu_adam(profile, &s, &error) && check_loadable(profile, &error) &&
+        ok = ok && add_cpu_adam(profile, &s, &error) && add_nvme(profile, &s, &error) &&
+             check_loadable(profile, &error) &&
              zp_json_write(profile, out, &error);
         if (ok)
             warn_residuals(json_object_get(profile, "calibration"));
@@ -615,10 +673,12 @@ int cli_calibrate(int argc, char **argv)
     GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.tc_flops, s.tc_s, s.tc_world,
                         s.mem_bytes, s.mem_s, s.mem_world,
                         s.ew_bytes, s.ew_s, s.ew_world, s.coll_kind, s.coll_ranks,
-                        s.coll_bytes, s.coll_s, s.cpu_adam_bytes, s.cpu_adam_s};
+                        s.coll_bytes, s.coll_s, s.cpu_adam_bytes, s.cpu_adam_s,
+                        s.nvme_bytes, s.nvme_s};
     for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);
+    g_free(s.nvme_source);
     g_option_context_free(context);
     g_free(out), g_free(name), g_free(memory), g_free(gpu), g_free(ranks);
     return status;

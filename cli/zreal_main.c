@@ -46,7 +46,8 @@ typedef struct {
     gboolean checkpoint, microbench;
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
-    char *offload_optimizer; /* --offload-optimizer cpu|nvme, NULL when absent */
+    char *offload_optimizer, *offload_param; /* cpu|nvme, NULL when absent */
+    char *nvme_path;         /* --nvme-path DIR: where the NVMe tier's swap files go */
     gint64 seed;
 } Args;
 
@@ -57,7 +58,8 @@ enum {
     F_OP_COUNT = F_CAT_PEAK + ZP_MEM_N, F_OP_S = F_OP_COUNT + REAL_ENGINE_N_OP_TYPES,
     F_OFFLOAD = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the host tier's fields follow */
     F_HOST = F_OFFLOAD + 1, F_MOVED = F_HOST + ZP_MEM_N,
-    F_DEVICE = F_MOVED + ZP_XFER_N, /* 1 when the device_memory fields follow */
+    F_DIRECT = F_MOVED + ZP_XFER_N, /* the NVMe tier's O_DIRECT bytes, the whole run */
+    F_DEVICE, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
     F_CKPT_HOST, F_CKPT_HOST_PEAK, F_CKPT_DOWN, F_CKPT_UP, /* cpu_checkpointing's host tier */
@@ -106,7 +108,7 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     for (int k = 0; k < ZP_KNOB_N; k++)
         if (a->knobs[k] && !zp_zero_knob_set(&plan->zero, (ZpZeroKnob)k, a->knobs[k], error))
             return FALSE;
-    if (!cli_offload(a->offload_optimizer, NULL, NULL, &plan->zero, error))
+    if (!cli_offload(a->offload_optimizer, a->offload_param, a->nvme_path, &plan->zero, error))
         return FALSE;
     if (a->mp > 1 && (model->heads % a->mp || zp_model_kv_heads(model) % a->mp ||
                       model->ffn_hidden % a->mp || model->vocab % a->mp)) {
@@ -120,8 +122,14 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
 
 static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
 {
-    if (a->schedule)
-        return zp_sched_read_json(a->schedule, error);
+    if (a->schedule) { /* --nvme-path: where this machine's swap files go */
+        ZpSchedule *s = zp_sched_read_json(a->schedule, error);
+        ZpOffload *tiers[] = {&s->plan.zero.offload_optimizer, &s->plan.zero.offload_param};
+        for (size_t i = 0; s && a->nvme_path && i < G_N_ELEMENTS(tiers); i++)
+            if (!cli_offload_nvme_path(a->nvme_path, tiers[i], error))
+                return zp_sched_free(s), NULL;
+        return s;
+    }
     ZpModel model;
     ZpPlan plan;
     return make_plan(a, world, &model, &plan, error) ? zp_sched_build(&model, &plan, error)
@@ -136,7 +144,8 @@ static gboolean microbench(const Args *a, RealBackend *be, RealComm *comm, GErro
     if (a->model && !make_plan(a, comm->size, &model, &plan, error))
         return FALSE;
     return real_microbench_run(be, comm, a->emulate > 0, a->model ? &model : NULL,
-                               a->model ? &plan : NULL, a->out, error);
+                               a->model ? &plan : NULL,
+                               a->nvme_path ? a->nvme_path : g_get_tmp_dir(), a->out, error);
 }
 
 static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g, double step_s,
@@ -169,7 +178,7 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g
     v[F_CA_RESERVED] = ca.peak_reserved_bytes;
     v[F_CA_LARGEST_FREE] = ca.largest_free_at_peak_bytes;
     RealAllocStats host;
-    if (real_engine_offload_stats(engine, &host, v + F_MOVED)) {
+    if (real_engine_offload_stats(engine, &host, v + F_MOVED, v + F_DIRECT)) {
         v[F_OFFLOAD] = 1;
         for (int c = 0; c < ZP_MEM_N; c++)
             v[F_HOST + c] = (double)host.live_bytes[c];
@@ -234,6 +243,7 @@ static json_t *rank_json(int rank, const double *v, int steps)
             json_object_set_new(moved, zp_sched_transfer_name(k), json_real(v[F_MOVED + k]));
         json_object_set_new(out, "host_bytes", zp_sched_categories_json(v + F_HOST));
         json_object_set_new(out, "transfer_bytes", moved);
+        json_object_set_new(out, "nvme_direct_bytes", json_real(v[F_DIRECT]));
     }
     if (v[F_CKPT_HOST] > 0) /* cpu_checkpointing: the host tier's peak, bytes each way a step */
         json_object_set_new(out, "checkpoint_host",
@@ -358,6 +368,12 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
                                    s->plan.grad_accum * (double)s->model.seq_len;
     if (ok)
         real_alloc_reset_peaks(be->tracker);
+    const char *note = ok ? real_engine_nvme_note(engine) : NULL;
+    if (note && (a->emulate || comm->rank == 0))
+        fprintf(stderr, "zreal: --nvme-path %s: buffered reads and writes (%s)\n",
+                s->plan.zero.offload_optimizer.nvme_path[0]
+                    ? s->plan.zero.offload_optimizer.nvme_path
+                    : s->plan.zero.offload_param.nvme_path, note);
     for (int step = 0; ok && step < a->steps; step++) {
         inject_fault(a, step, comm->rank);
         const double t0 = zp_now_s();
@@ -479,7 +495,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
         {"max-reuse-distance", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_REUSE], "stage3_max_reuse_distance (default 1e9)", "E"},
-        {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stage 1: fp32 master, Adam moments and fp32 gradients in a tracked host tier, CPU Adam (cpu; nvme is cpu at stages 1-2, as in DeepSpeed)", "DEV"},
+        {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stages 1-3: fp32 master, Adam moments and fp32 gradients in a tracked host tier (cpu) or swap files (nvme, stage 3; cpu at stages 1-2, as in DeepSpeed), CPU Adam", "DEV"},
+        {"offload-param", 0, 0, G_OPTION_ARG_STRING, &a->offload_param, "ZeRO-Infinity at stage 3 (with --offload-optimizer): the 16-bit partition in the host tier (cpu) or a swap file (nvme), fetched before each all-gather", "DEV"},
+        {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &a->nvme_path, "Directory for the nvme tier's swap files (created, O_DIRECT where the file system allows it, removed at exit); overrides a --schedule's nvme_path; with --microbench, where the NVMe bandwidth is measured (default the temporary directory)", "DIR"},
         {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
@@ -567,6 +585,7 @@ static void free_args(Args *a)
 {
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
     g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
+    g_free(a->offload_param), g_free(a->nvme_path);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);
 }

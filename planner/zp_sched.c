@@ -576,6 +576,15 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
                                 unit, micro, drained);
         drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
         g_array_append_val(b->offloaded, drained);
+        /* ZeRO-Infinity: at the last micro-step the fp32 slice goes on to the optimizer's
+         * swap file (stage3.py partition_grads -> optimizer_swapper.swap_out_gradients), to
+         * be swapped in with the states at the step. */
+        if (zp_offload_optimizer_tier(&s->plan) == ZP_TIER_NVME &&
+            micro == s->plan.grad_accum - 1) {
+            const uint32_t out = emit_transfer(b, ZP_XFER_NVME_WRITE, slice, unit, micro,
+                                               drained);
+            g_array_append_val(b->offloaded, out);
+        }
     }
     k->drain_op = drained;
     if (read == NONE)

@@ -259,6 +259,17 @@ struct RealBackend {
     /* Fills *out from the driver now; false when the driver cannot be queried (the failure
      * then reported by synchronize). */
     bool (*device_memory)(RealBackend *be, RealDeviceMemory *out);
+
+    /* Host tiers (ZeRO-Offload). pin_host page-locks `bytes` of host memory at `host` for
+     * asynchronous copies (false when the driver refuses, reported by synchronize);
+     * unpin_host undoes it before the memory is freed. copy_async: dst = src between host and
+     * device on the backend's copy stream, after every call made so far, without the host
+     * waiting. copy_wait: later calls wait for every copy_async made so far, and with `host`
+     * true the host waits too (before it reads or frees their host side). */
+    bool (*pin_host)(RealBackend *be, void *host, size_t bytes);
+    void (*unpin_host)(RealBackend *be, void *host);
+    void (*copy_async)(RealBackend *be, void *dst, const void *src, size_t bytes);
+    void (*copy_wait)(RealBackend *be, bool host);
 };
 
 #endif

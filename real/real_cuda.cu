@@ -46,6 +46,10 @@ typedef struct {
     RealCudaGemmMode mode;
     int device;
     cudaStream_t stream;
+    /* ZeRO-Offload's copies between the host tier and the device: their own stream, ordered
+     * after the compute stream by `queued` and waited for through `copied`. */
+    cudaStream_t copy_stream;
+    cudaEvent_t queued, copied;
     cublasHandle_t blas;
     cudaMemPool_t pool;
     void *blas_workspace;
@@ -326,6 +330,46 @@ static void real_cuda_copy(RealBackend *be, void *dst, const void *src, size_t b
     }
     real_cuda_check(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu->stream),
                     "cudaMemcpyAsync");
+}
+
+/* ---- the host tier's pinned memory and copy stream (ZeRO-Offload; not yet run on a GPU:
+ * the tests that cover offload run on the CPU backend) ---- */
+
+/* Page-locks memory the host tier already allocated (DeepSpeed pins with pin_memory(), a
+ * pinned allocation; registering the tier's own allocation keeps its tracker's counts). */
+static bool real_cuda_pin_host(RealBackend *be, void *host, size_t bytes)
+{
+    return bytes == 0 || real_cuda_check(real_cuda_of(be), cudaHostRegister(host, bytes,
+                                                                            cudaHostRegisterDefault),
+                                         "cudaHostRegister");
+}
+
+static void real_cuda_unpin_host(RealBackend *be, void *host)
+{
+    real_cuda_check(real_cuda_of(be), cudaHostUnregister(host), "cudaHostUnregister");
+}
+
+/* On the copy stream after everything queued on the compute stream so far. */
+static void real_cuda_copy_async(RealBackend *be, void *dst, const void *src, size_t bytes)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (bytes == 0)
+        return;
+    if (real_cuda_check(cu, cudaEventRecord(cu->queued, cu->stream), "cudaEventRecord") &&
+        real_cuda_check(cu, cudaStreamWaitEvent(cu->copy_stream, cu->queued, 0),
+                        "cudaStreamWaitEvent"))
+        real_cuda_check(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu->copy_stream),
+                        "cudaMemcpyAsync");
+}
+
+static void real_cuda_copy_wait(RealBackend *be, bool host)
+{
+    RealCuda *cu = real_cuda_of(be);
+    if (real_cuda_check(cu, cudaEventRecord(cu->copied, cu->copy_stream), "cudaEventRecord") &&
+        real_cuda_check(cu, cudaStreamWaitEvent(cu->stream, cu->copied, 0),
+                        "cudaStreamWaitEvent") &&
+        host)
+        real_cuda_check(cu, cudaEventSynchronize(cu->copied), "cudaEventSynchronize");
 }
 
 /* A staging buffer of at least n_elems ints; grows (never shrinks). NULL when it cannot. */
@@ -2136,6 +2180,12 @@ static void real_cuda_release(RealCuda *cu)
         (void)cudaMemPoolDestroy(cu->pool);
     if (cu->stream)
         (void)cudaStreamDestroy(cu->stream);
+    if (cu->copy_stream)
+        (void)cudaStreamDestroy(cu->copy_stream);
+    if (cu->queued)
+        (void)cudaEventDestroy(cu->queued);
+    if (cu->copied)
+        (void)cudaEventDestroy(cu->copied);
     real_alloc_free_tracker(cu->base.tracker);
     g_free(cu);
 }
@@ -2152,6 +2202,12 @@ static bool real_cuda_setup(RealCuda *cu)
         !real_cuda_check(cu, cudaFree(0), "creating the CUDA context") ||
         !real_cuda_check(cu, cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking),
                          "cudaStreamCreateWithFlags") ||
+        !real_cuda_check(cu, cudaStreamCreateWithFlags(&cu->copy_stream, cudaStreamNonBlocking),
+                         "cudaStreamCreateWithFlags") ||
+        !real_cuda_check(cu, cudaEventCreateWithFlags(&cu->queued, cudaEventDisableTiming),
+                         "cudaEventCreateWithFlags") ||
+        !real_cuda_check(cu, cudaEventCreateWithFlags(&cu->copied, cudaEventDisableTiming),
+                         "cudaEventCreateWithFlags") ||
         !real_cuda_check_blas(cu, cublasCreate(&cu->blas), "cublasCreate") ||
         !real_cuda_check_blas(cu, cublasSetStream(cu->blas, cu->stream), "cublasSetStream"))
         return false;
@@ -2221,6 +2277,10 @@ RealBackend *real_cuda_backend_new(int local_rank, RealCudaGemmMode mode, GError
     be->fill = real_cuda_fill;
     be->copy = real_cuda_copy;
     be->destroy = real_cuda_destroy;
+    be->pin_host = real_cuda_pin_host;
+    be->unpin_host = real_cuda_unpin_host;
+    be->copy_async = real_cuda_copy_async;
+    be->copy_wait = real_cuda_copy_wait;
     be->bf16_to_f32 = real_cuda_bf16_to_f32;
     be->f32_to_bf16 = real_cuda_f32_to_bf16;
     be->round_bf16 = real_cuda_round_bf16;

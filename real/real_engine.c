@@ -65,7 +65,9 @@ struct RealEngine {
     RealOpTiming timing[REAL_ENGINE_N_OP_TYPES];
     GArray *marks; /* this step's device-timed ops (PendingMark), resolved at its end */
     double model_state_bytes;
-    RealOffload *offload; /* the host tier, with optimizer offload */
+    RealOffload *offload; /* the host and NVMe tiers, with offload */
+    gboolean host_grads;  /* stages 2-3 with optimizer offload: no gradient partition here */
+    gboolean host_params; /* stage 3 with parameter offload: the partition is off the GPU */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
     RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
@@ -199,28 +201,34 @@ static gboolean allocate_states(RealEngine *e, GError **error)
     e->opt_elems = e->stage == 0 ? total : part;
     e->part_base = (e->stage == 1 || e->stage == 2) ? (uint64_t)e->rank * part : 0;
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
-    if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)))
+    /* With offload the optimizer states (and at stages 2-3 the gradient partition, at stage
+     * 3 with offload_param the 16-bit partition) live in real_offload's tiers. */
+    if (zp_offload_any(&s->plan) &&
+        !(e->offload = real_offload_new(s, e->be, e->rank, e->opt_elems, error)))
         return FALSE;
+    e->host_grads = e->offload && e->stage >= 2;
+    e->host_params = e->offload && zp_offload_param_tier(&s->plan) != ZP_TIER_GPU;
+    if (e->host_params)
+        e->params = real_offload_param_init_buffer(e->offload);
+    else if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)))
+        return FALSE;
+    if (!e->params)
+        return fail(error, "rank %d: no host memory for the 16-bit partition", e->rank);
     if (real_ds_applies(s)) /* the plug-in holds the gradients as DeepSpeed lays them out */
         e->ds = real_ds_new(s, e->be, e->comm, e->buffers, e->params, error);
-    else
+    else if (!e->host_grads)
         e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error);
-    if (!e->ds && !e->grads)
+    if (!e->ds && !e->grads && !e->host_grads)
         return FALSE;
-    if (zp_offload_any(&s->plan)) { /* the optimizer states live in the host tier */
-        if (!(e->offload = real_offload_new(s, e->be, e->opt_elems, error)))
-            return FALSE;
-        e->master = real_offload_master(e->offload);
-        e->adam_m = real_offload_adam_m(e->offload);
-        e->adam_v = real_offload_adam_v(e->offload);
-    } else if (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
-               !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
-               !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error))) {
+    if (!e->offload && (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
+                        !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
+                        !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error))))
         return FALSE;
-    }
     e->be->fill(e->be, e->params, 0, params_elems[e->stage] * b2);
-    e->be->fill(e->be, e->adam_m, 0, e->opt_elems * f4);
-    e->be->fill(e->be, e->adam_v, 0, e->opt_elems * f4);
+    if (!e->offload) {
+        e->be->fill(e->be, e->adam_m, 0, e->opt_elems * f4);
+        e->be->fill(e->be, e->adam_v, 0, e->opt_elems * f4);
+    }
     for (int u = 0, off = 0; u < s->n_units; u++) {
         e->part_off[u] = (uint64_t)off;
         off += (int)(unit_padded(e, u) / (uint64_t)e->dp);
@@ -365,6 +373,12 @@ static gboolean init_params(RealEngine *e, GError **error)
     if (!(e->ds && e->stage == 3 ? real_ds_init_params(e->ds, init_ds_range, e, error)
                                  : init_units(e, error)))
         return FALSE;
+    if (e->offload) { /* the partition's master copy and swap files; host parameters */
+        const gboolean ok = real_offload_init(e->offload, e->params + e->part_base, error);
+        if (e->host_params)
+            e->params = real_offload_host_params(e->offload);
+        return ok;
+    }
     e->be->bf16_to_f32(e->be, e->master, e->params + e->part_base, e->opt_elems);
     return TRUE;
 }
@@ -463,8 +477,8 @@ void real_engine_free(RealEngine *e)
         if (subgroups[i])
             subgroups[i]->destroy(subgroups[i]);
     g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
-    if (e->offload) /* its states are the host tier's */
-        e->master = e->adam_m = e->adam_v = NULL;
+    if (e->host_params) /* the host tier's */
+        e->params = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
     real_zeror_free(e->ckpt_host);
@@ -776,8 +790,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return optimizer(e);
     case ZP_COMP_CPU_OPTIMIZER: {
         const RealAdamHyper hyper = adam_hyper(e);
-        real_offload_adam(e->offload, &hyper);
-        return TRUE;
+        return real_offload_adam(e->offload, &hyper, error);
     }
     case ZP_COMP_QUANTIZE: {
         /* qgZ's kernels sit around its all-to-alls, whose op does their work (qgz_reduce) */
@@ -857,7 +870,7 @@ static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
     gboolean ok = e->comm->reduce_scatter_bf16(e->comm, bucket, counts, error);
     const uint64_t mine = (uint64_t)counts[e->rank];
     g_free(counts);
-    if (!ok || mine == 0)
+    if (!ok || mine == 0 || e->host_grads) /* offloaded: the transfers take it from the bucket */
         return ok;
     const uint64_t start = MAX(lo, e->part_base); /* first element of ours in the flat space */
     RealBf16 *dst = e->stage == 1 ? e->grads + start : e->grads + (start - e->part_base);
@@ -877,8 +890,9 @@ static gboolean reduce_units(RealEngine *e, const ZpOp *op, GError **error)
         for (int q = 0; q < e->dp; q++)
             counts[q] = slice;
         gboolean ok = e->comm->reduce_scatter_bf16(e->comm, e->unit_grads[u], counts, error) &&
-                      deliver(e, e->grads + e->part_off[u], e->unit_grads[u], (uint64_t)slice,
-                              op->micro > 0, error);
+                      (e->host_grads ||
+                       deliver(e, e->grads + e->part_off[u], e->unit_grads[u], (uint64_t)slice,
+                              op->micro > 0, error));
         g_free(counts);
         if (!ok)
             return FALSE;
@@ -908,7 +922,10 @@ static gboolean gather_unit(RealEngine *e, const ZpOp *op, GError **error)
                                 real_zeropp_quantized_bytes(slice, zp_zeropp_qwz_groups(slice)),
                                 error);
     } else {
-        ok = c->allgather_bf16(c, gather_source(e, u, group), slice, dst, error);
+        /* With offload_param the transfer before the gather put this rank's slice in place. */
+        const RealBf16 *src = e->host_params ? dst + (uint64_t)c->rank * slice
+                                             : gather_source(e, u, group);
+        ok = c->allgather_bf16(c, src, slice, dst, error);
         if (ok) {
             e->unit_params[u] = dst;
             keep_secondary(e, u, group, dst);
@@ -1023,23 +1040,50 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- offload transfers ------------------------------------------------------------------ */
 
-/* Stage 1: a bucket's reduced gradients, this rank's part of them, go down to the host (the
- * bucket is the transfer's dependency); after CPU Adam the 16-bit partition comes up. */
-static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
+/* The op a transfer chain hangs off (its first dependencies, past other transfers): the
+ * bucket's collective for gradients, the gathered buffer's alloc for parameters. */
+static const ZpOp *transfer_origin(const RealEngine *e, const ZpOp *op)
 {
-    if (op->sub == ZP_XFER_H2D && op->unit < 0) {
-        real_offload_params_up(e->offload, e->params + e->part_base);
-        return TRUE;
+    while (op && op->kind == ZP_OP_TRANSFER)
+        op = op->n_deps ? zp_sched_op(e->s, zp_sched_deps(e->s, op)[0]) : NULL;
+    return op;
+}
+
+/* One slice of this rank's reduced gradients of a bucket: down to the host (d2h), the
+ * host's sum up and added (h2d, later micro-steps), or out to NVMe (nvme_write). */
+static gboolean grad_slice(RealEngine *e, const ZpOp *op, RealBf16 *dev, uint64_t at, uint64_t n,
+                           GError **error)
+{
+    switch ((ZpTransferKind)op->sub) {
+    case ZP_XFER_D2H:
+        return real_offload_grads_down(e->offload, dev, at, n, error);
+    case ZP_XFER_H2D:
+        return real_offload_grads_up_add(e->offload, dev, at, n, error);
+    case ZP_XFER_NVME_WRITE:
+        return real_offload_grads_out(e->offload, at, n, error);
+    default:
+        return fail(error, "zreal reads no gradients from NVMe during backward");
     }
-    const uint32_t *deps = zp_sched_deps(e->s, op);
-    const ZpOp *coll = op->n_deps ? zp_sched_op(e->s, deps[0]) : NULL;
-    if (op->sub != ZP_XFER_D2H || !coll || coll->kind != ZP_OP_COLLECTIVE)
-        return fail(error, "zreal moves gradients down after their reduction and parameters "
-                           "up after the step, nothing else");
+}
+
+/* This rank's reduced slices of the bucket `coll` reduced: stage 1 in the full gradients,
+ * stage 2 at the head of the bucket (its reduce-scatter's share), stage 3 at the head of
+ * each unit's padded part of the bucket. */
+static gboolean grad_transfer(RealEngine *e, const ZpOp *op, const ZpOp *coll, GError **error)
+{
     const uint64_t lo = MAX(coll->elem_offset, e->part_base);
     const uint64_t hi = MIN(coll->elem_offset + coll->elems, e->part_base + e->opt_elems);
-    if (hi > lo)
-        real_offload_grads_down(e->offload, e->grads + lo, lo - e->part_base, hi - lo);
+    if (e->stage == 1)
+        return hi <= lo || grad_slice(e, op, e->grads + lo, lo - e->part_base, hi - lo, error);
+    if (e->stage == 2)
+        return hi <= lo || grad_slice(e, op, e->buffers[coll->buffer], lo - e->part_base,
+                                      hi - lo, error);
+    for (int u = 0; u < e->s->n_units; u++)
+        if (e->s->unit_offset[u] >= coll->elem_offset &&
+            e->s->unit_offset[u] < coll->elem_offset + coll->elems &&
+            !grad_slice(e, op, e->unit_grads[u], e->part_off[u], unit_padded(e, u) / (uint64_t)e->dp,
+                        error))
+            return FALSE;
     return TRUE;
 }
 
@@ -1052,13 +1096,59 @@ gboolean real_engine_ckpt_host_stats(const RealEngine *e, RealAllocStats *host,
     return TRUE;
 }
 
+/* Stage 3 with offload_param: unit u's slice from NVMe into the pool, then up into its place
+ * in the gathered buffer. */
+static gboolean param_transfer(RealEngine *e, const ZpOp *op, const ZpOp *alloc, GError **error)
+{
+    const uint64_t n = unit_padded(e, op->unit) / (uint64_t)e->dp;
+    if (op->sub == ZP_XFER_NVME_READ)
+        return real_offload_param_read(e->offload, e->part_off[op->unit], n, error);
+    if (op->sub != ZP_XFER_H2D || !e->buffers[alloc->buffer])
+        return fail(error, "a parameter fetch moves a slice from NVMe and up, nothing else");
+    real_offload_param_fetch(e->offload, (RealBf16 *)e->buffers[alloc->buffer] + e->rank * n,
+                             e->part_off[op->unit], n);
+    return TRUE;
+}
+
+/* The schedule's transfers: around the CPU step (unit -1: states in from NVMe, states and
+ * parameters out, the 16-bit partition up), gradient slices after their bucket's reduction,
+ * parameter slices before their gather. */
+static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
+{
+    if (op->unit < 0) {
+        switch ((ZpTransferKind)op->sub) {
+        case ZP_XFER_NVME_READ:
+            return real_offload_states_in(e->offload, error);
+        case ZP_XFER_NVME_WRITE:
+            return real_offload_states_out(e->offload, error);
+        case ZP_XFER_H2D:
+            real_offload_params_up(e->offload, e->params + e->part_base);
+            return TRUE;
+        default:
+            return fail(error, "nothing goes down to the host after the step");
+        }
+    }
+    const ZpOp *origin = transfer_origin(e, op);
+    if (origin && origin->kind == ZP_OP_COLLECTIVE)
+        return grad_transfer(e, op, origin, error);
+    if (origin && origin->kind == ZP_OP_ALLOC && e->host_params)
+        return param_transfer(e, op, origin, error);
+    return fail(error, "zreal moves gradients after their reduction and parameters before "
+                       "their gather, nothing else");
+}
+
 gboolean real_engine_offload_stats(const RealEngine *e, RealAllocStats *host,
-                                   double moved[ZP_XFER_N])
+                                   double moved[ZP_XFER_N], double *direct_bytes)
 {
     if (!e->offload)
         return FALSE;
-    real_offload_stats(e->offload, host, moved);
+    real_offload_stats(e->offload, host, moved, direct_bytes);
     return TRUE;
+}
+
+const char *real_engine_nvme_note(const RealEngine *e)
+{
+    return e->offload ? real_offload_nvme_note(e->offload) : NULL;
 }
 
 /* ---- the step ---------------------------------------------------------------------------- */

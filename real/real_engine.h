@@ -59,10 +59,14 @@ double real_engine_model_state_bytes(const RealEngine *engine);
 gboolean real_engine_ckpt_host_stats(const RealEngine *engine, RealAllocStats *host,
                                      double *down_bytes, double *up_bytes);
 
-/* With optimizer offload: the host tier's tracker counters (live bytes per category) and the
- * bytes moved per ZpTransferKind since the engine was made; FALSE without offload. */
+/* With offload: the host tier's tracker counters (live bytes per category), the bytes moved
+ * per ZpTransferKind since the engine was made, and the bytes the NVMe tier's swap files
+ * moved with O_DIRECT (set-up included); FALSE without offload. */
 gboolean real_engine_offload_stats(const RealEngine *engine, RealAllocStats *host,
-                                   double moved[ZP_XFER_N]);
+                                   double moved[ZP_XFER_N], double *direct_bytes);
+
+/* NULL, or why the NVMe tier's swap files use buffered I/O instead of O_DIRECT. */
+const char *real_engine_nvme_note(const RealEngine *engine);
 
 /* Forgets the op timings so far (zreal drops its warm-up step's one-time costs). */
 void real_engine_reset_timings(RealEngine *engine);

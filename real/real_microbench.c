@@ -2,6 +2,7 @@
  * constants for (GEMMs, Adam, the block's elementwise kernels, collectives) for `zplan
  * calibrate` to fit, and on a device backend every other kernel of a step, model-shaped. */
 #include "real_microbench.h"
+#include "real_nvme.h"
 #include "real_offload.h"
 #include "real_opbench.h"
 #include "zp_util.h"
@@ -525,6 +526,68 @@ static gboolean bench_cpu_adam(Ctx *x, const Sizes *sz, json_t *out, GError **er
     return ok;
 }
 
+/* ---- NVMe (the ZeRO-Infinity tier's swap files) ---- */
+
+/* Bytes each rank writes and reads back, every rank at once on its own swap file. */
+static const double nvme_sizes[] = {4 << 20, 16 << 20, 48 << 20};
+
+typedef struct {
+    RealNvmeFile *file;
+    void *buf;
+    uint64_t bytes;
+    gboolean write;
+} NvmeIo;
+
+static gboolean run_nvme(void *p, GError **error)
+{
+    NvmeIo *io = p;
+    if (io->write)
+        return real_nvme_write(io->file, io->buf, io->bytes, 0, error) &&
+               real_nvme_sync(io->file, error);
+    return real_nvme_read(io->file, io->buf, io->bytes, 0, error);
+}
+
+/* real_nvme's pwrite (then fdatasync) and pread of a swap file under `dir`, as zreal's NVMe
+ * tier does them, by every rank at once (a node's ranks share its drives): {"path",
+ * "direct" (O_DIRECT, else the reason it was refused: buffered reads may come from the page
+ * cache), "ranks" (io_ranks: 1 when emulating), "write"/"read": [{bytes (the node's: all
+ * ranks'), time_s (the slowest rank's)}]}. */
+static gboolean bench_nvme(Ctx *x, const char *dir, int io_ranks, json_t **out,
+                           GError **error)
+{
+    const uint64_t largest = (uint64_t)nvme_sizes[G_N_ELEMENTS(nvme_sizes) - 1];
+    NvmeIo io = {.file = real_nvme_file_new(dir, x->comm->rank, "microbench", largest, error),
+                 .buf = g_try_malloc(largest)};
+    gboolean ok = io.file && io.buf;
+    if (io.file && !io.buf)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "microbench: no host memory for NVMe I/O");
+    if (ok)
+        memset(io.buf, 0x5a, largest);
+    json_t *rows[2] = {json_array(), json_array()};
+    for (int w = 1; ok && w >= 0; w--) /* writes first: the reads read what they wrote */
+        for (size_t i = 0; ok && i < G_N_ELEMENTS(nvme_sizes); i++) {
+            io.bytes = (uint64_t)nvme_sizes[i], io.write = w;
+            double t;
+            RealBackend host_clock = *x->be;
+            host_clock.mark = NULL, host_clock.synchronize = NULL;
+            ok = median_time(&host_clock, x->comm, run_nvme, &io, &t, error);
+            if (ok)
+                json_array_append_new(rows[w], json_pack("{s:f, s:f}", "bytes",
+                                                         nvme_sizes[i] * io_ranks,
+                                                         "time_s", t));
+        }
+    const char *reason = io.file ? real_nvme_buffered_reason(io.file) : NULL;
+    *out = ok ? json_pack("{s:s, s:o, s:i, s:o, s:o}", "path", dir, "direct",
+                          reason ? json_string(reason) : json_true(), "ranks", io_ranks,
+                          "write", rows[1], "read", rows[0])
+              : NULL;
+    if (!ok)
+        json_decref(rows[0]), json_decref(rows[1]);
+    real_nvme_file_free(io.file);
+    g_free(io.buf);
+    return ok;
+}
+
 /* ---- attention and the loss (device backends: model-shaped, for the record) ---- */
 
 static gboolean run_attention_fwd(void *p, GError **error)
@@ -698,16 +761,17 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
 }
 
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
-                             const ZpModel *model, const ZpPlan *plan, const char *path,
-                             GError **error)
+                             const ZpModel *model, const ZpPlan *plan, const char *nvme_dir,
+                             const char *path, GError **error)
 {
     const gboolean device = be->mark != NULL;
     const Sizes *sz = device ? &device_sizes : &cpu_sizes;
     Ctx x = {.be = be, .comm = comm, .rand = g_rand_new_with_seed(1234)};
     json_t *gemm = json_array(), *memory = json_array(), *kernels = json_array();
-    json_t *coll = json_array(), *cpu_adam = json_array();
+    json_t *coll = json_array(), *cpu_adam = json_array(), *nvme = NULL;
     gboolean ok = bench_gemms(&x, sz, gemm, error) &&
                   bench_cpu_adam(&x, &cpu_sizes, cpu_adam, error) &&
+                  bench_nvme(&x, nvme_dir, emulated ? 1 : comm->size, &nvme, error) &&
                   alloc_memory_buffers(&x, sz->elems[sz->n_elems - 1], error) &&
                   bench_memory(&x, sz, memory, kernels, device, error);
     free_memory_buffers(&x);
@@ -725,6 +789,8 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                             json_pack("{s:f, s:f}", "total_bytes", (double)dm.total_bytes,
                                       "context_bytes", (double)dm.context_bytes));
     json_object_set_new(root, "cpu_adam", cpu_adam);
+    if (nvme)
+        json_object_set_new(root, "nvme", nvme);
     json_object_set_new(root, "host_cores", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
     ok = ok && real_opbench_run(be, comm, model, plan, root, error);
     if (ok && comm->rank == 0)

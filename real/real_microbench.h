@@ -20,7 +20,9 @@
  * step, device backends only), "collectives": [{op, ranks, bytes, time_s}],
  * "device_memory": {total_bytes, context_bytes} (device backends), "cpu_adam": [{elems,
  * bytes, time_s}] (the host's vectorised Adam of optimizer offload, one core per rank) and
- * "host_cores"} to `path`. Times are
+ * "host_cores", "nvme": {path, direct, ranks, write: [{bytes, time_s}], read: [...]} (the
+ * swap files of the NVMe tier under `nvme_dir`, written and read back by every rank at once;
+ * bytes are the node's)} to `path`. Times are
  * the median of repeats: on a device backend each one call on the device clock; on the host
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
@@ -29,8 +31,8 @@
  * microbenchmarks of real_opbench follow (its sections), with `model` and `plan` (both NULL,
  * or both set) also every kernel of that plan's compute ops. */
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
-                             const ZpModel *model, const ZpPlan *plan, const char *path,
-                             GError **error);
+                             const ZpModel *model, const ZpPlan *plan, const char *nvme_dir,
+                             const char *path, GError **error);
 
 /* A timed call: runs the kernel once on ctx. */
 typedef gboolean (*RealTimedFn)(void *ctx, GError **error);

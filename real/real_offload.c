@@ -1,24 +1,39 @@
 /* real_offload: the host tier is plain host memory (malloc through a tracker of its own), so
  * on the CPU backend the copies between tiers are real memory copies with conversions, as
  * DeepSpeed's are PCIe copies (stage_1_and_2.py: async_inplace_copy_grad_to_fp32_buffer
- * _from_gpu down, param_buffer_of_bit16_for_cpu_offload_groups up). */
+ * _from_gpu down, param_buffer_of_bit16_for_cpu_offload_groups up; stage3.py partition_grads,
+ * _reassign_or_swap_out_partitioned_parameters); the NVMe tier is swap files (real_nvme). */
 #include "real_offload.h"
 #include "real_bf16.h"
+#include "real_nvme.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
 #include <string.h>
 
+/* stage3.py's sub_group_size default: the optimizer swapper's buffers hold one sub-group. */
+#define SUB_GROUP_ELEMS 1e9
+
 struct RealOffload {
     RealBackend *be;
     RealAlloc *host;
+    int stage;
     uint64_t part;
-    float *master, *m, *v, *grads;
-    RealBf16 *params;        /* the 16-bit copy CPU Adam writes */
-    RealBf16 *host_staging;  /* temp_grad_buffer_for_cpu_offload */
-    RealBf16 *device_staging; /* temp_grad_buffer_for_gpu_offload */
+    ZpTier opt_tier, param_tier;
+    float *master, *m, *v; /* host arrays (cpu) or the swap buffers (nvme) */
+    float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
+    float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
+    RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
+    RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
+    RealBf16 *host_staging, *device_staging; /* stages 1-2: temp_grad_buffer_for_*_offload */
     uint64_t staging_elems;
+    float *swap;           /* optimizer swapper: master, m, v, gradients */
+    RealBf16 *pool;        /* parameter swapper's buffers */
+    uint64_t pool_elems;
+    RealNvmeFile *file[ZP_MEM_N];
+    void *pinned[8]; /* host buffers page-locked by a device backend (pin_memory) */
+    int n_pinned;
     double moved[ZP_XFER_N];
 };
 
@@ -31,51 +46,139 @@ static gboolean fail(GError **error, const char *what)
 static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    if (z->stage != 1 || z->offload_param.device != ZP_OFFLOAD_NONE ||
-        zp_offload_cpu_share(&s->plan) != 1.0)
-        return fail(error, "zreal executes optimizer offload at ZeRO stage 1 only (stage 2 "
-                           "keeps no gradient partition on the GPU, stage 3 swaps to NVMe: "
-                           "simulate those)");
-    if (strcmp(be->name, "cpu") != 0)
-        return fail(error, "zreal's host tier runs on the cpu backend only");
-    const double want[ZP_MEM_N] = {[ZP_MEM_PARAMS] = 2.0 * part, [ZP_MEM_GRADS] = 4.0 * part,
-                                   [ZP_MEM_MASTER] = 4.0 * part, [ZP_MEM_ADAM_M] = 4.0 * part,
-                                   [ZP_MEM_ADAM_V] = 4.0 * part};
-    for (int c = ZP_MEM_PARAMS; c <= ZP_MEM_ADAM_V; c++)
-        if (s->host_bytes[c] != want[c])
-            return fail(error, "the schedule's host tier is not the partition's fp32 states "
-                               "and 16-bit copy");
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && zp_offload_cpu_share(&s->plan) != 1.0)
+        return fail(error, "zreal offloads all of the optimizer; a ratio below 1 (partial "
+                           "offload) is planned and simulated, not executed");
+    const gboolean device = be->synchronize != NULL; /* else the host is the device */
+    if (device && (!be->copy_async || !be->pin_host))
+        return fail(error, "the backend has no pinned host memory or copy stream");
+    if (device && z->offload_param.device != ZP_OFFLOAD_NONE)
+        return fail(error, "zreal offloads parameters on the cpu backend only");
+    if (z->zero_quantized_weights || z->zero_hpz_partition_size > 1)
+        return fail(error, "zreal executes offload without ZeRO++ (qwZ, hpZ)");
+    const ZpOffload *p = &z->offload_param;
+    if (p->device != ZP_OFFLOAD_NONE && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
+        return fail(error, "zreal offloads parameters together with the optimizer "
+                           "(--offload-optimizer)");
+    if (zp_offload_param_tier(&s->plan) == ZP_TIER_NVME && p->max_in_cpu > 0 &&
+        p->max_in_cpu < (double)part)
+        return fail(error, "zreal keeps all or none of the partition in host memory: "
+                           "offload_param.max_in_cpu 0, or at least the partition");
+    for (int u = 0; zp_offload_param_tier(&s->plan) != ZP_TIER_GPU && u < s->n_units; u++)
+        if (zp_sched_unit_persistent(s, u))
+            return fail(error, "zreal offloads parameters without persistent ones "
+                               "(--persistence-threshold 0)");
     return TRUE;
 }
 
-RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, uint64_t part,
+/* One host buffer of the tier: its category, bytes and where it goes. */
+typedef struct {
+    ZpMemCategory cat;
+    double bytes;
+    void **slot;
+} HostBuffer;
+
+/* The host buffers the plan lays out (see the header), n of them into `out`. */
+static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
+{
+    const ZpZeroConfig *z = &s->plan.zero;
+    const double part = (double)o->part;
+    int n = 0;
+    if (o->opt_tier == ZP_TIER_CPU) {
+        out[n++] = (HostBuffer){ZP_MEM_MASTER, 4 * part, (void **)&o->master};
+        out[n++] = (HostBuffer){ZP_MEM_ADAM_M, 4 * part, (void **)&o->m};
+        out[n++] = (HostBuffer){ZP_MEM_ADAM_V, 4 * part, (void **)&o->v};
+    }
+    if (o->opt_tier != ZP_TIER_GPU)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
+    const double kept = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
+                        : o->stage < 3 || o->param_tier == ZP_TIER_CPU ? part
+                                                                       : 0;
+    if (kept > 0)
+        out[n++] = (HostBuffer){ZP_MEM_PARAMS, 2 * kept, (void **)&o->params};
+    if (o->stage < 3)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, s->state_bytes[ZP_MEM_BUCKETS],
+                                (void **)&o->host_staging};
+    if (o->opt_tier == ZP_TIER_NVME)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
+                                z->offload_optimizer.buffer_count * fmin(SUB_GROUP_ELEMS, part) * 4,
+                                (void **)&o->swap};
+    if (o->param_tier == ZP_TIER_NVME) {
+        o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * (double)o->pool_elems, (void **)&o->pool};
+    }
+    return n;
+}
+
+static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **error)
+{
+    HostBuffer buf[8];
+    const int n = host_layout(o, s, buf);
+    double sum[ZP_MEM_N] = {0};
+    for (int i = 0; i < n; i++)
+        sum[buf[i].cat] += buf[i].bytes;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        if (sum[c] != s->host_bytes[c])
+            return fail(error, "the schedule's host tier is not the one zreal lays out");
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = (size_t)buf[i].bytes;
+        if (!(*buf[i].slot = real_alloc_take(o->host, bytes, (RealMemCategory)buf[i].cat)))
+            return fail(error, "no memory for the host tier");
+        memset(*buf[i].slot, 0, bytes);
+        /* DeepSpeed pins the host tier when pin_memory is set (its swap buffers always). */
+        if (o->be->pin_host && (s->plan.zero.offload_optimizer.pin_memory || o->swap) &&
+            bytes > 0) {
+            if (!o->be->pin_host(o->be, *buf[i].slot, bytes))
+                return fail(error, "the driver refused to pin the host tier");
+            o->pinned[o->n_pinned++] = *buf[i].slot;
+        }
+    }
+    if (o->swap) { /* the four tensors of one sub-group, swapped in together */
+        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4 ||
+            (double)o->part > SUB_GROUP_ELEMS)
+            return fail(error, "zreal swaps the optimizer's master, moments and gradients as "
+                               "one sub-group: offload_optimizer.buffer_count at least 4");
+        o->master = o->swap, o->m = o->swap + o->part, o->v = o->swap + 2 * o->part;
+        o->adam_grads = o->swap + 3 * o->part;
+    } else {
+        o->adam_grads = o->grads;
+    }
+    return TRUE;
+}
+
+/* A swap file for each category the schedule keeps on NVMe, under the tier's nvme_path. */
+static gboolean open_files(RealOffload *o, const ZpSchedule *s, int rank, GError **error)
+{
+    const ZpZeroConfig *z = &s->plan.zero;
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        if (s->nvme_bytes[c] <= 0)
+            continue;
+        const char *dir = c == ZP_MEM_PARAMS ? z->offload_param.nvme_path
+                                             : z->offload_optimizer.nvme_path;
+        if (!(o->file[c] = real_nvme_file_new(dir, rank, zp_sched_mem_name((ZpMemCategory)c),
+                                              (uint64_t)s->nvme_bytes[c], error)))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, uint64_t part,
                               GError **error)
 {
     if (!supported(s, be, part, error))
         return NULL;
     RealOffload *o = g_new0(RealOffload, 1);
-    o->be = be, o->host = real_alloc_new(), o->part = part;
-    void **slots[ZP_MEM_N] = {[ZP_MEM_PARAMS] = (void **)&o->params,
-                              [ZP_MEM_GRADS] = (void **)&o->grads,
-                              [ZP_MEM_MASTER] = (void **)&o->master,
-                              [ZP_MEM_ADAM_M] = (void **)&o->m, [ZP_MEM_ADAM_V] = (void **)&o->v,
-                              [ZP_MEM_BUCKETS] = (void **)&o->host_staging};
-    gboolean ok = TRUE;
-    for (int c = 0; ok && c < ZP_MEM_N; c++) {
-        if (!slots[c])
-            continue;
-        const size_t bytes = (size_t)s->host_bytes[c];
-        ok = (*slots[c] = real_alloc_take(o->host, bytes, (RealMemCategory)c)) != NULL;
-        if (ok)
-            memset(*slots[c], 0, bytes);
-    }
+    o->be = be, o->host = real_alloc_new(), o->part = part, o->stage = s->plan.zero.stage;
+    o->opt_tier = zp_offload_optimizer_tier(&s->plan);
+    o->param_tier = zp_offload_param_tier(&s->plan);
     o->staging_elems = (uint64_t)(s->state_bytes[ZP_MEM_BUCKETS] / sizeof(RealBf16));
-    ok = ok && o->staging_elems > 0 &&
-         (o->device_staging = be->alloc(be, o->staging_elems * sizeof(RealBf16),
-                                        REAL_MEM_BUCKETS)) != NULL;
+    gboolean ok = allocate_host(o, s, error) && open_files(o, s, rank, error);
+    if (ok && o->stage < 3 &&
+        !(o->device_staging = be->alloc(be, o->staging_elems * sizeof(RealBf16),
+                                        REAL_MEM_BUCKETS)))
+        ok = fail(error, "no memory for the device staging buffer");
     if (!ok) {
         real_offload_free(o);
-        fail(error, "no memory for the host tier");
         return NULL;
     }
     return o;
@@ -85,30 +188,182 @@ void real_offload_free(RealOffload *o)
 {
     if (!o)
         return;
-    void *host[] = {o->params, o->grads, o->master, o->m, o->v, o->host_staging};
+    void *host[] = {o->opt_tier == ZP_TIER_CPU ? o->master : NULL,
+                    o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
+                    o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
+                    o->grads, o->params, o->out16, o->host_staging, o->swap, o->pool};
+    for (int i = 0; i < o->n_pinned; i++)
+        o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
         real_alloc_release(o->host, host[i]);
     real_alloc_free_tracker(o->host);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        real_nvme_file_free(o->file[c]);
     o->be->free(o->be, o->device_staging);
     g_free(o);
 }
 
-float *real_offload_master(RealOffload *o) { return o->master; }
-float *real_offload_adam_m(RealOffload *o) { return o->m; }
-float *real_offload_adam_v(RealOffload *o) { return o->v; }
-
-void real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n)
+/* A transient host copy of the 16-bit partition (PARAMS), or the host's own. */
+static RealBf16 *partition16(RealOffload *o)
 {
+    if (o->params)
+        return o->params;
+    if (!o->out16)
+        o->out16 = real_alloc_take(o->host, o->part * sizeof(RealBf16), REAL_MEM_PARAMS);
+    return o->out16;
+}
+
+static void release16(RealOffload *o)
+{
+    real_alloc_release(o->host, o->out16);
+    o->out16 = NULL;
+}
+
+RealBf16 *real_offload_param_init_buffer(RealOffload *o)
+{
+    return o->param_tier == ZP_TIER_GPU ? NULL : partition16(o);
+}
+
+RealBf16 *real_offload_host_params(RealOffload *o)
+{
+    return o->param_tier == ZP_TIER_GPU ? NULL : o->params;
+}
+
+gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **error)
+{
+    RealBf16 *host = partition16(o); /* the partition may be on the device */
+    if (!host)
+        return fail(error, "no host memory for the 16-bit partition");
+    o->be->copy(o->be, host, partition, o->part * sizeof(RealBf16));
+    for (uint64_t i = 0; i < o->part; i++)
+        o->master[i] = real_bf16_to_f32(host[i]);
+    partition = host;
+    const uint64_t f4 = o->part * sizeof(float);
+    gboolean ok = TRUE;
+    if (o->opt_tier == ZP_TIER_NVME) { /* the swap buffers are zero but for the master */
+        float *const from[] = {[ZP_MEM_MASTER] = o->master, [ZP_MEM_ADAM_M] = o->m,
+                               [ZP_MEM_ADAM_V] = o->v, [ZP_MEM_GRADS] = o->adam_grads};
+        for (int c = ZP_MEM_GRADS; ok && c <= ZP_MEM_ADAM_V; c++)
+            ok = real_nvme_write(o->file[c], from[c], f4, 0, error);
+    }
+    if (ok && o->file[ZP_MEM_PARAMS])
+        ok = real_nvme_write(o->file[ZP_MEM_PARAMS], partition, o->part * sizeof(RealBf16), 0,
+                             error);
+    release16(o);
+    return ok;
+}
+
+/* A copy between the tiers: on the backend's copy stream where it has one (the host does not
+ * wait), else a plain copy. */
+static void tier_copy(RealOffload *o, void *dst, const void *src, size_t bytes)
+{
+    if (o->be->copy_async)
+        o->be->copy_async(o->be, dst, src, bytes);
+    else
+        o->be->copy(o->be, dst, src, bytes);
+}
+
+/* Later device calls (and with `host`, the host) wait for the tier copies so far. */
+static void tier_wait(RealOffload *o, bool host)
+{
+    if (o->be->copy_wait)
+        o->be->copy_wait(o->be, host);
+}
+
+/* Device scratch, counted as the workspace it is. */
+static float *scratch(RealOffload *o, uint64_t n, GError **error)
+{
+    float *p = o->be->alloc(o->be, n * sizeof(float), REAL_MEM_WORKSPACE);
+    if (!p)
+        fail(error, "no device memory for a gradient slice's fp32 copy");
+    return p;
+}
+
+gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n,
+                                 GError **error)
+{
+    o->moved[ZP_XFER_D2H] += 4.0 * (double)n;
+    if (o->stage == 3) {
+        float *f32 = scratch(o, n, error);
+        if (!f32)
+            return FALSE;
+        o->be->bf16_to_f32(o->be, f32, src, n);
+        tier_copy(o, o->grads + at, f32, n * sizeof(float));
+        tier_wait(o, false); /* before the scratch is freed (stream-ordered) */
+        o->be->free(o->be, f32);
+        return TRUE;
+    }
     /* Through both staging buffers, a largest tensor at a time, as DeepSpeed copies one
      * parameter's gradient at a time. */
     for (uint64_t done = 0; done < n; done += o->staging_elems) {
         const uint64_t k = MIN(o->staging_elems, n - done);
         o->be->copy(o->be, o->device_staging, src + done, k * sizeof(RealBf16));
-        memcpy(o->host_staging, o->device_staging, k * sizeof(RealBf16));
+        o->be->copy(o->be, o->host_staging, o->device_staging, k * sizeof(RealBf16));
         for (uint64_t i = 0; i < k; i++)
             o->grads[at + done + i] = real_bf16_to_f32(o->host_staging[i]);
     }
-    o->moved[ZP_XFER_D2H] += 4.0 * (double)n;
+    return TRUE;
+}
+
+gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                                   GError **error)
+{
+    float *sum = scratch(o, n, error);
+    if (!sum)
+        return FALSE;
+    tier_copy(o, sum, o->grads + at, n * sizeof(float));
+    tier_wait(o, false);
+    o->be->accumulate_bf16(o->be, dst, sum, n);
+    o->be->free(o->be, sum);
+    o->moved[ZP_XFER_H2D] += 4.0 * (double)n;
+    return TRUE;
+}
+
+gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error)
+{
+    if (!o->file[ZP_MEM_GRADS])
+        return fail(error, "a gradient swap-out without the optimizer on NVMe");
+    o->moved[ZP_XFER_NVME_WRITE] += 4.0 * (double)n;
+    tier_wait(o, true); /* the slice has landed */
+    return real_nvme_write(o->file[ZP_MEM_GRADS], o->grads + at, n * sizeof(float),
+                           at * sizeof(float), error);
+}
+
+/* The optimizer's swapped tensors, in the order of the swap buffers. */
+static const ZpMemCategory swapped[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V,
+                                        ZP_MEM_GRADS};
+
+gboolean real_offload_states_in(RealOffload *o, GError **error)
+{
+    if (!o->swap)
+        return fail(error, "an optimizer swap-in without the optimizer on NVMe");
+    const uint64_t f4 = o->part * sizeof(float);
+    for (size_t i = 0; i < G_N_ELEMENTS(swapped); i++) {
+        if (!real_nvme_read(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+            return FALSE;
+        o->moved[ZP_XFER_NVME_READ] += (double)f4;
+    }
+    return TRUE;
+}
+
+gboolean real_offload_states_out(RealOffload *o, GError **error)
+{
+    const uint64_t f4 = o->part * sizeof(float);
+    for (size_t i = 0; o->swap && i + 1 < G_N_ELEMENTS(swapped); i++) {
+        if (!real_nvme_write(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+            return FALSE;
+        o->moved[ZP_XFER_NVME_WRITE] += (double)f4;
+    }
+    if (o->param_tier == ZP_TIER_NVME && !o->params) { /* CPU Adam's 16-bit output */
+        if (!o->out16)
+            return fail(error, "a parameter swap-out before CPU Adam");
+        const uint64_t b2 = o->part * sizeof(RealBf16);
+        const gboolean ok = real_nvme_write(o->file[ZP_MEM_PARAMS], o->out16, b2, 0, error);
+        o->moved[ZP_XFER_NVME_WRITE] += (double)b2;
+        release16(o);
+        return ok;
+    }
+    return TRUE;
 }
 
 void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict master,
@@ -132,19 +387,56 @@ void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict
     }
 }
 
-void real_offload_adam(RealOffload *o, const RealAdamHyper *hyper)
+gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error)
 {
-    real_offload_cpu_adam(hyper, o->part, o->master, o->m, o->v, o->grads, o->params);
+    RealBf16 *out = partition16(o);
+    if (!out)
+        return fail(error, "no host memory for CPU Adam's 16-bit output");
+    tier_wait(o, true); /* every gradient slice has landed */
+    real_offload_cpu_adam(hyper, o->part, o->master, o->m, o->v, o->adam_grads, out);
+    return TRUE;
 }
 
 void real_offload_params_up(RealOffload *o, RealBf16 *dst)
 {
-    o->be->copy(o->be, dst, o->params, o->part * sizeof(RealBf16));
+    tier_copy(o, dst, partition16(o), o->part * sizeof(RealBf16));
+    tier_wait(o, o->out16 != NULL); /* the host waits before freeing a transient source */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)o->part;
+    release16(o);
 }
 
-void real_offload_stats(const RealOffload *o, RealAllocStats *host, double moved[ZP_XFER_N])
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error)
+{
+    if (!o->file[ZP_MEM_PARAMS] || n > o->pool_elems)
+        return fail(error, "a parameter swap-in needs the parameters on NVMe and a slice "
+                           "within offload_param's buffer_count x buffer_size");
+    o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)n;
+    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool, n * sizeof(RealBf16),
+                          at * sizeof(RealBf16), error);
+}
+
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n)
+{
+    tier_copy(o, dst, o->params ? o->params + at : o->pool, n * sizeof(RealBf16));
+    tier_wait(o, true); /* before the gather, and before the pool is read into again */
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
+}
+
+void real_offload_stats(const RealOffload *o, RealAllocStats *host, double moved[ZP_XFER_N],
+                        double *direct_bytes)
 {
     real_alloc_stats(o->host, host);
     memcpy(moved, o->moved, sizeof o->moved);
+    *direct_bytes = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        if (o->file[c])
+            *direct_bytes += real_nvme_direct_bytes(o->file[c]);
+}
+
+const char *real_offload_nvme_note(const RealOffload *o)
+{
+    for (int c = 0; c < ZP_MEM_N; c++)
+        if (o->file[c] && real_nvme_buffered_reason(o->file[c]))
+            return real_nvme_buffered_reason(o->file[c]);
+    return NULL;
 }

@@ -1,6 +1,6 @@
-/* real_offload: zreal's host tier for ZeRO-Offload — the optimizer states and fp32 gradient
- * partition in host memory counted by a tracker of their own, real copies between the tiers
- * as the schedule's transfer ops say, and a vectorised CPU Adam. */
+/* real_offload: zreal's host and NVMe tiers for ZeRO-Offload and ZeRO-Infinity — the states the
+ * schedule moves off the GPU in host memory counted by a tracker of their own or in swap files
+ * (real_nvme), real copies and file I/O as the schedule's transfer ops say, a vectorised CPU Adam. */
 #ifndef REAL_OFFLOAD_H
 #define REAL_OFFLOAD_H
 
@@ -12,35 +12,80 @@
 
 typedef struct RealOffload RealOffload;
 
-/* The host tier of a schedule that offloads the optimizer to the CPU at stage 1 (what zreal
- * executes; other offloads fail naming them): host buffers of exactly the schedule's
- * host_bytes per category (fp32 master, moments and gradients and a 16-bit copy of the
- * partition of part_elems elements, a staging buffer), zeroed, and the device staging buffer
- * of state_bytes[ZP_MEM_BUCKETS] from the backend. The backend must address host memory
- * directly (the CPU backend). */
-RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, uint64_t part_elems,
+/* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
+ * optimizer offload at stages 1-3 (all of it: ratio 1), parameter offload at stage 3 (CPU
+ * backend only). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
+ * copies on its copy stream (copy_async, ordered by copy_wait); the CPU backend addresses
+ * host memory directly and copies plainly. Host buffers of exactly the schedule's
+ * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
+ * host copy (stages 1-2) or partition (offload_param cpu, or max_in_cpu of it with nvme), the
+ * staging buffer (stages 1-2), the optimizer swapper's buffer_count fp32 buffers of the
+ * partition and the parameter swapper's buffer_count x buffer_size 16-bit pool (nvme); a swap
+ * file under the plan's nvme_path for each category of nvme_bytes; the device staging buffer
+ * of state_bytes[ZP_MEM_BUCKETS] (stages 1-2). `part` is the rank's partition in elements. */
+RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, uint64_t part,
                               GError **error);
 void real_offload_free(RealOffload *o);
 
-/* The host tier's fp32 master and moments, for the engine to initialise and keep. */
-float *real_offload_master(RealOffload *o);
-float *real_offload_adam_m(RealOffload *o);
-float *real_offload_adam_v(RealOffload *o);
+/* With parameter offload: host memory of the 16-bit partition for the engine to initialise
+ * (the host tier's own, or a buffer real_offload_init writes to NVMe and releases); NULL when
+ * the parameters stay on the GPU. */
+RealBf16 *real_offload_param_init_buffer(RealOffload *o);
+
+/* Set-up, counted in no transfer: the fp32 master from the initialised 16-bit `partition`,
+ * zero moments, and the swap files written (master, moments, gradients, parameters). */
+gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **error);
+
+/* The host tier's 16-bit partition (offload_param cpu, or all of it kept by max_in_cpu), for
+ * the engine's stage-3 parameters; NULL otherwise. */
+RealBf16 *real_offload_host_params(RealOffload *o);
 
 /* A reduced gradient slice of n elements at offset `at` of the partition, from `src` on the
- * device, down to the host's fp32 gradients through the device staging buffer; counts 4 n
- * bytes of ZP_XFER_D2H (the fp32 bytes DeepSpeed moves). */
-void real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n);
+ * device, down to the host's fp32 gradients: through the device staging buffer (stages 1-2)
+ * or converted to fp32 in a device workspace first (stage 3, stage3.py partition_grads'
+ * grad_buffer.float()); counts 4 n bytes of ZP_XFER_D2H. */
+gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n,
+                                 GError **error);
 
-/* CPU Adam over the host's partition: the same update as the backends' adam_step, from fp32
- * gradients, writing the 16-bit copy. */
-void real_offload_adam(RealOffload *o, const RealAdamHyper *hyper);
+/* A later micro-step (stages 2-3): the host's sum for the slice comes up into a device
+ * workspace and is added to the reduced slice `dst` in place, rounded to its bf16 as the
+ * GPU-resident gradients would be (so offload changes no number); counts 4 n bytes of
+ * ZP_XFER_H2D. */
+gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                                   GError **error);
+
+/* The last micro-step with the optimizer on NVMe: the slice's fp32 gradients to the swap
+ * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */
+gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error);
+
+/* The optimizer's NVMe swaps around CPU Adam (stage3.py _optimizer_states_and_gradient
+ * _swap_in / _swap_out): master, moments and gradients into the swap buffers; then master
+ * and moments out, and with parameters on NVMe the updated 16-bit partition. */
+gboolean real_offload_states_in(RealOffload *o, GError **error);
+gboolean real_offload_states_out(RealOffload *o, GError **error);
+
+/* CPU Adam over the partition: the same update as the backends' adam_step, from fp32
+ * gradients, writing the 16-bit result to the host partition or a transient host buffer
+ * (PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU) that the transfer after it
+ * consumes. */
+gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error);
 
 /* The updated 16-bit partition up to `dst` on the device; counts its bytes as ZP_XFER_H2D. */
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
-/* The host tier's tracker counters and the bytes moved per transfer kind so far. */
-void real_offload_stats(const RealOffload *o, RealAllocStats *host, double moved[ZP_XFER_N]);
+/* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read
+ * from the swap file into the parameter pool (ZP_XFER_NVME_READ), and up from the pool or
+ * the host partition to `dst` on the device (ZP_XFER_H2D). */
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error);
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n);
+
+/* The host tier's tracker counters, the bytes moved per transfer kind so far, and the bytes
+ * the swap files moved with O_DIRECT (set-up included). */
+void real_offload_stats(const RealOffload *o, RealAllocStats *host, double moved[ZP_XFER_N],
+                        double *direct_bytes);
+
+/* NULL, or why the swap files use buffered I/O ("O_DIRECT: Invalid argument"). */
+const char *real_offload_nvme_note(const RealOffload *o);
 
 /* One CPU Adam step over n elements with fp32 gradients (exactly the CPU backend's
  * adam_step, which reads bf16 ones): written so the compiler vectorises it. Reads 4 + 3 x 4

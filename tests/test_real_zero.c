@@ -493,7 +493,8 @@ static void test_calibrate_and_validate(void)
     char *profile = g_strdup_printf("%s/cpu-test.json", tmp_dir);
     char *pred = g_strdup_printf("%s/pred.json", tmp_dir);
     char *meas = g_strdup_printf("%s/meas.json", tmp_dir);
-    char *args = g_strdup_printf("--microbench --out %s", bench), *out = NULL, *err = NULL;
+    char *args = g_strdup_printf("--microbench --nvme-path %s --out %s", tmp_dir, bench);
+    char *out = NULL, *err = NULL;
     g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
     g_free(args), g_free(err);
     args = g_strdup_printf("calibrate %s --out %s", bench, profile);
@@ -503,6 +504,12 @@ static void test_calibrate_and_validate(void)
     json_t *hw = json_load_file(profile, 0, NULL);
     g_assert_nonnull(json_object_get(json_object_get(hw, "calibration"), "runs"));
     g_assert_cmpfloat(json_number_value(json_object_get(hw, "peak_fp32_flops")), >, 1e8);
+    /* The NVMe tier's swap files, measured where --nvme-path said, their source noted. */
+    g_assert_cmpfloat(json_number_value(json_object_get(hw, "nvme_bytes_per_s")), >, 0);
+    const char *note = json_string_value(json_object_get(json_object_get(hw, "notes"),
+                                                         "nvme_bytes_per_s"));
+    g_assert_nonnull(note);
+    g_assert_nonnull(strstr(note, tmp_dir));
     json_decref(hw);
 
     args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
@@ -575,13 +582,21 @@ static void test_bad_input(void)
         {"--model tiny --offload-optimizer disk", "--offload-optimizer: unknown value 'disk'"},
         {"--model tiny --offload-optimizer cpu",
          "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
-        {"--model tiny --stage 2 --offload-optimizer cpu",
-         "zreal executes optimizer offload at ZeRO stage 1 only"},
+        {"--model tiny --stage 3 --persistence-threshold 0 --offload-optimizer nvme",
+         "--nvme-path: NVMe offload needs a directory for its swap files"},
+        {"--model tiny --stage 3 --persistence-threshold 0 --offload-optimizer nvme "
+         "--nvme-path /nonexistent/zreal", "--nvme-path: cannot create /nonexistent/zreal/"},
+        {"--model tiny --stage 3 --offload-optimizer cpu --offload-param cpu",
+         "zreal offloads parameters without persistent ones (--persistence-threshold 0)"},
+        {"--model tiny --stage 3 --persistence-threshold 0 --offload-param cpu",
+         "zreal offloads parameters together with the optimizer (--offload-optimizer)"},
         {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
          "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
+        {"--model tiny --impl deepspeed --stage 2 --offload-optimizer cpu",
+         "zreal executes DeepSpeed's stages 2-3 without offload, qwZ or hpZ"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -774,61 +789,123 @@ static void test_cuda_backend_without_device(void)
     g_free(err);
 }
 
-/* ZeRO-Offload in zreal (stage 1, 2 ranks): the optimizer states live in the host tier, CPU
- * Adam steps them from fp32 gradients copied down bucket by bucket, and the updated 16-bit
- * partition comes back up. The losses equal the run without offload bit for bit (the same
- * update from the same values); each rank's host bytes per category equal the schedule's
- * host_bytes; the bytes each transfer kind moved, summed over the ranks, equal the
- * schedule's transfer ops (each rank's own slice of a bucket is its part of the unpadded
- * range, so only the sum over ranks is the ops' dp x bytes); device nvme is cpu at stage 1,
- * as in DeepSpeed. */
+/* ZeRO-Offload and ZeRO-Infinity in zreal: a run with its optimizer (and parameters) off the
+ * GPU against the same run without offload. */
+typedef struct {
+    int stage, ranks, accum;
+    const char *flags; /* zreal's offload flags ("DIR": the test's NVMe directory) */
+    const char *ds;    /* or ds_config offload sections, run as a zplan schedule */
+} OffloadCase;
+
+static const OffloadCase offload_cases[] = {
+    {1, 2, 1, "--offload-optimizer cpu", NULL},
+    {1, 2, 1, "--offload-optimizer nvme", NULL}, /* cpu at stages 1-2, as in DeepSpeed */
+    {2, 1, 2, "--offload-optimizer cpu", NULL},
+    {2, 2, 2, "--offload-optimizer cpu", NULL},
+    {3, 2, 2, "--offload-optimizer cpu", NULL},
+    {3, 1, 1, "--offload-optimizer cpu --offload-param cpu", NULL},
+    {3, 2, 2, "--offload-optimizer nvme --nvme-path DIR", NULL},
+    {3, 2, 2, NULL,
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+};
+
+#define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0 " \
+                     "--reduce-bucket-size 20000"
+
+/* The offload run's measured.json: with flags, or through zplan schedule --ds-config and
+ * zreal --schedule, the NVMe tier under `dir`. */
+static json_t *offload_run(const OffloadCase *c, const char *dir, const char *name)
+{
+    if (c->flags) {
+        char **parts = g_strsplit(c->flags, "DIR", 2);
+        char *flags = g_strjoinv(dir, parts);
+        char *args = g_strdup_printf(OFFLOAD_BASE " --stage %d --grad-accum %d %s", c->stage,
+                                     c->accum, flags);
+        json_t *m = zreal_measured(c->ranks, args, name);
+        g_strfreev(parts), g_free(flags), g_free(args);
+        return m;
+    }
+    char *ds = g_strdup_printf("%s/%s-ds.json", tmp_dir, name);
+    char *sched = g_strdup_printf("%s/%s-s.json", tmp_dir, name);
+    char *text = g_strdup_printf(
+        "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, "
+        "\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": %d, "
+        "\"reduce_bucket_size\": 20000, \"stage3_param_persistence_threshold\": 0, %s}}",
+        c->accum, c->stage, c->ds);
+    g_assert_true(g_file_set_contents(ds, text, -1, NULL));
+    char *zargs = g_strdup_printf("schedule --model tiny --gpus %d --impl paper --ds-config %s "
+                                  "--out %s", c->ranks, ds, sched);
+    TuRun r = tu_zplan(zargs);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    char *args = g_strdup_printf("--schedule %s --steps 4 --nvme-path %s", sched, dir);
+    json_t *m = zreal_measured(c->ranks, args, name);
+    g_remove(ds), g_remove(sched);
+    g_free(ds), g_free(sched), g_free(text), g_free(zargs), g_free(args);
+    return m;
+}
+
+/* The losses equal the run without offload bit for bit (the same update from the same
+ * values: later micro-steps add the host's sum to the reduced slice in bf16, as the GPU's
+ * gradients would be); each rank's host bytes per category equal the schedule's host_bytes;
+ * the bytes each transfer kind moved, summed over the ranks, equal the schedule's transfer
+ * ops (a rank's slice of a stage 1-2 bucket is its part of the unpadded range, so only the
+ * sum over ranks is the ops' dp x bytes); with the optimizer on NVMe at stage 3 the swap
+ * files were read and written, and none is left in the directory. */
 static void test_offload_matches(void)
 {
-    const char *base = "--model tiny --stage 1 --micro-batch 4 --steps 6 --reduce-bucket-size 20000";
-    char *with = g_strdup_printf("%s --offload-optimizer cpu", base);
-    char *nvme = g_strdup_printf("%s --offload-optimizer nvme", base);
-    json_t *plain = zreal_measured(2, base, "offload_none");
-    json_t *cpu = zreal_measured(2, with, "offload_cpu");
-    json_t *as_cpu = zreal_measured(2, nvme, "offload_nvme");
-    json_t *loss = json_object_get(plain, "loss");
-    for (size_t i = 0; i < json_array_size(loss); i++) {
-        const double want = json_number_value(json_array_get(loss, i));
-        g_assert_cmpfloat(json_number_value(json_array_get(json_object_get(cpu, "loss"), i)),
-                          ==, want);
-        g_assert_cmpfloat(json_number_value(json_array_get(json_object_get(as_cpu, "loss"), i)),
-                          ==, want);
-    }
-    ZpModel model;
-    ZpPlan plan;
-    g_assert_true(zp_model_from_json(json_object_get(cpu, "model"), "model", &model, NULL));
-    g_assert_true(zp_plan_from_json(json_object_get(cpu, "plan"), "plan", &plan, NULL));
-    ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
-    g_assert_nonnull(s);
-    double predicted[ZP_XFER_N] = {0}, measured[ZP_XFER_N] = {0};
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_TRANSFER)
-            predicted[op->sub] += op->bytes * plan.dp;
-    }
-    g_assert_cmpfloat(predicted[ZP_XFER_D2H], >, 0);
-    json_t *ranks = json_object_get(cpu, "ranks");
-    g_assert_cmpuint(json_array_size(ranks), ==, 2);
-    for (size_t r = 0; r < json_array_size(ranks); r++) {
-        json_t *rank = json_array_get(ranks, r);
-        for (int c = 0; c < ZP_MEM_N; c++)
-            g_assert_cmpfloat(number_at(json_object_get(rank, "host_bytes"),
-                                        zp_sched_mem_name(c)), ==, s->host_bytes[c]);
+    char *dir = g_strdup_printf("%s/nvme", tmp_dir);
+    g_assert_cmpint(g_mkdir(dir, 0700), ==, 0);
+    for (size_t i = 0; i < G_N_ELEMENTS(offload_cases); i++) {
+        const OffloadCase *c = &offload_cases[i];
+        char *name = g_strdup_printf("offload_%zu", i);
+        char *plain_args = g_strdup_printf(OFFLOAD_BASE " --stage %d --grad-accum %d", c->stage,
+                                           c->accum);
+        json_t *plain = zreal_measured(c->ranks, plain_args, "offload_plain");
+        json_t *off = offload_run(c, dir, name);
+        g_assert_true(json_equal(json_object_get(plain, "loss"), json_object_get(off, "loss")));
+        ZpModel model;
+        ZpPlan plan;
+        g_assert_true(zp_model_from_json(json_object_get(off, "model"), "model", &model, NULL));
+        g_assert_true(zp_plan_from_json(json_object_get(off, "plan"), "plan", &plan, NULL));
+        ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+        g_assert_nonnull(s);
+        double predicted[ZP_XFER_N] = {0}, measured[ZP_XFER_N] = {0};
+        for (guint k = 0; k < s->ops->len; k++) {
+            const ZpOp *op = zp_sched_op(s, k);
+            if (op->kind == ZP_OP_TRANSFER)
+                predicted[op->sub] += op->bytes * plan.dp;
+        }
+        g_assert_cmpfloat(predicted[ZP_XFER_D2H], >, 0);
+        const gboolean nvme = c->stage == 3 && zp_offload_optimizer_tier(&plan) == ZP_TIER_NVME;
+        g_assert_true(!nvme || (predicted[ZP_XFER_NVME_READ] > 0 &&
+                                predicted[ZP_XFER_NVME_WRITE] > 0));
+        json_t *ranks = json_object_get(off, "ranks");
+        g_assert_cmpuint(json_array_size(ranks), ==, (size_t)c->ranks);
+        for (size_t r = 0; r < json_array_size(ranks); r++) {
+            json_t *rank = json_array_get(ranks, r);
+            for (int cat = 0; cat < ZP_MEM_N; cat++)
+                g_assert_cmpfloat(number_at(json_object_get(rank, "host_bytes"),
+                                            zp_sched_mem_name(cat)), ==, s->host_bytes[cat]);
+            for (int k = 0; k < ZP_XFER_N; k++)
+                measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
+                                         zp_sched_transfer_name(k));
+            g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
+                              zp_sched_model_state_bytes(s));
+        }
         for (int k = 0; k < ZP_XFER_N; k++)
-            measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
-                                     zp_sched_transfer_name(k));
-        g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
-                          zp_sched_model_state_bytes(s));
+            g_assert_cmpfloat(measured[k], ==, predicted[k]);
+        GDir *d = g_dir_open(dir, 0, NULL);
+        g_assert_null(g_dir_read_name(d)); /* the swap files are gone */
+        g_dir_close(d);
+        zp_sched_free(s);
+        json_decref(plain), json_decref(off);
+        g_free(name), g_free(plain_args);
     }
-    for (int k = 0; k < ZP_XFER_N; k++)
-        g_assert_cmpfloat(measured[k], ==, predicted[k]);
-    zp_sched_free(s);
-    json_decref(plain), json_decref(cpu), json_decref(as_cpu);
-    g_free(with), g_free(nvme);
+    g_rmdir(dir);
+    g_free(dir);
 }
 
 /* zreal --schedule runs a deepspeed schedule file as zplan schedule wrote it: stage 3 with

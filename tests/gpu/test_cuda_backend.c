@@ -306,6 +306,34 @@ static void test_alloc_copy_fill(void)
     device_ok(be);
 }
 
+/* The host tier's pinned memory and copy stream (ZeRO-Offload): a pinned buffer copied
+ * up on the copy stream is what the next call on the compute stream overwrites in part; copied
+ * down again it is there once copy_wait(host) returns. */
+static void test_pinned_copy_stream(void)
+{
+    RealBackend *be = gpu[REAL_CUDA_GEMM_BF16];
+    enum { N = 1 << 20 };
+    float *host = g_new(float, N), *back = g_new0(float, N);
+    for (size_t i = 0; i < N; i++)
+        host[i] = (float)g_rand_double_range(rng, -1, 1);
+    g_assert_true(be->pin_host(be, host, N * sizeof(float)));
+    g_assert_true(be->pin_host(be, back, N * sizeof(float)));
+    float *dev = be->alloc(be, N * sizeof(float), REAL_MEM_BUCKETS);
+    be->fill(be, dev, 0, N * sizeof(float)); /* queued on the compute stream first */
+    be->copy_async(be, dev, host, N * sizeof(float));
+    be->copy_wait(be, true); /* the host may write its side now */
+    be->fill(be, dev, 0, 4); /* a compute-stream call after the wait: the copy came first */
+    memset(host, 0, 4);
+    be->copy_async(be, back, dev, N * sizeof(float));
+    be->copy_wait(be, true);
+    assert_same_bits(back, host, N * sizeof(float), "copy stream round trip");
+    be->free(be, dev);
+    be->unpin_host(be, host);
+    be->unpin_host(be, back);
+    g_free(host), g_free(back);
+    device_ok(be);
+}
+
 /* ---- precision ---- */
 
 static void test_precision(void)
@@ -1306,6 +1334,7 @@ int main(int argc, char **argv)
     rng = g_rand_new_with_seed(20240607);
     g_test_add_func("/cuda/device_memory", test_device_memory); /* first: see its comment */
     g_test_add_func("/cuda/alloc_copy_fill", test_alloc_copy_fill);
+    g_test_add_func("/cuda/pinned_copy_stream", test_pinned_copy_stream);
     g_test_add_func("/cuda/precision", test_precision);
     g_test_add_func("/cuda/gemm", test_gemm);
     g_test_add_func("/cuda/bias_add", test_bias_add);
