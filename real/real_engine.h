@@ -17,6 +17,9 @@ typedef struct {
     float lr;           /* AdamW learning rate */
     float weight_decay; /* decoupled weight decay */
     uint64_t seed;      /* parameter initialisation and the synthetic data stream */
+    /* Pipelines: this rank's stage (real_pipe; borrowed), whose view of the schedule
+     * (zp_sched_stage_view) the engine runs over the stage's DP communicator; NULL without. */
+    struct RealPipe *pipe;
 } RealTrainConfig;
 
 /* Op types that are timed: the compute kinds, then the collective kinds. */
@@ -36,7 +39,11 @@ RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
  * (identically on every rank, from cfg->seed). Fails if the schedule is not one this engine
- * executes (tensor parallelism, fp32 or a non-Adam optimizer) or does not match the model. */
+ * executes (tensor parallelism, fp32 or a non-Adam optimizer) or does not match the model.
+ * With pipeline stages `sched` is the rank's stage view, `comm` its stage's DP group and
+ * cfg->pipe its stage: it runs the stage's ops, receiving and sending activations and their
+ * gradients where the ops say (1F1B and GPipe; its saved activations per micro-batch), and
+ * its step's loss is the stage's (0 but on the last). */
 RealEngine *real_engine_new(const ZpSchedule *sched, RealBackend *be, RealComm *comm,
                             const RealTrainConfig *cfg, GError **error);
 void real_engine_free(RealEngine *engine);
