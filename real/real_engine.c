@@ -1035,7 +1035,8 @@ static gboolean run_op(RealEngine *e, guint i, const ZpOp *op, int *type, GError
         *type = ZP_COMP_N + op->sub;
         return do_collective(e, op, error);
     case ZP_OP_P2P: /* only in pipeline schedules, whose stages have a pipe */
-        return real_pipe_send(e->cfg.pipe, e->s, op, e->x, e->dx, error);
+        return e->cfg.pipe ? real_pipe_send(e->cfg.pipe, e->s, op, e->x, e->dx, error)
+                           : fail(error, "a pipeline send in a schedule without stages");
     case ZP_OP_TRANSFER:
         return do_transfer(e, op, error);
     }
