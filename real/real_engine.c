@@ -1018,29 +1018,13 @@ static gboolean finish_device_timings(RealEngine *e, GError **error)
     return TRUE;
 }
 
-/* Runs op i; *type is its timing type, or -1 for an untimed op. */
-static gboolean run_op(RealEngine *e, guint i, const ZpOp *op, int *type, GError **error)
+/* Names the op that failed in `error`; FALSE. */
+static gboolean op_failed(GError **error, guint i, const ZpOp *op)
 {
-    *type = -1;
-    switch ((ZpOpKind)op->kind) {
-    case ZP_OP_ALLOC:
-        return do_alloc(e, i, op, error);
-    case ZP_OP_FREE:
-        do_free(e, op);
-        return TRUE;
-    case ZP_OP_COMPUTE:
-        *type = op->sub;
-        return do_compute(e, op, error);
-    case ZP_OP_COLLECTIVE:
-        *type = ZP_COMP_N + op->sub;
-        return do_collective(e, op, error);
-    case ZP_OP_P2P: /* only in pipeline schedules, whose stages have a pipe */
-        return e->cfg.pipe ? real_pipe_send(e->cfg.pipe, e->s, op, e->x, e->dx, error)
-                           : fail(error, "a pipeline send in a schedule without stages");
-    case ZP_OP_TRANSFER:
-        return do_transfer(e, op, error);
-    }
-    return fail(error, "unknown op kind %d", op->kind);
+    g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
+                   zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
+                   op->micro);
+    return FALSE;
 }
 
 gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError **error)
@@ -1055,18 +1039,38 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
         if (op->stage != (uint32_t)s->view_stage) /* another pipeline stage's */
             continue;
         /* What the op waits for from other stages arrives first (untimed: the bubble). */
-        gboolean ok = !e->cfg.pipe || real_pipe_receive(e->cfg.pipe, s, op, e->x, e->dx, error);
+        if (e->cfg.pipe && !real_pipe_receive(e->cfg.pipe, s, op, e->x, e->dx, error))
+            return op_failed(error, i, op);
         const double t0 = zp_now_s();
         const gboolean timed = op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
-        void *begin = ok && timed && e->be->mark ? e->be->mark(e->be) : NULL;
+        void *begin = timed && e->be->mark ? e->be->mark(e->be) : NULL;
+        gboolean ok = TRUE;
         int type = -1;
-        ok = ok && run_op(e, i, op, &type, error);
-        if (!ok) {
-            g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
-                           zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
-                           op->micro);
-            return FALSE;
+        switch ((ZpOpKind)op->kind) {
+        case ZP_OP_ALLOC:
+            ok = do_alloc(e, i, op, error);
+            break;
+        case ZP_OP_FREE:
+            do_free(e, op);
+            break;
+        case ZP_OP_COMPUTE:
+            type = op->sub;
+            ok = do_compute(e, op, error);
+            break;
+        case ZP_OP_COLLECTIVE:
+            type = ZP_COMP_N + op->sub;
+            ok = do_collective(e, op, error);
+            break;
+        case ZP_OP_P2P: /* only in pipeline schedules, whose stages have a pipe */
+            ok = e->cfg.pipe ? real_pipe_send(e->cfg.pipe, s, op, e->x, e->dx, error)
+                             : fail(error, "a pipeline send in a schedule without stages");
+            break;
+        case ZP_OP_TRANSFER:
+            ok = do_transfer(e, op, error);
+            break;
         }
+        if (!ok)
+            return op_failed(error, i, op);
         if (type >= 0) {
             e->timing[type].count++;
             if (begin) {
