@@ -14,6 +14,7 @@ typedef struct {
     gboolean bias_qkv, bias_proj, bias_mlp, rope, learned, rms, swiglu, fused;
     gboolean save;
     double block_elems, embed_elems, norm_elems;
+    double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
 } Dims;
 
 static Dims dims(const ZpModel *m, const ZpPlan *p)
@@ -36,6 +37,7 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
     d.rms = m->norm == ZP_NORM_RMSNORM;
     d.swiglu = zp_model_gated(m);
     d.fused = zp_attention_fused(p->attention);
+    d.attention_share = d.fused ? zp_model_attention_share(m) : 1.0;
     d.block_elems = (double)zp_model_unit_elems(m, 1) / mp;
     d.embed_elems = (double)zp_model_unit_elems(m, 0) / mp;
     d.norm_elems = d.rms ? d.h : 2 * d.h;
@@ -85,13 +87,15 @@ static void linear_bwd(ZpKernels *out, const Dims *d, double n, double k, gboole
     gemm(out, ZP_GEMM_INPUT_GRAD, d->t, k, n);
 }
 
-/* The attention kernel: the model's 4bs^2h/mp FLOPs forward, twice that backward; the eager
- * kernel's softmax reads and writes the b a s^2 scores (forward 2, backward 3 accesses). */
+/* The attention kernel: the model's 4bs^2h/mp FLOPs forward (a fused kernel's share of them
+ * under a sliding window), twice that backward; the eager kernel's softmax reads and writes
+ * the b a s^2 scores (forward 2, backward 3 accesses). */
 static void attention(ZpKernels *out, const Dims *d, int backward)
 {
     const double scores = d->b * d->heads * d->s * d->s;
     add(out, (ZpKernel){.kind = ZP_KERNEL_ATTENTION, .sub = backward,
-                        .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp,
+                        .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp *
+                                 d->attention_share,
                         .accesses = d->fused ? 0 : (backward ? 3 : 2) * scores});
 }
 

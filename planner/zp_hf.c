@@ -9,16 +9,22 @@
 /* Families share their keys' spellings and defaults (transformers' *Config classes). */
 typedef enum { HF_LLAMA, HF_GPT2, HF_NEOX, HF_N } HfFamily;
 
+/* How an architecture reads "sliding_window": not at all, whenever it is not null
+ * (MistralConfig), or only under "use_sliding_window" for the layers from
+ * "max_window_layers" on (Qwen2Config, whose layer_types say "sliding_attention" there). */
+typedef enum { HF_WINDOW_NONE, HF_WINDOW_MISTRAL, HF_WINDOW_QWEN2 } HfWindow;
+
 static const struct {
     const char *name;
     HfFamily family;
     gboolean qkv_bias; /* biases on q, k and v whatever the config says (Qwen2) */
+    HfWindow window;
 } hf_archs[] = {
-    {"LlamaForCausalLM", HF_LLAMA, FALSE},
-    {"MistralForCausalLM", HF_LLAMA, FALSE},
-    {"Qwen2ForCausalLM", HF_LLAMA, TRUE},
-    {"GPT2LMHeadModel", HF_GPT2, FALSE},
-    {"GPTNeoXForCausalLM", HF_NEOX, FALSE},
+    {"LlamaForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE},
+    {"MistralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL},
+    {"Qwen2ForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2},
+    {"GPT2LMHeadModel", HF_GPT2, FALSE, HF_WINDOW_NONE},
+    {"GPTNeoXForCausalLM", HF_NEOX, FALSE, HF_WINDOW_NONE},
 };
 
 /* Whole-number dimensions: the key in each family (NULL: the family has none) and whether
@@ -157,6 +163,35 @@ static gboolean get_mlp(json_t *obj, const char *path, HfFamily family, ZpModel 
     return FALSE;
 }
 
+/* The sliding window, as transformers' masking_utils applies it: query t sees keys
+ * t - w < u <= t. Qwen2 windows only the layers from max_window_layers on; a window on some
+ * layers and not others is refused, as the model holds one window for every block. */
+static gboolean get_sliding_window(json_t *obj, const char *path, HfWindow how, ZpModel *m,
+                                   GError **error)
+{
+    gboolean on = how == HF_WINDOW_MISTRAL;
+    if (how == HF_WINDOW_NONE ||
+        (how == HF_WINDOW_QWEN2 && !get_bool(obj, path, "use_sliding_window", FALSE, &on, error)))
+        return how == HF_WINDOW_NONE;
+    if (!on || !present(obj, "sliding_window"))
+        return TRUE;
+    int64_t first_layer = 0; /* the first windowed layer */
+    if (how == HF_WINDOW_QWEN2 && present(obj, "max_window_layers") &&
+        !zp_json_get_int(obj, path, "max_window_layers", TRUE, 0, 100000, &first_layer, error))
+        return FALSE;
+    if (first_layer >= m->layers)
+        return TRUE;
+    if (first_layer > 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"max_window_layers\" = %" G_GINT64_FORMAT " windows only some of "
+                    "the %" G_GINT64_FORMAT " layers (not supported: one window for every layer)",
+                    path, first_layer, m->layers);
+        return FALSE;
+    }
+    return zp_json_get_int(obj, path, "sliding_window", TRUE, 1, 10000000, &m->sliding_window,
+                           error);
+}
+
 /* The dimensions, then what the family's other keys say. */
 static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, GError **error)
 {
@@ -195,7 +230,8 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
             return FALSE;
         }
     }
-    if (!zp_model_get_rope_scaling(obj, path, m, error))
+    if (!zp_model_get_rope_scaling(obj, path, m, error) ||
+        !get_sliding_window(obj, path, hf_archs[arch].window, m, error))
         return FALSE;
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */

@@ -11,7 +11,7 @@ static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
-    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", NULL};
+    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -159,6 +159,8 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                             error) ||
         !zp_json_get_number(obj, what, "norm_eps", FALSE, 1e-12, 1, &model->norm_eps, error) ||
         !zp_json_get_bool(obj, what, "exact_gelu", FALSE, &model->exact_gelu, error) ||
+        !zp_json_get_int(obj, what, "sliding_window", FALSE, 1, MAX_SEQ, &model->sliding_window,
+                         error) ||
         !zp_model_get_rope_scaling(obj, what, model, error))
         return FALSE;
     model->mlp = (ZpMlp)mlp;
@@ -267,6 +269,15 @@ int64_t zp_model_fc1_width(const ZpModel *model)
 int64_t zp_model_positions(const ZpModel *model)
 {
     return model->max_positions > 0 ? model->max_positions : model->seq_len;
+}
+
+double zp_model_attention_share(const ZpModel *model)
+{
+    const double s = (double)model->seq_len, w = (double)model->sliding_window;
+    if (w <= 0 || w >= s)
+        return 1.0;
+    /* Positions t < w see t + 1 keys, the s - w later ones w each. */
+    return (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2);
 }
 
 gboolean zp_model_has_bias(const ZpModel *model, unsigned which)
@@ -405,6 +416,8 @@ void *zp_model_to_json(const ZpModel *model)
     }
     if (model->norm_eps > 0)
         json_object_set_new(o, "norm_eps", json_real(model->norm_eps));
+    if (model->sliding_window > 0)
+        json_object_set_new(o, "sliding_window", json_integer((json_int_t)model->sliding_window));
     if (model->published_params > 0)
         json_object_set_new(o, "published_params", json_real(model->published_params));
     return o;

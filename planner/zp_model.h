@@ -66,6 +66,8 @@ typedef struct {
     double rotary_fraction;     /* share of each head's dimensions rotated (NeoX: 0.25) */
     ZpRopeScaling rope_scaling;
     double norm_eps;            /* 0: 1e-5 */
+    int64_t sliding_window;     /* keys each query attends to, itself included (Mistral's
+                                 * sliding_window); 0: every earlier key */
     double published_params;    /* the size the model is known by, 0 if not given */
     double params_only;         /* > 0: built from --params, no architecture known */
 } ZpModel;
@@ -114,6 +116,13 @@ gboolean zp_model_has_bias(const ZpModel *model, unsigned which);
 
 const char *zp_model_mlp_name(ZpMlp mlp);
 const char *zp_model_norm_name(ZpNorm norm);
+
+/* The share of causal attention's query-key pairs a sliding window keeps at the model's
+ * sequence: sum over positions of min(t + 1, w) against sum of t + 1 (1 without a window or
+ * when the window covers the sequence). A fused kernel skips the blocks outside the window
+ * (FlashAttention-2's window_size), so its work scales by this; an eager one computes every
+ * score and masks them, so its work does not. */
+double zp_model_attention_share(const ZpModel *model);
 
 /* Exact parameter count (or the given count for a params-only model). */
 uint64_t zp_model_param_count(const ZpModel *model);

@@ -187,7 +187,8 @@ static Cost block_forward_cost(const ZpSchedule *s)
     const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
     const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
     const double gemm = 2 * b * sq * (h * q + h * h + h * f1 + f * h) / mp;
-    const double attention = 4 * b * sq * sq * h / mp;
+    const double attention =
+        4 * b * sq * sq * h / mp * (fused ? zp_model_attention_share(m) : 1.0);
     const double softmax = fused ? 0.0 : 2 * b * a * sq * sq / mp;
     return (Cost){.flops = gemm + attention,
                   .gemm_flops = gemm / (gated ? 5 : 4),

@@ -65,9 +65,23 @@ typedef struct RealBackend RealBackend;
  * outputs are then unspecified); the others cannot fail on valid arguments. A device
  * backend's failures that no return value can carry (a faulting kernel) are reported by
  * `synchronize`. */
+/* The first key query t attends to under attention_window w (0: no window). A macro, so
+ * that CUDA kernels use it as the CPU does. */
+#define REAL_FIRST_KEY(t, w) ((w) > 0 && (t) >= (w) ? (t) - (w) + 1 : 0)
+
+/* LayerNorm's eps for this backend's model. */
+#define REAL_LAYERNORM_EPS(be) ((be)->layernorm_eps > 0 ? (be)->layernorm_eps : 1e-5f)
+
 struct RealBackend {
     const char *name;   /* "cpu", ... */
     RealAlloc *tracker; /* counts every allocation of this backend; owned by it */
+
+    /* What the model tells the kernels, set by real_gpt_create before its first call (zero:
+     * the defaults). attention_window: keys each query attends to, itself included (Mistral's
+     * sliding_window, as transformers' masking_utils applies it: t - w < u <= t); 0 attends
+     * to every earlier key. layernorm_eps: LayerNorm's eps; 0 is GPT-2's 1e-5. */
+    int attention_window;
+    float layernorm_eps;
 
     /* Memory. alloc: `bytes` (0 allowed) aligned to 64 bytes, counted under `cat`, NULL
      * when exhausted. free: NULL is ignored. fill: every byte of dst = byte_value.
@@ -115,7 +129,7 @@ struct RealBackend {
     void (*embedding_bwd)(RealBackend *be, float *dwte, float *dwpe, const int *tokens,
                           const float *dx, int batch, int seq_len, int hidden);
 
-    /* Layer norm over each row of cols values, eps 1e-5 (GPT-2):
+    /* Layer norm over each row of cols values, eps layernorm_eps:
      * y = (x - mean) * rstd * gain + bias, with mean[r], rstd[r] = 1/sqrt(var + eps) saved.
      * Backward from those saved statistics: dx += d/dx, dgain += sum_r dy * xhat,
      * dbias += sum_r dy. dx must not alias dy or x. */
@@ -127,7 +141,8 @@ struct RealBackend {
 
     /* Causal multi-head self-attention on qkv [batch*seq_len, 3*heads*head_dim] (per row:
      * all heads' q, then k, then v; head j at columns j*head_dim within each third).
-     * Forward: probs[i,j,t,u] = softmax_u<=t(q.k / sqrt(head_dim)) (0 for u > t), stored
+     * Forward: probs[i,j,t,u] = softmax_u<=t(q.k / sqrt(head_dim)) (0 for u > t and, under
+     * attention_window w, for u <= t - w), stored
      * [batch, heads, seq_len, seq_len] in probs_dtype, and out [batch*seq_len, heads*
      * head_dim] = probs v computed from the probs as stored (rounded to probs_dtype), so a
      * backward that reads them back is exactly consistent (a backend whose GEMMs round fp32

@@ -7,7 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-#define REAL_CPU_LN_EPS 1e-5f
 #define REAL_CPU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define REAL_CPU_GELU_K 0.044715f
 #define REAL_CPU_SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
@@ -269,7 +268,7 @@ static void real_cpu_layernorm_fwd(RealBackend *be, float *y, float *mean, float
                                    const float *x, const RealBf16 *gain, const RealBf16 *bias,
                                    int rows, int cols)
 {
-    (void)be;
+    const double eps = REAL_LAYERNORM_EPS(be);
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * cols;
         float *yr = y + (size_t)r * cols;
@@ -281,7 +280,7 @@ static void real_cpu_layernorm_fwd(RealBackend *be, float *y, float *mean, float
         for (int c = 0; c < cols; c++)
             sq += (xr[c] - mu) * (xr[c] - mu);
         float m = (float)mu;
-        float rs = (float)(1.0 / sqrt(sq / cols + REAL_CPU_LN_EPS));
+        float rs = (float)(1.0 / sqrt(sq / cols + eps));
         for (int c = 0; c < cols; c++)
             yr[c] = (xr[c] - m) * rs * real_bf16_to_f32(gain[c]) + real_bf16_to_f32(bias[c]);
         mean[r] = m;
@@ -320,21 +319,25 @@ static void real_cpu_layernorm_bwd(RealBackend *be, float *dx, float *dgain, flo
 /* ---- attention ---- */
 
 /* Causal softmax of each row of scores [seq_len, seq_len] in place; entries past the
- * diagonal become 0 so the tile can feed full GEMMs. */
-static void real_cpu_causal_softmax(float *scores, int seq_len)
+ * diagonal, and before the window's first key, become 0 so the tile can feed full GEMMs
+ * (and the softmax backward, which multiplies by them, needs no mask of its own). */
+static void real_cpu_causal_softmax(float *scores, int seq_len, int window)
 {
     for (int t = 0; t < seq_len; t++) {
         float *row = scores + (size_t)t * seq_len;
-        float max = row[0];
-        for (int u = 1; u <= t; u++)
+        const int lo = REAL_FIRST_KEY(t, window);
+        float max = row[lo];
+        for (int u = lo + 1; u <= t; u++)
             max = fmaxf(max, row[u]);
         float sum = 0.0f;
-        for (int u = 0; u <= t; u++) {
+        for (int u = lo; u <= t; u++) {
             row[u] = expf(row[u] - max);
             sum += row[u];
         }
-        for (int u = 0; u <= t; u++)
+        for (int u = lo; u <= t; u++)
             row[u] /= sum;
+        for (int u = 0; u < lo; u++)
+            row[u] = 0.0f;
         for (int u = t + 1; u < seq_len; u++)
             row[u] = 0.0f;
     }
@@ -395,7 +398,7 @@ static bool real_cpu_attention_gqa_fwd(RealBackend *be, float *out, void *probs,
             const float *k = row + h + (size_t)(j / g.group) * head_dim, *v = k + g.kvd;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, scale, q, ld,
                         k, ld, 0.0f, tile, s);
-            real_cpu_causal_softmax(tile, s);
+            real_cpu_causal_softmax(tile, s, be->attention_window);
             size_t offset = ((size_t)i * heads + j) * tile_elems;
             real_cpu_store_probs(be, tile, probs, probs_dtype, offset, tile_elems);
             float *o = out + (size_t)i * s * h + (size_t)j * head_dim;
@@ -507,7 +510,7 @@ static bool real_cpu_flash_attention_fwd(RealBackend *be, float *out, float *lse
                 const float *q = row + (size_t)t * g.ld + qc;
                 float m = -INFINITY, l = 0.0f;
                 memset(acc, 0, (size_t)d * sizeof(float));
-                for (int u0 = 0; u0 <= t; u0 += B) {
+                for (int u0 = REAL_FIRST_KEY(t, be->attention_window); u0 <= t; u0 += B) {
                     const int n = MIN(B, t + 1 - u0);
                     float bm = -INFINITY;
                     for (int u = 0; u < n; u++) {
@@ -545,7 +548,6 @@ static bool real_cpu_flash_attention_bwd(RealBackend *be, float *dqkv, const flo
                                          int batch, int seq_len, int heads, int kv_heads,
                                          int head_dim)
 {
-    (void)be;
     const RealCpuHeads g = real_cpu_heads(heads, kv_heads, head_dim);
     const int s = seq_len, d = head_dim;
     const float scale = 1.0f / sqrtf((float)d);
@@ -565,7 +567,7 @@ static bool real_cpu_flash_attention_bwd(RealBackend *be, float *dqkv, const flo
                 for (int c = 0; c < d; c++)
                     delta += dot_[c] * o[c];
                 /* Each probability again from q, k and the log-sum-exp, one key at a time. */
-                for (int u = 0; u <= t; u++) {
+                for (int u = REAL_FIRST_KEY(t, be->attention_window); u <= t; u++) {
                     const float *k = row + (size_t)u * g.ld + kc, *v = k + g.kvd;
                     float *dk = drow + (size_t)u * g.ld + kc, *dv = dk + g.kvd;
                     float dot = 0.0f, dp = 0.0f;

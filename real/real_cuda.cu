@@ -21,7 +21,6 @@ G_DEFINE_QUARK(real-cuda-error-quark, real_cuda_error)
  * rounded twice, as the CPU backend's C computes it: elementwise results (bf16 conversions,
  * bias, add, embedding, Adam, layer-norm forward) then match the CPU bit for bit, and the
  * rest differ only where the order of a sum or the accuracy of expf/tanhf differs. */
-#define REAL_CUDA_LN_EPS 1e-5f
 #define REAL_CUDA_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define REAL_CUDA_GELU_K 0.044715f
 
@@ -965,7 +964,8 @@ static void real_cuda_embedding_bwd(RealBackend *be, float *dwte, float *dwpe, c
 
 /* One block per row; the statistics in double, two passes, as the CPU computes them. */
 __global__ void real_cuda_k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x,
-                                          const RealBf16 *gain, const RealBf16 *bias, int cols)
+                                          const RealBf16 *gain, const RealBf16 *bias, int cols,
+                                          double eps)
 {
     __shared__ double shared[32];
     const size_t r = blockIdx.x;
@@ -980,7 +980,7 @@ __global__ void real_cuda_k_layernorm_fwd(float *y, float *mean, float *rstd, co
         sq += (xr[c] - mu) * (xr[c] - mu);
     sq = real_cuda_block_sum(sq, shared);
     const float m = (float)mu;
-    const float rs = (float)(1.0 / sqrt(sq / cols + REAL_CUDA_LN_EPS));
+    const float rs = (float)(1.0 / sqrt(sq / cols + eps));
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         yr[c] = (xr[c] - m) * rs * real_cuda_widen(gain[c]) + real_cuda_widen(bias[c]);
     if (threadIdx.x == 0) {
@@ -997,7 +997,7 @@ static void real_cuda_layernorm_fwd(RealBackend *be, float *y, float *mean, floa
     if (rows <= 0 || cols <= 0)
         return;
     real_cuda_k_layernorm_fwd<<<(unsigned)rows, REAL_CUDA_THREADS, 0, cu->stream>>>(
-        y, mean, rstd, x, gain, bias, cols);
+        y, mean, rstd, x, gain, bias, cols, REAL_LAYERNORM_EPS(be));
     real_cuda_launched(cu, "layernorm_fwd");
 }
 
@@ -1045,28 +1045,29 @@ static void real_cuda_layernorm_bwd(RealBackend *be, float *dx, float *dgain, fl
 /* Causal softmax of rows of `scores` [rows = heads s, s] (one sample), a warp per row: probs
  * (when not NULL) in probs_dtype, and `tile`, the same values in the GEMM dtype for P v.
  * Rounding to bf16 happens before the tile is written when probs are bf16, so the product
- * uses exactly the stored values. Entries past the diagonal are 0. */
+ * uses exactly the stored values. Entries past the diagonal, and before the window's first
+ * key, are 0 (so the backward, which multiplies by them, needs no mask of its own). */
 template <typename TileT>
 __global__ void real_cuda_k_causal_softmax(const float *scores, TileT *tile, void *probs,
-                                           bool probs_bf16, int rows, int seq_len)
+                                           bool probs_bf16, int rows, int seq_len, int window)
 {
     const int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) /* the same for the whole warp: no lane is left out of a shuffle */
         return;
-    const int t = row % seq_len;
+    const int t = row % seq_len, lo = REAL_FIRST_KEY(t, window);
     const size_t base = (size_t)row * seq_len;
     const float *in = scores + base;
     float max = -INFINITY;
-    for (int u = lane; u <= t; u += 32)
+    for (int u = lo + lane; u <= t; u += 32)
         max = fmaxf(max, in[u]);
     max = real_cuda_warp_max(max);
     float sum = 0.0f;
-    for (int u = lane; u <= t; u += 32)
+    for (int u = lo + lane; u <= t; u += 32)
         sum += expf(in[u] - max);
     sum = real_cuda_warp_sum(sum);
     for (int u = lane; u < seq_len; u += 32) {
-        float p = u <= t ? expf(in[u] - max) / sum : 0.0f;
+        float p = u >= lo && u <= t ? expf(in[u] - max) / sum : 0.0f;
         if (probs_bf16) {
             const RealBf16 stored = real_cuda_narrow(p);
             p = real_cuda_widen(stored);
@@ -1123,10 +1124,12 @@ static void real_cuda_softmax(RealCuda *cu, const float *scores, void *tile, voi
     const unsigned blocks = real_cuda_warp_blocks(rows);
     if (real_cuda_gemm_dtype(cu) == REAL_DTYPE_BF16)
         real_cuda_k_causal_softmax<<<blocks, REAL_CUDA_THREADS, 0, cu->stream>>>(
-            scores, (RealBf16 *)tile, probs, probs_bf16, rows, seq_len);
+            scores, (RealBf16 *)tile, probs, probs_bf16, rows, seq_len,
+            cu->base.attention_window);
     else
         real_cuda_k_causal_softmax<<<blocks, REAL_CUDA_THREADS, 0, cu->stream>>>(
-            scores, (float *)tile, probs, probs_bf16, rows, seq_len);
+            scores, (float *)tile, probs, probs_bf16, rows, seq_len,
+            cu->base.attention_window);
     real_cuda_launched(cu, "causal softmax");
 }
 
@@ -1754,7 +1757,8 @@ __device__ RealCudaFlashRow real_cuda_flash_row(const float *qkv, int i, int j, 
  * keys in blocks of 32 with a running maximum m and sum l, the output accumulated in place
  * in out (the thread's own row), then out /= l and lse = m + log l. */
 __global__ void real_cuda_k_flash_fwd(float *out, float *lse, const float *qkv, int batch,
-                                      int s, int heads, int kv_heads, int d, float scale)
+                                      int s, int heads, int kv_heads, int d, float scale,
+                                      int window)
 {
     const size_t rows = (size_t)batch * heads * s;
     REAL_CUDA_GRID_STRIDE(idx, rows)
@@ -1767,7 +1771,7 @@ __global__ void real_cuda_k_flash_fwd(float *out, float *lse, const float *qkv, 
         float m = -INFINITY, l = 0.0f;
         for (int c = 0; c < d; c++)
             o[c] = 0.0f;
-        for (int u0 = 0; u0 <= t; u0 += REAL_CUDA_FLASH_BLOCK) {
+        for (int u0 = REAL_FIRST_KEY(t, window); u0 <= t; u0 += REAL_CUDA_FLASH_BLOCK) {
             const int n = min(REAL_CUDA_FLASH_BLOCK, t + 1 - u0);
             float bm = -INFINITY;
             for (int u = 0; u < n; u++) {
@@ -1807,17 +1811,17 @@ static bool real_cuda_flash_attention_fwd(RealBackend *be, float *out, float *ls
     const size_t rows = (size_t)batch * heads * seq_len;
     real_cuda_k_flash_fwd<<<real_cuda_blocks(rows), REAL_CUDA_THREADS, 0, cu->stream>>>(
         out, lse, qkv, batch, seq_len, heads, kv_heads, head_dim,
-        1.0f / sqrtf((float)head_dim));
+        1.0f / sqrtf((float)head_dim), be->attention_window);
     return real_cuda_launched(cu, "flash_attention_fwd") && !cu->failed;
 }
 
 /* Backward, pass 1, a thread per query row: delta = rowsum(dout o out) into delta[idx], and
- * dq[t] = sum over keys u <= t of ds k[u] with each probability recomputed from q, k and
- * the log-sum-exp, in the CPU's order. */
+ * dq[t] = sum over the keys t attends to of ds k[u] with each probability recomputed from
+ * q, k and the log-sum-exp, in the CPU's order. */
 __global__ void real_cuda_k_flash_bwd_dq(float *dqkv, float *delta_out, const float *dout,
                                          const float *qkv, const float *out, const float *lse,
                                          int batch, int s, int heads, int kv_heads, int d,
-                                         float scale)
+                                         float scale, int window)
 {
     const size_t rows = (size_t)batch * heads * s;
     REAL_CUDA_GRID_STRIDE(idx, rows)
@@ -1835,7 +1839,7 @@ __global__ void real_cuda_k_flash_bwd_dq(float *dqkv, float *delta_out, const fl
         for (int c = 0; c < d; c++)
             dq[c] = 0.0f;
         const float row_lse = lse[idx];
-        for (int u = 0; u <= t; u++) {
+        for (int u = REAL_FIRST_KEY(t, window); u <= t; u++) {
             const float *k = f.k0 + (size_t)u * f.ld, *v = k + f.kvd;
             float dot = 0.0f, dp = 0.0f;
             for (int c = 0; c < d; c++) {
@@ -1851,11 +1855,13 @@ __global__ void real_cuda_k_flash_bwd_dq(float *dqkv, float *delta_out, const fl
 }
 
 /* Pass 2, a thread per key row (sample i, key/value head kh, position u): dk[u] and dv[u]
- * sum over the group's query heads j (in order), then positions t >= u (in order), the
- * CPU's order of accumulation into them; no two threads write the same element. */
+ * sum over the group's query heads j (in order), then the positions t >= u that attend to u
+ * (in order), the CPU's order of accumulation into them; no two threads write the same
+ * element. */
 __global__ void real_cuda_k_flash_bwd_dkv(float *dqkv, const float *delta, const float *dout,
                                           const float *qkv, const float *lse, int batch, int s,
-                                          int heads, int kv_heads, int d, float scale)
+                                          int heads, int kv_heads, int d, float scale,
+                                          int window)
 {
     const size_t rows = (size_t)batch * kv_heads * s;
     const int group = heads / kv_heads;
@@ -1870,7 +1876,7 @@ __global__ void real_cuda_k_flash_bwd_dkv(float *dqkv, const float *delta, const
         for (int c = 0; c < d; c++)
             dk[c] = 0.0f, dv[c] = 0.0f;
         for (int j = kh * group; j < (kh + 1) * group; j++)
-            for (int t = u; t < s; t++) {
+            for (int t = u; t < s && REAL_FIRST_KEY(t, window) <= u; t++) {
                 const RealCudaFlashRow f = real_cuda_flash_row(qkv, i, j, t, s, heads, kv_heads,
                                                                d);
                 const size_t row = ((size_t)i * heads + j) * s + t;
@@ -1906,12 +1912,14 @@ static bool real_cuda_flash_attention_bwd(RealBackend *be, float *dqkv, const fl
     if (!delta)
         return false;
     real_cuda_k_flash_bwd_dq<<<real_cuda_blocks(q_rows), REAL_CUDA_THREADS, 0, cu->stream>>>(
-        dqkv, delta, dout, qkv, out, lse, batch, seq_len, heads, kv_heads, head_dim, scale);
+        dqkv, delta, dout, qkv, out, lse, batch, seq_len, heads, kv_heads, head_dim, scale,
+        be->attention_window);
     const bool ok = real_cuda_launched(cu, "flash_attention_bwd (dq)");
     if (ok) {
         real_cuda_k_flash_bwd_dkv<<<real_cuda_blocks(kv_rows), REAL_CUDA_THREADS, 0,
                                     cu->stream>>>(dqkv, delta, dout, qkv, lse, batch, seq_len,
-                                                  heads, kv_heads, head_dim, scale);
+                                                  heads, kv_heads, head_dim, scale,
+                                                  be->attention_window);
         real_cuda_launched(cu, "flash_attention_bwd (dk, dv)");
     }
     real_cuda_free(be, delta);

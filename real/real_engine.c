@@ -204,6 +204,7 @@ RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
     d.rope_original_positions = (int)r->original_max_positions; /* <= 10^7: zp_model's bound */
     d.positions = m->learned_positions ? (int)zp_model_positions(m) : 0;
     d.norm_eps = (float)m->norm_eps;
+    d.attention_window = (int)MIN(m->sliding_window, (int64_t)m->seq_len);
     d.flash = zp_attention_fused(plan->attention);
     return d;
 }

@@ -174,9 +174,10 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     d->seq_len);
         return FALSE;
     }
-    if (!d->rmsnorm && d->norm_eps != 0 && d->norm_eps != 1e-5f) {
+    if (d->attention_window < 0 || d->norm_eps < 0) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
-                    "LayerNorm's eps is 1e-5 in zreal, not %g", d->norm_eps);
+                    "the attention window (%d) and the norm's eps (%g) must not be negative",
+                    d->attention_window, d->norm_eps);
         return FALSE;
     }
     if (d->swiglu && d->geglu) {
@@ -489,6 +490,8 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     RealGpt *gpt = g_new0(RealGpt, 1);
     gpt->be = be;
     gpt->dims = *dims;
+    be->attention_window = dims->attention_window;
+    be->layernorm_eps = dims->rmsnorm ? 0.0f : real_gpt_eps(dims);
     RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
     real_gpt_block_spec(dims, spec);
     size_t offset = 0;

@@ -65,7 +65,8 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_positions;
     int positions;    /* rows of the learned position table (0: seq_len; >= seq_len) */
-    float norm_eps;   /* RMSNorm's eps (0: 1e-5); LayerNorm uses 1e-5 */
+    float norm_eps;   /* the norm's eps, RMSNorm or LayerNorm (0: 1e-5) */
+    int attention_window; /* keys each query attends to, itself included (0: all earlier) */
     bool flash;       /* fused attention: no s x s tensor kept, an fp32 log-sum-exp instead */
 } RealGptDims;
 
@@ -95,8 +96,8 @@ RealGptDims real_gpt_dims_make(int layers, int hidden, int heads, int seq_len, i
 
 /* TRUE when every dimension is positive, heads divides hidden, kv_heads divides heads, the
  * rotated share of a head's dimensions is even and positive under rotary embeddings, a
- * position table holds the sequence, LayerNorm's eps is its 1e-5 and every matrix dimension
- * (b s tokens included) fits an int. */
+ * position table holds the sequence, the attention window is not negative and every matrix
+ * dimension (b s tokens included) fits an int. */
 gboolean real_gpt_dims_check(const RealGptDims *dims, GError **error);
 
 /* TRUE when `be` has every entry the model needs (RMSNorm, a gated MLP, the exact GELU,

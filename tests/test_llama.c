@@ -198,6 +198,10 @@ static void test_bad_configs(void)
                          "\"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
                          "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 8192}}",
          "rope_scaling: key \"low_freq_factor\" = 4 must be below high_freq_factor = 1"},
+        {"window-some-layers", "{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
+                               ", \"num_attention_heads\": 32, \"use_sliding_window\": true, "
+                               "\"sliding_window\": 1024, \"max_window_layers\": 16}",
+         "key \"max_window_layers\" = 16 windows only some of the 32 layers"},
         {"empty", NULL, "no config.json in this directory"},
     };
     const char *commands[] = {"zplan memory --gpus 8 --model %s",
@@ -230,6 +234,73 @@ static void test_bad_configs(void)
         g_free(config);
         g_free(dir);
     }
+}
+
+/* The first block's forward op of a schedule of `model` at sequence `seq`. */
+static ZpOp first_block_fwd(const ZpModel *model, int64_t seq, ZpAttention attention)
+{
+    ZpModel m = *model;
+    m.seq_len = seq;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.attention = attention;
+    ZpSchedule *s = zp_sched_build(&m, &plan, NULL);
+    g_assert_nonnull(s);
+    ZpOp op = {0};
+    for (guint i = 0; i < s->ops->len && !op.flops; i++)
+        if (zp_sched_op(s, i)->kind == ZP_OP_COMPUTE &&
+            zp_sched_op(s, i)->sub == ZP_COMP_BLOCK_FWD)
+            op = *zp_sched_op(s, i);
+    zp_sched_free(s);
+    return op;
+}
+
+/* Sliding windows, as transformers reads them: Mistral's whenever set, Qwen2's only under
+ * use_sliding_window and for every layer from max_window_layers on. A fused kernel's
+ * attention work shrinks to the window's share of the causal pairs, sum_t min(t + 1, w)
+ * against sum_t (t + 1); an eager kernel's does not (it computes every score and masks);
+ * within the window nothing changes; the model JSON keeps the window. */
+static void test_sliding_window(void)
+{
+    ZpModel m, qwen;
+    load("mistral-7b-v0.1", &m);
+    g_assert_cmpint(m.sliding_window, ==, 4096);
+    load("qwen2-0.5b", &qwen); /* use_sliding_window false */
+    g_assert_cmpint(qwen.sliding_window, ==, 0);
+    char *dir = write_config("qwen-window",
+                             "{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
+                             ", \"num_attention_heads\": 32, \"use_sliding_window\": true, "
+                             "\"sliding_window\": 1024, \"max_window_layers\": 0}");
+    g_assert_true(zp_model_load(dir, &qwen, NULL));
+    g_assert_cmpint(qwen.sliding_window, ==, 1024);
+    g_free(dir);
+    dir = write_config("qwen-no-window-layer",
+                       "{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
+                       ", \"num_attention_heads\": 32, \"use_sliding_window\": true, "
+                       "\"sliding_window\": 1024, \"max_window_layers\": 32}");
+    g_assert_true(zp_model_load(dir, &qwen, NULL));
+    g_assert_cmpint(qwen.sliding_window, ==, 0);
+    g_free(dir);
+
+    const double s = 16384, w = 4096, h = 4096;
+    const double share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2);
+    ZpModel at = m;
+    at.seq_len = (int64_t)s;
+    g_assert_cmpfloat(fabs(zp_model_attention_share(&at) - share), <, 1e-15);
+    g_assert_cmpfloat(fabs(share - 0.43749), <, 1e-5);
+    const ZpOp fused = first_block_fwd(&m, (int64_t)s, ZP_ATTN_FLASH2);
+    const ZpOp eager = first_block_fwd(&m, (int64_t)s, ZP_ATTN_EAGER);
+    const ZpOp within = first_block_fwd(&m, 4096, ZP_ATTN_FLASH2);
+    g_assert_cmpfloat(fabs(fused.attn_flops - 4 * s * s * h * share), <=, 1e-6 * fused.attn_flops);
+    g_assert_cmpfloat(eager.attn_flops, ==, 0);
+    g_assert_cmpfloat(eager.flops - fused.flops, ==, 4 * s * s * h - fused.attn_flops);
+    g_assert_cmpfloat(within.attn_flops, ==, 4 * 4096.0 * 4096.0 * h);
+
+    json_t *o = zp_model_to_json(&m);
+    ZpModel back;
+    g_assert_true(zp_model_from_json(o, "round trip", &back, NULL));
+    g_assert_cmpint(back.sliding_window, ==, 4096);
+    json_decref(o);
 }
 
 /* --attention resolves against the profile: "flash" is its default fused kernel, a name must
@@ -421,6 +492,7 @@ int main(int argc, char **argv)
     tmp_dir = g_dir_make_tmp("zplan-llama-XXXXXX", NULL);
     g_test_add_func("/hf/param-counts", test_param_counts);
     g_test_add_func("/hf/bad-configs", test_bad_configs);
+    g_test_add_func("/hf/sliding-window", test_sliding_window);
     g_test_add_func("/llama/activations-flash-eager", test_activations_flash_eager);
     g_test_add_func("/llama/gqa-mha-mqa", test_gqa);
     g_test_add_func("/attention/choice", test_attention_choice);

@@ -63,7 +63,7 @@ static double *to_double(const float *x, size_t n)
 /* ---- double-precision references (naive loops, written from the maths, not the code) ---- */
 
 static void ref_layernorm(const double *x, const double *gain, const double *bias, double *y,
-                          int rows, int cols)
+                          int rows, int cols, double eps)
 {
     for (int r = 0; r < rows; r++) {
         const double *xr = x + (size_t)r * cols;
@@ -73,7 +73,7 @@ static void ref_layernorm(const double *x, const double *gain, const double *bia
         for (int c = 0; c < cols; c++)
             var += (xr[c] - mean) * (xr[c] - mean) / cols;
         for (int c = 0; c < cols; c++)
-            y[(size_t)r * cols + c] = (xr[c] - mean) / sqrt(var + 1e-5) * gain[c] + bias[c];
+            y[(size_t)r * cols + c] = (xr[c] - mean) / sqrt(var + eps) * gain[c] + bias[c];
     }
 }
 
@@ -89,11 +89,11 @@ static void ref_linear(const double *x, const double *w, const double *bias, dou
         }
 }
 
-/* Causal attention where query head a reads key/value head a / (heads / kv); probs [batch,
- * heads, s, s] and lse [batch, heads, s] (the log-sum-exp of each row's scaled scores) when
- * not NULL. */
+/* Causal attention where query head a reads key/value head a / (heads / kv), query t seeing
+ * the keys t - window < u <= t (every u <= t when window is 0); probs [batch, heads, s, s]
+ * and lse [batch, heads, s] (the log-sum-exp of each row's scaled scores) when not NULL. */
 static void ref_attention_gqa(const double *qkv, double *out, double *probs, double *lse,
-                              int batch, int s, int heads, int kv, int hd)
+                              int batch, int s, int heads, int kv, int hd, int window)
 {
     const int h = heads * hd, ld = (heads + 2 * kv) * hd;
     double *p = g_new(double, s);
@@ -103,7 +103,8 @@ static void ref_attention_gqa(const double *qkv, double *out, double *probs, dou
                 const double *q = qkv + ((size_t)b * s + t) * ld + a * hd;
                 const size_t kc = h + (size_t)(a / (heads / kv)) * hd;
                 double max = -INFINITY, sum = 0.0;
-                for (int u = 0; u <= t; u++) {
+                const int lo = window > 0 ? MAX(0, t - window + 1) : 0;
+                for (int u = lo; u <= t; u++) {
                     const double *k = qkv + ((size_t)b * s + u) * ld + kc;
                     double dot = 0.0;
                     for (int i = 0; i < hd; i++)
@@ -111,16 +112,17 @@ static void ref_attention_gqa(const double *qkv, double *out, double *probs, dou
                     p[u] = dot / sqrt((double)hd);
                     max = fmax(max, p[u]);
                 }
-                for (int u = 0; u <= t; u++)
+                for (int u = lo; u <= t; u++)
                     sum += (p[u] = exp(p[u] - max));
                 for (int i = 0; i < hd; i++) {
                     double acc = 0.0;
-                    for (int u = 0; u <= t; u++)
+                    for (int u = lo; u <= t; u++)
                         acc += p[u] / sum * qkv[((size_t)b * s + u) * ld + kc + kv * hd + i];
                     out[((size_t)b * s + t) * h + a * hd + i] = acc;
                 }
                 for (int u = 0; probs && u < s; u++)
-                    probs[(((size_t)b * heads + a) * s + t) * s + u] = u <= t ? p[u] / sum : 0.0;
+                    probs[(((size_t)b * heads + a) * s + t) * s + u] =
+                        u >= lo && u <= t ? p[u] / sum : 0.0;
                 if (lse)
                     lse[((size_t)b * heads + a) * s + t] = max + log(sum);
             }
@@ -131,7 +133,7 @@ static void ref_attention_gqa(const double *qkv, double *out, double *probs, dou
 static void ref_attention(const double *qkv, double *out, double *probs, int batch, int s,
                           int heads, int hd)
 {
-    ref_attention_gqa(qkv, out, probs, NULL, batch, s, heads, heads, hd);
+    ref_attention_gqa(qkv, out, probs, NULL, batch, s, heads, heads, hd, 0);
 }
 
 static double ref_gelu(double x)
@@ -174,13 +176,13 @@ static double ref_model_loss(const RealGptDims *d, double *const *units, const i
         const double *wp = bqkv + 3 * h, *bp = wp + h * h, *ln2g = bp + h, *ln2b = ln2g + h;
         const double *w1 = ln2b + h, *b1 = w1 + (size_t)h * f, *w2 = b1 + f;
         const double *b2 = w2 + (size_t)f * h;
-        ref_layernorm(x, ln1g, ln1b, ln, T, h);
+        ref_layernorm(x, ln1g, ln1b, ln, T, h, 1e-5);
         ref_linear(ln, wqkv, bqkv, qkv, T, h, 3 * h);
         ref_attention(qkv, att, NULL, d->micro_batch, s, d->heads, h / d->heads);
         ref_linear(att, wp, bp, tmp, T, h, h);
         for (size_t i = 0; i < (size_t)T * h; i++)
             x[i] += tmp[i];
-        ref_layernorm(x, ln2g, ln2b, ln, T, h);
+        ref_layernorm(x, ln2g, ln2b, ln, T, h, 1e-5);
         ref_linear(ln, w1, b1, u, T, h, f);
         for (size_t i = 0; i < (size_t)T * f; i++)
             u[i] = ref_gelu(u[i]);
@@ -188,7 +190,7 @@ static double ref_model_loss(const RealGptDims *d, double *const *units, const i
         for (size_t i = 0; i < (size_t)T * h; i++)
             x[i] += tmp[i];
     }
-    ref_layernorm(x, units[L + 1], units[L + 1] + h, ln, T, h);
+    ref_layernorm(x, units[L + 1], units[L + 1] + h, ln, T, h, 1e-5);
     for (int r = 0; r < T; r++)
         for (int v = 0; v < V; v++) {
             double acc = 0.0;
@@ -290,7 +292,7 @@ static void ref_norm(const RealGptDims *d, double *const *units, int unit, const
         ref_rmsnorm(x, ref_tensor(d, units, unit, gain), y, rows, d->hidden, eps);
     else
         ref_layernorm(x, ref_tensor(d, units, unit, gain), ref_tensor(d, units, unit, bias), y,
-                      rows, d->hidden);
+                      rows, d->hidden, eps);
 }
 
 /* out [T,h] = MLP(ln) of block unit u: gated act(ln Wg) (ln Wu) or plain act(ln W1), then W2. */
@@ -339,7 +341,8 @@ static double ref_general_loss(const RealGptDims *d, double *const *units, const
                    qkv, T, h, q);
         if (d->rope_theta > 0)
             ref_rope(d, qkv, T, d->heads, kv, hd, rot);
-        ref_attention_gqa(qkv, att, NULL, NULL, d->micro_batch, s, d->heads, kv, hd);
+        ref_attention_gqa(qkv, att, NULL, NULL, d->micro_batch, s, d->heads, kv, hd,
+                          d->attention_window);
         ref_linear(att, ref_tensor(d, units, u, "proj.weight"),
                    ref_tensor(d, units, u, "proj.bias"), tmp, T, h, h);
         if (!d->parallel_residual)
@@ -409,6 +412,7 @@ typedef struct {
     int rows, cols;
     double *x, *gain, *bias, *w; /* J = sum w * layernorm(x) */
     int wrt;                     /* 0: x, 1: gain, 2: bias */
+    double eps;
 } LnCtx;
 
 static double ln_objective(const double *v, void *ctx)
@@ -417,7 +421,7 @@ static double ln_objective(const double *v, void *ctx)
     size_t n = (size_t)c->rows * c->cols;
     double *y = g_new(double, n);
     ref_layernorm(c->wrt == 0 ? v : c->x, c->wrt == 1 ? v : c->gain, c->wrt == 2 ? v : c->bias,
-                  y, c->rows, c->cols);
+                  y, c->rows, c->cols, c->eps);
     double j = 0.0;
     for (size_t i = 0; i < n; i++)
         j += c->w[i] * y[i];
@@ -425,10 +429,13 @@ static double ln_objective(const double *v, void *ctx)
     return j;
 }
 
-static void test_kernel_layernorm(void)
+/* LayerNorm at the backend's eps: 0 is GPT-2's 1e-5; a large one shows that it is used. */
+static void check_kernel_layernorm(float eps)
 {
     enum { ROWS = 6, COLS = 20, N = ROWS * COLS };
     RealBackend *be = real_cpu_backend_new();
+    be->layernorm_eps = eps;
+    const double ref_eps = eps > 0 ? eps : 1e-5;
     TestRng rng = {1};
     float x[N], y[N], mean[ROWS], rstd[ROWS], w[N], dx[N], dgain[COLS], dbias[COLS];
     RealBf16 gain[COLS], bias[COLS];
@@ -440,7 +447,7 @@ static void test_kernel_layernorm(void)
     double *xd = to_double(x, N), *wd = to_double(w, N);
 
     be->layernorm_fwd(be, y, mean, rstd, x, gain, bias, ROWS, COLS);
-    ref_layernorm(xd, gd, bd, yref, ROWS, COLS);
+    ref_layernorm(xd, gd, bd, yref, ROWS, COLS, ref_eps);
     g_assert_cmpfloat(max_abs_diff_fd(y, yref, N), <, 1e-5);
 
     /* Backward accumulates: start from non-zero outputs and subtract them afterwards. */
@@ -456,7 +463,7 @@ static void test_kernel_layernorm(void)
     for (int i = 0; i < COLS; i++)
         dgain[i] -= dgain0[i], dbias[i] -= dbias0[i];
 
-    LnCtx ctx = {ROWS, COLS, xd, gd, bd, wd, 0};
+    LnCtx ctx = {ROWS, COLS, xd, gd, bd, wd, 0, ref_eps};
     double num_x[N], num_g[COLS], num_b[COLS];
     numeric_grad(ln_objective, xd, N, 1e-6, &ctx, num_x);
     ctx.wrt = 1;
@@ -469,6 +476,12 @@ static void test_kernel_layernorm(void)
     g_assert_cmpfloat(max_abs_diff_fd(dbias, num_b, COLS), <, 1e-4);
     g_free(xd), g_free(wd);
     be->destroy(be);
+}
+
+static void test_kernel_layernorm(void)
+{
+    check_kernel_layernorm(0.0f);
+    check_kernel_layernorm(0.5f);
 }
 
 typedef struct {
@@ -913,7 +926,9 @@ static double model_objective(const double *unit_values, void *ctx)
  * with the eager and the fused attention; Qwen2's (q, k and v biases only, tied head); a
  * GPT-NeoX block (LayerNorm, parallel residual, half the head rotated, exact GELU, every
  * bias, untied head) eager and fused; and a GeGLU block with the exact GELU. Qwen2's and
- * GeGLU's rotary embeddings are rescaled (linear, llama3). */
+ * GeGLU's rotary embeddings are rescaled (linear, llama3). The eager Llama block attends
+ * through a sliding window of 5 of its 8 positions (Mistral's) and the fused NeoX block
+ * through one of 3, with a LayerNorm eps of 1e-3 (not GPT-2's 1e-5). */
 enum { GRAD_GPT2, GRAD_LLAMA, GRAD_LLAMA_FLASH, GRAD_QWEN2, GRAD_NEOX, GRAD_NEOX_FLASH,
        GRAD_GEGLU };
 
@@ -926,6 +941,7 @@ static RealGptDims gradient_dims(int which)
     d.untied = true, d.no_bias = REAL_GPT_NO_BIAS_ALL, d.rope_theta = 10000.0f;
     d.norm_eps = 1e-5f;
     d.flash = which == GRAD_LLAMA_FLASH || which == GRAD_NEOX_FLASH;
+    d.attention_window = which == GRAD_LLAMA ? 5 : 0;
     if (which == GRAD_QWEN2) { /* with a linear rotary rescaling, which Qwen2 may carry */
         d.no_bias = REAL_GPT_NO_BIAS_PROJ | REAL_GPT_NO_BIAS_MLP;
         d.untied = false, d.norm_eps = 1e-6f, d.rope_theta = 1e6f;
@@ -934,6 +950,8 @@ static RealGptDims gradient_dims(int which)
         d.kv_heads = 0, d.swiglu = false, d.rmsnorm = false, d.no_bias = 0, d.norm_eps = 0;
         d.ffn_hidden = 64, d.exact_gelu = true, d.parallel_residual = true;
         d.rotary_fraction = 0.5f;
+        if (d.flash)
+            d.attention_window = 3, d.norm_eps = 1e-3f;
     } else if (which == GRAD_GEGLU) { /* with Llama 3.1's rescaling, its pair 1 blended */
         d.swiglu = false, d.geglu = true, d.exact_gelu = true;
         d.rope_scaling = REAL_ROPE_SCALING_LLAMA3, d.rope_factor = 8.0f;
@@ -1438,7 +1456,7 @@ static void test_llama_attention_kernels(void)
     fill_normal(&rng, qkv, nq, 0.0, 1.0);
     fill_normal(&rng, dout, no, 0.0, 1.0);
     double *qkv_d = to_double(qkv, nq), *out_d = g_new(double, no), *lse_d = g_new(double, nl);
-    ref_attention_gqa(qkv_d, out_d, NULL, lse_d, B, S, A, KV, D);
+    ref_attention_gqa(qkv_d, out_d, NULL, lse_d, B, S, A, KV, D, 0);
     g_assert_true(be->attention_gqa_fwd(be, out_e, probs, REAL_DTYPE_F32, qkv, B, S, A, KV, D));
     g_assert_true(be->flash_attention_fwd(be, out_f, lse, qkv, B, S, A, KV, D));
     g_assert_cmpfloat(max_abs_diff_fd(out_e, out_d, no), <, 1e-5);
@@ -1464,6 +1482,56 @@ static void test_llama_attention_kernels(void)
     g_free(qkv), g_free(dout), g_free(out_e), g_free(out_f), g_free(lse), g_free(dq_e);
     g_free(dq_f), g_free(probs), g_free(qkv_d), g_free(out_d), g_free(lse_d), g_free(dq_e_d);
     g_free(out_m), g_free(qkv_m);
+    be->destroy(be);
+}
+
+/* A sliding window (Mistral's): eager and fused attention agree with the double reference
+ * that sees keys t - w < u <= t, the eager probabilities are 0 outside the window, the two
+ * backwards agree, and a window as long as the sequence changes nothing. */
+static void test_attention_window(void)
+{
+    enum { B = 2, S = 37, A = 4, KV = 2, D = 8, LD = (A + 2 * KV) * D, H = A * D, W = 6 };
+    RealBackend *be = real_cpu_backend_new();
+    TestRng rng = {23};
+    const size_t nq = (size_t)B * S * LD, no = (size_t)B * S * H, nl = (size_t)B * A * S;
+    const size_t np = (size_t)B * A * S * S;
+    float *qkv = g_new(float, nq), *dout = g_new(float, no), *lse = g_new(float, nl);
+    float *out_e = g_new(float, no), *out_f = g_new(float, no), *out_full = g_new(float, no);
+    float *dq_e = g_new(float, nq), *dq_f = g_new(float, nq), *probs = g_new(float, np);
+    fill_normal(&rng, qkv, nq, 0.0, 1.0);
+    fill_normal(&rng, dout, no, 0.0, 1.0);
+    double *qkv_d = to_double(qkv, nq), *out_d = g_new(double, no), *probs_d = g_new(double, np);
+    ref_attention_gqa(qkv_d, out_d, probs_d, NULL, B, S, A, KV, D, W);
+    be->attention_window = W;
+    g_assert_true(be->attention_gqa_fwd(be, out_e, probs, REAL_DTYPE_F32, qkv, B, S, A, KV, D));
+    g_assert_true(be->flash_attention_fwd(be, out_f, lse, qkv, B, S, A, KV, D));
+    g_assert_cmpfloat(max_abs_diff_fd(out_e, out_d, no), <, 1e-5);
+    g_assert_cmpfloat(max_abs_diff_fd(out_f, out_d, no), <, 1e-5);
+    g_assert_cmpfloat(max_abs_diff_fd(probs, probs_d, np), <, 1e-6);
+    for (int t = W; t < S; t++) /* key t - W is the last one before query t's window */
+        g_assert_cmpfloat(probs[(size_t)t * S + (t - W)], ==, 0.0f);
+    g_assert_true(be->attention_gqa_bwd(be, dq_e, dout, qkv, probs, REAL_DTYPE_F32, B, S, A, KV,
+                                        D));
+    g_assert_true(be->flash_attention_bwd(be, dq_f, dout, qkv, out_f, lse, B, S, A, KV, D));
+    double *dq_e_d = to_double(dq_e, nq), largest = 0.0;
+    for (size_t i = 0; i < nq; i++)
+        largest = fmax(largest, fabs(dq_e_d[i]));
+    g_assert_cmpfloat(largest, >, 0.1);
+    g_assert_cmpfloat(max_abs_diff_fd(dq_f, dq_e_d, nq), <, 1e-5 * largest);
+    /* The window leaves out keys: the output differs from full attention's... */
+    be->attention_window = 0;
+    g_assert_true(be->flash_attention_fwd(be, out_full, lse, qkv, B, S, A, KV, D));
+    double differs = 0.0;
+    for (size_t i = 0; i < no; i++)
+        differs = fmax(differs, fabs(out_full[i] - out_f[i]));
+    g_assert_cmpfloat(differs, >, 1e-3);
+    /* ...and a window of the whole sequence is full attention, bit for bit. */
+    be->attention_window = S;
+    g_assert_true(be->flash_attention_fwd(be, out_f, lse, qkv, B, S, A, KV, D));
+    g_assert_cmpmem(out_f, no * sizeof(float), out_full, no * sizeof(float));
+    g_free(qkv), g_free(dout), g_free(lse), g_free(out_e), g_free(out_f), g_free(out_full);
+    g_free(dq_e), g_free(dq_f), g_free(probs), g_free(qkv_d), g_free(out_d), g_free(probs_d);
+    g_free(dq_e_d);
     be->destroy(be);
 }
 
@@ -1555,13 +1623,14 @@ static void test_llama_rope_and_backend(void)
     be->destroy(be);
 }
 
-/* The layout of llama-tiny, the tiny Qwen2 and GPT-NeoX and the published configs is the
- * planner's, tensor by tensor, and a block keeps exactly the activation bytes the planner
+/* The layout of llama-tiny, the tiny Qwen2, GPT-NeoX and Mistral and the published configs is
+ * the planner's, tensor by tensor, and a block keeps exactly the activation bytes the planner
  * counts, eager and fused (a parallel residual keeps one [T,h] tensor fewer). */
 static void test_llama_layout_memory(void)
 {
     const char *models[] = {"llama-tiny", "hf/llama-2-7b", "hf/llama-2-70b", "hf/qwen2-tiny",
-                            "hf/neox-tiny", "hf/qwen2-0.5b", "hf/pythia-160m", "hf/gpt2"};
+                            "hf/neox-tiny", "hf/qwen2-0.5b", "hf/pythia-160m", "hf/gpt2",
+                            "hf/mistral-tiny"};
     for (size_t m = 0; m < G_N_ELEMENTS(models); m++) {
         ZpModel model;
         g_assert_true(zp_model_load(models[m], &model, NULL));
@@ -1628,6 +1697,7 @@ int main(int argc, char **argv)
     g_test_add_data_func("/real/geglu/gradients", GINT_TO_POINTER(GRAD_GEGLU),
                          test_model_gradients);
     g_test_add_func("/real/llama/attention-kernels", test_llama_attention_kernels);
+    g_test_add_func("/real/mistral/attention-window", test_attention_window);
     g_test_add_func("/real/llama/rope-and-backend-check", test_llama_rope_and_backend);
     g_test_add_func("/real/llama/layout-and-memory", test_llama_layout_memory);
     g_test_add_func("/real/gpt/recompute_bit_identical", test_recompute_bit_identical);

@@ -49,6 +49,7 @@ static const Trained llama_eager = {"llama-tiny", "eager", 8};
 static const Trained llama_flash = {"llama-tiny", "flash", 8};
 static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
 static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
+static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8}; /* a sliding window */
 
 static json_t *train(const Trained *t, int stage, int n, char **path_out)
 {
@@ -693,6 +694,8 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal/neox-tiny-flash-stages-match-one-rank", &neox_flash,
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/llama-tiny-flash-stages-match-one-rank", &llama_flash,
+                         test_stages_match_one_rank);
+    g_test_add_data_func("/zreal/mistral-tiny-flash-stages-match-one-rank", &mistral_flash,
                          test_stages_match_one_rank);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);

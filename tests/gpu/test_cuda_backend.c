@@ -938,6 +938,7 @@ static void test_rmsnorm(void)
 
 typedef struct {
     int batch, seq, heads, kv_heads, head_dim;
+    int window; /* a sliding window (attention_window), 0 for none */
 } GqaShape;
 
 /* Grouped-query attention against the CPU's, with the tolerances of check_attention; and the
@@ -954,11 +955,13 @@ static void check_attention_gqa(RealCudaGemmMode mode, GqaShape sh, RealDType pr
     float *qkv = random_bf16_values(nqkv, 1.0), *dout = random_f32(nout, 0.0, 1.0);
     float *out = g_new(float, nout), *dqkv = g_new(float, nqkv);
     void *probs = g_malloc(pbytes);
+    cpu->attention_window = be->attention_window = sh.window;
     g_assert_true(cpu->attention_gqa_fwd(cpu, out, probs, probs_dtype, qkv, b, s, a, kv, hd));
     g_assert_true(cpu->attention_gqa_bwd(cpu, dqkv, dout, qkv, probs, probs_dtype, b, s, a, kv,
                                          hd));
-    char *what = g_strdup_printf("gqa %s b=%d s=%d a=%d kv=%d hd=%d probs=%s", mode_name[mode],
-                                 b, s, a, kv, hd, probs_dtype == REAL_DTYPE_BF16 ? "bf16" : "f32");
+    char *what = g_strdup_printf("gqa %s b=%d s=%d a=%d kv=%d hd=%d window=%d probs=%s",
+                                 mode_name[mode], b, s, a, kv, hd, sh.window,
+                                 probs_dtype == REAL_DTYPE_BF16 ? "bf16" : "f32");
     float *d_qkv = upload(be, qkv, nqkv * sizeof(float));
     float *d_out = be->alloc(be, nout * sizeof(float), REAL_MEM_WORKSPACE);
     void *d_probs = be->alloc(be, pbytes, REAL_MEM_ACTIVATIONS);
@@ -1017,6 +1020,7 @@ static void check_attention_gqa(RealCudaGemmMode mode, GqaShape sh, RealDType pr
     }
     be->free(be, d_qkv), be->free(be, d_out), be->free(be, d_probs), be->free(be, d_dout);
     be->free(be, d_dqkv), be->free(be, d_lse);
+    cpu->attention_window = be->attention_window = 0;
     g_free(what), g_free(qkv), g_free(dout), g_free(out), g_free(dqkv), g_free(probs);
     g_free(got_out), g_free(got_dqkv), g_free(f_out), g_free(f_lse), g_free(f_dqkv);
     g_free(got_fo), g_free(got_lse), g_free(got_fd), g_free(again);
@@ -1025,9 +1029,13 @@ static void check_attention_gqa(RealCudaGemmMode mode, GqaShape sh, RealDType pr
 static void test_attention_gqa(void)
 {
     /* Groups of 1 (multi-head), 2, 4 and all heads (multi-query); sequences ending inside a
-     * 32-key block of the fused kernel, a single position, and a longer one. */
-    static const GqaShape shapes[] = {{2, 37, 4, 4, 16}, {2, 37, 4, 2, 16}, {1, 129, 8, 2, 24},
-                                      {3, 1, 4, 1, 8}, {1, 256, 12, 4, 64}, {2, 70, 6, 1, 32}};
+     * 32-key block of the fused kernel, a single position, and a longer one; sliding windows
+     * shorter than a block, between blocks, and as long as the sequence. */
+    static const GqaShape shapes[] = {{2, 37, 4, 4, 16, 0},  {2, 37, 4, 2, 16, 0},
+                                      {1, 129, 8, 2, 24, 0}, {3, 1, 4, 1, 8, 0},
+                                      {1, 256, 12, 4, 64, 0}, {2, 70, 6, 1, 32, 0},
+                                      {2, 70, 6, 2, 32, 20}, {1, 129, 8, 2, 24, 45},
+                                      {2, 37, 4, 2, 16, 37}};
     for (int mode = 0; mode < 2; mode++)
         for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++) {
             check_attention_gqa((RealCudaGemmMode)mode, shapes[i], REAL_DTYPE_F32);
@@ -1207,7 +1215,9 @@ static float model_step(RealBackend *be, const RealGptDims *d, RealBf16 *const *
 /* The blocks a model step runs: GPT-2 (h = 80 and head_dim 16 are no multiples of 32, T = 111
  * tokens, awkward on purpose); Llama (grouped-query 4/2 heads of 20, SwiGLU, RMSNorm, rotary,
  * untied, no biases) eager and fused; Qwen2 (q/k/v biases, tied); GPT-NeoX (LayerNorm,
- * parallel residual, half of each head rotated, exact GELU, biases) eager and fused; GeGLU. */
+ * parallel residual, half of each head rotated, exact GELU, biases) eager and fused; GeGLU.
+ * The eager Llama block has a sliding window of 9, the fused NeoX one a window of 12 and a
+ * LayerNorm eps of 1e-3. */
 enum { STEP_GPT2, STEP_LLAMA, STEP_LLAMA_FLASH, STEP_QWEN2, STEP_NEOX, STEP_NEOX_FLASH,
        STEP_GEGLU, STEP_N };
 
@@ -1219,12 +1229,15 @@ static RealGptDims step_dims(int which)
     d.kv_heads = 2, d.ffn_hidden = 72, d.swiglu = true, d.rmsnorm = true, d.untied = true;
     d.no_bias = REAL_GPT_NO_BIAS_ALL, d.rope_theta = 10000.0f, d.norm_eps = 1e-5f;
     d.flash = which == STEP_LLAMA_FLASH || which == STEP_NEOX_FLASH;
+    d.attention_window = which == STEP_LLAMA ? 9 : 0;
     if (which == STEP_QWEN2) {
         d.no_bias = REAL_GPT_NO_BIAS_PROJ | REAL_GPT_NO_BIAS_MLP, d.untied = false;
         d.norm_eps = 1e-6f, d.rope_theta = 1e6f;
     } else if (which == STEP_NEOX || which == STEP_NEOX_FLASH) {
         d.kv_heads = 0, d.ffn_hidden = 320, d.swiglu = false, d.rmsnorm = false, d.no_bias = 0;
         d.norm_eps = 0, d.exact_gelu = true, d.parallel_residual = true, d.rotary_fraction = 0.5f;
+        if (d.flash)
+            d.attention_window = 12, d.norm_eps = 1e-3f;
     } else if (which == STEP_GEGLU) { /* and Llama 3.1's rotary rescaling */
         d.swiglu = false, d.geglu = true, d.exact_gelu = true;
         d.rope_scaling = REAL_ROPE_SCALING_LLAMA3, d.rope_factor = 8.0f;
