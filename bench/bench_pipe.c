@@ -54,6 +54,31 @@ static void use_measured_times(ZpSchedule *s, const StageTimes *st, const ZpHw *
     }
 }
 
+/* Each rank's memory and bytes beside its stage's prediction (they are equal: the tests
+ * check it; printed here for the record). */
+static void print_memory(json_t *root, const SimResult *r)
+{
+    static const ZpMemCategory shown[] = {ZP_MEM_PARAMS, ZP_MEM_ACTIVATIONS, ZP_MEM_CHECKPOINTS,
+                                          ZP_MEM_BUCKETS};
+    printf("rank stage  peak bytes measured/predicted:");
+    for (size_t c = 0; c < G_N_ELEMENTS(shown); c++)
+        printf("  %s", zp_sched_mem_name(shown[c]));
+    printf("  p2p sent\n");
+    json_t *rank;
+    size_t i;
+    json_array_foreach(json_object_get(root, "ranks"), i, rank) {
+        json_t *pipe = json_object_get(rank, "pipeline");
+        const int k = (int)field(pipe, "stage");
+        json_t *peaks = json_object_get(rank, "category_peak_bytes");
+        printf("%4zu %5d ", i, k);
+        for (size_t c = 0; c < G_N_ELEMENTS(shown); c++)
+            printf("  %.0f/%.0f", field(peaks, zp_sched_mem_name(shown[c])),
+                   r->stage_category_peak_bytes[k * ZP_MEM_N + shown[c]]);
+        printf("  %.0f/%.0f\n", field(pipe, "p2p_bytes"),
+               r->stage_comm_bytes[k * ZP_GROUP_N + ZP_GROUP_PP]);
+    }
+}
+
 static gboolean run(const char *path, GError **error)
 {
     json_error_t jerr;
@@ -107,6 +132,7 @@ static gboolean run(const char *path, GError **error)
                    100 * bubble / step, 100 * sim_bubble / r->step_time_s,
                    100 * (bubble - sim_bubble) / sim_bubble, t->recv_s / t->ranks);
         }
+        print_memory(root, r);
     }
     sim_result_free(r);
     zp_sched_free(s);
