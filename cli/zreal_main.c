@@ -86,10 +86,11 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     if (!zp_model_load(a->model, model, error) || !cli_seq(a->seq, model, error))
         return FALSE;
     model->dropout = FALSE; /* zreal's GPT trains without dropout */
+    /* --mp (--microbench's) need not divide the world; --pp must, with it. */
     int pp = 1;
-    if (!cli_pipe_stages(&a->pipe, world, a->mp, &pp, error))
+    if (a->pipe.pp && !cli_pipe_stages(&a->pipe, world, a->mp, &pp, error))
         return FALSE;
-    zp_plan_defaults(plan, a->stage, world / (a->mp * pp), a->mp);
+    zp_plan_defaults(plan, a->stage, a->pipe.pp ? world / (a->mp * pp) : world, a->mp);
     if (!cli_pipe_plan(&a->pipe, pp, plan, error))
         return FALSE;
     /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
