@@ -1,5 +1,6 @@
 /* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 to 131,072
- * explicit ranks (CPU time, events/s, peak RSS) and one 1 GiB all-reduce on 4,096 ranks. */
+ * ranks, every rank explicit and as rank classes with one slow rank (CPU time, events/s, peak
+ * RSS), and one 1 GiB all-reduce on 4,096 ranks. */
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
@@ -20,7 +21,7 @@ static double cpu_s(void)
 
 /* What one size's child process sends back to the parent. */
 typedef struct {
-    int ok;
+    int ok, ranks_simulated;
     uint32_t n_ops;
     double build_s, cpu_s, step_s, state_bytes;
     uint64_t op_events, heap_events;
@@ -30,9 +31,16 @@ typedef struct {
  * set on (one gather per block); DeepSpeed's per-module gathers give about 5x the ops a rank. */
 static ZpImplKind bench_impl = ZP_IMPL_PAPER;
 
-/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, dp ranks, every rank explicit: the issue's
- * case. Runs in a child so that its peak RSS is its own. */
-static Row run_gpt_1t(const ZpHw *hw, int dp)
+/* The rank the class runs slow (2x): one in the middle of the world. */
+static SimSlow slow_rank(int dp)
+{
+    return (SimSlow){.index = (uint32_t)dp / 2 + 1, .factor = 2.0};
+}
+
+/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, dp ranks, one of them slow: every rank
+ * explicit (the issue's case), or folded into rank classes. Runs in a child so that its peak
+ * RSS is its own. */
+static Row run_gpt_1t(const ZpHw *hw, int dp, gboolean classes)
 {
     Row row = {0};
     ZpModel model;
@@ -48,7 +56,9 @@ static Row run_gpt_1t(const ZpHw *hw, int dp)
     row.build_s = cpu_s() - build_start_s;
     SimResult *r = NULL;
     if (s) {
-        const SimOptions options = {.mode = SIM_MODE_EXPLICIT};
+        const SimSlow slow = slow_rank(dp);
+        const SimOptions options = {.mode = classes ? SIM_MODE_FOLDED : SIM_MODE_EXPLICIT,
+                                    .slow_ranks = &slow, .n_slow_ranks = 1};
         const double start_s = cpu_s();
         r = sim_engine_run(s, hw, &options, &error);
         row.cpu_s = cpu_s() - start_s;
@@ -57,7 +67,7 @@ static Row run_gpt_1t(const ZpHw *hw, int dp)
         fprintf(stderr, "bench_sim: %d ranks: %s\n", dp, error->message);
         g_error_free(error);
     } else {
-        row = (Row){.ok = 1, .n_ops = r->n_ops, .build_s = row.build_s, .cpu_s = row.cpu_s,
+        row = (Row){.ok = 1, .ranks_simulated = r->ranks_simulated, .n_ops = r->n_ops, .build_s = row.build_s, .cpu_s = row.cpu_s,
                     .step_s = r->step_time_s, .state_bytes = (double)r->state_bytes,
                     .op_events = r->op_events, .heap_events = r->heap_events};
     }
@@ -66,8 +76,8 @@ static Row run_gpt_1t(const ZpHw *hw, int dp)
     return row;
 }
 
-/* One table row: the run in a child process, its peak RSS from wait4. */
-static int table_row(const ZpHw *hw, int dp)
+/* One run in a child process; its peak RSS (MiB) from wait4. */
+static int child_run(const ZpHw *hw, int dp, gboolean classes, Row *row, double *rss_mib)
 {
     int fds[2];
     if (pipe(fds) != 0) {
@@ -82,36 +92,50 @@ static int table_row(const ZpHw *hw, int dp)
     }
     if (pid == 0) {
         close(fds[0]);
-        const Row row = run_gpt_1t(hw, dp);
-        const ssize_t written = write(fds[1], &row, sizeof row);
-        _exit(written == (ssize_t)sizeof row && row.ok ? 0 : 1);
+        const Row got = run_gpt_1t(hw, dp, classes);
+        const ssize_t written = write(fds[1], &got, sizeof got);
+        _exit(written == (ssize_t)sizeof got && got.ok ? 0 : 1);
     }
     close(fds[1]);
-    Row row = {0};
-    const ssize_t got = read(fds[0], &row, sizeof row);
+    *row = (Row){0};
+    const ssize_t got = read(fds[0], row, sizeof *row);
     close(fds[0]);
     int status = 0;
     struct rusage usage;
     if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0 || got != (ssize_t)sizeof row) {
+        WEXITSTATUS(status) != 0 || got != (ssize_t)sizeof *row) {
         fprintf(stderr, "bench_sim: the %d-rank run failed\n", dp);
         return 1;
     }
-    const double rank_ops = (double)dp * row.n_ops;
-    printf("%8d %9.3f %12.3g %10.1f %9.2f %11.2f %10.1f %14.6g\n", dp, row.cpu_s,
-           row.op_events / row.cpu_s, usage.ru_maxrss / 1024.0, row.state_bytes / rank_ops,
-           1e9 * row.cpu_s / row.op_events, row.heap_events / (double)dp, row.step_s);
+    *rss_mib = usage.ru_maxrss / 1024.0;
+    return 0;
+}
+
+/* One table row: every rank explicit, then the rank classes (one slow rank both times). */
+static int table_row(const ZpHw *hw, int dp)
+{
+    Row all, classes;
+    double all_mib, classes_mib;
+    if (child_run(hw, dp, FALSE, &all, &all_mib) || child_run(hw, dp, TRUE, &classes, &classes_mib))
+        return 1;
+    const double rank_ops = (double)dp * all.n_ops;
+    printf("%8d %9.3f %10.3g %8.1f %7.2f %7.2f %7.1f %10.6g | %7d %8.4f %8.1f %10.6g\n", dp,
+           all.cpu_s, all.op_events / all.cpu_s, all_mib, all.state_bytes / rank_ops,
+           1e9 * all.cpu_s / all.op_events, all.heap_events / (double)dp, all.step_s,
+           classes.ranks_simulated, classes.cpu_s, classes_mib, classes.step_s);
     return 0;
 }
 
 static int bench_table(const ZpHw *hw, int max_ranks)
 {
-    printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp 1, explicit ranks, "
-           "dgx-a100-80g; one process per row\n"
-           "   ranks     CPU s     events/s   peak RSS  bytes per   ns per op  queue ev.  "
-           "simulated\n"
-           "                                      MiB    rank-op       event   per rank     "
-           "step s\n",
+    printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp 1, dgx-a100-80g; one "
+           "process per run; rank RANKS/2+1 computes 2x slower. Left: every rank simulated "
+           "(--explicit). Right: folded into rank classes, which give --explicit's results "
+           "(test_sim checks them bit for bit)\n"
+           "   ranks     CPU s   events/s  RSS MiB bytes/  ns per  queue ev simulated | "
+           "classes    CPU s  RSS MiB  simulated\n"
+           "                                     rank-op  event  per rank    step s |"
+           "                            step s\n",
            zp_impl_name(bench_impl));
     int failed = 0;
     for (int dp = 1024; dp <= max_ranks; dp *= 2)

@@ -332,9 +332,9 @@ static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
     const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
-    /* The reported rank's pipeline stage (ranks tp-fastest, then stage). */
-    const int mp = r->mode == SIM_MODE_EXPLICIT ? p->plan->mp : 1;
-    const uint32_t stage = (uint32_t)((r->report_rank / mp) % MAX(r->stages, 1));
+    /* The reported rank's pipeline stage (world ranks tp-fastest, then stage). */
+    const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)p->plan->mp) %
+                           (uint32_t)MAX(r->stages, 1);
     double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(p->sched, i);
@@ -381,7 +381,7 @@ static int print_json(const Report *p)
         r->compute_s, "exposed_comm_s", r->exposed_comm_s, "optimizer_s", r->optimizer_s,
         "idle_s", r->idle_s, "stream_busy_s", "compute", r->stream_busy_s[ZP_STREAM_COMPUTE],
         "dp", r->stream_busy_s[ZP_STREAM_DP], "tp", r->stream_busy_s[ZP_STREAM_TP],
-        "ranks_simulated", r->ranks_simulated, "report_rank", r->report_rank, "mode",
+        "ranks_simulated", r->ranks_simulated, "report_rank", (int)r->first_rank[r->report_rank], "mode",
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
@@ -439,7 +439,8 @@ static void print_breakdown(const Report *p)
         {"offload transfer", r->offload_transfer_s},
         {"idle", r->idle_s},
     };
-    printf("\n  breakdown of the step (rank %d)   seconds    share\n", r->report_rank);
+    printf("\n  breakdown of the step (rank %u)   seconds    share\n",
+           r->first_rank[r->report_rank]);
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
         if (i < 3 || i == G_N_ELEMENTS(rows) - 1 || zp_offload_any(p->plan))
             printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,
@@ -572,7 +573,13 @@ static void print_human(const Report *p)
     g_free(pipe_text);
     cli_pipe_print_placement(plan, p->hw);
     printf("Compute costed by: %s.\n", r->cost_model);
-    if (r->mode == SIM_MODE_FOLDED)
+    if (r->mode == SIM_MODE_FOLDED && r->ranks_simulated > MAX(r->stages, 1))
+        printf("Ranks: folded - %d simulated ranks stand for the %d, one for each class of "
+               "alike ranks (the slowed ranks and those that wait for them differently are "
+               "classes of their own); --explicit simulates every rank, with the same "
+               "results.\n\n",
+               r->ranks_simulated, r->world);
+    else if (r->mode == SIM_MODE_FOLDED)
         printf("Ranks: folded - one simulated rank stands for each class of %d (every rank of "
                "a pipeline stage runs the same schedule and its groups are placed alike).\n\n",
                r->world);
@@ -643,11 +650,6 @@ static gboolean slow_flags(const SimulateFlags *f, const ZpPlan *plan, const ZpH
         SimSlow *slow = g_new0(SimSlow, n ? n : 1);
         *lists[k].out = slow;
         *lists[k].n = n;
-        if (n > 0 && !f->explicit_ranks) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: needs --explicit (folded ranks are all alike)", lists[k].flag);
-            return FALSE;
-        }
         for (guint i = 0; i < n; i++)
             if (!sim_slow_parse(lists[k].texts[i], lists[k].count, lists[k].what, &slow[i],
                                 error)) {
@@ -860,8 +862,8 @@ int cli_simulate(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; README) instead of a plan: no --model or plan flags", "FILE"},
-        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (with --explicit; repeatable)", "R:FACTOR"},
-        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (with --explicit; repeatable)", "NODE:FACTOR"},
+        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
+        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     return run_with_flags(argc, argv, "simulate",

@@ -3,6 +3,7 @@
 #include "sim_engine.h"
 #include "zp_cost.h"
 #include "zp_offload.h"
+#include "sim_class.h"
 #include "sim_coll.h"
 #include "zp_util.h"
 
@@ -30,7 +31,7 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
-/* flow_base[g] of a communicator no collective uses. */
+/* slot_of of a communicator no collective uses. */
 #define NO_FLOWS UINT32_MAX
 /* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
 #define ROW_UNUSED (UINT32_MAX - 1)
@@ -77,7 +78,7 @@ typedef struct {
 /* One collective in flight on one group (a group has at most one per stream: its members
  * reach a stream's collectives in the same order and none passes one before it ends). */
 typedef struct {
-    uint32_t first, stride, count; /* simulated members: first + i * stride, i < count */
+    uint32_t member_start, count; /* simulated members: members[member_start ..][< count] */
     uint32_t op, arrived, version, touched;
     gboolean active;
     double start_s;
@@ -139,14 +140,25 @@ typedef struct {
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
-    /* Simulated ranks, numbered as Megatron orders them: tp fastest, then pipeline stage,
-     * then dp: rank = (dp_index * sim_pp + stage) * sim_mp + tp_index. */
+    /* Simulated ranks. Explicit: the world's, numbered as Megatron orders them: tp fastest,
+     * then pipeline stage, then dp: rank = (dp_index * sim_pp + stage) * sim_mp + tp_index.
+     * Folded: one per stage (sim_dp = sim_mp = 1), or with stragglers one per rank class
+     * (sim_class), each standing for rank_count[r] world ranks from first_rank[r] on. */
     uint32_t ranks, sim_dp, sim_mp, sim_pp;
-    /* The communicators (zp_sched_groups); group g's flow slots start at flow_base[g]: one
-     * per stream for each of its groups of simulated ranks (each rank its own when folded). */
+    uint16_t *stage_of;    /* [rank]: its pipeline stage (the ops it runs) */
+    uint32_t *first_rank, *rank_count;
+    uint32_t *stage_ranks; /* [stage]: simulated ranks that run it */
+    /* Rank classes: [rank * sim_pp + stage], the simulated rank of its pipeline neighbour
+     * at that stage; NULL where that is rank + (stage difference) x sim_mp. */
+    uint32_t *peer;
+    /* The communicators (zp_sched_groups). slot_of[rank * n_groups + g]: the first of the
+     * flow slots (one per stream) of rank's group of g; NO_FLOWS for a communicator no
+     * collective uses. A slot's members are simulated ranks: its group's ranks (explicit),
+     * the rank alone (one per stage), or the classes in its group (rank classes). */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
-    uint32_t n_groups, flow_base[ZP_SCHED_MAX_GROUPS];
-    gboolean folded; /* fewer ranks simulated than the world has: one per stage */
+    uint32_t n_groups;
+    uint32_t *slot_of;
+    uint32_t *members;
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
      * An op holds a row only while some ranks have begun counting it down and others have not
@@ -193,7 +205,7 @@ static const char *const mode_names[] = {"folded", "explicit"};
 /* The pipeline stage (rank class) of a simulated rank. */
 static uint32_t rank_class(const Sim *sim, uint32_t rank)
 {
-    return (rank / sim->sim_mp) % sim->sim_pp;
+    return sim->stage_of[rank];
 }
 
 const char *sim_mode_name(SimMode mode)
@@ -625,89 +637,211 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     return TRUE;
 }
 
-/* Flow slots: each communicator's groups in turn (for dp, one per stage and tp index; for tp,
- * one per dp index and stage), each group with one slot per stream; folded, each simulated
- * rank (one per stage) stands for its group alone. */
-static void build_flows(Sim *sim)
+/* ---- simulated ranks and their groups ---- */
+
+/* Every slowed rank's and node's factor, 1 elsewhere. */
+typedef struct {
+    double *rank, *node; /* [world], [nodes] */
+    uint32_t gpus_per_node;
+} Slowdowns;
+
+static gboolean read_slowdowns(const SimOptions *o, uint32_t world, uint32_t gpus_per_node,
+                               Slowdowns *w, GError **error)
 {
-    const gboolean folded = sim->folded = sim->ranks < (uint32_t)sim->sched->world;
-    /* Only communicators that run collectives get slots: tp without tensor parallelism or pp
-     * (whose sends are p2p ops) would otherwise be a slot per rank and stream, written and
-     * resident for nothing (160 MB at 131,072 ranks). */
-    gboolean used[ZP_SCHED_MAX_GROUPS] = {FALSE};
+    const uint32_t nodes = (world + gpus_per_node - 1) / gpus_per_node;
+    for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
+        const gboolean is_rank = k < o->n_slow_ranks;
+        const SimSlow *s = is_rank ? &o->slow_ranks[k] : &o->slow_nodes[k - o->n_slow_ranks];
+        if (s->index >= (is_rank ? world : nodes) || !(s->factor >= 1 && s->factor <= 1e6)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "slow %s %u x %g: the index must be below %u and the factor in 1..1e6",
+                        is_rank ? "rank" : "node", s->index, s->factor,
+                        is_rank ? world : nodes);
+            return FALSE;
+        }
+    }
+    *w = (Slowdowns){.rank = g_new(double, world), .node = g_new(double, nodes),
+                     .gpus_per_node = gpus_per_node};
+    for (uint32_t r = 0; r < world; r++)
+        w->rank[r] = 1.0;
+    for (uint32_t n = 0; n < nodes; n++)
+        w->node[n] = 1.0;
+    for (uint32_t k = 0; k < o->n_slow_ranks; k++)
+        w->rank[o->slow_ranks[k].index] =
+            MAX(w->rank[o->slow_ranks[k].index], o->slow_ranks[k].factor);
+    for (uint32_t k = 0; k < o->n_slow_nodes; k++)
+        w->node[o->slow_nodes[k].index] =
+            MAX(w->node[o->slow_nodes[k].index], o->slow_nodes[k].factor);
+    return TRUE;
+}
+
+/* The communicators whose groups a rank waits on: those its collectives run over, and the
+ * pipeline's (a stage's sends) with more than one stage. */
+static void groups_used(const Sim *sim, gboolean used[ZP_SCHED_MAX_GROUPS])
+{
+    for (uint32_t g = 0; g < ZP_SCHED_MAX_GROUPS; g++)
+        used[g] = FALSE;
     for (uint32_t i = 0; i < sim->n_ops; i++)
         if (sim->ops[i].kind == ZP_OP_COLLECTIVE)
             used[sim->ops[i].group] = TRUE;
-    sim->n_flows = 0;
-    for (uint32_t g = 0; g < sim->n_groups; g++) {
-        sim->flow_base[g] = used[g] ? sim->n_flows : NO_FLOWS;
+}
+
+static void alloc_units(Sim *sim)
+{
+    sim->stage_of = g_new(uint16_t, MAX(sim->ranks, 1));
+    sim->first_rank = g_new(uint32_t, MAX(sim->ranks, 1));
+    sim->rank_count = g_new(uint32_t, MAX(sim->ranks, 1));
+}
+
+/* The simulated ranks: every world rank (explicit), one a stage (folded), or the rank
+ * classes (folded with stragglers: what sets ranks apart is their stage and slowdowns, and
+ * through the groups whom they wait for). classes is filled in the last case only. */
+static void build_units(Sim *sim, const Slowdowns *w, SimClasses *classes)
+{
+    const uint32_t world = (uint32_t)sim->sched->world, mp = (uint32_t)sim->sched->plan.mp;
+    if (w->rank && sim->ranks < world) {
+        /* A rank's colour: its stage and factors, as words. */
+        uint32_t *colour = g_new(uint32_t, world);
+        SimInterner kinds;
+        sim_interner_init(&kinds);
+        for (uint32_t r = 0; r < world; r++) {
+            uint32_t key[5] = {(r / mp) % sim->sim_pp};
+            memcpy(&key[1], &w->rank[r], sizeof(double));
+            memcpy(&key[3], &w->node[r / w->gpus_per_node], sizeof(double));
+            colour[r] = sim_interner_id(&kinds, key, 5);
+        }
+        /* The groups ranks wait on: the collectives' and, between stages, the pipeline's
+         * (schedule files, whose communicators may be anything, hold no pipeline). */
+        gboolean used[ZP_SCHED_MAX_GROUPS];
+        groups_used(sim, used);
+        ZpCommGroup waits[ZP_SCHED_MAX_GROUPS];
+        uint32_t n_waits = 0;
+        for (uint32_t g = 0; g < sim->n_groups; g++)
+            if (used[g] || (g == ZP_GROUP_PP && sim->sim_pp > 1))
+                waits[n_waits++] = sim->groups[g];
+        sim_class_refine(classes, world, colour, sim_interner_count(&kinds), waits, n_waits);
+        sim_interner_clear(&kinds);
+        g_free(colour);
+        sim->ranks = classes->n;
+    }
+    alloc_units(sim);
+    sim->stage_ranks = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t u = 0; u < sim->ranks; u++) {
+        const uint32_t first = classes->of_rank ? classes->first_rank[u]
+                               : sim->ranks == world ? u
+                                                     : u * mp;
+        sim->first_rank[u] = first;
+        sim->rank_count[u] = classes->of_rank ? classes->count[u] : world / sim->ranks;
+        sim->stage_of[u] = (uint16_t)((first / mp) % sim->sim_pp);
+        sim->stage_ranks[sim->stage_of[u]]++;
+    }
+    if (!classes->of_rank || sim->sim_pp == 1)
+        return;
+    sim->peer = g_new(uint32_t, (size_t)sim->ranks * sim->sim_pp);
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        for (uint32_t k = 0; k < sim->sim_pp; k++)
+            sim->peer[(size_t)u * sim->sim_pp + k] = classes->of_rank[
+                (int64_t)sim->first_rank[u] + ((int64_t)k - sim->stage_of[u]) * mp];
+}
+
+/* Appends one flow slot per stream for a group of the given simulated members. */
+static uint32_t add_flow_slots(GArray *flows, GArray *members, const uint32_t *group,
+                               uint32_t count)
+{
+    const uint32_t base = flows->len;
+    for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+        const Flow f = {.member_start = members->len, .count = count, .inter_scale = 1.0};
+        g_array_append_val(flows, f);
+    }
+    g_array_append_vals(members, group, count);
+    return base;
+}
+
+/* One communicator's flow slots: each of its groups (explicit), each simulated rank alone
+ * (one a stage), or each set of classes its groups hold (rank classes). */
+static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray *flows,
+                              GArray *members, uint32_t *scratch)
+{
+    const uint32_t world = (uint32_t)sim->sched->world;
+    const uint32_t ranks = (uint32_t)sim->groups[g].ranks, stride = (uint32_t)sim->groups[g].stride;
+    if (sim->ranks < world && !classes->of_rank) {
+        for (uint32_t u = 0; u < sim->ranks; u++)
+            sim->slot_of[(size_t)u * sim->n_groups + g] = add_flow_slots(flows, members, &u, 1);
+        return;
+    }
+    SimInterner sets;
+    sim_interner_init(&sets);
+    uint32_t *base = g_new(uint32_t, world / ranks);
+    for (uint32_t k = 0; k < world / ranks; k++) {
+        const uint32_t first = sim_class_group_first(ranks, stride, k);
+        uint32_t n = ranks, id = k;
+        gboolean fresh = TRUE;
+        if (classes->of_rank) {
+            const uint32_t known = sim_interner_count(&sets);
+            n = sim_class_group(classes, &sim->groups[g], first, scratch);
+            id = sim_interner_id(&sets, scratch, n);
+            fresh = id == known;
+        } else {
+            for (uint32_t i = 0; i < ranks; i++)
+                scratch[i] = first + i * stride;
+        }
+        if (fresh)
+            base[id] = add_flow_slots(flows, members, scratch, n);
+        for (uint32_t i = 0, r = first; i < ranks; i++, r += stride)
+            sim->slot_of[(size_t)(classes->of_rank ? classes->of_rank[r] : r) * sim->n_groups +
+                         g] = base[id];
+    }
+    g_free(base);
+    sim_interner_clear(&sets);
+}
+
+/* Flow slots of every communicator that runs collectives: tp without tensor parallelism or pp
+ * (whose sends are p2p ops) would otherwise be a slot per rank and stream, written and
+ * resident for nothing (160 MB at 131,072 ranks). */
+static void build_flows(Sim *sim, SimClasses *classes)
+{
+    gboolean used[ZP_SCHED_MAX_GROUPS];
+    uint32_t largest = 1;
+    groups_used(sim, used);
+    const size_t n_slots = (size_t)sim->ranks * sim->n_groups;
+    sim->slot_of = g_new(uint32_t, MAX(n_slots, 1));
+    for (size_t k = 0; k < n_slots; k++)
+        sim->slot_of[k] = NO_FLOWS;
+    for (uint32_t g = 0; g < sim->n_groups; g++)
+        largest = MAX(largest, (uint32_t)sim->groups[g].ranks);
+    uint32_t *scratch = g_new(uint32_t, largest);
+    GArray *flows = g_array_new(FALSE, FALSE, sizeof(Flow));
+    GArray *members = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t g = 0; g < sim->n_groups; g++)
         if (used[g])
-            sim->n_flows +=
-                (folded ? sim->ranks : sim->ranks / sim->groups[g].ranks) * ZP_STREAM_N;
-    }
-    sim->flows = g_new0(Flow, MAX(sim->n_flows, 1));
-    for (uint32_t g = 0; g < sim->n_groups; g++) {
-        if (!used[g])
-            continue;
-        const uint32_t ranks = sim->groups[g].ranks, stride = sim->groups[g].stride;
-        const uint32_t n = folded ? sim->ranks : sim->ranks / ranks;
-        /* Group k's first member: (k / stride) x ranks x stride + k % stride. */
-        for (uint32_t k = 0; k < n; k++)
-            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
-                sim->flows[sim->flow_base[g] + k * ZP_STREAM_N + stream] = (Flow){
-                    .first = folded ? k : k / stride * ranks * stride + k % stride,
-                    .stride = folded ? 1 : stride, .count = folded ? 1 : ranks,
-                    .inter_scale = 1.0};
-    }
+            build_group_flows(sim, g, classes, flows, members, scratch);
+    g_free(scratch);
+    sim->n_flows = flows->len;
+    sim->state_bytes += n_slots * sizeof *sim->slot_of + members->len * sizeof(uint32_t) +
+                        (uint64_t)sim->n_flows * sizeof(Flow);
+    sim->flows = (Flow *)g_array_free(flows, sim->n_flows == 0);
+    sim->members = (uint32_t *)g_array_free(members, FALSE);
     sim->affected_cap = 64;
     sim->affected = g_new(uint32_t, sim->affected_cap);
 }
 
 /* Slow ranks scale their compute; a slow node scales the network transfers of every group
- * with a member on it (the slowest link paces a ring or a tree). */
-static gboolean apply_slowdowns(Sim *sim, const SimOptions *o, int gpus_per_node,
-                                GError **error)
+ * with a member on it (the slowest link paces a ring or a tree). A simulated rank's factors
+ * are its first rank's (a rank class's ranks share theirs). */
+static void apply_slowdowns(Sim *sim, const Slowdowns *w)
 {
-    if (o->n_slow_ranks + o->n_slow_nodes == 0)
-        return TRUE;
-    const uint32_t nodes = (sim->ranks + gpus_per_node - 1) / gpus_per_node;
-    if (o->mode != SIM_MODE_EXPLICIT) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "slow ranks and links need explicit ranks: folded ranks are all alike");
-        return FALSE;
-    }
-    for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
-        const gboolean is_rank = k < o->n_slow_ranks;
-        const SimSlow *w = is_rank ? &o->slow_ranks[k] : &o->slow_nodes[k - o->n_slow_ranks];
-        if (w->index >= (is_rank ? sim->ranks : nodes) || !(w->factor >= 1 && w->factor <= 1e6)) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "slow %s %u x %g: the index must be below %u and the factor in 1..1e6",
-                        is_rank ? "rank" : "node", w->index, w->factor,
-                        is_rank ? sim->ranks : nodes);
-            return FALSE;
-        }
-    }
-    if (o->n_slow_ranks > 0) {
-        sim->compute_scale = g_new(double, sim->ranks);
-        for (uint32_t r = 0; r < sim->ranks; r++)
-            sim->compute_scale[r] = 1.0;
-        for (uint32_t k = 0; k < o->n_slow_ranks; k++)
-            sim->compute_scale[o->slow_ranks[k].index] =
-                MAX(sim->compute_scale[o->slow_ranks[k].index], o->slow_ranks[k].factor);
-    }
-    double *node_scale = g_new(double, nodes);
-    for (uint32_t n = 0; n < nodes; n++)
-        node_scale[n] = 1.0;
-    for (uint32_t k = 0; k < o->n_slow_nodes; k++)
-        node_scale[o->slow_nodes[k].index] =
-            MAX(node_scale[o->slow_nodes[k].index], o->slow_nodes[k].factor);
+    if (!w->rank)
+        return;
+    sim->compute_scale = g_new(double, sim->ranks);
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        sim->compute_scale[u] = w->rank[sim->first_rank[u]];
     for (uint32_t slot = 0; slot < sim->n_flows; slot++) {
         Flow *f = &sim->flows[slot];
-        for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
-            f->inter_scale = MAX(f->inter_scale, node_scale[m / (uint32_t)gpus_per_node]);
+        for (uint32_t i = 0; i < f->count; i++) {
+            const uint32_t first = sim->first_rank[sim->members[f->member_start + i]];
+            f->inter_scale = MAX(f->inter_scale, w->node[first / w->gpus_per_node]);
+        }
     }
-    g_free(node_scale);
-    return TRUE;
 }
 
 gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimSlow *slow,
@@ -742,15 +876,9 @@ gboolean sim_slow_parse(const char *text, uint32_t count, const char *what, SimS
     return TRUE;
 }
 
-static uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
+static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
 {
-    if (sim->folded)
-        return sim->flow_base[group] + rank * ZP_STREAM_N + stream;
-    const uint32_t stride = sim->groups[group].stride, span = sim->groups[group].ranks * stride;
-    /* The common cases without a division: one group spanning the world, stride 1. */
-    const uint32_t block = span == sim->ranks ? 0 : rank / span;
-    const uint32_t offset = stride == 1 ? 0 : rank % stride;
-    return sim->flow_base[group] + (block * stride + offset) * ZP_STREAM_N + stream;
+    return sim->slot_of[(size_t)rank * sim->n_groups + group] + stream;
 }
 
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
@@ -803,7 +931,7 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
     const uint32_t row = sim->row_of[op];
     if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
         return FALSE;
-    if (++sim->zeroed[op] == sim->ranks / sim->sim_pp) { /* no rank of its class needs it */
+    if (++sim->zeroed[op] == sim->stage_ranks[sim->ops[op].stage]) { /* no rank needs it */
         sim->free_rows[sim->n_free_rows++] = row;
         sim->row_of[op] = ROW_DONE;
     }
@@ -868,8 +996,9 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
         f->transfer_from_s = now_s;
     }
     uint16_t most = 1;
-    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
-        most = MAX(most, sim->link_load[m * SIM_LINK_N + link]);
+    const uint32_t *member = &sim->members[f->member_start];
+    for (uint32_t i = 0; i < f->count; i++)
+        most = MAX(most, sim->link_load[member[i] * SIM_LINK_N + link]);
     f->share = 1.0 / most;
     const double end_s = f->transfer_from_s + f->remaining_s / f->share;
     if (end_s != f->end_s) {
@@ -883,11 +1012,12 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
 {
     sim->epoch++;
     sim->n_affected = 0;
-    for (uint32_t i = 0, m = changed->first; i < changed->count; i++, m += changed->stride)
-        for (uint32_t group = 0; group < sim->n_groups; group++)
-            for (uint32_t stream = 0; stream < ZP_STREAM_N && sim->flow_base[group] != NO_FLOWS;
-                 stream++) {
-                const uint32_t slot = flow_slot(sim, group, m, stream);
+    for (uint32_t i = 0; i < changed->count; i++)
+        for (uint32_t group = 0; group < sim->n_groups; group++) {
+            const uint32_t m = sim->members[changed->member_start + i];
+            const uint32_t base = sim->slot_of[(size_t)m * sim->n_groups + group];
+            for (uint32_t stream = 0; stream < ZP_STREAM_N && base != NO_FLOWS; stream++) {
+                const uint32_t slot = base + stream;
                 Flow *f = &sim->flows[slot];
                 if (!f->active || f->touched == sim->epoch || f->remaining_s <= 0 ||
                     sim->ops[f->op].link != link)
@@ -899,6 +1029,7 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
                 }
                 sim->affected[sim->n_affected++] = slot;
             }
+        }
     for (uint32_t i = 0; i < sim->n_affected; i++)
         reshare(sim, sim->affected[i], link, now_s);
 }
@@ -928,8 +1059,9 @@ static void recontend(Sim *sim, uint32_t rank, double now_s)
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 {
-    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride)
-        sim->link_load[m * SIM_LINK_N + link] += delta;
+    const uint32_t *member = &sim->members[f->member_start];
+    for (uint32_t i = 0; i < f->count; i++)
+        sim->link_load[member[i] * SIM_LINK_N + link] += delta;
 }
 
 /* ---- ops ---- */
@@ -948,7 +1080,9 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     f->share = 1.0;
     f->end_s = f->transfer_from_s + f->remaining_s;
     queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
-    for (uint32_t i = 0, m = f->first; i < f->count; i++, m += f->stride) {
+    const uint32_t *member = &sim->members[f->member_start];
+    for (uint32_t i = 0; i < f->count; i++) {
+        const uint32_t m = member[i];
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
         recontend(sim, m, now_s);
@@ -1037,7 +1171,10 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
         const uint32_t next = sim->dependents[d];
         /* Another stage's op waiting for this send runs on the same dp and tp index's rank
          * of that stage. */
-        const uint32_t at = rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
+        const uint32_t at =
+            sim->ops[next].stage == op->stage ? rank
+            : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + sim->ops[next].stage]
+                        : rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
         if (!pending_done(sim, next, at))
             continue;
         if (sim->dependent_stream[d] != NOT_ON_STREAM)
@@ -1114,8 +1251,10 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         if (--sim->active_on_link[op->link] > 0)
             reshare_neighbours(sim, f, op->link, now_s);
     }
-    const uint32_t first = f->first, stride = f->stride, count = f->count;
-    for (uint32_t k = 0, m = first; k < count; k++, m += stride) {
+    const uint32_t *member = &sim->members[f->member_start];
+    const uint32_t count = f->count;
+    for (uint32_t k = 0; k < count; k++) {
+        const uint32_t m = member[k];
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
@@ -1186,9 +1325,11 @@ static uint32_t ops_done(const Sim *sim, uint32_t rank)
 static gboolean check_end(Sim *sim, GError **error)
 {
     /* Each rank does each op of its class at most once, so a full count means that no rank
-     * fell short (every class has ranks / sim_pp ranks). */
-    const gboolean all_done =
-        sim->op_events == (uint64_t)sim->n_ops * (sim->ranks / sim->sim_pp);
+     * fell short. */
+    uint64_t rank_ops = 0;
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        rank_ops += (uint64_t)sim->class_ops[k] * sim->stage_ranks[k];
+    const gboolean all_done = sim->op_events == rank_ops;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
         const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);
@@ -1278,6 +1419,13 @@ static void sim_clear(Sim *sim)
     g_free(sim->stream_ops);
     g_free(sim->stream_len);
     g_free(sim->class_ops);
+    g_free(sim->stage_of);
+    g_free(sim->first_rank);
+    g_free(sim->rank_count);
+    g_free(sim->stage_ranks);
+    g_free(sim->peer);
+    g_free(sim->slot_of);
+    g_free(sim->members);
     g_free(sim->rows);
     g_free(sim->row_of);
     g_free(sim->zeroed);
@@ -1372,12 +1520,24 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     result->stage_bubble_s = g_new0(double, sim.sim_pp);
     result->stage_comm_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_GROUP_N);
     result->stage_category_peak_bytes = g_new0(double, (gsize)sim.sim_pp * ZP_MEM_N);
+    Slowdowns slow = {0};
+    SimClasses classes = {0};
     gboolean ok = build_ops(&sim, hw, result, error) &&
-                  alloc_rank_state(&sim, options->record_timeline, error);
+                  (options->n_slow_ranks + options->n_slow_nodes == 0 ||
+                   read_slowdowns(options, (uint32_t)sched->world, (uint32_t)hw->gpus_per_node,
+                                  &slow, error));
     if (ok) {
-        build_flows(&sim);
-        ok = apply_slowdowns(&sim, options, hw->gpus_per_node, error);
+        build_units(&sim, &slow, &classes);
+        result->ranks_simulated = (int)sim.ranks;
+        ok = alloc_rank_state(&sim, options->record_timeline, error);
     }
+    if (ok) {
+        build_flows(&sim, &classes);
+        apply_slowdowns(&sim, &slow);
+    }
+    sim_class_clear(&classes);
+    g_free(slow.rank);
+    g_free(slow.node);
     if (ok) {
         seed(&sim);
         const double total_ops = (double)sim.n_ops * sim.ranks;
@@ -1404,8 +1564,11 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         result->op_end_s = sim.op_end_s;
         result->op_ready_s = sim.op_ready_s;
         result->op_last_rank = sim.op_last_rank;
+        result->first_rank = sim.first_rank;
+        result->rank_count = sim.rank_count;
         sim.op_start_s = sim.op_end_s = sim.op_ready_s = NULL;
         sim.op_last_rank = NULL;
+        sim.first_rank = sim.rank_count = NULL;
     }
     sim_clear(&sim);
     if (!ok) {
@@ -1423,6 +1586,8 @@ void sim_result_free(SimResult *result)
     g_free(result->op_end_s);
     g_free(result->op_ready_s);
     g_free(result->op_last_rank);
+    g_free(result->first_rank);
+    g_free(result->rank_count);
     g_free(result->stage_peak_bytes);
     g_free(result->stage_compute_s);
     g_free(result->stage_bubble_s);

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 typedef enum {
-    SIM_MODE_FOLDED,   /* one rank stands for each class of identical ranks */
+    SIM_MODE_FOLDED,   /* one rank stands for each class of identical ranks (sim_class) */
     SIM_MODE_EXPLICIT, /* every rank of the world, collectives wait for every real member */
 } SimMode;
 
@@ -26,10 +26,12 @@ typedef struct {
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
     ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
     void *progress_ctx;
-    /* Stragglers (explicit ranks only): a slow rank's compute ops take factor times as long;
-     * a slow node's network link moves data factor times slower, so every collective whose
-     * group crosses nodes through it transfers that much slower (a ring or tree is as fast
-     * as its slowest link). A rank counts gpus_per_node ranks to a node, tp fastest. */
+    /* Stragglers: a slow rank's compute ops take factor times as long; a slow node's network
+     * link moves data factor times slower, so every collective whose group crosses nodes
+     * through it transfers that much slower (a ring or tree is as fast as its slowest link).
+     * A rank counts gpus_per_node ranks to a node, tp fastest. Folded, the ranks they set
+     * apart (the slow ones, and those whose groups wait for them differently) are simulated
+     * as rank classes, one rank each, with the results of every rank simulated. */
     const SimSlow *slow_ranks, *slow_nodes;
     uint32_t n_slow_ranks, n_slow_nodes;
 } SimOptions;
@@ -38,7 +40,7 @@ typedef struct {
     SimMode mode;
     char cost_model[200]; /* how compute ops were costed: the op table or the roofline, why */
     int world;            /* dp * mp ranks the step runs on */
-    int ranks_simulated;  /* world in explicit mode; 1 folded (the schedule is symmetric) */
+    int ranks_simulated;  /* world in explicit mode; folded, one a stage or rank class */
     double step_time_s;   /* when the last op of any rank ends */
 
     /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The six
@@ -92,6 +94,9 @@ typedef struct {
      * and for a collective the member whose arrival started it, op_last_rank[r * n_ops + i]. */
     double *op_ready_s;
     uint32_t *op_last_rank;
+    /* Simulated rank r stands for rank_count[r] world ranks, the lowest first_rank[r]
+     * (Megatron's order: tp fastest, then stage, then dp): itself explicit. */
+    uint32_t *first_rank, *rank_count;
 } SimResult;
 
 /* Simulates one step of `sched` on `hw`. The schedule's plan supplies dp, mp and precision

@@ -106,17 +106,24 @@ static void append_us(GString *out, const char *key, int64_t ns)
     g_string_append_printf(out, ",\"%s\":%" PRId64 ".%03d", key, ns / 1000, (int)(ns % 1000));
 }
 
-/* The pipeline stage a simulated rank runs (sim_engine's order: tp, then stage, then dp;
- * folded, one rank a stage). */
+/* The pipeline stage a simulated rank runs: its first world rank's (tp, then stage, then
+ * dp). */
 static uint32_t stage_of(const ZpSchedule *s, const SimResult *r, int pid)
 {
-    const int mp = r->mode == SIM_MODE_FOLDED ? 1 : s->plan.mp;
-    return (uint32_t)((pid / mp) % MAX(r->stages, 1));
+    return (r->first_rank[pid] / (uint32_t)s->plan.mp) % (uint32_t)MAX(r->stages, 1);
 }
 
 static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *r, int pid)
 {
-    if (r->stages > 1)
+    const uint32_t first = r->first_rank[pid], stages = (uint32_t)MAX(r->stages, 1);
+    if (r->mode == SIM_MODE_FOLDED && r->rank_count[pid] < (uint32_t)s->world / stages)
+        g_string_append_printf(out,
+                               "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
+                               "\"name\":\"rank %u (dp %u, tp %u, stage %u): a class of %u "
+                               "alike rank(s)\"}},\n",
+                               pid, first, first / (s->plan.mp * stages), first % s->plan.mp,
+                               stage_of(s, r, pid), r->rank_count[pid]);
+    else if (r->stages > 1)
         g_string_append_printf(out,
                                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
                                "\"name\":\"pipeline stage %u%s\"}},\n",
@@ -153,11 +160,11 @@ static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, in
             /* This rank reached the collective first and waited for the last member. */
             g_string_append_printf(out, "{\"name\":\"wait for rank %u\",\"ph\":\"X\","
                                         "\"pid\":%d,\"tid\":%d",
-                                   r->op_last_rank[base + i], pid, op->stream);
+                                   r->first_rank[r->op_last_rank[base + i]], pid, op->stream);
             append_us(out, "ts", ready_ns);
             append_us(out, "dur", start_ns - ready_ns);
             g_string_append_printf(out, ",\"args\":{\"op\":%u,\"waited_for\":%u}},\n", i,
-                                   r->op_last_rank[base + i]);
+                                   r->first_rank[r->op_last_rank[base + i]]);
         }
         g_string_append_printf(out, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d",
                                labels[i], pid, op->stream);

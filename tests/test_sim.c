@@ -492,7 +492,7 @@ static void test_slow_bad_input(void)
     add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, NULL, 0);
     const SimOptions folded = {.mode = SIM_MODE_FOLDED, .slow_ranks = &slow, .n_slow_ranks = 1};
     g_assert_null(sim_engine_run(s, &a100, &folded, &error));
-    g_assert_nonnull(strstr(error->message, "need explicit ranks"));
+    g_assert_nonnull(strstr(error->message, "slow rank 1023 x 2.5: the index must be below 8"));
     g_clear_error(&error);
     zp_sched_free(s);
 }
@@ -967,6 +967,152 @@ static void test_explicit_equals_folded(void)
     }
 }
 
+/* ---- rank classes against every rank ---- */
+
+/* Stragglers folded into rank classes (sim_class) against --explicit: a plan, and the slow
+ * ranks and nodes. pp > 1: a 1F1B pipeline of `micro` micro-batches. */
+typedef struct {
+    const char *what;
+    int stage, dp, mp, pp, micro, hpz;
+    SimSlow rank, node; /* factor 0: none */
+    int classes;        /* simulated ranks the classes come to */
+    gboolean wide;      /* a 4-layer, 16-head model (tp 16) in place of gpt2-124m (12 heads) */
+} ClassCase;
+
+static ZpSchedule *build_class_case(const ClassCase *c)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.impl = ZP_IMPL_PAPER;
+    p.checkpoint = TRUE;
+    p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
+    if (c->hpz > 1)
+        p.zero.zero_hpz_partition_size = c->hpz;
+    p.gpus_per_node = a100.gpus_per_node;
+    if (c->pp > 1) {
+        p.pipe.stages = c->pp;
+        p.pipe.schedule = ZP_PIPE_1F1B;
+        p.grad_accum = c->micro;
+    }
+    GError *error = NULL;
+    ZpModel wide;
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "wide", "layers", 4,
+                          "hidden", 2048, "heads", 16, "seq_len", 1024, "vocab", 50304);
+    g_assert_true(zp_model_from_json(o, "wide", &wide, &error));
+    json_decref(o);
+    ZpSchedule *s = zp_sched_build(c->wide ? &wide : &gpt2, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static SimResult *run_class_case(const ZpSchedule *s, const ClassCase *c, SimMode mode)
+{
+    const SimOptions o = {.mode = mode, .record_timeline = TRUE,
+                          .slow_ranks = &c->rank, .n_slow_ranks = c->rank.factor > 0,
+                          .slow_nodes = &c->node, .n_slow_nodes = c->node.factor > 0};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+static void assert_same_doubles(const double *a, const double *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g_assert_cmpfloat(a[i], ==, b[i]);
+}
+
+static gboolean same_timeline(const SimResult *a, int ra, const SimResult *b, int rb)
+{
+    const size_t n = a->n_ops, bytes = n * sizeof(double);
+    return memcmp(&a->op_start_s[ra * n], &b->op_start_s[rb * n], bytes) == 0 &&
+           memcmp(&a->op_end_s[ra * n], &b->op_end_s[rb * n], bytes) == 0 &&
+           memcmp(&a->op_ready_s[ra * n], &b->op_ready_s[rb * n], bytes) == 0;
+}
+
+/* Every rank's ready, start and end times of every op, explicit, equal one simulated rank's
+ * bit for bit (its class's), and as many explicit ranks have each timeline as the classes
+ * with it stand for (two classes may run alike: a slow node whose links pace every group). */
+static void assert_same_timelines(const SimResult *all, const SimResult *classes)
+{
+    const int units = classes->ranks_simulated;
+    uint32_t *matched = g_new0(uint32_t, units), *expected = g_new0(uint32_t, units);
+    for (int u = 0; u < units; u++) {
+        int first = 0;
+        while (!same_timeline(classes, first, classes, u))
+            first++;
+        expected[first] += classes->rank_count[u];
+    }
+    for (int r = 0; r < all->ranks_simulated; r++) {
+        int found = 0;
+        while (found < units && !same_timeline(all, r, classes, found))
+            found++;
+        g_assert_cmpint(found, <, units);
+        matched[found]++;
+    }
+    for (int u = 0; u < units; u++)
+        g_assert_cmpuint(matched[u], ==, expected[u]);
+    g_free(matched);
+    g_free(expected);
+}
+
+static void assert_same_step(const SimResult *all, const SimResult *c)
+{
+    const double got[] = {c->step_time_s, c->exposed_comm_s, c->compute_s, c->optimizer_s,
+                          c->idle_s, c->flush_s, c->peak_memory_bytes,
+                          c->peak_model_state_bytes};
+    const double want[] = {all->step_time_s, all->exposed_comm_s, all->compute_s,
+                           all->optimizer_s, all->idle_s, all->flush_s,
+                           all->peak_memory_bytes, all->peak_model_state_bytes};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    g_assert_cmpuint(c->first_rank[c->report_rank], ==, all->report_rank);
+    assert_same_doubles(c->stream_busy_s, all->stream_busy_s, ZP_STREAM_N);
+    assert_same_doubles(c->peak_breakdown_bytes, all->peak_breakdown_bytes, ZP_MEM_N);
+    assert_same_doubles(c->category_peak_bytes, all->category_peak_bytes, ZP_MEM_N);
+    assert_same_doubles(c->comm_bytes, all->comm_bytes, ZP_SCHED_MAX_GROUPS);
+    const size_t k = (size_t)all->stages;
+    assert_same_doubles(c->stage_peak_bytes, all->stage_peak_bytes, k);
+    assert_same_doubles(c->stage_compute_s, all->stage_compute_s, k);
+    assert_same_doubles(c->stage_bubble_s, all->stage_bubble_s, k);
+    assert_same_doubles(c->stage_comm_bytes, all->stage_comm_bytes, k * ZP_GROUP_N);
+    assert_same_doubles(c->stage_category_peak_bytes, all->stage_category_peak_bytes,
+                        k * ZP_MEM_N);
+}
+
+/* Folded with stragglers, the ranks the slowdowns set apart are simulated as rank classes;
+ * the step, every peak, the bytes and every rank's timeline are --explicit's, bit for bit.
+ * The cases place the groups differently: tp inside a node, tp across two nodes, a pipeline
+ * (its sends and stages), hpZ's node groups, a slow rank and a slow node together. */
+static void test_classes_equal_explicit(void)
+{
+    const ClassCase cases[] = {
+        {"ZeRO-3, dp 64 x tp 2, rank 77 at 3x", 3, 64, 2, 1, 1, 0, {77, 3.0}, {0, 0}, 4, FALSE},
+        {"ZeRO-2, dp 32 x tp 4, rank 5 at 1.5x, node 9 at 2.5x", 2, 32, 4, 1, 1, 0, {5, 1.5},
+         {9, 2.5}, 6, FALSE},
+        {"ZeRO-1, dp 8 x tp 16 across 2 nodes, node 3 at 2x", 1, 8, 16, 1, 1, 0, {0, 0},
+         {3, 2.0}, 4, TRUE},
+        {"ZeRO-1, dp 4 x pp 4 x tp 2 (1F1B, 4 micro), rank 13 at 2x", 1, 4, 2, 4, 4, 0,
+         {13, 2.0}, {0, 0}, 16, FALSE},
+        {"ZeRO-3 hpZ 8, dp 64, rank 20 at 2x, node 5 at 1.5x", 3, 64, 1, 1, 1, 8, {20, 2.0},
+         {5, 1.5}, 4, FALSE},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpSchedule *s = build_class_case(&cases[i]);
+        SimResult *all = run_class_case(s, &cases[i], SIM_MODE_EXPLICIT);
+        SimResult *c = run_class_case(s, &cases[i], SIM_MODE_FOLDED);
+        g_test_message("%s: %d ranks as %d classes, step %.9g s (explicit %.9g s)",
+                       cases[i].what, s->world, c->ranks_simulated, c->step_time_s,
+                       all->step_time_s);
+        g_assert_cmpint(all->ranks_simulated, ==, s->world);
+        g_assert_cmpint(c->ranks_simulated, ==, cases[i].classes);
+        assert_same_step(all, c);
+        assert_same_timelines(all, c);
+        sim_result_free(all);
+        sim_result_free(c);
+        zp_sched_free(s);
+    }
+}
+
 /* ---- results frozen before the memory-layout change (issue 19) ---- */
 
 /* Plans of several models, profiles and degrees; every one is simulated folded and explicit
@@ -1280,7 +1426,7 @@ static const struct {
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 stray", "unexpected argument 'stray'"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --trace /nonexistent-dir/t.json", "--trace: "},
     {"simulate --params 1e9 --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1", "Unknown option --params"},
-    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --slow-rank 3:2", "--slow-rank: needs --explicit"},
+    {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --slow-rank 9:2", "--slow-rank: '9:2': rank 9 is not below the 8 there are"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 8:2", "--slow-rank: '8:2': rank 8 is not below the 8 there are"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-link 1:2", "--slow-link: '1:2': node 1 is not below the 1 there are"},
     {"simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 3 --micro-batch 1 --explicit --slow-rank 3:0.5", "--slow-rank: '3:0.5' is not rank:FACTOR"},
@@ -1331,6 +1477,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
     g_test_add_func("/sim/plan/faster-network-never-slower", test_faster_network_never_slower);
     g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
+    g_test_add_func("/sim/slow/classes-equal-explicit", test_classes_equal_explicit);
     g_test_add_func("/sim/plan/frozen-results", test_frozen_results);
     g_test_add_func("/sim/cli/json", test_cli_json);
     g_test_add_func("/sim/cli/human", test_cli_human);

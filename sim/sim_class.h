@@ -1,0 +1,56 @@
+/* sim_class: rank classes — the world's ranks split into classes whose members run the same
+ * step at the same times, so that the simulator runs one rank of each (issue 19). */
+#ifndef SIM_CLASS_H
+#define SIM_CLASS_H
+
+#include "zp_sched.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* A partition of the world's ranks, classes numbered in the order of their first rank. */
+typedef struct {
+    uint32_t world, n;
+    uint32_t *of_rank;    /* [world]: each rank's class */
+    uint32_t *first_rank; /* [n]: the lowest rank of each class */
+    uint32_t *count;      /* [n]: ranks in each class */
+    uint32_t *stamp, epoch; /* sim_class_group's scratch */
+} SimClasses;
+
+/* The coarsest partition that splits the ranks `colour` ([world], any numbers below
+ * n_colours) tells apart and, for every communicator in groups (each tiling the world),
+ * puts ranks whose groups hold different sets of classes into different classes: the
+ * classes of a rank's groups then depend on its class alone, so all ranks of a class wait
+ * for the same classes at every collective (colour refinement over the groups). */
+void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
+                      uint32_t n_colours, const ZpCommGroup *groups, uint32_t n_groups);
+
+/* The classes in rank's group of communicator g, ascending, into members (room for the
+ * group's ranks); returns how many. */
+uint32_t sim_class_group(SimClasses *classes, const ZpCommGroup *g, uint32_t rank,
+                         uint32_t *members);
+
+/* Rank's group of a communicator of `ranks` ranks `stride` apart (groups numbered by their
+ * first member), and that group's first member. */
+uint32_t sim_class_group_index(uint32_t ranks, uint32_t stride, uint32_t rank);
+uint32_t sim_class_group_first(uint32_t ranks, uint32_t stride, uint32_t group);
+
+void sim_class_clear(SimClasses *classes);
+
+/* Interns variable-length keys of 32-bit words: equal keys get equal ids, 0, 1, ... in the
+ * order first seen. */
+typedef struct {
+    GArray *words; /* the keys back to back */
+    GArray *start; /* [id]: where key id begins in words; one more entry for the end */
+    uint32_t *slots; /* open addressing over ids + 1 (0: empty) */
+    uint32_t cap_slots;
+} SimInterner;
+
+void sim_interner_init(SimInterner *t);
+uint32_t sim_interner_id(SimInterner *t, const uint32_t *key, uint32_t len);
+uint32_t sim_interner_count(const SimInterner *t);
+/* Key id's words and their count. */
+const uint32_t *sim_interner_key(const SimInterner *t, uint32_t id, uint32_t *len);
+void sim_interner_clear(SimInterner *t);
+
+#endif
