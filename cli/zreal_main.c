@@ -93,8 +93,8 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     zp_plan_defaults(plan, a->stage, a->pipe.pp ? world / (a->mp * pp) : world, a->mp);
     if (!cli_pipe_plan(&a->pipe, pp, plan, error))
         return FALSE;
-    /* The paper's semantics unless --impl says otherwise (the engine executes the paper's and
-     * FSDP's at every stage, DeepSpeed's at stages 0-1; real/real_engine.c refuses the rest). */
+    /* The paper's semantics unless --impl says otherwise (the engine executes the three at
+     * every stage; DeepSpeed's stages 2-3 through real/real_engine_ds.c). */
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
@@ -499,7 +499,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default) or fsdp (every stage), deepspeed (stages 0-1)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -507,6 +507,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PREFETCH_BUCKET], "stage3_prefetch_bucket_size", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_LIVE], "stage3_max_live_parameters", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_PERSISTENCE], "stage3_param_persistence_threshold (default 1e5)", "E"},
+        {"max-reuse-distance", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_MAX_REUSE], "stage3_max_reuse_distance (default 1e9)", "E"},
         {"offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &a->offload_optimizer, "ZeRO-Offload at stage 1: fp32 master, Adam moments and fp32 gradients in a tracked host tier, CPU Adam (cpu; nvme is cpu at stages 1-2, as in DeepSpeed)", "DEV"},
         {"emulate", 0, 0, G_OPTION_ARG_STRING, &emulate, "One process plays one rank of a world of N: its partitions and buffers, collectives as local copies (run without mpirun)", "N"},
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},

@@ -50,6 +50,8 @@ static const struct {
                           G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_live_parameters), 0},
     [ZP_KNOB_PERSISTENCE] = {"--persistence-threshold",
                              G_STRUCT_OFFSET(ZpZeroConfig, stage3_param_persistence_threshold), 0},
+    [ZP_KNOB_MAX_REUSE] = {"--max-reuse-distance",
+                           G_STRUCT_OFFSET(ZpZeroConfig, stage3_max_reuse_distance), 0},
 };
 
 const char *zp_zero_knob_flag(ZpZeroKnob knob)

@@ -135,13 +135,15 @@ static inline int zp_plan_vstages(const ZpPlan *plan)
 
 /* DeepSpeed's size knobs as command-line flags, in this order: --reduce-bucket-size,
  * --allgather-bucket-size, --prefetch-bucket-size, --max-live-parameters,
- * --persistence-threshold. Shared by zplan and zreal so both refuse the same values. */
+ * --persistence-threshold, --max-reuse-distance. Shared by zplan and zreal so both refuse the
+ * same values. */
 typedef enum {
     ZP_KNOB_REDUCE_BUCKET,
     ZP_KNOB_ALLGATHER_BUCKET,
     ZP_KNOB_PREFETCH_BUCKET,
     ZP_KNOB_MAX_LIVE,
     ZP_KNOB_PERSISTENCE,
+    ZP_KNOB_MAX_REUSE,
     ZP_KNOB_N
 } ZpZeroKnob;
 

@@ -238,8 +238,9 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
  * apart) and tp (mp consecutive ranks) when it has none. */
 int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
 
-/* JSON round trip (`zplan schedule --out`); the reader validates every field and, since zreal
- * executes what it reads, takes --impl paper schedules only. */
+/* JSON round trip (`zplan schedule --out`); the reader validates every field, since zreal
+ * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),
+ * one of another implementation by equality with the builder's ops for its model and plan. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 

@@ -2,6 +2,7 @@
  * partitioned, when buckets are reduced, what is gathered and freed — comes from the ops;
  * the engine only maps each op onto model calls, backend buffers and collectives. */
 #include "real_engine.h"
+#include "real_engine_ds.h"
 #include "real_offload.h"
 #include "zp_offload.h"
 #include "real_data.h"
@@ -67,6 +68,7 @@ struct RealEngine {
     GArray *marks; /* this step's device-timed ops (PendingMark), resolved at its end */
     double model_state_bytes;
     RealOffload *offload; /* the host tier, with optimizer offload */
+    RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
 };
 
 /* One op timed on the backend's device clock: read after the step's last op, so that
@@ -76,8 +78,7 @@ typedef struct {
     void *begin, *end;
 } PendingMark;
 
-static gboolean fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
-static gboolean fail(GError **error, const char *format, ...)
+gboolean real_engine_fail(GError **error, const char *format, ...)
 {
     va_list args;
     va_start(args, format);
@@ -87,6 +88,7 @@ static gboolean fail(GError **error, const char *format, ...)
     g_free(message);
     return FALSE;
 }
+#define fail real_engine_fail
 
 static uint64_t unit_padded(const RealEngine *e, int u)
 {
@@ -105,13 +107,19 @@ static gboolean is_persistent(const RealEngine *e, int u)
     return zp_sched_unit_persistent(e->s, u);
 }
 
-static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
+void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
+                        GError **error)
 {
-    void *p = e->be->alloc(e->be, bytes, (RealMemCategory)cat);
+    void *p = be->alloc(be, bytes, (RealMemCategory)cat);
     if (!p)
         fail(error, "rank %d: out of memory allocating %" G_GUINT64_FORMAT " bytes of %s",
-             e->rank, bytes, zp_sched_mem_name(cat));
+             rank, bytes, zp_sched_mem_name(cat));
     return p;
+}
+
+static void *take(RealEngine *e, uint64_t bytes, ZpMemCategory cat, GError **error)
+{
+    return real_engine_alloc(e->be, e->rank, bytes, cat, error);
 }
 
 /* ---- set-up ------------------------------------------------------------------------------ */
@@ -144,13 +152,9 @@ static gboolean check_schedule(const ZpSchedule *s, GError **error)
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    /* DeepSpeed's stages 2-3 split a unit's gradients over buckets and gather parameters per
-     * tensor, which the engine's unit-level landing buckets and gathers do not do; FSDP's are
-     * unit-level. */
-    if (s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2)
-        return fail(error, "zreal executes --impl paper and fsdp at every stage and --impl "
-                           "deepspeed at stages 0-1; the plan is deepspeed at stage %d",
-                    s->plan.zero.stage);
+    if (real_ds_applies(s) && (zp_offload_any(&s->plan) || s->plan.zero.zero_quantized_weights ||
+                               s->plan.zero.zero_hpz_partition_size > 1))
+        return fail(error, "zreal executes DeepSpeed's stages 2-3 without offload, qwZ or hpZ");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -218,8 +222,13 @@ static gboolean allocate_states(RealEngine *e, GError **error)
     e->opt_elems = e->stage == 0 ? total : part;
     e->part_base = (e->stage == 1 || e->stage == 2) ? (uint64_t)e->rank * part : 0;
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
-    if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)) ||
-        !(e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error)))
+    if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)))
+        return FALSE;
+    if (real_ds_applies(s)) /* the plug-in holds the gradients as DeepSpeed lays them out */
+        e->ds = real_ds_new(s, e->be, e->comm, e->buffers, e->params, error);
+    else
+        e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error);
+    if (!e->ds && !e->grads)
         return FALSE;
     if (zp_offload_any(&s->plan)) { /* the optimizer states live in the host tier */
         if (!(e->offload = real_offload_new(s, e->be, e->opt_elems, error)))
@@ -343,7 +352,13 @@ static gboolean init_unit(RealEngine *e, int u, uint64_t first, uint64_t count, 
     return ok;
 }
 
-static gboolean init_params(RealEngine *e, GError **error)
+static gboolean init_ds_range(void *engine, int u, uint64_t first, uint64_t count,
+                              RealBf16 *dst, GError **error)
+{
+    return init_unit(engine, u, first, count, dst, error);
+}
+
+static gboolean init_units(RealEngine *e, GError **error)
 {
     const ZpSchedule *s = e->s;
     for (int u = 0; u < s->n_units; u++) {
@@ -360,6 +375,15 @@ static gboolean init_params(RealEngine *e, GError **error)
         if (!ok)
             return FALSE;
     }
+    return TRUE;
+}
+
+static gboolean init_params(RealEngine *e, GError **error)
+{
+    /* DeepSpeed's stage 3 partitions each tensor on its own (real_engine_ds). */
+    if (!(e->ds && e->stage == 3 ? real_ds_init_params(e->ds, init_ds_range, e, error)
+                                 : init_units(e, error)))
+        return FALSE;
     e->be->bf16_to_f32(e->be, e->master, e->params + e->part_base, e->opt_elems);
     return TRUE;
 }
@@ -461,6 +485,7 @@ void real_engine_free(RealEngine *e)
     if (e->offload) /* its states are the host tier's */
         e->master = e->adam_m = e->adam_v = NULL;
     real_offload_free(e->offload);
+    real_ds_free(e->ds);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
         be->free(be, states[i]);
@@ -494,14 +519,18 @@ static void map_landing_bucket(RealEngine *e, int id)
     }
 }
 
+static const RealBf16 *step_grads(const RealEngine *e);
+
 /* DeepSpeed's step copies of the reduced partition (stage_1_and_2.py step): the flattened
- * 16-bit gradients, or their fp32 conversion, by the buffer's size. */
+ * 16-bit gradients, or their fp32 conversion, by the buffer's size; at stage 3 the fp32
+ * gradient of a sub_group_size group (stage3.py _prepare_fp32_grad_for_sub_group), the first:
+ * the schedule has one buffer of the largest group around one optimizer op. */
 static void step_copy(RealEngine *e, void *dst, uint64_t bytes)
 {
     const uint64_t part = e->s->partition_elems;
-    const RealBf16 *grad = e->grads + (e->stage == 1 ? e->part_base : 0);
-    if (bytes == part * sizeof(float))
-        e->be->bf16_to_f32(e->be, dst, grad, part);
+    const RealBf16 *grad = step_grads(e);
+    if (bytes == part * sizeof(float) || e->stage == 3)
+        e->be->bf16_to_f32(e->be, dst, grad, MIN(part, bytes / sizeof(float)));
     else
         e->be->copy(e->be, dst, grad, bytes);
 }
@@ -512,8 +541,8 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
 {
     const size_t b2 = sizeof(RealBf16);
     switch (op->sub) {
-    case ZP_MEM_GATHERED_PARAMS:
-        return unit_padded(e, op->unit) * b2;
+    case ZP_MEM_GATHERED_PARAMS: /* a unit, or with real_engine_ds one tensor it checks */
+        return e->ds ? (uint64_t)op->bytes : unit_padded(e, op->unit) * b2;
     case ZP_MEM_CHECKPOINTS:
         return real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
@@ -544,9 +573,11 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
     if (op->sub == ZP_MEM_CHECKPOINTS)
         e->ckpt_buffer[slot(e, op->unit, op->micro)] = op->buffer;
     if (op->sub == ZP_MEM_BUCKETS && e->stage >= 2 && op->unit >= 0) {
-        /* Stages 2-3: backward accumulates straight into the bucket. */
+        /* Stages 2-3: backward accumulates straight into the bucket (real_engine_ds maps
+         * its tensors itself). */
         e->be->fill(e->be, e->buffers[op->buffer], 0, need);
-        map_landing_bucket(e, op->buffer);
+        if (!e->ds)
+            map_landing_bucket(e, op->buffer);
     }
     if (op->sub == ZP_MEM_WORKSPACE)
         step_copy(e, e->buffers[op->buffer], need);
@@ -566,22 +597,41 @@ static void do_free(RealEngine *e, const ZpOp *op)
 
 /* ---- compute ----------------------------------------------------------------------------- */
 
-static const RealBf16 *params_of(RealEngine *e, int u, GError **error)
+/* Unit u's parameters as a compute op reads them, and where it accumulates its gradients:
+ * the tensors in `used` (bit k: tensor k of the unit) or all. */
+#define ALL_TENSORS UINT32_MAX
+#define WTE_ONLY 1u /* a tied LM head's use of the embeddings */
+
+static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v,
+                          GError **error)
 {
-    if (e->stage < 3)
-        return e->params + e->s->unit_offset[u];
-    const RealBf16 *p = e->persistent[u] ? e->persistent[u] : e->unit_params[u];
+    if (e->ds)
+        return real_ds_params(e->ds, u, used, v, error);
+    const RealBf16 *p = e->stage < 3          ? e->params + e->s->unit_offset[u]
+                        : e->persistent[u] ? e->persistent[u]
+                                           : e->unit_params[u];
     if (!p)
-        fail(error, "rank %d: unit %d is used but was not gathered", e->rank, u);
-    return p;
+        return fail(error, "rank %d: unit %d is used but was not gathered", e->rank, u);
+    real_gpt_tensors_at(&e->dims, u, p, v);
+    return TRUE;
 }
 
-static RealBf16 *grads_of(RealEngine *e, int u, GError **error)
+static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGptTensors *v,
+                         GError **error)
 {
+    if (e->ds)
+        return real_ds_grads(e->ds, u, used, micro, v, error);
     RealBf16 *g = e->stage < 2 ? e->grads + e->s->unit_offset[u] : e->unit_grads[u];
     if (!g)
-        fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
-    return g;
+        return fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
+    real_gpt_tensors_at(&e->dims, u, g, v);
+    return TRUE;
+}
+
+/* This rank's reduced partition gradients, as the step reads them. */
+static const RealBf16 *step_grads(const RealEngine *e)
+{
+    return e->ds ? real_ds_step_grads(e->ds) : e->grads + (e->stage == 1 ? e->part_base : 0);
 }
 
 static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
@@ -606,7 +656,7 @@ static RealAdamHyper adam_hyper(RealEngine *e)
 static gboolean optimizer(RealEngine *e)
 {
     const RealAdamHyper hyper = adam_hyper(e);
-    const RealBf16 *grad = e->grads + (e->stage == 1 ? e->part_base : 0);
+    const RealBf16 *grad = step_grads(e);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);
     return TRUE;
@@ -721,21 +771,20 @@ static void restore_head_dx(RealEngine *e, int micro)
 
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
-    const int l = op->unit, L = e->L;
-    const RealBf16 *p;
-    RealBf16 *g;
+    const int l = op->unit, L = e->L, micro = op->micro;
+    RealGptTensors p, g;
     float loss = 0;
     switch ((ZpComputeKind)op->sub) {
     case ZP_COMP_EMBED_FWD:
-        return load_micro_batch(e, op->micro, error) && (p = params_of(e, 0, error)) &&
-               real_gpt_embed_forward(e->gpt, p, e->tokens, e->x, error);
+        return load_micro_batch(e, op->micro, error) && params_of(e, 0, ALL_TENSORS, &p, error) &&
+               real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
     case ZP_COMP_BLOCK_FWD:
         if (e->s->plan.checkpoint)
             e->be->copy(e->be, e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
                         real_gpt_checkpoint_bytes(&e->dims));
-        if (!(p = params_of(e, l, error)) ||
-            !real_gpt_block_forward(e->gpt, l - 1, p, e->x, e->x, !e->s->plan.checkpoint,
-                                    error))
+        if (!params_of(e, l, ALL_TENSORS, &p, error) ||
+            !real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
+                                      error))
             return FALSE;
         if (!e->s->plan.checkpoint)
             e->stash[slot(e, l, op->micro)] = real_gpt_take_saved(e->gpt, l - 1);
@@ -747,23 +796,23 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         /* A tied head reads and updates the embedding (unit 0) too; an untied one only its
          * own unit. */
         const gboolean tied = !e->dims.untied;
-        const RealBf16 *lnf = params_of(e, L + 1, error);
-        const RealBf16 *emb = lnf && tied ? params_of(e, 0, error) : NULL;
-        RealBf16 *glnf = lnf && (emb || !tied) ? grads_of(e, L + 1, error) : NULL;
-        RealBf16 *gemb = glnf && tied ? grads_of(e, 0, error) : NULL;
-        gboolean ok = glnf && (gemb || !tied) && real_gpt_head_forward_backward(e->gpt, lnf, emb, e->x, e->targets,
-                                                             1.0f, &loss, e->dx, glnf, gemb,
-                                                             error);
+        RealGptTensors emb = {0}, gemb = {0};
+        gboolean ok = params_of(e, L + 1, ALL_TENSORS, &p, error) &&
+                      (!tied || params_of(e, 0, WTE_ONLY, &emb, error)) &&
+                      grads_of(e, L + 1, ALL_TENSORS, micro, &g, error) &&
+                      (!tied || grads_of(e, 0, WTE_ONLY, micro, &gemb, error)) &&
+                      real_gpt_head_forward_backward_t(e->gpt, &p, &emb, e->x, e->targets, 1.0f,
+                                                       &loss, e->dx, &g, &gemb, error);
         e->loss_sum += loss;
         return ok && (e->s->stages == 1 || keep_head_dx(e, op, error));
     }
     case ZP_COMP_RECOMPUTE:
         restore_head_dx(e, op->micro);
         /* The recomputed block's output is not needed: the residual stream is scratch now. */
-        return (p = params_of(e, l, error)) &&
-               real_gpt_block_forward(e->gpt, l - 1, p,
-                                      e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
-                                      TRUE, error);
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               real_gpt_block_forward_t(e->gpt, l - 1, &p,
+                                        e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
+                                        TRUE, error);
     case ZP_COMP_BLOCK_BWD:
         restore_head_dx(e, op->micro);
         if (!e->s->plan.checkpoint) {
@@ -772,13 +821,14 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                 return FALSE;
             *saved = NULL;
         }
-        return (p = params_of(e, l, error)) && (g = grads_of(e, l, error)) &&
-               real_gpt_block_backward(e->gpt, l - 1, p, e->dx, e->dx, g, error);
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               grads_of(e, l, ALL_TENSORS, micro, &g, error) &&
+               real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
     case ZP_COMP_EMBED_BWD:
         /* A pipeline's first stage has forwarded later micro-batches since: their tokens. */
         return (e->s->stages == 1 || load_micro_batch(e, op->micro, error)) &&
-               (g = grads_of(e, 0, error)) &&
-               real_gpt_embed_backward(e->gpt, e->tokens, e->dx, g, error);
+               grads_of(e, 0, ALL_TENSORS, micro, &g, error) &&
+               real_gpt_embed_backward_t(e->gpt, e->tokens, e->dx, &g, error);
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
     case ZP_COMP_CPU_OPTIMIZER: {
@@ -796,21 +846,26 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-/* dst = src (the step's first reduction of this range) or dst += src (later micro-steps). */
+gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
+                             uint64_t n, gboolean accumulate, GError **error)
+{
+    if (!accumulate) {
+        be->copy(be, dst, src, n * sizeof(RealBf16));
+        return TRUE;
+    }
+    float *widened = real_engine_alloc(be, rank, n * sizeof(float), ZP_MEM_WORKSPACE, error);
+    if (!widened)
+        return FALSE;
+    be->bf16_to_f32(be, widened, src, n);
+    be->accumulate_bf16(be, dst, widened, n);
+    be->free(be, widened);
+    return TRUE;
+}
+
 static gboolean deliver(RealEngine *e, RealBf16 *dst, const RealBf16 *src, uint64_t n,
                         gboolean accumulate, GError **error)
 {
-    if (!accumulate) {
-        e->be->copy(e->be, dst, src, n * sizeof(RealBf16));
-        return TRUE;
-    }
-    float *widened = take(e, n * sizeof(float), ZP_MEM_WORKSPACE, error);
-    if (!widened)
-        return FALSE;
-    e->be->bf16_to_f32(e->be, widened, src, n);
-    e->be->accumulate_bf16(e->be, dst, widened, n);
-    e->be->free(e->be, widened);
-    return TRUE;
+    return real_engine_deliver(e->be, e->rank, dst, src, n, accumulate, error);
 }
 
 /* Stages 1-2: rank q receives the part of [lo, hi) inside its partition [qP, (q+1)P). */
@@ -941,6 +996,8 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
 
 static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
+    if (e->ds)
+        return real_ds_collective(e->ds, op, error);
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
         return fail(error, "zreal has no tensor-parallel group or qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
@@ -1001,7 +1058,8 @@ static void zero_gradients(RealEngine *e)
     const ZpSchedule *s = e->s;
     const uint64_t elems[4] = {s->total_elems, s->padded_elems, s->partition_elems,
                                s->partition_elems};
-    e->be->fill(e->be, e->grads, 0, elems[e->stage] * sizeof(RealBf16));
+    if (e->grads) /* real_engine_ds overwrites its gradients at the first micro-step */
+        e->be->fill(e->be, e->grads, 0, elems[e->stage] * sizeof(RealBf16));
 }
 
 /* Waits for the device (when the backend has one) and adds the step's device-timed ops. */

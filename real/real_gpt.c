@@ -50,7 +50,6 @@ struct RealGpt {
     RealGptDims dims;
     size_t block_offset[REAL_GPT_N_BLOCK_TENSORS]; /* element offsets inside a block unit */
     bool block_has[REAL_GPT_N_BLOCK_TENSORS];      /* biases and norm biases may be absent */
-    size_t head_offset;                            /* untied: lm_head inside unit L+1 */
     size_t block_elems;
     void **saved; /* [layers]: saved activations between forward and backward, or NULL */
 };
@@ -329,6 +328,35 @@ size_t real_gpt_unit_elems(const RealGptDims *dims, int unit)
     return n ? t[n - 1].offset_elems + t[n - 1].elems : 0;
 }
 
+void real_gpt_tensors_at(const RealGptDims *dims, int unit, const RealBf16 *base,
+                         RealGptTensors *out)
+{
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    const int n = real_gpt_unit_tensors(dims, unit, t);
+    memset(out, 0, sizeof *out);
+    for (int k = 0; base && k < n; k++)
+        out->at[k] = (RealBf16 *)base + t[k].offset_elems;
+}
+
+/* dst's tensors first..last-1 of unit `unit` += src, that unit's fp32 gradients laid out
+ * contiguously (src[0] is tensor first's first element). */
+static void real_gpt_accumulate(RealBackend *be, const RealGptDims *d, int unit,
+                                const RealGptTensors *dst, const float *src, int first,
+                                int last)
+{
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    real_gpt_unit_tensors(d, unit, t);
+    for (int k = first; k < last; k++)
+        be->accumulate_bf16(be, dst->at[k], src + (t[k].offset_elems - t[first].offset_elems),
+                            t[k].elems);
+}
+
+static int real_gpt_n_tensors(const RealGptDims *d, int unit)
+{
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    return real_gpt_unit_tensors(d, unit, t);
+}
+
 size_t real_gpt_param_elems(const RealGptDims *dims)
 {
     size_t total = 0;
@@ -501,7 +529,6 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
         offset += spec[i].present ? spec[i].elems : 0;
     }
     gpt->block_elems = real_gpt_unit_elems(dims, 1);
-    gpt->head_offset = (dims->rmsnorm ? 1 : 2) * (size_t)dims->hidden;
     gpt->saved = g_new0(void *, dims->layers);
     return gpt;
 }
@@ -559,6 +586,14 @@ static float *real_gpt_workspace(RealGpt *gpt, size_t n_elems)
 gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
                                 RealBf16 *x0, GError **error)
 {
+    RealGptTensors v;
+    real_gpt_tensors_at(&gpt->dims, 0, embed_params, &v);
+    return real_gpt_embed_forward_t(gpt, &v, tokens, x0, error);
+}
+
+gboolean real_gpt_embed_forward_t(RealGpt *gpt, const RealGptTensors *embed, const int *tokens,
+                                  RealBf16 *x0, GError **error)
+{
     if (!real_gpt_check_tokens(gpt, tokens, "tokens", error))
         return FALSE;
     RealBackend *be = gpt->be;
@@ -567,12 +602,12 @@ gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, cons
     float *xf = real_gpt_workspace(gpt, n);
     if (!xf)
         return real_gpt_nomem(error, "the embedding output");
-    const RealBf16 *wpe = embed_params + (size_t)d->vocab * d->hidden;
     if (d->rope_theta > 0)
-        be->token_embedding_fwd(be, xf, tokens, embed_params, (int)real_gpt_tokens(d), d->hidden);
+        be->token_embedding_fwd(be, xf, tokens, embed->at[0], (int)real_gpt_tokens(d),
+                                d->hidden);
     else
-        be->embedding_fwd(be, xf, tokens, embed_params, wpe, d->micro_batch, d->seq_len,
-                          d->hidden);
+        be->embedding_fwd(be, xf, tokens, embed->at[0], embed->at[1], d->micro_batch,
+                          d->seq_len, d->hidden);
     be->f32_to_bf16(be, x0, xf, n);
     be->free(be, xf);
     return TRUE;
@@ -580,6 +615,14 @@ gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, cons
 
 gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *dx0,
                                  RealBf16 *embed_grads, GError **error)
+{
+    RealGptTensors v;
+    real_gpt_tensors_at(&gpt->dims, 0, embed_grads, &v);
+    return real_gpt_embed_backward_t(gpt, tokens, dx0, &v, error);
+}
+
+gboolean real_gpt_embed_backward_t(RealGpt *gpt, const int *tokens, const float *dx0,
+                                   const RealGptTensors *embed_grads, GError **error)
 {
     if (!real_gpt_check_tokens(gpt, tokens, "tokens", error))
         return FALSE;
@@ -595,7 +638,7 @@ gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *d
     else
         be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
                           d->micro_batch, d->seq_len, d->hidden);
-    be->accumulate_bf16(be, embed_grads, grads, n);
+    real_gpt_accumulate(be, d, 0, embed_grads, grads, 0, real_gpt_n_tensors(d, 0));
     be->free(be, grads);
     return TRUE;
 }
@@ -613,36 +656,36 @@ static void real_gpt_keep(RealBackend *be, float *x, RealBf16 *saved, size_t n_e
 }
 
 /* y[T,n] = x[T,k] W[k,n] + bias, W and bias taken from the block's parameters. */
-static bool real_gpt_linear(RealGpt *gpt, const RealBf16 *params, RealGptBlockTensor weight,
+static bool real_gpt_linear(RealGpt *gpt, RealBf16 *const *params, RealGptBlockTensor weight,
                             const float *x, float *y, int n, int k)
 {
     RealBackend *be = gpt->be;
     int t = (int)real_gpt_tokens(&gpt->dims);
     if (!be->gemm(be, false, false, t, n, k, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
-                  params + gpt->block_offset[weight], 0.0f, y))
+                  params[weight], 0.0f, y))
         return false;
     if (gpt->block_has[weight + 1])
-        be->bias_fwd(be, y, params + gpt->block_offset[weight + 1], t, n);
+        be->bias_fwd(be, y, params[weight + 1], t, n);
     return true;
 }
 
 /* A block's norm forward: LayerNorm (gain, bias; statistics kept in mean and rstd) or
  * RMSNorm (gain; nothing kept). */
-static void real_gpt_norm_fwd(RealGpt *gpt, const RealBf16 *p, RealGptBlockTensor gain,
+static void real_gpt_norm_fwd(RealGpt *gpt, RealBf16 *const *p, RealGptBlockTensor gain,
                               float *y, float *mean, float *rstd, const float *x)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     int t = (int)real_gpt_tokens(d), h = d->hidden;
     if (d->rmsnorm)
-        be->rmsnorm_fwd(be, y, x, p + gpt->block_offset[gain], t, h, real_gpt_eps(d));
+        be->rmsnorm_fwd(be, y, x, p[gain], t, h, real_gpt_eps(d));
     else
-        be->layernorm_fwd(be, y, mean, rstd, x, p + gpt->block_offset[gain],
-                          p + gpt->block_offset[gain + 1], t, h);
+        be->layernorm_fwd(be, y, mean, rstd, x, p[gain],
+                          p[gain + 1], t, h);
 }
 
 /* Its backward: dx += d/dx, the gain's (and bias's) gradients into g. */
-static void real_gpt_norm_bwd(RealGpt *gpt, const RealBf16 *p, float *g,
+static void real_gpt_norm_bwd(RealGpt *gpt, RealBf16 *const *p, float *g,
                               RealGptBlockTensor gain, float *dx, const float *dy,
                               const float *x, const float *mean, const float *rstd)
 {
@@ -651,10 +694,10 @@ static void real_gpt_norm_bwd(RealGpt *gpt, const RealBf16 *p, float *g,
     int t = (int)real_gpt_tokens(d), h = d->hidden;
     const size_t *off = gpt->block_offset;
     if (d->rmsnorm)
-        be->rmsnorm_bwd(be, dx, g + off[gain], dy, x, p + off[gain], t, h, real_gpt_eps(d));
+        be->rmsnorm_bwd(be, dx, g + off[gain], dy, x, p[gain], t, h, real_gpt_eps(d));
     else
         be->layernorm_bwd(be, dx, g + off[gain], g + off[gain + 1], dy, x, mean, rstd,
-                          p + off[gain], t, h);
+                          p[gain], t, h);
 }
 
 /* The block forward's fp32 workspace, T(3h + q + f1 + f + 4) + b a s floats, and where the
@@ -705,7 +748,7 @@ static bool real_gpt_attention_fwd(RealGpt *gpt, float *out, RealBf16 *probs, fl
 }
 
 /* x2 = x + attention(norm1(x)) Wp + bp, from b->x; sv NULL when not saving. */
-static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+static bool real_gpt_fwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
                                    const RealGptFwdBufs *b)
 {
     RealBackend *be = gpt->be;
@@ -734,7 +777,7 @@ static bool real_gpt_fwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
 /* b->x = x2 + act(norm2(y) W1 + b1) W2 + b2 with y = x2, or the block input x itself under a
  * parallel residual; act GELU or gated (x is dead once norm2 has read it, so its buffer
  * takes the output); sv NULL when not saving. */
-static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+static bool real_gpt_fwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
                              const RealGptFwdBufs *b)
 {
     RealBackend *be = gpt->be;
@@ -762,7 +805,7 @@ static bool real_gpt_fwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved
 }
 
 /* The whole block forward in workspace ws; sv NULL when not saving. */
-static bool real_gpt_block_fwd_compute(RealGpt *gpt, const RealBf16 *p, const RealBf16 *x_in,
+static bool real_gpt_block_fwd_compute(RealGpt *gpt, RealBf16 *const *p, const RealBf16 *x_in,
                                        RealBf16 *x_out, const RealGptSaved *sv, float *ws)
 {
     RealBackend *be = gpt->be;
@@ -777,9 +820,26 @@ static bool real_gpt_block_fwd_compute(RealGpt *gpt, const RealBf16 *p, const Re
     return true;
 }
 
+/* A block's view indexed by RealGptBlockTensor (absent tensors NULL). */
+static void real_gpt_block_ptrs(const RealGpt *gpt, const RealGptTensors *v,
+                                RealBf16 *out[REAL_GPT_N_BLOCK_TENSORS])
+{
+    for (int i = 0, k = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++)
+        out[i] = gpt->block_has[i] ? v->at[k++] : NULL;
+}
+
 gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_params,
                                 const RealBf16 *x_in, RealBf16 *x_out,
                                 gboolean save_activations, GError **error)
+{
+    RealGptTensors v;
+    real_gpt_tensors_at(&gpt->dims, 1, block_params, &v);
+    return real_gpt_block_forward_t(gpt, layer, &v, x_in, x_out, save_activations, error);
+}
+
+gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                  const RealBf16 *x_in, RealBf16 *x_out,
+                                  gboolean save_activations, GError **error)
 {
     if (!real_gpt_check_layer(gpt, layer, error))
         return FALSE;
@@ -800,8 +860,9 @@ gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_p
     RealGptSaved sv = {0};
     if (saved)
         sv = real_gpt_saved_view(d, saved);
-    bool ok = ws && real_gpt_block_fwd_compute(gpt, block_params, x_in, x_out,
-                                               saved ? &sv : NULL, ws);
+    RealBf16 *p[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_ptrs(gpt, block, p);
+    bool ok = ws && real_gpt_block_fwd_compute(gpt, p, x_in, x_out, saved ? &sv : NULL, ws);
     be->free(be, ws);
     if (!ok) {
         be->free(be, saved);
@@ -848,14 +909,14 @@ static bool real_gpt_linear_param_grads(RealGpt *gpt, float *g, RealGptBlockTens
 }
 
 /* dx[T,k] = dy[T,n] W^T for a block weight W [k,n]. */
-static bool real_gpt_linear_input_grad(RealGpt *gpt, const RealBf16 *p,
+static bool real_gpt_linear_input_grad(RealGpt *gpt, RealBf16 *const *p,
                                        RealGptBlockTensor weight, const float *dy, float *dx,
                                        int n, int k)
 {
     RealBackend *be = gpt->be;
     int t = (int)real_gpt_tokens(&gpt->dims);
     return be->gemm(be, false, true, t, k, n, 1.0f, REAL_DTYPE_F32, dy, REAL_DTYPE_BF16,
-                    p + gpt->block_offset[weight], 0.0f, dx);
+                    p[weight], 0.0f, dx);
 }
 
 /* The block backward's fp32 workspace, unit + T(2 f1 + 3h + 2q) floats: the unit's parameter
@@ -888,7 +949,7 @@ static RealGptBwdBufs real_gpt_bwd_bufs(const RealGpt *gpt, float *ws)
 
 /* MLP part, y = x2 + act(norm2(z) W1 + b1) W2 + b2 (z = x2, or x under a parallel residual):
  * b->dx2 = dy + the MLP's part of dL/dz. */
-static bool real_gpt_bwd_mlp(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+static bool real_gpt_bwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
                              const float *dy, const RealGptBwdBufs *b)
 {
     RealBackend *be = gpt->be;
@@ -941,7 +1002,7 @@ static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *
 /* Attention part, x2 = x + attention(norm1(x)) Wp + bp: dx = dL/dx from b->dx2, whose
  * attention output's gradient is b->dx2 too, or the block output's dy under a parallel
  * residual (b->dx2 then carries the MLP's part, which does not flow through attention). */
-static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
+static bool real_gpt_bwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
                                    const float *dy, float *dx, const RealGptBwdBufs *b)
 {
     RealBackend *be = gpt->be;
@@ -972,9 +1033,9 @@ static bool real_gpt_bwd_attention(RealGpt *gpt, const RealBf16 *p, const RealGp
 /* The whole block backward in workspace ws. dy is last read (by the MLP part, or the
  * attention's projection under a parallel residual) before dx is first written (at the end
  * of the attention part), so they may alias. */
-static bool real_gpt_block_bwd_compute(RealGpt *gpt, const RealBf16 *p, const RealGptSaved *sv,
-                                       const float *dy, float *dx, RealBf16 *block_grads,
-                                       float *ws)
+static bool real_gpt_block_bwd_compute(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
+                                       const float *dy, float *dx,
+                                       const RealGptTensors *block_grads, float *ws)
 {
     RealBackend *be = gpt->be;
     RealGptBwdBufs b = real_gpt_bwd_bufs(gpt, ws);
@@ -982,13 +1043,24 @@ static bool real_gpt_block_bwd_compute(RealGpt *gpt, const RealBf16 *p, const Re
     if (!real_gpt_bwd_mlp(gpt, p, sv, dy, &b) ||
         !real_gpt_bwd_attention(gpt, p, sv, dy, dx, &b))
         return false;
-    be->accumulate_bf16(be, block_grads, b.g, gpt->block_elems);
+    real_gpt_accumulate(be, &gpt->dims, 1, block_grads, b.g, 0,
+                        real_gpt_n_tensors(&gpt->dims, 1));
     return true;
 }
 
 gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_params,
                                  const float *dx_out, float *dx_in, RealBf16 *block_grads,
                                  GError **error)
+{
+    RealGptTensors p, g;
+    real_gpt_tensors_at(&gpt->dims, 1, block_params, &p);
+    real_gpt_tensors_at(&gpt->dims, 1, block_grads, &g);
+    return real_gpt_block_backward_t(gpt, layer, &p, dx_out, dx_in, &g, error);
+}
+
+gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                   const float *dx_out, float *dx_in,
+                                   const RealGptTensors *block_grads, GError **error)
 {
     if (!real_gpt_check_layer(gpt, layer, error))
         return FALSE;
@@ -1003,8 +1075,9 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
     const RealGptDims *d = &gpt->dims;
     float *ws = real_gpt_workspace(gpt, real_gpt_bwd_ws_elems(gpt));
     RealGptSaved sv = real_gpt_saved_view(d, gpt->saved[layer]);
-    bool ok = ws && real_gpt_block_bwd_compute(gpt, block_params, &sv, dx_out, dx_in,
-                                               block_grads, ws);
+    RealBf16 *p[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_ptrs(gpt, block, p);
+    bool ok = ws && real_gpt_block_bwd_compute(gpt, p, &sv, dx_out, dx_in, block_grads, ws);
     be->free(be, ws);
     if (!ok)
         return real_gpt_nomem(error, "the block backward workspace");
@@ -1017,10 +1090,11 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
 
 /* The head in workspace ws (T(2h + 2) + h(V + 2) floats) and logits [T,V]; wte is the head
  * weight (unit 0's when tied, unit L+1's lm_head when not) and gwte_out its gradient. */
-static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealBf16 *wte,
+static bool real_gpt_head_compute(RealGpt *gpt, const RealGptTensors *lnf, const RealBf16 *wte,
                                   const RealBf16 *x_last, const int *targets, float dloss_scale,
-                                  float *loss_out, float *dx_last, RealBf16 *final_ln_grads,
-                                  RealBf16 *gwte_out, float *ws, float *logits)
+                                  float *loss_out, float *dx_last,
+                                  const RealGptTensors *final_ln_grads, RealBf16 *gwte_out,
+                                  float *ws, float *logits)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
@@ -1028,13 +1102,13 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
     size_t th = (size_t)t * h;
     float *xf = ws, *y = xf + th, *mean = y + th, *rstd = mean + t, *gwte = rstd + t;
     float *gln = gwte + (size_t)v * h;
-    const size_t norm_elems = d->rmsnorm ? (size_t)h : 2 * (size_t)h;
+    const int norm_tensors = d->rmsnorm ? 1 : 2;
 
     be->bf16_to_f32(be, xf, x_last, th);
     if (d->rmsnorm)
-        be->rmsnorm_fwd(be, y, xf, lnf, t, h, real_gpt_eps(d));
+        be->rmsnorm_fwd(be, y, xf, lnf->at[0], t, h, real_gpt_eps(d));
     else
-        be->layernorm_fwd(be, y, mean, rstd, xf, lnf, lnf + h, t, h);
+        be->layernorm_fwd(be, y, mean, rstd, xf, lnf->at[0], lnf->at[1], t, h);
     /* The LM-head GEMM reads the normalised stream as a bf16 tensor, as mixed precision
      * does; its backward uses the same rounded values. */
     be->round_bf16(be, y, th);
@@ -1054,10 +1128,10 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealBf16 *lnf, const RealB
     be->fill(be, gln, 0, 2 * (size_t)h * sizeof(float));
     be->fill(be, dx_last, 0, th * sizeof(float));
     if (d->rmsnorm)
-        be->rmsnorm_bwd(be, dx_last, gln, y, xf, lnf, t, h, real_gpt_eps(d));
+        be->rmsnorm_bwd(be, dx_last, gln, y, xf, lnf->at[0], t, h, real_gpt_eps(d));
     else
-        be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf, t, h);
-    be->accumulate_bf16(be, final_ln_grads, gln, norm_elems);
+        be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf->at[0], t, h);
+    real_gpt_accumulate(be, d, d->layers + 1, final_ln_grads, gln, 0, norm_tensors);
     return true;
 }
 
@@ -1068,17 +1142,36 @@ gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_p
                                         RealBf16 *final_ln_grads, RealBf16 *embed_grads,
                                         GError **error)
 {
+    const int last = gpt->dims.layers + 1;
+    RealGptTensors lnf, emb, glnf, gemb;
+    real_gpt_tensors_at(&gpt->dims, last, final_ln_params, &lnf);
+    real_gpt_tensors_at(&gpt->dims, 0, embed_params, &emb);
+    real_gpt_tensors_at(&gpt->dims, last, final_ln_grads, &glnf);
+    real_gpt_tensors_at(&gpt->dims, 0, embed_grads, &gemb);
+    return real_gpt_head_forward_backward_t(gpt, &lnf, &emb, x_last, targets, dloss_scale,
+                                            loss_out, dx_last, &glnf, &gemb, error);
+}
+
+gboolean real_gpt_head_forward_backward_t(RealGpt *gpt, const RealGptTensors *final_ln,
+                                          const RealGptTensors *embed, const RealBf16 *x_last,
+                                          const int *targets, float dloss_scale,
+                                          float *loss_out, float *dx_last,
+                                          const RealGptTensors *final_ln_grads,
+                                          const RealGptTensors *embed_grads, GError **error)
+{
     if (!real_gpt_check_tokens(gpt, targets, "targets", error))
         return FALSE;
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     size_t t = real_gpt_tokens(d), h = d->hidden;
-    const RealBf16 *head = d->untied ? final_ln_params + gpt->head_offset : embed_params;
-    RealBf16 *ghead = d->untied ? final_ln_grads + gpt->head_offset : embed_grads;
+    /* untied: lm_head is unit L+1's last tensor; tied: wte, unit 0's first */
+    const int lm_head = real_gpt_n_tensors(d, d->layers + 1) - 1;
+    const RealBf16 *head = d->untied ? final_ln->at[lm_head] : embed->at[0];
+    RealBf16 *ghead = d->untied ? final_ln_grads->at[lm_head] : embed_grads->at[0];
     float *logits = be->alloc(be, real_gpt_logits_bytes(d), REAL_MEM_WORKSPACE);
     float *ws = real_gpt_workspace(gpt, t * (2 * h + 2) + h * ((size_t)d->vocab + 2));
     bool ok = logits && ws &&
-              real_gpt_head_compute(gpt, final_ln_params, head, x_last, targets, dloss_scale,
+              real_gpt_head_compute(gpt, final_ln, head, x_last, targets, dloss_scale,
                                     loss_out, dx_last, final_ln_grads, ghead, ws, logits);
     be->free(be, ws);
     be->free(be, logits);

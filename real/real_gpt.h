@@ -28,7 +28,8 @@
  * Backward and head calls ACCUMULATE into the bf16 gradient units (+=), so gradient
  * accumulation over micro-batches needs only zeroing once per step. The head and
  * embed_backward both add to unit 0's wte gradient (tied weights), so under ZeRO-3 unit 0
- * must be gathered for the head as well. */
+ * must be gathered for the head as well. Each call has a _t form that takes the units as
+ * views (RealGptTensors) instead of contiguous arrays. */
 #ifndef REAL_GPT_H
 #define REAL_GPT_H
 
@@ -79,6 +80,14 @@ typedef struct {
 
 #define REAL_GPT_MAX_UNIT_TENSORS 12
 
+/* One unit's tensors wherever they lie: tensor k of real_gpt_unit_tensors' list at at[k].
+ * A contiguous unit is one view (real_gpt_tensors_at); an engine that keeps each tensor in
+ * its own buffer (DeepSpeed's stage-3 per-parameter gathers, its gradients landing tensor by
+ * tensor in buckets) passes its own. Parameters are only read through a view. */
+typedef struct {
+    RealBf16 *at[REAL_GPT_MAX_UNIT_TENSORS];
+} RealGptTensors;
+
 typedef enum {
     REAL_GPT_ERROR_INVALID, /* bad dimensions, unit/layer index or token */
     REAL_GPT_ERROR_STATE,   /* calls out of order (backward without saved activations) */
@@ -119,6 +128,10 @@ size_t real_gpt_param_elems(const RealGptDims *dims);
  * of range). */
 int real_gpt_unit_tensors(const RealGptDims *dims, int unit,
                           RealGptTensor out[REAL_GPT_MAX_UNIT_TENSORS]);
+
+/* The view of unit `unit` laid out contiguously at base (NULL base: every entry NULL). */
+void real_gpt_tensors_at(const RealGptDims *dims, int unit, const RealBf16 *base,
+                         RealGptTensors *out);
 
 /* Bytes one block keeps for backward when forwarded with save_activations, exactly what
  * real_gpt_block_forward allocates under REAL_MEM_ACTIVATIONS (one allocation, freed by
@@ -175,6 +188,8 @@ void real_gpt_free(RealGpt *gpt);
  * [0, V). */
 gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,
                                 RealBf16 *x0, GError **error);
+gboolean real_gpt_embed_forward_t(RealGpt *gpt, const RealGptTensors *embed, const int *tokens,
+                                  RealBf16 *x0, GError **error);
 
 /* Block `layer` (0..L-1, parameters = unit layer + 1): x_out = block(x_in). x_out may
  * alias x_in. With save_activations the block keeps real_gpt_block_activation_bytes for
@@ -184,6 +199,9 @@ gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, cons
 gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_params,
                                 const RealBf16 *x_in, RealBf16 *x_out,
                                 gboolean save_activations, GError **error);
+gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                  const RealBf16 *x_in, RealBf16 *x_out,
+                                  gboolean save_activations, GError **error);
 
 /* Final norm, LM head and mean cross-entropy over the b s tokens, forward and backward at
  * once: *loss_out = mean loss; dx_last [T,h] = d(dloss_scale * loss)/dx_last (overwritten);
@@ -197,6 +215,13 @@ gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_p
                                         float *loss_out, float *dx_last,
                                         RealBf16 *final_ln_grads, RealBf16 *embed_grads,
                                         GError **error);
+/* The same on views (embed and embed_grads may be NULL untied). */
+gboolean real_gpt_head_forward_backward_t(RealGpt *gpt, const RealGptTensors *final_ln,
+                                          const RealGptTensors *embed, const RealBf16 *x_last,
+                                          const int *targets, float dloss_scale,
+                                          float *loss_out, float *dx_last,
+                                          const RealGptTensors *final_ln_grads,
+                                          const RealGptTensors *embed_grads, GError **error);
 
 /* Backward of block `layer` from its saved activations (which it then frees):
  * dx_in = dL/dx_layer from dx_out = dL/dx_{layer+1} (dx_in may alias dx_out), and
@@ -205,6 +230,9 @@ gboolean real_gpt_head_forward_backward(RealGpt *gpt, const RealBf16 *final_ln_p
 gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_params,
                                  const float *dx_out, float *dx_in, RealBf16 *block_grads,
                                  GError **error);
+gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                   const float *dx_out, float *dx_in,
+                                   const RealGptTensors *block_grads, GError **error);
 
 /* A pipeline stage forwards several micro-batches through a block before their backwards:
  * take_saved hands block `layer`'s saved activations (NULL when none) to the caller, who
@@ -217,5 +245,7 @@ gboolean real_gpt_put_saved(RealGpt *gpt, int layer, void *saved, GError **error
  * of the forward. */
 gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *dx0,
                                  RealBf16 *embed_grads, GError **error);
+gboolean real_gpt_embed_backward_t(RealGpt *gpt, const int *tokens, const float *dx0,
+                                   const RealGptTensors *embed_grads, GError **error);
 
 #endif

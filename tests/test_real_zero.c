@@ -175,32 +175,83 @@ static void test_stages_match_one_rank(gconstpointer data)
 
 /* zreal executes DeepSpeed's stages 0-1 (buckets of whole tensors, held ipg buffers of exactly
  * reduce_bucket_size, parameters larger than a bucket reduced in place, the all-reduce of every
- * gradient and the in-place all-gather after the step, the step's flattened and fp32 copies)
- * and FSDP's stages 0, 2 and 3 (a reduction per unit, the root unit gathered for the whole
+ * gradient and the in-place all-gather after the step, the step's flattened and fp32 copies),
+ * its stages 2-3 (real_engine_ds: gradients landing tensor by tensor in the held ipg buffer or
+ * a large tensor's own bucket, stage 2's grads_in_partition of whole tensors and its second
+ * copy with accumulation, stage 3's per-tensor persistence, gathers with prefetch, the live
+ * limit and the reuse distance, the recompute's new gathers, the concatenation copy) and
+ * FSDP's stages 0, 2 and 3 (a reduction per unit, the root unit gathered for the whole
  * micro-step, no persistent parameters). Each trains as the paper's semantics does, and the
  * bytes it sends and the buffers it allocates are the schedule's, exactly. */
+typedef struct {
+    ZpImplKind impl;
+    int stage, grad_accum;
+    gboolean checkpoint;
+    double bucket;  /* reduce_bucket_size: small, so that qkv, fc1 and fc2 bypass it */
+    gboolean knobs; /* stage 3's: persistence 1000 (norms and biases), prefetch 20000, at
+                     * most 40000 live, reuse within 10000 */
+} OtherRun;
+
+static char *other_args(const OtherRun *r, int n, gboolean paper, const char *out)
+{
+    return g_strdup_printf("--model tiny --stage %d --micro-batch %d --grad-accum %d --steps 4 "
+                           "--reduce-bucket-size %.0f --impl %s%s%s --out %s",
+                           r->stage, GLOBAL_BATCH / n / r->grad_accum, r->grad_accum, r->bucket,
+                           paper ? "paper" : zp_impl_name(r->impl),
+                           r->checkpoint ? " --checkpoint" : "",
+                           r->knobs ? " --persistence-threshold 1000 --prefetch-bucket-size 20000"
+                                      " --max-live-parameters 40000 --max-reuse-distance 10000"
+                                    : "",
+                           out);
+}
+
+static ZpSchedule *other_schedule(const ZpModel *model, const OtherRun *r, int n)
+{
+    ZpPlan plan;
+    zp_plan_defaults(&plan, r->stage, n, 1);
+    plan.impl = r->impl;
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = GLOBAL_BATCH / n / r->grad_accum;
+    plan.grad_accum = r->grad_accum;
+    plan.checkpoint = r->checkpoint;
+    plan.zero.reduce_bucket_size = r->bucket;
+    if (r->knobs) {
+        plan.zero.stage3_param_persistence_threshold = 1000;
+        plan.zero.stage3_prefetch_bucket_size = 20000;
+        plan.zero.stage3_max_live_parameters = 40000;
+        plan.zero.stage3_max_reuse_distance = 10000;
+    }
+    ZpSchedule *s = zp_sched_build(model, &plan, NULL);
+    g_assert_nonnull(s);
+    return s;
+}
+
 static void test_other_impls(void)
 {
     ZpModel model;
     g_assert_true(zp_model_load("tiny", &model, NULL));
     model.dropout = FALSE;
-    const struct {
-        ZpImplKind impl;
-        int stage;
-    } runs_of[] = {{ZP_IMPL_DEEPSPEED, 0}, {ZP_IMPL_DEEPSPEED, 1}, {ZP_IMPL_FSDP, 0},
-                   {ZP_IMPL_FSDP, 2}, {ZP_IMPL_FSDP, 3}};
+    /* DeepSpeed's stages 2-3 at 12000: zreal runs a block's backward as one op, so the ipg
+     * buffer holds the buckets it fills together (real_engine_ds.c land). */
+    static const OtherRun runs_of[] = {
+        {ZP_IMPL_DEEPSPEED, 0, 1, FALSE, 10000, FALSE},
+        {ZP_IMPL_DEEPSPEED, 1, 1, FALSE, 10000, FALSE},
+        {ZP_IMPL_DEEPSPEED, 2, 1, FALSE, 12000, FALSE},
+        {ZP_IMPL_DEEPSPEED, 2, 2, FALSE, 12000, FALSE},
+        {ZP_IMPL_DEEPSPEED, 3, 1, FALSE, 12000, TRUE},
+        {ZP_IMPL_DEEPSPEED, 3, 1, TRUE, 12000, TRUE},
+        {ZP_IMPL_FSDP, 0, 1, FALSE, 10000, FALSE},
+        {ZP_IMPL_FSDP, 2, 1, FALSE, 10000, FALSE},
+        {ZP_IMPL_FSDP, 3, 1, FALSE, 10000, FALSE},
+    };
     for (int n = 2; n <= 4; n *= 2)
         for (size_t k = 0; k < G_N_ELEMENTS(runs_of); k++) {
-            const int stage = runs_of[k].stage;
-            const char *impl = zp_impl_name(runs_of[k].impl);
+            const OtherRun *run = &runs_of[k];
             char *paths[2];
             json_t *runs[2];
             for (int other = 0; other <= 1; other++) {
                 paths[other] = g_strdup_printf("%s/impl_%d_%zu_%d.json", tmp_dir, other, k, n);
-                char *args = g_strdup_printf("--model tiny --stage %d --micro-batch %d --steps 4 "
-                                             "--reduce-bucket-size 10000 --impl %s --out %s",
-                                             stage, GLOBAL_BATCH / n, other ? impl : "paper",
-                                             paths[other]);
+                char *args = other_args(run, n, !other, paths[other]);
                 char *err = NULL;
                 const int status = mpirun(n, args, &err);
                 if (!g_spawn_check_wait_status(status, NULL))
@@ -217,13 +268,7 @@ static void test_other_impls(void)
                 const double b = json_number_value(json_array_get(paper_loss, i));
                 g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
             }
-            ZpPlan plan;
-            zp_plan_defaults(&plan, stage, n, 1);
-            plan.impl = runs_of[k].impl;
-            plan.precision = ZP_PREC_BF16;
-            plan.micro_batch = GLOBAL_BATCH / n;
-            plan.zero.reduce_bucket_size = 10000; /* DeepSpeed: qkv, fc1 and fc2 bypass it */
-            ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+            ZpSchedule *s = other_schedule(&model, run, n);
             double peak[ZP_MEM_N];
             sequential_category_peaks(s, peak);
             json_t *ranks = json_object_get(runs[1], "ranks");
@@ -231,13 +276,14 @@ static void test_other_impls(void)
                 json_t *rank = json_array_get(ranks, r);
                 g_assert_cmpfloat(json_number_value(json_object_get(rank, "model_state_bytes")),
                                   ==, zp_sched_model_state_bytes(s));
+                g_assert_cmpfloat(category(rank, "grads"), ==, peak[ZP_MEM_GRADS]);
                 g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
                 g_assert_cmpfloat(category(rank, "gathered_params"), ==,
                                   peak[ZP_MEM_GATHERED_PARAMS]);
                 g_assert_cmpfloat(json_number_value(json_object_get(rank, "comm_bytes")), ==,
                                   zp_sched_comm_bytes(s, ZP_GROUP_DP));
             }
-            if (runs_of[k].impl == ZP_IMPL_DEEPSPEED && stage == 1) /* the held ipg buffer */
+            if (run->impl == ZP_IMPL_DEEPSPEED && run->stage == 1) /* the held ipg buffer */
                 g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], ==, 10000 * 2);
             zp_sched_free(s);
             for (int other = 0; other <= 1; other++) {
@@ -417,6 +463,8 @@ static void test_bad_input(void)
          "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
         {"--model tiny --stage 2 --offload-optimizer cpu",
          "zreal executes optimizer offload at ZeRO stage 1 only"},
+        {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
+         "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -682,6 +730,97 @@ static void test_offload_matches(void)
     g_free(with), g_free(nvme);
 }
 
+/* zreal --schedule runs a deepspeed schedule file as zplan schedule wrote it: stage 3 with
+ * checkpointing trains exactly as the same plan given by flags; stage 2 from a ds_config that
+ * reduces each rank's slice to its owner (use_multi_rank_bucket_allreduce false) over two ipg
+ * buffers (overlap_comm) trains as the paper's stage 2 and measures the file's buffers and
+ * bytes exactly; a deepspeed file whose ops were edited is refused naming the op. */
+static void test_deepspeed_schedule_file(void)
+{
+    char *sched = g_strdup_printf("%s/ds-sched.json", tmp_dir);
+    char *meas = g_strdup_printf("%s/ds-sched-m.json", tmp_dir);
+    char *flags_meas = g_strdup_printf("%s/ds-flags-m.json", tmp_dir);
+    const char *knobs = "--stage 3 --checkpoint --reduce-bucket-size 12000 "
+                        "--persistence-threshold 1000 --prefetch-bucket-size 20000 "
+                        "--impl deepspeed";
+    char *args = g_strdup_printf("schedule --model tiny --gpus 2 --micro-batch 8 --precision bf16 "
+                                 "--no-dropout %s --out %s", knobs, sched);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r), g_free(args);
+    char *err = NULL;
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --micro-batch 8 --steps 3 %s --out %s", knobs, flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    json_t *a = json_load_file(meas, 0, NULL), *b = json_load_file(flags_meas, 0, NULL);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    for (int q = 0; q < 2; q++) {
+        json_t *x = json_array_get(json_object_get(a, "ranks"), q);
+        json_t *y = json_array_get(json_object_get(b, "ranks"), q);
+        g_assert_cmpfloat(number_at(x, "comm_bytes"), ==, number_at(y, "comm_bytes"));
+        g_assert_true(json_equal(json_object_get(x, "category_peak_bytes"),
+                                 json_object_get(y, "category_peak_bytes")));
+    }
+    json_decref(a), json_decref(b);
+
+    /* An edited op: one gathered buffer two bytes larger. */
+    json_t *root = json_load_file(sched, 0, NULL);
+    json_t *op = json_array_get(json_object_get(root, "ops"), 0);
+    json_object_set_new(op, "bytes", json_real(json_number_value(json_object_get(op, "bytes")) + 2));
+    g_assert_cmpint(json_dump_file(root, sched, 0), ==, 0);
+    json_decref(root);
+    GError *error = NULL;
+    g_assert_null(zp_sched_read_json(sched, &error));
+    g_assert_nonnull(strstr(error->message, "ops[0]: differs from the deepspeed schedule zplan "
+                                            "builds for this model and plan"));
+    g_clear_error(&error);
+
+    char *config = g_strdup_printf("%s/ds-config.json", tmp_dir);
+    g_assert_true(g_file_set_contents(
+        config, "{\"train_micro_batch_size_per_gpu\": 8, \"bf16\": {\"enabled\": true}, "
+                "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 12000, "
+                "\"overlap_comm\": true, \"use_multi_rank_bucket_allreduce\": false}}",
+        -1, NULL));
+    args = g_strdup_printf("schedule --model tiny --gpus 2 --no-dropout --ds-config %s --out %s",
+                           config, sched);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r), g_free(args);
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --stage 2 --micro-batch 8 --steps 3 --out %s", flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    ZpSchedule *s = zp_sched_read_json(sched, NULL);
+    g_assert_nonnull(s);
+    g_assert_false(s->plan.zero.use_multi_rank_bucket_allreduce);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(s, peak);
+    a = json_load_file(meas, 0, NULL), b = json_load_file(flags_meas, 0, NULL);
+    for (int i = 0; i < 3; i++) {
+        const double x = json_number_value(json_array_get(json_object_get(a, "loss"), i));
+        const double y = json_number_value(json_array_get(json_object_get(b, "loss"), i));
+        g_assert_cmpfloat(fabs(x - y) / y, <=, LOSS_REL_TOL);
+    }
+    for (int q = 0; q < 2; q++) {
+        json_t *rank = json_array_get(json_object_get(a, "ranks"), q);
+        g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+        g_assert_cmpfloat(category(rank, "grads"), ==, peak[ZP_MEM_GRADS]);
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+    }
+    g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], >=, 2 * 12000 * 2); /* the two ipg buffers */
+    json_decref(a), json_decref(b);
+    zp_sched_free(s);
+    const char *files[] = {sched, meas, flags_meas, config};
+    for (size_t i = 0; i < G_N_ELEMENTS(files); i++)
+        g_remove(files[i]);
+    g_free(sched), g_free(meas), g_free(flags_meas), g_free(config);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -707,6 +846,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
     g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
+    g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     int status = g_test_run();
     g_rmdir(tmp_dir);

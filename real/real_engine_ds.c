@@ -1,0 +1,505 @@
+/* real_engine_ds: DeepSpeed's stages 2 and 3 in zreal. The ops (zp_sched with zp_impl_deepspeed)
+ * say what is allocated, reduced and gathered; this file maps them onto tensors and buffers as
+ * deepspeed/runtime/zero/stage_1_and_2.py and stage3.py lay them out. */
+#include "real_engine_ds.h"
+#include "real_engine.h"
+#include "zp_impl.h"
+#include "zp_mem.h"
+
+#include <string.h>
+
+typedef struct {
+    int unit, k;            /* its unit and index in real_gpt_unit_tensors' list */
+    uint64_t offset, elems; /* flat range (unpadded) and offset inside its unit */
+    uint64_t in_unit;
+    uint64_t slice;         /* stage 3: padded elements / dp */
+    uint64_t part;          /* stage 3: where its slice sits in this rank's partition */
+    int bucket;             /* the bucket that reduces it */
+    int gathered;           /* stage 3: the buffer id of its current gather, -1 none */
+    RealBf16 *persistent;   /* stage 3: its full copy when ds_persist */
+} Tensor;
+
+typedef struct {
+    uint64_t lo, hi;  /* flat range of whole tensors */
+    uint64_t slot;    /* elements into its held buffer where it lands */
+    int landed_in;    /* the held buffer holding its gradients until reduced, -1 none */
+} Bucket;
+
+struct RealDs {
+    const ZpSchedule *s;
+    RealBackend *be;
+    RealComm *comm;
+    void **buffers;
+    RealBf16 *params;
+    int stage, dp, rank, n_buckets, n_buffers;
+    Tensor *t;
+    guint n_t;
+    Bucket *bk;
+    int *bucket_buffer;   /* [micro * n_buckets + k]: the buffer bucket k lands in */
+    gboolean *held;       /* per buffer id: reduces more than one bucket (an ipg buffer) */
+    /* Gradients: stage 2's grads_in_partition (the whole tensors overlapping this rank's
+     * partition from flat offset gip_lo; with accumulation a second copy holds the sum),
+     * stage 3's partition. */
+    RealBf16 *grads, *grads_sum;
+    uint64_t gip_lo, gip_hi, grad_elems;
+};
+
+#define fail real_engine_fail
+
+gboolean real_ds_applies(const ZpSchedule *s)
+{
+    return s->plan.impl == ZP_IMPL_DEEPSPEED && s->plan.zero.stage >= 2;
+}
+
+/* A zeroed buffer of the category. */
+static void *take(RealDs *ds, uint64_t bytes, ZpMemCategory cat, GError **error)
+{
+    void *p = real_engine_alloc(ds->be, ds->rank, bytes, cat, error);
+    if (p)
+        ds->be->fill(ds->be, p, 0, bytes);
+    return p;
+}
+
+/* The tensor that starts at flat offset `offset`, or -1 (tensors are in flat order). */
+static int tensor_at(const RealDs *ds, uint64_t offset)
+{
+    guint lo = 0, hi = ds->n_t;
+    while (lo < hi) {
+        const guint mid = (lo + hi) / 2;
+        if (ds->t[mid].offset < offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < ds->n_t && ds->t[lo].offset == offset ? (int)lo : -1;
+}
+
+static int bucket_at(const RealDs *ds, uint64_t lo)
+{
+    for (int k = 0; k < ds->n_buckets; k++)
+        if (ds->bk[k].lo == lo)
+            return k;
+    return -1;
+}
+
+static gboolean is_reduction(const ZpOp *op)
+{
+    return op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER;
+}
+
+/* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
+ * matched to real_gpt's, with its stage-3 slice of this rank's partition. */
+static gboolean index_tensors(RealDs *ds, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    GArray *tensors = zp_impl_tensors(s);
+    ds->n_t = tensors->len;
+    ds->t = g_new0(Tensor, MAX(ds->n_t, 1));
+    RealGptDims dims = real_engine_dims(&s->model, &s->plan);
+    uint64_t part = 0;
+    int k = 0;
+    for (guint i = 0; i < ds->n_t; i++) {
+        const ZpImplTensor *z = &g_array_index(tensors, ZpImplTensor, i);
+        k = i > 0 && ds->t[i - 1].unit == z->unit ? k + 1 : 0;
+        RealGptTensor rt[REAL_GPT_MAX_UNIT_TENSORS];
+        const int n = real_gpt_unit_tensors(&dims, z->unit, rt);
+        const uint64_t in_unit = z->offset - s->unit_offset[z->unit];
+        if (k >= n || rt[k].offset_elems != in_unit || rt[k].elems != z->elems) {
+            g_array_unref(tensors);
+            return fail(error, "unit %d: the schedule's tensor %d (%" G_GUINT64_FORMAT
+                        " elements) is not the model's", z->unit, k, z->elems);
+        }
+        const uint64_t slice = zp_mem_padded_elems(z->elems, (uint64_t)ds->dp) / (uint64_t)ds->dp;
+        ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1, -1, NULL};
+        part += slice;
+    }
+    g_array_unref(tensors);
+    /* DeepSpeed pads each parameter to dp (partition_parameters.py _partition_param); the
+     * schedule's partition pads each unit, which holds them when no tensor needs padding of
+     * its own beyond its unit's. */
+    if (ds->stage == 3 && part > s->partition_elems)
+        return fail(error, "DeepSpeed's stage 3 pads each tensor to %d ranks: %" G_GUINT64_FORMAT
+                    " elements a rank, more than the schedule's partition of %" G_GUINT64_FORMAT,
+                    ds->dp, part, s->partition_elems);
+    return TRUE;
+}
+
+/* Buckets from the reductions of micro-step 0, and the buffer each lands in per micro-step;
+ * a buffer reducing more than one bucket is a held ipg buffer. */
+static gboolean index_buckets(RealDs *ds, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    for (guint i = 0; i < s->ops->len; i++)
+        ds->n_buffers = MAX(ds->n_buffers, zp_sched_op(s, i)->buffer + 1);
+    GArray *bk = g_array_new(FALSE, FALSE, sizeof(Bucket));
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (is_reduction(op) && op->micro == 0) {
+            Bucket b = {op->elem_offset, op->elem_offset + op->elems, 0, -1};
+            g_array_append_val(bk, b);
+        }
+    }
+    ds->n_buckets = (int)bk->len;
+    ds->bk = (Bucket *)g_array_free(bk, FALSE);
+    const int G = s->plan.grad_accum;
+    ds->bucket_buffer = g_new(int, MAX((gsize)G * (gsize)ds->n_buckets, 1));
+    for (int i = 0; i < G * ds->n_buckets; i++)
+        ds->bucket_buffer[i] = -1;
+    ds->held = g_new0(gboolean, MAX(ds->n_buffers, 1));
+    int *uses = g_new0(int, MAX(ds->n_buffers, 1));
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (!is_reduction(op))
+            continue;
+        const int k = bucket_at(ds, op->elem_offset);
+        if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0 ||
+            ds->bk[k].hi != op->elem_offset + op->elems)
+            return g_free(uses), fail(error, "op %u: a gradient reduction of a range no bucket of "
+                                             "micro-step 0 covers, or with no buffer", i);
+        ds->bucket_buffer[op->micro * ds->n_buckets + k] = op->buffer;
+        uses[op->buffer]++;
+    }
+    for (int b = 0; b < ds->n_buffers; b++)
+        ds->held[b] = uses[b] > 1;
+    g_free(uses);
+    for (guint i = 0; i < ds->n_t; i++) {
+        Tensor *t = &ds->t[i];
+        t->bucket = -1;
+        for (int k = 0; k < ds->n_buckets && t->bucket < 0; k++)
+            if (ds->bk[k].lo <= t->offset && t->offset + t->elems <= ds->bk[k].hi)
+                t->bucket = k;
+        if (t->bucket < 0)
+            return fail(error, "unit %d: tensor %d is in no gradient bucket", t->unit, t->k);
+    }
+    return TRUE;
+}
+
+/* Stage 2: stage_1_and_2.py copy_grads_in_partition keeps the whole parameters that overlap
+ * this rank's partition (params_in_partition), the partition's padding included; the schedule
+ * sizes it for the rank where that is largest, and doubles it with accumulation. Stage 3: the
+ * partition (stage3.py __param_id_to_grad_partition). */
+static gboolean allocate_grads(RealDs *ds, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
+    const double state = s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16);
+    const int copies = ds->stage == 2 && s->plan.grad_accum > 1 ? 2 : 1;
+    ds->grad_elems = (uint64_t)state / (uint64_t)copies;
+    if (ds->stage == 2) {
+        ds->gip_lo = part_lo, ds->gip_hi = part_lo + P;
+        for (guint i = 0; i < ds->n_t; i++) {
+            const Tensor *t = &ds->t[i];
+            if (t->offset < part_lo + P && t->offset + t->elems > part_lo) {
+                ds->gip_lo = MIN(ds->gip_lo, t->offset);
+                ds->gip_hi = MAX(ds->gip_hi, t->offset + t->elems);
+            }
+        }
+        if (ds->gip_hi - ds->gip_lo > ds->grad_elems)
+            return fail(error, "rank %d: grads_in_partition needs %" G_GUINT64_FORMAT
+                        " elements, the schedule holds %" G_GUINT64_FORMAT, ds->rank,
+                        ds->gip_hi - ds->gip_lo, ds->grad_elems);
+    } else if (ds->grad_elems != P) {
+        return fail(error, "the schedule's stage-3 gradients are not the partition");
+    }
+    const uint64_t bytes = ds->grad_elems * sizeof(RealBf16);
+    return (ds->grads = take(ds, bytes, ZP_MEM_GRADS, error)) &&
+           (copies == 1 || (ds->grads_sum = take(ds, bytes, ZP_MEM_GRADS, error)));
+}
+
+/* Stage 3: the tensors the step refreshes whole (buffer -1 all-gathers after the optimizer:
+ * partition_parameters.py ds_persist) get their full copies. */
+static gboolean allocate_persistent(RealDs *ds, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    for (guint i = 0; ds->stage == 3 && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COLLECTIVE || op->sub != ZP_COLL_ALLGATHER || op->buffer >= 0)
+            continue;
+        const int x = tensor_at(ds, op->elem_offset);
+        if (x < 0 || op->elems != ds->t[x].slice * (uint64_t)ds->dp)
+            return fail(error, "op %u: a persistent all-gather of no whole tensor", i);
+        if (!(ds->t[x].persistent = take(ds, op->elems * sizeof(RealBf16),
+                                         ZP_MEM_GATHERED_PARAMS, error)))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void **buffers,
+                    RealBf16 *params, GError **error)
+{
+    RealDs *ds = g_new0(RealDs, 1);
+    *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
+                   .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank};
+    if (!index_tensors(ds, error) || !index_buckets(ds, error) || !allocate_grads(ds, error) ||
+        !allocate_persistent(ds, error)) {
+        real_ds_free(ds);
+        return NULL;
+    }
+    return ds;
+}
+
+void real_ds_free(RealDs *ds)
+{
+    if (!ds)
+        return;
+    for (guint i = 0; i < ds->n_t; i++)
+        ds->be->free(ds->be, ds->t[i].persistent);
+    ds->be->free(ds->be, ds->grads);
+    ds->be->free(ds->be, ds->grads_sum);
+    g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
+    g_free(ds->held);
+    g_free(ds);
+}
+
+gboolean real_ds_init_params(RealDs *ds, RealDsInitFn init, void *engine, GError **error)
+{
+    for (guint i = 0; i < ds->n_t; i++) {
+        const Tensor *t = &ds->t[i];
+        const uint64_t first = MIN((uint64_t)ds->rank * t->slice, t->elems);
+        const uint64_t count = MIN(t->slice, t->elems - first);
+        if ((count > 0 && !init(engine, t->unit, t->in_unit + first, count,
+                                ds->params + t->part, error)) ||
+            (t->persistent && !init(engine, t->unit, t->in_unit, t->elems, t->persistent, error)))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Where a compute op reads tensor t's parameters: stage 2's full copy, stage 3's persistent
+ * copy or its live gather. */
+static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
+{
+    if (ds->stage == 2)
+        return ds->params + t->offset;
+    if (t->persistent)
+        return t->persistent;
+    if (t->gathered >= 0 && ds->buffers[t->gathered])
+        return ds->buffers[t->gathered];
+    return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered", ds->rank,
+                t->unit, t->k), NULL;
+}
+
+/* The lowest place of n elements in held buffer id that no landed bucket takes. */
+static uint64_t first_fit(const RealDs *ds, int id, uint64_t n)
+{
+    uint64_t at = 0;
+    for (gboolean moved = TRUE; moved;) {
+        moved = FALSE;
+        for (int j = 0; j < ds->n_buckets; j++) {
+            const Bucket *o = &ds->bk[j];
+            if (o->landed_in == id && o->slot < at + n && at < o->slot + (o->hi - o->lo)) {
+                at = o->slot + (o->hi - o->lo);
+                moved = TRUE;
+            }
+        }
+    }
+    return at;
+}
+
+/* Where bucket k's gradients of micro-step `micro` lie: its own buffer, or its place in the
+ * held ipg buffer, taken (and zeroed) when its first tensor lands. DeepSpeed fills the ipg
+ * buffer tensor by tensor and reduces it when full (stage_1_and_2.py
+ * reduce_independent_p_g_buckets_and_remove_grads); a block's backward here is one op that
+ * produces all its tensors' gradients, so the buckets it fills land side by side until
+ * their reductions, and must fit in the buffer together. */
+static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
+{
+    Bucket *b = &ds->bk[k];
+    const int id = ds->bucket_buffer[micro * ds->n_buckets + k];
+    RealBf16 *buf = id >= 0 ? ds->buffers[id] : NULL;
+    if (!buf)
+        return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ") of "
+                    "micro-step %d has no buffer allocated", ds->rank, b->lo, b->hi, micro), NULL;
+    if (!ds->held[id])
+        return buf;
+    if (b->landed_in != id) {
+        const uint64_t n = b->hi - b->lo, at = first_fit(ds, id, n);
+        const uint64_t cap = (uint64_t)ds->s->plan.zero.reduce_bucket_size;
+        if (at + n > cap)
+            return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
+                        " elements of the ipg buffer before they are reduced, more than its %"
+                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal runs a block's backward "
+                        "as one op", ds->rank, at + n, cap), NULL;
+        b->slot = at;
+        b->landed_in = id;
+        ds->be->fill(ds->be, buf + b->slot, 0, n * sizeof(RealBf16));
+    }
+    return buf + b->slot;
+}
+
+/* Unit u's tensors in `used`: their parameters (micro -1) or where micro-step micro's
+ * gradients land. */
+static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
+                     GError **error)
+{
+    memset(out, 0, sizeof *out);
+    for (guint i = 0; i < ds->n_t; i++) {
+        const Tensor *t = &ds->t[i];
+        if (t->unit != unit || !(used >> t->k & 1))
+            continue;
+        RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
+        if (!base)
+            return FALSE;
+        out->at[t->k] = micro < 0 ? base : base + (t->offset - ds->bk[t->bucket].lo);
+    }
+    return TRUE;
+}
+
+gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out,
+                        GError **error)
+{
+    return view(ds, unit, used, -1, out, error);
+}
+
+gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
+                       GError **error)
+{
+    return view(ds, unit, used, micro, out, error);
+}
+
+const RealBf16 *real_ds_step_grads(const RealDs *ds)
+{
+    const RealBf16 *g = ds->grads_sum ? ds->grads_sum : ds->grads;
+    return ds->stage == 2 ? g + ((uint64_t)ds->rank * ds->s->partition_elems - ds->gip_lo) : g;
+}
+
+static gboolean deliver(RealDs *ds, RealBf16 *dst, const RealBf16 *src, uint64_t n,
+                        gboolean accumulate, GError **error)
+{
+    return real_engine_deliver(ds->be, ds->rank, dst, src, n, accumulate, error);
+}
+
+/* Stage 2: the bucket all-reduced (use_multi_rank_bucket_allreduce) or each rank's part of it
+ * reduced to it (stage_1_and_2.py average_tensor); grads_in_partition takes the whole
+ * tensors that overlap this rank's partition, the rest is dropped; with accumulation the
+ * micro-step's copy is added to the sum. */
+static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError **error)
+{
+    const uint64_t lo = op->elem_offset, hi = lo + op->elems, P = ds->s->partition_elems;
+    uint64_t a = MAX(lo, ds->gip_lo), b = MIN(hi, ds->gip_hi);
+    gboolean ok;
+    if (op->sub == ZP_COLL_ALLREDUCE) {
+        ok = ds->comm->allreduce_bf16(ds->comm, data, hi - lo, error);
+    } else {
+        int *counts = g_new0(int, ds->dp);
+        for (int q = 0; q < ds->dp; q++) {
+            const uint64_t x = MAX(lo, (uint64_t)q * P), y = MIN(hi, (uint64_t)(q + 1) * P);
+            counts[q] = y > x ? (int)(y - x) : 0;
+        }
+        ok = ds->comm->reduce_scatter_bf16(ds->comm, data, counts, error);
+        a = MAX(lo, (uint64_t)ds->rank * P), b = a + (uint64_t)counts[ds->rank];
+        g_free(counts);
+    }
+    if (!ok || b <= a)
+        return ok;
+    /* all-reduced: the bucket in place; reduced to its owner: this rank's part first */
+    const RealBf16 *src = op->sub == ZP_COLL_ALLREDUCE ? data + (a - lo) : data;
+    RealBf16 *dst = ds->grads + (a - ds->gip_lo);
+    return deliver(ds, dst, src, b - a, FALSE, error) &&
+           (!ds->grads_sum ||
+            deliver(ds, ds->grads_sum + (a - ds->gip_lo), dst, b - a, op->micro > 0, error));
+}
+
+/* Stage 3: stage3.py __avg_scatter_grads -> reduce_scatter_coalesced: each tensor padded to dp
+ * and cut in dp slices, the slices concatenated rank by rank into the copy, reduce-scattered,
+ * and this rank's slices added to its gradient partition. */
+static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
+                              RealBf16 *copy, uint64_t copy_bytes, GError **error)
+{
+    const int first = tensor_at(ds, op->elem_offset);
+    guint last = (guint)MAX(first, 0);
+    uint64_t per_rank = 0;
+    while (first >= 0 && last < ds->n_t && ds->t[last].offset < op->elem_offset + op->elems)
+        per_rank += ds->t[last++].slice;
+    const size_t b2 = sizeof(RealBf16);
+    if (first < 0 || per_rank * (uint64_t)ds->dp * b2 != copy_bytes)
+        return fail(error, "a stage-3 reduction whose concatenation copy is not its tensors "
+                           "padded to %d ranks", ds->dp);
+    ds->be->fill(ds->be, copy, 0, per_rank * (uint64_t)ds->dp * b2);
+    for (int q = 0; q < ds->dp; q++) {
+        RealBf16 *dst = copy + (uint64_t)q * per_rank;
+        for (guint i = (guint)first; i < last; i++) {
+            const Tensor *t = &ds->t[i];
+            const uint64_t from = MIN((uint64_t)q * t->slice, t->elems);
+            ds->be->copy(ds->be, dst, data + (t->offset - op->elem_offset) + from,
+                         MIN(t->slice, t->elems - from) * b2);
+            dst += t->slice;
+        }
+    }
+    int *counts = g_new(int, ds->dp);
+    for (int q = 0; q < ds->dp; q++)
+        counts[q] = (int)per_rank;
+    gboolean ok = ds->comm->reduce_scatter_bf16(ds->comm, copy, counts, error);
+    g_free(counts);
+    const RealBf16 *mine = copy;
+    for (guint i = (guint)first; ok && i < last; mine += ds->t[i].slice, i++)
+        ok = deliver(ds, ds->grads + ds->t[i].part, mine, ds->t[i].slice, op->micro > 0, error);
+    return ok;
+}
+
+/* The concatenation copy a stage-3 reduction depends on: a bucket buffer of its own alloc
+ * (its size in *bytes). */
+static RealBf16 *concat_copy(RealDs *ds, const ZpOp *op, uint64_t *bytes)
+{
+    const uint32_t *deps = zp_sched_deps(ds->s, op);
+    for (uint32_t i = 0; i < op->n_deps; i++) {
+        const ZpOp *d = zp_sched_op(ds->s, deps[i]);
+        if (d->kind == ZP_OP_ALLOC && d->sub == ZP_MEM_BUCKETS && d->buffer != op->buffer) {
+            *bytes = (uint64_t)d->bytes;
+            return ds->buffers[d->buffer];
+        }
+    }
+    return NULL;
+}
+
+static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
+{
+    const int k = bucket_at(ds, op->elem_offset);
+    RealBf16 *data = k >= 0 ? land(ds, k, op->micro, error) : NULL;
+    if (!data)
+        return k >= 0 ? FALSE : fail(error, "a reduction of no bucket");
+    gboolean ok;
+    if (ds->stage == 2) {
+        ok = reduce_stage2(ds, op, data, error);
+    } else {
+        uint64_t bytes = 0;
+        RealBf16 *copy = concat_copy(ds, op, &bytes);
+        ok = copy ? reduce_stage3(ds, op, data, copy, bytes, error)
+                  : fail(error, "a stage-3 reduction without its concatenation copy");
+    }
+    ds->bk[k].landed_in = -1; /* its place in a held buffer is free again */
+    return ok;
+}
+
+/* Stage 3: one tensor into its gathered buffer (partitioned_param_coordinator.py
+ * __all_gather_params), or a persistent tensor's full copy after the step; stage 2: the
+ * updated partitions in place (runtime/utils.py all_gather_dp_groups). */
+static gboolean gather(RealDs *ds, const ZpOp *op, GError **error)
+{
+    const uint64_t P = ds->s->partition_elems;
+    if (ds->stage == 2) {
+        if (op->buffer >= 0 || op->elem_offset != 0 || op->elems != P * (uint64_t)ds->dp)
+            return fail(error, "DeepSpeed's stage 2 all-gathers the partitions in place, in "
+                               "one chunk (allgather_bucket_size at least the parameters)");
+        return ds->comm->allgather_bf16(ds->comm, ds->params + (uint64_t)ds->rank * P, P,
+                                        ds->params, error);
+    }
+    const int x = tensor_at(ds, op->elem_offset);
+    Tensor *t = x >= 0 ? &ds->t[x] : NULL;
+    if (!t || op->elems != t->slice * (uint64_t)ds->dp)
+        return fail(error, "an all-gather of no whole tensor");
+    RealBf16 *dst = op->buffer >= 0 ? ds->buffers[op->buffer] : t->persistent;
+    if (!dst)
+        return fail(error, "an all-gather into no buffer");
+    if (op->buffer >= 0)
+        t->gathered = op->buffer;
+    return ds->comm->allgather_bf16(ds->comm, ds->params + t->part, t->slice, dst, error);
+}
+
+gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
+{
+    if (op->group != ZP_GROUP_DP)
+        return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only");
+    return op->sub == ZP_COLL_ALLGATHER ? gather(ds, op, error) : reduce(ds, op, error);
+}

@@ -1,0 +1,62 @@
+/* real_engine_ds: the engine's plug-in for DeepSpeed v0.19.6's ZeRO stages 2 and 3 — gradients
+ * landing tensor by tensor in whole-tensor buckets, grads_in_partition, per-tensor partitions,
+ * gathers and persistence — executing the ops zp_impl_deepspeed.c plans. */
+#ifndef REAL_ENGINE_DS_H
+#define REAL_ENGINE_DS_H
+
+#include "real_backend.h"
+#include "real_comm.h"
+#include "real_gpt.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+typedef struct RealDs RealDs;
+
+/* What the engine (real_engine.c) shares with its plug-in: a REAL_ENGINE_ERROR (returns
+ * FALSE); a buffer of a category, NULL with an error naming the rank when there is no memory;
+ * dst = src, or dst += src through a transient fp32 workspace (the step's first micro-step's
+ * reduced gradients, then the later ones'). */
+gboolean real_engine_fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
+void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
+                        GError **error);
+gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
+                             uint64_t n, gboolean accumulate, GError **error);
+
+/* Writes elements [first, first + count) of unit u's initial parameters to dst. */
+typedef gboolean (*RealDsInitFn)(void *engine, int unit, uint64_t first, uint64_t count,
+                                 RealBf16 *dst, GError **error);
+
+/* Whether a schedule is DeepSpeed's at stage 2 or 3 (the plug-in's, not the engine's own). */
+gboolean real_ds_applies(const ZpSchedule *s);
+
+/* The plug-in of a schedule real_ds_applies to, on the engine's buffers by schedule id (the
+ * array lives as long as the plug-in) and its 16-bit parameters (stage 2: all of them,
+ * stage 3: this rank's partition). It allocates the gradients the schedule's model states
+ * name (stage 2: grads_in_partition; stage 3: the partition) and, at stage 3, the full copies
+ * of persistent parameters; it fails naming what the schedule asks that it cannot lay out. */
+RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void **buffers,
+                    RealBf16 *params, GError **error);
+void real_ds_free(RealDs *ds);
+
+/* Stage 3: draws this rank's slice of every tensor and the persistent tensors whole. */
+gboolean real_ds_init_params(RealDs *ds, RealDsInitFn init, void *engine, GError **error);
+
+/* Unit u's parameters as a compute op reads them: the tensors k with bit k of `used` set (a
+ * tied LM head reads only the embedding's first, wte); the others NULL. */
+gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out,
+                        GError **error);
+
+/* Where the compute op of micro-step `micro` accumulates unit u's gradients of the tensors in
+ * `used`: each in the bucket that reduces it (a held ipg buffer at the bucket's place in it,
+ * or the bucket's own buffer). */
+gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
+                       GError **error);
+
+/* A collective op of the schedule. */
+gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error);
+
+/* This rank's reduced partition gradients, as the step reads them. */
+const RealBf16 *real_ds_step_grads(const RealDs *ds);
+
+#endif
