@@ -1,10 +1,12 @@
 /* zreal: trains the GPT of a plan's schedule on MPI ranks (one process per rank, launched by
  * `mpirun -np N build/zreal ...`) and writes what it measured beside what was planned. */
 #include "cli.h"
+#include "cli_pipe.h"
 #include "zp_offload.h"
 #include "real_comm.h"
 #include "real_cpu.h"
 #include "real_engine.h"
+#include "real_pipe.h"
 #include "real_microbench.h"
 #include "real_tp.h"
 #include "zp_sched.h"
@@ -48,6 +50,7 @@ typedef struct {
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
     char *offload_optimizer, *offload_param; /* cpu|nvme, NULL when absent */
     char *nvme_path;         /* --nvme-path DIR: where the NVMe tier's swap files go */
+    CliPipeFlags pipe;       /* --pp, --pp-schedule, ... */
     gint64 seed;
 } Args;
 
@@ -63,6 +66,8 @@ enum {
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
     F_CKPT_HOST, F_CKPT_HOST_PEAK, F_CKPT_DOWN, F_CKPT_UP, /* cpu_checkpointing's host tier */
+    F_PIPE, /* 1 when the pipeline fields follow */
+    F_STAGE, F_P2P, F_RECV_S, F_SEND_S,
     F_LOSS
 };
 
@@ -86,7 +91,13 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     if (!zp_model_load(a->model, model, error) || !cli_seq(a->seq, model, error))
         return FALSE;
     model->dropout = FALSE; /* zreal's GPT trains without dropout */
-    zp_plan_defaults(plan, a->stage, world, a->mp);
+    /* --mp (--microbench's) need not divide the world; --pp must, with it. */
+    int pp = 1;
+    if (a->pipe.pp && !cli_pipe_stages(&a->pipe, world, a->mp, &pp, error))
+        return FALSE;
+    zp_plan_defaults(plan, a->stage, a->pipe.pp ? world / (a->mp * pp) : world, a->mp);
+    if (!cli_pipe_plan(&a->pipe, pp, plan, error))
+        return FALSE;
     /* The paper's semantics unless --impl says otherwise (the engine executes the three at
      * every stage; DeepSpeed's stages 2-3 through real/real_engine_ds.c). */
     plan->impl = ZP_IMPL_PAPER;
@@ -146,6 +157,48 @@ static gboolean microbench(const Args *a, RealBackend *be, RealComm *comm, GErro
     return real_microbench_run(be, comm, a->emulate > 0, a->model ? &model : NULL,
                                a->model ? &plan : NULL,
                                a->nvme_path ? a->nvme_path : g_get_tmp_dir(), a->out, error);
+}
+
+/* What this rank runs: without a pipeline the schedule over the world; with one its stage's
+ * view of it (zp_sched_stage_view) over its stage's DP group, and its pipe. */
+typedef struct {
+    ZpSchedule *full, *run;
+    RealPipe *pipe;
+    RealComm *dp;
+} RankPlan;
+
+static void rank_plan_clear(RankPlan *r)
+{
+    if (r->run != r->full)
+        zp_sched_free(r->run);
+    zp_sched_free(r->full);
+    real_pipe_free(r->pipe);
+}
+
+/* Takes `full`. */
+static gboolean place_rank(ZpSchedule *full, RealComm *world, RealBackend *be, RankPlan *r,
+                           GError **error)
+{
+    *r = (RankPlan){full, full, NULL, world};
+    if (full->stages == 1)
+        return TRUE;
+    if (!(r->pipe = real_pipe_new(world, be, full, error)))
+        return FALSE;
+    r->run = zp_sched_stage_view(full, real_pipe_stage(r->pipe));
+    r->dp = real_pipe_dp_comm(r->pipe);
+    return TRUE;
+}
+
+/* The pipeline's figures of this rank (v[F_PIPE] stays 0 without one). */
+static void collect_pipe(const RealPipe *pipe, int timed_steps, int steps, double *v)
+{
+    if (!pipe)
+        return;
+    v[F_PIPE] = 1;
+    v[F_STAGE] = real_pipe_stage(pipe);
+    v[F_P2P] = steps > 0 ? real_pipe_sent_bytes(pipe) / steps : 0;
+    v[F_RECV_S] = real_pipe_recv_s(pipe) / timed_steps;
+    v[F_SEND_S] = real_pipe_send_s(pipe) / timed_steps;
 }
 
 static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g, double step_s,
@@ -233,6 +286,11 @@ static json_t *rank_json(int rank, const double *v, int steps)
                             "step_time_s", time_json(v[F_STEP_S], steps), "comm_bytes",
                             v[F_COMM], "tp_comm_bytes", v[F_TP_COMM], "ops", ops, "loss", loss);
     /* Its own allocation sequence through the caching-allocator model (zp_alloc_replay). */
+    if (v[F_PIPE] > 0) /* its stage, what it sent to other stages, its waits on them */
+        json_object_set_new(out, "pipeline",
+                            json_pack("{s:i, s:f, s:f, s:f}", "stage", (int)v[F_STAGE],
+                                      "p2p_bytes", v[F_P2P], "recv_wait_s", v[F_RECV_S],
+                                      "send_s", v[F_SEND_S]));
     json_object_set_new(out, "caching_allocator",
                         json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
                                   "peak_reserved_bytes", v[F_CA_RESERVED],
@@ -337,7 +395,7 @@ static void inject_fault(const Args *a, int step, int rank)
 static ZpSchedule *schedule_and_groups(const Args *a, RealComm *world, RealGroups *g,
                                        GError **error)
 {
-    ZpSchedule *s = a->schedule ? zp_sched_read_json(a->schedule, error) : NULL;
+    ZpSchedule *s = a->schedule ? make_schedule(a, world->size, error) : NULL;
     if (a->schedule && !s)
         return NULL;
     if (!real_groups_split(world, s ? s->plan.mp : a->mp, 1, g, error)) {
@@ -351,14 +409,33 @@ static ZpSchedule *schedule_and_groups(const Args *a, RealComm *world, RealGroup
 
 static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **error)
 {
-    RealGroups groups;
-    ZpSchedule *s = schedule_and_groups(a, comm, &groups, error);
-    if (!s)
+    RealGroups groups = {0};
+    RankPlan rp = {0};
+    gboolean placed;
+    if (a->pipe.pp && a->mp > 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--pp with --mp %d: zreal runs pipelines "
+                    "without tensor parallelism (planned and simulated, not executed)", a->mp);
         return FALSE;
+    }
+    if (a->pipe.pp) { /* its stage's view over its stage's DP group */
+        ZpSchedule *full = make_schedule(a, comm->size, error);
+        placed = full && place_rank(full, comm, be, &rp, error);
+        groups.dp = rp.dp; /* the pipe's, not owned by groups */
+    } else { /* the whole schedule over the DP group the tensor degree leaves */
+        ZpSchedule *full = schedule_and_groups(a, comm, &groups, error);
+        rp = (RankPlan){full, full, NULL, groups.dp};
+        placed = full != NULL;
+    }
+    if (!placed) {
+        rank_plan_clear(&rp);
+        real_groups_free(&groups);
+        return FALSE;
+    }
+    const ZpSchedule *s = rp.full;
     RealTp *tp = groups.tp ? real_tp_new(groups.tp, be) : NULL;
     RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed,
-                           .tp = tp};
-    RealEngine *engine = real_engine_new(s, be, groups.dp, &cfg, error);
+                           .tp = tp, .pipe = rp.pipe};
+    RealEngine *engine = real_engine_new(rp.run, be, rp.dp, &cfg, error);
     gboolean ok = engine != NULL;
     double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
     double *step_s = g_new0(double, a->steps);
@@ -378,13 +455,20 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         inject_fault(a, step, comm->rank);
         const double t0 = zp_now_s();
         ok = real_engine_step(engine, (uint64_t)step, &loss[step], error);
+        /* Only the last stage has the loss: the pipeline group shares it. */
+        if (ok && rp.pipe)
+            ok = real_pipe_pp_comm(rp.pipe)->allreduce_host_f64(real_pipe_pp_comm(rp.pipe),
+                                                                &loss[step], 1, error);
         step_s[step] = zp_now_s() - t0;
         /* The first step pays one-time costs (page faults, BLAS start-up): neither its step
          * time nor its op times are counted when there are later steps. */
         if (step > 0 || a->steps == 1)
             timed_s += zp_now_s() - t0;
-        if (step == 0 && a->steps > 1)
+        if (step == 0 && a->steps > 1) {
             real_engine_reset_timings(engine);
+            if (rp.pipe)
+                real_pipe_reset_timings(rp.pipe);
+        }
         local[step] = loss[step];
         if (ok && (a->emulate || comm->rank == 0))
             fprintf(stderr, "step %3d  loss %.4f  %.3f s  %.0f tokens/s\n", step, loss[step],
@@ -398,6 +482,7 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         const int timed_steps = MAX(1, a->steps - 1);
         ok = collect(engine, be, &groups, timed_s / timed_steps, timed_steps, local, a->steps,
                      mine, error);
+        collect_pipe(rp.pipe, timed_steps, a->steps, mine);
         if (ok && a->emulate) /* one process: its own figures are the measurement */
             ok = write_measured(a->out, s, be->name, mine, comm, 1, comm->rank, a->steps, loss,
                                 slow, error);
@@ -415,7 +500,7 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     real_engine_free(engine);
     real_tp_free(tp);
     real_groups_free(&groups);
-    zp_sched_free(s);
+    rank_plan_clear(&rp);
     return ok;
 }
 
@@ -485,6 +570,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &hpz, "ZeRO++ hpZ: backward gathers from secondary partitions over this many ranks of a node (default 1: none)", "N"},
         {"ranks-per-node", 0, 0, G_OPTION_ARG_STRING, &per_node, "Ranks a node holds, for ZeRO++'s node groups on one machine (default: all)", "N"},
         CLI_SEQ_ENTRY(&a->seq),
+        CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
@@ -583,6 +669,7 @@ static gboolean check_emulate_launch(const Args *a, GError **error)
 
 static void free_args(Args *a)
 {
+    cli_pipe_free(&a->pipe);
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
     g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
     g_free(a->offload_param), g_free(a->nvme_path);

@@ -324,27 +324,38 @@ static uint64_t held_elems(const Builder *b, int unit)
     return elems;
 }
 
+/* Unit offsets in the flat space of unit_elems, its total, padding and partition. */
+static void place_units(ZpSchedule *s)
+{
+    const uint64_t dp = (uint64_t)s->plan.dp;
+    uint64_t offset = 0, partition3 = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        s->unit_offset[u] = offset;
+        offset += s->unit_elems[u];
+        partition3 += zp_sched_unit_padded(s, u) / dp;
+    }
+    s->total_elems = offset;
+    s->padded_elems = zp_mem_padded_elems(offset, dp);
+    s->partition_elems = s->plan.zero.stage == 3 ? partition3 : s->padded_elems / dp;
+}
+
 /* The flat layout of the units the stage being built holds (all of them without a
  * pipeline): ZeRO partitions each stage's own parameters over its data-parallel group. */
 static void layout(Builder *b)
 {
     ZpSchedule *s = b->s;
-    const int dp = s->plan.dp, stage = s->plan.zero.stage;
+    const int stage = s->plan.zero.stage;
     s->n_units = zp_model_n_units(&s->model);
     g_free(s->unit_offset);
     g_free(s->unit_elems);
     s->unit_offset = g_new0(uint64_t, s->n_units);
     s->unit_elems = g_new0(uint64_t, s->n_units);
-    uint64_t offset = 0, partition3 = 0;
-    for (int u = 0; u < s->n_units; u++) {
-        s->unit_offset[u] = offset;
+    for (int u = 0; u < s->n_units; u++)
         s->unit_elems[u] = held_elems(b, u);
-        offset += s->unit_elems[u];
-        partition3 += zp_sched_unit_padded(s, u) / (uint64_t)dp;
-    }
-    s->total_elems = offset;
-    s->padded_elems = zp_mem_padded_elems(offset, (uint64_t)dp);
-    s->partition_elems = stage == 3 ? partition3 : s->padded_elems / (uint64_t)dp;
+    if (s->stage_unit_elems)
+        memcpy(&s->stage_unit_elems[(gsize)b->stage * (gsize)s->n_units], s->unit_elems,
+               sizeof(uint64_t) * (gsize)s->n_units);
+    place_units(s);
 
     const double total = (double)s->total_elems, padded = (double)s->padded_elems;
     const double part = (double)s->partition_elems;
@@ -1277,6 +1288,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     s->world = plan->dp * plan->mp * P;
     s->stages = P;
     s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
+    if (P > 1)
+        s->stage_unit_elems = g_new0(uint64_t, (gsize)P * (gsize)zp_model_n_units(model));
     s->elem_bytes = zp_plan_elem_bytes(plan->precision);
     s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -1403,7 +1416,31 @@ void zp_sched_free(ZpSchedule *s)
     g_free(s->unit_offset);
     g_free(s->unit_elems);
     g_free(s->stage_state_bytes);
+    g_free(s->stage_unit_elems);
     g_free(s);
+}
+
+ZpSchedule *zp_sched_stage_view(const ZpSchedule *s, int stage)
+{
+    g_return_val_if_fail(stage >= 0 && stage < MAX(s->stages, 1), NULL);
+    ZpSchedule *v = g_memdup2(s, sizeof *s);
+    v->ops = g_array_ref(s->ops);
+    v->deps = g_array_ref(s->deps);
+    v->view_stage = stage;
+    const gsize n = (gsize)s->n_units, stages = (gsize)MAX(s->stages, 1);
+    v->stage_state_bytes = g_memdup2(s->stage_state_bytes, sizeof(double) * stages * ZP_MEM_N);
+    v->stage_unit_elems = s->stage_unit_elems
+                              ? g_memdup2(s->stage_unit_elems, sizeof(uint64_t) * stages * n)
+                              : NULL;
+    v->unit_offset = g_new0(uint64_t, n);
+    v->unit_elems = g_memdup2(s->stage_unit_elems ? &s->stage_unit_elems[(gsize)stage * n]
+                                                  : s->unit_elems,
+                              sizeof(uint64_t) * n);
+    place_units(v);
+    if (s->stage_state_bytes) /* a schedule read from a file has one stage, its own */
+        memcpy(v->state_bytes, &s->stage_state_bytes[(gsize)stage * ZP_MEM_N],
+               sizeof v->state_bytes);
+    return v;
 }
 
 /* Ring volumes: what one member of an n-rank group sends; a p2p send moves its bytes once.

@@ -170,6 +170,11 @@ typedef struct {
      * and the layout above are the last stage's. */
     int stages;
     double *stage_state_bytes;
+    /* Each stage's unit_elems ([stage * n_units + u]; NULL without a pipeline), and in a
+     * stage's view (zp_sched_stage_view) the stage whose layout and states the fields above
+     * hold, 0 otherwise. */
+    uint64_t *stage_unit_elems;
+    int view_stage;
 } ZpSchedule;
 
 /* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every
@@ -182,6 +187,12 @@ typedef struct {
  * The model must have an architecture. Fails naming the plan field that is invalid. */
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
 void zp_sched_free(ZpSchedule *sched);
+
+/* What a rank of pipeline stage `stage` (0 <= stage < sched->stages) executes: the same ops
+ * (shared; a rank runs those with op->stage == stage and receives what the others send it),
+ * with that stage's layout, padding and model states in place of the last stage's. Free it
+ * with zp_sched_free. */
+ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
 
 static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {

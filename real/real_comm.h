@@ -25,6 +25,9 @@ gboolean real_comm_timeout_s(double *out, GError **error);
 
 typedef struct RealComm RealComm;
 
+/* The largest p2p tag every communicator accepts (MPI guarantees tags up to 32767). */
+#define REAL_COMM_MAX_TAG 32767
+
 /* Every collective is over all `size` ranks, called by all of them in the same order, on
  * buffers of the backend's memory. Sums of bf16 are taken in fp32 and rounded to bf16 (as
  * NCCL does for bf16). `sent_bytes` counts what this rank sends under ring algorithms:
@@ -57,6 +60,16 @@ struct RealComm {
      * sent_bytes, an all-to-all's (n-1)/n S. Host memory. */
     gboolean (*alltoall_bytes)(RealComm *c, const void *send, void *recv, size_t n,
                                GError **error);
+    /* Pipeline point-to-point (NULL where a communicator has none; zreal then refuses --pp):
+     * `bytes` of the backend's memory to or from rank `peer` of this communicator, matched
+     * by `tag` (0 .. REAL_COMM_MAX_TAG). A send returns once `buf` may be reused: the
+     * communicator keeps its own copy until the peer takes it, so a send never waits for its
+     * receive (a pipeline's two directions cross: stage s sends micro-batch i + 1 forward
+     * while stage s + 1 sends micro-batch i back). It counts `bytes` in sent_bytes. A receive
+     * returns once the data is in `buf`, or fails after ZREAL_COMM_TIMEOUT_S. */
+    gboolean (*send)(RealComm *c, const void *buf, size_t bytes, int peer, int tag,
+                     GError **error);
+    gboolean (*recv)(RealComm *c, void *buf, size_t bytes, int peer, int tag, GError **error);
     /* A communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split);
      * collective over this one; the caller destroys it. */
     RealComm *(*split)(RealComm *c, int color, int key, GError **error);

@@ -22,7 +22,14 @@ typedef struct {
     MPI_Op bf16_sum;
     double timeout_s; /* ZREAL_COMM_TIMEOUT_S */
     MPI_Comm comm;    /* MPI_COMM_WORLD, or a split of it */
+    GArray *sends;    /* PendingSend: p2p sends not yet taken by their peers */
 } MpiComm;
+
+/* A p2p send in flight from the communicator's own copy of its data. */
+typedef struct {
+    MPI_Request request;
+    void *copy;
+} PendingSend;
 
 /* MPI reduction callback: inout[i] = round(widen(in[i]) + widen(inout[i])). */
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
@@ -176,9 +183,80 @@ static gboolean mpi_alltoall_bytes(RealComm *c, const void *send, void *recv, si
                     &r, "MPI_Alltoall (bytes)", error);
 }
 
+/* Frees the copies of the sends their peers have taken; with `all`, waits for every one. */
+static gboolean reap_sends(RealComm *c, gboolean all, GError **error)
+{
+    GArray *sends = ((MpiComm *)c)->sends;
+    for (guint i = 0; i < sends->len;) {
+        PendingSend *p = &g_array_index(sends, PendingSend, i);
+        int done = 0;
+        if (all) {
+            if (!wait_for(c, MPI_SUCCESS, &p->request, "MPI_Isend (pipeline)", error))
+                return FALSE;
+            done = 1;
+        } else if (!check(c, MPI_Test(&p->request, &done, MPI_STATUS_IGNORE), "MPI_Isend "
+                          "(pipeline)", error)) {
+            return FALSE;
+        }
+        if (!done) {
+            i++;
+            continue;
+        }
+        g_free(p->copy);
+        g_array_remove_index_fast(sends, i);
+    }
+    return TRUE;
+}
+
+static gboolean p2p_args(RealComm *c, size_t bytes, int peer, int tag, const char *what,
+                         GError **error)
+{
+    if (!fits_int(c, bytes, what, error))
+        return FALSE;
+    if (peer >= 0 && peer < c->size && peer != c->rank && tag >= 0 && tag <= REAL_COMM_MAX_TAG)
+        return TRUE;
+    g_set_error(error, REAL_COMM_ERROR, 0, "rank %d: %s to or from rank %d of %d with tag %d",
+                c->rank, what, peer, c->size, tag);
+    return FALSE;
+}
+
+/* Buffered: MPI_Isend from a copy (host memory: the CPU backend's), freed once taken. */
+static gboolean mpi_send(RealComm *c, const void *buf, size_t bytes, int peer, int tag,
+                         GError **error)
+{
+    MpiComm *m = (MpiComm *)c;
+    if (!p2p_args(c, bytes, peer, tag, "pipeline send", error) || !reap_sends(c, FALSE, error))
+        return FALSE;
+    PendingSend p = {MPI_REQUEST_NULL, g_memdup2(buf, bytes)};
+    if (!check(c, MPI_Isend(p.copy, (int)bytes, MPI_BYTE, peer, tag, m->comm, &p.request),
+               "MPI_Isend (pipeline)", error)) {
+        g_free(p.copy);
+        return FALSE;
+    }
+    g_array_append_val(m->sends, p);
+    c->sent_bytes += (double)bytes;
+    return TRUE;
+}
+
+static gboolean mpi_recv(RealComm *c, void *buf, size_t bytes, int peer, int tag, GError **error)
+{
+    MPI_Request r;
+    return p2p_args(c, bytes, peer, tag, "pipeline receive", error) &&
+           reap_sends(c, FALSE, error) &&
+           wait_for(c, MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, ((MpiComm *)c)->comm, &r),
+                    &r, "MPI_Recv (pipeline)", error);
+}
+
 static void mpi_destroy(RealComm *c)
 {
     MpiComm *m = (MpiComm *)c;
+    /* Every send of a finished step has been received; after a failure the job aborts. */
+    GError *error = NULL;
+    if (!reap_sends(c, TRUE, &error))
+        g_clear_error(&error);
+    for (guint i = 0; i < m->sends->len; i++)
+        g_free(g_array_index(m->sends, PendingSend, i).copy);
+    g_array_free(m->sends, TRUE);
     MPI_Op_free(&m->bf16_sum);
     MPI_Type_free(&m->bf16);
     if (m->comm != MPI_COMM_WORLD)
@@ -218,6 +296,7 @@ static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
         g_free(m);
         return NULL;
     }
+    m->sends = g_array_new(FALSE, FALSE, sizeof(PendingSend));
     c->allreduce_bf16 = mpi_allreduce;
     c->reduce_scatter_bf16 = mpi_reduce_scatter;
     c->allgather_bf16 = mpi_allgather;
@@ -225,6 +304,8 @@ static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
     c->gather_host_f64 = mpi_gather_host;
     c->allgather_bytes = mpi_allgather_bytes;
     c->alltoall_bytes = mpi_alltoall_bytes;
+    c->send = mpi_send;
+    c->recv = mpi_recv;
     c->split = mpi_split;
     c->destroy = mpi_destroy;
     return c;

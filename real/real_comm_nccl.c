@@ -23,9 +23,18 @@ typedef struct {
     RealBackend *be;   /* the CUDA backend whose buffers are reduced */
     cudaStream_t compute, stream;
     cudaEvent_t ready, done; /* compute reached the collective; the collective finished */
+    cudaStream_t sends;      /* pipeline sends, apart from the receives on `stream` */
+    GArray *pending;         /* PendingSend: sends not yet finished */
     ncclComm_t nccl;   /* NULL once aborted */
     double timeout_s;
 } NcclComm;
+
+/* A pipeline send from the communicator's own copy of its data (cudaMalloc'd, outside the
+ * backend's tracker, as NCCL's own buffers are), freed once `done` has passed. */
+typedef struct {
+    void *copy;
+    cudaEvent_t done;
+} PendingSend;
 
 static NcclComm *nccl_of(RealComm *c)
 {
@@ -256,11 +265,88 @@ static gboolean nccl_gather_host(RealComm *c, const double *send, size_t n, doub
     return host->gather_host_f64(host, send, n, recv, error);
 }
 
+/* ---- pipeline point-to-point ---- */
+
+/* Frees the copies of the finished sends; with `all`, waits for every one first. */
+static gboolean nccl_reap_sends(NcclComm *n, gboolean all, GError **error)
+{
+    for (guint i = 0; i < n->pending->len;) {
+        PendingSend *p = &g_array_index(n->pending, PendingSend, i);
+        const cudaError_t rc = all ? cudaEventSynchronize(p->done) : cudaEventQuery(p->done);
+        if (rc == cudaErrorNotReady) {
+            i++;
+            continue;
+        }
+        if (!nccl_cuda_ok(n, rc, "ncclSend", error))
+            return FALSE;
+        cudaEventDestroy(p->done);
+        cudaFree(p->copy);
+        g_array_remove_index_fast(n->pending, i);
+    }
+    return TRUE;
+}
+
+/* The data is copied on the backend's stream (so later kernels may overwrite `buf`), then sent
+ * on a stream of its own; the host does not wait. NCCL has no tags: the n-th send to a peer
+ * matches that peer's n-th receive from this rank, which is the schedule's order. */
+static gboolean nccl_send(RealComm *c, const void *buf, size_t bytes, int peer, int tag,
+                          GError **error)
+{
+    (void)tag;
+    NcclComm *nc = nccl_of(c);
+    if (!nc->nccl)
+        return nccl_fail(nc, error, "ncclSend: the NCCL communicator was aborted after an "
+                                    "earlier error");
+    PendingSend p = {NULL, NULL};
+    gboolean ok = nccl_reap_sends(nc, FALSE, error) &&
+                  nccl_cuda_ok(nc, cudaMalloc(&p.copy, MAX(bytes, 1)), "cudaMalloc", error) &&
+                  nccl_cuda_ok(nc, cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming),
+                               "cudaEventCreateWithFlags", error) &&
+                  nccl_cuda_ok(nc, cudaMemcpyAsync(p.copy, buf, bytes, cudaMemcpyDeviceToDevice,
+                                                   nc->compute), "cudaMemcpyAsync", error) &&
+                  nccl_cuda_ok(nc, cudaEventRecord(nc->ready, nc->compute), "cudaEventRecord",
+                               error) &&
+                  nccl_cuda_ok(nc, cudaStreamWaitEvent(nc->sends, nc->ready, 0),
+                               "cudaStreamWaitEvent", error) &&
+                  nccl_issued(nc, ncclSend(p.copy, bytes, ncclUint8, peer, nc->nccl, nc->sends),
+                              "ncclSend", error) &&
+                  nccl_cuda_ok(nc, cudaEventRecord(p.done, nc->sends), "cudaEventRecord", error);
+    if (!ok) {
+        if (p.done)
+            cudaEventDestroy(p.done);
+        cudaFree(p.copy);
+        return FALSE;
+    }
+    g_array_append_val(nc->pending, p);
+    c->sent_bytes += (double)bytes;
+    return TRUE;
+}
+
+static gboolean nccl_recv(RealComm *c, void *buf, size_t bytes, int peer, int tag,
+                          GError **error)
+{
+    (void)tag;
+    NcclComm *nc = nccl_of(c);
+    return nccl_reap_sends(nc, FALSE, error) && nccl_begin(nc, "ncclRecv", error) &&
+           nccl_issued(nc, ncclRecv(buf, bytes, ncclUint8, peer, nc->nccl, nc->stream),
+                       "ncclRecv", error) &&
+           nccl_finish(nc, "ncclRecv", error);
+}
+
 /* ---- life cycle ---- */
 
 static void nccl_destroy(RealComm *c)
 {
     NcclComm *nc = nccl_of(c);
+    GError *unsent = NULL;
+    if (nc->pending && !nccl_reap_sends(nc, TRUE, &unsent))
+        g_clear_error(&unsent);
+    for (guint i = 0; nc->pending && i < nc->pending->len; i++) {
+        cudaEventDestroy(g_array_index(nc->pending, PendingSend, i).done);
+        cudaFree(g_array_index(nc->pending, PendingSend, i).copy);
+    }
+    if (nc->pending)
+        g_array_free(nc->pending, TRUE);
     if (nc->nccl) {
         /* Finalize flushes outstanding work (non-blocking: in progress until done); a
          * communicator that does not finish in time is aborted instead. */
@@ -275,6 +361,8 @@ static void nccl_destroy(RealComm *c)
         cudaEventDestroy(nc->done);
     if (nc->stream)
         cudaStreamDestroy(nc->stream);
+    if (nc->sends)
+        cudaStreamDestroy(nc->sends);
     nc->host->destroy(nc->host);
     g_free(nc);
 }
@@ -336,6 +424,8 @@ static gboolean nccl_setup(NcclComm *nc, GError **error)
     if (!real_comm_mpi_broadcast(nc->host, &id, sizeof id, 0, error) ||
         !nccl_cuda_ok(nc, cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking),
                       "cudaStreamCreateWithFlags", error) ||
+        !nccl_cuda_ok(nc, cudaStreamCreateWithFlags(&nc->sends, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags", error) ||
         !nccl_cuda_ok(nc, cudaEventCreateWithFlags(&nc->ready, cudaEventDisableTiming),
                       "cudaEventCreateWithFlags", error) ||
         !nccl_cuda_ok(nc, cudaEventCreateWithFlags(&nc->done, cudaEventDisableTiming),
@@ -371,7 +461,10 @@ RealComm *real_comm_nccl_new(RealBackend *cuda_be, GError **error)
     c->allgather_bf16 = nccl_allgather;
     c->allreduce_host_f64 = nccl_allreduce_host;
     c->gather_host_f64 = nccl_gather_host;
+    c->send = nccl_send;
+    c->recv = nccl_recv;
     c->destroy = nccl_destroy;
+    nc->pending = g_array_new(FALSE, FALSE, sizeof(PendingSend));
     if (!nccl_read_timeout(nc, error) || !nccl_check_sharing(nc, error) ||
         !nccl_setup(nc, error)) {
         nccl_destroy(c);

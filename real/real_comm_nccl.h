@@ -18,7 +18,12 @@
  * MPI. When ranks on a node outnumber its GPUs, NCCL >= 2.30 is needed (it then gets
  * NCCL_MULTI_RANK_GPU_ENABLE=1 unless the environment sets it); older NCCL is refused with
  * one line saying so. The device memory NCCL takes at set-up is reported to the backend
- * (real_cuda_set_nccl_bytes). */
+ * (real_cuda_set_nccl_bytes). Pipeline sends copy their data into a buffer of the
+ * communicator's own and go out on a stream of their own without the host waiting (receives
+ * wait, as collectives do), so the two directions of a pipeline can cross; the GPU itself
+ * then relies on NCCL completing a send before its receive is posted for messages within its
+ * buffers (NCCL_BUFFSIZE), as for the activations of one micro-batch. No split: pipelines run
+ * over NCCL with dp 1 and mp 1 (real_pipe). */
 RealComm *real_comm_nccl_new(RealBackend *cuda_be, GError **error);
 
 #endif

@@ -7,6 +7,7 @@
 #include "zp_offload.h"
 #include "real_data.h"
 #include "real_gpt.h"
+#include "real_pipe.h"
 #include "real_zeropp.h"
 #include "real_zeror.h"
 #include "zp_zeropp.h"
@@ -45,7 +46,11 @@ struct RealEngine {
     void **buffers;
     uint64_t *bucket_lo, *bucket_hi;
     int n_buffers;
-    int *ckpt_buffer;       /* per block: its current checkpoint buffer id */
+    int *ckpt_buffer;       /* per (micro-step, unit): its checkpoint buffer id (slot()) */
+    void **stash;           /* per (micro-step, unit): a block's saved activations from its
+                             * forward to its backward (without checkpointing) */
+    float **head_dx;        /* per micro-step: a pipeline's head output gradient kept until
+                             * the micro-step's backward, when other forwards come first */
     RealBf16 **unit_params; /* where each unit's full parameters are now */
     RealBf16 **unit_grads;  /* where backward accumulates each unit's gradients */
 
@@ -96,6 +101,13 @@ static uint64_t unit_padded(const RealEngine *e, int u)
     return zp_mem_padded_elems(e->s->unit_elems[u], (uint64_t)e->dp);
 }
 
+/* The index of unit u in micro-step `micro` of a per-(micro-step, unit) array: a pipeline
+ * stage has several micro-steps between their forwards and backwards. */
+static gsize slot(const RealEngine *e, int u, int micro)
+{
+    return (gsize)micro * (gsize)(e->L + 2) + (gsize)u;
+}
+
 static gboolean is_persistent(const RealEngine *e, int u)
 {
     return zp_sched_unit_persistent(e->s, u);
@@ -125,9 +137,9 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
-    if (s->stages > 1)
-        return fail(error, "zreal executes data and tensor parallelism, no pipeline stages (pp %d)",
-                    s->stages);
+    if (s->stages > 1 && s->plan.mp > 1)
+        return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
+                    "is planned and simulated, not executed", s->stages, s->plan.mp);
     /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1, and at mp > 1 its
      * slices and their tensor-group gather are not executed. */
     if (s->plan.ckpt.partition_activations && s->plan.mp > 1)
@@ -158,6 +170,28 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
+    return TRUE;
+}
+
+/* A stage view with its pipe, or no pipeline; what zreal's stages do not execute. */
+static gboolean check_pipeline(const ZpSchedule *s, const RealTrainConfig *cfg, GError **error)
+{
+    if ((s->stages > 1) != (cfg->pipe != NULL) ||
+        (cfg->pipe && real_pipe_stage(cfg->pipe) != s->view_stage))
+        return fail(error, "a pipeline schedule runs as a stage's view with its pipe "
+                           "(zp_sched_stage_view, real_pipe_new)");
+    if (s->stages == 1)
+        return TRUE;
+    /* Megatron all-reduces the two copies' gradients over its embedding group
+     * (_allreduce_word_embedding_grads), DeepSpeed its TiedLayerSpec's; the schedule has no
+     * such op, so the copies would drift apart. */
+    if (s->model.tied_embeddings)
+        return fail(error, "zreal runs pipelines of untied models: the schedule has no "
+                           "all-reduce of a tied embedding's two copies (first and last "
+                           "stage), so %s's would drift apart", s->model.name);
+    if (zp_offload_any(&s->plan) || s->plan.zero.zero_quantized_weights ||
+        s->plan.zero.zero_hpz_partition_size > 1)
+        return fail(error, "zreal runs pipelines without optimizer offload or ZeRO++");
     return TRUE;
 }
 
@@ -353,6 +387,8 @@ static gboolean init_units(RealEngine *e, GError **error)
 {
     const ZpSchedule *s = e->s;
     for (int u = 0; u < s->n_units; u++) {
+        if (s->unit_elems[u] == 0) /* another pipeline stage's */
+            continue;
         const uint64_t padded = unit_padded(e, u), slice = padded / (uint64_t)e->dp;
         gboolean ok = e->stage < 3
                           ? init_unit(e, u, 0, s->unit_elems[u], e->params + s->unit_offset[u],
@@ -397,7 +433,8 @@ static void index_buckets(RealEngine *e)
     e->bucket_hi = g_new0(uint64_t, e->n_buffers);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0) {
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0 &&
+            op->stage == (uint32_t)s->view_stage) {
             e->bucket_lo[op->buffer] = op->elem_offset;
             e->bucket_hi[op->buffer] = op->elem_offset + op->elems;
         }
@@ -407,7 +444,7 @@ static void index_buckets(RealEngine *e)
 RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm,
                             const RealTrainConfig *cfg, GError **error)
 {
-    if (!check_schedule(s, cfg, error))
+    if (!check_schedule(s, cfg, error) || !check_pipeline(s, cfg, error))
         return NULL;
     if (comm->size != s->plan.dp) {
         fail(error, "the schedule is for %d data-parallel ranks, %d are running", s->plan.dp,
@@ -428,7 +465,9 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->persistent = g_new0(RealBf16 *, s->n_units);
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
-    e->ckpt_buffer = g_new0(int, e->L + 2);
+    e->ckpt_buffer = g_new0(int, (gsize)(e->L + 2) * (gsize)s->plan.grad_accum);
+    e->stash = g_new0(void *, (gsize)(e->L + 2) * (gsize)s->plan.grad_accum);
+    e->head_dx = g_new0(float *, s->plan.grad_accum);
     e->qgz_work = -1;
     e->marks = g_array_new(FALSE, FALSE, sizeof(PendingMark));
     const gsize tokens = (gsize)s->plan.micro_batch * (gsize)s->model.seq_len;
@@ -442,7 +481,7 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     if (ok && cfg->tp)
         real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
     for (int u = 0; ok && u < s->n_units; u++)
-        if (real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
+        if (s->unit_elems[u] > 0 && real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
                              "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
     ok = ok && allocate_states(e, error) && setup_zeropp(e, error) &&
@@ -467,6 +506,10 @@ void real_engine_free(RealEngine *e)
     RealBackend *be = e->be;
     for (int i = 0; i < e->n_buffers; i++)
         be->free(be, e->buffers[i]);
+    for (int i = 0; i < (e->L + 2) * e->s->plan.grad_accum; i++)
+        be->free(be, e->stash[i]);
+    for (int i = 0; i < e->s->plan.grad_accum; i++)
+        be->free(be, e->head_dx[i]);
     for (int u = 0; u < e->s->n_units; u++) {
         be->free(be, e->persistent[u]);
         if (e->secondary)
@@ -488,7 +531,8 @@ void real_engine_free(RealEngine *e)
     real_gpt_free(e->gpt);
     g_free(e->buffers), g_free(e->bucket_lo), g_free(e->bucket_hi);
     g_free(e->part_off), g_free(e->persistent), g_free(e->unit_params), g_free(e->unit_grads);
-    g_free(e->ckpt_buffer), g_free(e->tokens), g_free(e->targets);
+    g_free(e->ckpt_buffer), g_free(e->stash), g_free(e->head_dx);
+    g_free(e->tokens), g_free(e->targets);
     g_array_free(e->marks, TRUE);
     g_free(e);
 }
@@ -577,7 +621,7 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
     if (op->sub == ZP_MEM_CHECKPOINTS)
-        e->ckpt_buffer[op->unit] = op->buffer;
+        e->ckpt_buffer[slot(e, op->unit, op->micro)] = op->buffer;
     if (op->sub == ZP_MEM_BUCKETS && e->stage >= 2 && op->unit >= 0) {
         /* Stages 2-3: backward accumulates straight into the bucket (real_engine_ds maps
          * its tensors itself). */
@@ -744,6 +788,37 @@ static gboolean qwz_dequantize(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+/* After a head: when this stage's next compute op is not its micro-step's backward (GPipe's
+ * and the interleaved schedule's last stage forward other micro-steps first), its output
+ * gradient is kept aside (workspace: 4 b s h bytes each). */
+static gboolean keep_head_dx(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    guint i = (guint)(op - zp_sched_op(s, 0)) + 1;
+    while (i < s->ops->len && (zp_sched_op(s, i)->stage != (uint32_t)s->view_stage ||
+                               zp_sched_op(s, i)->kind != ZP_OP_COMPUTE))
+        i++;
+    const ZpOp *next = i < s->ops->len ? zp_sched_op(s, i) : NULL;
+    if (!next || next->micro == op->micro)
+        return TRUE;
+    const uint64_t bytes = real_gpt_residual_grad_bytes(&e->dims);
+    if (!(e->head_dx[op->micro] = take(e, bytes, ZP_MEM_WORKSPACE, error)))
+        return FALSE;
+    e->be->copy(e->be, e->head_dx[op->micro], e->dx, bytes);
+    return TRUE;
+}
+
+/* Before a backward op: the micro-step's kept head output gradient, if any, back into dx. */
+static void restore_head_dx(RealEngine *e, int micro)
+{
+    float **kept = &e->head_dx[micro];
+    if (!*kept)
+        return;
+    e->be->copy(e->be, e->dx, *kept, real_gpt_residual_grad_bytes(&e->dims));
+    e->be->free(e->be, *kept);
+    *kept = NULL;
+}
+
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int l = op->unit, L = e->L, micro = op->micro;
@@ -755,12 +830,19 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
     case ZP_COMP_BLOCK_FWD:
         if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
-            e->be->copy(e->be, e->buffers[e->ckpt_buffer[l]], e->x,
+            e->be->copy(e->be, e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
                         real_gpt_checkpoint_bytes(&e->dims));
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
-                                        error);
+        if (!params_of(e, l, ALL_TENSORS, &p, error) ||
+            !real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
+                                      error))
+            return FALSE;
+        if (!e->s->plan.checkpoint)
+            e->stash[slot(e, l, op->micro)] = real_gpt_take_saved(e->gpt, l - 1);
+        return TRUE;
     case ZP_COMP_HEAD: {
+        /* A pipeline's last stage reads the micro-batch's targets itself. */
+        if (e->s->stages > 1 && !load_micro_batch(e, op->micro, error))
+            return FALSE;
         /* A tied head reads and updates the embedding (unit 0) too; an untied one only its
          * own unit. */
         const gboolean tied = !e->dims.untied;
@@ -772,19 +854,30 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                       real_gpt_head_forward_backward_t(e->gpt, &p, &emb, e->x, e->targets, 1.0f,
                                                        &loss, e->dx, &g, &gemb, error);
         e->loss_sum += loss;
-        return ok;
+        return ok && (e->s->stages == 1 || keep_head_dx(e, op, error));
     }
     case ZP_COMP_RECOMPUTE:
+        restore_head_dx(e, op->micro);
         /* The recomputed block's output is not needed: the residual stream is scratch now. */
         return params_of(e, l, ALL_TENSORS, &p, error) &&
-               real_gpt_block_forward_t(e->gpt, l - 1, &p, e->buffers[e->ckpt_buffer[l]], e->x,
+               real_gpt_block_forward_t(e->gpt, l - 1, &p,
+                                        e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
                                         TRUE, error);
     case ZP_COMP_BLOCK_BWD:
+        restore_head_dx(e, op->micro);
+        if (!e->s->plan.checkpoint) {
+            void **saved = &e->stash[slot(e, l, op->micro)];
+            if (!real_gpt_put_saved(e->gpt, l - 1, *saved, error))
+                return FALSE;
+            *saved = NULL;
+        }
         return params_of(e, l, ALL_TENSORS, &p, error) &&
                grads_of(e, l, ALL_TENSORS, micro, &g, error) &&
                real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
     case ZP_COMP_EMBED_BWD:
-        return grads_of(e, 0, ALL_TENSORS, micro, &g, error) &&
+        /* A pipeline's first stage has forwarded later micro-batches since: their tokens. */
+        return (e->s->stages == 1 || load_micro_batch(e, op->micro, error)) &&
+               grads_of(e, 0, ALL_TENSORS, micro, &g, error) &&
                real_gpt_embed_backward_t(e->gpt, e->tokens, e->dx, &g, error);
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
@@ -803,7 +896,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_HOST_COPY: /* the block input down, or back into the recompute's buffer */
         return real_zeror_host_copy(e->ckpt_host, l,
                                     real_zeror_on_host(e->ckpt_host, l)
-                                        ? e->buffers[e->ckpt_buffer[l]]
+                                        ? e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]]
                                         : e->x,
                                     (uint64_t)op->bytes, error);
     default:
@@ -1161,6 +1254,8 @@ static const char *op_sub_name(const ZpOp *op)
         return zp_sched_compute_name((ZpComputeKind)op->sub);
     case ZP_OP_COLLECTIVE:
         return zp_sched_coll_name((ZpCollKind)op->sub);
+    case ZP_OP_P2P:
+        return op->sub == ZP_P2P_SEND_NEXT ? "activations" : "gradients";
     default:
         return zp_sched_mem_name((ZpMemCategory)op->sub);
     }
@@ -1190,6 +1285,15 @@ static gboolean finish_device_timings(RealEngine *e, GError **error)
     return TRUE;
 }
 
+/* Names the op that failed in `error`; FALSE. */
+static gboolean op_failed(GError **error, guint i, const ZpOp *op)
+{
+    g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
+                   zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
+                   op->micro);
+    return FALSE;
+}
+
 gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError **error)
 {
     const ZpSchedule *s = e->s;
@@ -1199,6 +1303,11 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     zero_gradients(e);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
+        if (op->stage != (uint32_t)s->view_stage) /* another pipeline stage's */
+            continue;
+        /* What the op waits for from other stages arrives first (untimed: the bubble). */
+        if (e->cfg.pipe && !real_pipe_receive(e->cfg.pipe, s, op, e->x, e->dx, error))
+            return op_failed(error, i, op);
         const double t0 = zp_now_s();
         const gboolean timed = op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
         void *begin = timed && e->be->mark ? e->be->mark(e->be) : NULL;
@@ -1219,19 +1328,16 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             type = ZP_COMP_N + op->sub;
             ok = do_collective(e, op, error);
             break;
-        case ZP_OP_P2P: /* only in pipeline schedules, which check_schedule refuses */
-            ok = fail(error, "pipeline sends are not executed by zreal");
+        case ZP_OP_P2P: /* only in pipeline schedules, whose stages have a pipe */
+            ok = e->cfg.pipe ? real_pipe_send(e->cfg.pipe, s, op, e->x, e->dx, error)
+                             : fail(error, "a pipeline send in a schedule without stages");
             break;
         case ZP_OP_TRANSFER:
             ok = do_transfer(e, op, error);
             break;
         }
-        if (!ok) {
-            g_prefix_error(error, "op %u (%s %s, unit %d, micro-step %d): ", i,
-                           zp_sched_op_kind_name((ZpOpKind)op->kind), op_sub_name(op), op->unit,
-                           op->micro);
-            return FALSE;
-        }
+        if (!ok)
+            return op_failed(error, i, op);
         if (type >= 0) {
             e->timing[type].count++;
             if (begin) {

@@ -19,6 +19,9 @@ typedef struct {
     float weight_decay; /* decoupled weight decay */
     uint64_t seed;      /* parameter initialisation and the synthetic data stream */
     RealTp *tp;         /* the tensor group of a schedule with mp > 1 (borrowed); NULL at 1 */
+    /* Pipelines: this rank's stage (real_pipe; borrowed), whose view of the schedule
+     * (zp_sched_stage_view) the engine runs over the stage's DP communicator; NULL without. */
+    struct RealPipe *pipe;
 } RealTrainConfig;
 
 /* Op types that are timed: the compute kinds, then the collective kinds. */
@@ -40,7 +43,11 @@ RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
  * (identically on every rank, from cfg->seed). `comm` is the data-parallel group; with
  * tensor parallelism cfg->tp is the tensor group and this rank holds its shard of every
  * block. Fails if the schedule is not one this engine executes (sequence parallelism, fp32
- * or a non-Adam optimizer) or does not match the model. */
+ * or a non-Adam optimizer) or does not match the model.
+ * With pipeline stages `sched` is the rank's stage view, `comm` its stage's DP group and
+ * cfg->pipe its stage: it runs the stage's ops, receiving and sending activations and their
+ * gradients where the ops say (1F1B and GPipe; its saved activations per micro-batch), and
+ * its step's loss is the stage's (0 but on the last). */
 RealEngine *real_engine_new(const ZpSchedule *sched, RealBackend *be, RealComm *comm,
                             const RealTrainConfig *cfg, GError **error);
 void real_engine_free(RealEngine *engine);

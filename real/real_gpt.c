@@ -1172,6 +1172,27 @@ gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors 
     return TRUE;
 }
 
+void *real_gpt_take_saved(RealGpt *gpt, int layer)
+{
+    g_return_val_if_fail(layer >= 0 && layer < gpt->dims.layers, NULL);
+    void *saved = gpt->saved[layer];
+    gpt->saved[layer] = NULL;
+    return saved;
+}
+
+gboolean real_gpt_put_saved(RealGpt *gpt, int layer, void *saved, GError **error)
+{
+    if (!real_gpt_check_layer(gpt, layer, error))
+        return FALSE;
+    if (gpt->saved[layer]) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "block %d already holds saved activations", layer);
+        return FALSE;
+    }
+    gpt->saved[layer] = saved;
+    return TRUE;
+}
+
 /* dW += x^T dy for a weight [k,n] given x [T,k] (bf16 saved) and dy [T,n] (fp32); bias
  * gradient too; writes into the unit's fp32 gradient scratch g. */
 static bool real_gpt_linear_param_grads(RealGpt *gpt, float *g, RealGptBlockTensor weight,

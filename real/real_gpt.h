@@ -257,6 +257,13 @@ gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors
                                    const float *dx_out, float *dx_in,
                                    const RealGptTensors *block_grads, GError **error);
 
+/* A pipeline stage forwards several micro-batches through a block before their backwards:
+ * take_saved hands block `layer`'s saved activations (NULL when none) to the caller, who
+ * keeps them (the backend's allocation, freed with be->free) and gives them back with
+ * put_saved before that micro-batch's backward; put_saved fails if the block holds some. */
+void *real_gpt_take_saved(RealGpt *gpt, int layer);
+gboolean real_gpt_put_saved(RealGpt *gpt, int layer, void *saved, GError **error);
+
 /* embed_grads (unit 0: wte and wpe) += the gradients given dx0 = dL/dx_0 and the tokens
  * of the forward. */
 gboolean real_gpt_embed_backward(RealGpt *gpt, const int *tokens, const float *dx0,

@@ -28,18 +28,7 @@ static char *tmp_dir;
  * returns the exit status, stderr in *err. */
 static int mpirun_timeout(int n, const char *args, const char *timeout, char **err)
 {
-    char *command = g_strdup_printf("mpirun --oversubscribe -np %d %s/zreal %s", n, ZP_BUILD_DIR,
-                                    args);
-    char **envp = g_get_environ();
-    /* Open MPI refuses to start as root unless told twice; CI runs as root. */
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
-    envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
-    envp = timeout ? g_environ_setenv(envp, "ZREAL_COMM_TIMEOUT_S", timeout, TRUE)
-                   : g_environ_unsetenv(envp, "ZREAL_COMM_TIMEOUT_S");
-    TuRun r = tu_run(command, envp);
-    g_strfreev(envp);
-    g_free(command);
+    TuRun r = tu_zreal_mpirun(n, args, timeout);
     g_free(r.out);
     *err = r.err;
     return r.status;

@@ -28,6 +28,23 @@ TuRun tu_zplan(const char *args)
     return r;
 }
 
+TuRun tu_zreal_mpirun(int n, const char *args, const char *timeout)
+{
+    char *command = g_strdup_printf("mpirun --oversubscribe -np %d %s/zreal %s", n, ZP_BUILD_DIR,
+                                    args);
+    char **envp = g_get_environ();
+    /* Open MPI refuses to start as root unless told twice; CI runs as root. */
+    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
+    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
+    envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
+    envp = timeout ? g_environ_setenv(envp, "ZREAL_COMM_TIMEOUT_S", timeout, TRUE)
+                   : g_environ_unsetenv(envp, "ZREAL_COMM_TIMEOUT_S");
+    TuRun r = tu_run(command, envp);
+    g_strfreev(envp);
+    g_free(command);
+    return r;
+}
+
 void tu_free(TuRun *run)
 {
     g_free(run->out);

@@ -23,6 +23,10 @@ TuRun tu_run(const char *command, char **envp);
 
 void tu_free(TuRun *run);
 
+/* Runs `mpirun --oversubscribe -np n build/zreal ARGS` (as root too, one BLAS thread a rank)
+ * with ZREAL_COMM_TIMEOUT_S = timeout (NULL: unset) and waits for it. */
+TuRun tu_zreal_mpirun(int n, const char *args, const char *timeout);
+
 /* Runs build/zplan with `args`, which must succeed, and parses its stdout as JSON
  * (a json_t *, which the caller decrefs). */
 void *tu_zplan_json(const char *args);

@@ -1,0 +1,51 @@
+/* real_pipe: a rank's pipeline stage in zreal — where it sits (ranks numbered TP fastest,
+ * then pipeline stage, then DP, as Megatron orders them), its data-parallel and pipeline
+ * communicators, and the p2p sends and receives of the schedule's ZP_OP_P2P ops. */
+#ifndef REAL_PIPE_H
+#define REAL_PIPE_H
+
+#include "real_backend.h"
+#include "real_comm.h"
+#include "zp_sched.h"
+
+#include <glib.h>
+
+typedef struct RealPipe RealPipe;
+
+/* This rank's place in a world of dp x mp x pp ranks (`world`, borrowed) for the schedule
+ * `sched` (borrowed; its plan's degrees): rank r is TP rank r mod mp of stage (r / mp) mod pp
+ * of DP replica r / (mp pp). Its DP group (the ranks of its stage and TP rank) and pipeline
+ * group (its replica's stages of its TP rank) are splits of the world; a world that cannot be
+ * split (NCCL's) runs dp = mp = 1 only, its DP group then one rank (real_comm_emulated) and
+ * its pipeline group the world. Fails when the world's size is not dp x mp x pp or it has no
+ * p2p (the emulated world). Collective over the world. */
+RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *sched,
+                        GError **error);
+void real_pipe_free(RealPipe *pipe);
+
+int real_pipe_stage(const RealPipe *pipe);
+/* The communicators a stage's engine reduces over (DP) and its loss is shared over (the
+ * pipeline group: only the last stage computes it); owned by the pipe. */
+RealComm *real_pipe_dp_comm(RealPipe *pipe);
+RealComm *real_pipe_pp_comm(RealPipe *pipe);
+
+/* Before op `op` of the stage's schedule `sched` runs: receives what it waits for from
+ * another stage (a dependency on that stage's p2p send) — a forward's input activations into
+ * x (bf16 [b s, h]) or a backward's output gradients into dx (fp32 [b s, h]; they travel in
+ * bf16, as the schedule's b s h x 2 bytes say, through x, which a backward does not need). */
+gboolean real_pipe_receive(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op,
+                           RealBf16 *x, float *dx, GError **error);
+
+/* Runs a p2p op: sends x (SEND_NEXT) or dx in bf16 (SEND_PREV, through x) to the op's peer
+ * stage of this rank's replica and TP rank. */
+gboolean real_pipe_send(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op, RealBf16 *x,
+                        const float *dx, GError **error);
+
+/* Bytes this rank has sent to other stages, and seconds it has spent waiting in receives
+ * (its bubble, in part) and in sends, since it was made or reset. */
+double real_pipe_sent_bytes(const RealPipe *pipe);
+double real_pipe_recv_s(const RealPipe *pipe);
+double real_pipe_send_s(const RealPipe *pipe);
+void real_pipe_reset_timings(RealPipe *pipe);
+
+#endif

@@ -1,0 +1,191 @@
+/* test_real_pipe: zreal runs pipelines under mpirun — GPipe and 1F1B over 2 and 4 stages,
+ * interleaved, and 2 data-parallel replicas of 2 stages at ZeRO-0 and -1 train to the loss of
+ * one rank, and every stage holds and sends exactly what the simulator predicts for it. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_pipe.h"
+#include "zp_sched.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#define MODEL ZP_DATA_DIR "/tests/data/llama-pp.json"
+#define STEPS 6
+#define MICRO_STEPS 4
+#define GLOBAL_MICRO_BATCH 2 /* samples per micro-step over the data-parallel replicas */
+
+/* test_real_zero's tolerance: the stages exchange gradients in bf16 (as Megatron and
+ * DeepSpeed do) where one rank keeps them in fp32, about one bf16 rounding step. */
+#define LOSS_REL_TOL (1.0 / 512)
+
+static char *tmp_dir;
+
+typedef struct {
+    int ranks, pp, zero, virtual_stages;
+    const char *schedule;
+    gboolean checkpoint;
+} PipeRun;
+
+static json_t *run_zreal(int ranks, const char *args, const char *name)
+{
+    char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
+    char *full = g_strdup_printf("--model %s --grad-accum %d --steps %d --out %s %s", MODEL,
+                                 MICRO_STEPS, STEPS, path, args);
+    TuRun r = tu_zreal_mpirun(ranks, full, NULL);
+    if (!g_spawn_check_wait_status(r.status, NULL))
+        g_printerr("%s", r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    g_remove(path);
+    tu_free(&r);
+    g_free(full);
+    g_free(path);
+    return root;
+}
+
+static double number(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    g_assert_nonnull(v);
+    return json_number_value(v);
+}
+
+static ZpSchedule *build(const PipeRun *p, int dp)
+{
+    ZpModel model = tu_load_model(MODEL);
+    model.dropout = FALSE;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, p->zero, dp, 1);
+    plan.impl = ZP_IMPL_PAPER; /* zreal's default */
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = GLOBAL_MICRO_BATCH / dp;
+    plan.grad_accum = MICRO_STEPS;
+    plan.checkpoint = p->checkpoint;
+    plan.pipe.stages = p->pp;
+    plan.pipe.virtual_stages = p->virtual_stages;
+    g_assert_true(zp_pipe_schedule_parse(p->schedule, "--pp-schedule", &plan.pipe.schedule, NULL));
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&model, &plan, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+/* The categories zreal allocates as the schedule says, each stage's peak exact. */
+static const ZpMemCategory exact_categories[] = {
+    ZP_MEM_PARAMS, ZP_MEM_GRADS, ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V, ZP_MEM_BUCKETS,
+    ZP_MEM_ACTIVATIONS, ZP_MEM_CHECKPOINTS};
+
+/* Rank r's figures against its stage's predictions: model states from the stage's layout,
+ * each category's peak and the bytes sent (its DP group's collectives, its p2p sends) from the
+ * simulator's per-stage results. */
+static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, int dp)
+{
+    const int r = (int)number(rank, "rank");
+    json_t *pipe = json_object_get(rank, "pipeline");
+    g_assert_nonnull(pipe);
+    const int stage = (int)number(pipe, "stage");
+    g_assert_cmpint(stage, ==, (r / s->plan.mp) % s->stages); /* TP, then PP, then DP */
+    ZpSchedule *view = zp_sched_stage_view(s, stage);
+    g_assert_cmpfloat(number(rank, "model_state_bytes"), ==, zp_sched_model_state_bytes(view));
+    zp_sched_free(view);
+    json_t *peaks = json_object_get(rank, "category_peak_bytes");
+    for (size_t i = 0; i < G_N_ELEMENTS(exact_categories); i++) {
+        const ZpMemCategory c = exact_categories[i];
+        g_assert_cmpfloat(number(peaks, zp_sched_mem_name(c)), ==,
+                          sim->stage_category_peak_bytes[stage * ZP_MEM_N + c]);
+    }
+    const double *sent = &sim->stage_comm_bytes[stage * ZP_GROUP_N];
+    g_assert_cmpfloat(number(pipe, "p2p_bytes"), ==, sent[ZP_GROUP_PP]);
+    g_assert_cmpfloat(number(rank, "comm_bytes"), ==, sent[ZP_GROUP_DP]);
+    g_assert_cmpfloat(sent[ZP_GROUP_PP], >, 0);
+    g_assert_true((sent[ZP_GROUP_DP] > 0) == (dp > 1));
+}
+
+static void test_pipe_matches_one_rank(gconstpointer data)
+{
+    const PipeRun *p = data;
+    char *ref_args = g_strdup_printf("--micro-batch %d %s", GLOBAL_MICRO_BATCH,
+                                     p->checkpoint ? "--checkpoint" : "");
+    json_t *ref = run_zreal(1, ref_args, "ref");
+    const int dp = p->ranks / p->pp;
+    char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --pp-schedule %s "
+                                 "--virtual-stages %d %s", GLOBAL_MICRO_BATCH / dp, p->zero,
+                                 p->pp, p->schedule, p->virtual_stages,
+                                 p->checkpoint ? "--checkpoint" : "");
+    json_t *m = run_zreal(p->ranks, args, "pipe");
+    json_t *ref_loss = json_object_get(ref, "loss"), *loss = json_object_get(m, "loss");
+    g_assert_cmpuint(json_array_size(loss), ==, STEPS);
+    for (int i = 0; i < STEPS; i++) {
+        const double a = json_number_value(json_array_get(loss, i));
+        const double b = json_number_value(json_array_get(ref_loss, i));
+        g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+    }
+    /* And it learns. */
+    g_assert_cmpfloat(json_number_value(json_array_get(loss, STEPS - 1)), <,
+                      0.97 * json_number_value(json_array_get(loss, 0)));
+    ZpSchedule *s = build(p, dp);
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+    GError *error = NULL;
+    SimResult *sim = sim_engine_run(s, &hw, &o, &error);
+    g_assert_no_error(error);
+    json_t *ranks = json_object_get(m, "ranks");
+    g_assert_cmpuint(json_array_size(ranks), ==, (size_t)p->ranks);
+    for (int r = 0; r < p->ranks; r++)
+        check_rank(json_array_get(ranks, (size_t)r), s, sim, dp);
+    sim_result_free(sim);
+    zp_sched_free(s);
+    json_decref(m);
+    json_decref(ref);
+    g_free(args);
+    g_free(ref_args);
+}
+
+/* What zreal's pipelines do not run, refused on every rank with one line. */
+static void test_pipe_refusals(void)
+{
+    static const struct {
+        int ranks;
+        const char *args, *message;
+    } cases[] = {
+        {2, "--model tiny --pp 2", "zreal runs pipelines of untied models"},
+        {2, "--model " MODEL " --pp 2 --stage 2", "ZeRO-2 and ZeRO-3 are incompatible"},
+        {3, "--model " MODEL " --pp 2", "--pp: MP 1 x PP 2 = 2 does not divide"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        TuRun r = tu_zreal_mpirun(cases[i].ranks, cases[i].args, NULL);
+        g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_nonnull(strstr(r.err, cases[i].message));
+        tu_free(&r);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    tmp_dir = g_dir_make_tmp("zreal-pipe-XXXXXX", NULL);
+    static const struct {
+        const char *name;
+        PipeRun run;
+    } runs[] = {
+        {"/real-pipe/gpipe-2", {2, 2, 0, 1, "gpipe", FALSE}},
+        {"/real-pipe/1f1b-2", {2, 2, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/gpipe-4", {4, 4, 0, 1, "gpipe", FALSE}},
+        {"/real-pipe/1f1b-4", {4, 4, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 0, 1, "1f1b", TRUE}},
+        {"/real-pipe/interleaved-2x2", {2, 2, 0, 2, "interleaved", FALSE}},
+        {"/real-pipe/dp2-pp2-zero0", {4, 2, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, "1f1b", FALSE}},
+        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, "gpipe", FALSE}},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(runs); i++)
+        g_test_add_data_func(runs[i].name, &runs[i].run, test_pipe_matches_one_rank);
+    g_test_add_func("/real-pipe/refusals", test_pipe_refusals);
+    const int status = g_test_run();
+    g_rmdir(tmp_dir);
+    g_free(tmp_dir);
+    return status;
+}
