@@ -585,7 +585,7 @@ static void test_bad_input(void)
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
         {"--model tiny --impl deepspeed --stage 2 --offload-optimizer cpu",
-         "zreal executes DeepSpeed's stages 2-3 without offload, qwZ or hpZ"},
+         "zreal executes DeepSpeed's stages 2-3 without offload or ZeRO++"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
