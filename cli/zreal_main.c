@@ -135,8 +135,10 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
 {
     if (a->schedule) { /* --nvme-path: where this machine's swap files go */
         ZpSchedule *s = zp_sched_read_json(a->schedule, error);
+        if (!s)
+            return NULL;
         ZpOffload *tiers[] = {&s->plan.zero.offload_optimizer, &s->plan.zero.offload_param};
-        for (size_t i = 0; s && a->nvme_path && i < G_N_ELEMENTS(tiers); i++)
+        for (size_t i = 0; a->nvme_path && i < G_N_ELEMENTS(tiers); i++)
             if (!cli_offload_nvme_path(a->nvme_path, tiers[i], error))
                 return zp_sched_free(s), NULL;
         return s;
