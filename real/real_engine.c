@@ -137,6 +137,9 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
+    if (s->stages > 1 && s->plan.ckpt.cpu_checkpointing)
+        return fail(error, "zreal keeps one host checkpoint per block: cpu_checkpointing with "
+                           "pipeline stages (micro-batches in flight) is not executed");
     if (s->stages > 1 && s->plan.mp > 1)
         return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
                     "is planned and simulated, not executed", s->stages, s->plan.mp);
