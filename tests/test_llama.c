@@ -267,20 +267,21 @@ static void test_sliding_window(void)
     g_assert_cmpint(m.sliding_window, ==, 4096);
     load("qwen2-0.5b", &qwen); /* use_sliding_window false */
     g_assert_cmpint(qwen.sliding_window, ==, 0);
-    char *dir = write_config("qwen-window",
-                             "{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
-                             ", \"num_attention_heads\": 32, \"use_sliding_window\": true, "
-                             "\"sliding_window\": 1024, \"max_window_layers\": 0}");
-    g_assert_true(zp_model_load(dir, &qwen, NULL));
-    g_assert_cmpint(qwen.sliding_window, ==, 1024);
-    g_free(dir);
-    dir = write_config("qwen-no-window-layer",
-                       "{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
-                       ", \"num_attention_heads\": 32, \"use_sliding_window\": true, "
-                       "\"sliding_window\": 1024, \"max_window_layers\": 32}");
-    g_assert_true(zp_model_load(dir, &qwen, NULL));
-    g_assert_cmpint(qwen.sliding_window, ==, 0);
-    g_free(dir);
+    /* Qwen2 windows the layers from max_window_layers on: 0 is every layer, 32 none. */
+    static const struct {
+        int64_t first_layer, window;
+    } qwen_cases[] = {{0, 1024}, {32, 0}};
+    for (size_t i = 0; i < G_N_ELEMENTS(qwen_cases); i++) {
+        char *name = g_strdup_printf("qwen-window-%zu", i);
+        char *text = g_strdup_printf("{\"architectures\": [\"Qwen2ForCausalLM\"], " LLAMA_KEYS
+                                     ", \"num_attention_heads\": 32, \"use_sliding_window\": "
+                                     "true, \"sliding_window\": 1024, \"max_window_layers\": %"
+                                     G_GINT64_FORMAT "}", qwen_cases[i].first_layer);
+        char *dir = write_config(name, text);
+        g_assert_true(zp_model_load(dir, &qwen, NULL));
+        g_assert_cmpint(qwen.sliding_window, ==, qwen_cases[i].window);
+        g_free(dir), g_free(text), g_free(name);
+    }
 
     const double s = 16384, w = 4096, h = 4096;
     const double share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2);
