@@ -140,9 +140,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (s->stages > 1 && s->plan.ckpt.cpu_checkpointing)
         return fail(error, "zreal keeps one host checkpoint per block: cpu_checkpointing with "
                            "pipeline stages (micro-batches in flight) is not executed");
-    if (s->stages > 1 && s->plan.mp > 1)
-        return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
-                    "is planned and simulated, not executed", s->stages, s->plan.mp);
     /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1, and at mp > 1 its
      * slices and their tensor-group gather are not executed. */
     if (s->plan.ckpt.partition_activations && s->plan.mp > 1)

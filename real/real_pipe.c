@@ -6,7 +6,8 @@
 struct RealPipe {
     RealComm *world;       /* borrowed: p2p goes over it, peers by world rank */
     RealBackend *be;       /* borrowed */
-    RealComm *dp, *pp;     /* owned (pp may be the world, then not owned) */
+    RealComm *dp, *pp;     /* borrowed from the groups, or dp = dp_owned */
+    RealComm *dp_owned;    /* the one-rank DP group of a world that cannot split */
     int stage, mp;
     double recv_s, send_s; /* since made or reset */
     double sent_before;    /* world->sent_bytes when made: its collectives are not p2p */
@@ -27,7 +28,8 @@ RealComm *real_pipe_pp_comm(RealPipe *p)
     return p->pp;
 }
 
-RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s, GError **error)
+RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s,
+                        const RealGroups *g, GError **error)
 {
     const int mp = s->plan.mp, pp = MAX(s->stages, 1), dp = s->plan.dp;
     if (world->size != dp * mp * pp) {
@@ -42,28 +44,12 @@ RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s, G
                     "mpirun, not --emulate)");
         return NULL;
     }
-    if (!world->split && (dp > 1 || mp > 1)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--pp: this communicator cannot be split into data-parallel groups; "
-                    "pipelines run with dp 1 and mp 1 on it (dp %d, mp %d)", dp, mp);
-        return NULL;
-    }
     RealPipe *p = g_new0(RealPipe, 1);
     p->world = world, p->be = be, p->mp = mp;
-    const int r = world->rank, t = r % mp, d = r / (mp * pp);
-    p->stage = (r / mp) % pp;
+    p->stage = (world->rank / mp) % pp;
     p->sent_before = world->sent_bytes;
-    if (!world->split) {
-        p->dp = real_comm_emulated_new(be, 1, 0);
-        p->pp = world;
-        return p;
-    }
-    /* Both splits are collective over the world, in the same order on every rank. */
-    if (!(p->dp = world->split(world, t + mp * p->stage, d, error)) ||
-        !(p->pp = world->split(world, t + mp * d, p->stage, error))) {
-        real_pipe_free(p);
-        return NULL;
-    }
+    p->pp = g->pp;
+    p->dp = g->dp ? g->dp : (p->dp_owned = real_comm_emulated_new(be, 1, 0));
     return p;
 }
 
@@ -71,10 +57,8 @@ void real_pipe_free(RealPipe *p)
 {
     if (!p)
         return;
-    if (p->dp)
-        p->dp->destroy(p->dp);
-    if (p->pp && p->pp != p->world)
-        p->pp->destroy(p->pp);
+    if (p->dp_owned)
+        p->dp_owned->destroy(p->dp_owned);
     g_free(p);
 }
 

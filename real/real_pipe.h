@@ -6,6 +6,7 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_tp.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -14,13 +15,14 @@ typedef struct RealPipe RealPipe;
 
 /* This rank's place in a world of dp x mp x pp ranks (`world`, borrowed) for the schedule
  * `sched` (borrowed; its plan's degrees): rank r is TP rank r mod mp of stage (r / mp) mod pp
- * of DP replica r / (mp pp). Its DP group (the ranks of its stage and TP rank) and pipeline
- * group (its replica's stages of its TP rank) are splits of the world; a world that cannot be
- * split (NCCL's) runs dp = mp = 1 only, its DP group then one rank (real_comm_emulated) and
- * its pipeline group the world. Fails when the world's size is not dp x mp x pp or it has no
- * p2p (the emulated world). Collective over the world. */
+ * of DP replica r / (mp pp), as real_groups_split numbers them. Its DP group (the ranks of its
+ * stage and TP rank) and pipeline group (its replica's stages of its TP rank) are `groups`'s
+ * (borrowed; real_groups_split(world, mp, pp)); where the world could not split (NCCL's:
+ * groups->dp NULL) its DP group is one rank (real_comm_emulated). Sends go to the same TP
+ * rank of the adjacent stages. Fails when the world's size is not dp x mp x pp or it has no
+ * p2p (the emulated world). */
 RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *sched,
-                        GError **error);
+                        const RealGroups *groups, GError **error);
 void real_pipe_free(RealPipe *pipe);
 
 int real_pipe_stage(const RealPipe *pipe);

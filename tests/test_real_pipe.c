@@ -1,6 +1,7 @@
 /* test_real_pipe: zreal runs pipelines under mpirun — GPipe and 1F1B over 2 and 4 stages,
- * interleaved, and 2 data-parallel replicas of 2 stages at ZeRO-0 and -1 train to the loss of
- * one rank, and every stage holds and sends exactly what the simulator predicts for it. */
+ * interleaved, 2 data-parallel replicas of 2 stages at ZeRO-0 and -1, and tensor parallelism
+ * of 2 inside each stage (TP 2 x PP 2, DP 2 x TP 2 x PP 2) train to the loss of one rank, and
+ * every stage holds and sends exactly what the simulator predicts for it. */
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_pipe.h"
@@ -23,7 +24,7 @@
 static char *tmp_dir;
 
 typedef struct {
-    int ranks, pp, zero, virtual_stages;
+    int ranks, pp, mp, zero, virtual_stages;
     const char *schedule;
     gboolean checkpoint;
 } PipeRun;
@@ -58,7 +59,7 @@ static ZpSchedule *build(const PipeRun *p, int dp)
     ZpModel model = tu_load_model(MODEL);
     model.dropout = FALSE;
     ZpPlan plan;
-    zp_plan_defaults(&plan, p->zero, dp, 1);
+    zp_plan_defaults(&plan, p->zero, dp, p->mp);
     plan.impl = ZP_IMPL_PAPER; /* zreal's default */
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_MICRO_BATCH / dp;
@@ -100,8 +101,10 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
     const double *sent = &sim->stage_comm_bytes[stage * ZP_GROUP_N];
     g_assert_cmpfloat(number(pipe, "p2p_bytes"), ==, sent[ZP_GROUP_PP]);
     g_assert_cmpfloat(number(rank, "comm_bytes"), ==, sent[ZP_GROUP_DP]);
+    g_assert_cmpfloat(number(rank, "tp_comm_bytes"), ==, sent[ZP_GROUP_TP]);
     g_assert_cmpfloat(sent[ZP_GROUP_PP], >, 0);
     g_assert_true((sent[ZP_GROUP_DP] > 0) == (dp > 1));
+    g_assert_true((sent[ZP_GROUP_TP] > 0) == (s->plan.mp > 1));
 }
 
 static void test_pipe_matches_one_rank(gconstpointer data)
@@ -110,10 +113,10 @@ static void test_pipe_matches_one_rank(gconstpointer data)
     char *ref_args = g_strdup_printf("--micro-batch %d %s", GLOBAL_MICRO_BATCH,
                                      p->checkpoint ? "--checkpoint" : "");
     json_t *ref = run_zreal(1, ref_args, "ref");
-    const int dp = p->ranks / p->pp;
-    char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --pp-schedule %s "
+    const int dp = p->ranks / (p->pp * p->mp);
+    char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --mp %d --pp-schedule %s "
                                  "--virtual-stages %d %s", GLOBAL_MICRO_BATCH / dp, p->zero,
-                                 p->pp, p->schedule, p->virtual_stages,
+                                 p->pp, p->mp, p->schedule, p->virtual_stages,
                                  p->checkpoint ? "--checkpoint" : "");
     json_t *m = run_zreal(p->ranks, args, "pipe");
     json_t *ref_loss = json_object_get(ref, "loss"), *loss = json_object_get(m, "loss");
@@ -171,15 +174,17 @@ int main(int argc, char **argv)
         const char *name;
         PipeRun run;
     } runs[] = {
-        {"/real-pipe/gpipe-2", {2, 2, 0, 1, "gpipe", FALSE}},
-        {"/real-pipe/1f1b-2", {2, 2, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/gpipe-4", {4, 4, 0, 1, "gpipe", FALSE}},
-        {"/real-pipe/1f1b-4", {4, 4, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 0, 1, "1f1b", TRUE}},
-        {"/real-pipe/interleaved-2x2", {2, 2, 0, 2, "interleaved", FALSE}},
-        {"/real-pipe/dp2-pp2-zero0", {4, 2, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, "1f1b", FALSE}},
-        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, "gpipe", FALSE}},
+        {"/real-pipe/gpipe-2", {2, 2, 1, 0, 1, "gpipe", FALSE}},
+        {"/real-pipe/1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/gpipe-4", {4, 4, 1, 0, 1, "gpipe", FALSE}},
+        {"/real-pipe/1f1b-4", {4, 4, 1, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 1, 0, 1, "1f1b", TRUE}},
+        {"/real-pipe/interleaved-2x2", {2, 2, 1, 0, 2, "interleaved", FALSE}},
+        {"/real-pipe/dp2-pp2-zero0", {4, 2, 1, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, 1, "1f1b", FALSE}},
+        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE}},
+        {"/real-pipe/tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE}},
+        {"/real-pipe/dp2-tp2-pp2-zero1", {8, 2, 2, 1, 1, "1f1b", FALSE}},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(runs); i++)
         g_test_add_data_func(runs[i].name, &runs[i].run, test_pipe_matches_one_rank);
