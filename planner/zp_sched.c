@@ -93,6 +93,15 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
     op.stage = (uint32_t)b->stage;
     op.dep_start = s->deps->len;
     op.n_deps = 0;
+    if (b->recv_key >= 0 && (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)) {
+        /* The first dependency: another stage's send, filled in once it is built. */
+        const uint32_t cross = CROSS, at = s->deps->len;
+        g_array_append_val(s->deps, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key);
+        b->recv_key = -1;
+        op.n_deps++;
+    }
     for (guint i = 0; i < n_deps; i++)
         if (deps[i] != NONE) {
             g_array_append_val(s->deps, deps[i]);
@@ -141,13 +150,6 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     int workspace;
-    if (b->recv_key >= 0) { /* the first dependency: the neighbour's send, filled in later */
-        const uint32_t cross = CROSS, at = b->s->deps->len;
-        g_array_append_val(all, cross);
-        g_array_append_val(b->cross_at, at);
-        g_array_append_val(b->cross_key, b->recv_key);
-        b->recv_key = -1;
-    }
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
@@ -1023,6 +1025,38 @@ static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
     g_array_unref(deps);
 }
 
+/* A tied word embedding under a pipeline: the first stage (the embedding) and the last (the
+ * head's copy of it) each send the other its gradient once its last backward is done, and the
+ * stage's next compute op or collective (its first gradient reduction, or its optimizer) waits
+ * for the other's and adds it first. DeepSpeed's TrainSchedule runs ReduceTiedGrads before
+ * ReduceGrads (deepspeed/runtime/pipe/schedule.py; engine.py _exec_reduce_tied_grads calls
+ * module.py allreduce_tied_weight_gradients, an all-reduce over the TiedLayerSpec's group);
+ * Megatron all-reduces word_embeddings' main_grad over its embedding group of the first and
+ * last stage (megatron/core/distributed/finalize_model_grads.py
+ * _allreduce_word_embedding_grads). Two ranks' all-reduce sends S each way, as here. */
+static void tied_sync(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const int P = zp_plan_pp(&s->plan), L = (int)s->model.layers;
+    if (P == 1 || !s->model.tied_embeddings || (b->stage != 0 && b->stage != P - 1))
+        return;
+    const uint64_t elems = ((uint64_t)s->model.vocab + (uint64_t)s->plan.mp - 1) /
+                           (uint64_t)s->plan.mp * (uint64_t)s->model.hidden;
+    const gboolean first = b->stage == 0;
+    const int chunk = first ? 0 : b->n_chunks - 1, last_micro = s->plan.grad_accum - 1;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = ZP_P2P_TIED, .stream = ZP_STREAM_PP,
+               .group = ZP_GROUP_PP, .unit = first ? 0 : L + 1, .micro = last_micro,
+               .buffer = -1, .peer = (uint32_t)(first ? P - 1 : 0),
+               .bytes = (double)elems * b->state.grad_bytes, .elems = elems};
+    b->send_op[send_key(b, chunk, last_micro, ZP_P2P_TIED)] =
+        emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    b->recv_key = send_key(b, first ? b->n_chunks - 1 : 0, last_micro, ZP_P2P_TIED);
+}
+
 /* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
  * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
  * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
@@ -1251,6 +1285,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     for (guint i = 0; i < actions->len; i++)
         run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
     g_array_unref(actions);
+    tied_sync(b);
     /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
      * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
      * over the stage's own data-parallel group, bucket by bucket from the last unit down. */

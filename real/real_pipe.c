@@ -92,7 +92,8 @@ gboolean real_pipe_receive(RealPipe *p, const ZpSchedule *s, const ZpOp *op, Rea
                          (size_t)s->model.hidden * sizeof(RealBf16);
     for (uint32_t i = 0; i < op->n_deps; i++) {
         const ZpOp *send = zp_sched_op(s, deps[i]);
-        if (send->kind != ZP_OP_P2P || (int)send->stage == p->stage)
+        if (send->kind != ZP_OP_P2P || (int)send->stage == p->stage ||
+            send->sub == ZP_P2P_TIED)
             continue;
         if (!check_bytes(send, bytes, error))
             return FALSE;
@@ -119,6 +120,73 @@ gboolean real_pipe_send(RealPipe *p, const ZpSchedule *s, const ZpOp *op, RealBf
         p->be->f32_to_bf16(p->be, x, dx, bytes / sizeof(RealBf16));
     const gboolean ok = p->world->send(p->world, x, bytes, peer_rank(p, (int)op->peer),
                                        send_tag(s, op), error);
+    p->send_s += zp_now_s() - t0;
+    return ok;
+}
+
+/* The tied gradient's send `op` waits for (another stage's), or NULL. */
+static const ZpOp *tied_send(const ZpSchedule *s, const ZpOp *op)
+{
+    const uint32_t *deps = zp_sched_deps(s, op);
+    for (uint32_t i = 0; i < op->n_deps; i++) {
+        const ZpOp *send = zp_sched_op(s, deps[i]);
+        if (send->kind == ZP_OP_P2P && send->sub == ZP_P2P_TIED && send->stage != op->stage)
+            return send;
+    }
+    return NULL;
+}
+
+gboolean real_pipe_waits_tied(const ZpSchedule *s, const ZpOp *op)
+{
+    return tied_send(s, op) != NULL;
+}
+
+/* The pieces a tied gradient travels in: the residual stream's b s h elements. */
+static size_t tied_piece(const ZpSchedule *s)
+{
+    return (size_t)s->plan.micro_batch * (size_t)s->model.seq_len * (size_t)s->model.hidden;
+}
+
+static gboolean check_tied(const ZpOp *send, size_t n, GError **error)
+{
+    if (send->bytes == (double)(n * sizeof(RealBf16)))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "a tied embedding's gradient of %.0f bytes; this stage's copy has %zu bf16 "
+                "elements", send->bytes, n);
+    return FALSE;
+}
+
+gboolean real_pipe_receive_tied(RealPipe *p, const ZpSchedule *s, const ZpOp *op,
+                                RealBf16 *grads, size_t n, RealBf16 *x, float *dx,
+                                GError **error)
+{
+    const ZpOp *send = tied_send(s, op);
+    if (!check_tied(send, n, error))
+        return FALSE;
+    const double t0 = zp_now_s();
+    for (size_t at = 0; at < n; at += tied_piece(s)) {
+        const size_t k = MIN(tied_piece(s), n - at);
+        if (!p->world->recv(p->world, x, k * sizeof(RealBf16), peer_rank(p, (int)send->stage),
+                            send_tag(s, send), error))
+            return FALSE;
+        p->be->bf16_to_f32(p->be, dx, x, k);
+        p->be->accumulate_bf16(p->be, grads + at, dx, k);
+    }
+    p->recv_s += zp_now_s() - t0;
+    return TRUE;
+}
+
+gboolean real_pipe_send_tied(RealPipe *p, const ZpSchedule *s, const ZpOp *op,
+                             const RealBf16 *grads, size_t n, GError **error)
+{
+    if (!check_tied(op, n, error))
+        return FALSE;
+    const double t0 = zp_now_s();
+    gboolean ok = TRUE;
+    for (size_t at = 0; ok && at < n; at += tied_piece(s))
+        ok = p->world->send(p->world, grads + at, MIN(tied_piece(s), n - at) * sizeof(RealBf16),
+                            peer_rank(p, (int)op->peer), send_tag(s, op), error);
     p->send_s += zp_now_s() - t0;
     return ok;
 }

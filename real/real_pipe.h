@@ -43,6 +43,18 @@ gboolean real_pipe_receive(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *
 gboolean real_pipe_send(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op, RealBf16 *x,
                         const float *dx, GError **error);
 
+/* A tied word embedding's gradient (ZP_P2P_TIED): whether `op` waits for the other
+ * embedding stage's; that stage's n bf16 gradients received, through x (bf16) and dx (fp32)
+ * of b s h elements a piece, and added to `grads` (the sum rounded to bf16 once, as NCCL's
+ * bf16 all-reduce of two ranks); and this stage's sent, in the same pieces. Both stages
+ * send before they receive (the MPI communicator's buffered sends): no deadlock. */
+gboolean real_pipe_waits_tied(const ZpSchedule *sched, const ZpOp *op);
+gboolean real_pipe_receive_tied(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op,
+                                RealBf16 *grads, size_t n, RealBf16 *x, float *dx,
+                                GError **error);
+gboolean real_pipe_send_tied(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op,
+                             const RealBf16 *grads, size_t n, GError **error);
+
 /* Bytes this rank has sent to other stages, and seconds it has spent waiting in receives
  * (its bubble, in part) and in sends, since it was made or reset. */
 double real_pipe_sent_bytes(const RealPipe *pipe);
