@@ -1513,6 +1513,7 @@ static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", 
                                            NULL};
 static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
                                          "transfer", NULL};
+static const char *const p2p_names[] = {"send_next", "send_prev", "tied", NULL};
 static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 /* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
  * keep theirs. */
@@ -1561,13 +1562,16 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
 
 /* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's
  * (tp's on the tp stream, every other group's on NCCL's dp stream), a transfer on the host
- * link's or the NVMe's, unless "stream" says otherwise (written only then). */
+ * link's or the NVMe's, a pipeline send on the pp stream, unless "stream" says otherwise
+ * (written only then). */
 static ZpStream default_stream(int kind, int sub, int group)
 {
     if (kind == ZP_OP_TRANSFER)
         return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
     if (kind == ZP_OP_COMPUTE)
         return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
+    if (kind == ZP_OP_P2P)
+        return ZP_STREAM_PP;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
@@ -1603,6 +1607,12 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
         json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
         json_object_set_new(o, "bytes", json_real(op->bytes));
         break;
+    case ZP_OP_P2P:
+        json_object_set_new(o, "op", json_string(p2p_names[op->sub]));
+        json_object_set_new(o, "peer", json_integer(op->peer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
@@ -1611,6 +1621,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
     if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
         op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
+    if (s->stages > 1) /* the rank class that runs it */
+        json_object_set_new(o, "stage", json_integer(op->stage));
     json_object_set_new(o, "deps", deps);
     return o;
 }
@@ -1679,14 +1691,14 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
                                  gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
                                  int *n_groups, int *dp, int *mp, GError **error)
 {
-    /* A planner's file: dp, tp and ZeRO++'s subgroups where the plan has them (no pp). */
-    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N - 1;
+    /* A planner's file: dp, tp, pp and ZeRO++'s subgroups where the plan has them. */
+    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N;
     if (!json_is_array(groups) || json_array_size(groups) < 2 ||
         json_array_size(groups) > most) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: key \"groups\" must be an array of dp, tp%s", path,
                     others ? " and at most 14 other groups"
-                           : " and no other group than hpz, qgz_node and qgz_cross");
+                           : " and no other group than pp, hpz, qgz_node and qgz_cross");
         return FALSE;
     }
     ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
@@ -1746,13 +1758,17 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
     }
     const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
     const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
-    if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||
-        stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP]) {
+    /* A planner's pipeline stages sit between tp and dp; a graph's pp group is its own. */
+    const int64_t pp = others ? 1 : table[ZP_GROUP_PP].ranks;
+    if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] * pp != world || stride[ZP_GROUP_TP] != 1 ||
+        stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP] * pp ||
+        (pp > 1 && table[ZP_GROUP_PP].stride != ranks[ZP_GROUP_TP])) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"groups\": dp %" G_GINT64_FORMAT " x tp %" G_GINT64_FORMAT
-                    " ranks must make the world of %" G_GINT64_FORMAT ", tp with stride 1 and "
-                    "dp with stride tp (ranks numbered tp-fastest)",
-                    path, ranks[ZP_GROUP_DP], ranks[ZP_GROUP_TP], world);
+                    " x pp %" G_GINT64_FORMAT " ranks must make the world of %" G_GINT64_FORMAT
+                    ", tp with stride 1, pp with stride tp and dp with stride tp x pp (ranks "
+                    "numbered tp-fastest)",
+                    path, ranks[ZP_GROUP_DP], ranks[ZP_GROUP_TP], pp, world);
         return FALSE;
     }
     *dp = (int)ranks[ZP_GROUP_DP];
@@ -1760,19 +1776,35 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
     return TRUE;
 }
 
-gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+static json_t *units_json(const ZpSchedule *s)
 {
-    if (s->stages > 1) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: a schedule file holds one op list for every rank; a pipeline's "
-                    "stages (--pp %d) each have their own and are not written", path, s->stages);
-        return FALSE;
-    }
-    json_t *state = zp_sched_categories_json(s->state_bytes), *units = json_array();
-    json_t *ops = json_array();
+    json_t *units = json_array();
     for (int u = 0; u < s->n_units; u++)
         json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
                                                (json_int_t)s->unit_elems[u]));
+    return units;
+}
+
+/* A pipeline's stage views (zp_sched_stage_view): each stage's model states and unit layout,
+ * [{"state_bytes", "units"}] by stage. */
+static json_t *stages_json(const ZpSchedule *s)
+{
+    json_t *stages = json_array();
+    for (int k = 0; k < s->stages; k++) {
+        ZpSchedule *view = zp_sched_stage_view(s, k);
+        json_array_append_new(stages,
+                              json_pack("{s:o, s:o}", "state_bytes",
+                                        zp_sched_categories_json(view->state_bytes), "units",
+                                        units_json(view)));
+        zp_sched_free(view);
+    }
+    return stages;
+}
+
+gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+{
+    json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
+    json_t *ops = json_array();
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(s, groups);
     for (guint i = 0; i < s->ops->len; i++)
@@ -1785,6 +1817,8 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
     json_object_set_new(root, "groups", groups_json(groups, n_groups));
+    if (s->stages > 1)
+        json_object_set_new(root, "stages", stages_json(s));
     /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
     if (s->n_units == 0)
         json_object_del(root, "model");
@@ -1832,25 +1866,39 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     int kind = 0, sub = 0, group = 0;
     int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
-    static const char *const keys[][12] = {
+    /* "stage" only in a pipeline's schedule (every op names the stage that runs it). */
+    static const char *const keys[][13] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", "bytes", "stream", NULL},
+                           "attn_flops", "mem_bytes", "bytes", "stream", "stage", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
-                              "elem_offset", "elems", "stream", NULL},
-        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
-        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
-        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
+                              "elem_offset", "elems", "stream", "stage", NULL},
+        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", "stage",
+                         NULL},
+        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", "stage",
+                        NULL},
+        [ZP_OP_P2P] = {"kind", "unit", "micro", "deps", "op", "peer", "bytes", "elems", "stage",
+                       NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", "stage",
+                            NULL},
     };
+    const int stages = MAX(s->stages, 1);
+    int64_t stage = 0, peer = 0;
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
-    if (ok && kind == ZP_OP_P2P) {
+    if (ok && kind == ZP_OP_P2P && stages == 1) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: key \"kind\": p2p ops belong to pipeline schedules, which files do "
-                    "not hold", what);
+                    "%s: key \"kind\": p2p ops belong to pipeline schedules (plan.pipeline."
+                    "stages > 1)", what);
         ok = FALSE;
     }
     ok = ok && zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", layout, -1, INT32_MAX, &unit, error) &&
-                  zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error);
+                  zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error) &&
+                  zp_json_get_int(o, what, "stage", stages > 1, 0, stages - 1, &stage, error);
+    if (ok && kind == ZP_OP_P2P)
+        ok = name_index(o, what, "op", p2p_names, &sub, error) &&
+             zp_json_get_int(o, what, "peer", TRUE, 0, stages - 1, &peer, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
+             zp_json_get_int(o, what, "elems", TRUE, 0, INT64_MAX, &elems, error);
     if (ok && kind == ZP_OP_COMPUTE)
         ok = name_index(o, what, "op", compute_names, &sub, error) &&
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
@@ -1868,7 +1916,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     else if (ok && kind == ZP_OP_TRANSFER)
         ok = name_index(o, what, "op", transfer_names, &sub, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
-    else if (ok)
+    else if (ok && kind != ZP_OP_P2P)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
@@ -1884,14 +1932,20 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
+    op.stage = (uint32_t)stage, op.peer = (uint32_t)peer;
+    if (kind == ZP_OP_P2P)
+        op.group = ZP_GROUP_PP;
     op.dep_start = s->deps->len;
     for (size_t i = 0; ok && i < json_array_size(deps); i++) {
         json_t *d = json_array_get(deps, i);
         /* A planner's dependencies point backwards: the list is in issue order, so the graph
-         * is acyclic. A graph's may point anywhere among its ops. */
-        const json_int_t limit = layout ? (json_int_t)index : (json_int_t)n_ops;
+         * is acyclic. A graph's may point anywhere among its ops, and so may a pipeline's
+         * (stage k waits for stage k + 1's sends, listed after it), whose ops must then be
+         * the builder's (same_as_built). */
+        const gboolean backwards = layout && stages == 1;
+        const json_int_t limit = backwards ? (json_int_t)index : (json_int_t)n_ops;
         if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) >= limit) {
-            if (layout)
+            if (backwards)
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "%s: deps[%zu] must be the index of an earlier op", what, i);
             else
@@ -1926,7 +1980,8 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
             a->group != b->group || a->unit != b->unit || a->micro != b->micro ||
             a->buffer != b->buffer || a->bytes != b->bytes || a->elem_offset != b->elem_offset ||
-            a->elems != b->elems || a->n_deps != b->n_deps ||
+            a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
+            a->n_deps != b->n_deps ||
             memcmp(zp_sched_deps(s, a), &g_array_index(deps, uint32_t, b->dep_start),
                    a->n_deps * sizeof(uint32_t)) != 0)
             break;
@@ -1935,8 +1990,8 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         return TRUE;
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                 "%s: ops[%u]: differs from the %s schedule zplan builds for this model and "
-                "plan (%u ops): zreal runs --impl %s schedules as zplan schedule writes them, "
-                "and only --impl paper ones edited",
+                "plan (%u ops): zreal runs --impl %s schedules and pipelines' as zplan schedule "
+                "writes them, and only --impl paper ones without pipeline stages edited",
                 path, i, zp_impl_name(s->plan.impl), ops->len, zp_impl_name(s->plan.impl));
     return FALSE;
 }
@@ -1957,7 +2012,7 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     }
     static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
                                        "state_bytes", "units", "total_elems", "padded_elems",
-                                       "partition_elems", "ops", "groups", NULL};
+                                       "partition_elems", "ops", "groups", "stages", NULL};
     char *model_what = g_strdup_printf("%s: model", path);
     char *plan_what = g_strdup_printf("%s: plan", path);
     ok = ok && zp_json_check_keys(root, path, keys, error) &&
@@ -1978,8 +2033,8 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     int dp = 0, mp = 0, n_groups = 0;
     ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
     if (ok && groups) {
-        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp, FALSE, table, &n_groups,
-                              &dp, &mp, error);
+        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp * zp_plan_pp(&plan),
+                              FALSE, table, &n_groups, &dp, &mp, error);
         if (ok && (dp != plan.dp || mp != plan.mp)) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
@@ -1988,11 +2043,21 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         }
     }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
+    /* A pipeline's stage views: those its plan gives (written for the reader's eyes). */
+    json_t *stages = s && s->stages > 1 ? stages_json(s) : NULL;
+    if (stages && !json_equal(stages, json_object_get(root, "stages"))) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"stages\": the %d stage views (state_bytes, units) must be those "
+                    "of the plan's pipeline, as zplan schedule writes them", path, s->stages);
+        zp_sched_free(s);
+        s = NULL;
+    }
+    json_decref(stages);
     /* The builder's ops, which a schedule of another implementation than the paper's must
      * equal: zp_schedcheck checks ops against the paper's unit-level layout only. */
     GArray *built_ops = NULL, *built_deps = NULL;
     if (s) {
-        if (plan.impl != ZP_IMPL_PAPER) {
+        if (plan.impl != ZP_IMPL_PAPER || s->stages > 1) {
             built_ops = g_array_copy(s->ops);
             built_deps = g_array_copy(s->deps);
         }

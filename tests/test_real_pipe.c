@@ -2,7 +2,8 @@
  * interleaved, 2 data-parallel replicas of 2 stages at ZeRO-0 and -1, and tensor parallelism
  * of 2 inside each stage (TP 2 x PP 2, DP 2 x TP 2 x PP 2), and GPT-2's tiny with its tied
  * embedding (the first and last stages exchange its gradient) train to the loss of one rank,
- * and every stage holds and sends exactly what the simulator predicts for it. */
+ * and every stage holds and sends exactly what the simulator predicts for it; a pipeline's
+ * schedule file (zplan schedule --out) runs as its flags do. */
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_mem.h"
@@ -175,6 +176,53 @@ static void test_pipe_matches_one_rank(gconstpointer data)
     g_free(ref_args);
 }
 
+/* `zplan schedule --out` writes a pipeline's schedule with its stage views, and zreal
+ * --schedule runs that file as it runs the flags: the same losses and, rank by rank, the same
+ * model states, peaks and bytes. A file whose stage views are not the plan's is refused. */
+static void test_schedule_file(void)
+{
+    static const char *const plan = "--pp 2 --mp 2 --pp-schedule 1f1b --stage 1 "
+                                    "--micro-batch 2 --grad-accum 4";
+    static const char *const figures[] = {"model_state_bytes", "comm_bytes", "tp_comm_bytes",
+                                          "category_peak_bytes", "pipeline"};
+    char *path = g_strdup_printf("%s/pipe-schedule.json", tmp_dir);
+    char *out = g_strdup_printf("%s/pipe-measured.json", tmp_dir);
+    char *args = g_strdup_printf("schedule --model tiny --gpus 4 --precision bf16 --impl paper "
+                                 "--no-dropout %s --out %s", plan, path);
+    TuRun w = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(w.status, NULL));
+    g_assert_nonnull(strstr(w.out, "over 2 pipeline stages of 2 ranks each"));
+    tu_free(&w);
+    char *from_file = g_strdup_printf("--schedule %s --steps 3", path);
+    char *from_flags = g_strdup_printf("--model tiny %s --steps 3", plan);
+    json_t *a = tu_zreal_measured(4, from_file, out), *b = tu_zreal_measured(4, from_flags, out);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    for (size_t r = 0; r < 4; r++) {
+        json_t *x = json_array_get(json_object_get(a, "ranks"), r);
+        json_t *y = json_array_get(json_object_get(b, "ranks"), r);
+        for (size_t f = 0; f < G_N_ELEMENTS(figures); f++) {
+            json_t *fx = json_object_get(x, figures[f]), *fy = json_object_get(y, figures[f]);
+            if (strcmp(figures[f], "pipeline") == 0) /* its waits are timings */
+                fx = json_object_get(fx, "p2p_bytes"), fy = json_object_get(fy, "p2p_bytes");
+            g_assert_true(fx && json_equal(fx, fy));
+        }
+    }
+    /* Stage views that are not the plan's. */
+    json_t *file = json_load_file(path, 0, NULL);
+    json_t *stages = json_object_get(file, "stages");
+    g_assert_cmpuint(json_array_size(stages), ==, 2);
+    json_t *state = json_object_get(json_array_get(stages, 0), "state_bytes");
+    json_object_set_new(state, "params", json_real(1.0));
+    g_assert_cmpint(json_dump_file(file, path, 0), ==, 0);
+    TuRun r = tu_zreal_mpirun(1, from_file, NULL);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "key \"stages\": the 2 stage views"));
+    tu_free(&r);
+    g_remove(path);
+    json_decref(file), json_decref(a), json_decref(b);
+    g_free(from_file), g_free(from_flags), g_free(args), g_free(out), g_free(path);
+}
+
 /* What zreal's pipelines do not run, refused on every rank with one line. */
 static void test_pipe_refusals(void)
 {
@@ -217,6 +265,7 @@ int main(int argc, char **argv)
     };
     for (size_t i = 0; i < G_N_ELEMENTS(runs); i++)
         g_test_add_data_func(runs[i].name, &runs[i].run, test_pipe_matches_one_rank);
+    g_test_add_func("/real-pipe/schedule-file", test_schedule_file);
     g_test_add_func("/real-pipe/refusals", test_pipe_refusals);
     const int status = g_test_run();
     g_rmdir(tmp_dir);
