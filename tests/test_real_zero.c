@@ -60,16 +60,20 @@ static json_t *zreal_measured(int n, const char *args, const char *name)
 typedef struct {
     const char *model, *attention;
     int steps;
+    int least_ranks; /* the stage runs take N = least_ranks .. 4 (doubling) */
 } Trained;
 
-static const Trained gpt2_tiny = {"tiny", "eager", STEPS};
-static const Trained llama_eager = {"llama-tiny", "eager", 8};
-static const Trained llama_flash = {"llama-tiny", "flash", 8};
-static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
-static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
-static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8}; /* a sliding window */
-static const Trained tp_gpt2 = {"tiny", "eager", 8};
-static const Trained tp_llama = {"llama-tiny", "eager", 4};
+/* GPT-2 and the eager Llama block run every stage at N = 1, 2 and 4. The other blocks differ
+ * from them only in their kernels, which the stages run alike (the engine never looks inside
+ * a block), so they run every stage at N = 4 only, where the partitions are smallest. */
+static const Trained gpt2_tiny = {"tiny", "eager", STEPS, 1};
+static const Trained llama_eager = {"llama-tiny", "eager", 8, 1};
+static const Trained llama_flash = {"llama-tiny", "flash", 8, 4};
+static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8, 4};
+static const Trained neox_flash = {"hf/neox-tiny", "flash", 8, 4};
+static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8, 4}; /* a sliding window */
+static const Trained tp_gpt2 = {"tiny", "eager", 8, 1};
+static const Trained tp_llama = {"llama-tiny", "eager", 4, 1};
 
 static json_t *train(const Trained *t, int stage, int n, char **path_out)
 {
@@ -132,7 +136,7 @@ static void test_stages_match_one_rank(gconstpointer data)
     const double last = json_number_value(json_array_get(ref_loss, steps - 1));
     g_assert_cmpfloat(fabs(first - log((double)model.vocab)), <, 0.15); /* untrained: ln V */
     g_assert_cmpfloat(last, <, (steps >= 20 ? 0.6 : 0.99) * first);    /* and it learns */
-    for (int n = 1; n <= 4; n *= 2)
+    for (int n = t->least_ranks; n <= 4; n *= 2)
         for (int stage = 0; stage <= 3; stage++) {
             char *path;
             json_t *m = train(t, stage, n, &path);
