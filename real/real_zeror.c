@@ -27,8 +27,6 @@ gboolean real_zeror_new(const ZpSchedule *s, RealBackend *be, RealCkptHost **out
     *out = NULL;
     if (!s->plan.checkpoint || !s->plan.ckpt.cpu_checkpointing)
         return TRUE;
-    if (s->plan.mp != 1)
-        return fail(error, "zreal has no tensor parallelism to partition the checkpoints over");
     if (strcmp(be->name, "cpu") != 0)
         return fail(error, "zreal's host tier runs on the cpu backend only");
     RealCkptHost *h = g_new0(RealCkptHost, 1);
