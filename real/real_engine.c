@@ -142,9 +142,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
-    if (s->stages > 1 && s->plan.ckpt.cpu_checkpointing)
-        return fail(error, "zreal keeps one host checkpoint per block: cpu_checkpointing with "
-                           "pipeline stages (micro-batches in flight) is not executed");
     if (s->stages > 1 && s->plan.mp > 1)
         return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
                     "is planned and simulated, not executed", s->stages, s->plan.mp);
@@ -928,12 +925,12 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     }
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */
-        return real_zeror_host_copy(e->ckpt_host, l,
-                                    block_input_slice(e, real_zeror_on_host(e->ckpt_host, l)
-                                                             ? e->buffers[e->ckpt_buffer[slot(
-                                                                   e, l, op->micro)]]
-                                                             : e->x),
-                                    (uint64_t)op->bytes, error);
+        return real_zeror_host_copy(
+            e->ckpt_host, l, micro,
+            block_input_slice(e, real_zeror_on_host(e->ckpt_host, l, micro)
+                                     ? e->buffers[e->ckpt_buffer[slot(e, l, micro)]]
+                                     : e->x),
+            (uint64_t)op->bytes, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }

@@ -21,14 +21,15 @@ gboolean real_zeror_new(const ZpSchedule *s, RealBackend *be, RealCkptHost **out
                         GError **error);
 void real_zeror_free(RealCkptHost *h);
 
-/* Whether block `block`'s checkpoint is in host memory now (between its two copies). */
-gboolean real_zeror_on_host(const RealCkptHost *h, int block);
+/* Whether block `block`'s checkpoint of micro-step `micro` is in host memory now (between
+ * its two copies). */
+gboolean real_zeror_on_host(const RealCkptHost *h, int block, int micro);
 
-/* A host_copy op of `block`: forward (nothing on the host yet) copies `bytes` of the block
+/* A host_copy op of `block` in micro-step `micro`: forward (nothing on the host yet) copies `bytes` of the block
  * input (its slice) at `device` into a new host buffer; backward copies the host buffer into
  * `device` (its place in the new GPU buffer the recompute reads) and releases it. */
-gboolean real_zeror_host_copy(RealCkptHost *h, int block, void *device, uint64_t bytes,
-                              GError **error);
+gboolean real_zeror_host_copy(RealCkptHost *h, int block, int micro, void *device,
+                              uint64_t bytes, GError **error);
 
 /* The host tier's tracker counters (checkpoints only) and the bytes copied down and up so
  * far. */
