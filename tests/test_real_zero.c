@@ -401,6 +401,82 @@ static void test_tensor_parallel(gconstpointer data)
     g_free(ref_path);
 }
 
+/* ZeRO-R's Pa at mp 2 (4 ranks: T 2 x DP 2, stage 3, two micro-steps): each tensor rank
+ * keeps half of each block's input (2bsh / 2 = 8,192 bytes of tiny's b 4, s 32, h 64) and
+ * all-gathers it over the tensor group before the recompute, with --cpu-checkpointing in the
+ * host tier. The checkpoints' GPU peak, the host tier (peak, bytes down and up a step: L x
+ * 2bsh/2 x micro-steps) and the tensor group's bytes are the schedule's exactly; the gathers
+ * add L x (T-1)/T x 2bsh per micro-step to the TP bytes without Pa; and Pa only moves data,
+ * so the losses are those of the run without it, bit for bit. */
+static json_t *partition_activations_run(const char *options, const char *name, ZpSchedule **s)
+{
+    char *args = g_strdup_printf("--model tiny --mp 2 --stage 3 --micro-batch 4 --grad-accum 2 "
+                                 "--steps 4 --persistence-threshold 0 --checkpoint %s", options);
+    json_t *m = zreal_measured(4, args, name);
+    ZpModel model = tu_load_model("tiny");
+    model.dropout = FALSE;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 2, 2);
+    plan.impl = ZP_IMPL_PAPER;
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = 4, plan.grad_accum = 2, plan.checkpoint = TRUE;
+    plan.zero.stage3_param_persistence_threshold = 0;
+    plan.ckpt.partition_activations = strstr(options, "--partition-activations") != NULL;
+    plan.ckpt.cpu_checkpointing = strstr(options, "--cpu-checkpointing") != NULL;
+    *s = zp_sched_build(&model, &plan, NULL);
+    g_assert_nonnull(*s);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(*s, peak);
+    json_t *ranks = json_object_get(m, "ranks");
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *rank = json_array_get(ranks, r);
+        g_assert_cmpfloat(category(rank, "checkpoints"), ==, peak[ZP_MEM_CHECKPOINTS]);
+        g_assert_cmpfloat(json_number_value(json_object_get(rank, "tp_comm_bytes")), ==,
+                          zp_sched_comm_bytes(*s, ZP_GROUP_TP));
+        json_t *host = json_object_get(rank, "checkpoint_host");
+        if (!plan.ckpt.cpu_checkpointing) {
+            g_assert_null(host);
+            continue;
+        }
+        const double slice = 2.0 * 4 * 32 * 64 / (plan.ckpt.partition_activations ? 2 : 1);
+        g_assert_cmpfloat((*s)->host_bytes[ZP_MEM_CHECKPOINTS], ==, model.layers * slice);
+        g_assert_cmpfloat(json_number_value(json_object_get(host, "peak_bytes")), ==,
+                          (*s)->host_bytes[ZP_MEM_CHECKPOINTS]);
+        for (int way = 0; way < 2; way++)
+            g_assert_cmpfloat(json_number_value(json_object_get(host, way ? "up_bytes"
+                                                                          : "down_bytes")),
+                              ==, plan.grad_accum * model.layers * slice);
+    }
+    g_test_message("tiny --mp 2 --checkpoint %s: checkpoints peak %.0f bytes, TP %.0f bytes a "
+                   "rank, last loss %.6f", options, peak[ZP_MEM_CHECKPOINTS],
+                   zp_sched_comm_bytes(*s, ZP_GROUP_TP),
+                   json_number_value(json_array_get(json_object_get(m, "loss"), 3)));
+    g_free(args);
+    return m;
+}
+
+static void test_partition_activations(void)
+{
+    const char *options[] = {"", "--partition-activations",
+                             "--partition-activations --cpu-checkpointing"};
+    const char *names[] = {"tp-ckpt", "tp-pa", "tp-pa-cpu"};
+    json_t *runs[3];
+    ZpSchedule *s[3];
+    for (int i = 0; i < 3; i++)
+        runs[i] = partition_activations_run(options[i], names[i], &s[i]);
+    const double gathers = 2 * 2 * 0.5 * (2.0 * 4 * 32 * 64); /* micro-steps x L x 1/2 x 2bsh */
+    for (int i = 1; i < 3; i++) {
+        g_assert_cmpfloat(zp_sched_comm_bytes(s[i], ZP_GROUP_TP), ==,
+                          zp_sched_comm_bytes(s[0], ZP_GROUP_TP) + gathers);
+        g_assert_true(json_equal(json_object_get(runs[i], "loss"),
+                                 json_object_get(runs[0], "loss")));
+    }
+    for (int i = 0; i < 3; i++) {
+        zp_sched_free(s[i]);
+        json_decref(runs[i]);
+    }
+}
+
 static void test_killed_rank(void)
 {
     char *path = g_strdup_printf("%s/killed.json", tmp_dir);
@@ -1009,6 +1085,7 @@ int main(int argc, char **argv)
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/tensor-parallel", &tp_gpt2, test_tensor_parallel);
     g_test_add_data_func("/zreal/llama-tiny-tensor-parallel", &tp_llama, test_tensor_parallel);
+    g_test_add_func("/zreal/tensor-parallel/partition-activations", test_partition_activations);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);
