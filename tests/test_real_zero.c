@@ -328,10 +328,14 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
                                   int steps, json_t *ref_loss)
 {
     const int dp = n / 2;
+    /* DeepSpeed's stages 2-3 fill their ipg buffer tensor by tensor, and zreal runs the head's
+     * backward as one op: its buckets must fit the buffer together, so those take DeepSpeed's
+     * default size; the others a small one, so that the reduction is split. */
+    const double bucket = impl == ZP_IMPL_DEEPSPEED && stage >= 2 ? 5e8 : 10000;
     char *args = g_strdup_printf("--model %s --mp 2 --stage %d --impl %s --micro-batch %d "
                                  "--steps %d --persistence-threshold 0 --reduce-bucket-size "
-                                 "10000", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
-                                 steps);
+                                 "%.0f", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
+                                 steps, bucket);
     json_t *m = zreal_measured(n, args, "tp");
     json_t *loss = json_object_get(m, "loss");
     for (int i = 0; i < steps; i++) {
@@ -347,7 +351,7 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_BATCH / dp;
     plan.zero.stage3_param_persistence_threshold = 0;
-    plan.zero.reduce_bucket_size = 10000;
+    plan.zero.reduce_bucket_size = bucket;
     ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
     g_assert_nonnull(s);
     double peak[ZP_MEM_N];
@@ -395,7 +399,8 @@ static void test_tensor_parallel(gconstpointer data)
     check_tensor_parallel(t->model, 2, 0, ZP_IMPL_PAPER, t->steps, ref_loss);
     for (int stage = 0; stage <= 3; stage++)
         check_tensor_parallel(t->model, 4, stage, ZP_IMPL_PAPER, t->steps, ref_loss);
-    check_tensor_parallel(t->model, 4, 1, ZP_IMPL_DEEPSPEED, t->steps, ref_loss);
+    for (int stage = 1; stage <= 3; stage++)
+        check_tensor_parallel(t->model, 4, stage, ZP_IMPL_DEEPSPEED, t->steps, ref_loss);
     json_decref(ref);
     g_remove(ref_path);
     g_free(ref_path);
