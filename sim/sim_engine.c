@@ -22,6 +22,7 @@ typedef struct {
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
+    uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
     uint32_t pending_row;        /* over 255 dependencies: its row of pending_wide; else NO_ROW */
     uint8_t wide;                /* it has that many */
     double duration_s;           /* compute and p2p ops */
@@ -31,15 +32,30 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
+/* StreamState.next of a stream that ran all its ops, and SimOp.stream_next of its last op. */
+#define NO_OP UINT32_MAX
 /* slot_of of a communicator no collective uses. */
 #define NO_FLOWS UINT32_MAX
-/* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
+/* Countdown.row before any rank counted the op's dependencies down, and after all reached 0. */
 #define ROW_UNUSED (UINT32_MAX - 1)
 #define ROW_DONE UINT32_MAX
-/* row_of[op] of an op with over 255 dependencies: its counts are in pending_wide. */
+/* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
 #define ROW_WIDE (UINT32_MAX - 2)
-/* dependent_stream[d] of an alloc or free. */
+/* Dependent.stream of an alloc or free. */
 #define NOT_ON_STREAM UINT8_MAX
+
+/* An op waiting for another: what releasing it needs, in one load (not the 72-byte SimOp). */
+typedef struct {
+    uint32_t op;
+    uint16_t stage;  /* the rank class that runs it */
+    uint8_t stream;  /* the stream it runs on, or NOT_ON_STREAM */
+} Dependent;
+
+/* Counting an op's dependencies down, side by side for the one access a rank-op makes: the
+ * op's row of counts (or ROW_*), how many ranks have counted to 0, and how many run it. */
+typedef struct {
+    uint32_t row, zeroed, ranks;
+} Countdown;
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
  * slot, detail its version when queued) from an op's (id the rank, detail the op). */
@@ -121,9 +137,10 @@ typedef struct {
     uint32_t rank, op;
 } ReadyOp;
 
-/* A rank's streams: the next op of each, and whether one is running (together, one access). */
+/* A rank's streams: the op each runs next (NO_OP when done), and whether one is running
+ * (together, one access). */
 typedef struct {
-    uint32_t head[ZP_STREAM_N];
+    uint32_t next[ZP_STREAM_N];
     uint8_t busy[ZP_STREAM_N];
 } StreamState;
 
@@ -131,11 +148,11 @@ typedef struct {
     const ZpSchedule *sched;
     uint32_t n_ops;
     SimOp *ops;
-    uint32_t *dependents;
-    uint8_t *dependent_stream; /* [d]: the stream dependents[d] runs on, or NOT_ON_STREAM */
+    Dependent *dependents;
     /* Rank classes: a pipeline stage's ranks run the ops with its stage, each class its own
-     * stream lists, [class * ZP_STREAM_N + stream]; one class without a pipeline. */
-    uint32_t **stream_ops;
+     * streams, [class * ZP_STREAM_N + stream]: the first op of each (NO_OP for none; the rest
+     * linked by SimOp.stream_next) and how many. One class without a pipeline. */
+    uint32_t *stream_first;
     uint32_t *stream_len;
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
@@ -162,11 +179,11 @@ typedef struct {
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
      * An op holds a row only while some ranks have begun counting it down and others have not
-     * finished (row_of[op]; zeroed[op] ranks have): ranks near lockstep need a few dozen rows,
+     * finished (countdown[op]): ranks near lockstep need a few dozen rows,
      * not one per op, and those stay in cache. The few ops with over 255 dependencies keep a
      * row of four-byte counts in pending_wide for the whole run. */
     uint8_t *rows;
-    uint32_t *row_of, *zeroed;
+    Countdown *countdown;
     uint32_t *free_rows;
     uint32_t n_rows_made, cap_rows, n_free_rows;
     uint32_t *pending_wide;
@@ -430,39 +447,43 @@ static void build_dependents(Sim *sim)
         sim->ops[i].dependents_start = sim->ops[i].dependents_end = offset;
         offset += count;
     }
-    sim->dependents = g_new(uint32_t, offset ? offset : 1);
-    sim->dependent_stream = g_new(uint8_t, offset ? offset : 1);
+    sim->dependents = g_new(Dependent, offset ? offset : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint32_t *deps = zp_sched_deps(s, op);
-        for (uint32_t d = 0; d < op->n_deps; d++) {
-            const uint32_t at = sim->ops[deps[d]].dependents_end++;
-            sim->dependents[at] = i;
-            sim->dependent_stream[at] = op_on_stream(&sim->ops[i]) ? sim->ops[i].stream
-                                                                    : NOT_ON_STREAM;
-        }
+        const SimOp *o = &sim->ops[i];
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->dependents[sim->ops[deps[d]].dependents_end++] = (Dependent){
+                .op = i, .stage = o->stage, .stream = op_on_stream(o) ? o->stream : NOT_ON_STREAM};
     }
 }
 
-/* Each class's stream lists: an op's stream_pos is its place in its own class's stream. */
+/* Each class's streams, linked in op order: an op's stream_pos is its place in its own
+ * class's stream, stream_next the op after it there. */
 static void build_streams(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
-    sim->stream_ops = g_new0(uint32_t *, lists);
+    uint32_t *last = g_new(uint32_t, lists);
+    sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t l = 0; l < lists; l++)
+        sim->stream_first[l] = last[l] = NO_OP;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         SimOp *o = &sim->ops[i];
         sim->class_ops[o->stage]++;
-        if (op_on_stream(o))
-            o->stream_pos = sim->stream_len[o->stage * ZP_STREAM_N + o->stream]++;
+        o->stream_next = NO_OP;
+        if (!op_on_stream(o))
+            continue;
+        const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
+        o->stream_pos = sim->stream_len[l]++;
+        if (last[l] == NO_OP)
+            sim->stream_first[l] = i;
+        else
+            sim->ops[last[l]].stream_next = i;
+        last[l] = i;
     }
-    for (uint32_t l = 0; l < lists; l++)
-        sim->stream_ops[l] = g_new(uint32_t, sim->stream_len[l] ? sim->stream_len[l] : 1);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (op_on_stream(&sim->ops[i]))
-            sim->stream_ops[sim->ops[i].stage * ZP_STREAM_N + sim->ops[i].stream]
-                           [sim->ops[i].stream_pos] = i;
+    g_free(last);
 }
 
 /* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
@@ -579,8 +600,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->row_of = g_try_new(uint32_t, MAX(sim->n_ops, 1));
-    sim->zeroed = g_try_new0(uint32_t, MAX(sim->n_ops, 1));
+    sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
@@ -590,7 +610,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
     sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
-    gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
+    gboolean ok = sim->countdown && sim->pending_wide && sim->stream &&
                   sim->link_load && sim->rank && sim->busy && sim->category && sim->total &&
                   sim->states && sim->peak_breakdown;
     if (ok && timeline) {
@@ -607,7 +627,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         return FALSE;
     }
     sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
-                       (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
+                       (size_t)sim->n_ops * sizeof *sim->countdown +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
@@ -618,12 +638,17 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
-        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED;
+        sim->countdown[i] = (Countdown){
+            .row = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED,
+            .ranks = sim->stage_ranks[o->stage]};
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
+        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
+            sim->stream[r].next[stream] =
+                sim->stream_first[rank_class(sim, r) * ZP_STREAM_N + stream];
         LiveBytes total = {0}, states = {0};
         for (int c = 0; c < ZP_MEM_N; c++) {
             total.live += state[c];
@@ -886,7 +911,7 @@ static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, 
 
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
-    const uint32_t row = sim->row_of[op];
+    const uint32_t row = sim->countdown[op].row;
     if (row < ROW_WIDE)
         return sim->rows[(size_t)row * sim->ranks + rank];
     const SimOp *o = &sim->ops[op];
@@ -918,25 +943,25 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->n_rows_made++;
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
-    sim->row_of[op] = row;
+    sim->countdown[op].row = row;
     return TRUE;
 }
 
 /* One dependency of `op` done on `rank`; TRUE when it was the last. */
 static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
-    if (sim->row_of[op] >= ROW_WIDE) {
-        if (sim->row_of[op] == ROW_WIDE)
+    Countdown *c = &sim->countdown[op];
+    if (c->row >= ROW_WIDE) {
+        if (c->row == ROW_WIDE)
             return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
-    const uint32_t row = sim->row_of[op];
-    if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
+    if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
         return FALSE;
-    if (++sim->zeroed[op] == sim->stage_ranks[sim->ops[op].stage]) { /* no rank needs it */
-        sim->free_rows[sim->n_free_rows++] = row;
-        sim->row_of[op] = ROW_DONE;
+    if (++c->zeroed == c->ranks) { /* no rank needs it */
+        sim->free_rows[sim->n_free_rows++] = c->row;
+        c->row = ROW_DONE;
     }
     return TRUE;
 }
@@ -1107,15 +1132,12 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
-    const uint32_t list = rank_class(sim, rank) * ZP_STREAM_N + stream;
-    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[list])
+    const uint32_t i = ss->next[stream];
+    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
         return;
-    const uint32_t i = sim->stream_ops[list][ss->head[stream]];
-    if (i != ready && pending_of(sim, i, rank))
-        return;
-    ss->head[stream]++;
-    ss->busy[stream] = 1;
     const SimOp *op = &sim->ops[i];
+    ss->next[stream] = op->stream_next;
+    ss->busy[stream] = 1;
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
@@ -1171,19 +1193,19 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
-        const uint32_t next = sim->dependents[d];
+        const Dependent next = sim->dependents[d];
         /* Another stage's op waiting for this send runs on the same dp and tp index's rank
          * of that stage. */
         const uint32_t at =
-            sim->ops[next].stage == op->stage ? rank
-            : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + sim->ops[next].stage]
-                        : rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
-        if (!pending_done(sim, next, at))
+            next.stage == op->stage ? rank
+            : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + next.stage]
+                        : rank + ((uint32_t)next.stage - op->stage) * sim->sim_mp;
+        if (!pending_done(sim, next.op, at))
             continue;
-        if (sim->dependent_stream[d] != NOT_ON_STREAM)
-            try_stream(sim, at, sim->dependent_stream[d], next, now_s);
+        if (next.stream != NOT_ON_STREAM)
+            try_stream(sim, at, next.stream, next.op, now_s);
         else
-            ready_push(sim, at, next);
+            ready_push(sim, at, next.op);
     }
 }
 
@@ -1297,6 +1319,14 @@ static void handle(Sim *sim, const Event *e, double now_s)
 
 /* ---- the run ---- */
 
+/* How many ops of its stream a rank has started. */
+static uint32_t stream_head(const Sim *sim, uint32_t rank, uint32_t stream)
+{
+    const uint32_t next = sim->stream[rank].next[stream];
+    return next == NO_OP ? sim->stream_len[rank_class(sim, rank) * ZP_STREAM_N + stream]
+                         : sim->ops[next].stream_pos;
+}
+
 /* The first op of a rank that never started: a stream op its stream never reached, or an
  * alloc or free whose dependencies never finished. Called only when one exists. */
 static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
@@ -1307,7 +1337,7 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
         if (o->stage != rank_class(sim, rank))
             continue;
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < sim->stream[rank].head[o->stream]
+                                 ? o->stream_pos < stream_head(sim, rank, o->stream)
                                  : pending_of(sim, i, rank) == 0;
         if (!ran)
             break;
@@ -1322,7 +1352,7 @@ static uint32_t ops_done(const Sim *sim, uint32_t rank)
 {
     uint32_t done = 0;
     for (int s = 0; s < ZP_STREAM_N; s++) /* a busy stream's last op has not finished */
-        done += sim->stream[rank].head[s] - sim->stream[rank].busy[s];
+        done += stream_head(sim, rank, (uint32_t)s) - sim->stream[rank].busy[s];
     for (uint32_t i = 0; i < sim->n_ops; i++)
         done += sim->ops[i].stage == rank_class(sim, rank) && !op_on_stream(&sim->ops[i]) &&
                 pending_of(sim, i, rank) == 0;
@@ -1420,10 +1450,7 @@ static void sim_clear(Sim *sim)
 {
     g_free(sim->ops);
     g_free(sim->dependents);
-    g_free(sim->dependent_stream);
-    for (uint32_t l = 0; sim->stream_ops && l < sim->sim_pp * ZP_STREAM_N; l++)
-        g_free(sim->stream_ops[l]);
-    g_free(sim->stream_ops);
+    g_free(sim->stream_first);
     g_free(sim->stream_len);
     g_free(sim->class_ops);
     g_free(sim->stage_of);
@@ -1434,8 +1461,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->slot_of);
     g_free(sim->members);
     g_free(sim->rows);
-    g_free(sim->row_of);
-    g_free(sim->zeroed);
+    g_free(sim->countdown);
     g_free(sim->free_rows);
     g_free(sim->pending_wide);
     g_free(sim->stream);
