@@ -113,19 +113,26 @@ typedef struct {
 } LiveBytes;
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
- * its start and its end, so they are kept together (the busy times apart): the members of a
- * collective are swept in order at each, 131,072 of them at the largest. */
+ * its start and its end, so they are kept together (the busy times and the running op apart)
+ * in 56 bytes: the members of a collective are swept in order at each, 131,072 of them at the
+ * largest. The counts are of ops in flight, at most one a stream. */
 typedef struct {
     double mark_s; /* exposed communication is accounted up to here */
     double exposed_s, end_s;
     double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
-    double compute_end_s; /* with contention: when the running GPU compute op ends now */
-    uint32_t compute_running, comm_active;
-    uint32_t cpu_running, transfers_active;
-    uint32_t compute_op;  /* with contention: the running GPU compute op */
-    uint8_t compute_slowed; /* with contention: it runs slowed (a collective is in flight) */
+    uint8_t compute_running, comm_active;
+    uint8_t cpu_running, transfers_active;
 } RankState;
+
+/* With contention (Sim.contention > 1), a rank's running GPU compute op, which a collective
+ * starting or ending stretches or shrinks; nothing reads it otherwise, so it is kept apart
+ * from RankState and allocated only then. */
+typedef struct {
+    double end_s;   /* when it ends now */
+    uint32_t op;
+    uint8_t slowed; /* it runs slowed (a collective is in flight) */
+} RunningCompute;
 
 /* A rank's busy times: touched when a compute op starts and when a collective ends. */
 typedef struct {
@@ -191,6 +198,7 @@ typedef struct {
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
+    RunningCompute *running; /* [rank], with contention only; NULL without */
     RankBusy *busy;
     LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
     LiveBytes *total;       /* [rank]: all categories */
@@ -605,14 +613,16 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
+    if (sim->contention > 1)
+        sim->running = g_try_new0(RunningCompute, sim->ranks);
     sim->busy = g_try_new0(RankBusy, sim->ranks);
     sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
     sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
-    gboolean ok = sim->countdown && sim->pending_wide && sim->stream &&
-                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total &&
-                  sim->states && sim->peak_breakdown;
+    gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
+                  sim->rank && (sim->running || sim->contention == 1) && sim->busy &&
+                  sim->category && sim->total && sim->states && sim->peak_breakdown;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -632,6 +642,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
+                                             (sim->running ? sizeof *sim->running : 0) +
                                              ZP_MEM_N * (sizeof *sim->category +
                                                          sizeof *sim->peak_breakdown) +
                                              sizeof *sim->total + sizeof *sim->states);
@@ -1005,7 +1016,7 @@ static void account(RankState *rs, double now_s)
     rs->mark_s = now_s;
 }
 
-static uint32_t *busy_counter(RankState *rs, Busy busy)
+static uint8_t *busy_counter(RankState *rs, Busy busy)
 {
     return busy == BUSY_GPU ? &rs->compute_running
            : busy == BUSY_CPU ? &rs->cpu_running
@@ -1065,24 +1076,31 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
 /* Contention: a rank's compute op runs sim->contention times slower while a collective of
  * that rank is in flight. When that changes in the middle of an op, the rest of the op is
  * rescaled and its end queued again; the superseded end event is ignored (handle). */
-static void recontend(Sim *sim, uint32_t rank, double now_s)
+static void recontend_running(Sim *sim, uint32_t rank, double now_s)
 {
-    RankState *rs = &sim->rank[rank];
+    const RankState *rs = &sim->rank[rank];
+    RunningCompute *run = &sim->running[rank];
     const uint8_t slowed = rs->comm_active > 0;
-    if (sim->contention == 1 || rs->compute_running == 0 || slowed == rs->compute_slowed)
+    if (rs->compute_running == 0 || slowed == run->slowed)
         return;
-    const double end_s = now_s + (rs->compute_end_s - now_s) *
+    const double end_s = now_s + (run->end_s - now_s) *
                                      (slowed ? sim->contention : 1 / sim->contention);
-    const SimOp *op = &sim->ops[rs->compute_op];
+    const SimOp *op = &sim->ops[run->op];
     RankBusy *rb = &sim->busy[rank];
-    rb->busy_s[op->stream] += end_s - rs->compute_end_s;
+    rb->busy_s[op->stream] += end_s - run->end_s;
     if (op->sub == ZP_COMP_OPTIMIZER)
-        rb->optimizer_s += end_s - rs->compute_end_s;
+        rb->optimizer_s += end_s - run->end_s;
     else
-        rb->compute_s += end_s - rs->compute_end_s;
-    rs->compute_end_s = end_s;
-    rs->compute_slowed = slowed;
-    queue_push(&sim->queue, end_s, rank, rs->compute_op);
+        rb->compute_s += end_s - run->end_s;
+    run->end_s = end_s;
+    run->slowed = slowed;
+    queue_push(&sim->queue, end_s, rank, run->op);
+}
+
+static inline void recontend(Sim *sim, uint32_t rank, double now_s)
+{
+    if (sim->running)
+        recontend_running(sim, rank, now_s);
 }
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
@@ -1151,11 +1169,9 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
             (sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
                                        : op->duration_s) *
             (slowed ? sim->contention : 1);
-        if (gpu) {
-            rs->compute_slowed = slowed;
-            rs->compute_op = i;
-            rs->compute_end_s = now_s + duration_s;
-        }
+        if (gpu && sim->running)
+            sim->running[rank] = (RunningCompute){
+                .end_s = now_s + duration_s, .op = i, .slowed = slowed};
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
         rb->busy_s[stream] += duration_s;
@@ -1295,13 +1311,13 @@ static void handle(Sim *sim, const Event *e, double now_s)
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
         const gboolean gpu = op->kind == ZP_OP_COMPUTE && busy_of(op) == BUSY_GPU;
-        if (gpu && sim->contention > 1 &&
-            (e->detail != rs->compute_op || now_s != rs->compute_end_s))
+        RunningCompute *run = gpu && sim->running ? &sim->running[e->id] : NULL;
+        if (run && (e->detail != run->op || now_s != run->end_s))
             return; /* an end that contention moved */
         /* Rescaled there and back, an op can have two end events at the same instant: the
          * first completes it, the end is then spent. */
-        if (gpu && sim->contention > 1)
-            rs->compute_end_s = -1;
+        if (run)
+            run->end_s = -1;
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
@@ -1467,6 +1483,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->stream);
     g_free(sim->link_load);
     g_free(sim->rank);
+    g_free(sim->running);
     g_free(sim->busy);
     g_free(sim->category);
     g_free(sim->total);
