@@ -203,7 +203,13 @@ typedef struct {
     LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
     LiveBytes *total;       /* [rank]: all categories */
     LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
-    double *peak_breakdown; /* [rank * ZP_MEM_N + category]: live bytes at the total's peak */
+    /* The highest total of live bytes on any rank so far, the lowest rank that reached it, and
+     * what each category held at that moment. Only that rank's breakdown is reported, so a
+     * rank whose peak rises to no new high (in lockstep, every rank but the first) copies
+     * nothing: the last copy is the final peak rank's, at its own last rise. */
+    double top_peak_bytes;
+    uint32_t top_peak_rank;
+    double top_breakdown_bytes[ZP_MEM_N];
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
@@ -605,6 +611,19 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 
 /* ---- per-rank state ---- */
 
+/* Rank's total of live bytes has just reached a new peak of its own: the breakdown is kept if
+ * no rank has been higher, and no lower rank as high (the rank fill_result reports). */
+static void note_peak(Sim *sim, uint32_t rank, double total_bytes)
+{
+    if (total_bytes < sim->top_peak_bytes ||
+        (total_bytes == sim->top_peak_bytes && rank > sim->top_peak_rank))
+        return;
+    sim->top_peak_bytes = total_bytes;
+    sim->top_peak_rank = rank;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        sim->top_breakdown_bytes[c] = sim->category[(size_t)c * sim->ranks + rank].live;
+}
+
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
@@ -619,10 +638,9 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
-    sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
     gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
                   sim->rank && (sim->running || sim->contention == 1) && sim->busy &&
-                  sim->category && sim->total && sim->states && sim->peak_breakdown;
+                  sim->category && sim->total && sim->states;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -643,8 +661,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
                                              (sim->running ? sizeof *sim->running : 0) +
-                                             ZP_MEM_N * (sizeof *sim->category +
-                                                         sizeof *sim->peak_breakdown) +
+                                             ZP_MEM_N * sizeof *sim->category +
                                              sizeof *sim->total + sizeof *sim->states);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
@@ -666,12 +683,12 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
             if (is_model_state(c))
                 states.live += state[c];
             sim->category[(size_t)c * sim->ranks + r] = (LiveBytes){state[c], state[c]};
-            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = state[c];
         }
         total.peak = total.live;
         states.peak = states.live;
         sim->total[r] = total;
         sim->states[r] = states;
+        note_peak(sim, r, total.peak);
     }
     return TRUE;
 }
@@ -1259,9 +1276,7 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     }
     if (total->live > total->peak) {
         total->peak = total->live;
-        for (int c = 0; c < ZP_MEM_N; c++)
-            sim->peak_breakdown[(size_t)rank * ZP_MEM_N + c] =
-                sim->category[(size_t)c * sim->ranks + rank].live;
+        note_peak(sim, rank, total->peak);
     }
     if (sim->op_start_s)
         sim->op_start_s[(size_t)rank * sim->n_ops + i] =
@@ -1409,12 +1424,11 @@ static gboolean check_end(Sim *sim, GError **error)
 
 static void fill_result(const Sim *sim, SimResult *result)
 {
-    uint32_t last = 0, peak = 0;
+    const uint32_t peak = sim->top_peak_rank;
+    uint32_t last = 0;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->total[r].peak > sim->total[peak].peak)
-            peak = r;
         result->peak_model_state_bytes =
             MAX(result->peak_model_state_bytes, sim->states[r].peak);
     }
@@ -1431,7 +1445,7 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
     result->peak_memory_bytes = sim->total[peak].peak;
-    memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
+    memcpy(result->peak_breakdown_bytes, sim->top_breakdown_bytes,
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
         result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
@@ -1488,7 +1502,6 @@ static void sim_clear(Sim *sim)
     g_free(sim->category);
     g_free(sim->total);
     g_free(sim->states);
-    g_free(sim->peak_breakdown);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
@@ -1557,6 +1570,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .sim_pp = (uint32_t)MAX(sched->stages, 1),
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
+        .top_peak_bytes = -G_MAXDOUBLE,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
