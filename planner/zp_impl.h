@@ -36,11 +36,15 @@ typedef struct {
 
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
  * `unit`, issued at the start of trigger_pos, needed by the compute at use_pos and freed after
- * the compute at free_pos (positions as above). */
+ * the compute at free_pos (positions as above). `joins_previous`: gathered by the same
+ * coalesced call as the fetch before it in the list (same trigger_pos), whose `numel`
+ * elements (unpadded) it is copied out into when the call is first waited for. */
 typedef struct {
     int unit;
     uint64_t offset, elems;
     int trigger_pos, use_pos, free_pos;
+    gboolean joins_previous;
+    uint64_t numel;
 } ZpFetch;
 
 /* A buffer the step allocates around the optimizer: `bytes` of category `cat`, freed once the
