@@ -73,6 +73,11 @@ typedef struct ZpImpl {
     /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
      * buffers (FALSE: in place, allocating nothing). */
     gboolean post_step_gather_buffer;
+    /* Stages 2-3, a tied LM head: whether the head's contribution to wte's gradient waits in
+     * a buffer of its own (autograd's) until the embedding's backward adds to it, when wte
+     * is reduced through a held bucket buffer (the reduce hook fires once a parameter's
+     * gradient is accumulated, so only then is it copied into the bucket). */
+    gboolean tied_grad_waits;
     /* Stage 3: the micro-step's all-gathers (GArray of ZpFetch) in issue order. */
     void (*plan_fetches)(const ZpSchedule *s, GArray *fetches);
     /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and

@@ -415,6 +415,12 @@ const ZpImpl zp_impl_deepspeed = {
     .bucket_buffers = ds_bucket_buffers,
     .concat_copy = ds_concat_copy,
     .post_step_gather_buffer = FALSE,
+    /* stage3.py create_reduce_and_remove_grad_hooks and stage_1_and_2.py's hook on the
+     * parameter's AccumulateGrad: autograd sums the head's and the embedding's contributions
+     * to wte in the node's input buffer and runs AccumulateGrad once, after the embedding's
+     * backward; the hook then copies param.grad into the ipg buffer and drops it
+     * (__add_grad_to_ipg_bucket, reduce_independent_p_g_buckets_and_remove_grads). */
+    .tied_grad_waits = TRUE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
     .unit_persistence = FALSE, /* per parameter */

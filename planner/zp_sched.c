@@ -84,6 +84,9 @@ typedef struct {
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
     GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
     int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */
+    int tied_grad;          /* the tied head's wte gradient waiting for the embedding's
+                             * backward (ZpImpl tied_grad_waits), or -1 */
+    double tied_grad_bytes;
     uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
 } Builder;
 
@@ -993,6 +996,28 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     }
 }
 
+/* ZpImpl tied_grad_waits: when the tied head's wte gradient is reduced through a held bucket
+ * buffer, the head writes it into a buffer of its own (wte's elements in the gradients'
+ * dtype, kept until the embedding's backward has added to it and it is copied into the
+ * bucket). A bucket buffer of wte's own is already allocated at the head. */
+static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!b->impl->tied_grad_waits || !s->model.tied_embeddings || !unit_held(b, 0))
+        return;
+    const uint64_t wte = s->unit_offset[0];
+    for (guint i = b->unit_first[0]; i <= b->unit_last[0] && i < b->buckets->len; i++)
+        if (bucket(b, i)->spec.lo <= wte && wte < bucket(b, i)->spec.hi &&
+            own_buffer(b, bucket(b, i)))
+            return;
+    GArray *tensors = zp_impl_tensors(s);
+    b->tied_grad_bytes = (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
+    g_array_unref(tensors);
+    const uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
+                                      &b->tied_grad, &b->last_compute, 1);
+    g_array_append_val(deps, alloc);
+}
+
 static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -1011,6 +1036,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
         alloc_landing_buckets(b, L + 1, micro, deps);
         if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
             alloc_landing_buckets(b, 0, micro, deps);
+        alloc_tied_grad(b, micro, deps);
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
@@ -1068,6 +1094,11 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+    if (b->tied_grad >= 0) {
+        emit_free(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro, b->tied_grad,
+                  b->last_compute);
+        b->tied_grad = -1;
+    }
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         launch_buckets(b, 0, micro, launched);
@@ -1394,7 +1425,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .resident = -1, .workspace_free = NONE};
+                 .resident = -1, .workspace_free = NONE, .tied_grad = -1};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);

@@ -57,6 +57,9 @@ struct RealDs {
     guint n_calls, next_call;
     guint *members;
     int *flat_call;
+    /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
+     * backward (zp_impl.h tied_grad_waits), or -1. */
+    int *tied_grad;
 };
 
 #define fail real_engine_fail
@@ -190,6 +193,31 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     return TRUE;
 }
 
+/* The tied head's wte gradient buffer of each micro-step: a bucket buffer the head op waits
+ * for that no reduction uses (zp_sched.c alloc_tied_grad). */
+static gboolean index_tied_grad(RealDs *ds)
+{
+    const ZpSchedule *s = ds->s;
+    ds->tied_grad = g_new(int, (gsize)s->plan.grad_accum);
+    for (int m = 0; m < s->plan.grad_accum; m++)
+        ds->tied_grad[m] = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_HEAD || op->micro < 0 ||
+            op->micro >= s->plan.grad_accum)
+            continue;
+        for (uint32_t k = 0; k < op->n_deps; k++) {
+            const ZpOp *d = zp_sched_op(s, zp_sched_deps(s, op)[k]);
+            gboolean reduced = FALSE;
+            for (int j = 0; j < s->plan.grad_accum * ds->n_buckets; j++)
+                reduced |= ds->bucket_buffer[j] == d->buffer;
+            if (d->kind == ZP_OP_ALLOC && d->sub == ZP_MEM_BUCKETS && d->unit == 0 && !reduced)
+                ds->tied_grad[op->micro] = d->buffer;
+        }
+    }
+    return TRUE;
+}
+
 /* Stage 3: the calls zp_impl_deepspeed plans for a micro-step (the schedule issues them in
  * that order, every micro-step alike), each tensor by its flat offset. */
 static gboolean index_calls(RealDs *ds, GError **error)
@@ -277,7 +305,7 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank};
     if (!index_tensors(ds, error) || !index_buckets(ds, error) || !index_calls(ds, error) ||
-        !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
+        !index_tied_grad(ds) || !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
         real_ds_free(ds);
         return NULL;
     }
@@ -294,7 +322,7 @@ void real_ds_free(RealDs *ds)
     ds->be->free(ds->be, ds->grads_sum);
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
-    g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call);
+    g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
     g_free(ds);
 }
 
@@ -375,6 +403,28 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     return buf + b->slot;
 }
 
+/* The tied head's wte gradient of micro-step `micro` when it waits in a buffer of its own:
+ * the head (which asks for wte alone) writes there; the embedding's backward finds it
+ * copied into wte's place of its bucket, untouched since the bucket landed (no other op
+ * writes wte's gradient), and adds its own (autograd's sum, then the hook's copy into the
+ * ipg buffer). */
+static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro,
+                           GError **error)
+{
+    RealBf16 *wait = ds->buffers[ds->tied_grad[micro]];
+    if (!wait)
+        return fail(error, "rank %d: the tied head's wte gradient has no buffer", ds->rank),
+               NULL;
+    if (used == 1u)
+        return wait;
+    RealBf16 *place = land(ds, t->bucket, micro, error);
+    if (place) {
+        place += t->offset - ds->bk[t->bucket].lo;
+        ds->be->copy(ds->be, place, wait, t->elems * sizeof(RealBf16));
+    }
+    return place;
+}
+
 /* Unit u's tensors in `used`: their parameters (micro -1) or where micro-step micro's
  * gradients land. */
 static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
@@ -385,6 +435,11 @@ static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTens
         const Tensor *t = &ds->t[i];
         if (t->unit != unit || !(used >> t->k & 1))
             continue;
+        if (micro >= 0 && t->unit == 0 && t->k == 0 && ds->tied_grad[micro] >= 0) {
+            if (!(out->at[t->k] = tied_grad(ds, t, used, micro, error)))
+                return FALSE;
+            continue;
+        }
         RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
         if (!base)
             return FALSE;

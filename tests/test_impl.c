@@ -285,6 +285,61 @@ static void test_deepspeed_coalesced(void)
     zp_sched_free(s);
 }
 
+/* The index of the first op of kind/sub at micro-step micro from op `from`. */
+static guint find_op(const ZpSchedule *s, ZpOpKind kind, int sub, int micro, guint from)
+{
+    while (from < s->ops->len && !(zp_sched_op(s, from)->kind == kind &&
+                                   zp_sched_op(s, from)->sub == sub &&
+                                   zp_sched_op(s, from)->micro == micro))
+        from++;
+    return from;
+}
+
+/* A tied LM head's contribution to wte's gradient waits in autograd's input buffer of wte's
+ * AccumulateGrad until the embedding's backward adds to it; only then does DeepSpeed's hook
+ * copy the sum into the ipg buffer and drop it. gpt2-124m's wte (50257 x 768) is below the
+ * 5e8-element bucket, so at stages 2 and 3 each micro-step holds one buffer of wte's
+ * 16-bit gradient from before the head to after the embedding's backward. With a bucket
+ * below wte, wte's gradient has a bucket of its own from the head on, and no second one;
+ * the paper's ZeRO has none. */
+static void test_tied_grad_waits(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    for (int stage = 2; stage <= 3; stage++)
+        for (int variant = 0; variant < 3; variant++) {
+            ZpPlan p;
+            zp_plan_defaults(&p, stage, 8, 1);
+            p.grad_accum = 2;
+            p.impl = variant == 2 ? ZP_IMPL_PAPER : ZP_IMPL_DEEPSPEED;
+            if (variant == 1)
+                p.zero.reduce_bucket_size = 2e7;
+            ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+            g_assert_nonnull(s);
+            guint waits = 0;
+            for (int micro = 0; micro < 2; micro++) {
+                const ZpOp *head = zp_sched_op(s, find_op(s, ZP_OP_COMPUTE, ZP_COMP_HEAD, micro, 0));
+                const guint embed = find_op(s, ZP_OP_COMPUTE, ZP_COMP_EMBED_BWD, micro, 0);
+                for (uint32_t k = 0; k < head->n_deps; k++) {
+                    const ZpOp *alloc = zp_sched_op(s, zp_sched_deps(s, head)[k]);
+                    if (alloc->kind != ZP_OP_ALLOC || alloc->sub != ZP_MEM_BUCKETS ||
+                        alloc->unit != 0)
+                        continue;
+                    gboolean reduced = FALSE; /* wte's own bucket, not autograd's buffer */
+                    for (guint i = 0; i < s->ops->len; i++)
+                        reduced |= zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE &&
+                                   zp_sched_op(s, i)->buffer == alloc->buffer;
+                    if (reduced)
+                        continue;
+                    waits++;
+                    g_assert_cmpfloat(alloc->bytes, ==, 50257.0 * 768 * s->elem_bytes);
+                    g_assert_cmpuint(free_of(s, alloc->buffer, 0), ==, embed + 1);
+                }
+            }
+            g_assert_cmpuint(waits, ==, variant == 0 ? 2 : 0);
+            zp_sched_free(s);
+        }
+}
+
 /* FSDP: no stage 1; FULL_SHARD reduce-scatters one unit at a time and gathers each block
  * twice and the root unit once per micro-step. */
 static void test_fsdp(void)
@@ -437,6 +492,7 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-stage3-bytes", test_deepspeed_stage3_bytes);
     g_test_add_func("/impl/deepspeed-bucket-buffers", test_deepspeed_bucket_buffers);
     g_test_add_func("/impl/deepspeed-coalesced-gathers", test_deepspeed_coalesced);
+    g_test_add_func("/impl/tied-grad-waits", test_tied_grad_waits);
     g_test_add_func("/impl/step-copies", test_step_copies);
     g_test_add_func("/impl/fsdp", test_fsdp);
     g_test_add_func("/impl/schedules-balance", test_schedules_balance);
