@@ -230,8 +230,14 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
     TensorState *st = g_new(TensorState, n_t);
     for (guint x = 0; x < n_t; x++)
         st[x] = (TensorState){t.persist[x], -1, -1};
-    /* The parameter queue: every use's parameters in trace order. */
-    guint cursor = 0; /* next use in the queue (whole uses: a module's tensors go together) */
+    /* The parameter queue (record_parameters: every use's parameters in trace order, a
+     * module's by ds_id, so in layout order): use i's start at queue[use_start[i]]. */
+    guint *use_start = g_new(guint, n_u + 1);
+    use_start[0] = 0;
+    for (guint i = 0; i < n_u; i++)
+        use_start[i + 1] = use_start[i] + t.module_start[u[i].module + 1] -
+                           t.module_start[u[i].module];
+    guint head = 0, head_use = 0; /* the queue's next parameter, and its use */
     for (guint i = 0; i < n_u; i++) {
         const int m = u[i].module;
         gboolean opened = FALSE;
@@ -242,21 +248,24 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
                 g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             st[x].fetched_for = MAX(st[x].fetched_for, (int)i);
-        cursor = MAX(cursor, i + 1);
+        /* the current module's parameters leave the queue (those not prefetched yet) */
+        head = MAX(head, use_start[i + 1]);
         const double budget = fmin(z->stage3_max_live_parameters - n_avail,
                                    z->stage3_prefetch_bucket_size);
         double prefetching = 0;
         opened = FALSE;
-        while (z->stage3_prefetch_bucket_size > 0 && cursor < n_u && prefetching < budget) {
-            const int q = u[cursor].module;
-            for (guint x = t.module_start[q]; x < t.module_start[q + 1]; x++) {
-                st[x].fetched_for = MAX(st[x].fetched_for, (int)cursor);
-                if (!st[x].avail) {
-                    fetch(&t, fetches, st, x, u[i].pos, u[cursor].pos, &n_avail, &opened);
-                    prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
-                }
+        /* one parameter at a time: a module's may be split between two prefetches */
+        while (z->stage3_prefetch_bucket_size > 0 && head < use_start[n_u] &&
+               prefetching < budget) {
+            while (use_start[head_use + 1] <= head)
+                head_use++;
+            const guint x = t.module_start[u[head_use].module] + (head - use_start[head_use]);
+            st[x].fetched_for = MAX(st[x].fetched_for, (int)head_use);
+            if (!st[x].avail) {
+                fetch(&t, fetches, st, x, u[i].pos, u[head_use].pos, &n_avail, &opened);
+                prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
             }
-            cursor++;
+            head++;
         }
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             if (!t.persist[x] && st[x].avail && !kept(&t, st, x, i)) {
@@ -267,6 +276,7 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
             }
     }
     sort_calls(fetches);
+    g_free(use_start);
     g_free(st);
     g_free(t.module_start);
     g_free(t.module_numel);
