@@ -137,14 +137,16 @@ typedef struct {
     int fetched_for;    /* __most_recent_step_id_param_fetched_for */
 } TensorState;
 
-/* Adds tensor x to the coalesced call being listed (`*opened`: a call already has members). */
+/* Adds tensor x to the coalesced call being listed (`*opened`: a call already has members),
+ * or with stage3_allgather_sequential to a call of its own (partition_parameters.py
+ * all_gather_coalesced: allgather_sequential -> _all_gather_sequential). */
 static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, int trigger_pos,
                   int use_pos, double *n_avail, gboolean *opened)
 {
     const ZpImplTensor *ten = &g_array_index(t->tensors, ZpImplTensor, x);
     ZpFetch f = {ten->unit, ten->offset, zp_mem_padded_elems(ten->elems, (uint64_t)t->s->plan.dp),
                  trigger_pos, use_pos, use_pos, *opened, ten->elems};
-    *opened = TRUE;
+    *opened = !t->s->plan.zero.stage3_allgather_sequential;
     g_array_append_val(fetches, f);
     st[x].avail = TRUE;
     st[x].fetch = (int)fetches->len - 1;

@@ -285,6 +285,13 @@ static void test_deepspeed_coalesced(void)
     s = zp_sched_build(&tiny, &p, NULL);
     g_assert_cmpuint(check_unpacks(s, &spanning), >, 0);
     g_assert_cmpuint(spanning, >, 0);
+    const double sent = zp_sched_comm_bytes(s, ZP_GROUP_DP);
+    zp_sched_free(s);
+    /* stage3_allgather_sequential: each parameter its own all-gather, the same bytes. */
+    p.zero.stage3_allgather_sequential = TRUE;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_unpacks(s, &spanning), ==, 0);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_DP), ==, sent);
     zp_sched_free(s);
 }
 
