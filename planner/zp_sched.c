@@ -33,11 +33,19 @@ typedef struct {
                           * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
+/* A stage-3 gather, one of its coalesced call's (zp_impl.h ZpFetch: joins_previous). The
+ * call's fields are its first gather's (`call` names it). */
 typedef struct {
     ZpFetch fetch;
-    int buffer;
-    int quant_buffer;      /* qwZ: the gathered int8 and scales, until dequantised */
-    uint32_t coll_op;
+    int buffer;            /* its parameters' buffer */
+    double bytes;          /* and that buffer's size */
+    uint32_t coll_op;      /* what its compute waits for: the call's gather, or its unpack */
+    guint call, n;         /* its call's first gather; that one: the call's gathers */
+    uint64_t call_elems;   /* the call's elements (each gather padded to its group) */
+    int flat;              /* the call's flat buffer until its last gather's use (n > 1) */
+    int last_use;          /* the call's last gather's use_pos */
+    int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
+    gboolean unpacked;
 } Gather;
 
 /* Items listed by the compute position they belong to: items[start[p] .. start[p+1]). */
@@ -76,6 +84,9 @@ typedef struct {
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
     GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
     int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */
+    int tied_grad;          /* the tied head's wte gradient waiting for the embedding's
+                             * backward (ZpImpl tied_grad_waits), or -1 */
+    double tied_grad_bytes;
     uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
 } Builder;
 
@@ -620,13 +631,33 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
 
+static ZpGroup gather_group(const Builder *b, const Gather *g);
+
+/* The gathers in the implementation's calls. With hpZ a call's parameters that hold a
+ * secondary partition (those used in backward) are gathered inside the node by a call of
+ * their own, before the others (partitioned_param_coordinator.py __all_gather_params_). */
 static void plan_gathers(Builder *b)
 {
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     b->impl->plan_fetches(b->s, fetches);
-    for (guint i = 0; i < fetches->len; i++) {
-        Gather g = {g_array_index(fetches, ZpFetch, i), -1, -1, NONE};
-        g_array_append_val(b->gathers, g);
+    const ZpFetch *f = (const ZpFetch *)fetches->data;
+    for (guint i = 0, j; i < fetches->len; i = j) {
+        for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
+            ;
+        for (int pass = 0; pass < 2; pass++) {
+            const ZpGroup want = pass == 0 ? ZP_GROUP_HPZ : ZP_GROUP_DP;
+            guint first = b->gathers->len;
+            for (guint k = i; k < j; k++) {
+                Gather g = {f[k], -1, 0, NONE, first, 0, 0, -1, f[k].use_pos, -1, FALSE};
+                if (gather_group(b, &g) != want)
+                    continue;
+                g_array_append_val(b->gathers, g);
+                Gather *c = &g_array_index(b->gathers, Gather, first);
+                c->n++;
+                c->call_elems += f[k].elems;
+                c->last_use = MAX(c->last_use, f[k].use_pos);
+            }
+        }
     }
     g_array_unref(fetches);
 }
@@ -669,58 +700,113 @@ static ZpGroup gather_group(const Builder *b, const Gather *g)
                : ZP_GROUP_DP;
 }
 
-static void issue_gathers(Builder *b, int pos, int micro)
+/* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
+ * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
+ * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
+ * partitions concatenated, partition_sz * world_size elements), the parameters copied out
+ * when the call is first waited for (unpack_call). */
+static void issue_call(Builder *b, Gather *c, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
-    const gboolean qwz = s->plan.zero.zero_quantized_weights;
+    const double bytes = (double)c->call_elems * b->state.param_bytes;
+    const ZpGroup group = gather_group(b, c);
+    const int ranks = zp_zeropp_group_ranks(&s->plan, group);
+    const double wire = zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
+                                               b->state.param_bytes);
+    uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
+                             : b->last_compute;
+    int buffer;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, c->fetch.unit, micro,
+                                &buffer, &after, 1);
+    c->unpacked = c->n == 1;
+    c->flat = c->n == 1 ? -1 : buffer;
+    if (c->n == 1)
+        c->buffer = buffer, c->bytes = bytes;
+    /* Parameter offload: the partition comes up from the host (and NVMe) first. */
+    double nvme_bytes, h2d_bytes;
+    zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, (double)s->partition_elems,
+                     &nvme_bytes, &h2d_bytes);
+    const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, c->fetch.unit, micro,
+                                        alloc);
+    alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, c->fetch.unit, micro, read);
+    if (s->plan.zero.zero_quantized_weights) { /* this rank's partition into int8 */
+        uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, c->fetch.unit, micro,
+                                     &c->quant_buffer, &alloc, 1);
+        const uint64_t part = c->call_elems / (uint64_t)ranks;
+        alloc = emit_quantize(b, ZP_STREAM_DP, c->fetch.unit, micro,
+                              zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
+    }
+    const uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, group, c->fetch.unit, micro,
+                                          buffer, c->fetch.offset, c->call_elems, wire, &alloc, 1);
+    for (guint k = 0; k < c->n; k++)
+        c[k].coll_op = coll;
+}
+
+static void issue_gathers(Builder *b, int pos, int micro)
+{
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
-        const double bytes = (double)g->fetch.elems * b->state.param_bytes;
-        const ZpGroup group = gather_group(b, g);
-        const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-        const double wire = zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
-                                                   b->state.param_bytes);
-        uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
-                                 : b->last_compute;
-        uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->fetch.unit, micro,
-                                    &g->buffer, &after, 1);
-        /* Parameter offload: the partition comes up from the host (and NVMe) first. */
-        double nvme_bytes, h2d_bytes;
-        zp_offload_fetch(&s->plan, (double)g->fetch.elems / s->plan.dp,
-                         (double)s->partition_elems, &nvme_bytes, &h2d_bytes);
-        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->fetch.unit,
-                                            micro, alloc);
-        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro, read);
-        if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
-            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->fetch.unit, micro,
-                                         &g->quant_buffer, &alloc, 1);
-            const uint64_t part = g->fetch.elems / (uint64_t)ranks;
-            alloc = emit_quantize(b, ZP_STREAM_DP, g->fetch.unit, micro,
-                                  zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
-        }
-        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->fetch.unit, micro,
-                                     g->buffer, g->fetch.offset, g->fetch.elems, wire, &alloc, 1);
+        if (g == &g_array_index(b->gathers, Gather, g->call))
+            issue_call(b, g, pos, micro);
     }
 }
 
-/* The gathers the compute op at `pos` needs; with qwZ each is dequantised first, on the
- * compute stream when it is waited for (AllGatherCoalescedHandle.wait). */
+/* A coalesced call waited for (AllGatherCoalescedHandle.wait): every parameter of the call
+ * gets a buffer of its own elements (torch.cat of its slices out of the flat buffer, on the
+ * gather stream), all at once, whichever of them is needed first. */
+static void unpack_call(Builder *b, Gather *c, int pos, int micro)
+{
+    const uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
+                                   : b->last_compute;
+    uint32_t *deps = g_new(uint32_t, c->n + 1);
+    double bytes = 0;
+    deps[0] = c->coll_op;
+    for (guint k = 0; k < c->n; k++) {
+        c[k].bytes = (double)c[k].fetch.numel * b->state.param_bytes;
+        deps[k + 1] = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, c[k].bytes, c[k].fetch.unit, micro,
+                                 &c[k].buffer, &after, 1);
+        bytes += c[k].bytes;
+    }
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_UNPACK, .stream = ZP_STREAM_DP,
+               .unit = c->fetch.unit, .micro = micro, .buffer = -1, .mem_bytes = 2 * bytes};
+    const uint32_t unpack = emit(b, op, deps, c->n + 1);
+    for (guint k = 0; k < c->n; k++)
+        c[k].coll_op = unpack;
+    c->unpacked = TRUE;
+    g_free(deps);
+}
+
+/* The gathers the compute op at `pos` needs. With qwZ each call is dequantised first, on the
+ * compute stream when it is waited for (AllGatherCoalescedHandle.wait); a coalesced call is
+ * unpacked, and its flat buffer freed once its last parameter is waited for (the handle,
+ * which holds the buffer, leaves the inflight registry with that parameter:
+ * partitioned_param_coordinator.py fetch_sub_module). */
 static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
     for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_use, i);
-        if (g->quant_buffer >= 0) {
-            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, g));
-            const uint32_t after[2] = {g->coll_op, b->last_compute};
-            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->fetch.unit, micro,
-                                       zp_zeropp_dequantize_mem_bytes(g->fetch.elems, ranks),
-                                       after, 2);
+        Gather *c = &g_array_index(b->gathers, Gather, g->call);
+        if (c->quant_buffer >= 0) {
+            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, c));
+            const uint32_t after[2] = {c->coll_op, b->last_compute};
+            const uint32_t op = emit_quantize(
+                b, ZP_STREAM_COMPUTE, c->fetch.unit, micro,
+                zp_zeropp_dequantize_mem_bytes(c->call_elems, ranks), after, 2);
             emit_free(b, ZP_MEM_WORKSPACE,
-                      zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
+                      zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
                                              b->state.param_bytes),
-                      g->fetch.unit, micro, g->quant_buffer, g->coll_op);
-            g->quant_buffer = -1;
+                      c->fetch.unit, micro, c->quant_buffer, op);
+            c->quant_buffer = -1;
+            for (guint k = 0; k < c->n; k++)
+                c[k].coll_op = op;
+        }
+        if (!c->unpacked)
+            unpack_call(b, c, pos, micro);
+        if (c->flat >= 0 && pos == c->last_use) {
+            emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)c->call_elems * b->state.param_bytes,
+                      c->fetch.unit, micro, c->flat, c->coll_op);
+            c->flat = -1;
         }
         g_array_append_val(deps, g->coll_op);
     }
@@ -730,8 +816,8 @@ static void free_gathers(Builder *b, int pos, int micro)
 {
     for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
-        emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)g->fetch.elems * b->state.param_bytes,
-                  g->fetch.unit, micro, g->buffer, b->last_compute);
+        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
+                  b->last_compute);
     }
 }
 
@@ -912,6 +998,28 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     }
 }
 
+/* ZpImpl tied_grad_waits: when the tied head's wte gradient is reduced through a held bucket
+ * buffer, the head writes it into a buffer of its own (wte's elements in the gradients'
+ * dtype, kept until the embedding's backward has added to it and it is copied into the
+ * bucket). A bucket buffer of wte's own is already allocated at the head. */
+static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!b->impl->tied_grad_waits || !s->model.tied_embeddings || !unit_held(b, 0))
+        return;
+    const uint64_t wte = s->unit_offset[0];
+    for (guint i = b->unit_first[0]; i <= b->unit_last[0] && i < b->buckets->len; i++)
+        if (bucket(b, i)->spec.lo <= wte && wte < bucket(b, i)->spec.hi &&
+            own_buffer(b, bucket(b, i)))
+            return;
+    GArray *tensors = zp_impl_tensors(s);
+    b->tied_grad_bytes = (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
+    g_array_unref(tensors);
+    const uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
+                                      &b->tied_grad, &b->last_compute, 1);
+    g_array_append_val(deps, alloc);
+}
+
 static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -930,6 +1038,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
         alloc_landing_buckets(b, L + 1, micro, deps);
         if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
             alloc_landing_buckets(b, 0, micro, deps);
+        alloc_tied_grad(b, micro, deps);
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
@@ -987,6 +1096,11 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+    if (b->tied_grad >= 0) {
+        emit_free(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro, b->tied_grad,
+                  b->last_compute);
+        b->tied_grad = -1;
+    }
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         launch_buckets(b, 0, micro, launched);
@@ -1385,7 +1499,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .resident = -1, .workspace_free = NONE};
+                 .resident = -1, .workspace_free = NONE, .tied_grad = -1};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -1548,7 +1662,7 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
                                             "block_bwd", "embed_bwd", "optimizer",
-                                            "cpu_optimizer", "host_copy", "quantize", NULL};
+                                            "cpu_optimizer", "host_copy", "quantize", "unpack", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
                                          NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",

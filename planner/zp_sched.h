@@ -63,6 +63,8 @@ typedef enum {
     ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
                           * its `bytes`, at the hwprofile's host_link_bytes_per_s */
     ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
+    ZP_COMP_UNPACK,      /* DeepSpeed's stage 3: a coalesced all-gather's parameters copied out
+                          * of its flat buffer (memory-bound, on the gather stream) */
     ZP_COMP_N
 } ZpComputeKind;
 

@@ -934,6 +934,9 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
     }
+    case ZP_COMP_UNPACK:
+        return e->ds ? real_ds_unpack(e->ds, op, error)
+                     : fail(error, "an unpack op outside DeepSpeed's stage 3");
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */
         return real_zeror_host_copy(

@@ -302,6 +302,21 @@ static void test_other_impls(void)
             }
             if (run->impl == ZP_IMPL_DEEPSPEED && run->stage == 1) /* the held ipg buffer */
                 g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], ==, 10000 * 2);
+            if (run->impl == ZP_IMPL_DEEPSPEED && run->stage >= 2) {
+                /* the tied head's wte gradient (64 x 64) waits apart for the embedding's
+                 * backward, and stage 3 unpacks coalesced all-gathers: zreal ran both */
+                guint waits = 0, unpacks = 0;
+                for (guint i = 0; i < s->ops->len; i++) {
+                    const ZpOp *op = zp_sched_op(s, i);
+                    waits += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS &&
+                             op->unit == 0 && op->bytes == 64 * 64 * 2 &&
+                             zp_sched_op(s, i + 1)->kind == ZP_OP_COMPUTE &&
+                             zp_sched_op(s, i + 1)->sub == ZP_COMP_HEAD;
+                    unpacks += op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK;
+                }
+                g_assert_cmpuint(waits, ==, (guint)run->grad_accum);
+                g_assert_cmpuint(unpacks > 0, ==, run->stage == 3);
+            }
             zp_sched_free(s);
             for (int other = 0; other <= 1; other++) {
                 json_decref(runs[other]);
