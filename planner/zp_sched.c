@@ -742,11 +742,15 @@ static void issue_call(Builder *b, Gather *c, int pos, int micro)
         c[k].coll_op = coll;
 }
 
-static void issue_gathers(Builder *b, int pos, int micro)
+/* The calls triggered at `pos`: those the compute at `pos` needs (`now`), or its prefetches.
+ * fetch_sub_module (partitioned_param_coordinator.py) gathers the module's own parameters,
+ * waits for them on the gather stream, and only then issues the prefetch, so a prefetch
+ * queues behind the wait's copies, never the wait behind the prefetch. */
+static void issue_gathers(Builder *b, int pos, int micro, gboolean now)
 {
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
-        if (g == &g_array_index(b->gathers, Gather, g->call))
+        if (g == &g_array_index(b->gathers, Gather, g->call) && (g->fetch.use_pos == pos) == now)
             issue_call(b, g, pos, micro);
     }
 }
@@ -827,8 +831,9 @@ static void position_begin(Builder *b, int pos, int micro, GArray *deps)
 {
     g_array_set_size(deps, 0);
     if (b->s->plan.zero.stage == 3) {
-        issue_gathers(b, pos, micro);
+        issue_gathers(b, pos, micro, TRUE);
         gathers_used_at(b, pos, micro, deps);
+        issue_gathers(b, pos, micro, FALSE);
     }
 }
 
