@@ -2,6 +2,7 @@
  * stage3.py, swap_tensor/), buffer by buffer; the transfers follow where those buffers are
  * filled and drained. Citations name the file and the attribute or function. */
 #include "zp_offload.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -100,12 +101,15 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
         t->bytes[ZP_TIER_GPU][states[i]] -= moved;
         t->bytes[tier][states[i]] += moved;
     }
-    if (stage == 2)
+    /* DeepSpeed's stage 3 sums the gradient partition on the host in the 16-bit dtype
+     * (zp_impl host_grad_accum), none of it on the GPU. */
+    const gboolean host_accum = stage == 3 && zp_impl_get(plan->impl)->host_grad_accum;
+    if (stage == 2 || host_accum)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = 0.0;
     else if (stage == 3)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = r * part * 4.0;
-    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads;
+    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;

@@ -6,6 +6,7 @@
 #include "real_offload.h"
 #include "real_bf16.h"
 #include "real_nvme.h"
+#include "zp_impl.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 
@@ -23,6 +24,8 @@ struct RealOffload {
     ZpTier opt_tier, param_tier;
     float *master, *m, *v; /* host arrays (cpu) or the swap buffers (nvme) */
     float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
+    RealBf16 *accum16;     /* DeepSpeed's stage 3: the 16-bit sum (grad_partitions_flat_buffer,
+                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad) */
     float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
     RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
@@ -91,6 +94,8 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     }
     if (o->opt_tier != ZP_TIER_GPU)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
+    if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2 * part, (void **)&o->accum16};
     const double kept = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
                         : o->stage < 3 || o->param_tier == ZP_TIER_CPU ? part
                                                                        : 0;
@@ -112,7 +117,7 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
 
 static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **error)
 {
-    HostBuffer buf[8];
+    HostBuffer buf[10];
     const int n = host_layout(o, s, buf);
     double sum[ZP_MEM_N] = {0};
     for (int i = 0; i < n; i++)
@@ -191,7 +196,8 @@ void real_offload_free(RealOffload *o)
     void *host[] = {o->opt_tier == ZP_TIER_CPU ? o->master : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
-                    o->grads, o->params, o->out16, o->host_staging, o->swap, o->pool};
+                    o->grads, o->accum16, o->params, o->out16, o->host_staging, o->swap,
+                    o->pool};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
@@ -316,6 +322,36 @@ gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, u
     o->be->accumulate_bf16(o->be, dst, sum, n);
     o->be->free(o->be, sum);
     o->moved[ZP_XFER_H2D] += 4.0 * (double)n;
+    return TRUE;
+}
+
+void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n)
+{
+    tier_copy(o, o->accum16 + at, src, n * sizeof(RealBf16));
+    tier_wait(o, false); /* before the reduced slice's buffer is freed (stream-ordered) */
+    o->moved[ZP_XFER_D2H] += 2.0 * (double)n;
+}
+
+gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                               gboolean add, GError **error)
+{
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
+    if (!add) { /* grad_buffer.to(device): the same values the GPU has */
+        tier_copy(o, dst, o->accum16 + at, n * sizeof(RealBf16));
+        tier_wait(o, false);
+        return TRUE;
+    }
+    RealBf16 *up = o->be->alloc(o->be, n * sizeof(RealBf16), REAL_MEM_WORKSPACE);
+    if (!up)
+        return fail(error, "no device memory for the host's gradient sum");
+    float *sum = scratch(o, n, error);
+    if (!sum)
+        return o->be->free(o->be, up), FALSE;
+    tier_copy(o, up, o->accum16 + at, n * sizeof(RealBf16));
+    tier_wait(o, false);
+    o->be->bf16_to_f32(o->be, sum, up, n); /* cuda_grad_buffer.add_(grad_partition) */
+    o->be->accumulate_bf16(o->be, dst, sum, n);
+    o->be->free(o->be, up), o->be->free(o->be, sum);
     return TRUE;
 }
 

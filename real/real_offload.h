@@ -54,6 +54,15 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
 gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                                    GError **error);
 
+/* DeepSpeed's stage 3 (stage3.py partition_grads, zp_impl host_grad_accum): the 16-bit
+ * reduced slice `src` down into the host's 16-bit sum at `at` (grad_buffer.copy_; counts 2 n
+ * bytes of ZP_XFER_D2H), and the sum up onto `dst` on the device (counts 2 n bytes of
+ * ZP_XFER_H2D): copied over it at micro-step 0 (grad_buffer.to(device), the same values),
+ * added to it in bf16 later (cuda_grad_buffer.add_), as the GPU-resident sum would be. */
+void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n);
+gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                               gboolean add, GError **error);
+
 /* The last micro-step with the optimizer on NVMe: the slice's fp32 gradients to the swap
  * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */
 gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error);
