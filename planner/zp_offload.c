@@ -161,6 +161,8 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
         optimizer_offload(model, plan, part, t, &pinned);
     if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
         param_offload(plan, part, t, &pinned);
+    if (row_bytes(t, ZP_TIER_NVME) > 0) /* the direct I/O buffer (see ZP_OFFLOAD_BOUNCE_BYTES) */
+        t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES;
     for (int tier = 0; tier < ZP_TIER_N; tier++)
         t->total_bytes[tier] = row_bytes(t, (ZpTier)tier);
     t->pinned_bytes = pinned;

@@ -11,6 +11,14 @@
 
 #include <glib.h>
 
+/* zreal's NVMe tier moves the page-aligned middle of each transfer with O_DIRECT through one
+ * aligned host buffer of ZP_OFFLOAD_BOUNCE_BYTES (DeepSpeed's aio block_size default, 1 MiB),
+ * shared by a rank's swap files and taken with a page to spare to align it: the host tier
+ * counts those ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES (ZP_MEM_BUCKETS, pageable)
+ * whenever anything lives on NVMe. */
+#define ZP_OFFLOAD_BOUNCE_BYTES (1u << 20)
+#define ZP_OFFLOAD_PAGE_BYTES 4096u
+
 /* Per-rank bytes of each memory category in each tier, and the per-node sums of the host
  * tiers. The GPU row holds the model states left on the GPU plus the GPU staging buffers
  * offload adds (counted as ZP_MEM_BUCKETS); the CPU row the host copies, pinned staging and

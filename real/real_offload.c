@@ -33,6 +33,7 @@ struct RealOffload {
     uint64_t staging_elems;
     float *swap;           /* optimizer swapper: master, m, v, gradients */
     RealBf16 *pool;        /* parameter swapper's buffers */
+    void *bounce_raw;      /* the swap files' direct I/O buffer, a page to spare to align it */
     uint64_t pool_elems;
     RealNvmeFile *file[ZP_MEM_N];
     void *pinned[8]; /* host buffers page-locked by a device backend (pin_memory) */
@@ -112,12 +113,18 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
         o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * (double)o->pool_elems, (void **)&o->pool};
     }
+    double nvme = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        nvme += s->nvme_bytes[c];
+    if (nvme > 0)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES,
+                                &o->bounce_raw};
     return n;
 }
 
 static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **error)
 {
-    HostBuffer buf[10];
+    HostBuffer buf[12];
     const int n = host_layout(o, s, buf);
     double sum[ZP_MEM_N] = {0};
     for (int i = 0; i < n; i++)
@@ -132,7 +139,7 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
         memset(*buf[i].slot, 0, bytes);
         /* DeepSpeed pins the host tier when pin_memory is set (its swap buffers always). */
         if (o->be->pin_host && (s->plan.zero.offload_optimizer.pin_memory || o->swap) &&
-            bytes > 0) {
+            bytes > 0 && buf[i].slot != &o->bounce_raw) { /* the bounce is pageable */
             if (!o->be->pin_host(o->be, *buf[i].slot, bytes))
                 return fail(error, "the driver refused to pin the host tier");
             o->pinned[o->n_pinned++] = *buf[i].slot;
@@ -155,13 +162,15 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
 static gboolean open_files(RealOffload *o, const ZpSchedule *s, int rank, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
+    const uintptr_t page = ZP_OFFLOAD_PAGE_BYTES;
+    void *bounce = (void *)(((uintptr_t)o->bounce_raw + page - 1) / page * page);
     for (int c = 0; c < ZP_MEM_N; c++) {
         if (s->nvme_bytes[c] <= 0)
             continue;
         const char *dir = c == ZP_MEM_PARAMS ? z->offload_param.nvme_path
                                              : z->offload_optimizer.nvme_path;
         if (!(o->file[c] = real_nvme_file_new(dir, rank, zp_sched_mem_name((ZpMemCategory)c),
-                                              (uint64_t)s->nvme_bytes[c], error)))
+                                              (uint64_t)s->nvme_bytes[c], bounce, error)))
             return FALSE;
     }
     return TRUE;
@@ -197,7 +206,7 @@ void real_offload_free(RealOffload *o)
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
                     o->grads, o->accum16, o->params, o->out16, o->host_staging, o->swap,
-                    o->pool};
+                    o->pool, o->bounce_raw};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
