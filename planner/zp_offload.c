@@ -11,22 +11,45 @@
 #include <math.h>
 #include <string.h>
 
-/* stage3.py's sub_group_size default (deepspeed/runtime/zero/config.py: 1e9): the optimizer
- * swapper's buffers hold one sub-group. */
-#define SUB_GROUP_ELEMS 1e9
-
 gboolean zp_offload_any(const ZpPlan *plan)
 {
     return plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE ||
            plan->zero.offload_param.device != ZP_OFFLOAD_NONE;
 }
 
-double zp_offload_cpu_share(const ZpPlan *plan)
+/* stage3.py _create_fp16_sub_groups: a rank's parameters in order, a sub-group closed once
+ * it reaches sub_group_size elements; here ceil(P / sub_group_size) of them, one when it is
+ * at least the partition (the default, 1e9). */
+static double sub_groups(const ZpPlan *plan, double part, double *size)
+{
+    const double sg = plan->zero.sub_group_size;
+    *size = sg > 0 && sg < part ? sg : part;
+    return *size > 0 ? ceil(part / *size) : 1.0;
+}
+
+double zp_offload_cpu_share(const ZpPlan *plan, double part)
 {
     const ZpOffload *o = &plan->zero.offload_optimizer;
     if (o->device == ZP_OFFLOAD_NONE)
         return 0.0;
-    return plan->zero.stage == 3 ? o->ratio : 1.0;
+    if (plan->zero.stage != 3)
+        return 1.0;
+    /* stage3.py _create_fp32_partitions: sub-group i steps on the CPU when
+     * i >= int((1 - ratio) * n), the first ones on the GPU (Python's int truncates). */
+    double size;
+    const double n = sub_groups(plan, part, &size);
+    const double on_gpu = fmin((double)(int64_t)((1.0 - o->ratio) * n) * size, part);
+    return part > 0 ? (part - on_gpu) / part : 1.0;
+}
+
+double zp_offload_param_kept_elems(const ZpPlan *plan, double part)
+{
+    const double max_in_cpu = plan->zero.offload_param.max_in_cpu;
+    if (zp_offload_param_tier(plan) != ZP_TIER_NVME || max_in_cpu >= part)
+        return part;
+    double size;
+    sub_groups(plan, part, &size);
+    return size > 0 ? floor(max_in_cpu / size) * size : 0.0;
 }
 
 ZpTier zp_offload_optimizer_tier(const ZpPlan *plan)
@@ -89,7 +112,7 @@ static double row_bytes(const ZpTiers *t, ZpTier tier)
 static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double part,
                               ZpTiers *t, double *pinned)
 {
-    const double r = zp_offload_cpu_share(plan);
+    const double r = zp_offload_cpu_share(plan, part);
     const ZpTier tier = zp_offload_optimizer_tier(plan);
     const ZpOffload *o = &plan->zero.offload_optimizer;
     const double elem = zp_plan_elem_bytes(plan->precision);
@@ -113,7 +136,9 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
-        swap = o->buffer_count * fmin(SUB_GROUP_ELEMS, r * part) * 4.0;
+        double size; /* the optimizer swapper's buffers hold one sub-group */
+        sub_groups(plan, part, &size);
+        swap = o->buffer_count * fmin(size, r * part) * 4.0;
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += swap;
     }
     if (stage < 3) {
@@ -139,8 +164,9 @@ static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *p
             *pinned += bytes;
         return;
     }
-    /* NVMe: the host keeps max_in_cpu elements in a pinned flat buffer and a pool of
-     * buffer_count pinned swap buffers of buffer_size elements. */
+    /* NVMe: a pinned flat buffer of min(P, max_in_cpu) elements, whatever of it the
+     * sub-groups kept there fill (zp_offload_param_kept_elems), and a pool of buffer_count
+     * pinned swap buffers of buffer_size elements. */
     t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
     const double kept = fmin(part, o->max_in_cpu) * elem;
     const double pool = o->buffer_count * o->buffer_size * elem;
@@ -209,11 +235,12 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpTier tier = zp_offload_param_tier(plan);
     *h2d_bytes = tier == ZP_TIER_GPU ? 0.0 : elems * elem;
-    /* The host keeps max_in_cpu elements of the partition (the first parameter groups); the
-     * rest is read from NVMe. zplan spreads that share over the units evenly. */
+    /* The sub-groups the host keeps are fetched from it, the rest is read from NVMe. zplan
+     * spreads that share over the units evenly (exact with one sub-group: all or none). */
     const double on_nvme =
         tier == ZP_TIER_NVME && partition_elems > 0
-            ? fmax(0.0, partition_elems - plan->zero.offload_param.max_in_cpu) / partition_elems
+            ? (partition_elems - zp_offload_param_kept_elems(plan, partition_elems)) /
+                  partition_elems
             : 0.0;
     *nvme_read_bytes = on_nvme * elems * elem;
 }
@@ -301,15 +328,15 @@ double zp_offload_cpu_adam_bytes(const ZpPlan *plan)
     return 4.0 + 2.0 * st.optim_bytes + st.param_bytes;
 }
 
-double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems)
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part)
 {
-    return zp_offload_cpu_share(plan) * elems * 4.0;
+    return zp_offload_cpu_share(plan, part) * elems * 4.0;
 }
 
 void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
 {
     memset(step, 0, sizeof *step);
-    const double r = zp_offload_cpu_share(plan), cpu_elems = r * elems;
+    const double r = zp_offload_cpu_share(plan, elems), cpu_elems = r * elems;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_offload_optimizer_tier(plan) == ZP_TIER_NVME) {
@@ -322,9 +349,8 @@ void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
     case ZP_TIER_GPU: /* the updated 16-bit partition returns to the GPU */
         step->h2d_bytes = cpu_elems * elem;
         break;
-    case ZP_TIER_NVME: /* written back past what max_in_cpu keeps on the host */
-        step->nvme_write_bytes +=
-            fmax(0.0, elems - plan->zero.offload_param.max_in_cpu) * elem;
+    case ZP_TIER_NVME: /* written back but for the sub-groups the host keeps */
+        step->nvme_write_bytes += (elems - zp_offload_param_kept_elems(plan, elems)) * elem;
         break;
     default:
         break;

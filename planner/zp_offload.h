@@ -49,7 +49,7 @@ typedef struct {
  *   stages 1-2 add a 16-bit host copy of the partition (param_buffer_of_bit16_for_cpu_offload
  *     _groups, what returns to the GPU) and a GPU buffer of the largest tensor
  *     (temp_grad_buffer_for_gpu_offload);
- *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size 1e9, P) fp32 elements
+ *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size, r P) fp32 elements
  *     on the host (PartitionedOptimizerSwapper's SwapBufferManager).
  * offload_param (stage 3): the 16-bit partition P moves to the host (cpu) or NVMe; with nvme
  *   the host keeps min(P, max_in_cpu) of it (_create_param_groups_fp16_flat_cpu_memory) and
@@ -94,9 +94,20 @@ void zp_offload_ds_estimate_zero3(double params, double largest_layer_params,
  * and the moments, write the 16-bit parameter (the same accounting as the GPU optimizer). */
 double zp_offload_cpu_adam_bytes(const ZpPlan *plan);
 
-/* Share of the partition the CPU steps (offload_optimizer's ratio at stage 3, 1 at stages
- * 1-2), 0 without optimizer offload. */
-double zp_offload_cpu_share(const ZpPlan *plan);
+/* Share of a partition of `part` elements the CPU steps, 0 without optimizer offload, 1 at
+ * stages 1-2. Stage 3 splits the partition into sub-groups of sub_group_size elements
+ * (stage3.py _create_fp16_sub_groups; one when it is at least the partition) and steps
+ * sub-group i on the CPU when i >= int((1 - ratio) n) (_create_fp32_partitions:
+ * subgroup_to_device): with one sub-group any ratio above 0 offloads all of it. */
+double zp_offload_cpu_share(const ZpPlan *plan, double part);
+
+/* Stage 3 with offload_param nvme: elements of a partition of `part` the host keeps, the
+ * sub-groups from the first that fit together in min(part, max_in_cpu) elements
+ * (stage3.py _create_fp16_partitions_with_defragmentation: the others are None, on NVMe);
+ * all of it otherwise. With one sub-group: all when max_in_cpu >= part, else none, though
+ * the flat buffer of max_in_cpu elements is allocated all the same
+ * (_create_param_groups_fp16_flat_cpu_memory). */
+double zp_offload_param_kept_elems(const ZpPlan *plan, double part);
 
 /* The tier optimizer states live in: ZP_TIER_CPU, ZP_TIER_NVME (stage 3 only), or ZP_TIER_GPU
  * without offload; likewise for the parameters. */
@@ -106,8 +117,8 @@ ZpTier zp_offload_param_tier(const ZpPlan *plan);
 /* Bytes of a gradient slice of `elems` elements (this rank's part of a bucket) that go down
  * the host link: fp32, since DeepSpeed copies the 16-bit gradient into the fp32 host buffer
  * and PyTorch converts a cross-device copy on the GPU before the transfer. Scaled by the
- * CPU share. */
-double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems);
+ * CPU share of a partition of `part` elements. */
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part);
 
 /* The step's transfers around CPU Adam, per rank, for `elems` partition elements:
  * nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again, and

@@ -545,7 +545,7 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
 {
     const ZpSchedule *s = b->s;
     const double elems = k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp;
-    const double slice = zp_offload_grad_d2h_bytes(&s->plan, elems);
+    const double slice = zp_offload_grad_d2h_bytes(&s->plan, elems, (double)s->partition_elems);
     uint32_t drained = k->coll_op;
     if (slice <= 0)
         return drained;
@@ -1063,7 +1063,8 @@ static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, u
         const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
         g_array_append_val(deps, r);
     }
-    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    const double bytes =
+        zp_offload_cpu_share(plan, elems) * elems * zp_offload_cpu_adam_bytes(plan);
     ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
                .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
     const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
@@ -1082,7 +1083,7 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    const double cpu_share = zp_offload_cpu_share(&s->plan, elems);
     const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
     GArray *step = g_array_new(FALSE, FALSE, sizeof(ZpStepBuffer));
     if (cpu_share < 1.0) /* the GPU's step (all of it without optimizer offload) */
@@ -1401,7 +1402,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
     const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
-    const double cpu_share = zp_offload_cpu_share(plan);
+    const double cpu_share = zp_offload_cpu_share(plan, opt_elems);
     const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
     const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;

@@ -238,7 +238,7 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
-                   .host_grads = zp_offload_cpu_share(&s->plan) > 0};
+                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0};
     if (!index_tensors(ds, error) || !index_buckets(ds, error) || !allocate_grads(ds, error) ||
         !allocate_persistent(ds, error)) {
         real_ds_free(ds);

@@ -13,9 +13,6 @@
 #include <math.h>
 #include <string.h>
 
-/* stage3.py's sub_group_size default: the optimizer swapper's buffers hold one sub-group. */
-#define SUB_GROUP_ELEMS 1e9
-
 struct RealOffload {
     RealBackend *be;
     RealAlloc *host;
@@ -28,6 +25,8 @@ struct RealOffload {
                             * the fp32 gradients being fp32_partitioned_groups_flat's .grad) */
     float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
+    RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
+                            * one sub-group does not fit in, allocated all the same */
     RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
     RealBf16 *host_staging, *device_staging; /* stages 1-2: temp_grad_buffer_for_*_offload */
     uint64_t staging_elems;
@@ -50,9 +49,14 @@ static gboolean fail(GError **error, const char *what)
 static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && zp_offload_cpu_share(&s->plan) != 1.0)
-        return fail(error, "zreal offloads all of the optimizer; a ratio below 1 (partial "
-                           "offload) is planned and simulated, not executed");
+    /* One sub-group: DeepSpeed's ratio then offloads all of it (any ratio above 0) and
+     * max_in_cpu keeps all of the partition on the host or none. */
+    if (s->plan.zero.stage == 3 && z->sub_group_size < (double)part)
+        return fail(error, "zreal steps and swaps the partition as one sub-group: "
+                           "sub_group_size at least the partition");
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE &&
+        zp_offload_cpu_share(&s->plan, (double)part) != 1.0)
+        return fail(error, "offload_optimizer.ratio 0 keeps the optimizer on the GPU");
     const gboolean device = be->synchronize != NULL; /* else the host is the device */
     if (device && (!be->copy_async || !be->pin_host))
         return fail(error, "the backend has no pinned host memory or copy stream");
@@ -64,10 +68,6 @@ static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, G
     if (p->device != ZP_OFFLOAD_NONE && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
         return fail(error, "zreal offloads parameters together with the optimizer "
                            "(--offload-optimizer)");
-    if (zp_offload_param_tier(&s->plan) == ZP_TIER_NVME && p->max_in_cpu > 0 &&
-        p->max_in_cpu < (double)part)
-        return fail(error, "zreal keeps all or none of the partition in host memory: "
-                           "offload_param.max_in_cpu 0, or at least the partition");
     for (int u = 0; zp_offload_param_tier(&s->plan) != ZP_TIER_GPU && u < s->n_units; u++)
         if (zp_sched_unit_persistent(s, u))
             return fail(error, "zreal offloads parameters without persistent ones "
@@ -97,17 +97,21 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
     if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 2 * part, (void **)&o->accum16};
-    const double kept = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
+    /* stage3.py _create_param_groups_fp16_flat_cpu_memory: min(P, max_in_cpu) elements,
+     * the partition's when its sub-group fits (zp_offload_param_kept_elems) */
+    const double flat = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
                         : o->stage < 3 || o->param_tier == ZP_TIER_CPU ? part
                                                                        : 0;
-    if (kept > 0)
-        out[n++] = (HostBuffer){ZP_MEM_PARAMS, 2 * kept, (void **)&o->params};
+    const gboolean kept = zp_offload_param_kept_elems(&s->plan, part) == part;
+    if (flat > 0)
+        out[n++] = (HostBuffer){ZP_MEM_PARAMS, 2 * flat,
+                                kept ? (void **)&o->params : (void **)&o->cpu_flat};
     if (o->stage < 3)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, s->state_bytes[ZP_MEM_BUCKETS],
                                 (void **)&o->host_staging};
     if (o->opt_tier == ZP_TIER_NVME)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
-                                z->offload_optimizer.buffer_count * fmin(SUB_GROUP_ELEMS, part) * 4,
+                                z->offload_optimizer.buffer_count * part * 4, /* one sub-group */
                                 (void **)&o->swap};
     if (o->param_tier == ZP_TIER_NVME) {
         o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
@@ -146,8 +150,7 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
         }
     }
     if (o->swap) { /* the four tensors of one sub-group, swapped in together */
-        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4 ||
-            (double)o->part > SUB_GROUP_ELEMS)
+        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4)
             return fail(error, "zreal swaps the optimizer's master, moments and gradients as "
                                "one sub-group: offload_optimizer.buffer_count at least 4");
         o->master = o->swap, o->m = o->swap + o->part, o->v = o->swap + 2 * o->part;
@@ -205,8 +208,8 @@ void real_offload_free(RealOffload *o)
     void *host[] = {o->opt_tier == ZP_TIER_CPU ? o->master : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
-                    o->grads, o->accum16, o->params, o->out16, o->host_staging, o->swap,
-                    o->pool, o->bounce_raw};
+                    o->grads, o->accum16, o->params, o->cpu_flat, o->out16, o->host_staging,
+                    o->swap, o->pool, o->bounce_raw};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)

@@ -128,8 +128,10 @@ static void test_zero_infinity_nvme(void)
     }
 }
 
-/* Partial offload (ratio, stage 3): the GPU keeps 1 - ratio of the optimizer states and the
- * gradient partition. */
+/* Partial offload (ratio, stage 3) goes by whole sub-groups (stage3.py _create_fp32_partitions):
+ * of n = ceil(P / sub_group_size), the first int((1 - ratio) n) stay on the GPU with their
+ * optimizer states and gradients, c the share of P left to the CPU. With one sub-group (the
+ * default 1e9 at least P) any ratio above 0 offloads everything. */
 static void test_ratio(void)
 {
     const ZpModel m = tu_load_model("gpt-13b");
@@ -139,11 +141,19 @@ static void test_ratio(void)
     plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
     plan.zero.offload_optimizer.ratio = 0.25;
+    plan.zero.sub_group_size = 1e8;
     ZpTiers t;
     zp_offload_tiers(&m, &plan, NULL, &t);
-    const double part = psi / 8;
-    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part + 0.75 * (2 + 12) * part);
-    assert_close(t.total_bytes[ZP_TIER_CPU], 0.25 * 12 * part + 0.25 * 4 * part);
+    const double part = psi / 8, n = ceil(part / 1e8);
+    const double c = (part - (int)(0.75 * n) * 1e8) / part;
+    g_assert_cmpfloat(c, >, 0.25);
+    g_assert_cmpfloat(c, <, 0.26);
+    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part + (1 - c) * (2 + 12) * part);
+    assert_close(t.total_bytes[ZP_TIER_CPU], c * 12 * part + c * 4 * part);
+    plan.zero.sub_group_size = 2e9; /* one sub-group of P = 1.6e9 */
+    zp_offload_tiers(&m, &plan, NULL, &t);
+    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part);
+    assert_close(t.total_bytes[ZP_TIER_CPU], 16 * part);
     g_assert_true(zp_offload_check(&plan, NULL));
     plan.zero.stage = 2;
     GError *error = NULL;

@@ -811,6 +811,13 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+    /* One sub-group (sub_group_size 1e9): ratio 0.5 offloads all of it, and max_in_cpu 1000,
+     * less than the partition, keeps none of it on the host beside a flat buffer of 1000. */
+    {3, 2, 1, "deepspeed", NULL, "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}"},
+    {3, 2, 2, "paper", NULL,
+     "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 1000, "
+     "\"buffer_count\": 2, \"buffer_size\": 20000}"},
 };
 
 #define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0"
