@@ -357,6 +357,22 @@ void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
     }
 }
 
+double zp_offload_host_peak_bytes(const ZpSchedule *s)
+{
+    const ZpPlan *plan = &s->plan;
+    const double part = (double)s->partition_elems;
+    double sum = 0, size;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        sum += s->host_bytes[c];
+    const ZpTier params = zp_offload_param_tier(plan);
+    const gboolean host16 = params == ZP_TIER_CPU ||
+                            (params == ZP_TIER_NVME && zp_offload_param_kept_elems(plan, part) > 0);
+    sub_groups(plan, part, &size);
+    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 && !host16)
+        sum += size * zp_plan_elem_bytes(plan->precision);
+    return sum;
+}
+
 gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,
                                double *seconds, GError **error)
 {

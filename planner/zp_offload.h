@@ -142,6 +142,16 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
  * changes without offload or cpu_checkpointing. */
 void zp_offload_layout(ZpSchedule *sched);
 
+/* The host tier's peak per rank: host_bytes, plus at stage 3 with optimizer offload and no
+ * 16-bit partition on the host (parameters on the GPU, or on NVMe but for no sub-group) one
+ * sub-group's 16-bit copy, min(sub_group_size, P) elements, made on the host for a moment:
+ * PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU before the transfer
+ * (stage3.py _reassign_or_swap_out_partitioned_parameters; Copy.cu copy_kernel_cuda).
+ * DeepSpeed's NVMe path converts into the parameter swapper's partitioned_swap_buffer
+ * (reserve_partitioned_swap_space, the sub-group's full parameters io-aligned), which zplan
+ * counts as this copy. */
+double zp_offload_host_peak_bytes(const ZpSchedule *s);
+
 /* Per-rank seconds of CPU Adam over `bytes` (zp_offload_cpu_adam_bytes x elements): the
  * rate per core x the cores one rank gets, cpu_cores_per_node / ranks_per_node (DeepSpeed's
  * launcher gives each local process its share of the cores as OMP_NUM_THREADS). Fails naming

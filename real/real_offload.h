@@ -50,7 +50,9 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
 /* A later micro-step (stages 2-3): the host's sum for the slice comes up into a device
  * workspace and is added to the reduced slice `dst` in place, rounded to its bf16 as the
  * GPU-resident gradients would be (so offload changes no number); counts 4 n bytes of
- * ZP_XFER_H2D. */
+ * ZP_XFER_H2D. DeepSpeed's stage 3 rounds so too: its host sum (grad_partitions_flat_buffer)
+ * is in gradient_accumulation_dtype, the model's bf16 unless data_types.grad_accum_dtype
+ * says otherwise (engine.py get_data_types), and fp32 only at the boundary. */
 gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                                    GError **error);
 

@@ -865,7 +865,8 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
 
 /* The losses equal the run without offload bit for bit (the same update from the same
  * values: later micro-steps add the host's sum to the reduced slice in bf16, as the GPU's
- * gradients would be); each rank's host bytes per category equal the schedule's host_bytes;
+ * gradients would be); each rank's host bytes per category equal the schedule's host_bytes,
+ * and its host peak zp_offload_host_peak_bytes (the direct I/O buffer included);
  * the bytes each transfer kind moved, summed over the ranks, equal the schedule's transfer
  * ops (a rank's slice of a stage 1-2 bucket is its part of the unpadded range, so only the
  * sum over ranks is the ops' dp x bytes); with the optimizer on NVMe at stage 3 the swap
@@ -906,6 +907,8 @@ static void test_offload_matches(void)
             for (int cat = 0; cat < ZP_MEM_N; cat++)
                 g_assert_cmpfloat(number_at(json_object_get(rank, "host_bytes"),
                                             zp_sched_mem_name(cat)), ==, s->host_bytes[cat]);
+            g_assert_cmpfloat(number_at(rank, "host_peak_bytes"), ==,
+                              zp_offload_host_peak_bytes(s));
             for (int k = 0; k < ZP_XFER_N; k++)
                 measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
                                          zp_sched_transfer_name(k));
