@@ -124,11 +124,14 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
         t->bytes[ZP_TIER_GPU][states[i]] -= moved;
         t->bytes[tier][states[i]] += moved;
     }
-    /* DeepSpeed's stage 3 sums the gradient partition on the host in the 16-bit dtype
-     * (zp_impl host_grad_accum), none of it on the GPU. */
+    /* DeepSpeed's stage 3 sums the whole gradient partition on the host in the 16-bit dtype
+     * (zp_impl host_grad_accum); the sub-groups the GPU steps keep their fp32 .grad there
+     * (stage3.py initialize_optimizer_states: subgroup_gradient_buffer.to(device)). */
     const gboolean host_accum = stage == 3 && zp_impl_get(plan->impl)->host_grad_accum;
-    if (stage == 2 || host_accum)
+    if (stage == 2)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = 0.0;
+    else if (host_accum)
+        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = (1.0 - r) * part * 4.0;
     else if (stage == 3)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = r * part * 4.0;

@@ -551,7 +551,8 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
         return drained;
     const gboolean last = micro == s->plan.grad_accum - 1;
     if (s->plan.zero.stage == 3 && b->impl->host_grad_accum) {
-        const double half = slice / 4.0 * zp_plan_elem_bytes(s->plan.precision);
+        /* every sub-group's, those the GPU steps too (the buffer is the host's) */
+        const double half = elems * zp_plan_elem_bytes(s->plan.precision);
         const ZpTransferKind first = micro == 0 ? ZP_XFER_D2H : ZP_XFER_H2D;
         drained = emit_transfer(b, first, half, unit, micro, drained);
         drained = emit_transfer(b, first == ZP_XFER_D2H ? ZP_XFER_H2D : ZP_XFER_D2H, half, unit,
