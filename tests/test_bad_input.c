@@ -119,6 +119,8 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megatron", NULL, "--impl: unknown value 'megatron'"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl fsdp", NULL, "no stage 1"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --micro-batch 2", "{\"train_micro_batch_size_per_gpu\": 1}", "--micro-batch 2 contradicts"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --attention eager", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"flash2\"}", "--attention eager contradicts {IN}'s attention_kernel flash2"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --reduce-dtype fp32", "{\"train_micro_batch_size_per_gpu\": 1, \"communication_data_type\": \"bf16\"}", "--reduce-dtype fp32 contradicts {IN}'s communication_data_type bf16"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --trace {T}/missing/t.json", NULL, "--trace: cannot write in directory '{T}/missing'"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --trace {T}/dir.json", NULL, "--trace: '{T}/dir.json' is not a file name"},
