@@ -41,7 +41,8 @@ typedef struct {
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
     gboolean quantized_weights, quantized_gradients; /* ZeRO++ qwZ, qgZ */
-    gboolean cpu_checkpointing; /* ZeRO-R: checkpoints in host memory */
+    gboolean cpu_checkpointing, partition_activations; /* ZeRO-R: checkpoints in host memory,
+                                                        * split over the tensor group */
     int mp; /* tensor-parallel degree; --microbench: the degree whose shapes are timed */
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
@@ -109,6 +110,7 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->grad_accum = a->grad_accum;
     plan->checkpoint = a->checkpoint;
     plan->ckpt.cpu_checkpointing = a->cpu_checkpointing;
+    plan->ckpt.partition_activations = a->partition_activations;
     plan->zero.zero_quantized_weights = a->quantized_weights;
     plan->zero.zero_quantized_gradients = a->quantized_gradients;
     plan->zero.zero_hpz_partition_size = a->hpz;
@@ -569,6 +571,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a->partition_activations, "ZeRO-R Pa: each tensor rank keeps 1/T of each checkpoint, all-gathered over the tensor group before the recompute (with --checkpoint and --mp T)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &a->quantized_gradients, "ZeRO++ qgZ: stage-3 gradients reduced as int4 with fp32 scales through an all-to-all inside the node, then one across nodes (CPU backend, MPI)", NULL},

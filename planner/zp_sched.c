@@ -1248,12 +1248,39 @@ static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray
         send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
 }
 
+/* Pa+cpu: the host tier holds a block's checkpoint slice of a micro-step from its forward
+ * host copy to its backward one (partition.cpu() kept in ctx.deepspeed_saved_tensors); the
+ * peak over the ops [first, end) of one stage is what its ranks hold: every block's slice
+ * without a pipeline, with one the stage's own blocks times the micro-steps in flight there. */
+static double host_checkpoint_peak(const ZpSchedule *s, guint first)
+{
+    GHashTable *held = g_hash_table_new(NULL, NULL);
+    double live = 0, peak = 0;
+    for (guint i = first; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_HOST_COPY)
+            continue;
+        const gpointer key = GSIZE_TO_POINTER(1 + (gsize)op->unit +
+                                              (gsize)(s->model.layers + 2) * (gsize)op->micro);
+        if (g_hash_table_remove(held, key)) {
+            live -= op->bytes;
+        } else {
+            g_hash_table_add(held, key);
+            live += op->bytes;
+            peak = MAX(peak, live);
+        }
+    }
+    g_hash_table_destroy(held);
+    return peak;
+}
+
 /* One stage's ops: its layout and buckets, its actions in pipeline order, its optimizer. */
 static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launched)
 {
     ZpSchedule *s = b->s;
     const ZpPlan *plan = &s->plan;
     const int P = zp_plan_pp(plan);
+    const guint first = s->ops->len;
     b->last_compute = NONE;
     g_array_set_size(b->sync_deps, 0);
     g_array_set_size(b->buckets, 0);
@@ -1282,8 +1309,19 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     if (P > 1)
         free_held_buckets(b, plan->grad_accum - 1);
     optimizer_step(b, launched);
+    s->host_bytes[ZP_MEM_CHECKPOINTS] = host_checkpoint_peak(s, first);
     memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
            sizeof s->state_bytes);
+    memcpy(&s->stage_host_bytes[(gsize)b->stage * ZP_MEM_N], s->host_bytes,
+           sizeof s->host_bytes);
+}
+
+/* With a pipeline, host_bytes is the most any stage's ranks hold of each category. */
+static void most_host_bytes(ZpSchedule *s)
+{
+    for (int k = 0; k < s->stages; k++)
+        for (int c = 0; c < ZP_MEM_N; c++)
+            s->host_bytes[c] = MAX(s->host_bytes[c], s->stage_host_bytes[(gsize)k * ZP_MEM_N + c]);
 }
 
 /* Points every receiving op at the send it waits for, now that all stages are built. */
@@ -1310,6 +1348,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     s->world = plan->dp * plan->mp * P;
     s->stages = P;
     s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
+    s->stage_host_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
     if (P > 1)
         s->stage_unit_elems = g_new0(uint64_t, (gsize)P * (gsize)zp_model_n_units(model));
     s->elem_bytes = zp_plan_elem_bytes(plan->precision);
@@ -1353,6 +1392,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
         build_stage(&b, &a, deps, launched);
+    most_host_bytes(s);
     b.stage = P - 1; /* backend_workspace: one stage only (cli_simulate) */
     if (b.resident >= 0)
         emit_free(&b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(model, plan), 0, 0,
@@ -1438,6 +1478,7 @@ void zp_sched_free(ZpSchedule *s)
     g_free(s->unit_offset);
     g_free(s->unit_elems);
     g_free(s->stage_state_bytes);
+    g_free(s->stage_host_bytes);
     g_free(s->stage_unit_elems);
     g_free(s);
 }
@@ -1451,6 +1492,7 @@ ZpSchedule *zp_sched_stage_view(const ZpSchedule *s, int stage)
     v->view_stage = stage;
     const gsize n = (gsize)s->n_units, stages = (gsize)MAX(s->stages, 1);
     v->stage_state_bytes = g_memdup2(s->stage_state_bytes, sizeof(double) * stages * ZP_MEM_N);
+    v->stage_host_bytes = g_memdup2(s->stage_host_bytes, sizeof(double) * stages * ZP_MEM_N);
     v->stage_unit_elems = s->stage_unit_elems
                               ? g_memdup2(s->stage_unit_elems, sizeof(uint64_t) * stages * n)
                               : NULL;
@@ -1462,6 +1504,9 @@ ZpSchedule *zp_sched_stage_view(const ZpSchedule *s, int stage)
     if (s->stage_state_bytes) /* a schedule read from a file has one stage, its own */
         memcpy(v->state_bytes, &s->stage_state_bytes[(gsize)stage * ZP_MEM_N],
                sizeof v->state_bytes);
+    if (s->stage_host_bytes)
+        memcpy(v->host_bytes, &s->stage_host_bytes[(gsize)stage * ZP_MEM_N],
+               sizeof v->host_bytes);
     return v;
 }
 

@@ -156,7 +156,10 @@ typedef struct {
     /* Model states each rank holds on its GPU for the whole step (allocated before op 0). */
     double state_bytes[ZP_MEM_N];
     /* With offload, what each rank holds in the node's host memory and on its NVMe for the
-     * whole step (zp_offload_tiers' CPU and NVMe rows); zero otherwise. */
+     * whole step (zp_offload_tiers' CPU and NVMe rows; Pa+cpu's checkpoints: the peak of the
+     * slices its host copies hold); zero otherwise. With a pipeline, the most any stage's
+     * ranks hold, and stage k's own in stage_host_bytes[k * ZP_MEM_N + c] (a stage's view
+     * holds its own). */
     double host_bytes[ZP_MEM_N], nvme_bytes[ZP_MEM_N];
     /* Flat layout: unit u occupies [unit_offset[u], unit_offset[u] + unit_elems[u]) of the
      * concatenated parameter space; stage 3 partitions each unit on its own, padded to a
@@ -169,7 +172,7 @@ typedef struct {
      * all step. Without a pipeline stages = 1 and that is state_bytes. With one, state_bytes
      * and the layout above are the last stage's. */
     int stages;
-    double *stage_state_bytes;
+    double *stage_state_bytes, *stage_host_bytes;
     /* Each stage's unit_elems ([stage * n_units + u]; NULL without a pipeline), and in a
      * stage's view (zp_sched_stage_view) the stage whose layout and states the fields above
      * hold, 0 otherwise. */

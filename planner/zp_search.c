@@ -147,17 +147,30 @@ static gboolean ckpt_level_applies(const ZpModel *model, const ZpPlan *plan, con
 }
 
 /* ZeRO++ at stage 3 (not FSDP's): qwZ, hpZ over a node's data-parallel ranks, qgZ, each on
- * or off. To keep the search fast they are tried at DeepSpeed's bucket sizes and
- * overlap_comm only (which the bucket and overlap choices change by well under 1% where
- * communication hides, and ZeRO++ is for where it does not). hpZ is tried only when the
- * data-parallel group spans nodes (within one node the secondary partition is the primary);
- * zp_zeropp_check must accept the rest. */
+ * or off, with overlap_comm. hpZ is tried only when the data-parallel group spans nodes
+ * (within one node the secondary partition is the primary); zp_zeropp_check must accept the
+ * rest. DeepSpeed's ZeRO++ leaves the bucket sizes their meaning: qgZ quantises a reduce
+ * bucket's gradients tensor by tensor, each with its own groups (stage3.py
+ * __avg_scatter_grads, coalesced_collectives.py all_to_all_quant_reduce),
+ * qwZ and hpZ quantise or redirect the gathers the prefetch bucket issues
+ * (partition_parameters.py all_gather_coalesced), so the bytes do not change with them, only
+ * the buckets' memory and the overlap, by well under 1% of the step where ZeRO++ pays. So
+ * ZeRO++ is tried at DeepSpeed's buckets and at the choices that are smaller in every size
+ * (half of them), these only when the same plan at DeepSpeed's does not fit (their parent):
+ * smaller buckets and prefetch can make it fit. */
 #define ZEROPP_COMBOS 8
+static gboolean zeropp_buckets(int buckets)
+{
+    const Buckets *c = &bucket_choices[buckets], *ds = &bucket_choices[0];
+    return buckets == 0 || (!c->hf_auto && c->reduce <= ds->reduce &&
+                            c->allgather <= ds->allgather && c->prefetch <= ds->prefetch);
+}
+
 static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, ZpPlan *plan)
 {
     const int node_dp = zp_zeropp_group_ranks(plan, ZP_GROUP_NODE);
-    if (combo != 0 && (plan->zero.stage != 3 || spec->impl == ZP_IMPL_FSDP || buckets != 0 ||
-                       !plan->zero.overlap_comm))
+    if (combo != 0 && (plan->zero.stage != 3 || spec->impl == ZP_IMPL_FSDP ||
+                       !zeropp_buckets(buckets) || !plan->zero.overlap_comm))
         return FALSE;
     if ((combo & 2) && (node_dp <= 1 || node_dp >= plan->dp))
         return FALSE;
@@ -167,9 +180,14 @@ static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, Z
     return zp_zeropp_check(plan, NULL);
 }
 
+#define CKPT_LEVELS ((int)G_N_ELEMENTS(ckpt_levels))
+
 /* One plan with every ZeRO++ choice that applies, each with its chain of ZeRO-R levels (with
- * checkpointing), a level's parent the one before it. */
-static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int buckets, GArray *out)
+ * checkpointing), a level's parent the one before it; but a ZeRO++ plan at other buckets than
+ * DeepSpeed's has the same plan at DeepSpeed's for parent. at_default[combo * CKPT_LEVELS +
+ * level]: those plans' indices, which buckets 0 records (-1: none). */
+static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int buckets,
+                         int *at_default, GArray *out)
 {
     for (int combo = 0; combo < ZEROPP_COMBOS; combo++) {
         ZpPlan plan = *base;
@@ -186,8 +204,12 @@ static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int bucke
             plan.ckpt.cpu_checkpointing = l->cpu;
             if (!ckpt_level_applies(spec->model, &plan, l))
                 continue;
-            ZpCandidate c = {.plan = plan, .buckets = buckets, .parent = parent};
+            int *same = &at_default[combo * CKPT_LEVELS + (int)k];
+            ZpCandidate c = {.plan = plan, .buckets = buckets,
+                             .parent = combo != 0 && buckets != 0 ? *same : parent};
             parent = (int)out->len;
+            if (buckets == 0)
+                *same = parent;
             g_array_append_val(out, c);
         }
     }
@@ -209,9 +231,12 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
     if (P > 1 && (spec->offload_optimizer != ZP_OFFLOAD_NONE ||
                   spec->offload_param != ZP_OFFLOAD_NONE))
         return;
+    int at_default[ZEROPP_COMBOS * CKPT_LEVELS];
     for (int stage = lo; stage <= hi; stage++)
         for (int ckpt = 0; ckpt <= 1 && zp_impl_get(spec->impl)->has_stage(stage); ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
+                if (choice == 0)
+                    memset(at_default, 0xff, sizeof at_default);
                 ZpPlan plan;
                 zp_plan_defaults(&plan, stage, spec->gpus / (mp * P), mp);
                 plan.pipe = pipe;
@@ -237,7 +262,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 }
                 for (int overlap = 0; overlap <= (P > 1 ? 0 : 1) && !seen; overlap++) {
                     plan.zero.overlap_comm = overlap;
-                    add_variants(spec, &plan, choice, out);
+                    add_variants(spec, &plan, choice, at_default, out);
                 }
             }
 }
@@ -729,13 +754,18 @@ static gboolean simulate(const ZpSearchSpec *spec, ZpSearchResult *r, guint inde
 }
 
 /* Whether a ZeRO-R level's parent fits or could not win: either way the level, no faster,
- * cannot win (it stays ZP_FATE_CANNOT_WIN). The parent was decided first (by_bound). */
-static gboolean parent_fits(const ZpSearchResult *r, const ZpCandidate *c)
+ * cannot win (it stays ZP_FATE_CANNOT_WIN). The parent was decided first (by_bound). A ZeRO++
+ * plan at smaller buckets than its parent's is there for the memory they save: it is left
+ * out too when the parent's simulated need, less the bytes the closed form says they save,
+ * still does not fit. */
+static gboolean parent_fits(const ZpSearchResult *r, const ZpCandidate *c, double gpu_bytes)
 {
     if (c->parent < 0)
         return FALSE;
-    const ZpFate fate = zp_search_candidate(r, c->parent)->fate;
-    return fate == ZP_FATE_SIMULATED || fate == ZP_FATE_CANNOT_WIN;
+    const ZpCandidate *parent = zp_search_candidate(r, c->parent);
+    return parent->fate == ZP_FATE_SIMULATED || parent->fate == ZP_FATE_CANNOT_WIN ||
+           (c->buckets != parent->buckets && parent->fate == ZP_FATE_SIMULATED_OOM &&
+            parent->peak_memory_bytes - (parent->memory_bytes - c->memory_bytes) > gpu_bytes);
 }
 
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error)
@@ -783,7 +813,7 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
                 : per_sample(zp_search_ranked(result, result->ranked->len - 1),
                              zp_search_ranked(result, result->ranked->len - 1)->step_time_s);
         if ((bound < kth || bound < group_best_per_sample(result, &c->plan)) &&
-            !parent_fits(result, c))
+            !parent_fits(result, c, spec->hw->gpu_memory_bytes))
             ok = simulate(spec, result, i, error);
         if (spec->progress)
             spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);

@@ -67,8 +67,9 @@ typedef enum {
 typedef struct {
     ZpPlan plan;
     int buckets;              /* index of its bucket sizes (zp_search_buckets_name) */
-    int parent;               /* the same plan with the ZeRO-R level before this one, tried
-                               * first (this one only when that does not fit), or -1 */
+    int parent;               /* the same plan with the ZeRO-R level before this one (a
+                               * ZeRO++ plan at other buckets: at DeepSpeed's), tried first
+                               * (this one only when that does not fit), or -1 */
     ZpFate fate;
     double memory_bytes;      /* closed form: model states + residual + runtime reserve */
     double bound_step_s;      /* closed-form lower bound of the simulated step time */

@@ -32,7 +32,9 @@ typedef struct {
 ZpCkptRule zp_zeror_checkpoint(const ZpModel *model, const ZpPlan *plan);
 
 /* Pa+cpu: the bytes of checkpoints a rank keeps in host memory over the step, every
- * block's slice (host_bytes x layers; 0 without cpu_checkpointing). Pageable memory:
+ * block's slice (host_bytes x layers; 0 without cpu_checkpointing). A pipeline stage holds
+ * its own blocks' slices of the micro-batches in flight there instead: the schedule counts
+ * those from its host copies (zp_sched's host_bytes, per stage). Pageable memory:
  * partition_activations() keeps `partition.cpu()`, and with contiguous_memory_optimization
  * the same number of slices in CPU buffers (torch.tensor(()).new_empty(device='cpu')). */
 double zp_zeror_host_bytes(const ZpModel *model, const ZpPlan *plan);

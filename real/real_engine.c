@@ -11,6 +11,7 @@
 #include "real_zeropp.h"
 #include "real_zeror.h"
 #include "zp_zeropp.h"
+#include "zp_zeror.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 
@@ -47,6 +48,10 @@ struct RealEngine {
     uint64_t *bucket_lo, *bucket_hi;
     int n_buffers;
     int *ckpt_buffer;       /* per (micro-step, unit): its checkpoint buffer id (slot()) */
+    int *ckpt_slice;        /* Pa at mp > 1: per (micro-step, unit) the id of the GPU buffer
+                             * holding this rank's slice from forward to the gather */
+    uint64_t ckpt_slice_off, ckpt_slice_bytes; /* this rank's slice of a block input: at
+                             * tp_rank x 2bsh/M with Pa at mp > 1, the whole input at 0 else */
     void **stash;           /* per (micro-step, unit): a block's saved activations from its
                              * forward to its backward (without checkpointing) */
     float **head_dx;        /* per micro-step: a pipeline's head output gradient kept until
@@ -137,17 +142,9 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
-    if (s->stages > 1 && s->plan.ckpt.cpu_checkpointing)
-        return fail(error, "zreal keeps one host checkpoint per block: cpu_checkpointing with "
-                           "pipeline stages (micro-batches in flight) is not executed");
     if (s->stages > 1 && s->plan.mp > 1)
         return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
                     "is planned and simulated, not executed", s->stages, s->plan.mp);
-    /* cpu_checkpointing runs (real_zeror); Pa splits nothing at mp 1, and at mp > 1 its
-     * slices and their tensor-group gather are not executed. */
-    if (s->plan.ckpt.partition_activations && s->plan.mp > 1)
-        return fail(error, "zreal keeps each checkpoint whole on every tensor rank: "
-                           "partition_activations at mp %d is not executed", s->plan.mp);
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
@@ -476,6 +473,15 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->unit_params = g_new0(RealBf16 *, s->n_units);
     e->unit_grads = g_new0(RealBf16 *, s->n_units);
     e->ckpt_buffer = g_new0(int, (gsize)(e->L + 2) * (gsize)s->plan.grad_accum);
+    e->ckpt_slice = g_new0(int, (gsize)(e->L + 2) * (gsize)s->plan.grad_accum);
+    /* Pa (zp_zeror): DeepSpeed's get_partition_start / get_partition_size, numel / mp_size
+     * from numel / mp_size x mp_rank (no padding: zp_zeror_check refuses what DeepSpeed's
+     * assert does, b s h not a multiple of M). */
+    e->ckpt_slice_bytes = real_gpt_checkpoint_bytes(&e->dims);
+    if (zp_zeror_checkpoint(&s->model, &s->plan).gather_elems > 0) {
+        e->ckpt_slice_bytes /= (uint64_t)s->plan.mp;
+        e->ckpt_slice_off = (uint64_t)e->dims.tp_rank * e->ckpt_slice_bytes;
+    }
     e->stash = g_new0(void *, (gsize)(e->L + 2) * (gsize)s->plan.grad_accum);
     e->head_dx = g_new0(float *, s->plan.grad_accum);
     e->qgz_work = -1;
@@ -541,7 +547,7 @@ void real_engine_free(RealEngine *e)
     real_gpt_free(e->gpt);
     g_free(e->buffers), g_free(e->bucket_lo), g_free(e->bucket_hi);
     g_free(e->part_off), g_free(e->persistent), g_free(e->unit_params), g_free(e->unit_grads);
-    g_free(e->ckpt_buffer), g_free(e->stash), g_free(e->head_dx);
+    g_free(e->ckpt_buffer), g_free(e->ckpt_slice), g_free(e->stash), g_free(e->head_dx);
     g_free(e->tokens), g_free(e->targets);
     g_array_free(e->marks, TRUE);
     g_free(e);
@@ -584,6 +590,12 @@ static void step_copy(RealEngine *e, void *dst, uint64_t bytes)
         e->be->copy(e->be, dst, grad, bytes);
 }
 
+/* Whether Pa splits each checkpoint over the tensor group (mp > 1). */
+static gboolean pa_splits(const RealEngine *e)
+{
+    return e->ckpt_slice_bytes < real_gpt_checkpoint_bytes(&e->dims);
+}
+
 /* Bytes the engine needs for the buffer an alloc op asks for; 0 for the buffers the model
  * allocates itself (activations, logits), whose sizes the tracker measures instead. */
 static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
@@ -592,8 +604,9 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
     switch (op->sub) {
     case ZP_MEM_GATHERED_PARAMS: /* a unit, or with real_engine_ds one tensor it checks */
         return e->ds ? (uint64_t)op->bytes : unit_padded(e, op->unit) * b2;
-    case ZP_MEM_CHECKPOINTS:
-        return real_gpt_checkpoint_bytes(&e->dims);
+    case ZP_MEM_CHECKPOINTS: /* Pa's slice kept in forward, or a whole block input */
+        return op->bytes == (double)e->ckpt_slice_bytes ? e->ckpt_slice_bytes
+                                                        : real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
     case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
@@ -630,8 +643,10 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
                     index, zp_sched_mem_name(op->sub), op->bytes, need);
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
-    if (op->sub == ZP_MEM_CHECKPOINTS)
-        e->ckpt_buffer[slot(e, op->unit, op->micro)] = op->buffer;
+    if (op->sub == ZP_MEM_CHECKPOINTS) /* Pa's slice in forward, or a whole input */
+        (pa_splits(e) && need == e->ckpt_slice_bytes ? e->ckpt_slice
+                                                     : e->ckpt_buffer)[slot(e, op->unit,
+                                                                            op->micro)] = op->buffer;
     if (op->sub == ZP_MEM_BUCKETS && e->stage >= 2 && op->unit >= 0) {
         /* Stages 2-3: backward accumulates straight into the bucket (real_engine_ds maps
          * its tensors itself). */
@@ -829,6 +844,18 @@ static void restore_head_dx(RealEngine *e, int micro)
     *kept = NULL;
 }
 
+/* This rank's slice of a block input held at `input` (the whole input without Pa). */
+static void *block_input_slice(const RealEngine *e, void *input)
+{
+    return (char *)input + e->ckpt_slice_off;
+}
+
+/* Where forward keeps block l's checkpoint on the GPU: Pa's slice, or the whole input. */
+static void *kept_checkpoint(const RealEngine *e, int l, int micro)
+{
+    return e->buffers[(pa_splits(e) ? e->ckpt_slice : e->ckpt_buffer)[slot(e, l, micro)]];
+}
+
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int l = op->unit, L = e->L, micro = op->micro;
@@ -840,8 +867,8 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
                real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
     case ZP_COMP_BLOCK_FWD:
         if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
-            e->be->copy(e->be, e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
-                        real_gpt_checkpoint_bytes(&e->dims));
+            e->be->copy(e->be, kept_checkpoint(e, l, op->micro), block_input_slice(e, e->x),
+                        e->ckpt_slice_bytes);
         if (!params_of(e, l, ALL_TENSORS, &p, error) ||
             !real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
                                       error))
@@ -903,12 +930,14 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
     }
-    case ZP_COMP_HOST_COPY: /* the block input down, or back into the recompute's buffer */
-        return real_zeror_host_copy(e->ckpt_host, l,
-                                    real_zeror_on_host(e->ckpt_host, l)
-                                        ? e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]]
-                                        : e->x,
-                                    (uint64_t)op->bytes, error);
+    case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
+                             * recompute's buffer (Pa: at the slice's place, then gathered) */
+        return real_zeror_host_copy(
+            e->ckpt_host, l, micro,
+            block_input_slice(e, real_zeror_on_host(e->ckpt_host, l, micro)
+                                     ? e->buffers[e->ckpt_buffer[slot(e, l, micro)]]
+                                     : e->x),
+            (uint64_t)op->bytes, error);
     default:
         return fail(error, "unknown compute op %d", op->sub);
     }
@@ -1126,8 +1155,31 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
     return ok;
 }
 
+/* Pa's all-gather before block op->unit's recompute (DeepSpeed's checkpointing.py,
+ * gather_partitioned_activations, called by CheckpointFunction.backward): this rank's slice
+ * into its place in the new whole buffer (from the GPU slice; with cpu_checkpointing the
+ * host copy put it there), then all_gather_into_tensor over the tensor group. */
+static gboolean gather_checkpoint(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const gsize at = slot(e, op->unit, op->micro);
+    void *whole = e->buffers[e->ckpt_buffer[at]];
+    const uint64_t elems = real_gpt_checkpoint_bytes(&e->dims) / sizeof(RealBf16);
+    if (op->elems != elems)
+        return fail(error, "the schedule gathers %" G_GUINT64_FORMAT " elements of block %d's "
+                    "checkpoint; its input has %" G_GUINT64_FORMAT, op->elems, op->unit, elems);
+    if (!e->ckpt_host)
+        e->be->copy(e->be, block_input_slice(e, whole), e->buffers[e->ckpt_slice[at]],
+                    e->ckpt_slice_bytes);
+    return real_tp_gather_checkpoint(e->cfg.tp, whole, e->ckpt_slice_bytes / sizeof(RealBf16),
+                                     error);
+}
+
 static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
+    /* A tensor group's all-gather of a block (not the head's logits): Pa's. */
+    if (op->group == ZP_GROUP_TP && e->cfg.tp && op->sub == ZP_COLL_ALLGATHER &&
+        op->unit >= 1 && op->unit <= e->L)
+        return gather_checkpoint(e, op, error);
     if (op->group == ZP_GROUP_TP && e->cfg.tp)
         return real_tp_collective(e->cfg.tp, op, error);
     if (e->ds)

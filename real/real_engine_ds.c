@@ -89,7 +89,9 @@ static int bucket_at(const RealDs *ds, uint64_t lo)
 
 static gboolean is_reduction(const ZpOp *op)
 {
-    return op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER;
+    /* The data-parallel group's: a tensor group's sums are the model's (real_tp). */
+    return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+           op->sub != ZP_COLL_ALLGATHER;
 }
 
 /* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
@@ -220,7 +222,8 @@ static gboolean allocate_persistent(RealDs *ds, GError **error)
     const ZpSchedule *s = ds->s;
     for (guint i = 0; ds->stage == 3 && i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_COLLECTIVE || op->sub != ZP_COLL_ALLGATHER || op->buffer >= 0)
+        if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_DP ||
+            op->sub != ZP_COLL_ALLGATHER || op->buffer >= 0)
             continue;
         const int x = tensor_at(ds, op->elem_offset);
         if (x < 0 || op->elems != ds->t[x].slice * (uint64_t)ds->dp)

@@ -1,5 +1,5 @@
-/* real_opseq: a step's compute ops timed whole, in a step's own sequence over every layer, so
- * that zp_cost can take measured op times before the sum of the op's kernels timed alone. */
+/* real_opseq: a step's compute ops timed whole, in a step's own sequence over every layer (its
+ * optimizer included, untimed), so that zp_cost can take measured op times first. */
 #include "real_opseq.h"
 #include "real_engine.h"
 #include "real_gpt.h"
@@ -19,6 +19,8 @@ typedef struct {
     RealGptDims dims;
     int n_units;
     RealBf16 **params, **grads; /* per unit */
+    float **master, **adam_m, **adam_v; /* per unit: the optimizer's states */
+    int64_t adam_step;
     RealBf16 **x;               /* x_0 .. x_L, bf16 [T, h] */
     RealBf16 *scratch;          /* a recompute's output (backward reads its saved tensors) */
     float *dx;                  /* fp32 [T, h], in place through the backward */
@@ -83,7 +85,20 @@ static gboolean op(Seq *q, RealComm *comm, ZpComputeKind kind, RealTimedFn fn, g
     return TRUE;
 }
 
-/* The compute of one micro-step, in the engine's order. */
+/* The step's Adam over every unit, untimed (zp_cost takes the optimizer from its fitted
+ * rate): it runs so that the next step's first ops find the caches as training leaves them,
+ * after the optimizer has streamed 16 bytes per parameter through them. */
+static gboolean optimizer(Seq *q)
+{
+    const RealAdamHyper hyper = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                 .grad_scale = 1.0f, .step = ++q->adam_step};
+    for (int u = 0; u < q->n_units; u++)
+        q->be->adam_step(q->be, &hyper, real_gpt_unit_elems(&q->dims, u), q->master[u],
+                         q->adam_m[u], q->adam_v[u], q->grads[u], q->params[u]);
+    return TRUE;
+}
+
+/* The compute of one step, in the engine's order, and its optimizer. */
 static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean record,
                      GError **error)
 {
@@ -96,7 +111,8 @@ static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean recor
     for (q->layer = L - 1; ok && q->layer >= 0; q->layer--)
         ok = (!checkpoint || op(q, comm, ZP_COMP_RECOMPUTE, run_recompute, record, error)) &&
              op(q, comm, ZP_COMP_BLOCK_BWD, run_block_bwd, record, error);
-    return ok && op(q, comm, ZP_COMP_EMBED_BWD, run_embed_bwd, record, error);
+    return ok && op(q, comm, ZP_COMP_EMBED_BWD, run_embed_bwd, record, error) &&
+           optimizer(q);
 }
 
 static int compare_doubles(const void *a, const void *b)
@@ -134,17 +150,31 @@ static gboolean allocate(Seq *q, GError **error)
     gboolean ok = TRUE;
     q->params = g_new0(RealBf16 *, q->n_units);
     q->grads = g_new0(RealBf16 *, q->n_units);
+    q->master = g_new0(float *, q->n_units);
+    q->adam_m = g_new0(float *, q->n_units);
+    q->adam_v = g_new0(float *, q->n_units);
     q->x = g_new0(RealBf16 *, q->dims.layers + 1);
     for (int u = 0; ok && u < q->n_units; u++) {
         const size_t n = real_gpt_unit_elems(&q->dims, u);
         RealBf16 *host = g_new(RealBf16, n);
         q->params[u] = be->alloc(be, n * sizeof(RealBf16), REAL_MEM_PARAMS);
         q->grads[u] = be->alloc(be, n * sizeof(RealBf16), REAL_MEM_GRADS);
-        ok = q->params[u] && q->grads[u] && real_gpt_init_params(&q->dims, 7, u, host, error);
+        q->master[u] = be->alloc(be, n * sizeof(float), REAL_MEM_MASTER);
+        q->adam_m[u] = be->alloc(be, n * sizeof(float), REAL_MEM_ADAM_M);
+        q->adam_v[u] = be->alloc(be, n * sizeof(float), REAL_MEM_ADAM_V);
+        ok = q->params[u] && q->grads[u] && q->master[u] && q->adam_m[u] && q->adam_v[u] &&
+             real_gpt_init_params(&q->dims, 7, u, host, error);
         if (ok) {
+            float *wide = g_new(float, n);
+            for (size_t i = 0; i < n; i++)
+                wide[i] = real_bf16_to_f32(host[i]);
             be->copy(be, q->params[u], host, n * sizeof(RealBf16));
+            be->copy(be, q->master[u], wide, n * sizeof(float));
             memset(host, 0, n * sizeof(RealBf16));
             be->copy(be, q->grads[u], host, n * sizeof(RealBf16));
+            be->fill(be, q->adam_m[u], 0, n * sizeof(float));
+            be->fill(be, q->adam_v[u], 0, n * sizeof(float));
+            g_free(wide);
         }
         g_free(host);
     }
@@ -168,12 +198,16 @@ static void release(Seq *q)
     for (int u = 0; q->params && u < q->n_units; u++) {
         q->be->free(q->be, q->params[u]);
         q->be->free(q->be, q->grads[u]);
+        q->be->free(q->be, q->master[u]);
+        q->be->free(q->be, q->adam_m[u]);
+        q->be->free(q->be, q->adam_v[u]);
     }
     for (int l = 0; q->x && l <= q->dims.layers; l++)
         q->be->free(q->be, q->x[l]);
     q->be->free(q->be, q->scratch);
     q->be->free(q->be, q->dx);
     g_free(q->params), g_free(q->grads), g_free(q->x);
+    g_free(q->master), g_free(q->adam_m), g_free(q->adam_v);
     g_free(q->tokens), g_free(q->targets);
     real_gpt_free(q->gpt);
     for (int k = 0; k < ZP_COMP_N; k++)

@@ -132,6 +132,12 @@ gboolean real_tp_gather_host(void *ctx, void *buf, size_t n, GError **error)
     return ok;
 }
 
+gboolean real_tp_gather_checkpoint(RealTp *tp, RealBf16 *whole, size_t n, GError **error)
+{
+    RealComm *c = tp->comm;
+    return c->allgather_bf16(c, whole + (size_t)c->rank * n, n, whole, error);
+}
+
 const RealGptTpOps real_tp_ops = {.sum = real_tp_reduce, .gather_host = real_tp_gather_host};
 
 gboolean real_tp_collective(RealTp *tp, const ZpOp *op, GError **error)

@@ -42,6 +42,12 @@ gboolean real_tp_reduce(void *tp, float *x, size_t n, GError **error);
 gboolean real_tp_gather_host(void *tp, void *buf, size_t n, GError **error);
 extern const RealGptTpOps real_tp_ops;
 
+/* ZeRO-R's Pa (DeepSpeed's checkpointing.py, gather_partitioned_activations): `whole` holds
+ * the group's size x n elements of a block input, this rank's slice at rank x n; the
+ * all_gather_into_tensor over the tensor group fills the rest in place. The schedule's op
+ * for it is executed here, not matched (real_tp_collective). */
+gboolean real_tp_gather_checkpoint(RealTp *tp, RealBf16 *whole, size_t n, GError **error);
+
 /* The schedule's TP collective `op`: the oldest collective the model made that no TP op has
  * matched, which must be of op's kind and elements; fails naming both when not. The
  * collective itself ran inside the compute op (a block sums in its middle), so it is timed

@@ -1,5 +1,6 @@
 /* real_zeror: the checkpoints' host tier is plain host memory through a tracker of its own,
- * one buffer a block from its forward copy to its backward one (checkpointing.py keeps the
+ * one buffer a block and micro-step (a pipeline stage has several in flight) from its forward
+ * copy to its backward one (checkpointing.py keeps the
  * `.cpu()` tensor in ctx.deepspeed_saved_tensors until backward moves it to the device). */
 #include "real_zeror.h"
 #include "zp_util.h"
@@ -9,8 +10,8 @@
 struct RealCkptHost {
     RealBackend *be;
     RealAlloc *host;
-    int blocks;
-    void **slot; /* per unit (blocks are units 1..L): its host copy, or NULL */
+    int blocks, micros;
+    void **slot; /* per micro-step and unit (blocks are units 1..L): its host copy, or NULL */
     uint64_t *slot_bytes;
     double down_bytes, up_bytes;
 };
@@ -27,14 +28,14 @@ gboolean real_zeror_new(const ZpSchedule *s, RealBackend *be, RealCkptHost **out
     *out = NULL;
     if (!s->plan.checkpoint || !s->plan.ckpt.cpu_checkpointing)
         return TRUE;
-    if (s->plan.mp != 1)
-        return fail(error, "zreal has no tensor parallelism to partition the checkpoints over");
     if (strcmp(be->name, "cpu") != 0)
         return fail(error, "zreal's host tier runs on the cpu backend only");
     RealCkptHost *h = g_new0(RealCkptHost, 1);
     h->be = be, h->host = real_alloc_new(), h->blocks = (int)s->model.layers;
-    h->slot = g_new0(void *, h->blocks + 2);
-    h->slot_bytes = g_new0(uint64_t, h->blocks + 2);
+    h->micros = s->plan.grad_accum;
+    const gsize slots = (gsize)(h->blocks + 2) * (gsize)h->micros;
+    h->slot = g_new0(void *, slots);
+    h->slot_bytes = g_new0(uint64_t, slots);
     *out = h;
     return TRUE;
 }
@@ -43,36 +44,50 @@ void real_zeror_free(RealCkptHost *h)
 {
     if (!h)
         return;
-    for (int l = 0; l < h->blocks + 2; l++)
-        real_alloc_release(h->host, h->slot[l]);
+    for (gsize i = 0; i < (gsize)(h->blocks + 2) * (gsize)h->micros; i++)
+        real_alloc_release(h->host, h->slot[i]);
     real_alloc_free_tracker(h->host);
     g_free(h->slot), g_free(h->slot_bytes);
     g_free(h);
 }
 
-gboolean real_zeror_on_host(const RealCkptHost *h, int block)
+/* Block `block` of micro-step `micro`'s slot, or NULL outside the schedule's blocks. */
+static void **slot_of(const RealCkptHost *h, int block, int micro, uint64_t **bytes)
 {
-    return h && block >= 1 && block <= h->blocks && h->slot[block] != NULL;
+    if (!h || block < 1 || block > h->blocks || micro < 0 || micro >= h->micros)
+        return NULL;
+    const gsize at = (gsize)micro * (gsize)(h->blocks + 2) + (gsize)block;
+    if (bytes)
+        *bytes = &h->slot_bytes[at];
+    return &h->slot[at];
 }
 
-gboolean real_zeror_host_copy(RealCkptHost *h, int block, void *device, uint64_t bytes,
-                              GError **error)
+gboolean real_zeror_on_host(const RealCkptHost *h, int block, int micro)
 {
-    if (!h || block < 1 || block > h->blocks || !device)
+    void **slot = slot_of(h, block, micro, NULL);
+    return slot && *slot != NULL;
+}
+
+gboolean real_zeror_host_copy(RealCkptHost *h, int block, int micro, void *device,
+                              uint64_t bytes, GError **error)
+{
+    uint64_t *kept = NULL;
+    void **slot = slot_of(h, block, micro, &kept);
+    if (!slot || !device)
         return fail(error, "a host copy of a checkpoint the schedule did not plan");
-    if (!h->slot[block]) { /* forward: partition.cpu() */
-        if (!(h->slot[block] = real_alloc_take(h->host, bytes, REAL_MEM_CHECKPOINTS)))
+    if (!*slot) { /* forward: partition.cpu() */
+        if (!(*slot = real_alloc_take(h->host, bytes, REAL_MEM_CHECKPOINTS)))
             return fail(error, "no host memory for a checkpoint");
-        h->be->copy(h->be, h->slot[block], device, bytes);
-        h->slot_bytes[block] = bytes;
+        h->be->copy(h->be, *slot, device, bytes);
+        *kept = bytes;
         h->down_bytes += (double)bytes;
         return TRUE;
     }
-    if (bytes != h->slot_bytes[block]) /* backward: copied into the regathered buffer */
+    if (bytes != *kept) /* backward: copied into the regathered buffer */
         return fail(error, "the copy back is not the size of the checkpoint kept");
-    h->be->copy(h->be, device, h->slot[block], bytes);
-    real_alloc_release(h->host, h->slot[block]);
-    h->slot[block] = NULL;
+    h->be->copy(h->be, device, *slot, bytes);
+    real_alloc_release(h->host, *slot);
+    *slot = NULL;
     h->up_bytes += (double)bytes;
     return TRUE;
 }

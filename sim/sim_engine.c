@@ -17,13 +17,14 @@
 typedef struct {
     uint8_t kind, sub, stream, group;
     uint8_t link;                /* collectives: the link class they load */
+    uint8_t wide;                /* it has over 255 dependencies */
     uint16_t stage;              /* the rank class (pipeline stage) that runs it */
     uint32_t n_deps;
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
     uint32_t stream_pos;         /* position in its stream's op list */
-    uint32_t pending_row;        /* over 255 dependencies: its row of pending_wide; else NO_ROW */
-    uint8_t wide;                /* it has that many */
+    uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
+    uint32_t pending_row;        /* wide: its row of pending_wide; else NO_ROW */
     double duration_s;           /* compute and p2p ops */
     double latency_s;            /* collectives: the part contention does not stretch */
     double transfer_s;           /* collectives: the bandwidth part at full busbw */
@@ -31,15 +32,34 @@ typedef struct {
 } SimOp;
 
 #define NO_ROW UINT32_MAX
+/* StreamState.next of a stream that ran all its ops, and SimOp.stream_next of its last op. */
+#define NO_OP UINT32_MAX
 /* slot_of of a communicator no collective uses. */
 #define NO_FLOWS UINT32_MAX
-/* row_of[op] before any rank counted the op's dependencies down, and after all reached 0. */
+/* Countdown.row before any rank counted the op's dependencies down, and after all reached 0. */
 #define ROW_UNUSED (UINT32_MAX - 1)
 #define ROW_DONE UINT32_MAX
-/* row_of[op] of an op with over 255 dependencies: its counts are in pending_wide. */
+/* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
 #define ROW_WIDE (UINT32_MAX - 2)
-/* dependent_stream[d] of an alloc or free. */
+/* Dependent.stream of an alloc or free. */
 #define NOT_ON_STREAM UINT8_MAX
+
+/* An op waiting for another: what releasing it needs, in one load (not the 64-byte SimOp). */
+typedef struct {
+    uint32_t op;
+    uint16_t stage;  /* the rank class that runs it */
+    uint8_t stream;  /* the stream it runs on, or NOT_ON_STREAM */
+    /* Whether it counts its dependencies down: not an alloc or free with one dependency, which
+     * is ready the moment that one ends (1,162 of gpt-1t's 2,067 ops, ZeRO-3), and which
+     * nothing asks later whether it is ready (a stream op is asked when its stream reaches it). */
+    uint8_t counted;
+} Dependent;
+
+/* Counting an op's dependencies down, side by side for the one access a rank-op makes: the
+ * op's row of counts (or ROW_*), how many ranks have counted to 0, and how many run it. */
+typedef struct {
+    uint32_t row, zeroed, ranks;
+} Countdown;
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
  * slot, detail its version when queued) from an op's (id the rank, detail the op). */
@@ -97,19 +117,26 @@ typedef struct {
 } LiveBytes;
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
- * its start and its end, so they are kept together (the busy times apart): the members of a
- * collective are swept in order at each, 131,072 of them at the largest. */
+ * its start and its end, so they are kept together (the busy times and the running op apart)
+ * in 56 bytes: the members of a collective are swept in order at each, 131,072 of them at the
+ * largest. The counts are of ops in flight, at most one a stream. */
 typedef struct {
     double mark_s; /* exposed communication is accounted up to here */
     double exposed_s, end_s;
     double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
-    double compute_end_s; /* with contention: when the running GPU compute op ends now */
-    uint32_t compute_running, comm_active;
-    uint32_t cpu_running, transfers_active;
-    uint32_t compute_op;  /* with contention: the running GPU compute op */
-    uint8_t compute_slowed; /* with contention: it runs slowed (a collective is in flight) */
+    uint8_t compute_running, comm_active;
+    uint8_t cpu_running, transfers_active;
 } RankState;
+
+/* With contention (Sim.contention > 1), a rank's running GPU compute op, which a collective
+ * starting or ending stretches or shrinks; nothing reads it otherwise, so it is kept apart
+ * from RankState and allocated only then. */
+typedef struct {
+    double end_s;   /* when it ends now */
+    uint32_t op;
+    uint8_t slowed; /* it runs slowed (a collective is in flight) */
+} RunningCompute;
 
 /* A rank's busy times: touched when a compute op starts and when a collective ends. */
 typedef struct {
@@ -121,9 +148,10 @@ typedef struct {
     uint32_t rank, op;
 } ReadyOp;
 
-/* A rank's streams: the next op of each, and whether one is running (together, one access). */
+/* A rank's streams: the op each runs next (NO_OP when done), and whether one is running
+ * (together, one access). */
 typedef struct {
-    uint32_t head[ZP_STREAM_N];
+    uint32_t next[ZP_STREAM_N];
     uint8_t busy[ZP_STREAM_N];
 } StreamState;
 
@@ -131,11 +159,11 @@ typedef struct {
     const ZpSchedule *sched;
     uint32_t n_ops;
     SimOp *ops;
-    uint32_t *dependents;
-    uint8_t *dependent_stream; /* [d]: the stream dependents[d] runs on, or NOT_ON_STREAM */
+    Dependent *dependents;
     /* Rank classes: a pipeline stage's ranks run the ops with its stage, each class its own
-     * stream lists, [class * ZP_STREAM_N + stream]; one class without a pipeline. */
-    uint32_t **stream_ops;
+     * streams, [class * ZP_STREAM_N + stream]: the first op of each (NO_OP for none; the rest
+     * linked by SimOp.stream_next) and how many. One class without a pipeline. */
+    uint32_t *stream_first;
     uint32_t *stream_len;
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
@@ -162,11 +190,11 @@ typedef struct {
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.
      * An op holds a row only while some ranks have begun counting it down and others have not
-     * finished (row_of[op]; zeroed[op] ranks have): ranks near lockstep need a few dozen rows,
+     * finished (countdown[op]): ranks near lockstep need a few dozen rows,
      * not one per op, and those stay in cache. The few ops with over 255 dependencies keep a
      * row of four-byte counts in pending_wide for the whole run. */
     uint8_t *rows;
-    uint32_t *row_of, *zeroed;
+    Countdown *countdown;
     uint32_t *free_rows;
     uint32_t n_rows_made, cap_rows, n_free_rows;
     uint32_t *pending_wide;
@@ -174,11 +202,18 @@ typedef struct {
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
+    RunningCompute *running; /* [rank], with contention only; NULL without */
     RankBusy *busy;
     LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
     LiveBytes *total;       /* [rank]: all categories */
     LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
-    double *peak_breakdown; /* [rank * ZP_MEM_N + category]: live bytes at the total's peak */
+    /* The highest total of live bytes on any rank so far, the lowest rank that reached it, and
+     * what each category held at that moment. Only that rank's breakdown is reported, so a
+     * rank whose peak rises to no new high (in lockstep, every rank but the first) copies
+     * nothing: the last copy is the final peak rank's, at its own last rise. */
+    double top_peak_bytes;
+    uint32_t top_peak_rank;
+    double top_breakdown_bytes[ZP_MEM_N];
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
@@ -430,39 +465,44 @@ static void build_dependents(Sim *sim)
         sim->ops[i].dependents_start = sim->ops[i].dependents_end = offset;
         offset += count;
     }
-    sim->dependents = g_new(uint32_t, offset ? offset : 1);
-    sim->dependent_stream = g_new(uint8_t, offset ? offset : 1);
+    sim->dependents = g_new(Dependent, offset ? offset : 1);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint32_t *deps = zp_sched_deps(s, op);
-        for (uint32_t d = 0; d < op->n_deps; d++) {
-            const uint32_t at = sim->ops[deps[d]].dependents_end++;
-            sim->dependents[at] = i;
-            sim->dependent_stream[at] = op_on_stream(&sim->ops[i]) ? sim->ops[i].stream
-                                                                    : NOT_ON_STREAM;
-        }
+        const SimOp *o = &sim->ops[i];
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->dependents[sim->ops[deps[d]].dependents_end++] = (Dependent){
+                .op = i, .stage = o->stage, .stream = op_on_stream(o) ? o->stream : NOT_ON_STREAM,
+                .counted = op_on_stream(o) || o->n_deps > 1};
     }
 }
 
-/* Each class's stream lists: an op's stream_pos is its place in its own class's stream. */
+/* Each class's streams, linked in op order: an op's stream_pos is its place in its own
+ * class's stream, stream_next the op after it there. */
 static void build_streams(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
-    sim->stream_ops = g_new0(uint32_t *, lists);
+    uint32_t *last = g_new(uint32_t, lists);
+    sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t l = 0; l < lists; l++)
+        sim->stream_first[l] = last[l] = NO_OP;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         SimOp *o = &sim->ops[i];
         sim->class_ops[o->stage]++;
-        if (op_on_stream(o))
-            o->stream_pos = sim->stream_len[o->stage * ZP_STREAM_N + o->stream]++;
+        o->stream_next = NO_OP;
+        if (!op_on_stream(o))
+            continue;
+        const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
+        o->stream_pos = sim->stream_len[l]++;
+        if (last[l] == NO_OP)
+            sim->stream_first[l] = i;
+        else
+            sim->ops[last[l]].stream_next = i;
+        last[l] = i;
     }
-    for (uint32_t l = 0; l < lists; l++)
-        sim->stream_ops[l] = g_new(uint32_t, sim->stream_len[l] ? sim->stream_len[l] : 1);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (op_on_stream(&sim->ops[i]))
-            sim->stream_ops[sim->ops[i].stage * ZP_STREAM_N + sim->ops[i].stream]
-                           [sim->ops[i].stream_pos] = i;
+    g_free(last);
 }
 
 /* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
@@ -576,23 +616,36 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 
 /* ---- per-rank state ---- */
 
+/* Rank's total of live bytes has just reached a new peak of its own: the breakdown is kept if
+ * no rank has been higher, and no lower rank as high (the rank fill_result reports). */
+static void note_peak(Sim *sim, uint32_t rank, double total_bytes)
+{
+    if (total_bytes < sim->top_peak_bytes ||
+        (total_bytes == sim->top_peak_bytes && rank > sim->top_peak_rank))
+        return;
+    sim->top_peak_bytes = total_bytes;
+    sim->top_peak_rank = rank;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        sim->top_breakdown_bytes[c] = sim->category[(size_t)c * sim->ranks + rank].live;
+}
+
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
     const size_t per_op = (size_t)sim->ranks * sim->n_ops;
-    sim->row_of = g_try_new(uint32_t, MAX(sim->n_ops, 1));
-    sim->zeroed = g_try_new0(uint32_t, MAX(sim->n_ops, 1));
+    sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
+    if (sim->contention > 1)
+        sim->running = g_try_new0(RunningCompute, sim->ranks);
     sim->busy = g_try_new0(RankBusy, sim->ranks);
     sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
     sim->total = g_try_new(LiveBytes, sim->ranks);
     sim->states = g_try_new(LiveBytes, sim->ranks);
-    sim->peak_breakdown = g_try_new(double, (size_t)sim->ranks * ZP_MEM_N);
-    gboolean ok = sim->row_of && sim->zeroed && sim->pending_wide && sim->stream &&
-                  sim->link_load && sim->rank && sim->busy && sim->category && sim->total &&
-                  sim->states && sim->peak_breakdown;
+    gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
+                  sim->rank && (sim->running || sim->contention == 1) && sim->busy &&
+                  sim->category && sim->total && sim->states;
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -607,35 +660,40 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         return FALSE;
     }
     sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
-                       (size_t)sim->n_ops * (sizeof *sim->row_of + sizeof *sim->zeroed) +
+                       (size_t)sim->n_ops * sizeof *sim->countdown +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
-                                             ZP_MEM_N * (sizeof *sim->category +
-                                                         sizeof *sim->peak_breakdown) +
+                                             (sim->running ? sizeof *sim->running : 0) +
+                                             ZP_MEM_N * sizeof *sim->category +
                                              sizeof *sim->total + sizeof *sim->states);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
-        sim->row_of[i] = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED;
+        sim->countdown[i] = (Countdown){
+            .row = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED,
+            .ranks = sim->stage_ranks[o->stage]};
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
+        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
+            sim->stream[r].next[stream] =
+                sim->stream_first[rank_class(sim, r) * ZP_STREAM_N + stream];
         LiveBytes total = {0}, states = {0};
         for (int c = 0; c < ZP_MEM_N; c++) {
             total.live += state[c];
             if (is_model_state(c))
                 states.live += state[c];
             sim->category[(size_t)c * sim->ranks + r] = (LiveBytes){state[c], state[c]};
-            sim->peak_breakdown[(size_t)r * ZP_MEM_N + c] = state[c];
         }
         total.peak = total.live;
         states.peak = states.live;
         sim->total[r] = total;
         sim->states[r] = states;
+        note_peak(sim, r, total.peak);
     }
     return TRUE;
 }
@@ -886,7 +944,7 @@ static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, 
 
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
-    const uint32_t row = sim->row_of[op];
+    const uint32_t row = sim->countdown[op].row;
     if (row < ROW_WIDE)
         return sim->rows[(size_t)row * sim->ranks + rank];
     const SimOp *o = &sim->ops[op];
@@ -918,25 +976,25 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->n_rows_made++;
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
-    sim->row_of[op] = row;
+    sim->countdown[op].row = row;
     return TRUE;
 }
 
 /* One dependency of `op` done on `rank`; TRUE when it was the last. */
 static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
-    if (sim->row_of[op] >= ROW_WIDE) {
-        if (sim->row_of[op] == ROW_WIDE)
+    Countdown *c = &sim->countdown[op];
+    if (c->row >= ROW_WIDE) {
+        if (c->row == ROW_WIDE)
             return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
-    const uint32_t row = sim->row_of[op];
-    if (--sim->rows[(size_t)row * sim->ranks + rank] != 0)
+    if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
         return FALSE;
-    if (++sim->zeroed[op] == sim->stage_ranks[sim->ops[op].stage]) { /* no rank needs it */
-        sim->free_rows[sim->n_free_rows++] = row;
-        sim->row_of[op] = ROW_DONE;
+    if (++c->zeroed == c->ranks) { /* no rank needs it */
+        sim->free_rows[sim->n_free_rows++] = c->row;
+        c->row = ROW_DONE;
     }
     return TRUE;
 }
@@ -980,7 +1038,7 @@ static void account(RankState *rs, double now_s)
     rs->mark_s = now_s;
 }
 
-static uint32_t *busy_counter(RankState *rs, Busy busy)
+static uint8_t *busy_counter(RankState *rs, Busy busy)
 {
     return busy == BUSY_GPU ? &rs->compute_running
            : busy == BUSY_CPU ? &rs->cpu_running
@@ -1040,24 +1098,31 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
 /* Contention: a rank's compute op runs sim->contention times slower while a collective of
  * that rank is in flight. When that changes in the middle of an op, the rest of the op is
  * rescaled and its end queued again; the superseded end event is ignored (handle). */
-static void recontend(Sim *sim, uint32_t rank, double now_s)
+static void recontend_running(Sim *sim, uint32_t rank, double now_s)
 {
-    RankState *rs = &sim->rank[rank];
+    const RankState *rs = &sim->rank[rank];
+    RunningCompute *run = &sim->running[rank];
     const uint8_t slowed = rs->comm_active > 0;
-    if (sim->contention == 1 || rs->compute_running == 0 || slowed == rs->compute_slowed)
+    if (rs->compute_running == 0 || slowed == run->slowed)
         return;
-    const double end_s = now_s + (rs->compute_end_s - now_s) *
+    const double end_s = now_s + (run->end_s - now_s) *
                                      (slowed ? sim->contention : 1 / sim->contention);
-    const SimOp *op = &sim->ops[rs->compute_op];
+    const SimOp *op = &sim->ops[run->op];
     RankBusy *rb = &sim->busy[rank];
-    rb->busy_s[op->stream] += end_s - rs->compute_end_s;
+    rb->busy_s[op->stream] += end_s - run->end_s;
     if (op->sub == ZP_COMP_OPTIMIZER)
-        rb->optimizer_s += end_s - rs->compute_end_s;
+        rb->optimizer_s += end_s - run->end_s;
     else
-        rb->compute_s += end_s - rs->compute_end_s;
-    rs->compute_end_s = end_s;
-    rs->compute_slowed = slowed;
-    queue_push(&sim->queue, end_s, rank, rs->compute_op);
+        rb->compute_s += end_s - run->end_s;
+    run->end_s = end_s;
+    run->slowed = slowed;
+    queue_push(&sim->queue, end_s, rank, run->op);
+}
+
+static inline void recontend(Sim *sim, uint32_t rank, double now_s)
+{
+    if (sim->running)
+        recontend_running(sim, rank, now_s);
 }
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
@@ -1107,15 +1172,12 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
-    const uint32_t list = rank_class(sim, rank) * ZP_STREAM_N + stream;
-    if (ss->busy[stream] || ss->head[stream] == sim->stream_len[list])
+    const uint32_t i = ss->next[stream];
+    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
         return;
-    const uint32_t i = sim->stream_ops[list][ss->head[stream]];
-    if (i != ready && pending_of(sim, i, rank))
-        return;
-    ss->head[stream]++;
-    ss->busy[stream] = 1;
     const SimOp *op = &sim->ops[i];
+    ss->next[stream] = op->stream_next;
+    ss->busy[stream] = 1;
     if (sim->op_ready_s)
         sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
@@ -1129,11 +1191,9 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
             (sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
                                        : op->duration_s) *
             (slowed ? sim->contention : 1);
-        if (gpu) {
-            rs->compute_slowed = slowed;
-            rs->compute_op = i;
-            rs->compute_end_s = now_s + duration_s;
-        }
+        if (gpu && sim->running)
+            sim->running[rank] = (RunningCompute){
+                .end_s = now_s + duration_s, .op = i, .slowed = slowed};
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
         rb->busy_s[stream] += duration_s;
@@ -1163,6 +1223,16 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         start_flow(sim, slot, rank, now_s);
 }
 
+/* The rank of stage to_stage with rank's dp and tp index (rank runs stage): where another
+ * stage's op waiting for a send runs. */
+static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
+                                 uint32_t to_stage)
+{
+    return to_stage == stage ? rank
+           : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + to_stage]
+                       : rank + (to_stage - stage) * sim->sim_mp;
+}
+
 /* Op i is done on rank: counts down its dependents there and starts those now ready. */
 static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
@@ -1171,19 +1241,14 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
-        const uint32_t next = sim->dependents[d];
-        /* Another stage's op waiting for this send runs on the same dp and tp index's rank
-         * of that stage. */
-        const uint32_t at =
-            sim->ops[next].stage == op->stage ? rank
-            : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + sim->ops[next].stage]
-                        : rank + ((uint32_t)sim->ops[next].stage - op->stage) * sim->sim_mp;
-        if (!pending_done(sim, next, at))
+        const Dependent next = sim->dependents[d];
+        const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
+        if (next.counted && !pending_done(sim, next.op, at))
             continue;
-        if (sim->dependent_stream[d] != NOT_ON_STREAM)
-            try_stream(sim, at, sim->dependent_stream[d], next, now_s);
+        if (next.stream != NOT_ON_STREAM)
+            try_stream(sim, at, next.stream, next.op, now_s);
         else
-            ready_push(sim, at, next);
+            ready_push(sim, at, next.op);
     }
 }
 
@@ -1221,9 +1286,7 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     }
     if (total->live > total->peak) {
         total->peak = total->live;
-        for (int c = 0; c < ZP_MEM_N; c++)
-            sim->peak_breakdown[(size_t)rank * ZP_MEM_N + c] =
-                sim->category[(size_t)c * sim->ranks + rank].live;
+        note_peak(sim, rank, total->peak);
     }
     if (sim->op_start_s)
         sim->op_start_s[(size_t)rank * sim->n_ops + i] =
@@ -1273,13 +1336,13 @@ static void handle(Sim *sim, const Event *e, double now_s)
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
         const gboolean gpu = op->kind == ZP_OP_COMPUTE && busy_of(op) == BUSY_GPU;
-        if (gpu && sim->contention > 1 &&
-            (e->detail != rs->compute_op || now_s != rs->compute_end_s))
+        RunningCompute *run = gpu && sim->running ? &sim->running[e->id] : NULL;
+        if (run && (e->detail != run->op || now_s != run->end_s))
             return; /* an end that contention moved */
         /* Rescaled there and back, an op can have two end events at the same instant: the
          * first completes it, the end is then spent. */
-        if (gpu && sim->contention > 1)
-            rs->compute_end_s = -1;
+        if (run)
+            run->end_s = -1;
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
@@ -1297,6 +1360,39 @@ static void handle(Sim *sim, const Event *e, double now_s)
 
 /* ---- the run ---- */
 
+/* How many ops of its stream a rank has started. */
+static uint32_t stream_head(const Sim *sim, uint32_t rank, uint32_t stream)
+{
+    const uint32_t next = sim->stream[rank].next[stream];
+    return next == NO_OP ? sim->stream_len[rank_class(sim, rank) * ZP_STREAM_N + stream]
+                         : sim->ops[next].stream_pos;
+}
+
+/* Whether a stream op has finished on rank (its stream passed it, and is not running it). */
+static gboolean stream_op_finished(const Sim *sim, const SimOp *o, uint32_t rank)
+{
+    return o->stream_pos + sim->stream[rank].busy[o->stream] < stream_head(sim, rank, o->stream);
+}
+
+/* Whether an alloc or free ran on rank, once the queue is empty. One with a single dependency
+ * keeps no count (Dependent.counted): it ran if that dependency finished, on the rank that
+ * released it. Followed along chains of such ops, n_ops steps at most: a cycle never ran. */
+static gboolean memory_op_ran(const Sim *sim, uint32_t op, uint32_t rank)
+{
+    for (uint32_t step = 0; step <= sim->n_ops; step++) {
+        const SimOp *o = &sim->ops[op];
+        if (o->n_deps != 1)
+            return pending_of(sim, op, rank) == 0;
+        const uint32_t dep = zp_sched_deps(sim->sched, zp_sched_op(sim->sched, op))[0];
+        const SimOp *d = &sim->ops[dep];
+        rank = peer_rank(sim, rank, o->stage, d->stage);
+        if (op_on_stream(d))
+            return stream_op_finished(sim, d, rank);
+        op = dep;
+    }
+    return FALSE;
+}
+
 /* The first op of a rank that never started: a stream op its stream never reached, or an
  * alloc or free whose dependencies never finished. Called only when one exists. */
 static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
@@ -1307,8 +1403,8 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
         if (o->stage != rank_class(sim, rank))
             continue;
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < sim->stream[rank].head[o->stream]
-                                 : pending_of(sim, i, rank) == 0;
+                                 ? o->stream_pos < stream_head(sim, rank, o->stream)
+                                 : memory_op_ran(sim, i, rank);
         if (!ran)
             break;
     }
@@ -1322,10 +1418,10 @@ static uint32_t ops_done(const Sim *sim, uint32_t rank)
 {
     uint32_t done = 0;
     for (int s = 0; s < ZP_STREAM_N; s++) /* a busy stream's last op has not finished */
-        done += sim->stream[rank].head[s] - sim->stream[rank].busy[s];
+        done += stream_head(sim, rank, (uint32_t)s) - sim->stream[rank].busy[s];
     for (uint32_t i = 0; i < sim->n_ops; i++)
         done += sim->ops[i].stage == rank_class(sim, rank) && !op_on_stream(&sim->ops[i]) &&
-                pending_of(sim, i, rank) == 0;
+                memory_op_ran(sim, i, rank);
     return done;
 }
 
@@ -1363,12 +1459,11 @@ static gboolean check_end(Sim *sim, GError **error)
 
 static void fill_result(const Sim *sim, SimResult *result)
 {
-    uint32_t last = 0, peak = 0;
+    const uint32_t peak = sim->top_peak_rank;
+    uint32_t last = 0;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        if (sim->total[r].peak > sim->total[peak].peak)
-            peak = r;
         result->peak_model_state_bytes =
             MAX(result->peak_model_state_bytes, sim->states[r].peak);
     }
@@ -1385,7 +1480,7 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
     result->peak_memory_bytes = sim->total[peak].peak;
-    memcpy(result->peak_breakdown_bytes, &sim->peak_breakdown[(size_t)peak * ZP_MEM_N],
+    memcpy(result->peak_breakdown_bytes, sim->top_breakdown_bytes,
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
         result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
@@ -1420,10 +1515,7 @@ static void sim_clear(Sim *sim)
 {
     g_free(sim->ops);
     g_free(sim->dependents);
-    g_free(sim->dependent_stream);
-    for (uint32_t l = 0; sim->stream_ops && l < sim->sim_pp * ZP_STREAM_N; l++)
-        g_free(sim->stream_ops[l]);
-    g_free(sim->stream_ops);
+    g_free(sim->stream_first);
     g_free(sim->stream_len);
     g_free(sim->class_ops);
     g_free(sim->stage_of);
@@ -1434,18 +1526,17 @@ static void sim_clear(Sim *sim)
     g_free(sim->slot_of);
     g_free(sim->members);
     g_free(sim->rows);
-    g_free(sim->row_of);
-    g_free(sim->zeroed);
+    g_free(sim->countdown);
     g_free(sim->free_rows);
     g_free(sim->pending_wide);
     g_free(sim->stream);
     g_free(sim->link_load);
     g_free(sim->rank);
+    g_free(sim->running);
     g_free(sim->busy);
     g_free(sim->category);
     g_free(sim->total);
     g_free(sim->states);
-    g_free(sim->peak_breakdown);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
@@ -1514,6 +1605,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .sim_pp = (uint32_t)MAX(sched->stages, 1),
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
+        .top_peak_bytes = -G_MAXDOUBLE,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);

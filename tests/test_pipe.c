@@ -99,7 +99,9 @@ static void test_bubble(void)
 
 /* With checkpointing, stage k of 1F1B holds at most min(P - k, m) micro-batches' block-input
  * checkpoints (b s h 16-bit elements a block), the first stage min(P, m); GPipe holds all m
- * on every stage. */
+ * on every stage. With cpu_checkpointing (Pa+cpu at M = 1) those are in the host tier: each
+ * stage's view holds its own blocks' share (4 of 16), the schedule the most of any stage,
+ * and the GPU keeps one block's input rebuilt for its recompute. */
 static void test_stage_checkpoints(void)
 {
     const ZpModel m = pipe_model(16);
@@ -107,17 +109,28 @@ static void test_stage_checkpoints(void)
     const int micros[] = {2, 8};
     for (size_t i = 0; i < G_N_ELEMENTS(micros); i++) {
         const int micro = micros[i];
-        for (int gpipe = 0; gpipe < 2; gpipe++) {
+        for (int kind = 0; kind < 4; kind++) {
+            const gboolean gpipe = kind & 1, host = kind >> 1;
             ZpPlan p = pipe_plan(1, 1, 4, gpipe ? ZP_PIPE_GPIPE : ZP_PIPE_1F1B, 1, micro);
             p.checkpoint = TRUE;
+            p.ckpt.cpu_checkpointing = host;
             SimResult *r = simulate(&m, &p, SIM_MODE_FOLDED);
+            ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+            g_assert_nonnull(s);
             for (int k = 0; k < 4; k++) {
                 const int held = gpipe ? micro : MIN(4 - k, micro);
                 g_assert_cmpfloat(r->stage_category_peak_bytes[k * ZP_MEM_N + ZP_MEM_CHECKPOINTS],
-                                  ==, held * blocks * ckpt);
+                                  ==, host ? ckpt : held * blocks * ckpt);
+                ZpSchedule *view = zp_sched_stage_view(s, k);
+                g_assert_cmpfloat(view->host_bytes[ZP_MEM_CHECKPOINTS], ==,
+                                  host ? held * blocks * ckpt : 0);
+                zp_sched_free(view);
             }
+            g_assert_cmpfloat(s->host_bytes[ZP_MEM_CHECKPOINTS], ==,
+                              host ? (gpipe ? micro : MIN(4, micro)) * blocks * ckpt : 0);
+            zp_sched_free(s);
             /* The first stage's peak is the highest of 1F1B's stages. */
-            for (int k = 1; !gpipe && k < 4; k++)
+            for (int k = 1; !gpipe && !host && k < 4; k++)
                 g_assert_cmpfloat(r->stage_peak_bytes[0], >, r->stage_peak_bytes[k]);
             sim_result_free(r);
         }

@@ -288,6 +288,46 @@ static void test_search_zeropp(void)
     zp_search_result_clear(&r);
 }
 
+/* ZeRO++ at smaller buckets: GPT-3 175B at stage 3, mp 4, micro-batch 1 on 128 V100s (32 GB)
+ * does not fit with Pa, qwZ and qgZ at DeepSpeed's buckets, but at half of them it does, and
+ * the search finds it (its best ZeRO++ plan is at ds-half). A ZeRO++ plan is tried only at
+ * DeepSpeed's buckets and the smaller ones, and at these only after the same plan at
+ * DeepSpeed's (its parent) did not fit. */
+static void test_search_zeropp_buckets(void)
+{
+    ZpModel m;
+    ZpHw hw;
+    ZpSearchResult r;
+    search_shape("gpt3-175b", "dgx2-v100", 128, 3, 4, 1, ZP_IMPL_DEEPSPEED, &m, &hw, &r);
+    const ZpCandidate *best = NULL;
+    for (guint i = 0; i < r.ranked->len && !best; i++) {
+        const ZpCandidate *c = zp_search_ranked(&r, (int)i);
+        if (c->plan.zero.zero_quantized_weights || c->plan.zero.zero_quantized_gradients)
+            best = c;
+    }
+    g_assert_nonnull(best);
+    g_assert_cmpstr(zp_search_buckets_name(best->buckets), ==, "ds-half");
+    char *text = zp_search_options_text(&best->plan);
+    g_test_message("best ZeRO++ plan: %s at %s, %.3f s", text,
+                   zp_search_buckets_name(best->buckets), best->step_time_s);
+    g_free(text);
+    for (guint i = 0; i < r.candidates->len; i++) {
+        const ZpCandidate *c = zp_search_candidate(&r, (int)i);
+        const ZpZeroConfig *z = &c->plan.zero;
+        if (c->buckets == 0 || !(z->zero_quantized_weights || z->zero_quantized_gradients ||
+                                 z->zero_hpz_partition_size > 1))
+            continue;
+        g_assert_cmpstr(zp_search_buckets_name(c->buckets), ==, "ds-half");
+        const ZpCandidate *parent = zp_search_candidate(&r, c->parent);
+        g_assert_cmpint(parent->buckets, ==, 0);
+        g_assert_true(memcmp(&parent->plan.ckpt, &c->plan.ckpt, sizeof c->plan.ckpt) == 0);
+        if (c->fate == ZP_FATE_SIMULATED || c->fate == ZP_FATE_SIMULATED_OOM)
+            g_assert_true(parent->fate == ZP_FATE_OUT_OF_MEMORY ||
+                          parent->fate == ZP_FATE_SIMULATED_OOM);
+    }
+    zp_search_result_clear(&r);
+}
+
 static void test_bound_and_pruning(void)
 {
     check_search("gpt2-1.5b", "dgx2-v100", 64, 0);
@@ -1082,6 +1122,7 @@ int main(int argc, char **argv)
     g_test_add_func("/search/bound-and-pruning", test_bound_and_pruning);
     g_test_add_func("/search/zero-r", test_search_zero_r);
     g_test_add_func("/search/zeropp", test_search_zeropp);
+    g_test_add_func("/search/zeropp-buckets", test_search_zeropp_buckets);
     g_test_add_func("/dsconfig/defaults-and-auto", test_dsconfig_defaults_and_auto);
     g_test_add_func("/dsconfig/batch-rule", test_dsconfig_batch_rule);
     g_test_add_func("/dsconfig/refusals", test_dsconfig_refusals);

@@ -1,6 +1,7 @@
 /* test_real_pipe: zreal runs pipelines under mpirun — GPipe and 1F1B over 2 and 4 stages,
  * interleaved, and 2 data-parallel replicas of 2 stages at ZeRO-0 and -1 train to the loss of
- * one rank, and every stage holds and sends exactly what the simulator predicts for it. */
+ * one rank, and every stage holds and sends exactly what the simulator predicts for it (with
+ * cpu_checkpointing, its host tier what its stage's schedule counts). */
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_pipe.h"
@@ -25,8 +26,10 @@ static char *tmp_dir;
 typedef struct {
     int ranks, pp, zero, virtual_stages;
     const char *schedule;
-    gboolean checkpoint;
+    int checkpoint; /* FALSE, TRUE, or CPU_CHECKPOINTING (with its host tier) */
 } PipeRun;
+
+#define CPU_CHECKPOINTING 2
 
 static json_t *run_zreal(int ranks, const char *args, const char *name)
 {
@@ -63,7 +66,8 @@ static ZpSchedule *build(const PipeRun *p, int dp)
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_MICRO_BATCH / dp;
     plan.grad_accum = MICRO_STEPS;
-    plan.checkpoint = p->checkpoint;
+    plan.checkpoint = p->checkpoint != FALSE;
+    plan.ckpt.cpu_checkpointing = p->checkpoint == CPU_CHECKPOINTING;
     plan.pipe.stages = p->pp;
     plan.pipe.virtual_stages = p->virtual_stages;
     g_assert_true(zp_pipe_schedule_parse(p->schedule, "--pp-schedule", &plan.pipe.schedule, NULL));
@@ -90,6 +94,22 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
     g_assert_cmpint(stage, ==, (r / s->plan.mp) % s->stages); /* TP, then PP, then DP */
     ZpSchedule *view = zp_sched_stage_view(s, stage);
     g_assert_cmpfloat(number(rank, "model_state_bytes"), ==, zp_sched_model_state_bytes(view));
+    /* cpu_checkpointing: the host tier holds the stage's own blocks' inputs of the
+     * micro-batches in flight there (its view's host bytes), each copied down and up once. */
+    json_t *host = json_object_get(rank, "checkpoint_host");
+    g_assert_true((host != NULL) == s->plan.ckpt.cpu_checkpointing);
+    double copied = 0;
+    for (guint i = 0; host && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->stage == (uint32_t)stage && op->kind == ZP_OP_COMPUTE &&
+            op->sub == ZP_COMP_HOST_COPY)
+            copied += op->bytes / 2;
+    }
+    if (host) {
+        g_assert_cmpfloat(number(host, "peak_bytes"), ==, view->host_bytes[ZP_MEM_CHECKPOINTS]);
+        g_assert_cmpfloat(number(host, "down_bytes"), ==, copied);
+        g_assert_cmpfloat(number(host, "up_bytes"), ==, copied);
+    }
     zp_sched_free(view);
     json_t *peaks = json_object_get(rank, "category_peak_bytes");
     for (size_t i = 0; i < G_N_ELEMENTS(exact_categories); i++) {
@@ -107,14 +127,15 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
 static void test_pipe_matches_one_rank(gconstpointer data)
 {
     const PipeRun *p = data;
-    char *ref_args = g_strdup_printf("--micro-batch %d %s", GLOBAL_MICRO_BATCH,
-                                     p->checkpoint ? "--checkpoint" : "");
+    const char *ckpt = p->checkpoint == CPU_CHECKPOINTING ? "--checkpoint --cpu-checkpointing"
+                       : p->checkpoint                    ? "--checkpoint"
+                                                          : "";
+    char *ref_args = g_strdup_printf("--micro-batch %d %s", GLOBAL_MICRO_BATCH, ckpt);
     json_t *ref = run_zreal(1, ref_args, "ref");
     const int dp = p->ranks / p->pp;
     char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --pp-schedule %s "
                                  "--virtual-stages %d %s", GLOBAL_MICRO_BATCH / dp, p->zero,
-                                 p->pp, p->schedule, p->virtual_stages,
-                                 p->checkpoint ? "--checkpoint" : "");
+                                 p->pp, p->schedule, p->virtual_stages, ckpt);
     json_t *m = run_zreal(p->ranks, args, "pipe");
     json_t *ref_loss = json_object_get(ref, "loss"), *loss = json_object_get(m, "loss");
     g_assert_cmpuint(json_array_size(loss), ==, STEPS);
@@ -176,6 +197,7 @@ int main(int argc, char **argv)
         {"/real-pipe/gpipe-4", {4, 4, 0, 1, "gpipe", FALSE}},
         {"/real-pipe/1f1b-4", {4, 4, 0, 1, "1f1b", FALSE}},
         {"/real-pipe/1f1b-4-checkpoint", {4, 4, 0, 1, "1f1b", TRUE}},
+        {"/real-pipe/1f1b-2-cpu-checkpointing", {2, 2, 0, 1, "1f1b", CPU_CHECKPOINTING}},
         {"/real-pipe/interleaved-2x2", {2, 2, 0, 2, "interleaved", FALSE}},
         {"/real-pipe/dp2-pp2-zero0", {4, 2, 0, 1, "1f1b", FALSE}},
         {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, "1f1b", FALSE}},

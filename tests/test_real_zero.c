@@ -60,16 +60,20 @@ static json_t *zreal_measured(int n, const char *args, const char *name)
 typedef struct {
     const char *model, *attention;
     int steps;
+    int least_ranks; /* the stage runs take N = least_ranks .. 4 (doubling) */
 } Trained;
 
-static const Trained gpt2_tiny = {"tiny", "eager", STEPS};
-static const Trained llama_eager = {"llama-tiny", "eager", 8};
-static const Trained llama_flash = {"llama-tiny", "flash", 8};
-static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8};
-static const Trained neox_flash = {"hf/neox-tiny", "flash", 8};
-static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8}; /* a sliding window */
-static const Trained tp_gpt2 = {"tiny", "eager", 8};
-static const Trained tp_llama = {"llama-tiny", "eager", 4};
+/* GPT-2 and the eager Llama block run every stage at N = 1, 2 and 4. The other blocks differ
+ * from them only in their kernels, which the stages run alike (the engine never looks inside
+ * a block), so they run every stage at N = 4 only, where the partitions are smallest. */
+static const Trained gpt2_tiny = {"tiny", "eager", STEPS, 1};
+static const Trained llama_eager = {"llama-tiny", "eager", 8, 1};
+static const Trained llama_flash = {"llama-tiny", "flash", 8, 4};
+static const Trained qwen2_eager = {"hf/qwen2-tiny", "eager", 8, 4};
+static const Trained neox_flash = {"hf/neox-tiny", "flash", 8, 4};
+static const Trained mistral_flash = {"hf/mistral-tiny", "flash", 8, 4}; /* a sliding window */
+static const Trained tp_gpt2 = {"tiny", "eager", 8, 1};
+static const Trained tp_llama = {"llama-tiny", "eager", 4, 1};
 
 static json_t *train(const Trained *t, int stage, int n, char **path_out)
 {
@@ -132,7 +136,7 @@ static void test_stages_match_one_rank(gconstpointer data)
     const double last = json_number_value(json_array_get(ref_loss, steps - 1));
     g_assert_cmpfloat(fabs(first - log((double)model.vocab)), <, 0.15); /* untrained: ln V */
     g_assert_cmpfloat(last, <, (steps >= 20 ? 0.6 : 0.99) * first);    /* and it learns */
-    for (int n = 1; n <= 4; n *= 2)
+    for (int n = t->least_ranks; n <= 4; n *= 2)
         for (int stage = 0; stage <= 3; stage++) {
             char *path;
             json_t *m = train(t, stage, n, &path);
@@ -324,10 +328,14 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
                                   int steps, json_t *ref_loss)
 {
     const int dp = n / 2;
+    /* DeepSpeed's stages 2-3 fill their ipg buffer tensor by tensor, and zreal runs the head's
+     * backward as one op: its buckets must fit the buffer together, so those take DeepSpeed's
+     * default size; the others a small one, so that the reduction is split. */
+    const double bucket = impl == ZP_IMPL_DEEPSPEED && stage >= 2 ? 5e8 : 10000;
     char *args = g_strdup_printf("--model %s --mp 2 --stage %d --impl %s --micro-batch %d "
                                  "--steps %d --persistence-threshold 0 --reduce-bucket-size "
-                                 "10000", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
-                                 steps);
+                                 "%.0f", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
+                                 steps, bucket);
     json_t *m = zreal_measured(n, args, "tp");
     json_t *loss = json_object_get(m, "loss");
     for (int i = 0; i < steps; i++) {
@@ -343,7 +351,7 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_BATCH / dp;
     plan.zero.stage3_param_persistence_threshold = 0;
-    plan.zero.reduce_bucket_size = 10000;
+    plan.zero.reduce_bucket_size = bucket;
     ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
     g_assert_nonnull(s);
     double peak[ZP_MEM_N];
@@ -391,10 +399,87 @@ static void test_tensor_parallel(gconstpointer data)
     check_tensor_parallel(t->model, 2, 0, ZP_IMPL_PAPER, t->steps, ref_loss);
     for (int stage = 0; stage <= 3; stage++)
         check_tensor_parallel(t->model, 4, stage, ZP_IMPL_PAPER, t->steps, ref_loss);
-    check_tensor_parallel(t->model, 4, 1, ZP_IMPL_DEEPSPEED, t->steps, ref_loss);
+    for (int stage = 1; stage <= 3; stage++)
+        check_tensor_parallel(t->model, 4, stage, ZP_IMPL_DEEPSPEED, t->steps, ref_loss);
     json_decref(ref);
     g_remove(ref_path);
     g_free(ref_path);
+}
+
+/* ZeRO-R's Pa at mp 2 (4 ranks: T 2 x DP 2, stage 3, two micro-steps): each tensor rank
+ * keeps half of each block's input (2bsh / 2 = 8,192 bytes of tiny's b 4, s 32, h 64) and
+ * all-gathers it over the tensor group before the recompute, with --cpu-checkpointing in the
+ * host tier. The checkpoints' GPU peak, the host tier (peak, bytes down and up a step: L x
+ * 2bsh/2 x micro-steps) and the tensor group's bytes are the schedule's exactly; the gathers
+ * add L x (T-1)/T x 2bsh per micro-step to the TP bytes without Pa; and Pa only moves data,
+ * so the losses are those of the run without it, bit for bit. */
+static json_t *partition_activations_run(const char *options, const char *name, ZpSchedule **s)
+{
+    char *args = g_strdup_printf("--model tiny --mp 2 --stage 3 --micro-batch 4 --grad-accum 2 "
+                                 "--steps 4 --persistence-threshold 0 --checkpoint %s", options);
+    json_t *m = zreal_measured(4, args, name);
+    ZpModel model = tu_load_model("tiny");
+    model.dropout = FALSE;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 2, 2);
+    plan.impl = ZP_IMPL_PAPER;
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = 4, plan.grad_accum = 2, plan.checkpoint = TRUE;
+    plan.zero.stage3_param_persistence_threshold = 0;
+    plan.ckpt.partition_activations = strstr(options, "--partition-activations") != NULL;
+    plan.ckpt.cpu_checkpointing = strstr(options, "--cpu-checkpointing") != NULL;
+    *s = zp_sched_build(&model, &plan, NULL);
+    g_assert_nonnull(*s);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(*s, peak);
+    json_t *ranks = json_object_get(m, "ranks");
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *rank = json_array_get(ranks, r);
+        g_assert_cmpfloat(category(rank, "checkpoints"), ==, peak[ZP_MEM_CHECKPOINTS]);
+        g_assert_cmpfloat(json_number_value(json_object_get(rank, "tp_comm_bytes")), ==,
+                          zp_sched_comm_bytes(*s, ZP_GROUP_TP));
+        json_t *host = json_object_get(rank, "checkpoint_host");
+        if (!plan.ckpt.cpu_checkpointing) {
+            g_assert_null(host);
+            continue;
+        }
+        const double slice = 2.0 * 4 * 32 * 64 / (plan.ckpt.partition_activations ? 2 : 1);
+        g_assert_cmpfloat((*s)->host_bytes[ZP_MEM_CHECKPOINTS], ==, model.layers * slice);
+        g_assert_cmpfloat(json_number_value(json_object_get(host, "peak_bytes")), ==,
+                          (*s)->host_bytes[ZP_MEM_CHECKPOINTS]);
+        for (int way = 0; way < 2; way++)
+            g_assert_cmpfloat(json_number_value(json_object_get(host, way ? "up_bytes"
+                                                                          : "down_bytes")),
+                              ==, plan.grad_accum * model.layers * slice);
+    }
+    g_test_message("tiny --mp 2 --checkpoint %s: checkpoints peak %.0f bytes, TP %.0f bytes a "
+                   "rank, last loss %.6f", options, peak[ZP_MEM_CHECKPOINTS],
+                   zp_sched_comm_bytes(*s, ZP_GROUP_TP),
+                   json_number_value(json_array_get(json_object_get(m, "loss"), 3)));
+    g_free(args);
+    return m;
+}
+
+static void test_partition_activations(void)
+{
+    const char *options[] = {"", "--partition-activations",
+                             "--partition-activations --cpu-checkpointing"};
+    const char *names[] = {"tp-ckpt", "tp-pa", "tp-pa-cpu"};
+    json_t *runs[3];
+    ZpSchedule *s[3];
+    for (int i = 0; i < 3; i++)
+        runs[i] = partition_activations_run(options[i], names[i], &s[i]);
+    const double gathers = 2 * 2 * 0.5 * (2.0 * 4 * 32 * 64); /* micro-steps x L x 1/2 x 2bsh */
+    for (int i = 1; i < 3; i++) {
+        g_assert_cmpfloat(zp_sched_comm_bytes(s[i], ZP_GROUP_TP), ==,
+                          zp_sched_comm_bytes(s[0], ZP_GROUP_TP) + gathers);
+        g_assert_true(json_equal(json_object_get(runs[i], "loss"),
+                                 json_object_get(runs[0], "loss")));
+    }
+    for (int i = 0; i < 3; i++) {
+        zp_sched_free(s[i]);
+        json_decref(runs[i]);
+    }
 }
 
 static void test_killed_rank(void)
@@ -1036,6 +1121,7 @@ int main(int argc, char **argv)
                          test_stages_match_one_rank);
     g_test_add_data_func("/zreal/tensor-parallel", &tp_gpt2, test_tensor_parallel);
     g_test_add_data_func("/zreal/llama-tiny-tensor-parallel", &tp_llama, test_tensor_parallel);
+    g_test_add_func("/zreal/tensor-parallel/partition-activations", test_partition_activations);
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);

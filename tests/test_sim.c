@@ -361,6 +361,17 @@ static void test_schedule_faults(void)
     add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, &earlier, 1);
     expect_failure(s, "schedule deadlock: rank 0 ran 0 of 2 ops; op 0 never ran");
     zp_sched_free(s);
+    /* Allocs and frees with one dependency keep no count: a chain of them after a compute op
+     * ran, a cycle of them never did. */
+    s = hand_schedule(2, 1);
+    const uint32_t chain[] = {0, 1, 4, 3};
+    add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .flops = 1}, NULL, 0);
+    add_op(s, alloc, &chain[0], 1);
+    add_op(s, free_op, &chain[1], 1);
+    add_op(s, alloc, &chain[2], 1);
+    add_op(s, free_op, &chain[3], 1);
+    expect_failure(s, "schedule deadlock: rank 0 ran 3 of 5 ops; op 3 never ran");
+    zp_sched_free(s);
     s = hand_schedule(2, 1);
     add_op(s, (ZpOp){.kind = ZP_OP_COMPUTE, .stream = 9}, NULL, 0);
     expect_failure(s, "op 0: unknown stream");
