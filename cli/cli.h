@@ -107,6 +107,8 @@ gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time
 
 /* The simulator's placement model as the planner's bandwidth bound (a ZpBusBandwidthFn). */
 double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);
+/* And its time of one collective alone (a ZpCollTimeFn): sim_coll_cost's latency + transfer. */
+double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes);
 
 /* A search spec for `plan` and `sweep`: the simulator ranks, its placement bounds. */
 void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,

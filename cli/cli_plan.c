@@ -71,6 +71,13 @@ double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group)
     return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
 }
 
+double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes)
+{
+    const SimCollGroup g = sim_coll_group(hw, dp, mp, group);
+    const SimCollCost c = sim_coll_cost(kind, bytes, &g);
+    return c.latency_s + c.transfer_s;
+}
+
 void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
                      const ZpHw *hw, int gpus)
 {
@@ -79,6 +86,7 @@ void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel 
     spec->rank = cli_rank_by_simulation;
     spec->rank_ctx = context;
     spec->bus_bytes_per_s = cli_bus_bytes_per_s;
+    spec->coll_s = cli_coll_s;
 }
 
 double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)

@@ -920,10 +920,17 @@ static int schedule(const SimulateFlags *f)
     int counts[ZP_OP_TRANSFER + 1] = {0};
     for (guint i = 0; i < sched->ops->len; i++)
         counts[zp_sched_op(sched, i)->kind]++;
-    printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free, %d transfer) for "
-           "each of %d ranks\n",
-           f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
-           counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], counts[ZP_OP_TRANSFER], sched->world);
+    if (sched->stages > 1) /* one op list, each op run by its stage's ranks */
+        printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free, %d p2p, "
+               "%d transfer) over %d pipeline stages of %d ranks each\n",
+               f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
+               counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], counts[ZP_OP_P2P],
+               counts[ZP_OP_TRANSFER], sched->stages, sched->world / sched->stages);
+    else
+        printf("wrote %s: %u ops (%d compute, %d collective, %d alloc, %d free, %d transfer) "
+               "for each of %d ranks\n",
+               f->out, sched->ops->len, counts[ZP_OP_COMPUTE], counts[ZP_OP_COLLECTIVE],
+               counts[ZP_OP_ALLOC], counts[ZP_OP_FREE], counts[ZP_OP_TRANSFER], sched->world);
     zp_sched_free(sched);
     return 0;
 }

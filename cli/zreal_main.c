@@ -180,14 +180,14 @@ static void rank_plan_clear(RankPlan *r)
     real_pipe_free(r->pipe);
 }
 
-/* Takes `full`. */
-static gboolean place_rank(ZpSchedule *full, RealComm *world, RealBackend *be, RankPlan *r,
-                           GError **error)
+/* Takes `full`; borrows `groups` (real_groups_split's for its degrees). */
+static gboolean place_rank(ZpSchedule *full, RealComm *world, RealBackend *be,
+                           const RealGroups *groups, RankPlan *r, GError **error)
 {
-    *r = (RankPlan){full, full, NULL, world};
+    *r = (RankPlan){full, full, NULL, groups->dp};
     if (full->stages == 1)
         return TRUE;
-    if (!(r->pipe = real_pipe_new(world, be, full, error)))
+    if (!(r->pipe = real_pipe_new(world, be, full, groups, error)))
         return FALSE;
     r->run = zp_sched_stage_view(full, real_pipe_stage(r->pipe));
     r->dp = real_pipe_dp_comm(r->pipe);
@@ -206,7 +206,8 @@ static void collect_pipe(const RealPipe *pipe, int timed_steps, int steps, doubl
     v[F_SEND_S] = real_pipe_send_s(pipe) / timed_steps;
 }
 
-static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g, double step_s,
+static gboolean collect(RealEngine *engine, RealBackend *be, const RealComm *dp,
+                        const RealComm *tp, double step_s,
                         int timed_steps, const double *local_loss, int steps, double *v,
                         GError **error)
 {
@@ -218,8 +219,8 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealGroups *g
     v[F_PEAK] = (double)st.peak_total_bytes;
     v[F_STEP_S] = step_s;
     /* Every step sends the same. */
-    v[F_COMM] = steps > 0 ? g->dp->sent_bytes / steps : 0;
-    v[F_TP_COMM] = steps > 0 && g->tp ? g->tp->sent_bytes / steps : 0;
+    v[F_COMM] = steps > 0 ? dp->sent_bytes / steps : 0;
+    v[F_TP_COMM] = steps > 0 && tp ? tp->sent_bytes / steps : 0;
     for (int c = 0; c < ZP_MEM_N; c++) {
         v[F_AT_PEAK + c] = (double)st.at_peak_bytes[c];
         v[F_CAT_PEAK + c] = (double)st.peak_bytes[c];
@@ -397,15 +398,17 @@ static void inject_fault(const Args *a, int step, int rank)
         raise(a->fault_action == FAULT_STOP ? SIGSTOP : SIGKILL);
 }
 
-/* The schedule of --schedule, or of --model on the data-parallel group, and the groups its
- * tensor-parallel degree splits the world into. */
+/* The schedule of --schedule, of --model with --pp (on the world), or of --model on the
+ * data-parallel group, and the groups its tensor degree and stages split the world into. */
 static ZpSchedule *schedule_and_groups(const Args *a, RealComm *world, RealGroups *g,
                                        GError **error)
 {
-    ZpSchedule *s = a->schedule ? make_schedule(a, world->size, error) : NULL;
-    if (a->schedule && !s)
+    const gboolean whole = a->schedule || a->pipe.pp;
+    ZpSchedule *s = whole ? make_schedule(a, world->size, error) : NULL;
+    if (whole && !s)
         return NULL;
-    if (!real_groups_split(world, s ? s->plan.mp : a->mp, 1, g, error)) {
+    if (!real_groups_split(world, s ? s->plan.mp : a->mp, s ? MAX(s->stages, 1) : 1, g,
+                           error)) {
         zp_sched_free(s);
         return NULL;
     }
@@ -418,22 +421,10 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
 {
     RealGroups groups = {0};
     RankPlan rp = {0};
-    gboolean placed;
-    if (a->pipe.pp && a->mp > 1) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--pp with --mp %d: zreal runs pipelines "
-                    "without tensor parallelism (planned and simulated, not executed)", a->mp);
-        return FALSE;
-    }
-    if (a->pipe.pp) { /* its stage's view over its stage's DP group */
-        ZpSchedule *full = make_schedule(a, comm->size, error);
-        placed = full && place_rank(full, comm, be, &rp, error);
-        groups.dp = rp.dp; /* the pipe's, not owned by groups */
-    } else { /* the whole schedule over the DP group the tensor degree leaves */
-        ZpSchedule *full = schedule_and_groups(a, comm, &groups, error);
-        rp = (RankPlan){full, full, NULL, groups.dp};
-        placed = full != NULL;
-    }
-    if (!placed) {
+    /* Its stage's view over its stage's DP group with a pipeline; else the whole schedule
+     * over the DP group the tensor degree leaves. */
+    ZpSchedule *full = schedule_and_groups(a, comm, &groups, error);
+    if (!full || !place_rank(full, comm, be, &groups, &rp, error)) {
         rank_plan_clear(&rp);
         real_groups_free(&groups);
         return FALSE;
@@ -487,7 +478,7 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
         const int n = F_LOSS + a->steps;
         double *mine = g_new0(double, n), *all = g_new0(double, (size_t)n * comm->size);
         const int timed_steps = MAX(1, a->steps - 1);
-        ok = collect(engine, be, &groups, timed_s / timed_steps, timed_steps, local, a->steps,
+        ok = collect(engine, be, rp.dp, groups.tp, timed_s / timed_steps, timed_steps, local, a->steps,
                      mine, error);
         collect_pipe(rp.pipe, timed_steps, a->steps, mine);
         if (ok && a->emulate) /* one process: its own figures are the measurement */

@@ -223,6 +223,7 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
     case ZP_COMP_CPU_OPTIMIZER:
     case ZP_COMP_HOST_COPY: /* the host link's, not a kernel's (sim_engine) */
     case ZP_COMP_QUANTIZE:  /* ZeRO++'s: bytes vary per op (zp_cost_op_s) */
+    case ZP_COMP_UNPACK:    /* a coalesced gather's copies: likewise */
     case ZP_COMP_N:
         break;
     }
@@ -403,9 +404,10 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double ge
                     double attn_flops, double mem_bytes)
 {
     const gboolean optimizer = kind == ZP_COMP_OPTIMIZER;
-    /* ZeRO++'s (de)quantisation kernels move bytes that differ op by op (a bucket's, a
-     * unit's), so they stay on the roofline's memory rate even with an op table. */
-    if (!c->table || kind == ZP_COMP_QUANTIZE)
+    /* ZeRO++'s (de)quantisation kernels and a coalesced gather's copies move bytes that
+     * differ op by op (a bucket's, a unit's, a call's), so they stay on the roofline's memory
+     * rate even with an op table. */
+    if (!c->table || kind == ZP_COMP_QUANTIZE || kind == ZP_COMP_UNPACK)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
     return c->kind_s[kind] +

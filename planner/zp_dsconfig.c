@@ -35,6 +35,7 @@ typedef struct {
 #define SIZE(k, f, a) {k, KEY_SIZE, G_STRUCT_OFFSET(ZpZeroConfig, f), a, FALSE}
 #define SIZE_ALIAS(k, f, a) {k, KEY_SIZE, G_STRUCT_OFFSET(ZpZeroConfig, f), a, TRUE}
 #define FLAG(k, f) {k, KEY_FLAG, G_STRUCT_OFFSET(ZpZeroConfig, f), AUTO_NONE, FALSE}
+#define FLAG_ALIAS(k, f) {k, KEY_FLAG, G_STRUCT_OFFSET(ZpZeroConfig, f), AUTO_NONE, TRUE}
 #define OWN(k) {k, KEY_OWN, 0, AUTO_NONE, FALSE}
 #define IGNORED(k) {k, KEY_IGNORED, 0, AUTO_NONE, FALSE}
 
@@ -81,6 +82,8 @@ static const KeySpec zero_keys[] = {
     SIZE_ALIAS("max_reuse_distance", stage3_max_reuse_distance, AUTO_NONE),
     SIZE("sub_group_size", sub_group_size, AUTO_NONE),
     FLAG("use_multi_rank_bucket_allreduce", use_multi_rank_bucket_allreduce),
+    FLAG("stage3_allgather_sequential", stage3_allgather_sequential),
+    FLAG_ALIAS("allgather_sequential", stage3_allgather_sequential),
     OWN("allgather_partitions"),
     OWN("offload_param"), OWN("offload_optimizer"), IGNORED("cpu_offload"),
     IGNORED("cpu_offload_param"), IGNORED("cpu_offload_use_pin_memory"),

@@ -144,7 +144,8 @@ void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges)
 {
     for (int u = 0; u < s->n_units; u++)
         if ((double)s->unit_elems[u] <= s->plan.zero.stage3_param_persistence_threshold) {
-            ZpFetch f = {u, s->unit_offset[u], zp_sched_unit_padded(s, u), -1, -1, -1};
+            ZpFetch f = {u, s->unit_offset[u], zp_sched_unit_padded(s, u), -1, -1, -1, FALSE,
+                         s->unit_elems[u]};
             g_array_append_val(ranges, f);
         }
 }

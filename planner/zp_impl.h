@@ -36,11 +36,15 @@ typedef struct {
 
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
  * `unit`, issued at the start of trigger_pos, needed by the compute at use_pos and freed after
- * the compute at free_pos (positions as above). */
+ * the compute at free_pos (positions as above). `joins_previous`: gathered by the same
+ * coalesced call as the fetch before it in the list (same trigger_pos), whose `numel`
+ * elements (unpadded) it is copied out into when the call is first waited for. */
 typedef struct {
     int unit;
     uint64_t offset, elems;
     int trigger_pos, use_pos, free_pos;
+    gboolean joins_previous;
+    uint64_t numel;
 } ZpFetch;
 
 /* A buffer the step allocates around the optimizer: `bytes` of category `cat`, freed once the
@@ -69,6 +73,11 @@ typedef struct ZpImpl {
     /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
      * buffers (FALSE: in place, allocating nothing). */
     gboolean post_step_gather_buffer;
+    /* Stages 2-3, a tied LM head: whether the head's contribution to wte's gradient waits in
+     * a buffer of its own (autograd's) until the embedding's backward adds to it, when wte
+     * is reduced through a held bucket buffer (the reduce hook fires once a parameter's
+     * gradient is accumulated, so only then is it copied into the bucket). */
+    gboolean tied_grad_waits;
     /* Stage 3: the micro-step's all-gathers (GArray of ZpFetch) in issue order. */
     void (*plan_fetches)(const ZpSchedule *s, GArray *fetches);
     /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and

@@ -137,12 +137,16 @@ typedef struct {
     int fetched_for;    /* __most_recent_step_id_param_fetched_for */
 } TensorState;
 
+/* Adds tensor x to the coalesced call being listed (`*opened`: a call already has members),
+ * or with stage3_allgather_sequential to a call of its own (partition_parameters.py
+ * all_gather_coalesced: allgather_sequential -> _all_gather_sequential). */
 static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, int trigger_pos,
-                  int use_pos, double *n_avail)
+                  int use_pos, double *n_avail, gboolean *opened)
 {
     const ZpImplTensor *ten = &g_array_index(t->tensors, ZpImplTensor, x);
     ZpFetch f = {ten->unit, ten->offset, zp_mem_padded_elems(ten->elems, (uint64_t)t->s->plan.dp),
-                 trigger_pos, use_pos, use_pos};
+                 trigger_pos, use_pos, use_pos, *opened, ten->elems};
+    *opened = !t->s->plan.zero.stage3_allgather_sequential;
     g_array_append_val(fetches, f);
     st[x].avail = TRUE;
     st[x].fetch = (int)fetches->len - 1;
@@ -173,11 +177,34 @@ static gboolean kept(const Trace *t, const TensorState *st, guint x, guint i)
     return FALSE;
 }
 
+static int by_offset(const void *a, const void *b)
+{
+    const uint64_t x = ((const ZpFetch *)a)->offset, y = ((const ZpFetch *)b)->offset;
+    return (x > y) - (x < y);
+}
+
+/* partition_parameters.py all_gather_coalesced orders a call's parameters by ds_id (their
+ * order in the model, so in the flat layout) before flattening them: each run of fetches
+ * joined to the one before is sorted by offset, its first one opening the call. */
+static void sort_calls(GArray *fetches)
+{
+    ZpFetch *f = (ZpFetch *)fetches->data;
+    for (guint i = 0, j; i < fetches->len; i = j) {
+        for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
+            ;
+        qsort(f + i, j - i, sizeof *f, by_offset);
+        for (guint k = i; k < j; k++)
+            f[k].joins_previous = k > i;
+    }
+}
+
 /* partitioned_param_coordinator.py fetch_sub_module, replayed: the current module's missing
- * parameters are gathered; then, walking the parameter queue in trace order, parameters are
- * prefetched while the elements prefetched stay below min(stage3_max_live_parameters - live,
- * stage3_prefetch_bucket_size) (so the last one overshoots); release_sub_module frees what is
- * not kept. */
+ * parameters are gathered, by one call of __all_gather_params; then, walking the parameter
+ * queue in trace order, parameters are prefetched while the elements prefetched stay below
+ * min(stage3_max_live_parameters - live, stage3_prefetch_bucket_size) (so the last one
+ * overshoots), all of them by a second call; release_sub_module frees what is not kept. Each
+ * call is one coalesced all-gather (__all_gather_params_ -> partition_parameters.py
+ * all_gather_coalesced; the builder, zp_sched.c issue_call, lays out its buffers). */
 static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
 {
     Trace t = {.s = s, .tensors = zp_impl_tensors(s),
@@ -205,31 +232,42 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
     TensorState *st = g_new(TensorState, n_t);
     for (guint x = 0; x < n_t; x++)
         st[x] = (TensorState){t.persist[x], -1, -1};
-    /* The parameter queue: every use's parameters in trace order. */
-    guint cursor = 0; /* next use in the queue (whole uses: a module's tensors go together) */
+    /* The parameter queue (record_parameters: every use's parameters in trace order, a
+     * module's by ds_id, so in layout order): use i's start at queue[use_start[i]]. */
+    guint *use_start = g_new(guint, n_u + 1);
+    use_start[0] = 0;
+    for (guint i = 0; i < n_u; i++)
+        use_start[i + 1] = use_start[i] + t.module_start[u[i].module + 1] -
+                           t.module_start[u[i].module];
+    guint head = 0, head_use = 0; /* the queue's next parameter, and its use */
     for (guint i = 0; i < n_u; i++) {
         const int m = u[i].module;
+        gboolean opened = FALSE;
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             if (!st[x].avail)
-                fetch(&t, fetches, st, x, u[i].pos, u[i].pos, &n_avail);
+                fetch(&t, fetches, st, x, u[i].pos, u[i].pos, &n_avail, &opened);
             else if (st[x].fetch >= 0) /* kept or prefetched: live until this use at least */
                 g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             st[x].fetched_for = MAX(st[x].fetched_for, (int)i);
-        cursor = MAX(cursor, i + 1);
+        /* the current module's parameters leave the queue (those not prefetched yet) */
+        head = MAX(head, use_start[i + 1]);
         const double budget = fmin(z->stage3_max_live_parameters - n_avail,
                                    z->stage3_prefetch_bucket_size);
         double prefetching = 0;
-        while (z->stage3_prefetch_bucket_size > 0 && cursor < n_u && prefetching < budget) {
-            const int q = u[cursor].module;
-            for (guint x = t.module_start[q]; x < t.module_start[q + 1]; x++) {
-                st[x].fetched_for = MAX(st[x].fetched_for, (int)cursor);
-                if (!st[x].avail) {
-                    fetch(&t, fetches, st, x, u[i].pos, u[cursor].pos, &n_avail);
-                    prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
-                }
+        opened = FALSE;
+        /* one parameter at a time: a module's may be split between two prefetches */
+        while (z->stage3_prefetch_bucket_size > 0 && head < use_start[n_u] &&
+               prefetching < budget) {
+            while (use_start[head_use + 1] <= head)
+                head_use++;
+            const guint x = t.module_start[u[head_use].module] + (head - use_start[head_use]);
+            st[x].fetched_for = MAX(st[x].fetched_for, (int)head_use);
+            if (!st[x].avail) {
+                fetch(&t, fetches, st, x, u[i].pos, u[head_use].pos, &n_avail, &opened);
+                prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
             }
-            cursor++;
+            head++;
         }
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             if (!t.persist[x] && st[x].avail && !kept(&t, st, x, i)) {
@@ -239,6 +277,8 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
                 n_avail -= (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
             }
     }
+    sort_calls(fetches);
+    g_free(use_start);
     g_free(st);
     g_free(t.module_start);
     g_free(t.module_numel);
@@ -255,7 +295,7 @@ static void ds_persistent(const ZpSchedule *s, GArray *ranges)
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
         if ((double)t->elems <= s->plan.zero.stage3_param_persistence_threshold) {
             ZpFetch f = {t->unit, t->offset, zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp),
-                         -1, -1, -1};
+                         -1, -1, -1, FALSE, t->elems};
             g_array_append_val(ranges, f);
         }
     }
@@ -387,6 +427,12 @@ const ZpImpl zp_impl_deepspeed = {
     .bucket_buffers = ds_bucket_buffers,
     .concat_copy = ds_concat_copy,
     .post_step_gather_buffer = FALSE,
+    /* stage3.py create_reduce_and_remove_grad_hooks and stage_1_and_2.py's hook on the
+     * parameter's AccumulateGrad: autograd sums the head's and the embedding's contributions
+     * to wte in the node's input buffer and runs AccumulateGrad once, after the embedding's
+     * backward; the hook then copies param.grad into the ipg buffer and drops it
+     * (__add_grad_to_ipg_bucket, reduce_independent_p_g_buckets_and_remove_grads). */
+    .tied_grad_waits = TRUE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
     .unit_persistence = FALSE, /* per parameter */

@@ -253,6 +253,7 @@ static const struct {
     {"zero_quantized_gradients", G_STRUCT_OFFSET(ZpZeroConfig, zero_quantized_gradients)},
     {"use_multi_rank_bucket_allreduce",
      G_STRUCT_OFFSET(ZpZeroConfig, use_multi_rank_bucket_allreduce)},
+    {"stage3_allgather_sequential", G_STRUCT_OFFSET(ZpZeroConfig, stage3_allgather_sequential)},
 };
 /* activation_checkpointing's booleans, as DeepSpeed names them. */
 static const struct {
@@ -375,6 +376,7 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                        "sub_group_size", "overlap_comm", "contiguous_gradients",
                                        "reduce_scatter", "use_multi_rank_bucket_allreduce",
+                                       "stage3_allgather_sequential",
                                        "zero_quantized_weights", "zero_quantized_gradients",
                                        "zero_hpz_partition_size", "offload_optimizer",
                                        "offload_param", NULL};

@@ -78,6 +78,9 @@ typedef struct {
     /* stages 1-2: all-reduce each gradient bucket (DeepSpeed's default) rather than reduce
      * each rank's slice to it */
     gboolean use_multi_rank_bucket_allreduce;
+    /* stage 3, DeepSpeed: every parameter all-gathered on its own rather than one coalesced
+     * all-gather per fetch (stage3_allgather_sequential, default false) */
+    gboolean stage3_allgather_sequential;
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;

@@ -33,11 +33,19 @@ typedef struct {
                           * copy of its slice to the host (optimizer offload) */
 } Bucket;
 
+/* A stage-3 gather, one of its coalesced call's (zp_impl.h ZpFetch: joins_previous). The
+ * call's fields are its first gather's (`call` names it). */
 typedef struct {
     ZpFetch fetch;
-    int buffer;
-    int quant_buffer;      /* qwZ: the gathered int8 and scales, until dequantised */
-    uint32_t coll_op;
+    int buffer;            /* its parameters' buffer */
+    double bytes;          /* and that buffer's size */
+    uint32_t coll_op;      /* what its compute waits for: the call's gather, or its unpack */
+    guint call, n;         /* its call's first gather; that one: the call's gathers */
+    uint64_t call_elems;   /* the call's elements (each gather padded to its group) */
+    int flat;              /* the call's flat buffer until its last gather's use (n > 1) */
+    int last_use;          /* the call's last gather's use_pos */
+    int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
+    gboolean unpacked;
 } Gather;
 
 /* Items listed by the compute position they belong to: items[start[p] .. start[p+1]). */
@@ -76,6 +84,9 @@ typedef struct {
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
     GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
     int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */
+    int tied_grad;          /* the tied head's wte gradient waiting for the embedding's
+                             * backward (ZpImpl tied_grad_waits), or -1 */
+    double tied_grad_bytes;
     uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
 } Builder;
 
@@ -93,6 +104,15 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
     op.stage = (uint32_t)b->stage;
     op.dep_start = s->deps->len;
     op.n_deps = 0;
+    if (b->recv_key >= 0 && (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)) {
+        /* The first dependency: another stage's send, filled in once it is built. */
+        const uint32_t cross = CROSS, at = s->deps->len;
+        g_array_append_val(s->deps, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key);
+        b->recv_key = -1;
+        op.n_deps++;
+    }
     for (guint i = 0; i < n_deps; i++)
         if (deps[i] != NONE) {
             g_array_append_val(s->deps, deps[i]);
@@ -141,13 +161,6 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     int workspace;
-    if (b->recv_key >= 0) { /* the first dependency: the neighbour's send, filled in later */
-        const uint32_t cross = CROSS, at = b->s->deps->len;
-        g_array_append_val(all, cross);
-        g_array_append_val(b->cross_at, at);
-        g_array_append_val(b->cross_key, b->recv_key);
-        b->recv_key = -1;
-    }
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
@@ -639,13 +652,33 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
 
+static ZpGroup gather_group(const Builder *b, const Gather *g);
+
+/* The gathers in the implementation's calls. With hpZ a call's parameters that hold a
+ * secondary partition (those used in backward) are gathered inside the node by a call of
+ * their own, before the others (partitioned_param_coordinator.py __all_gather_params_). */
 static void plan_gathers(Builder *b)
 {
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     b->impl->plan_fetches(b->s, fetches);
-    for (guint i = 0; i < fetches->len; i++) {
-        Gather g = {g_array_index(fetches, ZpFetch, i), -1, -1, NONE};
-        g_array_append_val(b->gathers, g);
+    const ZpFetch *f = (const ZpFetch *)fetches->data;
+    for (guint i = 0, j; i < fetches->len; i = j) {
+        for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
+            ;
+        for (int pass = 0; pass < 2; pass++) {
+            const ZpGroup want = pass == 0 ? ZP_GROUP_HPZ : ZP_GROUP_DP;
+            guint first = b->gathers->len;
+            for (guint k = i; k < j; k++) {
+                Gather g = {f[k], -1, 0, NONE, first, 0, 0, -1, f[k].use_pos, -1, FALSE};
+                if (gather_group(b, &g) != want)
+                    continue;
+                g_array_append_val(b->gathers, g);
+                Gather *c = &g_array_index(b->gathers, Gather, first);
+                c->n++;
+                c->call_elems += f[k].elems;
+                c->last_use = MAX(c->last_use, f[k].use_pos);
+            }
+        }
     }
     g_array_unref(fetches);
 }
@@ -688,58 +721,113 @@ static ZpGroup gather_group(const Builder *b, const Gather *g)
                : ZP_GROUP_DP;
 }
 
-static void issue_gathers(Builder *b, int pos, int micro)
+/* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
+ * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
+ * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
+ * partitions concatenated, partition_sz * world_size elements), the parameters copied out
+ * when the call is first waited for (unpack_call). */
+static void issue_call(Builder *b, Gather *c, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
-    const gboolean qwz = s->plan.zero.zero_quantized_weights;
+    const double bytes = (double)c->call_elems * b->state.param_bytes;
+    const ZpGroup group = gather_group(b, c);
+    const int ranks = zp_zeropp_group_ranks(&s->plan, group);
+    const double wire = zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
+                                               b->state.param_bytes);
+    uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
+                             : b->last_compute;
+    int buffer;
+    uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, c->fetch.unit, micro,
+                                &buffer, &after, 1);
+    c->unpacked = c->n == 1;
+    c->flat = c->n == 1 ? -1 : buffer;
+    if (c->n == 1)
+        c->buffer = buffer, c->bytes = bytes;
+    /* Parameter offload: the partition comes up from the host (and NVMe) first. */
+    double nvme_bytes, h2d_bytes;
+    zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, (double)s->partition_elems,
+                     &nvme_bytes, &h2d_bytes);
+    const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, c->fetch.unit, micro,
+                                        alloc);
+    alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, c->fetch.unit, micro, read);
+    if (s->plan.zero.zero_quantized_weights) { /* this rank's partition into int8 */
+        uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, c->fetch.unit, micro,
+                                     &c->quant_buffer, &alloc, 1);
+        const uint64_t part = c->call_elems / (uint64_t)ranks;
+        alloc = emit_quantize(b, ZP_STREAM_DP, c->fetch.unit, micro,
+                              zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
+    }
+    const uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, group, c->fetch.unit, micro,
+                                          buffer, c->fetch.offset, c->call_elems, wire, &alloc, 1);
+    for (guint k = 0; k < c->n; k++)
+        c[k].coll_op = coll;
+}
+
+static void issue_gathers(Builder *b, int pos, int micro)
+{
     for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
-        const double bytes = (double)g->fetch.elems * b->state.param_bytes;
-        const ZpGroup group = gather_group(b, g);
-        const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-        const double wire = zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
-                                                   b->state.param_bytes);
-        uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
-                                 : b->last_compute;
-        uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, g->fetch.unit, micro,
-                                    &g->buffer, &after, 1);
-        /* Parameter offload: the partition comes up from the host (and NVMe) first. */
-        double nvme_bytes, h2d_bytes;
-        zp_offload_fetch(&s->plan, (double)g->fetch.elems / s->plan.dp,
-                         (double)s->partition_elems, &nvme_bytes, &h2d_bytes);
-        const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, g->fetch.unit,
-                                            micro, alloc);
-        alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, g->fetch.unit, micro, read);
-        if (qwz) { /* quantise this rank's partition on the gather stream, into int8 */
-            uint32_t qalloc = emit_alloc(b, ZP_MEM_WORKSPACE, wire, g->fetch.unit, micro,
-                                         &g->quant_buffer, &alloc, 1);
-            const uint64_t part = g->fetch.elems / (uint64_t)ranks;
-            alloc = emit_quantize(b, ZP_STREAM_DP, g->fetch.unit, micro,
-                                  zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
-        }
-        g->coll_op = emit_collective(b, ZP_COLL_ALLGATHER, group, g->fetch.unit, micro,
-                                     g->buffer, g->fetch.offset, g->fetch.elems, wire, &alloc, 1);
+        if (g == &g_array_index(b->gathers, Gather, g->call))
+            issue_call(b, g, pos, micro);
     }
 }
 
-/* The gathers the compute op at `pos` needs; with qwZ each is dequantised first, on the
- * compute stream when it is waited for (AllGatherCoalescedHandle.wait). */
+/* A coalesced call waited for (AllGatherCoalescedHandle.wait): every parameter of the call
+ * gets a buffer of its own elements (torch.cat of its slices out of the flat buffer, on the
+ * gather stream), all at once, whichever of them is needed first. */
+static void unpack_call(Builder *b, Gather *c, int pos, int micro)
+{
+    const uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
+                                   : b->last_compute;
+    uint32_t *deps = g_new(uint32_t, c->n + 1);
+    double bytes = 0;
+    deps[0] = c->coll_op;
+    for (guint k = 0; k < c->n; k++) {
+        c[k].bytes = (double)c[k].fetch.numel * b->state.param_bytes;
+        deps[k + 1] = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, c[k].bytes, c[k].fetch.unit, micro,
+                                 &c[k].buffer, &after, 1);
+        bytes += c[k].bytes;
+    }
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_UNPACK, .stream = ZP_STREAM_DP,
+               .unit = c->fetch.unit, .micro = micro, .buffer = -1, .mem_bytes = 2 * bytes};
+    const uint32_t unpack = emit(b, op, deps, c->n + 1);
+    for (guint k = 0; k < c->n; k++)
+        c[k].coll_op = unpack;
+    c->unpacked = TRUE;
+    g_free(deps);
+}
+
+/* The gathers the compute op at `pos` needs. With qwZ each call is dequantised first, on the
+ * compute stream when it is waited for (AllGatherCoalescedHandle.wait); a coalesced call is
+ * unpacked, and its flat buffer freed once its last parameter is waited for (the handle,
+ * which holds the buffer, leaves the inflight registry with that parameter:
+ * partitioned_param_coordinator.py fetch_sub_module). */
 static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
     for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++) {
         Gather *g = gather_at(b, &b->by_use, i);
-        if (g->quant_buffer >= 0) {
-            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, g));
-            const uint32_t after[2] = {g->coll_op, b->last_compute};
-            g->coll_op = emit_quantize(b, ZP_STREAM_COMPUTE, g->fetch.unit, micro,
-                                       zp_zeropp_dequantize_mem_bytes(g->fetch.elems, ranks),
-                                       after, 2);
+        Gather *c = &g_array_index(b->gathers, Gather, g->call);
+        if (c->quant_buffer >= 0) {
+            const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, c));
+            const uint32_t after[2] = {c->coll_op, b->last_compute};
+            const uint32_t op = emit_quantize(
+                b, ZP_STREAM_COMPUTE, c->fetch.unit, micro,
+                zp_zeropp_dequantize_mem_bytes(c->call_elems, ranks), after, 2);
             emit_free(b, ZP_MEM_WORKSPACE,
-                      zp_zeropp_gather_bytes(&s->plan, g->fetch.elems, ranks,
+                      zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
                                              b->state.param_bytes),
-                      g->fetch.unit, micro, g->quant_buffer, g->coll_op);
-            g->quant_buffer = -1;
+                      c->fetch.unit, micro, c->quant_buffer, op);
+            c->quant_buffer = -1;
+            for (guint k = 0; k < c->n; k++)
+                c[k].coll_op = op;
+        }
+        if (!c->unpacked)
+            unpack_call(b, c, pos, micro);
+        if (c->flat >= 0 && pos == c->last_use) {
+            emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)c->call_elems * b->state.param_bytes,
+                      c->fetch.unit, micro, c->flat, c->coll_op);
+            c->flat = -1;
         }
         g_array_append_val(deps, g->coll_op);
     }
@@ -749,8 +837,8 @@ static void free_gathers(Builder *b, int pos, int micro)
 {
     for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
-        emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)g->fetch.elems * b->state.param_bytes,
-                  g->fetch.unit, micro, g->buffer, b->last_compute);
+        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
+                  b->last_compute);
     }
 }
 
@@ -931,6 +1019,28 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
     }
 }
 
+/* ZpImpl tied_grad_waits: when the tied head's wte gradient is reduced through a held bucket
+ * buffer, the head writes it into a buffer of its own (wte's elements in the gradients'
+ * dtype, kept until the embedding's backward has added to it and it is copied into the
+ * bucket). A bucket buffer of wte's own is already allocated at the head. */
+static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!b->impl->tied_grad_waits || !s->model.tied_embeddings || !unit_held(b, 0))
+        return;
+    const uint64_t wte = s->unit_offset[0];
+    for (guint i = b->unit_first[0]; i <= b->unit_last[0] && i < b->buckets->len; i++)
+        if (bucket(b, i)->spec.lo <= wte && wte < bucket(b, i)->spec.hi &&
+            own_buffer(b, bucket(b, i)))
+            return;
+    GArray *tensors = zp_impl_tensors(s);
+    b->tied_grad_bytes = (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
+    g_array_unref(tensors);
+    const uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
+                                      &b->tied_grad, &b->last_compute, 1);
+    g_array_append_val(deps, alloc);
+}
+
 static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -949,6 +1059,7 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
         alloc_landing_buckets(b, L + 1, micro, deps);
         if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
             alloc_landing_buckets(b, 0, micro, deps);
+        alloc_tied_grad(b, micro, deps);
     }
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
@@ -1006,6 +1117,11 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+    if (b->tied_grad >= 0) {
+        emit_free(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro, b->tied_grad,
+                  b->last_compute);
+        b->tied_grad = -1;
+    }
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         launch_buckets(b, 0, micro, launched);
@@ -1042,6 +1158,38 @@ static void send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
                .bytes = (double)elems * s->elem_bytes, .elems = elems};
     b->send_op[send_key(b, chunk, micro, dir)] = emit(b, op, (uint32_t *)deps->data, deps->len);
     g_array_unref(deps);
+}
+
+/* A tied word embedding under a pipeline: the first stage (the embedding) and the last (the
+ * head's copy of it) each send the other its gradient once its last backward is done, and the
+ * stage's next compute op or collective (its first gradient reduction, or its optimizer) waits
+ * for the other's and adds it first. DeepSpeed's TrainSchedule runs ReduceTiedGrads before
+ * ReduceGrads (deepspeed/runtime/pipe/schedule.py; engine.py _exec_reduce_tied_grads calls
+ * module.py allreduce_tied_weight_gradients, an all-reduce over the TiedLayerSpec's group);
+ * Megatron all-reduces word_embeddings' main_grad over its embedding group of the first and
+ * last stage (megatron/core/distributed/finalize_model_grads.py
+ * _allreduce_word_embedding_grads). Two ranks' all-reduce sends S each way, as here. */
+static void tied_sync(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const int P = zp_plan_pp(&s->plan), L = (int)s->model.layers;
+    if (P == 1 || !s->model.tied_embeddings || (b->stage != 0 && b->stage != P - 1))
+        return;
+    const uint64_t elems = ((uint64_t)s->model.vocab + (uint64_t)s->plan.mp - 1) /
+                           (uint64_t)s->plan.mp * (uint64_t)s->model.hidden;
+    const gboolean first = b->stage == 0;
+    const int chunk = first ? 0 : b->n_chunks - 1, last_micro = s->plan.grad_accum - 1;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = ZP_P2P_TIED, .stream = ZP_STREAM_PP,
+               .group = ZP_GROUP_PP, .unit = first ? 0 : L + 1, .micro = last_micro,
+               .buffer = -1, .peer = (uint32_t)(first ? P - 1 : 0),
+               .bytes = (double)elems * b->state.grad_bytes, .elems = elems};
+    b->send_op[send_key(b, chunk, last_micro, ZP_P2P_TIED)] =
+        emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    b->recv_key = send_key(b, first ? b->n_chunks - 1 : 0, last_micro, ZP_P2P_TIED);
 }
 
 /* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
@@ -1300,6 +1448,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     for (guint i = 0; i < actions->len; i++)
         run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
     g_array_unref(actions);
+    tied_sync(b);
     /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
      * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
      * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
@@ -1372,7 +1521,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .resident = -1, .workspace_free = NONE};
+                 .resident = -1, .workspace_free = NONE, .tied_grad = -1};
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -1535,7 +1684,7 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 
 static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
                                             "block_bwd", "embed_bwd", "optimizer",
-                                            "cpu_optimizer", "host_copy", "quantize", NULL};
+                                            "cpu_optimizer", "host_copy", "quantize", "unpack", NULL};
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
                                          NULL};
 static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
@@ -1545,6 +1694,7 @@ static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", 
                                            NULL};
 static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
                                          "transfer", NULL};
+static const char *const p2p_names[] = {"send_next", "send_prev", "tied", NULL};
 static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
 /* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
  * keep theirs. */
@@ -1593,13 +1743,16 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
 
 /* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's
  * (tp's on the tp stream, every other group's on NCCL's dp stream), a transfer on the host
- * link's or the NVMe's, unless "stream" says otherwise (written only then). */
+ * link's or the NVMe's, a pipeline send on the pp stream, unless "stream" says otherwise
+ * (written only then). */
 static ZpStream default_stream(int kind, int sub, int group)
 {
     if (kind == ZP_OP_TRANSFER)
         return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
     if (kind == ZP_OP_COMPUTE)
         return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
+    if (kind == ZP_OP_P2P)
+        return ZP_STREAM_PP;
     if (kind != ZP_OP_COLLECTIVE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
@@ -1635,6 +1788,12 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
         json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
         json_object_set_new(o, "bytes", json_real(op->bytes));
         break;
+    case ZP_OP_P2P:
+        json_object_set_new(o, "op", json_string(p2p_names[op->sub]));
+        json_object_set_new(o, "peer", json_integer(op->peer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
+        break;
     default:
         json_object_set_new(o, "category", json_string(mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
@@ -1643,6 +1802,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
     if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
         op->stream != default_stream(op->kind, op->sub, op->group))
         json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
+    if (s->stages > 1) /* the rank class that runs it */
+        json_object_set_new(o, "stage", json_integer(op->stage));
     json_object_set_new(o, "deps", deps);
     return o;
 }
@@ -1711,14 +1872,14 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
                                  gboolean others, ZpCommGroup table[ZP_SCHED_MAX_GROUPS],
                                  int *n_groups, int *dp, int *mp, GError **error)
 {
-    /* A planner's file: dp, tp and ZeRO++'s subgroups where the plan has them (no pp). */
-    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N - 1;
+    /* A planner's file: dp, tp, pp and ZeRO++'s subgroups where the plan has them. */
+    const size_t most = others ? ZP_SCHED_MAX_GROUPS : ZP_GROUP_N;
     if (!json_is_array(groups) || json_array_size(groups) < 2 ||
         json_array_size(groups) > most) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: key \"groups\" must be an array of dp, tp%s", path,
                     others ? " and at most 14 other groups"
-                           : " and no other group than hpz, qgz_node and qgz_cross");
+                           : " and no other group than pp, hpz, qgz_node and qgz_cross");
         return FALSE;
     }
     ZpCommGroup read[ZP_SCHED_MAX_GROUPS];
@@ -1778,13 +1939,17 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
     }
     const int64_t ranks[2] = {table[ZP_GROUP_DP].ranks, table[ZP_GROUP_TP].ranks};
     const int64_t stride[2] = {table[ZP_GROUP_DP].stride, table[ZP_GROUP_TP].stride};
-    if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] != world || stride[ZP_GROUP_TP] != 1 ||
-        stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP]) {
+    /* A planner's pipeline stages sit between tp and dp; a graph's pp group is its own. */
+    const int64_t pp = others ? 1 : table[ZP_GROUP_PP].ranks;
+    if (ranks[ZP_GROUP_DP] * ranks[ZP_GROUP_TP] * pp != world || stride[ZP_GROUP_TP] != 1 ||
+        stride[ZP_GROUP_DP] != ranks[ZP_GROUP_TP] * pp ||
+        (pp > 1 && table[ZP_GROUP_PP].stride != ranks[ZP_GROUP_TP])) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"groups\": dp %" G_GINT64_FORMAT " x tp %" G_GINT64_FORMAT
-                    " ranks must make the world of %" G_GINT64_FORMAT ", tp with stride 1 and "
-                    "dp with stride tp (ranks numbered tp-fastest)",
-                    path, ranks[ZP_GROUP_DP], ranks[ZP_GROUP_TP], world);
+                    " x pp %" G_GINT64_FORMAT " ranks must make the world of %" G_GINT64_FORMAT
+                    ", tp with stride 1, pp with stride tp and dp with stride tp x pp (ranks "
+                    "numbered tp-fastest)",
+                    path, ranks[ZP_GROUP_DP], ranks[ZP_GROUP_TP], pp, world);
         return FALSE;
     }
     *dp = (int)ranks[ZP_GROUP_DP];
@@ -1792,19 +1957,35 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
     return TRUE;
 }
 
-gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+static json_t *units_json(const ZpSchedule *s)
 {
-    if (s->stages > 1) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: a schedule file holds one op list for every rank; a pipeline's "
-                    "stages (--pp %d) each have their own and are not written", path, s->stages);
-        return FALSE;
-    }
-    json_t *state = zp_sched_categories_json(s->state_bytes), *units = json_array();
-    json_t *ops = json_array();
+    json_t *units = json_array();
     for (int u = 0; u < s->n_units; u++)
         json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
                                                (json_int_t)s->unit_elems[u]));
+    return units;
+}
+
+/* A pipeline's stage views (zp_sched_stage_view): each stage's model states and unit layout,
+ * [{"state_bytes", "units"}] by stage. */
+static json_t *stages_json(const ZpSchedule *s)
+{
+    json_t *stages = json_array();
+    for (int k = 0; k < s->stages; k++) {
+        ZpSchedule *view = zp_sched_stage_view(s, k);
+        json_array_append_new(stages,
+                              json_pack("{s:o, s:o}", "state_bytes",
+                                        zp_sched_categories_json(view->state_bytes), "units",
+                                        units_json(view)));
+        zp_sched_free(view);
+    }
+    return stages;
+}
+
+gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+{
+    json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
+    json_t *ops = json_array();
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(s, groups);
     for (guint i = 0; i < s->ops->len; i++)
@@ -1817,6 +1998,8 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
     json_object_set_new(root, "groups", groups_json(groups, n_groups));
+    if (s->stages > 1)
+        json_object_set_new(root, "stages", stages_json(s));
     /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
     if (s->n_units == 0)
         json_object_del(root, "model");
@@ -1864,25 +2047,39 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     int kind = 0, sub = 0, group = 0;
     int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
-    static const char *const keys[][12] = {
+    /* "stage" only in a pipeline's schedule (every op names the stage that runs it). */
+    static const char *const keys[][13] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", "bytes", "stream", NULL},
+                           "attn_flops", "mem_bytes", "bytes", "stream", "stage", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
-                              "elem_offset", "elems", "stream", NULL},
-        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
-        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", NULL},
-        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", NULL},
+                              "elem_offset", "elems", "stream", "stage", NULL},
+        [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", "stage",
+                         NULL},
+        [ZP_OP_FREE] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", "stage",
+                        NULL},
+        [ZP_OP_P2P] = {"kind", "unit", "micro", "deps", "op", "peer", "bytes", "elems", "stage",
+                       NULL},
+        [ZP_OP_TRANSFER] = {"kind", "unit", "micro", "deps", "op", "bytes", "stream", "stage",
+                            NULL},
     };
+    const int stages = MAX(s->stages, 1);
+    int64_t stage = 0, peer = 0;
     gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
-    if (ok && kind == ZP_OP_P2P) {
+    if (ok && kind == ZP_OP_P2P && stages == 1) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: key \"kind\": p2p ops belong to pipeline schedules, which files do "
-                    "not hold", what);
+                    "%s: key \"kind\": p2p ops belong to pipeline schedules (plan.pipeline."
+                    "stages > 1)", what);
         ok = FALSE;
     }
     ok = ok && zp_json_check_keys(o, what, keys[kind], error) &&
                   zp_json_get_int(o, what, "unit", layout, -1, INT32_MAX, &unit, error) &&
-                  zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error);
+                  zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error) &&
+                  zp_json_get_int(o, what, "stage", stages > 1, 0, stages - 1, &stage, error);
+    if (ok && kind == ZP_OP_P2P)
+        ok = name_index(o, what, "op", p2p_names, &sub, error) &&
+             zp_json_get_int(o, what, "peer", TRUE, 0, stages - 1, &peer, error) &&
+             zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
+             zp_json_get_int(o, what, "elems", TRUE, 0, INT64_MAX, &elems, error);
     if (ok && kind == ZP_OP_COMPUTE)
         ok = name_index(o, what, "op", compute_names, &sub, error) &&
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
@@ -1900,7 +2097,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     else if (ok && kind == ZP_OP_TRANSFER)
         ok = name_index(o, what, "op", transfer_names, &sub, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
-    else if (ok)
+    else if (ok && kind != ZP_OP_P2P)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
@@ -1916,14 +2113,20 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
+    op.stage = (uint32_t)stage, op.peer = (uint32_t)peer;
+    if (kind == ZP_OP_P2P)
+        op.group = ZP_GROUP_PP;
     op.dep_start = s->deps->len;
     for (size_t i = 0; ok && i < json_array_size(deps); i++) {
         json_t *d = json_array_get(deps, i);
         /* A planner's dependencies point backwards: the list is in issue order, so the graph
-         * is acyclic. A graph's may point anywhere among its ops. */
-        const json_int_t limit = layout ? (json_int_t)index : (json_int_t)n_ops;
+         * is acyclic. A graph's may point anywhere among its ops, and so may a pipeline's
+         * (stage k waits for stage k + 1's sends, listed after it), whose ops must then be
+         * the builder's (same_as_built). */
+        const gboolean backwards = layout && stages == 1;
+        const json_int_t limit = backwards ? (json_int_t)index : (json_int_t)n_ops;
         if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) >= limit) {
-            if (layout)
+            if (backwards)
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "%s: deps[%zu] must be the index of an earlier op", what, i);
             else
@@ -1958,7 +2161,8 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
             a->group != b->group || a->unit != b->unit || a->micro != b->micro ||
             a->buffer != b->buffer || a->bytes != b->bytes || a->elem_offset != b->elem_offset ||
-            a->elems != b->elems || a->n_deps != b->n_deps ||
+            a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
+            a->n_deps != b->n_deps ||
             memcmp(zp_sched_deps(s, a), &g_array_index(deps, uint32_t, b->dep_start),
                    a->n_deps * sizeof(uint32_t)) != 0)
             break;
@@ -1967,8 +2171,8 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         return TRUE;
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                 "%s: ops[%u]: differs from the %s schedule zplan builds for this model and "
-                "plan (%u ops): zreal runs --impl %s schedules as zplan schedule writes them, "
-                "and only --impl paper ones edited",
+                "plan (%u ops): zreal runs --impl %s schedules and pipelines' as zplan schedule "
+                "writes them, and only --impl paper ones without pipeline stages edited",
                 path, i, zp_impl_name(s->plan.impl), ops->len, zp_impl_name(s->plan.impl));
     return FALSE;
 }
@@ -1989,7 +2193,7 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     }
     static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
                                        "state_bytes", "units", "total_elems", "padded_elems",
-                                       "partition_elems", "ops", "groups", NULL};
+                                       "partition_elems", "ops", "groups", "stages", NULL};
     char *model_what = g_strdup_printf("%s: model", path);
     char *plan_what = g_strdup_printf("%s: plan", path);
     ok = ok && zp_json_check_keys(root, path, keys, error) &&
@@ -2010,8 +2214,8 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     int dp = 0, mp = 0, n_groups = 0;
     ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
     if (ok && groups) {
-        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp, FALSE, table, &n_groups,
-                              &dp, &mp, error);
+        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp * zp_plan_pp(&plan),
+                              FALSE, table, &n_groups, &dp, &mp, error);
         if (ok && (dp != plan.dp || mp != plan.mp)) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
@@ -2020,11 +2224,21 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         }
     }
     ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
+    /* A pipeline's stage views: those its plan gives (written for the reader's eyes). */
+    json_t *stages = s && s->stages > 1 ? stages_json(s) : NULL;
+    if (stages && !json_equal(stages, json_object_get(root, "stages"))) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"stages\": the %d stage views (state_bytes, units) must be those "
+                    "of the plan's pipeline, as zplan schedule writes them", path, s->stages);
+        zp_sched_free(s);
+        s = NULL;
+    }
+    json_decref(stages);
     /* The builder's ops, which a schedule of another implementation than the paper's must
      * equal: zp_schedcheck checks ops against the paper's unit-level layout only. */
     GArray *built_ops = NULL, *built_deps = NULL;
     if (s) {
-        if (plan.impl != ZP_IMPL_PAPER) {
+        if (plan.impl != ZP_IMPL_PAPER || s->stages > 1) {
             built_ops = g_array_copy(s->ops);
             built_deps = g_array_copy(s->deps);
         }

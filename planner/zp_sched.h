@@ -30,8 +30,12 @@ typedef enum {
 } ZpOpKind;
 
 /* A p2p op's direction (its sub): to the next stage (activations) or the previous (gradients).
- * Interleaved chunks wrap: the last stage sends chunk v's output to stage 0's chunk v + 1. */
-typedef enum { ZP_P2P_SEND_NEXT, ZP_P2P_SEND_PREV, ZP_P2P_N } ZpP2pKind;
+ * Interleaved chunks wrap: the last stage sends chunk v's output to stage 0's chunk v + 1.
+ * ZP_P2P_TIED: a tied word embedding's gradient (this rank's vocabulary rows), which the first
+ * and last stages exchange after the flush and each adds to its own: the all-reduce of a
+ * two-rank embedding group (Megatron's _allreduce_word_embedding_grads, DeepSpeed's
+ * ReduceTiedGrads), with the same bytes, S each way. */
+typedef enum { ZP_P2P_SEND_NEXT, ZP_P2P_SEND_PREV, ZP_P2P_TIED, ZP_P2P_N } ZpP2pKind;
 
 /* Offload transfers (ZeRO-Offload, ZeRO-Infinity; planner/zp_offload.c decides them): over
  * the GPU's host link, or between host memory and the node's NVMe. `bytes` is what this rank
@@ -59,6 +63,8 @@ typedef enum {
     ZP_COMP_HOST_COPY,   /* a synchronous copy over the host link (Pa+cpu's checkpoints):
                           * its `bytes`, at the hwprofile's host_link_bytes_per_s */
     ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
+    ZP_COMP_UNPACK,      /* DeepSpeed's stage 3: a coalesced all-gather's parameters copied out
+                          * of its flat buffer (memory-bound, on the gather stream) */
     ZP_COMP_N
 } ZpComputeKind;
 

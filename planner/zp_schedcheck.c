@@ -124,6 +124,7 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_CPU_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
     [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
     [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
+    [ZP_COMP_UNPACK] = {U_ANY, FALSE, FALSE, FALSE},
 };
 
 static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
@@ -169,6 +170,8 @@ static gboolean check_compute(Check *c, const ZpOp *op)
     const ZpZeroConfig *z = &c->s->plan.zero;
     if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
         return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
+    if (op->sub == ZP_COMP_UNPACK) /* the paper's gathers are never coalesced */
+        return bad(c, "op", "unpack in a schedule of the paper's ZeRO");
     if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
         return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
     /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */

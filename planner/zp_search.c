@@ -423,7 +423,7 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
-                         .bus_bytes_per_s = spec->bus_bytes_per_s};
+                         .bus_bytes_per_s = spec->bus_bytes_per_s, .coll_s = spec->coll_s};
     return TRUE;
 }
 
@@ -538,15 +538,20 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
     /* A stage's share of the work, stretched by the bubble. */
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
-    /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute; each
-     * sends 2(M-1)/M of its bytes. Those after a block's backward run beside the gradient
-     * reductions launched there (another stream), so only the rest add to them. */
+    /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute, each
+     * at least what the simulator gives one alone (spec->coll_s: its latency and its
+     * transfer at full busbw; contention only stretches the transfer), else its 2(M-1)/M
+     * bytes at busbw. Those after a block's backward run beside the gradient reductions
+     * launched there (another stream), so only the rest add to them. */
     double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
         const double per_block = plan->checkpoint ? 6.0 : 4.0;
         const double bytes = (double)plan->micro_batch * m->seq_len * m->hidden * e;
-        const double one_s = accum * L * 2.0 * (mp - 1) / mp * bytes /
-                             bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        const double each_s =
+            sc->coll_s && !plan->sequence_parallel
+                ? sc->coll_s(sc->hw, plan->dp, plan->mp, ZP_GROUP_TP, ZP_COLL_ALLREDUCE, bytes)
+                : 2.0 * (mp - 1) / mp * bytes / bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+        const double one_s = accum * L * each_s; /* one all-reduce a block */
         tp_s = (per_block - 2.0) * one_s;
         tp_bwd_s = 2.0 * one_s;
     }

@@ -22,6 +22,12 @@ typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double *step_time_s,
  * dp x mp ranks gets from its bottleneck link; the simulator's placement model says. */
 typedef double (*ZpBusBandwidthFn)(const ZpHw *hw, int dp, int mp, ZpGroup group);
 
+/* The time the simulator gives one collective of `kind` over `bytes` on that group when
+ * nothing else runs: its latency and transfer at full busbw. Contention only stretches the
+ * transfer, so every simulated one takes at least this long. */
+typedef double (*ZpCollTimeFn)(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind,
+                               double bytes);
+
 typedef struct {
     const ZpModel *model; /* with an architecture */
     const ZpHw *hw;
@@ -47,6 +53,8 @@ typedef struct {
     void *rank_ctx;
     /* NULL bounds every group by the intra-node link, which no busbw exceeds. */
     ZpBusBandwidthFn bus_bytes_per_s;
+    /* NULL: a tensor-parallel all-reduce is bounded by its bytes at busbw alone. */
+    ZpCollTimeFn coll_s;
     ZpProgressFn progress; /* NULL, or told the share of screened plans ranked so far */
     void *progress_ctx;
 } ZpSearchSpec;
@@ -108,6 +116,7 @@ typedef struct {
     const ZpHw *hw;
     double params;
     ZpBusBandwidthFn bus_bytes_per_s;
+    ZpCollTimeFn coll_s;
 } ZpScreen;
 
 gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GError **error);

@@ -142,9 +142,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
-    if (s->stages > 1 && s->plan.mp > 1)
-        return fail(error, "zreal runs pipelines without tensor parallelism: pp %d with mp %d "
-                    "is planned and simulated, not executed", s->stages, s->plan.mp);
     if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
         return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
@@ -189,13 +186,6 @@ static gboolean check_pipeline(const ZpSchedule *s, const RealTrainConfig *cfg, 
                            "(zp_sched_stage_view, real_pipe_new)");
     if (s->stages == 1)
         return TRUE;
-    /* Megatron all-reduces the two copies' gradients over its embedding group
-     * (_allreduce_word_embedding_grads), DeepSpeed its TiedLayerSpec's; the schedule has no
-     * such op, so the copies would drift apart. */
-    if (s->model.tied_embeddings)
-        return fail(error, "zreal runs pipelines of untied models: the schedule has no "
-                           "all-reduce of a tied embedding's two copies (first and last "
-                           "stage), so %s's would drift apart", s->model.name);
     if (zp_offload_any(&s->plan) || s->plan.zero.zero_quantized_weights ||
         s->plan.zero.zero_hpz_partition_size > 1)
         return fail(error, "zreal runs pipelines without optimizer offload or ZeRO++");
@@ -464,6 +454,11 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->L = (int)s->model.layers;
     e->dims = real_engine_dims(&s->model, &s->plan);
     e->dims.tp_rank = cfg->tp ? real_tp_rank(cfg->tp) : 0;
+    /* A tied model's last pipeline stage holds the head's own copy of wte (zp_sched's
+     * held_elems), kept equal to the first stage's by their ZP_P2P_TIED exchange. */
+    if (s->model.tied_embeddings && s->stages > 1 && s->unit_elems[0] == 0 &&
+        s->unit_elems[e->L + 1] > 0)
+        e->dims.untied = e->dims.tied_copy = true;
     if (!real_gpt_dims_check(&e->dims, error)) { /* before b s sizes anything */
         g_free(e);
         return NULL;
@@ -703,6 +698,22 @@ static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGpt
     return TRUE;
 }
 
+/* A pipeline's tied word embedding gradient on this stage: wte's (the first stage) or the
+ * head's copy of it (the last), this rank's vocabulary rows. */
+static gboolean tied_grads(RealEngine *e, RealBf16 **grads, size_t *n, GError **error)
+{
+    const int u = e->dims.tied_copy ? e->L + 1 : 0;
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    const int n_tensors = real_gpt_unit_tensors(&e->dims, u, t);
+    const int k = e->dims.tied_copy ? n_tensors - 1 : 0; /* lm_head.weight last, wte first */
+    RealGptTensors g;
+    if (!grads_of(e, u, ALL_TENSORS, e->s->plan.grad_accum - 1, &g, error))
+        return FALSE;
+    *grads = g.at[k];
+    *n = t[k].elems;
+    return TRUE;
+}
+
 /* This rank's reduced partition gradients, as the step reads them. */
 static const RealBf16 *step_grads(const RealEngine *e)
 {
@@ -930,6 +941,9 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
     }
+    case ZP_COMP_UNPACK:
+        return e->ds ? real_ds_unpack(e->ds, op, error)
+                     : fail(error, "an unpack op outside DeepSpeed's stage 3");
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */
         return real_zeror_host_copy(
@@ -1318,7 +1332,9 @@ static const char *op_sub_name(const ZpOp *op)
     case ZP_OP_COLLECTIVE:
         return zp_sched_coll_name((ZpCollKind)op->sub);
     case ZP_OP_P2P:
-        return op->sub == ZP_P2P_SEND_NEXT ? "activations" : "gradients";
+        return op->sub == ZP_P2P_SEND_NEXT   ? "activations"
+               : op->sub == ZP_P2P_SEND_PREV ? "gradients"
+                                             : "tied embedding gradients";
     default:
         return zp_sched_mem_name((ZpMemCategory)op->sub);
     }
@@ -1368,8 +1384,15 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
         const ZpOp *op = zp_sched_op(s, i);
         if (op->stage != (uint32_t)s->view_stage) /* another pipeline stage's */
             continue;
-        /* What the op waits for from other stages arrives first (untimed: the bubble). */
-        if (e->cfg.pipe && !real_pipe_receive(e->cfg.pipe, s, op, e->x, e->dx, error))
+        /* What the op waits for from other stages arrives first (untimed: the bubble), a
+         * tied embedding's gradient added to this stage's. */
+        RealBf16 *tied = NULL;
+        size_t n_tied = 0;
+        if (e->cfg.pipe && (!real_pipe_receive(e->cfg.pipe, s, op, e->x, e->dx, error) ||
+                            (real_pipe_waits_tied(s, op) &&
+                             !(tied_grads(e, &tied, &n_tied, error) &&
+                               real_pipe_receive_tied(e->cfg.pipe, s, op, tied, n_tied, e->x,
+                                                      e->dx, error)))))
             return op_failed(error, i, op);
         const double t0 = zp_now_s();
         const gboolean timed = op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE;
@@ -1392,8 +1415,11 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             ok = do_collective(e, op, error);
             break;
         case ZP_OP_P2P: /* only in pipeline schedules, whose stages have a pipe */
-            ok = e->cfg.pipe ? real_pipe_send(e->cfg.pipe, s, op, e->x, e->dx, error)
-                             : fail(error, "a pipeline send in a schedule without stages");
+            ok = !e->cfg.pipe ? fail(error, "a pipeline send in a schedule without stages")
+                 : op->sub == ZP_P2P_TIED
+                     ? tied_grads(e, &tied, &n_tied, error) &&
+                           real_pipe_send_tied(e->cfg.pipe, s, op, tied, n_tied, error)
+                     : real_pipe_send(e->cfg.pipe, s, op, e->x, e->dx, error);
             break;
         case ZP_OP_TRANSFER:
             ok = do_transfer(e, op, error);

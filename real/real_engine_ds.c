@@ -17,9 +17,18 @@ typedef struct {
     uint64_t slice;         /* stage 3: padded elements / dp */
     uint64_t part;          /* stage 3: where its slice sits in this rank's partition */
     int bucket;             /* the bucket that reduces it */
-    int gathered;           /* stage 3: the buffer id of its current gather, -1 none */
+    /* stage 3: the buffer ids of its gathers (a tensor prefetched for a later use while
+     * still held for this one has two; a freed buffer is NULL in the engine's table) */
+    int gathered[4];
     RealBf16 *persistent;   /* stage 3: its full copy when ds_persist */
 } Tensor;
+
+/* Stage 3: one coalesced all-gather of a micro-step (zp_impl.h ZpFetch), its tensors in the
+ * order of its flat buffer. */
+typedef struct {
+    guint first, n;        /* its tensors: members[first .. first + n) */
+    uint64_t per_rank;     /* the slices of every rank, one after another in the flat buffer */
+} Call;
 
 typedef struct {
     uint64_t lo, hi;  /* flat range of whole tensors */
@@ -47,6 +56,15 @@ struct RealDs {
     /* With optimizer offload the reduced slices go to real_offload's host tier from the
      * bucket (stage 2) or the concatenation copy (stage 3) and no gradients stay here. */
     gboolean host_grads;
+    /* Stage 3: a micro-step's calls in issue order, the next one, the tensors they gather,
+     * and the call whose flat buffer each buffer id holds (-1 none). */
+    Call *calls;
+    guint n_calls, next_call;
+    guint *members;
+    int *flat_call;
+    /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
+     * backward (zp_impl.h tied_grad_waits), or -1. */
+    int *tied_grad;
 };
 
 #define fail real_engine_fail
@@ -117,7 +135,8 @@ static gboolean index_tensors(RealDs *ds, GError **error)
                         " elements) is not the model's", z->unit, k, z->elems);
         }
         const uint64_t slice = zp_mem_padded_elems(z->elems, (uint64_t)ds->dp) / (uint64_t)ds->dp;
-        ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1, -1, NULL};
+        ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1,
+                            {-1, -1, -1, -1}, NULL};
         part += slice;
     }
     g_array_unref(tensors);
@@ -181,6 +200,60 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     return TRUE;
 }
 
+/* The tied head's wte gradient buffer of each micro-step: a bucket buffer the head op waits
+ * for that no reduction uses (zp_sched.c alloc_tied_grad). */
+static gboolean index_tied_grad(RealDs *ds)
+{
+    const ZpSchedule *s = ds->s;
+    ds->tied_grad = g_new(int, (gsize)s->plan.grad_accum);
+    for (int m = 0; m < s->plan.grad_accum; m++)
+        ds->tied_grad[m] = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_HEAD || op->micro < 0 ||
+            op->micro >= s->plan.grad_accum)
+            continue;
+        for (uint32_t k = 0; k < op->n_deps; k++) {
+            const ZpOp *d = zp_sched_op(s, zp_sched_deps(s, op)[k]);
+            gboolean reduced = FALSE;
+            for (int j = 0; j < s->plan.grad_accum * ds->n_buckets; j++)
+                reduced |= ds->bucket_buffer[j] == d->buffer;
+            if (d->kind == ZP_OP_ALLOC && d->sub == ZP_MEM_BUCKETS && d->unit == 0 && !reduced)
+                ds->tied_grad[op->micro] = d->buffer;
+        }
+    }
+    return TRUE;
+}
+
+/* Stage 3: the calls zp_impl_deepspeed plans for a micro-step (the schedule issues them in
+ * that order, every micro-step alike), each tensor by its flat offset. */
+static gboolean index_calls(RealDs *ds, GError **error)
+{
+    ds->flat_call = g_new(int, MAX(ds->n_buffers, 1));
+    for (int b = 0; b < ds->n_buffers; b++)
+        ds->flat_call[b] = -1;
+    if (ds->stage != 3)
+        return TRUE;
+    GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    zp_impl_get(ds->s->plan.impl)->plan_fetches(ds->s, fetches);
+    ds->calls = g_new0(Call, MAX(fetches->len, 1));
+    ds->members = g_new(guint, MAX(fetches->len, 1));
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < fetches->len; i++) {
+        const ZpFetch *f = &g_array_index(fetches, ZpFetch, i);
+        const int x = tensor_at(ds, f->offset);
+        if (!f->joins_previous)
+            ds->calls[ds->n_calls++] = (Call){i, 0, 0};
+        Call *c = &ds->calls[ds->n_calls - 1];
+        ok = x >= 0 && f->elems == ds->t[x].slice * (uint64_t)ds->dp;
+        ds->members[i] = (guint)MAX(x, 0);
+        c->n++;
+        c->per_rank += ds->t[MAX(x, 0)].slice;
+    }
+    g_array_unref(fetches);
+    return ok ? TRUE : fail(error, "a stage-3 fetch of no whole tensor");
+}
+
 /* Stage 2: stage_1_and_2.py copy_grads_in_partition keeps the whole parameters that overlap
  * this rank's partition (params_in_partition), the partition's padding included; the schedule
  * sizes it for the rank where that is largest, and doubles it with accumulation. Stage 3: the
@@ -242,8 +315,8 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
                    .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0};
-    if (!index_tensors(ds, error) || !index_buckets(ds, error) || !allocate_grads(ds, error) ||
-        !allocate_persistent(ds, error)) {
+    if (!index_tensors(ds, error) || !index_buckets(ds, error) || !index_calls(ds, error) ||
+        !index_tied_grad(ds) || !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
         real_ds_free(ds);
         return NULL;
     }
@@ -260,6 +333,7 @@ void real_ds_free(RealDs *ds)
     ds->be->free(ds->be, ds->grads_sum);
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
+    g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
     g_free(ds);
 }
 
@@ -285,8 +359,9 @@ static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
         return ds->params + t->offset;
     if (t->persistent)
         return t->persistent;
-    if (t->gathered >= 0 && ds->buffers[t->gathered])
-        return ds->buffers[t->gathered];
+    for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
+        if (t->gathered[i] >= 0 && ds->buffers[t->gathered[i]])
+            return ds->buffers[t->gathered[i]];
     return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered", ds->rank,
                 t->unit, t->k), NULL;
 }
@@ -339,6 +414,28 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     return buf + b->slot;
 }
 
+/* The tied head's wte gradient of micro-step `micro` when it waits in a buffer of its own:
+ * the head (which asks for wte alone) writes there; the embedding's backward finds it
+ * copied into wte's place of its bucket, untouched since the bucket landed (no other op
+ * writes wte's gradient), and adds its own (autograd's sum, then the hook's copy into the
+ * ipg buffer). */
+static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro,
+                           GError **error)
+{
+    RealBf16 *wait = ds->buffers[ds->tied_grad[micro]];
+    if (!wait)
+        return fail(error, "rank %d: the tied head's wte gradient has no buffer", ds->rank),
+               NULL;
+    if (used == 1u)
+        return wait;
+    RealBf16 *place = land(ds, t->bucket, micro, error);
+    if (place) {
+        place += t->offset - ds->bk[t->bucket].lo;
+        ds->be->copy(ds->be, place, wait, t->elems * sizeof(RealBf16));
+    }
+    return place;
+}
+
 /* Unit u's tensors in `used`: their parameters (micro -1) or where micro-step micro's
  * gradients land. */
 static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
@@ -349,6 +446,11 @@ static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTens
         const Tensor *t = &ds->t[i];
         if (t->unit != unit || !(used >> t->k & 1))
             continue;
+        if (micro >= 0 && t->unit == 0 && t->k == 0 && ds->tied_grad[micro] >= 0) {
+            if (!(out->at[t->k] = tied_grad(ds, t, used, micro, error)))
+                return FALSE;
+            continue;
+        }
         RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
         if (!base)
             return FALSE;
@@ -483,9 +585,85 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
     return ok;
 }
 
-/* Stage 3: one tensor into its gathered buffer (partitioned_param_coordinator.py
- * __all_gather_params), or a persistent tensor's full copy after the step; stage 2: the
- * updated partitions in place (runtime/utils.py all_gather_dp_groups). */
+/* Stage 3: tensor t is in buffer id too (in a slot whose buffer is freed, or unused; the
+ * same ops, so the same ids, come again every step). */
+static gboolean hold(RealDs *ds, Tensor *t, int id, GError **error)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
+        if (t->gathered[i] == id)
+            return TRUE;
+    for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
+        if (t->gathered[i] < 0 || !ds->buffers[t->gathered[i]]) {
+            t->gathered[i] = id;
+            return TRUE;
+        }
+    return fail(error, "rank %d: unit %d's tensor %d is gathered more than %zu times at once",
+                ds->rank, t->unit, t->k, G_N_ELEMENTS(t->gathered));
+}
+
+/* Stage 3: the micro-step's next call (partitioned_param_coordinator.py
+ * __all_gather_params_ -> partition_parameters.py all_gather_coalesced). One tensor is gathered
+ * into its own buffer (_all_gather_sequential); more, each rank's slices concatenated into
+ * its place of the flat buffer, gathered in place (_all_gather_dtype), to be unpacked. */
+static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
+{
+    if (ds->n_calls == 0)
+        return fail(error, "a stage-3 all-gather where DeepSpeed plans none");
+    const guint k = ds->next_call++ % ds->n_calls;
+    const Call *c = &ds->calls[k];
+    Tensor *first = &ds->t[ds->members[c->first]];
+    RealBf16 *dst = ds->buffers[op->buffer];
+    if (op->elem_offset != first->offset || op->elems != c->per_rank * (uint64_t)ds->dp || !dst)
+        return fail(error, "rank %d: all-gather %u of the micro-step is not DeepSpeed's call "
+                    "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
+                    ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
+    if (c->n == 1)
+        return hold(ds, first, op->buffer, error) &&
+               ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
+                                        error);
+    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
+        mine += t->slice;
+    }
+    ds->flat_call[op->buffer] = (int)k;
+    return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
+                                    c->per_rank, dst, error);
+}
+
+gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
+{
+    const uint32_t *deps = zp_sched_deps(ds->s, op);
+    const ZpOp *coll = op->n_deps > 0 ? zp_sched_op(ds->s, deps[0]) : NULL;
+    const int k = coll && coll->kind == ZP_OP_COLLECTIVE && coll->buffer >= 0
+                      ? ds->flat_call[coll->buffer] : -1;
+    if (k < 0 || op->n_deps != ds->calls[k].n + 1)
+        return fail(error, "an unpack op that follows no coalesced all-gather, or not one "
+                           "buffer for each of its tensors");
+    const Call *c = &ds->calls[k];
+    const RealBf16 *flat = ds->buffers[coll->buffer];
+    uint64_t at = 0; /* the tensor's slice inside each rank's part */
+    for (guint i = 0; i < c->n; i++) {
+        Tensor *t = &ds->t[ds->members[c->first + i]];
+        const ZpOp *alloc = zp_sched_op(ds->s, deps[i + 1]);
+        RealBf16 *dst = alloc->kind == ZP_OP_ALLOC ? ds->buffers[alloc->buffer] : NULL;
+        if (!dst || alloc->bytes != (double)(t->elems * sizeof(RealBf16)))
+            return fail(error, "unpack: unit %d's tensor %d has no buffer of its size", t->unit,
+                        t->k);
+        for (int q = 0; q < ds->dp && (uint64_t)q * t->slice < t->elems; q++)
+            ds->be->copy(ds->be, dst + (uint64_t)q * t->slice, flat + q * c->per_rank + at,
+                         MIN(t->slice, t->elems - (uint64_t)q * t->slice) * sizeof(RealBf16));
+        if (!hold(ds, t, alloc->buffer, error))
+            return FALSE;
+        at += t->slice;
+    }
+    ds->flat_call[coll->buffer] = -1;
+    return TRUE;
+}
+
+/* Stage 3: a call (gather_call), or a persistent tensor's full copy after the step; stage 2:
+ * the updated partitions in place (runtime/utils.py all_gather_dp_groups). */
 static gboolean gather(RealDs *ds, const ZpOp *op, GError **error)
 {
     const uint64_t P = ds->s->partition_elems;
@@ -496,16 +674,14 @@ static gboolean gather(RealDs *ds, const ZpOp *op, GError **error)
         return ds->comm->allgather_bf16(ds->comm, ds->params + (uint64_t)ds->rank * P, P,
                                         ds->params, error);
     }
+    if (op->buffer >= 0)
+        return gather_call(ds, op, error);
     const int x = tensor_at(ds, op->elem_offset);
     Tensor *t = x >= 0 ? &ds->t[x] : NULL;
-    if (!t || op->elems != t->slice * (uint64_t)ds->dp)
-        return fail(error, "an all-gather of no whole tensor");
-    RealBf16 *dst = op->buffer >= 0 ? ds->buffers[op->buffer] : t->persistent;
-    if (!dst)
-        return fail(error, "an all-gather into no buffer");
-    if (op->buffer >= 0)
-        t->gathered = op->buffer;
-    return ds->comm->allgather_bf16(ds->comm, ds->params + t->part, t->slice, dst, error);
+    if (!t || op->elems != t->slice * (uint64_t)ds->dp || !t->persistent)
+        return fail(error, "a persistent all-gather of no persistent tensor");
+    return ds->comm->allgather_bf16(ds->comm, ds->params + t->part, t->slice, t->persistent,
+                                    error);
 }
 
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)

@@ -54,6 +54,10 @@ gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out
 gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
                        GError **error);
 
+/* Stage 3: a coalesced all-gather's tensors copied out of its flat buffer into their own
+ * (partition_parameters.py AllGatherCoalescedHandle.wait), the buffers its op depends on. */
+gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error);
+
 /* A collective op of the schedule. */
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error);
 

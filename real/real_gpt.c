@@ -570,6 +570,7 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
         return FALSE;
     }
     const uint64_t key = real_gpt_mix64(seed ^ real_gpt_mix64((uint64_t)unit + 1));
+    const uint64_t wte_key = real_gpt_mix64(seed ^ real_gpt_mix64(1)); /* unit 0's */
     const double residual_std = REAL_GPT_INIT_STD / sqrt(2.0 * dims->layers);
     const double std_of[] = {[REAL_GPT_INIT_NORMAL] = REAL_GPT_INIT_STD,
                              [REAL_GPT_INIT_NORMAL_RESIDUAL] = residual_std};
@@ -595,17 +596,21 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
         const size_t lo = MAX(first_elem, t[k].offset_elems);
         const size_t hi = MIN(end, t[k].offset_elems + t[k].elems);
         /* The word embedding and LM head: this rank's vocabulary rows, contiguous. */
-        const bool rows = strcmp(t[k].name, "wte") == 0 || strcmp(t[k].name, "lm_head.weight") == 0;
+        const bool head = strcmp(t[k].name, "lm_head.weight") == 0;
+        const bool rows = strcmp(t[k].name, "wte") == 0 || head;
+        /* A tied wte's copy: wte's values (unit 0's key, wte at its offset 0). */
+        const bool copy = head && dims->tied_copy;
         for (size_t e = lo; e < hi; e++) {
             const size_t in = e - t[k].offset_elems;
-            const size_t at = wt[k].offset_elems +
+            const size_t at = (copy ? 0 : wt[k].offset_elems) +
                               (shard  ? real_gpt_tp_index(dims, &whole, kind[k], in)
                                : rows ? rank * t[k].elems + in
                                       : in);
             double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
                            : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
                                                            : std_of[init[k]] *
-                                                                 real_gpt_normal_at(key, at);
+                                                                 real_gpt_normal_at(
+                                                                     copy ? wte_key : key, at);
             out[e - first_elem] = real_bf16_from_f32((float)value);
         }
     }

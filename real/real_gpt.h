@@ -58,6 +58,8 @@ typedef struct {
     bool exact_gelu;  /* GELU (plain or GeGLU) is the exact erf form, not the tanh one */
     bool rmsnorm;     /* RMSNorm (gain only) instead of LayerNorm */
     bool untied;      /* an LM head of its own in the last unit */
+    bool tied_copy;   /* with untied: that head is a pipeline's last stage's copy of a tied
+                       * wte (Megatron's), drawn from wte's initial values */
     unsigned no_bias; /* REAL_GPT_NO_BIAS_* flags: linear layers without a bias */
     bool parallel_residual; /* GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) */
     float rope_theta; /* rotary embeddings' base instead of a position table (0: none) */

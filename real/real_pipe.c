@@ -6,7 +6,8 @@
 struct RealPipe {
     RealComm *world;       /* borrowed: p2p goes over it, peers by world rank */
     RealBackend *be;       /* borrowed */
-    RealComm *dp, *pp;     /* owned (pp may be the world, then not owned) */
+    RealComm *dp, *pp;     /* borrowed from the groups, or dp = dp_owned */
+    RealComm *dp_owned;    /* the one-rank DP group of a world that cannot split */
     int stage, mp;
     double recv_s, send_s; /* since made or reset */
     double sent_before;    /* world->sent_bytes when made: its collectives are not p2p */
@@ -27,7 +28,8 @@ RealComm *real_pipe_pp_comm(RealPipe *p)
     return p->pp;
 }
 
-RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s, GError **error)
+RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s,
+                        const RealGroups *g, GError **error)
 {
     const int mp = s->plan.mp, pp = MAX(s->stages, 1), dp = s->plan.dp;
     if (world->size != dp * mp * pp) {
@@ -42,28 +44,12 @@ RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s, G
                     "mpirun, not --emulate)");
         return NULL;
     }
-    if (!world->split && (dp > 1 || mp > 1)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--pp: this communicator cannot be split into data-parallel groups; "
-                    "pipelines run with dp 1 and mp 1 on it (dp %d, mp %d)", dp, mp);
-        return NULL;
-    }
     RealPipe *p = g_new0(RealPipe, 1);
     p->world = world, p->be = be, p->mp = mp;
-    const int r = world->rank, t = r % mp, d = r / (mp * pp);
-    p->stage = (r / mp) % pp;
+    p->stage = (world->rank / mp) % pp;
     p->sent_before = world->sent_bytes;
-    if (!world->split) {
-        p->dp = real_comm_emulated_new(be, 1, 0);
-        p->pp = world;
-        return p;
-    }
-    /* Both splits are collective over the world, in the same order on every rank. */
-    if (!(p->dp = world->split(world, t + mp * p->stage, d, error)) ||
-        !(p->pp = world->split(world, t + mp * d, p->stage, error))) {
-        real_pipe_free(p);
-        return NULL;
-    }
+    p->pp = g->pp;
+    p->dp = g->dp ? g->dp : (p->dp_owned = real_comm_emulated_new(be, 1, 0));
     return p;
 }
 
@@ -71,10 +57,8 @@ void real_pipe_free(RealPipe *p)
 {
     if (!p)
         return;
-    if (p->dp)
-        p->dp->destroy(p->dp);
-    if (p->pp && p->pp != p->world)
-        p->pp->destroy(p->pp);
+    if (p->dp_owned)
+        p->dp_owned->destroy(p->dp_owned);
     g_free(p);
 }
 
@@ -108,7 +92,8 @@ gboolean real_pipe_receive(RealPipe *p, const ZpSchedule *s, const ZpOp *op, Rea
                          (size_t)s->model.hidden * sizeof(RealBf16);
     for (uint32_t i = 0; i < op->n_deps; i++) {
         const ZpOp *send = zp_sched_op(s, deps[i]);
-        if (send->kind != ZP_OP_P2P || (int)send->stage == p->stage)
+        if (send->kind != ZP_OP_P2P || (int)send->stage == p->stage ||
+            send->sub == ZP_P2P_TIED)
             continue;
         if (!check_bytes(send, bytes, error))
             return FALSE;
@@ -135,6 +120,73 @@ gboolean real_pipe_send(RealPipe *p, const ZpSchedule *s, const ZpOp *op, RealBf
         p->be->f32_to_bf16(p->be, x, dx, bytes / sizeof(RealBf16));
     const gboolean ok = p->world->send(p->world, x, bytes, peer_rank(p, (int)op->peer),
                                        send_tag(s, op), error);
+    p->send_s += zp_now_s() - t0;
+    return ok;
+}
+
+/* The tied gradient's send `op` waits for (another stage's), or NULL. */
+static const ZpOp *tied_send(const ZpSchedule *s, const ZpOp *op)
+{
+    const uint32_t *deps = zp_sched_deps(s, op);
+    for (uint32_t i = 0; i < op->n_deps; i++) {
+        const ZpOp *send = zp_sched_op(s, deps[i]);
+        if (send->kind == ZP_OP_P2P && send->sub == ZP_P2P_TIED && send->stage != op->stage)
+            return send;
+    }
+    return NULL;
+}
+
+gboolean real_pipe_waits_tied(const ZpSchedule *s, const ZpOp *op)
+{
+    return tied_send(s, op) != NULL;
+}
+
+/* The pieces a tied gradient travels in: the residual stream's b s h elements. */
+static size_t tied_piece(const ZpSchedule *s)
+{
+    return (size_t)s->plan.micro_batch * (size_t)s->model.seq_len * (size_t)s->model.hidden;
+}
+
+static gboolean check_tied(const ZpOp *send, size_t n, GError **error)
+{
+    if (send->bytes == (double)(n * sizeof(RealBf16)))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "a tied embedding's gradient of %.0f bytes; this stage's copy has %zu bf16 "
+                "elements", send->bytes, n);
+    return FALSE;
+}
+
+gboolean real_pipe_receive_tied(RealPipe *p, const ZpSchedule *s, const ZpOp *op,
+                                RealBf16 *grads, size_t n, RealBf16 *x, float *dx,
+                                GError **error)
+{
+    const ZpOp *send = tied_send(s, op);
+    if (!check_tied(send, n, error))
+        return FALSE;
+    const double t0 = zp_now_s();
+    for (size_t at = 0; at < n; at += tied_piece(s)) {
+        const size_t k = MIN(tied_piece(s), n - at);
+        if (!p->world->recv(p->world, x, k * sizeof(RealBf16), peer_rank(p, (int)send->stage),
+                            send_tag(s, send), error))
+            return FALSE;
+        p->be->bf16_to_f32(p->be, dx, x, k);
+        p->be->accumulate_bf16(p->be, grads + at, dx, k);
+    }
+    p->recv_s += zp_now_s() - t0;
+    return TRUE;
+}
+
+gboolean real_pipe_send_tied(RealPipe *p, const ZpSchedule *s, const ZpOp *op,
+                             const RealBf16 *grads, size_t n, GError **error)
+{
+    if (!check_tied(op, n, error))
+        return FALSE;
+    const double t0 = zp_now_s();
+    gboolean ok = TRUE;
+    for (size_t at = 0; ok && at < n; at += tied_piece(s))
+        ok = p->world->send(p->world, grads + at, MIN(tied_piece(s), n - at) * sizeof(RealBf16),
+                            peer_rank(p, (int)op->peer), send_tag(s, op), error);
     p->send_s += zp_now_s() - t0;
     return ok;
 }

@@ -6,6 +6,7 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_tp.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -14,13 +15,14 @@ typedef struct RealPipe RealPipe;
 
 /* This rank's place in a world of dp x mp x pp ranks (`world`, borrowed) for the schedule
  * `sched` (borrowed; its plan's degrees): rank r is TP rank r mod mp of stage (r / mp) mod pp
- * of DP replica r / (mp pp). Its DP group (the ranks of its stage and TP rank) and pipeline
- * group (its replica's stages of its TP rank) are splits of the world; a world that cannot be
- * split (NCCL's) runs dp = mp = 1 only, its DP group then one rank (real_comm_emulated) and
- * its pipeline group the world. Fails when the world's size is not dp x mp x pp or it has no
- * p2p (the emulated world). Collective over the world. */
+ * of DP replica r / (mp pp), as real_groups_split numbers them. Its DP group (the ranks of its
+ * stage and TP rank) and pipeline group (its replica's stages of its TP rank) are `groups`'s
+ * (borrowed; real_groups_split(world, mp, pp)); where the world could not split (NCCL's:
+ * groups->dp NULL) its DP group is one rank (real_comm_emulated). Sends go to the same TP
+ * rank of the adjacent stages. Fails when the world's size is not dp x mp x pp or it has no
+ * p2p (the emulated world). */
 RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *sched,
-                        GError **error);
+                        const RealGroups *groups, GError **error);
 void real_pipe_free(RealPipe *pipe);
 
 int real_pipe_stage(const RealPipe *pipe);
@@ -40,6 +42,18 @@ gboolean real_pipe_receive(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *
  * stage of this rank's replica and TP rank. */
 gboolean real_pipe_send(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op, RealBf16 *x,
                         const float *dx, GError **error);
+
+/* A tied word embedding's gradient (ZP_P2P_TIED): whether `op` waits for the other
+ * embedding stage's; that stage's n bf16 gradients received, through x (bf16) and dx (fp32)
+ * of b s h elements a piece, and added to `grads` (the sum rounded to bf16 once, as NCCL's
+ * bf16 all-reduce of two ranks); and this stage's sent, in the same pieces. Both stages
+ * send before they receive (the MPI communicator's buffered sends): no deadlock. */
+gboolean real_pipe_waits_tied(const ZpSchedule *sched, const ZpOp *op);
+gboolean real_pipe_receive_tied(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op,
+                                RealBf16 *grads, size_t n, RealBf16 *x, float *dx,
+                                GError **error);
+gboolean real_pipe_send_tied(RealPipe *pipe, const ZpSchedule *sched, const ZpOp *op,
+                             const RealBf16 *grads, size_t n, GError **error);
 
 /* Bytes this rank has sent to other stages, and seconds it has spent waiting in receives
  * (its bubble, in part) and in sends, since it was made or reset. */

@@ -45,6 +45,10 @@ gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GEr
         out->dp = world;
         return TRUE;
     }
+    if (!world->split && tp == 1 && pp == world->size) {
+        out->pp = world;
+        return TRUE;
+    }
     if (!world->split) {
         g_set_error(error, REAL_TP_ERROR, 0,
                     "tensor parallelism (mp %d) and pipelines (pp %d) run over MPI ranks "
@@ -53,7 +57,7 @@ gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GEr
         return FALSE;
     }
     const int w = world->rank, t = w % tp, p = w / tp % pp, d = w / block;
-    out->dp_owned = TRUE;
+    out->dp_owned = out->pp_owned = TRUE;
     gboolean ok = (tp == 1 || split_one(world, w / tp, t, &out->tp, error)) &&
                   (pp == 1 || split_one(world, d * tp + t, p, &out->pp, error)) &&
                   split_one(world, w % block, d, &out->dp, error);
@@ -64,7 +68,7 @@ gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GEr
 
 void real_groups_free(RealGroups *g)
 {
-    RealComm *owned[3] = {g->tp, g->pp, g->dp_owned ? g->dp : NULL};
+    RealComm *owned[3] = {g->tp, g->pp_owned ? g->pp : NULL, g->dp_owned ? g->dp : NULL};
     for (int i = 0; i < 3; i++)
         if (owned[i])
             owned[i]->destroy(owned[i]);

@@ -14,14 +14,17 @@
 /* The groups one rank belongs to. World rank w = tp_rank + tp (pp_rank + pp dp_rank):
  * tp consecutive ranks form a tensor group, every tp-th rank of a tp x pp block a pipeline,
  * every (tp pp)-th rank a data-parallel group. A group of one rank is NULL when tp or pp
- * is 1, and the world itself stands for dp when tp = pp = 1 (dp_owned FALSE). */
+ * is 1, and the world itself stands for dp when tp = pp = 1 (dp_owned FALSE). A world that
+ * cannot split (NCCL's) runs one pipeline of pp = its size ranks at tp 1: the world itself
+ * is then pp (pp_owned FALSE) and dp is NULL (one rank; real_pipe stands one in). */
 typedef struct {
     RealComm *tp, *pp, *dp;
-    gboolean dp_owned;
+    gboolean dp_owned, pp_owned;
 } RealGroups;
 
 /* Splits `world` (MPI_Comm_split through world->split) for tensor degree tp and pp stages;
- * fails naming --mp when tp pp does not divide the world or the communicator cannot split. */
+ * fails naming --mp when tp pp does not divide the world or the communicator cannot split
+ * (but for the one pipeline above). */
 gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GError **error);
 void real_groups_free(RealGroups *groups);
 

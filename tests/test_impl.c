@@ -190,6 +190,166 @@ static void test_step_copies(void)
     }
 }
 
+/* The free of buffer id after op `from`, or the op count. */
+static guint free_of(const ZpSchedule *s, int id, guint from)
+{
+    guint i = from;
+    while (i < s->ops->len && !(zp_sched_op(s, i)->kind == ZP_OP_FREE &&
+                                zp_sched_op(s, i)->buffer == id))
+        i++;
+    return i;
+}
+
+/* Checks every unpack of s as partition_parameters.py _all_gather_dtype and
+ * AllGatherCoalescedHandle.wait lay it out: it follows its call's all-gather into a flat
+ * buffer of the parameters' padded partitions and allocates each parameter's own elements;
+ * the flat buffer is freed after it. Returns the unpacks, and in *spanning those whose flat
+ * buffer outlives a compute op (a prefetch for later modules). */
+static guint check_unpacks(const ZpSchedule *s, guint *spanning)
+{
+    guint unpacks = 0;
+    *spanning = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_UNPACK)
+            continue;
+        unpacks++;
+        const uint32_t *deps = zp_sched_deps(s, op);
+        const ZpOp *coll = zp_sched_op(s, deps[0]);
+        g_assert_cmpint(coll->kind, ==, ZP_OP_COLLECTIVE);
+        g_assert_cmpint(coll->sub, ==, ZP_COLL_ALLGATHER);
+        g_assert_cmpuint(op->n_deps, >=, 3); /* a lone parameter is gathered in its buffer */
+        double padded = 0, own = 0;
+        for (uint32_t k = 1; k < op->n_deps; k++) {
+            const ZpOp *alloc = zp_sched_op(s, deps[k]);
+            g_assert_cmpint(alloc->kind, ==, ZP_OP_ALLOC);
+            g_assert_cmpint(alloc->sub, ==, ZP_MEM_GATHERED_PARAMS);
+            own += alloc->bytes;
+            padded += (double)zp_mem_padded_elems((uint64_t)alloc->bytes / 2,
+                                                  (uint64_t)s->plan.dp) * 2;
+        }
+        g_assert_cmpfloat(coll->bytes, ==, padded);
+        g_assert_cmpfloat(coll->elems * 2.0, ==, padded);
+        g_assert_cmpfloat(op->mem_bytes, ==, 2 * own);
+        const guint freed = free_of(s, coll->buffer, i);
+        g_assert_cmpuint(freed, <, s->ops->len);
+        g_assert_cmpfloat(zp_sched_op(s, freed)->bytes, ==, padded);
+        for (guint k = i + 1; k < freed; k++)
+            if (zp_sched_op(s, k)->kind == ZP_OP_COMPUTE &&
+                zp_sched_op(s, k)->stream == ZP_STREAM_COMPUTE) {
+                (*spanning)++;
+                break;
+            }
+    }
+    return unpacks;
+}
+
+/* DeepSpeed's stage 3 gathers with one coalesced all-gather per fetch_sub_module call: the
+ * current module's missing parameters, then everything it prefetches, one parameter of the
+ * queue at a time (partitioned_param_coordinator.py __all_gather_params_ ->
+ * all_gather_coalesced). gpt-1t on 1024 GPUs with checkpointing: fc1's bias (4h = 102400
+ * elements) is above the persistence threshold (1e5). In forward and recompute the module
+ * before fc1 (ln2, persistent) prefetches fc1's weight alone (it overshoots the 5e7 bucket),
+ * and fc1 then fetches its bias alone; in backward fc2's gathered weight (4h^2) leaves no room
+ * under stage3_max_live_parameters (1e9) to prefetch, so fc1 fetches weight and bias in one
+ * call of two, the flat buffer freed as soon as both are copied out: one such call per block.
+ * Every other call holds one parameter, gathered into its own padded buffer. The bytes sent
+ * are the per-parameter gathers', so 1,260.75 GB for gpt3-175b stays
+ * (test_deepspeed_stage3_bytes). On tiny with a prefetch bucket of 20000 a prefetch gathers
+ * parameters of later modules in one call, whose buffer lives until the last of them is
+ * waited for. */
+static void test_deepspeed_coalesced(void)
+{
+    const ZpModel m = tu_load_model("gpt-1t");
+    ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 3, 1024, TRUE);
+    const double h = 25600, fc1 = 4 * h * h + 4 * h;
+    guint spanning;
+    g_assert_cmpuint(check_unpacks(s, &spanning), ==, 128);
+    g_assert_cmpuint(spanning, ==, 0);
+    guint coalesced = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK)
+            coalesced += zp_sched_op(s, zp_sched_deps(s, op)[0])->elems == fc1;
+    }
+    g_assert_cmpuint(coalesced, ==, 128);
+    zp_sched_free(s);
+
+    ZpModel tiny = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.zero.stage3_param_persistence_threshold = 1000;
+    p.zero.stage3_prefetch_bucket_size = 20000;
+    p.zero.stage3_max_live_parameters = 40000;
+    p.zero.stage3_max_reuse_distance = 10000;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_unpacks(s, &spanning), >, 0);
+    g_assert_cmpuint(spanning, >, 0);
+    const double sent = zp_sched_comm_bytes(s, ZP_GROUP_DP);
+    zp_sched_free(s);
+    /* stage3_allgather_sequential: each parameter its own all-gather, the same bytes. */
+    p.zero.stage3_allgather_sequential = TRUE;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_unpacks(s, &spanning), ==, 0);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_DP), ==, sent);
+    zp_sched_free(s);
+}
+
+/* The index of the first op of kind/sub at micro-step micro from op `from`. */
+static guint find_op(const ZpSchedule *s, ZpOpKind kind, int sub, int micro, guint from)
+{
+    while (from < s->ops->len && !(zp_sched_op(s, from)->kind == kind &&
+                                   zp_sched_op(s, from)->sub == sub &&
+                                   zp_sched_op(s, from)->micro == micro))
+        from++;
+    return from;
+}
+
+/* A tied LM head's contribution to wte's gradient waits in autograd's input buffer of wte's
+ * AccumulateGrad until the embedding's backward adds to it; only then does DeepSpeed's hook
+ * copy the sum into the ipg buffer and drop it. gpt2-124m's wte (50257 x 768) is below the
+ * 5e8-element bucket, so at stages 2 and 3 each micro-step holds one buffer of wte's
+ * 16-bit gradient from before the head to after the embedding's backward. With a bucket
+ * below wte, wte's gradient has a bucket of its own from the head on, and no second one;
+ * the paper's ZeRO has none. */
+static void test_tied_grad_waits(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    for (int stage = 2; stage <= 3; stage++)
+        for (int variant = 0; variant < 3; variant++) {
+            ZpPlan p;
+            zp_plan_defaults(&p, stage, 8, 1);
+            p.grad_accum = 2;
+            p.impl = variant == 2 ? ZP_IMPL_PAPER : ZP_IMPL_DEEPSPEED;
+            if (variant == 1)
+                p.zero.reduce_bucket_size = 2e7;
+            ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+            g_assert_nonnull(s);
+            guint waits = 0;
+            for (int micro = 0; micro < 2; micro++) {
+                const ZpOp *head = zp_sched_op(s, find_op(s, ZP_OP_COMPUTE, ZP_COMP_HEAD, micro, 0));
+                const guint embed = find_op(s, ZP_OP_COMPUTE, ZP_COMP_EMBED_BWD, micro, 0);
+                for (uint32_t k = 0; k < head->n_deps; k++) {
+                    const ZpOp *alloc = zp_sched_op(s, zp_sched_deps(s, head)[k]);
+                    if (alloc->kind != ZP_OP_ALLOC || alloc->sub != ZP_MEM_BUCKETS ||
+                        alloc->unit != 0)
+                        continue;
+                    gboolean reduced = FALSE; /* wte's own bucket, not autograd's buffer */
+                    for (guint i = 0; i < s->ops->len; i++)
+                        reduced |= zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE &&
+                                   zp_sched_op(s, i)->buffer == alloc->buffer;
+                    if (reduced)
+                        continue;
+                    waits++;
+                    g_assert_cmpfloat(alloc->bytes, ==, 50257.0 * 768 * s->elem_bytes);
+                    g_assert_cmpuint(free_of(s, alloc->buffer, 0), ==, embed + 1);
+                }
+            }
+            g_assert_cmpuint(waits, ==, variant == 0 ? 2 : 0);
+            zp_sched_free(s);
+        }
+}
+
 /* FSDP: no stage 1; FULL_SHARD reduce-scatters one unit at a time and gathers each block
  * twice and the root unit once per micro-step. */
 static void test_fsdp(void)
@@ -341,6 +501,8 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-stage12-bytes", test_deepspeed_stage12_bytes);
     g_test_add_func("/impl/deepspeed-stage3-bytes", test_deepspeed_stage3_bytes);
     g_test_add_func("/impl/deepspeed-bucket-buffers", test_deepspeed_bucket_buffers);
+    g_test_add_func("/impl/deepspeed-coalesced-gathers", test_deepspeed_coalesced);
+    g_test_add_func("/impl/tied-grad-waits", test_tied_grad_waits);
     g_test_add_func("/impl/step-copies", test_step_copies);
     g_test_add_func("/impl/fsdp", test_fsdp);
     g_test_add_func("/impl/schedules-balance", test_schedules_balance);

@@ -303,6 +303,56 @@ static void test_zero1_per_stage(void)
     zp_sched_free(s);
 }
 
+/* A tied word embedding under a pipeline: the first and last stages each send the other their
+ * copy's gradient (V h in 16 bits) after their last backward, and each one's next compute op or
+ * collective (its first gradient reduction) waits for the other's, before ReduceGrads as
+ * DeepSpeed's TrainSchedule orders ReduceTiedGrads; the middle stages send nothing more. */
+static void test_tied_embedding_sync(void)
+{
+    ZpModel m = pipe_model(8);
+    m.vocab = 1000;
+    const ZpPlan p = pipe_plan(1, 4, 4, ZP_PIPE_1F1B, 1, 4);
+    GError *error = NULL;
+    double pp_bytes[2][4];
+    for (int tied = 0; tied < 2; tied++) {
+        m.tied_embeddings = tied;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        guint n_tied = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_P2P || op->sub != ZP_P2P_TIED)
+                continue;
+            n_tied++;
+            g_assert_true((op->stage == 0 && op->peer == 3 && op->unit == 0) ||
+                          (op->stage == 3 && op->peer == 0 && op->unit == 9));
+            g_assert_cmpfloat(op->bytes, ==, 1000.0 * 4096 * 2);
+            /* The stage's next compute or collective waits for the other stage's send. */
+            guint next = i + 1;
+            while (zp_sched_op(s, next)->stage != op->stage ||
+                   (zp_sched_op(s, next)->kind != ZP_OP_COMPUTE &&
+                    zp_sched_op(s, next)->kind != ZP_OP_COLLECTIVE))
+                next++;
+            const ZpOp *waits = zp_sched_op(s, next);
+            g_assert_cmpint(waits->kind, ==, ZP_OP_COLLECTIVE); /* its first reduce-scatter */
+            const ZpOp *from = zp_sched_op(s, zp_sched_deps(s, waits)[0]);
+            g_assert_true(from->kind == ZP_OP_P2P && from->sub == ZP_P2P_TIED &&
+                          from->stage == op->peer);
+        }
+        g_assert_cmpuint(n_tied, ==, tied ? 2 : 0);
+        const SimOptions o = {.mode = SIM_MODE_FOLDED};
+        SimResult *r = sim_engine_run(s, &a100, &o, &error);
+        g_assert_no_error(error);
+        for (int k = 0; k < 4; k++)
+            pp_bytes[tied][k] = r->stage_comm_bytes[k * ZP_GROUP_N + ZP_GROUP_PP];
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+    for (int k = 0; k < 4; k++)
+        g_assert_cmpfloat(pp_bytes[1][k] - pp_bytes[0][k], ==,
+                          k == 0 || k == 3 ? 1000.0 * 4096 * 2 : 0.0);
+}
+
 /* ---- sequence parallelism ---------------------------------------------------------------- */
 
 /* Korthikanti et al.: with tensor and sequence parallelism a GPT block (eager attention,
@@ -378,6 +428,14 @@ static double bus(const ZpHw *hw, int dp, int mp, ZpGroup group)
     return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
 }
 
+/* One collective alone as the simulator times it (cli_coll_s's rule). */
+static double coll(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes)
+{
+    const SimCollGroup g = sim_coll_group(hw, dp, mp, group);
+    const SimCollCost c = sim_coll_cost(kind, bytes, &g);
+    return c.latency_s + c.transfer_s;
+}
+
 /* The screen's step bound stays below the simulated step for pipelines too (the branch and
  * bound is exact only then), and the 3D search finds pipelined plans, ZeRO stages 0-1 only. */
 static void test_search_3d(void)
@@ -391,6 +449,7 @@ static void test_search_3d(void)
     spec.rank = rank_fn;
     spec.rank_ctx = &m;
     spec.bus_bytes_per_s = bus;
+    spec.coll_s = coll; /* the tensor all-reduces' latency in the bound too */
     spec.top_k = 8;
     ZpSearchResult r;
     GError *error = NULL;
@@ -574,6 +633,7 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/actions", test_actions);
     g_test_add_func("/pipe/zero23-refused", test_zero23_refused);
     g_test_add_func("/pipe/zero1-per-stage", test_zero1_per_stage);
+    g_test_add_func("/pipe/tied-embedding-sync", test_tied_embedding_sync);
     g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
     g_test_add_func("/pipe/plan-files", test_plan_files);
     g_test_add_func("/pipe/search-3d", test_search_3d);

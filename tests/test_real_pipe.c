@@ -1,9 +1,13 @@
 /* test_real_pipe: zreal runs pipelines under mpirun — GPipe and 1F1B over 2 and 4 stages,
- * interleaved, and 2 data-parallel replicas of 2 stages at ZeRO-0 and -1 train to the loss of
- * one rank, and every stage holds and sends exactly what the simulator predicts for it (with
- * cpu_checkpointing, its host tier what its stage's schedule counts). */
+ * interleaved, 2 data-parallel replicas of 2 stages at ZeRO-0 and -1, and tensor parallelism
+ * of 2 inside each stage (TP 2 x PP 2, DP 2 x TP 2 x PP 2), and GPT-2's tiny with its tied
+ * embedding (the first and last stages exchange its gradient) train to the loss of one rank,
+ * and every stage holds and sends exactly what the simulator predicts for it (with
+ * cpu_checkpointing, its host tier what its stage's schedule counts); a pipeline's schedule
+ * file (zplan schedule --out) runs as its flags do. */
 #include "sim_engine.h"
 #include "testutil.h"
+#include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_sched.h"
 
@@ -24,26 +28,26 @@
 static char *tmp_dir;
 
 typedef struct {
-    int ranks, pp, zero, virtual_stages;
+    int ranks, pp, mp, zero, virtual_stages;
     const char *schedule;
-    int checkpoint; /* FALSE, TRUE, or CPU_CHECKPOINTING (with its host tier) */
+    int checkpoint;    /* FALSE, TRUE, or CPU_CHECKPOINTING (with its host tier) */
+    const char *model; /* NULL: MODEL (untied); "tiny": GPT-2's, its embedding tied */
 } PipeRun;
 
 #define CPU_CHECKPOINTING 2
 
-static json_t *run_zreal(int ranks, const char *args, const char *name)
+static const char *model_of(const PipeRun *p)
+{
+    return p->model ? p->model : MODEL;
+}
+
+/* measured.json of zreal on `model` for STEPS steps of MICRO_STEPS micro-steps. */
+static json_t *run_zreal(int ranks, const char *model, const char *args, const char *name)
 {
     char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
-    char *full = g_strdup_printf("--model %s --grad-accum %d --steps %d --out %s %s", MODEL,
-                                 MICRO_STEPS, STEPS, path, args);
-    TuRun r = tu_zreal_mpirun(ranks, full, NULL);
-    if (!g_spawn_check_wait_status(r.status, NULL))
-        g_printerr("%s", r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_remove(path);
-    tu_free(&r);
+    char *full = g_strdup_printf("--model %s --grad-accum %d --steps %d %s", model, MICRO_STEPS,
+                                 STEPS, args);
+    json_t *root = tu_zreal_measured(ranks, full, path);
     g_free(full);
     g_free(path);
     return root;
@@ -58,10 +62,10 @@ static double number(json_t *o, const char *key)
 
 static ZpSchedule *build(const PipeRun *p, int dp)
 {
-    ZpModel model = tu_load_model(MODEL);
+    ZpModel model = tu_load_model(model_of(p));
     model.dropout = FALSE;
     ZpPlan plan;
-    zp_plan_defaults(&plan, p->zero, dp, 1);
+    zp_plan_defaults(&plan, p->zero, dp, p->mp);
     plan.impl = ZP_IMPL_PAPER; /* zreal's default */
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_MICRO_BATCH / dp;
@@ -81,6 +85,19 @@ static ZpSchedule *build(const PipeRun *p, int dp)
 static const ZpMemCategory exact_categories[] = {
     ZP_MEM_PARAMS, ZP_MEM_GRADS, ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V, ZP_MEM_BUCKETS,
     ZP_MEM_ACTIVATIONS, ZP_MEM_CHECKPOINTS};
+
+/* A category's predicted peak as zreal allocates it: a LayerNorm model's blocks also keep
+ * fp32 mean and 1/std, 16 s b bytes a block, which the planner's activation formula leaves
+ * out (test_real_zero adds them the same way), for each block and micro-batch held. */
+static double predicted_peak(const ZpSchedule *s, double sim_peak, ZpMemCategory c)
+{
+    if (c != ZP_MEM_ACTIVATIONS || s->model.norm != ZP_NORM_LAYERNORM || s->plan.checkpoint)
+        return sim_peak;
+    const double block = zp_mem_plan_activation_block_bytes(&s->model, &s->plan);
+    const double held = sim_peak / block;
+    g_assert_cmpfloat(held, ==, floor(held));
+    return sim_peak + held * 16.0 * (double)s->model.seq_len * s->plan.micro_batch;
+}
 
 /* Rank r's figures against its stage's predictions: model states from the stage's layout,
  * each category's peak and the bytes sent (its DP group's collectives, its p2p sends) from the
@@ -115,13 +132,28 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
     for (size_t i = 0; i < G_N_ELEMENTS(exact_categories); i++) {
         const ZpMemCategory c = exact_categories[i];
         g_assert_cmpfloat(number(peaks, zp_sched_mem_name(c)), ==,
-                          sim->stage_category_peak_bytes[stage * ZP_MEM_N + c]);
+                          predicted_peak(s, sim->stage_category_peak_bytes[stage * ZP_MEM_N + c],
+                                         c));
     }
     const double *sent = &sim->stage_comm_bytes[stage * ZP_GROUP_N];
     g_assert_cmpfloat(number(pipe, "p2p_bytes"), ==, sent[ZP_GROUP_PP]);
     g_assert_cmpfloat(number(rank, "comm_bytes"), ==, sent[ZP_GROUP_DP]);
+    g_assert_cmpfloat(number(rank, "tp_comm_bytes"), ==, sent[ZP_GROUP_TP]);
     g_assert_cmpfloat(sent[ZP_GROUP_PP], >, 0);
     g_assert_true((sent[ZP_GROUP_DP] > 0) == (dp > 1));
+    g_assert_true((sent[ZP_GROUP_TP] > 0) == (s->plan.mp > 1));
+    /* Among the p2p bytes: a tied embedding's gradient, V / mp rows of h in bf16, which the
+     * first and last stages each send the other once a step. */
+    double tied = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_P2P && op->sub == ZP_P2P_TIED && (int)op->stage == stage)
+            tied += op->bytes;
+    }
+    const gboolean ends = stage == 0 || stage == s->stages - 1;
+    g_assert_cmpfloat(tied, ==, s->model.tied_embeddings && ends
+                                    ? 2.0 * s->model.vocab / s->plan.mp * s->model.hidden
+                                    : 0.0);
 }
 
 static void test_pipe_matches_one_rank(gconstpointer data)
@@ -131,12 +163,12 @@ static void test_pipe_matches_one_rank(gconstpointer data)
                        : p->checkpoint                    ? "--checkpoint"
                                                           : "";
     char *ref_args = g_strdup_printf("--micro-batch %d %s", GLOBAL_MICRO_BATCH, ckpt);
-    json_t *ref = run_zreal(1, ref_args, "ref");
-    const int dp = p->ranks / p->pp;
-    char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --pp-schedule %s "
+    json_t *ref = run_zreal(1, model_of(p), ref_args, "ref");
+    const int dp = p->ranks / (p->pp * p->mp);
+    char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --mp %d --pp-schedule %s "
                                  "--virtual-stages %d %s", GLOBAL_MICRO_BATCH / dp, p->zero,
-                                 p->pp, p->schedule, p->virtual_stages, ckpt);
-    json_t *m = run_zreal(p->ranks, args, "pipe");
+                                 p->pp, p->mp, p->schedule, p->virtual_stages, ckpt);
+    json_t *m = run_zreal(p->ranks, model_of(p), args, "pipe");
     json_t *ref_loss = json_object_get(ref, "loss"), *loss = json_object_get(m, "loss");
     g_assert_cmpuint(json_array_size(loss), ==, STEPS);
     for (int i = 0; i < STEPS; i++) {
@@ -165,6 +197,53 @@ static void test_pipe_matches_one_rank(gconstpointer data)
     g_free(ref_args);
 }
 
+/* `zplan schedule --out` writes a pipeline's schedule with its stage views, and zreal
+ * --schedule runs that file as it runs the flags: the same losses and, rank by rank, the same
+ * model states, peaks and bytes. A file whose stage views are not the plan's is refused. */
+static void test_schedule_file(void)
+{
+    static const char *const plan = "--pp 2 --mp 2 --pp-schedule 1f1b --stage 1 "
+                                    "--micro-batch 2 --grad-accum 4";
+    static const char *const figures[] = {"model_state_bytes", "comm_bytes", "tp_comm_bytes",
+                                          "category_peak_bytes", "pipeline"};
+    char *path = g_strdup_printf("%s/pipe-schedule.json", tmp_dir);
+    char *out = g_strdup_printf("%s/pipe-measured.json", tmp_dir);
+    char *args = g_strdup_printf("schedule --model tiny --gpus 4 --precision bf16 --impl paper "
+                                 "--no-dropout %s --out %s", plan, path);
+    TuRun w = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(w.status, NULL));
+    g_assert_nonnull(strstr(w.out, "over 2 pipeline stages of 2 ranks each"));
+    tu_free(&w);
+    char *from_file = g_strdup_printf("--schedule %s --steps 3", path);
+    char *from_flags = g_strdup_printf("--model tiny %s --steps 3", plan);
+    json_t *a = tu_zreal_measured(4, from_file, out), *b = tu_zreal_measured(4, from_flags, out);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    for (size_t r = 0; r < 4; r++) {
+        json_t *x = json_array_get(json_object_get(a, "ranks"), r);
+        json_t *y = json_array_get(json_object_get(b, "ranks"), r);
+        for (size_t f = 0; f < G_N_ELEMENTS(figures); f++) {
+            json_t *fx = json_object_get(x, figures[f]), *fy = json_object_get(y, figures[f]);
+            if (strcmp(figures[f], "pipeline") == 0) /* its waits are timings */
+                fx = json_object_get(fx, "p2p_bytes"), fy = json_object_get(fy, "p2p_bytes");
+            g_assert_true(fx && json_equal(fx, fy));
+        }
+    }
+    /* Stage views that are not the plan's. */
+    json_t *file = json_load_file(path, 0, NULL);
+    json_t *stages = json_object_get(file, "stages");
+    g_assert_cmpuint(json_array_size(stages), ==, 2);
+    json_t *state = json_object_get(json_array_get(stages, 0), "state_bytes");
+    json_object_set_new(state, "params", json_real(1.0));
+    g_assert_cmpint(json_dump_file(file, path, 0), ==, 0);
+    TuRun r = tu_zreal_mpirun(1, from_file, NULL);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "key \"stages\": the 2 stage views"));
+    tu_free(&r);
+    g_remove(path);
+    json_decref(file), json_decref(a), json_decref(b);
+    g_free(from_file), g_free(from_flags), g_free(args), g_free(out), g_free(path);
+}
+
 /* What zreal's pipelines do not run, refused on every rank with one line. */
 static void test_pipe_refusals(void)
 {
@@ -172,7 +251,6 @@ static void test_pipe_refusals(void)
         int ranks;
         const char *args, *message;
     } cases[] = {
-        {2, "--model tiny --pp 2", "zreal runs pipelines of untied models"},
         {2, "--model " MODEL " --pp 2 --stage 2", "ZeRO-2 and ZeRO-3 are incompatible"},
         {3, "--model " MODEL " --pp 2", "--pp: MP 1 x PP 2 = 2 does not divide"},
     };
@@ -192,19 +270,24 @@ int main(int argc, char **argv)
         const char *name;
         PipeRun run;
     } runs[] = {
-        {"/real-pipe/gpipe-2", {2, 2, 0, 1, "gpipe", FALSE}},
-        {"/real-pipe/1f1b-2", {2, 2, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/gpipe-4", {4, 4, 0, 1, "gpipe", FALSE}},
-        {"/real-pipe/1f1b-4", {4, 4, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 0, 1, "1f1b", TRUE}},
-        {"/real-pipe/1f1b-2-cpu-checkpointing", {2, 2, 0, 1, "1f1b", CPU_CHECKPOINTING}},
-        {"/real-pipe/interleaved-2x2", {2, 2, 0, 2, "interleaved", FALSE}},
-        {"/real-pipe/dp2-pp2-zero0", {4, 2, 0, 1, "1f1b", FALSE}},
-        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, "1f1b", FALSE}},
-        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, "gpipe", FALSE}},
+        {"/real-pipe/gpipe-2", {2, 2, 1, 0, 1, "gpipe", FALSE, NULL}},
+        {"/real-pipe/1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/gpipe-4", {4, 4, 1, 0, 1, "gpipe", FALSE, NULL}},
+        {"/real-pipe/1f1b-4", {4, 4, 1, 0, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 1, 0, 1, "1f1b", TRUE, NULL}},
+        {"/real-pipe/1f1b-2-cpu-checkpointing", {2, 2, 1, 0, 1, "1f1b", CPU_CHECKPOINTING, NULL}},
+        {"/real-pipe/interleaved-2x2", {2, 2, 1, 0, 2, "interleaved", FALSE, NULL}},
+        {"/real-pipe/dp2-pp2-zero0", {4, 2, 1, 0, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, NULL}},
+        {"/real-pipe/tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/dp2-tp2-pp2-zero1", {8, 2, 2, 1, 1, "1f1b", FALSE, NULL}},
+        {"/real-pipe/tied-1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, "tiny"}},
+        {"/real-pipe/tied-dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, "tiny"}},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(runs); i++)
         g_test_add_data_func(runs[i].name, &runs[i].run, test_pipe_matches_one_rank);
+    g_test_add_func("/real-pipe/schedule-file", test_schedule_file);
     g_test_add_func("/real-pipe/refusals", test_pipe_refusals);
     const int status = g_test_run();
     g_rmdir(tmp_dir);

@@ -39,19 +39,12 @@ static int mpirun(int n, const char *args, char **err)
     return mpirun_timeout(n, args, NULL, err);
 }
 
-/* The measured JSON of `mpirun -np n zreal ARGS --out PATH`. */
+/* The measured JSON of `mpirun -np n zreal ARGS --out TMP/NAME.json`. */
 static json_t *zreal_measured(int n, const char *args, const char *name)
 {
     char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
-    char *full = g_strdup_printf("%s --out %s", args, path);
-    char *err = NULL;
-    const int status = mpirun(n, full, &err);
-    if (!g_spawn_check_wait_status(status, NULL))
-        g_printerr("%s", err);
-    g_assert_true(g_spawn_check_wait_status(status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_free(err), g_free(full), g_free(path);
+    json_t *root = tu_zreal_measured(n, args, path);
+    g_free(path);
     return root;
 }
 
@@ -309,6 +302,21 @@ static void test_other_impls(void)
             }
             if (run->impl == ZP_IMPL_DEEPSPEED && run->stage == 1) /* the held ipg buffer */
                 g_assert_cmpfloat(peak[ZP_MEM_BUCKETS], ==, 10000 * 2);
+            if (run->impl == ZP_IMPL_DEEPSPEED && run->stage >= 2) {
+                /* the tied head's wte gradient (64 x 64) waits apart for the embedding's
+                 * backward, and stage 3 unpacks coalesced all-gathers: zreal ran both */
+                guint waits = 0, unpacks = 0;
+                for (guint i = 0; i < s->ops->len; i++) {
+                    const ZpOp *op = zp_sched_op(s, i);
+                    waits += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS &&
+                             op->unit == 0 && op->bytes == 64 * 64 * 2 &&
+                             zp_sched_op(s, i + 1)->kind == ZP_OP_COMPUTE &&
+                             zp_sched_op(s, i + 1)->sub == ZP_COMP_HEAD;
+                    unpacks += op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK;
+                }
+                g_assert_cmpuint(waits, ==, (guint)run->grad_accum);
+                g_assert_cmpuint(unpacks > 0, ==, run->stage == 3);
+            }
             zp_sched_free(s);
             for (int other = 0; other <= 1; other++) {
                 json_decref(runs[other]);
@@ -734,23 +742,6 @@ static void test_schedule_file(void)
 
 /* Runs build/zreal ARGS as one process (no mpirun), which must succeed, and returns the
  * measured.json it wrote to `path`. */
-static json_t *zreal_emulated(const char *args, const char *path)
-{
-    char *command = g_strdup_printf("%s/zreal %s --out %s", ZP_BUILD_DIR, args, path);
-    char **envp = g_environ_setenv(g_get_environ(), "OPENBLAS_NUM_THREADS", "1", TRUE);
-    TuRun r = tu_run(command, envp);
-    if (!g_spawn_check_wait_status(r.status, NULL))
-        g_printerr("%s: %s", command, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_strfreev(envp);
-    tu_free(&r);
-    g_free(command);
-    g_remove(path);
-    return root;
-}
-
 static double number_at(json_t *object, const char *key)
 {
     json_t *value = json_object_get(object, key);
@@ -774,7 +765,7 @@ static void test_emulated_rank_is_the_real_rank(void)
         g_assert_false(json_is_true(json_object_get(real, "emulated")));
         for (int r = 0; r < 4; r += 3) {
             char *emu_args = g_strdup_printf("%s --emulate 4 --rank %d", args, r);
-            json_t *emu = zreal_emulated(emu_args, emu_path);
+            json_t *emu = tu_zreal_measured(0, emu_args, emu_path);
             g_assert_true(json_is_true(json_object_get(emu, "emulated")));
             g_assert_cmpfloat(number_at(emu, "world"), ==, 4);
             json_t *ranks = json_object_get(emu, "ranks");
@@ -796,8 +787,8 @@ static void test_emulated_rank_is_the_real_rank(void)
         g_free(args), g_free(mpi_args), g_free(err);
     }
     /* Stage 0: the emulated world is N replicas of this rank, which learn. */
-    json_t *emu = zreal_emulated("--model tiny --stage 0 --micro-batch 4 --steps 8 --emulate 4 "
-                                 "--rank 1", emu_path);
+    json_t *emu = tu_zreal_measured(0, "--model tiny --stage 0 --micro-batch 4 --steps 8 "
+                                       "--emulate 4 --rank 1", emu_path);
     json_t *loss = json_object_get(emu, "loss");
     g_assert_cmpfloat(json_number_value(json_array_get(loss, 7)), <,
                       0.9 * json_number_value(json_array_get(loss, 0)));
@@ -811,8 +802,8 @@ static void test_emulated_rank_is_the_real_rank(void)
 static void test_emulated_rank_of_64(void)
 {
     char *path = g_strdup_printf("%s/emu64.json", tmp_dir);
-    json_t *m = zreal_emulated("--model gpt-7.5b --stage 3 --micro-batch 1 --checkpoint "
-                               "--steps 0 --emulate 64 --rank 63", path);
+    json_t *m = tu_zreal_measured(0, "--model gpt-7.5b --stage 3 --micro-batch 1 --checkpoint "
+                                     "--steps 0 --emulate 64 --rank 63", path);
     ZpModel model;
     g_assert_true(zp_model_load("gpt-7.5b", &model, NULL));
     const double psi = (double)zp_model_param_count(&model);
@@ -823,8 +814,8 @@ static void test_emulated_rank_of_64(void)
     g_assert_true(json_is_null(json_object_get(m, "step_time_s"))); /* no step ran */
     json_decref(m);
 
-    m = zreal_emulated("--model tiny --stage 3 --micro-batch 2 --steps 2 "
-                       "--persistence-threshold 0 --emulate 64 --rank 17", path);
+    m = tu_zreal_measured(0, "--model tiny --stage 3 --micro-batch 2 --steps 2 "
+                             "--persistence-threshold 0 --emulate 64 --rank 17", path);
     g_assert_true(zp_model_load("tiny", &model, NULL));
     ZpPlan plan;
     zp_plan_defaults(&plan, 3, 64, 1);

@@ -18,23 +18,10 @@ static char *tmp_dir;
 static json_t *zreal(const char *options, const char *name)
 {
     char *path = g_strdup_printf("%s/%s.json", tmp_dir, name);
-    char *command = g_strdup_printf("mpirun --oversubscribe -np 4 %s/zreal --model tiny --stage 3 "
-                                    "--micro-batch 4 --persistence-threshold 0 --steps %d %s "
-                                    "--out %s", ZP_BUILD_DIR, STEPS, options, path);
-    char **envp = g_get_environ();
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
-    envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
-    TuRun r = tu_run(command, envp);
-    if (!g_spawn_check_wait_status(r.status, NULL))
-        g_printerr("%s\n%s", command, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    json_t *root = json_load_file(path, 0, NULL);
-    g_assert_nonnull(root);
-    g_unlink(path);
-    tu_free(&r);
-    g_strfreev(envp);
-    g_free(command);
+    char *args = g_strdup_printf("--model tiny --stage 3 --micro-batch 4 --persistence-threshold 0 "
+                                 "--steps %d %s", STEPS, options);
+    json_t *root = tu_zreal_measured(4, args, path);
+    g_free(args);
     g_free(path);
     return root;
 }

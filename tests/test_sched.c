@@ -311,7 +311,9 @@ static void test_deep_and_long_bounded(void)
     g_assert_no_error(error);
     const double build_s = g_get_monotonic_time() / 1e6 - t0;
     g_test_message("100,000-layer stage-3 schedule: %u ops in %.2f s", s->ops->len, build_s);
-    g_assert_cmpfloat(build_s, <, 10);
+    /* A guard against the quadratic bookkeeping, not a speed target: it builds in about
+     * 0.5 s, 10 s under ASan on a loaded machine, and took minutes when quadratic. */
+    g_assert_cmpfloat(build_s, <, 60);
     guint gathers = 0;
     for (guint i = 0; i < s->ops->len; i++)
         gathers += zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE &&

@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <sys/wait.h>
 
 #ifndef ZP_BUILD_DIR
@@ -43,6 +44,30 @@ TuRun tu_zreal_mpirun(int n, const char *args, const char *timeout)
     g_strfreev(envp);
     g_free(command);
     return r;
+}
+
+void *tu_zreal_measured(int n, const char *args, const char *path)
+{
+    char *full = g_strdup_printf("%s --out %s", args, path);
+    TuRun r;
+    if (n > 0) {
+        r = tu_zreal_mpirun(n, full, NULL);
+    } else {
+        char *command = g_strdup_printf("%s/zreal %s", ZP_BUILD_DIR, full);
+        char **envp = g_environ_setenv(g_get_environ(), "OPENBLAS_NUM_THREADS", "1", TRUE);
+        r = tu_run(command, envp);
+        g_strfreev(envp);
+        g_free(command);
+    }
+    if (!g_spawn_check_wait_status(r.status, NULL))
+        g_printerr("zreal %s: %s", full, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    remove(path);
+    tu_free(&r);
+    g_free(full);
+    return root;
 }
 
 void tu_free(TuRun *run)

@@ -27,6 +27,12 @@ void tu_free(TuRun *run);
  * with ZREAL_COMM_TIMEOUT_S = timeout (NULL: unset) and waits for it. */
 TuRun tu_zreal_mpirun(int n, const char *args, const char *timeout);
 
+/* Runs build/zreal with `args --out path` under `mpirun -np n` (tu_zreal_mpirun), or as one
+ * process (n = 0: --emulate, one BLAS thread), which must succeed (its stderr printed when
+ * not), and returns the measured.json it wrote (a json_t *, which the caller decrefs), the
+ * file removed. */
+void *tu_zreal_measured(int n, const char *args, const char *path);
+
 /* Runs build/zplan with `args`, which must succeed, and parses its stdout as JSON
  * (a json_t *, which the caller decrefs). */
 void *tu_zplan_json(const char *args);
