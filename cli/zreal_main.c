@@ -63,6 +63,7 @@ enum {
     F_OFFLOAD = F_OP_S + REAL_ENGINE_N_OP_TYPES, /* 1 when the host tier's fields follow */
     F_HOST = F_OFFLOAD + 1, F_MOVED = F_HOST + ZP_MEM_N,
     F_DIRECT = F_MOVED + ZP_XFER_N, /* the NVMe tier's O_DIRECT bytes, the whole run */
+    F_HOST_PEAK,                    /* the host tier's peak, all categories together */
     F_DEVICE, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
@@ -240,6 +241,7 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealComm *dp,
         v[F_OFFLOAD] = 1;
         for (int c = 0; c < ZP_MEM_N; c++)
             v[F_HOST + c] = (double)host.live_bytes[c];
+        v[F_HOST_PEAK] = (double)host.peak_total_bytes;
         for (int k = 0; k < ZP_XFER_N; k++) /* per step, as the schedule counts them */
             v[F_MOVED + k] /= MAX(1, steps);
     }
@@ -305,6 +307,7 @@ static json_t *rank_json(int rank, const double *v, int steps)
         for (int k = 0; k < ZP_XFER_N; k++)
             json_object_set_new(moved, zp_sched_transfer_name(k), json_real(v[F_MOVED + k]));
         json_object_set_new(out, "host_bytes", zp_sched_categories_json(v + F_HOST));
+        json_object_set_new(out, "host_peak_bytes", json_real(v[F_HOST_PEAK]));
         json_object_set_new(out, "transfer_bytes", moved);
         json_object_set_new(out, "nvme_direct_bytes", json_real(v[F_DIRECT]));
     }

@@ -96,6 +96,12 @@ typedef struct ZpImpl {
     /* Stage 3: at most how many elements one micro-step gathers at the least (the search's
      * lower bound of the gathers' time; O(1)). */
     double (*gather_bound_elems)(const ZpModel *model, const ZpPlan *plan);
+    /* Stage 3 with optimizer offload: the gradient partition is summed on the host in the
+     * 16-bit gradient dtype, each micro-step's slice going down and the sum coming back up
+     * to be added on the GPU, and goes down again in fp32 at the last micro-step into a
+     * separate fp32 host buffer (DeepSpeed's stage3.py partition_grads); FALSE: the host
+     * holds fp32 gradients only. */
+    gboolean host_grad_accum;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;

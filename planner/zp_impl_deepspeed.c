@@ -440,4 +440,10 @@ const ZpImpl zp_impl_deepspeed = {
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,
     .gather_bound_elems = ds_gather_bound,
+    /* stage3.py _setup_for_real_optimizer: grad_partitions_flat_buffer of every parameter's
+     * partition on the host (self.device is cpu under offload_optimizer) in
+     * gradient_accumulation_dtype, the model's dtype unless data_types.grad_accum_dtype says
+     * otherwise (engine.py get_data_types); initialize_optimizer_states: the fp32
+     * fp32_partitioned_groups_flat[i].grad beside it. */
+    .host_grad_accum = TRUE,
 };

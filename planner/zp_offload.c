@@ -2,6 +2,7 @@
  * stage3.py, swap_tensor/), buffer by buffer; the transfers follow where those buffers are
  * filled and drained. Citations name the file and the attribute or function. */
 #include "zp_offload.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -10,22 +11,45 @@
 #include <math.h>
 #include <string.h>
 
-/* stage3.py's sub_group_size default (deepspeed/runtime/zero/config.py: 1e9): the optimizer
- * swapper's buffers hold one sub-group. */
-#define SUB_GROUP_ELEMS 1e9
-
 gboolean zp_offload_any(const ZpPlan *plan)
 {
     return plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE ||
            plan->zero.offload_param.device != ZP_OFFLOAD_NONE;
 }
 
-double zp_offload_cpu_share(const ZpPlan *plan)
+/* stage3.py _create_fp16_sub_groups: a rank's parameters in order, a sub-group closed once
+ * it reaches sub_group_size elements; here ceil(P / sub_group_size) of them, one when it is
+ * at least the partition (the default, 1e9). */
+static double sub_groups(const ZpPlan *plan, double part, double *size)
+{
+    const double sg = plan->zero.sub_group_size;
+    *size = sg > 0 && sg < part ? sg : part;
+    return *size > 0 ? ceil(part / *size) : 1.0;
+}
+
+double zp_offload_cpu_share(const ZpPlan *plan, double part)
 {
     const ZpOffload *o = &plan->zero.offload_optimizer;
     if (o->device == ZP_OFFLOAD_NONE)
         return 0.0;
-    return plan->zero.stage == 3 ? o->ratio : 1.0;
+    if (plan->zero.stage != 3)
+        return 1.0;
+    /* stage3.py _create_fp32_partitions: sub-group i steps on the CPU when
+     * i >= int((1 - ratio) * n), the first ones on the GPU (Python's int truncates). */
+    double size;
+    const double n = sub_groups(plan, part, &size);
+    const double on_gpu = fmin((double)(int64_t)((1.0 - o->ratio) * n) * size, part);
+    return part > 0 ? (part - on_gpu) / part : 1.0;
+}
+
+double zp_offload_param_kept_elems(const ZpPlan *plan, double part)
+{
+    const double max_in_cpu = plan->zero.offload_param.max_in_cpu;
+    if (zp_offload_param_tier(plan) != ZP_TIER_NVME || max_in_cpu >= part)
+        return part;
+    double size;
+    sub_groups(plan, part, &size);
+    return size > 0 ? floor(max_in_cpu / size) * size : 0.0;
 }
 
 ZpTier zp_offload_optimizer_tier(const ZpPlan *plan)
@@ -88,7 +112,7 @@ static double row_bytes(const ZpTiers *t, ZpTier tier)
 static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double part,
                               ZpTiers *t, double *pinned)
 {
-    const double r = zp_offload_cpu_share(plan);
+    const double r = zp_offload_cpu_share(plan, part);
     const ZpTier tier = zp_offload_optimizer_tier(plan);
     const ZpOffload *o = &plan->zero.offload_optimizer;
     const double elem = zp_plan_elem_bytes(plan->precision);
@@ -100,16 +124,24 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
         t->bytes[ZP_TIER_GPU][states[i]] -= moved;
         t->bytes[tier][states[i]] += moved;
     }
+    /* DeepSpeed's stage 3 sums the whole gradient partition on the host in the 16-bit dtype
+     * (zp_impl host_grad_accum); the sub-groups the GPU steps keep their fp32 .grad there
+     * (stage3.py initialize_optimizer_states: subgroup_gradient_buffer.to(device)). */
+    const gboolean host_accum = stage == 3 && zp_impl_get(plan->impl)->host_grad_accum;
     if (stage == 2)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = 0.0;
+    else if (host_accum)
+        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = (1.0 - r) * part * 4.0;
     else if (stage == 3)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = r * part * 4.0;
-    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads;
+    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
-        swap = o->buffer_count * fmin(SUB_GROUP_ELEMS, r * part) * 4.0;
+        double size; /* the optimizer swapper's buffers hold one sub-group */
+        sub_groups(plan, part, &size);
+        swap = o->buffer_count * fmin(size, r * part) * 4.0;
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += swap;
     }
     if (stage < 3) {
@@ -135,8 +167,9 @@ static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *p
             *pinned += bytes;
         return;
     }
-    /* NVMe: the host keeps max_in_cpu elements in a pinned flat buffer and a pool of
-     * buffer_count pinned swap buffers of buffer_size elements. */
+    /* NVMe: a pinned flat buffer of min(P, max_in_cpu) elements, whatever of it the
+     * sub-groups kept there fill (zp_offload_param_kept_elems), and a pool of buffer_count
+     * pinned swap buffers of buffer_size elements. */
     t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
     const double kept = fmin(part, o->max_in_cpu) * elem;
     const double pool = o->buffer_count * o->buffer_size * elem;
@@ -157,6 +190,8 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
         optimizer_offload(model, plan, part, t, &pinned);
     if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
         param_offload(plan, part, t, &pinned);
+    if (row_bytes(t, ZP_TIER_NVME) > 0) /* the direct I/O buffer (see ZP_OFFLOAD_BOUNCE_BYTES) */
+        t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES;
     for (int tier = 0; tier < ZP_TIER_N; tier++)
         t->total_bytes[tier] = row_bytes(t, (ZpTier)tier);
     t->pinned_bytes = pinned;
@@ -203,11 +238,12 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpTier tier = zp_offload_param_tier(plan);
     *h2d_bytes = tier == ZP_TIER_GPU ? 0.0 : elems * elem;
-    /* The host keeps max_in_cpu elements of the partition (the first parameter groups); the
-     * rest is read from NVMe. zplan spreads that share over the units evenly. */
+    /* The sub-groups the host keeps are fetched from it, the rest is read from NVMe. zplan
+     * spreads that share over the units evenly (exact with one sub-group: all or none). */
     const double on_nvme =
         tier == ZP_TIER_NVME && partition_elems > 0
-            ? fmax(0.0, partition_elems - plan->zero.offload_param.max_in_cpu) / partition_elems
+            ? (partition_elems - zp_offload_param_kept_elems(plan, partition_elems)) /
+                  partition_elems
             : 0.0;
     *nvme_read_bytes = on_nvme * elems * elem;
 }
@@ -295,15 +331,15 @@ double zp_offload_cpu_adam_bytes(const ZpPlan *plan)
     return 4.0 + 2.0 * st.optim_bytes + st.param_bytes;
 }
 
-double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems)
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part)
 {
-    return zp_offload_cpu_share(plan) * elems * 4.0;
+    return zp_offload_cpu_share(plan, part) * elems * 4.0;
 }
 
 void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
 {
     memset(step, 0, sizeof *step);
-    const double r = zp_offload_cpu_share(plan), cpu_elems = r * elems;
+    const double r = zp_offload_cpu_share(plan, elems), cpu_elems = r * elems;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_offload_optimizer_tier(plan) == ZP_TIER_NVME) {
@@ -316,13 +352,28 @@ void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
     case ZP_TIER_GPU: /* the updated 16-bit partition returns to the GPU */
         step->h2d_bytes = cpu_elems * elem;
         break;
-    case ZP_TIER_NVME: /* written back past what max_in_cpu keeps on the host */
-        step->nvme_write_bytes +=
-            fmax(0.0, elems - plan->zero.offload_param.max_in_cpu) * elem;
+    case ZP_TIER_NVME: /* written back but for the sub-groups the host keeps */
+        step->nvme_write_bytes += (elems - zp_offload_param_kept_elems(plan, elems)) * elem;
         break;
     default:
         break;
     }
+}
+
+double zp_offload_host_peak_bytes(const ZpSchedule *s)
+{
+    const ZpPlan *plan = &s->plan;
+    const double part = (double)s->partition_elems;
+    double sum = 0, size;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        sum += s->host_bytes[c];
+    const ZpTier params = zp_offload_param_tier(plan);
+    const gboolean host16 = params == ZP_TIER_CPU ||
+                            (params == ZP_TIER_NVME && zp_offload_param_kept_elems(plan, part) > 0);
+    sub_groups(plan, part, &size);
+    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 && !host16)
+        sum += size * zp_plan_elem_bytes(plan->precision);
+    return sum;
 }
 
 gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,

@@ -11,6 +11,14 @@
 
 #include <glib.h>
 
+/* zreal's NVMe tier moves the page-aligned middle of each transfer with O_DIRECT through one
+ * aligned host buffer of ZP_OFFLOAD_BOUNCE_BYTES (DeepSpeed's aio block_size default, 1 MiB),
+ * shared by a rank's swap files and taken with a page to spare to align it: the host tier
+ * counts those ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES (ZP_MEM_BUCKETS, pageable)
+ * whenever anything lives on NVMe. */
+#define ZP_OFFLOAD_BOUNCE_BYTES (1u << 20)
+#define ZP_OFFLOAD_PAGE_BYTES 4096u
+
 /* Per-rank bytes of each memory category in each tier, and the per-node sums of the host
  * tiers. The GPU row holds the model states left on the GPU plus the GPU staging buffers
  * offload adds (counted as ZP_MEM_BUCKETS); the CPU row the host copies, pinned staging and
@@ -36,11 +44,12 @@ typedef struct {
  *   gradients: stage 2 keeps no 16-bit partition on the GPU, stage 3 r of it; the host holds
  *     r P fp32 gradients (stage_1_and_2.py single_partition_of_fp32_groups[i].grad;
  *     stage3.py grad_partitions_flat_buffer), and at stage 3 with nvme also NVMe (swapped out
- *     by swap_out_gradients);
+ *     by swap_out_gradients); an implementation with host_grad_accum (DeepSpeed's) keeps
+ *     none of it on the GPU at stage 3 and adds the 16-bit sum P x 2 on the host;
  *   stages 1-2 add a 16-bit host copy of the partition (param_buffer_of_bit16_for_cpu_offload
  *     _groups, what returns to the GPU) and a GPU buffer of the largest tensor
  *     (temp_grad_buffer_for_gpu_offload);
- *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size 1e9, P) fp32 elements
+ *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size, r P) fp32 elements
  *     on the host (PartitionedOptimizerSwapper's SwapBufferManager).
  * offload_param (stage 3): the 16-bit partition P moves to the host (cpu) or NVMe; with nvme
  *   the host keeps min(P, max_in_cpu) of it (_create_param_groups_fp16_flat_cpu_memory) and
@@ -85,9 +94,20 @@ void zp_offload_ds_estimate_zero3(double params, double largest_layer_params,
  * and the moments, write the 16-bit parameter (the same accounting as the GPU optimizer). */
 double zp_offload_cpu_adam_bytes(const ZpPlan *plan);
 
-/* Share of the partition the CPU steps (offload_optimizer's ratio at stage 3, 1 at stages
- * 1-2), 0 without optimizer offload. */
-double zp_offload_cpu_share(const ZpPlan *plan);
+/* Share of a partition of `part` elements the CPU steps, 0 without optimizer offload, 1 at
+ * stages 1-2. Stage 3 splits the partition into sub-groups of sub_group_size elements
+ * (stage3.py _create_fp16_sub_groups; one when it is at least the partition) and steps
+ * sub-group i on the CPU when i >= int((1 - ratio) n) (_create_fp32_partitions:
+ * subgroup_to_device): with one sub-group any ratio above 0 offloads all of it. */
+double zp_offload_cpu_share(const ZpPlan *plan, double part);
+
+/* Stage 3 with offload_param nvme: elements of a partition of `part` the host keeps, the
+ * sub-groups from the first that fit together in min(part, max_in_cpu) elements
+ * (stage3.py _create_fp16_partitions_with_defragmentation: the others are None, on NVMe);
+ * all of it otherwise. With one sub-group: all when max_in_cpu >= part, else none, though
+ * the flat buffer of max_in_cpu elements is allocated all the same
+ * (_create_param_groups_fp16_flat_cpu_memory). */
+double zp_offload_param_kept_elems(const ZpPlan *plan, double part);
 
 /* The tier optimizer states live in: ZP_TIER_CPU, ZP_TIER_NVME (stage 3 only), or ZP_TIER_GPU
  * without offload; likewise for the parameters. */
@@ -97,8 +117,8 @@ ZpTier zp_offload_param_tier(const ZpPlan *plan);
 /* Bytes of a gradient slice of `elems` elements (this rank's part of a bucket) that go down
  * the host link: fp32, since DeepSpeed copies the 16-bit gradient into the fp32 host buffer
  * and PyTorch converts a cross-device copy on the GPU before the transfer. Scaled by the
- * CPU share. */
-double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems);
+ * CPU share of a partition of `part` elements. */
+double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part);
 
 /* The step's transfers around CPU Adam, per rank, for `elems` partition elements:
  * nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again, and
@@ -121,6 +141,16 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
  * host_bytes and nvme_bytes, and puts Pa+cpu's checkpoint slices in host_bytes. Nothing
  * changes without offload or cpu_checkpointing. */
 void zp_offload_layout(ZpSchedule *sched);
+
+/* The host tier's peak per rank: host_bytes, plus at stage 3 with optimizer offload and no
+ * 16-bit partition on the host (parameters on the GPU, or on NVMe but for no sub-group) one
+ * sub-group's 16-bit copy, min(sub_group_size, P) elements, made on the host for a moment:
+ * PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU before the transfer
+ * (stage3.py _reassign_or_swap_out_partitioned_parameters; Copy.cu copy_kernel_cuda).
+ * DeepSpeed's NVMe path converts into the parameter swapper's partitioned_swap_buffer
+ * (reserve_partitioned_swap_space, the sub-group's full parameters io-aligned), which zplan
+ * counts as this copy. */
+double zp_offload_host_peak_bytes(const ZpSchedule *s);
 
 /* Per-rank seconds of CPU Adam over `bytes` (zp_offload_cpu_adam_bytes x elements): the
  * rate per core x the cores one rank gets, cpu_cores_per_node / ranks_per_node (DeepSpeed's

@@ -545,6 +545,48 @@ static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uin
     return read;
 }
 
+/* Optimizer offload: this rank's slice of bucket k streams to the host as the bucket is
+ * reduced; returns the op after which the slice has left the GPU (the collective without
+ * offload). The paper's way: later micro-steps first bring the host's fp32 sum up to add to
+ * it (DeepSpeed's stage 2 accumulates on the GPU so: async_accumulate_grad_in_cpu_via_gpu),
+ * then the fp32 slice goes down. An implementation with host_grad_accum (DeepSpeed's stage
+ * 3, stage3.py partition_grads): the 16-bit slice goes down into grad_partitions_flat_buffer
+ * and comes back up (grad_buffer.to(device)) at micro-step 0; later ones bring the 16-bit
+ * sum up, add on the GPU and copy it down again; at the last micro-step the sum goes down
+ * once more as fp32 (_offload_grad_partition_at_boundary). */
+static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int micro)
+{
+    const ZpSchedule *s = b->s;
+    const double elems = k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp;
+    const double slice = zp_offload_grad_d2h_bytes(&s->plan, elems, (double)s->partition_elems);
+    uint32_t drained = k->coll_op;
+    if (slice <= 0)
+        return drained;
+    const gboolean last = micro == s->plan.grad_accum - 1;
+    if (s->plan.zero.stage == 3 && b->impl->host_grad_accum) {
+        /* every sub-group's, those the GPU steps too (the buffer is the host's) */
+        const double half = elems * zp_plan_elem_bytes(s->plan.precision);
+        const ZpTransferKind first = micro == 0 ? ZP_XFER_D2H : ZP_XFER_H2D;
+        drained = emit_transfer(b, first, half, unit, micro, drained);
+        drained = emit_transfer(b, first == ZP_XFER_D2H ? ZP_XFER_H2D : ZP_XFER_D2H, half, unit,
+                                micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, last ? slice : 0, unit, micro, drained);
+    } else {
+        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
+                                unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
+    }
+    g_array_append_val(b->offloaded, drained);
+    /* ZeRO-Infinity: at the last micro-step the fp32 slice goes on to the optimizer's swap
+     * file (stage3.py partition_grads -> optimizer_swapper.swap_out_gradients), to be swapped
+     * in with the states at the step. */
+    if (zp_offload_optimizer_tier(&s->plan) == ZP_TIER_NVME && last) {
+        const uint32_t out = emit_transfer(b, ZP_XFER_NVME_WRITE, slice, unit, micro, drained);
+        g_array_append_val(b->offloaded, out);
+    }
+    return drained;
+}
+
 static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -567,13 +609,13 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
     uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
+    int copy = -1;        /* stage 3's concatenation copy */
     if (s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients) {
         /* qgZ replaces the reduce-scatter and its concatenated copy (stage3.py
          * __avg_scatter_grads calls all_to_all_quant_reduce instead) */
         const uint32_t cdeps[3] = {k->alloc_op, b->last_compute, after};
         read = qgz_reduce(b, k, unit, micro, cdeps);
     } else {
-        int copy = -1;
         uint32_t copy_op = NONE;
         if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan)) {
             /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
@@ -585,31 +627,10 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
         k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
                                      k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
-        if (copy >= 0)
-            emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy,
-                      k->coll_op);
     }
-    /* Optimizer offload: this rank's slice streams to the host as the bucket is reduced;
-     * later micro-steps first bring the host's sum up to add to it (DeepSpeed accumulates
-     * on the GPU: async_accumulate_grad_in_cpu_via_gpu, stage3.py partition_grads). */
-    const double slice = zp_offload_grad_d2h_bytes(
-        &s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp);
-    uint32_t drained = k->coll_op;
-    if (slice > 0) {
-        drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
-                                unit, micro, drained);
-        drained = emit_transfer(b, ZP_XFER_D2H, slice, unit, micro, drained);
-        g_array_append_val(b->offloaded, drained);
-        /* ZeRO-Infinity: at the last micro-step the fp32 slice goes on to the optimizer's
-         * swap file (stage3.py partition_grads -> optimizer_swapper.swap_out_gradients), to
-         * be swapped in with the states at the step. */
-        if (zp_offload_optimizer_tier(&s->plan) == ZP_TIER_NVME &&
-            micro == s->plan.grad_accum - 1) {
-            const uint32_t out = emit_transfer(b, ZP_XFER_NVME_WRITE, slice, unit, micro,
-                                               drained);
-            g_array_append_val(b->offloaded, out);
-        }
-    }
+    const uint32_t drained = offload_grad_slice(b, k, unit, micro);
+    if (copy >= 0) /* the reduced slices are views of the copy until they went down */
+        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy, drained);
     k->drain_op = drained;
     if (read == NONE)
         read = drained;
@@ -1196,7 +1217,8 @@ static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, u
         const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
         g_array_append_val(deps, r);
     }
-    const double bytes = zp_offload_cpu_share(plan) * elems * zp_offload_cpu_adam_bytes(plan);
+    const double bytes =
+        zp_offload_cpu_share(plan, elems) * elems * zp_offload_cpu_adam_bytes(plan);
     ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
                .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
     const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
@@ -1215,7 +1237,7 @@ static void optimizer_step(Builder *b, GArray *launched)
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
-    const double cpu_share = zp_offload_cpu_share(&s->plan);
+    const double cpu_share = zp_offload_cpu_share(&s->plan, elems);
     const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
     GArray *step = g_array_new(FALSE, FALSE, sizeof(ZpStepBuffer));
     if (cpu_share < 1.0) /* the GPU's step (all of it without optimizer offload) */
@@ -1575,7 +1597,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
     const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
-    const double cpu_share = zp_offload_cpu_share(plan);
+    const double cpu_share = zp_offload_cpu_share(plan, opt_elems);
     const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
     const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
     const uint64_t micro = (uint64_t)plan->grad_accum;

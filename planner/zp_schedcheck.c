@@ -160,7 +160,7 @@ static gboolean check_compute(Check *c, const ZpOp *op)
     if (!unit_fits_rule(c, r->unit, u))
         return bad(c, "unit", "= %d is not a unit op %s works on", u,
                    zp_sched_compute_name(op->sub));
-    if (op->sub == ZP_COMP_CPU_OPTIMIZER && zp_offload_cpu_share(&c->s->plan) <= 0)
+    if (op->sub == ZP_COMP_CPU_OPTIMIZER && zp_offload_cpu_share(&c->s->plan, (double)c->s->partition_elems) <= 0)
         return bad(c, "op", "cpu_optimizer in a plan without optimizer offload");
     if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER && op->micro < 0)
         return bad(c, "micro", "= %d: op %s needs a micro-step", op->micro,

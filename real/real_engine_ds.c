@@ -3,6 +3,8 @@
  * deepspeed/runtime/zero/stage_1_and_2.py and stage3.py lay them out. */
 #include "real_engine_ds.h"
 #include "real_engine.h"
+#include "real_offload.h"
+#include "zp_offload.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
 
@@ -51,6 +53,9 @@ struct RealDs {
      * stage 3's partition. */
     RealBf16 *grads, *grads_sum;
     uint64_t gip_lo, gip_hi, grad_elems;
+    /* With optimizer offload the reduced slices go to real_offload's host tier from the
+     * bucket (stage 2) or the concatenation copy (stage 3) and no gradients stay here. */
+    gboolean host_grads;
     /* Stage 3: a micro-step's calls in issue order, the next one, the tensors they gather,
      * and the call whose flat buffer each buffer id holds (-1 none). */
     Call *calls;
@@ -256,6 +261,8 @@ static gboolean index_calls(RealDs *ds, GError **error)
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
+    if (ds->host_grads)
+        return TRUE;
     const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
     const double state = s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16);
     const int copies = ds->stage == 2 && s->plan.grad_accum > 1 ? 2 : 1;
@@ -306,7 +313,8 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
 {
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
-                   .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank};
+                   .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
+                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0};
     if (!index_tensors(ds, error) || !index_buckets(ds, error) || !index_calls(ds, error) ||
         !index_tied_grad(ds) || !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
         real_ds_free(ds);
@@ -496,7 +504,7 @@ static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError
         a = MAX(lo, (uint64_t)ds->rank * P), b = a + (uint64_t)counts[ds->rank];
         g_free(counts);
     }
-    if (!ok || b <= a)
+    if (!ok || b <= a || ds->host_grads)
         return ok;
     /* all-reduced: the bucket in place; reduced to its owner: this rank's part first */
     const RealBf16 *src = op->sub == ZP_COLL_ALLREDUCE ? data + (a - lo) : data;
@@ -538,7 +546,7 @@ static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
     gboolean ok = ds->comm->reduce_scatter_bf16(ds->comm, copy, counts, error);
     g_free(counts);
     const RealBf16 *mine = copy;
-    for (guint i = (guint)first; ok && i < last; mine += ds->t[i].slice, i++)
+    for (guint i = (guint)first; ok && !ds->host_grads && i < last; mine += ds->t[i].slice, i++)
         ok = deliver(ds, ds->grads + ds->t[i].part, mine, ds->t[i].slice, op->micro > 0, error);
     return ok;
 }
@@ -681,4 +689,80 @@ gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
     if (op->group != ZP_GROUP_DP)
         return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only");
     return op->sub == ZP_COLL_ALLGATHER ? gather(ds, op, error) : reduce(ds, op, error);
+}
+
+/* ---- optimizer offload: the reduced slices to the host tier -------------------------------- */
+
+/* Where this rank's reduced slice of the reduction `coll` lies on the device, its offset in
+ * the partition and its elements (0: none of the bucket is this rank's). Stage 2: in the
+ * bucket (its held ipg buffer's place stays untouched until the next bucket lands), at this
+ * rank's part of an all-reduced bucket or at the head of a reduced-to-owner one (stage
+ * _1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu reads each parameter's part
+ * in the partition from its reduced gradient). Stage 3: at the head of the concatenation
+ * copy, the bucket's tensors' slices one after the other, as in the partition (stage3.py
+ * partition_grads takes the reduce-scatter's outputs, views of the copy). */
+static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint64_t *n,
+                               GError **error)
+{
+    const int k = bucket_at(ds, coll->elem_offset);
+    if (k < 0 || coll->micro < 0)
+        return fail(error, "a gradient transfer after no bucket's reduction"), NULL;
+    *n = 0;
+    if (ds->stage == 3) {
+        uint64_t bytes = 0;
+        RealBf16 *copy = concat_copy(ds, coll, &bytes);
+        const int first = tensor_at(ds, coll->elem_offset);
+        if (!copy || first < 0)
+            return fail(error, "a stage-3 gradient transfer without its concatenation copy"),
+                   NULL;
+        *at = ds->t[first].part;
+        *n = bytes / sizeof(RealBf16) / (uint64_t)ds->dp;
+        return copy;
+    }
+    const int id = ds->bucket_buffer[coll->micro * ds->n_buckets + k];
+    RealBf16 *base = id >= 0 ? ds->buffers[id] : NULL;
+    if (!base)
+        return fail(error, "a gradient transfer from a bucket with no buffer"), NULL;
+    base += ds->held[id] ? ds->bk[k].slot : 0;
+    const uint64_t lo = coll->elem_offset, hi = lo + coll->elems, P = ds->s->partition_elems;
+    const uint64_t a = MAX(lo, (uint64_t)ds->rank * P), b = MIN(hi, (uint64_t)(ds->rank + 1) * P);
+    if (b > a) {
+        *at = a - (uint64_t)ds->rank * P;
+        *n = b - a;
+    }
+    return coll->sub == ZP_COLL_ALLREDUCE ? base + (b > a ? a - lo : 0) : base;
+}
+
+gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
+                               GError **error)
+{
+    uint64_t at = 0, n = 0;
+    RealBf16 *dev = reduced_slice(ds, coll, &at, &n, error);
+    if (!dev)
+        return FALSE;
+    if (n == 0)
+        return TRUE;
+    /* Stage 3 slices are the same on every rank, the op's bytes: fp32, or the 16-bit sum's
+     * round trip; stage 2's are this rank's part of the bucket, fp32. */
+    const gboolean fp32 = ds->stage != 3 || op->bytes == 4.0 * (double)n;
+    switch ((ZpTransferKind)op->sub) {
+    case ZP_XFER_D2H:
+        if (fp32)
+            return real_offload_grads_down(o, dev, at, n, error);
+        if (ds->stage != 3)
+            break;
+        real_offload_accum_down(o, dev, at, n);
+        return TRUE;
+    case ZP_XFER_H2D:
+        if (ds->stage != 3 || fp32)
+            break;
+        return real_offload_accum_up(o, dev, at, n, op->micro > 0, error);
+    case ZP_XFER_NVME_WRITE:
+        return real_offload_grads_out(o, at, n, error);
+    default:
+        break;
+    }
+    return fail(error, "rank %d: a gradient transfer of %.0f bytes DeepSpeed's stage %d does "
+                "not make (stage 2 sends fp32 slices down; stage 3 its 16-bit sum down and up, "
+                "and fp32 down at the last micro-step)", ds->rank, op->bytes, ds->stage);
 }

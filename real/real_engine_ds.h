@@ -7,6 +7,7 @@
 #include "real_backend.h"
 #include "real_comm.h"
 #include "real_gpt.h"
+#include "real_offload.h"
 #include "zp_sched.h"
 
 #include <glib.h>
@@ -62,5 +63,14 @@ gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error);
 
 /* This rank's reduced partition gradients, as the step reads them. */
 const RealBf16 *real_ds_step_grads(const RealDs *ds);
+
+/* Optimizer offload: transfer op `op` of this rank's reduced slice of the reduction `coll`,
+ * between the device and real_offload's tiers as DeepSpeed moves it: stage 2 the fp32 slice
+ * down (stage_1_and_2.py copy_grads_in_partition -> async_inplace_copy_grad_to_fp32_buffer
+ * _from_gpu; one micro-step); stage 3 the 16-bit slice down into the host's sum and the sum
+ * up (added at later micro-steps), then fp32 down and out to NVMe at the last (stage3.py
+ * partition_grads, _offload_grad_partition_at_boundary, swap_out_gradients). */
+gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
+                               GError **error);
 
 #endif

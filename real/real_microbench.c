@@ -556,7 +556,8 @@ static gboolean bench_nvme(Ctx *x, const char *dir, int io_ranks, json_t **out,
                            GError **error)
 {
     const uint64_t largest = (uint64_t)nvme_sizes[G_N_ELEMENTS(nvme_sizes) - 1];
-    NvmeIo io = {.file = real_nvme_file_new(dir, x->comm->rank, "microbench", largest, error),
+    NvmeIo io = {.file = real_nvme_file_new(dir, x->comm->rank, "microbench", largest, NULL,
+                                            error),
                  .buf = g_try_malloc(largest)};
     gboolean ok = io.file && io.buf;
     if (io.file && !io.buf)

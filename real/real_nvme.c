@@ -10,16 +10,14 @@
 #include <string.h>
 #include <unistd.h>
 
-/* O_DIRECT's alignment of offsets, lengths and memory: a page, which covers every logical
- * block size Linux file systems use. */
-#define ALIGN_BYTES 4096u
-/* The bounce buffer direct I/O goes through (DeepSpeed's aio block_size default, 1 MiB). */
-#define BOUNCE_BYTES (1u << 20)
+#define ALIGN_BYTES REAL_NVME_ALIGN_BYTES
+#define BOUNCE_BYTES REAL_NVME_BOUNCE_BYTES
 
 struct RealNvmeFile {
     char *path;
     int fd, direct_fd; /* direct_fd -1 without O_DIRECT */
     void *bounce;
+    gboolean own_bounce; /* allocated here, not the caller's */
     char *buffered_reason;
     double direct_bytes;
 };
@@ -35,18 +33,22 @@ static gboolean io_fail(GError **error, const char *path, const char *what, int 
 static void open_direct(RealNvmeFile *f)
 {
     f->direct_fd = open(f->path, O_RDWR | O_DIRECT);
+    if (f->direct_fd >= 0 && f->bounce)
+        return;
+    f->own_bounce = f->direct_fd >= 0;
     if (f->direct_fd >= 0 && posix_memalign(&f->bounce, ALIGN_BYTES, BOUNCE_BYTES) == 0)
         return;
     const int err = errno;
     if (f->direct_fd >= 0)
         close(f->direct_fd);
     f->direct_fd = -1;
+    f->own_bounce = FALSE;
     f->bounce = NULL;
     f->buffered_reason = g_strdup_printf("O_DIRECT: %s", g_strerror(err));
 }
 
 RealNvmeFile *real_nvme_file_new(const char *dir, int rank, const char *name, uint64_t bytes,
-                                 GError **error)
+                                 void *bounce, GError **error)
 {
     if (!dir || !*dir) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -56,6 +58,7 @@ RealNvmeFile *real_nvme_file_new(const char *dir, int rank, const char *name, ui
     RealNvmeFile *f = g_new0(RealNvmeFile, 1);
     f->path = g_strdup_printf("%s/zreal-%ld-r%d-%s.swap", dir, (long)getpid(), rank, name);
     f->direct_fd = -1;
+    f->bounce = bounce;
     f->fd = open(f->path, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (f->fd < 0) {
         io_fail(error, f->path, "cannot create", errno);
@@ -84,7 +87,8 @@ void real_nvme_file_free(RealNvmeFile *f)
     if (f->direct_fd >= 0)
         close(f->direct_fd);
     close(f->fd);
-    free(f->bounce);
+    if (f->own_bounce)
+        free(f->bounce);
     g_free(f->path), g_free(f->buffered_reason), g_free(f);
 }
 

@@ -3,18 +3,28 @@
 #ifndef REAL_NVME_H
 #define REAL_NVME_H
 
+#include "zp_offload.h"
+
 #include <glib.h>
 #include <stdint.h>
 
 typedef struct RealNvmeFile RealNvmeFile;
 
+/* O_DIRECT's alignment of offsets, lengths and memory (a page, which covers every logical
+ * block size Linux file systems use), and the bounce buffer direct I/O goes through (the
+ * planner's ZP_OFFLOAD_BOUNCE_BYTES, which the host tier counts). */
+#define REAL_NVME_ALIGN_BYTES ZP_OFFLOAD_PAGE_BYTES
+#define REAL_NVME_BOUNCE_BYTES ZP_OFFLOAD_BOUNCE_BYTES
+
 /* Creates `dir`/zreal-PID-rRANK-NAME.swap (it must not exist) of `bytes` bytes, opened for
  * buffered I/O and, where the file system allows it, a second time with O_DIRECT, and
  * removes its name at once (the open descriptors keep it), so that it goes at exit however
- * the process ends. A missing, unwritable or full directory fails with one line naming
- * --nvme-path. */
+ * the process ends. Direct I/O goes through `bounce`, REAL_NVME_BOUNCE_BYTES aligned to
+ * REAL_NVME_ALIGN_BYTES that the caller owns and may share between files used one at a
+ * time, or with NULL a buffer of the file's own. A missing, unwritable or full directory
+ * fails with one line naming --nvme-path. */
 RealNvmeFile *real_nvme_file_new(const char *dir, int rank, const char *name, uint64_t bytes,
-                                 GError **error);
+                                 void *bounce, GError **error);
 /* Closes the file, which frees its space. NULL is ignored. */
 void real_nvme_file_free(RealNvmeFile *f);
 

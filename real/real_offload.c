@@ -6,14 +6,12 @@
 #include "real_offload.h"
 #include "real_bf16.h"
 #include "real_nvme.h"
+#include "zp_impl.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
 #include <string.h>
-
-/* stage3.py's sub_group_size default: the optimizer swapper's buffers hold one sub-group. */
-#define SUB_GROUP_ELEMS 1e9
 
 struct RealOffload {
     RealBackend *be;
@@ -23,13 +21,18 @@ struct RealOffload {
     ZpTier opt_tier, param_tier;
     float *master, *m, *v; /* host arrays (cpu) or the swap buffers (nvme) */
     float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
+    RealBf16 *accum16;     /* DeepSpeed's stage 3: the 16-bit sum (grad_partitions_flat_buffer,
+                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad) */
     float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
+    RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
+                            * one sub-group does not fit in, allocated all the same */
     RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
     RealBf16 *host_staging, *device_staging; /* stages 1-2: temp_grad_buffer_for_*_offload */
     uint64_t staging_elems;
     float *swap;           /* optimizer swapper: master, m, v, gradients */
     RealBf16 *pool;        /* parameter swapper's buffers */
+    void *bounce_raw;      /* the swap files' direct I/O buffer, a page to spare to align it */
     uint64_t pool_elems;
     RealNvmeFile *file[ZP_MEM_N];
     void *pinned[8]; /* host buffers page-locked by a device backend (pin_memory) */
@@ -46,9 +49,14 @@ static gboolean fail(GError **error, const char *what)
 static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && zp_offload_cpu_share(&s->plan) != 1.0)
-        return fail(error, "zreal offloads all of the optimizer; a ratio below 1 (partial "
-                           "offload) is planned and simulated, not executed");
+    /* One sub-group: DeepSpeed's ratio then offloads all of it (any ratio above 0) and
+     * max_in_cpu keeps all of the partition on the host or none. */
+    if (s->plan.zero.stage == 3 && z->sub_group_size < (double)part)
+        return fail(error, "zreal steps and swaps the partition as one sub-group: "
+                           "sub_group_size at least the partition");
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE &&
+        zp_offload_cpu_share(&s->plan, (double)part) != 1.0)
+        return fail(error, "offload_optimizer.ratio 0 keeps the optimizer on the GPU");
     const gboolean device = be->synchronize != NULL; /* else the host is the device */
     if (device && (!be->copy_async || !be->pin_host))
         return fail(error, "the backend has no pinned host memory or copy stream");
@@ -60,10 +68,6 @@ static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, G
     if (p->device != ZP_OFFLOAD_NONE && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
         return fail(error, "zreal offloads parameters together with the optimizer "
                            "(--offload-optimizer)");
-    if (zp_offload_param_tier(&s->plan) == ZP_TIER_NVME && p->max_in_cpu > 0 &&
-        p->max_in_cpu < (double)part)
-        return fail(error, "zreal keeps all or none of the partition in host memory: "
-                           "offload_param.max_in_cpu 0, or at least the partition");
     for (int u = 0; zp_offload_param_tier(&s->plan) != ZP_TIER_GPU && u < s->n_units; u++)
         if (zp_sched_unit_persistent(s, u))
             return fail(error, "zreal offloads parameters without persistent ones "
@@ -91,28 +95,40 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     }
     if (o->opt_tier != ZP_TIER_GPU)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
-    const double kept = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
+    if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2 * part, (void **)&o->accum16};
+    /* stage3.py _create_param_groups_fp16_flat_cpu_memory: min(P, max_in_cpu) elements,
+     * the partition's when its sub-group fits (zp_offload_param_kept_elems) */
+    const double flat = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
                         : o->stage < 3 || o->param_tier == ZP_TIER_CPU ? part
                                                                        : 0;
-    if (kept > 0)
-        out[n++] = (HostBuffer){ZP_MEM_PARAMS, 2 * kept, (void **)&o->params};
+    const gboolean kept = zp_offload_param_kept_elems(&s->plan, part) == part;
+    if (flat > 0)
+        out[n++] = (HostBuffer){ZP_MEM_PARAMS, 2 * flat,
+                                kept ? (void **)&o->params : (void **)&o->cpu_flat};
     if (o->stage < 3)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, s->state_bytes[ZP_MEM_BUCKETS],
                                 (void **)&o->host_staging};
     if (o->opt_tier == ZP_TIER_NVME)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
-                                z->offload_optimizer.buffer_count * fmin(SUB_GROUP_ELEMS, part) * 4,
+                                z->offload_optimizer.buffer_count * part * 4, /* one sub-group */
                                 (void **)&o->swap};
     if (o->param_tier == ZP_TIER_NVME) {
         o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * (double)o->pool_elems, (void **)&o->pool};
     }
+    double nvme = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        nvme += s->nvme_bytes[c];
+    if (nvme > 0)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES,
+                                &o->bounce_raw};
     return n;
 }
 
 static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **error)
 {
-    HostBuffer buf[8];
+    HostBuffer buf[12];
     const int n = host_layout(o, s, buf);
     double sum[ZP_MEM_N] = {0};
     for (int i = 0; i < n; i++)
@@ -127,15 +143,14 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
         memset(*buf[i].slot, 0, bytes);
         /* DeepSpeed pins the host tier when pin_memory is set (its swap buffers always). */
         if (o->be->pin_host && (s->plan.zero.offload_optimizer.pin_memory || o->swap) &&
-            bytes > 0) {
+            bytes > 0 && buf[i].slot != &o->bounce_raw) { /* the bounce is pageable */
             if (!o->be->pin_host(o->be, *buf[i].slot, bytes))
                 return fail(error, "the driver refused to pin the host tier");
             o->pinned[o->n_pinned++] = *buf[i].slot;
         }
     }
     if (o->swap) { /* the four tensors of one sub-group, swapped in together */
-        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4 ||
-            (double)o->part > SUB_GROUP_ELEMS)
+        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4)
             return fail(error, "zreal swaps the optimizer's master, moments and gradients as "
                                "one sub-group: offload_optimizer.buffer_count at least 4");
         o->master = o->swap, o->m = o->swap + o->part, o->v = o->swap + 2 * o->part;
@@ -150,13 +165,15 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
 static gboolean open_files(RealOffload *o, const ZpSchedule *s, int rank, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
+    const uintptr_t page = ZP_OFFLOAD_PAGE_BYTES;
+    void *bounce = (void *)(((uintptr_t)o->bounce_raw + page - 1) / page * page);
     for (int c = 0; c < ZP_MEM_N; c++) {
         if (s->nvme_bytes[c] <= 0)
             continue;
         const char *dir = c == ZP_MEM_PARAMS ? z->offload_param.nvme_path
                                              : z->offload_optimizer.nvme_path;
         if (!(o->file[c] = real_nvme_file_new(dir, rank, zp_sched_mem_name((ZpMemCategory)c),
-                                              (uint64_t)s->nvme_bytes[c], error)))
+                                              (uint64_t)s->nvme_bytes[c], bounce, error)))
             return FALSE;
     }
     return TRUE;
@@ -191,7 +208,8 @@ void real_offload_free(RealOffload *o)
     void *host[] = {o->opt_tier == ZP_TIER_CPU ? o->master : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
-                    o->grads, o->params, o->out16, o->host_staging, o->swap, o->pool};
+                    o->grads, o->accum16, o->params, o->cpu_flat, o->out16, o->host_staging,
+                    o->swap, o->pool, o->bounce_raw};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
@@ -316,6 +334,36 @@ gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, u
     o->be->accumulate_bf16(o->be, dst, sum, n);
     o->be->free(o->be, sum);
     o->moved[ZP_XFER_H2D] += 4.0 * (double)n;
+    return TRUE;
+}
+
+void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n)
+{
+    tier_copy(o, o->accum16 + at, src, n * sizeof(RealBf16));
+    tier_wait(o, false); /* before the reduced slice's buffer is freed (stream-ordered) */
+    o->moved[ZP_XFER_D2H] += 2.0 * (double)n;
+}
+
+gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                               gboolean add, GError **error)
+{
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
+    if (!add) { /* grad_buffer.to(device): the same values the GPU has */
+        tier_copy(o, dst, o->accum16 + at, n * sizeof(RealBf16));
+        tier_wait(o, false);
+        return TRUE;
+    }
+    RealBf16 *up = o->be->alloc(o->be, n * sizeof(RealBf16), REAL_MEM_WORKSPACE);
+    if (!up)
+        return fail(error, "no device memory for the host's gradient sum");
+    float *sum = scratch(o, n, error);
+    if (!sum)
+        return o->be->free(o->be, up), FALSE;
+    tier_copy(o, up, o->accum16 + at, n * sizeof(RealBf16));
+    tier_wait(o, false);
+    o->be->bf16_to_f32(o->be, sum, up, n); /* cuda_grad_buffer.add_(grad_partition) */
+    o->be->accumulate_bf16(o->be, dst, sum, n);
+    o->be->free(o->be, up), o->be->free(o->be, sum);
     return TRUE;
 }
 

@@ -50,9 +50,20 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
 /* A later micro-step (stages 2-3): the host's sum for the slice comes up into a device
  * workspace and is added to the reduced slice `dst` in place, rounded to its bf16 as the
  * GPU-resident gradients would be (so offload changes no number); counts 4 n bytes of
- * ZP_XFER_H2D. */
+ * ZP_XFER_H2D. DeepSpeed's stage 3 rounds so too: its host sum (grad_partitions_flat_buffer)
+ * is in gradient_accumulation_dtype, the model's bf16 unless data_types.grad_accum_dtype
+ * says otherwise (engine.py get_data_types), and fp32 only at the boundary. */
 gboolean real_offload_grads_up_add(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                                    GError **error);
+
+/* DeepSpeed's stage 3 (stage3.py partition_grads, zp_impl host_grad_accum): the 16-bit
+ * reduced slice `src` down into the host's 16-bit sum at `at` (grad_buffer.copy_; counts 2 n
+ * bytes of ZP_XFER_D2H), and the sum up onto `dst` on the device (counts 2 n bytes of
+ * ZP_XFER_H2D): copied over it at micro-step 0 (grad_buffer.to(device), the same values),
+ * added to it in bf16 later (cuda_grad_buffer.add_), as the GPU-resident sum would be. */
+void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n);
+gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                               gboolean add, GError **error);
 
 /* The last micro-step with the optimizer on NVMe: the slice's fp32 gradients to the swap
  * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */

@@ -79,7 +79,8 @@ static void test_zero_offload_cpu(void)
  *   NVMe = 12P master + moments + 4P fp32 gradients (swap_out_gradients) + 2P parameters
  *        = 18 P per rank
  *   host = 4P fp32 gradients (grad_partitions_flat_buffer) + 4 x min(1e9, P) x 4 optimizer
- *          swap buffers + 2 min(P, 1e9) parameters kept in memory + 5 x 1e8 x 2 swap pool.
+ *          swap buffers + 2 min(P, 1e9) parameters kept in memory + 5 x 1e8 x 2 swap pool
+ *          + zreal's 1 MiB direct I/O buffer and the page that aligns it.
  * DeepSpeed's estimate_zero3_model_states_mem_needs(cpu_offload, cpu_offload_params) knows no
  * NVMe; its host figure, 18 psi / nodes x 1.5, is what the same plan puts on the host with
  * device cpu: zplan's 18 P per rank x the node's ranks is 18 psi / nodes exactly, without the
@@ -105,7 +106,8 @@ static void test_zero_infinity_nvme(void)
             assert_close(t.total_bytes[ZP_TIER_NVME], 18 * part);
             assert_close(t.nvme_node_bytes, per_node * 18 * part);
             assert_close(t.total_bytes[ZP_TIER_CPU],
-                         4 * part + 16 * fmin(1e9, part) + 2 * fmin(part, 1e9) + 1e9);
+                         4 * part + 16 * fmin(1e9, part) + 2 * fmin(part, 1e9) + 1e9 +
+                             (1 << 20) + 4096);
             /* The same plan with device cpu against DeepSpeed's estimator. */
             plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
             plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
@@ -126,8 +128,10 @@ static void test_zero_infinity_nvme(void)
     }
 }
 
-/* Partial offload (ratio, stage 3): the GPU keeps 1 - ratio of the optimizer states and the
- * gradient partition. */
+/* Partial offload (ratio, stage 3) goes by whole sub-groups (stage3.py _create_fp32_partitions):
+ * of n = ceil(P / sub_group_size), the first int((1 - ratio) n) stay on the GPU with their
+ * optimizer states and gradients, c the share of P left to the CPU. With one sub-group (the
+ * default 1e9 at least P) any ratio above 0 offloads everything. */
 static void test_ratio(void)
 {
     const ZpModel m = tu_load_model("gpt-13b");
@@ -137,11 +141,19 @@ static void test_ratio(void)
     plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
     plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
     plan.zero.offload_optimizer.ratio = 0.25;
+    plan.zero.sub_group_size = 1e8;
     ZpTiers t;
     zp_offload_tiers(&m, &plan, NULL, &t);
-    const double part = psi / 8;
-    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part + 0.75 * (2 + 12) * part);
-    assert_close(t.total_bytes[ZP_TIER_CPU], 0.25 * 12 * part + 0.25 * 4 * part);
+    const double part = psi / 8, n = ceil(part / 1e8);
+    const double c = (part - (int)(0.75 * n) * 1e8) / part;
+    g_assert_cmpfloat(c, >, 0.25);
+    g_assert_cmpfloat(c, <, 0.26);
+    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part + (1 - c) * (2 + 12) * part);
+    assert_close(t.total_bytes[ZP_TIER_CPU], c * 12 * part + c * 4 * part);
+    plan.zero.sub_group_size = 2e9; /* one sub-group of P = 1.6e9 */
+    zp_offload_tiers(&m, &plan, NULL, &t);
+    assert_close(t.total_bytes[ZP_TIER_GPU], 2 * part);
+    assert_close(t.total_bytes[ZP_TIER_CPU], 16 * part);
     g_assert_true(zp_offload_check(&plan, NULL));
     plan.zero.stage = 2;
     GError *error = NULL;

@@ -677,8 +677,12 @@ static void test_bad_input(void)
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
-        {"--model tiny --impl deepspeed --stage 2 --offload-optimizer cpu",
-         "zreal executes DeepSpeed's stages 2-3 without offload or ZeRO++"},
+        {"--model tiny --impl deepspeed --stage 2 --grad-accum 2 --offload-optimizer cpu",
+         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation"},
+        {"--model tiny --impl deepspeed --stage 3 --persistence-threshold 0 "
+         "--offload-optimizer cpu --offload-param cpu",
+         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation "
+         "(--grad-accum 1) and without parameter offload"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -858,26 +862,48 @@ static void test_cuda_backend_without_device(void)
  * GPU against the same run without offload. */
 typedef struct {
     int stage, ranks, accum;
+    const char *impl;  /* both runs' --impl (deepspeed's with reduce_bucket_size 12000) */
     const char *flags; /* zreal's offload flags ("DIR": the test's NVMe directory) */
     const char *ds;    /* or ds_config offload sections, run as a zplan schedule */
 } OffloadCase;
 
 static const OffloadCase offload_cases[] = {
-    {1, 2, 1, "--offload-optimizer cpu", NULL},
-    {1, 2, 1, "--offload-optimizer nvme", NULL}, /* cpu at stages 1-2, as in DeepSpeed */
-    {2, 1, 2, "--offload-optimizer cpu", NULL},
-    {2, 2, 2, "--offload-optimizer cpu", NULL},
-    {3, 2, 2, "--offload-optimizer cpu", NULL},
-    {3, 1, 1, "--offload-optimizer cpu --offload-param cpu", NULL},
-    {3, 2, 2, "--offload-optimizer nvme --nvme-path DIR", NULL},
-    {3, 2, 2, NULL,
+    {1, 2, 1, "paper", "--offload-optimizer cpu", NULL},
+    {1, 2, 1, "paper", "--offload-optimizer nvme", NULL}, /* cpu at stages 1-2, as DeepSpeed */
+    {2, 1, 2, "paper", "--offload-optimizer cpu", NULL},
+    {2, 2, 2, "paper", "--offload-optimizer cpu", NULL},
+    {3, 2, 2, "paper", "--offload-optimizer cpu", NULL},
+    {3, 1, 1, "paper", "--offload-optimizer cpu --offload-param cpu", NULL},
+    {3, 2, 2, "paper", "--offload-optimizer nvme --nvme-path DIR", NULL},
+    /* DeepSpeed's own: stage 2 one micro-step, all-reduced and reduced to the owner;
+     * stage 3 with its 16-bit host sum over 1 and 3 micro-steps, and on NVMe. */
+    {2, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
+    {2, 2, 1, "deepspeed", NULL,
+     "\"use_multi_rank_bucket_allreduce\": false, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {3, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
+    {3, 2, 3, "deepspeed", "--offload-optimizer cpu", NULL},
+    {3, 2, 2, "deepspeed", "--offload-optimizer nvme --nvme-path DIR", NULL},
+    {3, 2, 2, "paper", NULL,
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+    /* One sub-group (sub_group_size 1e9): ratio 0.5 offloads all of it, and max_in_cpu 1000,
+     * less than the partition, keeps none of it on the host beside a flat buffer of 1000. */
+    {3, 2, 1, "deepspeed", NULL, "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}"},
+    {3, 2, 2, "paper", NULL,
+     "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 1000, "
+     "\"buffer_count\": 2, \"buffer_size\": 20000}"},
 };
 
-#define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0 " \
-                     "--reduce-bucket-size 20000"
+#define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0"
+
+/* Small enough for DeepSpeed's stage 2: the buckets one backward op fills fit the held ipg
+ * buffer together. */
+static int offload_bucket(const OffloadCase *c)
+{
+    return strcmp(c->impl, "deepspeed") == 0 ? 12000 : 20000;
+}
 
 /* The offload run's measured.json: with flags, or through zplan schedule --ds-config and
  * zreal --schedule, the NVMe tier under `dir`. */
@@ -886,7 +912,8 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
     if (c->flags) {
         char **parts = g_strsplit(c->flags, "DIR", 2);
         char *flags = g_strjoinv(dir, parts);
-        char *args = g_strdup_printf(OFFLOAD_BASE " --stage %d --grad-accum %d %s", c->stage,
+        char *args = g_strdup_printf(OFFLOAD_BASE " --reduce-bucket-size %d --impl %s --stage %d "
+                                     "--grad-accum %d %s", offload_bucket(c), c->impl, c->stage,
                                      c->accum, flags);
         json_t *m = zreal_measured(c->ranks, args, name);
         g_strfreev(parts), g_free(flags), g_free(args);
@@ -897,11 +924,11 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
     char *text = g_strdup_printf(
         "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, "
         "\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": %d, "
-        "\"reduce_bucket_size\": 20000, \"stage3_param_persistence_threshold\": 0, %s}}",
-        c->accum, c->stage, c->ds);
+        "\"reduce_bucket_size\": %d, \"stage3_param_persistence_threshold\": 0, %s}}",
+        c->accum, c->stage, offload_bucket(c), c->ds);
     g_assert_true(g_file_set_contents(ds, text, -1, NULL));
-    char *zargs = g_strdup_printf("schedule --model tiny --gpus %d --impl paper --ds-config %s "
-                                  "--out %s", c->ranks, ds, sched);
+    char *zargs = g_strdup_printf("schedule --model tiny --gpus %d --impl %s --ds-config %s "
+                                  "--out %s", c->ranks, c->impl, ds, sched);
     TuRun r = tu_zplan(zargs);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r);
@@ -914,7 +941,8 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
 
 /* The losses equal the run without offload bit for bit (the same update from the same
  * values: later micro-steps add the host's sum to the reduced slice in bf16, as the GPU's
- * gradients would be); each rank's host bytes per category equal the schedule's host_bytes;
+ * gradients would be); each rank's host bytes per category equal the schedule's host_bytes,
+ * and its host peak zp_offload_host_peak_bytes (the direct I/O buffer included);
  * the bytes each transfer kind moved, summed over the ranks, equal the schedule's transfer
  * ops (a rank's slice of a stage 1-2 bucket is its part of the unpadded range, so only the
  * sum over ranks is the ops' dp x bytes); with the optimizer on NVMe at stage 3 the swap
@@ -926,8 +954,9 @@ static void test_offload_matches(void)
     for (size_t i = 0; i < G_N_ELEMENTS(offload_cases); i++) {
         const OffloadCase *c = &offload_cases[i];
         char *name = g_strdup_printf("offload_%zu", i);
-        char *plain_args = g_strdup_printf(OFFLOAD_BASE " --stage %d --grad-accum %d", c->stage,
-                                           c->accum);
+        char *plain_args = g_strdup_printf(OFFLOAD_BASE " --reduce-bucket-size %d --impl %s "
+                                           "--stage %d --grad-accum %d", offload_bucket(c),
+                                           c->impl, c->stage, c->accum);
         json_t *plain = zreal_measured(c->ranks, plain_args, "offload_plain");
         json_t *off = offload_run(c, dir, name);
         g_assert_true(json_equal(json_object_get(plain, "loss"), json_object_get(off, "loss")));
@@ -954,6 +983,8 @@ static void test_offload_matches(void)
             for (int cat = 0; cat < ZP_MEM_N; cat++)
                 g_assert_cmpfloat(number_at(json_object_get(rank, "host_bytes"),
                                             zp_sched_mem_name(cat)), ==, s->host_bytes[cat]);
+            g_assert_cmpfloat(number_at(rank, "host_peak_bytes"), ==,
+                              zp_offload_host_peak_bytes(s));
             for (int k = 0; k < ZP_XFER_N; k++)
                 measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
                                          zp_sched_transfer_name(k));
