@@ -27,6 +27,11 @@ STEPS=${STEPS:-5}
 MODELS=${MODELS:-"tiny:8 cpu-small:4 llama-tiny:8 gpt2-124m:1:256"}
 WORST=${WORST:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One BLAS thread per rank, in the microbenchmarks and the runs alike (override with
+# OPENBLAS_NUM_THREADS). On this 2-vCPU machine a rank alone with zreal's default of two
+# threads was slower and unsteady: cpu-small stepped in 861 ms against 549 ms with one, and
+# its block_fwd timed 50 ms in one microbenchmark and 75 ms in the next.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 field() { echo "$1" | cut -d: -f"$2"; }
