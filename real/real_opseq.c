@@ -87,10 +87,12 @@ static gboolean op(Seq *q, RealComm *comm, ZpComputeKind kind, RealTimedFn fn, g
 
 /* The step's Adam over every unit, untimed (zp_cost takes the optimizer from its fitted
  * rate): it runs so that the next step's first ops find the caches as training leaves them,
- * after the optimizer has streamed 16 bytes per parameter through them. */
+ * after the optimizer has streamed 16 bytes per parameter through them. A learning rate of 0
+ * writes the same parameters back: every timed step computes on the same values (gradients
+ * here are never zeroed, and drifting weights could reach slow denormal arithmetic). */
 static gboolean optimizer(Seq *q)
 {
-    const RealAdamHyper hyper = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+    const RealAdamHyper hyper = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                  .grad_scale = 1.0f, .step = ++q->adam_step};
     for (int u = 0; u < q->n_units; u++)
         q->be->adam_step(q->be, &hyper, real_gpt_unit_elems(&q->dims, u), q->master[u],
