@@ -483,26 +483,34 @@ static gboolean deliver(RealDs *ds, RealBf16 *dst, const RealBf16 *src, uint64_t
     return real_engine_deliver(ds->be, ds->rank, dst, src, n, accumulate, error);
 }
 
+/* Stage 2: the elements of flat range [lo, hi) in rank q's partition, from *start. */
+static uint64_t part_overlap(const RealDs *ds, uint64_t lo, uint64_t hi, int q, uint64_t *start)
+{
+    const uint64_t P = ds->s->partition_elems;
+    const uint64_t x = MAX(lo, (uint64_t)q * P), y = MIN(hi, (uint64_t)(q + 1) * P);
+    *start = x;
+    return y > x ? y - x : 0;
+}
+
 /* Stage 2: the bucket all-reduced (use_multi_rank_bucket_allreduce) or each rank's part of it
  * reduced to it (stage_1_and_2.py average_tensor); grads_in_partition takes the whole
  * tensors that overlap this rank's partition, the rest is dropped; with accumulation the
  * micro-step's copy is added to the sum. */
 static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError **error)
 {
-    const uint64_t lo = op->elem_offset, hi = lo + op->elems, P = ds->s->partition_elems;
-    uint64_t a = MAX(lo, ds->gip_lo), b = MIN(hi, ds->gip_hi);
+    const uint64_t lo = op->elem_offset, hi = lo + op->elems;
+    uint64_t a = MAX(lo, ds->gip_lo), b = MIN(hi, ds->gip_hi), start;
     gboolean ok;
     if (op->sub == ZP_COLL_ALLREDUCE) {
         ok = ds->comm->allreduce_bf16(ds->comm, data, hi - lo, error);
     } else {
         int *counts = g_new0(int, ds->dp);
-        for (int q = 0; q < ds->dp; q++) {
-            const uint64_t x = MAX(lo, (uint64_t)q * P), y = MIN(hi, (uint64_t)(q + 1) * P);
-            counts[q] = y > x ? (int)(y - x) : 0;
-        }
+        for (int q = 0; q < ds->dp; q++)
+            counts[q] = (int)part_overlap(ds, lo, hi, q, &start);
         ok = ds->comm->reduce_scatter_bf16(ds->comm, data, counts, error);
-        a = MAX(lo, (uint64_t)ds->rank * P), b = a + (uint64_t)counts[ds->rank];
         g_free(counts);
+        const uint64_t mine = part_overlap(ds, lo, hi, ds->rank, &a);
+        b = a + mine;
     }
     if (!ok || b <= a || ds->host_grads)
         return ok;
@@ -724,13 +732,12 @@ static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint6
     if (!base)
         return fail(error, "a gradient transfer from a bucket with no buffer"), NULL;
     base += ds->held[id] ? ds->bk[k].slot : 0;
-    const uint64_t lo = coll->elem_offset, hi = lo + coll->elems, P = ds->s->partition_elems;
-    const uint64_t a = MAX(lo, (uint64_t)ds->rank * P), b = MIN(hi, (uint64_t)(ds->rank + 1) * P);
-    if (b > a) {
-        *at = a - (uint64_t)ds->rank * P;
-        *n = b - a;
-    }
-    return coll->sub == ZP_COLL_ALLREDUCE ? base + (b > a ? a - lo : 0) : base;
+    const uint64_t lo = coll->elem_offset;
+    uint64_t a;
+    *n = part_overlap(ds, lo, lo + coll->elems, ds->rank, &a);
+    if (*n > 0)
+        *at = a - (uint64_t)ds->rank * ds->s->partition_elems;
+    return coll->sub == ZP_COLL_ALLREDUCE ? base + (*n > 0 ? a - lo : 0) : base;
 }
 
 gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
