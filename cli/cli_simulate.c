@@ -147,23 +147,16 @@ static gboolean agrees(const char *flag, const char *given, int flag_value, cons
     return FALSE;
 }
 
-/* --attention and --reduce-dtype against the file's attention_kernel and
- * communication_data_type: the file's value stands where the flag is absent, and a flag that
- * says otherwise is an error naming both (it would otherwise be dropped in silence). */
-static gboolean kernels_agree(const SimulateFlags *f, const ZpPlan *launch, const ZpPlan *plan,
-                              GError **error)
+/* agrees() for a kernel's name: --attention or --reduce-dtype against the file's
+ * attention_kernel or communication_data_type (dropped in silence otherwise). */
+static gboolean names_agree(const char *flag, const char *given, const char *flag_name,
+                            const char *key, const char *file_name, const char *path,
+                            GError **error)
 {
-    const char *flag = NULL, *given = NULL, *key = NULL, *value = NULL;
-    if (f->attention && plan->attention != launch->attention)
-        flag = "--attention", given = zp_attention_name(launch->attention),
-        key = "attention_kernel", value = zp_attention_name(plan->attention);
-    else if (f->reduce_dtype && plan->reduce_dtype != launch->reduce_dtype)
-        flag = "--reduce-dtype", given = zp_reduce_dtype_name(launch->reduce_dtype),
-        key = "communication_data_type", value = zp_reduce_dtype_name(plan->reduce_dtype);
-    if (!flag)
+    if (!given || strcmp(flag_name, file_name) == 0)
         return TRUE;
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s %s contradicts %s's %s %s; give one of them",
-                flag, given, f->ds_config, key, value);
+                flag, flag_name, path, key, file_name);
     return FALSE;
 }
 
@@ -224,7 +217,13 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
                                                           : "bf16.enabled");
         ok = FALSE;
     }
-    ok = ok && kernels_agree(f, &launch, plan, error);
+    ok = ok &&
+         names_agree("--attention", f->attention, zp_attention_name(launch.attention),
+                     "attention_kernel", zp_attention_name(plan->attention), f->ds_config,
+                     error) &&
+         names_agree("--reduce-dtype", f->reduce_dtype, zp_reduce_dtype_name(launch.reduce_dtype),
+                     "communication_data_type", zp_reduce_dtype_name(plan->reduce_dtype),
+                     f->ds_config, error);
     if (ok && f->checkpoint)
         plan->checkpoint = TRUE;
     return ok;
