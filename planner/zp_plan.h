@@ -81,6 +81,9 @@ typedef struct {
     /* stage 3, DeepSpeed: every parameter all-gathered on its own rather than one coalesced
      * all-gather per fetch (stage3_allgather_sequential, default false) */
     gboolean stage3_allgather_sequential;
+    /* stage 3, DeepSpeed: a coalesced fetch all-reduces a zeroed flat buffer holding this
+     * rank's slices instead of all-gathering (stage3_use_all_reduce_for_fetch_params) */
+    gboolean stage3_use_all_reduce_for_fetch_params;
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;

@@ -294,6 +294,21 @@ static Cost optimizer_cost(const Builder *b, double elems)
 
 /* ---- layout and model states --------------------------------------------------------- */
 
+gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group)
+{
+    return plan->impl == ZP_IMPL_DEEPSPEED && plan->zero.stage == 3 &&
+           plan->zero.stage3_use_all_reduce_for_fetch_params && n > 1 &&
+           !plan->zero.zero_quantized_weights && group == ZP_GROUP_DP;
+}
+
+gboolean zp_sched_coll_fetches(const ZpSchedule *s, const ZpOp *op)
+{
+    return op->kind == ZP_OP_COLLECTIVE &&
+           (op->sub == ZP_COLL_ALLGATHER ||
+            (op->sub == ZP_COLL_ALLREDUCE && op->group == ZP_GROUP_DP &&
+             s->plan.zero.stage == 3));
+}
+
 /* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
 gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {
@@ -721,28 +736,49 @@ static ZpGroup gather_group(const Builder *b, const Gather *g)
                : ZP_GROUP_DP;
 }
 
+/* stage3_use_all_reduce_for_fetch_params: a call's parameters are views of its zeroed flat
+ * buffer (partition_parameters.py _all_gather_coalesced: param.data = flat_tensor.narrow),
+ * so the buffer is freed with the last of them to be released; the call's gather that is
+ * freed last holds it, the others nothing. */
+static void own_by_last_free(Gather *c, int buffer, double bytes)
+{
+    guint last = 0;
+    for (guint k = 0; k < c->n; k++) {
+        c[k].buffer = -1, c[k].bytes = 0;
+        if (c[k].fetch.free_pos >= c[last].fetch.free_pos)
+            last = k;
+    }
+    c[last].buffer = buffer, c[last].bytes = bytes;
+}
+
 /* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
  * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
  * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
  * partitions concatenated, partition_sz * world_size elements), the parameters copied out
- * when the call is first waited for (unpack_call). */
+ * when the call is first waited for (unpack_call). With stage3_use_all_reduce_for_fetch_params
+ * (zp_sched_fetch_allreduce) a call of more is an all-reduce of a zeroed buffer of the same
+ * size, parameter by parameter, each rank's slices at their places: nothing to unpack. */
 static void issue_call(Builder *b, Gather *c, int pos, int micro)
 {
     const ZpSchedule *s = b->s;
     const double bytes = (double)c->call_elems * b->state.param_bytes;
     const ZpGroup group = gather_group(b, c);
     const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-    const double wire = zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
-                                               b->state.param_bytes);
+    const gboolean reduced = zp_sched_fetch_allreduce(&s->plan, c->n, group);
+    const double wire = reduced ? bytes
+                                : zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
+                                                         b->state.param_bytes);
     uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
                              : b->last_compute;
     int buffer;
     uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, c->fetch.unit, micro,
                                 &buffer, &after, 1);
-    c->unpacked = c->n == 1;
-    c->flat = c->n == 1 ? -1 : buffer;
+    c->unpacked = c->n == 1 || reduced;
+    c->flat = c->unpacked ? -1 : buffer;
     if (c->n == 1)
         c->buffer = buffer, c->bytes = bytes;
+    if (reduced) /* the parameters are views of the buffer: freed with the last of them */
+        own_by_last_free(c, buffer, bytes);
     /* Parameter offload: the partition comes up from the host (and NVMe) first. */
     double nvme_bytes, h2d_bytes;
     zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, (double)s->partition_elems,
@@ -757,8 +793,9 @@ static void issue_call(Builder *b, Gather *c, int pos, int micro)
         alloc = emit_quantize(b, ZP_STREAM_DP, c->fetch.unit, micro,
                               zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
     }
-    const uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, group, c->fetch.unit, micro,
-                                          buffer, c->fetch.offset, c->call_elems, wire, &alloc, 1);
+    const uint32_t coll = emit_collective(b, reduced ? ZP_COLL_ALLREDUCE : ZP_COLL_ALLGATHER,
+                                          group, c->fetch.unit, micro, buffer, c->fetch.offset,
+                                          c->call_elems, wire, &alloc, 1);
     for (guint k = 0; k < c->n; k++)
         c[k].coll_op = coll;
 }
@@ -841,8 +878,9 @@ static void free_gathers(Builder *b, int pos, int micro)
 {
     for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
-        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
-                  b->last_compute);
+        if (g->buffer >= 0)
+            emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
+                      b->last_compute);
     }
 }
 

@@ -234,6 +234,17 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
 uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
 gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 
+/* DeepSpeed's stage 3 with stage3_use_all_reduce_for_fetch_params: whether a coalesced call of
+ * n parameters over `group` fetches them by an all-reduce of a zeroed flat buffer of their
+ * padded sizes, each rank's slices at its place (partition_parameters.py
+ * all_gather_coalesced -> _all_gather_coalesced: more than one parameter, not quantised
+ * (qwZ), not from hpZ's secondary partition); otherwise it all-gathers. */
+gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group);
+
+/* Whether a collective fetches parameters: an all-gather, or at stage 3 a data-parallel
+ * all-reduce (stage 3 reduce-scatters gradients, so that is a fetch_allreduce call). */
+gboolean zp_sched_coll_fetches(const ZpSchedule *sched, const ZpOp *op);
+
 /* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
  * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
 double zp_sched_model_state_bytes(const ZpSchedule *sched);

@@ -430,7 +430,7 @@ static void index_buckets(RealEngine *e)
     e->bucket_hi = g_new0(uint64_t, e->n_buffers);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0 &&
+        if (op->kind == ZP_OP_COLLECTIVE && !zp_sched_coll_fetches(s, op) && op->buffer >= 0 &&
             op->stage == (uint32_t)s->view_stage) {
             e->bucket_lo[op->buffer] = op->elem_offset;
             e->bucket_hi[op->buffer] = op->elem_offset + op->elems;

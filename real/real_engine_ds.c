@@ -18,8 +18,10 @@ typedef struct {
     uint64_t part;          /* stage 3: where its slice sits in this rank's partition */
     int bucket;             /* the bucket that reduces it */
     /* stage 3: the buffer ids of its gathers (a tensor prefetched for a later use while
-     * still held for this one has two; a freed buffer is NULL in the engine's table) */
+     * still held for this one has two; a freed buffer is NULL in the engine's table), and
+     * where in each it starts (an all-reduced call's flat buffer holds it in place) */
     int gathered[4];
+    uint64_t gathered_at[4];
     RealBf16 *persistent;   /* stage 3: its full copy when ds_persist */
 } Tensor;
 
@@ -105,11 +107,11 @@ static int bucket_at(const RealDs *ds, uint64_t lo)
     return -1;
 }
 
-static gboolean is_reduction(const ZpOp *op)
+static gboolean is_reduction(const RealDs *ds, const ZpOp *op)
 {
     /* The data-parallel group's: a tensor group's sums are the model's (real_tp). */
     return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
-           op->sub != ZP_COLL_ALLGATHER;
+           !zp_sched_coll_fetches(ds->s, op);
 }
 
 /* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
@@ -136,7 +138,7 @@ static gboolean index_tensors(RealDs *ds, GError **error)
         }
         const uint64_t slice = zp_mem_padded_elems(z->elems, (uint64_t)ds->dp) / (uint64_t)ds->dp;
         ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1,
-                            {-1, -1, -1, -1}, NULL};
+                            {-1, -1, -1, -1}, {0}, NULL};
         part += slice;
     }
     g_array_unref(tensors);
@@ -160,7 +162,7 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     GArray *bk = g_array_new(FALSE, FALSE, sizeof(Bucket));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (is_reduction(op) && op->micro == 0) {
+        if (is_reduction(ds, op) && op->micro == 0) {
             Bucket b = {op->elem_offset, op->elem_offset + op->elems, 0, -1};
             g_array_append_val(bk, b);
         }
@@ -175,7 +177,7 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     int *uses = g_new0(int, MAX(ds->n_buffers, 1));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (!is_reduction(op))
+        if (!is_reduction(ds, op))
             continue;
         const int k = bucket_at(ds, op->elem_offset);
         if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0 ||
@@ -361,7 +363,7 @@ static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
         return t->persistent;
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
         if (t->gathered[i] >= 0 && ds->buffers[t->gathered[i]])
-            return ds->buffers[t->gathered[i]];
+            return (RealBf16 *)ds->buffers[t->gathered[i]] + t->gathered_at[i];
     return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered", ds->rank,
                 t->unit, t->k), NULL;
 }
@@ -593,20 +595,43 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
     return ok;
 }
 
-/* Stage 3: tensor t is in buffer id too (in a slot whose buffer is freed, or unused; the
- * same ops, so the same ids, come again every step). */
-static gboolean hold(RealDs *ds, Tensor *t, int id, GError **error)
+/* Stage 3: tensor t is in buffer id too, from element `at` (in a slot whose buffer is freed,
+ * or unused; the same ops, so the same ids, come again every step). */
+static gboolean hold(RealDs *ds, Tensor *t, int id, uint64_t at, GError **error)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
-        if (t->gathered[i] == id)
+        if (t->gathered[i] == id) {
+            t->gathered_at[i] = at;
             return TRUE;
+        }
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
         if (t->gathered[i] < 0 || !ds->buffers[t->gathered[i]]) {
             t->gathered[i] = id;
+            t->gathered_at[i] = at;
             return TRUE;
         }
     return fail(error, "rank %d: unit %d's tensor %d is gathered more than %zu times at once",
                 ds->rank, t->unit, t->k, G_N_ELEMENTS(t->gathered));
+}
+
+/* stage3_use_all_reduce_for_fetch_params (partition_parameters.py _all_gather_coalesced): the
+ * zeroed flat buffer holds each tensor's padded size in turn, this rank's slice at its place
+ * in it; summed over the ranks it holds every tensor whole, read in place (param.data =
+ * flat_tensor.narrow), nothing to unpack. */
+static gboolean fetch_allreduce(RealDs *ds, const Call *c, int id, RealBf16 *dst,
+                                GError **error)
+{
+    ds->be->fill(ds->be, dst, 0, c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16));
+    uint64_t at = 0;
+    for (guint i = 0; i < c->n; i++) {
+        Tensor *t = &ds->t[ds->members[c->first + i]];
+        ds->be->copy(ds->be, dst + at + (uint64_t)ds->rank * t->slice, ds->params + t->part,
+                     t->slice * sizeof(RealBf16));
+        if (!hold(ds, t, id, at, error))
+            return FALSE;
+        at += t->slice * (uint64_t)ds->dp;
+    }
+    return ds->comm->allreduce_bf16(ds->comm, dst, at, error);
 }
 
 /* Stage 3: the micro-step's next call (partitioned_param_coordinator.py
@@ -626,9 +651,11 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
                     "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
                     ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
     if (c->n == 1)
-        return hold(ds, first, op->buffer, error) &&
+        return hold(ds, first, op->buffer, 0, error) &&
                ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
                                         error);
+    if (op->sub == ZP_COLL_ALLREDUCE)
+        return fetch_allreduce(ds, c, op->buffer, dst, error);
     RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
     for (guint i = 0; i < c->n; i++) {
         const Tensor *t = &ds->t[ds->members[c->first + i]];
@@ -662,7 +689,7 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
         for (int q = 0; q < ds->dp && (uint64_t)q * t->slice < t->elems; q++)
             ds->be->copy(ds->be, dst + (uint64_t)q * t->slice, flat + q * c->per_rank + at,
                          MIN(t->slice, t->elems - (uint64_t)q * t->slice) * sizeof(RealBf16));
-        if (!hold(ds, t, alloc->buffer, error))
+        if (!hold(ds, t, alloc->buffer, 0, error))
             return FALSE;
         at += t->slice;
     }
@@ -696,7 +723,7 @@ gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
 {
     if (op->group != ZP_GROUP_DP)
         return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only");
-    return op->sub == ZP_COLL_ALLGATHER ? gather(ds, op, error) : reduce(ds, op, error);
+    return zp_sched_coll_fetches(ds->s, op) ? gather(ds, op, error) : reduce(ds, op, error);
 }
 
 /* ---- optimizer offload: the reduced slices to the host tier -------------------------------- */

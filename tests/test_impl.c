@@ -244,6 +244,41 @@ static guint check_unpacks(const ZpSchedule *s, guint *spanning)
     return unpacks;
 }
 
+/* Checks every stage-3 fetch all-reduce of s as partition_parameters.py _all_gather_coalesced
+ * lays it out under use_all_reduce_for_fetch_params: a zeroed buffer of the call's padded
+ * sizes allocated just before it, freed later whole, and no unpack. The data-parallel bytes
+ * are `gathered`'s (those of the same plan all-gathering; < 0: unchecked) plus a second ring
+ * pass of each all-reduce. Returns the all-reduces. */
+static guint check_fetch_allreduces(const ZpSchedule *s, double gathered)
+{
+    guint n = 0;
+    double extra = 0;
+    const double dp = s->plan.dp;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        g_assert_false(op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK && gathered >= 0);
+        if (op->kind != ZP_OP_COLLECTIVE || op->sub != ZP_COLL_ALLREDUCE ||
+            op->group != ZP_GROUP_DP)
+            continue;
+        n++;
+        g_assert_true(zp_sched_coll_fetches(s, op));
+        g_assert_cmpfloat(op->bytes, ==, op->elems * 2.0);
+        const ZpOp *alloc = zp_sched_op(s, zp_sched_deps(s, op)[0]);
+        g_assert_cmpint(alloc->kind, ==, ZP_OP_ALLOC);
+        g_assert_cmpint(alloc->sub, ==, ZP_MEM_GATHERED_PARAMS);
+        g_assert_cmpint(alloc->buffer, ==, op->buffer);
+        g_assert_cmpfloat(alloc->bytes, ==, op->bytes);
+        const guint freed = free_of(s, op->buffer, i);
+        g_assert_cmpuint(freed, <, s->ops->len);
+        g_assert_cmpfloat(zp_sched_op(s, freed)->bytes, ==, op->bytes);
+        extra += (dp - 1) / dp * op->bytes;
+    }
+    if (gathered >= 0)
+        g_assert_cmpfloat(fabs(zp_sched_comm_bytes(s, ZP_GROUP_DP) - (gathered + extra)), <=,
+                          1e-9 * gathered);
+    return n;
+}
+
 /* DeepSpeed's stage 3 gathers with one coalesced all-gather per fetch_sub_module call: the
  * current module's missing parameters, then everything it prefetches, one parameter of the
  * queue at a time (partitioned_param_coordinator.py __all_gather_params_ ->
@@ -283,14 +318,27 @@ static void test_deepspeed_coalesced(void)
     p.zero.stage3_max_live_parameters = 40000;
     p.zero.stage3_max_reuse_distance = 10000;
     s = zp_sched_build(&tiny, &p, NULL);
-    g_assert_cmpuint(check_unpacks(s, &spanning), >, 0);
+    const guint calls = check_unpacks(s, &spanning);
+    g_assert_cmpuint(calls, >, 0);
     g_assert_cmpuint(spanning, >, 0);
     const double sent = zp_sched_comm_bytes(s, ZP_GROUP_DP);
     zp_sched_free(s);
+    /* stage3_use_all_reduce_for_fetch_params: every coalesced call all-reduces its zeroed flat
+     * buffer instead (twice the ring's bytes), read in place: no unpack; qwZ keeps gathering. */
+    p.zero.stage3_use_all_reduce_for_fetch_params = TRUE;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_fetch_allreduces(s, sent), ==, calls);
+    zp_sched_free(s);
+    p.zero.zero_quantized_weights = TRUE;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_fetch_allreduces(s, -1), ==, 0);
+    zp_sched_free(s);
+    p.zero.zero_quantized_weights = FALSE;
     /* stage3_allgather_sequential: each parameter its own all-gather, the same bytes. */
     p.zero.stage3_allgather_sequential = TRUE;
     s = zp_sched_build(&tiny, &p, NULL);
     g_assert_cmpuint(check_unpacks(s, &spanning), ==, 0);
+    g_assert_cmpuint(check_fetch_allreduces(s, sent), ==, 0);
     g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_DP), ==, sent);
     zp_sched_free(s);
 }
