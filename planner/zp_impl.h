@@ -83,6 +83,11 @@ typedef struct ZpImpl {
     /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and
      * elems), refreshed by an all-gather after the step. */
     void (*persistent)(const ZpSchedule *s, GArray *ranges);
+    /* Stage 3: whether the persistent ranges' full copies are freed when the step begins and
+     * each taken again, a buffer of its padded size, by its all-gather after the optimizer
+     * (the schedule's alloc and free of buffer -1: the state's copies); FALSE: refreshed in
+     * place. */
+    gboolean persistent_freed_for_step;
     /* Whether those are whole units at or below the persistence threshold (the rule
      * zp_sched_unit_persistent answers in O(1)); FALSE when decided otherwise or never. */
     gboolean unit_persistence;

@@ -435,6 +435,14 @@ const ZpImpl zp_impl_deepspeed = {
     .tied_grad_waits = TRUE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
+    /* stage3.py step -> _partition_all_parameters -> partitioned_param_coordinator.py
+     * release_and_reset_all partitions every parameter, the persistent ones too (free_param:
+     * their full data freed); _post_step -> persistent_parameters[0].all_gather ->
+     * partition_parameters.py _all_gather (async_op False) -> _allgather_params_coalesced
+     * (or _allgather_params_sequential) allocates one buffer of ds_numel padded to the group
+     * per parameter, all_gather_into_tensor into it, and param.data is a view of it: nothing
+     * else is allocated, and use_all_reduce_for_fetch_params and qwZ do not apply there. */
+    .persistent_freed_for_step = TRUE,
     .unit_persistence = FALSE, /* per parameter */
     .grad_state_elems = ds_grad_state_elems,
     .step_buffers = ds_step_buffers,

@@ -1274,6 +1274,16 @@ static void optimizer_step(Builder *b, GArray *launched)
 {
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
+    GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    if (stage == 3)
+        b->impl->persistent(s, kept);
+    const gboolean freed = b->impl->persistent_freed_for_step && kept->len > 0;
+    if (freed) { /* the step-long copies (buffer -1), freed when the step begins */
+        ZpOp op = {.kind = ZP_OP_FREE, .sub = ZP_MEM_GATHERED_PARAMS, .unit = -1, .micro = -1,
+                   .buffer = -1, .bytes = s->state_bytes[ZP_MEM_GATHERED_PARAMS]};
+        const uint32_t release = emit(b, op, (uint32_t *)launched->data, launched->len);
+        g_array_append_val(launched, release);
+    }
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
     const double cpu_share = zp_offload_cpu_share(&s->plan, elems);
     const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
@@ -1309,17 +1319,21 @@ static void optimizer_step(Builder *b, GArray *launched)
         opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent parameters are never gathered before use, so their full copies (buffer
-         * -1: the step-long state) are refreshed from the updated partitions here. */
-        GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
-        b->impl->persistent(s, kept);
+         * -1: the step-long state) are refreshed from the updated partitions here, each into
+         * a buffer taken again just before its all-gather when they were freed. */
         for (guint i = 0; i < kept->len; i++) {
             const ZpFetch *f = &g_array_index(kept, ZpFetch, i);
+            const double bytes = (double)f->elems * b->state.param_bytes;
+            ZpOp op = {.kind = ZP_OP_ALLOC, .sub = ZP_MEM_GATHERED_PARAMS, .unit = f->unit,
+                       .micro = -1, .buffer = -1, .bytes = bytes};
+            const uint32_t taken = freed ? emit(b, op, &opt, 1) : opt;
             emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, f->unit, -1, -1, f->offset,
-                            f->elems, (double)f->elems * b->state.param_bytes, &opt, 1);
+                            f->elems, bytes, &taken, 1);
         }
         g_array_unref(kept);
         return;
     }
+    g_array_unref(kept);
     if (stage != 1 && stage != 2)
         return;
     const uint64_t dp = (uint64_t)s->plan.dp;
@@ -2142,7 +2156,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok && kind != ZP_OP_P2P)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
-             zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
+             zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     json_t *deps = json_object_get(o, "deps");
     if (ok && !json_is_array(deps)) {

@@ -124,7 +124,10 @@ typedef struct {
     uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
     int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
-    int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
+    int32_t buffer;    /* alloc/free: buffer id, or -1: the category's step-long state (a
+                        * free of all of it, allocs taking it back piece by piece: DeepSpeed's
+                        * persistent copies around the step); collective: the bucket it
+                        * reduces or -1 */
     uint32_t stage;    /* the pipeline stage (rank class) that runs it; 0 without a pipeline */
     uint32_t peer;     /* p2p: the stage it sends to (0 for other ops) */
     double flops;      /* compute: floating-point operations */

@@ -620,6 +620,13 @@ static gboolean is_alltoall(const ZpSchedule *s, guint index)
 
 static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
 {
+    if (op->buffer < 0) /* the step-long state's: DeepSpeed's persistent copies */
+        return e->ds ? real_ds_state_op(e->ds, op,
+                                        index + 1 < e->s->ops->len ? zp_sched_op(e->s, index + 1)
+                                                                   : NULL,
+                                        error)
+                     : fail(error, "schedule op %u: an alloc of the step-long state outside "
+                                   "DeepSpeed's stage 3", index);
     /* qwZ's int8 buffer: the workspace a quantize op follows (zp_sched's issue_gathers). */
     /* qgZ's int4 buffers likewise, the quantize op then followed by its all-to-all. */
     const ZpSchedule *s = e->s;
@@ -654,15 +661,19 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
     return TRUE;
 }
 
-static void do_free(RealEngine *e, const ZpOp *op)
+static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
 {
+    if (op->buffer < 0)
+        return e->ds ? real_ds_state_op(e->ds, op, NULL, error)
+                     : fail(error, "a free of the step-long state outside DeepSpeed's stage 3");
     void *p = e->buffers[op->buffer];
     if (!p)
-        return;
+        return TRUE;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
     e->be->free(e->be, p);
     e->buffers[op->buffer] = NULL;
+    return TRUE;
 }
 
 /* ---- compute ----------------------------------------------------------------------------- */
@@ -1404,7 +1415,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             ok = do_alloc(e, i, op, error);
             break;
         case ZP_OP_FREE:
-            do_free(e, op);
+            ok = do_free(e, op, error);
             break;
         case ZP_OP_COMPUTE:
             type = op->sub;

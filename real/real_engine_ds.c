@@ -719,6 +719,36 @@ static gboolean gather(RealDs *ds, const ZpOp *op, GError **error)
                                     error);
 }
 
+gboolean real_ds_state_op(RealDs *ds, const ZpOp *op, const ZpOp *next, GError **error)
+{
+    if (ds->stage != 3 || op->sub != ZP_MEM_GATHERED_PARAMS)
+        return fail(error, "an alloc or free of the step-long %s: DeepSpeed frees and takes "
+                    "back only stage 3's persistent copies", zp_sched_mem_name(op->sub));
+    const uint64_t b2 = sizeof(RealBf16), dp = (uint64_t)ds->dp;
+    if (op->kind == ZP_OP_FREE) { /* stage3.py step -> _partition_all_parameters */
+        double bytes = 0;
+        for (guint i = 0; i < ds->n_t; i++)
+            if (ds->t[i].persistent) {
+                bytes += (double)(ds->t[i].slice * dp * b2);
+                ds->be->free(ds->be, ds->t[i].persistent);
+                ds->t[i].persistent = NULL;
+            }
+        return bytes == op->bytes ? TRUE
+                                  : fail(error, "rank %d: the step frees %.0f bytes of persistent "
+                                         "copies, zreal held %.0f", ds->rank, op->bytes, bytes);
+    }
+    /* _post_step -> _allgather_params_coalesced: the parameter's buffer, then its gather */
+    const int x = next && next->kind == ZP_OP_COLLECTIVE && next->sub == ZP_COLL_ALLGATHER &&
+                          next->buffer < 0
+                      ? tensor_at(ds, next->elem_offset)
+                      : -1;
+    Tensor *t = x >= 0 ? &ds->t[x] : NULL;
+    if (!t || t->persistent || op->bytes != (double)(t->slice * dp * b2))
+        return fail(error, "rank %d: a persistent copy of %.0f bytes taken back for no freed "
+                    "persistent tensor refreshed next", ds->rank, op->bytes);
+    return (t->persistent = take(ds, t->slice * dp * b2, ZP_MEM_GATHERED_PARAMS, error)) != NULL;
+}
+
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
 {
     if (op->group != ZP_GROUP_DP)

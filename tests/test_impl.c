@@ -543,6 +543,83 @@ static void test_memory_is_simulate(void)
     g_assert_cmpuint(compared, ==, 3 * 3 * 2 * 2 * 4 - 3 * 2 * 2); /* FSDP has no stage 1 */
 }
 
+/* Walks s's refresh of the persistent copies after the optimizer: with `freed`, one free of
+ * all of them (buffer -1) before the optimizer, so that none is live at it, and each all-gather
+ * into a copy (buffer -1) right after the alloc (buffer -1) of its padded size; otherwise
+ * neither. Every refresh is an all-gather of the whole group, unquantised. Returns the
+ * refreshes. */
+static guint check_refresh(const ZpSchedule *s, gboolean freed)
+{
+    const double state = s->state_bytes[ZP_MEM_GATHERED_PARAMS];
+    double live = state, taken = 0, at_optimizer = -1;
+    guint refreshes = 0, frees = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const gboolean state_op = (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) &&
+                                  op->buffer < 0;
+        if (op->sub == ZP_MEM_GATHERED_PARAMS && op->kind == ZP_OP_ALLOC)
+            live += op->bytes;
+        if (op->sub == ZP_MEM_GATHERED_PARAMS && op->kind == ZP_OP_FREE)
+            live -= op->bytes;
+        if (state_op && op->kind == ZP_OP_FREE) {
+            frees++;
+            g_assert_cmpfloat(op->bytes, ==, state);
+        }
+        if (state_op && op->kind == ZP_OP_ALLOC)
+            taken += op->bytes;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
+            at_optimizer = live;
+        if (op->kind != ZP_OP_COLLECTIVE || op->buffer >= 0 || op->micro >= 0 ||
+            op->group != ZP_GROUP_DP)
+            continue;
+        refreshes++;
+        g_assert_cmpint(op->sub, ==, ZP_COLL_ALLGATHER);
+        g_assert_cmpfloat(op->bytes, ==, op->elems * 2.0);
+        const ZpOp *before = zp_sched_op(s, i - 1);
+        g_assert_cmpint(before->kind == ZP_OP_ALLOC && before->buffer < 0, ==, freed);
+        if (freed)
+            g_assert_cmpfloat(before->bytes, ==, op->bytes);
+    }
+    g_assert_cmpuint(frees, ==, freed ? 1 : 0);
+    g_assert_cmpfloat(taken, ==, freed ? state : 0);
+    g_assert_cmpfloat(at_optimizer, >=, 0);
+    if (freed) /* nothing else of the category is live at the step */
+        g_assert_cmpfloat(at_optimizer, ==, 0);
+    return refreshes;
+}
+
+/* DeepSpeed's step frees the persistent parameters' full copies (stage3.py step ->
+ * _partition_all_parameters) and _post_step gathers each into a new buffer of its padded size
+ * (_allgather_params_coalesced), as an all-gather also under use_all_reduce_for_fetch_params
+ * and qwZ; the paper refreshes its persistent units in place. Tiny at 2 ranks with a
+ * persistence threshold of 1000: the norms' and biases' tensors. */
+static void test_persistent_refresh(void)
+{
+    ZpModel tiny = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.zero.stage3_param_persistence_threshold = 1000;
+    GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    ZpSchedule *s = zp_sched_build(&tiny, &p, NULL);
+    zp_impl_deepspeed.persistent(s, kept);
+    g_assert_cmpuint(kept->len, >, 2);
+    g_assert_cmpuint(check_refresh(s, TRUE), ==, kept->len);
+    zp_sched_free(s);
+    p.zero.stage3_use_all_reduce_for_fetch_params = TRUE;
+    p.zero.zero_quantized_weights = TRUE;
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_refresh(s, TRUE), ==, kept->len);
+    zp_sched_free(s);
+    p = (ZpPlan){0};
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.impl = ZP_IMPL_PAPER;
+    p.zero.stage3_param_persistence_threshold = 1e5; /* the embedding and head units */
+    s = zp_sched_build(&tiny, &p, NULL);
+    g_assert_cmpuint(check_refresh(s, FALSE), >, 0);
+    zp_sched_free(s);
+    g_array_unref(kept);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -552,6 +629,7 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-coalesced-gathers", test_deepspeed_coalesced);
     g_test_add_func("/impl/tied-grad-waits", test_tied_grad_waits);
     g_test_add_func("/impl/step-copies", test_step_copies);
+    g_test_add_func("/impl/persistent-refresh", test_persistent_refresh);
     g_test_add_func("/impl/fsdp", test_fsdp);
     g_test_add_func("/impl/schedules-balance", test_schedules_balance);
     g_test_add_func("/impl/memory-is-simulate", test_memory_is_simulate);
