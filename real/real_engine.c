@@ -159,10 +159,10 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    if (real_ds_applies(s) && (s->plan.zero.zero_quantized_weights ||
-                               s->plan.zero.zero_hpz_partition_size > 1 ||
+    if (real_ds_applies(s) && (s->plan.zero.zero_hpz_partition_size > 1 ||
                                s->plan.zero.zero_quantized_gradients))
-        return fail(error, "zreal executes DeepSpeed's stages 2-3 without ZeRO++ (qwZ, hpZ, qgZ)");
+        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ but without hpZ or qgZ "
+                           "(zero_hpz_partition_size, zero_quantized_gradients)");
     /* DeepSpeed's stage 2 accumulates offloaded gradients whole parameter by whole parameter
      * (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), its
      * stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
@@ -949,6 +949,8 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         const guint index = (guint)(op - zp_sched_op(e->s, 0));
         if (is_alltoall(e->s, index + 1) || (index > 0 && is_alltoall(e->s, index - 1)))
             return TRUE;
+        if (e->ds)
+            return real_ds_qwz(e->ds, op, error);
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
     }

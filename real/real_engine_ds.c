@@ -4,9 +4,11 @@
 #include "real_engine_ds.h"
 #include "real_engine.h"
 #include "real_offload.h"
+#include "real_zeropp.h"
 #include "zp_offload.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
+#include "zp_zeropp.h"
 
 #include <string.h>
 
@@ -64,6 +66,8 @@ struct RealDs {
     guint n_calls, next_call;
     guint *members;
     int *flat_call;
+    /* qwZ: per gathered buffer id, the int8 buffer its call is gathered in (-1 none) */
+    int *quant_of;
     /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
      * backward (zp_impl.h tied_grad_waits), or -1. */
     int *tied_grad;
@@ -232,8 +236,9 @@ static gboolean index_tied_grad(RealDs *ds)
 static gboolean index_calls(RealDs *ds, GError **error)
 {
     ds->flat_call = g_new(int, MAX(ds->n_buffers, 1));
+    ds->quant_of = g_new(int, MAX(ds->n_buffers, 1));
     for (int b = 0; b < ds->n_buffers; b++)
-        ds->flat_call[b] = -1;
+        ds->flat_call[b] = ds->quant_of[b] = -1;
     if (ds->stage != 3)
         return TRUE;
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
@@ -336,6 +341,7 @@ void real_ds_free(RealDs *ds)
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
     g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
+    g_free(ds->quant_of);
     g_free(ds);
 }
 
@@ -614,6 +620,66 @@ static gboolean hold(RealDs *ds, Tensor *t, int id, uint64_t at, GError **error)
                 ds->rank, t->unit, t->k, G_N_ELEMENTS(t->gathered));
 }
 
+/* This rank's slices of call c, one after another at its place of dst (every rank's in
+ * turn: _all_gather_dtype's partitions[rank_in_group]). */
+static void place_slices(RealDs *ds, const Call *c, RealBf16 *dst)
+{
+    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
+        mine += t->slice;
+    }
+}
+
+/* qwZ (partition_parameters.py _all_gather_coalesced and _all_gather_sequential with
+ * quantize): this rank's slices of the next call, concatenated (in its place of the call's
+ * gathered buffer), quantised in the groups of CUDAQuantizer.quantize into its place of the
+ * int8 buffer; once waited for (AllGatherCoalescedHandle.wait, AllGatherHandle.wait), every
+ * rank's dequantised into the gathered buffer, to be unpacked as without qwZ. */
+gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    const guint index = (guint)(op - zp_sched_op(s, 0));
+    const gboolean quantize = op->stream == ZP_STREAM_DP;
+    const ZpOp *coll = quantize ? (index + 1 < s->ops->len ? zp_sched_op(s, index + 1) : NULL)
+                                : (op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0])
+                                                  : NULL);
+    const ZpOp *alloc = op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0]) : NULL;
+    if (ds->n_calls == 0 || !coll || coll->kind != ZP_OP_COLLECTIVE ||
+        coll->sub != ZP_COLL_ALLGATHER || coll->buffer < 0 || !ds->buffers[coll->buffer] ||
+        (quantize && (alloc->kind != ZP_OP_ALLOC || !ds->buffers[alloc->buffer])))
+        return fail(error, "a qwZ op that does not sit around a stage-3 call's all-gather "
+                           "(its int8 buffer's alloc, the quantize, the gather; the dequantize "
+                           "after it)");
+    const int k = quantize ? (int)(ds->next_call % ds->n_calls) : ds->flat_call[coll->buffer];
+    if (k < 0)
+        return fail(error, "a dequantize op of no quantised call");
+    const Call *c = &ds->calls[k];
+    const uint64_t n = c->per_rank, groups = zp_zeropp_qwz_groups(n);
+    const size_t bytes = real_zeropp_quantized_bytes(n, groups);
+    RealBf16 *dst = ds->buffers[coll->buffer];
+    if (quantize) {
+        place_slices(ds, c, dst);
+        uint8_t *int8 = ds->buffers[alloc->buffer];
+        real_zeropp_quantize(dst + (uint64_t)ds->rank * n, n, groups,
+                             int8 + (size_t)ds->rank * bytes);
+        ds->quant_of[coll->buffer] = alloc->buffer;
+        ds->flat_call[coll->buffer] = k; /* the call, for its dequantize (and unpack) */
+        return TRUE;
+    }
+    const int id = ds->quant_of[coll->buffer];
+    if (id < 0 || !ds->buffers[id])
+        return fail(error, "a dequantize op with no gathered int8 buffer");
+    for (int q = 0; q < ds->dp; q++)
+        real_zeropp_dequantize((const uint8_t *)ds->buffers[id] + (size_t)q * bytes, n, groups,
+                               dst + (uint64_t)q * n);
+    ds->quant_of[coll->buffer] = -1;
+    if (c->n == 1) /* gathered into its tensor's own buffer: nothing to unpack */
+        ds->flat_call[coll->buffer] = -1;
+    return TRUE;
+}
+
 /* stage3_use_all_reduce_for_fetch_params (partition_parameters.py _all_gather_coalesced): the
  * zeroed flat buffer holds each tensor's padded size in turn, this rank's slice at its place
  * in it; summed over the ranks it holds every tensor whole, read in place (param.data =
@@ -650,18 +716,23 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
         return fail(error, "rank %d: all-gather %u of the micro-step is not DeepSpeed's call "
                     "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
                     ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
+    if (ds->quant_of[op->buffer] >= 0) { /* qwZ: the int8 and scales instead (real_ds_qwz) */
+        if (ds->flat_call[op->buffer] != (int)k)
+            return fail(error, "rank %d: a qwZ gather of another call than the one quantised",
+                        ds->rank);
+        if (c->n == 1 && !hold(ds, first, op->buffer, 0, error))
+            return FALSE;
+        return ds->comm->allgather_bytes(
+            ds->comm, ds->buffers[ds->quant_of[op->buffer]],
+            real_zeropp_quantized_bytes(c->per_rank, zp_zeropp_qwz_groups(c->per_rank)), error);
+    }
     if (c->n == 1)
         return hold(ds, first, op->buffer, 0, error) &&
                ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
                                         error);
     if (op->sub == ZP_COLL_ALLREDUCE)
         return fetch_allreduce(ds, c, op->buffer, dst, error);
-    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
-    for (guint i = 0; i < c->n; i++) {
-        const Tensor *t = &ds->t[ds->members[c->first + i]];
-        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
-        mine += t->slice;
-    }
+    place_slices(ds, c, dst);
     ds->flat_call[op->buffer] = (int)k;
     return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
                                     c->per_rank, dst, error);
@@ -671,6 +742,8 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
 {
     const uint32_t *deps = zp_sched_deps(ds->s, op);
     const ZpOp *coll = op->n_deps > 0 ? zp_sched_op(ds->s, deps[0]) : NULL;
+    if (coll && coll->kind == ZP_OP_COMPUTE && coll->sub == ZP_COMP_QUANTIZE && coll->n_deps > 0)
+        coll = zp_sched_op(ds->s, zp_sched_deps(ds->s, coll)[0]); /* qwZ: after its dequantize */
     const int k = coll && coll->kind == ZP_OP_COLLECTIVE && coll->buffer >= 0
                       ? ds->flat_call[coll->buffer] : -1;
     if (k < 0 || op->n_deps != ds->calls[k].n + 1)
