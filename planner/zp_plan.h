@@ -127,6 +127,10 @@ typedef struct {
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
      * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
     gboolean backend_workspace;
+    /* Compute every block as one op where the implementation computes it module by module
+     * (DeepSpeed's stage 3: ZpImpl module_compute): zreal's engine, whose model runs a block
+     * whole, asks for it. */
+    gboolean block_compute;
 } ZpPlan;
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */

@@ -122,6 +122,8 @@ typedef struct {
     uint8_t sub;       /* ZpComputeKind, ZpCollKind or ZpTransferKind; alloc/free: ZpMemCategory */
     uint8_t stream;    /* ZpStream (compute and collective ops) */
     uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
+    uint8_t module;    /* compute: 1 + the block module (ZpBlockModule) of a block op split
+                        * per module (zp_op_module); 0: the whole op */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
     int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
     int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
@@ -206,6 +208,11 @@ ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
 static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {
     return &g_array_index(s->ops, ZpOp, i);
+}
+/* The block module a compute op computes, -1 for a whole op. */
+static inline int zp_op_module(const ZpOp *op)
+{
+    return (int)op->module - 1;
 }
 static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
 {

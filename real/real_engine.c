@@ -10,6 +10,7 @@
 #include "real_pipe.h"
 #include "real_zeropp.h"
 #include "real_zeror.h"
+#include "zp_impl.h"
 #include "zp_zeropp.h"
 #include "zp_zeror.h"
 #include "zp_mem.h"
@@ -174,6 +175,10 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
+    if (zp_impl_module_compute(s))
+        return fail(error, "zreal computes a block as one op, not module by module as "
+                           "DeepSpeed's stage 3 does: run zreal with --model rather than a "
+                           "schedule file (zreal builds it with whole blocks)");
     return TRUE;
 }
 

@@ -145,7 +145,7 @@ static void test_fallback_reported(void)
     g_assert_cmpstr(c.why, ==, "roofline: the profile has no op_costs table");
     /* The roofline's figure, unchanged. */
     const double peak = zp_hw_peak_flops(&hw, p.precision);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 1e12, 1e10, 0, 1e9), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, -1, 1e12, 1e10, 0, 1e9), ==,
                       zp_hw_compute_time_s(&hw, peak, 1e12, 1e10, 0, 0, 1e9, FALSE));
     /* A table without eager attention cannot cost an eager plan. */
     hw.op_costs = synthetic_table();
@@ -199,7 +199,7 @@ static void test_hand_computed(void)
                         8 * 128 / 9e9;
     g_assert_cmpfloat(fabs(c.kind_s[ZP_COMP_HEAD] - head) / head, <, 1e-12);
     /* The optimizer: its launch plus its bytes at the optimizer rate. */
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, 0, 0, 0, 4e9), ==, L + 1);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, -1, 0, 0, 0, 4e9), ==, L + 1);
     /* The block backward's GEMMs: every linear's weight and input gradient, each as many
      * FLOPs as its forward; attention backward twice the forward's FLOPs. */
     ZpKernels fwd, bwd;
@@ -307,10 +307,10 @@ static void test_whole_op(void)
     g_assert_cmpint(c.ranks, ==, 2);
     g_assert_true(c.whole[ZP_COMP_BLOCK_FWD]);
     g_assert_false(c.whole[ZP_COMP_HEAD] || c.whole[ZP_COMP_BLOCK_BWD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 0, 0, 0, 0), ==, 0.25);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, -1, 0, 0, 0, 0), ==, 0.25);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==,
                       kernels.kind_s[ZP_COMP_HEAD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_BWD, 0, 0, 0, 0), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_BWD, -1, 0, 0, 0, 0), ==,
                       kernels.kind_s[ZP_COMP_BLOCK_BWD]);
     g_assert_nonnull(strstr(c.why, "op table: block_fwd measured whole (2 ranks at once); the "
                                    "sum of their kernels for embed_fwd, head, recompute, "
@@ -323,7 +323,7 @@ static void test_whole_op(void)
     zp_plan_defaults(&p, 1, 1, 1);
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.whole[ZP_COMP_HEAD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 0.5);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 0.5);
 }
 
 /* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
@@ -365,7 +365,7 @@ static void test_collective_copies(void)
     for (uint32_t i = 0; i < s->ops->len; i++) {
         const ZpOp *o = zp_sched_op(s, i);
         if (o->kind == ZP_OP_COMPUTE)
-            sum += zp_cost_op_s(&c, o->sub, o->flops, o->gemm_flops, o->attn_flops, o->mem_bytes);
+            sum += zp_cost_op_s(&c, o->sub, zp_op_module(o), o->flops, o->gemm_flops, o->attn_flops, o->mem_bytes);
         else if (o->kind == ZP_OP_COLLECTIVE)
             copies += zp_cost_coll_copy_s(&c, o, 1, 1);
     }
@@ -597,7 +597,7 @@ static void test_calibrated_whole_ops(void)
     g_assert_null(zp_optable_op(&hw.op_costs, "block_fwd", shape, 2));
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 2.0);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 2.0);
     for (int i = 0; i < 3; i++) {
         char *name = g_strdup_printf("run%d.json", i);
         char *path = g_build_filename(dir, name, NULL);
