@@ -105,7 +105,6 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
-    plan->block_compute = TRUE; /* real_gpt runs a block whole (real_engine.c check_schedule) */
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
