@@ -128,8 +128,9 @@ typedef struct {
      * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
     gboolean backend_workspace;
     /* Compute every block as one op where the implementation computes it module by module
-     * (DeepSpeed's stage 3: ZpImpl module_compute): zreal's engine, whose model runs a block
-     * whole, asks for it. */
+     * (DeepSpeed's stage 3: ZpImpl module_compute): the coarser schedule the module ops are
+     * checked against (their costs sum to its block ops', their gathered peak is no higher
+     * in the tests' plans). Not in the plan's JSON. */
     gboolean block_compute;
 } ZpPlan;
 

@@ -2271,8 +2271,8 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         const ZpOp *a = zp_sched_op(s, i), *b = &g_array_index(ops, ZpOp, i);
         if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
             a->group != b->group || a->module != b->module || a->unit != b->unit ||
-            a->micro != b->micro || a->buffer != b->buffer || a->bytes != b->bytes || a->elem_offset != b->elem_offset ||
-            a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
+            a->micro != b->micro || a->buffer != b->buffer || a->bytes != b->bytes ||
+            a->elem_offset != b->elem_offset || a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
             a->n_deps != b->n_deps ||
             memcmp(zp_sched_deps(s, a), &g_array_index(deps, uint32_t, b->dep_start),
                    a->n_deps * sizeof(uint32_t)) != 0)

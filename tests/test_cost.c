@@ -365,7 +365,8 @@ static void test_collective_copies(void)
     for (uint32_t i = 0; i < s->ops->len; i++) {
         const ZpOp *o = zp_sched_op(s, i);
         if (o->kind == ZP_OP_COMPUTE)
-            sum += zp_cost_op_s(&c, o->sub, zp_op_module(o), o->flops, o->gemm_flops, o->attn_flops, o->mem_bytes);
+            sum += zp_cost_op_s(&c, o->sub, zp_op_module(o), o->flops, o->gemm_flops,
+                                o->attn_flops, o->mem_bytes);
         else if (o->kind == ZP_OP_COLLECTIVE)
             copies += zp_cost_coll_copy_s(&c, o, 1, 1);
     }
