@@ -220,7 +220,8 @@ static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
 }
 
 /* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
- * kind costs the same, so a kind is its count and one op's cost. O(1) and allocation-free:
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
  * the planner's search bounds a step's compute time with it a million times a second. */
 typedef struct {
     uint64_t count;    /* ops of this kind in the step */
