@@ -130,6 +130,11 @@ typedef struct {
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
      * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
     gboolean backend_workspace;
+    /* Compute every block as one op where the implementation computes it module by module
+     * (DeepSpeed's stage 3: ZpImpl module_compute): the coarser schedule the module ops are
+     * checked against (their costs sum to its block ops', their gathered peak is no higher
+     * in the tests' plans). Not in the plan's JSON. */
+    gboolean block_compute;
 } ZpPlan;
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */

@@ -122,6 +122,8 @@ typedef struct {
     uint8_t sub;       /* ZpComputeKind, ZpCollKind or ZpTransferKind; alloc/free: ZpMemCategory */
     uint8_t stream;    /* ZpStream (compute and collective ops) */
     uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
+    uint8_t module;    /* compute: 1 + the block module (ZpBlockModule) of a block op split
+                        * per module (zp_op_module); 0: the whole op */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
     int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
     int32_t buffer;    /* alloc/free: buffer id, or -1: the category's step-long state (a
@@ -210,13 +212,19 @@ static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {
     return &g_array_index(s->ops, ZpOp, i);
 }
+/* The block module a compute op computes, -1 for a whole op. */
+static inline int zp_op_module(const ZpOp *op)
+{
+    return (int)op->module - 1;
+}
 static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
 {
     return &g_array_index(s->deps, uint32_t, op->dep_start);
 }
 
 /* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
- * kind costs the same, so a kind is its count and one op's cost. O(1) and allocation-free:
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
  * the planner's search bounds a step's compute time with it a million times a second. */
 typedef struct {
     uint64_t count;    /* ops of this kind in the step */

@@ -878,6 +878,36 @@ static void *kept_checkpoint(const RealEngine *e, int l, int micro)
     return e->buffers[(pa_splits(e) ? e->ckpt_slice : e->ckpt_buffer)[slot(e, l, micro)]];
 }
 
+/* A block op: one of its modules (DeepSpeed's stage 3: real_gpt's per-module entry points,
+ * with that module's tensors only; backward's last module, ln1, adds the block's gradients)
+ * or the whole block. */
+static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_in,
+                              gboolean save, GError **error)
+{
+    const int m = zp_op_module(op), l = op->unit;
+    RealGptTensors p;
+    if (m < 0)
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               real_gpt_block_forward_t(e->gpt, l - 1, &p, x_in, e->x, save, error);
+    return params_of(e, l, real_gpt_module_tensors(&e->dims, m), &p, error) &&
+           real_gpt_block_forward_module_t(e->gpt, l - 1, m, &p, x_in, e->x, save, error);
+}
+
+static gboolean block_backward(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const int m = zp_op_module(op), l = op->unit;
+    RealGptTensors p, g;
+    const gboolean last = m <= 0; /* whole, or ln1: the gradients land */
+    if (!params_of(e, l, m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m), &p,
+                   error) ||
+        (last && !grads_of(e, l, ALL_TENSORS, op->micro, &g, error)))
+        return FALSE;
+    if (m < 0)
+        return real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
+    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx,
+                                            last ? &g : NULL, error);
+}
+
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int l = op->unit, L = e->L, micro = op->micro;
@@ -887,17 +917,18 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_EMBED_FWD:
         return load_micro_batch(e, op->micro, error) && params_of(e, 0, ALL_TENSORS, &p, error) &&
                real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
-    case ZP_COMP_BLOCK_FWD:
-        if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
+    case ZP_COMP_BLOCK_FWD: {
+        const int m = zp_op_module(op);
+        /* cpu_checkpointing: a host_copy did */
+        if (e->s->plan.checkpoint && !e->ckpt_host && m <= REAL_GPT_MOD_LN1)
             e->be->copy(e->be, kept_checkpoint(e, l, op->micro), block_input_slice(e, e->x),
                         e->ckpt_slice_bytes);
-        if (!params_of(e, l, ALL_TENSORS, &p, error) ||
-            !real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
-                                      error))
+        if (!block_forward(e, op, e->x, !e->s->plan.checkpoint, error))
             return FALSE;
-        if (!e->s->plan.checkpoint)
+        if (!e->s->plan.checkpoint && (m < 0 || m == REAL_GPT_MOD_FC2))
             e->stash[slot(e, l, op->micro)] = real_gpt_take_saved(e->gpt, l - 1);
         return TRUE;
+    }
     case ZP_COMP_HEAD: {
         /* A pipeline's last stage reads the micro-batch's targets itself. */
         if (e->s->stages > 1 && !load_micro_batch(e, op->micro, error))
@@ -918,21 +949,19 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_RECOMPUTE:
         restore_head_dx(e, op->micro);
         /* The recomputed block's output is not needed: the residual stream is scratch now. */
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               real_gpt_block_forward_t(e->gpt, l - 1, &p,
-                                        e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
-                                        TRUE, error);
+        return block_forward(e, op, e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], TRUE,
+                             error);
     case ZP_COMP_BLOCK_BWD:
         restore_head_dx(e, op->micro);
-        if (!e->s->plan.checkpoint) {
+        /* the block's activations back for its backward, which fc2's op begins */
+        if (!e->s->plan.checkpoint &&
+            (zp_op_module(op) < 0 || zp_op_module(op) == REAL_GPT_MOD_FC2)) {
             void **saved = &e->stash[slot(e, l, op->micro)];
             if (!real_gpt_put_saved(e->gpt, l - 1, *saved, error))
                 return FALSE;
             *saved = NULL;
         }
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               grads_of(e, l, ALL_TENSORS, micro, &g, error) &&
-               real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
+        return block_backward(e, op, error);
     case ZP_COMP_EMBED_BWD:
         /* A pipeline's first stage has forwarded later micro-batches since: their tokens. */
         return (e->s->stages == 1 || load_micro_batch(e, op->micro, error)) &&

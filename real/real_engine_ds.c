@@ -413,8 +413,8 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
         if (at + n > cap)
             return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
                         " elements of the ipg buffer before they are reduced, more than its %"
-                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal runs a block's backward "
-                        "as one op", ds->rank, at + n, cap), NULL;
+                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal adds a block's "
+                        "gradients at the end of its backward", ds->rank, at + n, cap), NULL;
         b->slot = at;
         b->landed_in = id;
         ds->be->fill(ds->be, buf + b->slot, 0, n * sizeof(RealBf16));

@@ -248,8 +248,9 @@ static void test_other_impls(void)
     ZpModel model;
     g_assert_true(zp_model_load("tiny", &model, NULL));
     model.dropout = FALSE;
-    /* DeepSpeed's stages 2-3 at 12000: zreal runs a block's backward as one op, so the ipg
-     * buffer holds the buckets it fills together (real_engine_ds.c land). */
+    /* DeepSpeed's stages 2-3 at 12000: a block's gradients land at the end of its backward
+     * (stage 3's last module op), so the ipg buffer holds the buckets it fills together
+     * (real_engine_ds.c land). */
     static const OtherRun runs_of[] = {
         {ZP_IMPL_DEEPSPEED, 0, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_DEEPSPEED, 1, 1, FALSE, 10000, FALSE},
@@ -305,9 +306,10 @@ static void test_other_impls(void)
             if (run->impl == ZP_IMPL_DEEPSPEED && run->stage >= 2) {
                 /* the tied head's wte gradient (64 x 64) waits apart for the embedding's
                  * backward, and stage 3 unpacks coalesced all-gathers: zreal ran both */
-                guint waits = 0, unpacks = 0;
+                guint waits = 0, unpacks = 0, modules = 0;
                 for (guint i = 0; i < s->ops->len; i++) {
                     const ZpOp *op = zp_sched_op(s, i);
+                    modules += op->kind == ZP_OP_COMPUTE && zp_op_module(op) >= 0;
                     waits += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS &&
                              op->unit == 0 && op->bytes == 64 * 64 * 2 &&
                              zp_sched_op(s, i + 1)->kind == ZP_OP_COMPUTE &&
@@ -316,6 +318,12 @@ static void test_other_impls(void)
                 }
                 g_assert_cmpuint(waits, ==, (guint)run->grad_accum);
                 g_assert_cmpuint(unpacks > 0, ==, run->stage == 3);
+                /* stage 3 computed module by module: 6 ops per block forward, recompute and
+                 * backward (tiny: 2 blocks), each after its own gathers */
+                g_assert_cmpuint(modules, ==, run->stage == 3 ? (guint)(ZP_MOD_N * 2 *
+                                                                        run->grad_accum *
+                                                                        (run->checkpoint ? 3 : 2))
+                                                              : 0);
             }
             zp_sched_free(s);
             for (int other = 0; other <= 1; other++) {
@@ -673,7 +681,8 @@ static void test_bad_input(void)
         {"--model tiny --stage 3 --persistence-threshold 0 --offload-param cpu",
          "zreal offloads parameters together with the optimizer (--offload-optimizer)"},
         {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
-         "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
+         "more than its 5000 (reduce_bucket_size): zreal adds a block's gradients at the end "
+         "of its backward"},
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
