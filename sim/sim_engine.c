@@ -984,6 +984,23 @@ static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
                                : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
 }
 
+/* A run-time array of *cap items of item_bytes (rank rows, ranks' states) doubled (16 items at
+ * first, *cap updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
+static void *grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
+                        const char *what)
+{
+    const uint32_t grown_cap = *cap ? 2 * *cap : 16;
+    void *grown = g_try_realloc(items, (size_t)grown_cap * item_bytes);
+    if (!grown) {
+        g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "simulating %u ranks: %u %s do not fit in memory; fold the ranks",
+                    sim->ranks, grown_cap, what);
+        return NULL;
+    }
+    *cap = grown_cap;
+    return grown;
+}
+
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
 static gboolean take_row(Sim *sim, uint32_t op)
 {
@@ -992,17 +1009,12 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->free_rows[--sim->n_free_rows];
     } else {
         if (sim->n_rows_made == sim->cap_rows) {
-            const uint32_t cap = sim->cap_rows ? 2 * sim->cap_rows : 16;
-            uint8_t *rows = g_try_realloc(sim->rows, (size_t)cap * sim->ranks);
-            if (!rows) {
-                g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
-                            "simulating %u ranks: %u rows of dependency counts do not fit in "
-                            "memory; fold the ranks", sim->ranks, cap);
+            uint8_t *rows = grow_state(sim, sim->rows, &sim->cap_rows, sim->ranks,
+                                       "rows of dependency counts");
+            if (!rows)
                 return FALSE;
-            }
             sim->rows = rows;
-            sim->free_rows = g_renew(uint32_t, sim->free_rows, cap);
-            sim->cap_rows = cap;
+            sim->free_rows = g_renew(uint32_t, sim->free_rows, sim->cap_rows);
         }
         row = sim->n_rows_made++;
     }
@@ -1327,16 +1339,11 @@ static gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank, uint32_t i
 static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t pos)
 {
     if (sim->n_eager == sim->cap_eager) {
-        const uint32_t cap = sim->cap_eager ? 2 * sim->cap_eager : 16;
-        MemState *eager = g_try_renew(MemState, sim->eager, cap);
-        if (!eager) {
-            g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "simulating %u ranks: the memory of %u ranks out of lockstep does not "
-                        "fit in memory; fold the ranks", sim->ranks, cap);
+        MemState *eager = grow_state(sim, sim->eager, &sim->cap_eager, sizeof(MemState),
+                                     "memory states of ranks out of lockstep");
+        if (!eager)
             return FALSE;
-        }
         sim->eager = eager;
-        sim->cap_eager = cap;
     }
     sim->eager[sim->n_eager] = log->state[pos];
     sim->mem_pos[rank] = MEM_EAGER | sim->n_eager++;
