@@ -27,6 +27,12 @@ static double sub_groups(const ZpPlan *plan, double part, double *size)
     return *size > 0 ? ceil(part / *size) : 1.0;
 }
 
+double zp_offload_io_aligned(double elems, double elem_bytes)
+{
+    const double align = ZP_OFFLOAD_AIO_ALIGNED_BYTES / elem_bytes;
+    return ceil(elems / align) * align;
+}
+
 double zp_offload_cpu_share(const ZpPlan *plan, double part)
 {
     const ZpOffload *o = &plan->zero.offload_optimizer;
@@ -139,9 +145,13 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
-        double size; /* the optimizer swapper's buffers hold one sub-group */
+        /* PartitionedOptimizerSwapper's SwapBufferManager: buffer_count pinned fp32 buffers
+         * of the largest sub-group, io-aligned (optimizer_utils.py OptimizerSwapper
+         * .__init__: largest_numel = max(fp16_partitioned_groups_flat_numel), every
+         * sub-group's whether the CPU or the GPU steps it) */
+        double size;
         sub_groups(plan, part, &size);
-        swap = o->buffer_count * fmin(size, r * part) * 4.0;
+        swap = o->buffer_count * zp_offload_io_aligned(size, 4.0) * 4.0;
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += swap;
     }
     if (stage < 3) {
@@ -155,7 +165,47 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     *pinned += swap + (o->pin_memory ? row_bytes(t, ZP_TIER_CPU) - cpu_before - swap : 0.0);
 }
 
-static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *pinned)
+double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part)
+{
+    if (zp_offload_param_tier(plan) != ZP_TIER_NVME ||
+        zp_offload_param_kept_elems(plan, part) >= part)
+        return 0.0;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    double size;
+    sub_groups(plan, part, &size);
+    if (!zp_model_has_architecture(model)) /* no tensors: the sub-group's, unaligned */
+        return fmin(size * plan->dp, (double)zp_model_param_count(model) / plan->mp);
+    /* _create_fp16_sub_groups: tensors in order, a sub-group closed once its partition
+     * elements (ceil(numel / dp) each) reach sub_group_size; the largest by partition
+     * elements counts its tensors' full ds_numel, each io-aligned. */
+    GArray *tensors = zp_model_tensors(model);
+    GArray *numel = g_array_sized_new(FALSE, FALSE, sizeof(double), tensors->len);
+    double total = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        g_array_append_val(numel, n);
+        total += ceil(n / plan->dp);
+    }
+    g_array_unref(tensors);
+    double best_part = -1, best_full = 0, cur_part = 0, cur_full = 0;
+    const double sg = plan->zero.sub_group_size;
+    for (guint i = 0; i < numel->len; i++) {
+        const double n = g_array_index(numel, double, i);
+        cur_part += ceil(n / plan->dp);
+        cur_full += zp_offload_io_aligned(n, elem);
+        if ((sg < total && cur_part >= sg) || i + 1 == numel->len) {
+            if (cur_part > best_part)
+                best_part = cur_part, best_full = cur_full;
+            cur_part = cur_full = 0;
+        }
+    }
+    g_array_unref(numel);
+    return best_full;
+}
+
+static void param_offload(const ZpModel *model, const ZpPlan *plan, double part, ZpTiers *t,
+                          double *pinned)
 {
     const ZpOffload *o = &plan->zero.offload_param;
     const double elem = zp_plan_elem_bytes(plan->precision);
@@ -168,11 +218,14 @@ static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *p
         return;
     }
     /* NVMe: a pinned flat buffer of min(P, max_in_cpu) elements, whatever of it the
-     * sub-groups kept there fill (zp_offload_param_kept_elems), and a pool of buffer_count
-     * pinned swap buffers of buffer_size elements. */
+     * sub-groups kept there fill (zp_offload_param_kept_elems); the parameter swapper's
+     * pinned pool of buffer_count buffers of buffer_size elements, each io-aligned
+     * (partitioned_param_swapper.py _configure_aio); and when a sub-group is not kept, its
+     * partitioned_swap_buffer (zp_offload_param_swap_buffer_elems). */
     t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
     const double kept = fmin(part, o->max_in_cpu) * elem;
-    const double pool = o->buffer_count * o->buffer_size * elem;
+    const double pool = o->buffer_count * zp_offload_io_aligned(o->buffer_size, elem) * elem +
+                        zp_offload_param_swap_buffer_elems(model, plan, part) * elem;
     t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += kept;
     t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += pool;
     *pinned += kept + pool;
@@ -189,7 +242,7 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
     if (plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE && stage >= 1)
         optimizer_offload(model, plan, part, t, &pinned);
     if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
-        param_offload(plan, part, t, &pinned);
+        param_offload(model, plan, part, t, &pinned);
     if (row_bytes(t, ZP_TIER_NVME) > 0) /* the direct I/O buffer (see ZP_OFFLOAD_BOUNCE_BYTES) */
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES;
     for (int tier = 0; tier < ZP_TIER_N; tier++)
@@ -367,11 +420,9 @@ double zp_offload_host_peak_bytes(const ZpSchedule *s)
     double sum = 0, size;
     for (int c = 0; c < ZP_MEM_N; c++)
         sum += s->host_bytes[c];
-    const ZpTier params = zp_offload_param_tier(plan);
-    const gboolean host16 = params == ZP_TIER_CPU ||
-                            (params == ZP_TIER_NVME && zp_offload_param_kept_elems(plan, part) > 0);
     sub_groups(plan, part, &size);
-    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 && !host16)
+    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 &&
+        zp_offload_param_tier(plan) == ZP_TIER_GPU)
         sum += size * zp_plan_elem_bytes(plan->precision);
     return sum;
 }

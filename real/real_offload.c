@@ -31,7 +31,10 @@ struct RealOffload {
     RealBf16 *host_staging, *device_staging; /* stages 1-2: temp_grad_buffer_for_*_offload */
     uint64_t staging_elems;
     float *swap;           /* optimizer swapper: master, m, v, gradients */
+    uint64_t swap_stride;  /* elements of each of its buffers: the partition io-aligned */
     RealBf16 *pool;        /* parameter swapper's buffers */
+    RealBf16 *part_swap;   /* its partitioned_swap_buffer (a sub-group not kept on the host):
+                            * CPU Adam's 16-bit output on its way to NVMe */
     void *bounce_raw;      /* the swap files' direct I/O buffer, a page to spare to align it */
     uint64_t pool_elems;
     RealNvmeFile *file[ZP_MEM_N];
@@ -109,14 +112,20 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     if (o->stage < 3)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, s->state_bytes[ZP_MEM_BUCKETS],
                                 (void **)&o->host_staging};
+    /* the swap buffers as DeepSpeed sizes them, io-aligned (zp_offload_tiers) */
+    o->swap_stride = (uint64_t)zp_offload_io_aligned(part, sizeof(float)); /* one sub-group */
     if (o->opt_tier == ZP_TIER_NVME)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
-                                z->offload_optimizer.buffer_count * part * 4, /* one sub-group */
+                                z->offload_optimizer.buffer_count * (double)o->swap_stride * 4,
                                 (void **)&o->swap};
     if (o->param_tier == ZP_TIER_NVME) {
-        o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
+        o->pool_elems = (uint64_t)(z->offload_param.buffer_count *
+                                   zp_offload_io_aligned(z->offload_param.buffer_size, 2));
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * (double)o->pool_elems, (void **)&o->pool};
     }
+    const double part_swap = zp_offload_param_swap_buffer_elems(&s->model, &s->plan, part);
+    if (part_swap > 0)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * part_swap, (void **)&o->part_swap};
     double nvme = 0;
     for (int c = 0; c < ZP_MEM_N; c++)
         nvme += s->nvme_bytes[c];
@@ -153,8 +162,9 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
         if ((double)s->plan.zero.offload_optimizer.buffer_count < 4)
             return fail(error, "zreal swaps the optimizer's master, moments and gradients as "
                                "one sub-group: offload_optimizer.buffer_count at least 4");
-        o->master = o->swap, o->m = o->swap + o->part, o->v = o->swap + 2 * o->part;
-        o->adam_grads = o->swap + 3 * o->part;
+        const uint64_t k = o->swap_stride;
+        o->master = o->swap, o->m = o->swap + k, o->v = o->swap + 2 * k;
+        o->adam_grads = o->swap + 3 * k;
     } else {
         o->adam_grads = o->grads;
     }
@@ -209,7 +219,7 @@ void real_offload_free(RealOffload *o)
                     o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
                     o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
                     o->grads, o->accum16, o->params, o->cpu_flat, o->out16, o->host_staging,
-                    o->swap, o->pool, o->bounce_raw};
+                    o->swap, o->pool, o->part_swap, o->bounce_raw};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
@@ -221,11 +231,14 @@ void real_offload_free(RealOffload *o)
     g_free(o);
 }
 
-/* A transient host copy of the 16-bit partition (PARAMS), or the host's own. */
+/* The host's 16-bit partition, the partitioned_swap_buffer, or a transient host copy
+ * (PARAMS). */
 static RealBf16 *partition16(RealOffload *o)
 {
     if (o->params)
         return o->params;
+    if (o->part_swap)
+        return o->part_swap;
     if (!o->out16)
         o->out16 = real_alloc_take(o->host, o->part * sizeof(RealBf16), REAL_MEM_PARAMS);
     return o->out16;
@@ -387,7 +400,7 @@ gboolean real_offload_states_in(RealOffload *o, GError **error)
         return fail(error, "an optimizer swap-in without the optimizer on NVMe");
     const uint64_t f4 = o->part * sizeof(float);
     for (size_t i = 0; i < G_N_ELEMENTS(swapped); i++) {
-        if (!real_nvme_read(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+        if (!real_nvme_read(o->file[swapped[i]], o->swap + i * o->swap_stride, f4, 0, error))
             return FALSE;
         o->moved[ZP_XFER_NVME_READ] += (double)f4;
     }
@@ -398,15 +411,15 @@ gboolean real_offload_states_out(RealOffload *o, GError **error)
 {
     const uint64_t f4 = o->part * sizeof(float);
     for (size_t i = 0; o->swap && i + 1 < G_N_ELEMENTS(swapped); i++) {
-        if (!real_nvme_write(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+        if (!real_nvme_write(o->file[swapped[i]], o->swap + i * o->swap_stride, f4, 0, error))
             return FALSE;
         o->moved[ZP_XFER_NVME_WRITE] += (double)f4;
     }
     if (o->param_tier == ZP_TIER_NVME && !o->params) { /* CPU Adam's 16-bit output */
-        if (!o->out16)
-            return fail(error, "a parameter swap-out before CPU Adam");
+        if (!o->part_swap)
+            return fail(error, "a parameter swap-out without the partitioned swap buffer");
         const uint64_t b2 = o->part * sizeof(RealBf16);
-        const gboolean ok = real_nvme_write(o->file[ZP_MEM_PARAMS], o->out16, b2, 0, error);
+        const gboolean ok = real_nvme_write(o->file[ZP_MEM_PARAMS], o->part_swap, b2, 0, error);
         o->moved[ZP_XFER_NVME_WRITE] += (double)b2;
         release16(o);
         return ok;

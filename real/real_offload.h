@@ -20,7 +20,8 @@ typedef struct RealOffload RealOffload;
  * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
  * host copy (stages 1-2) or partition (offload_param cpu, or max_in_cpu of it with nvme), the
  * staging buffer (stages 1-2), the optimizer swapper's buffer_count fp32 buffers of the
- * partition and the parameter swapper's buffer_count x buffer_size 16-bit pool (nvme); a swap
+ * partition, the parameter swapper's buffer_count x buffer_size 16-bit pool and its
+ * partitioned_swap_buffer (nvme; io-aligned as DeepSpeed sizes them, zp_offload_tiers); a swap
  * file under the plan's nvme_path for each category of nvme_bytes; the device staging buffer
  * of state_bytes[ZP_MEM_BUCKETS] (stages 1-2). `part` is the rank's partition in elements. */
 RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, uint64_t part,
