@@ -142,6 +142,9 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = r * part * 4.0;
     t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
+    if (zp_offload_stage2_accum(plan)) /* accumulated_grads_in_cpu */
+        t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] +=
+            zp_offload_stage2_accum_max_elems(model, plan, part) * elem;
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
@@ -202,6 +205,96 @@ double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *pl
     }
     g_array_unref(numel);
     return best_full;
+}
+
+gboolean zp_offload_stage2_accum(const ZpPlan *plan)
+{
+    return plan->zero.stage == 2 && plan->grad_accum > 1 &&
+           plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE &&
+           zp_impl_get(plan->impl)->host_grad_accum;
+}
+
+/* The ranks whose partitions of `part` elements tensor [off, off + n) overlaps. */
+static void overlapped_ranks(double off, double n, double part, int dp, int *first, int *last)
+{
+    *first = (int)MIN(floor(off / part), dp - 1);
+    *last = (int)MIN(floor((off + n - 1) / part), dp - 1);
+}
+
+double zp_offload_stage2_accum_elems(const ZpModel *model, const ZpPlan *plan, double part,
+                                     double lo, double hi, int rank)
+{
+    if (!zp_model_has_architecture(model))
+        return rank < 0 ? fmin(hi - lo, part * plan->dp) : fmin(hi, (rank + 1) * part) -
+                                                              fmax(lo, rank * part);
+    GArray *tensors = zp_model_tensors(model);
+    double off = 0, sum = 0;
+    for (guint i = 0; i < tensors->len && off < hi; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        int first, last;
+        overlapped_ranks(off, n, part, plan->dp, &first, &last);
+        if (off >= lo && n > 0)
+            sum += rank < 0 ? n * (last - first + 1) : rank >= first && rank <= last ? n : 0;
+        off += n;
+    }
+    g_array_unref(tensors);
+    return sum;
+}
+
+double zp_offload_stage2_accum_max_elems(const ZpModel *model, const ZpPlan *plan, double part)
+{
+    if (!zp_model_has_architecture(model))
+        return part;
+    GArray *tensors = zp_model_tensors(model);
+    double *held = g_new0(double, plan->dp), off = 0, most = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        int first, last;
+        overlapped_ranks(off, n, part, plan->dp, &first, &last);
+        for (int r = first; n > 0 && r <= last; r++)
+            most = fmax(most, held[r] += n);
+        off += n;
+    }
+    g_array_unref(tensors);
+    g_free(held);
+    return most;
+}
+
+/* Rank q's part of the flat range [lo, hi): its overlap with [qP, (q+1)P). */
+static double rank_part(double lo, double hi, double part, int q)
+{
+    return fmax(0.0, fmin(hi, (q + 1) * part) - fmax(lo, q * part));
+}
+
+/* Rank `rank`'s bytes of a stage 1-2 gradient transfer `op` after the reduction `coll`. */
+static double rank_grad_bytes(const ZpSchedule *s, const ZpOp *op, const ZpOp *coll, int rank)
+{
+    const double part = (double)s->partition_elems, lo = (double)coll->elem_offset;
+    const double hi = lo + (double)coll->elems;
+    const ZpOp *before = zp_sched_op(s, zp_sched_deps(s, op)[0]);
+    const gboolean fp32 = !zp_offload_stage2_accum(&s->plan) ||
+                          (op->sub == ZP_XFER_D2H && before->kind == ZP_OP_TRANSFER &&
+                           before->sub == ZP_XFER_D2H);
+    if (fp32)
+        return zp_offload_grad_d2h_bytes(&s->plan, rank_part(lo, hi, part, rank), part);
+    return zp_offload_stage2_accum_elems(&s->model, &s->plan, part, lo, hi, rank) *
+           zp_plan_elem_bytes(s->plan.precision);
+}
+
+void zp_offload_rank_transfer_bytes(const ZpSchedule *s, int rank, double bytes[ZP_XFER_N])
+{
+    memset(bytes, 0, ZP_XFER_N * sizeof *bytes);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i), *origin = op;
+        if (op->kind != ZP_OP_TRANSFER)
+            continue;
+        while (origin && origin->kind == ZP_OP_TRANSFER)
+            origin = origin->n_deps ? zp_sched_op(s, zp_sched_deps(s, origin)[0]) : NULL;
+        const gboolean grads = origin && origin->kind == ZP_OP_COLLECTIVE && s->plan.zero.stage < 3;
+        bytes[op->sub] += grads ? rank_grad_bytes(s, op, origin, rank) : op->bytes;
+    }
 }
 
 static void param_offload(const ZpModel *model, const ZpPlan *plan, double part, ZpTiers *t,

@@ -130,6 +130,32 @@ double zp_offload_param_kept_elems(const ZpPlan *plan, double part);
  * dp x min(sub_group_size, P), unaligned). 0 otherwise. */
 double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part);
 
+/* DeepSpeed's stage 2 with optimizer offload and accumulation (zp_impl host_grad_accum,
+ * grad_accum > 1) sums each whole tensor that overlaps a rank's partition on the host in 16
+ * bits (stage_1_and_2.py copy_grads_in_partition -> async_accumulate_grad_in_cpu_via_gpu:
+ * accumulated_grads_in_cpu[param_id], param.numel() elements of param.dtype), so a rank moves
+ * and holds more than its partition, by rank. Tensors are the model's in flat order
+ * (zp_model_tensors, tensor-parallel shares), partitions of `part` elements.
+ * zp_offload_stage2_accum_elems: the elements of the tensors that start in [lo, hi) and
+ * overlap rank `rank`'s partition, or with rank -1 their sum over the dp ranks.
+ * zp_offload_stage2_accum_max_elems: the most any rank holds over all tensors (the host
+ * buffer, sized for that rank as grads_in_partition is on the GPU). A params-only model has
+ * no tensors: the partition. */
+double zp_offload_stage2_accum_elems(const ZpModel *model, const ZpPlan *plan, double part,
+                                     double lo, double hi, int rank);
+double zp_offload_stage2_accum_max_elems(const ZpModel *model, const ZpPlan *plan, double part);
+
+/* Whether a plan's gradients are summed on the host by whole tensors (the above). */
+gboolean zp_offload_stage2_accum(const ZpPlan *plan);
+
+/* The bytes data-parallel rank `rank` moves per transfer kind in a step of the schedule s.
+ * Its transfer ops carry what every rank moves, but for the gradient transfers of stages 1-2,
+ * which carry the mean over the ranks: a rank moves its part of the bucket's unpadded range
+ * (4 bytes an element, fp32), and with zp_offload_stage2_accum the whole tensors that
+ * overlap its partition in 16 bits (the host link's up and first down transfers of the
+ * bucket; the down transfer after a down transfer is the fp32 part). */
+void zp_offload_rank_transfer_bytes(const ZpSchedule *s, int rank, double bytes[ZP_XFER_N]);
+
 /* The tier optimizer states live in: ZP_TIER_CPU, ZP_TIER_NVME (stage 3 only), or ZP_TIER_GPU
  * without offload; likewise for the parameters. */
 ZpTier zp_offload_optimizer_tier(const ZpPlan *plan);

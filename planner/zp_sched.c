@@ -571,6 +571,20 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
         drained = emit_transfer(b, first == ZP_XFER_D2H ? ZP_XFER_H2D : ZP_XFER_D2H, half, unit,
                                 micro, drained);
         drained = emit_transfer(b, ZP_XFER_D2H, last ? slice : 0, unit, micro, drained);
+    } else if (zp_offload_stage2_accum(&s->plan)) {
+        /* DeepSpeed's stage 2 by whole tensors (zp_offload_stage2_accum_elems), the mean over
+         * the ranks: stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu brings the host's
+         * 16-bit sum up and adds it on later micro-steps, then copies the sum down; at the
+         * last, async_inplace_copy_grad_to_fp32_buffer_from_gpu sends the rank's part in
+         * fp32 */
+        const double whole = zp_offload_stage2_accum_elems(&s->model, &s->plan,
+                                                           (double)s->partition_elems,
+                                                           (double)k->spec.lo,
+                                                           (double)k->spec.hi, -1) /
+                             s->plan.dp * zp_plan_elem_bytes(s->plan.precision);
+        drained = emit_transfer(b, ZP_XFER_H2D, micro > 0 ? whole : 0, unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, whole, unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, last ? slice : 0, unit, micro, drained);
     } else {
         drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
                                 unit, micro, drained);

@@ -163,14 +163,9 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                                s->plan.zero.zero_hpz_partition_size > 1 ||
                                s->plan.zero.zero_quantized_gradients))
         return fail(error, "zreal executes DeepSpeed's stages 2-3 without ZeRO++ (qwZ, hpZ, qgZ)");
-    /* DeepSpeed's stage 2 accumulates offloaded gradients whole parameter by whole parameter
-     * (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), its
-     * stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
-    if (real_ds_applies(s) && zp_offload_any(&s->plan) &&
-        ((s->plan.zero.stage == 2 && s->plan.grad_accum > 1) ||
-         zp_offload_param_tier(&s->plan) != ZP_TIER_GPU))
-        return fail(error, "zreal offloads DeepSpeed's stages 2-3 without its stage-2 "
-                           "accumulation (--grad-accum 1) and without parameter offload");
+    /* DeepSpeed's stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
+    if (real_ds_applies(s) && zp_offload_param_tier(&s->plan) != ZP_TIER_GPU)
+        return fail(error, "zreal offloads DeepSpeed's stage 3 without parameter offload");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));

@@ -261,8 +261,6 @@ static gboolean index_calls(RealDs *ds, GError **error)
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
-    if (ds->host_grads)
-        return TRUE;
     const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
     const double state = s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16);
     const int copies = ds->stage == 2 && s->plan.grad_accum > 1 ? 2 : 1;
@@ -276,10 +274,14 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
                 ds->gip_hi = MAX(ds->gip_hi, t->offset + t->elems);
             }
         }
+        if (ds->host_grads) /* offloaded: only the layout of the host's whole-tensor sums */
+            return TRUE;
         if (ds->gip_hi - ds->gip_lo > ds->grad_elems)
             return fail(error, "rank %d: grads_in_partition needs %" G_GUINT64_FORMAT
                         " elements, the schedule holds %" G_GUINT64_FORMAT, ds->rank,
                         ds->gip_hi - ds->gip_lo, ds->grad_elems);
+    } else if (ds->host_grads) {
+        return TRUE;
     } else if (ds->grad_elems != P) {
         return fail(error, "the schedule's stage-3 gradients are not the partition");
     }
@@ -740,6 +742,37 @@ static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint6
     return coll->sub == ZP_COLL_ALLREDUCE ? base + (*n > 0 ? a - lo : 0) : base;
 }
 
+/* Stage 2 with accumulation (zp_offload_stage2_accum): each tensor of the bucket that overlaps
+ * this rank's partition, whole, up and added or down (stage_1_and_2.py copy_grads_in_partition
+ * -> async_accumulate_grad_in_cpu_via_gpu), its sum at its place from gip_lo; the fp32 D2H
+ * after the 16-bit one (at the last micro-step) is the rank's part, as at one micro-step. */
+static gboolean stage2_accum_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll,
+                                      RealOffload *o, RealBf16 *dev, uint64_t at, uint64_t n,
+                                      GError **error)
+{
+    const ZpOp *before = zp_sched_op(ds->s, zp_sched_deps(ds->s, op)[0]);
+    if (op->sub == ZP_XFER_D2H && before->kind == ZP_OP_TRANSFER && before->sub == ZP_XFER_D2H)
+        return real_offload_grads_down(o, dev, at, n, error);
+    if (op->sub != ZP_XFER_D2H && op->sub != ZP_XFER_H2D)
+        return fail(error, "DeepSpeed's stage 2 moves its gradient sums over the host link only");
+    const uint64_t a = (uint64_t)ds->rank * ds->s->partition_elems + at, end = a + n;
+    const int first = tensor_at(ds, coll->elem_offset);
+    gboolean ok = first >= 0 || fail(error, "a gradient transfer of no whole tensors");
+    for (guint i = (guint)MAX(first, 0);
+         ok && i < ds->n_t && ds->t[i].offset < coll->elem_offset + coll->elems; i++) {
+        const Tensor *t = &ds->t[i];
+        const uint64_t x = MAX(t->offset, a), y = MIN(t->offset + t->elems, end);
+        if (y <= x)
+            continue;
+        ok = op->sub == ZP_XFER_H2D
+                 ? real_offload_tensor_up_add(o, dev + (x - a), x - t->offset, y - x,
+                                              t->offset - ds->gip_lo, t->elems, error)
+                 : real_offload_tensor_down(o, dev + (x - a), x - t->offset, y - x,
+                                            t->offset - ds->gip_lo, t->elems, error);
+    }
+    return ok;
+}
+
 gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
                                GError **error)
 {
@@ -749,6 +782,8 @@ gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, Rea
         return FALSE;
     if (n == 0)
         return TRUE;
+    if (ds->stage == 2 && zp_offload_stage2_accum(&ds->s->plan))
+        return stage2_accum_transfer(ds, op, coll, o, dev, at, n, error);
     /* Stage 3 slices are the same on every rank, the op's bytes: fp32, or the 16-bit sum's
      * round trip; stage 2's are this rank's part of the bucket, fp32. */
     const gboolean fp32 = ds->stage != 3 || op->bytes == 4.0 * (double)n;

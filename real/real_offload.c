@@ -22,7 +22,10 @@ struct RealOffload {
     float *master, *m, *v; /* host arrays (cpu) or the swap buffers (nvme) */
     float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
     RealBf16 *accum16;     /* DeepSpeed's stage 3: the 16-bit sum (grad_partitions_flat_buffer,
-                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad) */
+                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad);
+                            * stage 2 with accumulation: the whole tensors' 16-bit sums
+                            * (accumulated_grads_in_cpu) */
+    uint64_t accum_elems;
     float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
     RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
@@ -99,7 +102,11 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     if (o->opt_tier != ZP_TIER_GPU)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
     if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
-        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2 * part, (void **)&o->accum16};
+        o->accum_elems = o->part;
+    else if (zp_offload_stage2_accum(&s->plan))
+        o->accum_elems = (uint64_t)zp_offload_stage2_accum_max_elems(&s->model, &s->plan, part);
+    if (o->accum_elems > 0)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2.0 * (double)o->accum_elems, (void **)&o->accum16};
     /* stage3.py _create_param_groups_fp16_flat_cpu_memory: min(P, max_in_cpu) elements,
      * the partition's when its sub-group fits (zp_offload_param_kept_elems) */
     const double flat = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
@@ -377,6 +384,47 @@ gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint6
     o->be->bf16_to_f32(o->be, sum, up, n); /* cuda_grad_buffer.add_(grad_partition) */
     o->be->accumulate_bf16(o->be, dst, sum, n);
     o->be->free(o->be, up), o->be->free(o->be, sum);
+    return TRUE;
+}
+
+/* Stage 2's whole tensor [at, at + numel) of the host sums, its part [in, in + n) the
+ * device's `own`: within the sums and the device staging buffer. */
+static gboolean tensor_fits(const RealOffload *o, uint64_t at, uint64_t numel, uint64_t in,
+                            uint64_t n, GError **error)
+{
+    if (o->stage != 2 || !o->accum16 || at + numel > o->accum_elems ||
+        numel > o->staging_elems || in + n > numel)
+        return fail(error, "a whole-tensor gradient sum outside the host's or the staging "
+                           "buffer (stage 2 with --grad-accum > 1 only)");
+    return TRUE;
+}
+
+gboolean real_offload_tensor_up_add(RealOffload *o, RealBf16 *own, uint64_t in, uint64_t n,
+                                    uint64_t at, uint64_t numel, GError **error)
+{
+    if (!tensor_fits(o, at, numel, in, n, error))
+        return FALSE;
+    tier_copy(o, o->device_staging, o->accum16 + at, numel * sizeof(RealBf16));
+    tier_wait(o, false);
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)numel;
+    float *sum = scratch(o, n, error);
+    if (!sum)
+        return FALSE;
+    o->be->bf16_to_f32(o->be, sum, o->device_staging + in, n); /* grad_accum.add_(dest_buffer) */
+    o->be->accumulate_bf16(o->be, own, sum, n);
+    o->be->free(o->be, sum);
+    return TRUE;
+}
+
+gboolean real_offload_tensor_down(RealOffload *o, const RealBf16 *own, uint64_t in, uint64_t n,
+                                  uint64_t at, uint64_t numel, GError **error)
+{
+    if (!tensor_fits(o, at, numel, in, n, error))
+        return FALSE;
+    o->be->copy(o->be, o->device_staging + in, own, n * sizeof(RealBf16));
+    tier_copy(o, o->accum16 + at, o->device_staging, numel * sizeof(RealBf16));
+    tier_wait(o, false); /* before the staging buffer is written again (stream-ordered) */
+    o->moved[ZP_XFER_D2H] += 2.0 * (double)numel;
     return TRUE;
 }
 

@@ -66,6 +66,20 @@ void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, u
 gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                                gboolean add, GError **error);
 
+/* DeepSpeed's stage 2 with accumulation (zp_offload_stage2_accum; stage_1_and_2.py
+ * async_accumulate_grad_in_cpu_via_gpu): one whole tensor of `numel` elements at `at` of the
+ * host's 16-bit sums (accumulated_grads_in_cpu, the tensors overlapping the partition one
+ * after another), of which the rank's reduced part `own`, n elements from element `in` of
+ * the tensor, is on the device. Up (later micro-steps): the sum comes up into the device
+ * staging buffer (temp_grad_buffer_for_gpu_offload) and its part is added to `own` in bf16,
+ * as the GPU-resident sum would be (counts 2 numel of ZP_XFER_H2D). Down: `own` into its
+ * place in the staging buffer and the tensor down (2 numel of ZP_XFER_D2H). Only the rank's
+ * part is ever read, as in DeepSpeed. */
+gboolean real_offload_tensor_up_add(RealOffload *o, RealBf16 *own, uint64_t in, uint64_t n,
+                                    uint64_t at, uint64_t numel, GError **error);
+gboolean real_offload_tensor_down(RealOffload *o, const RealBf16 *own, uint64_t in, uint64_t n,
+                                  uint64_t at, uint64_t numel, GError **error);
+
 /* The last micro-step with the optimizer on NVMe: the slice's fp32 gradients to the swap
  * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */
 gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error);

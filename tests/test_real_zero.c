@@ -677,12 +677,9 @@ static void test_bad_input(void)
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
-        {"--model tiny --impl deepspeed --stage 2 --grad-accum 2 --offload-optimizer cpu",
-         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation"},
         {"--model tiny --impl deepspeed --stage 3 --persistence-threshold 0 "
          "--offload-optimizer cpu --offload-param cpu",
-         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation "
-         "(--grad-accum 1) and without parameter offload"},
+         "zreal offloads DeepSpeed's stage 3 without parameter offload"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -880,6 +877,12 @@ static const OffloadCase offload_cases[] = {
     {2, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
     {2, 2, 1, "deepspeed", NULL,
      "\"use_multi_rank_bucket_allreduce\": false, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    /* stage 2 summing whole tensors on the host over 3 micro-steps, all-reduced and reduced
+     * to the owner, and on one rank */
+    {2, 2, 3, "deepspeed", "--offload-optimizer cpu", NULL},
+    {2, 2, 2, "deepspeed", NULL,
+     "\"use_multi_rank_bucket_allreduce\": false, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {2, 1, 2, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 3, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 2, "deepspeed", "--offload-optimizer nvme --nvme-path DIR", NULL},
@@ -943,10 +946,11 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
  * values: later micro-steps add the host's sum to the reduced slice in bf16, as the GPU's
  * gradients would be); each rank's host bytes per category equal the schedule's host_bytes,
  * and its host peak zp_offload_host_peak_bytes (the direct I/O buffer included);
- * the bytes each transfer kind moved, summed over the ranks, equal the schedule's transfer
- * ops (a rank's slice of a stage 1-2 bucket is its part of the unpadded range, so only the
- * sum over ranks is the ops' dp x bytes); with the optimizer on NVMe at stage 3 the swap
- * files were read and written, and none is left in the directory. */
+ * the bytes each rank moved per transfer kind equal the schedule's for that rank
+ * (zp_offload_rank_transfer_bytes: a rank's slice of a stage 1-2 bucket is its part of the
+ * unpadded range, DeepSpeed's stage-2 sums its whole tensors), and summed over the ranks the
+ * transfer ops' dp x bytes; with the optimizer on NVMe at stage 3 the swap files were read
+ * and written, and none is left in the directory. */
 static void test_offload_matches(void)
 {
     char *dir = g_strdup_printf("%s/nvme", tmp_dir);
@@ -985,9 +989,14 @@ static void test_offload_matches(void)
                                             zp_sched_mem_name(cat)), ==, s->host_bytes[cat]);
             g_assert_cmpfloat(number_at(rank, "host_peak_bytes"), ==,
                               zp_offload_host_peak_bytes(s));
-            for (int k = 0; k < ZP_XFER_N; k++)
-                measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
-                                         zp_sched_transfer_name(k));
+            double mine[ZP_XFER_N];
+            zp_offload_rank_transfer_bytes(s, (int)r, mine);
+            for (int k = 0; k < ZP_XFER_N; k++) {
+                const double moved = number_at(json_object_get(rank, "transfer_bytes"),
+                                               zp_sched_transfer_name(k));
+                g_assert_cmpfloat(moved, ==, mine[k]);
+                measured[k] += moved;
+            }
             g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
                               zp_sched_model_state_bytes(s));
         }
