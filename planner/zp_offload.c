@@ -482,24 +482,40 @@ double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part)
     return zp_offload_cpu_share(plan, part) * elems * 4.0;
 }
 
-void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
+int zp_offload_sub_group_count(const ZpPlan *plan, double part)
+{
+    double size;
+    return plan->zero.stage == 3 ? (int)sub_groups(plan, part, &size) : 1;
+}
+
+void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffloadStep *step)
 {
     memset(step, 0, sizeof *step);
-    const double r = zp_offload_cpu_share(plan, elems), cpu_elems = r * elems;
+    double size = part;
+    const int n = zp_offload_sub_group_count(plan, part);
+    if (n > 1)
+        sub_groups(plan, part, &size);
+    step->offset_elems = j * size;
+    step->elems = fmin(size, part - step->offset_elems);
+    /* the CPU steps the last sub-groups (zp_offload_cpu_share), all with one */
+    step->on_cpu = zp_offload_cpu_share(plan, part) > 0 &&
+                   step->offset_elems >= part - zp_offload_cpu_share(plan, part) * part;
+    const double e = step->on_cpu ? step->elems : 0.0;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_offload_optimizer_tier(plan) == ZP_TIER_NVME) {
         /* stage3.py _optimizer_states_and_gradient_swap_in / _swap_out: the states and the
          * fp32 gradients in, the states out. */
-        step->nvme_read_bytes += cpu_elems * (st.optim_bytes + 4.0);
-        step->nvme_write_bytes += cpu_elems * st.optim_bytes;
+        step->nvme_read_bytes += e * (st.optim_bytes + 4.0);
+        step->nvme_write_bytes += e * st.optim_bytes;
     }
     switch (zp_offload_param_tier(plan)) {
-    case ZP_TIER_GPU: /* the updated 16-bit partition returns to the GPU */
-        step->h2d_bytes = cpu_elems * elem;
+    case ZP_TIER_GPU: /* the updated 16-bit sub-group returns to the GPU */
+        step->h2d_bytes = e * elem;
         break;
-    case ZP_TIER_NVME: /* written back but for the sub-groups the host keeps */
-        step->nvme_write_bytes += (elems - zp_offload_param_kept_elems(plan, elems)) * elem;
+    case ZP_TIER_NVME: /* written back unless the host keeps it (_partitioned_params_swap_out) */
+        if (step->offset_elems >= zp_offload_param_kept_elems(plan, part))
+            step->nvme_write_bytes += step->elems * elem;
         break;
     default:
         break;

@@ -167,14 +167,21 @@ ZpTier zp_offload_param_tier(const ZpPlan *plan);
  * CPU share of a partition of `part` elements. */
 double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part);
 
-/* The step's transfers around CPU Adam, per rank, for `elems` partition elements:
- * nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again, and
- * the 16-bit parameters when they live on NVMe), h2d (the updated 16-bit partition back to
- * the GPU when parameters stay there). */
+/* The optimizer step goes sub-group by sub-group (stage3.py step: _prepare_sub_group,
+ * _optimizer_step, _reassign_or_swap_out_partitioned_parameters, _release_sub_group), over
+ * zp_offload_sub_group_count sub-groups of a partition of `part` elements (stage 3; one at
+ * stages 1-2): zplan's sub-groups are sub_group_size elements each, the last what is left.
+ * Sub-group j's range of the partition, whether the CPU steps it, and its transfers per
+ * rank: nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again,
+ * and its 16-bit parameters when they live on NVMe and the host does not keep them, whoever
+ * stepped it), h2d (the updated 16-bit sub-group back to the GPU when parameters stay there). */
 typedef struct {
+    double offset_elems, elems;
+    gboolean on_cpu;
     double nvme_read_bytes, nvme_write_bytes, h2d_bytes;
 } ZpOffloadStep;
-void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step);
+int zp_offload_sub_group_count(const ZpPlan *plan, double part);
+void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffloadStep *step);
 
 /* Stage 3 with offload_param: what fetching a unit's partition of `elems` elements (of the
  * rank's partition_elems) to the GPU before its all-gather moves: with nvme, the share of the

@@ -724,19 +724,21 @@ static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
                            (int)s->model.vocab, e->tokens, e->targets, error);
 }
 
-static RealAdamHyper adam_hyper(RealEngine *e)
+/* The optimizer's settings; `next` for a new step (a CPU step's later sub-groups are not). */
+static RealAdamHyper adam_hyper(RealEngine *e, gboolean next)
 {
+    e->adam_step += next;
     return (RealAdamHyper){
         .lr = e->cfg.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
         .weight_decay = e->cfg.weight_decay,
         /* Each micro-step's loss is a mean over its tokens; the step's is their mean. */
         .grad_scale = 1.0f / (float)(e->dp * e->s->plan.grad_accum),
-        .step = ++e->adam_step};
+        .step = e->adam_step};
 }
 
 static gboolean optimizer(RealEngine *e)
 {
-    const RealAdamHyper hyper = adam_hyper(e);
+    const RealAdamHyper hyper = adam_hyper(e, TRUE);
     const RealBf16 *grad = step_grads(e);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);
@@ -925,7 +927,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
     case ZP_COMP_CPU_OPTIMIZER: {
-        const RealAdamHyper hyper = adam_hyper(e);
+        const RealAdamHyper hyper = adam_hyper(e, real_offload_first_sub_group(e->offload));
         return real_offload_adam(e->offload, &hyper, error);
     }
     case ZP_COMP_QUANTIZE: {

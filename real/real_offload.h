@@ -13,8 +13,8 @@
 typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
- * optimizer offload at stages 1-3 (all of it: ratio 1), parameter offload at stage 3 (CPU
- * backend only). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
+ * optimizer offload at stages 1-3 (every sub-group on the CPU), parameter offload at stage 3
+ * (CPU backend only; all of it kept in host memory or none). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
  * copies on its copy stream (copy_async, ordered by copy_wait); the CPU backend addresses
  * host memory directly and copies plainly. Host buffers of exactly the schedule's
  * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
@@ -84,19 +84,27 @@ gboolean real_offload_tensor_down(RealOffload *o, const RealBf16 *own, uint64_t 
  * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */
 gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error);
 
-/* The optimizer's NVMe swaps around CPU Adam (stage3.py _optimizer_states_and_gradient
- * _swap_in / _swap_out): master, moments and gradients into the swap buffers; then master
- * and moments out, and with parameters on NVMe the updated 16-bit partition. */
+/* The optimizer's NVMe swaps around CPU Adam, a sub-group at a time (stage3.py
+ * _optimizer_states_and_gradient_swap_in / _swap_out): master, moments and gradients into
+ * the swap buffers; then master and moments out, and with parameters on NVMe the updated
+ * 16-bit sub-group (_partitioned_params_swap_out). */
 gboolean real_offload_states_in(RealOffload *o, GError **error);
 gboolean real_offload_states_out(RealOffload *o, GError **error);
 
-/* CPU Adam over the partition: the same update as the backends' adam_step, from fp32
- * gradients, writing the 16-bit result to the host partition or a transient host buffer
- * (PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU) that the transfer after it
- * consumes. */
+/* The step goes sub-group by sub-group (zp_offload_sub_group_step, stage3.py step), its ops
+ * in the schedule's order: states_in reads the next sub-group to step, real_offload_adam
+ * steps it, and states_out and params_up write back the one stepped last. Whether the next
+ * CPU Adam begins a step (its first sub-group). */
+gboolean real_offload_first_sub_group(const RealOffload *o);
+
+/* CPU Adam over the next sub-group: the same update as the backends' adam_step, from fp32
+ * gradients, writing the 16-bit result to the host partition, the partitioned_swap_buffer,
+ * or a transient host buffer of the sub-group (PyTorch's blocking fp32-to-16-bit copy_
+ * converts on the CPU) that the transfer after it consumes. */
 gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error);
 
-/* The updated 16-bit partition up to `dst` on the device; counts its bytes as ZP_XFER_H2D. */
+/* The updated 16-bit sub-group up to its place in the partition at `dst` on the device;
+ * counts its bytes as ZP_XFER_H2D. */
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
 /* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read

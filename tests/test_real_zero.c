@@ -897,6 +897,18 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 1000, "
      "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+    /* Sub-groups below the partition of 53120 elements, stepped one by one (stage3.py
+     * step): three with the parameters on the GPU; three swapped through buffers of one;
+     * two with both on NVMe and none kept on the host. */
+    {3, 2, 2, "paper", NULL, "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}"},
+    {3, 2, 1, "paper", NULL,
+     "\"sub_group_size\": 30000, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 20000}"},
 };
 
 #define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0"
