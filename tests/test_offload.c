@@ -321,6 +321,40 @@ static void test_schedule_transfers(void)
                  (moved[ZP_XFER_NVME_READ] + moved[ZP_XFER_NVME_WRITE]) / (6e9 / 4));
     sim_result_free(r);
     zp_sched_free(s);
+
+    /* Sub-groups of a third of the partition (rounded up): stage3.py step swaps in, steps and
+     * writes back one at a time, so three swap-ins of 16 bytes an element of its sub-group,
+     * three CPU Adams of 30 bytes an element, each after the one before, and the same bytes
+     * as one sub-group in all. */
+    plan.zero.sub_group_size = ceil(p3 / 3);
+    s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    const double sg = plan.zero.sub_group_size;
+    const double sizes[3] = {sg, sg, p3 - 2 * sg};
+    int reads = 0, adams = 0;
+    uint32_t last_adam = 0;
+    double written = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->unit >= 0)
+            continue;
+        if (op->kind == ZP_OP_TRANSFER && op->sub == ZP_XFER_NVME_READ)
+            assert_close(op->bytes, 16 * sizes[reads++]);
+        if (op->kind == ZP_OP_TRANSFER && op->sub == ZP_XFER_NVME_WRITE)
+            written += op->bytes;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
+            assert_close(op->mem_bytes, 30 * sizes[adams]);
+            gboolean after = adams == 0;
+            for (guint d = 0; d < op->n_deps; d++)
+                after = after || zp_sched_deps(s, op)[d] == last_adam;
+            g_assert_true(after);
+            last_adam = i, adams++;
+        }
+    }
+    g_assert_cmpint(reads, ==, 3);
+    g_assert_cmpint(adams, ==, 3);
+    assert_close(written, 12 * p3 + 2 * p3);
+    zp_sched_free(s);
 }
 
 /* offload_optimizer and offload_param are read, written and read back as they were; the
