@@ -163,9 +163,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                                s->plan.zero.zero_hpz_partition_size > 1 ||
                                s->plan.zero.zero_quantized_gradients))
         return fail(error, "zreal executes DeepSpeed's stages 2-3 without ZeRO++ (qwZ, hpZ, qgZ)");
-    /* DeepSpeed's stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
-    if (real_ds_applies(s) && zp_offload_param_tier(&s->plan) != ZP_TIER_GPU)
-        return fail(error, "zreal offloads DeepSpeed's stage 3 without parameter offload");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -1268,11 +1265,11 @@ static gboolean param_transfer(RealEngine *e, const ZpOp *op, const ZpOp *alloc,
 {
     const uint64_t n = unit_padded(e, op->unit) / (uint64_t)e->dp;
     if (op->sub == ZP_XFER_NVME_READ)
-        return real_offload_param_read(e->offload, e->part_off[op->unit], n, error);
+        return real_offload_param_read(e->offload, e->part_off[op->unit], n, 0, error);
     if (op->sub != ZP_XFER_H2D || !e->buffers[alloc->buffer])
         return fail(error, "a parameter fetch moves a slice from NVMe and up, nothing else");
     real_offload_param_fetch(e->offload, (RealBf16 *)e->buffers[alloc->buffer] + e->rank * n,
-                             e->part_off[op->unit], n);
+                             e->part_off[op->unit], n, 0);
     return TRUE;
 }
 
@@ -1299,7 +1296,8 @@ static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
         return e->ds ? real_ds_grad_transfer(e->ds, op, origin, e->offload, error)
                      : grad_transfer(e, op, origin, error);
     if (origin && origin->kind == ZP_OP_ALLOC && e->host_params)
-        return param_transfer(e, op, origin, error);
+        return e->ds ? real_ds_param_transfer(e->ds, op, origin, e->offload, error)
+                     : param_transfer(e, op, origin, error);
     return fail(error, "zreal moves gradients after their reduction and parameters before "
                        "their gather, nothing else");
 }

@@ -56,6 +56,9 @@ struct RealDs {
     /* With optimizer offload the reduced slices go to real_offload's host tier from the
      * bucket (stage 2) or the concatenation copy (stage 3) and no gradients stay here. */
     gboolean host_grads;
+    /* With parameter offload the partition is the host tier's: the transfers before a call
+     * put this rank's slices in place (real_ds_param_transfer). */
+    gboolean host_params;
     /* Stage 3: a micro-step's calls in issue order, the next one, the tensors they gather,
      * and the call whose flat buffer each buffer id holds (-1 none). */
     Call *calls;
@@ -316,7 +319,8 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
-                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0};
+                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0,
+                   .host_params = zp_offload_param_tier(&s->plan) != ZP_TIER_GPU};
     if (!index_tensors(ds, error) || !index_buckets(ds, error) || !index_calls(ds, error) ||
         !index_tied_grad(ds) || !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
         real_ds_free(ds);
@@ -627,12 +631,12 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
         return fail(error, "rank %d: all-gather %u of the micro-step is not DeepSpeed's call "
                     "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
                     ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
+    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
     if (c->n == 1)
         return hold(ds, first, op->buffer, error) &&
-               ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
-                                        error);
-    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
-    for (guint i = 0; i < c->n; i++) {
+               ds->comm->allgather_bf16(ds->comm, ds->host_params ? mine : ds->params + first->part,
+                                        first->slice, dst, error);
+    for (guint i = 0; !ds->host_params && i < c->n; i++) {
         const Tensor *t = &ds->t[ds->members[c->first + i]];
         ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
         mine += t->slice;
@@ -640,6 +644,30 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
     ds->flat_call[op->buffer] = (int)k;
     return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
                                     c->per_rank, dst, error);
+}
+
+gboolean real_ds_param_transfer(RealDs *ds, const ZpOp *op, const ZpOp *alloc, RealOffload *o,
+                                GError **error)
+{
+    const Call *c = ds->n_calls ? &ds->calls[ds->next_call % ds->n_calls] : NULL;
+    RealBf16 *dst = alloc->buffer >= 0 ? ds->buffers[alloc->buffer] : NULL;
+    if (!c || !dst || alloc->bytes != (double)(c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16)))
+        return fail(error, "rank %d: a parameter fetch before no call of DeepSpeed's", ds->rank);
+    if (op->sub != ZP_XFER_NVME_READ && op->sub != ZP_XFER_H2D)
+        return fail(error, "a parameter fetch moves slices from NVMe and up, nothing else");
+    dst += (uint64_t)ds->rank * c->per_rank;
+    uint64_t at = 0; /* the tensor's slice inside this rank's part, and in the pool */
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        if (op->sub == ZP_XFER_NVME_READ) {
+            if (!real_offload_param_read(o, t->part, t->slice, at, error))
+                return FALSE;
+        } else {
+            real_offload_param_fetch(o, dst + at, t->part, t->slice, at);
+        }
+        at += t->slice;
+    }
+    return TRUE;
 }
 
 gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)

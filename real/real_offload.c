@@ -559,19 +559,21 @@ void real_offload_params_up(RealOffload *o, RealBf16 *dst)
     release16(o);
 }
 
-gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error)
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
+                                 GError **error)
 {
-    if (!o->file[ZP_MEM_PARAMS] || n > o->pool_elems)
+    if (!o->file[ZP_MEM_PARAMS] || pool_at + n > o->pool_elems)
         return fail(error, "a parameter swap-in needs the parameters on NVMe and a slice "
                            "within offload_param's buffer_count x buffer_size");
     o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)n;
-    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool, n * sizeof(RealBf16),
+    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at, n * sizeof(RealBf16),
                           at * sizeof(RealBf16), error);
 }
 
-void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n)
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                              uint64_t pool_at)
 {
-    tier_copy(o, dst, o->params ? o->params + at : o->pool, n * sizeof(RealBf16));
+    tier_copy(o, dst, o->params ? o->params + at : o->pool + pool_at, n * sizeof(RealBf16));
     tier_wait(o, true); /* before the gather, and before the pool is read into again */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
 }

@@ -14,10 +14,10 @@ typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
  * optimizer offload at stages 1-3 (every sub-group on the CPU), parameter offload at stage 3
- * (CPU backend only; all of it kept in host memory or none). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
- * copies on its copy stream (copy_async, ordered by copy_wait); the CPU backend addresses
- * host memory directly and copies plainly. Host buffers of exactly the schedule's
- * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
+ * (CPU backend only; all of it kept in host memory or none). A device backend pins the host
+ * buffers (pin_memory; cudaHostRegister) and copies on its copy stream (copy_async, ordered by
+ * copy_wait); the CPU backend addresses host memory directly and copies plainly. Host buffers
+ * of exactly the schedule's host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
  * host copy (stages 1-2) or partition (offload_param cpu, or max_in_cpu of it with nvme), the
  * staging buffer (stages 1-2), the optimizer swapper's buffer_count fp32 buffers of the
  * partition, the parameter swapper's buffer_count x buffer_size 16-bit pool and its
@@ -108,10 +108,12 @@ gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
 /* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read
- * from the swap file into the parameter pool (ZP_XFER_NVME_READ), and up from the pool or
- * the host partition to `dst` on the device (ZP_XFER_H2D). */
-gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error);
-void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n);
+ * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ), and up
+ * from the pool (at pool_at) or the host partition to `dst` on the device (ZP_XFER_H2D). */
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
+                                 GError **error);
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                              uint64_t pool_at);
 
 /* The host tier's tracker counters, the bytes moved per transfer kind so far, and the bytes
  * the swap files moved with O_DIRECT (set-up included). */

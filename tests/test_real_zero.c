@@ -677,9 +677,6 @@ static void test_bad_input(void)
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
-        {"--model tiny --impl deepspeed --stage 3 --persistence-threshold 0 "
-         "--offload-optimizer cpu --offload-param cpu",
-         "zreal offloads DeepSpeed's stage 3 without parameter offload"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -897,10 +894,18 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 1000, "
      "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+    /* DeepSpeed's stage 3 with its parameters on the host, and with both on NVMe: each
+     * call's slices up (from NVMe first) into its place before the call's gather. */
+    {3, 2, 2, "deepspeed", "--offload-optimizer cpu --offload-param cpu", NULL},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 40000}"},
     /* Sub-groups below the partition of 53120 elements, stepped one by one (stage3.py
      * step): three with the parameters on the GPU; three swapped through buffers of one;
      * two with both on NVMe and none kept on the host. */
-    {3, 2, 2, "paper", NULL, "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {3, 2, 2, "paper", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\"}"},
     {3, 2, 2, "deepspeed", NULL,
      "\"sub_group_size\": 20000, "
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}"},
