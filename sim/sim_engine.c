@@ -558,8 +558,9 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
                                       ? op->bytes / hw->host_link_bytes_per_s
                                       : 0.0;
-            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, op->flops,
-                                                  op->gemm_flops, op->attn_flops, op->mem_bytes);
+            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op),
+                                                  op->flops, op->gemm_flops, op->attn_flops,
+                                                  op->mem_bytes);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
