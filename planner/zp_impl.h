@@ -115,8 +115,10 @@ typedef struct ZpImpl {
     /* Stage 3 with optimizer offload: the gradient partition is summed on the host in the
      * 16-bit gradient dtype, each micro-step's slice going down and the sum coming back up
      * to be added on the GPU, and goes down again in fp32 at the last micro-step into a
-     * separate fp32 host buffer (DeepSpeed's stage3.py partition_grads); FALSE: the host
-     * holds fp32 gradients only. */
+     * separate fp32 host buffer (DeepSpeed's stage3.py partition_grads). At stage 2 with
+     * accumulation the same by whole tensors: each one overlapping the rank's partition goes
+     * down in 16 bits, and on later micro-steps comes up to be added first
+     * (zp_offload_stage2_accum_elems); FALSE: the host holds fp32 gradients only. */
     gboolean host_grad_accum;
     /* Stage 3: a block's compute is one op per module, each after its own parameters'
      * gathers and followed by their release (the positions' steps above); FALSE: one op per

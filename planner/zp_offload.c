@@ -27,6 +27,12 @@ static double sub_groups(const ZpPlan *plan, double part, double *size)
     return *size > 0 ? ceil(part / *size) : 1.0;
 }
 
+double zp_offload_io_aligned(double elems, double elem_bytes)
+{
+    const double align = ZP_OFFLOAD_AIO_ALIGNED_BYTES / elem_bytes;
+    return ceil(elems / align) * align;
+}
+
 double zp_offload_cpu_share(const ZpPlan *plan, double part)
 {
     const ZpOffload *o = &plan->zero.offload_optimizer;
@@ -136,12 +142,19 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = r * part * 4.0;
     t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
+    if (zp_offload_stage2_accum(plan)) /* accumulated_grads_in_cpu */
+        t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] +=
+            zp_offload_stage2_accum_max_elems(model, plan, part) * elem;
     double swap = 0;
     if (tier == ZP_TIER_NVME) {
         t->bytes[ZP_TIER_NVME][ZP_MEM_GRADS] += fp32_grads;
-        double size; /* the optimizer swapper's buffers hold one sub-group */
+        /* PartitionedOptimizerSwapper's SwapBufferManager: buffer_count pinned fp32 buffers
+         * of the largest sub-group, io-aligned (optimizer_utils.py OptimizerSwapper
+         * .__init__: largest_numel = max(fp16_partitioned_groups_flat_numel), every
+         * sub-group's whether the CPU or the GPU steps it) */
+        double size;
         sub_groups(plan, part, &size);
-        swap = o->buffer_count * fmin(size, r * part) * 4.0;
+        swap = o->buffer_count * zp_offload_io_aligned(size, 4.0) * 4.0;
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += swap;
     }
     if (stage < 3) {
@@ -155,7 +168,137 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     *pinned += swap + (o->pin_memory ? row_bytes(t, ZP_TIER_CPU) - cpu_before - swap : 0.0);
 }
 
-static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *pinned)
+double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part)
+{
+    if (zp_offload_param_tier(plan) != ZP_TIER_NVME ||
+        zp_offload_param_kept_elems(plan, part) >= part)
+        return 0.0;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    double size;
+    sub_groups(plan, part, &size);
+    if (!zp_model_has_architecture(model)) /* no tensors: the sub-group's, unaligned */
+        return fmin(size * plan->dp, (double)zp_model_param_count(model) / plan->mp);
+    /* _create_fp16_sub_groups: tensors in order, a sub-group closed once its partition
+     * elements (ceil(numel / dp) each) reach sub_group_size; the largest by partition
+     * elements counts its tensors' full ds_numel, each io-aligned. */
+    GArray *tensors = zp_model_tensors(model);
+    GArray *numel = g_array_sized_new(FALSE, FALSE, sizeof(double), tensors->len);
+    double total = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        g_array_append_val(numel, n);
+        total += ceil(n / plan->dp);
+    }
+    g_array_unref(tensors);
+    double best_part = -1, best_full = 0, cur_part = 0, cur_full = 0;
+    const double sg = plan->zero.sub_group_size;
+    for (guint i = 0; i < numel->len; i++) {
+        const double n = g_array_index(numel, double, i);
+        cur_part += ceil(n / plan->dp);
+        cur_full += zp_offload_io_aligned(n, elem);
+        if ((sg < total && cur_part >= sg) || i + 1 == numel->len) {
+            if (cur_part > best_part)
+                best_part = cur_part, best_full = cur_full;
+            cur_part = cur_full = 0;
+        }
+    }
+    g_array_unref(numel);
+    return best_full;
+}
+
+gboolean zp_offload_stage2_accum(const ZpPlan *plan)
+{
+    return plan->zero.stage == 2 && plan->grad_accum > 1 &&
+           plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE &&
+           zp_impl_get(plan->impl)->host_grad_accum;
+}
+
+/* The ranks whose partitions of `part` elements tensor [off, off + n) overlaps. */
+static void overlapped_ranks(double off, double n, double part, int dp, int *first, int *last)
+{
+    *first = (int)MIN(floor(off / part), dp - 1);
+    *last = (int)MIN(floor((off + n - 1) / part), dp - 1);
+}
+
+double zp_offload_stage2_accum_elems(const ZpModel *model, const ZpPlan *plan, double part,
+                                     double lo, double hi, int rank)
+{
+    if (!zp_model_has_architecture(model))
+        return rank < 0 ? fmin(hi - lo, part * plan->dp) : fmin(hi, (rank + 1) * part) -
+                                                              fmax(lo, rank * part);
+    GArray *tensors = zp_model_tensors(model);
+    double off = 0, sum = 0;
+    for (guint i = 0; i < tensors->len && off < hi; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        int first, last;
+        overlapped_ranks(off, n, part, plan->dp, &first, &last);
+        if (off >= lo && n > 0)
+            sum += rank < 0 ? n * (last - first + 1) : rank >= first && rank <= last ? n : 0;
+        off += n;
+    }
+    g_array_unref(tensors);
+    return sum;
+}
+
+double zp_offload_stage2_accum_max_elems(const ZpModel *model, const ZpPlan *plan, double part)
+{
+    if (!zp_model_has_architecture(model))
+        return part;
+    GArray *tensors = zp_model_tensors(model);
+    double *held = g_new0(double, plan->dp), off = 0, most = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        const double n = (double)zp_model_tensor_tp_elems(model, t, plan->mp);
+        int first, last;
+        overlapped_ranks(off, n, part, plan->dp, &first, &last);
+        for (int r = first; n > 0 && r <= last; r++)
+            most = fmax(most, held[r] += n);
+        off += n;
+    }
+    g_array_unref(tensors);
+    g_free(held);
+    return most;
+}
+
+/* Rank q's part of the flat range [lo, hi): its overlap with [qP, (q+1)P). */
+static double rank_part(double lo, double hi, double part, int q)
+{
+    return fmax(0.0, fmin(hi, (q + 1) * part) - fmax(lo, q * part));
+}
+
+/* Rank `rank`'s bytes of a stage 1-2 gradient transfer `op` after the reduction `coll`. */
+static double rank_grad_bytes(const ZpSchedule *s, const ZpOp *op, const ZpOp *coll, int rank)
+{
+    const double part = (double)s->partition_elems, lo = (double)coll->elem_offset;
+    const double hi = lo + (double)coll->elems;
+    const ZpOp *before = zp_sched_op(s, zp_sched_deps(s, op)[0]);
+    const gboolean fp32 = !zp_offload_stage2_accum(&s->plan) ||
+                          (op->sub == ZP_XFER_D2H && before->kind == ZP_OP_TRANSFER &&
+                           before->sub == ZP_XFER_D2H);
+    if (fp32)
+        return zp_offload_grad_d2h_bytes(&s->plan, rank_part(lo, hi, part, rank), part);
+    return zp_offload_stage2_accum_elems(&s->model, &s->plan, part, lo, hi, rank) *
+           zp_plan_elem_bytes(s->plan.precision);
+}
+
+void zp_offload_rank_transfer_bytes(const ZpSchedule *s, int rank, double bytes[ZP_XFER_N])
+{
+    memset(bytes, 0, ZP_XFER_N * sizeof *bytes);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i), *origin = op;
+        if (op->kind != ZP_OP_TRANSFER)
+            continue;
+        while (origin && origin->kind == ZP_OP_TRANSFER)
+            origin = origin->n_deps ? zp_sched_op(s, zp_sched_deps(s, origin)[0]) : NULL;
+        const gboolean grads = origin && origin->kind == ZP_OP_COLLECTIVE && s->plan.zero.stage < 3;
+        bytes[op->sub] += grads ? rank_grad_bytes(s, op, origin, rank) : op->bytes;
+    }
+}
+
+static void param_offload(const ZpModel *model, const ZpPlan *plan, double part, ZpTiers *t,
+                          double *pinned)
 {
     const ZpOffload *o = &plan->zero.offload_param;
     const double elem = zp_plan_elem_bytes(plan->precision);
@@ -168,11 +311,14 @@ static void param_offload(const ZpPlan *plan, double part, ZpTiers *t, double *p
         return;
     }
     /* NVMe: a pinned flat buffer of min(P, max_in_cpu) elements, whatever of it the
-     * sub-groups kept there fill (zp_offload_param_kept_elems), and a pool of buffer_count
-     * pinned swap buffers of buffer_size elements. */
+     * sub-groups kept there fill (zp_offload_param_kept_elems); the parameter swapper's
+     * pinned pool of buffer_count buffers of buffer_size elements, each io-aligned
+     * (partitioned_param_swapper.py _configure_aio); and when a sub-group is not kept, its
+     * partitioned_swap_buffer (zp_offload_param_swap_buffer_elems). */
     t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
     const double kept = fmin(part, o->max_in_cpu) * elem;
-    const double pool = o->buffer_count * o->buffer_size * elem;
+    const double pool = o->buffer_count * zp_offload_io_aligned(o->buffer_size, elem) * elem +
+                        zp_offload_param_swap_buffer_elems(model, plan, part) * elem;
     t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += kept;
     t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += pool;
     *pinned += kept + pool;
@@ -189,7 +335,7 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
     if (plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE && stage >= 1)
         optimizer_offload(model, plan, part, t, &pinned);
     if (plan->zero.offload_param.device != ZP_OFFLOAD_NONE && stage == 3)
-        param_offload(plan, part, t, &pinned);
+        param_offload(model, plan, part, t, &pinned);
     if (row_bytes(t, ZP_TIER_NVME) > 0) /* the direct I/O buffer (see ZP_OFFLOAD_BOUNCE_BYTES) */
         t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += ZP_OFFLOAD_BOUNCE_BYTES + ZP_OFFLOAD_PAGE_BYTES;
     for (int tier = 0; tier < ZP_TIER_N; tier++)
@@ -336,24 +482,40 @@ double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part)
     return zp_offload_cpu_share(plan, part) * elems * 4.0;
 }
 
-void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step)
+int zp_offload_sub_group_count(const ZpPlan *plan, double part)
+{
+    double size;
+    return plan->zero.stage == 3 ? (int)sub_groups(plan, part, &size) : 1;
+}
+
+void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffloadStep *step)
 {
     memset(step, 0, sizeof *step);
-    const double r = zp_offload_cpu_share(plan, elems), cpu_elems = r * elems;
+    double size = part;
+    const int n = zp_offload_sub_group_count(plan, part);
+    if (n > 1)
+        sub_groups(plan, part, &size);
+    step->offset_elems = j * size;
+    step->elems = fmin(size, part - step->offset_elems);
+    /* the CPU steps the last sub-groups (zp_offload_cpu_share), all with one */
+    step->on_cpu = zp_offload_cpu_share(plan, part) > 0 &&
+                   step->offset_elems >= part - zp_offload_cpu_share(plan, part) * part;
+    const double e = step->on_cpu ? step->elems : 0.0;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
     if (zp_offload_optimizer_tier(plan) == ZP_TIER_NVME) {
         /* stage3.py _optimizer_states_and_gradient_swap_in / _swap_out: the states and the
          * fp32 gradients in, the states out. */
-        step->nvme_read_bytes += cpu_elems * (st.optim_bytes + 4.0);
-        step->nvme_write_bytes += cpu_elems * st.optim_bytes;
+        step->nvme_read_bytes += e * (st.optim_bytes + 4.0);
+        step->nvme_write_bytes += e * st.optim_bytes;
     }
     switch (zp_offload_param_tier(plan)) {
-    case ZP_TIER_GPU: /* the updated 16-bit partition returns to the GPU */
-        step->h2d_bytes = cpu_elems * elem;
+    case ZP_TIER_GPU: /* the updated 16-bit sub-group returns to the GPU */
+        step->h2d_bytes = e * elem;
         break;
-    case ZP_TIER_NVME: /* written back but for the sub-groups the host keeps */
-        step->nvme_write_bytes += (elems - zp_offload_param_kept_elems(plan, elems)) * elem;
+    case ZP_TIER_NVME: /* written back unless the host keeps it (_partitioned_params_swap_out) */
+        if (step->offset_elems >= zp_offload_param_kept_elems(plan, part))
+            step->nvme_write_bytes += step->elems * elem;
         break;
     default:
         break;
@@ -367,11 +529,9 @@ double zp_offload_host_peak_bytes(const ZpSchedule *s)
     double sum = 0, size;
     for (int c = 0; c < ZP_MEM_N; c++)
         sum += s->host_bytes[c];
-    const ZpTier params = zp_offload_param_tier(plan);
-    const gboolean host16 = params == ZP_TIER_CPU ||
-                            (params == ZP_TIER_NVME && zp_offload_param_kept_elems(plan, part) > 0);
     sub_groups(plan, part, &size);
-    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 && !host16)
+    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 &&
+        zp_offload_param_tier(plan) == ZP_TIER_GPU)
         sum += size * zp_plan_elem_bytes(plan->precision);
     return sum;
 }

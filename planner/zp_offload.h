@@ -19,6 +19,14 @@
 #define ZP_OFFLOAD_BOUNCE_BYTES (1u << 20)
 #define ZP_OFFLOAD_PAGE_BYTES 4096u
 
+/* DeepSpeed's aio alignment of swap buffers: AIO_ALIGNED_BYTES (1024) x
+ * aio.intra_op_parallelism, whose default 1 zplan assumes (it reads no "aio" section). */
+#define ZP_OFFLOAD_AIO_ALIGNED_BYTES 1024.0
+
+/* `elems` elements of `elem_bytes` rounded up to a multiple of the aio alignment
+ * (swap_tensor's _io_aligned_numel with numel_alignment = 1024 / elem_bytes). */
+double zp_offload_io_aligned(double elems, double elem_bytes);
+
 /* Per-rank bytes of each memory category in each tier, and the per-node sums of the host
  * tiers. The GPU row holds the model states left on the GPU plus the GPU staging buffers
  * offload adds (counted as ZP_MEM_BUCKETS); the CPU row the host copies, pinned staging and
@@ -49,11 +57,14 @@ typedef struct {
  *   stages 1-2 add a 16-bit host copy of the partition (param_buffer_of_bit16_for_cpu_offload
  *     _groups, what returns to the GPU) and a GPU buffer of the largest tensor
  *     (temp_grad_buffer_for_gpu_offload);
- *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size, r P) fp32 elements
- *     on the host (PartitionedOptimizerSwapper's SwapBufferManager).
+ *   stage 3 nvme adds buffer_count swap buffers of min(sub_group_size, P) fp32 elements
+ *     on the host (PartitionedOptimizerSwapper's SwapBufferManager: the largest sub-group).
  * offload_param (stage 3): the 16-bit partition P moves to the host (cpu) or NVMe; with nvme
- *   the host keeps min(P, max_in_cpu) of it (_create_param_groups_fp16_flat_cpu_memory) and
- *   buffer_count x buffer_size 16-bit swap buffers (AsyncPartitionedParameterSwapper).
+ *   the host keeps min(P, max_in_cpu) of it (_create_param_groups_fp16_flat_cpu_memory),
+ *   buffer_count x buffer_size 16-bit swap buffers (AsyncPartitionedParameterSwapper), and
+ *   when a sub-group is not kept the partitioned_swap_buffer
+ *   (zp_offload_param_swap_buffer_elems).
+ * Swap buffers are io-aligned to DeepSpeed's aio default, 1024 bytes (_io_aligned_numel).
  * Host buffers are pinned when pin_memory is set. */
 void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, ZpTiers *tiers);
 
@@ -109,6 +120,42 @@ double zp_offload_cpu_share(const ZpPlan *plan, double part);
  * (_create_param_groups_fp16_flat_cpu_memory). */
 double zp_offload_param_kept_elems(const ZpPlan *plan, double part);
 
+/* Stage 3 with offload_param nvme and a sub-group not kept in host memory: the 16-bit
+ * elements of the parameter swapper's partitioned_swap_buffer, which the step converts the
+ * sub-groups on NVMe into before swapping them out (stage3.py
+ * _create_fp16_partitions_with_defragmentation -> reserve_partitioned_swap_space). DeepSpeed
+ * sizes it by the largest sub-group's parameters' full ds_numel, each io-aligned, though it
+ * swaps out only their partitions: about dp x the sub-group. Sub-groups are formed as
+ * _create_fp16_sub_groups forms them, from the model's tensors (for a params-only model,
+ * dp x min(sub_group_size, P), unaligned). 0 otherwise. */
+double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part);
+
+/* DeepSpeed's stage 2 with optimizer offload and accumulation (zp_impl host_grad_accum,
+ * grad_accum > 1) sums each whole tensor that overlaps a rank's partition on the host in 16
+ * bits (stage_1_and_2.py copy_grads_in_partition -> async_accumulate_grad_in_cpu_via_gpu:
+ * accumulated_grads_in_cpu[param_id], param.numel() elements of param.dtype), so a rank moves
+ * and holds more than its partition, by rank. Tensors are the model's in flat order
+ * (zp_model_tensors, tensor-parallel shares), partitions of `part` elements.
+ * zp_offload_stage2_accum_elems: the elements of the tensors that start in [lo, hi) and
+ * overlap rank `rank`'s partition, or with rank -1 their sum over the dp ranks.
+ * zp_offload_stage2_accum_max_elems: the most any rank holds over all tensors (the host
+ * buffer, sized for that rank as grads_in_partition is on the GPU). A params-only model has
+ * no tensors: the partition. */
+double zp_offload_stage2_accum_elems(const ZpModel *model, const ZpPlan *plan, double part,
+                                     double lo, double hi, int rank);
+double zp_offload_stage2_accum_max_elems(const ZpModel *model, const ZpPlan *plan, double part);
+
+/* Whether a plan's gradients are summed on the host by whole tensors (the above). */
+gboolean zp_offload_stage2_accum(const ZpPlan *plan);
+
+/* The bytes data-parallel rank `rank` moves per transfer kind in a step of the schedule s.
+ * Its transfer ops carry what every rank moves, but for the gradient transfers of stages 1-2,
+ * which carry the mean over the ranks: a rank moves its part of the bucket's unpadded range
+ * (4 bytes an element, fp32), and with zp_offload_stage2_accum the whole tensors that
+ * overlap its partition in 16 bits (the host link's up and first down transfers of the
+ * bucket; the down transfer after a down transfer is the fp32 part). */
+void zp_offload_rank_transfer_bytes(const ZpSchedule *s, int rank, double bytes[ZP_XFER_N]);
+
 /* The tier optimizer states live in: ZP_TIER_CPU, ZP_TIER_NVME (stage 3 only), or ZP_TIER_GPU
  * without offload; likewise for the parameters. */
 ZpTier zp_offload_optimizer_tier(const ZpPlan *plan);
@@ -120,14 +167,21 @@ ZpTier zp_offload_param_tier(const ZpPlan *plan);
  * CPU share of a partition of `part` elements. */
 double zp_offload_grad_d2h_bytes(const ZpPlan *plan, double elems, double part);
 
-/* The step's transfers around CPU Adam, per rank, for `elems` partition elements:
- * nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again, and
- * the 16-bit parameters when they live on NVMe), h2d (the updated 16-bit partition back to
- * the GPU when parameters stay there). */
+/* The optimizer step goes sub-group by sub-group (stage3.py step: _prepare_sub_group,
+ * _optimizer_step, _reassign_or_swap_out_partitioned_parameters, _release_sub_group), over
+ * zp_offload_sub_group_count sub-groups of a partition of `part` elements (stage 3; one at
+ * stages 1-2): zplan's sub-groups are sub_group_size elements each, the last what is left.
+ * Sub-group j's range of the partition, whether the CPU steps it, and its transfers per
+ * rank: nvme_read (optimizer states and gradients swapped in), nvme_write (swapped out again,
+ * and its 16-bit parameters when they live on NVMe and the host does not keep them, whoever
+ * stepped it), h2d (the updated 16-bit sub-group back to the GPU when parameters stay there). */
 typedef struct {
+    double offset_elems, elems;
+    gboolean on_cpu;
     double nvme_read_bytes, nvme_write_bytes, h2d_bytes;
 } ZpOffloadStep;
-void zp_offload_step(const ZpPlan *plan, double elems, ZpOffloadStep *step);
+int zp_offload_sub_group_count(const ZpPlan *plan, double part);
+void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffloadStep *step);
 
 /* Stage 3 with offload_param: what fetching a unit's partition of `elems` elements (of the
  * rank's partition_elems) to the GPU before its all-gather moves: with nvme, the share of the
@@ -142,14 +196,12 @@ void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
  * changes without offload or cpu_checkpointing. */
 void zp_offload_layout(ZpSchedule *sched);
 
-/* The host tier's peak per rank: host_bytes, plus at stage 3 with optimizer offload and no
- * 16-bit partition on the host (parameters on the GPU, or on NVMe but for no sub-group) one
- * sub-group's 16-bit copy, min(sub_group_size, P) elements, made on the host for a moment:
- * PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU before the transfer
- * (stage3.py _reassign_or_swap_out_partitioned_parameters; Copy.cu copy_kernel_cuda).
- * DeepSpeed's NVMe path converts into the parameter swapper's partitioned_swap_buffer
- * (reserve_partitioned_swap_space, the sub-group's full parameters io-aligned), which zplan
- * counts as this copy. */
+/* The host tier's peak per rank: host_bytes, plus at stage 3 with optimizer offload and the
+ * parameters on the GPU one sub-group's 16-bit copy, min(sub_group_size, P) elements, made on
+ * the host for a moment: PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU before
+ * the transfer (stage3.py _reassign_or_swap_out_partitioned_parameters; Copy.cu
+ * copy_kernel_cuda). With offload_param the step converts into host memory host_bytes
+ * holds: the flat buffer, or the partitioned_swap_buffer for a sub-group not kept. */
 double zp_offload_host_peak_bytes(const ZpSchedule *s);
 
 /* Per-rank seconds of CPU Adam over `bytes` (zp_offload_cpu_adam_bytes x elements): the

@@ -588,6 +588,20 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
         drained = emit_transfer(b, first == ZP_XFER_D2H ? ZP_XFER_H2D : ZP_XFER_D2H, half, unit,
                                 micro, drained);
         drained = emit_transfer(b, ZP_XFER_D2H, last ? slice : 0, unit, micro, drained);
+    } else if (zp_offload_stage2_accum(&s->plan)) {
+        /* DeepSpeed's stage 2 by whole tensors (zp_offload_stage2_accum_elems), the mean over
+         * the ranks: stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu brings the host's
+         * 16-bit sum up and adds it on later micro-steps, then copies the sum down; at the
+         * last, async_inplace_copy_grad_to_fp32_buffer_from_gpu sends the rank's part in
+         * fp32 */
+        const double whole = zp_offload_stage2_accum_elems(&s->model, &s->plan,
+                                                           (double)s->partition_elems,
+                                                           (double)k->spec.lo,
+                                                           (double)k->spec.hi, -1) /
+                             s->plan.dp * zp_plan_elem_bytes(s->plan.precision);
+        drained = emit_transfer(b, ZP_XFER_H2D, micro > 0 ? whole : 0, unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, whole, unit, micro, drained);
+        drained = emit_transfer(b, ZP_XFER_D2H, last ? slice : 0, unit, micro, drained);
     } else {
         drained = emit_transfer(b, ZP_XFER_H2D, s->plan.zero.stage >= 2 && micro > 0 ? slice : 0,
                                 unit, micro, drained);
@@ -1318,34 +1332,60 @@ static void tied_sync(Builder *b)
     b->recv_key = send_key(b, first ? b->n_chunks - 1 : 0, last_micro, ZP_P2P_TIED);
 }
 
+/* A step-level op (unit and micro-step -1) after deps[0 .. n). */
+static uint32_t emit_step_op(Builder *b, ZpOp op, const uint32_t *deps, guint n)
+{
+    op.unit = -1, op.micro = -1, op.buffer = -1;
+    op.stream = op.kind == ZP_OP_TRANSFER ? (op.sub == ZP_XFER_H2D ? ZP_STREAM_HOST
+                                                                   : ZP_STREAM_NVME)
+                                          : ZP_STREAM_CPU;
+    return emit(b, op, deps, n);
+}
+
 /* Optimizer offload: CPU Adam on the host's share once every gradient slice has arrived,
- * between NVMe swaps of its states (ZeRO-Infinity), then the updated 16-bit partition back
- * to the GPU (or NVMe). It overlaps nothing: DeepSpeed steps after backward, its sub-groups
- * in order, the GPU's share (`gpu_opt`, partial offload) before the host's. Returns the op
- * the parameter all-gathers wait for. */
+ * sub-group by sub-group (zp_offload_sub_group_step): its states swapped in from NVMe
+ * (ZeRO-Infinity) once the previous sub-group's are out of the swap buffers, the step after
+ * the previous one, then its 16-bit parameters back to the GPU (or NVMe) and its states out.
+ * It overlaps nothing: DeepSpeed steps after backward, the GPU's share (`gpu_opt`, partial
+ * offload) before the host's. Returns the op the parameter all-gathers wait for (the last
+ * transfer up, which follows the ones before it). */
 static uint32_t cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt)
 {
     const ZpPlan *plan = &b->s->plan;
-    ZpOffloadStep step;
-    zp_offload_step(plan, elems, &step);
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     g_array_append_vals(deps, launched->data, launched->len);
     g_array_append_vals(deps, b->offloaded->data, b->offloaded->len);
     g_array_append_val(deps, gpu_opt);
-    if (step.nvme_read_bytes > 0) {
-        ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ, .stream = ZP_STREAM_NVME,
-                     .unit = -1, .micro = -1, .buffer = -1, .bytes = step.nvme_read_bytes};
-        const uint32_t r = emit(b, read, (uint32_t *)deps->data, deps->len);
-        g_array_append_val(deps, r);
+    uint32_t adam = NONE, out = NONE, up = NONE; /* the last of each so far */
+    const double adam_bytes = zp_offload_cpu_adam_bytes(plan);
+    for (int j = 0; j < zp_offload_sub_group_count(plan, elems); j++) {
+        ZpOffloadStep step;
+        zp_offload_sub_group_step(plan, elems, j, &step);
+        uint32_t done = gpu_opt; /* what its parameters' write-back follows */
+        if (step.on_cpu) {
+            const uint32_t before[2] = {out, adam};
+            g_array_append_vals(deps, before, 2);
+            if (step.nvme_read_bytes > 0) {
+                const ZpOp read = {.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_READ,
+                                   .bytes = step.nvme_read_bytes};
+                const uint32_t r = emit_step_op(b, read, (uint32_t *)deps->data, deps->len);
+                g_array_append_val(deps, r);
+            }
+            const ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER,
+                             .mem_bytes = step.elems * adam_bytes};
+            done = adam = emit_step_op(b, op, (uint32_t *)deps->data, deps->len);
+            g_array_set_size(deps, 0);
+        }
+        const uint32_t after[2] = {done, out}, after_up[2] = {done, up};
+        if (step.nvme_write_bytes > 0)
+            out = emit_step_op(b, (ZpOp){.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_NVME_WRITE,
+                                         .bytes = step.nvme_write_bytes}, after, 2);
+        if (step.h2d_bytes > 0)
+            up = emit_step_op(b, (ZpOp){.kind = ZP_OP_TRANSFER, .sub = ZP_XFER_H2D,
+                                        .bytes = step.h2d_bytes}, after_up, 2);
     }
-    const double bytes =
-        zp_offload_cpu_share(plan, elems) * elems * zp_offload_cpu_adam_bytes(plan);
-    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_CPU_OPTIMIZER, .stream = ZP_STREAM_CPU,
-               .unit = -1, .micro = -1, .buffer = -1, .mem_bytes = bytes};
-    const uint32_t adam = emit(b, op, (uint32_t *)deps->data, deps->len);
     g_array_unref(deps);
-    emit_transfer(b, ZP_XFER_NVME_WRITE, step.nvme_write_bytes, -1, -1, adam);
-    return emit_transfer(b, ZP_XFER_H2D, step.h2d_bytes, -1, -1, adam);
+    return up != NONE ? up : adam != NONE ? adam : gpu_opt;
 }
 
 /* The implementation's buffers around the optimizer, then the optimizer on this rank's

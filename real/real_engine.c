@@ -163,14 +163,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                                s->plan.zero.zero_quantized_gradients))
         return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ but without hpZ or qgZ "
                            "(zero_hpz_partition_size, zero_quantized_gradients)");
-    /* DeepSpeed's stage 2 accumulates offloaded gradients whole parameter by whole parameter
-     * (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), its
-     * stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
-    if (real_ds_applies(s) && zp_offload_any(&s->plan) &&
-        ((s->plan.zero.stage == 2 && s->plan.grad_accum > 1) ||
-         zp_offload_param_tier(&s->plan) != ZP_TIER_GPU))
-        return fail(error, "zreal offloads DeepSpeed's stages 2-3 without its stage-2 "
-                           "accumulation (--grad-accum 1) and without parameter offload");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -740,19 +732,21 @@ static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
                            (int)s->model.vocab, e->tokens, e->targets, error);
 }
 
-static RealAdamHyper adam_hyper(RealEngine *e)
+/* The optimizer's settings; `next` for a new step (a CPU step's later sub-groups are not). */
+static RealAdamHyper adam_hyper(RealEngine *e, gboolean next)
 {
+    e->adam_step += next;
     return (RealAdamHyper){
         .lr = e->cfg.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
         .weight_decay = e->cfg.weight_decay,
         /* Each micro-step's loss is a mean over its tokens; the step's is their mean. */
         .grad_scale = 1.0f / (float)(e->dp * e->s->plan.grad_accum),
-        .step = ++e->adam_step};
+        .step = e->adam_step};
 }
 
 static gboolean optimizer(RealEngine *e)
 {
-    const RealAdamHyper hyper = adam_hyper(e);
+    const RealAdamHyper hyper = adam_hyper(e, TRUE);
     const RealBf16 *grad = step_grads(e);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);
@@ -970,7 +964,7 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_OPTIMIZER:
         return optimizer(e);
     case ZP_COMP_CPU_OPTIMIZER: {
-        const RealAdamHyper hyper = adam_hyper(e);
+        const RealAdamHyper hyper = adam_hyper(e, real_offload_first_sub_group(e->offload));
         return real_offload_adam(e->offload, &hyper, error);
     }
     case ZP_COMP_QUANTIZE: {
@@ -1313,11 +1307,11 @@ static gboolean param_transfer(RealEngine *e, const ZpOp *op, const ZpOp *alloc,
 {
     const uint64_t n = unit_padded(e, op->unit) / (uint64_t)e->dp;
     if (op->sub == ZP_XFER_NVME_READ)
-        return real_offload_param_read(e->offload, e->part_off[op->unit], n, error);
+        return real_offload_param_read(e->offload, e->part_off[op->unit], n, 0, error);
     if (op->sub != ZP_XFER_H2D || !e->buffers[alloc->buffer])
         return fail(error, "a parameter fetch moves a slice from NVMe and up, nothing else");
     real_offload_param_fetch(e->offload, (RealBf16 *)e->buffers[alloc->buffer] + e->rank * n,
-                             e->part_off[op->unit], n);
+                             e->part_off[op->unit], n, 0);
     return TRUE;
 }
 
@@ -1344,7 +1338,8 @@ static gboolean do_transfer(RealEngine *e, const ZpOp *op, GError **error)
         return e->ds ? real_ds_grad_transfer(e->ds, op, origin, e->offload, error)
                      : grad_transfer(e, op, origin, error);
     if (origin && origin->kind == ZP_OP_ALLOC && e->host_params)
-        return param_transfer(e, op, origin, error);
+        return e->ds ? real_ds_param_transfer(e->ds, op, origin, e->offload, error)
+                     : param_transfer(e, op, origin, error);
     return fail(error, "zreal moves gradients after their reduction and parameters before "
                        "their gather, nothing else");
 }

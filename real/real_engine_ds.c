@@ -60,6 +60,9 @@ struct RealDs {
     /* With optimizer offload the reduced slices go to real_offload's host tier from the
      * bucket (stage 2) or the concatenation copy (stage 3) and no gradients stay here. */
     gboolean host_grads;
+    /* With parameter offload the partition is the host tier's: the transfers before a call
+     * put this rank's slices in place (real_ds_param_transfer). */
+    gboolean host_params;
     /* Stage 3: a micro-step's calls in issue order, the next one, the tensors they gather,
      * and the call whose flat buffer each buffer id holds (-1 none). */
     Call *calls;
@@ -268,8 +271,6 @@ static gboolean index_calls(RealDs *ds, GError **error)
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
-    if (ds->host_grads)
-        return TRUE;
     const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
     const double state = s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16);
     const int copies = ds->stage == 2 && s->plan.grad_accum > 1 ? 2 : 1;
@@ -283,10 +284,14 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
                 ds->gip_hi = MAX(ds->gip_hi, t->offset + t->elems);
             }
         }
+        if (ds->host_grads) /* offloaded: only the layout of the host's whole-tensor sums */
+            return TRUE;
         if (ds->gip_hi - ds->gip_lo > ds->grad_elems)
             return fail(error, "rank %d: grads_in_partition needs %" G_GUINT64_FORMAT
                         " elements, the schedule holds %" G_GUINT64_FORMAT, ds->rank,
                         ds->gip_hi - ds->gip_lo, ds->grad_elems);
+    } else if (ds->host_grads) {
+        return TRUE;
     } else if (ds->grad_elems != P) {
         return fail(error, "the schedule's stage-3 gradients are not the partition");
     }
@@ -321,7 +326,8 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
-                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0};
+                   .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0,
+                   .host_params = zp_offload_param_tier(&s->plan) != ZP_TIER_GPU};
     if (!index_tensors(ds, error) || !index_buckets(ds, error) || !index_calls(ds, error) ||
         !index_tied_grad(ds) || !allocate_grads(ds, error) || !allocate_persistent(ds, error)) {
         real_ds_free(ds);
@@ -726,16 +732,43 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
             ds->comm, ds->buffers[ds->quant_of[op->buffer]],
             real_zeropp_quantized_bytes(c->per_rank, zp_zeropp_qwz_groups(c->per_rank)), error);
     }
+    /* with parameter offload the transfers before the call put this rank's slices in place */
+    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
     if (c->n == 1)
         return hold(ds, first, op->buffer, 0, error) &&
-               ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
-                                        error);
+               ds->comm->allgather_bf16(ds->comm, ds->host_params ? mine : ds->params + first->part,
+                                        first->slice, dst, error);
     if (op->sub == ZP_COLL_ALLREDUCE)
         return fetch_allreduce(ds, c, op->buffer, dst, error);
-    place_slices(ds, c, dst);
+    if (!ds->host_params)
+        place_slices(ds, c, dst);
     ds->flat_call[op->buffer] = (int)k;
     return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
                                     c->per_rank, dst, error);
+}
+
+gboolean real_ds_param_transfer(RealDs *ds, const ZpOp *op, const ZpOp *alloc, RealOffload *o,
+                                GError **error)
+{
+    const Call *c = ds->n_calls ? &ds->calls[ds->next_call % ds->n_calls] : NULL;
+    RealBf16 *dst = alloc->buffer >= 0 ? ds->buffers[alloc->buffer] : NULL;
+    if (!c || !dst || alloc->bytes != (double)(c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16)))
+        return fail(error, "rank %d: a parameter fetch before no call of DeepSpeed's", ds->rank);
+    if (op->sub != ZP_XFER_NVME_READ && op->sub != ZP_XFER_H2D)
+        return fail(error, "a parameter fetch moves slices from NVMe and up, nothing else");
+    dst += (uint64_t)ds->rank * c->per_rank;
+    uint64_t at = 0; /* the tensor's slice inside this rank's part, and in the pool */
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        if (op->sub == ZP_XFER_NVME_READ) {
+            if (!real_offload_param_read(o, t->part, t->slice, at, error))
+                return FALSE;
+        } else {
+            real_offload_param_fetch(o, dst + at, t->part, t->slice, at);
+        }
+        at += t->slice;
+    }
+    return TRUE;
 }
 
 gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
@@ -870,6 +903,37 @@ static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint6
     return coll->sub == ZP_COLL_ALLREDUCE ? base + (*n > 0 ? a - lo : 0) : base;
 }
 
+/* Stage 2 with accumulation (zp_offload_stage2_accum): each tensor of the bucket that overlaps
+ * this rank's partition, whole, up and added or down (stage_1_and_2.py copy_grads_in_partition
+ * -> async_accumulate_grad_in_cpu_via_gpu), its sum at its place from gip_lo; the fp32 D2H
+ * after the 16-bit one (at the last micro-step) is the rank's part, as at one micro-step. */
+static gboolean stage2_accum_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll,
+                                      RealOffload *o, RealBf16 *dev, uint64_t at, uint64_t n,
+                                      GError **error)
+{
+    const ZpOp *before = zp_sched_op(ds->s, zp_sched_deps(ds->s, op)[0]);
+    if (op->sub == ZP_XFER_D2H && before->kind == ZP_OP_TRANSFER && before->sub == ZP_XFER_D2H)
+        return real_offload_grads_down(o, dev, at, n, error);
+    if (op->sub != ZP_XFER_D2H && op->sub != ZP_XFER_H2D)
+        return fail(error, "DeepSpeed's stage 2 moves its gradient sums over the host link only");
+    const uint64_t a = (uint64_t)ds->rank * ds->s->partition_elems + at, end = a + n;
+    const int first = tensor_at(ds, coll->elem_offset);
+    gboolean ok = first >= 0 || fail(error, "a gradient transfer of no whole tensors");
+    for (guint i = (guint)MAX(first, 0);
+         ok && i < ds->n_t && ds->t[i].offset < coll->elem_offset + coll->elems; i++) {
+        const Tensor *t = &ds->t[i];
+        const uint64_t x = MAX(t->offset, a), y = MIN(t->offset + t->elems, end);
+        if (y <= x)
+            continue;
+        ok = op->sub == ZP_XFER_H2D
+                 ? real_offload_tensor_up_add(o, dev + (x - a), x - t->offset, y - x,
+                                              t->offset - ds->gip_lo, t->elems, error)
+                 : real_offload_tensor_down(o, dev + (x - a), x - t->offset, y - x,
+                                            t->offset - ds->gip_lo, t->elems, error);
+    }
+    return ok;
+}
+
 gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
                                GError **error)
 {
@@ -879,6 +943,8 @@ gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, Rea
         return FALSE;
     if (n == 0)
         return TRUE;
+    if (ds->stage == 2 && zp_offload_stage2_accum(&ds->s->plan))
+        return stage2_accum_transfer(ds, op, coll, o, dev, at, n, error);
     /* Stage 3 slices are the same on every rank, the op's bytes: fp32, or the 16-bit sum's
      * round trip; stage 2's are this rank's part of the bucket, fp32. */
     const gboolean fp32 = ds->stage != 3 || op->bytes == 4.0 * (double)n;

@@ -83,4 +83,14 @@ const RealBf16 *real_ds_step_grads(const RealDs *ds);
 gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, RealOffload *o,
                                GError **error);
 
+/* Parameter offload (stage 3): transfer op `op` before the call whose buffer `alloc`
+ * allocates, the next call of the micro-step: each of its tensors' slices of this rank's
+ * partition read from NVMe into the parameter pool one after another (ZP_XFER_NVME_READ), or
+ * up from the pool or the host partition into this rank's place of the call's buffer
+ * (ZP_XFER_H2D), as partition_parameters.py all_gather_coalesced does after
+ * _ensure_availability_of_partitioned_params: p.ds_tensor.to(device) for each, concatenated
+ * into partitions[rank] (_all_gather_dtype); the call then gathers in place. */
+gboolean real_ds_param_transfer(RealDs *ds, const ZpOp *op, const ZpOp *alloc, RealOffload *o,
+                                GError **error);
+
 #endif

@@ -15,15 +15,21 @@
 
 struct RealOffload {
     RealBackend *be;
+    const ZpPlan *plan;    /* the schedule's */
+    /* The step goes sub-group by sub-group (zp_offload_sub_group_step), its ops in order:
+     * the next sub-group to step, and the one stepped last (which the write-backs move). */
+    int n_sub, next_sub, stepped;
     RealAlloc *host;
     int stage;
     uint64_t part;
     ZpTier opt_tier, param_tier;
-    float *master, *m, *v; /* host arrays (cpu) or the swap buffers (nvme) */
+    float *master, *m, *v; /* host arrays (cpu; with nvme the swap buffers, states_at) */
     float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
     RealBf16 *accum16;     /* DeepSpeed's stage 3: the 16-bit sum (grad_partitions_flat_buffer,
-                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad) */
-    float *adam_grads;     /* what CPU Adam reads: grads, or their swap buffer (nvme) */
+                            * the fp32 gradients being fp32_partitioned_groups_flat's .grad);
+                            * stage 2 with accumulation: the whole tensors' 16-bit sums
+                            * (accumulated_grads_in_cpu) */
+    uint64_t accum_elems;
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
     RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
                             * one sub-group does not fit in, allocated all the same */
@@ -31,7 +37,10 @@ struct RealOffload {
     RealBf16 *host_staging, *device_staging; /* stages 1-2: temp_grad_buffer_for_*_offload */
     uint64_t staging_elems;
     float *swap;           /* optimizer swapper: master, m, v, gradients */
+    uint64_t swap_stride;  /* elements of each of its buffers: the partition io-aligned */
     RealBf16 *pool;        /* parameter swapper's buffers */
+    RealBf16 *part_swap;   /* its partitioned_swap_buffer (a sub-group not kept on the host):
+                            * CPU Adam's 16-bit output on its way to NVMe */
     void *bounce_raw;      /* the swap files' direct I/O buffer, a page to spare to align it */
     uint64_t pool_elems;
     RealNvmeFile *file[ZP_MEM_N];
@@ -49,14 +58,22 @@ static gboolean fail(GError **error, const char *what)
 static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    /* One sub-group: DeepSpeed's ratio then offloads all of it (any ratio above 0) and
-     * max_in_cpu keeps all of the partition on the host or none. */
-    if (s->plan.zero.stage == 3 && z->sub_group_size < (double)part)
-        return fail(error, "zreal steps and swaps the partition as one sub-group: "
-                           "sub_group_size at least the partition");
+    /* The CPU steps every sub-group, and the host keeps all of the parameters or none. */
     if (z->offload_optimizer.device != ZP_OFFLOAD_NONE &&
         zp_offload_cpu_share(&s->plan, (double)part) != 1.0)
-        return fail(error, "offload_optimizer.ratio 0 keeps the optimizer on the GPU");
+        return fail(error, "offload_optimizer.ratio: zreal steps every sub-group on the CPU, "
+                           "this ratio keeps some on the GPU");
+    const double kept = zp_offload_param_kept_elems(&s->plan, (double)part);
+    if (kept > 0 && kept < (double)part)
+        return fail(error, "offload_param.max_in_cpu: zreal keeps all of the sub-groups in "
+                           "host memory or none, this keeps some");
+    const double swap = zp_offload_param_swap_buffer_elems(&s->model, &s->plan, (double)part);
+    if (swap > 0 && swap < (double)part)
+        return fail(error, "zreal initialises the partition in the partitioned_swap_buffer, "
+                           "which holds less than it: a larger sub_group_size");
+    if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage3_use_all_reduce_for_fetch_params)
+        return fail(error, "zreal fetches offloaded parameters into all-gathers "
+                           "(stage3_use_all_reduce_for_fetch_params false)");
     const gboolean device = be->synchronize != NULL; /* else the host is the device */
     if (device && (!be->copy_async || !be->pin_host))
         return fail(error, "the backend has no pinned host memory or copy stream");
@@ -96,7 +113,11 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     if (o->opt_tier != ZP_TIER_GPU)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
     if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
-        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2 * part, (void **)&o->accum16};
+        o->accum_elems = o->part;
+    else if (zp_offload_stage2_accum(&s->plan))
+        o->accum_elems = (uint64_t)zp_offload_stage2_accum_max_elems(&s->model, &s->plan, part);
+    if (o->accum_elems > 0)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 2.0 * (double)o->accum_elems, (void **)&o->accum16};
     /* stage3.py _create_param_groups_fp16_flat_cpu_memory: min(P, max_in_cpu) elements,
      * the partition's when its sub-group fits (zp_offload_param_kept_elems) */
     const double flat = o->param_tier == ZP_TIER_NVME ? fmin(part, z->offload_param.max_in_cpu)
@@ -109,14 +130,23 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
     if (o->stage < 3)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, s->state_bytes[ZP_MEM_BUCKETS],
                                 (void **)&o->host_staging};
+    /* the swap buffers as DeepSpeed sizes them, io-aligned (zp_offload_tiers): the first
+     * sub-group is the largest */
+    ZpOffloadStep first;
+    zp_offload_sub_group_step(&s->plan, part, 0, &first);
+    o->swap_stride = (uint64_t)zp_offload_io_aligned(first.elems, sizeof(float));
     if (o->opt_tier == ZP_TIER_NVME)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
-                                z->offload_optimizer.buffer_count * part * 4, /* one sub-group */
+                                z->offload_optimizer.buffer_count * (double)o->swap_stride * 4,
                                 (void **)&o->swap};
     if (o->param_tier == ZP_TIER_NVME) {
-        o->pool_elems = (uint64_t)(z->offload_param.buffer_count * z->offload_param.buffer_size);
+        o->pool_elems = (uint64_t)(z->offload_param.buffer_count *
+                                   zp_offload_io_aligned(z->offload_param.buffer_size, 2));
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * (double)o->pool_elems, (void **)&o->pool};
     }
+    const double part_swap = zp_offload_param_swap_buffer_elems(&s->model, &s->plan, part);
+    if (part_swap > 0)
+        out[n++] = (HostBuffer){ZP_MEM_BUCKETS, 2.0 * part_swap, (void **)&o->part_swap};
     double nvme = 0;
     for (int c = 0; c < ZP_MEM_N; c++)
         nvme += s->nvme_bytes[c];
@@ -149,15 +179,10 @@ static gboolean allocate_host(RealOffload *o, const ZpSchedule *s, GError **erro
             o->pinned[o->n_pinned++] = *buf[i].slot;
         }
     }
-    if (o->swap) { /* the four tensors of one sub-group, swapped in together */
-        if ((double)s->plan.zero.offload_optimizer.buffer_count < 4)
-            return fail(error, "zreal swaps the optimizer's master, moments and gradients as "
-                               "one sub-group: offload_optimizer.buffer_count at least 4");
-        o->master = o->swap, o->m = o->swap + o->part, o->v = o->swap + 2 * o->part;
-        o->adam_grads = o->swap + 3 * o->part;
-    } else {
-        o->adam_grads = o->grads;
-    }
+    /* the four tensors of a sub-group are swapped in together (states_at) */
+    if (o->swap && (double)s->plan.zero.offload_optimizer.buffer_count < 4)
+        return fail(error, "zreal swaps the optimizer's master, moments and gradients of a "
+                           "sub-group together: offload_optimizer.buffer_count at least 4");
     return TRUE;
 }
 
@@ -186,6 +211,7 @@ RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, ui
         return NULL;
     RealOffload *o = g_new0(RealOffload, 1);
     o->be = be, o->host = real_alloc_new(), o->part = part, o->stage = s->plan.zero.stage;
+    o->plan = &s->plan, o->n_sub = zp_offload_sub_group_count(&s->plan, (double)part);
     o->opt_tier = zp_offload_optimizer_tier(&s->plan);
     o->param_tier = zp_offload_param_tier(&s->plan);
     o->staging_elems = (uint64_t)(s->state_bytes[ZP_MEM_BUCKETS] / sizeof(RealBf16));
@@ -205,11 +231,9 @@ void real_offload_free(RealOffload *o)
 {
     if (!o)
         return;
-    void *host[] = {o->opt_tier == ZP_TIER_CPU ? o->master : NULL,
-                    o->opt_tier == ZP_TIER_CPU ? o->m : NULL,
-                    o->opt_tier == ZP_TIER_CPU ? o->v : NULL,
-                    o->grads, o->accum16, o->params, o->cpu_flat, o->out16, o->host_staging,
-                    o->swap, o->pool, o->bounce_raw};
+    void *host[] = {o->master, o->m,     o->v,         o->grads, o->accum16,
+                    o->params, o->cpu_flat, o->out16,  o->host_staging,
+                    o->swap,   o->pool,  o->part_swap, o->bounce_raw};
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
@@ -221,13 +245,24 @@ void real_offload_free(RealOffload *o)
     g_free(o);
 }
 
-/* A transient host copy of the 16-bit partition (PARAMS), or the host's own. */
-static RealBf16 *partition16(RealOffload *o)
+/* Sub-group j's range of the partition. */
+static void sub_group(const RealOffload *o, int j, uint64_t *off, uint64_t *n)
+{
+    ZpOffloadStep g;
+    zp_offload_sub_group_step(o->plan, (double)o->part, j, &g);
+    *off = (uint64_t)g.offset_elems, *n = (uint64_t)g.elems;
+}
+
+/* Where sub-group [off, off + n)'s 16-bit values are on the host: in the host's partition,
+ * at the head of the partitioned_swap_buffer, or in a transient host copy of n (PARAMS). */
+static RealBf16 *sub_group16(RealOffload *o, uint64_t off, uint64_t n)
 {
     if (o->params)
-        return o->params;
+        return o->params + off;
+    if (o->part_swap)
+        return o->part_swap;
     if (!o->out16)
-        o->out16 = real_alloc_take(o->host, o->part * sizeof(RealBf16), REAL_MEM_PARAMS);
+        o->out16 = real_alloc_take(o->host, n * sizeof(RealBf16), REAL_MEM_PARAMS);
     return o->out16;
 }
 
@@ -239,7 +274,7 @@ static void release16(RealOffload *o)
 
 RealBf16 *real_offload_param_init_buffer(RealOffload *o)
 {
-    return o->param_tier == ZP_TIER_GPU ? NULL : partition16(o);
+    return o->param_tier == ZP_TIER_GPU ? NULL : o->params ? o->params : o->part_swap;
 }
 
 RealBf16 *real_offload_host_params(RealOffload *o)
@@ -247,27 +282,40 @@ RealBf16 *real_offload_host_params(RealOffload *o)
     return o->param_tier == ZP_TIER_GPU ? NULL : o->params;
 }
 
+/* The optimizer's swapped tensors, in the order of the swap buffers. */
+static const ZpMemCategory swapped[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V,
+                                        ZP_MEM_GRADS};
+
+/* Where the step's fp32 tensors of sub-group [off, ...) are: the host arrays (cpu) or the
+ * swap buffers (nvme); i indexes `swapped`. */
+static float *states_at(RealOffload *o, size_t i, uint64_t off);
+
 gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **error)
 {
-    RealBf16 *host = partition16(o); /* the partition may be on the device */
-    if (!host)
-        return fail(error, "no host memory for the 16-bit partition");
-    o->be->copy(o->be, host, partition, o->part * sizeof(RealBf16));
-    for (uint64_t i = 0; i < o->part; i++)
-        o->master[i] = real_bf16_to_f32(host[i]);
-    partition = host;
-    const uint64_t f4 = o->part * sizeof(float);
     gboolean ok = TRUE;
-    if (o->opt_tier == ZP_TIER_NVME) { /* the swap buffers are zero but for the master */
-        float *const from[] = {[ZP_MEM_MASTER] = o->master, [ZP_MEM_ADAM_M] = o->m,
-                               [ZP_MEM_ADAM_V] = o->v, [ZP_MEM_GRADS] = o->adam_grads};
-        for (int c = ZP_MEM_GRADS; ok && c <= ZP_MEM_ADAM_V; c++)
-            ok = real_nvme_write(o->file[c], from[c], f4, 0, error);
+    for (int j = 0; ok && j < o->n_sub; j++) { /* sub-group by sub-group, as the step */
+        uint64_t off, n;
+        sub_group(o, j, &off, &n);
+        const RealBf16 *host = partition + off;
+        if (o->param_tier == ZP_TIER_GPU) { /* the partition is on the device */
+            RealBf16 *copy = sub_group16(o, off, n);
+            if (!copy)
+                return fail(error, "no host memory for a sub-group's 16-bit copy");
+            o->be->copy(o->be, copy, host, n * sizeof(RealBf16));
+            host = copy;
+        }
+        float *master = states_at(o, 0, off);
+        for (uint64_t i = 0; i < n; i++)
+            master[i] = real_bf16_to_f32(host[i]);
+        /* the swap buffers are zero but for the master */
+        for (size_t i = 0; ok && o->swap && i < G_N_ELEMENTS(swapped); i++)
+            ok = real_nvme_write(o->file[swapped[i]], states_at(o, i, off), n * sizeof(float),
+                                 off * sizeof(float), error);
+        release16(o);
     }
     if (ok && o->file[ZP_MEM_PARAMS])
         ok = real_nvme_write(o->file[ZP_MEM_PARAMS], partition, o->part * sizeof(RealBf16), 0,
                              error);
-    release16(o);
     return ok;
 }
 
@@ -367,6 +415,47 @@ gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint6
     return TRUE;
 }
 
+/* Stage 2's whole tensor [at, at + numel) of the host sums, its part [in, in + n) the
+ * device's `own`: within the sums and the device staging buffer. */
+static gboolean tensor_fits(const RealOffload *o, uint64_t at, uint64_t numel, uint64_t in,
+                            uint64_t n, GError **error)
+{
+    if (o->stage != 2 || !o->accum16 || at + numel > o->accum_elems ||
+        numel > o->staging_elems || in + n > numel)
+        return fail(error, "a whole-tensor gradient sum outside the host's or the staging "
+                           "buffer (stage 2 with --grad-accum > 1 only)");
+    return TRUE;
+}
+
+gboolean real_offload_tensor_up_add(RealOffload *o, RealBf16 *own, uint64_t in, uint64_t n,
+                                    uint64_t at, uint64_t numel, GError **error)
+{
+    if (!tensor_fits(o, at, numel, in, n, error))
+        return FALSE;
+    tier_copy(o, o->device_staging, o->accum16 + at, numel * sizeof(RealBf16));
+    tier_wait(o, false);
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)numel;
+    float *sum = scratch(o, n, error);
+    if (!sum)
+        return FALSE;
+    o->be->bf16_to_f32(o->be, sum, o->device_staging + in, n); /* grad_accum.add_(dest_buffer) */
+    o->be->accumulate_bf16(o->be, own, sum, n);
+    o->be->free(o->be, sum);
+    return TRUE;
+}
+
+gboolean real_offload_tensor_down(RealOffload *o, const RealBf16 *own, uint64_t in, uint64_t n,
+                                  uint64_t at, uint64_t numel, GError **error)
+{
+    if (!tensor_fits(o, at, numel, in, n, error))
+        return FALSE;
+    o->be->copy(o->be, o->device_staging + in, own, n * sizeof(RealBf16));
+    tier_copy(o, o->accum16 + at, o->device_staging, numel * sizeof(RealBf16));
+    tier_wait(o, false); /* before the staging buffer is written again (stream-ordered) */
+    o->moved[ZP_XFER_D2H] += 2.0 * (double)numel;
+    return TRUE;
+}
+
 gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error)
 {
     if (!o->file[ZP_MEM_GRADS])
@@ -377,17 +466,24 @@ gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError 
                            at * sizeof(float), error);
 }
 
-/* The optimizer's swapped tensors, in the order of the swap buffers. */
-static const ZpMemCategory swapped[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V,
-                                        ZP_MEM_GRADS};
+static float *states_at(RealOffload *o, size_t i, uint64_t off)
+{
+    if (o->swap)
+        return o->swap + i * o->swap_stride;
+    float *const host[] = {o->master, o->m, o->v, o->grads};
+    return host[i] + off;
+}
 
 gboolean real_offload_states_in(RealOffload *o, GError **error)
 {
     if (!o->swap)
         return fail(error, "an optimizer swap-in without the optimizer on NVMe");
-    const uint64_t f4 = o->part * sizeof(float);
+    uint64_t off, n;
+    sub_group(o, o->next_sub, &off, &n);
+    const uint64_t f4 = n * sizeof(float);
     for (size_t i = 0; i < G_N_ELEMENTS(swapped); i++) {
-        if (!real_nvme_read(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+        if (!real_nvme_read(o->file[swapped[i]], states_at(o, i, off), f4, off * sizeof(float),
+                            error))
             return FALSE;
         o->moved[ZP_XFER_NVME_READ] += (double)f4;
     }
@@ -396,20 +492,22 @@ gboolean real_offload_states_in(RealOffload *o, GError **error)
 
 gboolean real_offload_states_out(RealOffload *o, GError **error)
 {
-    const uint64_t f4 = o->part * sizeof(float);
+    uint64_t off, n;
+    sub_group(o, o->stepped, &off, &n);
+    const uint64_t f4 = n * sizeof(float);
     for (size_t i = 0; o->swap && i + 1 < G_N_ELEMENTS(swapped); i++) {
-        if (!real_nvme_write(o->file[swapped[i]], o->swap + i * o->part, f4, 0, error))
+        if (!real_nvme_write(o->file[swapped[i]], states_at(o, i, off), f4, off * sizeof(float),
+                             error))
             return FALSE;
         o->moved[ZP_XFER_NVME_WRITE] += (double)f4;
     }
     if (o->param_tier == ZP_TIER_NVME && !o->params) { /* CPU Adam's 16-bit output */
-        if (!o->out16)
-            return fail(error, "a parameter swap-out before CPU Adam");
-        const uint64_t b2 = o->part * sizeof(RealBf16);
-        const gboolean ok = real_nvme_write(o->file[ZP_MEM_PARAMS], o->out16, b2, 0, error);
+        if (!o->part_swap)
+            return fail(error, "a parameter swap-out without the partitioned swap buffer");
+        const uint64_t b2 = n * sizeof(RealBf16);
         o->moved[ZP_XFER_NVME_WRITE] += (double)b2;
-        release16(o);
-        return ok;
+        return real_nvme_write(o->file[ZP_MEM_PARAMS], o->part_swap, b2, off * sizeof(RealBf16),
+                               error);
     }
     return TRUE;
 }
@@ -435,37 +533,50 @@ void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict
     }
 }
 
+gboolean real_offload_first_sub_group(const RealOffload *o)
+{
+    return o->next_sub == 0;
+}
+
 gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error)
 {
-    RealBf16 *out = partition16(o);
+    uint64_t off, n;
+    sub_group(o, o->next_sub, &off, &n);
+    RealBf16 *out = sub_group16(o, off, n);
     if (!out)
         return fail(error, "no host memory for CPU Adam's 16-bit output");
     tier_wait(o, true); /* every gradient slice has landed */
-    real_offload_cpu_adam(hyper, o->part, o->master, o->m, o->v, o->adam_grads, out);
+    real_offload_cpu_adam(hyper, n, states_at(o, 0, off), states_at(o, 1, off),
+                          states_at(o, 2, off), states_at(o, 3, off), out);
+    o->stepped = o->next_sub, o->next_sub = (o->next_sub + 1) % o->n_sub;
     return TRUE;
 }
 
 void real_offload_params_up(RealOffload *o, RealBf16 *dst)
 {
-    tier_copy(o, dst, partition16(o), o->part * sizeof(RealBf16));
+    uint64_t off, n;
+    sub_group(o, o->stepped, &off, &n);
+    tier_copy(o, dst + off, sub_group16(o, off, n), n * sizeof(RealBf16));
     tier_wait(o, o->out16 != NULL); /* the host waits before freeing a transient source */
-    o->moved[ZP_XFER_H2D] += 2.0 * (double)o->part;
+    o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
     release16(o);
 }
 
-gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error)
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
+                                 GError **error)
 {
-    if (!o->file[ZP_MEM_PARAMS] || n > o->pool_elems)
+    if (!o->file[ZP_MEM_PARAMS] || pool_at + n > o->pool_elems)
         return fail(error, "a parameter swap-in needs the parameters on NVMe and a slice "
                            "within offload_param's buffer_count x buffer_size");
     o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)n;
-    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool, n * sizeof(RealBf16),
+    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at, n * sizeof(RealBf16),
                           at * sizeof(RealBf16), error);
 }
 
-void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n)
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                              uint64_t pool_at)
 {
-    tier_copy(o, dst, o->params ? o->params + at : o->pool, n * sizeof(RealBf16));
+    tier_copy(o, dst, o->params ? o->params + at : o->pool + pool_at, n * sizeof(RealBf16));
     tier_wait(o, true); /* before the gather, and before the pool is read into again */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
 }

@@ -13,14 +13,15 @@
 typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
- * optimizer offload at stages 1-3 (all of it: ratio 1), parameter offload at stage 3 (CPU
- * backend only). A device backend pins the host buffers (pin_memory; cudaHostRegister) and
- * copies on its copy stream (copy_async, ordered by copy_wait); the CPU backend addresses
- * host memory directly and copies plainly. Host buffers of exactly the schedule's
- * host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
+ * optimizer offload at stages 1-3 (every sub-group on the CPU), parameter offload at stage 3
+ * (CPU backend only; all of it kept in host memory or none). A device backend pins the host
+ * buffers (pin_memory; cudaHostRegister) and copies on its copy stream (copy_async, ordered by
+ * copy_wait); the CPU backend addresses host memory directly and copies plainly. Host buffers
+ * of exactly the schedule's host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
  * host copy (stages 1-2) or partition (offload_param cpu, or max_in_cpu of it with nvme), the
  * staging buffer (stages 1-2), the optimizer swapper's buffer_count fp32 buffers of the
- * partition and the parameter swapper's buffer_count x buffer_size 16-bit pool (nvme); a swap
+ * partition, the parameter swapper's buffer_count x buffer_size 16-bit pool and its
+ * partitioned_swap_buffer (nvme; io-aligned as DeepSpeed sizes them, zp_offload_tiers); a swap
  * file under the plan's nvme_path for each category of nvme_bytes; the device staging buffer
  * of state_bytes[ZP_MEM_BUCKETS] (stages 1-2). `part` is the rank's partition in elements. */
 RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, uint64_t part,
@@ -65,30 +66,54 @@ void real_offload_accum_down(RealOffload *o, const RealBf16 *src, uint64_t at, u
 gboolean real_offload_accum_up(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                                gboolean add, GError **error);
 
+/* DeepSpeed's stage 2 with accumulation (zp_offload_stage2_accum; stage_1_and_2.py
+ * async_accumulate_grad_in_cpu_via_gpu): one whole tensor of `numel` elements at `at` of the
+ * host's 16-bit sums (accumulated_grads_in_cpu, the tensors overlapping the partition one
+ * after another), of which the rank's reduced part `own`, n elements from element `in` of
+ * the tensor, is on the device. Up (later micro-steps): the sum comes up into the device
+ * staging buffer (temp_grad_buffer_for_gpu_offload) and its part is added to `own` in bf16,
+ * as the GPU-resident sum would be (counts 2 numel of ZP_XFER_H2D). Down: `own` into its
+ * place in the staging buffer and the tensor down (2 numel of ZP_XFER_D2H). Only the rank's
+ * part is ever read, as in DeepSpeed. */
+gboolean real_offload_tensor_up_add(RealOffload *o, RealBf16 *own, uint64_t in, uint64_t n,
+                                    uint64_t at, uint64_t numel, GError **error);
+gboolean real_offload_tensor_down(RealOffload *o, const RealBf16 *own, uint64_t in, uint64_t n,
+                                  uint64_t at, uint64_t numel, GError **error);
+
 /* The last micro-step with the optimizer on NVMe: the slice's fp32 gradients to the swap
  * file (stage3.py swap_out_gradients); counts 4 n bytes of ZP_XFER_NVME_WRITE. */
 gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError **error);
 
-/* The optimizer's NVMe swaps around CPU Adam (stage3.py _optimizer_states_and_gradient
- * _swap_in / _swap_out): master, moments and gradients into the swap buffers; then master
- * and moments out, and with parameters on NVMe the updated 16-bit partition. */
+/* The optimizer's NVMe swaps around CPU Adam, a sub-group at a time (stage3.py
+ * _optimizer_states_and_gradient_swap_in / _swap_out): master, moments and gradients into
+ * the swap buffers; then master and moments out, and with parameters on NVMe the updated
+ * 16-bit sub-group (_partitioned_params_swap_out). */
 gboolean real_offload_states_in(RealOffload *o, GError **error);
 gboolean real_offload_states_out(RealOffload *o, GError **error);
 
-/* CPU Adam over the partition: the same update as the backends' adam_step, from fp32
- * gradients, writing the 16-bit result to the host partition or a transient host buffer
- * (PyTorch's blocking fp32-to-16-bit copy_ converts on the CPU) that the transfer after it
- * consumes. */
+/* The step goes sub-group by sub-group (zp_offload_sub_group_step, stage3.py step), its ops
+ * in the schedule's order: states_in reads the next sub-group to step, real_offload_adam
+ * steps it, and states_out and params_up write back the one stepped last. Whether the next
+ * CPU Adam begins a step (its first sub-group). */
+gboolean real_offload_first_sub_group(const RealOffload *o);
+
+/* CPU Adam over the next sub-group: the same update as the backends' adam_step, from fp32
+ * gradients, writing the 16-bit result to the host partition, the partitioned_swap_buffer,
+ * or a transient host buffer of the sub-group (PyTorch's blocking fp32-to-16-bit copy_
+ * converts on the CPU) that the transfer after it consumes. */
 gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error);
 
-/* The updated 16-bit partition up to `dst` on the device; counts its bytes as ZP_XFER_H2D. */
+/* The updated 16-bit sub-group up to its place in the partition at `dst` on the device;
+ * counts its bytes as ZP_XFER_H2D. */
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
 /* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read
- * from the swap file into the parameter pool (ZP_XFER_NVME_READ), and up from the pool or
- * the host partition to `dst` on the device (ZP_XFER_H2D). */
-gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, GError **error);
-void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n);
+ * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ), and up
+ * from the pool (at pool_at) or the host partition to `dst` on the device (ZP_XFER_H2D). */
+gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
+                                 GError **error);
+void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
+                              uint64_t pool_at);
 
 /* The host tier's tracker counters, the bytes moved per transfer kind so far, and the bytes
  * the swap files moved with O_DIRECT (set-up included). */

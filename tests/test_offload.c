@@ -73,14 +73,47 @@ static void test_zero_offload_cpu(void)
     }
 }
 
+/* a rounded up to DeepSpeed's aio alignment, 1024 bytes of elements of `bytes`. */
+static double aligned(double a, double bytes)
+{
+    return ceil(a * bytes / 1024) * 1024 / bytes;
+}
+
+/* DeepSpeed's partitioned_swap_buffer in elements when a sub-group is not kept on the host:
+ * stage3.py groups the tensors in order until their partitions (ceil(numel / n) each) reach
+ * 1e9 elements, and reserve_partitioned_swap_space sizes the buffer by the largest group's
+ * tensors' full numel, each aligned to 512 16-bit elements. */
+static double swap_buffer(const ZpModel *m, int n)
+{
+    GArray *t = zp_model_tensors(m);
+    double total = 0, best = -1, full = 0, group = 0, group_full = 0;
+    for (guint i = 0; i < t->len; i++)
+        total += ceil((double)g_array_index(t, ZpTensor, i).elems / n);
+    for (guint i = 0; i < t->len; i++) {
+        const double e = (double)g_array_index(t, ZpTensor, i).elems;
+        group += ceil(e / n), group_full += aligned(e, 2);
+        if ((total > 1e9 && group >= 1e9) || i + 1 == t->len) {
+            if (group > best)
+                best = group, full = group_full;
+            group = group_full = 0;
+        }
+    }
+    g_array_unref(t);
+    return full;
+}
+
 /* Both offloads to NVMe at stage 3 (ZeRO-Infinity), defaults buffer_count 4 (optimizer) and
- * 5 x buffer_size 1e8 (parameters), max_in_cpu 1e9, sub_group_size 1e9:
+ * 5 x buffer_size 1e8 (parameters), max_in_cpu 1e9, sub_group_size 1e9, each swap buffer
+ * aligned to 1024 bytes (aio's default):
  *   GPU  = 0 model states (gathered units are residual terms)
  *   NVMe = 12P master + moments + 4P fp32 gradients (swap_out_gradients) + 2P parameters
  *        = 18 P per rank
  *   host = 4P fp32 gradients (grad_partitions_flat_buffer) + 4 x min(1e9, P) x 4 optimizer
  *          swap buffers + 2 min(P, 1e9) parameters kept in memory + 5 x 1e8 x 2 swap pool
- *          + zreal's 1 MiB direct I/O buffer and the page that aligns it.
+ *          + zreal's 1 MiB direct I/O buffer and the page that aligns it
+ *          + when P > 1e9 (a sub-group left on NVMe) the partitioned_swap_buffer, 2 x the
+ *          largest sub-group's full tensors (swap_buffer): about N x 2e9 bytes, since
+ *          DeepSpeed sizes it by ds_numel, the whole parameter, not its partition.
  * DeepSpeed's estimate_zero3_model_states_mem_needs(cpu_offload, cpu_offload_params) knows no
  * NVMe; its host figure, 18 psi / nodes x 1.5, is what the same plan puts on the host with
  * device cpu: zplan's 18 P per rank x the node's ranks is 18 psi / nodes exactly, without the
@@ -105,9 +138,11 @@ static void test_zero_infinity_nvme(void)
             assert_close(t.total_bytes[ZP_TIER_GPU], 0);
             assert_close(t.total_bytes[ZP_TIER_NVME], 18 * part);
             assert_close(t.nvme_node_bytes, per_node * 18 * part);
+            const double swap = part > 1e9 ? 2 * swap_buffer(&m, n) : 0;
             assert_close(t.total_bytes[ZP_TIER_CPU],
-                         4 * part + 16 * fmin(1e9, part) + 2 * fmin(part, 1e9) + 1e9 +
-                             (1 << 20) + 4096);
+                         4 * part + 16 * aligned(fmin(1e9, part), 4) + 2 * fmin(part, 1e9) +
+                             10 * aligned(1e8, 2) + swap + (1 << 20) + 4096);
+            g_assert_true(part <= 1e9 || (swap >= n * 2e9 && swap <= 2.01 * (n * 1e9 + L)));
             /* The same plan with device cpu against DeepSpeed's estimator. */
             plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
             plan.zero.offload_param.device = ZP_OFFLOAD_CPU;
@@ -285,6 +320,40 @@ static void test_schedule_transfers(void)
     assert_close(r->stream_busy_s[ZP_STREAM_NVME],
                  (moved[ZP_XFER_NVME_READ] + moved[ZP_XFER_NVME_WRITE]) / (6e9 / 4));
     sim_result_free(r);
+    zp_sched_free(s);
+
+    /* Sub-groups of a third of the partition (rounded up): stage3.py step swaps in, steps and
+     * writes back one at a time, so three swap-ins of 16 bytes an element of its sub-group,
+     * three CPU Adams of 30 bytes an element, each after the one before, and the same bytes
+     * as one sub-group in all. */
+    plan.zero.sub_group_size = ceil(p3 / 3);
+    s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    const double sg = plan.zero.sub_group_size;
+    const double sizes[3] = {sg, sg, p3 - 2 * sg};
+    int reads = 0, adams = 0;
+    uint32_t last_adam = 0;
+    double written = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->unit >= 0)
+            continue;
+        if (op->kind == ZP_OP_TRANSFER && op->sub == ZP_XFER_NVME_READ)
+            assert_close(op->bytes, 16 * sizes[reads++]);
+        if (op->kind == ZP_OP_TRANSFER && op->sub == ZP_XFER_NVME_WRITE)
+            written += op->bytes;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
+            assert_close(op->mem_bytes, 30 * sizes[adams]);
+            gboolean after = adams == 0;
+            for (guint d = 0; d < op->n_deps; d++)
+                after = after || zp_sched_deps(s, op)[d] == last_adam;
+            g_assert_true(after);
+            last_adam = i, adams++;
+        }
+    }
+    g_assert_cmpint(reads, ==, 3);
+    g_assert_cmpint(adams, ==, 3);
+    assert_close(written, 12 * p3 + 2 * p3);
     zp_sched_free(s);
 }
 

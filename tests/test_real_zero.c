@@ -686,12 +686,6 @@ static void test_bad_input(void)
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
-        {"--model tiny --impl deepspeed --stage 2 --grad-accum 2 --offload-optimizer cpu",
-         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation"},
-        {"--model tiny --impl deepspeed --stage 3 --persistence-threshold 0 "
-         "--offload-optimizer cpu --offload-param cpu",
-         "zreal offloads DeepSpeed's stages 2-3 without its stage-2 accumulation "
-         "(--grad-accum 1) and without parameter offload"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
@@ -889,6 +883,12 @@ static const OffloadCase offload_cases[] = {
     {2, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
     {2, 2, 1, "deepspeed", NULL,
      "\"use_multi_rank_bucket_allreduce\": false, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    /* stage 2 summing whole tensors on the host over 3 micro-steps, all-reduced and reduced
+     * to the owner, and on one rank */
+    {2, 2, 3, "deepspeed", "--offload-optimizer cpu", NULL},
+    {2, 2, 2, "deepspeed", NULL,
+     "\"use_multi_rank_bucket_allreduce\": false, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {2, 1, 2, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 1, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 3, "deepspeed", "--offload-optimizer cpu", NULL},
     {3, 2, 2, "deepspeed", "--offload-optimizer nvme --nvme-path DIR", NULL},
@@ -902,6 +902,26 @@ static const OffloadCase offload_cases[] = {
     {3, 2, 2, "paper", NULL,
      "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 1000, "
+     "\"buffer_count\": 2, \"buffer_size\": 20000}"},
+    /* DeepSpeed's stage 3 with its parameters on the host, and with both on NVMe: each
+     * call's slices up (from NVMe first) into its place before the call's gather. */
+    {3, 2, 2, "deepspeed", "--offload-optimizer cpu --offload-param cpu", NULL},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* Sub-groups below the partition of 53120 elements, stepped one by one (stage3.py
+     * step): three with the parameters on the GPU; three swapped through buffers of one;
+     * two with both on NVMe and none kept on the host. */
+    {3, 2, 2, "paper", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\"}"},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}"},
+    {3, 2, 1, "paper", NULL,
+     "\"sub_group_size\": 30000, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 20000}"},
 };
 
@@ -952,10 +972,11 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
  * values: later micro-steps add the host's sum to the reduced slice in bf16, as the GPU's
  * gradients would be); each rank's host bytes per category equal the schedule's host_bytes,
  * and its host peak zp_offload_host_peak_bytes (the direct I/O buffer included);
- * the bytes each transfer kind moved, summed over the ranks, equal the schedule's transfer
- * ops (a rank's slice of a stage 1-2 bucket is its part of the unpadded range, so only the
- * sum over ranks is the ops' dp x bytes); with the optimizer on NVMe at stage 3 the swap
- * files were read and written, and none is left in the directory. */
+ * the bytes each rank moved per transfer kind equal the schedule's for that rank
+ * (zp_offload_rank_transfer_bytes: a rank's slice of a stage 1-2 bucket is its part of the
+ * unpadded range, DeepSpeed's stage-2 sums its whole tensors), and summed over the ranks the
+ * transfer ops' dp x bytes; with the optimizer on NVMe at stage 3 the swap files were read
+ * and written, and none is left in the directory. */
 static void test_offload_matches(void)
 {
     char *dir = g_strdup_printf("%s/nvme", tmp_dir);
@@ -994,9 +1015,14 @@ static void test_offload_matches(void)
                                             zp_sched_mem_name(cat)), ==, s->host_bytes[cat]);
             g_assert_cmpfloat(number_at(rank, "host_peak_bytes"), ==,
                               zp_offload_host_peak_bytes(s));
-            for (int k = 0; k < ZP_XFER_N; k++)
-                measured[k] += number_at(json_object_get(rank, "transfer_bytes"),
-                                         zp_sched_transfer_name(k));
+            double mine[ZP_XFER_N];
+            zp_offload_rank_transfer_bytes(s, (int)r, mine);
+            for (int k = 0; k < ZP_XFER_N; k++) {
+                const double moved = number_at(json_object_get(rank, "transfer_bytes"),
+                                               zp_sched_transfer_name(k));
+                g_assert_cmpfloat(moved, ==, mine[k]);
+                measured[k] += moved;
+            }
             g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
                               zp_sched_model_state_bytes(s));
         }
