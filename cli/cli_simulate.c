@@ -692,6 +692,8 @@ static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError *
 {
     ZpTiers t = {0};
     t.ranks_per_node = MIN(hw->gpus_per_node, sched->world);
+    t.swap_buffer_bytes = zp_offload_param_swap_buffer_bytes(&sched->model, &sched->plan,
+                                                             (double)sched->partition_elems);
     for (int c = 0; c < ZP_MEM_N; c++) {
         t.cpu_node_bytes += t.ranks_per_node * sched->host_bytes[c];
         t.nvme_node_bytes += t.ranks_per_node * sched->nvme_bytes[c];

@@ -207,6 +207,12 @@ double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *pl
     return best_full;
 }
 
+double zp_offload_param_swap_buffer_bytes(const ZpModel *model, const ZpPlan *plan, double part)
+{
+    return zp_offload_param_swap_buffer_elems(model, plan, part) *
+           zp_plan_elem_bytes(plan->precision);
+}
+
 gboolean zp_offload_stage2_accum(const ZpPlan *plan)
 {
     return plan->zero.stage == 2 && plan->grad_accum > 1 &&
@@ -317,8 +323,9 @@ static void param_offload(const ZpModel *model, const ZpPlan *plan, double part,
      * partitioned_swap_buffer (zp_offload_param_swap_buffer_elems). */
     t->bytes[ZP_TIER_NVME][ZP_MEM_PARAMS] += bytes;
     const double kept = fmin(part, o->max_in_cpu) * elem;
+    t->swap_buffer_bytes = zp_offload_param_swap_buffer_bytes(model, plan, part);
     const double pool = o->buffer_count * zp_offload_io_aligned(o->buffer_size, elem) * elem +
-                        zp_offload_param_swap_buffer_elems(model, plan, part) * elem;
+                        t->swap_buffer_bytes;
     t->bytes[ZP_TIER_CPU][ZP_MEM_PARAMS] += kept;
     t->bytes[ZP_TIER_CPU][ZP_MEM_BUCKETS] += pool;
     *pinned += kept + pool;
@@ -431,9 +438,17 @@ gboolean zp_offload_fit(const ZpTiers *t, double gpu_need_bytes, const ZpHw *hw,
     if (tier == ZP_TIER_N)
         return TRUE;
     tier_need(t, gpu_need_bytes, hw, need, have);
+    g_autofree char *swap = NULL;
+    if (tier == ZP_TIER_CPU && t->swap_buffer_bytes > 0)
+        swap = g_strdup_printf("; %.1f GB of it is offload_param's partitioned_swap_buffer, which "
+                               "DeepSpeed pins for the largest sub-group's full parameters when a "
+                               "sub-group is not kept in host memory: raise max_in_cpu to the "
+                               "partition or lower sub_group_size",
+                               t->ranks_per_node * t->swap_buffer_bytes / 1e9);
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                "%s overflows: the plan needs %.1f GB of %s's %.1f GB (%.1f GB short)",
-                tier_what[tier], need[tier] / 1e9, hw->name, have[tier] / 1e9, short_bytes / 1e9);
+                "%s overflows: the plan needs %.1f GB of %s's %.1f GB (%.1f GB short)%s",
+                tier_what[tier], need[tier] / 1e9, hw->name, have[tier] / 1e9, short_bytes / 1e9,
+                swap ? swap : "");
     return FALSE;
 }
 

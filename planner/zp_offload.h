@@ -37,6 +37,7 @@ typedef struct {
     double bytes[ZP_TIER_N][ZP_MEM_N];
     double total_bytes[ZP_TIER_N]; /* per rank */
     double pinned_bytes;           /* of the CPU row: page-locked (pin_memory) */
+    double swap_buffer_bytes;      /* of the CPU row: offload_param's partitioned_swap_buffer */
     int ranks_per_node;            /* min(gpus_per_node, dp x mp) */
     double cpu_node_bytes;         /* all the node's ranks together */
     double nvme_node_bytes;
@@ -85,7 +86,9 @@ ZpTier zp_offload_overflow(const ZpTiers *tiers, double gpu_need_bytes, const Zp
 /* "GPU memory per GPU", "CPU memory per node", "NVMe per node". */
 const char *zp_tier_what(ZpTier tier);
 
-/* The fit check as an error naming the tier that overflows, its need and its capacity. */
+/* The fit check as an error naming the tier that overflows, its need and its capacity; for
+ * the CPU tier also the share of offload_param's partitioned_swap_buffer, when there is one,
+ * and the settings that shrink it (it alone can outgrow the host: about dp x sub_group_size). */
 gboolean zp_offload_fit(const ZpTiers *tiers, double gpu_need_bytes, const ZpHw *hw,
                         GError **error);
 
@@ -129,6 +132,8 @@ double zp_offload_param_kept_elems(const ZpPlan *plan, double part);
  * _create_fp16_sub_groups forms them, from the model's tensors (for a params-only model,
  * dp x min(sub_group_size, P), unaligned). 0 otherwise. */
 double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part);
+/* The same in bytes (the plan's 16-bit element size). */
+double zp_offload_param_swap_buffer_bytes(const ZpModel *model, const ZpPlan *plan, double part);
 
 /* DeepSpeed's stage 2 with optimizer offload and accumulation (zp_impl host_grad_accum,
  * grad_accum > 1) sums each whole tensor that overlaps a rank's partition on the host in 16

@@ -235,6 +235,34 @@ static void test_cpu_overflow_refused(void)
     tu_free(&r);
 }
 
+/* gpt-1t on 512 dgx-a100-80g with both offloads to NVMe: P = 1.95e9 elements make two
+ * sub-groups of the default sub_group_size 1e9, the default max_in_cpu 1e9 keeps only the first
+ * in host memory, so DeepSpeed pins a partitioned_swap_buffer of the largest sub-group's full
+ * parameters (stage3.py _create_fp16_partitions_with_defragmentation ->
+ * reserve_partitioned_swap_space): about 512 x 1e9 x 2 B per rank. The refusal says so and
+ * names the settings; max_in_cpu of the whole partition keeps both sub-groups and fits. */
+static void test_swap_buffer_overflow_named(void)
+{
+    const char *plan = "simulate --model gpt-1t --cluster dgx-a100-80g --gpus 512 --stage 3 "
+                       "--micro-batch 2 --checkpoint --offload-optimizer nvme --offload-param nvme";
+    TuRun r = tu_zplan(plan);
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 2);
+    g_assert_nonnull(strstr(r.err, "CPU memory per node overflows"));
+    g_assert_nonnull(strstr(r.err, "partitioned_swap_buffer"));
+    g_assert_nonnull(strstr(r.err, "raise max_in_cpu"));
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+    const ZpModel m = tu_load_model("gpt-1t");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 512, 1);
+    p.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+    p.zero.offload_param.device = ZP_OFFLOAD_NVME;
+    const double part = (double)zp_model_param_count(&m) / 512;
+    g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), >, 512 * 0.9e9 * 2);
+    p.zero.offload_param.max_in_cpu = 2e9;
+    g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), ==, 0);
+}
+
 /* The schedule moves what the tiers say: every gradient slice down once per micro-step
  * (4 bytes, fp32), the second micro-step's sums back up first, the updated 16-bit partition
  * up after CPU Adam; NVMe states in and out around it. The simulator's breakdown adds up. */
@@ -456,6 +484,7 @@ int main(int argc, char **argv)
     g_test_add_func("/offload/zero_infinity_nvme", test_zero_infinity_nvme);
     g_test_add_func("/offload/ratio", test_ratio);
     g_test_add_func("/offload/cpu_overflow_refused", test_cpu_overflow_refused);
+    g_test_add_func("/offload/swap-buffer-overflow-named", test_swap_buffer_overflow_named);
     g_test_add_func("/offload/schedule_transfers", test_schedule_transfers);
     g_test_add_func("/offload/dsconfig_round_trip", test_dsconfig_round_trip);
     g_test_add_func("/offload/plan_proposes_offload", test_plan_proposes_offload);
