@@ -113,11 +113,16 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
         b->recv_key = -1;
         op.n_deps++;
     }
+    /* The dependencies that are ops, written in place (one resize, not one call each). */
+    const guint at = s->deps->len;
+    g_array_set_size(s->deps, at + n_deps);
+    uint32_t *out = &g_array_index(s->deps, uint32_t, at);
+    guint n = 0;
     for (guint i = 0; i < n_deps; i++)
-        if (deps[i] != NONE) {
-            g_array_append_val(s->deps, deps[i]);
-            op.n_deps++;
-        }
+        if (deps[i] != NONE)
+            out[n++] = deps[i];
+    g_array_set_size(s->deps, at + n);
+    op.n_deps += n;
     g_array_append_val(s->ops, op);
     if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
         b->last_on_stream[op.stream] = s->ops->len - 1;
@@ -1038,9 +1043,12 @@ static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
         if (bucket(b, i)->spec.lo <= wte && wte < bucket(b, i)->spec.hi &&
             own_buffer(b, bucket(b, i)))
             return;
-    GArray *tensors = zp_impl_tensors(s);
-    b->tied_grad_bytes = (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
-    g_array_unref(tensors);
+    if (b->tied_grad_bytes == 0) { /* wte's share, the same every micro-step */
+        GArray *tensors = zp_impl_tensors(s);
+        b->tied_grad_bytes =
+            (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
+        g_array_unref(tensors);
+    }
     const uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
                                       &b->tied_grad, &b->last_compute, 1);
     g_array_append_val(deps, alloc);
