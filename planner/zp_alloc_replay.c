@@ -233,6 +233,8 @@ ZpAllocStats zp_alloc_replay_stats(const ZpAllocReplay *a)
 #define STATE_HANDLE(c) ((uint64_t)1 << 40 | (uint64_t)(c))
 #define REGION_CKPT ((uint64_t)1 << 41)
 #define REGION_GRAD ((uint64_t)1 << 41 | 1)
+/* A state's copy taken again by op i after its category's state was freed (buffer -1). */
+#define RETAKEN_HANDLE(i) ((uint64_t)1 << 42 | (uint64_t)(i))
 
 /* The most bytes of a category live at once, walking the ops in order. */
 static double most_live(const ZpSchedule *s, ZpMemCategory category)
@@ -268,9 +270,12 @@ static ZpAllocStats replay_once(const ZpSchedule *s, double capacity_bytes)
                               op->bytes == rule.gpu_bytes;
         const gboolean grad = grad_region > 0 && op->sub == ZP_MEM_BUCKETS;
         const gpointer key = GINT_TO_POINTER(op->buffer + 1);
+        const uint64_t id = op->buffer >= 0             ? (uint64_t)op->buffer
+                            : op->kind == ZP_OP_FREE ? STATE_HANDLE(op->sub)
+                                                     : RETAKEN_HANDLE(i);
         if (op->kind == ZP_OP_FREE) {
             if (!g_hash_table_remove(in_region, key))
-                zp_alloc_replay_release(a, (uint64_t)op->buffer);
+                zp_alloc_replay_release(a, id);
             continue;
         }
         if (ckpt || grad) {
@@ -283,7 +288,7 @@ static ZpAllocStats replay_once(const ZpSchedule *s, double capacity_bytes)
             continue;
         }
         if (op->bytes > 0)
-            ok = zp_alloc_replay_malloc(a, (uint64_t)op->buffer, op->bytes);
+            ok = zp_alloc_replay_malloc(a, id, op->bytes);
     }
     g_hash_table_destroy(in_region);
     const ZpAllocStats stats = zp_alloc_replay_stats(a);

@@ -47,6 +47,7 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
 static void add(ZpKernels *out, ZpKernel k)
 {
     g_assert(out->n < ZP_COST_MAX_KERNELS);
+    k.module = out->module;
     out->k[out->n++] = k;
 }
 
@@ -110,25 +111,31 @@ static void rope(ZpKernels *out, const Dims *d)
 static void block_fwd(ZpKernels *out, const Dims *d)
 {
     const double th = d->t * d->h;
+    out->module = ZP_MOD_LN1;
     ew(out, ZP_EW_CONVERT, 6 * th, 0);
     if (d->save)
         ew(out, ZP_EW_CONVERT, 4 * th, 0);
     ew(out, ZP_EW_NORM_FWD, 8 * th, 2 * th);
     keep(out, d, th);
+    out->module = ZP_MOD_QKV;
     linear_fwd(out, d, d->q, d->h, d->bias_qkv);
     rope(out, d);
     keep(out, d, d->t * d->q);
     attention(out, d, 0);
     keep(out, d, th / d->mp);
+    out->module = ZP_MOD_PROJ;
     linear_fwd(out, d, d->h, d->h / d->mp, d->bias_proj);
     ew(out, ZP_EW_ADD, 12 * th, 3 * th);
     keep(out, d, th);
+    out->module = ZP_MOD_LN2;
     ew(out, ZP_EW_NORM_FWD, 8 * th, 2 * th);
     keep(out, d, th);
+    out->module = ZP_MOD_FC1;
     linear_fwd(out, d, d->f1, d->h, d->bias_mlp);
     keep(out, d, d->t * d->f1);
     ew(out, ZP_EW_ACT_FWD, (d->swiglu ? 12 : 8) * d->t * d->f, (d->swiglu ? 3 : 2) * d->t * d->f);
     keep(out, d, d->t * d->f);
+    out->module = ZP_MOD_FC2;
     linear_fwd(out, d, d->h, d->f, d->bias_mlp);
     ew(out, ZP_EW_ADD, 12 * th, 3 * th);
     ew(out, ZP_EW_CONVERT, 6 * th, 0);
@@ -139,21 +146,27 @@ static void block_fwd(ZpKernels *out, const Dims *d)
 static void block_bwd(ZpKernels *out, const Dims *d)
 {
     const double th = d->t * d->h, tf = d->t * d->f;
+    out->module = ZP_MOD_FC2;
     ew(out, ZP_EW_CONVERT, 4 * d->block_elems, 0);
     linear_bwd(out, d, d->h, d->f, d->bias_mlp);
     ew(out, ZP_EW_CONVERT, 6 * d->t * d->f1, 0);
     ew(out, ZP_EW_ACT_BWD, (d->swiglu ? 20 : 12) * tf, (d->swiglu ? 5 : 3) * tf);
+    out->module = ZP_MOD_FC1;
     linear_bwd(out, d, d->f1, d->h, d->bias_mlp);
+    out->module = ZP_MOD_LN2;
     ew(out, ZP_EW_CONVERT, 6 * th, 0);
     ew(out, ZP_EW_CONVERT, 8 * th, 0);
     ew(out, ZP_EW_NORM_BWD, 16 * th, 4 * th);
+    out->module = ZP_MOD_PROJ;
     linear_bwd(out, d, d->h, d->h / d->mp, d->bias_proj);
     ew(out, ZP_EW_CONVERT, 6 * d->t * d->q, 0);
     if (d->fused)
         ew(out, ZP_EW_CONVERT, 6 * th / d->mp, 0);
     attention(out, d, 1);
     rope(out, d);
+    out->module = ZP_MOD_QKV;
     linear_bwd(out, d, d->q, d->h, d->bias_qkv);
+    out->module = ZP_MOD_LN1;
     ew(out, ZP_EW_CONVERT, 6 * th, 0);
     ew(out, ZP_EW_CONVERT, 8 * th, 0);
     ew(out, ZP_EW_NORM_BWD, 16 * th, 4 * th);
@@ -198,6 +211,7 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
 {
     Dims d = dims(model, plan);
     out->n = 0;
+    out->module = 0;
     switch (kind) {
     case ZP_COMP_EMBED_FWD:
         embed(out, &d, FALSE);
@@ -274,6 +288,35 @@ double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan
 gboolean zp_cost_backend_workspace(const ZpHw *hw)
 {
     return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
+}
+
+/* Fractions of a total per module; an empty total is all in the first module. */
+static void normalise(double share[ZP_MOD_N])
+{
+    double total = 0;
+    for (int m = 0; m < ZP_MOD_N; m++)
+        total += share[m];
+    for (int m = 0; m < ZP_MOD_N; m++)
+        share[m] = total > 0 ? share[m] / total : m == 0;
+}
+
+void zp_cost_module_shares(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                           const ZpCost *c, ZpModuleShares *out)
+{
+    ZpKernels ks;
+    zp_cost_kernels(model, plan, kind, &ks);
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < ks.n; i++) {
+        const ZpKernel *k = &ks.k[i];
+        out->flops[k->module] += k->kind == ZP_KERNEL_EW ? 0 : k->flops;
+        out->attn_flops[k->module] += k->kind == ZP_KERNEL_ATTENTION ? k->flops : 0;
+        out->accesses[k->module] += k->accesses;
+        out->time[k->module] += c && c->table ? zp_cost_kernel_s(c, k) : 0;
+    }
+    normalise(out->flops);
+    normalise(out->attn_flops);
+    normalise(out->accesses);
+    normalise(out->time);
 }
 
 double zp_cost_accesses(const ZpKernels *kernels)
@@ -388,6 +431,9 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         c->whole[k] = t != NULL;
         if (t)
             c->kind_s[k] = t->time_s;
+        ZpModuleShares shares;
+        zp_cost_module_shares(model, plan, (ZpComputeKind)k, c, &shares);
+        memcpy(c->module_share[k], shares.time, sizeof shares.time);
         GString *list = t ? whole : summed;
         g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
     }
@@ -400,8 +446,8 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     return TRUE;
 }
 
-double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double gemm_flops,
-                    double attn_flops, double mem_bytes)
+double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
+                    double gemm_flops, double attn_flops, double mem_bytes)
 {
     const gboolean optimizer = kind == ZP_COMP_OPTIMIZER;
     /* ZeRO++'s (de)quantisation kernels and a coalesced gather's copies move bytes that
@@ -410,7 +456,7 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double ge
     if (!c->table || kind == ZP_COMP_QUANTIZE || kind == ZP_COMP_UNPACK)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
-    return c->kind_s[kind] +
+    return c->kind_s[kind] * (module >= 0 ? c->module_share[kind][module] : 1.0) +
            (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
 }
 

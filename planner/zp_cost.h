@@ -27,11 +27,17 @@ typedef struct {
      * the eager softmax; 0 for conversions and copies (zreal's fp32 bookkeeping, which a
      * 16-bit framework does not do) and for what a GEMM epilogue does (bias adds). */
     double accesses;
+    /* A block op's kernel: the module (ZpBlockModule) whose compute it is, with the
+     * parameter-free work that follows that module in forward (the attention core after qkv,
+     * the activation after fc1, the residual adds after proj and fc2) and so precedes it in
+     * backward, up to the next module's hook; 0 for other ops. */
+    int module;
 } ZpKernel;
 
 #define ZP_COST_MAX_KERNELS 64
 typedef struct {
     int n;
+    int module; /* the module the kernels being added belong to */
     ZpKernel k[ZP_COST_MAX_KERNELS];
 } ZpKernels;
 
@@ -42,6 +48,17 @@ typedef struct {
  * does); widths split by the tensor degree mp as Megatron splits them. */
 void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
                      ZpKernels *out);
+
+/* A block op's (forward, recompute, backward) work per module (ZpKernel module), as
+ * fractions of the op's that sum to 1: its FLOPs, those of the fused attention kernel, its
+ * memory-bound accesses, and its time from the op table's kernel rates (c, NULL: none). */
+typedef struct {
+    double flops[ZP_MOD_N], attn_flops[ZP_MOD_N], accesses[ZP_MOD_N], time[ZP_MOD_N];
+} ZpModuleShares;
+
+struct ZpCost;
+void zp_cost_module_shares(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                           const struct ZpCost *c, ZpModuleShares *out);
 
 /* Elements read plus written by an op's memory-bound kernels in the schedule's accounting
  * (the sum of their `accesses`): the schedule's mem_bytes of a block backward are this times
@@ -55,7 +72,7 @@ void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind ki
                       char out[ZP_OPTABLE_SHAPE_LEN]);
 
 /* How a profile costs a plan's compute ops. */
-typedef struct {
+typedef struct ZpCost {
     const ZpHw *hw;
     gboolean table;             /* the profile's op table, op by op */
     char why[512];              /* which model was used (per op: whole-op times or kernel
@@ -66,6 +83,8 @@ typedef struct {
     double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
     double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
     double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
+    /* table: a block op's share of its time per module (ZpModuleShares time) */
+    double module_share[ZP_COMP_N][ZP_MOD_N];
 } ZpCost;
 
 /* Chooses the table when hw has one (and for each op of the model and plan its whole-op time,
@@ -79,11 +98,12 @@ typedef struct {
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error);
 
-/* Seconds of one compute op of `kind` with the schedule's cost fields. Table: the kind's
- * whole-op time, else its kernels (the optimizer: launch + mem_bytes at the optimizer rate);
- * roofline: zp_hw_compute_time_s. */
-double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, double flops, double gemm_flops,
-                    double attn_flops, double mem_bytes);
+/* Seconds of one compute op of `kind` with the schedule's cost fields, of one block module
+ * (ZpBlockModule; -1: the whole op). Table: the kind's whole-op time, else its kernels (the
+ * optimizer: launch + mem_bytes at the optimizer rate), times the module's share; roofline:
+ * zp_hw_compute_time_s (the fields are the module's already). */
+double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
+                    double gemm_flops, double attn_flops, double mem_bytes);
 
 /* Seconds of one kernel from the op table (launch included); c must use the table. */
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);

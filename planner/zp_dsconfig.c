@@ -100,8 +100,9 @@ static const KeySpec zero_keys[] = {
     IGNORED("mics_shard_size"), IGNORED("mics_hierarchical_params_gather"),
     IGNORED("memory_efficient_linear"),
     IGNORED("stage3_module_granularity_threshold"), IGNORED("module_granularity_threshold"),
-    IGNORED("stage3_use_all_reduce_for_fetch_params"),
-    IGNORED("use_all_reduce_for_fetch_params"), IGNORED("pipeline_loading_checkpoint"),
+    FLAG("stage3_use_all_reduce_for_fetch_params", stage3_use_all_reduce_for_fetch_params),
+    FLAG_ALIAS("use_all_reduce_for_fetch_params", stage3_use_all_reduce_for_fetch_params),
+    IGNORED("pipeline_loading_checkpoint"),
     IGNORED("override_module_apply"), IGNORED("log_trace_cache_warnings"),
 };
 

@@ -29,6 +29,12 @@ static gboolean same_module(const char *a, const char *b)
     return la == lb && strncmp(a, b, la) == 0;
 }
 
+gboolean zp_impl_module_compute(const ZpSchedule *s)
+{
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->module_compute &&
+           !s->plan.block_compute;
+}
+
 GArray *zp_impl_tensors(const ZpSchedule *s)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
@@ -145,7 +151,7 @@ void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges)
     for (int u = 0; u < s->n_units; u++)
         if ((double)s->unit_elems[u] <= s->plan.zero.stage3_param_persistence_threshold) {
             ZpFetch f = {u, s->unit_offset[u], zp_sched_unit_padded(s, u), -1, -1, -1, FALSE,
-                         s->unit_elems[u]};
+                         s->unit_elems[u], 0, 0, 0};
             g_array_append_val(ranges, f);
         }
 }

@@ -23,6 +23,16 @@ static inline int zp_pos_bwd(int L, int l) { return L + 3 + 2 * (L - l); }
 static inline int zp_pos_embed_bwd(int L) { return 3 * L + 2; }
 static inline int zp_pos_count(int L) { return 3 * L + 3; }
 
+/* A position's compute ops, its steps: one, or under module compute (zp_impl_module_compute)
+ * a block position's one per module, in the order the hooks run them: forward and recompute
+ * ln1 .. fc2 (step k computes module k), backward fc2 .. ln1 (step k: module
+ * ZP_MOD_N - 1 - k). A fetch names the step it is issued, used and freed at. */
+#define ZP_POS_STEPS ZP_MOD_N
+static inline int zp_step_module(gboolean backward, int step)
+{
+    return backward ? ZP_MOD_N - 1 - step : step;
+}
+
 /* One gradient reduction: the flat range [lo, hi) (unpadded) in bytes `bytes` on the wire. It
  * launches after unit launch_unit's backward; top_unit produces its first gradients (where a
  * landing buffer is allocated at stages 2-3). `bypass`: reduced from the gradient itself, no
@@ -45,6 +55,7 @@ typedef struct {
     int trigger_pos, use_pos, free_pos;
     gboolean joins_previous;
     uint64_t numel;
+    int trigger_step, use_step, free_step; /* the steps of those positions (0: the first) */
 } ZpFetch;
 
 /* A buffer the step allocates around the optimizer: `bytes` of category `cat`, freed once the
@@ -83,6 +94,11 @@ typedef struct ZpImpl {
     /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and
      * elems), refreshed by an all-gather after the step. */
     void (*persistent)(const ZpSchedule *s, GArray *ranges);
+    /* Stage 3: whether the persistent ranges' full copies are freed when the step begins and
+     * each taken again, a buffer of its padded size, by its all-gather after the optimizer
+     * (the schedule's alloc and free of buffer -1: the state's copies); FALSE: refreshed in
+     * place. */
+    gboolean persistent_freed_for_step;
     /* Whether those are whole units at or below the persistence threshold (the rule
      * zp_sched_unit_persistent answers in O(1)); FALSE when decided otherwise or never. */
     gboolean unit_persistence;
@@ -102,6 +118,10 @@ typedef struct ZpImpl {
      * separate fp32 host buffer (DeepSpeed's stage3.py partition_grads); FALSE: the host
      * holds fp32 gradients only. */
     gboolean host_grad_accum;
+    /* Stage 3: a block's compute is one op per module, each after its own parameters'
+     * gathers and followed by their release (the positions' steps above); FALSE: one op per
+     * block. */
+    gboolean module_compute;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
@@ -109,6 +129,10 @@ extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
 const ZpImpl *zp_impl_get(ZpImplKind kind);
 
 /* ---- rules the implementations share ------------------------------------------------- */
+
+/* Whether the schedule computes blocks module by module: stage 3 of an implementation with
+ * module_compute, unless the plan asks for whole blocks (ZpPlan block_compute). */
+gboolean zp_impl_module_compute(const ZpSchedule *s);
 
 /* A tensor as a rank holds it: its unit, flat offset and elements (its tensor-parallel share,
  * clipped to the unit's range), and the module it belongs to (tensors of one unit whose

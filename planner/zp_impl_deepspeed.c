@@ -62,7 +62,7 @@ static gboolean ds_concat_copy(const ZpPlan *plan)
 /* ---- stage 3: the partitioned-parameter coordinator, replayed on the module trace -------- */
 
 typedef struct {
-    int module, pos;
+    int module, pos, step; /* step: the compute op of pos that uses it (zp_impl.h) */
 } Use;
 
 typedef struct {
@@ -74,13 +74,15 @@ typedef struct {
     GArray *uses;         /* Use, in trace order */
 } Trace;
 
-static void add_use(Trace *t, int module, int pos)
+static void add_use(Trace *t, int module, int pos, int step)
 {
-    Use u = {module, pos};
+    Use u = {module, pos, step};
     g_array_append_val(t->uses, u);
 }
 
-/* Modules of unit u, forward or reverse. */
+/* Modules of unit u, forward or reverse; under module compute a block's i-th module used is
+ * its position's step i (parameter_offload.py's pre-forward and pre-backward hooks fetch each
+ * module right before its own compute). */
 static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
 {
     const int n_modules =
@@ -94,8 +96,10 @@ static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
             last = m;
         }
     }
+    const gboolean split = unit >= 1 && unit <= t->s->model.layers &&
+                           zp_impl_module_compute(t->s);
     for (int i = 0; first >= 0 && i <= last - first; i++)
-        add_use(t, reverse ? last - i : first + i, pos);
+        add_use(t, reverse ? last - i : first + i, pos, split ? i : 0);
 }
 
 static int module_of_first_tensor(const Trace *t, int unit)
@@ -121,7 +125,7 @@ static void build_trace(Trace *t)
     add_unit(t, L + 1, zp_pos_head(L), FALSE);
     const int wte = module_of_first_tensor(t, 0);
     if (s->model.tied_embeddings)
-        add_use(t, wte, zp_pos_head(L)), add_use(t, wte, zp_pos_head(L));
+        add_use(t, wte, zp_pos_head(L), 0), add_use(t, wte, zp_pos_head(L), 0);
     add_unit(t, L + 1, zp_pos_head(L), TRUE);
     for (int l = L; l >= 1; l--) {
         if (s->plan.checkpoint)
@@ -140,12 +144,13 @@ typedef struct {
 /* Adds tensor x to the coalesced call being listed (`*opened`: a call already has members),
  * or with stage3_allgather_sequential to a call of its own (partition_parameters.py
  * all_gather_coalesced: allgather_sequential -> _all_gather_sequential). */
-static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, int trigger_pos,
-                  int use_pos, double *n_avail, gboolean *opened)
+static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, const Use *trigger,
+                  const Use *use, double *n_avail, gboolean *opened)
 {
     const ZpImplTensor *ten = &g_array_index(t->tensors, ZpImplTensor, x);
     ZpFetch f = {ten->unit, ten->offset, zp_mem_padded_elems(ten->elems, (uint64_t)t->s->plan.dp),
-                 trigger_pos, use_pos, use_pos, *opened, ten->elems};
+                 trigger->pos, use->pos, use->pos, *opened, ten->elems,
+                 trigger->step, use->step, use->step};
     *opened = !t->s->plan.zero.stage3_allgather_sequential;
     g_array_append_val(fetches, f);
     st[x].avail = TRUE;
@@ -153,11 +158,20 @@ static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, int
     *n_avail += (double)ten->elems;
 }
 
+/* Fetch k's parameters are released after use u's compute (release_sub_module). */
+static void free_at(GArray *fetches, int k, const Use *u)
+{
+    ZpFetch *f = &g_array_index(fetches, ZpFetch, k);
+    f->free_pos = u->pos;
+    f->free_step = u->step;
+}
+
 /* Whether a parameter of use i is kept: a later use already prefetched for it, or
  * partitioned_param_coordinator.py __params_to_release: a module within
  * stage3_max_reuse_distance elements of the modules after it uses it again (the walk stops
  * once the elements passed reach the distance). A use in the same position is kept too: the
- * schedule computes a position as one op. */
+ * schedule computes a position other than a block's as one op (the head's, which uses the
+ * tied embedding twice). */
 static gboolean kept(const Trace *t, const TensorState *st, guint x, guint i)
 {
     const Use *u = (const Use *)t->uses->data;
@@ -245,9 +259,9 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
         gboolean opened = FALSE;
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             if (!st[x].avail)
-                fetch(&t, fetches, st, x, u[i].pos, u[i].pos, &n_avail, &opened);
+                fetch(&t, fetches, st, x, &u[i], &u[i], &n_avail, &opened);
             else if (st[x].fetch >= 0) /* kept or prefetched: live until this use at least */
-                g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
+                free_at(fetches, st[x].fetch, &u[i]);
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             st[x].fetched_for = MAX(st[x].fetched_for, (int)i);
         /* the current module's parameters leave the queue (those not prefetched yet) */
@@ -264,14 +278,14 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
             const guint x = t.module_start[u[head_use].module] + (head - use_start[head_use]);
             st[x].fetched_for = MAX(st[x].fetched_for, (int)head_use);
             if (!st[x].avail) {
-                fetch(&t, fetches, st, x, u[i].pos, u[head_use].pos, &n_avail, &opened);
+                fetch(&t, fetches, st, x, &u[i], &u[head_use], &n_avail, &opened);
                 prefetching += (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
             }
             head++;
         }
         for (guint x = t.module_start[m]; x < t.module_start[m + 1]; x++)
             if (!t.persist[x] && st[x].avail && !kept(&t, st, x, i)) {
-                g_array_index(fetches, ZpFetch, st[x].fetch).free_pos = u[i].pos;
+                free_at(fetches, st[x].fetch, &u[i]);
                 st[x].avail = FALSE;
                 st[x].fetch = -1;
                 n_avail -= (double)g_array_index(t.tensors, ZpImplTensor, x).elems;
@@ -295,7 +309,7 @@ static void ds_persistent(const ZpSchedule *s, GArray *ranges)
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
         if ((double)t->elems <= s->plan.zero.stage3_param_persistence_threshold) {
             ZpFetch f = {t->unit, t->offset, zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp),
-                         -1, -1, -1, FALSE, t->elems};
+                         -1, -1, -1, FALSE, t->elems, 0, 0, 0};
             g_array_append_val(ranges, f);
         }
     }
@@ -435,6 +449,14 @@ const ZpImpl zp_impl_deepspeed = {
     .tied_grad_waits = TRUE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
+    /* stage3.py step -> _partition_all_parameters -> partitioned_param_coordinator.py
+     * release_and_reset_all partitions every parameter, the persistent ones too (free_param:
+     * their full data freed); _post_step -> persistent_parameters[0].all_gather ->
+     * partition_parameters.py _all_gather (async_op False) -> _allgather_params_coalesced
+     * (or _allgather_params_sequential) allocates one buffer of ds_numel padded to the group
+     * per parameter, all_gather_into_tensor into it, and param.data is a view of it: nothing
+     * else is allocated, and use_all_reduce_for_fetch_params and qwZ do not apply there. */
+    .persistent_freed_for_step = TRUE,
     .unit_persistence = FALSE, /* per parameter */
     .grad_state_elems = ds_grad_state_elems,
     .step_buffers = ds_step_buffers,
@@ -446,4 +468,8 @@ const ZpImpl zp_impl_deepspeed = {
      * otherwise (engine.py get_data_types); initialize_optimizer_states: the fp32
      * fp32_partitioned_groups_flat[i].grad beside it. */
     .host_grad_accum = TRUE,
+    /* parameter_offload.py _pre_forward_module_hook / _pre_backward_module_hook call
+     * partitioned_param_coordinator.py fetch_sub_module for each module right before its own
+     * compute, and the post hooks release_sub_module right after it. */
+    .module_compute = TRUE,
 };

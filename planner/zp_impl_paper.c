@@ -39,7 +39,7 @@ static void add_fetch(const ZpSchedule *s, GArray *fetches, int unit, int use_po
     if (zp_sched_unit_persistent(s, unit))
         return;
     ZpFetch f = {unit, s->unit_offset[unit], zp_sched_unit_padded(s, unit), use_pos, use_pos,
-                 free_pos, FALSE, s->unit_elems[unit]};
+                 free_pos, FALSE, s->unit_elems[unit], 0, 0, 0};
     g_array_append_val(fetches, f);
 }
 

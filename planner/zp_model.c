@@ -26,6 +26,21 @@ const char *zp_model_norm_name(ZpNorm norm)
     return norm_names[norm];
 }
 
+static const char *const module_names[ZP_MOD_N] = {"ln1", "qkv", "proj", "ln2", "fc1", "fc2"};
+
+const char *zp_model_module_name(ZpBlockModule module)
+{
+    return module_names[module];
+}
+
+int zp_model_module_parse(const char *name)
+{
+    for (int m = 0; m < ZP_MOD_N; m++)
+        if (strcmp(name, module_names[m]) == 0)
+            return m;
+    return -1;
+}
+
 /* An optional string key that must be one of `names`; *out keeps its value when absent. */
 static gboolean get_choice(json_t *obj, const char *what, const char *key,
                            const char *const *names, int *out, GError **error)

@@ -72,6 +72,18 @@ typedef struct {
     double params_only;         /* > 0: built from --params, no architecture known */
 } ZpModel;
 
+/* A block's modules (the nn.Modules holding its parameters: DeepSpeed's stage 3 fetches,
+ * computes and releases one at a time), in layout order; a tensor belongs to the module its
+ * name starts with ("qkv.weight", "qkv.bias": qkv). The fused qkv and the gated MLP's gate and
+ * up (fc1) are one module each, as the layout fuses them. */
+typedef enum {
+    ZP_MOD_LN1, ZP_MOD_QKV, ZP_MOD_PROJ, ZP_MOD_LN2, ZP_MOD_FC1, ZP_MOD_FC2, ZP_MOD_N
+} ZpBlockModule;
+
+/* "ln1", "qkv", "proj", "ln2", "fc1", "fc2", and back (-1 for an unknown name). */
+const char *zp_model_module_name(ZpBlockModule module);
+int zp_model_module_parse(const char *name);
+
 typedef struct {
     const char *name; /* "wte", "qkv.weight", ... (static strings) */
     int unit;         /* 0 embeddings, 1..L blocks, L+1 final */

@@ -254,6 +254,8 @@ static const struct {
     {"use_multi_rank_bucket_allreduce",
      G_STRUCT_OFFSET(ZpZeroConfig, use_multi_rank_bucket_allreduce)},
     {"stage3_allgather_sequential", G_STRUCT_OFFSET(ZpZeroConfig, stage3_allgather_sequential)},
+    {"stage3_use_all_reduce_for_fetch_params",
+     G_STRUCT_OFFSET(ZpZeroConfig, stage3_use_all_reduce_for_fetch_params)},
 };
 /* activation_checkpointing's booleans, as DeepSpeed names them. */
 static const struct {
@@ -377,6 +379,7 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "sub_group_size", "overlap_comm", "contiguous_gradients",
                                        "reduce_scatter", "use_multi_rank_bucket_allreduce",
                                        "stage3_allgather_sequential",
+                                       "stage3_use_all_reduce_for_fetch_params",
                                        "zero_quantized_weights", "zero_quantized_gradients",
                                        "zero_hpz_partition_size", "offload_optimizer",
                                        "offload_param", NULL};

@@ -81,6 +81,9 @@ typedef struct {
     /* stage 3, DeepSpeed: every parameter all-gathered on its own rather than one coalesced
      * all-gather per fetch (stage3_allgather_sequential, default false) */
     gboolean stage3_allgather_sequential;
+    /* stage 3, DeepSpeed: a coalesced fetch all-reduces a zeroed flat buffer holding this
+     * rank's slices instead of all-gathering (stage3_use_all_reduce_for_fetch_params) */
+    gboolean stage3_use_all_reduce_for_fetch_params;
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
 } ZpZeroConfig;
@@ -127,6 +130,11 @@ typedef struct {
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
      * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
     gboolean backend_workspace;
+    /* Compute every block as one op where the implementation computes it module by module
+     * (DeepSpeed's stage 3: ZpImpl module_compute): the coarser schedule the module ops are
+     * checked against (their costs sum to its block ops', their gathered peak is no higher
+     * in the tests' plans). Not in the plan's JSON. */
+    gboolean block_compute;
 } ZpPlan;
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */

@@ -43,12 +43,13 @@ typedef struct {
     guint call, n;         /* its call's first gather; that one: the call's gathers */
     uint64_t call_elems;   /* the call's elements (each gather padded to its group) */
     int flat;              /* the call's flat buffer until its last gather's use (n > 1) */
-    int last_use;          /* the call's last gather's use_pos */
+    int last_use;          /* the call's last gather's use (its step key: step_key) */
     int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
     gboolean unpacked;
 } Gather;
 
-/* Items listed by the compute position they belong to: items[start[p] .. start[p+1]). */
+/* Items listed by the compute step they belong to: items[start[k] .. start[k+1]), k the
+ * step's key (step_key). */
 typedef struct {
     guint *start, *items;
 } PosIndex;
@@ -72,7 +73,8 @@ typedef struct {
     uint32_t ipg_alloc[2], ipg_last[2]; /* their alloc ops and last collectives */
     guint n_launched_held;  /* buckets of this backward that used a held buffer */
     GArray *gathers;        /* Gather */
-    PosIndex by_trigger, by_use, by_free; /* gathers by position, in list order */
+    PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
+    int step;               /* the step of the position being built (zp_impl.h) */
     /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
      * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
      * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
@@ -302,6 +304,21 @@ static Cost optimizer_cost(const Builder *b, double elems)
 }
 
 /* ---- layout and model states --------------------------------------------------------- */
+
+gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group)
+{
+    return plan->impl == ZP_IMPL_DEEPSPEED && plan->zero.stage == 3 &&
+           plan->zero.stage3_use_all_reduce_for_fetch_params && n > 1 &&
+           !plan->zero.zero_quantized_weights && group == ZP_GROUP_DP;
+}
+
+gboolean zp_sched_coll_fetches(const ZpSchedule *s, const ZpOp *op)
+{
+    return op->kind == ZP_OP_COLLECTIVE &&
+           (op->sub == ZP_COLL_ALLGATHER ||
+            (op->sub == ZP_COLL_ALLREDUCE && op->group == ZP_GROUP_DP &&
+             s->plan.zero.stage == 3));
+}
 
 /* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
 gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
@@ -661,6 +678,21 @@ static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
 
+/* A step of a position as one index: pos * ZP_POS_STEPS + step. */
+static int step_key(int pos, int step)
+{
+    return pos * ZP_POS_STEPS + step;
+}
+
+/* What a step's gather buffers are allocated after: the previous position's last compute op
+ * for a position's first step, the previous step's op for a later one. */
+static uint32_t step_after(const Builder *b, int key)
+{
+    const int pos = key / ZP_POS_STEPS;
+    return key % ZP_POS_STEPS > 0 || pos == 0 ? b->last_compute
+                                               : g_array_index(b->pos_last_op, uint32_t, pos - 1);
+}
+
 static ZpGroup gather_group(const Builder *b, const Gather *g);
 
 /* The gathers in the implementation's calls. With hpZ a call's parameters that hold a
@@ -678,33 +710,43 @@ static void plan_gathers(Builder *b)
             const ZpGroup want = pass == 0 ? ZP_GROUP_HPZ : ZP_GROUP_DP;
             guint first = b->gathers->len;
             for (guint k = i; k < j; k++) {
-                Gather g = {f[k], -1, 0, NONE, first, 0, 0, -1, f[k].use_pos, -1, FALSE};
+                Gather g = {f[k], -1, 0, NONE, first, 0, 0, -1,
+                            step_key(f[k].use_pos, f[k].use_step), -1, FALSE};
                 if (gather_group(b, &g) != want)
                     continue;
                 g_array_append_val(b->gathers, g);
                 Gather *c = &g_array_index(b->gathers, Gather, first);
                 c->n++;
                 c->call_elems += f[k].elems;
-                c->last_use = MAX(c->last_use, f[k].use_pos);
+                c->last_use = MAX(c->last_use, step_key(f[k].use_pos, f[k].use_step));
             }
         }
     }
     g_array_unref(fetches);
 }
 
-/* Lists the gathers by the position an int field of their fetch names (a counting sort, so
- * each position keeps list order). */
-static PosIndex index_gathers(const Builder *b, size_t field, int n_pos)
+/* The step key of a fetch's position and step fields (offsets into ZpFetch). */
+static int fetch_key(const Gather *g, size_t pos_field, size_t step_field)
+{
+    return step_key(G_STRUCT_MEMBER(int, &g->fetch, pos_field),
+                    G_STRUCT_MEMBER(int, &g->fetch, step_field));
+}
+
+/* Lists the gathers by the step their fetch's fields name (a counting sort, so each step
+ * keeps list order). */
+static PosIndex index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos)
 {
     const GArray *gathers = b->gathers;
-    PosIndex ix = {g_new0(guint, (gsize)n_pos + 1), g_new(guint, MAX(gathers->len, 1))};
+    const int n_keys = n_pos * ZP_POS_STEPS;
+    PosIndex ix = {g_new0(guint, (gsize)n_keys + 1), g_new(guint, MAX(gathers->len, 1))};
     for (guint k = 0; k < gathers->len; k++)
-        ix.start[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k).fetch, field) + 1]++;
-    for (int p = 0; p < n_pos; p++)
+        ix.start[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field) + 1]++;
+    for (int p = 0; p < n_keys; p++)
         ix.start[p + 1] += ix.start[p];
-    guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_pos);
+    guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_keys);
     for (guint k = 0; k < gathers->len; k++)
-        ix.items[next[G_STRUCT_MEMBER(int, &g_array_index(gathers, Gather, k).fetch, field)]++] = k;
+        ix.items[next[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field)]++] =
+            k;
     g_free(next);
     return ix;
 }
@@ -730,28 +772,50 @@ static ZpGroup gather_group(const Builder *b, const Gather *g)
                : ZP_GROUP_DP;
 }
 
+/* stage3_use_all_reduce_for_fetch_params: a call's parameters are views of its zeroed flat
+ * buffer (partition_parameters.py _all_gather_coalesced: param.data = flat_tensor.narrow),
+ * so the buffer is freed with the last of them to be released; the call's gather that is
+ * freed last (by position, then module step: by_free's key) holds it, the others nothing. */
+static void own_by_last_free(Gather *c, int buffer, double bytes)
+{
+    guint last = 0;
+    for (guint k = 0; k < c->n; k++) {
+        c[k].buffer = -1, c[k].bytes = 0;
+        const ZpFetch *f = &c[k].fetch, *l = &c[last].fetch;
+        if (f->free_pos > l->free_pos ||
+            (f->free_pos == l->free_pos && f->free_step >= l->free_step))
+            last = k; /* freed later: a later position, or a later module step in it */
+    }
+    c[last].buffer = buffer, c[last].bytes = bytes;
+}
+
 /* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
  * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
  * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
  * partitions concatenated, partition_sz * world_size elements), the parameters copied out
- * when the call is first waited for (unpack_call). */
-static void issue_call(Builder *b, Gather *c, int pos, int micro)
+ * when the call is first waited for (unpack_call). With stage3_use_all_reduce_for_fetch_params
+ * (zp_sched_fetch_allreduce) a call of more is an all-reduce of a zeroed buffer of the same
+ * size, parameter by parameter, each rank's slices at their places: nothing to unpack. */
+static void issue_call(Builder *b, Gather *c, int key, int micro)
 {
     const ZpSchedule *s = b->s;
     const double bytes = (double)c->call_elems * b->state.param_bytes;
     const ZpGroup group = gather_group(b, c);
     const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-    const double wire = zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
-                                               b->state.param_bytes);
-    uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
-                             : b->last_compute;
+    const gboolean reduced = zp_sched_fetch_allreduce(&s->plan, c->n, group);
+    const double wire = reduced ? bytes
+                                : zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
+                                                         b->state.param_bytes);
+    uint32_t after = step_after(b, key);
     int buffer;
     uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, c->fetch.unit, micro,
                                 &buffer, &after, 1);
-    c->unpacked = c->n == 1;
-    c->flat = c->n == 1 ? -1 : buffer;
+    c->unpacked = c->n == 1 || reduced;
+    c->flat = c->unpacked ? -1 : buffer;
     if (c->n == 1)
         c->buffer = buffer, c->bytes = bytes;
+    if (reduced) /* the parameters are views of the buffer: freed with the last of them */
+        own_by_last_free(c, buffer, bytes);
     /* Parameter offload: the partition comes up from the host (and NVMe) first. */
     double nvme_bytes, h2d_bytes;
     zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, (double)s->partition_elems,
@@ -766,32 +830,33 @@ static void issue_call(Builder *b, Gather *c, int pos, int micro)
         alloc = emit_quantize(b, ZP_STREAM_DP, c->fetch.unit, micro,
                               zp_zeropp_quantize_mem_bytes(part), &qalloc, 1);
     }
-    const uint32_t coll = emit_collective(b, ZP_COLL_ALLGATHER, group, c->fetch.unit, micro,
-                                          buffer, c->fetch.offset, c->call_elems, wire, &alloc, 1);
+    const uint32_t coll = emit_collective(b, reduced ? ZP_COLL_ALLREDUCE : ZP_COLL_ALLGATHER,
+                                          group, c->fetch.unit, micro, buffer, c->fetch.offset,
+                                          c->call_elems, wire, &alloc, 1);
     for (guint k = 0; k < c->n; k++)
         c[k].coll_op = coll;
 }
 
-/* The calls triggered at `pos`: those the compute at `pos` needs (`now`), or its prefetches.
+/* The calls triggered at step `key`: those its compute needs (`now`), or its prefetches.
  * fetch_sub_module (partitioned_param_coordinator.py) gathers the module's own parameters,
  * waits for them on the gather stream, and only then issues the prefetch, so a prefetch
  * queues behind the wait's copies, never the wait behind the prefetch. */
-static void issue_gathers(Builder *b, int pos, int micro, gboolean now)
+static void issue_gathers(Builder *b, int key, int micro, gboolean now)
 {
-    for (guint i = b->by_trigger.start[pos]; i < b->by_trigger.start[pos + 1]; i++) {
+    for (guint i = b->by_trigger.start[key]; i < b->by_trigger.start[key + 1]; i++) {
         Gather *g = gather_at(b, &b->by_trigger, i);
-        if (g == &g_array_index(b->gathers, Gather, g->call) && (g->fetch.use_pos == pos) == now)
-            issue_call(b, g, pos, micro);
+        if (g == &g_array_index(b->gathers, Gather, g->call) &&
+            (step_key(g->fetch.use_pos, g->fetch.use_step) == key) == now)
+            issue_call(b, g, key, micro);
     }
 }
 
 /* A coalesced call waited for (AllGatherCoalescedHandle.wait): every parameter of the call
  * gets a buffer of its own elements (torch.cat of its slices out of the flat buffer, on the
  * gather stream), all at once, whichever of them is needed first. */
-static void unpack_call(Builder *b, Gather *c, int pos, int micro)
+static void unpack_call(Builder *b, Gather *c, int key, int micro)
 {
-    const uint32_t after = pos > 0 ? g_array_index(b->pos_last_op, uint32_t, pos - 1)
-                                   : b->last_compute;
+    const uint32_t after = step_after(b, key);
     uint32_t *deps = g_new(uint32_t, c->n + 1);
     double bytes = 0;
     deps[0] = c->coll_op;
@@ -810,15 +875,15 @@ static void unpack_call(Builder *b, Gather *c, int pos, int micro)
     g_free(deps);
 }
 
-/* The gathers the compute op at `pos` needs. With qwZ each call is dequantised first, on the
+/* The gathers the compute op of step `key` needs. With qwZ each call is dequantised first, on the
  * compute stream when it is waited for (AllGatherCoalescedHandle.wait); a coalesced call is
  * unpacked, and its flat buffer freed once its last parameter is waited for (the handle,
  * which holds the buffer, leaves the inflight registry with that parameter:
  * partitioned_param_coordinator.py fetch_sub_module). */
-static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
+static void gathers_used_at(Builder *b, int key, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
-    for (guint i = b->by_use.start[pos]; i < b->by_use.start[pos + 1]; i++) {
+    for (guint i = b->by_use.start[key]; i < b->by_use.start[key + 1]; i++) {
         Gather *g = gather_at(b, &b->by_use, i);
         Gather *c = &g_array_index(b->gathers, Gather, g->call);
         if (c->quant_buffer >= 0) {
@@ -836,8 +901,8 @@ static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
                 c[k].coll_op = op;
         }
         if (!c->unpacked)
-            unpack_call(b, c, pos, micro);
-        if (c->flat >= 0 && pos == c->last_use) {
+            unpack_call(b, c, key, micro);
+        if (c->flat >= 0 && key == c->last_use) {
             emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)c->call_elems * b->state.param_bytes,
                       c->fetch.unit, micro, c->flat, c->coll_op);
             c->flat = -1;
@@ -846,32 +911,42 @@ static void gathers_used_at(Builder *b, int pos, int micro, GArray *deps)
     }
 }
 
-static void free_gathers(Builder *b, int pos, int micro)
+static void free_gathers(Builder *b, int key, int micro)
 {
-    for (guint i = b->by_free.start[pos]; i < b->by_free.start[pos + 1]; i++) {
+    for (guint i = b->by_free.start[key]; i < b->by_free.start[key + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
-        emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
-                  b->last_compute);
+        if (g->buffer >= 0)
+            emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
+                      b->last_compute);
     }
 }
 
 /* ---- the step -------------------------------------------------------------------------- */
 
-static void position_begin(Builder *b, int pos, int micro, GArray *deps)
+/* A step's gathers, as fetch_sub_module issues them; deps gets what its compute waits for. */
+static void step_begin(Builder *b, int pos, int step, int micro, GArray *deps)
 {
     g_array_set_size(deps, 0);
+    b->step = step;
     if (b->s->plan.zero.stage == 3) {
-        issue_gathers(b, pos, micro, TRUE);
-        gathers_used_at(b, pos, micro, deps);
-        issue_gathers(b, pos, micro, FALSE);
+        const int key = step_key(pos, step);
+        issue_gathers(b, key, micro, TRUE);
+        gathers_used_at(b, key, micro, deps);
+        issue_gathers(b, key, micro, FALSE);
     }
 }
 
+static void position_begin(Builder *b, int pos, int micro, GArray *deps)
+{
+    step_begin(b, pos, 0, micro, deps);
+}
+
+/* After the position's last step: what that step releases (release_sub_module). */
 static void position_end(Builder *b, int pos, int micro)
 {
     g_array_index(b->pos_last_op, uint32_t, pos) = b->last_compute;
     if (b->s->plan.zero.stage == 3)
-        free_gathers(b, pos, micro);
+        free_gathers(b, step_key(pos, b->step), micro);
 }
 
 /* One tensor-parallel all-reduce of b*s*h activations or their gradients: on the critical
@@ -997,6 +1072,56 @@ static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
     }
 }
 
+/* A block op's cost split over its modules by their kernels' shares (zp_cost_module_shares):
+ * FLOPs, fused-attention FLOPs and memory-bound bytes, so that the modules' ops sum to the
+ * block's; each keeps the block's typical GEMM (the efficiency the block's time has), so that
+ * their times sum to its time too. */
+static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost parts[ZP_MOD_N])
+{
+    ZpModuleShares sh;
+    zp_cost_module_shares(&b->s->model, &b->s->plan, kind, NULL, &sh);
+    for (int m = 0; m < ZP_MOD_N; m++)
+        parts[m] = (Cost){whole.flops * sh.flops[m], whole.gemm_flops,
+                          whole.attn_flops * sh.attn_flops[m], whole.mem_bytes * sh.accesses[m]};
+}
+
+/* Whether module m ends with one of Megatron's tensor-parallel sums: the row-parallel proj and
+ * fc2 in forward, the column-parallel fc1 and qkv (their input gradients) in backward. */
+static gboolean module_sums(int m, gboolean backward)
+{
+    return backward ? m == ZP_MOD_FC1 || m == ZP_MOD_QKV : m == ZP_MOD_PROJ || m == ZP_MOD_FC2;
+}
+
+/* A block's forward, recompute or backward at position pos, its first step's gathers begun
+ * and its dependencies in deps: one op, or under module compute one per module (the
+ * positions' steps, zp_impl.h), each after its own gathers (fetch_sub_module) and releasing
+ * what the step before it used first (release_sub_module); the position's last step's release
+ * is position_end's. */
+static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int pos, Cost cost,
+                          GArray *deps)
+{
+    if (!zp_impl_module_compute(b->s)) {
+        emit_compute(b, kind, l, micro, cost, (uint32_t *)deps->data, deps->len);
+        tp_allreduces(b, l, micro);
+        return;
+    }
+    const gboolean backward = kind == ZP_COMP_BLOCK_BWD;
+    Cost parts[ZP_MOD_N];
+    module_costs(b, kind, cost, parts);
+    for (int k = 0; k < ZP_POS_STEPS; k++) {
+        const int m = zp_step_module(backward, k);
+        if (k > 0) {
+            free_gathers(b, step_key(pos, k - 1), micro);
+            step_begin(b, pos, k, micro, deps);
+        }
+        const uint32_t op = emit_compute(b, kind, l, micro, parts[m], (uint32_t *)deps->data,
+                                         deps->len);
+        g_array_index(b->s->ops, ZpOp, op).module = (uint8_t)(m + 1);
+        if (b->s->plan.mp > 1 && module_sums(m, backward))
+            tp_sum(b, l, micro);
+    }
+}
+
 /* The units [lo, hi) of one model chunk (all of them without a pipeline). */
 typedef struct {
     int lo, hi;
@@ -1025,8 +1150,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
                                         act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
-        emit_compute(b, ZP_COMP_BLOCK_FWD, l, micro, block, (uint32_t *)deps->data, deps->len);
-        tp_allreduces(b, l, micro);
+        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps);
         if (ckpt)
             checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
@@ -1131,17 +1255,14 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
                                         &b->last_compute, 1);
             g_array_append_val(deps, alloc);
-            emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, fwd, (uint32_t *)deps->data, deps->len);
-            tp_allreduces(b, l, micro);
+            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps);
         }
         position_end(b, zp_pos_rec(L, l), micro);
         const int pos = zp_pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
-        emit_compute(b, ZP_COMP_BLOCK_BWD, l, micro, bwd,
-                     (uint32_t *)deps->data, deps->len);
-        tp_allreduces(b, l, micro);
+        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps);
         if (ckpt)
             checkpoint_boundary(b);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
@@ -1273,6 +1394,16 @@ static void optimizer_step(Builder *b, GArray *launched)
 {
     const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
+    GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    if (stage == 3)
+        b->impl->persistent(s, kept);
+    const gboolean freed = b->impl->persistent_freed_for_step && kept->len > 0;
+    if (freed) { /* the step-long copies (buffer -1), freed when the step begins */
+        ZpOp op = {.kind = ZP_OP_FREE, .sub = ZP_MEM_GATHERED_PARAMS, .unit = -1, .micro = -1,
+                   .buffer = -1, .bytes = s->state_bytes[ZP_MEM_GATHERED_PARAMS]};
+        const uint32_t release = emit(b, op, (uint32_t *)launched->data, launched->len);
+        g_array_append_val(launched, release);
+    }
     const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
     const double cpu_share = zp_offload_cpu_share(&s->plan, elems);
     const Cost c = optimizer_cost(b, (1.0 - cpu_share) * elems);
@@ -1308,17 +1439,21 @@ static void optimizer_step(Builder *b, GArray *launched)
         opt = cpu_optimizer_step(b, elems, launched, opt);
     if (stage == 3) {
         /* Persistent parameters are never gathered before use, so their full copies (buffer
-         * -1: the step-long state) are refreshed from the updated partitions here. */
-        GArray *kept = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
-        b->impl->persistent(s, kept);
+         * -1: the step-long state) are refreshed from the updated partitions here, each into
+         * a buffer taken again just before its all-gather when they were freed. */
         for (guint i = 0; i < kept->len; i++) {
             const ZpFetch *f = &g_array_index(kept, ZpFetch, i);
+            const double bytes = (double)f->elems * b->state.param_bytes;
+            ZpOp op = {.kind = ZP_OP_ALLOC, .sub = ZP_MEM_GATHERED_PARAMS, .unit = f->unit,
+                       .micro = -1, .buffer = -1, .bytes = bytes};
+            const uint32_t taken = freed ? emit(b, op, &opt, 1) : opt;
             emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, f->unit, -1, -1, f->offset,
-                            f->elems, (double)f->elems * b->state.param_bytes, &opt, 1);
+                            f->elems, bytes, &taken, 1);
         }
         g_array_unref(kept);
         return;
     }
+    g_array_unref(kept);
     if (stage != 1 && stage != 2)
         return;
     const uint64_t dp = (uint64_t)s->plan.dp;
@@ -1585,9 +1720,12 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
         layout(&b);
         plan_gathers(&b);
-        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, trigger_pos), n_pos);
-        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, use_pos), n_pos);
-        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, free_pos), n_pos);
+        b.by_trigger = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, trigger_pos),
+                                     G_STRUCT_OFFSET(ZpFetch, trigger_step), n_pos);
+        b.by_use = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, use_pos),
+                                 G_STRUCT_OFFSET(ZpFetch, use_step), n_pos);
+        b.by_free = index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, free_pos),
+                                  G_STRUCT_OFFSET(ZpFetch, free_step), n_pos);
     }
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
@@ -1828,6 +1966,8 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
         json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
         if (op->bytes > 0)
             json_object_set_new(o, "bytes", json_real(op->bytes));
+        if (zp_op_module(op) >= 0)
+            json_object_set_new(o, "module", json_string(zp_model_module_name(zp_op_module(op))));
         break;
     case ZP_OP_COLLECTIVE:
         json_object_set_new(o, "op", json_string(coll_names[op->sub]));
@@ -2092,6 +2232,25 @@ static gboolean group_index(const ZpSchedule *s, json_t *o, const char *what, in
 /* One op. A schedule of the planner's (`layout`) names the unit, micro-step, buffer and
  * element range of its ops and depends only on earlier ops; a graph needs none of these, and
  * its dependencies may be any of its n_ops ops (zp_sched_read_graph then refuses cycles). */
+/* A compute op's optional "module": a block module's name, on a block op only. */
+static gboolean module_from_json(json_t *o, const char *what, int sub, ZpOp *op, GError **error)
+{
+    json_t *v = json_object_get(o, "module");
+    if (!v)
+        return TRUE;
+    const int m = json_is_string(v) ? zp_model_module_parse(json_string_value(v)) : -1;
+    const gboolean block =
+        sub == ZP_COMP_BLOCK_FWD || sub == ZP_COMP_RECOMPUTE || sub == ZP_COMP_BLOCK_BWD;
+    if (m < 0 || !block) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"module\" must be one of ln1, qkv, proj, ln2, fc1, fc2, on a "
+                    "block_fwd, recompute or block_bwd op", what);
+        return FALSE;
+    }
+    op->module = (uint8_t)(m + 1);
+    return TRUE;
+}
+
 static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                              gboolean layout, const char *path, GError **error)
 {
@@ -2101,9 +2260,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     int64_t unit = -1, micro = -1, buffer = -1, offset = 0, elems = 0;
     /* The keys op_to_json writes for each kind, and no others. */
     /* "stage" only in a pipeline's schedule (every op names the stage that runs it). */
-    static const char *const keys[][13] = {
+    static const char *const keys[][14] = {
         [ZP_OP_COMPUTE] = {"kind", "unit", "micro", "deps", "op", "flops", "gemm_flops",
-                           "attn_flops", "mem_bytes", "bytes", "stream", "stage", NULL},
+                           "attn_flops", "mem_bytes", "bytes", "stream", "stage", "module", NULL},
         [ZP_OP_COLLECTIVE] = {"kind", "unit", "micro", "deps", "op", "group", "buffer", "bytes",
                               "elem_offset", "elems", "stream", "stage", NULL},
         [ZP_OP_ALLOC] = {"kind", "unit", "micro", "deps", "category", "buffer", "bytes", "stage",
@@ -2139,7 +2298,8 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "gemm_flops", layout, 0, 1e30, &op.gemm_flops, error) &&
              zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
              zp_json_get_number(o, what, "mem_bytes", layout, 0, 1e30, &op.mem_bytes, error) &&
-             zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error);
+             zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error) &&
+             module_from_json(o, what, sub, &op, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", coll_names, &sub, error) &&
              group_index(s, o, what, &group, error) &&
@@ -2152,7 +2312,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok && kind != ZP_OP_P2P)
         ok = name_index(o, what, "category", mem_names, &sub, error) &&
-             zp_json_get_int(o, what, "buffer", layout, 0, INT32_MAX, &buffer, error) &&
+             zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     json_t *deps = json_object_get(o, "deps");
     if (ok && !json_is_array(deps)) {
@@ -2212,9 +2372,9 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
     for (; i < MIN(s->ops->len, ops->len); i++) {
         const ZpOp *a = zp_sched_op(s, i), *b = &g_array_index(ops, ZpOp, i);
         if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
-            a->group != b->group || a->unit != b->unit || a->micro != b->micro ||
-            a->buffer != b->buffer || a->bytes != b->bytes || a->elem_offset != b->elem_offset ||
-            a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
+            a->group != b->group || a->module != b->module || a->unit != b->unit ||
+            a->micro != b->micro || a->buffer != b->buffer || a->bytes != b->bytes ||
+            a->elem_offset != b->elem_offset || a->elems != b->elems || a->stage != b->stage || a->peer != b->peer ||
             a->n_deps != b->n_deps ||
             memcmp(zp_sched_deps(s, a), &g_array_index(deps, uint32_t, b->dep_start),
                    a->n_deps * sizeof(uint32_t)) != 0)

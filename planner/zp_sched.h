@@ -122,9 +122,14 @@ typedef struct {
     uint8_t sub;       /* ZpComputeKind, ZpCollKind or ZpTransferKind; alloc/free: ZpMemCategory */
     uint8_t stream;    /* ZpStream (compute and collective ops) */
     uint8_t group;     /* ZpGroup (collectives; ZP_GROUP_PP for p2p) */
+    uint8_t module;    /* compute: 1 + the block module (ZpBlockModule) of a block op split
+                        * per module (zp_op_module); 0: the whole op */
     int32_t unit;      /* model unit the op concerns (-1: none / the whole partition) */
     int32_t micro;     /* micro-step, 0..grad_accum-1 (-1: after the last) */
-    int32_t buffer;    /* alloc/free: buffer id; collective: the bucket it reduces or -1 */
+    int32_t buffer;    /* alloc/free: buffer id, or -1: the category's step-long state (a
+                        * free of all of it, allocs taking it back piece by piece: DeepSpeed's
+                        * persistent copies around the step); collective: the bucket it
+                        * reduces or -1 */
     uint32_t stage;    /* the pipeline stage (rank class) that runs it; 0 without a pipeline */
     uint32_t peer;     /* p2p: the stage it sends to (0 for other ops) */
     double flops;      /* compute: floating-point operations */
@@ -207,13 +212,19 @@ static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {
     return &g_array_index(s->ops, ZpOp, i);
 }
+/* The block module a compute op computes, -1 for a whole op. */
+static inline int zp_op_module(const ZpOp *op)
+{
+    return (int)op->module - 1;
+}
 static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
 {
     return &g_array_index(s->deps, uint32_t, op->dep_start);
 }
 
 /* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
- * kind costs the same, so a kind is its count and one op's cost. O(1) and allocation-free:
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
  * the planner's search bounds a step's compute time with it a million times a second. */
 typedef struct {
     uint64_t count;    /* ops of this kind in the step */
@@ -233,6 +244,17 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
  * implementation that decides persistence per unit: the paper's). */
 uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
 gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
+
+/* DeepSpeed's stage 3 with stage3_use_all_reduce_for_fetch_params: whether a coalesced call of
+ * n parameters over `group` fetches them by an all-reduce of a zeroed flat buffer of their
+ * padded sizes, each rank's slices at its place (partition_parameters.py
+ * all_gather_coalesced -> _all_gather_coalesced: more than one parameter, not quantised
+ * (qwZ), not from hpZ's secondary partition); otherwise it all-gathers. */
+gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group);
+
+/* Whether a collective fetches parameters: an all-gather, or at stage 3 a data-parallel
+ * all-reduce (stage 3 reduce-scatters gradients, so that is a fetch_allreduce call). */
+gboolean zp_sched_coll_fetches(const ZpSchedule *sched, const ZpOp *op);
 
 /* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
  * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */

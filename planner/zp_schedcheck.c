@@ -172,6 +172,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
         return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
     if (op->sub == ZP_COMP_UNPACK) /* the paper's gathers are never coalesced */
         return bad(c, "op", "unpack in a schedule of the paper's ZeRO");
+    if (zp_op_module(op) >= 0) /* the paper computes a block as one op */
+        return bad(c, "module", "= %s: the paper's ZeRO computes a block as one op",
+                   zp_model_module_name(zp_op_module(op)));
     if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
         return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
     /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */

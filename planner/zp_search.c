@@ -458,7 +458,7 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
             continue;
         }
         by_kind[k] = (double)o->count *
-                     (zp_cost_op_s(&cost, (ZpComputeKind)k, o->flops, o->gemm_flops,
+                     (zp_cost_op_s(&cost, (ZpComputeKind)k, -1, o->flops, o->gemm_flops,
                                    o->attn_flops, o->mem_bytes) +
                       o->host_bytes / sc->hw->host_link_bytes_per_s);
         total += by_kind[k];

@@ -159,10 +159,10 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    if (real_ds_applies(s) && (s->plan.zero.zero_quantized_weights ||
-                               s->plan.zero.zero_hpz_partition_size > 1 ||
+    if (real_ds_applies(s) && (s->plan.zero.zero_hpz_partition_size > 1 ||
                                s->plan.zero.zero_quantized_gradients))
-        return fail(error, "zreal executes DeepSpeed's stages 2-3 without ZeRO++ (qwZ, hpZ, qgZ)");
+        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ but without hpZ or qgZ "
+                           "(zero_hpz_partition_size, zero_quantized_gradients)");
     /* DeepSpeed's stage 2 accumulates offloaded gradients whole parameter by whole parameter
      * (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), its
      * stage 3 fetches offloaded parameters tensor by tensor (parameter_offload.py). */
@@ -430,7 +430,7 @@ static void index_buckets(RealEngine *e)
     e->bucket_hi = g_new0(uint64_t, e->n_buffers);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COLLECTIVE && op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0 &&
+        if (op->kind == ZP_OP_COLLECTIVE && !zp_sched_coll_fetches(s, op) && op->buffer >= 0 &&
             op->stage == (uint32_t)s->view_stage) {
             e->bucket_lo[op->buffer] = op->elem_offset;
             e->bucket_hi[op->buffer] = op->elem_offset + op->elems;
@@ -620,6 +620,13 @@ static gboolean is_alltoall(const ZpSchedule *s, guint index)
 
 static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
 {
+    if (op->buffer < 0) /* the step-long state's: DeepSpeed's persistent copies */
+        return e->ds ? real_ds_state_op(e->ds, op,
+                                        index + 1 < e->s->ops->len ? zp_sched_op(e->s, index + 1)
+                                                                   : NULL,
+                                        error)
+                     : fail(error, "schedule op %u: an alloc of the step-long state outside "
+                                   "DeepSpeed's stage 3", index);
     /* qwZ's int8 buffer: the workspace a quantize op follows (zp_sched's issue_gathers). */
     /* qgZ's int4 buffers likewise, the quantize op then followed by its all-to-all. */
     const ZpSchedule *s = e->s;
@@ -654,15 +661,19 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
     return TRUE;
 }
 
-static void do_free(RealEngine *e, const ZpOp *op)
+static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
 {
+    if (op->buffer < 0)
+        return e->ds ? real_ds_state_op(e->ds, op, NULL, error)
+                     : fail(error, "a free of the step-long state outside DeepSpeed's stage 3");
     void *p = e->buffers[op->buffer];
     if (!p)
-        return;
+        return TRUE;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
     e->be->free(e->be, p);
     e->buffers[op->buffer] = NULL;
+    return TRUE;
 }
 
 /* ---- compute ----------------------------------------------------------------------------- */
@@ -867,6 +878,36 @@ static void *kept_checkpoint(const RealEngine *e, int l, int micro)
     return e->buffers[(pa_splits(e) ? e->ckpt_slice : e->ckpt_buffer)[slot(e, l, micro)]];
 }
 
+/* A block op: one of its modules (DeepSpeed's stage 3: real_gpt's per-module entry points,
+ * with that module's tensors only; backward's last module, ln1, adds the block's gradients)
+ * or the whole block. */
+static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_in,
+                              gboolean save, GError **error)
+{
+    const int m = zp_op_module(op), l = op->unit;
+    RealGptTensors p;
+    if (m < 0)
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               real_gpt_block_forward_t(e->gpt, l - 1, &p, x_in, e->x, save, error);
+    return params_of(e, l, real_gpt_module_tensors(&e->dims, m), &p, error) &&
+           real_gpt_block_forward_module_t(e->gpt, l - 1, m, &p, x_in, e->x, save, error);
+}
+
+static gboolean block_backward(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const int m = zp_op_module(op), l = op->unit;
+    RealGptTensors p, g;
+    const gboolean last = m <= 0; /* whole, or ln1: the gradients land */
+    if (!params_of(e, l, m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m), &p,
+                   error) ||
+        (last && !grads_of(e, l, ALL_TENSORS, op->micro, &g, error)))
+        return FALSE;
+    if (m < 0)
+        return real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
+    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx,
+                                            last ? &g : NULL, error);
+}
+
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int l = op->unit, L = e->L, micro = op->micro;
@@ -876,17 +917,18 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_EMBED_FWD:
         return load_micro_batch(e, op->micro, error) && params_of(e, 0, ALL_TENSORS, &p, error) &&
                real_gpt_embed_forward_t(e->gpt, &p, e->tokens, e->x, error);
-    case ZP_COMP_BLOCK_FWD:
-        if (e->s->plan.checkpoint && !e->ckpt_host) /* cpu_checkpointing: a host_copy did */
+    case ZP_COMP_BLOCK_FWD: {
+        const int m = zp_op_module(op);
+        /* cpu_checkpointing: a host_copy did */
+        if (e->s->plan.checkpoint && !e->ckpt_host && m <= REAL_GPT_MOD_LN1)
             e->be->copy(e->be, kept_checkpoint(e, l, op->micro), block_input_slice(e, e->x),
                         e->ckpt_slice_bytes);
-        if (!params_of(e, l, ALL_TENSORS, &p, error) ||
-            !real_gpt_block_forward_t(e->gpt, l - 1, &p, e->x, e->x, !e->s->plan.checkpoint,
-                                      error))
+        if (!block_forward(e, op, e->x, !e->s->plan.checkpoint, error))
             return FALSE;
-        if (!e->s->plan.checkpoint)
+        if (!e->s->plan.checkpoint && (m < 0 || m == REAL_GPT_MOD_FC2))
             e->stash[slot(e, l, op->micro)] = real_gpt_take_saved(e->gpt, l - 1);
         return TRUE;
+    }
     case ZP_COMP_HEAD: {
         /* A pipeline's last stage reads the micro-batch's targets itself. */
         if (e->s->stages > 1 && !load_micro_batch(e, op->micro, error))
@@ -907,21 +949,19 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_RECOMPUTE:
         restore_head_dx(e, op->micro);
         /* The recomputed block's output is not needed: the residual stream is scratch now. */
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               real_gpt_block_forward_t(e->gpt, l - 1, &p,
-                                        e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], e->x,
-                                        TRUE, error);
+        return block_forward(e, op, e->buffers[e->ckpt_buffer[slot(e, l, op->micro)]], TRUE,
+                             error);
     case ZP_COMP_BLOCK_BWD:
         restore_head_dx(e, op->micro);
-        if (!e->s->plan.checkpoint) {
+        /* the block's activations back for its backward, which fc2's op begins */
+        if (!e->s->plan.checkpoint &&
+            (zp_op_module(op) < 0 || zp_op_module(op) == REAL_GPT_MOD_FC2)) {
             void **saved = &e->stash[slot(e, l, op->micro)];
             if (!real_gpt_put_saved(e->gpt, l - 1, *saved, error))
                 return FALSE;
             *saved = NULL;
         }
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               grads_of(e, l, ALL_TENSORS, micro, &g, error) &&
-               real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
+        return block_backward(e, op, error);
     case ZP_COMP_EMBED_BWD:
         /* A pipeline's first stage has forwarded later micro-batches since: their tokens. */
         return (e->s->stages == 1 || load_micro_batch(e, op->micro, error)) &&
@@ -938,6 +978,8 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
         const guint index = (guint)(op - zp_sched_op(e->s, 0));
         if (is_alltoall(e->s, index + 1) || (index > 0 && is_alltoall(e->s, index - 1)))
             return TRUE;
+        if (e->ds)
+            return real_ds_qwz(e->ds, op, error);
         return op->stream == ZP_STREAM_DP ? qwz_quantize(e, op, error)
                                           : qwz_dequantize(e, op, error);
     }
@@ -1404,7 +1446,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
             ok = do_alloc(e, i, op, error);
             break;
         case ZP_OP_FREE:
-            do_free(e, op);
+            ok = do_free(e, op, error);
             break;
         case ZP_OP_COMPUTE:
             type = op->sub;

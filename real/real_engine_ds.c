@@ -4,9 +4,11 @@
 #include "real_engine_ds.h"
 #include "real_engine.h"
 #include "real_offload.h"
+#include "real_zeropp.h"
 #include "zp_offload.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
+#include "zp_zeropp.h"
 
 #include <string.h>
 
@@ -18,8 +20,10 @@ typedef struct {
     uint64_t part;          /* stage 3: where its slice sits in this rank's partition */
     int bucket;             /* the bucket that reduces it */
     /* stage 3: the buffer ids of its gathers (a tensor prefetched for a later use while
-     * still held for this one has two; a freed buffer is NULL in the engine's table) */
+     * still held for this one has two; a freed buffer is NULL in the engine's table), and
+     * where in each it starts (an all-reduced call's flat buffer holds it in place) */
     int gathered[4];
+    uint64_t gathered_at[4];
     RealBf16 *persistent;   /* stage 3: its full copy when ds_persist */
 } Tensor;
 
@@ -62,6 +66,8 @@ struct RealDs {
     guint n_calls, next_call;
     guint *members;
     int *flat_call;
+    /* qwZ: per gathered buffer id, the int8 buffer its call is gathered in (-1 none) */
+    int *quant_of;
     /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
      * backward (zp_impl.h tied_grad_waits), or -1. */
     int *tied_grad;
@@ -105,11 +111,11 @@ static int bucket_at(const RealDs *ds, uint64_t lo)
     return -1;
 }
 
-static gboolean is_reduction(const ZpOp *op)
+static gboolean is_reduction(const RealDs *ds, const ZpOp *op)
 {
     /* The data-parallel group's: a tensor group's sums are the model's (real_tp). */
     return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
-           op->sub != ZP_COLL_ALLGATHER;
+           !zp_sched_coll_fetches(ds->s, op);
 }
 
 /* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
@@ -136,7 +142,7 @@ static gboolean index_tensors(RealDs *ds, GError **error)
         }
         const uint64_t slice = zp_mem_padded_elems(z->elems, (uint64_t)ds->dp) / (uint64_t)ds->dp;
         ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1,
-                            {-1, -1, -1, -1}, NULL};
+                            {-1, -1, -1, -1}, {0}, NULL};
         part += slice;
     }
     g_array_unref(tensors);
@@ -160,7 +166,7 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     GArray *bk = g_array_new(FALSE, FALSE, sizeof(Bucket));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (is_reduction(op) && op->micro == 0) {
+        if (is_reduction(ds, op) && op->micro == 0) {
             Bucket b = {op->elem_offset, op->elem_offset + op->elems, 0, -1};
             g_array_append_val(bk, b);
         }
@@ -175,7 +181,7 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     int *uses = g_new0(int, MAX(ds->n_buffers, 1));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (!is_reduction(op))
+        if (!is_reduction(ds, op))
             continue;
         const int k = bucket_at(ds, op->elem_offset);
         if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0 ||
@@ -230,8 +236,9 @@ static gboolean index_tied_grad(RealDs *ds)
 static gboolean index_calls(RealDs *ds, GError **error)
 {
     ds->flat_call = g_new(int, MAX(ds->n_buffers, 1));
+    ds->quant_of = g_new(int, MAX(ds->n_buffers, 1));
     for (int b = 0; b < ds->n_buffers; b++)
-        ds->flat_call[b] = -1;
+        ds->flat_call[b] = ds->quant_of[b] = -1;
     if (ds->stage != 3)
         return TRUE;
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
@@ -334,6 +341,7 @@ void real_ds_free(RealDs *ds)
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
     g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
+    g_free(ds->quant_of);
     g_free(ds);
 }
 
@@ -361,7 +369,7 @@ static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
         return t->persistent;
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
         if (t->gathered[i] >= 0 && ds->buffers[t->gathered[i]])
-            return ds->buffers[t->gathered[i]];
+            return (RealBf16 *)ds->buffers[t->gathered[i]] + t->gathered_at[i];
     return fail(error, "rank %d: unit %d's tensor %d is used but was not gathered", ds->rank,
                 t->unit, t->k), NULL;
 }
@@ -405,8 +413,8 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
         if (at + n > cap)
             return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
                         " elements of the ipg buffer before they are reduced, more than its %"
-                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal runs a block's backward "
-                        "as one op", ds->rank, at + n, cap), NULL;
+                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal adds a block's "
+                        "gradients at the end of its backward", ds->rank, at + n, cap), NULL;
         b->slot = at;
         b->landed_in = id;
         ds->be->fill(ds->be, buf + b->slot, 0, n * sizeof(RealBf16));
@@ -593,20 +601,103 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
     return ok;
 }
 
-/* Stage 3: tensor t is in buffer id too (in a slot whose buffer is freed, or unused; the
- * same ops, so the same ids, come again every step). */
-static gboolean hold(RealDs *ds, Tensor *t, int id, GError **error)
+/* Stage 3: tensor t is in buffer id too, from element `at` (in a slot whose buffer is freed,
+ * or unused; the same ops, so the same ids, come again every step). */
+static gboolean hold(RealDs *ds, Tensor *t, int id, uint64_t at, GError **error)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
-        if (t->gathered[i] == id)
+        if (t->gathered[i] == id) {
+            t->gathered_at[i] = at;
             return TRUE;
+        }
     for (size_t i = 0; i < G_N_ELEMENTS(t->gathered); i++)
         if (t->gathered[i] < 0 || !ds->buffers[t->gathered[i]]) {
             t->gathered[i] = id;
+            t->gathered_at[i] = at;
             return TRUE;
         }
     return fail(error, "rank %d: unit %d's tensor %d is gathered more than %zu times at once",
                 ds->rank, t->unit, t->k, G_N_ELEMENTS(t->gathered));
+}
+
+/* This rank's slices of call c, one after another at its place of dst (every rank's in
+ * turn: _all_gather_dtype's partitions[rank_in_group]). */
+static void place_slices(RealDs *ds, const Call *c, RealBf16 *dst)
+{
+    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
+        mine += t->slice;
+    }
+}
+
+/* qwZ (partition_parameters.py _all_gather_coalesced and _all_gather_sequential with
+ * quantize): this rank's slices of the next call, concatenated (in its place of the call's
+ * gathered buffer), quantised in the groups of CUDAQuantizer.quantize into its place of the
+ * int8 buffer; once waited for (AllGatherCoalescedHandle.wait, AllGatherHandle.wait), every
+ * rank's dequantised into the gathered buffer, to be unpacked as without qwZ. */
+gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error)
+{
+    const ZpSchedule *s = ds->s;
+    const guint index = (guint)(op - zp_sched_op(s, 0));
+    const gboolean quantize = op->stream == ZP_STREAM_DP;
+    const ZpOp *coll = quantize ? (index + 1 < s->ops->len ? zp_sched_op(s, index + 1) : NULL)
+                                : (op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0])
+                                                  : NULL);
+    const ZpOp *alloc = op->n_deps > 0 ? zp_sched_op(s, zp_sched_deps(s, op)[0]) : NULL;
+    if (ds->n_calls == 0 || !coll || coll->kind != ZP_OP_COLLECTIVE ||
+        coll->sub != ZP_COLL_ALLGATHER || coll->buffer < 0 || !ds->buffers[coll->buffer] ||
+        (quantize && (alloc->kind != ZP_OP_ALLOC || !ds->buffers[alloc->buffer])))
+        return fail(error, "a qwZ op that does not sit around a stage-3 call's all-gather "
+                           "(its int8 buffer's alloc, the quantize, the gather; the dequantize "
+                           "after it)");
+    const int k = quantize ? (int)(ds->next_call % ds->n_calls) : ds->flat_call[coll->buffer];
+    if (k < 0)
+        return fail(error, "a dequantize op of no quantised call");
+    const Call *c = &ds->calls[k];
+    const uint64_t n = c->per_rank, groups = zp_zeropp_qwz_groups(n);
+    const size_t bytes = real_zeropp_quantized_bytes(n, groups);
+    RealBf16 *dst = ds->buffers[coll->buffer];
+    if (quantize) {
+        place_slices(ds, c, dst);
+        uint8_t *int8 = ds->buffers[alloc->buffer];
+        real_zeropp_quantize(dst + (uint64_t)ds->rank * n, n, groups,
+                             int8 + (size_t)ds->rank * bytes);
+        ds->quant_of[coll->buffer] = alloc->buffer;
+        ds->flat_call[coll->buffer] = k; /* the call, for its dequantize (and unpack) */
+        return TRUE;
+    }
+    const int id = ds->quant_of[coll->buffer];
+    if (id < 0 || !ds->buffers[id])
+        return fail(error, "a dequantize op with no gathered int8 buffer");
+    for (int q = 0; q < ds->dp; q++)
+        real_zeropp_dequantize((const uint8_t *)ds->buffers[id] + (size_t)q * bytes, n, groups,
+                               dst + (uint64_t)q * n);
+    ds->quant_of[coll->buffer] = -1;
+    if (c->n == 1) /* gathered into its tensor's own buffer: nothing to unpack */
+        ds->flat_call[coll->buffer] = -1;
+    return TRUE;
+}
+
+/* stage3_use_all_reduce_for_fetch_params (partition_parameters.py _all_gather_coalesced): the
+ * zeroed flat buffer holds each tensor's padded size in turn, this rank's slice at its place
+ * in it; summed over the ranks it holds every tensor whole, read in place (param.data =
+ * flat_tensor.narrow), nothing to unpack. */
+static gboolean fetch_allreduce(RealDs *ds, const Call *c, int id, RealBf16 *dst,
+                                GError **error)
+{
+    ds->be->fill(ds->be, dst, 0, c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16));
+    uint64_t at = 0;
+    for (guint i = 0; i < c->n; i++) {
+        Tensor *t = &ds->t[ds->members[c->first + i]];
+        ds->be->copy(ds->be, dst + at + (uint64_t)ds->rank * t->slice, ds->params + t->part,
+                     t->slice * sizeof(RealBf16));
+        if (!hold(ds, t, id, at, error))
+            return FALSE;
+        at += t->slice * (uint64_t)ds->dp;
+    }
+    return ds->comm->allreduce_bf16(ds->comm, dst, at, error);
 }
 
 /* Stage 3: the micro-step's next call (partitioned_param_coordinator.py
@@ -625,16 +716,23 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
         return fail(error, "rank %d: all-gather %u of the micro-step is not DeepSpeed's call "
                     "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
                     ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
+    if (ds->quant_of[op->buffer] >= 0) { /* qwZ: the int8 and scales instead (real_ds_qwz) */
+        if (ds->flat_call[op->buffer] != (int)k)
+            return fail(error, "rank %d: a qwZ gather of another call than the one quantised",
+                        ds->rank);
+        if (c->n == 1 && !hold(ds, first, op->buffer, 0, error))
+            return FALSE;
+        return ds->comm->allgather_bytes(
+            ds->comm, ds->buffers[ds->quant_of[op->buffer]],
+            real_zeropp_quantized_bytes(c->per_rank, zp_zeropp_qwz_groups(c->per_rank)), error);
+    }
     if (c->n == 1)
-        return hold(ds, first, op->buffer, error) &&
+        return hold(ds, first, op->buffer, 0, error) &&
                ds->comm->allgather_bf16(ds->comm, ds->params + first->part, first->slice, dst,
                                         error);
-    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
-    for (guint i = 0; i < c->n; i++) {
-        const Tensor *t = &ds->t[ds->members[c->first + i]];
-        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
-        mine += t->slice;
-    }
+    if (op->sub == ZP_COLL_ALLREDUCE)
+        return fetch_allreduce(ds, c, op->buffer, dst, error);
+    place_slices(ds, c, dst);
     ds->flat_call[op->buffer] = (int)k;
     return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
                                     c->per_rank, dst, error);
@@ -644,6 +742,8 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
 {
     const uint32_t *deps = zp_sched_deps(ds->s, op);
     const ZpOp *coll = op->n_deps > 0 ? zp_sched_op(ds->s, deps[0]) : NULL;
+    if (coll && coll->kind == ZP_OP_COMPUTE && coll->sub == ZP_COMP_QUANTIZE && coll->n_deps > 0)
+        coll = zp_sched_op(ds->s, zp_sched_deps(ds->s, coll)[0]); /* qwZ: after its dequantize */
     const int k = coll && coll->kind == ZP_OP_COLLECTIVE && coll->buffer >= 0
                       ? ds->flat_call[coll->buffer] : -1;
     if (k < 0 || op->n_deps != ds->calls[k].n + 1)
@@ -662,7 +762,7 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
         for (int q = 0; q < ds->dp && (uint64_t)q * t->slice < t->elems; q++)
             ds->be->copy(ds->be, dst + (uint64_t)q * t->slice, flat + q * c->per_rank + at,
                          MIN(t->slice, t->elems - (uint64_t)q * t->slice) * sizeof(RealBf16));
-        if (!hold(ds, t, alloc->buffer, error))
+        if (!hold(ds, t, alloc->buffer, 0, error))
             return FALSE;
         at += t->slice;
     }
@@ -692,11 +792,41 @@ static gboolean gather(RealDs *ds, const ZpOp *op, GError **error)
                                     error);
 }
 
+gboolean real_ds_state_op(RealDs *ds, const ZpOp *op, const ZpOp *next, GError **error)
+{
+    if (ds->stage != 3 || op->sub != ZP_MEM_GATHERED_PARAMS)
+        return fail(error, "an alloc or free of the step-long %s: DeepSpeed frees and takes "
+                    "back only stage 3's persistent copies", zp_sched_mem_name(op->sub));
+    const uint64_t b2 = sizeof(RealBf16), dp = (uint64_t)ds->dp;
+    if (op->kind == ZP_OP_FREE) { /* stage3.py step -> _partition_all_parameters */
+        double bytes = 0;
+        for (guint i = 0; i < ds->n_t; i++)
+            if (ds->t[i].persistent) {
+                bytes += (double)(ds->t[i].slice * dp * b2);
+                ds->be->free(ds->be, ds->t[i].persistent);
+                ds->t[i].persistent = NULL;
+            }
+        return bytes == op->bytes ? TRUE
+                                  : fail(error, "rank %d: the step frees %.0f bytes of persistent "
+                                         "copies, zreal held %.0f", ds->rank, op->bytes, bytes);
+    }
+    /* _post_step -> _allgather_params_coalesced: the parameter's buffer, then its gather */
+    const int x = next && next->kind == ZP_OP_COLLECTIVE && next->sub == ZP_COLL_ALLGATHER &&
+                          next->buffer < 0
+                      ? tensor_at(ds, next->elem_offset)
+                      : -1;
+    Tensor *t = x >= 0 ? &ds->t[x] : NULL;
+    if (!t || t->persistent || op->bytes != (double)(t->slice * dp * b2))
+        return fail(error, "rank %d: a persistent copy of %.0f bytes taken back for no freed "
+                    "persistent tensor refreshed next", ds->rank, op->bytes);
+    return (t->persistent = take(ds, t->slice * dp * b2, ZP_MEM_GATHERED_PARAMS, error)) != NULL;
+}
+
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
 {
     if (op->group != ZP_GROUP_DP)
         return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only");
-    return op->sub == ZP_COLL_ALLGATHER ? gather(ds, op, error) : reduce(ds, op, error);
+    return zp_sched_coll_fetches(ds->s, op) ? gather(ds, op, error) : reduce(ds, op, error);
 }
 
 /* ---- optimizer offload: the reduced slices to the host tier -------------------------------- */

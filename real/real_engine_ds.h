@@ -58,8 +58,18 @@ gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTe
  * (partition_parameters.py AllGatherCoalescedHandle.wait), the buffers its op depends on. */
 gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error);
 
+/* Stage 3 with qwZ: a quantize op on the gather stream (this rank's slices of the call that
+ * follows, into its place of the int8 buffer the op depends on), or on the compute stream
+ * once the call is waited for (every rank's int8 and scales into its gathered buffer). */
+gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error);
+
 /* A collective op of the schedule. */
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error);
+
+/* Stage 3: an alloc or free of buffer -1 (zp_impl.h persistent_freed_for_step): the free
+ * releases every persistent tensor's full copy as the step begins; an alloc takes one back,
+ * for the all-gather `next` (the op after it) refreshes. */
+gboolean real_ds_state_op(RealDs *ds, const ZpOp *op, const ZpOp *next, GError **error);
 
 /* This rank's reduced partition gradients, as the step reads them. */
 const RealBf16 *real_ds_step_grads(const RealDs *ds);

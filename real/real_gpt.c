@@ -55,6 +55,15 @@ struct RealGpt {
     const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
     void *tp_ctx;
     GError *tp_error; /* the first failed collective's, until the call that made it returns */
+    /* A block forward or backward run module by module (real_gpt_block_*_module_t): its
+     * layer (-1: none under way), the modules done, its workspace and (forward) the saved
+     * activations it fills. */
+    struct {
+        int layer, done;
+        bool backward;
+        float *ws;
+        void *saved;
+    } run;
 };
 
 /* ---- dimensions and layout ---- */
@@ -401,6 +410,17 @@ static int real_gpt_n_tensors(const RealGptDims *d, int unit)
     return real_gpt_unit_tensors(d, unit, t);
 }
 
+uint32_t real_gpt_module_tensors(const RealGptDims *dims, int module)
+{
+    RealGptBlockSpec spec[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_spec(dims, spec);
+    uint32_t bits = 0;
+    for (int i = 0, k = 0; i < REAL_GPT_N_BLOCK_TENSORS; i++)
+        if (spec[i].present)
+            bits |= (i / 2 == module ? 1u : 0u) << k++;
+    return bits;
+}
+
 size_t real_gpt_param_elems(const RealGptDims *dims)
 {
     size_t total = 0;
@@ -645,6 +665,7 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     }
     gpt->block_elems = real_gpt_unit_elems(dims, 1);
     gpt->saved = g_new0(void *, dims->layers);
+    gpt->run.layer = -1;
     return gpt;
 }
 
@@ -660,6 +681,9 @@ void real_gpt_free(RealGpt *gpt)
         return;
     for (int l = 0; l < gpt->dims.layers; l++)
         gpt->be->free(gpt->be, gpt->saved[l]);
+    gpt->be->free(gpt->be, gpt->run.ws); /* a block run module by module, left unfinished */
+    if (!gpt->run.backward)
+        gpt->be->free(gpt->be, gpt->run.saved);
     g_free(gpt->saved);
     g_free(gpt);
 }
@@ -1052,77 +1076,76 @@ static bool real_gpt_attention_fwd(RealGpt *gpt, float *out, RealBf16 *probs, fl
     return be->attention_fwd(be, out, probs, REAL_DTYPE_BF16, qkv, b, s, a, hd);
 }
 
-/* x2 = x + attention(norm1(x)) Wp + bp, from b->x; sv NULL when not saving. */
-static bool real_gpt_fwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
-                                   const RealGptFwdBufs *b)
+/* Module m of the block forward in its workspace (RealGptFwdBufs), with the parameter-free
+ * work that follows it up to the next module (zp_cost.c block_fwd tags the same kernels):
+ *   ln1   x = x_in (fp32, and kept whole when saving), a = norm1(x)
+ *   qkv   qkv = a Wqkv + b (rotated), a = attention(qkv)
+ *   proj  x2 = x + a Wp + bp
+ *   ln2   a = norm2(y), y = x2, or the block input x under a parallel residual
+ *   fc1   u = a W1 + b1, act = GELU(u) or the gated unit (in place for GELU)
+ *   fc2   x = x2 + act W2 + b2 (x is dead once norm2 has read it), x_out = x
+ * sv NULL when not saving. */
+static bool real_gpt_fwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
+                                const RealGptFwdBufs *b, int m, const RealBf16 *x_in,
+                                RealBf16 *x_out)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
     int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
-    size_t th = (size_t)t * h;
-    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN1_G, b->a, b->ln1_mean, b->ln1_rstd, b->x);
-    real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
-        return false;
-    const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->qkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
-                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
-        return false;
-    real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
-    if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
-        return false;
-    real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h, (int)real_gpt_att_width(d)))
-        return false;
-    be->add(be, b->x2, b->x2, b->x, th);
-    real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th); /* sv->x2 NULL: parallel residual */
-    return true;
-}
-
-/* b->x = x2 + act(norm2(y) W1 + b1) W2 + b2 with y = x2, or the block input x itself under a
- * parallel residual; act GELU or gated (x is dead once norm2 has read it, so its buffer
- * takes the output); sv NULL when not saving. */
-static bool real_gpt_fwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
-                             const RealGptFwdBufs *b)
-{
-    RealBackend *be = gpt->be;
-    const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
-    int f1 = (int)real_gpt_fc1_width(d);
+    int f = real_gpt_ffn(d), f1 = (int)real_gpt_fc1_width(d);
     size_t th = (size_t)t * h, tf = (size_t)t * f;
-    real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd,
-                      d->parallel_residual ? b->x : b->x2);
-    real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f1, h))
-        return false;
-    real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, (size_t)t * f1);
-    if (real_gpt_gated(d))
-        be->glu_fwd(be, b->act, b->u, t, f, real_gpt_act(d));
-    else if (d->exact_gelu)
-        be->gelu_erf_fwd(be, b->act, b->u, tf);
-    else
-        be->gelu_fwd(be, b->act, b->u, tf);
-    real_gpt_keep(be, b->act, sv ? sv->gelu : NULL, tf);
-    if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->act, b->x, h, f))
-        return false;
-    be->add(be, b->x, b->x, b->x2, th);
-    return true;
-}
-
-/* The whole block forward in workspace ws; sv NULL when not saving. */
-static bool real_gpt_block_fwd_compute(RealGpt *gpt, RealBf16 *const *p, const RealBf16 *x_in,
-                                       RealBf16 *x_out, const RealGptSaved *sv, float *ws)
-{
-    RealBackend *be = gpt->be;
-    size_t th = real_gpt_tokens(&gpt->dims) * gpt->dims.hidden;
-    RealGptFwdBufs b = real_gpt_fwd_bufs(&gpt->dims, ws, sv);
-    be->bf16_to_f32(be, b.x, x_in, th);
-    if (sv)
-        be->copy(be, sv->x, x_in, th * sizeof(RealBf16));
-    if (!real_gpt_fwd_attention(gpt, p, sv, &b) || !real_gpt_fwd_mlp(gpt, p, sv, &b))
-        return false;
-    be->f32_to_bf16(be, x_out, b.x, th);
-    return true;
+    const RealRope rope = real_gpt_rope(d);
+    switch (m) {
+    case REAL_GPT_MOD_LN1:
+        be->bf16_to_f32(be, b->x, x_in, th);
+        if (sv)
+            be->copy(be, sv->x, x_in, th * sizeof(RealBf16));
+        real_gpt_norm_fwd(gpt, p, REAL_GPT_LN1_G, b->a, b->ln1_mean, b->ln1_rstd, b->x);
+        real_gpt_keep(be, b->a, sv ? sv->ln1 : NULL, th);
+        return true;
+    case REAL_GPT_MOD_QKV:
+        if (!real_gpt_linear(gpt, p, REAL_GPT_QKV_W, b->a, b->qkv, q, h))
+            return false;
+        if (d->rope_theta > 0 &&
+            !be->rope(be, b->qkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
+                      real_gpt_kv(d), real_gpt_head_dim(d), &rope, false))
+            return false;
+        real_gpt_keep(be, b->qkv, sv ? sv->qkv : NULL, (size_t)t * q);
+        if (!real_gpt_attention_fwd(gpt, b->a, sv ? sv->probs : NULL, b->lse, b->qkv))
+            return false;
+        real_gpt_keep(be, b->a, sv ? sv->att : NULL, th);
+        return true;
+    case REAL_GPT_MOD_PROJ:
+        if (!real_gpt_linear(gpt, p, REAL_GPT_PROJ_W, b->a, b->x2, h,
+                             (int)real_gpt_att_width(d)))
+            return false;
+        be->add(be, b->x2, b->x2, b->x, th);
+        real_gpt_keep(be, b->x2, sv ? sv->x2 : NULL, th); /* sv->x2 NULL: parallel residual */
+        return true;
+    case REAL_GPT_MOD_LN2:
+        real_gpt_norm_fwd(gpt, p, REAL_GPT_LN2_G, b->a, b->ln2_mean, b->ln2_rstd,
+                          d->parallel_residual ? b->x : b->x2);
+        real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
+        return true;
+    case REAL_GPT_MOD_FC1:
+        if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f1, h))
+            return false;
+        real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, (size_t)t * f1);
+        if (real_gpt_gated(d))
+            be->glu_fwd(be, b->act, b->u, t, f, real_gpt_act(d));
+        else if (d->exact_gelu)
+            be->gelu_erf_fwd(be, b->act, b->u, tf);
+        else
+            be->gelu_fwd(be, b->act, b->u, tf);
+        real_gpt_keep(be, b->act, sv ? sv->gelu : NULL, tf);
+        return true;
+    default:
+        if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->act, b->x, h, f))
+            return false;
+        be->add(be, b->x, b->x, b->x2, th);
+        be->f32_to_bf16(be, x_out, b->x, th);
+        return true;
+    }
 }
 
 /* A block's view indexed by RealGptBlockTensor (absent tensors NULL). */
@@ -1142,38 +1165,86 @@ gboolean real_gpt_block_forward(RealGpt *gpt, int layer, const RealBf16 *block_p
     return real_gpt_block_forward_t(gpt, layer, &v, x_in, x_out, save_activations, error);
 }
 
+/* Whether module m of block `layer` is the next of a run in that direction (a new run starts
+ * at the direction's first module when none is under way). */
+static gboolean real_gpt_run_next(RealGpt *gpt, int layer, int m, bool backward, GError **error)
+{
+    const int step = backward ? REAL_GPT_N_MODULES - 1 - m : m;
+    const bool fresh = gpt->run.layer < 0 && step == 0;
+    if (m < 0 || m >= REAL_GPT_N_MODULES ||
+        !(fresh || (gpt->run.layer == layer && gpt->run.backward == backward &&
+                    gpt->run.done == step))) {
+        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                    "block %d: module %d of its %s out of order", layer, m,
+                    backward ? "backward" : "forward");
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* Ends a run: its workspace freed; on failure its saved activations (forward) too. */
+static gboolean real_gpt_run_end(RealGpt *gpt, bool ok, const char *what, GError **error)
+{
+    RealBackend *be = gpt->be;
+    be->free(be, gpt->run.ws);
+    if (!ok && !gpt->run.backward)
+        be->free(be, gpt->run.saved);
+    gpt->run.layer = -1;
+    gpt->run.ws = NULL;
+    gpt->run.saved = NULL;
+    return ok ? TRUE : real_gpt_failed(gpt, error, what);
+}
+
+gboolean real_gpt_block_forward_module_t(RealGpt *gpt, int layer, int module,
+                                         const RealGptTensors *block, const RealBf16 *x_in,
+                                         RealBf16 *x_out, gboolean save_activations,
+                                         GError **error)
+{
+    if (!real_gpt_check_layer(gpt, layer, error) ||
+        !real_gpt_run_next(gpt, layer, module, false, error))
+        return FALSE;
+    RealBackend *be = gpt->be;
+    const RealGptDims *d = &gpt->dims;
+    if (module == REAL_GPT_MOD_LN1) {
+        if (save_activations && gpt->saved[layer]) {
+            g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
+                        "block %d already holds saved activations (forward twice?)", layer);
+            return FALSE;
+        }
+        void *saved = NULL;
+        if (save_activations) {
+            saved = be->alloc(be, real_gpt_block_activation_bytes(d), REAL_MEM_ACTIVATIONS);
+            if (!saved)
+                return real_gpt_nomem(error, "saved activations");
+        }
+        gpt->run.layer = layer, gpt->run.done = 0, gpt->run.backward = false;
+        gpt->run.saved = saved;
+        gpt->run.ws = real_gpt_workspace(gpt, real_gpt_fwd_ws_elems(d));
+        if (!gpt->run.ws)
+            return real_gpt_run_end(gpt, false, "the block forward workspace", error);
+    }
+    RealGptSaved sv = {0};
+    if (gpt->run.saved)
+        sv = real_gpt_saved_view(d, gpt->run.saved);
+    const RealGptFwdBufs b = real_gpt_fwd_bufs(d, gpt->run.ws, gpt->run.saved ? &sv : NULL);
+    RealBf16 *p[REAL_GPT_N_BLOCK_TENSORS];
+    real_gpt_block_ptrs(gpt, block, p);
+    if (!real_gpt_fwd_module(gpt, p, gpt->run.saved ? &sv : NULL, &b, module, x_in, x_out))
+        return real_gpt_run_end(gpt, false, "the block forward workspace", error);
+    if (++gpt->run.done < REAL_GPT_N_MODULES)
+        return TRUE;
+    gpt->saved[layer] = gpt->run.saved;
+    return real_gpt_run_end(gpt, true, NULL, error);
+}
+
 gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
                                   const RealBf16 *x_in, RealBf16 *x_out,
                                   gboolean save_activations, GError **error)
 {
-    if (!real_gpt_check_layer(gpt, layer, error))
-        return FALSE;
-    if (save_activations && gpt->saved[layer]) {
-        g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
-                    "block %d already holds saved activations (forward twice?)", layer);
-        return FALSE;
-    }
-    RealBackend *be = gpt->be;
-    const RealGptDims *d = &gpt->dims;
-    void *saved = NULL;
-    if (save_activations) {
-        saved = be->alloc(be, real_gpt_block_activation_bytes(d), REAL_MEM_ACTIVATIONS);
-        if (!saved)
-            return real_gpt_nomem(error, "saved activations");
-    }
-    float *ws = real_gpt_workspace(gpt, real_gpt_fwd_ws_elems(d));
-    RealGptSaved sv = {0};
-    if (saved)
-        sv = real_gpt_saved_view(d, saved);
-    RealBf16 *p[REAL_GPT_N_BLOCK_TENSORS];
-    real_gpt_block_ptrs(gpt, block, p);
-    bool ok = ws && real_gpt_block_fwd_compute(gpt, p, x_in, x_out, saved ? &sv : NULL, ws);
-    be->free(be, ws);
-    if (!ok) {
-        be->free(be, saved);
-        return real_gpt_failed(gpt, error, "the block forward workspace");
-    }
-    gpt->saved[layer] = saved;
+    for (int m = 0; m < REAL_GPT_N_MODULES; m++)
+        if (!real_gpt_block_forward_module_t(gpt, layer, m, block, x_in, x_out,
+                                             save_activations, error))
+            return FALSE;
     return TRUE;
 }
 
@@ -1252,40 +1323,6 @@ static RealGptBwdBufs real_gpt_bwd_bufs(const RealGpt *gpt, float *ws)
     return b;
 }
 
-/* MLP part, y = x2 + act(norm2(z) W1 + b1) W2 + b2 (z = x2, or x under a parallel residual):
- * b->dx2 = dy + the MLP's part of dL/dz. */
-static bool real_gpt_bwd_mlp(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
-                             const float *dy, const RealGptBwdBufs *b)
-{
-    RealBackend *be = gpt->be;
-    const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
-    int f1 = (int)real_gpt_fc1_width(d);
-    size_t th = (size_t)t * h;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
-        return false;
-    /* dfc1: GELU's backward in place over df, or the gated one over the widened gate and up. */
-    be->bf16_to_f32(be, b->uf, sv->fc1, (size_t)t * f1);
-    float *dfc1 = real_gpt_gated(d) ? b->uf : b->df;
-    if (real_gpt_gated(d))
-        be->glu_bwd(be, b->uf, b->df, b->uf, t, f, real_gpt_act(d));
-    else if (d->exact_gelu)
-        be->gelu_erf_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
-    else
-        be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
-    /* Column-parallel fc1: its input gradient is summed over the tensor group. */
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h) ||
-        !real_gpt_tp_sum(gpt, b->dh, th))
-        return false;
-    be->bf16_to_f32(be, b->xh, d->parallel_residual ? sv->x : sv->x2, th);
-    be->copy(be, b->dx2, dy, th * sizeof(float));
-    real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN2_G, b->dx2, b->dh, b->xh, sv->ln2_mean,
-                      sv->ln2_rstd);
-    return true;
-}
-
 /* dqkv from dout and the saved attention: the fused kernel's backward (which reads the
  * forward's output, widened into out_scratch), the grouped-query one or the original. */
 static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *dqkv,
@@ -1306,56 +1343,80 @@ static bool real_gpt_attention_bwd(RealGpt *gpt, const RealGptSaved *sv, float *
     return be->attention_bwd(be, dqkv, dout, qkv, sv->probs, REAL_DTYPE_BF16, b, s, a, hd);
 }
 
-/* Attention part, x2 = x + attention(norm1(x)) Wp + bp: dx = dL/dx from b->dx2, whose
- * attention output's gradient is b->dx2 too, or the block output's dy under a parallel
- * residual (b->dx2 then carries the MLP's part, which does not flow through attention). */
-static bool real_gpt_bwd_attention(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
-                                   const float *dy, float *dx, const RealGptBwdBufs *b)
+/* Module m of the block backward in its workspace (RealGptBwdBufs), with the parameter-free
+ * backward that precedes it up to the previous module (zp_cost.c block_bwd tags the same
+ * kernels), in the order fc2, fc1, ln2, proj, qkv, ln1:
+ *   fc2   g = 0; fc2's gradients from dy, df = dy W2^T, then the activation's backward
+ *   fc1   fc1's gradients, dh = dfc1 W1^T (summed over the tensor group)
+ *   ln2   dx2 = dy + norm2's backward of dh (the MLP's part of dL/dz, z = x2 or x)
+ *   proj  proj's gradients from datt = dx2 (dy under a parallel residual), dh = datt Wp^T,
+ *         then the attention's and rotary backward into dqkv
+ *   qkv   qkv's gradients, dh = dqkv Wqkv^T (summed over the tensor group)
+ *   ln1   dx = dx2 + norm1's backward of dh
+ * dy is last read (ln2, or proj under a parallel residual) before dx is first written (ln1),
+ * so they may alias. */
+static bool real_gpt_bwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
+                                const RealGptBwdBufs *b, int m, const float *dy, float *dx)
 {
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    int t = (int)real_gpt_tokens(d), h = d->hidden, q = (int)real_gpt_qkv_width(d);
+    int t = (int)real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
+    int f1 = (int)real_gpt_fc1_width(d), q = (int)real_gpt_qkv_width(d);
     int att = (int)real_gpt_att_width(d);
     size_t th = (size_t)t * h;
-    const float *datt = d->parallel_residual ? dy : b->dx2;
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, att) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, att))
-        return false;
-    be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
-    if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
-        return false;
+    float *dfc1 = real_gpt_gated(d) ? b->uf : b->df;
     const RealRope rope = real_gpt_rope(d);
-    if (d->rope_theta > 0 && !be->rope(be, b->dqkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
-                                       real_gpt_kv(d), real_gpt_head_dim(d), &rope, true))
-        return false;
-    /* Column-parallel qkv: its input gradient is summed over the tensor group. */
-    if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) ||
-        !real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h) ||
-        !real_gpt_tp_sum(gpt, b->dh, th))
-        return false;
-    be->bf16_to_f32(be, b->xh, sv->x, th);
-    be->copy(be, dx, b->dx2, th * sizeof(float));
-    real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN1_G, dx, b->dh, b->xh, sv->ln1_mean,
-                      sv->ln1_rstd);
-    return true;
-}
-
-/* The whole block backward in workspace ws. dy is last read (by the MLP part, or the
- * attention's projection under a parallel residual) before dx is first written (at the end
- * of the attention part), so they may alias. */
-static bool real_gpt_block_bwd_compute(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
-                                       const float *dy, float *dx,
-                                       const RealGptTensors *block_grads, float *ws)
-{
-    RealBackend *be = gpt->be;
-    RealGptBwdBufs b = real_gpt_bwd_bufs(gpt, ws);
-    be->fill(be, b.g, 0, gpt->block_elems * sizeof(float));
-    if (!real_gpt_bwd_mlp(gpt, p, sv, dy, &b) ||
-        !real_gpt_bwd_attention(gpt, p, sv, dy, dx, &b))
-        return false;
-    real_gpt_accumulate(be, &gpt->dims, 1, block_grads, b.g, 0,
-                        real_gpt_n_tensors(&gpt->dims, 1));
-    return true;
+    switch (m) {
+    case REAL_GPT_MOD_FC2:
+        be->fill(be, b->g, 0, gpt->block_elems * sizeof(float));
+        if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
+            !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
+            return false;
+        /* dfc1: GELU's backward in place over df, or the gated one over the widened gate
+         * and up. */
+        be->bf16_to_f32(be, b->uf, sv->fc1, (size_t)t * f1);
+        if (real_gpt_gated(d))
+            be->glu_bwd(be, b->uf, b->df, b->uf, t, f, real_gpt_act(d));
+        else if (d->exact_gelu)
+            be->gelu_erf_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
+        else
+            be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
+        return true;
+    case REAL_GPT_MOD_FC1:
+        /* Column-parallel fc1: its input gradient is summed over the tensor group. */
+        return real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) &&
+               real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h) &&
+               real_gpt_tp_sum(gpt, b->dh, th);
+    case REAL_GPT_MOD_LN2:
+        be->bf16_to_f32(be, b->xh, d->parallel_residual ? sv->x : sv->x2, th);
+        be->copy(be, b->dx2, dy, th * sizeof(float));
+        real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN2_G, b->dx2, b->dh, b->xh, sv->ln2_mean,
+                          sv->ln2_rstd);
+        return true;
+    case REAL_GPT_MOD_PROJ: {
+        const float *datt = d->parallel_residual ? dy : b->dx2;
+        if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_PROJ_W, sv->att, datt, h, att) ||
+            !real_gpt_linear_input_grad(gpt, p, REAL_GPT_PROJ_W, datt, b->dh, h, att))
+            return false;
+        be->bf16_to_f32(be, b->qkv, sv->qkv, (size_t)t * q);
+        if (!real_gpt_attention_bwd(gpt, sv, b->dqkv, b->dh, b->qkv, b->xh))
+            return false;
+        return d->rope_theta <= 0 ||
+               be->rope(be, b->dqkv, d->micro_batch, d->seq_len, real_gpt_heads(d),
+                        real_gpt_kv(d), real_gpt_head_dim(d), &rope, true);
+    }
+    case REAL_GPT_MOD_QKV:
+        /* Column-parallel qkv: its input gradient is summed over the tensor group. */
+        return real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_QKV_W, sv->ln1, b->dqkv, q, h) &&
+               real_gpt_linear_input_grad(gpt, p, REAL_GPT_QKV_W, b->dqkv, b->dh, q, h) &&
+               real_gpt_tp_sum(gpt, b->dh, th);
+    default:
+        be->bf16_to_f32(be, b->xh, sv->x, th);
+        be->copy(be, dx, b->dx2, th * sizeof(float));
+        real_gpt_norm_bwd(gpt, p, b->g, REAL_GPT_LN1_G, dx, b->dh, b->xh, sv->ln1_mean,
+                          sv->ln1_rstd);
+        return true;
+    }
 }
 
 gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_params,
@@ -1368,11 +1429,13 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
     return real_gpt_block_backward_t(gpt, layer, &p, dx_out, dx_in, &g, error);
 }
 
-gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
-                                   const float *dx_out, float *dx_in,
-                                   const RealGptTensors *block_grads, GError **error)
+gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
+                                          const RealGptTensors *block, const float *dx_out,
+                                          float *dx_in, const RealGptTensors *block_grads,
+                                          GError **error)
 {
-    if (!real_gpt_check_layer(gpt, layer, error))
+    if (!real_gpt_check_layer(gpt, layer, error) ||
+        !real_gpt_run_next(gpt, layer, module, true, error))
         return FALSE;
     if (!gpt->saved[layer]) {
         g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE,
@@ -1383,16 +1446,35 @@ gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors
     }
     RealBackend *be = gpt->be;
     const RealGptDims *d = &gpt->dims;
-    float *ws = real_gpt_workspace(gpt, real_gpt_bwd_ws_elems(gpt));
-    RealGptSaved sv = real_gpt_saved_view(d, gpt->saved[layer]);
+    if (module == REAL_GPT_MOD_FC2) {
+        gpt->run.layer = layer, gpt->run.done = 0, gpt->run.backward = true;
+        gpt->run.ws = real_gpt_workspace(gpt, real_gpt_bwd_ws_elems(gpt));
+        if (!gpt->run.ws)
+            return real_gpt_run_end(gpt, false, "the block backward workspace", error);
+    }
+    const RealGptSaved sv = real_gpt_saved_view(d, gpt->saved[layer]);
+    const RealGptBwdBufs b = real_gpt_bwd_bufs(gpt, gpt->run.ws);
     RealBf16 *p[REAL_GPT_N_BLOCK_TENSORS];
     real_gpt_block_ptrs(gpt, block, p);
-    bool ok = ws && real_gpt_block_bwd_compute(gpt, p, &sv, dx_out, dx_in, block_grads, ws);
-    be->free(be, ws);
-    if (!ok)
-        return real_gpt_failed(gpt, error, "the block backward workspace");
+    if (!real_gpt_bwd_module(gpt, p, &sv, &b, module, dx_out, dx_in))
+        return real_gpt_run_end(gpt, false, "the block backward workspace", error);
+    if (++gpt->run.done < REAL_GPT_N_MODULES)
+        return TRUE;
+    real_gpt_accumulate(be, d, 1, block_grads, b.g, 0, real_gpt_n_tensors(d, 1));
+    real_gpt_run_end(gpt, true, NULL, error);
     be->free(be, gpt->saved[layer]);
     gpt->saved[layer] = NULL;
+    return TRUE;
+}
+
+gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                   const float *dx_out, float *dx_in,
+                                   const RealGptTensors *block_grads, GError **error)
+{
+    for (int m = REAL_GPT_N_MODULES - 1; m >= 0; m--)
+        if (!real_gpt_block_backward_module_t(gpt, layer, m, block, dx_out, dx_in, block_grads,
+                                              error))
+            return FALSE;
     return TRUE;
 }
 

@@ -228,6 +228,27 @@ gboolean real_gpt_block_forward_t(RealGpt *gpt, int layer, const RealGptTensors 
                                   const RealBf16 *x_in, RealBf16 *x_out,
                                   gboolean save_activations, GError **error);
 
+/* A block's modules (the planner's ZpBlockModule): module m holds tensors 2m and 2m + 1 of
+ * the block's layout (weight or gain, then bias when present). */
+enum {
+    REAL_GPT_MOD_LN1, REAL_GPT_MOD_QKV, REAL_GPT_MOD_PROJ, REAL_GPT_MOD_LN2, REAL_GPT_MOD_FC1,
+    REAL_GPT_MOD_FC2, REAL_GPT_N_MODULES
+};
+
+/* Bits of the tensors of module `module` in a block's view (RealGptTensors at[] indices). */
+uint32_t real_gpt_module_tensors(const RealGptDims *dims, int module);
+
+/* The block forward module by module, as DeepSpeed's stage 3 computes it (each module after
+ * its own parameters' gather): modules ln1 .. fc2 in turn, each with the parameter-free work
+ * that follows it (real_gpt.c real_gpt_fwd_module); `block` need hold only that module's
+ * tensors. The first reads x_in (and allocates the saved activations and the workspace), the
+ * last writes x_out (and frees the workspace); the calls of one block may not interleave with
+ * another block's. Running all six is real_gpt_block_forward_t, bit for bit. */
+gboolean real_gpt_block_forward_module_t(RealGpt *gpt, int layer, int module,
+                                         const RealGptTensors *block, const RealBf16 *x_in,
+                                         RealBf16 *x_out, gboolean save_activations,
+                                         GError **error);
+
 /* Final norm, LM head and mean cross-entropy over the b s tokens, forward and backward at
  * once: *loss_out = mean loss; dx_last [T,h] = d(dloss_scale * loss)/dx_last (overwritten);
  * final_ln_grads (unit L+1) += and, tied, the wte part of embed_grads (unit 0) += their
@@ -258,6 +279,15 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
 gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
                                    const float *dx_out, float *dx_in,
                                    const RealGptTensors *block_grads, GError **error);
+
+/* The block backward module by module, fc2 .. ln1 (real_gpt.c real_gpt_bwd_module): the
+ * first reads dx_out, the last writes dx_in, adds the block's gradients into block_grads (read
+ * by that call only; NULL before) and frees the saved activations. Running all six is
+ * real_gpt_block_backward_t, bit for bit. */
+gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
+                                          const RealGptTensors *block, const float *dx_out,
+                                          float *dx_in, const RealGptTensors *block_grads,
+                                          GError **error);
 
 /* A pipeline stage forwards several micro-batches through a block before their backwards:
  * take_saved hands block `layer`'s saved activations (NULL when none) to the caller, who

@@ -109,12 +109,35 @@ typedef struct {
     double inter_scale; /* network transfers take this many times longer (a slow node) */
 } Flow;
 
-/* Live bytes and their highest value, side by side: an alloc reads and writes both. Memory
- * ops touch only these (never a rank's times), and the members of a group reach an op in
- * rank order, so each array is swept in order: 16 bytes a rank-op, not a 272-byte record. */
+/* Live bytes and their highest value, side by side: an alloc reads and writes both. */
 typedef struct {
     double live, peak;
 } LiveBytes;
+
+/* A rank's memory: each category's live bytes, their total and the model states' (params ..
+ * Adam v), each with its highest value, and what each category held when the total last rose
+ * to its peak (the breakdown reported for the peak rank). */
+typedef struct {
+    LiveBytes category[ZP_MEM_N];
+    LiveBytes total, states;
+    double peak_breakdown_bytes[ZP_MEM_N];
+} MemState;
+
+/* The memory ops of one rank class in the order its first rank ran them, and the state after
+ * each: state[p] is a rank's memory after the first p of op[]. Ranks in lockstep run their
+ * allocs and frees in one order, so a rank that has run exactly op[0 .. p) is at state[p]
+ * and keeps only p (Sim.mem_pos): its next memory op, if it is op[p], moves it to p + 1
+ * without touching any bytes, and the first rank to run one past the end appends it. A rank
+ * that runs another op copies state[p] out and keeps its own MemState from then on: the same
+ * additions in the same order, so the same bits. */
+typedef struct {
+    uint32_t *op;
+    MemState *state;
+    uint32_t len;
+} MemLog;
+
+/* Sim.mem_pos of a rank with its own MemState, eager[mem_pos & ~MEM_EAGER]. */
+#define MEM_EAGER 0x80000000u
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
  * its start and its end, so they are kept together (the busy times and the running op apart)
@@ -204,16 +227,12 @@ typedef struct {
     RankState *rank;
     RunningCompute *running; /* [rank], with contention only; NULL without */
     RankBusy *busy;
-    LiveBytes *category;    /* [category * ranks + rank]: each category's own bytes */
-    LiveBytes *total;       /* [rank]: all categories */
-    LiveBytes *states;      /* [rank]: the model-state categories (params .. Adam v) */
-    /* The highest total of live bytes on any rank so far, the lowest rank that reached it, and
-     * what each category held at that moment. Only that rank's breakdown is reported, so a
-     * rank whose peak rises to no new high (in lockstep, every rank but the first) copies
-     * nothing: the last copy is the final peak rank's, at its own last rise. */
-    double top_peak_bytes;
-    uint32_t top_peak_rank;
-    double top_breakdown_bytes[ZP_MEM_N];
+    /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
+     * them a rank is, or MEM_EAGER and its own state's index in eager. */
+    MemLog *mem_log;
+    uint32_t *mem_pos;
+    MemState *eager;
+    uint32_t n_eager, cap_eager;
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
@@ -569,8 +588,9 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
             const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
                                       ? op->bytes / hw->host_link_bytes_per_s
                                       : 0.0;
-            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, op->flops,
-                                                  op->gemm_flops, op->attn_flops, op->mem_bytes);
+            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op),
+                                                  op->flops, op->gemm_flops, op->attn_flops,
+                                                  op->mem_bytes);
             if (op->sub == ZP_COMP_RECOMPUTE)
                 result->recompute_flops += op->flops;
             else if (op->sub != ZP_COMP_OPTIMIZER)
@@ -630,17 +650,46 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
 
 /* ---- per-rank state ---- */
 
-/* Rank's total of live bytes has just reached a new peak of its own: the breakdown is kept if
- * no rank has been higher, and no lower rank as high (the rank fill_result reports). */
-static void note_peak(Sim *sim, uint32_t rank, double total_bytes)
+/* A rank's memory now: its class's logged state where it keeps to the log, else its own. */
+static const MemState *mem_state(const Sim *sim, uint32_t rank)
 {
-    if (total_bytes < sim->top_peak_bytes ||
-        (total_bytes == sim->top_peak_bytes && rank > sim->top_peak_rank))
-        return;
-    sim->top_peak_bytes = total_bytes;
-    sim->top_peak_rank = rank;
-    for (int c = 0; c < ZP_MEM_N; c++)
-        sim->top_breakdown_bytes[c] = sim->category[(size_t)c * sim->ranks + rank].live;
+    const uint32_t pos = sim->mem_pos[rank];
+    return pos & MEM_EAGER ? &sim->eager[pos & ~MEM_EAGER]
+                           : &sim->mem_log[rank_class(sim, rank)].state[pos];
+}
+
+/* Each class's log, room for every memory op of the class, and its ranks' state at the start:
+ * what the schedule says they hold all step. */
+static gboolean alloc_mem_logs(Sim *sim)
+{
+    sim->mem_log = g_new0(MemLog, sim->sim_pp);
+    uint32_t *memory_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        memory_ops[sim->ops[i].stage] += !op_on_stream(&sim->ops[i]);
+    gboolean ok = TRUE;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        MemLog *log = &sim->mem_log[k];
+        log->op = g_try_new(uint32_t, MAX(memory_ops[k], 1));
+        log->state = g_try_new(MemState, memory_ops[k] + 1);
+        ok = ok && log->op && log->state;
+        if (!ok)
+            break;
+        sim->state_bytes += memory_ops[k] * (sizeof(uint32_t) + sizeof(MemState));
+        MemState *m = &log->state[0];
+        const double *state = &sim->class_state[k * ZP_MEM_N];
+        *m = (MemState){0};
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            m->total.live += state[c];
+            if (is_model_state(c))
+                m->states.live += state[c];
+            m->category[c] = (LiveBytes){state[c], state[c]};
+            m->peak_breakdown_bytes[c] = state[c];
+        }
+        m->total.peak = m->total.live;
+        m->states.peak = m->states.live;
+    }
+    g_free(memory_ops);
+    return ok;
 }
 
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
@@ -654,12 +703,10 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     if (sim->contention > 1)
         sim->running = g_try_new0(RunningCompute, sim->ranks);
     sim->busy = g_try_new0(RankBusy, sim->ranks);
-    sim->category = g_try_new(LiveBytes, (size_t)sim->ranks * ZP_MEM_N);
-    sim->total = g_try_new(LiveBytes, sim->ranks);
-    sim->states = g_try_new(LiveBytes, sim->ranks);
+    sim->mem_pos = g_try_new0(uint32_t, sim->ranks);
     gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
                   sim->rank && (sim->running || sim->contention == 1) && sim->busy &&
-                  sim->category && sim->total && sim->states;
+                  sim->mem_pos && alloc_mem_logs(sim);
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
         sim->op_end_s = g_try_new0(double, per_op ? per_op : 1);
@@ -673,15 +720,14 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                     sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
-    sim->state_bytes = (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
+    sim->state_bytes += (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
                        (size_t)sim->n_ops * sizeof *sim->countdown +
                        per_op * (timeline ? 3 * sizeof(double) + sizeof(uint32_t) : 0) +
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
                                              (sim->running ? sizeof *sim->running : 0) +
-                                             ZP_MEM_N * sizeof *sim->category +
-                                             sizeof *sim->total + sizeof *sim->states);
+                                             sizeof *sim->mem_pos);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
@@ -691,24 +737,10 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
-    for (uint32_t r = 0; r < sim->ranks; r++) {
-        const double *state = &sim->class_state[rank_class(sim, r) * ZP_MEM_N];
+    for (uint32_t r = 0; r < sim->ranks; r++)
         for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
             sim->stream[r].next[stream] =
                 sim->stream_first[rank_class(sim, r) * ZP_STREAM_N + stream];
-        LiveBytes total = {0}, states = {0};
-        for (int c = 0; c < ZP_MEM_N; c++) {
-            total.live += state[c];
-            if (is_model_state(c))
-                states.live += state[c];
-            sim->category[(size_t)c * sim->ranks + r] = (LiveBytes){state[c], state[c]};
-        }
-        total.peak = total.live;
-        states.peak = states.live;
-        sim->total[r] = total;
-        sim->states[r] = states;
-        note_peak(sim, r, total.peak);
-    }
     return TRUE;
 }
 
@@ -967,6 +999,23 @@ static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
                                : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
 }
 
+/* A run-time array of *cap items of item_bytes (rank rows, ranks' states) doubled (16 items at
+ * first, *cap updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
+static void *grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
+                        const char *what)
+{
+    const uint32_t grown_cap = *cap ? 2 * *cap : 16;
+    void *grown = g_try_realloc(items, (size_t)grown_cap * item_bytes);
+    if (!grown) {
+        g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "simulating %u ranks: %u %s do not fit in memory; fold the ranks",
+                    sim->ranks, grown_cap, what);
+        return NULL;
+    }
+    *cap = grown_cap;
+    return grown;
+}
+
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
 static gboolean take_row(Sim *sim, uint32_t op)
 {
@@ -975,17 +1024,12 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->free_rows[--sim->n_free_rows];
     } else {
         if (sim->n_rows_made == sim->cap_rows) {
-            const uint32_t cap = sim->cap_rows ? 2 * sim->cap_rows : 16;
-            uint8_t *rows = g_try_realloc(sim->rows, (size_t)cap * sim->ranks);
-            if (!rows) {
-                g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
-                            "simulating %u ranks: %u rows of dependency counts do not fit in "
-                            "memory; fold the ranks", sim->ranks, cap);
+            uint8_t *rows = grow_state(sim, sim->rows, &sim->cap_rows, sim->ranks,
+                                       "rows of dependency counts");
+            if (!rows)
                 return FALSE;
-            }
             sim->rows = rows;
-            sim->free_rows = g_renew(uint32_t, sim->free_rows, cap);
-            sim->cap_rows = cap;
+            sim->free_rows = g_renew(uint32_t, sim->free_rows, sim->cap_rows);
         }
         row = sim->n_rows_made++;
     }
@@ -1281,30 +1325,76 @@ static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
 }
 
-static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+/* Alloc or free op i on a rank's memory m; FALSE (and sim->error) if a category goes
+ * negative. */
+static gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank, uint32_t i)
 {
     const SimOp *op = &sim->ops[i];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-    LiveBytes *category = &sim->category[(size_t)op->sub * sim->ranks + rank];
-    LiveBytes *total = &sim->total[rank];
+    LiveBytes *category = &m->category[op->sub];
     category->live += delta;
     category->peak = MAX(category->peak, category->live);
-    total->live += delta;
+    m->total.live += delta;
     if (is_model_state(op->sub)) {
-        LiveBytes *states = &sim->states[rank];
-        states->live += delta;
-        states->peak = MAX(states->peak, states->live);
+        m->states.live += delta;
+        m->states.peak = MAX(m->states.peak, m->states.live);
     }
     if (category->live < -sim->mem_tolerance_bytes) {
         g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
                     "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
                     zp_sched_mem_name(op->sub), category->live, rank, i);
+        return FALSE;
+    }
+    if (m->total.live > m->total.peak) {
+        m->total.peak = m->total.live;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            m->peak_breakdown_bytes[c] = m->category[c].live;
+    }
+    return TRUE;
+}
+
+/* A rank leaves its class's log at position pos: its own copy of the state there. */
+static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t pos)
+{
+    if (sim->n_eager == sim->cap_eager) {
+        MemState *eager = grow_state(sim, sim->eager, &sim->cap_eager, sizeof(MemState),
+                                     "memory states of ranks out of lockstep");
+        if (!eager)
+            return FALSE;
+        sim->eager = eager;
+    }
+    sim->eager[sim->n_eager] = log->state[pos];
+    sim->mem_pos[rank] = MEM_EAGER | sim->n_eager++;
+    return TRUE;
+}
+
+/* Op i on rank's memory: a step along its class's log, a new entry at its end, or the rank's
+ * own state (MemLog). */
+static gboolean step_memory(Sim *sim, uint32_t rank, uint32_t i)
+{
+    uint32_t *pos = &sim->mem_pos[rank];
+    MemLog *log = &sim->mem_log[sim->ops[i].stage];
+    if (*pos < log->len && log->op[*pos] == i) {
+        ++*pos;
+        return TRUE;
+    }
+    if (*pos == log->len) {
+        log->state[*pos + 1] = log->state[*pos];
+        if (!apply_memory_op(sim, &log->state[*pos + 1], rank, i))
+            return FALSE;
+        log->op[log->len++] = i;
+        ++*pos;
+        return TRUE;
+    }
+    if (!(*pos & MEM_EAGER) && !go_eager(sim, rank, log, *pos))
+        return FALSE;
+    return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
+}
+
+static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+{
+    if (!step_memory(sim, rank, i))
         return;
-    }
-    if (total->live > total->peak) {
-        total->peak = total->live;
-        note_peak(sim, rank, total->peak);
-    }
     if (sim->op_start_s)
         sim->op_start_s[(size_t)rank * sim->n_ops + i] =
             sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
@@ -1461,7 +1551,7 @@ static gboolean check_end(Sim *sim, GError **error)
         }
         const double *state = &sim->class_state[k * ZP_MEM_N];
         for (int c = 0; c < ZP_MEM_N; c++) {
-            const double live = sim->category[(size_t)c * sim->ranks + r].live;
+            const double live = mem_state(sim, r)->category[c].live;
             if (fabs(live - state[c]) > sim->mem_tolerance_bytes) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
@@ -1476,14 +1566,17 @@ static gboolean check_end(Sim *sim, GError **error)
 
 static void fill_result(const Sim *sim, SimResult *result)
 {
-    const uint32_t peak = sim->top_peak_rank;
-    uint32_t last = 0;
+    /* The peak rank: the lowest of those whose total rose highest. */
+    uint32_t last = 0, peak = 0;
     for (uint32_t r = 0; r < sim->ranks; r++) {
+        const MemState *m = mem_state(sim, r);
         if (sim->rank[r].end_s > sim->rank[last].end_s)
             last = r;
-        result->peak_model_state_bytes =
-            MAX(result->peak_model_state_bytes, sim->states[r].peak);
+        if (m->total.peak > mem_state(sim, peak)->total.peak)
+            peak = r;
+        result->peak_model_state_bytes = MAX(result->peak_model_state_bytes, m->states.peak);
     }
+    const MemState *top = mem_state(sim, peak);
     const RankState *rs = &sim->rank[last];
     const RankBusy *rb = &sim->busy[last];
     result->step_time_s = rs->end_s;
@@ -1496,14 +1589,15 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->offload_transfer_s = rs->transfer_s;
     result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
-    result->peak_memory_bytes = sim->total[peak].peak;
-    memcpy(result->peak_breakdown_bytes, sim->top_breakdown_bytes,
+    result->peak_memory_bytes = top->total.peak;
+    memcpy(result->peak_breakdown_bytes, top->peak_breakdown_bytes,
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
-        result->category_peak_bytes[c] = sim->category[(size_t)c * sim->ranks + peak].peak;
+        result->category_peak_bytes[c] = top->category[c].peak;
     result->op_events = sim->op_events;
     result->heap_events = sim->heap_events;
-    result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks;
+    result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks +
+                          (uint64_t)sim->cap_eager * sizeof(MemState);
     for (uint32_t r = 0; r < sim->ranks; r++)
         result->flush_s = MAX(result->flush_s, sim->rank[r].flush_s);
     /* A stage's bubble: the time its rank neither computes nor waits for its own
@@ -1516,11 +1610,11 @@ static void fill_result(const Sim *sim, SimResult *result)
         const uint32_t k = rank_class(sim, r);
         const RankState *rs = &sim->rank[r];
         const RankBusy *rb = &sim->busy[r];
-        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], sim->total[r].peak);
+        const MemState *m = mem_state(sim, r);
+        result->stage_peak_bytes[k] = MAX(result->stage_peak_bytes[k], m->total.peak);
         for (int c = 0; c < ZP_MEM_N; c++)
             result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
-                MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c],
-                    sim->category[(size_t)c * sim->ranks + r].peak);
+                MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c], m->category[c].peak);
         result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rb->compute_s);
         const double idle_s = MAX(rs->end_s, result->flush_s) - rb->compute_s - rb->optimizer_s -
                               rs->exposed_s;
@@ -1551,9 +1645,13 @@ static void sim_clear(Sim *sim)
     g_free(sim->rank);
     g_free(sim->running);
     g_free(sim->busy);
-    g_free(sim->category);
-    g_free(sim->total);
-    g_free(sim->states);
+    for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++) {
+        g_free(sim->mem_log[k].op);
+        g_free(sim->mem_log[k].state);
+    }
+    g_free(sim->mem_log);
+    g_free(sim->mem_pos);
+    g_free(sim->eager);
     g_free(sim->op_start_s);
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
@@ -1622,7 +1720,6 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .sim_pp = (uint32_t)MAX(sched->stages, 1),
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
-        .top_peak_bytes = -G_MAXDOUBLE,
         .stop_after_s = options->stop_after_s,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;

@@ -66,7 +66,7 @@ static char *collective_label(const ZpSchedule *s, const ZpOp *op, Ordinals *n)
         g_string_prepend(out, "tp ");
         g_string_append_c(out, ' ');
         append_unit(out, s, op->unit);
-    } else if (op->sub != ZP_COLL_ALLGATHER) {
+    } else if (!zp_sched_coll_fetches(s, op)) {
         g_string_append_printf(out, " bucket %d", n->buckets++);
     } else if (op->unit >= 0) {
         g_string_append_c(out, ' ');

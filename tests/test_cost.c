@@ -145,7 +145,7 @@ static void test_fallback_reported(void)
     g_assert_cmpstr(c.why, ==, "roofline: the profile has no op_costs table");
     /* The roofline's figure, unchanged. */
     const double peak = zp_hw_peak_flops(&hw, p.precision);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 1e12, 1e10, 0, 1e9), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, -1, 1e12, 1e10, 0, 1e9), ==,
                       zp_hw_compute_time_s(&hw, peak, 1e12, 1e10, 0, 0, 1e9, FALSE));
     /* A table without eager attention cannot cost an eager plan. */
     hw.op_costs = synthetic_table();
@@ -199,7 +199,7 @@ static void test_hand_computed(void)
                         8 * 128 / 9e9;
     g_assert_cmpfloat(fabs(c.kind_s[ZP_COMP_HEAD] - head) / head, <, 1e-12);
     /* The optimizer: its launch plus its bytes at the optimizer rate. */
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, 0, 0, 0, 4e9), ==, L + 1);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, -1, 0, 0, 0, 4e9), ==, L + 1);
     /* The block backward's GEMMs: every linear's weight and input gradient, each as many
      * FLOPs as its forward; attention backward twice the forward's FLOPs. */
     ZpKernels fwd, bwd;
@@ -307,10 +307,10 @@ static void test_whole_op(void)
     g_assert_cmpint(c.ranks, ==, 2);
     g_assert_true(c.whole[ZP_COMP_BLOCK_FWD]);
     g_assert_false(c.whole[ZP_COMP_HEAD] || c.whole[ZP_COMP_BLOCK_BWD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, 0, 0, 0, 0), ==, 0.25);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_FWD, -1, 0, 0, 0, 0), ==, 0.25);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==,
                       kernels.kind_s[ZP_COMP_HEAD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_BWD, 0, 0, 0, 0), ==,
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_BLOCK_BWD, -1, 0, 0, 0, 0), ==,
                       kernels.kind_s[ZP_COMP_BLOCK_BWD]);
     g_assert_nonnull(strstr(c.why, "op table: block_fwd measured whole (2 ranks at once); the "
                                    "sum of their kernels for embed_fwd, head, recompute, "
@@ -323,7 +323,7 @@ static void test_whole_op(void)
     zp_plan_defaults(&p, 1, 1, 1);
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.whole[ZP_COMP_HEAD]);
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 0.5);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 0.5);
 }
 
 /* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
@@ -365,7 +365,8 @@ static void test_collective_copies(void)
     for (uint32_t i = 0; i < s->ops->len; i++) {
         const ZpOp *o = zp_sched_op(s, i);
         if (o->kind == ZP_OP_COMPUTE)
-            sum += zp_cost_op_s(&c, o->sub, o->flops, o->gemm_flops, o->attn_flops, o->mem_bytes);
+            sum += zp_cost_op_s(&c, o->sub, zp_op_module(o), o->flops, o->gemm_flops,
+                                o->attn_flops, o->mem_bytes);
         else if (o->kind == ZP_OP_COLLECTIVE)
             copies += zp_cost_coll_copy_s(&c, o, 1, 1);
     }
@@ -597,7 +598,7 @@ static void test_calibrated_whole_ops(void)
     g_assert_null(zp_optable_op(&hw.op_costs, "block_fwd", shape, 2));
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
-    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, 0, 0, 0, 0), ==, 2.0);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 2.0);
     for (int i = 0; i < 3; i++) {
         char *name = g_strdup_printf("run%d.json", i);
         char *path = g_build_filename(dir, name, NULL);
@@ -610,6 +611,67 @@ static void test_calibrated_whole_ops(void)
     g_string_free(args, TRUE);
 }
 
+/* A block op's module shares come from its kernels: each block op's kernels sum, per module,
+ * to the module's share, and with the op table (kernel sums, and a whole-op time split the same
+ * way) and on the roofline a stage-3 DeepSpeed schedule's module ops take exactly the block
+ * op's time: tiny at stage 3 with checkpointing, where the module ops of each block op sum to
+ * the time of that op in the whole-block schedule. */
+static void test_module_shares(void)
+{
+    for (int table = 0; table <= 1; table++) {
+        ZpHw hw;
+        ZpModel m;
+        ZpPlan p;
+        tiny_setup(&hw, &m, &p, 3, 2, 2, table);
+        p.checkpoint = TRUE;
+        ZpCost c;
+        g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+        g_assert_true(c.table == table);
+        const ZpComputeKind kinds[] = {ZP_COMP_BLOCK_FWD, ZP_COMP_RECOMPUTE, ZP_COMP_BLOCK_BWD};
+        for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++) {
+            ZpModuleShares sh;
+            zp_cost_module_shares(&m, &p, kinds[k], &c, &sh);
+            double sum[4] = {0};
+            for (int mod = 0; mod < ZP_MOD_N; mod++) {
+                sum[0] += sh.flops[mod], sum[1] += sh.accesses[mod], sum[2] += sh.time[mod];
+                sum[3] += sh.attn_flops[mod];
+            }
+            for (int f = 0; f < 4; f++)
+                g_assert_cmpfloat(fabs(sum[f] - 1), <, 1e-12);
+            /* the attention core rides with qkv forward and with proj backward */
+            g_assert_cmpfloat(sh.attn_flops[kinds[k] == ZP_COMP_BLOCK_BWD ? ZP_MOD_PROJ
+                                                                          : ZP_MOD_QKV], ==, 1);
+            g_assert_cmpfloat(sh.flops[ZP_MOD_LN1], ==, 0);
+            g_assert_cmpfloat(sh.flops[ZP_MOD_LN2], ==, 0);
+        }
+        ZpSchedule *split = zp_sched_build(&m, &p, NULL);
+        p.block_compute = TRUE;
+        ZpSchedule *whole = zp_sched_build(&m, &p, NULL);
+        double split_s = 0, whole_s = 0;
+        guint n_split = 0, n_whole = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const ZpSchedule *s = pass ? whole : split;
+            for (guint i = 0; i < s->ops->len; i++) {
+                const ZpOp *o = zp_sched_op(s, i);
+                if (o->kind != ZP_OP_COMPUTE || (o->sub != ZP_COMP_BLOCK_FWD &&
+                                                 o->sub != ZP_COMP_RECOMPUTE &&
+                                                 o->sub != ZP_COMP_BLOCK_BWD))
+                    continue;
+                const double t = zp_cost_op_s(&c, o->sub, zp_op_module(o), o->flops,
+                                              o->gemm_flops, o->attn_flops, o->mem_bytes);
+                *(pass ? &whole_s : &split_s) += t;
+                (*(pass ? &n_whole : &n_split))++;
+            }
+        }
+        g_assert_cmpuint(n_split, ==, ZP_MOD_N * n_whole);
+        g_test_message("%s: module ops %.9g s, block ops %.9g s", table ? "table" : "roofline",
+                       split_s, whole_s);
+        g_assert_cmpfloat(fabs(split_s - whole_s), <=, 1e-12 * whole_s);
+        zp_sched_free(split);
+        zp_sched_free(whole);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -619,6 +681,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);
     g_test_add_func("/cost/whole-op", test_whole_op);
+    g_test_add_func("/cost/module-shares", test_module_shares);
     g_test_add_func("/cost/collective-copies", test_collective_copies);
     g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);

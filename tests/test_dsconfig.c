@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <glib/gstdio.h>
 #include <string.h>
 
 typedef struct {
@@ -101,10 +102,61 @@ static void test_contradictions(void)
     }
 }
 
+/* stage3_use_all_reduce_for_fetch_params (and its field name) is read and modelled: the plan
+ * carries it, the warning does not list it, and `simulate` sends more (the fetches'
+ * all-reduces); a value that is not a boolean is an error naming the key. */
+static void test_all_reduce_fetch(void)
+{
+    char *dir = g_dir_make_tmp("zplan-dsconfig-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "ds.json", NULL);
+    const char *values[] = {"false", "true", "\"yes\""};
+    const char *keys[] = {"stage3_use_all_reduce_for_fetch_params",
+                          "use_all_reduce_for_fetch_params"};
+    double sent_off = 0;
+    for (size_t k = 0; k < G_N_ELEMENTS(keys); k++)
+        for (size_t v = 0; v < G_N_ELEMENTS(values); v++) {
+            char *text = g_strdup_printf(
+                "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, "
+                "\"zero_optimization\": {\"stage\": 3, \"stage3_prefetch_bucket_size\": 1e7, "
+                "\"%s\": %s}}", keys[k], values[v]);
+            g_assert_true(g_file_set_contents(path, text, -1, NULL));
+            char *args = g_strdup_printf("simulate --cluster dgx-a100-80g --model gpt2-1.5b "
+                                         "--gpus 8 --ds-config %s --json", path);
+            TuRun r = tu_zplan(args);
+            g_assert_true(WIFEXITED(r.status));
+            if (v == 2) {
+                g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+                g_assert_nonnull(strstr(r.err, keys[k]));
+                g_assert_nonnull(strstr(r.err, "must be true or false"));
+            } else {
+                g_assert_cmpint(WEXITSTATUS(r.status), ==, 0);
+                g_assert_null(strstr(r.err, "all_reduce_for_fetch"));
+                json_t *root = json_loads(r.out, 0, NULL);
+                g_assert_nonnull(root);
+                json_t *zero = json_object_get(json_object_get(root, "plan"), "zero");
+                g_assert_cmpint(json_is_true(json_object_get(
+                                    zero, "stage3_use_all_reduce_for_fetch_params")), ==, v == 1);
+                const double sent = json_number_value(
+                    json_object_get(json_object_get(root, "comm_bytes_per_rank"), "dp"));
+                if (v == 0)
+                    sent_off = sent;
+                else
+                    g_assert_cmpfloat(sent, >, sent_off);
+                json_decref(root);
+            }
+            tu_free(&r);
+            g_free(args), g_free(text);
+        }
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/dsconfig/real-world-configs", test_real_world_configs);
     g_test_add_func("/dsconfig/contradictions", test_contradictions);
+    g_test_add_func("/dsconfig/all-reduce-fetch", test_all_reduce_fetch);
     return g_test_run();
 }

@@ -1100,6 +1100,85 @@ static void test_recompute_bit_identical(void)
     fx_free(&ckpt);
 }
 
+/* A view of block unit u's tensors in `base` holding only module m's (the rest NULL), as
+ * DeepSpeed's stage 3 has only the module's own parameters gathered. */
+static void module_view(const RealGptDims *dims, RealBf16 *base, int m, RealGptTensors *v)
+{
+    real_gpt_tensors_at(dims, 1, base, v);
+    const uint32_t bits = real_gpt_module_tensors(dims, m);
+    for (int k = 0; k < REAL_GPT_MAX_UNIT_TENSORS; k++)
+        if (!(bits >> k & 1))
+            v->at[k] = NULL;
+}
+
+/* A block forward and backward run module by module, each call seeing only its module's
+ * tensors, gives the whole-block calls' output, input gradient and parameter gradients bit
+ * for bit (GPT-2, Llama, NeoX's parallel residual, fused attention); calls out of order are
+ * refused. */
+static void test_block_modules(void)
+{
+    const int kinds[] = {GRAD_GPT2, GRAD_LLAMA, GRAD_NEOX_FLASH};
+    for (size_t ki = 0; ki < G_N_ELEMENTS(kinds); ki++) {
+        const RealGptDims dims = gradient_dims(kinds[ki]);
+        Fixture fx;
+        fx_init(&fx, &dims, 7);
+        GError *error = NULL;
+        const size_t th = (size_t)dims.micro_batch * dims.seq_len * dims.hidden;
+        int *tokens, *targets;
+        make_batch(&dims, 5, 40, &tokens, &targets);
+        RealBf16 *x[2] = {g_new(RealBf16, th), g_new(RealBf16, th)};
+        float *dx[2] = {g_new(float, th), g_new(float, th)};
+        RealBf16 *grads[2] = {g_new0(RealBf16, fx.elems[1]), g_new0(RealBf16, fx.elems[1])};
+        for (int run = 0; run < 2; run++) {
+            g_assert_true(real_gpt_embed_forward(fx.gpt, fx.params[0], tokens, x[run], &error));
+            for (size_t i = 0; i < th; i++)
+                dx[run][i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+            if (run == 0) {
+                g_assert_true(real_gpt_block_forward(fx.gpt, 0, fx.params[1], x[0], x[0], TRUE,
+                                                     &error));
+                g_assert_true(real_gpt_block_backward(fx.gpt, 0, fx.params[1], dx[0], dx[0],
+                                                      grads[0], &error));
+                continue;
+            }
+            RealGptTensors v, g;
+            real_gpt_tensors_at(&dims, 1, grads[1], &g);
+            for (int m = 0; m < REAL_GPT_N_MODULES; m++) {
+                module_view(&dims, fx.params[1], m, &v);
+                g_assert_true(real_gpt_block_forward_module_t(fx.gpt, 0, m, &v, x[1], x[1],
+                                                              TRUE, &error));
+            }
+            for (int m = REAL_GPT_N_MODULES - 1; m >= 0; m--) {
+                module_view(&dims, fx.params[1], m, &v);
+                g_assert_true(real_gpt_block_backward_module_t(fx.gpt, 0, m, &v, dx[1], dx[1],
+                                                               m == 0 ? &g : NULL, &error));
+            }
+        }
+        g_assert_no_error(error);
+        g_assert_cmpmem(x[0], th * sizeof(RealBf16), x[1], th * sizeof(RealBf16));
+        g_assert_cmpmem(dx[0], th * sizeof(float), dx[1], th * sizeof(float));
+        g_assert_cmpmem(grads[0], fx.elems[1] * sizeof(RealBf16), grads[1],
+                        fx.elems[1] * sizeof(RealBf16));
+        /* Out of order: a forward not begun at ln1, a backward not begun at fc2. */
+        RealGptTensors v;
+        module_view(&dims, fx.params[1], REAL_GPT_MOD_PROJ, &v);
+        g_assert_false(real_gpt_block_forward_module_t(fx.gpt, 0, REAL_GPT_MOD_PROJ, &v, x[1],
+                                                       x[1], TRUE, &error));
+        g_assert_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE);
+        g_clear_error(&error);
+        module_view(&dims, fx.params[1], REAL_GPT_MOD_LN1, &v);
+        g_assert_true(real_gpt_block_forward_module_t(fx.gpt, 0, REAL_GPT_MOD_LN1, &v, x[1],
+                                                      x[1], FALSE, &error));
+        g_assert_false(real_gpt_block_backward_module_t(fx.gpt, 0, REAL_GPT_MOD_FC2, &v, dx[1],
+                                                        dx[1], NULL, &error));
+        g_assert_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_STATE);
+        g_clear_error(&error);
+        for (int run = 0; run < 2; run++)
+            g_free(x[run]), g_free(dx[run]), g_free(grads[run]);
+        g_free(tokens), g_free(targets);
+        fx_free(&fx); /* frees the run's workspace still held */
+    }
+}
+
 /* Misuse is reported, not crashed on. */
 static void test_model_errors(void)
 {
@@ -1757,6 +1836,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/llama/rope-and-backend-check", test_llama_rope_and_backend);
     g_test_add_func("/real/llama/layout-and-memory", test_llama_layout_memory);
     g_test_add_func("/real/gpt/recompute_bit_identical", test_recompute_bit_identical);
+    g_test_add_func("/real/gpt/block_modules", test_block_modules);
     g_test_add_func("/real/gpt/memory_accounting", test_memory_accounting);
     g_test_add_func("/real/gpt/training", test_training_loss_falls);
     g_test_add_func("/real/opseq/rows", test_opseq_rows);

@@ -248,8 +248,9 @@ static void test_other_impls(void)
     ZpModel model;
     g_assert_true(zp_model_load("tiny", &model, NULL));
     model.dropout = FALSE;
-    /* DeepSpeed's stages 2-3 at 12000: zreal runs a block's backward as one op, so the ipg
-     * buffer holds the buckets it fills together (real_engine_ds.c land). */
+    /* DeepSpeed's stages 2-3 at 12000: a block's gradients land at the end of its backward
+     * (stage 3's last module op), so the ipg buffer holds the buckets it fills together
+     * (real_engine_ds.c land). */
     static const OtherRun runs_of[] = {
         {ZP_IMPL_DEEPSPEED, 0, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_DEEPSPEED, 1, 1, FALSE, 10000, FALSE},
@@ -305,9 +306,10 @@ static void test_other_impls(void)
             if (run->impl == ZP_IMPL_DEEPSPEED && run->stage >= 2) {
                 /* the tied head's wte gradient (64 x 64) waits apart for the embedding's
                  * backward, and stage 3 unpacks coalesced all-gathers: zreal ran both */
-                guint waits = 0, unpacks = 0;
+                guint waits = 0, unpacks = 0, modules = 0;
                 for (guint i = 0; i < s->ops->len; i++) {
                     const ZpOp *op = zp_sched_op(s, i);
+                    modules += op->kind == ZP_OP_COMPUTE && zp_op_module(op) >= 0;
                     waits += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS &&
                              op->unit == 0 && op->bytes == 64 * 64 * 2 &&
                              zp_sched_op(s, i + 1)->kind == ZP_OP_COMPUTE &&
@@ -316,6 +318,12 @@ static void test_other_impls(void)
                 }
                 g_assert_cmpuint(waits, ==, (guint)run->grad_accum);
                 g_assert_cmpuint(unpacks > 0, ==, run->stage == 3);
+                /* stage 3 computed module by module: 6 ops per block forward, recompute and
+                 * backward (tiny: 2 blocks), each after its own gathers */
+                g_assert_cmpuint(modules, ==, run->stage == 3 ? (guint)(ZP_MOD_N * 2 *
+                                                                        run->grad_accum *
+                                                                        (run->checkpoint ? 3 : 2))
+                                                              : 0);
             }
             zp_sched_free(s);
             for (int other = 0; other <= 1; other++) {
@@ -673,7 +681,8 @@ static void test_bad_input(void)
         {"--model tiny --stage 3 --persistence-threshold 0 --offload-param cpu",
          "zreal offloads parameters together with the optimizer (--offload-optimizer)"},
         {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
-         "more than its 5000 (reduce_bucket_size): zreal runs a block's backward as one op"},
+         "more than its 5000 (reduce_bucket_size): zreal adds a block's gradients at the end "
+         "of its backward"},
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
@@ -1095,6 +1104,69 @@ static void test_deepspeed_schedule_file(void)
     g_free(sched), g_free(meas), g_free(flags_meas), g_free(config);
 }
 
+/* stage3_use_all_reduce_for_fetch_params: zreal all-reduces each coalesced call's zeroed flat
+ * buffer (this rank's slices at their places) and reads the parameters in place. The sum of
+ * zeros and one slice is exact, so the run trains bit for bit as the all-gathering one; each
+ * rank sends the file's bytes (the all-reduces' second ring pass more) and holds its gathered
+ * parameters exactly. */
+static void test_deepspeed_allreduce_fetch(void)
+{
+    char *config = g_strdup_printf("%s/ds-ar.json", tmp_dir);
+    char *sched = g_strdup_printf("%s/ds-ar-sched.json", tmp_dir);
+    char *meas = g_strdup_printf("%s/ds-ar-m.json", tmp_dir);
+    char *flags_meas = g_strdup_printf("%s/ds-ag-m.json", tmp_dir);
+    g_assert_true(g_file_set_contents(
+        config, "{\"train_micro_batch_size_per_gpu\": 8, \"bf16\": {\"enabled\": true}, "
+                "\"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": 12000, "
+                "\"stage3_param_persistence_threshold\": 1000, "
+                "\"stage3_prefetch_bucket_size\": 20000, "
+                "\"stage3_use_all_reduce_for_fetch_params\": true}}",
+        -1, NULL));
+    char *args = g_strdup_printf(
+        "schedule --model tiny --gpus 2 --no-dropout --ds-config %s --out %s", config, sched);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r), g_free(args);
+    char *err = NULL;
+    args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    args = g_strdup_printf("--model tiny --micro-batch 8 --steps 3 --stage 3 --impl deepspeed "
+                           "--reduce-bucket-size 12000 --persistence-threshold 1000 "
+                           "--prefetch-bucket-size 20000 --out %s", flags_meas);
+    g_assert_true(g_spawn_check_wait_status(mpirun(2, args, &err), NULL));
+    g_free(args), g_free(err);
+    ZpSchedule *s = zp_sched_read_json(sched, NULL);
+    g_assert_nonnull(s);
+    g_assert_true(s->plan.zero.stage3_use_all_reduce_for_fetch_params);
+    guint fetches = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        fetches += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLREDUCE &&
+                   zp_sched_coll_fetches(s, op);
+    }
+    g_assert_cmpuint(fetches, >, 0);
+    double peak[ZP_MEM_N];
+    sequential_category_peaks(s, peak);
+    json_t *a = json_load_file(meas, 0, NULL), *b = json_load_file(flags_meas, 0, NULL);
+    g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
+    for (int q = 0; q < 2; q++) {
+        json_t *rank = json_array_get(json_object_get(a, "ranks"), q);
+        json_t *gathering = json_array_get(json_object_get(b, "ranks"), q);
+        g_assert_cmpfloat(category(rank, "gathered_params"), ==,
+                          peak[ZP_MEM_GATHERED_PARAMS]);
+        g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), >, number_at(gathering, "comm_bytes"));
+    }
+    json_decref(a), json_decref(b);
+    zp_sched_free(s);
+    const char *files[] = {sched, meas, flags_meas, config};
+    for (size_t i = 0; i < G_N_ELEMENTS(files); i++)
+        g_remove(files[i]);
+    g_free(sched), g_free(meas), g_free(flags_meas), g_free(config);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1124,6 +1196,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
     g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
+    g_test_add_func("/zreal/deepspeed-allreduce-fetch", test_deepspeed_allreduce_fetch);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     int status = g_test_run();
     g_rmdir(tmp_dir);

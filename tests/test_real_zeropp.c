@@ -106,6 +106,39 @@ static void test_qwz_hpz(void)
     json_decref(both);
 }
 
+/* DeepSpeed's stage 3 with qwZ (--impl deepspeed): each coalesced call's concatenated
+ * partition quantised, its int8 and scales all-gathered, dequantised into the call's flat
+ * buffer and unpacked (partition_parameters.py _all_gather_coalesced with quantize): the
+ * bytes are zplan's for the same plan, fewer than the bf16 gathers', and the loss stays near
+ * DeepSpeed's unquantised training's. hpZ and qgZ are refused there, naming them (the later
+ * --impl of the zplan options overrides predict_on's). */
+static void test_deepspeed_qwz(void)
+{
+    json_t *plain = zreal("--impl deepspeed", "ds-plain");
+    json_t *qwz = zreal("--impl deepspeed --quantized-weights", "ds-qwz");
+    check_against_prediction(plain, "--impl deepspeed");
+    check_against_prediction(qwz, "--impl deepspeed --quantized-weights");
+    const double sent_plain = json_real_value(json_object_get(rank0(plain), "comm_bytes"));
+    g_assert_cmpfloat(json_real_value(json_object_get(rank0(qwz), "comm_bytes")), <, sent_plain);
+    const double base = final_loss(plain);
+    g_test_message("final loss: deepspeed %.4f, qwZ %+.4f", base, final_loss(qwz) - base);
+    g_assert_cmpfloat(fabs(final_loss(qwz) - base), <, LOSS_TOLERANCE);
+    g_assert_cmpfloat(final_loss(qwz), !=, base);
+    json_decref(plain);
+    json_decref(qwz);
+    const char *refused[] = {"--hpz-partition-size 2 --ranks-per-node 2", "--quantized-gradients "
+                             "--ranks-per-node 2"};
+    for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
+        char *args = g_strdup_printf("--model tiny --stage 3 --micro-batch 4 --steps 1 "
+                                     "--impl deepspeed %s", refused[i]);
+        TuRun r = tu_zreal_mpirun(4, args, NULL);
+        g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_nonnull(strstr(r.err, "with qwZ but without hpZ or qgZ"));
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
 static double num(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);
@@ -183,6 +216,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     tmp_dir = g_dir_make_tmp("zreal-zeropp-XXXXXX", NULL);
     g_test_add_func("/real/zeropp/qwz-hpz", test_qwz_hpz);
+    g_test_add_func("/real/zeropp/deepspeed-qwz", test_deepspeed_qwz);
     g_test_add_func("/real/zeror/cpu-checkpointing", test_cpu_checkpointing);
     g_test_add_func("/real/zeropp/qgz", test_qgz);
     const int status = g_test_run();

@@ -6,6 +6,7 @@
 #include "zp_schedcheck.h"
 
 #include <glib/gstdio.h>
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 
@@ -131,12 +132,9 @@ static void test_structure(void)
     zp_sched_free(s);
 }
 
-static void test_json_round_trip(void)
+/* Writes s to path and reads it back: the same ops, dependencies and model states. */
+static void assert_round_trip(const ZpSchedule *s, const char *path)
 {
-    ZpModel m = small_model();
-    ZpSchedule *s = build(&m, 3, 4, 2, TRUE);
-    char *dir = g_dir_make_tmp("zplan-sched-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "s.json", NULL);
     GError *error = NULL;
     g_assert_true(zp_sched_write_json(s, path, &error));
     ZpSchedule *r = zp_sched_read_json(path, &error);
@@ -146,6 +144,71 @@ static void test_json_round_trip(void)
     g_assert_cmpint(memcmp(r->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
     g_assert_cmpint(memcmp(r->deps->data, s->deps->data, s->deps->len * sizeof(uint32_t)), ==, 0);
     g_assert_cmpfloat(zp_sched_model_state_bytes(r), ==, zp_sched_model_state_bytes(s));
+    zp_sched_free(r);
+}
+
+/* Sets ops[index]'s key to a string in the schedule file at path. */
+static void set_op_key(const char *path, guint index, const char *key, const char *value)
+{
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    json_object_set_new(json_array_get(json_object_get(root, "ops"), index), key,
+                        json_string(value));
+    g_assert_cmpint(json_dump_file(root, path, 0), ==, 0);
+    json_decref(root);
+}
+
+/* DeepSpeed's stage-3 schedule computes blocks module by module: each module op's "module"
+ * reads back as written, and a file whose module differs from the builder's, names an
+ * unknown module or puts one on an op other than a block's is refused naming the op. */
+static void check_module_round_trip(const char *path)
+{
+    ZpModel m = small_model();
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.checkpoint = TRUE;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    g_assert_nonnull(s);
+    guint first = 0, modules = 0, embed = 0;
+    for (guint i = s->ops->len; i-- > 0;) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && zp_op_module(op) >= 0)
+            first = i, modules++;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EMBED_FWD)
+            embed = i;
+    }
+    g_assert_cmpuint(modules, ==, 2 * 3 * ZP_MOD_N);
+    g_assert_cmpint(zp_op_module(zp_sched_op(s, first)), ==, ZP_MOD_LN1);
+    GError *error = NULL;
+    assert_round_trip(s, path);
+    const struct {
+        guint op;
+        const char *module, *message;
+    } cases[] = {
+        {first, "fc2", "differs from the deepspeed schedule"},
+        {first, "attn", "key \"module\" must be one of"},
+        {embed, "ln1", "key \"module\" must be one of"},
+    };
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        g_assert_true(zp_sched_write_json(s, path, &error));
+        set_op_key(path, cases[c].op, "module", cases[c].module);
+        g_assert_null(zp_sched_read_json(path, &error));
+        g_test_message("%s", error->message);
+        g_assert_nonnull(strstr(error->message, cases[c].message));
+        g_clear_error(&error);
+    }
+    zp_sched_free(s);
+}
+
+static void test_json_round_trip(void)
+{
+    ZpModel m = small_model();
+    ZpSchedule *s = build(&m, 3, 4, 2, TRUE);
+    char *dir = g_dir_make_tmp("zplan-sched-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "s.json", NULL);
+    GError *error = NULL;
+    assert_round_trip(s, path);
+    check_module_round_trip(path);
     /* A dependency on a later op is refused, naming the op. */
     g_assert_true(g_file_set_contents(path, "{\"format\": \"zplan-schedule-1\"}", -1, NULL));
     g_assert_null(zp_sched_read_json(path, &error));
@@ -155,7 +218,6 @@ static void test_json_round_trip(void)
     g_rmdir(dir);
     g_free(path);
     g_free(dir);
-    zp_sched_free(r);
     zp_sched_free(s);
 }
 
@@ -229,6 +291,11 @@ static void edit_bytes_zero(ZpOp *op) { op->bytes = 0; }
 static void edit_bytes_double(ZpOp *op) { op->bytes *= 2; }
 static void edit_elems_more(ZpOp *op) { op->elems += 1; }
 static void edit_offset_far(ZpOp *op) { op->elem_offset = G_MAXUINT64 - 3; }
+static void edit_module(ZpOp *op)
+{
+    op->module = ZP_MOD_QKV + 1;
+}
+
 static void edit_micro_late(ZpOp *op) { op->micro = 7; }
 static void edit_tp(ZpOp *op) { op->group = ZP_GROUP_TP; }
 static void edit_category(ZpOp *op) { op->sub = ZP_MEM_PARAMS; }
@@ -262,6 +329,7 @@ static void test_check_refuses_hostile(void)
         {3, ZP_OP_FREE, ZP_MEM_GATHERED_PARAMS, 1, edit_free_other, "key \"buffer\" = 0"},
         {3, ZP_OP_FREE, ZP_MEM_BUCKETS, 0, edit_bytes_double, "key \"bytes\""},
         {3, ZP_OP_COMPUTE, ZP_COMP_EMBED_FWD, 0, edit_micro_late, "key \"micro\" = 7"},
+        {3, ZP_OP_COMPUTE, ZP_COMP_BLOCK_FWD, 0, edit_module, "key \"module\" = qkv"},
         {1, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 0, edit_elems_more, "key \"elems\""},
         {1, ZP_OP_COLLECTIVE, ZP_COLL_ALLGATHER, 0, edit_offset_far, "key \"elem_offset\""},
         {1, ZP_OP_COLLECTIVE, ZP_COLL_REDUCE_SCATTER, 0, edit_elems_more, "key \"elems\""},
