@@ -66,10 +66,11 @@ static int bench_search(const ZpSearchSpec *spec)
         zp_search_result_clear(&r);
         return 1;
     }
-    printf("search in process: %u plans screened, %u simulated (%u over memory), %u pruned by "
-           "the bound, wall %.4f s, CPU %.4f s\n",
+    printf("search in process: %u plans screened, %u simulated (%u over memory), %u cannot win "
+           "(%u of them simulations stopped once past what could win), wall %.4f s, CPU %.4f s\n",
            r.candidates->len, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM],
-           r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], wall_s, cpu_s);
+           r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], r.stopped, wall_s,
+           cpu_s);
     zp_search_result_clear(&r);
     return 0;
 }

@@ -102,8 +102,8 @@ typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
 } CliRankContext;
-gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time_s,
-                                double *peak_memory_bytes, GError **error);
+gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double stop_after_s,
+                                double *step_time_s, double *peak_memory_bytes, GError **error);
 
 /* The simulator's placement model as the planner's bandwidth bound (a ZpBusBandwidthFn). */
 double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);

@@ -111,7 +111,7 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
         CliRankContext ctx = {&a->model, &a->hw};
         double step_s = 0, peak = 0;
         GError *error = NULL;
-        if (!cli_rank_by_simulation(&plan, &ctx, &step_s, &peak, &error)) {
+        if (!cli_rank_by_simulation(&plan, &ctx, 0, &step_s, &peak, &error)) {
             g_error_free(error); /* a plan the simulator refuses cannot run: it fits nowhere */
             return INFINITY;
         }

@@ -34,31 +34,37 @@ typedef struct {
     char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
 } PlanArgs;
 
-/* Simulates a plan's step folded; with `alloc`, also replays its allocations through the
- * caching allocator against the GPU less its reserve. */
+/* Simulates a plan's step folded (stopping past stop_after_s > 0); with `alloc`, also
+ * replays its allocations through the caching allocator against the GPU less its reserve
+ * (unless the simulation stopped). */
 static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
-                           ZpAllocStats *alloc, GError **error)
+                           double stop_after_s, ZpAllocStats *alloc, GError **error)
 {
     ZpSchedule *sched = zp_sched_build(model, plan, error);
     if (!sched)
         return NULL;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
     SimResult *result = sim_engine_run(sched, hw, &options, error);
-    if (result && alloc)
+    if (result && !result->stopped && alloc)
         *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
     zp_sched_free(sched);
     return result;
 }
 
-gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double *step_time_s,
-                                double *needed_bytes, GError **error)
+gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double stop_after_s,
+                                double *step_time_s, double *needed_bytes, GError **error)
 {
     const CliRankContext *c = ctx;
     ZpAllocStats alloc;
-    SimResult *result = simulate(c->model, c->hw, plan, &alloc, error);
+    SimResult *result = simulate(c->model, c->hw, plan, stop_after_s, &alloc, error);
     if (!result)
         return FALSE;
     *step_time_s = result->step_time_s;
+    if (result->stopped) {
+        *needed_bytes = ZP_RANK_STOPPED;
+        sim_result_free(result);
+        return TRUE;
+    }
     /* The fit `simulate` judges: the allocator-reserved peak. */
     *needed_bytes = zp_alloc_replay_needed_bytes(
         &alloc, result->peak_memory_bytes, c->hw->gpu_memory_bytes - c->hw->runtime_reserve_bytes);
@@ -468,7 +474,7 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
     SimResult **sims = g_new0(SimResult *, r->ranked->len + 1);
     gboolean ok = TRUE;
     for (guint i = 0; ok && i < r->ranked->len; i++)
-        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, NULL, &error)) !=
+        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, 0, NULL, &error)) !=
              NULL;
     if (ok && a->ds_config && r->ranked->len)
         ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
@@ -611,7 +617,7 @@ static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **e
     zp_offload_defaults(&plain.zero.offload_param, TRUE);
     CliRankContext ctx = {&a->model, &a->hw};
     double plain_step_s, plain_need_bytes;
-    if (!cli_rank_by_simulation(&plain, &ctx, &plain_step_s, &plain_need_bytes, error))
+    if (!cli_rank_by_simulation(&plain, &ctx, 0, &plain_step_s, &plain_need_bytes, error))
         return NULL;
     ZpTiers t;
     zp_offload_tiers(&a->model, &best->plan, &a->hw, &t);

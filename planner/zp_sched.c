@@ -90,6 +90,10 @@ typedef struct {
                              * backward (ZpImpl tied_grad_waits), or -1 */
     double tied_grad_bytes;
     uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
+    /* backend_workspace under a pipeline: micro-step m's head output gradient, which zreal
+     * keeps aside (real_engine.c keep_head_dx) when the stage's next compute op is another
+     * micro-step's, until m's backward (-1: none kept) */
+    int *head_grad;
 } Builder;
 
 /* ---- op emission ---------------------------------------------------------------------- */
@@ -115,11 +119,16 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
         b->recv_key = -1;
         op.n_deps++;
     }
+    /* The dependencies that are ops, written in place (one resize, not one call each). */
+    const guint at = s->deps->len;
+    g_array_set_size(s->deps, at + n_deps);
+    uint32_t *out = &g_array_index(s->deps, uint32_t, at);
+    guint n = 0;
     for (guint i = 0; i < n_deps; i++)
-        if (deps[i] != NONE) {
-            g_array_append_val(s->deps, deps[i]);
-            op.n_deps++;
-        }
+        if (deps[i] != NONE)
+            out[n++] = deps[i];
+    g_array_set_size(s->deps, at + n);
+    op.n_deps += n;
     g_array_append_val(s->ops, op);
     if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
         b->last_on_stream[op.stream] = s->ops->len - 1;
@@ -1176,15 +1185,38 @@ static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
         if (bucket(b, i)->spec.lo <= wte && wte < bucket(b, i)->spec.hi &&
             own_buffer(b, bucket(b, i)))
             return;
-    GArray *tensors = zp_impl_tensors(s);
-    b->tied_grad_bytes = (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
-    g_array_unref(tensors);
+    if (b->tied_grad_bytes == 0) { /* wte's share, the same every micro-step */
+        GArray *tensors = zp_impl_tensors(s);
+        b->tied_grad_bytes =
+            (double)g_array_index(tensors, ZpImplTensor, 0).elems * s->elem_bytes;
+        g_array_unref(tensors);
+    }
     const uint32_t alloc = emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
                                       &b->tied_grad, &b->last_compute, 1);
     g_array_append_val(deps, alloc);
 }
 
-static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *launched)
+/* The head output gradient's fp32 b s h bytes, kept from the head to its backward. */
+static double head_grad_bytes(const ZpSchedule *s)
+{
+    return 4.0 * s->plan.micro_batch * (double)s->model.seq_len * (double)s->model.hidden;
+}
+
+/* Before micro-step `micro`'s first backward op: its kept head gradient goes back (freed). */
+static void release_head_grad(Builder *b, int micro)
+{
+    if (b->head_grad[micro] < 0)
+        return;
+    const uint32_t free_op =
+        emit_free(b, ZP_MEM_WORKSPACE, head_grad_bytes(b->s), (int)b->s->model.layers + 1, micro,
+                  b->head_grad[micro], b->last_compute);
+    g_array_append_val(b->sync_deps, free_op);
+    b->head_grad[micro] = -1;
+}
+
+/* The head (forward and backward in one op); `keep`: its output gradient is kept aside. */
+static void head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *deps,
+                 GArray *launched)
 {
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
@@ -1208,7 +1240,12 @@ static void head(Builder *b, int micro, gboolean reduce, GArray *deps, GArray *l
                  (uint32_t *)deps->data, deps->len);
     const uint32_t head_op = b->last_compute;
     vocab_parallel_head(b, micro);
-    emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, head_op);
+    const uint32_t freed[2] = {
+        emit_free(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, logits, head_op),
+        b->workspace_free};
+    if (keep)
+        emit_alloc(b, ZP_MEM_WORKSPACE, head_grad_bytes(s), L + 1, micro, &b->head_grad[micro],
+                   freed, 2);
     position_end(b, zp_pos_head(L), micro);
     if (reduce)
         launch_buckets(b, L + 1, micro, launched);
@@ -1548,9 +1585,9 @@ static gboolean reduces(const ZpPlan *plan, int micro)
 
 /* One action of the stage: a forward (with the head on the last chunk) and the send of its
  * output, or a backward and the send of its input gradients, each first waiting for the
- * neighbour's send when there is one. */
-static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray *deps,
-                       GArray *launched)
+ * neighbour's send when there is one. `next`: the stage's action after it, or NULL. */
+static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *next,
+                       Activations *a, GArray *deps, GArray *launched)
 {
     const ZpPlan *plan = &b->s->plan;
     const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
@@ -1565,12 +1602,16 @@ static void run_action(Builder *b, const ZpPipeAction *x, Activations *a, GArray
         b->recv_key = x->chunk > 0 ? send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
         forward(b, x->micro, a, deps, r);
         if (last)
-            head(b, x->micro, reduce, deps, launched);
+            head(b, x->micro, reduce,
+                 plan->backend_workspace && zp_plan_pp(plan) > 1 &&
+                     (!next || next->micro != x->micro),
+                 deps, launched);
         else
             send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
         return;
     }
     b->recv_key = !last ? send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    release_head_grad(b, x->micro);
     backward(b, x->micro, reduce, a, deps, launched, r);
     if (x->chunk > 0)
         send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
@@ -1610,6 +1651,8 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     const int P = zp_plan_pp(plan);
     const guint first = s->ops->len;
     b->last_compute = NONE;
+    b->resident = -1; /* each stage's ranks hold their own workspace */
+    b->workspace_free = NONE;
     g_array_set_size(b->sync_deps, 0);
     g_array_set_size(b->buckets, 0);
     layout(b);
@@ -1626,7 +1669,9 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
         g_array_append_val(actions, w);
     }
     for (guint i = 0; i < actions->len; i++)
-        run_action(b, &g_array_index(actions, ZpPipeAction, i), a, deps, launched);
+        run_action(b, &g_array_index(actions, ZpPipeAction, i),
+                   i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL, a,
+                   deps, launched);
     g_array_unref(actions);
     tied_sync(b);
     /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
@@ -1638,6 +1683,9 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     if (P > 1)
         free_held_buckets(b, plan->grad_accum - 1);
     optimizer_step(b, launched);
+    if (b->resident >= 0)
+        emit_free(b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(&s->model, plan), 0, 0,
+                  b->resident, b->last_compute);
     s->host_bytes[ZP_MEM_CHECKPOINTS] = host_checkpoint_peak(s, first);
     memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
            sizeof s->state_bytes);
@@ -1701,7 +1749,10 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .resident = -1, .workspace_free = NONE, .tied_grad = -1};
+                 .resident = -1, .workspace_free = NONE, .tied_grad = -1,
+                 .head_grad = g_new(int, (gsize)plan->grad_accum)};
+    for (int m = 0; m < plan->grad_accum; m++)
+        b.head_grad[m] = -1;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -1725,10 +1776,6 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     for (b.stage = 0; b.stage < P; b.stage++)
         build_stage(&b, &a, deps, launched);
     most_host_bytes(s);
-    b.stage = P - 1; /* backend_workspace: one stage only (cli_simulate) */
-    if (b.resident >= 0)
-        emit_free(&b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(model, plan), 0, 0,
-                  b.resident, b.last_compute);
     link_sends(&b);
     g_array_unref(deps);
     g_array_unref(launched);
@@ -1744,6 +1791,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.gathers);
     g_free(b.first_unit);
     g_free(b.send_op);
+    g_free(b.head_grad);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
     g_array_unref(b.offloaded);

@@ -14,9 +14,13 @@
 
 /* Simulates one plan: its step time and the bytes per GPU it needs (what the caching
  * allocator reserves at the peak, holes included, as `simulate` judges a fit; the search
- * adds the hwprofile's runtime reserve to it). */
-typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double *step_time_s,
-                             double *peak_memory_bytes, GError **error);
+ * adds the hwprofile's runtime reserve to it). With stop_after_s > 0 (a step the plan cannot
+ * win beyond) it may stop as soon as the step is known to exceed that: *step_time_s is then
+ * a time past stop_after_s that the step does not undercut, and *peak_memory_bytes is
+ * ZP_RANK_STOPPED (nothing was sized). */
+typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double stop_after_s,
+                             double *step_time_s, double *peak_memory_bytes, GError **error);
+#define ZP_RANK_STOPPED (-1.0)
 
 /* The bus bandwidth (nccl-tests' busbw, bytes/s) that the DP or TP group of a world of
  * dp x mp ranks gets from its bottleneck link; the simulator's placement model says. */
@@ -81,7 +85,8 @@ typedef struct {
     ZpFate fate;
     double memory_bytes;      /* closed form: model states + residual + runtime reserve */
     double bound_step_s;      /* closed-form lower bound of the simulated step time */
-    double step_time_s;       /* simulated (0 when not simulated) */
+    double step_time_s;       /* simulated (0 when not simulated, -1 when its simulation
+                               * stopped past what could win) */
     double peak_memory_bytes; /* simulated need (allocator-reserved peak) + runtime reserve
                                * (0 when not simulated) */
 } ZpCandidate;
@@ -96,6 +101,8 @@ typedef struct {
     int pipe_best[2];     /* [checkpoint]: the fastest fitting simulated plan with pipeline
                            * stages (those are not in stage_best), or -1 */
     guint count[ZP_FATE_N];
+    guint stopped; /* simulations stopped once the step passed what could win (those plans
+                    * are ZP_FATE_CANNOT_WIN) */
 } ZpSearchResult;
 
 /* Every plan the spec allows, with DeepSpeed's other defaults: ZpCandidate with fate and
@@ -146,8 +153,12 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
  * time per sample or below the best of its stage x checkpointing group, so the ranking and
  * the per-stage bests are exact whenever the bound holds. A ZeRO-R level is simulated only
  * when its parent does not fit (it is the same plan with more work). A simulated plan whose
- * need plus reserve exceeds GPU memory is dropped (ZP_FATE_SIMULATED_OOM). An empty ranking means
- * nothing fits; `closest` then says by how little. */
+ * need plus reserve exceeds GPU memory is dropped (ZP_FATE_SIMULATED_OOM). A simulation stops
+ * once its step passes both those times (with the twin tolerance to spare): that plan cannot
+ * win either (ZP_FATE_CANNOT_WIN, its bound raised to where it stopped, step_time_s -1); should
+ * a ZeRO++ plan at other buckets, tried only when its parent does not fit, come up after a
+ * stopped parent, the parent runs to the end first. An empty ranking means nothing fits;
+ * `closest` then says by how little. */
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error);
 
 void zp_search_result_clear(ZpSearchResult *result);

@@ -57,16 +57,21 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
  * divisors pair up around sqrt(m), so trial division up to it finds it. */
 static uint64_t least_divisor_from(uint64_t m, uint64_t least)
 {
-    uint64_t best = m;
-    for (uint64_t d = 1; d * d <= m; d++) {
-        if (m % d != 0)
-            continue;
-        if (d >= least && d < best)
-            best = d;
-        if (m / d >= least && m / d < best)
-            best = m / d;
-    }
-    return best;
+    uint64_t root = (uint64_t)sqrt((double)m);
+    while (root * root > m)
+        root--;
+    while ((root + 1) * (root + 1) <= m)
+        root++;
+    /* Up to the root, the first divisor from `least` is the least: every co-divisor m / d of
+     * a smaller d exceeds m / least >= root. */
+    for (uint64_t d = MAX(least, 1); d <= root; d++)
+        if (m % d == 0)
+            return d;
+    /* Past it, the least co-divisor m / d >= least is that of the largest such d. */
+    for (uint64_t d = MIN(root, m / MAX(least, 1)); d >= 1; d--)
+        if (m % d == 0)
+            return m / d;
+    return m;
 }
 
 /* CUDAQuantizer.quantize with target_group_size 8000: its first loop steps groups up from

@@ -251,6 +251,8 @@ typedef struct {
 
     double mem_tolerance_bytes;
     uint64_t op_events, heap_events, state_bytes;
+    double stop_after_s; /* SimOptions.stop_after_s (0: run to the end) */
+    double stopped_s;    /* when the first op ended past it (0: none has) */
     GError *error;
 } Sim;
 
@@ -545,9 +547,18 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     g_strlcpy(result->cost_model, sim->cost.why, sizeof result->cost_model);
     sim->contention = zp_cost_contention(&sim->cost, 1);
     SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
-    for (uint32_t g = 0; g < sim->n_groups; g++)
+    /* Each communicator's last collective costed, by kind: a step repeats the same sizes
+     * (every tensor-parallel all-reduce is b s h), so most costs are the one before. */
+    struct {
+        double bytes;
+        SimCollCost cost;
+    } last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
                                           sim->groups[g].stride);
+        for (int k = 0; k < ZP_COLL_N; k++)
+            last_cost[g][k].bytes = -1;
+    }
     double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
@@ -586,7 +597,10 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
                 stage_flops[op->stage] += op->flops;
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
-            const SimCollCost cost = sim_coll_cost(op->sub, op->bytes, g);
+            if (last_cost[op->group][op->sub].bytes != op->bytes)
+                last_cost[op->group][op->sub].cost = sim_coll_cost(op->sub, op->bytes, g);
+            last_cost[op->group][op->sub].bytes = op->bytes;
+            const SimCollCost cost = last_cost[op->group][op->sub].cost;
             /* With an op table (the measured backend's), the rank's own copies around the
              * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
             o->latency_s = cost.latency_s + zp_cost_coll_copy_s(&sim->cost, op,
@@ -1303,6 +1317,9 @@ static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
+    /* An op that ends past the caller's time: the step ends later still. */
+    if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
+        sim->stopped_s = now_s;
     release_dependents(sim, rank, i, now_s);
     sim->stream[rank].busy[op->stream] = 0;
     try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
@@ -1703,6 +1720,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .sim_pp = (uint32_t)MAX(sched->stages, 1),
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
+        .stop_after_s = options->stop_after_s,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
@@ -1737,7 +1755,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok) {
         seed(&sim);
         const double total_ops = (double)sim.n_ops * sim.ranks;
-        while (sim.queue.len > 0 && !sim.error) {
+        while (sim.queue.len > 0 && !sim.error && sim.stopped_s == 0) {
             double now_s;
             const Event e = queue_pop(&sim.queue, &now_s);
             sim.heap_events++;
@@ -1750,11 +1768,14 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
             g_propagate_error(error, sim.error);
             sim.error = NULL;
             ok = FALSE;
+        } else if (sim.stopped_s > 0) {
+            result->stopped = TRUE;
+            result->step_time_s = sim.stopped_s;
         } else {
             ok = check_end(&sim, error);
         }
     }
-    if (ok) {
+    if (ok && !result->stopped) {
         fill_result(&sim, result);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;

@@ -34,6 +34,9 @@ typedef struct {
      * as rank classes, one rank each, with the results of every rank simulated. */
     const SimSlow *slow_ranks, *slow_nodes;
     uint32_t n_slow_ranks, n_slow_nodes;
+    /* > 0: stop once an op ends later than this (the caller, a search, has no use for a
+     * step longer than it); the result is then `stopped`, with nothing but step_time_s. */
+    double stop_after_s;
 } SimOptions;
 
 typedef struct {
@@ -42,6 +45,9 @@ typedef struct {
     int world;            /* dp * mp ranks the step runs on */
     int ranks_simulated;  /* world in explicit mode; folded, one a stage or rank class */
     double step_time_s;   /* when the last op of any rank ends */
+    /* SimOptions.stop_after_s passed: step_time_s is when the first op ended past it (the
+     * step ends no sooner), and every other figure is unset. */
+    gboolean stopped;
 
     /* Busy time and breakdown of report_rank, the simulated rank that finishes last. The six
      * terms add up to step_time_s: compute (all GPU compute ops but the optimizer), exposed

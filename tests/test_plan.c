@@ -138,11 +138,12 @@ typedef struct {
     guint calls;
 } Recorder;
 
-static gboolean record(const ZpPlan *plan, void *ctx, double *step_s, double *peak, GError **error)
+static gboolean record(const ZpPlan *plan, void *ctx, double stop_after_s, double *step_s,
+                       double *peak, GError **error)
 {
     Recorder *r = ctx;
     r->calls++;
-    return cli_rank_by_simulation(plan, &r->sim, step_s, peak, error);
+    return cli_rank_by_simulation(plan, &r->sim, stop_after_s, step_s, peak, error);
 }
 
 /* The bound never exceeds the simulated step (so pruning loses nothing), the plans it pruned
@@ -162,7 +163,8 @@ static void check_search(const char *model_name, const char *cluster, int gpus, 
     GError *error = NULL;
     g_assert_true(zp_search_run(&spec, &r, &error));
     g_assert_no_error(error);
-    g_assert_cmpuint(rec.calls, ==, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM]);
+    g_assert_cmpuint(rec.calls, ==,
+                     r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM] + r.stopped);
     g_assert_cmpuint(r.ranked->len, >, 0);
     const ZpCandidate *best = zp_search_ranked(&r, 0);
     g_assert_cmpfloat(best->peak_memory_bytes, <=, hw.gpu_memory_bytes);
@@ -180,7 +182,7 @@ static void check_search(const char *model_name, const char *cluster, int gpus, 
         /* Simulate a pruned plan anyway: it is no faster per sample than the K-th, or, a
          * ZeRO-R level left out because a level before it fits, than that level. */
         double step_s, peak;
-        g_assert_true(cli_rank_by_simulation(&c->plan, &rec.sim, &step_s, &peak, NULL));
+        g_assert_true(cli_rank_by_simulation(&c->plan, &rec.sim, 0, &step_s, &peak, NULL));
         g_assert_cmpfloat(c->bound_step_s, <=, step_s * (1 + 1e-9));
         const ZpCandidate *parent = c->parent >= 0 ? zp_search_candidate(&r, c->parent) : NULL;
         while (parent && parent->fate == ZP_FATE_CANNOT_WIN && parent->parent >= 0)
@@ -282,7 +284,7 @@ static void test_search_zeropp(void)
     plain.zero.zero_hpz_partition_size = 1;
     CliRankContext sim = {&m, &hw};
     double step_s, need;
-    g_assert_true(cli_rank_by_simulation(&plain, &sim, &step_s, &need, NULL));
+    g_assert_true(cli_rank_by_simulation(&plain, &sim, 0, &step_s, &need, NULL));
     g_test_message("best %.3f s, without ZeRO++ %.3f s", best->step_time_s, step_s);
     g_assert_cmpfloat(best->step_time_s, <, step_s);
     zp_search_result_clear(&r);
@@ -757,7 +759,7 @@ static void test_ds_config_written_and_simulated(void)
     g_assert_cmpint(memcmp(&plan, &expected, sizeof plan), ==, 0);
     CliRankContext sim = {&m, &hw};
     double step_s, peak;
-    g_assert_true(cli_rank_by_simulation(&plan, &sim, &step_s, &peak, NULL));
+    g_assert_true(cli_rank_by_simulation(&plan, &sim, 0, &step_s, &peak, NULL));
     g_assert_cmpfloat(step_s, ==, number(best, "step_time_s"));
     g_assert_cmpfloat(peak + hw.runtime_reserve_bytes, ==, number(best, "peak_memory_bytes"));
     g_ptr_array_unref(warnings);
@@ -1036,10 +1038,10 @@ static void test_sweep_tflops(void)
 /* A ranker under which every plan takes the same time per sample (a tie everywhere) and needs
  * memory that depends on its shape: the ranking must then list the plans with more memory
  * left first. */
-static gboolean tied_rank(const ZpPlan *plan, void *ctx, double *step_time_s,
-                          double *peak_memory_bytes, GError **error)
+static gboolean tied_rank(const ZpPlan *plan, void *ctx, double stop_after_s,
+                          double *step_time_s, double *peak_memory_bytes, GError **error)
 {
-    (void)ctx, (void)error;
+    (void)ctx, (void)stop_after_s, (void)error;
     *step_time_s = 1e6 * zp_search_samples(plan);
     *peak_memory_bytes = 1e9 * (1 + plan->zero.stage + 4.0 * plan->checkpoint +
                                 8.0 * plan->mp + 0.5 * plan->micro_batch);

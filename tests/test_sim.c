@@ -864,6 +864,36 @@ static double step_time(const Case *c, const ZpHw *hw, SimMode mode)
     return t;
 }
 
+/* stop_after_s: a run stops once an op ends past it, with a step time past it and no later
+ * than the whole run's; at the whole step or beyond it runs to the end, figures unchanged. */
+static void test_stop_after(void)
+{
+    const Case c = {2, 4, 1, 2, TRUE, TRUE};
+    ZpSchedule *s = build(&c);
+    SimResult *whole = run(s, &a100, SIM_MODE_FOLDED);
+    g_assert_false(whole->stopped);
+    const double step = whole->step_time_s;
+    for (int k = 1; k <= 3; k++) {
+        const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = step * k / 4};
+        GError *error = NULL;
+        SimResult *r = sim_engine_run(s, &a100, &options, &error);
+        g_assert_no_error(error);
+        g_assert_true(r->stopped);
+        g_assert_cmpfloat(r->step_time_s, >, options.stop_after_s);
+        g_assert_cmpfloat(r->step_time_s, <=, step);
+        g_assert_cmpuint(r->op_events, ==, 0);
+        sim_result_free(r);
+    }
+    const SimOptions at_end = {.mode = SIM_MODE_FOLDED, .stop_after_s = step};
+    SimResult *r = sim_engine_run(s, &a100, &at_end, NULL);
+    g_assert_false(r->stopped);
+    g_assert_cmpfloat(r->step_time_s, ==, step);
+    g_assert_cmpfloat(r->peak_memory_bytes, ==, whole->peak_memory_bytes);
+    sim_result_free(r);
+    sim_result_free(whole);
+    zp_sched_free(s);
+}
+
 /* Bytes sent per rank are the planner's: exactly zp_sched_comm_bytes, and the closed forms
  * of zp_comm up to padding: stage 3 sends 1.5x stage 2, stages 0, 1 and 2 the same. */
 static void test_comm_bytes(void)
@@ -1478,6 +1508,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/coll/placement-groups", test_placement_groups);
     g_test_add_func("/sim/coll/nccl-tuning-model", test_nccl_tuning_model);
     g_test_add_func("/sim/engine/one-collective", test_one_collective);
+    g_test_add_func("/sim/engine/stop-after", test_stop_after);
     g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
     g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
     g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);
