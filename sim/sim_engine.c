@@ -141,13 +141,16 @@ typedef struct {
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
  * its start and its end, so they are kept together (the busy times and the running op apart)
- * in 56 bytes: the members of a collective are swept in order at each, 131,072 of them at the
+ * in 64 bytes: the members of a collective are swept in order at each, 131,072 of them at the
  * largest. The counts are of ops in flight, at most one a stream. */
 typedef struct {
     double mark_s; /* exposed communication is accounted up to here */
     double exposed_s, end_s;
     double cpu_optimizer_s, transfer_s; /* exposed CPU Adam and offload transfers */
     double flush_s; /* when its last compute op but the optimizer ended (a pipeline's flush) */
+    /* GPU time counted more than once by the busy sums: (k - 1) x the time k GPU ops ran at
+     * once (an unpack or a quantisation on a communication stream beside the compute). */
+    double gpu_overlap_s;
     uint8_t compute_running, comm_active;
     uint8_t cpu_running, transfers_active;
 } RankState;
@@ -1085,6 +1088,8 @@ static void account(RankState *rs, double now_s)
     /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
      * offload transfer. */
     const double dt = now_s - rs->mark_s;
+    if (rs->compute_running > 1)
+        rs->gpu_overlap_s += (rs->compute_running - 1) * dt;
     if (rs->compute_running == 0) {
         if (rs->comm_active > 0)
             rs->exposed_s += dt;
@@ -1564,6 +1569,14 @@ static gboolean check_end(Sim *sim, GError **error)
     return TRUE;
 }
 
+/* The GPU's compute time but the optimizer's, each instant once: the busy sums count an op on
+ * a communication stream (unpack, quantisation) and the compute it overlaps both, so that the
+ * breakdown's terms would add up to more than the step. */
+static double gpu_compute_s(const RankState *rs, const RankBusy *rb)
+{
+    return rb->compute_s - rs->gpu_overlap_s;
+}
+
 static void fill_result(const Sim *sim, SimResult *result)
 {
     /* The peak rank: the lowest of those whose total rose highest. */
@@ -1582,12 +1595,12 @@ static void fill_result(const Sim *sim, SimResult *result)
     result->step_time_s = rs->end_s;
     result->report_rank = (int)last;
     memcpy(result->stream_busy_s, rb->busy_s, sizeof rb->busy_s);
-    result->compute_s = rb->compute_s;
+    result->compute_s = gpu_compute_s(rs, rb);
     result->optimizer_s = rb->optimizer_s;
     result->exposed_comm_s = rs->exposed_s;
     result->cpu_optimizer_s = rs->cpu_optimizer_s;
     result->offload_transfer_s = rs->transfer_s;
-    result->idle_s = MAX(0.0, rs->end_s - rb->compute_s - rb->optimizer_s - rs->exposed_s -
+    result->idle_s = MAX(0.0, rs->end_s - result->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
     result->peak_memory_bytes = top->total.peak;
     memcpy(result->peak_breakdown_bytes, top->peak_breakdown_bytes,
@@ -1615,8 +1628,9 @@ static void fill_result(const Sim *sim, SimResult *result)
         for (int c = 0; c < ZP_MEM_N; c++)
             result->stage_category_peak_bytes[k * ZP_MEM_N + c] =
                 MAX(result->stage_category_peak_bytes[k * ZP_MEM_N + c], m->category[c].peak);
-        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], rb->compute_s);
-        const double idle_s = MAX(rs->end_s, result->flush_s) - rb->compute_s - rb->optimizer_s -
+        const double compute_s = gpu_compute_s(rs, rb);
+        result->stage_compute_s[k] = MAX(result->stage_compute_s[k], compute_s);
+        const double idle_s = MAX(rs->end_s, result->flush_s) - compute_s - rb->optimizer_s -
                               rs->exposed_s;
         result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
     }
