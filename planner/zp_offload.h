@@ -114,6 +114,9 @@ double zp_offload_cpu_adam_bytes(const ZpPlan *plan);
  * sub-group i on the CPU when i >= int((1 - ratio) n) (_create_fp32_partitions:
  * subgroup_to_device): with one sub-group any ratio above 0 offloads all of it. */
 double zp_offload_cpu_share(const ZpPlan *plan, double part);
+/* The elements of the partition's first sub-groups, which the GPU steps: the partition
+ * without optimizer offload, 0 at stages 1-2 with it (the share above, in elements). */
+double zp_offload_gpu_elems(const ZpPlan *plan, double part);
 
 /* Stage 3 with offload_param nvme: elements of a partition of `part` the host keeps, the
  * sub-groups from the first that fit together in min(part, max_in_cpu) elements

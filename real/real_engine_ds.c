@@ -945,9 +945,20 @@ gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, Rea
         return TRUE;
     if (ds->stage == 2 && zp_offload_stage2_accum(&ds->s->plan))
         return stage2_accum_transfer(ds, op, coll, o, dev, at, n, error);
-    /* Stage 3 slices are the same on every rank, the op's bytes: fp32, or the 16-bit sum's
-     * round trip; stage 2's are this rank's part of the bucket, fp32. */
-    const gboolean fp32 = ds->stage != 3 || op->bytes == 4.0 * (double)n;
+    /* Stage 3's chain (offload_grad_slice): the 16-bit sum's round trip, then at the last
+     * micro-step the fp32 slice down, the third; stage 2's are this rank's part of the
+     * bucket, fp32. Once the round trip left the sum on the device at the last micro-step,
+     * the GPU's sub-groups take their fp32 gradients from it (partial offload). */
+    int before = 0;
+    for (const ZpOp *p = op; p->n_deps > 0;) {
+        p = zp_sched_op(ds->s, zp_sched_deps(ds->s, p)[0]);
+        if (p->kind != ZP_OP_TRANSFER)
+            break;
+        before++;
+    }
+    const gboolean fp32 = ds->stage != 3 || before == 2;
+    if (ds->stage == 3 && before == 1 && op->micro == ds->s->plan.grad_accum - 1)
+        real_offload_grads_keep(o, dev, at, n);
     switch ((ZpTransferKind)op->sub) {
     case ZP_XFER_D2H:
         if (fp32)

@@ -13,8 +13,9 @@
 typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
- * optimizer offload at stages 1-3 (every sub-group on the CPU), parameter offload at stage 3
- * (CPU backend only; all of it kept in host memory or none). A device backend pins the host
+ * optimizer offload at stages 1-3 (every sub-group on the CPU, or at DeepSpeed's stage 3 on
+ * the CPU backend the last ones by ratio), parameter offload at stage 3 (CPU backend only;
+ * all of it kept in host memory or none). A device backend pins the host
  * buffers (pin_memory; cudaHostRegister) and copies on its copy stream (copy_async, ordered by
  * copy_wait); the CPU backend addresses host memory directly and copies plainly. Host buffers
  * of exactly the schedule's host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
@@ -96,6 +97,16 @@ gboolean real_offload_states_out(RealOffload *o, GError **error);
  * steps it, and states_out and params_up write back the one stepped last. Whether the next
  * CPU Adam begins a step (its first sub-group). */
 gboolean real_offload_first_sub_group(const RealOffload *o);
+
+/* Partial offload (zp_offload_gpu_elems > 0; DeepSpeed's stage 3 on the cpu backend): the
+ * sub-groups the GPU steps keep fp32 master, moments and gradients on the device (stage3.py
+ * _create_fp32_partitions, initialize_optimizer_states: subgroup_to_device). grads_keep
+ * converts the part of a reduced 16-bit sum [at, at + n) below gpu_elems into their fp32
+ * gradients (_offload_grad_partition_at_boundary's copy on the device; real_offload
+ * _grads_down moves only the rest); gpu_adam steps them (the backup optimizer) with the CPU
+ * backend's Adam on fp32 gradients into the device partition `params`, the step's first op. */
+void real_offload_grads_keep(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n);
+void real_offload_gpu_adam(RealOffload *o, const RealAdamHyper *hyper, RealBf16 *params);
 
 /* CPU Adam over the next sub-group: the same update as the backends' adam_step, from fp32
  * gradients, writing the 16-bit result to the host partition, the partitioned_swap_buffer,

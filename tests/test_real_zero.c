@@ -910,6 +910,13 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* DeepSpeed's partial offload by sub-groups of 20000 (stage3.py subgroup_to_device):
+     * ratio 0.5 leaves int(1.5) = 1 on the GPU, 20000 elements, and the CPU steps 20000 and
+     * 13120; ratio 0.3 leaves 2, the CPU steps the last 13120 alone. */
+    {3, 2, 2, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}"},
+    {3, 2, 1, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.3}"},
     /* Sub-groups below the partition of 53120 elements, stepped one by one (stage3.py
      * step): three with the parameters on the GPU; three swapped through buffers of one;
      * two with both on NVMe and none kept on the host. */
@@ -1037,6 +1044,36 @@ static void test_offload_matches(void)
     }
     g_rmdir(dir);
     g_free(dir);
+}
+
+/* A partial offload zreal does not step on the GPU (the paper's stage 3, whose gradients have
+ * no host sum of DeepSpeed's) is one line naming offload_optimizer.ratio, exit status 1..127. */
+static void test_offload_partial_refused(void)
+{
+    char *ds = g_strdup_printf("%s/partial-ds.json", tmp_dir);
+    char *sched = g_strdup_printf("%s/partial-s.json", tmp_dir);
+    g_assert_true(g_file_set_contents(
+        ds,
+        "{\"train_micro_batch_size_per_gpu\": 2, \"bf16\": {\"enabled\": true}, "
+        "\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0, "
+        "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\", "
+        "\"ratio\": 0.5}}}",
+        -1, NULL));
+    char *zargs = g_strdup_printf("schedule --model tiny --gpus 2 --impl paper --ds-config %s "
+                                  "--out %s", ds, sched);
+    TuRun r = tu_zplan(zargs);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    char *args = g_strdup_printf("--schedule %s --steps 1", sched);
+    r = tu_zreal_mpirun(2, args, NULL);
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_cmpint(WEXITSTATUS(r.status), >=, 1);
+    g_assert_cmpint(WEXITSTATUS(r.status), <=, 127);
+    g_assert_nonnull(strstr(r.err, "offload_optimizer.ratio: zreal steps sub-groups on the GPU "
+                                   "under DeepSpeed's stage 3"));
+    tu_free(&r);
+    g_remove(ds), g_remove(sched);
+    g_free(ds), g_free(sched), g_free(zargs), g_free(args);
 }
 
 /* zreal --schedule runs a deepspeed schedule file as zplan schedule wrote it: stage 3 with
@@ -1224,6 +1261,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/deepspeed-allreduce-fetch", test_deepspeed_allreduce_fetch);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
+    g_test_add_func("/zreal/offload-partial-refused", test_offload_partial_refused);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
