@@ -91,9 +91,6 @@ static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, G
     if (swap > 0 && swap < (double)part)
         return fail(error, "zreal initialises the partition in the partitioned_swap_buffer, "
                            "which holds less than it: a larger sub_group_size");
-    if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage3_use_all_reduce_for_fetch_params)
-        return fail(error, "zreal fetches offloaded parameters into all-gathers "
-                           "(stage3_use_all_reduce_for_fetch_params false)");
     if (device && (!be->copy_async || !be->pin_host))
         return fail(error, "the backend has no pinned host memory or copy stream");
     if (device && z->offload_param.device != ZP_OFFLOAD_NONE)

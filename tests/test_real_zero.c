@@ -910,6 +910,17 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* Offloaded parameters fetched by all-reduce (stage3_use_all_reduce_for_fetch_params):
+     * a call of more than one tensor zeroes its buffer and each slice comes up into its
+     * place in its parameter's region (partition_parameters.py _all_gather_coalesced). */
+    {3, 2, 2, "deepspeed", NULL,
+     "\"stage3_use_all_reduce_for_fetch_params\": true, \"offload_optimizer\": {\"device\": "
+     "\"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}"},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"stage3_use_all_reduce_for_fetch_params\": true, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 40000}"},
     /* DeepSpeed's partial offload by sub-groups of 20000 (stage3.py subgroup_to_device):
      * ratio 0.5 leaves int(1.5) = 1 on the GPU, 20000 elements, and the CPU steps 20000 and
      * 13120; ratio 0.3 leaves 2, the CPU steps the last 13120 alone. */
