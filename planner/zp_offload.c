@@ -393,20 +393,21 @@ void zp_offload_layout(ZpSchedule *s)
     memcpy(s->nvme_bytes, t.bytes[ZP_TIER_NVME], sizeof s->nvme_bytes);
 }
 
-void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
+void zp_offload_fetch(const ZpPlan *plan, double elems, double at, double partition_elems,
                       double *nvme_read_bytes, double *h2d_bytes)
 {
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpTier tier = zp_offload_param_tier(plan);
     *h2d_bytes = tier == ZP_TIER_GPU ? 0.0 : elems * elem;
-    /* The sub-groups the host keeps are fetched from it, the rest is read from NVMe. zplan
-     * spreads that share over the units evenly (exact with one sub-group: all or none). */
-    const double on_nvme =
-        tier == ZP_TIER_NVME && partition_elems > 0
-            ? (partition_elems - zp_offload_param_kept_elems(plan, partition_elems)) /
-                  partition_elems
-            : 0.0;
-    *nvme_read_bytes = on_nvme * elems * elem;
+    *nvme_read_bytes = 0;
+    if (tier != ZP_TIER_NVME || partition_elems <= 0)
+        return;
+    /* The sub-groups the host keeps, the partition's first kept elements, are fetched from
+     * it, the rest is read from NVMe first: exactly from `at`, else spread over the slices
+     * evenly (exact with one sub-group: all or none). */
+    const double kept = zp_offload_param_kept_elems(plan, partition_elems);
+    *nvme_read_bytes = at >= 0 ? fmax(0.0, at + elems - fmax(at, kept)) * elem
+                               : (partition_elems - kept) / partition_elems * elems * elem;
 }
 
 static const char *const tier_what[ZP_TIER_N] = {"GPU memory per GPU", "CPU memory per node",

@@ -37,6 +37,8 @@ struct RealOffload {
                             * (accumulated_grads_in_cpu) */
     uint64_t accum_elems;
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
+    uint64_t kept;         /* the partition's first elements the host keeps (all but with
+                            * offload_param nvme: zp_offload_param_kept_elems) */
     RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
                             * one sub-group does not fit in, allocated all the same */
     RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
@@ -84,9 +86,9 @@ static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, G
                            "DeepSpeed's stage 3 (--impl deepspeed) with the optimizer on cpu, "
                            "the parameters on the GPU and the cpu backend");
     const double kept = zp_offload_param_kept_elems(&s->plan, (double)part);
-    if (kept > 0 && kept < (double)part)
-        return fail(error, "offload_param.max_in_cpu: zreal keeps all of the sub-groups in "
-                           "host memory or none, this keeps some");
+    if (kept > 0 && kept < (double)part && s->plan.impl != ZP_IMPL_DEEPSPEED)
+        return fail(error, "offload_param.max_in_cpu: zreal keeps some of the sub-groups in "
+                           "host memory under DeepSpeed's stage 3 only (--impl deepspeed)");
     const double swap = zp_offload_param_swap_buffer_elems(&s->model, &s->plan, (double)part);
     if (swap > 0 && swap < (double)part)
         return fail(error, "zreal initialises the partition in the partitioned_swap_buffer, "
@@ -229,6 +231,7 @@ RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, ui
     o->be = be, o->host = real_alloc_new(), o->part = part, o->stage = s->plan.zero.stage;
     o->plan = &s->plan, o->n_sub = zp_offload_sub_group_count(&s->plan, (double)part);
     o->gpu_elems = (uint64_t)zp_offload_gpu_elems(&s->plan, (double)part);
+    o->kept = (uint64_t)zp_offload_param_kept_elems(&s->plan, (double)part);
     for (ZpOffloadStep g = {0}; o->first_cpu < o->n_sub; o->first_cpu++) {
         zp_offload_sub_group_step(&s->plan, (double)part, o->first_cpu, &g);
         if (g.on_cpu)
@@ -287,12 +290,15 @@ static void sub_group(const RealOffload *o, int j, uint64_t *off, uint64_t *n)
     *off = (uint64_t)g.offset_elems, *n = (uint64_t)g.elems;
 }
 
-/* Where sub-group [off, off + n)'s 16-bit values are on the host: in the host's partition,
- * at the head of the partitioned_swap_buffer, or in a transient host copy of n (PARAMS). */
+/* Where sub-group [off, off + n)'s 16-bit values are on the host: in the host's partition
+ * or its place in the flat buffer (a sub-group max_in_cpu keeps), at the head of the
+ * partitioned_swap_buffer, or in a transient host copy of n (PARAMS). */
 static RealBf16 *sub_group16(RealOffload *o, uint64_t off, uint64_t n)
 {
     if (o->params)
         return o->params + off;
+    if (o->cpu_flat && off < o->kept)
+        return o->cpu_flat + off;
     if (o->part_swap)
         return o->part_swap;
     if (!o->out16)
@@ -350,6 +356,8 @@ gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **e
     if (ok && o->file[ZP_MEM_PARAMS])
         ok = real_nvme_write(o->file[ZP_MEM_PARAMS], partition, o->part * sizeof(RealBf16), 0,
                              error);
+    if (ok && o->cpu_flat && o->kept > 0) /* the kept sub-groups into the flat buffer */
+        memcpy(o->cpu_flat, partition, o->kept * sizeof(RealBf16));
     return ok;
 }
 
@@ -545,7 +553,7 @@ gboolean real_offload_states_out(RealOffload *o, GError **error)
             return FALSE;
         o->moved[ZP_XFER_NVME_WRITE] += (double)f4;
     }
-    if (o->param_tier == ZP_TIER_NVME && !o->params) { /* CPU Adam's 16-bit output */
+    if (o->param_tier == ZP_TIER_NVME && off >= o->kept) { /* CPU Adam's 16-bit output */
         if (!o->part_swap)
             return fail(error, "a parameter swap-out without the partitioned swap buffer");
         const uint64_t b2 = n * sizeof(RealBf16);
@@ -625,15 +633,23 @@ gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64
     if (!o->file[ZP_MEM_PARAMS] || pool_at + n > o->pool_elems)
         return fail(error, "a parameter swap-in needs the parameters on NVMe and a slice "
                            "within offload_param's buffer_count x buffer_size");
-    o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)n;
-    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at, n * sizeof(RealBf16),
-                          at * sizeof(RealBf16), error);
+    const uint64_t skip = MIN(n, o->kept > at ? o->kept - at : 0); /* the host's part */
+    o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)(n - skip);
+    return skip == n ||
+           real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at + skip,
+                          (n - skip) * sizeof(RealBf16), (at + skip) * sizeof(RealBf16), error);
 }
 
 void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                               uint64_t pool_at)
 {
-    tier_copy(o, dst, o->params ? o->params + at : o->pool + pool_at, n * sizeof(RealBf16));
+    /* the kept sub-groups' part from the host, the rest from the pool it was read into */
+    const uint64_t host = MIN(n, o->kept > at ? o->kept - at : 0);
+    if (host > 0)
+        tier_copy(o, dst, o->params ? o->params + at : o->cpu_flat + at,
+                  host * sizeof(RealBf16));
+    if (host < n)
+        tier_copy(o, dst + host, o->pool + pool_at + host, (n - host) * sizeof(RealBf16));
     tier_wait(o, true); /* before the gather, and before the pool is read into again */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
 }

@@ -15,7 +15,8 @@ typedef struct RealOffload RealOffload;
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
  * optimizer offload at stages 1-3 (every sub-group on the CPU, or at DeepSpeed's stage 3 on
  * the CPU backend the last ones by ratio), parameter offload at stage 3 (CPU backend only;
- * all of it kept in host memory or none). A device backend pins the host
+ * with nvme, the sub-groups max_in_cpu keeps in host memory: all, none, or under DeepSpeed's
+ * stage 3 the first ones). A device backend pins the host
  * buffers (pin_memory; cudaHostRegister) and copies on its copy stream (copy_async, ordered by
  * copy_wait); the CPU backend addresses host memory directly and copies plainly. Host buffers
  * of exactly the schedule's host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
@@ -119,8 +120,9 @@ gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
 /* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read
- * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ), and up
- * from the pool (at pool_at) or the host partition to `dst` on the device (ZP_XFER_H2D). */
+ * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ; only
+ * those beyond the sub-groups the host keeps, each at its place), and up from the host (the
+ * kept ones) and the pool to `dst` on the device (ZP_XFER_H2D, all n). */
 gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
                                  GError **error);
 void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,

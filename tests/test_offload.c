@@ -446,6 +446,19 @@ static void test_partial_schedule(void)
         host += s->host_bytes[c];
     g_assert_cmpfloat(zp_offload_host_peak_bytes(s), ==, host + 2 * (p - 2 * sg));
     zp_sched_free(s);
+    /* offload_param nvme with max_in_cpu of one sub-group keeps [0, sg) on the host
+     * (_create_fp16_partitions_with_defragmentation): a slice of 100 from sg - 40 reads its
+     * last 60 from NVMe, and all 100 go up; not knowing where it lies, the NVMe share. */
+    plan.zero.offload_optimizer.ratio = 1;
+    plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_param.max_in_cpu = sg + 1;
+    g_assert_cmpfloat(zp_offload_param_kept_elems(&plan, p), ==, sg);
+    double nvme, h2d;
+    zp_offload_fetch(&plan, 100, sg - 40, p, &nvme, &h2d);
+    g_assert_cmpfloat(nvme, ==, 2 * 60);
+    g_assert_cmpfloat(h2d, ==, 2 * 100);
+    zp_offload_fetch(&plan, 100, -1, p, &nvme, &h2d);
+    assert_close(nvme, 2 * 100 * (p - sg) / p);
 }
 
 /* offload_optimizer and offload_param are read, written and read back as they were; the
