@@ -38,8 +38,10 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
     d.swiglu = zp_model_gated(m);
     d.fused = zp_attention_fused(p->attention);
     d.attention_share = d.fused ? zp_model_attention_share(m) : 1.0;
-    d.block_elems = (double)zp_model_unit_elems(m, 1) / mp;
-    d.embed_elems = (double)zp_model_unit_elems(m, 0) / mp;
+    /* The rank's shards as real_gpt_unit_elems counts them: the norms, the row-parallel
+     * biases and the position table are whole on every tensor rank. */
+    d.block_elems = (double)zp_model_unit_tp_elems(m, 1, p->mp);
+    d.embed_elems = (double)zp_model_unit_tp_elems(m, 0, p->mp);
     d.norm_elems = d.rms ? d.h : 2 * d.h;
     return d;
 }
@@ -243,24 +245,57 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
     }
 }
 
-double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind)
+/* Tensor parallelism (mp > 1): what an op holds beside its own workspace while it runs.
+ * Every sum over the tensor group (real_tp.c real_tp_reduce) rounds its T h fp32 values
+ * into a bf16 buffer of T h, all-reduces that and widens it back, inside the op that sums:
+ * the embedding's lookup, a block's row-parallel proj and fc2 outputs and the input
+ * gradients of its column-parallel fc1 and qkv, the head's dy. The embedding's forward then
+ * adds the whole position table's rows in an fp32 buffer of T h (real_gpt_embed_fwd_tp
+ * wpe_rows, after the sum), and its backward zeroes the other ranks' tokens in a copy of
+ * dx0 (real_gpt_embed_bwd_tp dx). */
+static double tp_workspace_bytes(const Dims *d, ZpComputeKind kind)
 {
-    const Dims d = dims(model, plan);
+    const double sum = 2 * d->t * d->h;
+    if (d->mp <= 1)
+        return 0;
     switch (kind) {
     case ZP_COMP_EMBED_FWD:
-        return 4 * d.t * d.h;
+        return d->learned ? MAX(sum, 4 * d->t * d->h) : sum;
+    case ZP_COMP_EMBED_BWD:
+        return 4 * d->t * d->h;
     case ZP_COMP_BLOCK_FWD:
     case ZP_COMP_RECOMPUTE:
-        return 4 * (d.t * (3 * d.h + d.q + d.f1 + d.f + 4) + d.b * d.heads * d.s);
     case ZP_COMP_HEAD:
-        return 4 * (d.t * (2 * d.h + 2) + d.h * (d.v + 2));
     case ZP_COMP_BLOCK_BWD:
-        return 4 * (d.block_elems + d.t * (2 * d.f1 + 3 * d.h + 2 * d.q));
-    case ZP_COMP_EMBED_BWD:
-        return 4 * d.embed_elems;
+        return sum;
     default:
         return 0;
     }
+}
+
+static double own_workspace_bytes(const Dims *d, ZpComputeKind kind)
+{
+    switch (kind) {
+    case ZP_COMP_EMBED_FWD:
+        return 4 * d->t * d->h;
+    case ZP_COMP_BLOCK_FWD:
+    case ZP_COMP_RECOMPUTE:
+        return 4 * (d->t * (3 * d->h + d->q + d->f1 + d->f + 4) + d->b * d->heads * d->s);
+    case ZP_COMP_HEAD:
+        return 4 * (d->t * (2 * d->h + 2) + d->h * (d->v + 2));
+    case ZP_COMP_BLOCK_BWD:
+        return 4 * (d->block_elems + d->t * (2 * d->f1 + 3 * d->h + 2 * d->q));
+    case ZP_COMP_EMBED_BWD:
+        return 4 * d->embed_elems;
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind)
+{
+    const Dims d = dims(model, plan);
+    return own_workspace_bytes(&d, kind) + tp_workspace_bytes(&d, kind);
 }
 
 double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan)

@@ -116,7 +116,9 @@ double zp_cost_contention(const ZpCost *c, int overlapping);
  * the head's logits (which the schedule lists for every backend): the embedding's fp32 output
  * (T h) or its fp32 gradients (unit 0), a block forward's buffers
  * T(3h + q + f1 + f + 4) + b a s, a block backward's block_elems + T(2 f1 + 3h + 2q), the
- * head's T(2h + 2) + h(V + 2); 0 for other kinds. */
+ * head's T(2h + 2) + h(V + 2); 0 for other kinds. With mp > 1 also what the op holds for
+ * the tensor group: the bf16 buffer of T h each of its sums stages (real_tp_reduce), the
+ * embedding's T h position rows or dx copy (real_gpt_embed_fwd_tp, real_gpt_embed_bwd_tp). */
 double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind);
 
 /* Bytes zreal holds as workspace through a whole run on its CPU backend: the engine's residual
