@@ -44,7 +44,11 @@ static double block_bytes(const ZpModel *model, int micro_batch, int mp, double 
     const double masks = model->dropout ? 2.0 * s * b * h / spread : 0.0;
     const double sixteen_bit = 2.0 * s * b * (replicated / spread + split / t) + masks + scores;
     const double lse = fused ? 4.0 * a * s * b / t : 0.0;
-    return sixteen_bit * elem_bytes / 2.0 + lse;
+    /* Each LayerNorm keeps its fp32 mean and 1/std per token for backward (PyTorch's
+     * native_layer_norm, as zreal's real_gpt), replicated like the norm's input; RMSNorm's
+     * inverse root is recomputed. */
+    const double ln_stats = model->norm == ZP_NORM_LAYERNORM ? 2 * 8.0 * s * b / spread : 0.0;
+    return sixteen_bit * elem_bytes / 2.0 + lse + ln_stats;
 }
 
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,

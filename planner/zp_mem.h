@@ -67,14 +67,17 @@ typedef struct {
  * and training with dropout adds the two 1-byte residual masks (2 s b h) and, eager only,
  * the attention mask and dropout output (3 a s^2 b / t; a fused kernel regenerates its mask
  * from the RNG state): GPT-2 eager with dropout is s b h (10 + 24/t + 5 a s/(h t)).
- * The 16-bit terms scale by elem/2 for fp32 training; the log-sum-exp is fp32 either way. */
+ * The 16-bit terms scale by elem/2 for fp32 training; the log-sum-exp is fp32 either way.
+ * A LayerNorm model also keeps both norms' fp32 mean and 1/std, 16 s b bytes (PyTorch's
+ * native_layer_norm saves them for backward, as zreal's real_gpt does; Korthikanti leaves
+ * them out), replicated like the norms' inputs; RMSNorm keeps none. */
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
                                      double elem_bytes, ZpAttention attention);
 
 /* The same for a plan, with Megatron's sequence parallelism when the plan has it
  * (Korthikanti et al. section 4.2.2): the layer norms' inputs and outputs and the dropout
  * masks are split over the t ranks of the tensor group too, so GPT-2 eager with dropout keeps
- * (s b h / t)(34 + 5 a s / h) bytes. */
+ * (s b h / t)(34 + 5 a s / h) bytes, and its LayerNorm statistics 16 s b / t. */
 double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan);
 
 /* One block's checkpoint, its input: s b h elements, over t with sequence parallelism. */

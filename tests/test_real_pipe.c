@@ -88,19 +88,6 @@ static const ZpMemCategory exact_categories[] = {
     ZP_MEM_PARAMS, ZP_MEM_GRADS, ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V, ZP_MEM_BUCKETS,
     ZP_MEM_ACTIVATIONS, ZP_MEM_CHECKPOINTS};
 
-/* A category's predicted peak as zreal allocates it: a LayerNorm model's blocks also keep
- * fp32 mean and 1/std, 16 s b bytes a block, which the planner's activation formula leaves
- * out (test_real_zero adds them the same way), for each block and micro-batch held. */
-static double predicted_peak(const ZpSchedule *s, double sim_peak, ZpMemCategory c)
-{
-    if (c != ZP_MEM_ACTIVATIONS || s->model.norm != ZP_NORM_LAYERNORM || s->plan.checkpoint)
-        return sim_peak;
-    const double block = zp_mem_plan_activation_block_bytes(&s->model, &s->plan);
-    const double held = sim_peak / block;
-    g_assert_cmpfloat(held, ==, floor(held));
-    return sim_peak + held * 16.0 * (double)s->model.seq_len * s->plan.micro_batch;
-}
-
 /* Rank r's figures against its stage's predictions: model states from the stage's layout,
  * each category's peak and the bytes sent (its DP group's collectives, its p2p sends) from the
  * simulator's per-stage results. */
@@ -134,22 +121,17 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
     for (size_t i = 0; i < G_N_ELEMENTS(exact_categories); i++) {
         const ZpMemCategory c = exact_categories[i];
         g_assert_cmpfloat(number(peaks, zp_sched_mem_name(c)), ==,
-                          predicted_peak(s, sim->stage_category_peak_bytes[stage * ZP_MEM_N + c],
-                                         c));
+                          sim->stage_category_peak_bytes[stage * ZP_MEM_N + c]);
     }
     /* The workspace (the CPU backend's x, dx and staging buffers, each op's own, the logits,
      * a head's output gradient kept until its backward; with TP 2 also each tensor-parallel
-     * sum's bf16 buffer) and the total at its peak, the LayerNorm statistics the planner
-     * leaves out held with the activations, whose peak is the total's. */
+     * sum's bf16 buffer) and the total at its peak. */
     const double *cat = &sim->stage_category_peak_bytes[stage * ZP_MEM_N];
     g_test_message("rank %d (stage %d): workspace peak %.0f bytes (predicted %.0f), total "
                    "peak %.0f", r, stage, number(peaks, "workspace"), cat[ZP_MEM_WORKSPACE],
                    number(rank, "peak_memory_bytes"));
     g_assert_cmpfloat(number(peaks, "workspace"), ==, cat[ZP_MEM_WORKSPACE]);
-    g_assert_cmpfloat(number(rank, "peak_memory_bytes"), ==,
-                      sim->stage_peak_bytes[stage] +
-                          predicted_peak(s, cat[ZP_MEM_ACTIVATIONS], ZP_MEM_ACTIVATIONS) -
-                          cat[ZP_MEM_ACTIVATIONS]);
+    g_assert_cmpfloat(number(rank, "peak_memory_bytes"), ==, sim->stage_peak_bytes[stage]);
     const double *sent = &sim->stage_comm_bytes[stage * ZP_GROUP_N];
     g_assert_cmpfloat(number(pipe, "p2p_bytes"), ==, sent[ZP_GROUP_PP]);
     g_assert_cmpfloat(number(rank, "comm_bytes"), ==, sent[ZP_GROUP_DP]);
