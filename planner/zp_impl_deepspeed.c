@@ -417,8 +417,8 @@ static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
             kept * zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     if (z->stage == 1 || z->stage == 2)
         r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
-    else if (z->stage == 3 && mixed)
-        r->step_buffer_bytes = fmin(z->sub_group_size, part) * 4.0;
+    else if (z->stage == 3 && mixed && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
+        r->step_buffer_bytes = fmin(z->sub_group_size, part) * 4.0; /* as ds_step_buffers */
 }
 
 /* Each block's weights above the persistence threshold once (stage3_max_reuse_distance may

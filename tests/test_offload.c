@@ -4,6 +4,7 @@
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_dsconfig.h"
+#include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -261,6 +262,44 @@ static void test_swap_buffer_overflow_named(void)
     g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), >, 512 * 0.9e9 * 2);
     p.zero.offload_param.max_in_cpu = 2e9;
     g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), ==, 0);
+}
+
+/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
+ * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
+ * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
+ * gpt2-124m on 8 GPUs, bf16. */
+/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
+ * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
+ * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
+ * fp32_step_buffers: the schedule's step buffers (workspace allocs of no unit and no micro-step) of the fp32
+ * gradient, the partition's elements x 4 bytes here (one sub-group). */
+static guint fp32_step_buffers(const ZpModel *m, const ZpPlan *p)
+{
+    ZpSchedule *s = zp_sched_build(m, p, NULL);
+    g_assert_nonnull(s);
+    guint n = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        n += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_WORKSPACE && op->unit < 0 &&
+             op->micro < 0 && op->bytes == (double)s->partition_elems * 4;
+    }
+    zp_sched_free(s);
+    return n;
+}
+
+static void test_no_step_buffer_under_offload(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 1);
+    const double part = (double)zp_model_param_count(&m) / 8;
+    ZpResidual r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(fabs(r.step_buffer_bytes - part * 4), <=, 8 * 4);
+    g_assert_cmpuint(fp32_step_buffers(&m, &p), ==, 1);
+    p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(r.step_buffer_bytes, ==, 0);
+    g_assert_cmpuint(fp32_step_buffers(&m, &p), ==, 0);
 }
 
 /* The schedule moves what the tiers say: every gradient slice down once per micro-step
@@ -561,6 +600,7 @@ int main(int argc, char **argv)
     g_test_add_func("/offload/ratio", test_ratio);
     g_test_add_func("/offload/cpu_overflow_refused", test_cpu_overflow_refused);
     g_test_add_func("/offload/swap-buffer-overflow-named", test_swap_buffer_overflow_named);
+    g_test_add_func("/offload/no-step-buffer-under-offload", test_no_step_buffer_under_offload);
     g_test_add_func("/offload/schedule_transfers", test_schedule_transfers);
     g_test_add_func("/offload/partial_schedule", test_partial_schedule);
     g_test_add_func("/offload/dsconfig_round_trip", test_dsconfig_round_trip);
