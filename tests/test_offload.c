@@ -264,14 +264,7 @@ static void test_swap_buffer_overflow_named(void)
     g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), ==, 0);
 }
 
-/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
- * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
- * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
- * gpt2-124m on 8 GPUs, bf16. */
-/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
- * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
- * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
- * fp32_step_buffers: the schedule's step buffers (workspace allocs of no unit and no micro-step) of the fp32
+/* The schedule's step buffers (workspace allocs of no unit and no micro-step) of the fp32
  * gradient, the partition's elements x 4 bytes here (one sub-group). */
 static guint fp32_step_buffers(const ZpModel *m, const ZpPlan *p)
 {
@@ -287,6 +280,10 @@ static guint fp32_step_buffers(const ZpModel *m, const ZpPlan *p)
     return n;
 }
 
+/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
+ * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
+ * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
+ * gpt2-124m on 8 GPUs, bf16. */
 static void test_no_step_buffer_under_offload(void)
 {
     const ZpModel m = tu_load_model("gpt2-124m");
