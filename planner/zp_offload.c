@@ -33,19 +33,25 @@ double zp_offload_io_aligned(double elems, double elem_bytes)
     return ceil(elems / align) * align;
 }
 
-double zp_offload_cpu_share(const ZpPlan *plan, double part)
+double zp_offload_gpu_elems(const ZpPlan *plan, double part)
 {
     const ZpOffload *o = &plan->zero.offload_optimizer;
     if (o->device == ZP_OFFLOAD_NONE)
-        return 0.0;
+        return part;
     if (plan->zero.stage != 3)
-        return 1.0;
+        return 0.0;
     /* stage3.py _create_fp32_partitions: sub-group i steps on the CPU when
      * i >= int((1 - ratio) * n), the first ones on the GPU (Python's int truncates). */
     double size;
     const double n = sub_groups(plan, part, &size);
-    const double on_gpu = fmin((double)(int64_t)((1.0 - o->ratio) * n) * size, part);
-    return part > 0 ? (part - on_gpu) / part : 1.0;
+    return fmin((double)(int64_t)((1.0 - o->ratio) * n) * size, part);
+}
+
+double zp_offload_cpu_share(const ZpPlan *plan, double part)
+{
+    if (plan->zero.offload_optimizer.device == ZP_OFFLOAD_NONE)
+        return 0.0;
+    return part > 0 ? (part - zp_offload_gpu_elems(plan, part)) / part : 1.0;
 }
 
 double zp_offload_param_kept_elems(const ZpPlan *plan, double part)
@@ -119,14 +125,16 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
                               ZpTiers *t, double *pinned)
 {
     const double r = zp_offload_cpu_share(plan, part);
+    const double gpu_elems = zp_offload_gpu_elems(plan, part), cpu_elems = part - gpu_elems;
     const ZpTier tier = zp_offload_optimizer_tier(plan);
     const ZpOffload *o = &plan->zero.offload_optimizer;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const int stage = plan->zero.stage;
     const double cpu_before = row_bytes(t, ZP_TIER_CPU);
     static const ZpMemCategory states[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V};
-    for (size_t i = 0; i < G_N_ELEMENTS(states); i++) {
-        const double moved = r * t->bytes[ZP_TIER_GPU][states[i]];
+    for (size_t i = 0; i < G_N_ELEMENTS(states); i++) { /* the GPU keeps its sub-groups' */
+        const double b = t->bytes[ZP_TIER_GPU][states[i]];
+        const double moved = part > 0 && gpu_elems > 0 ? b - gpu_elems * (b / part) : r * b;
         t->bytes[ZP_TIER_GPU][states[i]] -= moved;
         t->bytes[tier][states[i]] += moved;
     }
@@ -137,10 +145,10 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     if (stage == 2)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = 0.0;
     else if (host_accum)
-        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = (1.0 - r) * part * 4.0;
+        t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] = gpu_elems * 4.0;
     else if (stage == 3)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
-    const double fp32_grads = r * part * 4.0;
+    const double fp32_grads = (stage == 3 ? cpu_elems : r * part) * 4.0;
     t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
     if (zp_offload_stage2_accum(plan)) /* accumulated_grads_in_cpu */
         t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] +=
@@ -385,20 +393,21 @@ void zp_offload_layout(ZpSchedule *s)
     memcpy(s->nvme_bytes, t.bytes[ZP_TIER_NVME], sizeof s->nvme_bytes);
 }
 
-void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
+void zp_offload_fetch(const ZpPlan *plan, double elems, double at, double partition_elems,
                       double *nvme_read_bytes, double *h2d_bytes)
 {
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpTier tier = zp_offload_param_tier(plan);
     *h2d_bytes = tier == ZP_TIER_GPU ? 0.0 : elems * elem;
-    /* The sub-groups the host keeps are fetched from it, the rest is read from NVMe. zplan
-     * spreads that share over the units evenly (exact with one sub-group: all or none). */
-    const double on_nvme =
-        tier == ZP_TIER_NVME && partition_elems > 0
-            ? (partition_elems - zp_offload_param_kept_elems(plan, partition_elems)) /
-                  partition_elems
-            : 0.0;
-    *nvme_read_bytes = on_nvme * elems * elem;
+    *nvme_read_bytes = 0;
+    if (tier != ZP_TIER_NVME || partition_elems <= 0)
+        return;
+    /* The sub-groups the host keeps, the partition's first kept elements, are fetched from
+     * it, the rest is read from NVMe first: exactly from `at`, else spread over the slices
+     * evenly (exact with one sub-group: all or none). */
+    const double kept = zp_offload_param_kept_elems(plan, partition_elems);
+    *nvme_read_bytes = at >= 0 ? fmax(0.0, at + elems - fmax(at, kept)) * elem
+                               : (partition_elems - kept) / partition_elems * elems * elem;
 }
 
 static const char *const tier_what[ZP_TIER_N] = {"GPU memory per GPU", "CPU memory per node",
@@ -513,8 +522,8 @@ void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffload
     step->offset_elems = j * size;
     step->elems = fmin(size, part - step->offset_elems);
     /* the CPU steps the last sub-groups (zp_offload_cpu_share), all with one */
-    step->on_cpu = zp_offload_cpu_share(plan, part) > 0 &&
-                   step->offset_elems >= part - zp_offload_cpu_share(plan, part) * part;
+    step->on_cpu = plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE &&
+                   step->offset_elems >= zp_offload_gpu_elems(plan, part);
     const double e = step->on_cpu ? step->elems : 0.0;
     const double elem = zp_plan_elem_bytes(plan->precision);
     const ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
@@ -541,14 +550,18 @@ double zp_offload_host_peak_bytes(const ZpSchedule *s)
 {
     const ZpPlan *plan = &s->plan;
     const double part = (double)s->partition_elems;
-    double sum = 0, size;
+    double sum = 0, most = 0;
     for (int c = 0; c < ZP_MEM_N; c++)
         sum += s->host_bytes[c];
-    sub_groups(plan, part, &size);
-    if (plan->zero.stage == 3 && zp_offload_cpu_share(plan, part) > 0 &&
-        zp_offload_param_tier(plan) == ZP_TIER_GPU)
-        sum += size * zp_plan_elem_bytes(plan->precision);
-    return sum;
+    for (int j = 0; plan->zero.stage == 3 && zp_offload_param_tier(plan) == ZP_TIER_GPU &&
+                    j < zp_offload_sub_group_count(plan, part);
+         j++) { /* the largest sub-group the CPU steps */
+        ZpOffloadStep step;
+        zp_offload_sub_group_step(plan, part, j, &step);
+        if (step.on_cpu)
+            most = fmax(most, step.elems);
+    }
+    return sum + most * zp_plan_elem_bytes(plan->precision);
 }
 
 gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,

@@ -114,6 +114,9 @@ double zp_offload_cpu_adam_bytes(const ZpPlan *plan);
  * sub-group i on the CPU when i >= int((1 - ratio) n) (_create_fp32_partitions:
  * subgroup_to_device): with one sub-group any ratio above 0 offloads all of it. */
 double zp_offload_cpu_share(const ZpPlan *plan, double part);
+/* The elements of the partition's first sub-groups, which the GPU steps: the partition
+ * without optimizer offload, 0 at stages 1-2 with it (the share above, in elements). */
+double zp_offload_gpu_elems(const ZpPlan *plan, double part);
 
 /* Stage 3 with offload_param nvme: elements of a partition of `part` the host keeps, the
  * sub-groups from the first that fit together in min(part, max_in_cpu) elements
@@ -188,11 +191,12 @@ typedef struct {
 int zp_offload_sub_group_count(const ZpPlan *plan, double part);
 void zp_offload_sub_group_step(const ZpPlan *plan, double part, int j, ZpOffloadStep *step);
 
-/* Stage 3 with offload_param: what fetching a unit's partition of `elems` elements (of the
- * rank's partition_elems) to the GPU before its all-gather moves: with nvme, the share of the
- * partition beyond max_in_cpu read from NVMe, then the whole slice over the host link. Zeros
- * when parameters stay on the GPU. */
-void zp_offload_fetch(const ZpPlan *plan, double elems, double partition_elems,
+/* Stage 3 with offload_param: what fetching a slice of `elems` elements of the rank's
+ * partition of partition_elems, from element `at` (-1: not known), to the GPU before its
+ * all-gather moves: with nvme, the slice's part beyond the sub-groups the host keeps
+ * (zp_offload_param_kept_elems; for `at` -1 that share of the slice) read from NVMe, then the
+ * whole slice over the host link. Zeros when parameters stay on the GPU. */
+void zp_offload_fetch(const ZpPlan *plan, double elems, double at, double partition_elems,
                       double *nvme_read_bytes, double *h2d_bytes);
 
 /* Moves a built schedule's model states (ZpSchedule.state_bytes, laid out with the

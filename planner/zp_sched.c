@@ -580,13 +580,48 @@ static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uin
  * and comes back up (grad_buffer.to(device)) at micro-step 0; later ones bring the 16-bit
  * sum up, add on the GPU and copy it down again; at the last micro-step the sum goes down
  * once more as fp32 (_offload_grad_partition_at_boundary). */
+/* DeepSpeed's stage 3: where the tensor at flat offset lo begins in a rank's partition,
+ * each tensor before it padded to dp (partition_parameters.py _partition_param). */
+static double tensor_part_at(const ZpSchedule *s, uint64_t lo)
+{
+    GArray *tensors = zp_impl_tensors(s);
+    double at = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (t->offset < lo)
+            at += (double)(zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp) /
+                           (uint64_t)s->plan.dp);
+    }
+    g_array_unref(tensors);
+    return at;
+}
+
+/* DeepSpeed's stage 3 under partial offload: the fp32 bytes of this rank's slice of a bucket
+ * at flat offset lo (its tensors' slices one after the other from the first's place in the
+ * partition, each tensor padded to dp) that belong to the sub-groups the CPU steps; the
+ * others' go to their fp32 .grad on the GPU (stage3.py _offload_grad_partition_at_boundary
+ * copies into fp32_partitioned_groups_flat[i].grad wherever subgroup_to_device put it). */
+static double tensor_part_at(const ZpSchedule *s, uint64_t lo);
+
+static double partial_d2h_bytes(const ZpSchedule *s, uint64_t lo, double elems)
+{
+    const double at = tensor_part_at(s, lo);
+    const double gpu = zp_offload_gpu_elems(&s->plan, (double)s->partition_elems);
+    return fmax(0.0, at + elems - fmax(at, gpu)) * 4.0;
+}
+
 static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
     const double elems = k->spec.bytes / zp_plan_reduce_bytes(&s->plan) / s->plan.dp;
-    const double slice = zp_offload_grad_d2h_bytes(&s->plan, elems, (double)s->partition_elems);
+    const double part = (double)s->partition_elems;
+    const gboolean partial = s->plan.zero.stage == 3 && b->impl->host_grad_accum &&
+                             zp_offload_cpu_share(&s->plan, part) > 0 &&
+                             zp_offload_gpu_elems(&s->plan, part) > 0;
+    const double slice = partial ? partial_d2h_bytes(s, k->spec.lo, elems)
+                                 : zp_offload_grad_d2h_bytes(&s->plan, elems, part);
     uint32_t drained = k->coll_op;
-    if (slice <= 0)
+    if (slice <= 0 && !partial)
         return drained;
     const gboolean last = micro == s->plan.grad_accum - 1;
     if (s->plan.zero.stage == 3 && b->impl->host_grad_accum) {
@@ -835,9 +870,22 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
     if (reduced) /* the parameters are views of the buffer: freed with the last of them */
         own_by_last_free(c, buffer, bytes);
     /* Parameter offload: the partition comes up from the host (and NVMe) first. */
-    double nvme_bytes, h2d_bytes;
-    zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, (double)s->partition_elems,
-                     &nvme_bytes, &h2d_bytes);
+    double nvme_bytes = 0, h2d_bytes = 0;
+    const double part = (double)s->partition_elems;
+    const double kept = zp_offload_param_kept_elems(&s->plan, part);
+    if (s->plan.impl == ZP_IMPL_DEEPSPEED && kept > 0 && kept < part) {
+        /* some sub-groups kept on the host: each tensor's slice from its place (the call's
+         * gathers are its tensors) */
+        for (guint k = 0; k < c->n; k++) {
+            double nvme, h2d;
+            zp_offload_fetch(&s->plan, (double)c[k].fetch.elems / s->plan.dp,
+                             tensor_part_at(s, c[k].fetch.offset), part, &nvme, &h2d);
+            nvme_bytes += nvme, h2d_bytes += h2d;
+        }
+    } else {
+        zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, -1, part, &nvme_bytes,
+                         &h2d_bytes);
+    }
     const uint32_t read = emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, c->fetch.unit, micro,
                                         alloc);
     alloc = emit_transfer(b, ZP_XFER_H2D, h2d_bytes, c->fetch.unit, micro, read);

@@ -755,6 +755,10 @@ static RealAdamHyper adam_hyper(RealEngine *e, gboolean next)
 static gboolean optimizer(RealEngine *e)
 {
     const RealAdamHyper hyper = adam_hyper(e, TRUE);
+    if (e->offload) { /* partial offload: the GPU's sub-groups */
+        real_offload_gpu_adam(e->offload, &hyper, e->params + e->part_base);
+        return TRUE;
+    }
     const RealBf16 *grad = step_grads(e);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);

@@ -772,12 +772,16 @@ gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error)
 static gboolean fetch_allreduce(RealDs *ds, const Call *c, int id, RealBf16 *dst,
                                 GError **error)
 {
-    ds->be->fill(ds->be, dst, 0, c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16));
+    /* with parameter offload the transfers before the call zeroed it and put this rank's
+     * slices in place (real_ds_param_transfer) */
+    if (!ds->host_params)
+        ds->be->fill(ds->be, dst, 0, c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16));
     uint64_t at = 0;
     for (guint i = 0; i < c->n; i++) {
         Tensor *t = &ds->t[ds->members[c->first + i]];
-        ds->be->copy(ds->be, dst + at + (uint64_t)ds->rank * t->slice, ds->params + t->part,
-                     t->slice * sizeof(RealBf16));
+        if (!ds->host_params)
+            ds->be->copy(ds->be, dst + at + (uint64_t)ds->rank * t->slice, ds->params + t->part,
+                         t->slice * sizeof(RealBf16));
         if (!hold(ds, t, id, at, error))
             return FALSE;
         at += t->slice * (uint64_t)ds->dp;
@@ -849,17 +853,27 @@ gboolean real_ds_param_transfer(RealDs *ds, const ZpOp *op, const ZpOp *alloc, R
         return fail(error, "rank %d: a parameter fetch before no call of DeepSpeed's", ds->rank);
     if (op->sub != ZP_XFER_NVME_READ && op->sub != ZP_XFER_H2D)
         return fail(error, "a parameter fetch moves slices from NVMe and up, nothing else");
-    dst += (uint64_t)ds->rank * c->per_rank;
-    uint64_t at = 0; /* the tensor's slice inside this rank's part, and in the pool */
+    /* An all-reduce fetch (zp_sched_fetch_allreduce; partition_parameters.py
+     * _all_gather_coalesced): each slice up into its place in its parameter's region of the
+     * zeroed buffer (flat_tensor.narrow(0, start, ...).copy_(param.ds_tensor)); else into
+     * this rank's part, the slices one after the other. */
+    const gboolean reduced = zp_sched_fetch_allreduce(&ds->s->plan, c->n, ZP_GROUP_DP);
+    if (reduced && op->sub == ZP_XFER_H2D)
+        ds->be->fill(ds->be, dst, 0, c->per_rank * (uint64_t)ds->dp * sizeof(RealBf16));
+    else
+        dst += (uint64_t)ds->rank * c->per_rank;
+    uint64_t at = 0, place = 0; /* the tensor's slice inside this rank's part (and the pool),
+                                 * and its place in the buffer */
     for (guint i = 0; i < c->n; i++) {
         const Tensor *t = &ds->t[ds->members[c->first + i]];
         if (op->sub == ZP_XFER_NVME_READ) {
             if (!real_offload_param_read(o, t->part, t->slice, at, error))
                 return FALSE;
         } else {
-            real_offload_param_fetch(o, dst + at, t->part, t->slice, at);
+            real_offload_param_fetch(o, dst + (reduced ? place + ds->rank * t->slice : at),
+                                     t->part, t->slice, at);
         }
-        at += t->slice;
+        at += t->slice, place += t->slice * (uint64_t)ds->dp;
     }
     return TRUE;
 }
@@ -1051,9 +1065,20 @@ gboolean real_ds_grad_transfer(RealDs *ds, const ZpOp *op, const ZpOp *coll, Rea
         return TRUE;
     if (ds->stage == 2 && zp_offload_stage2_accum(&ds->s->plan))
         return stage2_accum_transfer(ds, op, coll, o, dev, at, n, error);
-    /* Stage 3 slices are the same on every rank, the op's bytes: fp32, or the 16-bit sum's
-     * round trip; stage 2's are this rank's part of the bucket, fp32. */
-    const gboolean fp32 = ds->stage != 3 || op->bytes == 4.0 * (double)n;
+    /* Stage 3's chain (offload_grad_slice): the 16-bit sum's round trip, then at the last
+     * micro-step the fp32 slice down, the third; stage 2's are this rank's part of the
+     * bucket, fp32. Once the round trip left the sum on the device at the last micro-step,
+     * the GPU's sub-groups take their fp32 gradients from it (partial offload). */
+    int before = 0;
+    for (const ZpOp *p = op; p->n_deps > 0;) {
+        p = zp_sched_op(ds->s, zp_sched_deps(ds->s, p)[0]);
+        if (p->kind != ZP_OP_TRANSFER)
+            break;
+        before++;
+    }
+    const gboolean fp32 = ds->stage != 3 || before == 2;
+    if (ds->stage == 3 && before == 1 && op->micro == ds->s->plan.grad_accum - 1)
+        real_offload_grads_keep(o, dev, at, n);
     switch ((ZpTransferKind)op->sub) {
     case ZP_XFER_D2H:
         if (fp32)

@@ -19,6 +19,12 @@ struct RealOffload {
     /* The step goes sub-group by sub-group (zp_offload_sub_group_step), its ops in order:
      * the next sub-group to step, and the one stepped last (which the write-backs move). */
     int n_sub, next_sub, stepped;
+    /* Partial offload (zp_offload_gpu_elems): the first sub-groups, gpu_elems of the
+     * partition from first_cpu's on, keep fp32 master, moments and gradients on the device
+     * and step there; the host arrays hold the partition from gpu_elems. */
+    uint64_t gpu_elems;
+    int first_cpu;
+    float *dev_master, *dev_m, *dev_v, *dev_grads;
     RealAlloc *host;
     int stage;
     uint64_t part;
@@ -31,6 +37,8 @@ struct RealOffload {
                             * (accumulated_grads_in_cpu) */
     uint64_t accum_elems;
     RealBf16 *params;      /* the host's 16-bit copy or partition, NULL when it has none */
+    uint64_t kept;         /* the partition's first elements the host keeps (all but with
+                            * offload_param nvme: zp_offload_param_kept_elems) */
     RealBf16 *cpu_flat;    /* offload_param nvme: the flat buffer of max_in_cpu elements the
                             * one sub-group does not fit in, allocated all the same */
     RealBf16 *out16;       /* a transient 16-bit partition (init, or CPU Adam's output) */
@@ -49,6 +57,11 @@ struct RealOffload {
     double moved[ZP_XFER_N];
 };
 
+/* The optimizer's swapped tensors, in the order of the swap buffers (and of the states_at
+ * index, the GPU's sub-groups' arrays). */
+static const ZpMemCategory swapped[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V,
+                                        ZP_MEM_GRADS};
+
 static gboolean fail(GError **error, const char *what)
 {
     g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "offload: %s", what);
@@ -58,23 +71,28 @@ static gboolean fail(GError **error, const char *what)
 static gboolean supported(const ZpSchedule *s, RealBackend *be, uint64_t part, GError **error)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    /* The CPU steps every sub-group, and the host keeps all of the parameters or none. */
-    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE &&
-        zp_offload_cpu_share(&s->plan, (double)part) != 1.0)
-        return fail(error, "offload_optimizer.ratio: zreal steps every sub-group on the CPU, "
-                           "this ratio keeps some on the GPU");
+    const gboolean device = be->synchronize != NULL; /* else the host is the device */
+    /* Partial offload: the GPU's sub-groups step with the CPU backend's Adam on fp32
+     * gradients (real_offload_gpu_adam), the host's sum being DeepSpeed's (host_grad_accum). */
+    const double share = zp_offload_cpu_share(&s->plan, (double)part);
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && share == 0)
+        return fail(error, "offload_optimizer.ratio: zreal steps some sub-groups on the CPU, "
+                           "this ratio none");
+    if (share > 0 && share < 1 &&
+        (!zp_impl_get(s->plan.impl)->host_grad_accum || device ||
+         zp_offload_optimizer_tier(&s->plan) != ZP_TIER_CPU ||
+         zp_offload_param_tier(&s->plan) != ZP_TIER_GPU))
+        return fail(error, "offload_optimizer.ratio: zreal steps sub-groups on the GPU under "
+                           "DeepSpeed's stage 3 (--impl deepspeed) with the optimizer on cpu, "
+                           "the parameters on the GPU and the cpu backend");
     const double kept = zp_offload_param_kept_elems(&s->plan, (double)part);
-    if (kept > 0 && kept < (double)part)
-        return fail(error, "offload_param.max_in_cpu: zreal keeps all of the sub-groups in "
-                           "host memory or none, this keeps some");
+    if (kept > 0 && kept < (double)part && s->plan.impl != ZP_IMPL_DEEPSPEED)
+        return fail(error, "offload_param.max_in_cpu: zreal keeps some of the sub-groups in "
+                           "host memory under DeepSpeed's stage 3 only (--impl deepspeed)");
     const double swap = zp_offload_param_swap_buffer_elems(&s->model, &s->plan, (double)part);
     if (swap > 0 && swap < (double)part)
         return fail(error, "zreal initialises the partition in the partitioned_swap_buffer, "
                            "which holds less than it: a larger sub_group_size");
-    if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage3_use_all_reduce_for_fetch_params)
-        return fail(error, "zreal fetches offloaded parameters into all-gathers "
-                           "(stage3_use_all_reduce_for_fetch_params false)");
-    const gboolean device = be->synchronize != NULL; /* else the host is the device */
     if (device && (!be->copy_async || !be->pin_host))
         return fail(error, "the backend has no pinned host memory or copy stream");
     if (device && z->offload_param.device != ZP_OFFLOAD_NONE)
@@ -103,15 +121,15 @@ typedef struct {
 static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
 {
     const ZpZeroConfig *z = &s->plan.zero;
-    const double part = (double)o->part;
+    const double part = (double)o->part, cpu = (double)(o->part - o->gpu_elems);
     int n = 0;
     if (o->opt_tier == ZP_TIER_CPU) {
-        out[n++] = (HostBuffer){ZP_MEM_MASTER, 4 * part, (void **)&o->master};
-        out[n++] = (HostBuffer){ZP_MEM_ADAM_M, 4 * part, (void **)&o->m};
-        out[n++] = (HostBuffer){ZP_MEM_ADAM_V, 4 * part, (void **)&o->v};
+        out[n++] = (HostBuffer){ZP_MEM_MASTER, 4 * cpu, (void **)&o->master};
+        out[n++] = (HostBuffer){ZP_MEM_ADAM_M, 4 * cpu, (void **)&o->m};
+        out[n++] = (HostBuffer){ZP_MEM_ADAM_V, 4 * cpu, (void **)&o->v};
     }
     if (o->opt_tier != ZP_TIER_GPU)
-        out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * part, (void **)&o->grads};
+        out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * cpu, (void **)&o->grads};
     if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
         o->accum_elems = o->part;
     else if (zp_offload_stage2_accum(&s->plan))
@@ -212,6 +230,14 @@ RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, ui
     RealOffload *o = g_new0(RealOffload, 1);
     o->be = be, o->host = real_alloc_new(), o->part = part, o->stage = s->plan.zero.stage;
     o->plan = &s->plan, o->n_sub = zp_offload_sub_group_count(&s->plan, (double)part);
+    o->gpu_elems = (uint64_t)zp_offload_gpu_elems(&s->plan, (double)part);
+    o->kept = (uint64_t)zp_offload_param_kept_elems(&s->plan, (double)part);
+    for (ZpOffloadStep g = {0}; o->first_cpu < o->n_sub; o->first_cpu++) {
+        zp_offload_sub_group_step(&s->plan, (double)part, o->first_cpu, &g);
+        if (g.on_cpu)
+            break;
+    }
+    o->next_sub = o->first_cpu;
     o->opt_tier = zp_offload_optimizer_tier(&s->plan);
     o->param_tier = zp_offload_param_tier(&s->plan);
     o->staging_elems = (uint64_t)(s->state_bytes[ZP_MEM_BUCKETS] / sizeof(RealBf16));
@@ -220,6 +246,14 @@ RealOffload *real_offload_new(const ZpSchedule *s, RealBackend *be, int rank, ui
         !(o->device_staging = be->alloc(be, o->staging_elems * sizeof(RealBf16),
                                         REAL_MEM_BUCKETS)))
         ok = fail(error, "no memory for the device staging buffer");
+    float **dev[] = {&o->dev_master, &o->dev_m, &o->dev_v, &o->dev_grads};
+    for (size_t i = 0; ok && o->gpu_elems > 0 && i < G_N_ELEMENTS(dev); i++) {
+        const size_t bytes = o->gpu_elems * sizeof(float);
+        if (!(*dev[i] = be->alloc(be, bytes, (RealMemCategory)swapped[i])))
+            ok = fail(error, "no device memory for the GPU's sub-groups");
+        else
+            be->fill(be, *dev[i], 0, bytes);
+    }
     if (!ok) {
         real_offload_free(o);
         return NULL;
@@ -242,6 +276,9 @@ void real_offload_free(RealOffload *o)
     for (int c = 0; c < ZP_MEM_N; c++)
         real_nvme_file_free(o->file[c]);
     o->be->free(o->be, o->device_staging);
+    float *dev[] = {o->dev_master, o->dev_m, o->dev_v, o->dev_grads};
+    for (size_t i = 0; i < G_N_ELEMENTS(dev); i++)
+        o->be->free(o->be, dev[i]);
     g_free(o);
 }
 
@@ -253,12 +290,15 @@ static void sub_group(const RealOffload *o, int j, uint64_t *off, uint64_t *n)
     *off = (uint64_t)g.offset_elems, *n = (uint64_t)g.elems;
 }
 
-/* Where sub-group [off, off + n)'s 16-bit values are on the host: in the host's partition,
- * at the head of the partitioned_swap_buffer, or in a transient host copy of n (PARAMS). */
+/* Where sub-group [off, off + n)'s 16-bit values are on the host: in the host's partition
+ * or its place in the flat buffer (a sub-group max_in_cpu keeps), at the head of the
+ * partitioned_swap_buffer, or in a transient host copy of n (PARAMS). */
 static RealBf16 *sub_group16(RealOffload *o, uint64_t off, uint64_t n)
 {
     if (o->params)
         return o->params + off;
+    if (o->cpu_flat && off < o->kept)
+        return o->cpu_flat + off;
     if (o->part_swap)
         return o->part_swap;
     if (!o->out16)
@@ -282,10 +322,6 @@ RealBf16 *real_offload_host_params(RealOffload *o)
     return o->param_tier == ZP_TIER_GPU ? NULL : o->params;
 }
 
-/* The optimizer's swapped tensors, in the order of the swap buffers. */
-static const ZpMemCategory swapped[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V,
-                                        ZP_MEM_GRADS};
-
 /* Where the step's fp32 tensors of sub-group [off, ...) are: the host arrays (cpu) or the
  * swap buffers (nvme); i indexes `swapped`. */
 static float *states_at(RealOffload *o, size_t i, uint64_t off);
@@ -297,6 +333,10 @@ gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **e
         uint64_t off, n;
         sub_group(o, j, &off, &n);
         const RealBf16 *host = partition + off;
+        if (off < o->gpu_elems) { /* a sub-group the GPU steps: its master there */
+            o->be->bf16_to_f32(o->be, states_at(o, 0, off), host, n);
+            continue;
+        }
         if (o->param_tier == ZP_TIER_GPU) { /* the partition is on the device */
             RealBf16 *copy = sub_group16(o, off, n);
             if (!copy)
@@ -316,6 +356,8 @@ gboolean real_offload_init(RealOffload *o, const RealBf16 *partition, GError **e
     if (ok && o->file[ZP_MEM_PARAMS])
         ok = real_nvme_write(o->file[ZP_MEM_PARAMS], partition, o->part * sizeof(RealBf16), 0,
                              error);
+    if (ok && o->cpu_flat && o->kept > 0) /* the kept sub-groups into the flat buffer */
+        memcpy(o->cpu_flat, partition, o->kept * sizeof(RealBf16));
     return ok;
 }
 
@@ -348,8 +390,15 @@ static float *scratch(RealOffload *o, uint64_t n, GError **error)
 gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n,
                                  GError **error)
 {
+    if (o->stage == 3 && at < o->gpu_elems) { /* the GPU's sub-groups keep theirs */
+        const uint64_t skip = MIN(n, o->gpu_elems - at);
+        src += skip, at += skip, n -= skip;
+    }
     o->moved[ZP_XFER_D2H] += 4.0 * (double)n;
+    if (o->stage == 3 && n == 0)
+        return TRUE;
     if (o->stage == 3) {
+        at -= o->gpu_elems; /* the host's fp32 gradients begin there */
         float *f32 = scratch(o, n, error);
         if (!f32)
             return FALSE;
@@ -470,8 +519,11 @@ static float *states_at(RealOffload *o, size_t i, uint64_t off)
 {
     if (o->swap)
         return o->swap + i * o->swap_stride;
+    float *const dev[] = {o->dev_master, o->dev_m, o->dev_v, o->dev_grads};
+    if (off < o->gpu_elems)
+        return dev[i] + off;
     float *const host[] = {o->master, o->m, o->v, o->grads};
-    return host[i] + off;
+    return host[i] + (off - o->gpu_elems);
 }
 
 gboolean real_offload_states_in(RealOffload *o, GError **error)
@@ -501,7 +553,7 @@ gboolean real_offload_states_out(RealOffload *o, GError **error)
             return FALSE;
         o->moved[ZP_XFER_NVME_WRITE] += (double)f4;
     }
-    if (o->param_tier == ZP_TIER_NVME && !o->params) { /* CPU Adam's 16-bit output */
+    if (o->param_tier == ZP_TIER_NVME && off >= o->kept) { /* CPU Adam's 16-bit output */
         if (!o->part_swap)
             return fail(error, "a parameter swap-out without the partitioned swap buffer");
         const uint64_t b2 = n * sizeof(RealBf16);
@@ -535,7 +587,19 @@ void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict
 
 gboolean real_offload_first_sub_group(const RealOffload *o)
 {
-    return o->next_sub == 0;
+    return o->next_sub == 0; /* with partial offload the GPU's step begins it */
+}
+
+void real_offload_gpu_adam(RealOffload *o, const RealAdamHyper *hyper, RealBf16 *params)
+{
+    real_offload_cpu_adam(hyper, o->gpu_elems, o->dev_master, o->dev_m, o->dev_v, o->dev_grads,
+                          params);
+}
+
+void real_offload_grads_keep(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n)
+{
+    if (at < o->gpu_elems)
+        o->be->bf16_to_f32(o->be, o->dev_grads + at, src, MIN(n, o->gpu_elems - at));
 }
 
 gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **error)
@@ -548,7 +612,8 @@ gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **
     tier_wait(o, true); /* every gradient slice has landed */
     real_offload_cpu_adam(hyper, n, states_at(o, 0, off), states_at(o, 1, off),
                           states_at(o, 2, off), states_at(o, 3, off), out);
-    o->stepped = o->next_sub, o->next_sub = (o->next_sub + 1) % o->n_sub;
+    o->stepped = o->next_sub, o->next_sub = o->next_sub + 1 < o->n_sub ? o->next_sub + 1
+                                                                        : o->first_cpu;
     return TRUE;
 }
 
@@ -568,15 +633,23 @@ gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64
     if (!o->file[ZP_MEM_PARAMS] || pool_at + n > o->pool_elems)
         return fail(error, "a parameter swap-in needs the parameters on NVMe and a slice "
                            "within offload_param's buffer_count x buffer_size");
-    o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)n;
-    return real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at, n * sizeof(RealBf16),
-                          at * sizeof(RealBf16), error);
+    const uint64_t skip = MIN(n, o->kept > at ? o->kept - at : 0); /* the host's part */
+    o->moved[ZP_XFER_NVME_READ] += 2.0 * (double)(n - skip);
+    return skip == n ||
+           real_nvme_read(o->file[ZP_MEM_PARAMS], o->pool + pool_at + skip,
+                          (n - skip) * sizeof(RealBf16), (at + skip) * sizeof(RealBf16), error);
 }
 
 void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,
                               uint64_t pool_at)
 {
-    tier_copy(o, dst, o->params ? o->params + at : o->pool + pool_at, n * sizeof(RealBf16));
+    /* the kept sub-groups' part from the host, the rest from the pool it was read into */
+    const uint64_t host = MIN(n, o->kept > at ? o->kept - at : 0);
+    if (host > 0)
+        tier_copy(o, dst, o->params ? o->params + at : o->cpu_flat + at,
+                  host * sizeof(RealBf16));
+    if (host < n)
+        tier_copy(o, dst + host, o->pool + pool_at + host, (n - host) * sizeof(RealBf16));
     tier_wait(o, true); /* before the gather, and before the pool is read into again */
     o->moved[ZP_XFER_H2D] += 2.0 * (double)n;
 }

@@ -13,8 +13,10 @@
 typedef struct RealOffload RealOffload;
 
 /* The tiers of a schedule that offloads (what zreal executes; anything else fails naming it):
- * optimizer offload at stages 1-3 (every sub-group on the CPU), parameter offload at stage 3
- * (CPU backend only; all of it kept in host memory or none). A device backend pins the host
+ * optimizer offload at stages 1-3 (every sub-group on the CPU, or at DeepSpeed's stage 3 on
+ * the CPU backend the last ones by ratio), parameter offload at stage 3 (CPU backend only;
+ * with nvme, the sub-groups max_in_cpu keeps in host memory: all, none, or under DeepSpeed's
+ * stage 3 the first ones). A device backend pins the host
  * buffers (pin_memory; cudaHostRegister) and copies on its copy stream (copy_async, ordered by
  * copy_wait); the CPU backend addresses host memory directly and copies plainly. Host buffers
  * of exactly the schedule's host_bytes per category, zeroed: the fp32 master, moments and gradients (cpu), the 16-bit
@@ -97,6 +99,16 @@ gboolean real_offload_states_out(RealOffload *o, GError **error);
  * CPU Adam begins a step (its first sub-group). */
 gboolean real_offload_first_sub_group(const RealOffload *o);
 
+/* Partial offload (zp_offload_gpu_elems > 0; DeepSpeed's stage 3 on the cpu backend): the
+ * sub-groups the GPU steps keep fp32 master, moments and gradients on the device (stage3.py
+ * _create_fp32_partitions, initialize_optimizer_states: subgroup_to_device). grads_keep
+ * converts the part of a reduced 16-bit sum [at, at + n) below gpu_elems into their fp32
+ * gradients (_offload_grad_partition_at_boundary's copy on the device; real_offload
+ * _grads_down moves only the rest); gpu_adam steps them (the backup optimizer) with the CPU
+ * backend's Adam on fp32 gradients into the device partition `params`, the step's first op. */
+void real_offload_grads_keep(RealOffload *o, const RealBf16 *src, uint64_t at, uint64_t n);
+void real_offload_gpu_adam(RealOffload *o, const RealAdamHyper *hyper, RealBf16 *params);
+
 /* CPU Adam over the next sub-group: the same update as the backends' adam_step, from fp32
  * gradients, writing the 16-bit result to the host partition, the partitioned_swap_buffer,
  * or a transient host buffer of the sub-group (PyTorch's blocking fp32-to-16-bit copy_
@@ -108,8 +120,9 @@ gboolean real_offload_adam(RealOffload *o, const RealAdamHyper *hyper, GError **
 void real_offload_params_up(RealOffload *o, RealBf16 *dst);
 
 /* Parameter offload before a stage-3 all-gather: n elements at `at` of the partition read
- * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ), and up
- * from the pool (at pool_at) or the host partition to `dst` on the device (ZP_XFER_H2D). */
+ * from the swap file into the parameter pool at element pool_at (ZP_XFER_NVME_READ; only
+ * those beyond the sub-groups the host keeps, each at its place), and up from the host (the
+ * kept ones) and the pool to `dst` on the device (ZP_XFER_H2D, all n). */
 gboolean real_offload_param_read(RealOffload *o, uint64_t at, uint64_t n, uint64_t pool_at,
                                  GError **error);
 void real_offload_param_fetch(RealOffload *o, RealBf16 *dst, uint64_t at, uint64_t n,

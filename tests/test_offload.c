@@ -4,6 +4,7 @@
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_dsconfig.h"
+#include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -263,6 +264,41 @@ static void test_swap_buffer_overflow_named(void)
     g_assert_cmpfloat(zp_offload_param_swap_buffer_bytes(&m, &p, part), ==, 0);
 }
 
+/* The schedule's step buffers (workspace allocs of no unit and no micro-step) of the fp32
+ * gradient, the partition's elements x 4 bytes here (one sub-group). */
+static guint fp32_step_buffers(const ZpModel *m, const ZpPlan *p)
+{
+    ZpSchedule *s = zp_sched_build(m, p, NULL);
+    g_assert_nonnull(s);
+    guint n = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        n += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_WORKSPACE && op->unit < 0 &&
+             op->micro < 0 && op->bytes == (double)s->partition_elems * 4;
+    }
+    zp_sched_free(s);
+    return n;
+}
+
+/* DeepSpeed's stage 3 builds the fp32 gradient of a sub-group on the GPU for its step only
+ * without optimizer offload (stage3.py _prepare_sub_group: "elif not self.offload_optimizer"):
+ * the closed form (`memory`) and the schedule (`simulate`) both leave it out under offload.
+ * gpt2-124m on 8 GPUs, bf16. */
+static void test_no_step_buffer_under_offload(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 8, 1);
+    const double part = (double)zp_model_param_count(&m) / 8;
+    ZpResidual r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(fabs(r.step_buffer_bytes - part * 4), <=, 8 * 4);
+    g_assert_cmpuint(fp32_step_buffers(&m, &p), ==, 1);
+    p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    r = zp_mem_residual(&m, &p, NULL);
+    g_assert_cmpfloat(r.step_buffer_bytes, ==, 0);
+    g_assert_cmpuint(fp32_step_buffers(&m, &p), ==, 0);
+}
+
 /* The schedule moves what the tiers say: every gradient slice down once per micro-step
  * (4 bytes, fp32), the second micro-step's sums back up first, the updated 16-bit partition
  * up after CPU Adam; NVMe states in and out around it. The simulator's breakdown adds up. */
@@ -385,6 +421,82 @@ static void test_schedule_transfers(void)
     zp_sched_free(s);
 }
 
+/* DeepSpeed's partial offload at stage 3 (stage3.py): gpt2-124m on 4 ranks in sub-groups of
+ * a third of P (rounded up), ratio 0.5: int(0.5 x 3) = 1 sub-group of sg elements stays on
+ * the GPU (_create_fp32_partitions: subgroup_to_device) with its fp32 master, moments and
+ * gradients (4 bytes each an element); the host holds the other P - sg in fp32 and the whole
+ * 16-bit sum (grad_partitions_flat_buffer, on the host whichever device steps). The 16-bit
+ * sum goes down and up for all of P; at the boundary only the CPU's sub-groups' P - sg go
+ * down in fp32 (_offload_grad_partition_at_boundary), and only they come up after CPU Adam,
+ * two of them. The GPU's step has no fp32 step buffer (_prepare_sub_group skips
+ * _prepare_fp32_grad_for_sub_group under offload_optimizer). The host's transient 16-bit copy
+ * is the largest sub-group the CPU steps: sg, and with ratio 0.3 (int(0.7 x 3) = 2 on the
+ * GPU) the last, P - 2 sg. */
+static void test_partial_schedule(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 4, 1);
+    plan.impl = ZP_IMPL_DEEPSPEED;
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    plan.zero.offload_optimizer.ratio = 0.5;
+    ZpSchedule *s = zp_sched_build(&m, &plan, NULL);
+    const double p = (double)s->partition_elems, sg = ceil(p / 3);
+    zp_sched_free(s);
+    plan.zero.sub_group_size = sg;
+    GError *error = NULL;
+    s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(zp_offload_gpu_elems(&plan, p), ==, sg);
+    double moved[ZP_XFER_N] = {0}, workspace = 0;
+    int adams = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_TRANSFER)
+            moved[op->sub] += op->bytes;
+        adams += op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER;
+        if (op->kind == ZP_OP_ALLOC && op->unit < 0 && op->sub == ZP_MEM_WORKSPACE)
+            workspace += op->bytes;
+    }
+    g_assert_cmpint(adams, ==, 2);
+    g_assert_cmpfloat(workspace, ==, 0);
+    g_assert_cmpfloat(moved[ZP_XFER_D2H], ==, 2 * p + 4 * (p - sg));
+    g_assert_cmpfloat(moved[ZP_XFER_H2D], ==, 2 * p + 2 * (p - sg));
+    const ZpMemCategory states[] = {ZP_MEM_MASTER, ZP_MEM_ADAM_M, ZP_MEM_ADAM_V};
+    for (size_t i = 0; i < G_N_ELEMENTS(states); i++) {
+        g_assert_cmpfloat(s->state_bytes[states[i]], ==, 4 * sg);
+        g_assert_cmpfloat(s->host_bytes[states[i]], ==, 4 * (p - sg));
+    }
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_GRADS], ==, 4 * sg);
+    g_assert_cmpfloat(s->host_bytes[ZP_MEM_GRADS], ==, 4 * (p - sg) + 2 * p);
+    double host = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        host += s->host_bytes[c];
+    g_assert_cmpfloat(zp_offload_host_peak_bytes(s), ==, host + 2 * sg);
+    zp_sched_free(s);
+    plan.zero.offload_optimizer.ratio = 0.3;
+    s = zp_sched_build(&m, &plan, &error);
+    g_assert_no_error(error);
+    host = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        host += s->host_bytes[c];
+    g_assert_cmpfloat(zp_offload_host_peak_bytes(s), ==, host + 2 * (p - 2 * sg));
+    zp_sched_free(s);
+    /* offload_param nvme with max_in_cpu of one sub-group keeps [0, sg) on the host
+     * (_create_fp16_partitions_with_defragmentation): a slice of 100 from sg - 40 reads its
+     * last 60 from NVMe, and all 100 go up; not knowing where it lies, the NVMe share. */
+    plan.zero.offload_optimizer.ratio = 1;
+    plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_param.max_in_cpu = sg + 1;
+    g_assert_cmpfloat(zp_offload_param_kept_elems(&plan, p), ==, sg);
+    double nvme, h2d;
+    zp_offload_fetch(&plan, 100, sg - 40, p, &nvme, &h2d);
+    g_assert_cmpfloat(nvme, ==, 2 * 60);
+    g_assert_cmpfloat(h2d, ==, 2 * 100);
+    zp_offload_fetch(&plan, 100, -1, p, &nvme, &h2d);
+    assert_close(nvme, 2 * 100 * (p - sg) / p);
+}
+
 /* offload_optimizer and offload_param are read, written and read back as they were; the
  * unmodeled pipelining options warn; DeepSpeed's own constraints fail naming the key. */
 static void test_dsconfig_round_trip(void)
@@ -485,7 +597,9 @@ int main(int argc, char **argv)
     g_test_add_func("/offload/ratio", test_ratio);
     g_test_add_func("/offload/cpu_overflow_refused", test_cpu_overflow_refused);
     g_test_add_func("/offload/swap-buffer-overflow-named", test_swap_buffer_overflow_named);
+    g_test_add_func("/offload/no-step-buffer-under-offload", test_no_step_buffer_under_offload);
     g_test_add_func("/offload/schedule_transfers", test_schedule_transfers);
+    g_test_add_func("/offload/partial_schedule", test_partial_schedule);
     g_test_add_func("/offload/dsconfig_round_trip", test_dsconfig_round_trip);
     g_test_add_func("/offload/plan_proposes_offload", test_plan_proposes_offload);
     return g_test_run();

@@ -902,6 +902,37 @@ static const OffloadCase offload_cases[] = {
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
      "\"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* Offloaded parameters fetched by all-reduce (stage3_use_all_reduce_for_fetch_params):
+     * a call of more than one tensor zeroes its buffer and each slice comes up into its
+     * place in its parameter's region (partition_parameters.py _all_gather_coalesced). */
+    {3, 2, 2, "deepspeed", NULL,
+     "\"stage3_use_all_reduce_for_fetch_params\": true, \"offload_optimizer\": {\"device\": "
+     "\"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}"},
+    {3, 2, 2, "deepspeed", NULL,
+     "\"stage3_use_all_reduce_for_fetch_params\": true, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 0, "
+     "\"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* max_in_cpu 30000 keeps the first of two sub-groups of 30000 (stage3.py
+     * _create_fp16_partitions_with_defragmentation) in the flat buffer: each call's slices
+     * beyond it come from NVMe, the kept ones from the host, and only the second sub-group is
+     * swapped out after the step; with the optimizer on cpu and on NVMe. */
+    {3, 2, 2, "deepspeed", NULL,
+     "\"sub_group_size\": 30000, \"offload_optimizer\": {\"device\": \"cpu\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", "
+     "\"max_in_cpu\": 30000, \"buffer_count\": 2, \"buffer_size\": 40000}"},
+    {3, 2, 1, "deepspeed", NULL,
+     "\"sub_group_size\": 30000, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\"}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nowhere\", "
+     "\"max_in_cpu\": 30000, \"buffer_count\": 2, \"buffer_size\": 40000}"},
+    /* DeepSpeed's partial offload by sub-groups of 20000 (stage3.py subgroup_to_device):
+     * ratio 0.5 leaves int(1.5) = 1 on the GPU, 20000 elements, and the CPU steps 20000 and
+     * 13120; ratio 0.3 leaves 2, the CPU steps the last 13120 alone. */
+    {3, 2, 2, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}"},
+    {3, 2, 1, "deepspeed", NULL,
+     "\"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.3}"},
     /* Sub-groups below the partition of 53120 elements, stepped one by one (stage3.py
      * step): three with the parameters on the GPU; three swapped through buffers of one;
      * two with both on NVMe and none kept on the host. */
@@ -1029,6 +1060,47 @@ static void test_offload_matches(void)
     }
     g_rmdir(dir);
     g_free(dir);
+}
+
+/* What zreal does not run of partial offload under the paper's stage 3 (its gradients have
+ * no host sum of DeepSpeed's; its fetches spread the NVMe share over the units) is one line
+ * naming offload_optimizer.ratio or offload_param.max_in_cpu, exit status 1..127. */
+static void test_offload_partial_refused(void)
+{
+    const struct {
+        const char *offload, *message;
+    } cases[] = {
+        {"\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}",
+         "offload_optimizer.ratio: zreal steps sub-groups on the GPU under DeepSpeed's stage 3"},
+        {"\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+         "\"nvme\", \"nvme_path\": \"/nowhere\", \"max_in_cpu\": 20000}",
+         "offload_param.max_in_cpu: zreal keeps some of the sub-groups in host memory under "
+         "DeepSpeed's stage 3 only"},
+    };
+    char *ds = g_strdup_printf("%s/partial-ds.json", tmp_dir);
+    char *sched = g_strdup_printf("%s/partial-s.json", tmp_dir);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *text = g_strdup_printf(
+            "{\"train_micro_batch_size_per_gpu\": 2, \"bf16\": {\"enabled\": true}, "
+            "\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0, "
+            "\"sub_group_size\": 20000, %s}}", cases[i].offload);
+        g_assert_true(g_file_set_contents(ds, text, -1, NULL));
+        char *zargs = g_strdup_printf("schedule --model tiny --gpus 2 --impl paper "
+                                      "--ds-config %s --out %s", ds, sched);
+        TuRun r = tu_zplan(zargs);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        tu_free(&r);
+        char *args = g_strdup_printf("--schedule %s --steps 1 --nvme-path %s", sched, tmp_dir);
+        r = tu_zreal_mpirun(2, args, NULL);
+        g_assert_true(WIFEXITED(r.status));
+        g_assert_cmpint(WEXITSTATUS(r.status), >=, 1);
+        g_assert_cmpint(WEXITSTATUS(r.status), <=, 127);
+        g_assert_nonnull(strstr(r.err, cases[i].message));
+        tu_free(&r);
+        g_free(text), g_free(zargs), g_free(args);
+    }
+    g_remove(ds), g_remove(sched);
+    g_free(ds), g_free(sched);
 }
 
 /* zreal --schedule runs a deepspeed schedule file as zplan schedule wrote it: stage 3 with
@@ -1216,6 +1288,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/deepspeed-allreduce-fetch", test_deepspeed_allreduce_fetch);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
+    g_test_add_func("/zreal/offload-partial-refused", test_offload_partial_refused);
     int status = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
