@@ -349,7 +349,18 @@ static double ds_grad_state_elems(const ZpSchedule *s)
  * _prepare_fp32_grad_for_sub_group builds the fp32 gradient of one sub_group_size group at a
  * time (the largest group is what is live at the peak); not under optimizer offload
  * (_prepare_sub_group: "elif not self.offload_optimizer"), where the sub-groups the GPU
- * steps (partial offload) keep their fp32 .grad (zp_offload_tiers' GPU gradients). */
+ * steps (partial offload) keep their fp32 .grad (zp_offload_tiers' GPU gradients): the
+ * stage-3 term is ds_stage3_step_grad_bytes, 0 where there is none. */
+static double ds_stage3_step_grad_bytes(const ZpPlan *plan, double part)
+{
+    const gboolean mixed = plan->precision != ZP_PREC_FP32;
+    return mixed && plan->zero.offload_optimizer.device == ZP_OFFLOAD_NONE
+               ? fmin(plan->zero.sub_group_size, part) * 4.0
+               : 0.0;
+}
+
+/* The step's buffers by the rules above: the schedule's (ds_residual's closed form counts
+ * the same). */
 static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
 {
     const int stage = s->plan.zero.stage;
@@ -363,10 +374,8 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
             ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, part * 4.0, FALSE};
             g_array_append_val(buffers, fp32);
         }
-    } else if (stage == 3 && mixed &&
-               s->plan.zero.offload_optimizer.device == ZP_OFFLOAD_NONE) {
-        ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, fmin(s->plan.zero.sub_group_size, part) * 4.0,
-                             FALSE};
+    } else if (stage == 3 && ds_stage3_step_grad_bytes(&s->plan, part) > 0) {
+        ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, ds_stage3_step_grad_bytes(&s->plan, part), FALSE};
         g_array_append_val(buffers, fp32);
     }
 }
@@ -417,8 +426,8 @@ static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
             kept * zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     if (z->stage == 1 || z->stage == 2)
         r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
-    else if (z->stage == 3 && mixed && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
-        r->step_buffer_bytes = fmin(z->sub_group_size, part) * 4.0; /* as ds_step_buffers */
+    else if (z->stage == 3)
+        r->step_buffer_bytes = ds_stage3_step_grad_bytes(plan, part); /* as ds_step_buffers */
 }
 
 /* Each block's weights above the persistence threshold once (stage3_max_reuse_distance may
