@@ -124,6 +124,10 @@ typedef struct ZpImpl {
      * gathers and followed by their release (the positions' steps above); FALSE: one op per
      * block. */
     gboolean module_compute;
+    /* Stage 3: the host issues gathers ahead of the compute, stopped only by the gates and the
+     * allocator's bound of zp_runahead.h; FALSE: each gather's buffer is taken after the
+     * compute op before it. */
+    gboolean host_runahead;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;

@@ -484,4 +484,7 @@ const ZpImpl zp_impl_deepspeed = {
      * partitioned_param_coordinator.py fetch_sub_module for each module right before its own
      * compute, and the post hooks release_sub_module right after it. */
     .module_compute = TRUE,
+    /* partitioned_param_coordinator.py _fetch_sub_module_impl gates the host on the allgather
+     * stream only, stage3.py __reduce_and_partition_ipg_grads on the reductions (zp_runahead.h) */
+    .host_runahead = TRUE,
 };

@@ -135,6 +135,11 @@ typedef struct {
      * checked against (their costs sum to its block ops', their gathered peak is no higher
      * in the tests' plans). Not in the plan's JSON. */
     gboolean block_compute;
+    /* Take every stage-3 gather's buffer only after the compute op before it, where the
+     * implementation's host runs ahead (DeepSpeed's: ZpImpl host_runahead, zp_runahead.h): the
+     * schedule the run-ahead's bound is taken from and checked against. Not in the plan's
+     * JSON. */
+    gboolean no_runahead;
 } ZpPlan;
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */

@@ -13,6 +13,7 @@
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
+#include "zp_runahead.h"
 #include "zp_schedcheck.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -75,6 +76,15 @@ typedef struct {
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
     int step;               /* the step of the position being built (zp_impl.h) */
+    /* The host's run-ahead (ZpImpl host_runahead, zp_runahead.h): the last three events of
+     * the allgather stream (the ops the last waited parameters' computes wait for) and of the
+     * reductions (buckets' drains), the host's latest wait on each (NONE: none yet), its last
+     * gathered alloc, and the gathered allocs zp_runahead_bound bounds (op indices). */
+    gboolean runahead;
+    uint32_t fetch_event[3], reduce_event[3];
+    guint n_fetch_events, n_reduce_events;
+    uint32_t fetch_gate, reduce_gate, host_alloc;
+    GArray *gated;
     /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
      * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
      * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
@@ -230,6 +240,20 @@ static uint32_t emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int
     ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
                .micro = micro, .buffer = -1, .bytes = bytes};
     return emit(b, op, &after, 1);
+}
+
+/* An event recorded on a stream after op (a ring of the last three), and the op whose event
+ * the host synchronises before recording another, `gate` until three are outstanding:
+ * DeepSpeed lets 2 be outstanding (partitioned_param_coordinator.py __max_ongoing_fetch_events,
+ * stage3.py max_param_reduce_events) and synchronises the oldest of more (zp_runahead.h). */
+static void record_event(uint32_t ring[3], guint *n, uint32_t op)
+{
+    ring[(*n)++ % 3] = op;
+}
+
+static uint32_t host_sync(const uint32_t ring[3], guint n, uint32_t gate)
+{
+    return n >= 3 ? ring[n % 3] : gate;
 }
 
 /* ---- costs of the compute ops ----------------------------------------------------------- */
@@ -667,6 +691,9 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     const ZpSchedule *s = b->s;
     const ZpCollKind kind = b->impl->grad_collective(&s->plan);
     Bucket *k = bucket(b, i);
+    /* stage3.py __reduce_and_partition_ipg_grads: the host waits for the reduction three
+     * buckets back before launching this one */
+    b->reduce_gate = host_sync(b->reduce_event, b->n_reduce_events, b->reduce_gate);
     uint32_t after = NONE; /* what the collective waits for besides the gradients */
     int held = -1;
     /* A bypassing bucket at stages 0-1 is reduced in place in the full gradients: no buffer. */
@@ -707,6 +734,7 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     if (copy >= 0) /* the reduced slices are views of the copy until they went down */
         emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy, drained);
     k->drain_op = drained;
+    record_event(b->reduce_event, &b->n_reduce_events, drained);
     if (read == NONE)
         read = drained;
     if (held >= 0)
@@ -740,6 +768,22 @@ static uint32_t step_after(const Builder *b, int key)
     const int pos = key / ZP_POS_STEPS;
     return key % ZP_POS_STEPS > 0 || pos == 0 ? b->last_compute
                                                : g_array_index(b->pos_last_op, uint32_t, pos - 1);
+}
+
+/* A stage-3 gather's buffer, taken by the host at step `key`: after the compute op before the
+ * step, or where the host runs ahead (zp_runahead.h) after its latest waits on the allgather
+ * stream and the reductions and its previous such alloc, that compute op being the first
+ * dependency zp_runahead_bound moves. */
+static uint32_t gather_alloc(Builder *b, double bytes, int unit, int micro, int *buffer, int key)
+{
+    const uint32_t after = step_after(b, key);
+    if (!b->runahead)
+        return emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, &after, 1);
+    const uint32_t deps[4] = {after, b->fetch_gate, b->reduce_gate, b->host_alloc};
+    b->host_alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, deps, 4);
+    if (after != NONE)
+        g_array_append_val(b->gated, b->host_alloc);
+    return b->host_alloc;
 }
 
 static ZpGroup gather_group(const Builder *b, const Gather *g);
@@ -855,10 +899,8 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
     const double wire = reduced ? bytes
                                 : zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
                                                          b->state.param_bytes);
-    uint32_t after = step_after(b, key);
     int buffer;
-    uint32_t alloc = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, c->fetch.unit, micro,
-                                &buffer, &after, 1);
+    uint32_t alloc = gather_alloc(b, bytes, c->fetch.unit, micro, &buffer, key);
     c->unpacked = c->n == 1 || reduced;
     c->flat = c->unpacked ? -1 : buffer;
     if (c->n == 1)
@@ -918,14 +960,12 @@ static void issue_gathers(Builder *b, int key, int micro, gboolean now)
  * gather stream), all at once, whichever of them is needed first. */
 static void unpack_call(Builder *b, Gather *c, int key, int micro)
 {
-    const uint32_t after = step_after(b, key);
     uint32_t *deps = g_new(uint32_t, c->n + 1);
     double bytes = 0;
     deps[0] = c->coll_op;
     for (guint k = 0; k < c->n; k++) {
         c[k].bytes = (double)c[k].fetch.numel * b->state.param_bytes;
-        deps[k + 1] = emit_alloc(b, ZP_MEM_GATHERED_PARAMS, c[k].bytes, c[k].fetch.unit, micro,
-                                 &c[k].buffer, &after, 1);
+        deps[k + 1] = gather_alloc(b, c[k].bytes, c[k].fetch.unit, micro, &c[k].buffer, key);
         bytes += c[k].bytes;
     }
     ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_UNPACK, .stream = ZP_STREAM_DP,
@@ -941,13 +981,16 @@ static void unpack_call(Builder *b, Gather *c, int key, int micro)
  * compute stream when it is waited for (AllGatherCoalescedHandle.wait); a coalesced call is
  * unpacked, and its flat buffer freed once its last parameter is waited for (the handle,
  * which holds the buffer, leaves the inflight registry with that parameter:
- * partitioned_param_coordinator.py fetch_sub_module). */
+ * partitioned_param_coordinator.py fetch_sub_module). The host waits for each parameter after
+ * the allgather stream's event three parameters back, and records one after it (the op its
+ * compute waits for: _fetch_sub_module_impl's __ongoing_fetch_events). */
 static void gathers_used_at(Builder *b, int key, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
     for (guint i = b->by_use.start[key]; i < b->by_use.start[key + 1]; i++) {
         Gather *g = gather_at(b, &b->by_use, i);
         Gather *c = &g_array_index(b->gathers, Gather, g->call);
+        b->fetch_gate = host_sync(b->fetch_event, b->n_fetch_events, b->fetch_gate);
         if (c->quant_buffer >= 0) {
             const int ranks = zp_zeropp_group_ranks(&s->plan, gather_group(b, c));
             const uint32_t after[2] = {c->coll_op, b->last_compute};
@@ -970,6 +1013,7 @@ static void gathers_used_at(Builder *b, int key, int micro, GArray *deps)
             c->flat = -1;
         }
         g_array_append_val(deps, g->coll_op);
+        record_event(b->fetch_event, &b->n_fetch_events, g->coll_op);
     }
 }
 
@@ -1351,6 +1395,11 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     if (reduce) {
         launch_buckets(b, 0, micro, launched);
         free_held_buckets(b, micro);
+        /* the engine's epilogue (stage3.py independent_gradient_partition_epilogue)
+         * synchronises the reductions' stream: the host waits for the last of them */
+        if (b->n_reduce_events > 0)
+            b->reduce_gate = b->reduce_event[(b->n_reduce_events - 1) % 3];
+        b->n_reduce_events = 0;
     }
 }
 
@@ -1798,6 +1847,10 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .resident = -1, .workspace_free = NONE, .tied_grad = -1,
+                 .runahead = plan->zero.stage == 3 && zp_impl_get(plan->impl)->host_runahead &&
+                             !plan->no_runahead,
+                 .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
+                 .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum)};
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
@@ -1823,6 +1876,9 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
         build_stage(&b, &a, deps, launched);
+    if (b.runahead)
+        zp_runahead_bound(s, b.gated);
+    g_array_unref(b.gated);
     most_host_bytes(s);
     link_sends(&b);
     g_array_unref(deps);

@@ -1,0 +1,133 @@
+/* zp_runahead: the caching allocator's bound on DeepSpeed's stage-3 host run-ahead — each
+ * gathered-parameter alloc waits for the compute op that releases enough of the gathers' pool. */
+#include "zp_runahead.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* A gathered-parameter free: its bytes, back once compute op `at` (an op index) has ended. */
+typedef struct {
+    uint32_t at;
+    double bytes;
+} Release;
+
+/* A gathered alloc: its op, the bytes taken by then (its own included) and, gated, the compute
+ * op its first dependency names as built (UINT32_MAX: not gated, no compute op before it). */
+typedef struct {
+    uint32_t op, after;
+    double taken;
+} Taken;
+
+static gboolean on_compute(const ZpOp *op)
+{
+    return op->kind == ZP_OP_COMPUTE && op->stream == ZP_STREAM_COMPUTE;
+}
+
+static gboolean gathered_buffer(const ZpOp *op)
+{
+    return (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) &&
+           op->sub == ZP_MEM_GATHERED_PARAMS && op->micro >= 0 && op->buffer >= 0;
+}
+
+/* The allocs and frees in list order; a free waiting for no compute op returns its bytes with
+ * the next compute op (it waits for an unpack, which that compute op waits for). */
+static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArray *releases)
+{
+    GArray *pending = g_array_new(FALSE, FALSE, sizeof(guint)); /* releases waiting for one */
+    double total = 0;
+    guint next_gated = 0;
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (on_compute(op)) {
+            for (guint k = 0; k < pending->len; k++)
+                g_array_index(releases, Release, g_array_index(pending, guint, k)).at = i;
+            g_array_set_size(pending, 0);
+        }
+        if (!gathered_buffer(op))
+            continue;
+        const uint32_t after = op->n_deps > 0 ? zp_sched_deps(s, op)[0] : UINT32_MAX;
+        if (op->kind == ZP_OP_ALLOC) {
+            total += op->bytes;
+            Taken t = {i, UINT32_MAX, total};
+            if (next_gated < gated->len && g_array_index(gated, uint32_t, next_gated) == i)
+                t.after = after, next_gated++;
+            g_array_append_val(taken, t);
+            continue;
+        }
+        Release r = {after != UINT32_MAX && on_compute(zp_sched_op(s, after)) ? after
+                                                                              : UINT32_MAX,
+                     op->bytes};
+        if (r.at == UINT32_MAX) /* never returned if no compute op follows */
+            g_array_append_val(pending, releases->len);
+        g_array_append_val(releases, r);
+    }
+    g_array_unref(pending);
+}
+
+static int by_at(const void *a, const void *b)
+{
+    const uint32_t x = ((const Release *)a)->at, y = ((const Release *)b)->at;
+    return (x > y) - (x < y);
+}
+
+/* How many releases (sorted by op) are back once compute op `at` has ended. */
+static guint released_by(const Release *r, guint n, uint32_t at)
+{
+    guint lo = 0, hi = n;
+    while (lo < hi) {
+        const guint mid = lo + (hi - lo) / 2;
+        if (r[mid].at <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Drops op's first dependency (the others move up one). */
+static void drop_first_dep(ZpSchedule *s, ZpOp *op)
+{
+    uint32_t *d = &g_array_index(s->deps, uint32_t, op->dep_start);
+    for (uint32_t k = 1; k < op->n_deps; k++)
+        d[k - 1] = d[k];
+    op->n_deps--;
+}
+
+double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
+{
+    GArray *taken = g_array_new(FALSE, FALSE, sizeof(Taken));
+    GArray *releases = g_array_new(FALSE, FALSE, sizeof(Release));
+    ledger(s, gated, taken, releases);
+    Release *r = (Release *)releases->data;
+    const guint n = releases->len;
+    qsort(r, n, sizeof *r, by_at);
+    double *returned = g_new(double, (gsize)n + 1); /* bytes are whole: the sums are exact */
+    returned[0] = 0;
+    for (guint k = 0; k < n; k++)
+        returned[k + 1] = returned[k] + r[k].bytes;
+    double pool = 0;
+    for (guint i = 0; i < taken->len; i++) {
+        const Taken *t = &g_array_index(taken, Taken, i);
+        pool = fmax(pool, t->taken - (t->after == UINT32_MAX
+                                          ? 0
+                                          : returned[released_by(r, n, t->after)]));
+    }
+    guint k = 0; /* the fewest releases that leave what is live within the pool (taken only
+                  * grows, so k only grows) */
+    for (guint i = 0; i < taken->len; i++) {
+        const Taken *t = &g_array_index(taken, Taken, i);
+        ZpOp *op = &g_array_index(s->ops, ZpOp, t->op);
+        while (t->taken - returned[k] > pool)
+            k++;
+        if (t->after == UINT32_MAX)
+            continue;
+        if (k == 0)
+            drop_first_dep(s, op);
+        else
+            g_array_index(s->deps, uint32_t, op->dep_start) = r[k - 1].at;
+    }
+    g_free(returned);
+    g_array_unref(taken);
+    g_array_unref(releases);
+    return pool;
+}
