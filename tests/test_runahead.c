@@ -137,6 +137,58 @@ static void test_reduce_gate(void)
     zp_sched_free(s);
 }
 
+/* Whether op is what a module's compute waits for of a gather: its all-gather, or its call's
+ * unpack. */
+static gboolean fetch_event(const ZpOp *op)
+{
+    return (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER) ||
+           (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK);
+}
+
+/* partitioned_param_coordinator.py _fetch_sub_module_impl: before waiting for the n-th
+ * parameter, with more than __max_ongoing_fetch_events = 2 events outstanding, the host
+ * synchronises the oldest, the one recorded after parameter n-3's wait. So a gather taken
+ * after the computes that waited for N parameters (N >= 4) waits for the event of one at least
+ * N-4 back (the host has waited for N at least: its last wait's gate is 3 back from it). No
+ * prefetch and no reuse distance: every use gathers its own. */
+static void test_fetch_gate(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 4, 1);
+    p.checkpoint = TRUE;
+    p.zero.stage3_max_reuse_distance = 0;
+    p.zero.stage3_prefetch_bucket_size = 0;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    GArray *events = g_array_new(FALSE, FALSE, sizeof(uint32_t)); /* in wait order */
+    guint checked = 0;
+    for (uint32_t i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->stream == ZP_STREAM_COMPUTE) {
+            for (uint32_t d = 0; d < op->n_deps; d++)
+                if (fetch_event(zp_sched_op(s, zp_sched_deps(s, op)[d])))
+                    g_array_append_val(events, zp_sched_deps(s, op)[d]);
+            continue;
+        }
+        if (!gathered_alloc(op) || events->len < 4)
+            continue;
+        gboolean gated = FALSE;
+        for (guint j = events->len - 4; j < events->len && !gated; j++)
+            gated = has_dep(s, op, g_array_index(events, uint32_t, j));
+        for (uint32_t d = 0; d < op->n_deps && !gated; d++) /* or a later one of its own step */
+            gated = fetch_event(zp_sched_op(s, zp_sched_deps(s, op)[d])) &&
+                    zp_sched_deps(s, op)[d] > g_array_index(events, uint32_t, events->len - 1);
+        g_assert_true(gated);
+        checked++;
+    }
+    g_test_message("%u gathers behind the allgather stream's event three waits back", checked);
+    g_assert_cmpuint(checked, >, 100);
+    g_array_unref(events);
+    zp_sched_free(s);
+}
+
 static SimResult *simulate(const ZpSchedule *s, gboolean timeline)
 {
     const ZpHw hw = tu_load_hw("dgx-a100-80g");
@@ -258,6 +310,7 @@ int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/runahead/hand-bound", test_hand_bound);
+    g_test_add_func("/runahead/fetch-gate", test_fetch_gate);
     g_test_add_func("/runahead/reduce-gate", test_reduce_gate);
     g_test_add_func("/runahead/bounded", test_bounded);
     g_test_add_func("/runahead/overlap", test_overlap);
