@@ -20,14 +20,16 @@
  *       reduce_and_partition_stream, which waits on compute: __add_grad_to_ipg_bucket) is done;
  *       and independent_gradient_partition_epilogue synchronises that stream at the end of
  *       every backward;
- *   (3) the allocator: free_param records a released buffer on the compute stream
- *       (record_stream), and PyTorch's caching allocator reuses that block only once the
- *       compute stream has passed the release (process_events); blocks are kept per stream, so
- *       the allgather stream's gathers draw on a pool of their own. A gather that finds no free
- *       block in it must wait for the compute to release one, or take new device memory
- *       (a cudaMalloc, and at capacity a cache flush: release_cached_blocks synchronises every
- *       event). zplan's memory figure is what the step needs, so the pool is taken to be what
- *       the gathers need without running ahead (R below): a gather waits for the compute that
+ *   (3) the allocator: free_param (partition_parameters.py) records a released buffer on the
+ *       compute stream (record_stream), and PyTorch's caching allocator reuses that block only
+ *       once the compute stream has passed the release; a freed block is reused only by
+ *       allocations on the stream it was allocated on (c10/cuda/CUDACachingAllocator.cpp, its
+ *       opening comment, recordStream and process_events), so the allgather stream's gathers
+ *       draw on a pool of their own. A gather that finds no free block in it must wait for the
+ *       compute to release one, or take new device memory (a cudaMalloc, and at capacity a
+ *       cache flush: release_cached_blocks synchronises every outstanding event first).
+ *       zplan's memory figure is what the step needs, so the pool is taken to be what the
+ *       gathers need without running ahead (R below): a gather waits for the compute that
  *       releases enough of it. A GPU with more memory than the step needs lets DeepSpeed run
  *       further ahead (to capacity, then a flush); zplan does not credit that.
  * - (1) and (2) are dependencies the builder adds (zp_sched.c); (3) is zp_runahead_bound. */

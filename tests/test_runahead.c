@@ -247,7 +247,8 @@ static void test_bounded(void)
         const double pool = pool_bytes(sync);
         const double have = a->category_peak_bytes[ZP_MEM_GATHERED_PARAMS];
         g_test_message("%s on %d GPUs%s: step %.4f s against %.4f s; gathered at most %.3f GB "
-                       "(R and the persistent %.3f GB, %.3f GB without); peak %.3f GB against %.3f GB",
+                       "(R and the persistent %.3f GB, %.3f GB without); peak %.3f GB against "
+                       "%.3f GB",
                        cases[i].model, cases[i].gpus, cases[i].checkpoint ? " checkpointed" : "",
                        a->step_time_s, b->step_time_s, have / GB, pool / GB,
                        b->category_peak_bytes[ZP_MEM_GATHERED_PARAMS] / GB,
