@@ -3,7 +3,6 @@
 #include "zp_runahead.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 /* A gathered-parameter free: its bytes, back once compute op `at` (an op index) has ended. */
 typedef struct {
@@ -98,9 +97,9 @@ double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
     GArray *taken = g_array_new(FALSE, FALSE, sizeof(Taken));
     GArray *releases = g_array_new(FALSE, FALSE, sizeof(Release));
     ledger(s, gated, taken, releases);
-    Release *r = (Release *)releases->data;
+    g_array_sort(releases, by_at);
+    const Release *r = (const Release *)releases->data;
     const guint n = releases->len;
-    qsort(r, n, sizeof *r, by_at);
     double *returned = g_new(double, (gsize)n + 1); /* bytes are whole: the sums are exact */
     returned[0] = 0;
     for (guint k = 0; k < n; k++)
