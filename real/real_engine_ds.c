@@ -418,12 +418,13 @@ static uint64_t first_fit(const RealDs *ds, int id, uint64_t n)
     return at;
 }
 
-/* Where bucket k's gradients of micro-step `micro` lie: its own buffer, or its place in the
- * held ipg buffer, taken (and zeroed) when its first tensor lands. DeepSpeed fills the ipg
- * buffer tensor by tensor and reduces it when full (stage_1_and_2.py
- * reduce_independent_p_g_buckets_and_remove_grads); a block's backward here is one op that
- * produces all its tensors' gradients, so the buckets it fills land side by side until
- * their reductions, and must fit in the buffer together. */
+/* Where bucket k's gradients of micro-step `micro` lie: the start of its own buffer, or its
+ * place in the held ipg buffer, taken when its first tensor lands. Either is zeroed then, as
+ * backward adds into it (real_engine zeroes no bucket of unit -1, such as the ipg buffer
+ * when it reduces one bucket only). DeepSpeed fills the ipg buffer tensor by tensor and
+ * reduces it when full (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads);
+ * a block's backward here is one op that produces all its tensors' gradients, so the buckets
+ * it fills land side by side until their reductions, and must fit in the buffer together. */
 static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
 {
     Bucket *b = &ds->bk[k];
@@ -432,11 +433,9 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     if (!buf)
         return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ") of "
                     "micro-step %d has no buffer allocated", ds->rank, b->lo, b->hi, micro), NULL;
-    if (!ds->held[id])
-        return buf;
     if (b->landed_in != id) {
-        const uint64_t n = b->hi - b->lo, at = first_fit(ds, id, n);
-        const uint64_t cap = (uint64_t)ds->s->plan.zero.reduce_bucket_size;
+        const uint64_t n = b->hi - b->lo, at = ds->held[id] ? first_fit(ds, id, n) : 0;
+        const uint64_t cap = ds->held[id] ? (uint64_t)ds->s->plan.zero.reduce_bucket_size : n;
         if (at + n > cap)
             return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
                         " elements of the ipg buffer before they are reduced, more than its %"
@@ -624,7 +623,7 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
         ok = copy ? reduce_stage3(ds, op, data, copy, bytes, error)
                   : fail(error, "a stage-3 reduction without its concatenation copy");
     }
-    ds->bk[k].landed_in = -1; /* its place in a held buffer is free again */
+    ds->bk[k].landed_in = -1; /* its place is free again (zeroed when next taken) */
     return ok;
 }
 
