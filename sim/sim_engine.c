@@ -249,8 +249,8 @@ typedef struct {
     uint32_t n_affected, affected_cap;
 
     Queue queue;
-    ReadyOp *ready; /* zero-time ops waiting to run, FIFO */
-    size_t ready_head, ready_len, ready_cap;
+    ReadyOp *ready; /* zero-time ops waiting to run, FIFO: ready[ready_head .. ready_end) */
+    size_t ready_head, ready_end, ready_cap;
 
     double mem_tolerance_bytes;
     uint64_t op_events, heap_events, state_bytes;
@@ -329,7 +329,9 @@ static uint32_t queue_new_bucket(Queue *q, double time_s)
     return b;
 }
 
-static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
+/* The bucket for an event at time_s with room for it: the last one, or a new one (apart from
+ * queue_push, whose common case, the last bucket, stays small enough to inline). */
+G_NO_INLINE static Bucket *queue_bucket_for(Queue *q, double time_s)
 {
     uint32_t b = q->last;
     if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
@@ -339,6 +341,15 @@ static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
         bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
         bucket->items = g_renew(Event, bucket->items, bucket->cap);
     }
+    return bucket;
+}
+
+G_ALWAYS_INLINE static inline void queue_push(Queue *q, double time_s, uint32_t id,
+                                              uint32_t detail)
+{
+    Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
+    if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
+        bucket = queue_bucket_for(q, time_s);
     bucket->items[bucket->len++] = (Event){id, detail};
     q->len++;
 }
@@ -1065,10 +1076,11 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 static void ready_make_room(Sim *sim)
 {
     if (sim->ready_head > 0) {
-        memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_len * sizeof *sim->ready);
+        sim->ready_end -= sim->ready_head;
+        memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_end * sizeof *sim->ready);
         sim->ready_head = 0;
     }
-    if (sim->ready_len == sim->ready_cap) {
+    if (sim->ready_end == sim->ready_cap) {
         sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
         sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
     }
@@ -1076,9 +1088,9 @@ static void ready_make_room(Sim *sim)
 
 static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
 {
-    if (sim->ready_head + sim->ready_len == sim->ready_cap)
+    if (sim->ready_end == sim->ready_cap)
         ready_make_room(sim);
-    sim->ready[sim->ready_head + sim->ready_len++] = (ReadyOp){rank, op};
+    sim->ready[sim->ready_end++] = (ReadyOp){rank, op};
 }
 
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
@@ -1230,14 +1242,10 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     }
 }
 
-/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
- * done; `ready` is an op known to have none left (UINT32_MAX: none known). */
-static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
+/* Starts op i, the next of a rank's idle stream, its dependencies done. */
+G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
-    const uint32_t i = ss->next[stream];
-    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
-        return;
     const SimOp *op = &sim->ops[i];
     ss->next[stream] = op->stream_next;
     ss->busy[stream] = 1;
@@ -1286,25 +1294,40 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         start_flow(sim, slot, rank, now_s);
 }
 
+/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
+ * done; `ready` is an op known to have none left (UINT32_MAX: none known). The check is
+ * inlined in the callers: a third of the calls start nothing. */
+G_ALWAYS_INLINE static inline void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
+                              double now_s)
+{
+    const StreamState *ss = &sim->stream[rank];
+    const uint32_t i = ss->next[stream];
+    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
+        return;
+    start_stream_op(sim, rank, stream, i, now_s);
+}
+
 /* The rank of stage to_stage with rank's dp and tp index (rank runs stage): where another
  * stage's op waiting for a send runs. */
 static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
                                  uint32_t to_stage)
 {
-    return to_stage == stage ? rank
-           : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + to_stage]
-                       : rank + (to_stage - stage) * sim->sim_mp;
+    if (G_LIKELY(to_stage == stage))
+        return rank;
+    return sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + to_stage]
+                     : rank + (to_stage - stage) * sim->sim_mp;
 }
 
 /* Op i is done on rank: counts down its dependents there and starts those now ready. */
-static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
     if (sim->op_end_s)
         sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
-    for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
-        const Dependent next = sim->dependents[d];
+    const Dependent *const end = &sim->dependents[op->dependents_end];
+    for (const Dependent *d = &sim->dependents[op->dependents_start]; d < end; d++) {
+        const Dependent next = *d;
         const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
         if (next.counted && !pending_done(sim, next.op, at))
             continue;
@@ -1318,7 +1341,7 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
 /* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
  * free runs at the time the op it waited for ended on the same rank, so it never moves
  * end_s, and memory ops never touch RankState. */
-static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
@@ -1408,12 +1431,11 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 
 static void drain_ready(Sim *sim, double now_s)
 {
-    while (sim->ready_len > 0 && !sim->error) {
+    while (sim->ready_head < sim->ready_end && !sim->error) {
         const ReadyOp r = sim->ready[sim->ready_head++];
-        sim->ready_len--;
         run_memory_op(sim, r.rank, r.op, now_s);
     }
-    sim->ready_head = 0;
+    sim->ready_head = sim->ready_end = 0;
 }
 
 static void finish_flow(Sim *sim, uint32_t slot, double now_s)
