@@ -1210,7 +1210,7 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 /* ---- ops ---- */
 
 /* `last` is the member whose arrival starts it. */
-static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
+G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
     Flow *f = &sim->flows[slot];
     const SimOp *op = &sim->ops[f->op];
