@@ -36,11 +36,11 @@ typedef struct {
 #define NO_OP UINT32_MAX
 /* slot_of of a communicator no collective uses. */
 #define NO_FLOWS UINT32_MAX
-/* Countdown.row before any rank counted the op's dependencies down, and after all reached 0. */
-#define ROW_UNUSED (UINT32_MAX - 1)
-#define ROW_DONE UINT32_MAX
-/* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
-#define ROW_WIDE (UINT32_MAX - 2)
+/* Countdown.first before any rank counted the op's dependencies down, and after all reached 0. */
+#define COUNTS_UNUSED (UINT64_MAX - 1)
+#define COUNTS_DONE UINT64_MAX
+/* Countdown.first of an op with over 255 dependencies: its counts are in pending_wide. */
+#define COUNTS_WIDE (UINT64_MAX - 2)
 /* Dependent.stream of an alloc or free. */
 #define NOT_ON_STREAM UINT8_MAX
 
@@ -55,10 +55,12 @@ typedef struct {
     uint8_t counted;
 } Dependent;
 
-/* Counting an op's dependencies down, side by side for the one access a rank-op makes: the
- * op's row of counts (or ROW_*), how many ranks have counted to 0, and how many run it. */
+/* Counting an op's dependencies down, side by side for the one access a rank-op makes: where
+ * the op's row of counts starts, rank r's count at Sim.rows[first + r] (or COUNTS_*), how many
+ * ranks have counted to 0, and how many run it. */
 typedef struct {
-    uint32_t row, zeroed, ranks;
+    uint64_t first;
+    uint32_t zeroed, ranks;
 } Countdown;
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
@@ -746,7 +748,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
         sim->countdown[i] = (Countdown){
-            .row = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED,
+            .first = o->n_deps == 0 ? COUNTS_DONE : o->wide ? COUNTS_WIDE : COUNTS_UNUSED,
             .ranks = sim->stage_ranks[o->stage]};
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
@@ -1004,13 +1006,13 @@ static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, 
 
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
-    const uint32_t row = sim->countdown[op].row;
-    if (row < ROW_WIDE)
-        return sim->rows[(size_t)row * sim->ranks + rank];
+    const uint64_t first = sim->countdown[op].first;
+    if (first < COUNTS_WIDE)
+        return sim->rows[first + rank];
     const SimOp *o = &sim->ops[op];
-    return row == ROW_DONE     ? 0
-           : row == ROW_UNUSED ? o->n_deps
-                               : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
+    return first == COUNTS_DONE     ? 0
+           : first == COUNTS_UNUSED ? o->n_deps
+                                    : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
 }
 
 /* A run-time array of *cap items of item_bytes (rank rows, ranks' states) doubled (16 items at
@@ -1031,7 +1033,7 @@ static void *grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
 }
 
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
-static gboolean take_row(Sim *sim, uint32_t op)
+G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
 {
     uint32_t row;
     if (sim->n_free_rows > 0) {
@@ -1048,7 +1050,7 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->n_rows_made++;
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
-    sim->countdown[op].row = row;
+    sim->countdown[op].first = (uint64_t)row * sim->ranks;
     return TRUE;
 }
 
@@ -1056,17 +1058,17 @@ static gboolean take_row(Sim *sim, uint32_t op)
 static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
     Countdown *c = &sim->countdown[op];
-    if (c->row >= ROW_WIDE) {
-        if (c->row == ROW_WIDE)
+    if (c->first >= COUNTS_WIDE) {
+        if (c->first == COUNTS_WIDE)
             return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
-    if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
+    if (--sim->rows[c->first + rank] != 0)
         return FALSE;
     if (++c->zeroed == c->ranks) { /* no rank needs it */
-        sim->free_rows[sim->n_free_rows++] = c->row;
-        c->row = ROW_DONE;
+        sim->free_rows[sim->n_free_rows++] = (uint32_t)(c->first / sim->ranks);
+        c->first = COUNTS_DONE;
     }
     return TRUE;
 }
