@@ -1245,7 +1245,8 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
 }
 
 /* Starts op i, the next of a rank's idle stream, its dependencies done. */
-G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i, double now_s)
+G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i,
+                                        double now_s)
 {
     StreamState *ss = &sim->stream[rank];
     const SimOp *op = &sim->ops[i];
@@ -1299,8 +1300,8 @@ G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream
 /* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
  * done; `ready` is an op known to have none left (UINT32_MAX: none known). The check is
  * inlined in the callers: a third of the calls start nothing. */
-G_ALWAYS_INLINE static inline void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
-                              double now_s)
+G_ALWAYS_INLINE static inline void try_stream(Sim *sim, uint32_t rank, uint32_t stream,
+                                              uint32_t ready, double now_s)
 {
     const StreamState *ss = &sim->stream[rank];
     const uint32_t i = ss->next[stream];
@@ -1321,7 +1322,8 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
 }
 
 /* Op i is done on rank: counts down its dependents there and starts those now ready. */
-G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i,
+                                                      double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
@@ -1343,7 +1345,8 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, u
 /* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
  * free runs at the time the op it waited for ended on the same rank, so it never moves
  * end_s, and memory ops never touch RankState. */
-G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
+                                            double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
