@@ -125,21 +125,23 @@ typedef struct {
     double peak_breakdown_bytes[ZP_MEM_N];
 } MemState;
 
-/* The memory ops of one rank class in the order its first rank ran them, and the state after
- * each: state[p] is a rank's memory after the first p of op[]. Ranks in lockstep run their
- * allocs and frees in one order, so a rank that has run exactly op[0 .. p) is at state[p]
- * and keeps only p (Sim.mem_pos): its next memory op, if it is op[p], moves it to p + 1
- * without touching any bytes, and the first rank to run one past the end appends it. A rank
- * that runs another op copies state[p] out and keeps its own MemState from then on: the same
- * additions in the same order, so the same bits. */
+/* The memory ops of one rank class in the order its first rank ran them (an op's place is
+ * Sim.log_pos[op]), and the state after each: state[p] is a rank's memory after the first p
+ * of them. Ranks in lockstep run their allocs and frees in one order, so a rank that has run
+ * exactly the first p is at state[p] and keeps only p (Sim.mem_pos): its next memory op, if
+ * it is the log's p-th, moves it to p + 1 without touching any bytes, and the first rank to
+ * run one past the end appends it. A rank that runs another op copies state[p] out and keeps
+ * its own MemState from then on: the same additions in the same order, so the same bits. */
 typedef struct {
-    uint32_t *op;
     MemState *state;
     uint32_t len;
 } MemLog;
 
 /* Sim.mem_pos of a rank with its own MemState, eager[mem_pos & ~MEM_EAGER]. */
 #define MEM_EAGER 0x80000000u
+/* Sim.log_pos of an op no rank has run yet: no mem_pos equals it (a log's places are below
+ * it, an eager rank's mem_pos above). */
+#define NOT_LOGGED (MEM_EAGER - 1)
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
  * its start and its end, so they are kept together (the busy times and the running op apart)
@@ -235,6 +237,7 @@ typedef struct {
     /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
      * them a rank is, or MEM_EAGER and its own state's index in eager. */
     MemLog *mem_log;
+    uint32_t *log_pos; /* [op]: its place in its class's log, or NOT_LOGGED */
     uint32_t *mem_pos;
     MemState *eager;
     uint32_t n_eager, cap_eager;
@@ -679,18 +682,21 @@ static const MemState *mem_state(const Sim *sim, uint32_t rank)
 static gboolean alloc_mem_logs(Sim *sim)
 {
     sim->mem_log = g_new0(MemLog, sim->sim_pp);
+    sim->log_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
+    sim->state_bytes += (uint64_t)sim->n_ops * sizeof *sim->log_pos;
     uint32_t *memory_ops = g_new0(uint32_t, sim->sim_pp);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
         memory_ops[sim->ops[i].stage] += !op_on_stream(&sim->ops[i]);
+        sim->log_pos[i] = NOT_LOGGED;
+    }
     gboolean ok = TRUE;
     for (uint32_t k = 0; k < sim->sim_pp; k++) {
         MemLog *log = &sim->mem_log[k];
-        log->op = g_try_new(uint32_t, MAX(memory_ops[k], 1));
         log->state = g_try_new(MemState, memory_ops[k] + 1);
-        ok = ok && log->op && log->state;
+        ok = ok && log->state;
         if (!ok)
             break;
-        sim->state_bytes += memory_ops[k] * (sizeof(uint32_t) + sizeof(MemState));
+        sim->state_bytes += memory_ops[k] * sizeof(MemState);
         MemState *m = &log->state[0];
         const double *state = &sim->class_state[k * ZP_MEM_N];
         *m = (MemState){0};
@@ -1406,16 +1412,16 @@ static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t po
 static gboolean step_memory(Sim *sim, uint32_t rank, uint32_t i)
 {
     uint32_t *pos = &sim->mem_pos[rank];
-    MemLog *log = &sim->mem_log[sim->ops[i].stage];
-    if (*pos < log->len && log->op[*pos] == i) {
+    if (*pos == sim->log_pos[i]) {
         ++*pos;
         return TRUE;
     }
-    if (*pos == log->len) {
+    MemLog *log = &sim->mem_log[sim->ops[i].stage];
+    if (*pos == log->len) { /* it ran the whole log, so not op i: op i is not in it */
         log->state[*pos + 1] = log->state[*pos];
         if (!apply_memory_op(sim, &log->state[*pos + 1], rank, i))
             return FALSE;
-        log->op[log->len++] = i;
+        sim->log_pos[i] = log->len++;
         ++*pos;
         return TRUE;
     }
@@ -1686,11 +1692,10 @@ static void sim_clear(Sim *sim)
     g_free(sim->rank);
     g_free(sim->running);
     g_free(sim->busy);
-    for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++) {
-        g_free(sim->mem_log[k].op);
+    for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++)
         g_free(sim->mem_log[k].state);
-    }
     g_free(sim->mem_log);
+    g_free(sim->log_pos);
     g_free(sim->mem_pos);
     g_free(sim->eager);
     g_free(sim->op_start_s);
