@@ -1327,14 +1327,13 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
                      : rank + (to_stage - stage) * sim->sim_mp;
 }
 
-/* Op i is done on rank: counts down its dependents there and starts those now ready. */
+/* Op i is done on rank: counts down its dependents there and starts those now ready (the
+ * caller records its end in the timeline, with whatever else it records there). */
 G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i,
                                                       double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
-    if (sim->op_end_s)
-        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     const Dependent *const end = &sim->dependents[op->dependents_end];
     for (const Dependent *d = &sim->dependents[op->dependents_start]; d < end; d++) {
         const Dependent next = *d;
@@ -1356,6 +1355,8 @@ G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
+    if (sim->op_end_s)
+        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     /* An op that ends past the caller's time: the step ends later still. */
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
@@ -1434,9 +1435,10 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     if (!step_memory(sim, rank, i))
         return;
-    if (sim->op_start_s)
-        sim->op_start_s[(size_t)rank * sim->n_ops + i] =
-            sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
+    if (sim->op_start_s) {
+        const size_t at = (size_t)rank * sim->n_ops + i;
+        sim->op_start_s[at] = sim->op_ready_s[at] = sim->op_end_s[at] = now_s;
+    }
     release_dependents(sim, rank, i, now_s);
 }
 
