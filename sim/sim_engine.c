@@ -1250,16 +1250,11 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
     }
 }
 
-/* Starts op i, the next of a rank's idle stream, its dependencies done. */
-G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i,
-                                        double now_s)
+/* Starts compute, transfer or p2p op i on rank's stream: its duration booked, its end queued. */
+G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i,
+                                       double now_s)
 {
-    StreamState *ss = &sim->stream[rank];
     const SimOp *op = &sim->ops[i];
-    ss->next[stream] = op->stream_next;
-    ss->busy[stream] = 1;
-    if (sim->op_ready_s)
-        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
         const Busy busy = busy_of(op);
         RankState *rs = &sim->rank[rank];
@@ -1286,14 +1281,28 @@ G_NO_INLINE static void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
-    if (op->kind == ZP_OP_P2P) {
-        /* The sender's share of its link, no group to wait for. An isend: the rank does not
-         * wait for it, so it is never exposed communication (a rank waiting only for sends
-         * idles, in the pipeline's bubble). */
-        sim->busy[rank].busy_s[stream] += op->duration_s;
-        if (sim->op_start_s)
-            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+    /* p2p: the sender's share of its link, no group to wait for. An isend: the rank does not
+     * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
+     * in the pipeline's bubble). */
+    sim->busy[rank].busy_s[stream] += op->duration_s;
+    if (sim->op_start_s)
+        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+    queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+}
+
+/* Starts op i, the next of a rank's idle stream, its dependencies done: a collective counts
+ * the rank in (the last member's arrival starts it), any other op is timed. */
+G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream,
+                                                   uint32_t i, double now_s)
+{
+    StreamState *ss = &sim->stream[rank];
+    const SimOp *op = &sim->ops[i];
+    ss->next[stream] = op->stream_next;
+    ss->busy[stream] = 1;
+    if (sim->op_ready_s)
+        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
+    if (op->kind != ZP_OP_COLLECTIVE) {
+        start_timed_op(sim, rank, stream, i, now_s);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
