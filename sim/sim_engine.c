@@ -22,7 +22,9 @@ typedef struct {
     uint32_t n_deps;
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
-    uint32_t stream_pos;         /* position in its stream's op list */
+    /* dependents[dependents_start .. dependents_ready): allocs and frees ready the moment it
+     * ends, queued as a block (split_ready_dependents); dependents_start where none are. */
+    uint32_t dependents_ready;
     uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
     uint32_t pending_row;        /* wide: its row of pending_wide; else NO_ROW */
     double duration_s;           /* compute and p2p ops */
@@ -195,6 +197,7 @@ typedef struct {
      * linked by SimOp.stream_next) and how many. One class without a pipeline. */
     uint32_t *stream_first;
     uint32_t *stream_len;
+    uint32_t *stream_pos;         /* [op]: a stream op's place in its class's stream */
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
@@ -517,14 +520,52 @@ static void build_dependents(Sim *sim)
     }
 }
 
+/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
+static gboolean ready_at_once(const Dependent *d, uint16_t stage)
+{
+    return !d->counted && d->stage == stage;
+}
+
+/* Moves the allocs and frees ready at once to the front of each op's dependents, each part in
+ * its order, where that changes no order the run can see: where all the op's dependents that
+ * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
+ * frees in the same order (as a block, before it counts down the rest), and the rest start
+ * in their order as before: queueing one touches nothing that counting down or starting an
+ * op reads, nor the other way round. */
+static void split_ready_dependents(Sim *sim)
+{
+    uint32_t most = 1;
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        most = MAX(most, sim->ops[i].dependents_end - sim->ops[i].dependents_start);
+    Dependent *scratch = g_new(Dependent, most);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        Dependent *d = &sim->dependents[o->dependents_start];
+        uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
+        o->dependents_ready = o->dependents_start;
+        for (uint32_t k = 0; k < n; k++)
+            if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
+                n = 0; /* a counted or another stage's alloc or free: no block */
+        for (uint32_t k = 0; k < n; k++)
+            if (ready_at_once(&d[k], o->stage))
+                d[n_ready++] = d[k];
+            else
+                scratch[n_rest++] = d[k];
+        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
+        o->dependents_ready += n_ready;
+    }
+    g_free(scratch);
+}
+
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
- * class's stream, stream_next the op after it there. */
+ * class's stream, SimOp.stream_next the op after it there. */
 static void build_streams(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
     uint32_t *last = g_new(uint32_t, lists);
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
+    sim->stream_pos = g_new0(uint32_t, MAX(sim->n_ops, 1));
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
         sim->stream_first[l] = last[l] = NO_OP;
@@ -535,7 +576,7 @@ static void build_streams(Sim *sim)
         if (!op_on_stream(o))
             continue;
         const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
-        o->stream_pos = sim->stream_len[l]++;
+        sim->stream_pos[i] = sim->stream_len[l]++;
         if (last[l] == NO_OP)
             sim->stream_first[l] = i;
         else
@@ -663,6 +704,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
     build_dependents(sim);
+    split_ready_dependents(sim);
     build_streams(sim);
     return TRUE;
 }
@@ -1079,17 +1121,19 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
     return TRUE;
 }
 
-/* Room at the end of the ready queue: slides it back to the front, else grows it. Apart
- * from ready_push so that the push, on every alloc and free, stays small enough to inline. */
-static void ready_make_room(Sim *sim)
+/* Room for n more at the end of the ready queue: slides it back to the front, and grows it
+ * if that is not enough. Apart from the pushes so that they, on every alloc and free, stay
+ * small enough to inline. */
+static void ready_make_room(Sim *sim, size_t n)
 {
     if (sim->ready_head > 0) {
         sim->ready_end -= sim->ready_head;
         memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_end * sizeof *sim->ready);
         sim->ready_head = 0;
     }
-    if (sim->ready_end == sim->ready_cap) {
-        sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
+    if (sim->ready_end + n > sim->ready_cap) {
+        while (sim->ready_end + n > sim->ready_cap)
+            sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
         sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
     }
 }
@@ -1097,8 +1141,19 @@ static void ready_make_room(Sim *sim)
 static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
 {
     if (sim->ready_end == sim->ready_cap)
-        ready_make_room(sim);
+        ready_make_room(sim, 1);
     sim->ready[sim->ready_end++] = (ReadyOp){rank, op};
+}
+
+/* Queues the n allocs and frees of `ready` on rank, in order (SimOp.dependents_ready). */
+static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *ready, size_t n)
+{
+    if (sim->ready_end + n > sim->ready_cap)
+        ready_make_room(sim, n);
+    ReadyOp *to = &sim->ready[sim->ready_end];
+    for (size_t k = 0; k < n; k++)
+        to[k] = (ReadyOp){rank, ready[k].op};
+    sim->ready_end += n;
 }
 
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
@@ -1343,8 +1398,11 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, u
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
+    if (op->dependents_ready > op->dependents_start)
+        ready_push_block(sim, rank, &sim->dependents[op->dependents_start],
+                         op->dependents_ready - op->dependents_start);
     const Dependent *const end = &sim->dependents[op->dependents_end];
-    for (const Dependent *d = &sim->dependents[op->dependents_start]; d < end; d++) {
+    for (const Dependent *d = &sim->dependents[op->dependents_ready]; d < end; d++) {
         const Dependent next = *d;
         const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
         if (next.counted && !pending_done(sim, next.op, at))
@@ -1521,13 +1579,14 @@ static uint32_t stream_head(const Sim *sim, uint32_t rank, uint32_t stream)
 {
     const uint32_t next = sim->stream[rank].next[stream];
     return next == NO_OP ? sim->stream_len[rank_class(sim, rank) * ZP_STREAM_N + stream]
-                         : sim->ops[next].stream_pos;
+                         : sim->stream_pos[next];
 }
 
-/* Whether a stream op has finished on rank (its stream passed it, and is not running it). */
-static gboolean stream_op_finished(const Sim *sim, const SimOp *o, uint32_t rank)
+/* Whether stream op i has finished on rank (its stream passed it, and is not running it). */
+static gboolean stream_op_finished(const Sim *sim, uint32_t i, uint32_t rank)
 {
-    return o->stream_pos + sim->stream[rank].busy[o->stream] < stream_head(sim, rank, o->stream);
+    const uint32_t stream = sim->ops[i].stream;
+    return sim->stream_pos[i] + sim->stream[rank].busy[stream] < stream_head(sim, rank, stream);
 }
 
 /* Whether an alloc or free ran on rank, once the queue is empty. One with a single dependency
@@ -1543,7 +1602,7 @@ static gboolean memory_op_ran(const Sim *sim, uint32_t op, uint32_t rank)
         const SimOp *d = &sim->ops[dep];
         rank = peer_rank(sim, rank, o->stage, d->stage);
         if (op_on_stream(d))
-            return stream_op_finished(sim, d, rank);
+            return stream_op_finished(sim, dep, rank);
         op = dep;
     }
     return FALSE;
@@ -1559,7 +1618,7 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
         if (o->stage != rank_class(sim, rank))
             continue;
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < stream_head(sim, rank, o->stream)
+                                 ? sim->stream_pos[i] < stream_head(sim, rank, o->stream)
                                  : memory_op_ran(sim, i, rank);
         if (!ran)
             break;
@@ -1686,6 +1745,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->dependents);
     g_free(sim->stream_first);
     g_free(sim->stream_len);
+    g_free(sim->stream_pos);
     g_free(sim->class_ops);
     g_free(sim->stage_of);
     g_free(sim->first_rank);
