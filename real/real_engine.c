@@ -159,10 +159,12 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    if (real_ds_applies(s) && (s->plan.zero.zero_hpz_partition_size > 1 ||
-                               s->plan.zero.zero_quantized_gradients))
-        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ but without hpZ or qgZ "
-                           "(zero_hpz_partition_size, zero_quantized_gradients)");
+    if (real_ds_applies(s) && s->plan.zero.zero_hpz_partition_size > 1)
+        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ and qgZ but without hpZ "
+                           "(zero_hpz_partition_size)");
+    if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients && zp_offload_any(&s->plan))
+        return fail(error, "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without "
+                           "offload");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -1151,11 +1153,30 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+gboolean real_engine_qgz(RealBackend *be, int rank, RealComm *total, RealComm *node,
+                         RealComm *cross, const float *pieces, uint64_t part, uint64_t groups,
+                         uint8_t *work, RealBf16 *mine, GError **error)
+{
+    const int nodes = cross->size;
+    float *acc = real_engine_alloc(be, rank, (uint64_t)nodes * part * sizeof(float),
+                                   ZP_MEM_WORKSPACE, error);
+    float *out = acc ? real_engine_alloc(be, rank, part * sizeof(float), ZP_MEM_WORKSPACE, error)
+                     : NULL;
+    const double before = node->sent_bytes + cross->sent_bytes;
+    gboolean ok = out && real_zeropp_qgz_reduce(node, cross, pieces, part, groups, work, acc,
+                                                out, error);
+    total->sent_bytes += node->sent_bytes + cross->sent_bytes - before;
+    for (uint64_t k = 0; ok && k < part; k++)
+        mine[k] = real_bf16_from_f32(out[k]);
+    be->free(be, acc);
+    be->free(be, out);
+    return ok;
+}
+
 /* qgZ at the bucket's all-to-all inside the node (zp_sched's qgz_reduce): the bucket's units
- * as the world's partitions (rank q's slice of every unit, in order) through
- * real_zeropp_qgz_reduce in zp_zeropp_qgz's groups, and this rank's sum delivered as a
- * reduce-scatter's is; the all-to-all across nodes and the kernels around them are part of
- * it. Both subgroups' bytes count in the rank's total. */
+ * as the world's partitions (rank q's slice of every unit, in order) through real_engine_qgz
+ * in zp_zeropp_qgz's groups, and this rank's sum delivered as a reduce-scatter's is; the
+ * all-to-all across nodes and the kernels around them are part of it. */
 static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
 {
     const ZpSchedule *s = e->s;
@@ -1170,12 +1191,8 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
     const ZpQgz q = zp_zeropp_qgz(&s->plan, (double)op->elems,
                                   (double)s->model.hidden / s->plan.mp,
                                   zp_plan_reduce_bytes(&s->plan));
-    const int nodes = e->qgz_cross->size;
     float *pieces = take(e, op->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
-    float *acc = pieces ? take(e, (uint64_t)nodes * part * sizeof(float), ZP_MEM_WORKSPACE, error)
-                        : NULL;
-    float *out = acc ? take(e, part * sizeof(float), ZP_MEM_WORKSPACE, error) : NULL;
-    RealBf16 *mine = out ? take(e, part * sizeof(RealBf16), ZP_MEM_WORKSPACE, error) : NULL;
+    RealBf16 *mine = pieces ? take(e, part * sizeof(RealBf16), ZP_MEM_WORKSPACE, error) : NULL;
     gboolean ok = mine != NULL;
     uint64_t at = 0; /* a unit's offset in every partition */
     for (int u = 0; ok && u < s->n_units; u++) {
@@ -1188,13 +1205,9 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
                     real_bf16_to_f32(e->unit_grads[u][(uint64_t)r * slice + k]);
         at += slice;
     }
-    const double before = e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes;
-    ok = ok && real_zeropp_qgz_reduce(e->qgz_node, e->qgz_cross, pieces, part,
-                                      (uint64_t)q.groups / (uint64_t)e->dp,
-                                      e->buffers[e->qgz_work], acc, out, error);
-    e->comm->sent_bytes += e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes - before;
-    for (uint64_t k = 0; ok && k < part; k++)
-        mine[k] = real_bf16_from_f32(out[k]);
+    ok = ok && real_engine_qgz(e->be, e->rank, e->comm, e->qgz_node, e->qgz_cross, pieces, part,
+                               (uint64_t)q.groups / (uint64_t)e->dp, e->buffers[e->qgz_work],
+                               mine, error);
     at = 0;
     for (int u = 0; ok && u < s->n_units; u++) {
         if (s->unit_offset[u] < lo || s->unit_offset[u] >= hi)
@@ -1203,10 +1216,20 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
         ok = deliver(e, e->grads + e->part_off[u], mine + at, slice, op->micro > 0, error);
         at += slice;
     }
-    void *temps[] = {pieces, acc, out, mine};
-    for (size_t i = 0; i < G_N_ELEMENTS(temps); i++)
-        e->be->free(e->be, temps[i]);
+    e->be->free(e->be, pieces);
+    e->be->free(e->be, mine);
     return ok;
+}
+
+/* qgZ's intra-node all-to-all (the op does the whole reduction): the engine's bucket, or
+ * under DeepSpeed's stage 3 one tensor (real_ds_qgz). */
+static gboolean qgz_node_op(RealEngine *e, const ZpOp *op, GError **error)
+{
+    if (!e->ds)
+        return qgz_reduce(e, op, error);
+    if (e->qgz_work < 0 || !e->buffers[e->qgz_work])
+        return fail(error, "a qgZ all-to-all with no int4 buffer before it");
+    return real_ds_qgz(e->ds, op, e->qgz_node, e->qgz_cross, e->buffers[e->qgz_work], error);
 }
 
 /* Pa's all-gather before block op->unit's recompute (DeepSpeed's checkpointing.py,
@@ -1236,10 +1259,10 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
         return gather_checkpoint(e, op, error);
     if (op->group == ZP_GROUP_TP && e->cfg.tp)
         return real_tp_collective(e->cfg.tp, op, error);
+    if (op->sub == ZP_COLL_ALLTOALL) /* qgZ: the node's op does both (qgz_node_op) */
+        return op->group == ZP_GROUP_NODE ? qgz_node_op(e, op, error) : TRUE;
     if (e->ds)
         return real_ds_collective(e->ds, op, error);
-    if (op->sub == ZP_COLL_ALLTOALL) /* qgZ: the node's op does both (qgz_reduce) */
-        return op->group == ZP_GROUP_NODE ? qgz_reduce(e, op, error) : TRUE;
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)

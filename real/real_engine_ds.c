@@ -106,19 +106,22 @@ static int tensor_at(const RealDs *ds, uint64_t offset)
     return lo < ds->n_t && ds->t[lo].offset == offset ? (int)lo : -1;
 }
 
-static int bucket_at(const RealDs *ds, uint64_t lo)
+/* The bucket holding flat offset `at`, or -1. */
+static int bucket_at(const RealDs *ds, uint64_t at)
 {
     for (int k = 0; k < ds->n_buckets; k++)
-        if (ds->bk[k].lo == lo)
+        if (ds->bk[k].lo <= at && at < ds->bk[k].hi)
             return k;
     return -1;
 }
 
+/* A reduction reading a bucket: the data-parallel group's (a tensor group's sums are the
+ * model's, real_tp), or qgZ's intra-node all-to-all. */
 static gboolean is_reduction(const RealDs *ds, const ZpOp *op)
 {
-    /* The data-parallel group's: a tensor group's sums are the model's (real_tp). */
-    return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
-           !zp_sched_coll_fetches(ds->s, op);
+    return op->kind == ZP_OP_COLLECTIVE &&
+           ((op->group == ZP_GROUP_DP && !zp_sched_coll_fetches(ds->s, op)) ||
+            (op->group == ZP_GROUP_NODE && op->sub == ZP_COLL_ALLTOALL));
 }
 
 /* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
@@ -159,51 +162,52 @@ static gboolean index_tensors(RealDs *ds, GError **error)
     return TRUE;
 }
 
-/* Buckets from the reductions of micro-step 0, and the buffer each lands in per micro-step;
- * a buffer reducing more than one bucket is a held ipg buffer. */
+/* The implementation's buckets (under qgZ a bucket is reduced tensor by tensor, by several
+ * ops), and the buffer each lands in per micro-step: the one its reductions read; a buffer
+ * reducing more than one bucket is a held ipg buffer. */
 static gboolean index_buckets(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
     for (guint i = 0; i < s->ops->len; i++)
         ds->n_buffers = MAX(ds->n_buffers, zp_sched_op(s, i)->buffer + 1);
-    GArray *bk = g_array_new(FALSE, FALSE, sizeof(Bucket));
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (is_reduction(ds, op) && op->micro == 0) {
-            Bucket b = {op->elem_offset, op->elem_offset + op->elems, 0, -1};
-            g_array_append_val(bk, b);
-        }
+    GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    zp_impl_get(s->plan.impl)->plan_buckets(s, specs);
+    ds->n_buckets = (int)specs->len;
+    ds->bk = g_new(Bucket, MAX(specs->len, 1));
+    for (guint k = 0; k < specs->len; k++) {
+        const ZpBucketSpec *b = &g_array_index(specs, ZpBucketSpec, k);
+        ds->bk[k] = (Bucket){b->lo, b->hi, 0, -1};
     }
-    ds->n_buckets = (int)bk->len;
-    ds->bk = (Bucket *)g_array_free(bk, FALSE);
+    g_array_unref(specs);
     const int G = s->plan.grad_accum;
     ds->bucket_buffer = g_new(int, MAX((gsize)G * (gsize)ds->n_buckets, 1));
     for (int i = 0; i < G * ds->n_buckets; i++)
         ds->bucket_buffer[i] = -1;
     ds->held = g_new0(gboolean, MAX(ds->n_buffers, 1));
-    int *uses = g_new0(int, MAX(ds->n_buffers, 1));
+    /* per buffer: the first bucket and micro-step it reduces (micro x buckets + bucket) */
+    int *first = g_new(int, MAX(ds->n_buffers, 1));
+    for (int b = 0; b < ds->n_buffers; b++)
+        first[b] = -1;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (!is_reduction(ds, op))
             continue;
         const int k = bucket_at(ds, op->elem_offset);
         if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0 ||
-            ds->bk[k].hi != op->elem_offset + op->elems)
-            return g_free(uses), fail(error, "op %u: a gradient reduction of a range no bucket of "
-                                             "micro-step 0 covers, or with no buffer", i);
-        ds->bucket_buffer[op->micro * ds->n_buckets + k] = op->buffer;
-        uses[op->buffer]++;
+            op->elem_offset + op->elems > ds->bk[k].hi)
+            return g_free(first), fail(error, "op %u: a gradient reduction of a range no bucket "
+                                              "covers, or with no buffer", i);
+        const int at = op->micro * ds->n_buckets + k;
+        ds->bucket_buffer[at] = op->buffer;
+        ds->held[op->buffer] |= first[op->buffer] >= 0 && first[op->buffer] != at;
+        if (first[op->buffer] < 0)
+            first[op->buffer] = at;
     }
-    for (int b = 0; b < ds->n_buffers; b++)
-        ds->held[b] = uses[b] > 1;
-    g_free(uses);
+    g_free(first);
     for (guint i = 0; i < ds->n_t; i++) {
         Tensor *t = &ds->t[i];
-        t->bucket = -1;
-        for (int k = 0; k < ds->n_buckets && t->bucket < 0; k++)
-            if (ds->bk[k].lo <= t->offset && t->offset + t->elems <= ds->bk[k].hi)
-                t->bucket = k;
-        if (t->bucket < 0)
+        t->bucket = bucket_at(ds, t->offset);
+        if (t->bucket < 0 || t->offset + t->elems > ds->bk[t->bucket].hi)
             return fail(error, "unit %d: tensor %d is in no gradient bucket", t->unit, t->k);
     }
     return TRUE;
@@ -538,9 +542,11 @@ static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError
 
 /* Stage 3: stage3.py __avg_scatter_grads -> reduce_scatter_coalesced: each tensor padded to dp
  * and cut in dp slices, the slices concatenated rank by rank into the copy, reduce-scattered,
- * and this rank's slices added to its gradient partition. */
-static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
-                              RealBf16 *copy, uint64_t copy_bytes, GError **error)
+ * and this rank's slices added to its gradient partition. One tensor that needs no padding
+ * (qgZ's fallback, reduce_scatter_coalesced([tensor])) is reduce-scattered in place, in its
+ * bucket (data, at op's offset), with no copy. */
+static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, RealBf16 *data, RealBf16 *copy,
+                              uint64_t copy_bytes, GError **error)
 {
     const int first = tensor_at(ds, op->elem_offset);
     guint last = (guint)MAX(first, 0);
@@ -548,11 +554,15 @@ static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
     while (first >= 0 && last < ds->n_t && ds->t[last].offset < op->elem_offset + op->elems)
         per_rank += ds->t[last++].slice;
     const size_t b2 = sizeof(RealBf16);
-    if (first < 0 || per_rank * (uint64_t)ds->dp * b2 != copy_bytes)
+    const uint64_t padded = per_rank * (uint64_t)ds->dp;
+    if (!copy && first >= 0 && last == (guint)first + 1 && ds->t[first].elems == padded)
+        copy = data, copy_bytes = padded * b2;
+    if (first < 0 || padded * b2 != copy_bytes)
         return fail(error, "a stage-3 reduction whose concatenation copy is not its tensors "
                            "padded to %d ranks", ds->dp);
-    ds->be->fill(ds->be, copy, 0, per_rank * (uint64_t)ds->dp * b2);
-    for (int q = 0; q < ds->dp; q++) {
+    if (copy != data)
+        ds->be->fill(ds->be, copy, 0, padded * b2);
+    for (int q = 0; copy != data && q < ds->dp; q++) {
         RealBf16 *dst = copy + (uint64_t)q * per_rank;
         for (guint i = (guint)first; i < last; i++) {
             const Tensor *t = &ds->t[i];
@@ -588,22 +598,75 @@ static RealBf16 *concat_copy(RealDs *ds, const ZpOp *op, uint64_t *bytes)
     return NULL;
 }
 
+/* The gradients a reduction reads, at its offset of its bucket's place (*bucket: which). */
+static RealBf16 *reduced_grads(RealDs *ds, const ZpOp *op, int *bucket, GError **error)
+{
+    const int k = *bucket = bucket_at(ds, op->elem_offset);
+    RealBf16 *data = k >= 0 ? land(ds, k, op->micro, error) : NULL;
+    if (k < 0)
+        fail(error, "a reduction of no bucket");
+    return data ? data + (op->elem_offset - ds->bk[k].lo) : NULL;
+}
+
+/* After a reduction: once it read the bucket's last tensor, the bucket's place in a held
+ * buffer is free again. */
+static void reduced(RealDs *ds, const ZpOp *op, int k)
+{
+    if (op->elem_offset + op->elems == ds->bk[k].hi)
+        ds->bk[k].landed_in = -1;
+}
+
 static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
 {
-    const int k = bucket_at(ds, op->elem_offset);
-    RealBf16 *data = k >= 0 ? land(ds, k, op->micro, error) : NULL;
+    int k;
+    RealBf16 *data = reduced_grads(ds, op, &k, error);
     if (!data)
-        return k >= 0 ? FALSE : fail(error, "a reduction of no bucket");
+        return FALSE;
     gboolean ok;
     if (ds->stage == 2) {
         ok = reduce_stage2(ds, op, data, error);
     } else {
         uint64_t bytes = 0;
         RealBf16 *copy = concat_copy(ds, op, &bytes);
-        ok = copy ? reduce_stage3(ds, op, data, copy, bytes, error)
-                  : fail(error, "a stage-3 reduction without its concatenation copy");
+        ok = reduce_stage3(ds, op, data, copy, bytes, error);
     }
-    ds->bk[k].landed_in = -1; /* its place in a held buffer is free again */
+    reduced(ds, op, k);
+    return ok;
+}
+
+gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
+                     uint8_t *work, GError **error)
+{
+    const ZpPlan *plan = &ds->s->plan;
+    const int x = tensor_at(ds, op->elem_offset);
+    const Tensor *t = x >= 0 ? &ds->t[x] : NULL;
+    if (ds->stage != 3 || !t || op->elems != t->elems)
+        return fail(error, "a qgZ all-to-all of no whole tensor of DeepSpeed's stage 3");
+    const ZpQgz q = zp_zeropp_qgz_tensor(plan, (double)t->elems, (double)ds->s->model.hidden,
+                                         zp_plan_reduce_bytes(plan));
+    const uint64_t world = (uint64_t)ds->dp, groups = (uint64_t)q.groups;
+    if (groups % world != 0 || t->slice * world != t->elems)
+        return fail(error, "qgZ: unit %d's tensor %d (%" G_GUINT64_FORMAT " elements) has %"
+                    G_GUINT64_FORMAT " quantisation groups; zreal quantises each of %d ranks' "
+                    "partitions in whole groups", t->unit, t->k, t->elems, groups, ds->dp);
+    int k;
+    RealBf16 *data = reduced_grads(ds, op, &k, error);
+    if (!data)
+        return FALSE;
+    /* swizzle_quant's partitions: rank q's is elements [q slice, (q + 1) slice) */
+    float *pieces = take(ds, t->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
+    RealBf16 *mine = pieces ? take(ds, t->slice * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)
+                            : NULL;
+    for (uint64_t i = 0; mine && i < t->elems; i++)
+        pieces[i] = real_bf16_to_f32(data[i]);
+    const gboolean ok =
+        mine &&
+        real_engine_qgz(ds->be, ds->rank, ds->comm, node, cross, pieces, t->slice,
+                        groups / world, work, mine, error) &&
+        deliver(ds, ds->grads + t->part, mine, t->slice, op->micro > 0, error);
+    ds->be->free(ds->be, pieces);
+    ds->be->free(ds->be, mine);
+    reduced(ds, op, k);
     return ok;
 }
 
