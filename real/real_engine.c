@@ -879,8 +879,8 @@ static void *kept_checkpoint(const RealEngine *e, int l, int micro)
 }
 
 /* A block op: one of its modules (DeepSpeed's stage 3: real_gpt's per-module entry points,
- * with that module's tensors only; backward's last module, ln1, adds the block's gradients)
- * or the whole block. */
+ * with that module's tensors only, backward adding that module's gradients) or the whole
+ * block. */
 static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_in,
                               gboolean save, GError **error)
 {
@@ -897,15 +897,12 @@ static gboolean block_backward(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int m = zp_op_module(op), l = op->unit;
     RealGptTensors p, g;
-    const gboolean last = m <= 0; /* whole, or ln1: the gradients land */
-    if (!params_of(e, l, m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m), &p,
-                   error) ||
-        (last && !grads_of(e, l, ALL_TENSORS, op->micro, &g, error)))
+    const uint32_t used = m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m);
+    if (!params_of(e, l, used, &p, error) || !grads_of(e, l, used, op->micro, &g, error))
         return FALSE;
     if (m < 0)
         return real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
-    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx,
-                                            last ? &g : NULL, error);
+    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx, &g, error);
 }
 
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)

@@ -34,6 +34,16 @@ typedef struct {
     uint64_t per_rank;     /* the slices of every rank, one after another in the flat buffer */
 } Call;
 
+/* A gradient handed on before its bucket had room in the held ipg buffer (an earlier bucket
+ * still there): it waits in a buffer of its own, as autograd's param.grad waits for the hook
+ * that copies it into the bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads
+ * reduces the full bucket first, then __add_grad_to_ipg_bucket copies). */
+typedef struct {
+    guint tensor;
+    int micro;
+    RealBf16 *grad;
+} Pending;
+
 typedef struct {
     uint64_t lo, hi;  /* flat range of whole tensors */
     uint64_t slot;    /* elements into its held buffer where it lands */
@@ -74,6 +84,7 @@ struct RealDs {
     /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
      * backward (zp_impl.h tied_grad_waits), or -1. */
     int *tied_grad;
+    GArray *pending; /* Pending, in the order handed on */
 };
 
 #define fail real_engine_fail
@@ -329,6 +340,7 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
 {
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
+                   .pending = g_array_new(FALSE, FALSE, sizeof(Pending)),
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
                    .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0,
                    .host_params = zp_offload_param_tier(&s->plan) != ZP_TIER_GPU};
@@ -348,6 +360,9 @@ void real_ds_free(RealDs *ds)
         ds->be->free(ds->be, ds->t[i].persistent);
     ds->be->free(ds->be, ds->grads);
     ds->be->free(ds->be, ds->grads_sum);
+    for (guint i = 0; i < ds->pending->len; i++)
+        ds->be->free(ds->be, g_array_index(ds->pending, Pending, i).grad);
+    g_array_unref(ds->pending);
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
     g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
@@ -401,12 +416,27 @@ static uint64_t first_fit(const RealDs *ds, int id, uint64_t n)
     return at;
 }
 
+/* Whether bucket k of micro-step `micro` has its place (its own buffer, or in the held ipg
+ * buffer) or can take one there now, beside the buckets landed and not yet reduced; the
+ * buckets fill in their order, so not while an earlier one's gradients wait. */
+static gboolean has_room(const RealDs *ds, int k, int micro)
+{
+    const int id = ds->bucket_buffer[micro * ds->n_buckets + k];
+    if (id < 0 || !ds->held[id] || ds->bk[k].landed_in == id)
+        return TRUE;
+    for (guint i = 0; i < ds->pending->len; i++)
+        if (ds->t[g_array_index(ds->pending, Pending, i).tensor].bucket < k)
+            return FALSE;
+    const uint64_t n = ds->bk[k].hi - ds->bk[k].lo;
+    return first_fit(ds, id, n) + n <= (uint64_t)ds->s->plan.zero.reduce_bucket_size;
+}
+
 /* Where bucket k's gradients of micro-step `micro` lie: its own buffer, or its place in the
  * held ipg buffer, taken (and zeroed) when its first tensor lands. DeepSpeed fills the ipg
- * buffer tensor by tensor and reduces it when full (stage_1_and_2.py
- * reduce_independent_p_g_buckets_and_remove_grads); a block's backward here is one op that
- * produces all its tensors' gradients, so the buckets it fills land side by side until
- * their reductions, and must fit in the buffer together. */
+ * buffer tensor by tensor and reduces it when the next parameter does not fit
+ * (stage3.py reduce_independent_p_g_buckets_and_remove_grads); a module's backward here
+ * hands on its tensors' gradients together, and a bucket with no room yet is not landed
+ * (its gradients wait: Pending). */
 static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
 {
     Bucket *b = &ds->bk[k];
@@ -418,18 +448,58 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     if (!ds->held[id])
         return buf;
     if (b->landed_in != id) {
-        const uint64_t n = b->hi - b->lo, at = first_fit(ds, id, n);
-        const uint64_t cap = (uint64_t)ds->s->plan.zero.reduce_bucket_size;
-        if (at + n > cap)
-            return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
-                        " elements of the ipg buffer before they are reduced, more than its %"
-                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal adds a block's "
-                        "gradients at the end of its backward", ds->rank, at + n, cap), NULL;
-        b->slot = at;
+        if (!has_room(ds, k, micro))
+            return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                        ") is reduced while the ipg buffer (reduce_bucket_size %.0f elements) "
+                        "has no room for it", ds->rank, b->lo, b->hi,
+                        ds->s->plan.zero.reduce_bucket_size), NULL;
+        b->slot = first_fit(ds, id, b->hi - b->lo);
         b->landed_in = id;
-        ds->be->fill(ds->be, buf + b->slot, 0, n * sizeof(RealBf16));
+        ds->be->fill(ds->be, buf + b->slot, 0, (b->hi - b->lo) * sizeof(RealBf16));
     }
     return buf + b->slot;
+}
+
+/* Where tensor x's gradients of micro-step `micro` are added: its place in its bucket, or
+ * while the bucket has no room a zeroed buffer of its own (one per tensor and micro-step). */
+static RealBf16 *grad_place(RealDs *ds, guint x, int micro, GError **error)
+{
+    const Tensor *t = &ds->t[x];
+    if (has_room(ds, t->bucket, micro)) {
+        RealBf16 *place = land(ds, t->bucket, micro, error);
+        return place ? place + (t->offset - ds->bk[t->bucket].lo) : NULL;
+    }
+    for (guint i = 0; i < ds->pending->len; i++) {
+        const Pending *w = &g_array_index(ds->pending, Pending, i);
+        if (w->tensor == x && w->micro == micro)
+            return w->grad;
+    }
+    const Pending w = {x, micro, take(ds, t->elems * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)};
+    if (w.grad)
+        g_array_append_val(ds->pending, w);
+    return w.grad;
+}
+
+/* The waiting gradients whose buckets have room now, copied into them, in the order they
+ * were handed on. */
+static gboolean land_pending(RealDs *ds, GError **error)
+{
+    for (guint i = 0; i < ds->pending->len;) {
+        const Pending w = g_array_index(ds->pending, Pending, i);
+        const Tensor *t = &ds->t[w.tensor];
+        if (!has_room(ds, t->bucket, w.micro)) {
+            i++;
+            continue;
+        }
+        RealBf16 *place = land(ds, t->bucket, w.micro, error);
+        if (!place)
+            return FALSE;
+        ds->be->copy(ds->be, place + (t->offset - ds->bk[t->bucket].lo), w.grad,
+                     t->elems * sizeof(RealBf16));
+        ds->be->free(ds->be, w.grad);
+        g_array_remove_index(ds->pending, i);
+    }
+    return TRUE;
 }
 
 /* The tied head's wte gradient of micro-step `micro` when it waits in a buffer of its own:
@@ -437,8 +507,7 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
  * copied into wte's place of its bucket, untouched since the bucket landed (no other op
  * writes wte's gradient), and adds its own (autograd's sum, then the hook's copy into the
  * ipg buffer). */
-static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro,
-                           GError **error)
+static RealBf16 *tied_grad(RealDs *ds, guint x, uint32_t used, int micro, GError **error)
 {
     RealBf16 *wait = ds->buffers[ds->tied_grad[micro]];
     if (!wait)
@@ -446,11 +515,9 @@ static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro
                NULL;
     if (used == 1u)
         return wait;
-    RealBf16 *place = land(ds, t->bucket, micro, error);
-    if (place) {
-        place += t->offset - ds->bk[t->bucket].lo;
-        ds->be->copy(ds->be, place, wait, t->elems * sizeof(RealBf16));
-    }
+    RealBf16 *place = grad_place(ds, x, micro, error);
+    if (place)
+        ds->be->copy(ds->be, place, wait, ds->t[x].elems * sizeof(RealBf16));
     return place;
 }
 
@@ -460,19 +527,20 @@ static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTens
                      GError **error)
 {
     memset(out, 0, sizeof *out);
-    for (guint i = 0; i < ds->n_t; i++) {
+    /* from the last tensor down, as backward hands gradients on */
+    for (guint j = ds->n_t; j-- > 0;) {
+        const guint i = j;
         const Tensor *t = &ds->t[i];
         if (t->unit != unit || !(used >> t->k & 1))
             continue;
         if (micro >= 0 && t->unit == 0 && t->k == 0 && ds->tied_grad[micro] >= 0) {
-            if (!(out->at[t->k] = tied_grad(ds, t, used, micro, error)))
+            if (!(out->at[t->k] = tied_grad(ds, i, used, micro, error)))
                 return FALSE;
             continue;
         }
-        RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
-        if (!base)
+        if (!(out->at[t->k] = micro < 0 ? tensor_params(ds, t, error)
+                                        : grad_place(ds, i, micro, error)))
             return FALSE;
-        out->at[t->k] = micro < 0 ? base : base + (t->offset - ds->bk[t->bucket].lo);
     }
     return TRUE;
 }
@@ -598,22 +666,24 @@ static RealBf16 *concat_copy(RealDs *ds, const ZpOp *op, uint64_t *bytes)
     return NULL;
 }
 
-/* The gradients a reduction reads, at its offset of its bucket's place (*bucket: which). */
+/* The gradients a reduction reads, at its offset of its bucket's place (*bucket: which),
+ * with any of them still waiting landed first. */
 static RealBf16 *reduced_grads(RealDs *ds, const ZpOp *op, int *bucket, GError **error)
 {
     const int k = *bucket = bucket_at(ds, op->elem_offset);
-    RealBf16 *data = k >= 0 ? land(ds, k, op->micro, error) : NULL;
     if (k < 0)
-        fail(error, "a reduction of no bucket");
+        return fail(error, "a reduction of no bucket"), NULL;
+    RealBf16 *data = land_pending(ds, error) ? land(ds, k, op->micro, error) : NULL;
     return data ? data + (op->elem_offset - ds->bk[k].lo) : NULL;
 }
 
 /* After a reduction: once it read the bucket's last tensor, the bucket's place in a held
- * buffer is free again. */
-static void reduced(RealDs *ds, const ZpOp *op, int k)
+ * buffer is free again, and the gradients waiting for room are copied in. */
+static gboolean reduced(RealDs *ds, const ZpOp *op, int k, GError **error)
 {
     if (op->elem_offset + op->elems == ds->bk[k].hi)
         ds->bk[k].landed_in = -1;
+    return land_pending(ds, error);
 }
 
 static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
@@ -630,8 +700,7 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
         RealBf16 *copy = concat_copy(ds, op, &bytes);
         ok = reduce_stage3(ds, op, data, copy, bytes, error);
     }
-    reduced(ds, op, k);
-    return ok;
+    return ok && reduced(ds, op, k, error);
 }
 
 gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
@@ -666,8 +735,7 @@ gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross
         deliver(ds, ds->grads + t->part, mine, t->slice, op->micro > 0, error);
     ds->be->free(ds->be, pieces);
     ds->be->free(ds->be, mine);
-    reduced(ds, op, k);
-    return ok;
+    return ok && reduced(ds, op, k, error);
 }
 
 /* Stage 3: tensor t is in buffer id too, from element `at` (in a slot whose buffer is freed,
