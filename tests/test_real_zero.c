@@ -732,9 +732,9 @@ static void test_bad_input(void)
          "zreal offloads parameters without persistent ones (--persistence-threshold 0)"},
         {"--model tiny --stage 3 --persistence-threshold 0 --offload-param cpu",
          "zreal offloads parameters together with the optimizer (--offload-optimizer)"},
-        {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
-         "more than its 5000 (reduce_bucket_size): zreal adds a block's gradients at the end "
-         "of its backward"},
+        {"--model tiny --stage 3 --impl deepspeed --quantized-gradients --offload-optimizer cpu "
+         "--persistence-threshold 0 --steps 1",
+         "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without offload"},
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
