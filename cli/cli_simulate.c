@@ -406,6 +406,8 @@ static int print_json(const Report *p)
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "cost_model", json_string(r->cost_model));
+    /* Whether zreal's CPU backend workspace is listed (zplan validate notes when not). */
+    json_object_set_new(root, "backend_workspace", json_boolean(p->sched->plan.backend_workspace));
     json_object_set_new(root, "model_state_bytes",
                         json_real(zp_sched_model_state_bytes(p->sched)));
     json_object_set_new(root, "ops", ops_json(p));

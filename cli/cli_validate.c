@@ -54,12 +54,56 @@ static void add(GArray *rows, const char *quantity, const char *unit, double pre
     g_array_append_val(rows, row);
 }
 
-/* Both files must describe the same plan: compare the fields that change the step. */
+/* Plan key `key` of a file's plan as compared: all of it but where the NVMe tier's swap files
+ * go (zero.offload_*.nvme_path), which the two runs may put in different places. */
+static json_t *compared(json_t *plan, const char *key)
+{
+    json_t *v = json_object_get(plan, key);
+    if (strcmp(key, "zero") != 0 || !json_is_object(v))
+        return json_incref(v);
+    json_t *copy = json_deep_copy(v);
+    static const char *const tiers[] = {"offload_optimizer", "offload_param"};
+    for (size_t i = 0; i < G_N_ELEMENTS(tiers); i++)
+        json_object_del(json_object_get(copy, tiers[i]), "nvme_path");
+    return copy;
+}
+
+/* Whether x and y differ (either may be NULL: absent); objects key by key, so that `path`
+ * (the key path so far) ends at the first difference, whose two values go to *dx and *dy. */
+static gboolean differ(json_t *x, json_t *y, GString *path, json_t **dx, json_t **dy)
+{
+    if (!json_is_object(x) || !json_is_object(y)) {
+        *dx = x, *dy = y;
+        return (x || y) && !json_equal(x, y);
+    }
+    json_t *const sides[2] = {x, y};
+    for (int side = 0; side < 2; side++) {
+        const char *key;
+        json_t *value;
+        json_object_foreach(sides[side], key, value)
+        {
+            const gsize len = path->len;
+            g_string_append_printf(path, ".%s", key);
+            if (differ(json_object_get(x, key), json_object_get(y, key), path, dx, dy))
+                return TRUE;
+            g_string_truncate(path, len);
+        }
+    }
+    return FALSE;
+}
+
+/* Both files must describe the same plan: every field that changes the step, its memory or its
+ * bytes (the attention kernel and the implementation's semantics among them: `simulate` picks
+ * a profile's fused kernel and DeepSpeed's semantics by default, zreal eager attention and the
+ * paper's). A key neither file has (an older file's, a plan without a pipeline) agrees; the
+ * cluster's GPUs per node do not enter (zreal's ranks share one machine). */
 static gboolean same_plan(json_t *pred, json_t *meas, const char *pred_path,
                           const char *meas_path, GError **error)
 {
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
-                                       "checkpoint"};
+                                       "checkpoint", "precision", "optimizer", "attention",
+                                       "reduce_dtype", "impl", "zero", "activation_checkpointing",
+                                       "pipeline", "sequence_parallel"};
     json_t *a = json_object_get(pred, "plan"), *b = json_object_get(meas, "plan");
     if (!json_is_object(a) || !json_is_object(b)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
@@ -67,18 +111,39 @@ static gboolean same_plan(json_t *pred, json_t *meas, const char *pred_path,
                     !json_is_object(a) ? pred_path : meas_path);
         return FALSE;
     }
-    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++)
-        if (!json_equal(json_object_get(a, keys[i]), json_object_get(b, keys[i]))) {
-            char *x = json_dumps(json_object_get(a, keys[i]), JSON_ENCODE_ANY);
-            char *y = json_dumps(json_object_get(b, keys[i]), JSON_ENCODE_ANY);
+    gboolean same = TRUE;
+    for (size_t i = 0; same && i < G_N_ELEMENTS(keys); i++) {
+        json_t *x = compared(a, keys[i]), *y = compared(b, keys[i]), *dx, *dy;
+        GString *path = g_string_new(keys[i]);
+        same = !differ(x, y, path, &dx, &dy);
+        if (!same) {
+            char *xs = dx ? json_dumps(dx, JSON_ENCODE_ANY) : NULL;
+            char *ys = dy ? json_dumps(dy, JSON_ENCODE_ANY) : NULL;
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "%s and %s are different plans: %s %s vs %s", pred_path, meas_path,
-                        keys[i], x ? x : "none", y ? y : "none");
-            free(x);
-            free(y);
-            return FALSE;
+                        path->str, xs ? xs : "none", ys ? ys : "none");
+            free(xs);
+            free(ys);
         }
-    return TRUE;
+        g_string_free(path, TRUE);
+        json_decref(x);
+        json_decref(y);
+    }
+    return same;
+}
+
+/* zreal's CPU backend holds workspace buffers (its run-long x, dx, staging and GEMM buffers,
+ * each op's own) that a prediction lists only when it was simulated on a profile calibrated
+ * there ("backend_workspace"): without them its peak memory and workspace leave them out. */
+static char *workspace_note(json_t *pred, json_t *meas, const char *pred_path)
+{
+    json_t *backend = json_object_get(meas, "backend");
+    if (!json_is_string(backend) || strcmp(json_string_value(backend), "cpu") != 0 ||
+        json_is_true(json_object_get(pred, "backend_workspace")))
+        return NULL;
+    return g_strdup_printf("%s was simulated on a profile not calibrated on zreal's CPU backend "
+                           "(zplan calibrate), so its peak memory and workspace leave out the "
+                           "backend's workspace buffers", pred_path);
 }
 
 /* ---- what each file must hold ----------------------------------------------------------- */
@@ -291,7 +356,7 @@ static void print_rows(const GArray *rows, const char *pred_path, const char *me
     }
 }
 
-static json_t *rows_json(const GArray *rows)
+static json_t *rows_json(const GArray *rows, const char *note)
 {
     json_t *out = json_array();
     for (guint i = 0; i < rows->len; i++) {
@@ -303,7 +368,7 @@ static json_t *rows_json(const GArray *rows)
                                               ? json_null() : json_real(error_of(r)));
         json_array_append_new(out, row);
     }
-    return json_pack("{s:o}", "rows", out);
+    return json_pack("{s:o, s:s?}", "rows", out, "note", note);
 }
 
 int cli_validate(int argc, char **argv)
@@ -337,13 +402,17 @@ int cli_validate(int argc, char **argv)
         GArray *rows = g_array_new(FALSE, FALSE, sizeof(Row));
         collect_rows(pred, meas, rows);
         g_array_sort(rows, by_miss); /* GLib's sort is stable */
+        char *note = workspace_note(pred, meas, argv[1]);
         if (json) {
-            json_t *out = rows_json(rows);
+            json_t *out = rows_json(rows, note);
             ok = zp_json_write(out, NULL, &error);
             json_decref(out);
         } else {
             print_rows(rows, argv[1], argv[2]);
+            if (note)
+                printf("\nNote: %s.\n", note);
         }
+        g_free(note);
         for (guint i = 0; i < rows->len; i++)
             g_free(g_array_index(rows, Row, i).quantity);
         g_array_unref(rows);

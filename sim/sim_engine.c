@@ -22,7 +22,9 @@ typedef struct {
     uint32_t n_deps;
     uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
     uint32_t dependents_end;
-    uint32_t stream_pos;         /* position in its stream's op list */
+    /* dependents[dependents_start .. dependents_ready): allocs and frees ready the moment it
+     * ends, queued as a block (split_ready_dependents); dependents_start where none are. */
+    uint32_t dependents_ready;
     uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
     uint32_t pending_row;        /* wide: its row of pending_wide; else NO_ROW */
     double duration_s;           /* compute and p2p ops */
@@ -36,11 +38,11 @@ typedef struct {
 #define NO_OP UINT32_MAX
 /* slot_of of a communicator no collective uses. */
 #define NO_FLOWS UINT32_MAX
-/* Countdown.row before any rank counted the op's dependencies down, and after all reached 0. */
-#define ROW_UNUSED (UINT32_MAX - 1)
-#define ROW_DONE UINT32_MAX
-/* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
-#define ROW_WIDE (UINT32_MAX - 2)
+/* Countdown.first before any rank counted the op's dependencies down, and after all reached 0. */
+#define COUNTS_UNUSED (UINT64_MAX - 1)
+#define COUNTS_DONE UINT64_MAX
+/* Countdown.first of an op with over 255 dependencies: its counts are in pending_wide. */
+#define COUNTS_WIDE (UINT64_MAX - 2)
 /* Dependent.stream of an alloc or free. */
 #define NOT_ON_STREAM UINT8_MAX
 
@@ -55,10 +57,12 @@ typedef struct {
     uint8_t counted;
 } Dependent;
 
-/* Counting an op's dependencies down, side by side for the one access a rank-op makes: the
- * op's row of counts (or ROW_*), how many ranks have counted to 0, and how many run it. */
+/* Counting an op's dependencies down, side by side for the one access a rank-op makes: where
+ * the op's row of counts starts, rank r's count at Sim.rows[first + r] (or COUNTS_*), how many
+ * ranks have counted to 0, and how many run it. */
 typedef struct {
-    uint32_t row, zeroed, ranks;
+    uint64_t first;
+    uint32_t zeroed, ranks;
 } Countdown;
 
 /* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
@@ -123,21 +127,23 @@ typedef struct {
     double peak_breakdown_bytes[ZP_MEM_N];
 } MemState;
 
-/* The memory ops of one rank class in the order its first rank ran them, and the state after
- * each: state[p] is a rank's memory after the first p of op[]. Ranks in lockstep run their
- * allocs and frees in one order, so a rank that has run exactly op[0 .. p) is at state[p]
- * and keeps only p (Sim.mem_pos): its next memory op, if it is op[p], moves it to p + 1
- * without touching any bytes, and the first rank to run one past the end appends it. A rank
- * that runs another op copies state[p] out and keeps its own MemState from then on: the same
- * additions in the same order, so the same bits. */
+/* The memory ops of one rank class in the order its first rank ran them (an op's place is
+ * Sim.log_pos[op]), and the state after each: state[p] is a rank's memory after the first p
+ * of them. Ranks in lockstep run their allocs and frees in one order, so a rank that has run
+ * exactly the first p is at state[p] and keeps only p (Sim.mem_pos): its next memory op, if
+ * it is the log's p-th, moves it to p + 1 without touching any bytes, and the first rank to
+ * run one past the end appends it. A rank that runs another op copies state[p] out and keeps
+ * its own MemState from then on: the same additions in the same order, so the same bits. */
 typedef struct {
-    uint32_t *op;
     MemState *state;
     uint32_t len;
 } MemLog;
 
 /* Sim.mem_pos of a rank with its own MemState, eager[mem_pos & ~MEM_EAGER]. */
 #define MEM_EAGER 0x80000000u
+/* Sim.log_pos of an op no rank has run yet: no mem_pos equals it (a log's places are below
+ * it, an eager rank's mem_pos above). */
+#define NOT_LOGGED (MEM_EAGER - 1)
 
 /* A rank's clock and what account() reads: every compute op and collective touches these at
  * its start and its end, so they are kept together (the busy times and the running op apart)
@@ -191,6 +197,7 @@ typedef struct {
      * linked by SimOp.stream_next) and how many. One class without a pipeline. */
     uint32_t *stream_first;
     uint32_t *stream_len;
+    uint32_t *stream_pos;         /* [op]: a stream op's place in its class's stream */
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
@@ -233,6 +240,7 @@ typedef struct {
     /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
      * them a rank is, or MEM_EAGER and its own state's index in eager. */
     MemLog *mem_log;
+    uint32_t *log_pos; /* [op]: its place in its class's log, or NOT_LOGGED */
     uint32_t *mem_pos;
     MemState *eager;
     uint32_t n_eager, cap_eager;
@@ -249,8 +257,8 @@ typedef struct {
     uint32_t n_affected, affected_cap;
 
     Queue queue;
-    ReadyOp *ready; /* zero-time ops waiting to run, FIFO */
-    size_t ready_head, ready_len, ready_cap;
+    ReadyOp *ready; /* zero-time ops waiting to run, FIFO: ready[ready_head .. ready_end) */
+    size_t ready_head, ready_end, ready_cap;
 
     double mem_tolerance_bytes;
     uint64_t op_events, heap_events, state_bytes;
@@ -329,7 +337,9 @@ static uint32_t queue_new_bucket(Queue *q, double time_s)
     return b;
 }
 
-static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
+/* The bucket for an event at time_s with room for it: the last one, or a new one (apart from
+ * queue_push, whose common case, the last bucket, stays small enough to inline). */
+G_NO_INLINE static Bucket *queue_bucket_for(Queue *q, double time_s)
 {
     uint32_t b = q->last;
     if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
@@ -339,6 +349,15 @@ static void queue_push(Queue *q, double time_s, uint32_t id, uint32_t detail)
         bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
         bucket->items = g_renew(Event, bucket->items, bucket->cap);
     }
+    return bucket;
+}
+
+G_ALWAYS_INLINE static inline void queue_push(Queue *q, double time_s, uint32_t id,
+                                              uint32_t detail)
+{
+    Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
+    if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
+        bucket = queue_bucket_for(q, time_s);
     bucket->items[bucket->len++] = (Event){id, detail};
     q->len++;
 }
@@ -501,14 +520,52 @@ static void build_dependents(Sim *sim)
     }
 }
 
+/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
+static gboolean ready_at_once(const Dependent *d, uint16_t stage)
+{
+    return !d->counted && d->stage == stage;
+}
+
+/* Moves the allocs and frees ready at once to the front of each op's dependents, each part in
+ * its order, where that changes no order the run can see: where all the op's dependents that
+ * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
+ * frees in the same order (as a block, before it counts down the rest), and the rest start
+ * in their order as before: queueing one touches nothing that counting down or starting an
+ * op reads, nor the other way round. */
+static void split_ready_dependents(Sim *sim)
+{
+    uint32_t most = 1;
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        most = MAX(most, sim->ops[i].dependents_end - sim->ops[i].dependents_start);
+    Dependent *scratch = g_new(Dependent, most);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        Dependent *d = &sim->dependents[o->dependents_start];
+        uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
+        o->dependents_ready = o->dependents_start;
+        for (uint32_t k = 0; k < n; k++)
+            if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
+                n = 0; /* a counted or another stage's alloc or free: no block */
+        for (uint32_t k = 0; k < n; k++)
+            if (ready_at_once(&d[k], o->stage))
+                d[n_ready++] = d[k];
+            else
+                scratch[n_rest++] = d[k];
+        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
+        o->dependents_ready += n_ready;
+    }
+    g_free(scratch);
+}
+
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
- * class's stream, stream_next the op after it there. */
+ * class's stream, SimOp.stream_next the op after it there. */
 static void build_streams(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
     uint32_t *last = g_new(uint32_t, lists);
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
+    sim->stream_pos = g_new0(uint32_t, MAX(sim->n_ops, 1));
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
         sim->stream_first[l] = last[l] = NO_OP;
@@ -519,7 +576,7 @@ static void build_streams(Sim *sim)
         if (!op_on_stream(o))
             continue;
         const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
-        o->stream_pos = sim->stream_len[l]++;
+        sim->stream_pos[i] = sim->stream_len[l]++;
         if (last[l] == NO_OP)
             sim->stream_first[l] = i;
         else
@@ -647,6 +704,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
     build_dependents(sim);
+    split_ready_dependents(sim);
     build_streams(sim);
     return TRUE;
 }
@@ -666,18 +724,21 @@ static const MemState *mem_state(const Sim *sim, uint32_t rank)
 static gboolean alloc_mem_logs(Sim *sim)
 {
     sim->mem_log = g_new0(MemLog, sim->sim_pp);
+    sim->log_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
+    sim->state_bytes += (uint64_t)sim->n_ops * sizeof *sim->log_pos;
     uint32_t *memory_ops = g_new0(uint32_t, sim->sim_pp);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
         memory_ops[sim->ops[i].stage] += !op_on_stream(&sim->ops[i]);
+        sim->log_pos[i] = NOT_LOGGED;
+    }
     gboolean ok = TRUE;
     for (uint32_t k = 0; k < sim->sim_pp; k++) {
         MemLog *log = &sim->mem_log[k];
-        log->op = g_try_new(uint32_t, MAX(memory_ops[k], 1));
         log->state = g_try_new(MemState, memory_ops[k] + 1);
-        ok = ok && log->op && log->state;
+        ok = ok && log->state;
         if (!ok)
             break;
-        sim->state_bytes += memory_ops[k] * (sizeof(uint32_t) + sizeof(MemState));
+        sim->state_bytes += memory_ops[k] * sizeof(MemState);
         MemState *m = &log->state[0];
         const double *state = &sim->class_state[k * ZP_MEM_N];
         *m = (MemState){0};
@@ -735,7 +796,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
         const SimOp *o = &sim->ops[i];
         const size_t row = (size_t)o->pending_row * sim->ranks;
         sim->countdown[i] = (Countdown){
-            .row = o->n_deps == 0 ? ROW_DONE : o->wide ? ROW_WIDE : ROW_UNUSED,
+            .first = o->n_deps == 0 ? COUNTS_DONE : o->wide ? COUNTS_WIDE : COUNTS_UNUSED,
             .ranks = sim->stage_ranks[o->stage]};
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
@@ -993,13 +1054,13 @@ static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, 
 
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
-    const uint32_t row = sim->countdown[op].row;
-    if (row < ROW_WIDE)
-        return sim->rows[(size_t)row * sim->ranks + rank];
+    const uint64_t first = sim->countdown[op].first;
+    if (first < COUNTS_WIDE)
+        return sim->rows[first + rank];
     const SimOp *o = &sim->ops[op];
-    return row == ROW_DONE     ? 0
-           : row == ROW_UNUSED ? o->n_deps
-                               : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
+    return first == COUNTS_DONE     ? 0
+           : first == COUNTS_UNUSED ? o->n_deps
+                                    : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
 }
 
 /* A run-time array of *cap items of item_bytes (rank rows, ranks' states) doubled (16 items at
@@ -1020,7 +1081,7 @@ static void *grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
 }
 
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
-static gboolean take_row(Sim *sim, uint32_t op)
+G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
 {
     uint32_t row;
     if (sim->n_free_rows > 0) {
@@ -1037,7 +1098,7 @@ static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->n_rows_made++;
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
-    sim->countdown[op].row = row;
+    sim->countdown[op].first = (uint64_t)row * sim->ranks;
     return TRUE;
 }
 
@@ -1045,40 +1106,54 @@ static gboolean take_row(Sim *sim, uint32_t op)
 static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
 {
     Countdown *c = &sim->countdown[op];
-    if (c->row >= ROW_WIDE) {
-        if (c->row == ROW_WIDE)
+    if (c->first >= COUNTS_WIDE) {
+        if (c->first == COUNTS_WIDE)
             return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
-    if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
+    if (--sim->rows[c->first + rank] != 0)
         return FALSE;
     if (++c->zeroed == c->ranks) { /* no rank needs it */
-        sim->free_rows[sim->n_free_rows++] = c->row;
-        c->row = ROW_DONE;
+        sim->free_rows[sim->n_free_rows++] = (uint32_t)(c->first / sim->ranks);
+        c->first = COUNTS_DONE;
     }
     return TRUE;
 }
 
-/* Room at the end of the ready queue: slides it back to the front, else grows it. Apart
- * from ready_push so that the push, on every alloc and free, stays small enough to inline. */
-static void ready_make_room(Sim *sim)
+/* Room for n more at the end of the ready queue: slides it back to the front, and grows it
+ * if that is not enough. Apart from the pushes so that they, on every alloc and free, stay
+ * small enough to inline. */
+static void ready_make_room(Sim *sim, size_t n)
 {
     if (sim->ready_head > 0) {
-        memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_len * sizeof *sim->ready);
+        sim->ready_end -= sim->ready_head;
+        memmove(sim->ready, sim->ready + sim->ready_head, sim->ready_end * sizeof *sim->ready);
         sim->ready_head = 0;
     }
-    if (sim->ready_len == sim->ready_cap) {
-        sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
+    if (sim->ready_end + n > sim->ready_cap) {
+        while (sim->ready_end + n > sim->ready_cap)
+            sim->ready_cap = sim->ready_cap ? 2 * sim->ready_cap : 1024;
         sim->ready = g_renew(ReadyOp, sim->ready, sim->ready_cap);
     }
 }
 
 static inline void ready_push(Sim *sim, uint32_t rank, uint32_t op)
 {
-    if (sim->ready_head + sim->ready_len == sim->ready_cap)
-        ready_make_room(sim);
-    sim->ready[sim->ready_head + sim->ready_len++] = (ReadyOp){rank, op};
+    if (sim->ready_end == sim->ready_cap)
+        ready_make_room(sim, 1);
+    sim->ready[sim->ready_end++] = (ReadyOp){rank, op};
+}
+
+/* Queues the n allocs and frees of `ready` on rank, in order (SimOp.dependents_ready). */
+static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *ready, size_t n)
+{
+    if (sim->ready_end + n > sim->ready_cap)
+        ready_make_room(sim, n);
+    ReadyOp *to = &sim->ready[sim->ready_end];
+    for (size_t k = 0; k < n; k++)
+        to[k] = (ReadyOp){rank, ready[k].op};
+    sim->ready_end += n;
 }
 
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
@@ -1198,7 +1273,7 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 /* ---- ops ---- */
 
 /* `last` is the member whose arrival starts it. */
-static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
+G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
     Flow *f = &sim->flows[slot];
     const SimOp *op = &sim->ops[f->op];
@@ -1230,19 +1305,11 @@ static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
     }
 }
 
-/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
- * done; `ready` is an op known to have none left (UINT32_MAX: none known). */
-static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready, double now_s)
+/* Starts compute, transfer or p2p op i on rank's stream: its duration booked, its end queued. */
+G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream, uint32_t i,
+                                       double now_s)
 {
-    StreamState *ss = &sim->stream[rank];
-    const uint32_t i = ss->next[stream];
-    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
-        return;
     const SimOp *op = &sim->ops[i];
-    ss->next[stream] = op->stream_next;
-    ss->busy[stream] = 1;
-    if (sim->op_ready_s)
-        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
     if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
         const Busy busy = busy_of(op);
         RankState *rs = &sim->rank[rank];
@@ -1269,14 +1336,28 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
-    if (op->kind == ZP_OP_P2P) {
-        /* The sender's share of its link, no group to wait for. An isend: the rank does not
-         * wait for it, so it is never exposed communication (a rank waiting only for sends
-         * idles, in the pipeline's bubble). */
-        sim->busy[rank].busy_s[stream] += op->duration_s;
-        if (sim->op_start_s)
-            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
-        queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+    /* p2p: the sender's share of its link, no group to wait for. An isend: the rank does not
+     * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
+     * in the pipeline's bubble). */
+    sim->busy[rank].busy_s[stream] += op->duration_s;
+    if (sim->op_start_s)
+        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+    queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+}
+
+/* Starts op i, the next of a rank's idle stream, its dependencies done: a collective counts
+ * the rank in (the last member's arrival starts it), any other op is timed. */
+G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, uint32_t rank, uint32_t stream,
+                                                   uint32_t i, double now_s)
+{
+    StreamState *ss = &sim->stream[rank];
+    const SimOp *op = &sim->ops[i];
+    ss->next[stream] = op->stream_next;
+    ss->busy[stream] = 1;
+    if (sim->op_ready_s)
+        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
+    if (op->kind != ZP_OP_COLLECTIVE) {
+        start_timed_op(sim, rank, stream, i, now_s);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
@@ -1286,25 +1367,43 @@ static void try_stream(Sim *sim, uint32_t rank, uint32_t stream, uint32_t ready,
         start_flow(sim, slot, rank, now_s);
 }
 
+/* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
+ * done; `ready` is an op known to have none left (UINT32_MAX: none known). The check is
+ * inlined in the callers: a third of the calls start nothing. */
+G_ALWAYS_INLINE static inline void try_stream(Sim *sim, uint32_t rank, uint32_t stream,
+                                              uint32_t ready, double now_s)
+{
+    const StreamState *ss = &sim->stream[rank];
+    const uint32_t i = ss->next[stream];
+    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
+        return;
+    start_stream_op(sim, rank, stream, i, now_s);
+}
+
 /* The rank of stage to_stage with rank's dp and tp index (rank runs stage): where another
  * stage's op waiting for a send runs. */
 static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
                                  uint32_t to_stage)
 {
-    return to_stage == stage ? rank
-           : sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + to_stage]
-                       : rank + (to_stage - stage) * sim->sim_mp;
+    if (G_LIKELY(to_stage == stage))
+        return rank;
+    return sim->peer ? sim->peer[(size_t)rank * sim->sim_pp + to_stage]
+                     : rank + (to_stage - stage) * sim->sim_mp;
 }
 
-/* Op i is done on rank: counts down its dependents there and starts those now ready. */
-static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+/* Op i is done on rank: counts down its dependents there and starts those now ready (the
+ * caller records its end in the timeline, with whatever else it records there). */
+G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i,
+                                                      double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
-    if (sim->op_end_s)
-        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
-    for (uint32_t d = op->dependents_start; d < op->dependents_end; d++) {
-        const Dependent next = sim->dependents[d];
+    if (op->dependents_ready > op->dependents_start)
+        ready_push_block(sim, rank, &sim->dependents[op->dependents_start],
+                         op->dependents_ready - op->dependents_start);
+    const Dependent *const end = &sim->dependents[op->dependents_end];
+    for (const Dependent *d = &sim->dependents[op->dependents_ready]; d < end; d++) {
+        const Dependent next = *d;
         const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
         if (next.counted && !pending_done(sim, next.op, at))
             continue;
@@ -1318,10 +1417,13 @@ static inline void release_dependents(Sim *sim, uint32_t rank, uint32_t i, doubl
 /* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
  * free runs at the time the op it waited for ended on the same rank, so it never moves
  * end_s, and memory ops never touch RankState. */
-static inline void complete(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
+                                            double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
+    if (sim->op_end_s)
+        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
     /* An op that ends past the caller's time: the step ends later still. */
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
@@ -1378,16 +1480,16 @@ static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t po
 static gboolean step_memory(Sim *sim, uint32_t rank, uint32_t i)
 {
     uint32_t *pos = &sim->mem_pos[rank];
-    MemLog *log = &sim->mem_log[sim->ops[i].stage];
-    if (*pos < log->len && log->op[*pos] == i) {
+    if (*pos == sim->log_pos[i]) {
         ++*pos;
         return TRUE;
     }
-    if (*pos == log->len) {
+    MemLog *log = &sim->mem_log[sim->ops[i].stage];
+    if (*pos == log->len) { /* it ran the whole log, so not op i: op i is not in it */
         log->state[*pos + 1] = log->state[*pos];
         if (!apply_memory_op(sim, &log->state[*pos + 1], rank, i))
             return FALSE;
-        log->op[log->len++] = i;
+        sim->log_pos[i] = log->len++;
         ++*pos;
         return TRUE;
     }
@@ -1400,20 +1502,20 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     if (!step_memory(sim, rank, i))
         return;
-    if (sim->op_start_s)
-        sim->op_start_s[(size_t)rank * sim->n_ops + i] =
-            sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
+    if (sim->op_start_s) {
+        const size_t at = (size_t)rank * sim->n_ops + i;
+        sim->op_start_s[at] = sim->op_ready_s[at] = sim->op_end_s[at] = now_s;
+    }
     release_dependents(sim, rank, i, now_s);
 }
 
 static void drain_ready(Sim *sim, double now_s)
 {
-    while (sim->ready_len > 0 && !sim->error) {
+    while (sim->ready_head < sim->ready_end && !sim->error) {
         const ReadyOp r = sim->ready[sim->ready_head++];
-        sim->ready_len--;
         run_memory_op(sim, r.rank, r.op, now_s);
     }
-    sim->ready_head = 0;
+    sim->ready_head = sim->ready_end = 0;
 }
 
 static void finish_flow(Sim *sim, uint32_t slot, double now_s)
@@ -1477,13 +1579,14 @@ static uint32_t stream_head(const Sim *sim, uint32_t rank, uint32_t stream)
 {
     const uint32_t next = sim->stream[rank].next[stream];
     return next == NO_OP ? sim->stream_len[rank_class(sim, rank) * ZP_STREAM_N + stream]
-                         : sim->ops[next].stream_pos;
+                         : sim->stream_pos[next];
 }
 
-/* Whether a stream op has finished on rank (its stream passed it, and is not running it). */
-static gboolean stream_op_finished(const Sim *sim, const SimOp *o, uint32_t rank)
+/* Whether stream op i has finished on rank (its stream passed it, and is not running it). */
+static gboolean stream_op_finished(const Sim *sim, uint32_t i, uint32_t rank)
 {
-    return o->stream_pos + sim->stream[rank].busy[o->stream] < stream_head(sim, rank, o->stream);
+    const uint32_t stream = sim->ops[i].stream;
+    return sim->stream_pos[i] + sim->stream[rank].busy[stream] < stream_head(sim, rank, stream);
 }
 
 /* Whether an alloc or free ran on rank, once the queue is empty. One with a single dependency
@@ -1499,7 +1602,7 @@ static gboolean memory_op_ran(const Sim *sim, uint32_t op, uint32_t rank)
         const SimOp *d = &sim->ops[dep];
         rank = peer_rank(sim, rank, o->stage, d->stage);
         if (op_on_stream(d))
-            return stream_op_finished(sim, d, rank);
+            return stream_op_finished(sim, dep, rank);
         op = dep;
     }
     return FALSE;
@@ -1515,7 +1618,7 @@ static uint32_t first_unrun_op(const Sim *sim, uint32_t rank)
         if (o->stage != rank_class(sim, rank))
             continue;
         const gboolean ran = op_on_stream(o)
-                                 ? o->stream_pos < stream_head(sim, rank, o->stream)
+                                 ? sim->stream_pos[i] < stream_head(sim, rank, o->stream)
                                  : memory_op_ran(sim, i, rank);
         if (!ran)
             break;
@@ -1642,6 +1745,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->dependents);
     g_free(sim->stream_first);
     g_free(sim->stream_len);
+    g_free(sim->stream_pos);
     g_free(sim->class_ops);
     g_free(sim->stage_of);
     g_free(sim->first_rank);
@@ -1659,11 +1763,10 @@ static void sim_clear(Sim *sim)
     g_free(sim->rank);
     g_free(sim->running);
     g_free(sim->busy);
-    for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++) {
-        g_free(sim->mem_log[k].op);
+    for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++)
         g_free(sim->mem_log[k].state);
-    }
     g_free(sim->mem_log);
+    g_free(sim->log_pos);
     g_free(sim->mem_pos);
     g_free(sim->eager);
     g_free(sim->op_start_s);

@@ -149,6 +149,7 @@ static const BadCase cases[] = {
     {"zplan validate {C}/measured/measured-tiny.json {C}/predicted/predicted-tiny.json", NULL, "the two files are swapped: {C}/measured/measured-tiny.json is zreal's measurement"},
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/dir.json", NULL, "{T}/dir.json: is a directory"},
     {"zplan validate {C}/predicted/predicted-tiny.json {IN}", "{\"plan\": {}}", "different plans"},
+    {"zplan validate {C}/predicted/predicted-tiny.json {IN}", "{\"plan\": {\"stage\": 1, \"dp\": 2, \"mp\": 1, \"micro_batch\": 2, \"grad_accum\": 1, \"checkpoint\": false, \"precision\": \"bf16\", \"optimizer\": \"adam\", \"attention\": \"eager\"}}", "different plans: attention none vs \"eager\""},
     /* ---- calibrate ---- */
     {"zplan calibrate {C}/microbench/microbench-2.json", NULL, "give --out FILE"},
     {"zplan calibrate {C}/microbench/microbench-2.json --out {T}/missing/p.json", NULL, "--out: cannot write in directory '{T}/missing'"},
