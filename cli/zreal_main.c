@@ -70,6 +70,7 @@ enum {
     F_CKPT_HOST, F_CKPT_HOST_PEAK, F_CKPT_DOWN, F_CKPT_UP, /* cpu_checkpointing's host tier */
     F_PIPE, /* 1 when the pipeline fields follow */
     F_STAGE, F_P2P, F_RECV_S, F_SEND_S,
+    F_HPZ, F_HPZ_COMM, /* 1 when hpZ's group is there, and the bytes sent in it */
     F_LOSS
 };
 
@@ -245,6 +246,11 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealComm *dp,
         for (int k = 0; k < ZP_XFER_N; k++) /* per step, as the schedule counts them */
             v[F_MOVED + k] /= MAX(1, steps);
     }
+    double hpz_sent = 0;
+    if (real_engine_hpz_sent_bytes(engine, &hpz_sent)) {
+        v[F_HPZ] = 1;
+        v[F_HPZ_COMM] = steps > 0 ? hpz_sent / steps : 0;
+    }
     RealAllocStats ckpt_host;
     double down = 0, up = 0;
     if (real_engine_ckpt_host_stats(engine, &ckpt_host, &down, &up)) {
@@ -311,6 +317,8 @@ static json_t *rank_json(int rank, const double *v, int steps)
         json_object_set_new(out, "transfer_bytes", moved);
         json_object_set_new(out, "nvme_direct_bytes", json_real(v[F_DIRECT]));
     }
+    if (v[F_HPZ] > 0) /* the part of comm_bytes sent in hpZ's group */
+        json_object_set_new(out, "hpz_comm_bytes", json_real(v[F_HPZ_COMM]));
     if (v[F_CKPT_HOST] > 0) /* cpu_checkpointing: the host tier's peak, bytes each way a step */
         json_object_set_new(out, "checkpoint_host",
                             json_pack("{s:f, s:f, s:f}", "peak_bytes", v[F_CKPT_HOST_PEAK],

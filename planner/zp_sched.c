@@ -879,14 +879,18 @@ static Gather *gather_at(Builder *b, const PosIndex *ix, guint i)
     return &g_array_index(b->gathers, Gather, ix->items[i]);
 }
 
-/* hpZ: backward gathers from the secondary partitions, inside the node (DeepSpeed's
- * all_gather_coalesced with use_secondary_tensor); forward ones over the whole group. */
-static ZpGroup gather_group(const Builder *b, const Gather *g)
+ZpGroup zp_sched_fetch_group(const ZpSchedule *s, int use_pos)
 {
-    const int L = (int)b->s->model.layers;
-    return b->s->plan.zero.zero_hpz_partition_size > 1 && g->fetch.use_pos > zp_pos_head(L)
+    return s->plan.zero.zero_hpz_partition_size > 1 && use_pos > zp_pos_head((int)s->model.layers)
                ? ZP_GROUP_HPZ
                : ZP_GROUP_DP;
+}
+
+/* hpZ: backward gathers from the secondary partitions, inside the node; forward ones over
+ * the whole group (zp_sched_fetch_group). */
+static ZpGroup gather_group(const Builder *b, const Gather *g)
+{
+    return zp_sched_fetch_group(b->s, g->fetch.use_pos);
 }
 
 /* stage3_use_all_reduce_for_fetch_params: a call's parameters are views of its zeroed flat

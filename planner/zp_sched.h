@@ -252,6 +252,11 @@ gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
  * (qwZ), not from hpZ's secondary partition); otherwise it all-gathers. */
 gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group);
 
+/* Stage 3: the group a fetch for position use_pos gathers over: with hpZ a backward use
+ * gathers inside hpZ's group from the secondary partition (DeepSpeed's
+ * all_gather_coalesced with use_secondary_tensor), every other over the data-parallel group. */
+ZpGroup zp_sched_fetch_group(const ZpSchedule *sched, int use_pos);
+
 /* Whether a collective fetches parameters: an all-gather, or at stage 3 a data-parallel
  * all-reduce (stage 3 reduce-scatters gradients, so that is a fetch_allreduce call). */
 gboolean zp_sched_coll_fetches(const ZpSchedule *sched, const ZpOp *op);

@@ -159,9 +159,6 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    if (real_ds_applies(s) && s->plan.zero.zero_hpz_partition_size > 1)
-        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ and qgZ but without hpZ "
-                           "(zero_hpz_partition_size)");
     if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients && zp_offload_any(&s->plan))
         return fail(error, "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without "
                            "offload");
@@ -291,6 +288,8 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
         (!(e->qgz_node = e->comm->split(e->comm, e->rank / local, e->rank % local, error)) ||
          !(e->qgz_cross = e->comm->split(e->comm, e->rank % local, e->rank / local, error))))
         return FALSE;
+    if (e->ds && hpz > 1) /* DeepSpeed's secondary partition is per tensor */
+        return real_ds_hpz(e->ds, e->hpz_comm, error);
     for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
         if (!is_persistent(e, u) &&
             !(e->secondary[u] = take(e, unit_padded(e, u) / (uint64_t)hpz * sizeof(RealBf16),
@@ -545,6 +544,13 @@ void real_engine_free(RealEngine *e)
 double real_engine_model_state_bytes(const RealEngine *e)
 {
     return e->model_state_bytes;
+}
+
+gboolean real_engine_hpz_sent_bytes(const RealEngine *e, double *sent)
+{
+    if (e->hpz_comm)
+        *sent = e->hpz_comm->sent_bytes;
+    return e->hpz_comm != NULL;
 }
 
 /* ---- alloc and free ---------------------------------------------------------------------- */

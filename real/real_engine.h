@@ -61,6 +61,10 @@ gboolean real_engine_step(RealEngine *engine, uint64_t step, double *loss_out, G
 /* Bytes of params, grads, master, Adam m and v this rank holds, read from the tracker. */
 double real_engine_model_state_bytes(const RealEngine *engine);
 
+/* With hpZ: the bytes this rank sent in hpZ's group since the engine was made (counted in
+ * the data-parallel communicator's total too); FALSE without it. */
+gboolean real_engine_hpz_sent_bytes(const RealEngine *engine, double *sent);
+
 /* With cpu_checkpointing: the checkpoints' host tier's tracker counters and the bytes copied
  * down and up since the engine was made (real_zeror); FALSE without it. */
 gboolean real_engine_ckpt_host_stats(const RealEngine *engine, RealAllocStats *host,

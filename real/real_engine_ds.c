@@ -25,13 +25,16 @@ typedef struct {
     int gathered[4];
     uint64_t gathered_at[4];
     RealBf16 *persistent;   /* stage 3: its full copy when ds_persist */
+    uint64_t sec;           /* hpZ: where its secondary slice sits in the secondary partition */
 } Tensor;
 
 /* Stage 3: one coalesced all-gather of a micro-step (zp_impl.h ZpFetch), its tensors in the
- * order of its flat buffer. */
+ * order of its flat buffer, over the data-parallel group or (hpZ, in backward) hpZ's. */
 typedef struct {
     guint first, n;        /* its tensors: members[first .. first + n) */
     uint64_t per_rank;     /* the slices of every rank, one after another in the flat buffer */
+    ZpGroup group;
+    int ranks;
 } Call;
 
 /* A gradient handed on before its bucket had room in the held ipg buffer (an earlier bucket
@@ -85,6 +88,9 @@ struct RealDs {
      * backward (zp_impl.h tied_grad_waits), or -1. */
     int *tied_grad;
     GArray *pending; /* Pending, in the order handed on */
+    /* hpZ (real_ds_hpz): its group's communicator and this rank's secondary partition */
+    RealComm *hpz_comm;
+    RealBf16 *secondary;
 };
 
 #define fail real_engine_fail
@@ -159,7 +165,7 @@ static gboolean index_tensors(RealDs *ds, GError **error)
         }
         const uint64_t slice = zp_mem_padded_elems(z->elems, (uint64_t)ds->dp) / (uint64_t)ds->dp;
         ds->t[i] = (Tensor){z->unit, k, z->offset, z->elems, in_unit, slice, part, -1,
-                            {-1, -1, -1, -1}, {0}, NULL};
+                            {-1, -1, -1, -1}, {0}, NULL, 0};
         part += slice;
     }
     g_array_unref(tensors);
@@ -261,19 +267,33 @@ static gboolean index_calls(RealDs *ds, GError **error)
         return TRUE;
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     zp_impl_get(ds->s->plan.impl)->plan_fetches(ds->s, fetches);
-    ds->calls = g_new0(Call, MAX(fetches->len, 1));
+    const ZpFetch *f = (const ZpFetch *)fetches->data;
+    ds->calls = g_new0(Call, MAX(2 * fetches->len, 1));
     ds->members = g_new(guint, MAX(fetches->len, 1));
     gboolean ok = TRUE;
-    for (guint i = 0; ok && i < fetches->len; i++) {
-        const ZpFetch *f = &g_array_index(fetches, ZpFetch, i);
-        const int x = tensor_at(ds, f->offset);
-        if (!f->joins_previous)
-            ds->calls[ds->n_calls++] = (Call){i, 0, 0};
-        Call *c = &ds->calls[ds->n_calls - 1];
-        ok = x >= 0 && f->elems == ds->t[x].slice * (uint64_t)ds->dp;
-        ds->members[i] = (guint)MAX(x, 0);
-        c->n++;
-        c->per_rank += ds->t[MAX(x, 0)].slice;
+    guint m = 0;
+    for (guint i = 0, j; ok && i < fetches->len; i = j) {
+        for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
+            ;
+        /* with hpZ the parameters of a call used in backward go first, in a call of their
+         * own (zp_sched.c plan_gathers) */
+        for (int pass = 0; pass < 2; pass++) {
+            const ZpGroup group = pass == 0 ? ZP_GROUP_HPZ : ZP_GROUP_DP;
+            const int ranks = zp_zeropp_group_ranks(&ds->s->plan, group);
+            Call c = {m, 0, 0, group, ranks};
+            for (guint k = i; ok && k < j; k++) {
+                if (zp_sched_fetch_group(ds->s, f[k].use_pos) != group)
+                    continue;
+                const int x = tensor_at(ds, f[k].offset);
+                ok = x >= 0 && f[k].elems == ds->t[x].slice * (uint64_t)ds->dp &&
+                     f[k].elems % (uint64_t)ranks == 0;
+                ds->members[m++] = (guint)MAX(x, 0);
+                c.n++;
+                c.per_rank += f[k].elems / (uint64_t)ranks;
+            }
+            if (c.n > 0)
+                ds->calls[ds->n_calls++] = c;
+        }
     }
     g_array_unref(fetches);
     return ok ? TRUE : fail(error, "a stage-3 fetch of no whole tensor");
@@ -367,6 +387,7 @@ void real_ds_free(RealDs *ds)
     g_free(ds->held);
     g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
     g_free(ds->quant_of);
+    ds->be->free(ds->be, ds->secondary);
     g_free(ds);
 }
 
@@ -431,12 +452,14 @@ static gboolean has_room(const RealDs *ds, int k, int micro)
     return first_fit(ds, id, n) + n <= (uint64_t)ds->s->plan.zero.reduce_bucket_size;
 }
 
-/* Where bucket k's gradients of micro-step `micro` lie: its own buffer, or its place in the
- * held ipg buffer, taken (and zeroed) when its first tensor lands. DeepSpeed fills the ipg
- * buffer tensor by tensor and reduces it when the next parameter does not fit
- * (stage3.py reduce_independent_p_g_buckets_and_remove_grads); a module's backward here
- * hands on its tensors' gradients together, and a bucket with no room yet is not landed
- * (its gradients wait: Pending). */
+/* Where bucket k's gradients of micro-step `micro` lie: the start of its own buffer, or its
+ * place in the held ipg buffer, taken when its first tensor lands. Either is zeroed then, as
+ * backward adds into it (real_engine zeroes no bucket of unit -1, such as the ipg buffer
+ * when it reduces one bucket only). DeepSpeed fills the ipg buffer tensor by tensor and
+ * reduces it when the next parameter does not fit (stage3.py
+ * reduce_independent_p_g_buckets_and_remove_grads); a module's backward here hands on its
+ * tensors' gradients together, and a bucket with no room yet is not landed (its gradients
+ * wait: Pending). */
 static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
 {
     Bucket *b = &ds->bk[k];
@@ -445,15 +468,13 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
     if (!buf)
         return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ") of "
                     "micro-step %d has no buffer allocated", ds->rank, b->lo, b->hi, micro), NULL;
-    if (!ds->held[id])
-        return buf;
     if (b->landed_in != id) {
         if (!has_room(ds, k, micro))
             return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                         ") is reduced while the ipg buffer (reduce_bucket_size %.0f elements) "
                         "has no room for it", ds->rank, b->lo, b->hi,
                         ds->s->plan.zero.reduce_bucket_size), NULL;
-        b->slot = first_fit(ds, id, b->hi - b->lo);
+        b->slot = ds->held[id] ? first_fit(ds, id, b->hi - b->lo) : 0;
         b->landed_in = id;
         ds->be->fill(ds->be, buf + b->slot, 0, (b->hi - b->lo) * sizeof(RealBf16));
     }
@@ -757,16 +778,72 @@ static gboolean hold(RealDs *ds, Tensor *t, int id, uint64_t at, GError **error)
                 ds->rank, t->unit, t->k, G_N_ELEMENTS(t->gathered));
 }
 
+/* The communicator of call c: the data-parallel group's, or hpZ's (real_ds_hpz). */
+static RealComm *call_comm(const RealDs *ds, const Call *c)
+{
+    return c->group == ZP_GROUP_HPZ ? ds->hpz_comm : ds->comm;
+}
+
+/* What tensor t puts in call c: its slice of the partition (the data-parallel group), or of
+ * the secondary partition (hpZ's group: its padded elements / hpZ ranks,
+ * partition_parameters.py _partition_param_sec secondary_partition_size). */
+static uint64_t call_slice(const RealDs *ds, const Call *c, const Tensor *t)
+{
+    return t->slice * (uint64_t)ds->dp / (uint64_t)c->ranks;
+}
+
+static const RealBf16 *call_source(const RealDs *ds, const Call *c, const Tensor *t)
+{
+    return c->group == ZP_GROUP_HPZ ? ds->secondary + t->sec : ds->params + t->part;
+}
+
 /* This rank's slices of call c, one after another at its place of dst (every rank's in
- * turn: _all_gather_dtype's partitions[rank_in_group]). */
+ * turn: _all_gather_dtype's partitions[rank_in_group]; with use_secondary_tensor the
+ * ds_secondary_tensors, _all_gather_coalesced). */
 static void place_slices(RealDs *ds, const Call *c, RealBf16 *dst)
 {
-    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
+    RealBf16 *mine = dst + (uint64_t)call_comm(ds, c)->rank * c->per_rank;
     for (guint i = 0; i < c->n; i++) {
         const Tensor *t = &ds->t[ds->members[c->first + i]];
-        ds->be->copy(ds->be, mine, ds->params + t->part, t->slice * sizeof(RealBf16));
-        mine += t->slice;
+        const uint64_t n = call_slice(ds, c, t);
+        ds->be->copy(ds->be, mine, call_source(ds, c, t), n * sizeof(RealBf16));
+        mine += n;
     }
+}
+
+/* hpZ: a tensor gathered whole over the data-parallel group leaves this rank its slice of
+ * the secondary partition, the unpadded elements from secondary_partition_size x
+ * rank_in_group on (partition_parameters.py _partition_param_sec, called by _partition when
+ * the module releases it; the values are those of the gather). */
+static void keep_secondary(RealDs *ds, const Call *c, const Tensor *t, const RealBf16 *full)
+{
+    if (!ds->secondary || c->group != ZP_GROUP_DP || t->sec == G_MAXUINT64)
+        return;
+    const uint64_t n = t->slice * (uint64_t)ds->dp / (uint64_t)ds->hpz_comm->size;
+    const uint64_t start = n * (uint64_t)ds->hpz_comm->rank;
+    if (start < t->elems)
+        ds->be->copy(ds->be, ds->secondary + t->sec, full + start,
+                     MIN(n, t->elems - start) * sizeof(RealBf16));
+}
+
+gboolean real_ds_hpz(RealDs *ds, RealComm *hpz_comm, GError **error)
+{
+    if (ds->stage != 3 || ds->host_params)
+        return fail(error, "zreal executes DeepSpeed's hpZ (zero_hpz_partition_size) at stage 3 "
+                           "without offload_param");
+    ds->hpz_comm = hpz_comm;
+    uint64_t at = 0;
+    for (guint i = 0; i < ds->n_t; i++) {
+        Tensor *t = &ds->t[i];
+        t->sec = t->persistent ? G_MAXUINT64 : at;
+        at += t->persistent ? 0 : t->slice * (uint64_t)ds->dp / (uint64_t)hpz_comm->size;
+    }
+    const double bytes = (double)(at * sizeof(RealBf16));
+    if (bytes != ds->s->state_bytes[ZP_MEM_SECONDARY_PARAMS])
+        return fail(error, "DeepSpeed's secondary partition of the tensors DeepSpeed does not "
+                    "persist is %.0f bytes a rank, the schedule's %.0f (it pads units, "
+                    "DeepSpeed tensors)", bytes, ds->s->state_bytes[ZP_MEM_SECONDARY_PARAMS]);
+    return (ds->secondary = take(ds, MAX(bytes, 1), ZP_MEM_SECONDARY_PARAMS, error)) != NULL;
 }
 
 /* qwZ (partition_parameters.py _all_gather_coalesced and _all_gather_sequential with
@@ -796,11 +873,11 @@ gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error)
     const uint64_t n = c->per_rank, groups = zp_zeropp_qwz_groups(n);
     const size_t bytes = real_zeropp_quantized_bytes(n, groups);
     RealBf16 *dst = ds->buffers[coll->buffer];
+    const int rank = call_comm(ds, c)->rank;
     if (quantize) {
         place_slices(ds, c, dst);
         uint8_t *int8 = ds->buffers[alloc->buffer];
-        real_zeropp_quantize(dst + (uint64_t)ds->rank * n, n, groups,
-                             int8 + (size_t)ds->rank * bytes);
+        real_zeropp_quantize(dst + (uint64_t)rank * n, n, groups, int8 + (size_t)rank * bytes);
         ds->quant_of[coll->buffer] = alloc->buffer;
         ds->flat_call[coll->buffer] = k; /* the call, for its dequantize (and unpack) */
         return TRUE;
@@ -808,12 +885,14 @@ gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error)
     const int id = ds->quant_of[coll->buffer];
     if (id < 0 || !ds->buffers[id])
         return fail(error, "a dequantize op with no gathered int8 buffer");
-    for (int q = 0; q < ds->dp; q++)
+    for (int q = 0; q < c->ranks; q++)
         real_zeropp_dequantize((const uint8_t *)ds->buffers[id] + (size_t)q * bytes, n, groups,
                                dst + (uint64_t)q * n);
     ds->quant_of[coll->buffer] = -1;
-    if (c->n == 1) /* gathered into its tensor's own buffer: nothing to unpack */
+    if (c->n == 1) { /* gathered into its tensor's own buffer: nothing to unpack */
         ds->flat_call[coll->buffer] = -1;
+        keep_secondary(ds, c, &ds->t[ds->members[c->first]], dst);
+    }
     return TRUE;
 }
 
@@ -838,7 +917,15 @@ static gboolean fetch_allreduce(RealDs *ds, const Call *c, int id, RealBf16 *dst
             return FALSE;
         at += t->slice * (uint64_t)ds->dp;
     }
-    return ds->comm->allreduce_bf16(ds->comm, dst, at, error);
+    if (!ds->comm->allreduce_bf16(ds->comm, dst, at, error))
+        return FALSE;
+    at = 0;
+    for (guint i = 0; i < c->n; i++) {
+        const Tensor *t = &ds->t[ds->members[c->first + i]];
+        keep_secondary(ds, c, t, dst + at);
+        at += t->slice * (uint64_t)ds->dp;
+    }
+    return TRUE;
 }
 
 /* Stage 3: the micro-step's next call (partitioned_param_coordinator.py
@@ -853,33 +940,39 @@ static gboolean gather_call(RealDs *ds, const ZpOp *op, GError **error)
     const Call *c = &ds->calls[k];
     Tensor *first = &ds->t[ds->members[c->first]];
     RealBf16 *dst = ds->buffers[op->buffer];
-    if (op->elem_offset != first->offset || op->elems != c->per_rank * (uint64_t)ds->dp || !dst)
+    RealComm *comm = call_comm(ds, c);
+    if (op->elem_offset != first->offset || op->elems != c->per_rank * (uint64_t)c->ranks ||
+        op->group != c->group || !dst || !comm)
         return fail(error, "rank %d: all-gather %u of the micro-step is not DeepSpeed's call "
-                    "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements",
-                    ds->rank, k, first->offset, c->per_rank * (uint64_t)ds->dp);
+                    "at flat offset %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " elements "
+                    "over the %s group", ds->rank, k, first->offset,
+                    c->per_rank * (uint64_t)c->ranks, c->group == ZP_GROUP_HPZ ? "hpZ" : "DP");
     if (ds->quant_of[op->buffer] >= 0) { /* qwZ: the int8 and scales instead (real_ds_qwz) */
         if (ds->flat_call[op->buffer] != (int)k)
             return fail(error, "rank %d: a qwZ gather of another call than the one quantised",
                         ds->rank);
         if (c->n == 1 && !hold(ds, first, op->buffer, 0, error))
             return FALSE;
-        return ds->comm->allgather_bytes(
-            ds->comm, ds->buffers[ds->quant_of[op->buffer]],
+        return comm->allgather_bytes(
+            comm, ds->buffers[ds->quant_of[op->buffer]],
             real_zeropp_quantized_bytes(c->per_rank, zp_zeropp_qwz_groups(c->per_rank)), error);
     }
     /* with parameter offload the transfers before the call put this rank's slices in place */
-    RealBf16 *mine = dst + (uint64_t)ds->rank * c->per_rank;
-    if (c->n == 1)
-        return hold(ds, first, op->buffer, 0, error) &&
-               ds->comm->allgather_bf16(ds->comm, ds->host_params ? mine : ds->params + first->part,
-                                        first->slice, dst, error);
+    RealBf16 *mine = dst + (uint64_t)comm->rank * c->per_rank;
+    if (c->n == 1) {
+        if (!hold(ds, first, op->buffer, 0, error) ||
+            !comm->allgather_bf16(comm, ds->host_params ? mine : call_source(ds, c, first),
+                                  c->per_rank, dst, error))
+            return FALSE;
+        keep_secondary(ds, c, first, dst);
+        return TRUE;
+    }
     if (op->sub == ZP_COLL_ALLREDUCE)
         return fetch_allreduce(ds, c, op->buffer, dst, error);
     if (!ds->host_params)
         place_slices(ds, c, dst);
     ds->flat_call[op->buffer] = (int)k;
-    return ds->comm->allgather_bf16(ds->comm, dst + (uint64_t)ds->rank * c->per_rank,
-                                    c->per_rank, dst, error);
+    return comm->allgather_bf16(comm, mine, c->per_rank, dst, error);
 }
 
 gboolean real_ds_param_transfer(RealDs *ds, const ZpOp *op, const ZpOp *alloc, RealOffload *o,
@@ -937,12 +1030,16 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error)
         if (!dst || alloc->bytes != (double)(t->elems * sizeof(RealBf16)))
             return fail(error, "unpack: unit %d's tensor %d has no buffer of its size", t->unit,
                         t->k);
-        for (int q = 0; q < ds->dp && (uint64_t)q * t->slice < t->elems; q++)
-            ds->be->copy(ds->be, dst + (uint64_t)q * t->slice, flat + q * c->per_rank + at,
-                         MIN(t->slice, t->elems - (uint64_t)q * t->slice) * sizeof(RealBf16));
+        /* AllGatherCoalescedHandle.wait: ds_tensor_numel (x ds_secondary_tensor_num_of_groups
+         * from the secondary partition) from each rank's part, the unpadded elements */
+        const uint64_t n = call_slice(ds, c, t);
+        for (int q = 0; q < c->ranks && (uint64_t)q * n < t->elems; q++)
+            ds->be->copy(ds->be, dst + (uint64_t)q * n, flat + q * c->per_rank + at,
+                         MIN(n, t->elems - (uint64_t)q * n) * sizeof(RealBf16));
+        keep_secondary(ds, c, t, dst);
         if (!hold(ds, t, alloc->buffer, 0, error))
             return FALSE;
-        at += t->slice;
+        at += n;
     }
     ds->flat_call[coll->buffer] = -1;
     return TRUE;
@@ -1002,8 +1099,17 @@ gboolean real_ds_state_op(RealDs *ds, const ZpOp *op, const ZpOp *next, GError *
 
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
 {
-    if (op->group != ZP_GROUP_DP)
-        return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only");
+    if (op->group != ZP_GROUP_DP && !(op->group == ZP_GROUP_HPZ && op->buffer >= 0))
+        return fail(error, "DeepSpeed's stages 2-3 run over the data-parallel group only (and "
+                           "with hpZ stage 3's backward gathers over hpZ's)");
+    if (op->group == ZP_GROUP_HPZ) { /* counted in the rank's total too, as real_engine's */
+        if (!ds->hpz_comm)
+            return fail(error, "an hpZ gather without hpZ's group (real_ds_hpz)");
+        const double before = ds->hpz_comm->sent_bytes;
+        const gboolean ok = gather(ds, op, error);
+        ds->comm->sent_bytes += ds->hpz_comm->sent_bytes - before;
+        return ok;
+    }
     return zp_sched_coll_fetches(ds->s, op) ? gather(ds, op, error) : reduce(ds, op, error);
 }
 

@@ -79,6 +79,11 @@ gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error);
 gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
                      uint8_t *work, GError **error);
 
+/* Stage 3 with hpZ: backward calls gather over hpz_comm (the plug-in does not own it) from
+ * this rank's secondary partition, which the forward's data-parallel gathers fill; it takes
+ * that partition (the schedule's secondary_params), failing where it cannot lay it out. */
+gboolean real_ds_hpz(RealDs *ds, RealComm *hpz_comm, GError **error);
+
 /* A collective op of the schedule. */
 gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error);
 

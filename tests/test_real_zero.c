@@ -1467,6 +1467,25 @@ static void test_deepspeed_allreduce_fetch(void)
     g_free(sched), g_free(meas), g_free(flags_meas), g_free(config);
 }
 
+/* DeepSpeed's stage 3 with one gradient bucket: the ipg buffer reduces it alone, and
+ * backward adds the gradients into it, zeroed by real_engine_ds.c land when the bucket lands
+ * (the engine zeroes no buffer of unit -1). glibc's MALLOC_PERTURB_ leaves every allocation
+ * dirty, so an unzeroed buffer would change the second step's loss; the losses are the clean
+ * run's bit for bit. (ASan's allocator ignores MALLOC_PERTURB_.) */
+static void test_deepspeed_dirty_memory(void)
+{
+    const char *args = "--model tiny --micro-batch 4 --steps 2 --stage 3 --impl deepspeed "
+                       "--reduce-bucket-size 200000";
+    char *path = g_strdup_printf("%s/ds-dirty.json", tmp_dir);
+    json_t *clean = tu_zreal_measured(2, args, path);
+    g_assert_true(g_setenv("MALLOC_PERTURB_", "165", TRUE));
+    json_t *dirty = tu_zreal_measured(2, args, path);
+    g_unsetenv("MALLOC_PERTURB_");
+    g_assert_true(json_equal(json_object_get(clean, "loss"), json_object_get(dirty, "loss")));
+    json_decref(clean), json_decref(dirty);
+    g_free(path);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1499,6 +1518,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/deepspeed-small-buckets", test_deepspeed_small_buckets);
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/deepspeed-allreduce-fetch", test_deepspeed_allreduce_fetch);
+    g_test_add_func("/zreal/deepspeed-dirty-memory", test_deepspeed_dirty_memory);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     g_test_add_func("/zreal/offload-partial-refused", test_offload_partial_refused);
     int status = g_test_run();
