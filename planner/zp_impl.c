@@ -48,7 +48,7 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
             /* What a unit holds beyond its tensors: a pipeline's last stage's own copy of the
              * tied word embedding, a module of its own. */
             ZpImplTensor rest = {unit, ++module, s->unit_offset[unit] + inside,
-                                 s->unit_elems[unit] - inside};
+                                 s->unit_elems[unit] - inside, TRUE};
             g_array_append_val(out, rest);
         }
         if (!t)
@@ -63,7 +63,7 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
             elems = s->unit_elems[unit] - inside;
         if (elems == 0)
             continue;
-        ZpImplTensor it = {unit, module, s->unit_offset[unit] + inside, elems};
+        ZpImplTensor it = {unit, module, s->unit_offset[unit] + inside, elems, t->matrix};
         inside += elems;
         g_array_append_val(out, it);
     }

@@ -128,6 +128,12 @@ typedef struct ZpImpl {
      * allocator's bound of zp_runahead.h; FALSE: each gather's buffer is taken after the
      * compute op before it. */
     gboolean host_runahead;
+    /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
+     * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
+     * others reduce-scattered alone, and only across more than one node
+     * (zp_zeropp_qgz_across_nodes; on one the bucket is reduce-scattered whole); FALSE: each
+     * bucket through one pair (zp_zeropp_qgz). */
+    gboolean qgz_by_tensor;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
@@ -146,6 +152,7 @@ gboolean zp_impl_module_compute(const ZpSchedule *s);
 typedef struct {
     int unit, module;
     uint64_t offset, elems;
+    gboolean matrix; /* 2-D (ZpTensor's) */
 } ZpImplTensor;
 
 /* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs). */

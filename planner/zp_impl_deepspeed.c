@@ -487,4 +487,11 @@ const ZpImpl zp_impl_deepspeed = {
     /* partitioned_param_coordinator.py _fetch_sub_module_impl gates the host on the allgather
      * stream only, stage3.py __reduce_and_partition_ipg_grads on the reductions (zp_runahead.h) */
     .host_runahead = TRUE,
+    /* stage3.py __avg_scatter_grads takes comm/coalesced_collectives.py
+     * all_to_all_quant_reduce when all2all_process_group is set (engine.py: qgZ) and
+     * num_nodes = world // device_count() > 1, else reduce_scatter_coalesced of the whole
+     * bucket; all_to_all_quant_reduce loops over the bucket's tensors, each 2-D one with
+     * numel % (2 world) == 0 through swizzle_quant and its two all-to-all stages, each other
+     * one through reduce_scatter_coalesced([tensor]). */
+    .qgz_by_tensor = TRUE,
 };

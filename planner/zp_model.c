@@ -320,7 +320,7 @@ GArray *zp_model_tensors(const ZpModel *model)
     const struct {
         ZpTensor tensor;
         gboolean present;
-    } embed[] = {{{"wte", 0, V * h}, TRUE}, {{"wpe", 0, P * h}, model->learned_positions}};
+    } embed[] = {{{"wte", 0, V * h, TRUE}, TRUE}, {{"wpe", 0, P * h, TRUE}, model->learned_positions}};
     for (size_t i = 0; i < G_N_ELEMENTS(embed); i++)
         if (embed[i].present)
             g_array_append_val(t, embed[i].tensor);
@@ -329,18 +329,18 @@ GArray *zp_model_tensors(const ZpModel *model)
             ZpTensor tensor;
             gboolean present;
         } block[] = {
-            {{"ln1.weight", l, h}, TRUE},
-            {{"ln1.bias", l, h}, ln},
-            {{"qkv.weight", l, q * h}, TRUE},
-            {{"qkv.bias", l, q}, zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
-            {{"proj.weight", l, h * h}, TRUE},
-            {{"proj.bias", l, h}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
-            {{"ln2.weight", l, h}, TRUE},
-            {{"ln2.bias", l, h}, ln},
-            {{"fc1.weight", l, h * f1}, TRUE},
-            {{"fc1.bias", l, f1}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
-            {{"fc2.weight", l, f * h}, TRUE},
-            {{"fc2.bias", l, h}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
+            {{"ln1.weight", l, h, FALSE}, TRUE},
+            {{"ln1.bias", l, h, FALSE}, ln},
+            {{"qkv.weight", l, q * h, TRUE}, TRUE},
+            {{"qkv.bias", l, q, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
+            {{"proj.weight", l, h * h, TRUE}, TRUE},
+            {{"proj.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
+            {{"ln2.weight", l, h, FALSE}, TRUE},
+            {{"ln2.bias", l, h, FALSE}, ln},
+            {{"fc1.weight", l, h * f1, TRUE}, TRUE},
+            {{"fc1.bias", l, f1, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
+            {{"fc2.weight", l, f * h, TRUE}, TRUE},
+            {{"fc2.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
         };
         for (size_t i = 0; i < G_N_ELEMENTS(block); i++)
             if (block[i].present)
@@ -349,9 +349,9 @@ GArray *zp_model_tensors(const ZpModel *model)
     const struct {
         ZpTensor tensor;
         gboolean present;
-    } last[] = {{{"lnf.weight", L + 1, h}, TRUE},
-                {{"lnf.bias", L + 1, h}, ln},
-                {{"lm_head.weight", L + 1, V * h}, !model->tied_embeddings}};
+    } last[] = {{{"lnf.weight", L + 1, h, FALSE}, TRUE},
+                {{"lnf.bias", L + 1, h, FALSE}, ln},
+                {{"lm_head.weight", L + 1, V * h, TRUE}, !model->tied_embeddings}};
     for (size_t i = 0; i < G_N_ELEMENTS(last); i++)
         if (last[i].present)
             g_array_append_val(t, last[i].tensor);

@@ -88,6 +88,8 @@ typedef struct {
     const char *name; /* "wte", "qkv.weight", ... (static strings) */
     int unit;         /* 0 embeddings, 1..L blocks, L+1 final */
     uint64_t elems;
+    gboolean matrix;  /* 2-D, the hidden size one of its sides (every weight matrix and
+                       * embedding table); FALSE: 1-D (norms and biases) */
 } ZpTensor;
 
 /* Resolves `name_or_path`: a directory (or DATA_DIR/models/NAME that is one) holding a

@@ -65,6 +65,7 @@ typedef struct {
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
+    GArray *tensors;        /* zp_impl_tensors, once a bucket is reduced tensor by tensor */
     guint *unit_first, *unit_last; /* per unit: the buckets holding its gradients */
     GArray *launch;         /* buckets by launch unit: launch[start[u] .. start[u+1]) */
     guint *launch_start;
@@ -567,31 +568,93 @@ static uint32_t emit_quantize(Builder *b, ZpStream stream, int unit, int micro, 
     return emit(b, op, after, n_after);
 }
 
-/* qgZ (zp_zeropp_qgz): the bucket quantised to int4 on the reduce stream, the all-to-all
- * inside the node (naming the bucket it reduces, released after it), the node's reduction,
- * the all-to-all across nodes, dequantisation. The int4 buffers are workspace from the
- * quantisation to the end. Returns the intra-node all-to-all, after which the bucket is
- * free. */
+/* qgZ's ops on `elems` gradient elements at flat offset lo of bucket k, after deps: its int4
+ * buffers' alloc (workspace from the quantisation to the end), the quantisation on the
+ * reduce stream, the all-to-all inside the node (naming the bucket it reads, released after
+ * it), the node's reduction, the all-to-all across nodes, the dequantisation (k->coll_op).
+ * DeepSpeed sends each stage's int4 data and its scales by two all_to_all_single calls of
+ * one group, one after the other: one op here. Returns the intra-node all-to-all, after
+ * which the gradients were read. */
+static uint32_t qgz_ops(Builder *b, Bucket *k, uint64_t lo, uint64_t elems, const ZpQgz *q,
+                        int unit, int micro, const uint32_t *deps, guint n_deps)
+{
+    int work;
+    const double work_bytes = q->intra_bytes * 2 + q->inter_bytes;
+    const uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro,
+                                      &work, deps, n_deps);
+    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q->quantize_mem_bytes, &alloc, 1);
+    const uint32_t read = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro,
+                                          k->buffer, lo, elems, q->intra_bytes, &op, 1);
+    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q->reduce_mem_bytes, &read, 1);
+    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, lo, elems,
+                         q->inter_bytes, &op, 1);
+    k->coll_op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q->dequantize_mem_bytes, &op, 1);
+    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, work, k->coll_op);
+    return read;
+}
+
+/* qgZ (zp_zeropp_qgz) on the whole bucket: one pair of all-to-alls. */
 static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[3])
 {
     const ZpSchedule *s = b->s;
     const ZpQgz q = zp_zeropp_qgz(&s->plan, k->spec.bytes / zp_plan_reduce_bytes(&s->plan),
                                   (double)s->model.hidden / s->plan.mp,
                                   zp_plan_reduce_bytes(&s->plan));
-    int work;
-    const double work_bytes = q.intra_bytes * 2 + q.inter_bytes;
-    uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, &work,
-                                cdeps, 3);
-    const uint32_t qdeps[4] = {cdeps[0], cdeps[1], cdeps[2], alloc};
-    uint32_t op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.quantize_mem_bytes, qdeps, 4);
-    const uint64_t elems = k->spec.hi - k->spec.lo;
-    const uint32_t read = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_NODE, unit, micro,
-                                          k->buffer, k->spec.lo, elems, q.intra_bytes, &op, 1);
-    op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.reduce_mem_bytes, &read, 1);
-    op = emit_collective(b, ZP_COLL_ALLTOALL, ZP_GROUP_XNODE, unit, micro, -1, k->spec.lo,
-                         elems, q.inter_bytes, &op, 1);
-    k->coll_op = emit_quantize(b, ZP_STREAM_DP, unit, micro, q.dequantize_mem_bytes, &op, 1);
-    emit_free(b, ZP_MEM_WORKSPACE, work_bytes, k->spec.top_unit, micro, work, k->coll_op);
+    return qgz_ops(b, k, k->spec.lo, k->spec.hi - k->spec.lo, &q, unit, micro, cdeps, 3);
+}
+
+/* A copy the bucket's reduction writes into (reduce_scatter_coalesced's concatenation). */
+typedef struct {
+    int buffer;
+    double bytes;
+} Copy;
+
+/* A Copy of `bytes` after deps, listed in `copies` to be freed once the reduced slices are
+ * taken. */
+static uint32_t bucket_copy(Builder *b, const Bucket *k, double bytes, int micro,
+                            const uint32_t *deps, guint n_deps, GArray *copies)
+{
+    int copy;
+    const uint32_t op = emit_alloc(b, ZP_MEM_BUCKETS, bytes, k->spec.top_unit, micro, &copy,
+                                   deps, n_deps);
+    const Copy c = {copy, bytes};
+    g_array_append_val(copies, c);
+    return op;
+}
+
+/* DeepSpeed's qgZ (zp_impl.h qgz_by_tensor): the bucket's tensors in flat order
+ * (__reduce_and_partition_ipg_grads sorts them by ds_id), one after another on the reduce
+ * stream. A quantised one goes through qgz_ops in zp_zeropp_qgz_tensor's figures; another
+ * is reduce-scattered over the data-parallel ranks alone, padded to them
+ * (reduce_scatter_coalesced([tensor]): in place when no padding is needed, else through a
+ * padded copy). Returns the last op that read the bucket. */
+static uint32_t qgz_by_tensor(Builder *b, Bucket *k, int unit, int micro, uint32_t after,
+                              GArray *copies)
+{
+    const ZpSchedule *s = b->s;
+    const double rb = zp_plan_reduce_bytes(&s->plan);
+    if (!b->tensors)
+        b->tensors = zp_impl_tensors(s);
+    uint32_t prev = NONE, read = NONE;
+    for (guint i = 0; i < b->tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(b->tensors, ZpImplTensor, i);
+        if (t->offset < k->spec.lo || t->offset >= k->spec.hi)
+            continue;
+        uint32_t deps[5] = {k->alloc_op, b->last_compute, after, prev, NONE};
+        if (zp_zeropp_qgz_quantizes(&s->plan, t->elems, t->matrix)) {
+            const ZpQgz q = zp_zeropp_qgz_tensor(&s->plan, (double)t->elems,
+                                                 (double)s->model.hidden, rb);
+            read = qgz_ops(b, k, t->offset, t->elems, &q, unit, micro, deps, 4);
+            prev = k->coll_op;
+            continue;
+        }
+        const double padded = (double)zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp);
+        if (t->elems % (uint64_t)s->plan.dp != 0)
+            deps[4] = bucket_copy(b, k, padded * rb, micro, deps, 4, copies);
+        read = prev = k->coll_op =
+            emit_collective(b, ZP_COLL_REDUCE_SCATTER, ZP_GROUP_DP, unit, micro, k->buffer,
+                            t->offset, t->elems, padded * rb, deps, 5);
+    }
     return read;
 }
 
@@ -711,10 +774,12 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
     uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
-    int copy = -1;        /* stage 3's concatenation copy */
-    if (s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients) {
-        /* qgZ replaces the reduce-scatter and its concatenated copy (stage3.py
-         * __avg_scatter_grads calls all_to_all_quant_reduce instead) */
+    GArray *copies = g_array_new(FALSE, FALSE, sizeof(Copy));
+    const gboolean qgz = s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients;
+    if (qgz && b->impl->qgz_by_tensor && zp_zeropp_qgz_across_nodes(&s->plan)) {
+        read = qgz_by_tensor(b, k, unit, micro, after, copies);
+    } else if (qgz && !b->impl->qgz_by_tensor) {
+        /* qgZ replaces the reduce-scatter and its concatenated copy */
         const uint32_t cdeps[3] = {k->alloc_op, b->last_compute, after};
         read = qgz_reduce(b, k, unit, micro, cdeps);
     } else {
@@ -723,16 +788,19 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
             /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
              * bucket's padded partitions into one tensor first */
             uint32_t adeps[2] = {b->last_compute, after};
-            copy_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
-                                 &copy, adeps, 2);
+            copy_op = bucket_copy(b, k, k->spec.bytes, micro, adeps, 2, copies);
         }
         uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
         k->coll_op = emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
                                      k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
     }
     const uint32_t drained = offload_grad_slice(b, k, unit, micro);
-    if (copy >= 0) /* the reduced slices are views of the copy until they went down */
-        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, copy, drained);
+    /* the reduced slices are views of the copies until they went down */
+    for (guint c = 0; c < copies->len; c++) {
+        const Copy *x = &g_array_index(copies, Copy, c);
+        emit_free(b, ZP_MEM_BUCKETS, x->bytes, k->spec.top_unit, micro, x->buffer, drained);
+    }
+    g_array_unref(copies);
     k->drain_op = drained;
     record_event(b->reduce_event, &b->n_reduce_events, drained);
     if (read == NONE)
@@ -1892,6 +1960,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    if (b.tensors)
+        g_array_unref(b.tensors);
     g_free(b.unit_first);
     g_free(b.unit_last);
     g_array_unref(b.launch);

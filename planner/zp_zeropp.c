@@ -121,6 +121,16 @@ double zp_zeropp_secondary_bytes(const ZpSchedule *s, double persistent_elems)
     return elems / hpz * st.param_bytes;
 }
 
+/* swizzle_quant reads the gradients and writes int4; quantized_reduction reads the node's
+ * int4 and writes 1/local of it; dequantize writes 16-bit elements of 1/local, whose node
+ * chunks are summed into this rank's partition. */
+static void qgz_kernels(ZpQgz *q, double elems, double grad_bytes, double local)
+{
+    q->quantize_mem_bytes = elems * grad_bytes + q->intra_bytes;
+    q->reduce_mem_bytes = q->intra_bytes + q->inter_bytes;
+    q->dequantize_mem_bytes = q->inter_bytes + 2 * elems / local * grad_bytes;
+}
+
 ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad_bytes)
 {
     const double world = plan->dp, local = node_ranks(plan);
@@ -132,11 +142,31 @@ ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad
     q.groups = per_part * world;
     q.intra_bytes = world * (ceil(elems / world / 2) + 4 * per_part);
     q.inter_bytes = q.intra_bytes / local;
-    /* swizzle_quant reads the gradients and writes int4; quantized_reduction reads the
-     * node's int4 and writes 1/local of it; dequantize writes 16-bit elements of 1/local,
-     * whose node chunks are summed into this rank's partition. */
-    q.quantize_mem_bytes = elems * grad_bytes + q.intra_bytes;
-    q.reduce_mem_bytes = q.intra_bytes + q.inter_bytes;
-    q.dequantize_mem_bytes = q.inter_bytes + 2 * elems / local * grad_bytes;
+    qgz_kernels(&q, elems, grad_bytes, local);
+    return q;
+}
+
+gboolean zp_zeropp_qgz_across_nodes(const ZpPlan *plan)
+{
+    return plan->dp / node_ranks(plan) > 1;
+}
+
+gboolean zp_zeropp_qgz_quantizes(const ZpPlan *plan, uint64_t elems, gboolean matrix)
+{
+    return matrix && elems % (2 * (uint64_t)plan->dp) == 0;
+}
+
+ZpQgz zp_zeropp_qgz_tensor(const ZpPlan *plan, double elems, double hidden, double grad_bytes)
+{
+    const double world = plan->dp, local = node_ranks(plan);
+    ZpQgz q;
+    /* all_to_all_quant_reduce: intra_quant_group = max(shape[0], shape[1], world),
+     * inter_quant_group = intra_quant_group // local_world_size; pt_binding.cpp
+     * ds_swizzle_quant and quantized_reduction allocate that many fp32 scales each
+     * (Symmetric: one a group) beside numel / 2 and numel / (2 local) int4 bytes. */
+    q.groups = fmax(fmax(elems / hidden, hidden), world);
+    q.intra_bytes = elems / 2 + 4 * q.groups;
+    q.inter_bytes = elems / (2 * local) + 4 * floor(q.groups / local);
+    qgz_kernels(&q, elems, grad_bytes, local);
     return q;
 }

@@ -58,4 +58,17 @@ typedef struct {
 
 ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad_bytes);
 
+/* DeepSpeed's qgZ (zp_impl.h qgz_by_tensor), the world taken as the data-parallel ranks:
+ * - whether it runs at all: more than one node (stage3.py __avg_scatter_grads: num_nodes =
+ *   world // device_count() > 1);
+ * - whether a tensor of `elems` elements is quantised: 2-D with elems % (2 world) == 0
+ *   (all_to_all_quant_reduce; the others go through reduce_scatter_coalesced([tensor]));
+ * - one quantised tensor's figures: g = max(rows, cols, world) groups, `hidden` being one
+ *   side of every matrix (max(elems / hidden, hidden, world)); swizzle_quant's int4 and g
+ *   fp32 scales, S1 = elems / 2 + 4 g; quantized_reduction's 1/local of the int4 and
+ *   g / local (integer division) scales, S2 = elems / (2 local) + 4 floor(g / local). */
+gboolean zp_zeropp_qgz_across_nodes(const ZpPlan *plan);
+gboolean zp_zeropp_qgz_quantizes(const ZpPlan *plan, uint64_t elems, gboolean matrix);
+ZpQgz zp_zeropp_qgz_tensor(const ZpPlan *plan, double elems, double hidden, double grad_bytes);
+
 #endif

@@ -159,9 +159,9 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",
                     m->rope_scaling.name, m->name);
-    if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients)
-        return fail(error, "zreal executes DeepSpeed's stage 3 with qwZ and hpZ but without qgZ "
-                           "(zero_quantized_gradients)");
+    if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients && zp_offload_any(&s->plan))
+        return fail(error, "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without "
+                           "offload");
     if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
@@ -885,8 +885,8 @@ static void *kept_checkpoint(const RealEngine *e, int l, int micro)
 }
 
 /* A block op: one of its modules (DeepSpeed's stage 3: real_gpt's per-module entry points,
- * with that module's tensors only; backward's last module, ln1, adds the block's gradients)
- * or the whole block. */
+ * with that module's tensors only, backward adding that module's gradients) or the whole
+ * block. */
 static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_in,
                               gboolean save, GError **error)
 {
@@ -903,15 +903,12 @@ static gboolean block_backward(RealEngine *e, const ZpOp *op, GError **error)
 {
     const int m = zp_op_module(op), l = op->unit;
     RealGptTensors p, g;
-    const gboolean last = m <= 0; /* whole, or ln1: the gradients land */
-    if (!params_of(e, l, m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m), &p,
-                   error) ||
-        (last && !grads_of(e, l, ALL_TENSORS, op->micro, &g, error)))
+    const uint32_t used = m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m);
+    if (!params_of(e, l, used, &p, error) || !grads_of(e, l, used, op->micro, &g, error))
         return FALSE;
     if (m < 0)
         return real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
-    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx,
-                                            last ? &g : NULL, error);
+    return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx, &g, error);
 }
 
 static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
@@ -1159,11 +1156,30 @@ static gboolean gather(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+gboolean real_engine_qgz(RealBackend *be, int rank, RealComm *total, RealComm *node,
+                         RealComm *cross, const float *pieces, uint64_t part, uint64_t groups,
+                         uint8_t *work, RealBf16 *mine, GError **error)
+{
+    const int nodes = cross->size;
+    float *acc = real_engine_alloc(be, rank, (uint64_t)nodes * part * sizeof(float),
+                                   ZP_MEM_WORKSPACE, error);
+    float *out = acc ? real_engine_alloc(be, rank, part * sizeof(float), ZP_MEM_WORKSPACE, error)
+                     : NULL;
+    const double before = node->sent_bytes + cross->sent_bytes;
+    gboolean ok = out && real_zeropp_qgz_reduce(node, cross, pieces, part, groups, work, acc,
+                                                out, error);
+    total->sent_bytes += node->sent_bytes + cross->sent_bytes - before;
+    for (uint64_t k = 0; ok && k < part; k++)
+        mine[k] = real_bf16_from_f32(out[k]);
+    be->free(be, acc);
+    be->free(be, out);
+    return ok;
+}
+
 /* qgZ at the bucket's all-to-all inside the node (zp_sched's qgz_reduce): the bucket's units
- * as the world's partitions (rank q's slice of every unit, in order) through
- * real_zeropp_qgz_reduce in zp_zeropp_qgz's groups, and this rank's sum delivered as a
- * reduce-scatter's is; the all-to-all across nodes and the kernels around them are part of
- * it. Both subgroups' bytes count in the rank's total. */
+ * as the world's partitions (rank q's slice of every unit, in order) through real_engine_qgz
+ * in zp_zeropp_qgz's groups, and this rank's sum delivered as a reduce-scatter's is; the
+ * all-to-all across nodes and the kernels around them are part of it. */
 static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
 {
     const ZpSchedule *s = e->s;
@@ -1178,12 +1194,8 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
     const ZpQgz q = zp_zeropp_qgz(&s->plan, (double)op->elems,
                                   (double)s->model.hidden / s->plan.mp,
                                   zp_plan_reduce_bytes(&s->plan));
-    const int nodes = e->qgz_cross->size;
     float *pieces = take(e, op->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
-    float *acc = pieces ? take(e, (uint64_t)nodes * part * sizeof(float), ZP_MEM_WORKSPACE, error)
-                        : NULL;
-    float *out = acc ? take(e, part * sizeof(float), ZP_MEM_WORKSPACE, error) : NULL;
-    RealBf16 *mine = out ? take(e, part * sizeof(RealBf16), ZP_MEM_WORKSPACE, error) : NULL;
+    RealBf16 *mine = pieces ? take(e, part * sizeof(RealBf16), ZP_MEM_WORKSPACE, error) : NULL;
     gboolean ok = mine != NULL;
     uint64_t at = 0; /* a unit's offset in every partition */
     for (int u = 0; ok && u < s->n_units; u++) {
@@ -1196,13 +1208,9 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
                     real_bf16_to_f32(e->unit_grads[u][(uint64_t)r * slice + k]);
         at += slice;
     }
-    const double before = e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes;
-    ok = ok && real_zeropp_qgz_reduce(e->qgz_node, e->qgz_cross, pieces, part,
-                                      (uint64_t)q.groups / (uint64_t)e->dp,
-                                      e->buffers[e->qgz_work], acc, out, error);
-    e->comm->sent_bytes += e->qgz_node->sent_bytes + e->qgz_cross->sent_bytes - before;
-    for (uint64_t k = 0; ok && k < part; k++)
-        mine[k] = real_bf16_from_f32(out[k]);
+    ok = ok && real_engine_qgz(e->be, e->rank, e->comm, e->qgz_node, e->qgz_cross, pieces, part,
+                               (uint64_t)q.groups / (uint64_t)e->dp, e->buffers[e->qgz_work],
+                               mine, error);
     at = 0;
     for (int u = 0; ok && u < s->n_units; u++) {
         if (s->unit_offset[u] < lo || s->unit_offset[u] >= hi)
@@ -1211,10 +1219,20 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
         ok = deliver(e, e->grads + e->part_off[u], mine + at, slice, op->micro > 0, error);
         at += slice;
     }
-    void *temps[] = {pieces, acc, out, mine};
-    for (size_t i = 0; i < G_N_ELEMENTS(temps); i++)
-        e->be->free(e->be, temps[i]);
+    e->be->free(e->be, pieces);
+    e->be->free(e->be, mine);
     return ok;
+}
+
+/* qgZ's intra-node all-to-all (the op does the whole reduction): the engine's bucket, or
+ * under DeepSpeed's stage 3 one tensor (real_ds_qgz). */
+static gboolean qgz_node_op(RealEngine *e, const ZpOp *op, GError **error)
+{
+    if (!e->ds)
+        return qgz_reduce(e, op, error);
+    if (e->qgz_work < 0 || !e->buffers[e->qgz_work])
+        return fail(error, "a qgZ all-to-all with no int4 buffer before it");
+    return real_ds_qgz(e->ds, op, e->qgz_node, e->qgz_cross, e->buffers[e->qgz_work], error);
 }
 
 /* Pa's all-gather before block op->unit's recompute (DeepSpeed's checkpointing.py,
@@ -1244,10 +1262,10 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
         return gather_checkpoint(e, op, error);
     if (op->group == ZP_GROUP_TP && e->cfg.tp)
         return real_tp_collective(e->cfg.tp, op, error);
+    if (op->sub == ZP_COLL_ALLTOALL) /* qgZ: the node's op does both (qgz_node_op) */
+        return op->group == ZP_GROUP_NODE ? qgz_node_op(e, op, error) : TRUE;
     if (e->ds)
         return real_ds_collective(e->ds, op, error);
-    if (op->sub == ZP_COLL_ALLTOALL) /* qgZ: the node's op does both (qgz_reduce) */
-        return op->group == ZP_GROUP_NODE ? qgz_reduce(e, op, error) : TRUE;
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)

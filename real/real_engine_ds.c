@@ -37,6 +37,16 @@ typedef struct {
     int ranks;
 } Call;
 
+/* A gradient handed on before its bucket had room in the held ipg buffer (an earlier bucket
+ * still there): it waits in a buffer of its own, as autograd's param.grad waits for the hook
+ * that copies it into the bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads
+ * reduces the full bucket first, then __add_grad_to_ipg_bucket copies). */
+typedef struct {
+    guint tensor;
+    int micro;
+    RealBf16 *grad;
+} Pending;
+
 typedef struct {
     uint64_t lo, hi;  /* flat range of whole tensors */
     uint64_t slot;    /* elements into its held buffer where it lands */
@@ -77,6 +87,7 @@ struct RealDs {
     /* Per micro-step: the buffer the tied head's wte gradient waits in until the embedding's
      * backward (zp_impl.h tied_grad_waits), or -1. */
     int *tied_grad;
+    GArray *pending; /* Pending, in the order handed on */
     /* hpZ (real_ds_hpz): its group's communicator and this rank's secondary partition */
     RealComm *hpz_comm;
     RealBf16 *secondary;
@@ -112,19 +123,22 @@ static int tensor_at(const RealDs *ds, uint64_t offset)
     return lo < ds->n_t && ds->t[lo].offset == offset ? (int)lo : -1;
 }
 
-static int bucket_at(const RealDs *ds, uint64_t lo)
+/* The bucket holding flat offset `at`, or -1. */
+static int bucket_at(const RealDs *ds, uint64_t at)
 {
     for (int k = 0; k < ds->n_buckets; k++)
-        if (ds->bk[k].lo == lo)
+        if (ds->bk[k].lo <= at && at < ds->bk[k].hi)
             return k;
     return -1;
 }
 
+/* A reduction reading a bucket: the data-parallel group's (a tensor group's sums are the
+ * model's, real_tp), or qgZ's intra-node all-to-all. */
 static gboolean is_reduction(const RealDs *ds, const ZpOp *op)
 {
-    /* The data-parallel group's: a tensor group's sums are the model's (real_tp). */
-    return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
-           !zp_sched_coll_fetches(ds->s, op);
+    return op->kind == ZP_OP_COLLECTIVE &&
+           ((op->group == ZP_GROUP_DP && !zp_sched_coll_fetches(ds->s, op)) ||
+            (op->group == ZP_GROUP_NODE && op->sub == ZP_COLL_ALLTOALL));
 }
 
 /* The schedule's tensors (zp_impl_tensors: the layout DeepSpeed's flat groups follow), each
@@ -165,51 +179,52 @@ static gboolean index_tensors(RealDs *ds, GError **error)
     return TRUE;
 }
 
-/* Buckets from the reductions of micro-step 0, and the buffer each lands in per micro-step;
- * a buffer reducing more than one bucket is a held ipg buffer. */
+/* The implementation's buckets (under qgZ a bucket is reduced tensor by tensor, by several
+ * ops), and the buffer each lands in per micro-step: the one its reductions read; a buffer
+ * reducing more than one bucket is a held ipg buffer. */
 static gboolean index_buckets(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
     for (guint i = 0; i < s->ops->len; i++)
         ds->n_buffers = MAX(ds->n_buffers, zp_sched_op(s, i)->buffer + 1);
-    GArray *bk = g_array_new(FALSE, FALSE, sizeof(Bucket));
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (is_reduction(ds, op) && op->micro == 0) {
-            Bucket b = {op->elem_offset, op->elem_offset + op->elems, 0, -1};
-            g_array_append_val(bk, b);
-        }
+    GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    zp_impl_get(s->plan.impl)->plan_buckets(s, specs);
+    ds->n_buckets = (int)specs->len;
+    ds->bk = g_new(Bucket, MAX(specs->len, 1));
+    for (guint k = 0; k < specs->len; k++) {
+        const ZpBucketSpec *b = &g_array_index(specs, ZpBucketSpec, k);
+        ds->bk[k] = (Bucket){b->lo, b->hi, 0, -1};
     }
-    ds->n_buckets = (int)bk->len;
-    ds->bk = (Bucket *)g_array_free(bk, FALSE);
+    g_array_unref(specs);
     const int G = s->plan.grad_accum;
     ds->bucket_buffer = g_new(int, MAX((gsize)G * (gsize)ds->n_buckets, 1));
     for (int i = 0; i < G * ds->n_buckets; i++)
         ds->bucket_buffer[i] = -1;
     ds->held = g_new0(gboolean, MAX(ds->n_buffers, 1));
-    int *uses = g_new0(int, MAX(ds->n_buffers, 1));
+    /* per buffer: the first bucket and micro-step it reduces (micro x buckets + bucket) */
+    int *first = g_new(int, MAX(ds->n_buffers, 1));
+    for (int b = 0; b < ds->n_buffers; b++)
+        first[b] = -1;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (!is_reduction(ds, op))
             continue;
         const int k = bucket_at(ds, op->elem_offset);
         if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0 ||
-            ds->bk[k].hi != op->elem_offset + op->elems)
-            return g_free(uses), fail(error, "op %u: a gradient reduction of a range no bucket of "
-                                             "micro-step 0 covers, or with no buffer", i);
-        ds->bucket_buffer[op->micro * ds->n_buckets + k] = op->buffer;
-        uses[op->buffer]++;
+            op->elem_offset + op->elems > ds->bk[k].hi)
+            return g_free(first), fail(error, "op %u: a gradient reduction of a range no bucket "
+                                              "covers, or with no buffer", i);
+        const int at = op->micro * ds->n_buckets + k;
+        ds->bucket_buffer[at] = op->buffer;
+        ds->held[op->buffer] |= first[op->buffer] >= 0 && first[op->buffer] != at;
+        if (first[op->buffer] < 0)
+            first[op->buffer] = at;
     }
-    for (int b = 0; b < ds->n_buffers; b++)
-        ds->held[b] = uses[b] > 1;
-    g_free(uses);
+    g_free(first);
     for (guint i = 0; i < ds->n_t; i++) {
         Tensor *t = &ds->t[i];
-        t->bucket = -1;
-        for (int k = 0; k < ds->n_buckets && t->bucket < 0; k++)
-            if (ds->bk[k].lo <= t->offset && t->offset + t->elems <= ds->bk[k].hi)
-                t->bucket = k;
-        if (t->bucket < 0)
+        t->bucket = bucket_at(ds, t->offset);
+        if (t->bucket < 0 || t->offset + t->elems > ds->bk[t->bucket].hi)
             return fail(error, "unit %d: tensor %d is in no gradient bucket", t->unit, t->k);
     }
     return TRUE;
@@ -345,6 +360,7 @@ RealDs *real_ds_new(const ZpSchedule *s, RealBackend *be, RealComm *comm, void *
 {
     RealDs *ds = g_new0(RealDs, 1);
     *ds = (RealDs){.s = s, .be = be, .comm = comm, .buffers = buffers, .params = params,
+                   .pending = g_array_new(FALSE, FALSE, sizeof(Pending)),
                    .stage = s->plan.zero.stage, .dp = s->plan.dp, .rank = comm->rank,
                    .host_grads = zp_offload_cpu_share(&s->plan, (double)s->partition_elems) > 0,
                    .host_params = zp_offload_param_tier(&s->plan) != ZP_TIER_GPU};
@@ -364,6 +380,9 @@ void real_ds_free(RealDs *ds)
         ds->be->free(ds->be, ds->t[i].persistent);
     ds->be->free(ds->be, ds->grads);
     ds->be->free(ds->be, ds->grads_sum);
+    for (guint i = 0; i < ds->pending->len; i++)
+        ds->be->free(ds->be, g_array_index(ds->pending, Pending, i).grad);
+    g_array_unref(ds->pending);
     g_free(ds->t), g_free(ds->bk), g_free(ds->bucket_buffer);
     g_free(ds->held);
     g_free(ds->calls), g_free(ds->members), g_free(ds->flat_call), g_free(ds->tied_grad);
@@ -418,13 +437,29 @@ static uint64_t first_fit(const RealDs *ds, int id, uint64_t n)
     return at;
 }
 
+/* Whether bucket k of micro-step `micro` has its place (its own buffer, or in the held ipg
+ * buffer) or can take one there now, beside the buckets landed and not yet reduced; the
+ * buckets fill in their order, so not while an earlier one's gradients wait. */
+static gboolean has_room(const RealDs *ds, int k, int micro)
+{
+    const int id = ds->bucket_buffer[micro * ds->n_buckets + k];
+    if (id < 0 || !ds->held[id] || ds->bk[k].landed_in == id)
+        return TRUE;
+    for (guint i = 0; i < ds->pending->len; i++)
+        if (ds->t[g_array_index(ds->pending, Pending, i).tensor].bucket < k)
+            return FALSE;
+    const uint64_t n = ds->bk[k].hi - ds->bk[k].lo;
+    return first_fit(ds, id, n) + n <= (uint64_t)ds->s->plan.zero.reduce_bucket_size;
+}
+
 /* Where bucket k's gradients of micro-step `micro` lie: the start of its own buffer, or its
  * place in the held ipg buffer, taken when its first tensor lands. Either is zeroed then, as
  * backward adds into it (real_engine zeroes no bucket of unit -1, such as the ipg buffer
  * when it reduces one bucket only). DeepSpeed fills the ipg buffer tensor by tensor and
- * reduces it when full (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads);
- * a block's backward here is one op that produces all its tensors' gradients, so the buckets
- * it fills land side by side until their reductions, and must fit in the buffer together. */
+ * reduces it when the next parameter does not fit (stage3.py
+ * reduce_independent_p_g_buckets_and_remove_grads); a module's backward here hands on its
+ * tensors' gradients together, and a bucket with no room yet is not landed (its gradients
+ * wait: Pending). */
 static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
 {
     Bucket *b = &ds->bk[k];
@@ -434,18 +469,58 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
         return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ") of "
                     "micro-step %d has no buffer allocated", ds->rank, b->lo, b->hi, micro), NULL;
     if (b->landed_in != id) {
-        const uint64_t n = b->hi - b->lo, at = ds->held[id] ? first_fit(ds, id, n) : 0;
-        const uint64_t cap = ds->held[id] ? (uint64_t)ds->s->plan.zero.reduce_bucket_size : n;
-        if (at + n > cap)
-            return fail(error, "rank %d: the buckets a backward op fills need %" G_GUINT64_FORMAT
-                        " elements of the ipg buffer before they are reduced, more than its %"
-                        G_GUINT64_FORMAT " (reduce_bucket_size): zreal adds a block's "
-                        "gradients at the end of its backward", ds->rank, at + n, cap), NULL;
-        b->slot = at;
+        if (!has_room(ds, k, micro))
+            return fail(error, "rank %d: bucket [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                        ") is reduced while the ipg buffer (reduce_bucket_size %.0f elements) "
+                        "has no room for it", ds->rank, b->lo, b->hi,
+                        ds->s->plan.zero.reduce_bucket_size), NULL;
+        b->slot = ds->held[id] ? first_fit(ds, id, b->hi - b->lo) : 0;
         b->landed_in = id;
-        ds->be->fill(ds->be, buf + b->slot, 0, n * sizeof(RealBf16));
+        ds->be->fill(ds->be, buf + b->slot, 0, (b->hi - b->lo) * sizeof(RealBf16));
     }
     return buf + b->slot;
+}
+
+/* Where tensor x's gradients of micro-step `micro` are added: its place in its bucket, or
+ * while the bucket has no room a zeroed buffer of its own (one per tensor and micro-step). */
+static RealBf16 *grad_place(RealDs *ds, guint x, int micro, GError **error)
+{
+    const Tensor *t = &ds->t[x];
+    if (has_room(ds, t->bucket, micro)) {
+        RealBf16 *place = land(ds, t->bucket, micro, error);
+        return place ? place + (t->offset - ds->bk[t->bucket].lo) : NULL;
+    }
+    for (guint i = 0; i < ds->pending->len; i++) {
+        const Pending *w = &g_array_index(ds->pending, Pending, i);
+        if (w->tensor == x && w->micro == micro)
+            return w->grad;
+    }
+    const Pending w = {x, micro, take(ds, t->elems * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)};
+    if (w.grad)
+        g_array_append_val(ds->pending, w);
+    return w.grad;
+}
+
+/* The waiting gradients whose buckets have room now, copied into them, in the order they
+ * were handed on. */
+static gboolean land_pending(RealDs *ds, GError **error)
+{
+    for (guint i = 0; i < ds->pending->len;) {
+        const Pending w = g_array_index(ds->pending, Pending, i);
+        const Tensor *t = &ds->t[w.tensor];
+        if (!has_room(ds, t->bucket, w.micro)) {
+            i++;
+            continue;
+        }
+        RealBf16 *place = land(ds, t->bucket, w.micro, error);
+        if (!place)
+            return FALSE;
+        ds->be->copy(ds->be, place + (t->offset - ds->bk[t->bucket].lo), w.grad,
+                     t->elems * sizeof(RealBf16));
+        ds->be->free(ds->be, w.grad);
+        g_array_remove_index(ds->pending, i);
+    }
+    return TRUE;
 }
 
 /* The tied head's wte gradient of micro-step `micro` when it waits in a buffer of its own:
@@ -453,8 +528,7 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
  * copied into wte's place of its bucket, untouched since the bucket landed (no other op
  * writes wte's gradient), and adds its own (autograd's sum, then the hook's copy into the
  * ipg buffer). */
-static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro,
-                           GError **error)
+static RealBf16 *tied_grad(RealDs *ds, guint x, uint32_t used, int micro, GError **error)
 {
     RealBf16 *wait = ds->buffers[ds->tied_grad[micro]];
     if (!wait)
@@ -462,11 +536,9 @@ static RealBf16 *tied_grad(RealDs *ds, const Tensor *t, uint32_t used, int micro
                NULL;
     if (used == 1u)
         return wait;
-    RealBf16 *place = land(ds, t->bucket, micro, error);
-    if (place) {
-        place += t->offset - ds->bk[t->bucket].lo;
-        ds->be->copy(ds->be, place, wait, t->elems * sizeof(RealBf16));
-    }
+    RealBf16 *place = grad_place(ds, x, micro, error);
+    if (place)
+        ds->be->copy(ds->be, place, wait, ds->t[x].elems * sizeof(RealBf16));
     return place;
 }
 
@@ -476,19 +548,20 @@ static gboolean view(RealDs *ds, int unit, uint32_t used, int micro, RealGptTens
                      GError **error)
 {
     memset(out, 0, sizeof *out);
-    for (guint i = 0; i < ds->n_t; i++) {
+    /* from the last tensor down, as backward hands gradients on */
+    for (guint j = ds->n_t; j-- > 0;) {
+        const guint i = j;
         const Tensor *t = &ds->t[i];
         if (t->unit != unit || !(used >> t->k & 1))
             continue;
         if (micro >= 0 && t->unit == 0 && t->k == 0 && ds->tied_grad[micro] >= 0) {
-            if (!(out->at[t->k] = tied_grad(ds, t, used, micro, error)))
+            if (!(out->at[t->k] = tied_grad(ds, i, used, micro, error)))
                 return FALSE;
             continue;
         }
-        RealBf16 *base = micro < 0 ? tensor_params(ds, t, error) : land(ds, t->bucket, micro, error);
-        if (!base)
+        if (!(out->at[t->k] = micro < 0 ? tensor_params(ds, t, error)
+                                        : grad_place(ds, i, micro, error)))
             return FALSE;
-        out->at[t->k] = micro < 0 ? base : base + (t->offset - ds->bk[t->bucket].lo);
     }
     return TRUE;
 }
@@ -558,9 +631,11 @@ static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError
 
 /* Stage 3: stage3.py __avg_scatter_grads -> reduce_scatter_coalesced: each tensor padded to dp
  * and cut in dp slices, the slices concatenated rank by rank into the copy, reduce-scattered,
- * and this rank's slices added to its gradient partition. */
-static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
-                              RealBf16 *copy, uint64_t copy_bytes, GError **error)
+ * and this rank's slices added to its gradient partition. One tensor that needs no padding
+ * (qgZ's fallback, reduce_scatter_coalesced([tensor])) is reduce-scattered in place, in its
+ * bucket (data, at op's offset), with no copy. */
+static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, RealBf16 *data, RealBf16 *copy,
+                              uint64_t copy_bytes, GError **error)
 {
     const int first = tensor_at(ds, op->elem_offset);
     guint last = (guint)MAX(first, 0);
@@ -568,11 +643,15 @@ static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, const RealBf16 *data,
     while (first >= 0 && last < ds->n_t && ds->t[last].offset < op->elem_offset + op->elems)
         per_rank += ds->t[last++].slice;
     const size_t b2 = sizeof(RealBf16);
-    if (first < 0 || per_rank * (uint64_t)ds->dp * b2 != copy_bytes)
+    const uint64_t padded = per_rank * (uint64_t)ds->dp;
+    if (!copy && first >= 0 && last == (guint)first + 1 && ds->t[first].elems == padded)
+        copy = data, copy_bytes = padded * b2;
+    if (first < 0 || padded * b2 != copy_bytes)
         return fail(error, "a stage-3 reduction whose concatenation copy is not its tensors "
                            "padded to %d ranks", ds->dp);
-    ds->be->fill(ds->be, copy, 0, per_rank * (uint64_t)ds->dp * b2);
-    for (int q = 0; q < ds->dp; q++) {
+    if (copy != data)
+        ds->be->fill(ds->be, copy, 0, padded * b2);
+    for (int q = 0; copy != data && q < ds->dp; q++) {
         RealBf16 *dst = copy + (uint64_t)q * per_rank;
         for (guint i = (guint)first; i < last; i++) {
             const Tensor *t = &ds->t[i];
@@ -608,23 +687,76 @@ static RealBf16 *concat_copy(RealDs *ds, const ZpOp *op, uint64_t *bytes)
     return NULL;
 }
 
+/* The gradients a reduction reads, at its offset of its bucket's place (*bucket: which),
+ * with any of them still waiting landed first. */
+static RealBf16 *reduced_grads(RealDs *ds, const ZpOp *op, int *bucket, GError **error)
+{
+    const int k = *bucket = bucket_at(ds, op->elem_offset);
+    if (k < 0)
+        return fail(error, "a reduction of no bucket"), NULL;
+    RealBf16 *data = land_pending(ds, error) ? land(ds, k, op->micro, error) : NULL;
+    return data ? data + (op->elem_offset - ds->bk[k].lo) : NULL;
+}
+
+/* After a reduction: once it read the bucket's last tensor, the bucket's place in a held
+ * buffer is free again, and the gradients waiting for room are copied in. */
+static gboolean reduced(RealDs *ds, const ZpOp *op, int k, GError **error)
+{
+    if (op->elem_offset + op->elems == ds->bk[k].hi)
+        ds->bk[k].landed_in = -1;
+    return land_pending(ds, error);
+}
+
 static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
 {
-    const int k = bucket_at(ds, op->elem_offset);
-    RealBf16 *data = k >= 0 ? land(ds, k, op->micro, error) : NULL;
+    int k;
+    RealBf16 *data = reduced_grads(ds, op, &k, error);
     if (!data)
-        return k >= 0 ? FALSE : fail(error, "a reduction of no bucket");
+        return FALSE;
     gboolean ok;
     if (ds->stage == 2) {
         ok = reduce_stage2(ds, op, data, error);
     } else {
         uint64_t bytes = 0;
         RealBf16 *copy = concat_copy(ds, op, &bytes);
-        ok = copy ? reduce_stage3(ds, op, data, copy, bytes, error)
-                  : fail(error, "a stage-3 reduction without its concatenation copy");
+        ok = reduce_stage3(ds, op, data, copy, bytes, error);
     }
-    ds->bk[k].landed_in = -1; /* its place is free again (zeroed when next taken) */
-    return ok;
+    return ok && reduced(ds, op, k, error);
+}
+
+gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
+                     uint8_t *work, GError **error)
+{
+    const ZpPlan *plan = &ds->s->plan;
+    const int x = tensor_at(ds, op->elem_offset);
+    const Tensor *t = x >= 0 ? &ds->t[x] : NULL;
+    if (ds->stage != 3 || !t || op->elems != t->elems)
+        return fail(error, "a qgZ all-to-all of no whole tensor of DeepSpeed's stage 3");
+    const ZpQgz q = zp_zeropp_qgz_tensor(plan, (double)t->elems, (double)ds->s->model.hidden,
+                                         zp_plan_reduce_bytes(plan));
+    const uint64_t world = (uint64_t)ds->dp, groups = (uint64_t)q.groups;
+    if (groups % world != 0 || t->slice * world != t->elems)
+        return fail(error, "qgZ: unit %d's tensor %d (%" G_GUINT64_FORMAT " elements) has %"
+                    G_GUINT64_FORMAT " quantisation groups; zreal quantises each of %d ranks' "
+                    "partitions in whole groups", t->unit, t->k, t->elems, groups, ds->dp);
+    int k;
+    RealBf16 *data = reduced_grads(ds, op, &k, error);
+    if (!data)
+        return FALSE;
+    /* swizzle_quant's partitions: rank q's is elements [q slice, (q + 1) slice) */
+    float *pieces = take(ds, t->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
+    RealBf16 *mine = pieces ? take(ds, t->slice * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)
+                            : NULL;
+    for (uint64_t i = 0; mine && i < t->elems; i++)
+        pieces[i] = real_bf16_to_f32(data[i]);
+    const gboolean ok =
+        mine &&
+        real_engine_qgz(ds->be, ds->rank, ds->comm, node, cross, pieces, t->slice,
+                        groups / world, work, mine, error) &&
+        deliver(ds, ds->grads + t->part, mine, t->slice, op->micro > 0, error);
+    ds->be->free(ds->be, pieces);
+    ds->be->free(ds->be, mine);
+    return ok && reduced(ds, op, k, error);
 }
 
 /* Stage 3: tensor t is in buffer id too, from element `at` (in a slot whose buffer is freed,

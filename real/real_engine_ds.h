@@ -24,6 +24,14 @@ void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory
 gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
                              uint64_t n, gboolean accumulate, GError **error);
 
+/* qgZ's reduction (real_zeropp_qgz_reduce) of `pieces`, the world's partitions of `part` fp32
+ * elements each in `groups` groups a partition, through the node's and the cross-node
+ * groups in `work`; this rank's sum into mine (bf16). Both subgroups' bytes count in
+ * `total`'s sent_bytes. */
+gboolean real_engine_qgz(RealBackend *be, int rank, RealComm *total, RealComm *node,
+                         RealComm *cross, const float *pieces, uint64_t part, uint64_t groups,
+                         uint8_t *work, RealBf16 *mine, GError **error);
+
 /* Writes elements [first, first + count) of unit u's initial parameters to dst. */
 typedef gboolean (*RealDsInitFn)(void *engine, int unit, uint64_t first, uint64_t count,
                                  RealBf16 *dst, GError **error);
@@ -62,6 +70,14 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error);
  * follows, into its place of the int8 buffer the op depends on), or on the compute stream
  * once the call is waited for (every rank's int8 and scales into its gathered buffer). */
 gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error);
+
+/* Stage 3 with qgZ: the intra-node all-to-all of one tensor (zp_sched.c qgz_by_tensor;
+ * comm/coalesced_collectives.py all_to_all_quant_reduce): its gradients in its bucket as the
+ * world's partitions, int4 in zp_zeropp_qgz_tensor's groups through real_engine_qgz (the
+ * cross-node all-to-all and the kernels are part of it), this rank's sum added to its slice
+ * of the partition. */
+gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
+                     uint8_t *work, GError **error);
 
 /* Stage 3 with hpZ: backward calls gather over hpz_comm (the plug-in does not own it) from
  * this rank's secondary partition, which the forward's data-parallel gathers fill; it takes

@@ -1429,6 +1429,23 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
     return real_gpt_block_backward_t(gpt, layer, &p, dx_out, dx_in, &g, error);
 }
 
+/* Adds module m's gradients (its tensors are consecutive in the block's list) from the
+ * workspace g into dst. */
+static void real_gpt_add_module_grads(RealBackend *be, const RealGptDims *d, int m,
+                                      const RealGptTensors *dst, const float *g)
+{
+    const uint32_t bits = real_gpt_module_tensors(d, m);
+    if (!bits)
+        return;
+    const int first = g_bit_nth_lsf(bits, -1);
+    int last = first;
+    while (last < 32 && (bits >> last & 1u))
+        last++;
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    real_gpt_unit_tensors(d, 1, t);
+    real_gpt_accumulate(be, d, 1, dst, g + t[first].offset_elems, first, last);
+}
+
 gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
                                           const RealGptTensors *block, const float *dx_out,
                                           float *dx_in, const RealGptTensors *block_grads,
@@ -1458,9 +1475,10 @@ gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
     real_gpt_block_ptrs(gpt, block, p);
     if (!real_gpt_bwd_module(gpt, p, &sv, &b, module, dx_out, dx_in))
         return real_gpt_run_end(gpt, false, "the block backward workspace", error);
+    if (block_grads)
+        real_gpt_add_module_grads(be, d, module, block_grads, b.g);
     if (++gpt->run.done < REAL_GPT_N_MODULES)
         return TRUE;
-    real_gpt_accumulate(be, d, 1, block_grads, b.g, 0, real_gpt_n_tensors(d, 1));
     real_gpt_run_end(gpt, true, NULL, error);
     be->free(be, gpt->saved[layer]);
     gpt->saved[layer] = NULL;

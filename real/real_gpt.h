@@ -281,9 +281,10 @@ gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors
                                    const RealGptTensors *block_grads, GError **error);
 
 /* The block backward module by module, fc2 .. ln1 (real_gpt.c real_gpt_bwd_module): the
- * first reads dx_out, the last writes dx_in, adds the block's gradients into block_grads (read
- * by that call only; NULL before) and frees the saved activations. Running all six is
- * real_gpt_block_backward_t, bit for bit. */
+ * first reads dx_out, the last writes dx_in and frees the saved activations; each adds its
+ * own tensors' gradients into block_grads (only those are read; NULL: none added), as
+ * DeepSpeed's hooks hand each parameter's gradient on once its module's backward made it.
+ * Running all six is real_gpt_block_backward_t, bit for bit. */
 gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
                                           const RealGptTensors *block, const float *dx_out,
                                           float *dx_in, const RealGptTensors *block_grads,

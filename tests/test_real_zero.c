@@ -245,16 +245,17 @@ static void test_other_impls(void)
     ZpModel model;
     g_assert_true(zp_model_load("tiny", &model, NULL));
     model.dropout = FALSE;
-    /* DeepSpeed's stages 2-3 at 12000: a block's gradients land at the end of its backward
-     * (stage 3's last module op), so the ipg buffer holds the buckets it fills together
-     * (real_engine_ds.c land). */
+    /* DeepSpeed's stages 2-3 at 5000, smaller than a block's gradients (49,984 elements) and
+     * than qkv, fc1 and fc2 (which bypass the buckets): each stage-3 module op hands on its
+     * own tensors' gradients, and those whose bucket has no room yet in the ipg buffer wait
+     * until the bucket before is reduced (real_engine_ds.c grad_place, land_pending). */
     static const OtherRun runs_of[] = {
         {ZP_IMPL_DEEPSPEED, 0, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_DEEPSPEED, 1, 1, FALSE, 10000, FALSE},
-        {ZP_IMPL_DEEPSPEED, 2, 1, FALSE, 12000, FALSE},
+        {ZP_IMPL_DEEPSPEED, 2, 1, FALSE, 5000, FALSE},
         {ZP_IMPL_DEEPSPEED, 2, 2, FALSE, 12000, FALSE},
-        {ZP_IMPL_DEEPSPEED, 3, 1, FALSE, 12000, TRUE},
-        {ZP_IMPL_DEEPSPEED, 3, 1, TRUE, 12000, TRUE},
+        {ZP_IMPL_DEEPSPEED, 3, 1, FALSE, 5000, TRUE},
+        {ZP_IMPL_DEEPSPEED, 3, 1, TRUE, 5000, TRUE},
         {ZP_IMPL_FSDP, 0, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_FSDP, 2, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_FSDP, 3, 1, FALSE, 10000, FALSE},
@@ -331,6 +332,67 @@ static void test_other_impls(void)
         }
 }
 
+/* DeepSpeed's stage 3 on 4 ranks with 2 micro-steps at reduce_bucket_size 64 (each norm
+ * vector fills a bucket, every larger tensor bypasses them) and 3000 (buckets of several
+ * vectors and a matrix, across modules), both below a block's gradients (49,984 elements),
+ * which zreal refused while it added a block's gradients at its last module op. Now each
+ * module op hands on its own tensors' gradients (real_gpt_block_backward_module_t), and those
+ * whose bucket has no room in the ipg buffer yet wait until the bucket before is reduced
+ * (stage3.py reduce_independent_p_g_buckets_and_remove_grads reduces the full bucket, then
+ * __add_grad_to_ipg_bucket copies the next gradient in). It trains as with DeepSpeed's
+ * default buckets (within LOSS_REL_TOL), sends the schedule's bytes and holds its buckets'
+ * and gathered parameters' peaks, walking the ops in order, exactly. */
+static void test_deepspeed_small_buckets(void)
+{
+    ZpModel model = tu_load_model("tiny");
+    model.dropout = FALSE;
+    const char *base = "--model tiny --stage 3 --impl deepspeed --micro-batch 2 --grad-accum 2 "
+                       "--steps 4 --persistence-threshold 0";
+    json_t *ref = zreal_measured(4, base, "ds-default-buckets");
+    json_t *ref_loss = json_object_get(ref, "loss");
+    const double sizes[] = {64, 3000};
+    for (size_t k = 0; k < G_N_ELEMENTS(sizes); k++) {
+        char *args = g_strdup_printf("%s --reduce-bucket-size %.0f", base, sizes[k]);
+        json_t *m = zreal_measured(4, args, "ds-small-buckets");
+        json_t *loss = json_object_get(m, "loss");
+        for (int i = 0; i < 4; i++) {
+            const double a = json_number_value(json_array_get(loss, i));
+            const double b = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+        }
+        ZpPlan plan;
+        zp_plan_defaults(&plan, 3, 4, 1);
+        plan.impl = ZP_IMPL_DEEPSPEED;
+        plan.precision = ZP_PREC_BF16;
+        plan.micro_batch = 2;
+        plan.grad_accum = 2;
+        plan.zero.stage3_param_persistence_threshold = 0;
+        plan.zero.reduce_bucket_size = sizes[k];
+        ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
+        g_assert_nonnull(s);
+        double peak[ZP_MEM_N];
+        sequential_category_peaks(s, peak);
+        json_t *ranks = json_object_get(m, "ranks");
+        for (int r = 0; r < 4; r++) {
+            json_t *rank = json_array_get(ranks, r);
+            g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
+            g_assert_cmpfloat(category(rank, "gathered_params"), ==,
+                              peak[ZP_MEM_GATHERED_PARAMS]);
+            g_assert_cmpfloat(json_number_value(json_object_get(rank, "comm_bytes")), ==,
+                              zp_sched_comm_bytes(s, ZP_GROUP_DP));
+        }
+        g_test_message("reduce_bucket_size %.0f: %.0f bytes a rank, buckets' peak %.0f, last "
+                       "loss %.6f (default buckets %.6f)", sizes[k],
+                       zp_sched_comm_bytes(s, ZP_GROUP_DP), peak[ZP_MEM_BUCKETS],
+                       json_number_value(json_array_get(loss, 3)),
+                       json_number_value(json_array_get(ref_loss, 3)));
+        zp_sched_free(s);
+        json_decref(m);
+        g_free(args);
+    }
+    json_decref(ref);
+}
+
 /* One run of `mpirun -np n zreal --mp 2` (T = 2, DP n / 2) of `model` at `stage` under
  * `impl`: its loss curve is the one-rank curve ref_loss within LOSS_REL_TOL, and every rank
  * holds the model states, buckets, gathered parameters and activations of its shard exactly
@@ -341,10 +403,8 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
                                   int steps, json_t *ref_loss)
 {
     const int dp = n / 2;
-    /* DeepSpeed's stages 2-3 fill their ipg buffer tensor by tensor, and zreal runs the head's
-     * backward as one op: its buckets must fit the buffer together, so those take DeepSpeed's
-     * default size; the others a small one, so that the reduction is split. */
-    const double bucket = impl == ZP_IMPL_DEEPSPEED && stage >= 2 ? 5e8 : 10000;
+    /* A small reduce_bucket_size, so that the reduction is split. */
+    const double bucket = 10000;
     char *args = g_strdup_printf("--model %s --mp 2 --stage %d --impl %s --micro-batch %d "
                                  "--steps %d --persistence-threshold 0 --reduce-bucket-size "
                                  "%.0f", name, stage, zp_impl_name(impl), GLOBAL_BATCH / dp,
@@ -676,9 +736,9 @@ static void test_bad_input(void)
          "zreal offloads parameters without persistent ones (--persistence-threshold 0)"},
         {"--model tiny --stage 3 --persistence-threshold 0 --offload-param cpu",
          "zreal offloads parameters together with the optimizer (--offload-optimizer)"},
-        {"--model tiny --impl deepspeed --stage 2 --reduce-bucket-size 5000 --steps 1",
-         "more than its 5000 (reduce_bucket_size): zreal adds a block's gradients at the end "
-         "of its backward"},
+        {"--model tiny --stage 3 --impl deepspeed --quantized-gradients --offload-optimizer cpu "
+         "--persistence-threshold 0 --steps 1",
+         "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without offload"},
         {"--model tiny --mp 2", "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
@@ -1101,8 +1161,7 @@ static const OffloadCase offload_cases[] = {
 
 #define OFFLOAD_BASE "--model tiny --micro-batch 2 --steps 4 --persistence-threshold 0"
 
-/* Small enough for DeepSpeed's stage 2: the buckets one backward op fills fit the held ipg
- * buffer together. */
+/* Small, so that the reduction is split into several buckets. */
 static int offload_bucket(const OffloadCase *c)
 {
     return strcmp(c->impl, "deepspeed") == 0 ? 12000 : 20000;
@@ -1456,6 +1515,7 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/total-peak", test_total_peak);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
     g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
+    g_test_add_func("/zreal/deepspeed-small-buckets", test_deepspeed_small_buckets);
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
     g_test_add_func("/zreal/deepspeed-allreduce-fetch", test_deepspeed_allreduce_fetch);
     g_test_add_func("/zreal/deepspeed-dirty-memory", test_deepspeed_dirty_memory);

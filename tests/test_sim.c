@@ -1315,6 +1315,7 @@ static void test_breakdown_adds_up_with_side_streams(void)
     p.checkpoint = TRUE;
     p.ckpt.partition_activations = TRUE;
     p.zero.zero_quantized_gradients = TRUE;
+    p.gpus_per_node = hw.gpus_per_node; /* the nodes qgZ crosses, as the CLI sets them */
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&model, &p, &error);
     g_assert_no_error(error);
