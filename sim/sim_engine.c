@@ -1476,7 +1476,7 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, u
                                                       double now_s)
 {
     const SimOp *op = &sim->ops[i];
-    sim->op_events += rank_weight(sim, rank);
+    sim->op_events++;
     if (op->dependents_ready > op->dependents_start)
         ready_push_block(sim, rank, &sim->dependents[op->dependents_start],
                          op->dependents_ready - op->dependents_start);
@@ -1624,7 +1624,8 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
 }
 
 /* How many queue events the result counts for e: a unit's stands for one per rank of its
- * run; a flow's is its group's one (a run lies in one group, so no two groups share a slot). */
+ * run; a flow's is its group's one (a run lies in one group, so no two groups share a slot).
+ * (Ops are counted per unit as they run, and per rank at the end: fill_result.) */
 static uint64_t event_weight(const Sim *sim, const Event *e)
 {
     return e->id & EVENT_FLOW ? 1 : rank_weight(sim, e->id);
@@ -1731,8 +1732,8 @@ static gboolean check_end(Sim *sim, GError **error)
     /* Each rank does each op of its class at most once, so a full count means that no rank
      * fell short. */
     uint64_t rank_ops = 0;
-    for (uint32_t r = 0; r < sim->ranks; r++)
-        rank_ops += (uint64_t)sim->class_ops[rank_class(sim, r)] * rank_weight(sim, r);
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        rank_ops += (uint64_t)sim->class_ops[k] * sim->stage_ranks[k];
     const gboolean all_done = sim->op_events == rank_ops;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
@@ -1766,6 +1767,16 @@ static double gpu_compute_s(const RankState *rs, const RankBusy *rb)
     return rb->compute_s - rs->gpu_overlap_s;
 }
 
+/* The ops the ranks of the runs ran: each all of its class's (check_end found none short);
+ * op_events counted each unit's once. */
+static uint64_t ops_of_runs(const Sim *sim)
+{
+    uint64_t ops = 0;
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        ops += (uint64_t)sim->class_ops[rank_class(sim, u)] * sim->weight[u];
+    return ops;
+}
+
 static void fill_result(const Sim *sim, SimResult *result)
 {
     /* The peak rank: the lowest of those whose total rose highest. */
@@ -1796,7 +1807,7 @@ static void fill_result(const Sim *sim, SimResult *result)
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
         result->category_peak_bytes[c] = top->category[c].peak;
-    result->op_events = sim->op_events;
+    result->op_events = sim->weight ? ops_of_runs(sim) : sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks +
                           (uint64_t)sim->cap_eager * sizeof(MemState);
@@ -1988,7 +1999,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     g_free(slow.node);
     if (ok) {
         seed(&sim);
-        const double total_ops = (double)sim.n_ops * ranks_reported(&sim);
+        const double total_ops = (double)sim.n_ops * sim.ranks;
         for (uint64_t taken = 1; sim.queue.len > 0 && !sim.error && sim.stopped_s == 0;
              taken++) {
             double now_s;
