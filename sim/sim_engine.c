@@ -10,7 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-/* How often (queue events) the run tells SimOptions.progress how far it is. */
+/* How often (queue events as heap_events counts them, a run's once per rank) the run tells
+ * SimOptions.progress how far it is. */
 #define PROGRESS_EVERY_EVENTS 4096
 
 /* What the loop needs of an op, computed once and shared by all ranks. */
@@ -2000,15 +2001,17 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok) {
         seed(&sim);
         const double total_ops = (double)sim.n_ops * sim.ranks;
-        for (uint64_t taken = 1; sim.queue.len > 0 && !sim.error && sim.stopped_s == 0;
-             taken++) {
+        uint64_t told = 0;
+        while (sim.queue.len > 0 && !sim.error && sim.stopped_s == 0) {
             double now_s;
             const Event e = queue_pop(&sim.queue, &now_s);
             sim.heap_events += event_weight(&sim, &e);
             handle(&sim, &e, now_s);
             drain_ready(&sim, now_s);
-            if (options->progress && taken % PROGRESS_EVERY_EVENTS == 0)
+            if (options->progress && sim.heap_events / PROGRESS_EVERY_EVENTS != told) {
+                told = sim.heap_events / PROGRESS_EVERY_EVENTS;
                 options->progress((double)sim.op_events / total_ops, options->progress_ctx);
+            }
         }
         if (sim.error) {
             g_propagate_error(error, sim.error);
