@@ -35,11 +35,17 @@ gboolean zp_impl_module_compute(const ZpSchedule *s)
            !s->plan.block_compute;
 }
 
+gboolean zp_impl_grads_by_module(const ZpPlan *plan)
+{
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    return impl->grads_by_module && impl->grads_by_module(plan);
+}
+
 gboolean zp_impl_module_backward(const ZpSchedule *s)
 {
     const int stage = s->plan.zero.stage;
     return zp_impl_module_compute(s) ||
-           (zp_impl_get(s->plan.impl)->grads_by_module && (stage == 1 || stage == 2) &&
+           (zp_impl_grads_by_module(&s->plan) && (stage == 1 || stage == 2) &&
             zp_plan_pp(&s->plan) == 1 && !s->plan.block_compute);
 }
 

@@ -35,11 +35,15 @@ static ZpCollKind ds_grad_collective(const ZpPlan *plan)
  * (engine.py allreduce_gradients -> buffered_allreduce_fallback) and stage 1 without
  * overlap_comm (stage_1_and_2.py reduce_gradients, which walks every parameter once the
  * backward is done) reduce after the whole backward. */
+static gboolean ds_grads_by_module(const ZpPlan *plan)
+{
+    return plan->zero.stage >= 2 || (plan->zero.stage == 1 && plan->zero.overlap_comm);
+}
+
 static void ds_launch_points(const ZpSchedule *s, GArray *buckets)
 {
     ZpBucketSpec *k = (ZpBucketSpec *)buckets->data;
-    const int stage = s->plan.zero.stage;
-    const gboolean hooks = stage >= 2 || (stage == 1 && s->plan.zero.overlap_comm);
+    const gboolean hooks = ds_grads_by_module(&s->plan);
     if (buckets->len == 0)
         return;
     const int last = k[buckets->len - 1].low_unit;
@@ -507,7 +511,7 @@ const ZpImpl zp_impl_deepspeed = {
      * __add_grad_to_ipg_bucket copies on the reduce stream after
      * __reduce_and_partition_ipg_grads; stage_1_and_2.py swaps ipg buffers only with
      * overlap_comm). */
-    .grads_by_module = TRUE,
+    .grads_by_module = ds_grads_by_module,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
     /* stage3.py step -> _partition_all_parameters -> partitioned_param_coordinator.py

@@ -834,7 +834,7 @@ static guint first_tensor_at(const GArray *tensors, uint64_t at)
 static void hand_on(Builder *b, int u, int module, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
-    if (!b->impl->grads_by_module || s->plan.zero.stage < 2 || b->n_ipg == 0)
+    if (!zp_impl_grads_by_module(&s->plan) || s->plan.zero.stage < 2 || b->n_ipg == 0)
         return;
     if (!b->tensors)
         b->tensors = zp_impl_tensors(s);
