@@ -35,6 +35,20 @@ gboolean zp_impl_module_compute(const ZpSchedule *s)
            !s->plan.block_compute;
 }
 
+gboolean zp_impl_grads_by_module(const ZpPlan *plan)
+{
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    return impl->grads_by_module && impl->grads_by_module(plan);
+}
+
+gboolean zp_impl_module_backward(const ZpSchedule *s)
+{
+    const int stage = s->plan.zero.stage;
+    return zp_impl_module_compute(s) ||
+           (zp_impl_grads_by_module(&s->plan) && (stage == 1 || stage == 2) &&
+            zp_plan_pp(&s->plan) == 1 && !s->plan.block_compute);
+}
+
 GArray *zp_impl_tensors(const ZpSchedule *s)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
@@ -105,7 +119,7 @@ void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit
     const double bytes = zp_plan_reduce_bytes(&s->plan);
     for (int i = (int)items->len - 1; i >= 0;) {
         ZpBucketSpec k = {it[i].lo, it[i].lo + it[i].elems, 0, it[i].unit, it[i].unit,
-                          it[i].unit, FALSE};
+                          it[i].unit, -1, FALSE};
         double elems = it[i].count;
         k.bypass = bypass_large && elems > limit;
         for (i--; !k.bypass && i >= 0; i--) {

@@ -34,13 +34,16 @@ static inline int zp_step_module(gboolean backward, int step)
 }
 
 /* One gradient reduction: the flat range [lo, hi) (unpadded) in bytes `bytes` on the wire. It
- * launches after unit launch_unit's backward; top_unit produces its first gradients (where a
- * landing buffer is allocated at stages 2-3). `bypass`: reduced from the gradient itself, no
- * bucket buffer (DeepSpeed's parameter larger than reduce_bucket_size). */
+ * launches after unit launch_unit's backward, or with launch_module >= 0 (ZpBlockModule)
+ * after that module's backward op of block launch_unit when the schedule computes the block's
+ * backward module by module (zp_impl_module_backward; after the whole block's otherwise);
+ * top_unit produces its first gradients (where a landing buffer is allocated at stages 2-3).
+ * `bypass`: reduced from the gradient itself, no bucket buffer (DeepSpeed's parameter larger
+ * than reduce_bucket_size). */
 typedef struct {
     uint64_t lo, hi;
     double bytes;
-    int top_unit, low_unit, launch_unit;
+    int top_unit, low_unit, launch_unit, launch_module;
     gboolean bypass;
 } ZpBucketSpec;
 
@@ -128,6 +131,15 @@ typedef struct ZpImpl {
      * allocator's bound of zp_runahead.h; FALSE: each gather's buffer is taken after the
      * compute op before it. */
     gboolean host_runahead;
+    /* Whether the plan's gradients are handed on module by module as backward produces them
+     * and a bucket is reduced the moment a gradient arrives that does not fit it
+     * (plan_buckets' launch_module): then a block's backward is one op per module at stages
+     * 1-2 too (zp_impl_module_backward), and at stages 2-3 a gradient whose held bucket
+     * buffer still holds an earlier bucket waits in a buffer of its own (workspace, its
+     * 16-bit size) until that bucket's reduction has read the buffer, then is copied in;
+     * NULL or FALSE: a bucket launches after its lowest unit's whole backward (or as
+     * plan_buckets says) and its gradients land in it directly. */
+    gboolean (*grads_by_module)(const ZpPlan *plan);
     /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
      * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
      * others reduce-scattered alone, and only across more than one node
@@ -145,6 +157,14 @@ const ZpImpl *zp_impl_get(ZpImplKind kind);
 /* Whether the schedule computes blocks module by module: stage 3 of an implementation with
  * module_compute, unless the plan asks for whole blocks (ZpPlan block_compute). */
 gboolean zp_impl_module_compute(const ZpSchedule *s);
+
+/* Whether the schedule computes a block's backward module by module: under module compute,
+ * or for an implementation with grads_by_module at stages 1-2 when the gradients are reduced
+ * during the backward (no pipeline) and the plan does not ask for whole blocks. */
+gboolean zp_impl_module_backward(const ZpSchedule *s);
+
+/* The plan's implementation's grads_by_module (FALSE without one). */
+gboolean zp_impl_grads_by_module(const ZpPlan *plan);
 
 /* A tensor as a rank holds it: its unit, flat offset and elements (its tensor-parallel share,
  * clipped to the unit's range), and the module it belongs to (tensors of one unit whose

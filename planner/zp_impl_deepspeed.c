@@ -24,6 +24,51 @@ static ZpCollKind ds_grad_collective(const ZpPlan *plan)
     return ZP_COLL_ALLREDUCE;
 }
 
+/* When each bucket is reduced. Stages 2-3, and stage 1 with overlap_comm at the last
+ * micro-step, reduce from the gradient hooks: stage_1_and_2.py and stage3.py
+ * reduce_independent_p_g_buckets_and_remove_grads reduce the bucket being filled when the
+ * parameter whose hook runs does not fit it (`bucket.elements + param.numel() >
+ * reduce_bucket_size`), before adding that parameter; the last bucket is reduced by the
+ * epilogue after the backward (independent_gradient_partition_epilogue). A hook runs as its
+ * module's backward produces the gradient, so bucket i launches after the backward of the
+ * module holding the tensor below its range (bucket i+1's first gradient). Stage 0
+ * (engine.py allreduce_gradients -> buffered_allreduce_fallback) and stage 1 without
+ * overlap_comm (stage_1_and_2.py reduce_gradients, which walks every parameter once the
+ * backward is done) reduce after the whole backward. */
+static gboolean ds_grads_by_module(const ZpPlan *plan)
+{
+    return plan->zero.stage >= 2 || (plan->zero.stage == 1 && plan->zero.overlap_comm);
+}
+
+static void ds_launch_points(const ZpSchedule *s, GArray *buckets)
+{
+    ZpBucketSpec *k = (ZpBucketSpec *)buckets->data;
+    const gboolean hooks = ds_grads_by_module(&s->plan);
+    if (buckets->len == 0)
+        return;
+    const int last = k[buckets->len - 1].low_unit;
+    GArray *tensors = hooks ? zp_impl_tensors(s) : NULL;
+    const ZpImplTensor *t = tensors ? (const ZpImplTensor *)tensors->data : NULL;
+    guint x = tensors ? tensors->len : 0; /* tensors from the last down, as buckets go */
+    for (guint i = 0; i + 1 < buckets->len; i++) {
+        k[i].launch_unit = last;
+        if (!hooks)
+            continue;
+        while (x > 0 && t[x - 1].offset >= k[i].lo)
+            x--;
+        /* x - 1: the tensor just below the bucket, the next gradient handed on */
+        const ZpImplTensor *next = &t[x - 1];
+        k[i].launch_unit = next->unit;
+        const gboolean block = next->unit >= 1 && next->unit <= (int)s->model.layers;
+        int first = (int)x - 1;
+        while (first > 0 && t[first - 1].unit == next->unit)
+            first--;
+        k[i].launch_module = block ? next->module - t[first].module : -1;
+    }
+    if (tensors)
+        g_array_unref(tensors);
+}
+
 /* Buckets hold whole parameters in backward order up to reduce_bucket_size elements
  * (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads, stage3.py
  * reduce_independent_p_g_buckets_and_remove_grads). A parameter larger than the bucket is
@@ -34,6 +79,7 @@ static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
 {
     const gboolean bypass = s->plan.zero.stage >= 1 && s->plan.zero.contiguous_gradients;
     zp_impl_group_buckets(s, TRUE, s->plan.zero.reduce_bucket_size, bypass, buckets);
+    ds_launch_points(s, buckets);
 }
 
 /* Stages 1-2 with contiguous_gradients: stage_1_and_2.py DeepSpeedZeroOptimizer.backward
@@ -459,6 +505,13 @@ const ZpImpl zp_impl_deepspeed = {
      * backward; the hook then copies param.grad into the ipg buffer and drops it
      * (__add_grad_to_ipg_bucket, reduce_independent_p_g_buckets_and_remove_grads). */
     .tied_grad_waits = TRUE,
+    /* ds_launch_points' rule. The waiting gradients: autograd's param.grad, kept until the
+     * hook's copy into the ipg buffer, which with one buffer (stage 3, or stages 1-2 without
+     * overlap_comm) or both in use runs after the reduction that empties it (stage3.py
+     * __add_grad_to_ipg_bucket copies on the reduce stream after
+     * __reduce_and_partition_ipg_grads; stage_1_and_2.py swaps ipg buffers only with
+     * overlap_comm). */
+    .grads_by_module = ds_grads_by_module,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
     /* stage3.py step -> _partition_all_parameters -> partitioned_param_coordinator.py

@@ -2,7 +2,8 @@
  * issue the ops (so in-order streams behave like CUDA streams), and reads/writes it as JSON.
  *
  * The step: for each micro-step, forward (embedding, blocks, head), backward (blocks in
- * reverse, embedding), gradient buckets launched as their last gradient is produced; after
+ * reverse, embedding), gradient buckets launched where the implementation's rules put them
+ * (after the unit or module op whose gradients complete or overflow them); after
  * the last micro-step the optimizer on this rank's partition and, for stages 1-2, the
  * all-gather of the updated parameters. Stage 3 gathers parameters before use and frees them
  * after. Which buckets, buffers, gathers and step buffers: the plan's implementation's rules
@@ -32,7 +33,16 @@ typedef struct {
     uint32_t alloc_op, coll_op;
     uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
                           * copy of its slice to the host (optimizer offload) */
+    int slot;            /* the held buffer it is reduced through (held_slot), -1 none */
 } Bucket;
+
+/* A gradient handed on while its held bucket buffer still holds an earlier bucket (ZpImpl
+ * grads_by_module): it waits in workspace buffer `buffer` of `bytes` until it is copied in. */
+typedef struct {
+    guint bucket;
+    int buffer, unit;
+    double bytes;
+} Wait;
 
 /* A stage-3 gather, one of its coalesced call's (zp_impl.h ZpFetch: joins_previous). The
  * call's fields are its first gather's (`call` names it). */
@@ -73,7 +83,8 @@ typedef struct {
     double ipg_bytes;
     int ipg[2];             /* their buffer ids */
     uint32_t ipg_alloc[2], ipg_last[2]; /* their alloc ops and last collectives */
-    guint n_launched_held;  /* buckets of this backward that used a held buffer */
+    int occupant[2];        /* the bucket whose gradients a held buffer holds, -1 none */
+    GArray *waits;          /* Wait, in the order the gradients were handed on */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
     int step;               /* the step of the position being built (zp_impl.h) */
@@ -101,6 +112,11 @@ typedef struct {
                              * backward (ZpImpl tied_grad_waits), or -1 */
     double tied_grad_bytes;
     uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
+    /* backend_workspace, a block computed module by module: the workspace its first module's
+     * op takes and its last one's frees (zreal's real_gpt run.ws, held through the block's
+     * modules), -1 when none is held; `module_step`: the step being emitted, -1 outside
+     * such a block */
+    int block_workspace, module_step;
     /* backend_workspace under a pipeline: micro-step m's head output gradient, which zreal
      * keeps aside (real_engine.c keep_head_dx) when the stage's next compute op is another
      * micro-step's, until m's backward (-1: none kept) */
@@ -168,6 +184,8 @@ static void workspace_before(Builder *b, ZpComputeKind kind, int unit, int micro
         g_array_append_val(all, at);
     }
     const double bytes = zp_cost_op_workspace_bytes(&s->model, &s->plan, kind);
+    if (b->module_step > 0) /* a later module of a block: the first one's is held */
+        return;
     if (b->workspace_free != NONE) /* one op's at a time, as the backend runs them */
         g_array_append_val(all, b->workspace_free);
     if (bytes > 0) {
@@ -193,7 +211,11 @@ static uint32_t emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro
                .mem_bytes = cost.mem_bytes};
     b->last_compute = emit(b, op, (uint32_t *)all->data, all->len);
     g_array_unref(all);
-    if (workspace >= 0)
+    if (b->module_step == 0)
+        b->block_workspace = workspace;
+    if (b->module_step == ZP_POS_STEPS - 1)
+        workspace = b->block_workspace, b->block_workspace = -1;
+    if (workspace >= 0 && (b->module_step < 0 || b->module_step == ZP_POS_STEPS - 1))
         b->workspace_free = emit_free(b, ZP_MEM_WORKSPACE,
                                       zp_cost_op_workspace_bytes(&b->s->model, &b->s->plan,
                                                                  kind),
@@ -464,6 +486,18 @@ static Bucket *bucket(Builder *b, guint i)
     return &g_array_index(b->buckets, Bucket, i);
 }
 
+static gboolean own_buffer(const Builder *b, const Bucket *k);
+
+/* The held buffer a bucket is reduced through, -1 none: the buckets that use them take them
+ * in turn, in launch order (which is bucket order); a bypassing bucket takes its own at
+ * stages 2-3 and none at stages 0-1 (reduced in place). `held`: those counted so far. */
+static int held_slot(const Builder *b, const Bucket *k, guint *held)
+{
+    if (b->n_ipg == 0 || own_buffer(b, k) || k->spec.bypass)
+        return -1;
+    return (int)((*held)++ % (guint)b->n_ipg);
+}
+
 /* The implementation's buckets, indexed by the units they hold and the unit after whose
  * backward they launch. */
 static void plan_buckets(Builder *b)
@@ -472,7 +506,7 @@ static void plan_buckets(Builder *b)
     GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
     b->impl->plan_buckets(s, specs);
     for (guint i = 0; i < specs->len; i++) {
-        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE};
+        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE, -1};
         g_array_append_val(b->buckets, k);
     }
     g_array_unref(specs);
@@ -496,6 +530,9 @@ static void plan_buckets(Builder *b)
     g_free(next);
     b->n_ipg = b->impl->bucket_buffers(&s->plan, &b->ipg_bytes);
     b->ipg_bytes *= zp_plan_reduce_bytes(&s->plan);
+    guint held = 0;
+    for (guint i = 0; i < b->buckets->len; i++)
+        bucket(b, i)->slot = held_slot(b, bucket(b, i), &held);
 }
 
 static void reset_buckets(Builder *b)
@@ -505,8 +542,8 @@ static void reset_buckets(Builder *b)
         bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
     for (int i = 0; i < 2; i++)
-        b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE;
-    b->n_launched_held = 0;
+        b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE, b->occupant[i] = -1;
+    g_array_set_size(b->waits, 0);
 }
 
 /* Whether a bucket takes a buffer of its own: always without held buffers; with them, only
@@ -749,6 +786,83 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
     return drained;
 }
 
+/* The waiting gradients copied into their held buffers as those empty, in the order they were
+ * handed on (a bucket's only once no earlier bucket's wait: buckets fill in turn), after
+ * `after` (the reduction that read the buffer last). */
+static void land_waits(Builder *b, int micro, uint32_t after)
+{
+    guint n = 0;
+    for (; n < b->waits->len; n++) {
+        const Wait *w = &g_array_index(b->waits, Wait, n);
+        int *occupant = &b->occupant[bucket(b, w->bucket)->slot];
+        if (*occupant >= 0 && *occupant != (int)w->bucket)
+            break;
+        *occupant = (int)w->bucket;
+        emit_free(b, ZP_MEM_WORKSPACE, w->bytes, w->unit, micro, w->buffer, after);
+    }
+    g_array_remove_range(b->waits, 0, n);
+}
+
+/* The bucket holding flat offset `at` among those holding unit u's gradients. */
+static guint bucket_holding(Builder *b, int u, uint64_t at)
+{
+    guint i = b->unit_first[u];
+    while (i < b->unit_last[u] && !(bucket(b, i)->spec.lo <= at && at < bucket(b, i)->spec.hi))
+        i++;
+    return i;
+}
+
+/* The first of `tensors` (in flat order) at or after flat offset `at`. */
+static guint first_tensor_at(const GArray *tensors, uint64_t at)
+{
+    guint lo = 0, hi = tensors->len;
+    while (lo < hi) {
+        const guint mid = lo + (hi - lo) / 2;
+        if (g_array_index(tensors, ZpImplTensor, mid).offset < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* ZpImpl grads_by_module at stages 2-3, a reducing backward: the gradients unit u's op (its
+ * module `module`'s, -1: all of the unit's) hands on, from its last tensor down as autograd's
+ * hooks run (zreal's real_engine_ds.c view): one lands in its held bucket buffer when its
+ * bucket is there already, or when the buffer is empty and no earlier bucket's gradient
+ * waits; otherwise it waits (Wait), its buffer allocated before the op (in deps). */
+static void hand_on(Builder *b, int u, int module, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!zp_impl_grads_by_module(&s->plan) || s->plan.zero.stage < 2 || b->n_ipg == 0)
+        return;
+    if (!b->tensors)
+        b->tensors = zp_impl_tensors(s);
+    const ZpImplTensor *t = (const ZpImplTensor *)b->tensors->data;
+    const guint first = first_tensor_at(b->tensors, s->unit_offset[u]);
+    const guint end = first_tensor_at(b->tensors, s->unit_offset[u] + s->unit_elems[u]);
+    for (guint x = end; x-- > first;) {
+        if (module >= 0 && t[x].module - t[first].module != module)
+            continue;
+        const guint i = bucket_holding(b, u, t[x].offset);
+        const int slot = bucket(b, i)->slot;
+        if (slot < 0)
+            continue;
+        int *occupant = &b->occupant[slot];
+        const gboolean earlier = b->waits->len > 0 &&
+                                 g_array_index(b->waits, Wait, 0).bucket < i;
+        if (*occupant == (int)i || (*occupant < 0 && !earlier)) {
+            *occupant = (int)i;
+            continue;
+        }
+        Wait w = {i, -1, u, (double)t[x].elems * s->elem_bytes};
+        const uint32_t at = emit_alloc(b, ZP_MEM_WORKSPACE, w.bytes, u, micro, &w.buffer,
+                                       &b->last_compute, 1);
+        g_array_append_val(deps, at);
+        g_array_append_val(b->waits, w);
+    }
+}
+
 static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -766,10 +880,10 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
         k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
                                  &k->buffer, adeps, 2);
-    } else if (!in_place && !own_buffer(b, k)) {
+    } else if (k->slot >= 0) {
         alloc_held_buckets(b, micro);
         /* the gradients are copied into the next held buffer once its last reduction ran */
-        held = (int)(b->n_launched_held++ % (guint)b->n_ipg);
+        held = k->slot;
         k->buffer = b->ipg[held];
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
@@ -805,20 +919,30 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     record_event(b->reduce_event, &b->n_reduce_events, drained);
     if (read == NONE)
         read = drained;
-    if (held >= 0)
+    if (held >= 0) {
         b->ipg_last[held] = read;
-    else if (k->buffer >= 0)
+        if (b->occupant[held] == (int)i)
+            b->occupant[held] = -1;
+        land_waits(b, micro, read);
+    } else if (k->buffer >= 0) {
         emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer, read);
+    }
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);
 }
 
-/* Launches every bucket that waits for this unit's gradients. */
-static void launch_buckets(Builder *b, int unit, int micro, GArray *launched)
+/* Launches the buckets that wait for this unit's gradients and are not launched yet: those
+ * whose launch module is `module` (ZpBucketSpec launch_module; after that module's op), or
+ * with module -1 (after the unit's whole backward) every one left. */
+static void launch_buckets(Builder *b, int unit, int module, int micro, GArray *launched)
 {
-    for (guint j = b->launch_start[unit]; j < b->launch_start[unit + 1]; j++)
-        launch_bucket(b, g_array_index(b->launch, guint, j), unit, micro, launched);
+    for (guint j = b->launch_start[unit]; j < b->launch_start[unit + 1]; j++) {
+        const guint i = g_array_index(b->launch, guint, j);
+        if (bucket(b, i)->coll_op == NONE &&
+            (module < 0 || bucket(b, i)->spec.launch_module == module))
+            launch_bucket(b, i, unit, micro, launched);
+    }
 }
 
 /* ---- stage-3 gathers ------------------------------------------------------------------- */
@@ -1271,32 +1395,43 @@ static gboolean module_sums(int m, gboolean backward)
 }
 
 /* A block's forward, recompute or backward at position pos, its first step's gathers begun
- * and its dependencies in deps: one op, or under module compute one per module (the
- * positions' steps, zp_impl.h), each after its own gathers (fetch_sub_module) and releasing
- * what the step before it used first (release_sub_module); the position's last step's release
- * is position_end's. */
+ * and its dependencies in deps: one op, or under module compute (a backward under
+ * zp_impl_module_backward) one per module (the positions' steps, zp_impl.h), each after its
+ * own gathers (fetch_sub_module) and releasing what the step before it used first
+ * (release_sub_module); the position's last step's release is position_end's. A reducing
+ * backward (`launched` not NULL) hands its gradients on (hand_on) and launches, after each
+ * module's op, the buckets that module's gradients launch. */
 static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int pos, Cost cost,
-                          GArray *deps)
+                          GArray *deps, GArray *launched)
 {
-    if (!zp_impl_module_compute(b->s)) {
+    const gboolean backward = kind == ZP_COMP_BLOCK_BWD;
+    if (!zp_impl_module_compute(b->s) && !(backward && zp_impl_module_backward(b->s))) {
+        if (launched)
+            hand_on(b, l, -1, micro, deps);
         emit_compute(b, kind, l, micro, cost, (uint32_t *)deps->data, deps->len);
         tp_allreduces(b, l, micro);
         return;
     }
-    const gboolean backward = kind == ZP_COMP_BLOCK_BWD;
     Cost parts[ZP_MOD_N];
     module_costs(b, kind, cost, parts);
     for (int k = 0; k < ZP_POS_STEPS; k++) {
         const int m = zp_step_module(backward, k);
         if (k > 0) {
-            free_gathers(b, step_key(pos, k - 1), micro);
+            if (b->s->plan.zero.stage == 3)
+                free_gathers(b, step_key(pos, k - 1), micro);
             step_begin(b, pos, k, micro, deps);
         }
+        if (launched)
+            hand_on(b, l, m, micro, deps);
+        b->module_step = k;
         const uint32_t op = emit_compute(b, kind, l, micro, parts[m], (uint32_t *)deps->data,
                                          deps->len);
+        b->module_step = -1;
         g_array_index(b->s->ops, ZpOp, op).module = (uint8_t)(m + 1);
         if (b->s->plan.mp > 1 && module_sums(m, backward))
             tp_sum(b, l, micro);
+        if (launched)
+            launch_buckets(b, l, m, micro, launched);
     }
 }
 
@@ -1328,7 +1463,7 @@ static void forward(Builder *b, int micro, Activations *a, GArray *deps, Range r
                                         act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
-        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps);
+        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps, NULL);
         if (ckpt)
             checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
@@ -1400,6 +1535,8 @@ static void head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *
             alloc_landing_buckets(b, 0, micro, deps);
         alloc_tied_grad(b, micro, deps);
     }
+    if (reduce)
+        hand_on(b, L + 1, -1, micro, deps);
     emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                  (uint32_t *)deps->data, deps->len);
     const uint32_t head_op = b->last_compute;
@@ -1412,7 +1549,7 @@ static void head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *
                    freed, 2);
     position_end(b, zp_pos_head(L), micro);
     if (reduce)
-        launch_buckets(b, L + 1, micro, launched);
+        launch_buckets(b, L + 1, -1, micro, launched);
 }
 
 static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
@@ -1433,14 +1570,14 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
             uint32_t alloc = emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
                                         &b->last_compute, 1);
             g_array_append_val(deps, alloc);
-            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps);
+            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps, NULL);
         }
         position_end(b, zp_pos_rec(L, l), micro);
         const int pos = zp_pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
-        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps);
+        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps, reduce ? launched : NULL);
         if (ckpt)
             checkpoint_boundary(b);
         emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
@@ -1450,13 +1587,15 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
                       *act_slot(b, a->ckpt, micro, l), b->last_compute);
         position_end(b, pos, micro);
         if (reduce)
-            launch_buckets(b, l, micro, launched);
+            launch_buckets(b, l, -1, micro, launched);
     }
     if (r.lo != 0)
         return;
     position_begin(b, zp_pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
+    if (reduce)
+        hand_on(b, 0, -1, micro, deps);
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
     if (b->tied_grad >= 0) {
         emit_free(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro, b->tied_grad,
@@ -1465,7 +1604,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     }
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
-        launch_buckets(b, 0, micro, launched);
+        launch_buckets(b, 0, -1, micro, launched);
         free_held_buckets(b, micro);
         /* the engine's epilogue (stage3.py independent_gradient_partition_epilogue)
          * synchronises the reductions' stream: the host waits for the last of them */
@@ -1848,7 +1987,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
      * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
     for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
         if (s->unit_elems[u] > 0)
-            launch_buckets(b, u, plan->grad_accum - 1, launched);
+            launch_buckets(b, u, -1, plan->grad_accum - 1, launched);
     if (P > 1)
         free_held_buckets(b, plan->grad_accum - 1);
     optimizer_step(b, launched);
@@ -1907,6 +2046,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
                  .unit_first = g_new0(guint, (gsize)L + 2),
                  .unit_last = g_new0(guint, (gsize)L + 2),
                  .launch = g_array_new(FALSE, FALSE, sizeof(guint)),
@@ -1919,6 +2059,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .resident = -1, .workspace_free = NONE, .tied_grad = -1,
+                 .block_workspace = -1, .module_step = -1,
                  .runahead = plan->zero.stage == 3 && zp_impl_get(plan->impl)->host_runahead &&
                              !plan->no_runahead,
                  .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
@@ -1960,6 +2101,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    g_array_unref(b.waits);
     if (b.tensors)
         g_array_unref(b.tensors);
     g_free(b.unit_first);

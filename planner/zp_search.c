@@ -154,7 +154,8 @@ static gboolean ckpt_level_applies(const ZpModel *model, const ZpPlan *plan, con
  * __avg_scatter_grads, coalesced_collectives.py all_to_all_quant_reduce),
  * qwZ and hpZ quantise or redirect the gathers the prefetch bucket issues
  * (partition_parameters.py all_gather_coalesced), so the bytes do not change with them, only
- * the buckets' memory and the overlap, by well under 1% of the step where ZeRO++ pays. So
+ * the buckets' memory and the overlap (smaller reduce buckets launch a little earlier, as
+ * DeepSpeed's hooks reduce them), by well under 1% of the step where ZeRO++ pays. So
  * ZeRO++ is tried at DeepSpeed's buckets and at the choices that are smaller in every size
  * (half of them), these only when the same plan at DeepSpeed's does not fit (their parent):
  * smaller buckets and prefetch can make it fit. */

@@ -43,6 +43,18 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
     else if (hpz < 1 || (hpz > 1 && local % hpz != 0))
         bad = "zero_hpz_partition_size: must divide the data-parallel ranks of one node "
               "(GPUs per node / mp), so the secondary partition stays inside the node";
+    /* DeepSpeed's qgZ reduces over the whole world, not the data-parallel group: stage3.py
+     * __avg_scatter_grads takes num_nodes from dist.get_world_size(), and
+     * coalesced_collectives.py all_to_all_quant_reduce all-to-alls over groups.py
+     * _get_local_all_to_all_group's groups (every rank of a node, then one local index across
+     * all nodes), which ignore tensor parallelism: it would sum different tensor shards'
+     * gradients and hand each rank a world-sized slice where its partition is dp-sized.
+     * (Pipelines never meet it: they refuse stage 3, zp_pipe_check.) */
+    else if (z->zero_quantized_gradients && plan->impl == ZP_IMPL_DEEPSPEED && plan->mp > 1)
+        bad = "zero_quantized_gradients (--quantized-gradients) with --mp > 1 "
+              "(tensor_parallel.autotp_size): DeepSpeed's qgZ all-to-alls span every rank of "
+              "the world and ignore tensor parallelism, so they cannot reduce a tensor-parallel "
+              "model's gradients; use --mp 1 or drop qgZ";
     else if (z->zero_quantized_gradients && plan->dp % local != 0)
         bad = "zero_quantized_gradients: the nodes must hold equal shares of the data-parallel "
               "ranks for the hierarchical all-to-all";

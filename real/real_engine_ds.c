@@ -40,7 +40,8 @@ typedef struct {
 /* A gradient handed on before its bucket had room in the held ipg buffer (an earlier bucket
  * still there): it waits in a buffer of its own, as autograd's param.grad waits for the hook
  * that copies it into the bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads
- * reduces the full bucket first, then __add_grad_to_ipg_bucket copies). */
+ * reduces the full bucket first, then __add_grad_to_ipg_bucket copies). The schedule lists
+ * these buffers by the same rule (zp_sched.c hand_on, land_waits). */
 typedef struct {
     guint tensor;
     int micro;
@@ -49,7 +50,6 @@ typedef struct {
 
 typedef struct {
     uint64_t lo, hi;  /* flat range of whole tensors */
-    uint64_t slot;    /* elements into its held buffer where it lands */
     int landed_in;    /* the held buffer holding its gradients until reduced, -1 none */
 } Bucket;
 
@@ -193,7 +193,7 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     ds->bk = g_new(Bucket, MAX(specs->len, 1));
     for (guint k = 0; k < specs->len; k++) {
         const ZpBucketSpec *b = &g_array_index(specs, ZpBucketSpec, k);
-        ds->bk[k] = (Bucket){b->lo, b->hi, 0, -1};
+        ds->bk[k] = (Bucket){b->lo, b->hi, -1};
     }
     g_array_unref(specs);
     const int G = s->plan.grad_accum;
@@ -420,26 +420,11 @@ static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
                 t->unit, t->k), NULL;
 }
 
-/* The lowest place of n elements in held buffer id that no landed bucket takes. */
-static uint64_t first_fit(const RealDs *ds, int id, uint64_t n)
-{
-    uint64_t at = 0;
-    for (gboolean moved = TRUE; moved;) {
-        moved = FALSE;
-        for (int j = 0; j < ds->n_buckets; j++) {
-            const Bucket *o = &ds->bk[j];
-            if (o->landed_in == id && o->slot < at + n && at < o->slot + (o->hi - o->lo)) {
-                at = o->slot + (o->hi - o->lo);
-                moved = TRUE;
-            }
-        }
-    }
-    return at;
-}
-
-/* Whether bucket k of micro-step `micro` has its place (its own buffer, or in the held ipg
- * buffer) or can take one there now, beside the buckets landed and not yet reduced; the
- * buckets fill in their order, so not while an earlier one's gradients wait. */
+/* Whether bucket k of micro-step `micro` has its place (its own buffer, or the held ipg
+ * buffer) or can take it now: an ipg buffer holds one bucket at a time, from its first
+ * gradient to its reduction (DeepSpeed's bucket.buffer from offset 0, emptied by
+ * __reduce_and_partition_ipg_grads / reduce_ipg_grads), and the buckets fill in their order,
+ * so not while an earlier one's gradients wait. */
 static gboolean has_room(const RealDs *ds, int k, int micro)
 {
     const int id = ds->bucket_buffer[micro * ds->n_buckets + k];
@@ -448,12 +433,14 @@ static gboolean has_room(const RealDs *ds, int k, int micro)
     for (guint i = 0; i < ds->pending->len; i++)
         if (ds->t[g_array_index(ds->pending, Pending, i).tensor].bucket < k)
             return FALSE;
-    const uint64_t n = ds->bk[k].hi - ds->bk[k].lo;
-    return first_fit(ds, id, n) + n <= (uint64_t)ds->s->plan.zero.reduce_bucket_size;
+    for (int j = 0; j < ds->n_buckets; j++)
+        if (ds->bk[j].landed_in == id)
+            return FALSE;
+    return TRUE;
 }
 
-/* Where bucket k's gradients of micro-step `micro` lie: the start of its own buffer, or its
- * place in the held ipg buffer, taken when its first tensor lands. Either is zeroed then, as
+/* Where bucket k's gradients of micro-step `micro` lie: the start of its own buffer or of the
+ * held ipg buffer, taken when its first tensor lands. Either is zeroed then, as
  * backward adds into it (real_engine zeroes no bucket of unit -1, such as the ipg buffer
  * when it reduces one bucket only). DeepSpeed fills the ipg buffer tensor by tensor and
  * reduces it when the next parameter does not fit (stage3.py
@@ -474,11 +461,10 @@ static RealBf16 *land(RealDs *ds, int k, int micro, GError **error)
                         ") is reduced while the ipg buffer (reduce_bucket_size %.0f elements) "
                         "has no room for it", ds->rank, b->lo, b->hi,
                         ds->s->plan.zero.reduce_bucket_size), NULL;
-        b->slot = ds->held[id] ? first_fit(ds, id, b->hi - b->lo) : 0;
         b->landed_in = id;
-        ds->be->fill(ds->be, buf + b->slot, 0, (b->hi - b->lo) * sizeof(RealBf16));
+        ds->be->fill(ds->be, buf, 0, (b->hi - b->lo) * sizeof(RealBf16));
     }
-    return buf + b->slot;
+    return buf;
 }
 
 /* Where tensor x's gradients of micro-step `micro` are added: its place in its bucket, or
@@ -1145,7 +1131,6 @@ static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint6
     RealBf16 *base = id >= 0 ? ds->buffers[id] : NULL;
     if (!base)
         return fail(error, "a gradient transfer from a bucket with no buffer"), NULL;
-    base += ds->held[id] ? ds->bk[k].slot : 0;
     const uint64_t lo = coll->elem_offset;
     uint64_t a;
     *n = part_overlap(ds, lo, lo + coll->elems, ds->rank, &a);

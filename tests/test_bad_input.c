@@ -114,6 +114,8 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 3", NULL, "zero_hpz_partition_size: must divide"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --hpz-partition-size 0", NULL, "--hpz-partition-size"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --impl fsdp --quantized-weights", NULL, "--impl fsdp has none of it"},
+    {"zplan simulate --model gpt-13b --cluster dgx-a100-80g --gpus 32 --mp 2 --stage 3 --micro-batch 1 --quantized-gradients", NULL, "zero_quantized_gradients (--quantized-gradients) with --mp > 1 (tensor_parallel.autotp_size): DeepSpeed's qgZ all-to-alls span every rank of the world and ignore tensor parallelism"},
+    {"zplan simulate --model gpt-13b --cluster dgx-a100-80g --gpus 32 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"tensor_parallel\": {\"autotp_size\": 2}, \"zero_optimization\": {\"stage\": 3, \"zero_quantized_gradients\": true}}", "with --mp > 1 (tensor_parallel.autotp_size)"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters -1", NULL, "max-live-parameters"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --allgather-bucket-size 0", NULL, "--allgather-bucket-size: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megatron", NULL, "--impl: unknown value 'megatron'"},

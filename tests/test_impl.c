@@ -714,6 +714,122 @@ static void test_deepspeed_module_ops(void)
             }
 }
 
+/* The compute op a gradient collective was launched after (its one compute dependency). */
+static const ZpOp *launched_after(const ZpSchedule *s, const ZpOp *coll)
+{
+    const ZpOp *after = NULL;
+    for (uint32_t d = 0; d < coll->n_deps; d++) {
+        const ZpOp *x = zp_sched_op(s, zp_sched_deps(s, coll)[d]);
+        if (x->kind == ZP_OP_COMPUTE) {
+            g_assert_null(after);
+            after = x;
+        }
+    }
+    g_assert_nonnull(after);
+    return after;
+}
+
+/* Where DeepSpeed's hooks launch the bucket starting at flat offset lo: after the backward op
+ * of the module that hands on the tensor just below it (a block's module op, the head, the
+ * embedding's backward), the last bucket after the embedding's backward. Checks `after`. */
+static void assert_launch_point(const ZpSchedule *s, const GArray *tensors, uint64_t lo,
+                                const ZpOp *after)
+{
+    const int L = (int)s->model.layers;
+    guint x = 0, first = 0;
+    while (x + 1 < tensors->len && g_array_index(tensors, ZpImplTensor, x + 1).offset < lo)
+        x++;
+    const ZpImplTensor *next = lo > 0 ? &g_array_index(tensors, ZpImplTensor, x) : NULL;
+    if (!next || next->unit == 0) {
+        g_assert_cmpint(after->sub, ==, ZP_COMP_EMBED_BWD);
+        return;
+    }
+    if (next->unit == L + 1) {
+        g_assert_cmpint(after->sub, ==, ZP_COMP_HEAD);
+        return;
+    }
+    while (g_array_index(tensors, ZpImplTensor, first).unit != next->unit)
+        first++;
+    g_assert_cmpint(after->sub, ==, ZP_COMP_BLOCK_BWD);
+    g_assert_cmpint(after->unit, ==, next->unit);
+    g_assert_cmpint(zp_op_module(after), ==,
+                    next->module - g_array_index(tensors, ZpImplTensor, first).module);
+}
+
+/* Bucket launch timing. DeepSpeed reduces a bucket in the hook of the first gradient that
+ * does not fit it (stage_1_and_2.py and stage3.py reduce_independent_p_g_buckets_and_remove_
+ * grads): at stages 2-3, and 1 with overlap_comm, a block's backward is one op per module and
+ * each bucket's reduction follows the op of the module handing on the tensor below it; stage
+ * 1 without overlap_comm reduces after the whole backward (reduce_gradients), its blocks
+ * whole. On tiny with
+ * reduce_bucket_size 64 (each norm's weight and bias are buckets of their own, through one
+ * ipg buffer) gradients wait for the buffer in workspace buffers of their own, each freed
+ * once a reduction has read the buffer; two buffers (overlap_comm at stage 2) hold them all.
+ * The paper launches after the lowest unit's whole block op, with no module op and no wait. */
+static void test_deepspeed_bucket_launch(void)
+{
+    const ZpModel m = tu_load_model("tiny");
+    const int L = (int)m.layers;
+    static const double sizes[] = {64, 3000};
+    for (int impl = 0; impl < 2; impl++)
+        for (int stage = 1; stage <= 3; stage++)
+            for (int overlap = 0; overlap <= 1; overlap++)
+                for (size_t z = 0; z < G_N_ELEMENTS(sizes); z++) {
+                    ZpPlan p;
+                    zp_plan_defaults(&p, stage, 4, 1);
+                    p.impl = impl ? ZP_IMPL_PAPER : ZP_IMPL_DEEPSPEED;
+                    p.zero.overlap_comm = overlap;
+                    p.zero.reduce_bucket_size = sizes[z];
+                    p.zero.stage3_param_persistence_threshold = 0;
+                    p.grad_accum = 2;
+                    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+                    g_assert_nonnull(s);
+                    GArray *tensors = zp_impl_tensors(s);
+                    const gboolean hooks = !impl && (stage >= 2 || overlap);
+                    const ZpCollKind kind = zp_impl_get(p.impl)->grad_collective(&p);
+                    guint launches = 0, waits = 0, modules = 0;
+                    for (guint i = 0; i < s->ops->len; i++) {
+                        const ZpOp *op = zp_sched_op(s, i);
+                        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_BLOCK_BWD)
+                            modules += zp_op_module(op) >= 0;
+                        if (op->kind == ZP_OP_FREE && op->sub == ZP_MEM_WORKSPACE &&
+                            op->micro >= 0 && op->unit >= 0 && op->unit <= L) {
+                            /* not the head's logits nor the step's copies: a waiting
+                             * gradient */
+                            const ZpOp *read = zp_sched_op(s, zp_sched_deps(s, op)[0]);
+                            g_assert_cmpint(read->kind, ==, ZP_OP_COLLECTIVE);
+                            g_assert_cmpint(read->sub, ==, kind);
+                            waits++;
+                        }
+                        if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_DP ||
+                            op->sub != kind || op->micro < 0)
+                            continue;
+                        const ZpOp *after = launched_after(s, op);
+                        launches++;
+                        if (hooks)
+                            assert_launch_point(s, tensors, op->elem_offset, after);
+                        else if (!impl)
+                            g_assert_cmpint(after->sub, ==, ZP_COMP_EMBED_BWD);
+                        else
+                            g_assert_cmpint(zp_op_module(after), ==, -1);
+                    }
+                    const guint backwards = stage >= 2 ? 2 : 1;
+                    g_test_message("%s stage %d overlap %d bucket %.0f: %u launches, %u waits",
+                                   zp_impl_name(p.impl), stage, overlap, sizes[z], launches,
+                                   waits);
+                    g_assert_cmpuint(launches, >, impl ? 0 : backwards * 4);
+                    g_assert_cmpuint(modules, ==, hooks ? 2 * L * ZP_MOD_N : 0);
+                    /* waits: one ipg buffer at stages 2-3 with a 64-element bucket */
+                    const gboolean one_buffer = stage == 3 || !overlap;
+                    if (!impl && stage >= 2 && sizes[z] == 64 && one_buffer)
+                        g_assert_cmpuint(waits, >, 0);
+                    if (impl || stage == 1 || sizes[z] > 64)
+                        g_assert_cmpuint(waits, ==, 0);
+                    g_array_unref(tensors);
+                    zp_sched_free(s);
+                }
+}
+
 /* Each module op waits for its own module's gather only: gpt3-175b on 64 GPUs gathers every
  * weight by a call of its own (biases and norms are persistent), so a module op depends on at
  * most one all-gather, of its own module's weight, and a norm on none; the gathered
@@ -783,6 +899,7 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/tied-grad-waits", test_tied_grad_waits);
     g_test_add_func("/impl/deepspeed-module-ops", test_deepspeed_module_ops);
     g_test_add_func("/impl/deepspeed-module-waits", test_deepspeed_module_waits);
+    g_test_add_func("/impl/deepspeed-bucket-launch", test_deepspeed_bucket_launch);
     g_test_add_func("/impl/step-copies", test_step_copies);
     g_test_add_func("/impl/persistent-refresh", test_persistent_refresh);
     g_test_add_func("/impl/fsdp", test_fsdp);

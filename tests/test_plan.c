@@ -187,8 +187,13 @@ static void check_search(const char *model_name, const char *cluster, int gpus, 
         const ZpCandidate *parent = c->parent >= 0 ? zp_search_candidate(&r, c->parent) : NULL;
         while (parent && parent->fate == ZP_FATE_CANNOT_WIN && parent->parent >= 0)
             parent = zp_search_candidate(&r, parent->parent);
+        /* A ZeRO++ plan at smaller buckets than its parent's is left out for memory the
+         * parent does not need: the same bytes, its step within 1% of the parent's
+         * (zp_search.c zeropp_buckets; smaller buckets launch a little earlier, as DeepSpeed's
+         * hooks reduce them, so it may be that much faster). A ZeRO-R level is no faster. */
+        const gboolean buckets = parent && c->buckets != parent->buckets;
         if (parent && parent->fate == ZP_FATE_SIMULATED)
-            g_assert_cmpfloat(step_s, >=, parent->step_time_s * (1 - 1e-9));
+            g_assert_cmpfloat(step_s, >=, parent->step_time_s * (1 - (buckets ? 1e-2 : 1e-9)));
         else
             g_assert_cmpfloat(step_s / zp_search_samples(&c->plan), >=, kth_ps * (1 - 1e-9));
         pruned_checked++;

@@ -232,14 +232,19 @@ static double pool_bytes(ZpSchedule *s)
 /* gpt3-175b on 64 A100s with and without checkpointing, gpt-1t on 1,024 with (micro-batch 1):
  * the gathered parameters live at once stay within the pool R beside the persistent copies,
  * the most the schedule without the run-ahead holds (its simulated peak of them, which that
- * is), while the step gets shorter; the step's peak moves by less than a gigabyte. */
+ * is), while the step gets no longer, and shorter for gpt-1t; the step's peak moves by less
+ * than a gigabyte. (gpt3-175b's steps are equal since its gradient buckets launch module by
+ * module, as DeepSpeed's hooks do: no reduction queued at a block's end holds the next
+ * block's gathers back any more, so running ahead gains it nothing.) */
 static void test_bounded(void)
 {
     const struct {
         const char *model;
         int gpus;
-        gboolean checkpoint;
-    } cases[] = {{"gpt3-175b", 64, FALSE}, {"gpt3-175b", 64, TRUE}, {"gpt-1t", 1024, TRUE}};
+        gboolean checkpoint, shorter;
+    } cases[] = {{"gpt3-175b", 64, FALSE, FALSE},
+                 {"gpt3-175b", 64, TRUE, FALSE},
+                 {"gpt-1t", 1024, TRUE, TRUE}};
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         ZpSchedule *ahead = build(cases[i].model, cases[i].gpus, 1, cases[i].checkpoint, FALSE);
         ZpSchedule *sync = build(cases[i].model, cases[i].gpus, 1, cases[i].checkpoint, TRUE);
@@ -255,7 +260,9 @@ static void test_bounded(void)
                        a->peak_memory_bytes / GB, b->peak_memory_bytes / GB);
         g_assert_cmpfloat(pool, ==, b->category_peak_bytes[ZP_MEM_GATHERED_PARAMS]);
         g_assert_cmpfloat(have, <=, pool);
-        g_assert_cmpfloat(a->step_time_s, <, b->step_time_s);
+        g_assert_cmpfloat(a->step_time_s, <=, b->step_time_s);
+        if (cases[i].shorter)
+            g_assert_cmpfloat(a->step_time_s, <, b->step_time_s);
         g_assert_cmpfloat(fabs(a->peak_memory_bytes - b->peak_memory_bytes), <, 1 * GB);
         sim_result_free(a);
         sim_result_free(b);

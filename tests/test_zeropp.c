@@ -265,6 +265,36 @@ static void test_qgz_deepspeed(void)
     zp_sched_free(g);
 }
 
+/* qgZ with tensor parallelism: DeepSpeed's all-to-alls span the whole world (groups.py
+ * _get_local_all_to_all_group), so --impl deepspeed refuses it naming the flags, and the
+ * planner's search (zp_zeropp_check) never offers it; the paper's idealised qgZ over the
+ * data-parallel group stays. */
+static void test_qgz_tensor_parallel(void)
+{
+    ZpModel m = model();
+    static const ZpImplKind impls[] = {ZP_IMPL_DEEPSPEED, ZP_IMPL_PAPER};
+    for (size_t i = 0; i < G_N_ELEMENTS(impls); i++) {
+        const ZpImplKind impl = impls[i];
+        ZpPlan p = plan64_impl(impl);
+        p.dp = 16, p.mp = 5; /* gpt2-1.5b has 25 heads; 2 data-parallel ranks a node */
+        p.gpus_per_node = 10;
+        p.zero.zero_quantized_gradients = TRUE;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_cmpint(zp_zeropp_check(&p, NULL), ==, impl != ZP_IMPL_DEEPSPEED);
+        if (impl == ZP_IMPL_DEEPSPEED) {
+            g_assert_null(s);
+            g_assert_nonnull(strstr(error->message, "--quantized-gradients) with --mp > 1"));
+            g_clear_error(&error);
+            p.mp = 1, p.dp = 80; /* the same world without tensor parallelism runs */
+            s = zp_sched_build(&m, &p, &error);
+        }
+        g_assert_no_error(error);
+        g_assert_nonnull(s);
+        zp_sched_free(s);
+    }
+}
+
 /* Marks the all-gathers a compute op after the head (a backward op) waits for. */
 static gboolean *backward_gathers(const ZpSchedule *s)
 {
@@ -427,6 +457,7 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zeropp/deepspeed/qwz", GINT_TO_POINTER(ZP_IMPL_DEEPSPEED), test_qwz);
     g_test_add_func("/zeropp/deepspeed/hpz", test_hpz_deepspeed);
     g_test_add_func("/zeropp/deepspeed/qgz", test_qgz_deepspeed);
+    g_test_add_func("/zeropp/deepspeed/qgz-tensor-parallel", test_qgz_tensor_parallel);
     g_test_add_func("/zeropp/keys", test_keys);
     g_test_add_func("/zeropp/round-trip", test_round_trip);
     return g_test_run();
