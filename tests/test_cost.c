@@ -716,6 +716,113 @@ static void test_calibrated_whole_ops(void)
     g_string_free(args, TRUE);
 }
 
+/* `zplan calibrate` of one synthetic run whose collective timings are `coll`: its outcome
+ * (the caller frees it) and, when it wrote one, the profile's object (NULL otherwise). */
+static json_t *calibrate_collectives(json_t *coll, TuRun *r)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL), *prof = g_build_filename(dir, "p.json", NULL);
+    json_t *root = synthetic_run(1);
+    json_object_set_new(root, "collectives", coll);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    *r = tu_zplan(args);
+    g_test_message("%s: %s%s", args, r->out, r->err);
+    json_t *profile = json_load_file(prof, 0, NULL);
+    g_unlink(run), g_unlink(prof), g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+    return profile;
+}
+
+/* Timings {op, ranks, bytes, time_s} of the three collectives at five sizes (2 KB to 8 MB, the
+ * CPU microbenchmark's) on `ranks`, t[kind][size]. */
+static void add_timings(json_t *coll, int ranks, const double t[3][5])
+{
+    static const char *const ops[] = {"allreduce", "reduce_scatter", "allgather"};
+    static const double bytes[] = {2048, 32768, 524288, 4194304, 8388608};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 5; i++)
+            json_array_append_new(coll, json_pack("{s:s, s:i, s:f, s:f}", "op", ops[k], "ranks",
+                                                  ranks, "bytes", bytes[i], "time_s", t[k][i]));
+}
+
+/* The collectives' ring model is a non-negative fit: exact timings give back the model that
+ * made them; the timings of a loaded machine (two busy-polling ranks sharing the cores with
+ * other work: small collectives as slow as large ones, and an all-gather whose 8 MB took
+ * less than its 2 KB), on which the unconstrained fit gave the all-gather a negative
+ * bandwidth and calibrate failed, now give the best non-negative fit, the all-gather the
+ * lowest bandwidth fitted for another kind, and warnings; timings with no growth at all fail
+ * saying there is no signal. */
+static void test_calibrated_collectives(void)
+{
+    static const double bytes[] = {2048, 32768, 524288, 4194304, 8388608};
+    const double base = 2e-5, hop = 5e-6, bw[3] = {1e9, 2e9, 3e9};
+    json_t *coll = json_array();
+    for (int ranks = 2; ranks <= 4; ranks += 2) {
+        double t[3][5];
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < 5; i++)
+                t[k][i] = base + hop * (k ? 1 : 2) * (ranks - 1) +
+                          (k ? 1.0 : 2.0) * (ranks - 1) / ranks * bytes[i] / bw[k];
+        add_timings(coll, ranks, t);
+    }
+    TuRun r;
+    json_t *profile = calibrate_collectives(coll, &r);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_null(strstr(r.err, "collective"));
+    tu_free(&r);
+    json_t *fit = json_object_get(profile, "collective_fit");
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(fit, "base_latency_s")) / base - 1),
+                      <, 1e-6);
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(profile, "intra_node_latency_s")) /
+                               hop - 1), <, 1e-6);
+    static const char *const kinds[] = {"allreduce", "reduce_scatter", "allgather"};
+    for (int k = 0; k < 3; k++)
+        g_assert_cmpfloat(fabs(json_number_value(json_object_get(
+                                   json_object_get(fit, "bus_bytes_per_s"), kinds[k])) / bw[k] - 1),
+                          <, 1e-6);
+    json_decref(profile);
+
+    /* Loaded: 4-8 ms whatever the size. */
+    const double loaded[3][5] = {{0.0078, 0.0048, 0.0069, 0.0070, 0.0140},
+                                 {0.0065, 0.0074, 0.0044, 0.0061, 0.0090},
+                                 {0.0048, 0.0073, 0.0055, 0.0018, 0.0045}};
+    coll = json_array();
+    add_timings(coll, 2, loaded);
+    profile = calibrate_collectives(coll, &r);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "warning: the allgather timings tie no time to their bytes"));
+    g_assert_nonnull(strstr(r.err, "warning: the fit of the collectives"));
+    tu_free(&r);
+    fit = json_object_get(profile, "collective_fit");
+    json_t *fitted = json_object_get(fit, "bus_bytes_per_s");
+    const double ar = json_number_value(json_object_get(fitted, "allreduce"));
+    const double rs = json_number_value(json_object_get(fitted, "reduce_scatter"));
+    g_assert_cmpfloat(ar, >, rs); /* reduce-scatter grows faster with bytes here: the lowest */
+    g_assert_cmpfloat(json_number_value(json_object_get(fitted, "allgather")), ==, rs);
+    g_assert_cmpfloat(json_number_value(json_object_get(fit, "base_latency_s")), >=, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(profile, "intra_node_latency_s")), >=, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(profile, "calibration"),
+                                                        "collective_rms_rel_error")), >, 0.10);
+    json_decref(profile);
+
+    /* No growth anywhere: nothing to fit, said. */
+    double flat[3][5];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 5; i++)
+            flat[k][i] = 5e-3;
+    coll = json_array();
+    add_timings(coll, 2, flat);
+    profile = calibrate_collectives(coll, &r);
+    g_assert_null(profile);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "collectives: no signal: no collective's time grows with the "
+                                   "bytes it sends"));
+    tu_free(&r);
+}
+
 /* A block op's module shares come from its kernels: each block op's kernels sum, per module,
  * to the module's share, and with the op table (kernel sums, and a whole-op time split the same
  * way) and on the roofline a stage-3 DeepSpeed schedule's module ops take exactly the block
@@ -792,5 +899,6 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
+    g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);
     return g_test_run();
 }
