@@ -38,7 +38,8 @@ field() { echo "$1" | cut -d: -f"$2"; }
 seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
 
 echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
-printf '%-10s %2s %5s %4s %11s %11s %8s %5s\n' model N stage ckpt predicted_s measured_s error load
+# spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against.
+printf '%-10s %2s %5s %4s %11s %11s %8s %7s %5s\n' model N stage ckpt predicted_s measured_s error spread load
 # Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
 # N ranks (they shared the cores as training will) and its collectives from every run.
 runs=""
@@ -76,15 +77,18 @@ for n in $RANKS; do
                         --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
                     r=$((r + 1))
                 done
-                median=$(for f in "$out"/m-"$case"-*.json; do
-                    echo "$(jq .step_time_s "$f") $f"; done | sort -g | sed -n "$(((REPEATS + 1) / 2))p")
+                runs_s=$(for f in "$out"/m-"$case"-*.json; do
+                    echo "$(jq .step_time_s "$f") $f"; done | sort -g)
+                median=$(echo "$runs_s" | sed -n "$(((REPEATS + 1) / 2))p")
+                spread=$(echo "$runs_s" | awk -v m="${median%% *}" 'NR == 1 {lo = $1} {hi = $1}
+                    END {printf "%.1f%%", 100 * (hi - lo) / m}')
                 mfile=${median#* }
                 build/zplan validate "$out/p-$case.json" "$mfile" >"$out/v-$case.txt" || true
                 pred=$(jq .step_time_s "$out/p-$case.json")
                 meas=$(jq .step_time_s "$mfile")
                 err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
-                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %5s\n' "$name" "$n" "$stage" "$ck" \
-                    "$pred" "$meas" "$err" "$(load)" | tee -a "$out/table.txt"
+                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %7s %5s\n' "$name" "$n" "$stage" "$ck" \
+                    "$pred" "$meas" "$err" "$spread" "$(load)" | tee -a "$out/table.txt"
                 echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
             done
         done
