@@ -1,6 +1,7 @@
 /* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 to 131,072
- * ranks, every rank explicit and as rank classes with one slow rank (CPU time, events/s, peak
- * RSS), and one 1 GiB all-reduce on 4,096 ranks. */
+ * ranks with one slow rank: every rank explicit (runs of ranks in lockstep stepped as one, and
+ * each rank on its own) and as rank classes (CPU time, events/s, peak RSS), and one 1 GiB
+ * all-reduce on 4,096 ranks. */
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
@@ -21,7 +22,7 @@ static double cpu_s(void)
 
 /* What one size's child process sends back to the parent. */
 typedef struct {
-    int ok, ranks_simulated;
+    int ok, ranks_simulated, units_simulated;
     uint32_t n_ops;
     double build_s, cpu_s, step_s, state_bytes;
     uint64_t op_events, heap_events;
@@ -37,10 +38,13 @@ static SimSlow slow_rank(int dp)
     return (SimSlow){.index = (uint32_t)dp / 2 + 1, .factor = 2.0};
 }
 
+/* How a run simulates the ranks. */
+typedef enum { RUN_EXPLICIT, RUN_EACH_RANK, RUN_CLASSES } RunKind;
+
 /* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, dp ranks, one of them slow: every rank
- * explicit (the issue's case), or folded into rank classes. Runs in a child so that its peak
- * RSS is its own. */
-static Row run_gpt_1t(const ZpHw *hw, int dp, gboolean classes)
+ * explicit (the issue's case), also stepped one by one, or folded into rank classes. Runs in
+ * a child so that its peak RSS is its own. */
+static Row run_gpt_1t(const ZpHw *hw, int dp, RunKind kind)
 {
     Row row = {0};
     ZpModel model;
@@ -57,7 +61,9 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, gboolean classes)
     SimResult *r = NULL;
     if (s) {
         const SimSlow slow = slow_rank(dp);
-        const SimOptions options = {.mode = classes ? SIM_MODE_FOLDED : SIM_MODE_EXPLICIT,
+        const SimOptions options = {.mode = kind == RUN_CLASSES ? SIM_MODE_FOLDED
+                                                                : SIM_MODE_EXPLICIT,
+                                    .each_rank = kind == RUN_EACH_RANK,
                                     .slow_ranks = &slow, .n_slow_ranks = 1};
         const double start_s = cpu_s();
         r = sim_engine_run(s, hw, &options, &error);
@@ -67,7 +73,9 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, gboolean classes)
         fprintf(stderr, "bench_sim: %d ranks: %s\n", dp, error->message);
         g_error_free(error);
     } else {
-        row = (Row){.ok = 1, .ranks_simulated = r->ranks_simulated, .n_ops = r->n_ops, .build_s = row.build_s, .cpu_s = row.cpu_s,
+        row = (Row){.ok = 1, .ranks_simulated = r->ranks_simulated,
+                    .units_simulated = r->units_simulated, .n_ops = r->n_ops,
+                    .build_s = row.build_s, .cpu_s = row.cpu_s,
                     .step_s = r->step_time_s, .state_bytes = (double)r->state_bytes,
                     .op_events = r->op_events, .heap_events = r->heap_events};
     }
@@ -77,7 +85,7 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, gboolean classes)
 }
 
 /* One run in a child process; its peak RSS (MiB) from wait4. */
-static int child_run(const ZpHw *hw, int dp, gboolean classes, Row *row, double *rss_mib)
+static int child_run(const ZpHw *hw, int dp, RunKind kind, Row *row, double *rss_mib)
 {
     int fds[2];
     if (pipe(fds) != 0) {
@@ -92,7 +100,7 @@ static int child_run(const ZpHw *hw, int dp, gboolean classes, Row *row, double 
     }
     if (pid == 0) {
         close(fds[0]);
-        const Row got = run_gpt_1t(hw, dp, classes);
+        const Row got = run_gpt_1t(hw, dp, kind);
         const ssize_t written = write(fds[1], &got, sizeof got);
         _exit(written == (ssize_t)sizeof got && got.ok ? 0 : 1);
     }
@@ -111,18 +119,32 @@ static int child_run(const ZpHw *hw, int dp, gboolean classes, Row *row, double 
     return 0;
 }
 
-/* One table row: every rank explicit, then the rank classes (one slow rank both times). */
+/* Whether two runs of every rank gave the same step and event counts. */
+static const char *same(const Row *a, const Row *b)
+{
+    return a->step_s == b->step_s && a->op_events == b->op_events &&
+                   a->heap_events == b->heap_events
+               ? "yes"
+               : "NO";
+}
+
+/* One table row: every rank explicit, in runs and one by one, then the rank classes (one
+ * slow rank every time). */
 static int table_row(const ZpHw *hw, int dp)
 {
-    Row all, classes;
-    double all_mib, classes_mib;
-    if (child_run(hw, dp, FALSE, &all, &all_mib) || child_run(hw, dp, TRUE, &classes, &classes_mib))
+    Row all, each, classes;
+    double all_mib, each_mib, classes_mib;
+    if (child_run(hw, dp, RUN_EXPLICIT, &all, &all_mib) ||
+        child_run(hw, dp, RUN_EACH_RANK, &each, &each_mib) ||
+        child_run(hw, dp, RUN_CLASSES, &classes, &classes_mib))
         return 1;
     const double rank_ops = (double)dp * all.n_ops;
-    printf("%8d %9.3f %10.3g %8.1f %7.2f %7.2f %7.1f %10.6g | %7d %8.4f %8.1f %10.6g\n", dp,
-           all.cpu_s, all.op_events / all.cpu_s, all_mib, all.state_bytes / rank_ops,
-           1e9 * all.cpu_s / all.op_events, all.heap_events / (double)dp, all.step_s,
-           classes.ranks_simulated, classes.cpu_s, classes_mib, classes.step_s);
+    printf("%8d %8.4f %10.3g %7.1f %7.3f %6d %10.6g | %8.3f %7.1f %7.1f %7.2f %6.1f %4s | "
+           "%7d %8.4f %7.1f\n",
+           dp, all.cpu_s, all.op_events / all.cpu_s, all_mib, all.state_bytes / rank_ops,
+           all.units_simulated, all.step_s, each.cpu_s, 1e9 * each.cpu_s / each.op_events,
+           each_mib, each.state_bytes / rank_ops, each.heap_events / (double)dp,
+           same(&all, &each), classes.ranks_simulated, classes.cpu_s, classes_mib);
     return 0;
 }
 
@@ -130,12 +152,14 @@ static int bench_table(const ZpHw *hw, int max_ranks)
 {
     printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp 1, dgx-a100-80g; one "
            "process per run; rank RANKS/2+1 computes 2x slower. Left: every rank simulated "
-           "(--explicit). Right: folded into rank classes, which give --explicit's results "
-           "(test_sim checks them bit for bit)\n"
-           "   ranks     CPU s   events/s  RSS MiB bytes/  ns per  queue ev simulated | "
-           "classes    CPU s  RSS MiB  simulated\n"
-           "                                     rank-op  event  per rank    step s |"
-           "                            step s\n",
+           "(--explicit), runs of ranks in lockstep stepped as one unit. Middle: the same, each "
+           "rank stepped on its own (SimOptions.each_rank); same: the step and both event "
+           "counts equal the left's. Right: folded into rank classes, which give --explicit's "
+           "results (test_sim checks all three bit for bit)\n"
+           "   ranks    CPU s   events/s RSS MiB  bytes/  units  simulated |     each  ns per"
+           " RSS MiB  bytes/  queue same | classes    CPU s RSS MiB\n"
+           "                                     rank-op            step s |    CPU s   event"
+           "         rank-op  ev/rk      |\n",
            zp_impl_name(bench_impl));
     int failed = 0;
     for (int dp = 1024; dp <= max_ranks; dp *= 2)

@@ -218,6 +218,36 @@ void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
     }
 }
 
+/* Whether ranks r - 1 and r share a group of every communicator in groups (one of one-rank
+ * groups shares none: each group's collectives are then its own rank's). */
+static gboolean same_groups(const ZpCommGroup *groups, uint32_t n_groups, uint32_t r)
+{
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const uint32_t ranks = (uint32_t)groups[g].ranks, stride = (uint32_t)groups[g].stride;
+        if (sim_class_group_index(ranks, stride, r) != sim_class_group_index(ranks, stride, r - 1))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+void sim_class_runs(SimClasses *out, uint32_t world, const uint32_t *colour,
+                    const ZpCommGroup *groups, uint32_t n_groups)
+{
+    *out = (SimClasses){.world = world, .of_rank = g_new(uint32_t, world)};
+    GArray *first = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t r = 0; r < world; r++) {
+        if (r == 0 || colour[r] != colour[r - 1] || !same_groups(groups, n_groups, r))
+            g_array_append_val(first, r);
+        out->of_rank[r] = first->len - 1;
+    }
+    out->n = first->len;
+    out->first_rank = (uint32_t *)g_array_free(first, FALSE);
+    out->count = g_new(uint32_t, MAX(out->n, 1));
+    for (uint32_t k = 0; k < out->n; k++)
+        out->count[k] = (k + 1 < out->n ? out->first_rank[k + 1] : world) - out->first_rank[k];
+    out->stamp = g_new0(uint32_t, MAX(out->n, 1));
+}
+
 void sim_class_clear(SimClasses *classes)
 {
     g_free(classes->of_rank);

@@ -25,6 +25,12 @@ typedef struct {
 void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
                       uint32_t n_colours, const ZpCommGroup *groups, uint32_t n_groups);
 
+/* The maximal runs of consecutive ranks with one colour ([world]) and one group of every
+ * communicator in groups: classes numbered in rank order, each a run (how the engine steps
+ * explicit ranks in lockstep as one, sim_engine.c). */
+void sim_class_runs(SimClasses *out, uint32_t world, const uint32_t *colour,
+                    const ZpCommGroup *groups, uint32_t n_groups);
+
 /* The classes in rank's group of communicator g, ascending, into members (room for the
  * group's ranks); returns how many. */
 uint32_t sim_class_group(SimClasses *classes, const ZpCommGroup *g, uint32_t rank,

@@ -10,7 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-/* How often (queue events) the run tells SimOptions.progress how far it is. */
+/* How often (queue events as heap_events counts them, a run's once per rank) the run tells
+ * SimOptions.progress how far it is. */
 #define PROGRESS_EVERY_EVENTS 4096
 
 /* What the loop needs of an op, computed once and shared by all ranks. */
@@ -206,6 +207,10 @@ typedef struct {
      * Folded: one per stage (sim_dp = sim_mp = 1), or with stragglers one per rank class
      * (sim_class), each standing for rank_count[r] world ranks from first_rank[r] on. */
     uint32_t ranks, sim_dp, sim_mp, sim_pp;
+    uint32_t world;
+    /* Explicit ranks stepped in runs (below): [unit] how many ranks each stands for, which
+     * its events count as (rank_count); NULL where each simulated rank counts once. */
+    const uint32_t *weight;
     uint16_t *stage_of;    /* [rank]: its pipeline stage (the ops it runs) */
     uint32_t *first_rank, *rank_count;
     uint32_t *stage_ranks; /* [stage]: simulated ranks that run it */
@@ -273,6 +278,56 @@ static const char *const mode_names[] = {"folded", "explicit"};
 static uint32_t rank_class(const Sim *sim, uint32_t rank)
 {
     return sim->stage_of[rank];
+}
+
+/* ---- runs of explicit ranks ----
+ *
+ * Explicit ranks that lie in one group of every communicator a collective runs over, with
+ * the same stage and the same slowdowns, meet the same flows and take the same time for every
+ * op: they run in lockstep all step. A run of consecutive such ranks (sim_class_runs) is one
+ * unit here, like a rank class, and it is exact — the same results for every rank, the same
+ * event counts and the same op_last_rank as stepping each rank on its own — because:
+ * - Stepping ranks one by one handles the run's ranks in rank order wherever it handles
+ *   them, and its last rank where the unit is handled: a group's members are visited in rank
+ *   order and the run lies in one group, and the events its ranks queue at one time in one
+ *   handling follow one another, so they are also taken one after another. The others may
+ *   come earlier within the same instant (a collective that the last rank starts in the
+ *   middle of a handling finds the first ranks past it), which moves only their own work
+ *   (next point). So the last of the run's ranks to reach a collective is its last rank
+ *   (arriving_rank), and the unit's event stands for one per rank (event_weight).
+ * - Such moves, and a rank with two events at one instant (ranks one by one alternate: a's
+ *   first, a's second, a+1's first ...; the unit takes all first ones, then all second
+ *   ones), reorder only the run's ranks' work within one instant, on their own state:
+ *   account() commutes within an instant (the time since mark_s is booked before any count
+ *   changes), and so do counting a collective's arrivals and a dependency down.
+ * - Not with contention (an op table's factor): a collective that starts rescales its
+ *   members' running compute, which depends on that order; nor with a pipeline, whose
+ *   neighbours are other ranks. Both step every rank on its own, as do tensor-parallel
+ *   plans, whose data-parallel groups interleave (no two consecutive ranks share both). */
+
+/* How many ranks' events one of simulated rank u stands for. */
+static inline uint32_t rank_weight(const Sim *sim, uint32_t u)
+{
+    return sim->weight ? sim->weight[u] : 1;
+}
+
+/* The world rank that messages and the result name for simulated rank u: a run's first. */
+static uint32_t named_rank(const Sim *sim, uint32_t u)
+{
+    return sim->weight ? sim->first_rank[u] : u;
+}
+
+/* The rank whose arrival starts a collective when unit u's does: a run's ranks arrive in
+ * rank order, so its last. */
+static uint32_t arriving_rank(const Sim *sim, uint32_t u)
+{
+    return sim->weight ? sim->first_rank[u] + sim->weight[u] - 1 : u;
+}
+
+/* The ranks the result reports on: the world's for runs, else the simulated ones. */
+static uint32_t ranks_reported(const Sim *sim)
+{
+    return sim->weight ? sim->world : sim->ranks;
 }
 
 const char *sim_mode_name(SimMode mode)
@@ -758,7 +813,8 @@ static gboolean alloc_mem_logs(Sim *sim)
 
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
-    const size_t per_op = (size_t)sim->ranks * sim->n_ops;
+    /* The timeline has a row per rank reported (runs fill their unit's, expand_runs the rest). */
+    const size_t per_op = (size_t)ranks_reported(sim) * sim->n_ops;
     sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
@@ -781,7 +837,7 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     if (!ok) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "simulating %u ranks x %u ops%s does not fit in memory; fold the ranks",
-                    sim->ranks, sim->n_ops, timeline ? " with a timeline" : "");
+                    ranks_reported(sim), sim->n_ops, timeline ? " with a timeline" : "");
         return FALSE;
     }
     sim->state_bytes += (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
@@ -864,36 +920,58 @@ static void alloc_units(Sim *sim)
     sim->rank_count = g_new(uint32_t, MAX(sim->ranks, 1));
 }
 
-/* The simulated ranks: every world rank (explicit), one a stage (folded), or the rank
- * classes (folded with stragglers: what sets ranks apart is their stage and slowdowns, and
- * through the groups whom they wait for). classes is filled in the last case only. */
-static void build_units(Sim *sim, const Slowdowns *w, SimClasses *classes)
+/* Each world rank's colour: its stage and its slowdowns (1 where none is set), as words. */
+static uint32_t rank_colours(const Sim *sim, const Slowdowns *w, uint32_t *colour)
 {
     const uint32_t world = (uint32_t)sim->sched->world, mp = (uint32_t)sim->sched->plan.mp;
-    if (w->rank && sim->ranks < world) {
-        /* A rank's colour: its stage and factors, as words. */
+    const double none = 1.0;
+    SimInterner kinds;
+    sim_interner_init(&kinds);
+    for (uint32_t r = 0; r < world; r++) {
+        uint32_t key[5] = {(r / mp) % sim->sim_pp};
+        memcpy(&key[1], w->rank ? &w->rank[r] : &none, sizeof(double));
+        memcpy(&key[3], w->node ? &w->node[r / w->gpus_per_node] : &none, sizeof(double));
+        colour[r] = sim_interner_id(&kinds, key, 5);
+    }
+    const uint32_t n = sim_interner_count(&kinds);
+    sim_interner_clear(&kinds);
+    return n;
+}
+
+/* The groups ranks wait on: the collectives' and, between stages, the pipeline's (schedule
+ * files, whose communicators may be anything, hold no pipeline). */
+static uint32_t wait_groups(const Sim *sim, ZpCommGroup waits[ZP_SCHED_MAX_GROUPS])
+{
+    gboolean used[ZP_SCHED_MAX_GROUPS];
+    groups_used(sim, used);
+    uint32_t n_waits = 0;
+    for (uint32_t g = 0; g < sim->n_groups; g++)
+        if (used[g] || (g == ZP_GROUP_PP && sim->sim_pp > 1))
+            waits[n_waits++] = sim->groups[g];
+    return n_waits;
+}
+
+/* The simulated ranks: every world rank (explicit), one a stage (folded), the rank classes
+ * (folded with stragglers: what sets ranks apart is their stage and slowdowns, and through
+ * the groups whom they wait for), or with `runs`, explicit, the runs of ranks in lockstep
+ * (above). classes is filled in the last two cases only. */
+static void build_units(Sim *sim, const Slowdowns *w, gboolean runs, SimClasses *classes)
+{
+    const uint32_t world = (uint32_t)sim->sched->world, mp = (uint32_t)sim->sched->plan.mp;
+    const gboolean fold = w->rank && sim->ranks < world;
+    if (fold || runs) {
         uint32_t *colour = g_new(uint32_t, world);
-        SimInterner kinds;
-        sim_interner_init(&kinds);
-        for (uint32_t r = 0; r < world; r++) {
-            uint32_t key[5] = {(r / mp) % sim->sim_pp};
-            memcpy(&key[1], &w->rank[r], sizeof(double));
-            memcpy(&key[3], &w->node[r / w->gpus_per_node], sizeof(double));
-            colour[r] = sim_interner_id(&kinds, key, 5);
-        }
-        /* The groups ranks wait on: the collectives' and, between stages, the pipeline's
-         * (schedule files, whose communicators may be anything, hold no pipeline). */
-        gboolean used[ZP_SCHED_MAX_GROUPS];
-        groups_used(sim, used);
+        const uint32_t n_colours = rank_colours(sim, w, colour);
         ZpCommGroup waits[ZP_SCHED_MAX_GROUPS];
-        uint32_t n_waits = 0;
-        for (uint32_t g = 0; g < sim->n_groups; g++)
-            if (used[g] || (g == ZP_GROUP_PP && sim->sim_pp > 1))
-                waits[n_waits++] = sim->groups[g];
-        sim_class_refine(classes, world, colour, sim_interner_count(&kinds), waits, n_waits);
-        sim_interner_clear(&kinds);
+        const uint32_t n_waits = wait_groups(sim, waits);
+        if (fold)
+            sim_class_refine(classes, world, colour, n_colours, waits, n_waits);
+        else
+            sim_class_runs(classes, world, colour, waits, n_waits);
         g_free(colour);
-        sim->ranks = classes->n;
+        if (!fold && classes->n == world) /* runs of one rank: every rank on its own */
+            sim_class_clear(classes);
+        sim->ranks = classes->of_rank ? classes->n : sim->ranks;
     }
     alloc_units(sim);
     sim->stage_ranks = g_new0(uint32_t, sim->sim_pp);
@@ -906,6 +984,8 @@ static void build_units(Sim *sim, const Slowdowns *w, SimClasses *classes)
         sim->stage_of[u] = (uint16_t)((first / mp) % sim->sim_pp);
         sim->stage_ranks[sim->stage_of[u]]++;
     }
+    if (!fold && classes->of_rank)
+        sim->weight = sim->rank_count;
     if (!classes->of_rank || sim->sim_pp == 1)
         return;
     sim->peer = g_new(uint32_t, (size_t)sim->ranks * sim->sim_pp);
@@ -1073,7 +1153,7 @@ static void *grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
     if (!grown) {
         g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
                     "simulating %u ranks: %u %s do not fit in memory; fold the ranks",
-                    sim->ranks, grown_cap, what);
+                    ranks_reported(sim), grown_cap, what);
         return NULL;
     }
     *cap = grown_cap;
@@ -1294,7 +1374,7 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
         recontend(sim, m, now_s);
         if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
-            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = last;
+            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = arriving_rank(sim, last);
         }
     }
     if (op->transfer_s > 0) {
@@ -1449,7 +1529,7 @@ static gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank, uint32_t i
     if (category->live < -sim->mem_tolerance_bytes) {
         g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
                     "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
-                    zp_sched_mem_name(op->sub), category->live, rank, i);
+                    zp_sched_mem_name(op->sub), category->live, named_rank(sim, rank), i);
         return FALSE;
     }
     if (m->total.live > m->total.peak) {
@@ -1542,6 +1622,14 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         sim->busy[m].busy_s[op->stream] += now_s - start_s;
         complete(sim, m, i, now_s);
     }
+}
+
+/* How many queue events the result counts for e: a unit's stands for one per rank of its
+ * run; a flow's is its group's one (a run lies in one group, so no two groups share a slot).
+ * (Ops are counted per unit as they run, and per rank at the end: fill_result.) */
+static uint64_t event_weight(const Sim *sim, const Event *e)
+{
+    return e->id & EVENT_FLOW ? 1 : rank_weight(sim, e->id);
 }
 
 static void handle(Sim *sim, const Event *e, double now_s)
@@ -1653,8 +1741,8 @@ static gboolean check_end(Sim *sim, GError **error)
         const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);
         if (done < sim->class_ops[k]) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "schedule deadlock: rank %u ran %u of %u ops; op %u never ran", r,
-                        done, sim->class_ops[k], first_unrun_op(sim, r));
+                        "schedule deadlock: rank %u ran %u of %u ops; op %u never ran",
+                        named_rank(sim, r), done, sim->class_ops[k], first_unrun_op(sim, r));
             return FALSE;
         }
         const double *state = &sim->class_state[k * ZP_MEM_N];
@@ -1664,7 +1752,7 @@ static gboolean check_end(Sim *sim, GError **error)
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                             "memory: %s ends the step at %.6g bytes on rank %u, not the "
                             "%.6g it started with",
-                            zp_sched_mem_name(c), live, r, state[c]);
+                            zp_sched_mem_name(c), live, named_rank(sim, r), state[c]);
                 return FALSE;
             }
         }
@@ -1678,6 +1766,16 @@ static gboolean check_end(Sim *sim, GError **error)
 static double gpu_compute_s(const RankState *rs, const RankBusy *rb)
 {
     return rb->compute_s - rs->gpu_overlap_s;
+}
+
+/* The ops the ranks of the runs ran: each all of its class's (check_end found none short);
+ * op_events counted each unit's once. */
+static uint64_t ops_of_runs(const Sim *sim)
+{
+    uint64_t ops = 0;
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        ops += (uint64_t)sim->class_ops[rank_class(sim, u)] * sim->weight[u];
+    return ops;
 }
 
 static void fill_result(const Sim *sim, SimResult *result)
@@ -1696,7 +1794,7 @@ static void fill_result(const Sim *sim, SimResult *result)
     const RankState *rs = &sim->rank[last];
     const RankBusy *rb = &sim->busy[last];
     result->step_time_s = rs->end_s;
-    result->report_rank = (int)last;
+    result->report_rank = (int)named_rank(sim, last);
     memcpy(result->stream_busy_s, rb->busy_s, sizeof rb->busy_s);
     result->compute_s = gpu_compute_s(rs, rb);
     result->optimizer_s = rb->optimizer_s;
@@ -1710,7 +1808,7 @@ static void fill_result(const Sim *sim, SimResult *result)
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
         result->category_peak_bytes[c] = top->category[c].peak;
-    result->op_events = sim->op_events;
+    result->op_events = sim->weight ? ops_of_runs(sim) : sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks +
                           (uint64_t)sim->cap_eager * sizeof(MemState);
@@ -1736,6 +1834,31 @@ static void fill_result(const Sim *sim, SimResult *result)
         const double idle_s = MAX(rs->end_s, result->flush_s) - compute_s - rb->optimizer_s -
                               rs->exposed_s;
         result->stage_bubble_s[k] = MIN(result->stage_bubble_s[k], MAX(0.0, idle_s));
+    }
+}
+
+/* Runs: each unit's timeline row (at its index, which is at most its first rank's) copied to
+ * every rank of its run, from the last unit down so that no row is overwritten before it is
+ * read; and first_rank and rank_count become every world rank's own. */
+static void expand_runs(Sim *sim)
+{
+    const size_t n = sim->n_ops;
+    for (uint32_t u = sim->ranks; sim->op_start_s && u-- > 0;)
+        for (uint32_t k = sim->weight[u]; k-- > 0;) {
+            const size_t to = (size_t)(sim->first_rank[u] + k) * n, from = (size_t)u * n;
+            memmove(&sim->op_start_s[to], &sim->op_start_s[from], n * sizeof(double));
+            memmove(&sim->op_end_s[to], &sim->op_end_s[from], n * sizeof(double));
+            memmove(&sim->op_ready_s[to], &sim->op_ready_s[from], n * sizeof(double));
+            memmove(&sim->op_last_rank[to], &sim->op_last_rank[from], n * sizeof(uint32_t));
+        }
+    sim->weight = NULL;
+    g_free(sim->first_rank);
+    g_free(sim->rank_count);
+    sim->first_rank = g_new(uint32_t, MAX(sim->world, 1));
+    sim->rank_count = g_new(uint32_t, MAX(sim->world, 1));
+    for (uint32_t r = 0; r < sim->world; r++) {
+        sim->first_rank[r] = r;
+        sim->rank_count[r] = 1;
     }
 }
 
@@ -1838,6 +1961,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
         .stop_after_s = options->stop_after_s,
+        .world = (uint32_t)sched->world,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
@@ -1858,8 +1982,13 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
                    read_slowdowns(options, (uint32_t)sched->world, (uint32_t)hw->gpus_per_node,
                                   &slow, error));
     if (ok) {
-        build_units(&sim, &slow, &classes);
-        result->ranks_simulated = (int)sim.ranks;
+        /* Runs need no contention and no pipeline (above). */
+        build_units(&sim, &slow,
+                    explicit_ranks && !options->each_rank && sim.sim_pp == 1 &&
+                        sim.contention == 1,
+                    &classes);
+        result->ranks_simulated = (int)ranks_reported(&sim);
+        result->units_simulated = (int)sim.ranks;
         ok = alloc_rank_state(&sim, options->record_timeline, error);
     }
     if (ok) {
@@ -1872,14 +2001,17 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok) {
         seed(&sim);
         const double total_ops = (double)sim.n_ops * sim.ranks;
+        uint64_t told = 0;
         while (sim.queue.len > 0 && !sim.error && sim.stopped_s == 0) {
             double now_s;
             const Event e = queue_pop(&sim.queue, &now_s);
-            sim.heap_events++;
+            sim.heap_events += event_weight(&sim, &e);
             handle(&sim, &e, now_s);
             drain_ready(&sim, now_s);
-            if (options->progress && sim.heap_events % PROGRESS_EVERY_EVENTS == 0)
+            if (options->progress && sim.heap_events / PROGRESS_EVERY_EVENTS != told) {
+                told = sim.heap_events / PROGRESS_EVERY_EVENTS;
                 options->progress((double)sim.op_events / total_ops, options->progress_ctx);
+            }
         }
         if (sim.error) {
             g_propagate_error(error, sim.error);
@@ -1894,6 +2026,8 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     }
     if (ok && !result->stopped) {
         fill_result(&sim, result);
+        if (sim.weight)
+            expand_runs(&sim);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;
         result->op_ready_s = sim.op_ready_s;

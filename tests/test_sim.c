@@ -1052,15 +1052,24 @@ static ZpSchedule *build_class_case(const ClassCase *c)
     return s;
 }
 
-static SimResult *run_class_case(const ZpSchedule *s, const ClassCase *c, SimMode mode)
+/* A run on a100 with a timeline, a slow rank and a slow node (factor 0: none) added to o. */
+static SimResult *run_slowed(const ZpSchedule *s, SimOptions o, const SimSlow *rank,
+                             const SimSlow *node)
 {
-    const SimOptions o = {.mode = mode, .record_timeline = TRUE,
-                          .slow_ranks = &c->rank, .n_slow_ranks = c->rank.factor > 0,
-                          .slow_nodes = &c->node, .n_slow_nodes = c->node.factor > 0};
+    o.record_timeline = TRUE;
+    o.slow_ranks = rank;
+    o.n_slow_ranks = rank->factor > 0;
+    o.slow_nodes = node;
+    o.n_slow_nodes = node->factor > 0;
     GError *error = NULL;
     SimResult *r = sim_engine_run(s, &a100, &o, &error);
     g_assert_no_error(error);
     return r;
+}
+
+static SimResult *run_class_case(const ZpSchedule *s, const ClassCase *c, SimMode mode)
+{
+    return run_slowed(s, (SimOptions){.mode = mode}, &c->rank, &c->node);
 }
 
 static void assert_same_doubles(const double *a, const double *b, size_t n)
@@ -1156,6 +1165,108 @@ static void test_classes_equal_explicit(void)
         assert_same_timelines(all, c);
         sim_result_free(all);
         sim_result_free(c);
+        zp_sched_free(s);
+    }
+}
+
+/* ---- runs of explicit ranks against each rank on its own ---- */
+
+/* An explicit plan whose ranks fall into runs (sim_class_runs): how many units they come to. */
+typedef struct {
+    const char *what;
+    ZpImplKind impl;
+    int stage, dp, mp, hpz;
+    gboolean offload;
+    SimSlow rank, node; /* factor 0: none */
+    double stop_after_s;
+    int units;
+} RunsCase;
+
+static SimResult *run_runs_case(const ZpSchedule *s, const RunsCase *c, gboolean each_rank)
+{
+    const SimOptions o = {.mode = SIM_MODE_EXPLICIT, .each_rank = each_rank,
+                          .stop_after_s = c->stop_after_s};
+    return run_slowed(s, o, &c->rank, &c->node);
+}
+
+/* Every figure of two explicit runs, the whole timeline with who started each collective,
+ * and both event counts, bit for bit. */
+static void assert_same_explicit(const SimResult *runs, const SimResult *each)
+{
+    g_assert_cmpint(runs->ranks_simulated, ==, each->ranks_simulated);
+    g_assert_cmpint(runs->report_rank, ==, each->report_rank);
+    assert_same_step(runs, each);
+    const double got[] = {runs->cpu_optimizer_s, runs->offload_transfer_s, runs->model_flops,
+                          runs->recompute_flops};
+    const double want[] = {each->cpu_optimizer_s, each->offload_transfer_s, each->model_flops,
+                           each->recompute_flops};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    assert_same_doubles(runs->offload_bytes, each->offload_bytes, ZP_XFER_N);
+    g_assert_cmpuint(runs->op_events, ==, each->op_events);
+    g_assert_cmpuint(runs->heap_events, ==, each->heap_events);
+    const size_t n = (size_t)each->ranks_simulated * each->n_ops;
+    g_assert_true(memcmp(runs->op_start_s, each->op_start_s, n * sizeof(double)) == 0);
+    g_assert_true(memcmp(runs->op_end_s, each->op_end_s, n * sizeof(double)) == 0);
+    g_assert_true(memcmp(runs->op_ready_s, each->op_ready_s, n * sizeof(double)) == 0);
+    g_assert_true(memcmp(runs->op_last_rank, each->op_last_rank, n * sizeof(uint32_t)) == 0);
+    const size_t ranks = (size_t)each->ranks_simulated * sizeof(uint32_t);
+    g_assert_true(memcmp(runs->first_rank, each->first_rank, ranks) == 0);
+    g_assert_true(memcmp(runs->rank_count, each->rank_count, ranks) == 0);
+}
+
+/* Explicit ranks stepped in runs give what stepping each rank on its own gives, bit for bit:
+ * one slow rank splits dp's one group into three runs; a slow node sets its ranks apart too;
+ * hpZ's node groups make a run of each node; CPU Adam with its transfers; DeepSpeed's
+ * schedule; a run stopped early. With tp 2, dp's groups interleave and no two ranks form a
+ * run. */
+static void test_runs_equal_each_rank(void)
+{
+    const RunsCase cases[] = {
+        {"ZeRO-3, dp 64, rank 5 at 2x", ZP_IMPL_PAPER, 3, 64, 1, 0, FALSE, {5, 2.0}, {0, 0},
+         0, 3},
+        {"ZeRO-3 (DeepSpeed), dp 64, rank 40 at 1.5x, node 2 at 2x", ZP_IMPL_DEEPSPEED, 3, 64,
+         1, 0, FALSE, {40, 1.5}, {2, 2.0}, 0, 5},
+        {"ZeRO-3 hpZ 8, dp 64, rank 20 at 2x, node 5 at 1.5x", ZP_IMPL_PAPER, 3, 64, 1, 8,
+         FALSE, {20, 2.0}, {5, 1.5}, 0, 10},
+        {"ZeRO-2, CPU Adam, dp 16, rank 3 at 2x", ZP_IMPL_PAPER, 2, 16, 1, 0, TRUE, {3, 2.0},
+         {0, 0}, 0, 3},
+        {"ZeRO-3 (DeepSpeed), dp 32, no straggler", ZP_IMPL_DEEPSPEED, 3, 32, 1, 0, FALSE,
+         {0, 0}, {0, 0}, 0, 1},
+        {"ZeRO-1, dp 16 x tp 2, rank 5 at 2x", ZP_IMPL_PAPER, 1, 16, 2, 0, FALSE, {5, 2.0},
+         {0, 0}, 0, 32},
+        {"ZeRO-3, dp 64, rank 5 at 2x, stopped at 5 ms", ZP_IMPL_PAPER, 3, 64, 1, 0, FALSE,
+         {5, 2.0}, {0, 0}, 0.005, 0},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const RunsCase *c = &cases[i];
+        ZpPlan p;
+        zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+        p.impl = c->impl;
+        p.checkpoint = TRUE;
+        p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
+        p.gpus_per_node = a100.gpus_per_node;
+        if (c->hpz > 1)
+            p.zero.zero_hpz_partition_size = c->hpz;
+        if (c->offload) {
+            zp_offload_defaults(&p.zero.offload_optimizer, FALSE);
+            p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+        }
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+        g_assert_no_error(error);
+        SimResult *runs = run_runs_case(s, c, FALSE), *each = run_runs_case(s, c, TRUE);
+        g_test_message("%s: %d ranks as %d units, step %a s", c->what, runs->ranks_simulated,
+                       runs->units_simulated, runs->step_time_s);
+        g_assert_cmpint(each->units_simulated, ==, s->world);
+        if (c->stop_after_s > 0) {
+            g_assert_true(runs->stopped && each->stopped);
+            g_assert_cmpfloat(runs->step_time_s, ==, each->step_time_s);
+        } else {
+            g_assert_cmpint(runs->units_simulated, ==, c->units);
+            assert_same_explicit(runs, each);
+        }
+        sim_result_free(runs);
+        sim_result_free(each);
         zp_sched_free(s);
     }
 }
@@ -1569,6 +1680,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/plan/faster-network-never-slower", test_faster_network_never_slower);
     g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
     g_test_add_func("/sim/slow/classes-equal-explicit", test_classes_equal_explicit);
+    g_test_add_func("/sim/slow/runs-equal-each-rank", test_runs_equal_each_rank);
     g_test_add_func("/sim/plan/frozen-results", test_frozen_results);
     g_test_add_func("/sim/breakdown-adds-up-with-side-streams",
                     test_breakdown_adds_up_with_side_streams);
