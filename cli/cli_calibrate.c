@@ -232,12 +232,16 @@ static gboolean fit_line(GArray *x, GArray *t, const char *what, gboolean by_tim
     return TRUE;
 }
 
-/* Ring model: t = base + hop * steps + sent / bw[kind], a linear least-squares fit in
- * (base, hop, 1/bw[0..2]); hop is dropped when the data cannot carry it (negative). */
+/* Ring model: t = base + hop * steps + sent / bw[kind], linear in (base, hop, 1/bw[0..2]),
+ * every coefficient non-negative. `alone` names the kinds whose own timings gave no
+ * bandwidth, which take another kind's (fit_collectives). */
 typedef struct {
     double base_s, hop_s, bytes_per_s[3];
     double rms_rel_error;
+    char alone[64];
 } CollFit;
+
+#define COLL_COEFFS 5 /* base, hop, a bandwidth per kind */
 
 static double ring_steps(int kind, int n)
 {
@@ -249,52 +253,130 @@ static double ring_sent(int kind, int n, double bytes)
     return (kind == 0 ? 2.0 : 1.0) * (n - 1) / n * bytes;
 }
 
-static gboolean fit_collectives(const Samples *s, gboolean with_hop, CollFit *fit,
-                                GError **error)
+/* The weighted least-squares fit (GSL, weights w) of y on the columns of X in `mask`, the
+ * others held at 0: into c (all COLL_COEFFS) and *chisq; FALSE when GSL fails or a
+ * coefficient comes out negative. */
+static gboolean fit_subset(const gsl_matrix *X, const gsl_vector *w, const gsl_vector *y,
+                           unsigned mask, double c[COLL_COEFFS], double *chisq)
 {
-    const size_t n = s->coll_s->len, p = with_hop ? 5 : 4;
-    if (n < p) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "collectives: %zu samples, need at least %zu (run the microbenchmark with "
-                    "mpirun -np 2 or more)", n, p);
-        return FALSE;
+    size_t k = 0, cols[COLL_COEFFS];
+    for (size_t j = 0; j < COLL_COEFFS; j++)
+        if (mask & (1u << j))
+            cols[k++] = j;
+    gsl_matrix *sub = gsl_matrix_alloc(X->size1, k), *cov = gsl_matrix_alloc(k, k);
+    gsl_vector *cs = gsl_vector_alloc(k);
+    for (size_t j = 0; j < k; j++) {
+        gsl_vector_const_view col = gsl_matrix_const_column(X, cols[j]);
+        gsl_matrix_set_col(sub, j, &col.vector);
     }
-    gsl_matrix *X = gsl_matrix_calloc(n, p), *cov = gsl_matrix_alloc(p, p);
-    gsl_vector *y = gsl_vector_alloc(n), *w = gsl_vector_alloc(n), *c = gsl_vector_alloc(p);
-    for (size_t i = 0; i < n; i++) {
-        const int kind = g_array_index(s->coll_kind, int, i);
-        const int ranks = g_array_index(s->coll_ranks, int, i);
+    gsl_multifit_linear_workspace *ws = gsl_multifit_linear_alloc(X->size1, k);
+    gboolean ok = gsl_multifit_wlinear(sub, w, y, cs, cov, chisq, ws) == GSL_SUCCESS;
+    memset(c, 0, COLL_COEFFS * sizeof *c);
+    for (size_t j = 0; ok && j < k; j++)
+        ok = (c[cols[j]] = gsl_vector_get(cs, j)) >= 0;
+    gsl_multifit_linear_free(ws);
+    gsl_matrix_free(sub), gsl_matrix_free(cov);
+    gsl_vector_free(cs);
+    return ok;
+}
+
+/* Sample i's row of the ring model's design: 1, its ring steps, its bytes sent in its kind's
+ * column. */
+static void coll_row(const Samples *s, guint i, double row[COLL_COEFFS])
+{
+    const int kind = g_array_index(s->coll_kind, int, i);
+    const int ranks = g_array_index(s->coll_ranks, int, i);
+    memset(row, 0, COLL_COEFFS * sizeof *row);
+    row[0] = 1.0;
+    row[1] = ring_steps(kind, ranks);
+    row[2 + kind] = ring_sent(kind, ranks, g_array_index(s->coll_bytes, double, i));
+}
+
+/* The ring model over every collective timing by non-negative least squares on the system
+ * weighted by 1/t^2 (relative error): every subset of the coefficients is fitted free by
+ * GSL's weighted least squares with the rest at 0, and the best fit whose coefficients are
+ * all >= 0 is kept (all 0 when none beats that). That is exact (the constrained optimum is
+ * the unconstrained fit on its own non-zero set, by the Karush-Kuhn-Tucker conditions, and
+ * that set is one of them) and cheap for five coefficients (31 fits). */
+static void collective_nnls(const Samples *s, double c[COLL_COEFFS])
+{
+    const size_t n = s->coll_s->len;
+    gsl_matrix *X = gsl_matrix_alloc(n, COLL_COEFFS);
+    gsl_vector *y = gsl_vector_alloc(n), *w = gsl_vector_alloc(n);
+    double best = (double)n; /* every coefficient 0: each sample misses by all of itself */
+    for (guint i = 0; i < n; i++) {
+        double row[COLL_COEFFS];
         const double t = g_array_index(s->coll_s, double, i);
-        gsl_matrix_set(X, i, 0, 1.0);
-        if (with_hop)
-            gsl_matrix_set(X, i, 1, ring_steps(kind, ranks));
-        gsl_matrix_set(X, i, p - 3 + (size_t)kind,
-                       ring_sent(kind, ranks, g_array_index(s->coll_bytes, double, i)));
+        coll_row(s, i, row);
+        for (size_t j = 0; j < COLL_COEFFS; j++)
+            gsl_matrix_set(X, i, j, row[j]);
         gsl_vector_set(y, i, t);
         gsl_vector_set(w, i, 1.0 / (t * t));
     }
-    gsl_multifit_linear_workspace *ws = gsl_multifit_linear_alloc(n, p);
-    double chisq;
-    const int status = gsl_multifit_wlinear(X, w, y, c, cov, &chisq, ws);
-    fit->base_s = gsl_vector_get(c, 0);
-    fit->hop_s = with_hop ? gsl_vector_get(c, 1) : 0.0;
-    gboolean ok = status == GSL_SUCCESS;
-    for (int k = 0; k < 3; k++) {
-        const double inv = gsl_vector_get(c, p - 3 + (size_t)k);
-        fit->bytes_per_s[k] = inv > 0 ? 1.0 / inv : 0;
-        ok = ok && inv > 0;
+    memset(c, 0, COLL_COEFFS * sizeof *c);
+    for (unsigned mask = 1; mask < 1u << COLL_COEFFS; mask++) {
+        double fit[COLL_COEFFS], chisq;
+        if (fit_subset(X, w, y, mask, fit, &chisq) && chisq < best) {
+            best = chisq;
+            memcpy(c, fit, sizeof fit);
+        }
     }
-    fit->rms_rel_error = sqrt(chisq / (double)n);
-    gsl_multifit_linear_free(ws);
-    gsl_matrix_free(X), gsl_matrix_free(cov);
-    gsl_vector_free(y), gsl_vector_free(w), gsl_vector_free(c);
-    if (status != GSL_SUCCESS)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "collectives: the fit failed: %s",
-                    gsl_strerror(status));
-    else if (!ok)
+    gsl_matrix_free(X);
+    gsl_vector_free(y), gsl_vector_free(w);
+}
+
+/* The ring model, a bandwidth per kind. Noisy timings (ranks that share busy cores: small
+ * collectives as slow as large ones) get the closest non-negative model and a large residual,
+ * which calibrate warns of, never a negative bandwidth. A kind whose own timings tie no time
+ * to its bytes (its bandwidth coefficient 0 at the optimum: infinitely fast) takes the lowest
+ * bus bandwidth fitted for a kind that has one, and a warning: bus bandwidth as nccl-tests
+ * define it is one hardware figure for every collective (doc/PERFORMANCE.md), and the lowest
+ * never predicts a kind measured as noise faster than one measured. Only when no kind has a
+ * bandwidth is there nothing to fit, and calibrate says so. The residual is the final model's
+ * RMS relative miss. */
+static gboolean fit_collectives(const Samples *s, CollFit *fit, GError **error)
+{
+    const size_t n = s->coll_s->len;
+    if (n < COLL_COEFFS) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "collectives: the fit gives a non-positive bandwidth; rerun the benchmark");
-    return ok;
+                    "collectives: %zu samples, need at least %d (run the microbenchmark with "
+                    "mpirun -np 2 or more)", n, COLL_COEFFS);
+        return FALSE;
+    }
+    double c[COLL_COEFFS], slowest = 0;
+    collective_nnls(s, c);
+    fit->alone[0] = '\0';
+    for (int k = 0; k < 3; k++) {
+        slowest = fmax(slowest, c[2 + k]);
+        if (c[2 + k] > 0)
+            continue;
+        if (fit->alone[0])
+            g_strlcat(fit->alone, ", ", sizeof fit->alone);
+        g_strlcat(fit->alone, coll_names[k], sizeof fit->alone);
+    }
+    for (int k = 0; k < 3; k++)
+        c[2 + k] = c[2 + k] > 0 ? c[2 + k] : slowest;
+    double sum = 0;
+    for (guint i = 0; i < n; i++) {
+        double row[COLL_COEFFS], t = 0;
+        coll_row(s, i, row);
+        for (size_t j = 0; j < COLL_COEFFS; j++)
+            t += c[j] * row[j];
+        sum += pow(t / g_array_index(s->coll_s, double, i) - 1, 2);
+    }
+    fit->base_s = c[0];
+    fit->hop_s = c[1];
+    fit->rms_rel_error = sqrt(sum / (double)n);
+    for (int k = 0; k < 3; k++)
+        fit->bytes_per_s[k] = slowest > 0 ? 1.0 / c[2 + k] : 0;
+    if (slowest > 0)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "collectives: no signal: no collective's time grows with the bytes it sends "
+                "(the best non-negative fit of t = base + steps x hop + bytes / bandwidth, "
+                "%.0f%% off, leaves the bytes out); rerun the microbenchmark on a quieter "
+                "machine", 100 * fit->rms_rel_error);
+    return FALSE;
 }
 
 /* The fits whose RMS relative residual the profile's "calibration" records, and the ops each
@@ -413,7 +495,7 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
         {"cpu_memory_bytes", g_strdup(s->host_memory_bytes > 0 ? "the measured machine's physical memory (sysconf), as the microbenchmark recorded it" : "this machine's physical memory (sysconf)")},
         {"runtime_reserve_bytes", device ? g_strdup_printf("measured: device memory in use before the backend's first allocation (CUDA context, cuBLAS), in %s", runs)
                                          : g_strdup("0: no CUDA context on a CPU rank")},
-        {"collective_fit", g_strdup_printf("%s: t = base + steps x hop + bytes sent / bus_bytes_per_s[kind] over %u timings of %s, weighted by 1/t^2", from, s->coll_s->len, coll_source)},
+        {"collective_fit", g_strdup_printf("%s: t = base + steps x hop + bytes sent / bus_bytes_per_s[kind] over %u timings of %s, weighted by 1/t^2, every coefficient non-negative (GSL's weighted least squares on each subset of them, the best non-negative fit kept)%s%s%s", from, s->coll_s->len, coll_source, f->coll.alone[0] ? "; the timings of " : "", f->coll.alone, f->coll.alone[0] ? " tie no time to their bytes, so they take the lowest bus bandwidth fitted for another kind" : "")},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(note_rows); i++) {
         json_object_set_new(notes, note_rows[i].key, json_string(note_rows[i].text));
@@ -628,10 +710,7 @@ int cli_calibrate(int argc, char **argv)
     ok = ok && fit_gemms(&s, &fitted, &error) &&
          fit_line(s.mem_bytes, s.mem_s, "memory (adam)", FALSE, &mem_c0, &mem_c1, &error) &&
          fit_line(s.ew_bytes, s.ew_s, "memory (block kernels)", TRUE, &ew_c0, &ew_c1, &error) &&
-         fit_collectives(&s, TRUE, &fit, &error);
-    if (ok && (fit.hop_s < 0 || fit.base_s < 0))
-        ok = fit_collectives(&s, FALSE, &fit, &error); /* the data cannot separate the hop */
-    fit.base_s = ok ? fmax(fit.base_s, 0.0) : 0;
+         fit_collectives(&s, &fit, &error);
     if (ok) {
         g_ptr_array_add(s.runs, NULL);
         char *base = g_path_get_basename(out);
@@ -657,6 +736,11 @@ int cli_calibrate(int argc, char **argv)
              zp_json_write(profile, out, &error);
         if (ok)
             warn_residuals(json_object_get(profile, "calibration"));
+        if (ok && fit.alone[0])
+            fprintf(stderr, "zplan calibrate: warning: the %s timings tie no time to their "
+                            "bytes (noise): they take the lowest bus bandwidth fitted for "
+                            "another collective; rerun the microbenchmark on a quiet "
+                            "machine\n", fit.alone);
         if (ok)
             printf("wrote %s: GEMM %.1f GFLOP/s (fp32 %.1f; half at %.3g FLOP), Adam %.2f GB/s, "
                    "block kernels %.2f GB/s, "

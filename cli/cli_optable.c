@@ -523,9 +523,11 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "of the launch); each elementwise class t = c0 + bytes / rate by GSL weighted "
                 "least squares (1/t^2) over its size sweep and the model's own kernels; the "
                 "optimizer from Adam's runs; launch_s a one-element add; ops: each compute op "
-                "timed whole inside a step's sequence of ops (real_opseq), the mean over runs "
+                "timed whole inside a step's sequence of ops (real_opseq), the optimizer there "
+                "at each ZeRO stage's partition (keyed by its elements), the mean over runs "
                 "per op, shape and ranks at once, which zp_cost takes before the sum of the "
-                "op's kernels; contention %s",
+                "op's kernels (the optimizer: before its fitted rate, linear in elements "
+                "between two whole times); contention %s",
                 runs, world,
                 r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "
                                     "of 4 MiB run to its time alone"

@@ -12,7 +12,8 @@
  * each elementwise class by t = c0 + bytes / rate (GSL weighted least squares, 1/t^2), the
  * optimizer from Adam's runs, the launch, the contention factor (1, said so in the note,
  * when no run measured it) and the whole-op times of every run's "op_sequence" (runs of any
- * rank count, each keyed by it: the mean per op, shape and ranks). Stores in *op_costs the "op_costs" object, or NULL when no run has
+ * rank count, each keyed by it: the mean per op, shape and ranks; the optimizer's
+ * keyed by its elements). Stores in *op_costs the "op_costs" object, or NULL when no run has
  * op microbenchmarks (runs of an older zreal); adds its residuals to `calibration` under
  * "op_table" and, for every residual over 10%, prints a warning on stderr naming the ops.
  * `notes` (a json_t object) gains the table's source. Fails on a malformed run or a grid

@@ -1,6 +1,7 @@
 /* zp_cost: a compute op's kernels as real/real_gpt.c issues them, and their time from the
  * profile's op table, or the roofline where the profile has no table. */
 #include "zp_cost.h"
+#include "zp_offload.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -380,6 +381,43 @@ void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind ki
                (long long)model->sliding_window, plan->checkpoint ? 1 : 0, save ? 1 : 0);
 }
 
+void zp_cost_optimizer_shape(double elems, char out[ZP_OPTABLE_SHAPE_LEN])
+{
+    g_snprintf(out, ZP_OPTABLE_SHAPE_LEN, "n%.0f", elems);
+}
+
+ZpOptPath zp_cost_optimizer_whole(const ZpOpTable *t, double elems, int ranks, double *time_s,
+                                  double around[2])
+{
+    const char *name = zp_sched_compute_name(ZP_COMP_OPTIMIZER);
+    const ZpOpTime *below = NULL, *above = NULL;
+    double lo = -INFINITY, hi = INFINITY;
+    for (int i = 0; i < t->n_ops; i++) {
+        const ZpOpTime *o = &t->ops[i];
+        char *end = NULL;
+        const double n = o->shape[0] == 'n' ? g_ascii_strtod(o->shape + 1, &end) : NAN;
+        if (o->ranks != ranks || strcmp(o->op, name) != 0 || !end || *end || !(n > 0))
+            continue;
+        if (n <= elems && n > lo)
+            lo = n, below = o;
+        if (n >= elems && n < hi)
+            hi = n, above = o;
+    }
+    around[0] = lo, around[1] = hi;
+    if (below && fabs(elems - lo) <= 0.5) {
+        *time_s = below->time_s;
+        return ZP_OPT_PATH_WHOLE;
+    }
+    if (above && fabs(hi - elems) <= 0.5) {
+        *time_s = above->time_s;
+        return ZP_OPT_PATH_WHOLE;
+    }
+    if (!below || !above)
+        return ZP_OPT_PATH_FITTED;
+    *time_s = below->time_s + (elems - lo) * (above->time_s - below->time_s) / (hi - lo);
+    return ZP_OPT_PATH_INTERPOLATED;
+}
+
 /* ---- times ---- */
 
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k)
@@ -421,6 +459,29 @@ static const char *table_gap(const ZpHw *hw, const ZpModel *model, const ZpPlan 
     return NULL;
 }
 
+/* How the plan's optimizer is costed (c->whole[ZP_COMP_OPTIMIZER] when measured whole at
+ * its elements), in words. */
+static char *optimizer_path(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
+{
+    const double all = (double)zp_sched_optimizer_elems(model, plan);
+    const double elems = (1.0 - zp_offload_cpu_share(plan, all)) * all;
+    double t, around[2];
+    if (elems <= 0)
+        return g_strdup("no optimizer on the device (offloaded)");
+    if (zp_plan_pp(plan) > 1)
+        return g_strdup("the optimizer by each pipeline stage's elements: a whole time there, "
+                        "else its fitted rate");
+    const ZpOptPath path = zp_cost_optimizer_whole(&c->hw->op_costs, elems, c->ranks, &t, around);
+    c->whole[ZP_COMP_OPTIMIZER] = path == ZP_OPT_PATH_WHOLE;
+    if (path == ZP_OPT_PATH_WHOLE)
+        return g_strdup_printf("the optimizer measured whole at its %.0f elements", elems);
+    if (path == ZP_OPT_PATH_INTERPOLATED)
+        return g_strdup_printf("the optimizer's %.0f elements between its whole times at %.0f "
+                               "and %.0f", elems, around[0], around[1]);
+    return g_strdup_printf("the optimizer's %.0f elements at its fitted rate (no whole times "
+                           "around them)", elems);
+}
+
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error)
 {
@@ -448,6 +509,8 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         return TRUE;
     }
     c->table = TRUE;
+    c->optimizer_elem_bytes =
+        zp_plan_step_bytes(zp_plan_state_bytes(plan->precision, plan->optimizer));
     c->log2_seq = log2((double)model->seq_len);
     c->log2_head_dim = log2((double)zp_model_head_dim(model));
     const int world = plan->dp * plan->mp * zp_plan_pp(plan);
@@ -472,10 +535,13 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         GString *list = t ? whole : summed;
         g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
     }
-    g_snprintf(c->why, sizeof c->why, "op table: %s measured whole (%d rank%s at once)%s%s (%s)",
+    char *opt = optimizer_path(c, model, plan);
+    g_snprintf(c->why, sizeof c->why,
+               "op table: %s measured whole (%d rank%s at once)%s%s; %s (%s)",
                whole->len ? whole->str : "no op", c->ranks, c->ranks == 1 ? "" : "s",
-               summed->len ? "; the sum of their kernels for " : "", summed->str,
+               summed->len ? "; the sum of their kernels for " : "", summed->str, opt,
                hw->op_costs.source);
+    g_free(opt);
     g_string_free(whole, TRUE);
     g_string_free(summed, TRUE);
     return TRUE;
@@ -491,6 +557,10 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
     if (!c->table || kind == ZP_COMP_QUANTIZE || kind == ZP_COMP_UNPACK)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
+    double whole_s, around[2];
+    if (optimizer && zp_cost_optimizer_whole(&c->hw->op_costs, mem_bytes / c->optimizer_elem_bytes,
+                                             c->ranks, &whole_s, around) != ZP_OPT_PATH_FITTED)
+        return whole_s;
     return c->kind_s[kind] * (module >= 0 ? c->module_share[kind][module] : 1.0) +
            (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
 }

@@ -71,25 +71,39 @@ double zp_cost_accesses(const ZpKernels *kernels);
 void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
                       char out[ZP_OPTABLE_SHAPE_LEN]);
 
+/* The key of the optimizer's whole-op time: the elements one rank's step covers
+ * ("n<elems>"), with the ranks at once beside it as for every whole op. */
+void zp_cost_optimizer_shape(double elems, char out[ZP_OPTABLE_SHAPE_LEN]);
+
+/* How the optimizer's time over `elems` comes out of a table: a whole time at exactly that
+ * many elements, linear between the whole times at the nearest element counts below and
+ * above (`around`), or none (its fitted rate). */
+typedef enum { ZP_OPT_PATH_FITTED, ZP_OPT_PATH_WHOLE, ZP_OPT_PATH_INTERPOLATED } ZpOptPath;
+ZpOptPath zp_cost_optimizer_whole(const ZpOpTable *t, double elems, int ranks, double *time_s,
+                                  double around[2]);
+
 /* How a profile costs a plan's compute ops. */
 typedef struct ZpCost {
     const ZpHw *hw;
     gboolean table;             /* the profile's op table, op by op */
-    char why[512];              /* which model was used (per op: whole-op times or kernel
-                                 * sums), and why not the table */
+    char why[768];              /* which model was used (per op: whole-op times or kernel
+                                 * sums; the optimizer's path), and why not the table */
     int ranks;                  /* ranks sharing one machine: the whole-op times' key */
     gboolean whole[ZP_COMP_N];  /* table: this kind's time was measured whole */
     double peak_flops;          /* roofline: the plan's precision's peak */
     double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
     double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
     double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
+    double optimizer_elem_bytes; /* the schedule's optimizer bytes per element stepped */
     /* table: a block op's share of its time per module (ZpModuleShares time) */
     double module_share[ZP_COMP_N][ZP_MOD_N];
 } ZpCost;
 
 /* Chooses the table when hw has one (and for each op of the model and plan its whole-op time,
  * measured with as many ranks at once as the plan puts on a machine, before the sum of its
- * kernels), the model an architecture and the table covers the
+ * kernels; for the optimizer, zp_cost_optimizer_whole's path at the elements the plan's rank
+ * steps (zp_sched_optimizer_elems less an offloaded share; with a pipeline each stage's op
+ * takes its own), said in c->why), the model an architecture and the table covers the
  * plan's attention kernel (eager needs "eager_attention", a fused kernel the profile's
  * "attention" entry); else the roofline, saying why in c->why. The table describes the kernels
  * as the backend that was measured runs them, operand dtypes included, whatever the plan's
@@ -99,8 +113,10 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
                       GError **error);
 
 /* Seconds of one compute op of `kind` with the schedule's cost fields, of one block module
- * (ZpBlockModule; -1: the whole op). Table: the kind's whole-op time, else its kernels (the
- * optimizer: launch + mem_bytes at the optimizer rate), times the module's share; roofline:
+ * (ZpBlockModule; -1: the whole op). Table: the kind's whole-op time, else its kernels, times
+ * the module's share; the optimizer's whole time at its elements (mem_bytes over the
+ * schedule's bytes per element) as zp_cost_optimizer_whole finds it, else launch + mem_bytes at
+ * the optimizer rate; roofline:
  * zp_hw_compute_time_s (the fields are the module's already). */
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
                     double gemm_flops, double attn_flops, double mem_bytes);

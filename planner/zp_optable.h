@@ -40,11 +40,12 @@ typedef enum {
 /* One compute op timed whole (every kernel in real_gpt.c's order, each reading what the one
  * before wrote) at one shape, while `ranks` ranks ran the same sequence at once on the machine:
  * zp_cost takes it before the sum of the op's kernels. */
-#define ZP_OPTABLE_MAX_OPS 192
+#define ZP_OPTABLE_MAX_OPS 256
 #define ZP_OPTABLE_SHAPE_LEN 160
 typedef struct {
     char op[16];                       /* zp_sched_compute_name: "block_fwd", "head", ... */
-    char shape[ZP_OPTABLE_SHAPE_LEN];  /* zp_cost_op_shape of the model and plan */
+    char shape[ZP_OPTABLE_SHAPE_LEN];  /* zp_cost_op_shape of the model and plan (the
+                                        * optimizer's: zp_cost_optimizer_shape) */
     int ranks;                         /* ranks running at once on the machine */
     double time_s;
 } ZpOpTime;

@@ -106,6 +106,11 @@ ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer)
     };
 }
 
+double zp_plan_step_bytes(ZpStateBytes st)
+{
+    return st.grad_bytes + st.param_bytes + 2 * st.optim_bytes;
+}
+
 double zp_plan_elem_bytes(ZpPrecision precision)
 {
     return precision == ZP_PREC_FP32 ? 4.0 : 2.0;

@@ -197,6 +197,10 @@ void zp_plan_defaults(ZpPlan *plan, int stage, int dp, int mp);
 
 ZpStateBytes zp_plan_state_bytes(ZpPrecision precision, ZpOptimizer optimizer);
 
+/* Bytes an Adam-like step moves per element it updates: it reads the gradient, reads and
+ * writes every optimizer state (the master copy included) and writes the parameter. */
+double zp_plan_step_bytes(ZpStateBytes st);
+
 /* K's optimizer part split into bytes per element of the fp32 master copy and the two
  * moments (the second 0 for optimizers with one), as the schedule and offload tiers hold them. */
 void zp_plan_optimizer_split(const ZpPlan *plan, double *master, double *m, double *v);

@@ -341,13 +341,11 @@ static Cost embed_cost(const ZpSchedule *s)
                   .mem_bytes = 3 * b * sq * h * s->elem_bytes};
 }
 
-/* Adam-like update: read the gradient, read and write every optimizer state (the master
- * copy included), write the 16-bit parameter. */
+/* Adam-like update (zp_plan_step_bytes). */
 static Cost optimizer_cost(const Builder *b, double elems)
 {
-    const ZpStateBytes st = b->state;
     return (Cost){.flops = 0, .gemm_flops = 0, .attn_flops = 0,
-                  .mem_bytes = elems * (st.grad_bytes + st.param_bytes + 2 * st.optim_bytes)};
+                  .mem_bytes = elems * zp_plan_step_bytes(b->state)};
 }
 
 /* ---- layout and model states --------------------------------------------------------- */
@@ -2121,28 +2119,34 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     return s;
 }
 
-void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
-                          ZpComputeOps ops[ZP_COMP_N])
+/* As layout() pads them, from the three unit sizes (the blocks are identical) instead of a
+ * walk over every unit. */
+uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan)
 {
-    const ZpSchedule s = {.model = *model, .plan = *plan,
-                          .elem_bytes = zp_plan_elem_bytes(plan->precision)};
-    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
-    /* The optimizer's elements as layout() pads them, from the three unit sizes (the blocks
-     * are identical) instead of a walk over every unit. */
     const uint64_t dp = (uint64_t)plan->dp;
     const uint64_t L = (uint64_t)model->layers;
     const uint64_t first = zp_model_unit_tp_elems(model, 0, plan->mp);
     const uint64_t block = zp_model_unit_tp_elems(model, 1, plan->mp);
     const uint64_t last = zp_model_unit_tp_elems(model, (int)L + 1, plan->mp);
     const uint64_t total = first + L * block + last;
-    const uint64_t partition =
-        plan->zero.stage == 3
-            ? (zp_mem_padded_elems(first, dp) + L * zp_mem_padded_elems(block, dp) +
-               zp_mem_padded_elems(last, dp)) / dp
-            : zp_mem_padded_elems(total, dp) / dp;
+    if (plan->zero.stage == 0)
+        return total;
+    if (plan->zero.stage == 3)
+        return (zp_mem_padded_elems(first, dp) + L * zp_mem_padded_elems(block, dp) +
+                zp_mem_padded_elems(last, dp)) / dp;
+    return zp_mem_padded_elems(total, dp) / dp;
+}
+
+void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                          ZpComputeOps ops[ZP_COMP_N])
+{
+    const ZpSchedule s = {.model = *model, .plan = *plan,
+                          .elem_bytes = zp_plan_elem_bytes(plan->precision)};
+    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
+    const uint64_t L = (uint64_t)model->layers;
     const Cost fwd = block_forward_cost(&s), bwd = block_backward_cost(&s);
     const Cost embed = embed_cost(&s), head = head_cost(&s);
-    const double opt_elems = (double)(plan->zero.stage == 0 ? total : partition);
+    const double opt_elems = (double)zp_sched_optimizer_elems(model, plan);
     const double cpu_share = zp_offload_cpu_share(plan, opt_elems);
     const Cost opt = optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
     const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};

@@ -239,6 +239,11 @@ typedef struct {
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
+/* The elements one rank's optimizer steps without a pipeline, as zp_sched_build lays them
+ * out (before optimizer offload takes its share): every parameter at stage 0, the padded
+ * total's 1/dp at stages 1-2, the sum of each unit's padded 1/dp at stage 3. */
+uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan);
+
 /* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
  * stage 3 keeps the unit whole on every rank (at or below the persistence threshold, for an
  * implementation that decides persistence per unit: the paper's). */

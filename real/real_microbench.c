@@ -105,7 +105,10 @@ typedef struct {
 
 static const int cpu_squares[] = {32, 64, 128, 256, 512, 768};
 static const size_t cpu_elems[] = {1u << 16, 1u << 18, 1u << 20, 1u << 22};
-static const size_t cpu_coll[] = {1u << 10, 1u << 14, 1u << 18, 1u << 21, 1u << 22};
+/* Collectives to 32 MiB (bf16): on a loaded CPU an 8 MiB one takes about as long as a waiting
+ * rank's lost time slice (a few ms), the largest several times that, so that the fitted
+ * bandwidths stand above that noise. */
+static const size_t cpu_coll[] = {1u << 10, 1u << 14, 1u << 18, 1u << 21, 1u << 22, 1u << 24};
 /* GPT-2 124M and 1.5B hidden sizes; micro-batches 1, 4 and 16 of 1,024 tokens. */
 static const int device_hiddens[] = {768, 1600};
 static const int device_tokens[] = {1024, 4096, 16384};
@@ -722,14 +725,27 @@ static gboolean run_collective(void *p, GError **error)
     return c->allgather_bf16(c, x->h[1], per_rank, x->h[0], error);
 }
 
+/* Cell c of the collectives' sweep into x: op c / sizes, the size c mod sizes, rounded down to
+ * a multiple of the ranks. */
+static void coll_cell(Ctx *x, const Sizes *sz, size_t c)
+{
+    x->op = (int)(c / sz->n_coll_elems);
+    x->elems = sz->coll_elems[c % sz->n_coll_elems] / (size_t)x->comm->size *
+               (size_t)x->comm->size;
+}
+
 /* Over a real communicator, the real collectives; over an emulated one (one process playing
- * a rank of a node), the device-to-device copies that stand in for them. */
+ * a rank of a node), the device-to-device copies that stand in for them. Each op and size is
+ * timed REPEATS times after a warm-up call, the median kept, and the repeats go round every op
+ * and size in turn: load on a shared machine that comes and goes (ranks that busy-poll for
+ * their peers wait out another process's time slice) then lands on a repeat of many sizes
+ * rather than on every repeat of a few, and the medians drop it. */
 static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError **error)
 {
     static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
     if (x->comm->size < 2)
         return TRUE;
-    const size_t max = sz->coll_elems[sz->n_coll_elems - 1];
+    const size_t max = sz->coll_elems[sz->n_coll_elems - 1], cells = 3 * sz->n_coll_elems;
     x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     gboolean ok = x->h[0] && x->h[1];
@@ -739,23 +755,32 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
         fill_random(x, x->h[0], REAL_DTYPE_BF16, max, FALSE);
         fill_random(x, x->h[1], REAL_DTYPE_BF16, max, FALSE);
     }
-    for (int op = 0; ok && op < 3; op++)
-        for (size_t i = 0; ok && i < sz->n_coll_elems; i++) {
-            x->op = op;
-            x->elems = sz->coll_elems[i] / (size_t)x->comm->size * (size_t)x->comm->size;
-            double t;
-            ok = median_time(x->be, x->comm, run_collective, x, &t, error);
-            /* Bus bandwidth as nccl-tests define it (doc/PERFORMANCE.md): the algorithm
-             * bandwidth S / t times 2(n-1)/n for an all-reduce, (n-1)/n for the others. */
-            const double n = x->comm->size, algbw = 2.0 * x->elems / t;
-            const double busbw = algbw * (op == 0 ? 2 * (n - 1) / n : (n - 1) / n);
-            if (ok)
-                json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f, s:f, s:f}", "op",
-                                                     names[op], "ranks", x->comm->size,
-                                                     "bytes", 2.0 * x->elems, "time_s", t,
-                                                     "algbw_bytes_per_s", algbw,
-                                                     "busbw_bytes_per_s", busbw));
+    double *times = g_new(double, cells * REPEATS);
+    for (int r = -1; ok && r < REPEATS; r++) /* r = -1: the warm-up round */
+        for (size_t c = 0; ok && c < cells; c++) {
+            coll_cell(x, sz, c);
+            double t = 0;
+            ok = r < 0 ? run_collective(x, error) && finished(x->be, error)
+                       : real_microbench_once_s(x->be, x->comm, run_collective, x, &t, error);
+            if (ok && r >= 0)
+                times[c * REPEATS + (size_t)r] = t;
         }
+    for (size_t c = 0; ok && c < cells; c++) {
+        coll_cell(x, sz, c);
+        const int op = x->op;
+        const size_t elems = x->elems;
+        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
+        const double t = times[c * REPEATS + REPEATS / 2];
+        /* Bus bandwidth as nccl-tests define it (doc/PERFORMANCE.md): the algorithm
+         * bandwidth S / t times 2(n-1)/n for an all-reduce, (n-1)/n for the others. */
+        const double n = x->comm->size, algbw = 2.0 * elems / t;
+        const double busbw = algbw * (op == 0 ? 2 * (n - 1) / n : (n - 1) / n);
+        json_array_append_new(out, json_pack("{s:s, s:i, s:f, s:f, s:f, s:f}", "op", names[op],
+                                             "ranks", x->comm->size, "bytes", 2.0 * elems,
+                                             "time_s", t, "algbw_bytes_per_s", algbw,
+                                             "busbw_bytes_per_s", busbw));
+    }
+    g_free(times);
     x->be->free(x->be, x->h[0]), x->h[0] = NULL;
     x->be->free(x->be, x->h[1]), x->h[1] = NULL;
     return ok;

@@ -27,7 +27,9 @@
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
  * (`emulated`), the collectives are the device-to-device copies that stand in for them. Each
- * collective also carries its algorithm and bus bandwidth as nccl-tests define them. The op
+ * collective also carries its algorithm and bus bandwidth as nccl-tests define them, and its
+ * repeats go round every collective and size in turn (a passing load hits one repeat of many
+ * sizes, which the medians drop, not every repeat of one). The op
  * microbenchmarks of real_opbench follow (its sections), with `model` and `plan` (both NULL,
  * or both set) also every kernel of that plan's compute ops. */
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,

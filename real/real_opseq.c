@@ -1,5 +1,5 @@
 /* real_opseq: a step's compute ops timed whole, in a step's own sequence over every layer (its
- * optimizer included, untimed), so that zp_cost can take measured op times first. */
+ * optimizer too, at each ZeRO stage's partition), so that zp_cost can take measured times first. */
 #include "real_opseq.h"
 #include "real_engine.h"
 #include "real_gpt.h"
@@ -12,15 +12,28 @@
 #include <string.h>
 
 #define TIMED_STEPS 3
+#define ZERO_STAGES 4
 
 typedef struct {
     RealBackend *be;
     RealGpt *gpt;
     RealGptDims dims;
     int n_units;
-    RealBf16 **params, **grads; /* per unit */
-    float **master, **adam_m, **adam_v; /* per unit: the optimizer's states */
+    /* The parameters and gradients flat, units at their offsets, as the engine lays them out
+     * (real_engine.c), then zeros to the widest stage's padding; the optimizer's states over
+     * the same span. */
+    uint64_t flat;
+    RealBf16 *flat_params, *flat_grads;
+    float *master, *adam_m, *adam_v;
+    RealBf16 **params, **grads; /* per unit: into the flat buffers */
     int64_t adam_step;
+    /* The optimizer's partitions, one per distinct element count of stages 0-3 on the plan's
+     * dp ranks (zp_sched_optimizer_elems): this rank's, at its place in the flat space. Each
+     * timed step steps the next one in turn (its caches as a step leaves them, not as another
+     * optimizer call would). */
+    int n_parts, part, turn;
+    uint64_t part_elems[ZERO_STAGES], part_offset[ZERO_STAGES];
+    GArray *part_times[ZERO_STAGES];
     RealBf16 **x;               /* x_0 .. x_L, bf16 [T, h] */
     RealBf16 *scratch;          /* a recompute's output (backward reads its saved tensors) */
     float *dx;                  /* fp32 [T, h], in place through the backward */
@@ -73,48 +86,51 @@ static gboolean run_embed_bwd(void *p, GError **error)
     return real_gpt_embed_backward(q->gpt, q->tokens, q->dx, q->grads[0], error);
 }
 
-/* One op, timed when `record`. */
-static gboolean op(Seq *q, RealComm *comm, ZpComputeKind kind, RealTimedFn fn, gboolean record,
-                   GError **error)
+/* The step's Adam over the partition in turn, one call as the engine makes it
+ * (real_engine.c optimizer). A learning rate of 0 writes the same parameters back: every
+ * timed step computes on the same values (gradients here are never zeroed, and drifting
+ * weights could reach slow denormal arithmetic). */
+static gboolean run_optimizer(void *p, GError **error)
+{
+    (void)error;
+    Seq *q = p;
+    const RealAdamHyper hyper = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                 .grad_scale = 1.0f, .step = ++q->adam_step};
+    const uint64_t at = q->part_offset[q->part];
+    q->be->adam_step(q->be, &hyper, q->part_elems[q->part], q->master + at, q->adam_m + at,
+                     q->adam_v + at, q->flat_grads + at, q->flat_params + at);
+    return TRUE;
+}
+
+/* One op, its time appended to `times` (NULL: untimed). */
+static gboolean op(Seq *q, RealComm *comm, RealTimedFn fn, GArray *times, GError **error)
 {
     double t;
     if (!real_microbench_once_s(q->be, comm, fn, q, &t, error))
         return FALSE;
-    if (record)
-        g_array_append_val(q->times[kind], t);
+    if (times)
+        g_array_append_val(times, t);
     return TRUE;
 }
 
-/* The step's Adam over every unit, untimed (zp_cost takes the optimizer from its fitted
- * rate): it runs so that the next step's first ops find the caches as training leaves them,
- * after the optimizer has streamed 16 bytes per parameter through them. A learning rate of 0
- * writes the same parameters back: every timed step computes on the same values (gradients
- * here are never zeroed, and drifting weights could reach slow denormal arithmetic). */
-static gboolean optimizer(Seq *q)
-{
-    const RealAdamHyper hyper = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                 .grad_scale = 1.0f, .step = ++q->adam_step};
-    for (int u = 0; u < q->n_units; u++)
-        q->be->adam_step(q->be, &hyper, real_gpt_unit_elems(&q->dims, u), q->master[u],
-                         q->adam_m[u], q->adam_v[u], q->grads[u], q->params[u]);
-    return TRUE;
-}
-
-/* The compute of one step, in the engine's order, and its optimizer. */
+/* The compute of one step, in the engine's order, and its optimizer; timed when `record`. */
 static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean record,
                      GError **error)
 {
     const int L = q->dims.layers;
-    gboolean ok = op(q, comm, ZP_COMP_EMBED_FWD, run_embed_fwd, record, error);
+    GArray *untimed[ZP_COMP_N] = {NULL}, **t = record ? q->times : untimed;
+    gboolean ok = op(q, comm, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
     q->save = !checkpoint;
     for (q->layer = 0; ok && q->layer < L; q->layer++)
-        ok = op(q, comm, ZP_COMP_BLOCK_FWD, run_block_fwd, record, error);
-    ok = ok && op(q, comm, ZP_COMP_HEAD, run_head, record, error);
+        ok = op(q, comm, run_block_fwd, t[ZP_COMP_BLOCK_FWD], error);
+    ok = ok && op(q, comm, run_head, t[ZP_COMP_HEAD], error);
     for (q->layer = L - 1; ok && q->layer >= 0; q->layer--)
-        ok = (!checkpoint || op(q, comm, ZP_COMP_RECOMPUTE, run_recompute, record, error)) &&
-             op(q, comm, ZP_COMP_BLOCK_BWD, run_block_bwd, record, error);
-    return ok && op(q, comm, ZP_COMP_EMBED_BWD, run_embed_bwd, record, error) &&
-           optimizer(q);
+        ok = (!checkpoint || op(q, comm, run_recompute, t[ZP_COMP_RECOMPUTE], error)) &&
+             op(q, comm, run_block_bwd, t[ZP_COMP_BLOCK_BWD], error);
+    ok = ok && op(q, comm, run_embed_bwd, t[ZP_COMP_EMBED_BWD], error);
+    q->part = q->turn % q->n_parts;
+    q->turn += record;
+    return ok && op(q, comm, run_optimizer, record ? q->part_times[q->part] : NULL, error);
 }
 
 static int compare_doubles(const void *a, const void *b)
@@ -123,63 +139,101 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* A row per op kind timed in this mode, and the samples cleared. */
+/* {op, shape, calls, time_s: the median} of the samples `t`, which are cleared. */
+static json_t *row(ZpComputeKind kind, const char *shape, GArray *t)
+{
+    qsort(t->data, t->len, sizeof(double), compare_doubles);
+    json_t *r = json_pack("{s:s, s:s, s:i, s:f}", "op", zp_sched_compute_name(kind), "shape",
+                          shape, "calls", (int)t->len, "time_s",
+                          g_array_index(t, double, t->len / 2));
+    g_array_set_size(t, 0);
+    return r;
+}
+
+/* A row per compute op kind timed in this mode, with the mode. */
 static void rows(Seq *q, const ZpModel *model, const ZpPlan *plan, json_t *out)
 {
     for (int k = 0; k < ZP_COMP_N; k++) {
-        GArray *t = q->times[k];
-        if (t->len == 0)
+        if (q->times[k]->len == 0)
             continue;
-        qsort(t->data, t->len, sizeof(double), compare_doubles);
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
-        json_array_append_new(out, json_pack("{s:s, s:s, s:b, s:i, s:f}", "op",
-                                             zp_sched_compute_name(k), "shape", shape,
-                                             "checkpoint", plan->checkpoint, "calls",
-                                             (int)t->len, "time_s",
-                                             g_array_index(t, double, t->len / 2)));
-        g_array_set_size(t, 0);
+        json_t *r = row((ZpComputeKind)k, shape, q->times[k]);
+        json_object_set_new(r, "checkpoint", json_boolean(plan->checkpoint));
+        json_array_append_new(out, r);
     }
 }
 
-/* The units' parameters (the model's initialisation), zeroed gradients, the residual
- * stream, tokens. */
+/* A row per optimizer partition, over both modes' steps. */
+static void optimizer_rows(Seq *q, json_t *out)
+{
+    for (int i = 0; i < q->n_parts; i++) {
+        char shape[ZP_OPTABLE_SHAPE_LEN];
+        zp_cost_optimizer_shape((double)q->part_elems[i], shape);
+        json_array_append_new(out, row(ZP_COMP_OPTIMIZER, shape, q->part_times[i]));
+    }
+}
+
+/* The distinct optimizer partitions of stages 0-3 with plan->dp ranks, this rank's (`rank`)
+ * place in the flat space, and the flat space's elements (the model's, or the widest
+ * stage's padding). */
+static void partitions(Seq *q, const ZpModel *model, const ZpPlan *plan, int rank)
+{
+    q->flat = 0;
+    for (int u = 0; u < q->n_units; u++)
+        q->flat += real_gpt_unit_elems(&q->dims, u);
+    for (int stage = 0; stage < ZERO_STAGES; stage++) {
+        ZpPlan at = *plan;
+        at.zero.stage = stage;
+        const uint64_t n = zp_sched_optimizer_elems(model, &at);
+        int i = 0;
+        while (i < q->n_parts && q->part_elems[i] != n)
+            i++;
+        if (i < q->n_parts)
+            continue;
+        q->part_elems[i] = n;
+        q->part_offset[i] = stage == 0 ? 0 : (uint64_t)(rank % plan->dp) * n;
+        q->flat = MAX(q->flat, q->part_offset[i] + n);
+        q->n_parts++;
+    }
+}
+
+/* The units' parameters (the model's initialisation) and their fp32 master copy, zeroed
+ * gradients and moments, the residual stream, tokens. */
 static gboolean allocate(Seq *q, GError **error)
 {
     RealBackend *be = q->be;
     const size_t T = (size_t)q->dims.micro_batch * (size_t)q->dims.seq_len;
     const size_t xbytes = real_gpt_checkpoint_bytes(&q->dims);
-    gboolean ok = TRUE;
+    const size_t flat = (size_t)q->flat;
     q->params = g_new0(RealBf16 *, q->n_units);
     q->grads = g_new0(RealBf16 *, q->n_units);
-    q->master = g_new0(float *, q->n_units);
-    q->adam_m = g_new0(float *, q->n_units);
-    q->adam_v = g_new0(float *, q->n_units);
     q->x = g_new0(RealBf16 *, q->dims.layers + 1);
-    for (int u = 0; ok && u < q->n_units; u++) {
-        const size_t n = real_gpt_unit_elems(&q->dims, u);
-        RealBf16 *host = g_new(RealBf16, n);
-        q->params[u] = be->alloc(be, n * sizeof(RealBf16), REAL_MEM_PARAMS);
-        q->grads[u] = be->alloc(be, n * sizeof(RealBf16), REAL_MEM_GRADS);
-        q->master[u] = be->alloc(be, n * sizeof(float), REAL_MEM_MASTER);
-        q->adam_m[u] = be->alloc(be, n * sizeof(float), REAL_MEM_ADAM_M);
-        q->adam_v[u] = be->alloc(be, n * sizeof(float), REAL_MEM_ADAM_V);
-        ok = q->params[u] && q->grads[u] && q->master[u] && q->adam_m[u] && q->adam_v[u] &&
-             real_gpt_init_params(&q->dims, 7, u, host, error);
-        if (ok) {
-            float *wide = g_new(float, n);
-            for (size_t i = 0; i < n; i++)
-                wide[i] = real_bf16_to_f32(host[i]);
-            be->copy(be, q->params[u], host, n * sizeof(RealBf16));
-            be->copy(be, q->master[u], wide, n * sizeof(float));
-            memset(host, 0, n * sizeof(RealBf16));
-            be->copy(be, q->grads[u], host, n * sizeof(RealBf16));
-            be->fill(be, q->adam_m[u], 0, n * sizeof(float));
-            be->fill(be, q->adam_v[u], 0, n * sizeof(float));
-            g_free(wide);
-        }
-        g_free(host);
+    q->flat_params = be->alloc(be, flat * sizeof(RealBf16), REAL_MEM_PARAMS);
+    q->flat_grads = be->alloc(be, flat * sizeof(RealBf16), REAL_MEM_GRADS);
+    q->master = be->alloc(be, flat * sizeof(float), REAL_MEM_MASTER);
+    q->adam_m = be->alloc(be, flat * sizeof(float), REAL_MEM_ADAM_M);
+    q->adam_v = be->alloc(be, flat * sizeof(float), REAL_MEM_ADAM_V);
+    gboolean ok = q->flat_params && q->flat_grads && q->master && q->adam_m && q->adam_v;
+    RealBf16 *host = ok ? g_new0(RealBf16, flat) : NULL;
+    for (size_t u = 0, at = 0; ok && u < (size_t)q->n_units; u++) {
+        q->params[u] = q->flat_params + at;
+        q->grads[u] = q->flat_grads + at;
+        ok = real_gpt_init_params(&q->dims, 7, (int)u, host + at, error);
+        at += real_gpt_unit_elems(&q->dims, (int)u);
     }
+    if (ok) {
+        float *wide = g_new(float, flat);
+        for (size_t i = 0; i < flat; i++)
+            wide[i] = real_bf16_to_f32(host[i]);
+        be->copy(be, q->flat_params, host, flat * sizeof(RealBf16));
+        be->copy(be, q->master, wide, flat * sizeof(float));
+        be->fill(be, q->flat_grads, 0, flat * sizeof(RealBf16));
+        be->fill(be, q->adam_m, 0, flat * sizeof(float));
+        be->fill(be, q->adam_v, 0, flat * sizeof(float));
+        g_free(wide);
+    }
+    g_free(host);
     for (int l = 0; ok && l <= q->dims.layers; l++)
         ok = (q->x[l] = be->alloc(be, xbytes, REAL_MEM_CHECKPOINTS)) != NULL;
     ok = ok && (q->scratch = be->alloc(be, xbytes, REAL_MEM_WORKSPACE)) != NULL &&
@@ -197,23 +251,19 @@ static gboolean allocate(Seq *q, GError **error)
 
 static void release(Seq *q)
 {
-    for (int u = 0; q->params && u < q->n_units; u++) {
-        q->be->free(q->be, q->params[u]);
-        q->be->free(q->be, q->grads[u]);
-        q->be->free(q->be, q->master[u]);
-        q->be->free(q->be, q->adam_m[u]);
-        q->be->free(q->be, q->adam_v[u]);
-    }
+    void *device[] = {q->flat_params, q->flat_grads, q->master, q->adam_m, q->adam_v,
+                      q->scratch, q->dx};
+    for (size_t i = 0; i < G_N_ELEMENTS(device); i++)
+        q->be->free(q->be, device[i]);
     for (int l = 0; q->x && l <= q->dims.layers; l++)
         q->be->free(q->be, q->x[l]);
-    q->be->free(q->be, q->scratch);
-    q->be->free(q->be, q->dx);
     g_free(q->params), g_free(q->grads), g_free(q->x);
-    g_free(q->master), g_free(q->adam_m), g_free(q->adam_v);
     g_free(q->tokens), g_free(q->targets);
     real_gpt_free(q->gpt);
     for (int k = 0; k < ZP_COMP_N; k++)
         g_array_unref(q->times[k]);
+    for (int i = 0; i < ZERO_STAGES; i++)
+        g_array_unref(q->part_times[i]);
 }
 
 gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
@@ -224,7 +274,10 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     Seq q = {.be = be, .dims = real_engine_dims(model, plan)};
     for (int k = 0; k < ZP_COMP_N; k++)
         q.times[k] = g_array_new(FALSE, FALSE, sizeof(double));
+    for (int i = 0; i < ZERO_STAGES; i++)
+        q.part_times[i] = g_array_new(FALSE, FALSE, sizeof(double));
     q.n_units = real_gpt_n_units(&q.dims);
+    partitions(&q, model, plan, comm->rank);
     gboolean ok = real_gpt_dims_check(&q.dims, error) &&
                   real_gpt_check_backend(be, &q.dims, error) &&
                   (q.gpt = real_gpt_new(be, &q.dims, error)) != NULL && allocate(&q, error);
@@ -237,6 +290,8 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
         if (ok)
             rows(&q, model, &mode, out);
     }
+    if (ok)
+        optimizer_rows(&q, out);
     release(&q);
     if (!ok) {
         json_decref(out);

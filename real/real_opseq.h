@@ -15,10 +15,15 @@
 /* Runs, on every rank at once (as many ranks share the machine as will train on it), the
  * compute of a step of `model` under `plan` as the engine drives real_gpt: embedding
  * forward, every block forward, the head, every block backward (after its recompute under
- * checkpointing), the embedding backward, from the model's initial parameters. It does so
- * without and with checkpointing, a warm-up step and then three timed steps each. Adds to
- * `root` (a json_t object) "op_sequence": [{op, shape (zp_cost_op_shape), checkpoint, calls,
- * time_s}]: for each op kind and mode, the median over its calls of the slowest rank's time.
+ * checkpointing), the embedding backward, from the model's initial parameters, then the
+ * optimizer: one Adam call over this rank's partition, as real_engine.c makes it, at the
+ * element count of one ZeRO stage on plan->dp ranks (zp_sched_optimizer_elems: stage 0's
+ * every parameter, stages 1-2's and stage 3's shares), the distinct counts in turn, one a
+ * timed step. It does so without and with checkpointing, a warm-up step and then three timed
+ * steps each. Adds to `root` (a json_t object) "op_sequence": [{op, shape
+ * (zp_cost_op_shape), checkpoint, calls, time_s}]: for each op kind and mode, the median over
+ * its calls of the slowest rank's time; and per optimizer element count {op "optimizer",
+ * shape (zp_cost_optimizer_shape), calls, time_s} over both modes' timed steps.
  * Adds nothing (returns TRUE) when plan->mp > 1: zreal runs no tensor-parallel shapes. */
 gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
                         const ZpPlan *plan, void *root, GError **error);

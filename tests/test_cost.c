@@ -171,9 +171,13 @@ static void test_hand_computed(void)
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.table);
-    g_assert_nonnull(strstr(c.why, "op table: no op measured whole (2 ranks at once); the sum "
-                                   "of their kernels for embed_fwd, block_fwd, head, recompute, "
-                                   "block_bwd, embed_bwd (synthetic"));
+    char *said = g_strdup_printf("op table: no op measured whole (2 ranks at once); the sum of "
+                                 "their kernels for embed_fwd, block_fwd, head, recompute, "
+                                 "block_bwd, embed_bwd; the optimizer's %.0f elements at its "
+                                 "fitted rate (no whole times around them) (synthetic",
+                                 (double)zp_sched_optimizer_elems(&m, &p));
+    g_assert_nonnull(strstr(c.why, said));
+    g_free(said);
     const double L = 1e-6, th = 32 * 64;
     /* Embedding forward: the lookup (bf16 token and position rows in, fp32 out: 8 th bytes at
      * embed's 11e9) and the conversion to bf16 (6 th at convert's 9e9). */
@@ -324,6 +328,94 @@ static void test_whole_op(void)
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.whole[ZP_COMP_HEAD]);
     g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 0.5);
+}
+
+/* The step's optimizer op, as zp_sched_build emits it for tiny at `stage` on `dp` ranks, costed
+ * with c. */
+static double sched_optimizer_s(const ZpModel *m, const ZpPlan *plan, const ZpCost *c)
+{
+    ZpSchedule *s = zp_sched_build(m, plan, NULL);
+    g_assert_nonnull(s);
+    double t = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *o = zp_sched_op(s, i);
+        if (o->kind == ZP_OP_COMPUTE && o->sub == ZP_COMP_OPTIMIZER)
+            t = zp_cost_op_s(c, o->sub, zp_op_module(o), o->flops, o->gemm_flops, o->attn_flops,
+                             o->mem_bytes);
+    }
+    zp_sched_free(s);
+    return t;
+}
+
+/* The optimizer timed whole: a plan finds its own partition's time (stage 0's every parameter,
+ * stage 3's share, on 2 ranks and on 1), a partition between two timed ones the straight line
+ * between them, one outside them the fitted rate; the path is said in c.why. Hand-computed
+ * from the synthetic table (launch 1 us, 4e9 B/s; fp16 Adam moves 2 + 2 + 2 x 12 = 28 bytes an
+ * element). */
+static void test_whole_optimizer(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p0, p3, one;
+    tiny_setup(&hw, &m, &p0, 0, 2, 0, TRUE);
+    zp_plan_defaults(&p3, 3, 2, 1);
+    zp_plan_defaults(&one, 0, 1, 1);
+    const double e0 = (double)zp_sched_optimizer_elems(&m, &p0);
+    const double e3 = (double)zp_sched_optimizer_elems(&m, &p3);
+    g_assert_cmpfloat(e0, ==, (double)zp_sched_optimizer_elems(&m, &one));
+    g_assert_cmpfloat(e3, <, e0);
+    ZpOpTable *t = &hw.op_costs;
+    const struct {
+        double elems;
+        int ranks;
+        double time_s;
+    } rows[] = {{e0, 2, 0.004}, {e3, 2, 0.003}, {e0, 1, 0.010}};
+    t->n_ops = 1 + (int)G_N_ELEMENTS(rows); /* after the synthetic block_fwd */
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
+        t->ops[1 + i] = (ZpOpTime){.op = "optimizer", .ranks = rows[i].ranks,
+                                   .time_s = rows[i].time_s};
+        zp_cost_optimizer_shape(rows[i].elems, t->ops[1 + i].shape);
+    }
+    ZpCost c;
+    const ZpPlan *plans[] = {&p0, &p3, &one};
+    for (size_t i = 0; i < G_N_ELEMENTS(plans); i++) {
+        g_assert_true(zp_cost_init(&c, &hw, &m, plans[i], NULL));
+        g_assert_true(c.whole[ZP_COMP_OPTIMIZER]);
+        g_assert_cmpfloat(sched_optimizer_s(&m, plans[i], &c), ==, rows[i].time_s);
+        char *said = g_strdup_printf("; the optimizer measured whole at its %.0f elements (",
+                                     rows[i].elems);
+        g_assert_nonnull(strstr(c.why, said));
+        g_free(said);
+    }
+    /* Between the two 2-rank times, and below them (the fitted rate). */
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p0, NULL));
+    const double mid = (e0 + e3) / 2, low = e3 / 2;
+    g_assert_cmpfloat(fabs(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, -1, 0, 0, 0, 28 * mid) - 0.0035),
+                      <, 1e-15);
+    g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, -1, 0, 0, 0, 28 * low), ==,
+                      1e-6 + 28 * low / 4e9);
+    /* Stage 3's own time gone, a time at a quarter of stage 0's: stage 3 on the line between. */
+    const double quarter = floor(e0 / 4);
+    zp_cost_optimizer_shape(quarter, t->ops[2].shape);
+    t->ops[2].time_s = 0.001;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p3, NULL));
+    g_assert_false(c.whole[ZP_COMP_OPTIMIZER]);
+    const double line = 0.001 + (e3 - quarter) * (0.004 - 0.001) / (e0 - quarter);
+    g_assert_cmpfloat(fabs(sched_optimizer_s(&m, &p3, &c) - line), <, 1e-15);
+    char *said = g_strdup_printf("; the optimizer's %.0f elements between its whole times at "
+                                 "%.0f and %.0f (", e3, quarter, e0);
+    g_assert_nonnull(strstr(c.why, said));
+    g_free(said);
+    /* No whole times on 4 ranks: the fitted rate, said. */
+    ZpPlan p4;
+    zp_plan_defaults(&p4, 3, 4, 1);
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p4, NULL));
+    const double e4 = (double)zp_sched_optimizer_elems(&m, &p4);
+    g_assert_cmpfloat(sched_optimizer_s(&m, &p4, &c), ==, 1e-6 + 28 * e4 / 4e9);
+    said = g_strdup_printf("; the optimizer's %.0f elements at its fitted rate (no whole times "
+                           "around them) (", e4);
+    g_assert_nonnull(strstr(c.why, said));
+    g_free(said);
 }
 
 /* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
@@ -565,8 +657,10 @@ static void test_calibrated_whole_ops(void)
     ZpPlan p;
     load_model("tiny", &m);
     zp_plan_defaults(&p, 0, 2, 1);
-    char shape[ZP_OPTABLE_SHAPE_LEN];
+    char shape[ZP_OPTABLE_SHAPE_LEN], opt[ZP_OPTABLE_SHAPE_LEN];
     zp_cost_op_shape(&m, &p, ZP_COMP_HEAD, shape);
+    const double elems = (double)zp_sched_optimizer_elems(&m, &p);
+    zp_cost_optimizer_shape(elems, opt);
     char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
     const int worlds[3] = {2, 2, 1};
     const double times[3] = {1.0, 3.0, 5.0};
@@ -575,8 +669,10 @@ static void test_calibrated_whole_ops(void)
         json_t *root = synthetic_run(1);
         json_object_set_new(root, "world", json_integer(worlds[i]));
         json_object_set_new(root, "op_sequence",
-                            json_pack("[{s:s, s:s, s:b, s:i, s:f}]", "op", "head", "shape", shape,
-                                      "checkpoint", 0, "calls", 3, "time_s", times[i]));
+                            json_pack("[{s:s, s:s, s:b, s:i, s:f}, {s:s, s:s, s:i, s:f}]", "op",
+                                      "head", "shape", shape, "checkpoint", 0, "calls", 3,
+                                      "time_s", times[i], "op", "optimizer", "shape", opt,
+                                      "calls", 6, "time_s", times[i] / 100));
         char *name = g_strdup_printf("run%d.json", i);
         char *path = g_build_filename(dir, name, NULL);
         g_assert_true(zp_json_write(root, path, &error));
@@ -592,13 +688,22 @@ static void test_calibrated_whole_ops(void)
     tu_free(&r);
     ZpHw hw;
     load_hw(prof, &hw);
-    g_assert_cmpint(hw.op_costs.n_ops, ==, 2);
+    g_assert_cmpint(hw.op_costs.n_ops, ==, 4);
     g_assert_cmpfloat(zp_optable_op(&hw.op_costs, "head", shape, 2)->time_s, ==, 2.0);
     g_assert_cmpfloat(zp_optable_op(&hw.op_costs, "head", shape, 1)->time_s, ==, 5.0);
     g_assert_null(zp_optable_op(&hw.op_costs, "block_fwd", shape, 2));
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_cmpfloat(zp_cost_op_s(&c, ZP_COMP_HEAD, -1, 0, 0, 0, 0), ==, 2.0);
+    /* The optimizer's time at its elements, kept per ranks like the others. */
+    g_assert_true(c.whole[ZP_COMP_OPTIMIZER]);
+    const double step_bytes = zp_plan_step_bytes(zp_plan_state_bytes(p.precision, p.optimizer));
+    g_assert_true(close_to(zp_cost_op_s(&c, ZP_COMP_OPTIMIZER, -1, 0, 0, 0, step_bytes * elems),
+                           0.02));
+    double t1, around[2];
+    g_assert_cmpint(zp_cost_optimizer_whole(&hw.op_costs, elems, 1, &t1, around), ==,
+                    ZP_OPT_PATH_WHOLE);
+    g_assert_true(close_to(t1, 0.05));
     for (int i = 0; i < 3; i++) {
         char *name = g_strdup_printf("run%d.json", i);
         char *path = g_build_filename(dir, name, NULL);
@@ -609,6 +714,113 @@ static void test_calibrated_whole_ops(void)
     g_rmdir(dir);
     g_free(prof), g_free(dir);
     g_string_free(args, TRUE);
+}
+
+/* `zplan calibrate` of one synthetic run whose collective timings are `coll`: its outcome
+ * (the caller frees it) and, when it wrote one, the profile's object (NULL otherwise). */
+static json_t *calibrate_collectives(json_t *coll, TuRun *r)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL), *prof = g_build_filename(dir, "p.json", NULL);
+    json_t *root = synthetic_run(1);
+    json_object_set_new(root, "collectives", coll);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    *r = tu_zplan(args);
+    g_test_message("%s: %s%s", args, r->out, r->err);
+    json_t *profile = json_load_file(prof, 0, NULL);
+    g_unlink(run), g_unlink(prof), g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+    return profile;
+}
+
+/* Timings {op, ranks, bytes, time_s} of the three collectives at five sizes (2 KB to 8 MB, the
+ * CPU microbenchmark's) on `ranks`, t[kind][size]. */
+static void add_timings(json_t *coll, int ranks, const double t[3][5])
+{
+    static const char *const ops[] = {"allreduce", "reduce_scatter", "allgather"};
+    static const double bytes[] = {2048, 32768, 524288, 4194304, 8388608};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 5; i++)
+            json_array_append_new(coll, json_pack("{s:s, s:i, s:f, s:f}", "op", ops[k], "ranks",
+                                                  ranks, "bytes", bytes[i], "time_s", t[k][i]));
+}
+
+/* The collectives' ring model is a non-negative fit: exact timings give back the model that
+ * made them; the timings of a loaded machine (two busy-polling ranks sharing the cores with
+ * other work: small collectives as slow as large ones, and an all-gather whose 8 MB took
+ * less than its 2 KB), on which the unconstrained fit gave the all-gather a negative
+ * bandwidth and calibrate failed, now give the best non-negative fit, the all-gather the
+ * lowest bandwidth fitted for another kind, and warnings; timings with no growth at all fail
+ * saying there is no signal. */
+static void test_calibrated_collectives(void)
+{
+    static const double bytes[] = {2048, 32768, 524288, 4194304, 8388608};
+    const double base = 2e-5, hop = 5e-6, bw[3] = {1e9, 2e9, 3e9};
+    json_t *coll = json_array();
+    for (int ranks = 2; ranks <= 4; ranks += 2) {
+        double t[3][5];
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < 5; i++)
+                t[k][i] = base + hop * (k ? 1 : 2) * (ranks - 1) +
+                          (k ? 1.0 : 2.0) * (ranks - 1) / ranks * bytes[i] / bw[k];
+        add_timings(coll, ranks, t);
+    }
+    TuRun r;
+    json_t *profile = calibrate_collectives(coll, &r);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_null(strstr(r.err, "collective"));
+    tu_free(&r);
+    json_t *fit = json_object_get(profile, "collective_fit");
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(fit, "base_latency_s")) / base - 1),
+                      <, 1e-6);
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(profile, "intra_node_latency_s")) /
+                               hop - 1), <, 1e-6);
+    static const char *const kinds[] = {"allreduce", "reduce_scatter", "allgather"};
+    for (int k = 0; k < 3; k++)
+        g_assert_cmpfloat(fabs(json_number_value(json_object_get(
+                                   json_object_get(fit, "bus_bytes_per_s"), kinds[k])) / bw[k] - 1),
+                          <, 1e-6);
+    json_decref(profile);
+
+    /* Loaded: 4-8 ms whatever the size. */
+    const double loaded[3][5] = {{0.0078, 0.0048, 0.0069, 0.0070, 0.0140},
+                                 {0.0065, 0.0074, 0.0044, 0.0061, 0.0090},
+                                 {0.0048, 0.0073, 0.0055, 0.0018, 0.0045}};
+    coll = json_array();
+    add_timings(coll, 2, loaded);
+    profile = calibrate_collectives(coll, &r);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "warning: the allgather timings tie no time to their bytes"));
+    g_assert_nonnull(strstr(r.err, "warning: the fit of the collectives"));
+    tu_free(&r);
+    fit = json_object_get(profile, "collective_fit");
+    json_t *fitted = json_object_get(fit, "bus_bytes_per_s");
+    const double ar = json_number_value(json_object_get(fitted, "allreduce"));
+    const double rs = json_number_value(json_object_get(fitted, "reduce_scatter"));
+    g_assert_cmpfloat(ar, >, rs); /* reduce-scatter grows faster with bytes here: the lowest */
+    g_assert_cmpfloat(json_number_value(json_object_get(fitted, "allgather")), ==, rs);
+    g_assert_cmpfloat(json_number_value(json_object_get(fit, "base_latency_s")), >=, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(profile, "intra_node_latency_s")), >=, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(profile, "calibration"),
+                                                        "collective_rms_rel_error")), >, 0.10);
+    json_decref(profile);
+
+    /* No growth anywhere: nothing to fit, said. */
+    double flat[3][5];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 5; i++)
+            flat[k][i] = 5e-3;
+    coll = json_array();
+    add_timings(coll, 2, flat);
+    profile = calibrate_collectives(coll, &r);
+    g_assert_null(profile);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "collectives: no signal: no collective's time grows with the "
+                                   "bytes it sends"));
+    tu_free(&r);
 }
 
 /* A block op's module shares come from its kernels: each block op's kernels sum, per module,
@@ -681,10 +893,12 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);
     g_test_add_func("/cost/whole-op", test_whole_op);
+    g_test_add_func("/cost/whole-optimizer", test_whole_optimizer);
     g_test_add_func("/cost/module-shares", test_module_shares);
     g_test_add_func("/cost/collective-copies", test_collective_copies);
     g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
+    g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);
     return g_test_run();
 }

@@ -1746,9 +1746,41 @@ static void test_llama_layout_memory(void)
     }
 }
 
+/* The optimizer's rows of an op sequence on `dp` ranks: one per distinct element count of
+ * stages 0-3 (zp_sched_optimizer_elems), keyed by it, their calls the six timed steps. */
+static void check_optimizer_rows(json_t *rows, const ZpModel *m, const ZpPlan *p, int dp,
+                                 int expect_rows)
+{
+    int found = 0, calls = 0;
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row)
+    {
+        if (strcmp(json_string_value(json_object_get(row, "op")), "optimizer") != 0)
+            continue;
+        const char *shape = json_string_value(json_object_get(row, "shape"));
+        gboolean known = FALSE;
+        for (int stage = 0; stage < 4; stage++) {
+            ZpPlan at = *p;
+            at.zero.stage = stage, at.dp = dp;
+            char key[ZP_OPTABLE_SHAPE_LEN];
+            zp_cost_optimizer_shape((double)zp_sched_optimizer_elems(m, &at), key);
+            known = known || strcmp(key, shape) == 0;
+        }
+        g_assert_true(known);
+        g_assert_null(json_object_get(row, "checkpoint"));
+        g_assert_cmpfloat(json_number_value(json_object_get(row, "time_s")), >, 0);
+        calls += (int)json_integer_value(json_object_get(row, "calls"));
+        found++;
+    }
+    g_assert_cmpint(found, ==, expect_rows);
+    g_assert_cmpint(calls, ==, 2 * 3);
+}
+
 /* The op sequence times every compute op of tiny's steps as real_gpt runs them: one row per op
- * and mode, as many calls as three steps make, keyed by zp_cost's shape of that mode, every
- * buffer freed after; nothing at a tensor degree zreal does not run. */
+ * and mode, as many calls as three steps make, keyed by zp_cost's shape of that mode, and the
+ * optimizer at each stage's partition; every buffer freed after; nothing at a tensor degree
+ * zreal does not run. */
 static void test_opseq_rows(void)
 {
     RealBackend *be = real_cpu_backend_new();
@@ -1762,13 +1794,17 @@ static void test_opseq_rows(void)
     g_assert_true(real_opseq_run(be, comm, &m, &p, root, &error));
     g_assert_no_error(error);
     json_t *rows = json_object_get(root, "op_sequence");
-    g_assert_cmpint(json_array_size(rows), ==, 5 + 6);
+    /* one rank: every stage steps every parameter */
+    g_assert_cmpint(json_array_size(rows), ==, 5 + 6 + 1);
+    check_optimizer_rows(rows, &m, &p, 1, 1);
     const int L = (int)m.layers;
     size_t i;
     json_t *row;
     json_array_foreach(rows, i, row)
     {
         const char *op = json_string_value(json_object_get(row, "op"));
+        if (strcmp(op, "optimizer") == 0)
+            continue;
         ZpPlan mode = p;
         mode.checkpoint = json_is_true(json_object_get(row, "checkpoint"));
         int kind = 0;
@@ -1789,6 +1825,22 @@ static void test_opseq_rows(void)
     /* The backend's own GEMM and attention staging stays (grown, never shrunk). */
     g_assert_cmpint(st.live_total_bytes, ==, st.live_bytes[REAL_MEM_WORKSPACE]);
     json_decref(root);
+    /* Rank 1 of 2: stage 0's every parameter, stages 1-2's padded half and stage 3's sum of
+     * padded unit halves (one row with stages 1-2's when they come out equal). */
+    RealComm *two = real_comm_emulated_new(be, 2, 1);
+    ZpPlan half = p;
+    half.dp = 2;
+    root = json_object();
+    g_assert_true(real_opseq_run(be, two, &m, &half, root, &error));
+    g_assert_no_error(error);
+    ZpPlan s1 = half, s3 = half;
+    s1.zero.stage = 1, s3.zero.stage = 3;
+    const gboolean apart = zp_sched_optimizer_elems(&m, &s1) != zp_sched_optimizer_elems(&m, &s3);
+    check_optimizer_rows(json_object_get(root, "op_sequence"), &m, &p, 2, apart ? 3 : 2);
+    json_decref(root);
+    two->destroy(two);
+    real_alloc_stats(be->tracker, &st);
+    g_assert_cmpint(st.live_total_bytes, ==, st.live_bytes[REAL_MEM_WORKSPACE]);
     root = json_object();
     p.mp = 2;
     g_assert_true(real_opseq_run(be, comm, &m, &p, root, &error));
