@@ -547,14 +547,25 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     return TRUE;
 }
 
+/* Copying `bytes` (read and written) on a backend with an op table: one launch at its
+ * measured copy rate (the convert class: copies, fills, conversions). */
+static double copy_s(const ZpCost *c, double bytes)
+{
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
+}
+
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
                     double gemm_flops, double attn_flops, double mem_bytes)
 {
     const gboolean optimizer = kind == ZP_COMP_OPTIMIZER;
-    /* ZeRO++'s (de)quantisation kernels and a coalesced gather's copies move bytes that
-     * differ op by op (a bucket's, a unit's, a call's), so they stay on the roofline's memory
-     * rate even with an op table. */
-    if (!c->table || kind == ZP_COMP_QUANTIZE || kind == ZP_COMP_UNPACK)
+    /* A coalesced gather's unpack is copies: the table's measured copy rate, as the
+     * collectives' own copies (not the block kernels' elementwise rate, a tenth of it on a
+     * CPU). ZeRO++'s (de)quantisation kernels move bytes that differ op by op (a bucket's, a
+     * unit's) in kernels the table does not time, so they stay on the roofline. */
+    if (c->table && kind == ZP_COMP_UNPACK)
+        return copy_s(c, mem_bytes);
+    if (!c->table || kind == ZP_COMP_QUANTIZE)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
     double whole_s, around[2];
@@ -590,8 +601,7 @@ double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks
     const double bytes = zp_cost_coll_copy_bytes(op, stage, ranks);
     if (!c->table || bytes <= 0)
         return 0;
-    const ZpOpTable *t = &c->hw->op_costs;
-    return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
+    return copy_s(c, bytes);
 }
 
 double zp_cost_contention(const ZpCost *c, int overlapping)

@@ -449,6 +449,9 @@ static void test_collective_copies(void)
     hw.op_costs = synthetic_table();
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_cmpfloat(fabs(zp_cost_coll_copy_s(&c, &op, 1, 4) - (1e-6 + 2 * B / 9e9)), <, 1e-15);
+    /* A coalesced gather's unpack is copies too: the same launch and copy rate. */
+    g_assert_cmpfloat(fabs(zp_cost_op_s(&c, ZP_COMP_UNPACK, -1, 0, 0, 0, 2 * B) -
+                           (1e-6 + 2 * B / 9e9)), <, 1e-15);
     /* A one-rank step without overlap is its compute ops and its collectives' copies. */
     zp_plan_defaults(&p, 1, 1, 1);
     p.zero.overlap_comm = FALSE;
