@@ -579,9 +579,9 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
 double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
 {
     const double share = op->bytes / MAX(ranks, 1);
-    /* bf16 in, widened to fp32, accumulated into bf16: 2 + 4 read and written, then 4 + 2
-     * read and 2 written per 2-byte element (real_engine.c deliver). */
-    const double deliver = stage >= 2 && op->micro > 0 ? 7 * share : 2 * share;
+    /* copied, or added in place in bf16: 2 + 2 read and 2 written per 2-byte element
+     * (real_engine.c real_engine_deliver). */
+    const double deliver = stage >= 2 && op->micro > 0 ? 3 * share : 2 * share;
     if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
         return 0;
     switch ((ZpCollKind)op->sub) {

@@ -20,7 +20,8 @@ const ZpImpl *zp_impl_get(ZpImplKind kind)
 typedef struct {
     int unit;
     uint64_t lo, elems;
-    double count; /* elements it counts for in the bucket (stage 3: padded) */
+    double count; /* elements it counts for against the bucket's limit */
+    double sent;  /* elements it adds to the bucket's reduction (stage 3: padded) */
 } Item;
 
 static gboolean same_module(const char *a, const char *b)
@@ -93,8 +94,9 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
         for (int u = 0; u < s->n_units; u++) {
             if (s->unit_elems[u] == 0) /* another pipeline stage's unit */
                 continue;
-            Item it = {u, s->unit_offset[u], s->unit_elems[u],
-                       (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u])};
+            const double sent =
+                (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
+            Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent};
             g_array_append_val(items, it);
         }
         return items;
@@ -102,7 +104,11 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
     GArray *tensors = zp_impl_tensors(s);
     for (guint i = 0; i < tensors->len; i++) {
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
-        Item it = {t->unit, t->offset, t->elems,
+        /* DeepSpeed's hooks count a parameter's numel (stage3.py
+         * reduce_independent_p_g_buckets_and_remove_grads: bucket.elements + param.ds_numel >
+         * reduce_bucket_size; stage_1_and_2.py's: param.numel()); stage 3's
+         * reduce_scatter_coalesced pads each to the group */
+        Item it = {t->unit, t->offset, t->elems, (double)t->elems,
                    (double)(padded ? zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp)
                                    : t->elems)};
         g_array_append_val(items, it);
@@ -120,16 +126,17 @@ void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit
     for (int i = (int)items->len - 1; i >= 0;) {
         ZpBucketSpec k = {it[i].lo, it[i].lo + it[i].elems, 0, it[i].unit, it[i].unit,
                           it[i].unit, -1, FALSE};
-        double elems = it[i].count;
+        double elems = it[i].count, sent = it[i].sent;
         k.bypass = bypass_large && elems > limit;
         for (i--; !k.bypass && i >= 0; i--) {
             if (elems + it[i].count > limit)
                 break;
             elems += it[i].count;
+            sent += it[i].sent;
             k.lo = it[i].lo;
             k.low_unit = k.launch_unit = it[i].unit;
         }
-        k.bytes = elems * bytes;
+        k.bytes = sent * bytes;
         g_array_append_val(buckets, k);
     }
     g_array_unref(items);

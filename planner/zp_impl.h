@@ -107,6 +107,11 @@ typedef struct ZpImpl {
     gboolean unit_persistence;
     /* Gradient elements kept as a model state (stage 2 may hold more than the partition). */
     double (*grad_state_elems)(const ZpSchedule *s);
+    /* With gradient accumulation: the elements of the copy each later micro-step's reduced
+     * gradients land in, allocated by its first reduction and freed after its last, once
+     * added into the state (which holds the earlier micro-steps' sum); NULL or 0: later
+     * micro-steps add into the state directly. */
+    double (*grad_copy_elems)(const ZpSchedule *s);
     /* The step's buffers around the optimizer (GArray of ZpStepBuffer). */
     void (*step_buffers)(const ZpSchedule *s, GArray *buffers);
     /* The closed-form buffer terms of the memory model (reduce and all-gather buckets, stage-3
@@ -140,6 +145,11 @@ typedef struct ZpImpl {
      * NULL or FALSE: a bucket launches after its lowest unit's whole backward (or as
      * plan_buckets says) and its gradients land in it directly. */
     gboolean (*grads_by_module)(const ZpPlan *plan);
+    /* Whether the buffers a gradient reduction reads (a bucket's own buffer, its copies, the
+     * gradients waiting for its held buffer) are freed once the host has issued the
+     * reduction (after the compute op it follows; then the memory a step needs is that of the
+     * ops in list order, as zreal holds it); FALSE: once the reduction has run. */
+    gboolean frees_at_issue;
     /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
      * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
      * others reduce-scattered alone, and only across more than one node
@@ -180,7 +190,9 @@ GArray *zp_impl_tensors(const ZpSchedule *s);
 
 /* Buckets in backward order (from the last unit down): items (whole units, or whole tensors
  * with by_tensor) grouped up to limit elements; an item larger than limit is a bucket alone
- * (bypass when bypass_large). Stage 3 counts units padded to dp. */
+ * (bypass when bypass_large). Stage 3 counts units padded to dp, tensors unpadded (DeepSpeed's
+ * ds_numel); a bucket's bytes are its items' padded to dp at stage 3 either way (what its
+ * reduce-scatter sends). */
 void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
                            gboolean bypass_large, GArray *buckets);
 

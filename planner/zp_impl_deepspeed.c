@@ -364,13 +364,9 @@ static void ds_persistent(const ZpSchedule *s, GArray *ranges)
 
 /* Stage 2: stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition as the whole
  * parameters that overlap the rank's partition (params_in_partition), on the rank where that
- * is largest (every rank runs one schedule; the largest sets what fits); with gradient
- * accumulation the reduced gradients of earlier micro-steps are kept beside it
- * (averaged_gradients), a second copy. */
-static double ds_grad_state_elems(const ZpSchedule *s)
+ * is largest (every rank runs one schedule; the largest sets what fits). */
+static double grads_in_partition_elems(const ZpSchedule *s)
 {
-    if (s->plan.zero.stage != 2)
-        return zp_impl_partition_grad_elems(s);
     GArray *tensors = zp_impl_tensors(s);
     const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
     const uint64_t part = s->partition_elems;
@@ -386,7 +382,36 @@ static double ds_grad_state_elems(const ZpSchedule *s)
         worst = MAX(worst, sum);
     }
     g_array_unref(tensors);
-    return (double)worst * (s->plan.grad_accum > 1 ? 2.0 : 1.0);
+    return (double)worst;
+}
+
+/* Stage 2: grads_in_partition, the first micro-step's, kept to the step (with accumulation,
+ * the sum of every micro-step's: below). */
+static double ds_grad_state_elems(const ZpSchedule *s)
+{
+    return s->plan.zero.stage == 2 ? grads_in_partition_elems(s)
+                                   : zp_impl_partition_grad_elems(s);
+}
+
+/* Stage 2 with accumulation, the gradients on the GPU (copy_grads_in_partition returns before
+ * touching grads_in_partition under cpu_offload): stage_1_and_2.py
+ * independent_gradient_partition_epilogue keeps micro-step 0's grads_in_partition as the sum
+ * (all_grad_tensors, the parameters' .grad, views of it) while _release_ipg_buffers drops the
+ * buffer itself (grads_in_partition = None). So each later micro-step's first
+ * copy_grads_in_partition (reduce_ipg_grads, after its first bucket's average_tensor)
+ * allocates a new grads_in_partition, and its epilogue, after the last bucket, adds it into
+ * the sum in place (accumulated_grad.add_(new_avg_grad), in the gradient accumulation dtype,
+ * the model's by default: engine.py get_data_types) and frees it (_clear_param_grad_only
+ * drops its last views). The sum is kept to the step (averaged_gradients). Stage 3 adds each
+ * reduced partition straight into its gradient buffer (stage3.py partition_grads: copy_ at
+ * micro_step_id 0, add_ after), with no copy. */
+static double ds_grad_copy_elems(const ZpSchedule *s)
+{
+    const ZpPlan *p = &s->plan;
+    return p->zero.stage == 2 && p->grad_accum > 1 &&
+                   p->zero.offload_optimizer.device == ZP_OFFLOAD_NONE
+               ? grads_in_partition_elems(s)
+               : 0;
 }
 
 /* Stages 1-2: stage_1_and_2.py DeepSpeedZeroOptimizer.step flattens the partition's gradients
@@ -512,6 +537,16 @@ const ZpImpl zp_impl_deepspeed = {
      * __reduce_and_partition_ipg_grads; stage_1_and_2.py swaps ipg buffers only with
      * overlap_comm). */
     .grads_by_module = ds_grads_by_module,
+    /* The hooks issue a reduction and drop what it reads at once, before the next module's
+     * backward allocates: stage3.py __add_grad_to_ipg_bucket (param.grad.data = the bucket's
+     * view), partition_grads (param.grad = None, a bypassing parameter's own gradient),
+     * reduce_scatter_coalesced's concatenation dropped on return; stage_1_and_2.py
+     * reduce_ipg_grads likewise. torch counts them freed then (memory_allocated); their blocks
+     * wait for the reduction's stream (record_stream) only before they are handed out again,
+     * and the caching allocator, short of memory, waits for such events rather than fail
+     * (CUDACachingAllocator.cpp release_cached_blocks -> synchronize_and_free_events): the
+     * reduction's time may stall the next allocation, never add to the memory a step needs. */
+    .frees_at_issue = TRUE,
     .plan_fetches = ds_plan_fetches,
     .persistent = ds_persistent,
     /* stage3.py step -> _partition_all_parameters -> partitioned_param_coordinator.py
@@ -524,6 +559,7 @@ const ZpImpl zp_impl_deepspeed = {
     .persistent_freed_for_step = TRUE,
     .unit_persistence = FALSE, /* per parameter */
     .grad_state_elems = ds_grad_state_elems,
+    .grad_copy_elems = ds_grad_copy_elems,
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,
     .gather_bound_elems = ds_gather_bound,

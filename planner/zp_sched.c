@@ -85,6 +85,7 @@ typedef struct {
     uint32_t ipg_alloc[2], ipg_last[2]; /* their alloc ops and last collectives */
     int occupant[2];        /* the bucket whose gradients a held buffer holds, -1 none */
     GArray *waits;          /* Wait, in the order the gradients were handed on */
+    int grad_copy;          /* a later micro-step's gradient copy (ZpImpl grad_copy_elems) */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
     int step;               /* the step of the position being built (zp_impl.h) */
@@ -578,6 +579,16 @@ static void free_held_buckets(Builder *b, int micro)
     }
 }
 
+/* A bucket's own buffer: a bypassing one's at stage 3 is the parameter's gradient, ds_numel
+ * (stage3.py __add_grad_to_ipg_bucket leaves it outside the flat buffer; only
+ * reduce_scatter_coalesced's copy pads it), any other one the size it is reduced at. */
+static double own_bytes(const Builder *b, const Bucket *k)
+{
+    return k->spec.bypass && b->s->plan.zero.stage == 3
+               ? (double)(k->spec.hi - k->spec.lo) * zp_plan_reduce_bytes(&b->s->plan)
+               : k->spec.bytes;
+}
+
 /* Stages 2-3 keep no full gradient: backward writes a unit's gradients straight into the
  * buckets that cover it, so those taking their own buffer are allocated before the unit's
  * producing op. */
@@ -588,7 +599,7 @@ static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
         if (k->buffer >= 0 || !own_buffer(b, k))
             continue;
         uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
-        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro,
+        k->alloc_op = emit_alloc(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro,
                                  &k->buffer, adeps, 2);
         g_array_append_val(deps, k->alloc_op);
     }
@@ -642,6 +653,7 @@ static uint32_t qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uin
 typedef struct {
     int buffer;
     double bytes;
+    uint32_t alloc; /* its alloc op */
 } Copy;
 
 /* A Copy of `bytes` after deps, listed in `copies` to be freed once the reduced slices are
@@ -652,7 +664,7 @@ static uint32_t bucket_copy(Builder *b, const Bucket *k, double bytes, int micro
     int copy;
     const uint32_t op = emit_alloc(b, ZP_MEM_BUCKETS, bytes, k->spec.top_unit, micro, &copy,
                                    deps, n_deps);
-    const Copy c = {copy, bytes};
+    const Copy c = {copy, bytes, op};
     g_array_append_val(copies, c);
     return op;
 }
@@ -785,8 +797,9 @@ static uint32_t offload_grad_slice(Builder *b, const Bucket *k, int unit, int mi
 }
 
 /* The waiting gradients copied into their held buffers as those empty, in the order they were
- * handed on (a bucket's only once no earlier bucket's wait: buckets fill in turn), after
- * `after` (the reduction that read the buffer last). */
+ * handed on (a bucket's only once no earlier bucket's wait: buckets fill in turn), each freed
+ * after `after` (the reduction that empties the buffer, or the op after which the host
+ * issued it: ZpImpl frees_at_issue). */
 static void land_waits(Builder *b, int micro, uint32_t after)
 {
     guint n = 0;
@@ -861,6 +874,14 @@ static void hand_on(Builder *b, int u, int module, int micro, GArray *deps)
     }
 }
 
+/* The bytes of micro-step `micro`'s gradient copy (ZpImpl grad_copy_elems; 0: none). */
+static double grad_copy_bytes(const Builder *b, int micro)
+{
+    if (micro == 0 || !b->impl->grad_copy_elems)
+        return 0;
+    return b->impl->grad_copy_elems(b->s) * b->state.grad_bytes;
+}
+
 static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -885,6 +906,11 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         k->buffer = b->ipg[held];
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
+    /* a later micro-step's gradient copy, taken by its first reduction (the reduced
+     * gradients are copied into it) */
+    const double copy_bytes = grad_copy_bytes(b, micro);
+    if (copy_bytes > 0 && i == 0)
+        emit_alloc(b, ZP_MEM_GRADS, copy_bytes, -1, micro, &b->grad_copy, &b->last_compute, 1);
     uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
     GArray *copies = g_array_new(FALSE, FALSE, sizeof(Copy));
     const gboolean qgz = s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients;
@@ -910,7 +936,8 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     /* the reduced slices are views of the copies until they went down */
     for (guint c = 0; c < copies->len; c++) {
         const Copy *x = &g_array_index(copies, Copy, c);
-        emit_free(b, ZP_MEM_BUCKETS, x->bytes, k->spec.top_unit, micro, x->buffer, drained);
+        emit_free(b, ZP_MEM_BUCKETS, x->bytes, k->spec.top_unit, micro, x->buffer,
+                  b->impl->frees_at_issue ? x->alloc : drained);
     }
     g_array_unref(copies);
     k->drain_op = drained;
@@ -921,10 +948,15 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         b->ipg_last[held] = read;
         if (b->occupant[held] == (int)i)
             b->occupant[held] = -1;
-        land_waits(b, micro, read);
+        land_waits(b, micro, b->impl->frees_at_issue ? b->last_compute : read);
     } else if (k->buffer >= 0) {
-        emit_free(b, ZP_MEM_BUCKETS, k->spec.bytes, k->spec.top_unit, micro, k->buffer, read);
+        /* at issue: once the later of its alloc and the compute the reduction follows */
+        const uint32_t issued = MAX(k->alloc_op, b->last_compute);
+        emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro, k->buffer,
+                  b->impl->frees_at_issue ? issued : read);
     }
+    if (copy_bytes > 0 && i + 1 == b->buckets->len) /* added into the state, then freed */
+        emit_free(b, ZP_MEM_GRADS, copy_bytes, -1, micro, b->grad_copy, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);

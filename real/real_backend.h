@@ -97,11 +97,13 @@ struct RealBackend {
 
     /* Precision. dst = widen(src); dst = round(src); x = widen(round(x)) in place (the
      * value a bf16 store would read back); dst = round(widen(dst) + src), the gradient
-     * accumulation into bf16 storage; x = round(widen(x) * factor). */
+     * accumulation into bf16 storage; dst = round(widen(dst) + widen(src)), a bf16 sum added
+     * in place (torch's bf16 add_); x = round(widen(x) * factor). */
     void (*bf16_to_f32)(RealBackend *be, float *dst, const RealBf16 *src, size_t n_elems);
     void (*f32_to_bf16)(RealBackend *be, RealBf16 *dst, const float *src, size_t n_elems);
     void (*round_bf16)(RealBackend *be, float *x, size_t n_elems);
     void (*accumulate_bf16)(RealBackend *be, RealBf16 *dst, const float *src, size_t n_elems);
+    void (*add_bf16)(RealBackend *be, RealBf16 *dst, const RealBf16 *src, size_t n_elems);
     void (*scale_bf16)(RealBackend *be, RealBf16 *x, size_t n_elems, float factor);
 
     /* c[m,n] = alpha * op(a) op(b) + beta * c, with op(a) [m,k] and op(b) [k,n]; a is

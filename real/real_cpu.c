@@ -112,6 +112,14 @@ static void real_cpu_accumulate_bf16(RealBackend *be, RealBf16 *dst, const float
         dst[i] = real_bf16_from_f32(real_bf16_to_f32(dst[i]) + src[i]);
 }
 
+static void real_cpu_add_bf16(RealBackend *be, RealBf16 *dst, const RealBf16 *src,
+                              size_t n_elems)
+{
+    (void)be;
+    for (size_t i = 0; i < n_elems; i++)
+        dst[i] = real_bf16_from_f32(real_bf16_to_f32(dst[i]) + real_bf16_to_f32(src[i]));
+}
+
 static void real_cpu_scale_bf16(RealBackend *be, RealBf16 *x, size_t n_elems, float factor)
 {
     (void)be;
@@ -854,6 +862,7 @@ RealBackend *real_cpu_backend_new(void)
         .f32_to_bf16 = real_cpu_f32_to_bf16,
         .round_bf16 = real_cpu_round_bf16,
         .accumulate_bf16 = real_cpu_accumulate_bf16,
+        .add_bf16 = real_cpu_add_bf16,
         .scale_bf16 = real_cpu_scale_bf16,
         .gemm = real_cpu_gemm,
         .bias_fwd = real_cpu_bias_fwd,

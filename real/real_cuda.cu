@@ -499,6 +499,20 @@ struct RealCudaAccumulate {
     }
 };
 
+struct RealCudaAddBf16 {
+    RealBf16 *dst;
+    const RealBf16 *src;
+    __device__ void one(size_t i) const
+    {
+        dst[i] = real_cuda_narrow(real_cuda_widen(dst[i]) + real_cuda_widen(src[i]));
+    }
+    __device__ void four(size_t i) const
+    {
+        const float4 d = real_cuda_load4_bf16(dst + i), s = real_cuda_load4_bf16(src + i);
+        real_cuda_store4_bf16(dst + i, make_float4(d.x + s.x, d.y + s.y, d.z + s.z, d.w + s.w));
+    }
+};
+
 struct RealCudaScale {
     RealBf16 *x;
     float factor;
@@ -534,6 +548,12 @@ static void real_cuda_accumulate_bf16(RealBackend *be, RealBf16 *dst, const floa
     real_cuda_elementwise(real_cuda_of(be), RealCudaAccumulate{dst, src}, n,
                           real_cuda_aligned(dst, 8) && real_cuda_aligned(src, 16),
                           "accumulate_bf16");
+}
+
+static void real_cuda_add_bf16(RealBackend *be, RealBf16 *dst, const RealBf16 *src, size_t n)
+{
+    real_cuda_elementwise(real_cuda_of(be), RealCudaAddBf16{dst, src}, n,
+                          real_cuda_aligned(dst, 8) && real_cuda_aligned(src, 8), "add_bf16");
 }
 
 static void real_cuda_scale_bf16(RealBackend *be, RealBf16 *x, size_t n, float factor)
@@ -2285,6 +2305,7 @@ RealBackend *real_cuda_backend_new(int local_rank, RealCudaGemmMode mode, GError
     be->f32_to_bf16 = real_cuda_f32_to_bf16;
     be->round_bf16 = real_cuda_round_bf16;
     be->accumulate_bf16 = real_cuda_accumulate_bf16;
+    be->add_bf16 = real_cuda_add_bf16;
     be->scale_bf16 = real_cuda_scale_bf16;
     be->gemm = real_cuda_gemm;
     be->bias_fwd = real_cuda_bias_fwd;

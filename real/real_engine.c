@@ -604,6 +604,8 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
                                                         : real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
+    case ZP_MEM_GRADS: /* a later micro-step's gradient copy, which real_engine_ds checks */
+        return e->ds ? (uint64_t)op->bytes : 0;
     case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
         return op->unit == -1 && op->micro == -1 ? (uint64_t)op->bytes : 0;
     default:
@@ -1004,26 +1006,13 @@ static gboolean do_compute(RealEngine *e, const ZpOp *op, GError **error)
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
-                             uint64_t n, gboolean accumulate, GError **error)
+void real_engine_deliver(RealBackend *be, RealBf16 *dst, const RealBf16 *src, uint64_t n,
+                         gboolean accumulate)
 {
-    if (!accumulate) {
+    if (accumulate)
+        be->add_bf16(be, dst, src, n);
+    else
         be->copy(be, dst, src, n * sizeof(RealBf16));
-        return TRUE;
-    }
-    float *widened = real_engine_alloc(be, rank, n * sizeof(float), ZP_MEM_WORKSPACE, error);
-    if (!widened)
-        return FALSE;
-    be->bf16_to_f32(be, widened, src, n);
-    be->accumulate_bf16(be, dst, widened, n);
-    be->free(be, widened);
-    return TRUE;
-}
-
-static gboolean deliver(RealEngine *e, RealBf16 *dst, const RealBf16 *src, uint64_t n,
-                        gboolean accumulate, GError **error)
-{
-    return real_engine_deliver(e->be, e->rank, dst, src, n, accumulate, error);
 }
 
 /* Stages 1-2: rank q receives the part of [lo, hi) inside its partition [qP, (q+1)P). */
@@ -1065,7 +1054,8 @@ static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
         return ok;
     const uint64_t start = MAX(lo, e->part_base); /* first element of ours in the flat space */
     RealBf16 *dst = e->stage == 1 ? e->grads + start : e->grads + (start - e->part_base);
-    return deliver(e, dst, bucket, mine, e->stage == 2 && op->micro > 0, error);
+    real_engine_deliver(e->be, dst, bucket, mine, e->stage == 2 && op->micro > 0);
+    return TRUE;
 }
 
 /* Stage 3: each unit of the bucket is reduce-scattered over its own padded partition. */
@@ -1080,13 +1070,13 @@ static gboolean reduce_units(RealEngine *e, const ZpOp *op, GError **error)
         int *counts = g_new(int, e->dp);
         for (int q = 0; q < e->dp; q++)
             counts[q] = slice;
-        gboolean ok = e->comm->reduce_scatter_bf16(e->comm, e->unit_grads[u], counts, error) &&
-                      (e->host_grads ||
-                       deliver(e, e->grads + e->part_off[u], e->unit_grads[u], (uint64_t)slice,
-                              op->micro > 0, error));
+        const gboolean ok = e->comm->reduce_scatter_bf16(e->comm, e->unit_grads[u], counts, error);
         g_free(counts);
         if (!ok)
             return FALSE;
+        if (!e->host_grads)
+            real_engine_deliver(e->be, e->grads + e->part_off[u], e->unit_grads[u],
+                                (uint64_t)slice, op->micro > 0);
     }
     return TRUE;
 }
@@ -1216,7 +1206,7 @@ static gboolean qgz_reduce(RealEngine *e, const ZpOp *op, GError **error)
         if (s->unit_offset[u] < lo || s->unit_offset[u] >= hi)
             continue;
         const uint64_t slice = unit_padded(e, u) / (uint64_t)e->dp;
-        ok = deliver(e, e->grads + e->part_off[u], mine + at, slice, op->micro > 0, error);
+        real_engine_deliver(e->be, e->grads + e->part_off[u], mine + at, slice, op->micro > 0);
         at += slice;
     }
     e->be->free(e->be, pieces);

@@ -66,10 +66,12 @@ struct RealDs {
     int *bucket_buffer;   /* [micro * n_buckets + k]: the buffer bucket k lands in */
     gboolean *held;       /* per buffer id: reduces more than one bucket (an ipg buffer) */
     /* Gradients: stage 2's grads_in_partition (the whole tensors overlapping this rank's
-     * partition from flat offset gip_lo; with accumulation a second copy holds the sum),
-     * stage 3's partition. */
-    RealBf16 *grads, *grads_sum;
+     * partition from flat offset gip_lo; with accumulation the sum), stage 3's partition.
+     * grad_copy: per micro-step, the buffer id of the copy its reduced gradients land in
+     * before they are added to the sum (zp_impl.h grad_copy_elems), -1 none. */
+    RealBf16 *grads;
     uint64_t gip_lo, gip_hi, grad_elems;
+    int *grad_copy;
     /* With optimizer offload the reduced slices go to real_offload's host tier from the
      * bucket (stage 2) or the concatenation copy (stage 3) and no gradients stay here. */
     gboolean host_grads;
@@ -301,15 +303,26 @@ static gboolean index_calls(RealDs *ds, GError **error)
 
 /* Stage 2: stage_1_and_2.py copy_grads_in_partition keeps the whole parameters that overlap
  * this rank's partition (params_in_partition), the partition's padding included; the schedule
- * sizes it for the rank where that is largest, and doubles it with accumulation. Stage 3: the
- * partition (stage3.py __param_id_to_grad_partition). */
+ * sizes it for the rank where that is largest, and so does each later micro-step's copy.
+ * Stage 3: the partition (stage3.py __param_id_to_grad_partition). */
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
     const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
-    const double state = s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16);
-    const int copies = ds->stage == 2 && s->plan.grad_accum > 1 ? 2 : 1;
-    ds->grad_elems = (uint64_t)state / (uint64_t)copies;
+    ds->grad_elems = (uint64_t)(s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16));
+    ds->grad_copy = g_new(int, (gsize)s->plan.grad_accum);
+    for (int m = 0; m < s->plan.grad_accum; m++)
+        ds->grad_copy[m] = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
+            continue;
+        if (ds->stage != 2 || op->micro <= 0 || op->micro >= s->plan.grad_accum ||
+            op->bytes != (double)(ds->grad_elems * sizeof(RealBf16)))
+            return fail(error, "op %u: a gradient copy other than stage 2's of a later "
+                        "micro-step, the size of grads_in_partition", i);
+        ds->grad_copy[op->micro] = op->buffer;
+    }
     if (ds->stage == 2) {
         ds->gip_lo = part_lo, ds->gip_hi = part_lo + P;
         for (guint i = 0; i < ds->n_t; i++) {
@@ -330,9 +343,7 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
     } else if (ds->grad_elems != P) {
         return fail(error, "the schedule's stage-3 gradients are not the partition");
     }
-    const uint64_t bytes = ds->grad_elems * sizeof(RealBf16);
-    return (ds->grads = take(ds, bytes, ZP_MEM_GRADS, error)) &&
-           (copies == 1 || (ds->grads_sum = take(ds, bytes, ZP_MEM_GRADS, error)));
+    return (ds->grads = take(ds, ds->grad_elems * sizeof(RealBf16), ZP_MEM_GRADS, error)) != NULL;
 }
 
 /* Stage 3: the tensors the step refreshes whole (buffer -1 all-gathers after the optimizer:
@@ -379,7 +390,7 @@ void real_ds_free(RealDs *ds)
     for (guint i = 0; i < ds->n_t; i++)
         ds->be->free(ds->be, ds->t[i].persistent);
     ds->be->free(ds->be, ds->grads);
-    ds->be->free(ds->be, ds->grads_sum);
+    g_free(ds->grad_copy);
     for (guint i = 0; i < ds->pending->len; i++)
         ds->be->free(ds->be, g_array_index(ds->pending, Pending, i).grad);
     g_array_unref(ds->pending);
@@ -566,14 +577,8 @@ gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTe
 
 const RealBf16 *real_ds_step_grads(const RealDs *ds)
 {
-    const RealBf16 *g = ds->grads_sum ? ds->grads_sum : ds->grads;
+    const RealBf16 *g = ds->grads;
     return ds->stage == 2 ? g + ((uint64_t)ds->rank * ds->s->partition_elems - ds->gip_lo) : g;
-}
-
-static gboolean deliver(RealDs *ds, RealBf16 *dst, const RealBf16 *src, uint64_t n,
-                        gboolean accumulate, GError **error)
-{
-    return real_engine_deliver(ds->be, ds->rank, dst, src, n, accumulate, error);
 }
 
 /* Stage 2: the elements of flat range [lo, hi) in rank q's partition, from *start. */
@@ -587,8 +592,9 @@ static uint64_t part_overlap(const RealDs *ds, uint64_t lo, uint64_t hi, int q, 
 
 /* Stage 2: the bucket all-reduced (use_multi_rank_bucket_allreduce) or each rank's part of it
  * reduced to it (stage_1_and_2.py average_tensor); grads_in_partition takes the whole
- * tensors that overlap this rank's partition, the rest is dropped; with accumulation the
- * micro-step's copy is added to the sum. */
+ * tensors that overlap this rank's partition, the rest is dropped; a later micro-step's land
+ * in its copy (copy_grads_in_partition), added to the sum in bf16 (the epilogue's
+ * accumulated_grad.add_(new_avg_grad), here bucket by bucket: the same sums). */
 static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError **error)
 {
     const uint64_t lo = op->elem_offset, hi = lo + op->elems;
@@ -609,10 +615,19 @@ static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError
         return ok;
     /* all-reduced: the bucket in place; reduced to its owner: this rank's part first */
     const RealBf16 *src = op->sub == ZP_COLL_ALLREDUCE ? data + (a - lo) : data;
-    RealBf16 *dst = ds->grads + (a - ds->gip_lo);
-    return deliver(ds, dst, src, b - a, FALSE, error) &&
-           (!ds->grads_sum ||
-            deliver(ds, ds->grads_sum + (a - ds->gip_lo), dst, b - a, op->micro > 0, error));
+    RealBf16 *sum = ds->grads + (a - ds->gip_lo);
+    const int copy = op->micro > 0 ? ds->grad_copy[op->micro] : -1;
+    if (copy >= 0 && !ds->buffers[copy])
+        return fail(error, "rank %d: micro-step %d's gradient copy is not allocated", ds->rank,
+                    op->micro);
+    if (copy < 0) {
+        real_engine_deliver(ds->be, sum, src, b - a, op->micro > 0);
+        return TRUE;
+    }
+    RealBf16 *dst = (RealBf16 *)ds->buffers[copy] + (a - ds->gip_lo);
+    real_engine_deliver(ds->be, dst, src, b - a, FALSE);
+    real_engine_deliver(ds->be, sum, dst, b - a, TRUE);
+    return TRUE;
 }
 
 /* Stage 3: stage3.py __avg_scatter_grads -> reduce_scatter_coalesced: each tensor padded to dp
@@ -650,11 +665,12 @@ static gboolean reduce_stage3(RealDs *ds, const ZpOp *op, RealBf16 *data, RealBf
     int *counts = g_new(int, ds->dp);
     for (int q = 0; q < ds->dp; q++)
         counts[q] = (int)per_rank;
-    gboolean ok = ds->comm->reduce_scatter_bf16(ds->comm, copy, counts, error);
+    const gboolean ok = ds->comm->reduce_scatter_bf16(ds->comm, copy, counts, error);
     g_free(counts);
     const RealBf16 *mine = copy;
     for (guint i = (guint)first; ok && !ds->host_grads && i < last; mine += ds->t[i].slice, i++)
-        ok = deliver(ds, ds->grads + ds->t[i].part, mine, ds->t[i].slice, op->micro > 0, error);
+        real_engine_deliver(ds->be, ds->grads + ds->t[i].part, mine, ds->t[i].slice,
+                            op->micro > 0);
     return ok;
 }
 
@@ -735,11 +751,10 @@ gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross
                             : NULL;
     for (uint64_t i = 0; mine && i < t->elems; i++)
         pieces[i] = real_bf16_to_f32(data[i]);
-    const gboolean ok =
-        mine &&
-        real_engine_qgz(ds->be, ds->rank, ds->comm, node, cross, pieces, t->slice,
-                        groups / world, work, mine, error) &&
-        deliver(ds, ds->grads + t->part, mine, t->slice, op->micro > 0, error);
+    const gboolean ok = mine && real_engine_qgz(ds->be, ds->rank, ds->comm, node, cross, pieces,
+                                                t->slice, groups / world, work, mine, error);
+    if (ok)
+        real_engine_deliver(ds->be, ds->grads + t->part, mine, t->slice, op->micro > 0);
     ds->be->free(ds->be, pieces);
     ds->be->free(ds->be, mine);
     return ok && reduced(ds, op, k, error);

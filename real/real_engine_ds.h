@@ -16,13 +16,16 @@ typedef struct RealDs RealDs;
 
 /* What the engine (real_engine.c) shares with its plug-in: a REAL_ENGINE_ERROR (returns
  * FALSE); a buffer of a category, NULL with an error naming the rank when there is no memory;
- * dst = src, or dst += src through a transient fp32 workspace (the step's first micro-step's
- * reduced gradients, then the later ones'). */
+ * dst = src (the step's first micro-step's reduced gradients), or with `accumulate` dst +=
+ * src in place, in bf16, allocating nothing (a later micro-step's, as DeepSpeed adds them in
+ * the gradient accumulation dtype, the model's by default: stage3.py partition_grads
+ * grad_buffer.add_(grad_partition.to(gradient_accumulation_dtype)), stage_1_and_2.py
+ * independent_gradient_partition_epilogue accumulated_grad.add_(new_avg_grad)). */
 gboolean real_engine_fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
 void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
                         GError **error);
-gboolean real_engine_deliver(RealBackend *be, int rank, RealBf16 *dst, const RealBf16 *src,
-                             uint64_t n, gboolean accumulate, GError **error);
+void real_engine_deliver(RealBackend *be, RealBf16 *dst, const RealBf16 *src, uint64_t n,
+                         gboolean accumulate);
 
 /* qgZ's reduction (real_zeropp_qgz_reduce) of `pieces`, the world's partitions of `part` fp32
  * elements each in `groups` groups a partition, through the node's and the cross-node

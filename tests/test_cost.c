@@ -432,8 +432,8 @@ static void test_collective_copies(void)
     op = (ZpOp){.sub = ZP_COLL_REDUCE_SCATTER, .buffer = 0, .bytes = B};
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B + 2 * B / 4);
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 2, 4), ==, 2 * B / 4);
-    op.micro = 1; /* accumulated: widened, added, rounded */
-    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 2, 4), ==, 7 * B / 4);
+    op.micro = 1; /* accumulated: added in place in bf16 (both read, one written) */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 2, 4), ==, 3 * B / 4);
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B + 2 * B / 4);
     op = (ZpOp){.sub = ZP_COLL_ALLGATHER, .buffer = 0, .bytes = B};
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B);

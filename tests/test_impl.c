@@ -147,6 +147,71 @@ static void test_deepspeed_bucket_buffers(void)
         }
 }
 
+/* Stage 2 with accumulation (stage_1_and_2.py independent_gradient_partition_epilogue): the
+ * first micro-step's grads_in_partition is kept as the sum, the gradient state, as large as
+ * with one micro-step; each later micro-step's first reduction allocates a new
+ * grads_in_partition of that size (copy_grads_in_partition), freed after its last reduction
+ * once added into the sum. Nothing else, nor at stage 3 (stage3.py partition_grads adds in
+ * place), under optimizer offload, or under the paper's semantics. */
+static void test_deepspeed_grad_copy(void)
+{
+    const ZpModel m = tu_load_model("gpt2-1.5b");
+    double one_step_state = 0;
+    for (int accum = 1; accum <= 3; accum += 2) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 2, 8, 1);
+        p.zero.reduce_bucket_size = 3e7;
+        p.grad_accum = accum;
+        ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+        const double state = s->state_bytes[ZP_MEM_GRADS];
+        if (accum == 1)
+            one_step_state = state;
+        g_assert_cmpfloat(state, ==, one_step_state);
+        /* whole tensors: more than the partition's 16-bit gradients */
+        g_assert_cmpfloat(state, >, (double)s->partition_elems * 2);
+        int copy[3] = {-1, -1, -1};
+        guint last[3] = {0}, freed[3] = {0};
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_GRADS) {
+                g_assert_cmpint(copy[op->micro], ==, -1);
+                g_assert_cmpfloat(op->bytes, ==, state);
+                copy[op->micro] = op->buffer;
+            }
+            if (op->kind == ZP_OP_FREE && op->sub == ZP_MEM_GRADS) {
+                g_assert_cmpint(op->buffer, ==, copy[op->micro]);
+                freed[op->micro] = i;
+            }
+            if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLREDUCE && op->micro >= 0) {
+                last[op->micro] = i;
+                /* the first reduction lands in the copy: allocated before it */
+                g_assert_cmpint(copy[op->micro] >= 0, ==, op->micro > 0);
+            }
+        }
+        for (int micro = 0; micro < accum; micro++) {
+            g_assert_cmpint(copy[micro] >= 0, ==, micro > 0);
+            if (micro > 0)
+                g_assert_cmpuint(freed[micro], >, last[micro]);
+        }
+        zp_sched_free(s);
+    }
+    /* none at stage 3, under optimizer offload, or in the paper's schedule */
+    for (int k = 0; k < 3; k++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, k == 0 ? 3 : 2, 8, 1);
+        p.grad_accum = 3;
+        p.impl = k == 2 ? ZP_IMPL_PAPER : ZP_IMPL_DEEPSPEED;
+        if (k == 1)
+            p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+        ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+        g_assert_nonnull(s);
+        for (guint i = 0; i < s->ops->len; i++)
+            g_assert_false(zp_sched_op(s, i)->kind == ZP_OP_ALLOC &&
+                           zp_sched_op(s, i)->sub == ZP_MEM_GRADS);
+        zp_sched_free(s);
+    }
+}
+
 static SimResult *simulate(const ZpSchedule *s)
 {
     ZpHw hw;
@@ -795,10 +860,16 @@ static void test_deepspeed_bucket_launch(void)
                         if (op->kind == ZP_OP_FREE && op->sub == ZP_MEM_WORKSPACE &&
                             op->micro >= 0 && op->unit >= 0 && op->unit <= L) {
                             /* not the head's logits nor the step's copies: a waiting
-                             * gradient */
-                            const ZpOp *read = zp_sched_op(s, zp_sched_deps(s, op)[0]);
-                            g_assert_cmpint(read->kind, ==, ZP_OP_COLLECTIVE);
-                            g_assert_cmpint(read->sub, ==, kind);
+                             * gradient, freed once the host has issued the reduction that
+                             * empties its buffer (zp_sched.c land_waits): after the
+                             * compute op that reduction follows, listed after it */
+                            const uint32_t host = zp_sched_deps(s, op)[0];
+                            g_assert_cmpint(zp_sched_op(s, host)->kind, ==, ZP_OP_COMPUTE);
+                            guint j = i;
+                            while (j > host && !(zp_sched_op(s, j)->kind == ZP_OP_COLLECTIVE &&
+                                                 zp_sched_op(s, j)->sub == kind))
+                                j--;
+                            g_assert_cmpuint(j, >, host);
                             waits++;
                         }
                         if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_DP ||
@@ -826,6 +897,86 @@ static void test_deepspeed_bucket_launch(void)
                     if (impl || stage == 1 || sizes[z] > 64)
                         g_assert_cmpuint(waits, ==, 0);
                     g_array_unref(tensors);
+                    zp_sched_free(s);
+                }
+}
+
+/* Stage 3 fills a bucket by the parameters' ds_numel (stage3.py
+ * reduce_independent_p_g_buckets_and_remove_grads), and its reduce-scatter sends them padded
+ * to the group (reduce_scatter_coalesced). tiny on 3 ranks, reduce_bucket_size 128: the final
+ * norm's weight and bias (64 elements each, 66 padded) fill one bucket exactly, sent as 132
+ * elements (counted padded, 132 > 128, they would be two); a parameter larger than a bucket
+ * (fc1's or fc2's weight, 16,384 elements) is reduced from its own gradient of 16,384
+ * elements through a concatenation copy of 16,386. */
+static void test_deepspeed_stage3_bucket_numel(void)
+{
+    const ZpModel m = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 3, 1);
+    p.zero.reduce_bucket_size = 128;
+    p.zero.stage3_param_persistence_threshold = 0;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    g_assert_nonnull(s);
+    GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    zp_impl_deepspeed.plan_buckets(s, specs);
+    const ZpBucketSpec *k = (const ZpBucketSpec *)specs->data;
+    const int L = (int)m.layers;
+    g_assert_cmpint(k[0].top_unit, ==, L + 1);
+    g_assert_cmpuint(k[0].hi - k[0].lo, ==, 128);
+    g_assert_cmpfloat(k[0].bytes, ==, 132 * 2);
+    g_assert_false(k[0].bypass);
+    g_assert_cmpuint(k[1].hi - k[1].lo, ==, 64); /* fc2's bias alone: its weight does not fit */
+    g_assert_true(k[2].bypass);
+    g_assert_cmpuint(k[2].hi - k[2].lo, ==, 16384);
+    g_assert_cmpfloat(k[2].bytes, ==, 16386 * 2);
+    for (guint i = 0; i < specs->len; i++)
+        g_assert_true(k[i].bypass || k[i].hi - k[i].lo <= 128);
+    /* fc1's and fc2's weights of the last block: each gradient, then its padded copy */
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L, 16384 * 2), ==, 2);
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L, 16386 * 2), ==, 2);
+    g_array_unref(specs);
+    zp_sched_free(s);
+}
+
+/* One peak for DeepSpeed's reductions: `simulate` (so `memory`) and the schedule walked in
+ * list order (zreal's) agree exactly, every category at the peak and every category's own
+ * peak too, on zreal's tiny plans with 4 ranks (bf16, micro-batch 4, its backend workspace
+ * listed), reduce_bucket_size 64 (gradients waiting for the ipg buffer) and 3,000, with and
+ * without overlap_comm, over one and two micro-steps. What a reduction reads is freed once the
+ * host has issued it (ZpImpl frees_at_issue); freed once it had run, the simulator held it
+ * beside the next module's buffers, 256 bytes above zreal at stage 3 (issue 14). */
+static void test_deepspeed_reduction_peak(void)
+{
+    ZpModel m = tu_load_model("tiny");
+    m.dropout = FALSE;
+    static const double sizes[] = {64, 3000};
+    for (int stage = 2; stage <= 3; stage++)
+        for (int accum = 1; accum <= 2; accum++)
+            for (int overlap = 0; overlap <= 1; overlap++)
+                for (size_t z = 0; z < G_N_ELEMENTS(sizes); z++) {
+                    ZpPlan p;
+                    zp_plan_defaults(&p, stage, 4, 1);
+                    p.precision = ZP_PREC_BF16;
+                    p.micro_batch = 4;
+                    p.backend_workspace = TRUE;
+                    p.zero.overlap_comm = overlap;
+                    p.zero.reduce_bucket_size = sizes[z];
+                    p.zero.stage3_param_persistence_threshold = 0;
+                    p.grad_accum = accum;
+                    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+                    g_assert_nonnull(s);
+                    double at[ZP_MEM_N], own[ZP_MEM_N];
+                    const double peak = tu_sequential_peak(s, at, own);
+                    SimResult *r = simulate(s);
+                    g_test_message("stage %d, %d micro-step(s), overlap %d, bucket %.0f: "
+                                   "simulated peak %.0f, in list order %.0f", stage, accum,
+                                   overlap, sizes[z], r->peak_memory_bytes, peak);
+                    g_assert_cmpfloat(r->peak_memory_bytes, ==, peak);
+                    for (int c = 0; c < ZP_MEM_N; c++) {
+                        g_assert_cmpfloat(r->peak_breakdown_bytes[c], ==, at[c]);
+                        g_assert_cmpfloat(r->category_peak_bytes[c], ==, own[c]);
+                    }
+                    sim_result_free(r);
                     zp_sched_free(s);
                 }
 }
@@ -900,7 +1051,10 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-module-ops", test_deepspeed_module_ops);
     g_test_add_func("/impl/deepspeed-module-waits", test_deepspeed_module_waits);
     g_test_add_func("/impl/deepspeed-bucket-launch", test_deepspeed_bucket_launch);
+    g_test_add_func("/impl/deepspeed-stage3-bucket-numel", test_deepspeed_stage3_bucket_numel);
+    g_test_add_func("/impl/deepspeed-reduction-peak", test_deepspeed_reduction_peak);
     g_test_add_func("/impl/step-copies", test_step_copies);
+    g_test_add_func("/impl/deepspeed-grad-copy", test_deepspeed_grad_copy);
     g_test_add_func("/impl/persistent-refresh", test_persistent_refresh);
     g_test_add_func("/impl/fsdp", test_fsdp);
     g_test_add_func("/impl/schedules-balance", test_schedules_balance);

@@ -4,6 +4,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
 
 #ifndef ZP_BUILD_DIR
@@ -109,4 +110,28 @@ ZpHw tu_load_hw(const char *name)
     g_assert_true(zp_hw_load(name, &hw, &error));
     g_assert_no_error(error);
     return hw;
+}
+
+double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[ZP_MEM_N])
+{
+    double live[ZP_MEM_N], total = 0;
+    memcpy(live, s->state_bytes, sizeof live);
+    memcpy(own, live, sizeof live);
+    memcpy(at, live, sizeof live);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        total += live[c];
+    double peak = total;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+            continue;
+        const double d = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+        live[op->sub] += d, total += d;
+        own[op->sub] = MAX(own[op->sub], live[op->sub]);
+        if (total > peak) {
+            peak = total;
+            memcpy(at, live, sizeof live);
+        }
+    }
+    return peak;
 }

@@ -6,6 +6,7 @@
 
 #include "zp_hw.h"
 #include "zp_model.h"
+#include "zp_sched.h"
 
 #include <glib.h>
 
@@ -39,6 +40,10 @@ void *tu_zplan_json(const char *args);
 
 /* The same for a command that must exit with `exit_status` (2: the plan does not fit). */
 void *tu_zplan_json_exit(const char *args, int exit_status);
+
+/* The schedule's allocs and frees walked in list order, as zreal executes them: the total
+ * peak (returned), each category live at it (`at`) and each category's own peak (`own`). */
+double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[ZP_MEM_N]);
 
 /* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
 ZpModel tu_load_model(const char *name);

@@ -400,6 +400,14 @@ static void test_precision(void)
     assert_same_bits(got16, want16, N * sizeof(RealBf16), "accumulate_bf16");
     g_free(got16);
 
+    RealBf16 *dsum = upload(be, h16, N * sizeof(RealBf16));
+    be->add_bf16(be, d16, dsum, N);
+    cpu->add_bf16(cpu, want16, h16, N);
+    got16 = download(be, d16, N * sizeof(RealBf16));
+    assert_same_bits(got16, want16, N * sizeof(RealBf16), "add_bf16");
+    g_free(got16);
+    be->free(be, dsum);
+
     be->scale_bf16(be, d16, N, 0.37f);
     cpu->scale_bf16(cpu, want16, N, 0.37f);
     got16 = download(be, d16, N * sizeof(RealBf16));
