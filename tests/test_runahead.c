@@ -232,8 +232,11 @@ static double pool_bytes(ZpSchedule *s)
 /* gpt3-175b on 64 A100s with and without checkpointing, gpt-1t on 1,024 with (micro-batch 1):
  * the gathered parameters live at once stay within the pool R beside the persistent copies,
  * the most the schedule without the run-ahead holds (its simulated peak of them, which that
- * is), while the step gets no longer, and shorter for gpt-1t; the step's peak moves by less
- * than a gigabyte. (gpt3-175b's steps are equal since its gradient buckets launch module by
+ * is), while the step gets no longer, and shorter for gpt-1t; the step's peak falls by less
+ * than a gigabyte, and grows by less than the pool R of gathers it may take early (gpt3-175b:
+ * 328.58 against 326.47 GB, 2.11 GB of gathers for the backward's first blocks, 60.56 against
+ * 59.31 GB checkpointed, now that the buffers a reduction reads count as freed when it is
+ * issued: zp_impl.h frees_at_issue). (gpt3-175b's steps are equal since its gradient buckets launch module by
  * module, as DeepSpeed's hooks do: no reduction queued at a block's end holds the next
  * block's gathers back any more, so running ahead gains it nothing.) */
 static void test_bounded(void)
@@ -263,7 +266,9 @@ static void test_bounded(void)
         g_assert_cmpfloat(a->step_time_s, <=, b->step_time_s);
         if (cases[i].shorter)
             g_assert_cmpfloat(a->step_time_s, <, b->step_time_s);
-        g_assert_cmpfloat(fabs(a->peak_memory_bytes - b->peak_memory_bytes), <, 1 * GB);
+        /* gathers taken early: at most the pool R of them */
+        g_assert_cmpfloat(a->peak_memory_bytes - b->peak_memory_bytes, <=, pool);
+        g_assert_cmpfloat(b->peak_memory_bytes - a->peak_memory_bytes, <, 1 * GB);
         sim_result_free(a);
         sim_result_free(b);
         zp_sched_free(ahead);
