@@ -104,6 +104,13 @@ static const KeySpec zero_keys[] = {
     FLAG_ALIAS("use_all_reduce_for_fetch_params", stage3_use_all_reduce_for_fetch_params),
     IGNORED("pipeline_loading_checkpoint"),
     IGNORED("override_module_apply"), IGNORED("log_trace_cache_warnings"),
+    /* Fields of newer releases (DeepSpeed's master after v0.19.6, zero/config.py
+     * DeepSpeedZeroConfig): ZenFlow's sparse CPU-offload updates (zenflow), ZeRO-3 leaf
+     * modules fetched whole (leaf_module), zero.Init's chunked partitioning, and switches
+     * that move no bytes in a step. Accepted, listed as not modeled. */
+    IGNORED("zenflow"), IGNORED("leaf_module"), IGNORED("enable_sanity_checks"),
+    IGNORED("save_muon_momentum_buffer_in_memory"), IGNORED("partition_stream_chunk_size"),
+    IGNORED("stage3_partition_stream_chunk_size"),
 };
 
 /* tensor_parallel (DeepSpeed's AutoTP training, deepspeed/runtime/tensor_parallel/config.py):

@@ -31,6 +31,12 @@ static const ConfigCase cases[] = {
     /* concrete batch 64 = 1 x 8 x dp 8 */
     {"dse_neox20b_zero3.json", "--model gpt-13b --gpus 8", 0, 1, 1, 8, "bf16", FALSE,
      "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+    /* fields of releases after v0.19.6: ZenFlow (train batch 32 = 4 x 1 x dp 8) and ZeRO-3
+     * leaf modules (a MoE config, here on a dense model) */
+    {"dse_zenflow_zero2.json", "--model gpt2-1.5b --gpus 8", 0, 1, 4, 1, "bf16", FALSE,
+     "zero_optimization.zenflow"},
+    {"dse_leaf_zero3.json", "--model hf/qwen2-0.5b --gpus 8 --seq 2048", 0, 1, 2, 1, "bf16",
+     FALSE, "zero_optimization.leaf_module"},
 };
 
 static void test_real_world_configs(void)
