@@ -62,6 +62,12 @@ static const KeySpec top_keys[] = {
     IGNORED("use_node_local_storage"), IGNORED("load_universal_checkpoint"),
     IGNORED("weight_quantization"), IGNORED("hybrid_engine"), IGNORED("compile"),
     IGNORED("timers"), IGNORED("graph_harvesting"),
+    /* more keys v0.19.6's DeepSpeedConfig reads (runtime/config.py, runtime/constants.py,
+     * comm/constants.py) that move no bytes zplan counts for a dense model */
+    IGNORED("comms_logger"), IGNORED("gradient_allreduce_op"), IGNORED("log_level"),
+    IGNORED("managed_gradient_accumulation"), IGNORED("vocabulary_size"),
+    IGNORED("expert_parallel"), IGNORED("use_data_before_expert_parallelism"),
+    OWN("torch_autocast"),
 };
 
 /* zero_optimization (deepspeed/runtime/zero/config.py). DeepSpeed accepts the stage3_* keys
@@ -139,6 +145,11 @@ static const KeySpec fp16_keys[] = {
 };
 static const KeySpec bf16_keys[] = {
     OWN("enabled"), IGNORED("immediate_grad_update"), IGNORED("check_grad_overflow"),
+};
+/* torch_autocast (runtime/config.py get_torch_autocast_*): fp32 weights, gradients and
+ * states, the forward under torch.autocast; not modeled, so refused when enabled. */
+static const KeySpec autocast_keys[] = {
+    OWN("enabled"), IGNORED("dtype"), IGNORED("lower_precision_safe_modules"),
 };
 
 /* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): ZeRO-R's
@@ -425,6 +436,16 @@ static gboolean read_precision(json_t *root, const char *path, const ZpPlan *lau
                       launch, &bf16_old, warnings, error))
         return FALSE;
     bf16 = bf16 || bf16_old;
+    gboolean autocast = FALSE;
+    if (!read_enabled(root, path, "torch_autocast", autocast_keys, G_N_ELEMENTS(autocast_keys),
+                      ZP_PREC_FP32, launch, &autocast, warnings, error))
+        return FALSE;
+    if (autocast) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: torch_autocast.enabled (fp32 weights under torch.autocast) is not "
+                    "modeled; give bf16 or fp16 instead", path);
+        return FALSE;
+    }
     if (fp16 && bf16) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: fp16.enabled and bf16.enabled are both true; DeepSpeed takes one", path);
