@@ -45,6 +45,7 @@ typedef struct {
     double bytes;
     int top_unit, low_unit, launch_unit, launch_module;
     gboolean bypass;
+    int n_items; /* the units or tensors it groups */
 } ZpBucketSpec;
 
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
@@ -82,8 +83,8 @@ typedef struct ZpImpl {
     /* Bucket buffers held for the whole reducing backward: their count (0: each bucket takes
      * its own buffer of its size while it is filled and reduced) and elements each. */
     int (*bucket_buffers)(const ZpPlan *plan, double *elems);
-    /* Whether a reduce-scatter first concatenates the bucket into a copy of its size. */
-    gboolean (*concat_copy)(const ZpPlan *plan);
+    /* Whether a reduce-scatter first concatenates bucket k into a copy of its size. */
+    gboolean (*concat_copy)(const ZpPlan *plan, const ZpBucketSpec *k);
     /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
      * buffers (FALSE: in place, allocating nothing). */
     gboolean post_step_gather_buffer;

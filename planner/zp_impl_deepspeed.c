@@ -99,10 +99,12 @@ static int ds_bucket_buffers(const ZpPlan *plan, double *elems)
 }
 
 /* stage3.py __avg_scatter_grads -> comm/coalesced_collectives.py reduce_scatter_coalesced
- * concatenates the bucket's padded partitions into one tensor before reducing. */
-static gboolean ds_concat_copy(const ZpPlan *plan)
+ * concatenates the bucket's padded partitions into one tensor before reducing, but for one
+ * tensor that needs no padding, reduced in place ("if there's only one tensor being reduced
+ * and we don't need to pad we have an opportunity to avoid a memory allocation"). */
+static gboolean ds_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
 {
-    return plan->zero.stage == 3;
+    return plan->zero.stage == 3 && (k->n_items > 1 || (k->hi - k->lo) % (uint64_t)plan->dp != 0);
 }
 
 /* ---- stage 3: the partitioned-parameter coordinator, replayed on the module trace -------- */

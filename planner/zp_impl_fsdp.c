@@ -40,9 +40,9 @@ static int fsdp_bucket_buffers(const ZpPlan *plan, double *elems)
     return 0;
 }
 
-static gboolean fsdp_concat_copy(const ZpPlan *plan)
+static gboolean fsdp_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
 {
-    (void)plan;
+    (void)plan, (void)k;
     return FALSE;
 }
 

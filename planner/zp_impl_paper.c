@@ -28,9 +28,9 @@ static int paper_bucket_buffers(const ZpPlan *plan, double *elems)
     return 0;
 }
 
-static gboolean paper_concat_copy(const ZpPlan *plan)
+static gboolean paper_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
 {
-    (void)plan;
+    (void)plan, (void)k;
     return FALSE;
 }
 

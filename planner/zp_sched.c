@@ -922,7 +922,7 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         read = qgz_reduce(b, k, unit, micro, cdeps);
     } else {
         uint32_t copy_op = NONE;
-        if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan)) {
+        if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan, &k->spec)) {
             /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
              * bucket's padded partitions into one tensor first */
             uint32_t adeps[2] = {b->last_compute, after};

@@ -1122,8 +1122,9 @@ gboolean real_ds_collective(RealDs *ds, const ZpOp *op, GError **error)
  * rank's part of an all-reduced bucket or at the head of a reduced-to-owner one (stage
  * _1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu reads each parameter's part
  * in the partition from its reduced gradient). Stage 3: at the head of the concatenation
- * copy, the bucket's tensors' slices one after the other, as in the partition (stage3.py
- * partition_grads takes the reduce-scatter's outputs, views of the copy). */
+ * copy (or of the tensor itself, one reduced in place), the bucket's tensors' slices one after
+ * the other, as in the partition (stage3.py partition_grads takes the reduce-scatter's
+ * outputs, views of the copy). */
 static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint64_t *n,
                                GError **error)
 {
@@ -1135,8 +1136,15 @@ static RealBf16 *reduced_slice(RealDs *ds, const ZpOp *coll, uint64_t *at, uint6
         uint64_t bytes = 0;
         RealBf16 *copy = concat_copy(ds, coll, &bytes);
         const int first = tensor_at(ds, coll->elem_offset);
+        if (!copy && first >= 0) { /* one tensor needing no padding, reduced in place */
+            const int id = ds->bucket_buffer[coll->micro * ds->n_buckets + k];
+            copy = id >= 0 && ds->buffers[id]
+                       ? (RealBf16 *)ds->buffers[id] + (coll->elem_offset - ds->bk[k].lo)
+                       : NULL;
+            bytes = coll->elems * sizeof(RealBf16);
+        }
         if (!copy || first < 0)
-            return fail(error, "a stage-3 gradient transfer without its concatenation copy"),
+            return fail(error, "a stage-3 gradient transfer without its reduced gradients"),
                    NULL;
         *at = ds->t[first].part;
         *n = bytes / sizeof(RealBf16) / (uint64_t)ds->dp;

@@ -907,7 +907,7 @@ static void test_deepspeed_bucket_launch(void)
  * norm's weight and bias (64 elements each, 66 padded) fill one bucket exactly, sent as 132
  * elements (counted padded, 132 > 128, they would be two); a parameter larger than a bucket
  * (fc1's or fc2's weight, 16,384 elements) is reduced from its own gradient of 16,384
- * elements through a concatenation copy of 16,386. */
+ * elements through a concatenation copy of 16,386, and in place on 4 ranks. */
 static void test_deepspeed_stage3_bucket_numel(void)
 {
     const ZpModel m = tu_load_model("tiny");
@@ -935,6 +935,14 @@ static void test_deepspeed_stage3_bucket_numel(void)
     g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L, 16384 * 2), ==, 2);
     g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L, 16386 * 2), ==, 2);
     g_array_unref(specs);
+    zp_sched_free(s);
+    /* On 4 ranks they need no padding: each is reduced in place, with no copy (a lone tensor
+     * of numel % world 0 in reduce_scatter_coalesced); a bucket of two tensors is copied. */
+    p.dp = 4;
+    s = zp_sched_build(&m, &p, NULL);
+    g_assert_nonnull(s);
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L, 16384 * 2), ==, 2);
+    g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, L + 1, 128 * 2), ==, 1);
     zp_sched_free(s);
 }
 
