@@ -1,11 +1,14 @@
 /* bench_gemm: how fast the model's own matmuls run through zreal's CPU backend, as a fraction
- * of OpenBLAS's large-GEMM rate on this machine (issue 5's GEMM benchmark). Prints figures. */
+ * of OpenBLAS's large-GEMM rate on this machine (issue 5's GEMM benchmark). Prints figures.
+ * `bench_gemm --probe` prints only a 512^3 sgemm's GFLOP/s over 0.3 s: the host's speed now,
+ * which bench/validate_cpu.sh reads beside every calibration and every case. */
 #include "real_cpu.h"
 #include "zp_model.h"
 #include "zp_util.h"
 
 #include <gsl/gsl_cblas.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Repeats a GEMM for at least 0.3 s and returns its FLOP/s. */
 static double rate(RealBackend *be, int m, int n, int k, RealDType b_dtype)
@@ -28,9 +31,19 @@ static double rate(RealBackend *be, int m, int n, int k, RealDType b_dtype)
     return 2.0 * m * n * k * reps / elapsed;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     RealBackend *be = real_cpu_backend_new();
+    if (argc == 2 && strcmp(argv[1], "--probe") == 0) {
+        printf("%.2f\n", rate(be, 512, 512, 512, REAL_DTYPE_F32) / 1e9);
+        be->destroy(be);
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "bench_gemm: unknown argument '%s' (only --probe)\n", argv[1]);
+        be->destroy(be);
+        return 1;
+    }
     const double peak = rate(be, 2048, 2048, 2048, REAL_DTYPE_F32);
     printf("OpenBLAS large GEMM (2048^3 fp32 sgemm): %.1f GFLOP/s\n\n", peak / 1e9);
     printf("%-12s %-26s %10s %10s %9s\n", "model", "GEMM (tokens x in x out)", "MFLOP",

@@ -19,6 +19,7 @@ out=${1:-$(mktemp -d)}
 mkdir -p "$out"
 : >"$out/table.txt"
 : >"$out/cases.txt"
+rm -f "$out"/probe-n*.txt
 RANKS=${RANKS:-"1 2 4"}
 STAGES=${STAGES:-"0 1 2 3"}
 CKPT=${CKPT:-"0 1"}
@@ -34,12 +35,31 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 load() { cut -d' ' -f1 /proc/loadavg; }
+# The host's jiffies so far: "steal total" from /proc/stat's cpu line (steal is time the
+# hypervisor gave this guest's vCPUs to others, noise no model of this machine can see).
+# The host's speed now: a 512^3 sgemm's GFLOP/s (bench_gemm --probe, 0.3 s) on N cores at
+# once (at most the cores), the slowest's, since a vCPU's neighbour on the host may be busy.
+probe() {
+    k=$(($1 < $(nproc) ? $1 : $(nproc)))
+    i=0
+    while [ "$i" -lt "$k" ]; do
+        OPENBLAS_NUM_THREADS=1 build/bench/bench_gemm --probe >"$out/probe.$i" &
+        i=$((i + 1))
+    done
+    wait
+    sort -g "$out"/probe.* | head -n 1
+    rm -f "$out"/probe.*
+}
+jiffies() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
 field() { echo "$1" | cut -d: -f"$2"; }
 seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
 
 echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
-# spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against.
-printf '%-10s %2s %5s %4s %11s %11s %8s %7s %5s\n' model N stage ckpt predicted_s measured_s error spread load
+# spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against;
+# steal: the share of the vCPUs' time the hypervisor took while its runs ran;
+# host: the probe just before the case's runs over its mean during the N-rank microbenchmarks
+# (above 1: the host ran faster than when the profile was measured, so the case steps faster).
+printf '%-10s %2s %5s %4s %11s %11s %8s %7s %6s %5s %5s\n' model N stage ckpt predicted_s measured_s error spread steal host load
 # Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
 # N ranks (they shared the cores as training will) and its collectives from every run.
 runs=""
@@ -47,6 +67,7 @@ for n in $RANKS; do
     for m in $MODELS; do
         name=$(field "$m" 1)
         # shellcheck disable=SC2046
+        probe "$n" >>"$out/probe-n$n.txt"
         mpirun --oversubscribe -np "$n" build/zreal --microbench --model "$name" \
             --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n.json"
         runs="$runs $out/mb-$name-n$n.json"
@@ -69,6 +90,9 @@ for n in $RANKS; do
                 build/zplan simulate --impl paper --model "$name" $(seq_flag "$m") --cluster "$out/cpu-n$n.json" \
                     --gpus "$n" --stage "$stage" --micro-batch "$mb" $ckflag --precision bf16 \
                     --no-dropout --persistence-threshold 0 --json >"$out/p-$case.json" || true
+                host=$(echo "$(probe "$n") $(awk '{s += $1} END {print s / NR}' "$out/probe-n$n.txt")" |
+                    awk '{printf "%.2f", $1 / $2}')
+                j0=$(jiffies)
                 r=1
                 while [ "$r" -le "$REPEATS" ]; do
                     # shellcheck disable=SC2046,SC2086
@@ -77,6 +101,7 @@ for n in $RANKS; do
                         --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
                     r=$((r + 1))
                 done
+                steal=$(echo "$j0 $(jiffies)" | awk '{s = $4 > $2 ? 100 * ($3 - $1) / ($4 - $2) : 0; printf "%.1f%%", s}')
                 runs_s=$(for f in "$out"/m-"$case"-*.json; do
                     echo "$(jq .step_time_s "$f") $f"; done | sort -g)
                 median=$(echo "$runs_s" | sed -n "$(((REPEATS + 1) / 2))p")
@@ -87,8 +112,8 @@ for n in $RANKS; do
                 pred=$(jq .step_time_s "$out/p-$case.json")
                 meas=$(jq .step_time_s "$mfile")
                 err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
-                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %7s %5s\n' "$name" "$n" "$stage" "$ck" \
-                    "$pred" "$meas" "$err" "$spread" "$(load)" | tee -a "$out/table.txt"
+                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %7s %6s %5s %5s\n' "$name" "$n" "$stage" \
+                    "$ck" "$pred" "$meas" "$err" "$spread" "$steal" "$host" "$(load)" | tee -a "$out/table.txt"
                 echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
             done
         done

@@ -199,9 +199,6 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     int64_t train_batch = 0;
     gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
                                    error);
-    for (guint i = 0; i < warnings->len; i++)
-        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
-    g_ptr_array_unref(warnings);
     ok = ok &&
          agrees("--micro-batch", f->micro_batch, launch.micro_batch,
                 "train_micro_batch_size_per_gpu", plan->micro_batch, f->ds_config, error) &&
@@ -226,6 +223,11 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
                      f->ds_config, error);
     if (ok && f->checkpoint)
         plan->checkpoint = TRUE;
+    /* What is not modeled is said only of a config that is taken: a refused one gets its
+     * error line alone. */
+    for (guint i = 0; ok && i < warnings->len; i++)
+        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
+    g_ptr_array_unref(warnings);
     return ok;
 }
 

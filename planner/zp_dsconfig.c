@@ -45,6 +45,7 @@ static const KeySpec top_keys[] = {
     OWN("gradient_accumulation_steps"), OWN("fp16"), OWN("bf16"), OWN("bfloat16"),
     OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
     OWN("attention_kernel"), OWN("tensor_parallel"), OWN("pipeline"),
+    OWN("sequence_parallel_size"),
     IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
@@ -61,6 +62,12 @@ static const KeySpec top_keys[] = {
     IGNORED("use_node_local_storage"), IGNORED("load_universal_checkpoint"),
     IGNORED("weight_quantization"), IGNORED("hybrid_engine"), IGNORED("compile"),
     IGNORED("timers"), IGNORED("graph_harvesting"),
+    /* more keys v0.19.6's DeepSpeedConfig reads (runtime/config.py, runtime/constants.py,
+     * comm/constants.py) that move no bytes zplan counts for a dense model */
+    IGNORED("comms_logger"), IGNORED("gradient_allreduce_op"), IGNORED("log_level"),
+    IGNORED("managed_gradient_accumulation"), IGNORED("vocabulary_size"),
+    IGNORED("expert_parallel"), IGNORED("use_data_before_expert_parallelism"),
+    OWN("torch_autocast"),
 };
 
 /* zero_optimization (deepspeed/runtime/zero/config.py). DeepSpeed accepts the stage3_* keys
@@ -104,6 +111,12 @@ static const KeySpec zero_keys[] = {
     FLAG_ALIAS("use_all_reduce_for_fetch_params", stage3_use_all_reduce_for_fetch_params),
     IGNORED("pipeline_loading_checkpoint"),
     IGNORED("override_module_apply"), IGNORED("log_trace_cache_warnings"),
+    /* ZenFlow's sparse CPU-offload updates, ZeRO-3 leaf modules fetched whole, and switches
+     * that move no bytes in a step: accepted, listed as not modeled. */
+    IGNORED("zenflow"), IGNORED("leaf_module"), IGNORED("enable_sanity_checks"),
+    IGNORED("save_muon_momentum_buffer_in_memory"),
+    /* zero.Init's chunked partitioning, a field of DeepSpeed's master after v0.19.6. */
+    IGNORED("partition_stream_chunk_size"), IGNORED("stage3_partition_stream_chunk_size"),
 };
 
 /* tensor_parallel (DeepSpeed's AutoTP training, deepspeed/runtime/tensor_parallel/config.py):
@@ -132,6 +145,11 @@ static const KeySpec fp16_keys[] = {
 };
 static const KeySpec bf16_keys[] = {
     OWN("enabled"), IGNORED("immediate_grad_update"), IGNORED("check_grad_overflow"),
+};
+/* torch_autocast (runtime/config.py get_torch_autocast_*): fp32 weights, gradients and
+ * states, the forward under torch.autocast; not modeled, so refused when enabled. */
+static const KeySpec autocast_keys[] = {
+    OWN("enabled"), IGNORED("dtype"), IGNORED("lower_precision_safe_modules"),
 };
 
 /* activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py): ZeRO-R's
@@ -418,6 +436,16 @@ static gboolean read_precision(json_t *root, const char *path, const ZpPlan *lau
                       launch, &bf16_old, warnings, error))
         return FALSE;
     bf16 = bf16 || bf16_old;
+    gboolean autocast = FALSE;
+    if (!read_enabled(root, path, "torch_autocast", autocast_keys, G_N_ELEMENTS(autocast_keys),
+                      ZP_PREC_FP32, launch, &autocast, warnings, error))
+        return FALSE;
+    if (autocast) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: torch_autocast.enabled (fp32 weights under torch.autocast) is not "
+                    "modeled; give bf16 or fp16 instead", path);
+        return FALSE;
+    }
     if (fp16 && bf16) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: fp16.enabled and bf16.enabled are both true; DeepSpeed takes one", path);
@@ -633,6 +661,23 @@ static gboolean read_kernels(json_t *root, const char *what, ZpPlan *p, GError *
     return ok;
 }
 
+/* sequence_parallel_size: DeepSpeed-Ulysses' degree, by which DeepSpeedConfig.__init__
+ * (runtime/config.py) divides the world for the data-parallel batch. zplan does not model
+ * sequence parallelism (its all-to-alls, activations split by sequence), so only 1 passes. */
+static gboolean read_sequence_parallel(json_t *root, const char *what, GError **error)
+{
+    int64_t sp = 1;
+    if (!zp_json_get_int(root, what, "sequence_parallel_size", FALSE, 1, 1 << 20, &sp, error))
+        return FALSE;
+    if (sp != 1) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: sequence_parallel_size %" G_GINT64_FORMAT " (DeepSpeed-Ulysses sequence "
+                    "parallelism) is not modeled; only 1 is accepted", what, sp);
+        return FALSE;
+    }
+    return TRUE;
+}
+
 static gboolean from_json(void *json_object, const char *what, const ZpModel *model,
                           const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
                           GPtrArray *warnings, GError **error);
@@ -663,7 +708,8 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
         return FALSE;
     }
     ZpPlan p = *launch;
-    if (!read_tensor_parallel(root, what, &p, warnings, error) ||
+    if (!read_sequence_parallel(root, what, error) ||
+        !read_tensor_parallel(root, what, &p, warnings, error) ||
         !read_checkpointing(root, what, &p.checkpoint, &p.ckpt, warnings, error) ||
         !read_pipeline(root, what, &p, warnings, error))
         return FALSE;

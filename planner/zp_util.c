@@ -327,6 +327,30 @@ static gint compare_strings(gconstpointer a, gconstpointer b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Adds "SUB/NAME" for every directory dir/SUB/NAME that holds a config.json (models/hf/'s
+ * Hugging Face checkpoints, which --model takes by that name). */
+static void add_config_dirs(const char *dir, GPtrArray *names)
+{
+    GDir *d = g_dir_open(dir, 0, NULL);
+    const char *sub;
+    while (d && (sub = g_dir_read_name(d))) {
+        char *subdir = g_build_filename(dir, sub, NULL);
+        GDir *s = g_dir_open(subdir, 0, NULL);
+        const char *entry;
+        while (s && (entry = g_dir_read_name(s))) {
+            char *config = g_build_filename(subdir, entry, "config.json", NULL);
+            if (g_file_test(config, G_FILE_TEST_IS_REGULAR))
+                g_ptr_array_add(names, g_build_filename(sub, entry, NULL));
+            g_free(config);
+        }
+        if (s)
+            g_dir_close(s);
+        g_free(subdir);
+    }
+    if (d)
+        g_dir_close(d);
+}
+
 char *zp_list_json_names(const char *dir)
 {
     GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
@@ -337,6 +361,7 @@ char *zp_list_json_names(const char *dir)
             g_ptr_array_add(names, g_strndup(entry, strlen(entry) - 5));
     if (d)
         g_dir_close(d);
+    add_config_dirs(dir, names);
     g_ptr_array_sort(names, compare_strings);
     g_ptr_array_add(names, NULL);
     char *joined = g_strjoinv(", ", (char **)names->pdata);

@@ -96,7 +96,8 @@ double zp_now_s(void);
 char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *flag,
                       const char *kind, GError **error);
 
-/* Lists the *.json base names (without extension) in a directory, sorted, comma-joined. */
+/* Lists the *.json base names (without extension) in a directory, and SUB/NAME for every
+ * subdirectory's directory that holds a config.json (models/hf/), sorted, comma-joined. */
 char *zp_list_json_names(const char *dir);
 
 #endif

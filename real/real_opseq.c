@@ -8,11 +8,18 @@
 #include "zp_util.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TIMED_STEPS 3
 #define ZERO_STAGES 4
+#define MODES 2 /* without and with checkpointing */
+/* Timed steps per mode: at least MIN_TIMED_STEPS, more where a step is cheap, up to about
+ * TIMED_BUDGET_S of both modes' steps together (the host's noise on a 15-ms step is tens of
+ * percent, and the median of 3 then misses by that much). */
+#define MIN_TIMED_STEPS 3
+#define MAX_TIMED_STEPS 15
+#define TIMED_BUDGET_S 6.0
 
 typedef struct {
     RealBackend *be;
@@ -40,7 +47,7 @@ typedef struct {
     int *tokens, *targets;      /* host */
     int layer;
     gboolean save;
-    GArray *times[ZP_COMP_N];   /* double: every timed call of each kind */
+    GArray *times[MODES][ZP_COMP_N]; /* double: every timed call of each kind, per mode */
 } Seq;
 
 static gboolean run_embed_fwd(void *p, GError **error)
@@ -118,7 +125,7 @@ static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean recor
                      GError **error)
 {
     const int L = q->dims.layers;
-    GArray *untimed[ZP_COMP_N] = {NULL}, **t = record ? q->times : untimed;
+    GArray *untimed[ZP_COMP_N] = {NULL}, **t = record ? q->times[checkpoint] : untimed;
     gboolean ok = op(q, comm, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
     q->save = !checkpoint;
     for (q->layer = 0; ok && q->layer < L; q->layer++)
@@ -150,15 +157,16 @@ static json_t *row(ZpComputeKind kind, const char *shape, GArray *t)
     return r;
 }
 
-/* A row per compute op kind timed in this mode, with the mode. */
+/* A row per compute op kind timed in this mode (plan->checkpoint), with the mode. */
 static void rows(Seq *q, const ZpModel *model, const ZpPlan *plan, json_t *out)
 {
+    GArray **times = q->times[plan->checkpoint ? 1 : 0];
     for (int k = 0; k < ZP_COMP_N; k++) {
-        if (q->times[k]->len == 0)
+        if (times[k]->len == 0)
             continue;
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
-        json_t *r = row((ZpComputeKind)k, shape, q->times[k]);
+        json_t *r = row((ZpComputeKind)k, shape, times[k]);
         json_object_set_new(r, "checkpoint", json_boolean(plan->checkpoint));
         json_array_append_new(out, r);
     }
@@ -260,10 +268,29 @@ static void release(Seq *q)
     g_free(q->params), g_free(q->grads), g_free(q->x);
     g_free(q->tokens), g_free(q->targets);
     real_gpt_free(q->gpt);
-    for (int k = 0; k < ZP_COMP_N; k++)
-        g_array_unref(q->times[k]);
+    for (int m = 0; m < MODES; m++)
+        for (int k = 0; k < ZP_COMP_N; k++)
+            g_array_unref(q->times[m][k]);
     for (int i = 0; i < ZERO_STAGES; i++)
         g_array_unref(q->part_times[i]);
+}
+
+/* One untimed step of each mode (a warm-up), and from the ranks' mean wall time for it the
+ * timed steps each mode takes (`timed`): the same on every rank, which make the same calls. */
+static gboolean timed_steps(Seq *q, RealComm *comm, int *timed, GError **error)
+{
+    const double t0 = zp_now_s();
+    gboolean ok = TRUE;
+    for (int m = 0; ok && m < MODES; m++)
+        ok = step(q, comm, m, FALSE, error);
+    double pair_s = zp_now_s() - t0;
+    if (!ok || !comm->allreduce_host_f64(comm, &pair_s, 1, error))
+        return FALSE;
+    pair_s /= comm->size;
+    *timed = pair_s > 0 ? (int)CLAMP(ceil(TIMED_BUDGET_S / pair_s), MIN_TIMED_STEPS,
+                                     MAX_TIMED_STEPS)
+                        : MAX_TIMED_STEPS;
+    return TRUE;
 }
 
 gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
@@ -272,8 +299,9 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     if (plan->mp > 1)
         return TRUE;
     Seq q = {.be = be, .dims = real_engine_dims(model, plan)};
-    for (int k = 0; k < ZP_COMP_N; k++)
-        q.times[k] = g_array_new(FALSE, FALSE, sizeof(double));
+    for (int m = 0; m < MODES; m++)
+        for (int k = 0; k < ZP_COMP_N; k++)
+            q.times[m][k] = g_array_new(FALSE, FALSE, sizeof(double));
     for (int i = 0; i < ZERO_STAGES; i++)
         q.part_times[i] = g_array_new(FALSE, FALSE, sizeof(double));
     q.n_units = real_gpt_n_units(&q.dims);
@@ -281,14 +309,16 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     gboolean ok = real_gpt_dims_check(&q.dims, error) &&
                   real_gpt_check_backend(be, &q.dims, error) &&
                   (q.gpt = real_gpt_new(be, &q.dims, error)) != NULL && allocate(&q, error);
+    int timed = 0;
+    ok = ok && timed_steps(&q, comm, &timed, error);
+    /* The modes take turns, so that a slow spell of the host falls on both alike. */
+    for (int s = 0; ok && s < timed * MODES; s++)
+        ok = step(&q, comm, s % MODES, TRUE, error);
     json_t *out = json_array();
-    for (int checkpoint = 0; ok && checkpoint < 2; checkpoint++) {
+    for (int checkpoint = 0; ok && checkpoint < MODES; checkpoint++) {
         ZpPlan mode = *plan;
         mode.checkpoint = checkpoint;
-        for (int s = 0; ok && s <= TIMED_STEPS; s++)
-            ok = step(&q, comm, checkpoint, s > 0, error);
-        if (ok)
-            rows(&q, model, &mode, out);
+        rows(&q, model, &mode, out);
     }
     if (ok)
         optimizer_rows(&q, out);

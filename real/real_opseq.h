@@ -19,8 +19,8 @@
  * optimizer: one Adam call over this rank's partition, as real_engine.c makes it, at the
  * element count of one ZeRO stage on plan->dp ranks (zp_sched_optimizer_elems: stage 0's
  * every parameter, stages 1-2's and stage 3's shares), the distinct counts in turn, one a
- * timed step. It does so without and with checkpointing, a warm-up step and then three timed
- * steps each. Adds to `root` (a json_t object) "op_sequence": [{op, shape
+ * timed step. It does so without and with checkpointing: a warm-up step of each, then timed
+ * steps of the two in turn, 3 each or as many more (up to 15) as fit about 6 s. Adds to `root` (a json_t object) "op_sequence": [{op, shape
  * (zp_cost_op_shape), checkpoint, calls, time_s}]: for each op kind and mode, the median over
  * its calls of the slowest rank's time; and per optimizer element count {op "optimizer",
  * shape (zp_cost_optimizer_shape), calls, time_s} over both modes' timed steps.

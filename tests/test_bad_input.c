@@ -121,6 +121,9 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megatron", NULL, "--impl: unknown value 'megatron'"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl fsdp", NULL, "no stage 1"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --micro-batch 2", "{\"train_micro_batch_size_per_gpu\": 1}", "--micro-batch 2 contradicts"},
+    /* refused for what zplan does not model, in one line: no warning for its other keys */
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"comms_logger\": {\"enabled\": true}, \"torch_autocast\": {\"enabled\": true, \"dtype\": \"bfloat16\"}}", "{IN}: torch_autocast.enabled (fp32 weights under torch.autocast) is not modeled"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"steps_per_print\": 5, \"sequence_parallel_size\": 4}", "{IN}: sequence_parallel_size 4 (DeepSpeed-Ulysses sequence parallelism) is not modeled"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --attention eager", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"flash2\"}", "--attention eager contradicts {IN}'s attention_kernel flash2"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --reduce-dtype fp32", "{\"train_micro_batch_size_per_gpu\": 1, \"communication_data_type\": \"bf16\"}", "--reduce-dtype fp32 contradicts {IN}'s communication_data_type bf16"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},

@@ -389,6 +389,8 @@ static const struct {
     {"memory --model %s --gpus 4", "{\"name\": \"x\", \"layers\": -2, \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8}", "key \"layers\" = -2 is outside"},
     {"memory --model %s --gpus 4", "[1, 2]", "top level must be a JSON object"},
     {"memory --model nosuch --gpus 4", NULL, "unknown model 'nosuch' (known: "},
+    /* The shipped Hugging Face configs are listed by the name --model takes. */
+    {"memory --model llama-2-70b --gpus 4", NULL, ", hf/llama-2-70b, "},
     {"memory --model gpt2-1.5b --cluster nosuch --gpus 4", NULL, "unknown cluster 'nosuch' (known: "},
     {"memory --model gpt2-1.5b --cluster %s --gpus 4", "{\"name\": \"c\"}", "missing key \"gpu\""},
     {"memory --model gpt2-1.5b --cluster %s --gpus 4", "{\"name\": \"c\", \"gpu\": \"g\", \"gpus_per_node\": 0}", "key \"gpus_per_node\" = 0 is outside"},

@@ -31,6 +31,12 @@ static const ConfigCase cases[] = {
     /* concrete batch 64 = 1 x 8 x dp 8 */
     {"dse_neox20b_zero3.json", "--model gpt-13b --gpus 8", 0, 1, 1, 8, "bf16", FALSE,
      "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+    /* fields of releases after v0.19.6: ZenFlow (train batch 32 = 4 x 1 x dp 8) and ZeRO-3
+     * leaf modules (a MoE config, here on a dense model) */
+    {"dse_zenflow_zero2.json", "--model gpt2-1.5b --gpus 8", 0, 1, 4, 1, "bf16", FALSE,
+     "zero_optimization.zenflow"},
+    {"dse_leaf_zero3.json", "--model hf/qwen2-0.5b --gpus 8 --seq 2048", 0, 1, 2, 1, "bf16",
+     FALSE, "zero_optimization.leaf_module"},
 };
 
 static void test_real_world_configs(void)
@@ -73,7 +79,8 @@ static void test_real_world_configs(void)
     }
 }
 
-/* A flag that contradicts a concrete value of the file is an error naming both. */
+/* A flag that contradicts a concrete value of the file is an error naming both; what zplan
+ * does not model is refused by name. */
 static void test_contradictions(void)
 {
     const struct {
@@ -89,6 +96,10 @@ static void test_contradictions(void)
          "bf16.enabled"},
         {"--ds-config tests/data/ds_config/hf_zero2.json --model gpt2-1.5b --gpus 8 "
          "--reduce-bucket-size 1e6", "--reduce-bucket-size: the plan comes from --ds-config"},
+        /* Ulysses: refused by name, not by the batch check it would otherwise fail */
+        {"--ds-config tests/data/ds_config/dse_autosp_zero0.json --model gpt2-1.5b --gpus 2",
+         "dse_autosp_zero0.json: sequence_parallel_size 2 (DeepSpeed-Ulysses sequence "
+         "parallelism) is not modeled"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
         char *args = g_strdup_printf("simulate --cluster dgx-a100-80g %s", bad[i].args);
