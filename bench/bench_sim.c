@@ -1,7 +1,7 @@
 /* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 to 131,072
- * ranks with one slow rank: every rank explicit (runs of ranks in lockstep stepped as one, and
- * each rank on its own) and as rank classes (CPU time, events/s, peak RSS), and one 1 GiB
- * all-reduce on 4,096 ranks. */
+ * ranks with one slow rank, tp 1 or more: every rank explicit (blocks of ranks in lockstep
+ * stepped as units, and each rank on its own) and as rank classes (CPU time, events/s, peak
+ * RSS), and one 1 GiB all-reduce on 4,096 ranks. */
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
@@ -31,26 +31,28 @@ typedef struct {
 /* Whose ZeRO-3 the table times: the paper's by default, the schedule the speed targets were
  * set on (one gather per block); DeepSpeed's per-module gathers give about 5x the ops a rank. */
 static ZpImplKind bench_impl = ZP_IMPL_PAPER;
+/* Tensor-parallel degree of the table's plans (the world is dp x mp). */
+static int bench_mp = 1;
 
 /* The rank the class runs slow (2x): one in the middle of the world. */
-static SimSlow slow_rank(int dp)
+static SimSlow slow_rank(int ranks)
 {
-    return (SimSlow){.index = (uint32_t)dp / 2 + 1, .factor = 2.0};
+    return (SimSlow){.index = (uint32_t)ranks / 2 + 1, .factor = 2.0};
 }
 
 /* How a run simulates the ranks. */
 typedef enum { RUN_EXPLICIT, RUN_EACH_RANK, RUN_CLASSES } RunKind;
 
-/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, dp ranks, one of them slow: every rank
- * explicit (the issue's case), also stepped one by one, or folded into rank classes. Runs in
- * a child so that its peak RSS is its own. */
-static Row run_gpt_1t(const ZpHw *hw, int dp, RunKind kind)
+/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, ranks (dp x bench_mp), one of them slow:
+ * every rank explicit (the issue's case), also stepped one by one, or folded into rank
+ * classes. Runs in a child so that its peak RSS is its own. */
+static Row run_gpt_1t(const ZpHw *hw, int ranks, RunKind kind)
 {
     Row row = {0};
     ZpModel model;
     ZpPlan plan;
     GError *error = NULL;
-    zp_plan_defaults(&plan, 3, dp, 1);
+    zp_plan_defaults(&plan, 3, ranks / bench_mp, bench_mp);
     plan.impl = bench_impl;
     plan.checkpoint = TRUE;
     const double build_start_s = cpu_s();
@@ -60,7 +62,7 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, RunKind kind)
     row.build_s = cpu_s() - build_start_s;
     SimResult *r = NULL;
     if (s) {
-        const SimSlow slow = slow_rank(dp);
+        const SimSlow slow = slow_rank(ranks);
         const SimOptions options = {.mode = kind == RUN_CLASSES ? SIM_MODE_FOLDED
                                                                 : SIM_MODE_EXPLICIT,
                                     .each_rank = kind == RUN_EACH_RANK,
@@ -70,7 +72,7 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, RunKind kind)
         row.cpu_s = cpu_s() - start_s;
     }
     if (!r) {
-        fprintf(stderr, "bench_sim: %d ranks: %s\n", dp, error->message);
+        fprintf(stderr, "bench_sim: %d ranks: %s\n", ranks, error->message);
         g_error_free(error);
     } else {
         row = (Row){.ok = 1, .ranks_simulated = r->ranks_simulated,
@@ -85,7 +87,7 @@ static Row run_gpt_1t(const ZpHw *hw, int dp, RunKind kind)
 }
 
 /* One run in a child process; its peak RSS (MiB) from wait4. */
-static int child_run(const ZpHw *hw, int dp, RunKind kind, Row *row, double *rss_mib)
+static int child_run(const ZpHw *hw, int ranks, RunKind kind, Row *row, double *rss_mib)
 {
     int fds[2];
     if (pipe(fds) != 0) {
@@ -100,7 +102,7 @@ static int child_run(const ZpHw *hw, int dp, RunKind kind, Row *row, double *rss
     }
     if (pid == 0) {
         close(fds[0]);
-        const Row got = run_gpt_1t(hw, dp, kind);
+        const Row got = run_gpt_1t(hw, ranks, kind);
         const ssize_t written = write(fds[1], &got, sizeof got);
         _exit(written == (ssize_t)sizeof got && got.ok ? 0 : 1);
     }
@@ -112,7 +114,7 @@ static int child_run(const ZpHw *hw, int dp, RunKind kind, Row *row, double *rss
     struct rusage usage;
     if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0 || got != (ssize_t)sizeof *row) {
-        fprintf(stderr, "bench_sim: the %d-rank run failed\n", dp);
+        fprintf(stderr, "bench_sim: the %d-rank run failed\n", ranks);
         return 1;
     }
     *rss_mib = usage.ru_maxrss / 1024.0;
@@ -128,31 +130,31 @@ static const char *same(const Row *a, const Row *b)
                : "NO";
 }
 
-/* One table row: every rank explicit, in runs and one by one, then the rank classes (one
+/* One table row: every rank explicit, in blocks and one by one, then the rank classes (one
  * slow rank every time). */
-static int table_row(const ZpHw *hw, int dp)
+static int table_row(const ZpHw *hw, int ranks)
 {
     Row all, each, classes;
     double all_mib, each_mib, classes_mib;
-    if (child_run(hw, dp, RUN_EXPLICIT, &all, &all_mib) ||
-        child_run(hw, dp, RUN_EACH_RANK, &each, &each_mib) ||
-        child_run(hw, dp, RUN_CLASSES, &classes, &classes_mib))
+    if (child_run(hw, ranks, RUN_EXPLICIT, &all, &all_mib) ||
+        child_run(hw, ranks, RUN_EACH_RANK, &each, &each_mib) ||
+        child_run(hw, ranks, RUN_CLASSES, &classes, &classes_mib))
         return 1;
-    const double rank_ops = (double)dp * all.n_ops;
+    const double rank_ops = (double)ranks * all.n_ops;
     printf("%8d %8.4f %10.3g %7.1f %7.3f %6d %10.6g | %8.3f %7.1f %7.1f %7.2f %6.1f %4s | "
            "%7d %8.4f %7.1f\n",
-           dp, all.cpu_s, all.op_events / all.cpu_s, all_mib, all.state_bytes / rank_ops,
+           ranks, all.cpu_s, all.op_events / all.cpu_s, all_mib, all.state_bytes / rank_ops,
            all.units_simulated, all.step_s, each.cpu_s, 1e9 * each.cpu_s / each.op_events,
-           each_mib, each.state_bytes / rank_ops, each.heap_events / (double)dp,
+           each_mib, each.state_bytes / rank_ops, each.heap_events / (double)ranks,
            same(&all, &each), classes.ranks_simulated, classes.cpu_s, classes_mib);
     return 0;
 }
 
 static int bench_table(const ZpHw *hw, int max_ranks)
 {
-    printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp 1, dgx-a100-80g; one "
+    printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp %d, dgx-a100-80g; one "
            "process per run; rank RANKS/2+1 computes 2x slower. Left: every rank simulated "
-           "(--explicit), runs of ranks in lockstep stepped as one unit. Middle: the same, each "
+           "(--explicit), blocks of ranks in lockstep stepped as units. Middle: the same, each "
            "rank stepped on its own (SimOptions.each_rank); same: the step and both event "
            "counts equal the left's. Right: folded into rank classes, which give --explicit's "
            "results (test_sim checks all three bit for bit)\n"
@@ -160,10 +162,10 @@ static int bench_table(const ZpHw *hw, int max_ranks)
            " RSS MiB  bytes/  queue same | classes    CPU s RSS MiB\n"
            "                                     rank-op            step s |    CPU s   event"
            "         rank-op  ev/rk      |\n",
-           zp_impl_name(bench_impl));
+           zp_impl_name(bench_impl), bench_mp);
     int failed = 0;
-    for (int dp = 1024; dp <= max_ranks; dp *= 2)
-        failed += table_row(hw, dp);
+    for (int ranks = 1024; ranks <= max_ranks; ranks *= 2)
+        failed += table_row(hw, ranks);
     return failed;
 }
 
@@ -211,17 +213,21 @@ static int bench_allreduce(const ZpHw *hw)
     return failed;
 }
 
-/* Usage: bench_sim [MAX_RANKS] (default 131072): the table's last row. */
-/* bench_sim [MAX_RANKS [paper|deepspeed|fsdp]] */
+/* Usage: bench_sim [MAX_RANKS [paper|deepspeed|fsdp [MP]]]: the table's last row (default
+ * 131072), whose ZeRO-3 (paper), and the tensor-parallel degree (default 1; 1 to 8, a power
+ * of two, so that every row's world divides). */
 int main(int argc, char **argv)
 {
     const int max_ranks = argc > 1 ? atoi(argv[1]) : 131072;
+    bench_mp = argc > 3 ? atoi(argv[3]) : 1;
     ZpHw hw;
     GError *error = NULL;
-    if (max_ranks < 1024 || (argc > 2 && !zp_impl_parse(argv[2], "IMPL", &bench_impl, &error)) ||
+    if (max_ranks < 1024 || bench_mp < 1 || bench_mp > 8 || (bench_mp & (bench_mp - 1)) ||
+        (argc > 2 && !zp_impl_parse(argv[2], "IMPL", &bench_impl, &error)) ||
         !zp_hw_load("dgx-a100-80g", &hw, &error)) {
         fprintf(stderr, "bench_sim: %s\n",
-                error ? error->message : "MAX_RANKS must be at least 1024");
+                error ? error->message
+                      : "MAX_RANKS must be at least 1024, and MP 1, 2, 4 or 8");
         return 1;
     }
     const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw);

@@ -218,34 +218,53 @@ void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
     }
 }
 
-/* Whether ranks r - 1 and r share a group of every communicator in groups (one of one-rank
- * groups shares none: each group's collectives are then its own rank's). */
-static gboolean same_groups(const ZpCommGroup *groups, uint32_t n_groups, uint32_t r)
+/* Whether dp rows d - 1 and d (mp consecutive ranks each) agree rank by rank, tp index t
+ * with tp index t: the same colour and the same group of every communicator in groups. */
+static gboolean rows_agree(const uint32_t *colour, const ZpCommGroup *groups, uint32_t n_groups,
+                           uint32_t mp, uint32_t d)
 {
-    for (uint32_t g = 0; g < n_groups; g++) {
-        const uint32_t ranks = (uint32_t)groups[g].ranks, stride = (uint32_t)groups[g].stride;
-        if (sim_class_group_index(ranks, stride, r) != sim_class_group_index(ranks, stride, r - 1))
+    for (uint32_t r = d * mp; r < (d + 1) * mp; r++) {
+        if (colour[r] != colour[r - mp])
             return FALSE;
+        for (uint32_t g = 0; g < n_groups; g++) {
+            const uint32_t ranks = (uint32_t)groups[g].ranks, stride = (uint32_t)groups[g].stride;
+            if (sim_class_group_index(ranks, stride, r) !=
+                sim_class_group_index(ranks, stride, r - mp))
+                return FALSE;
+        }
     }
     return TRUE;
 }
 
-void sim_class_runs(SimClasses *out, uint32_t world, const uint32_t *colour,
-                    const ZpCommGroup *groups, uint32_t n_groups)
+void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t mp, const uint32_t *colour,
+                      const ZpCommGroup *groups, uint32_t n_groups)
 {
     *out = (SimClasses){.world = world, .of_rank = g_new(uint32_t, world)};
-    GArray *first = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t r = 0; r < world; r++) {
-        if (r == 0 || colour[r] != colour[r - 1] || !same_groups(groups, n_groups, r))
-            g_array_append_val(first, r);
-        out->of_rank[r] = first->len - 1;
+    const uint32_t rows = world / mp;
+    GArray *first_row = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    uint32_t *block_of = g_new(uint32_t, MAX(rows, 1));
+    for (uint32_t d = 0; d < rows; d++) {
+        if (d == 0 || !rows_agree(colour, groups, n_groups, mp, d))
+            g_array_append_val(first_row, d);
+        block_of[d] = first_row->len - 1;
     }
-    out->n = first->len;
-    out->first_rank = (uint32_t *)g_array_free(first, FALSE);
+    const uint32_t n_blocks = first_row->len;
+    out->n = n_blocks * mp;
+    out->first_rank = g_new(uint32_t, MAX(out->n, 1));
     out->count = g_new(uint32_t, MAX(out->n, 1));
-    for (uint32_t k = 0; k < out->n; k++)
-        out->count[k] = (k + 1 < out->n ? out->first_rank[k + 1] : world) - out->first_rank[k];
     out->stamp = g_new0(uint32_t, MAX(out->n, 1));
+    for (uint32_t b = 0; b < n_blocks; b++) {
+        const uint32_t first = g_array_index(first_row, uint32_t, b);
+        const uint32_t end = b + 1 < n_blocks ? g_array_index(first_row, uint32_t, b + 1) : rows;
+        for (uint32_t t = 0; t < mp; t++) {
+            out->first_rank[b * mp + t] = first * mp + t;
+            out->count[b * mp + t] = end - first;
+        }
+    }
+    for (uint32_t r = 0; r < world; r++)
+        out->of_rank[r] = block_of[r / mp] * mp + r % mp;
+    g_free(block_of);
+    g_array_free(first_row, TRUE);
 }
 
 void sim_class_clear(SimClasses *classes)

@@ -25,11 +25,15 @@ typedef struct {
 void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
                       uint32_t n_colours, const ZpCommGroup *groups, uint32_t n_groups);
 
-/* The maximal runs of consecutive ranks with one colour ([world]) and one group of every
- * communicator in groups: classes numbered in rank order, each a run (how the engine steps
- * explicit ranks in lockstep as one, sim_engine.c). */
-void sim_class_runs(SimClasses *out, uint32_t world, const uint32_t *colour,
-                    const ZpCommGroup *groups, uint32_t n_groups);
+/* The blocks of explicit ranks the engine steps as units (sim_engine.c): the world's dp rows
+ * (mp consecutive ranks, a tensor-parallel group's) split into maximal runs of consecutive
+ * rows that agree rank by rank (the same colour, [world], and the same group of every
+ * communicator in groups); a block's ranks of one tp index are one class. Classes are numbered
+ * block by block, tp index fastest, so in the order of their first ranks: class b * mp + t
+ * holds ranks (d * mp + t) for the block's rows d. With mp 1, the runs of consecutive ranks
+ * that agree. */
+void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t mp, const uint32_t *colour,
+                      const ZpCommGroup *groups, uint32_t n_groups);
 
 /* The classes in rank's group of communicator g, ascending, into members (room for the
  * group's ranks); returns how many. */

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-/* How often (queue events as heap_events counts them, a run's once per rank) the run tells
+/* How often (queue events as heap_events counts them, a unit's once per rank) the run tells
  * SimOptions.progress how far it is. */
 #define PROGRESS_EVERY_EVENTS 4096
 
@@ -66,10 +66,12 @@ typedef struct {
     uint32_t zeroed, ranks;
 } Countdown;
 
-/* A queued event, 8 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
- * slot, detail its version when queued) from an op's (id the rank, detail the op). */
+/* A queued event, 12 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
+ * slot, detail its version when queued) from an op's (id the rank, detail the op); made, the
+ * instant it was queued at (Queue.instant), tells blocks' order check (check_order) which
+ * events one instant queued. */
 typedef struct {
-    uint32_t id, detail;
+    uint32_t id, detail, made;
 } Event;
 
 #define EVENT_FLOW 0x80000000u
@@ -96,6 +98,7 @@ typedef struct {
     uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
     uint32_t heap_len;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
+    uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
     uint64_t next_seq;
     size_t len; /* events queued */
 } Queue;
@@ -105,7 +108,11 @@ typedef struct {
 typedef struct {
     uint32_t member_start, count; /* simulated members: members[member_start ..][< count] */
     uint32_t op, arrived, version, touched;
+    /* Explicit blocks: the world's groups it stands for (a row's communicator: one per row
+     * of the block), which its events count as; 1 otherwise. */
+    uint32_t copies;
     gboolean active;
+    uint8_t per_row; /* its communicator's groups each lie in one row (Sim.per_row) */
     double start_s;
     double transfer_from_s; /* when the transfer began, or was last brought up to date */
     double remaining_s;     /* transfer left, in seconds at the group's full busbw */
@@ -208,9 +215,18 @@ typedef struct {
      * (sim_class), each standing for rank_count[r] world ranks from first_rank[r] on. */
     uint32_t ranks, sim_dp, sim_mp, sim_pp;
     uint32_t world;
-    /* Explicit ranks stepped in runs (below): [unit] how many ranks each stands for, which
+    /* Explicit ranks stepped in blocks (below): [unit] how many ranks each stands for, which
      * its events count as (rank_count); NULL where each simulated rank counts once. */
     const uint32_t *weight;
+    /* [communicator]: its groups each lie in one dp row of sim_mp consecutive ranks (tp's);
+     * a block's unit stands for one rank of each row, and a flow for one group of each. */
+    uint8_t per_row[ZP_SCHED_MAX_GROUPS];
+    /* Blocks' order check (check_order): the last event taken, its time, whether it was a
+     * flow of a communicator across rows, and whether two events broke the order. */
+    double taken_s;
+    uint32_t taken_made;
+    uint8_t taken_across;
+    gboolean order_broken;
     uint16_t *stage_of;    /* [rank]: its pipeline stage (the ops it runs) */
     uint32_t *first_rank, *rank_count;
     uint32_t *stage_ranks; /* [stage]: simulated ranks that run it */
@@ -280,30 +296,47 @@ static uint32_t rank_class(const Sim *sim, uint32_t rank)
     return sim->stage_of[rank];
 }
 
-/* ---- runs of explicit ranks ----
+/* ---- blocks of explicit ranks ----
  *
- * Explicit ranks that lie in one group of every communicator a collective runs over, with
- * the same stage and the same slowdowns, meet the same flows and take the same time for every
- * op: they run in lockstep all step. A run of consecutive such ranks (sim_class_runs) is one
- * unit here, like a rank class, and it is exact — the same results for every rank, the same
- * event counts and the same op_last_rank as stepping each rank on its own — because:
- * - Stepping ranks one by one handles the run's ranks in rank order wherever it handles
- *   them, and its last rank where the unit is handled: a group's members are visited in rank
- *   order and the run lies in one group, and the events its ranks queue at one time in one
- *   handling follow one another, so they are also taken one after another. The others may
- *   come earlier within the same instant (a collective that the last rank starts in the
- *   middle of a handling finds the first ranks past it), which moves only their own work
- *   (next point). So the last of the run's ranks to reach a collective is its last rank
- *   (arriving_rank), and the unit's event stands for one per rank (event_weight).
- * - Such moves, and a rank with two events at one instant (ranks one by one alternate: a's
- *   first, a's second, a+1's first ...; the unit takes all first ones, then all second
- *   ones), reorder only the run's ranks' work within one instant, on their own state:
- *   account() commutes within an instant (the time since mark_s is booked before any count
- *   changes), and so do counting a collective's arrivals and a dependency down.
- * - Not with contention (an op table's factor): a collective that starts rescales its
- *   members' running compute, which depends on that order; nor with a pipeline, whose
- *   neighbours are other ranks. Both step every rank on its own, as do tensor-parallel
- *   plans, whose data-parallel groups interleave (no two consecutive ranks share both). */
+ * Explicit ranks are numbered tp fastest: rank (d, t) = d x mp + t, row d a tensor-parallel
+ * group. A communicator is of a row (tp's: each group inside one row) or across rows (dp's,
+ * hpZ's: a stride that is a multiple of mp, so each group holds one tp index). A block is a
+ * maximal run of consecutive rows that agree rank by rank: the same stage and slowdowns, and
+ * the same group of every communicator across rows (sim_class_blocks). Its ranks of one tp
+ * index, (d, t) for d in block D, are one unit (D, t), stepped once; a row communicator's
+ * groups inside D are one flow, standing for |D| (Flow.copies); a group across rows is its
+ * own flow, whose members are the units of its ranks, one a block. With mp 1, blocks are the
+ * runs of consecutive ranks that share every group. This is exact — the same result for every
+ * rank, the same event counts, the same timeline and op_last_rank as stepping each rank on its
+ * own (SimOptions.each_rank) — because stepping rank by rank does exactly what the units do,
+ * expanded:
+ * - Its queue is the units' with each unit event ((D, t), op) and row flow event D stand
+ *   for their |D| copies, one per row d of D, ordered in *strips*: what one handling (a unit
+ *   event, a member's completion in a flow's end, a drain, a block in seed) queued at one
+ *   time, (D, [x1 .. xk]), stands for x1@d .. xk@d for each d of D in turn. Taking a strip
+ *   rank by rank then runs, row by row, what the units run once, in the same order within a
+ *   row: each rank's own state (its clock, account(), busy sums, memory) sees the same
+ *   operations in the same order; a row flow of row d sees its own row's arrivals, so the
+ *   same tp index arrives last, and what it queues forms strips again (induction). A flow
+ *   across rows, one to one with its unit flow, counts D's ranks in one by one and starts at
+ *   the last, (max D, t): the unit's last rank (arriving_rank); its end, queued there, is
+ *   the single event of its own strip. Its end completes its members in rank order: the
+ *   blocks in order, each a strip of its own. What runs between a unit's ranks rank by rank
+ *   (other rows of the block) only counts arrivals at groups across rows, which nothing
+ *   reads before the last.
+ * - This holds unless one handling queues a flow across rows and a unit or row event at the
+ *   same time: rank by rank that flow's end then lies inside the strip, after the rows before
+ *   max D ran the events after it. The units detect it when they take two such events one
+ *   after the other with one time and one instant of queueing (check_order, coarser than a
+ *   handling), and the whole run is then stepped again rank by rank: exact, never guessed.
+ * - Bandwidth sharing: flows of a row and flows across rows must load different link
+ *   classes (blocks_exact). Then resharing, at a flow's start or end, touches only flows of
+ *   its own kind: a row flow's copies reshare copies, one to one, and a flow across rows is
+ *   reshared once either way; which flows are reshared, and when, is the units' expanded.
+ * - Not with contention (an op table's factor: a collective that starts rescales its
+ *   members' running compute, which depends on arrival order), nor with a pipeline, whose
+ *   neighbours are other ranks, nor where a communicator is neither of a row nor across rows:
+ *   every rank then steps on its own. */
 
 /* How many ranks' events one of simulated rank u stands for. */
 static inline uint32_t rank_weight(const Sim *sim, uint32_t u)
@@ -311,20 +344,24 @@ static inline uint32_t rank_weight(const Sim *sim, uint32_t u)
     return sim->weight ? sim->weight[u] : 1;
 }
 
-/* The world rank that messages and the result name for simulated rank u: a run's first. */
+/* The world rank that messages and the result name for simulated rank u: a block's first. */
 static uint32_t named_rank(const Sim *sim, uint32_t u)
 {
     return sim->weight ? sim->first_rank[u] : u;
 }
 
-/* The rank whose arrival starts a collective when unit u's does: a run's ranks arrive in
- * rank order, so its last. */
-static uint32_t arriving_rank(const Sim *sim, uint32_t u)
+/* The rank whose arrival starts flow f when unit u's does: across rows, u's last (its ranks
+ * arrive row by row); in a row, u's rank there, its first in the unit's row (expand_blocks
+ * moves it to each row's). */
+static uint32_t arriving_rank(const Sim *sim, uint32_t u, const Flow *f)
 {
-    return sim->weight ? sim->first_rank[u] + sim->weight[u] - 1 : u;
+    if (!sim->weight)
+        return u;
+    return f->per_row ? sim->first_rank[u]
+                      : sim->first_rank[u] + (sim->weight[u] - 1) * sim->sim_mp;
 }
 
-/* The ranks the result reports on: the world's for runs, else the simulated ones. */
+/* The ranks the result reports on: the world's for blocks, else the simulated ones. */
 static uint32_t ranks_reported(const Sim *sim)
 {
     return sim->weight ? sim->world : sim->ranks;
@@ -413,7 +450,7 @@ G_ALWAYS_INLINE static inline void queue_push(Queue *q, double time_s, uint32_t 
     Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
     if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
         bucket = queue_bucket_for(q, time_s);
-    bucket->items[bucket->len++] = (Event){id, detail};
+    bucket->items[bucket->len++] = (Event){id, detail, q->instant};
     q->len++;
 }
 
@@ -813,7 +850,7 @@ static gboolean alloc_mem_logs(Sim *sim)
 
 static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
 {
-    /* The timeline has a row per rank reported (runs fill their unit's, expand_runs the rest). */
+    /* The timeline has a row per rank reported (blocks fill their unit's, expand_blocks the rest). */
     const size_t per_op = (size_t)ranks_reported(sim) * sim->n_ops;
     sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
@@ -951,15 +988,46 @@ static uint32_t wait_groups(const Sim *sim, ZpCommGroup waits[ZP_SCHED_MAX_GROUP
     return n_waits;
 }
 
+/* Marks each communicator of a row (Sim.per_row), and puts those across rows that
+ * collectives use into across; FALSE where blocks would not be exact (above): a used
+ * communicator neither of a row nor across rows, or a link class loaded by collectives of
+ * both kinds. */
+static gboolean blocks_exact(Sim *sim, ZpCommGroup across[ZP_SCHED_MAX_GROUPS],
+                             uint32_t *n_across)
+{
+    gboolean used[ZP_SCHED_MAX_GROUPS], fits = TRUE;
+    groups_used(sim, used);
+    *n_across = 0;
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        const uint32_t ranks = (uint32_t)sim->groups[g].ranks;
+        const uint32_t stride = (uint32_t)sim->groups[g].stride;
+        sim->per_row[g] = sim->sim_mp % (ranks * stride) == 0;
+        if (used[g] && !sim->per_row[g]) {
+            fits = fits && stride % sim->sim_mp == 0;
+            across[(*n_across)++] = sim->groups[g];
+        }
+    }
+    unsigned loaded[2] = {0, 0}; /* link classes loaded: [per_row] bit link */
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        if (o->kind == ZP_OP_COLLECTIVE && o->transfer_s > 0)
+            loaded[sim->per_row[o->group]] |= 1u << o->link;
+    }
+    return fits && (loaded[0] & loaded[1]) == 0;
+}
+
 /* The simulated ranks: every world rank (explicit), one a stage (folded), the rank classes
  * (folded with stragglers: what sets ranks apart is their stage and slowdowns, and through
- * the groups whom they wait for), or with `runs`, explicit, the runs of ranks in lockstep
- * (above). classes is filled in the last two cases only. */
-static void build_units(Sim *sim, const Slowdowns *w, gboolean runs, SimClasses *classes)
+ * the groups whom they wait for), or with `blocks`, explicit, the units of blocks of ranks in
+ * lockstep (above), where they are exact. classes is filled in the last two cases only. */
+static void build_units(Sim *sim, const Slowdowns *w, gboolean blocks, SimClasses *classes)
 {
     const uint32_t world = (uint32_t)sim->sched->world, mp = (uint32_t)sim->sched->plan.mp;
     const gboolean fold = w->rank && sim->ranks < world;
-    if (fold || runs) {
+    ZpCommGroup across[ZP_SCHED_MAX_GROUPS];
+    uint32_t n_across = 0;
+    blocks = blocks && blocks_exact(sim, across, &n_across);
+    if (fold || blocks) {
         uint32_t *colour = g_new(uint32_t, world);
         const uint32_t n_colours = rank_colours(sim, w, colour);
         ZpCommGroup waits[ZP_SCHED_MAX_GROUPS];
@@ -967,9 +1035,9 @@ static void build_units(Sim *sim, const Slowdowns *w, gboolean runs, SimClasses 
         if (fold)
             sim_class_refine(classes, world, colour, n_colours, waits, n_waits);
         else
-            sim_class_runs(classes, world, colour, waits, n_waits);
+            sim_class_blocks(classes, world, mp, colour, across, n_across);
         g_free(colour);
-        if (!fold && classes->n == world) /* runs of one rank: every rank on its own */
+        if (!fold && classes->n == world) /* units of one rank: every rank on its own */
             sim_class_clear(classes);
         sim->ranks = classes->of_rank ? classes->n : sim->ranks;
     }
@@ -997,11 +1065,12 @@ static void build_units(Sim *sim, const Slowdowns *w, gboolean runs, SimClasses 
 
 /* Appends one flow slot per stream for a group of the given simulated members. */
 static uint32_t add_flow_slots(GArray *flows, GArray *members, const uint32_t *group,
-                               uint32_t count)
+                               uint32_t count, uint8_t per_row)
 {
     const uint32_t base = flows->len;
     for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
-        const Flow f = {.member_start = members->len, .count = count, .inter_scale = 1.0};
+        const Flow f = {.member_start = members->len, .count = count, .copies = 1,
+                        .inter_scale = 1.0, .per_row = per_row};
         g_array_append_val(flows, f);
     }
     g_array_append_vals(members, group, count);
@@ -1009,7 +1078,8 @@ static uint32_t add_flow_slots(GArray *flows, GArray *members, const uint32_t *g
 }
 
 /* One communicator's flow slots: each of its groups (explicit), each simulated rank alone
- * (one a stage), or each set of classes its groups hold (rank classes). */
+ * (one a stage), or each set of classes its groups hold (rank classes; explicit blocks,
+ * where a row communicator's groups in one block hold the same units: Flow.copies). */
 static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray *flows,
                               GArray *members, uint32_t *scratch)
 {
@@ -1017,7 +1087,8 @@ static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray 
     const uint32_t ranks = (uint32_t)sim->groups[g].ranks, stride = (uint32_t)sim->groups[g].stride;
     if (sim->ranks < world && !classes->of_rank) {
         for (uint32_t u = 0; u < sim->ranks; u++)
-            sim->slot_of[(size_t)u * sim->n_groups + g] = add_flow_slots(flows, members, &u, 1);
+            sim->slot_of[(size_t)u * sim->n_groups + g] =
+                add_flow_slots(flows, members, &u, 1, FALSE);
         return;
     }
     SimInterner sets;
@@ -1037,7 +1108,10 @@ static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray 
                 scratch[i] = first + i * stride;
         }
         if (fresh)
-            base[id] = add_flow_slots(flows, members, scratch, n);
+            base[id] = add_flow_slots(flows, members, scratch, n, sim->per_row[g]);
+        else if (sim->weight) /* a block's row: one more group its flow stands for */
+            for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
+                g_array_index(flows, Flow, base[id] + stream).copies++;
         for (uint32_t i = 0, r = first; i < ranks; i++, r += stride)
             sim->slot_of[(size_t)(classes->of_rank ? classes->of_rank[r] : r) * sim->n_groups +
                          g] = base[id];
@@ -1374,7 +1448,7 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
         recontend(sim, m, now_s);
         if (sim->op_start_s) {
             sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
-            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = arriving_rank(sim, last);
+            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = arriving_rank(sim, last, f);
         }
     }
     if (op->transfer_s > 0) {
@@ -1625,11 +1699,25 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
 }
 
 /* How many queue events the result counts for e: a unit's stands for one per rank of its
- * run; a flow's is its group's one (a run lies in one group, so no two groups share a slot).
- * (Ops are counted per unit as they run, and per rank at the end: fill_result.) */
+ * block; a flow's for one per group it stands for (Flow.copies). (Ops are counted per unit as
+ * they run, and per rank at the end: fill_result.) */
 static uint64_t event_weight(const Sim *sim, const Event *e)
 {
-    return e->id & EVENT_FLOW ? 1 : rank_weight(sim, e->id);
+    return e->id & EVENT_FLOW ? sim->flows[e->id & ~EVENT_FLOW].copies : rank_weight(sim, e->id);
+}
+
+/* Blocks: e, taken at now_s, and the event taken before it must not be a flow across rows
+ * and another event queued at one time in one instant (above); where they are, the order
+ * rank by rank is not the units' expanded, and order_broken stops the run. */
+static void check_order(Sim *sim, const Event *e, double now_s)
+{
+    const uint8_t across =
+        (e->id & EVENT_FLOW) != 0 && !sim->flows[e->id & ~EVENT_FLOW].per_row;
+    if (now_s == sim->taken_s && e->made == sim->taken_made && across != sim->taken_across)
+        sim->order_broken = TRUE;
+    sim->taken_s = now_s;
+    sim->taken_made = e->made;
+    sim->taken_across = across;
 }
 
 static void handle(Sim *sim, const Event *e, double now_s)
@@ -1768,9 +1856,9 @@ static double gpu_compute_s(const RankState *rs, const RankBusy *rb)
     return rb->compute_s - rs->gpu_overlap_s;
 }
 
-/* The ops the ranks of the runs ran: each all of its class's (check_end found none short);
+/* The ops the ranks of the blocks ran: each all of its class's (check_end found none short);
  * op_events counted each unit's once. */
-static uint64_t ops_of_runs(const Sim *sim)
+static uint64_t ops_of_blocks(const Sim *sim)
 {
     uint64_t ops = 0;
     for (uint32_t u = 0; u < sim->ranks; u++)
@@ -1808,7 +1896,7 @@ static void fill_result(const Sim *sim, SimResult *result)
            sizeof result->peak_breakdown_bytes);
     for (int c = 0; c < ZP_MEM_N; c++)
         result->category_peak_bytes[c] = top->category[c].peak;
-    result->op_events = sim->weight ? ops_of_runs(sim) : sim->op_events;
+    result->op_events = sim->weight ? ops_of_blocks(sim) : sim->op_events;
     result->heap_events = sim->heap_events;
     result->state_bytes = sim->state_bytes + (uint64_t)sim->cap_rows * sim->ranks +
                           (uint64_t)sim->cap_eager * sizeof(MemState);
@@ -1837,20 +1925,30 @@ static void fill_result(const Sim *sim, SimResult *result)
     }
 }
 
-/* Runs: each unit's timeline row (at its index, which is at most its first rank's) copied to
- * every rank of its run, from the last unit down so that no row is overwritten before it is
- * read; and first_rank and rank_count become every world rank's own. */
-static void expand_runs(Sim *sim)
+/* Blocks: each unit's timeline row (at its index, which is at most its first rank's) copied
+ * to every rank of its unit, row k of the block at first rank + k x mp, from the last unit
+ * down so that no row is overwritten before it is read; a collective of a row communicator
+ * was started by the rank of that row (arriving_rank: + k x mp). first_rank and rank_count
+ * become every world rank's own. */
+static void expand_blocks(Sim *sim)
 {
     const size_t n = sim->n_ops;
+    GArray *row_ops = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group])
+            g_array_append_val(row_ops, i);
     for (uint32_t u = sim->ranks; sim->op_start_s && u-- > 0;)
         for (uint32_t k = sim->weight[u]; k-- > 0;) {
-            const size_t to = (size_t)(sim->first_rank[u] + k) * n, from = (size_t)u * n;
+            const size_t to = (size_t)(sim->first_rank[u] + k * sim->sim_mp) * n;
+            const size_t from = (size_t)u * n;
             memmove(&sim->op_start_s[to], &sim->op_start_s[from], n * sizeof(double));
             memmove(&sim->op_end_s[to], &sim->op_end_s[from], n * sizeof(double));
             memmove(&sim->op_ready_s[to], &sim->op_ready_s[from], n * sizeof(double));
             memmove(&sim->op_last_rank[to], &sim->op_last_rank[from], n * sizeof(uint32_t));
+            for (guint j = 0; j < row_ops->len; j++)
+                sim->op_last_rank[to + g_array_index(row_ops, uint32_t, j)] += k * sim->sim_mp;
         }
+    g_array_free(row_ops, TRUE);
     sim->weight = NULL;
     g_free(sim->first_rank);
     g_free(sim->rank_count);
@@ -1946,8 +2044,39 @@ static void seed(Sim *sim)
     drain_ready(sim, 0.0);
 }
 
-SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
-                          GError **error)
+/* Takes the queue's events in order until it is empty, an error, the stop time, or (blocks)
+ * an order the units cannot stand for. */
+static void run_queue(Sim *sim, const SimOptions *options)
+{
+    const double total_ops = (double)sim->n_ops * sim->ranks;
+    uint64_t told = 0;
+    double instant_s = -1;
+    while (sim->queue.len > 0 && !sim->error && sim->stopped_s == 0) {
+        double now_s;
+        const Event e = queue_pop(&sim->queue, &now_s);
+        if (sim->weight) {
+            check_order(sim, &e, now_s);
+            if (sim->order_broken)
+                return;
+        }
+        if (now_s != instant_s) {
+            instant_s = now_s;
+            sim->queue.instant++;
+        }
+        sim->heap_events += event_weight(sim, &e);
+        handle(sim, &e, now_s);
+        drain_ready(sim, now_s);
+        if (options->progress && sim->heap_events / PROGRESS_EVERY_EVENTS != told) {
+            told = sim->heap_events / PROGRESS_EVERY_EVENTS;
+            options->progress((double)sim->op_events / total_ops, options->progress_ctx);
+        }
+    }
+}
+
+/* One step; *order_broken (with NULL and no error) where blocks met an order they cannot
+ * stand for. */
+static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                           gboolean *order_broken, GError **error)
 {
     if (!check_plan(sched, hw, error))
         return NULL;
@@ -1962,6 +2091,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         .queue = {.last = UINT32_MAX},
         .stop_after_s = options->stop_after_s,
         .world = (uint32_t)sched->world,
+        .taken_s = -1,
     };
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
@@ -1982,7 +2112,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
                    read_slowdowns(options, (uint32_t)sched->world, (uint32_t)hw->gpus_per_node,
                                   &slow, error));
     if (ok) {
-        /* Runs need no contention and no pipeline (above). */
+        /* Blocks need no contention and no pipeline (above). */
         build_units(&sim, &slow,
                     explicit_ranks && !options->each_rank && sim.sim_pp == 1 &&
                         sim.contention == 1,
@@ -2000,20 +2130,11 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     g_free(slow.node);
     if (ok) {
         seed(&sim);
-        const double total_ops = (double)sim.n_ops * sim.ranks;
-        uint64_t told = 0;
-        while (sim.queue.len > 0 && !sim.error && sim.stopped_s == 0) {
-            double now_s;
-            const Event e = queue_pop(&sim.queue, &now_s);
-            sim.heap_events += event_weight(&sim, &e);
-            handle(&sim, &e, now_s);
-            drain_ready(&sim, now_s);
-            if (options->progress && sim.heap_events / PROGRESS_EVERY_EVENTS != told) {
-                told = sim.heap_events / PROGRESS_EVERY_EVENTS;
-                options->progress((double)sim.op_events / total_ops, options->progress_ctx);
-            }
-        }
-        if (sim.error) {
+        run_queue(&sim, options);
+        if (sim.order_broken) {
+            *order_broken = TRUE;
+            ok = FALSE;
+        } else if (sim.error) {
             g_propagate_error(error, sim.error);
             sim.error = NULL;
             ok = FALSE;
@@ -2027,7 +2148,7 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
     if (ok && !result->stopped) {
         fill_result(&sim, result);
         if (sim.weight)
-            expand_runs(&sim);
+            expand_blocks(&sim);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;
         result->op_ready_s = sim.op_ready_s;
@@ -2044,6 +2165,19 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
         return NULL;
     }
     return result;
+}
+
+SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                          GError **error)
+{
+    gboolean order_broken = FALSE;
+    SimResult *result = run_step(sched, hw, options, &order_broken, error);
+    if (!order_broken)
+        return result;
+    /* Blocks met an order they cannot stand for (above): every rank on its own. */
+    SimOptions each = *options;
+    each.each_rank = TRUE;
+    return run_step(sched, hw, &each, &order_broken, error);
 }
 
 void sim_result_free(SimResult *result)

@@ -1169,9 +1169,10 @@ static void test_classes_equal_explicit(void)
     }
 }
 
-/* ---- runs of explicit ranks against each rank on its own ---- */
+/* ---- blocks of explicit ranks against each rank on its own ---- */
 
-/* An explicit plan whose ranks fall into runs (sim_class_runs): how many units they come to. */
+/* An explicit plan whose ranks fall into blocks (sim_class_blocks): how many units they come
+ * to. */
 typedef struct {
     const char *what;
     ZpImplKind impl;
@@ -1180,6 +1181,7 @@ typedef struct {
     SimSlow rank, node; /* factor 0: none */
     double stop_after_s;
     int units;
+    const char *model; /* NULL: gpt2-124m (12 heads: tp 8 needs another) */
 } RunsCase;
 
 static SimResult *run_runs_case(const ZpSchedule *s, const RunsCase *c, gboolean each_rank)
@@ -1214,28 +1216,47 @@ static void assert_same_explicit(const SimResult *runs, const SimResult *each)
     g_assert_true(memcmp(runs->rank_count, each->rank_count, ranks) == 0);
 }
 
-/* Explicit ranks stepped in runs give what stepping each rank on its own gives, bit for bit:
- * one slow rank splits dp's one group into three runs; a slow node sets its ranks apart too;
- * hpZ's node groups make a run of each node; CPU Adam with its transfers; DeepSpeed's
- * schedule; a run stopped early. With tp 2, dp's groups interleave and no two ranks form a
- * run. */
+/* Explicit ranks stepped in blocks give what stepping each rank on its own gives, bit for
+ * bit, the timeline and who started each collective included. With mp 1 a block is a run of
+ * ranks: one slow rank splits dp's one group into three; a slow node sets its ranks apart
+ * too; hpZ's node groups make a block of each node; CPU Adam with its transfers; DeepSpeed's
+ * schedule; a run stopped early. With tp 2, 4 and 8 a block is a run of tp rows and each of
+ * its tp indices one unit: a slow rank makes three blocks (two at the ends of the world), a
+ * slow node its own, with DeepSpeed's schedule and the paper's at stages 1 to 3, and a run
+ * stopped early. Where tp and a group across rows share a link class (tp 16 across two
+ * nodes with dp; hpZ's node groups inside a node with tp) blocks are not exact and every
+ * rank steps on its own. */
 static void test_runs_equal_each_rank(void)
 {
     const RunsCase cases[] = {
         {"ZeRO-3, dp 64, rank 5 at 2x", ZP_IMPL_PAPER, 3, 64, 1, 0, FALSE, {5, 2.0}, {0, 0},
-         0, 3},
+         0, 3, NULL},
         {"ZeRO-3 (DeepSpeed), dp 64, rank 40 at 1.5x, node 2 at 2x", ZP_IMPL_DEEPSPEED, 3, 64,
-         1, 0, FALSE, {40, 1.5}, {2, 2.0}, 0, 5},
+         1, 0, FALSE, {40, 1.5}, {2, 2.0}, 0, 5, NULL},
         {"ZeRO-3 hpZ 8, dp 64, rank 20 at 2x, node 5 at 1.5x", ZP_IMPL_PAPER, 3, 64, 1, 8,
-         FALSE, {20, 2.0}, {5, 1.5}, 0, 10},
+         FALSE, {20, 2.0}, {5, 1.5}, 0, 10, NULL},
         {"ZeRO-2, CPU Adam, dp 16, rank 3 at 2x", ZP_IMPL_PAPER, 2, 16, 1, 0, TRUE, {3, 2.0},
-         {0, 0}, 0, 3},
+         {0, 0}, 0, 3, NULL},
         {"ZeRO-3 (DeepSpeed), dp 32, no straggler", ZP_IMPL_DEEPSPEED, 3, 32, 1, 0, FALSE,
-         {0, 0}, {0, 0}, 0, 1},
+         {0, 0}, {0, 0}, 0, 1, NULL},
         {"ZeRO-1, dp 16 x tp 2, rank 5 at 2x", ZP_IMPL_PAPER, 1, 16, 2, 0, FALSE, {5, 2.0},
-         {0, 0}, 0, 32},
+         {0, 0}, 0, 6, NULL},
+        {"gpt-7.5b ZeRO-3, dp 16 x tp 8, rank 77 at 2x", ZP_IMPL_PAPER, 3, 16, 8, 0, FALSE,
+         {77, 2.0}, {0, 0}, 0, 24, "gpt-7.5b"},
+        {"ZeRO-3 (DeepSpeed), dp 32 x tp 4, rank 0 at 1.5x, node 3 at 2x", ZP_IMPL_DEEPSPEED, 3,
+         32, 4, 0, FALSE, {0, 1.5}, {3, 2.0}, 0, 16, NULL},
+        {"ZeRO-3 hpZ 4, dp 16 x tp 2, rank 31 at 2x", ZP_IMPL_PAPER, 3, 16, 2, 4, FALSE,
+         {31, 2.0}, {0, 0}, 0, 32, NULL},
+        {"ZeRO-3 (DeepSpeed), dp 16 x tp 4, rank 42 at 3x, node 1 at 1.5x", ZP_IMPL_DEEPSPEED,
+         3, 16, 4, 0, FALSE, {42, 3.0}, {1, 1.5}, 0, 20, NULL},
+        {"llama-tiny ZeRO-2 (DeepSpeed), dp 8 x tp 8, no straggler", ZP_IMPL_DEEPSPEED, 2, 8, 8,
+         0, FALSE, {0, 0}, {0, 0}, 0, 8, "llama-tiny"},
+        {"gpt-7.5b ZeRO-1, dp 8 x tp 16 across 2 nodes, node 3 at 2x", ZP_IMPL_PAPER, 1, 8, 16,
+         0, FALSE, {0, 0}, {3, 2.0}, 0, 128, "gpt-7.5b"},
         {"ZeRO-3, dp 64, rank 5 at 2x, stopped at 5 ms", ZP_IMPL_PAPER, 3, 64, 1, 0, FALSE,
-         {5, 2.0}, {0, 0}, 0.005, 0},
+         {5, 2.0}, {0, 0}, 0.005, 0, NULL},
+        {"ZeRO-3, dp 16 x tp 4, rank 9 at 2x, stopped at 5 ms", ZP_IMPL_PAPER, 3, 16, 4, 0,
+         FALSE, {9, 2.0}, {0, 0}, 0.005, 0, NULL},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         const RunsCase *c = &cases[i];
@@ -1252,7 +1273,10 @@ static void test_runs_equal_each_rank(void)
             p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
         }
         GError *error = NULL;
-        ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+        ZpModel model = gpt2;
+        if (c->model)
+            g_assert_true(zp_model_load(c->model, &model, &error));
+        ZpSchedule *s = zp_sched_build(&model, &p, &error);
         g_assert_no_error(error);
         SimResult *runs = run_runs_case(s, c, FALSE), *each = run_runs_case(s, c, TRUE);
         g_test_message("%s: %d ranks as %d units, step %a s", c->what, runs->ranks_simulated,
@@ -1266,6 +1290,29 @@ static void test_runs_equal_each_rank(void)
             assert_same_explicit(runs, each);
         }
         sim_result_free(runs);
+        sim_result_free(each);
+        zp_sched_free(s);
+    }
+}
+
+/* Where one instant queues a flow across rows and a unit's or a row flow's event for one time,
+ * rank by rank the flow's end falls inside the strip (sim_engine.c): here tp's and dp's empty
+ * all-reduces, of one latency on one node, start together on dp 2 x tp 2. The units stop and
+ * every rank steps on its own, with the same results. */
+static void test_blocks_fall_back(void)
+{
+    const SimSlow none = {0, 0};
+    /* dp's after tp's: two units (one block, two tp indices); together: every rank. */
+    for (int together = 0; together < 2; together++) {
+        ZpSchedule *s = hand_schedule(2, 2);
+        const uint32_t tp = add_op(s, allreduce(0, ZP_GROUP_TP, ZP_STREAM_TP), NULL, 0);
+        add_op(s, allreduce(0, ZP_GROUP_DP, ZP_STREAM_DP), &tp, together ? 0 : 1);
+        SimResult *units = run_slowed(s, (SimOptions){.mode = SIM_MODE_EXPLICIT}, &none, &none);
+        SimResult *each = run_slowed(s, (SimOptions){.mode = SIM_MODE_EXPLICIT, .each_rank = TRUE},
+                                     &none, &none);
+        g_assert_cmpint(units->units_simulated, ==, together ? 4 : 2);
+        assert_same_explicit(units, each);
+        sim_result_free(units);
         sim_result_free(each);
         zp_sched_free(s);
     }
@@ -1680,6 +1727,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/plan/explicit-equals-folded", test_explicit_equals_folded);
     g_test_add_func("/sim/slow/classes-equal-explicit", test_classes_equal_explicit);
     g_test_add_func("/sim/slow/runs-equal-each-rank", test_runs_equal_each_rank);
+    g_test_add_func("/sim/slow/blocks-fall-back", test_blocks_fall_back);
     g_test_add_func("/sim/plan/frozen-results", test_frozen_results);
     g_test_add_func("/sim/breakdown-adds-up-with-side-streams",
                     test_breakdown_adds_up_with_side_streams);
