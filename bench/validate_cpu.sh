@@ -35,8 +35,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 load() { cut -d' ' -f1 /proc/loadavg; }
-# The host's jiffies so far: "steal total" from /proc/stat's cpu line (steal is time the
-# hypervisor gave this guest's vCPUs to others, noise no model of this machine can see).
 # The host's speed now: a 512^3 sgemm's GFLOP/s (bench_gemm --probe, 0.3 s) on N cores at
 # once (at most the cores), the slowest's, since a vCPU's neighbour on the host may be busy.
 probe() {
@@ -50,6 +48,8 @@ probe() {
     sort -g "$out"/probe.* | head -n 1
     rm -f "$out"/probe.*
 }
+# The host's jiffies so far: "steal total" from /proc/stat's cpu line (steal is time the
+# hypervisor gave this guest's vCPUs to others, noise no model of this machine can see).
 jiffies() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
 field() { echo "$1" | cut -d: -f"$2"; }
 seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
