@@ -57,7 +57,8 @@ seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
 echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
 # spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against;
 # steal: the share of the vCPUs' time the hypervisor took while its runs ran;
-# host: the probe just before the case's runs over its mean during the N-rank microbenchmarks
+# host: the probe just before the case's runs over its mean around the N-rank microbenchmarks
+# (before and after each)
 # (above 1: the host ran faster than when the profile was measured, so the case steps faster).
 printf '%-10s %2s %5s %4s %11s %11s %8s %7s %6s %5s %5s\n' model N stage ckpt predicted_s measured_s error spread steal host load
 # Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
@@ -70,6 +71,7 @@ for n in $RANKS; do
         probe "$n" >>"$out/probe-n$n.txt"
         mpirun --oversubscribe -np "$n" build/zreal --microbench --model "$name" \
             --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n.json"
+        probe "$n" >>"$out/probe-n$n.txt"
         runs="$runs $out/mb-$name-n$n.json"
     done
 done
