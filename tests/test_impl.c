@@ -688,15 +688,9 @@ static void test_persistent_refresh(void)
 /* Bytes of gathered parameters live at once, walking the ops in list order. */
 static double gathered_peak(const ZpSchedule *s)
 {
-    double live = 0, peak = 0;
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if ((op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) &&
-            op->sub == ZP_MEM_GATHERED_PARAMS)
-            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-        peak = fmax(peak, live);
-    }
-    return peak;
+    double own[ZP_MEM_N];
+    tu_sequential_peak(s, NULL, own);
+    return own[ZP_MEM_GATHERED_PARAMS];
 }
 
 static gboolean block_op(const ZpOp *op)
@@ -821,6 +815,19 @@ static void assert_launch_point(const ZpSchedule *s, const GArray *tensors, uint
                     next->module - g_array_index(tensors, ZpImplTensor, first).module);
 }
 
+/* tiny's DeepSpeed buckets on 4 ranks: a plan at `stage` with overlap_comm `overlap`,
+ * reduce_bucket_size `bucket`, `accum` micro-steps and every parameter partitioned. */
+static ZpPlan bucket_plan(int stage, int overlap, double bucket, int accum)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, 4, 1);
+    p.zero.overlap_comm = overlap;
+    p.zero.reduce_bucket_size = bucket;
+    p.zero.stage3_param_persistence_threshold = 0;
+    p.grad_accum = accum;
+    return p;
+}
+
 /* Bucket launch timing. DeepSpeed reduces a bucket in the hook of the first gradient that
  * does not fit it (stage_1_and_2.py and stage3.py reduce_independent_p_g_buckets_and_remove_
  * grads): at stages 2-3, and 1 with overlap_comm, a block's backward is one op per module and
@@ -840,13 +847,8 @@ static void test_deepspeed_bucket_launch(void)
         for (int stage = 1; stage <= 3; stage++)
             for (int overlap = 0; overlap <= 1; overlap++)
                 for (size_t z = 0; z < G_N_ELEMENTS(sizes); z++) {
-                    ZpPlan p;
-                    zp_plan_defaults(&p, stage, 4, 1);
+                    ZpPlan p = bucket_plan(stage, overlap, sizes[z], 2);
                     p.impl = impl ? ZP_IMPL_PAPER : ZP_IMPL_DEEPSPEED;
-                    p.zero.overlap_comm = overlap;
-                    p.zero.reduce_bucket_size = sizes[z];
-                    p.zero.stage3_param_persistence_threshold = 0;
-                    p.grad_accum = 2;
                     ZpSchedule *s = zp_sched_build(&m, &p, NULL);
                     g_assert_nonnull(s);
                     GArray *tensors = zp_impl_tensors(s);
@@ -962,15 +964,10 @@ static void test_deepspeed_reduction_peak(void)
         for (int accum = 1; accum <= 2; accum++)
             for (int overlap = 0; overlap <= 1; overlap++)
                 for (size_t z = 0; z < G_N_ELEMENTS(sizes); z++) {
-                    ZpPlan p;
-                    zp_plan_defaults(&p, stage, 4, 1);
+                    ZpPlan p = bucket_plan(stage, overlap, sizes[z], accum);
                     p.precision = ZP_PREC_BF16;
                     p.micro_batch = 4;
                     p.backend_workspace = TRUE;
-                    p.zero.overlap_comm = overlap;
-                    p.zero.reduce_bucket_size = sizes[z];
-                    p.zero.stage3_param_persistence_threshold = 0;
-                    p.grad_accum = accum;
                     ZpSchedule *s = zp_sched_build(&m, &p, NULL);
                     g_assert_nonnull(s);
                     double at[ZP_MEM_N], own[ZP_MEM_N];

@@ -89,22 +89,6 @@ static json_t *train(const Trained *t, int stage, int n, char **path_out)
     return root;
 }
 
-/* The planned peak of each category, walking the ops in list order as zreal executes them. */
-static void sequential_category_peaks(const ZpSchedule *s, double peak[ZP_MEM_N])
-{
-    double live[ZP_MEM_N];
-    memcpy(live, s->state_bytes, sizeof live);
-    memcpy(peak, s->state_bytes, sizeof live);
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_ALLOC)
-            live[op->sub] += op->bytes;
-        else if (op->kind == ZP_OP_FREE)
-            live[op->sub] -= op->bytes;
-        peak[op->sub] = MAX(peak[op->sub], live[op->sub]);
-    }
-}
-
 static double category(json_t *rank, const char *name)
 {
     return json_number_value(json_object_get(json_object_get(rank, "category_peak_bytes"), name));
@@ -157,7 +141,7 @@ static void test_stages_match_one_rank(gconstpointer data)
                                                        zp_plan_state_bytes(ZP_PREC_BF16, ZP_OPT_ADAM))
                                        .total_bytes;
             double peak[ZP_MEM_N];
-            sequential_category_peaks(s, peak);
+            tu_sequential_peak(s, NULL, peak);
             json_t *ranks = json_object_get(m, "ranks");
             g_assert_cmpuint(json_array_size(ranks), ==, (size_t)n);
             for (int r = 0; r < n; r++) {
@@ -286,7 +270,7 @@ static void test_other_impls(void)
             }
             ZpSchedule *s = other_schedule(&model, run, n);
             double peak[ZP_MEM_N];
-            sequential_category_peaks(s, peak);
+            tu_sequential_peak(s, NULL, peak);
             json_t *ranks = json_object_get(runs[1], "ranks");
             for (int r = 0; r < n; r++) {
                 json_t *rank = json_array_get(ranks, r);
@@ -366,7 +350,7 @@ static void check_tensor_parallel(const char *name, int n, int stage, ZpImplKind
     ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
     g_assert_nonnull(s);
     double peak[ZP_MEM_N];
-    sequential_category_peaks(s, peak);
+    tu_sequential_peak(s, NULL, peak);
     const double tp_bytes = zp_sched_comm_bytes(s, ZP_GROUP_TP);
     g_assert_cmpfloat(tp_bytes, ==,
                       model.layers * zp_comm_tp_bytes_per_block(&model, plan.micro_batch, 2,
@@ -438,7 +422,7 @@ static json_t *partition_activations_run(const char *options, const char *name, 
     *s = zp_sched_build(&model, &plan, NULL);
     g_assert_nonnull(*s);
     double peak[ZP_MEM_N];
-    sequential_category_peaks(*s, peak);
+    tu_sequential_peak(*s, NULL, peak);
     json_t *ranks = json_object_get(m, "ranks");
     for (size_t r = 0; r < json_array_size(ranks); r++) {
         json_t *rank = json_array_get(ranks, r);
@@ -822,7 +806,7 @@ static void test_emulated_rank_of_64(void)
     plan.zero.stage3_param_persistence_threshold = 0;
     ZpSchedule *s = zp_sched_build(&model, &plan, NULL);
     double peak[ZP_MEM_N];
-    sequential_category_peaks(s, peak);
+    tu_sequential_peak(s, NULL, peak);
     rank = json_array_get(json_object_get(m, "ranks"), 0);
     g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==, zp_sched_model_state_bytes(s));
     g_assert_cmpfloat(category(rank, "buckets"), ==, peak[ZP_MEM_BUCKETS]);
@@ -1048,7 +1032,7 @@ static void test_deepspeed_small_buckets(void)
                 ZpSchedule *s = peak_schedule(&p);
                 SimResult *sim = peak_prediction(&p);
                 double peak[ZP_MEM_N];
-                sequential_category_peaks(s, peak);
+                tu_sequential_peak(s, NULL, peak);
                 json_t *ranks = json_object_get(m, "ranks");
                 g_assert_cmpuint(json_array_size(ranks), ==, 4);
                 for (size_t r = 0; r < 4; r++) {
@@ -1420,7 +1404,7 @@ static void test_deepspeed_schedule_file(void)
     g_assert_nonnull(s);
     g_assert_false(s->plan.zero.use_multi_rank_bucket_allreduce);
     double peak[ZP_MEM_N];
-    sequential_category_peaks(s, peak);
+    tu_sequential_peak(s, NULL, peak);
     a = json_load_file(meas, 0, NULL), b = json_load_file(flags_meas, 0, NULL);
     for (int i = 0; i < 3; i++) {
         const double x = json_number_value(json_array_get(json_object_get(a, "loss"), i));
@@ -1485,7 +1469,7 @@ static void test_deepspeed_allreduce_fetch(void)
     }
     g_assert_cmpuint(fetches, >, 0);
     double peak[ZP_MEM_N];
-    sequential_category_peaks(s, peak);
+    tu_sequential_peak(s, NULL, peak);
     json_t *a = json_load_file(meas, 0, NULL), *b = json_load_file(flags_meas, 0, NULL);
     g_assert_true(json_equal(json_object_get(a, "loss"), json_object_get(b, "loss")));
     for (int q = 0; q < 2; q++) {

@@ -117,7 +117,8 @@ double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[Z
     double live[ZP_MEM_N], total = 0;
     memcpy(live, s->state_bytes, sizeof live);
     memcpy(own, live, sizeof live);
-    memcpy(at, live, sizeof live);
+    if (at)
+        memcpy(at, live, sizeof live);
     for (int c = 0; c < ZP_MEM_N; c++)
         total += live[c];
     double peak = total;
@@ -130,7 +131,8 @@ double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[Z
         own[op->sub] = MAX(own[op->sub], live[op->sub]);
         if (total > peak) {
             peak = total;
-            memcpy(at, live, sizeof live);
+            if (at)
+                memcpy(at, live, sizeof live);
         }
     }
     return peak;

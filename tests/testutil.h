@@ -42,7 +42,8 @@ void *tu_zplan_json(const char *args);
 void *tu_zplan_json_exit(const char *args, int exit_status);
 
 /* The schedule's allocs and frees walked in list order, as zreal executes them: the total
- * peak (returned), each category live at it (`at`) and each category's own peak (`own`). */
+ * peak (returned), each category live at it (`at`, unless NULL) and each category's own peak
+ * (`own`). */
 double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[ZP_MEM_N]);
 
 /* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
