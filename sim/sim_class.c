@@ -218,51 +218,51 @@ void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
     }
 }
 
-/* Whether dp rows d - 1 and d (mp consecutive ranks each) agree rank by rank, tp index t
- * with tp index t: the same colour and the same group of every communicator in groups. */
+/* Whether dp rows d - 1 and d (row consecutive ranks each) agree rank by rank, index j with
+ * index j: the same colour and the same group of every communicator in groups. */
 static gboolean rows_agree(const uint32_t *colour, const ZpCommGroup *groups, uint32_t n_groups,
-                           uint32_t mp, uint32_t d)
+                           uint32_t row, uint32_t d)
 {
-    for (uint32_t r = d * mp; r < (d + 1) * mp; r++) {
-        if (colour[r] != colour[r - mp])
+    for (uint32_t r = d * row; r < (d + 1) * row; r++) {
+        if (colour[r] != colour[r - row])
             return FALSE;
         for (uint32_t g = 0; g < n_groups; g++) {
             const uint32_t ranks = (uint32_t)groups[g].ranks, stride = (uint32_t)groups[g].stride;
             if (sim_class_group_index(ranks, stride, r) !=
-                sim_class_group_index(ranks, stride, r - mp))
+                sim_class_group_index(ranks, stride, r - row))
                 return FALSE;
         }
     }
     return TRUE;
 }
 
-void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t mp, const uint32_t *colour,
+void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t row, const uint32_t *colour,
                       const ZpCommGroup *groups, uint32_t n_groups)
 {
     *out = (SimClasses){.world = world, .of_rank = g_new(uint32_t, world)};
-    const uint32_t rows = world / mp;
+    const uint32_t rows = world / row;
     GArray *first_row = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     uint32_t *block_of = g_new(uint32_t, MAX(rows, 1));
     for (uint32_t d = 0; d < rows; d++) {
-        if (d == 0 || !rows_agree(colour, groups, n_groups, mp, d))
+        if (d == 0 || !rows_agree(colour, groups, n_groups, row, d))
             g_array_append_val(first_row, d);
         block_of[d] = first_row->len - 1;
     }
     const uint32_t n_blocks = first_row->len;
-    out->n = n_blocks * mp;
+    out->n = n_blocks * row;
     out->first_rank = g_new(uint32_t, MAX(out->n, 1));
     out->count = g_new(uint32_t, MAX(out->n, 1));
     out->stamp = g_new0(uint32_t, MAX(out->n, 1));
     for (uint32_t b = 0; b < n_blocks; b++) {
         const uint32_t first = g_array_index(first_row, uint32_t, b);
         const uint32_t end = b + 1 < n_blocks ? g_array_index(first_row, uint32_t, b + 1) : rows;
-        for (uint32_t t = 0; t < mp; t++) {
-            out->first_rank[b * mp + t] = first * mp + t;
-            out->count[b * mp + t] = end - first;
+        for (uint32_t j = 0; j < row; j++) {
+            out->first_rank[b * row + j] = first * row + j;
+            out->count[b * row + j] = end - first;
         }
     }
     for (uint32_t r = 0; r < world; r++)
-        out->of_rank[r] = block_of[r / mp] * mp + r % mp;
+        out->of_rank[r] = block_of[r / row] * row + r % row;
     g_free(block_of);
     g_array_free(first_row, TRUE);
 }

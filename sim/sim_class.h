@@ -26,13 +26,13 @@ void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
                       uint32_t n_colours, const ZpCommGroup *groups, uint32_t n_groups);
 
 /* The blocks of explicit ranks the engine steps as units (sim_engine.c): the world's dp rows
- * (mp consecutive ranks, a tensor-parallel group's) split into maximal runs of consecutive
- * rows that agree rank by rank (the same colour, [world], and the same group of every
- * communicator in groups); a block's ranks of one tp index are one class. Classes are numbered
- * block by block, tp index fastest, so in the order of their first ranks: class b * mp + t
- * holds ranks (d * mp + t) for the block's rows d. With mp 1, the runs of consecutive ranks
- * that agree. */
-void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t mp, const uint32_t *colour,
+ * (row consecutive ranks, a model-parallel group's: every pipeline stage's tensor-parallel
+ * ranks) split into maximal runs of consecutive rows that agree rank by rank (the same colour,
+ * [world], and the same group of every communicator in groups); a block's ranks of one index
+ * in the row are one class. Classes are numbered block by block, index in the row fastest, so
+ * in the order of their first ranks: class b * row + j holds ranks (d * row + j) for the
+ * block's rows d. With rows of one rank, the runs of consecutive ranks that agree. */
+void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t row, const uint32_t *colour,
                       const ZpCommGroup *groups, uint32_t n_groups);
 
 /* The classes in rank's group of communicator g, ascending, into members (room for the

@@ -218,8 +218,9 @@ typedef struct {
     /* Explicit ranks stepped in blocks (below): [unit] how many ranks each stands for, which
      * its events count as (rank_count); NULL where each simulated rank counts once. */
     const uint32_t *weight;
-    /* [communicator]: its groups each lie in one dp row of sim_mp consecutive ranks (tp's);
-     * a block's unit stands for one rank of each row, and a flow for one group of each. */
+    /* [communicator]: its groups each lie in one dp row, the sim_pp x sim_mp consecutive
+     * ranks of one dp index (tp's, a pipeline's); a block's unit stands for one rank of each
+     * row, and a flow for one group of each. */
     uint8_t per_row[ZP_SCHED_MAX_GROUPS];
     /* Blocks' order check (check_order): the last event taken, its time, whether it was a
      * flow of a communicator across rows, and whether two events broke the order. */
@@ -231,7 +232,8 @@ typedef struct {
     uint32_t *first_rank, *rank_count;
     uint32_t *stage_ranks; /* [stage]: simulated ranks that run it */
     /* Rank classes: [rank * sim_pp + stage], the simulated rank of its pipeline neighbour
-     * at that stage; NULL where that is rank + (stage difference) x sim_mp. */
+     * at that stage; NULL where that is rank + (stage difference) x sim_mp (every rank, and
+     * blocks, whose units a row holds are numbered as its ranks are). */
     uint32_t *peer;
     /* The communicators (zp_sched_groups). slot_of[rank * n_groups + g]: the first of the
      * flow slots (one per stream) of rank's group of g; NO_FLOWS for a communicator no
@@ -298,32 +300,37 @@ static uint32_t rank_class(const Sim *sim, uint32_t rank)
 
 /* ---- blocks of explicit ranks ----
  *
- * Explicit ranks are numbered tp fastest: rank (d, t) = d x mp + t, row d a tensor-parallel
- * group. A communicator is of a row (tp's: each group inside one row) or across rows (dp's,
- * hpZ's: a stride that is a multiple of mp, so each group holds one tp index). A block is a
- * maximal run of consecutive rows that agree rank by rank: the same stage and slowdowns, and
- * the same group of every communicator across rows (sim_class_blocks). Its ranks of one tp
- * index, (d, t) for d in block D, are one unit (D, t), stepped once; a row communicator's
- * groups inside D are one flow, standing for |D| (Flow.copies); a group across rows is its
- * own flow, whose members are the units of its ranks, one a block. With mp 1, blocks are the
- * runs of consecutive ranks that share every group. This is exact — the same result for every
- * rank, the same event counts, the same timeline and op_last_rank as stepping each rank on its
- * own (SimOptions.each_rank) — because stepping rank by rank does exactly what the units do,
- * expanded:
- * - Its queue is the units' with each unit event ((D, t), op) and row flow event D stand
+ * Explicit ranks are numbered tp fastest, then pipeline stage: rank (d, j) = d x row + j,
+ * with row = pp x mp ranks, sits in dp row d at model-parallel index j = stage x mp + tp
+ * index. A communicator is of a row (tp's, and the pipeline's: each group inside one row, so
+ * a stage's sends reach a neighbour in its own row) or across rows (dp's, hpZ's: a stride
+ * that is a multiple of row, so each group holds one model-parallel index). A block
+ * is a maximal run of consecutive rows that agree rank by rank: the same stage and slowdowns,
+ * and the same group of every communicator across rows (sim_class_blocks). Its ranks of one
+ * model-parallel index, (d, j) for d in block D, are one unit (D, j), stepped once; a row
+ * communicator's groups inside D are one flow, standing for |D| (Flow.copies); a group across
+ * rows is its own flow, whose members are the units of its ranks, one a block. Units are
+ * numbered block by block as ranks are row by row, so a unit's pipeline neighbour is
+ * (stage difference) x mp units away, as a rank's is. With one row rank (mp 1, no pipeline),
+ * blocks are the runs of consecutive ranks that share every group. This is exact — the same
+ * result for every rank, the same event counts, the same timeline and op_last_rank as
+ * stepping each rank on its own (SimOptions.each_rank) — because stepping rank by rank does
+ * exactly what the units do, expanded:
+ * - Its queue is the units' with each unit event ((D, j), op) and row flow event D stand
  *   for their |D| copies, one per row d of D, ordered in *strips*: what one handling (a unit
  *   event, a member's completion in a flow's end, a drain, a block in seed) queued at one
  *   time, (D, [x1 .. xk]), stands for x1@d .. xk@d for each d of D in turn. Taking a strip
  *   rank by rank then runs, row by row, what the units run once, in the same order within a
- *   row: each rank's own state (its clock, account(), busy sums, memory) sees the same
- *   operations in the same order; a row flow of row d sees its own row's arrivals, so the
- *   same tp index arrives last, and what it queues forms strips again (induction). A flow
- *   across rows, one to one with its unit flow, counts D's ranks in one by one and starts at
- *   the last, (max D, t): the unit's last rank (arriving_rank); its end, queued there, is
- *   the single event of its own strip. Its end completes its members in rank order: the
- *   blocks in order, each a strip of its own. What runs between a unit's ranks rank by rank
- *   (other rows of the block) only counts arrivals at groups across rows, which nothing
- *   reads before the last.
+ *   row: each rank's own state (its clock, account(), busy sums, memory, the dependencies
+ *   its pipeline neighbour's sends count down, all in its row) sees the same operations in
+ *   the same order; a row flow of row d sees its own row's arrivals, so the same index
+ *   arrives last, and what it queues forms strips again (induction). A flow across rows, one
+ *   to one with its unit flow, counts D's ranks in one by one and starts at the last,
+ *   (max D, j): the unit's last rank (arriving_rank); its end, queued there, is the single
+ *   event of its own strip. Its end completes its members in rank order: the blocks in
+ *   order, each a strip of its own. What runs between a unit's ranks rank by rank (other
+ *   rows of the block) only counts arrivals at groups across rows, which nothing reads
+ *   before the last.
  * - This holds unless one handling queues a flow across rows and a unit or row event at the
  *   same time: rank by rank that flow's end then lies inside the strip, after the rows before
  *   max D ran the events after it. The units detect it when they take two such events one
@@ -333,10 +340,10 @@ static uint32_t rank_class(const Sim *sim, uint32_t rank)
  *   classes (blocks_exact). Then resharing, at a flow's start or end, touches only flows of
  *   its own kind: a row flow's copies reshare copies, one to one, and a flow across rows is
  *   reshared once either way; which flows are reshared, and when, is the units' expanded.
+ *   Pipeline sends share no link (p2p_time_s).
  * - Not with contention (an op table's factor: a collective that starts rescales its
- *   members' running compute, which depends on arrival order), nor with a pipeline, whose
- *   neighbours are other ranks, nor where a communicator is neither of a row nor across rows:
- *   every rank then steps on its own. */
+ *   members' running compute, which depends on arrival order), nor where a communicator is
+ *   neither of a row nor across rows: every rank then steps on its own. */
 
 /* How many ranks' events one of simulated rank u stands for. */
 static inline uint32_t rank_weight(const Sim *sim, uint32_t u)
@@ -350,6 +357,12 @@ static uint32_t named_rank(const Sim *sim, uint32_t u)
     return sim->weight ? sim->first_rank[u] : u;
 }
 
+/* The ranks of a dp row: every stage's tp ranks of one dp index. */
+static uint32_t row_ranks(const Sim *sim)
+{
+    return sim->sim_pp * sim->sim_mp;
+}
+
 /* The rank whose arrival starts flow f when unit u's does: across rows, u's last (its ranks
  * arrive row by row); in a row, u's rank there, its first in the unit's row (expand_blocks
  * moves it to each row's). */
@@ -358,7 +371,7 @@ static uint32_t arriving_rank(const Sim *sim, uint32_t u, const Flow *f)
     if (!sim->weight)
         return u;
     return f->per_row ? sim->first_rank[u]
-                      : sim->first_rank[u] + (sim->weight[u] - 1) * sim->sim_mp;
+                      : sim->first_rank[u] + (sim->weight[u] - 1) * row_ranks(sim);
 }
 
 /* The ranks the result reports on: the world's for blocks, else the simulated ones. */
@@ -1001,9 +1014,9 @@ static gboolean blocks_exact(Sim *sim, ZpCommGroup across[ZP_SCHED_MAX_GROUPS],
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         const uint32_t ranks = (uint32_t)sim->groups[g].ranks;
         const uint32_t stride = (uint32_t)sim->groups[g].stride;
-        sim->per_row[g] = sim->sim_mp % (ranks * stride) == 0;
+        sim->per_row[g] = row_ranks(sim) % (ranks * stride) == 0;
         if (used[g] && !sim->per_row[g]) {
-            fits = fits && stride % sim->sim_mp == 0;
+            fits = fits && stride % row_ranks(sim) == 0;
             across[(*n_across)++] = sim->groups[g];
         }
     }
@@ -1035,7 +1048,7 @@ static void build_units(Sim *sim, const Slowdowns *w, gboolean blocks, SimClasse
         if (fold)
             sim_class_refine(classes, world, colour, n_colours, waits, n_waits);
         else
-            sim_class_blocks(classes, world, mp, colour, across, n_across);
+            sim_class_blocks(classes, world, row_ranks(sim), colour, across, n_across);
         g_free(colour);
         if (!fold && classes->n == world) /* units of one rank: every rank on its own */
             sim_class_clear(classes);
@@ -1054,7 +1067,8 @@ static void build_units(Sim *sim, const Slowdowns *w, gboolean blocks, SimClasse
     }
     if (!fold && classes->of_rank)
         sim->weight = sim->rank_count;
-    if (!classes->of_rank || sim->sim_pp == 1)
+    /* Blocks number a row's units as its ranks: neighbours need no table (peer_rank). */
+    if (!fold || sim->sim_pp == 1)
         return;
     sim->peer = g_new(uint32_t, (size_t)sim->ranks * sim->sim_pp);
     for (uint32_t u = 0; u < sim->ranks; u++)
@@ -1926,27 +1940,31 @@ static void fill_result(const Sim *sim, SimResult *result)
 }
 
 /* Blocks: each unit's timeline row (at its index, which is at most its first rank's) copied
- * to every rank of its unit, row k of the block at first rank + k x mp, from the last unit
+ * to every rank of its unit, row k of the block at first rank + k x row, from the last unit
  * down so that no row is overwritten before it is read; a collective of a row communicator
- * was started by the rank of that row (arriving_rank: + k x mp). first_rank and rank_count
- * become every world rank's own. */
+ * was started by the rank of that row (arriving_rank: + k x row), where the unit's stage runs
+ * it (another stage's stay 0). first_rank and rank_count become every world rank's own. */
 static void expand_blocks(Sim *sim)
 {
     const size_t n = sim->n_ops;
+    const uint32_t row = row_ranks(sim);
     GArray *row_ops = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (uint32_t i = 0; i < sim->n_ops; i++)
         if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group])
             g_array_append_val(row_ops, i);
     for (uint32_t u = sim->ranks; sim->op_start_s && u-- > 0;)
         for (uint32_t k = sim->weight[u]; k-- > 0;) {
-            const size_t to = (size_t)(sim->first_rank[u] + k * sim->sim_mp) * n;
+            const size_t to = (size_t)(sim->first_rank[u] + k * row) * n;
             const size_t from = (size_t)u * n;
             memmove(&sim->op_start_s[to], &sim->op_start_s[from], n * sizeof(double));
             memmove(&sim->op_end_s[to], &sim->op_end_s[from], n * sizeof(double));
             memmove(&sim->op_ready_s[to], &sim->op_ready_s[from], n * sizeof(double));
             memmove(&sim->op_last_rank[to], &sim->op_last_rank[from], n * sizeof(uint32_t));
-            for (guint j = 0; j < row_ops->len; j++)
-                sim->op_last_rank[to + g_array_index(row_ops, uint32_t, j)] += k * sim->sim_mp;
+            for (guint j = 0; j < row_ops->len; j++) {
+                const uint32_t i = g_array_index(row_ops, uint32_t, j);
+                if (sim->ops[i].stage == sim->stage_of[u])
+                    sim->op_last_rank[to + i] += k * row;
+            }
         }
     g_array_free(row_ops, TRUE);
     sim->weight = NULL;
@@ -2112,10 +2130,8 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
                    read_slowdowns(options, (uint32_t)sched->world, (uint32_t)hw->gpus_per_node,
                                   &slow, error));
     if (ok) {
-        /* Blocks need no contention and no pipeline (above). */
-        build_units(&sim, &slow,
-                    explicit_ranks && !options->each_rank && sim.sim_pp == 1 &&
-                        sim.contention == 1,
+        /* Blocks need no contention (above). */
+        build_units(&sim, &slow, explicit_ranks && !options->each_rank && sim.contention == 1,
                     &classes);
         result->ranks_simulated = (int)ranks_reported(&sim);
         result->units_simulated = (int)sim.ranks;

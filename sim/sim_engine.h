@@ -34,11 +34,11 @@ typedef struct {
      * as rank classes, one rank each, with the results of every rank simulated. */
     const SimSlow *slow_ranks, *slow_nodes;
     uint32_t n_slow_ranks, n_slow_nodes;
-    /* Explicit: step every rank on its own. Without it, the ranks of one tp index in a block
-     * of consecutive dp rows that agree in every slowdown and every group across rows (dp's,
-     * hpZ's), and so run in lockstep, are stepped as one unit, with the same results for
-     * every rank (sim_engine.c says why and where it does so); the tests that check that, and
-     * the benchmark, set it. */
+    /* Explicit: step every rank on its own. Without it, the ranks of one (pipeline stage, tp
+     * index) in a block of consecutive dp rows that agree in every slowdown and every group
+     * across rows (dp's, hpZ's), and so run in lockstep, are stepped as one unit, with the
+     * same results for every rank (sim_engine.c says why and where it does so); the tests
+     * that check that, and the benchmark, set it. */
     gboolean each_rank;
     /* > 0: stop once an op ends later than this (the caller, a search, has no use for a
      * step longer than it); the result is then `stopped`, with nothing but step_time_s. */
@@ -51,7 +51,7 @@ typedef struct {
     int world;            /* dp * mp ranks the step runs on */
     int ranks_simulated;  /* world in explicit mode; folded, one a stage or rank class */
     /* The units the engine stepped: ranks_simulated, or fewer in explicit mode, where a
-     * block's ranks of one tp index are one unit (SimOptions.each_rank). */
+     * block's ranks of one (stage, tp index) are one unit (SimOptions.each_rank). */
     int units_simulated;
     double step_time_s;   /* when the last op of any rank ends */
     /* SimOptions.stop_after_s passed: step_time_s is when the first op ended past it (the

@@ -1184,6 +1184,13 @@ typedef struct {
     const char *model; /* NULL: gpt2-124m (12 heads: tp 8 needs another) */
 } RunsCase;
 
+/* The same with a pipeline of `micro` micro-batches. */
+typedef struct {
+    RunsCase plan;
+    ZpPipeConfig pipe;
+    int micro;
+} PipeRunsCase;
+
 static SimResult *run_runs_case(const ZpSchedule *s, const RunsCase *c, gboolean each_rank)
 {
     const SimOptions o = {.mode = SIM_MODE_EXPLICIT, .each_rank = each_rank,
@@ -1216,6 +1223,45 @@ static void assert_same_explicit(const SimResult *runs, const SimResult *each)
     g_assert_true(memcmp(runs->rank_count, each->rank_count, ranks) == 0);
 }
 
+/* Runs c (with pipe and micro micro-batches) in blocks and rank by rank: the same results. */
+static void check_runs_case(const RunsCase *c, const ZpPipeConfig *pipe, int micro)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.impl = c->impl;
+    p.checkpoint = TRUE;
+    p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
+    p.gpus_per_node = a100.gpus_per_node;
+    p.pipe = *pipe;
+    p.grad_accum = micro;
+    if (c->hpz > 1)
+        p.zero.zero_hpz_partition_size = c->hpz;
+    if (c->offload) {
+        zp_offload_defaults(&p.zero.offload_optimizer, FALSE);
+        p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    }
+    GError *error = NULL;
+    ZpModel model = gpt2;
+    if (c->model)
+        g_assert_true(zp_model_load(c->model, &model, &error));
+    ZpSchedule *s = zp_sched_build(&model, &p, &error);
+    g_assert_no_error(error);
+    SimResult *runs = run_runs_case(s, c, FALSE), *each = run_runs_case(s, c, TRUE);
+    g_test_message("%s: %d ranks as %d units, step %a s", c->what, runs->ranks_simulated,
+                   runs->units_simulated, runs->step_time_s);
+    g_assert_cmpint(each->units_simulated, ==, s->world);
+    if (c->stop_after_s > 0) {
+        g_assert_true(runs->stopped && each->stopped);
+        g_assert_cmpfloat(runs->step_time_s, ==, each->step_time_s);
+    } else {
+        g_assert_cmpint(runs->units_simulated, ==, c->units);
+        assert_same_explicit(runs, each);
+    }
+    sim_result_free(runs);
+    sim_result_free(each);
+    zp_sched_free(s);
+}
+
 /* Explicit ranks stepped in blocks give what stepping each rank on its own gives, bit for
  * bit, the timeline and who started each collective included. With mp 1 a block is a run of
  * ranks: one slow rank splits dp's one group into three; a slow node sets its ranks apart
@@ -1225,7 +1271,9 @@ static void assert_same_explicit(const SimResult *runs, const SimResult *each)
  * slow node its own, with DeepSpeed's schedule and the paper's at stages 1 to 3, and a run
  * stopped early. Where tp and a group across rows share a link class (tp 16 across two
  * nodes with dp; hpZ's node groups inside a node with tp) blocks are not exact and every
- * rank steps on its own. */
+ * rank steps on its own. With a pipeline a row is every stage's tp ranks of one dp index,
+ * and each of its (stage, tp index) one unit: 1F1B, GPipe and interleaved 1F1B, with tp 1,
+ * 2 and 4, a slow rank and a slow node, and a run stopped early. */
 static void test_runs_equal_each_rank(void)
 {
     const RunsCase cases[] = {
@@ -1258,41 +1306,28 @@ static void test_runs_equal_each_rank(void)
         {"ZeRO-3, dp 16 x tp 4, rank 9 at 2x, stopped at 5 ms", ZP_IMPL_PAPER, 3, 16, 4, 0,
          FALSE, {9, 2.0}, {0, 0}, 0.005, 0, NULL},
     };
-    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
-        const RunsCase *c = &cases[i];
-        ZpPlan p;
-        zp_plan_defaults(&p, c->stage, c->dp, c->mp);
-        p.impl = c->impl;
-        p.checkpoint = TRUE;
-        p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
-        p.gpus_per_node = a100.gpus_per_node;
-        if (c->hpz > 1)
-            p.zero.zero_hpz_partition_size = c->hpz;
-        if (c->offload) {
-            zp_offload_defaults(&p.zero.offload_optimizer, FALSE);
-            p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
-        }
-        GError *error = NULL;
-        ZpModel model = gpt2;
-        if (c->model)
-            g_assert_true(zp_model_load(c->model, &model, &error));
-        ZpSchedule *s = zp_sched_build(&model, &p, &error);
-        g_assert_no_error(error);
-        SimResult *runs = run_runs_case(s, c, FALSE), *each = run_runs_case(s, c, TRUE);
-        g_test_message("%s: %d ranks as %d units, step %a s", c->what, runs->ranks_simulated,
-                       runs->units_simulated, runs->step_time_s);
-        g_assert_cmpint(each->units_simulated, ==, s->world);
-        if (c->stop_after_s > 0) {
-            g_assert_true(runs->stopped && each->stopped);
-            g_assert_cmpfloat(runs->step_time_s, ==, each->step_time_s);
-        } else {
-            g_assert_cmpint(runs->units_simulated, ==, c->units);
-            assert_same_explicit(runs, each);
-        }
-        sim_result_free(runs);
-        sim_result_free(each);
-        zp_sched_free(s);
-    }
+    const PipeRunsCase pipe_cases[] = {
+        {{"ZeRO-1, dp 8 x pp 4 (1F1B, 8 micro), rank 13 at 2x", ZP_IMPL_PAPER, 1, 8, 1, 0,
+          FALSE, {13, 2.0}, {0, 0}, 0, 12, NULL},
+         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8},
+        {{"ZeRO-1 (DeepSpeed), dp 8 x pp 2 x tp 2 (GPipe, 4 micro), rank 9 at 1.5x, node 1 at "
+          "2x", ZP_IMPL_DEEPSPEED, 1, 8, 2, 0, FALSE, {9, 1.5}, {1, 2.0}, 0, 16, NULL},
+         {.stages = 2, .schedule = ZP_PIPE_GPIPE}, 4},
+        {{"ZeRO-0, dp 4 x pp 4 x tp 2 (interleaved, 2 chunks, 8 micro), no straggler",
+          ZP_IMPL_PAPER, 0, 4, 2, 0, FALSE, {0, 0}, {0, 0}, 0, 8, NULL},
+         {.stages = 4, .virtual_stages = 2, .schedule = ZP_PIPE_INTERLEAVED}, 8},
+        {{"ZeRO-1, dp 16 x pp 2 x tp 4 (1F1B, 4 micro), rank 70 at 3x, node 3 at 1.5x",
+          ZP_IMPL_PAPER, 1, 16, 4, 0, FALSE, {70, 3.0}, {3, 1.5}, 0, 40, NULL},
+         {.stages = 2, .schedule = ZP_PIPE_1F1B}, 4},
+        {{"ZeRO-1, dp 8 x pp 4 x tp 2 (1F1B, 8 micro), rank 9 at 2x, stopped at 5 ms",
+          ZP_IMPL_PAPER, 1, 8, 2, 0, FALSE, {9, 2.0}, {0, 0}, 0.005, 0, NULL},
+         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8},
+    };
+    const ZpPipeConfig none = {0};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++)
+        check_runs_case(&cases[i], &none, 1);
+    for (size_t i = 0; i < G_N_ELEMENTS(pipe_cases); i++)
+        check_runs_case(&pipe_cases[i].plan, &pipe_cases[i].pipe, pipe_cases[i].micro);
 }
 
 /* Where one instant queues a flow across rows and a unit's or a row flow's event for one time,
