@@ -1830,14 +1830,21 @@ static uint32_t ops_done(const Sim *sim, uint32_t rank)
     return done;
 }
 
+/* The ops the simulated ranks run in a full step, each its class's: what op_events counts
+ * up to. */
+static uint64_t simulated_rank_ops(const Sim *sim)
+{
+    uint64_t rank_ops = 0;
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        rank_ops += (uint64_t)sim->class_ops[k] * sim->stage_ranks[k];
+    return rank_ops;
+}
+
 static gboolean check_end(Sim *sim, GError **error)
 {
     /* Each rank does each op of its class at most once, so a full count means that no rank
      * fell short. */
-    uint64_t rank_ops = 0;
-    for (uint32_t k = 0; k < sim->sim_pp; k++)
-        rank_ops += (uint64_t)sim->class_ops[k] * sim->stage_ranks[k];
-    const gboolean all_done = sim->op_events == rank_ops;
+    const gboolean all_done = sim->op_events == simulated_rank_ops(sim);
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
         const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);
@@ -2066,7 +2073,7 @@ static void seed(Sim *sim)
  * an order the units cannot stand for. */
 static void run_queue(Sim *sim, const SimOptions *options)
 {
-    const double total_ops = (double)sim->n_ops * sim->ranks;
+    const double total_ops = (double)simulated_rank_ops(sim);
     uint64_t told = 0;
     double instant_s = -1;
     while (sim->queue.len > 0 && !sim->error && sim->stopped_s == 0) {
