@@ -1,7 +1,7 @@
-/* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t on 1,024 to 131,072
- * ranks with one slow rank, tp 1 or more: every rank explicit (blocks of ranks in lockstep
- * stepped as units, and each rank on its own) and as rank classes (CPU time, events/s, peak
- * RSS), and one 1 GiB all-reduce on 4,096 ranks. */
+/* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t (ZeRO-1 with a
+ * pipeline) on 1,024 to 131,072 ranks with one slow rank, tp and pp 1 or more: every rank
+ * explicit (blocks of ranks in lockstep stepped as units, and each rank on its own) and as
+ * rank classes (CPU time, events/s, peak RSS), and one 1 GiB all-reduce on 4,096 ranks. */
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
@@ -31,8 +31,16 @@ typedef struct {
 /* Whose ZeRO-3 the table times: the paper's by default, the schedule the speed targets were
  * set on (one gather per block); DeepSpeed's per-module gathers give about 5x the ops a rank. */
 static ZpImplKind bench_impl = ZP_IMPL_PAPER;
-/* Tensor-parallel degree of the table's plans (the world is dp x mp). */
-static int bench_mp = 1;
+/* Tensor-parallel degree and pipeline stages of the table's plans (the world is dp x mp x
+ * pp). With a pipeline the plans are ZeRO-1 (DeepSpeed refuses stages 2 and 3 with one,
+ * zp_pipe_check), 1F1B over 2 x pp micro-batches. */
+static int bench_mp = 1, bench_pp = 1;
+
+/* The ZeRO stage of the table's plans. */
+static int bench_stage(void)
+{
+    return bench_pp > 1 ? 1 : 3;
+}
 
 /* The rank the class runs slow (2x): one in the middle of the world. */
 static SimSlow slow_rank(int ranks)
@@ -43,18 +51,22 @@ static SimSlow slow_rank(int ranks)
 /* How a run simulates the ranks. */
 typedef enum { RUN_EXPLICIT, RUN_EACH_RANK, RUN_CLASSES } RunKind;
 
-/* gpt-1t, ZeRO-3, micro-batch 1, checkpointing, ranks (dp x bench_mp), one of them slow:
- * every rank explicit (the issue's case), also stepped one by one, or folded into rank
- * classes. Runs in a child so that its peak RSS is its own. */
+/* gpt-1t, bench_stage(), micro-batch 1, checkpointing, ranks (dp x bench_mp x bench_pp), one
+ * of them slow: every rank explicit (the issue's case), also stepped one by one, or folded
+ * into rank classes. Runs in a child so that its peak RSS is its own. */
 static Row run_gpt_1t(const ZpHw *hw, int ranks, RunKind kind)
 {
     Row row = {0};
     ZpModel model;
     ZpPlan plan;
     GError *error = NULL;
-    zp_plan_defaults(&plan, 3, ranks / bench_mp, bench_mp);
+    zp_plan_defaults(&plan, bench_stage(), ranks / (bench_mp * bench_pp), bench_mp);
     plan.impl = bench_impl;
     plan.checkpoint = TRUE;
+    if (bench_pp > 1) {
+        plan.pipe = (ZpPipeConfig){.stages = bench_pp, .schedule = ZP_PIPE_1F1B};
+        plan.grad_accum = 2 * bench_pp;
+    }
     const double build_start_s = cpu_s();
     ZpSchedule *s = zp_model_load("gpt-1t", &model, &error)
                         ? zp_sched_build(&model, &plan, &error)
@@ -152,7 +164,8 @@ static int table_row(const ZpHw *hw, int ranks)
 
 static int bench_table(const ZpHw *hw, int max_ranks)
 {
-    printf("gpt-1t, ZeRO-3 (--impl %s), micro-batch 1, checkpointing, mp %d, dgx-a100-80g; one "
+    printf("gpt-1t, ZeRO-%d (--impl %s), micro-batch 1, checkpointing, mp %d, pp %d (1F1B, "
+           "%d micro-batches), dgx-a100-80g; one "
            "process per run; rank RANKS/2+1 computes 2x slower. Left: every rank simulated "
            "(--explicit), blocks of ranks in lockstep stepped as units. Middle: the same, each "
            "rank stepped on its own (SimOptions.each_rank); same: the step and both event "
@@ -162,7 +175,8 @@ static int bench_table(const ZpHw *hw, int max_ranks)
            " RSS MiB  bytes/  queue same | classes    CPU s RSS MiB\n"
            "                                     rank-op            step s |    CPU s   event"
            "         rank-op  ev/rk      |\n",
-           zp_impl_name(bench_impl), bench_mp);
+           bench_stage(), zp_impl_name(bench_impl), bench_mp, bench_pp,
+           bench_pp > 1 ? 2 * bench_pp : 1);
     int failed = 0;
     for (int ranks = 1024; ranks <= max_ranks; ranks *= 2)
         failed += table_row(hw, ranks);
@@ -213,21 +227,29 @@ static int bench_allreduce(const ZpHw *hw)
     return failed;
 }
 
-/* Usage: bench_sim [MAX_RANKS [paper|deepspeed|fsdp [MP]]]: the table's last row (default
- * 131072), whose ZeRO-3 (paper), and the tensor-parallel degree (default 1; 1 to 8, a power
- * of two, so that every row's world divides). */
+/* Whether a degree is 1 to most, a power of two (so that every row's world divides). */
+static gboolean fits_world(int degree, int most)
+{
+    return degree >= 1 && degree <= most && (degree & (degree - 1)) == 0;
+}
+
+/* Usage: bench_sim [MAX_RANKS [paper|deepspeed|fsdp [MP [PP]]]]: the table's last row (default
+ * 131072), whose ZeRO (paper), the tensor-parallel degree (default 1; 1 to 8) and the
+ * pipeline stages (default 1; 1 to 16), each a power of two. */
 int main(int argc, char **argv)
 {
     const int max_ranks = argc > 1 ? atoi(argv[1]) : 131072;
     bench_mp = argc > 3 ? atoi(argv[3]) : 1;
+    bench_pp = argc > 4 ? atoi(argv[4]) : 1;
     ZpHw hw;
     GError *error = NULL;
-    if (max_ranks < 1024 || bench_mp < 1 || bench_mp > 8 || (bench_mp & (bench_mp - 1)) ||
+    if (max_ranks < 1024 || !fits_world(bench_mp, 8) || !fits_world(bench_pp, 16) ||
         (argc > 2 && !zp_impl_parse(argv[2], "IMPL", &bench_impl, &error)) ||
         !zp_hw_load("dgx-a100-80g", &hw, &error)) {
         fprintf(stderr, "bench_sim: %s\n",
                 error ? error->message
-                      : "MAX_RANKS must be at least 1024, and MP 1, 2, 4 or 8");
+                      : "MAX_RANKS must be at least 1024, MP 1, 2, 4 or 8, and PP 1 to 16, a "
+                        "power of two");
         return 1;
     }
     const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw);
