@@ -1946,6 +1946,19 @@ static void fill_result(const Sim *sim, SimResult *result)
     }
 }
 
+/* One timeline array's row `from` (a unit's) copied to row `to` (a rank's), another row, over
+ * the ops [lo, lo + len): the span of the unit's stage's ops, outside which a rank's row is 0.
+ * The rest of the row is left alone: never written (a pipeline's rank runs 1/pp of the ops,
+ * and the other pages stay unmapped), or, where row `to` held unit `to`'s, written inside the
+ * same span only (a unit and a rank of one index share its place in a row, so its stage). */
+static void copy_row_span(void *rows, size_t item_bytes, size_t n, size_t to, size_t from,
+                          size_t lo, size_t len)
+{
+    char *base = rows;
+    memcpy(base + (to * n + lo) * item_bytes, base + (from * n + lo) * item_bytes,
+           len * item_bytes);
+}
+
 /* Blocks: each unit's timeline row (at its index, which is at most its first rank's) copied
  * to every rank of its unit, row k of the block at first rank + k x row, from the last unit
  * down so that no row is overwritten before it is read; a collective of a row communicator
@@ -1955,25 +1968,38 @@ static void expand_blocks(Sim *sim)
 {
     const size_t n = sim->n_ops;
     const uint32_t row = row_ranks(sim);
+    /* Each stage's ops lie in [lo, end) (its first and one past its last). */
+    uint32_t *lo = g_new(uint32_t, sim->sim_pp), *end = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        lo[k] = sim->n_ops;
     GArray *row_ops = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t i = 0; i < sim->n_ops; i++)
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const uint32_t k = sim->ops[i].stage;
+        lo[k] = MIN(lo[k], i);
+        end[k] = i + 1;
         if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group])
             g_array_append_val(row_ops, i);
+    }
     for (uint32_t u = sim->ranks; sim->op_start_s && u-- > 0;)
         for (uint32_t k = sim->weight[u]; k-- > 0;) {
-            const size_t to = (size_t)(sim->first_rank[u] + k * row) * n;
-            const size_t from = (size_t)u * n;
-            memmove(&sim->op_start_s[to], &sim->op_start_s[from], n * sizeof(double));
-            memmove(&sim->op_end_s[to], &sim->op_end_s[from], n * sizeof(double));
-            memmove(&sim->op_ready_s[to], &sim->op_ready_s[from], n * sizeof(double));
-            memmove(&sim->op_last_rank[to], &sim->op_last_rank[from], n * sizeof(uint32_t));
+            const size_t to = sim->first_rank[u] + k * row;
+            const uint32_t stage = sim->stage_of[u];
+            const size_t len = end[stage] > lo[stage] ? end[stage] - lo[stage] : 0;
+            if (to != u) {
+                copy_row_span(sim->op_start_s, sizeof(double), n, to, u, lo[stage], len);
+                copy_row_span(sim->op_end_s, sizeof(double), n, to, u, lo[stage], len);
+                copy_row_span(sim->op_ready_s, sizeof(double), n, to, u, lo[stage], len);
+                copy_row_span(sim->op_last_rank, sizeof(uint32_t), n, to, u, lo[stage], len);
+            }
             for (guint j = 0; j < row_ops->len; j++) {
                 const uint32_t i = g_array_index(row_ops, uint32_t, j);
-                if (sim->ops[i].stage == sim->stage_of[u])
-                    sim->op_last_rank[to + i] += k * row;
+                if (sim->ops[i].stage == stage)
+                    sim->op_last_rank[to * n + i] += k * row;
             }
         }
     g_array_free(row_ops, TRUE);
+    g_free(lo);
+    g_free(end);
     sim->weight = NULL;
     g_free(sim->first_rank);
     g_free(sim->rank_count);
