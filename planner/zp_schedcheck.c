@@ -335,6 +335,10 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
                           "the collective using it");
     case ZP_MEM_WORKSPACE:
         return TRUE;
+    case ZP_MEM_GRADS: /* gradients the reductions take (zp_impl.h grads_taken_by_reduction,
+                        * grad_copy_elems, full_grads_transient); zreal checks their sizes */
+        return u == -1 || bad(c, "unit", "= %d: gradients a reduction takes belong to no unit",
+                              u);
     default:
         return bad(c, "category", "%s: a model state, held for the whole step, not allocated",
                    zp_sched_mem_name(op->sub));

@@ -4,6 +4,7 @@
 #include "real_engine.h"
 #include "real_engine_ds.h"
 #include "real_offload.h"
+#include "zp_impl.h"
 #include "zp_offload.h"
 #include "real_data.h"
 #include "real_gpt.h"
@@ -79,6 +80,12 @@ struct RealEngine {
     gboolean host_grads;  /* stages 2-3 with optimizer offload: no gradient partition here */
     gboolean host_params; /* stage 3 with parameter offload: the partition is off the GPU */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
+    /* Stage 1 whose full gradients the schedule takes and frees (zp_impl.h
+     * full_grads_transient): their buffer id (grads while taken) and that of
+     * grads_in_partition, which the reductions copy this rank's partition into, from flat
+     * offset gip_lo (the first tensor overlapping the partition); -1 none. */
+    int full_id, gip_id;
+    uint64_t gip_lo;
     RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
 
@@ -238,9 +245,9 @@ static gboolean allocate_states(RealEngine *e, GError **error)
         return fail(error, "rank %d: no host memory for the 16-bit partition", e->rank);
     if (real_ds_applies(s)) /* the plug-in holds the gradients as DeepSpeed lays them out */
         e->ds = real_ds_new(s, e->be, e->comm, e->buffers, e->params, error);
-    else if (!e->host_grads)
+    else if (!e->host_grads && e->full_id < 0) /* else taken by the schedule */
         e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error);
-    if (!e->ds && !e->grads && !e->host_grads)
+    if (!e->ds && !e->grads && !e->host_grads && e->full_id < 0)
         return FALSE;
     if (!e->offload && (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
                         !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
@@ -409,6 +416,45 @@ static gboolean init_params(RealEngine *e, GError **error)
     return TRUE;
 }
 
+/* Stage 1 (zp_impl.h full_grads_transient): the schedule's gradient allocs, the full
+ * gradients first (micro-step 0's head), then grads_in_partition (the first reduction), sized
+ * for the rank where the whole tensors overlapping the partition are the most. */
+static gboolean index_stage1_grads(RealEngine *e, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    double gip_bytes = 0;
+    e->full_id = e->gip_id = -1;
+    for (guint i = 0; !real_ds_applies(s) && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
+            continue;
+        const double full = (double)(s->padded_elems * sizeof(RealBf16));
+        if (e->stage != 1 || e->gip_id >= 0 || (e->full_id < 0 && op->bytes != full))
+            return fail(error, "schedule op %u: a gradient alloc other than stage 1's full "
+                        "gradients and grads_in_partition", i);
+        *(e->full_id < 0 ? &e->full_id : &e->gip_id) = op->buffer;
+        gip_bytes = op->bytes;
+    }
+    if ((e->full_id < 0) != (e->gip_id < 0))
+        return fail(error, "the schedule takes stage 1's full gradients without "
+                    "grads_in_partition, or the other way round");
+    const uint64_t part_lo = (uint64_t)e->rank * s->partition_elems;
+    e->gip_lo = part_lo;
+    GArray *tensors = zp_impl_tensors(s);
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (t->offset < part_lo && t->offset + t->elems > part_lo)
+            e->gip_lo = t->offset;
+    }
+    g_array_unref(tensors);
+    /* the step reads the partition from it, its padding zero (get_flat_partition pads) */
+    const double need = (double)((part_lo + s->partition_elems - e->gip_lo) * sizeof(RealBf16));
+    if (e->gip_id >= 0 && need > gip_bytes)
+        return fail(error, "rank %d: grads_in_partition needs %.0f bytes, the schedule takes "
+                    "%.0f", e->rank, need, gip_bytes);
+    return TRUE;
+}
+
 /* Buckets' flat ranges come from the collectives that reduce them. */
 static void index_buckets(RealEngine *e)
 {
@@ -478,9 +524,10 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->tokens = g_try_new0(int, tokens);
     e->targets = g_try_new0(int, tokens);
     index_buckets(e);
-    gboolean ok = (e->tokens && e->targets) ||
+    gboolean ok = index_stage1_grads(e, error);
+    ok = ok && ((e->tokens && e->targets) ||
                   fail(error, "rank %d: out of memory allocating two arrays of %" G_GSIZE_FORMAT
-                              " tokens (micro_batch x seq_len)", e->rank, tokens);
+                              " tokens (micro_batch x seq_len)", e->rank, tokens));
     ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     if (ok && cfg->tp)
         real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
@@ -526,6 +573,8 @@ void real_engine_free(RealEngine *e)
     g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
     if (e->host_params) /* the host tier's */
         e->params = NULL;
+    if (e->full_id >= 0) /* a buffer's, freed above */
+        e->grads = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
     real_zeror_free(e->ckpt_host);
@@ -604,8 +653,9 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
                                                         : real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
-    case ZP_MEM_GRADS: /* a later micro-step's gradient copy, which real_engine_ds checks */
-        return e->ds ? (uint64_t)op->bytes : 0;
+    case ZP_MEM_GRADS: /* real_engine_ds's grads_in_partition and copies, which it checks,
+                        * or stage 1's (index_stage1_grads) */
+        return e->ds || e->full_id >= 0 ? (uint64_t)op->bytes : 0;
     case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
         return op->unit == -1 && op->micro == -1 ? (uint64_t)op->bytes : 0;
     default:
@@ -647,6 +697,8 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
                     index, zp_sched_mem_name(op->sub), op->bytes, need);
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
+    if (op->buffer == e->full_id && op->sub == ZP_MEM_GRADS) /* zeroed: backward adds */
+        e->grads = e->buffers[op->buffer];
     if (op->sub == ZP_MEM_CHECKPOINTS) /* Pa's slice in forward, or a whole input */
         (pa_splits(e) && need == e->ckpt_slice_bytes ? e->ckpt_slice
                                                      : e->ckpt_buffer)[slot(e, op->unit,
@@ -671,6 +723,8 @@ static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
     void *p = e->buffers[op->buffer];
     if (!p)
         return TRUE;
+    if (op->buffer == e->full_id && op->sub == ZP_MEM_GRADS)
+        e->grads = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
     e->be->free(e->be, p);
@@ -730,7 +784,13 @@ static gboolean tied_grads(RealEngine *e, RealBf16 **grads, size_t *n, GError **
 /* This rank's reduced partition gradients, as the step reads them. */
 static const RealBf16 *step_grads(const RealEngine *e)
 {
-    return e->ds ? real_ds_step_grads(e->ds) : e->grads + (e->stage == 1 ? e->part_base : 0);
+    if (e->ds)
+        return real_ds_step_grads(e->ds);
+    if (e->gip_id >= 0)
+        return e->buffers[e->gip_id] ? (const RealBf16 *)e->buffers[e->gip_id] +
+                                           (e->part_base - e->gip_lo)
+                                     : NULL;
+    return e->grads + (e->stage == 1 ? e->part_base : 0);
 }
 
 static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
@@ -1058,6 +1118,23 @@ static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
     return TRUE;
 }
 
+/* Stage 1 (index_stage1_grads): the reduced gradients of [lo, hi) in this rank's partition,
+ * copied from the full gradients into grads_in_partition (stage_1_and_2.py
+ * copy_grads_in_partition; the rest of its whole tensors the step never reads). */
+static gboolean copy_grads_in_partition(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const uint64_t P = e->s->partition_elems;
+    const uint64_t a = MAX(op->elem_offset, e->part_base);
+    const uint64_t b = MIN(op->elem_offset + op->elems, e->part_base + P);
+    RealBf16 *gip = e->buffers[e->gip_id];
+    if (!gip || !e->grads)
+        return fail(error, "rank %d: a stage-1 reduction without the full gradients and "
+                    "grads_in_partition", e->rank);
+    if (b > a)
+        e->be->copy(e->be, gip + (a - e->gip_lo), e->grads + a, (b - a) * sizeof(RealBf16));
+    return TRUE;
+}
+
 /* Stage 3: each unit of the bucket is reduce-scattered over its own padded partition. */
 static gboolean reduce_units(RealEngine *e, const ZpOp *op, GError **error)
 {
@@ -1260,7 +1337,9 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
         return gather(e, op, error);
-    return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);
+    if (e->stage == 3)
+        return reduce_units(e, op, error);
+    return reduce_flat(e, op, error) && (e->gip_id < 0 || copy_grads_in_partition(e, op, error));
 }
 
 /* ---- offload transfers ------------------------------------------------------------------ */
