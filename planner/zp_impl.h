@@ -123,11 +123,11 @@ typedef struct ZpImpl {
      * gradient reduction (before it) and freed after the optimizer; NULL or FALSE: held for
      * the whole step. */
     gboolean (*grads_taken_by_reduction)(const ZpPlan *plan);
-    /* Stages 0-1: whether the full gradients backward accumulates in
-     * (zp_impl_partition_grad_elems) are no state but taken before micro-step 0's first
-     * backward op and freed once the last reduction is issued, the state being what the
-     * reductions copy out of them (grad_state_elems, grads_taken_by_reduction); NULL or
-     * FALSE: the full gradients are the state. */
+    /* Stages 0-1: whether the full gradients backward accumulates in are no state but taken
+     * unit by unit, before the op of micro-step 0 that produces the unit's first gradients,
+     * each unit's freed once the reduction of its last bucket is issued, the state being what
+     * the reductions copy out of them (grad_state_elems, grads_taken_by_reduction); NULL or
+     * FALSE: the full gradients (zp_impl_partition_grad_elems) are the state. */
     gboolean (*full_grads_transient)(const ZpPlan *plan);
     /* With gradient accumulation: the elements of the copy each later micro-step's reduced
      * gradients land in, allocated by its first reduction and freed after its last, once

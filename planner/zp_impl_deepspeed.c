@@ -421,12 +421,13 @@ static double grads_in_partition_elems(const ZpSchedule *s)
  * points .grad at it (grad_reduc.data = new_grad_tensor.data), dropping the full gradient,
  * and reduce_ipg_grads copies the rank's params_in_partition out of the reduced bucket into
  * grads_in_partition ("zero stage 1 - partition only optimizer state":
- * copy_grads_in_partition), allocated at the first copy as at stage 2. So the full
- * gradients are taken before micro-step 0's first backward op (the head; autograd's per
- * parameter as each is produced) and freed once the last reduction is issued (each as it is
- * copied into a bucket), and the state kept through the step is grads_in_partition
- * (averaged_gradients, views of it, until step). Without contiguous_gradients nothing is
- * copied out and the full gradients are the state. */
+ * copy_grads_in_partition), allocated at the first copy as at stage 2. So each unit's full
+ * gradients are taken before the op of micro-step 0 that produces them (autograd's per
+ * parameter, the unit's together here) and freed once the reduction of the unit's last bucket
+ * is issued (a parameter's once copied into its bucket, before the bucket's reduction: here
+ * after it, as zreal copies them then), and the state kept through the step is
+ * grads_in_partition (averaged_gradients, views of it, until step). Without
+ * contiguous_gradients nothing is copied out and the full gradients are the state. */
 static gboolean ds_full_grads_transient(const ZpPlan *plan)
 {
     return plan->zero.stage == 1 && plan->zero.contiguous_gradients &&

@@ -89,9 +89,9 @@ typedef struct {
     int grad_state;         /* the gradient state once the step's first reduction took it
                              * (ZpImpl grads_taken_by_reduction), -1 before and after */
     double grad_state_bytes; /* its size; 0: the state is held for the whole step */
-    int full_grads;         /* stages 0-1: the full gradients while taken (ZpImpl
-                             * full_grads_transient), -1 before and after */
-    double full_grads_bytes; /* their size; 0: they are the state */
+    gboolean full_by_unit;  /* stages 0-1: the full gradients are taken unit by unit (ZpImpl
+                             * full_grads_transient), not the state */
+    int *unit_grad;         /* and per unit its buffer while taken, -1 before and after */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
     int step;               /* the step of the position being built (zp_impl.h) */
@@ -461,9 +461,7 @@ static void layout(Builder *b)
                            b->impl->grads_taken_by_reduction(&s->plan);
     s->state_bytes[ZP_MEM_GRADS] = taken ? 0 : grads;
     b->grad_state_bytes = taken ? grads : 0;
-    const gboolean full = b->impl->full_grads_transient &&
-                          b->impl->full_grads_transient(&s->plan);
-    b->full_grads_bytes = full ? zp_impl_partition_grad_elems(s) * g : 0;
+    b->full_by_unit = b->impl->full_grads_transient && b->impl->full_grads_transient(&s->plan);
     s->state_bytes[ZP_MEM_MASTER] = optim_elems * master;
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
@@ -630,6 +628,20 @@ static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
                                  &k->buffer, adeps, 2);
         g_array_append_val(deps, k->alloc_op);
     }
+}
+
+/* ZpImpl full_grads_transient: unit u's full gradients, taken before the first op that
+ * produces them (autograd allocates a parameter's .grad when its first gradient arrives; the
+ * unit's together), kept until its last bucket is reduced (launch_bucket). */
+static void take_unit_grads(Builder *b, int u, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!b->full_by_unit || b->unit_grad[u] >= 0 || s->unit_elems[u] == 0)
+        return;
+    const uint32_t at = emit_alloc(b, ZP_MEM_GRADS,
+                                   (double)s->unit_elems[u] * b->state.grad_bytes, u, micro,
+                                   &b->unit_grad[u], &b->last_compute, 1);
+    g_array_append_val(deps, at);
 }
 
 /* A memory-bound ZeRO++ kernel (zp_zeropp) on `stream`, after `after`. */
@@ -986,6 +998,14 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro, k->buffer,
                   b->impl->frees_at_issue ? issued : read);
     }
+    /* the full gradients of the units whose last bucket this is: each was copied into its
+     * bucket and dropped (ZpImpl full_grads_transient), freed once the host issued it */
+    for (int u = k->spec.low_unit; u <= k->spec.top_unit; u++)
+        if (b->unit_grad[u] >= 0 && b->unit_last[u] == i) {
+            emit_free(b, ZP_MEM_GRADS, (double)s->unit_elems[u] * b->state.grad_bytes, u, micro,
+                      b->unit_grad[u], b->last_compute);
+            b->unit_grad[u] = -1;
+        }
     if (copy_bytes > 0 && i + 1 == b->buckets->len) /* added into the state, then freed */
         emit_free(b, ZP_MEM_GRADS, copy_bytes, -1, micro, b->grad_copy, drained);
     if (!s->plan.zero.overlap_comm)
@@ -1590,11 +1610,9 @@ static void head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *
     uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, &logits,
                                 &b->last_compute, 1);
     g_array_append_val(deps, alloc);
-    if (b->full_grads_bytes > 0 && b->full_grads < 0) { /* backward's first gradients */
-        alloc = emit_alloc(b, ZP_MEM_GRADS, b->full_grads_bytes, -1, micro, &b->full_grads,
-                           &b->last_compute, 1);
-        g_array_append_val(deps, alloc);
-    }
+    take_unit_grads(b, L + 1, micro, deps);
+    if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
+        take_unit_grads(b, 0, micro, deps);
     if (reduce && s->plan.zero.stage >= 2) {
         alloc_landing_buckets(b, L + 1, micro, deps);
         if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
@@ -1643,6 +1661,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         position_begin(b, pos, micro, deps);
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
+        take_unit_grads(b, l, micro, deps);
         block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps, reduce ? launched : NULL);
         if (ckpt)
             checkpoint_boundary(b);
@@ -1660,6 +1679,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_begin(b, zp_pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
+    take_unit_grads(b, 0, micro, deps);
     if (reduce)
         hand_on(b, 0, -1, micro, deps);
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
@@ -1671,11 +1691,6 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         launch_buckets(b, 0, -1, micro, launched);
-        if (b->full_grads >= 0) { /* copied out by the reductions, freed as they are issued */
-            emit_free(b, ZP_MEM_GRADS, b->full_grads_bytes, -1, micro, b->full_grads,
-                      b->last_compute);
-            b->full_grads = -1;
-        }
         if (held_span(b) != ZP_HELD_ALL_STEP)
             free_held_buckets(b, micro, NONE);
         /* the engine's epilogue (stage3.py independent_gradient_partition_epilogue)
@@ -2041,8 +2056,11 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     g_array_set_size(b->buckets, 0);
     layout(b);
     plan_buckets(b);
+    b->ipg[0] = b->ipg[1] = -1; /* none held yet: reset_buckets keeps only those */
     reset_buckets(b);
-    b->grad_state = b->full_grads = -1;
+    b->grad_state = -1;
+    for (int u = 0; u < s->n_units; u++)
+        b->unit_grad[u] = -1;
     if (held_span(b) == ZP_HELD_ALL_STEP) /* before the step's first op */
         alloc_held_buckets(b, 0);
     g_array_set_size(launched, 0);
@@ -2130,6 +2148,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
                  .unit_first = g_new0(guint, (gsize)L + 2),
                  .unit_last = g_new0(guint, (gsize)L + 2),
+                 .unit_grad = g_new(int, (gsize)L + 2),
                  .launch = g_array_new(FALSE, FALSE, sizeof(guint)),
                  .launch_start = g_new0(guint, (gsize)L + 3),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
@@ -2187,6 +2206,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         g_array_unref(b.tensors);
     g_free(b.unit_first);
     g_free(b.unit_last);
+    g_free(b.unit_grad);
     g_array_unref(b.launch);
     g_free(b.launch_start);
     g_array_unref(b.gathers);

@@ -80,11 +80,12 @@ struct RealEngine {
     gboolean host_grads;  /* stages 2-3 with optimizer offload: no gradient partition here */
     gboolean host_params; /* stage 3 with parameter offload: the partition is off the GPU */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
-    /* Stage 1 whose full gradients the schedule takes and frees (zp_impl.h
-     * full_grads_transient): their buffer id (grads while taken) and that of
+    /* Stage 1 whose full gradients the schedule takes and frees unit by unit (zp_impl.h
+     * full_grads_transient; unit_grads while taken): full_by_unit, and the buffer id of
      * grads_in_partition, which the reductions copy this rank's partition into, from flat
-     * offset gip_lo (the first tensor overlapping the partition); -1 none. */
-    int full_id, gip_id;
+     * offset gip_lo (the first tensor overlapping the partition), -1 none. */
+    gboolean full_by_unit;
+    int gip_id;
     uint64_t gip_lo;
     RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
@@ -245,9 +246,9 @@ static gboolean allocate_states(RealEngine *e, GError **error)
         return fail(error, "rank %d: no host memory for the 16-bit partition", e->rank);
     if (real_ds_applies(s)) /* the plug-in holds the gradients as DeepSpeed lays them out */
         e->ds = real_ds_new(s, e->be, e->comm, e->buffers, e->params, error);
-    else if (!e->host_grads && e->full_id < 0) /* else taken by the schedule */
+    else if (!e->host_grads && !e->full_by_unit) /* else taken by the schedule */
         e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error);
-    if (!e->ds && !e->grads && !e->host_grads && e->full_id < 0)
+    if (!e->ds && !e->grads && !e->host_grads && !e->full_by_unit)
         return FALSE;
     if (!e->offload && (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
                         !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
@@ -416,26 +417,29 @@ static gboolean init_params(RealEngine *e, GError **error)
     return TRUE;
 }
 
-/* Stage 1 (zp_impl.h full_grads_transient): the schedule's gradient allocs, the full
- * gradients first (micro-step 0's head), then grads_in_partition (the first reduction), sized
- * for the rank where the whole tensors overlapping the partition are the most. */
+/* Stage 1 (zp_impl.h full_grads_transient): the schedule's gradient allocs, each unit's full
+ * gradients (in micro-step 0's backward) and grads_in_partition (unit -1, at the first
+ * reduction), sized for the rank where the whole tensors overlapping the partition are the
+ * most. */
 static gboolean index_stage1_grads(RealEngine *e, GError **error)
 {
     const ZpSchedule *s = e->s;
     double gip_bytes = 0;
-    e->full_id = e->gip_id = -1;
+    e->gip_id = -1;
     for (guint i = 0; !real_ds_applies(s) && i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
             continue;
-        const double full = (double)(s->padded_elems * sizeof(RealBf16));
-        if (e->stage != 1 || e->gip_id >= 0 || (e->full_id < 0 && op->bytes != full))
+        const gboolean unit = op->unit >= 0 && op->unit < s->n_units;
+        if (e->stage != 1 || (op->unit >= 0 && (!unit || op->bytes != (double)(s->unit_elems[op->unit] * sizeof(RealBf16)))) ||
+            (op->unit < 0 && e->gip_id >= 0))
             return fail(error, "schedule op %u: a gradient alloc other than stage 1's full "
-                        "gradients and grads_in_partition", i);
-        *(e->full_id < 0 ? &e->full_id : &e->gip_id) = op->buffer;
-        gip_bytes = op->bytes;
+                        "gradients of a unit and grads_in_partition", i);
+        e->full_by_unit |= unit;
+        if (op->unit < 0)
+            e->gip_id = op->buffer, gip_bytes = op->bytes;
     }
-    if ((e->full_id < 0) != (e->gip_id < 0))
+    if (e->full_by_unit != (e->gip_id >= 0))
         return fail(error, "the schedule takes stage 1's full gradients without "
                     "grads_in_partition, or the other way round");
     const uint64_t part_lo = (uint64_t)e->rank * s->partition_elems;
@@ -573,8 +577,6 @@ void real_engine_free(RealEngine *e)
     g_free(e->secondary), g_free(e->quant_of), g_free(e->quant_group);
     if (e->host_params) /* the host tier's */
         e->params = NULL;
-    if (e->full_id >= 0) /* a buffer's, freed above */
-        e->grads = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
     real_zeror_free(e->ckpt_host);
@@ -655,7 +657,7 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
     case ZP_MEM_GRADS: /* real_engine_ds's grads_in_partition and copies, which it checks,
                         * or stage 1's (index_stage1_grads) */
-        return e->ds || e->full_id >= 0 ? (uint64_t)op->bytes : 0;
+        return e->ds || e->full_by_unit ? (uint64_t)op->bytes : 0;
     case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
         return op->unit == -1 && op->micro == -1 ? (uint64_t)op->bytes : 0;
     default:
@@ -697,8 +699,11 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
                     index, zp_sched_mem_name(op->sub), op->bytes, need);
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
-    if (op->buffer == e->full_id && op->sub == ZP_MEM_GRADS) /* zeroed: backward adds */
-        e->grads = e->buffers[op->buffer];
+    if (op->sub == ZP_MEM_GRADS) { /* zeroed: backward adds, the step reads the padding */
+        e->be->fill(e->be, e->buffers[op->buffer], 0, need);
+        if (op->unit >= 0)
+            e->unit_grads[op->unit] = e->buffers[op->buffer];
+    }
     if (op->sub == ZP_MEM_CHECKPOINTS) /* Pa's slice in forward, or a whole input */
         (pa_splits(e) && need == e->ckpt_slice_bytes ? e->ckpt_slice
                                                      : e->ckpt_buffer)[slot(e, op->unit,
@@ -723,8 +728,8 @@ static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
     void *p = e->buffers[op->buffer];
     if (!p)
         return TRUE;
-    if (op->buffer == e->full_id && op->sub == ZP_MEM_GRADS)
-        e->grads = NULL;
+    if (op->sub == ZP_MEM_GRADS && op->unit >= 0 && e->unit_grads[op->unit] == p)
+        e->unit_grads[op->unit] = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
     e->be->free(e->be, p);
@@ -758,7 +763,8 @@ static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGpt
 {
     if (e->ds)
         return real_ds_grads(e->ds, u, used, micro, v, error);
-    RealBf16 *g = e->stage < 2 ? e->grads + e->s->unit_offset[u] : e->unit_grads[u];
+    RealBf16 *g = e->stage < 2 && !e->full_by_unit ? e->grads + e->s->unit_offset[u]
+                                                   : e->unit_grads[u];
     if (!g)
         return fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
     real_gpt_tensors_at(&e->dims, u, g, v);
@@ -1087,25 +1093,61 @@ static int *partition_counts(const RealEngine *e, uint64_t lo, uint64_t hi)
     return counts;
 }
 
+/* The unit holding flat offset `at`, -1 none. */
+static int unit_at(const ZpSchedule *s, uint64_t at)
+{
+    for (int u = 0; u < s->n_units; u++)
+        if (at >= s->unit_offset[u] && at < s->unit_offset[u] + s->unit_elems[u])
+            return u;
+    return -1;
+}
+
+/* Stages 0-1: where the full gradients of flat offset `at` lie (one array, or with
+ * full_by_unit its unit's buffer), NULL when not taken. */
+static RealBf16 *full_grads_at(const RealEngine *e, uint64_t at)
+{
+    if (!e->full_by_unit)
+        return e->grads + at;
+    const int u = unit_at(e->s, at);
+    return u >= 0 && e->unit_grads[u] ? e->unit_grads[u] + (at - e->s->unit_offset[u]) : NULL;
+}
+
+/* Stages 0-1: the full gradients of flat range [lo, lo + n) copied into buf, or from buf
+ * into them (`into`), unit by unit with full_by_unit. */
+static gboolean full_grads_copy(RealEngine *e, uint64_t lo, uint64_t n, RealBf16 *buf,
+                                gboolean into, GError **error)
+{
+    for (uint64_t at = lo, run; at < lo + n; at += run) {
+        const int u = e->full_by_unit ? unit_at(e->s, at) : -1;
+        run = u >= 0 ? MIN(lo + n, e->s->unit_offset[u] + e->s->unit_elems[u]) - at
+                     : lo + n - at;
+        RealBf16 *full = full_grads_at(e, at);
+        if (!full)
+            return fail(error, "rank %d: the full gradients of flat offset %" G_GUINT64_FORMAT
+                        " are reduced but not taken", e->rank, at);
+        e->be->copy(e->be, into ? full : buf + (at - lo), into ? buf + (at - lo) : full,
+                    run * sizeof(RealBf16));
+    }
+    return TRUE;
+}
+
 static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
 {
     const uint64_t lo = op->elem_offset, hi = lo + op->elems;
-    const size_t b2 = sizeof(RealBf16);
     if (op->buffer < 0) { /* a parameter larger than the bucket, reduced in place */
-        if (e->stage >= 2 || op->sub != ZP_COLL_ALLREDUCE)
+        RealBf16 *full = e->stage < 2 ? full_grads_at(e, lo) : NULL;
+        if (!full || op->sub != ZP_COLL_ALLREDUCE)
             return fail(error, "rank %d: a bucketless reduction is an all-reduce of the full "
                                "gradients (stages 0-1)", e->rank);
-        return e->comm->allreduce_bf16(e->comm, e->grads + lo, hi - lo, error);
+        return e->comm->allreduce_bf16(e->comm, full, hi - lo, error);
     }
     RealBf16 *bucket = e->buffers[op->buffer];
-    if (e->stage < 2) /* full gradients live in grads; the bucket is a copy */
-        e->be->copy(e->be, bucket, e->grads + lo, (hi - lo) * b2);
-    if (op->sub == ZP_COLL_ALLREDUCE) {
-        if (!e->comm->allreduce_bf16(e->comm, bucket, hi - lo, error))
-            return FALSE;
-        e->be->copy(e->be, e->grads + lo, bucket, (hi - lo) * b2);
-        return TRUE;
-    }
+    /* stages 0-1: the full gradients are kept apart; the bucket is a copy */
+    if (e->stage < 2 && !full_grads_copy(e, lo, hi - lo, bucket, FALSE, error))
+        return FALSE;
+    if (op->sub == ZP_COLL_ALLREDUCE)
+        return e->comm->allreduce_bf16(e->comm, bucket, hi - lo, error) &&
+               full_grads_copy(e, lo, hi - lo, bucket, TRUE, error);
     int *counts = partition_counts(e, lo, hi);
     gboolean ok = e->comm->reduce_scatter_bf16(e->comm, bucket, counts, error);
     const uint64_t mine = (uint64_t)counts[e->rank];
@@ -1113,8 +1155,9 @@ static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
     if (!ok || mine == 0 || e->host_grads) /* offloaded: the transfers take it from the bucket */
         return ok;
     const uint64_t start = MAX(lo, e->part_base); /* first element of ours in the flat space */
-    RealBf16 *dst = e->stage == 1 ? e->grads + start : e->grads + (start - e->part_base);
-    real_engine_deliver(e->be, dst, bucket, mine, e->stage == 2 && op->micro > 0);
+    if (e->stage == 1)
+        return full_grads_copy(e, start, mine, bucket, TRUE, error);
+    real_engine_deliver(e->be, e->grads + (start - e->part_base), bucket, mine, op->micro > 0);
     return TRUE;
 }
 
@@ -1127,12 +1170,10 @@ static gboolean copy_grads_in_partition(RealEngine *e, const ZpOp *op, GError **
     const uint64_t a = MAX(op->elem_offset, e->part_base);
     const uint64_t b = MIN(op->elem_offset + op->elems, e->part_base + P);
     RealBf16 *gip = e->buffers[e->gip_id];
-    if (!gip || !e->grads)
-        return fail(error, "rank %d: a stage-1 reduction without the full gradients and "
-                    "grads_in_partition", e->rank);
-    if (b > a)
-        e->be->copy(e->be, gip + (a - e->gip_lo), e->grads + a, (b - a) * sizeof(RealBf16));
-    return TRUE;
+    if (!gip)
+        return fail(error, "rank %d: a stage-1 reduction before grads_in_partition is taken",
+                    e->rank);
+    return b <= a || full_grads_copy(e, a, b - a, gip + (a - e->gip_lo), FALSE, error);
 }
 
 /* Stage 3: each unit of the bucket is reduce-scattered over its own padded partition. */
