@@ -4,12 +4,16 @@
 # kernels, `zplan calibrate`), then for every model, ZeRO stage and checkpointing choice it
 # predicts the step (`zplan simulate`) and measures it REPEATS times (`zreal`); the run with the
 # median step is validated against the prediction (`zplan validate`: per op kind).
+# The host's speed swings by up to 2x over minutes on this shared machine, so nothing is timed in
+# one stretch: each model is microbenchmarked MB_REPEATS times, in turns with the other models
+# (`zplan calibrate` keeps each op's median over them), and a case's REPEATS runs fall in
+# REPEATS rounds over every case, so that one slow spell reaches one run of a case, not all.
 # Prints one row per case (with the load average when it ran) and the median and worst error;
 # keeps every profile, prediction, measurement and report under OUTDIR.
 # Then, for the WORST cases (3) by |error|, every op kind's predicted against measured time.
 # Usage: sh bench/validate_cpu.sh [OUTDIR]   (on a quiet machine: check `uptime` first)
 # Environment (defaults): RANKS ("1 2 4"; above the cores, ranks are oversubscribed),
-# STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), STEPS (5), MODELS ("tiny:8 cpu-small:4
+# STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), MB_REPEATS (3), STEPS (5), MODELS ("tiny:8 cpu-small:4
 # llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]), WORST (3).
 # Each microbenchmark also times every compute op whole in a step's sequence (real_opseq) with
 # N ranks at once: the profiles take those times first (zp_cost), the kernel sums otherwise.
@@ -24,6 +28,7 @@ RANKS=${RANKS:-"1 2 4"}
 STAGES=${STAGES:-"0 1 2 3"}
 CKPT=${CKPT:-"0 1"}
 REPEATS=${REPEATS:-3}
+MB_REPEATS=${MB_REPEATS:-3}
 STEPS=${STEPS:-5}
 MODELS=${MODELS:-"tiny:8 cpu-small:4 llama-tiny:8 gpt2-124m:1:256"}
 WORST=${WORST:-3}
@@ -53,26 +58,89 @@ probe() {
 jiffies() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
 field() { echo "$1" | cut -d: -f"$2"; }
 seq_flag() { s=$(field "$1" 3); [ -n "$s" ] && echo "--seq $s" || true; }
+# Calls "$1 MODEL STAGE CKPT" for every case of the grid, in one fixed order.
+each_case() {
+    for m in $MODELS; do
+        for stage in $STAGES; do
+            for ck in $CKPT; do
+                "$1" "$m" "$stage" "$ck"
+            done
+        done
+    done
+}
+
+# Run $r of case ($1 model, $2 stage, $3 checkpointing) with $n ranks: the prediction before
+# its first run, the host probe before each (over the calibration's mean, to host-CASE.txt), the
+# jiffies around each (to jiffies-CASE.txt), and its row after its last.
+run_case() {
+    name=$(field "$1" 1) mb=$(field "$1" 2)
+    case=$name-n$n-s$2-c$3
+    ckflag=""
+    [ "$3" = 1 ] && ckflag=--checkpoint
+    if [ "$r" = 1 ]; then
+        : >"$out/host-$case.txt"
+        : >"$out/jiffies-$case.txt"
+        # shellcheck disable=SC2046,SC2086
+        build/zplan simulate --impl paper --model "$name" $(seq_flag "$1") --cluster "$out/cpu-n$n.json" \
+            --gpus "$n" --stage "$2" --micro-batch "$mb" $ckflag --precision bf16 \
+            --no-dropout --persistence-threshold 0 --json >"$out/p-$case.json" || true
+    fi
+    echo "$(probe "$n") $(awk '{s += $1} END {print s / NR}' "$out/probe-n$n.txt")" |
+        awk '{print $1 / $2}' >>"$out/host-$case.txt"
+    j0=$(jiffies)
+    # shellcheck disable=SC2046,SC2086
+    mpirun --oversubscribe -np "$n" build/zreal --model "$name" $(seq_flag "$1") \
+        --stage "$2" --micro-batch "$mb" $ckflag --persistence-threshold 0 \
+        --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
+    echo "$j0 $(jiffies)" >>"$out/jiffies-$case.txt"
+    [ "$r" = "$REPEATS" ] && report_case "$2" "$3"
+    return 0
+}
+
+# The row of case $case ($1 stage, $2 checkpointing): the run with the median step against
+# the prediction.
+report_case() {
+    steal=$(awk '{s += $3 - $1; t += $4 - $2} END {printf "%.1f%%", (t > 0 ? 100 * s / t : 0)}' \
+        "$out/jiffies-$case.txt")
+    host=$(awk '{s += $1} END {printf "%.2f", s / NR}' "$out/host-$case.txt")
+    runs_s=$(for f in "$out"/m-"$case"-*.json; do
+        echo "$(jq .step_time_s "$f") $f"; done | sort -g)
+    median=$(echo "$runs_s" | sed -n "$(((REPEATS + 1) / 2))p")
+    spread=$(echo "$runs_s" | awk -v m="${median%% *}" 'NR == 1 {lo = $1} {hi = $1}
+        END {printf "%.1f%%", 100 * (hi - lo) / m}')
+    mfile=${median#* }
+    build/zplan validate "$out/p-$case.json" "$mfile" >"$out/v-$case.txt" || true
+    pred=$(jq .step_time_s "$out/p-$case.json")
+    meas=$(jq .step_time_s "$mfile")
+    err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
+    printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %7s %6s %5s %5s\n' "$name" "$n" "$1" \
+        "$2" "$pred" "$meas" "$err" "$spread" "$steal" "$host" "$(load)" | tee -a "$out/table.txt"
+    echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
+}
 
 echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
 # spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against;
 # steal: the share of the vCPUs' time the hypervisor took while its runs ran;
-# host: the probe just before the case's runs over its mean around the N-rank microbenchmarks
-# (before and after each)
+# host: the mean of the probes just before each of the case's runs over the mean of those around
+# the N-rank microbenchmarks (before and after each)
 # (above 1: the host ran faster than when the profile was measured, so the case steps faster).
 printf '%-10s %2s %5s %4s %11s %11s %8s %7s %6s %5s %5s\n' model N stage ckpt predicted_s measured_s error spread steal host load
 # Every microbenchmark first: a profile for N ranks takes its compute rates from the runs with
 # N ranks (they shared the cores as training will) and its collectives from every run.
 runs=""
 for n in $RANKS; do
-    for m in $MODELS; do
-        name=$(field "$m" 1)
-        # shellcheck disable=SC2046
-        probe "$n" >>"$out/probe-n$n.txt"
-        mpirun --oversubscribe -np "$n" build/zreal --microbench --model "$name" \
-            --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n.json"
-        probe "$n" >>"$out/probe-n$n.txt"
-        runs="$runs $out/mb-$name-n$n.json"
+    rep=1 # (not i: probe's)
+    while [ "$rep" -le "$MB_REPEATS" ]; do
+        for m in $MODELS; do
+            name=$(field "$m" 1)
+            probe "$n" >>"$out/probe-n$n.txt"
+            # shellcheck disable=SC2046
+            mpirun --oversubscribe -np "$n" build/zreal --microbench --model "$name" \
+                --micro-batch "$(field "$m" 2)" $(seq_flag "$m") --out "$out/mb-$name-n$n-$rep.json"
+            probe "$n" >>"$out/probe-n$n.txt"
+            runs="$runs $out/mb-$name-n$n-$rep.json"
+        done
+        rep=$((rep + 1))
     done
 done
 for n in $RANKS; do
@@ -81,44 +149,10 @@ for n in $RANKS; do
     # shellcheck disable=SC2086
     build/zplan calibrate $runs --ranks "$n" --name "cpu-n$n" --out "$out/cpu-n$n.json" \
         >"$out/calibrate-n$n.log" 2>&1 || { tail -n 1 "$out/calibrate-n$n.log" >&2; exit 1; }
-    for m in $MODELS; do
-        name=$(field "$m" 1) mb=$(field "$m" 2)
-        for stage in $STAGES; do
-            for ck in $CKPT; do
-                case=$name-n$n-s$stage-c$ck
-                ckflag=""
-                [ "$ck" = 1 ] && ckflag=--checkpoint
-                # shellcheck disable=SC2046,SC2086
-                build/zplan simulate --impl paper --model "$name" $(seq_flag "$m") --cluster "$out/cpu-n$n.json" \
-                    --gpus "$n" --stage "$stage" --micro-batch "$mb" $ckflag --precision bf16 \
-                    --no-dropout --persistence-threshold 0 --json >"$out/p-$case.json" || true
-                host=$(echo "$(probe "$n") $(awk '{s += $1} END {print s / NR}' "$out/probe-n$n.txt")" |
-                    awk '{printf "%.2f", $1 / $2}')
-                j0=$(jiffies)
-                r=1
-                while [ "$r" -le "$REPEATS" ]; do
-                    # shellcheck disable=SC2046,SC2086
-                    mpirun --oversubscribe -np "$n" build/zreal --model "$name" $(seq_flag "$m") \
-                        --stage "$stage" --micro-batch "$mb" $ckflag --persistence-threshold 0 \
-                        --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
-                    r=$((r + 1))
-                done
-                steal=$(echo "$j0 $(jiffies)" | awk '{s = $4 > $2 ? 100 * ($3 - $1) / ($4 - $2) : 0; printf "%.1f%%", s}')
-                runs_s=$(for f in "$out"/m-"$case"-*.json; do
-                    echo "$(jq .step_time_s "$f") $f"; done | sort -g)
-                median=$(echo "$runs_s" | sed -n "$(((REPEATS + 1) / 2))p")
-                spread=$(echo "$runs_s" | awk -v m="${median%% *}" 'NR == 1 {lo = $1} {hi = $1}
-                    END {printf "%.1f%%", 100 * (hi - lo) / m}')
-                mfile=${median#* }
-                build/zplan validate "$out/p-$case.json" "$mfile" >"$out/v-$case.txt" || true
-                pred=$(jq .step_time_s "$out/p-$case.json")
-                meas=$(jq .step_time_s "$mfile")
-                err=$(echo "$pred $meas" | awk '{printf "%+.1f%%", 100 * ($2 - $1) / $1}')
-                printf '%-10s %2s %5s %4s %11.4f %11.4f %8s %7s %6s %5s %5s\n' "$name" "$n" "$stage" \
-                    "$ck" "$pred" "$meas" "$err" "$spread" "$steal" "$host" "$(load)" | tee -a "$out/table.txt"
-                echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
-            done
-        done
+    r=1
+    while [ "$r" -le "$REPEATS" ]; do
+        each_case run_case
+        r=$((r + 1))
     done
 done
 awk '{sub("%", "", $7); e = $7 + 0; print (e < 0 ? -e : e)}' "$out/table.txt" | sort -g |

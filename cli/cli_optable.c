@@ -30,7 +30,8 @@ typedef struct {
     GPtrArray *ops;           /* json_t rows of "ops", borrowed from `roots` */
     GPtrArray *roots;         /* json_t, owned */
     GPtrArray *runs;          /* base names */
-    GArray *whole, *whole_n;  /* ZpOpTime: whole-op times summed over runs; int: how many */
+    GArray *whole;            /* ZpOpTime: whole-op times, keyed by op, shape and ranks */
+    GPtrArray *whole_times;   /* GArray of double per `whole` row: its time in each run */
     char backend[16];         /* the fitted runs' backend */
 } Runs;
 
@@ -139,14 +140,10 @@ static gboolean read_whole_ops(json_t *root, const char *path, int ranks, Runs *
                 break;
         }
         if (k == r->whole->len) {
-            const int zero = 0;
-            o.time_s = 0;
             g_array_append_val(r->whole, o);
-            g_array_append_val(r->whole_n, zero);
+            g_ptr_array_add(r->whole_times, g_array_new(FALSE, FALSE, sizeof(double)));
         }
-        g_array_index(r->whole, ZpOpTime, k).time_s +=
-            json_number_value(json_object_get(row, "time_s"));
-        g_array_index(r->whole_n, int, k)++;
+        g_array_append_val(g_ptr_array_index(r->whole_times, k), o.time_s);
     }
     if (r->whole->len <= ZP_OPTABLE_MAX_OPS)
         return TRUE;
@@ -482,9 +479,11 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     t->contention = r->contention->len ? fmax(1.0, median(r->contention)) : 1.0;
     g_strlcpy(t->backend, r->backend, sizeof t->backend);
     t->n_ops = (int)r->whole->len;
-    for (int k = 0; k < t->n_ops; k++) { /* the mean over runs */
+    /* The median over runs: a slow spell of the host during one microbenchmark (this
+     * machine's speed swings by up to 2x within minutes) moves it by no more than one run. */
+    for (int k = 0; k < t->n_ops; k++) {
         t->ops[k] = g_array_index(r->whole, ZpOpTime, k);
-        t->ops[k].time_s /= g_array_index(r->whole_n, int, k);
+        t->ops[k].time_s = median(g_ptr_array_index(r->whole_times, k));
     }
     return ok;
 }
@@ -497,7 +496,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
               g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(double)),
               g_ptr_array_new(), g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
               g_ptr_array_new_with_free_func(g_free), g_array_new(FALSE, FALSE, sizeof(ZpOpTime)),
-              g_array_new(FALSE, FALSE, sizeof(int)), ""};
+              g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref), ""};
     gboolean ok = TRUE;
     *op_costs = NULL;
     for (int i = 0; ok && i < n_paths; i++)
@@ -524,7 +523,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "least squares (1/t^2) over its size sweep and the model's own kernels; the "
                 "optimizer from Adam's runs; launch_s a one-element add; ops: each compute op "
                 "timed whole inside a step's sequence of ops (real_opseq), the optimizer there "
-                "at each ZeRO stage's partition (keyed by its elements), the mean over runs "
+                "at each ZeRO stage's partition (keyed by its elements), the median over runs "
                 "per op, shape and ranks at once, which zp_cost takes before the sum of the "
                 "op's kernels (the optimizer: before its fitted rate, linear in elements "
                 "between two whole times); contention %s",
@@ -542,6 +541,6 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
     g_array_unref(r.launch), g_array_unref(r.gemm), g_array_unref(r.attn);
     g_array_unref(r.ew), g_array_unref(r.adam), g_array_unref(r.contention);
     g_ptr_array_unref(r.ops), g_ptr_array_unref(r.roots), g_ptr_array_unref(r.runs);
-    g_array_unref(r.whole), g_array_unref(r.whole_n);
+    g_array_unref(r.whole), g_ptr_array_unref(r.whole_times);
     return ok;
 }

@@ -265,6 +265,18 @@ double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer)
                                                           : hw->elementwise_bytes_per_s;
 }
 
+double zp_hw_intra_bus_bytes_per_s(const ZpHw *hw)
+{
+    return hw->intra_node_bus_bytes_per_s > 0 ? hw->intra_node_bus_bytes_per_s
+                                              : hw->intra_node_bytes_per_s;
+}
+
+double zp_hw_inter_bus_bytes_per_s(const ZpHw *hw)
+{
+    return hw->inter_node_bus_bytes_per_s > 0 ? hw->inter_node_bus_bytes_per_s
+                                              : hw->inter_node_bytes_per_s;
+}
+
 double zp_hw_gemm_efficiency(const ZpHw *hw, double flops)
 {
     if (flops <= 0)

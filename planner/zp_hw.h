@@ -92,6 +92,14 @@ double zp_hw_peak_flops(const ZpHw *hw, ZpPrecision precision);
  * elementwise_bytes_per_s (or, when absent, HBM bandwidth) for the kernels inside a block. */
 double zp_hw_memory_bytes_per_s(const ZpHw *hw, gboolean optimizer);
 
+/* The bus bandwidth of a level as nccl-tests define it: the profile's published or measured
+ * figure (intra_node_bus_bytes_per_s, inter_node_bus_bytes_per_s: a node's NICs together), the
+ * line rate where it has none. NCCL moves data at it, collectives and pipeline sends alike:
+ * its kernels' 128-byte payloads take about 20% of an NVLink's line rate (nccl-tests issues
+ * 149 and 212). */
+double zp_hw_intra_bus_bytes_per_s(const ZpHw *hw);
+double zp_hw_inter_bus_bytes_per_s(const ZpHw *hw);
+
 /* Fraction of peak a GEMM of `flops` reaches: max * F / (F + F_half). Small GEMMs cannot
  * fill the machine's SMs; the saturating form is the simplest with the right limits. */
 double zp_hw_gemm_efficiency(const ZpHw *hw, double flops);

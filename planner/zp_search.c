@@ -433,7 +433,7 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
 {
     const int stride = group == ZP_GROUP_DP ? plan->mp * zp_plan_pp(plan) : plan->mp;
     return sc->bus_bytes_per_s ? sc->bus_bytes_per_s(sc->hw, plan->dp, stride, group)
-                               : sc->hw->intra_node_bytes_per_s;
+                               : zp_hw_intra_bus_bytes_per_s(sc->hw);
 }
 
 /* The compute stream's busy time by kind: each op as the simulator times it (zp_cost_op_s;
@@ -478,8 +478,9 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
                          zp_plan_elem_bytes(plan->precision) /
                          (plan->sequence_parallel ? plan->mp : 1);
     if ((int64_t)plan->mp * zp_plan_pp(plan) <= hw->gpus_per_node)
-        return hw->intra_node_latency_s + bytes / hw->intra_node_bytes_per_s;
-    return hw->inter_node_latency_s + bytes / (hw->inter_node_bytes_per_s / hw->gpus_per_node);
+        return hw->intra_node_latency_s + bytes / zp_hw_intra_bus_bytes_per_s(hw);
+    return hw->inter_node_latency_s +
+           bytes / (zp_hw_inter_bus_bytes_per_s(hw) / hw->gpus_per_node);
 }
 
 /* A pipeline's forward-backward chain, a lower bound: the last stage does at least its

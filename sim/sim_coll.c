@@ -67,20 +67,6 @@ gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error)
     return TRUE;
 }
 
-/* The bus bandwidth per level: a profile's measured nccl-tests figure where it has one, the
- * link's line rate otherwise. */
-static double intra_bus_bytes_per_s(const ZpHw *hw)
-{
-    return hw->intra_node_bus_bytes_per_s > 0 ? hw->intra_node_bus_bytes_per_s
-                                              : hw->intra_node_bytes_per_s;
-}
-
-static double inter_bus_bytes_per_s(const ZpHw *hw)
-{
-    return hw->inter_node_bus_bytes_per_s > 0 ? hw->inter_node_bus_bytes_per_s
-                                              : hw->inter_node_bytes_per_s;
-}
-
 SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node)
 {
     const int64_t span = (int64_t)ranks * stride, g = gpus_per_node;
@@ -109,7 +95,7 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
         .ranks_per_node = placement.ranks / placement.nodes,
         .intra_hop_s = hw->intra_node_latency_s,
         .inter_hop_s = hw->inter_node_latency_s,
-        .bus_bytes_per_s = intra_bus_bytes_per_s(hw),
+        .bus_bytes_per_s = zp_hw_intra_bus_bytes_per_s(hw),
         .bottleneck = SIM_LINK_INTRA,
     };
     if (hw->has_collective_fit) {
@@ -124,7 +110,7 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
          * boundary once, so the boundary moves 2(n-1)/n S/c per ring and 2(n-1)/n S in all:
          * the busbw of the node's NICs together is the inter-node bus bandwidth. The groups
          * with members on a node run at once and split it. */
-        const double nic_share = inter_bus_bytes_per_s(hw) / placement.groups_per_node;
+        const double nic_share = zp_hw_inter_bus_bytes_per_s(hw) / placement.groups_per_node;
         if (nic_share < g.bus_bytes_per_s) {
             g.bus_bytes_per_s = nic_share;
             g.bottleneck = SIM_LINK_INTER;

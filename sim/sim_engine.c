@@ -680,14 +680,15 @@ static void build_streams(Sim *sim)
 
 /* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
  * distance ranks away (Megatron's order), over NVLink when both sit on one node and else over
- * the sender's share of the node's NICs (every GPU of a node sends to its peer at once). */
+ * the sender's share of the node's NICs (every GPU of a node sends to its peer at once), at
+ * the bus bandwidth NCCL reaches there. */
 static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
 {
     const int64_t mp = sim->sched->plan.mp, gpn = hw->gpus_per_node;
     const gboolean same_node = op->stage * mp / gpn == op->peer * mp / gpn;
     if (same_node)
-        return hw->intra_node_latency_s + op->bytes / hw->intra_node_bytes_per_s;
-    return hw->inter_node_latency_s + op->bytes / (hw->inter_node_bytes_per_s / gpn);
+        return hw->intra_node_latency_s + op->bytes / zp_hw_intra_bus_bytes_per_s(hw);
+    return hw->inter_node_latency_s + op->bytes / (zp_hw_inter_bus_bytes_per_s(hw) / gpn);
 }
 
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */

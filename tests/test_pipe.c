@@ -599,7 +599,7 @@ static void test_cross_node_tp(void)
     g_assert_cmpint(tp.nodes, ==, 2);
     g_assert_cmpint(tp.ranks_per_node, ==, 16);
     g_assert_cmpint(tp.bottleneck, ==, SIM_LINK_INTER);
-    g_assert_cmpfloat(tp.bus_bytes_per_s, ==, v100.inter_node_bytes_per_s);
+    g_assert_cmpfloat(tp.bus_bytes_per_s, ==, zp_hw_inter_bus_bytes_per_s(&v100));
     const SimCollGroup dp = sim_coll_group(&v100, 12, 32, ZP_GROUP_DP);
     g_assert_cmpint(dp.nodes, ==, 12);
     g_assert_cmpint(dp.ranks_per_node, ==, 1);
@@ -616,7 +616,7 @@ static void test_cross_node_tp(void)
     /* The same plan's TP all-reduce of b s h, timed over the NIC. */
     const double elems = 4.0 * 1024 * 6144, per = sim_coll_cost(ZP_COLL_ALLREDUCE, elems * 2, &tp)
                                                           .transfer_s;
-    g_assert_cmpfloat(per, >, 2 * 31.0 / 32 * elems * 2 / v100.intra_node_bytes_per_s);
+    g_assert_cmpfloat(per, >, 2 * 31.0 / 32 * elems * 2 / zp_hw_intra_bus_bytes_per_s(&v100));
     /* 6 all-reduces a block (2 forward, 2 recompute, 2 backward), all on the TP stream, and
      * the vocab-parallel embedding's and head's. */
     g_assert_cmpfloat(r->stream_busy_s[ZP_STREAM_TP], >=, 6 * 88 * per);
