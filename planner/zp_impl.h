@@ -71,6 +71,15 @@ typedef struct {
     gboolean transient;
 } ZpStepBuffer;
 
+/* When the held bucket buffers (ZpImpl bucket_buffers) are taken and given back. */
+typedef enum {
+    ZP_HELD_PER_BACKWARD, /* by each reducing backward, freed after its last reduction */
+    ZP_HELD_FROM_FIRST,   /* by micro-step 0's backward, kept to the end of the last reducing
+                           * one (a stage that reduces at the last micro-step only) */
+    ZP_HELD_ALL_STEP,     /* for the whole step: taken before its first op, freed after its
+                           * last (a buffer kept from one step to the next) */
+} ZpHeldSpan;
+
 typedef struct ZpImpl {
     ZpImplKind kind;
     const char *name;
@@ -83,6 +92,8 @@ typedef struct ZpImpl {
     /* Bucket buffers held for the whole reducing backward: their count (0: each bucket takes
      * its own buffer of its size while it is filled and reduced) and elements each. */
     int (*bucket_buffers)(const ZpPlan *plan, double *elems);
+    /* When those are taken and given back (NULL: ZP_HELD_PER_BACKWARD). */
+    ZpHeldSpan (*held_span)(const ZpPlan *plan);
     /* Whether a reduce-scatter first concatenates bucket k into a copy of its size. */
     gboolean (*concat_copy)(const ZpPlan *plan, const ZpBucketSpec *k);
     /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
@@ -108,6 +119,16 @@ typedef struct ZpImpl {
     gboolean unit_persistence;
     /* Gradient elements kept as a model state (stage 2 may hold more than the partition). */
     double (*grad_state_elems)(const ZpSchedule *s);
+    /* Whether that state is not held from the step's start but taken by the step's first
+     * gradient reduction (before it) and freed after the optimizer; NULL or FALSE: held for
+     * the whole step. */
+    gboolean (*grads_taken_by_reduction)(const ZpPlan *plan);
+    /* Stages 0-1: whether the full gradients backward accumulates in are no state but taken
+     * unit by unit, before the op of micro-step 0 that produces the unit's first gradients,
+     * each unit's freed once the reduction of its last bucket is issued, the state being what
+     * the reductions copy out of them (grad_state_elems, grads_taken_by_reduction); NULL or
+     * FALSE: the full gradients (zp_impl_partition_grad_elems) are the state. */
+    gboolean (*full_grads_transient)(const ZpPlan *plan);
     /* With gradient accumulation: the elements of the copy each later micro-step's reduced
      * gradients land in, allocated by its first reduction and freed after its last, once
      * added into the state (which holds the earlier micro-steps' sum); NULL or 0: later

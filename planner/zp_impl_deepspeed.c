@@ -98,6 +98,22 @@ static int ds_bucket_buffers(const ZpPlan *plan, double *elems)
     return 0;
 }
 
+/* When the ipg buffers are taken. Stage 3: stage3.py DeepSpeedZeroOptimizer_Stage3.__init__
+ * allocates bucket.buffer once ("# IPG", with contiguous_gradients) and no code path of a step
+ * frees it. Stages 1-2: stage_1_and_2.py setup_buckets (process_gradients, the first gradient
+ * hook of a backward while not ready_for_gradients) allocates them and
+ * independent_gradient_partition_epilogue's _release_ipg_buffers drops them with
+ * ready_for_gradients = False. At stage 2 the epilogue ends every backward (engine.py
+ * allreduce_gradients: overlapping_partition_gradients_reduce_epilogue); at stage 1 only the
+ * last micro-step's (reduce_gradients at the accumulation boundary), so the buffers micro-step
+ * 0's first hook took (create_gradient_handling_hooks: with contiguous_gradients the hooks
+ * exist without overlap_comm too) are kept through the accumulation. */
+static ZpHeldSpan ds_held_span(const ZpPlan *plan)
+{
+    const int stage = plan->zero.stage;
+    return stage == 3 ? ZP_HELD_ALL_STEP : stage == 1 ? ZP_HELD_FROM_FIRST : ZP_HELD_PER_BACKWARD;
+}
+
 /* stage3.py __avg_scatter_grads -> comm/coalesced_collectives.py reduce_scatter_coalesced
  * concatenates the bucket's padded partitions into one tensor before reducing, but for one
  * tensor that needs no padding, reduced in place ("if there's only one tensor being reduced
@@ -365,8 +381,18 @@ static void ds_persistent(const ZpSchedule *s, GArray *ranges)
 }
 
 /* Stage 2: stage_1_and_2.py copy_grads_in_partition sizes grads_in_partition as the whole
- * parameters that overlap the rank's partition (params_in_partition), on the rank where that
- * is largest (every rank runs one schedule; the largest sets what fits). */
+ * parameters that overlap the rank's partition (get_partition_info's params_in_partition), on
+ * the rank where that is largest (every rank runs one schedule; the largest sets what fits).
+ * Where it is allocated depends on the rank too: at the rank's first copy, which
+ * reduce_ipg_grads makes once average_tensor has issued a bucket's reduction, for each of the
+ * bucket's parameters that is_param_in_current_partition. Buckets go in backward order from
+ * the last parameter, so the rank holding it copies at the first reduction and rank 0 near
+ * the backward's end. The one schedule takes the largest size at the earliest of those times,
+ * the step's first reduction (every parameter starts in some rank's partition, so some rank
+ * copies there; ds_grads_taken_by_reduction): a bound on every rank, exact for the rank
+ * holding the last parameter where its size is the largest. The later rank of the largest
+ * size is not taken: every rank's copies would need the buffer from their own first copy
+ * (zreal's real_engine_ds.c executes one schedule on every rank). */
 static double grads_in_partition_elems(const ZpSchedule *s)
 {
     GArray *tensors = zp_impl_tensors(s);
@@ -387,12 +413,49 @@ static double grads_in_partition_elems(const ZpSchedule *s)
     return (double)worst;
 }
 
-/* Stage 2: grads_in_partition, the first micro-step's, kept to the step (with accumulation,
- * the sum of every micro-step's: below). */
+/* Stage 1 with contiguous_gradients, the gradients on the GPU, no pipeline: autograd
+ * allocates each parameter's .grad in micro-step 0's backward (the previous step's
+ * free_grad_in_param_list left them None) and accumulates into it through the later ones.
+ * At the accumulation boundary (reduce_gradients, or the hooks with overlap_comm)
+ * reduce_independent_p_g_buckets_and_remove_grads copies each into the ipg buffer and
+ * points .grad at it (grad_reduc.data = new_grad_tensor.data), dropping the full gradient,
+ * and reduce_ipg_grads copies the rank's params_in_partition out of the reduced bucket into
+ * grads_in_partition ("zero stage 1 - partition only optimizer state":
+ * copy_grads_in_partition), allocated at the first copy as at stage 2. So each unit's full
+ * gradients are taken before the op of micro-step 0 that produces them (autograd's per
+ * parameter, the unit's together here) and freed once the reduction of the unit's last bucket
+ * is issued (a parameter's once copied into its bucket, before the bucket's reduction: here
+ * after it, as zreal copies them then), and the state kept through the step is
+ * grads_in_partition (averaged_gradients, views of it, until step). Without
+ * contiguous_gradients nothing is copied out and the full gradients are the state. */
+static gboolean ds_full_grads_transient(const ZpPlan *plan)
+{
+    return plan->zero.stage == 1 && plan->zero.contiguous_gradients &&
+           plan->zero.offload_optimizer.device == ZP_OFFLOAD_NONE && zp_plan_pp(plan) == 1;
+}
+
+/* Stages 1-2: grads_in_partition (stage 1: with full_grads_transient), micro-step 0's,
+ * kept to the step (with accumulation at stage 2, the sum of every micro-step's: below). */
 static double ds_grad_state_elems(const ZpSchedule *s)
 {
-    return s->plan.zero.stage == 2 ? grads_in_partition_elems(s)
-                                   : zp_impl_partition_grad_elems(s);
+    return s->plan.zero.stage == 2 || ds_full_grads_transient(&s->plan)
+               ? grads_in_partition_elems(s)
+               : zp_impl_partition_grad_elems(s);
+}
+
+/* Stage 2 with the gradients on the GPU: grads_in_partition is None when a step begins (the
+ * previous step's _release_ipg_buffers, then step: free_grad_in_param_list and
+ * averaged_gradients = None drop its last views), so copy_grads_in_partition allocates it in
+ * micro-step 0's backward, at the first reduction (grads_in_partition_elems); step frees it
+ * once its fp32 copy is made, before _optimizer_step (the schedule frees it after the
+ * optimizer, which allocates nothing in between, so no peak moves). Under cpu_offload
+ * copy_grads_in_partition returns first and there is none. Stage 3's partition,
+ * grad_partitions_flat_buffer, is allocated in stage3.py __init__ (_setup_for_real_optimizer)
+ * and kept. */
+static gboolean ds_grads_taken_by_reduction(const ZpPlan *plan)
+{
+    return (plan->zero.stage == 2 && plan->zero.offload_optimizer.device == ZP_OFFLOAD_NONE) ||
+           ds_full_grads_transient(plan);
 }
 
 /* Stage 2 with accumulation, the gradients on the GPU (copy_grads_in_partition returns before
@@ -406,7 +469,9 @@ static double ds_grad_state_elems(const ZpSchedule *s)
  * the model's by default: engine.py get_data_types) and frees it (_clear_param_grad_only
  * drops its last views). The sum is kept to the step (averaged_gradients). Stage 3 adds each
  * reduced partition straight into its gradient buffer (stage3.py partition_grads: copy_ at
- * micro_step_id 0, add_ after), with no copy. */
+ * micro_step_id 0, add_ after), with no copy. Its size and time are those of micro-step 0's
+ * grads_in_partition, per rank as there: the largest at the micro-step's first reduction
+ * (grads_in_partition_elems). */
 static double ds_grad_copy_elems(const ZpSchedule *s)
 {
     const ZpPlan *p = &s->plan;
@@ -524,6 +589,7 @@ const ZpImpl zp_impl_deepspeed = {
     .grad_collective = ds_grad_collective,
     .plan_buckets = ds_plan_buckets,
     .bucket_buffers = ds_bucket_buffers,
+    .held_span = ds_held_span,
     .concat_copy = ds_concat_copy,
     .post_step_gather_buffer = FALSE,
     /* stage3.py create_reduce_and_remove_grad_hooks and stage_1_and_2.py's hook on the
@@ -561,6 +627,8 @@ const ZpImpl zp_impl_deepspeed = {
     .persistent_freed_for_step = TRUE,
     .unit_persistence = FALSE, /* per parameter */
     .grad_state_elems = ds_grad_state_elems,
+    .grads_taken_by_reduction = ds_grads_taken_by_reduction,
+    .full_grads_transient = ds_full_grads_transient,
     .grad_copy_elems = ds_grad_copy_elems,
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,

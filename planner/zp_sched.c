@@ -86,6 +86,12 @@ typedef struct {
     int occupant[2];        /* the bucket whose gradients a held buffer holds, -1 none */
     GArray *waits;          /* Wait, in the order the gradients were handed on */
     int grad_copy;          /* a later micro-step's gradient copy (ZpImpl grad_copy_elems) */
+    int grad_state;         /* the gradient state once the step's first reduction took it
+                             * (ZpImpl grads_taken_by_reduction), -1 before and after */
+    double grad_state_bytes; /* its size; 0: the state is held for the whole step */
+    gboolean full_by_unit;  /* stages 0-1: the full gradients are taken unit by unit (ZpImpl
+                             * full_grads_transient), not the state */
+    int *unit_grad;         /* and per unit its buffer while taken, -1 before and after */
     GArray *gathers;        /* Gather */
     PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
     int step;               /* the step of the position being built (zp_impl.h) */
@@ -450,7 +456,12 @@ static void layout(Builder *b)
     const double params_elems[4] = {total, padded, padded, part};
     const double optim_elems = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
-    s->state_bytes[ZP_MEM_GRADS] = b->impl->grad_state_elems(s) * g;
+    const double grads = b->impl->grad_state_elems(s) * g;
+    const gboolean taken = b->impl->grads_taken_by_reduction &&
+                           b->impl->grads_taken_by_reduction(&s->plan);
+    s->state_bytes[ZP_MEM_GRADS] = taken ? 0 : grads;
+    b->grad_state_bytes = taken ? grads : 0;
+    b->full_by_unit = b->impl->full_grads_transient && b->impl->full_grads_transient(&s->plan);
     s->state_bytes[ZP_MEM_MASTER] = optim_elems * master;
     s->state_bytes[ZP_MEM_ADAM_M] = optim_elems * m;
     s->state_bytes[ZP_MEM_ADAM_V] = optim_elems * v;
@@ -534,14 +545,25 @@ static void plan_buckets(Builder *b)
         bucket(b, i)->slot = held_slot(b, bucket(b, i), &held);
 }
 
+/* When the implementation's held bucket buffers are taken and given back (zp_impl.h). */
+static ZpHeldSpan held_span(const Builder *b)
+{
+    return b->impl->held_span ? b->impl->held_span(&b->s->plan) : ZP_HELD_PER_BACKWARD;
+}
+
+/* Each micro-step's buckets start unlaunched; held buffers taken for the whole step stay. */
 static void reset_buckets(Builder *b)
 {
     for (guint i = 0; i < b->buckets->len; i++) {
         bucket(b, i)->buffer = -1;
         bucket(b, i)->alloc_op = bucket(b, i)->coll_op = bucket(b, i)->drain_op = NONE;
     }
-    for (int i = 0; i < 2; i++)
-        b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE, b->occupant[i] = -1;
+    const gboolean keep = held_span(b) == ZP_HELD_ALL_STEP;
+    for (int i = 0; i < 2; i++) {
+        if (!keep || b->ipg[i] < 0)
+            b->ipg[i] = -1, b->ipg_alloc[i] = b->ipg_last[i] = NONE;
+        b->occupant[i] = -1;
+    }
     g_array_set_size(b->waits, 0);
 }
 
@@ -561,8 +583,9 @@ static uint32_t bucket_backpressure(Builder *b, guint i)
 }
 
 /* The held bucket buffers, allocated as the reducing backward starts (DeepSpeed allocates
- * its ipg_buffer pair in backward, stage_1_and_2.py DeepSpeedZeroOptimizer.backward), or at
- * the first reduction when it runs apart from the backward (a pipeline's, after its flush). */
+ * its ipg buffer pair at the first gradient hook, stage_1_and_2.py setup_buckets), before
+ * the step (ZP_HELD_ALL_STEP), or at the first reduction when it runs apart from the backward
+ * (a pipeline's, after its flush). */
 static void alloc_held_buckets(Builder *b, int micro)
 {
     for (int i = 0; i < b->n_ipg && b->ipg[i] < 0; i++)
@@ -570,11 +593,13 @@ static void alloc_held_buckets(Builder *b, int micro)
                                      &b->last_compute, 1);
 }
 
-static void free_held_buckets(Builder *b, int micro)
+/* Frees them after their last reduction, or after op `after` when it is not NONE. */
+static void free_held_buckets(Builder *b, int micro, uint32_t after)
 {
     for (int i = 0; i < b->n_ipg && b->ipg[i] >= 0; i++) {
+        const uint32_t read = b->ipg_last[i] != NONE ? b->ipg_last[i] : b->ipg_alloc[i];
         emit_free(b, ZP_MEM_BUCKETS, b->ipg_bytes, -1, micro, b->ipg[i],
-                  b->ipg_last[i] != NONE ? b->ipg_last[i] : b->ipg_alloc[i]);
+                  after != NONE ? after : read);
         b->ipg[i] = -1;
     }
 }
@@ -603,6 +628,20 @@ static void alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps)
                                  &k->buffer, adeps, 2);
         g_array_append_val(deps, k->alloc_op);
     }
+}
+
+/* ZpImpl full_grads_transient: unit u's full gradients, taken before the first op that
+ * produces them (autograd allocates a parameter's .grad when its first gradient arrives; the
+ * unit's together), kept until its last bucket is reduced (launch_bucket). */
+static void take_unit_grads(Builder *b, int u, int micro, GArray *deps)
+{
+    const ZpSchedule *s = b->s;
+    if (!b->full_by_unit || b->unit_grad[u] >= 0 || s->unit_elems[u] == 0)
+        return;
+    const uint32_t at = emit_alloc(b, ZP_MEM_GRADS,
+                                   (double)s->unit_elems[u] * b->state.grad_bytes, u, micro,
+                                   &b->unit_grad[u], &b->last_compute, 1);
+    g_array_append_val(deps, at);
 }
 
 /* A memory-bound ZeRO++ kernel (zp_zeropp) on `stream`, after `after`. */
@@ -906,8 +945,12 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         k->buffer = b->ipg[held];
         after = b->ipg_last[held] != NONE ? b->ipg_last[held] : b->ipg_alloc[held];
     }
-    /* a later micro-step's gradient copy, taken by its first reduction (the reduced
-     * gradients are copied into it) */
+    /* the gradient state, taken by the step's first reduction (ZpImpl
+     * grads_taken_by_reduction), and a later micro-step's gradient copy, by its first: the
+     * reduced gradients are copied into them */
+    if (b->grad_state_bytes > 0 && b->grad_state < 0)
+        emit_alloc(b, ZP_MEM_GRADS, b->grad_state_bytes, -1, micro, &b->grad_state,
+                   &b->last_compute, 1);
     const double copy_bytes = grad_copy_bytes(b, micro);
     if (copy_bytes > 0 && i == 0)
         emit_alloc(b, ZP_MEM_GRADS, copy_bytes, -1, micro, &b->grad_copy, &b->last_compute, 1);
@@ -955,6 +998,14 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro, k->buffer,
                   b->impl->frees_at_issue ? issued : read);
     }
+    /* the full gradients of the units whose last bucket this is: each was copied into its
+     * bucket and dropped (ZpImpl full_grads_transient), freed once the host issued it */
+    for (int u = k->spec.low_unit; u <= k->spec.top_unit; u++)
+        if (b->unit_grad[u] >= 0 && b->unit_last[u] == i) {
+            emit_free(b, ZP_MEM_GRADS, (double)s->unit_elems[u] * b->state.grad_bytes, u, micro,
+                      b->unit_grad[u], b->last_compute);
+            b->unit_grad[u] = -1;
+        }
     if (copy_bytes > 0 && i + 1 == b->buckets->len) /* added into the state, then freed */
         emit_free(b, ZP_MEM_GRADS, copy_bytes, -1, micro, b->grad_copy, drained);
     if (!s->plan.zero.overlap_comm)
@@ -1552,13 +1603,16 @@ static void head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *
     const Cost c = head_cost(s);
     const double logits_bytes = 4.0 * s->plan.micro_batch * (double)s->model.seq_len *
                                 (double)s->model.vocab / s->plan.mp;
-    if (reduce)
-        alloc_held_buckets(b, micro);
+    if (reduce || (held_span(b) == ZP_HELD_FROM_FIRST && zp_plan_pp(&s->plan) == 1))
+        alloc_held_buckets(b, micro); /* a no-op once taken */
     position_begin(b, zp_pos_head(L), micro, deps);
     int logits;
     uint32_t alloc = emit_alloc(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, &logits,
                                 &b->last_compute, 1);
     g_array_append_val(deps, alloc);
+    take_unit_grads(b, L + 1, micro, deps);
+    if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
+        take_unit_grads(b, 0, micro, deps);
     if (reduce && s->plan.zero.stage >= 2) {
         alloc_landing_buckets(b, L + 1, micro, deps);
         if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
@@ -1607,6 +1661,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
         position_begin(b, pos, micro, deps);
         if (reduce && s->plan.zero.stage >= 2)
             alloc_landing_buckets(b, l, micro, deps);
+        take_unit_grads(b, l, micro, deps);
         block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps, reduce ? launched : NULL);
         if (ckpt)
             checkpoint_boundary(b);
@@ -1624,6 +1679,7 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_begin(b, zp_pos_embed_bwd(L), micro, deps);
     if (reduce && s->plan.zero.stage >= 2 && !s->model.tied_embeddings)
         alloc_landing_buckets(b, 0, micro, deps); /* untied: wte's gradient starts here */
+    take_unit_grads(b, 0, micro, deps);
     if (reduce)
         hand_on(b, 0, -1, micro, deps);
     emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
@@ -1635,7 +1691,8 @@ static void backward(Builder *b, int micro, gboolean reduce, Activations *a, GAr
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         launch_buckets(b, 0, -1, micro, launched);
-        free_held_buckets(b, micro);
+        if (held_span(b) != ZP_HELD_ALL_STEP)
+            free_held_buckets(b, micro, NONE);
         /* the engine's epilogue (stage3.py independent_gradient_partition_epilogue)
          * synchronises the reductions' stream: the host waits for the last of them */
         if (b->n_reduce_events > 0)
@@ -1810,6 +1867,10 @@ static void optimizer_step(Builder *b, GArray *launched)
         const ZpStepBuffer *sb = &g_array_index(step, ZpStepBuffer, i);
         if (!sb->transient || i + 1 == step->len)
             emit_free(b, sb->cat, sb->bytes, -1, -1, ids[i], opt);
+    }
+    if (b->grad_state >= 0) { /* the gradient state the first reduction took */
+        emit_free(b, ZP_MEM_GRADS, b->grad_state_bytes, -1, -1, b->grad_state, opt);
+        b->grad_state = -1;
     }
     g_free(ids);
     g_array_unref(step);
@@ -1995,7 +2056,13 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     g_array_set_size(b->buckets, 0);
     layout(b);
     plan_buckets(b);
+    b->ipg[0] = b->ipg[1] = -1; /* none held yet: reset_buckets keeps only those */
     reset_buckets(b);
+    b->grad_state = -1;
+    for (int u = 0; u < s->n_units; u++)
+        b->unit_grad[u] = -1;
+    if (held_span(b) == ZP_HELD_ALL_STEP) /* before the step's first op */
+        alloc_held_buckets(b, 0);
     g_array_set_size(launched, 0);
     GArray *actions = P > 1 ? zp_pipe_actions(plan->pipe.schedule, P, zp_plan_vstages(plan),
                                               plan->grad_accum, b->stage)
@@ -2018,12 +2085,14 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
         if (s->unit_elems[u] > 0)
             launch_buckets(b, u, -1, plan->grad_accum - 1, launched);
-    if (P > 1)
-        free_held_buckets(b, plan->grad_accum - 1);
+    if (P > 1 && held_span(b) != ZP_HELD_ALL_STEP)
+        free_held_buckets(b, plan->grad_accum - 1, NONE);
     optimizer_step(b, launched);
     if (b->resident >= 0)
         emit_free(b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(&s->model, plan), 0, 0,
                   b->resident, b->last_compute);
+    if (held_span(b) == ZP_HELD_ALL_STEP) /* after the step's last op */
+        free_held_buckets(b, -1, s->ops->len - 1);
     s->host_bytes[ZP_MEM_CHECKPOINTS] = host_checkpoint_peak(s, first);
     memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
            sizeof s->state_bytes);
@@ -2079,6 +2148,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
                  .unit_first = g_new0(guint, (gsize)L + 2),
                  .unit_last = g_new0(guint, (gsize)L + 2),
+                 .unit_grad = g_new(int, (gsize)L + 2),
                  .launch = g_array_new(FALSE, FALSE, sizeof(guint)),
                  .launch_start = g_new0(guint, (gsize)L + 3),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
@@ -2136,6 +2206,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         g_array_unref(b.tensors);
     g_free(b.unit_first);
     g_free(b.unit_last);
+    g_free(b.unit_grad);
     g_array_unref(b.launch);
     g_free(b.launch_start);
     g_array_unref(b.gathers);

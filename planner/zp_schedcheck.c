@@ -335,6 +335,14 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
                           "the collective using it");
     case ZP_MEM_WORKSPACE:
         return TRUE;
+    case ZP_MEM_GRADS: /* gradients the reductions take (zp_impl.h grads_taken_by_reduction,
+                        * grad_copy_elems; unit -1) or a unit's full gradients
+                        * (full_grads_transient); zreal checks their sizes */
+        if (u < -1 || u >= c->n_units)
+            return bad(c, "unit", "= %d: gradients belong to no unit (-1) or to 0..%d", u,
+                       c->n_units - 1);
+        return u == -1 || need_bytes(c, op->bytes,
+                                     (double)s->unit_elems[u] * c->st.grad_bytes, "the layout");
     default:
         return bad(c, "category", "%s: a model state, held for the whole step, not allocated",
                    zp_sched_mem_name(op->sub));

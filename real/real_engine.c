@@ -4,6 +4,7 @@
 #include "real_engine.h"
 #include "real_engine_ds.h"
 #include "real_offload.h"
+#include "zp_impl.h"
 #include "zp_offload.h"
 #include "real_data.h"
 #include "real_gpt.h"
@@ -79,6 +80,13 @@ struct RealEngine {
     gboolean host_grads;  /* stages 2-3 with optimizer offload: no gradient partition here */
     gboolean host_params; /* stage 3 with parameter offload: the partition is off the GPU */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
+    /* Stage 1 whose full gradients the schedule takes and frees unit by unit (zp_impl.h
+     * full_grads_transient; unit_grads while taken): full_by_unit, and the buffer id of
+     * grads_in_partition, which the reductions copy this rank's partition into, from flat
+     * offset gip_lo (the first tensor overlapping the partition), -1 none. */
+    gboolean full_by_unit;
+    int gip_id;
+    uint64_t gip_lo;
     RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
 };
 
@@ -238,9 +246,9 @@ static gboolean allocate_states(RealEngine *e, GError **error)
         return fail(error, "rank %d: no host memory for the 16-bit partition", e->rank);
     if (real_ds_applies(s)) /* the plug-in holds the gradients as DeepSpeed lays them out */
         e->ds = real_ds_new(s, e->be, e->comm, e->buffers, e->params, error);
-    else if (!e->host_grads)
+    else if (!e->host_grads && !e->full_by_unit) /* else taken by the schedule */
         e->grads = take(e, grads_elems[e->stage] * b2, ZP_MEM_GRADS, error);
-    if (!e->ds && !e->grads && !e->host_grads)
+    if (!e->ds && !e->grads && !e->host_grads && !e->full_by_unit)
         return FALSE;
     if (!e->offload && (!(e->master = take(e, e->opt_elems * f4, ZP_MEM_MASTER, error)) ||
                         !(e->adam_m = take(e, e->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
@@ -409,6 +417,48 @@ static gboolean init_params(RealEngine *e, GError **error)
     return TRUE;
 }
 
+/* Stage 1 (zp_impl.h full_grads_transient): the schedule's gradient allocs, each unit's full
+ * gradients (in micro-step 0's backward) and grads_in_partition (unit -1, at the first
+ * reduction), sized for the rank where the whole tensors overlapping the partition are the
+ * most. */
+static gboolean index_stage1_grads(RealEngine *e, GError **error)
+{
+    const ZpSchedule *s = e->s;
+    double gip_bytes = 0;
+    e->gip_id = -1;
+    for (guint i = 0; !real_ds_applies(s) && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
+            continue;
+        const gboolean unit = op->unit >= 0 && op->unit < s->n_units;
+        if (e->stage != 1 || (op->unit >= 0 && (!unit || op->bytes != (double)(s->unit_elems[op->unit] * sizeof(RealBf16)))) ||
+            (op->unit < 0 && e->gip_id >= 0))
+            return fail(error, "schedule op %u: a gradient alloc other than stage 1's full "
+                        "gradients of a unit and grads_in_partition", i);
+        e->full_by_unit |= unit;
+        if (op->unit < 0)
+            e->gip_id = op->buffer, gip_bytes = op->bytes;
+    }
+    if (e->full_by_unit != (e->gip_id >= 0))
+        return fail(error, "the schedule takes stage 1's full gradients without "
+                    "grads_in_partition, or the other way round");
+    const uint64_t part_lo = (uint64_t)e->rank * s->partition_elems;
+    e->gip_lo = part_lo;
+    GArray *tensors = zp_impl_tensors(s);
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (t->offset < part_lo && t->offset + t->elems > part_lo)
+            e->gip_lo = t->offset;
+    }
+    g_array_unref(tensors);
+    /* the step reads the partition from it, its padding zero (get_flat_partition pads) */
+    const double need = (double)((part_lo + s->partition_elems - e->gip_lo) * sizeof(RealBf16));
+    if (e->gip_id >= 0 && need > gip_bytes)
+        return fail(error, "rank %d: grads_in_partition needs %.0f bytes, the schedule takes "
+                    "%.0f", e->rank, need, gip_bytes);
+    return TRUE;
+}
+
 /* Buckets' flat ranges come from the collectives that reduce them. */
 static void index_buckets(RealEngine *e)
 {
@@ -478,9 +528,10 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     e->tokens = g_try_new0(int, tokens);
     e->targets = g_try_new0(int, tokens);
     index_buckets(e);
-    gboolean ok = (e->tokens && e->targets) ||
+    gboolean ok = index_stage1_grads(e, error);
+    ok = ok && ((e->tokens && e->targets) ||
                   fail(error, "rank %d: out of memory allocating two arrays of %" G_GSIZE_FORMAT
-                              " tokens (micro_batch x seq_len)", e->rank, tokens);
+                              " tokens (micro_batch x seq_len)", e->rank, tokens));
     ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     if (ok && cfg->tp)
         real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
@@ -604,8 +655,9 @@ static uint64_t needed_bytes(const RealEngine *e, const ZpOp *op)
                                                         : real_gpt_checkpoint_bytes(&e->dims);
     case ZP_MEM_BUCKETS:
         return (uint64_t)op->bytes; /* its size follows from the collective that uses it */
-    case ZP_MEM_GRADS: /* a later micro-step's gradient copy, which real_engine_ds checks */
-        return e->ds ? (uint64_t)op->bytes : 0;
+    case ZP_MEM_GRADS: /* real_engine_ds's grads_in_partition and copies, which it checks,
+                        * or stage 1's (index_stage1_grads) */
+        return e->ds || e->full_by_unit ? (uint64_t)op->bytes : 0;
     case ZP_MEM_WORKSPACE: /* the step's gradient copies (unit and micro-step -1) */
         return op->unit == -1 && op->micro == -1 ? (uint64_t)op->bytes : 0;
     default:
@@ -647,6 +699,11 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
                     index, zp_sched_mem_name(op->sub), op->bytes, need);
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
+    if (op->sub == ZP_MEM_GRADS) { /* zeroed: backward adds, the step reads the padding */
+        e->be->fill(e->be, e->buffers[op->buffer], 0, need);
+        if (op->unit >= 0)
+            e->unit_grads[op->unit] = e->buffers[op->buffer];
+    }
     if (op->sub == ZP_MEM_CHECKPOINTS) /* Pa's slice in forward, or a whole input */
         (pa_splits(e) && need == e->ckpt_slice_bytes ? e->ckpt_slice
                                                      : e->ckpt_buffer)[slot(e, op->unit,
@@ -671,6 +728,8 @@ static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
     void *p = e->buffers[op->buffer];
     if (!p)
         return TRUE;
+    if (op->sub == ZP_MEM_GRADS && op->unit >= 0 && e->unit_grads[op->unit] == p)
+        e->unit_grads[op->unit] = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
     e->be->free(e->be, p);
@@ -704,7 +763,8 @@ static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGpt
 {
     if (e->ds)
         return real_ds_grads(e->ds, u, used, micro, v, error);
-    RealBf16 *g = e->stage < 2 ? e->grads + e->s->unit_offset[u] : e->unit_grads[u];
+    RealBf16 *g = e->stage < 2 && !e->full_by_unit ? e->grads + e->s->unit_offset[u]
+                                                   : e->unit_grads[u];
     if (!g)
         return fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
     real_gpt_tensors_at(&e->dims, u, g, v);
@@ -730,7 +790,13 @@ static gboolean tied_grads(RealEngine *e, RealBf16 **grads, size_t *n, GError **
 /* This rank's reduced partition gradients, as the step reads them. */
 static const RealBf16 *step_grads(const RealEngine *e)
 {
-    return e->ds ? real_ds_step_grads(e->ds) : e->grads + (e->stage == 1 ? e->part_base : 0);
+    if (e->ds)
+        return real_ds_step_grads(e->ds);
+    if (e->gip_id >= 0)
+        return e->buffers[e->gip_id] ? (const RealBf16 *)e->buffers[e->gip_id] +
+                                           (e->part_base - e->gip_lo)
+                                     : NULL;
+    return e->grads + (e->stage == 1 ? e->part_base : 0);
 }
 
 static gboolean load_micro_batch(RealEngine *e, int micro, GError **error)
@@ -1027,25 +1093,61 @@ static int *partition_counts(const RealEngine *e, uint64_t lo, uint64_t hi)
     return counts;
 }
 
+/* The unit holding flat offset `at`, -1 none. */
+static int unit_at(const ZpSchedule *s, uint64_t at)
+{
+    for (int u = 0; u < s->n_units; u++)
+        if (at >= s->unit_offset[u] && at < s->unit_offset[u] + s->unit_elems[u])
+            return u;
+    return -1;
+}
+
+/* Stages 0-1: where the full gradients of flat offset `at` lie (one array, or with
+ * full_by_unit its unit's buffer), NULL when not taken. */
+static RealBf16 *full_grads_at(const RealEngine *e, uint64_t at)
+{
+    if (!e->full_by_unit)
+        return e->grads + at;
+    const int u = unit_at(e->s, at);
+    return u >= 0 && e->unit_grads[u] ? e->unit_grads[u] + (at - e->s->unit_offset[u]) : NULL;
+}
+
+/* Stages 0-1: the full gradients of flat range [lo, lo + n) copied into buf, or from buf
+ * into them (`into`), unit by unit with full_by_unit. */
+static gboolean full_grads_copy(RealEngine *e, uint64_t lo, uint64_t n, RealBf16 *buf,
+                                gboolean into, GError **error)
+{
+    for (uint64_t at = lo, run; at < lo + n; at += run) {
+        const int u = e->full_by_unit ? unit_at(e->s, at) : -1;
+        run = u >= 0 ? MIN(lo + n, e->s->unit_offset[u] + e->s->unit_elems[u]) - at
+                     : lo + n - at;
+        RealBf16 *full = full_grads_at(e, at);
+        if (!full)
+            return fail(error, "rank %d: the full gradients of flat offset %" G_GUINT64_FORMAT
+                        " are reduced but not taken", e->rank, at);
+        e->be->copy(e->be, into ? full : buf + (at - lo), into ? buf + (at - lo) : full,
+                    run * sizeof(RealBf16));
+    }
+    return TRUE;
+}
+
 static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
 {
     const uint64_t lo = op->elem_offset, hi = lo + op->elems;
-    const size_t b2 = sizeof(RealBf16);
     if (op->buffer < 0) { /* a parameter larger than the bucket, reduced in place */
-        if (e->stage >= 2 || op->sub != ZP_COLL_ALLREDUCE)
+        RealBf16 *full = e->stage < 2 ? full_grads_at(e, lo) : NULL;
+        if (!full || op->sub != ZP_COLL_ALLREDUCE)
             return fail(error, "rank %d: a bucketless reduction is an all-reduce of the full "
                                "gradients (stages 0-1)", e->rank);
-        return e->comm->allreduce_bf16(e->comm, e->grads + lo, hi - lo, error);
+        return e->comm->allreduce_bf16(e->comm, full, hi - lo, error);
     }
     RealBf16 *bucket = e->buffers[op->buffer];
-    if (e->stage < 2) /* full gradients live in grads; the bucket is a copy */
-        e->be->copy(e->be, bucket, e->grads + lo, (hi - lo) * b2);
-    if (op->sub == ZP_COLL_ALLREDUCE) {
-        if (!e->comm->allreduce_bf16(e->comm, bucket, hi - lo, error))
-            return FALSE;
-        e->be->copy(e->be, e->grads + lo, bucket, (hi - lo) * b2);
-        return TRUE;
-    }
+    /* stages 0-1: the full gradients are kept apart; the bucket is a copy */
+    if (e->stage < 2 && !full_grads_copy(e, lo, hi - lo, bucket, FALSE, error))
+        return FALSE;
+    if (op->sub == ZP_COLL_ALLREDUCE)
+        return e->comm->allreduce_bf16(e->comm, bucket, hi - lo, error) &&
+               full_grads_copy(e, lo, hi - lo, bucket, TRUE, error);
     int *counts = partition_counts(e, lo, hi);
     gboolean ok = e->comm->reduce_scatter_bf16(e->comm, bucket, counts, error);
     const uint64_t mine = (uint64_t)counts[e->rank];
@@ -1053,9 +1155,25 @@ static gboolean reduce_flat(RealEngine *e, const ZpOp *op, GError **error)
     if (!ok || mine == 0 || e->host_grads) /* offloaded: the transfers take it from the bucket */
         return ok;
     const uint64_t start = MAX(lo, e->part_base); /* first element of ours in the flat space */
-    RealBf16 *dst = e->stage == 1 ? e->grads + start : e->grads + (start - e->part_base);
-    real_engine_deliver(e->be, dst, bucket, mine, e->stage == 2 && op->micro > 0);
+    if (e->stage == 1)
+        return full_grads_copy(e, start, mine, bucket, TRUE, error);
+    real_engine_deliver(e->be, e->grads + (start - e->part_base), bucket, mine, op->micro > 0);
     return TRUE;
+}
+
+/* Stage 1 (index_stage1_grads): the reduced gradients of [lo, hi) in this rank's partition,
+ * copied from the full gradients into grads_in_partition (stage_1_and_2.py
+ * copy_grads_in_partition; the rest of its whole tensors the step never reads). */
+static gboolean copy_grads_in_partition(RealEngine *e, const ZpOp *op, GError **error)
+{
+    const uint64_t P = e->s->partition_elems;
+    const uint64_t a = MAX(op->elem_offset, e->part_base);
+    const uint64_t b = MIN(op->elem_offset + op->elems, e->part_base + P);
+    RealBf16 *gip = e->buffers[e->gip_id];
+    if (!gip)
+        return fail(error, "rank %d: a stage-1 reduction before grads_in_partition is taken",
+                    e->rank);
+    return b <= a || full_grads_copy(e, a, b - a, gip + (a - e->gip_lo), FALSE, error);
 }
 
 /* Stage 3: each unit of the bucket is reduce-scattered over its own padded partition. */
@@ -1260,7 +1378,9 @@ static gboolean do_collective(RealEngine *e, const ZpOp *op, GError **error)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)
         return gather(e, op, error);
-    return e->stage == 3 ? reduce_units(e, op, error) : reduce_flat(e, op, error);
+    if (e->stage == 3)
+        return reduce_units(e, op, error);
+    return reduce_flat(e, op, error) && (e->gip_id < 0 || copy_grads_in_partition(e, op, error));
 }
 
 /* ---- offload transfers ------------------------------------------------------------------ */

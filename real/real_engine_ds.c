@@ -66,10 +66,12 @@ struct RealDs {
     int *bucket_buffer;   /* [micro * n_buckets + k]: the buffer bucket k lands in */
     gboolean *held;       /* per buffer id: reduces more than one bucket (an ipg buffer) */
     /* Gradients: stage 2's grads_in_partition (the whole tensors overlapping this rank's
-     * partition from flat offset gip_lo; with accumulation the sum), stage 3's partition.
+     * partition from flat offset gip_lo; with accumulation the sum), the buffer id `gip` the
+     * step's first reduction takes, or stage 3's partition, `grads`, held throughout.
      * grad_copy: per micro-step, the buffer id of the copy its reduced gradients land in
      * before they are added to the sum (zp_impl.h grad_copy_elems), -1 none. */
     RealBf16 *grads;
+    int gip;
     uint64_t gip_lo, gip_hi, grad_elems;
     int *grad_copy;
     /* With optimizer offload the reduced slices go to real_offload's host tier from the
@@ -302,14 +304,17 @@ static gboolean index_calls(RealDs *ds, GError **error)
 }
 
 /* Stage 2: stage_1_and_2.py copy_grads_in_partition keeps the whole parameters that overlap
- * this rank's partition (params_in_partition), the partition's padding included; the schedule
- * sizes it for the rank where that is largest, and so does each later micro-step's copy.
- * Stage 3: the partition (stage3.py __param_id_to_grad_partition). */
+ * this rank's partition (params_in_partition), the partition's padding included, in
+ * grads_in_partition: the schedule's first gradient alloc, at the step's first reduction
+ * (zp_impl.h grads_taken_by_reduction), sized for the rank where that is largest; each later
+ * micro-step's copy is the same size. Stage 3: the partition (stage3.py
+ * __param_id_to_grad_partition), held throughout. */
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
     const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
     ds->grad_elems = (uint64_t)(s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16));
+    ds->gip = -1;
     ds->grad_copy = g_new(int, (gsize)s->plan.grad_accum);
     for (int m = 0; m < s->plan.grad_accum; m++)
         ds->grad_copy[m] = -1;
@@ -317,6 +322,11 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
             continue;
+        if (ds->stage == 2 && ds->gip < 0 && ds->grad_elems == 0) {
+            ds->gip = op->buffer;
+            ds->grad_elems = (uint64_t)(op->bytes / sizeof(RealBf16));
+            continue;
+        }
         if (ds->stage != 2 || op->micro <= 0 || op->micro >= s->plan.grad_accum ||
             op->bytes != (double)(ds->grad_elems * sizeof(RealBf16)))
             return fail(error, "op %u: a gradient copy other than stage 2's of a later "
@@ -334,10 +344,13 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
         }
         if (ds->host_grads) /* offloaded: only the layout of the host's whole-tensor sums */
             return TRUE;
+        if (ds->gip < 0)
+            return fail(error, "the schedule takes no stage-2 grads_in_partition");
         if (ds->gip_hi - ds->gip_lo > ds->grad_elems)
             return fail(error, "rank %d: grads_in_partition needs %" G_GUINT64_FORMAT
                         " elements, the schedule holds %" G_GUINT64_FORMAT, ds->rank,
                         ds->gip_hi - ds->gip_lo, ds->grad_elems);
+        return TRUE; /* the engine allocates it at its op */
     } else if (ds->host_grads) {
         return TRUE;
     } else if (ds->grad_elems != P) {
@@ -575,10 +588,18 @@ gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTe
     return view(ds, unit, used, micro, out, error);
 }
 
+/* Stage 2's grads_in_partition while the schedule holds it, else NULL. */
+static RealBf16 *grads_in_partition(const RealDs *ds)
+{
+    return ds->gip >= 0 ? (RealBf16 *)ds->buffers[ds->gip] : NULL;
+}
+
 const RealBf16 *real_ds_step_grads(const RealDs *ds)
 {
-    const RealBf16 *g = ds->grads;
-    return ds->stage == 2 ? g + ((uint64_t)ds->rank * ds->s->partition_elems - ds->gip_lo) : g;
+    const RealBf16 *g = grads_in_partition(ds);
+    if (ds->stage != 2)
+        return ds->grads;
+    return g ? g + ((uint64_t)ds->rank * ds->s->partition_elems - ds->gip_lo) : NULL;
 }
 
 /* Stage 2: the elements of flat range [lo, hi) in rank q's partition, from *start. */
@@ -615,7 +636,10 @@ static gboolean reduce_stage2(RealDs *ds, const ZpOp *op, RealBf16 *data, GError
         return ok;
     /* all-reduced: the bucket in place; reduced to its owner: this rank's part first */
     const RealBf16 *src = op->sub == ZP_COLL_ALLREDUCE ? data + (a - lo) : data;
-    RealBf16 *sum = ds->grads + (a - ds->gip_lo);
+    if (!grads_in_partition(ds))
+        return fail(error, "rank %d: micro-step %d reduces before grads_in_partition is "
+                    "allocated", ds->rank, op->micro);
+    RealBf16 *sum = grads_in_partition(ds) + (a - ds->gip_lo);
     const int copy = op->micro > 0 ? ds->grad_copy[op->micro] : -1;
     if (copy >= 0 && !ds->buffers[copy])
         return fail(error, "rank %d: micro-step %d's gradient copy is not allocated", ds->rank,

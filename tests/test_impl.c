@@ -129,12 +129,17 @@ static void test_deepspeed_bucket_buffers(void)
             p.zero.reduce_bucket_size = 3e7; /* below wte (80M): it bypasses the bucket */
             p.grad_accum = 2;
             ZpSchedule *s = zp_sched_build(&m, &p, NULL);
-            const guint backwards = stage == 2 ? 2 : 1; /* stage 1 reduces once */
+            const guint backwards = stage == 2 ? 2 : 1; /* stage 1 keeps them through both */
             g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, -1, 3e7 * 2), ==,
                              backwards * (overlap ? 2 : 1));
             guint other = 0, post = 0;
             for (guint i = 0; i < s->ops->len; i++) {
                 const ZpOp *op = zp_sched_op(s, i);
+                /* stage 1: taken by micro-step 0's first hook, given back by the last's
+                 * epilogue (setup_buckets, _release_ipg_buffers) */
+                if (stage == 1 && op->sub == ZP_MEM_BUCKETS && op->unit == -1 &&
+                    (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE))
+                    g_assert_cmpint(op->micro, ==, (op->kind == ZP_OP_ALLOC ? 0 : 1));
                 if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS && op->unit != -1) {
                     other++;
                     g_assert_cmpfloat(op->bytes, >, 3e7 * 2); /* a bypassing parameter's */
@@ -147,52 +152,76 @@ static void test_deepspeed_bucket_buffers(void)
         }
 }
 
-/* Stage 2 with accumulation (stage_1_and_2.py independent_gradient_partition_epilogue): the
- * first micro-step's grads_in_partition is kept as the sum, the gradient state, as large as
- * with one micro-step; each later micro-step's first reduction allocates a new
- * grads_in_partition of that size (copy_grads_in_partition), freed after its last reduction
- * once added into the sum. Nothing else, nor at stage 3 (stage3.py partition_grads adds in
- * place), under optimizer offload, or under the paper's semantics. */
+/* The index of the first op of `kind` and `sub` at micro-step `micro` (-1: any), or the
+ * number of ops when there is none. */
+static guint first_op(const ZpSchedule *s, ZpOpKind kind, int sub, int micro)
+{
+    guint i = 0;
+    while (i < s->ops->len && !(zp_sched_op(s, i)->kind == kind &&
+                                (int)zp_sched_op(s, i)->sub == sub &&
+                                (micro < 0 || zp_sched_op(s, i)->micro == micro)))
+        i++;
+    return i;
+}
+
+/* Stage 2 (stage_1_and_2.py copy_grads_in_partition, independent_gradient_partition_epilogue,
+ * step): grads_in_partition is no state held from the step's start. The step's first
+ * reduction, in micro-step 0's backward, takes it (whole tensors: more than the partition's
+ * 16-bit gradients), and it is the sum kept to the step, freed after the optimizer; so
+ * during micro-step 0's forward no gradient is live. Each later micro-step's first reduction
+ * allocates a new grads_in_partition of that size, freed after its last reduction once added
+ * into the sum. Nothing else, nor at stage 3 (stage3.py partition_grads adds in place into the
+ * partition it holds from __init__), under optimizer offload, or under the paper's
+ * semantics. */
 static void test_deepspeed_grad_copy(void)
 {
     const ZpModel m = tu_load_model("gpt2-1.5b");
-    double one_step_state = 0;
+    double one_step = 0;
     for (int accum = 1; accum <= 3; accum += 2) {
         ZpPlan p;
         zp_plan_defaults(&p, 2, 8, 1);
         p.zero.reduce_bucket_size = 3e7;
         p.grad_accum = accum;
         ZpSchedule *s = zp_sched_build(&m, &p, NULL);
-        const double state = s->state_bytes[ZP_MEM_GRADS];
-        if (accum == 1)
-            one_step_state = state;
-        g_assert_cmpfloat(state, ==, one_step_state);
-        /* whole tensors: more than the partition's 16-bit gradients */
-        g_assert_cmpfloat(state, >, (double)s->partition_elems * 2);
+        g_assert_cmpfloat(s->state_bytes[ZP_MEM_GRADS], ==, 0);
         int copy[3] = {-1, -1, -1};
-        guint last[3] = {0}, freed[3] = {0};
+        guint taken[3] = {0}, last[3] = {0}, freed[3] = {0};
+        double size = 0;
         for (guint i = 0; i < s->ops->len; i++) {
             const ZpOp *op = zp_sched_op(s, i);
             if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_GRADS) {
                 g_assert_cmpint(copy[op->micro], ==, -1);
-                g_assert_cmpfloat(op->bytes, ==, state);
+                if (op->micro == 0)
+                    size = op->bytes;
+                g_assert_cmpfloat(op->bytes, ==, size);
                 copy[op->micro] = op->buffer;
+                taken[op->micro] = i;
             }
-            if (op->kind == ZP_OP_FREE && op->sub == ZP_MEM_GRADS) {
-                g_assert_cmpint(op->buffer, ==, copy[op->micro]);
-                freed[op->micro] = i;
-            }
+            if (op->kind == ZP_OP_FREE && op->sub == ZP_MEM_GRADS)
+                freed[op->micro < 0 ? 0 : op->micro] = i;
             if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLREDUCE && op->micro >= 0) {
                 last[op->micro] = i;
                 /* the first reduction lands in the copy: allocated before it */
-                g_assert_cmpint(copy[op->micro] >= 0, ==, op->micro > 0);
+                g_assert_cmpint(copy[op->micro], >=, 0);
             }
         }
-        for (int micro = 0; micro < accum; micro++) {
-            g_assert_cmpint(copy[micro] >= 0, ==, micro > 0);
-            if (micro > 0)
-                g_assert_cmpuint(freed[micro], >, last[micro]);
-        }
+        if (accum == 1)
+            one_step = size;
+        g_assert_cmpfloat(size, ==, one_step);
+        g_assert_cmpfloat(size, >, (double)s->partition_elems * 2);
+        /* micro-step 0's: after its forward (the head), kept to after the optimizer */
+        g_assert_cmpuint(taken[0], >, first_op(s, ZP_OP_COMPUTE, ZP_COMP_HEAD, 0));
+        g_assert_cmpuint(freed[0], >, first_op(s, ZP_OP_COMPUTE, ZP_COMP_OPTIMIZER, -1));
+        for (int micro = 1; micro < accum; micro++)
+            g_assert_cmpuint(freed[micro], >, last[micro]);
+        /* nothing of it live in the op-order walk up to micro-step 0's head */
+        double live = s->state_bytes[ZP_MEM_GRADS];
+        for (guint i = 0; i < first_op(s, ZP_OP_COMPUTE, ZP_COMP_HEAD, 0); i++)
+            if (zp_sched_op(s, i)->sub == ZP_MEM_GRADS)
+                live += zp_sched_op(s, i)->kind == ZP_OP_ALLOC ? zp_sched_op(s, i)->bytes
+                        : zp_sched_op(s, i)->kind == ZP_OP_FREE ? -zp_sched_op(s, i)->bytes
+                                                                : 0;
+        g_assert_cmpfloat(live, ==, 0);
         zp_sched_free(s);
     }
     /* none at stage 3, under optimizer offload, or in the paper's schedule */
@@ -205,9 +234,94 @@ static void test_deepspeed_grad_copy(void)
             p.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
         ZpSchedule *s = zp_sched_build(&m, &p, NULL);
         g_assert_nonnull(s);
-        for (guint i = 0; i < s->ops->len; i++)
-            g_assert_false(zp_sched_op(s, i)->kind == ZP_OP_ALLOC &&
-                           zp_sched_op(s, i)->sub == ZP_MEM_GRADS);
+        g_assert_cmpuint(first_op(s, ZP_OP_ALLOC, ZP_MEM_GRADS, -1), ==, s->ops->len);
+        zp_sched_free(s);
+    }
+}
+
+/* The op-order walk's live bytes of category `cat` just before op `end`. */
+static double live_before(const ZpSchedule *s, ZpMemCategory cat, guint end)
+{
+    double live = s->state_bytes[cat];
+    for (guint i = 0; i < end; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->sub == cat && (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE))
+            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+    }
+    return live;
+}
+
+/* Stage 1 with accumulation (stage_1_and_2.py, contiguous_gradients): autograd's full
+ * gradients are taken in micro-step 0's backward, a unit's before the op producing them, and
+ * dropped as the last micro-step's reductions copy them into the ipg buffer; those copy this
+ * rank's params_in_partition out into grads_in_partition (copy_grads_in_partition), taken at
+ * the first reduction, stage 2's size, and kept through the step, where the full gradients
+ * are gone. Without
+ * contiguous_gradients the full gradients are the state, as under the paper's semantics. */
+static void test_deepspeed_stage1_grads(void)
+{
+    const ZpModel m = tu_load_model("gpt2-1.5b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 2, 8, 1);
+    p.zero.reduce_bucket_size = 3e7;
+    p.grad_accum = 3;
+    ZpSchedule *two = zp_sched_build(&m, &p, NULL);
+    const double gip = zp_sched_op(two, first_op(two, ZP_OP_ALLOC, ZP_MEM_GRADS, 0))->bytes;
+    p.zero.stage = 1;
+    ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+    const double full = (double)s->total_elems * 2, L = (double)m.layers;
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_GRADS], ==, 0);
+    /* a unit's before the op producing them: the head's (and tied wte's) at the head */
+    const guint head = first_op(s, ZP_OP_COMPUTE, ZP_COMP_HEAD, 0);
+    g_assert_cmpfloat(live_before(s, ZP_MEM_GRADS, head), ==,
+                      (double)(s->unit_elems[0] + s->unit_elems[(int)L + 1]) * 2);
+    g_assert_cmpfloat(live_before(s, ZP_MEM_GRADS, first_op(s, ZP_OP_COMPUTE, ZP_COMP_EMBED_FWD,
+                                                            1)), ==, full);
+    const guint reduced = first_op(s, ZP_OP_COLLECTIVE, ZP_COLL_ALLREDUCE, 2);
+    guint copied = reduced;
+    while (copied > 0 && !(zp_sched_op(s, copied)->kind == ZP_OP_ALLOC &&
+                           zp_sched_op(s, copied)->sub == ZP_MEM_GRADS))
+        copied--;
+    g_assert_cmpint(zp_sched_op(s, copied)->unit, ==, -1);
+    g_assert_cmpfloat(zp_sched_op(s, copied)->bytes, ==, gip);
+    g_assert_cmpfloat(live_before(s, ZP_MEM_GRADS, copied), ==, full);
+    g_assert_cmpuint(first_op(s, ZP_OP_ALLOC, ZP_MEM_GRADS, 1), ==, s->ops->len);
+    /* at the step: grads_in_partition alone */
+    const guint step = first_op(s, ZP_OP_COMPUTE, ZP_COMP_OPTIMIZER, -1);
+    g_assert_cmpfloat(live_before(s, ZP_MEM_GRADS, step), ==, gip);
+    g_assert_cmpfloat(live_before(s, ZP_MEM_GRADS, s->ops->len), ==, 0);
+    zp_sched_free(s);
+    zp_sched_free(two);
+    for (int k = 0; k < 2; k++) {
+        p.zero.contiguous_gradients = k == 1;
+        p.impl = k == 0 ? ZP_IMPL_DEEPSPEED : ZP_IMPL_PAPER;
+        s = zp_sched_build(&m, &p, NULL);
+        g_assert_cmpfloat(s->state_bytes[ZP_MEM_GRADS], ==, (double)s->padded_elems * 2);
+        g_assert_cmpuint(first_op(s, ZP_OP_ALLOC, ZP_MEM_GRADS, -1), ==, s->ops->len);
+        zp_sched_free(s);
+    }
+}
+
+/* Stage 3's ipg buffer: stage3.py __init__ allocates one bucket.buffer of reduce_bucket_size
+ * and keeps it, so the schedule takes it once, before the step's first op, and gives it back
+ * after its last, however many micro-steps reduce through it. */
+static void test_deepspeed_stage3_ipg_buffer(void)
+{
+    const ZpModel m = tu_load_model("gpt2-1.5b");
+    for (int accum = 1; accum <= 2; accum++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 3, 8, 1);
+        p.zero.reduce_bucket_size = 3e7;
+        p.grad_accum = accum;
+        ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+        const double bytes = 3e7 * 2;
+        g_assert_cmpuint(count_allocs(s, ZP_MEM_BUCKETS, -1, bytes), ==, 1);
+        const guint at = first_op(s, ZP_OP_ALLOC, ZP_MEM_BUCKETS, -1);
+        g_assert_cmpfloat(zp_sched_op(s, at)->bytes, ==, bytes);
+        g_assert_cmpuint(at, <, first_op(s, ZP_OP_COMPUTE, ZP_COMP_EMBED_FWD, 0));
+        const ZpOp *last = zp_sched_op(s, s->ops->len - 1);
+        g_assert_true(last->kind == ZP_OP_FREE && last->sub == ZP_MEM_BUCKETS &&
+                      last->buffer == zp_sched_op(s, at)->buffer);
         zp_sched_free(s);
     }
 }
@@ -1060,6 +1174,8 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-reduction-peak", test_deepspeed_reduction_peak);
     g_test_add_func("/impl/step-copies", test_step_copies);
     g_test_add_func("/impl/deepspeed-grad-copy", test_deepspeed_grad_copy);
+    g_test_add_func("/impl/deepspeed-stage3-ipg-buffer", test_deepspeed_stage3_ipg_buffer);
+    g_test_add_func("/impl/deepspeed-stage1-grads", test_deepspeed_stage1_grads);
     g_test_add_func("/impl/persistent-refresh", test_persistent_refresh);
     g_test_add_func("/impl/fsdp", test_fsdp);
     g_test_add_func("/impl/schedules-balance", test_schedules_balance);
