@@ -13,8 +13,9 @@
 # Then, for the WORST cases (3) by |error|, every op kind's predicted against measured time.
 # Usage: sh bench/validate_cpu.sh [OUTDIR]   (on a quiet machine: check `uptime` first)
 # Environment (defaults): RANKS ("1 2 4"; above the cores, ranks are oversubscribed),
-# STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), MB_REPEATS (3), STEPS (5), MODELS ("tiny:8 cpu-small:4
-# llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]), WORST (3).
+# STAGES ("0 1 2 3"), CKPT ("0 1"), REPEATS (3), MB_REPEATS (3), STEPS (5: the fewest a run takes),
+# TIMED_S (2: a run takes enough steps to time about this long), MAX_STEPS (60), MODELS ("tiny:8
+# cpu-small:4 llama-tiny:8 gpt2-124m:1:256", each name:micro-batch[:sequence length]), WORST (3).
 # Each microbenchmark also times every compute op whole in a step's sequence (real_opseq) with
 # N ranks at once: the profiles take those times first (zp_cost), the kernel sums otherwise.
 set -eu
@@ -30,6 +31,8 @@ CKPT=${CKPT:-"0 1"}
 REPEATS=${REPEATS:-3}
 MB_REPEATS=${MB_REPEATS:-3}
 STEPS=${STEPS:-5}
+TIMED_S=${TIMED_S:-2}
+MAX_STEPS=${MAX_STEPS:-60}
 MODELS=${MODELS:-"tiny:8 cpu-small:4 llama-tiny:8 gpt2-124m:1:256"}
 WORST=${WORST:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -69,6 +72,16 @@ each_case() {
     done
 }
 
+# The steps a run of case $case takes: STEPS at least, and enough that its timed steps (all but
+# the warm-up step 0) last about TIMED_S as predicted, MAX_STEPS at most. Steps 1 and 2 of a
+# cheap step still pay one-time costs (page faults, the allocator growing): tiny stepped in 33,
+# 32, 23, then 15-18 ms, so with 5 steps the mean of its 4 timed steps ran 30% above the rest.
+steps_for() {
+    jq -r .step_time_s "$out/p-$case.json" 2>/dev/null |
+        awk -v min="$STEPS" -v max="$MAX_STEPS" -v t="$TIMED_S" '{v = $1 + 0}
+            END {n = v > 0 ? int(t / v) + 2 : min; print (n < min ? min : (n > max ? max : n))}'
+}
+
 # Run $r of case ($1 model, $2 stage, $3 checkpointing) with $n ranks: the prediction before
 # its first run, the host probe before each (over the calibration's mean, to host-CASE.txt), the
 # jiffies around each (to jiffies-CASE.txt), and its row after its last.
@@ -91,7 +104,7 @@ run_case() {
     # shellcheck disable=SC2046,SC2086
     mpirun --oversubscribe -np "$n" build/zreal --model "$name" $(seq_flag "$1") \
         --stage "$2" --micro-batch "$mb" $ckflag --persistence-threshold 0 \
-        --steps "$STEPS" --out "$out/m-$case-$r.json" >/dev/null 2>&1
+        --steps "$(steps_for)" --out "$out/m-$case-$r.json" >/dev/null 2>&1
     echo "$j0 $(jiffies)" >>"$out/jiffies-$case.txt"
     [ "$r" = "$REPEATS" ] && report_case "$2" "$3"
     return 0
@@ -118,7 +131,7 @@ report_case() {
     echo "$err $case" | awk '{gsub("[-+%]", "", $1); print}' >>"$out/cases.txt"
 }
 
-echo "cores $(nproc), load at start $(load); $STEPS steps a run, median of $REPEATS runs"
+echo "cores $(nproc), load at start $(load); $STEPS to $MAX_STEPS steps a run (about ${TIMED_S} s timed), median of $REPEATS runs"
 # spread: (slowest - fastest) / median of the REPEATS runs of a case, the noise an error is read against;
 # steal: the share of the vCPUs' time the hypervisor took while its runs ran;
 # host: the mean of the probes just before each of the case's runs over the mean of those around
