@@ -431,8 +431,9 @@ static gboolean index_stage1_grads(RealEngine *e, GError **error)
         if (op->kind != ZP_OP_ALLOC || op->sub != ZP_MEM_GRADS)
             continue;
         const gboolean unit = op->unit >= 0 && op->unit < s->n_units;
-        if (e->stage != 1 || (op->unit >= 0 && (!unit || op->bytes != (double)(s->unit_elems[op->unit] * sizeof(RealBf16)))) ||
-            (op->unit < 0 && e->gip_id >= 0))
+        const gboolean unit_sized =
+            unit && op->bytes == (double)(s->unit_elems[op->unit] * sizeof(RealBf16));
+        if (e->stage != 1 || (op->unit >= 0 && !unit_sized) || (op->unit < 0 && e->gip_id >= 0))
             return fail(error, "schedule op %u: a gradient alloc other than stage 1's full "
                         "gradients of a unit and grads_in_partition", i);
         e->full_by_unit |= unit;
