@@ -86,6 +86,22 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
     return out;
 }
 
+void zp_impl_params_in_partition(const ZpSchedule *s, int rank, uint64_t *lo, uint64_t *hi)
+{
+    const uint64_t part_lo = (uint64_t)rank * s->partition_elems;
+    const uint64_t part_hi = part_lo + s->partition_elems;
+    GArray *tensors = zp_impl_tensors(s);
+    *lo = part_lo, *hi = part_hi;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (t->offset < part_hi && t->offset + t->elems > part_lo) {
+            *lo = MIN(*lo, t->offset);
+            *hi = MAX(*hi, t->offset + t->elems);
+        }
+    }
+    g_array_unref(tensors);
+}
+
 static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
 {
     GArray *items = g_array_new(FALSE, FALSE, sizeof(Item));

@@ -210,6 +210,11 @@ typedef struct {
 /* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs). */
 GArray *zp_impl_tensors(const ZpSchedule *s);
 
+/* Stages 1-2: the flat range [*lo, *hi) that DeepSpeed's grads_in_partition spans on `rank`
+ * (stage_1_and_2.py get_partition_info's params_in_partition: the whole tensors that overlap
+ * the rank's partition), widened to the partition itself (its padding included). */
+void zp_impl_params_in_partition(const ZpSchedule *s, int rank, uint64_t *lo, uint64_t *hi);
+
 /* Buckets in backward order (from the last unit down): items (whole units, or whole tensors
  * with by_tensor) grouped up to limit elements; an item larger than limit is a bucket alone
  * (bypass when bypass_large). Stage 3 counts units padded to dp, tensors unpadded (DeepSpeed's

@@ -443,17 +443,12 @@ static gboolean index_stage1_grads(RealEngine *e, GError **error)
     if (e->full_by_unit != (e->gip_id >= 0))
         return fail(error, "the schedule takes stage 1's full gradients without "
                     "grads_in_partition, or the other way round");
-    const uint64_t part_lo = (uint64_t)e->rank * s->partition_elems;
-    e->gip_lo = part_lo;
-    GArray *tensors = zp_impl_tensors(s);
-    for (guint i = 0; i < tensors->len; i++) {
-        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
-        if (t->offset < part_lo && t->offset + t->elems > part_lo)
-            e->gip_lo = t->offset;
-    }
-    g_array_unref(tensors);
-    /* the step reads the partition from it, its padding zero (get_flat_partition pads) */
-    const double need = (double)((part_lo + s->partition_elems - e->gip_lo) * sizeof(RealBf16));
+    uint64_t gip_hi;
+    zp_impl_params_in_partition(s, e->rank, &e->gip_lo, &gip_hi);
+    /* the step reads the partition from it, its padding zero (get_flat_partition pads); the
+     * reductions copy nothing past the partition's end (copy_grads_in_partition) */
+    const uint64_t part_hi = (uint64_t)(e->rank + 1) * s->partition_elems;
+    const double need = (double)((part_hi - e->gip_lo) * sizeof(RealBf16));
     if (e->gip_id >= 0 && need > gip_bytes)
         return fail(error, "rank %d: grads_in_partition needs %.0f bytes, the schedule takes "
                     "%.0f", e->rank, need, gip_bytes);

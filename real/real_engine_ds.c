@@ -312,7 +312,7 @@ static gboolean index_calls(RealDs *ds, GError **error)
 static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
-    const uint64_t P = s->partition_elems, part_lo = (uint64_t)ds->rank * P;
+    const uint64_t P = s->partition_elems;
     ds->grad_elems = (uint64_t)(s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16));
     ds->gip = -1;
     ds->grad_copy = g_new(int, (gsize)s->plan.grad_accum);
@@ -334,14 +334,7 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
         ds->grad_copy[op->micro] = op->buffer;
     }
     if (ds->stage == 2) {
-        ds->gip_lo = part_lo, ds->gip_hi = part_lo + P;
-        for (guint i = 0; i < ds->n_t; i++) {
-            const Tensor *t = &ds->t[i];
-            if (t->offset < part_lo + P && t->offset + t->elems > part_lo) {
-                ds->gip_lo = MIN(ds->gip_lo, t->offset);
-                ds->gip_hi = MAX(ds->gip_hi, t->offset + t->elems);
-            }
-        }
+        zp_impl_params_in_partition(s, ds->rank, &ds->gip_lo, &ds->gip_hi);
         if (ds->host_grads) /* offloaded: only the layout of the host's whole-tensor sums */
             return TRUE;
         if (ds->gip < 0)
