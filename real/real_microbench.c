@@ -41,20 +41,20 @@ static gboolean device_time(RealBackend *be, TimedFn fn, void *ctx, double *s, G
     return finished(be, error);
 }
 
-/* One call's time on the host clock, the slowest rank's (collectives and synchronous
- * training wait for it), the ranks lined up first. */
-static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx, double *s,
-                          GError **error)
+/* One call's time on this rank's host clock. */
+static gboolean own_host_time(RealBackend *be, TimedFn fn, void *ctx, double *s, GError **error)
 {
-    double zero = 0;
-    if (!comm->allreduce_host_f64(comm, &zero, 1, error))
-        return FALSE;
     const double t0 = zp_now_s();
     if (!fn(ctx, error) || !finished(be, error))
         return FALSE;
-    double elapsed[1] = {zp_now_s() - t0};
+    *s = zp_now_s() - t0;
+    return TRUE;
+}
+
+gboolean real_microbench_slowest_s(RealComm *comm, double own_s, double *s, GError **error)
+{
     double *all = g_new0(double, comm->size);
-    gboolean ok = comm->gather_host_f64(comm, elapsed, 1, all, error);
+    gboolean ok = comm->gather_host_f64(comm, &own_s, 1, all, error);
     *s = 0;
     for (int r = 0; ok && r < comm->size; r++)
         *s = MAX(*s, all[r]);
@@ -62,10 +62,32 @@ static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx
     return ok;
 }
 
+gboolean real_microbench_line_up(RealComm *comm, GError **error)
+{
+    double zero = 0;
+    return comm->allreduce_host_f64(comm, &zero, 1, error);
+}
+
+/* One call's time on the host clock, the slowest rank's (collectives and synchronous
+ * training wait for it), the ranks lined up first. */
+static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx, double *s,
+                          GError **error)
+{
+    double own_s;
+    return real_microbench_line_up(comm, error) && own_host_time(be, fn, ctx, &own_s, error) &&
+           real_microbench_slowest_s(comm, own_s, s, error);
+}
+
 gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
                                 double *s, GError **error)
 {
     return be->mark ? device_time(be, fn, ctx, s, error) : host_time(be, comm, fn, ctx, s, error);
+}
+
+gboolean real_microbench_own_s(RealBackend *be, RealTimedFn fn, void *ctx, double *s,
+                               GError **error)
+{
+    return be->mark ? device_time(be, fn, ctx, s, error) : own_host_time(be, fn, ctx, s, error);
 }
 
 gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,

@@ -109,35 +109,41 @@ static gboolean run_optimizer(void *p, GError **error)
     return TRUE;
 }
 
-/* One op, its time appended to `times` (NULL: untimed). */
-static gboolean op(Seq *q, RealComm *comm, RealTimedFn fn, GArray *times, GError **error)
+/* One op, its time on this rank appended to `times` (NULL: untimed). */
+static gboolean op(Seq *q, RealTimedFn fn, GArray *times, GError **error)
 {
     double t;
-    if (!real_microbench_once_s(q->be, comm, fn, q, &t, error))
+    if (!real_microbench_own_s(q->be, fn, q, &t, error))
         return FALSE;
     if (times)
         g_array_append_val(times, t);
     return TRUE;
 }
 
-/* The compute of one step, in the engine's order, and its optimizer; timed when `record`. */
+/* The compute of one step, in the engine's order, and its optimizer; timed when `record`.
+ * The ranks are lined up once, before the step, not before each op: each then runs its ops
+ * one after another while the others run theirs, as in training. Lined up before every op,
+ * ranks that outnumber the cores take turns through a short op (one time slice each), and
+ * each would time it as if alone (tiny's 2-3 ms blocks with 4 ranks on 2 cores: 1.05-1.20x
+ * their time alone, where training took 1.9-2.0x). */
 static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean record,
                      GError **error)
 {
     const int L = q->dims.layers;
     GArray *untimed[ZP_COMP_N] = {NULL}, **t = record ? q->times[checkpoint] : untimed;
-    gboolean ok = op(q, comm, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
+    gboolean ok = real_microbench_line_up(comm, error) &&
+                  op(q, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
     q->save = !checkpoint;
     for (q->layer = 0; ok && q->layer < L; q->layer++)
-        ok = op(q, comm, run_block_fwd, t[ZP_COMP_BLOCK_FWD], error);
-    ok = ok && op(q, comm, run_head, t[ZP_COMP_HEAD], error);
+        ok = op(q, run_block_fwd, t[ZP_COMP_BLOCK_FWD], error);
+    ok = ok && op(q, run_head, t[ZP_COMP_HEAD], error);
     for (q->layer = L - 1; ok && q->layer >= 0; q->layer--)
-        ok = (!checkpoint || op(q, comm, run_recompute, t[ZP_COMP_RECOMPUTE], error)) &&
-             op(q, comm, run_block_bwd, t[ZP_COMP_BLOCK_BWD], error);
-    ok = ok && op(q, comm, run_embed_bwd, t[ZP_COMP_EMBED_BWD], error);
+        ok = (!checkpoint || op(q, run_recompute, t[ZP_COMP_RECOMPUTE], error)) &&
+             op(q, run_block_bwd, t[ZP_COMP_BLOCK_BWD], error);
+    ok = ok && op(q, run_embed_bwd, t[ZP_COMP_EMBED_BWD], error);
     q->part = q->turn % q->n_parts;
     q->turn += record;
-    return ok && op(q, comm, run_optimizer, record ? q->part_times[q->part] : NULL, error);
+    return ok && op(q, run_optimizer, record ? q->part_times[q->part] : NULL, error);
 }
 
 static int compare_doubles(const void *a, const void *b)
@@ -146,19 +152,27 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* {op, shape, calls, time_s: the median} of the samples `t`, which are cleared. */
-static json_t *row(ZpComputeKind kind, const char *shape, GArray *t)
+/* {op, shape, calls, time_s} of this rank's samples `t`, which are cleared: time_s is the
+ * slowest rank's median (on rank 0, which writes; the step waits for the slowest). NULL, with
+ * *error set, when the ranks' figures could not be gathered. */
+static json_t *row(RealComm *comm, ZpComputeKind kind, const char *shape, GArray *t,
+                   GError **error)
 {
     qsort(t->data, t->len, sizeof(double), compare_doubles);
-    json_t *r = json_pack("{s:s, s:s, s:i, s:f}", "op", zp_sched_compute_name(kind), "shape",
-                          shape, "calls", (int)t->len, "time_s",
-                          g_array_index(t, double, t->len / 2));
+    double s;
+    const gboolean ok =
+        real_microbench_slowest_s(comm, g_array_index(t, double, t->len / 2), &s, error);
+    json_t *r = ok ? json_pack("{s:s, s:s, s:i, s:f}", "op", zp_sched_compute_name(kind),
+                               "shape", shape, "calls", (int)t->len, "time_s", s)
+                   : NULL;
     g_array_set_size(t, 0);
     return r;
 }
 
-/* A row per compute op kind timed in this mode (plan->checkpoint), with the mode. */
-static void rows(Seq *q, const ZpModel *model, const ZpPlan *plan, json_t *out)
+/* A row per compute op kind timed in this mode (plan->checkpoint), with the mode. Every rank
+ * calls it: each kind has as many samples on every rank. */
+static gboolean rows(Seq *q, RealComm *comm, const ZpModel *model, const ZpPlan *plan,
+                     json_t *out, GError **error)
 {
     GArray **times = q->times[plan->checkpoint ? 1 : 0];
     for (int k = 0; k < ZP_COMP_N; k++) {
@@ -166,20 +180,27 @@ static void rows(Seq *q, const ZpModel *model, const ZpPlan *plan, json_t *out)
             continue;
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
-        json_t *r = row((ZpComputeKind)k, shape, times[k]);
+        json_t *r = row(comm, (ZpComputeKind)k, shape, times[k], error);
+        if (!r)
+            return FALSE;
         json_object_set_new(r, "checkpoint", json_boolean(plan->checkpoint));
         json_array_append_new(out, r);
     }
+    return TRUE;
 }
 
-/* A row per optimizer partition, over both modes' steps. */
-static void optimizer_rows(Seq *q, json_t *out)
+/* A row per optimizer partition, over both modes' steps (every rank calls it). */
+static gboolean optimizer_rows(Seq *q, RealComm *comm, json_t *out, GError **error)
 {
     for (int i = 0; i < q->n_parts; i++) {
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_optimizer_shape((double)q->part_elems[i], shape);
-        json_array_append_new(out, row(ZP_COMP_OPTIMIZER, shape, q->part_times[i]));
+        json_t *r = row(comm, ZP_COMP_OPTIMIZER, shape, q->part_times[i], error);
+        if (!r)
+            return FALSE;
+        json_array_append_new(out, r);
     }
+    return TRUE;
 }
 
 /* The distinct optimizer partitions of stages 0-3 with plan->dp ranks, this rank's (`rank`)
@@ -318,10 +339,9 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     for (int checkpoint = 0; ok && checkpoint < MODES; checkpoint++) {
         ZpPlan mode = *plan;
         mode.checkpoint = checkpoint;
-        rows(&q, model, &mode, out);
+        ok = rows(&q, comm, model, &mode, out, error);
     }
-    if (ok)
-        optimizer_rows(&q, out);
+    ok = ok && optimizer_rows(&q, comm, out, error);
     release(&q);
     if (!ok) {
         json_decref(out);
