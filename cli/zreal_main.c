@@ -67,6 +67,7 @@ enum {
     F_DEVICE, /* 1 when the device_memory fields follow */
     F_DEV_TOTAL, F_DEV_USED, F_DEV_CONTEXT, F_DEV_NCCL, F_DEV_POOL, F_DEV_POOL_PEAK,
     F_CA_ALLOCATED, F_CA_RESERVED, F_CA_LARGEST_FREE, /* the tracker's caching-allocator replay */
+    F_HEAP_HELD, /* what the process's malloc holds after the steps */
     F_CKPT_HOST, F_CKPT_HOST_PEAK, F_CKPT_DOWN, F_CKPT_UP, /* cpu_checkpointing's host tier */
     F_PIPE, /* 1 when the pipeline fields follow */
     F_STAGE, F_P2P, F_RECV_S, F_SEND_S,
@@ -237,6 +238,7 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealComm *dp,
     v[F_CA_ALLOCATED] = ca.peak_allocated_bytes;
     v[F_CA_RESERVED] = ca.peak_reserved_bytes;
     v[F_CA_LARGEST_FREE] = ca.largest_free_at_peak_bytes;
+    v[F_HEAP_HELD] = (double)real_alloc_heap_held_bytes();
     RealAllocStats host;
     if (real_engine_offload_stats(engine, &host, v + F_MOVED, v + F_DIRECT)) {
         v[F_OFFLOAD] = 1;
@@ -308,6 +310,9 @@ static json_t *rank_json(int rank, const double *v, int steps)
                         json_pack("{s:f, s:f, s:f}", "peak_allocated_bytes", v[F_CA_ALLOCATED],
                                   "peak_reserved_bytes", v[F_CA_RESERVED],
                                   "largest_free_at_peak_bytes", v[F_CA_LARGEST_FREE]));
+    /* The host heap that kept the freed blocks (real_alloc keep_freed_blocks): on the CPU
+     * backend the held counterpart of the tracked peak, with the process's other mallocs. */
+    json_object_set_new(out, "host_heap_held_bytes", json_real(v[F_HEAP_HELD]));
     if (v[F_OFFLOAD] > 0) { /* the host tier and what crossed between the tiers per step */
         json_t *moved = json_object();
         for (int k = 0; k < ZP_XFER_N; k++)

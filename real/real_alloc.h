@@ -42,7 +42,9 @@ typedef struct RealAlloc RealAlloc;
  * `cat` is out of range. */
 const char *real_alloc_category_name(RealMemCategory cat);
 
-/* A new tracker with all counters zero; free it with real_alloc_free_tracker(). */
+/* A new tracker with all counters zero; free it with real_alloc_free_tracker(). The first
+ * call tells the process's malloc to keep freed blocks for reuse, as a caching allocator
+ * does, rather than return them to the system (real_alloc.c keep_freed_blocks). */
 RealAlloc *real_alloc_new(void);
 
 /* Frees the tracker itself; buffers still live are not freed (they stay usable until
@@ -67,6 +69,11 @@ bool real_alloc_track(RealAlloc *tracker, const void *ptr, size_t bytes, RealMem
 /* Uncounts a buffer counted by real_alloc_track (the caller frees the memory itself).
  * Returns false, changing nothing, for NULL and for pointers the tracker does not know. */
 bool real_alloc_untrack(RealAlloc *tracker, const void *ptr);
+
+/* What the process's malloc holds from the system now (mallinfo2: its heaps and mapped
+ * blocks), every allocation of the process, tracked or not. With freed blocks kept, this is
+ * about the most it has held. */
+uint64_t real_alloc_heap_held_bytes(void);
 
 /* Copies the current counters into `out`. */
 void real_alloc_stats(const RealAlloc *tracker, RealAllocStats *out);

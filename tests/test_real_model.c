@@ -1251,6 +1251,27 @@ static void test_training_loss_falls(void)
 
 /* ---- (e) memory accounting ---- */
 
+/* Freed blocks are kept for the next step, as a caching allocator keeps them (real_alloc.c
+ * keep_freed_blocks): a 64 MiB buffer, over glibc's largest default mmap threshold, which
+ * glibc would otherwise unmap on its release, stays held. */
+static void test_alloc_keeps_freed_blocks(void)
+{
+#ifdef __SANITIZE_ADDRESS__
+    g_test_skip("ASan's allocator stands in for glibc's malloc, whose heap this measures");
+#else
+    RealAlloc *t = real_alloc_new();
+    const size_t bytes = (size_t)64 << 20;
+    void *a = real_alloc_take(t, bytes, REAL_MEM_WORKSPACE);
+    g_assert_nonnull(a);
+    memset(a, 1, bytes);
+    const uint64_t held = real_alloc_heap_held_bytes();
+    g_assert_cmpuint(held, >=, bytes);
+    real_alloc_release(t, a);
+    g_assert_cmpuint(real_alloc_heap_held_bytes(), >=, held);
+    real_alloc_free_tracker(t);
+#endif
+}
+
 static void test_alloc_tracker(void)
 {
     RealAlloc *t = real_alloc_new();
@@ -1879,6 +1900,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/kernel/gemm_panels", test_kernel_gemm_panels);
     g_test_add_func("/real/kernel/adam", test_kernel_adam);
     g_test_add_func("/real/alloc/tracker", test_alloc_tracker);
+    g_test_add_func("/real/alloc/keeps_freed_blocks", test_alloc_keeps_freed_blocks);
     g_test_add_func("/real/alloc/track_external", test_alloc_track_external);
     g_test_add_func("/real/gpt/layout_matches_planner", test_layout_matches_planner);
     g_test_add_func("/real/gpt/init", test_init_deterministic);
