@@ -20,9 +20,11 @@
  * element count of one ZeRO stage on plan->dp ranks (zp_sched_optimizer_elems: stage 0's
  * every parameter, stages 1-2's and stage 3's shares), the distinct counts in turn, one a
  * timed step. It does so without and with checkpointing: a warm-up step of each, then timed
- * steps of the two in turn, 3 each or as many more (up to 15) as fit about 6 s. Adds to `root` (a json_t object) "op_sequence": [{op, shape
- * (zp_cost_op_shape), checkpoint, calls, time_s}]: for each op kind and mode, the median over
- * its calls of the slowest rank's time; and per optimizer element count {op "optimizer",
+ * steps of the two in turn, 3 each or as many more (up to 15) as fit about 6 s. The ranks
+ * line up before each step, not before each op, and each times its own ops. Adds to `root` (a
+ * json_t object) "op_sequence": [{op, shape (zp_cost_op_shape), checkpoint, calls, time_s}]:
+ * for each op kind and mode, the slowest rank's median over its calls; and per optimizer
+ * element count {op "optimizer",
  * shape (zp_cost_optimizer_shape), calls, time_s} over both modes' timed steps.
  * Adds nothing (returns TRUE) when plan->mp > 1: zreal runs no tensor-parallel shapes. */
 gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
