@@ -51,7 +51,8 @@ static gboolean own_host_time(RealBackend *be, TimedFn fn, void *ctx, double *s,
     return TRUE;
 }
 
-gboolean real_microbench_slowest_s(RealComm *comm, double own_s, double *s, GError **error)
+/* The largest of the ranks' `own_s` (every rank calls it), in *s on rank 0 (0 elsewhere). */
+static gboolean slowest_s(RealComm *comm, double own_s, double *s, GError **error)
 {
     double *all = g_new0(double, comm->size);
     gboolean ok = comm->gather_host_f64(comm, &own_s, 1, all, error);
@@ -75,7 +76,7 @@ static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx
 {
     double own_s;
     return real_microbench_line_up(comm, error) && own_host_time(be, fn, ctx, &own_s, error) &&
-           real_microbench_slowest_s(comm, own_s, s, error);
+           slowest_s(comm, own_s, s, error);
 }
 
 gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,

@@ -47,16 +47,12 @@ gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn,
 /* One call's time on this rank alone, with no line-up: on the device clock on a device
  * backend, on this rank's host clock otherwise. For a sequence of calls that every rank makes
  * without a pause, lined up once before it (real_microbench_line_up), so that each call runs
- * while the other ranks run theirs, as in training; real_microbench_slowest_s then gives the
- * slowest rank's figure of a statistic of them. */
+ * while the other ranks run theirs, as in training. */
 gboolean real_microbench_own_s(RealBackend *be, RealTimedFn fn, void *ctx, double *s,
                                GError **error);
 
 /* Waits until every rank of `comm` has called it. */
 gboolean real_microbench_line_up(RealComm *comm, GError **error);
-
-/* The largest of the ranks' `own_s` (every rank calls it), in *s on rank 0 (0 elsewhere). */
-gboolean real_microbench_slowest_s(RealComm *comm, double own_s, double *s, GError **error);
 
 /* The median of `repeats` (1 to 7) calls after one warm-up call (page faults, library
  * start-up): each on the device clock on a device backend, on the host each the slowest

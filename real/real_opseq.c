@@ -20,6 +20,7 @@
 #define MIN_TIMED_STEPS 3
 #define MAX_TIMED_STEPS 15
 #define TIMED_BUDGET_S 6.0
+#define LINE_UPS 100 /* back to back, for one line-up's own time */
 
 typedef struct {
     RealBackend *be;
@@ -48,6 +49,11 @@ typedef struct {
     int layer;
     gboolean save;
     GArray *times[MODES][ZP_COMP_N]; /* double: every timed call of each kind, per mode */
+    double timed_sum_s; /* the sum of every timed call's time, optimizer included */
+    double cycle_s, line_up_s; /* the timed steps' cycle and one line-up's own time */
+    /* Each timed call's time is this many times its own: its share of the cycle the ranks
+     * went through together (real_opseq_run's cycle_factor). */
+    double cycle_factor;
 } Seq;
 
 static gboolean run_embed_fwd(void *p, GError **error)
@@ -109,14 +115,16 @@ static gboolean run_optimizer(void *p, GError **error)
     return TRUE;
 }
 
-/* One op, its time on this rank appended to `times` (NULL: untimed). */
+/* One op, its time on this rank appended to `times` (NULL: untimed) and summed. */
 static gboolean op(Seq *q, RealTimedFn fn, GArray *times, GError **error)
 {
     double t;
     if (!real_microbench_own_s(q->be, fn, q, &t, error))
         return FALSE;
-    if (times)
+    if (times) {
         g_array_append_val(times, t);
+        q->timed_sum_s += t;
+    }
     return TRUE;
 }
 
@@ -146,22 +154,31 @@ static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean recor
     return ok && op(q, run_optimizer, record ? q->part_times[q->part] : NULL, error);
 }
 
-static int compare_doubles(const void *a, const void *b)
+/* The mean of `t`'s samples. Not their median: where ranks outnumber the cores, an op shorter
+ * than a time slice mostly runs whole inside one slice and only some calls wait out the other
+ * ranks' slices, so the median call was the op alone (tiny's 1.1-ms blocks with 4 ranks on 2
+ * cores: 1.12 and 1.14 ms, where training spent 1.37 and 2.33 ms a call on them). The mean
+ * counts every slice the rank waited for inside its calls. */
+static double mean_s(const GArray *t)
 {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    double sum = 0;
+    for (guint i = 0; i < t->len; i++)
+        sum += g_array_index(t, double, i);
+    return t->len > 0 ? sum / t->len : 0;
 }
 
 /* {op, shape, calls, time_s} of this rank's samples `t`, which are cleared: time_s is the
- * slowest rank's median (on rank 0, which writes; the step waits for the slowest). NULL, with
- * *error set, when the ranks' figures could not be gathered. */
-static json_t *row(RealComm *comm, ZpComputeKind kind, const char *shape, GArray *t,
-                   GError **error)
+ * ranks' mean of their calls' mean share of the cycle (the mean times q->cycle_factor; on
+ * rank 0, which writes). Not the slowest rank's: every rank's shares sum to the same cycle,
+ * which already waited for the slowest at each line-up, and the slowest of each op summed
+ * over the ops would exceed it. NULL, with *error set, when the ranks' figures could not be
+ * gathered. */
+static json_t *row(const Seq *q, RealComm *comm, ZpComputeKind kind, const char *shape,
+                   GArray *t, GError **error)
 {
-    qsort(t->data, t->len, sizeof(double), compare_doubles);
-    double s;
-    const gboolean ok =
-        real_microbench_slowest_s(comm, g_array_index(t, double, t->len / 2), &s, error);
+    double s = mean_s(t) * q->cycle_factor;
+    const gboolean ok = comm->allreduce_host_f64(comm, &s, 1, error);
+    s /= comm->size;
     json_t *r = ok ? json_pack("{s:s, s:s, s:i, s:f}", "op", zp_sched_compute_name(kind),
                                "shape", shape, "calls", (int)t->len, "time_s", s)
                    : NULL;
@@ -180,7 +197,7 @@ static gboolean rows(Seq *q, RealComm *comm, const ZpModel *model, const ZpPlan 
             continue;
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
-        json_t *r = row(comm, (ZpComputeKind)k, shape, times[k], error);
+        json_t *r = row(q, comm, (ZpComputeKind)k, shape, times[k], error);
         if (!r)
             return FALSE;
         json_object_set_new(r, "checkpoint", json_boolean(plan->checkpoint));
@@ -195,7 +212,7 @@ static gboolean optimizer_rows(Seq *q, RealComm *comm, json_t *out, GError **err
     for (int i = 0; i < q->n_parts; i++) {
         char shape[ZP_OPTABLE_SHAPE_LEN];
         zp_cost_optimizer_shape((double)q->part_elems[i], shape);
-        json_t *r = row(comm, ZP_COMP_OPTIMIZER, shape, q->part_times[i], error);
+        json_t *r = row(q, comm, ZP_COMP_OPTIMIZER, shape, q->part_times[i], error);
         if (!r)
             return FALSE;
         json_array_append_new(out, r);
@@ -314,6 +331,62 @@ static gboolean timed_steps(Seq *q, RealComm *comm, int *timed, GError **error)
     return TRUE;
 }
 
+/* Seconds of one line-up alone: the mean of LINE_UPS back to back, the ranks' mean. */
+static gboolean time_line_up(RealComm *comm, double *s, GError **error)
+{
+    gboolean ok = real_microbench_line_up(comm, error);
+    const double t0 = zp_now_s();
+    for (int i = 0; ok && i < LINE_UPS; i++)
+        ok = real_microbench_line_up(comm, error);
+    double own_s = (zp_now_s() - t0) / LINE_UPS;
+    if (!ok || !comm->allreduce_host_f64(comm, &own_s, 1, error))
+        return FALSE;
+    *s = own_s / comm->size;
+    return TRUE;
+}
+
+/* The `steps` timed steps (modes in turn), each lined up at its start, and one line-up after
+ * the last, as one cycle, from which q->cycle_factor: on the host, the cycle's time less its
+ * line-ups' own (line_up_s each) over the sum of the rank's timed calls (1 at least); on a
+ * device, whose calls are timed on its clock, 1.
+ * Ranks that outnumber the cores take turns on them, and a rank that the others' time slices
+ * hold back also waits for the core inside a line-up, which its calls do not time (with 4
+ * ranks on 2 cores tiny's calls summed to 55-82% of the cycle on its ranks, cpu-small's to
+ * 97-98%). A step's
+ * compute takes the whole cycle but the collective's own cost, as in training, where that wait
+ * fell in the gradient collective: each call's share of it is its share of the calls' sum. */
+static gboolean timed_cycle(Seq *q, RealComm *comm, int steps, GError **error)
+{
+    gboolean ok = real_microbench_line_up(comm, error);
+    const double t0 = zp_now_s();
+    for (int s = 0; ok && s < steps; s++)
+        ok = step(q, comm, s % MODES, TRUE, error);
+    ok = ok && real_microbench_line_up(comm, error);
+    q->cycle_s = zp_now_s() - t0;
+    if (!ok || !time_line_up(comm, &q->line_up_s, error))
+        return FALSE;
+    const double calls_s = q->cycle_s - (steps + 1) * q->line_up_s;
+    q->cycle_factor =
+        q->be->mark || q->timed_sum_s <= 0 ? 1.0 : MAX(1.0, calls_s / q->timed_sum_s);
+    return TRUE;
+}
+
+/* "op_sequence_cycle": {ranks, steps, cycle_s, line_up_s, calls_s, cycle_factor} into `root`,
+ * the last two the ranks' means (every rank calls it). */
+static gboolean cycle_json(const Seq *q, RealComm *comm, int steps, json_t *root,
+                           GError **error)
+{
+    double mean[2] = {q->timed_sum_s, q->cycle_factor};
+    if (!comm->allreduce_host_f64(comm, mean, 2, error))
+        return FALSE;
+    json_object_set_new(root, "op_sequence_cycle",
+                        json_pack("{s:i, s:i, s:f, s:f, s:f, s:f}", "ranks", comm->size, "steps",
+                                  steps, "cycle_s", q->cycle_s, "line_up_s", q->line_up_s,
+                                  "calls_s", mean[0] / comm->size, "cycle_factor",
+                                  mean[1] / comm->size));
+    return TRUE;
+}
+
 gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
                         const ZpPlan *plan, void *root, GError **error)
 {
@@ -333,15 +406,15 @@ gboolean real_opseq_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     int timed = 0;
     ok = ok && timed_steps(&q, comm, &timed, error);
     /* The modes take turns, so that a slow spell of the host falls on both alike. */
-    for (int s = 0; ok && s < timed * MODES; s++)
-        ok = step(&q, comm, s % MODES, TRUE, error);
+    ok = ok && timed_cycle(&q, comm, timed * MODES, error);
     json_t *out = json_array();
     for (int checkpoint = 0; ok && checkpoint < MODES; checkpoint++) {
         ZpPlan mode = *plan;
         mode.checkpoint = checkpoint;
         ok = rows(&q, comm, model, &mode, out, error);
     }
-    ok = ok && optimizer_rows(&q, comm, out, error);
+    ok = ok && optimizer_rows(&q, comm, out, error) &&
+         cycle_json(&q, comm, timed * MODES, root, error);
     release(&q);
     if (!ok) {
         json_decref(out);

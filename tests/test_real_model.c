@@ -1813,6 +1813,32 @@ static void check_optimizer_rows(json_t *rows, const ZpModel *m, const ZpPlan *p
     g_assert_cmpint(calls, ==, 2 * opseq_timed_steps(rows));
 }
 
+/* The op sequence's cycle: its timed steps on `ranks` ranks, a factor of 1 at least, and rows
+ * that share out the cycle: each row's time is its calls' mean times the factor, so the rows'
+ * times by their calls sum to the calls' time times the factor (a median, or any figure but
+ * the mean, would not). */
+static void check_cycle(json_t *root, json_t *rows, int ranks, int steps)
+{
+    json_t *c = json_object_get(root, "op_sequence_cycle");
+    g_assert_nonnull(c);
+    g_assert_cmpint(json_integer_value(json_object_get(c, "ranks")), ==, ranks);
+    g_assert_cmpint(json_integer_value(json_object_get(c, "steps")), ==, steps);
+    const double cycle_s = json_number_value(json_object_get(c, "cycle_s")),
+                 calls_s = json_number_value(json_object_get(c, "calls_s")),
+                 factor = json_number_value(json_object_get(c, "cycle_factor"));
+    g_assert_cmpfloat(calls_s, >, 0);
+    g_assert_cmpfloat(cycle_s, >=, calls_s);
+    g_assert_cmpfloat(json_number_value(json_object_get(c, "line_up_s")), >=, 0);
+    g_assert_cmpfloat(factor, >=, 1);
+    double shared_s = 0;
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row)
+        shared_s += json_number_value(json_object_get(row, "time_s")) *
+                    (double)json_integer_value(json_object_get(row, "calls"));
+    g_assert_cmpfloat(fabs(shared_s - calls_s * factor), <=, 1e-9 * shared_s);
+}
+
 /* The op sequence times every compute op of tiny's steps as real_gpt runs them: one row per op
  * and mode, as many calls as its timed steps make (the same number in both modes), keyed by
  * zp_cost's shape of that mode, and the
@@ -1858,6 +1884,7 @@ static void test_opseq_rows(void)
         g_assert_cmpfloat(json_number_value(json_object_get(row, "time_s")), >, 0);
         g_assert_true(kind != ZP_COMP_RECOMPUTE || mode.checkpoint);
     }
+    check_cycle(root, rows, 1, 2 * timed);
     RealAllocStats st;
     real_alloc_stats(be->tracker, &st);
     /* The backend's own GEMM and attention staging stays (grown, never shrunk). */
@@ -1875,6 +1902,8 @@ static void test_opseq_rows(void)
     s1.zero.stage = 1, s3.zero.stage = 3;
     const gboolean apart = zp_sched_optimizer_elems(&m, &s1) != zp_sched_optimizer_elems(&m, &s3);
     check_optimizer_rows(json_object_get(root, "op_sequence"), &m, &p, 2, apart ? 3 : 2);
+    check_cycle(root, json_object_get(root, "op_sequence"), 2,
+                2 * opseq_timed_steps(json_object_get(root, "op_sequence")));
     json_decref(root);
     two->destroy(two);
     real_alloc_stats(be->tracker, &st);
