@@ -25,7 +25,13 @@ struct RealAlloc {
     RealAllocStats stats;
     GHashTable *external; /* tracked pointer -> RealAllocHeader (g_new) */
     ZpAllocReplay *replay; /* the same sequence through the caching-allocator model */
+    /* Freed large blocks kept for the next take of exactly their size (real_alloc_take):
+     * block bytes (GSIZE_TO_POINTER) -> GSList of blocks. */
+    GHashTable *kept;
 };
+
+/* Blocks of at least this many bytes are kept for their size when released. */
+#define REAL_ALLOC_KEEP_BYTES ((size_t)4 << 20)
 
 static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
     [REAL_MEM_PARAMS] = "params",
@@ -81,7 +87,14 @@ RealAlloc *real_alloc_new(void)
     RealAlloc *tracker = g_new0(RealAlloc, 1);
     tracker->external = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
     tracker->replay = zp_alloc_replay_new(0);
+    tracker->kept = g_hash_table_new(g_direct_hash, g_direct_equal);
     return tracker;
+}
+
+static void free_kept(gpointer size, gpointer blocks, gpointer unused)
+{
+    (void)size, (void)unused;
+    g_slist_free_full(blocks, free);
 }
 
 void real_alloc_free_tracker(RealAlloc *tracker)
@@ -89,6 +102,8 @@ void real_alloc_free_tracker(RealAlloc *tracker)
     if (!tracker)
         return;
     g_hash_table_destroy(tracker->external);
+    g_hash_table_foreach(tracker->kept, free_kept, NULL);
+    g_hash_table_destroy(tracker->kept);
     zp_alloc_replay_free_all(tracker->replay);
     g_free(tracker);
 }
@@ -118,16 +133,63 @@ static void real_alloc_uncount(RealAlloc *tracker, RealMemCategory cat, size_t b
     s->live_allocs--;
 }
 
+/* A block's bytes: the header's unit and `bytes`, rounded up to the alignment (aligned_alloc
+ * wants a multiple of it). `bytes` at most SIZE_MAX - 2 REAL_ALLOC_ALIGN_BYTES. */
+static size_t block_bytes(size_t bytes)
+{
+    const size_t total = REAL_ALLOC_ALIGN_BYTES + bytes;
+    return (total + REAL_ALLOC_ALIGN_BYTES - 1) / REAL_ALLOC_ALIGN_BYTES * REAL_ALLOC_ALIGN_BYTES;
+}
+
+/* Keeps a released block of REAL_ALLOC_KEEP_BYTES or more for the next take of its size, as
+ * PyTorch's caching allocator keeps its large blocks; FALSE (the caller frees it) for a smaller
+ * one, or under ASan, whose allocator must see every free to find a use after it. glibc's
+ * heap alone, kept whole (keep_freed_blocks), fragmented under stage 3's changing sizes: with
+ * gpt2-124m at N = 1 it grew by about 80 MB a step (a tied embedding's 77 MB block no longer
+ * fit the space its last copy left, which smaller blocks had split), 20,000 pages touched
+ * for the first time every step. A training step takes the same sizes every step, so kept
+ * blocks of each size are reused, and none is split. */
+static gboolean keep(RealAlloc *tracker, unsigned char *block, size_t total)
+{
+#ifdef __SANITIZE_ADDRESS__
+    (void)tracker, (void)block, (void)total;
+    return FALSE;
+#else
+    if (total < REAL_ALLOC_KEEP_BYTES)
+        return FALSE;
+    GSList *blocks = g_hash_table_lookup(tracker->kept, GSIZE_TO_POINTER(total));
+    g_hash_table_insert(tracker->kept, GSIZE_TO_POINTER(total), g_slist_prepend(blocks, block));
+    return TRUE;
+#endif
+}
+
+/* A kept block of exactly `total` bytes, or NULL when none is kept. */
+static unsigned char *take_kept(RealAlloc *tracker, size_t total)
+{
+    GSList *blocks = total >= REAL_ALLOC_KEEP_BYTES
+                         ? g_hash_table_lookup(tracker->kept, GSIZE_TO_POINTER(total))
+                         : NULL;
+    if (!blocks)
+        return NULL;
+    unsigned char *block = blocks->data;
+    GSList *rest = g_slist_delete_link(blocks, blocks);
+    if (rest)
+        g_hash_table_insert(tracker->kept, GSIZE_TO_POINTER(total), rest);
+    else
+        g_hash_table_remove(tracker->kept, GSIZE_TO_POINTER(total));
+    return block;
+}
+
 void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat)
 {
     if ((int)cat < 0 || cat >= REAL_MEM_N_CATEGORIES)
         return NULL;
     if (bytes > SIZE_MAX - 2 * REAL_ALLOC_ALIGN_BYTES)
         return NULL;
-    /* aligned_alloc wants a size that is a multiple of the alignment. */
-    size_t total = REAL_ALLOC_ALIGN_BYTES + bytes;
-    total = (total + REAL_ALLOC_ALIGN_BYTES - 1) / REAL_ALLOC_ALIGN_BYTES * REAL_ALLOC_ALIGN_BYTES;
-    unsigned char *block = aligned_alloc(REAL_ALLOC_ALIGN_BYTES, total);
+    const size_t total = block_bytes(bytes);
+    unsigned char *block = take_kept(tracker, total);
+    if (!block)
+        block = aligned_alloc(REAL_ALLOC_ALIGN_BYTES, total);
     if (!block)
         return NULL;
     RealAllocHeader header = {.bytes = bytes, .cat = cat};
@@ -148,7 +210,8 @@ void real_alloc_release(RealAlloc *tracker, void *ptr)
     memcpy(&header, block, sizeof header);
     real_alloc_uncount(tracker, header.cat, header.bytes);
     zp_alloc_replay_release(tracker->replay, (uintptr_t)ptr);
-    free(block);
+    if (!keep(tracker, block, block_bytes(header.bytes)))
+        free(block);
 }
 
 bool real_alloc_track(RealAlloc *tracker, const void *ptr, size_t bytes, RealMemCategory cat)

@@ -47,17 +47,21 @@ const char *real_alloc_category_name(RealMemCategory cat);
  * does, rather than return them to the system (real_alloc.c keep_freed_blocks). */
 RealAlloc *real_alloc_new(void);
 
-/* Frees the tracker itself; buffers still live are not freed (they stay usable until
- * real_alloc_release, which must not be called after this). NULL is ignored. */
+/* Frees the tracker itself and the released blocks it kept; buffers still live are not freed
+ * (they stay usable until real_alloc_release, which must not be called after this). NULL is
+ * ignored. */
 void real_alloc_free_tracker(RealAlloc *tracker);
 
-/* Allocates `bytes` (0 allowed) aligned to 64 bytes and counts them under `cat`.
+/* Allocates `bytes` (0 allowed) aligned to 64 bytes and counts them under `cat`: a block of
+ * 4 MiB or more that a release kept at exactly this size when there is one, else malloc's.
  * Returns NULL, counting nothing, when memory is exhausted or `cat` is out of range.
  * The contents are uninitialised. */
 void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat);
 
-/* Releases a buffer from real_alloc_take of the same tracker and uncounts it. NULL is
- * ignored. */
+/* Releases a buffer from real_alloc_take of the same tracker and uncounts it. A block of 4 MiB
+ * or more is kept for the next take of its size, as a caching allocator keeps its large blocks
+ * (freed at once under ASan, which must see every free); a smaller one goes back to malloc.
+ * NULL is ignored. */
 void real_alloc_release(RealAlloc *tracker, void *ptr);
 
 /* Counts a buffer another allocator made (device memory from a GPU backend) under `cat`,

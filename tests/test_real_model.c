@@ -1272,6 +1272,42 @@ static void test_alloc_keeps_freed_blocks(void)
 #endif
 }
 
+/* A released block of 4 MiB or more is kept for the next take of its size, as PyTorch's
+ * caching allocator keeps its large blocks: the same block comes back for that size (and is
+ * counted live again), not for another size, and a small block is freed. Skipped under ASan,
+ * which must see every large block freed. */
+static void test_alloc_reuses_large_blocks(void)
+{
+#ifdef __SANITIZE_ADDRESS__
+    g_test_skip("under ASan every block is freed, so that a use after free is found");
+#else
+    RealAlloc *t = real_alloc_new();
+    const size_t big = (size_t)8 << 20;
+    void *a = real_alloc_take(t, big, REAL_MEM_GATHERED_PARAMS);
+    g_assert_nonnull(a);
+    memset(a, 1, big);
+    real_alloc_release(t, a);
+    void *other = real_alloc_take(t, big + 4096, REAL_MEM_GATHERED_PARAMS);
+    g_assert_true(other != a);
+    void *again = real_alloc_take(t, big, REAL_MEM_WORKSPACE);
+    g_assert_true(again == a);
+    RealAllocStats s;
+    real_alloc_stats(t, &s);
+    g_assert_cmpuint(s.live_bytes[REAL_MEM_WORKSPACE], ==, big);
+    g_assert_cmpuint(s.live_total_bytes, ==, 2 * big + 4096);
+    g_assert_cmpuint(s.live_allocs, ==, 2);
+    real_alloc_release(t, again);
+    real_alloc_release(t, other);
+    real_alloc_stats(t, &s);
+    g_assert_cmpuint(s.live_total_bytes, ==, 0);
+    /* Two live blocks of one size are two blocks, each kept on release. */
+    void *x = real_alloc_take(t, big, REAL_MEM_PARAMS), *y = real_alloc_take(t, big, REAL_MEM_PARAMS);
+    g_assert_true(x != y && (x == a || y == a));
+    real_alloc_release(t, x), real_alloc_release(t, y);
+    real_alloc_free_tracker(t);
+#endif
+}
+
 static void test_alloc_tracker(void)
 {
     RealAlloc *t = real_alloc_new();
@@ -1930,6 +1966,7 @@ int main(int argc, char **argv)
     g_test_add_func("/real/kernel/adam", test_kernel_adam);
     g_test_add_func("/real/alloc/tracker", test_alloc_tracker);
     g_test_add_func("/real/alloc/keeps_freed_blocks", test_alloc_keeps_freed_blocks);
+    g_test_add_func("/real/alloc/reuses_large_blocks", test_alloc_reuses_large_blocks);
     g_test_add_func("/real/alloc/track_external", test_alloc_track_external);
     g_test_add_func("/real/gpt/layout_matches_planner", test_layout_matches_planner);
     g_test_add_func("/real/gpt/init", test_init_deterministic);
