@@ -97,12 +97,19 @@ static void free_kept(gpointer size, gpointer blocks, gpointer unused)
     g_slist_free_full(blocks, free);
 }
 
+/* Frees every kept block (the tracker's end, or malloc out of memory). */
+static void free_all_kept(RealAlloc *tracker)
+{
+    g_hash_table_foreach(tracker->kept, free_kept, NULL);
+    g_hash_table_remove_all(tracker->kept);
+}
+
 void real_alloc_free_tracker(RealAlloc *tracker)
 {
     if (!tracker)
         return;
     g_hash_table_destroy(tracker->external);
-    g_hash_table_foreach(tracker->kept, free_kept, NULL);
+    free_all_kept(tracker);
     g_hash_table_destroy(tracker->kept);
     zp_alloc_replay_free_all(tracker->replay);
     g_free(tracker);
@@ -190,6 +197,11 @@ void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat)
     unsigned char *block = take_kept(tracker, total);
     if (!block)
         block = aligned_alloc(REAL_ALLOC_ALIGN_BYTES, total);
+    if (!block && g_hash_table_size(tracker->kept) > 0) {
+        /* As PyTorch's allocator frees its cached blocks and retries before it fails. */
+        free_all_kept(tracker);
+        block = aligned_alloc(REAL_ALLOC_ALIGN_BYTES, total);
+    }
     if (!block)
         return NULL;
     RealAllocHeader header = {.bytes = bytes, .cat = cat};

@@ -53,7 +53,8 @@ RealAlloc *real_alloc_new(void);
 void real_alloc_free_tracker(RealAlloc *tracker);
 
 /* Allocates `bytes` (0 allowed) aligned to 64 bytes and counts them under `cat`: a block of
- * 4 MiB or more that a release kept at exactly this size when there is one, else malloc's.
+ * 4 MiB or more that a release kept at exactly this size when there is one, else malloc's
+ * (which, when it fails, is asked again after every kept block is freed).
  * Returns NULL, counting nothing, when memory is exhausted or `cat` is out of range.
  * The contents are uninitialised. */
 void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat);
