@@ -352,9 +352,9 @@ static gboolean time_line_up(RealComm *comm, double *s, GError **error)
  * Ranks that outnumber the cores take turns on them, and a rank that the others' time slices
  * hold back also waits for the core inside a line-up, which its calls do not time (with 4
  * ranks on 2 cores tiny's calls summed to 55-82% of the cycle on its ranks, cpu-small's to
- * 97-98%). A step's
- * compute takes the whole cycle but the collective's own cost, as in training, where that wait
- * fell in the gradient collective: each call's share of it is its share of the calls' sum. */
+ * 96-99%). A step's compute takes the whole cycle but the collective's own cost, as in
+ * training, where that wait fell in the gradient collective: each call's share of it is its
+ * share of the calls' sum. */
 static gboolean timed_cycle(Seq *q, RealComm *comm, int steps, GError **error)
 {
     gboolean ok = real_microbench_line_up(comm, error);
