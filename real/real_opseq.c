@@ -167,9 +167,19 @@ static double mean_s(const GArray *t)
     return t->len > 0 ? sum / t->len : 0;
 }
 
+/* v[0..n) replaced by the ranks' means of it (every rank calls it; every rank gets them). */
+static gboolean ranks_mean(RealComm *comm, double *v, size_t n, GError **error)
+{
+    if (!comm->allreduce_host_f64(comm, v, n, error))
+        return FALSE;
+    for (size_t i = 0; i < n; i++)
+        v[i] /= comm->size;
+    return TRUE;
+}
+
 /* {op, shape, calls, time_s} of this rank's samples `t`, which are cleared: time_s is the
- * ranks' mean of their calls' mean share of the cycle (the mean times q->cycle_factor; on
- * rank 0, which writes). Not the slowest rank's: every rank's shares sum to the same cycle,
+ * ranks' mean of their calls' mean share of the cycle (the mean times q->cycle_factor; the
+ * same on every rank). Not the slowest rank's: every rank's shares sum to the same cycle,
  * which already waited for the slowest at each line-up, and the slowest of each op summed
  * over the ops would exceed it. NULL, with *error set, when the ranks' figures could not be
  * gathered. */
@@ -177,8 +187,7 @@ static json_t *row(const Seq *q, RealComm *comm, ZpComputeKind kind, const char 
                    GArray *t, GError **error)
 {
     double s = mean_s(t) * q->cycle_factor;
-    const gboolean ok = comm->allreduce_host_f64(comm, &s, 1, error);
-    s /= comm->size;
+    const gboolean ok = ranks_mean(comm, &s, 1, error);
     json_t *r = ok ? json_pack("{s:s, s:s, s:i, s:f}", "op", zp_sched_compute_name(kind),
                                "shape", shape, "calls", (int)t->len, "time_s", s)
                    : NULL;
@@ -322,9 +331,8 @@ static gboolean timed_steps(Seq *q, RealComm *comm, int *timed, GError **error)
     for (int m = 0; ok && m < MODES; m++)
         ok = step(q, comm, m, FALSE, error);
     double pair_s = zp_now_s() - t0;
-    if (!ok || !comm->allreduce_host_f64(comm, &pair_s, 1, error))
+    if (!ok || !ranks_mean(comm, &pair_s, 1, error))
         return FALSE;
-    pair_s /= comm->size;
     *timed = pair_s > 0 ? (int)CLAMP(ceil(TIMED_BUDGET_S / pair_s), MIN_TIMED_STEPS,
                                      MAX_TIMED_STEPS)
                         : MAX_TIMED_STEPS;
@@ -338,11 +346,8 @@ static gboolean time_line_up(RealComm *comm, double *s, GError **error)
     const double t0 = zp_now_s();
     for (int i = 0; ok && i < LINE_UPS; i++)
         ok = real_microbench_line_up(comm, error);
-    double own_s = (zp_now_s() - t0) / LINE_UPS;
-    if (!ok || !comm->allreduce_host_f64(comm, &own_s, 1, error))
-        return FALSE;
-    *s = own_s / comm->size;
-    return TRUE;
+    *s = (zp_now_s() - t0) / LINE_UPS;
+    return ok && ranks_mean(comm, s, 1, error);
 }
 
 /* The `steps` timed steps (modes in turn), each lined up at its start, and one line-up after
@@ -377,13 +382,12 @@ static gboolean cycle_json(const Seq *q, RealComm *comm, int steps, json_t *root
                            GError **error)
 {
     double mean[2] = {q->timed_sum_s, q->cycle_factor};
-    if (!comm->allreduce_host_f64(comm, mean, 2, error))
+    if (!ranks_mean(comm, mean, 2, error))
         return FALSE;
     json_object_set_new(root, "op_sequence_cycle",
                         json_pack("{s:i, s:i, s:f, s:f, s:f, s:f}", "ranks", comm->size, "steps",
                                   steps, "cycle_s", q->cycle_s, "line_up_s", q->line_up_s,
-                                  "calls_s", mean[0] / comm->size, "cycle_factor",
-                                  mean[1] / comm->size));
+                                  "calls_s", mean[0], "cycle_factor", mean[1]));
     return TRUE;
 }
 

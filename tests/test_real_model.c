@@ -1275,8 +1275,8 @@ static void test_alloc_keeps_freed_blocks(void)
 
 /* A released block of 4 MiB or more is kept for the next take of its size, as PyTorch's
  * caching allocator keeps its large blocks: the same block comes back for that size (and is
- * counted live again), not for another size, and a small block is freed. Skipped under ASan,
- * which must see every large block freed. */
+ * counted live again), not for another size, and two live blocks of one size stay two.
+ * Skipped under ASan, which must see every large block freed. */
 static void test_alloc_reuses_large_blocks(void)
 {
 #ifdef __SANITIZE_ADDRESS__
