@@ -17,8 +17,12 @@ struct ZpAllocReplay {
     double capacity_bytes;
     uint64_t next_addr;
     GTree *pools[2];    /* [0] large, [1] small: free blocks */
-    GHashTable *live;   /* id -> Block */
-    GPtrArray *blocks;  /* every Block ever made, for freeing */
+    /* id -> Block. Every Block is in a pool or here until a neighbour absorbs it or it goes
+     * back whole: zreal replays each step's allocations for as long as it trains, so nothing
+     * may be kept per allocation (each key and merged Block once was, until the end: about
+     * 900 bytes a step with tiny, whose small long-lived chunks split the holes glibc had
+     * left, and its heap grew by a step's activations every step). */
+    GHashTable *live;
     ZpAllocStats stats;
 };
 
@@ -37,27 +41,42 @@ ZpAllocReplay *zp_alloc_replay_new(double capacity_bytes)
     a->next_addr = 1 << 21;
     for (int p = 0; p < 2; p++)
         a->pools[p] = g_tree_new(block_cmp);
-    a->live = g_hash_table_new(g_int64_hash, g_int64_equal);
-    a->blocks = g_ptr_array_new_with_free_func(g_free);
+    a->live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
     return a;
+}
+
+/* GTraverseFunc: frees a pool's block (the key). */
+static gboolean free_key(gpointer key, gpointer value, gpointer unused)
+{
+    (void)value, (void)unused;
+    g_free(key);
+    return FALSE;
+}
+
+/* GHFunc: frees an allocated block (the value; the table frees its key). */
+static void free_value(gpointer key, gpointer value, gpointer unused)
+{
+    (void)key, (void)unused;
+    g_free(value);
 }
 
 void zp_alloc_replay_free_all(ZpAllocReplay *a)
 {
     if (!a)
         return;
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < 2; p++) {
+        g_tree_foreach(a->pools[p], free_key, NULL);
         g_tree_destroy(a->pools[p]);
+    }
+    g_hash_table_foreach(a->live, free_value, NULL);
     g_hash_table_destroy(a->live);
-    g_ptr_array_unref(a->blocks);
     g_free(a);
 }
 
-static Block *new_block(ZpAllocReplay *a, uint64_t addr, uint64_t size, gboolean small)
+static Block *new_block(uint64_t addr, uint64_t size, gboolean small)
 {
     Block *b = g_new0(Block, 1);
     *b = (Block){.addr = addr, .size = size, .small = small};
-    g_ptr_array_add(a->blocks, b);
     return b;
 }
 
@@ -110,6 +129,7 @@ static void release_cached(ZpAllocReplay *a)
             Block *b = g_ptr_array_index(whole, i);
             g_tree_remove(a->pools[p], b);
             a->stats.reserved_bytes -= (double)b->size;
+            g_free(b);
         }
         g_ptr_array_set_size(whole, 0);
     }
@@ -163,14 +183,14 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
             s->oom_fragmented = s->allocated_bytes + (double)size <= a->capacity_bytes;
             return FALSE;
         }
-        b = new_block(a, a->next_addr, seg, small);
+        b = new_block(a->next_addr, seg, small);
         /* Segments never touch, so blocks merge only inside their own. */
         a->next_addr += seg + (uint64_t)ZP_ALLOC_SMALL_BUFFER_BYTES;
         a->stats.reserved_bytes += (double)seg;
         a->stats.segments_allocated++;
     }
     if (should_split(b, size)) {
-        Block *rest = new_block(a, b->addr + size, b->size - size, small);
+        Block *rest = new_block(b->addr + size, b->size - size, small);
         rest->prev = b;
         rest->next = b->next;
         if (b->next)
@@ -183,7 +203,6 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
     a->stats.allocated_bytes += (double)b->size;
     uint64_t *k = g_new(uint64_t, 1);
     *k = id;
-    g_ptr_array_add(a->blocks, k); /* freed with the blocks */
     g_hash_table_insert(a->live, k, b);
     record_peak(a);
     return TRUE;
@@ -197,6 +216,7 @@ static void absorb(ZpAllocReplay *a, Block *b, Block *n)
     b->next = n->next;
     if (n->next)
         n->next->prev = b;
+    g_free(n);
 }
 
 gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
@@ -204,7 +224,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
     Block *b = g_hash_table_lookup(a->live, &id);
     if (!b)
         return FALSE;
-    g_hash_table_remove(a->live, &id);
+    g_hash_table_remove(a->live, &id); /* its key, not b */
     b->allocated = FALSE;
     a->stats.allocated_bytes -= (double)b->size;
     if (b->next && !b->next->allocated)
@@ -216,6 +236,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
         p->next = b->next;
         if (b->next)
             b->next->prev = p;
+        g_free(b);
         b = p;
     }
     g_tree_insert(a->pools[b->small], b, b);
