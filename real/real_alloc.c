@@ -104,6 +104,12 @@ static void free_all_kept(RealAlloc *tracker)
     g_hash_table_remove_all(tracker->kept);
 }
 
+void real_alloc_empty_cache(RealAlloc *tracker)
+{
+    free_all_kept(tracker);
+    malloc_trim(0);
+}
+
 void real_alloc_free_tracker(RealAlloc *tracker)
 {
     if (!tracker)

@@ -65,6 +65,13 @@ void *real_alloc_take(RealAlloc *tracker, size_t bytes, RealMemCategory cat);
  * NULL is ignored. */
 void real_alloc_release(RealAlloc *tracker, void *ptr);
 
+/* Gives back what the process holds for reuse, as torch.cuda.empty_cache() does between
+ * phases: every kept block is freed, and malloc returns its free pages to the system
+ * (malloc_trim; keep_freed_blocks told it never to trim by itself). Live buffers stay. For a
+ * process that goes on to work at other sizes (the microbenchmark's phases), not inside a
+ * training step. */
+void real_alloc_empty_cache(RealAlloc *tracker);
+
 /* Counts a buffer another allocator made (device memory from a GPU backend) under `cat`,
  * exactly as real_alloc_take counts its own: `bytes` requested, peaks updated. The tracker
  * remembers (ptr, bytes, cat) until real_alloc_untrack. Returns false, counting nothing,
