@@ -1312,6 +1312,7 @@ static void test_alloc_reuses_large_blocks(void)
 #endif
 }
 
+#ifndef __SANITIZE_ADDRESS__
 /* The process's resident bytes (/proc/self/statm's second field). */
 static uint64_t resident_bytes(void)
 {
@@ -1322,6 +1323,7 @@ static uint64_t resident_bytes(void)
     fclose(f);
     return (uint64_t)resident_pages * (uint64_t)sysconf(_SC_PAGESIZE);
 }
+#endif
 
 /* Emptying the cache frees the kept blocks and gives malloc's free pages back to the system
  * (not the heap's span: the replay's records of the block's segment still sit above it): the
