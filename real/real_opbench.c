@@ -52,6 +52,11 @@ static void fill_random(Bench *x, void *dst, gboolean bf16, size_t elems)
     g_free(host);
 }
 
+/* The buffers go back, and so does what the tracker keeps for their size
+ * (real_alloc_empty_cache): no later take asks for it again, neither a larger buffer nor the op
+ * sequence. Kept, every size grown through stayed held: gpt2-124m's ops, grown to its LM head's
+ * 38.6 million elements, reached 4.0 GB (1.4 GB now), and one rank's microbenchmark 6.7 GB,
+ * where its training step peaks at 2.75 GB, so four ranks did not fit a 23 GB machine. */
 static void free_buffers(Bench *x)
 {
     for (int i = 0; i < 4; i++)
@@ -60,6 +65,7 @@ static void free_buffers(Bench *x)
         x->be->free(x->be, x->h[i]), x->h[i] = NULL;
     g_free(x->tokens), x->tokens = NULL;
     x->cap = 0;
+    real_alloc_empty_cache(x->be->tracker);
 }
 
 /* Buffers of at least `elems` each (grown, never shrunk), filled with positive values (an
@@ -69,9 +75,6 @@ static gboolean buffers(Bench *x, size_t elems, GError **error)
     if (elems <= x->cap)
         return TRUE;
     free_buffers(x);
-    /* Their size is not taken again: kept, every size grown through stayed held (4.0 GB
-     * for gpt2-124m's ops, up to its LM head's 38.6 million elements; 1.4 GB now). */
-    real_alloc_empty_cache(x->be->tracker);
     gboolean ok = TRUE;
     for (int i = 0; ok && i < 4; i++)
         ok = (x->f[i] = x->be->alloc(x->be, elems * sizeof(float), REAL_MEM_WORKSPACE)) != NULL;
@@ -564,12 +567,9 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     ok = ok && bench_ew_classes(&x, device ? 16 : 12, device ? 26 : 20, 256, ew, error) &&
          bench_contention(&x, root, error);
     ok = ok && (!model || bench_ops(&x, model, plan, ops, error));
-    /* The op sequence takes a step's own buffers: the kernels' go back first (1.4 GB for
-     * gpt2-124m's, grown to its LM head). With both these and every size grown through held,
-     * one gpt2-124m rank reached 6.7 GB, where its training step peaks at 2.75 GB, and four
-     * ranks did not fit a 23 GB machine; the op sequence's 3.5 GB is now the most. */
+    /* The op sequence takes a step's own buffers: the kernels' go back first (its 3.5 GB
+     * for gpt2-124m is now the microbenchmark's most). */
     free_buffers(&x);
-    real_alloc_empty_cache(be->tracker);
     ok = ok && (!model || real_opseq_run(be, comm, model, plan, root, error));
     g_rand_free(x.rand);
     json_object_set_new(root, "launch_s", json_real(launch_s));

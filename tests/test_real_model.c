@@ -1276,6 +1276,19 @@ static void test_alloc_keeps_freed_blocks(void)
 #endif
 }
 
+#ifndef __SANITIZE_ADDRESS__
+/* Takes a block of `bytes` under `cat` from `t`, writes every page of it, and releases it:
+ * the block the tracker then keeps (returned, no longer usable). */
+static void *take_touched_and_release(RealAlloc *t, size_t bytes, RealMemCategory cat)
+{
+    void *block = real_alloc_take(t, bytes, cat);
+    g_assert_nonnull(block);
+    memset(block, 1, bytes);
+    real_alloc_release(t, block);
+    return block;
+}
+#endif
+
 /* A released block of 4 MiB or more is kept for the next take of its size, as PyTorch's
  * caching allocator keeps its large blocks: the same block comes back for that size (and is
  * counted live again), not for another size, and two live blocks of one size stay two.
@@ -1287,10 +1300,7 @@ static void test_alloc_reuses_large_blocks(void)
 #else
     RealAlloc *t = real_alloc_new();
     const size_t big = (size_t)8 << 20;
-    void *a = real_alloc_take(t, big, REAL_MEM_GATHERED_PARAMS);
-    g_assert_nonnull(a);
-    memset(a, 1, big);
-    real_alloc_release(t, a);
+    void *a = take_touched_and_release(t, big, REAL_MEM_GATHERED_PARAMS);
     void *other = real_alloc_take(t, big + 4096, REAL_MEM_GATHERED_PARAMS);
     g_assert_true(other != a);
     void *again = real_alloc_take(t, big, REAL_MEM_WORKSPACE);
@@ -1336,10 +1346,7 @@ static void test_alloc_empty_cache(void)
 #else
     RealAlloc *t = real_alloc_new();
     const size_t big = (size_t)64 << 20;
-    void *a = real_alloc_take(t, big, REAL_MEM_WORKSPACE);
-    g_assert_nonnull(a);
-    memset(a, 1, big);
-    real_alloc_release(t, a);
+    take_touched_and_release(t, big, REAL_MEM_WORKSPACE);
     const uint64_t kept_bytes = resident_bytes();
     real_alloc_empty_cache(t);
     g_assert_cmpuint(resident_bytes() + big - ((size_t)1 << 20), <=, kept_bytes);
