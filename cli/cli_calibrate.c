@@ -636,6 +636,34 @@ static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
     return TRUE;
 }
 
+/* "collective_table": each collective's median time at each size it was timed at, per rank
+ * count, pooled to non-decreasing (zp_colltab_build), with its note; the simulator reads a
+ * group's collectives off it before the fitted ring. */
+static gboolean add_collective_table(json_t *profile, const Samples *s, int *rows,
+                                     GError **error)
+{
+    ZpCollTable table;
+    if (!zp_colltab_build((const int *)s->coll_kind->data, (const int *)s->coll_ranks->data,
+                          (const double *)s->coll_bytes->data, (const double *)s->coll_s->data,
+                          s->coll_s->len, &table, error))
+        return FALSE;
+    *rows = table.n_rows;
+    json_object_set_new(profile, "collective_table", zp_colltab_to_json(&table));
+    char *runs = g_strjoinv(", ", (char **)s->runs->pdata);
+    char *note = g_strdup_printf(
+        "zreal --microbench (%s): each collective's time at every size it was timed at (a "
+        "grid, and the sizes of the model's own collectives at ZeRO stages 0-3), the median "
+        "over the runs, made non-decreasing in size by pooling adjacent violators; per "
+        "collective and rank count; read in log time against log size between sizes, at the "
+        "largest's bus bandwidth beyond it",
+        runs);
+    json_object_set_new(json_object_get(profile, "notes"), "collective_table",
+                        json_string(note));
+    g_free(note);
+    g_free(runs);
+    return TRUE;
+}
+
 int cli_calibrate(int argc, char **argv)
 {
     char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL;
@@ -731,7 +759,9 @@ int cli_calibrate(int argc, char **argv)
                             json_real(rms_rel_line(s.mem_bytes, s.mem_s, mem_c0, mem_c1)));
         json_object_set_new(json_object_get(profile, "calibration"), "elementwise_rms_rel_error",
                             json_real(rms_rel_line(s.ew_bytes, s.ew_s, ew_c0, ew_c1)));
+        int table_rows = 0;
         ok = ok && add_cpu_adam(profile, &s, &error) && add_nvme(profile, &s, &error) &&
+             add_collective_table(profile, &s, &table_rows, &error) &&
              check_loadable(profile, &error) &&
              zp_json_write(profile, out, &error);
         if (ok)
@@ -745,11 +775,11 @@ int cli_calibrate(int argc, char **argv)
             printf("wrote %s: GEMM %.1f GFLOP/s (fp32 %.1f; half at %.3g FLOP), Adam %.2f GB/s, "
                    "block kernels %.2f GB/s, "
                    "collectives base %.1f us + %.2f us/step, all-reduce %.2f, reduce-scatter "
-                   "%.2f, all-gather %.2f GB/s\n",
+                   "%.2f, all-gather %.2f GB/s; %d collective table rows (time by size)\n",
                    out, 1e-9 * fitted.peak_tc_flops, 1e-9 * fitted.peak_fp32_flops,
                    fitted.half_flops, 1e-9 / mem_c1, 1e-9 / ew_c1, fit.base_s * 1e6,
                    fit.hop_s * 1e6, fit.bytes_per_s[0] / 1e9, fit.bytes_per_s[1] / 1e9,
-                   fit.bytes_per_s[2] / 1e9);
+                   fit.bytes_per_s[2] / 1e9, table_rows);
         json_decref(profile);
         g_free(base);
     }

@@ -408,6 +408,7 @@ static int print_json(const Report *p)
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "cost_model", json_string(r->cost_model));
+    json_object_set_new(root, "collective_model", json_string(r->collective_model));
     /* Whether zreal's CPU backend workspace is listed (zplan validate notes when not). */
     json_object_set_new(root, "backend_workspace", json_boolean(p->sched->plan.backend_workspace));
     json_object_set_new(root, "model_state_bytes",
@@ -591,6 +592,8 @@ static void print_human(const Report *p)
     g_free(pipe_text);
     cli_pipe_print_placement(plan, p->hw);
     printf("Compute costed by: %s.\n", r->cost_model);
+    if (r->collective_model[0])
+        printf("Collectives costed by: %s.\n", r->collective_model);
     if (r->mode == SIM_MODE_FOLDED && r->ranks_simulated > MAX(r->stages, 1))
         printf("Ranks: folded - %d simulated ranks stand for the %d, one for each class of "
                "alike ranks (the slowed ranks and those that wait for them differently are "

@@ -52,6 +52,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "nvme_bytes_per_s", "nvme_bytes", "runtime_reserve_bytes",
                                       "gemm_efficiency_max", "gemm_half_efficiency_flops",
                                       "elementwise_bytes_per_s", "collective_fit",
+                                      "collective_table",
                                       "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
                                       "calibration", "attention", "op_costs", NULL};
 
@@ -218,7 +219,9 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
             return FALSE;
     }
     json_t *op_costs = json_object_get(obj, "op_costs");
+    json_t *coll_table = json_object_get(obj, "collective_table");
     if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error) ||
+        (coll_table && !zp_colltab_from_json(coll_table, what, &hw->collective_table, error)) ||
         (op_costs && !zp_optable_from_json(op_costs, what, &hw->op_costs, error)))
         return FALSE;
     json_t *notes = json_object_get(obj, "notes");

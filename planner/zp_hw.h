@@ -3,6 +3,7 @@
 #ifndef ZP_HW_H
 #define ZP_HW_H
 
+#include "zp_colltab.h"
 #include "zp_optable.h"
 #include "zp_plan.h"
 
@@ -62,6 +63,10 @@ typedef struct {
     gboolean has_collective_fit;
     double collective_base_latency_s;
     double collective_bytes_per_s[3]; /* all-reduce, reduce-scatter, all-gather */
+    /* Optional "collective_table" (zp_colltab): each collective's measured time against its
+     * size at a rank count on one machine (`zplan calibrate`); where it has a group's rank
+     * count, the simulator reads collectives off it before collective_fit. */
+    ZpCollTable collective_table;
     /* Optional "attention" {"default": NAME, "kernels": {NAME: {"source", "head_dims",
      * "seq_lens", "flops_per_s": [[...] per head dim]}}}: the fused kernels this GPU runs,
      * each with its published or measured rate and that figure's source, and the one PyTorch's

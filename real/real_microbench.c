@@ -748,13 +748,105 @@ static gboolean run_collective(void *p, GError **error)
     return c->allgather_bf16(c, x->h[1], per_rank, x->h[0], error);
 }
 
-/* Cell c of the collectives' sweep into x: op c / sizes, the size c mod sizes, rounded down to
- * a multiple of the ranks. */
-static void coll_cell(Ctx *x, const Sizes *sz, size_t c)
+/* Cell c of the collectives' sweep into x: op c / sizes, the size c mod sizes (`elems`, each
+ * a multiple of the ranks). */
+static void coll_cell(Ctx *x, const GArray *elems, size_t c)
 {
-    x->op = (int)(c / sz->n_coll_elems);
-    x->elems = sz->coll_elems[c % sz->n_coll_elems] / (size_t)x->comm->size *
-               (size_t)x->comm->size;
+    x->op = (int)(c / elems->len);
+    x->elems = g_array_index(elems, size_t, c % elems->len);
+}
+
+/* The most of the model's own sizes timed: beyond them, every other one is dropped. */
+#define MAX_MODEL_COLL_SIZES 12
+/* Sizes closer than this (relative) are one size for the table. */
+#define SAME_SIZE 0.05
+
+typedef struct {
+    size_t elems;
+    gboolean model;
+} CollSize;
+
+static int by_elems(const void *a, const void *b)
+{
+    const CollSize *x = a, *y = b;
+    return (x->elems > y->elems) - (x->elems < y->elems);
+}
+
+/* The sizes of the data-parallel all-reduces, reduce-scatters and all-gathers that the model's
+ * schedules run at ZeRO stages 0-3 on `ranks` ranks (plan otherwise as given), in bf16
+ * elements of their bytes, appended to `sizes`. */
+static gboolean model_coll_sizes(const ZpModel *model, const ZpPlan *plan, int ranks,
+                                 GArray *sizes, GError **error)
+{
+    if (plan->dp != ranks) /* a --mp that does not divide the ranks: no such DP group */
+        return TRUE;
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan at = *plan;
+        at.zero.stage = stage;
+        ZpSchedule *sched = zp_sched_build(model, &at, error);
+        if (!sched)
+            return FALSE;
+        for (guint i = 0; i < sched->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(sched, i);
+            if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_DP ||
+                op->sub > ZP_COLL_ALLGATHER)
+                continue;
+            const size_t elems = (size_t)ceil(op->bytes / sizeof(RealBf16));
+            g_array_append_val(sizes, ((CollSize){elems, TRUE}));
+        }
+        zp_sched_free(sched);
+    }
+    return TRUE;
+}
+
+/* The collectives' sizes in elements, increasing, each a multiple of the ranks: the backend's
+ * grid and, with a model, the sizes its own schedules use (model_coll_sizes), which the
+ * calibrated table then holds exactly: on this host bandwidth falls with the message (MPI's
+ * shared-memory copies leave the caches), and a size between two grid points would be read
+ * off a curve drawn through them. Sizes within SAME_SIZE of a kept one are dropped, the
+ * model's kept over the grid's; at most MAX_MODEL_COLL_SIZES of the model's, spread over its
+ * range. */
+static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *plan,
+                          int ranks, GError **error)
+{
+    GArray *all = g_array_new(FALSE, FALSE, sizeof(CollSize));
+    if (model && !model_coll_sizes(model, plan, ranks, all, error)) {
+        g_array_unref(all);
+        return NULL;
+    }
+    g_array_sort(all, by_elems);
+    GArray *model_sizes = g_array_new(FALSE, FALSE, sizeof(CollSize));
+    for (guint i = 0; i < all->len; i++) {
+        const CollSize c = g_array_index(all, CollSize, i);
+        const guint n = model_sizes->len;
+        if (!n || c.elems > (1 + SAME_SIZE) * g_array_index(model_sizes, CollSize, n - 1).elems)
+            g_array_append_val(model_sizes, c);
+    }
+    g_array_set_size(all, 0);
+    const guint keep = MIN(model_sizes->len, MAX_MODEL_COLL_SIZES);
+    for (guint j = 0; j < keep; j++) {
+        const guint at = keep < 2 ? 0 : j * (model_sizes->len - 1) / (keep - 1);
+        g_array_append_val(all, g_array_index(model_sizes, CollSize, at));
+    }
+    g_array_unref(model_sizes);
+    for (size_t i = 0; i < sz->n_coll_elems; i++)
+        g_array_append_val(all, ((CollSize){sz->coll_elems[i], FALSE}));
+    g_array_sort(all, by_elems);
+    GArray *elems = g_array_new(FALSE, FALSE, sizeof(size_t));
+    CollSize kept = {0, FALSE};
+    for (guint i = 0; i < all->len; i++) {
+        CollSize c = g_array_index(all, CollSize, i);
+        c.elems = MAX(c.elems / (size_t)ranks, 1) * (size_t)ranks;
+        if (elems->len && c.elems <= (1 + SAME_SIZE) * kept.elems) {
+            if (c.model && !kept.model) /* the model's own size in the grid's place */
+                g_array_index(elems, size_t, elems->len - 1) = c.elems, kept = c;
+            continue;
+        }
+        g_array_append_val(elems, c.elems);
+        kept = c;
+    }
+    g_array_unref(all);
+    return elems;
 }
 
 /* Over a real communicator, the real collectives; over an emulated one (one process playing
@@ -763,12 +855,10 @@ static void coll_cell(Ctx *x, const Sizes *sz, size_t c)
  * and size in turn: load on a shared machine that comes and goes (ranks that busy-poll for
  * their peers wait out another process's time slice) then lands on a repeat of many sizes
  * rather than on every repeat of a few, and the medians drop it. */
-static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError **error)
+static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GError **error)
 {
     static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
-    if (x->comm->size < 2)
-        return TRUE;
-    const size_t max = sz->coll_elems[sz->n_coll_elems - 1], cells = 3 * sz->n_coll_elems;
+    const size_t max = g_array_index(sizes, size_t, sizes->len - 1), cells = 3 * sizes->len;
     x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     gboolean ok = x->h[0] && x->h[1];
@@ -781,7 +871,7 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
     double *times = g_new(double, cells * REPEATS);
     for (int r = -1; ok && r < REPEATS; r++) /* r = -1: the warm-up round */
         for (size_t c = 0; ok && c < cells; c++) {
-            coll_cell(x, sz, c);
+            coll_cell(x, sizes, c);
             double t = 0;
             ok = r < 0 ? run_collective(x, error) && finished(x->be, error)
                        : real_microbench_once_s(x->be, x->comm, run_collective, x, &t, error);
@@ -789,7 +879,7 @@ static gboolean bench_collectives(Ctx *x, const Sizes *sz, json_t *out, GError *
                 times[c * REPEATS + (size_t)r] = t;
         }
     for (size_t c = 0; ok && c < cells; c++) {
-        coll_cell(x, sz, c);
+        coll_cell(x, sizes, c);
         const int op = x->op;
         const size_t elems = x->elems;
         qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
@@ -825,8 +915,12 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                   bench_memory(&x, sz, memory, kernels, device, error);
     free_memory_buffers(&x);
     ok = ok && (!device || (bench_attention(&x, sz, kernels, error) &&
-                            bench_loss(&x, kernels, error))) &&
-         bench_collectives(&x, sz, coll, error);
+                            bench_loss(&x, kernels, error)));
+    GArray *coll_elems = ok && comm->size > 1 ? coll_sizes(sz, model, plan, comm->size, error)
+                                              : NULL;
+    ok = ok && (comm->size < 2 || (coll_elems && bench_collectives(&x, coll_elems, coll, error)));
+    if (coll_elems)
+        g_array_unref(coll_elems);
     const double host_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
     json_t *root = json_pack("{s:s, s:s, s:i, s:b, s:f, s:o, s:o, s:o, s:o}", "format",
                              "zplan-microbench-1", "backend", be->name, "world", comm->size,

@@ -27,7 +27,9 @@
  * each the slowest rank's. Sizes are small on a CPU rank and model-shaped on a device
  * (GPT-2 124M and 1.5B linears at 1,024 to 16,384 tokens). Over an emulated communicator
  * (`emulated`), the collectives are the device-to-device copies that stand in for them. Each
- * collective also carries its algorithm and bus bandwidth as nccl-tests define them, and its
+ * collective also carries its algorithm and bus bandwidth as nccl-tests define them; with a
+ * model, the collectives are also timed at the sizes of its data-parallel collectives at ZeRO
+ * stages 0-3 (for zp_colltab's table), and their
  * repeats go round every collective and size in turn (a passing load hits one repeat of many
  * sizes, which the medians drop, not every repeat of one). The op
  * microbenchmarks of real_opbench follow (its sections), with `model` and `plan` (both NULL,

@@ -105,6 +105,11 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
         /* No fit of its own: an all-to-all moves what an all-gather does. */
         g.fit_bytes_per_s[ZP_COLL_ALLTOALL] = hw->collective_bytes_per_s[ZP_COLL_ALLGATHER];
     }
+    /* A table is measured among the ranks of one machine. An all-to-all reads the all-gather's
+     * row: each rank sends what an all-gather sends. */
+    for (int k = 0; k < ZP_COLL_N && g.nodes == 1; k++)
+        g.measured[k] = zp_colltab_find(&hw->collective_table,
+                                        k == ZP_COLL_ALLTOALL ? ZP_COLL_ALLGATHER : k, g.ranks);
     if (g.nodes > 1) {
         /* With one ring per NIC (c rings), each ring carries S/c and crosses every node
          * boundary once, so the boundary moves 2(n-1)/n S/c per ring and 2(n-1)/n S in all:
@@ -220,8 +225,23 @@ static SimCollCost fitted_cost(ZpCollKind kind, double bytes, const SimCollGroup
     return c;
 }
 
+/* Read off the machine's table: what its smallest size takes is latency, the rest transfer. */
+static SimCollCost measured_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
+{
+    SimCollCost c = {.algo = SIM_ALGO_RING, .proto = SIM_PROTO_SIMPLE};
+    if (group->ranks <= 1)
+        return c;
+    const ZpCollRow *row = group->measured[kind];
+    const double t = zp_colltab_time_s(row, bytes);
+    c.latency_s = MIN(t, row->time_s[0]);
+    c.transfer_s = t - c.latency_s;
+    return c;
+}
+
 SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
 {
+    if (group->measured[kind])
+        return measured_cost(kind, bytes, group);
     if (group->fit_bytes_per_s[kind] > 0)
         return fitted_cost(kind, bytes, group);
     SimCollCost best = {0};
@@ -248,6 +268,31 @@ double sim_coll_bytes_sent(ZpCollKind kind, double bytes, int ranks)
         return 0.0;
     const double passes = is_allreduce(kind) ? 2.0 : 1.0;
     return passes * (ranks - 1) / ranks * bytes;
+}
+
+void sim_coll_describe(const SimCollGroup *group, unsigned kinds, char *buf, size_t size)
+{
+    static const char *const names[ZP_COLL_N] = {"all-reduce", "reduce-scatter", "all-gather",
+                                                 "all-to-all"};
+    static const char *const sources[] = {"from the profile's measured table (time by size)",
+                                          "by its fitted ring", "by NCCL's cost model"};
+    GString *text = g_string_new(NULL);
+    g_string_printf(text, "%d ranks:", group->ranks);
+    gboolean any = FALSE;
+    for (int source = 0; source < (int)G_N_ELEMENTS(sources); source++) {
+        int listed = 0;
+        for (int k = 0; k < ZP_COLL_N; k++) {
+            const int own = group->measured[k] ? 0 : group->fit_bytes_per_s[k] > 0 ? 1 : 2;
+            if (own == source && kinds & (1u << k))
+                g_string_append_printf(text, "%s %s", listed++ ? "," : any ? ";" : "",
+                                       names[k]);
+        }
+        if (listed)
+            g_string_append_printf(text, " %s", sources[source]);
+        any = any || listed;
+    }
+    g_strlcpy(buf, text->str, size);
+    g_string_free(text, TRUE);
 }
 
 const char *sim_coll_algo_name(SimAlgo algo)

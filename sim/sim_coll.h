@@ -28,6 +28,10 @@ typedef struct {
      * bandwidth per collective kind replace NCCL's protocols; 0 for NCCL's model. */
     double fit_base_s;
     double fit_bytes_per_s[ZP_COLL_N];
+    /* The hwprofile's measured table (collective_table) at this group's rank count, by kind,
+     * for a group on one machine; NULL where it has none. Points into the profile, valid while
+     * it is. Read before the fit. */
+    const ZpCollRow *measured[ZP_COLL_N];
 } SimCollGroup;
 
 /* The time of one collective, split into what contention stretches and what it does not. */
@@ -91,12 +95,17 @@ double sim_coll_ring_time_s(ZpCollKind kind, double bytes, const SimCollGroup *g
 SimCollCost sim_coll_tree_cost(double bytes, const SimCollGroup *group, SimProto proto);
 
 /* NCCL's choice: the algorithm and protocol of least time (tree for all-reduce only); on a
- * measured machine the fitted ring: base + steps x hop + bytes sent / fitted busbw. */
+ * measured machine its table's time (zp_colltab_time_s; latency: the time of its smallest
+ * size), else the fitted ring: base + steps x hop + bytes sent / fitted busbw. */
 SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group);
 
 /* Bytes one rank sends in a ring collective of S bytes over n ranks: 2(n-1)/n S for
  * all-reduce, (n-1)/n S for reduce-scatter and all-gather (zp_sched_comm_bytes's rule). */
 double sim_coll_bytes_sent(ZpCollKind kind, double bytes, int ranks);
+
+/* How a group costs the collective kinds in the mask `kinds` (bit k: ZpCollKind k), in words,
+ * into buf: from its table's rows, by its fitted ring or by NCCL's model. */
+void sim_coll_describe(const SimCollGroup *group, unsigned kinds, char *buf, size_t size);
 
 const char *sim_coll_algo_name(SimAlgo algo);
 const char *sim_coll_proto_name(SimProto proto);

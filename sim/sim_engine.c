@@ -704,6 +704,21 @@ static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
     return hw->inter_node_latency_s + op->bytes / (zp_hw_inter_bus_bytes_per_s(hw) / gpn);
 }
 
+/* "NAME: " and how group g costs the collective kinds in the mask `kinds` (bit k: ZpCollKind
+ * k), after what result->collective_model holds; nothing for a group of one rank, which sends
+ * nothing, or one that runs no collective. */
+static void describe_group(SimResult *result, const char *name, const SimCollGroup *g,
+                           unsigned kinds)
+{
+    if (g->ranks <= 1 || !kinds)
+        return;
+    char how[384];
+    sim_coll_describe(g, kinds, how, sizeof how);
+    char *line = g_strdup_printf("%s%s: %s", result->collective_model[0] ? "; " : "", name, how);
+    g_strlcat(result->collective_model, line, sizeof result->collective_model);
+    g_free(line);
+}
+
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */
 static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
@@ -784,6 +799,12 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
+    }
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
+        for (int k = 0; k < ZP_COLL_N; k++)
+            kinds |= (unsigned)(last_cost[g][k].bytes >= 0) << k;
+        describe_group(result, sim->groups[g].name, &groups[g], kinds);
     }
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         SimOp *o = &sim->ops[i];

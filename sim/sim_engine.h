@@ -48,6 +48,8 @@ typedef struct {
 typedef struct {
     SimMode mode;
     char cost_model[768]; /* how compute ops were costed: the op table or the roofline, why */
+    char collective_model[512]; /* how each communicator's collectives were costed
+                                 * (sim_coll_describe), "" when no group has two ranks */
     int world;            /* dp * mp ranks the step runs on */
     int ranks_simulated;  /* world in explicit mode; folded, one a stage or rank class */
     /* The units the engine stepped: ranks_simulated, or fewer in explicit mode, where a

@@ -1,8 +1,10 @@
 /* test_cost: the op-level cost model — a profile's op table read back as written, the GEMM
  * surface exact at its grid points and monotone between them, the fallback to the roofline
  * said out loud, no contention without overlap, and op times a hand computation gives. */
+#include "sim_coll.h"
 #include "sim_engine.h"
 #include "testutil.h"
+#include "zp_colltab.h"
 #include "zp_cost.h"
 #include "zp_hw.h"
 #include "zp_model.h"
@@ -787,6 +789,38 @@ static void test_calibrated_collectives(void)
         g_assert_cmpfloat(fabs(json_number_value(json_object_get(
                                    json_object_get(fit, "bus_bytes_per_s"), kinds[k])) / bw[k] - 1),
                           <, 1e-6);
+    /* The table holds every timing (one run: each size's median is itself). A group of 2
+     * ranks, on one machine of the profile's 2 (the run's world), reads its collectives off it,
+     * exactly at a timed size; 4 ranks span two machines and take the fitted ring, though the
+     * table has a row for them. */
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_true(zp_hw_from_json(profile, "p.json", &hw, &error));
+    g_assert_cmpint(hw.gpus_per_node, ==, 2);
+    g_assert_cmpint(hw.collective_table.n_rows, ==, 6);
+    const SimCollGroup g = sim_coll_group(&hw, 2, 1, ZP_GROUP_DP);
+    for (int k = 0; k < 3; k++) {
+        const ZpCollRow *row = zp_colltab_find(&hw.collective_table, k, 2);
+        g_assert_nonnull(row);
+        g_assert_true(g.measured[k] == row);
+        g_assert_cmpint(row->n, ==, 5);
+        for (int i = 0; i < 5; i++) {
+            const double want = base + hop * (k ? 1 : 2) + (k ? 0.5 : 1.0) * bytes[i] / bw[k];
+            const SimCollCost c = sim_coll_cost(k, bytes[i], &g);
+            g_assert_cmpfloat(fabs(c.latency_s + c.transfer_s - want), <=, 1e-12 * want);
+        }
+    }
+    g_assert_true(g.measured[ZP_COLL_ALLTOALL] == g.measured[ZP_COLL_ALLGATHER]);
+    char how[256];
+    sim_coll_describe(&g, 1u << ZP_COLL_ALLREDUCE | 1u << ZP_COLL_ALLGATHER, how, sizeof how);
+    g_assert_cmpstr(how, ==, "2 ranks: all-reduce, all-gather from the profile's measured table "
+                             "(time by size)");
+    g_assert_nonnull(zp_colltab_find(&hw.collective_table, ZP_COLL_REDUCE_SCATTER, 4));
+    const SimCollGroup far = sim_coll_group(&hw, 4, 1, ZP_GROUP_DP);
+    g_assert_cmpint(far.nodes, ==, 2);
+    g_assert_null(far.measured[ZP_COLL_REDUCE_SCATTER]);
+    sim_coll_describe(&far, 1u << ZP_COLL_REDUCE_SCATTER, how, sizeof how);
+    g_assert_cmpstr(how, ==, "4 ranks: reduce-scatter by its fitted ring");
     json_decref(profile);
 
     /* Loaded: 4-8 ms whatever the size. */
@@ -825,6 +859,96 @@ static void test_calibrated_collectives(void)
     g_assert_nonnull(strstr(r.err, "collectives: no signal: no collective's time grows with the "
                                    "bytes it sends"));
     tu_free(&r);
+}
+
+/* The collective table: built from timings, each size's median, pooled to non-decreasing;
+ * read off exactly at a measured size, monotone between two, a latency floor below the
+ * smallest and the largest's bus bandwidth above; written and read back as it was; and a
+ * malformed row refused naming its key. */
+static void test_collective_table(void)
+{
+    /* All-reduce on 2 ranks: 1 KB three times (median 10 us), 1 MB (1 ms), 4 MB twice
+     * (median of 3 and 5 ms: 4 ms) and 2 MB at 5 ms, slower than 4 MB: pooled, 2 and 4 MB take
+     * their mean 4.5 ms. One all-gather on 4 ranks, and a 1-rank timing that has no row. */
+    const int kind[] = {0, 0, 0, 0, 0, 0, 0, 0, 2, 0};
+    const int ranks[] = {2, 2, 2, 2, 2, 2, 2, 2, 4, 1};
+    const double bytes[] = {1e3, 1e3, 1e3, 1e6, 4e6, 4e6, 2e6, 1e6, 8e6, 1e3};
+    const double time_s[] = {12e-6, 9e-6, 10e-6, 1e-3, 3e-3, 5e-3, 5e-3, 1e-3, 2e-3, 1.0};
+    ZpCollTable t;
+    GError *error = NULL;
+    g_assert_true(zp_colltab_build(kind, ranks, bytes, time_s, G_N_ELEMENTS(kind), &t, &error));
+    g_assert_cmpint(t.n_rows, ==, 2);
+    const ZpCollRow *ar = zp_colltab_find(&t, ZP_COLL_ALLREDUCE, 2);
+    g_assert_nonnull(ar);
+    g_assert_null(zp_colltab_find(&t, ZP_COLL_ALLREDUCE, 4));
+    g_assert_null(zp_colltab_find(&t, ZP_COLL_ALLREDUCE, 1));
+    g_assert_nonnull(zp_colltab_find(&t, ZP_COLL_ALLGATHER, 4));
+    g_assert_cmpint(ar->n, ==, 4);
+    const double want_bytes[] = {1e3, 1e6, 2e6, 4e6}, want_s[] = {10e-6, 1e-3, 4.5e-3, 4.5e-3};
+    for (int i = 0; i < 4; i++) {
+        g_assert_cmpfloat(ar->bytes[i], ==, want_bytes[i]);
+        g_assert_cmpfloat(fabs(ar->time_s[i] / want_s[i] - 1), <, 1e-12);
+        g_assert_cmpfloat(zp_colltab_time_s(ar, ar->bytes[i]), ==, ar->time_s[i]);
+    }
+    /* Between two sizes: log-log, so 31.6 KB (half-way in log) is the geometric mean. */
+    g_assert_cmpfloat(fabs(zp_colltab_time_s(ar, sqrt(1e3 * 1e6)) / sqrt(10e-6 * 1e-3) - 1), <,
+                      1e-12);
+    for (int i = 0; i + 1 < ar->n; i++) {
+        double before = ar->time_s[i];
+        for (int step = 1; step < 64; step++) {
+            const double b = ar->bytes[i] * pow(ar->bytes[i + 1] / ar->bytes[i], step / 64.0);
+            const double s = zp_colltab_time_s(ar, b);
+            g_assert_cmpfloat(s, >=, before);
+            g_assert_cmpfloat(s, <=, ar->time_s[i + 1] * (1 + 1e-12));
+            before = s;
+        }
+    }
+    g_assert_cmpfloat(zp_colltab_time_s(ar, 10), ==, 10e-6);
+    g_assert_cmpfloat(fabs(zp_colltab_time_s(ar, 8e6) / 9e-3 - 1), <, 1e-12);
+
+    json_t *j = zp_colltab_to_json(&t);
+    ZpCollTable back;
+    g_assert_true(zp_colltab_from_json(j, "t.json", &back, &error));
+    g_assert_cmpmem(&back, sizeof back, &t, sizeof t);
+
+    static const struct {
+        const char *row, *says;
+    } bad[] = {
+        {"{\"op\": \"broadcast\", \"ranks\": 2, \"bytes\": [1], \"time_s\": [1]}",
+         "t.json: collective_table[1]: key \"op\": unknown value 'broadcast'"},
+        {"{\"op\": \"allreduce\", \"ranks\": 1, \"bytes\": [1], \"time_s\": [1]}",
+         "t.json: collective_table[1]: key \"ranks\""},
+        {"{\"op\": \"allreduce\", \"ranks\": 4, \"bytes\": [1, 2], \"time_s\": [2, 1]}",
+         "t.json: collective_table[1]: keys \"bytes\" and \"time_s\" must be arrays"},
+        {"{\"op\": \"allreduce\", \"ranks\": 4, \"bytes\": [2, 1], \"time_s\": [1, 2]}",
+         "t.json: collective_table[1]: keys \"bytes\" and \"time_s\""},
+        {"{\"op\": \"allreduce\", \"ranks\": 4, \"bytes\": [1, 2], \"time_s\": [1]}",
+         "t.json: collective_table[1]: keys \"bytes\" and \"time_s\""},
+        {"{\"op\": \"allreduce\", \"ranks\": 2, \"bytes\": [1], \"time_s\": [1]}",
+         "t.json: collective_table[1]: a second row of allreduce at 2 ranks"},
+        {"{\"op\": \"allreduce\", \"ranks\": 4, \"bytes\": [1], \"time_s\": [1], "
+         "\"busbw\": 1}", "t.json: collective_table[1]"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        json_t *a = json_array();
+        json_array_append(a, json_array_get(j, 0));
+        json_array_append_new(a, json_loads(bad[i].row, 0, NULL));
+        g_assert_false(zp_colltab_from_json(a, "t.json", &back, &error));
+        g_test_message("%s", error->message);
+        g_assert_true(g_str_has_prefix(error->message, bad[i].says));
+        g_clear_error(&error);
+        json_decref(a);
+    }
+    json_decref(j);
+
+    /* More sizes than a row holds: refused, saying so. */
+    int k[ZP_COLLTAB_MAX_POINTS + 1], r[ZP_COLLTAB_MAX_POINTS + 1];
+    double b[ZP_COLLTAB_MAX_POINTS + 1], s[ZP_COLLTAB_MAX_POINTS + 1];
+    for (int i = 0; i <= ZP_COLLTAB_MAX_POINTS; i++)
+        k[i] = 1, r[i] = 2, b[i] = 1e3 * (i + 1), s[i] = 1e-5 * (i + 1);
+    g_assert_false(zp_colltab_build(k, r, b, s, G_N_ELEMENTS(k), &t, &error));
+    g_assert_nonnull(strstr(error->message, "reduce_scatter on 2 ranks was timed at more than"));
+    g_clear_error(&error);
 }
 
 /* A block op's module shares come from its kernels: each block op's kernels sum, per module,
@@ -904,5 +1028,6 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
     g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);
+    g_test_add_func("/cost/collective-table", test_collective_table);
     return g_test_run();
 }

@@ -1,0 +1,218 @@
+/* zp_colltab: the measured table of collective time against message size (per collective and
+ * rank count), built from microbenchmark timings, read and written as JSON, and interpolated. */
+#include "zp_colltab.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The collectives a table has rows for, those the microbenchmark times, in ZpCollKind's order
+ * (zp_sched.h's names). */
+#define TABLE_KINDS 3
+static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
+
+static gboolean row_from_json(json_t *r, const char *what, ZpCollRow *row, GError **error)
+{
+    static const char *const keys[] = {"op", "ranks", "bytes", "time_s", NULL};
+    const char *op = NULL;
+    int64_t ranks = 0;
+    if (!json_is_object(r)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
+        return FALSE;
+    }
+    char *op_key = g_strdup_printf("%s: key \"op\"", what);
+    const gboolean named = zp_json_check_keys(r, what, keys, error) &&
+                           zp_json_get_string(r, what, "op", TRUE, &op, error) &&
+                           zp_parse_choice(op, op_key, kind_names, &row->kind, error) &&
+                           zp_json_get_int(r, what, "ranks", TRUE, 2, 1 << 20, &ranks, error);
+    g_free(op_key);
+    if (!named)
+        return FALSE;
+    row->ranks = (int)ranks;
+    json_t *b = json_object_get(r, "bytes"), *t = json_object_get(r, "time_s");
+    const size_t n = json_array_size(b);
+    gboolean ok = json_is_array(b) && json_is_array(t) && n >= 1 &&
+                  n <= ZP_COLLTAB_MAX_POINTS && json_array_size(t) == n;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *bi = json_array_get(b, i), *ti = json_array_get(t, i);
+        row->bytes[i] = json_is_number(bi) ? json_number_value(bi) : 0;
+        row->time_s[i] = json_is_number(ti) ? json_number_value(ti) : 0;
+        ok = row->bytes[i] >= 1 && row->bytes[i] < 1e15 && row->time_s[i] > 0 &&
+             row->time_s[i] < 1e6 &&
+             (i == 0 || (row->bytes[i] > row->bytes[i - 1] &&
+                         row->time_s[i] >= row->time_s[i - 1]));
+    }
+    row->n = (int)n;
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: keys \"bytes\" and \"time_s\" must be arrays of 1 to %d numbers alike, "
+                    "the sizes increasing and the times positive and non-decreasing",
+                    what, ZP_COLLTAB_MAX_POINTS);
+    return ok;
+}
+
+gboolean zp_colltab_from_json(void *json_array, const char *what, ZpCollTable *t,
+                              GError **error)
+{
+    json_t *a = json_array;
+    memset(t, 0, sizeof *t);
+    if (!json_is_array(a) || json_array_size(a) > ZP_COLLTAB_MAX_ROWS) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"collective_table\" must be an array of at most %d rows", what,
+                    ZP_COLLTAB_MAX_ROWS);
+        return FALSE;
+    }
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        char *inner = g_strdup_printf("%s: collective_table[%zu]", what, i);
+        ZpCollRow *row = &t->rows[i];
+        gboolean ok = row_from_json(json_array_get(a, i), inner, row, error);
+        if (ok && zp_colltab_find(t, row->kind, row->ranks)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: a second row of %s at %d ranks",
+                        inner, kind_names[row->kind], row->ranks);
+            ok = FALSE;
+        }
+        g_free(inner);
+        if (!ok)
+            return FALSE;
+        t->n_rows++;
+    }
+    return TRUE;
+}
+
+void *zp_colltab_to_json(const ZpCollTable *t)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < t->n_rows; i++) {
+        const ZpCollRow *row = &t->rows[i];
+        json_t *b = json_array(), *s = json_array();
+        for (int j = 0; j < row->n; j++) {
+            json_array_append_new(b, json_real(row->bytes[j]));
+            json_array_append_new(s, json_real(row->time_s[j]));
+        }
+        json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o}", "op", kind_names[row->kind],
+                                           "ranks", row->ranks, "bytes", b, "time_s", s));
+    }
+    return a;
+}
+
+const ZpCollRow *zp_colltab_find(const ZpCollTable *t, int kind, int ranks)
+{
+    for (int i = 0; i < t->n_rows; i++)
+        if (t->rows[i].kind == kind && t->rows[i].ranks == ranks)
+            return &t->rows[i];
+    return NULL;
+}
+
+double zp_colltab_time_s(const ZpCollRow *row, double bytes)
+{
+    const int last = row->n - 1;
+    if (bytes <= row->bytes[0])
+        return row->time_s[0];
+    if (bytes >= row->bytes[last])
+        return row->time_s[last] * bytes / row->bytes[last];
+    int i = 0;
+    while (row->bytes[i + 1] <= bytes)
+        i++;
+    if (bytes == row->bytes[i])
+        return row->time_s[i];
+    const double f = log(bytes / row->bytes[i]) / log(row->bytes[i + 1] / row->bytes[i]);
+    return row->time_s[i] * pow(row->time_s[i + 1] / row->time_s[i], f);
+}
+
+/* ---- building a table from timings ---- */
+
+typedef struct {
+    double bytes, time_s;
+} Timing;
+
+static int by_bytes_then_time(const void *a, const void *b)
+{
+    const Timing *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return (x->bytes > y->bytes) - (x->bytes < y->bytes);
+    return (x->time_s > y->time_s) - (x->time_s < y->time_s);
+}
+
+/* Pool adjacent violators: v[0..n) replaced by its least-squares non-decreasing fit, each
+ * point weighted alike. A block whose mean exceeds the next block's is merged with it until
+ * the means increase; each point then takes its block's mean. */
+static void pool_adjacent_violators(double *v, int n)
+{
+    double *mean = g_new(double, n);
+    int *size = g_new(int, n), blocks = 0;
+    for (int i = 0; i < n; i++) {
+        mean[blocks] = v[i];
+        size[blocks++] = 1;
+        while (blocks > 1 && mean[blocks - 2] > mean[blocks - 1]) {
+            const int s = size[blocks - 2] + size[blocks - 1];
+            mean[blocks - 2] = (mean[blocks - 2] * size[blocks - 2] +
+                                mean[blocks - 1] * size[blocks - 1]) / s;
+            size[blocks - 2] = s;
+            blocks--;
+        }
+    }
+    for (int b = 0, i = 0; b < blocks; b++)
+        for (int j = 0; j < size[b]; j++)
+            v[i++] = mean[b];
+    g_free(mean), g_free(size);
+}
+
+/* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): the median
+ * of each size, pooled to non-decreasing. */
+static gboolean build_row(int kind, int ranks, Timing *timings, size_t m, ZpCollRow *row,
+                          GError **error)
+{
+    *row = (ZpCollRow){.kind = kind, .ranks = ranks};
+    for (size_t i = 0; i < m;) {
+        size_t j = i;
+        while (j < m && timings[j].bytes == timings[i].bytes)
+            j++;
+        if (row->n == ZP_COLLTAB_MAX_POINTS) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "collectives: %s on %d ranks was timed at more than %d sizes, more "
+                        "than a table holds",
+                        kind_names[kind], ranks, ZP_COLLTAB_MAX_POINTS);
+            return FALSE;
+        }
+        const size_t k = j - i; /* sorted by time within a size */
+        row->bytes[row->n] = timings[i].bytes;
+        row->time_s[row->n++] = k % 2 ? timings[i + k / 2].time_s
+                                      : (timings[i + k / 2 - 1].time_s +
+                                         timings[i + k / 2].time_s) / 2;
+        i = j;
+    }
+    pool_adjacent_violators(row->time_s, row->n);
+    return TRUE;
+}
+
+gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
+                          const double *time_s, size_t n, ZpCollTable *t, GError **error)
+{
+    memset(t, 0, sizeof *t);
+    Timing *timings = g_new(Timing, n ? n : 1);
+    gboolean ok = TRUE;
+    /* Rows in order of first appearance of each (kind, ranks). */
+    for (size_t first = 0; ok && first < n; first++) {
+        if (kind[first] < 0 || kind[first] >= TABLE_KINDS || ranks[first] < 2 ||
+            zp_colltab_find(t, kind[first], ranks[first]))
+            continue;
+        if (t->n_rows == ZP_COLLTAB_MAX_ROWS) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "collectives: timings of more than %d collectives and rank counts, "
+                        "more than a table holds", ZP_COLLTAB_MAX_ROWS);
+            ok = FALSE;
+            break;
+        }
+        size_t m = 0;
+        for (size_t i = first; i < n; i++)
+            if (kind[i] == kind[first] && ranks[i] == ranks[first])
+                timings[m++] = (Timing){bytes[i], time_s[i]};
+        qsort(timings, m, sizeof *timings, by_bytes_then_time);
+        ok = build_row(kind[first], ranks[first], timings, m, &t->rows[t->n_rows], error);
+        t->n_rows += ok;
+    }
+    g_free(timings);
+    return ok;
+}

@@ -1,0 +1,60 @@
+/* zp_colltab: collectives as measured on one machine, nccl-tests' table of time against message
+ * size for each collective and rank count, and the time of any size read off that table. */
+#ifndef ZP_COLLTAB_H
+#define ZP_COLLTAB_H
+
+#include <glib.h>
+#include <stddef.h>
+
+/* Why a table and not only a fitted ring (collective_fit): a ring fit has one bandwidth per
+ * collective, and the bus bandwidth of MPI's shared-memory collectives moves with the message
+ * as it leaves the caches. On 2 ranks here the all-reduce's was 1.14 GB/s at 512 KB, 0.83 at
+ * 4 MB and 0.77 at 248 MB (gpt2-124m's gradients), the all-gather's 2.96 at 4 MB and 3.3 at
+ * 14 MB. nccl-tests report a bus bandwidth per size for the same reason. The microbenchmark
+ * times each collective at the very sizes the model's schedules use, besides a grid
+ * (real_microbench), so the table holds them. */
+#define ZP_COLLTAB_MAX_ROWS 12   /* 3 collectives x 4 rank counts */
+#define ZP_COLLTAB_MAX_POINTS 64 /* a grid and several models' own sizes */
+
+typedef struct {
+    int kind;  /* a ZpCollKind (zp_sched.h, which includes this through zp_hw.h): all-reduce 0,
+                * reduce-scatter 1 or all-gather 2 */
+    int ranks; /* ranks of the group, on one machine */
+    int n;     /* points */
+    double bytes[ZP_COLLTAB_MAX_POINTS];  /* the whole array S, increasing */
+    double time_s[ZP_COLLTAB_MAX_POINTS]; /* one call, positive and non-decreasing */
+} ZpCollRow;
+
+typedef struct {
+    int n_rows;
+    ZpCollRow rows[ZP_COLLTAB_MAX_ROWS];
+} ZpCollTable;
+
+/* Parses "collective_table": an array of {"op", "ranks", "bytes": [...], "time_s": [...]}, one
+ * per collective and rank count; `what` names the file in messages. Fails, naming the key, on
+ * an unknown op, ranks below 2, a repeated (op, ranks), sizes that do not increase or times that
+ * decrease. */
+gboolean zp_colltab_from_json(void *json_array, const char *what, ZpCollTable *t,
+                              GError **error);
+
+/* The table as that JSON array (a new reference). */
+void *zp_colltab_to_json(const ZpCollTable *t);
+
+/* Builds a table from timings (kind, ranks, bytes, time_s)[i], i < n: for each collective and
+ * rank count, the median time of each size, made non-decreasing in size by pooling adjacent
+ * violators (the least-squares non-decreasing fit: a larger message never takes less time, and
+ * the median of a noisy size must not make the curve fold back). Fails when there are more
+ * rank counts or sizes than the table holds. */
+gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
+                          const double *time_s, size_t n, ZpCollTable *t, GError **error);
+
+/* The row of collective `kind` (a ZpCollKind) at a rank count, NULL when the table has none. */
+const ZpCollRow *zp_colltab_find(const ZpCollTable *t, int kind, int ranks);
+
+/* Seconds of one collective of `bytes` (the whole array) from its row: exact at a measured size,
+ * linear in log time against log size between two (so non-decreasing, as the row is); below the
+ * smallest, the smallest's time (a latency floor); above the largest, at the largest's bus
+ * bandwidth (nccl-tests' plateau). */
+double zp_colltab_time_s(const ZpCollRow *row, double bytes);
+
+#endif
