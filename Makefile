@@ -208,7 +208,8 @@ reports: $(BUILD)/zplan
 
 # Fuzzing, outside CI: every harness built by clang with libFuzzer and ASan/UBSan against the
 # project's sources (build-fuzz/), then run FUZZ_S seconds each over its seed corpus (models/,
-# hwprofiles/, models/hf/ (libFuzzer reads folders recursively) or tests/fuzz/corpus/TARGET/)
+# hwprofiles/ and tests/fuzz/corpus/hwprofile/ (a calibrated profile with a collective table),
+# models/hf/ (libFuzzer reads folders recursively) or tests/fuzz/corpus/TARGET/)
 # and its past crashes. New inputs collect in
 # build-fuzz/corpus/TARGET/, crashes in build-fuzz/crashes/; a fixed crash's input goes into
 # tests/fuzz/regressions/TARGET/, which test_fuzz_replay replays in `make test`.
@@ -228,7 +229,8 @@ fuzz: setup fuzz-setup
 	@mkdir -p $(FUZZ_BUILD)/crashes
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
-	  case $$t in model) seeds=models;; hwprofile) seeds=hwprofiles;; hfconfig) seeds=models/hf;; \
+	  case $$t in model) seeds=models;; hwprofile) seeds="hwprofiles tests/fuzz/corpus/hwprofile";; \
+	    hfconfig) seeds=models/hf;; \
 	    *) seeds=tests/fuzz/corpus/$$t;; esac; \
 	  regressions=; [ -d tests/fuzz/regressions/$$t ] && regressions=tests/fuzz/regressions/$$t; \
 	  echo "fuzz: $$t for $(FUZZ_S) s"; \
