@@ -169,11 +169,12 @@ typedef struct {
     uint8_t cpu_running, transfers_active;
 } RankState;
 
-/* With contention (Sim.contention > 1), a rank's running GPU compute op, which a collective
- * starting or ending stretches or shrinks; nothing reads it otherwise, so it is kept apart
- * from RankState and allocated only then. */
+/* With contention (Sim.contention > 1), the GPU compute op a stream of a rank runs, which a
+ * collective starting or ending stretches or shrinks; nothing reads it otherwise, so it is kept
+ * apart from RankState and allocated only then. One per stream: DeepSpeed's stage 3 unpacks a
+ * gathered bucket on the gather stream while the compute stream runs a block. */
 typedef struct {
-    double end_s;   /* when it ends now */
+    double end_s;   /* when it ends now; -1: the stream runs no GPU compute op */
     uint32_t op;
     uint8_t slowed; /* it runs slowed (a collective is in flight) */
 } RunningCompute;
@@ -258,7 +259,8 @@ typedef struct {
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
-    RunningCompute *running; /* [rank], with contention only; NULL without */
+    RunningCompute *running; /* [rank * ZP_STREAM_N + stream], with contention only; NULL
+                              * without */
     RankBusy *busy;
     /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
      * them a rank is, or MEM_EAGER and its own state's index in eager. */
@@ -892,8 +894,11 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
     sim->rank = g_try_new0(RankState, sim->ranks);
-    if (sim->contention > 1)
-        sim->running = g_try_new0(RunningCompute, sim->ranks);
+    if (sim->contention > 1) {
+        sim->running = g_try_new0(RunningCompute, (size_t)sim->ranks * ZP_STREAM_N);
+        for (size_t r = 0; sim->running && r < (size_t)sim->ranks * ZP_STREAM_N; r++)
+            sim->running[r].end_s = -1;
+    }
     sim->busy = g_try_new0(RankBusy, sim->ranks);
     sim->mem_pos = g_try_new0(uint32_t, sim->ranks);
     gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
@@ -918,7 +923,8 @@ static gboolean alloc_rank_state(Sim *sim, gboolean timeline, GError **error)
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
-                                             (sim->running ? sizeof *sim->running : 0) +
+                                             (sim->running ? ZP_STREAM_N * sizeof *sim->running
+                                                           : 0) +
                                              sizeof *sim->mem_pos);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
@@ -1423,15 +1429,14 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
         reshare(sim, sim->affected[i], link, now_s);
 }
 
-/* Contention: a rank's compute op runs sim->contention times slower while a collective of
+/* Contention: a rank's compute ops run sim->contention times slower while a collective of
  * that rank is in flight. When that changes in the middle of an op, the rest of the op is
  * rescaled and its end queued again; the superseded end event is ignored (handle). */
-static void recontend_running(Sim *sim, uint32_t rank, double now_s)
+static void recontend_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
 {
-    const RankState *rs = &sim->rank[rank];
-    RunningCompute *run = &sim->running[rank];
-    const uint8_t slowed = rs->comm_active > 0;
-    if (rs->compute_running == 0 || slowed == run->slowed)
+    RunningCompute *run = &sim->running[(size_t)rank * ZP_STREAM_N + stream];
+    const uint8_t slowed = sim->rank[rank].comm_active > 0;
+    if (run->end_s < 0 || slowed == run->slowed)
         return;
     const double end_s = now_s + (run->end_s - now_s) *
                                      (slowed ? sim->contention : 1 / sim->contention);
@@ -1449,8 +1454,8 @@ static void recontend_running(Sim *sim, uint32_t rank, double now_s)
 
 static inline void recontend(Sim *sim, uint32_t rank, double now_s)
 {
-    if (sim->running)
-        recontend_running(sim, rank, now_s);
+    for (uint32_t stream = 0; sim->running && stream < ZP_STREAM_N; stream++)
+        recontend_stream(sim, rank, stream, now_s);
 }
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
@@ -1512,7 +1517,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
                                        : op->duration_s) *
             (slowed ? sim->contention : 1);
         if (gpu && sim->running)
-            sim->running[rank] = (RunningCompute){
+            sim->running[(size_t)rank * ZP_STREAM_N + stream] = (RunningCompute){
                 .end_s = now_s + duration_s, .op = i, .slowed = slowed};
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
@@ -1762,7 +1767,8 @@ static void handle(Sim *sim, const Event *e, double now_s)
         RankState *rs = &sim->rank[e->id];
         const SimOp *op = &sim->ops[e->detail];
         const gboolean gpu = op->kind == ZP_OP_COMPUTE && busy_of(op) == BUSY_GPU;
-        RunningCompute *run = gpu && sim->running ? &sim->running[e->id] : NULL;
+        RunningCompute *run =
+            gpu && sim->running ? &sim->running[(size_t)e->id * ZP_STREAM_N + op->stream] : NULL;
         if (run && (e->detail != run->op || now_s != run->end_s))
             return; /* an end that contention moved */
         /* Rescaled there and back, an op can have two end events at the same instant: the
