@@ -326,6 +326,11 @@ gboolean zp_cost_backend_workspace(const ZpHw *hw)
     return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
 }
 
+gboolean zp_cost_ops_in_line(const ZpHw *hw)
+{
+    return zp_cost_backend_workspace(hw);
+}
+
 /* Fractions of a total per module; an empty total is all in the first module. */
 static void normalise(double share[ZP_MOD_N])
 {

@@ -745,6 +745,11 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
+    const gboolean in_line = zp_cost_ops_in_line(hw);
+    if (in_line)
+        g_strlcpy(result->collective_model, "in line with compute, one op of a rank at a time "
+                  "(the profile's op table was measured on zreal's cpu backend)",
+                  sizeof result->collective_model);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, sim->n_groups, i, error)) {
             g_free(stage_flops);
@@ -752,7 +757,11 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
         }
         const ZpOp *op = zp_sched_op(s, i);
         SimOp *o = &sim->ops[i];
-        *o = (SimOp){.kind = op->kind, .sub = op->sub, .stream = op->stream,
+        /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
+         * stays on its own (it is posted, and the stage goes on). */
+        const gboolean in_line_op = in_line && op->kind != ZP_OP_P2P;
+        *o = (SimOp){.kind = op->kind, .sub = op->sub,
+                     .stream = in_line_op ? ZP_STREAM_COMPUTE : op->stream,
                      .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
                      .bytes = op->bytes};
         if (op->kind == ZP_OP_TRANSFER) {

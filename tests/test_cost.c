@@ -980,6 +980,44 @@ static void test_contention_every_stream(void)
     zp_sched_free(s);
 }
 
+/* A profile whose op table was measured on zreal's CPU backend runs a rank's ops in line: at
+ * stage 3 the prefetched all-gathers, which overlap compute on a GPU's streams, add to the step
+ * there, which is then the one stream's busy time (nothing of a rank overlaps), every collective
+ * exposed; the output says so. Another backend's table keeps the streams apart. */
+static void test_ops_in_line(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 3, 2, 1, TRUE);
+    load_model("gpt2-124m", &m);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r[2];
+    for (int cpu = 0; cpu <= 1; cpu++) {
+        g_strlcpy(hw.op_costs.backend, cpu ? "cpu" : "cuda", sizeof hw.op_costs.backend);
+        g_assert_true(zp_cost_ops_in_line(&hw) == cpu);
+        r[cpu] = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        g_test_message("%s: step %.6g s, compute stream %.6g s, dp stream %.6g s, exposed %.6g s",
+                       hw.op_costs.backend, r[cpu]->step_time_s,
+                       r[cpu]->stream_busy_s[ZP_STREAM_COMPUTE],
+                       r[cpu]->stream_busy_s[ZP_STREAM_DP], r[cpu]->exposed_comm_s);
+    }
+    g_assert_cmpfloat(r[0]->stream_busy_s[ZP_STREAM_DP], >, 0);
+    g_assert_cmpfloat(r[0]->exposed_comm_s, <, r[0]->stream_busy_s[ZP_STREAM_DP]);
+    g_assert_cmpfloat(r[1]->stream_busy_s[ZP_STREAM_DP], ==, 0);
+    g_assert_cmpfloat(fabs(r[1]->step_time_s - r[1]->stream_busy_s[ZP_STREAM_COMPUTE]), <=,
+                      1e-9 * r[1]->step_time_s);
+    g_assert_cmpfloat(r[1]->step_time_s, >, r[0]->step_time_s);
+    g_assert_true(g_str_has_prefix(r[1]->collective_model, "in line with compute"));
+    g_assert_null(strstr(r[0]->collective_model, "in line"));
+    sim_result_free(r[0]), sim_result_free(r[1]);
+    zp_sched_free(s);
+}
+
 /* A block op's module shares come from its kernels: each block op's kernels sum, per module,
  * to the module's share, and with the op table (kernel sums, and a whole-op time split the same
  * way) and on the roofline a stage-3 DeepSpeed schedule's module ops take exactly the block
@@ -1059,5 +1097,6 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);
     g_test_add_func("/cost/collective-table", test_collective_table);
     g_test_add_func("/cost/contention-every-stream", test_contention_every_stream);
+    g_test_add_func("/cost/ops-in-line", test_ops_in_line);
     return g_test_run();
 }
