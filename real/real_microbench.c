@@ -799,15 +799,29 @@ static gboolean model_coll_sizes(const ZpModel *model, const ZpPlan *plan, int r
     return TRUE;
 }
 
+/* The most elements a model's collective is timed at: each of its two buffers at most 1/8 of
+ * the rank's share of the memory that holds them (the device's, or the host's over the ranks),
+ * so that a model too large for this machine still gets its microbenchmark; the table's
+ * plateau (the largest size's bus bandwidth) covers what is left out. */
+static size_t coll_max_elems(RealBackend *be, int ranks)
+{
+    RealDeviceMemory dm;
+    const double bytes = be->device_memory && be->device_memory(be, &dm)
+                             ? (double)dm.total_bytes
+                             : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) /
+                                   ranks;
+    return (size_t)(bytes / 8 / sizeof(RealBf16));
+}
+
 /* The collectives' sizes in elements, increasing, each a multiple of the ranks: the backend's
- * grid and, with a model, the sizes its own schedules use (model_coll_sizes), which the
- * calibrated table then holds exactly: on this host bandwidth falls with the message (MPI's
- * shared-memory copies leave the caches), and a size between two grid points would be read
- * off a curve drawn through them. Sizes within SAME_SIZE of a kept one are dropped, the
+ * grid and, with a model, the sizes its own schedules use (model_coll_sizes) up to max_elems,
+ * which the calibrated table then holds exactly: on this host bandwidth falls with the message
+ * (MPI's shared-memory copies leave the caches), and a size between two grid points would be
+ * read off a curve drawn through them. Sizes within SAME_SIZE of a kept one are dropped, the
  * model's kept over the grid's; at most MAX_MODEL_COLL_SIZES of the model's, spread over its
  * range. */
 static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *plan,
-                          int ranks, GError **error)
+                          int ranks, size_t max_elems, GError **error)
 {
     GArray *all = g_array_new(FALSE, FALSE, sizeof(CollSize));
     if (model && !model_coll_sizes(model, plan, ranks, all, error)) {
@@ -819,7 +833,8 @@ static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *p
     for (guint i = 0; i < all->len; i++) {
         const CollSize c = g_array_index(all, CollSize, i);
         const guint n = model_sizes->len;
-        if (!n || c.elems > (1 + SAME_SIZE) * g_array_index(model_sizes, CollSize, n - 1).elems)
+        if (c.elems <= max_elems &&
+            (!n || c.elems > (1 + SAME_SIZE) * g_array_index(model_sizes, CollSize, n - 1).elems))
             g_array_append_val(model_sizes, c);
     }
     g_array_set_size(all, 0);
@@ -916,8 +931,10 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
     free_memory_buffers(&x);
     ok = ok && (!device || (bench_attention(&x, sz, kernels, error) &&
                             bench_loss(&x, kernels, error)));
-    GArray *coll_elems = ok && comm->size > 1 ? coll_sizes(sz, model, plan, comm->size, error)
-                                              : NULL;
+    GArray *coll_elems =
+        ok && comm->size > 1
+            ? coll_sizes(sz, model, plan, comm->size, coll_max_elems(be, comm->size), error)
+            : NULL;
     ok = ok && (comm->size < 2 || (coll_elems && bench_collectives(&x, coll_elems, coll, error)));
     if (coll_elems)
         g_array_unref(coll_elems);
