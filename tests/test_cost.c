@@ -951,6 +951,20 @@ static void test_collective_table(void)
     g_clear_error(&error);
 }
 
+/* gpt2-124m's schedule at stage 3 on 2 ranks, micro-batch 1, DeepSpeed's implementation (the
+ * default), and in *hw the H100 profile with the synthetic op table. */
+static ZpSchedule *gpt2_stage3_on_table(ZpHw *hw)
+{
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(hw, &m, &p, 3, 2, 1, TRUE);
+    load_model("gpt2-124m", &m);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
 /* Contention slows the compute op of every stream of a rank: gpt2-124m at DeepSpeed's stage 3
  * unpacks gathered buckets on the gather stream beside the compute stream's blocks. The
  * simulator kept one running compute op per rank, lost the first one's end when the second
@@ -959,13 +973,8 @@ static void test_collective_table(void)
 static void test_contention_every_stream(void)
 {
     ZpHw hw;
-    ZpModel m;
-    ZpPlan p;
-    tiny_setup(&hw, &m, &p, 3, 2, 1, TRUE);
-    load_model("gpt2-124m", &m);
+    ZpSchedule *s = gpt2_stage3_on_table(&hw);
     GError *error = NULL;
-    ZpSchedule *s = zp_sched_build(&m, &p, &error);
-    g_assert_no_error(error);
     const SimOptions options = {.mode = SIM_MODE_FOLDED};
     double step_s[2];
     for (int slowed = 0; slowed <= 1; slowed++) {
@@ -987,13 +996,8 @@ static void test_contention_every_stream(void)
 static void test_ops_in_line(void)
 {
     ZpHw hw;
-    ZpModel m;
-    ZpPlan p;
-    tiny_setup(&hw, &m, &p, 3, 2, 1, TRUE);
-    load_model("gpt2-124m", &m);
+    ZpSchedule *s = gpt2_stage3_on_table(&hw);
     GError *error = NULL;
-    ZpSchedule *s = zp_sched_build(&m, &p, &error);
-    g_assert_no_error(error);
     const SimOptions options = {.mode = SIM_MODE_FOLDED};
     SimResult *r[2];
     for (int cpu = 0; cpu <= 1; cpu++) {
