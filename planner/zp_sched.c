@@ -153,15 +153,19 @@ static uint32_t emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
         b->recv_key = -1;
         op.n_deps++;
     }
-    /* The dependencies that are ops, written in place (one resize, not one call each). */
-    const guint at = s->deps->len;
-    g_array_set_size(s->deps, at + n_deps);
-    uint32_t *out = &g_array_index(s->deps, uint32_t, at);
+    /* The dependencies that are ops, written in place (one resize, not one call each). With
+     * none, the array is not touched: an empty GArray's data is NULL, and even a zero offset
+     * from it is undefined (clang's UBSan stopped the schedule fuzzer on it). */
     guint n = 0;
-    for (guint i = 0; i < n_deps; i++)
-        if (deps[i] != NONE)
-            out[n++] = deps[i];
-    g_array_set_size(s->deps, at + n);
+    if (n_deps > 0) {
+        const guint at = s->deps->len;
+        g_array_set_size(s->deps, at + n_deps);
+        uint32_t *out = &g_array_index(s->deps, uint32_t, at);
+        for (guint i = 0; i < n_deps; i++)
+            if (deps[i] != NONE)
+                out[n++] = deps[i];
+        g_array_set_size(s->deps, at + n);
+    }
     op.n_deps += n;
     g_array_append_val(s->ops, op);
     if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
