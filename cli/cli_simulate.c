@@ -758,7 +758,7 @@ static int simulate(const SimulateFlags *f)
         return cli_fail("simulate", error);
     }
     /* A profile measured on zreal's CPU backend: its workspace buffers are listed too. */
-    plan.backend_workspace = zp_cost_backend_workspace(&hw);
+    plan.backend_workspace = zp_cost_cpu_backend(&hw);
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */

@@ -3,6 +3,7 @@
 #include "zp_colltab.h"
 #include "zp_util.h"
 
+#include <gsl/gsl_statistics_double.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -10,8 +11,8 @@
 
 /* The collectives a table has rows for, those the microbenchmark times, in ZpCollKind's order
  * (zp_sched.h's names). */
-#define TABLE_KINDS 3
 static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
+#define TABLE_KINDS ((int)G_N_ELEMENTS(kind_names) - 1)
 
 static gboolean row_from_json(json_t *r, const char *what, ZpCollRow *row, GError **error)
 {
@@ -176,11 +177,10 @@ static gboolean build_row(int kind, int ranks, Timing *timings, size_t m, ZpColl
                         kind_names[kind], ranks, ZP_COLLTAB_MAX_POINTS);
             return FALSE;
         }
-        const size_t k = j - i; /* sorted by time within a size */
+        /* sorted by time within a size: every other double of timings[i..j) */
         row->bytes[row->n] = timings[i].bytes;
-        row->time_s[row->n++] = k % 2 ? timings[i + k / 2].time_s
-                                      : (timings[i + k / 2 - 1].time_s +
-                                         timings[i + k / 2].time_s) / 2;
+        row->time_s[row->n++] = gsl_stats_median_from_sorted_data(
+            &timings[i].time_s, sizeof(Timing) / sizeof(double), j - i);
         i = j;
     }
     pool_adjacent_violators(row->time_s, row->n);

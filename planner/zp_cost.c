@@ -321,14 +321,9 @@ double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan
     return 2 * d.t * d.h + 4 * d.t * d.h + 4 * (a + b + tile);
 }
 
-gboolean zp_cost_backend_workspace(const ZpHw *hw)
+gboolean zp_cost_cpu_backend(const ZpHw *hw)
 {
     return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
-}
-
-gboolean zp_cost_ops_in_line(const ZpHw *hw)
-{
-    return zp_cost_backend_workspace(hw);
 }
 
 /* Fractions of a total per module; an empty total is all in the first module. */

@@ -144,16 +144,14 @@ double zp_cost_op_workspace_bytes(const ZpModel *model, const ZpPlan *plan, ZpCo
  * and the eager attention's two s x s tiles (a fused kernel's d + 32). */
 double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan);
 
-/* Whether a profile's op table was measured on zreal's CPU backend, whose workspace
- * (the two functions above) the schedule then lists. */
-gboolean zp_cost_backend_workspace(const ZpHw *hw);
-
-/* Whether the measured backend runs a rank's ops one at a time in the schedule's order: zreal's
- * CPU backend does (real_engine_step runs each op to its end, and a collective is MPI's, on
- * the rank's own thread and cores: Open MPI progresses it only inside its calls), so nothing
- * of a rank overlaps there, where a GPU's streams overlap compute with NCCL's kernels. The
- * simulator then runs each rank's compute, collectives and transfers on one stream. */
-gboolean zp_cost_ops_in_line(const ZpHw *hw);
+/* Whether a profile's op table was measured on zreal's CPU backend. Two things follow:
+ * - the schedule lists that backend's workspace (the two functions above);
+ * - a rank's ops run one at a time in the schedule's order (real_engine_step runs each op to
+ *   its end, and a collective is MPI's, on the rank's own thread and cores: Open MPI
+ *   progresses it only inside its calls), where a GPU's streams overlap compute with NCCL's
+ *   kernels; the simulator then runs a rank's compute, collectives and transfers on one
+ *   stream. */
+gboolean zp_cost_cpu_backend(const ZpHw *hw);
 
 /* Bytes the rank's own memory copies move (read plus written) around collective `op` as
  * zreal's engine (real_engine.c reduce_flat, reduce_units, gather) performs it at ZeRO stage

@@ -748,14 +748,6 @@ static gboolean run_collective(void *p, GError **error)
     return c->allgather_bf16(c, x->h[1], per_rank, x->h[0], error);
 }
 
-/* Cell c of the collectives' sweep into x: op c / sizes, the size c mod sizes (`elems`, each
- * a multiple of the ranks). */
-static void coll_cell(Ctx *x, const GArray *elems, size_t c)
-{
-    x->op = (int)(c / elems->len);
-    x->elems = g_array_index(elems, size_t, c % elems->len);
-}
-
 /* The most of the model's own sizes timed: beyond them, every other one is dropped. */
 #define MAX_MODEL_COLL_SIZES 12
 /* Sizes closer than this (relative) are one size for the table. */
@@ -772,11 +764,19 @@ static int by_elems(const void *a, const void *b)
     return (x->elems > y->elems) - (x->elems < y->elems);
 }
 
+/* Cell c of the collectives' sweep into x: op c / sizes, the size c mod sizes (`sizes`, of
+ * CollSize, each a multiple of the ranks). */
+static void coll_cell(Ctx *x, const GArray *sizes, size_t c)
+{
+    x->op = (int)(c / sizes->len);
+    x->elems = g_array_index(sizes, CollSize, c % sizes->len).elems;
+}
+
 /* The sizes of the data-parallel all-reduces, reduce-scatters and all-gathers that the model's
  * schedules run at ZeRO stages 0-3 on `ranks` ranks (plan otherwise as given), in bf16
- * elements of their bytes, appended to `sizes`. */
+ * elements of their bytes, those up to max_elems appended to `sizes`. */
 static gboolean model_coll_sizes(const ZpModel *model, const ZpPlan *plan, int ranks,
-                                 GArray *sizes, GError **error)
+                                 size_t max_elems, GArray *sizes, GError **error)
 {
     if (plan->dp != ranks) /* a --mp that does not divide the ranks: no such DP group */
         return TRUE;
@@ -792,7 +792,8 @@ static gboolean model_coll_sizes(const ZpModel *model, const ZpPlan *plan, int r
                 op->sub > ZP_COLL_ALLGATHER)
                 continue;
             const size_t elems = (size_t)ceil(op->bytes / sizeof(RealBf16));
-            g_array_append_val(sizes, ((CollSize){elems, TRUE}));
+            if (elems <= max_elems)
+                g_array_append_val(sizes, ((CollSize){elems, TRUE}));
         }
         zp_sched_free(sched);
     }
@@ -813,9 +814,25 @@ static size_t coll_max_elems(RealBackend *be, int ranks)
     return (size_t)(bytes / 8 / sizeof(RealBf16));
 }
 
-/* The collectives' sizes in elements, increasing, each a multiple of the ranks: the backend's
+/* `sizes` (sorted by elements) without those within SAME_SIZE of the one kept before them; a
+ * model's size takes a grid size's place. */
+static void drop_near(GArray *sizes)
+{
+    guint kept = 0;
+    for (guint i = 1; i < sizes->len; i++) {
+        CollSize *k = &g_array_index(sizes, CollSize, kept);
+        const CollSize c = g_array_index(sizes, CollSize, i);
+        if (c.elems > (1 + SAME_SIZE) * k->elems)
+            g_array_index(sizes, CollSize, ++kept) = c;
+        else if (c.model && !k->model)
+            *k = c;
+    }
+    g_array_set_size(sizes, MIN(sizes->len, kept + 1));
+}
+
+/* The collectives' sizes (CollSize), increasing, each a multiple of the ranks: the backend's
  * grid and, with a model, the sizes its own schedules use (model_coll_sizes) up to max_elems,
- * which the calibrated table then holds exactly: on this host bandwidth falls with the message
+ * which the calibrated table then holds exactly: on this host bandwidth moves with the message
  * (MPI's shared-memory copies leave the caches), and a size between two grid points would be
  * read off a curve drawn through them. Sizes within SAME_SIZE of a kept one are dropped, the
  * model's kept over the grid's; at most MAX_MODEL_COLL_SIZES of the model's, spread over its
@@ -823,21 +840,14 @@ static size_t coll_max_elems(RealBackend *be, int ranks)
 static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *plan,
                           int ranks, size_t max_elems, GError **error)
 {
-    GArray *all = g_array_new(FALSE, FALSE, sizeof(CollSize));
-    if (model && !model_coll_sizes(model, plan, ranks, all, error)) {
-        g_array_unref(all);
+    GArray *model_sizes = g_array_new(FALSE, FALSE, sizeof(CollSize));
+    if (model && !model_coll_sizes(model, plan, ranks, max_elems, model_sizes, error)) {
+        g_array_unref(model_sizes);
         return NULL;
     }
-    g_array_sort(all, by_elems);
-    GArray *model_sizes = g_array_new(FALSE, FALSE, sizeof(CollSize));
-    for (guint i = 0; i < all->len; i++) {
-        const CollSize c = g_array_index(all, CollSize, i);
-        const guint n = model_sizes->len;
-        if (c.elems <= max_elems &&
-            (!n || c.elems > (1 + SAME_SIZE) * g_array_index(model_sizes, CollSize, n - 1).elems))
-            g_array_append_val(model_sizes, c);
-    }
-    g_array_set_size(all, 0);
+    GArray *all = g_array_new(FALSE, FALSE, sizeof(CollSize));
+    g_array_sort(model_sizes, by_elems);
+    drop_near(model_sizes);
     const guint keep = MIN(model_sizes->len, MAX_MODEL_COLL_SIZES);
     for (guint j = 0; j < keep; j++) {
         const guint at = keep < 2 ? 0 : j * (model_sizes->len - 1) / (keep - 1);
@@ -846,22 +856,13 @@ static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *p
     g_array_unref(model_sizes);
     for (size_t i = 0; i < sz->n_coll_elems; i++)
         g_array_append_val(all, ((CollSize){sz->coll_elems[i], FALSE}));
-    g_array_sort(all, by_elems);
-    GArray *elems = g_array_new(FALSE, FALSE, sizeof(size_t));
-    CollSize kept = {0, FALSE};
     for (guint i = 0; i < all->len; i++) {
-        CollSize c = g_array_index(all, CollSize, i);
-        c.elems = MAX(c.elems / (size_t)ranks, 1) * (size_t)ranks;
-        if (elems->len && c.elems <= (1 + SAME_SIZE) * kept.elems) {
-            if (c.model && !kept.model) /* the model's own size in the grid's place */
-                g_array_index(elems, size_t, elems->len - 1) = c.elems, kept = c;
-            continue;
-        }
-        g_array_append_val(elems, c.elems);
-        kept = c;
+        CollSize *c = &g_array_index(all, CollSize, i);
+        c->elems = MAX(c->elems / (size_t)ranks, 1) * (size_t)ranks;
     }
-    g_array_unref(all);
-    return elems;
+    g_array_sort(all, by_elems);
+    drop_near(all);
+    return all;
 }
 
 /* Over a real communicator, the real collectives; over an emulated one (one process playing
@@ -873,7 +874,8 @@ static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *p
 static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GError **error)
 {
     static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
-    const size_t max = g_array_index(sizes, size_t, sizes->len - 1), cells = 3 * sizes->len;
+    const size_t max = g_array_index(sizes, CollSize, sizes->len - 1).elems,
+                 cells = 3 * sizes->len;
     x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     gboolean ok = x->h[0] && x->h[1];

@@ -229,9 +229,7 @@ static SimCollCost fitted_cost(ZpCollKind kind, double bytes, const SimCollGroup
 static SimCollCost measured_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
 {
     SimCollCost c = {.algo = SIM_ALGO_RING, .proto = SIM_PROTO_SIMPLE};
-    if (group->ranks <= 1)
-        return c;
-    const ZpCollRow *row = group->measured[kind];
+    const ZpCollRow *row = group->measured[kind]; /* rows have 2 ranks or more */
     const double t = zp_colltab_time_s(row, bytes);
     c.latency_s = MIN(t, row->time_s[0]);
     c.transfer_s = t - c.latency_s;

@@ -745,7 +745,7 @@ static gboolean build_ops(Sim *sim, const ZpHw *hw, SimResult *result, GError **
     double *stage_flops = g_new0(double, sim->sim_pp);
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
-    const gboolean in_line = zp_cost_ops_in_line(hw);
+    const gboolean in_line = zp_cost_cpu_backend(hw);
     if (in_line)
         g_strlcpy(result->collective_model, "in line with compute, one op of a rank at a time "
                   "(the profile's op table was measured on zreal's cpu backend)",

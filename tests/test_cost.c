@@ -497,11 +497,11 @@ static void test_backend_workspace(void)
     const double resident = 2 * T * h + 4 * T * h + 4 * (256 * T + h * 256 + 2 * 32 * 32);
     g_assert_cmpfloat(zp_cost_resident_workspace_bytes(&m, &p), ==, resident);
     g_assert_cmpfloat(resident + bwd, ==, 1748224);
-    g_assert_false(zp_cost_backend_workspace(&hw));
+    g_assert_false(zp_cost_cpu_backend(&hw));
     hw.op_costs = synthetic_table();
-    g_assert_false(zp_cost_backend_workspace(&hw));
+    g_assert_false(zp_cost_cpu_backend(&hw));
     g_strlcpy(hw.op_costs.backend, "cpu", sizeof hw.op_costs.backend);
-    g_assert_true(zp_cost_backend_workspace(&hw));
+    g_assert_true(zp_cost_cpu_backend(&hw));
     p.backend_workspace = TRUE;
     ZpSchedule *s = zp_sched_build(&m, &p, NULL);
     double listed = 0;
@@ -1002,7 +1002,7 @@ static void test_ops_in_line(void)
     SimResult *r[2];
     for (int cpu = 0; cpu <= 1; cpu++) {
         g_strlcpy(hw.op_costs.backend, cpu ? "cpu" : "cuda", sizeof hw.op_costs.backend);
-        g_assert_true(zp_cost_ops_in_line(&hw) == cpu);
+        g_assert_true(zp_cost_cpu_backend(&hw) == cpu);
         r[cpu] = sim_engine_run(s, &hw, &options, &error);
         g_assert_no_error(error);
         g_test_message("%s: step %.6g s, compute stream %.6g s, dp stream %.6g s, exposed %.6g s",

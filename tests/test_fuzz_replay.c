@@ -1,5 +1,6 @@
-/* test_fuzz_replay: every fuzz harness (tests/fuzz/) over its seed corpus and every past crash
- * input in tests/fuzz/regressions/TARGET/, so a fixed crash stays fixed without a fuzzer. */
+/* test_fuzz_replay: every fuzz harness (tests/fuzz/) over its seed corpus (and
+ * tests/fuzz/corpus/TARGET/ where the seeds live elsewhere) and every past crash input in
+ * tests/fuzz/regressions/TARGET/, so a fixed crash stays fixed without a fuzzer. */
 #include "fuzz.h"
 
 #include <glib.h>
@@ -61,6 +62,12 @@ static void test_replay(gconstpointer data)
 {
     const Target *t = data;
     g_assert_cmpuint(replay_dir(t, t->seeds), >=, t->min_seeds);
+    /* Seeds of a target whose corpus is the shipped files (hwprofiles/) that those lack: a
+     * calibrated profile with its collective table. */
+    char *corpus = g_build_filename("tests/fuzz/corpus", t->name, NULL);
+    if (strcmp(corpus, t->seeds) != 0)
+        g_test_message("%s: %u more seeds in %s", t->name, replay_dir(t, corpus), corpus);
+    g_free(corpus);
     char *regressions = g_build_filename("tests/fuzz/regressions", t->name, NULL);
     g_test_message("%s: %u past crash inputs", t->name, replay_dir(t, regressions));
     g_free(regressions);
