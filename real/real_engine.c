@@ -109,6 +109,10 @@ gboolean real_engine_fail(GError **error, const char *format, ...)
 }
 #define fail real_engine_fail
 
+/* Sets of a unit's tensors, bit k for tensor k. */
+#define ALL_TENSORS UINT32_MAX
+#define WTE_ONLY 1u /* a tied LM head's use of the embeddings */
+
 static uint64_t unit_padded(const RealEngine *e, int u)
 {
     return zp_mem_padded_elems(e->s->unit_elems[u], (uint64_t)e->dp);
@@ -255,6 +259,8 @@ static gboolean allocate_states(RealEngine *e, GError **error)
                         !(e->adam_v = take(e, e->opt_elems * f4, ZP_MEM_ADAM_V, error))))
         return FALSE;
     e->be->fill(e->be, e->params, 0, params_elems[e->stage] * b2);
+    if (e->grads) /* once: the padding no write reaches (start_step) */
+        e->be->fill(e->be, e->grads, 0, grads_elems[e->stage] * b2);
     if (!e->offload) {
         e->be->fill(e->be, e->adam_m, 0, e->opt_elems * f4);
         e->be->fill(e->be, e->adam_v, 0, e->opt_elems * f4);
@@ -602,18 +608,40 @@ gboolean real_engine_hpz_sent_bytes(const RealEngine *e, double *sent)
 
 /* ---- alloc and free ---------------------------------------------------------------------- */
 
-/* The units a bucket covers and, for stage 3, each unit's offset inside it (units padded). */
-static void map_landing_bucket(RealEngine *e, int id)
+/* A new buffer of `bytes` for the gradients of unit u from its start: the unit's tensors are
+ * declared fresh, so backward's first write stores them (no zeroing pass, as autograd's
+ * into a .grad that is None), and only what lies beyond them, the padding that the
+ * reductions and the step read, is zeroed. */
+static void fresh_unit_grads(RealEngine *e, int u, RealBf16 *at, uint64_t bytes)
+{
+    const uint64_t used = MIN(bytes, e->s->unit_elems[u] * sizeof(RealBf16));
+    real_gpt_grads_fresh(e->gpt, u, ALL_TENSORS);
+    e->be->fill(e->be, (char *)at + used, 0, bytes - used);
+}
+
+/* The units a landing bucket covers and, for stage 3, each unit's offset inside it (units
+ * padded), their gradients fresh; the bucket's bytes that no unit covers are zeroed. */
+static void map_landing_bucket(RealEngine *e, int id, uint64_t bytes)
 {
     const ZpSchedule *s = e->s;
+    const size_t b2 = sizeof(RealBf16);
     RealBf16 *bucket = e->buffers[id];
-    uint64_t offset = 0;
+    uint64_t offset = 0, end = 0; /* end: bytes covered so far, in order */
     for (int u = 0; u < s->n_units; u++) {
         if (s->unit_offset[u] < e->bucket_lo[id] || s->unit_offset[u] >= e->bucket_hi[id])
             continue;
-        e->unit_grads[u] = bucket + (e->stage == 3 ? offset : s->unit_offset[u] - e->bucket_lo[id]);
+        const uint64_t at = e->stage == 3 ? offset : s->unit_offset[u] - e->bucket_lo[id];
+        const uint64_t room = e->stage == 3 ? unit_padded(e, u) : s->unit_elems[u];
+        const uint64_t from = MIN(at * b2, bytes), to = MIN((at + room) * b2, bytes);
+        if (from > end)
+            e->be->fill(e->be, (char *)bucket + end, 0, from - end);
+        e->unit_grads[u] = bucket + at;
+        fresh_unit_grads(e, u, bucket + at, to - from);
+        end = MAX(end, to);
         offset += unit_padded(e, u);
     }
+    if (end < bytes)
+        e->be->fill(e->be, (char *)bucket + end, 0, bytes - end);
 }
 
 static const RealBf16 *step_grads(const RealEngine *e);
@@ -695,21 +723,23 @@ static gboolean do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **er
                     index, zp_sched_mem_name(op->sub), op->bytes, need);
     if (!(e->buffers[op->buffer] = take(e, need, op->sub, error)))
         return FALSE;
-    if (op->sub == ZP_MEM_GRADS) { /* zeroed: backward adds, the step reads the padding */
+    if (op->sub == ZP_MEM_GRADS && op->unit >= 0 && !e->ds) { /* a unit's gradients */
+        e->unit_grads[op->unit] = e->buffers[op->buffer];
+        fresh_unit_grads(e, op->unit, e->buffers[op->buffer], need);
+    } else if (op->sub == ZP_MEM_GRADS) { /* read whole (real_engine_ds adds into its own) */
         e->be->fill(e->be, e->buffers[op->buffer], 0, need);
-        if (op->unit >= 0)
-            e->unit_grads[op->unit] = e->buffers[op->buffer];
     }
     if (op->sub == ZP_MEM_CHECKPOINTS) /* Pa's slice in forward, or a whole input */
         (pa_splits(e) && need == e->ckpt_slice_bytes ? e->ckpt_slice
                                                      : e->ckpt_buffer)[slot(e, op->unit,
                                                                             op->micro)] = op->buffer;
     if (op->sub == ZP_MEM_BUCKETS && e->stage >= 2 && op->unit >= 0) {
-        /* Stages 2-3: backward accumulates straight into the bucket (real_engine_ds maps
-         * its tensors itself). */
-        e->be->fill(e->be, e->buffers[op->buffer], 0, need);
-        if (!e->ds)
-            map_landing_bucket(e, op->buffer);
+        /* Stages 2-3: backward writes straight into the bucket (real_engine_ds maps its
+         * tensors itself, zeroing the bucket where they land). */
+        if (e->ds)
+            e->be->fill(e->be, e->buffers[op->buffer], 0, need);
+        else
+            map_landing_bucket(e, op->buffer, need);
     }
     if (op->sub == ZP_MEM_WORKSPACE)
         step_copy(e, e->buffers[op->buffer], need);
@@ -736,10 +766,7 @@ static gboolean do_free(RealEngine *e, const ZpOp *op, GError **error)
 /* ---- compute ----------------------------------------------------------------------------- */
 
 /* Unit u's parameters as a compute op reads them, and where it accumulates its gradients:
- * the tensors in `used` (bit k: tensor k of the unit) or all. */
-#define ALL_TENSORS UINT32_MAX
-#define WTE_ONLY 1u /* a tied LM head's use of the embeddings */
-
+ * the tensors in `used` (bit k: tensor k of the unit) or all (ALL_TENSORS). */
 static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v,
                           GError **error)
 {
@@ -1513,13 +1540,15 @@ static const char *op_sub_name(const ZpOp *op)
     }
 }
 
-static void zero_gradients(RealEngine *e)
+/* A step's gradients start fresh where the engine keeps them whole (stages 0-1): backward's
+ * first write of each tensor stores it, as autograd's into the .grad that DeepSpeed's
+ * zero_grad set to None, with no pass that zeroes them (their padding was zeroed once). A
+ * partition (stages 2-3) is stored by the first micro-step's reductions
+ * (real_engine_deliver), and buffers the schedule takes start fresh when taken. */
+static void start_step(RealEngine *e)
 {
-    const ZpSchedule *s = e->s;
-    const uint64_t elems[4] = {s->total_elems, s->padded_elems, s->partition_elems,
-                               s->partition_elems};
-    if (e->grads) /* real_engine_ds overwrites its gradients at the first micro-step */
-        e->be->fill(e->be, e->grads, 0, elems[e->stage] * sizeof(RealBf16));
+    if (e->grads && e->stage < 2)
+        real_gpt_grads_fresh(e->gpt, -1, ALL_TENSORS);
 }
 
 /* Waits for the device (when the backend has one) and adds the step's device-timed ops. */
@@ -1552,7 +1581,7 @@ gboolean real_engine_step(RealEngine *e, uint64_t step, double *loss_out, GError
     e->step = step;
     e->loss_sum = 0;
     g_array_set_size(e->marks, 0); /* a failed step leaves marks: the backend frees them */
-    zero_gradients(e);
+    start_step(e);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->stage != (uint32_t)s->view_stage) /* another pipeline stage's */

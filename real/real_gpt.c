@@ -55,6 +55,8 @@ struct RealGpt {
     const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
     void *tp_ctx;
     GError *tp_error; /* the first failed collective's, until the call that made it returns */
+    uint32_t *fresh; /* [layers + 2]: bit k, unit u's tensor k is overwritten by its next write
+                      * (real_gpt_grads_fresh), not added to */
     /* A block forward or backward run module by module (real_gpt_block_*_module_t): its
      * layer (-1: none under way), the modules done, its workspace and (forward) the saved
      * activations it fills. */
@@ -391,17 +393,31 @@ void real_gpt_tensors_at(const RealGptDims *dims, int unit, const RealBf16 *base
         out->at[k] = (RealBf16 *)base + t[k].offset_elems;
 }
 
-/* dst's tensors first..last-1 of unit `unit` += src, that unit's fp32 gradients laid out
- * contiguously (src[0] is tensor first's first element). */
-static void real_gpt_accumulate(RealBackend *be, const RealGptDims *d, int unit,
-                                const RealGptTensors *dst, const float *src, int first,
-                                int last)
+/* Tensor k of unit `unit` (laid out as unit `layout`: 1 for any block) from the fp32
+ * gradients in src: stored over dst when fresh (real_gpt_grads_fresh), which it then no
+ * longer is, else added to it. */
+static void real_gpt_write_grad(RealGpt *gpt, int unit, int k, RealBf16 *dst, const float *src,
+                                size_t n_elems)
+{
+    RealBackend *be = gpt->be;
+    if (gpt->fresh[unit] >> k & 1u) {
+        gpt->fresh[unit] &= ~(1u << k);
+        be->f32_to_bf16(be, dst, src, n_elems);
+    } else {
+        be->accumulate_bf16(be, dst, src, n_elems);
+    }
+}
+
+/* dst's tensors first..last-1 of unit `unit` (laid out as unit `layout`) from src, that
+ * unit's fp32 gradients laid out contiguously (src[0] is tensor first's first element). */
+static void real_gpt_accumulate(RealGpt *gpt, int layout, int unit, const RealGptTensors *dst,
+                                const float *src, int first, int last)
 {
     RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
-    real_gpt_unit_tensors(d, unit, t);
+    real_gpt_unit_tensors(&gpt->dims, layout, t);
     for (int k = first; k < last; k++)
-        be->accumulate_bf16(be, dst->at[k], src + (t[k].offset_elems - t[first].offset_elems),
-                            t[k].elems);
+        real_gpt_write_grad(gpt, unit, k, dst->at[k],
+                            src + (t[k].offset_elems - t[first].offset_elems), t[k].elems);
 }
 
 static int real_gpt_n_tensors(const RealGptDims *d, int unit)
@@ -665,8 +681,16 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     }
     gpt->block_elems = real_gpt_unit_elems(dims, 1);
     gpt->saved = g_new0(void *, dims->layers);
+    gpt->fresh = g_new0(uint32_t, (gsize)dims->layers + 2);
     gpt->run.layer = -1;
     return gpt;
+}
+
+void real_gpt_grads_fresh(RealGpt *gpt, int unit, uint32_t tensors)
+{
+    for (int u = 0; u < gpt->dims.layers + 2; u++)
+        if (unit < 0 || u == unit)
+            gpt->fresh[u] |= tensors;
 }
 
 void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx)
@@ -685,6 +709,7 @@ void real_gpt_free(RealGpt *gpt)
     if (!gpt->run.backward)
         gpt->be->free(gpt->be, gpt->run.saved);
     g_free(gpt->saved);
+    g_free(gpt->fresh);
     g_free(gpt);
 }
 
@@ -961,7 +986,7 @@ gboolean real_gpt_embed_backward_t(RealGpt *gpt, const int *tokens, const float 
         be->embedding_bwd(be, grads, grads + (size_t)d->vocab * d->hidden, tokens, dx0,
                           d->micro_batch, d->seq_len, d->hidden);
     if (ok)
-        real_gpt_accumulate(be, d, 0, embed_grads, grads, 0, real_gpt_n_tensors(d, 0));
+        real_gpt_accumulate(gpt, 0, 0, embed_grads, grads, 0, real_gpt_n_tensors(d, 0));
     be->free(be, grads);
     return ok ? TRUE : real_gpt_nomem(error, "the embedding gradients");
 }
@@ -1431,9 +1456,10 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
 
 /* Adds module m's gradients (its tensors are consecutive in the block's list) from the
  * workspace g into dst. */
-static void real_gpt_add_module_grads(RealBackend *be, const RealGptDims *d, int m,
+static void real_gpt_add_module_grads(RealGpt *gpt, int layer, int m,
                                       const RealGptTensors *dst, const float *g)
 {
+    const RealGptDims *d = &gpt->dims;
     const uint32_t bits = real_gpt_module_tensors(d, m);
     if (!bits)
         return;
@@ -1443,7 +1469,7 @@ static void real_gpt_add_module_grads(RealBackend *be, const RealGptDims *d, int
         last++;
     RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
     real_gpt_unit_tensors(d, 1, t);
-    real_gpt_accumulate(be, d, 1, dst, g + t[first].offset_elems, first, last);
+    real_gpt_accumulate(gpt, 1, layer + 1, dst, g + t[first].offset_elems, first, last);
 }
 
 gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
@@ -1476,7 +1502,7 @@ gboolean real_gpt_block_backward_module_t(RealGpt *gpt, int layer, int module,
     if (!real_gpt_bwd_module(gpt, p, &sv, &b, module, dx_out, dx_in))
         return real_gpt_run_end(gpt, false, "the block backward workspace", error);
     if (block_grads)
-        real_gpt_add_module_grads(be, d, module, block_grads, b.g);
+        real_gpt_add_module_grads(gpt, layer, module, block_grads, b.g);
     if (++gpt->run.done < REAL_GPT_N_MODULES)
         return TRUE;
     real_gpt_run_end(gpt, true, NULL, error);
@@ -1538,7 +1564,9 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealGptTensors *lnf, const
     if (!be->gemm(be, true, false, v, h, t, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_F32, y,
                   0.0f, gwte))
         return false;
-    be->accumulate_bf16(be, gwte_out, gwte, (size_t)v * h);
+    real_gpt_write_grad(gpt, d->untied ? d->layers + 1 : 0,
+                        d->untied ? real_gpt_n_tensors(d, d->layers + 1) - 1 : 0, gwte_out, gwte,
+                        (size_t)v * h);
     if (!be->gemm(be, false, false, t, h, v, 1.0f, REAL_DTYPE_F32, logits, REAL_DTYPE_BF16, wte,
                   0.0f, y) ||
         !real_gpt_tp_sum(gpt, y, th))
@@ -1549,7 +1577,7 @@ static bool real_gpt_head_compute(RealGpt *gpt, const RealGptTensors *lnf, const
         be->rmsnorm_bwd(be, dx_last, gln, y, xf, lnf->at[0], t, h, real_gpt_eps(d));
     else
         be->layernorm_bwd(be, dx_last, gln, gln + h, y, xf, mean, rstd, lnf->at[0], t, h);
-    real_gpt_accumulate(be, d, d->layers + 1, final_ln_grads, gln, 0, norm_tensors);
+    real_gpt_accumulate(gpt, d->layers + 1, d->layers + 1, final_ln_grads, gln, 0, norm_tensors);
     return true;
 }
 

@@ -26,10 +26,12 @@
  *                   block_backward(l) dx_{l+1} -> dx_l;
  *   embed_backward(dx_0).
  * Backward and head calls ACCUMULATE into the bf16 gradient units (+=), so gradient
- * accumulation over micro-batches needs only zeroing once per step. The head and
- * embed_backward both add to unit 0's wte gradient (tied weights), so under ZeRO-3 unit 0
- * must be gathered for the head as well. Each call has a _t form that takes the units as
- * views (RealGptTensors) instead of contiguous arrays. */
+ * accumulation over micro-batches needs only zeroing once per step, or none where the
+ * caller declares the step's gradients fresh (real_gpt_grads_fresh): then the first write
+ * of each tensor stores it. The head and embed_backward both add to unit 0's wte gradient
+ * (tied weights), so under ZeRO-3 unit 0 must be gathered for the head as well. Each call
+ * has a _t form that takes the units as views (RealGptTensors) instead of contiguous
+ * arrays. */
 #ifndef REAL_GPT_H
 #define REAL_GPT_H
 
@@ -208,6 +210,15 @@ void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx);
 
 /* Frees the runtime and any activations still saved. NULL is ignored. */
 void real_gpt_free(RealGpt *gpt);
+
+/* Declares the gradient tensors in `tensors` (bit k: tensor k) of unit `unit` (-1: of every
+ * unit) fresh: the next call that writes one stores its gradient over what is there, and the
+ * calls after add to it. That is autograd's first backward into a .grad that DeepSpeed's
+ * zero_grad left None (set_to_none) and its accumulation after, with no zeroing pass. The
+ * engine declares a step's gradients fresh where it keeps them, or a unit's where it takes a
+ * new buffer for them; a tensor that was not declared fresh is added to (the caller zeroes
+ * it), which is also how a runtime starts. */
+void real_gpt_grads_fresh(RealGpt *gpt, int unit, uint32_t tensors);
 
 /* x0 [T,h] = wte[tokens] + wpe[position], rounded to bf16. tokens: host, b s of them, in
  * [0, V). */

@@ -139,6 +139,9 @@ static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean recor
 {
     const int L = q->dims.layers;
     GArray *untimed[ZP_COMP_N] = {NULL}, **t = record ? q->times[checkpoint] : untimed;
+    /* The step's gradients start fresh, as the engine's first micro-step writes them
+     * (real_engine.c start_step): backward stores each, then adds to it. */
+    real_gpt_grads_fresh(q->gpt, -1, UINT32_MAX);
     gboolean ok = real_microbench_line_up(comm, error) &&
                   op(q, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
     q->save = !checkpoint;

@@ -1103,6 +1103,48 @@ static void test_recompute_bit_identical(void)
     fx_free(&ckpt);
 }
 
+/* Whether two fixtures' gradients hold the same values, bf16 for bf16 (a stored -0 equals
+ * an accumulated +0). */
+static void assert_same_grads(const Fixture *a, const Fixture *b)
+{
+    for (int u = 0; u < a->n_units; u++)
+        for (size_t i = 0; i < a->elems[u]; i++)
+            g_assert_cmpfloat(real_bf16_to_f32(a->grads[u][i]), ==,
+                              real_bf16_to_f32(b->grads[u][i]));
+}
+
+/* Gradients declared fresh (real_gpt_grads_fresh) over dirty buffers give, with no zeroing,
+ * the values that zeroed buffers accumulate: the first write of each tensor stores it (the
+ * tied wte's too, which the head writes first and the embedding's backward adds to), later
+ * micro-batches add, and a step declared fresh again starts over. GPT-2 (tied) and Llama
+ * (untied head). */
+static void test_fresh_gradients(gconstpointer data)
+{
+    const RealGptDims dims = gradient_dims(GPOINTER_TO_INT(data));
+    Fixture zeroed, fresh;
+    fx_init(&zeroed, &dims, 7);
+    fx_init(&fresh, &dims, 7);
+    for (int u = 0; u < fresh.n_units; u++)
+        fresh.be->fill(fresh.be, fresh.grads[u], 0xa5, fresh.elems[u] * sizeof(RealBf16));
+    real_gpt_grads_fresh(fresh.gpt, -1, UINT32_MAX);
+    int *tokens[2], *targets[2];
+    for (int k = 0; k < 2; k++) {
+        make_batch(&dims, 5, 60 + k, &tokens[k], &targets[k]);
+        g_assert_cmpfloat(fx_micro_batch(&zeroed, tokens[k], targets[k], FALSE, FALSE), ==,
+                          fx_micro_batch(&fresh, tokens[k], targets[k], FALSE, FALSE));
+        assert_same_grads(&zeroed, &fresh);
+    }
+    fx_zero_grads(&zeroed);
+    real_gpt_grads_fresh(fresh.gpt, -1, UINT32_MAX);
+    fx_micro_batch(&zeroed, tokens[1], targets[1], TRUE, TRUE);
+    fx_micro_batch(&fresh, tokens[1], targets[1], TRUE, TRUE);
+    assert_same_grads(&zeroed, &fresh);
+    for (int k = 0; k < 2; k++)
+        g_free(tokens[k]), g_free(targets[k]);
+    fx_free(&zeroed);
+    fx_free(&fresh);
+}
+
 /* A view of block unit u's tensors in `base` holding only module m's (the rest NULL), as
  * DeepSpeed's stage 3 has only the module's own parameters gathered. */
 static void module_view(const RealGptDims *dims, RealBf16 *base, int m, RealGptTensors *v)
@@ -2060,6 +2102,10 @@ int main(int argc, char **argv)
     g_test_add_func("/real/gpt/init", test_init_deterministic);
     g_test_add_func("/real/gpt/errors", test_model_errors);
     g_test_add_data_func("/real/gpt/gradients", GINT_TO_POINTER(GRAD_GPT2), test_model_gradients);
+    g_test_add_data_func("/real/gpt/fresh-gradients", GINT_TO_POINTER(GRAD_GPT2),
+                         test_fresh_gradients);
+    g_test_add_data_func("/real/llama/fresh-gradients", GINT_TO_POINTER(GRAD_LLAMA),
+                         test_fresh_gradients);
     g_test_add_data_func("/real/llama/gradients-eager", GINT_TO_POINTER(GRAD_LLAMA),
                          test_model_gradients);
     g_test_add_data_func("/real/llama/gradients-flash", GINT_TO_POINTER(GRAD_LLAMA_FLASH),
