@@ -488,6 +488,31 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     return ok;
 }
 
+/* The copy curve (zp_optable's "copy") from every run's "copies": each size's median over the
+ * runs' timings, pooled to non-decreasing; none when no run timed copies. */
+static gboolean copy_curve(const Runs *r, ZpCollRow *row, GError **error)
+{
+    GArray *bytes = g_array_new(FALSE, FALSE, sizeof(double));
+    GArray *time_s = g_array_new(FALSE, FALSE, sizeof(double));
+    for (guint i = 0; i < r->roots->len; i++) {
+        size_t k;
+        json_t *c;
+        json_array_foreach(json_object_get(g_ptr_array_index(r->roots, i), "copies"), k, c) {
+            const double b = json_number_value(json_object_get(c, "bytes"));
+            const double t = json_number_value(json_object_get(c, "time_s"));
+            if (b >= 1 && t > 0)
+                g_array_append_val(bytes, b), g_array_append_val(time_s, t);
+        }
+    }
+    gboolean ok = TRUE;
+    memset(row, 0, sizeof *row);
+    if (bytes->len > 0)
+        ok = zp_colltab_curve_build((const double *)bytes->data, (const double *)time_s->data,
+                                    bytes->len, "copies", row, error);
+    g_array_unref(bytes), g_array_unref(time_s);
+    return ok;
+}
+
 gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                          void *calibration, void *notes, GError **error)
 {
@@ -507,7 +532,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
         g_ptr_array_add(r.runs, NULL);
         char *runs = g_strjoinv(", ", (char **)r.runs->pdata);
         g_snprintf(t.source, sizeof t.source, "zplan calibrate from %s", runs);
-        ok = fit(&r, &t, checks, error);
+        ok = fit(&r, &t, checks, error) && copy_curve(&r, &t.copy, error);
         if (ok) {
             json_t *op_checks = check_ops(&t, r.ops);
             json_object_update(checks, op_checks);
@@ -526,8 +551,11 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "at each ZeRO stage's partition (keyed by its elements), the median over runs "
                 "per op, shape and ranks at once, which zp_cost takes before the sum of the "
                 "op's kernels (the optimizer: before its fitted rate, linear in elements "
-                "between two whole times); contention %s",
-                runs, world,
+                "between two whole times); copy: one copy's median time at each size the "
+                "runs timed it (the collectives' sizes and their shares per rank, every rank "
+                "copying at once), pooled to non-decreasing, read for the copies around the "
+                "collectives%s; contention %s",
+                runs, world, t.copy.n > 0 ? "" : " (none timed: the convert rate instead)",
                 r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "
                                     "of 4 MiB run to its time alone"
                                   : "1: not measured (one rank, or a device backend)");

@@ -14,6 +14,32 @@
 static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", NULL};
 #define TABLE_KINDS ((int)G_N_ELEMENTS(kind_names) - 1)
 
+/* r's "bytes" and "time_s" into row's points, checked: sizes increasing, times positive and
+ * non-decreasing. */
+static gboolean points_from_json(json_t *r, const char *what, ZpCollRow *row, GError **error)
+{
+    json_t *b = json_object_get(r, "bytes"), *t = json_object_get(r, "time_s");
+    const size_t n = json_array_size(b);
+    gboolean ok = json_is_array(b) && json_is_array(t) && n >= 1 &&
+                  n <= ZP_COLLTAB_MAX_POINTS && json_array_size(t) == n;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *bi = json_array_get(b, i), *ti = json_array_get(t, i);
+        row->bytes[i] = json_is_number(bi) ? json_number_value(bi) : 0;
+        row->time_s[i] = json_is_number(ti) ? json_number_value(ti) : 0;
+        ok = row->bytes[i] >= 1 && row->bytes[i] < 1e15 && row->time_s[i] > 0 &&
+             row->time_s[i] < 1e6 &&
+             (i == 0 || (row->bytes[i] > row->bytes[i - 1] &&
+                         row->time_s[i] >= row->time_s[i - 1]));
+    }
+    row->n = ok ? (int)n : 0;
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: keys \"bytes\" and \"time_s\" must be arrays of 1 to %d numbers alike, "
+                    "the sizes increasing and the times positive and non-decreasing",
+                    what, ZP_COLLTAB_MAX_POINTS);
+    return ok;
+}
+
 static gboolean row_from_json(json_t *r, const char *what, ZpCollRow *row, GError **error)
 {
     static const char *const keys[] = {"op", "ranks", "bytes", "time_s", NULL};
@@ -32,26 +58,7 @@ static gboolean row_from_json(json_t *r, const char *what, ZpCollRow *row, GErro
     if (!named)
         return FALSE;
     row->ranks = (int)ranks;
-    json_t *b = json_object_get(r, "bytes"), *t = json_object_get(r, "time_s");
-    const size_t n = json_array_size(b);
-    gboolean ok = json_is_array(b) && json_is_array(t) && n >= 1 &&
-                  n <= ZP_COLLTAB_MAX_POINTS && json_array_size(t) == n;
-    for (size_t i = 0; ok && i < n; i++) {
-        json_t *bi = json_array_get(b, i), *ti = json_array_get(t, i);
-        row->bytes[i] = json_is_number(bi) ? json_number_value(bi) : 0;
-        row->time_s[i] = json_is_number(ti) ? json_number_value(ti) : 0;
-        ok = row->bytes[i] >= 1 && row->bytes[i] < 1e15 && row->time_s[i] > 0 &&
-             row->time_s[i] < 1e6 &&
-             (i == 0 || (row->bytes[i] > row->bytes[i - 1] &&
-                         row->time_s[i] >= row->time_s[i - 1]));
-    }
-    row->n = (int)n;
-    if (!ok)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: keys \"bytes\" and \"time_s\" must be arrays of 1 to %d numbers alike, "
-                    "the sizes increasing and the times positive and non-decreasing",
-                    what, ZP_COLLTAB_MAX_POINTS);
-    return ok;
+    return points_from_json(r, what, row, error);
 }
 
 gboolean zp_colltab_from_json(void *json_array, const char *what, ZpCollTable *t,
@@ -87,15 +94,35 @@ void *zp_colltab_to_json(const ZpCollTable *t)
     json_t *a = json_array();
     for (int i = 0; i < t->n_rows; i++) {
         const ZpCollRow *row = &t->rows[i];
-        json_t *b = json_array(), *s = json_array();
-        for (int j = 0; j < row->n; j++) {
-            json_array_append_new(b, json_real(row->bytes[j]));
-            json_array_append_new(s, json_real(row->time_s[j]));
-        }
-        json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o}", "op", kind_names[row->kind],
-                                           "ranks", row->ranks, "bytes", b, "time_s", s));
+        json_t *o = zp_colltab_curve_to_json(row);
+        json_object_set_new(o, "op", json_string(kind_names[row->kind]));
+        json_object_set_new(o, "ranks", json_integer(row->ranks));
+        json_array_append_new(a, o);
     }
     return a;
+}
+
+gboolean zp_colltab_curve_from_json(void *json, const char *what, ZpCollRow *row,
+                                    GError **error)
+{
+    static const char *const keys[] = {"bytes", "time_s", NULL};
+    json_t *o = json;
+    *row = (ZpCollRow){.kind = -1};
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object {bytes, time_s}", what);
+        return FALSE;
+    }
+    return zp_json_check_keys(o, what, keys, error) && points_from_json(o, what, row, error);
+}
+
+void *zp_colltab_curve_to_json(const ZpCollRow *row)
+{
+    json_t *b = json_array(), *s = json_array();
+    for (int j = 0; j < row->n; j++) {
+        json_array_append_new(b, json_real(row->bytes[j]));
+        json_array_append_new(s, json_real(row->time_s[j]));
+    }
+    return json_pack("{s:o, s:o}", "bytes", b, "time_s", s);
 }
 
 const ZpCollRow *zp_colltab_find(const ZpCollTable *t, int kind, int ranks)
@@ -162,8 +189,8 @@ static void pool_adjacent_violators(double *v, int n)
 
 /* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): the median
  * of each size, pooled to non-decreasing. */
-static gboolean build_row(int kind, int ranks, Timing *timings, size_t m, ZpCollRow *row,
-                          GError **error)
+static gboolean build_row(int kind, int ranks, const char *name, Timing *timings, size_t m,
+                          ZpCollRow *row, GError **error)
 {
     *row = (ZpCollRow){.kind = kind, .ranks = ranks};
     for (size_t i = 0; i < m;) {
@@ -172,9 +199,8 @@ static gboolean build_row(int kind, int ranks, Timing *timings, size_t m, ZpColl
             j++;
         if (row->n == ZP_COLLTAB_MAX_POINTS) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "collectives: %s on %d ranks was timed at more than %d sizes, more "
-                        "than a table holds",
-                        kind_names[kind], ranks, ZP_COLLTAB_MAX_POINTS);
+                        "%s was timed at more than %d sizes, more than a table holds", name,
+                        ZP_COLLTAB_MAX_POINTS);
             return FALSE;
         }
         /* sorted by time within a size: every other double of timings[i..j) */
@@ -210,9 +236,24 @@ gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes
             if (kind[i] == kind[first] && ranks[i] == ranks[first])
                 timings[m++] = (Timing){bytes[i], time_s[i]};
         qsort(timings, m, sizeof *timings, by_bytes_then_time);
-        ok = build_row(kind[first], ranks[first], timings, m, &t->rows[t->n_rows], error);
+        char *name = g_strdup_printf("collectives: %s on %d ranks", kind_names[kind[first]],
+                                     ranks[first]);
+        ok = build_row(kind[first], ranks[first], name, timings, m, &t->rows[t->n_rows], error);
+        g_free(name);
         t->n_rows += ok;
     }
+    g_free(timings);
+    return ok;
+}
+
+gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
+                                const char *name, ZpCollRow *row, GError **error)
+{
+    Timing *timings = g_new(Timing, n ? n : 1);
+    for (size_t i = 0; i < n; i++)
+        timings[i] = (Timing){bytes[i], time_s[i]};
+    qsort(timings, n, sizeof *timings, by_bytes_then_time);
+    const gboolean ok = build_row(-1, 0, name, timings, n, row, error);
     g_free(timings);
     return ok;
 }

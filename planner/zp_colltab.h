@@ -18,7 +18,7 @@
 
 typedef struct {
     int kind;  /* a ZpCollKind (zp_sched.h, which includes this through zp_hw.h): all-reduce 0,
-                * reduce-scatter 1 or all-gather 2 */
+                * reduce-scatter 1 or all-gather 2; -1 in a curve of copies */
     int ranks; /* ranks of the group, on one machine */
     int n;     /* points */
     double bytes[ZP_COLLTAB_MAX_POINTS];  /* the whole array S, increasing */
@@ -47,6 +47,19 @@ void *zp_colltab_to_json(const ZpCollTable *t);
  * rank counts or sizes than the table holds. */
 gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
                           const double *time_s, size_t n, ZpCollTable *t, GError **error);
+
+/* One curve of time against size alone (a row without its op and ranks), as the op table
+ * keeps the rank's memory copies (zp_optable's "copy"): {"bytes": [...], "time_s": [...]},
+ * parsed and checked as a row's points (naming `what`), or written. */
+gboolean zp_colltab_curve_from_json(void *json, const char *what, ZpCollRow *row,
+                                    GError **error);
+void *zp_colltab_curve_to_json(const ZpCollRow *row);
+
+/* A curve from timings (bytes, time_s)[i], i < n, as zp_colltab_build makes a row (the median
+ * of each size, pooled to non-decreasing); `name` (such as "copies") names it in messages.
+ * A curve's kind is -1 and its ranks 0. */
+gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
+                                const char *name, ZpCollRow *row, GError **error);
 
 /* The row of collective `kind` (a ZpCollKind) at a rank count, NULL when the table has none. */
 const ZpCollRow *zp_colltab_find(const ZpCollTable *t, int kind, int ranks);

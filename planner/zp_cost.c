@@ -547,12 +547,21 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     return TRUE;
 }
 
-/* Copying `bytes` (read and written) on a backend with an op table: one launch at its
- * measured copy rate (the convert class: copies, fills, conversions). */
-static double copy_s(const ZpCost *c, double bytes)
+/* Moving `bytes` (read and written) on a backend with an op table: one launch at its measured
+ * convert rate (conversions, rounding, adds in place). */
+static double convert_s(const ZpCost *c, double bytes)
 {
     const ZpOpTable *t = &c->hw->op_costs;
     return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
+}
+
+/* One copy of an array of `bytes`: one launch and the table's measured copy time at that size
+ * (zp_optable's "copy"), or without one at the convert rate over its bytes read and written. */
+static double copy_s(const ZpCost *c, double bytes)
+{
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->copy.n > 0 ? t->launch_s + zp_colltab_time_s(&t->copy, bytes)
+                         : convert_s(c, 2 * bytes);
 }
 
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
@@ -564,7 +573,7 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
      * CPU). ZeRO++'s (de)quantisation kernels move bytes that differ op by op (a bucket's, a
      * unit's) in kernels the table does not time, so they stay on the roofline. */
     if (c->table && kind == ZP_COMP_UNPACK)
-        return copy_s(c, mem_bytes);
+        return copy_s(c, mem_bytes / 2);
     if (!c->table || kind == ZP_COMP_QUANTIZE)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
@@ -576,32 +585,56 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
            (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
 }
 
-double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
+int zp_cost_coll_passes(const ZpOp *op, int stage, int ranks,
+                        ZpCollPass out[ZP_COLL_PASSES_MAX])
 {
     const double share = op->bytes / MAX(ranks, 1);
-    /* copied, or added in place in bf16: 2 + 2 read and 2 written per 2-byte element
-     * (real_engine.c real_engine_deliver). */
-    const double deliver = stage >= 2 && op->micro > 0 ? 3 * share : 2 * share;
+    /* this rank's share delivered: copied, or at stages 2-3 after the first micro-step added
+     * in place in bf16 (real_engine.c real_engine_deliver) */
+    const ZpCollPass deliver = {share, stage >= 2 && op->micro > 0};
+    const ZpCollPass whole = {op->bytes, FALSE};
     if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
         return 0;
+    int n = 0;
     switch ((ZpCollKind)op->sub) {
-    case ZP_COLL_ALLREDUCE:
-        return 4 * op->bytes;
+    case ZP_COLL_ALLREDUCE: /* into the bucket and back */
+        out[n++] = whole, out[n++] = whole;
+        break;
     case ZP_COLL_REDUCE_SCATTER:
-        return (stage < 2 ? 2 * op->bytes : 0) + deliver;
-    case ZP_COLL_ALLGATHER:
-        return stage < 3 ? 2 * op->bytes : ranks == 1 ? 2 * op->bytes : 0;
+        if (stage < 2)
+            out[n++] = whole;
+        out[n++] = deliver;
+        break;
+    case ZP_COLL_ALLGATHER: /* alone, MPI copies the rank's slice into the bucket itself */
+        if (ranks == 1)
+            out[n++] = whole;
+        if (stage < 3)
+            out[n++] = whole;
+        break;
     default:
-        return 0;
+        break;
     }
+    return n;
+}
+
+double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
+{
+    ZpCollPass p[ZP_COLL_PASSES_MAX];
+    const int n = zp_cost_coll_passes(op, stage, ranks, p);
+    double bytes = 0;
+    for (int i = 0; i < n; i++) /* an add reads 2 + 2 and writes 2 per 2-byte element */
+        bytes += (p[i].add ? 3 : 2) * p[i].bytes;
+    return bytes;
 }
 
 double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks)
 {
-    const double bytes = zp_cost_coll_copy_bytes(op, stage, ranks);
-    if (!c->table || bytes <= 0)
-        return 0;
-    return copy_s(c, bytes);
+    ZpCollPass p[ZP_COLL_PASSES_MAX];
+    const int n = c->table ? zp_cost_coll_passes(op, stage, ranks, p) : 0;
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += p[i].bytes <= 0 ? 0 : p[i].add ? convert_s(c, 3 * p[i].bytes) : copy_s(c, p[i].bytes);
+    return s;
 }
 
 double zp_cost_contention(const ZpCost *c, int overlapping)

@@ -153,19 +153,30 @@ double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan
  *   stream. */
 gboolean zp_cost_cpu_backend(const ZpHw *hw);
 
-/* Bytes the rank's own memory copies move (read plus written) around collective `op` as
- * zreal's engine (real_engine.c reduce_flat, reduce_units, gather) performs it at ZeRO stage
- * `stage` on `ranks` ranks: a bucketed all-reduce copies the gradients into its bucket and
- * back, as DeepSpeed does whatever the world size (runtime/engine.py allreduce_bucket
- * flattens the bucket, allreduce_and_copy copies the result back); a reduce-scatter copies
- * into the bucket (stage 1) and delivers this rank's share (a copy, or at stage 2-3 after the
- * first micro-step a widen and accumulate); an all-gather copies the buckets' chunks into
- * place (stages 1-2) or, on one rank, MPI copies the slice into the gathered buffer (stage
- * 3). In-place collectives (no bucket) copy nothing. */
+/* The rank's own memory passes around collective `op` as zreal's engine (real_engine.c
+ * reduce_flat, reduce_units, gather) performs them at ZeRO stage `stage` on `ranks` ranks: a
+ * bucketed all-reduce copies the gradients into its bucket and back, as DeepSpeed does
+ * whatever the world size (runtime/engine.py allreduce_bucket flattens the bucket,
+ * allreduce_and_copy copies the result back); a reduce-scatter copies into the bucket (stage
+ * 1) and delivers this rank's share (a copy, or at stages 2-3 after the first micro-step a
+ * widen and add in place); an all-gather copies the buckets' chunks into place (stages 1-2)
+ * and, on one rank, MPI copies the slice into the gathered buffer (a table has no one-rank
+ * collectives). In-place collectives (no bucket) copy nothing. Fills out[] and returns how
+ * many passes. */
+#define ZP_COLL_PASSES_MAX 2
+typedef struct {
+    double bytes; /* the array's */
+    gboolean add; /* added in place in bf16, else copied */
+} ZpCollPass;
+int zp_cost_coll_passes(const ZpOp *op, int stage, int ranks,
+                        ZpCollPass out[ZP_COLL_PASSES_MAX]);
+
+/* Bytes those passes move, read plus written (a copy 2 per byte of its array, an add 3). */
 double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks);
 
-/* Seconds of those copies: at the op table's copy (convert) rate, a launch per copy; 0
- * without a table (the roofline's collectives stay as NCCL's model has them). */
+/* Seconds of those passes: a copy off the op table's copy curve ("copy", measured by size),
+ * or without one at its convert rate, as an add always is; a launch each; 0 without a table
+ * (the roofline's collectives stay as NCCL's model has them). */
 double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks);
 
 #endif

@@ -184,7 +184,7 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
 {
     static const char *const keys[] = {"source", "launch_s", "gemm", "eager_attention",
                                        "elementwise_bytes_per_s", "optimizer_bytes_per_s",
-                                       "contention", "ops", "backend", NULL};
+                                       "contention", "ops", "backend", "copy", NULL};
     static const char *const passes[] = {"forward", "backward"};
     json_t *obj = json;
     memset(t, 0, sizeof *t);
@@ -228,6 +228,10 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
                                 error);
     g_free(sub);
     ok = ok && op_times(json_object_get(obj, "ops"), inner, t, error);
+    json_t *copy = json_object_get(obj, "copy");
+    sub = g_strdup_printf("%s.copy", inner);
+    ok = ok && (!copy || zp_colltab_curve_from_json(copy, sub, &t->copy, error));
+    g_free(sub);
     g_free(inner);
     t->present = ok;
     return ok;
@@ -283,5 +287,7 @@ void *zp_optable_to_json(const ZpOpTable *t)
                                                  t->ops[i].time_s));
         json_object_set_new(o, "ops", ops);
     }
+    if (t->copy.n > 0)
+        json_object_set_new(o, "copy", zp_colltab_curve_to_json(&t->copy));
     return o;
 }

@@ -916,6 +916,67 @@ static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GErr
     return ok;
 }
 
+static gboolean run_copy(void *p, GError **error)
+{
+    (void)error;
+    Ctx *x = p;
+    x->be->copy(x->be, x->h[1], x->h[0], x->elems * sizeof(RealBf16));
+    return TRUE;
+}
+
+/* The rank's own copies around the collectives (zp_cost_coll_passes: a bucket filled and
+ * emptied, a share delivered), every rank copying at once as they do in training: one copy of
+ * each collective size and of its share per rank, timed as the collectives are (REPEATS rounds
+ * over every size after a warm-up round, the median kept), into `out` as {bytes, time_s}.
+ * zplan calibrate makes the op table's copy curve of them: a plain copy streams, where the
+ * convert class's kernels widen or round each element. */
+static gboolean bench_copies(Ctx *x, const GArray *coll, int ranks, json_t *out,
+                             GError **error)
+{
+    GArray *sizes = g_array_new(FALSE, FALSE, sizeof(CollSize));
+    for (guint i = 0; i < coll->len; i++) {
+        const CollSize c = g_array_index(coll, CollSize, i);
+        g_array_append_val(sizes, c);
+        if (ranks > 1)
+            g_array_append_val(sizes, ((CollSize){MAX(c.elems / (size_t)ranks, 1), c.model}));
+    }
+    g_array_sort(sizes, by_elems);
+    drop_near(sizes);
+    if (sizes->len == 0)
+        return g_array_unref(sizes), TRUE;
+    const size_t max = g_array_index(sizes, CollSize, sizes->len - 1).elems;
+    x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
+    x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
+    gboolean ok = x->h[0] && x->h[1];
+    if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "copies: out of memory");
+    if (ok) {
+        fill_random(x, x->h[0], REAL_DTYPE_BF16, max, FALSE);
+        fill_random(x, x->h[1], REAL_DTYPE_BF16, max, FALSE);
+    }
+    double *times = g_new(double, sizes->len * REPEATS);
+    for (int r = -1; ok && r < REPEATS; r++) /* r = -1: the warm-up round */
+        for (guint c = 0; ok && c < sizes->len; c++) {
+            x->elems = g_array_index(sizes, CollSize, c).elems;
+            double t = 0;
+            ok = r < 0 ? run_copy(x, error) && finished(x->be, error)
+                       : real_microbench_once_s(x->be, x->comm, run_copy, x, &t, error);
+            if (ok && r >= 0)
+                times[c * REPEATS + (size_t)r] = t;
+        }
+    for (guint c = 0; ok && c < sizes->len; c++) {
+        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
+        json_array_append_new(out, json_pack("{s:f, s:f}", "bytes",
+                                             2.0 * g_array_index(sizes, CollSize, c).elems,
+                                             "time_s", times[c * REPEATS + REPEATS / 2]));
+    }
+    g_free(times);
+    g_array_unref(sizes);
+    x->be->free(x->be, x->h[0]), x->h[0] = NULL;
+    x->be->free(x->be, x->h[1]), x->h[1] = NULL;
+    return ok;
+}
+
 gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                              const ZpModel *model, const ZpPlan *plan, const char *nvme_dir,
                              const char *path, GError **error)
@@ -934,10 +995,11 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
     ok = ok && (!device || (bench_attention(&x, sz, kernels, error) &&
                             bench_loss(&x, kernels, error)));
     GArray *coll_elems =
-        ok && comm->size > 1
-            ? coll_sizes(sz, model, plan, comm->size, coll_max_elems(be, comm->size), error)
-            : NULL;
-    ok = ok && (comm->size < 2 || (coll_elems && bench_collectives(&x, coll_elems, coll, error)));
+        ok ? coll_sizes(sz, model, plan, comm->size, coll_max_elems(be, comm->size), error)
+           : NULL;
+    json_t *copies = json_array();
+    ok = ok && coll_elems && (comm->size < 2 || bench_collectives(&x, coll_elems, coll, error)) &&
+         bench_copies(&x, coll_elems, comm->size, copies, error);
     if (coll_elems)
         g_array_unref(coll_elems);
     const double host_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
@@ -951,6 +1013,7 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                             json_pack("{s:f, s:f}", "total_bytes", (double)dm.total_bytes,
                                       "context_bytes", (double)dm.context_bytes));
     json_object_set_new(root, "cpu_adam", cpu_adam);
+    json_object_set_new(root, "copies", copies);
     if (nvme)
         json_object_set_new(root, "nvme", nvme);
     json_object_set_new(root, "host_cores", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));

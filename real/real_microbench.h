@@ -17,7 +17,9 @@
  * "gemm": [{shape, form, m, n, k, flops, time_s}], "memory": [{kernel, elems, bytes,
  * time_s}] (the kernels calibrate fits, bytes as the schedule counts them),
  * "kernels": [{kernel, elems or shape, bytes, [flops,] time_s}] (every other kernel of a
- * step, device backends only), "collectives": [{op, ranks, bytes, time_s}],
+ * step, device backends only), "collectives": [{op, ranks, bytes, time_s}] (two ranks or
+ * more), "copies": [{bytes, time_s}] (one copy of an array of bytes, every rank copying at
+ * once, at the collectives' sizes and their shares per rank: the copies around them),
  * "device_memory": {total_bytes, context_bytes} (device backends), "cpu_adam": [{elems,
  * bytes, time_s}] (the host's vectorised Adam of optimizer offload, one core per rank) and
  * "host_cores", "nvme": {path, direct, ranks, write: [{bytes, time_s}], read: [...]} (the

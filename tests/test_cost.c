@@ -420,6 +420,53 @@ static void test_whole_optimizer(void)
     g_free(said);
 }
 
+/* With a measured copy curve (op_costs "copy", built as a collective's row: each size's
+ * median), the collectives' copies are read off it, a launch each, while an add in place stays
+ * at the convert rate (9e9 in the synthetic table); the curve round-trips, and a malformed one
+ * is refused naming its key. */
+static void test_copy_curve(void)
+{
+    const double B = 1e6;
+    const double bytes[] = {B / 4, B / 4, B / 4, B, B, 4 * B};
+    const double times[] = {3e-5, 1e-5, 2e-5, 1e-4, 1e-4, 3e-4};
+    GError *error = NULL;
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    ZpCost c;
+    tiny_setup(&hw, &m, &p, 0, 1, 0, FALSE);
+    hw.op_costs = synthetic_table();
+    ZpCollRow *curve = &hw.op_costs.copy;
+    g_assert_true(zp_colltab_curve_build(bytes, times, G_N_ELEMENTS(bytes), "copies", curve,
+                                         &error));
+    g_assert_cmpint(curve->n, ==, 3);
+    g_assert_cmpfloat(curve->time_s[0], ==, 2e-5);
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL) && c.table);
+    ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLREDUCE, .buffer = 0, .bytes = B};
+    g_assert_cmpfloat(zp_cost_coll_copy_s(&c, &op, 0, 4), ==, 2 * (1e-6 + 1e-4));
+    op = (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_REDUCE_SCATTER, .buffer = 0, .bytes = B};
+    g_assert_cmpfloat(zp_cost_coll_copy_s(&c, &op, 2, 4), ==, 1e-6 + 2e-5); /* the share */
+    g_assert_cmpfloat(zp_cost_coll_copy_s(&c, &op, 1, 4), ==, (1e-6 + 1e-4) + (1e-6 + 2e-5));
+    op.micro = 1; /* the share added in place: the convert rate */
+    g_assert_cmpfloat(fabs(zp_cost_coll_copy_s(&c, &op, 2, 4) - (1e-6 + 3 * B / 4 / 9e9)), <,
+                      1e-15);
+    /* Between two sizes, log-log; the unpack's copies (mem_bytes read and written) too. */
+    const double mid = zp_cost_op_s(&c, ZP_COMP_UNPACK, -1, 0, 0, 0, 2 * 2 * B);
+    g_assert_cmpfloat(mid, >, 1e-6 + 1e-4);
+    g_assert_cmpfloat(mid, <, 1e-6 + 3e-4);
+    json_t *j = zp_optable_to_json(&hw.op_costs);
+    ZpOpTable back;
+    g_assert_true(zp_optable_from_json(j, "t.json", &back, &error));
+    g_assert_no_error(error);
+    g_assert_true(memcmp(&back, &hw.op_costs, sizeof back) == 0);
+    json_object_set_new(j, "copy", json_pack("{s:[f, f], s:[f, f]}", "bytes", 2.0, 1.0, "time_s",
+                                             1.0, 1.0));
+    g_assert_false(zp_optable_from_json(j, "t.json", &back, &error));
+    g_assert_nonnull(strstr(error->message, "t.json: op_costs.copy"));
+    g_clear_error(&error);
+    json_decref(j);
+}
+
 /* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
  * ranks, and their time at the copy rate (convert: 9e9 in the synthetic table); none without
  * a table. */
@@ -440,6 +487,7 @@ static void test_collective_copies(void)
     op = (ZpOp){.sub = ZP_COLL_ALLGATHER, .buffer = 0, .bytes = B};
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 4), ==, 2 * B);
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 3, 1), ==, 2 * B); /* MPI's copy, alone */
+    g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 1, 1), ==, 4 * B); /* MPI's, then placed */
     g_assert_cmpfloat(zp_cost_coll_copy_bytes(&op, 3, 4), ==, 0);
     ZpHw hw;
     ZpModel m;
@@ -1095,6 +1143,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/whole-optimizer", test_whole_optimizer);
     g_test_add_func("/cost/module-shares", test_module_shares);
     g_test_add_func("/cost/collective-copies", test_collective_copies);
+    g_test_add_func("/cost/copy-curve", test_copy_curve);
     g_test_add_func("/cost/backend-workspace", test_backend_workspace);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);

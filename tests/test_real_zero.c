@@ -575,6 +575,9 @@ static void test_calibrate_and_validate(void)
                                                          "nvme_bytes_per_s"));
     g_assert_nonnull(note);
     g_assert_nonnull(strstr(note, tmp_dir));
+    /* The copies around the collectives, timed by size: the op table's copy curve. */
+    json_t *copy = json_object_get(json_object_get(hw, "op_costs"), "copy");
+    g_assert_cmpuint(json_array_size(json_object_get(copy, "bytes")), >, 1);
     json_decref(hw);
 
     args = g_strdup_printf("simulate --model tiny --cluster %s --gpus 2 --stage 3 --micro-batch 8 "
