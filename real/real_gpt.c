@@ -1454,8 +1454,8 @@ gboolean real_gpt_block_backward(RealGpt *gpt, int layer, const RealBf16 *block_
     return real_gpt_block_backward_t(gpt, layer, &p, dx_out, dx_in, &g, error);
 }
 
-/* Adds module m's gradients (its tensors are consecutive in the block's list) from the
- * workspace g into dst. */
+/* Writes module m's gradients (its tensors are consecutive in the block's list) from the
+ * workspace g into dst of block `layer`: stored where fresh, else added. */
 static void real_gpt_add_module_grads(RealGpt *gpt, int layer, int m,
                                       const RealGptTensors *dst, const float *g)
 {
