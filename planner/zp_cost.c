@@ -633,7 +633,8 @@ double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks
     const int n = c->table ? zp_cost_coll_passes(op, stage, ranks, p) : 0;
     double s = 0;
     for (int i = 0; i < n; i++)
-        s += p[i].bytes <= 0 ? 0 : p[i].add ? convert_s(c, 3 * p[i].bytes) : copy_s(c, p[i].bytes);
+        if (p[i].bytes > 0)
+            s += p[i].add ? convert_s(c, 3 * p[i].bytes) : copy_s(c, p[i].bytes);
     return s;
 }
 

@@ -865,22 +865,24 @@ static GArray *coll_sizes(const Sizes *sz, const ZpModel *model, const ZpPlan *p
     return all;
 }
 
-/* Over a real communicator, the real collectives; over an emulated one (one process playing
- * a rank of a node), the device-to-device copies that stand in for them. Each op and size is
- * timed REPEATS times after a warm-up call, the median kept, and the repeats go round every op
- * and size in turn: load on a shared machine that comes and goes (ranks that busy-poll for
- * their peers wait out another process's time slice) then lands on a repeat of many sizes
- * rather than on every repeat of a few, and the medians drop it. */
-static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GError **error)
+/* Sets x up for cell c of a sweep over `sizes` (of CollSize). */
+typedef void (*SweepCell)(Ctx *x, const GArray *sizes, size_t c);
+
+/* The median of REPEATS timed calls of fn at each of `cells` cells, into medians[c], over two
+ * bf16 buffers x->h[0] and x->h[1] of the largest size, random, freed after: a warm-up round,
+ * then REPEATS rounds that go round every cell in turn. Load on a shared machine that comes
+ * and goes (ranks that busy-poll for their peers wait out another process's time slice) then
+ * lands on a repeat of many cells rather than on every repeat of a few, and the medians drop
+ * it. `what` names the sweep in messages. */
+static gboolean sweep_medians(Ctx *x, const GArray *sizes, size_t cells, SweepCell cell,
+                              TimedFn fn, const char *what, double *medians, GError **error)
 {
-    static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
-    const size_t max = g_array_index(sizes, CollSize, sizes->len - 1).elems,
-                 cells = 3 * sizes->len;
+    const size_t max = g_array_index(sizes, CollSize, sizes->len - 1).elems;
     x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
     gboolean ok = x->h[0] && x->h[1];
     if (!ok)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "collectives: out of memory");
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: out of memory", what);
     if (ok) {
         fill_random(x, x->h[0], REAL_DTYPE_BF16, max, FALSE);
         fill_random(x, x->h[1], REAL_DTYPE_BF16, max, FALSE);
@@ -888,19 +890,38 @@ static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GErr
     double *times = g_new(double, cells * REPEATS);
     for (int r = -1; ok && r < REPEATS; r++) /* r = -1: the warm-up round */
         for (size_t c = 0; ok && c < cells; c++) {
-            coll_cell(x, sizes, c);
+            cell(x, sizes, c);
             double t = 0;
-            ok = r < 0 ? run_collective(x, error) && finished(x->be, error)
-                       : real_microbench_once_s(x->be, x->comm, run_collective, x, &t, error);
+            ok = r < 0 ? fn(x, error) && finished(x->be, error)
+                       : real_microbench_once_s(x->be, x->comm, fn, x, &t, error);
             if (ok && r >= 0)
                 times[c * REPEATS + (size_t)r] = t;
         }
     for (size_t c = 0; ok && c < cells; c++) {
+        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
+        medians[c] = times[c * REPEATS + REPEATS / 2];
+    }
+    g_free(times);
+    x->be->free(x->be, x->h[0]), x->h[0] = NULL;
+    x->be->free(x->be, x->h[1]), x->h[1] = NULL;
+    return ok;
+}
+
+/* Over a real communicator, the real collectives; over an emulated one (one process playing
+ * a rank of a node), the device-to-device copies that stand in for them. Each op and size is
+ * a cell of sweep_medians. */
+static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GError **error)
+{
+    static const char *names[] = {"allreduce", "reduce_scatter", "allgather"};
+    const size_t cells = 3 * sizes->len;
+    double *medians = g_new(double, cells);
+    const gboolean ok = sweep_medians(x, sizes, cells, coll_cell, run_collective, "collectives",
+                                      medians, error);
+    for (size_t c = 0; ok && c < cells; c++) {
         coll_cell(x, sizes, c);
         const int op = x->op;
         const size_t elems = x->elems;
-        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
-        const double t = times[c * REPEATS + REPEATS / 2];
+        const double t = medians[c];
         /* Bus bandwidth as nccl-tests define it (doc/PERFORMANCE.md): the algorithm
          * bandwidth S / t times 2(n-1)/n for an all-reduce, (n-1)/n for the others. */
         const double n = x->comm->size, algbw = 2.0 * elems / t;
@@ -910,9 +931,7 @@ static gboolean bench_collectives(Ctx *x, const GArray *sizes, json_t *out, GErr
                                              "time_s", t, "algbw_bytes_per_s", algbw,
                                              "busbw_bytes_per_s", busbw));
     }
-    g_free(times);
-    x->be->free(x->be, x->h[0]), x->h[0] = NULL;
-    x->be->free(x->be, x->h[1]), x->h[1] = NULL;
+    g_free(medians);
     return ok;
 }
 
@@ -924,12 +943,16 @@ static gboolean run_copy(void *p, GError **error)
     return TRUE;
 }
 
+static void copy_cell(Ctx *x, const GArray *sizes, size_t c)
+{
+    x->elems = g_array_index(sizes, CollSize, c).elems;
+}
+
 /* The rank's own copies around the collectives (zp_cost_coll_passes: a bucket filled and
  * emptied, a share delivered), every rank copying at once as they do in training: one copy of
- * each collective size and of its share per rank, timed as the collectives are (REPEATS rounds
- * over every size after a warm-up round, the median kept), into `out` as {bytes, time_s}.
- * zplan calibrate makes the op table's copy curve of them: a plain copy streams, where the
- * convert class's kernels widen or round each element. */
+ * each collective size and of its share per rank, a cell each of sweep_medians, into `out` as
+ * {bytes, time_s}. zplan calibrate makes the op table's copy curve of them: a plain copy
+ * streams, where the convert class's kernels widen or round each element. */
 static gboolean bench_copies(Ctx *x, const GArray *coll, int ranks, json_t *out,
                              GError **error)
 {
@@ -942,38 +965,15 @@ static gboolean bench_copies(Ctx *x, const GArray *coll, int ranks, json_t *out,
     }
     g_array_sort(sizes, by_elems);
     drop_near(sizes);
-    if (sizes->len == 0)
-        return g_array_unref(sizes), TRUE;
-    const size_t max = g_array_index(sizes, CollSize, sizes->len - 1).elems;
-    x->h[0] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
-    x->h[1] = x->be->alloc(x->be, max * sizeof(RealBf16), REAL_MEM_BUCKETS);
-    gboolean ok = x->h[0] && x->h[1];
-    if (!ok)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "copies: out of memory");
-    if (ok) {
-        fill_random(x, x->h[0], REAL_DTYPE_BF16, max, FALSE);
-        fill_random(x, x->h[1], REAL_DTYPE_BF16, max, FALSE);
-    }
-    double *times = g_new(double, sizes->len * REPEATS);
-    for (int r = -1; ok && r < REPEATS; r++) /* r = -1: the warm-up round */
-        for (guint c = 0; ok && c < sizes->len; c++) {
-            x->elems = g_array_index(sizes, CollSize, c).elems;
-            double t = 0;
-            ok = r < 0 ? run_copy(x, error) && finished(x->be, error)
-                       : real_microbench_once_s(x->be, x->comm, run_copy, x, &t, error);
-            if (ok && r >= 0)
-                times[c * REPEATS + (size_t)r] = t;
-        }
-    for (guint c = 0; ok && c < sizes->len; c++) {
-        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
+    double *medians = g_new(double, sizes->len ? sizes->len : 1);
+    const gboolean ok = sizes->len == 0 || sweep_medians(x, sizes, sizes->len, copy_cell,
+                                                         run_copy, "copies", medians, error);
+    for (guint c = 0; ok && c < sizes->len; c++)
         json_array_append_new(out, json_pack("{s:f, s:f}", "bytes",
                                              2.0 * g_array_index(sizes, CollSize, c).elems,
-                                             "time_s", times[c * REPEATS + REPEATS / 2]));
-    }
-    g_free(times);
+                                             "time_s", medians[c]));
+    g_free(medians);
     g_array_unref(sizes);
-    x->be->free(x->be, x->h[0]), x->h[0] = NULL;
-    x->be->free(x->be, x->h[1]), x->h[1] = NULL;
     return ok;
 }
 
