@@ -199,7 +199,7 @@ bench: all
 	$(BUILD)/bench/bench_sim
 	$(BUILD)/bench/bench_plan
 	$(BUILD)/bench/bench_gemm
-	sh bench/validate_cpu.sh 2
+	sh bench/validate_cpu.sh $(BUILD)/validate-cpu
 	sh bench/pipe_bubble.sh $(BUILD)
 
 # Regenerates reports/ (README.md with the paper's tables beside zplan's, and the plots).
