@@ -30,6 +30,18 @@ static gboolean same_module(const char *a, const char *b)
     return la == lb && strncmp(a, b, la) == 0;
 }
 
+/* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
+gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
+{
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->unit_persistence &&
+           (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
+}
+
+uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
+{
+    return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
+}
+
 gboolean zp_impl_module_compute(const ZpSchedule *s)
 {
     return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->module_compute &&

@@ -7,8 +7,8 @@
 #ifndef ZP_IMPL_H
 #define ZP_IMPL_H
 
-#include "zp_mem.h"
-#include "zp_sched.h"
+#include "zp_mem_terms.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -185,6 +185,12 @@ extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
 const ZpImpl *zp_impl_get(ZpImplKind kind);
 
 /* ---- rules the implementations share ------------------------------------------------- */
+
+/* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold, for an
+ * implementation that decides persistence per unit: the paper's). */
+uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
+gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
 
 /* Whether the schedule computes blocks module by module: stage 3 of an implementation with
  * module_compute, unless the plan asks for whole blocks (ZpPlan block_compute). */

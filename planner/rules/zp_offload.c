@@ -3,7 +3,7 @@
  * filled and drained. Citations name the file and the attribute or function. */
 #include "zp_offload.h"
 #include "zp_impl.h"
-#include "zp_mem.h"
+#include "zp_mem_terms.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
@@ -82,24 +82,6 @@ ZpTier zp_offload_param_tier(const ZpPlan *plan)
     case ZP_OFFLOAD_NVME: return ZP_TIER_NVME;
     default: return ZP_TIER_GPU;
     }
-}
-
-gboolean zp_offload_check(const ZpPlan *plan, GError **error)
-{
-    const ZpZeroConfig *z = &plan->zero;
-    const char *bad = NULL;
-    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && z->stage < 1)
-        bad = "offload_optimizer: needs ZeRO stage 1, 2 or 3";
-    else if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage != 3)
-        bad = "offload_param: needs ZeRO stage 3 (DeepSpeed partitions parameters only there)";
-    else if (z->offload_optimizer.ratio < 1.0 && z->stage != 3 &&
-             z->offload_optimizer.device != ZP_OFFLOAD_NONE)
-        bad = "offload_optimizer.ratio: below 1 only with ZeRO stage 3 (partial offload)";
-    else if (z->offload_optimizer.ratio < 0 || z->offload_optimizer.ratio > 1)
-        bad = "offload_optimizer.ratio: must be from 0 to 1";
-    if (bad)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
-    return bad == NULL;
 }
 
 /* The largest single tensor per rank, which DeepSpeed's per-parameter staging buffers are
@@ -584,103 +566,4 @@ double zp_offload_link_bytes_per_s(const ZpHw *hw, ZpTransferKind kind, int rank
     if (kind == ZP_XFER_D2H || kind == ZP_XFER_H2D)
         return hw->host_link_bytes_per_s;
     return hw->nvme_bytes_per_s / MAX(1, ranks_per_node);
-}
-
-/* ---- ds_config ---- */
-
-static const char *const optimizer_keys[] = {"device", "nvme_path", "buffer_count",
-                                             "pin_memory", "ratio", "pipeline_read",
-                                             "pipeline_write", "fast_init", "super_offload",
-                                             "cpuadam_cores_perc", NULL};
-static const char *const param_keys[] = {"device", "nvme_path", "buffer_count", "buffer_size",
-                                         "max_in_cpu", "pin_memory", NULL};
-/* offload_optimizer's options that change only how the swaps are pipelined or initialised. */
-static const char *const unmodeled[] = {"pipeline_read", "pipeline_write", "fast_init",
-                                        "super_offload", "cpuadam_cores_perc"};
-
-static gboolean read_count(json_t *o, const char *what, const char *key, double *out,
-                           GError **error)
-{
-    int64_t n;
-    if (!json_object_get(o, key))
-        return TRUE;
-    if (!zp_json_get_int(o, what, key, TRUE, 0, 1000000000000000LL, &n, error))
-        return FALSE;
-    *out = (double)n;
-    return TRUE;
-}
-
-gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
-                              ZpOffload *offload, GPtrArray *warnings, GError **error)
-{
-    json_t *o = section;
-    zp_offload_defaults(offload, param);
-    if (!o)
-        return TRUE;
-    if (!json_is_object(o)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s must be an object", what);
-        return FALSE;
-    }
-    const char *device = "none", *path = NULL;
-    char *device_key = g_strdup_printf("%s: key \"device\"", what);
-    gboolean ok = zp_json_check_keys(o, what, param ? param_keys : optimizer_keys, error) &&
-                  zp_json_get_string(o, what, "device", FALSE, &device, error) &&
-                  zp_offload_device_parse(device, device_key, &offload->device, error) &&
-                  zp_json_get_string(o, what, "nvme_path", FALSE, &path, error) &&
-                  zp_json_get_bool(o, what, "pin_memory", FALSE, &offload->pin_memory, error) &&
-                  read_count(o, what, "buffer_count", &offload->buffer_count, error) &&
-                  (!param || (read_count(o, what, "buffer_size", &offload->buffer_size, error) &&
-                              read_count(o, what, "max_in_cpu", &offload->max_in_cpu, error))) &&
-                  (param || zp_json_get_number(o, what, "ratio", FALSE, 0, 1, &offload->ratio,
-                                               error));
-    g_free(device_key);
-    if (ok && path) {
-        if (strlen(path) == 0 || strlen(path) >= sizeof offload->nvme_path) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: key \"nvme_path\" must be 1 to %zu characters", what,
-                        sizeof offload->nvme_path - 1);
-            return FALSE;
-        }
-        g_strlcpy(offload->nvme_path, path, sizeof offload->nvme_path);
-    }
-    if (!ok)
-        return FALSE;
-    for (size_t i = 0; !param && i < G_N_ELEMENTS(unmodeled); i++)
-        if (json_object_get(o, unmodeled[i]))
-            g_ptr_array_add(warnings, g_strdup_printf("%s: \"%s\" ignored: not modeled", what,
-                                                      unmodeled[i]));
-    if (offload->device == ZP_OFFLOAD_NVME && !offload->nvme_path[0])
-        g_ptr_array_add(warnings,
-                        g_strdup_printf("%s: device nvme without \"nvme_path\": DeepSpeed needs "
-                                        "the directory to swap to", what));
-    return TRUE;
-}
-
-/* One section as DeepSpeed reads it, or NULL when device is none. */
-static json_t *offload_to_json(const ZpOffload *offload, gboolean param)
-{
-    if (offload->device == ZP_OFFLOAD_NONE)
-        return NULL;
-    json_t *o = json_pack("{s:s, s:b, s:I}", "device", zp_offload_device_name(offload->device),
-                          "pin_memory", offload->pin_memory, "buffer_count",
-                          (json_int_t)llround(offload->buffer_count));
-    if (param) {
-        json_object_set_new(o, "buffer_size", json_integer((json_int_t)llround(offload->buffer_size)));
-        json_object_set_new(o, "max_in_cpu", json_integer((json_int_t)llround(offload->max_in_cpu)));
-    } else {
-        json_object_set_new(o, "ratio", json_real(offload->ratio));
-    }
-    if (offload->nvme_path[0])
-        json_object_set_new(o, "nvme_path", json_string(offload->nvme_path));
-    return o;
-}
-
-void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param)
-{
-    json_t *o = offload_to_json(optimizer, FALSE);
-    if (o)
-        json_object_set_new(zero, "offload_optimizer", o);
-    json_t *p = offload_to_json(param, TRUE);
-    if (p)
-        json_object_set_new(zero, "offload_param", p);
 }

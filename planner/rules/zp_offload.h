@@ -7,7 +7,7 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
-#include "zp_sched.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 
@@ -71,10 +71,6 @@ void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, 
 
 /* Whether a plan offloads anything. */
 gboolean zp_offload_any(const ZpPlan *plan);
-
-/* Checks the plan's offload settings: offload_optimizer needs stage >= 1, offload_param stage
- * 3, ratio below 1 stage 3 (DeepSpeed's own asserts); fails naming the setting. */
-gboolean zp_offload_check(const ZpPlan *plan, GError **error);
 
 /* The fit check over the three tiers: GPU need per GPU (the caller's total: states, residual
  * and reserve) against gpu_memory_bytes, CPU per node against cpu_memory_bytes, NVMe per node
@@ -225,19 +221,5 @@ gboolean zp_offload_cpu_time_s(const ZpHw *hw, double bytes, int ranks_per_node,
  * (ZeRO-Infinity's bandwidth-centric partitioning: each rank moves only its 1/N, so the
  * aggregate grows with the nodes). */
 double zp_offload_link_bytes_per_s(const ZpHw *hw, ZpTransferKind kind, int ranks_per_node);
-
-/* ---- ds_config sections ---- */
-
-/* Reads zero_optimization.offload_optimizer or .offload_param (`param`) into *offload:
- * device, pin_memory, buffer_count, buffer_size and max_in_cpu (param), ratio (optimizer),
- * nvme_path; the options zplan does not model (pipeline_read, pipeline_write, fast_init,
- * super_offload, cpuadam_cores_perc) warn. Unknown keys and bad values fail naming the key.
- * A missing section leaves the defaults. */
-gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
-                              ZpOffload *offload, GPtrArray *warnings, GError **error);
-
-/* Adds "offload_optimizer" and "offload_param" to a zero_optimization object (json_t *) as
- * DeepSpeed reads them, each only where its device is not none. */
-void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param);
 
 #endif

@@ -5,39 +5,6 @@
 
 #include <string.h>
 
-static const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", NULL};
-static const char *const partition_names[] = {"uniform", "parameters", NULL};
-
-const char *zp_pipe_schedule_name(ZpPipeSchedule schedule)
-{
-    return schedule_names[schedule];
-}
-
-const char *zp_partition_name(ZpPartition partition)
-{
-    return partition_names[partition];
-}
-
-gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
-                                GError **error)
-{
-    int v;
-    if (!zp_parse_choice(text, flag, schedule_names, &v, error))
-        return FALSE;
-    *out = (ZpPipeSchedule)v;
-    return TRUE;
-}
-
-gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
-                            GError **error)
-{
-    int v;
-    if (!zp_parse_choice(text, flag, partition_names, &v, error))
-        return FALSE;
-    *out = (ZpPartition)v;
-    return TRUE;
-}
-
 /* ---- partition ------------------------------------------------------------------------- */
 
 /* A run of units [i, j) may form a chunk when it holds a block: not the embedding or the

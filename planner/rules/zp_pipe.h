@@ -44,11 +44,4 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
  * check), V > 1 needs the interleaved schedule, and every chunk needs a block. */
 gboolean zp_pipe_check(const ZpModel *model, const ZpPlan *plan, GError **error);
 
-const char *zp_pipe_schedule_name(ZpPipeSchedule schedule);
-gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
-                                GError **error);
-const char *zp_partition_name(ZpPartition partition);
-gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
-                            GError **error);
-
 #endif

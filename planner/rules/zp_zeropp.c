@@ -1,6 +1,7 @@
 /* zp_zeropp: the figures follow DeepSpeed's code paths named in the header; each function is
  * a closed form of one of them, so the schedule, its checker and the tests agree. */
 #include "zp_zeropp.h"
+#include "zp_impl.h"
 #include "zp_util.h"
 
 #include <math.h>

@@ -5,7 +5,7 @@
 #define ZP_ZEROPP_H
 
 #include "zp_plan.h"
-#include "zp_sched.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 #include <stdint.h>

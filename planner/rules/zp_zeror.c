@@ -1,7 +1,7 @@
 /* zp_zeror: ZeRO-R as DeepSpeed implements it. The rules are closed forms over the plan, so
  * the memory model, the schedule builder and the CLI all ask this file the same question. */
 #include "zp_zeror.h"
-#include "zp_mem.h"
+#include "zp_mem_terms.h"
 #include "zp_util.h"
 
 #include <math.h>

@@ -36,7 +36,7 @@
 #ifndef ZP_RUNAHEAD_H
 #define ZP_RUNAHEAD_H
 
-#include "zp_sched.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 

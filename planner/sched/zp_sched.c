@@ -9,7 +9,7 @@
  * after. Which buckets, buffers, gathers and step buffers: the plan's implementation's rules
  * (zp_impl.h), which this one builder calls through. */
 #include "zp_sched.h"
-#include "zp_cost.h"
+#include "zp_cost_kernels.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
@@ -374,18 +374,6 @@ gboolean zp_sched_coll_fetches(const ZpSchedule *s, const ZpOp *op)
            (op->sub == ZP_COLL_ALLGATHER ||
             (op->sub == ZP_COLL_ALLREDUCE && op->group == ZP_GROUP_DP &&
              s->plan.zero.stage == 3));
-}
-
-/* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
-gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
-{
-    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->unit_persistence &&
-           (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
-}
-
-uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
-{
-    return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
 }
 
 /* The chunk that holds a unit (one chunk without a pipeline). */
@@ -1459,14 +1447,14 @@ static void regather_checkpoint(Builder *b, int l, int micro, Activations *a)
     }
 }
 
-/* A block op's cost split over its modules by their kernels' shares (zp_cost_module_shares):
+/* A block op's cost split over its modules by their kernels' shares (zp_cost_kernel_shares):
  * FLOPs, fused-attention FLOPs and memory-bound bytes, so that the modules' ops sum to the
  * block's; each keeps the block's typical GEMM (the efficiency the block's time has), so that
  * their times sum to its time too. */
 static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost parts[ZP_MOD_N])
 {
     ZpModuleShares sh;
-    zp_cost_module_shares(&b->s->model, &b->s->plan, kind, NULL, &sh);
+    zp_cost_kernel_shares(&b->s->model, &b->s->plan, kind, NULL, NULL, &sh);
     for (int m = 0; m < ZP_MOD_N; m++)
         parts[m] = (Cost){whole.flops * sh.flops[m], whole.gemm_flops,
                           whole.attn_flops * sh.attn_flops[m], whole.mem_bytes * sh.accesses[m]};
@@ -2280,20 +2268,6 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                                                        : 0.0};
 }
 
-void zp_sched_free(ZpSchedule *s)
-{
-    if (!s)
-        return;
-    g_array_unref(s->ops);
-    g_array_unref(s->deps);
-    g_free(s->unit_offset);
-    g_free(s->unit_elems);
-    g_free(s->stage_state_bytes);
-    g_free(s->stage_host_bytes);
-    g_free(s->stage_unit_elems);
-    g_free(s);
-}
-
 ZpSchedule *zp_sched_stage_view(const ZpSchedule *s, int stage)
 {
     g_return_val_if_fail(stage >= 0 && stage < MAX(s->stages, 1), NULL);
@@ -2344,40 +2318,6 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
 
 /* ---- names and JSON -------------------------------------------------------------------- */
 
-static const char *const compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
-                                            "block_bwd", "embed_bwd", "optimizer",
-                                            "cpu_optimizer", "host_copy", "quantize", "unpack", NULL};
-static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
-                                         NULL};
-static const char *const mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
-                                        "gathered_params", "buckets", "activations",
-                                        "checkpoints", "workspace", "secondary_params", NULL};
-static const char *const stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
-                                           NULL};
-static const char *const kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
-                                         "transfer", NULL};
-static const char *const p2p_names[] = {"send_next", "send_prev", "tied", NULL};
-static const char *const transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
-/* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
- * keep theirs. */
-static const char *const group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
-                                          NULL};
-
-const char *zp_sched_compute_name(ZpComputeKind kind) { return compute_names[kind]; }
-const char *zp_sched_op_kind_name(ZpOpKind kind) { return kind_names[kind]; }
-const char *zp_sched_coll_name(ZpCollKind kind) { return coll_names[kind]; }
-const char *zp_sched_mem_name(ZpMemCategory category) { return mem_names[category]; }
-const char *zp_sched_stream_name(ZpStream stream) { return stream_names[stream]; }
-const char *zp_sched_transfer_name(ZpTransferKind kind) { return transfer_names[kind]; }
-
-void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
-{
-    json_t *o = json_object();
-    for (int c = 0; c < ZP_MEM_N; c++)
-        json_object_set_new(o, mem_names[c], json_real(bytes[c]));
-    return o;
-}
-
 int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
 {
     if (s->n_groups > 0) {
@@ -2399,7 +2339,7 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     out[ZP_GROUP_XNODE] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE),
                                         .stride = dp_stride * local};
     for (int g = 0; g < ZP_GROUP_N; g++)
-        g_strlcpy(out[g].name, group_names[g], sizeof out->name);
+        g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;
 }
 
@@ -2426,11 +2366,11 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
     const uint32_t *d = zp_sched_deps(s, op);
     for (uint32_t i = 0; i < op->n_deps; i++)
         json_array_append_new(deps, json_integer(d[i]));
-    json_t *o = json_pack("{s:s, s:i, s:i}", "kind", kind_names[op->kind], "unit", op->unit,
+    json_t *o = json_pack("{s:s, s:i, s:i}", "kind", zp_sched_kind_names[op->kind], "unit", op->unit,
                           "micro", op->micro);
     switch (op->kind) {
     case ZP_OP_COMPUTE:
-        json_object_set_new(o, "op", json_string(compute_names[op->sub]));
+        json_object_set_new(o, "op", json_string(zp_sched_compute_names[op->sub]));
         json_object_set_new(o, "flops", json_real(op->flops));
         json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
         json_object_set_new(o, "attn_flops", json_real(op->attn_flops));
@@ -2441,7 +2381,7 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
             json_object_set_new(o, "module", json_string(zp_model_module_name(zp_op_module(op))));
         break;
     case ZP_OP_COLLECTIVE:
-        json_object_set_new(o, "op", json_string(coll_names[op->sub]));
+        json_object_set_new(o, "op", json_string(zp_sched_coll_names[op->sub]));
         json_object_set_new(o, "group", json_string(groups[op->group].name));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
@@ -2449,23 +2389,23 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
     case ZP_OP_TRANSFER:
-        json_object_set_new(o, "op", json_string(transfer_names[op->sub]));
+        json_object_set_new(o, "op", json_string(zp_sched_transfer_names[op->sub]));
         json_object_set_new(o, "bytes", json_real(op->bytes));
         break;
     case ZP_OP_P2P:
-        json_object_set_new(o, "op", json_string(p2p_names[op->sub]));
+        json_object_set_new(o, "op", json_string(zp_sched_p2p_names[op->sub]));
         json_object_set_new(o, "peer", json_integer(op->peer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
         json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
         break;
     default:
-        json_object_set_new(o, "category", json_string(mem_names[op->sub]));
+        json_object_set_new(o, "category", json_string(zp_sched_mem_names[op->sub]));
         json_object_set_new(o, "buffer", json_integer(op->buffer));
         json_object_set_new(o, "bytes", json_real(op->bytes));
     }
     if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
         op->stream != default_stream(op->kind, op->sub, op->group))
-        json_object_set_new(o, "stream", json_string(stream_names[op->stream]));
+        json_object_set_new(o, "stream", json_string(zp_sched_stream_names[op->stream]));
     if (s->stages > 1) /* the rank class that runs it */
         json_object_set_new(o, "stage", json_integer(op->stage));
     json_object_set_new(o, "deps", deps);
@@ -2559,7 +2499,7 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         if (!ok)
             return FALSE;
         for (int g = 0; g < ZP_GROUP_N; g++)
-            if (strcmp(read[i].name, group_names[g]) == 0)
+            if (strcmp(read[i].name, zp_sched_group_names[g]) == 0)
                 at[g] = i;
     }
     if (at[ZP_GROUP_DP] < 0 || at[ZP_GROUP_TP] < 0) {
@@ -2573,12 +2513,12 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         table[ZP_GROUP_PP] = read[at[ZP_GROUP_PP]];
     } else {
         table[ZP_GROUP_PP] = (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_TP].ranks};
-        g_strlcpy(table[ZP_GROUP_PP].name, group_names[ZP_GROUP_PP], sizeof table->name);
+        g_strlcpy(table[ZP_GROUP_PP].name, zp_sched_group_names[ZP_GROUP_PP], sizeof table->name);
     }
     for (int g = ZP_GROUP_HPZ; g < ZP_GROUP_N; g++) { /* one rank each where absent */
         table[g] = at[g] >= 0 ? read[at[g]]
                               : (ZpCommGroup){.ranks = 1, .stride = table[ZP_GROUP_DP].stride};
-        g_strlcpy(table[g].name, group_names[g], sizeof table->name);
+        g_strlcpy(table[g].name, zp_sched_group_names[g], sizeof table->name);
     }
     *n_groups = ZP_GROUP_N;
     for (int i = 0; i < n; i++) {
@@ -2747,7 +2687,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     };
     const int stages = MAX(s->stages, 1);
     int64_t stage = 0, peer = 0;
-    gboolean ok = json_is_object(o) && name_index(o, what, "kind", kind_names, &kind, error);
+    gboolean ok = json_is_object(o) && name_index(o, what, "kind", zp_sched_kind_names, &kind, error);
     if (ok && kind == ZP_OP_P2P && stages == 1) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"kind\": p2p ops belong to pipeline schedules (plan.pipeline."
@@ -2759,12 +2699,12 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
                   zp_json_get_int(o, what, "micro", layout, -1, INT32_MAX, &micro, error) &&
                   zp_json_get_int(o, what, "stage", stages > 1, 0, stages - 1, &stage, error);
     if (ok && kind == ZP_OP_P2P)
-        ok = name_index(o, what, "op", p2p_names, &sub, error) &&
+        ok = name_index(o, what, "op", zp_sched_p2p_names, &sub, error) &&
              zp_json_get_int(o, what, "peer", TRUE, 0, stages - 1, &peer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elems", TRUE, 0, INT64_MAX, &elems, error);
     if (ok && kind == ZP_OP_COMPUTE)
-        ok = name_index(o, what, "op", compute_names, &sub, error) &&
+        ok = name_index(o, what, "op", zp_sched_compute_names, &sub, error) &&
              zp_json_get_number(o, what, "flops", TRUE, 0, 1e30, &op.flops, error) &&
              zp_json_get_number(o, what, "gemm_flops", layout, 0, 1e30, &op.gemm_flops, error) &&
              zp_json_get_number(o, what, "attn_flops", FALSE, 0, 1e30, &op.attn_flops, error) &&
@@ -2772,17 +2712,17 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              zp_json_get_number(o, what, "bytes", FALSE, 0, 1e30, &op.bytes, error) &&
              module_from_json(o, what, sub, &op, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
-        ok = name_index(o, what, "op", coll_names, &sub, error) &&
+        ok = name_index(o, what, "op", zp_sched_coll_names, &sub, error) &&
              group_index(s, o, what, &group, error) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
              zp_json_get_int(o, what, "elems", layout, 0, INT64_MAX, &elems, error);
     else if (ok && kind == ZP_OP_TRANSFER)
-        ok = name_index(o, what, "op", transfer_names, &sub, error) &&
+        ok = name_index(o, what, "op", zp_sched_transfer_names, &sub, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     else if (ok && kind != ZP_OP_P2P)
-        ok = name_index(o, what, "category", mem_names, &sub, error) &&
+        ok = name_index(o, what, "category", zp_sched_mem_names, &sub, error) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error);
     json_t *deps = json_object_get(o, "deps");
@@ -2793,7 +2733,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
     op.kind = (uint8_t)kind, op.sub = (uint8_t)sub, op.group = (uint8_t)group;
     int stream = default_stream(kind, sub, group);
     if (ok && json_object_get(o, "stream"))
-        ok = name_index(o, what, "stream", stream_names, &stream, error);
+        ok = name_index(o, what, "stream", zp_sched_stream_names, &stream, error);
     op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
     op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
@@ -3010,9 +2950,9 @@ static gboolean state_from_json(json_t *o, const char *path, double state[ZP_MEM
                                 GError **error)
 {
     char *what = g_strdup_printf("%s: state_bytes", path);
-    gboolean ok = json_is_object(o) && zp_json_check_keys(o, what, mem_names, error);
+    gboolean ok = json_is_object(o) && zp_json_check_keys(o, what, zp_sched_mem_names, error);
     for (int c = 0; ok && c < ZP_MEM_N; c++)
-        ok = zp_json_get_number(o, what, mem_names[c], FALSE, 0, 1e30, &state[c], error);
+        ok = zp_json_get_number(o, what, zp_sched_mem_names[c], FALSE, 0, 1e30, &state[c], error);
     if (!ok && error && !*error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
     g_free(what);

@@ -3,6 +3,7 @@
 #include "zp_schedcheck.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
+#include "zp_impl.h"
 #include "zp_offload.h"
 #include "zp_util.h"
 

@@ -11,7 +11,7 @@
 #ifndef ZP_SCHEDCHECK_H
 #define ZP_SCHEDCHECK_H
 
-#include "zp_sched.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 

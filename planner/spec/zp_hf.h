@@ -3,7 +3,7 @@
 #ifndef ZP_HF_H
 #define ZP_HF_H
 
-#include "zp_model.h"
+#include "zp_model_arch.h"
 
 #include <glib.h>
 

@@ -1,10 +1,10 @@
-/* zp_plan: plan defaults and the precision x optimizer table of bytes per parameter.
+/* zp_plan: plan defaults and the precision x optimizer table of bytes per parameter, the
+ * knobs' names, and the plan's JSON with DeepSpeed's offload sections.
  * The table is the only place the "K" of the ZeRO paper is decided. */
 #include "zp_plan.h"
-#include "zp_pipe.h"
-#include "zp_offload.h"
 #include "zp_util.h"
 
+#include <math.h>
 #include <string.h>
 
 void zp_zero_config_defaults(ZpZeroConfig *zero, int stage)
@@ -229,6 +229,40 @@ gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype
     if (!zp_parse_choice(text, flag, json ? reduce_names : reduce_names + 1, &v, error))
         return FALSE;
     *out = (ZpReduceDtype)(json ? v : v + 1);
+    return TRUE;
+}
+
+/* The pipeline's schedule and partition method (zp_pipe). */
+static const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", NULL};
+static const char *const partition_names[] = {"uniform", "parameters", NULL};
+
+const char *zp_pipe_schedule_name(ZpPipeSchedule schedule)
+{
+    return schedule_names[schedule];
+}
+
+const char *zp_partition_name(ZpPartition partition)
+{
+    return partition_names[partition];
+}
+
+gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
+                                GError **error)
+{
+    int v;
+    if (!zp_parse_choice(text, flag, schedule_names, &v, error))
+        return FALSE;
+    *out = (ZpPipeSchedule)v;
+    return TRUE;
+}
+
+gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
+                            GError **error)
+{
+    int v;
+    if (!zp_parse_choice(text, flag, partition_names, &v, error))
+        return FALSE;
+    *out = (ZpPartition)v;
     return TRUE;
 }
 
@@ -471,4 +505,122 @@ void zp_plan_optimizer_split(const ZpPlan *plan, double *master, double *m, doub
     const gboolean two = plan->optimizer == ZP_OPT_ADAM || plan->optimizer == ZP_OPT_ADAM_8BIT;
     *m = two ? moments / 2 : moments;
     *v = two ? moments / 2 : 0.0;
+}
+
+/* ---- offload_optimizer and offload_param: DeepSpeed v0.19.6's sections
+ * (deepspeed/runtime/zero/offload_config.py) ---- */
+
+gboolean zp_offload_check(const ZpPlan *plan, GError **error)
+{
+    const ZpZeroConfig *z = &plan->zero;
+    const char *bad = NULL;
+    if (z->offload_optimizer.device != ZP_OFFLOAD_NONE && z->stage < 1)
+        bad = "offload_optimizer: needs ZeRO stage 1, 2 or 3";
+    else if (z->offload_param.device != ZP_OFFLOAD_NONE && z->stage != 3)
+        bad = "offload_param: needs ZeRO stage 3 (DeepSpeed partitions parameters only there)";
+    else if (z->offload_optimizer.ratio < 1.0 && z->stage != 3 &&
+             z->offload_optimizer.device != ZP_OFFLOAD_NONE)
+        bad = "offload_optimizer.ratio: below 1 only with ZeRO stage 3 (partial offload)";
+    else if (z->offload_optimizer.ratio < 0 || z->offload_optimizer.ratio > 1)
+        bad = "offload_optimizer.ratio: must be from 0 to 1";
+    if (bad)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+    return bad == NULL;
+}
+
+static const char *const optimizer_keys[] = {"device", "nvme_path", "buffer_count",
+                                             "pin_memory", "ratio", "pipeline_read",
+                                             "pipeline_write", "fast_init", "super_offload",
+                                             "cpuadam_cores_perc", NULL};
+static const char *const param_keys[] = {"device", "nvme_path", "buffer_count", "buffer_size",
+                                         "max_in_cpu", "pin_memory", NULL};
+/* offload_optimizer's options that change only how the swaps are pipelined or initialised. */
+static const char *const unmodeled[] = {"pipeline_read", "pipeline_write", "fast_init",
+                                        "super_offload", "cpuadam_cores_perc"};
+
+static gboolean read_count(json_t *o, const char *what, const char *key, double *out,
+                           GError **error)
+{
+    int64_t n;
+    if (!json_object_get(o, key))
+        return TRUE;
+    if (!zp_json_get_int(o, what, key, TRUE, 0, 1000000000000000LL, &n, error))
+        return FALSE;
+    *out = (double)n;
+    return TRUE;
+}
+
+gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
+                              ZpOffload *offload, GPtrArray *warnings, GError **error)
+{
+    json_t *o = section;
+    zp_offload_defaults(offload, param);
+    if (!o)
+        return TRUE;
+    if (!json_is_object(o)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s must be an object", what);
+        return FALSE;
+    }
+    const char *device = "none", *path = NULL;
+    char *device_key = g_strdup_printf("%s: key \"device\"", what);
+    gboolean ok = zp_json_check_keys(o, what, param ? param_keys : optimizer_keys, error) &&
+                  zp_json_get_string(o, what, "device", FALSE, &device, error) &&
+                  zp_offload_device_parse(device, device_key, &offload->device, error) &&
+                  zp_json_get_string(o, what, "nvme_path", FALSE, &path, error) &&
+                  zp_json_get_bool(o, what, "pin_memory", FALSE, &offload->pin_memory, error) &&
+                  read_count(o, what, "buffer_count", &offload->buffer_count, error) &&
+                  (!param || (read_count(o, what, "buffer_size", &offload->buffer_size, error) &&
+                              read_count(o, what, "max_in_cpu", &offload->max_in_cpu, error))) &&
+                  (param || zp_json_get_number(o, what, "ratio", FALSE, 0, 1, &offload->ratio,
+                                               error));
+    g_free(device_key);
+    if (ok && path) {
+        if (strlen(path) == 0 || strlen(path) >= sizeof offload->nvme_path) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: key \"nvme_path\" must be 1 to %zu characters", what,
+                        sizeof offload->nvme_path - 1);
+            return FALSE;
+        }
+        g_strlcpy(offload->nvme_path, path, sizeof offload->nvme_path);
+    }
+    if (!ok)
+        return FALSE;
+    for (size_t i = 0; !param && i < G_N_ELEMENTS(unmodeled); i++)
+        if (json_object_get(o, unmodeled[i]))
+            g_ptr_array_add(warnings, g_strdup_printf("%s: \"%s\" ignored: not modeled", what,
+                                                      unmodeled[i]));
+    if (offload->device == ZP_OFFLOAD_NVME && !offload->nvme_path[0])
+        g_ptr_array_add(warnings,
+                        g_strdup_printf("%s: device nvme without \"nvme_path\": DeepSpeed needs "
+                                        "the directory to swap to", what));
+    return TRUE;
+}
+
+/* One section as DeepSpeed reads it, or NULL when device is none. */
+static json_t *offload_to_json(const ZpOffload *offload, gboolean param)
+{
+    if (offload->device == ZP_OFFLOAD_NONE)
+        return NULL;
+    json_t *o = json_pack("{s:s, s:b, s:I}", "device", zp_offload_device_name(offload->device),
+                          "pin_memory", offload->pin_memory, "buffer_count",
+                          (json_int_t)llround(offload->buffer_count));
+    if (param) {
+        json_object_set_new(o, "buffer_size", json_integer((json_int_t)llround(offload->buffer_size)));
+        json_object_set_new(o, "max_in_cpu", json_integer((json_int_t)llround(offload->max_in_cpu)));
+    } else {
+        json_object_set_new(o, "ratio", json_real(offload->ratio));
+    }
+    if (offload->nvme_path[0])
+        json_object_set_new(o, "nvme_path", json_string(offload->nvme_path));
+    return o;
+}
+
+void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param)
+{
+    json_t *o = offload_to_json(optimizer, FALSE);
+    if (o)
+        json_object_set_new(zero, "offload_optimizer", o);
+    json_t *p = offload_to_json(param, TRUE);
+    if (p)
+        json_object_set_new(zero, "offload_param", p);
 }

@@ -229,6 +229,32 @@ gboolean zp_precision_parse(const char *text, const char *flag, ZpPrecision *out
 gboolean zp_optimizer_parse(const char *text, const char *flag, ZpOptimizer *out,
                             GError **error);
 
+/* The pipeline's schedule and partition method by name (zp_pipe uses them). */
+const char *zp_pipe_schedule_name(ZpPipeSchedule schedule);
+gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
+                                GError **error);
+const char *zp_partition_name(ZpPartition partition);
+gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
+                            GError **error);
+
+/* ---- the offload sections of zero_optimization ---- */
+
+/* Checks the plan's offload settings: offload_optimizer needs stage >= 1, offload_param stage
+ * 3, ratio below 1 stage 3 (DeepSpeed's own asserts); fails naming the setting. */
+gboolean zp_offload_check(const ZpPlan *plan, GError **error);
+
+/* Reads zero_optimization.offload_optimizer or .offload_param (`param`) into *offload:
+ * device, pin_memory, buffer_count, buffer_size and max_in_cpu (param), ratio (optimizer),
+ * nvme_path; the options zplan does not model (pipeline_read, pipeline_write, fast_init,
+ * super_offload, cpuadam_cores_perc) warn. Unknown keys and bad values fail naming the key.
+ * A missing section leaves the defaults. */
+gboolean zp_offload_from_json(void *section, const char *what, gboolean param,
+                              ZpOffload *offload, GPtrArray *warnings, GError **error);
+
+/* Adds "offload_optimizer" and "offload_param" to a zero_optimization object (json_t *) as
+ * DeepSpeed reads them, each only where its device is not none. */
+void zp_offload_add_json(void *zero, const ZpOffload *optimizer, const ZpOffload *param);
+
 /* The plan as JSON ({"stage", "dp", "mp", "micro_batch", "grad_accum", "checkpoint",
  * "precision", "optimizer", "attention", "reduce_dtype", "impl", "zero": {DeepSpeed's
  * zero_optimization keys}, "activation_checkpointing": {DeepSpeed's keys}}) and back; the
