@@ -1,6 +1,10 @@
 /* zp_sched: the builder of the per-rank schedule of one training step (zp_sched_graph.h: the
  * op graph it emits, the contract sim/ and real/ execute), and its JSON reader and writer.
- */
+ *
+ * The builder is a core (zp_sched.c: the plan's checks, each stage's walk) and one file per
+ * part it plugs in (zp_build.h): op emission, layout, gradient buckets, qgZ, offload, stage-3
+ * gathers, a micro-step's compute, tensor parallelism, checkpoints, pipeline sends, the
+ * optimizer step. */
 #ifndef ZP_SCHED_H
 #define ZP_SCHED_H
 
