@@ -112,8 +112,9 @@ test: setup
 	@$(MAKE) --no-print-directory test-run
 
 # GLib test programs speak TAP; prove runs them and prints the closing summary CI reads.
+# tests/layers.t checks every include against planner/LAYERS and for cycles (a perl script).
 test-run: $(TESTS)
-	prove -f -e '' $(TESTS) :: --tap
+	prove -f -e '' tests/layers.t $(TESTS) :: --tap
 
 # The same variables go to both steps, so that nothing is relinked without the sanitizers.
 # Leaks are detected; tests/lsan.supp names the third-party internals that leak by design
