@@ -23,7 +23,7 @@
 
 /* ZP_OP_P2P: a pipeline send of one micro-batch's activations (forward) or their gradients
  * (backward) to the neighbouring stage; the op that consumes it on that stage depends on it.
- * ZP_OP_TRANSFER: an offload copy over the host link or to/from NVMe (planner/zp_offload.c). */
+ * ZP_OP_TRANSFER: an offload copy over the host link or to/from NVMe (rules/zp_offload.c). */
 typedef enum {
     ZP_OP_COMPUTE, ZP_OP_COLLECTIVE, ZP_OP_ALLOC, ZP_OP_FREE, ZP_OP_P2P, ZP_OP_TRANSFER
 } ZpOpKind;
@@ -36,7 +36,7 @@ typedef enum {
  * ReduceTiedGrads), with the same bytes, S each way. */
 typedef enum { ZP_P2P_SEND_NEXT, ZP_P2P_SEND_PREV, ZP_P2P_TIED, ZP_P2P_N } ZpP2pKind;
 
-/* Offload transfers (ZeRO-Offload, ZeRO-Infinity; planner/zp_offload.c decides them): over
+/* Offload transfers (ZeRO-Offload, ZeRO-Infinity; planner/rules/zp_offload.c decides them): over
  * the GPU's host link, or between host memory and the node's NVMe. `bytes` is what this rank
  * moves. */
 typedef enum {

@@ -42,13 +42,13 @@ typedef struct {
     guint call, n;         /* its call's first gather; that one: the call's gathers */
     uint64_t call_elems;   /* the call's elements (each gather padded to its group) */
     int flat;              /* the call's flat buffer until its last gather's use (n > 1) */
-    int last_use;          /* the call's last gather's use (its step key: step_key) */
+    int last_use;          /* the call's last gather's use (its zp_build_step_key) */
     int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
     gboolean unpacked;
 } Gather;
 
 /* Items listed by the compute step they belong to: items[start[k] .. start[k+1]), k the
- * step's key (step_key). */
+ * step's key (zp_build_step_key). */
 typedef struct {
     guint *start, *items;
 } PosIndex;

@@ -54,8 +54,8 @@ static gboolean module_sums(int m, gboolean backward)
  * zp_impl_module_backward) one per module (the positions' steps, zp_impl.h), each after its
  * own gathers (fetch_sub_module) and releasing what the step before it used first
  * (release_sub_module); the position's last step's release is position_end's. A reducing
- * backward (`launched` not NULL) hands its gradients on (hand_on) and launches, after each
- * module's op, the buckets that module's gradients launch. */
+ * backward (`launched` not NULL) hands its gradients on (zp_build_hand_on) and launches, after
+ * each module's op, the buckets that module's gradients launch. */
 static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int pos, Cost cost,
                           GArray *deps, GArray *launched)
 {

@@ -330,7 +330,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     return s;
 }
 
-/* As layout() pads them, from the three unit sizes (the blocks are identical) instead of a
+/* As zp_build_layout pads them, from the three unit sizes (the blocks are identical) instead of a
  * walk over every unit. */
 uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan)
 {

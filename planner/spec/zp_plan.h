@@ -27,8 +27,8 @@ typedef enum {
  * reduce_dtype); ZP_REDUCE_GRAD, the default, is the gradients' own. */
 typedef enum { ZP_REDUCE_GRAD, ZP_REDUCE_FP32, ZP_REDUCE_BF16, ZP_REDUCE_FP16, ZP_REDUCE_N } ZpReduceDtype;
 
-/* Whose ZeRO a plan follows (planner/zp_impl.h): DeepSpeed v0.19.6 as its source does it (the
- * zero value, the default), PyTorch FSDP, or the ZeRO paper's idealised volumes. */
+/* Whose ZeRO a plan follows (planner/rules/zp_impl.h): DeepSpeed v0.19.6 as its source does it
+ * (the zero value, the default), PyTorch FSDP, or the ZeRO paper's idealised volumes. */
 typedef enum { ZP_IMPL_DEEPSPEED, ZP_IMPL_FSDP, ZP_IMPL_PAPER, ZP_IMPL_N } ZpImplKind;
 
 /* Bytes per parameter of each model-state term for a precision and optimizer. */
