@@ -11,10 +11,11 @@ DEB_PACKAGES := build-essential pkg-config perl libglib2.0-dev libjansson-dev li
                 libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox
 
 CC       := mpicc
+PLANNER_LAYERS := $(patsubst %/,%,$(sort $(dir $(wildcard planner/*/*.c planner/*/*.h))))
 PKGS     := glib-2.0 jansson gsl
 CFLAGS   ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -MMD -MP \
-            -Iplanner -Isim -Ireal $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
+            $(patsubst %,-I%,$(PLANNER_LAYERS)) -Isim -Ireal $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
             -DZP_DATA_DIR=\"$(CURDIR)\" -DZP_BUILD_DIR=\"$(abspath $(BUILD))\"
 # GSL's CBLAS interface, implemented by OpenBLAS (not GSL's reference gslcblas).
 LDLIBS   := $(shell pkg-config --libs-only-L --libs-only-l glib-2.0 jansson 2>/dev/null) \
@@ -46,7 +47,9 @@ NCCL_LIB_DIR := $(patsubst %/,%,$(dir $(or $(NCCL_LIB),$(CUDA_HOME)/lib64/)))
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt \
                -L$(NCCL_LIB_DIR) -Wl,-rpath,$(NCCL_LIB_DIR) -l:libnccl.so.2 -lstdc++
 
-PLANNER_SRC := $(wildcard planner/*.c)
+# planner/ is a house of layers, one folder each (planner/LAYERS, docs/architecture.md); every
+# folder is on the include path, so a header keeps its bare name wherever it lives.
+PLANNER_SRC := $(wildcard planner/*/*.c)
 SIM_SRC     := $(wildcard sim/*.c)
 REAL_SRC    := $(filter-out $(CUDA_C_SRC),$(wildcard real/*.c))
 # cli/: the two programs' mains and zplan's subcommands. Dependencies run one way: cli/ uses
@@ -109,8 +112,9 @@ test: setup
 	@$(MAKE) --no-print-directory test-run
 
 # GLib test programs speak TAP; prove runs them and prints the closing summary CI reads.
+# tests/layers.t checks every include against planner/LAYERS and for cycles (a perl script).
 test-run: $(TESTS)
-	prove -f -e '' $(TESTS) :: --tap
+	prove -f -e '' tests/layers.t $(TESTS) :: --tap
 
 # The same variables go to both steps, so that nothing is relinked without the sanitizers.
 # Leaks are detected; tests/lsan.supp names the third-party internals that leak by design

@@ -1,0 +1,287 @@
+/* zp_cost: a compute op's time from the profile's op table, kernel by kernel (zp_cost_kernels)
+ * or whole, or the roofline where the profile has no table. */
+#include "zp_cost.h"
+#include "zp_offload.h"
+#include "zp_util.h"
+
+#include <math.h>
+#include <string.h>
+
+gboolean zp_cost_cpu_backend(const ZpHw *hw)
+{
+    return hw->op_costs.present && strcmp(hw->op_costs.backend, "cpu") == 0;
+}
+
+/* A kernel's time from the op table, for zp_cost_kernel_shares. */
+static double table_kernel_s(const void *c, const ZpKernel *k)
+{
+    return zp_cost_kernel_s(c, k);
+}
+
+void zp_cost_module_shares(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                           const ZpCost *c, ZpModuleShares *out)
+{
+    zp_cost_kernel_shares(model, plan, kind, c && c->table ? table_kernel_s : NULL, c, out);
+}
+
+void zp_cost_optimizer_shape(double elems, char out[ZP_OPTABLE_SHAPE_LEN])
+{
+    g_snprintf(out, ZP_OPTABLE_SHAPE_LEN, "n%.0f", elems);
+}
+
+ZpOptPath zp_cost_optimizer_whole(const ZpOpTable *t, double elems, int ranks, double *time_s,
+                                  double around[2])
+{
+    const char *name = zp_sched_compute_name(ZP_COMP_OPTIMIZER);
+    const ZpOpTime *below = NULL, *above = NULL;
+    double lo = -INFINITY, hi = INFINITY;
+    for (int i = 0; i < t->n_ops; i++) {
+        const ZpOpTime *o = &t->ops[i];
+        char *end = NULL;
+        const double n = o->shape[0] == 'n' ? g_ascii_strtod(o->shape + 1, &end) : NAN;
+        if (o->ranks != ranks || strcmp(o->op, name) != 0 || !end || *end || !(n > 0))
+            continue;
+        if (n <= elems && n > lo)
+            lo = n, below = o;
+        if (n >= elems && n < hi)
+            hi = n, above = o;
+    }
+    around[0] = lo, around[1] = hi;
+    if (below && fabs(elems - lo) <= 0.5) {
+        *time_s = below->time_s;
+        return ZP_OPT_PATH_WHOLE;
+    }
+    if (above && fabs(hi - elems) <= 0.5) {
+        *time_s = above->time_s;
+        return ZP_OPT_PATH_WHOLE;
+    }
+    if (!below || !above)
+        return ZP_OPT_PATH_FITTED;
+    *time_s = below->time_s + (elems - lo) * (above->time_s - below->time_s) / (hi - lo);
+    return ZP_OPT_PATH_INTERPOLATED;
+}
+
+/* ---- times ---- */
+
+double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k)
+{
+    const ZpOpTable *t = &c->hw->op_costs;
+    double rate = 0, work = k->flops;
+    if (k->kind == ZP_KERNEL_GEMM) {
+        double x, y;
+        zp_gemm_coords(k->m, k->n, k->k, &x, &y);
+        rate = zp_grid_at(&t->gemm[k->sub], x, y);
+    } else if (k->kind == ZP_KERNEL_ATTENTION && c->attn_flops_per_s > 0) {
+        rate = c->attn_flops_per_s;
+    } else if (k->kind == ZP_KERNEL_ATTENTION) {
+        rate = zp_grid_at(&t->eager_attention[k->sub], c->log2_seq, c->log2_head_dim);
+    } else {
+        rate = t->ew_bytes_per_s[k->sub];
+        work = k->bytes;
+    }
+    return t->launch_s + work / rate;
+}
+
+static double kernels_s(const ZpCost *c, const ZpKernels *ks)
+{
+    double total = 0;
+    for (int i = 0; i < ks->n; i++)
+        total += zp_cost_kernel_s(c, &ks->k[i]);
+    return total;
+}
+
+/* Why the table cannot cost this plan, or NULL when it can. */
+static const char *table_gap(const ZpHw *hw, const ZpModel *model, const ZpPlan *plan)
+{
+    if (!hw->op_costs.present)
+        return "the profile has no op_costs table";
+    if (!zp_model_has_architecture(model))
+        return "the model has no architecture (its ops have no shapes)";
+    if (!zp_attention_fused(plan->attention) && !hw->op_costs.has_eager_attention)
+        return "the op table has no eager_attention rates";
+    return NULL;
+}
+
+/* How the plan's optimizer is costed (c->whole[ZP_COMP_OPTIMIZER] when measured whole at
+ * its elements), in words. */
+static char *optimizer_path(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
+{
+    const double all = (double)zp_sched_optimizer_elems(model, plan);
+    const double elems = (1.0 - zp_offload_cpu_share(plan, all)) * all;
+    double t, around[2];
+    if (elems <= 0)
+        return g_strdup("no optimizer on the device (offloaded)");
+    if (zp_plan_pp(plan) > 1)
+        return g_strdup("the optimizer by each pipeline stage's elements: a whole time there, "
+                        "else its fitted rate");
+    const ZpOptPath path = zp_cost_optimizer_whole(&c->hw->op_costs, elems, c->ranks, &t, around);
+    c->whole[ZP_COMP_OPTIMIZER] = path == ZP_OPT_PATH_WHOLE;
+    if (path == ZP_OPT_PATH_WHOLE)
+        return g_strdup_printf("the optimizer measured whole at its %.0f elements", elems);
+    if (path == ZP_OPT_PATH_INTERPOLATED)
+        return g_strdup_printf("the optimizer's %.0f elements between its whole times at %.0f "
+                               "and %.0f", elems, around[0], around[1]);
+    return g_strdup_printf("the optimizer's %.0f elements at its fitted rate (no whole times "
+                           "around them)", elems);
+}
+
+gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
+                      GError **error)
+{
+    memset(c, 0, sizeof *c);
+    c->hw = hw;
+    c->peak_flops = zp_hw_peak_flops(hw, plan->precision);
+    if (c->peak_flops <= 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s) has no %s peak in its profile",
+                    hw->name, hw->gpu, zp_precision_name(plan->precision));
+        return FALSE;
+    }
+    if (zp_attention_fused(plan->attention)) {
+        c->attn_flops_per_s = zp_hw_attention_flops_per_s(
+            hw, plan->attention, (double)zp_model_head_dim(model), (double)model->seq_len);
+        if (c->attn_flops_per_s <= 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "attention: %s has no rate for '%s' in its attention table", hw->name,
+                        zp_attention_name(plan->attention));
+            return FALSE;
+        }
+    }
+    const char *gap = table_gap(hw, model, plan);
+    if (gap) {
+        g_snprintf(c->why, sizeof c->why, "roofline: %s", gap);
+        return TRUE;
+    }
+    c->table = TRUE;
+    c->optimizer_elem_bytes =
+        zp_plan_step_bytes(zp_plan_state_bytes(plan->precision, plan->optimizer));
+    c->log2_seq = log2((double)model->seq_len);
+    c->log2_head_dim = log2((double)zp_model_head_dim(model));
+    const int world = plan->dp * plan->mp * zp_plan_pp(plan);
+    c->ranks = hw->gpus_per_node > 0 ? MIN(world, hw->gpus_per_node) : world;
+    GString *whole = g_string_new(NULL), *summed = g_string_new(NULL);
+    for (int k = 0; k < ZP_COMP_N; k++) {
+        ZpKernels ks;
+        zp_cost_kernels(model, plan, (ZpComputeKind)k, &ks);
+        c->kind_s[k] = k == ZP_COMP_OPTIMIZER ? hw->op_costs.launch_s : kernels_s(c, &ks);
+        if (ks.n == 0)
+            continue;
+        char shape[ZP_OPTABLE_SHAPE_LEN];
+        zp_cost_op_shape(model, plan, (ZpComputeKind)k, shape);
+        const ZpOpTime *t = zp_optable_op(&hw->op_costs, zp_sched_compute_name(k), shape,
+                                          c->ranks);
+        c->whole[k] = t != NULL;
+        if (t)
+            c->kind_s[k] = t->time_s;
+        ZpModuleShares shares;
+        zp_cost_module_shares(model, plan, (ZpComputeKind)k, c, &shares);
+        memcpy(c->module_share[k], shares.time, sizeof shares.time);
+        GString *list = t ? whole : summed;
+        g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
+    }
+    char *opt = optimizer_path(c, model, plan);
+    g_snprintf(c->why, sizeof c->why,
+               "op table: %s measured whole (%d rank%s at once)%s%s; %s (%s)",
+               whole->len ? whole->str : "no op", c->ranks, c->ranks == 1 ? "" : "s",
+               summed->len ? "; the sum of their kernels for " : "", summed->str, opt,
+               hw->op_costs.source);
+    g_free(opt);
+    g_string_free(whole, TRUE);
+    g_string_free(summed, TRUE);
+    return TRUE;
+}
+
+/* Moving `bytes` (read and written) on a backend with an op table: one launch at its measured
+ * convert rate (conversions, rounding, adds in place). */
+static double convert_s(const ZpCost *c, double bytes)
+{
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->launch_s + bytes / t->ew_bytes_per_s[ZP_EW_CONVERT];
+}
+
+/* One copy of an array of `bytes`: one launch and the table's measured copy time at that size
+ * (zp_optable's "copy"), or without one at the convert rate over its bytes read and written. */
+static double copy_s(const ZpCost *c, double bytes)
+{
+    const ZpOpTable *t = &c->hw->op_costs;
+    return t->copy.n > 0 ? t->launch_s + zp_colltab_time_s(&t->copy, bytes)
+                         : convert_s(c, 2 * bytes);
+}
+
+double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
+                    double gemm_flops, double attn_flops, double mem_bytes)
+{
+    const gboolean optimizer = kind == ZP_COMP_OPTIMIZER;
+    /* A coalesced gather's unpack is copies: the table's measured copy rate, as the
+     * collectives' own copies (not the block kernels' elementwise rate, a tenth of it on a
+     * CPU). ZeRO++'s (de)quantisation kernels move bytes that differ op by op (a bucket's, a
+     * unit's) in kernels the table does not time, so they stay on the roofline. */
+    if (c->table && kind == ZP_COMP_UNPACK)
+        return copy_s(c, mem_bytes / 2);
+    if (!c->table || kind == ZP_COMP_QUANTIZE)
+        return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
+                                    c->attn_flops_per_s, mem_bytes, optimizer);
+    double whole_s, around[2];
+    if (optimizer && zp_cost_optimizer_whole(&c->hw->op_costs, mem_bytes / c->optimizer_elem_bytes,
+                                             c->ranks, &whole_s, around) != ZP_OPT_PATH_FITTED)
+        return whole_s;
+    return c->kind_s[kind] * (module >= 0 ? c->module_share[kind][module] : 1.0) +
+           (optimizer ? mem_bytes / c->hw->op_costs.optimizer_bytes_per_s : 0);
+}
+
+int zp_cost_coll_passes(const ZpOp *op, int stage, int ranks,
+                        ZpCollPass out[ZP_COLL_PASSES_MAX])
+{
+    const double share = op->bytes / MAX(ranks, 1);
+    /* this rank's share delivered: copied, or at stages 2-3 after the first micro-step added
+     * in place in bf16 (real_engine.c real_engine_deliver) */
+    const ZpCollPass deliver = {share, stage >= 2 && op->micro > 0};
+    const ZpCollPass whole = {op->bytes, FALSE};
+    if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
+        return 0;
+    int n = 0;
+    switch ((ZpCollKind)op->sub) {
+    case ZP_COLL_ALLREDUCE: /* into the bucket and back */
+        out[n++] = whole, out[n++] = whole;
+        break;
+    case ZP_COLL_REDUCE_SCATTER:
+        if (stage < 2)
+            out[n++] = whole;
+        out[n++] = deliver;
+        break;
+    case ZP_COLL_ALLGATHER: /* alone, MPI copies the rank's slice into the bucket itself */
+        if (ranks == 1)
+            out[n++] = whole;
+        if (stage < 3)
+            out[n++] = whole;
+        break;
+    default:
+        break;
+    }
+    return n;
+}
+
+double zp_cost_coll_copy_bytes(const ZpOp *op, int stage, int ranks)
+{
+    ZpCollPass p[ZP_COLL_PASSES_MAX];
+    const int n = zp_cost_coll_passes(op, stage, ranks, p);
+    double bytes = 0;
+    for (int i = 0; i < n; i++) /* an add reads 2 + 2 and writes 2 per 2-byte element */
+        bytes += (p[i].add ? 3 : 2) * p[i].bytes;
+    return bytes;
+}
+
+double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks)
+{
+    ZpCollPass p[ZP_COLL_PASSES_MAX];
+    const int n = c->table ? zp_cost_coll_passes(op, stage, ranks, p) : 0;
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i].bytes > 0)
+            s += p[i].add ? convert_s(c, 3 * p[i].bytes) : copy_s(c, p[i].bytes);
+    return s;
+}
+
+double zp_cost_contention(const ZpCost *c, int overlapping)
+{
+    return c->table && overlapping > 0 ? c->hw->op_costs.contention : 1.0;
+}

@@ -1,0 +1,53 @@
+/* zp_sched_graph: the op graph's names (the JSON schedule's spelling of every enum) and the
+ * release of a schedule; what builds one lives in sched/, what reads one in sim/ and real/. */
+#include "zp_sched_graph.h"
+
+#include <jansson.h>
+
+const char *const zp_sched_compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
+                                              "block_bwd", "embed_bwd", "optimizer",
+                                              "cpu_optimizer", "host_copy", "quantize", "unpack", NULL};
+const char *const zp_sched_coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
+                                         NULL};
+const char *const zp_sched_mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
+                                          "gathered_params", "buckets", "activations",
+                                          "checkpoints", "workspace", "secondary_params", NULL};
+const char *const zp_sched_stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
+                                           NULL};
+const char *const zp_sched_kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
+                                           "transfer", NULL};
+const char *const zp_sched_p2p_names[] = {"send_next", "send_prev", "tied", NULL};
+const char *const zp_sched_transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_write", NULL};
+/* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
+ * keep theirs. */
+const char *const zp_sched_group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
+                                          NULL};
+
+const char *zp_sched_compute_name(ZpComputeKind kind) { return zp_sched_compute_names[kind]; }
+const char *zp_sched_op_kind_name(ZpOpKind kind) { return zp_sched_kind_names[kind]; }
+const char *zp_sched_coll_name(ZpCollKind kind) { return zp_sched_coll_names[kind]; }
+const char *zp_sched_mem_name(ZpMemCategory category) { return zp_sched_mem_names[category]; }
+const char *zp_sched_stream_name(ZpStream stream) { return zp_sched_stream_names[stream]; }
+const char *zp_sched_transfer_name(ZpTransferKind kind) { return zp_sched_transfer_names[kind]; }
+
+void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
+{
+    json_t *o = json_object();
+    for (int c = 0; c < ZP_MEM_N; c++)
+        json_object_set_new(o, zp_sched_mem_names[c], json_real(bytes[c]));
+    return o;
+}
+
+void zp_sched_free(ZpSchedule *s)
+{
+    if (!s)
+        return;
+    g_array_unref(s->ops);
+    g_array_unref(s->deps);
+    g_free(s->unit_offset);
+    g_free(s->unit_elems);
+    g_free(s->stage_state_bytes);
+    g_free(s->stage_host_bytes);
+    g_free(s->stage_unit_elems);
+    g_free(s);
+}

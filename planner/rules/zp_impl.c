@@ -1,0 +1,222 @@
+/* zp_impl: the implementation table by kind, and the rules more than one implementation shares
+ * (bucket grouping, the prefetch window, unit-level persistence). */
+#include "zp_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+const ZpImpl *zp_impl_get(ZpImplKind kind)
+{
+    static const ZpImpl *const table[ZP_IMPL_N] = {
+        [ZP_IMPL_DEEPSPEED] = &zp_impl_deepspeed,
+        [ZP_IMPL_FSDP] = &zp_impl_fsdp,
+        [ZP_IMPL_PAPER] = &zp_impl_paper,
+    };
+    return table[kind];
+}
+
+/* A bucket item: a unit, or a tensor of one (the flat layout is unit-major and tensor-ordered
+ * inside a unit, so a tensor's range is its unit's offset plus the tensors before it). */
+typedef struct {
+    int unit;
+    uint64_t lo, elems;
+    double count; /* elements it counts for against the bucket's limit */
+    double sent;  /* elements it adds to the bucket's reduction (stage 3: padded) */
+} Item;
+
+static gboolean same_module(const char *a, const char *b)
+{
+    const size_t la = strcspn(a, "."), lb = strcspn(b, ".");
+    return la == lb && strncmp(a, b, la) == 0;
+}
+
+/* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
+gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
+{
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->unit_persistence &&
+           (double)s->unit_elems[unit] <= s->plan.zero.stage3_param_persistence_threshold;
+}
+
+uint64_t zp_sched_unit_padded(const ZpSchedule *s, int unit)
+{
+    return zp_mem_padded_elems(s->unit_elems[unit], (uint64_t)s->plan.dp);
+}
+
+gboolean zp_impl_module_compute(const ZpSchedule *s)
+{
+    return s->plan.zero.stage == 3 && zp_impl_get(s->plan.impl)->module_compute &&
+           !s->plan.block_compute;
+}
+
+gboolean zp_impl_grads_by_module(const ZpPlan *plan)
+{
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    return impl->grads_by_module && impl->grads_by_module(plan);
+}
+
+gboolean zp_impl_module_backward(const ZpSchedule *s)
+{
+    const int stage = s->plan.zero.stage;
+    return zp_impl_module_compute(s) ||
+           (zp_impl_grads_by_module(&s->plan) && (stage == 1 || stage == 2) &&
+            zp_plan_pp(&s->plan) == 1 && !s->plan.block_compute);
+}
+
+GArray *zp_impl_tensors(const ZpSchedule *s)
+{
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
+    GArray *tensors = zp_model_tensors(&s->model);
+    int unit = -1, module = -1;
+    const char *module_name = "";
+    uint64_t inside = 0;
+    for (guint i = 0; i <= tensors->len; i++) {
+        const ZpTensor *t = i < tensors->len ? &g_array_index(tensors, ZpTensor, i) : NULL;
+        if (unit >= 0 && (!t || t->unit != unit) && inside < s->unit_elems[unit]) {
+            /* What a unit holds beyond its tensors: a pipeline's last stage's own copy of the
+             * tied word embedding, a module of its own. */
+            ZpImplTensor rest = {unit, ++module, s->unit_offset[unit] + inside,
+                                 s->unit_elems[unit] - inside, TRUE};
+            g_array_append_val(out, rest);
+        }
+        if (!t)
+            break;
+        if (t->unit != unit)
+            unit = t->unit, inside = 0, module_name = "";
+        if (!same_module(t->name, module_name) || inside == 0)
+            module++, module_name = t->name;
+        /* A tensor's share of a tensor-parallel rank; clipped to its unit's range. */
+        uint64_t elems = zp_model_tensor_tp_elems(&s->model, t, s->plan.mp);
+        if (inside + elems > s->unit_elems[unit])
+            elems = s->unit_elems[unit] - inside;
+        if (elems == 0)
+            continue;
+        ZpImplTensor it = {unit, module, s->unit_offset[unit] + inside, elems, t->matrix};
+        inside += elems;
+        g_array_append_val(out, it);
+    }
+    g_array_unref(tensors);
+    return out;
+}
+
+void zp_impl_params_in_partition(const ZpSchedule *s, int rank, uint64_t *lo, uint64_t *hi)
+{
+    const uint64_t part_lo = (uint64_t)rank * s->partition_elems;
+    const uint64_t part_hi = part_lo + s->partition_elems;
+    GArray *tensors = zp_impl_tensors(s);
+    *lo = part_lo, *hi = part_hi;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (t->offset < part_hi && t->offset + t->elems > part_lo) {
+            *lo = MIN(*lo, t->offset);
+            *hi = MAX(*hi, t->offset + t->elems);
+        }
+    }
+    g_array_unref(tensors);
+}
+
+static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
+{
+    GArray *items = g_array_new(FALSE, FALSE, sizeof(Item));
+    const gboolean padded = s->plan.zero.stage == 3;
+    if (!by_tensor) {
+        for (int u = 0; u < s->n_units; u++) {
+            if (s->unit_elems[u] == 0) /* another pipeline stage's unit */
+                continue;
+            const double sent =
+                (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
+            Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent};
+            g_array_append_val(items, it);
+        }
+        return items;
+    }
+    GArray *tensors = zp_impl_tensors(s);
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        /* DeepSpeed's hooks count a parameter's numel (stage3.py
+         * reduce_independent_p_g_buckets_and_remove_grads: bucket.elements + param.ds_numel >
+         * reduce_bucket_size; stage_1_and_2.py's: param.numel()); stage 3's
+         * reduce_scatter_coalesced pads each to the group */
+        Item it = {t->unit, t->offset, t->elems, (double)t->elems,
+                   (double)(padded ? zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp)
+                                   : t->elems)};
+        g_array_append_val(items, it);
+    }
+    g_array_unref(tensors);
+    return items;
+}
+
+void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
+                           gboolean bypass_large, GArray *buckets)
+{
+    GArray *items = bucket_items(s, by_tensor);
+    const Item *it = (const Item *)items->data;
+    const double bytes = zp_plan_reduce_bytes(&s->plan);
+    for (int i = (int)items->len - 1; i >= 0;) {
+        ZpBucketSpec k = {it[i].lo, it[i].lo + it[i].elems, 0, it[i].unit, it[i].unit,
+                          it[i].unit, -1, FALSE, 1};
+        double elems = it[i].count, sent = it[i].sent;
+        k.bypass = bypass_large && elems > limit;
+        for (i--; !k.bypass && i >= 0; i--) {
+            if (elems + it[i].count > limit)
+                break;
+            elems += it[i].count;
+            sent += it[i].sent;
+            k.n_items++;
+            k.lo = it[i].lo;
+            k.low_unit = k.launch_unit = it[i].unit;
+        }
+        k.bytes = sent * bytes;
+        g_array_append_val(buckets, k);
+    }
+    g_array_unref(items);
+}
+
+void zp_impl_prefetch_window(const ZpSchedule *s, GArray *fetches)
+{
+    const double prefetch = s->plan.zero.stage3_prefetch_bucket_size;
+    const double live = s->plan.zero.stage3_max_live_parameters;
+    ZpFetch *g = (ZpFetch *)fetches->data;
+    const guint n = fetches->len;
+    /* sum[k]: elements of fetches 0..k-1 (whole numbers below 2^53: exact in a double). */
+    double *sum = g_new(double, n + 1);
+    sum[0] = 0;
+    for (guint k = 0; k < n; k++)
+        sum[k + 1] = sum[k] + (double)g[k].elems;
+    /* Fetch k may be prefetched while fetch i < k is in use when, for every j in i+1..k,
+     * fetches j..k fit the prefetch bucket and j-1..k the live limit. That holds for a run
+     * of j ending at k, whose start only moves forward as k grows: two pointers, O(n). */
+    guint j = 1;
+    for (guint k = 0; k < n; k++) {
+        while (j <= k && !(sum[k + 1] - sum[j] <= prefetch && sum[k + 1] - sum[j - 1] <= live))
+            j++;
+        const guint i = j - 1 < k ? j - 1 : k;
+        /* Issued when fetch i's use starts, and never before the previous fetch. */
+        g[k].trigger_pos = MAX(g[i].use_pos, k > 0 ? g[k - 1].trigger_pos : 0);
+    }
+    g_free(sum);
+}
+
+void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges)
+{
+    for (int u = 0; u < s->n_units; u++)
+        if ((double)s->unit_elems[u] <= s->plan.zero.stage3_param_persistence_threshold) {
+            ZpFetch f = {u, s->unit_offset[u], zp_sched_unit_padded(s, u), -1, -1, -1, FALSE,
+                         s->unit_elems[u], 0, 0, 0};
+            g_array_append_val(ranges, f);
+        }
+}
+
+double zp_impl_partition_grad_elems(const ZpSchedule *s)
+{
+    const int stage = s->plan.zero.stage;
+    /* Stage 1 keeps full gradients in a buffer padded like the parameters, so that each
+     * rank's reduce-scatter output lands in place at its partition. */
+    return stage == 0 ? (double)s->total_elems
+           : stage == 1 ? (double)s->padded_elems
+                        : (double)s->partition_elems;
+}
+
+void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers)
+{
+    (void)s, (void)buffers;
+}

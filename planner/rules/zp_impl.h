@@ -1,0 +1,252 @@
+/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP or the ZeRO paper —
+ * as a table of rules the one schedule builder (zp_sched.c) and the memory model call through.
+ *
+ * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c) fills a
+ * ZpImpl; the builder never asks which implementation it runs. A new semantics (offload, ZeRO++)
+ * is a new table or a wrapper of one: each rule is a function or a plain field. */
+#ifndef ZP_IMPL_H
+#define ZP_IMPL_H
+
+#include "zp_mem_terms.h"
+#include "zp_sched_graph.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* Compute positions of a micro-step, as the builder walks them: 0 embedding, 1..L blocks
+ * forward, L+1 head, then per block l from L down to 1 its recompute (checkpointing; empty
+ * otherwise) and its backward, and last the embedding's backward. */
+static inline int zp_pos_fwd(int l) { return l; }
+static inline int zp_pos_head(int L) { return L + 1; }
+static inline int zp_pos_rec(int L, int l) { return L + 2 + 2 * (L - l); }
+static inline int zp_pos_bwd(int L, int l) { return L + 3 + 2 * (L - l); }
+static inline int zp_pos_embed_bwd(int L) { return 3 * L + 2; }
+static inline int zp_pos_count(int L) { return 3 * L + 3; }
+
+/* A position's compute ops, its steps: one, or under module compute (zp_impl_module_compute)
+ * a block position's one per module, in the order the hooks run them: forward and recompute
+ * ln1 .. fc2 (step k computes module k), backward fc2 .. ln1 (step k: module
+ * ZP_MOD_N - 1 - k). A fetch names the step it is issued, used and freed at. */
+#define ZP_POS_STEPS ZP_MOD_N
+static inline int zp_step_module(gboolean backward, int step)
+{
+    return backward ? ZP_MOD_N - 1 - step : step;
+}
+
+/* One gradient reduction: the flat range [lo, hi) (unpadded) in bytes `bytes` on the wire. It
+ * launches after unit launch_unit's backward, or with launch_module >= 0 (ZpBlockModule)
+ * after that module's backward op of block launch_unit when the schedule computes the block's
+ * backward module by module (zp_impl_module_backward; after the whole block's otherwise);
+ * top_unit produces its first gradients (where a landing buffer is allocated at stages 2-3).
+ * `bypass`: reduced from the gradient itself, no bucket buffer (DeepSpeed's parameter larger
+ * than reduce_bucket_size). */
+typedef struct {
+    uint64_t lo, hi;
+    double bytes;
+    int top_unit, low_unit, launch_unit, launch_module;
+    gboolean bypass;
+    int n_items; /* the units or tensors it groups */
+} ZpBucketSpec;
+
+/* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
+ * `unit`, issued at the start of trigger_pos, needed by the compute at use_pos and freed after
+ * the compute at free_pos (positions as above). `joins_previous`: gathered by the same
+ * coalesced call as the fetch before it in the list (same trigger_pos), whose `numel`
+ * elements (unpadded) it is copied out into when the call is first waited for. */
+typedef struct {
+    int unit;
+    uint64_t offset, elems;
+    int trigger_pos, use_pos, free_pos;
+    gboolean joins_previous;
+    uint64_t numel;
+    int trigger_step, use_step, free_step; /* the steps of those positions (0: the first) */
+} ZpFetch;
+
+/* A buffer the step allocates around the optimizer: `bytes` of category `cat`, freed once the
+ * next one is allocated (`transient`, as a flatten then a dtype conversion) or after the
+ * optimizer. */
+typedef struct {
+    ZpMemCategory cat;
+    double bytes;
+    gboolean transient;
+} ZpStepBuffer;
+
+/* When the held bucket buffers (ZpImpl bucket_buffers) are taken and given back. */
+typedef enum {
+    ZP_HELD_PER_BACKWARD, /* by each reducing backward, freed after its last reduction */
+    ZP_HELD_FROM_FIRST,   /* by micro-step 0's backward, kept to the end of the last reducing
+                           * one (a stage that reduces at the last micro-step only) */
+    ZP_HELD_ALL_STEP,     /* for the whole step: taken before its first op, freed after its
+                           * last (a buffer kept from one step to the next) */
+} ZpHeldSpan;
+
+typedef struct ZpImpl {
+    ZpImplKind kind;
+    const char *name;
+    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1). */
+    gboolean (*has_stage)(int stage);
+    /* The collective that reduces a gradient bucket at the plan's stage. */
+    ZpCollKind (*grad_collective)(const ZpPlan *plan);
+    /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
+    void (*plan_buckets)(const ZpSchedule *s, GArray *buckets);
+    /* Bucket buffers held for the whole reducing backward: their count (0: each bucket takes
+     * its own buffer of its size while it is filled and reduced) and elements each. */
+    int (*bucket_buffers)(const ZpPlan *plan, double *elems);
+    /* When those are taken and given back (NULL: ZP_HELD_PER_BACKWARD). */
+    ZpHeldSpan (*held_span)(const ZpPlan *plan);
+    /* Whether a reduce-scatter first concatenates bucket k into a copy of its size. */
+    gboolean (*concat_copy)(const ZpPlan *plan, const ZpBucketSpec *k);
+    /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size
+     * buffers (FALSE: in place, allocating nothing). */
+    gboolean post_step_gather_buffer;
+    /* Stages 2-3, a tied LM head: whether the head's contribution to wte's gradient waits in
+     * a buffer of its own (autograd's) until the embedding's backward adds to it, when wte
+     * is reduced through a held bucket buffer (the reduce hook fires once a parameter's
+     * gradient is accumulated, so only then is it copied into the bucket). */
+    gboolean tied_grad_waits;
+    /* Stage 3: the micro-step's all-gathers (GArray of ZpFetch) in issue order. */
+    void (*plan_fetches)(const ZpSchedule *s, GArray *fetches);
+    /* Stage 3: the ranges kept whole on every rank (GArray of ZpFetch; only unit, offset and
+     * elems), refreshed by an all-gather after the step. */
+    void (*persistent)(const ZpSchedule *s, GArray *ranges);
+    /* Stage 3: whether the persistent ranges' full copies are freed when the step begins and
+     * each taken again, a buffer of its padded size, by its all-gather after the optimizer
+     * (the schedule's alloc and free of buffer -1: the state's copies); FALSE: refreshed in
+     * place. */
+    gboolean persistent_freed_for_step;
+    /* Whether those are whole units at or below the persistence threshold (the rule
+     * zp_sched_unit_persistent answers in O(1)); FALSE when decided otherwise or never. */
+    gboolean unit_persistence;
+    /* Gradient elements kept as a model state (stage 2 may hold more than the partition). */
+    double (*grad_state_elems)(const ZpSchedule *s);
+    /* Whether that state is not held from the step's start but taken by the step's first
+     * gradient reduction (before it) and freed after the optimizer; NULL or FALSE: held for
+     * the whole step. */
+    gboolean (*grads_taken_by_reduction)(const ZpPlan *plan);
+    /* Stages 0-1: whether the full gradients backward accumulates in are no state but taken
+     * unit by unit, before the op of micro-step 0 that produces the unit's first gradients,
+     * each unit's freed once the reduction of its last bucket is issued, the state being what
+     * the reductions copy out of them (grad_state_elems, grads_taken_by_reduction); NULL or
+     * FALSE: the full gradients (zp_impl_partition_grad_elems) are the state. */
+    gboolean (*full_grads_transient)(const ZpPlan *plan);
+    /* With gradient accumulation: the elements of the copy each later micro-step's reduced
+     * gradients land in, allocated by its first reduction and freed after its last, once
+     * added into the state (which holds the earlier micro-steps' sum); NULL or 0: later
+     * micro-steps add into the state directly. */
+    double (*grad_copy_elems)(const ZpSchedule *s);
+    /* The step's buffers around the optimizer (GArray of ZpStepBuffer). */
+    void (*step_buffers)(const ZpSchedule *s, GArray *buffers);
+    /* The closed-form buffer terms of the memory model (reduce and all-gather buckets, stage-3
+     * gathered and persistent parameters, step buffers), from the same rules. */
+    void (*residual_buffers)(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
+    /* Stage 3: at most how many elements one micro-step gathers at the least (the search's
+     * lower bound of the gathers' time; O(1)). */
+    double (*gather_bound_elems)(const ZpModel *model, const ZpPlan *plan);
+    /* Stage 3 with optimizer offload: the gradient partition is summed on the host in the
+     * 16-bit gradient dtype, each micro-step's slice going down and the sum coming back up
+     * to be added on the GPU, and goes down again in fp32 at the last micro-step into a
+     * separate fp32 host buffer (DeepSpeed's stage3.py partition_grads). At stage 2 with
+     * accumulation the same by whole tensors: each one overlapping the rank's partition goes
+     * down in 16 bits, and on later micro-steps comes up to be added first
+     * (zp_offload_stage2_accum_elems); FALSE: the host holds fp32 gradients only. */
+    gboolean host_grad_accum;
+    /* Stage 3: a block's compute is one op per module, each after its own parameters'
+     * gathers and followed by their release (the positions' steps above); FALSE: one op per
+     * block. */
+    gboolean module_compute;
+    /* Stage 3: the host issues gathers ahead of the compute, stopped only by the gates and the
+     * allocator's bound of zp_runahead.h; FALSE: each gather's buffer is taken after the
+     * compute op before it. */
+    gboolean host_runahead;
+    /* Whether the plan's gradients are handed on module by module as backward produces them
+     * and a bucket is reduced the moment a gradient arrives that does not fit it
+     * (plan_buckets' launch_module): then a block's backward is one op per module at stages
+     * 1-2 too (zp_impl_module_backward), and at stages 2-3 a gradient whose held bucket
+     * buffer still holds an earlier bucket waits in a buffer of its own (workspace, its
+     * 16-bit size) until that bucket's reduction has read the buffer, then is copied in;
+     * NULL or FALSE: a bucket launches after its lowest unit's whole backward (or as
+     * plan_buckets says) and its gradients land in it directly. */
+    gboolean (*grads_by_module)(const ZpPlan *plan);
+    /* Whether the buffers a gradient reduction reads (a bucket's own buffer, its copies, the
+     * gradients waiting for its held buffer) are freed once the host has issued the
+     * reduction (after the compute op it follows; then the memory a step needs is that of the
+     * ops in list order, as zreal holds it); FALSE: once the reduction has run. */
+    gboolean frees_at_issue;
+    /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
+     * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
+     * others reduce-scattered alone, and only across more than one node
+     * (zp_zeropp_qgz_across_nodes; on one the bucket is reduce-scattered whole); FALSE: each
+     * bucket through one pair (zp_zeropp_qgz). */
+    gboolean qgz_by_tensor;
+} ZpImpl;
+
+extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
+
+const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* ---- rules the implementations share ------------------------------------------------- */
+
+/* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether
+ * stage 3 keeps the unit whole on every rank (at or below the persistence threshold, for an
+ * implementation that decides persistence per unit: the paper's). */
+uint64_t zp_sched_unit_padded(const ZpSchedule *sched, int unit);
+gboolean zp_sched_unit_persistent(const ZpSchedule *sched, int unit);
+
+/* Whether the schedule computes blocks module by module: stage 3 of an implementation with
+ * module_compute, unless the plan asks for whole blocks (ZpPlan block_compute). */
+gboolean zp_impl_module_compute(const ZpSchedule *s);
+
+/* Whether the schedule computes a block's backward module by module: under module compute,
+ * or for an implementation with grads_by_module at stages 1-2 when the gradients are reduced
+ * during the backward (no pipeline) and the plan does not ask for whole blocks. */
+gboolean zp_impl_module_backward(const ZpSchedule *s);
+
+/* The plan's implementation's grads_by_module (FALSE without one). */
+gboolean zp_impl_grads_by_module(const ZpPlan *plan);
+
+/* A tensor as a rank holds it: its unit, flat offset and elements (its tensor-parallel share,
+ * clipped to the unit's range), and the module it belongs to (tensors of one unit whose
+ * names share the part before the '.': "qkv.weight" and "qkv.bias" are module "qkv"). */
+typedef struct {
+    int unit, module;
+    uint64_t offset, elems;
+    gboolean matrix; /* 2-D (ZpTensor's) */
+} ZpImplTensor;
+
+/* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs). */
+GArray *zp_impl_tensors(const ZpSchedule *s);
+
+/* Stages 1-2: the flat range [*lo, *hi) that DeepSpeed's grads_in_partition spans on `rank`
+ * (stage_1_and_2.py get_partition_info's params_in_partition: the whole tensors that overlap
+ * the rank's partition), widened to the partition itself (its padding included). */
+void zp_impl_params_in_partition(const ZpSchedule *s, int rank, uint64_t *lo, uint64_t *hi);
+
+/* Buckets in backward order (from the last unit down): items (whole units, or whole tensors
+ * with by_tensor) grouped up to limit elements; an item larger than limit is a bucket alone
+ * (bypass when bypass_large). Stage 3 counts units padded to dp, tensors unpadded (DeepSpeed's
+ * ds_numel); a bucket's bytes are its items' padded to dp at stage 3 either way (what its
+ * reduce-scatter sends). */
+void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
+                           gboolean bypass_large, GArray *buckets);
+
+/* Prefetch windows over fetches already listed with use_pos and free_pos: fetch k is issued
+ * when fetch i's use starts, i the earliest with fetches i+1..k within the prefetch bucket and
+ * i..k within max live (the paper's unit-level rule; a fetch too large goes just in time). */
+void zp_impl_prefetch_window(const ZpSchedule *s, GArray *fetches);
+
+/* Unit-level persistence: units at or below the threshold (the paper's rule). */
+void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges);
+
+/* The stage's partition of gradients: all (stages 0-1, padded at 1) or this rank's. */
+double zp_impl_partition_grad_elems(const ZpSchedule *s);
+
+/* Nothing around the optimizer. */
+void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);
+
+/* Every non-persistent block twice and the embedding once (unit-level persistence). */
+double zp_impl_unit_gather_bound(const ZpModel *model, const ZpPlan *plan);
+
+/* The paper's closed-form buffer terms (the unit-level schedule's). */
+void zp_impl_paper_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
+
+#endif

@@ -1,0 +1,245 @@
+/* zp_build: what the schedule builder's files share (sched/zp_build_*.c, zp_sched.c): the
+ * builder's state and its records, and the entry points each file offers the others. */
+#ifndef ZP_BUILD_H
+#define ZP_BUILD_H
+
+#include "zp_impl.h"
+#include "zp_plan.h"
+#include "zp_sched_graph.h"
+#include "zp_zeror.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+#define NONE UINT32_MAX
+/* A dependency on another stage's p2p send, filled in once every stage is built. */
+#define CROSS (UINT32_MAX - 1)
+
+typedef struct {
+    ZpBucketSpec spec;
+    int buffer;          /* bucket buffer id once allocated, -1 before (or none) */
+    uint32_t alloc_op, coll_op;
+    uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
+                          * copy of its slice to the host (optimizer offload) */
+    int slot;            /* the held buffer it is reduced through (held_slot), -1 none */
+} Bucket;
+
+/* A gradient handed on while its held bucket buffer still holds an earlier bucket (ZpImpl
+ * grads_by_module): it waits in workspace buffer `buffer` of `bytes` until it is copied in. */
+typedef struct {
+    guint bucket;
+    int buffer, unit;
+    double bytes;
+} Wait;
+
+/* A stage-3 gather, one of its coalesced call's (zp_impl.h ZpFetch: joins_previous). The
+ * call's fields are its first gather's (`call` names it). */
+typedef struct {
+    ZpFetch fetch;
+    int buffer;            /* its parameters' buffer */
+    double bytes;          /* and that buffer's size */
+    uint32_t coll_op;      /* what its compute waits for: the call's gather, or its unpack */
+    guint call, n;         /* its call's first gather; that one: the call's gathers */
+    uint64_t call_elems;   /* the call's elements (each gather padded to its group) */
+    int flat;              /* the call's flat buffer until its last gather's use (n > 1) */
+    int last_use;          /* the call's last gather's use (its zp_build_step_key) */
+    int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
+    gboolean unpacked;
+} Gather;
+
+/* Items listed by the compute step they belong to: items[start[k] .. start[k+1]), k the
+ * step's key (zp_build_step_key). */
+typedef struct {
+    guint *start, *items;
+} PosIndex;
+
+typedef struct {
+    ZpSchedule *s;
+    const ZpImpl *impl;
+    ZpStateBytes state;
+    int next_buffer;
+    uint32_t last_compute;  /* last compute op emitted */
+    uint32_t last_on_stream[ZP_STREAM_N]; /* last compute or collective op of each stream */
+    GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
+    GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
+    GArray *buckets;        /* Bucket */
+    GArray *tensors;        /* zp_impl_tensors, once a bucket is reduced tensor by tensor */
+    guint *unit_first, *unit_last; /* per unit: the buckets holding its gradients */
+    GArray *launch;         /* buckets by launch unit: launch[start[u] .. start[u+1]) */
+    guint *launch_start;
+    int n_ipg;              /* bucket buffers held through the backward (0: per bucket) */
+    double ipg_bytes;
+    int ipg[2];             /* their buffer ids */
+    uint32_t ipg_alloc[2], ipg_last[2]; /* their alloc ops and last collectives */
+    int occupant[2];        /* the bucket whose gradients a held buffer holds, -1 none */
+    GArray *waits;          /* Wait, in the order the gradients were handed on */
+    int grad_copy;          /* a later micro-step's gradient copy (ZpImpl grad_copy_elems) */
+    int grad_state;         /* the gradient state once the step's first reduction took it
+                             * (ZpImpl grads_taken_by_reduction), -1 before and after */
+    double grad_state_bytes; /* its size; 0: the state is held for the whole step */
+    gboolean full_by_unit;  /* stages 0-1: the full gradients are taken unit by unit (ZpImpl
+                             * full_grads_transient), not the state */
+    int *unit_grad;         /* and per unit its buffer while taken, -1 before and after */
+    GArray *gathers;        /* Gather */
+    PosIndex by_trigger, by_use, by_free; /* gathers by step, in list order */
+    int step;               /* the step of the position being built (zp_impl.h) */
+    /* The host's run-ahead (ZpImpl host_runahead, zp_runahead.h): the last three events of
+     * the allgather stream (the ops the last waited parameters' computes wait for) and of the
+     * reductions (buckets' drains), the host's latest wait on each (NONE: none yet), its last
+     * gathered alloc, and the gathered allocs zp_runahead_bound bounds (op indices). */
+    gboolean runahead;
+    uint32_t fetch_event[3], reduce_event[3];
+    guint n_fetch_events, n_reduce_events;
+    uint32_t fetch_gate, reduce_gate, host_alloc;
+    GArray *gated;
+    /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
+     * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
+     * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
+     * the deps array with the keys they wait for. */
+    int stage, n_chunks;
+    int *first_unit;
+    uint32_t *send_op;
+    int64_t recv_key;
+    GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
+    GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
+    int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */
+    int tied_grad;          /* the tied head's wte gradient waiting for the embedding's
+                             * backward (ZpImpl tied_grad_waits), or -1 */
+    double tied_grad_bytes;
+    uint32_t workspace_free; /* and the last op workspace's free (NONE: none yet) */
+    /* backend_workspace, a block computed module by module: the workspace its first module's
+     * op takes and its last one's frees (zreal's real_gpt run.ws, held through the block's
+     * modules), -1 when none is held; `module_step`: the step being emitted, -1 outside
+     * such a block */
+    int block_workspace, module_step;
+    /* backend_workspace under a pipeline: micro-step m's head output gradient, which zreal
+     * keeps aside (real_engine.c keep_head_dx) when the stage's next compute op is another
+     * micro-step's, until m's backward (-1: none kept) */
+    int *head_grad;
+} Builder;
+
+/* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
+ * kernel does, and the bytes its memory-bound kernels move. */
+typedef struct {
+    double flops, gemm_flops, attn_flops, mem_bytes;
+} Cost;
+
+/* A copy the bucket's reduction writes into (reduce_scatter_coalesced's concatenation). */
+typedef struct {
+    int buffer;
+    double bytes;
+    uint32_t alloc; /* its alloc op */
+} Copy;
+
+typedef struct {
+    int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
+    double act_bytes;
+    ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
+} Activations;
+
+/* The units [lo, hi) of one model chunk (all of them without a pipeline). */
+typedef struct {
+    int lo, hi;
+} Range;
+
+/* ---- zp_build_emit.c ---- */
+
+uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps);
+uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
+                               const uint32_t *deps, guint n_deps);
+uint32_t zp_build_emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int unit, int micro,
+                                  int buffer, uint64_t offset, uint64_t elems, double bytes,
+                                  const uint32_t *deps, guint n_deps);
+uint32_t zp_build_emit_alloc(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                             int *buffer, const uint32_t *deps, guint n_deps);
+uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                            int buffer, uint32_t after);
+uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                                uint32_t after);
+void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op);
+uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate);
+Cost zp_build_block_forward_cost(const ZpSchedule *s);
+Cost zp_build_block_backward_cost(const ZpSchedule *s);
+Cost zp_build_head_cost(const ZpSchedule *s);
+Cost zp_build_embed_cost(const ZpSchedule *s);
+Cost zp_build_optimizer_cost(const Builder *b, double elems);
+
+/* ---- zp_build_layout.c ---- */
+
+gboolean zp_build_unit_held(const Builder *b, int unit);
+void zp_build_layout(Builder *b);
+
+/* ---- zp_build_buckets.c ---- */
+
+Bucket *zp_build_bucket(Builder *b, guint i);
+void zp_build_plan_buckets(Builder *b);
+ZpHeldSpan zp_build_held_span(const Builder *b);
+void zp_build_reset_buckets(Builder *b);
+gboolean zp_build_own_buffer(const Builder *b, const Bucket *k);
+void zp_build_alloc_held_buckets(Builder *b, int micro);
+void zp_build_free_held_buckets(Builder *b, int micro, uint32_t after);
+void zp_build_alloc_landing_buckets(Builder *b, int unit, int micro, GArray *deps);
+void zp_build_take_unit_grads(Builder *b, int u, int micro, GArray *deps);
+uint32_t zp_build_bucket_copy(Builder *b, const Bucket *k, double bytes, int micro,
+                              const uint32_t *deps, guint n_deps, GArray *copies);
+void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps);
+void zp_build_launch_buckets(Builder *b, int unit, int module, int micro, GArray *launched);
+
+/* ---- zp_build_qgz.c ---- */
+
+uint32_t zp_build_emit_quantize(Builder *b, ZpStream stream, int unit, int micro, double mem_bytes,
+                                const uint32_t *after, guint n_after);
+uint32_t zp_build_qgz_reduce(Builder *b, Bucket *k, int unit, int micro, const uint32_t cdeps[3]);
+uint32_t zp_build_qgz_by_tensor(Builder *b, Bucket *k, int unit, int micro, uint32_t after,
+                                GArray *copies);
+
+/* ---- zp_build_offload.c ---- */
+
+double zp_build_tensor_part_at(const ZpSchedule *s, uint64_t lo);
+uint32_t zp_build_offload_grad_slice(Builder *b, const Bucket *k, int unit, int micro);
+uint32_t zp_build_cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt);
+
+/* ---- zp_build_gathers.c ---- */
+
+int zp_build_step_key(int pos, int step);
+void zp_build_plan_gathers(Builder *b);
+PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos);
+void zp_build_free_pos_index(PosIndex *ix);
+void zp_build_issue_gathers(Builder *b, int key, int micro, gboolean now);
+void zp_build_gathers_used_at(Builder *b, int key, int micro, GArray *deps);
+void zp_build_free_gathers(Builder *b, int key, int micro);
+
+/* ---- zp_build_tp.c ---- */
+
+void zp_build_tp_sum(Builder *b, int unit, int micro);
+void zp_build_tp_allreduces(Builder *b, int unit, int micro);
+void zp_build_vocab_parallel_head(Builder *b, int micro);
+
+/* ---- zp_build_ckpt.c ---- */
+
+int *zp_build_act_slot(const Builder *b, int *ids, int micro, int l);
+void zp_build_checkpoint_boundary(Builder *b);
+void zp_build_keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArray *deps);
+void zp_build_regather_checkpoint(Builder *b, int l, int micro, Activations *a);
+
+/* ---- zp_build_step.c ---- */
+
+void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range r);
+void zp_build_release_head_grad(Builder *b, int micro);
+void zp_build_head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray *deps,
+                   GArray *launched);
+void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
+                       GArray *launched, Range r);
+
+/* ---- zp_build_pipe.c ---- */
+
+int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir);
+void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
+void zp_build_tied_sync(Builder *b);
+
+/* ---- zp_build_optimizer.c ---- */
+
+uint32_t zp_build_emit_step_op(Builder *b, ZpOp op, const uint32_t *deps, guint n);
+void zp_build_optimizer_step(Builder *b, GArray *launched);
+
+#endif

@@ -1,0 +1,217 @@
+/* zp_build_emit: how the schedule builder emits ops (compute, collective, alloc, free, transfer)
+ * with their dependencies and stream order, and what each compute op costs. */
+#include "zp_build.h"
+#include "zp_cost_kernels.h"
+
+uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
+{
+    ZpSchedule *s = b->s;
+    op.stage = (uint32_t)b->stage;
+    op.dep_start = s->deps->len;
+    op.n_deps = 0;
+    if (b->recv_key >= 0 && (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)) {
+        /* The first dependency: another stage's send, filled in once it is built. */
+        const uint32_t cross = CROSS, at = s->deps->len;
+        g_array_append_val(s->deps, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key);
+        b->recv_key = -1;
+        op.n_deps++;
+    }
+    /* The dependencies that are ops, written in place (one resize, not one call each). With
+     * none, the array is not touched: an empty GArray's data is NULL, and even a zero offset
+     * from it is undefined (clang's UBSan stopped the schedule fuzzer on it). */
+    guint n = 0;
+    if (n_deps > 0) {
+        const guint at = s->deps->len;
+        g_array_set_size(s->deps, at + n_deps);
+        uint32_t *out = &g_array_index(s->deps, uint32_t, at);
+        for (guint i = 0; i < n_deps; i++)
+            if (deps[i] != NONE)
+                out[n++] = deps[i];
+        g_array_set_size(s->deps, at + n);
+    }
+    op.n_deps += n;
+    g_array_append_val(s->ops, op);
+    if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
+        b->last_on_stream[op.stream] = s->ops->len - 1;
+    return s->ops->len - 1;
+}
+
+/* backend_workspace: the workspace zreal's CPU backend holds from the first compute op to the
+ * end of the run (the engine's, unit 0 micro-step 0, so that the engine allocates nothing for
+ * it: real_engine.c needed_bytes), then each op's own around it. */
+static void workspace_before(Builder *b, ZpComputeKind kind, int unit, int micro,
+                             GArray *all, int *buffer)
+{
+    const ZpSchedule *s = b->s;
+    *buffer = -1;
+    if (!s->plan.backend_workspace)
+        return;
+    if (b->resident < 0) {
+        const uint32_t at = zp_build_emit_alloc(
+            b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(&s->model, &s->plan), 0, 0,
+            &b->resident, NULL, 0);
+        g_array_append_val(all, at);
+    }
+    const double bytes = zp_cost_op_workspace_bytes(&s->model, &s->plan, kind);
+    if (b->module_step > 0) /* a later module of a block: the first one's is held */
+        return;
+    if (b->workspace_free != NONE) /* one op's at a time, as the backend runs them */
+        g_array_append_val(all, b->workspace_free);
+    if (bytes > 0) {
+        const uint32_t at = zp_build_emit_alloc(b, ZP_MEM_WORKSPACE, bytes, unit, micro, buffer,
+                                                (const uint32_t *)all->data, all->len);
+        g_array_append_val(all, at);
+    }
+}
+
+uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
+                               const uint32_t *deps, guint n_deps)
+{
+    GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    int workspace;
+    g_array_append_vals(all, deps, n_deps);
+    g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
+    g_array_set_size(b->sync_deps, 0);
+    workspace_before(b, kind, unit, micro, all, &workspace);
+    ZpOp op = {.kind = ZP_OP_COMPUTE, .sub = kind, .stream = ZP_STREAM_COMPUTE, .unit = unit,
+               .micro = micro, .buffer = -1, .flops = cost.flops,
+               .gemm_flops = cost.gemm_flops, .attn_flops = cost.attn_flops,
+               .mem_bytes = cost.mem_bytes};
+    b->last_compute = zp_build_emit(b, op, (uint32_t *)all->data, all->len);
+    g_array_unref(all);
+    if (b->module_step == 0)
+        b->block_workspace = workspace;
+    if (b->module_step == ZP_POS_STEPS - 1)
+        workspace = b->block_workspace, b->block_workspace = -1;
+    if (workspace >= 0 && (b->module_step < 0 || b->module_step == ZP_POS_STEPS - 1))
+        b->workspace_free = zp_build_emit_free(b, ZP_MEM_WORKSPACE,
+                                               zp_cost_op_workspace_bytes(&b->s->model, &b->s->plan,
+                                                                                   kind),
+                                               unit, micro, workspace, b->last_compute);
+    return b->last_compute;
+}
+
+uint32_t zp_build_emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int unit, int micro,
+                                  int buffer, uint64_t offset, uint64_t elems, double bytes,
+                                  const uint32_t *deps, guint n_deps)
+{
+    ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = kind,
+               .stream = group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP, .group = group,
+               .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
+               .elem_offset = offset, .elems = elems};
+    return zp_build_emit(b, op, deps, n_deps);
+}
+
+/* Emits an alloc; returns the op index and stores the new buffer id in *buffer. */
+uint32_t zp_build_emit_alloc(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                             int *buffer, const uint32_t *deps, guint n_deps)
+{
+    *buffer = b->next_buffer++;
+    ZpOp op = {.kind = ZP_OP_ALLOC, .sub = cat, .unit = unit, .micro = micro,
+               .buffer = *buffer, .bytes = bytes};
+    return zp_build_emit(b, op, deps, n_deps);
+}
+
+uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int unit, int micro,
+                            int buffer, uint32_t after)
+{
+    ZpOp op = {.kind = ZP_OP_FREE, .sub = cat, .unit = unit, .micro = micro, .buffer = buffer,
+               .bytes = bytes};
+    return zp_build_emit(b, op, &after, 1);
+}
+
+/* A transfer of `bytes` (none when 0: returns `after`) after `after`. */
+uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
+                                uint32_t after)
+{
+    if (bytes <= 0)
+        return after;
+    const ZpStream stream =
+        kind == ZP_XFER_D2H || kind == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    ZpOp op = {.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
+               .micro = micro, .buffer = -1, .bytes = bytes};
+    return zp_build_emit(b, op, &after, 1);
+}
+
+/* An event recorded on a stream after op (a ring of the last three), and the op whose event
+ * the host synchronises before recording another, `gate` until three are outstanding:
+ * DeepSpeed lets 2 be outstanding (partitioned_param_coordinator.py __max_ongoing_fetch_events,
+ * stage3.py max_param_reduce_events) and synchronises the oldest of more (zp_runahead.h). */
+void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op)
+{
+    ring[(*n)++ % 3] = op;
+}
+
+uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate)
+{
+    return n >= 3 ? ring[n % 3] : gate;
+}
+
+/* FLOPs and memory-bound bytes of one block's forward on this rank (tensor degree mp), with
+ * q = h + 2kd the fused qkv width and f1 = f (plain MLP) or 2f (gated: gate and up):
+ * GEMMs 2bs(hq + h^2 + h f1 + f h)/mp, attention scores and values 4bs^2h/mp (the s^2 counted
+ * whole, as Megatron's model FLOPs count it). Elementwise work reads and writes: two norms
+ * (4bsh), two residual adds (6bsh), the activation (2bsf/mp; a gated unit reads gate and up
+ * and writes their product, 3bsf/mp), the eager softmax (2bas^2/mp), in the working
+ * precision. A fused attention kernel's work is its own (attn_flops, timed at the kernel's
+ * rate, which covers its memory traffic), so it moves no s^2 bytes here. Bias adds ride in
+ * the GEMM epilogues. The typical GEMM is the mean of the block's four (five gated). */
+Cost zp_build_block_forward_cost(const ZpSchedule *s)
+{
+    const ZpModel *m = &s->model;
+    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, f = m->ffn_hidden;
+    const double a = m->heads, mp = s->plan.mp, e = s->elem_bytes;
+    const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
+    const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
+    const double gemm = 2 * b * sq * (h * q + h * h + h * f1 + f * h) / mp;
+    const double attention =
+        4 * b * sq * sq * h / mp * (fused ? zp_model_attention_share(m) : 1.0);
+    const double softmax = fused ? 0.0 : 2 * b * a * sq * sq / mp;
+    return (Cost){.flops = gemm + attention,
+                  .gemm_flops = gemm / (gated ? 5 : 4),
+                  .attn_flops = fused ? attention : 0.0,
+                  .mem_bytes = e * (10 * b * sq * h / (s->plan.sequence_parallel ? mp : 1) +
+                                    (gated ? 3 : 2) * b * sq * f / mp + softmax)};
+}
+
+/* A block's backward from its own ops (zp_cost_kernels): the data-gradient and
+ * weight-gradient GEMMs of every linear (as many FLOPs as the forward's, each), the attention
+ * backward (twice the forward's), and the elementwise traffic of the backward's own kernels
+ * (norm and activation backward, bias gradients, the eager softmax's backward), not twice the
+ * forward's. */
+Cost zp_build_block_backward_cost(const ZpSchedule *s)
+{
+    const Cost fwd = zp_build_block_forward_cost(s);
+    ZpKernels bwd;
+    zp_cost_kernels(&s->model, &s->plan, ZP_COMP_BLOCK_BWD, &bwd);
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops,
+                  s->elem_bytes * zp_cost_accesses(&bwd)};
+}
+
+/* LM head: logits GEMM 2bshV/mp forward and twice that backward; the fp32 softmax and loss
+ * read and write the logits four times. */
+Cost zp_build_head_cost(const ZpSchedule *s)
+{
+    const ZpModel *m = &s->model;
+    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, V = m->vocab;
+    const double logits_gemm = 2 * b * sq * h * V / s->plan.mp;
+    return (Cost){.flops = 3 * logits_gemm, .gemm_flops = logits_gemm, .attn_flops = 0,
+                  .mem_bytes = 16 * b * sq * V / s->plan.mp};
+}
+
+/* Embedding lookup or its scatter-add backward: read token and position rows, write bsh. */
+Cost zp_build_embed_cost(const ZpSchedule *s)
+{
+    const double b = s->plan.micro_batch, sq = s->model.seq_len, h = s->model.hidden;
+    return (Cost){.flops = 0, .gemm_flops = 0, .attn_flops = 0,
+                  .mem_bytes = 3 * b * sq * h * s->elem_bytes};
+}
+
+/* Adam-like update (zp_plan_step_bytes). */
+Cost zp_build_optimizer_cost(const Builder *b, double elems)
+{
+    return (Cost){.flops = 0, .gemm_flops = 0, .attn_flops = 0,
+                  .mem_bytes = elems * zp_plan_step_bytes(b->state)};
+}

@@ -1,0 +1,65 @@
+/* zp_build_pipe: pipeline parallelism in the schedule: a stage's p2p sends of activations and
+ * gradients to its neighbours, and the tied embedding's gradient exchange after the flush. */
+#include "zp_build.h"
+
+/* The send of (chunk, micro, direction): its index among every stage's sends. */
+int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
+{
+    return ((int64_t)chunk * b->s->plan.grad_accum + micro) * ZP_P2P_N + dir;
+}
+
+/* Sends the chunk's output activations (forward) or its input gradients (backward) to the
+ * neighbouring stage once the last compute op and its tensor-parallel all-reduces are done:
+ * b s h elements, or b s h / t when sequence parallelism keeps the sequence split over the
+ * TP group (Megatron's p2p_communication sends each rank's own part). */
+void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
+{
+    const ZpSchedule *s = b->s;
+    uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                     (uint64_t)s->model.hidden;
+    if (s->plan.sequence_parallel)
+        elems /= (uint64_t)s->plan.mp;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    const int P = zp_plan_pp(&s->plan);
+    const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
+               .unit = unit, .micro = micro, .buffer = -1, .peer = (uint32_t)peer,
+               .bytes = (double)elems * s->elem_bytes, .elems = elems};
+    b->send_op[zp_build_send_key(b, chunk, micro, dir)] =
+        zp_build_emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+}
+
+/* A tied word embedding under a pipeline: the first stage (the embedding) and the last (the
+ * head's copy of it) each send the other its gradient once its last backward is done, and the
+ * stage's next compute op or collective (its first gradient reduction, or its optimizer) waits
+ * for the other's and adds it first. DeepSpeed's TrainSchedule runs ReduceTiedGrads before
+ * ReduceGrads (deepspeed/runtime/pipe/schedule.py; engine.py _exec_reduce_tied_grads calls
+ * module.py allreduce_tied_weight_gradients, an all-reduce over the TiedLayerSpec's group);
+ * Megatron all-reduces word_embeddings' main_grad over its embedding group of the first and
+ * last stage (megatron/core/distributed/finalize_model_grads.py
+ * _allreduce_word_embedding_grads). Two ranks' all-reduce sends S each way, as here. */
+void zp_build_tied_sync(Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const int P = zp_plan_pp(&s->plan), L = (int)s->model.layers;
+    if (P == 1 || !s->model.tied_embeddings || (b->stage != 0 && b->stage != P - 1))
+        return;
+    const uint64_t elems = ((uint64_t)s->model.vocab + (uint64_t)s->plan.mp - 1) /
+                           (uint64_t)s->plan.mp * (uint64_t)s->model.hidden;
+    const gboolean first = b->stage == 0;
+    const int chunk = first ? 0 : b->n_chunks - 1, last_micro = s->plan.grad_accum - 1;
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(deps, b->last_compute);
+    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    ZpOp op = {.kind = ZP_OP_P2P, .sub = ZP_P2P_TIED, .stream = ZP_STREAM_PP,
+               .group = ZP_GROUP_PP, .unit = first ? 0 : L + 1, .micro = last_micro,
+               .buffer = -1, .peer = (uint32_t)(first ? P - 1 : 0),
+               .bytes = (double)elems * b->state.grad_bytes, .elems = elems};
+    b->send_op[zp_build_send_key(b, chunk, last_micro, ZP_P2P_TIED)] =
+        zp_build_emit(b, op, (uint32_t *)deps->data, deps->len);
+    g_array_unref(deps);
+    b->recv_key = zp_build_send_key(b, first ? b->n_chunks - 1 : 0, last_micro, ZP_P2P_TIED);
+}

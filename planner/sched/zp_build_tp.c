@@ -1,0 +1,54 @@
+/* zp_build_tp: tensor parallelism in the schedule (Megatron): the all-reduces of a block's
+ * row-parallel sums and the vocab-parallel embedding and head. */
+#include "zp_build.h"
+
+/* One tensor-parallel all-reduce of b*s*h activations or their gradients: on the critical
+ * path, so the next compute op waits for it. With sequence parallelism it is a reduce-scatter
+ * (into the sequence-split layer norm and dropout) and an all-gather (back to the full
+ * sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
+void zp_build_tp_sum(Builder *b, int unit, int micro)
+{
+    const ZpSchedule *s = b->s;
+    const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->model.hidden;
+    static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
+    static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
+    const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
+    uint32_t after = b->last_compute;
+    for (int k = 0; k < (s->plan.sequence_parallel ? 2 : 1); k++) {
+        after = zp_build_emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                         (double)elems * s->elem_bytes, &after, 1);
+        g_array_append_val(b->sync_deps, after);
+    }
+}
+
+/* Megatron's two all-reduces of a block: after the row-parallel attention projection and
+ * MLP output in forward (and recompute), of the column-parallel qkv's and fc1's input
+ * gradients in backward. */
+void zp_build_tp_allreduces(Builder *b, int unit, int micro)
+{
+    if (b->s->plan.mp == 1)
+        return;
+    zp_build_tp_sum(b, unit, micro);
+    zp_build_tp_sum(b, unit, micro);
+}
+
+/* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
+ * vocabulary rows and its logit of the target (0 when another rank's rows hold it), two fp32
+ * per token, all-gathered over the tensor group (Megatron's vocab_parallel_cross_entropy
+ * all-reduces the maximum, the target logit and the sum of exponentials instead: 3 x 4bs
+ * bytes, the same as this at mp 2); then the sum of the head's input gradient, b*s*h
+ * (the column-parallel head's backward). */
+void zp_build_vocab_parallel_head(Builder *b, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (s->plan.mp == 1)
+        return;
+    const uint64_t elems = 2 * (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->plan.mp;
+    const int unit = (int)s->model.layers + 1;
+    uint32_t after = zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
+                                              elems, 4.0 * (double)elems, &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, after);
+    zp_build_tp_sum(b, unit, micro);
+}

@@ -1,0 +1,431 @@
+/* zp_sched: builds one optimizer step's op graph for a rank, in the order the host would
+ * issue the ops (so in-order streams behave like CUDA streams). This is the builder's core:
+ * the plan's checks, each stage's walk and the step's totals; the parts it calls are one file
+ * each (zp_build.h), its JSON writer and reader zp_sched_json.c and zp_sched_read.c.
+ *
+ * The step: for each micro-step, forward (embedding, blocks, head), backward (blocks in
+ * reverse, embedding), gradient buckets launched where the implementation's rules put them
+ * (after the unit or module op whose gradients complete or overflow them); after
+ * the last micro-step the optimizer on this rank's partition and, for stages 1-2, the
+ * all-gather of the updated parameters. Stage 3 gathers parameters before use and frees them
+ * after. Which buckets, buffers, gathers and step buffers: the plan's implementation's rules
+ * (zp_impl.h), which this one builder calls through. */
+#include "zp_sched.h"
+#include "zp_build.h"
+#include "zp_cost_kernels.h"
+#include "zp_mem.h"
+#include "zp_pipe.h"
+#include "zp_offload.h"
+#include "zp_runahead.h"
+#include "zp_util.h"
+#include "zp_zeror.h"
+#include "zp_zeropp.h"
+
+#include <math.h>
+#include <string.h>
+
+static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error)
+{
+    const char *bad = NULL;
+    if (!zp_model_has_architecture(model))
+        bad = "model: a schedule needs an architecture (--model, not --params)";
+    else if (p->zero.stage < 0 || p->zero.stage > 3)
+        bad = "stage: must be 0, 1, 2 or 3";
+    else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
+        bad = "impl: must be deepspeed, fsdp or paper";
+    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage))
+        bad = "stage: --impl fsdp has stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), "
+              "no stage 1";
+
+
+    else if (p->dp < 1 || p->mp < 1)
+        bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
+    else if (model->heads % p->mp != 0)
+        bad = "mp: the tensor-parallel degree must divide the attention heads";
+    else if (p->micro_batch < 1 || p->grad_accum < 1)
+        bad = "micro-batch/grad-accum: must be at least 1";
+    /* DeepSpeed takes 0 for the reduce bucket (every parameter then bypasses it) and the
+     * stage-3 sizes (no prefetch, nothing persistent, nothing kept live ahead), but divides by
+     * allgather_bucket_size (runtime/utils.py all_gather_dp_groups). */
+    else if (p->zero.reduce_bucket_size < 0 || p->zero.allgather_bucket_size < 1)
+        bad = "reduce_bucket_size/allgather_bucket_size: must be >= 0 and >= 1 element";
+    else if (p->zero.stage3_prefetch_bucket_size < 0 || p->zero.stage3_max_live_parameters < 0 ||
+             p->zero.stage3_param_persistence_threshold < 0 || p->zero.sub_group_size < 0)
+        bad = "stage3_*/sub_group_size: must be >= 0";
+
+
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
+        return FALSE;
+    }
+    if (!zp_zeror_check(model, p, error) || !zp_zeropp_check(p, error))
+        return FALSE;
+    if (!zp_pipe_check(model, p, error))
+        return FALSE;
+    if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "gpus: dp %d x mp %d x pp %d ranks is more than a schedule numbers", p->dp,
+                    p->mp, zp_plan_pp(p));
+        return FALSE;
+    }
+    if (!zp_offload_check(p, error))
+        return FALSE;
+    const double unit_steps = (double)p->grad_accum * (double)(model->layers + 2);
+    if (unit_steps > ZP_SCHED_MAX_UNIT_STEPS) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "grad-accum: %d micro-steps x %" G_GINT64_FORMAT " units = %.4g exceeds the "
+                    "%.0e a schedule holds (each micro-step's ops are built and simulated one "
+                    "by one); raise the micro-batch or lower the accumulation",
+                    p->grad_accum, model->layers + 2, unit_steps, ZP_SCHED_MAX_UNIT_STEPS);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+/* Whether the action's backward launches gradient reductions: stages 0-1 keep full gradients
+ * and reduce once, in the last micro-step; stages 2-3 every micro-step. */
+static gboolean reduces(const ZpPlan *plan, int micro)
+{
+    return plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
+}
+
+/* One action of the stage: a forward (with the head on the last chunk) and the send of its
+ * output, or a backward and the send of its input gradients, each first waiting for the
+ * neighbour's send when there is one. `next`: the stage's action after it, or NULL. */
+static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *next,
+                       Activations *a, GArray *deps, GArray *launched)
+{
+    const ZpPlan *plan = &b->s->plan;
+    const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
+    /* A pipeline reduces after its flush (below), not during its backwards. */
+    const gboolean last = x->chunk == b->n_chunks - 1;
+    const gboolean reduce = zp_plan_pp(plan) == 1 && reduces(plan, x->micro);
+    if (plan->zero.stage >= 2 && !x->backward) { /* buckets and launches per micro-step */
+        zp_build_reset_buckets(b);
+        g_array_set_size(launched, 0);
+    }
+    if (!x->backward) {
+        b->recv_key =
+            x->chunk > 0 ? zp_build_send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
+        zp_build_forward(b, x->micro, a, deps, r);
+        if (last)
+            zp_build_head(b, x->micro, reduce,
+                          plan->backend_workspace && zp_plan_pp(plan) > 1 &&
+                              (!next || next->micro != x->micro),
+                          deps, launched);
+        else
+            zp_build_send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
+        return;
+    }
+    b->recv_key = !last ? zp_build_send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    zp_build_release_head_grad(b, x->micro);
+    zp_build_backward(b, x->micro, reduce, a, deps, launched, r);
+    if (x->chunk > 0)
+        zp_build_send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
+}
+
+/* Pa+cpu: the host tier holds a block's checkpoint slice of a micro-step from its forward
+ * host copy to its backward one (partition.cpu() kept in ctx.deepspeed_saved_tensors); the
+ * peak over the ops [first, end) of one stage is what its ranks hold: every block's slice
+ * without a pipeline, with one the stage's own blocks times the micro-steps in flight there. */
+static double host_checkpoint_peak(const ZpSchedule *s, guint first)
+{
+    GHashTable *held = g_hash_table_new(NULL, NULL);
+    double live = 0, peak = 0;
+    for (guint i = first; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_HOST_COPY)
+            continue;
+        const gpointer key = GSIZE_TO_POINTER(1 + (gsize)op->unit +
+                                              (gsize)(s->model.layers + 2) * (gsize)op->micro);
+        if (g_hash_table_remove(held, key)) {
+            live -= op->bytes;
+        } else {
+            g_hash_table_add(held, key);
+            live += op->bytes;
+            peak = MAX(peak, live);
+        }
+    }
+    g_hash_table_destroy(held);
+    return peak;
+}
+
+/* One stage's ops: its layout and buckets, its actions in pipeline order, its optimizer. */
+static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launched)
+{
+    ZpSchedule *s = b->s;
+    const ZpPlan *plan = &s->plan;
+    const int P = zp_plan_pp(plan);
+    const guint first = s->ops->len;
+    b->last_compute = NONE;
+    b->resident = -1; /* each stage's ranks hold their own workspace */
+    b->workspace_free = NONE;
+    g_array_set_size(b->sync_deps, 0);
+    g_array_set_size(b->buckets, 0);
+    zp_build_layout(b);
+    zp_build_plan_buckets(b);
+    b->ipg[0] = b->ipg[1] = -1; /* none held yet: reset_buckets keeps only those */
+    zp_build_reset_buckets(b);
+    b->grad_state = -1;
+    for (int u = 0; u < s->n_units; u++)
+        b->unit_grad[u] = -1;
+    if (zp_build_held_span(b) == ZP_HELD_ALL_STEP) /* before the step's first op */
+        zp_build_alloc_held_buckets(b, 0);
+    g_array_set_size(launched, 0);
+    GArray *actions = P > 1 ? zp_pipe_actions(plan->pipe.schedule, P, zp_plan_vstages(plan),
+                                              plan->grad_accum, b->stage)
+                            : zp_pipe_actions(ZP_PIPE_GPIPE, 1, 1, 0, 0);
+    /* Without a pipeline: forward and backward of each micro-step in turn. */
+    for (int micro = 0; P == 1 && micro < plan->grad_accum; micro++) {
+        const ZpPipeAction f = {micro, 0, FALSE}, w = {micro, 0, TRUE};
+        g_array_append_val(actions, f);
+        g_array_append_val(actions, w);
+    }
+    for (guint i = 0; i < actions->len; i++)
+        run_action(b, &g_array_index(actions, ZpPipeAction, i),
+                   i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL, a,
+                   deps, launched);
+    g_array_unref(actions);
+    zp_build_tied_sync(b);
+    /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
+     * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
+     * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
+    for (int u = s->n_units - 1; P > 1 && u >= 0; u--)
+        if (s->unit_elems[u] > 0)
+            zp_build_launch_buckets(b, u, -1, plan->grad_accum - 1, launched);
+    if (P > 1 && zp_build_held_span(b) != ZP_HELD_ALL_STEP)
+        zp_build_free_held_buckets(b, plan->grad_accum - 1, NONE);
+    zp_build_optimizer_step(b, launched);
+    if (b->resident >= 0)
+        zp_build_emit_free(b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(&s->model, plan),
+                           0, 0, b->resident, b->last_compute);
+    if (zp_build_held_span(b) == ZP_HELD_ALL_STEP) /* after the step's last op */
+        zp_build_free_held_buckets(b, -1, s->ops->len - 1);
+    s->host_bytes[ZP_MEM_CHECKPOINTS] = host_checkpoint_peak(s, first);
+    memcpy(&s->stage_state_bytes[(gsize)b->stage * ZP_MEM_N], s->state_bytes,
+           sizeof s->state_bytes);
+    memcpy(&s->stage_host_bytes[(gsize)b->stage * ZP_MEM_N], s->host_bytes,
+           sizeof s->host_bytes);
+}
+
+/* With a pipeline, host_bytes is the most any stage's ranks hold of each category. */
+static void most_host_bytes(ZpSchedule *s)
+{
+    for (int k = 0; k < s->stages; k++)
+        for (int c = 0; c < ZP_MEM_N; c++)
+            s->host_bytes[c] = MAX(s->host_bytes[c], s->stage_host_bytes[(gsize)k * ZP_MEM_N + c]);
+}
+
+/* Points every receiving op at the send it waits for, now that all stages are built. */
+static void link_sends(Builder *b)
+{
+    for (guint i = 0; i < b->cross_at->len; i++)
+        g_array_index(b->s->deps, uint32_t, g_array_index(b->cross_at, uint32_t, i)) =
+            b->send_op[g_array_index(b->cross_key, int64_t, i)];
+}
+
+ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
+{
+    if (!check_plan(model, plan, error))
+        return NULL;
+    const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
+    int *first_unit = g_new(int, chunks + 1);
+    if (!zp_pipe_partition(model, chunks, plan->pipe.partition, first_unit, error)) {
+        g_free(first_unit);
+        return NULL;
+    }
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = *model;
+    s->plan = *plan;
+    s->world = plan->dp * plan->mp * P;
+    s->stages = P;
+    s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
+    s->stage_host_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
+    if (P > 1)
+        s->stage_unit_elems = g_new0(uint64_t, (gsize)P * (gsize)zp_model_n_units(model));
+    s->elem_bytes = zp_plan_elem_bytes(plan->precision);
+    s->ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    const int L = (int)model->layers;
+    Builder b = {.s = s, .impl = zp_impl_get(plan->impl),
+                 .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
+                 .last_compute = NONE,
+                 .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
+                 .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
+                 .unit_first = g_new0(guint, (gsize)L + 2),
+                 .unit_last = g_new0(guint, (gsize)L + 2),
+                 .unit_grad = g_new(int, (gsize)L + 2),
+                 .launch = g_array_new(FALSE, FALSE, sizeof(guint)),
+                 .launch_start = g_new0(guint, (gsize)L + 3),
+                 .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
+                 .n_chunks = chunks, .first_unit = first_unit,
+                 .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
+                 .recv_key = -1,
+                 .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
+                 .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .resident = -1, .workspace_free = NONE, .tied_grad = -1,
+                 .block_workspace = -1, .module_step = -1,
+                 .runahead = plan->zero.stage == 3 && zp_impl_get(plan->impl)->host_runahead &&
+                             !plan->no_runahead,
+                 .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
+                 .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .head_grad = g_new(int, (gsize)plan->grad_accum)};
+    for (int m = 0; m < plan->grad_accum; m++)
+        b.head_grad[m] = -1;
+    for (int stream = 0; stream < ZP_STREAM_N; stream++)
+        b.last_on_stream[stream] = NONE;
+    const int n_pos = zp_pos_count(L);
+    g_array_set_size(b.pos_last_op, (guint)n_pos);
+    if (plan->zero.stage == 3) { /* never with a pipeline (zp_pipe_check) */
+        zp_build_layout(&b);
+        zp_build_plan_gathers(&b);
+        b.by_trigger = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, trigger_pos),
+                                              G_STRUCT_OFFSET(ZpFetch, trigger_step), n_pos);
+        b.by_use = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, use_pos),
+                                          G_STRUCT_OFFSET(ZpFetch, use_step), n_pos);
+        b.by_free = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, free_pos),
+                                           G_STRUCT_OFFSET(ZpFetch, free_step), n_pos);
+    }
+    const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
+    Activations a = {g_new0(int, slots), g_new0(int, slots),
+                     zp_mem_plan_activation_block_bytes(model, plan),
+                     zp_zeror_checkpoint(model, plan)};
+    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (b.stage = 0; b.stage < P; b.stage++)
+        build_stage(&b, &a, deps, launched);
+    if (b.runahead)
+        zp_runahead_bound(s, b.gated);
+    g_array_unref(b.gated);
+    most_host_bytes(s);
+    link_sends(&b);
+    g_array_unref(deps);
+    g_array_unref(launched);
+    g_free(a.act);
+    g_free(a.ckpt);
+    g_array_unref(b.sync_deps);
+    g_array_unref(b.pos_last_op);
+    g_array_unref(b.buckets);
+    g_array_unref(b.waits);
+    if (b.tensors)
+        g_array_unref(b.tensors);
+    g_free(b.unit_first);
+    g_free(b.unit_last);
+    g_free(b.unit_grad);
+    g_array_unref(b.launch);
+    g_free(b.launch_start);
+    g_array_unref(b.gathers);
+    g_free(b.first_unit);
+    g_free(b.send_op);
+    g_free(b.head_grad);
+    g_array_unref(b.cross_at);
+    g_array_unref(b.cross_key);
+    g_array_unref(b.offloaded);
+    zp_build_free_pos_index(&b.by_trigger);
+    zp_build_free_pos_index(&b.by_use);
+    zp_build_free_pos_index(&b.by_free);
+    return s;
+}
+
+/* As zp_build_layout pads them, from the three unit sizes (the blocks are identical) instead of a
+ * walk over every unit. */
+uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan)
+{
+    const uint64_t dp = (uint64_t)plan->dp;
+    const uint64_t L = (uint64_t)model->layers;
+    const uint64_t first = zp_model_unit_tp_elems(model, 0, plan->mp);
+    const uint64_t block = zp_model_unit_tp_elems(model, 1, plan->mp);
+    const uint64_t last = zp_model_unit_tp_elems(model, (int)L + 1, plan->mp);
+    const uint64_t total = first + L * block + last;
+    if (plan->zero.stage == 0)
+        return total;
+    if (plan->zero.stage == 3)
+        return (zp_mem_padded_elems(first, dp) + L * zp_mem_padded_elems(block, dp) +
+                zp_mem_padded_elems(last, dp)) / dp;
+    return zp_mem_padded_elems(total, dp) / dp;
+}
+
+void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                          ZpComputeOps ops[ZP_COMP_N])
+{
+    const ZpSchedule s = {.model = *model, .plan = *plan,
+                          .elem_bytes = zp_plan_elem_bytes(plan->precision)};
+    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
+    const uint64_t L = (uint64_t)model->layers;
+    const Cost fwd = zp_build_block_forward_cost(&s), bwd = zp_build_block_backward_cost(&s);
+    const Cost embed = zp_build_embed_cost(&s), head = zp_build_head_cost(&s);
+    const double opt_elems = (double)zp_sched_optimizer_elems(model, plan);
+    const double cpu_share = zp_offload_cpu_share(plan, opt_elems);
+    const Cost opt = zp_build_optimizer_cost(&b, (1.0 - cpu_share) * opt_elems);
+    const Cost cpu_opt = {.mem_bytes = cpu_share * opt_elems * zp_offload_cpu_adam_bytes(plan)};
+    const uint64_t micro = (uint64_t)plan->grad_accum;
+    const struct {
+        uint64_t count;
+        Cost cost;
+    } kinds[ZP_COMP_N] = {
+        [ZP_COMP_EMBED_FWD] = {micro, embed},
+        [ZP_COMP_BLOCK_FWD] = {micro * L, fwd},
+        [ZP_COMP_HEAD] = {micro, head},
+        [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
+        [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
+        [ZP_COMP_EMBED_BWD] = {micro, embed},
+        [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},
+        [ZP_COMP_CPU_OPTIMIZER] = {cpu_share > 0, cpu_opt},
+        [ZP_COMP_HOST_COPY] = {zp_zeror_checkpoint(model, plan).copy_bytes > 0 ? 2 * micro * L : 0,
+                               {0}},
+    };
+    for (int k = 0; k < ZP_COMP_N; k++)
+        ops[k] = (ZpComputeOps){kinds[k].count, kinds[k].cost.flops, kinds[k].cost.gemm_flops,
+                                kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes,
+                                k == ZP_COMP_HOST_COPY ? zp_zeror_checkpoint(model, plan).copy_bytes
+                                                       : 0.0};
+}
+
+/* Ring volumes: what one member of an n-rank group sends; a p2p send moves its bytes once.
+ * With pipeline stages, the most any stage's rank sends. */
+double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
+{
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    const double n = (int)group < n_groups ? groups[group].ranks : 1;
+    double *total = g_new0(double, MAX(s->stages, 1)), most = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->group != group || (op->kind != ZP_OP_COLLECTIVE && op->kind != ZP_OP_P2P))
+            continue;
+        const double factor = op->sub == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
+        total[op->stage] += op->kind == ZP_OP_P2P ? op->bytes : factor * (n - 1) / n * op->bytes;
+    }
+    for (int k = 0; k < MAX(s->stages, 1); k++)
+        most = MAX(most, total[k]);
+    g_free(total);
+    return most;
+}
+
+int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
+{
+    if (s->n_groups > 0) {
+        memcpy(out, s->groups, (size_t)s->n_groups * sizeof *out);
+        return s->n_groups;
+    }
+    /* Ranks are tp-fastest, then pipeline stage, then dp (Megatron's order). */
+    const int stages = MAX(s->stages, 1);
+    out[ZP_GROUP_DP] = (ZpCommGroup){.ranks = s->plan.dp, .stride = s->plan.mp * stages};
+    out[ZP_GROUP_TP] = (ZpCommGroup){.ranks = s->plan.mp, .stride = 1};
+    out[ZP_GROUP_PP] = (ZpCommGroup){.ranks = stages, .stride = s->plan.mp};
+    /* ZeRO++'s subgroups of dp (zp_zeropp_group_ranks; one rank each where unused): hpZ's
+     * and a node's consecutive dp ranks, and one dp rank of each node. */
+    const int dp_stride = s->plan.mp * stages;
+    const int local = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_NODE);
+    out[ZP_GROUP_HPZ] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_HPZ),
+                                      .stride = dp_stride};
+    out[ZP_GROUP_NODE] = (ZpCommGroup){.ranks = local, .stride = dp_stride};
+    out[ZP_GROUP_XNODE] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE),
+                                        .stride = dp_stride * local};
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
+    return ZP_GROUP_N;
+}

@@ -1,0 +1,106 @@
+/* zp_sched: the builder of the per-rank schedule of one training step (zp_sched_graph.h: the
+ * op graph it emits, the contract sim/ and real/ execute), and its JSON reader and writer.
+ *
+ * The builder is a core (zp_sched.c: the plan's checks, each stage's walk) and one file per
+ * part it plugs in (zp_build.h): op emission, layout, gradient buckets, qgZ, offload, stage-3
+ * gathers, a micro-step's compute, tensor parallelism, checkpoints, pipeline sends, the
+ * optimizer step. */
+#ifndef ZP_SCHED_H
+#define ZP_SCHED_H
+
+#include "zp_hw.h"
+#include "zp_impl.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+#include "zp_sched_graph.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every
+ * micro-step's ops (about 6 to 13 per unit), so this bounds a build and its simulation to
+ * about 1.5 s and 1 GB (stage 3 with checkpointing, the most ops per unit). Larger plans are
+ * refused naming grad-accum. */
+#define ZP_SCHED_MAX_UNIT_STEPS 5e5
+
+/* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
+ * The model must have an architecture. Fails naming the plan field that is invalid. */
+ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
+
+/* What a rank of pipeline stage `stage` (0 <= stage < sched->stages) executes: the same ops
+ * (shared; a rank runs those with op->stage == stage and receives what the others send it),
+ * with that stage's layout, padding and model states in place of the last stage's. Free it
+ * with zp_sched_free. */
+ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
+
+/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
+ * the planner's search bounds a step's compute time with it a million times a second. */
+typedef struct {
+    uint64_t count;    /* ops of this kind in the step */
+    double flops;      /* each op's */
+    double gemm_flops; /* each op's typical GEMM */
+    double attn_flops; /* each op's FLOPs in the fused attention kernel */
+    double mem_bytes;  /* each op's memory-bound bytes */
+    double host_bytes; /* each op's bytes over the host link (host_copy) */
+} ZpComputeOps;
+
+/* ZeRO++'s quantize kernels are not among them: the search plans no ZeRO++. */
+void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                          ZpComputeOps ops[ZP_COMP_N]);
+
+/* The elements one rank's optimizer steps without a pipeline, as zp_sched_build lays them
+ * out (before optimizer offload takes its share): every parameter at stage 0, the padded
+ * total's 1/dp at stages 1-2, the sum of each unit's padded 1/dp at stage 3. */
+uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan);
+
+/* DeepSpeed's stage 3 with stage3_use_all_reduce_for_fetch_params: whether a coalesced call of
+ * n parameters over `group` fetches them by an all-reduce of a zeroed flat buffer of their
+ * padded sizes, each rank's slices at its place (partition_parameters.py
+ * all_gather_coalesced -> _all_gather_coalesced: more than one parameter, not quantised
+ * (qwZ), not from hpZ's secondary partition); otherwise it all-gathers. */
+gboolean zp_sched_fetch_allreduce(const ZpPlan *plan, guint n, ZpGroup group);
+
+/* Stage 3: the group a fetch for position use_pos gathers over: with hpZ a backward use
+ * gathers inside hpZ's group from the secondary partition (DeepSpeed's
+ * all_gather_coalesced with use_secondary_tensor), every other over the data-parallel group. */
+ZpGroup zp_sched_fetch_group(const ZpSchedule *sched, int use_pos);
+
+/* Whether a collective fetches parameters: an all-gather, or at stage 3 a data-parallel
+ * all-reduce (stage 3 reduce-scatters gradients, so that is a fetch_allreduce call). */
+gboolean zp_sched_coll_fetches(const ZpSchedule *sched, const ZpOp *op);
+
+/* Per-rank model-state bytes with the schedule's padding (what real/ measures exactly):
+ * stage 3 pads every unit to a multiple of dp, stages 0-2 pad the flat space. */
+double zp_sched_model_state_bytes(const ZpSchedule *sched);
+
+/* Bytes this rank sends in the step's collectives (ring algorithms): all-reduce
+ * 2(n-1)/n S, reduce-scatter, all-gather and all-to-all (n-1)/n S, per its group's size n
+ * (zp_zeropp_group_ranks). */
+double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
+
+/* The schedule's communicators into out, returning how many: its table, or dp (dp ranks mp
+ * apart) and tp (mp consecutive ranks) when it has none. */
+int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
+
+/* JSON round trip (`zplan schedule --out`); the reader validates every field, since zreal
+ * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),
+ * one of another implementation by equality with the builder's ops for its model and plan. */
+gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
+ZpSchedule *zp_sched_read_json(const char *path, GError **error);
+
+/* A schedule file as an op graph, for the simulator: no model needed. It needs "format",
+ * "world", "groups" (dp and tp: their ranks and stride, tp-fastest; then any other
+ * communicators, each a name, ranks and a stride whose product divides the world) and "ops"
+ * (kind, op or category, group for collectives by name, flops or bytes, deps: indices of any
+ * ops); a collective of a group other than dp and tp runs on the dp stream unless "stream"
+ * says otherwise. "attn_flops" need the "model" (a fused kernel's rate depends on its head
+ * dimension and sequence length) and a "plan" with a fused attention kernel. "state_bytes",
+ * "precision" (or a "plan") and a "model" are optional, the planner's layout keys ignored.
+ * Fails with one error naming the op index and key at fault: a dangling dependency, a
+ * dependency cycle, an unknown group, a negative size. A file `zplan schedule --out` wrote
+ * reads back to the same ops, so it simulates exactly as the plan does. */
+ZpSchedule *zp_sched_read_graph(const char *path, GError **error);
+
+#endif

@@ -1,0 +1,141 @@
+/* zp_sched_json: writes a schedule as JSON (`zplan schedule --out`): its ops, groups, layout
+ * and states, every op's stream written only where it is not its kind's default. */
+#include "zp_sched.h"
+#include "zp_sched_json.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+
+/* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's
+ * (tp's on the tp stream, every other group's on NCCL's dp stream), a transfer on the host
+ * link's or the NVMe's, a pipeline send on the pp stream, unless "stream" says otherwise
+ * (written only then). */
+ZpStream zp_sched_json_default_stream(int kind, int sub, int group)
+{
+    if (kind == ZP_OP_TRANSFER)
+        return sub == ZP_XFER_D2H || sub == ZP_XFER_H2D ? ZP_STREAM_HOST : ZP_STREAM_NVME;
+    if (kind == ZP_OP_COMPUTE)
+        return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
+    if (kind == ZP_OP_P2P)
+        return ZP_STREAM_PP;
+    if (kind != ZP_OP_COLLECTIVE)
+        return ZP_STREAM_COMPUTE;
+    return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
+}
+
+static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const ZpOp *op)
+{
+    json_t *deps = json_array();
+    const uint32_t *d = zp_sched_deps(s, op);
+    for (uint32_t i = 0; i < op->n_deps; i++)
+        json_array_append_new(deps, json_integer(d[i]));
+    json_t *o = json_pack("{s:s, s:i, s:i}", "kind", zp_sched_kind_names[op->kind], "unit",
+                          op->unit, "micro", op->micro);
+    switch (op->kind) {
+    case ZP_OP_COMPUTE:
+        json_object_set_new(o, "op", json_string(zp_sched_compute_names[op->sub]));
+        json_object_set_new(o, "flops", json_real(op->flops));
+        json_object_set_new(o, "gemm_flops", json_real(op->gemm_flops));
+        json_object_set_new(o, "attn_flops", json_real(op->attn_flops));
+        json_object_set_new(o, "mem_bytes", json_real(op->mem_bytes));
+        if (op->bytes > 0)
+            json_object_set_new(o, "bytes", json_real(op->bytes));
+        if (zp_op_module(op) >= 0)
+            json_object_set_new(o, "module", json_string(zp_model_module_name(zp_op_module(op))));
+        break;
+    case ZP_OP_COLLECTIVE:
+        json_object_set_new(o, "op", json_string(zp_sched_coll_names[op->sub]));
+        json_object_set_new(o, "group", json_string(groups[op->group].name));
+        json_object_set_new(o, "buffer", json_integer(op->buffer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        json_object_set_new(o, "elem_offset", json_integer((json_int_t)op->elem_offset));
+        json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
+        break;
+    case ZP_OP_TRANSFER:
+        json_object_set_new(o, "op", json_string(zp_sched_transfer_names[op->sub]));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        break;
+    case ZP_OP_P2P:
+        json_object_set_new(o, "op", json_string(zp_sched_p2p_names[op->sub]));
+        json_object_set_new(o, "peer", json_integer(op->peer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+        json_object_set_new(o, "elems", json_integer((json_int_t)op->elems));
+        break;
+    default:
+        json_object_set_new(o, "category", json_string(zp_sched_mem_names[op->sub]));
+        json_object_set_new(o, "buffer", json_integer(op->buffer));
+        json_object_set_new(o, "bytes", json_real(op->bytes));
+    }
+    if ((op->kind <= ZP_OP_COLLECTIVE || op->kind == ZP_OP_TRANSFER) &&
+        op->stream != zp_sched_json_default_stream(op->kind, op->sub, op->group))
+        json_object_set_new(o, "stream", json_string(zp_sched_stream_names[op->stream]));
+    if (s->stages > 1) /* the rank class that runs it */
+        json_object_set_new(o, "stage", json_integer(op->stage));
+    json_object_set_new(o, "deps", deps);
+    return o;
+}
+
+/* The communicators and where their members sit: ranks are numbered tp-fastest, so a TP
+ * group is mp consecutive ranks and a DP group every mp-th rank; a graph's own follow. */
+static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
+{
+    json_t *a = json_array();
+    for (int g = 0; g < n_groups; g++)
+        /* No pipeline, no ZeRO++ subgroup: none of those groups written. */
+        if (g < ZP_GROUP_PP || g >= ZP_GROUP_N || groups[g].ranks > 1)
+            json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
+                                               "ranks", groups[g].ranks, "stride",
+                                               groups[g].stride));
+    return a;
+}
+
+static json_t *units_json(const ZpSchedule *s)
+{
+    json_t *units = json_array();
+    for (int u = 0; u < s->n_units; u++)
+        json_array_append_new(units, json_pack("[I, I]", (json_int_t)s->unit_offset[u],
+                                               (json_int_t)s->unit_elems[u]));
+    return units;
+}
+
+/* A pipeline's stage views (zp_sched_stage_view): each stage's model states and unit layout,
+ * [{"state_bytes", "units"}] by stage. */
+json_t *zp_sched_json_stages_json(const ZpSchedule *s)
+{
+    json_t *stages = json_array();
+    for (int k = 0; k < s->stages; k++) {
+        ZpSchedule *view = zp_sched_stage_view(s, k);
+        json_array_append_new(stages,
+                              json_pack("{s:o, s:o}", "state_bytes",
+                                        zp_sched_categories_json(view->state_bytes), "units",
+                                        units_json(view)));
+        zp_sched_free(view);
+    }
+    return stages;
+}
+
+gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
+{
+    json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
+    json_t *ops = json_array();
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    for (guint i = 0; i < s->ops->len; i++)
+        json_array_append_new(ops, op_to_json(s, groups, zp_sched_op(s, i)));
+    json_t *root = json_pack("{s:s, s:o, s:o, s:i, s:f, s:o, s:o, s:I, s:I, s:I, s:o}", "format",
+                             "zplan-schedule-1", "model", zp_model_to_json(&s->model), "plan",
+                             zp_plan_to_json(&s->plan), "world", s->world, "elem_bytes",
+                             s->elem_bytes, "state_bytes", state, "units", units, "total_elems",
+                             (json_int_t)s->total_elems, "padded_elems",
+                             (json_int_t)s->padded_elems, "partition_elems",
+                             (json_int_t)s->partition_elems, "ops", ops);
+    json_object_set_new(root, "groups", groups_json(groups, n_groups));
+    if (s->stages > 1)
+        json_object_set_new(root, "stages", zp_sched_json_stages_json(s));
+    /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
+    if (s->n_units == 0)
+        json_object_del(root, "model");
+    gboolean ok = zp_json_write(root, path, error);
+    json_decref(root);
+    return ok;
+}

@@ -1,0 +1,503 @@
+/* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
+ * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
+#include "zp_schedcheck.h"
+#include "zp_zeror.h"
+#include "zp_zeropp.h"
+#include "zp_impl.h"
+#include "zp_offload.h"
+#include "zp_util.h"
+
+#include <stdarg.h>
+
+typedef enum { BUF_NEVER, BUF_LIVE, BUF_FREED } BufState;
+
+typedef struct {
+    BufState state;
+    ZpMemCategory cat;
+    int unit;
+    guint alloc_op;
+    double bytes;
+    int coll; /* the one collective that uses it, -1 for none */
+} Buffer;
+
+typedef struct {
+    const ZpSchedule *s;
+    const char *what;
+    ZpStateBytes st;
+    int L, n_units;
+    guint n_ops, index;
+    Buffer *buf;                    /* by id: ids are below the op count */
+    int *landing, *gathered, *ckpt; /* per unit: the buffer holding its gradients, gathered
+                                       parameters or checkpoint (-1 for none) */
+    GError **error;
+} Check;
+
+static gboolean bad(Check *c, const char *key, const char *format, ...) G_GNUC_PRINTF(3, 4);
+static gboolean bad(Check *c, const char *key, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    char *text = g_strdup_vprintf(format, args);
+    va_end(args);
+    g_set_error(c->error, ZP_ERROR, ZP_ERROR_VALUE, "%s: ops[%u]: key \"%s\" %s", c->what,
+                c->index, key, text);
+    g_free(text);
+    return FALSE;
+}
+
+static const ZpOp *op_at(const Check *c, guint i)
+{
+    return zp_sched_op(c->s, i);
+}
+
+/* Units whose flat ranges exactly tile [lo, lo + elems): *first..*last. */
+static gboolean unit_range(const Check *c, uint64_t lo, uint64_t elems, int *first, int *last)
+{
+    const ZpSchedule *s = c->s;
+    if (elems == 0 || lo >= s->total_elems || elems > s->total_elems - lo)
+        return FALSE;
+    int a = 0, b = c->n_units - 1;
+    while (a < b) { /* the last unit starting at or before lo */
+        const int mid = a + (b - a + 1) / 2;
+        if (s->unit_offset[mid] <= lo)
+            a = mid;
+        else
+            b = mid - 1;
+    }
+    const uint64_t hi = lo + elems;
+    int z = a, y = c->n_units - 1;
+    while (z < y) { /* the first unit ending at or after hi */
+        const int mid = z + (y - z) / 2;
+        if (s->unit_offset[mid] + s->unit_elems[mid] >= hi)
+            y = mid;
+        else
+            z = mid + 1;
+    }
+    *first = a, *last = z;
+    return s->unit_offset[a] == lo && s->unit_offset[z] + s->unit_elems[z] == hi;
+}
+
+static gboolean live(const Check *c, int id)
+{
+    return id >= 0 && (guint)id < c->n_ops && c->buf[id].state == BUF_LIVE;
+}
+
+/* A buffer the op names: live and of the category the op needs. */
+static gboolean need_buffer(Check *c, int id, ZpMemCategory cat)
+{
+    if (!live(c, id))
+        return bad(c, "buffer", "= %d is not a live buffer here (allocated and not yet freed)",
+                   id);
+    if (c->buf[id].cat != cat)
+        return bad(c, "buffer", "= %d is a %s buffer; this op needs %s", id,
+                   zp_sched_mem_name(c->buf[id].cat), zp_sched_mem_name(cat));
+    return TRUE;
+}
+
+/* `source` says where the expected figure comes from ("the layout", "its alloc"). */
+static gboolean need_bytes(Check *c, double have, double want, const char *source)
+{
+    if (have != want)
+        return bad(c, "bytes", "= %.17g; %s gives %.17g", have, source, want);
+    return TRUE;
+}
+
+/* ---- compute ------------------------------------------------------------------------- */
+
+typedef enum { U_NONE, U_EMBED, U_BLOCK, U_HEAD, U_ANY } UnitRule;
+
+/* What each compute op works on: its unit, and whether it needs the unit's parameters
+ * (gathered, at stage 3), its gradient bucket (stages 2-3) or its checkpoint. The head also
+ * needs unit 0, the tied embedding, for both. */
+typedef struct {
+    UnitRule unit;
+    gboolean params, grads, ckpt;
+} ComputeRule;
+
+static const ComputeRule compute_rules[ZP_COMP_N] = {
+    [ZP_COMP_EMBED_FWD] = {U_EMBED, TRUE, FALSE, FALSE},
+    [ZP_COMP_BLOCK_FWD] = {U_BLOCK, TRUE, FALSE, TRUE},
+    [ZP_COMP_HEAD] = {U_HEAD, TRUE, TRUE, FALSE},
+    [ZP_COMP_RECOMPUTE] = {U_BLOCK, TRUE, FALSE, TRUE},
+    [ZP_COMP_BLOCK_BWD] = {U_BLOCK, TRUE, TRUE, FALSE},
+    [ZP_COMP_EMBED_BWD] = {U_EMBED, FALSE, TRUE, FALSE},
+    [ZP_COMP_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
+    [ZP_COMP_CPU_OPTIMIZER] = {U_NONE, FALSE, FALSE, FALSE},
+    [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
+    [ZP_COMP_UNPACK] = {U_ANY, FALSE, FALSE, FALSE},
+};
+
+static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
+{
+    switch (rule) {
+    case U_EMBED:
+        return unit == 0;
+    case U_BLOCK:
+        return unit >= 1 && unit <= c->L;
+    case U_HEAD:
+        return unit == c->L + 1;
+    case U_ANY:
+        return unit >= 0 && unit <= c->L + 1;
+    default:
+        return unit == -1;
+    }
+}
+
+static gboolean unit_ready(Check *c, int u, gboolean params, gboolean grads)
+{
+    const int stage = c->s->plan.zero.stage;
+    if (params && stage == 3 && !zp_sched_unit_persistent(c->s, u) && !live(c, c->gathered[u]))
+        return bad(c, "unit", "= %d: its parameters are used but not gathered here", u);
+    if (grads && stage >= 2 && !live(c, c->landing[u]))
+        return bad(c, "unit", "= %d: its gradients have no live bucket here", u);
+    return TRUE;
+}
+
+static gboolean check_compute(Check *c, const ZpOp *op)
+{
+    const int u = op->unit;
+    const ComputeRule *r = &compute_rules[op->sub];
+    if (!unit_fits_rule(c, r->unit, u))
+        return bad(c, "unit", "= %d is not a unit op %s works on", u,
+                   zp_sched_compute_name(op->sub));
+    if (op->sub == ZP_COMP_CPU_OPTIMIZER && zp_offload_cpu_share(&c->s->plan, (double)c->s->partition_elems) <= 0)
+        return bad(c, "op", "cpu_optimizer in a plan without optimizer offload");
+    if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER && op->micro < 0)
+        return bad(c, "micro", "= %d: op %s needs a micro-step", op->micro,
+                   zp_sched_compute_name(op->sub));
+    if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
+        return bad(c, "op", "recompute in a plan without checkpointing");
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
+        return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
+    if (op->sub == ZP_COMP_UNPACK) /* the paper's gathers are never coalesced */
+        return bad(c, "op", "unpack in a schedule of the paper's ZeRO");
+    if (zp_op_module(op) >= 0) /* the paper computes a block as one op */
+        return bad(c, "module", "= %s: the paper's ZeRO computes a block as one op",
+                   zp_model_module_name(zp_op_module(op)));
+    if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
+        return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
+    /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */
+    const gboolean on_gpu = op->sub == ZP_COMP_RECOMPUTE || !c->s->plan.ckpt.cpu_checkpointing;
+    if (r->ckpt && c->s->plan.checkpoint && on_gpu &&
+        !need_buffer(c, c->ckpt[u], ZP_MEM_CHECKPOINTS))
+        return FALSE;
+    /* A tied LM head also reads the embedding's weights and adds to their gradient. */
+    const gboolean reads_embedding = op->sub == ZP_COMP_HEAD && c->s->model.tied_embeddings;
+    return unit_ready(c, u, r->params, r->grads) &&
+           (!reads_embedding || unit_ready(c, 0, r->params, r->grads));
+}
+
+/* ---- collectives --------------------------------------------------------------------- */
+
+/* Stage 3: a unit's padded partitions, into its gathered buffer or (buffer -1) the full copy
+ * of a persistent unit. */
+static gboolean check_unit_gather(Check *c, const ZpOp *op, int id)
+{
+    const int u = op->unit;
+    if (u < 0)
+        return bad(c, "unit", "= -1: a stage-3 all-gather gathers one unit");
+    const uint64_t padded = zp_sched_unit_padded(c->s, u);
+    if (op->elems != padded || op->elem_offset != c->s->unit_offset[u])
+        return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": unit %d is %"
+                   G_GUINT64_FORMAT " padded elements at %" G_GUINT64_FORMAT, op->elems,
+                   op->elem_offset, u, padded, c->s->unit_offset[u]);
+    const int ranks = zp_zeropp_group_ranks(&c->s->plan, op->group);
+    const double wire = id < 0 ? (double)padded * c->st.param_bytes
+                               : zp_zeropp_gather_bytes(&c->s->plan, padded, ranks,
+                                                        c->st.param_bytes);
+    if (!need_bytes(c, op->bytes, wire, "the layout (zp_zeropp)"))
+        return FALSE;
+    if (id < 0) {
+        if (!zp_sched_unit_persistent(c->s, u))
+            return bad(c, "buffer", "= -1 (the persistent copy) but unit %d is not persistent",
+                       u);
+        return TRUE;
+    }
+    if (!need_buffer(c, id, ZP_MEM_GATHERED_PARAMS))
+        return FALSE;
+    if (c->buf[id].unit != u)
+        return bad(c, "buffer", "= %d holds unit %d, not %d", id, c->buf[id].unit, u);
+    c->gathered[u] = id;
+    return TRUE;
+}
+
+/* Stages 1-2: a chunk at elem_offset of every rank's partition, elems in all. */
+static gboolean check_chunk_gather(Check *c, const ZpOp *op, int id)
+{
+    const uint64_t dp = (uint64_t)c->s->plan.dp, part = c->s->partition_elems;
+    if (op->elems == 0 || op->elems % dp != 0)
+        return bad(c, "elems", "= %" G_GUINT64_FORMAT " is not a positive multiple of dp = %"
+                   G_GUINT64_FORMAT, op->elems, dp);
+    if (op->elem_offset > part || op->elems / dp > part - op->elem_offset)
+        return bad(c, "elem_offset", "= %" G_GUINT64_FORMAT ": the chunk runs past the %"
+                   G_GUINT64_FORMAT "-element partition", op->elem_offset, part);
+    return need_bytes(c, op->bytes, (double)op->elems * c->st.param_bytes, "the layout") &&
+           need_buffer(c, id, ZP_MEM_BUCKETS) &&
+           need_bytes(c, op->bytes, c->buf[id].bytes, "its buffer's alloc");
+}
+
+/* A gradient bucket: whole units of the flat space, reduced from a live bucket that holds
+ * them (stage 3: each unit padded), which at stages 2-3 backward wrote into. */
+static gboolean check_reduce(Check *c, const ZpOp *op, int id)
+{
+    const int stage = c->s->plan.zero.stage;
+    if ((op->sub == ZP_COLL_ALLREDUCE) != (stage == 0))
+        return bad(c, "op", "%s: stage %d reduces gradients with %s",
+                   zp_sched_coll_name(op->sub), stage, stage == 0 ? "allreduce" : "reduce_scatter");
+    int a, z;
+    unit_range(c, op->elem_offset, op->elems, &a, &z); /* checked by index_collectives */
+    double elems = 0;
+    for (int u = a; u <= z; u++)
+        elems += (double)(stage == 3 ? zp_sched_unit_padded(c->s, u) : c->s->unit_elems[u]);
+    if (!need_bytes(c, op->bytes, elems * c->st.grad_bytes, "the layout") ||
+        !need_buffer(c, id, ZP_MEM_BUCKETS) ||
+        !need_bytes(c, op->bytes, c->buf[id].bytes, "its buffer's alloc"))
+        return FALSE;
+    for (int u = a; stage >= 2 && u <= z; u++)
+        if (c->landing[u] != id)
+            return bad(c, "buffer", "= %d: unit %d's gradients were not accumulated in it", id,
+                       u);
+    return TRUE;
+}
+
+/* ZeRO++'s subgroups: hpZ's backward gathers and qgZ's two all-to-alls of a bucket. */
+static gboolean check_zeropp(Check *c, const ZpOp *op)
+{
+    const ZpZeroConfig *z = &c->s->plan.zero;
+    if (op->group == ZP_GROUP_HPZ) {
+        if (z->zero_hpz_partition_size <= 1 || op->sub != ZP_COLL_ALLGATHER)
+            return bad(c, "group",
+                       "hpz: only stage 3's all-gathers with zero_hpz_partition_size > 1");
+        return check_unit_gather(c, op, op->buffer);
+    }
+    if (!z->zero_quantized_gradients || op->sub != ZP_COLL_ALLTOALL || z->stage != 3)
+        return bad(c, "group", "%s: only qgZ's all-to-alls (zero_quantized_gradients, stage 3)",
+                   op->group == ZP_GROUP_NODE ? "qgz_node" : "qgz_cross");
+    if (op->group == ZP_GROUP_XNODE) /* moves the node's reduction, from workspace */
+        return op->buffer == -1 || bad(c, "buffer", "= %d: the inter-node all-to-all uses "
+                                                    "workspace", op->buffer);
+    return need_buffer(c, op->buffer, ZP_MEM_BUCKETS);
+}
+
+static gboolean check_collective(Check *c, const ZpOp *op)
+{
+    const int id = op->buffer;
+    if (op->group >= ZP_GROUP_HPZ)
+        return check_zeropp(c, op);
+    if (op->group == ZP_GROUP_TP) {
+        if (c->s->plan.mp == 1)
+            return bad(c, "group", "tp in a plan without tensor parallelism (mp 1)");
+        return id == -1 || bad(c, "buffer", "= %d: tensor-parallel ops use no buffer", id);
+    }
+    if (op->sub != ZP_COLL_ALLGATHER)
+        return check_reduce(c, op, id);
+    switch (c->s->plan.zero.stage) {
+    case 0:
+        return bad(c, "op", "allgather: stage 0 gathers nothing");
+    case 3:
+        return check_unit_gather(c, op, id);
+    default:
+        return check_chunk_gather(c, op, id);
+    }
+}
+
+/* ---- alloc and free ------------------------------------------------------------------ */
+
+static gboolean check_alloc_size(Check *c, const ZpOp *op)
+{
+    const ZpSchedule *s = c->s;
+    const int u = op->unit;
+    switch (op->sub) {
+    case ZP_MEM_GATHERED_PARAMS:
+        if (u < 0)
+            return bad(c, "unit", "= -1: gathered parameters belong to a unit");
+        return need_bytes(c, op->bytes,
+                          (double)zp_sched_unit_padded(s, u) * c->st.param_bytes, "the layout");
+    case ZP_MEM_CHECKPOINTS:
+    case ZP_MEM_ACTIVATIONS:
+        if (u < 1 || u > c->L)
+            return bad(c, "unit", "= %d: %s belong to a block, 1..%d", u,
+                       zp_sched_mem_name(op->sub), c->L);
+        if (op->sub != ZP_MEM_CHECKPOINTS)
+            return TRUE;
+        /* The kept checkpoint (1/M under Pa) or, before the recompute, the whole input. */
+        const ZpCkptRule rule = zp_zeror_checkpoint(&s->model, &s->plan);
+        return op->bytes == rule.full_bytes ||
+               need_bytes(c, op->bytes, rule.gpu_bytes, "the layout (zp_zeror)");
+    case ZP_MEM_BUCKETS:
+        if (c->buf[op->buffer].coll < 0)
+            return bad(c, "buffer", "= %d: a bucket no collective uses", op->buffer);
+        /* qgZ: the intra-node all-to-all names the bucket it reduces, moving its int4 form. */
+        if (op_at(c, (guint)c->buf[op->buffer].coll)->sub == ZP_COLL_ALLTOALL)
+            return TRUE;
+        return need_bytes(c, op->bytes, op_at(c, (guint)c->buf[op->buffer].coll)->bytes,
+                          "the collective using it");
+    case ZP_MEM_WORKSPACE:
+        return TRUE;
+    case ZP_MEM_GRADS: /* gradients the reductions take (zp_impl.h grads_taken_by_reduction,
+                        * grad_copy_elems; unit -1) or a unit's full gradients
+                        * (full_grads_transient); zreal checks their sizes */
+        if (u < -1 || u >= c->n_units)
+            return bad(c, "unit", "= %d: gradients belong to no unit (-1) or to 0..%d", u,
+                       c->n_units - 1);
+        return u == -1 || need_bytes(c, op->bytes,
+                                     (double)s->unit_elems[u] * c->st.grad_bytes, "the layout");
+    default:
+        return bad(c, "category", "%s: a model state, held for the whole step, not allocated",
+                   zp_sched_mem_name(op->sub));
+    }
+}
+
+/* Stages 2-3: a bucket allocated for a unit is where backward writes the gradients of the
+ * units its collective reduces. */
+static void map_landing(Check *c, const ZpOp *op)
+{
+    const int id = op->buffer;
+    const ZpOp *coll = op_at(c, (guint)c->buf[id].coll);
+    int a, z;
+    if (c->s->plan.zero.stage < 2 || op->unit < 0 || coll->sub == ZP_COLL_ALLGATHER ||
+        !unit_range(c, coll->elem_offset, coll->elems, &a, &z))
+        return;
+    for (int u = a; u <= z; u++)
+        c->landing[u] = id;
+}
+
+static gboolean check_alloc(Check *c, const ZpOp *op)
+{
+    const int id = op->buffer;
+    if ((guint)id >= c->n_ops)
+        return bad(c, "buffer", "= %d: ids are below the op count, %u", id, c->n_ops);
+    if (c->buf[id].state != BUF_NEVER)
+        return bad(c, "buffer", "= %d was allocated before, at ops[%u]", id,
+                   c->buf[id].alloc_op);
+    if (!check_alloc_size(c, op))
+        return FALSE;
+    c->buf[id] = (Buffer){BUF_LIVE, op->sub, op->unit, c->index, op->bytes, c->buf[id].coll};
+    if (op->sub == ZP_MEM_BUCKETS)
+        map_landing(c, op);
+    if (op->sub == ZP_MEM_CHECKPOINTS)
+        c->ckpt[op->unit] = id;
+    return TRUE;
+}
+
+static gboolean check_free(Check *c, const ZpOp *op)
+{
+    const int id = op->buffer;
+    if (!need_buffer(c, id, op->sub) || !need_bytes(c, op->bytes, c->buf[id].bytes, "its alloc"))
+        return FALSE;
+    c->buf[id].state = BUF_FREED;
+    return TRUE;
+}
+
+/* ---- offload transfers --------------------------------------------------------------- */
+
+/* A transfer moves a non-negative byte count over the stream of its kind, in a plan that
+ * offloads something. */
+static gboolean check_transfer(Check *c, const ZpOp *op)
+{
+    if (!zp_offload_any(&c->s->plan))
+        return bad(c, "op", "%s in a plan without offload", zp_sched_transfer_name(op->sub));
+    const ZpStream want = op->sub == ZP_XFER_D2H || op->sub == ZP_XFER_H2D ? ZP_STREAM_HOST
+                                                                            : ZP_STREAM_NVME;
+    if (op->stream != want)
+        return bad(c, "stream", "= %s: %s runs on %s", zp_sched_stream_name(op->stream),
+                   zp_sched_transfer_name(op->sub), zp_sched_stream_name(want));
+    if (!(op->bytes >= 0))
+        return bad(c, "bytes", "= %g: must be >= 0", op->bytes);
+    return TRUE;
+}
+
+/* ---- the walk ------------------------------------------------------------------------ */
+
+static gboolean check_common(Check *c, const ZpOp *op)
+{
+    if (op->unit < -1 || op->unit >= c->n_units)
+        return bad(c, "unit", "= %d is outside [-1, %d]", op->unit, c->n_units - 1);
+    if (op->micro < -1 || op->micro >= c->s->plan.grad_accum)
+        return bad(c, "micro", "= %d is outside [-1, %d]", op->micro,
+                   c->s->plan.grad_accum - 1);
+    if (op->kind == ZP_OP_COLLECTIVE && (op->buffer < -1 || op->buffer >= (int)c->n_ops))
+        return bad(c, "buffer", "= %d: ids are below the op count, %u", op->buffer, c->n_ops);
+    return TRUE;
+}
+
+/* Each bucket serves one collective; the alloc needs to know which. */
+static gboolean index_collectives(Check *c)
+{
+    for (c->index = 0; c->index < c->n_ops; c->index++) {
+        const ZpOp *op = op_at(c, c->index);
+        if (!check_common(c, op))
+            return FALSE;
+        int a, z;
+        if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+            op->sub != ZP_COLL_ALLGATHER && !unit_range(c, op->elem_offset, op->elems, &a, &z))
+            return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT " is not a "
+                       "run of whole units of the %" G_GUINT64_FORMAT "-element model",
+                       op->elems, op->elem_offset, c->s->total_elems);
+        if (op->kind != ZP_OP_COLLECTIVE || op->buffer < 0)
+            continue;
+        if (c->buf[op->buffer].coll >= 0)
+            return bad(c, "buffer", "= %d is used by ops[%d] already; a buffer serves one "
+                       "collective", op->buffer, c->buf[op->buffer].coll);
+        c->buf[op->buffer].coll = (int)c->index;
+    }
+    return TRUE;
+}
+
+static gboolean walk(Check *c)
+{
+    if (!index_collectives(c))
+        return FALSE;
+    for (c->index = 0; c->index < c->n_ops; c->index++) {
+        const ZpOp *op = op_at(c, c->index);
+        gboolean ok = TRUE;
+        switch ((ZpOpKind)op->kind) {
+        case ZP_OP_COMPUTE:
+            ok = check_compute(c, op);
+            break;
+        case ZP_OP_COLLECTIVE:
+            ok = check_collective(c, op);
+            break;
+        case ZP_OP_ALLOC:
+            ok = check_alloc(c, op);
+            break;
+        case ZP_OP_FREE:
+            ok = check_free(c, op);
+            break;
+        case ZP_OP_P2P: /* the reader refuses them: files hold no pipeline */
+            ok = bad(c, "kind", "p2p: a schedule file holds no pipeline sends");
+            break;
+        case ZP_OP_TRANSFER:
+            ok = check_transfer(c, op);
+            break;
+        }
+        if (!ok)
+            return FALSE;
+    }
+    for (guint id = 0; id < c->n_ops; id++)
+        if (c->buf[id].state == BUF_LIVE) {
+            c->index = c->buf[id].alloc_op;
+            return bad(c, "buffer", "= %u is never freed", id);
+        }
+    return TRUE;
+}
+
+gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error)
+{
+    Check c = {.s = s, .what = what, .error = error,
+               .st = zp_plan_state_bytes(s->plan.precision, s->plan.optimizer),
+               .L = (int)s->model.layers, .n_units = s->n_units, .n_ops = s->ops->len};
+    c.buf = g_new0(Buffer, MAX(c.n_ops, 1));
+    for (guint i = 0; i < c.n_ops; i++)
+        c.buf[i].coll = -1;
+    int *per_unit = g_new(int, 3 * (gsize)c.n_units);
+    for (int i = 0; i < 3 * c.n_units; i++)
+        per_unit[i] = -1;
+    c.landing = per_unit, c.gathered = per_unit + c.n_units, c.ckpt = per_unit + 2 * c.n_units;
+    const gboolean ok = walk(&c);
+    g_free(per_unit);
+    g_free(c.buf);
+    return ok;
+}

@@ -1,0 +1,20 @@
+/* zp_hf: a Hugging Face config.json (Llama 2/3/3.1, Mistral, Qwen2, GPT-2, GPT-NeoX) read as a
+ * ZpModel: the keys that bear on memory or time mapped, the rest ignored, the others refused. */
+#ifndef ZP_HF_H
+#define ZP_HF_H
+
+#include "zp_model_arch.h"
+
+#include <glib.h>
+
+/* Reads DIR/config.json; the model is named after the directory. A directory without
+ * config.json fails naming it. */
+gboolean zp_hf_load_dir(const char *dir, ZpModel *model, GError **error);
+
+/* Maps a parsed config object (json_t *) read from `path` (which names it in messages, and
+ * whose directory names the model when the file is config.json). An architecture outside the
+ * supported list is refused naming the "architectures" value; a missing or ill-typed key that
+ * matters is named. The default sequence length is max_position_embeddings. */
+gboolean zp_hf_from_json(void *json_object, const char *path, ZpModel *model, GError **error);
+
+#endif
