@@ -9,6 +9,7 @@
 #include "real_pipe.h"
 #include "real_microbench.h"
 #include "real_tp.h"
+#include "real_watch.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 #ifdef ZP_HAVE_CUDA
@@ -32,6 +33,10 @@ extern void openblas_set_num_threads(int threads);
 typedef enum { FAULT_KILL, FAULT_STOP, FAULT_SLEEP } FaultAction;
 static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 #define FAULT_SLEEP_S 2.0
+
+/* How long a rank that leaves a job-wide failure to the rank that reports it waits before
+ * aborting, so the report is written before the job is torn down. */
+#define QUIET_RANK_WAIT_US 200000
 
 /* A step slower than this many times the median step is flagged. */
 #define SLOW_STEP_FACTOR 10.0
@@ -698,6 +703,12 @@ int main(int argc, char **argv)
     /* Flags first: an emulating process never starts MPI. */
     gboolean ok = parse_args(&argc, &argv, &a, &error) && check_emulate_launch(&a, &error);
     int rank = a.emulate_rank;
+    /* The whole process is watched, from before MPI_Init to after MPI_Finalize: a rank that
+     * stops anywhere ends the job with one line naming it (real_watch.h). */
+    double timeout_s = 0;
+    if (ok && !a.emulate)
+        ok = real_comm_timeout_s(&timeout_s, &error) && real_watch_start(timeout_s, &error) &&
+             real_watch_test_stop(REAL_WATCH_INIT, &error);
     if (!ok) {
         const char *mpi_rank = g_getenv("OMPI_COMM_WORLD_RANK");
         fprintf(stderr, "zreal rank %s: %s\n", mpi_rank ? mpi_rank : "0", error->message);
@@ -707,6 +718,7 @@ int main(int argc, char **argv)
     }
     if (!a.emulate) {
         MPI_Init(&argc, &argv);
+        real_watch_phase(REAL_WATCH_RUN);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     }
     set_blas_threads();
@@ -715,9 +727,12 @@ int main(int argc, char **argv)
         ok = microbench(&a, be, comm, &error);
     else if (ok)
         ok = train(&a, be, comm, &error);
-    if (!ok) {
+    /* One line naming the rank. A peer's failure that every rank sees (a collective timed out,
+     * a peer died) is said by one rank only; the others wait a moment for it to be said. */
+    if (!ok && error && error->domain == REAL_COMM_ERROR && !real_watch_claim_report())
+        g_usleep(QUIET_RANK_WAIT_US);
+    else if (!ok) {
         add_device_error(be, error);
-        /* One line naming the rank. */
         fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
     }
     /* Everything is freed, except a device backend after a failure: its streams may be stuck
@@ -736,7 +751,11 @@ int main(int argc, char **argv)
      * process just ends. */
     if (!ok && world > 1)
         MPI_Abort(MPI_COMM_WORLD, 1);
-    if (!a.emulate)
+    if (!a.emulate) {
+        real_watch_phase(REAL_WATCH_FINALIZE);
+        real_watch_test_stop(REAL_WATCH_FINALIZE, NULL); /* parsed before MPI_Init */
         MPI_Finalize();
+        real_watch_finish();
+    }
     return ok ? 0 : 1;
 }

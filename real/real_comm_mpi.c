@@ -2,6 +2,7 @@
  * travel in their 16-bit storage format, as they do under NCCL; every collective is
  * non-blocking and waited for with a deadline, so a stopped peer cannot hang the job. */
 #include "real_comm.h"
+#include "real_watch.h"
 #include "zp_util.h"
 
 #include <limits.h>
@@ -53,6 +54,23 @@ static gboolean check(RealComm *c, int rc, const char *what, GError **error)
     return FALSE;
 }
 
+/* A collective past its deadline: which peer stopped, where the watchdog's heartbeats tell
+ * (silent for half the deadline: a live rank beats every fraction of a second). */
+static void timed_out(const char *what, double timeout_s, GError **error)
+{
+    char *silent = real_watch_silent_ranks(MAX(timeout_s, REAL_WATCH_MIN_SILENCE_S) / 2);
+    if (silent)
+        g_set_error(error, REAL_COMM_ERROR, REAL_COMM_ERROR_TIMEOUT,
+                    "%s did not complete within %g s (ZREAL_COMM_TIMEOUT_S): %s stopped "
+                    "answering (no heartbeat for half of it); aborting the job", what, timeout_s,
+                    silent);
+    else
+        g_set_error(error, REAL_COMM_ERROR, REAL_COMM_ERROR_TIMEOUT,
+                    "%s did not complete within %g s (ZREAL_COMM_TIMEOUT_S): a peer rank is "
+                    "stopped, hung or dead; aborting the job", what, timeout_s);
+    g_free(silent);
+}
+
 /* Waits for the request a non-blocking collective `what` started (rc: its start's code)
  * until the deadline; a collective that outlives it fails with REAL_COMM_ERROR_TIMEOUT, and
  * the caller aborts the job (its peers are then still inside the collective). */
@@ -69,9 +87,7 @@ static gboolean wait_for(RealComm *c, int rc, MPI_Request *request, const char *
         if (done)
             return TRUE;
         if (zp_now_s() > deadline) {
-            g_set_error(error, REAL_COMM_ERROR, REAL_COMM_ERROR_TIMEOUT,
-                        "%s did not complete within %g s (ZREAL_COMM_TIMEOUT_S): a peer rank "
-                        "is stopped, hung or dead; aborting the job", what, timeout_s);
+            timed_out(what, timeout_s, error);
             return FALSE;
         }
         /* Ranks may share cores: yield to the one we wait for. */

@@ -2,6 +2,7 @@
  * waits for the backend's stream and is waited for by it, host metrics over MPI. */
 #include "real_comm_nccl.h"
 #include "real_cuda.h"
+#include "real_watch.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -74,8 +75,12 @@ static gboolean nccl_abort(NcclComm *n, const char *what, ncclResult_t result, G
 
 static gboolean nccl_timed_out(NcclComm *n, const char *what, GError **error)
 {
-    nccl_fail(n, error, "%s did not finish within %g s (ZREAL_COMM_TIMEOUT_S); a peer rank may "
-                        "have died or stopped", what, n->timeout_s);
+    /* The peer the watchdog's heartbeats find silent for half the deadline, when one is. */
+    char *silent = real_watch_silent_ranks(MAX(n->timeout_s, REAL_WATCH_MIN_SILENCE_S) / 2);
+    nccl_fail(n, error, "%s did not finish within %g s (ZREAL_COMM_TIMEOUT_S); %s%s", what,
+              n->timeout_s, silent ? silent : "a peer rank may have died or stopped",
+              silent ? " stopped answering (no heartbeat for half of it)" : "");
+    g_free(silent);
     if (n->nccl)
         ncclCommAbort(n->nccl);
     n->nccl = NULL;
