@@ -32,6 +32,7 @@ typedef struct {
     ZpZeroConfig offload;  /* --offload-optimizer/--offload-param: searched with these only */
     gboolean offload_given;
     char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
+    char *whole_node_note; /* ZeRO++ left out of the search: it needs whole nodes */
 } PlanArgs;
 
 /* Simulates a plan's step folded (stopping past stop_after_s > 0); with `alloc`, also
@@ -461,6 +462,8 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
     GError *error = NULL;
     if (a->offload_note) /* what offloading costs plan 1, when nothing fit without it */
         json_object_set_new(root, "offload_note", json_string(a->offload_note));
+    if (a->whole_node_note) /* what the search left out */
+        json_object_set_new(root, "whole_node_note", json_string(a->whole_node_note));
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
@@ -485,6 +488,8 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
         print_verdict(a, r);
         if (a->offload_note)
             printf("%s\n", a->offload_note);
+        if (a->whole_node_note)
+            printf("%s\n", a->whole_node_note);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -604,6 +609,8 @@ static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice p
     spec.progress_ctx = progress;
     const gboolean searched = zp_search_run(&spec, result, error);
     cli_progress_free(progress);
+    if (!a->whole_node_note)
+        a->whole_node_note = zp_search_whole_node_note(&spec);
     return searched;
 }
 
@@ -745,5 +752,6 @@ int cli_plan(int argc, char **argv)
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
     g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
+    g_free(a.whole_node_note);
     return status;
 }

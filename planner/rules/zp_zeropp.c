@@ -28,6 +28,16 @@ int zp_zeropp_group_ranks(const ZpPlan *plan, ZpGroup group)
     }
 }
 
+/* A ZeRO++ group that needs whole nodes, on data-parallel ranks that are not. */
+static gboolean not_whole(GError **error, const char *what, int group_ranks, int dp)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s %d ranks do not tile the %d data-parallel ranks: it needs whole nodes, and "
+                "these GPUs are not a whole number of them (drop it, or use a multiple of %d)",
+                what, group_ranks, dp, group_ranks);
+    return FALSE;
+}
+
 gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
 {
     const ZpZeroConfig *z = &plan->zero;
@@ -44,6 +54,12 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
     else if (hpz < 1 || (hpz > 1 && local % hpz != 0))
         bad = "zero_hpz_partition_size: must divide the data-parallel ranks of one node "
               "(GPUs per node / mp), so the secondary partition stays inside the node";
+    /* DeepSpeed builds hpZ's groups over the world in blocks of the partition size
+     * (utils/groups.py _create_zero_param_parallel_group asserts world_size % group_size
+     * == 0): a GPU count that is not a whole number of such blocks has no hpZ. */
+    else if (hpz > 1 && plan->dp % hpz != 0)
+        return not_whole(error, "zero_hpz_partition_size (--hpz-partition-size): hpZ's groups of",
+                         hpz, plan->dp);
     /* DeepSpeed's qgZ reduces over the whole world, not the data-parallel group: stage3.py
      * __avg_scatter_grads takes num_nodes from dist.get_world_size(), and
      * coalesced_collectives.py all_to_all_quant_reduce all-to-alls over groups.py
@@ -57,8 +73,8 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
               "the world and ignore tensor parallelism, so they cannot reduce a tensor-parallel "
               "model's gradients; use --mp 1 or drop qgZ";
     else if (z->zero_quantized_gradients && plan->dp % local != 0)
-        bad = "zero_quantized_gradients: the nodes must hold equal shares of the data-parallel "
-              "ranks for the hierarchical all-to-all";
+        return not_whole(error, "zero_quantized_gradients (--quantized-gradients): qgZ's "
+                         "hierarchical all-to-all, a node's", local, plan->dp);
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;

@@ -16,8 +16,9 @@
 int zp_zeropp_group_ranks(const ZpPlan *plan, ZpGroup group);
 
 /* Fails naming the key when the plan's ZeRO++ options cannot run: any of them with --impl
- * fsdp (PyTorch FSDP has no ZeRO++) or below stage 3; an hpZ size that does not divide a node's data-parallel ranks; qgZ where a node's
- * data-parallel ranks do not divide dp. */
+ * fsdp (PyTorch FSDP has no ZeRO++) or below stage 3; an hpZ size that does not divide a
+ * node's data-parallel ranks, or dp; qgZ where a node's data-parallel ranks do not divide dp
+ * (the two need whole nodes: one line says so). */
 gboolean zp_zeropp_check(const ZpPlan *plan, GError **error);
 
 /* qwZ: the quantisation groups DeepSpeed's CUDAQuantizer.quantize picks for n elements

@@ -416,15 +416,18 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     out[ZP_GROUP_DP] = (ZpCommGroup){.ranks = s->plan.dp, .stride = s->plan.mp * stages};
     out[ZP_GROUP_TP] = (ZpCommGroup){.ranks = s->plan.mp, .stride = 1};
     out[ZP_GROUP_PP] = (ZpCommGroup){.ranks = stages, .stride = s->plan.mp};
-    /* ZeRO++'s subgroups of dp (zp_zeropp_group_ranks; one rank each where unused): hpZ's
-     * and a node's consecutive dp ranks, and one dp rank of each node. */
+    /* ZeRO++'s subgroups of dp (zp_zeropp_group_ranks), each only where its technique is on
+     * (one rank otherwise: 12 GPUs on 8-GPU nodes have no node group to tile without qgZ):
+     * hpZ's and a node's consecutive dp ranks, and one dp rank of each node. */
     const int dp_stride = s->plan.mp * stages;
-    const int local = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_NODE);
+    const gboolean qgz = s->plan.zero.zero_quantized_gradients;
+    const int local = qgz ? zp_zeropp_group_ranks(&s->plan, ZP_GROUP_NODE) : 1;
     out[ZP_GROUP_HPZ] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_HPZ),
                                       .stride = dp_stride};
     out[ZP_GROUP_NODE] = (ZpCommGroup){.ranks = local, .stride = dp_stride};
-    out[ZP_GROUP_XNODE] = (ZpCommGroup){.ranks = zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE),
-                                        .stride = dp_stride * local};
+    out[ZP_GROUP_XNODE] = (ZpCommGroup){
+        .ranks = qgz ? zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE) : 1,
+        .stride = dp_stride * local};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;

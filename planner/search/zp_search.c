@@ -181,6 +181,19 @@ static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, Z
     return zp_zeropp_check(plan, NULL);
 }
 
+char *zp_search_whole_node_note(const ZpSearchSpec *spec)
+{
+    /* zeropp_apply's hpZ spans a node's data-parallel ranks and qgZ's all-to-all every node
+     * alike: zp_zeropp_check refuses both unless the GPUs are whole nodes (past one node). */
+    const int per_node = spec->hw->gpus_per_node;
+    if (spec->impl == ZP_IMPL_FSDP || (spec->stage >= 0 && spec->stage != 3) || per_node <= 0 ||
+        spec->gpus <= per_node || spec->gpus % per_node == 0)
+        return NULL;
+    return g_strdup_printf("Note: ZeRO++ hpZ and qgZ left out: they need whole nodes, and %d GPUs "
+                           "are not a whole number of %d-GPU nodes (qwZ was searched)",
+                           spec->gpus, per_node);
+}
+
 #define CKPT_LEVELS ((int)G_N_ELEMENTS(ckpt_levels))
 
 /* One plan with every ZeRO++ choice that applies, each with its chain of ZeRO-R levels (with

@@ -161,6 +161,10 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
  * `closest` then says by how little. */
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error);
 
+/* The note for what the search leaves out on GPUs that are not whole nodes (ZeRO++'s hpZ and
+ * qgZ, which need them: zp_zeropp_check), or NULL when it leaves nothing out. Free with g_free. */
+char *zp_search_whole_node_note(const ZpSearchSpec *spec);
+
 void zp_search_result_clear(ZpSearchResult *result);
 
 static inline const ZpCandidate *zp_search_candidate(const ZpSearchResult *r, int index)
