@@ -151,10 +151,18 @@ typedef struct {
     int ranks, stride;
 } ZpCommGroup;
 
+/* A schedule file's "digest" against its ops (zp_sched_read_json). */
+typedef enum {
+    ZP_DIGEST_ABSENT,   /* built, or a file without one (older files, hand-written ones) */
+    ZP_DIGEST_MATCH,    /* the ops are those zplan wrote */
+    ZP_DIGEST_MISMATCH, /* the ops were edited after zplan wrote the file */
+} ZpSchedDigest;
+
 typedef struct {
     ZpModel model;
     ZpPlan plan;
     int world;            /* dp * mp */
+    ZpSchedDigest digest; /* read from a file: whether its ops are zplan's */
     /* The communicators ops name by index: dp (ZP_GROUP_DP) and tp (ZP_GROUP_TP) and, in a
      * graph read from a file, any others it declares (the world, node groups, pipeline
      * neighbours). n_groups 0: dp and tp as the plan places them (zp_sched_groups). */

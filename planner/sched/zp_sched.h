@@ -88,6 +88,11 @@ int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS
  * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),
  * one of another implementation by equality with the builder's ops for its model and plan. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
+/* "sha256:HEX": GLib's SHA-256 of the ops' canonical serialisation (each op as the compact
+ * JSON object zp_sched_write_json writes, keys sorted, one a line), which the writer stores as
+ * "digest" and zp_sched_read_json compares (ZpSchedule.digest): an edit that keeps every check
+ * still shows. Free with g_free. */
+char *zp_sched_digest(const ZpSchedule *sched);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 
 /* A schedule file as an op graph, for the simulator: no model needed. It needs "format",

@@ -114,6 +114,25 @@ json_t *zp_sched_json_stages_json(const ZpSchedule *s)
     return stages;
 }
 
+char *zp_sched_digest(const ZpSchedule *s)
+{
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    zp_sched_groups(s, groups);
+    GChecksum *sum = g_checksum_new(G_CHECKSUM_SHA256);
+    for (guint i = 0; i < s->ops->len; i++) {
+        json_t *o = op_to_json(s, groups, zp_sched_op(s, i));
+        char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+        g_assert(text); /* jansson fails only when out of memory, as GLib would abort */
+        g_checksum_update(sum, (const guchar *)text, (gssize)strlen(text));
+        g_checksum_update(sum, (const guchar *)"\n", 1);
+        free(text);
+        json_decref(o);
+    }
+    char *digest = g_strconcat("sha256:", g_checksum_get_string(sum), NULL);
+    g_checksum_free(sum);
+    return digest;
+}
+
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
     json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
@@ -130,6 +149,9 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
                              (json_int_t)s->padded_elems, "partition_elems",
                              (json_int_t)s->partition_elems, "ops", ops);
     json_object_set_new(root, "groups", groups_json(groups, n_groups));
+    char *digest = zp_sched_digest(s);
+    json_object_set_new(root, "digest", json_string(digest));
+    g_free(digest);
     if (s->stages > 1)
         json_object_set_new(root, "stages", zp_sched_json_stages_json(s));
     /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */

@@ -333,6 +333,24 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
     return FALSE;
 }
 
+/* The file's "digest" (optional) against the ops read: s->digest says how they compare. */
+static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path, GError **error)
+{
+    s->digest = ZP_DIGEST_ABSENT;
+    if (!digest)
+        return TRUE;
+    if (!json_is_string(digest) || !g_str_has_prefix(json_string_value(digest), "sha256:")) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"digest\" must be a string \"sha256:HEX\"", path);
+        return FALSE;
+    }
+    char *ours = zp_sched_digest(s);
+    s->digest = strcmp(ours, json_string_value(digest)) == 0 ? ZP_DIGEST_MATCH
+                                                             : ZP_DIGEST_MISMATCH;
+    g_free(ours);
+    return TRUE;
+}
+
 ZpSchedule *zp_sched_read_json(const char *path, GError **error)
 {
     json_t *root = zp_json_load_object(path, error);
@@ -349,7 +367,8 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
     }
     static const char *const keys[] = {"format", "model", "plan", "world", "elem_bytes",
                                        "state_bytes", "units", "total_elems", "padded_elems",
-                                       "partition_elems", "ops", "groups", "stages", NULL};
+                                       "partition_elems", "ops", "groups", "stages",
+                                       "digest", NULL};
     char *model_what = g_strdup_printf("%s: model", path);
     char *plan_what = g_strdup_printf("%s: plan", path);
     ok = ok && zp_json_check_keys(root, path, keys, error) &&
@@ -411,6 +430,10 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
             zp_sched_free(s);
             s = NULL;
         }
+    }
+    if (s && !digest_from_json(s, json_object_get(root, "digest"), path, error)) {
+        zp_sched_free(s);
+        s = NULL;
     }
     if (built_ops)
         g_array_unref(built_ops), g_array_unref(built_deps);
@@ -519,9 +542,11 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
     json_t *root = zp_json_load_object(path, error);
     if (!root)
         return NULL;
+    /* A planner's file simulates whatever its digest says: zreal is the one to refuse edits. */
     static const char *const keys[] = {"format", "world", "groups", "ops", "state_bytes",
                                        "precision", "model", "plan", "elem_bytes", "units",
-                                       "total_elems", "padded_elems", "partition_elems", NULL};
+                                       "total_elems", "padded_elems", "partition_elems",
+                                       "digest", NULL};
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -581,6 +606,8 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
         ok = op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops), FALSE,
                           path, error);
     ok = ok && check_acyclic(s, path, error) && check_attention(s, model != NULL, path, error);
+    /* A planner's schedule (its model and plan given) also keeps the step's semantics. */
+    ok = ok && (!model || !plan || zp_schedcheck_step(s, path, error));
     g_free(model_what);
     g_free(plan_what);
     json_decref(root);

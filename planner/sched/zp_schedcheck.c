@@ -484,6 +484,204 @@ static gboolean walk(Check *c)
     return TRUE;
 }
 
+/* ---- the step's semantics ------------------------------------------------------------ */
+
+/* A unit's passes, each of which runs once per micro-step (recompute only with
+ * checkpointing); the head is its unit's forward and backward in one op. */
+static const struct {
+    ZpComputeKind sub;
+    UnitRule units;
+} passes[] = {
+    {ZP_COMP_EMBED_FWD, U_EMBED}, {ZP_COMP_BLOCK_FWD, U_BLOCK}, {ZP_COMP_HEAD, U_HEAD},
+    {ZP_COMP_RECOMPUTE, U_BLOCK}, {ZP_COMP_BLOCK_BWD, U_BLOCK}, {ZP_COMP_EMBED_BWD, U_EMBED},
+};
+
+static int pass_index(int sub)
+{
+    for (int i = 0; i < (int)G_N_ELEMENTS(passes); i++)
+        if ((int)passes[i].sub == sub)
+            return i;
+    return -1;
+}
+
+/* One op's key among the passes: pass, unit, micro-step and (DeepSpeed's and FSDP's per-module
+ * ops) block module; the unit and micro-step are bounded by the walk's range checks. */
+static gint64 pass_key(int pass, int unit, int micro, int module)
+{
+    return (((gint64)pass * (1 << 24) + unit) * (1 << 24) + micro) * 16 + module;
+}
+
+/* The keys' bits all matter: GLib's g_int64_hash keeps only the low 32 bits of a key, where
+ * every unit past the sixteenth would collide. MurmurHash3's 64-bit finaliser mixes them. */
+static guint key_hash(gconstpointer key)
+{
+    guint64 x = *(const guint64 *)key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (guint)x;
+}
+
+typedef struct {
+    const ZpSchedule *s;
+    const char *what;
+    int L, micro, stages;
+    GHashTable *first;     /* pass_key with module: the op index (+1) that ran it first */
+    GHashTable *ran;       /* pass_key without module: present */
+    guint *optimizer_at;   /* per stage: 1 + the index of its optimizer op (0: none) */
+    guint last_pass;       /* the last forward or backward op (stages 1) */
+    GError **error;
+} Step;
+
+static gboolean step_bad(Step *t, guint index, const char *format, ...) G_GNUC_PRINTF(3, 4);
+static gboolean step_bad(Step *t, guint index, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    char *text = g_strdup_vprintf(format, args);
+    va_end(args);
+    g_set_error(t->error, ZP_ERROR, ZP_ERROR_VALUE, "%s: ops[%u]: key \"op\" %s", t->what,
+                index, text);
+    g_free(text);
+    return FALSE;
+}
+
+/* A forward or backward op: in range, not a repeat, and (one rank class) a backward after its
+ * unit's forward in that micro-step and before the optimizer. */
+static gboolean step_pass(Step *t, guint i, const ZpOp *op, int pass)
+{
+    const char *name = zp_sched_compute_name(op->sub);
+    const Check range = {.L = t->L};
+    if (!unit_fits_rule(&range, passes[pass].units, op->unit) || op->micro < 0 ||
+        op->micro >= t->micro)
+        return step_bad(t, i, "%s: unit %d, micro-step %d is not one of the step's (%d layers, "
+                        "%d micro-steps)", name, op->unit, op->micro, t->L, t->micro);
+    const gint64 key = pass_key(pass, op->unit, op->micro, op->module);
+    const guint seen = GPOINTER_TO_UINT(g_hash_table_lookup(t->first, &key));
+    if (seen)
+        return step_bad(t, i, "%s: unit %d ran it already in micro-step %d (ops[%u]): each "
+                        "unit's forward and backward run once per micro-step", name, op->unit,
+                        op->micro, seen - 1);
+    gint64 *k = g_new(gint64, 1), *bare = g_new(gint64, 1);
+    *k = key, *bare = pass_key(pass, op->unit, op->micro, 0);
+    g_hash_table_insert(t->first, k, GUINT_TO_POINTER(i + 1));
+    g_hash_table_add(t->ran, bare);
+    if (t->stages > 1)
+        return TRUE;
+    if (t->optimizer_at[0])
+        return step_bad(t, i, "%s after the optimizer step (ops[%u]): a step's passes come "
+                        "before its update", name, t->optimizer_at[0] - 1);
+    const gboolean backward = op->sub == ZP_COMP_BLOCK_BWD || op->sub == ZP_COMP_EMBED_BWD;
+    const gint64 fwd = pass_key(pass_index(op->sub == ZP_COMP_BLOCK_BWD ? ZP_COMP_BLOCK_FWD
+                                                                        : ZP_COMP_EMBED_FWD),
+                                op->unit, op->micro, 0);
+    if (backward && !g_hash_table_contains(t->ran, &fwd))
+        return step_bad(t, i, "%s of unit %d in micro-step %d before its forward", name,
+                        op->unit, op->micro);
+    return TRUE;
+}
+
+/* The optimizer on the GPU: once per stage (its ranks' partition) a step. */
+static gboolean step_optimizer(Step *t, guint i, const ZpOp *op)
+{
+    if (op->stage >= (uint32_t)t->stages)
+        return step_bad(t, i, "optimizer: stage %u of %d", op->stage, t->stages);
+    if (t->optimizer_at[op->stage])
+        return step_bad(t, i, "optimizer: a second optimizer step (the first at ops[%u]): one "
+                        "optimizer op updates the partition once a step",
+                        t->optimizer_at[op->stage] - 1);
+    t->optimizer_at[op->stage] = i + 1;
+    return TRUE;
+}
+
+/* Every pass of every unit and micro-step ran; each stage stepped its optimizer (on the GPU
+ * unless all of it is offloaded). At most one lookup past the ops the walk saw per miss. */
+static gboolean step_complete(Step *t, int cpu_steps)
+{
+    for (int p = 0; p < (int)G_N_ELEMENTS(passes); p++) {
+        if (passes[p].sub == ZP_COMP_RECOMPUTE && !t->s->plan.checkpoint)
+            continue;
+        const int lo = passes[p].units == U_BLOCK ? 1 : passes[p].units == U_HEAD ? t->L + 1 : 0;
+        const int hi = passes[p].units == U_BLOCK ? t->L : lo;
+        for (int m = 0; m < t->micro; m++)
+            for (int u = lo; u <= hi; u++) {
+                const gint64 key = pass_key(p, u, m, 0);
+                if (!g_hash_table_contains(t->ran, &key)) {
+                    g_set_error(t->error, ZP_ERROR, ZP_ERROR_VALUE,
+                                "%s: ops: no %s of unit %d in micro-step %d: each unit's "
+                                "forward and backward run once per micro-step", t->what,
+                                zp_sched_compute_name(passes[p].sub), u, m);
+                    return FALSE;
+                }
+            }
+    }
+    const gboolean offloaded = t->s->plan.zero.offload_optimizer.device != ZP_OFFLOAD_NONE;
+    for (int k = 0; k < t->stages; k++)
+        if (!t->optimizer_at[k] && !(offloaded && cpu_steps > 0)) {
+            g_set_error(t->error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: ops: no optimizer op%s: the step must update the partition once",
+                        t->what, t->stages > 1 ? " for a pipeline stage" : "");
+            return FALSE;
+        }
+    return TRUE;
+}
+
+/* The sub-groups of the partition the host steps (optimizer offload), one cpu_optimizer op
+ * each; -1 where the layout is unknown (a graph file) or a pipeline's stages differ. */
+static int cpu_sub_groups(const ZpSchedule *s)
+{
+    if (s->n_units == 0 || MAX(s->stages, 1) > 1)
+        return -1;
+    const double elems = s->plan.zero.stage == 0 ? (double)s->total_elems
+                                                 : (double)s->partition_elems;
+    if (zp_offload_cpu_share(&s->plan, elems) <= 0)
+        return 0;
+    int n = 0;
+    for (int j = 0; j < zp_offload_sub_group_count(&s->plan, elems); j++) {
+        ZpOffloadStep step;
+        zp_offload_sub_group_step(&s->plan, elems, j, &step);
+        n += step.on_cpu;
+    }
+    return n;
+}
+
+gboolean zp_schedcheck_step(const ZpSchedule *s, const char *what, GError **error)
+{
+    Step t = {.s = s, .what = what, .L = (int)s->model.layers, .micro = s->plan.grad_accum,
+              .stages = MAX(zp_plan_pp(&s->plan), 1), .error = error};
+    t.first = g_hash_table_new_full(key_hash, g_int64_equal, g_free, NULL);
+    t.ran = g_hash_table_new_full(key_hash, g_int64_equal, g_free, NULL);
+    t.optimizer_at = g_new0(guint, t.stages);
+    const int cpu_groups = cpu_sub_groups(s);
+    int cpu_steps = 0;
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE)
+            continue;
+        const int pass = pass_index(op->sub);
+        if (pass >= 0)
+            ok = step_pass(&t, i, op, pass);
+        else if (op->sub == ZP_COMP_OPTIMIZER)
+            ok = step_optimizer(&t, i, op);
+        else if (op->sub == ZP_COMP_CPU_OPTIMIZER && ++cpu_steps > cpu_groups && cpu_groups >= 0)
+            ok = step_bad(&t, i, "cpu_optimizer: a CPU optimizer step past the %d sub-groups "
+                          "of the partition the host steps: each is updated once a step",
+                          cpu_groups);
+    }
+    if (ok && cpu_groups >= 0 && cpu_steps < cpu_groups) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: ops: %d cpu_optimizer ops for the %d "
+                    "sub-groups of the partition the host steps: each is updated once a step",
+                    what, cpu_steps, cpu_groups);
+        ok = FALSE;
+    }
+    ok = ok && step_complete(&t, cpu_steps);
+    g_hash_table_unref(t.first);
+    g_hash_table_unref(t.ran);
+    g_free(t.optimizer_at);
+    return ok;
+}
+
 gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error)
 {
     Check c = {.s = s, .what = what, .error = error,
@@ -496,7 +694,8 @@ gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error
     for (int i = 0; i < 3 * c.n_units; i++)
         per_unit[i] = -1;
     c.landing = per_unit, c.gathered = per_unit + c.n_units, c.ckpt = per_unit + 2 * c.n_units;
-    const gboolean ok = walk(&c);
+    /* The buffers first: the step's check reads units and micro-steps the walk bounded. */
+    const gboolean ok = walk(&c) && zp_schedcheck_step(s, what, error);
     g_free(per_unit);
     g_free(c.buf);
     return ok;

@@ -19,4 +19,13 @@
  * "WHAT: ops[I]: key \"FIELD\" ...", naming the op index and the field at fault. */
 gboolean zp_schedcheck_ops(const ZpSchedule *sched, const char *what, GError **error);
 
+/* The step's semantics, which zp_schedcheck_ops checks too and a graph file with a model and a
+ * plan needs no layout for: each unit's forward and backward (and recompute, with
+ * checkpointing) once per micro-step, a backward after its forward and (one rank class)
+ * before the optimizer; one optimizer op per stage's partition a step, and with optimizer
+ * offload one cpu_optimizer op per sub-group the host steps (where the layout is known). A
+ * repeated or out-of-place op is named, "WHAT: ops[I]: key \"op\" ...", a missing one
+ * described. */
+gboolean zp_schedcheck_step(const ZpSchedule *sched, const char *what, GError **error);
+
 #endif
