@@ -5,14 +5,12 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_engine_base.h"
 #include "real_gpt.h"
 #include "real_tp.h"
 #include "zp_sched.h"
 
 #include <glib.h>
-
-#define REAL_ENGINE_ERROR real_engine_error_quark()
-GQuark real_engine_error_quark(void);
 
 typedef struct {
     float lr;           /* AdamW learning rate */
@@ -33,11 +31,6 @@ typedef struct {
 } RealOpTiming;
 
 typedef struct RealEngine RealEngine;
-
-/* The executor's model for a planner's model and plan: the same architecture (GPT-2 or
- * Llama blocks), the plan's micro-batch and attention kernel (eager or fused). Not checked:
- * real_engine_new refuses what the executor cannot train. */
-RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
  * (identically on every rank, from cfg->seed). `comm` is the data-parallel group; with

@@ -100,7 +100,7 @@ static gboolean run_embed_bwd(void *p, GError **error)
 }
 
 /* The step's Adam over the partition in turn, one call as the engine makes it
- * (real_engine.c optimizer). A learning rate of 0 writes the same parameters back: every
+ * (real_engine_compute.c optimizer). A learning rate of 0 writes the same parameters back: every
  * timed step computes on the same values (gradients here are never zeroed, and drifting
  * weights could reach slow denormal arithmetic). */
 static gboolean run_optimizer(void *p, GError **error)

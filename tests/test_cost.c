@@ -467,7 +467,7 @@ static void test_copy_curve(void)
     json_decref(j);
 }
 
-/* The rank's own copies around a collective (real_engine.c), by hand for a 1 MB array on 4
+/* The rank's own copies around a collective (real_engine_comm.c), by hand for a 1 MB array on 4
  * ranks, and their time at the copy rate (convert: 9e9 in the synthetic table); none without
  * a table. */
 static void test_collective_copies(void)

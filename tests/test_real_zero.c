@@ -232,7 +232,7 @@ static void test_other_impls(void)
     /* DeepSpeed's stages 2-3 at 5000, smaller than a block's gradients (49,984 elements) and
      * than qkv, fc1 and fc2 (which bypass the buckets): each stage-3 module op hands on its
      * own tensors' gradients, and those whose bucket has no room yet in the ipg buffer wait
-     * until the bucket before is reduced (real_engine_ds.c grad_place, land_pending). */
+     * until the bucket before is reduced (real_engine_ds.c grad_place, real_ds_land_pending). */
     static const OtherRun runs_of[] = {
         {ZP_IMPL_DEEPSPEED, 0, 1, FALSE, 10000, FALSE},
         {ZP_IMPL_DEEPSPEED, 1, 1, FALSE, 10000, FALSE},
@@ -1493,8 +1493,8 @@ static void test_deepspeed_allreduce_fetch(void)
 }
 
 /* DeepSpeed's stage 3 with one gradient bucket: the ipg buffer reduces it alone, and
- * backward adds the gradients into it, zeroed by real_engine_ds.c land when the bucket lands
- * (the engine zeroes no buffer of unit -1). glibc's MALLOC_PERTURB_ leaves every allocation
+ * backward adds the gradients into it, zeroed by real_engine_ds.c real_ds_land when the bucket
+ * lands (the engine zeroes no buffer of unit -1). glibc's MALLOC_PERTURB_ leaves every allocation
  * dirty, so an unzeroed buffer would change the second step's loss; the losses are the clean
  * run's bit for bit. (ASan's allocator ignores MALLOC_PERTURB_.) */
 static void test_deepspeed_dirty_memory(void)
