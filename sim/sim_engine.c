@@ -133,7 +133,7 @@ static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, 
 /* A run-time array of *cap items of item_bytes (rank rows, ranks' states) doubled (16 items at
  * first, *cap updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
 void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
-                        const char *what)
+                     const char *what)
 {
     const uint32_t grown_cap = *cap ? 2 * *cap : 16;
     void *grown = g_try_realloc(items, (size_t)grown_cap * item_bytes);
@@ -156,7 +156,7 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     } else {
         if (sim->n_rows_made == sim->cap_rows) {
             uint8_t *rows = sim_grow_state(sim, sim->rows, &sim->cap_rows, sim->ranks,
-                                       "rows of dependency counts");
+                                           "rows of dependency counts");
             if (!rows)
                 return FALSE;
             sim->rows = rows;

@@ -72,7 +72,7 @@ static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t po
 {
     if (sim->n_eager == sim->cap_eager) {
         MemState *eager = sim_grow_state(sim, sim->eager, &sim->cap_eager, sizeof(MemState),
-                                     "memory states of ranks out of lockstep");
+                                         "memory states of ranks out of lockstep");
         if (!eager)
             return FALSE;
         sim->eager = eager;

@@ -112,7 +112,7 @@ gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error)
 /* ---- simulated ranks and their groups ---- */
 
 gboolean sim_ranks_read_slowdowns(const SimOptions *o, uint32_t world, uint32_t gpus_per_node,
-                               Slowdowns *w, GError **error)
+                                  Slowdowns *w, GError **error)
 {
     const uint32_t nodes = (world + gpus_per_node - 1) / gpus_per_node;
     for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
