@@ -251,7 +251,7 @@ uint32_t real_gpt_module_tensors(const RealGptDims *dims, int module);
 
 /* The block forward module by module, as DeepSpeed's stage 3 computes it (each module after
  * its own parameters' gather): modules ln1 .. fc2 in turn, each with the parameter-free work
- * that follows it (real_gpt.c real_gpt_fwd_module); `block` need hold only that module's
+ * that follows it (real_gpt_block.c real_gpt_fwd_module); `block` need hold only that module's
  * tensors. The first reads x_in (and allocates the saved activations and the workspace), the
  * last writes x_out (and frees the workspace); the calls of one block may not interleave with
  * another block's. Running all six is real_gpt_block_forward_t, bit for bit. */
@@ -291,7 +291,7 @@ gboolean real_gpt_block_backward_t(RealGpt *gpt, int layer, const RealGptTensors
                                    const float *dx_out, float *dx_in,
                                    const RealGptTensors *block_grads, GError **error);
 
-/* The block backward module by module, fc2 .. ln1 (real_gpt.c real_gpt_bwd_module): the
+/* The block backward module by module, fc2 .. ln1 (real_gpt_block.c real_gpt_bwd_module): the
  * first reads dx_out, the last writes dx_in and frees the saved activations; each adds its
  * own tensors' gradients into block_grads (only those are read; NULL: none added), as
  * DeepSpeed's hooks hand each parameter's gradient on once its module's backward made it.
