@@ -14,3 +14,16 @@ ZpPlan launch_plan(int dp, int mp)
     zp_plan_defaults(&launch, 0, dp, mp);
     return launch;
 }
+
+void plan_common_init(void)
+{
+    plan_tmp_dir = g_dir_make_tmp("zplan-plan-XXXXXX", NULL);
+}
+
+int plan_common_run(void)
+{
+    const int status = g_test_run();
+    g_rmdir(plan_tmp_dir);
+    g_free(plan_tmp_dir);
+    return status;
+}

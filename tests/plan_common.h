@@ -23,4 +23,9 @@ char *tmp_path(const char *name);
 
 ZpPlan launch_plan(int dp, int mp);
 
+/* Makes the folder (after g_test_init); runs the tests and removes it, returning
+ * g_test_run's status. */
+void plan_common_init(void);
+int plan_common_run(void);
+
 #endif

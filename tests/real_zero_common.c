@@ -105,3 +105,16 @@ char *peak_args(const PeakRun *p)
     g_free(bucket);
     return args;
 }
+
+void real_zero_common_init(void)
+{
+    tmp_dir = g_dir_make_tmp("zreal-test-XXXXXX", NULL);
+}
+
+int real_zero_common_run(void)
+{
+    int status = g_test_run();
+    g_rmdir(tmp_dir);
+    g_free(tmp_dir);
+    return status;
+}

@@ -66,4 +66,9 @@ void check_total_peak(json_t *rank, const SimResult *sim);
 
 char *peak_args(const PeakRun *p);
 
+/* Makes the folder the runs write in (after g_test_init); runs the tests and removes it,
+ * returning g_test_run's status. */
+void real_zero_common_init(void);
+int real_zero_common_run(void);
+
 #endif

@@ -66,3 +66,18 @@ ZpSchedule *build_case(const Case *c)
     g_assert_no_error(error);
     return s;
 }
+
+void sim_common_init(void)
+{
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
+    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+}
+
+int sim_common_run(void)
+{
+    const int status = g_test_run();
+    g_rmdir(sim_tmp_dir);
+    g_free(sim_tmp_dir);
+    return status;
+}

@@ -41,4 +41,9 @@ typedef struct {
 
 ZpSchedule *build_case(const Case *c);
 
+/* Loads the profile and the model and makes the folder (after g_test_init); runs the tests
+ * and removes the folder, returning g_test_run's status. */
+void sim_common_init(void);
+int sim_common_run(void);
+
 #endif

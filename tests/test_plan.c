@@ -547,7 +547,7 @@ static void test_sweep_shows_infeasible(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    plan_tmp_dir = g_dir_make_tmp("zplan-plan-XXXXXX", NULL);
+    plan_common_init();
     g_test_add_func("/plan/best-fits-as-memory-shrinks", test_best_fits_as_memory_shrinks);
     g_test_add_func("/plan/gpt2-1.5b-fits-at-stage-0", test_gpt2_fits_at_stage0);
     g_test_add_func("/plan/1t-does-not-fit-on-64", test_1t_does_not_fit_on_64);
@@ -560,8 +560,5 @@ int main(int argc, char **argv)
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
     g_test_add_func("/sweep/tflops", test_sweep_tflops);
     g_test_add_func("/sweep/shows-infeasible", test_sweep_shows_infeasible);
-    const int status = g_test_run();
-    g_rmdir(plan_tmp_dir);
-    g_free(plan_tmp_dir);
-    return status;
+    return plan_common_run();
 }

@@ -253,14 +253,11 @@ static void test_dsconfig_round_trip(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    plan_tmp_dir = g_dir_make_tmp("zplan-plan-XXXXXX", NULL);
+    plan_common_init();
     g_test_add_func("/dsconfig/defaults-and-auto", test_dsconfig_defaults_and_auto);
     g_test_add_func("/dsconfig/batch-rule", test_dsconfig_batch_rule);
     g_test_add_func("/dsconfig/refusals", test_dsconfig_refusals);
     g_test_add_func("/dsconfig/warnings", test_dsconfig_warnings);
     g_test_add_func("/dsconfig/round-trip", test_dsconfig_round_trip);
-    const int status = g_test_run();
-    g_rmdir(plan_tmp_dir);
-    g_free(plan_tmp_dir);
-    return status;
+    return plan_common_run();
 }

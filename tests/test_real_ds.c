@@ -654,7 +654,7 @@ static void test_deepspeed_dirty_memory(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    tmp_dir = g_dir_make_tmp("zreal-test-XXXXXX", NULL);
+    real_zero_common_init();
     g_test_add_func("/zreal/deepspeed-and-fsdp", test_other_impls);
     g_test_add_func("/zreal/deepspeed-small-buckets", test_deepspeed_small_buckets);
     g_test_add_func("/zreal/deepspeed-schedule-file", test_deepspeed_schedule_file);
@@ -662,8 +662,5 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/deepspeed-dirty-memory", test_deepspeed_dirty_memory);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     g_test_add_func("/zreal/offload-partial-refused", test_offload_partial_refused);
-    int status = g_test_run();
-    g_rmdir(tmp_dir);
-    g_free(tmp_dir);
-    return status;
+    return real_zero_common_run();
 }

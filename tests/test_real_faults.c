@@ -142,14 +142,11 @@ static void test_cuda_backend_without_device(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    tmp_dir = g_dir_make_tmp("zreal-test-XXXXXX", NULL);
+    real_zero_common_init();
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);
     g_test_add_func("/zreal/bad-input", test_bad_input);
     g_test_add_func("/zreal/cuda-backend-without-device", test_cuda_backend_without_device);
-    int status = g_test_run();
-    g_rmdir(tmp_dir);
-    g_free(tmp_dir);
-    return status;
+    return real_zero_common_run();
 }

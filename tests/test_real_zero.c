@@ -593,7 +593,7 @@ static void test_total_peak(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    tmp_dir = g_dir_make_tmp("zreal-test-XXXXXX", NULL);
+    real_zero_common_init();
     g_test_add_data_func("/zreal/stages-match-one-rank", &gpt2_tiny, test_stages_match_one_rank);
     g_test_add_data_func("/zreal/llama-tiny-stages-match-one-rank", &llama_eager,
                          test_stages_match_one_rank);
@@ -613,8 +613,5 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/emulated-rank-of-64", test_emulated_rank_of_64);
     g_test_add_func("/zreal/total-peak", test_total_peak);
     g_test_add_func("/zreal/schedule-file", test_schedule_file);
-    int status = g_test_run();
-    g_rmdir(tmp_dir);
-    g_free(tmp_dir);
-    return status;
+    return real_zero_common_run();
 }

@@ -308,7 +308,7 @@ static void test_ties_prefer_memory_left(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    plan_tmp_dir = g_dir_make_tmp("zplan-plan-XXXXXX", NULL);
+    plan_common_init();
     g_test_add_func("/search/compute-ops-match-schedule", test_compute_ops_match_schedule);
     g_test_add_func("/search/screen-memory-is-zp-mem", test_screen_memory_is_zp_mem);
     g_test_add_func("/search/bound-and-pruning", test_bound_and_pruning);
@@ -316,8 +316,5 @@ int main(int argc, char **argv)
     g_test_add_func("/search/zeropp", test_search_zeropp);
     g_test_add_func("/search/zeropp-buckets", test_search_zeropp_buckets);
     g_test_add_func("/search/ties-prefer-memory-left", test_ties_prefer_memory_left);
-    const int status = g_test_run();
-    g_rmdir(plan_tmp_dir);
-    g_free(plan_tmp_dir);
-    return status;
+    return plan_common_run();
 }

@@ -396,9 +396,7 @@ static void test_breakdown_adds_up_with_side_streams(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
-    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
-    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+    sim_common_init();
     g_test_add_func("/sim/coll/ring-by-hand", test_ring_by_hand);
     g_test_add_func("/sim/coll/placement-and-tree", test_placement_and_tree);
     g_test_add_func("/sim/coll/placement-groups", test_placement_groups);
@@ -410,8 +408,5 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);
     g_test_add_func("/sim/breakdown-adds-up-with-side-streams",
                     test_breakdown_adds_up_with_side_streams);
-    const int status = g_test_run();
-    g_rmdir(sim_tmp_dir);
-    g_free(sim_tmp_dir);
-    return status;
+    return sim_common_run();
 }

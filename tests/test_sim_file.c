@@ -328,17 +328,12 @@ static void test_schedule_file_cli(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
-    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
-    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+    sim_common_init();
     g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
     g_test_add_func("/sim/file/example", test_schedule_file_example);
     g_test_add_func("/sim/file/streams", test_schedule_file_streams);
     g_test_add_func("/sim/file/groups", test_schedule_file_groups);
     g_test_add_func("/sim/file/bad-input", test_schedule_file_bad_input);
     g_test_add_func("/sim/file/cli", test_schedule_file_cli);
-    const int status = g_test_run();
-    g_rmdir(sim_tmp_dir);
-    g_free(sim_tmp_dir);
-    return status;
+    return sim_common_run();
 }

@@ -478,9 +478,7 @@ static void test_cli_bad_input(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
-    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
-    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+    sim_common_init();
     g_test_add_func("/sim/plan/comm-bytes", test_comm_bytes);
     g_test_add_func("/sim/plan/memory-states", test_memory_states);
     g_test_add_func("/sim/plan/overlap-never-slower", test_overlap_never_slower);
@@ -492,8 +490,5 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/cli/trace", test_trace);
     g_test_add_func("/sim/cli/trace-many-ranks", test_trace_many_ranks);
     g_test_add_func("/sim/cli/bad-input", test_cli_bad_input);
-    const int status = g_test_run();
-    g_rmdir(sim_tmp_dir);
-    g_free(sim_tmp_dir);
-    return status;
+    return sim_common_run();
 }

@@ -470,9 +470,7 @@ static void test_blocks_fall_back(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
-    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
-    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
-    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+    sim_common_init();
     g_test_add_func("/sim/slow/rank-by-hand", test_slow_rank_by_hand);
     g_test_add_func("/sim/slow/link-by-hand", test_slow_link_by_hand);
     g_test_add_func("/sim/slow/rank-zero3", test_slow_rank_zero3);
@@ -480,8 +478,5 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/slow/classes-equal-explicit", test_classes_equal_explicit);
     g_test_add_func("/sim/slow/runs-equal-each-rank", test_runs_equal_each_rank);
     g_test_add_func("/sim/slow/blocks-fall-back", test_blocks_fall_back);
-    const int status = g_test_run();
-    g_rmdir(sim_tmp_dir);
-    g_free(sim_tmp_dir);
-    return status;
+    return sim_common_run();
 }

@@ -21,12 +21,14 @@ gboolean gpu_testutil_init(const char *program)
     return TRUE;
 }
 
-void gpu_testutil_finish(void)
+int gpu_testutil_run(void)
 {
+    const int status = g_test_run();
     for (int mode = 0; mode < 2; mode++)
         gpu[mode]->destroy(gpu[mode]);
     cpu->destroy(cpu);
     g_rand_free(rng);
+    return status;
 }
 
 /* ---- host data ---- */

@@ -82,8 +82,8 @@ extern GRand *rng;
 /* Makes the backends (one CUDA backend per GEMM mode on device 0) and the random stream,
  * after g_test_init; FALSE, with a line naming `program`, where there is no device. */
 gboolean gpu_testutil_init(const char *program);
-/* Destroys what gpu_testutil_init made. */
-void gpu_testutil_finish(void);
+/* Runs the tests, then destroys what gpu_testutil_init made; g_test_run's status. */
+int gpu_testutil_run(void);
 
 double normal(void);
 float *random_f32(size_t n, double mean, double std);

@@ -207,7 +207,5 @@ int main(int argc, char **argv)
         return 1;
     g_test_add_func("/cuda/attention", test_attention);
     g_test_add_func("/cuda/attention_gqa_and_fused", test_attention_gqa);
-    const int status = g_test_run();
-    gpu_testutil_finish();
-    return status;
+    return gpu_testutil_run();
 }

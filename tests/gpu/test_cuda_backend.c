@@ -347,7 +347,5 @@ int main(int argc, char **argv)
     g_test_add_func("/cuda/precision", test_precision);
     g_test_add_func("/cuda/gemm", test_gemm);
     g_test_add_func("/cuda/timing", test_timing);
-    const int status = g_test_run();
-    gpu_testutil_finish();
-    return status;
+    return gpu_testutil_run();
 }

@@ -493,7 +493,5 @@ int main(int argc, char **argv)
     g_test_add_func("/cuda/adam", test_adam);
     g_test_add_func("/cuda/llama_elementwise", test_llama_elementwise);
     g_test_add_func("/cuda/rmsnorm", test_rmsnorm);
-    const int status = g_test_run();
-    gpu_testutil_finish();
-    return status;
+    return gpu_testutil_run();
 }

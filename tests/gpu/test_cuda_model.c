@@ -136,7 +136,5 @@ int main(int argc, char **argv)
         g_test_add_data_func(path, GINT_TO_POINTER(i), test_model_step);
         g_free(path);
     }
-    const int status = g_test_run();
-    gpu_testutil_finish();
-    return status;
+    return gpu_testutil_run();
 }
