@@ -12,25 +12,6 @@
 
 #include <glib.h>
 
-typedef struct {
-    float lr;           /* AdamW learning rate */
-    float weight_decay; /* decoupled weight decay */
-    uint64_t seed;      /* parameter initialisation and the synthetic data stream */
-    RealTp *tp;         /* the tensor group of a schedule with mp > 1 (borrowed); NULL at 1 */
-    /* Pipelines: this rank's stage (real_pipe; borrowed), whose view of the schedule
-     * (zp_sched_stage_view) the engine runs over the stage's DP communicator; NULL without. */
-    struct RealPipe *pipe;
-} RealTrainConfig;
-
-/* Op types that are timed: the compute kinds, then the collective kinds. */
-#define REAL_ENGINE_N_OP_TYPES (ZP_COMP_N + ZP_COLL_N)
-
-typedef struct {
-    uint64_t count;
-    double total_s;
-} RealOpTiming;
-
-typedef struct RealEngine RealEngine;
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
  * (identically on every rank, from cfg->seed). `comm` is the data-parallel group; with

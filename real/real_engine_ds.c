@@ -1,6 +1,7 @@
 /* real_engine_ds: DeepSpeed's stages 2 and 3 in zreal. The ops (zp_sched with zp_impl_deepspeed)
  * say what is allocated, reduced and gathered; this file maps them onto tensors and buffers as
  * deepspeed/runtime/zero/stage_1_and_2.py and stage3.py lay them out. */
+#include "real_engine_ds.h"
 #include "real_engine_ds_internal.h"
 #include "real_offload.h"
 #include "real_zeropp.h"

@@ -1,5 +1,6 @@
 /* real_engine_ds_comm: the DeepSpeed plug-in's collectives and transfers: buckets reduced
  * (stage 2's, stage 3's, qgZ's), coalesced gathers (qwZ, hpZ, persistence), their offload. */
+#include "real_engine_ds.h"
 #include "real_engine_ds_internal.h"
 #include "real_offload.h"
 #include "real_zeropp.h"

@@ -5,7 +5,12 @@
 #define REAL_ENGINE_DS_INTERNAL_H
 
 #include "real_engine_base.h"
-#include "real_engine_ds.h"
+#include "real_offload.h"
+#include "zp_sched.h"
+
+/* The plug-in (real_engine_ds.h, which its files include: this header stays below it, so
+ * that the plug-in and its parts form no circle). */
+typedef struct RealDs RealDs;
 
 typedef struct {
     int unit, k;            /* its unit and index in real_gpt_unit_tensors' list */

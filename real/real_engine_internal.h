@@ -4,7 +4,6 @@
 #ifndef REAL_ENGINE_INTERNAL_H
 #define REAL_ENGINE_INTERNAL_H
 
-#include "real_engine.h"
 #include "real_engine_base.h"
 #include "real_engine_ds.h"
 #include "real_offload.h"

@@ -1,6 +1,7 @@
 /* real_gpt: the GPT-2 and Llama-family models zreal trains, forward and backward.
  * All compute goes through RealBackend; fp32 math, bf16 storage, bit-identical recompute.
  * This file: dimensions, layout, memory sizes, initialisation and the runtime's state. */
+#include "real_gpt.h"
 #include "real_gpt_internal.h"
 
 #include <limits.h>
@@ -269,6 +270,12 @@ void real_gpt_accumulate(RealGpt *gpt, int layout, int unit, const RealGptTensor
     for (int k = first; k < last; k++)
         real_gpt_write_grad(gpt, unit, k, dst->at[k],
                             src + (t[k].offset_elems - t[first].offset_elems), t[k].elems);
+}
+
+int real_gpt_n_tensors(const RealGptDims *d, int unit)
+{
+    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+    return real_gpt_unit_tensors(d, unit, t);
 }
 
 uint32_t real_gpt_module_tensors(const RealGptDims *dims, int module)

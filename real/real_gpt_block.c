@@ -1,5 +1,6 @@
 /* real_gpt_block: one transformer block of the model forward and backward, whole or module by
  * module (attention, MLP), its activations saved or recomputed bit for bit. */
+#include "real_gpt.h"
 #include "real_gpt_internal.h"
 
 #include <math.h>

@@ -1,6 +1,7 @@
 /* real_gpt_ends: the model's ends: the embeddings (token, learned positions; a vocabulary
  * shard each with tensor parallelism) and the head (final norm, LM head, loss), forward and
  * backward. */
+#include "real_gpt.h"
 #include "real_gpt_internal.h"
 
 #include <math.h>

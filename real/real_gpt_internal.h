@@ -4,9 +4,15 @@
 #ifndef REAL_GPT_INTERNAL_H
 #define REAL_GPT_INTERNAL_H
 
-#include "real_gpt.h"
+#include "real_gpt_dims.h"
 
+#include <glib.h>
 #include <stdbool.h>
+
+/* The runtime and its tensor-parallel ops (real_gpt.h, which the files include: this header
+ * stays below it, so that real_gpt and its parts form no circle). */
+typedef struct RealGpt RealGpt;
+typedef struct RealGptTpOps RealGptTpOps;
 
 /* How a tensor starts out. */
 typedef enum {
@@ -158,18 +164,15 @@ static inline float real_gpt_eps(const RealGptDims *d)
     return d->norm_eps > 0 ? d->norm_eps : 1e-5f;
 }
 
-static inline int real_gpt_n_tensors(const RealGptDims *d, int unit)
-{
-    RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
-    return real_gpt_unit_tensors(d, unit, t);
-}
-
 static inline size_t real_gpt_tokens(const RealGptDims *d)
 {
     return (size_t)d->micro_batch * d->seq_len;
 }
 
-/* real_gpt.c: the runtime helpers the ends and the block share. */
+/* real_gpt.c: the runtime helpers the ends and the block share, and how many tensors a unit
+ * has. */
+int real_gpt_n_tensors(const RealGptDims *d, int unit);
+
 /* Token ids index wte rows, so an out-of-range one would read or write out of bounds. */
 gboolean real_gpt_check_tokens(const RealGpt *gpt, const int *tokens, const char *what,
                                GError **error);

@@ -1,5 +1,6 @@
 /* sim_breakdown: the end of a run: whether every rank ran every op and ended with the memory it
  * began with, and the result's breakdown (step time, busy, exposed and idle times, peaks). */
+#include "sim_engine.h"
 #include "sim_engine_internal.h"
 
 #include <math.h>

@@ -1,5 +1,6 @@
 /* sim_engine: the event loop; static facts are computed once per op and shared by all ranks,
  * and a collective is one queue event for its whole group, never one per ring step. */
+#include "sim_engine.h"
 #include "sim_engine_internal.h"
 
 #include <string.h>

@@ -6,12 +6,18 @@
 
 #include "sim_class.h"
 #include "sim_coll.h"
-#include "sim_engine.h"
 #include "zp_cost.h"
+#include "zp_hw.h"
+#include "zp_sched.h"
 #include "zp_util.h"
 
 #include <glib.h>
 #include <stdint.h>
+
+/* What a run is asked and what it returns (sim_engine.h, which the files that read them
+ * include: this header stays below it, so that sim_engine and its parts form no circle). */
+typedef struct SimOptions SimOptions;
+typedef struct SimResult SimResult;
 
 /* What the loop needs of an op, computed once and shared by all ranks. */
 typedef struct {

@@ -1,5 +1,6 @@
 /* sim_ops: the static facts of a run's ops, computed once and shared by all ranks: each op's
  * duration or cost, its dependents (allocs and frees ready at once first) and its stream. */
+#include "sim_engine.h"
 #include "sim_engine_internal.h"
 #include "zp_offload.h"
 

@@ -1,5 +1,6 @@
 /* sim_ranks: the simulated ranks (the world's, one a stage, rank classes, or blocks of ranks in
  * lockstep) and their state, their groups' flow slots, and stragglers' slowdowns. */
+#include "sim_engine.h"
 #include "sim_engine_internal.h"
 
 #include <string.h>
