@@ -31,6 +31,8 @@ ZP_WITH_CUDA ?= $(if $(wildcard $(NVCC)),yes,no)
 CUDA_C_SRC   := real/real_comm_nccl.c
 CUDA_CU_SRC  := $(wildcard real/*.cu)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c)
+# What the GPU test programs share (tests/gpu/gpu_testutil.h), linked into each.
+GPU_TEST_UTIL := $(filter-out $(GPU_TEST_SRC),$(wildcard tests/gpu/*.c))
 # sm_90 machine code and compute_90 PTX (what -arch=sm_90 gives: H100, and newer GPUs through
 # the driver's JIT), plus sm_80 machine code for A100s. --fmad=false keeps a * b + c rounded
 # twice, as the CPU backend's C computes it, so the elementwise kernels match it bit for bit
@@ -171,7 +173,8 @@ $(BUILD)/zplan: $(call obj,cli/zplan.c) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/zreal: $(call obj,cli/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(ZREAL_LDLIBS) $(LDLIBS)
-$(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(BUILD)/libzcuda.a $(LIBS) | $(BINS)
+$(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(call obj,$(GPU_TEST_UTIL)) $(BUILD)/libzcuda.a \
+                      $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(CUDA_LDLIBS) $(LDLIBS)
 # The replay test links every harness (tests/fuzz/ is on its include path).
@@ -185,12 +188,14 @@ $(BUILD)/bench/%: $(call obj,bench/%.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
-# The checks that need a GPU: every CUDA backend entry against the CPU backend, then zreal
-# trained on both backends (bench/gpu_validate.sh). Non-zero exit when any fails, or when
-# this build has no CUDA parts to check.
+# The checks that need a GPU: every CUDA backend entry against the CPU backend (every
+# tests/gpu/test_* program, each run even when one before fails), then zreal trained on both
+# backends (bench/gpu_validate.sh). Non-zero exit when any fails, or when this build has no
+# CUDA parts to check.
 ifeq ($(ZP_WITH_CUDA),yes)
 gpu-test: all
-	$(BUILD)/tests/gpu/test_cuda_backend
+	@status=0; for t in $(GPU_TESTS); do echo "gpu-test: $$t"; $$t || status=1; done; \
+	  exit $$status
 	sh bench/gpu_validate.sh $(BUILD)
 else
 gpu-test:

@@ -170,7 +170,7 @@ static int bench_table(const ZpHw *hw, int max_ranks)
            "(--explicit), blocks of ranks in lockstep stepped as units. Middle: the same, each "
            "rank stepped on its own (SimOptions.each_rank); same: the step and both event "
            "counts equal the left's. Right: folded into rank classes, which give --explicit's "
-           "results (test_sim checks all three bit for bit)\n"
+           "results (test_sim_slow checks all three bit for bit)\n"
            "   ranks    CPU s   events/s RSS MiB  bytes/  units  simulated |     each  ns per"
            " RSS MiB  bytes/  queue same | classes    CPU s RSS MiB\n"
            "                                     rank-op            step s |    CPU s   event"

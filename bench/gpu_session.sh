@@ -47,6 +47,16 @@ probe() {
 
 build_all() { make -j16 BUILD="$build" NCCL_HOME="$NCCL_HOME" all; }
 
+# Every CUDA backend test program (tests/gpu/test_*), each run even when one before fails.
+gpu_tests() {
+    status=0
+    for t in "$build"/tests/gpu/test_*; do
+        echo "== $t"
+        "$t" || status=1
+    done
+    return $status
+}
+
 validate() { sh bench/gpu_validate.sh "$build"; }
 
 race() { BUILD="$build" sh bench/gpu_race.sh 8 10; }
@@ -90,7 +100,7 @@ for p in "$@"; do
     setup) do_setup ;;
     probe) phase probe probe ;;
     build) phase build build_all ;;
-    test) phase test "$build/tests/gpu/test_cuda_backend" ;;
+    test) phase test gpu_tests ;;
     validate) phase validate validate ;;
     race) phase race race ;;
     emulate) phase emulate emulate ;;

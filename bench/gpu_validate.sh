@@ -12,7 +12,7 @@
 #     bf16; an ulp-level fp32 difference (summation order in cuBLAS and in the kernels' tree
 #     reductions, CUDA's expf/tanhf) now and then rounds a stored value the other way, 2^-9
 #     relative, and Adam's normalised update carries that into the weights at about that size:
-#     the argument and bound of tests/test_real_zero.c for N ranks against one;
+#     the argument and bound of tests/real_zero_common.h for N ranks against one;
 #   - bf16 GEMMs against the CPU: 1/128. On top of the above, every backward GEMM rounds its
 #     fp32 gradient operand to bf16 (2^-9 relative per element) where the CPU keeps fp32: an
 #     allowance of four such rounding steps, not a measurement: record the measured maximum
@@ -21,7 +21,7 @@
 #     same GEMM mode (on one rank the stages differ in layout only, and the kernels are
 #     deterministic; the CPU reference behaves the same way);
 #   - two micro-steps (gradient accumulation into bf16 buckets): the CPU run's tolerances;
-#   - two ranks: the one-rank CPU run with the 1/512 of tests/test_real_zero.c plus the
+#   - two ranks: the one-rank CPU run with the 1/512 of tests/real_zero_common.h plus the
 #     mode's own tolerance;
 #   - memory: model states, buckets, gathered parameters and activations per category
 #     exactly as the CPU backend counts them (the same buffers), and a device_memory section.

@@ -5,39 +5,13 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_engine_base.h"
 #include "real_gpt.h"
 #include "real_tp.h"
 #include "zp_sched.h"
 
 #include <glib.h>
 
-#define REAL_ENGINE_ERROR real_engine_error_quark()
-GQuark real_engine_error_quark(void);
-
-typedef struct {
-    float lr;           /* AdamW learning rate */
-    float weight_decay; /* decoupled weight decay */
-    uint64_t seed;      /* parameter initialisation and the synthetic data stream */
-    RealTp *tp;         /* the tensor group of a schedule with mp > 1 (borrowed); NULL at 1 */
-    /* Pipelines: this rank's stage (real_pipe; borrowed), whose view of the schedule
-     * (zp_sched_stage_view) the engine runs over the stage's DP communicator; NULL without. */
-    struct RealPipe *pipe;
-} RealTrainConfig;
-
-/* Op types that are timed: the compute kinds, then the collective kinds. */
-#define REAL_ENGINE_N_OP_TYPES (ZP_COMP_N + ZP_COLL_N)
-
-typedef struct {
-    uint64_t count;
-    double total_s;
-} RealOpTiming;
-
-typedef struct RealEngine RealEngine;
-
-/* The executor's model for a planner's model and plan: the same architecture (GPT-2 or
- * Llama blocks), the plan's micro-batch and attention kernel (eager or fused). Not checked:
- * real_engine_new refuses what the executor cannot train. */
-RealGptDims real_engine_dims(const ZpModel *model, const ZpPlan *plan);
 
 /* Allocates this rank's model states as the schedule lays them out and initialises them
  * (identically on every rank, from cfg->seed). `comm` is the data-parallel group; with

@@ -6,6 +6,7 @@
 
 #include "real_backend.h"
 #include "real_comm.h"
+#include "real_engine_base.h"
 #include "real_gpt.h"
 #include "real_offload.h"
 #include "zp_sched.h"
@@ -13,27 +14,6 @@
 #include <glib.h>
 
 typedef struct RealDs RealDs;
-
-/* What the engine (real_engine.c) shares with its plug-in: a REAL_ENGINE_ERROR (returns
- * FALSE); a buffer of a category, NULL with an error naming the rank when there is no memory;
- * dst = src (the step's first micro-step's reduced gradients), or with `accumulate` dst +=
- * src in place, in bf16, allocating nothing (a later micro-step's, as DeepSpeed adds them in
- * the gradient accumulation dtype, the model's by default: stage3.py partition_grads
- * grad_buffer.add_(grad_partition.to(gradient_accumulation_dtype)), stage_1_and_2.py
- * independent_gradient_partition_epilogue accumulated_grad.add_(new_avg_grad)). */
-gboolean real_engine_fail(GError **error, const char *format, ...) G_GNUC_PRINTF(2, 3);
-void *real_engine_alloc(RealBackend *be, int rank, uint64_t bytes, ZpMemCategory cat,
-                        GError **error);
-void real_engine_deliver(RealBackend *be, RealBf16 *dst, const RealBf16 *src, uint64_t n,
-                         gboolean accumulate);
-
-/* qgZ's reduction (real_zeropp_qgz_reduce) of `pieces`, the world's partitions of `part` fp32
- * elements each in `groups` groups a partition, through the node's and the cross-node
- * groups in `work`; this rank's sum into mine (bf16). Both subgroups' bytes count in
- * `total`'s sent_bytes. */
-gboolean real_engine_qgz(RealBackend *be, int rank, RealComm *total, RealComm *node,
-                         RealComm *cross, const float *pieces, uint64_t part, uint64_t groups,
-                         uint8_t *work, RealBf16 *mine, GError **error);
 
 /* Writes elements [first, first + count) of unit u's initial parameters to dst. */
 typedef gboolean (*RealDsInitFn)(void *engine, int unit, uint64_t first, uint64_t count,

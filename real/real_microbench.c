@@ -5,112 +5,22 @@
 #include "real_nvme.h"
 #include "real_offload.h"
 #include "real_opbench.h"
+#include "real_timing.h"
 #include "zp_util.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <unistd.h>
 
-#define REPEATS 7
-
-static int compare_doubles(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#define REPEATS REAL_TIMING_REPEATS
 
 typedef RealTimedFn TimedFn;
-
-/* A device backend returns before its work is done: the timed region waits for it. */
-static gboolean finished(RealBackend *be, GError **error)
-{
-    const char *text = NULL;
-    if (!be->synchronize || be->synchronize(be, &text))
-        return TRUE;
-    g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s", text);
-    return FALSE;
-}
-
-/* One call's time on the device clock (events around it, as the engine times its ops). */
-static gboolean device_time(RealBackend *be, TimedFn fn, void *ctx, double *s, GError **error)
-{
-    void *begin = be->mark(be);
-    if (!fn(ctx, error))
-        return FALSE;
-    *s = be->elapsed_s(be, begin, be->mark(be));
-    return finished(be, error);
-}
-
-/* One call's time on this rank's host clock. */
-static gboolean own_host_time(RealBackend *be, TimedFn fn, void *ctx, double *s, GError **error)
-{
-    const double t0 = zp_now_s();
-    if (!fn(ctx, error) || !finished(be, error))
-        return FALSE;
-    *s = zp_now_s() - t0;
-    return TRUE;
-}
-
-/* The largest of the ranks' `own_s` (every rank calls it), in *s on rank 0 (0 elsewhere). */
-static gboolean slowest_s(RealComm *comm, double own_s, double *s, GError **error)
-{
-    double *all = g_new0(double, comm->size);
-    gboolean ok = comm->gather_host_f64(comm, &own_s, 1, all, error);
-    *s = 0;
-    for (int r = 0; ok && r < comm->size; r++)
-        *s = MAX(*s, all[r]);
-    g_free(all);
-    return ok;
-}
-
-gboolean real_microbench_line_up(RealComm *comm, GError **error)
-{
-    double zero = 0;
-    return comm->allreduce_host_f64(comm, &zero, 1, error);
-}
-
-/* One call's time on the host clock, the slowest rank's (collectives and synchronous
- * training wait for it), the ranks lined up first. */
-static gboolean host_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx, double *s,
-                          GError **error)
-{
-    double own_s;
-    return real_microbench_line_up(comm, error) && own_host_time(be, fn, ctx, &own_s, error) &&
-           slowest_s(comm, own_s, s, error);
-}
-
-gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
-                                double *s, GError **error)
-{
-    return be->mark ? device_time(be, fn, ctx, s, error) : host_time(be, comm, fn, ctx, s, error);
-}
-
-gboolean real_microbench_own_s(RealBackend *be, RealTimedFn fn, void *ctx, double *s,
-                               GError **error)
-{
-    return be->mark ? device_time(be, fn, ctx, s, error) : own_host_time(be, fn, ctx, s, error);
-}
-
-gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
-                                  int repeats, double *median_s, GError **error)
-{
-    double times[REPEATS];
-    repeats = CLAMP(repeats, 1, REPEATS);
-    if (!fn(ctx, error) || !finished(be, error))
-        return FALSE;
-    for (int i = 0; i < repeats; i++)
-        if (!real_microbench_once_s(be, comm, fn, ctx, &times[i], error))
-            return FALSE;
-    qsort(times, (size_t)repeats, sizeof times[0], compare_doubles);
-    *median_s = times[repeats / 2];
-    return TRUE;
-}
 
 /* The median of REPEATS calls after one warm-up call (page faults, library start-up). */
 static gboolean median_time(RealBackend *be, RealComm *comm, TimedFn fn, void *ctx,
                             double *median_s, GError **error)
 {
-    return real_microbench_median_s(be, comm, fn, ctx, REPEATS, median_s, error);
+    return real_timing_median_s(be, comm, fn, ctx, REPEATS, median_s, error);
 }
 
 /* The sizes a backend is measured at: small on a CPU rank (whose GEMMs run at a few hundred
@@ -892,15 +802,13 @@ static gboolean sweep_medians(Ctx *x, const GArray *sizes, size_t cells, SweepCe
         for (size_t c = 0; ok && c < cells; c++) {
             cell(x, sizes, c);
             double t = 0;
-            ok = r < 0 ? fn(x, error) && finished(x->be, error)
-                       : real_microbench_once_s(x->be, x->comm, fn, x, &t, error);
+            ok = r < 0 ? fn(x, error) && real_timing_finished(x->be, error)
+                       : real_timing_once_s(x->be, x->comm, fn, x, &t, error);
             if (ok && r >= 0)
                 times[c * REPEATS + (size_t)r] = t;
         }
-    for (size_t c = 0; ok && c < cells; c++) {
-        qsort(times + c * REPEATS, REPEATS, sizeof(double), compare_doubles);
-        medians[c] = times[c * REPEATS + REPEATS / 2];
-    }
+    for (size_t c = 0; ok && c < cells; c++)
+        medians[c] = real_timing_median(times + c * REPEATS, REPEATS);
     g_free(times);
     x->be->free(x->be, x->h[0]), x->h[0] = NULL;
     x->be->free(x->be, x->h[1]), x->h[1] = NULL;

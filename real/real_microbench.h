@@ -40,28 +40,4 @@ gboolean real_microbench_run(RealBackend *be, RealComm *comm, gboolean emulated,
                              const ZpModel *model, const ZpPlan *plan, const char *nvme_dir,
                              const char *path, GError **error);
 
-/* A timed call: runs the kernel once on ctx. */
-typedef gboolean (*RealTimedFn)(void *ctx, GError **error);
-
-/* One call's time: on the device clock on a device backend; on the host the slowest rank's,
- * the ranks lined up first. */
-gboolean real_microbench_once_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
-                                double *s, GError **error);
-
-/* One call's time on this rank alone, with no line-up: on the device clock on a device
- * backend, on this rank's host clock otherwise. For a sequence of calls that every rank makes
- * without a pause, lined up once before it (real_microbench_line_up), so that each call runs
- * while the other ranks run theirs, as in training. */
-gboolean real_microbench_own_s(RealBackend *be, RealTimedFn fn, void *ctx, double *s,
-                               GError **error);
-
-/* Waits until every rank of `comm` has called it. */
-gboolean real_microbench_line_up(RealComm *comm, GError **error);
-
-/* The median of `repeats` (1 to 7) calls after one warm-up call (page faults, library
- * start-up): each on the device clock on a device backend, on the host each the slowest
- * rank's, the ranks lined up first. */
-gboolean real_microbench_median_s(RealBackend *be, RealComm *comm, RealTimedFn fn, void *ctx,
-                                  int repeats, double *median_s, GError **error);
-
 #endif

@@ -1,7 +1,7 @@
 /* real_opbench: times, on this backend, the kernels zp_cost costs op by op — the GEMM grid,
  * eager attention, each elementwise class, a launch, contention — and a plan's own kernels. */
 #include "real_opbench.h"
-#include "real_microbench.h"
+#include "real_timing.h"
 #include "real_opseq.h"
 #include "zp_cost.h"
 #include "zp_util.h"
@@ -99,14 +99,14 @@ static gboolean buffers(Bench *x, size_t elems, GError **error)
  * they decide together, on the mean of their first timings. */
 static gboolean timed(Bench *x, RealTimedFn fn, double *t, GError **error)
 {
-    if (!real_microbench_median_s(x->be, x->comm, fn, x, 1, t, error))
+    if (!real_timing_median_s(x->be, x->comm, fn, x, 1, t, error))
         return FALSE;
     double mean_s = *t;
     if (!x->comm->allreduce_host_f64(x->comm, &mean_s, 1, error))
         return FALSE;
     mean_s /= x->comm->size;
-    return real_microbench_median_s(x->be, x->comm, fn, x, mean_s > SLOW_KERNEL_S ? 3 : 7, t,
-                                    error);
+    return real_timing_median_s(x->be, x->comm, fn, x, mean_s > SLOW_KERNEL_S ? 3 : 7, t,
+                                error);
 }
 
 /* ---- GEMMs: the three forms as real_gpt.c issues them ---- */
@@ -554,7 +554,7 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
      * 50,257 x 768 over 256 tokens is 2^7.6; a device's tokens keep it within 2^6), the
      * extra row costing little at these sizes; sequences to 1,024 and 8,192. */
     gboolean ok = buffers(&x, 64, error) &&
-                  real_microbench_median_s(be, comm, run_launch, &x, 7, &launch_s, error) &&
+                  real_timing_median_s(be, comm, run_launch, &x, 7, &launch_s, error) &&
                   bench_gemm_grid(&x, device ? 24 : 12, device ? 42 : 30, device ? 6 : 8, grid,
                                   error) &&
                   bench_attention_grid(&x, device ? 8 : 5, device ? 13 : 10, attn, error);

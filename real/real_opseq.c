@@ -1,9 +1,9 @@
 /* real_opseq: a step's compute ops timed whole, in a step's own sequence over every layer (its
  * optimizer too, at each ZeRO stage's partition), so that zp_cost can take measured times first. */
 #include "real_opseq.h"
+#include "real_timing.h"
 #include "real_engine.h"
 #include "real_gpt.h"
-#include "real_microbench.h"
 #include "zp_cost.h"
 #include "zp_util.h"
 
@@ -100,7 +100,7 @@ static gboolean run_embed_bwd(void *p, GError **error)
 }
 
 /* The step's Adam over the partition in turn, one call as the engine makes it
- * (real_engine.c optimizer). A learning rate of 0 writes the same parameters back: every
+ * (real_engine_compute.c optimizer). A learning rate of 0 writes the same parameters back: every
  * timed step computes on the same values (gradients here are never zeroed, and drifting
  * weights could reach slow denormal arithmetic). */
 static gboolean run_optimizer(void *p, GError **error)
@@ -119,7 +119,7 @@ static gboolean run_optimizer(void *p, GError **error)
 static gboolean op(Seq *q, RealTimedFn fn, GArray *times, GError **error)
 {
     double t;
-    if (!real_microbench_own_s(q->be, fn, q, &t, error))
+    if (!real_timing_own_s(q->be, fn, q, &t, error))
         return FALSE;
     if (times) {
         g_array_append_val(times, t);
@@ -142,7 +142,7 @@ static gboolean step(Seq *q, RealComm *comm, gboolean checkpoint, gboolean recor
     /* The step's gradients start fresh, as the engine's first micro-step writes them
      * (real_engine.c start_step): backward stores each, then adds to it. */
     real_gpt_grads_fresh(q->gpt, -1, UINT32_MAX);
-    gboolean ok = real_microbench_line_up(comm, error) &&
+    gboolean ok = real_timing_line_up(comm, error) &&
                   op(q, run_embed_fwd, t[ZP_COMP_EMBED_FWD], error);
     q->save = !checkpoint;
     for (q->layer = 0; ok && q->layer < L; q->layer++)
@@ -345,10 +345,10 @@ static gboolean timed_steps(Seq *q, RealComm *comm, int *timed, GError **error)
 /* Seconds of one line-up alone: the mean of LINE_UPS back to back, the ranks' mean. */
 static gboolean time_line_up(RealComm *comm, double *s, GError **error)
 {
-    gboolean ok = real_microbench_line_up(comm, error);
+    gboolean ok = real_timing_line_up(comm, error);
     const double t0 = zp_now_s();
     for (int i = 0; ok && i < LINE_UPS; i++)
-        ok = real_microbench_line_up(comm, error);
+        ok = real_timing_line_up(comm, error);
     *s = (zp_now_s() - t0) / LINE_UPS;
     return ok && ranks_mean(comm, s, 1, error);
 }
@@ -365,11 +365,11 @@ static gboolean time_line_up(RealComm *comm, double *s, GError **error)
  * share of the calls' sum. */
 static gboolean timed_cycle(Seq *q, RealComm *comm, int steps, GError **error)
 {
-    gboolean ok = real_microbench_line_up(comm, error);
+    gboolean ok = real_timing_line_up(comm, error);
     const double t0 = zp_now_s();
     for (int s = 0; ok && s < steps; s++)
         ok = step(q, comm, s % MODES, TRUE, error);
-    ok = ok && real_microbench_line_up(comm, error);
+    ok = ok && real_timing_line_up(comm, error);
     q->cycle_s = zp_now_s() - t0;
     if (!ok || !time_line_up(comm, &q->line_up_s, error))
         return FALSE;

@@ -21,7 +21,7 @@ typedef struct {
     double factor; /* >= 1 */
 } SimSlow;
 
-typedef struct {
+typedef struct SimOptions {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
     ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
@@ -45,7 +45,7 @@ typedef struct {
     double stop_after_s;
 } SimOptions;
 
-typedef struct {
+typedef struct SimResult {
     SimMode mode;
     char cost_model[768]; /* how compute ops were costed: the op table or the roofline, why */
     char collective_model[512]; /* how each communicator's collectives were costed

@@ -1,0 +1,106 @@
+/* sim_memory: the simulated ranks' memory: each rank class's log of states that ranks in
+ * lockstep share, and a rank's own state once it leaves it; an alloc or free applied to one. */
+#include "sim_engine_internal.h"
+
+/* Each class's log, room for every memory op of the class, and its ranks' state at the start:
+ * what the schedule says they hold all step. */
+gboolean sim_memory_alloc_logs(Sim *sim)
+{
+    sim->mem_log = g_new0(MemLog, sim->sim_pp);
+    sim->log_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
+    sim->state_bytes += (uint64_t)sim->n_ops * sizeof *sim->log_pos;
+    uint32_t *memory_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        memory_ops[sim->ops[i].stage] += !op_on_stream(&sim->ops[i]);
+        sim->log_pos[i] = NOT_LOGGED;
+    }
+    gboolean ok = TRUE;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        MemLog *log = &sim->mem_log[k];
+        log->state = g_try_new(MemState, memory_ops[k] + 1);
+        ok = ok && log->state;
+        if (!ok)
+            break;
+        sim->state_bytes += memory_ops[k] * sizeof(MemState);
+        MemState *m = &log->state[0];
+        const double *state = &sim->class_state[k * ZP_MEM_N];
+        *m = (MemState){0};
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            m->total.live += state[c];
+            if (is_model_state(c))
+                m->states.live += state[c];
+            m->category[c] = (LiveBytes){state[c], state[c]};
+            m->peak_breakdown_bytes[c] = state[c];
+        }
+        m->total.peak = m->total.live;
+        m->states.peak = m->states.live;
+    }
+    g_free(memory_ops);
+    return ok;
+}
+
+/* Alloc or free op i on a rank's memory m; FALSE (and sim->error) if a category goes
+ * negative. */
+static gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank, uint32_t i)
+{
+    const SimOp *op = &sim->ops[i];
+    const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+    LiveBytes *category = &m->category[op->sub];
+    category->live += delta;
+    category->peak = MAX(category->peak, category->live);
+    m->total.live += delta;
+    if (is_model_state(op->sub)) {
+        m->states.live += delta;
+        m->states.peak = MAX(m->states.peak, m->states.live);
+    }
+    if (category->live < -sim->mem_tolerance_bytes) {
+        g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
+                    zp_sched_mem_name(op->sub), category->live, named_rank(sim, rank), i);
+        return FALSE;
+    }
+    if (m->total.live > m->total.peak) {
+        m->total.peak = m->total.live;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            m->peak_breakdown_bytes[c] = m->category[c].live;
+    }
+    return TRUE;
+}
+
+/* A rank leaves its class's log at position pos: its own copy of the state there. */
+static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t pos)
+{
+    if (sim->n_eager == sim->cap_eager) {
+        MemState *eager = sim_grow_state(sim, sim->eager, &sim->cap_eager, sizeof(MemState),
+                                         "memory states of ranks out of lockstep");
+        if (!eager)
+            return FALSE;
+        sim->eager = eager;
+    }
+    sim->eager[sim->n_eager] = log->state[pos];
+    sim->mem_pos[rank] = MEM_EAGER | sim->n_eager++;
+    return TRUE;
+}
+
+/* Op i on rank's memory: a step along its class's log, a new entry at its end, or the rank's
+ * own state (MemLog). */
+gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
+{
+    uint32_t *pos = &sim->mem_pos[rank];
+    if (*pos == sim->log_pos[i]) {
+        ++*pos;
+        return TRUE;
+    }
+    MemLog *log = &sim->mem_log[sim->ops[i].stage];
+    if (*pos == log->len) { /* it ran the whole log, so not op i: op i is not in it */
+        log->state[*pos + 1] = log->state[*pos];
+        if (!apply_memory_op(sim, &log->state[*pos + 1], rank, i))
+            return FALSE;
+        sim->log_pos[i] = log->len++;
+        ++*pos;
+        return TRUE;
+    }
+    if (!(*pos & MEM_EAGER) && !go_eager(sim, rank, log, *pos))
+        return FALSE;
+    return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
+}

@@ -1,0 +1,336 @@
+/* sim_ops: the static facts of a run's ops, computed once and shared by all ranks: each op's
+ * duration or cost, its dependents (allocs and frees ready at once first) and its stream. */
+#include "sim_engine.h"
+#include "sim_engine_internal.h"
+#include "zp_offload.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- static facts ---- */
+
+double sim_engine_compute_time_s(const ZpOp *op, const ZpHw *hw, double peak_flops,
+                                 double attn_flops_per_s)
+{
+    const double link = hw->host_link_bytes_per_s;
+    const double host_s = op->bytes > 0 && link > 0 ? op->bytes / link : 0.0;
+    return host_s + zp_hw_compute_time_s(hw, peak_flops, op->flops, op->gemm_flops,
+                                         op->attn_flops, attn_flops_per_s, op->mem_bytes,
+                                         op->sub == ZP_COMP_OPTIMIZER);
+}
+
+gboolean sim_engine_attention_flops_per_s(const ZpModel *model, const ZpPlan *plan,
+                                          const ZpHw *hw, double *flops_per_s, GError **error)
+{
+    *flops_per_s = 0;
+    if (!zp_attention_fused(plan->attention))
+        return TRUE;
+    *flops_per_s = zp_hw_attention_flops_per_s(hw, plan->attention,
+                                               (double)zp_model_head_dim(model),
+                                               (double)model->seq_len);
+    if (*flops_per_s > 0)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "attention: %s has no rate for '%s' in its attention table", hw->name,
+                zp_attention_name(plan->attention));
+    return FALSE;
+}
+
+gboolean sim_engine_peak_flops(const ZpHw *hw, ZpPrecision precision, double *peak_flops,
+                               GError **error)
+{
+    *peak_flops = zp_hw_peak_flops(hw, precision);
+    if (*peak_flops <= 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s) has no %s peak in its profile",
+                    hw->name, hw->gpu, zp_precision_name(precision));
+        return FALSE;
+    }
+    return TRUE;
+}
+
+static gboolean fail_op(GError **error, uint32_t i, const char *what)
+{
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "schedule: op %u: %s", i, what);
+    return FALSE;
+}
+
+/* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
+static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GError **error)
+{
+    const ZpOp *op = zp_sched_op(s, i);
+    static const uint8_t sub_limit[] = {
+        [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
+        [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N,
+        [ZP_OP_TRANSFER] = ZP_XFER_N};
+    if (op->kind > ZP_OP_TRANSFER)
+        return fail_op(error, i, "unknown kind");
+    if (op->stage >= (uint32_t)MAX(s->stages, 1) || op->peer >= (uint32_t)MAX(s->stages, 1))
+        return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
+    if (op->sub >= sub_limit[op->kind])
+        return fail_op(error, i, "unknown compute, collective, p2p, transfer or memory category");
+    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
+         op->kind == ZP_OP_TRANSFER) && op->stream >= ZP_STREAM_N)
+        return fail_op(error, i, "unknown stream");
+    if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
+        return fail_op(error, i, "unknown group");
+    if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
+        !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
+        return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
+    if (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
+        (op->attn_flops > 0 && !zp_attention_fused(s->plan.attention)))
+        return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
+    if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
+        return fail_op(error, i, "dependencies run past the dependency list");
+    const uint32_t *deps = zp_sched_deps(s, op);
+    for (uint32_t d = 0; d < op->n_deps; d++)
+        if (deps[d] >= s->ops->len)
+            return fail_op(error, i, "depends on an op that does not exist");
+    return TRUE;
+}
+
+static void build_dependents(Sim *sim)
+{
+    const ZpSchedule *s = sim->sched;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *deps = zp_sched_deps(s, op);
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->ops[deps[d]].dependents_end++;
+    }
+    uint32_t offset = 0;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const uint32_t count = sim->ops[i].dependents_end;
+        sim->ops[i].dependents_start = sim->ops[i].dependents_end = offset;
+        offset += count;
+    }
+    sim->dependents = g_new(Dependent, offset ? offset : 1);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *deps = zp_sched_deps(s, op);
+        const SimOp *o = &sim->ops[i];
+        for (uint32_t d = 0; d < op->n_deps; d++)
+            sim->dependents[sim->ops[deps[d]].dependents_end++] = (Dependent){
+                .op = i, .stage = o->stage, .stream = op_on_stream(o) ? o->stream : NOT_ON_STREAM,
+                .counted = op_on_stream(o) || o->n_deps > 1};
+    }
+}
+
+/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
+static gboolean ready_at_once(const Dependent *d, uint16_t stage)
+{
+    return !d->counted && d->stage == stage;
+}
+
+/* Moves the allocs and frees ready at once to the front of each op's dependents, each part in
+ * its order, where that changes no order the run can see: where all the op's dependents that
+ * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
+ * frees in the same order (as a block, before it counts down the rest), and the rest start
+ * in their order as before: queueing one touches nothing that counting down or starting an
+ * op reads, nor the other way round. */
+static void split_ready_dependents(Sim *sim)
+{
+    uint32_t most = 1;
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        most = MAX(most, sim->ops[i].dependents_end - sim->ops[i].dependents_start);
+    Dependent *scratch = g_new(Dependent, most);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        Dependent *d = &sim->dependents[o->dependents_start];
+        uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
+        o->dependents_ready = o->dependents_start;
+        for (uint32_t k = 0; k < n; k++)
+            if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
+                n = 0; /* a counted or another stage's alloc or free: no block */
+        for (uint32_t k = 0; k < n; k++)
+            if (ready_at_once(&d[k], o->stage))
+                d[n_ready++] = d[k];
+            else
+                scratch[n_rest++] = d[k];
+        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
+        o->dependents_ready += n_ready;
+    }
+    g_free(scratch);
+}
+
+/* Each class's streams, linked in op order: an op's stream_pos is its place in its own
+ * class's stream, SimOp.stream_next the op after it there. */
+static void build_streams(Sim *sim)
+{
+    const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
+    uint32_t *last = g_new(uint32_t, lists);
+    sim->stream_first = g_new(uint32_t, lists);
+    sim->stream_len = g_new0(uint32_t, lists);
+    sim->stream_pos = g_new0(uint32_t, MAX(sim->n_ops, 1));
+    sim->class_ops = g_new0(uint32_t, sim->sim_pp);
+    for (uint32_t l = 0; l < lists; l++)
+        sim->stream_first[l] = last[l] = NO_OP;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        sim->class_ops[o->stage]++;
+        o->stream_next = NO_OP;
+        if (!op_on_stream(o))
+            continue;
+        const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
+        sim->stream_pos[i] = sim->stream_len[l]++;
+        if (last[l] == NO_OP)
+            sim->stream_first[l] = i;
+        else
+            sim->ops[last[l]].stream_next = i;
+        last[l] = i;
+    }
+    g_free(last);
+}
+
+/* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
+ * distance ranks away (Megatron's order), over NVLink when both sit on one node and else over
+ * the sender's share of the node's NICs (every GPU of a node sends to its peer at once), at
+ * the bus bandwidth NCCL reaches there. */
+static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
+{
+    const int64_t mp = sim->sched->plan.mp, gpn = hw->gpus_per_node;
+    const gboolean same_node = op->stage * mp / gpn == op->peer * mp / gpn;
+    if (same_node)
+        return hw->intra_node_latency_s + op->bytes / zp_hw_intra_bus_bytes_per_s(hw);
+    return hw->inter_node_latency_s + op->bytes / (zp_hw_inter_bus_bytes_per_s(hw) / gpn);
+}
+
+/* "NAME: " and how group g costs the collective kinds in the mask `kinds` (bit k: ZpCollKind
+ * k), after what result->collective_model holds; nothing for a group of one rank, which sends
+ * nothing, or one that runs no collective. */
+static void describe_group(SimResult *result, const char *name, const SimCollGroup *g,
+                           unsigned kinds)
+{
+    if (g->ranks <= 1 || !kinds)
+        return;
+    char how[384];
+    sim_coll_describe(g, kinds, how, sizeof how);
+    char *line = g_strdup_printf("%s%s: %s", result->collective_model[0] ? "; " : "", name, how);
+    g_strlcat(result->collective_model, line, sizeof result->collective_model);
+    g_free(line);
+}
+
+/* Durations, costs and totals of every op; the result's per-rank sums come from here. */
+gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
+{
+    const ZpSchedule *s = sim->sched;
+    if (!zp_cost_init(&sim->cost, hw, &s->model, &s->plan, error))
+        return FALSE;
+    g_strlcpy(result->cost_model, sim->cost.why, sizeof result->cost_model);
+    sim->contention = zp_cost_contention(&sim->cost, 1);
+    SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
+    /* Each communicator's last collective costed, by kind: a step repeats the same sizes
+     * (every tensor-parallel all-reduce is b s h), so most costs are the one before. */
+    struct {
+        double bytes;
+        SimCollCost cost;
+    } last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
+                                          sim->groups[g].stride);
+        for (int k = 0; k < ZP_COLL_N; k++)
+            last_cost[g][k].bytes = -1;
+    }
+    double *stage_flops = g_new0(double, sim->sim_pp);
+    double largest_buffer = 0, states = 0;
+    const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
+    const gboolean in_line = zp_cost_cpu_backend(hw);
+    if (in_line)
+        g_strlcpy(result->collective_model, "in line with compute, one op of a rank at a time "
+                  "(the profile's op table was measured on zreal's cpu backend)",
+                  sizeof result->collective_model);
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        if (!check_op(s, sim->n_groups, i, error)) {
+            g_free(stage_flops);
+            return FALSE;
+        }
+        const ZpOp *op = zp_sched_op(s, i);
+        SimOp *o = &sim->ops[i];
+        /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
+         * stays on its own (it is posted, and the stage goes on). */
+        const gboolean in_line_op = in_line && op->kind != ZP_OP_P2P;
+        *o = (SimOp){.kind = op->kind, .sub = op->sub,
+                     .stream = in_line_op ? ZP_STREAM_COMPUTE : op->stream,
+                     .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
+                     .bytes = op->bytes};
+        if (op->kind == ZP_OP_TRANSFER) {
+            /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
+             * move their slices at the same time (the schedule is the same on every rank). */
+            o->duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
+            result->offload_bytes[op->sub] += op->bytes;
+        } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
+            if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
+                                       error)) {
+                g_free(stage_flops);
+                return FALSE;
+            }
+        } else if (op->kind == ZP_OP_COMPUTE) {
+            /* Pa+cpu's host_copy: its bytes over the host link (0 for other ops). */
+            const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
+                                      ? op->bytes / hw->host_link_bytes_per_s
+                                      : 0.0;
+            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op),
+                                                  op->flops, op->gemm_flops, op->attn_flops,
+                                                  op->mem_bytes);
+            if (op->sub == ZP_COMP_RECOMPUTE)
+                result->recompute_flops += op->flops;
+            else if (op->sub != ZP_COMP_OPTIMIZER)
+                stage_flops[op->stage] += op->flops;
+        } else if (op->kind == ZP_OP_COLLECTIVE) {
+            const SimCollGroup *g = &groups[op->group];
+            if (last_cost[op->group][op->sub].bytes != op->bytes)
+                last_cost[op->group][op->sub].cost = sim_coll_cost(op->sub, op->bytes, g);
+            last_cost[op->group][op->sub].bytes = op->bytes;
+            const SimCollCost cost = last_cost[op->group][op->sub].cost;
+            /* With an op table (the measured backend's), the rank's own copies around the
+             * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
+            o->latency_s = cost.latency_s + zp_cost_coll_copy_s(&sim->cost, op,
+                                                                s->plan.zero.stage, g->ranks);
+            o->transfer_s = cost.transfer_s;
+            o->link = g->bottleneck;
+            const double sent = sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            if (op->group < ZP_GROUP_N)
+                result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
+            else /* a schedule file's own communicator: files hold no pipeline */
+                result->comm_bytes[op->group] += sent;
+        } else if (op->kind == ZP_OP_P2P) {
+            o->duration_s = p2p_time_s(sim, hw, op);
+            result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
+        } else {
+            largest_buffer = MAX(largest_buffer, op->bytes);
+        }
+    }
+    for (uint32_t g = 0; g < sim->n_groups; g++) {
+        unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
+        for (int k = 0; k < ZP_COLL_N; k++)
+            kinds |= (unsigned)(last_cost[g][k].bytes >= 0) << k;
+        describe_group(result, sim->groups[g].name, &groups[g], kinds);
+    }
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        SimOp *o = &sim->ops[i];
+        o->wide = o->n_deps > UINT8_MAX;
+        o->pending_row = o->wide ? sim->n_wide_rows++ : NO_ROW;
+    }
+    /* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the
+     * stage that sends most (all of them without a pipeline). */
+    result->recompute_flops /= sim->sim_pp;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        result->model_flops += stage_flops[k] / sim->sim_pp;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            result->comm_bytes[g] =
+                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
+    }
+    g_free(stage_flops);
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        double stage_states = 0;
+        for (int c = 0; c < ZP_MEM_N; c++)
+            stage_states += sim->class_state[k * ZP_MEM_N + c];
+        states = MAX(states, stage_states);
+    }
+    /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
+     * "back to the start" allow rounding relative to the largest amounts involved. */
+    sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
+    build_dependents(sim);
+    split_ready_dependents(sim);
+    build_streams(sim);
+    return TRUE;
+}

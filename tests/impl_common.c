@@ -1,0 +1,48 @@
+/* impl_common: schedules built, counted and simulated for the implementation tests
+ * (impl_common.h). */
+#include "impl_common.h"
+
+ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage, int dp,
+                  gboolean checkpoint)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, dp, 1);
+    p.impl = impl;
+    p.checkpoint = checkpoint;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+guint count_allocs(const ZpSchedule *s, ZpMemCategory cat, int unit, double bytes)
+{
+    guint count = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        count += op->kind == ZP_OP_ALLOC && op->sub == cat && op->unit == unit &&
+                 op->bytes == bytes;
+    }
+    return count;
+}
+
+SimResult *simulate(const ZpSchedule *s)
+{
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, &error));
+    SimOptions options = {0};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* The free of buffer id after op `from`, or the op count. */
+guint free_of(const ZpSchedule *s, int id, guint from)
+{
+    guint i = from;
+    while (i < s->ops->len && !(zp_sched_op(s, i)->kind == ZP_OP_FREE &&
+                                zp_sched_op(s, i)->buffer == id))
+        i++;
+    return i;
+}

@@ -1,0 +1,83 @@
+/* sim_common: the simulator tests' shared profile, model, folder and hand-built
+ * schedules (sim_common.h) */
+#include "sim_common.h"
+
+ZpHw a100;  /* dgx-a100-80g: 8 GPUs a node, bus bandwidth 230e9 B/s on NVLink, 192e9 B/s a node
+             * on the NICs (published nccl-tests figures) */
+ZpModel gpt2;  /* gpt2-124m */
+char *sim_tmp_dir;
+
+void assert_close(double got, double want, double rel)
+{
+    g_assert_cmpfloat(fabs(got - want), <=, rel * fabs(want) + 1e-15);
+}
+
+/* ---- hand-built schedules ---- */
+
+ZpSchedule *hand_schedule(int dp, int mp)
+{
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = gpt2;
+    zp_plan_defaults(&s->plan, 0, dp, mp);
+    s->plan.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
+    s->world = dp * mp;
+    s->elem_bytes = 2;
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    return s;
+}
+
+uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps)
+{
+    op.dep_start = s->deps->len;
+    op.n_deps = n_deps;
+    g_array_append_vals(s->deps, deps, n_deps);
+    g_array_append_val(s->ops, op);
+    return s->ops->len - 1;
+}
+
+ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream)
+{
+    return (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLREDUCE, .stream = stream,
+                  .group = group, .unit = -1, .buffer = -1, .bytes = bytes};
+}
+
+SimResult *run(const ZpSchedule *s, const ZpHw *hw, SimMode mode)
+{
+    const SimOptions options = {.mode = mode};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+ZpSchedule *build_case(const Case *c)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.impl = ZP_IMPL_PAPER; /* these figures are the paper's */
+    p.grad_accum = c->accum;
+    p.checkpoint = c->checkpoint;
+    p.zero.overlap_comm = c->overlap;
+    p.zero.reduce_bucket_size = 2e7; /* several buckets for a 124M model */
+    p.zero.allgather_bucket_size = 2e7;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+void sim_common_init(void)
+{
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_true(zp_model_load("gpt2-124m", &gpt2, NULL));
+    sim_tmp_dir = g_dir_make_tmp("zplan-sim-XXXXXX", NULL);
+}
+
+int sim_common_run(void)
+{
+    const int status = g_test_run();
+    g_rmdir(sim_tmp_dir);
+    g_free(sim_tmp_dir);
+    return status;
+}

@@ -1,0 +1,49 @@
+/* sim_common: what the simulator's test programs (test_sim, test_sim_slow, test_sim_file,
+ * test_sim_plan) share: the A100 profile and GPT-2 model they load, a temporary folder, and
+ * schedules built by hand and run. */
+#ifndef SIM_COMMON_H
+#define SIM_COMMON_H
+
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "zp_comm.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include "testutil.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#define GIB 1073741824.0
+#define US 1e-6
+
+extern ZpHw a100;
+extern ZpModel gpt2;
+extern char *sim_tmp_dir;
+
+void assert_close(double got, double want, double rel);
+
+ZpSchedule *hand_schedule(int dp, int mp);
+
+uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps);
+
+ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream);
+
+SimResult *run(const ZpSchedule *s, const ZpHw *hw, SimMode mode);
+
+typedef struct {
+    int stage, dp, mp, accum;
+    gboolean checkpoint, overlap;
+} Case;
+
+ZpSchedule *build_case(const Case *c);
+
+/* Loads the profile and the model and makes the folder (after g_test_init); runs the tests
+ * and removes the folder, returning g_test_run's status. */
+void sim_common_init(void);
+int sim_common_run(void);
+
+#endif
