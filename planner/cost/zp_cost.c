@@ -233,7 +233,7 @@ int zp_cost_coll_passes(const ZpOp *op, int stage, int ranks,
 {
     const double share = op->bytes / MAX(ranks, 1);
     /* this rank's share delivered: copied, or at stages 2-3 after the first micro-step added
-     * in place in bf16 (real_engine.c real_engine_deliver) */
+     * in place in bf16 (real_engine_base.c real_engine_deliver) */
     const ZpCollPass deliver = {share, stage >= 2 && op->micro > 0};
     const ZpCollPass whole = {op->bytes, FALSE};
     if (op->buffer < 0 && !(op->sub == ZP_COLL_ALLGATHER && stage == 3))
