@@ -27,6 +27,7 @@ typedef struct {
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *impl;     /* --impl deepspeed|fsdp|paper */
+    char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
@@ -307,6 +308,38 @@ typedef struct {
 
 static void print_tiers(const Report *p);
 
+/* A rank's compute by kernel class: each kind's ops (zp_sched_compute_ops: one rank's count)
+ * times its kernels' time by class, the optimizer at the rank's elements; NULL unless the
+ * profile's kernel_rates cost the plan's inventory. Interference with collectives is not in
+ * it (the breakdown's compute_s has it). */
+static json_t *compute_by_class_json(const Report *p)
+{
+    ZpCost c;
+    if (!zp_model_has_architecture(p->model) ||
+        !zp_cost_init(&c, p->hw, p->model, &p->sched->plan, NULL) || !c.inventory)
+        return NULL;
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(p->model, &p->sched->plan, ops);
+    double by_class[ZP_KC_N] = {0}, host = 0, launches = 0;
+    for (int k = 0; k < ZP_COMP_N; k++) {
+        const double n = k == ZP_COMP_OPTIMIZER ? (c.optimizer_elems > 0) : (double)ops[k].count;
+        for (int cls = 0; cls < ZP_KC_N; cls++)
+            by_class[cls] += n * c.class_s[k][cls];
+        host += n * c.host_s[k];
+        launches += n * c.launches[k];
+    }
+    json_t *o = json_pack("{s:s}", "inventory", c.inv->name);
+    for (int cls = 0; cls < ZP_KC_COLLECTIVE; cls++) {
+        char key[32];
+        g_snprintf(key, sizeof key, "%s_s", zp_kernel_class_name((ZpKernelClass)cls));
+        json_object_set_new(o, key, json_real(by_class[cls]));
+    }
+    json_object_set_new(o, "host_issue_s", json_real(host));
+    json_object_set_new(o, "launches", json_real(launches));
+    return o;
+}
+
+
 static double samples_per_s(const Report *p)
 {
     return (double)p->plan->dp * p->plan->micro_batch * p->plan->grad_accum / p->r->step_time_s;
@@ -408,6 +441,9 @@ static int print_json(const Report *p)
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
     json_object_set_new(root, "cost_model", json_string(r->cost_model));
+    json_t *by_class = compute_by_class_json(p);
+    if (by_class)
+        json_object_set_new(root, "compute_by_class", by_class);
     json_object_set_new(root, "collective_model", json_string(r->collective_model));
     /* Whether zreal's CPU backend workspace is listed (zplan validate notes when not). */
     json_object_set_new(root, "backend_workspace", json_boolean(p->sched->plan.backend_workspace));
@@ -731,6 +767,22 @@ static void print_tiers(const Report *p)
     g_free(ckpt);
 }
 
+/* --kernels NAME: the inventory the GPU's compute is costed from (zp_inventory), in the plan
+ * and in a schedule file's plan. */
+static gboolean kernels_flag(const SimulateFlags *f, ZpPlan *sched_plan, ZpPlan *plan,
+                             GError **error)
+{
+    if (!f->kernels)
+        return TRUE;
+    const ZpInventory *inv = zp_inventory_find(f->kernels, "--kernels", error);
+    if (!inv)
+        return FALSE;
+    g_strlcpy(plan->kernels, inv->name, sizeof plan->kernels);
+    if (sched_plan)
+        g_strlcpy(sched_plan->kernels, inv->name, sizeof sched_plan->kernels);
+    return TRUE;
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -749,6 +801,7 @@ static int simulate(const SimulateFlags *f)
         model = sched->model;
         plan = sched->plan;
     }
+    ready = ready && kernels_flag(f, sched ? &sched->plan : NULL, &plan, &error);
     if (ready && !sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
         ready = FALSE;
@@ -857,7 +910,7 @@ static void free_flags(SimulateFlags *f)
                       &f->grad_accum, &f->reduce_bucket, &f->allgather_bucket,
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
-                      &f->attention, &f->reduce_dtype, &f->impl, &f->schedule, &f->hpz,
+                      &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
@@ -893,6 +946,7 @@ int cli_simulate(int argc, char **argv)
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"},
         {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
+        {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
         {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };

@@ -1,5 +1,6 @@
 /* zp_cost: a compute op's time from the profile's op table, kernel by kernel (zp_cost_kernels)
- * or whole, or the roofline where the profile has no table. */
+ * or whole; else from its framework's kernel inventory (zp_inventory) at the profile's
+ * per-class kernel rates (zp_kernrate); else the roofline. */
 #include "zp_cost.h"
 #include "zp_offload.h"
 #include "zp_util.h"
@@ -125,6 +126,97 @@ static char *optimizer_path(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                            "around them)", elems);
 }
 
+/* ---- the kernel inventory on the profile's per-class rates ---- */
+
+double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k)
+{
+    const ZpKernRates *r = &c->hw->kernel_rates;
+    switch (k->cls) {
+    case ZP_KC_GEMM:
+        if (r->has_gemm)
+            return zp_kernrate_gemm_s(r, c->hw->hbm_bytes_per_s, k->batch, k->m, k->n, k->k,
+                                      k->read_bytes + k->write_bytes);
+        return k->flops / (c->peak_flops * zp_hw_gemm_efficiency(c->hw, k->flops / k->batch));
+    case ZP_KC_ATTENTION:
+        return c->attn_flops_per_s > 0 ? k->flops / c->attn_flops_per_s : 0;
+    case ZP_KC_MEMORY:
+        return zp_kernrate_memory_s(r, c->hw->hbm_bytes_per_s, k->read_bytes + k->write_bytes,
+                                    k->launches);
+    default:
+        return 0;
+    }
+}
+
+double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list, double by_class[ZP_KC_N],
+                        double *host_s)
+{
+    double device = 0, launches = 0;
+    if (by_class)
+        memset(by_class, 0, ZP_KC_N * sizeof by_class[0]);
+    for (int i = 0; i < list->n; i++) {
+        const double s = zp_cost_inv_kernel_s(c, &list->k[i]);
+        device += s;
+        if (by_class)
+            by_class[list->k[i].cls] += s;
+        if (list->k[i].cls != ZP_KC_COLLECTIVE)
+            launches += list->k[i].launches;
+    }
+    const double host = launches * c->hw->kernel_rates.launch_host_s;
+    if (host_s)
+        *host_s = host;
+    return MAX(device, host);
+}
+
+/* The data-parallel group spans one node when the tensor and pipeline groups inside it leave
+ * room (Megatron's order: tensor ranks adjacent, then data, then pipeline). */
+static ZpLinkClass dp_link(const ZpHw *hw, const ZpPlan *plan)
+{
+    const double span = (double)plan->dp * plan->mp;
+    return hw->gpus_per_node > 0 && span <= hw->gpus_per_node ? ZP_LINK_NVLINK : ZP_LINK_NETWORK;
+}
+
+static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
+{
+    const ZpHw *hw = c->hw;
+    const ZpKernRates *r = &hw->kernel_rates;
+    c->inventory = TRUE;
+    c->inv = zp_inventory_for_plan(plan);
+    zp_inventory_dims(model, plan, &c->dims);
+    c->optimizer_elem_bytes =
+        zp_plan_step_bytes(zp_plan_state_bytes(plan->precision, plan->optimizer));
+    const double all = (double)zp_sched_optimizer_elems(model, plan);
+    c->optimizer_elems = (1.0 - zp_offload_cpu_share(plan, all)) * all;
+    c->dp_link = dp_link(hw, plan);
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(model, plan, ops);
+    for (int k = 0; k < ZP_COMP_N; k++) {
+        c->op_flops[k] = ops[k].flops;
+        c->op_mem_bytes[k] = ops[k].mem_bytes;
+        ZpInvList list;
+        zp_inventory_op(c->inv, model, plan, (ZpComputeKind)k, c->optimizer_elems, &list);
+        c->kind_s[k] = zp_cost_inv_op_s(c, &list, c->class_s[k], &c->host_s[k]);
+        ZpInvTotals tot;
+        zp_inventory_totals(&list, &tot);
+        c->launches[k] = tot.launches;
+        ZpModuleShares shares;
+        zp_cost_module_shares(model, plan, (ZpComputeKind)k, NULL, &shares);
+        memcpy(c->module_share[k], shares.flops, sizeof shares.flops);
+    }
+    g_snprintf(c->why, sizeof c->why,
+               "kernel inventory '%s' on the profile's kernel_rates: GEMMs %s, memory-bound "
+               "kernels by the HBM efficiency curve, attention %s, %s, compute beside the "
+               "data-parallel group's collectives (%s) %.3fx slower",
+               c->inv->name,
+               r->has_gemm ? "on the wave and tile surface under the published best rate"
+                           : "on the roofline (the profile has no GEMM surface)",
+               c->attn_flops_per_s > 0 ? "at the fused kernel's table rate"
+                                       : "as batched GEMMs and softmax kernels",
+               r->launch_host_s > 0 ? "no op faster than its kernels' host issue"
+                                    : "no host issue cost (none in the profile)",
+               zp_link_class_name(c->dp_link),
+               zp_kernrate_interference(r, c->dp_link, 1));
+}
+
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error)
 {
@@ -147,8 +239,13 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         }
     }
     const char *gap = table_gap(hw, model, plan);
+    if (gap && hw->kernel_rates.present && zp_model_has_architecture(model)) {
+        inventory_init(c, model, plan);
+        return TRUE;
+    }
     if (gap) {
-        g_snprintf(c->why, sizeof c->why, "roofline: %s", gap);
+        g_snprintf(c->why, sizeof c->why, "roofline (the fallback): %s%s", gap,
+                   hw->kernel_rates.present ? "" : " and no kernel_rates");
         return TRUE;
     }
     c->table = TRUE;
@@ -207,6 +304,11 @@ static double copy_s(const ZpCost *c, double bytes)
                          : convert_s(c, 2 * bytes);
 }
 
+static gboolean same(double a, double b)
+{
+    return fabs(a - b) <= 1e-9 * MAX(fabs(a), fabs(b));
+}
+
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
                     double gemm_flops, double attn_flops, double mem_bytes)
 {
@@ -217,6 +319,14 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
      * unit's) in kernels the table does not time, so they stay on the roofline. */
     if (c->table && kind == ZP_COMP_UNPACK)
         return copy_s(c, mem_bytes / 2);
+    if (c->inventory && kind == ZP_COMP_OPTIMIZER && mem_bytes > 0) {
+        ZpInvList list = {0};
+        c->inv->optimizer(&c->dims, mem_bytes / c->optimizer_elem_bytes, &list);
+        return zp_cost_inv_op_s(c, &list, NULL, NULL);
+    }
+    if (c->inventory && c->launches[kind] > 0 &&
+        (module >= 0 || (same(flops, c->op_flops[kind]) && same(mem_bytes, c->op_mem_bytes[kind]))))
+        return c->kind_s[kind] * (module >= 0 ? c->module_share[kind][module] : 1.0);
     if (!c->table || kind == ZP_COMP_QUANTIZE)
         return zp_hw_compute_time_s(c->hw, c->peak_flops, flops, gemm_flops, attn_flops,
                                     c->attn_flops_per_s, mem_bytes, optimizer);
@@ -283,5 +393,7 @@ double zp_cost_coll_copy_s(const ZpCost *c, const ZpOp *op, int stage, int ranks
 
 double zp_cost_contention(const ZpCost *c, int overlapping)
 {
+    if (c->inventory)
+        return zp_kernrate_interference(&c->hw->kernel_rates, c->dp_link, overlapping);
     return c->table && overlapping > 0 ? c->hw->op_costs.contention : 1.0;
 }

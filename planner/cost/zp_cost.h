@@ -1,12 +1,15 @@
 /* zp_cost: the time of one compute op of the schedule. With an op table in the profile
  * (zp_optable), each op is the sum of its kernels as real/'s backends issue them — every GEMM
  * of forward, data gradient and weight gradient with its own shape, attention, each
- * elementwise kernel by its real bytes, a launch cost each; without one, today's roofline. */
+ * elementwise kernel by its real bytes, a launch cost each; without one, with the profile's
+ * kernel_rates, the kernels the plan's framework launches (zp_inventory) at their class's rate;
+ * without either, the roofline. */
 #ifndef ZP_COST_H
 #define ZP_COST_H
 
 #include "zp_cost_kernels.h"
 #include "zp_hw.h"
+#include "zp_inventory.h"
 #include "zp_model.h"
 #include "zp_optable.h"
 #include "zp_plan.h"
@@ -46,6 +49,22 @@ typedef struct ZpCost {
     double optimizer_elem_bytes; /* the schedule's optimizer bytes per element stepped */
     /* table: a block op's share of its time per module (ZpModuleShares time) */
     double module_share[ZP_COMP_N][ZP_MOD_N];
+    /* Without a table, with the profile's kernel_rates: the plan's kernel inventory, each
+     * kernel at its class's rate (zp_cost_inv_kernel_s); kind_s holds each op's time, class_s
+     * its split by class (the optimizer's at the plan's elements, for the report) and
+     * module_share the FLOPs' split by module. */
+    gboolean inventory;
+    const ZpInventory *inv;
+    ZpInvDims dims;
+    double class_s[ZP_COMP_N][ZP_KC_N]; /* device seconds by kernel class */
+    double host_s[ZP_COMP_N];           /* seconds to issue the op's kernels */
+    double launches[ZP_COMP_N];
+    double optimizer_elems;             /* the plan's rank's, for class_s */
+    /* Each kind's op as the plan's schedule has it (zp_sched_compute_ops): an op of a
+     * schedule file that differs is not the model's, and keeps the roofline. */
+    double op_flops[ZP_COMP_N], op_mem_bytes[ZP_COMP_N];
+    ZpLinkClass dp_link;                /* the data-parallel group's link: its collectives
+                                         * overlap compute */
 } ZpCost;
 
 /* Chooses the table when hw has one (and for each op of the model and plan its whole-op time,
@@ -69,6 +88,16 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
  * zp_hw_compute_time_s (the fields are the module's already). */
 double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flops,
                     double gemm_flops, double attn_flops, double mem_bytes);
+
+/* Seconds of one inventory kernel on the profile's kernel_rates (a GEMM without a "gemm"
+ * surface: the roofline's peak x efficiency; a fused attention kernel: its table's rate); 0
+ * for a collective, which the schedule's own ops price. */
+double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k);
+
+/* Seconds of an inventory op: its kernels' device time, or the host's time to issue them where
+ * that is longer; by_class (may be NULL) gets the device time by class. */
+double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list, double by_class[ZP_KC_N],
+                        double *host_s);
 
 /* Seconds of one kernel from the op table (launch included); c must use the table. */
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);

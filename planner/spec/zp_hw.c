@@ -54,7 +54,8 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "elementwise_bytes_per_s", "collective_fit",
                                       "collective_table",
                                       "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
-                                      "calibration", "attention", "op_costs", NULL};
+                                      "calibration", "attention", "op_costs",
+                                      "kernel_rates", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -220,7 +221,9 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
     }
     json_t *op_costs = json_object_get(obj, "op_costs");
     json_t *coll_table = json_object_get(obj, "collective_table");
+    json_t *kernel_rates = json_object_get(obj, "kernel_rates");
     if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error) ||
+        (kernel_rates && !zp_kernrate_from_json(kernel_rates, what, &hw->kernel_rates, error)) ||
         (coll_table && !zp_colltab_from_json(coll_table, what, &hw->collective_table, error)) ||
         (op_costs && !zp_optable_from_json(op_costs, what, &hw->op_costs, error)))
         return FALSE;

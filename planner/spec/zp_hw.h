@@ -4,6 +4,7 @@
 #define ZP_HW_H
 
 #include "zp_colltab.h"
+#include "zp_kernrate.h"
 #include "zp_optable.h"
 #include "zp_plan.h"
 
@@ -77,6 +78,10 @@ typedef struct {
      * microbenchmarks of the step's own kernels; zp_cost uses it instead of the roofline
      * above (peak x GEMM efficiency, elementwise and HBM rates) where present. */
     ZpOpTable op_costs;
+    /* Optional "kernel_rates" (zp_kernrate): per-class rates of a GPU's kernels, each with its
+     * published source in notes; zp_cost prices the plan's kernel inventory with them where
+     * the profile has no op table. */
+    ZpKernRates kernel_rates;
 } ZpHw;
 
 /* Resolves a name in DATA_DIR/hwprofiles/ or a PATH.json. An unknown name lists the

@@ -125,6 +125,9 @@ typedef struct {
     int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
                            * unknown, one node holds every data-parallel rank */
     ZpImplKind impl;            /* DeepSpeed (the zero value), FSDP or the paper */
+    /* The kernel inventory (zp_inventory) the GPU's compute is costed from: "" follows impl;
+     * else an inventory's name (--kernels). */
+    char kernels[16];
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,

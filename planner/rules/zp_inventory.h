@@ -1,0 +1,130 @@
+/* zp_inventory: what a framework really launches on a GPU for each compute op of a step — every
+ * GEMM with its shape, the attention kernel, each memory-bound kernel with the bytes it reads and
+ * writes, the collectives inside an op — in the order it issues them, with the source of each.
+ *
+ * One file per framework (zp_inventory_eager.c, zp_inventory_megatron.c,
+ * zp_inventory_deepspeed.c) fills a ZpInventory, a small table of functions, as real/real_comm.h
+ * does for communicators; the costing (zp_cost) never asks which framework it prices. */
+#ifndef ZP_INVENTORY_H
+#define ZP_INVENTORY_H
+
+#include "zp_model.h"
+#include "zp_plan.h"
+#include "zp_sched_graph.h"
+
+#include <glib.h>
+
+/* A kernel's class: how zp_kernrate prices it. */
+typedef enum {
+    ZP_KC_GEMM,       /* batch x (c[m,n] = a[m,k] b[k,n]), 2 batch m n k FLOPs */
+    ZP_KC_ATTENTION,  /* a fused attention kernel: the model's attention FLOPs */
+    ZP_KC_MEMORY,     /* memory-bound: its bytes read and written */
+    ZP_KC_COLLECTIVE, /* a collective inside the op (tensor parallelism): the schedule's own
+                       * collective ops price it, so the op's time leaves it out */
+    ZP_KC_N
+} ZpKernelClass;
+
+typedef struct {
+    const char *name;   /* what it computes: "qkv", "softmax", "gelu_new.tanh" */
+    ZpKernelClass cls;
+    double batch, m, n, k; /* GEMM */
+    double flops;       /* GEMM 2 batch m n k; attention its FLOPs (4 b s^2 h forward per the
+                         * model's count, twice that backward, a sliding window's share) */
+    double read_bytes, write_bytes; /* every class: bytes the kernel moves in device memory;
+                                     * collectives: read_bytes is the array's */
+    double launches;    /* kernels it stands for (multi-tensor kernels launched in chunks); 1 */
+    int backward;       /* attention: 0 forward, 1 backward */
+    const char *source; /* the framework's file and function that launches it */
+} ZpInvKernel;
+
+#define ZP_INV_MAX 192
+typedef struct {
+    int n;
+    ZpInvKernel k[ZP_INV_MAX];
+} ZpInvList;
+
+/* One rank's sizes for an op: tokens of a micro-batch, widths split by the tensor degree mp as
+ * Megatron splits them, bytes of an activation element (e). */
+typedef struct {
+    double b, s, t, h, heads, kv_heads, hd, q, f, f1, v, mp, e;
+    double t_norm; /* tokens a norm, dropout or residual add sees: t/mp with sequence
+                    * parallelism, else t */
+    double positions; /* rows of a learned position table */
+    gboolean gated, rms, bias_qkv, bias_proj, bias_mlp, learned, rope, tied, dropout;
+    gboolean fp16;    /* fp16 (a loss scale to undo), not bf16 or fp32 */
+    gboolean fused;   /* the plan's attention is a fused kernel (FlashAttention and kin) */
+    double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
+} ZpInvDims;
+
+void zp_inventory_dims(const ZpModel *model, const ZpPlan *plan, ZpInvDims *out);
+
+/* A framework's inventory. Each function appends one op's kernels to out, in issue order. The
+ * recompute of a checkpointed block runs block_fwd again. head: the final norm, the logits, the
+ * loss, and their backward (one op in the schedule). optimizer: the step over the `elems`
+ * parameters this rank updates. */
+typedef struct {
+    const char *name;  /* "eager", "megatron", "deepspeed": --kernels NAME */
+    const char *about; /* what runs this way, in words */
+    void (*embed_fwd)(const ZpInvDims *d, ZpInvList *out);
+    void (*block_fwd)(const ZpInvDims *d, ZpInvList *out);
+    void (*head)(const ZpInvDims *d, ZpInvList *out);
+    void (*block_bwd)(const ZpInvDims *d, ZpInvList *out);
+    void (*embed_bwd)(const ZpInvDims *d, ZpInvList *out);
+    void (*optimizer)(const ZpInvDims *d, double elems, ZpInvList *out);
+} ZpInventory;
+
+extern const ZpInventory zp_inventory_eager;
+extern const ZpInventory zp_inventory_megatron;
+extern const ZpInventory zp_inventory_deepspeed;
+
+/* The inventory a name selects; NULL (with every name listed in the error, naming `flag`) when
+ * none has it. */
+const ZpInventory *zp_inventory_find(const char *name, const char *flag, GError **error);
+
+/* The inventory a plan runs: plan->kernels when set, else the one named like the plan's
+ * implementation (zp_impl_name: "deepspeed", and "megatron" once that implementation exists),
+ * else PyTorch eager (FSDP and the paper run the model as PyTorch does). */
+const ZpInventory *zp_inventory_for_plan(const ZpPlan *plan);
+
+/* One compute op's kernels (kind; optimizer_elems for the optimizer only). Kinds that are not
+ * kernels of the model (host copies, ZeRO++'s quantisation, unpacks) give none. */
+void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan *plan,
+                     ZpComputeKind kind, double optimizer_elems, ZpInvList *out);
+
+/* Totals over a list: GEMM FLOPs (batched GEMMs included), attention-kernel FLOPs, bytes read
+ * plus written by the memory-bound kernels, and kernel launches (collectives excluded). */
+typedef struct {
+    double gemm_flops, attention_flops, memory_bytes, launches;
+} ZpInvTotals;
+void zp_inventory_totals(const ZpInvList *list, ZpInvTotals *out);
+
+const char *zp_kernel_class_name(ZpKernelClass cls);
+
+/* Builders the framework files share. */
+void zp_inv_gemm(ZpInvList *out, const char *name, double batch, double m, double n, double k,
+                 double in_bytes, double out_bytes, const char *source);
+void zp_inv_mem(ZpInvList *out, const char *name, double read_bytes, double write_bytes,
+                const char *source);
+void zp_inv_multi(ZpInvList *out, const char *name, double read_bytes, double write_bytes,
+                  double launches, const char *source);
+void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const char *source);
+void zp_inv_collective(ZpInvList *out, const char *name, double bytes, const char *source);
+
+/* PyTorch eager's block, head and embedding (zp_inventory_eager.c), for the inventories that run
+ * the model as PyTorch does: `amp` is torch.autocast over fp32 parameters (Hugging Face's
+ * Trainer, llm-foundry, torchtitan without compile: each GEMM casts its weight and fp32 input,
+ * norms and softmax run in fp32, the residual stream stays fp32), else the module converted to
+ * 16 bits (DeepSpeed's engine: every tensor in the working precision, no casts). */
+void zp_inventory_eager_embed_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+void zp_inventory_eager_head(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+void zp_inventory_eager_embed_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+
+/* Launches of a multi-tensor kernel over `elems` elements: ATen's and apex's
+ * multi_tensor_apply give each block a chunk of 65536 elements and launch at most 320 blocks
+ * (aten/src/ATen/native/cuda/MultiTensorApply.cuh kChunkSize, depth_to_max_blocks;
+ * apex csrc/multi_tensor_apply.cuh). */
+double zp_inv_multi_tensor_launches(double elems);
+
+#endif

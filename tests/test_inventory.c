@@ -1,0 +1,240 @@
+/* test_inventory: the frameworks' kernel inventories — per-block bytes against a hand count for
+ * a GPT-2 and a Llama block, their GEMM FLOPs equal to the schedule's model FLOPs exactly, the
+ * selection by name and by implementation, and `zplan simulate --kernels`. */
+#include "testutil.h"
+#include "zp_inventory.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* GPT-2 style: h 16, 2 heads (d 8), f 64, V 32, s 8, dropout; Llama style: h 16, 4 heads
+ * (d 4) and 2 key/value heads, SwiGLU of 32, RMSNorm, rotary, no biases, untied. */
+static const char *const gpt2_json =
+    "{\"name\": \"gpt2-hand\", \"layers\": 2, \"hidden\": 16, \"heads\": 2, \"seq_len\": 8, "
+    "\"vocab\": 32, \"ffn_hidden\": 64, \"dropout\": true}";
+static const char *const llama_json =
+    "{\"name\": \"llama-hand\", \"layers\": 2, \"hidden\": 16, \"heads\": 4, \"kv_heads\": 2, "
+    "\"seq_len\": 8, \"vocab\": 32, \"ffn_hidden\": 32, \"mlp\": \"swiglu\", \"norm\": "
+    "\"rmsnorm\", \"qkv_bias\": false, \"proj_bias\": false, \"mlp_bias\": false, "
+    "\"tied_embeddings\": false, \"learned_positions\": false, \"rope_theta\": 10000, "
+    "\"dropout\": false}";
+
+static ZpModel model_from(const char *text)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    g_assert_nonnull(j);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(j, "test", &m, &error));
+    g_assert_no_error(error);
+    json_decref(j);
+    return m;
+}
+
+static ZpPlan plan_for(int micro_batch, int mp)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, mp);
+    p.micro_batch = micro_batch;
+    p.precision = ZP_PREC_BF16;
+    return p;
+}
+
+static ZpInvTotals totals(const ZpInventory *inv, const ZpModel *m, const ZpPlan *p,
+                          ZpComputeKind kind)
+{
+    ZpInvList list;
+    zp_inventory_op(inv, m, p, kind, 0, &list);
+    ZpInvTotals t;
+    zp_inventory_totals(&list, &t);
+    return t;
+}
+
+/* Forward bytes of one GPT-2 block (b 2, s 8: t 16 tokens, e 2 bytes; scores b a s^2 = 256).
+ * Megatron: two fused layer norms (read t h e + 2 h e, write t h e + 8 t: 1,216 each), the qkv
+ * bias add (read t q e + q e, write t q e: 3,168), the fused scale-mask-softmax (1,024), the
+ * attention dropout (read 512, write 512 + a 256-byte mask: 1,280), the context permute
+ * (1,024), two bias-dropout-adds (read 2 t h e + h e, write t h e + t h mask: 1,824 each) and
+ * the fused bias-GeLU (read t f e + f e, write t f e: 4,224): 16,800 bytes.
+ * DeepSpeed (the module in 16 bits as eager runs it): two layer norms (2,432), the scale
+ * (1,024), torch.where with the s^2 bool mask (1,088), softmax (1,024), attention dropout
+ * (1,280), merge heads (1,024), two residual dropouts (2,560), two residual adds (read 4 t h,
+ * write 2 t h bytes: 1,536 each) and gelu_new's six unary and two binary kernels over t f
+ * (6 x 4,096 + 2 x 6,144 = 36,864): 50,368 bytes. */
+static void test_gpt2_block_bytes(void)
+{
+    const ZpModel m = model_from(gpt2_json);
+    const ZpPlan p = plan_for(2, 1);
+    g_assert_cmpfloat(totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+                      16800);
+    g_assert_cmpfloat(totals(&zp_inventory_deepspeed, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes,
+                      ==, 50368);
+}
+
+/* Forward bytes of one Llama block (b 1, s 8: t 8, e 2; 4 heads of 4, 2 key/value heads;
+ * scores 256; f 32).
+ * Megatron: two fused RMSNorms (read t h e + h e, write t h e + 8 t: 608 each), rotary on q
+ * (2 x 128 x 2 = 512) and k (256), the key/value heads repeated (read 256, write 512), the
+ * softmax (1,024), the context permute (512), two bias-dropout-adds without bias or dropout
+ * (768 each) and the fused SwiGLU (read 2 t f e, write t f e: 1,536): 7,360 bytes.
+ * Eager under autocast (fp32 residual stream and parameters): two RMSNorms of six kernels in
+ * fp32 (pow 1,024, mean 544, the eps add and rsqrt 64 each, the product 1,056, the weight
+ * 1,088: 3,840 each), the casts of q_proj's fp32 input (768) and of the q, k, v, o, gate, up
+ * and down weights (1,536, 768, 768, 1,536, 3,072, 3,072, 3,072) and of gate_proj's input
+ * (768), rotary's five kernels on q (3,072) and k (1,536), repeat_kv (768), the scale
+ * (1,024), the additive mask (1,152), softmax into fp32 and back (1,536 + 1,536), the
+ * transpose (512), two residual adds of bf16 into fp32 (1,280 each), SiLU (1,024) and the
+ * gate product (1,536): 39,296 bytes. */
+static void test_llama_block_bytes(void)
+{
+    const ZpModel m = model_from(llama_json);
+    const ZpPlan p = plan_for(1, 1);
+    g_assert_cmpfloat(totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+                      7360);
+    g_assert_cmpfloat(totals(&zp_inventory_eager, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+                      39296);
+}
+
+/* FLOPs of a GPT-2 block by hand: GEMMs 2 t (h q + h^2 + h f + f h) = 32 x 3,072 = 98,304 and
+ * the attention's two batched GEMMs 4 b s^2 h = 8,192 forward, twice both backward. */
+static void test_gpt2_block_flops(void)
+{
+    const ZpModel m = model_from(gpt2_json);
+    const ZpPlan p = plan_for(2, 1);
+    const ZpInventory *const all[] = {&zp_inventory_eager, &zp_inventory_megatron,
+                                      &zp_inventory_deepspeed};
+    for (size_t i = 0; i < G_N_ELEMENTS(all); i++) {
+        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_BLOCK_FWD).gemm_flops, ==, 98304 + 8192);
+        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==,
+                          2 * (98304 + 8192));
+    }
+}
+
+/* The inventory's GEMM and attention FLOPs equal the schedule's model FLOPs (zp_sched's block,
+ * head and embedding ops) exactly, for each framework, both models, eager and fused attention
+ * and a tensor degree of 1 and 2. */
+static void test_flops_equal_model(void)
+{
+    const char *const models[] = {gpt2_json, llama_json};
+    const ZpInventory *const all[] = {&zp_inventory_eager, &zp_inventory_megatron,
+                                      &zp_inventory_deepspeed};
+    const ZpComputeKind kinds[] = {ZP_COMP_EMBED_FWD, ZP_COMP_BLOCK_FWD, ZP_COMP_HEAD,
+                                   ZP_COMP_BLOCK_BWD, ZP_COMP_EMBED_BWD};
+    for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++)
+        for (int mp = 1; mp <= 2; mp++)
+            for (int fused = 0; fused <= 1; fused++) {
+                const ZpModel m = model_from(models[mi]);
+                ZpPlan p = plan_for(2, mp);
+                p.attention = fused ? ZP_ATTN_FLASH2 : ZP_ATTN_EAGER;
+                ZpComputeOps ops[ZP_COMP_N];
+                zp_sched_compute_ops(&m, &p, ops);
+                for (size_t i = 0; i < G_N_ELEMENTS(all); i++)
+                    for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++) {
+                        const ZpInvTotals t = totals(all[i], &m, &p, kinds[k]);
+                        g_assert_cmpfloat(t.gemm_flops + t.attention_flops, ==,
+                                          ops[kinds[k]].flops);
+                        g_assert_cmpfloat(t.attention_flops, ==, ops[kinds[k]].attn_flops);
+                    }
+            }
+}
+
+/* Every kernel of every op has a source, a class and positive bytes or FLOPs; the optimizers'
+ * bytes per element: eager's clipping and AdamW 96 (ten foreach kernels), DeepSpeed's step 2 + 4 + 4 + 8 +
+ * 28 + 4 + 2 = 52 with bf16, Megatron's 4 + 28 + 4 + 2 + 4 = 42 with bf16 (50 with fp16's
+ * unscale). */
+static void test_sources_and_optimizer(void)
+{
+    const ZpModel m = model_from(gpt2_json);
+    ZpPlan p = plan_for(2, 1);
+    const ZpInventory *const all[] = {&zp_inventory_eager, &zp_inventory_megatron,
+                                      &zp_inventory_deepspeed};
+    const double per_elem[] = {96, 42, 52};
+    for (size_t i = 0; i < G_N_ELEMENTS(all); i++) {
+        for (int k = 0; k < ZP_COMP_N; k++) {
+            ZpInvList list;
+            zp_inventory_op(all[i], &m, &p, (ZpComputeKind)k, 1000, &list);
+            for (int j = 0; j < list.n; j++) {
+                g_assert_nonnull(list.k[j].source);
+                g_assert_cmpuint(strlen(list.k[j].source), >, 10);
+                g_assert_true(list.k[j].read_bytes + list.k[j].write_bytes + list.k[j].flops > 0);
+            }
+        }
+        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_OPTIMIZER).memory_bytes, ==, 0);
+        ZpInvList opt;
+        zp_inventory_op(all[i], &m, &p, ZP_COMP_OPTIMIZER, 1000, &opt);
+        ZpInvTotals t;
+        zp_inventory_totals(&opt, &t);
+        g_assert_cmpfloat(t.memory_bytes, ==, per_elem[i] * 1000);
+    }
+    p.precision = ZP_PREC_FP16;
+    ZpInvList opt;
+    zp_inventory_op(&zp_inventory_megatron, &m, &p, ZP_COMP_OPTIMIZER, 1000, &opt);
+    ZpInvTotals t;
+    zp_inventory_totals(&opt, &t);
+    g_assert_cmpfloat(t.memory_bytes, ==, 50 * 1000);
+    /* 320 blocks of 65,536 elements a launch */
+    g_assert_cmpfloat(zp_inv_multi_tensor_launches(320.0 * 65536), ==, 1);
+    g_assert_cmpfloat(zp_inv_multi_tensor_launches(320.0 * 65536 + 1), ==, 2);
+}
+
+/* --kernels NAME selects one, an unknown one is refused listing the names, and the default
+ * follows --impl (DeepSpeed's; FSDP and the paper run the model as PyTorch eager does). */
+static void test_selection(void)
+{
+    GError *error = NULL;
+    g_assert_true(zp_inventory_find("megatron", "--kernels", &error) == &zp_inventory_megatron);
+    g_assert_null(zp_inventory_find("jax", "--kernels", &error));
+    g_assert_error(error, ZP_ERROR, ZP_ERROR_VALUE);
+    g_assert_cmpstr(error->message, ==,
+                    "--kernels: unknown kernel inventory 'jax' (known: eager, megatron, deepspeed)");
+    g_clear_error(&error);
+    ZpPlan p = plan_for(1, 1);
+    p.impl = ZP_IMPL_DEEPSPEED;
+    g_assert_true(zp_inventory_for_plan(&p) == &zp_inventory_deepspeed);
+    p.impl = ZP_IMPL_FSDP;
+    g_assert_true(zp_inventory_for_plan(&p) == &zp_inventory_eager);
+    g_strlcpy(p.kernels, "megatron", sizeof p.kernels);
+    g_assert_true(zp_inventory_for_plan(&p) == &zp_inventory_megatron);
+}
+
+/* `zplan simulate --kernels` on a profile with kernel rates: the cost model names the
+ * inventory, the JSON lists the compute by class, a wrong name is one clear line. */
+static void test_cli(void)
+{
+    const char *args = "simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 1 "
+                       "--micro-batch 4 --json --kernels megatron";
+    json_t *out = tu_zplan_json(args);
+    const char *cost = json_string_value(json_object_get(out, "cost_model"));
+    g_assert_true(g_str_has_prefix(cost, "kernel inventory 'megatron'"));
+    json_t *by = json_object_get(out, "compute_by_class");
+    g_assert_cmpstr(json_string_value(json_object_get(by, "inventory")), ==, "megatron");
+    g_assert_cmpfloat(json_number_value(json_object_get(by, "gemm_s")), >, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(by, "memory_s")), >, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(by, "launches")), >, 0);
+    json_decref(out);
+    TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 1 "
+                       "--micro-batch 4 --kernels jax");
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_cmpstr(r.err, ==, "zplan simulate: --kernels: unknown kernel inventory 'jax' "
+                               "(known: eager, megatron, deepspeed)\n");
+    tu_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/inventory/gpt2-block-bytes", test_gpt2_block_bytes);
+    g_test_add_func("/inventory/llama-block-bytes", test_llama_block_bytes);
+    g_test_add_func("/inventory/gpt2-block-flops", test_gpt2_block_flops);
+    g_test_add_func("/inventory/flops-equal-model", test_flops_equal_model);
+    g_test_add_func("/inventory/sources-and-optimizer", test_sources_and_optimizer);
+    g_test_add_func("/inventory/selection", test_selection);
+    g_test_add_func("/inventory/cli", test_cli);
+    return g_test_run();
+}

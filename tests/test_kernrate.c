@@ -1,0 +1,245 @@
+/* test_kernrate: a profile's per-class kernel rates — the GEMM surface hand-computed at tile and
+ * wave boundaries and monotone in K, the memory curve's steps, the interference (1 when nothing
+ * overlaps; a synthetic profile's compute under a concurrent all-gather as a hand computation
+ * gives it), the shipped profiles' tables and refused malformed ones. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_cost.h"
+#include "zp_hw.h"
+#include "zp_kernrate.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+static void assert_close(double got, double want, double rel)
+{
+    g_assert_cmpfloat(fabs(got - want), <=, rel * fabs(want) + 1e-18);
+}
+
+/* 4 SMs of 1e12 FLOP/s each, 128 x 128 tiles, K in steps of 16; memory never binds. */
+static ZpKernRates synthetic(void)
+{
+    return (ZpKernRates){.present = TRUE, .has_gemm = TRUE, .gemm_best_flops_per_s = 4e12,
+                         .sms = 4, .tile_m = 128, .tile_n = 128, .tile_k = 16, .n_memory = 1,
+                         .memory_min_bytes = {0}, .memory_efficiency = {1.0},
+                         .processor_usage = {0.25, 0.05}};
+}
+
+/* One tile of 128 x 128 x 64 takes 2 x 128 x 128 x 64 / 1e12 = 2.097152 us; four fill one wave
+ * of the four SMs at the best rate; a fifth tile (m 257, or n 384, or a second batch of
+ * 256 x 256 less three tiles) is a second wave; K 65 pads to 80. */
+static void test_gemm_boundaries(void)
+{
+    const ZpKernRates r = synthetic();
+    const double hbm = 1e18, tile_s = 2.0 * 128 * 128 * 64 / 1e12;
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 256, 256, 64, 0), tile_s, 1e-12);
+    assert_close(2.0 * 256 * 256 * 64 / zp_kernrate_gemm_s(&r, hbm, 1, 256, 256, 64, 0), 4e12,
+                 1e-12);
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 257, 256, 64, 0), 2 * tile_s, 1e-12);
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 256, 384, 64, 0), 2 * tile_s, 1e-12);
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 2, 256, 256, 64, 0), 2 * tile_s, 1e-12);
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 128, 128, 64, 0), tile_s, 1e-12); /* 1/4 used */
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 256, 256, 65, 0), tile_s * 80 / 64, 1e-12);
+    assert_close(zp_kernrate_gemm_s(&r, hbm, 1, 256, 256, 80, 0), tile_s * 80 / 64, 1e-12);
+}
+
+/* Time never falls as K grows, at any M and N; a thin GEMM is bound by its bytes. */
+static void test_gemm_monotone_and_memory_bound(void)
+{
+    ZpKernRates r = synthetic();
+    const double sizes[] = {1, 100, 128, 129, 1000, 4096};
+    for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        double last = 0;
+        for (double k = 1; k <= 3000; k += 7) {
+            const double bytes = 2 * (sizes[i] * k + k * 256) + 2 * sizes[i] * 256;
+            const double t = zp_kernrate_gemm_s(&r, 1e12, 1, sizes[i], 256, k, bytes);
+            g_assert_cmpfloat(t, >=, last);
+            last = t;
+        }
+    }
+    /* 16 x 16 x 1e6: 64,000,512 bytes at 0.5 of 1e9 B/s = 0.128001024 s, over the one wave's
+     * 2 x 128 x 128 x 1e6 / 1e12 = 0.032768 s */
+    r.memory_efficiency[0] = 0.5;
+    const double bytes = (16 * 1e6 + 1e6 * 16) * 2 + 16 * 16 * 2;
+    assert_close(zp_kernrate_gemm_s(&r, 1e9, 1, 16, 16, 1e6, bytes), 0.128001024, 1e-12);
+}
+
+/* Calculon's steps as dgx-a100-80g has them: 0.90 from 100 MB, 0.75 from 10 MB, 0.60 from 1 MB,
+ * 0.30 below; a multi-tensor kernel's launches each move their share. */
+static void test_memory_curve(void)
+{
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    const ZpKernRates *r = &hw.kernel_rates;
+    g_assert_true(r->present);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 1e8), ==, 0.90);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 1e8 - 1), ==, 0.75);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 1e7), ==, 0.75);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 1e6), ==, 0.60);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 999999), ==, 0.30);
+    g_assert_cmpfloat(zp_kernrate_memory_efficiency(r, 0), ==, 0.30);
+    assert_close(zp_kernrate_memory_s(r, 2e12, 2e8, 2), 2e8 / (2e12 * 0.90), 1e-15);
+    assert_close(zp_kernrate_memory_s(r, 2e12, 2e8, 4), 2e8 / (2e12 * 0.75), 1e-15);
+    g_assert_cmpfloat(zp_kernrate_memory_s(r, 2e12, 0, 1), ==, 0);
+}
+
+/* 1 when nothing overlaps or the profile has no rates; 1 / (1 - u) by link otherwise. */
+static void test_interference_factor(void)
+{
+    ZpKernRates r = synthetic();
+    g_assert_cmpfloat(zp_kernrate_interference(&r, ZP_LINK_NVLINK, 0), ==, 1);
+    g_assert_cmpfloat(zp_kernrate_interference(&r, ZP_LINK_NETWORK, 0), ==, 1);
+    g_assert_cmpfloat(zp_kernrate_interference(&r, ZP_LINK_NVLINK, 1), ==, 1 / 0.75);
+    g_assert_cmpfloat(zp_kernrate_interference(&r, ZP_LINK_NETWORK, 2), ==, 1 / 0.95);
+    r.present = FALSE;
+    g_assert_cmpfloat(zp_kernrate_interference(&r, ZP_LINK_NVLINK, 1), ==, 1);
+}
+
+/* ---- the simulator: compute beside an all-gather ---- */
+
+static ZpSchedule *hand_schedule(const ZpModel *model, int dp)
+{
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = *model;
+    zp_plan_defaults(&s->plan, 0, dp, 1);
+    s->plan.impl = ZP_IMPL_PAPER;
+    s->world = dp;
+    s->elem_bytes = 2;
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    return s;
+}
+
+static void add_op(ZpSchedule *s, ZpOp op)
+{
+    op.dep_start = s->deps->len;
+    op.n_deps = 0;
+    g_array_append_val(s->ops, op);
+}
+
+static double step_s(ZpSchedule *s, const ZpHw *hw)
+{
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    const double t = r->step_time_s;
+    sim_result_free(r);
+    return t;
+}
+
+/* A synthetic profile (dgx-a100-80g with the synthetic rates: a collective over NVLink takes a
+ * quarter of the GPU) and 8 ranks of one node. A compute op of 4e12 FLOPs (not the model's
+ * op: the roofline's 4e12 / (0.807 x 312e12) = C) starts with a 1 GiB all-gather of A seconds
+ * beside it: for A it runs at 3/4 speed, then at full speed, ending at C + A / 4. Without
+ * the all-gather it takes C; across nodes (a network collective, u 0.05) C + 0.05 A. */
+static void test_compute_beside_allgather(void)
+{
+    ZpHw hw = tu_load_hw("dgx-a100-80g");
+    hw.kernel_rates = synthetic();
+    const ZpModel model = tu_load_model("gpt2-124m");
+    const ZpOp math = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_BLOCK_FWD, .flops = 4e12,
+                       .unit = -1, .buffer = -1};
+    const ZpOp gather = {.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLGATHER,
+                         .stream = ZP_STREAM_DP, .group = ZP_GROUP_DP, .unit = -1,
+                         .buffer = -1, .bytes = 1073741824.0};
+    for (int nodes = 1; nodes <= 2; nodes++) {
+        const int dp = 8 * nodes;
+        const double u = nodes == 1 ? 0.25 : 0.05;
+        ZpSchedule *alone = hand_schedule(&model, dp), *coll = hand_schedule(&model, dp);
+        ZpSchedule *both = hand_schedule(&model, dp);
+        add_op(alone, math);
+        add_op(coll, gather);
+        add_op(both, math);
+        add_op(both, gather);
+        const double c = step_s(alone, &hw), a = step_s(coll, &hw);
+        assert_close(c, 4e12 / (0.807 * 312e12), 1e-12);
+        g_assert_cmpfloat(c, >, a); /* the compute outlasts the gather */
+        g_test_message("%d node(s): compute %.9g s, all-gather %.9g s", nodes, c, a);
+        assert_close(step_s(both, &hw), c + u * a, 1e-9);
+        /* no rates: no interference, the two overlap freely */
+        ZpHw plain = hw;
+        plain.kernel_rates.present = FALSE;
+        assert_close(step_s(both, &plain), c, 1e-12);
+        zp_sched_free(alone);
+        zp_sched_free(coll);
+        zp_sched_free(both);
+    }
+}
+
+/* ---- profiles ---- */
+
+/* The shipped GPU profiles' tables (the V100's has none: no published figures) and a cost
+ * model that says which model it used. */
+static void test_shipped_profiles(void)
+{
+    const struct {
+        const char *name;
+        double best;
+        double sms;
+    } cases[] = {{"dgx-a100-80g", 271.2e12, 108}, {"dgx-h100", 794.5e12, 132},
+                 {"h200", 794.5e12, 132}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const ZpHw hw = tu_load_hw(cases[i].name);
+        g_assert_true(hw.kernel_rates.present && hw.kernel_rates.has_gemm);
+        g_assert_cmpfloat(hw.kernel_rates.gemm_best_flops_per_s, ==, cases[i].best);
+        g_assert_cmpfloat(hw.kernel_rates.sms, ==, cases[i].sms);
+        g_assert_cmpfloat(hw.kernel_rates.processor_usage[ZP_LINK_NVLINK], ==, 0.15);
+        g_assert_cmpfloat(hw.kernel_rates.processor_usage[ZP_LINK_NETWORK], ==, 0.02);
+    }
+    const ZpHw v100 = tu_load_hw("dgx2-v100");
+    g_assert_false(v100.kernel_rates.present);
+}
+
+static void expect_refused(const char *rates, const char *message)
+{
+    char *text = g_strdup_printf(
+        "{\"name\": \"x\", \"gpu\": \"x\", \"gpus_per_node\": 8, \"gpu_memory_bytes\": 1e10, "
+        "\"peak_fp16_flops\": 1e14, \"peak_bf16_flops\": 1e14, \"peak_fp32_flops\": 1e13, "
+        "\"hbm_bytes_per_s\": 1e12, \"intra_node_bytes_per_s\": 1e11, "
+        "\"intra_node_latency_s\": 1e-6, \"inter_node_bytes_per_s\": 1e10, "
+        "\"inter_node_latency_s\": 1e-6, \"host_link_bytes_per_s\": 1e10, "
+        "\"cpu_memory_bytes\": 1e11, \"runtime_reserve_bytes\": 1e9, \"gemm_efficiency_max\": 0.8, "
+        "\"gemm_half_efficiency_flops\": 1e9, "
+        "\"kernel_rates\": %s}", rates);
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    g_assert_nonnull(j);
+    ZpHw hw;
+    GError *error = NULL;
+    g_assert_false(zp_hw_from_json(j, "p.json", &hw, &error));
+    g_assert_nonnull(error);
+    g_assert_cmpstr(error->message, ==, message);
+    g_error_free(error);
+    json_decref(j);
+    g_free(text);
+}
+
+static void test_refused(void)
+{
+    expect_refused("{\"memory_efficiency\": [[1e6, 0.5], [1e7, 0.6], [0, 0.3]], "
+                   "\"interference\": {\"nvlink\": 0.1, \"network\": 0.0}}",
+                   "p.json: kernel_rates.memory_efficiency[1] must be [min_bytes, efficiency] "
+                   "with min_bytes decreasing to 0 and efficiency in (0, 1]");
+    expect_refused("{\"memory_efficiency\": [[0, 0.3]]}",
+                   "p.json: kernel_rates: missing key \"interference\"");
+    expect_refused("{\"memory_efficiency\": [[0, 0.3]], \"interference\": {\"nvlink\": 1, "
+                   "\"network\": 0}}",
+                   "p.json: kernel_rates.interference: key \"nvlink\" = 1 is outside [0, 0.9]");
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/kernrate/gemm-boundaries", test_gemm_boundaries);
+    g_test_add_func("/kernrate/gemm-monotone-and-memory-bound",
+                    test_gemm_monotone_and_memory_bound);
+    g_test_add_func("/kernrate/memory-curve", test_memory_curve);
+    g_test_add_func("/kernrate/interference-factor", test_interference_factor);
+    g_test_add_func("/kernrate/compute-beside-allgather", test_compute_beside_allgather);
+    g_test_add_func("/kernrate/shipped-profiles", test_shipped_profiles);
+    g_test_add_func("/kernrate/refused", test_refused);
+    return g_test_run();
+}
