@@ -308,10 +308,10 @@ typedef struct {
 
 static void print_tiers(const Report *p);
 
-/* A rank's compute by kernel class: each kind's ops (zp_sched_compute_ops: one rank's count)
- * times its kernels' time by class, the optimizer at the rank's elements; NULL unless the
- * profile's kernel_rates cost the plan's inventory. Interference with collectives is not in
- * it (the breakdown's compute_s has it). */
+/* A rank's compute by kernel class: each kind's ops (zp_sched_compute_ops: the step's, over a
+ * pipeline's stages; divided by the stages, a stage's mean) times its kernels' time by class,
+ * the optimizer at the rank's elements; NULL unless the profile's kernel_rates cost the plan's
+ * inventory. Interference with collectives is not in it (the breakdown's compute_s has it). */
 static json_t *compute_by_class_json(const Report *p)
 {
     ZpCost c;
@@ -322,7 +322,8 @@ static json_t *compute_by_class_json(const Report *p)
     zp_sched_compute_ops(p->model, &p->sched->plan, ops);
     double by_class[ZP_KC_N] = {0}, host = 0, launches = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
-        const double n = k == ZP_COMP_OPTIMIZER ? (c.optimizer_elems > 0) : (double)ops[k].count;
+        const double n = k == ZP_COMP_OPTIMIZER ? (c.optimizer_elems > 0)
+                                                : (double)ops[k].count / zp_plan_pp(&p->sched->plan);
         for (int cls = 0; cls < ZP_KC_N; cls++)
             by_class[cls] += n * c.class_s[k][cls];
         host += n * c.host_s[k];

@@ -218,6 +218,17 @@ static void test_cli(void)
     g_assert_cmpfloat(json_number_value(json_object_get(by, "memory_s")), >, 0);
     g_assert_cmpfloat(json_number_value(json_object_get(by, "launches")), >, 0);
     json_decref(out);
+    /* Under a pipeline a stage's share: within the step (it listed every stage's work). */
+    out = tu_zplan_json("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --pp 4 "
+                        "--stage 1 --micro-batch 4 --grad-accum 8 --json --kernels megatron");
+    by = json_object_get(out, "compute_by_class");
+    const double by_class_s = json_number_value(json_object_get(by, "gemm_s")) +
+                              json_number_value(json_object_get(by, "memory_s")) +
+                              json_number_value(json_object_get(by, "attention_s"));
+    g_test_message("pipeline: %.6g s by class in a %.6g s step", by_class_s,
+                   json_number_value(json_object_get(out, "step_time_s")));
+    g_assert_cmpfloat(by_class_s, <, json_number_value(json_object_get(out, "step_time_s")));
+    json_decref(out);
     TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 1 "
                        "--micro-batch 4 --kernels jax");
     g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);

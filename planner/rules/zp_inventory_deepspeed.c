@@ -7,8 +7,10 @@
 #define FUSED_ADAM "deepspeed/ops/adam/fused_adam.py FusedAdam.step (multi_tensor_applier " \
                    "over csrc/adam/multi_tensor_adam.cu)"
 
-/* deepspeed/runtime/engine.py DeepSpeedEngine._configure_distributed_model: module.half() or
- * .bfloat16() (fp16 or bf16 enabled), so the model's kernels are eager's without autocast. */
+/* deepspeed/runtime/engine.py DeepSpeedEngine._configure_distributed_model casts the module's
+ * parameters to the 16-bit dtype (module.half() or .bfloat16() up to v0.19.1,
+ * _cast_module_mixed_precision since v0.19.2), so the model's kernels are eager's without
+ * autocast. */
 static void embed_fwd(const ZpInvDims *d, ZpInvList *out)
 {
     zp_inventory_eager_embed_fwd(d, FALSE, out);
