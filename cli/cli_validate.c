@@ -1,5 +1,6 @@
 /* cli_validate: `zplan validate PREDICTED MEASURED` sets what `zplan simulate --json`
- * predicted beside what `zreal --out` measured: time, memory by category, bytes, op times. */
+ * predicted beside what `zreal --out` measured: time, memory by category, bytes, op times, and
+ * the compute by kernel class where both files have it. */
 #include "cli.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -177,6 +178,11 @@ static gboolean check_categories(json_t *o, const char *what, const char *key, G
     return ok;
 }
 
+/* The kernel classes `simulate --json` lists under "compute_by_class" (with a profile's kernel
+ * rates) and a measurement may carry at its top level (a GPU run's profile summed by class):
+ * seconds a rank's step spends in each. */
+static const char *const class_keys[] = {"gemm_s", "attention_s", "memory_s", NULL};
+
 /* "ops": {"block_fwd": {"count": N, "total_s": T}, ...}, with known op types only. */
 static gboolean check_ops(json_t *o, const char *what, GError **error)
 {
@@ -257,7 +263,12 @@ static gboolean check_measured(json_t *meas, const char *path, GError **error)
         return FALSE;
     }
     json_t *ranks = json_object_get(meas, "ranks");
-    if (!zp_json_get_int(meas, path, "world", TRUE, 1, 1 << 24, &world, error) ||
+    json_t *by_class = json_object_get(meas, "compute_by_class");
+    char *inner = g_strdup_printf("%s: compute_by_class", path);
+    const gboolean classes_ok =
+        !by_class || check_numbers(by_class, inner, class_keys, FALSE, error);
+    g_free(inner);
+    if (!classes_ok || !zp_json_get_int(meas, path, "world", TRUE, 1, 1 << 24, &world, error) ||
         !check_numbers(meas, path, step, TRUE, error))
         return FALSE;
     if (!json_is_array(ranks) || json_array_size(ranks) == 0) {
@@ -277,6 +288,19 @@ static gboolean check_measured(json_t *meas, const char *path, GError **error)
         g_free(what);
     }
     return ok;
+}
+
+static void collect_class_rows(json_t *pred, json_t *meas, GArray *rows)
+{
+    json_t *p = json_object_get(pred, "compute_by_class");
+    json_t *m = json_object_get(meas, "compute_by_class");
+    if (!p || !m)
+        return;
+    for (const char *const *k = class_keys; *k; k++) {
+        char *q = g_strdup_printf("compute: %.*s kernels", (int)(strlen(*k) - 2), *k);
+        add(rows, q, "s", number(p, *k), number(m, *k));
+        g_free(q);
+    }
 }
 
 static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
@@ -306,6 +330,7 @@ static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
         add(rows, q, "s", number(o, "total_s"), rank_mean_op(ranks, op, "total_s"));
         g_free(q);
     }
+    collect_class_rows(pred, meas, rows);
 }
 
 static double error_of(const Row *r)

@@ -8,7 +8,9 @@
 #include "zp_sched.h"
 #include "zp_util.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -237,6 +239,58 @@ static void test_cli(void)
     tu_free(&r);
 }
 
+/* `zplan validate` compares the compute by kernel class where the measurement has it (a GPU
+ * run's profile summed by class): a measurement 10% over the prediction in each class reads
+ * +10% on each class's row. */
+static void test_validate_by_class(void)
+{
+    json_t *pred = tu_zplan_json("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 1 "
+                                 "--stage 0 --micro-batch 4 --json --kernels eager");
+    json_t *by = json_object_get(pred, "compute_by_class");
+    json_t *ranks = json_pack("[{s:i, s:O, s:O, s:i, s:O, s:O, s:{}}]", "rank", 0,
+                              "model_state_bytes", json_object_get(pred, "model_state_bytes"),
+                              "peak_memory_bytes", json_object_get(pred, "peak_memory_bytes"),
+                              "comm_bytes", 0, "step_time_s", json_object_get(pred, "step_time_s"),
+                              "category_peak_bytes", json_object_get(pred, "category_peak_bytes"),
+                              "ops");
+    json_t *meas = json_pack("{s:s, s:i, s:O, s:O, s:o, s:{s:f, s:f, s:f}}", "format",
+                             "zplan-measured-1", "world", 1, "step_time_s",
+                             json_object_get(pred, "step_time_s"), "plan",
+                             json_object_get(pred, "plan"), "ranks", ranks, "compute_by_class",
+                             "gemm_s", 1.1 * json_number_value(json_object_get(by, "gemm_s")),
+                             "attention_s", 1.1 * json_number_value(json_object_get(by, "attention_s")),
+                             "memory_s", 1.1 * json_number_value(json_object_get(by, "memory_s")));
+    char *dir = g_dir_make_tmp("zplan-inventory-XXXXXX", NULL);
+    char *pred_path = g_build_filename(dir, "pred.json", NULL);
+    char *meas_path = g_build_filename(dir, "meas.json", NULL);
+    g_assert_cmpint(json_dump_file(pred, pred_path, 0), ==, 0);
+    g_assert_cmpint(json_dump_file(meas, meas_path, 0), ==, 0);
+    char *args = g_strdup_printf("validate %s %s --json", pred_path, meas_path);
+    json_t *out = tu_zplan_json(args);
+    json_t *rows = json_object_get(out, "rows");
+    int found = 0;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        const char *q = json_string_value(json_object_get(row, "quantity"));
+        if (g_str_has_prefix(q, "compute: ")) {
+            g_assert_cmpfloat(fabs(json_number_value(json_object_get(row, "error")) - 0.1), <,
+                              1e-9);
+            found++;
+        }
+    }
+    g_assert_cmpint(found, ==, 3);
+    json_decref(out);
+    g_unlink(pred_path);
+    g_unlink(meas_path);
+    g_rmdir(dir);
+    g_free(args);
+    g_free(pred_path);
+    g_free(meas_path);
+    g_free(dir);
+    json_decref(meas);
+    json_decref(pred);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -247,5 +301,6 @@ int main(int argc, char **argv)
     g_test_add_func("/inventory/sources-and-optimizer", test_sources_and_optimizer);
     g_test_add_func("/inventory/selection", test_selection);
     g_test_add_func("/inventory/cli", test_cli);
+    g_test_add_func("/inventory/validate-by-class", test_validate_by_class);
     return g_test_run();
 }
