@@ -946,8 +946,8 @@ int cli_simulate(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"},
-        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
+        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
         {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
