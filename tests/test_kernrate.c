@@ -169,6 +169,31 @@ static void test_compute_beside_allgather(void)
     }
 }
 
+/* An op takes the longer of its kernels' device time and the host's time to issue them:
+ * tiny's block forward on the A100 profile is device-bound with no issue cost, and with 1 ms a
+ * launch exactly its launches in milliseconds. */
+static void test_host_issue_bound(void)
+{
+    ZpHw hw = tu_load_hw("dgx-a100-80g");
+    const ZpModel m = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, 1);
+    ZpCost c;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_true(c.inventory);
+    double device = 0;
+    for (int k = 0; k < ZP_KC_N; k++)
+        device += c.class_s[ZP_COMP_BLOCK_FWD][k];
+    g_assert_cmpfloat(c.host_s[ZP_COMP_BLOCK_FWD], ==, 0);
+    assert_close(c.kind_s[ZP_COMP_BLOCK_FWD], device, 1e-12);
+    hw.kernel_rates.launch_host_s = 1e-3;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    g_assert_cmpfloat(c.launches[ZP_COMP_BLOCK_FWD], >, 10);
+    g_assert_cmpfloat(c.kind_s[ZP_COMP_BLOCK_FWD], ==, c.launches[ZP_COMP_BLOCK_FWD] * 1e-3);
+    g_assert_cmpfloat(c.kind_s[ZP_COMP_BLOCK_FWD], >, device);
+    g_assert_true(strstr(c.why, "no op faster than its kernels' host issue") != NULL);
+}
+
 /* ---- profiles ---- */
 
 /* The shipped GPU profiles' tables (the V100's has none: no published figures) and a cost
@@ -239,6 +264,7 @@ int main(int argc, char **argv)
     g_test_add_func("/kernrate/memory-curve", test_memory_curve);
     g_test_add_func("/kernrate/interference-factor", test_interference_factor);
     g_test_add_func("/kernrate/compute-beside-allgather", test_compute_beside_allgather);
+    g_test_add_func("/kernrate/host-issue-bound", test_host_issue_bound);
     g_test_add_func("/kernrate/shipped-profiles", test_shipped_profiles);
     g_test_add_func("/kernrate/refused", test_refused);
     return g_test_run();
