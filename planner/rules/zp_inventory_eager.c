@@ -61,7 +61,9 @@ static void binary(ZpInvList *out, const char *name, double elems, double bytes,
 }
 
 /* y = x W (+ b) over t rows: the autocast casts (an fp32 input, the weight and bias), then the
- * GEMM with the bias in its epilogue. */
+ * GEMM with the bias in its epilogue. autocast caches the casts of leaves (the weights, once
+ * per forward) but not of activations: q, k and v (gate and up) each cast the norm's fp32
+ * output again. */
 static void linear_fwd(ZpInvList *out, const Sizes *z, const char *name, double t, double n,
                        double k, gboolean bias, gboolean fp32_input, const char *src)
 {
@@ -306,8 +308,8 @@ void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
     norm_fwd(out, d, &z, "ln_1");
     if (d->rms) { /* q_proj, k_proj, v_proj */
         linear_fwd(out, &z, "q_proj", t, ha, h, d->bias_qkv, TRUE, lin);
-        linear_fwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, FALSE, lin);
-        linear_fwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, FALSE, lin);
+        linear_fwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE, lin);
+        linear_fwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE, lin);
     } else {
         linear_fwd(out, &z, "c_attn", t, d->q, h, d->bias_qkv, TRUE, lin);
     }
@@ -320,7 +322,7 @@ void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
     norm_fwd(out, d, &z, "ln_2");
     if (d->gated) {
         linear_fwd(out, &z, "gate_proj", t, d->f, h, d->bias_mlp, TRUE, lin);
-        linear_fwd(out, &z, "up_proj", t, d->f, h, d->bias_mlp, FALSE, lin);
+        linear_fwd(out, &z, "up_proj", t, d->f, h, d->bias_mlp, TRUE, lin);
     } else {
         linear_fwd(out, &z, "c_fc", t, d->f, h, d->bias_mlp, TRUE, lin);
     }
@@ -341,9 +343,9 @@ void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
     linear_bwd(out, &z, "mlp.c_proj", t, h, d->f, d->bias_mlp, FALSE);
     act_bwd(out, d, z.e);
     if (d->gated) {
-        linear_bwd(out, &z, "up_proj", t, d->f, h, d->bias_mlp, FALSE);
+        linear_bwd(out, &z, "up_proj", t, d->f, h, d->bias_mlp, TRUE);
         linear_bwd(out, &z, "gate_proj", t, d->f, h, d->bias_mlp, TRUE);
-        binary(out, "mlp_input_accumulate", th, z.e, ACCUM);
+        binary(out, "mlp_input_accumulate", th, z.r, ACCUM);
     } else {
         linear_bwd(out, &z, "c_fc", t, d->f, h, d->bias_mlp, TRUE);
     }
@@ -354,11 +356,11 @@ void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
     linear_bwd(out, &z, "attn.c_proj", t, h, ha, d->bias_proj, FALSE);
     attention_bwd(out, d, &z);
     if (d->rms) {
-        linear_bwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, FALSE);
-        linear_bwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, FALSE);
+        linear_bwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE);
+        linear_bwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE);
         linear_bwd(out, &z, "q_proj", t, ha, h, d->bias_qkv, TRUE);
-        binary(out, "qkv_input_accumulate", th, z.e, ACCUM);
-        binary(out, "qkv_input_accumulate", th, z.e, ACCUM);
+        binary(out, "qkv_input_accumulate", th, z.r, ACCUM);
+        binary(out, "qkv_input_accumulate", th, z.r, ACCUM);
     } else {
         linear_bwd(out, &z, "c_attn", t, d->q, h, d->bias_qkv, TRUE);
     }
