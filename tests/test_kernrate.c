@@ -194,6 +194,22 @@ static void test_host_issue_bound(void)
     g_assert_true(strstr(c.why, "no op faster than its kernels' host issue") != NULL);
 }
 
+/* A schedule file that names no model has no shapes for an inventory: its compute stays on the
+ * roofline, and the cost model says why. */
+static void test_schedule_without_model(void)
+{
+    char *path = g_build_filename(zp_data_dir(), "tests", "data", "schedule-example.json", NULL);
+    char *args = g_strdup_printf("simulate --schedule %s --cluster dgx-a100-80g --json", path);
+    json_t *out = tu_zplan_json(args);
+    g_assert_cmpstr(json_string_value(json_object_get(out, "cost_model")), ==,
+                    "roofline (the fallback): the profile has no op_costs table; its "
+                    "kernel_rates need the model's shapes");
+    g_assert_null(json_object_get(out, "compute_by_class"));
+    json_decref(out);
+    g_free(args);
+    g_free(path);
+}
+
 /* ---- profiles ---- */
 
 /* The shipped GPU profiles' tables (the V100's has none: no published figures) and a cost
@@ -265,6 +281,7 @@ int main(int argc, char **argv)
     g_test_add_func("/kernrate/interference-factor", test_interference_factor);
     g_test_add_func("/kernrate/compute-beside-allgather", test_compute_beside_allgather);
     g_test_add_func("/kernrate/host-issue-bound", test_host_issue_bound);
+    g_test_add_func("/kernrate/schedule-without-model", test_schedule_without_model);
     g_test_add_func("/kernrate/shipped-profiles", test_shipped_profiles);
     g_test_add_func("/kernrate/refused", test_refused);
     return g_test_run();

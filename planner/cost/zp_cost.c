@@ -239,13 +239,17 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         }
     }
     const char *gap = table_gap(hw, model, plan);
-    if (gap && hw->kernel_rates.present && zp_model_has_architecture(model)) {
+    /* A schedule file may name no model (a zero one): no shapes for an inventory either. */
+    const gboolean shapes =
+        zp_model_has_architecture(model) && model->layers > 0 && model->hidden > 0;
+    if (gap && hw->kernel_rates.present && shapes) {
         inventory_init(c, model, plan);
         return TRUE;
     }
     if (gap) {
         g_snprintf(c->why, sizeof c->why, "roofline (the fallback): %s%s", gap,
-                   hw->kernel_rates.present ? "" : " and no kernel_rates");
+                   !hw->kernel_rates.present ? " and no kernel_rates"
+                                             : "; its kernel_rates need the model's shapes");
         return TRUE;
     }
     c->table = TRUE;
