@@ -316,12 +316,13 @@ static char *plot_title(const SweepArgs *a)
     return g_strdup("");
 }
 
-static gboolean write_plot(const SweepArgs *a, const char *csv_path, guint columns,
-                           GError **error)
+/* gnuplot reads the CSV at csv_path and draws to plot_path, both in zplan's own temporary
+ * folder `dir`: what lies at PREFIX.csv and PREFIX.svg (a FIFO, a link) is written once, by
+ * zp_out_write, after the plot succeeded. */
+static gboolean draw_plot(const SweepArgs *a, const char *dir, const char *csv_path,
+                          const char *plot_path, guint columns, GError **error)
 {
-    char *svg = g_strconcat(a->out, a->png ? ".png" : ".svg", NULL);
-    char *tmp_svg = g_strconcat(svg, ".tmp", NULL);
-    char *q_out = gnuplot_quote(tmp_svg), *q_csv = gnuplot_quote(csv_path);
+    char *q_out = gnuplot_quote(plot_path), *q_csv = gnuplot_quote(csv_path);
     char *first = plot_title(a), *assumptions = plot_assumptions(a);
     char *title = g_strdup_printf("%s\n(%s)", first, assumptions);
     char *q_title = gnuplot_dquote(title);
@@ -383,13 +384,8 @@ static gboolean write_plot(const SweepArgs *a, const char *csv_path, guint colum
                                    q_csv, varies[a->vary].log_x ? "2**((i - 3.5) * 0.06)" : "1");
     }
     g_string_append_c(script, '\n');
-    char *script_path = NULL;
-    int fd = g_file_open_tmp("zplan-sweep-XXXXXX.gp", &script_path, error);
-    gboolean ok = fd >= 0;
-    if (ok) {
-        close(fd);
-        ok = g_file_set_contents(script_path, script->str, (gssize)script->len, error);
-    }
+    char *script_path = g_build_filename(dir, "plot.gp", NULL);
+    gboolean ok = zp_out_write(script_path, script->str, script->len, error);
     int status = 0;
     char *err = NULL;
     if (ok) {
@@ -403,22 +399,45 @@ static gboolean write_plot(const SweepArgs *a, const char *csv_path, guint colum
         g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gnuplot failed: %s", err ? g_strstrip(err) : "");
         ok = FALSE;
     }
-    if (ok && g_rename(tmp_svg, svg) != 0) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: cannot rename to %s", tmp_svg, svg);
-        ok = FALSE;
-    }
-    /* Nothing half-written stays behind: the temporary plot goes on failure, the script
-     * always. */
-    if (!ok)
-        g_remove(tmp_svg);
-    if (script_path)
-        g_remove(script_path);
+    g_remove(script_path);
     g_free(err);
     g_free(script_path);
     g_string_free(script, TRUE);
     g_free(q_x), g_free(q_y), g_free(title), g_free(q_title), g_free(q_csv), g_free(q_out);
-    g_free(tmp_svg);
-    g_free(svg);
+    return ok;
+}
+
+/* The CSV and the plot come as a pair: both are made in a temporary folder first, and a failed
+ * plot writes neither; a plot that cannot be written takes a CSV file written before it along. */
+static gboolean write_outputs(const SweepArgs *a, const char *csv_text, guint columns,
+                              GError **error)
+{
+    char *dir = g_dir_make_tmp("zplan-sweep-XXXXXX", error);
+    if (!dir)
+        return FALSE;
+    char *tmp_csv = g_build_filename(dir, "data.csv", NULL);
+    char *tmp_plot = g_build_filename(dir, a->png ? "plot.png" : "plot.svg", NULL);
+    char *csv_path = g_strconcat(a->out, ".csv", NULL);
+    char *plot_path = g_strconcat(a->out, a->png ? ".png" : ".svg", NULL);
+    char *plot = NULL;
+    gsize plot_bytes = 0;
+    gboolean ok = zp_out_write(tmp_csv, csv_text, strlen(csv_text), error) &&
+                  draw_plot(a, dir, tmp_csv, tmp_plot, columns, error) &&
+                  g_file_get_contents(tmp_plot, &plot, &plot_bytes, error) &&
+                  zp_out_write(csv_path, csv_text, strlen(csv_text), error);
+    if (ok && !zp_out_write(plot_path, plot, plot_bytes, error)) {
+        ZpOutKind kind;
+        char *target = NULL;
+        if (zp_out_resolve(csv_path, &kind, &target, NULL) && kind == ZP_OUT_FILE)
+            g_remove(target);
+        g_free(target);
+        ok = FALSE;
+    }
+    g_remove(tmp_csv);
+    g_remove(tmp_plot);
+    g_rmdir(dir);
+    g_free(plot);
+    g_free(csv_path), g_free(plot_path), g_free(tmp_csv), g_free(tmp_plot), g_free(dir);
     return ok;
 }
 
@@ -440,20 +459,13 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
     if (a->vary == VARY_PARAMS)
         for (guint i = 0; i < n; i++)
             rows[i].x /= 1e9;
-    char *csv_path = g_strconcat(a->out, ".csv", NULL);
-    if (ok) {
-        char *text = csv_text(a, rows, n);
-        ok = zp_write_file_atomic(csv_path, text, strlen(text), error);
-        g_free(text);
-    }
     const guint columns = a->vary == VARY_STAGE ? 2
                           : (a->metric == METRIC_MEMORY && a->have_hw) ? 6 : 5;
-    /* The CSV and the plot come as a pair: a failed plot takes the CSV with it. */
-    if (ok && !write_plot(a, csv_path, columns, error)) {
-        g_remove(csv_path);
-        ok = FALSE;
+    if (ok) {
+        char *text = csv_text(a, rows, n);
+        ok = write_outputs(a, text, columns, error);
+        g_free(text);
     }
-    g_free(csv_path);
     for (guint i = 0; i < n; i++)
         for (int stage = 0; stage <= 3; stage++)
             g_free(rows[i].options[stage]);
@@ -548,9 +560,19 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
                                                   "not on PATH (Debian: gnuplot-nox)");
         return FALSE;
     }
+    /* "--out /" or "--out dir/" would write /.csv and /.svg: a prefix needs a name. */
+    if (!*f->out || g_str_has_suffix(f->out, G_DIR_SEPARATOR_S)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--out: '%s' has no file name; give DIR/NAME for NAME.csv and NAME.%s",
+                    f->out, a->png ? "png" : "svg");
+        return FALSE;
+    }
     char *csv = g_strconcat(f->out, ".csv", NULL);
-    const gboolean writable = zp_check_out_path(csv, "--out", error);
+    char *plot = g_strconcat(f->out, a->png ? ".png" : ".svg", NULL);
+    const gboolean writable =
+        zp_check_out_path(csv, "--out", error) && zp_check_out_path(plot, "--out", error);
     g_free(csv);
+    g_free(plot);
     if (!writable)
         return FALSE;
     int batch = 0;

@@ -293,7 +293,7 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
                            "\"ranks_simulated\":%d,\"ranks_traced\":%u}}\n",
                            result->step_time_s, sim_mode_name(result->mode),
                            result->ranks_simulated, ranks_traced);
-    const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
+    const gboolean ok = zp_out_write(path, out->str, out->len, error);
     g_string_free(out, TRUE);
     g_free(changes);
     for (uint32_t i = 0; i < result->n_ops; i++)

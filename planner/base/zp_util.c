@@ -1,4 +1,4 @@
-/* zp_util: error domain, strict JSON readers, flag number parsing and atomic writes.
+/* zp_util: error domain, strict JSON readers, flag number parsing and JSON output.
  * Every message names the file, key or flag at fault so the CLI can print it as one line. */
 #include "zp_util.h"
 
@@ -266,13 +266,6 @@ GArray *zp_parse_int_list(const char *text, const char *flag, double min, double
     return values;
 }
 
-gboolean zp_write_file_atomic(const char *path, const char *contents, gsize length,
-                              GError **error)
-{
-    /* g_file_set_contents writes a temporary file beside path and renames it. */
-    return g_file_set_contents(path, contents, (gssize)length, error);
-}
-
 gboolean zp_json_write(json_t *value, const char *path, GError **error)
 {
     char *text = json_dumps(value, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
@@ -280,46 +273,12 @@ gboolean zp_json_write(json_t *value, const char *path, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
         return FALSE;
     }
-    gboolean ok = TRUE;
-    if (!path || strcmp(path, "-") == 0) {
-        if (fputs(text, stdout) == EOF || fputc('\n', stdout) == EOF || fflush(stdout) == EOF) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "writing to standard output: %s",
-                        g_strerror(errno));
-            ok = FALSE;
-        }
-    } else {
-        GString *s = g_string_new(text);
-        g_string_append_c(s, '\n');
-        ok = zp_write_file_atomic(path, s->str, s->len, error);
-        g_string_free(s, TRUE);
-    }
+    GString *s = g_string_new(text);
+    g_string_append_c(s, '\n');
+    const gboolean ok = zp_out_write(path, s->str, s->len, error);
+    g_string_free(s, TRUE);
     free(text);
     return ok;
-}
-
-gboolean zp_check_out_path(const char *path, const char *flag, GError **error)
-{
-    if (!path || !*path || g_file_test(path, G_FILE_TEST_IS_DIR)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: '%s' is not a file name", flag,
-                    path ? path : "");
-        return FALSE;
-    }
-    /* The truth about a directory is whether a file can be made in it (root ignores mode
-     * bits; a read-only mount or a full quota does not). */
-    char *dir = g_path_get_dirname(path);
-    char *probe = g_build_filename(dir, ".zplan-probe-XXXXXX", NULL);
-    const int fd = g_mkstemp(probe);
-    const int saved = errno;
-    if (fd >= 0) {
-        close(fd);
-        g_unlink(probe);
-    } else {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: cannot write in directory '%s': %s", flag,
-                    dir, g_strerror(saved));
-    }
-    g_free(probe);
-    g_free(dir);
-    return fd >= 0;
 }
 
 static gint compare_strings(gconstpointer a, gconstpointer b)

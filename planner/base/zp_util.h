@@ -1,11 +1,13 @@
 /* zp_util: the small pieces every zplan module shares — the error domain, strict JSON
- * field readers that name the file and key, number parsing for flags, and atomic writes. */
+ * field readers that name the file and key, number parsing for flags, and JSON output. */
 #ifndef ZP_UTIL_H
 #define ZP_UTIL_H
 
 #include <glib.h>
 #include <jansson.h>
 #include <stdint.h>
+
+#include "zp_outpath.h" /* the output-path rule every writer here follows */
 
 #define ZP_ERROR (zp_error_quark())
 GQuark zp_error_quark(void);
@@ -69,17 +71,8 @@ gboolean zp_parse_size(const char *text, const char *flag, ZpSizeUnit unit, doub
 GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,
                           GError **error);
 
-/* Writes `contents` to path through a temporary file in the same directory and a rename,
- * so a reader never sees a half-written file. */
-gboolean zp_write_file_atomic(const char *path, const char *contents, gsize length,
-                              GError **error);
-
-/* An output path given by `flag`, checked before any work: not a directory, and a file can
- * be created beside it (a probe file is made and removed). */
-gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
-
-/* Dumps JSON (indented, keys in insertion order) atomically to path, or to stdout if
- * path is NULL or "-"; a failed write to stdout is an error. */
+/* Dumps JSON (indented, keys in insertion order) to path by zp_out_write's rule (NULL or "-":
+ * standard output); a failed write is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
 /* Progress of long work, reported by library code to whoever shows it (the CLI): `fraction`
