@@ -36,6 +36,7 @@ typedef struct {
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
+    GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -198,8 +199,12 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
         return FALSE;
     GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
     int64_t train_batch = 0;
-    gboolean ok = zp_dsconfig_read(f->ds_config, model, &launch, plan, &train_batch, warnings,
-                                   error);
+    json_t *config = zp_json_load_object(f->ds_config, error);
+    gboolean ok = config && zp_dsconfig_from_json(config, f->ds_config, model, &launch, plan,
+                                                  &train_batch, warnings, error);
+    if (ok)
+        zp_dsconfig_defaults_taken(config, plan, f->defaults_taken);
+    json_decref(config);
     ok = ok &&
          agrees("--micro-batch", f->micro_batch, launch.micro_batch,
                 "train_micro_batch_size_per_gpu", plan->micro_batch, f->ds_config, error) &&
@@ -230,6 +235,21 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
         fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
     g_ptr_array_unref(warnings);
     return ok;
+}
+
+/* A config that leaves the batch, the precision or the stage unset (`{}`) is still a plan, but
+ * not one to take in silence: once the plan is accepted, one line says what was filled in. */
+static void say_defaults_taken(const SimulateFlags *f)
+{
+    if (!f->ds_config || f->defaults_taken->len == 0)
+        return;
+    GString *list = g_string_new(NULL);
+    for (guint i = 0; i < f->defaults_taken->len; i++)
+        g_string_append_printf(list, "%s%s", i ? "; " : "",
+                               (char *)g_ptr_array_index(f->defaults_taken, i));
+    fprintf(stderr, "zplan: note: %s does not set these; took the defaults: %s\n", f->ds_config,
+            list->str);
+    g_string_free(list, TRUE);
 }
 
 /* The one place a plan is made from the command line: degrees, batch, DeepSpeed's knobs
@@ -303,6 +323,7 @@ typedef struct {
     double peak_flops;
     const SimOptions *options;
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
+    const GPtrArray *defaults_taken; /* with --ds-config: what the file left to defaults */
     ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
 } Report;
 
@@ -445,6 +466,12 @@ static int print_json(const Report *p)
     json_t *by_class = compute_by_class_json(p);
     if (by_class)
         json_object_set_new(root, "compute_by_class", by_class);
+    if (p->defaults_taken) {
+        json_t *taken = json_array();
+        for (guint i = 0; i < p->defaults_taken->len; i++)
+            json_array_append_new(taken, json_string(g_ptr_array_index(p->defaults_taken, i)));
+        json_object_set_new(root, "defaults_taken", taken);
+    }
     json_object_set_new(root, "collective_model", json_string(r->collective_model));
     /* Whether zreal's CPU backend workspace is listed (zplan validate notes when not). */
     json_object_set_new(root, "backend_workspace", json_boolean(p->sched->plan.backend_workspace));
@@ -815,6 +842,7 @@ static int simulate(const SimulateFlags *f)
     plan.backend_workspace = zp_cost_cpu_backend(&hw);
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail("simulate", error);
+    say_defaults_taken(f);
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
         zp_sched_free(sched);
         fprintf(stderr, "zplan simulate: %s\n", error->message);
@@ -836,6 +864,17 @@ static int simulate(const SimulateFlags *f)
         result = sim_engine_run(sched, &hw, &options, &error);
     cli_progress_free(progress);
     gboolean ok = result != NULL;
+    /* Samples/s, TFLOP/s, MFU and the breakdown's shares divide by the step time: a schedule
+     * with no ops, or only allocs and frees, is refused instead of reported as inf and NaN. */
+    if (ok && !(result->step_time_s > 0)) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: the step takes no time (none of its %u ops a rank computes, "
+                    "communicates or moves data): no throughput or MFU to give",
+                    f->schedule ? f->schedule : "the plan", sched->ops->len);
+        if (f->schedule)
+            g_prefix_error(&error, "--schedule: ");
+        ok = FALSE;
+    }
     if (ok && f->trace) {
         progress = cli_progress_new("zplan simulate: writing the trace");
         ok = sim_trace_write(sched, result, f->trace, cli_progress_update, progress, &error);
@@ -849,6 +888,7 @@ static int simulate(const SimulateFlags *f)
     } else {
         const Report report = {
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
+            f->ds_config ? f->defaults_taken : NULL,
             zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
         if (f->json)
             status = print_json(&report);
@@ -932,7 +972,9 @@ static int run_with_flags(int argc, char **argv, const char *name, const char *s
     g_option_context_add_main_entries(context, extra, NULL);
     g_option_context_set_summary(context, summary);
     GError *error = NULL;
+    f->defaults_taken = g_ptr_array_new_with_free_func(g_free);
     int status = cli_parse(context, &argc, &argv, &error) ? command(f) : cli_fail(name, error);
+    g_ptr_array_unref(f->defaults_taken);
     g_option_context_free(context);
     free_flags(f);
     return status;
@@ -976,6 +1018,8 @@ static int schedule(const SimulateFlags *f)
           simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))
         return cli_fail("schedule", error);
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
+    if (sched)
+        say_defaults_taken(f);
     if (!sched || !zp_sched_write_json(sched, f->out, &error)) {
         zp_sched_free(sched);
         return cli_fail("schedule", error);

@@ -247,12 +247,54 @@ static gboolean check_predicted(json_t *pred, const char *path, GError **error)
     return ok;
 }
 
+/* A measured step time, which validation compares: zreal --steps 0 writes null (no step ran),
+ * and such a file has no time to set beside the prediction (its row would vanish). */
+static gboolean check_step_time(json_t *o, const char *what, GError **error)
+{
+    static const char *const step[] = {"step_time_s", NULL};
+    if (json_is_null(json_object_get(o, "step_time_s"))) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"step_time_s\" is null (zreal --steps 0 times no step): no "
+                    "measured time to validate", what);
+        return FALSE;
+    }
+    return check_numbers(o, what, step, FALSE, error);
+}
+
+/* Each rank listed once, and every rank of the world listed unless the file says it is an
+ * emulated run (one process playing some of the world's ranks). */
+static gboolean check_rank_set(json_t *meas, json_t *ranks, const char *path, int64_t world,
+                               GError **error)
+{
+    const size_t n = json_array_size(ranks);
+    const gboolean emulated = json_is_true(json_object_get(meas, "emulated"));
+    if (emulated ? n > (size_t)world : n != (size_t)world) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"world\" = %" G_GINT64_FORMAT " but \"ranks\" lists %zu rank%s%s",
+                    path, world, n, n == 1 ? "" : "s", emulated ? "" : " (not an emulated run)");
+        return FALSE;
+    }
+    GHashTable *seen = g_hash_table_new(g_int64_hash, g_int64_equal);
+    int64_t *ids = g_new(int64_t, n);
+    gboolean ok = TRUE;
+    for (size_t r = 0; ok && r < n; r++) {
+        ids[r] = json_integer_value(json_object_get(json_array_get(ranks, r), "rank"));
+        ok = g_hash_table_add(seen, &ids[r]);
+        if (!ok)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: ranks[%zu]: key \"rank\" = %" G_GINT64_FORMAT
+                        " is listed twice", path, r, ids[r]);
+    }
+    g_hash_table_destroy(seen);
+    g_free(ids);
+    return ok;
+}
+
 /* zreal --out: its format, and one object per rank, 0..world-1, with every figure. */
 static gboolean check_measured(json_t *meas, const char *path, GError **error)
 {
     static const char *const keys[] = {"model_state_bytes", "peak_memory_bytes", "comm_bytes",
                                        NULL};
-    static const char *const step[] = {"step_time_s", NULL};
     const char *format = NULL;
     int64_t world = 0, rank = 0;
     if (!zp_json_get_string(meas, path, "format", TRUE, &format, error))
@@ -269,7 +311,7 @@ static gboolean check_measured(json_t *meas, const char *path, GError **error)
         !by_class || check_numbers(by_class, inner, class_keys, FALSE, error);
     g_free(inner);
     if (!classes_ok || !zp_json_get_int(meas, path, "world", TRUE, 1, 1 << 24, &world, error) ||
-        !check_numbers(meas, path, step, TRUE, error))
+        !check_step_time(meas, path, error))
         return FALSE;
     if (!json_is_array(ranks) || json_array_size(ranks) == 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
@@ -282,12 +324,12 @@ static gboolean check_measured(json_t *meas, const char *path, GError **error)
         char *what = g_strdup_printf("%s: ranks[%zu]", path, r);
         ok = check_numbers(o, what, keys, FALSE, error) &&
              zp_json_get_int(o, what, "rank", TRUE, 0, world - 1, &rank, error) &&
-             check_numbers(o, what, step, TRUE, error) &&
+             check_step_time(o, what, error) &&
              check_categories(o, what, "category_peak_bytes", error) &&
              check_ops(o, what, error);
         g_free(what);
     }
-    return ok;
+    return ok && check_rank_set(meas, ranks, path, world, error);
 }
 
 static void collect_class_rows(json_t *pred, json_t *meas, GArray *rows)

@@ -759,6 +759,34 @@ gboolean zp_dsconfig_read(const char *path, const ZpModel *model, const ZpPlan *
     return ok;
 }
 
+void zp_dsconfig_defaults_taken(void *json_object, const ZpPlan *plan, GPtrArray *taken)
+{
+    json_t *root = json_object;
+    static const char *const batch_keys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                             "gradient_accumulation_steps"};
+    int given = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(batch_keys); i++)
+        given += json_object_get(root, batch_keys[i]) != NULL;
+    /* Two batch keys determine the third; with fewer, what is absent was filled in (by the
+     * launch, as Accelerate does, or by DeepSpeed's 1 for the accumulation). */
+    if (given < 2 && !json_object_get(root, batch_keys[1]))
+        g_ptr_array_add(taken, g_strdup_printf("train_micro_batch_size_per_gpu = %d (the launch's "
+                                               "--micro-batch, 1 unless given)",
+                                               plan->micro_batch));
+    if (given < 2 && !json_object_get(root, batch_keys[2]))
+        g_ptr_array_add(taken, g_strdup_printf("gradient_accumulation_steps = %d%s",
+                                               plan->grad_accum,
+                                               given == 0 ? " (the launch's --grad-accum, 1 "
+                                                            "unless given)"
+                                                          : " (DeepSpeed's default)"));
+    if (!json_object_get(root, "fp16") && !json_object_get(root, "bf16") &&
+        !json_object_get(root, "bfloat16"))
+        g_ptr_array_add(taken, g_strdup("precision fp32 (neither fp16 nor bf16 is enabled)"));
+    json_t *zero = json_object_get(root, "zero_optimization");
+    if (!json_is_object(zero) || !json_object_get(zero, "stage"))
+        g_ptr_array_add(taken, g_strdup("zero_optimization.stage = 0 (DeepSpeed's default)"));
+}
+
 void zp_dsconfig_hf_auto(const ZpModel *model, ZpZeroConfig *zero)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(zero_keys); i++)

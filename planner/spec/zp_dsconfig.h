@@ -53,6 +53,12 @@ gboolean zp_dsconfig_from_json(void *json_object, const char *what, const ZpMode
                                const ZpPlan *launch, ZpPlan *plan, int64_t *train_batch_size,
                                GPtrArray *warnings, GError **error);
 
+/* What a config read into *plan (zp_dsconfig_from_json) did not set and took by default, one
+ * "key = value (whose default)" string per setting appended to `taken` (g_free'd): the batch
+ * keys when fewer than two are given, the precision when neither fp16 nor bf16 is there, the
+ * ZeRO stage when zero_optimization.stage is absent. An empty config `{}` takes all four. */
+void zp_dsconfig_defaults_taken(void *json_object, const ZpPlan *plan, GPtrArray *taken);
+
 /* Sets the sizes the Hugging Face Trainer fills in for "auto" from the model's hidden size h:
  * reduce_bucket_size h^2, stage3_prefetch_bucket_size floor(0.9 h^2),
  * stage3_param_persistence_threshold 10h; the rest of *zero is left as it is. */
