@@ -7,6 +7,7 @@
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
+#include "zp_schedsize.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
@@ -468,6 +469,15 @@ int cli_memory(int argc, char **argv)
         ok = !zp_model_has_architecture(&a.model) || zp_zeror_check(&a.model, &probe, &error);
     }
     a.have_hw = have_hw;
+    /* Each stage's schedule is built to simulate it: one too big to build is bad input, said in
+     * one line before anything is allocated (it was an abort in GLib after 8.8 GB for a model
+     * of 3.6e18 parameters), not a stage that needs infinitely much. */
+    for (guint i = 0; ok && simulated(&a) && i < a.gpus->len; i++)
+        for (int stage = 0; ok && stage <= 3; stage++) {
+            ZpPlan plan;
+            plan_for(&a, stage, (int)g_array_index(a.gpus, int64_t, i), &plan);
+            ok = !has_stage(&a, stage) || zp_schedsize_check_plan(&a.model, &plan, &error);
+        }
     int status = ok ? (a.json ? print_json(&a) : (print_table(&a), 0)) : cli_fail("memory", error);
     double need = 0;
     if (ok && status == 0 && have_hw && (least_stage(&a, &need), need > a.hw.gpu_memory_bytes))

@@ -495,6 +495,11 @@ static const char *combination_error(SweepVary vary, SweepMetric metric)
     return NULL;
 }
 
+/* Values one sweep takes: each is a row of the CSV and a point of the plot, and --metric tflops
+ * runs a plan search at each (0.1-0.2 s apiece: 1,000 values took 139 s), so a longer list is
+ * refused before any work; a finer sweep is several. */
+#define SWEEP_MAX_VALUES 200
+
 static GArray *parse_values(const SweepFlags *f, SweepVary vary, GError **error)
 {
     static const double ranges[VARY_N][2] = {
@@ -503,9 +508,14 @@ static GArray *parse_values(const SweepFlags *f, SweepVary vary, GError **error)
     };
     GArray *values = g_array_new(FALSE, FALSE, sizeof(double));
     char **parts = g_strsplit(f->values, ",", -1);
-    gboolean ok = parts[0] != NULL;
-    if (!ok)
+    const guint n = g_strv_length(parts);
+    gboolean ok = n > 0 && n <= SWEEP_MAX_VALUES;
+    if (n == 0)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--values: empty list");
+    else if (!ok)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--values: %u values, past the cap of %d a sweep (SWEEP_MAX_VALUES)", n,
+                    SWEEP_MAX_VALUES);
     for (char **p = parts; ok && *p; p++) {
         double v;
         ok = zp_parse_size(g_strstrip(*p), "--values", ZP_SIZE_COUNT, ranges[vary][0],

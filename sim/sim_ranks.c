@@ -2,6 +2,7 @@
  * lockstep) and their state, their groups' flow slots, and stragglers' slowdowns. */
 #include "sim_engine.h"
 #include "sim_engine_internal.h"
+#include "zp_budget.h"
 
 #include <string.h>
 
@@ -57,6 +58,20 @@ gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error)
     /* The timeline has a row per rank reported (blocks fill their unit's,
      * sim_ranks_expand_blocks the rest). */
     const size_t per_op = (size_t)ranks_reported(sim) * sim->n_ops;
+    /* Said before it is taken: g_try_new succeeds past the machine's memory where the kernel
+     * overcommits, and the pages fault in later, or the OOM killer ends the process. */
+    const double per_rank = sizeof(StreamState) + SIM_LINK_N * sizeof(uint16_t) +
+                            sizeof(RankState) + sizeof(RankBusy) + sizeof(uint32_t) +
+                            ZP_STREAM_N * sizeof(RunningCompute) +
+                            (double)sim->n_wide_rows * sizeof(uint32_t);
+    const double bytes = (double)sim->n_ops * sizeof(Countdown) + (double)sim->ranks * per_rank +
+                         (timeline ? (double)per_op * (3 * sizeof(double) + sizeof(uint32_t)) : 0);
+    char *what = g_strdup_printf("simulating %u ranks x %u ops%s", ranks_reported(sim),
+                                 sim->n_ops, timeline ? " with a timeline" : "");
+    const gboolean fits = zp_budget_check(what, (double)per_op, "rank-ops", 0, NULL, bytes, error);
+    g_free(what);
+    if (!fits)
+        return FALSE;
     sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);

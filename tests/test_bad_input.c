@@ -190,7 +190,7 @@ static const BadCase cases[] = {
     {"zreal --model tiny --fault-action explode", NULL, "--fault-action: 'explode' is not kill"},
     /* ---- zreal: the model and schedule, one emulated rank ---- */
     {"zreal --model nosuch --emulate 2 --steps 1", NULL, "--model: unknown model 'nosuch'"},
-    {"zreal --model {T}/long.json --micro-batch 600000 --emulate 2 --steps 1 --out {D}/m.json", NULL, "micro_batch 600000 x seq_len 4096"},
+    {"zreal --model {T}/long.json --micro-batch 600000 --emulate 2 --steps 1 --out {D}/m.json", NULL, "--micro-batch 600000 (--model {T}/long.json, --stage 0, --grad-accum 1): a rank's buffers peak at"},
     {"zreal --model tiny --grad-accum 300000 --emulate 2 --steps 1 --out {D}/m.json", NULL, "grad-accum: 300000 micro-steps"},
     {"zreal --model {T}/ropewpe.json --emulate 2 --steps 1 --out {D}/m.json", NULL, "one of the two; ropewpe has both"},
     {"zreal --model {T}/yarn.json --emulate 2 --steps 1 --out {D}/m.json", NULL, "(\"linear\", \"llama3\"), not \"yarn\" as yarn does"},

@@ -5,10 +5,128 @@
 #include "zp_util.h"
 
 #include <glib/gstdio.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static char *tmp_dir;
+
+/* What a refused request may take: a second of CPU and 1 GB; and the address space a run gets
+ * here (ulimit -v), so that a build without the up-front checks fails the test instead of
+ * taking the shared machine's memory (the 3.6e18-parameter model took 8.8 GB, then aborted). */
+#define REFUSAL_CPU_S 1.0
+#define REFUSAL_RSS_KB (1024 * 1024)
+#define RUN_LIMIT_KB "4194304"
+
+typedef struct {
+    int exit_status;
+    char *err;
+    double cpu_s; /* user + system of the run and its children */
+} Run;
+
+/* Runs `command` (a program of build/ and its arguments) under ulimit -v RUN_LIMIT_KB. */
+static Run run_limited(const char *command)
+{
+    struct rusage before, after;
+    getrusage(RUSAGE_CHILDREN, &before);
+    char *cmd = g_strdup_printf("sh -c 'ulimit -v " RUN_LIMIT_KB "; exec %s/%s'", ZP_BUILD_DIR,
+                                command);
+    char **envp = g_environ_setenv(g_get_environ(), "OPENBLAS_NUM_THREADS", "1", TRUE);
+    TuRun r = tu_run(cmd, envp);
+    g_strfreev(envp);
+    getrusage(RUSAGE_CHILDREN, &after);
+    const double cpu = (double)(after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
+                       (double)(after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
+                       1e-6 * (double)(after.ru_utime.tv_usec - before.ru_utime.tv_usec +
+                                       after.ru_stime.tv_usec - before.ru_stime.tv_usec);
+    Run run = {WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status),
+               g_strdup(r.err), cpu};
+    g_printerr("# %s -> exit %d, %.2f s CPU, children's peak RSS %ld KB: %s", command,
+               run.exit_status, cpu, after.ru_maxrss, r.err);
+    tu_free(&r);
+    g_free(cmd);
+    return run;
+}
+
+/* Refused: exit 1, one line containing `expect`, within REFUSAL_CPU_S and REFUSAL_RSS_KB. */
+static void assert_refused(const char *command, const char *expect)
+{
+    Run r = run_limited(command);
+    g_assert_cmpint(r.exit_status, ==, 1);
+    g_assert_nonnull(strstr(r.err, expect));
+    g_assert_cmpint(strchr(r.err, '\n') - r.err, ==, (long)strlen(r.err) - 1);
+    g_assert_cmpfloat(r.cpu_s, <, REFUSAL_CPU_S);
+    struct rusage children;
+    getrusage(RUSAGE_CHILDREN, &children);
+    g_assert_cmpint(children.ru_maxrss, <, REFUSAL_RSS_KB);
+    g_free(r.err);
+}
+
+/* Every key in range, the product about 3.6e18 parameters: 7.2e9 all-gather chunks at stage
+ * 1-2. memory refuses it before building a schedule. */
+static void test_huge_model(void)
+{
+    char *path = g_build_filename(tmp_dir, "huge.json", NULL);
+    g_assert_true(g_file_set_contents(path,
+                                      "{\"name\": \"huge\", \"layers\": 100000, \"hidden\": "
+                                      "1000000, \"heads\": 1000, \"seq_len\": 2048, \"vocab\": "
+                                      "50000, \"ffn_hidden\": 16000000}", -1, NULL));
+    char *cmd = g_strdup_printf("zplan memory --model %s --cluster dgx-h100 --gpus 8", path);
+    assert_refused(cmd, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
+    g_free(cmd);
+    cmd = g_strdup_printf("zplan simulate --model %s --cluster dgx-h100 --gpus 8 --stage 1 "
+                          "--micro-batch 1", path);
+    assert_refused(cmd, "ZP_SCHED_MAX_OPS");
+    g_free(cmd);
+    g_remove(path);
+    g_free(path);
+}
+
+/* A schedule file of 10^7 ops (110 MB, each op as short as JSON allows) is refused from a
+ * streamed count of its ops, before Jansson parses it (10 GB and 31.7 s). */
+static void test_schedule_file_10m_ops(void)
+{
+    char *path = g_build_filename(tmp_dir, "ten-million.json", NULL);
+    FILE *f = fopen(path, "w");
+    g_assert_nonnull(f);
+    fputs("{\"format\": \"zplan-schedule-1\", \"world\": 2, \"ops\": [", f);
+    for (int i = 0; i < 10000000; i++)
+        fputs(i ? ",{\"kind\":0}" : "{\"kind\":0}", f);
+    fputs("]}\n", f);
+    g_assert_cmpint(fclose(f), ==, 0);
+    char *cmd = g_strdup_printf("zplan simulate --schedule %s --cluster dgx-h100", path);
+    assert_refused(cmd, "about 1e+07 ops (10.2 GB), past the cap of 4e+06 ops "
+                        "(ZP_SCHED_FILE_MAX_OPS)");
+    g_free(cmd);
+    g_remove(path);
+    g_free(path);
+}
+
+/* --micro-batch 1048576 is inside the flag's range; tiny's activations at it are 164 GB a
+ * rank. zreal says so before allocating (it took past 12 GB in 26 s). */
+static void test_zreal_micro_batch(void)
+{
+    assert_refused("zreal --model tiny --micro-batch 1048576 --steps 1 --emulate 2 --rank 0",
+                   "--micro-batch 1048576 (--model tiny, --stage 0, --grad-accum 1): a rank's "
+                   "buffers peak at 164.3 GB");
+}
+
+/* A sweep takes at most 200 values (each a plan search with --metric tflops). */
+static void test_sweep_values_capped(void)
+{
+    GString *values = g_string_new("1");
+    for (int i = 2; i <= 201; i++)
+        g_string_append_printf(values, ",%d", i);
+    char *cmd = g_strdup_printf("zplan sweep --vary gpus --values %s --params 1e9 --metric "
+                                "memory --out %s/s", values->str, tmp_dir);
+    assert_refused(cmd, "--values: 201 values, past the cap of 200 a sweep (SWEEP_MAX_VALUES)");
+    char *csv = g_build_filename(tmp_dir, "s.csv", NULL);
+    g_assert_false(g_file_test(csv, G_FILE_TEST_EXISTS));
+    g_free(csv);
+    g_free(cmd);
+    g_string_free(values, TRUE);
+}
 
 static double cpu_s(void)
 {
@@ -49,6 +167,11 @@ int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     tmp_dir = g_dir_make_tmp("zplan-limits-XXXXXX", NULL);
+    /* The refusals first: their peak RSS is read over every child so far. */
+    g_test_add_func("/limits/schedule-file-10m-ops", test_schedule_file_10m_ops);
+    g_test_add_func("/limits/huge-model", test_huge_model);
+    g_test_add_func("/limits/zreal-micro-batch", test_zreal_micro_batch);
+    g_test_add_func("/limits/sweep-values-capped", test_sweep_values_capped);
     g_test_add_func("/limits/deepspeed-deep-model", test_deepspeed_deep_model);
     const int status = g_test_run();
     g_rmdir(tmp_dir);

@@ -116,6 +116,10 @@ typedef struct {
      * keeps aside (real_engine.c keep_head_dx) when the stage's next compute op is another
      * micro-step's, until m's backward (-1: none kept) */
     int *head_grad;
+    /* Ops past max_ops (zp_schedsize_max_ops) are not stored: the estimate missed what
+     * multiplies them, and the build fails at its end instead of taking the machine. */
+    double max_ops;
+    gboolean over_ops;
 } Builder;
 
 /* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention

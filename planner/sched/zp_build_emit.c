@@ -32,6 +32,10 @@ uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
         g_array_set_size(s->deps, at + n);
     }
     op.n_deps += n;
+    if (s->ops->len >= b->max_ops) {
+        b->over_ops = TRUE; /* its dependencies stay: a pipeline's link_sends fills some */
+        return s->ops->len - 1;
+    }
     g_array_append_val(s->ops, op);
     if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
         b->last_on_stream[op.stream] = s->ops->len - 1;

@@ -17,6 +17,7 @@
 #include "zp_pipe.h"
 #include "zp_offload.h"
 #include "zp_runahead.h"
+#include "zp_schedsize.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
@@ -226,7 +227,7 @@ static void link_sends(Builder *b)
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
-    if (!check_plan(model, plan, error))
+    if (!check_plan(model, plan, error) || !zp_schedsize_check_plan(model, plan, error))
         return NULL;
     const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
     int *first_unit = g_new(int, chunks + 1);
@@ -272,7 +273,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                              !plan->no_runahead,
                  .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .head_grad = g_new(int, (gsize)plan->grad_accum)};
+                 .head_grad = g_new(int, (gsize)plan->grad_accum),
+                 .max_ops = zp_schedsize_max_ops()};
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
@@ -327,6 +329,13 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     zp_build_free_pos_index(&b.by_trigger);
     zp_build_free_pos_index(&b.by_use);
     zp_build_free_pos_index(&b.by_free);
+    if (b.over_ops) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "the schedule of %s: more than %.3g ops (ZP_SCHED_MAX_OPS, or the memory "
+                    "available at %.0f bytes an op)", model->name, b.max_ops, ZP_SCHED_OP_BYTES);
+        zp_sched_free(s);
+        return NULL;
+    }
     return s;
 }
 

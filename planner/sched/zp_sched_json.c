@@ -2,6 +2,8 @@
  * and states, every op's stream written only where it is not its kind's default. */
 #include "zp_sched.h"
 #include "zp_sched_json.h"
+#include "zp_budget.h"
+#include "zp_schedsize.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -135,6 +137,9 @@ char *zp_sched_digest(const ZpSchedule *s)
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
+    if (!zp_budget_check("writing the schedule as JSON", s->ops->len, "ops", 0, NULL,
+                         s->ops->len * ZP_SCHED_JSON_OP_BYTES, error))
+        return FALSE;
     json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
     json_t *ops = json_array();
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];

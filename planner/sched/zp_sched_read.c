@@ -3,6 +3,7 @@
 #include "zp_sched.h"
 #include "zp_sched_json.h"
 #include "zp_schedcheck.h"
+#include "zp_schedsize.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -353,7 +354,7 @@ static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path
 
 ZpSchedule *zp_sched_read_json(const char *path, GError **error)
 {
-    json_t *root = zp_json_load_object(path, error);
+    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
     if (!root)
         return NULL;
     ZpModel model;
@@ -539,7 +540,7 @@ static gboolean check_attention(const ZpSchedule *s, gboolean has_model, const c
 
 ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
 {
-    json_t *root = zp_json_load_object(path, error);
+    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
     if (!root)
         return NULL;
     /* A planner's file simulates whatever its digest says: zreal is the one to refuse edits. */
