@@ -469,7 +469,10 @@ static gboolean buffers_fit(const Args *a, const ZpSchedule *s, const RealComm *
         return TRUE;
     const char *local = g_getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const double ranks = a->emulate ? 1 : local && atoi(local) > 0 ? atoi(local) : comm->size;
-    const double rank_bytes = zp_schedsize_peak_bytes(s);
+    /* The schedule's buffers, and the per-step figures a rank keeps (loss, times) and rank 0
+     * gathers from every rank. */
+    const double rank_bytes = zp_schedsize_peak_bytes(s) +
+                              (double)a->steps * sizeof(double) * (3.0 + comm->size);
     char *what = a->schedule
                      ? g_strdup_printf("--schedule %s: a rank's buffers peak at %.1f GB",
                                        a->schedule, rank_bytes / 1e9)
