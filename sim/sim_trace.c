@@ -1,6 +1,7 @@
 /* sim_trace: formats the trace by hand into one string (a step on many ranks has millions of
  * events, too many for a JSON object tree) and writes it through a temporary file and rename. */
 #include "sim_trace.h"
+#include "zp_budget.h"
 #include "zp_util.h"
 
 #include <inttypes.h>
@@ -272,9 +273,17 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
                     "trace: the simulation was run without recording its timeline");
         return FALSE;
     }
+    GArray *ranks = traced_ranks(sched, result);
+    /* The trace's text is built whole (zp_out_write replaces a file atomically): said before,
+     * at about 150 bytes an event line and at most two lines an op (its span, a memory
+     * counter) for each rank traced. */
+    const double events = 2.0 * result->n_ops * ranks->len;
+    if (!zp_budget_check("the trace", events, "events", 0, NULL, events * 160.0, error)) {
+        g_array_free(ranks, TRUE);
+        return FALSE;
+    }
     char **labels = op_labels(sched);
     MemoryChange *changes = g_new(MemoryChange, result->n_ops ? result->n_ops : 1);
-    GArray *ranks = traced_ranks(sched, result);
     GString *out = g_string_new("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     for (guint k = 0; k < ranks->len; k++) {
         const int pid = g_array_index(ranks, int, k);

@@ -25,14 +25,17 @@ typedef struct {
     double cpu_s; /* user + system of the run and its children */
 } Run;
 
-/* Runs `command` (a program of build/ and its arguments) under ulimit -v RUN_LIMIT_KB. */
-static Run run_limited(const char *command)
+/* Runs `command` (a program of build/ and its arguments) under ulimit -v RUN_LIMIT_KB, with
+ * ZPLAN_MEMORY_AVAILABLE = `available` (NULL: unset, the machine's MemAvailable). */
+static Run run_limited(const char *command, const char *available)
 {
     struct rusage before, after;
     getrusage(RUSAGE_CHILDREN, &before);
     char *cmd = g_strdup_printf("sh -c 'ulimit -v " RUN_LIMIT_KB "; exec %s/%s'", ZP_BUILD_DIR,
                                 command);
     char **envp = g_environ_setenv(g_get_environ(), "OPENBLAS_NUM_THREADS", "1", TRUE);
+    envp = available ? g_environ_setenv(envp, "ZPLAN_MEMORY_AVAILABLE", available, TRUE)
+                     : g_environ_unsetenv(envp, "ZPLAN_MEMORY_AVAILABLE");
     TuRun r = tu_run(cmd, envp);
     g_strfreev(envp);
     getrusage(RUSAGE_CHILDREN, &after);
@@ -42,17 +45,18 @@ static Run run_limited(const char *command)
                                        after.ru_stime.tv_usec - before.ru_stime.tv_usec);
     Run run = {WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status),
                g_strdup(r.err), cpu};
-    g_printerr("# %s -> exit %d, %.2f s CPU, children's peak RSS %ld KB: %s", command,
-               run.exit_status, cpu, after.ru_maxrss, r.err);
+    g_printerr("# %s -> exit %d, %.2f s CPU, children's peak RSS %ld KB: %s%s", command,
+               run.exit_status, cpu, after.ru_maxrss, r.err,
+               g_str_has_suffix(r.err, "\n") ? "" : "\n");
     tu_free(&r);
     g_free(cmd);
     return run;
 }
 
 /* Refused: exit 1, one line containing `expect`, within REFUSAL_CPU_S and REFUSAL_RSS_KB. */
-static void assert_refused(const char *command, const char *expect)
+static void assert_refused(const char *command, const char *available, const char *expect)
 {
-    Run r = run_limited(command);
+    Run r = run_limited(command, available);
     g_assert_cmpint(r.exit_status, ==, 1);
     g_assert_nonnull(strstr(r.err, expect));
     g_assert_cmpint(strchr(r.err, '\n') - r.err, ==, (long)strlen(r.err) - 1);
@@ -73,11 +77,11 @@ static void test_huge_model(void)
                                       "1000000, \"heads\": 1000, \"seq_len\": 2048, \"vocab\": "
                                       "50000, \"ffn_hidden\": 16000000}", -1, NULL));
     char *cmd = g_strdup_printf("zplan memory --model %s --cluster dgx-h100 --gpus 8", path);
-    assert_refused(cmd, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
+    assert_refused(cmd, NULL, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
     g_free(cmd);
     cmd = g_strdup_printf("zplan simulate --model %s --cluster dgx-h100 --gpus 8 --stage 1 "
                           "--micro-batch 1", path);
-    assert_refused(cmd, "ZP_SCHED_MAX_OPS");
+    assert_refused(cmd, NULL, "ZP_SCHED_MAX_OPS");
     g_free(cmd);
     g_remove(path);
     g_free(path);
@@ -96,7 +100,7 @@ static void test_schedule_file_10m_ops(void)
     fputs("]}\n", f);
     g_assert_cmpint(fclose(f), ==, 0);
     char *cmd = g_strdup_printf("zplan simulate --schedule %s --cluster dgx-h100", path);
-    assert_refused(cmd, "about 1e+07 ops (10.2 GB), past the cap of 4e+06 ops "
+    assert_refused(cmd, NULL, "about 1e+07 ops (10.2 GB), past the cap of 4e+06 ops "
                         "(ZP_SCHED_FILE_MAX_OPS)");
     g_free(cmd);
     g_remove(path);
@@ -108,8 +112,30 @@ static void test_schedule_file_10m_ops(void)
 static void test_zreal_micro_batch(void)
 {
     assert_refused("zreal --model tiny --micro-batch 1048576 --steps 1 --emulate 2 --rank 0",
-                   "--micro-batch 1048576 (--model tiny, --stage 0, --grad-accum 1): a rank's "
+                   "16GB", "--micro-batch 1048576 (--model tiny, --stage 0, --grad-accum 1): a rank's "
                    "buffers peak at 164.3 GB");
+}
+
+/* The trace's text is said before it is built: 64 explicit ranks of tiny make about 4,100
+ * events (0.66 MB), past a budget of 300 KB that the schedule and the simulation fit in; the
+ * variable itself is checked. */
+static void test_trace_said_first(void)
+{
+    char *trace = g_build_filename(tmp_dir, "trace.json", NULL);
+    char *cmd = g_strdup_printf("zplan simulate --model tiny --cluster dgx-h100 --gpus 64 "
+                                "--stage 1 --micro-batch 1 --explicit --trace %s", trace);
+    assert_refused(cmd, "300KB", "--trace: the trace: about 4.1e+03 events need 0.000655 GB, "
+                                 "more than the 0.0003 GB this machine has available "
+                                 "(ZPLAN_MEMORY_AVAILABLE)");
+    g_assert_false(g_file_test(trace, G_FILE_TEST_EXISTS));
+    assert_refused(cmd, "lots", "ZPLAN_MEMORY_AVAILABLE: 'lots' is not a number");
+    Run r = run_limited(cmd, NULL); /* the machine's memory holds it */
+    g_assert_cmpint(r.exit_status, ==, 0);
+    g_assert_true(g_file_test(trace, G_FILE_TEST_IS_REGULAR));
+    g_free(r.err);
+    g_remove(trace);
+    g_free(cmd);
+    g_free(trace);
 }
 
 /* A sweep takes at most 200 values (each a plan search with --metric tflops). */
@@ -120,7 +146,7 @@ static void test_sweep_values_capped(void)
         g_string_append_printf(values, ",%d", i);
     char *cmd = g_strdup_printf("zplan sweep --vary gpus --values %s --params 1e9 --metric "
                                 "memory --out %s/s", values->str, tmp_dir);
-    assert_refused(cmd, "--values: 201 values, past the cap of 200 a sweep (SWEEP_MAX_VALUES)");
+    assert_refused(cmd, NULL, "--values: 201 values, past the cap of 200 a sweep (SWEEP_MAX_VALUES)");
     char *csv = g_build_filename(tmp_dir, "s.csv", NULL);
     g_assert_false(g_file_test(csv, G_FILE_TEST_EXISTS));
     g_free(csv);
@@ -172,6 +198,7 @@ int main(int argc, char **argv)
     g_test_add_func("/limits/huge-model", test_huge_model);
     g_test_add_func("/limits/zreal-micro-batch", test_zreal_micro_batch);
     g_test_add_func("/limits/sweep-values-capped", test_sweep_values_capped);
+    g_test_add_func("/limits/trace-said-first", test_trace_said_first);
     g_test_add_func("/limits/deepspeed-deep-model", test_deepspeed_deep_model);
     const int status = g_test_run();
     g_rmdir(tmp_dir);

@@ -8,8 +8,20 @@
 #include <string.h>
 #include <unistd.h>
 
+/* ZPLAN_MEMORY_AVAILABLE (bytes, with KB..TB or KiB..TiB), where it is set: *bytes, else
+ * untouched. A value that is not a size is an error naming the variable. */
+static gboolean env_available(double *bytes, GError **error)
+{
+    const char *text = g_getenv("ZPLAN_MEMORY_AVAILABLE");
+    return !text || zp_parse_size(text, "ZPLAN_MEMORY_AVAILABLE", ZP_SIZE_BYTES, 1, 1e18, FALSE,
+                                  bytes, error);
+}
+
 double zp_budget_available_bytes(void)
 {
+    double bytes = -1;
+    if (env_available(&bytes, NULL) && bytes > 0)
+        return bytes;
     /* MemAvailable counts the page cache and reclaimable slabs a new allocation can take
      * (proc(5)); free memory alone undercounts it by the cache. */
     FILE *f = fopen("/proc/meminfo", "r");
@@ -34,11 +46,15 @@ gboolean zp_budget_check(const char *what, double count, const char *unit, doubl
                     bytes / 1e9, cap, unit, cap_name);
         return FALSE;
     }
+    double told = -1;
+    if (!env_available(&told, error))
+        return FALSE;
     const double available = zp_budget_available_bytes();
     if (bytes > available) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: about %.3g %s need %.1f GB, more than the %.1f GB this machine has "
-                    "available (MemAvailable)", what, count, unit, bytes / 1e9, available / 1e9);
+                    "%s: about %.3g %s need %.3g GB, more than the %.3g GB this machine has "
+                    "available (%s)", what, count, unit, bytes / 1e9, available / 1e9,
+                    told > 0 ? "ZPLAN_MEMORY_AVAILABLE" : "MemAvailable");
         return FALSE;
     }
     return TRUE;

@@ -5,8 +5,10 @@
 
 #include <glib.h>
 
-/* The memory a new allocation can take without swapping: MemAvailable from /proc/meminfo (Linux
- * 3.14+), else the free physical pages (sysconf _SC_AVPHYS_PAGES). */
+/* The memory a new allocation can take without swapping: $ZPLAN_MEMORY_AVAILABLE where set
+ * (a size: 16GB, 512MiB; for a container, whose /proc/meminfo shows the host's, or to keep
+ * zplan to a share of a shared machine), else MemAvailable from /proc/meminfo (Linux 3.14+),
+ * else the free physical pages (sysconf _SC_AVPHYS_PAGES). */
 double zp_budget_available_bytes(void);
 
 /* Refuses a request of `count` items (`unit`: "ops", "values") needing about `bytes`: past
