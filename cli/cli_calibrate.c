@@ -3,6 +3,7 @@
  * squares with GSL, so that zplan simulate can predict zreal on that machine. */
 #include "cli.h"
 #include "cli_optable.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <gsl/gsl_errno.h>

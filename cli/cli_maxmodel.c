@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <math.h>

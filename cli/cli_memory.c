@@ -8,6 +8,7 @@
 #include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_schedsize.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 

@@ -10,6 +10,7 @@
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <math.h>

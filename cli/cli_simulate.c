@@ -13,6 +13,7 @@
 #include "zp_pipe.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <math.h>

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "cli_progress.h"
 #include "zp_mem.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <glib/gstdio.h>

@@ -3,6 +3,7 @@
  * the compute by kernel class where both files have it. */
 #include "cli.h"
 #include "zp_sched.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <math.h>

@@ -13,6 +13,7 @@
 #include "zp_budget.h"
 #include "zp_sched.h"
 #include "zp_schedsize.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 #ifdef ZP_HAVE_CUDA
 #include "real_comm_nccl.h"

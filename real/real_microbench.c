@@ -6,6 +6,7 @@
 #include "real_offload.h"
 #include "real_opbench.h"
 #include "real_timing.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <jansson.h>

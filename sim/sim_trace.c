@@ -2,6 +2,7 @@
  * events, too many for a JSON object tree) and writes it through a temporary file and rename. */
 #include "sim_trace.h"
 #include "zp_budget.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <inttypes.h>

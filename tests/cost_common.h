@@ -13,6 +13,7 @@
 #include "zp_model.h"
 #include "zp_optable.h"
 #include "zp_sched.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <glib/gstdio.h>

@@ -8,6 +8,7 @@
 #include "zp_mem.h"
 #include "zp_sched.h"
 #include "zp_search.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include "testutil.h"

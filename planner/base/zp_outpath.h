@@ -4,6 +4,7 @@
 #define ZP_OUTPATH_H
 
 #include <glib.h>
+#include <jansson.h>
 
 /* How a path is written:
  *   ZP_OUT_FILE    a regular file or a new path: a temporary file beside it, then a rename, so a
@@ -26,5 +27,9 @@ gboolean zp_out_write(const char *path, const char *contents, gsize length, GErr
 /* An output path given by `flag`, checked before any work: zp_out_resolve accepts it, and for a
  * file, one can be created beside its target (a probe file is made and removed). */
 gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
+
+/* Dumps JSON (indented, keys in insertion order) to path by zp_out_write's rule (NULL or "-":
+ * standard output); a failed write is an error. */
+gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
 #endif

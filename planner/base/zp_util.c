@@ -1,4 +1,4 @@
-/* zp_util: error domain, strict JSON readers, flag number parsing and JSON output.
+/* zp_util: error domain, strict JSON readers, and flag number parsing.
  * Every message names the file, key or flag at fault so the CLI can print it as one line. */
 #include "zp_util.h"
 
@@ -264,28 +264,6 @@ GArray *zp_parse_int_list(const char *text, const char *flag, double min, double
         return NULL;
     }
     return values;
-}
-
-gboolean zp_json_write(json_t *value, const char *path, GError **error)
-{
-    char *text = json_dumps(value, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    if (!text) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
-        return FALSE;
-    }
-    /* The newline goes onto Jansson's own buffer: a copy would hold the text twice (a schedule
-     * of 3.8 million ops is about 1.5 GB of it). */
-    const size_t length = strlen(text);
-    char *line = realloc(text, length + 2);
-    if (!line) {
-        free(text);
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON: out of memory");
-        return FALSE;
-    }
-    line[length] = '\n', line[length + 1] = '\0';
-    const gboolean ok = zp_out_write(path, line, length + 1, error);
-    free(line);
-    return ok;
 }
 
 static gint compare_strings(gconstpointer a, gconstpointer b)

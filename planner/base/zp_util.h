@@ -1,5 +1,5 @@
 /* zp_util: the small pieces every zplan module shares — the error domain, strict JSON
- * field readers that name the file and key, number parsing for flags, and JSON output. */
+ * field readers that name the file and key, number parsing for flags. */
 #ifndef ZP_UTIL_H
 #define ZP_UTIL_H
 
@@ -7,7 +7,6 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "zp_outpath.h" /* the output-path rule every writer here follows */
 
 #define ZP_ERROR (zp_error_quark())
 GQuark zp_error_quark(void);
@@ -71,9 +70,6 @@ gboolean zp_parse_size(const char *text, const char *flag, ZpSizeUnit unit, doub
 GArray *zp_parse_int_list(const char *text, const char *flag, double min, double max,
                           GError **error);
 
-/* Dumps JSON (indented, keys in insertion order) to path by zp_out_write's rule (NULL or "-":
- * standard output); a failed write is an error. */
-gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
 /* Progress of long work, reported by library code to whoever shows it (the CLI): `fraction`
  * of the work is done, in [0, 1]. */

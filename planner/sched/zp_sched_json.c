@@ -4,6 +4,7 @@
 #include "zp_sched_json.h"
 #include "zp_budget.h"
 #include "zp_schedsize.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <jansson.h>

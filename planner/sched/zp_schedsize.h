@@ -5,7 +5,7 @@
 
 #include "zp_model.h"
 #include "zp_plan.h"
-#include "zp_sched.h"
+#include "zp_sched_graph.h"
 
 #include <glib.h>
 

@@ -1,6 +1,7 @@
 /* zp_dsconfig: one table per ds_config section says what each key DeepSpeed knows becomes in a
  * ZpPlan (or that it is not modeled); the reader and the writer both walk these tables. */
 #include "zp_dsconfig.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <jansson.h>
