@@ -494,8 +494,11 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     /* Its stage's view over its stage's DP group with a pipeline; else the whole schedule
      * over the DP group the tensor degree leaves. */
     ZpSchedule *full = schedule_and_groups(a, comm, &groups, error);
-    if (!full || !buffers_fit(a, full, comm, be, error) ||
-        !place_rank(full, comm, be, &groups, &rp, error)) {
+    if (full && !buffers_fit(a, full, comm, be, error)) {
+        zp_sched_free(full); /* place_rank, which would own it, is not reached */
+        full = NULL;
+    }
+    if (!full || !place_rank(full, comm, be, &groups, &rp, error)) {
         rank_plan_clear(&rp);
         real_groups_free(&groups);
         return FALSE;
