@@ -8,17 +8,17 @@ CUDA_HOME  ?= /usr/local/cuda
 # a separate NCCL (a pip wheel's nvidia/nccl, with include/ and lib/) named by NCCL_HOME.
 NCCL_HOME  ?= $(CUDA_HOME)
 DEB_PACKAGES := build-essential pkg-config perl libglib2.0-dev libjansson-dev libgsl-dev \
-                libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox
+                libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox zlib1g-dev
 
 CC       := mpicc
 PLANNER_LAYERS := $(patsubst %/,%,$(sort $(dir $(wildcard planner/*/*.c planner/*/*.h))))
-PKGS     := glib-2.0 jansson gsl
+PKGS     := glib-2.0 jansson gsl zlib
 CFLAGS   ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -MMD -MP \
             $(patsubst %,-I%,$(PLANNER_LAYERS)) -Isim -Ireal $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
             -DZP_DATA_DIR=\"$(CURDIR)\" -DZP_BUILD_DIR=\"$(abspath $(BUILD))\"
 # GSL's CBLAS interface, implemented by OpenBLAS (not GSL's reference gslcblas).
-LDLIBS   := $(shell pkg-config --libs-only-L --libs-only-l glib-2.0 jansson 2>/dev/null) \
+LDLIBS   := $(shell pkg-config --libs-only-L --libs-only-l glib-2.0 jansson zlib 2>/dev/null) \
             -lgsl -lopenblas -lm
 
 # CUDA and NCCL are optional. Where $(CUDA_HOME)/bin/nvcc exists (ZP_WITH_CUDA=yes) the CUDA

@@ -3,6 +3,7 @@
  * squares with GSL, so that zplan simulate can predict zreal on that machine. */
 #include "cli.h"
 #include "cli_optable.h"
+#include "cli_torchtrace.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
 
@@ -667,13 +668,16 @@ static gboolean add_collective_table(json_t *profile, const Samples *s, int *row
 
 int cli_calibrate(int argc, char **argv)
 {
-    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL;
+    char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL, *cluster = NULL;
+    char **torch_traces = NULL;
     GOptionEntry entries[] = {
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &out, "Write the fitted hwprofile here (required)", "FILE"},
         {"name", 0, 0, G_OPTION_ARG_STRING, &name, "Profile name (default: the file's base name)", "NAME"},
         {"memory-bytes", 0, 0, G_OPTION_ARG_STRING, &memory, "Memory per rank (default: the device's, or physical memory / ranks)", "BYTES"},
         {"ranks", 0, 0, G_OPTION_ARG_STRING, &ranks, "The rank count the profile describes: compute rates from the runs with that many ranks, collectives from every run (default: the most of any run)", "N"},
         {"gpu", 0, 0, G_OPTION_ARG_STRING, &gpu, "The device's name for the profile's \"gpu\" (default: CUDA device, or CPU rank)", "NAME"},
+        {"torch-trace", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &torch_traces, "Calibrate from a PyTorch profiler trace (Kineto JSON, .json or .json.gz, record_shapes=True) instead of microbenchmarks; repeat for more ranks or steps (docs/calibrate.md)", "TRACE"},
+        {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "With --torch-trace: the hwprofile the trace's kernel tables are merged into", "NAME|PATH.json"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("MICROBENCH.json...");
@@ -684,7 +688,10 @@ int cli_calibrate(int argc, char **argv)
         "collectives (latency per step and bus bandwidth per collective), by weighted least\n"
         "squares. Runs at two or more rank counts separate the per-step latency. On a GPU:\n"
         "`zreal --backend cuda --emulate 8 --microbench` once in each GEMM mode (default and\n"
-        "ZREAL_CUDA_GEMM=fp32) gives the bf16 and fp32 peaks.");
+        "ZREAL_CUDA_GEMM=fp32) gives the bf16 and fp32 peaks.\n\n"
+        "With --torch-trace TRACE --cluster BASE: the kernels of a PyTorch profiler trace\n"
+        "by class (GEMM by m, n, k; attention; memory-bound by bytes; NCCL collectives;\n"
+        "the optimizer), their median times merged into BASE's kernel tables.");
     GError *error = NULL;
     /* GSL's default handler aborts; its errors are returned and reported here instead. */
     gsl_set_error_handler_off();
@@ -706,6 +713,19 @@ int cli_calibrate(int argc, char **argv)
     Fitted fitted = {0};
     CollFit fit;
     gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
+    if (ok && torch_traces) {
+        if (argc > 1)
+            g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "give either MICROBENCH.json files or "
+                        "--torch-trace, not both ('%s')", argv[1]);
+        else if (!out)
+            g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "give --out FILE (see --help)");
+        ok = argc <= 1 && out && cli_torch_calibrate(torch_traces, cluster, out, name, &error);
+        goto done;
+    }
+    if (ok && cluster) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--cluster goes with --torch-trace");
+        ok = FALSE;
+    }
     if (ok && (!out || argc < 2)) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
                     "give --out FILE and at least one MICROBENCH.json (see --help)");
@@ -784,6 +804,7 @@ int cli_calibrate(int argc, char **argv)
         json_decref(profile);
         g_free(base);
     }
+done:;
     int status = ok ? 0 : cli_fail("calibrate", error);
     GArray *arrays[] = {s.gemm_flops, s.gemm_s, s.gemm_world, s.tc_flops, s.tc_s, s.tc_world,
                         s.mem_bytes, s.mem_s, s.mem_world,
@@ -795,6 +816,7 @@ int cli_calibrate(int argc, char **argv)
     g_ptr_array_unref(s.runs);
     g_free(s.nvme_source);
     g_option_context_free(context);
-    g_free(out), g_free(name), g_free(memory), g_free(gpu), g_free(ranks);
+    g_free(out), g_free(name), g_free(memory), g_free(gpu), g_free(ranks), g_free(cluster);
+    g_strfreev(torch_traces);
     return status;
 }

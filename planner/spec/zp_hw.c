@@ -1,6 +1,7 @@
 /* zp_hw: reads hardware profiles strictly: every number present, positive and in a sane
  * range, every key known, so a typo cannot silently turn into a default. */
 #include "zp_hw.h"
+#include "zp_kclass.h"
 #include "zp_util.h"
 
 #include <jansson.h>
@@ -55,7 +56,7 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "collective_table",
                                       "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
                                       "calibration", "attention", "op_costs",
-                                      "kernel_rates", NULL};
+                                      "kernel_rates", "kernel_tables", NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -222,10 +223,12 @@ gboolean zp_hw_from_json(void *json_object, const char *what, ZpHw *hw, GError *
     json_t *op_costs = json_object_get(obj, "op_costs");
     json_t *coll_table = json_object_get(obj, "collective_table");
     json_t *kernel_rates = json_object_get(obj, "kernel_rates");
+    json_t *kernel_tables = json_object_get(obj, "kernel_tables");
     if (!collective_fit(obj, what, hw, error) || !attention_table(obj, what, hw, error) ||
         (kernel_rates && !zp_kernrate_from_json(kernel_rates, what, &hw->kernel_rates, error)) ||
         (coll_table && !zp_colltab_from_json(coll_table, what, &hw->collective_table, error)) ||
-        (op_costs && !zp_optable_from_json(op_costs, what, &hw->op_costs, error)))
+        (op_costs && !zp_optable_from_json(op_costs, what, &hw->op_costs, error)) ||
+        (kernel_tables && !zp_kclass_tables_check(kernel_tables, what, error)))
         return FALSE;
     json_t *notes = json_object_get(obj, "notes");
     if (notes && !json_is_object(notes)) {
