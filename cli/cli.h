@@ -7,7 +7,9 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
+#include "zp_alloc_replay.h"
 #include "zp_search.h"
+#include "sim_engine.h"
 
 #include <glib.h>
 
@@ -29,6 +31,24 @@ int cli_simulate(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
 int cli_validate(int argc, char **argv);
 int cli_calibrate(int argc, char **argv);
+
+/* What `simulate` computed for one plan, handed to a command that compares it with a
+ * measurement (validate --torch-trace) instead of being printed; the timeline recorded. */
+typedef struct {
+    const ZpModel *model;
+    const ZpHw *hw;
+    const ZpPlan *plan;
+    const ZpSchedule *sched;
+    const SimResult *result;
+    ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
+} CliSimulated;
+typedef int (*CliSimulatedFn)(const CliSimulated *s, void *ctx);
+
+/* Runs `simulate`'s plan flags (and `extra`, NULL-terminated entries of the caller's) on
+ * argv as `name`, simulates the plan and hands the result to fn, whose value is returned;
+ * a bad flag fails as simulate's do. */
+int cli_simulate_into(int argc, char **argv, const char *name, const char *summary,
+                      const GOptionEntry *extra, CliSimulatedFn fn, void *ctx);
 
 /* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
 int cli_fail(const char *command, GError *error);

@@ -38,6 +38,8 @@ typedef struct {
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
     GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
+    CliSimulatedFn sink; /* cli_simulate_into: the result goes here, not to stdout */
+    void *sink_ctx;
 } SimulateFlags;
 
 static gboolean required(const char *text, const char *usage, GError **error)
@@ -856,7 +858,7 @@ static int simulate(const SimulateFlags *f)
     g_free(what);
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
-        .record_timeline = f->trace != NULL || f->json,
+        .record_timeline = f->trace != NULL || f->json || f->sink,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
@@ -891,11 +893,14 @@ static int simulate(const SimulateFlags *f)
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
             f->ds_config ? f->defaults_taken : NULL,
             zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
-        if (f->json)
+        if (f->sink)
+            status = f->sink(&(CliSimulated){&model, &hw, &plan, sched, result, report.alloc},
+                             f->sink_ctx);
+        else if (f->json)
             status = print_json(&report);
         else
             print_human(&report);
-        if (status == 0 && bytes_over(&report) > 0)
+        if (status == 0 && !f->sink && bytes_over(&report) > 0)
             status = CLI_EXIT_DOES_NOT_FIT;
     }
     sim_result_free(result);
@@ -1003,6 +1008,13 @@ int cli_simulate(int argc, char **argv)
         "--cluster is required; --schedule FILE times a schedule file in place of a plan.\n"
         "Exit status 2: the step does not fit.",
         extra, &f, simulate);
+}
+
+int cli_simulate_into(int argc, char **argv, const char *name, const char *summary,
+                      const GOptionEntry *extra, CliSimulatedFn fn, void *ctx)
+{
+    SimulateFlags f = {.sink = fn, .sink_ctx = ctx};
+    return run_with_flags(argc, argv, name, summary, extra, &f, simulate);
 }
 
 /* `zplan schedule`: the per-rank op list of one step as JSON, for zreal --schedule and tests. */

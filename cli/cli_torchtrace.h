@@ -28,4 +28,9 @@ void *cli_torch_trace_summary_json(const ZpTorchTrace *t);
 gboolean cli_torch_calibrate(char **traces, const char *cluster, const char *out,
                              const char *name, GError **error);
 
+/* `zplan validate --torch-trace TRACE... --model M --cluster C ...` (cli_torchvalidate.c):
+ * simulates the plan simulate's flags give and prints the trace's step by kernel class beside
+ * the prediction (and the run's step time and peak memory with --torch-steps FILE). */
+int cli_torch_validate(int argc, char **argv);
+
 #endif

@@ -2,6 +2,7 @@
  * predicted beside what `zreal --out` measured: time, memory by category, bytes, op times, and
  * the compute by kernel class where both files have it. */
 #include "cli.h"
+#include "cli_torchtrace.h"
 #include "zp_sched.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
@@ -439,8 +440,20 @@ static json_t *rows_json(const GArray *rows, const char *note)
     return json_pack("{s:o, s:s?}", "rows", out, "note", note);
 }
 
+/* Whether argv asks for the PyTorch trace's comparison (--torch-trace), whose flags are
+ * simulate's. */
+static gboolean torch_trace_args(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--torch-trace") == 0 || g_str_has_prefix(argv[i], "--torch-trace="))
+            return TRUE;
+    return FALSE;
+}
+
 int cli_validate(int argc, char **argv)
 {
+    if (torch_trace_args(argc, argv))
+        return cli_torch_validate(argc, argv);
     gboolean json = FALSE;
     GOptionEntry entries[] = {
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
@@ -451,7 +464,10 @@ int cli_validate(int argc, char **argv)
     g_option_context_set_summary(context,
         "Compares zplan simulate --json (PREDICTED) with zreal --out (MEASURED) for the same\n"
         "plan: step time, model states, peak memory and every memory category, bytes sent,\n"
-        "and the time of every op type.");
+        "and the time of every op type.\n\n"
+        "zplan validate --torch-trace TRACE --model M --cluster C --gpus N --stage S\n"
+        "--micro-batch B ... compares a PyTorch profiler trace of a job with zplan's\n"
+        "prediction of its plan instead, by kernel class (docs/calibrate.md).");
     GError *error = NULL;
     json_t *pred = NULL, *meas = NULL;
     gboolean ok = g_option_context_parse(context, &argc, &argv, &error);

@@ -463,6 +463,63 @@ static void test_calibrate_command(void)
     g_free(out);
 }
 
+/* validate --torch-trace: the trace's classes measured exactly, the prediction's classes
+ * summing to the simulated rank's op times (simulate --json's "ops"), and with the run's
+ * steps file its step time and peak memory; a steps file of another configuration refused. */
+static void test_validate_command(void)
+{
+    char *trace = block_trace("val.json", 3);
+    const char *plan = "--model gpt2-124m --cluster dgx-h100 --gpus 1 --stage 0 "
+                       "--micro-batch 2 --seq 512 --precision bf16";
+    char *steps = g_build_filename(tmp_dir, "steps-rank0.json", NULL);
+    json_t *run = json_pack("{s:s, s:i, s:i, s:i, s:f, s:f, s:f}", "format",
+                            "zplan-torch-profile-1", "micro_batch", 2, "seq", 512, "world", 1,
+                            "median_step_time_s", 0.05, "max_memory_allocated_bytes", 3e9,
+                            "max_memory_reserved_bytes", 4e9);
+    g_assert_cmpint(json_dump_file(run, steps, 0), ==, 0);
+    char *args = g_strdup_printf("validate --torch-trace %s --torch-steps %s %s --json", trace,
+                                 steps, plan);
+    json_t *v = tu_zplan_json(args);
+    char *sim_args = g_strdup_printf("simulate %s --json", plan);
+    json_t *sim = tu_zplan_json(sim_args);
+    double ops_s = 0, classes_s = 0;
+    const char *op;
+    json_t *o;
+    json_object_foreach(json_object_get(sim, "ops"), op, o)
+        ops_s += num(o, "total_s");
+    json_t *rows = json_object_get(v, "rows");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *r = json_array_get(rows, i);
+        const char *q = json_string_value(json_object_get(r, "quantity"));
+        if (strstr(q, "kernels per step"))
+            classes_s += num(r, "predicted");
+        if (strcmp(q, "gemm kernels per step (ms)") == 0)
+            g_assert_cmpfloat_with_epsilon(num(r, "measured"), 110e-6, 1e-12);
+        if (strcmp(q, "step time (ms)") == 0) {
+            g_assert_cmpfloat(num(r, "measured"), ==, 0.05);
+            g_assert_cmpfloat(num(r, "predicted"), ==, num(sim, "step_time_s"));
+        }
+        if (strcmp(q, "peak reserved (GB)") == 0)
+            g_assert_cmpfloat(num(r, "measured"), ==, 4e9);
+    }
+    g_assert_cmpuint(json_array_size(rows), ==, 1 + ZP_KCLASS_N + 1 + 2);
+    g_assert_cmpfloat_with_epsilon(classes_s, ops_s, 1e-9 * ops_s);
+    json_decref(v), json_decref(sim);
+    g_free(args), g_free(sim_args);
+    /* The steps file of micro-batch 2 against a plan of 4. */
+    args = g_strdup_printf("validate --torch-trace %s --torch-steps %s --model gpt2-124m "
+                           "--cluster dgx-h100 --gpus 1 --stage 0 --micro-batch 4 --seq 512",
+                           trace, steps);
+    TuRun bad = tu_zplan(args);
+    g_assert_false(g_spawn_check_wait_status(bad.status, NULL));
+    g_assert_nonnull(strstr(bad.err, "ran another configuration: micro-batch 2"));
+    tu_free(&bad);
+    g_free(args);
+    json_decref(run);
+    g_free(steps);
+    g_free(trace);
+}
+
 /* ---- public traces, when present ---- */
 
 /* Kineto traces from a trace-analysis project's tests (facebookresearch/HolisticTraceAnalysis
@@ -517,6 +574,7 @@ int main(int argc, char **argv)
     g_test_add_func("/torch-trace/unlinked-and-zero", test_unlinked_and_zero);
     g_test_add_func("/torch-trace/million-events", test_million_events);
     g_test_add_func("/torch-trace/calibrate", test_calibrate_command);
+    g_test_add_func("/torch-trace/validate", test_validate_command);
     g_test_add_func("/torch-trace/public-traces", test_public_traces);
     const int status = g_test_run();
     char *rm = g_strdup_printf("rm -rf %s", tmp_dir);
