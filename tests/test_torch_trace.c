@@ -20,11 +20,13 @@ typedef struct {
     json_t *events;
     gint64 ext, corr;
     gboolean no_correlation; /* kernels and launches without "correlation" */
+    gboolean old_format;     /* "External id" of launches and kernels = their correlation id,
+                              * as PyTorch wrote it before 1.13 */
 } Trace;
 
 static Trace trace_new(void)
 {
-    return (Trace){json_array(), 100, 5000, FALSE};
+    return (Trace){json_array(), 100, 5000, FALSE, FALSE};
 }
 
 /* A CPU op at ts with its shapes (dims, types: new references), returning its External id. */
@@ -45,6 +47,8 @@ static void kernel(Trace *t, gint64 ext, double ts, const char *cat, const char 
                    double dur, json_t *args)
 {
     const gint64 corr = t->corr++;
+    if (t->old_format)
+        ext = corr;
     json_t *launch_args = json_pack("{s:I, s:I}", "External id", (json_int_t)ext, "cbid",
                                     (json_int_t)211);
     json_t *kernel_args = json_pack("{s:I, s:i, s:i}", "External id", (json_int_t)ext,
@@ -83,7 +87,8 @@ static const char *const bf16 = "c10::BFloat16";
 #define SPLITK_KERNEL "void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(cublasSplitKParams<float>)"
 #define NEW_GEMM_KERNEL "sm100_new_family_tn_128x256"
 #define FLASH_KERNEL "void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false>, true>(Flash_fwd_params)"
-#define ADD_KERNEL "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"
+/* As ATen names it, with a lambda: not the optimizer's "lamb". */
+#define ADD_KERNEL "void at::native::vectorized_elementwise_kernel<4, at::native::add_kernel(at::TensorIteratorBase&, c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, std::array<char*, 3ul>>(int, at::native::add_kernel(at::TensorIteratorBase&, c10::Scalar const&)::{lambda()#1}, std::array<char*, 3ul>)"
 #define NCCL_KERNEL "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 #define ADAM_KERNEL "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>(T1, T2, T3...)"
 #define CUSTOM_KERNEL "void my_custom_scan_kernel<float>(float const*, float*, int)"
@@ -351,6 +356,29 @@ static void test_unlinked_and_zero(void)
     g_free(path);
 }
 
+/* Traces of PyTorch before 1.13 name no op in their launches: the launch's op is the innermost
+ * shaped op around it on its thread. */
+static void test_old_format(void)
+{
+    Trace t = trace_new();
+    t.old_format = TRUE;
+    for (int n = 0; n < 3; n++)
+        block_step(&t, n, 10000.0 * n);
+    char *path = write_trace("old.json", &t, 0);
+    ZpTorchTrace *tr = zp_torch_trace_new();
+    g_assert_true(zp_torch_trace_read(tr, path, NULL));
+    json_t *tables = zp_torch_trace_tables(tr, "test");
+    json_t *r = row_of(tables, "gemm", "n", json_real(3072));
+    g_assert_cmpfloat(num(r, "m"), ==, 8192);
+    g_assert_cmpfloat_with_epsilon(num(r, "time_s"), 70e-6, 1e-15);
+    r = row_of(tables, "memory", "op", json_string("aten::add"));
+    g_assert_cmpfloat(num(r, "bytes"), ==, 3.0 * 8 * 1024 * 768 * 2);
+    g_assert_cmpuint(json_array_size(json_object_get(tables, "attention")), ==, 1);
+    json_decref(tables);
+    zp_torch_trace_free(tr);
+    g_free(path);
+}
+
 /* A million events, gzip-compressed: read in one pass, memory held by the records alone. */
 static void test_million_events(void)
 {
@@ -572,6 +600,7 @@ int main(int argc, char **argv)
     g_test_add_func("/torch-trace/ranks-median", test_ranks_median);
     g_test_add_func("/torch-trace/truncated", test_truncated);
     g_test_add_func("/torch-trace/unlinked-and-zero", test_unlinked_and_zero);
+    g_test_add_func("/torch-trace/old-format", test_old_format);
     g_test_add_func("/torch-trace/million-events", test_million_events);
     g_test_add_func("/torch-trace/calibrate", test_calibrate_command);
     g_test_add_func("/torch-trace/validate", test_validate_command);

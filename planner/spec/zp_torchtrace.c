@@ -42,14 +42,15 @@ typedef struct {
 } Kernel;
 
 typedef struct {
-    gint64 corr, ext;
+    gint64 corr, ext, tid;
     double ts_us;
 } Launch;
 
 typedef enum { OP_OTHER, OP_GEMM, OP_ATTENTION } OpKind;
 
 typedef struct {
-    gint64 ext;
+    gint64 ext, tid;     /* tid: the CPU thread it ran on, -1 when not a number */
+    double ts_us, end_us;
     guint32 name;
     gint8 kind;          /* OpKind */
     gint8 backward;      /* attention */
@@ -69,6 +70,7 @@ typedef struct {
     GHashTable *name_ids;  /* name -> id + 1 */
     GPtrArray *names;
     GArray *kernels, *launches, *ops, *steps;
+    GArray *by_thread;     /* indices of ops, by thread and then start (finish_file) */
     guint64 records;
 } File;
 
@@ -379,7 +381,7 @@ static gboolean on_kernel(File *f, json_t *e, json_t *args, const char *cat, dou
     return !too_many(f, error);
 }
 
-static gboolean on_op(File *f, json_t *e, json_t *args, GError **error)
+static gboolean on_op(File *f, json_t *e, json_t *args, double ts, double dur, GError **error)
 {
     const char *name = str_of(e, "name");
     json_t *dims = json_object_get(args, "Input Dims"), *types = json_object_get(args, "Input type");
@@ -387,7 +389,8 @@ static gboolean on_op(File *f, json_t *e, json_t *args, GError **error)
     CollArgs coll = coll_args(args, NULL);
     if (!name || ext < 0 || (!json_is_array(dims) && coll.bytes <= 0))
         return TRUE; /* nothing a kernel could take from it */
-    Op op = {.ext = ext, .name = intern(f, name), .kind = OP_OTHER, .coll = coll};
+    Op op = {.ext = ext, .tid = int_of(e, "tid"), .ts_us = ts, .end_us = ts + dur,
+             .name = intern(f, name), .kind = OP_OTHER, .coll = coll};
     if (!gemm_shape(name, dims, types, &op) && !attention_shape(name, dims, &op))
         op.bytes = input_bytes(dims, types);
     g_array_append_val(f->ops, op);
@@ -421,14 +424,15 @@ static gboolean on_event(const char *key, void *value, gint64 index, guint64 off
     if (!strcmp(cat, "kernel") || !strcmp(cat, "gpu_memcpy") || !strcmp(cat, "gpu_memset"))
         return on_kernel(f, e, args, cat, ts, dur, error);
     if (!strcmp(cat, "cuda_runtime") || !strcmp(cat, "cuda_driver")) {
-        Launch l = {int_of(args, "correlation"), int_of(args, "External id"), ts};
+        Launch l = {int_of(args, "correlation"), int_of(args, "External id"), int_of(e, "tid"),
+                    ts};
         if (l.corr < 0)
             return TRUE;
         g_array_append_val(f->launches, l);
         return !too_many(f, error);
     }
     if (!strcmp(cat, "cpu_op"))
-        return on_op(f, e, args, error);
+        return on_op(f, e, args, ts, dur, error);
     const char *name = str_of(e, "name");
     if (!strcmp(cat, "user_annotation") && name && g_str_has_prefix(name, "ProfilerStep#")) {
         Step s = {ts, ts + dur};
@@ -440,8 +444,9 @@ static gboolean on_event(const char *key, void *value, gint64 index, guint64 off
 /* ---- placing a kernel ---- */
 
 /* Kernel names by class, first match wins (lower-cased substrings): NCCL's kernels, then the
- * optimizer's (torch/csrc/... multi_tensor_apply.cuh, FusedAdamKernel.cu; apex's
- * multi_tensor_adam), fused attention (flash-attention's flash_fwd/bwd, PyTorch's
+ * optimizer's (ATen's multi_tensor_apply.cuh and FusedAdamKernel.cu; apex's multi_tensor_adam
+ * and _lamb; DeepSpeed's lamb_cuda_kernel: not "adam" or "lamb" alone, which "hadamard" and
+ * every "{lambda()#1}" of ATen's elementwise kernels hold), fused attention (flash-attention's flash_fwd/bwd, PyTorch's
  * memory-efficient fmha_cutlassF/B and AttentionKernel, cuDNN's sdpa), GEMMs (cuBLAS's
  * *gemm*, Hopper's nvjet_*, CUTLASS, split-K reductions, cuBLASLt's epilogues), then
  * memory-bound kernels (ATen's elementwise, reduce, norm (GammaBeta: layer norm's backward),
@@ -452,8 +457,10 @@ static const struct {
     ZpKernelClass klass;
 } name_patterns[] = {
     {"nccl", ZP_KCLASS_COLLECTIVE},
-    {"multi_tensor_apply", ZP_KCLASS_OPTIMIZER}, {"adam", ZP_KCLASS_OPTIMIZER},
-    {"lamb", ZP_KCLASS_OPTIMIZER},
+    {"multi_tensor_apply", ZP_KCLASS_OPTIMIZER}, {"fusedadam", ZP_KCLASS_OPTIMIZER},
+    {"fused_adam", ZP_KCLASS_OPTIMIZER}, {"adamfunctor", ZP_KCLASS_OPTIMIZER},
+    {"multi_tensor_adam", ZP_KCLASS_OPTIMIZER}, {"multi_tensor_lamb", ZP_KCLASS_OPTIMIZER},
+    {"lamb_cuda", ZP_KCLASS_OPTIMIZER},
     {"flash", ZP_KCLASS_ATTENTION}, {"fmha", ZP_KCLASS_ATTENTION},
     {"attention", ZP_KCLASS_ATTENTION}, {"sdpa", ZP_KCLASS_ATTENTION},
     {"gemm", ZP_KCLASS_GEMM}, {"gemv", ZP_KCLASS_GEMM}, {"nvjet", ZP_KCLASS_GEMM},
@@ -514,7 +521,7 @@ static int cmp_step(const void *a, const void *b)
 
 static const Launch *find_launch(const File *f, gint64 corr)
 {
-    const Launch key = {corr, 0, 0};
+    const Launch key = {corr, 0, 0, 0};
     return corr < 0 ? NULL
                     : bsearch(&key, f->launches->data, f->launches->len, sizeof key, cmp_launch);
 }
@@ -523,6 +530,45 @@ static const Op *find_op(const File *f, gint64 ext)
 {
     const Op key = {.ext = ext};
     return ext < 0 ? NULL : bsearch(&key, f->ops->data, f->ops->len, sizeof key, cmp_op);
+}
+
+static gint thread_order(gconstpointer a, gconstpointer b, gpointer ops)
+{
+    const Op *x = &g_array_index((GArray *)ops, Op, *(const guint *)a);
+    const Op *y = &g_array_index((GArray *)ops, Op, *(const guint *)b);
+    if (x->tid != y->tid)
+        return (x->tid > y->tid) - (x->tid < y->tid);
+    return (x->ts_us > y->ts_us) - (x->ts_us < y->ts_us);
+}
+
+/* How far back among a thread's earlier ops the innermost enclosing one is looked for: the
+ * siblings that ended before the launch are passed over, so a launch after many of them in one
+ * op (an optimizer's thousands of small ops) may find none. */
+#define ENCLOSING_LOOKBACK 256
+
+/* The innermost shaped op on thread tid whose span holds ts: the launch's op in traces whose
+ * launches carry no External id of their op (PyTorch before 1.13 wrote the correlation id
+ * there). NULL when none. */
+static const Op *find_enclosing(const File *f, gint64 tid, double ts)
+{
+    const guint n = f->by_thread->len;
+    guint lo = 0, hi = n; /* the first op after (tid, ts) */
+    while (lo < hi) {
+        const guint mid = (lo + hi) / 2;
+        const Op *o = &g_array_index(f->ops, Op, g_array_index(f->by_thread, guint, mid));
+        if (o->tid < tid || (o->tid == tid && o->ts_us <= ts))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (guint i = lo, seen = 0; i-- > 0 && seen < ENCLOSING_LOOKBACK; seen++) {
+        const Op *o = &g_array_index(f->ops, Op, g_array_index(f->by_thread, guint, i));
+        if (o->tid != tid)
+            break;
+        if (o->end_us >= ts)
+            return o;
+    }
+    return NULL;
 }
 
 /* The step a launch at ts falls in (steps sorted), -1 outside every one. */
@@ -639,6 +685,11 @@ static void finish_file(File *f)
     g_array_sort(f->launches, cmp_launch);
     g_array_sort(f->ops, cmp_op);
     g_array_sort(f->steps, cmp_step);
+    f->by_thread = g_array_sized_new(FALSE, FALSE, sizeof(guint), f->ops->len);
+    for (guint i = 0; i < f->ops->len; i++)
+        if (g_array_index(f->ops, Op, i).tid >= 0)
+            g_array_append_val(f->by_thread, i);
+    g_array_sort_with_data(f->by_thread, thread_order, f->ops);
     ZpKernelClass *by_name = g_new(ZpKernelClass, f->names->len);
     for (guint i = 0; i < f->names->len; i++)
         by_name[i] = class_by_name(g_ptr_array_index(f->names, i));
@@ -653,8 +704,10 @@ static void finish_file(File *f)
         /* The launch's External id names the op; a kernel's own is the op's in newer traces
          * but its correlation id in older ones, where it names no op. */
         const Launch *l = find_launch(f, k->corr);
-        const gint64 ext = l && l->ext != l->corr ? l->ext : k->ext != k->corr ? k->ext : -1;
+        gint64 ext = l && l->ext != l->corr ? l->ext : k->ext != k->corr ? k->ext : -1;
         const Op *op = find_op(f, ext);
+        if (!op && l && l->tid >= 0 && (op = find_enclosing(f, l->tid, l->ts_us)))
+            ext = op->ext;
         if (!l && !op)
             t->sum.unlinked++;
         if (k->dur_us <= 0) {
@@ -707,6 +760,7 @@ static void finish_file(File *f)
     g_hash_table_unref(grouped);
     g_array_unref(instances);
     g_array_unref(keys);
+    g_array_unref(f->by_thread);
     g_free(step_s);
     g_free(by_name);
 }
@@ -716,7 +770,8 @@ gboolean zp_torch_trace_read(ZpTorchTrace *t, const char *path, GError **error)
     File f = {t, path, g_hash_table_new(g_str_hash, g_str_equal),
               g_ptr_array_new_with_free_func(g_free),
               g_array_new(FALSE, FALSE, sizeof(Kernel)), g_array_new(FALSE, FALSE, sizeof(Launch)),
-              g_array_new(FALSE, FALSE, sizeof(Op)), g_array_new(FALSE, FALSE, sizeof(Step)), 0};
+              g_array_new(FALSE, FALSE, sizeof(Op)), g_array_new(FALSE, FALSE, sizeof(Step)), NULL,
+              0};
     static const char *const keep[] = {"distributedInfo", NULL};
     const gboolean ok = zp_json_stream(path, "traceEvents", keep, ZP_TRACE_MAX_EVENT_BYTES,
                                        on_event, &f, error);
