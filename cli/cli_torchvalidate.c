@@ -51,7 +51,7 @@ static void split_compute(const ZpCost *c, const CliSimulated *s, const ZpOp *op
         part[2] = op->mem_bytes > 0 ? zp_cost_op_s(c, kind, -1, 0, 0, 0, op->mem_bytes) : 0;
     }
     const double sum = part[0] + part[1] + part[2];
-    static const ZpKernelClass to_class[3] = {ZP_KCLASS_GEMM, ZP_KCLASS_ATTENTION,
+    static const ZpKClass to_class[3] = {ZP_KCLASS_GEMM, ZP_KCLASS_ATTENTION,
                                               ZP_KCLASS_MEMORY};
     for (int p = 0; p < 3; p++)
         class_s[to_class[p]] += sum > 0 ? op_s * part[p] / sum : (p == 0 ? op_s : 0);

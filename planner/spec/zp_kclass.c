@@ -10,7 +10,7 @@
 static const char *const class_names[] = {"gemm", "attention", "memory", "collective",
                                           "optimizer", "unknown"};
 
-const char *zp_kclass_name(ZpKernelClass c)
+const char *zp_kclass_name(ZpKClass c)
 {
     return class_names[c <= ZP_KCLASS_UNKNOWN ? c : ZP_KCLASS_UNKNOWN];
 }
@@ -35,12 +35,12 @@ static const RowSpec row_specs[ZP_KCLASS_N] = {
 /* The identifying keys of every class, cut from row_specs (filled on first use). */
 static const char *id_keys[ZP_KCLASS_N][10];
 
-const char *const *zp_kclass_row_keys(ZpKernelClass c)
+const char *const *zp_kclass_row_keys(ZpKClass c)
 {
     return row_specs[c].keys;
 }
 
-const char *const *zp_kclass_row_id_keys(ZpKernelClass c)
+const char *const *zp_kclass_row_id_keys(ZpKClass c)
 {
     if (!id_keys[c][0])
         for (int i = 0; i < row_specs[c].id_keys; i++)
@@ -56,7 +56,7 @@ static gboolean is_string_key(const RowSpec *s, const char *key)
     return FALSE;
 }
 
-static gboolean row_check(json_t *row, ZpKernelClass c, const char *what, GError **error)
+static gboolean row_check(json_t *row, ZpKClass c, const char *what, GError **error)
 {
     const RowSpec *s = &row_specs[c];
     if (!json_is_object(row)) {
@@ -118,7 +118,7 @@ gboolean zp_kclass_tables_check(void *json_object, const char *what, GError **er
     return ok;
 }
 
-static gboolean same_row(json_t *a, json_t *b, ZpKernelClass c)
+static gboolean same_row(json_t *a, json_t *b, ZpKClass c)
 {
     for (int i = 0; i < row_specs[c].id_keys; i++) {
         const char *key = row_specs[c].keys[i];

@@ -6,8 +6,12 @@
 #include <glib.h>
 
 /* Every GPU kernel of a step is one of these; ZP_KCLASS_UNKNOWN only while being placed (a
- * reader lists such kernels by name, it never drops them). The first three are zp_cost's
- * ZpKernelKind (GEMM, attention, elementwise) with the step's other two kinds of work. */
+ * reader lists such kernels by name, it never drops them). The first four, in this order and
+ * with these names, are the classes a framework's kernel inventory prices (zp_inventory's
+ * ZpKernelClass on the gpu-kernels branch: ZP_KC_GEMM, _ATTENTION, _MEMORY, _COLLECTIVE); a
+ * trace also times the optimizer's kernels apart, which an inventory counts as memory-bound
+ * (multi-tensor Adam moves its bytes). The type is not called ZpKernelClass so that both can
+ * be linked until one adopts the other. */
 typedef enum {
     ZP_KCLASS_GEMM,       /* a matrix product: m, n, k (and a batch) */
     ZP_KCLASS_ATTENTION,  /* a fused attention kernel (flash, memory-efficient, cuDNN) */
@@ -16,10 +20,10 @@ typedef enum {
     ZP_KCLASS_OPTIMIZER,  /* the optimizer step (fused Adam, multi_tensor_apply) */
     ZP_KCLASS_N,
     ZP_KCLASS_UNKNOWN = ZP_KCLASS_N
-} ZpKernelClass;
+} ZpKClass;
 
 /* "gemm", "attention", "memory", "collective", "optimizer" ("unknown" past them). */
-const char *zp_kclass_name(ZpKernelClass c);
+const char *zp_kclass_name(ZpKClass c);
 
 /* The "kernel_tables" object of a hwprofile: measured kernel times by class, each row the
  * median of `count` timed instances of one shape, each class's source in "sources":
@@ -35,8 +39,8 @@ gboolean zp_kclass_tables_check(void *json_object, const char *what, GError **er
 
 /* The row keys of class c's table (NULL-terminated), and the keys that identify a row (the
  * rest: time_s and count), for merging two tables. */
-const char *const *zp_kclass_row_keys(ZpKernelClass c);
-const char *const *zp_kclass_row_id_keys(ZpKernelClass c);
+const char *const *zp_kclass_row_keys(ZpKClass c);
+const char *const *zp_kclass_row_id_keys(ZpKClass c);
 
 /* Merges `update` into `base` (both "kernel_tables" objects; base is changed): a row of
  * update replaces base's row with the same identifying keys, other rows are added, and each

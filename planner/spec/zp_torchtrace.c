@@ -454,7 +454,7 @@ static gboolean on_event(const char *key, void *value, gint64 index, guint64 off
  * and reduction kernels). */
 static const struct {
     const char *text;
-    ZpKernelClass klass;
+    ZpKClass klass;
 } name_patterns[] = {
     {"nccl", ZP_KCLASS_COLLECTIVE},
     {"multi_tensor_apply", ZP_KCLASS_OPTIMIZER}, {"fusedadam", ZP_KCLASS_OPTIMIZER},
@@ -477,10 +477,10 @@ static const struct {
     {"gammabeta", ZP_KCLASS_MEMORY}, {"cub::device", ZP_KCLASS_MEMORY},
 };
 
-static ZpKernelClass class_by_name(const char *name)
+static ZpKClass class_by_name(const char *name)
 {
     char *lower = g_ascii_strdown(name, -1);
-    ZpKernelClass c = ZP_KCLASS_UNKNOWN;
+    ZpKClass c = ZP_KCLASS_UNKNOWN;
     for (size_t i = 0; c == ZP_KCLASS_UNKNOWN && i < G_N_ELEMENTS(name_patterns); i++)
         if (strstr(lower, name_patterns[i].text))
             c = name_patterns[i].klass;
@@ -490,7 +490,7 @@ static ZpKernelClass class_by_name(const char *name)
 
 /* A kernel's class: a copy or fill is memory-bound; then its name; then the op that launched
  * it (a GEMM op's kernel of a name not listed, such as a new cuBLAS family, is a GEMM). */
-static ZpKernelClass place(const Kernel *k, ZpKernelClass by_name, const Op *op)
+static ZpKClass place(const Kernel *k, ZpKClass by_name, const Op *op)
 {
     if (k->copy)
         return ZP_KCLASS_MEMORY;
@@ -588,14 +588,14 @@ static int step_of(const File *f, double ts)
 
 /* One timed instance: a CPU op's kernels of one class, summed (or a kernel alone). */
 typedef struct {
-    ZpKernelClass klass;
+    ZpKClass klass;
     const Op *op;
     const Kernel *first;
     double dur_us;
     int step;
 } Instance;
 
-static void add_row(ZpTorchTrace *t, ZpKernelClass c, json_t *id, double time_s)
+static void add_row(ZpTorchTrace *t, ZpKClass c, json_t *id, double time_s)
 {
     char *key = json_dumps(id, JSON_COMPACT | JSON_SORT_KEYS);
     Row *r = g_hash_table_lookup(t->rows[c], key);
@@ -690,7 +690,7 @@ static void finish_file(File *f)
         if (g_array_index(f->ops, Op, i).tid >= 0)
             g_array_append_val(f->by_thread, i);
     g_array_sort_with_data(f->by_thread, thread_order, f->ops);
-    ZpKernelClass *by_name = g_new(ZpKernelClass, f->names->len);
+    ZpKClass *by_name = g_new(ZpKClass, f->names->len);
     for (guint i = 0; i < f->names->len; i++)
         by_name[i] = class_by_name(g_ptr_array_index(f->names, i));
     const int steps = MAX((int)f->steps->len, 1);
@@ -714,7 +714,7 @@ static void finish_file(File *f)
             t->sum.zero_length++;
             continue;
         }
-        const ZpKernelClass c = place(k, by_name[k->name], op);
+        const ZpKClass c = place(k, by_name[k->name], op);
         const double ts = l ? l->ts_us : k->ts_us;
         const int step = f->steps->len ? step_of(f, ts) : 0;
         if (step < 0)
