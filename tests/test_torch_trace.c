@@ -302,6 +302,9 @@ static void test_truncated(void)
     g_free(expect_error("dur.json",
                         "{\"traceEvents\": [{\"ph\": \"X\", \"cat\": \"kernel\", \"ts\": 1, "
                         "\"dur\": -4}]}", "traceEvents[0]"));
+    g_free(expect_error("long.json",
+                        "{\"traceEvents\": [{}, {\"ph\": \"X\", \"cat\": \"kernel\", \"ts\": 1, "
+                        "\"dur\": 1e12}]}", "traceEvents[1]"));
     GString *huge = g_string_new("{\"traceEvents\": [{\"name\": \"");
     for (int i = 0; i < (2 << 20); i++)
         g_string_append_c(huge, 'x');

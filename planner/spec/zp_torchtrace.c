@@ -18,6 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The longest event (us): no kernel, op or step of a profiled training step runs 1,000 s. */
+#define MAX_EVENT_US 1e9
+/* The shortest kernel timed (us): Kineto writes nanoseconds at most (older traces whole
+ * microseconds, where a short kernel reads 0); below that it is zero length. */
+#define MIN_KERNEL_US 1e-3
+/* Sizes beyond any GPU's (a dim over 2^40, bytes over 1e18) are no shape at all. */
+#define MAX_DIM 1099511627776.0
+#define MAX_BYTES 1e18
+
 /* ---- what one file's events leave ---- */
 
 typedef enum { COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_BROADCAST,
@@ -267,7 +276,8 @@ static gboolean gemm_shape(const char *name, json_t *dims, json_t *types, Op *op
          * them as more rows. */
         const double batch = nb > 2 ? numel(b, nb - 2) : 1;
         const double m = numel(a, na - 1) / batch;
-        if (!(m >= 1 && n >= 1 && k >= 1))
+        if (!(m >= 1 && n >= 1 && k >= 1 && m <= MAX_DIM && n <= MAX_DIM && k <= MAX_DIM &&
+              batch <= MAX_DIM))
             return FALSE;
         op->kind = OP_GEMM;
         op->d[0] = m, op->d[1] = n, op->d[2] = k, op->d[3] = batch;
@@ -311,7 +321,7 @@ static double input_bytes(json_t *dims, json_t *types)
         sum += b;
         largest = fmax(largest, b);
     }
-    return sum + largest;
+    return sum + largest <= MAX_BYTES ? sum + largest : 0;
 }
 
 static int coll_kind(const char *name)
@@ -352,7 +362,7 @@ static CollArgs coll_args(json_t *args, const char *kernel_name)
     const int t = dtype_index(str_of(args, "dtype"));
     const gint64 in = int_of(args, "In msg nelems"), out = int_of(args, "Out msg nelems");
     const gint64 elems = c.kind == COLL_ALLGATHER && out > 0 ? out : in;
-    if (t >= 0 && elems > 0 && elems < (INT64_C(1) << 50))
+    if (t >= 0 && elems > 0 && elems < (INT64_C(1) << 50)) /* 8 bytes each: under MAX_BYTES */
         c.bytes = (double)elems * dtypes[t].bytes;
     return c;
 }
@@ -374,9 +384,10 @@ static gboolean on_kernel(File *f, json_t *e, json_t *args, const char *cat, dou
                           double dur, GError **error)
 {
     const char *name = str_of(e, "name");
+    const double bytes = num_of(args, "bytes");
     Kernel k = {intern(f, name ? name : "(no name)"), strcmp(cat, "kernel") != 0, ts, dur,
                 int_of(args, "correlation"), int_of(args, "External id"),
-                fmax(num_of(args, "bytes"), 0), coll_args(args, name)};
+                bytes >= 1 && bytes <= MAX_BYTES ? bytes : 0, coll_args(args, name)};
     g_array_append_val(f->kernels, k);
     return !too_many(f, error);
 }
@@ -413,11 +424,11 @@ static gboolean on_event(const char *key, void *value, gint64 index, guint64 off
     if (!json_is_object(e) || !ph || strcmp(ph, "X") != 0 || !cat)
         return TRUE;
     const double ts = num_of(e, "ts"), dur = num_of(e, "dur");
-    if (!isfinite(ts) || !isfinite(dur) || dur < 0) {
+    if (!isfinite(ts) || !isfinite(dur) || dur < 0 || dur > MAX_EVENT_US) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: traceEvents[%" G_GINT64_FORMAT "] (byte %" G_GUINT64_FORMAT "): "
-                    "\"ts\" and \"dur\" must be numbers, \"dur\" not negative", f->path, index,
-                    offset);
+                    "\"ts\" and \"dur\" must be numbers, \"dur\" from 0 to %.0f us", f->path,
+                    index, offset, MAX_EVENT_US);
         return FALSE;
     }
     json_t *args = json_object_get(e, "args");
@@ -616,6 +627,8 @@ static gboolean table_row(ZpTorchTrace *t, const File *f, const Instance *in)
 {
     const Op *op = in->op;
     const double s = in->dur_us * 1e-6;
+    if (s > 1e6) /* thousands of kernels of 1,000 s in one op: not a training step */
+        return FALSE;
     const CollArgs *c = &in->first->coll;
     switch (in->klass) {
     case ZP_KCLASS_GEMM:
@@ -710,7 +723,7 @@ static void finish_file(File *f)
             ext = op->ext;
         if (!l && !op)
             t->sum.unlinked++;
-        if (k->dur_us <= 0) {
+        if (k->dur_us < MIN_KERNEL_US) {
             t->sum.zero_length++;
             continue;
         }

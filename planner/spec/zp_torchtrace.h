@@ -22,7 +22,8 @@ void zp_torch_trace_free(ZpTorchTrace *t);
  * instances of their class (the kernels of one CPU op and class summed: a GEMM and its split-K
  * reduction are one GEMM), grouped by shape across every file read. Fails naming the file
  * and the byte or event on malformed or truncated JSON, an event over
- * ZP_TRACE_MAX_EVENT_BYTES, a negative or non-finite time, more than ZP_TRACE_MAX_RECORDS
+ * ZP_TRACE_MAX_EVENT_BYTES, a non-finite time or a duration below 0 or over 1,000 s, more
+ * than ZP_TRACE_MAX_RECORDS
  * records, or a trace without a "traceEvents" array. */
 gboolean zp_torch_trace_read(ZpTorchTrace *t, const char *path, GError **error);
 
@@ -37,7 +38,8 @@ typedef struct {
     guint64 instances[ZP_KCLASS_N + 1];
     guint64 unlinked;           /* kernels with no launch or CPU op found for their
                                  * correlation id (none, or none in the trace) */
-    guint64 zero_length;        /* kernels of zero duration: counted, out of the tables */
+    guint64 zero_length;        /* kernels under a nanosecond (zero in older traces' whole
+                                 * microseconds): counted, out of the tables */
     guint64 shapeless;          /* instances whose shape nothing in the trace says (a GEMM
                                  * whose CPU op had no recorded shapes, a collective without
                                  * its size): in the class totals, not the tables */
