@@ -533,14 +533,17 @@ static int cmp_step(const void *a, const void *b)
 static const Launch *find_launch(const File *f, gint64 corr)
 {
     const Launch key = {corr, 0, 0, 0};
-    return corr < 0 ? NULL
-                    : bsearch(&key, f->launches->data, f->launches->len, sizeof key, cmp_launch);
+    return corr < 0 || f->launches->len == 0 /* no data to search (NULL) */
+               ? NULL
+               : bsearch(&key, f->launches->data, f->launches->len, sizeof key, cmp_launch);
 }
 
 static const Op *find_op(const File *f, gint64 ext)
 {
     const Op key = {.ext = ext};
-    return ext < 0 ? NULL : bsearch(&key, f->ops->data, f->ops->len, sizeof key, cmp_op);
+    return ext < 0 || f->ops->len == 0
+               ? NULL
+               : bsearch(&key, f->ops->data, f->ops->len, sizeof key, cmp_op);
 }
 
 static gint thread_order(gconstpointer a, gconstpointer b, gpointer ops)
@@ -820,7 +823,8 @@ void zp_torch_trace_summary(const ZpTorchTrace *t, ZpTraceSummary *s)
             v[i] = g_array_index(t->step_class_s, ClassTimes, i).s[c];
         s->class_step_s[c] = median(v, n);
     }
-    memcpy(v, t->step_s->data, t->step_s->len * sizeof(double));
+    if (t->step_s->len) /* an empty GArray's data is NULL, which memcpy must not see */
+        memcpy(v, t->step_s->data, t->step_s->len * sizeof(double));
     s->step_s = median(v, t->step_s->len);
     g_free(v);
 }
