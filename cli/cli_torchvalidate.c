@@ -17,7 +17,8 @@ typedef struct {
 } Flags;
 
 /* A compute op's time split by kernel class in proportion to what its parts cost on the
- * profile: with an op table, its kernels (zp_cost_kernels) each at the table's rate; else the
+ * profile: with kernel_rates, its framework's inventory kernels by class (zp_cost's class_s);
+ * with an op table, its kernels (zp_cost_kernels) each at the table's rate; else the
  * roofline's time of its GEMM FLOPs, its fused attention's and its memory-bound bytes each
  * alone. The optimizer and the pure copies are one class each. */
 static void split_compute(const ZpCost *c, const CliSimulated *s, const ZpOp *op, double op_s,
@@ -33,7 +34,11 @@ static void split_compute(const ZpCost *c, const CliSimulated *s, const ZpOp *op
         return;
     }
     double part[3] = {0}; /* gemm, attention, memory */
-    if (c->table && zp_model_has_architecture(s->model)) {
+    if (c->inventory) { /* the framework's kernels at the profile's kernel_rates */
+        part[0] = c->class_s[kind][ZP_KC_GEMM];
+        part[1] = c->class_s[kind][ZP_KC_ATTENTION];
+        part[2] = c->class_s[kind][ZP_KC_MEMORY];
+    } else if (c->table && zp_model_has_architecture(s->model)) {
         ZpKernels ks;
         zp_cost_kernels(s->model, s->plan, kind, &ks);
         for (int i = 0; i < ks.n; i++) {
