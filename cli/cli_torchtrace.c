@@ -3,10 +3,13 @@
 #include "cli_torchtrace.h"
 #include "zp_colltab.h"
 #include "zp_hw.h"
+#include "zp_kernrate.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
 
+#include <gsl/gsl_sort.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 
 /* Unknown kernel names printed (all of them go into the profile's calibration). */
@@ -135,6 +138,139 @@ static gboolean merge_collectives(json_t *profile, const ZpTorchTrace *t, const 
     return ok;
 }
 
+/* ---- the profile's kernel_rates from the trace's rows ---- */
+
+/* The median of v[i] weighted by w[i] (each row by the time its instances took in all: the
+ * kernels a step spends its time in set the rate), n > 0. */
+static double weighted_median(const double *v, const double *w, size_t n)
+{
+    size_t *order = g_new(size_t, n);
+    gsl_sort_index(order, v, 1, n);
+    double total = 0, sum = 0, median = v[order[n - 1]];
+    for (size_t i = 0; i < n; i++)
+        total += w[i];
+    for (size_t i = 0; i < n; i++)
+        if ((sum += w[order[i]]) >= total / 2) {
+            median = v[order[i]];
+            break;
+        }
+    g_free(order);
+    return median;
+}
+
+/* kernel_rates.gemm.best_flops_per_s so that zp_kernrate's wave model gives the trace's 16-bit
+ * GEMMs their measured times: the model's time is waves x tile time, inversely proportional
+ * to the best rate, so each compute-bound row (its waves outlast its bytes at the memory
+ * curve) asks for best x model / measured; the rows' weighted median is kept. FALSE when no
+ * such row. */
+static gboolean fit_gemm(const ZpHw *hw, json_t *rows, json_t *gemm, int *used)
+{
+    const ZpKernRates *r = &hw->kernel_rates;
+    const size_t n = json_array_size(rows);
+    double *want = g_new(double, n + 1), *weight = g_new(double, n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *row = json_array_get(rows, i);
+        const char *dtype = json_string_value(json_object_get(row, "dtype"));
+        const double b = json_number_value(json_object_get(row, "batch")),
+                     m = json_number_value(json_object_get(row, "m")),
+                     nn = json_number_value(json_object_get(row, "n")),
+                     kk = json_number_value(json_object_get(row, "k")),
+                     t = json_number_value(json_object_get(row, "time_s"));
+        if (!dtype || (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "fp16") != 0))
+            continue;
+        const double bytes = 2 * b * (m * kk + kk * nn + m * nn);
+        const double waves_s = zp_kernrate_gemm_s(r, hw->hbm_bytes_per_s, b, m, nn, kk, 0);
+        if (waves_s < zp_kernrate_gemm_s(r, hw->hbm_bytes_per_s, b, m, nn, kk, bytes))
+            continue; /* memory-bound on the model: its time says nothing of the rate */
+        want[k] = r->gemm_best_flops_per_s * waves_s / t;
+        weight[k++] = t * (double)json_integer_value(json_object_get(row, "count"));
+    }
+    *used = (int)k;
+    if (k > 0)
+        json_object_set_new(gemm, "best_flops_per_s", json_real(weighted_median(want, weight, k)));
+    g_free(want), g_free(weight);
+    return k > 0;
+}
+
+/* Each step of kernel_rates.memory_efficiency that the trace's memory-bound rows fall in: the
+ * weighted median of their bytes / (time x hbm_bytes_per_s), at most 1 (a row whose bytes
+ * the inputs overstate, an in-place op's, would read above it). *steps: the steps fitted. */
+static void fit_memory(const ZpHw *hw, json_t *rows, json_t *curve, int *steps, int *used)
+{
+    const ZpKernRates *r = &hw->kernel_rates;
+    const size_t n = json_array_size(rows);
+    double *eff = g_new(double, n + 1), *weight = g_new(double, n + 1);
+    *steps = *used = 0;
+    for (int j = 0; j < r->n_memory; j++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_t *row = json_array_get(rows, i);
+            const double bytes = json_number_value(json_object_get(row, "bytes"));
+            const double t = json_number_value(json_object_get(row, "time_s"));
+            if (bytes < r->memory_min_bytes[j] || (j > 0 && bytes >= r->memory_min_bytes[j - 1]))
+                continue;
+            eff[k] = fmin(bytes / (t * hw->hbm_bytes_per_s), 1.0);
+            weight[k++] = t * (double)json_integer_value(json_object_get(row, "count"));
+        }
+        if (k == 0)
+            continue;
+        json_array_set_new(json_array_get(curve, (size_t)j), 1,
+                           json_real(weighted_median(eff, weight, k)));
+        (*steps)++;
+        *used += (int)k;
+    }
+    g_free(eff), g_free(weight);
+}
+
+/* Appends `text` to note `key` (after what the base profile said, which still holds for the
+ * figures not fitted). */
+static void add_note(json_t *notes, const char *key, const char *text)
+{
+    const char *before = json_string_value(json_object_get(notes, key));
+    const gboolean stop = before && g_str_has_suffix(before, ".");
+    char *note = before ? g_strdup_printf("%s%s Then %s", before, stop ? "" : ".", text)
+                        : g_strdup(text);
+    json_object_set_new(notes, key, json_string(note));
+    g_free(note);
+}
+
+/* The base profile's kernel_rates (when it has them) fitted to the trace's tables, each fitted
+ * figure's source in notes; returns the line that says what moved. */
+static char *fit_kernel_rates(json_t *profile, const ZpHw *hw, json_t *tables, const char *files)
+{
+    json_t *rates = json_object_get(profile, "kernel_rates");
+    json_t *notes = json_object_get(profile, "notes");
+    if (!hw->kernel_rates.present || !json_is_object(rates))
+        return g_strdup("kernel_rates: the base profile has none; the trace's rows stay in "
+                        "kernel_tables");
+    int gemm_rows = 0, steps = 0, memory_rows = 0;
+    json_t *gemm = json_object_get(rates, "gemm");
+    if (hw->kernel_rates.has_gemm &&
+        fit_gemm(hw, json_object_get(tables, "gemm"), gemm, &gemm_rows)) {
+        char *note = g_strdup_printf(
+            "best_flops_per_s fitted by zplan calibrate --torch-trace %s: the weighted median "
+            "(by time) over its %d compute-bound 16-bit GEMM shapes of best x the wave model's "
+            "time / the measured median", files, gemm_rows);
+        add_note(notes, "kernel_rates.gemm", note);
+        g_free(note);
+    }
+    fit_memory(hw, json_object_get(tables, "memory"), json_object_get(rates, "memory_efficiency"),
+               &steps, &memory_rows);
+    if (steps > 0) {
+        char *note = g_strdup_printf(
+            "%d of its steps fitted by zplan calibrate --torch-trace %s: the weighted median (by "
+            "time) of bytes / (time x hbm_bytes_per_s) over the %d memory-bound shapes (an op's "
+            "tensors read and its largest written; copies and fills their bytes) whose bytes "
+            "fall in the step, at most 1", steps, files, memory_rows);
+        add_note(notes, "kernel_rates.memory_efficiency", note);
+        g_free(note);
+    }
+    return g_strdup_printf("kernel_rates: GEMM best rate %s (%d shapes), memory efficiency %d "
+                           "step(s) fitted (%d shapes)", gemm_rows ? "fitted" : "kept", gemm_rows,
+                           steps, memory_rows);
+}
+
 static char *joined_names(char **paths)
 {
     GString *s = g_string_new(NULL);
@@ -172,6 +308,7 @@ gboolean cli_torch_calibrate(char **traces, const char *cluster, const char *out
             "at one shape (shapes from record_shapes, linked by correlation id)", files, s.files,
             s.steps);
         json_t *tables = zp_torch_trace_tables(t, source);
+        char *fitted = fit_kernel_rates(profile, &hw, tables, files);
         json_t *existing = json_object_get(profile, "kernel_tables");
         if (existing)
             zp_kclass_tables_merge(existing, tables);
@@ -214,8 +351,10 @@ gboolean cli_torch_calibrate(char **traces, const char *cluster, const char *out
              zp_json_write(profile, out, error);
         if (ok) {
             cli_torch_trace_print(t, stdout);
+            printf("\n%s\n", fitted);
             printf("\nwrote %s: %s with the traces' kernel tables merged in\n", out, base_path);
         }
+        g_free(fitted);
         g_free(source);
         g_free(files);
     }

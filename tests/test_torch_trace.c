@@ -2,6 +2,7 @@
  * format, read into kernel classes and tables exactly; bad traces refused or read in bounded work. */
 #include "cli_torchtrace.h"
 #include "zp_hw.h"
+#include "zp_kernrate.h"
 #include "zp_torchtrace.h"
 #include "zp_util.h"
 
@@ -200,8 +201,9 @@ static void test_tables(void)
     r = row_of(tables, "memory", "op", json_string("aten::add"));
     g_assert_cmpfloat(num(r, "bytes"), ==, 3.0 * 8 * 1024 * 768 * 2);
     g_assert_cmpfloat_with_epsilon(num(r, "time_s"), 10e-6, 1e-15);
+    /* A device-to-device copy reads and writes its 4 MiB. */
     r = row_of(tables, "memory", "op", json_string("Memcpy DtoD (Device -> Device)"));
-    g_assert_cmpfloat(num(r, "bytes"), ==, 4194304);
+    g_assert_cmpfloat(num(r, "bytes"), ==, 2 * 4194304.0);
     r = row_of(tables, "collective", "op", json_string("allreduce"));
     g_assert_cmpfloat(num(r, "ranks"), ==, 8);
     g_assert_cmpfloat(num(r, "bytes"), ==, 1048576.0 * 2);
@@ -448,6 +450,33 @@ static void test_calibrate_command(void)
     g_assert_nonnull(strstr(json_string_value(json_object_get(json_object_get(tables, "sources"),
                                                               "gemm")), "cal.json"));
     g_assert_nonnull(json_object_get(json_object_get(p, "notes"), "kernel_tables"));
+    /* kernel_rates fitted: the GEMM best rate that gives the time-weighted median shape its
+     * measured time on the wave model (both 16-bit GEMMs are compute-bound there), each
+     * memory step its shapes' bytes / (time x HBM bandwidth), at most 1. */
+    const ZpHw base = tu_load_hw("dgx-h100");
+    const ZpKernRates *kr = &base.kernel_rates;
+    const double shapes[2][4] = {{8192, 3072, 768, 70e-6}, {8192, 768, 3072, 40e-6}};
+    double want[2];
+    for (int i = 0; i < 2; i++) {
+        const double *g = shapes[i];
+        const double waves_s = zp_kernrate_gemm_s(kr, base.hbm_bytes_per_s, 1, g[0], g[1], g[2], 0);
+        const double bytes = 2 * (g[0] * g[2] + g[2] * g[1] + g[0] * g[1]);
+        g_assert_cmpfloat(waves_s, >=, zp_kernrate_gemm_s(kr, base.hbm_bytes_per_s, 1, g[0], g[1],
+                                                          g[2], bytes));
+        want[i] = kr->gemm_best_flops_per_s * waves_s / g[3];
+    }
+    /* weights 3 x 70 and 3 x 40 us: the heavier row holds the median */
+    g_assert_cmpfloat_with_epsilon(hw.kernel_rates.gemm_best_flops_per_s, want[0],
+                                   1e-9 * want[0]);
+    g_assert_cmpfloat(want[0], !=, want[1]);
+    g_assert_cmpfloat(hw.kernel_rates.memory_efficiency[0], ==, kr->memory_efficiency[0]);
+    g_assert_cmpfloat(hw.kernel_rates.memory_efficiency[1], ==, kr->memory_efficiency[1]);
+    g_assert_cmpfloat(hw.kernel_rates.memory_efficiency[2], ==, 1.0); /* the add, 37.7 MB */
+    g_assert_cmpfloat_with_epsilon(hw.kernel_rates.memory_efficiency[3],
+                                   2 * 4194304.0 / (4e-6 * base.hbm_bytes_per_s), 1e-12);
+    g_assert_nonnull(strstr(json_string_value(json_object_get(json_object_get(p, "notes"),
+                                                              "kernel_rates.gemm")),
+                            "calibrate --torch-trace cal.json"));
     json_t *summary = json_object_get(json_object_get(p, "calibration"), "torch_trace");
     g_assert_cmpuint(json_array_size(json_object_get(summary, "unknown_kernels")), ==, 1);
     json_decref(p);

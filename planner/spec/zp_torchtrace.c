@@ -384,7 +384,12 @@ static gboolean on_kernel(File *f, json_t *e, json_t *args, const char *cat, dou
                           double dur, GError **error)
 {
     const char *name = str_of(e, "name");
-    const double bytes = num_of(args, "bytes");
+    /* A copy's or fill's bytes as device memory moves them: a device-to-device copy reads and
+     * writes its "bytes", a fill writes them; a copy to or from the host runs at the host
+     * link's rate and is timed without bytes. */
+    const gboolean on_device = !strcmp(cat, "gpu_memset") || (name && strstr(name, "DtoD"));
+    const double bytes = on_device ? num_of(args, "bytes") * (strcmp(cat, "gpu_memcpy") ? 1 : 2)
+                                   : 0;
     Kernel k = {intern(f, name ? name : "(no name)"), strcmp(cat, "kernel") != 0, ts, dur,
                 int_of(args, "correlation"), int_of(args, "External id"),
                 bytes >= 1 && bytes <= MAX_BYTES ? bytes : 0, coll_args(args, name)};
