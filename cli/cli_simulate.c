@@ -38,6 +38,7 @@ typedef struct {
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
     GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
+    const char *command; /* the command whose name errors carry: "simulate", "validate" */
     CliSimulatedFn sink; /* cli_simulate_into: the result goes here, not to stdout */
     void *sink_ctx;
 } SimulateFlags;
@@ -839,16 +840,16 @@ static int simulate(const SimulateFlags *f)
     }
     if (!ready) {
         zp_sched_free(sched);
-        return cli_fail("simulate", error);
+        return cli_fail(f->command, error);
     }
     /* A profile measured on zreal's CPU backend: its workspace buffers are listed too. */
     plan.backend_workspace = zp_cost_cpu_backend(&hw);
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
-        return cli_fail("simulate", error);
+        return cli_fail(f->command, error);
     say_defaults_taken(f);
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
         zp_sched_free(sched);
-        fprintf(stderr, "zplan simulate: %s\n", error->message);
+        fprintf(stderr, "zplan %s: %s\n", f->command, error->message);
         g_error_free(error);
         return CLI_EXIT_DOES_NOT_FIT;
     }
@@ -887,7 +888,7 @@ static int simulate(const SimulateFlags *f)
     }
     int status = 0;
     if (!ok) {
-        status = cli_fail("simulate", error);
+        status = cli_fail(f->command, error);
     } else {
         const Report report = {
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
@@ -972,6 +973,7 @@ static int run_with_flags(int argc, char **argv, const char *name, const char *s
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
     GOptionEntry entries[45];
+    f->command = name;
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);
     g_option_context_add_main_entries(context, entries, NULL);

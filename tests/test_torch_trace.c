@@ -575,6 +575,14 @@ static void test_validate_command(void)
     g_assert_nonnull(strstr(bad.err, "ran another configuration: micro-batch 2"));
     tu_free(&bad);
     g_free(args);
+    /* A plan flag's fault is named as validate's, not simulate's. */
+    args = g_strdup_printf("validate --torch-trace %s --model gpt2-124m --gpus 1 --stage 0 "
+                           "--micro-batch 2", trace);
+    bad = tu_zplan(args);
+    g_assert_false(g_spawn_check_wait_status(bad.status, NULL));
+    g_assert_nonnull(strstr(bad.err, "zplan validate: --cluster"));
+    tu_free(&bad);
+    g_free(args);
     json_decref(run);
     g_free(steps);
     g_free(trace);
