@@ -18,11 +18,23 @@
 ZpTorchTrace *cli_torch_trace_load(char **paths, GError **error)
 {
     ZpTorchTrace *t = zp_torch_trace_new();
-    for (int i = 0; paths[i]; i++)
-        if (!zp_torch_trace_read(t, paths[i], error)) {
+    ZpTraceSummary s = {0};
+    for (int i = 0; paths[i]; i++) {
+        const guint64 before = s.kernels;
+        gboolean ok = zp_torch_trace_read(t, paths[i], error);
+        zp_torch_trace_summary(t, &s);
+        /* Nothing to calibrate or compare from, said rather than taken as a step of 0 s. */
+        if (ok && s.kernels == before) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: no GPU kernels (a CPU-only trace, or one profiled without "
+                        "ProfilerActivity.CUDA: docs/calibrate.md)", paths[i]);
+            ok = FALSE;
+        }
+        if (!ok) {
             zp_torch_trace_free(t);
             return NULL;
         }
+    }
     return t;
 }
 

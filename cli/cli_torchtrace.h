@@ -8,7 +8,8 @@
 #include <glib.h>
 #include <stdio.h>
 
-/* Reads every trace (NULL-terminated paths: one per rank, or several steps' files). */
+/* Reads every trace (NULL-terminated paths: one per rank, or several steps' files); a trace
+ * without GPU kernels is refused, naming it. */
 ZpTorchTrace *cli_torch_trace_load(char **paths, GError **error);
 
 /* The trace's step by kernel class (time per step, share, instances, table rows), then the

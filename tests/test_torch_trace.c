@@ -501,7 +501,14 @@ static void test_calibrate_command(void)
         {"calibrate --torch-trace %s --cluster dgx-h100", "give --out"},
         {"calibrate --torch-trace %s --cluster nosuch --out {OUT}", "--cluster: unknown"},
         {"calibrate x.json --torch-trace %s --cluster dgx-h100 --out {OUT}", "not both"},
+        {"calibrate --torch-trace %s --torch-trace {DIR}/cpu-only.json --cluster dgx-h100 "
+         "--out {OUT}", "cpu-only.json: no GPU kernels"},
     };
+    Trace cpu = trace_new();
+    step(&cpu, 0, 0, 1000);
+    cpu_op(&cpu, "aten::mm", 10, json_pack("[[i, i], [i, i]]", 4, 4, 4, 4),
+           json_pack("[s, s]", "float", "float"));
+    char *cpu_only = write_trace("cpu-only.json", &cpu, 0);
     char *bad_out = g_build_filename(tmp_dir, "bad-out.json", NULL);
     for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
         char *a = g_strdup_printf(bad[i].args, trace);
@@ -518,6 +525,7 @@ static void test_calibrate_command(void)
         g_free(a);
     }
     g_free(bad_out);
+    g_free(cpu_only);
     g_free(again);
     g_free(trace);
     g_free(out);
