@@ -44,7 +44,9 @@ ATTENTION = {  # --attention: the SDPA backend PyTorch may use
 
 
 def rotary(x, cos, sin):
-    """Hugging Face's apply_rotary_pos_emb: rotate_half on [b, heads, s, d]."""
+    """Hugging Face's apply_rotary_pos_emb: rotate_half on [b, heads, s, d], in x's dtype (the
+    linear's bf16 under autocast), so that q, k and v reach attention in one dtype."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
