@@ -18,6 +18,8 @@
 /* Exit status of a command that worked and found that the plan does not fit in the GPU's
  * memory (plan, simulate, memory): distinct from bad input (1). */
 #define CLI_EXIT_DOES_NOT_FIT 2
+/* Exit status of `validate --tolerance P%` when a quantity misses by more than P. */
+#define CLI_EXIT_OVER_TOLERANCE 3
 
 typedef int (*CliCommand)(int argc, char **argv);
 
@@ -49,10 +51,25 @@ gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean
 gboolean cli_int(const char *text, const char *flag, double min, double max, int fallback,
                  int *out, GError **error);
 
-/* --precision and --optimizer with their defaults (fp16, adam). */
+/* --precision and --optimizer with their defaults: the model's torch_dtype where hw (NULL:
+ * any GPU) computes in it, else fp16; adam. */
 gboolean cli_precision_optimizer(const char *precision_flag, const char *optimizer_flag,
-                                 ZpPrecision *precision, ZpOptimizer *optimizer,
-                                 GError **error);
+                                 const ZpModel *model, const ZpHw *hw, ZpPrecision *precision,
+                                 ZpOptimizer *optimizer, GError **error);
+
+/* The defaults a command took that shape its answer (the sequence, the precision, the
+ * attention kernel), recorded by the flag helpers below as they fill them in, and printed as
+ * one line near the top of the text output: "Defaults: sequence 4096 (...); bf16 (...). Change
+ * with --seq, --precision." */
+void cli_default_taken(const char *flag, const char *format, ...) G_GNUC_PRINTF(2, 3);
+/* That line, newly allocated, or NULL when no default was taken. */
+char *cli_defaults_line(void);
+/* Prints it on stdout, if any. */
+void cli_print_defaults(void);
+
+/* The longest sequence taken by default: a config's max_position_embeddings above it is the
+ * longest the model can read, not what a step is trained at. */
+#define CLI_DEFAULT_SEQ_MAX 4096
 
 /* --attention eager|flash|NAME (NULL: what PyTorch's scaled-dot-product attention picks on
  * hw at this precision; hw may be NULL) and --reduce-dtype fp32|bf16|fp16 (NULL: the
@@ -81,7 +98,8 @@ gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const c
     {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, (path),                                         \
      "Directory DeepSpeed swaps to with nvme (written to --ds-config)", "DIR"}
 
-/* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
+/* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config, at
+ * most CLI_DEFAULT_SEQ_MAX; 8k is 8192):
  * sets model->seq_len and checks it against a learned position table; refused for a model
  * known only by its parameter count. */
 gboolean cli_seq(const char *text, ZpModel *model, GError **error);
@@ -89,8 +107,8 @@ gboolean cli_seq(const char *text, ZpModel *model, GError **error);
 /* The --seq entry every command that takes a model shares; target is a char **. */
 #define CLI_SEQ_ENTRY(target)                                                                  \
     {"seq", 0, 0, G_OPTION_ARG_STRING, (target),                                              \
-     "Sequence length (default: the model's; max_position_embeddings for a Hugging Face "      \
-     "config)", "S"}
+     "Sequence length (default: the model's, at most 4096; max_position_embeddings for a "     \
+     "Hugging Face config; 8k = 8192)", "S"}
 
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
@@ -113,6 +131,14 @@ double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind
 /* A search spec for `plan` and `sweep`: the simulator ranks, its placement bounds. */
 void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
                      const ZpHw *hw, int gpus);
+
+/* Bytes per GPU a plan needs, the one figure memory, sweep --metric memory and plan's
+ * screening agree on: with hw and an architecture, the plan's schedule's allocator-reserved
+ * peak + hw's reserve (what `simulate` reports; INFINITY for a plan the simulator refuses);
+ * otherwise the model states left on the GPU after offload + the residual in closed form.
+ * Where the host memory or NVMe per node overflows, the GPU's memory + that shortfall, so the
+ * plan does not fit. */
+double cli_need_bytes(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 
 /* Model TFLOP/s per GPU of a simulated plan (recomputation not counted). */
 double cli_plan_tflops(const ZpModel *model, const ZpCandidate *candidate);

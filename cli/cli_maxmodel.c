@@ -78,7 +78,7 @@ int cli_maxmodel(int argc, char **argv)
     gboolean ok = cli_parse(context, &argc, &argv, &error) &&
                   cli_cluster(cluster, gpu_memory, TRUE, &hw, &have_hw, &error) &&
                   cli_int(mp_flag, "--mp", 1, 65536, 1, &mp, &error) &&
-                  cli_precision_optimizer(precision_flag, optimizer_flag, &precision,
+                  cli_precision_optimizer(precision_flag, optimizer_flag, NULL, &hw, &precision,
                                           &optimizer, &error);
     if (ok && !gpus_flag) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N is required");

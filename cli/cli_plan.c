@@ -491,6 +491,7 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
             printf("%s\n", a->offload_note);
         if (a->whole_node_note)
             printf("%s\n", a->whole_node_note);
+        cli_print_defaults();
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -575,7 +576,8 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
           cli_int(top, "--top", 1, 1000, 5, &a->top_k, error) &&
           cli_int(mp, "--mp", 1, 65536, 0, &a->mp, error) &&
           (a->mp == 0 || cli_check_mp(a->mp, a->gpus, &a->model, error)) &&
-          cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error) &&
+          cli_precision_optimizer(precision, optimizer, &a->model, &a->hw, &a->precision,
+                                  &a->optimizer, error) &&
           cli_attention_reduce(attention, reduce, &a->hw, a->precision, &a->kernels, error) &&
           headroom(room, a, error)))
         return FALSE;
@@ -712,7 +714,7 @@ int cli_plan(int argc, char **argv)
         {"headroom", 0, 0, G_OPTION_ARG_STRING, &room, "Memory to leave free on each GPU: GB (8), bytes with a suffix (8GB, 8GiB) or a fraction below 1 (0.1)", "GB"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Only this tensor-parallel degree (default: all that fit a node)", "M"},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},

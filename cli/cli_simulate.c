@@ -185,7 +185,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
     if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
         return FALSE;
-    if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
+    if (!cli_precision_optimizer(f->precision, f->optimizer, model, hw, &launch.precision,
                                  &launch.optimizer, error) ||
         !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
         !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error))
@@ -284,7 +284,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
           cli_check_mp(mp, gpus, model, error) &&
           cli_pipe_stages(&f->pipe, gpus, mp, &pp, error) &&
-          cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
+          cli_precision_optimizer(f->precision, f->optimizer, model, hw, &precision, &optimizer,
+                                  error)))
         return FALSE;
     if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
@@ -634,6 +635,7 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
+    cli_print_defaults();
     char *pipe_text = zp_plan_pp(plan) > 1
                           ? g_strdup_printf(" x PP %d (%s, %d chunk(s) a stage, %s partition)",
                                             zp_plan_pp(plan),
@@ -925,7 +927,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->prefetch_bucket, "Stage 3 prefetch, elements (default 5e7)", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &f->max_live, "Stage 3 live gathered parameters, elements (default 1e9)", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),

@@ -236,6 +236,11 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */
     m->seq_len = m->max_positions;
+    /* torch_dtype, when a string short enough to be a dtype's name (else none): the CLI's
+     * default precision (cli_precision_optimizer). */
+    const char *dtype = json_string_value(json_object_get(obj, "torch_dtype"));
+    if (dtype && strlen(dtype) < sizeof m->torch_dtype)
+        g_strlcpy(m->torch_dtype, dtype, sizeof m->torch_dtype);
     m->norm = hf_families[family].norm;
     m->learned_positions = hf_families[family].theta_key == NULL;
 
