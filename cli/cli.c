@@ -77,23 +77,26 @@ gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean
                      ZpHw *hw, gboolean *have, GError **error)
 {
     *have = cluster_flag || memory_flag;
-    if (cluster_flag && memory_flag) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "give one of --cluster and --gpu-memory, not both");
-        return FALSE;
-    }
     if (!*have) {
         if (required)
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                         "give --cluster NAME|PATH.json or --gpu-memory BYTES");
         return !required;
     }
-    if (cluster_flag)
-        return zp_hw_load(cluster_flag, hw, error);
-    double bytes;
-    if (!zp_parse_size(memory_flag, "--gpu-memory", ZP_SIZE_BYTES, 1e6, 1e14, FALSE, &bytes, error))
+    double bytes = 0;
+    if (memory_flag &&
+        !zp_parse_size(memory_flag, "--gpu-memory", ZP_SIZE_BYTES, 1e6, 1e14, FALSE, &bytes, error))
         return FALSE;
-    zp_hw_from_gpu_memory(bytes, hw);
+    if (!cluster_flag) {
+        zp_hw_from_gpu_memory(bytes, hw);
+        return TRUE;
+    }
+    if (!zp_hw_load(cluster_flag, hw, error))
+        return FALSE;
+    /* Both: the cluster's rates with another memory size (an A100 40GB node from the 80GB
+     * profile, a GPU shared with another job). */
+    if (memory_flag)
+        hw->gpu_memory_bytes = bytes;
     return TRUE;
 }
 
@@ -283,7 +286,8 @@ double cli_need_bytes(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
     double need = t.total_bytes[ZP_TIER_GPU] + r.total_bytes;
     if (!hw)
         return need;
-    if (zp_model_has_architecture(model)) {
+    if (zp_model_has_architecture(model) && hw->peak_fp16_flops > 0) { /* a bare --gpu-memory
+                                                                          * GPU has no rates */
         CliRankContext ctx = {model, hw};
         double step_s = 0, peak = 0;
         GError *error = NULL;
@@ -369,4 +373,32 @@ gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const c
         return FALSE;
     }
     return TRUE;
+}
+
+gboolean cli_offload_tuning(const CliOffloadTuning *tuning, ZpZeroConfig *zero, GError **error)
+{
+    double v;
+    if (tuning->sub_group_size) {
+        if (!zp_parse_size(tuning->sub_group_size, "--sub-group-size", ZP_SIZE_COUNT, 1, 1e13,
+                           TRUE, &v, error))
+            return FALSE;
+        zero->sub_group_size = v;
+    }
+    if (tuning->max_in_cpu) {
+        if (!zp_parse_size(tuning->max_in_cpu, "--max-in-cpu", ZP_SIZE_COUNT, 0, 1e13, TRUE, &v,
+                           error))
+            return FALSE;
+        zero->offload_param.max_in_cpu = v;
+    }
+    if (tuning->buffer_count) {
+        if (!zp_parse_number(tuning->buffer_count, "--buffer-count", 1, 1024, TRUE, &v, error))
+            return FALSE;
+        zero->offload_param.buffer_count = zero->offload_optimizer.buffer_count = v;
+    }
+    return TRUE;
+}
+
+void cli_offload_tuning_free(CliOffloadTuning *tuning)
+{
+    g_free(tuning->sub_group_size), g_free(tuning->max_in_cpu), g_free(tuning->buffer_count);
 }

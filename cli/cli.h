@@ -42,8 +42,8 @@ gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **er
 gboolean cli_model(const char *model_flag, const char *params_flag, ZpModel *model,
                    GError **error);
 
-/* --cluster NAME|PATH.json or --gpu-memory BYTES; *have is FALSE when neither was given
- * and neither is required. */
+/* --cluster NAME|PATH.json or --gpu-memory BYTES (both: the cluster with that GPU memory);
+ * *have is FALSE when neither was given and neither is required. */
 gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean required,
                      ZpHw *hw, gboolean *have, GError **error);
 
@@ -98,6 +98,25 @@ gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const c
     {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, (path),                                         \
      "Directory DeepSpeed swaps to with nvme (written to --ds-config)", "DIR"}
 
+/* DeepSpeed's offload knobs that decide what host memory holds, on the command line as in a
+ * ds_config: zero_optimization.sub_group_size, offload_param.max_in_cpu and the swap buffers'
+ * buffer_count (both sections'). NULL: DeepSpeed's defaults (1e9, 1e9, 4 and 5). */
+typedef struct {
+    char *sub_group_size, *max_in_cpu, *buffer_count;
+} CliOffloadTuning;
+
+#define CLI_OFFLOAD_TUNING_ENTRIES(t)                                                          \
+    {"sub-group-size", 0, 0, G_OPTION_ARG_STRING, &(t)->sub_group_size,                        \
+     "Stage 3: elements the optimizer steps (and NVMe swaps) at once (default 1e9)", "N"},     \
+    {"max-in-cpu", 0, 0, G_OPTION_ARG_STRING, &(t)->max_in_cpu,                                \
+     "--offload-param nvme: parameter elements kept in host memory (default 1e9)", "N"},       \
+    {"buffer-count", 0, 0, G_OPTION_ARG_STRING, &(t)->buffer_count,                            \
+     "NVMe swap buffers of each offload section (default: DeepSpeed's 4 and 5)", "N"}
+
+/* Applies them to zero (after cli_offload); fails naming the flag. */
+gboolean cli_offload_tuning(const CliOffloadTuning *tuning, ZpZeroConfig *zero, GError **error);
+void cli_offload_tuning_free(CliOffloadTuning *tuning);
+
 /* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config, at
  * most CLI_DEFAULT_SEQ_MAX; 8k is 8192):
  * sets model->seq_len and checks it against a learned position table; refused for a model
@@ -128,6 +147,11 @@ double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);
 /* And its time of one collective alone (a ZpCollTimeFn): sim_coll_cost's latency + transfer. */
 double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes);
 
+/* ZeRO++'s lossy options (qwZ, qgZ), which plan and sweep try only when asked: they change
+ * what is trained (int8 parameters in the gathers, int4 gradients), and no one should be
+ * handed them for a 0.01% faster step without asking (plan --zeropp lossy). */
+#define CLI_LOSSY_ZEROPP (ZP_TECH_QWZ | ZP_TECH_QGZ)
+
 /* A search spec for `plan` and `sweep`: the simulator ranks, its placement bounds. */
 void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
                      const ZpHw *hw, int gpus);
@@ -135,7 +159,7 @@ void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel 
 /* Bytes per GPU a plan needs, the one figure memory, sweep --metric memory and plan's
  * screening agree on: with hw and an architecture, the plan's schedule's allocator-reserved
  * peak + hw's reserve (what `simulate` reports; INFINITY for a plan the simulator refuses);
- * otherwise the model states left on the GPU after offload + the residual in closed form.
+ * otherwise (no hw, a bare --gpu-memory GPU without rates, or --params) the model states left on the GPU after offload + the residual in closed form.
  * Where the host memory or NVMe per node overflows, the GPU's memory + that shortfall, so the
  * plan does not fit. */
 double cli_need_bytes(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);

@@ -68,6 +68,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
         plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
     if (stage == 3)
         plan->zero.offload_param = a->kernels.zero.offload_param;
+    plan->zero.sub_group_size = a->kernels.zero.sub_group_size; /* --sub-group-size */
 }
 
 static gboolean offloads(const MemoryArgs *a)
@@ -84,7 +85,7 @@ static gboolean has_stage(const MemoryArgs *a, int stage)
  * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
 static gboolean simulated(const MemoryArgs *a)
 {
-    return a->have_hw && zp_model_has_architecture(&a->model);
+    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0;
 }
 
 /* Bytes per GPU at a stage (cli_need_bytes, as sweep and plan count them); a stage the
@@ -392,10 +393,11 @@ static void print_table(const MemoryArgs *a)
 /* The offload flags, checked as a stage-3 plan would take them (each stage then uses what it
  * can: plan_for). */
 static gboolean memory_offload(const char *opt, const char *param, const char *path,
-                               ZpPlan *kernels, GError **error)
+                               const CliOffloadTuning *tuning, ZpPlan *kernels, GError **error)
 {
     zp_zero_config_defaults(&kernels->zero, 3);
-    return cli_offload(opt, param, path, &kernels->zero, error);
+    return cli_offload(opt, param, path, &kernels->zero, error) &&
+           cli_offload_tuning(tuning, &kernels->zero, error);
 }
 
 int cli_memory(int argc, char **argv)
@@ -403,14 +405,16 @@ int cli_memory(int argc, char **argv)
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
     char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL;
-    char *offload_param = NULL, *nvme_path = NULL;
+    char *offload_param = NULL, *nvme_path = NULL, *gpu_memory = NULL;
     MemoryArgs a = {0};
+    CliOffloadTuning tuning = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
         {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model (7B, 1.5e9, 1T)", "P"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU counts, comma-separated (required)", "N[,N...]"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor (model) parallel degree (default 1)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory (40GB, 40GiB): a bare GPU for the fit check, or --cluster's GPU with this memory", "BYTES"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro_batch, "Samples per GPU for activations (default 1)", "B"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks (with --checkpoint)", NULL},
@@ -422,6 +426,7 @@ int cli_memory(int argc, char **argv)
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
+        CLI_OFFLOAD_TUNING_ENTRIES(&tuning),
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -437,7 +442,7 @@ int cli_memory(int argc, char **argv)
     gboolean ok = cli_parse(context, &argc, &argv, &error) &&
                   cli_model(model, params, &a.model, &error) &&
                   cli_seq(seq, &a.model, &error) &&
-                  cli_cluster(cluster, NULL, FALSE, &a.hw, &have_hw, &error) &&
+                  cli_cluster(cluster, gpu_memory, FALSE, &a.hw, &have_hw, &error) &&
                   cli_int(mp, "--mp", 1, 65536, 1, &a.mp, &error) &&
                   cli_int(micro_batch, "--micro-batch", 1, 1e6, 1, &a.micro_batch, &error) &&
                   cli_precision_optimizer(precision, optimizer, &a.model, have_hw ? &a.hw : NULL,
@@ -445,7 +450,8 @@ int cli_memory(int argc, char **argv)
                                           &error) &&
                   cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
                                        &a.kernels, &error) &&
-                  memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error) &&
+                  memory_offload(offload_opt, offload_param, nvme_path, &tuning, &a.kernels,
+                                 &error) &&
                   (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error));
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
@@ -480,6 +486,7 @@ int cli_memory(int argc, char **argv)
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
     g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
-    g_free(nvme_path), g_free(impl);
+    g_free(nvme_path), g_free(impl), g_free(gpu_memory);
+    cli_offload_tuning_free(&tuning);
     return status;
 }

@@ -29,11 +29,13 @@ typedef struct {
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
+    char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
     gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     char *offload_optimizer, *offload_param, *nvme_path;
+    CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
@@ -311,7 +313,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
                    &plan->zero.zero_hpz_partition_size, error) &&
            cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
            overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
-           cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error);
+           cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
+           cli_offload_tuning(&f->tuning, &plan->zero, error);
 }
 
 /* ---- output ---- */
@@ -824,7 +827,7 @@ static int simulate(const SimulateFlags *f)
     ZpSchedule *sched = f->schedule ? schedule_file(f, &error) : NULL;
     gboolean ready = f->schedule ? sched != NULL : load_model(f, &model, &error);
     ready = ready && required(f->cluster, "--cluster NAME|PATH.json", &error) &&
-            zp_hw_load(f->cluster, &hw, &error) &&
+            cli_cluster(f->cluster, f->gpu_memory, TRUE, &hw, &(gboolean){FALSE}, &error) &&
             (sched ? sim_coll_check_placement(&hw, sched->plan.mp, &error)
                    : simulate_plan(f, &model, &hw, &plan, &error)) &&
             (!f->trace || zp_check_out_path(f->trace, "--trace", &error));
@@ -913,6 +916,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f->gpu_memory, "The cluster's GPUs with this memory instead (40GB, 40GiB)", "BYTES"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP x PP (required)", "N"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
@@ -942,6 +946,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
+        CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 45);
@@ -955,12 +960,14 @@ static void free_flags(SimulateFlags *f)
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
-                      &f->offload_optimizer, &f->offload_param, &f->nvme_path};
+                      &f->offload_optimizer, &f->offload_param, &f->nvme_path,
+                      &f->gpu_memory};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
     g_strfreev(f->slow_links);
     cli_pipe_free(&f->pipe);
+    cli_offload_tuning_free(&f->tuning);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -1017,7 +1024,8 @@ static int schedule(const SimulateFlags *f)
     if (!(load_model(f, &model, &error) &&
           required(f->out, "--out FILE", &error) &&
           zp_check_out_path(f->out, "--out", &error) &&
-          (!f->cluster || zp_hw_load(f->cluster, &hw, &error)) &&
+          (!f->cluster ||
+           cli_cluster(f->cluster, f->gpu_memory, TRUE, &hw, &(gboolean){FALSE}, &error)) &&
           simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))
         return cli_fail("schedule", error);
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);

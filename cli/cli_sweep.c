@@ -149,6 +149,7 @@ static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError *
     spec.optimizer = a->optimizer;
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.exclude = CLI_LOSSY_ZEROPP;
     ZpSearchResult r;
     if (!zp_search_run(&spec, &r, error)) {
         zp_search_result_clear(&r);
