@@ -1,6 +1,6 @@
 /* test_profiles: the hardware and models people reach for (issue 39 item 5): --gpu-memory on
  * every command, --model ORG/NAME from the local Hugging Face cache (a fake cache in a temp
- * dir), and the shipped profiles with a source for every figure. */
+ * dir), and the new shipped profiles, dgx-a100-40g and dgx-b200. */
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -108,10 +108,39 @@ static void test_gpu_memory_everywhere(void)
     }
 }
 
+/* The new shipped profiles load, with the datasheets' figures (test_cli checks every figure
+ * has its note): DGX A100 320GB (40 GiB at 1,555 GB/s, 1 TB host, 15.36 TB NVMe), DGX B200
+ * (180 GB at 8 TB/s, 2.25 PFLOP/s bf16, 30.72 TB NVMe); Llama-3-70B fits either at stage 3
+ * with checkpointing on 64 of them. */
+static void test_new_profiles(void)
+{
+    const ZpHw a = tu_load_hw("dgx-a100-40g"), b = tu_load_hw("dgx-b200");
+    g_assert_cmpfloat(a.gpu_memory_bytes, ==, 40.0 * 0x1p30);
+    g_assert_cmpfloat(a.hbm_bytes_per_s, ==, 1.555e12);
+    g_assert_cmpfloat(a.cpu_memory_bytes, ==, 1e12);
+    g_assert_cmpfloat(a.nvme_bytes, ==, 15.36e12);
+    g_assert_cmpfloat(b.gpu_memory_bytes, ==, 180e9);
+    g_assert_cmpfloat(b.peak_bf16_flops, ==, 2.25e15);
+    g_assert_cmpfloat(b.hbm_bytes_per_s, ==, 8e12);
+    g_assert_cmpfloat(b.nvme_bytes, ==, 30.72e12);
+    g_assert_cmpint(b.gpus_per_node, ==, 8);
+    const char *clusters[] = {"dgx-a100-40g", "dgx-b200"};
+    for (size_t i = 0; i < G_N_ELEMENTS(clusters); i++) {
+        char *args = g_strdup_printf("memory --model hf/llama-3-70b --cluster %s --gpus 64 "
+                                     "--checkpoint", clusters[i]);
+        TuRun r = tu_zplan(args);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        g_assert_true(g_str_has_prefix(r.out, "Fits: stage 3 on 64 GPUs"));
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/profiles/hf-cache", test_hf_cache);
     g_test_add_func("/profiles/gpu-memory-everywhere", test_gpu_memory_everywhere);
+    g_test_add_func("/profiles/new-profiles", test_new_profiles);
     return g_test_run();
 }
