@@ -402,3 +402,74 @@ void cli_offload_tuning_free(CliOffloadTuning *tuning)
 {
     g_free(tuning->sub_group_size), g_free(tuning->max_in_cpu), g_free(tuning->buffer_count);
 }
+
+gboolean cli_budget_parse(CliBudget *b, GError **error)
+{
+    if (b->tokens_flag && b->steps_flag) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --tokens and --steps, not both");
+        return FALSE;
+    }
+    if (b->price_flag && !b->tokens_flag && !b->steps_flag) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--gpu-hour-price: give --tokens or --steps");
+        return FALSE;
+    }
+    return (!b->tokens_flag || zp_parse_size(b->tokens_flag, "--tokens", ZP_SIZE_COUNT, 1, 1e18,
+                                             FALSE, &b->tokens, error)) &&
+           (!b->steps_flag || zp_parse_size(b->steps_flag, "--steps", ZP_SIZE_COUNT, 1, 1e15,
+                                            TRUE, &b->steps, error)) &&
+           (!b->price_flag ||
+            zp_parse_number(b->price_flag, "--gpu-hour-price", 0, 1e6, FALSE, &b->price, error));
+}
+
+void cli_budget_free(CliBudget *b)
+{
+    g_free(b->tokens_flag), g_free(b->steps_flag), g_free(b->price_flag);
+}
+
+/* Steps (whole: the last one trains the remainder too), seconds, GPU-hours. */
+static gboolean budget_figures(const CliBudget *b, double step_s, double tokens_per_step,
+                               int gpus, double *steps, double *seconds, double *gpu_hours)
+{
+    if (b->tokens <= 0 && b->steps <= 0)
+        return FALSE;
+    *steps = b->steps > 0 ? b->steps : ceil(b->tokens / tokens_per_step);
+    *seconds = *steps * step_s;
+    *gpu_hours = *seconds * gpus / 3600;
+    return TRUE;
+}
+
+char *cli_budget_line(const CliBudget *b, double step_s, double tokens_per_step, int gpus)
+{
+    double steps, seconds, gpu_hours;
+    if (!budget_figures(b, step_s, tokens_per_step, gpus, &steps, &seconds, &gpu_hours))
+        return NULL;
+    char *n_steps = cli_thousands((uint64_t)steps), *hours = cli_thousands((uint64_t)llround(gpu_hours));
+    GString *line = g_string_new(NULL);
+    const double tokens = steps * tokens_per_step;
+    const double scale = tokens >= 1e12 ? 1e12 : tokens >= 1e9 ? 1e9 : tokens >= 1e6 ? 1e6 : 1;
+    g_string_append_printf(line, "Training %.4g%s tokens: %s steps of %.4g s = %.1f days on %d "
+                           "GPUs, %s GPU-hours", tokens / scale,
+                           scale == 1e12 ? "T" : scale == 1e9 ? "B" : scale == 1e6 ? "M" : "",
+                           n_steps, step_s, seconds / 86400, gpus, hours);
+    if (b->price > 0) {
+        char *cost = cli_thousands((uint64_t)llround(gpu_hours * b->price));
+        g_string_append_printf(line, ", %s at %g per GPU-hour", cost, b->price);
+        g_free(cost);
+    }
+    g_string_append(line, " (step time as simulated; no restarts, evaluation or checkpoints).");
+    g_free(n_steps), g_free(hours);
+    return g_string_free(line, FALSE);
+}
+
+json_t *cli_budget_json(const CliBudget *b, double step_s, double tokens_per_step, int gpus)
+{
+    double steps, seconds, gpu_hours;
+    if (!budget_figures(b, step_s, tokens_per_step, gpus, &steps, &seconds, &gpu_hours))
+        return NULL;
+    json_t *o = json_pack("{s:f, s:f, s:f, s:f, s:f}", "steps", steps, "tokens",
+                          steps * tokens_per_step, "seconds", seconds, "days", seconds / 86400,
+                          "gpu_hours", gpu_hours);
+    if (b->price > 0)
+        json_object_set_new(o, "cost", json_real(gpu_hours * b->price));
+    return o;
+}

@@ -10,6 +10,7 @@
 #include "zp_search.h"
 
 #include <glib.h>
+#include <jansson.h>
 
 /* Limits that reject absurd input with a clear message rather than overflow later. */
 #define CLI_MAX_PARAMS 1e15 /* a thousand trillion parameters */
@@ -116,6 +117,29 @@ typedef struct {
 /* Applies them to zero (after cli_offload); fails naming the flag. */
 gboolean cli_offload_tuning(const CliOffloadTuning *tuning, ZpZeroConfig *zero, GError **error);
 void cli_offload_tuning_free(CliOffloadTuning *tuning);
+
+/* A training budget: --tokens (1T) or --steps, and --gpu-hour-price, giving wall-clock days,
+ * GPU-hours and cost from a step's time (llm-analysis's total training time). */
+typedef struct {
+    char *tokens_flag, *steps_flag, *price_flag;
+    double tokens, steps, price; /* 0 when not given */
+} CliBudget;
+
+#define CLI_BUDGET_ENTRIES(b)                                                                  \
+    {"tokens", 0, 0, G_OPTION_ARG_STRING, &(b)->tokens_flag,                                   \
+     "Train on this many tokens (1T, 300B): prints the steps, days and GPU-hours", "T"},       \
+    {"steps", 0, 0, G_OPTION_ARG_STRING, &(b)->steps_flag,                                     \
+     "Or this many optimizer steps", "N"},                                                     \
+    {"gpu-hour-price", 0, 0, G_OPTION_ARG_STRING, &(b)->price_flag,                            \
+     "Price of one GPU-hour (2.50): adds the cost", "P"}
+
+gboolean cli_budget_parse(CliBudget *budget, GError **error);
+void cli_budget_free(CliBudget *budget);
+/* The budget's figures for a step of step_s seconds that trains tokens_per_step tokens on gpus
+ * GPUs, as one line (newly allocated; NULL without --tokens or --steps) and as JSON (NULL
+ * likewise). */
+char *cli_budget_line(const CliBudget *budget, double step_s, double tokens_per_step, int gpus);
+json_t *cli_budget_json(const CliBudget *budget, double step_s, double tokens_per_step, int gpus);
 
 /* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config, at
  * most CLI_DEFAULT_SEQ_MAX; 8k is 8192):

@@ -42,6 +42,7 @@ typedef struct {
     /* When nothing fits even with offload: each offload level's closest plan's shortfall
      * per GPU (0: not tried). */
     double offload_short_bytes[3];
+    CliBudget budget; /* --tokens or --steps, --gpu-hour-price: for plan 1 */
 } PlanArgs;
 
 /* The offload levels plan tries in turn when nothing fits on the GPUs: optimizer to the host,
@@ -554,6 +555,14 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
         json_object_set_new(root, "offload_note", json_string(a->offload_note));
     if (a->whole_node_note) /* what the search left out */
         json_object_set_new(root, "whole_node_note", json_string(a->whole_node_note));
+    if (r->ranked->len) { /* plan 1's --tokens/--steps budget */
+        const ZpCandidate *best = zp_search_ranked(r, 0);
+        json_t *budget = cli_budget_json(&a->budget, best->step_time_s,
+                                         zp_search_samples(&best->plan) * (double)a->model.seq_len,
+                                         a->gpus);
+        if (budget)
+            json_object_set_new(root, "budget", budget);
+    }
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
@@ -608,6 +617,15 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
         if (a->whole_node_note)
             printf("%s\n", a->whole_node_note);
         cli_print_defaults();
+        const ZpCandidate *best = r->ranked->len ? zp_search_ranked(r, 0) : NULL;
+        char *budget = best ? cli_budget_line(&a->budget, best->step_time_s,
+                                              zp_search_samples(&best->plan) *
+                                                  (double)a->model.seq_len,
+                                              a->gpus)
+                            : NULL;
+        if (budget)
+            printf("Plan 1: %s\n", budget);
+        g_free(budget);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -843,6 +861,7 @@ int cli_plan(int argc, char **argv)
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
+        CLI_BUDGET_ENTRIES(&a.budget),
         {"zeropp", 0, 0, G_OPTION_ARG_STRING, &zeropp, "ZeRO++ to search: none, lossless (default: hpZ) or lossy (also qwZ's int8 parameter gathers and qgZ's int4 gradients, which change the training)", "SET"},
         {"exclude", 0, 0, G_OPTION_ARG_STRING, &exclude, "Techniques never to try, comma-separated: qwz, qgz, hpz, pa, md, pa-cpu, checkpoint", "A,B"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -865,6 +884,7 @@ int cli_plan(int argc, char **argv)
                     attention, reduce, room, gpu_memory, &error) ||
         (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
         !parse_techniques(zeropp, exclude, &a.exclude, &error) ||
+        !cli_budget_parse(&a.budget, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
         status = cli_fail("plan", error);
     } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
@@ -884,5 +904,6 @@ int cli_plan(int argc, char **argv)
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     g_free(a.whole_node_note);
     g_free(zeropp), g_free(exclude), g_free(gpu_memory);
+    cli_budget_free(&a.budget);
     return status;
 }

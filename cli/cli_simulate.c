@@ -36,6 +36,7 @@ typedef struct {
     gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     char *offload_optimizer, *offload_param, *nvme_path;
     CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
+    CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
@@ -330,7 +331,15 @@ typedef struct {
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
     const GPtrArray *defaults_taken; /* with --ds-config: what the file left to defaults */
     ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
+    const CliBudget *budget;   /* --tokens/--steps and --gpu-hour-price */
 } Report;
+
+/* Tokens one optimizer step trains: samples x sequence. */
+static double tokens_per_step(const Report *p)
+{
+    return (double)p->plan->dp * p->plan->micro_batch * p->plan->grad_accum *
+           (double)p->model->seq_len;
+}
 
 static void print_tiers(const Report *p);
 
@@ -507,6 +516,10 @@ static int print_json(const Report *p)
     json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
     cli_pipe_json(root, p->plan, r);
+    json_t *budget = cli_budget_json(p->budget, r->step_time_s, tokens_per_step(p),
+                                     p->sched->world);
+    if (budget)
+        json_object_set_new(root, "budget", budget);
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -688,6 +701,11 @@ static void print_human(const Report *p)
         printf("\n");
     printf("  step time                      %10.4f s\n", r->step_time_s);
     printf("  samples/s                      %10.2f\n", samples_per_s(p));
+    char *budget = cli_budget_line(p->budget, r->step_time_s, tokens_per_step(p),
+                                   p->sched->world);
+    if (budget)
+        printf("  %s\n", budget);
+    g_free(budget);
     printf("  model TFLOP/s per GPU          %10.1f   (model FLOPs: forward and backward, not "
            "recomputation or the optimizer)\n",
            flops_per_gpu(p) / 1e12);
@@ -836,6 +854,8 @@ static int simulate(const SimulateFlags *f)
         plan = sched->plan;
     }
     ready = ready && kernels_flag(f, sched ? &sched->plan : NULL, &plan, &error);
+    /* the flags are this command's own: parsing fills in the budget's numbers */
+    ready = ready && cli_budget_parse((CliBudget *)&f->budget, &error);
     if (ready && !sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
         ready = FALSE;
@@ -895,7 +915,8 @@ static int simulate(const SimulateFlags *f)
         const Report report = {
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
             f->ds_config ? f->defaults_taken : NULL,
-            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
+            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes),
+            &f->budget};
         if (f->json)
             status = print_json(&report);
         else
@@ -968,6 +989,7 @@ static void free_flags(SimulateFlags *f)
     g_strfreev(f->slow_links);
     cli_pipe_free(&f->pipe);
     cli_offload_tuning_free(&f->tuning);
+    cli_budget_free(&f->budget);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -1001,6 +1023,7 @@ int cli_simulate(int argc, char **argv)
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
         {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
         {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
+        CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     return run_with_flags(argc, argv, "simulate",
