@@ -147,12 +147,34 @@ char *cli_defaults_line(void)
     return g_string_free(line, FALSE);
 }
 
+static GPtrArray *notes; /* char *, cli_note's */
+
+void cli_note(const char *format, ...)
+{
+    if (!notes)
+        notes = g_ptr_array_new_with_free_func(g_free);
+    va_list args;
+    va_start(args, format);
+    g_ptr_array_add(notes, g_strdup_vprintf(format, args));
+    va_end(args);
+}
+
+json_t *cli_notes_json(void)
+{
+    json_t *out = json_array();
+    for (guint i = 0; notes && i < notes->len; i++)
+        json_array_append_new(out, json_string(g_ptr_array_index(notes, i)));
+    return out;
+}
+
 void cli_print_defaults(void)
 {
     char *line = cli_defaults_line();
     if (line)
         printf("%s\n", line);
     g_free(line);
+    for (guint i = 0; notes && i < notes->len; i++)
+        printf("%s\n", (const char *)g_ptr_array_index(notes, i));
 }
 
 /* The precision a model was saved in (config.json's torch_dtype), where the GPU computes in it:

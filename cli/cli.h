@@ -65,8 +65,14 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
 void cli_default_taken(const char *flag, const char *format, ...) G_GNUC_PRINTF(2, 3);
 /* That line, newly allocated, or NULL when no default was taken. */
 char *cli_defaults_line(void);
-/* Prints it on stdout, if any. */
+/* Prints it on stdout, if any, then each note (cli_note), one a line. */
 void cli_print_defaults(void);
+
+/* A line the answer needs beside the defaults: what a DeepSpeed config's "auto" resolved to, a
+ * feature the plan carries that does nothing here. Printed by cli_print_defaults. */
+void cli_note(const char *format, ...) G_GNUC_PRINTF(1, 2);
+/* The notes as a JSON array (a new reference; empty when none). */
+json_t *cli_notes_json(void);
 
 /* The longest sequence taken by default: a config's max_position_embeddings above it is the
  * longest the model can read, not what a step is trained at. */

@@ -5,6 +5,7 @@
 
 #include "testutil.h"
 
+#include <glib/gstdio.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -130,6 +131,46 @@ static void test_validate_tolerance(void)
     g_free(args);
 }
 
+/* A DeepSpeed config's "auto" values are said as resolved in the text (they were only in
+ * --json), and qgZ on one node, which DeepSpeed skips, is said rather than dropped silently. */
+static void test_ds_config_said(void)
+{
+    char *dir = g_dir_make_tmp("zplan-conv-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "ds.json", NULL);
+    g_assert_true(g_file_set_contents(
+        path,
+        "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\", "
+        "\"gradient_accumulation_steps\": \"auto\", \"bf16\": {\"enabled\": \"auto\"}, "
+        "\"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\", "
+        "\"zero_quantized_gradients\": true}}",
+        -1, NULL));
+    for (int gpus = 8; gpus <= 16; gpus += 8) {
+        char *args = g_strdup_printf("simulate --model hf/llama-3-8b --cluster dgx-h100 --gpus %d "
+                                     "--micro-batch 1 --ds-config %s", gpus, path);
+        TuRun r = tu_zplan(args);
+        g_test_message("%s", r.out);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        char *resolved = g_strdup_printf("\n%s's \"auto\" resolved as the Hugging Face Trainer "
+                                         "would (its rules, the flags and the model): "
+                                         "train_micro_batch_size_per_gpu 1, "
+                                         "gradient_accumulation_steps 1, train_batch_size %d, "
+                                         "reduce_bucket_size 16,777,216, bf16.enabled true.\n",
+                                         path, gpus);
+        g_assert_nonnull(strstr(r.out, resolved));
+        const char *qgz = "\nzero_quantized_gradients (qgZ) does nothing here: ";
+        if (gpus == 8)
+            g_assert_nonnull(strstr(r.out, qgz));
+        else
+            g_assert_null(strstr(r.out, qgz)); /* two nodes: it runs */
+        g_free(resolved);
+        tu_free(&r);
+        g_free(args);
+    }
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -137,5 +178,6 @@ int main(int argc, char **argv)
     g_test_add_func("/conventions/lower-case-suffixes", test_lower_case_suffixes);
     g_test_add_func("/conventions/did-you-mean", test_did_you_mean);
     g_test_add_func("/conventions/validate-tolerance", test_validate_tolerance);
+    g_test_add_func("/conventions/ds-config-said", test_ds_config_said);
     return g_test_run();
 }
