@@ -236,6 +236,11 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         plan_for(a, stage, gpus, &plan);
         r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
         m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+        if (offloads(a)) { /* what stays on the GPU, as the need counts it */
+            ZpTiers t;
+            zp_offload_tiers(&a->model, &plan, a->have_hw ? &a->hw : NULL, &t);
+            m[stage].total_bytes = t.total_bytes[ZP_TIER_GPU];
+        }
         need[stage] = stage_need_bytes(a, stage, gpus);
     }
     if (!zp_model_has_architecture(&a->model))
@@ -262,7 +267,8 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         {"step gradient copies", G_STRUCT_OFFSET(ZpResidual, step_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
-    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "model states", m[0].total_bytes / GB,
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n",
+           offloads(a) ? "model states left on GPU" : "model states", m[0].total_bytes / GB,
            m[1].total_bytes / GB, m[2].total_bytes / GB, m[3].total_bytes / GB);
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
         printf("  %-28s", rows[i].label);

@@ -143,6 +143,24 @@ static void test_maxmodel_offload(void)
     g_assert_cmpfloat(hw.nvme_bytes, ==, 30.72e12);
 }
 
+/* memory with offload printed the model states as if nothing were offloaded (205.6 GB at
+ * every stage for gpt-13b on one GPU); the row is now what stays on the GPU, the offload
+ * table's first row. */
+static void test_memory_offload_states(void)
+{
+    TuRun r = tu_zplan("memory --model gpt-13b --cluster dgx2-v100 --gpus 1 --checkpoint "
+                       "--offload-optimizer cpu");
+    g_assert_cmpint(exit_status(&r), ==, 0);
+    const char *left = strstr(r.out, "\n  model states left on GPU   ");
+    const char *tier = strstr(r.out, "\n  GPU model states per GPU   ");
+    g_assert_nonnull(left);
+    g_assert_nonnull(tier);
+    char **a = g_strsplit(left + 1, "\n", 2), **b = g_strsplit(tier + 1, "\n", 2);
+    g_assert_cmpstr(a[0] + 30, ==, b[0] + 30); /* the four stages' figures */
+    g_strfreev(a), g_strfreev(b);
+    tu_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -151,5 +169,6 @@ int main(int argc, char **argv)
     g_test_add_func("/plan-traps/exclude", test_exclude);
     g_test_add_func("/plan-traps/offload-beside-gpus-needed", test_offload_beside_gpus_needed);
     g_test_add_func("/plan-traps/maxmodel-offload", test_maxmodel_offload);
+    g_test_add_func("/plan-traps/memory-offload-states", test_memory_offload_states);
     return g_test_run();
 }
