@@ -39,7 +39,8 @@ static ZpTier binding_tier(const ZpHw *hw, const ZpPlan *plan, double params,
     ZpTiers t;
     zp_offload_tiers(&m, plan, hw, &t);
     double short_bytes;
-    const ZpTier over = zp_offload_overflow(&t, t.total_bytes[ZP_TIER_GPU], hw, &short_bytes);
+    const ZpTier over = zp_offload_overflow(&t, t.total_bytes[ZP_TIER_GPU] + hw->runtime_reserve_bytes, hw,
+                            &short_bytes);
     *swap_buffer = over == ZP_TIER_CPU && t.swap_buffer_bytes >= 0.5 * t.total_bytes[ZP_TIER_CPU];
     return over;
 }
@@ -58,7 +59,8 @@ static double max_params_offloaded(const ZpHw *hw, const ZpPlan *plan)
         ZpTiers t;
         zp_offload_tiers(&m, plan, hw, &t);
         double short_bytes;
-        if (zp_offload_overflow(&t, t.total_bytes[ZP_TIER_GPU], hw, &short_bytes) == ZP_TIER_N)
+        if (zp_offload_overflow(&t, t.total_bytes[ZP_TIER_GPU] + hw->runtime_reserve_bytes, hw,
+                            &short_bytes) == ZP_TIER_N)
             lo = mid;
         else
             hi = mid;
@@ -175,7 +177,10 @@ int cli_maxmodel(int argc, char **argv)
                 best[stage] = max_params_offloaded(&hw, &plan);
                 binding[stage] = binding_tier(&hw, &plan, best[stage], &swap_buffer[stage]);
             } else {
-                best[stage] = zp_mem_max_params(hw.gpu_memory_bytes, stage, dp, mp, sb);
+                /* the profile's runtime reserve set aside, as sweep --metric maxmodel and
+                 * memory count it (0 for a bare --gpu-memory GPU: the paper's columns) */
+                best[stage] = zp_mem_max_params(hw.gpu_memory_bytes - hw.runtime_reserve_bytes,
+                                                stage, dp, mp, sb);
             }
             if (best[stage] < 1e3) /* a bisection stuck at its floor: nothing fits */
                 best[stage] = 0;
@@ -197,10 +202,11 @@ int cli_maxmodel(int argc, char **argv)
             json_decref(root);
             status = ok ? 0 : cli_fail("maxmodel", error);
         } else {
-            printf("Largest model whose model states fit in %.3g GB per GPU (%s), %d GPUs = "
-                   "MP %d x DP %d,\n%s + %s; activations, buffers and reserve not counted "
-                   "(Table 2's theoretical columns; B = 1e9, T = 1e12).\n\n",
-                   hw.gpu_memory_bytes / 1e9, hw.name, gpus, mp, dp,
+            printf("Largest model whose model states fit in %.3g GB per GPU (%s) less its %.3g GB "
+                   "runtime reserve, %d GPUs = MP %d x DP %d,\n%s + %s; activations and buffers "
+                   "not counted (Table 2's theoretical columns; B = 1e9, T = 1e12).\n\n",
+                   hw.gpu_memory_bytes / 1e9, hw.name, hw.runtime_reserve_bytes / 1e9, gpus, mp,
+                   dp,
                    zp_precision_name(precision), zp_optimizer_name(optimizer));
             printf("  %4s %6s %10s %10s %10s %10s\n", "MP", "GPUs", "baseline", "Pos", "Pos+g",
                    "Pos+g+p");

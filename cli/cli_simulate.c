@@ -590,6 +590,8 @@ static int print_json(const Report *p)
     if (budget)
         json_object_set_new(root, "budget", budget);
     json_object_set_new(root, "notes", cli_notes_json());
+    /* the figure the verdict gives and memory's need_bytes: the allocator's need + reserve */
+    json_object_set_new(root, "need_bytes", json_real(p->hw->gpu_memory_bytes + bytes_over(p)));
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
