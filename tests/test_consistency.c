@@ -2,7 +2,8 @@
  * memory, simulate (its verdict's need_bytes) and sweep --metric memory, which must give the
  * same bytes per GPU for the
  * same plan; maxmodel and sweep --metric maxmodel the same largest model; and plan's plan 1,
- * written as a DeepSpeed config, the same step and memory when simulate reads it back. */
+ * written as a DeepSpeed config, the same step and memory when simulate reads it back; zreal
+ * --like-simulate the plan simulate wrote, for validate. */
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -145,6 +146,54 @@ static void test_plan_round_trip(void)
     json_decref(plan), json_decref(sim);
 }
 
+/* zreal --like-simulate runs the plan simulate wrote, with simulate's defaults (DeepSpeed's
+ * semantics, the cluster's attention kernel), so validate compares the two as they are; the
+ * same zreal run on its own defaults (the paper's semantics, eager) is refused as another
+ * plan. */
+static void test_zreal_like_simulate(void)
+{
+    char *predicted = g_build_filename(dir, "p.json", NULL);
+    char *measured = g_build_filename(dir, "m.json", NULL);
+    char *args = g_strdup_printf("%s/zplan simulate --model tiny --cluster dgx-h100 --gpus 2 "
+                                 "--stage 3 --micro-batch 2 --precision bf16 --json",
+                                 ZP_BUILD_DIR);
+    TuRun r = tu_run(args, NULL);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(g_file_set_contents(predicted, r.out, -1, NULL));
+    tu_free(&r);
+    g_free(args);
+    const char *modes[] = {"--like-simulate", NULL};
+    for (size_t i = 0; i < G_N_ELEMENTS(modes); i++) {
+        char *flag = modes[i] ? g_strdup_printf("%s %s", modes[i], predicted)
+                              : g_strdup("--stage 3 --micro-batch 2");
+        args = g_strdup_printf("%s/zreal --model tiny --emulate 2 --steps 2 %s --out %s",
+                               ZP_BUILD_DIR, flag, measured);
+        r = tu_run(args, NULL);
+        g_test_message("%s: %s", args, r.err);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        tu_free(&r);
+        g_free(args);
+        args = g_strdup_printf("validate %s %s", predicted, measured);
+        r = tu_zplan(args);
+        g_test_message("validate: %s", r.err);
+        if (modes[i]) {
+            g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+            g_assert_nonnull(strstr(r.out, "  model states "));
+        } else {
+            g_assert_cmpint(WEXITSTATUS(r.status), ==, 1); /* not the same plan */
+        }
+        tu_free(&r);
+        g_free(args), g_free(flag);
+        g_remove(measured);
+    }
+    r = tu_run(ZP_BUILD_DIR "/zreal --model tiny --emulate 4 --steps 1 --like-simulate "
+               "/dev/null", NULL);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_remove(predicted);
+    g_free(predicted), g_free(measured);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -152,6 +201,7 @@ int main(int argc, char **argv)
     g_test_add_func("/consistency/memory-grid", test_memory_grid);
     g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
     g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
+    g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
     const int status = g_test_run();
     g_rmdir(dir);
     g_free(dir);
