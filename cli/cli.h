@@ -32,6 +32,7 @@ int cli_simulate(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
 int cli_validate(int argc, char **argv);
 int cli_calibrate(int argc, char **argv);
+int cli_report(int argc, char **argv);
 
 /* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
 int cli_fail(const char *command, GError *error);

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "cli_pipe.h"
 #include "cli_progress.h"
+#include "cli_report.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
@@ -32,6 +33,7 @@ typedef struct {
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
+    char *html;       /* --html OUT.html: the step as a page (cli_report) */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
@@ -708,6 +710,23 @@ static void print_exposed_reason(const Report *p)
     g_free(why);
 }
 
+/* --html: the page of this step (cli_report), titled by the plan, opening with the verdict. */
+static gboolean write_html(const Report *p, const char *path, GError **error)
+{
+    char *detail = g_strdup_printf("allocator-reserved peak + %.1f GB reserve",
+                                   p->hw->runtime_reserve_bytes / GB);
+    char *verdict = cli_verdict("the step", detail, p->hw->gpu_memory_bytes + bytes_over(p),
+                                p->hw->gpu_memory_bytes);
+    char *title = g_strdup_printf("%s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, micro-batch "
+                                  "%d x %d, %.4f s a step", p->model->name, p->sched->world,
+                                  p->hw->gpu, p->hw->name, p->plan->zero.stage, p->plan->dp,
+                                  p->plan->mp, p->plan->micro_batch, p->plan->grad_accum,
+                                  p->r->step_time_s);
+    const gboolean ok = cli_report_html(path, title, verdict, p->sched, p->r, p->hw, error);
+    g_free(title), g_free(verdict), g_free(detail);
+    return ok;
+}
+
 static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
@@ -920,7 +939,8 @@ static int simulate(const SimulateFlags *f)
             cli_cluster(f->cluster, f->gpu_memory, TRUE, &hw, &(gboolean){FALSE}, &error) &&
             (sched ? sim_coll_check_placement(&hw, sched->plan.mp, &error)
                    : simulate_plan(f, &model, &hw, &plan, &error)) &&
-            (!f->trace || zp_check_out_path(f->trace, "--trace", &error));
+            (!f->trace || zp_check_out_path(f->trace, "--trace", &error)) &&
+            (!f->html || zp_check_out_path(f->html, "--html", &error));
     if (ready && sched) {
         model = sched->model;
         plan = sched->plan;
@@ -953,7 +973,7 @@ static int simulate(const SimulateFlags *f)
     g_free(what);
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
-        .record_timeline = f->trace != NULL || f->json,
+        .record_timeline = f->trace != NULL || f->json || f->html != NULL,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
@@ -989,6 +1009,8 @@ static int simulate(const SimulateFlags *f)
             f->ds_config ? f->defaults_taken : NULL,
             zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes),
             &f->budget};
+        if (f->html && !write_html(&report, f->html, &error))
+            return zp_sched_free(sched), sim_result_free(result), cli_fail("simulate", error);
         if (f->json)
             status = print_json(&report);
         else
@@ -1054,7 +1076,7 @@ static void free_flags(SimulateFlags *f)
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
-                      &f->gpu_memory};
+                      &f->gpu_memory, &f->html};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -1091,6 +1113,7 @@ int cli_simulate(int argc, char **argv)
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the step as one HTML page (zplan report)", "OUT.html"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"},
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
         {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
@@ -1107,6 +1130,36 @@ int cli_simulate(int argc, char **argv)
         "--cluster is required; --schedule FILE times a schedule file in place of a plan.\n"
         "Exit status 2: the step does not fit.",
         extra, &f, simulate);
+}
+
+/* `zplan report`: simulate's flags, and the page (--html) is the point. */
+static int report_command(const SimulateFlags *f)
+{
+    if (!f->html) {
+        GError *error = NULL;
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--html OUT.html is required");
+        return cli_fail("report", error);
+    }
+    return simulate(f);
+}
+
+int cli_report(int argc, char **argv)
+{
+    SimulateFlags f = {0};
+    const GOptionEntry extra[] = {
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the page here (required)", "OUT.html"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print simulate's JSON", NULL},
+        {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
+        CLI_BUDGET_ENTRIES(&f.budget),
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    return run_with_flags(argc, argv, "report",
+        "Simulates one step as `zplan simulate` does (the same flags, --ds-config included)\n"
+        "and writes it as one self-contained HTML page: the verdict, the reported rank's\n"
+        "memory over the step stacked by category under the GPU's line, its streams as a\n"
+        "Gantt chart, time by op class and bytes by group, as inline SVG. Prints what\n"
+        "simulate prints. Exit status 2: the step does not fit.",
+        extra, &f, report_command);
 }
 
 /* `zplan schedule`: the per-rank op list of one step as JSON, for zreal --schedule and tests. */

@@ -22,6 +22,7 @@ static const Command commands[] = {
     {"schedule", cli_schedule, "one step's per-rank op list as JSON (for zreal --schedule)"},
     {"validate", cli_validate, "predicted (simulate --json) against measured (zreal --out)"},
     {"calibrate", cli_calibrate, "fit a hwprofile from zreal --microbench runs"},
+    {"report", cli_report, "simulate one step and write it as an HTML page (--html OUT.html)"},
 };
 
 /* What a flag left out means, in every command that takes it (cli.c sets them, and each
