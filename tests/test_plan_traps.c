@@ -71,6 +71,10 @@ static void test_no_dominated_plans(void)
     TuRun r = tu_zplan(args);
     g_assert_nonnull(strstr(r.out, "more plans left out: each is no faster than one above and "
                                    "needs no less memory."));
+    /* and that lossy ZeRO++ was left out, and how to have it */
+    g_assert_nonnull(strstr(r.out, "\nLossy ZeRO++ (qwZ's int8 parameter gathers, qgZ's int4 "
+                                   "gradients) is not searched: it changes the training; "
+                                   "--zeropp lossy tries it.\n"));
     tu_free(&r);
     g_free(json_args);
 }
