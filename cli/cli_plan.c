@@ -2,6 +2,7 @@
  * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
 #include "cli.h"
 #include "cli_progress.h"
+#include "cli_report.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_alloc_replay.h"
@@ -29,6 +30,7 @@ typedef struct {
     ZpImplKind impl;
     gboolean json, three_d;
     char *ds_config;
+    char *html;            /* --html OUT.html: the top plans side by side */
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
     ZpZeroConfig offload;  /* --offload-optimizer/--offload-param: searched with these only */
     gboolean offload_given;
@@ -440,7 +442,7 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
 }
 
 /* The first line: whether plan 1 (or, when nothing fits, the closest plan) fits the GPU. */
-static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
+static char *verdict_text(const PlanArgs *a, const ZpSearchResult *r)
 {
     const ZpCandidate *c = r->ranked->len ? zp_search_ranked(r, 0)
                                           : zp_search_candidate(r, r->closest);
@@ -452,8 +454,40 @@ static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
                                                 : "closed form + reserve",
                                 simulated ? c->peak_memory_bytes : c->memory_bytes,
                                 a->capacity_bytes);
+    g_free(what), g_free(shape);
+    return verdict;
+}
+
+static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
+{
+    char *verdict = verdict_text(a, r);
     printf("%s\n", verdict);
-    g_free(verdict), g_free(what), g_free(shape);
+    g_free(verdict);
+}
+
+/* --html: the verdict and the listed plans side by side (cli_report). */
+static gboolean write_html(const PlanArgs *a, const ZpSearchResult *r, GError **error)
+{
+    const int n = (int)r->ranked->len;
+    CliReportPlan *plans = g_new0(CliReportPlan, MAX(n, 1));
+    char **whats = g_new0(char *, n + 1);
+    for (int i = 0; i < n; i++) {
+        const ZpCandidate *c = zp_search_ranked(r, i);
+        char *shape = describe(c);
+        whats[i] = g_strdup_printf("stage %d, %s", c->plan.zero.stage, shape);
+        g_free(shape);
+        plans[i] = (CliReportPlan){whats[i], c->step_time_s,
+                                   zp_search_samples(&c->plan) / c->step_time_s,
+                                   c->peak_memory_bytes, cli_plan_tflops(&a->model, c)};
+    }
+    char *verdict = verdict_text(a, r);
+    char *title = g_strdup_printf("Plans for %s on %d x %s (%s)", a->model.name, a->gpus,
+                                  a->hw.gpu, a->hw.name);
+    const gboolean ok = cli_report_plans_html(a->html, title, verdict, plans, n,
+                                              a->capacity_bytes, error);
+    g_free(title), g_free(verdict), g_free(plans);
+    g_strfreev(whats);
+    return ok;
 }
 
 /* ---- JSON ------------------------------------------------------------------------------ */
@@ -606,6 +640,8 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
              NULL;
     if (ok && a->ds_config && r->ranked->len)
         ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
+    if (ok && a->html && r->ranked->len)
+        ok = write_html(a, r, &error);
     int status = ok ? 0 : cli_fail("plan", error);
     if (ok && a->json) {
         status = print_json(a, r, sims);
@@ -861,6 +897,7 @@ int cli_plan(int argc, char **argv)
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &a.html, "Write the top plans side by side as one HTML page", "OUT.html"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
@@ -888,7 +925,8 @@ int cli_plan(int argc, char **argv)
         (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
         !parse_techniques(zeropp, exclude, &a.exclude, &error) ||
         !cli_budget_parse(&a.budget, &error) ||
-        (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
+        (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error)) ||
+        (a.html && !zp_check_out_path(a.html, "--html", &error))) {
         status = cli_fail("plan", error);
     } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
         status = cli_fail("plan", error);
@@ -903,6 +941,7 @@ int cli_plan(int argc, char **argv)
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
+    g_free(a.html);
     g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     g_free(a.whole_node_note);

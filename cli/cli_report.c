@@ -195,6 +195,66 @@ static void bars_svg(GString *out, const char *title, const char *const *labels,
     g_string_append(out, "</svg>\n");
 }
 
+/* The page's head, title and verdict (the body is left open). */
+static GString *page_open(const char *title, const char *verdict)
+{
+    GString *out = g_string_new("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                                "<title>");
+    escape(out, title);
+    g_string_append(out, "</title><style>body{font-family:sans-serif;margin:24px;max-width:1000px}"
+                         "h2{font-size:16px;margin-top:28px}.verdict{font-size:15px;"
+                         "padding:8px;background:#f4f4f4}table{border-collapse:collapse;"
+                         "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;"
+                         "text-align:right}td:nth-child(2){text-align:left}</style></head>"
+                         "<body>\n<h1>");
+    escape(out, title);
+    g_string_append(out, "</h1>\n<p class=\"verdict\">");
+    escape(out, verdict);
+    g_string_append(out, "</p>\n");
+    return out;
+}
+
+static gboolean page_close(GString *out, const char *path, GError **error)
+{
+    g_string_append(out, "</body></html>\n");
+    const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
+    if (!ok)
+        g_prefix_error(error, "--html: ");
+    g_string_free(out, TRUE);
+    return ok;
+}
+
+gboolean cli_report_plans_html(const char *path, const char *title, const char *verdict,
+                               const CliReportPlan *plans, int n, double capacity_bytes,
+                               GError **error)
+{
+    GString *out = page_open(title, verdict);
+    g_string_append(out, "<h2>The top plans</h2>\n<table><tr><th>#</th><th>plan</th><th>step s"
+                         "</th><th>samples/s</th><th>TFLOP/s per GPU</th><th>needs GB</th></tr>\n");
+    for (int i = 0; i < n; i++) {
+        g_string_append_printf(out, "<tr><td>%d</td><td>", i + 1);
+        escape(out, plans[i].what);
+        g_string_append_printf(out, "</td><td>%.3f</td><td>%.2f</td><td>%.1f</td><td>%.2f</td>"
+                                    "</tr>\n",
+                               plans[i].step_s, plans[i].samples_per_s, plans[i].tflops,
+                               plans[i].need_bytes / GB);
+    }
+    g_string_append(out, "</table>\n");
+    char **labels = g_new0(char *, n + 1);
+    double *rate = g_new(double, n), *need = g_new(double, n);
+    for (int i = 0; i < n; i++) {
+        labels[i] = g_strdup_printf("plan %d", i + 1);
+        rate[i] = plans[i].samples_per_s;
+        need[i] = plans[i].need_bytes;
+    }
+    bars_svg(out, "Samples per second", (const char *const *)labels, rate, n, "samples/s", 1);
+    bars_svg(out, "Memory each needs per GPU", (const char *const *)labels, need, n, "GB", GB);
+    g_string_append_printf(out, "<p>The GPU holds %.1f GB.</p>\n", capacity_bytes / GB);
+    g_strfreev(labels);
+    g_free(rate), g_free(need);
+    return page_close(out, path, error);
+}
+
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
                          const ZpSchedule *s, const SimResult *r, const ZpHw *hw, GError **error)
 {
@@ -203,16 +263,7 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
                                                      "timeline");
         return FALSE;
     }
-    GString *out = g_string_new("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                                "<title>");
-    escape(out, title);
-    g_string_append(out, "</title><style>body{font-family:sans-serif;margin:24px;max-width:1000px}"
-                         "h2{font-size:16px;margin-top:28px}.verdict{font-size:15px;"
-                         "padding:8px;background:#f4f4f4}</style></head><body>\n<h1>");
-    escape(out, title);
-    g_string_append(out, "</h1>\n<p class=\"verdict\">");
-    escape(out, verdict);
-    g_string_append(out, "</p>\n");
+    GString *out = page_open(title, verdict);
     memory_svg(out, s, r, hw);
     gantt_svg(out, s, r);
     const char *const classes[] = {"compute", "exposed comm.", "optimizer",
@@ -225,10 +276,5 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
     const double bytes[] = {r->comm_bytes[ZP_GROUP_DP], r->comm_bytes[ZP_GROUP_TP],
                             r->comm_bytes[ZP_GROUP_PP]};
     bars_svg(out, "Bytes each rank sends, by group", groups, bytes, G_N_ELEMENTS(bytes), "GB", GB);
-    g_string_append(out, "</body></html>\n");
-    const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
-    if (!ok)
-        g_prefix_error(error, "--html: ");
-    g_string_free(out, TRUE);
-    return ok;
+    return page_close(out, path, error);
 }

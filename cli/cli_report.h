@@ -15,4 +15,16 @@
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
                          const ZpSchedule *s, const SimResult *r, const ZpHw *hw, GError **error);
 
+/* One plan of `plan --html`'s page: its description and simulated figures. */
+typedef struct {
+    const char *what;     /* "stage 3, mp 1 x dp 16, micro 2 x accum 1, ..." */
+    double step_s, samples_per_s, need_bytes, tflops;
+} CliReportPlan;
+
+/* `plan --html`: the verdict, then the top plans side by side: a table and two bar charts,
+ * samples/s and the memory each needs against the GPU's capacity. */
+gboolean cli_report_plans_html(const char *path, const char *title, const char *verdict,
+                               const CliReportPlan *plans, int n, double capacity_bytes,
+                               GError **error);
+
 #endif

@@ -69,9 +69,33 @@ static void test_html_page(void)
     g_free(args), g_free(html), g_free(dir);
 }
 
+/* plan --html: the top plans side by side, a table row and a bar each, the verdict first. */
+static void test_plan_page(void)
+{
+    char *dir = g_dir_make_tmp("zplan-report-XXXXXX", NULL);
+    char *html = g_build_filename(dir, "plans.html", NULL);
+    char *args = g_strdup_printf("plan --model hf/llama-3-70b --cluster dgx-h100 --gpus 64 "
+                                 "--html %s", html);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    char *page = NULL;
+    g_assert_true(g_file_get_contents(html, &page, NULL, NULL));
+    g_assert_nonnull(strstr(page, "<p class=\"verdict\">Fits: plan 1 (stage 3, "));
+    g_assert_cmpuint(count(page, "<tr><td>"), ==, 3);
+    g_assert_cmpuint(count(page, "<svg "), ==, 2);
+    g_assert_cmpuint(count(page, ">plan 3</text>"), ==, 2); /* a bar in each chart */
+    g_assert_null(strstr(page, "<script"));
+    g_free(page);
+    g_remove(html);
+    g_rmdir(dir);
+    g_free(args), g_free(html), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/report/html-page", test_html_page);
+    g_test_add_func("/report/plan-page", test_plan_page);
     return g_test_run();
 }
