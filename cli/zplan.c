@@ -40,7 +40,9 @@ static const struct {
     {"--micro-batch", "1 (plan, sweep tflops: searched; simulate: required)"},
     {"--checkpoint", "off (plan: searched)"},
     {"--offload-*", "none (plan: searched when nothing fits on the GPUs)"},
-    {"--zeropp", "lossless (plan searches hpZ, never the lossy qwZ and qgZ)"},
+    {"--zeropp", "lossless: plan searches hpZ; the lossy qwZ and qgZ only with --zeropp lossy"},
+    {"--tokens", "none: with it (or --steps), the days, GPU-hours and, with --gpu-hour-price, cost"},
+    {"--gpu-memory", "the cluster's; with --cluster, its GPUs with that memory"},
 };
 
 static void usage(FILE *out)
