@@ -4,6 +4,7 @@
  * bytes by group, each an inline SVG (no script, no network). */
 #include "cli_report.h"
 
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <math.h>
@@ -217,7 +218,7 @@ static GString *page_open(const char *title, const char *verdict)
 static gboolean page_close(GString *out, const char *path, GError **error)
 {
     g_string_append(out, "</body></html>\n");
-    const gboolean ok = zp_write_file_atomic(path, out->str, out->len, error);
+    const gboolean ok = zp_out_write(path, out->str, out->len, error);
     if (!ok)
         g_prefix_error(error, "--html: ");
     g_string_free(out, TRUE);
