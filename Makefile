@@ -8,7 +8,7 @@ CUDA_HOME  ?= /usr/local/cuda
 # a separate NCCL (a pip wheel's nvidia/nccl, with include/ and lib/) named by NCCL_HOME.
 NCCL_HOME  ?= $(CUDA_HOME)
 DEB_PACKAGES := build-essential pkg-config perl libglib2.0-dev libjansson-dev libgsl-dev \
-                libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox zlib1g-dev
+                libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox zlib1g-dev chromium
 
 CC       := mpicc
 PLANNER_LAYERS := $(patsubst %/,%,$(sort $(dir $(wildcard planner/*/*.c planner/*/*.h))))

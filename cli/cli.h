@@ -12,6 +12,7 @@
 #include "sim_engine.h"
 
 #include <glib.h>
+#include <jansson.h>
 
 /* Limits that reject absurd input with a clear message rather than overflow later. */
 #define CLI_MAX_PARAMS 1e15 /* a thousand trillion parameters */
@@ -20,6 +21,8 @@
 /* Exit status of a command that worked and found that the plan does not fit in the GPU's
  * memory (plan, simulate, memory): distinct from bad input (1). */
 #define CLI_EXIT_DOES_NOT_FIT 2
+/* Exit status of `validate --tolerance P%` when a quantity misses by more than P. */
+#define CLI_EXIT_OVER_TOLERANCE 3
 
 typedef int (*CliCommand)(int argc, char **argv);
 
@@ -31,6 +34,7 @@ int cli_simulate(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
 int cli_validate(int argc, char **argv);
 int cli_calibrate(int argc, char **argv);
+int cli_report(int argc, char **argv);
 
 /* What `simulate` computed for one plan, handed to a command that compares it with a
  * measurement (validate --torch-trace) instead of being printed; the timeline recorded. */
@@ -60,8 +64,8 @@ gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **er
 gboolean cli_model(const char *model_flag, const char *params_flag, ZpModel *model,
                    GError **error);
 
-/* --cluster NAME|PATH.json or --gpu-memory BYTES; *have is FALSE when neither was given
- * and neither is required. */
+/* --cluster NAME|PATH.json or --gpu-memory BYTES (both: the cluster with that GPU memory);
+ * *have is FALSE when neither was given and neither is required. */
 gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean required,
                      ZpHw *hw, gboolean *have, GError **error);
 
@@ -69,10 +73,37 @@ gboolean cli_cluster(const char *cluster_flag, const char *memory_flag, gboolean
 gboolean cli_int(const char *text, const char *flag, double min, double max, int fallback,
                  int *out, GError **error);
 
-/* --precision and --optimizer with their defaults (fp16, adam). */
+/* --precision and --optimizer with their defaults: the model's torch_dtype where hw (NULL:
+ * any GPU) computes in it, else fp16; adam. */
 gboolean cli_precision_optimizer(const char *precision_flag, const char *optimizer_flag,
-                                 ZpPrecision *precision, ZpOptimizer *optimizer,
-                                 GError **error);
+                                 const ZpModel *model, const ZpHw *hw, ZpPrecision *precision,
+                                 ZpOptimizer *optimizer, GError **error);
+
+/* The defaults a command took that shape its answer (the sequence, the precision, the
+ * attention kernel), recorded by the flag helpers below as they fill them in, and printed as
+ * one line near the top of the text output: "Defaults: sequence 4096 (...); bf16 (...). Change
+ * with --seq, --precision." */
+void cli_default_taken(const char *flag, const char *format, ...) G_GNUC_PRINTF(2, 3);
+/* That line, newly allocated, or NULL when no default was taken. */
+char *cli_defaults_line(void);
+/* Prints it on stdout, if any, then each note (cli_note), one a line. */
+void cli_print_defaults(void);
+
+/* A line the answer needs beside the defaults: what a DeepSpeed config's "auto" resolved to, a
+ * feature the plan carries that does nothing here. Printed by cli_print_defaults. */
+void cli_note(const char *format, ...) G_GNUC_PRINTF(1, 2);
+/* The notes as a JSON array (a new reference; empty when none). */
+json_t *cli_notes_json(void);
+
+/* cli_notes.c: notes a plan from --ds-config FILE or the flags owes its reader: the "auto"
+ * values of FILE as resolved (batch sizes, bucket sizes, precision), and ZeRO++ features
+ * that do nothing on the plan's placement (qgZ within one node). */
+void cli_note_ds_config_auto(const char *path, const ZpPlan *plan);
+void cli_note_inert_features(const ZpPlan *plan);
+
+/* The longest sequence taken by default: a config's max_position_embeddings above it is the
+ * longest the model can read, not what a step is trained at. */
+#define CLI_DEFAULT_SEQ_MAX 4096
 
 /* --attention eager|flash|NAME (NULL: what PyTorch's scaled-dot-product attention picks on
  * hw at this precision; hw may be NULL) and --reduce-dtype fp32|bf16|fp16 (NULL: the
@@ -101,7 +132,50 @@ gboolean cli_offload(const char *optimizer_flag, const char *param_flag, const c
     {"nvme-path", 0, 0, G_OPTION_ARG_FILENAME, (path),                                         \
      "Directory DeepSpeed swaps to with nvme (written to --ds-config)", "DIR"}
 
-/* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config):
+/* DeepSpeed's offload knobs that decide what host memory holds, on the command line as in a
+ * ds_config: zero_optimization.sub_group_size, offload_param.max_in_cpu and the swap buffers'
+ * buffer_count (both sections'). NULL: DeepSpeed's defaults (1e9, 1e9, 4 and 5). */
+typedef struct {
+    char *sub_group_size, *max_in_cpu, *buffer_count;
+} CliOffloadTuning;
+
+#define CLI_OFFLOAD_TUNING_ENTRIES(t)                                                          \
+    {"sub-group-size", 0, 0, G_OPTION_ARG_STRING, &(t)->sub_group_size,                        \
+     "Stage 3: elements the optimizer steps (and NVMe swaps) at once (default 1e9)", "N"},     \
+    {"max-in-cpu", 0, 0, G_OPTION_ARG_STRING, &(t)->max_in_cpu,                                \
+     "--offload-param nvme: parameter elements kept in host memory (default 1e9)", "N"},       \
+    {"buffer-count", 0, 0, G_OPTION_ARG_STRING, &(t)->buffer_count,                            \
+     "NVMe swap buffers of each offload section (default: DeepSpeed's 4 and 5)", "N"}
+
+/* Applies them to zero (after cli_offload); fails naming the flag. */
+gboolean cli_offload_tuning(const CliOffloadTuning *tuning, ZpZeroConfig *zero, GError **error);
+void cli_offload_tuning_free(CliOffloadTuning *tuning);
+
+/* A training budget: --tokens (1T) or --steps, and --gpu-hour-price, giving wall-clock days,
+ * GPU-hours and cost from a step's time (llm-analysis's total training time). */
+typedef struct {
+    char *tokens_flag, *steps_flag, *price_flag;
+    double tokens, steps, price; /* 0 when not given */
+} CliBudget;
+
+#define CLI_BUDGET_ENTRIES(b)                                                                  \
+    {"tokens", 0, 0, G_OPTION_ARG_STRING, &(b)->tokens_flag,                                   \
+     "Train on this many tokens (1T, 300B): prints the steps, days and GPU-hours", "T"},       \
+    {"steps", 0, 0, G_OPTION_ARG_STRING, &(b)->steps_flag,                                     \
+     "Or this many optimizer steps", "N"},                                                     \
+    {"gpu-hour-price", 0, 0, G_OPTION_ARG_STRING, &(b)->price_flag,                            \
+     "Price of one GPU-hour (2.50): adds the cost", "P"}
+
+gboolean cli_budget_parse(CliBudget *budget, GError **error);
+void cli_budget_free(CliBudget *budget);
+/* The budget's figures for a step of step_s seconds that trains tokens_per_step tokens on gpus
+ * GPUs, as one line (newly allocated; NULL without --tokens or --steps) and as JSON (NULL
+ * likewise). */
+char *cli_budget_line(const CliBudget *budget, double step_s, double tokens_per_step, int gpus);
+json_t *cli_budget_json(const CliBudget *budget, double step_s, double tokens_per_step, int gpus);
+
+/* --seq S (NULL: the model's own, max_position_embeddings for a Hugging Face config, at
+ * most CLI_DEFAULT_SEQ_MAX; 8k is 8192):
  * sets model->seq_len and checks it against a learned position table; refused for a model
  * known only by its parameter count. */
 gboolean cli_seq(const char *text, ZpModel *model, GError **error);
@@ -109,8 +183,8 @@ gboolean cli_seq(const char *text, ZpModel *model, GError **error);
 /* The --seq entry every command that takes a model shares; target is a char **. */
 #define CLI_SEQ_ENTRY(target)                                                                  \
     {"seq", 0, 0, G_OPTION_ARG_STRING, (target),                                              \
-     "Sequence length (default: the model's; max_position_embeddings for a Hugging Face "      \
-     "config)", "S"}
+     "Sequence length (default: the model's, at most 4096; max_position_embeddings for a "     \
+     "Hugging Face config; 8k = 8192)", "S"}
 
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
@@ -130,9 +204,22 @@ double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);
 /* And its time of one collective alone (a ZpCollTimeFn): sim_coll_cost's latency + transfer. */
 double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes);
 
+/* ZeRO++'s lossy options (qwZ, qgZ), which plan and sweep try only when asked: they change
+ * what is trained (int8 parameters in the gathers, int4 gradients), and no one should be
+ * handed them for a 0.01% faster step without asking (plan --zeropp lossy). */
+#define CLI_LOSSY_ZEROPP (ZP_TECH_QWZ | ZP_TECH_QGZ)
+
 /* A search spec for `plan` and `sweep`: the simulator ranks, its placement bounds. */
 void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
                      const ZpHw *hw, int gpus);
+
+/* Bytes per GPU a plan needs, the one figure memory, sweep --metric memory and plan's
+ * screening agree on: with hw and an architecture, the plan's schedule's allocator-reserved
+ * peak + hw's reserve (what `simulate` reports; INFINITY for a plan the simulator refuses);
+ * otherwise (no hw, a bare --gpu-memory GPU without rates, or --params) the model states left on the GPU after offload + the residual in closed form.
+ * Where the host memory or NVMe per node overflows, the GPU's memory + that shortfall, so the
+ * plan does not fit. */
+double cli_need_bytes(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 
 /* Model TFLOP/s per GPU of a simulated plan (recomputation not counted). */
 double cli_plan_tflops(const ZpModel *model, const ZpCandidate *candidate);

@@ -68,6 +68,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
         plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
     if (stage == 3)
         plan->zero.offload_param = a->kernels.zero.offload_param;
+    plan->zero.sub_group_size = a->kernels.zero.sub_group_size; /* --sub-group-size */
 }
 
 static gboolean offloads(const MemoryArgs *a)
@@ -84,12 +85,10 @@ static gboolean has_stage(const MemoryArgs *a, int stage)
  * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
 static gboolean simulated(const MemoryArgs *a)
 {
-    return a->have_hw && zp_model_has_architecture(&a->model);
+    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0;
 }
 
-/* Bytes per GPU at a stage, the reserve included: the allocator-reserved peak of the plan's
- * schedule
- * (what `simulate` reports), or model states + residual in closed form. A stage the
+/* Bytes per GPU at a stage (cli_need_bytes, as sweep and plan count them); a stage the
  * implementation does not have needs infinitely much. */
 static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
 {
@@ -97,34 +96,7 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
         return INFINITY;
     ZpPlan plan;
     plan_for(a, stage, gpus, &plan);
-    const ZpResidual r = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
-    if (!a->have_hw) {
-        const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
-        const double params = (double)zp_model_param_count(&a->model);
-        return zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb).total_bytes +
-               r.total_bytes;
-    }
-    /* The model states left on the GPU (all of them without offload) + residual, or the
-     * schedule's simulated peak. */
-    ZpTiers t;
-    zp_offload_tiers(&a->model, &plan, &a->hw, &t);
-    double need = t.total_bytes[ZP_TIER_GPU] + r.total_bytes;
-    if (simulated(a)) {
-        CliRankContext ctx = {&a->model, &a->hw};
-        double step_s = 0, peak = 0;
-        GError *error = NULL;
-        if (!cli_rank_by_simulation(&plan, &ctx, 0, &step_s, &peak, &error)) {
-            g_error_free(error); /* a plan the simulator refuses cannot run: it fits nowhere */
-            return INFINITY;
-        }
-        need = peak + a->hw.runtime_reserve_bytes;
-    }
-    /* A stage whose host memory or NVMe per node overflows needs, for the verdict, the GPU's
-     * memory and that shortfall. */
-    double short_bytes;
-    const ZpTier over = zp_offload_overflow(&t, need, &a->hw, &short_bytes);
-    return over == ZP_TIER_CPU || over == ZP_TIER_NVME ? a->hw.gpu_memory_bytes + short_bytes
-                                                       : need;
+    return cli_need_bytes(&a->model, &plan, a->have_hw ? &a->hw : NULL);
 }
 
 /* Bytes a rank sends per step: the plan's schedule's collectives when the model has an
@@ -216,6 +188,16 @@ static void print_verdict(const MemoryArgs *a)
     double need = 0;
     const int stage = least_stage(a, &need);
     const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
+    if (!zp_model_has_architecture(&a->model) && need <= a->hw.gpu_memory_bytes) {
+        /* No architecture, no activations: a "Fits" here would be at sequence 0. */
+        char *capacity = cli_capacity(a->hw.gpu_memory_bytes);
+        printf("Model states only: stage %d on %d GPUs holds %.1f GB per GPU (states + reserve) "
+               "of %s. --params gives no architecture, so no activations or buffers are "
+               "counted and there is no verdict: give --model (and --seq) for one.\n",
+               stage, gpus, need / GB, capacity);
+        g_free(capacity);
+        return;
+    }
     char *what = g_strdup_printf("stage %d on %d GPUs", stage, gpus);
     char *detail = g_strdup_printf("%s at micro-batch %d, sequence %" G_GINT64_FORMAT ", %s, %s",
                                    simulated(a) ? "allocator-reserved peak + reserve"
@@ -223,6 +205,10 @@ static void print_verdict(const MemoryArgs *a)
                                    a->micro_batch, a->model.seq_len,
                                    a->checkpoint ? "checkpointing" : "no checkpointing",
                                    zp_impl_name(a->impl));
+    if (!zp_model_has_architecture(&a->model)) {
+        g_free(detail);
+        detail = g_strdup("model states + reserve alone: --params gives no activations");
+    }
     char *verdict = cli_verdict(what, detail, need, a->hw.gpu_memory_bytes);
     printf("%s\n", verdict);
     g_free(verdict), g_free(detail), g_free(what);
@@ -250,12 +236,21 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         plan_for(a, stage, gpus, &plan);
         r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
         m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+        if (offloads(a)) { /* what stays on the GPU, as the need counts it */
+            ZpTiers t;
+            zp_offload_tiers(&a->model, &plan, a->have_hw ? &a->hw : NULL, &t);
+            m[stage].total_bytes = t.total_bytes[ZP_TIER_GPU];
+        }
         need[stage] = stage_need_bytes(a, stage, gpus);
     }
-    printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
-           ", %s attention, %s (GB):\n",
-           gpus, a->micro_batch, a->model.seq_len, zp_attention_name(a->kernels.attention),
-           a->checkpoint ? "checkpointing every block" : "no activation checkpointing");
+    if (!zp_model_has_architecture(&a->model))
+        printf("\nPer-GPU memory at %d GPUs, model states and reserve only (--params: no "
+               "activations) (GB):\n", gpus);
+    else
+        printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
+               ", %s attention, %s (GB):\n",
+               gpus, a->micro_batch, a->model.seq_len, zp_attention_name(a->kernels.attention),
+               a->checkpoint ? "checkpointing every block" : "no activation checkpointing");
     printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
     const struct {
         const char *label;
@@ -272,7 +267,8 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         {"step gradient copies", G_STRUCT_OFFSET(ZpResidual, step_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
-    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "model states", m[0].total_bytes / GB,
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n",
+           offloads(a) ? "model states left on GPU" : "model states", m[0].total_bytes / GB,
            m[1].total_bytes / GB, m[2].total_bytes / GB, m[3].total_bytes / GB);
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
         printf("  %-28s", rows[i].label);
@@ -375,6 +371,7 @@ static void print_table(const MemoryArgs *a)
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     if (a->have_hw)
         print_verdict(a);
+    cli_print_defaults();
     char *pretty = cli_thousands(count);
     printf("Model-state memory per GPU for %s (%s parameters), %s + %s: %g + %g + %g bytes "
            "per parameter, MP %d.\nGB = 1e9 bytes, as in the ZeRO paper's Table 1.\n\n",
@@ -402,10 +399,11 @@ static void print_table(const MemoryArgs *a)
 /* The offload flags, checked as a stage-3 plan would take them (each stage then uses what it
  * can: plan_for). */
 static gboolean memory_offload(const char *opt, const char *param, const char *path,
-                               ZpPlan *kernels, GError **error)
+                               const CliOffloadTuning *tuning, ZpPlan *kernels, GError **error)
 {
     zp_zero_config_defaults(&kernels->zero, 3);
-    return cli_offload(opt, param, path, &kernels->zero, error);
+    return cli_offload(opt, param, path, &kernels->zero, error) &&
+           cli_offload_tuning(tuning, &kernels->zero, error);
 }
 
 int cli_memory(int argc, char **argv)
@@ -413,25 +411,28 @@ int cli_memory(int argc, char **argv)
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
     char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL;
-    char *offload_param = NULL, *nvme_path = NULL;
+    char *offload_param = NULL, *nvme_path = NULL, *gpu_memory = NULL;
     MemoryArgs a = {0};
+    CliOffloadTuning tuning = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json", "M"},
         {"params", 0, 0, G_OPTION_ARG_STRING, &params, "Parameter count instead of a model (7B, 1.5e9, 1T)", "P"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU counts, comma-separated (required)", "N[,N...]"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor (model) parallel degree (default 1)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory (40GB, 40GiB): a bare GPU for the fit check, or --cluster's GPU with this memory", "BYTES"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro_batch, "Samples per GPU for activations (default 1)", "B"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks (with --checkpoint)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints in host memory (with --checkpoint)", NULL},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         CLI_SEQ_ENTRY(&seq),
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, eager without one)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, flash2 without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
+        CLI_OFFLOAD_TUNING_ENTRIES(&tuning),
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -447,14 +448,16 @@ int cli_memory(int argc, char **argv)
     gboolean ok = cli_parse(context, &argc, &argv, &error) &&
                   cli_model(model, params, &a.model, &error) &&
                   cli_seq(seq, &a.model, &error) &&
-                  cli_cluster(cluster, NULL, FALSE, &a.hw, &have_hw, &error) &&
+                  cli_cluster(cluster, gpu_memory, FALSE, &a.hw, &have_hw, &error) &&
                   cli_int(mp, "--mp", 1, 65536, 1, &a.mp, &error) &&
                   cli_int(micro_batch, "--micro-batch", 1, 1e6, 1, &a.micro_batch, &error) &&
-                  cli_precision_optimizer(precision, optimizer, &a.precision, &a.optimizer,
+                  cli_precision_optimizer(precision, optimizer, &a.model, have_hw ? &a.hw : NULL,
+                                          &a.precision, &a.optimizer,
                                           &error) &&
                   cli_attention_reduce(attention, reduce, have_hw ? &a.hw : NULL, a.precision,
                                        &a.kernels, &error) &&
-                  memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error) &&
+                  memory_offload(offload_opt, offload_param, nvme_path, &tuning, &a.kernels,
+                                 &error) &&
                   (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error));
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
@@ -489,6 +492,7 @@ int cli_memory(int argc, char **argv)
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
     g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
-    g_free(nvme_path), g_free(impl);
+    g_free(nvme_path), g_free(impl), g_free(gpu_memory);
+    cli_offload_tuning_free(&tuning);
     return status;
 }

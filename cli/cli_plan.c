@@ -2,6 +2,7 @@
  * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
 #include "cli.h"
 #include "cli_progress.h"
+#include "cli_report.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_alloc_replay.h"
@@ -29,12 +30,96 @@ typedef struct {
     ZpImplKind impl;
     gboolean json, three_d;
     char *ds_config;
+    char *html;            /* --html OUT.html: the top plans side by side */
     double capacity_bytes; /* the GPU's memory; hw.gpu_memory_bytes is it less --headroom */
     ZpZeroConfig offload;  /* --offload-optimizer/--offload-param: searched with these only */
     gboolean offload_given;
     char *offload_note;    /* when offload was proposed: what it costs, printed after line 1 */
     char *whole_node_note; /* ZeRO++ left out of the search: it needs whole nodes */
+    unsigned exclude;      /* ZpTechnique bits: --zeropp and --exclude */
+    guint dominated;       /* ranked plans left out: another is as fast with no more memory */
+    /* When plan 1 offloads: the GPU-only search's closest plan per stage (its shortfall
+     * is why the stage lost), -1 where none; and the GPUs the states alone would need. */
+    double gpu_only_short_bytes[4];
+    /* When nothing fits even with offload: each offload level's closest plan's shortfall
+     * per GPU (0: not tried). */
+    double offload_short_bytes[3];
+    CliBudget budget; /* --tokens or --steps, --gpu-hour-price: for plan 1 */
 } PlanArgs;
+
+/* The offload levels plan tries in turn when nothing fits on the GPUs: optimizer to the host,
+ * parameters too, then both to NVMe (ZeRO-Offload, then ZeRO-Infinity). */
+static const ZpOffloadDevice offload_levels[][2] = {
+    {ZP_OFFLOAD_NONE, ZP_OFFLOAD_NONE},
+    {ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
+    {ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU},
+    {ZP_OFFLOAD_NVME, ZP_OFFLOAD_NVME},
+};
+static const char *const offload_level_names[] = {
+    "", "optimizer to the host", "optimizer and parameters to the host",
+    "optimizer and parameters to NVMe"};
+
+/* --exclude's names (and --zeropp's sets), each a ZpTechnique. */
+static const struct {
+    const char *name;
+    unsigned bits;
+} techniques[] = {
+    {"qwz", ZP_TECH_QWZ}, {"qgz", ZP_TECH_QGZ}, {"hpz", ZP_TECH_HPZ},
+    {"pa", ZP_TECH_PA}, {"md", ZP_TECH_MD}, {"pa-cpu", ZP_TECH_PA_CPU},
+    {"checkpoint", ZP_TECH_CHECKPOINT},
+};
+
+/* --zeropp none|lossless|lossy (default lossless: hpZ only) and --exclude A,B,... */
+static gboolean parse_techniques(const char *zeropp, const char *exclude, unsigned *bits,
+                                 GError **error)
+{
+    static const char *const zeropp_names[] = {"none", "lossless", "lossy", NULL};
+    static const unsigned zeropp_bits[] = {CLI_LOSSY_ZEROPP | ZP_TECH_HPZ, CLI_LOSSY_ZEROPP, 0};
+    int z = 1;
+    if (zeropp && !zp_parse_choice(zeropp, "--zeropp", zeropp_names, &z, error))
+        return FALSE;
+    *bits = zeropp_bits[z];
+    if (!zeropp) /* said, since they can be worth much (qwZ: 22% on gpt3-175b, 256 A100s) */
+        cli_note("Lossy ZeRO++ (qwZ's int8 parameter gathers, qgZ's int4 gradients) is not "
+                 "searched: it changes the training; --zeropp lossy tries it.");
+    char **names = g_strsplit(exclude ? exclude : "", ",", -1);
+    const char *known[G_N_ELEMENTS(techniques) + 1];
+    for (size_t k = 0; k < G_N_ELEMENTS(techniques); k++)
+        known[k] = techniques[k].name;
+    known[G_N_ELEMENTS(techniques)] = NULL;
+    gboolean ok = TRUE;
+    for (char **n = names; ok && *n; n++) {
+        char *name = g_ascii_strdown(g_strstrip(*n), -1);
+        int k;
+        ok = zp_parse_choice(name, "--exclude", known, &k, error);
+        if (ok)
+            *bits |= techniques[k].bits;
+        g_free(name);
+    }
+    g_strfreev(names);
+    return ok;
+}
+
+/* Drops from the ranked list every plan that an earlier (no slower) one beats on memory or
+ * ties: nobody should pick it. The list is sorted by time per sample, so "earlier" is "at
+ * least as fast". Plan 1 always stays. Returns how many were dropped. */
+static guint drop_dominated(ZpSearchResult *r)
+{
+    guint dropped = 0;
+    for (guint i = 1; i < r->ranked->len;) {
+        const ZpCandidate *c = zp_search_ranked(r, i);
+        gboolean beaten = FALSE;
+        for (guint j = 0; j < i && !beaten; j++)
+            beaten = zp_search_ranked(r, j)->peak_memory_bytes <= c->peak_memory_bytes;
+        if (beaten) {
+            g_array_remove_index(r->ranked, i);
+            dropped++;
+        } else {
+            i++;
+        }
+    }
+    return dropped;
+}
 
 /* Simulates a plan's step folded (stopping past stop_after_s > 0); with `alloc`, also
  * replays its allocations through the caching allocator against the GPU less its reserve
@@ -244,7 +329,7 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
     const double peak = zp_hw_peak_flops(&a->hw, a->precision);
     printf("\nTop %u (simulated step, ranked by samples/s; plans the simulator cannot tell "
            "apart are listed once,\nby the one closest to DeepSpeed's defaults):\n",
-           r->ranked->len);
+           r->ranked->len + a->dominated);
     printf("  %2s %5s %3s %5s %5s %5s %4s %7s %-10s %9s %10s %10s %9s %10s %6s %8s%s  %s\n",
            "#", "stage", "mp", "dp", "micro", "accum", "ckpt", "overlap", "buckets", "step s",
            "samples/s", "tokens/s", "tok/s/GPU", "TFLOPs/GPU", "MFU", "need GB",
@@ -272,6 +357,9 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
         g_free(pipe);
         g_free(options);
     }
+    if (a->dominated)
+        printf("  (%u more plans left out: each is no faster than one above and needs no less "
+               "memory.)\n", a->dominated);
     printf("\nMemory per GPU at the simulated peak (GB; optim = fp32 master + Adam moments; total:\n"
            "the allocator-reserved peak, holes included, + reserve):\n");
     printf("  %2s", "#");
@@ -310,12 +398,19 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
         } else if (stage_closest(r, stage) < 0 &&
                    !zp_impl_get(a->impl)->has_stage(stage)) { /* the implementation lacks it */
             printf("  %5d not a stage of --impl %s\n", stage, zp_impl_name(a->impl));
-        } else if (stage_closest(r, stage) < 0) { /* offload leaves the stage out */
-            printf("  %5d not searched: %s offload needs stage %d or above\n", stage,
-                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE
-                       ? "parameter"
-                       : "optimizer",
-                   best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE ? 3 : 1);
+        } else if (stage_closest(r, stage) < 0 && a->gpu_only_short_bytes[stage] > 0) {
+            /* The offload search left the stage out; what stopped it is the GPU's memory,
+             * which the search without offload found it short of. */
+            const gboolean param = best && best->plan.zero.offload_param.device != ZP_OFFLOAD_NONE;
+            printf("  %5d out of GPU memory: without offload its closest plan needs %.1f GB more "
+                   "than %.1f GB;\n        %s offload, which plan 1 needs, is DeepSpeed's from "
+                   "stage %d\n",
+                   stage, a->gpu_only_short_bytes[stage] / GB, a->hw.gpu_memory_bytes / GB,
+                   param ? "parameter" : "optimizer", param ? 3 : 1);
+        } else if (stage_closest(r, stage) < 0) { /* the offload flags leave the stage out */
+            const gboolean param = a->offload.offload_param.device != ZP_OFFLOAD_NONE;
+            printf("  %5d not searched: --offload-%s needs stage %d or above\n", stage,
+                   param ? "param" : "optimizer", param ? 3 : 1);
         } else { /* a stage searched without a fit has a closest plan */
             const ZpCandidate *c = zp_search_candidate(r, stage_closest(r, stage));
             char *what = describe(c);
@@ -347,7 +442,7 @@ static void print_stages(const PlanArgs *a, const ZpSearchResult *r)
 }
 
 /* The first line: whether plan 1 (or, when nothing fits, the closest plan) fits the GPU. */
-static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
+static char *verdict_text(const PlanArgs *a, const ZpSearchResult *r)
 {
     const ZpCandidate *c = r->ranked->len ? zp_search_ranked(r, 0)
                                           : zp_search_candidate(r, r->closest);
@@ -359,8 +454,40 @@ static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
                                                 : "closed form + reserve",
                                 simulated ? c->peak_memory_bytes : c->memory_bytes,
                                 a->capacity_bytes);
+    g_free(what), g_free(shape);
+    return verdict;
+}
+
+static void print_verdict(const PlanArgs *a, const ZpSearchResult *r)
+{
+    char *verdict = verdict_text(a, r);
     printf("%s\n", verdict);
-    g_free(verdict), g_free(what), g_free(shape);
+    g_free(verdict);
+}
+
+/* --html: the verdict and the listed plans side by side (cli_report). */
+static gboolean write_html(const PlanArgs *a, const ZpSearchResult *r, GError **error)
+{
+    const int n = (int)r->ranked->len;
+    CliReportPlan *plans = g_new0(CliReportPlan, MAX(n, 1));
+    char **whats = g_new0(char *, n + 1);
+    for (int i = 0; i < n; i++) {
+        const ZpCandidate *c = zp_search_ranked(r, i);
+        char *shape = describe(c);
+        whats[i] = g_strdup_printf("stage %d, %s", c->plan.zero.stage, shape);
+        g_free(shape);
+        plans[i] = (CliReportPlan){whats[i], c->step_time_s,
+                                   zp_search_samples(&c->plan) / c->step_time_s,
+                                   c->peak_memory_bytes, cli_plan_tflops(&a->model, c)};
+    }
+    char *verdict = verdict_text(a, r);
+    char *title = g_strdup_printf("Plans for %s on %d x %s (%s)", a->model.name, a->gpus,
+                                  a->hw.gpu, a->hw.name);
+    const gboolean ok = cli_report_plans_html(a->html, title, verdict, plans, n,
+                                              a->capacity_bytes, error);
+    g_free(title), g_free(verdict), g_free(plans);
+    g_strfreev(whats);
+    return ok;
 }
 
 /* ---- JSON ------------------------------------------------------------------------------ */
@@ -465,12 +592,43 @@ static int print_json(const PlanArgs *a, const ZpSearchResult *r, SimResult **si
         json_object_set_new(root, "offload_note", json_string(a->offload_note));
     if (a->whole_node_note) /* what the search left out */
         json_object_set_new(root, "whole_node_note", json_string(a->whole_node_note));
+    if (r->ranked->len) { /* plan 1's --tokens/--steps budget */
+        const ZpCandidate *best = zp_search_ranked(r, 0);
+        json_t *budget = cli_budget_json(&a->budget, best->step_time_s,
+                                         zp_search_samples(&best->plan) * (double)a->model.seq_len,
+                                         a->gpus);
+        if (budget)
+            json_object_set_new(root, "budget", budget);
+    }
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
     return ok ? 0 : cli_fail("plan", error);
 }
 
 /* ---- the command ----------------------------------------------------------------------- */
+
+/* Stage 3 spreads all model states over every GPU, so this is the fewest GPUs of this size
+ * that could hold them on the GPUs alone, before any activation or buffer. */
+static double gpus_for_states(const PlanArgs *a, double *states_bytes)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    *states_bytes = zp_mem_model_states((double)zp_model_param_count(&a->model), 3, 1, 1, sb)
+                        .total_bytes;
+    return ceil(*states_bytes / (a->hw.gpu_memory_bytes - a->hw.runtime_reserve_bytes));
+}
+
+/* When nothing fits even with offload: each level's closest plan's shortfall. */
+static void print_offload_tried(const PlanArgs *a)
+{
+    if (a->offload_short_bytes[0] <= 0 && a->offload_short_bytes[2] <= 0)
+        return;
+    printf("With offload, the closest plans still need per GPU:");
+    for (size_t i = 0; i < G_N_ELEMENTS(a->offload_short_bytes); i++)
+        if (a->offload_short_bytes[i] > 0)
+            printf("%s %.1f GB more (%s)", i ? ";" : "", a->offload_short_bytes[i] / GB,
+                   offload_level_names[i + 1]);
+    printf(".\n");
+}
 
 static int report(const PlanArgs *a, const ZpSearchResult *r)
 {
@@ -482,15 +640,31 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
              NULL;
     if (ok && a->ds_config && r->ranked->len)
         ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
+    if (ok && a->html && r->ranked->len)
+        ok = write_html(a, r, &error);
     int status = ok ? 0 : cli_fail("plan", error);
     if (ok && a->json) {
         status = print_json(a, r, sims);
     } else if (ok) {
         print_verdict(a, r);
+        double states = 0;
+        const double needed = gpus_for_states(a, &states);
         if (a->offload_note)
-            printf("%s\n", a->offload_note);
+            printf("%s\nWithout offload, the %.0f GB of model states alone need at least %.0f "
+                   "GPUs of this size (%d given).\n",
+                   a->offload_note, states / GB, needed, a->gpus);
         if (a->whole_node_note)
             printf("%s\n", a->whole_node_note);
+        cli_print_defaults();
+        const ZpCandidate *best = r->ranked->len ? zp_search_ranked(r, 0) : NULL;
+        char *budget = best ? cli_budget_line(&a->budget, best->step_time_s,
+                                              zp_search_samples(&best->plan) *
+                                                  (double)a->model.seq_len,
+                                              a->gpus)
+                            : NULL;
+        if (budget)
+            printf("Plan 1: %s\n", budget);
+        g_free(budget);
         print_header(a, r);
         if (r->ranked->len)
             print_ranked(a, r, sims);
@@ -505,17 +679,15 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
                         "per GPU than the %.1f GB of %s\n",
                 a->model.name, a->gpus, (needed_bytes(c) - a->hw.gpu_memory_bytes) / GB,
                 a->hw.gpu_memory_bytes / GB, a->hw.name);
-        /* Stage 3 spreads all model states over every GPU, so this is the fewest GPUs of
-         * this size that could hold them, before any activation or buffer. */
-        const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
-        const double states = zp_mem_model_states((double)zp_model_param_count(&a->model), 3,
-                                                  1, 1, sb).total_bytes;
-        const double budget = a->hw.gpu_memory_bytes - a->hw.runtime_reserve_bytes;
-        if (!a->json)
+        double states = 0;
+        const double needed = gpus_for_states(a, &states);
+        if (!a->json) {
             printf("\nNo plan fits in %.1f GB per GPU. Even at stage 3, which spreads the %.0f "
                    "GB of model states\nover all GPUs, they alone need at least %.0f GPUs of "
                    "this size (%d given).\n",
-                   a->hw.gpu_memory_bytes / GB, states / GB, ceil(states / budget), a->gpus);
+                   a->hw.gpu_memory_bytes / GB, states / GB, needed, a->gpus);
+            print_offload_tried(a);
+        }
         status = CLI_EXIT_DOES_NOT_FIT;
     }
     for (guint i = 0; i < r->ranked->len; i++)
@@ -557,7 +729,7 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
                            const char *gpus, const char *global_batch, const char *seq,
                            const char *top, const char *mp, const char *precision,
                            const char *optimizer, const char *attention, const char *reduce,
-                           const char *room, GError **error)
+                           const char *room, const char *gpu_memory, GError **error)
 {
     gboolean have_hw = FALSE;
     int batch = 0;
@@ -568,14 +740,15 @@ static gboolean parse_args(PlanArgs *a, const char *model, const char *cluster,
         return FALSE;
     }
     if (!(zp_model_load(model, &a->model, error) &&
-          cli_cluster(cluster, NULL, TRUE, &a->hw, &have_hw, error) &&
+          cli_cluster(cluster, gpu_memory, TRUE, &a->hw, &have_hw, error) &&
           cli_int(gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &a->gpus, error) &&
           cli_int(global_batch, "--global-batch", 1, 1 << 24, 0, &batch, error) &&
           cli_seq(seq, &a->model, error) &&
           cli_int(top, "--top", 1, 1000, 5, &a->top_k, error) &&
           cli_int(mp, "--mp", 1, 65536, 0, &a->mp, error) &&
           (a->mp == 0 || cli_check_mp(a->mp, a->gpus, &a->model, error)) &&
-          cli_precision_optimizer(precision, optimizer, &a->precision, &a->optimizer, error) &&
+          cli_precision_optimizer(precision, optimizer, &a->model, &a->hw, &a->precision,
+                                  &a->optimizer, error) &&
           cli_attention_reduce(attention, reduce, &a->hw, a->precision, &a->kernels, error) &&
           headroom(room, a, error)))
         return FALSE;
@@ -605,6 +778,7 @@ static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice p
     spec.three_d = a->three_d;
     spec.offload_optimizer = optimizer;
     spec.offload_param = param;
+    spec.exclude = a->exclude;
     CliProgress *progress = cli_progress_new("zplan plan: simulating the plans that fit");
     spec.progress = cli_progress_update;
     spec.progress_ctx = progress;
@@ -654,12 +828,7 @@ static gboolean search_with_offload(PlanArgs *a, ZpSearchResult *result, GError 
     if (a->offload_given)
         return search(a, a->offload.offload_optimizer.device, a->offload.offload_param.device,
                       result, error);
-    static const ZpOffloadDevice levels[][2] = {
-        {ZP_OFFLOAD_NONE, ZP_OFFLOAD_NONE},
-        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
-        {ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU},
-        {ZP_OFFLOAD_NVME, ZP_OFFLOAD_NVME},
-    };
+    const ZpOffloadDevice(*levels)[2] = offload_levels;
     ZpSearchResult plain;
     if (!search(a, levels[0][0], levels[0][1], &plain, error))
         return FALSE;
@@ -667,16 +836,26 @@ static gboolean search_with_offload(PlanArgs *a, ZpSearchResult *result, GError 
         *result = plain;
         return TRUE;
     }
-    for (size_t i = 1; i < G_N_ELEMENTS(levels); i++) {
+    for (size_t i = 1; i < G_N_ELEMENTS(offload_levels); i++) {
         if (!search(a, levels[i][0], levels[i][1], result, error)) {
             zp_search_result_clear(&plain);
             return FALSE;
         }
         if (result->ranked->len > 0) {
+            for (int stage = 0; stage <= 3; stage++) {
+                const int c = stage_closest(&plain, stage);
+                a->gpu_only_short_bytes[stage] =
+                    c < 0 ? 0
+                          : needed_bytes(zp_search_candidate(&plain, c)) - a->hw.gpu_memory_bytes;
+            }
             zp_search_result_clear(&plain);
             return (a->offload_note = offload_cost(a, result, error)) != NULL;
         }
-        if (i + 1 < G_N_ELEMENTS(levels))
+        if (result->closest >= 0)
+            a->offload_short_bytes[i - 1] =
+                needed_bytes(zp_search_candidate(result, result->closest)) -
+                a->hw.gpu_memory_bytes;
+        if (i + 1 < G_N_ELEMENTS(offload_levels))
             zp_search_result_clear(result);
     }
     /* Nothing fits even with NVMe: report the search without offload. */
@@ -699,11 +878,13 @@ int cli_plan(int argc, char **argv)
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
     char *reduce = NULL, *room = NULL, *impl = NULL, *offload_opt = NULL;
-    char *offload_param = NULL, *nvme_path = NULL;
+    char *offload_param = NULL, *nvme_path = NULL, *zeropp = NULL, *exclude = NULL;
+    char *gpu_memory = NULL;
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile (required)", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "The cluster's GPUs with this memory instead (40GB, 40GiB)", "BYTES"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
         CLI_SEQ_ENTRY(&seq),
@@ -712,13 +893,17 @@ int cli_plan(int argc, char **argv)
         {"headroom", 0, 0, G_OPTION_ARG_STRING, &room, "Memory to leave free on each GPU: GB (8), bytes with a suffix (8GB, 8GiB) or a fraction below 1 (0.1)", "GB"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Only this tensor-parallel degree (default: all that fit a node)", "M"},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &a.html, "Write the top plans side by side as one HTML page", "OUT.html"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
+        CLI_BUDGET_ENTRIES(&a.budget),
+        {"zeropp", 0, 0, G_OPTION_ARG_STRING, &zeropp, "ZeRO++ to search: none, lossless (default: hpZ) or lossy (also qwZ's int8 parameter gathers and qgZ's int4 gradients, which change the training)", "SET"},
+        {"exclude", 0, 0, G_OPTION_ARG_STRING, &exclude, "Techniques never to try, comma-separated: qwz, qgz, hpz, pa, md, pa-cpu, checkpoint", "A,B"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -736,23 +921,31 @@ int cli_plan(int argc, char **argv)
     int status;
     if (!cli_parse(context, &argc, &argv, &error) ||
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
-                    attention, reduce, room, &error) ||
+                    attention, reduce, room, gpu_memory, &error) ||
         (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
-        (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error))) {
+        !parse_techniques(zeropp, exclude, &a.exclude, &error) ||
+        !cli_budget_parse(&a.budget, &error) ||
+        (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error)) ||
+        (a.html && !zp_check_out_path(a.html, "--html", &error))) {
         status = cli_fail("plan", error);
     } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
         status = cli_fail("plan", error);
     } else {
         ZpSearchResult result = {0};
         const gboolean searched = search_with_offload(&a, &result, &error);
+        if (searched)
+            a.dominated = drop_dominated(&result);
         status = searched ? report(&a, &result) : cli_fail("plan", error);
         zp_search_result_clear(&result);
     }
     g_option_context_free(context);
     g_free(model), g_free(cluster), g_free(gpus), g_free(global_batch), g_free(seq);
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
+    g_free(a.html);
     g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     g_free(a.whole_node_note);
+    g_free(zeropp), g_free(exclude), g_free(gpu_memory);
+    cli_budget_free(&a.budget);
     return status;
 }

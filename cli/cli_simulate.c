@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "cli_pipe.h"
 #include "cli_progress.h"
+#include "cli_report.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
@@ -29,11 +30,15 @@ typedef struct {
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
+    char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
+    char *html;       /* --html OUT.html: the step as a page (cli_report) */
     char *schedule; /* simulate --schedule FILE: the ops from a file, no model or plan flags */
     char *hpz;      /* --hpz-partition-size */
     gboolean partition_activations, cpu_checkpointing, contiguous_memory; /* ZeRO-R */
     gboolean quantized_weights, quantized_gradients;                      /* ZeRO++ */
     char *offload_optimizer, *offload_param, *nvme_path;
+    CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
+    CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
@@ -188,7 +193,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     zp_plan_defaults(&launch, 0, gpus / (mp * pp), mp);
     if (!cli_pipe_plan(&f->pipe, pp, &launch, error))
         return FALSE;
-    if (!cli_precision_optimizer(f->precision, f->optimizer, &launch.precision,
+    if (!cli_precision_optimizer(f->precision, f->optimizer, model, hw, &launch.precision,
                                  &launch.optimizer, error) ||
         !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
         !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error))
@@ -272,6 +277,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
             g_prefix_error(error, "--mp: ");
             return FALSE;
         }
+        cli_note_ds_config_auto(f->ds_config, plan);
+        cli_note_inert_features(plan);
         return TRUE;
     }
     int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1, pp = 1;
@@ -287,7 +294,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
           cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &grad_accum, error) &&
           cli_check_mp(mp, gpus, model, error) &&
           cli_pipe_stages(&f->pipe, gpus, mp, &pp, error) &&
-          cli_precision_optimizer(f->precision, f->optimizer, &precision, &optimizer, error)))
+          cli_precision_optimizer(f->precision, f->optimizer, model, hw, &precision, &optimizer,
+                                  error)))
         return FALSE;
     if (hw && !sim_coll_check_placement(hw, mp, error)) {
         g_prefix_error(error, "--mp: ");
@@ -309,11 +317,16 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
-    return cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
-                   &plan->zero.zero_hpz_partition_size, error) &&
-           cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
-           overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
-           cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error);
+    const gboolean ok =
+        cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1, &plan->zero.zero_hpz_partition_size,
+                error) &&
+        cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
+        overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
+        cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
+        cli_offload_tuning(&f->tuning, &plan->zero, error);
+    if (ok && hw)
+        cli_note_inert_features(plan);
+    return ok;
 }
 
 /* ---- output ---- */
@@ -329,7 +342,15 @@ typedef struct {
     const char *schedule_path; /* --schedule FILE, or NULL for a plan's schedule */
     const GPtrArray *defaults_taken; /* with --ds-config: what the file left to defaults */
     ZpAllocStats alloc; /* the schedule's sequence through the caching allocator */
+    const CliBudget *budget;   /* --tokens/--steps and --gpu-hour-price */
 } Report;
+
+/* Tokens one optimizer step trains: samples x sequence. */
+static double tokens_per_step(const Report *p)
+{
+    return (double)p->plan->dp * p->plan->micro_batch * p->plan->grad_accum *
+           (double)p->model->seq_len;
+}
 
 static void print_tiers(const Report *p);
 
@@ -506,6 +527,13 @@ static int print_json(const Report *p)
     json_object_set_new(root, "slow_links", slow[1]);
     json_object_set_new(root, "plan", zp_plan_to_json(p->plan));
     cli_pipe_json(root, p->plan, r);
+    json_t *budget = cli_budget_json(p->budget, r->step_time_s, tokens_per_step(p),
+                                     p->sched->world);
+    if (budget)
+        json_object_set_new(root, "budget", budget);
+    json_object_set_new(root, "notes", cli_notes_json());
+    /* the figure the verdict gives and memory's need_bytes: the allocator's need + reserve */
+    json_object_set_new(root, "need_bytes", json_real(p->hw->gpu_memory_bytes + bytes_over(p)));
     GError *error = NULL;
     const gboolean ok = zp_json_write(root, NULL, &error);
     json_decref(root);
@@ -622,6 +650,23 @@ static void print_exposed_reason(const Report *p)
     g_free(why);
 }
 
+/* --html: the page of this step (cli_report), titled by the plan, opening with the verdict. */
+static gboolean write_html(const Report *p, const char *path, GError **error)
+{
+    char *detail = g_strdup_printf("allocator-reserved peak + %.1f GB reserve",
+                                   p->hw->runtime_reserve_bytes / GB);
+    char *verdict = cli_verdict("the step", detail, p->hw->gpu_memory_bytes + bytes_over(p),
+                                p->hw->gpu_memory_bytes);
+    char *title = g_strdup_printf("%s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, micro-batch "
+                                  "%d x %d, %.4f s a step", p->model->name, p->sched->world,
+                                  p->hw->gpu, p->hw->name, p->plan->zero.stage, p->plan->dp,
+                                  p->plan->mp, p->plan->micro_batch, p->plan->grad_accum,
+                                  p->r->step_time_s);
+    const gboolean ok = cli_report_html(path, title, verdict, p->sched, p->r, p->hw, error);
+    g_free(title), g_free(verdict), g_free(detail);
+    return ok;
+}
+
 static void print_human(const Report *p)
 {
     const SimResult *r = p->r;
@@ -637,6 +682,7 @@ static void print_human(const Report *p)
     g_free(verdict);
     g_free(detail);
     print_exposed_reason(p);
+    cli_print_defaults();
     char *pipe_text = zp_plan_pp(plan) > 1
                           ? g_strdup_printf(" x PP %d (%s, %d chunk(s) a stage, %s partition)",
                                             zp_plan_pp(plan),
@@ -686,6 +732,11 @@ static void print_human(const Report *p)
         printf("\n");
     printf("  step time                      %10.4f s\n", r->step_time_s);
     printf("  samples/s                      %10.2f\n", samples_per_s(p));
+    char *budget = cli_budget_line(p->budget, r->step_time_s, tokens_per_step(p),
+                                   p->sched->world);
+    if (budget)
+        printf("  %s\n", budget);
+    g_free(budget);
     printf("  model TFLOP/s per GPU          %10.1f   (model FLOPs: forward and backward, not "
            "recomputation or the optimizer)\n",
            flops_per_gpu(p) / 1e12);
@@ -825,15 +876,18 @@ static int simulate(const SimulateFlags *f)
     ZpSchedule *sched = f->schedule ? schedule_file(f, &error) : NULL;
     gboolean ready = f->schedule ? sched != NULL : load_model(f, &model, &error);
     ready = ready && required(f->cluster, "--cluster NAME|PATH.json", &error) &&
-            zp_hw_load(f->cluster, &hw, &error) &&
+            cli_cluster(f->cluster, f->gpu_memory, TRUE, &hw, &(gboolean){FALSE}, &error) &&
             (sched ? sim_coll_check_placement(&hw, sched->plan.mp, &error)
                    : simulate_plan(f, &model, &hw, &plan, &error)) &&
-            (!f->trace || zp_check_out_path(f->trace, "--trace", &error));
+            (!f->trace || zp_check_out_path(f->trace, "--trace", &error)) &&
+            (!f->html || zp_check_out_path(f->html, "--html", &error));
     if (ready && sched) {
         model = sched->model;
         plan = sched->plan;
     }
     ready = ready && kernels_flag(f, sched ? &sched->plan : NULL, &plan, &error);
+    /* the flags are this command's own: parsing fills in the budget's numbers */
+    ready = ready && cli_budget_parse((CliBudget *)&f->budget, &error);
     if (ready && !sim_engine_peak_flops(&hw, plan.precision, &peak_flops, &error)) {
         g_prefix_error(&error, "--precision: ");
         ready = FALSE;
@@ -859,7 +913,7 @@ static int simulate(const SimulateFlags *f)
     g_free(what);
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
-        .record_timeline = f->trace != NULL || f->json || f->sink,
+        .record_timeline = f->trace != NULL || f->json || f->sink || f->html != NULL,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
@@ -893,8 +947,11 @@ static int simulate(const SimulateFlags *f)
         const Report report = {
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
             f->ds_config ? f->defaults_taken : NULL,
-            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes)};
-        if (f->sink)
+            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes),
+            &f->budget};
+        if (f->html && !write_html(&report, f->html, &error))
+            status = cli_fail(f->command, error);
+        else if (f->sink)
             status = f->sink(&(CliSimulated){&model, &hw, &plan, sched, result, report.alloc},
                              f->sink_ctx);
         else if (f->json)
@@ -917,6 +974,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &f->cluster, "Hardware profile name or PATH.json", "C"},
+        {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &f->gpu_memory, "The cluster's GPUs with this memory instead (40GB, 40GiB)", "BYTES"},
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &f->gpus, "Total GPU count, DP x MP x PP (required)", "N"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &f->stage, "ZeRO stage 0, 1, 2 or 3 (required without --ds-config)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
@@ -931,7 +989,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"prefetch-bucket-size", 0, 0, G_OPTION_ARG_STRING, &f->prefetch_bucket, "Stage 3 prefetch, elements (default 5e7)", "E"},
         {"max-live-parameters", 0, 0, G_OPTION_ARG_STRING, &f->max_live, "Stage 3 live gathered parameters, elements (default 1e9)", "E"},
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),
@@ -946,6 +1004,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
+        CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 45);
@@ -959,12 +1018,15 @@ static void free_flags(SimulateFlags *f)
                       &f->prefetch_bucket, &f->max_live, &f->persistence, &f->precision,
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
-                      &f->offload_optimizer, &f->offload_param, &f->nvme_path};
+                      &f->offload_optimizer, &f->offload_param, &f->nvme_path,
+                      &f->gpu_memory, &f->html};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
     g_strfreev(f->slow_links);
     cli_pipe_free(&f->pipe);
+    cli_offload_tuning_free(&f->tuning);
+    cli_budget_free(&f->budget);
 }
 
 typedef int (*FlagsCommand)(const SimulateFlags *f);
@@ -995,10 +1057,12 @@ int cli_simulate(int argc, char **argv)
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the step as one HTML page (zplan report)", "OUT.html"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"},
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
         {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
         {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
+        CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     return run_with_flags(argc, argv, "simulate",
@@ -1019,6 +1083,36 @@ int cli_simulate_into(int argc, char **argv, const char *name, const char *summa
     return run_with_flags(argc, argv, name, summary, extra, &f, simulate);
 }
 
+/* `zplan report`: simulate's flags, and the page (--html) is the point. */
+static int report_command(const SimulateFlags *f)
+{
+    if (!f->html) {
+        GError *error = NULL;
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--html OUT.html is required");
+        return cli_fail("report", error);
+    }
+    return simulate(f);
+}
+
+int cli_report(int argc, char **argv)
+{
+    SimulateFlags f = {0};
+    const GOptionEntry extra[] = {
+        {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the page here (required)", "OUT.html"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print simulate's JSON", NULL},
+        {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
+        CLI_BUDGET_ENTRIES(&f.budget),
+        {NULL, 0, 0, 0, NULL, NULL, NULL},
+    };
+    return run_with_flags(argc, argv, "report",
+        "Simulates one step as `zplan simulate` does (the same flags, --ds-config included)\n"
+        "and writes it as one self-contained HTML page: the verdict, the reported rank's\n"
+        "memory over the step stacked by category under the GPU's line, its streams as a\n"
+        "Gantt chart, time by op class and bytes by group, as inline SVG. Prints what\n"
+        "simulate prints. Exit status 2: the step does not fit.",
+        extra, &f, report_command);
+}
+
 /* `zplan schedule`: the per-rank op list of one step as JSON, for zreal --schedule and tests. */
 static int schedule(const SimulateFlags *f)
 {
@@ -1029,7 +1123,8 @@ static int schedule(const SimulateFlags *f)
     if (!(load_model(f, &model, &error) &&
           required(f->out, "--out FILE", &error) &&
           zp_check_out_path(f->out, "--out", &error) &&
-          (!f->cluster || zp_hw_load(f->cluster, &hw, &error)) &&
+          (!f->cluster ||
+           cli_cluster(f->cluster, f->gpu_memory, TRUE, &hw, &(gboolean){FALSE}, &error)) &&
           simulate_plan(f, &model, f->cluster ? &hw : NULL, &plan, &error)))
         return cli_fail("schedule", error);
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);

@@ -53,6 +53,7 @@ typedef struct {
     gboolean checkpoint;
     ZpPrecision precision;
     ZpOptimizer optimizer;
+    ZpPlan kernels; /* its attention and reduce_dtype: every plan's (cli_attention_reduce) */
     char *out;
     gboolean png; /* PREFIX.png instead of PREFIX.svg */
 } SweepArgs;
@@ -93,12 +94,15 @@ static gboolean memory_row(const SweepArgs *a, double x, SweepRow *row, GError *
         plan.checkpoint = a->checkpoint;
         plan.precision = a->precision;
         plan.optimizer = a->optimizer;
-        double bytes = zp_mem_model_states((double)zp_model_param_count(&model), stage,
-                                           plan.dp, a->mp, sb).total_bytes;
-        /* Table 1 counts model states only; with an architecture the rest is known too. */
-        if (zp_model_has_architecture(&model))
-            bytes += zp_mem_residual(&model, &plan, a->have_hw ? &a->hw : NULL).total_bytes;
-        row->stage[stage] = bytes / GB;
+        plan.attention = a->kernels.attention;
+        plan.reduce_dtype = a->kernels.reduce_dtype;
+        /* Table 1 counts model states only; with an architecture the rest is known too, and
+         * it is what `memory` says of the same plan (cli_need_bytes). */
+        const double bytes = zp_model_has_architecture(&model)
+                                 ? cli_need_bytes(&model, &plan, a->have_hw ? &a->hw : NULL)
+                                 : zp_mem_model_states((double)zp_model_param_count(&model),
+                                                       stage, plan.dp, a->mp, sb).total_bytes;
+        row->stage[stage] = isinf(bytes) ? NAN : bytes / GB;
     }
     return TRUE;
 }
@@ -143,6 +147,9 @@ static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError *
     spec.top_k = 1;
     spec.precision = a->precision;
     spec.optimizer = a->optimizer;
+    spec.attention = a->kernels.attention;
+    spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.exclude = CLI_LOSSY_ZEROPP;
     ZpSearchResult r;
     if (!zp_search_run(&spec, &r, error)) {
         zp_search_result_clear(&r);
@@ -478,7 +485,7 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
 
 typedef struct {
     char *vary, *values, *model, *params, *cluster, *gpu_memory, *metric, *out, *gpus, *mp;
-    char *micro_batch, *global_batch, *precision, *optimizer, *seq;
+    char *micro_batch, *global_batch, *precision, *optimizer, *seq, *attention, *reduce;
 } SweepFlags;
 
 static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage", NULL};
@@ -601,8 +608,11 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
           cli_int(f->micro_batch, "--micro-batch", 1, 1e6, a->metric == METRIC_TFLOPS ? 0 : 1,
                   &a->micro_batch, error) &&
           cli_int(f->global_batch, "--global-batch", 1, 1 << 24, 0, &batch, error) &&
-          cli_precision_optimizer(f->precision, f->optimizer, &a->precision, &a->optimizer,
+          cli_precision_optimizer(f->precision, f->optimizer, &a->model, a->have_hw ? &a->hw : NULL,
+                                  &a->precision, &a->optimizer,
                                   error) &&
+          cli_attention_reduce(f->attention, f->reduce, a->have_hw ? &a->hw : NULL,
+                               a->precision, &a->kernels, error) &&
           (a->values = parse_values(f, a->vary, error)) != NULL))
         return FALSE;
     a->global_batch = batch;
@@ -630,8 +640,10 @@ int cli_sweep(int argc, char **argv)
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "memory: with activation checkpointing", NULL},
         {"png", 0, 0, G_OPTION_ARG_NONE, &a.png, "Plot to PREFIX.png instead of PREFIX.svg", NULL},
         CLI_SEQ_ENTRY(&f.seq),
-        {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16 (default), bf16 or fp32", "P"},
+        {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: --cluster's, flash2 without one)", "K"},
+        {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f.reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- a metric per ZeRO stage against one input");
@@ -644,6 +656,8 @@ int cli_sweep(int argc, char **argv)
     GError *error = NULL;
     const gboolean ok = cli_parse(context, &argc, &argv, &error) && parse_flags(&f, &a, &error) &&
                         run_sweep(&a, &error);
+    if (ok)
+        cli_print_defaults();
     const int status = ok ? 0 : cli_fail("sweep", error);
     if (a.values)
         g_array_unref(a.values);
@@ -651,6 +665,6 @@ int cli_sweep(int argc, char **argv)
     g_free(f.vary), g_free(f.values), g_free(f.model), g_free(f.params), g_free(f.cluster);
     g_free(f.gpu_memory), g_free(f.metric), g_free(f.out), g_free(f.gpus), g_free(f.mp);
     g_free(f.micro_batch), g_free(f.global_batch), g_free(f.precision), g_free(f.optimizer);
-    g_free(f.seq);
+    g_free(f.seq), g_free(f.attention), g_free(f.reduce);
     return status;
 }

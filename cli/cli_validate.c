@@ -401,6 +401,31 @@ static gint by_miss(gconstpointer a, gconstpointer b)
     return (x < y) - (x > y);
 }
 
+/* A figure as a person reads it: bytes in B, KB, MB or GB (1e3 steps) to four significant
+ * digits, or exact below 1e4; seconds in s, ms, us or ns; anything else as %g. */
+static void human(double value, const char *unit, char *out, size_t size)
+{
+    static const struct {
+        const char *unit, *name;
+        double scale;
+    } scales[] = {
+        {"bytes", "GB", 1e9}, {"bytes", "MB", 1e6}, {"bytes", "KB", 1e3},
+        {"s", "s", 1},        {"s", "ms", 1e-3},    {"s", "us", 1e-6}, {"s", "ns", 1e-9},
+    };
+    if (isnan(value)) {
+        g_snprintf(out, size, "n/a");
+        return;
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(scales); i++)
+        if (strcmp(unit, scales[i].unit) == 0 && fabs(value) >= scales[i].scale &&
+            !(strcmp(unit, "bytes") == 0 && fabs(value) < 1e4)) {
+            g_snprintf(out, size, "%.4g %s", value / scales[i].scale, scales[i].name);
+            return;
+        }
+    g_snprintf(out, size, strcmp(unit, "bytes") == 0 ? "%.0f B" : "%.4g %s", value,
+               strcmp(unit, "bytes") == 0 ? "" : unit);
+}
+
 static void print_rows(const GArray *rows, const char *pred_path, const char *meas_path)
 {
     printf("Predicted (%s) against measured (%s); error = (measured - predicted) / predicted,\n"
@@ -420,8 +445,10 @@ static void print_rows(const GArray *rows, const char *pred_path, const char *me
             g_snprintf(err, sizeof err, "(pred. 0)");
         else
             g_snprintf(err, sizeof err, "%+.1f%%", 100 * error_of(r));
-        printf("  %-34s %16.6g %16.6g %10s  %s\n", r->quantity, r->predicted, r->measured, err,
-               r->unit);
+        char predicted[32], measured[32];
+        human(r->predicted, r->unit, predicted, sizeof predicted);
+        human(r->measured, r->unit, measured, sizeof measured);
+        printf("  %-34s %16s %16s %10s\n", r->quantity, predicted, measured, err);
     }
 }
 
@@ -450,13 +477,50 @@ static gboolean torch_trace_args(int argc, char **argv)
     return FALSE;
 }
 
+/* The rows whose miss is over `tolerance` (a fraction), the largest first as sorted; says so on
+ * stdout (text) and returns how many. */
+static guint over_tolerance(const GArray *rows, double tolerance, gboolean print)
+{
+    guint over = 0;
+    for (guint i = 0; i < rows->len; i++) {
+        const Row *r = &g_array_index(rows, Row, i);
+        if (miss_of(r) > tolerance) {
+            if (over == 0 && print)
+                printf("\nOver the %.3g%% tolerance: %s (%+.1f%%)", 100 * tolerance, r->quantity,
+                       r->predicted == 0 ? INFINITY : 100 * error_of(r));
+            over++;
+        }
+    }
+    if (over > 1 && print)
+        printf(" and %u more", over - 1);
+    if (over > 0 && print)
+        printf(".\n");
+    return over;
+}
+
+/* --tolerance P% (or P): a percentage in (0, 1e6]. */
+static gboolean parse_tolerance(const char *text, double *out, GError **error)
+{
+    if (!text)
+        return TRUE;
+    char *digits = g_strndup(text, strlen(text) - (g_str_has_suffix(text, "%") ? 1 : 0));
+    double pct;
+    const gboolean ok = zp_parse_number(digits, "--tolerance", 0, 1e6, FALSE, &pct, error);
+    g_free(digits);
+    *out = pct / 100;
+    return ok;
+}
+
 int cli_validate(int argc, char **argv)
 {
     if (torch_trace_args(argc, argv))
         return cli_torch_validate(argc, argv);
     gboolean json = FALSE;
+    char *tolerance_flag = NULL;
+    double tolerance = INFINITY;
     GOptionEntry entries[] = {
         {"json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL},
+        {"tolerance", 0, 0, G_OPTION_ARG_STRING, &tolerance_flag, "Exit with status 3 when any quantity misses by more than P percent (10%; default: no limit)", "P%"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("PREDICTED.json MEASURED.json");
@@ -470,7 +534,8 @@ int cli_validate(int argc, char **argv)
         "prediction of its plan instead, by kernel class (docs/calibrate.md).");
     GError *error = NULL;
     json_t *pred = NULL, *meas = NULL;
-    gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
+    gboolean ok = g_option_context_parse(context, &argc, &argv, &error) &&
+                  parse_tolerance(tolerance_flag, &tolerance, &error);
     if (ok && argc != 3) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
                     "give two files: PREDICTED.json MEASURED.json (see --help)");
@@ -497,6 +562,8 @@ int cli_validate(int argc, char **argv)
                 printf("\nNote: %s.\n", note);
         }
         g_free(note);
+        if (ok && over_tolerance(rows, tolerance, !json) > 0)
+            status = CLI_EXIT_OVER_TOLERANCE;
         for (guint i = 0; i < rows->len; i++)
             g_free(g_array_index(rows, Row, i).quantity);
         g_array_unref(rows);
@@ -506,5 +573,6 @@ int cli_validate(int argc, char **argv)
     json_decref(pred);
     json_decref(meas);
     g_option_context_free(context);
+    g_free(tolerance_flag);
     return status;
 }

@@ -22,6 +22,27 @@ static const Command commands[] = {
     {"schedule", cli_schedule, "one step's per-rank op list as JSON (for zreal --schedule)"},
     {"validate", cli_validate, "predicted (simulate --json) against measured (zreal --out)"},
     {"calibrate", cli_calibrate, "fit a hwprofile from zreal --microbench runs"},
+    {"report", cli_report, "simulate one step and write it as an HTML page (--html OUT.html)"},
+};
+
+/* What a flag left out means, in every command that takes it (cli.c sets them, and each
+ * command states the ones it took in its output's first lines). */
+static const struct {
+    const char *flag, *meaning;
+} defaults[] = {
+    {"--seq", "the model's, at most 4096 (a config's max_position_embeddings is a maximum)"},
+    {"--precision", "config.json's torch_dtype where the GPU has it (bf16 not on V100), else fp16"},
+    {"--optimizer", "adam"},
+    {"--attention", "the cluster's default (PyTorch SDPA's choice there); flash2 without one"},
+    {"--reduce-dtype", "the gradients' own dtype"},
+    {"--impl", "deepspeed"},
+    {"--mp", "1 (plan: searched)"},
+    {"--micro-batch", "1 (plan, sweep tflops: searched; simulate: required)"},
+    {"--checkpoint", "off (plan: searched)"},
+    {"--offload-*", "none (plan: searched when nothing fits on the GPUs)"},
+    {"--zeropp", "lossless: plan searches hpZ; the lossy qwZ and qgZ only with --zeropp lossy"},
+    {"--tokens", "none: with it (or --steps), the days, GPU-hours and, with --gpu-hour-price, cost"},
+    {"--gpu-memory", "the cluster's; with --cluster, its GPUs with that memory"},
 };
 
 static void usage(FILE *out)
@@ -29,6 +50,11 @@ static void usage(FILE *out)
     fprintf(out, "usage: zplan COMMAND [OPTIONS]   (zplan COMMAND --help for its options)\n\n");
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nDefaults (what a flag left out means):\n");
+    for (size_t i = 0; i < G_N_ELEMENTS(defaults); i++)
+        fprintf(out, "  %-14s %s\n", defaults[i].flag, defaults[i].meaning);
+    fprintf(out, "\nExit status: 0 an answer, 1 bad input or usage, 2 does not fit, 3 validate "
+                 "over --tolerance.\n");
 }
 
 /* Standard output is flushed, checked and closed before exit: output lost to a full disk or
@@ -52,7 +78,7 @@ static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
-        return 2;
+        return 1; /* usage: 2 is "does not fit" */
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
@@ -69,8 +95,13 @@ static int run(int argc, char **argv)
             g_free(prgname);
             return commands[i].run(argc - 1, argv + 1);
         }
-    fprintf(stderr, "zplan: unknown command '%s' (see zplan --help)\n", argv[1]);
-    return 2;
+    const char *names[G_N_ELEMENTS(commands)];
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++)
+        names[i] = commands[i].name;
+    const char *closest = zp_closest_name(argv[1], names, G_N_ELEMENTS(commands));
+    fprintf(stderr, "zplan: unknown command '%s' (see zplan --help)%s%s%s\n", argv[1],
+            closest ? ". Did you mean '" : "", closest ? closest : "", closest ? "'?" : "");
+    return 1;
 }
 
 int main(int argc, char **argv)

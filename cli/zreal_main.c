@@ -46,6 +46,7 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 
 typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq, *impl;
+    char *like_simulate; /* --like-simulate PREDICTED.json: its plan, not the plan flags */
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
     gboolean quantized_weights, quantized_gradients; /* ZeRO++ qwZ, qgZ */
@@ -98,12 +99,46 @@ static void set_blas_threads(void)
 
 /* The model and plan of --model and the plan flags, on `world` ranks of tensor degree a->mp
  * (1 but for --microbench, which times the kernels of that degree's shapes). */
+/* --like-simulate: the plan `zplan simulate --json` wrote, every choice as simulate made it
+ * (its defaults: DeepSpeed's semantics, the cluster's attention, the model's precision), so
+ * `zplan validate` compares the two without flags matched by hand. It must fit this world
+ * and what zreal computes in (bf16). */
+static gboolean plan_like_simulate(const char *path, int world, ZpPlan *plan, GError **error)
+{
+    json_t *root = zp_json_load_object(path, error);
+    json_t *p = root ? json_object_get(root, "plan") : NULL;
+    gboolean ok = root != NULL;
+    if (ok && !json_is_object(p)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "--like-simulate: %s has no \"plan\" "
+                    "(give zplan simulate --json's output)", path);
+        ok = FALSE;
+    }
+    ok = ok && zp_plan_from_json(p, path, plan, error);
+    if (ok && plan->dp * plan->mp * zp_plan_pp(plan) != world) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--like-simulate: %s's plan runs on %d "
+                    "ranks (dp %d x mp %d x pp %d), this run has %d", path,
+                    plan->dp * plan->mp * zp_plan_pp(plan), plan->dp, plan->mp, zp_plan_pp(plan),
+                    world);
+        ok = FALSE;
+    }
+    if (ok && plan->precision != ZP_PREC_BF16) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--like-simulate: %s's plan computes in %s; "
+                    "zreal computes in bf16 (simulate with --precision bf16)", path,
+                    zp_precision_name(plan->precision));
+        ok = FALSE;
+    }
+    json_decref(root);
+    return ok;
+}
+
 static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan,
                           GError **error)
 {
     if (!zp_model_load(a->model, model, error) || !cli_seq(a->seq, model, error))
         return FALSE;
     model->dropout = FALSE; /* zreal's GPT trains without dropout */
+    if (a->like_simulate)
+        return plan_like_simulate(a->like_simulate, world, plan, error);
     /* --mp (--microbench's) need not divide the world; --pp must, with it. */
     int pp = 1;
     if (a->pipe.pp && !cli_pipe_stages(&a->pipe, world, a->mp, &pp, error))
@@ -634,6 +669,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"backend", 0, 0, G_OPTION_ARG_STRING, &a->backend, "cpu (MPI) or cuda (a GPU per rank, NCCL; GEMMs in bf16, or fp32 with ZREAL_CUDA_GEMM=fp32); default cpu", "B"},
         {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &a->schedule, "Run this schedule (zplan schedule --out) instead of building one", "FILE"},
         {"schedule-edited", 0, 0, G_OPTION_ARG_NONE, &a->schedule_edited, "Run a --schedule whose ops differ from the digest zplan wrote into it (an edited file; it is still checked)", NULL},
+        {"like-simulate", 0, 0, G_OPTION_ARG_FILENAME, &a->like_simulate, "Run the plan of this zplan simulate --json output (simulate's defaults, for zplan validate), in place of the plan flags", "PREDICTED"},
         {"stage", 0, 0, G_OPTION_ARG_STRING, &stage, "ZeRO stage 0-3 (default 0)", "S"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro, "Samples per rank per micro-step (default 4)", "B"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
@@ -685,6 +721,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--microbench needs --out FILE"), FALSE);
     if (ok && !a->microbench && !!a->model == !!a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "give one of --model and --schedule"), FALSE);
+    if (ok && a->like_simulate && !a->model)
+        ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--like-simulate needs --model "
+                          "(the model simulate was given)"), FALSE);
     if (ok && mp && a->schedule)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--mp needs --model (a --schedule "
                           "has its own tensor-parallel degree)"), FALSE);
@@ -749,6 +788,7 @@ static void free_args(Args *a)
 {
     cli_pipe_free(&a->pipe);
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
+    g_free(a->like_simulate);
     g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
     g_free(a->offload_param), g_free(a->nvme_path);
     for (int k = 0; k < ZP_KNOB_N; k++)

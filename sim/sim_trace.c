@@ -43,6 +43,8 @@ static char *compute_label(const ZpSchedule *s, const ZpOp *op)
     case ZP_COMP_CPU_OPTIMIZER: g_string_append(out, "cpu "); /* fall through */
     default: g_string_append(out, zp_optimizer_name(s->plan.optimizer)); break;
     }
+    if (op->module > 0) /* a block op split per module, as DeepSpeed's stage 3 runs it */
+        g_string_append_printf(out, " %s", zp_model_module_name((ZpBlockModule)(op->module - 1)));
     return g_string_free(out, FALSE);
 }
 
@@ -141,11 +143,21 @@ static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *
                                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
                                "\"name\":\"rank %d (dp %d, tp %d)\"}},\n",
                                pid, pid, pid / s->plan.mp, pid % s->plan.mp);
+    /* Only the tracks this rank's stage puts an op on: a declared empty track reads as a
+     * stream that idled all step. */
+    gboolean used[ZP_STREAM_N] = {FALSE};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N &&
+            op->stage == stage_of(s, r, pid))
+            used[op->stream] = TRUE;
+    }
     for (int t = 0; t < ZP_STREAM_N; t++)
-        g_string_append_printf(out,
-                               "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                               "\"args\":{\"name\":\"%s\"}},\n",
-                               pid, t, thread_names[t]);
+        if (used[t])
+            g_string_append_printf(out,
+                                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+                                   "\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
+                                   pid, t, thread_names[t]);
 }
 
 static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
@@ -173,6 +185,11 @@ static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, in
         append_us(out, "ts", start_ns);
         append_us(out, "dur", to_ns(r->op_end_s[base + i]) - start_ns);
         g_string_append_printf(out, ",\"args\":{\"op\":%u,\"micro\":%d,", i, op->micro);
+        if (op->unit >= 0)
+            g_string_append_printf(out, "\"unit\":%d,", op->unit);
+        if (op->kind == ZP_OP_COMPUTE && op->module > 0)
+            g_string_append_printf(out, "\"module\":\"%s\",",
+                                   zp_model_module_name((ZpBlockModule)(op->module - 1)));
         if (op->kind == ZP_OP_COMPUTE)
             g_string_append_printf(out, "\"flops\":%.6g}},\n", op->flops);
         else

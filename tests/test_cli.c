@@ -415,7 +415,7 @@ static const struct {
     {"maxmodel --gpu-memory -1 --gpus 64", NULL, "--gpu-memory: '-1' is outside"},
     {"maxmodel --gpu-memory 32e9", NULL, "--gpus N is required"},
     {"maxmodel --gpu-memory 32e9 --gpus 0", NULL, "--gpus: '0' is outside"},
-    {"maxmodel --gpu-memory 32e9 --cluster dgx2-v100 --gpus 8", NULL, "not both"},
+    {"maxmodel --gpu-memory 32e9 --cluster dgx2-v100 --gpus 8 --cpu-memory 1TB", NULL, "--cpu-memory: --cluster dgx2-v100 has its own host sizes"},
     {"frobnicate", NULL, "unknown command 'frobnicate'"},
 };
 

@@ -374,7 +374,7 @@ static void test_trace(void)
     }
     g_assert_cmpuint(complete, >, 0);
     g_assert_cmpuint(processes, ==, 8);
-    const char *names[] = {"fwd L1", "bwd L12", "allgather L1", "reduce-scatter bucket 0",
+    const char *names[] = {"fwd L1 qkv", "bwd L12 qkv", "allgather L1", "reduce-scatter bucket 0",
                            "tp allreduce L1", "adam", "head fwd+bwd"};
     for (size_t k = 0; k < G_N_ELEMENTS(names); k++) {
         g_test_message("event %s", names[k]);

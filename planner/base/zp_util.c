@@ -222,9 +222,15 @@ gboolean zp_parse_size(const char *text, const char *flag, ZpSizeUnit unit, doub
     errno = 0;
     double d = text ? strtod(text, &end) : NAN;
     double factor = end != text && text && *end == '\0' ? 1 : 0;
-    for (size_t i = 0; factor == 0 && end != text && i < G_N_ELEMENTS(size_suffixes); i++)
-        if (size_suffixes[i].unit == unit && strcmp(end, size_suffixes[i].suffix) == 0)
+    /* Each suffix as written or all in lower case (7b, 8k, 80gb, 80gib), never mixed (80Gib):
+     * a mixed case is more likely a typo than a unit. */
+    for (size_t i = 0; factor == 0 && end != text && i < G_N_ELEMENTS(size_suffixes); i++) {
+        char *lower = g_ascii_strdown(size_suffixes[i].suffix, -1);
+        if (size_suffixes[i].unit == unit &&
+            (strcmp(end, size_suffixes[i].suffix) == 0 || strcmp(end, lower) == 0))
             factor = size_suffixes[i].factor;
+        g_free(lower);
+    }
     d *= factor;
     if (factor == 0 || errno == ERANGE || !isfinite(d)) {
         GString *known = g_string_new(NULL);
@@ -266,6 +272,51 @@ GArray *zp_parse_int_list(const char *text, const char *flag, double min, double
     return values;
 }
 
+/* Levenshtein distance (insertions, deletions and substitutions, each 1), over two rows. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    const size_t n = strlen(b);
+    size_t *row = g_new(size_t, n + 1), *next = g_new(size_t, n + 1);
+    for (size_t j = 0; j <= n; j++)
+        row[j] = j;
+    for (size_t i = 0; a[i]; i++) {
+        next[0] = i + 1;
+        for (size_t j = 0; j < n; j++) {
+            const size_t substitute = row[j] + (a[i] != b[j]);
+            next[j + 1] = MIN(substitute, MIN(row[j + 1], next[j]) + 1);
+        }
+        size_t *swap = row;
+        row = next, next = swap;
+    }
+    const size_t d = row[n];
+    g_free(row), g_free(next);
+    return d;
+}
+
+const char *zp_closest_name(const char *word, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = 0;
+    const size_t len = word ? strlen(word) : 0;
+    for (size_t i = 0; word && i < n; i++) {
+        const size_t d = edit_distance(word, names[i]);
+        if (!best || d < best_d)
+            best = names[i], best_d = d;
+    }
+    /* A third of the word's letters (at least 2) wrong is still a typo; more is another name. */
+    return best && best_d > 0 && best_d <= MAX(2, len / 3) ? best : NULL;
+}
+
+void zp_prefix_suggestion(GError **error, const char *word, const char *const *names, size_t n)
+{
+    const char *closest = zp_closest_name(word, names, n);
+    if (error && *error && closest) {
+        char *message = g_strdup_printf("%s Did you mean '%s'?", (*error)->message, closest);
+        g_free((*error)->message);
+        (*error)->message = message;
+    }
+}
+
 static gint compare_strings(gconstpointer a, gconstpointer b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -295,7 +346,8 @@ static void add_config_dirs(const char *dir, GPtrArray *names)
         g_dir_close(d);
 }
 
-char *zp_list_json_names(const char *dir)
+/* The names zp_list_json_names lists, sorted, NULL-terminated. */
+static GPtrArray *json_names(const char *dir)
 {
     GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
     GDir *d = g_dir_open(dir, 0, NULL);
@@ -308,6 +360,12 @@ char *zp_list_json_names(const char *dir)
     add_config_dirs(dir, names);
     g_ptr_array_sort(names, compare_strings);
     g_ptr_array_add(names, NULL);
+    return names;
+}
+
+char *zp_list_json_names(const char *dir)
+{
+    GPtrArray *names = json_names(dir);
     char *joined = g_strjoinv(", ", (char **)names->pdata);
     g_ptr_array_unref(names);
     return joined;
@@ -324,10 +382,13 @@ char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *
     if (!strchr(name_or_path, '/') && g_file_test(path, G_FILE_TEST_EXISTS))
         return path;
     char *dir = g_build_filename(zp_data_dir(), subdir, NULL);
-    char *names = zp_list_json_names(dir);
+    GPtrArray *known = json_names(dir);
+    char *names = g_strjoinv(", ", (char **)known->pdata);
     g_set_error(error, ZP_ERROR, ZP_ERROR_NOTFOUND,
-                "%s: unknown %s '%s' (known: %s; or give a PATH.json)", flag, kind, name_or_path,
+                "%s: unknown %s '%s' (known: %s; or give a PATH.json).", flag, kind, name_or_path,
                 names);
+    zp_prefix_suggestion(error, name_or_path, (const char *const *)known->pdata, known->len - 1);
+    g_ptr_array_unref(known);
     g_free(names);
     g_free(dir);
     g_free(path);
@@ -350,8 +411,9 @@ gboolean zp_parse_choice(const char *text, const char *flag, const char *const *
             return TRUE;
         }
     char *choices = g_strjoinv(", ", (char **)names);
-    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s)", flag,
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown value '%s' (choose from %s).", flag,
                 text ? text : "", choices);
+    zp_prefix_suggestion(error, text, names, g_strv_length((char **)names));
     g_free(choices);
     return FALSE;
 }

@@ -57,7 +57,8 @@ gboolean zp_parse_number(const char *text, const char *flag, double min, double 
                          gboolean integral, double *out, GError **error);
 
 /* What a size counts: parameters or elements (suffixes K, M, B, T: 1e3 to 1e12) or bytes
- * (KB, MB, GB, TB: 1e3 to 1e12; KiB, MiB, GiB, TiB: 2^10 to 2^40). */
+ * (KB, MB, GB, TB: 1e3 to 1e12; KiB, MiB, GiB, TiB: 2^10 to 2^40), each also in lower case
+ * (7b, 80gib). */
 typedef enum { ZP_SIZE_COUNT, ZP_SIZE_BYTES } ZpSizeUnit;
 
 /* zp_parse_number with an optional suffix of `unit` ("7B", "1.5e9", "1T"; "80GB", "80GiB").
@@ -88,5 +89,12 @@ char *zp_resolve_spec(const char *name_or_path, const char *subdir, const char *
 /* Lists the *.json base names (without extension) in a directory, and SUB/NAME for every
  * subdirectory's directory that holds a config.json (models/hf/), sorted, comma-joined. */
 char *zp_list_json_names(const char *dir);
+
+/* The name in names[0..n) closest to `word` by edit distance, when close enough to be a typo
+ * (at most a third of its letters, or 2, away) and not `word` itself; else NULL. */
+const char *zp_closest_name(const char *word, const char *const *names, size_t n);
+
+/* Appends " Did you mean 'NAME'?" to *error's message when zp_closest_name finds one. */
+void zp_prefix_suggestion(GError **error, const char *word, const char *const *names, size_t n);
 
 #endif

@@ -572,7 +572,10 @@ static void ds_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
     if (z->stage == 3 && zp_model_has_architecture(model))
         r->stage3_persistent_bytes =
             kept * zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
-    if (z->stage == 1 || z->stage == 2)
+    /* Stages 1-2 under optimizer offload step on the host (stage_1_and_2.py: cpu_offload's
+     * fp32 partitions are the host's): no GPU step buffers, as ds_step_buffers emits none
+     * there (zp_build_optimizer: the CPU steps all of the partition). */
+    if ((z->stage == 1 || z->stage == 2) && z->offload_optimizer.device == ZP_OFFLOAD_NONE)
         r->step_buffer_bytes = part * (elem + (mixed ? 4.0 : 0.0));
     else if (z->stage == 3)
         r->step_buffer_bytes = ds_stage3_step_grad_bytes(plan, part); /* as ds_step_buffers */

@@ -140,10 +140,15 @@ static const CkptLevel ckpt_levels[] = {
 /* Whether a level is a plan of its own here: Pa needs tensor parallelism (with M = 1 only
  * Pa+cpu's host copy remains), a pipeline's screen counts no host tier (no cpu), and
  * DeepSpeed must accept it (zp_zeror_check). */
-static gboolean ckpt_level_applies(const ZpModel *model, const ZpPlan *plan, const CkptLevel *l)
+static gboolean ckpt_level_applies(const ZpSearchSpec *spec, const ZpPlan *plan,
+                                   const CkptLevel *l)
 {
+    const unsigned x = spec->exclude;
+    if ((l->cpu && (x & ZP_TECH_PA_CPU)) || (l->pa && !l->cpu && (x & ZP_TECH_PA)) ||
+        (l->md && (x & ZP_TECH_MD)))
+        return FALSE;
     return (plan->mp > 1 || !l->pa || l->cpu) && (zp_plan_pp(plan) == 1 || !l->cpu) &&
-           zp_zeror_check(model, plan, NULL);
+           zp_zeror_check(spec->model, plan, NULL);
 }
 
 /* ZeRO++ at stage 3 (not FSDP's): qwZ, hpZ over a node's data-parallel ranks, qgZ, each on
@@ -174,6 +179,10 @@ static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, Z
                        !zeropp_buckets(buckets) || !plan->zero.overlap_comm))
         return FALSE;
     if ((combo & 2) && (node_dp <= 1 || node_dp >= plan->dp))
+        return FALSE;
+    if (((combo & 1) && (spec->exclude & ZP_TECH_QWZ)) ||
+        ((combo & 2) && (spec->exclude & ZP_TECH_HPZ)) ||
+        ((combo & 4) && (spec->exclude & ZP_TECH_QGZ)))
         return FALSE;
     plan->zero.zero_quantized_weights = (combo & 1) != 0;
     plan->zero.zero_hpz_partition_size = combo & 2 ? node_dp : 1;
@@ -216,7 +225,7 @@ static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int bucke
             plan.ckpt.partition_activations = l->pa && plan.mp > 1;
             plan.ckpt.contiguous_memory_optimization = l->md;
             plan.ckpt.cpu_checkpointing = l->cpu;
-            if (!ckpt_level_applies(spec->model, &plan, l))
+            if (!ckpt_level_applies(spec, &plan, l))
                 continue;
             int *same = &at_default[combo * CKPT_LEVELS + (int)k];
             ZpCandidate c = {.plan = plan, .buckets = buckets,
@@ -247,7 +256,9 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
         return;
     int at_default[ZEROPP_COMBOS * CKPT_LEVELS];
     for (int stage = lo; stage <= hi; stage++)
-        for (int ckpt = 0; ckpt <= 1 && zp_impl_get(spec->impl)->has_stage(stage); ckpt++)
+        for (int ckpt = 0; ckpt <= ((spec->exclude & ZP_TECH_CHECKPOINT) ? 0 : 1) &&
+                           zp_impl_get(spec->impl)->has_stage(stage);
+             ckpt++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
                 if (choice == 0)
                     memset(at_default, 0xff, sizeof at_default);

@@ -32,6 +32,19 @@ typedef double (*ZpBusBandwidthFn)(const ZpHw *hw, int dp, int mp, ZpGroup group
 typedef double (*ZpCollTimeFn)(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind,
                                double bytes);
 
+/* Techniques a search may be told never to try (ZpSearchSpec.exclude): ZeRO++'s qwZ (int8
+ * parameter gathers) and qgZ (int4 gradients), both lossy, and hpZ (lossless); ZeRO-R's Pa,
+ * MD and Pa+cpu; activation checkpointing itself. */
+typedef enum {
+    ZP_TECH_QWZ = 1 << 0,
+    ZP_TECH_QGZ = 1 << 1,
+    ZP_TECH_HPZ = 1 << 2,
+    ZP_TECH_PA = 1 << 3,
+    ZP_TECH_MD = 1 << 4,
+    ZP_TECH_PA_CPU = 1 << 5,
+    ZP_TECH_CHECKPOINT = 1 << 6,
+} ZpTechnique;
+
 typedef struct {
     const ZpModel *model; /* with an architecture */
     const ZpHw *hw;
@@ -52,6 +65,7 @@ typedef struct {
     /* Offload every plan uses (DeepSpeed's defaults otherwise); stages that cannot offload
      * that way (0 for the optimizer, 0-2 for parameters) are left out. */
     ZpOffloadDevice offload_optimizer, offload_param;
+    unsigned exclude;     /* ZpTechnique bits never tried (0: every one) */
     int top_k;            /* how many ranked plans to keep */
     ZpRankFn rank;
     void *rank_ctx;

@@ -236,6 +236,11 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */
     m->seq_len = m->max_positions;
+    /* torch_dtype, when a string short enough to be a dtype's name (else none): the CLI's
+     * default precision (cli_precision_optimizer). */
+    const char *dtype = json_string_value(json_object_get(obj, "torch_dtype"));
+    if (dtype && strlen(dtype) < sizeof m->torch_dtype)
+        g_strlcpy(m->torch_dtype, dtype, sizeof m->torch_dtype);
     m->norm = hf_families[family].norm;
     m->learned_positions = hf_families[family].theta_key == NULL;
 
@@ -312,5 +317,92 @@ gboolean zp_hf_load_dir(const char *dir, ZpModel *model, GError **error)
         json_decref(root);
     }
     g_free(path);
+    return ok;
+}
+
+gboolean zp_hf_is_repo_id(const char *name)
+{
+    const char *slash = strchr(name, '/');
+    if (!slash || strchr(slash + 1, '/') || g_str_has_suffix(name, ".json"))
+        return FALSE;
+    char *org = g_strndup(name, (gsize)(slash - name));
+    const char *repo = slash + 1;
+    const gboolean ok = *org && *repo && strcmp(org, ".") && strcmp(org, "..") &&
+                        strcmp(repo, ".") && strcmp(repo, "..");
+    g_free(org);
+    return ok;
+}
+
+char *zp_hf_cache_dir(void)
+{
+    const char *hub = g_getenv("HF_HUB_CACHE"), *home = g_getenv("HF_HOME");
+    const char *xdg = g_getenv("XDG_CACHE_HOME");
+    if (hub && *hub)
+        return g_strdup(hub);
+    if (home && *home)
+        return g_build_filename(home, "hub", NULL);
+    if (xdg && *xdg)
+        return g_build_filename(xdg, "huggingface", "hub", NULL);
+    return g_build_filename(g_get_home_dir(), ".cache", "huggingface", "hub", NULL);
+}
+
+static gint by_name(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The snapshot directory holding config.json: refs/main's revision, else the first by name. */
+static char *cached_snapshot(const char *repo_dir)
+{
+    char *ref = g_build_filename(repo_dir, "refs", "main", NULL), *revision = NULL;
+    char *found = NULL;
+    if (g_file_get_contents(ref, &revision, NULL, NULL)) {
+        char *dir = g_build_filename(repo_dir, "snapshots", g_strstrip(revision), NULL);
+        char *config = g_build_filename(dir, "config.json", NULL);
+        if (!strchr(g_strstrip(revision), '/') && g_file_test(config, G_FILE_TEST_IS_REGULAR))
+            found = g_strdup(dir);
+        g_free(config), g_free(dir);
+    }
+    g_free(revision), g_free(ref);
+    char *snapshots = g_build_filename(repo_dir, "snapshots", NULL);
+    GDir *d = found ? NULL : g_dir_open(snapshots, 0, NULL);
+    GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
+    for (const char *e; d && (e = g_dir_read_name(d));)
+        g_ptr_array_add(names, g_strdup(e));
+    if (d)
+        g_dir_close(d);
+    g_ptr_array_sort(names, by_name);
+    for (guint i = 0; !found && i < names->len; i++) {
+        char *dir = g_build_filename(snapshots, (const char *)g_ptr_array_index(names, i), NULL);
+        char *config = g_build_filename(dir, "config.json", NULL);
+        if (g_file_test(config, G_FILE_TEST_IS_REGULAR))
+            found = g_strdup(dir);
+        g_free(config), g_free(dir);
+    }
+    g_ptr_array_unref(names);
+    g_free(snapshots);
+    return found;
+}
+
+gboolean zp_hf_load_cached(const char *repo_id, ZpModel *model, GError **error)
+{
+    char *cache = zp_hf_cache_dir();
+    char **parts = g_strsplit(repo_id, "/", 2);
+    char *folder = g_strdup_printf("models--%s--%s", parts[0], parts[1]);
+    char *repo_dir = g_build_filename(cache, folder, NULL);
+    char *snapshot = cached_snapshot(repo_dir);
+    gboolean ok = FALSE;
+    if (!snapshot) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_NOTFOUND,
+                    "--model: '%s' is not in the local Hugging Face cache (looked for "
+                    "%s/snapshots/*/config.json; the cache is $HF_HUB_CACHE, $HF_HOME/hub or "
+                    "~/.cache/huggingface/hub): download it with `huggingface-cli download %s "
+                    "config.json`, or give a directory or PATH.json",
+                    repo_id, repo_dir, repo_id);
+    } else if ((ok = zp_hf_load_dir(snapshot, model, error))) {
+        g_strlcpy(model->name, parts[1], sizeof model->name);
+    }
+    g_free(snapshot), g_free(repo_dir), g_free(folder), g_free(cache);
+    g_strfreev(parts);
     return ok;
 }

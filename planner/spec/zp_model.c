@@ -18,6 +18,9 @@ gboolean zp_model_load(const char *name_or_path, ZpModel *model, GError **error)
     gboolean ok;
     if (dir) {
         ok = zp_hf_load_dir(dir, model, error);
+    } else if (zp_hf_is_repo_id(name_or_path) && !g_file_test(name_or_path, G_FILE_TEST_EXISTS)) {
+        /* ORG/NAME: a Hugging Face repository, from the local hub cache */
+        ok = zp_hf_load_cached(name_or_path, model, error);
     } else {
         char *path = zp_resolve_spec(name_or_path, "models", "--model", "model", error);
         json_t *root = path ? zp_json_load_object(path, error) : NULL;

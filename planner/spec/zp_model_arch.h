@@ -70,6 +70,9 @@ typedef struct {
                                  * sliding_window); 0: every earlier key */
     double published_params;    /* the size the model is known by, 0 if not given */
     double params_only;         /* > 0: built from --params, no architecture known */
+    char torch_dtype[16];       /* a Hugging Face config's torch_dtype ("bfloat16", ...): the
+                                 * dtype the weights were trained and saved in, which the CLI
+                                 * takes as the default precision; "" when not given */
 } ZpModel;
 
 /* A block's modules (the nn.Modules holding its parameters: DeepSpeed's stage 3 fetches,

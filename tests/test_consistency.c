@@ -1,0 +1,209 @@
+/* test_consistency: one story across commands (issue 39 item 3). A grid of flags goes through
+ * memory, simulate (its verdict's need_bytes) and sweep --metric memory, which must give the
+ * same bytes per GPU for the
+ * same plan; maxmodel and sweep --metric maxmodel the same largest model; and plan's plan 1,
+ * written as a DeepSpeed config, the same step and memory when simulate reads it back; zreal
+ * --like-simulate the plan simulate wrote, for validate. */
+#include "testutil.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char *dir;
+
+static double csv_cell(const char *path, int row, int column)
+{
+    char *text = NULL;
+    g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    char **lines = g_strsplit(text, "\n", -1);
+    char **cells = g_strsplit(lines[row], ",", -1);
+    const double value = cells[column] && *cells[column] ? g_ascii_strtod(cells[column], NULL)
+                                                          : NAN;
+    g_strfreev(cells), g_strfreev(lines), g_free(text);
+    return value;
+}
+
+/* Runs zplan, which must exit with 0 or 2 (does not fit), and parses its JSON. */
+static json_t *json_of(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_test_message("zplan %s", args);
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_true(WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 2);
+    json_t *root = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(root);
+    tu_free(&r);
+    return root;
+}
+
+/* memory's need per stage = simulate's (allocator-reserved peak + reserve) = sweep's, over a
+ * grid: two models (GPT-2 and a Hugging Face Llama with its bf16 and flash defaults), two
+ * clusters, micro-batch 1 and 2, with and without checkpointing, stages 1-3. */
+static void test_memory_grid(void)
+{
+    const char *models[] = {"gpt2-1.5b", "hf/llama-3-8b"};
+    const char *clusters[] = {"dgx2-v100", "dgx-a100-80g"};
+    const int gpus = 16;
+    guint compared = 0;
+    for (size_t mi = 0; mi < G_N_ELEMENTS(models); mi++)
+        for (size_t ci = 0; ci < G_N_ELEMENTS(clusters); ci++)
+            for (int micro = 1; micro <= 2; micro++)
+                for (int ckpt = 0; ckpt <= 1; ckpt++) {
+                    char *common = g_strdup_printf("--model %s --cluster %s --micro-batch %d%s",
+                                                   models[mi], clusters[ci], micro,
+                                                   ckpt ? " --checkpoint" : "");
+                    char *args = g_strdup_printf("memory %s --gpus %d --json", common, gpus);
+                    json_t *memory = json_of(args);
+                    json_t *needs = json_object_get(
+                        json_array_get(json_object_get(memory, "rows"), 0), "need_bytes");
+                    g_free(args);
+                    args = g_strdup_printf("sweep --vary gpus --values %d --metric memory %s "
+                                           "--out %s/grid", gpus, common, dir);
+                    TuRun r = tu_zplan(args);
+                    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+                    tu_free(&r);
+                    g_free(args);
+                    char *csv = g_build_filename(dir, "grid.csv", NULL);
+                    for (int stage = 1; stage <= 3; stage++) {
+                        char key[8];
+                        g_snprintf(key, sizeof key, "stage%d", stage);
+                        const double need = json_number_value(json_object_get(needs, key));
+                        args = g_strdup_printf("simulate %s --gpus %d --stage %d --json", common,
+                                               gpus, stage);
+                        json_t *sim = json_of(args);
+                        g_free(args);
+                        const double simulated =
+                            json_number_value(json_object_get(sim, "need_bytes"));
+                        g_test_message("%s stage %d: memory %.0f, simulate %.0f, sweep %.6g GB",
+                                       common, stage, need, simulated,
+                                       csv_cell(csv, 1, 1 + stage));
+                        g_assert_cmpfloat(need, ==, simulated);
+                        g_assert_cmpfloat(fabs(csv_cell(csv, 1, 1 + stage) - need / 1e9), <=,
+                                          1e-5 * need / 1e9);
+                        json_decref(sim);
+                        compared++;
+                    }
+                    g_remove(csv);
+                    g_free(csv);
+                    char *svg = g_build_filename(dir, "grid.svg", NULL);
+                    g_remove(svg);
+                    g_free(svg);
+                    json_decref(memory);
+                    g_free(common);
+                }
+    g_assert_cmpuint(compared, ==, 48);
+}
+
+/* maxmodel and sweep --metric maxmodel: the same largest model per stage (maxmodel left the
+ * runtime reserve in, the sweep took it out: 137.4B against 133.4B on 64 V100s). */
+static void test_maxmodel_agrees(void)
+{
+    json_t *m = json_of("maxmodel --cluster dgx2-v100 --gpus 64 --json");
+    char *args = g_strdup_printf("sweep --vary gpus --values 64 --cluster dgx2-v100 --metric "
+                                 "maxmodel --out %s/mm", dir);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    char *csv = g_build_filename(dir, "mm.csv", NULL);
+    for (int stage = 0; stage <= 3; stage++) {
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        const double params = json_number_value(json_object_get(m, key)) / 1e9;
+        g_assert_cmpfloat(fabs(csv_cell(csv, 1, 1 + stage) - params), <=, 1e-5 * params);
+    }
+    g_remove(csv);
+    char *svg = g_build_filename(dir, "mm.svg", NULL);
+    g_remove(svg);
+    g_free(svg), g_free(csv), g_free(args);
+    json_decref(m);
+}
+
+/* plan's plan 1 read back by simulate from the DeepSpeed config plan writes: the same step
+ * time and bytes, the defaults (bf16 from torch_dtype, flash attention, sequence 4096) the
+ * same in both. */
+static void test_plan_round_trip(void)
+{
+    char *ds = g_build_filename(dir, "ds.json", NULL);
+    char *args = g_strdup_printf("plan --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 --top 1 "
+                                 "--json --ds-config %s", ds);
+    json_t *plan = json_of(args);
+    json_t *best = json_object_get(plan, "best");
+    g_free(args);
+    args = g_strdup_printf("simulate --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 "
+                           "--ds-config %s --json", ds);
+    json_t *sim = json_of(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(sim, "step_time_s")), ==,
+                      json_number_value(json_object_get(best, "step_time_s")));
+    const double reserved = json_number_value(
+        json_object_get(json_object_get(sim, "caching_allocator"), "peak_reserved_bytes"));
+    g_assert_cmpfloat(reserved + 1e9, ==,
+                      json_number_value(json_object_get(best, "peak_memory_bytes")));
+    g_remove(ds);
+    g_free(ds), g_free(args);
+    json_decref(plan), json_decref(sim);
+}
+
+/* zreal --like-simulate runs the plan simulate wrote, with simulate's defaults (DeepSpeed's
+ * semantics, the cluster's attention kernel), so validate compares the two as they are; the
+ * same zreal run on its own defaults (the paper's semantics, eager) is refused as another
+ * plan. */
+static void test_zreal_like_simulate(void)
+{
+    char *predicted = g_build_filename(dir, "p.json", NULL);
+    char *measured = g_build_filename(dir, "m.json", NULL);
+    char *args = g_strdup_printf("%s/zplan simulate --model tiny --cluster dgx-h100 --gpus 2 "
+                                 "--stage 3 --micro-batch 2 --precision bf16 --json",
+                                 ZP_BUILD_DIR);
+    TuRun r = tu_run(args, NULL);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(g_file_set_contents(predicted, r.out, -1, NULL));
+    tu_free(&r);
+    g_free(args);
+    const char *modes[] = {"--like-simulate", NULL};
+    for (size_t i = 0; i < G_N_ELEMENTS(modes); i++) {
+        char *flag = modes[i] ? g_strdup_printf("%s %s", modes[i], predicted)
+                              : g_strdup("--stage 3 --micro-batch 2");
+        args = g_strdup_printf("%s/zreal --model tiny --emulate 2 --steps 2 %s --out %s",
+                               ZP_BUILD_DIR, flag, measured);
+        r = tu_run(args, NULL);
+        g_test_message("%s: %s", args, r.err);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        tu_free(&r);
+        g_free(args);
+        args = g_strdup_printf("validate %s %s", predicted, measured);
+        r = tu_zplan(args);
+        g_test_message("validate: %s", r.err);
+        if (modes[i]) {
+            g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+            g_assert_nonnull(strstr(r.out, "  model states "));
+        } else {
+            g_assert_cmpint(WEXITSTATUS(r.status), ==, 1); /* not the same plan */
+        }
+        tu_free(&r);
+        g_free(args), g_free(flag);
+        g_remove(measured);
+    }
+    r = tu_run(ZP_BUILD_DIR "/zreal --model tiny --emulate 4 --steps 1 --like-simulate "
+               "/dev/null", NULL);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_remove(predicted);
+    g_free(predicted), g_free(measured);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    dir = g_dir_make_tmp("zplan-consistency-XXXXXX", NULL);
+    g_test_add_func("/consistency/memory-grid", test_memory_grid);
+    g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
+    g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
+    g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
+    const int status = g_test_run();
+    g_rmdir(dir);
+    g_free(dir);
+    return status;
+}

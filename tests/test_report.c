@@ -1,0 +1,112 @@
+/* test_report: `zplan report ... --html OUT.html` (issue 39 item 8): one self-contained page
+ * (inline SVG, no script, nothing fetched) rendered by headless Chromium to a PNG with no
+ * console message. Without Chromium (make test's setup installs it) the rendering is skipped
+ * with one line; the page's own checks still run. */
+#include "testutil.h"
+
+#include <glib/gstdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static guint count(const char *text, const char *what)
+{
+    guint n = 0;
+    for (const char *at = strstr(text, what); at; at = strstr(at + 1, what))
+        n++;
+    return n;
+}
+
+static void test_html_page(void)
+{
+    char *dir = g_dir_make_tmp("zplan-report-XXXXXX", NULL);
+    char *html = g_build_filename(dir, "step.html", NULL);
+    char *args = g_strdup_printf("report --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 "
+                                 "--stage 3 --micro-batch 1 --html %s", html);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_true(g_str_has_prefix(r.out, "Fits: the step needs "));
+    tu_free(&r);
+    char *page = NULL;
+    g_assert_true(g_file_get_contents(html, &page, NULL, NULL));
+    /* the verdict, the four charts, nothing to fetch or run */
+    g_assert_nonnull(strstr(page, "<p class=\"verdict\">Fits: the step needs "));
+    g_assert_cmpuint(count(page, "<svg "), ==, 4);
+    g_assert_cmpuint(count(page, "</svg>"), ==, 4);
+    g_assert_nonnull(strstr(page, "Memory of the reported rank over the step"));
+    g_assert_nonnull(strstr(page, ">GPU 85.9 GB</text>"));
+    g_assert_nonnull(strstr(page, "The streams of one step"));
+    g_assert_null(strstr(page, "<script"));
+    g_assert_cmpuint(count(page, "http"), ==, count(page, "xmlns=\"http://www.w3.org/2000/svg\""));
+    g_free(page);
+    /* report without --html is refused */
+    r = tu_zplan("report --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 --stage 3 "
+                 "--micro-batch 1");
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+    g_assert_nonnull(strstr(r.err, "--html OUT.html is required"));
+    tu_free(&r);
+    char *chromium = g_find_program_in_path("chromium");
+    if (!chromium) {
+        g_test_skip("chromium is not installed: the page is not rendered (make setup installs it)");
+    } else {
+        char *png = g_build_filename(dir, "step.png", NULL);
+        char *command = g_strdup_printf("%s --headless --no-sandbox --disable-gpu "
+                                        "--hide-scrollbars --enable-logging=stderr "
+                                        "--window-size=1040,1400 --screenshot=%s file://%s",
+                                        chromium, png, html);
+        r = tu_run(command, NULL);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_null(strstr(r.err, "CONSOLE")); /* no console message of the page's */
+        GStatBuf st;
+        g_assert_cmpint(g_stat(png, &st), ==, 0);
+        g_assert_cmpint(st.st_size, >, 20000); /* a page with charts, not a blank one */
+        tu_free(&r);
+        g_remove(png);
+        g_free(command), g_free(png);
+    }
+    g_free(chromium);
+    g_remove(html);
+    g_rmdir(dir);
+    g_free(args), g_free(html), g_free(dir);
+}
+
+/* plan --html: the top plans side by side, a table row and a bar each, the verdict first. */
+static void test_plan_page(void)
+{
+    char *dir = g_dir_make_tmp("zplan-report-XXXXXX", NULL);
+    char *html = g_build_filename(dir, "plans.html", NULL);
+    char *args = g_strdup_printf("plan --model hf/llama-3-70b --cluster dgx-h100 --gpus 64 "
+                                 "--html %s", html);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    /* the plans the text lists: the rows between the table's header and the blank line */
+    const char *table = strstr(r.out, "ZeRO-R/ZeRO++\n");
+    g_assert_nonnull(table);
+    guint listed = 0;
+    for (const char *line = strchr(table, '\n') + 1; *line && *line != '\n' &&
+                                                     !g_str_has_prefix(line, "  (");
+         line = strchr(line, '\n') + 1)
+        listed++;
+    g_assert_cmpuint(listed, >=, 2);
+    tu_free(&r);
+    char *page = NULL;
+    g_assert_true(g_file_get_contents(html, &page, NULL, NULL));
+    g_assert_nonnull(strstr(page, "<p class=\"verdict\">Fits: plan 1 (stage 3, "));
+    g_assert_cmpuint(count(page, "<tr><td>"), ==, listed);
+    g_assert_cmpuint(count(page, "<svg "), ==, 2);
+    char *last = g_strdup_printf(">plan %u</text>", listed);
+    g_assert_cmpuint(count(page, last), ==, 2); /* a bar in each chart */
+    g_free(last);
+    g_assert_null(strstr(page, "<script"));
+    g_free(page);
+    g_remove(html);
+    g_rmdir(dir);
+    g_free(args), g_free(html), g_free(dir);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/report/html-page", test_html_page);
+    g_test_add_func("/report/plan-page", test_plan_page);
+    return g_test_run();
+}
