@@ -1,12 +1,16 @@
 /* test_moe: mixtures of experts — Hugging Face MoE configs (Mixtral, Qwen2-MoE, DeepSeek-V3 with
- * its latent attention) counted exactly, total and active, and their bad keys refused. */
+ * its latent attention) counted exactly, total and active, and their bad keys refused; expert
+ * parallelism's states, tokens, buffers and all-to-all by hand; --ep's refusals. */
 #include "testutil.h"
+#include "zp_ep.h"
 #include "zp_hf.h"
+#include "zp_mem.h"
 #include "zp_model.h"
 #include "zp_util.h"
 
 #include <jansson.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static void load(const char *name, ZpModel *model)
 {
@@ -170,6 +174,201 @@ static void test_bad_moe_configs(void)
     g_free(path);
 }
 
+
+/* A 2-layer mixture of experts small enough to count by hand: h 64, 4 heads (MHA), SwiGLU,
+ * RMSNorm, no biases, an untied 128-word vocabulary, sequence 16; 4 experts of 32, top 2.
+ * Embeddings 8,192; a block: norms 128, attention 4 h^2 = 16,384, router 256, experts
+ * 4 x 3 x 64 x 32 = 24,576: 41,344; the final unit 64 + 8,192. Total 99,136: experts 49,152,
+ * dense 49,984. */
+static void small_moe(ZpModel *m)
+{
+    memset(m, 0, sizeof *m);
+    g_strlcpy(m->name, "moe-2l", sizeof m->name);
+    m->layers = 2, m->hidden = 64, m->heads = 4, m->seq_len = 16, m->vocab = 128;
+    m->ffn_hidden = 32, m->mlp = ZP_MLP_SWIGLU, m->norm = ZP_NORM_RMSNORM;
+    m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
+    m->rope_theta = 10000, m->rotary_fraction = 1;
+    m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
+}
+
+/* Model states per rank at 8 data-parallel ranks, fp16 Adam (2 + 2 + 12), EP 1, 2 and 4:
+ * dense Psi_d = 49,984 under the stage over 8 ranks, experts Psi_e / EP over 8 / EP ranks.
+ * E.g. EP 2, stage 1: 4 x 49,984 + 12 x 49,984 / 8 = 274,912 and 4 x 24,576 + 12 x 24,576 / 4
+ * = 172,032: 446,944. Stage 3 is 16 (Psi_d + Psi_e) / 8 whatever EP. */
+static void test_states_by_hand(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    g_assert_cmpuint(zp_model_param_count(&m), ==, 99136);
+    g_assert_cmpfloat(zp_ep_expert_params(&m), ==, 49152);
+    static const struct {
+        int ep;
+        double bytes[4];
+    } want[] = {
+        {1, {1586176, 545248, 371760, 198272}},
+        {2, {1192960, 446944, 322608, 198272}},
+        {4, {996352, 397792, 298032, 198272}},
+    };
+    const ZpStateBytes sb = zp_plan_state_bytes(ZP_PREC_FP16, ZP_OPT_ADAM);
+    for (size_t i = 0; i < G_N_ELEMENTS(want); i++)
+        for (int stage = 0; stage <= 3; stage++) {
+            ZpPlan plan;
+            zp_plan_defaults(&plan, stage, 8, 1);
+            plan.experts.ep = want[i].ep;
+            g_assert_true(zp_ep_check(&m, &plan, "--ep", NULL));
+            const ZpEpStates s = zp_ep_model_states(&m, &plan, stage, sb);
+            g_test_message("EP %d stage %d: %.0f", want[i].ep, stage, s.total.total_bytes);
+            g_assert_cmpfloat(s.total.total_bytes, ==, want[i].bytes[stage]);
+            g_assert_cmpfloat(s.expert_params, ==, 49152.0 / want[i].ep);
+            g_assert_cmpfloat(s.dense_params, ==, 49984);
+        }
+}
+
+/* A sparse layer's tokens and buffers, micro-batch 1, fp16: T = 16, T k = 32. Dropless and
+ * balanced R = 32: router 4 T E + 8 T k = 512, dispatch (32 + 32) x 64 x 2 = 8,192, experts
+ * R (h + 3 f_e) 2 = 10,240, combine's kept outputs 32 x 64 x 2 = 4,096. Capacity factor 1.25:
+ * ceil(32 / 4 x 1.25) = 10 an expert, R = 40. Dropless with skew 1.5: R = 48. */
+static void test_tokens_by_hand(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 1, 8, 1);
+    ZpEpActivations a = zp_ep_activations(&m, &plan);
+    g_assert_cmpfloat(a.tokens, ==, 16);
+    g_assert_cmpfloat(a.routed_tokens, ==, 32);
+    g_assert_cmpfloat(a.received_tokens, ==, 32);
+    g_assert_cmpfloat(a.router_bytes, ==, 512);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, 8192);
+    g_assert_cmpfloat(a.combine_bytes, ==, 8192);
+    g_assert_cmpfloat(a.expert_act_bytes, ==, 10240);
+    g_assert_cmpfloat(a.combine_act_bytes, ==, 4096);
+    /* Both layers sparse: the attention's share (the block at f = 0) and the MoE terms. */
+    ZpModel attention_only = m;
+    attention_only.ffn_hidden = 0;
+    const double attention = zp_mem_plan_activation_block_bytes(&attention_only, &plan);
+    g_assert_cmpfloat(a.sparse_layer_bytes, ==, attention + 512 + 10240 + 4096);
+    g_assert_cmpfloat(a.activations_bytes, ==, 2 * a.sparse_layer_bytes);
+    /* The residual carries them: all layers' activations and one layer's buffers. */
+    const ZpResidual r = zp_mem_residual(&m, &plan, NULL);
+    g_assert_cmpfloat(r.activations_bytes, ==, a.activations_bytes);
+    g_assert_cmpfloat(r.moe_buffer_bytes, ==, 8192);
+    plan.experts.capacity_factor = 1.25;
+    a = zp_ep_activations(&m, &plan);
+    g_assert_cmpfloat(a.expert_capacity, ==, 10);
+    g_assert_cmpfloat(a.received_tokens, ==, 40);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, (32 + 40) * 128);
+    g_assert_cmpfloat(a.expert_act_bytes, ==, 40 * 160 * 2);
+    plan.experts.capacity_factor = 0;
+    plan.experts.skew = 1.5;
+    a = zp_ep_activations(&m, &plan);
+    g_assert_cmpfloat(a.received_tokens, ==, 48);
+}
+
+/* The all-to-all at EP 4, TP 1, on nodes of 2 GPUs (NVLink 100 GB/s a GPU, 50 GB/s a node's
+ * NICs, no latency): a rank sends T k h e = 4,096 bytes, a quarter to each rank of its group:
+ * 1,024 to its node's other GPU, 2,048 to the two on the other node. NVLink takes
+ * 1,024 / 1e11 s; the NICs carry both GPUs' 2,048: 4,096 / 5e10 = 81.92 ns, which sets the
+ * time. Four a layer (dispatch and combine, forward and backward), two layers: 24,576 bytes a
+ * step; six with checkpointing. Skew 1.5 dropless: the busiest rank moves 6,144. */
+static void test_alltoall_by_hand(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 2, 8, 1);
+    plan.experts.ep = 4;
+    ZpHw hw = {.gpus_per_node = 2, .intra_node_bytes_per_s = 100e9,
+               .inter_node_bytes_per_s = 50e9};
+    ZpEpAlltoall x = zp_ep_alltoall(&m, &plan, &hw);
+    g_assert_cmpfloat(x.send_bytes, ==, 4096);
+    g_assert_cmpfloat(x.intra_bytes, ==, 1024);
+    g_assert_cmpfloat(x.inter_bytes, ==, 2048);
+    g_assert_cmpfloat_with_epsilon(x.time_s, 4096.0 / 50e9, 1e-18);
+    g_assert_cmpint(x.calls_per_layer, ==, 4);
+    g_assert_cmpfloat(x.step_bytes, ==, 4 * 2 * 3072);
+    plan.checkpoint = TRUE;
+    g_assert_cmpint(zp_ep_alltoall(&m, &plan, &hw).calls_per_layer, ==, 6);
+    plan.checkpoint = FALSE;
+    plan.experts.skew = 1.5;
+    g_assert_cmpfloat(zp_ep_alltoall(&m, &plan, &hw).send_bytes, ==, 6144);
+    /* One node holding the whole group: NVLink alone. EP 1: nothing to send. */
+    plan.experts.skew = 1;
+    hw.gpus_per_node = 8;
+    x = zp_ep_alltoall(&m, &plan, &hw);
+    g_assert_cmpfloat(x.intra_bytes, ==, 3072);
+    g_assert_cmpfloat(x.inter_bytes, ==, 0);
+    g_assert_cmpfloat_with_epsilon(x.time_s, 3072 / 100e9, 1e-18);
+    plan.experts.ep = 1;
+    g_assert_cmpfloat(zp_ep_alltoall(&m, &plan, &hw).step_bytes, ==, 0);
+}
+
+/* EP must divide the experts and the data-parallel degree, and needs experts: one line each,
+ * naming the flag; the CLI exits 1 with it. */
+static void test_ep_refusals(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 0, 8, 1);
+    static const struct {
+        int ep, dp;
+        gboolean dense;
+        const char *message;
+    } cases[] = {
+        {3, 6, FALSE, "--ep: 3 does not divide the 4 experts of moe-2l"},
+        {4, 2, FALSE, "--ep: 4 does not divide the data-parallel degree 2"},
+        {2, 8, TRUE, "--ep: 2 needs a mixture of experts"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpModel model = m;
+        if (cases[i].dense)
+            model.moe.experts = 0;
+        plan.experts.ep = cases[i].ep, plan.dp = cases[i].dp;
+        GError *error = NULL;
+        g_assert_false(zp_ep_check(&model, &plan, "--ep", &error));
+        g_test_message("%s", error->message);
+        g_assert_true(g_str_has_prefix(error->message, cases[i].message));
+        g_assert_null(strchr(error->message, '\n'));
+        g_error_free(error);
+    }
+    static const struct {
+        const char *args, *message;
+    } cli[] = {
+        {"memory --model hf/mixtral-8x7b --gpus 32 --mp 8 --ep 8",
+         "--ep: 8 does not divide the data-parallel degree 4"},
+        {"memory --model hf/mixtral-8x7b --gpus 64 --ep 3", "--ep: 3 does not divide the 8 experts"},
+        {"memory --model hf/mixtral-8x7b --gpus 64 --ep 0", "--ep"},
+        {"memory --model hf/mixtral-8x7b --gpus 64 --expert-skew 0.5", "--expert-skew"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cli); i++) {
+        TuRun run = tu_zplan(cli[i].args);
+        g_test_message("%s -> %s", cli[i].args, run.err);
+        g_assert_true(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 1);
+        g_assert_nonnull(strstr(run.err, cli[i].message));
+        /* One line: its only newline ends it. */
+        g_assert_true(strchr(run.err, '\n') == run.err + strlen(run.err) - 1);
+        g_assert_cmpstr(run.out, ==, "");
+        tu_free(&run);
+    }
+}
+
+/* `zplan memory` on Mixtral-8x7B at 64 GPUs, TP 8, EP 8: each rank holds one expert of each
+ * layer, 32 x 176,160,768 / 8 = 704,643,072 elements, whose 16 bytes each (over an expert
+ * data-parallel group of 1) are the expert states at every stage. */
+static void test_memory_mixtral(void)
+{
+    json_t *root = tu_zplan_json("memory --model hf/mixtral-8x7b --gpus 64 --mp 8 --ep 8 --json");
+    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
+    const double dense = (46702792704.0 - 32 * 8 * 176160768.0) / 8;
+    const double expert = 32 * 176160768.0 / 8;
+    g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(row, "stage0")),
+                                   16 * (dense + expert), 1);
+    g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(row, "stage3")),
+                                   16 * dense / 8 + 16 * expert, 1);
+    json_decref(root);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -178,5 +377,10 @@ int main(int argc, char **argv)
     g_test_add_func("/moe/deepseek-v3", test_deepseek_v3);
     g_test_add_func("/moe/sparse-layers", test_sparse_layers);
     g_test_add_func("/moe/bad-configs", test_bad_moe_configs);
+    g_test_add_func("/ep/states-by-hand", test_states_by_hand);
+    g_test_add_func("/ep/tokens-by-hand", test_tokens_by_hand);
+    g_test_add_func("/ep/alltoall-by-hand", test_alltoall_by_hand);
+    g_test_add_func("/ep/refusals", test_ep_refusals);
+    g_test_add_func("/ep/memory-mixtral", test_memory_mixtral);
     return g_test_run();
 }

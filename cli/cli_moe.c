@@ -1,0 +1,81 @@
+/* cli_moe: parses the expert-parallel flags and prints what zp_ep says of a plan's mixture of
+ * experts: where its states go, what a sparse layer routes and buffers, what its all-to-all
+ * moves and costs. */
+#include "cli_moe.h"
+#include "zp_ep.h"
+#include "zp_util.h"
+
+#include <stdio.h>
+
+#define GB 1e9
+
+gboolean cli_moe_parse(const char *ep, const char *capacity, const char *skew,
+                       ZpExpertConfig *out, GError **error)
+{
+    double e = 1, c = 0, s = 1;
+    if ((ep && !zp_parse_number(ep, "--ep", 1, 1048576, TRUE, &e, error)) ||
+        (capacity &&
+         !zp_parse_number(capacity, "--capacity-factor", 0.01, 1000, FALSE, &c, error)) ||
+        (skew && !zp_parse_number(skew, "--expert-skew", 1, 1000, FALSE, &s, error)))
+        return FALSE;
+    out->ep = (int)e;
+    out->capacity_factor = c;
+    out->skew = s;
+    return TRUE;
+}
+
+double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
+                            ZpStateBytes bytes)
+{
+    if (zp_moe_enabled(&model->moe))
+        return zp_ep_model_states(model, plan, stage, bytes).total.total_bytes;
+    return zp_mem_model_states((double)zp_model_param_count(model), stage, plan->dp, plan->mp,
+                               bytes).total_bytes;
+}
+
+void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpHw *hw, int gpus)
+{
+    const ZpPlan *p = &plans[0];
+    const ZpMoe *moe = &model->moe;
+    const int ep = zp_plan_ep(p);
+    const ZpStateBytes sb = zp_plan_state_bytes(p->precision, p->optimizer);
+    printf("\nMixture of experts at %d GPUs: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
+           ", %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " layers sparse; EP %d (%" G_GINT64_FORMAT
+           " experts a rank), expert data-parallel %d, DP %d (GB):\n",
+           gpus, moe->experts, moe->top_k, zp_moe_sparse_layers(moe, model->layers),
+           model->layers, ep, moe->experts / ep, p->dp / ep, p->dp);
+    printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
+    ZpEpStates s[4];
+    for (int stage = 0; stage <= 3; stage++)
+        s[stage] = zp_ep_model_states(model, &plans[stage], stage, sb);
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "expert states (over DP/EP)",
+           s[0].expert.total_bytes / GB, s[1].expert.total_bytes / GB,
+           s[2].expert.total_bytes / GB, s[3].expert.total_bytes / GB);
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "dense states (over DP)",
+           s[0].dense.total_bytes / GB, s[1].dense.total_bytes / GB,
+           s[2].dense.total_bytes / GB, s[3].dense.total_bytes / GB);
+    const ZpEpActivations a = zp_ep_activations(model, p);
+    printf("  expert parameters per rank %.4g, dense %.4g (router and shared experts among them)\n",
+           s[0].expert_params, s[0].dense_params);
+    printf("  a sparse layer per micro-batch: %.0f tokens routed to %.0f copies; the busiest "
+           "rank's experts take %.0f (%s)\n",
+           a.tokens, a.routed_tokens, a.received_tokens,
+           p->experts.capacity_factor > 0 ? "capacity factor, padded" : "dropless, x skew");
+    printf("  %-44s %9.3f\n", "router probabilities and indices", a.router_bytes / GB);
+    printf("  %-44s %9.3f\n", "dispatch buffers (send + receive)", a.dispatch_bytes / GB);
+    printf("  %-44s %9.3f\n", "combine buffers (send + receive)", a.combine_bytes / GB);
+    printf("  %-44s %9.3f\n", "expert activations", a.expert_act_bytes / GB);
+    printf("  %-44s %9.3f\n", "one sparse layer's saved activations", a.sparse_layer_bytes / GB);
+    printf("  %-44s %9.3f\n", "one dense layer's saved activations", a.dense_layer_bytes / GB);
+    const ZpEpAlltoall x = zp_ep_alltoall(model, p, hw);
+    if (ep == 1) {
+        printf("  no all-to-all at EP 1: every rank holds every expert\n");
+        return;
+    }
+    printf("  all-to-all per sparse layer: %d a micro-batch of %.4g MB a rank (%.4g MB to its "
+           "node, %.4g MB across nodes)",
+           x.calls_per_layer, x.send_bytes / 1e6, x.intra_bytes / 1e6, x.inter_bytes / 1e6);
+    if (hw)
+        printf(", %.3f ms each on %s; %.3f s a step", x.time_s * 1e3, hw->name, x.step_time_s);
+    printf("\n");
+}
