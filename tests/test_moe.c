@@ -340,6 +340,12 @@ static void test_ep_refusals(void)
         {"memory --model hf/mixtral-8x7b --gpus 64 --ep 3", "--ep: 3 does not divide the 8 experts"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --ep 0", "--ep"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --expert-skew 0.5", "--expert-skew"},
+        /* Schedules time one uniform block: they refuse what they would get wrong. */
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 1 --seq 512 "
+         "--micro-batch 1",
+         "mixtral-8x7b has a mixture of experts, which schedules do not model yet"},
+        {"plan --model hf/deepseek-v3 --cluster dgx-h100 --gpus 64 --seq 512",
+         "--model: a mixture of experts or latent attention, which schedules do not model yet"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cli); i++) {
         TuRun run = tu_zplan(cli[i].args);
