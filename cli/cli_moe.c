@@ -3,6 +3,7 @@
  * moves and costs. */
 #include "cli_moe.h"
 #include "zp_ep.h"
+#include "zp_moe_search.h"
 #include "zp_util.h"
 
 #include <stdio.h>
@@ -78,4 +79,72 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
     if (hw)
         printf(", %.3f ms each on %s; %.3f s a step", x.time_s * 1e3, hw->name, x.step_time_s);
     printf("\n");
+}
+
+static void print_candidate(int rank, const ZpMoeCandidate *c)
+{
+    const ZpPlan *p = &c->plan;
+    printf("  %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f%s\n", rank, zp_plan_ep(p),
+           p->mp, p->zero.stage, p->micro_batch, p->grad_accum, p->checkpoint ? "yes" : "no",
+           c->memory_bytes / GB, c->step_s, 100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
+           c->fits ? "" : "  (does not fit)");
+}
+
+static void print_header(void)
+{
+    printf("  %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s\n", "#", "EP", "TP", "stage",
+           "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s");
+}
+
+int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
+                 int top_k, GError **error)
+{
+    GArray *all = zp_moe_search_run(spec, MAX(experts->skew, 1.0), experts->capacity_factor,
+                                     error);
+    if (!all)
+        return -1;
+    GArray *c = g_array_new(FALSE, FALSE, sizeof(ZpMoeCandidate));
+    for (guint i = 0; i < all->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
+        if (!ep_given || zp_plan_ep(&x->plan) == MAX(experts->ep, 1))
+            g_array_append_val(c, *x);
+    }
+    g_array_unref(all);
+    const ZpModel *m = spec->model;
+    printf("Plans for %s (a mixture of experts: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
+           ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"
+           "Judged in closed form, not simulated (schedules do not model experts yet): memory as\n"
+           "`zplan memory --ep` counts it; compute by the cost model over a dense model of the\n"
+           "same FLOPs; the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
+           "reduced over DP, expert gradients over DP/EP.\n\n",
+           m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
+           MAX(experts->skew, 1.0),
+           experts->capacity_factor > 0 ? "capacity factor" : "dropless");
+    const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
+    print_header();
+    for (guint i = 0; i < c->len && (int)i < top_k; i++)
+        print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));
+    printf("\nThe best plan of each EP degree (why the others lost):\n");
+    print_header();
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        gboolean first = TRUE;
+        for (guint j = 0; j < i && first; j++)
+            first = zp_plan_ep(&g_array_index(c, ZpMoeCandidate, j).plan) != zp_plan_ep(&x->plan);
+        if (first)
+            print_candidate((int)i + 1, x);
+    }
+    if (any) {
+        const ZpMoeCandidate *b = &g_array_index(c, ZpMoeCandidate, 0);
+        printf("\nPlan 1: %.1f GB a GPU of %.1f (states %.1f, activations, buffers and reserve "
+               "%.1f); a step of %.3f s: compute %.3f, TP all-reduces %.3f, all-to-all %.3f "
+               "(%.1f%%), data-parallel %.3f beside them.\n",
+               b->memory_bytes / GB, spec->hw->gpu_memory_bytes / GB, b->states_bytes / GB,
+               b->residual_bytes / GB, b->step_s, b->compute_s, b->tp_s, b->alltoall_s,
+               100.0 * b->alltoall_s / b->step_s, b->dp_s);
+    } else {
+        printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
+    }
+    g_array_unref(c);
+    return any ? 0 : 2;
 }

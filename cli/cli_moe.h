@@ -6,6 +6,7 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
+#include "zp_search.h"
 
 #include <glib.h>
 
@@ -31,5 +32,11 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
  * the paper's formula otherwise. */
 double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
                             ZpStateBytes bytes);
+
+/* `plan` for a mixture of experts: zp_moe_search's candidates (ep > 0: that EP only), the top
+ * `top_k` and the best plan of each EP degree, with memory, step, all-to-all share and
+ * tokens/s. Returns the exit status: 0, or 2 when nothing fits. */
+int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
+                 int top_k, GError **error);
 
 #endif
