@@ -200,6 +200,12 @@ static int print_json(const MemoryArgs *a)
         json_object_set_new(row, "model_states", detail);
         json_object_set_new(row, "residual", residual);
         json_object_set_new(row, "comm_bytes_per_rank", comm);
+        if (zp_moe_enabled(&a->model.moe)) { /* stage 1's: the section hardly depends on it */
+            ZpPlan plan;
+            plan_for(a, 1, gpus, &plan);
+            json_object_set_new(row, "moe", cli_moe_json(&a->model, &plan,
+                                                         a->have_hw ? &a->hw : NULL));
+        }
         json_array_append_new(rows, row);
     }
     json_object_set_new(root, "rows", rows);

@@ -6,6 +6,7 @@
 #include "zp_moe_search.h"
 #include "zp_util.h"
 
+#include <jansson.h>
 #include <stdio.h>
 
 #define GB 1e9
@@ -147,4 +148,26 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     }
     g_array_unref(c);
     return any ? 0 : 2;
+}
+
+void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpEpStates s = zp_ep_model_states(model, plan, plan->zero.stage, sb);
+    const ZpEpActivations a = zp_ep_activations(model, plan);
+    const ZpEpAlltoall x = zp_ep_alltoall(model, plan, hw);
+    json_t *alltoall = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "calls_per_layer",
+                                 x.calls_per_layer, "send_bytes", x.send_bytes, "intra_bytes",
+                                 x.intra_bytes, "inter_bytes", x.inter_bytes, "step_bytes",
+                                 x.step_bytes, "step_time_s", x.step_time_s);
+    json_object_set_new(alltoall, "time_s", hw ? json_real(x.time_s) : json_null());
+    return json_pack("{s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}",
+                     "ep", zp_plan_ep(plan), "experts", (json_int_t)model->moe.experts,
+                     "top_k", (json_int_t)model->moe.top_k, "expert_params_per_rank",
+                     s.expert_params, "dense_params_per_rank", s.dense_params, "tokens",
+                     a.tokens, "routed_tokens", a.routed_tokens, "received_tokens",
+                     a.received_tokens, "router_bytes", a.router_bytes, "dispatch_bytes",
+                     a.dispatch_bytes, "combine_bytes", a.combine_bytes, "expert_act_bytes",
+                     a.expert_act_bytes, "sparse_layer_bytes", a.sparse_layer_bytes, "alltoall",
+                     alltoall);
 }

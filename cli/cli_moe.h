@@ -33,6 +33,10 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
 double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
                             ZpStateBytes bytes);
 
+/* The expert-parallel section as JSON (a json_t *) for a plan: EP, expert and dense parameters
+ * per rank, a sparse layer's tokens and buffers, its all-to-all (hw may be NULL: no time). */
+void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
+
 /* `plan` for a mixture of experts: zp_moe_search's candidates (ep > 0: that EP only), the top
  * `top_k` and the best plan of each EP degree, with memory, step, all-to-all share and
  * tokens/s. Returns the exit status: 0, or 2 when nothing fits. */
