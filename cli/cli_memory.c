@@ -484,7 +484,7 @@ int cli_memory(int argc, char **argv)
                                        &a.kernels, &error) &&
                   memory_offload(offload_opt, offload_param, nvme_path, &a.kernels, &error) &&
                   (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error)) &&
-                  cli_moe_parse(ep, capacity, skew, &a.experts, &error);
+                  cli_moe_parse(&a.model, ep, capacity, skew, &a.experts, &error);
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;

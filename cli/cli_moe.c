@@ -11,10 +11,19 @@
 
 #define GB 1e9
 
-gboolean cli_moe_parse(const char *ep, const char *capacity, const char *skew,
-                       ZpExpertConfig *out, GError **error)
+gboolean cli_moe_parse(const ZpModel *model, const char *ep, const char *capacity,
+                       const char *skew, ZpExpertConfig *out, GError **error)
 {
     double e = 1, c = 0, s = 1;
+    const char *given = ep         ? "--ep"
+                        : capacity ? "--capacity-factor"
+                        : skew     ? "--expert-skew"
+                                   : NULL;
+    if (given && !zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s is not a mixture of experts", given,
+                    model->name);
+        return FALSE;
+    }
     if ((ep && !zp_parse_number(ep, "--ep", 1, 1048576, TRUE, &e, error)) ||
         (capacity &&
          !zp_parse_number(capacity, "--capacity-factor", 0.01, 1000, FALSE, &c, error)) ||

@@ -18,9 +18,10 @@
     {"expert-skew", 0, 0, G_OPTION_ARG_STRING, (skew),                                         \
      "The busiest expert's load over the mean, >= 1 (default 1)", "S"}
 
-/* Parses the three flags (NULL: their defaults) into `out`. */
-gboolean cli_moe_parse(const char *ep, const char *capacity, const char *skew,
-                       ZpExpertConfig *out, GError **error);
+/* Parses the three flags (NULL: their defaults) into `out`; any of them given for a model
+ * that is not a mixture of experts is refused, naming the flag. */
+gboolean cli_moe_parse(const ZpModel *model, const char *ep, const char *capacity,
+                       const char *skew, ZpExpertConfig *out, GError **error);
 
 /* Prints, for a mixture of experts at `gpus` GPUs with plans[stage] (the four stages), the
  * expert and dense model states per stage, the routed tokens, buffers and activations of a

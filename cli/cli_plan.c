@@ -766,7 +766,7 @@ int cli_plan(int argc, char **argv)
                     attention, reduce, room, &error) ||
         (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error)) ||
-        !cli_moe_parse(ep, capacity, skew, &experts, &error)) {
+        !cli_moe_parse(&a.model, ep, capacity, skew, &experts, &error)) {
         status = cli_fail("plan", error);
     } else if (zp_moe_enabled(&a.model.moe)) {
         status = moe_plan(&a, &experts, ep != NULL, offload_opt || offload_param, &error);

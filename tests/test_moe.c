@@ -339,9 +339,14 @@ static void test_ep_refusals(void)
     } cli[] = {
         {"memory --model hf/mixtral-8x7b --gpus 32 --mp 8 --ep 8",
          "--ep: 8 does not divide the data-parallel degree 4"},
-        {"memory --model hf/mixtral-8x7b --gpus 64 --ep 3", "--ep: 3 does not divide the 8 experts"},
+        {"memory --model hf/mixtral-8x7b --gpus 64 --ep 3",
+         "--ep: 3 does not divide the 8 experts"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --ep 0", "--ep"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --expert-skew 0.5", "--expert-skew"},
+        {"memory --model hf/llama-3-8b --gpus 8 --capacity-factor 1.25",
+         "--capacity-factor: llama-3-8b is not a mixture of experts"},
+        {"plan --model hf/llama-3-8b --cluster dgx-h100 --gpus 8 --ep 2",
+         "--ep: llama-3-8b is not a mixture of experts"},
         /* Schedules time one uniform block: they refuse what they would get wrong. */
         {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 1 --seq 512 "
          "--micro-batch 1",

@@ -11,7 +11,8 @@ static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
-    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", "moe", "mla", NULL};
+    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", "moe", "mla",
+    NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
