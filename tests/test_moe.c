@@ -154,6 +154,9 @@ static void test_bad_moe_configs(void)
         {"num_experts_per_tok", "9", "num_experts_per_tok"},
         {"num_local_experts", "0", "num_local_experts"},
         {"num_experts_per_tok", "\"two\"", "num_experts_per_tok"},
+        /* 1e6 experts of 14336 over 32 layers of 4096: 5.6e18 elements, past the bound that
+         * keeps sizes exact in 64 bits. */
+        {"num_local_experts", "1000000", "the experts would hold more than 1e+15 elements"},
     };
     char *path = g_build_filename(zp_data_dir(), "models", "hf", "mixtral-8x7b", "config.json",
                                   NULL);

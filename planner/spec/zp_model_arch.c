@@ -204,6 +204,9 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
 
 gboolean zp_model_check(const ZpModel *model, const char *what, GError **error)
 {
+    if (!zp_moe_check(&model->moe, &model->mla, model->hidden, model->heads, model->layers,
+                      what, error))
+        return FALSE;
     const int64_t kv = zp_model_kv_heads(model);
     if (model->heads % kv != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,

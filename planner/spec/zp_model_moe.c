@@ -92,6 +92,30 @@ void zp_mla_parts(const ZpMla *mla, int64_t hidden, int64_t heads, uint64_t *who
 }
 
 #define MAX_DIM 16000000
+#define MAX_ELEMS 1e15
+
+gboolean zp_moe_check(const ZpMoe *moe, const ZpMla *mla, int64_t hidden, int64_t heads,
+                      int64_t layers, const char *what, GError **error)
+{
+    const double L = (double)layers, h = (double)hidden;
+    const double experts = (double)(moe->experts + moe->top_k) * 3.0 * h *
+                           (double)moe->expert_ffn + 3.0 * h * (double)moe->shared_ffn;
+    const double q = (double)heads * (double)(mla->qk_nope_dim + mla->qk_rope_dim + mla->v_dim);
+    const double latent = (h + q) * (double)(mla->q_lora_rank + mla->kv_lora_rank + 1) + h * q;
+    if (zp_moe_enabled(moe) && moe->top_k > moe->experts) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: top_k %" G_GINT64_FORMAT " is more than the %" G_GINT64_FORMAT
+                    " experts", what, moe->top_k, moe->experts);
+        return FALSE;
+    }
+    if (experts * L > MAX_ELEMS || (zp_mla_enabled(mla) && latent * L > MAX_ELEMS)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: the %s would hold more than %.0e elements", what,
+                    experts * L > MAX_ELEMS ? "experts" : "latent attention", MAX_ELEMS);
+        return FALSE;
+    }
+    return TRUE;
+}
 
 static gboolean get_dense_listed(json_t *obj, const char *what, ZpMoe *moe, GError **error)
 {

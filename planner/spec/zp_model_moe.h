@@ -66,6 +66,12 @@ void zp_mla_parts(const ZpMla *mla, int64_t hidden, int64_t heads, uint64_t *who
 int64_t zp_mla_q_width(const ZpMla *mla, int64_t heads);
 int64_t zp_mla_kv_width(const ZpMla *mla, int64_t heads);
 
+/* Bounds on what a spec may ask: the experts' elements, E x 3 h f_e over every layer, and the
+ * latent attention's at most 1e15 (sizes stay exact in 64 bits), top_k at most E. `what` names
+ * the file. */
+gboolean zp_moe_check(const ZpMoe *moe, const ZpMla *mla, int64_t hidden, int64_t heads,
+                      int64_t layers, const char *what, GError **error);
+
 /* The "moe" and "mla" objects of zplan's model spec (and of a schedule's model): read when
  * present (`what` names the file), written when enabled. */
 gboolean zp_moe_from_json(void *json_object, const char *what, ZpMoe *moe, ZpMla *mla,
