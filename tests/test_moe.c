@@ -144,6 +144,42 @@ static void test_sparse_layers(void)
     g_assert_cmpint(zp_moe_sparse_layers(&d, 5), ==, 2);
 }
 
+/* The layer keys through zp_hf. Qwen1.5-MoE with decoder_sparse_step 2 and mlp_only_layers [1]:
+ * layers 3, 5, ..., 23 sparse (11 of them, Qwen2MoeDecoderLayer's (i + 1) % 2 == 0 less layer
+ * 1), 13 dense of 16,783,360 + 4,096 + 3 x 2048 x 5632 = 51,390,464: 622,331,904 +
+ * 11 x 570,560,512 + 13 x 51,390,464 = 7,566,573,568. DeepSeek-V3 with moe_layer_freq 2:
+ * layers 4, 6, ..., 60 sparse (29): 29 x 11,507,286,272 + 32 x 583,483,392 + 1,853,365,248
+ * = 354,236,135,680. */
+static void test_layer_keys(void)
+{
+    static const struct {
+        const char *model, *edits;
+        int64_t sparse;
+        uint64_t params;
+    } cases[] = {
+        {"qwen1.5-moe-a2.7b", "{\"decoder_sparse_step\": 2, \"mlp_only_layers\": [1]}", 11,
+         7566573568ull},
+        {"deepseek-v3", "{\"moe_layer_freq\": 2}", 29, 354236135680ull},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *path = g_build_filename(zp_data_dir(), "models", "hf", cases[i].model,
+                                      "config.json", NULL);
+        json_t *root = json_load_file(path, 0, NULL);
+        json_t *edits = json_loads(cases[i].edits, 0, NULL);
+        json_object_update(root, edits);
+        ZpModel m;
+        GError *error = NULL;
+        g_assert_true(zp_hf_from_json(root, path, &m, &error));
+        g_assert_no_error(error);
+        g_assert_cmpint(zp_moe_sparse_layers(&m.moe, m.layers), ==, cases[i].sparse);
+        g_assert_cmpuint(zp_model_param_count(&m), ==, cases[i].params);
+        g_assert_cmpuint(table_sum(&m), ==, cases[i].params);
+        json_decref(edits);
+        json_decref(root);
+        g_free(path);
+    }
+}
+
 /* A key of a MoE config that is missing, out of range or ill-typed is named. */
 static void test_bad_moe_configs(void)
 {
@@ -477,6 +513,7 @@ int main(int argc, char **argv)
     g_test_add_func("/moe/qwen1.5-moe-a2.7b", test_qwen2_moe);
     g_test_add_func("/moe/deepseek-v3", test_deepseek_v3);
     g_test_add_func("/moe/sparse-layers", test_sparse_layers);
+    g_test_add_func("/moe/layer-keys", test_layer_keys);
     g_test_add_func("/moe/bad-configs", test_bad_moe_configs);
     g_test_add_func("/ep/states-by-hand", test_states_by_hand);
     g_test_add_func("/ep/tokens-by-hand", test_tokens_by_hand);
