@@ -294,6 +294,12 @@ static void test_tokens_by_hand(void)
     const ZpResidual r = zp_mem_residual(&m, &plan, NULL);
     g_assert_cmpfloat(r.activations_bytes, ==, a.activations_bytes);
     g_assert_cmpfloat(r.moe_buffer_bytes, ==, 8192);
+    /* Checkpointed, the one block recomputed is the larger of the two kinds. */
+    ZpPlan ckpt = plan;
+    ckpt.checkpoint = TRUE;
+    const ZpResidual rc = zp_mem_residual(&m, &ckpt, NULL);
+    g_assert_cmpfloat(rc.recompute_bytes, ==, a.sparse_layer_bytes);
+    g_assert_cmpfloat(rc.activations_bytes, ==, 0);
     plan.experts.capacity_factor = 1.25;
     a = zp_ep_activations(&m, &plan);
     g_assert_cmpfloat(a.expert_capacity, ==, 10);
@@ -432,6 +438,35 @@ static void test_memory_mixtral(void)
     json_decref(root);
 }
 
+/* Latent attention's saved tensors, per token, 16-bit: q_a's and its norm's outputs (r_q = 16
+ * each), kv_a's (r_kv + d_rope = 8 + 4) and its norm's (8), whole on every tensor rank; Q and K
+ * of H (8 + 4) = 48, V and the output of H 8 = 32 each, split over t: 16 + 16 + 12 + 8 = 52
+ * whole, 160 split, instead of the fused qkv's Q, K, V and output, 4 h = 256 split. At TP 1:
+ * 16 tokens x 2 bytes x (52 + 160 - 256) = -1,408 bytes a layer; at TP 2: 32 x (52 - 48) =
+ * 128. */
+static void test_mla_activations(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpModel mla = m;
+    mla.mla = (ZpMla){.q_lora_rank = 16, .kv_lora_rank = 8, .qk_nope_dim = 8, .qk_rope_dim = 4,
+                      .v_dim = 8};
+    for (int t = 1; t <= 2; t++) {
+        ZpPlan plan;
+        zp_plan_defaults(&plan, 1, 8, t);
+        const ZpEpActivations a = zp_ep_activations(&m, &plan);
+        const ZpEpActivations b = zp_ep_activations(&mla, &plan);
+        const double want = t == 1 ? -1408.0 : 128.0;
+        g_assert_cmpfloat(b.sparse_layer_bytes - a.sparse_layer_bytes, ==, want);
+        g_assert_cmpfloat(b.dense_layer_bytes - a.dense_layer_bytes, ==, want);
+        /* Checkpointed, the block recomputed is latent attention's too. */
+        plan.checkpoint = TRUE;
+        const ZpEpActivations c = zp_ep_activations(&mla, &plan);
+        g_assert_cmpfloat(zp_mem_residual(&mla, &plan, NULL).recompute_bytes, ==,
+                          fmax(c.sparse_layer_bytes, c.dense_layer_bytes));
+    }
+}
+
 /* plan's search for a mixture of experts (Mixtral-8x7B, 64 H100s, 512 x 4096 tokens a step):
  * every candidate a plan the rules allow, judged consistently; the fitting first, fastest
  * first; the skew slows every plan; the all-to-all costs only where EP > 1. */
@@ -518,6 +553,7 @@ int main(int argc, char **argv)
     g_test_add_func("/ep/states-by-hand", test_states_by_hand);
     g_test_add_func("/ep/tokens-by-hand", test_tokens_by_hand);
     g_test_add_func("/ep/alltoall-by-hand", test_alltoall_by_hand);
+    g_test_add_func("/ep/mla-activations", test_mla_activations);
     g_test_add_func("/ep/refusals", test_ep_refusals);
     g_test_add_func("/ep/memory-mixtral", test_memory_mixtral);
     g_test_add_func("/ep/search-mixtral", test_search_mixtral);

@@ -86,10 +86,31 @@ static double block_bytes(const ZpModel *model, const ZpPlan *plan, int64_t ffn)
     return zp_mem_plan_activation_block_bytes(&m, plan);
 }
 
+/* What latent attention keeps beyond zp_mem_terms' fused-qkv accounting (Q h, K and V 2kd,
+ * the output h, split over t): DeepseekV3Attention saves q_a's output and its norm's (r_q
+ * each), kv_a's (r_kv + d_rope) and its norm's (r_kv), whole on every tensor rank (the down
+ * projections are replicated), then Q and K of H (d_nope + d_rope), V and the output of
+ * H d_v, split over t. */
+static double mla_extra_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    const ZpMla *mla = &model->mla;
+    if (!zp_mla_enabled(mla))
+        return 0;
+    const double H = (double)model->heads, t = plan->mp, h = (double)model->hidden;
+    const double kd = (double)zp_model_kv_heads(model) * (double)zp_model_head_dim(model);
+    const double whole = 2.0 * (double)mla->q_lora_rank + 2.0 * (double)mla->kv_lora_rank +
+                         (double)mla->qk_rope_dim;
+    const double split = H * (2.0 * (double)(mla->qk_nope_dim + mla->qk_rope_dim) +
+                              2.0 * (double)mla->v_dim);
+    return (double)model->seq_len * plan->micro_batch * zp_plan_elem_bytes(plan->precision) *
+           (whole + (split - 2.0 * h - 2.0 * kd) / t);
+}
+
 ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
 {
     ZpEpActivations a = {0};
-    a.dense_layer_bytes = zp_mem_plan_activation_block_bytes(model, plan);
+    const double mla = mla_extra_bytes(model, plan);
+    a.dense_layer_bytes = zp_mem_plan_activation_block_bytes(model, plan) + mla;
     const int64_t sparse = zp_moe_sparse_layers(&model->moe, model->layers);
     if (sparse == 0) {
         a.activations_bytes = (double)model->layers * a.dense_layer_bytes;
@@ -109,9 +130,10 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
      * the tensor group: Megatron-Core's expert tensor parallelism at the TP degree). */
     a.expert_act_bytes = a.received_tokens * (h + 3.0 * fe) * e;
     a.combine_act_bytes = a.routed_tokens * h * e;
-    const double attention = block_bytes(model, plan, 0);
+    const double attention = block_bytes(model, plan, 0) + mla;
     const double shared = model->moe.shared_ffn > 0
-                              ? block_bytes(model, plan, model->moe.shared_ffn) - attention
+                              ? block_bytes(model, plan, model->moe.shared_ffn) -
+                                    block_bytes(model, plan, 0)
                               : 0.0;
     a.sparse_layer_bytes =
         attention + shared + a.router_bytes + a.expert_act_bytes + a.combine_act_bytes;

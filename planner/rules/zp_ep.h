@@ -47,7 +47,8 @@ typedef struct {
     double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */
     double sparse_layer_bytes; /* one sparse layer's saved activations: attention, shared
                                 * experts, router, experts, combine */
-    double dense_layer_bytes;  /* one dense layer's (zp_mem_plan_activation_block_bytes) */
+    double dense_layer_bytes;  /* one dense layer's (zp_mem_plan_activation_block_bytes, with
+                                * latent attention's own tensors where the model has it) */
     double activations_bytes;  /* every layer's, kept for backward (no checkpointing) */
 } ZpEpActivations;
 

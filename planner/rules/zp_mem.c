@@ -28,10 +28,11 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
         /* A mixture of experts' blocks differ: the sparse ones keep the router's, the experts'
          * and the combine's activations instead of the dense MLP's (zp_ep_activations). */
         const ZpEpActivations moe = zp_ep_activations(model, plan);
+        const double uniform = r->activation_block_bytes;
         r->activation_block_bytes = fmax(moe.dense_layer_bytes, moe.sparse_layer_bytes);
         r->moe_buffer_bytes = fmax(moe.dispatch_bytes, moe.combine_bytes);
         if (plan->checkpoint)
-            r->recompute_bytes += r->activation_block_bytes - moe.dense_layer_bytes;
+            r->recompute_bytes += r->activation_block_bytes - uniform;
         else
             r->activations_bytes = moe.activations_bytes;
     }
