@@ -339,6 +339,11 @@ static void test_alltoall_by_hand(void)
     plan.checkpoint = FALSE;
     plan.experts.skew = 1.5;
     g_assert_cmpfloat(zp_ep_alltoall(&m, &plan, &hw).send_bytes, ==, 6144);
+    /* A capacity factor of 0.5 pads each expert to ceil(32 / 4 x 0.5) = 4 tokens from a rank
+     * and drops the rest: 4 experts x 4 x 64 x 2 = 2,048 bytes, whatever the skew. */
+    plan.experts.capacity_factor = 0.5;
+    g_assert_cmpfloat(zp_ep_alltoall(&m, &plan, &hw).send_bytes, ==, 2048);
+    plan.experts.capacity_factor = 0;
     /* One node holding the whole group: NVLink alone. EP 1: nothing to send. */
     plan.experts.skew = 1;
     hw.gpus_per_node = 8;

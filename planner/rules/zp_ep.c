@@ -152,9 +152,10 @@ ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw
     ZpEpActivations a = {0};
     route(model, plan, &a);
     const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
-    /* What a rank sends in one dispatch (and receives in one combine); the busiest rank moves
-     * R, which is the padded E x capacity with a capacity factor and T k x skew dropless. */
-    x.send_bytes = fmax(a.received_tokens, a.routed_tokens) * h * e;
+    /* What a rank sends in one dispatch (and receives in one combine): R, the padded
+     * E x capacity with a capacity factor (below 1 it drops tokens and sends less than T k),
+     * and dropless T k, times the skew for the busiest rank. */
+    x.send_bytes = a.received_tokens * h * e;
     /* The EP group's ranks are spaced by the tensor degree (Megatron-Core's rank order
      * tp-cp-ep-dp-pp; DeepSpeed's expert groups over data-parallel ranks), so a node holds
      * gpus_per_node / t of them. A chunk of send/EP goes to each peer, its own stays. */
