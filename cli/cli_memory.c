@@ -3,7 +3,9 @@
  * model and --cluster, the need per stage is the plan's schedule's peak, as `simulate` gives
  * it (the same rules: zp_impl), so the two commands never disagree. */
 #include "cli.h"
+#include "cli_moe.h"
 #include "zp_comm.h"
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
@@ -27,6 +29,7 @@ typedef struct {
     ZpOptimizer optimizer;
     ZpPlan kernels; /* its attention and reduce_dtype, and the offload flags' zero sections */
     ZpImplKind impl;
+    ZpExpertConfig experts; /* --ep, --capacity-factor, --expert-skew */
 } MemoryArgs;
 
 #define GB 1e9
@@ -63,6 +66,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->attention = a->kernels.attention;
     plan->reduce_dtype = a->kernels.reduce_dtype;
     plan->impl = a->impl;
+    plan->experts = a->experts;
     /* Offload where the stage allows it (the optimizer from stage 1, parameters at 3). */
     if (stage >= 1)
         plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
@@ -85,7 +89,23 @@ static gboolean has_stage(const MemoryArgs *a, int stage)
  * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
 static gboolean simulated(const MemoryArgs *a)
 {
-    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0;
+    /* The schedule does not place experts over an EP group yet: a mixture of experts is
+     * reckoned in closed form (zp_ep). */
+    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0 &&
+           !zp_moe_enabled(&a->model.moe);
+}
+
+/* Model states per rank at a stage: zp_ep's split of experts and dense parameters for a
+ * mixture of experts, the paper's formula otherwise. */
+static ZpModelStates states(const MemoryArgs *a, int stage, int gpus)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    ZpPlan plan;
+    plan_for(a, stage, gpus, &plan);
+    if (zp_moe_enabled(&a->model.moe))
+        return zp_ep_model_states(&a->model, &plan, stage, sb).total;
+    return zp_mem_model_states((double)zp_model_param_count(&a->model), stage, gpus / a->mp,
+                               a->mp, sb);
 }
 
 /* Bytes per GPU at a stage (cli_need_bytes, as sweep and plan count them); a stage the
@@ -96,6 +116,9 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
         return INFINITY;
     ZpPlan plan;
     plan_for(a, stage, gpus, &plan);
+    if (zp_moe_enabled(&a->model.moe)) /* closed form: zp_ep's states + the residual */
+        return states(a, stage, gpus).total_bytes +
+               zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL).total_bytes;
     return cli_need_bytes(&a->model, &plan, a->have_hw ? &a->hw : NULL);
 }
 
@@ -124,7 +147,6 @@ static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
 
 static int print_json(const MemoryArgs *a)
 {
-    const double params = (double)zp_model_param_count(&a->model);
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     json_t *root = json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:i, s:{s:f, s:f, s:f}}", "params",
                              (json_int_t)zp_model_param_count(&a->model), "model",
@@ -143,7 +165,7 @@ static int print_json(const MemoryArgs *a)
         for (int stage = 0; stage <= 3; stage++) {
             char key[16];
             g_snprintf(key, sizeof key, "stage%d", stage);
-            ZpModelStates m = zp_mem_model_states(params, stage, dp, a->mp, sb);
+            ZpModelStates m = states(a, stage, gpus);
             json_object_set_new(row, key, json_real(m.total_bytes));
             json_object_set_new(detail, key, states_json(m));
             ZpPlan plan;
@@ -158,6 +180,12 @@ static int print_json(const MemoryArgs *a)
         json_object_set_new(row, "model_states", detail);
         json_object_set_new(row, "residual", residual);
         json_object_set_new(row, "comm_bytes_per_rank", comm);
+        if (zp_moe_enabled(&a->model.moe)) { /* stage 1's: the section hardly depends on it */
+            ZpPlan plan;
+            plan_for(a, 1, gpus, &plan);
+            json_object_set_new(row, "moe", cli_moe_json(&a->model, &plan,
+                                                         a->have_hw ? &a->hw : NULL));
+        }
         json_array_append_new(rows, row);
     }
     json_object_set_new(root, "rows", rows);
@@ -225,9 +253,8 @@ static void print_verdict(const MemoryArgs *a)
                with_stage, with_need / GB, (a->hw.gpu_memory_bytes - with_need) / GB);
 }
 
-static void print_residual(const MemoryArgs *a, int gpus, double params)
+static void print_residual(const MemoryArgs *a, int gpus)
 {
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     ZpResidual r[4];
     ZpModelStates m[4];
     double need[4];
@@ -235,7 +262,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         ZpPlan plan;
         plan_for(a, stage, gpus, &plan);
         r[stage] = zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL);
-        m[stage] = zp_mem_model_states(params, stage, gpus / a->mp, a->mp, sb);
+        m[stage] = states(a, stage, gpus);
         if (offloads(a)) { /* what stays on the GPU, as the need counts it */
             ZpTiers t;
             zp_offload_tiers(&a->model, &plan, a->have_hw ? &a->hw : NULL, &t);
@@ -265,6 +292,7 @@ static void print_residual(const MemoryArgs *a, int gpus, double params)
         {"stage-3 gathered params", G_STRUCT_OFFSET(ZpResidual, stage3_gathered_bytes)},
         {"stage-3 persistent params", G_STRUCT_OFFSET(ZpResidual, stage3_persistent_bytes)},
         {"step gradient copies", G_STRUCT_OFFSET(ZpResidual, step_buffer_bytes)},
+        {"MoE all-to-all buffers", G_STRUCT_OFFSET(ZpResidual, moe_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
     printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n",
@@ -367,7 +395,6 @@ static void print_offload(const MemoryArgs *a, int gpus)
 static void print_table(const MemoryArgs *a)
 {
     const uint64_t count = zp_model_param_count(&a->model);
-    const double params = (double)count;
     const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     if (a->have_hw)
         print_verdict(a);
@@ -387,13 +414,20 @@ static void print_table(const MemoryArgs *a)
         const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
         printf("  %7d %7d", gpus, dp);
         for (int stage = 0; stage <= 3; stage++)
-            printf(" %10.3f", zp_mem_model_states(params, stage, dp, a->mp, sb).total_bytes / GB);
+            printf(" %10.3f", states(a, stage, gpus).total_bytes / GB);
         printf("\n");
     }
     if (zp_model_has_architecture(&a->model) || a->have_hw)
-        print_residual(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1), params);
+        print_residual(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1));
     if (offloads(a))
         print_offload(a, (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1));
+    if (zp_moe_enabled(&a->model.moe)) {
+        const int gpus = (int)g_array_index(a->gpus, int64_t, a->gpus->len - 1);
+        ZpPlan plans[4];
+        for (int stage = 0; stage <= 3; stage++)
+            plan_for(a, stage, gpus, &plans[stage]);
+        cli_moe_print_memory(&a->model, plans, a->have_hw ? &a->hw : NULL, gpus);
+    }
 }
 
 /* The offload flags, checked as a stage-3 plan would take them (each stage then uses what it
@@ -412,6 +446,7 @@ int cli_memory(int argc, char **argv)
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
     char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL;
     char *offload_param = NULL, *nvme_path = NULL, *gpu_memory = NULL;
+    char *ep = NULL, *capacity = NULL, *skew = NULL;
     MemoryArgs a = {0};
     CliOffloadTuning tuning = {0};
     GOptionEntry entries[] = {
@@ -433,6 +468,7 @@ int cli_memory(int argc, char **argv)
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&tuning),
+        CLI_MOE_ENTRIES(&ep, &capacity, &skew),
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON", NULL},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -458,7 +494,8 @@ int cli_memory(int argc, char **argv)
                                        &a.kernels, &error) &&
                   memory_offload(offload_opt, offload_param, nvme_path, &tuning, &a.kernels,
                                  &error) &&
-                  (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error));
+                  (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error)) &&
+                  cli_moe_parse(&a.model, ep, capacity, skew, &a.experts, &error);
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -471,6 +508,16 @@ int cli_memory(int argc, char **argv)
         ZpPlan probe;
         plan_for(&a, 0, (int)g_array_index(a.gpus, int64_t, 0), &probe);
         ok = !zp_model_has_architecture(&a.model) || zp_zeror_check(&a.model, &probe, &error);
+    }
+    for (guint i = 0; ok && i < a.gpus->len; i++) { /* --ep against each GPU count */
+        ZpPlan probe;
+        plan_for(&a, 0, (int)g_array_index(a.gpus, int64_t, i), &probe);
+        ok = zp_ep_check(&a.model, &probe, "--ep", &error);
+    }
+    if (ok && zp_moe_enabled(&a.model.moe) && offloads(&a)) {
+        g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--offload-optimizer/--offload-param: not modelled for a mixture of experts");
+        ok = FALSE;
     }
     a.have_hw = have_hw;
     /* Each stage's schedule is built to simulate it: one too big to build is bad input, said in
@@ -493,6 +540,7 @@ int cli_memory(int argc, char **argv)
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
     g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
     g_free(nvme_path), g_free(impl), g_free(gpu_memory);
+    g_free(ep), g_free(capacity), g_free(skew);
     cli_offload_tuning_free(&tuning);
     return status;
 }

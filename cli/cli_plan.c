@@ -1,6 +1,7 @@
 /* cli_plan: `zplan plan` searches ZeRO stage, batch, checkpointing, tensor parallelism and
  * bucket sizes for a model on N GPUs, ranks by simulation, and says why the rest lost. */
 #include "cli.h"
+#include "cli_moe.h"
 #include "cli_progress.h"
 #include "cli_report.h"
 #include "sim_coll.h"
@@ -873,6 +874,29 @@ static gboolean plan_offload(PlanArgs *a, const char *opt, const char *param, co
     return cli_offload(opt, param, path, &a->offload, error);
 }
 
+/* A mixture of experts: zp_moe_search's closed-form plans (schedules do not model experts). */
+static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean ep_given,
+                    gboolean offload, GError **error)
+{
+    if (a->json || a->ds_config || a->three_d || offload) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--json/--ds-config/--3d/--offload-*: not yet for a mixture of experts");
+        return cli_fail("plan", *error);
+    }
+    ZpSearchSpec spec;
+    CliRankContext rank;
+    cli_search_spec(&spec, &rank, &a->model, &a->hw, a->gpus);
+    spec.global_batch = a->global_batch;
+    spec.mp = a->mp;
+    spec.precision = a->precision;
+    spec.optimizer = a->optimizer;
+    spec.attention = a->kernels.attention;
+    spec.reduce_dtype = a->kernels.reduce_dtype;
+    spec.impl = a->impl;
+    const int status = cli_moe_plan(&spec, experts, ep_given, a->top_k, error);
+    return status < 0 ? cli_fail("plan", *error) : status;
+}
+
 int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
@@ -880,6 +904,8 @@ int cli_plan(int argc, char **argv)
     char *reduce = NULL, *room = NULL, *impl = NULL, *offload_opt = NULL;
     char *offload_param = NULL, *nvme_path = NULL, *zeropp = NULL, *exclude = NULL;
     char *gpu_memory = NULL;
+    char *ep = NULL, *capacity = NULL, *skew = NULL;
+    ZpExpertConfig experts = {0};
     PlanArgs a = {0};
     GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -904,6 +930,7 @@ int cli_plan(int argc, char **argv)
         CLI_BUDGET_ENTRIES(&a.budget),
         {"zeropp", 0, 0, G_OPTION_ARG_STRING, &zeropp, "ZeRO++ to search: none, lossless (default: hpZ) or lossy (also qwZ's int8 parameter gathers and qgZ's int4 gradients, which change the training)", "SET"},
         {"exclude", 0, 0, G_OPTION_ARG_STRING, &exclude, "Techniques never to try, comma-separated: qwz, qgz, hpz, pa, md, pa-cpu, checkpoint", "A,B"},
+        CLI_MOE_ENTRIES(&ep, &capacity, &skew),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
     GOptionContext *context = g_option_context_new("- the best ZeRO plans for a model on N GPUs");
@@ -926,8 +953,11 @@ int cli_plan(int argc, char **argv)
         !parse_techniques(zeropp, exclude, &a.exclude, &error) ||
         !cli_budget_parse(&a.budget, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error)) ||
-        (a.html && !zp_check_out_path(a.html, "--html", &error))) {
+        (a.html && !zp_check_out_path(a.html, "--html", &error)) ||
+        !cli_moe_parse(&a.model, ep, capacity, skew, &experts, &error)) {
         status = cli_fail("plan", error);
+    } else if (zp_moe_enabled(&a.model.moe)) {
+        status = moe_plan(&a, &experts, ep != NULL, offload_opt || offload_param, &error);
     } else if (!plan_offload(&a, offload_opt, offload_param, nvme_path, &error)) {
         status = cli_fail("plan", error);
     } else {
@@ -944,7 +974,7 @@ int cli_plan(int argc, char **argv)
     g_free(a.html);
     g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
     g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
-    g_free(a.whole_node_note);
+    g_free(a.whole_node_note), g_free(ep), g_free(capacity), g_free(skew);
     g_free(zeropp), g_free(exclude), g_free(gpu_memory);
     cli_budget_free(&a.budget);
     return status;

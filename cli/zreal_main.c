@@ -170,6 +170,14 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
             return FALSE;
     if (!cli_offload(a->offload_optimizer, a->offload_param, a->nvme_path, &plan->zero, error))
         return FALSE;
+    /* zreal's transformer (real_gpt) has one dense MLP and the fused qkv: a mixture of experts
+     * or latent attention would lay out tensors it does not execute. */
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--model: %s has %s; zreal runs dense models only", model->name,
+                    zp_moe_enabled(&model->moe) ? "a mixture of experts" : "latent attention");
+        return FALSE;
+    }
     if (a->mp > 1 && (model->heads % a->mp || zp_model_kv_heads(model) % a->mp ||
                       model->ffn_hidden % a->mp || model->vocab % a->mp)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,

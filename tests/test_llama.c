@@ -177,9 +177,10 @@ static void test_bad_configs(void)
     static const struct {
         const char *dir, *config, *message;
     } cases[] = {
-        {"mixtral", "{\"architectures\": [\"MixtralForCausalLM\"], " LLAMA_KEYS
-                    ", \"num_attention_heads\": 32, \"num_local_experts\": 8}",
-         "architectures \"MixtralForCausalLM\" is not supported"},
+        /* Mixtral is read now (test_moe); Qwen3-MoE's head_dim apart from h / a is not. */
+        {"qwen3-moe", "{\"architectures\": [\"Qwen3MoeForCausalLM\"], " LLAMA_KEYS
+                      ", \"num_attention_heads\": 32, \"num_experts\": 128}",
+         "architectures \"Qwen3MoeForCausalLM\" is not supported"},
         {"no-hidden", "{\"architectures\": [\"LlamaForCausalLM\"], \"num_hidden_layers\": 2, "
                       "\"num_attention_heads\": 4, \"intermediate_size\": 8, \"vocab_size\": 8, "
                       "\"max_position_embeddings\": 8}",

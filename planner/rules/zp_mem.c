@@ -2,8 +2,11 @@
  * ZeRO-R's checkpoints from zp_zeror), the implementation's buffers (zp_impl), hpZ's secondary
  * partition (ZeRO++) and the hwprofile's reserve. */
 #include "zp_mem.h"
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_zeror.h"
+
+#include <math.h>
 
 static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
@@ -20,6 +23,18 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
         r->recompute_bytes = r->activation_block_bytes + (rule.regathered ? rule.full_bytes : 0);
     } else {
         r->activations_bytes = (double)model->layers * r->activation_block_bytes;
+    }
+    if (zp_moe_enabled(&model->moe)) {
+        /* A mixture of experts' blocks differ: the sparse ones keep the router's, the experts'
+         * and the combine's activations instead of the dense MLP's (zp_ep_activations). */
+        const ZpEpActivations moe = zp_ep_activations(model, plan);
+        const double uniform = r->activation_block_bytes;
+        r->activation_block_bytes = fmax(moe.dense_layer_bytes, moe.sparse_layer_bytes);
+        r->moe_buffer_bytes = fmax(moe.dispatch_bytes, moe.combine_bytes);
+        if (plan->checkpoint)
+            r->recompute_bytes += r->activation_block_bytes - uniform;
+        else
+            r->activations_bytes = moe.activations_bytes;
     }
     /* Korthikanti's output layer term: 4 s b V / t bytes of fp32 logits for the loss. */
     r->logits_bytes = 4.0 * s * b * (double)model->vocab / plan->mp;
@@ -48,6 +63,6 @@ ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw 
     r.total_bytes = r.activations_bytes + r.checkpoint_bytes + r.recompute_bytes +
                     r.logits_bytes + r.reduce_bucket_bytes + r.allgather_bucket_bytes +
                     r.stage3_gathered_bytes + r.stage3_persistent_bytes + r.hpz_secondary_bytes +
-                    r.step_buffer_bytes + r.reserve_bytes;
+                    r.step_buffer_bytes + r.moe_buffer_bytes + r.reserve_bytes;
     return r;
 }

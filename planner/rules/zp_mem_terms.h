@@ -46,6 +46,8 @@ typedef struct {
     double hpz_secondary_bytes;     /* stage 3 with ZeRO++ hpZ: the 16-bit secondary partition
                                      * of the non-persistent parameters, 2 psi / size */
     double step_buffer_bytes;       /* the step's gradient copies (flattened, fp32) */
+    double moe_buffer_bytes;        /* a mixture of experts' dispatch (or combine) all-to-all
+                                     * send and receive buffers, one layer's at a time (zp_ep) */
     double reserve_bytes;           /* CUDA context and allocator (from the hwprofile) */
     double total_bytes;
 } ZpResidual;

@@ -63,6 +63,16 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         return FALSE;
     if (!zp_pipe_check(model, p, error))
         return FALSE;
+    /* The builder times and lays out one uniform block: for a mixture of experts that would
+     * be one expert's MLP on every rank with every expert held, for latent attention the fused
+     * qkv. zp_ep reckons their states, tokens and all-to-all in closed form instead. */
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "model: %s has %s, which schedules do not model yet (`zplan memory --ep` "
+                    "reckons its memory and all-to-all)", model->name,
+                    zp_moe_enabled(&model->moe) ? "a mixture of experts" : "latent attention");
+        return FALSE;
+    }
     if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "gpus: dp %d x mp %d x pp %d ranks is more than a schedule numbers", p->dp,

@@ -299,6 +299,9 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
     char *owned = NULL;
     if (!zp_model_has_architecture(m))
         bad = "--model: planning simulates steps, which needs an architecture (not --params)";
+    else if (zp_moe_enabled(&m->moe) || zp_mla_enabled(&m->mla))
+        bad = "--model: a mixture of experts or latent attention, which schedules do not model "
+              "yet (`zplan memory --ep` reckons its memory and all-to-all)";
     else if (spec->gpus < 1)
         bad = "--gpus: must be at least 1";
     else if (spec->top_k < 1)

@@ -14,17 +14,54 @@ typedef enum { HF_LLAMA, HF_GPT2, HF_NEOX, HF_N } HfFamily;
  * "max_window_layers" on (Qwen2Config, whose layer_types say "sliding_attention" there). */
 typedef enum { HF_WINDOW_NONE, HF_WINDOW_MISTRAL, HF_WINDOW_QWEN2 } HfWindow;
 
+/* A mixture of experts' keys (transformers' MixtralConfig, Qwen2MoeConfig, DeepseekV3Config and
+ * their modeling files' sparse blocks): NULL where the family has no such key. The routed
+ * expert's width is intermediate_size where expert_ffn is NULL (Mixtral); the shared experts'
+ * width is shared_ffn's key, or shared_count's key times the expert width (DeepSeek); layer i
+ * is sparse from first_dense on when (i + step_phase) % step == 0, and not in dense_list. */
+typedef struct {
+    const char *experts, *top_k, *expert_ffn, *shared_ffn, *shared_count;
+    gboolean shared_gate, router_bias;
+    const char *first_dense, *step;
+    int64_t step_phase;
+    const char *dense_list;
+    gboolean mla; /* DeepSeek's q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v_head_dim */
+} HfMoeKeys;
+
+/* MixtralSparseMoeBlock: gate [E, h] and E experts w1, w2, w3 (no shared expert). */
+static const HfMoeKeys hf_moe_mixtral = {"num_local_experts", "num_experts_per_tok", NULL,
+                                         NULL, NULL, FALSE, FALSE, NULL, NULL, 0, NULL, FALSE};
+/* Qwen2MoeSparseMoeBlock: gate [E, h], experts of moe_intermediate_size, one shared_expert of
+ * shared_expert_intermediate_size behind shared_expert_gate [1, h]; Qwen2MoeDecoderLayer is
+ * sparse when layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0. */
+static const HfMoeKeys hf_moe_qwen2 = {"num_experts", "num_experts_per_tok",
+                                       "moe_intermediate_size", "shared_expert_intermediate_size",
+                                       NULL, TRUE, FALSE, NULL, "decoder_sparse_step", 1,
+                                       "mlp_only_layers", FALSE};
+/* DeepseekV3MoE: gate [E, h] with e_score_correction_bias [E], experts of
+ * moe_intermediate_size, shared_experts one MLP of n_shared_experts * moe_intermediate_size;
+ * DeepseekV3DecoderLayer is sparse when layer_idx >= first_k_dense_replace (and, in DeepSeek's
+ * own modeling_deepseek.py, layer_idx % moe_layer_freq == 0). */
+static const HfMoeKeys hf_moe_deepseek3 = {"n_routed_experts", "num_experts_per_tok",
+                                           "moe_intermediate_size", NULL, "n_shared_experts",
+                                           FALSE, TRUE, "first_k_dense_replace", "moe_layer_freq",
+                                           0, NULL, TRUE};
+
 static const struct {
     const char *name;
     HfFamily family;
     gboolean qkv_bias; /* biases on q, k and v whatever the config says (Qwen2) */
     HfWindow window;
+    const HfMoeKeys *moe; /* NULL: a dense MLP */
 } hf_archs[] = {
-    {"LlamaForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE},
-    {"MistralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL},
-    {"Qwen2ForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2},
-    {"GPT2LMHeadModel", HF_GPT2, FALSE, HF_WINDOW_NONE},
-    {"GPTNeoXForCausalLM", HF_NEOX, FALSE, HF_WINDOW_NONE},
+    {"LlamaForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, NULL},
+    {"MistralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, NULL},
+    {"Qwen2ForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, NULL},
+    {"GPT2LMHeadModel", HF_GPT2, FALSE, HF_WINDOW_NONE, NULL},
+    {"GPTNeoXForCausalLM", HF_NEOX, FALSE, HF_WINDOW_NONE, NULL},
+    {"MixtralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, &hf_moe_mixtral},
+    {"Qwen2MoeForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, &hf_moe_qwen2},
+    {"DeepseekV3ForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, &hf_moe_deepseek3},
 };
 
 /* Whole-number dimensions: the key in each family (NULL: the family has none) and whether
@@ -192,6 +229,75 @@ static gboolean get_sliding_window(json_t *obj, const char *path, HfWindow how, 
                            error);
 }
 
+/* An optional whole-number key (absent or null: fallback). */
+static gboolean get_int(json_t *obj, const char *path, const char *key, int64_t fallback,
+                        int64_t min, int64_t max, int64_t *out, GError **error)
+{
+    *out = fallback;
+    return !present(obj, key) || zp_json_get_int(obj, path, key, TRUE, min, max, out, error);
+}
+
+static gboolean get_dense_list(json_t *obj, const char *path, const char *key, ZpMoe *moe,
+                               GError **error)
+{
+    json_t *list = key ? json_object_get(obj, key) : NULL;
+    if (!list || json_is_null(list))
+        return TRUE;
+    if (!json_is_array(list) || json_array_size(list) > ZP_MOE_MAX_DENSE_LISTED) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"%s\" must be an array of at most %d layer indices", path, key,
+                    ZP_MOE_MAX_DENSE_LISTED);
+        return FALSE;
+    }
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        json_t *v = json_array_get(list, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                        "%s: key \"%s\" must hold layer indices (0 or more)", path, key);
+            return FALSE;
+        }
+        moe->dense_listed[moe->n_dense_listed++] = (int64_t)json_integer_value(v);
+    }
+    return TRUE;
+}
+
+/* The mixture of experts and multi-head latent attention keys, by the architecture's table. */
+static gboolean map_moe(json_t *obj, const char *path, const HfMoeKeys *k, ZpModel *m,
+                        GError **error)
+{
+    ZpMoe *moe = &m->moe;
+    if (!k)
+        return TRUE;
+    int64_t shared_count = 0;
+    if (!zp_json_get_int(obj, path, k->experts, TRUE, 1, 1000000, &moe->experts, error) ||
+        !zp_json_get_int(obj, path, k->top_k, TRUE, 1, moe->experts, &moe->top_k, error) ||
+        !get_int(obj, path, k->expert_ffn, m->ffn_hidden, 1, 16000000, &moe->expert_ffn,
+                 error) ||
+        !get_int(obj, path, k->shared_ffn, 0, 0, 16000000, &moe->shared_ffn, error) ||
+        !get_int(obj, path, k->shared_count, 0, 0, 1000000, &shared_count, error) ||
+        !get_int(obj, path, k->first_dense, 0, 0, 100000, &moe->first_dense, error) ||
+        !get_int(obj, path, k->step, 1, 1, 100000, &moe->step, error) ||
+        !get_dense_list(obj, path, k->dense_list, moe, error))
+        return FALSE;
+    if (shared_count > 0)
+        moe->shared_ffn = shared_count * moe->expert_ffn;
+    moe->shared_experts = shared_count > 0 ? shared_count : moe->shared_ffn > 0;
+    moe->shared_gate = k->shared_gate && moe->shared_ffn > 0;
+    moe->router_bias = k->router_bias;
+    moe->step_phase = k->step_phase;
+    if (!k->mla)
+        return TRUE;
+    ZpMla *a = &m->mla;
+    return get_int(obj, path, "q_lora_rank", 0, 0, 16000000, &a->q_lora_rank, error) &&
+           zp_json_get_int(obj, path, "kv_lora_rank", TRUE, 1, 16000000, &a->kv_lora_rank,
+                           error) &&
+           zp_json_get_int(obj, path, "qk_nope_head_dim", TRUE, 1, 1000000, &a->qk_nope_dim,
+                           error) &&
+           zp_json_get_int(obj, path, "qk_rope_head_dim", TRUE, 1, 1000000, &a->qk_rope_dim,
+                           error) &&
+           zp_json_get_int(obj, path, "v_head_dim", TRUE, 1, 1000000, &a->v_dim, error);
+}
+
 /* The dimensions, then what the family's other keys say. */
 static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, GError **error)
 {
@@ -231,7 +337,8 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
         }
     }
     if (!zp_model_get_rope_scaling(obj, path, m, error) ||
-        !get_sliding_window(obj, path, hf_archs[arch].window, m, error))
+        !get_sliding_window(obj, path, hf_archs[arch].window, m, error) ||
+        !map_moe(obj, path, hf_archs[arch].moe, m, error))
         return FALSE;
     if (!m->ffn_hidden)
         m->ffn_hidden = 4 * m->hidden; /* GPT-2's n_inner null */

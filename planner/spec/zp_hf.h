@@ -1,4 +1,5 @@
-/* zp_hf: a Hugging Face config.json (Llama 2/3/3.1, Mistral, Qwen2, GPT-2, GPT-NeoX) read as a
+/* zp_hf: a Hugging Face config.json (Llama 2/3/3.1, Mistral, Qwen2, GPT-2, GPT-NeoX; Mixtral,
+ * Qwen2-MoE and DeepSeek-V3, mixtures of experts, with zp_model_moe) read as a
  * ZpModel: the keys that bear on memory or time mapped, the rest ignored, the others refused. */
 #ifndef ZP_HF_H
 #define ZP_HF_H

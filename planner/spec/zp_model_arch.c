@@ -11,7 +11,8 @@ static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "tied_embeddings",
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
-    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", NULL};
+    "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", "moe", "mla",
+    NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -176,7 +177,8 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
         !zp_json_get_bool(obj, what, "exact_gelu", FALSE, &model->exact_gelu, error) ||
         !zp_json_get_int(obj, what, "sliding_window", FALSE, 1, MAX_SEQ, &model->sliding_window,
                          error) ||
-        !zp_model_get_rope_scaling(obj, what, model, error))
+        !zp_model_get_rope_scaling(obj, what, model, error) ||
+        !zp_moe_from_json(obj, what, &model->moe, &model->mla, error))
         return FALSE;
     model->mlp = (ZpMlp)mlp;
     model->norm = (ZpNorm)norm;
@@ -202,6 +204,9 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
 
 gboolean zp_model_check(const ZpModel *model, const char *what, GError **error)
 {
+    if (!zp_moe_check(&model->moe, &model->mla, model->hidden, model->heads, model->layers,
+                      what, error))
+        return FALSE;
     const int64_t kv = zp_model_kv_heads(model);
     if (model->heads % kv != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -280,6 +285,77 @@ int zp_model_n_units(const ZpModel *model)
     return zp_model_has_architecture(model) ? (int)model->layers + 2 : 0;
 }
 
+typedef struct {
+    ZpTensor tensor;
+    gboolean present;
+} TensorRow;
+
+static void append_rows(GArray *t, const TensorRow *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].present)
+            g_array_append_val(t, rows[i].tensor);
+}
+
+/* ln1 and the attention: the fused qkv, or multi-head latent attention's projections (named
+ * under "qkv." so that they form the qkv module); the output projection. */
+static void append_attention(const ZpModel *model, int l, GArray *t)
+{
+    const uint64_t h = (uint64_t)model->hidden, q = (uint64_t)zp_model_qkv_width(model);
+    const gboolean ln = model->norm == ZP_NORM_LAYERNORM, mla = zp_mla_enabled(&model->mla);
+    const ZpMla *a = &model->mla;
+    const uint64_t rq = (uint64_t)a->q_lora_rank, rkv = (uint64_t)a->kv_lora_rank;
+    const uint64_t qw = (uint64_t)zp_mla_q_width(a, model->heads);
+    const uint64_t kvw = (uint64_t)zp_mla_kv_width(a, model->heads);
+    const uint64_t out = mla ? (uint64_t)model->heads * (uint64_t)a->v_dim : h;
+    const TensorRow rows[] = {
+        {{"ln1.weight", l, h, FALSE}, TRUE},
+        {{"ln1.bias", l, h, FALSE}, ln},
+        {{"qkv.weight", l, q * h, TRUE}, !mla},
+        {{"qkv.bias", l, q, FALSE}, !mla && zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
+        {{"qkv.q_a.weight", l, h * rq, TRUE}, mla && rq > 0},
+        {{"qkv.q_a_norm.weight", l, rq, FALSE}, mla && rq > 0},
+        {{"qkv.q_b.weight", l, rq * qw, TRUE}, mla && rq > 0},
+        {{"qkv.q.weight", l, h * qw, TRUE}, mla && rq == 0},
+        {{"qkv.kv_a.weight", l, h * (rkv + (uint64_t)a->qk_rope_dim), TRUE}, mla},
+        {{"qkv.kv_a_norm.weight", l, rkv, FALSE}, mla},
+        {{"qkv.kv_b.weight", l, rkv * kvw, TRUE}, mla},
+        {{"proj.weight", l, out * h, TRUE}, TRUE},
+        {{"proj.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
+    };
+    append_rows(t, rows, G_N_ELEMENTS(rows));
+}
+
+/* ln2 and the MLP: dense, or sparse with its router (under "fc1." so that the router, the
+ * experts' gate and up and the shared expert form the fc1 module, and the down projections fc2). */
+static void append_mlp(const ZpModel *model, int l, GArray *t)
+{
+    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
+    const gboolean ln = model->norm == ZP_NORM_LAYERNORM, gated = zp_model_gated(model);
+    const gboolean sparse = zp_model_unit_sparse(model, l);
+    const gboolean bias = zp_model_has_bias(model, ZP_NO_BIAS_MLP);
+    const ZpMoe *m = &model->moe;
+    const uint64_t E = (uint64_t)m->experts, fe = (uint64_t)m->expert_ffn;
+    const uint64_t fs = (uint64_t)m->shared_ffn, g = gated ? 2 : 1;
+    const TensorRow rows[] = {
+        {{"ln2.weight", l, h, FALSE}, TRUE},
+        {{"ln2.bias", l, h, FALSE}, ln},
+        {{"fc1.weight", l, h * f1, TRUE}, !sparse},
+        {{"fc1.bias", l, f1, FALSE}, !sparse && bias},
+        {{"fc1.router.weight", l, E * h, TRUE}, sparse},
+        {{"fc1.router.bias", l, E, FALSE}, sparse && m->router_bias},
+        {{"fc1.experts.weight", l, E * h * g * fe, TRUE}, sparse},
+        {{"fc1.shared.weight", l, h * g * fs, TRUE}, sparse && fs > 0},
+        {{"fc1.shared_gate.weight", l, h, FALSE}, sparse && m->shared_gate},
+        {{"fc2.weight", l, f * h, TRUE}, !sparse},
+        {{"fc2.bias", l, h, FALSE}, !sparse && bias},
+        {{"fc2.experts.weight", l, E * fe * h, TRUE}, sparse},
+        {{"fc2.shared.weight", l, fs * h, TRUE}, sparse && fs > 0},
+    };
+    append_rows(t, rows, G_N_ELEMENTS(rows));
+}
+
 /* The per-unit tensor table: one row per tensor, sizes as products of the dimensions; a
  * row whose flag is off (a bias the model lacks, a norm's bias under RMSNorm) is left out. */
 GArray *zp_model_tensors(const ZpModel *model)
@@ -287,9 +363,8 @@ GArray *zp_model_tensors(const ZpModel *model)
     GArray *t = g_array_new(FALSE, FALSE, sizeof(ZpTensor));
     if (!zp_model_has_architecture(model))
         return t;
-    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
-    const uint64_t q = (uint64_t)zp_model_qkv_width(model), f1 = (uint64_t)zp_model_fc1_width(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
     const int L = (int)model->layers;
     const struct {
@@ -300,26 +375,8 @@ GArray *zp_model_tensors(const ZpModel *model)
         if (embed[i].present)
             g_array_append_val(t, embed[i].tensor);
     for (int l = 1; l <= L; l++) {
-        const struct {
-            ZpTensor tensor;
-            gboolean present;
-        } block[] = {
-            {{"ln1.weight", l, h, FALSE}, TRUE},
-            {{"ln1.bias", l, h, FALSE}, ln},
-            {{"qkv.weight", l, q * h, TRUE}, TRUE},
-            {{"qkv.bias", l, q, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
-            {{"proj.weight", l, h * h, TRUE}, TRUE},
-            {{"proj.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
-            {{"ln2.weight", l, h, FALSE}, TRUE},
-            {{"ln2.bias", l, h, FALSE}, ln},
-            {{"fc1.weight", l, h * f1, TRUE}, TRUE},
-            {{"fc1.bias", l, f1, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
-            {{"fc2.weight", l, f * h, TRUE}, TRUE},
-            {{"fc2.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_MLP)},
-        };
-        for (size_t i = 0; i < G_N_ELEMENTS(block); i++)
-            if (block[i].present)
-                g_array_append_val(t, block[i].tensor);
+        append_attention(model, l, t);
+        append_mlp(model, l, t);
     }
     const struct {
         ZpTensor tensor;
@@ -333,11 +390,55 @@ GArray *zp_model_tensors(const ZpModel *model)
     return t;
 }
 
+gboolean zp_model_unit_sparse(const ZpModel *model, int unit)
+{
+    return unit >= 1 && unit <= model->layers && zp_moe_layer_sparse(&model->moe, unit - 1);
+}
+
+/* A block's elements with `experts` routed experts in a sparse MLP, as the part a tensor rank
+ * holds whole (norms, row-parallel biases, the router, MLA's down projections) and the part
+ * Megatron splits (column-parallel qkv and fc1 with their biases, row-parallel proj and fc2,
+ * every expert's projections). */
+static void block_parts(const ZpModel *model, int unit, int64_t experts, uint64_t *whole,
+                        uint64_t *split)
+{
+    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t norm = model->norm == ZP_NORM_LAYERNORM ? 2 * h : h;
+    const uint64_t q = (uint64_t)zp_model_qkv_width(model);
+    const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
+    uint64_t w = 2 * norm + (zp_model_has_bias(model, ZP_NO_BIAS_PROJ) ? h : 0), sp = 0;
+    if (zp_mla_enabled(&model->mla)) {
+        uint64_t aw, as;
+        zp_mla_parts(&model->mla, model->hidden, model->heads, &aw, &as);
+        w += aw, sp += as;
+    } else {
+        sp += q * h + h * h + (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0);
+    }
+    if (zp_model_unit_sparse(model, unit)) {
+        uint64_t mw, ms;
+        zp_moe_mlp_parts(&model->moe, model->hidden, zp_model_gated(model), experts, &mw, &ms);
+        w += mw, sp += ms;
+    } else {
+        const gboolean bias = zp_model_has_bias(model, ZP_NO_BIAS_MLP);
+        sp += h * f1 + f * h + (bias ? f1 : 0);
+        w += bias ? h : 0;
+    }
+    *whole = w, *split = sp;
+}
+
+uint64_t zp_model_unit_expert_elems(const ZpModel *model, int unit)
+{
+    if (!zp_model_unit_sparse(model, unit))
+        return 0;
+    return (uint64_t)model->moe.experts *
+           zp_moe_expert_elems(&model->moe, model->hidden, zp_model_gated(model));
+}
+
 /* Closed form of the tensor table's per-unit sums (tests check the two agree); the
  * planner's search calls this in its inner loop, so it must not build the table. */
 uint64_t zp_model_unit_elems(const ZpModel *model, int unit)
 {
-    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab;
     if (!zp_model_has_architecture(model) || unit < 0 || unit > model->layers + 1)
         return 0;
@@ -345,12 +446,9 @@ uint64_t zp_model_unit_elems(const ZpModel *model, int unit)
     if (unit == 0)
         return V * h + (model->learned_positions ? (uint64_t)zp_model_positions(model) * h : 0);
     if (unit <= model->layers) {
-        const uint64_t q = (uint64_t)zp_model_qkv_width(model);
-        const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
-        return 2 * norm + q * h + h * h + h * f1 + f * h +
-               (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0) +
-               (zp_model_has_bias(model, ZP_NO_BIAS_PROJ) ? h : 0) +
-               (zp_model_has_bias(model, ZP_NO_BIAS_MLP) ? f1 + h : 0);
+        uint64_t whole, split;
+        block_parts(model, unit, model->moe.experts, &whole, &split);
+        return whole + split;
     }
     return norm + (model->tied_embeddings ? 0 : V * h);
 }
@@ -360,7 +458,7 @@ uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp)
     const uint64_t full = zp_model_unit_elems(model, unit), t = (uint64_t)MAX(mp, 1);
     if (!zp_model_has_architecture(model))
         return (full + t - 1) / t;
-    const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
+    const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab, vocab_rows = (V + t - 1) / t;
     if (unit == 0)
         return full - V * h + vocab_rows * h;
@@ -368,18 +466,17 @@ uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp)
         return model->tied_embeddings ? full : full - V * h + vocab_rows * h;
     if (unit < 1 || unit > model->layers)
         return 0;
-    const uint64_t q = (uint64_t)zp_model_qkv_width(model);
-    const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
-    const uint64_t split = q * h + h * h + h * f1 + f * h +
-                           (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0) +
-                           (zp_model_has_bias(model, ZP_NO_BIAS_MLP) ? f1 : 0);
-    return full - split + (split + t - 1) / t;
+    uint64_t whole, split;
+    block_parts(model, unit, model->moe.experts, &whole, &split);
+    return whole + (split + t - 1) / t;
 }
 
 uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, int mp)
 {
-    static const char *const split[] = {"qkv.weight", "qkv.bias", "proj.weight",
-                                        "fc1.weight", "fc1.bias", "fc2.weight"};
+    static const char *const split[] = {
+        "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
+        "qkv.q_b.weight", "qkv.q.weight", "qkv.kv_b.weight", "fc1.experts.weight",
+        "fc1.shared.weight", "fc2.experts.weight", "fc2.shared.weight"};
     const uint64_t t = (uint64_t)MAX(mp, 1);
     for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
         if (strcmp(tensor->name, split[i]) == 0)
@@ -390,15 +487,37 @@ uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, 
     return tensor->elems;
 }
 
+/* The blocks' sum with `experts` routed experts in each sparse MLP. Dense blocks are
+ * identical, so a dense model's count is O(1) (zp_mem_residual, which the planner's search
+ * calls in its inner loop, needs it); a mixture of experts walks its layers once. */
+static uint64_t count_params(const ZpModel *model, int64_t experts)
+{
+    const uint64_t L = (uint64_t)model->layers;
+    uint64_t blocks = 0;
+    if (!zp_moe_enabled(&model->moe)) {
+        blocks = L * zp_model_unit_elems(model, 1);
+    } else {
+        for (int unit = 1; unit <= (int)L; unit++) {
+            uint64_t whole, split;
+            block_parts(model, unit, experts, &whole, &split);
+            blocks += whole + split;
+        }
+    }
+    return zp_model_unit_elems(model, 0) + blocks + zp_model_unit_elems(model, (int)L + 1);
+}
+
 uint64_t zp_model_param_count(const ZpModel *model)
 {
     if (!zp_model_has_architecture(model))
         return (uint64_t)model->params_only;
-    /* The L blocks are identical, so the count is O(1) (zp_mem_residual, which the planner's
-     * search calls in its inner loop, needs it). */
-    const uint64_t L = (uint64_t)model->layers;
-    return zp_model_unit_elems(model, 0) + L * zp_model_unit_elems(model, 1) +
-           zp_model_unit_elems(model, (int)L + 1);
+    return count_params(model, model->moe.experts);
+}
+
+uint64_t zp_model_active_param_count(const ZpModel *model)
+{
+    if (!zp_model_has_architecture(model))
+        return (uint64_t)model->params_only;
+    return count_params(model, model->moe.top_k);
 }
 
 void *zp_model_to_json(const ZpModel *model)
@@ -445,5 +564,6 @@ void *zp_model_to_json(const ZpModel *model)
         json_object_set_new(o, "sliding_window", json_integer((json_int_t)model->sliding_window));
     if (model->published_params > 0)
         json_object_set_new(o, "published_params", json_real(model->published_params));
+    zp_moe_to_json(&model->moe, &model->mla, o);
     return o;
 }

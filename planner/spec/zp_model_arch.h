@@ -11,11 +11,16 @@
  *                with d = h/a the head dimension, k the key/value heads (a: MHA, 1: MQA,
  *                between: GQA), a norm 2h (LayerNorm: gain and bias) or h (RMSNorm: gain)
  *   unit L+1     final norm, plus the LM head [V,h] when embeddings are untied
+ * A mixture of experts (zp_model_moe.h) replaces a sparse block's fc1/fc2 by fc1.router,
+ * fc1.experts [E h 2f_e], fc1.shared, fc2.experts, fc2.shared; latent attention replaces qkv by
+ * qkv.q_a, qkv.q_b, qkv.kv_a, qkv.kv_b and their norms. Blocks then differ: count by unit.
  * GPT-2 (k = a, plain GELU MLP, LayerNorm, biases everywhere) gives a block of
  * 4h^2 + 2hf + 9h + f elements (12h^2 + 13h with f = 4h), which is how "12Lh^2" in the papers
  * comes about; Llama-2-7B (MHA, SwiGLU, RMSNorm, no biases) 4h^2 + 3hf + 2h. */
 #ifndef ZP_MODEL_ARCH_H
 #define ZP_MODEL_ARCH_H
+
+#include "zp_model_moe.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -68,6 +73,8 @@ typedef struct {
     double norm_eps;            /* 0: 1e-5 */
     int64_t sliding_window;     /* keys each query attends to, itself included (Mistral's
                                  * sliding_window); 0: every earlier key */
+    ZpMoe moe;                  /* a mixture of experts' sparse MLP; zero: every MLP dense */
+    ZpMla mla;                  /* multi-head latent attention; zero: the fused qkv */
     double published_params;    /* the size the model is known by, 0 if not given */
     double params_only;         /* > 0: built from --params, no architecture known */
     char torch_dtype[16];       /* a Hugging Face config's torch_dtype ("bfloat16", ...): the
@@ -137,6 +144,14 @@ double zp_model_attention_share(const ZpModel *model);
 
 /* Exact parameter count (or the given count for a params-only model). */
 uint64_t zp_model_param_count(const ZpModel *model);
+/* The parameters one token passes through: a sparse layer's top_k routed experts instead of
+ * all of them (the count MoE models are published by as "active"); the total for a dense
+ * model. */
+uint64_t zp_model_active_param_count(const ZpModel *model);
+/* Whether block unit `unit` (1..L) has the sparse MLP, and the elements of its routed experts
+ * (all E of them; 0 in a dense block). */
+gboolean zp_model_unit_sparse(const ZpModel *model, int unit);
+uint64_t zp_model_unit_expert_elems(const ZpModel *model, int unit);
 
 int zp_model_n_units(const ZpModel *model);
 uint64_t zp_model_unit_elems(const ZpModel *model, int unit);

@@ -110,6 +110,15 @@ typedef struct {
     ZpPartition partition;
 } ZpPipeConfig;
 
+/* Expert parallelism for a mixture of experts (zp_ep.h); the zero value is EP 1, dropless
+ * routing and a perfectly balanced router. */
+typedef struct {
+    int ep;                 /* experts split over ep ranks of the data-parallel group; 0: 1 */
+    double capacity_factor; /* tokens an expert takes, over the mean (GShard, DeepSpeed's and
+                             * Megatron-Core's get_capacity); 0: dropless */
+    double skew;            /* the busiest expert's load over the mean; 0: 1 */
+} ZpExpertConfig;
+
 typedef struct {
     ZpZeroConfig zero;
     int dp;               /* data-parallel degree N */
@@ -130,6 +139,7 @@ typedef struct {
     char kernels[16];
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
+    ZpExpertConfig experts;     /* expert parallelism (a mixture of experts only) */
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
      * zp_cost_resident_workspace_bytes): `simulate` sets it for a profile measured there. */
     gboolean backend_workspace;
@@ -144,6 +154,16 @@ typedef struct {
      * JSON. */
     gboolean no_runahead;
 } ZpPlan;
+
+/* The expert-parallel degree and the router's skew: at least 1 each. */
+static inline int zp_plan_ep(const ZpPlan *plan)
+{
+    return plan->experts.ep > 1 ? plan->experts.ep : 1;
+}
+static inline double zp_plan_expert_skew(const ZpPlan *plan)
+{
+    return plan->experts.skew > 1 ? plan->experts.skew : 1.0;
+}
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */
 static inline int zp_plan_pp(const ZpPlan *plan)

@@ -1,0 +1,182 @@
+/* cli_moe: parses the expert-parallel flags and prints what zp_ep says of a plan's mixture of
+ * experts: where its states go, what a sparse layer routes and buffers, what its all-to-all
+ * moves and costs. */
+#include "cli_moe.h"
+#include "zp_ep.h"
+#include "zp_moe_search.h"
+#include "zp_util.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+#define GB 1e9
+
+gboolean cli_moe_parse(const ZpModel *model, const char *ep, const char *capacity,
+                       const char *skew, ZpExpertConfig *out, GError **error)
+{
+    double e = 1, c = 0, s = 1;
+    const char *given = ep         ? "--ep"
+                        : capacity ? "--capacity-factor"
+                        : skew     ? "--expert-skew"
+                                   : NULL;
+    if (given && !zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s is not a mixture of experts", given,
+                    model->name);
+        return FALSE;
+    }
+    if ((ep && !zp_parse_number(ep, "--ep", 1, 1048576, TRUE, &e, error)) ||
+        (capacity &&
+         !zp_parse_number(capacity, "--capacity-factor", 0.01, 1000, FALSE, &c, error)) ||
+        (skew && !zp_parse_number(skew, "--expert-skew", 1, 1000, FALSE, &s, error)))
+        return FALSE;
+    out->ep = (int)e;
+    out->capacity_factor = c;
+    out->skew = s;
+    return TRUE;
+}
+
+double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
+                            ZpStateBytes bytes)
+{
+    if (zp_moe_enabled(&model->moe))
+        return zp_ep_model_states(model, plan, stage, bytes).total.total_bytes;
+    return zp_mem_model_states((double)zp_model_param_count(model), stage, plan->dp, plan->mp,
+                               bytes).total_bytes;
+}
+
+void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpHw *hw, int gpus)
+{
+    const ZpPlan *p = &plans[0];
+    const ZpMoe *moe = &model->moe;
+    const int ep = zp_plan_ep(p);
+    const ZpStateBytes sb = zp_plan_state_bytes(p->precision, p->optimizer);
+    printf("\nMixture of experts at %d GPUs: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
+           ", %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " layers sparse; EP %d (%" G_GINT64_FORMAT
+           " experts a rank), expert data-parallel %d, DP %d (GB):\n",
+           gpus, moe->experts, moe->top_k, zp_moe_sparse_layers(moe, model->layers),
+           model->layers, ep, moe->experts / ep, p->dp / ep, p->dp);
+    printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
+    ZpEpStates s[4];
+    for (int stage = 0; stage <= 3; stage++)
+        s[stage] = zp_ep_model_states(model, &plans[stage], stage, sb);
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "expert states (over DP/EP)",
+           s[0].expert.total_bytes / GB, s[1].expert.total_bytes / GB,
+           s[2].expert.total_bytes / GB, s[3].expert.total_bytes / GB);
+    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n", "dense states (over DP)",
+           s[0].dense.total_bytes / GB, s[1].dense.total_bytes / GB,
+           s[2].dense.total_bytes / GB, s[3].dense.total_bytes / GB);
+    const ZpEpActivations a = zp_ep_activations(model, p);
+    printf("  expert parameters per rank %.4g, dense %.4g (router and shared experts among them)\n",
+           s[0].expert_params, s[0].dense_params);
+    printf("  a sparse layer per micro-batch: %.0f tokens routed to %.0f copies; the busiest "
+           "rank's experts take %.0f (%s)\n",
+           a.tokens, a.routed_tokens, a.received_tokens,
+           p->experts.capacity_factor > 0 ? "capacity factor, padded" : "dropless, x skew");
+    printf("  %-44s %9.3f\n", "router probabilities and indices", a.router_bytes / GB);
+    printf("  %-44s %9.3f\n", "dispatch buffers (send + receive)", a.dispatch_bytes / GB);
+    printf("  %-44s %9.3f\n", "combine buffers (send + receive)", a.combine_bytes / GB);
+    printf("  %-44s %9.3f\n", "expert activations", a.expert_act_bytes / GB);
+    printf("  %-44s %9.3f\n", "one sparse layer's saved activations", a.sparse_layer_bytes / GB);
+    printf("  %-44s %9.3f\n", "one dense layer's saved activations", a.dense_layer_bytes / GB);
+    const ZpEpAlltoall x = zp_ep_alltoall(model, p, hw);
+    if (ep == 1) {
+        printf("  no all-to-all at EP 1: every rank holds every expert\n");
+        return;
+    }
+    printf("  all-to-all per sparse layer: %d a micro-batch of %.4g MB a rank (%.4g MB to its "
+           "node, %.4g MB across nodes)",
+           x.calls_per_layer, x.send_bytes / 1e6, x.intra_bytes / 1e6, x.inter_bytes / 1e6);
+    if (hw)
+        printf(", %.3f ms each on %s; %.3f s a step", x.time_s * 1e3, hw->name, x.step_time_s);
+    printf("\n");
+}
+
+static void print_candidate(int rank, const ZpMoeCandidate *c)
+{
+    const ZpPlan *p = &c->plan;
+    printf("  %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f%s\n", rank, zp_plan_ep(p),
+           p->mp, p->zero.stage, p->micro_batch, p->grad_accum, p->checkpoint ? "yes" : "no",
+           c->memory_bytes / GB, c->step_s, 100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
+           c->fits ? "" : "  (does not fit)");
+}
+
+static void print_header(void)
+{
+    printf("  %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s\n", "#", "EP", "TP", "stage",
+           "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s");
+}
+
+int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
+                 int top_k, GError **error)
+{
+    GArray *all = zp_moe_search_run(spec, MAX(experts->skew, 1.0), experts->capacity_factor,
+                                     error);
+    if (!all)
+        return -1;
+    GArray *c = g_array_new(FALSE, FALSE, sizeof(ZpMoeCandidate));
+    for (guint i = 0; i < all->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
+        if (!ep_given || zp_plan_ep(&x->plan) == MAX(experts->ep, 1))
+            g_array_append_val(c, *x);
+    }
+    g_array_unref(all);
+    const ZpModel *m = spec->model;
+    printf("Plans for %s (a mixture of experts: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
+           ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"
+           "Judged in closed form, not simulated (schedules do not model experts yet): memory as\n"
+           "`zplan memory --ep` counts it; compute by the cost model over a dense model of the\n"
+           "same FLOPs; the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
+           "reduced over DP, expert gradients over DP/EP.\n\n",
+           m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
+           MAX(experts->skew, 1.0),
+           experts->capacity_factor > 0 ? "capacity factor" : "dropless");
+    const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
+    print_header();
+    for (guint i = 0; i < c->len && (int)i < top_k; i++)
+        print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));
+    printf("\nThe best plan of each EP degree (why the others lost):\n");
+    print_header();
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        gboolean first = TRUE;
+        for (guint j = 0; j < i && first; j++)
+            first = zp_plan_ep(&g_array_index(c, ZpMoeCandidate, j).plan) != zp_plan_ep(&x->plan);
+        if (first)
+            print_candidate((int)i + 1, x);
+    }
+    if (any) {
+        const ZpMoeCandidate *b = &g_array_index(c, ZpMoeCandidate, 0);
+        printf("\nPlan 1: %.1f GB a GPU of %.1f (states %.1f, activations, buffers and reserve "
+               "%.1f); a step of %.3f s: compute %.3f, TP all-reduces %.3f, all-to-all %.3f "
+               "(%.1f%%), data-parallel %.3f beside them.\n",
+               b->memory_bytes / GB, spec->hw->gpu_memory_bytes / GB, b->states_bytes / GB,
+               b->residual_bytes / GB, b->step_s, b->compute_s, b->tp_s, b->alltoall_s,
+               100.0 * b->alltoall_s / b->step_s, b->dp_s);
+    } else {
+        printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
+    }
+    g_array_unref(c);
+    return any ? 0 : 2;
+}
+
+void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
+{
+    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpEpStates s = zp_ep_model_states(model, plan, plan->zero.stage, sb);
+    const ZpEpActivations a = zp_ep_activations(model, plan);
+    const ZpEpAlltoall x = zp_ep_alltoall(model, plan, hw);
+    json_t *alltoall = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "calls_per_layer",
+                                 x.calls_per_layer, "send_bytes", x.send_bytes, "intra_bytes",
+                                 x.intra_bytes, "inter_bytes", x.inter_bytes, "step_bytes",
+                                 x.step_bytes, "step_time_s", x.step_time_s);
+    json_object_set_new(alltoall, "time_s", hw ? json_real(x.time_s) : json_null());
+    return json_pack("{s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}",
+                     "ep", zp_plan_ep(plan), "experts", (json_int_t)model->moe.experts,
+                     "top_k", (json_int_t)model->moe.top_k, "expert_params_per_rank",
+                     s.expert_params, "dense_params_per_rank", s.dense_params, "tokens",
+                     a.tokens, "routed_tokens", a.routed_tokens, "received_tokens",
+                     a.received_tokens, "router_bytes", a.router_bytes, "dispatch_bytes",
+                     a.dispatch_bytes, "combine_bytes", a.combine_bytes, "expert_act_bytes",
+                     a.expert_act_bytes, "sparse_layer_bytes", a.sparse_layer_bytes, "alltoall",
+                     alltoall);
+}

@@ -1,0 +1,185 @@
+/* zp_ep: a mixture of experts under expert parallelism — its partitioned model states, its
+ * sparse layers' tokens, buffers and activations, and the all-to-all NCCL runs for them. */
+#include "zp_ep.h"
+#include "zp_util.h"
+
+#include <math.h>
+
+gboolean zp_ep_check(const ZpModel *model, const ZpPlan *plan, const char *flag, GError **error)
+{
+    const int ep = zp_plan_ep(plan);
+    if (ep == 1)
+        return TRUE;
+    if (!zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d needs a mixture of experts; %s has none", flag, ep, model->name);
+        return FALSE;
+    }
+    if (model->moe.experts % ep != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d does not divide the %" G_GINT64_FORMAT " experts of %s", flag, ep,
+                    model->moe.experts, model->name);
+        return FALSE;
+    }
+    if (plan->dp % ep != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d does not divide the data-parallel degree %d (the expert-parallel "
+                    "group is taken from the data-parallel ranks)", flag, ep, plan->dp);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+double zp_ep_expert_params(const ZpModel *model)
+{
+    double elems = 0;
+    if (zp_moe_enabled(&model->moe))
+        for (int unit = 1; unit <= model->layers; unit++)
+            elems += (double)zp_model_unit_expert_elems(model, unit);
+    return elems;
+}
+
+ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stage,
+                              ZpStateBytes bytes)
+{
+    const int ep = zp_plan_ep(plan);
+    const double experts = zp_ep_expert_params(model);
+    const double dense = (double)zp_model_param_count(model) - experts;
+    ZpEpStates s = {0};
+    s.expert_params = experts / ep / plan->mp;
+    s.dense_params = dense / plan->mp;
+    s.dense = zp_mem_model_states(dense, stage, plan->dp, plan->mp, bytes);
+    s.expert = zp_mem_model_states(experts / ep, stage, plan->dp / ep, plan->mp, bytes);
+    s.total.params_bytes = s.dense.params_bytes + s.expert.params_bytes;
+    s.total.grads_bytes = s.dense.grads_bytes + s.expert.grads_bytes;
+    s.total.optim_bytes = s.dense.optim_bytes + s.expert.optim_bytes;
+    s.total.total_bytes = s.dense.total_bytes + s.expert.total_bytes;
+    return s;
+}
+
+/* Tokens a rank routes (T), copies it dispatches (T k), an expert's capacity from one rank and
+ * what the busiest rank's E/EP experts receive (R). Capacity as Megatron-Core's
+ * moe_utils.get_capacity and DeepSpeed's sharded_moe.py top2gating: ceil(T k / E x factor) per
+ * expert, each rank's dispatch a padded [E, capacity, h] buffer, so every rank receives
+ * E x capacity whatever the router does. Dropless (Megatron-Core's default, the capacity factor
+ * None): T k in balance, the busiest rank `skew` times that. */
+static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
+{
+    const ZpMoe *moe = &model->moe;
+    a->tokens = (double)plan->micro_batch * (double)model->seq_len /
+                (plan->sequence_parallel ? plan->mp : 1);
+    a->routed_tokens = a->tokens * (double)moe->top_k;
+    if (plan->experts.capacity_factor > 0) {
+        a->expert_capacity =
+            ceil(a->routed_tokens / (double)moe->experts * plan->experts.capacity_factor);
+        a->received_tokens = (double)moe->experts * a->expert_capacity;
+    } else {
+        a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan);
+    }
+}
+
+/* One block's saved activations with the MLP `ffn` wide (0: attention and norms alone). */
+static double block_bytes(const ZpModel *model, const ZpPlan *plan, int64_t ffn)
+{
+    ZpModel m = *model;
+    m.ffn_hidden = ffn;
+    return zp_mem_plan_activation_block_bytes(&m, plan);
+}
+
+/* What latent attention keeps beyond zp_mem_terms' fused-qkv accounting (Q h, K and V 2kd,
+ * the output h, split over t): DeepseekV3Attention saves q_a's output and its norm's (r_q
+ * each), kv_a's (r_kv + d_rope) and its norm's (r_kv), whole on every tensor rank (the down
+ * projections are replicated), then Q and K of H (d_nope + d_rope), V and the output of
+ * H d_v, split over t. */
+static double mla_extra_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    const ZpMla *mla = &model->mla;
+    if (!zp_mla_enabled(mla))
+        return 0;
+    const double H = (double)model->heads, t = plan->mp, h = (double)model->hidden;
+    const double kd = (double)zp_model_kv_heads(model) * (double)zp_model_head_dim(model);
+    const double whole = 2.0 * (double)mla->q_lora_rank + 2.0 * (double)mla->kv_lora_rank +
+                         (double)mla->qk_rope_dim;
+    const double split = H * (2.0 * (double)(mla->qk_nope_dim + mla->qk_rope_dim) +
+                              2.0 * (double)mla->v_dim);
+    return (double)model->seq_len * plan->micro_batch * zp_plan_elem_bytes(plan->precision) *
+           (whole + (split - 2.0 * h - 2.0 * kd) / t);
+}
+
+ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
+{
+    ZpEpActivations a = {0};
+    const double mla = mla_extra_bytes(model, plan);
+    a.dense_layer_bytes = zp_mem_plan_activation_block_bytes(model, plan) + mla;
+    const int64_t sparse = zp_moe_sparse_layers(&model->moe, model->layers);
+    if (sparse == 0) {
+        a.activations_bytes = (double)model->layers * a.dense_layer_bytes;
+        return a;
+    }
+    route(model, plan, &a);
+    const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
+    const double fe = (double)model->moe.expert_ffn / plan->mp;
+    const double E = (double)model->moe.experts, k = (double)model->moe.top_k;
+    /* modeling_mixtral's MixtralSparseMoeBlock: softmax(router_logits, dtype=float) and
+     * torch.topk's int64 indices; Megatron-Core's router keeps its probabilities in fp32 too. */
+    a.router_bytes = 4.0 * a.tokens * E + 8.0 * a.tokens * k;
+    a.dispatch_bytes = (a.routed_tokens + a.received_tokens) * h * e;
+    a.combine_bytes = a.dispatch_bytes;
+    /* The experts' input (fc1's weight gradient) and the gated MLP's gate, up and product (the
+     * dense MLP's 3f of zp_mem_terms, over the received tokens and the expert width split over
+     * the tensor group: Megatron-Core's expert tensor parallelism at the TP degree). */
+    a.expert_act_bytes = a.received_tokens * (h + 3.0 * fe) * e;
+    a.combine_act_bytes = a.routed_tokens * h * e;
+    const double attention = block_bytes(model, plan, 0) + mla;
+    const double shared = model->moe.shared_ffn > 0
+                              ? block_bytes(model, plan, model->moe.shared_ffn) -
+                                    block_bytes(model, plan, 0)
+                              : 0.0;
+    a.sparse_layer_bytes =
+        attention + shared + a.router_bytes + a.expert_act_bytes + a.combine_act_bytes;
+    a.activations_bytes = (double)(model->layers - sparse) * a.dense_layer_bytes +
+                          (double)sparse * a.sparse_layer_bytes;
+    return a;
+}
+
+ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
+{
+    ZpEpAlltoall x = {0};
+    const int ep = zp_plan_ep(plan);
+    const int64_t sparse = zp_moe_sparse_layers(&model->moe, model->layers);
+    if (sparse == 0 || ep == 1)
+        return x;
+    ZpEpActivations a = {0};
+    route(model, plan, &a);
+    const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
+    /* What a rank sends in one dispatch (and receives in one combine): R, the padded
+     * E x capacity with a capacity factor (below 1 it drops tokens and sends less than T k),
+     * and dropless T k, times the skew for the busiest rank. */
+    x.send_bytes = a.received_tokens * h * e;
+    /* The EP group's ranks are spaced by the tensor degree (Megatron-Core's rank order
+     * tp-cp-ep-dp-pp; DeepSpeed's expert groups over data-parallel ranks), so a node holds
+     * gpus_per_node / t of them. A chunk of send/EP goes to each peer, its own stays. */
+    const int per_node = hw && hw->gpus_per_node > 0 ? hw->gpus_per_node : ep * plan->mp;
+    const int on_node = MAX(1, MIN(ep, per_node / plan->mp));
+    x.intra_bytes = x.send_bytes * (on_node - 1) / ep;
+    x.inter_bytes = x.send_bytes * (ep - on_node) / ep;
+    if (hw) {
+        /* Every GPU of a node runs its own group's all-to-all at once, so the node's NICs carry
+         * gpus_per_node ranks' inter-node chunks; NVLink carries each GPU's own. */
+        const double intra_s = hw->intra_node_bytes_per_s > 0
+                                   ? x.intra_bytes / hw->intra_node_bytes_per_s : 0.0;
+        const double inter_s = hw->inter_node_bytes_per_s > 0
+                                   ? x.inter_bytes * per_node / hw->inter_node_bytes_per_s
+                                   : 0.0;
+        x.time_s = fmax(intra_s, inter_s) + (on_node > 1 ? hw->intra_node_latency_s : 0.0) +
+                   (ep > on_node ? hw->inter_node_latency_s : 0.0);
+    }
+    /* Forward dispatch and combine, their two in backward (the transposed all-to-alls), and a
+     * recomputed forward's two under full activation checkpointing. */
+    x.calls_per_layer = plan->checkpoint ? 6 : 4;
+    const double per_step = (double)x.calls_per_layer * (double)sparse / zp_plan_pp(plan) *
+                            (double)MAX(plan->grad_accum, 1);
+    x.step_bytes = per_step * (x.intra_bytes + x.inter_bytes);
+    x.step_time_s = per_step * x.time_s;
+    return x;
+}

@@ -1,0 +1,76 @@
+/* zp_ep: expert parallelism for a mixture of experts — which EP degrees a plan may take, the
+ * model states per rank (experts over EP, ZeRO over the expert-data-parallel group), the
+ * tokens, buffers and activations of a sparse layer, and its all-to-all dispatch and combine. */
+#ifndef ZP_EP_H
+#define ZP_EP_H
+
+#include "zp_hw.h"
+#include "zp_mem_terms.h"
+#include "zp_model.h"
+#include "zp_plan.h"
+
+#include <glib.h>
+
+/* EP must divide the routed experts and the data-parallel degree (DeepSpeed's
+ * groups._create_expert_and_data_parallel and Megatron-Core's parallel_state carve the EP group
+ * out of the data-parallel ranks); EP > 1 needs a mixture of experts. `flag` names the option
+ * in the one-line refusal. */
+gboolean zp_ep_check(const ZpModel *model, const ZpPlan *plan, const char *flag, GError **error);
+
+/* Elements of all routed experts of all sparse layers (the expert parameters; the rest, router
+ * and shared experts included, are dense parameters). */
+double zp_ep_expert_params(const ZpModel *model);
+
+typedef struct {
+    double expert_params; /* per rank: expert elements / (EP mp) */
+    double dense_params;  /* per rank: the rest / mp */
+    ZpModelStates expert, dense, total;
+} ZpEpStates;
+
+/* Model states per rank: the dense parameters under ZeRO `stage` over the dp ranks, the
+ * expert parameters (E/EP experts a rank) under the same stage over the dp/EP ranks of the
+ * expert-data-parallel group, as DeepSpeed's stage_1_and_2.py _configure_moe_settings
+ * (real_dp_process_group = expert_dp_process_group) and Megatron-Core's get_megatron_optimizer
+ * (the expert parameters' optimizer over the expert data-parallel group) partition them. */
+ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stage,
+                              ZpStateBytes bytes);
+
+typedef struct {
+    double tokens;           /* T: tokens a rank routes per micro-batch and sparse layer */
+    double routed_tokens;    /* T k: the copies it dispatches */
+    double expert_capacity;  /* tokens an expert takes from one rank; 0: dropless */
+    double received_tokens;  /* R: tokens the busiest rank's experts compute */
+    double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
+    double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e */
+    double combine_bytes;    /* the combine's, the same sizes the other way */
+    double expert_act_bytes; /* the experts' saved inputs and gated MLP: R (h + 3 f_e / t) e */
+    double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */
+    double sparse_layer_bytes; /* one sparse layer's saved activations: attention, shared
+                                * experts, router, experts, combine */
+    double dense_layer_bytes;  /* one dense layer's (zp_mem_plan_activation_block_bytes, with
+                                * latent attention's own tensors where the model has it) */
+    double activations_bytes;  /* every layer's, kept for backward (no checkpointing) */
+} ZpEpActivations;
+
+/* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the
+ * plan's precision; T = b s, over t with sequence parallelism). */
+ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan);
+
+typedef struct {
+    double send_bytes;       /* a rank's buffer for one all-to-all (busiest rank: x skew) */
+    double intra_bytes;      /* of it, to peers on its node */
+    double inter_bytes;      /* to peers on other nodes */
+    double time_s;           /* one all-to-all */
+    int calls_per_layer;     /* per sparse layer and micro-batch: dispatch and combine, forward
+                              * and backward (and the recomputed forward's two) */
+    double step_bytes;       /* a rank's all-to-all bytes sent per optimizer step */
+    double step_time_s;      /* their time per step (not overlapped) */
+} ZpEpAlltoall;
+
+/* The all-to-all of a sparse layer over the EP group, as NCCL runs it: ncclSend/ncclRecv to
+ * each peer at once (no ring, no tree). Peers on the node go over NVLink at the GPU's
+ * intra-node rate; peers on other nodes through the node's NICs, which every GPU of the node
+ * shares. The slowest rank sets the pace, so the skew scales the busiest rank's bytes. */
+ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
+
+#endif

@@ -1,0 +1,31 @@
+/* zp_moe_search: the planner's search for a mixture of experts — expert-parallel degree with
+ * ZeRO stage, tensor degree, micro-batch and checkpointing — judged in closed form (zp_ep's
+ * states and all-to-all, the cost model's compute), since schedules do not model experts yet. */
+#ifndef ZP_MOE_SEARCH_H
+#define ZP_MOE_SEARCH_H
+
+#include "zp_search.h"
+
+#include <glib.h>
+
+typedef struct {
+    ZpPlan plan;
+    double states_bytes;   /* model states per GPU (zp_ep_model_states) */
+    double residual_bytes; /* activations, buffers and the reserve (zp_mem_residual) */
+    double memory_bytes;   /* their sum */
+    double compute_s, tp_s, alltoall_s, dp_s, step_s; /* per optimizer step */
+    double tokens_per_s;
+    gboolean fits;
+} ZpMoeCandidate;
+
+/* Every plan the spec allows: EP dividing the experts and the data-parallel degree, TP
+ * dividing a node, the heads and the GPUs (spec->mp: that one), stages 0-3 (spec->stage: that
+ * one), micro-batches dividing the global batch's share (spec->micro_batch: that one), with and
+ * without checkpointing; `skew` and `capacity_factor` as ZpExpertConfig has them. Returns the
+ * candidates (ZpMoeCandidate), those that fit in spec->hw->gpu_memory_bytes first by tokens/s,
+ * then the rest by memory; the caller unrefs. NULL with error on a spec it cannot search
+ * (a dense model, latent attention, a global batch the GPUs do not divide). */
+GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity_factor,
+                          GError **error);
+
+#endif
