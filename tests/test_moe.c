@@ -431,15 +431,16 @@ static void test_memory_mixtral(void)
                                    16 * (dense + expert), 1);
     g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(row, "stage3")),
                                    16 * dense / 8 + 16 * expert, 1);
-    /* The expert-parallel section: one expert of each layer a rank; a sparse layer of 32768
-     * tokens (the config's sequence) sends 2 x 32768 x 4096 x 2 bytes in each all-to-all. */
+    /* The expert-parallel section: one expert of each layer a rank; a sparse layer of 4096
+     * tokens (the default sequence: the smaller of the config's 32768 and 4096) sends
+     * 2 x 4096 x 4096 x 2 bytes in each all-to-all. */
     json_t *moe = json_object_get(row, "moe");
     g_assert_cmpint(json_integer_value(json_object_get(moe, "ep")), ==, 8);
     g_assert_cmpfloat(json_number_value(json_object_get(moe, "expert_params_per_rank")), ==,
                       expert);
     g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(moe, "alltoall"),
                                                         "send_bytes")),
-                      ==, 2.0 * 32768 * 4096 * 2);
+                      ==, 2.0 * 4096 * 4096 * 2);
     json_decref(root);
 }
 
