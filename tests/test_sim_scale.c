@@ -1,6 +1,7 @@
 /* test_sim_scale: the simulator at scale keeps only the timeline that is read (issue 40):
  * `--json` and `--trace` give the same figures and the same bytes as with every rank's. */
 #include "sim_common.h"
+#include "sim_engine_internal.h"
 #include "sim_trace.h"
 
 /* Every figure of two results, bit for bit (the JSON prints nothing else of them). */
@@ -190,6 +191,34 @@ static void test_state_bounded(void)
     zp_sched_free(s);
 }
 
+/* A folded run's classes have one rank each, which keeps its own memory state: no log of a
+ * state per memory op (for 32,000 layers, 328 MB). The state it allocates stays below one
+ * MemState per memory op, and the figures are those test_sim_plan's frozen results hold. */
+static void test_folded_memory_unlogged(void)
+{
+    ZpSchedule *s = build_case(&(Case){.stage = 3, .dp = 8, .mp = 1, .accum = 2,
+                                       .checkpoint = TRUE, .overlap = TRUE});
+    uint64_t memory_ops = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        memory_ops += zp_sched_op(s, i)->kind == ZP_OP_ALLOC ||
+                      zp_sched_op(s, i)->kind == ZP_OP_FREE;
+    SimResult *folded = run(s, &a100, SIM_MODE_FOLDED);
+    SimResult *explicit_ranks = run(s, &a100, SIM_MODE_EXPLICIT);
+    g_test_message("%" G_GUINT64_FORMAT " memory ops, %" G_GUINT64_FORMAT " state bytes",
+                   memory_ops, folded->state_bytes);
+    g_assert_cmpuint(folded->state_bytes, <, memory_ops * sizeof(MemState));
+    g_assert_cmpfloat(folded->peak_memory_bytes, ==, explicit_ranks->peak_memory_bytes);
+    g_assert_cmpmem(folded->peak_breakdown_bytes, sizeof folded->peak_breakdown_bytes,
+                    explicit_ranks->peak_breakdown_bytes,
+                    sizeof explicit_ranks->peak_breakdown_bytes);
+    g_assert_cmpmem(folded->category_peak_bytes, sizeof folded->category_peak_bytes,
+                    explicit_ranks->category_peak_bytes,
+                    sizeof explicit_ranks->category_peak_bytes);
+    sim_result_free(folded);
+    sim_result_free(explicit_ranks);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -197,5 +226,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/scale/json-timeline", test_json_timeline);
     g_test_add_func("/sim/scale/trace-bounded", test_trace_bounded);
     g_test_add_func("/sim/scale/state-bounded", test_state_bounded);
+    g_test_add_func("/sim/scale/folded-memory-unlogged", test_folded_memory_unlogged);
     return sim_common_run();
 }
