@@ -1,13 +1,18 @@
 /* bench_sim: how fast the simulator runs — one ZeRO-3 step of gpt-1t (ZeRO-1 with a
  * pipeline) on 1,024 to 131,072 ranks with one slow rank, tp and pp 1 or more: every rank
  * explicit (blocks of ranks in lockstep stepped as units, and each rank on its own) and as
- * rank classes (CPU time, events/s, peak RSS), and one 1 GiB all-reduce on 4,096 ranks. */
+ * rank classes (CPU time, events/s, peak RSS), one 1 GiB all-reduce on 4,096 ranks, and issue
+ * 40's targets (--json and --trace at scale, a 32,000-layer model). */
 #include "sim_coll.h"
 #include "sim_engine.h"
+#include "sim_trace.h"
 #include "zp_sched.h"
+
+#include <glib/gstdio.h>
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -98,8 +103,17 @@ static Row run_gpt_1t(const ZpHw *hw, int ranks, RunKind kind)
     return row;
 }
 
+/* One run, as a child runs it: gpt-1t's table (RunKind) or a target (TargetCase). */
+typedef Row (*RunFn)(const ZpHw *hw, int ranks, int kind);
+
+static Row run_table(const ZpHw *hw, int ranks, int kind)
+{
+    return run_gpt_1t(hw, ranks, (RunKind)kind);
+}
+
 /* One run in a child process; its peak RSS (MiB) from wait4. */
-static int child_run(const ZpHw *hw, int ranks, RunKind kind, Row *row, double *rss_mib)
+static int child_run_fn(RunFn fn, const ZpHw *hw, int ranks, int kind, Row *row,
+                        double *rss_mib)
 {
     int fds[2];
     if (pipe(fds) != 0) {
@@ -114,7 +128,7 @@ static int child_run(const ZpHw *hw, int ranks, RunKind kind, Row *row, double *
     }
     if (pid == 0) {
         close(fds[0]);
-        const Row got = run_gpt_1t(hw, ranks, kind);
+        const Row got = fn(hw, ranks, kind);
         const ssize_t written = write(fds[1], &got, sizeof got);
         _exit(written == (ssize_t)sizeof got && got.ok ? 0 : 1);
     }
@@ -131,6 +145,95 @@ static int child_run(const ZpHw *hw, int ranks, RunKind kind, Row *row, double *
     }
     *rss_mib = usage.ru_maxrss / 1024.0;
     return 0;
+}
+
+static int child_run(const ZpHw *hw, int ranks, RunKind kind, Row *row, double *rss_mib)
+{
+    return child_run_fn(run_table, hw, ranks, (int)kind, row, rss_mib);
+}
+
+/* ---- issue 40's targets: what `zplan simulate` runs for them ---- */
+
+typedef enum { TARGET_JSON, TARGET_TRACE, TARGET_SLOW_LINK_JSON, TARGET_DEEP } TargetCase;
+
+static const char *const target_names[] = {
+    "gpt-1t ZeRO-3, 131,072 explicit ranks, --json",
+    "gpt-1t ZeRO-3, 16,384 explicit ranks, --trace",
+    "gpt-1t ZeRO-3, 8,192 ranks, --slow-link 3:2, grad-accum 8, --json",
+    "32,000-layer stage 3 (gpt2-124m's shape, DeepSpeed's), 8 GPUs, folded",
+};
+
+/* A target's build and simulation (and its trace written, to a file then removed), with the
+ * CLI's defaults (DeepSpeed's ZeRO-3), micro-batch 1, checkpointing. */
+static Row run_target(const ZpHw *hw, int ranks, int kind)
+{
+    Row row = {0};
+    ZpModel model;
+    ZpPlan plan;
+    GError *error = NULL;
+    const gboolean deep = kind == TARGET_DEEP;
+    zp_plan_defaults(&plan, 3, ranks, 1);
+    plan.checkpoint = TRUE;
+    plan.grad_accum = kind == TARGET_SLOW_LINK_JSON ? 8 : 1;
+    const double start_s = cpu_s();
+    gboolean ok = zp_model_load(deep ? "gpt2-124m" : "gpt-1t", &model, &error);
+    model.layers = deep ? 32000 : model.layers;
+    ZpSchedule *s = ok ? zp_sched_build(&model, &plan, &error) : NULL;
+    row.build_s = cpu_s() - start_s;
+    const SimSlow link = {.index = 3, .factor = 2};
+    const SimOptions options = {.mode = deep ? SIM_MODE_FOLDED : SIM_MODE_EXPLICIT,
+                                .slow_nodes = &link,
+                                .n_slow_nodes = kind == TARGET_SLOW_LINK_JSON};
+    SimResult *r = s ? (deep ? sim_engine_run(s, hw, &options, &error)
+                             : sim_trace_run(s, hw, &options, kind == TARGET_TRACE, &error))
+                     : NULL;
+    if (r && kind == TARGET_TRACE) {
+        char *path = g_build_filename(g_get_tmp_dir(), "bench_sim-trace.json", NULL);
+        ok = sim_trace_write(s, r, path, NULL, NULL, &error);
+        g_remove(path);
+        g_free(path);
+    }
+    row.cpu_s = cpu_s() - start_s;
+    if (!r || !ok) {
+        fprintf(stderr, "bench_sim: %s: %s\n", target_names[kind], error->message);
+        g_error_free(error);
+    } else {
+        row = (Row){.ok = 1, .ranks_simulated = r->ranks_simulated, .n_ops = r->n_ops,
+                    .build_s = row.build_s, .cpu_s = row.cpu_s, .step_s = r->step_time_s,
+                    .op_events = r->op_events};
+    }
+    sim_result_free(r);
+    zp_sched_free(s);
+    return row;
+}
+
+/* Each target three times in its own process: the least CPU time (schedule build included)
+ * and peak RSS. */
+static int bench_targets(const ZpHw *hw)
+{
+    const int ranks[] = {131072, 16384, 8192, 8};
+    printf("\nissue 40's targets (CPU s and peak RSS of the least of 3 runs, each in its own "
+           "process; schedule build, simulation, and the trace written)\n"
+           "%-72s %8s %8s %8s %10s\n",
+           "case", "CPU s", "build s", "RSS MiB", "op events");
+    int failed = 0;
+    for (int k = 0; k < (int)G_N_ELEMENTS(ranks); k++) {
+        Row best = {0};
+        double best_mib = 0;
+        for (int i = 0; i < 3 && !failed; i++) {
+            Row row;
+            double mib;
+            failed += child_run_fn(run_target, hw, ranks[k], k, &row, &mib);
+            if (!failed && (i == 0 || row.cpu_s < best.cpu_s)) {
+                best = row;
+                best_mib = mib;
+            }
+        }
+        if (!failed)
+            printf("%-72s %8.3f %8.3f %8.1f %10" G_GUINT64_FORMAT "\n", target_names[k],
+                   best.cpu_s, best.build_s, best_mib, best.op_events);
+    }
+    return failed;
 }
 
 /* Whether two runs of every rank gave the same step and event counts. */
@@ -235,14 +338,22 @@ static gboolean fits_world(int degree, int most)
 
 /* Usage: bench_sim [MAX_RANKS [paper|deepspeed|fsdp [MP [PP]]]]: the table's last row (default
  * 131072), whose ZeRO (paper), the tensor-parallel degree (default 1; 1 to 8) and the
- * pipeline stages (default 1; 1 to 16), each a power of two. */
+ * pipeline stages (default 1; 1 to 16), each a power of two. bench_sim targets: issue 40's
+ * rows alone. */
 int main(int argc, char **argv)
 {
+    ZpHw hw;
+    GError *error = NULL;
+    if (argc > 1 && strcmp(argv[1], "targets") == 0) {
+        if (!zp_hw_load("dgx-a100-80g", &hw, &error)) {
+            fprintf(stderr, "bench_sim: %s\n", error->message);
+            return 1;
+        }
+        return bench_targets(&hw) ? 1 : 0;
+    }
     const int max_ranks = argc > 1 ? atoi(argv[1]) : 131072;
     bench_mp = argc > 3 ? atoi(argv[3]) : 1;
     bench_pp = argc > 4 ? atoi(argv[4]) : 1;
-    ZpHw hw;
-    GError *error = NULL;
     if (max_ranks < 1024 || !fits_world(bench_mp, 8) || !fits_world(bench_pp, 16) ||
         (argc > 2 && !zp_impl_parse(argv[2], "IMPL", &bench_impl, &error)) ||
         !zp_hw_load("dgx-a100-80g", &hw, &error)) {
@@ -252,6 +363,6 @@ int main(int argc, char **argv)
                         "power of two");
         return 1;
     }
-    const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw);
+    const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw) + bench_targets(&hw);
     return failed ? 1 : 0;
 }

@@ -427,7 +427,10 @@ static json_t *alloc_json(const ZpAllocStats *a)
 static json_t *ops_json(const Report *p)
 {
     const SimResult *r = p->r;
-    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    size_t base = 0;
+    /* sim_trace_run kept it. */
+    const gboolean kept = sim_result_timeline_row(r, (uint32_t)r->report_rank, &base);
+    g_assert(kept);
     /* The reported rank's pipeline stage (world ranks tp-fastest, then stage). */
     const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)p->plan->mp) %
                            (uint32_t)MAX(r->stages, 1);
@@ -913,13 +916,17 @@ static int simulate(const SimulateFlags *f)
     g_free(what);
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
-        .record_timeline = f->trace != NULL || f->json || f->sink || f->html != NULL,
+        /* The page and a caller's sink read every rank's ops; --json and --trace keep only the
+         * rows they read (sim_trace_run). */
+        .record_timeline = f->sink || f->html != NULL,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
     SimResult *result = NULL;
     if (slow_flags(f, &plan, &hw, &options, &error))
-        result = sim_engine_run(sched, &hw, &options, &error);
+        result = (f->trace || f->json) && !options.record_timeline
+                     ? sim_trace_run(sched, &hw, &options, f->trace != NULL, &error)
+                     : sim_engine_run(sched, &hw, &options, &error);
     cli_progress_free(progress);
     gboolean ok = result != NULL;
     /* Samples/s, TFLOP/s, MFU and the breakdown's shares divide by the step time: a schedule

@@ -198,6 +198,7 @@ void sim_result_free(SimResult *result)
     g_free(result->op_end_s);
     g_free(result->op_ready_s);
     g_free(result->op_last_rank);
+    g_free(result->timeline_ranks);
     g_free(result->first_rank);
     g_free(result->rank_count);
     g_free(result->stage_peak_bytes);
@@ -206,4 +207,27 @@ void sim_result_free(SimResult *result)
     g_free(result->stage_comm_bytes);
     g_free(result->stage_category_peak_bytes);
     g_free(result);
+}
+
+gboolean sim_result_timeline_row(const SimResult *result, uint32_t rank, size_t *base)
+{
+    if (!result->op_start_s || rank >= (uint32_t)result->ranks_simulated)
+        return FALSE;
+    uint32_t row = rank;
+    if (result->timeline_ranks) {
+        /* Ascending: a binary search. */
+        uint32_t lo = 0, hi = result->n_timeline_ranks;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo) / 2;
+            if (result->timeline_ranks[mid] < rank)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == result->n_timeline_ranks || result->timeline_ranks[lo] != rank)
+            return FALSE;
+        row = lo;
+    }
+    *base = (size_t)row * result->n_ops;
+    return TRUE;
 }

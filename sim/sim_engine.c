@@ -339,6 +339,17 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 
 /* ---- ops ---- */
 
+#define NO_TIMELINE SIZE_MAX
+
+/* Where rank's op i sits in the timeline, or NO_TIMELINE where none is kept for the rank. */
+G_ALWAYS_INLINE static inline size_t timeline_at(const Sim *sim, uint32_t rank, uint32_t i)
+{
+    if (!sim->op_start_s)
+        return NO_TIMELINE;
+    const uint32_t row = sim->timeline_row ? sim->timeline_row[rank] : rank;
+    return row == NO_ROW ? NO_TIMELINE : (size_t)row * sim->n_ops + i;
+}
+
 /* `last` is the member whose arrival starts it. */
 G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
@@ -359,9 +370,10 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
         recontend(sim, m, now_s);
-        if (sim->op_start_s) {
-            sim->op_start_s[(size_t)m * sim->n_ops + f->op] = now_s;
-            sim->op_last_rank[(size_t)m * sim->n_ops + f->op] = arriving_rank(sim, last, f);
+        const size_t at = timeline_at(sim, m, f->op);
+        if (at != NO_TIMELINE) {
+            sim->op_start_s[at] = now_s;
+            sim->op_last_rank[at] = arriving_rank(sim, last, f);
         }
     }
     if (op->transfer_s > 0) {
@@ -398,8 +410,9 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
             rb->optimizer_s += duration_s;
         else if (busy == BUSY_GPU)
             rb->compute_s += duration_s;
-        if (sim->op_start_s)
-            sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+        const size_t at = timeline_at(sim, rank, i);
+        if (at != NO_TIMELINE)
+            sim->op_start_s[at] = now_s;
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
@@ -407,8 +420,9 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
      * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
      * in the pipeline's bubble). */
     sim->busy[rank].busy_s[stream] += op->duration_s;
-    if (sim->op_start_s)
-        sim->op_start_s[(size_t)rank * sim->n_ops + i] = now_s;
+    const size_t at = timeline_at(sim, rank, i);
+    if (at != NO_TIMELINE)
+        sim->op_start_s[at] = now_s;
     queue_push(&sim->queue, now_s + op->duration_s, rank, i);
 }
 
@@ -421,8 +435,9 @@ G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, uint32_t rank, uint
     const SimOp *op = &sim->ops[i];
     ss->next[stream] = op->stream_next;
     ss->busy[stream] = 1;
-    if (sim->op_ready_s)
-        sim->op_ready_s[(size_t)rank * sim->n_ops + i] = now_s;
+    const size_t at = timeline_at(sim, rank, i);
+    if (at != NO_TIMELINE)
+        sim->op_ready_s[at] = now_s;
     if (op->kind != ZP_OP_COLLECTIVE) {
         start_timed_op(sim, rank, stream, i, now_s);
         return;
@@ -478,8 +493,9 @@ G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
-    if (sim->op_end_s)
-        sim->op_end_s[(size_t)rank * sim->n_ops + i] = now_s;
+    const size_t at = timeline_at(sim, rank, i);
+    if (at != NO_TIMELINE)
+        sim->op_end_s[at] = now_s;
     /* An op that ends past the caller's time: the step ends later still. */
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
@@ -492,8 +508,8 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
 {
     if (!sim_memory_step(sim, rank, i))
         return;
-    if (sim->op_start_s) {
-        const size_t at = (size_t)rank * sim->n_ops + i;
+    const size_t at = timeline_at(sim, rank, i);
+    if (at != NO_TIMELINE) {
         sim->op_start_s[at] = sim->op_ready_s[at] = sim->op_end_s[at] = now_s;
     }
     release_dependents(sim, rank, i, now_s);
@@ -619,6 +635,8 @@ static void sim_clear(Sim *sim)
     g_free(sim->op_end_s);
     g_free(sim->op_ready_s);
     g_free(sim->op_last_rank);
+    g_free(sim->timeline_row);
+    g_free(sim->timeline_ranks);
     g_free(sim->compute_scale);
     g_free(sim->flows);
     g_free(sim->affected);
@@ -743,7 +761,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
                               &classes);
         result->ranks_simulated = (int)ranks_reported(&sim);
         result->units_simulated = (int)sim.ranks;
-        ok = sim_ranks_alloc_state(&sim, options->record_timeline, error);
+        ok = sim_ranks_alloc_state(&sim, options, error);
     }
     if (ok) {
         sim_ranks_build_flows(&sim, &classes);
@@ -771,12 +789,17 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     }
     if (ok && !result->stopped) {
         sim_breakdown_fill(&sim, result);
+        if (sim.timeline_row)
+            sim_ranks_gather_timeline(&sim);
         if (sim.weight)
             sim_ranks_expand_blocks(&sim);
         result->op_start_s = sim.op_start_s;
         result->op_end_s = sim.op_end_s;
         result->op_ready_s = sim.op_ready_s;
         result->op_last_rank = sim.op_last_rank;
+        result->timeline_ranks = sim.timeline_ranks;
+        result->n_timeline_ranks = sim.n_timeline_ranks;
+        sim.timeline_ranks = NULL;
         result->first_rank = sim.first_rank;
         result->rank_count = sim.rank_count;
         sim.op_start_s = sim.op_end_s = sim.op_ready_s = NULL;

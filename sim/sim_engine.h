@@ -24,6 +24,14 @@ typedef struct {
 typedef struct SimOptions {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
+    /* Without record_timeline: keep the timeline of these reported ranks only (the result's
+     * numbering, SimResult.first_rank; those past the last are left out), or of every rank
+     * where there are no more than timeline_every_rank_upto. Its memory is then n x ops,
+     * not ranks x ops: what `--json` (the reported rank) and `--trace` (three ranks) read
+     * (sim_trace_run picks them). */
+    const uint32_t *timeline_ranks;
+    uint32_t n_timeline_ranks;
+    uint32_t timeline_every_rank_upto;
     ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
     void *progress_ctx;
     /* Stragglers: a slow rank's compute ops take factor times as long; a slow node's network
@@ -111,6 +119,11 @@ typedef struct SimResult {
      * and for a collective the member whose arrival started it, op_last_rank[r * n_ops + i]. */
     double *op_ready_s;
     uint32_t *op_last_rank;
+    /* With SimOptions.timeline_ranks (and more ranks than timeline_every_rank_upto): the
+     * ranks whose rows the timeline holds, ascending, row k rank timeline_ranks[k]; NULL
+     * where row r is rank r's (sim_result_timeline_row reads either). */
+    uint32_t *timeline_ranks;
+    uint32_t n_timeline_ranks;
     /* Simulated rank r stands for rank_count[r] world ranks, the lowest first_rank[r]
      * (Megatron's order: tp fastest, then stage, then dp): itself explicit. */
     uint32_t *first_rank, *rank_count;
@@ -129,6 +142,10 @@ SimResult *sim_engine_run(const ZpSchedule *sched, const ZpHw *hw, const SimOpti
                           GError **error);
 
 void sim_result_free(SimResult *result);
+
+/* Where rank's row of the timeline starts (row x n_ops) in *base: FALSE where the result has
+ * no timeline or none for that rank. */
+gboolean sim_result_timeline_row(const SimResult *result, uint32_t rank, size_t *base);
 
 /* Seconds one compute op takes (zp_hw_compute_time_s): flops other than attn_flops at peak x
  * GEMM efficiency at gemm_flops, attn_flops at the fused kernel's attn_flops_per_s, plus

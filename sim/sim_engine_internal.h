@@ -276,6 +276,12 @@ typedef struct {
     uint32_t n_eager, cap_eager;
     double *op_start_s, *op_end_s, *op_ready_s;
     uint32_t *op_last_rank;
+    /* A kept timeline of some ranks only (SimOptions.timeline_ranks): [unit] its row in the
+     * op_* arrays, or NO_ROW; NULL where every unit has its row at its index. The reported
+     * ranks asked for, ascending: timeline_ranks[n_timeline_ranks]. */
+    uint32_t *timeline_row;
+    uint32_t *timeline_ranks;
+    uint32_t n_timeline_ranks;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
     ZpCost cost;           /* how compute ops are costed (zp_cost), and their contention */
     double contention;     /* compute slows this many times while a collective runs (>= 1) */
@@ -416,7 +422,8 @@ gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i);
 gboolean sim_ranks_read_slowdowns(const SimOptions *o, uint32_t world, uint32_t gpus_per_node,
                                   Slowdowns *w, GError **error);
 void sim_ranks_build_units(Sim *sim, const Slowdowns *w, gboolean blocks, SimClasses *classes);
-gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error);
+gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **error);
+void sim_ranks_gather_timeline(Sim *sim);
 void sim_ranks_build_flows(Sim *sim, SimClasses *classes);
 void sim_ranks_apply_slowdowns(Sim *sim, const Slowdowns *w);
 void sim_ranks_expand_blocks(Sim *sim);

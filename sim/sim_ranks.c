@@ -53,11 +53,68 @@
  *   members' running compute, which depends on arrival order), nor where a communicator is
  *   neither of a row nor across rows: every rank then steps on its own. */
 
-gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error)
+/* The unit that steps reported rank `rank`, and the row of its block the rank is in (*k). */
+static uint32_t unit_of(const Sim *sim, uint32_t rank, uint32_t *k)
 {
+    *k = 0;
+    if (!sim->weight)
+        return rank;
+    const uint32_t row = row_ranks(sim);
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        if (rank >= sim->first_rank[u] && (rank - sim->first_rank[u]) % row == 0 &&
+            (rank - sim->first_rank[u]) / row < sim->weight[u]) {
+            *k = (rank - sim->first_rank[u]) / row;
+            return u;
+        }
+    g_assert_not_reached(); /* blocks tile the world */
+}
+
+/* Some ranks' timeline (SimOptions.timeline_ranks): the ranks asked for, ascending, and a row
+ * for each unit that steps one of them. Returns the rows. */
+static uint32_t plan_timeline_rows(Sim *sim, const SimOptions *o)
+{
+    const uint32_t reported = ranks_reported(sim);
+    sim->timeline_ranks = g_new(uint32_t, MAX(o->n_timeline_ranks, 1));
+    for (uint32_t k = 0; k < o->n_timeline_ranks; k++)
+        if (o->timeline_ranks[k] < reported)
+            sim->timeline_ranks[sim->n_timeline_ranks++] = o->timeline_ranks[k];
+    /* Ascending, each once (a handful: insertion). */
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < sim->n_timeline_ranks; k++) {
+        const uint32_t v = sim->timeline_ranks[k];
+        uint32_t at = n;
+        while (at > 0 && sim->timeline_ranks[at - 1] > v)
+            at--;
+        if (at > 0 && sim->timeline_ranks[at - 1] == v)
+            continue;
+        memmove(&sim->timeline_ranks[at + 1], &sim->timeline_ranks[at],
+                (n - at) * sizeof *sim->timeline_ranks);
+        sim->timeline_ranks[at] = v;
+        n++;
+    }
+    sim->n_timeline_ranks = n;
+    sim->timeline_row = g_new(uint32_t, MAX(sim->ranks, 1));
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        sim->timeline_row[u] = NO_ROW;
+    uint32_t rows = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t block_row;
+        const uint32_t u = unit_of(sim, sim->timeline_ranks[k], &block_row);
+        if (sim->timeline_row[u] == NO_ROW)
+            sim->timeline_row[u] = rows++;
+    }
+    return rows;
+}
+
+gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **error)
+{
+    const gboolean timeline = options->record_timeline || options->timeline_ranks;
     /* The timeline has a row per rank reported (blocks fill their unit's,
-     * sim_ranks_expand_blocks the rest). */
-    const size_t per_op = (size_t)ranks_reported(sim) * sim->n_ops;
+     * sim_ranks_expand_blocks the rest), or one per unit stepping a rank asked for. */
+    const gboolean some = !options->record_timeline && options->timeline_ranks &&
+                          ranks_reported(sim) > options->timeline_every_rank_upto;
+    const size_t per_op =
+        (size_t)(some ? plan_timeline_rows(sim, options) : ranks_reported(sim)) * sim->n_ops;
     /* Said before it is taken: g_try_new succeeds past the machine's memory where the kernel
      * overcommits, and the pages fault in later, or the OOM killer ends the process. */
     const double per_rank = sizeof(StreamState) + SIM_LINK_N * sizeof(uint16_t) +
@@ -67,8 +124,12 @@ gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error)
     const double bytes = (double)sim->n_ops * sizeof(Countdown) + (double)sim->ranks * per_rank +
                          (timeline ? (double)per_op * (3 * sizeof(double) + sizeof(uint32_t)) : 0);
     char *what = g_strdup_printf("simulating %u ranks x %u ops%s", ranks_reported(sim),
-                                 sim->n_ops, timeline ? " with a timeline" : "");
-    const gboolean fits = zp_budget_check(what, (double)per_op, "rank-ops", 0, NULL, bytes, error);
+                                 sim->n_ops,
+                                 timeline ? (some ? " with some ranks' timeline"
+                                                  : " with a timeline")
+                                          : "");
+    const gboolean fits = zp_budget_check(what, (double)ranks_reported(sim) * sim->n_ops,
+                                          "rank-ops", 0, NULL, bytes, error);
     g_free(what);
     if (!fits)
         return FALSE;
@@ -97,7 +158,8 @@ gboolean sim_ranks_alloc_state(Sim *sim, gboolean timeline, GError **error)
     if (!ok) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "simulating %u ranks x %u ops%s does not fit in memory; fold the ranks",
-                    ranks_reported(sim), sim->n_ops, timeline ? " with a timeline" : "");
+                    ranks_reported(sim), sim->n_ops,
+                    timeline ? (some ? " with some ranks' timeline" : " with a timeline") : "");
         return FALSE;
     }
     sim->state_bytes += (size_t)sim->ranks * sim->n_wide_rows * sizeof *sim->pending_wide +
@@ -454,7 +516,7 @@ void sim_ranks_expand_blocks(Sim *sim)
         if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group])
             g_array_append_val(row_ops, i);
     }
-    for (uint32_t u = sim->ranks; sim->op_start_s && u-- > 0;)
+    for (uint32_t u = sim->ranks; sim->op_start_s && !sim->timeline_row && u-- > 0;)
         for (uint32_t k = sim->weight[u]; k-- > 0;) {
             const size_t to = sim->first_rank[u] + k * row;
             const uint32_t stage = sim->stage_of[u];
@@ -483,4 +545,36 @@ void sim_ranks_expand_blocks(Sim *sim)
         sim->first_rank[r] = r;
         sim->rank_count[r] = 1;
     }
+}
+
+/* Some ranks' timeline: the units' rows it kept become a row per rank asked for (as
+ * sim_ranks_expand_blocks copies them: a collective of a row communicator was started by the
+ * rank of the same row, k rows on), in place of the units' rows. */
+void sim_ranks_gather_timeline(Sim *sim)
+{
+    const size_t n = sim->n_ops, rows = sim->n_timeline_ranks;
+    double *start = g_new0(double, MAX(rows * n, 1)), *end = g_new0(double, MAX(rows * n, 1));
+    double *ready = g_new0(double, MAX(rows * n, 1));
+    uint32_t *last = g_new0(uint32_t, MAX(rows * n, 1));
+    for (size_t j = 0; j < rows; j++) {
+        uint32_t k;
+        const uint32_t u = unit_of(sim, sim->timeline_ranks[j], &k);
+        const size_t from = (size_t)sim->timeline_row[u] * n;
+        memcpy(&start[j * n], &sim->op_start_s[from], n * sizeof *start);
+        memcpy(&end[j * n], &sim->op_end_s[from], n * sizeof *end);
+        memcpy(&ready[j * n], &sim->op_ready_s[from], n * sizeof *ready);
+        memcpy(&last[j * n], &sim->op_last_rank[from], n * sizeof *last);
+        for (uint32_t i = 0; k > 0 && i < sim->n_ops; i++)
+            if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group] &&
+                sim->ops[i].stage == sim->stage_of[u])
+                last[j * n + i] += k * row_ranks(sim);
+    }
+    g_free(sim->op_start_s);
+    g_free(sim->op_end_s);
+    g_free(sim->op_ready_s);
+    g_free(sim->op_last_rank);
+    sim->op_start_s = start;
+    sim->op_end_s = end;
+    sim->op_ready_s = ready;
+    sim->op_last_rank = last;
 }

@@ -160,10 +160,19 @@ static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *
                                    pid, t, thread_names[t]);
 }
 
+/* Where pid's row of the timeline starts: sim_trace_write traces only ranks that have one. */
+static size_t row_of(const SimResult *r, int pid)
+{
+    size_t base = 0;
+    const gboolean kept = sim_result_timeline_row(r, (uint32_t)pid, &base);
+    g_assert(kept);
+    return base;
+}
+
 static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
                        char **labels)
 {
-    const size_t base = (size_t)pid * r->n_ops;
+    const size_t base = row_of(r, pid);
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (!labels[i] || op->stage != stage_of(s, r, pid)) /* another stage's op */
@@ -225,7 +234,7 @@ static void append_counter(GString *out, int pid, double time_s, const double *l
 static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
                           MemoryChange *changes)
 {
-    const size_t base = (size_t)pid * r->n_ops;
+    const size_t base = row_of(r, pid);
     size_t n = 0;
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
@@ -263,10 +272,11 @@ static GArray *traced_ranks(const ZpSchedule *s, const SimResult *r)
     }
     double *waited_s = g_new0(double, r->ranks_simulated);
     int most = 0;
+    const size_t base = row_of(r, 0);
     for (uint32_t i = 0; i < r->n_ops; i++)
         if (zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE) {
-            const uint32_t last = r->op_last_rank[i];
-            waited_s[last] += r->op_start_s[i] - r->op_ready_s[i];
+            const uint32_t last = r->op_last_rank[base + i];
+            waited_s[last] += r->op_start_s[base + i] - r->op_ready_s[base + i];
             if (waited_s[last] > waited_s[most])
                 most = (int)last;
         }
@@ -286,7 +296,8 @@ static GArray *traced_ranks(const ZpSchedule *s, const SimResult *r)
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
                          ZpProgressFn progress, void *progress_ctx, GError **error)
 {
-    if (!result->op_start_s) {
+    size_t base;
+    if (!sim_result_timeline_row(result, 0, &base)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "trace: the simulation was run without recording its timeline");
         return FALSE;
@@ -300,6 +311,15 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
         g_array_free(ranks, TRUE);
         return FALSE;
     }
+    for (guint k = 0; k < ranks->len; k++)
+        if (!sim_result_timeline_row(result, (uint32_t)g_array_index(ranks, int, k), &base)) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "trace: the simulation kept no timeline for rank %d (sim_trace_run "
+                        "keeps those the trace writes)",
+                        g_array_index(ranks, int, k));
+            g_array_free(ranks, TRUE);
+            return FALSE;
+        }
     char **labels = op_labels(sched);
     MemoryChange *changes = g_new(MemoryChange, result->n_ops ? result->n_ops : 1);
     GString *out = g_string_new("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
@@ -309,7 +329,7 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
         append_ops(out, sched, result, pid, labels);
         append_memory(out, sched, result, pid, changes);
         if (progress)
-            progress((double)(pid + 1) / result->ranks_simulated, progress_ctx);
+            progress((double)(k + 1) / ranks->len, progress_ctx);
     }
     const guint ranks_traced = ranks->len;
     g_array_free(ranks, TRUE);
@@ -327,4 +347,71 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
         g_free(labels[i]);
     g_free(labels);
     return ok;
+}
+
+/* Halves of one progress line: the first pass's, then the second's. */
+typedef struct {
+    ZpProgressFn progress;
+    void *ctx;
+    double from;
+} PassProgress;
+
+static void pass_progress(double fraction, void *ctx)
+{
+    const PassProgress *p = ctx;
+    p->progress(p->from + fraction / 2, p->ctx);
+}
+
+SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                         gboolean trace, GError **error)
+{
+    /* Pass one keeps rank 0's timeline (every rank's, up to SIM_TRACE_ALL_RANKS, for a
+     * trace): it names the rank that finished last and the rank rank 0 waited for. */
+    const uint32_t rank_0 = 0;
+    PassProgress halves = {options->progress, options->progress_ctx, 0};
+    SimOptions o = *options;
+    o.record_timeline = FALSE;
+    o.timeline_ranks = &rank_0;
+    o.n_timeline_ranks = 1;
+    o.timeline_every_rank_upto = trace ? SIM_TRACE_ALL_RANKS : 0;
+    if (options->progress) {
+        o.progress = pass_progress;
+        o.progress_ctx = &halves;
+    }
+    SimResult *first = sim_engine_run(sched, hw, &o, error);
+    if (!first || first->stopped)
+        return first;
+    GArray *wanted = trace ? traced_ranks(sched, first) : g_array_new(FALSE, FALSE, sizeof(int));
+    if (!trace)
+        g_array_append_val(wanted, first->report_rank);
+    gboolean kept = TRUE;
+    size_t base;
+    for (guint k = 0; k < wanted->len; k++)
+        kept = kept && sim_result_timeline_row(first, (uint32_t)g_array_index(wanted, int, k),
+                                               &base);
+    if (kept) {
+        g_array_free(wanted, TRUE);
+        return first;
+    }
+    /* Pass two, the same run (the engine is deterministic) keeping those ranks' timelines. */
+    uint32_t *ranks = g_new(uint32_t, wanted->len);
+    for (guint k = 0; k < wanted->len; k++)
+        ranks[k] = (uint32_t)g_array_index(wanted, int, k);
+    o.timeline_ranks = ranks;
+    o.n_timeline_ranks = wanted->len;
+    halves.from = 0.5;
+    SimResult *second = sim_engine_run(sched, hw, &o, error);
+    if (second && (second->step_time_s != first->step_time_s ||
+                   second->report_rank != first->report_rank)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "simulate: the second pass (keeping %u ranks' timelines) differed from the "
+                    "first",
+                    wanted->len);
+        sim_result_free(second);
+        second = NULL;
+    }
+    g_free(ranks);
+    g_array_free(wanted, TRUE);
+    sim_result_free(first);
+    return second;
 }

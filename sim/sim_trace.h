@@ -23,4 +23,12 @@
 gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const char *path,
                          ZpProgressFn progress, void *progress_ctx, GError **error);
 
+/* Runs sim_engine_run keeping only the timelines that are read: the reported rank's (for
+ * `--json`'s op times), and with `trace` those sim_trace_write writes. A first pass keeps rank
+ * 0's (every rank's, up to SIM_TRACE_ALL_RANKS, with `trace`); where the ranks wanted are known
+ * only from it (the last to finish, the one rank 0 waited for), a second pass keeps theirs.
+ * Memory is then a few ranks x ops, not ranks x ops; the result is the full run's. */
+SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
+                         gboolean trace, GError **error);
+
 #endif

@@ -41,6 +41,21 @@ typedef struct {
 
 ZpSchedule *build_case(const Case *c);
 
+/* The plans whose results test_sim_plan's /sim/plan/frozen-results holds frozen (models,
+ * profiles, stages and degrees of all kinds): FROZEN_PLANS of them. */
+typedef struct {
+    const char *model, *hw;
+    int stage, dp, mp, accum;
+    gboolean checkpoint, overlap;
+} FrozenPlan;
+
+#define FROZEN_PLANS 15
+extern const FrozenPlan frozen_plans[FROZEN_PLANS];
+
+/* A frozen plan's schedule, and in *hw its profile at the line rates the figures were frozen
+ * with. */
+ZpSchedule *frozen_schedule(const FrozenPlan *c, ZpHw *hw);
+
 /* Loads the profile and the model and makes the folder (after g_test_init); runs the tests
  * and removes the folder, returning g_test_run's status. */
 void sim_common_init(void);

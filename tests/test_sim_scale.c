@@ -1,0 +1,231 @@
+/* test_sim_scale: the simulator at scale keeps only the timeline that is read (issue 40):
+ * `--json` and `--trace` give the same figures and the same bytes as with every rank's. */
+#include "sim_common.h"
+#include "sim_engine_internal.h"
+#include "sim_trace.h"
+
+/* Every figure of two results, bit for bit (the JSON prints nothing else of them). */
+static void assert_same_figures(const SimResult *a, const SimResult *b)
+{
+    g_assert_cmpint(a->ranks_simulated, ==, b->ranks_simulated);
+    g_assert_cmpint(a->units_simulated, ==, b->units_simulated);
+    g_assert_cmpint(a->report_rank, ==, b->report_rank);
+    g_assert_cmpint(a->stages, ==, b->stages);
+    g_assert_cmpuint(a->op_events, ==, b->op_events);
+    g_assert_cmpuint(a->heap_events, ==, b->heap_events);
+    g_assert_cmpstr(a->cost_model, ==, b->cost_model);
+    g_assert_cmpstr(a->collective_model, ==, b->collective_model);
+    const double x[] = {a->step_time_s, a->compute_s, a->exposed_comm_s, a->optimizer_s,
+                        a->idle_s, a->cpu_optimizer_s, a->offload_transfer_s, a->model_flops,
+                        a->recompute_flops, a->peak_memory_bytes, a->peak_model_state_bytes,
+                        a->flush_s};
+    const double y[] = {b->step_time_s, b->compute_s, b->exposed_comm_s, b->optimizer_s,
+                        b->idle_s, b->cpu_optimizer_s, b->offload_transfer_s, b->model_flops,
+                        b->recompute_flops, b->peak_memory_bytes, b->peak_model_state_bytes,
+                        b->flush_s};
+    g_assert_cmpmem(x, sizeof x, y, sizeof y);
+    g_assert_cmpmem(a->stream_busy_s, sizeof a->stream_busy_s, b->stream_busy_s,
+                    sizeof b->stream_busy_s);
+    g_assert_cmpmem(a->offload_bytes, sizeof a->offload_bytes, b->offload_bytes,
+                    sizeof b->offload_bytes);
+    g_assert_cmpmem(a->comm_bytes, sizeof a->comm_bytes, b->comm_bytes, sizeof b->comm_bytes);
+    g_assert_cmpmem(a->peak_breakdown_bytes, sizeof a->peak_breakdown_bytes,
+                    b->peak_breakdown_bytes, sizeof b->peak_breakdown_bytes);
+    g_assert_cmpmem(a->category_peak_bytes, sizeof a->category_peak_bytes,
+                    b->category_peak_bytes, sizeof b->category_peak_bytes);
+    const size_t stages = (size_t)a->stages;
+    g_assert_cmpmem(a->stage_peak_bytes, stages * 8, b->stage_peak_bytes, stages * 8);
+    g_assert_cmpmem(a->stage_compute_s, stages * 8, b->stage_compute_s, stages * 8);
+    g_assert_cmpmem(a->stage_bubble_s, stages * 8, b->stage_bubble_s, stages * 8);
+    g_assert_cmpmem(a->stage_comm_bytes, stages * ZP_GROUP_N * 8, b->stage_comm_bytes,
+                    stages * ZP_GROUP_N * 8);
+    g_assert_cmpmem(a->first_rank, (size_t)a->ranks_simulated * 4, b->first_rank,
+                    (size_t)b->ranks_simulated * 4);
+    g_assert_cmpmem(a->rank_count, (size_t)a->ranks_simulated * 4, b->rank_count,
+                    (size_t)b->ranks_simulated * 4);
+}
+
+/* Rank's timeline rows in both, bit for bit. */
+static void assert_same_row(const SimResult *full, const SimResult *kept, uint32_t rank)
+{
+    size_t a = 0, b = 0;
+    g_assert_true(sim_result_timeline_row(full, rank, &a));
+    g_assert_true(sim_result_timeline_row(kept, rank, &b));
+    const size_t n = full->n_ops;
+    g_assert_cmpmem(&full->op_start_s[a], n * 8, &kept->op_start_s[b], n * 8);
+    g_assert_cmpmem(&full->op_end_s[a], n * 8, &kept->op_end_s[b], n * 8);
+    g_assert_cmpmem(&full->op_ready_s[a], n * 8, &kept->op_ready_s[b], n * 8);
+    g_assert_cmpmem(&full->op_last_rank[a], n * 4, &kept->op_last_rank[b], n * 4);
+}
+
+/* The frozen-results plans, folded and explicit, as they are and with a straggler (the last
+ * rank slowed, so that the rank reported is not rank 0) and, explicit, a slow node: `--json`'s
+ * run (sim_trace_run keeping the reported rank's timeline) gives every figure and the
+ * reported rank's op times of the run keeping every rank's, and keeps at most two ranks'. */
+static void test_json_timeline(void)
+{
+    uint64_t second_passes = 0;
+    for (size_t i = 0; i < FROZEN_PLANS; i++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int slow = 0; slow < 3; slow++) {
+                if (slow == 2 && mode == SIM_MODE_FOLDED)
+                    continue;
+                ZpHw hw;
+                ZpSchedule *s = frozen_schedule(&frozen_plans[i], &hw);
+                const SimSlow straggler = {.index = (uint32_t)s->world - 1, .factor = 1.5};
+                const SimSlow link = {.index = 0, .factor = 3};
+                SimOptions options = {.mode = mode};
+                if (slow == 1) {
+                    options.slow_ranks = &straggler;
+                    options.n_slow_ranks = 1;
+                } else if (slow == 2) {
+                    options.slow_nodes = &link;
+                    options.n_slow_nodes = 1;
+                }
+                GError *error = NULL;
+                SimResult *kept = sim_trace_run(s, &hw, &options, FALSE, &error);
+                g_assert_no_error(error);
+                options.record_timeline = TRUE;
+                SimResult *full = sim_engine_run(s, &hw, &options, &error);
+                g_assert_no_error(error);
+                g_test_message("plan %zu %s slow %d: %d ranks, report rank %d, %u kept", i,
+                               sim_mode_name(mode), slow, full->ranks_simulated,
+                               full->report_rank, kept->n_timeline_ranks);
+                assert_same_figures(full, kept);
+                assert_same_row(full, kept, (uint32_t)full->report_rank);
+                /* Rank 0's, and the reported rank's where a second pass kept it. */
+                g_assert_nonnull(kept->timeline_ranks);
+                g_assert_cmpuint(kept->n_timeline_ranks, <=, 2);
+                second_passes += full->report_rank != 0;
+                sim_result_free(full);
+                sim_result_free(kept);
+                zp_sched_free(s);
+            }
+    /* The stragglers made some reported rank other than rank 0: the second pass ran. */
+    g_assert_cmpuint(second_passes, >, 0);
+}
+
+static char *read_whole(const char *path)
+{
+    char *text = NULL;
+    g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    return text;
+}
+
+/* The trace of every rank's timeline and of the bounded one, byte for byte: past 64 ranks
+ * (rank 0, the last to finish, the slow rank rank 0 waited for: a second pass), and on the
+ * shipped example's plan (64 ranks: every one traced). */
+static void test_trace_bounded(void)
+{
+    const struct {
+        const char *model, *hw;
+        int dp, micro_batch;
+        uint32_t slow_rank;
+    } cases[] = {{"gpt2-124m", "dgx-a100-80g", 128, 8, 77},
+                 {"gpt2-124m", "dgx-a100-80g", 96, 4, 95},
+                 {"gpt2-1.5b", "dgx2-v100", 64, 8, UINT32_MAX}};
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        ZpModel model;
+        ZpHw hw;
+        ZpPlan p;
+        GError *error = NULL;
+        g_assert_true(zp_model_load(cases[k].model, &model, &error));
+        g_assert_true(zp_hw_load(cases[k].hw, &hw, &error));
+        zp_plan_defaults(&p, 3, cases[k].dp, 1);
+        p.micro_batch = cases[k].micro_batch;
+        p.checkpoint = TRUE;
+        if (strcmp(cases[k].hw, "dgx2-v100") == 0)
+            p.precision = ZP_PREC_FP16;
+        ZpSchedule *s = zp_sched_build(&model, &p, &error);
+        g_assert_no_error(error);
+        const SimSlow slow = {.index = cases[k].slow_rank, .factor = 3};
+        SimOptions options = {.mode = SIM_MODE_EXPLICIT,
+                              .slow_ranks = &slow,
+                              .n_slow_ranks = cases[k].slow_rank != UINT32_MAX};
+        SimResult *kept = sim_trace_run(s, &hw, &options, TRUE, &error);
+        g_assert_no_error(error);
+        options.record_timeline = TRUE;
+        SimResult *full = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        assert_same_figures(full, kept);
+        if (full->ranks_simulated > SIM_TRACE_ALL_RANKS)
+            g_assert_cmpuint(kept->n_timeline_ranks, <=, 3);
+        char *a = g_build_filename(sim_tmp_dir, "full.json", NULL);
+        char *b = g_build_filename(sim_tmp_dir, "kept.json", NULL);
+        g_assert_true(sim_trace_write(s, full, a, NULL, NULL, &error));
+        g_assert_true(sim_trace_write(s, kept, b, NULL, NULL, &error));
+        char *ta = read_whole(a), *tb = read_whole(b);
+        g_assert_cmpstr(ta, ==, tb);
+        if (cases[k].slow_rank != UINT32_MAX) {
+            char *wait = g_strdup_printf("wait for rank %u", cases[k].slow_rank);
+            g_assert_nonnull(strstr(tb, wait));
+            g_free(wait);
+        }
+        g_free(ta);
+        g_free(tb);
+        g_remove(a);
+        g_remove(b);
+        g_free(a);
+        g_free(b);
+        sim_result_free(full);
+        sim_result_free(kept);
+        zp_sched_free(s);
+    }
+}
+
+/* The memory kept: 4,096 explicit ranks of gpt2-124m keep a handful of rows, not 4,096. */
+static void test_state_bounded(void)
+{
+    ZpSchedule *s = build_case(&(Case){.stage = 3, .dp = 4096, .mp = 1, .accum = 1});
+    SimOptions options = {.mode = SIM_MODE_EXPLICIT};
+    GError *error = NULL;
+    SimResult *bare = sim_engine_run(s, &a100, &options, &error);
+    g_assert_no_error(error);
+    SimResult *kept = sim_trace_run(s, &a100, &options, TRUE, &error);
+    g_assert_no_error(error);
+    /* Three rows of start, end and ready times and last ranks at most. */
+    g_assert_cmpuint(kept->state_bytes, <=, bare->state_bytes + 3 * (size_t)s->ops->len * 28);
+    g_assert_cmpfloat(kept->step_time_s, ==, bare->step_time_s);
+    sim_result_free(bare);
+    sim_result_free(kept);
+    zp_sched_free(s);
+}
+
+/* A folded run's classes have one rank each, which keeps its own memory state: no log of a
+ * state per memory op (for 32,000 layers, 328 MB). The state it allocates stays below one
+ * MemState per memory op, and the figures are those test_sim_plan's frozen results hold. */
+static void test_folded_memory_unlogged(void)
+{
+    ZpSchedule *s = build_case(&(Case){.stage = 3, .dp = 8, .mp = 1, .accum = 2,
+                                       .checkpoint = TRUE, .overlap = TRUE});
+    uint64_t memory_ops = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        memory_ops += zp_sched_op(s, i)->kind == ZP_OP_ALLOC ||
+                      zp_sched_op(s, i)->kind == ZP_OP_FREE;
+    SimResult *folded = run(s, &a100, SIM_MODE_FOLDED);
+    SimResult *explicit_ranks = run(s, &a100, SIM_MODE_EXPLICIT);
+    g_test_message("%" G_GUINT64_FORMAT " memory ops, %" G_GUINT64_FORMAT " state bytes",
+                   memory_ops, folded->state_bytes);
+    g_assert_cmpuint(folded->state_bytes, <, memory_ops * sizeof(MemState));
+    g_assert_cmpfloat(folded->peak_memory_bytes, ==, explicit_ranks->peak_memory_bytes);
+    g_assert_cmpmem(folded->peak_breakdown_bytes, sizeof folded->peak_breakdown_bytes,
+                    explicit_ranks->peak_breakdown_bytes,
+                    sizeof explicit_ranks->peak_breakdown_bytes);
+    g_assert_cmpmem(folded->category_peak_bytes, sizeof folded->category_peak_bytes,
+                    explicit_ranks->category_peak_bytes,
+                    sizeof explicit_ranks->category_peak_bytes);
+    sim_result_free(folded);
+    sim_result_free(explicit_ranks);
+    zp_sched_free(s);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    sim_common_init();
+    g_test_add_func("/sim/scale/json-timeline", test_json_timeline);
+    g_test_add_func("/sim/scale/trace-bounded", test_trace_bounded);
+    g_test_add_func("/sim/scale/state-bounded", test_state_bounded);
+    g_test_add_func("/sim/scale/folded-memory-unlogged", test_folded_memory_unlogged);
+    return sim_common_run();
+}
