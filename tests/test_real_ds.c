@@ -354,8 +354,9 @@ static json_t *offload_run(const OffloadCase *c, const char *dir, const char *na
         "\"reduce_bucket_size\": %d, \"stage3_param_persistence_threshold\": 0, %s}}",
         c->accum, c->stage, offload_bucket(c), c->ds);
     g_assert_true(g_file_set_contents(ds, text, -1, NULL));
-    char *zargs = g_strdup_printf("schedule --model tiny --gpus %d --impl %s --ds-config %s "
-                                  "--out %s", c->ranks, c->impl, ds, sched);
+    /* eager attention throughout: zreal's own default, which its runs by flags train with */
+    char *zargs = g_strdup_printf("schedule --model tiny --gpus %d --attention eager --impl %s "
+                                  "--ds-config %s --out %s", c->ranks, c->impl, ds, sched);
     TuRun r = tu_zplan(zargs);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r);
@@ -460,7 +461,8 @@ static void test_offload_partial_refused(void)
             "\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0, "
             "\"sub_group_size\": 20000, %s}}", cases[i].offload);
         g_assert_true(g_file_set_contents(ds, text, -1, NULL));
-        char *zargs = g_strdup_printf("schedule --model tiny --gpus 2 --impl paper "
+        char *zargs = g_strdup_printf("schedule --model tiny --gpus 2 --attention eager "
+                                      "--impl paper "
                                       "--ds-config %s --out %s", ds, sched);
         TuRun r = tu_zplan(zargs);
         g_assert_true(g_spawn_check_wait_status(r.status, NULL));
@@ -491,8 +493,10 @@ static void test_deepspeed_schedule_file(void)
     const char *knobs = "--stage 3 --checkpoint --reduce-bucket-size 12000 "
                         "--persistence-threshold 1000 --prefetch-bucket-size 20000 "
                         "--impl deepspeed";
+    /* eager attention, zreal's own default, which the run by flags below trains with (zplan's
+     * default without --cluster is flash2) */
     char *args = g_strdup_printf("schedule --model tiny --gpus 2 --micro-batch 8 --precision bf16 "
-                                 "--no-dropout %s --out %s", knobs, sched);
+                                 "--attention eager --no-dropout %s --out %s", knobs, sched);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r), g_free(args);
@@ -532,8 +536,8 @@ static void test_deepspeed_schedule_file(void)
                 "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 12000, "
                 "\"overlap_comm\": true, \"use_multi_rank_bucket_allreduce\": false}}",
         -1, NULL));
-    args = g_strdup_printf("schedule --model tiny --gpus 2 --no-dropout --ds-config %s --out %s",
-                           config, sched);
+    args = g_strdup_printf("schedule --model tiny --gpus 2 --attention eager --no-dropout "
+                           "--ds-config %s --out %s", config, sched);
     r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r), g_free(args);
@@ -588,7 +592,8 @@ static void test_deepspeed_allreduce_fetch(void)
                 "\"stage3_use_all_reduce_for_fetch_params\": true}}",
         -1, NULL));
     char *args = g_strdup_printf(
-        "schedule --model tiny --gpus 2 --no-dropout --ds-config %s --out %s", config, sched);
+        "schedule --model tiny --gpus 2 --attention eager --no-dropout --ds-config %s --out %s",
+        config, sched);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     tu_free(&r), g_free(args);
