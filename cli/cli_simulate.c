@@ -11,6 +11,7 @@
 #include "zp_cost.h"
 #include "zp_zeror.h"
 #include "zp_dsconfig.h"
+#include "zp_impl.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
@@ -28,6 +29,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *recompute;
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
@@ -110,6 +112,7 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--grad-accum", f->grad_accum != NULL, FROM_SCHEDULE},
         {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE},
         {"--checkpoint", f->checkpoint, FROM_SCHEDULE},
+        {"--recompute", f->recompute != NULL, FROM_SCHEDULE},
         {"--precision", f->precision != NULL, FROM_SCHEDULE},
         {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE},
         {"--seq", f->seq != NULL, FROM_SCHEDULE},
@@ -236,8 +239,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
          names_agree("--reduce-dtype", f->reduce_dtype, zp_reduce_dtype_name(launch.reduce_dtype),
                      "communication_data_type", zp_reduce_dtype_name(plan->reduce_dtype),
                      f->ds_config, error);
-    if (ok && f->checkpoint)
-        plan->checkpoint = TRUE;
+    if (ok && (f->checkpoint || f->recompute))
+        ok = cli_recompute(f->recompute, f->checkpoint, plan, error);
     /* What is not modeled is said only of a config that is taken: a refused one gets its
      * error line alone. */
     for (guint i = 0; ok && i < warnings->len; i++)
@@ -317,10 +320,13 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
+    if (!cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
+                 &plan->zero.zero_hpz_partition_size, error) ||
+        !cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) ||
+        !cli_recompute(f->recompute, f->checkpoint, plan, error))
+        return FALSE;
+    zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
-        cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1, &plan->zero.zero_hpz_partition_size,
-                error) &&
-        cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
         overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
         cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
         cli_offload_tuning(&f->tuning, &plan->zero, error);
@@ -980,7 +986,8 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
-        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block (--recompute full)", NULL},
+        {"recompute", 0, 0, G_OPTION_ARG_STRING, &f->recompute, "Activation recomputation: none (default), selective (Megatron's core attention; --impl megatron) or full (every block, as --checkpoint)", "R"},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
         {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f->no_overlap, "overlap_comm off", NULL},
@@ -1001,7 +1008,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
         {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes) or megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
@@ -1019,7 +1026,7 @@ static void free_flags(SimulateFlags *f)
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
-                      &f->gpu_memory, &f->html};
+                      &f->gpu_memory, &f->html, &f->recompute};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);

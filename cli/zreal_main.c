@@ -151,6 +151,13 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
+    if (plan->impl == ZP_IMPL_MEGATRON) {
+        /* Its fp32 main_grad buffer and in-place bucket views have no engine here yet. */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--impl megatron: zreal executes deepspeed, fsdp and paper only; "
+                    "simulate it with zplan");
+        return FALSE;
+    }
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;

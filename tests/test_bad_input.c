@@ -118,7 +118,9 @@ static const BadCase cases[] = {
     {"zplan simulate --model gpt-13b --cluster dgx-a100-80g --gpus 32 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"tensor_parallel\": {\"autotp_size\": 2}, \"zero_optimization\": {\"stage\": 3, \"zero_quantized_gradients\": true}}", "with --mp > 1 (tensor_parallel.autotp_size)"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 --max-live-parameters -1", NULL, "max-live-parameters"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --allgather-bucket-size 0", NULL, "--allgather-bucket-size: '0' is outside"},
-    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megatron", NULL, "--impl: unknown value 'megatron'"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megadeep", NULL, "--impl: unknown value 'megadeep'"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --impl megatron", NULL, "--impl megatron has stages 0 (DistributedDataParallel) and 1"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --checkpoint --recompute selective", NULL, "--checkpoint is --recompute full, not --recompute selective"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl fsdp", NULL, "no stage 1"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --micro-batch 2", "{\"train_micro_batch_size_per_gpu\": 1}", "--micro-batch 2 contradicts"},
     /* refused for what zplan does not model, in one line: no warning for its other keys */
@@ -170,6 +172,7 @@ static const BadCase cases[] = {
     {"zreal", NULL, "give one of --model and --schedule"},
     {"zreal --model tiny --schedule {C}/schedule/tiny-stage0.json", NULL, "give one of --model and --schedule"},
     {"zreal --model tiny --stage 4", NULL, "--stage: '4' is outside"},
+    {"zreal --model tiny --stage 1 --impl megatron", NULL, "--impl megatron: zreal executes deepspeed, fsdp and paper only"},
     {"zreal --model tiny --micro-batch 0", NULL, "--micro-batch: '0' is outside"},
     {"zreal --model tiny --mp 2", NULL, "--mp 2 x pipeline stages 1 must divide the 1 ranks"},
     {"zreal --microbench --model tiny --mp 3 --out {D}/mb.json", NULL, "--mp: 3 does not divide"},

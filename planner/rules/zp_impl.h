@@ -1,7 +1,9 @@
-/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP or the ZeRO paper —
- * as a table of rules the one schedule builder (zp_sched.c) and the memory model call through.
+/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP, the ZeRO paper or
+ * Megatron-Core — as a table of rules the one schedule builder (zp_sched.c) and the memory
+ * model call through.
  *
- * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c) fills a
+ * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c,
+ * zp_impl_megatron.c) fills a
  * ZpImpl; the builder never asks which implementation it runs. A new semantics (offload, ZeRO++)
  * is a new table or a wrapper of one: each rule is a function or a plain field. */
 #ifndef ZP_IMPL_H
@@ -83,8 +85,22 @@ typedef enum {
 typedef struct ZpImpl {
     ZpImplKind kind;
     const char *name;
-    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1). */
+    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1), and the stages it
+     * has, in words, for the line that refuses another. */
     gboolean (*has_stage)(int stage);
+    const char *stages;
+    /* Bytes of one gradient element as the implementation keeps it in its gradient state
+     * (Megatron's main_grad buffer); NULL: the training precision's (zp_plan_state_bytes). */
+    double (*grad_bytes)(const ZpPlan *plan);
+    /* The implementation's own defaults where DeepSpeed's differ, applied to a plan made from
+     * flags before the flags that set them explicitly (NULL: none). */
+    void (*plan_defaults)(ZpPlan *plan);
+    /* Whether the implementation has Megatron's selective recomputation
+     * (ZpPlan selective_recompute), so that the planner's search tries it. */
+    gboolean selective_recompute;
+    /* Whether DeepSpeed's activation_checkpointing options (ZeRO-R's Pa, Pa+cpu, MD) apply,
+     * so that the search tries them with checkpointing. */
+    gboolean zero_r;
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
@@ -180,9 +196,16 @@ typedef struct ZpImpl {
     gboolean qgz_by_tensor;
 } ZpImpl;
 
-extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
+extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron;
 
 const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* The plan's model-state bytes per element: the precision and optimizer's, with the
+ * gradients as the plan's implementation keeps them (ZpImpl grad_bytes). */
+ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
+
+/* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
+void zp_impl_plan_defaults(ZpPlan *plan);
 
 /* ---- rules the implementations share ------------------------------------------------- */
 

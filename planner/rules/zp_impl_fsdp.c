@@ -108,6 +108,7 @@ const ZpImpl zp_impl_fsdp = {
     .kind = ZP_IMPL_FSDP,
     .name = "fsdp",
     .has_stage = fsdp_has_stage,
+    .stages = "stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), no stage 1",
     .grad_collective = fsdp_grad_collective,
     .plan_buckets = fsdp_plan_buckets,
     .bucket_buffers = fsdp_bucket_buffers,

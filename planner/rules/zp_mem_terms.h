@@ -79,7 +79,10 @@ double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int 
 /* The same for a plan, with Megatron's sequence parallelism when the plan has it
  * (Korthikanti et al. section 4.2.2): the layer norms' inputs and outputs and the dropout
  * masks are split over the t ranks of the tensor group too, so GPT-2 eager with dropout keeps
- * (s b h / t)(34 + 5 a s / h) bytes, and its LayerNorm statistics 16 s b / t. */
+ * (s b h / t)(34 + 5 a s / h) bytes, and its LayerNorm statistics 16 s b / t. With selective
+ * recomputation (section 5, Table 2) core attention keeps only its inputs: the 5 a s / h term
+ * goes (a fused kernel's log-sum-exp likewise), sbh(10 + 24/t) without sequence parallelism,
+ * sbh 34/t with it. */
 double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan);
 
 /* One block's checkpoint, its input: s b h elements, over t with sequence parallelism. */

@@ -33,12 +33,15 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->zero.stage < 0 || p->zero.stage > 3)
         bad = "stage: must be 0, 1, 2 or 3";
     else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
-        bad = "impl: must be deepspeed, fsdp or paper";
-    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage))
-        bad = "stage: --impl fsdp has stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), "
-              "no stage 1";
-
-
+        bad = "impl: must be deepspeed, fsdp, paper or megatron";
+    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "stage: --impl %s has %s",
+                    zp_impl_get(p->impl)->name, zp_impl_get(p->impl)->stages);
+        return FALSE;
+    }
+    else if (p->selective_recompute && !p->checkpoint &&
+             !zp_impl_get(p->impl)->selective_recompute)
+        bad = "recompute: selective recomputation is Megatron's (--impl megatron)";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
@@ -259,7 +262,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     const int L = (int)model->layers;
     Builder b = {.s = s, .impl = zp_impl_get(plan->impl),
-                 .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
+                 .state = zp_impl_state_bytes(plan),
                  .last_compute = NONE,
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
@@ -372,7 +375,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
 {
     const ZpSchedule s = {.model = *model, .plan = *plan,
                           .elem_bytes = zp_plan_elem_bytes(plan->precision)};
-    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
+    const Builder b = {.state = zp_impl_state_bytes(plan)};
     const uint64_t L = (uint64_t)model->layers;
     const Cost fwd = zp_build_block_forward_cost(&s), bwd = zp_build_block_backward_cost(&s);
     const Cost embed = zp_build_embed_cost(&s), head = zp_build_head_cost(&s);

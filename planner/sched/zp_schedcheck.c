@@ -1,6 +1,7 @@
 /* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
+#include "zp_impl.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
 #include "zp_impl.h"
@@ -685,7 +686,7 @@ gboolean zp_schedcheck_step(const ZpSchedule *s, const char *what, GError **erro
 gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error)
 {
     Check c = {.s = s, .what = what, .error = error,
-               .st = zp_plan_state_bytes(s->plan.precision, s->plan.optimizer),
+               .st = zp_impl_state_bytes(&s->plan),
                .L = (int)s->model.layers, .n_units = s->n_units, .n_ops = s->ops->len};
     c.buf = g_new0(Buffer, MAX(c.n_ops, 1));
     for (guint i = 0; i < c.n_ops; i++)
