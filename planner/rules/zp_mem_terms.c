@@ -65,6 +65,16 @@ double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *pl
                        plan->selective_recompute && !plan->checkpoint);
 }
 
+double zp_mem_core_attention_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    if (!plan->selective_recompute || plan->checkpoint)
+        return 0.0;
+    const double spread = plan->sequence_parallel ? plan->mp : 1.0;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    return block_bytes(model, plan->micro_batch, plan->mp, elem, plan->attention, spread, FALSE) -
+           block_bytes(model, plan->micro_batch, plan->mp, elem, plan->attention, spread, TRUE);
+}
+
 double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan)
 {
     return (double)model->seq_len * plan->micro_batch * (double)model->hidden *

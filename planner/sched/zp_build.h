@@ -139,6 +139,7 @@ typedef struct {
     int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
     double act_bytes;
     ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
+    double core_bytes; /* selective recomputation: core attention's recomputed tensors */
 } Activations;
 
 /* The units [lo, hi) of one model chunk (all of them without a pipeline). */
@@ -164,6 +165,11 @@ void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op);
 uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate);
 Cost zp_build_block_forward_cost(const ZpSchedule *s);
 Cost zp_build_block_backward_cost(const ZpSchedule *s);
+/* What a block's recompute op recomputes: the whole forward from the checkpoint (full
+ * recomputation), or core attention alone (Megatron's selective recomputation,
+ * zp_build_selective: attention.py's checkpointed core attention). */
+gboolean zp_build_selective(const ZpPlan *plan);
+Cost zp_build_recompute_cost(const ZpSchedule *s);
 Cost zp_build_head_cost(const ZpSchedule *s);
 Cost zp_build_embed_cost(const ZpSchedule *s);
 Cost zp_build_optimizer_cost(const Builder *b, double elems);

@@ -228,6 +228,14 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
             g_array_append_val(deps, alloc);
             block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps, NULL);
         }
+        int core = -1; /* selective: core attention's recomputed tensors */
+        if (zp_build_selective(&s->plan)) {
+            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro,
+                                                 &core, &b->last_compute, 1);
+            g_array_append_val(deps, alloc);
+            zp_build_emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_build_recompute_cost(s),
+                                  (uint32_t *)deps->data, deps->len);
+        }
         position_end(b, zp_pos_rec(L, l), micro);
         const int pos = zp_pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
@@ -238,6 +246,9 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        if (core >= 0)
+            zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
+                               b->last_compute);
         if (ckpt && *zp_build_act_slot(b, a->ckpt, micro, l) >= 0)
             zp_build_emit_free(b, ZP_MEM_CHECKPOINTS,
                                a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l,

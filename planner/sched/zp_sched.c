@@ -307,7 +307,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
                      zp_mem_plan_activation_block_bytes(model, plan),
-                     zp_zeror_checkpoint(model, plan)};
+                     zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
@@ -391,7 +391,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_EMBED_FWD] = {micro, embed},
         [ZP_COMP_BLOCK_FWD] = {micro * L, fwd},
         [ZP_COMP_HEAD] = {micro, head},
-        [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
+        [ZP_COMP_RECOMPUTE] = {plan->checkpoint || zp_build_selective(plan) ? micro * L : 0,
+                               zp_build_recompute_cost(&s)},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
         [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},

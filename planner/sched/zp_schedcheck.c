@@ -167,8 +167,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
     if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER && op->micro < 0)
         return bad(c, "micro", "= %d: op %s needs a micro-step", op->micro,
                    zp_sched_compute_name(op->sub));
-    if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
-        return bad(c, "op", "recompute in a plan without checkpointing");
+    if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint &&
+        !c->s->plan.selective_recompute)
+        return bad(c, "op", "recompute in a plan without recomputation");
     const ZpZeroConfig *z = &c->s->plan.zero;
     if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
         return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
