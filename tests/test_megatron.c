@@ -2,6 +2,7 @@
  * bytes of megatron/training/theoretical_memory_usage.py, its main_grad buckets and padding
  * (param_and_grad_buffer.py), its defaults and the stages it has. */
 #include "testutil.h"
+#include "sim_engine.h"
 #include "zp_impl.h"
 
 #include <jansson.h>
@@ -219,11 +220,71 @@ static void test_cli(void)
     tu_free(&r);
 }
 
+/* Megatron's overlap_grad_reduce, PyTorch DDP's way: each bucket's all-reduce is issued when
+ * backward has produced its last gradient (param_and_grad_buffer.py register_grad_ready ->
+ * start_grad_sync) and runs beside the rest of backward. Hand case: gpt2-124m at stage 0 on
+ * one DGX A100 (dp 8, micro-batch 8, bf16: a block's backward, about 1 ms, is longer than
+ * a bucket's all-reduce), buckets of 2.2e7 elements or more (four: three of about three
+ * blocks, the last the embeddings and two blocks): every bucket's
+ * all-reduce but the last (the embeddings' and the lowest blocks', issued after the
+ * embedding's backward) is hidden, so the step's exposed communication is that last
+ * all-reduce's time; without overlap one bucket of everything is reduced after backward and
+ * all of it is exposed. */
+static void test_ddp_overlap(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    double exposed[2], last[2], sum[2];
+    for (int overlap = 0; overlap <= 1; overlap++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 0, 8, 1);
+        p.impl = ZP_IMPL_MEGATRON;
+        p.precision = ZP_PREC_BF16;
+        p.micro_batch = 8;
+        zp_impl_plan_defaults(&p);
+        p.zero.overlap_comm = overlap;
+        p.zero.reduce_bucket_size = 2.2e7;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        SimOptions options = {.record_timeline = TRUE};
+        SimResult *r = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        int n = 0;
+        sum[overlap] = last[overlap] = 0;
+        double last_compute_end = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EMBED_BWD)
+                last_compute_end = r->op_end_s[i];
+            if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_DP)
+                continue;
+            n++;
+            last[overlap] = r->op_end_s[i] - r->op_start_s[i];
+            sum[overlap] += last[overlap];
+            g_test_message("bucket %d: %.0f bytes, %.3f to %.3f ms (backward ends %.3f ms)", n,
+                           op->bytes, 1e3 * r->op_start_s[i], 1e3 * r->op_end_s[i],
+                           1e3 * last_compute_end);
+        }
+        exposed[overlap] = r->exposed_comm_s;
+        g_test_message("overlap %d: %d buckets, exposed %.3f ms, last all-reduce %.3f ms, all "
+                       "%.3f ms", overlap, n, 1e3 * exposed[overlap], 1e3 * last[overlap],
+                       1e3 * sum[overlap]);
+        g_assert_cmpint(n, ==, overlap ? 4 : 1);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+    g_assert_cmpfloat(fabs(exposed[0] - sum[0]), <=, 1e-9);
+    g_assert_cmpfloat(fabs(exposed[1] - last[1]), <=, 1e-9);
+    g_assert_cmpfloat(exposed[1], <, 0.5 * exposed[0]);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/megatron/theoretical-memory", test_theoretical_memory);
     g_test_add_func("/megatron/buckets", test_buckets);
     g_test_add_func("/megatron/cli", test_cli);
+    g_test_add_func("/megatron/ddp-overlap", test_ddp_overlap);
     return g_test_run();
 }
