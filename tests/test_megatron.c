@@ -279,6 +279,61 @@ static void test_ddp_overlap(void)
     g_assert_cmpfloat(exposed[1], <, 0.5 * exposed[0]);
 }
 
+/* Pipeline sends under scatter/gather (Narayanan et al. 2021 section 4.1; Megatron's
+ * p2p_communication.py): with tensor parallelism t and no sequence parallelism each rank sends
+ * b s h / t of a micro-step's activations or gradients instead of b s h, and the receiving
+ * tensor group all-gathers the b s h over NVLink; with sequence parallelism the sends are
+ * b s h / t already and nothing changes. Against the paper's semantics, which send b s h. */
+static double bsh_bytes(const ZpModel *m)
+{
+    return 2.0 * (double)m->seq_len * (double)m->hidden; /* micro-batch 1, 16 bits */
+}
+
+static void p2p_bytes(ZpImplKind impl, gboolean sp, double *sent, int *gathers)
+{
+    const ZpModel m = tu_load_model("gpt-13b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 4, 4);
+    p.impl = impl;
+    p.pipe.stages = 2;
+    p.grad_accum = 8;
+    p.checkpoint = TRUE;
+    p.sequence_parallel = sp;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    *sent = 0, *gathers = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->kind == ZP_OP_P2P && op->sub != ZP_P2P_TIED)
+            *sent += op->bytes;
+        if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP &&
+            op->sub == ZP_COLL_ALLGATHER && op->bytes == bsh_bytes(&m))
+            (*gathers)++;
+    }
+    zp_sched_free(s);
+}
+
+static void test_scatter_gather(void)
+{
+    const ZpModel m = tu_load_model("gpt-13b");
+    double paper, megatron;
+    int paper_gathers, megatron_gathers;
+    p2p_bytes(ZP_IMPL_PAPER, FALSE, &paper, &paper_gathers);
+    p2p_bytes(ZP_IMPL_MEGATRON, FALSE, &megatron, &megatron_gathers);
+    g_test_message("sent %.0f against %.0f bytes, %d receives all-gathered", megatron, paper,
+                   megatron_gathers);
+    /* 8 micro-steps, one send forward and one back: 16 of b s h 16-bit values */
+    g_assert_cmpfloat(paper, ==, 16 * bsh_bytes(&m));
+    g_assert_cmpfloat(megatron, ==, paper / 4);
+    g_assert_cmpint(paper_gathers, ==, 0);
+    g_assert_cmpint(megatron_gathers, ==, 16);
+    p2p_bytes(ZP_IMPL_PAPER, TRUE, &paper, &paper_gathers);
+    p2p_bytes(ZP_IMPL_MEGATRON, TRUE, &megatron, &megatron_gathers);
+    g_assert_cmpfloat(megatron, ==, paper);
+    g_assert_cmpfloat(megatron, ==, 16 * bsh_bytes(&m) / 4);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -286,5 +341,6 @@ int main(int argc, char **argv)
     g_test_add_func("/megatron/buckets", test_buckets);
     g_test_add_func("/megatron/cli", test_cli);
     g_test_add_func("/megatron/ddp-overlap", test_ddp_overlap);
+    g_test_add_func("/megatron/scatter-gather", test_scatter_gather);
     return g_test_run();
 }

@@ -101,6 +101,10 @@ typedef struct ZpImpl {
     /* Whether DeepSpeed's activation_checkpointing options (ZeRO-R's Pa, Pa+cpu, MD) apply,
      * so that the search tries them with checkpointing. */
     gboolean zero_r;
+    /* Whether a pipeline send with tensor parallelism and no sequence parallelism goes as
+     * each tensor rank's 1/t of the activations, all-gathered over the tensor group by the
+     * receiver (Narayanan et al. 2021 section 4.1; zp_sched's scatter_gather). */
+    gboolean p2p_scatter_gather;
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */

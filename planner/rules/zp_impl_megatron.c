@@ -181,6 +181,12 @@ const ZpImpl zp_impl_megatron = {
     .grad_bytes = mg_grad_bytes,
     .plan_defaults = mg_plan_defaults,
     .selective_recompute = TRUE,
+    /* megatron/p2p_communication.py _communicate: with scatter_gather_tensors_in_pipeline
+     * (arguments.py: on unless --no-scatter-gather-tensors-in-pipeline) each tensor rank sends
+     * split_tensor_into_1d_equal_chunks of the tensor and the receiver rebuilds it with
+     * gather_split_1d_tensor (an all-gather over the tensor group); overridden under
+     * sequence parallelism, whose tensors are split already. */
+    .p2p_scatter_gather = TRUE,
     .grad_collective = mg_grad_collective,
     .plan_buckets = mg_plan_buckets,
     .bucket_buffers = mg_bucket_buffers,

@@ -244,6 +244,11 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
 /* ---- zp_build_pipe.c ---- */
 
 int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir);
+/* The received tensor's all-gather over the tensor group under scatter/gather (ZpImpl
+ * p2p_scatter_gather), which takes the send as its dependency (the emitter's recv_key) and,
+ * as p2p_communication.py runs it in line, the compute before it; the next compute op waits
+ * for it. Nothing otherwise. */
+void zp_build_receive(Builder *b, int unit, int micro);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 void zp_build_tied_sync(Builder *b);
 

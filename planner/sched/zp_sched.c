@@ -121,6 +121,7 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
     if (!x->backward) {
         b->recv_key =
             x->chunk > 0 ? zp_build_send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
+        zp_build_receive(b, r.lo, x->micro);
         zp_build_forward(b, x->micro, a, deps, r);
         if (last)
             zp_build_head(b, x->micro, reduce,
@@ -132,6 +133,7 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
         return;
     }
     b->recv_key = !last ? zp_build_send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    zp_build_receive(b, r.hi - 1, x->micro);
     zp_build_release_head_grad(b, x->micro);
     zp_build_backward(b, x->micro, reduce, a, deps, launched, r);
     if (x->chunk > 0)
