@@ -120,6 +120,8 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --allgather-bucket-size 0", NULL, "--allgather-bucket-size: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl megadeep", NULL, "--impl: unknown value 'megadeep'"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 --impl megatron", NULL, "--impl megatron has stages 0 (DistributedDataParallel) and 1"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --megatron-args {IN}", "--tensor-model-parallel-size 3 --bf16", "{IN}: --tensor-model-parallel-size x --pipeline-model-parallel-size = 3 does not divide the 8 GPUs"},
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --megatron-args {IN} --mp 2", "--bf16", "--mp: the plan comes from --megatron-args"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --checkpoint --recompute selective", NULL, "--checkpoint is --recompute full, not --recompute selective"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --impl fsdp", NULL, "no stage 1"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --micro-batch 2", "{\"train_micro_batch_size_per_gpu\": 1}", "--micro-batch 2 contradicts"},
