@@ -465,7 +465,7 @@ int cli_memory(int argc, char **argv)
         CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, flash2 without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper or megatron", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&tuning),
         CLI_MOE_ENTRIES(&ep, &capacity, &skew),

@@ -929,7 +929,7 @@ int cli_plan(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &a.html, "Write the top plans side by side as one HTML page", "OUT.html"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper or megatron", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_BUDGET_ENTRIES(&a.budget),

@@ -12,6 +12,7 @@ const ZpImpl *zp_impl_get(ZpImplKind kind)
         [ZP_IMPL_FSDP] = &zp_impl_fsdp,
         [ZP_IMPL_PAPER] = &zp_impl_paper,
         [ZP_IMPL_MEGATRON] = &zp_impl_megatron,
+        [ZP_IMPL_FSDP2] = &zp_impl_fsdp2,
     };
     return table[kind];
 }

@@ -98,13 +98,17 @@ typedef struct ZpImpl {
     /* Whether the implementation has Megatron's selective recomputation
      * (ZpPlan selective_recompute), so that the planner's search tries it. */
     gboolean selective_recompute;
-    /* Whether DeepSpeed's activation_checkpointing options (ZeRO-R's Pa, Pa+cpu, MD) apply,
-     * so that the search tries them with checkpointing. */
+    /* Whether DeepSpeed's own options apply, so that the search tries them: ZeRO-R's
+     * activation_checkpointing (Pa, Pa+cpu, MD) with checkpointing, ZeRO++ at stage 3. */
     gboolean zero_r;
     /* Whether a pipeline send with tensor parallelism and no sequence parallelism goes as
      * each tensor rank's 1/t of the activations, all-gathered over the tensor group by the
      * receiver (Narayanan et al. 2021 section 4.1; zp_sched's scatter_gather). */
     gboolean p2p_scatter_gather;
+    /* Stage 3: the sharded parameters are the fp32 master weights themselves (FSDP2 keeps
+     * each parameter's shard in its original dtype and casts it for the all-gather): no
+     * separate 16-bit partition is held. */
+    gboolean sharded_params_are_master;
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
@@ -200,7 +204,8 @@ typedef struct ZpImpl {
     gboolean qgz_by_tensor;
 } ZpImpl;
 
-extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron;
+extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
+    zp_impl_fsdp2;
 
 const ZpImpl *zp_impl_get(ZpImplKind kind);
 
@@ -272,6 +277,16 @@ void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);
 
 /* Every non-persistent block twice and the embedding once (unit-level persistence). */
 double zp_impl_unit_gather_bound(const ZpModel *model, const ZpPlan *plan);
+
+/* FSDP's unit rules, which FSDP1 (zp_impl_fsdp.c) and FSDP2 (zp_impl_fsdp2.c) share: the
+ * reduction's collective (all-reduce without sharding, else reduce-scatter), one reduction
+ * per unit as its backward ends (the root's after the embedding's), the units' gathers (the
+ * root's from the start to the end of backward, each block one ahead in forward and in
+ * backward) and their closed-form buffer terms. */
+ZpCollKind zp_impl_fsdp_grad_collective(const ZpPlan *plan);
+void zp_impl_fsdp_plan_buckets(const ZpSchedule *s, GArray *buckets);
+void zp_impl_fsdp_plan_fetches(const ZpSchedule *s, GArray *fetches);
+void zp_impl_fsdp_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
 
 /* The paper's closed-form buffer terms (the unit-level schedule's). */
 void zp_impl_paper_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);

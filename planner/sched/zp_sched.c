@@ -33,7 +33,7 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->zero.stage < 0 || p->zero.stage > 3)
         bad = "stage: must be 0, 1, 2 or 3";
     else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
-        bad = "impl: must be deepspeed, fsdp, paper or megatron";
+        bad = "impl: must be deepspeed, fsdp, paper, megatron or fsdp2";
     else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "stage: --impl %s has %s",
                     zp_impl_get(p->impl)->name, zp_impl_get(p->impl)->stages);

@@ -175,7 +175,7 @@ static gboolean zeropp_buckets(int buckets)
 static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, ZpPlan *plan)
 {
     const int node_dp = zp_zeropp_group_ranks(plan, ZP_GROUP_NODE);
-    if (combo != 0 && (plan->zero.stage != 3 || spec->impl == ZP_IMPL_FSDP ||
+    if (combo != 0 && (plan->zero.stage != 3 || !zp_impl_get(spec->impl)->zero_r ||
                        !zeropp_buckets(buckets) || !plan->zero.overlap_comm))
         return FALSE;
     if ((combo & 2) && (node_dp <= 1 || node_dp >= plan->dp))

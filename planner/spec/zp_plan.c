@@ -145,7 +145,8 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
-static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", "megatron", NULL};
+static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", "megatron", "fsdp2",
+                                         NULL};
 
 const char *zp_impl_name(ZpImplKind impl)
 {

@@ -28,9 +28,17 @@ typedef enum {
 typedef enum { ZP_REDUCE_GRAD, ZP_REDUCE_FP32, ZP_REDUCE_BF16, ZP_REDUCE_FP16, ZP_REDUCE_N } ZpReduceDtype;
 
 /* Whose ZeRO a plan follows (planner/rules/zp_impl.h): DeepSpeed v0.19.6 as its source does it
- * (the zero value, the default), PyTorch FSDP, the ZeRO paper's idealised volumes, or
- * Megatron-Core's DistributedDataParallel and distributed optimizer. */
-typedef enum { ZP_IMPL_DEEPSPEED, ZP_IMPL_FSDP, ZP_IMPL_PAPER, ZP_IMPL_MEGATRON, ZP_IMPL_N } ZpImplKind;
+ * (the zero value, the default), PyTorch FSDP, the ZeRO paper's idealised volumes,
+ * Megatron-Core's DistributedDataParallel and distributed optimizer, or PyTorch's FSDP2
+ * (fully_shard). */
+typedef enum {
+    ZP_IMPL_DEEPSPEED,
+    ZP_IMPL_FSDP,
+    ZP_IMPL_PAPER,
+    ZP_IMPL_MEGATRON,
+    ZP_IMPL_FSDP2,
+    ZP_IMPL_N
+} ZpImplKind;
 
 /* Bytes per parameter of each model-state term for a precision and optimizer. */
 typedef struct {
