@@ -82,6 +82,38 @@ static void test_reshard_after_forward(void)
     zp_sched_free(two);
 }
 
+/* foreach_all_gather / foreach_all_gather_copy_out: a unit's all-gather lands in one output
+ * buffer (each parameter padded to the group) and is copied out into the parameters' own
+ * unsharded tensors when first waited for: one unpack per gather, moving the unit twice (read
+ * and write), its output buffer and the unit's tensors both held at that moment. FSDP1
+ * gathers into its flat parameter and uses it as is. */
+static void test_copy_out(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    const double block_bytes = 2.0 * (double)zp_model_unit_elems(&m, 1);
+    for (int impl = 0; impl < 2; impl++) {
+        ZpSchedule *s = build(&m, impl ? ZP_IMPL_FSDP2 : ZP_IMPL_FSDP, 3);
+        int unpacks = 0, block_unpacks = 0, gathers = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK) {
+                unpacks++;
+                block_unpacks += op->mem_bytes == 2 * block_bytes;
+            }
+            if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER &&
+                op->group == ZP_GROUP_DP && op->micro >= 0)
+                gathers++;
+        }
+        g_test_message("%s: %d all-gathers, %d copy-outs", impl ? "fsdp2" : "fsdp", gathers,
+                       unpacks);
+        /* the root's two units, then each block for its forward and its backward */
+        g_assert_cmpint(gathers, ==, 2 + 2 * 12);
+        g_assert_cmpint(unpacks, ==, impl ? gathers : 0);
+        g_assert_cmpint(block_unpacks, ==, impl ? 2 * 12 : 0);
+        zp_sched_free(s);
+    }
+}
+
 static void test_cli(void)
 {
     TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 "
@@ -103,6 +135,7 @@ int main(int argc, char **argv)
     g_test_add_func("/fsdp2/states", test_states);
     g_test_add_func("/fsdp2/reduce-scatter-copy-in", test_copy_in);
     g_test_add_func("/fsdp2/reshard-after-forward", test_reshard_after_forward);
+    g_test_add_func("/fsdp2/all-gather-copy-out", test_copy_out);
     g_test_add_func("/fsdp2/cli", test_cli);
     return g_test_run();
 }

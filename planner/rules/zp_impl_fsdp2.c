@@ -42,6 +42,41 @@ static int fsdp2_bucket_buffers(const ZpPlan *plan, double *elems)
     return 0;
 }
 
+/* FSDP's unit fetches, each as one all-gather of the unit's parameters padded one by one
+ * (_fsdp_param.py: each parameter's dim 0 is padded to the world size, _get_dim0_padded_size)
+ * into one output buffer (_fsdp_collectives.py foreach_all_gather: all_gather_output, the
+ * coalesced call's flat buffer), copied out into each parameter's own unsharded tensor when
+ * first waited for (foreach_all_gather_copy_out: alloc_all_gather_outputs, then
+ * split_with_sizes_copy; the schedule's unpack) and freed then: for that moment the unit
+ * is held twice. Each tensor's elements are padded to the group (a lower bound of dim-0
+ * padding, which pads whole rows). */
+static void fsdp2_plan_fetches(const ZpSchedule *s, GArray *fetches)
+{
+    GArray *units = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    zp_impl_fsdp_plan_fetches(s, units);
+    GArray *tensors = zp_impl_tensors(s);
+    const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
+    guint *first = g_new0(guint, (gsize)s->n_units + 1); /* tensors of unit u: [first[u], first[u+1]) */
+    for (guint i = 0; i < tensors->len; i++)
+        first[t[i].unit + 1] = i + 1;
+    for (int u = 1; u <= s->n_units; u++)
+        first[u] = MAX(first[u], first[u - 1]);
+    for (guint i = 0; i < units->len; i++) {
+        const ZpFetch *f = &g_array_index(units, ZpFetch, i);
+        for (guint k = first[f->unit]; k < first[f->unit + 1]; k++) {
+            ZpFetch g = *f;
+            g.offset = t[k].offset;
+            g.elems = zp_mem_padded_elems(t[k].elems, (uint64_t)s->plan.dp);
+            g.numel = t[k].elems;
+            g.joins_previous = k > first[f->unit];
+            g_array_append_val(fetches, g);
+        }
+    }
+    g_free(first);
+    g_array_unref(tensors);
+    g_array_unref(units);
+}
+
 static void fsdp2_persistent(const ZpSchedule *s, GArray *ranges)
 {
     (void)s, (void)ranges; /* fully_shard shards every parameter */
@@ -82,7 +117,7 @@ const ZpImpl zp_impl_fsdp2 = {
     .bucket_buffers = fsdp2_bucket_buffers,
     .concat_copy = fsdp2_concat_copy,
     .post_step_gather_buffer = FALSE,
-    .plan_fetches = zp_impl_fsdp_plan_fetches,
+    .plan_fetches = fsdp2_plan_fetches,
     .persistent = fsdp2_persistent,
     .unit_persistence = FALSE,
     .grad_state_elems = fsdp2_grad_state_elems,
