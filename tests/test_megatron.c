@@ -202,6 +202,15 @@ static void test_cli(void)
     g_assert_cmpfloat(json_number_value(json_object_get(j, "model_state_bytes")), ==, 16 * psi);
     json_decref(j);
     g_free(args);
+    /* zplan memory's closed form says the same: 2 + 4 + 12 bytes, 6 + 12/8 at stage 1 */
+    j = tu_zplan_json("memory --model models/hf/llama-2-7b --gpus 8 --precision bf16 "
+                      "--impl megatron --json");
+    json_t *row = json_array_get(json_object_get(j, "rows"), 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(
+                          json_object_get(j, "bytes_per_param"), "grads")), ==, 4);
+    g_assert_cmpfloat(json_number_value(json_object_get(row, "stage0")), ==, 18 * psi);
+    g_assert_cmpfloat(json_number_value(json_object_get(row, "stage1")), ==, 7.5 * psi);
+    json_decref(j);
     args = g_strdup_printf("%s --stage 2", base);
     TuRun r = tu_zplan(args);
     g_assert_false(g_spawn_check_wait_status(r.status, NULL));
