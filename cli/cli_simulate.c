@@ -1053,7 +1053,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &f->cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints kept in host memory (with --checkpoint)", NULL},
         {"contiguous-memory", 0, 0, G_OPTION_ARG_NONE, &f->contiguous_memory, "ZeRO-R MD: checkpoints in one pre-allocated region (contiguous_memory_optimization)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
-        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none); under --impl fsdp2, reshard_after_forward=N", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),

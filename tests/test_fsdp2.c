@@ -114,6 +114,39 @@ static void test_copy_out(void)
     }
 }
 
+/* reshard_after_forward=8 on two nodes (dp 16): after forward each block keeps a 16-bit shard
+ * over the 8 ranks of its node (2 psi / 8, the schedule's secondary partition), and backward
+ * all-gathers from it inside the node; the forward gathers still span the 16 ranks. */
+static void test_reshard_to_node(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 16, 1);
+    p.impl = ZP_IMPL_FSDP2;
+    p.precision = ZP_PREC_BF16;
+    p.gpus_per_node = 8;
+    p.zero.zero_hpz_partition_size = 8;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    int node = 0, world = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->kind != ZP_OP_COLLECTIVE || op->sub != ZP_COLL_ALLGATHER || op->micro < 0)
+            continue;
+        node += op->group == ZP_GROUP_HPZ;
+        world += op->group == ZP_GROUP_DP;
+    }
+    g_test_message("%d gathers inside the node, %d over all ranks", node, world);
+    g_assert_cmpint(node, ==, 12);      /* each block's backward */
+    g_assert_cmpint(world, ==, 2 + 12); /* the root's units, each block's forward */
+    double units = 0;
+    for (int u = 0; u < s->n_units; u++)
+        units += (double)zp_sched_unit_padded(s, u);
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 2 * units / 8);
+    zp_sched_free(s);
+}
+
 static void test_cli(void)
 {
     TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 "
@@ -136,6 +169,7 @@ int main(int argc, char **argv)
     g_test_add_func("/fsdp2/reduce-scatter-copy-in", test_copy_in);
     g_test_add_func("/fsdp2/reshard-after-forward", test_reshard_after_forward);
     g_test_add_func("/fsdp2/all-gather-copy-out", test_copy_out);
+    g_test_add_func("/fsdp2/reshard-after-forward-int", test_reshard_to_node);
     g_test_add_func("/fsdp2/cli", test_cli);
     return g_test_run();
 }
