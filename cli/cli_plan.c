@@ -302,12 +302,18 @@ static void print_header(const PlanArgs *a, const ZpSearchResult *r)
         printf("global batch %" G_GINT64_FORMAT, a->global_batch);
     else
         printf("global batch free (one micro-step per step)");
+    /* the reduce dtype as the implementation resolves it (Megatron: fp32 under bf16) */
+    ZpPlan resolved;
+    zp_plan_defaults(&resolved, 0, 1, 1);
+    resolved.precision = a->precision, resolved.impl = a->impl;
+    resolved.reduce_dtype = a->kernels.reduce_dtype;
+    zp_impl_plan_defaults(&resolved);
     printf(", %s + %s, %s attention, gradients reduced in %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
            "%u simulated and fit, %u over memory when simulated. GB = 1e9 bytes.\n",
            zp_precision_name(a->precision), zp_optimizer_name(a->optimizer),
            zp_attention_name(a->kernels.attention),
-           a->kernels.reduce_dtype == ZP_REDUCE_GRAD ? zp_precision_name(a->precision)
-                                                     : zp_reduce_dtype_name(a->kernels.reduce_dtype),
+           resolved.reduce_dtype == ZP_REDUCE_GRAD ? zp_precision_name(a->precision)
+                                                   : zp_reduce_dtype_name(resolved.reduce_dtype),
            r->candidates->len, r->count[ZP_FATE_OUT_OF_MEMORY], r->count[ZP_FATE_CANNOT_WIN],
            r->count[ZP_FATE_SIMULATED], r->count[ZP_FATE_SIMULATED_OOM]);
 }

@@ -5,6 +5,7 @@
 #include "testutil.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
+#include "zp_search.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -165,11 +166,41 @@ static void test_schedule(void)
     }
 }
 
+/* The search tries selective recomputation where the implementation has it: every Megatron
+ * plan comes in three kinds (none, selective, full), DeepSpeed's in two. */
+static void test_search(void)
+{
+    const ZpModel m = config_model(&configs[0]);
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    for (int impl = 0; impl < 2; impl++) {
+        ZpSearchSpec spec;
+        zp_search_spec_defaults(&spec, &m, &hw, 8);
+        spec.mp = 8;
+        spec.stage = 0;
+        spec.micro_batch = 4;
+        spec.precision = ZP_PREC_BF16;
+        spec.impl = impl ? ZP_IMPL_MEGATRON : ZP_IMPL_DEEPSPEED;
+        GError *error = NULL;
+        GArray *plans = zp_search_enumerate(&spec, &error);
+        g_assert_no_error(error);
+        int kinds[3] = {0, 0, 0};
+        for (guint i = 0; i < plans->len; i++)
+            kinds[zp_plan_recompute(&g_array_index(plans, ZpCandidate, i).plan)]++;
+        g_test_message("%s: %d plans without recomputation, %d selective, %d full",
+                       impl ? "megatron" : "deepspeed", kinds[0], kinds[1], kinds[2]);
+        g_assert_cmpint(kinds[0], >, 0);
+        g_assert_cmpint(kinds[1], ==, impl ? kinds[0] : 0);
+        g_assert_cmpint(kinds[2], >=, kinds[0]);
+        g_array_unref(plans);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/recompute/korthikanti-table2", test_table2);
     g_test_add_func("/recompute/korthikanti-table5-fits", test_table5_fits);
     g_test_add_func("/recompute/schedule", test_schedule);
+    g_test_add_func("/recompute/search", test_search);
     return g_test_run();
 }
