@@ -43,6 +43,7 @@ typedef struct {
     CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
     CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
+    gboolean overlap_param_gather;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
     GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
@@ -120,7 +121,8 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--attention", f->attention != NULL, FROM_SCHEDULE},
         {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--impl", f->impl != NULL, FROM_SCHEDULE},
-        {"--overlap", f->overlap, FROM_BOTH | FROM_MEGATRON}, {"--no-overlap", f->no_overlap, FROM_BOTH | FROM_MEGATRON},
+        {"--overlap", f->overlap, FROM_BOTH | FROM_MEGATRON},
+        {"--overlap-param-gather", f->overlap_param_gather, FROM_BOTH | FROM_MEGATRON}, {"--no-overlap", f->no_overlap, FROM_BOTH | FROM_MEGATRON},
         {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
         {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--allgather-bucket-size", f->allgather_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
@@ -364,6 +366,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
     plan->zero.zero_quantized_weights = f->quantized_weights;
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
+    plan->overlap_param_gather = f->overlap_param_gather;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
     if (!cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
@@ -1033,6 +1036,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block (--recompute full)", NULL},
+        {"overlap-param-gather", 0, 0, G_OPTION_ARG_NONE, &f->overlap_param_gather, "Megatron's distributed optimizer (--impl megatron --stage 1): the updated parameters' all-gather runs bucket by bucket beside the next forward instead of after the step", NULL},
         {"recompute", 0, 0, G_OPTION_ARG_STRING, &f->recompute, "Activation recomputation: none (default), selective (Megatron's core attention; --impl megatron) or full (every block, as --checkpoint)", "R"},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},

@@ -109,6 +109,10 @@ typedef struct ZpImpl {
      * each parameter's shard in its original dtype and casts it for the all-gather): no
      * separate 16-bit partition is held. */
     gboolean sharded_params_are_master;
+    /* Stages 1-2: the updated parameters are all-gathered one gradient bucket at a time, in
+     * place (Megatron's start_param_sync over its bucket groups), rather than in
+     * allgather_bucket_size chunks (DeepSpeed's all_gather_dp_groups). */
+    gboolean param_gather_by_bucket;
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */

@@ -194,6 +194,9 @@ const ZpImpl zp_impl_megatron = {
     /* distrib_optimizer.py: the updated shard is copied into param_data and all-gathered in
      * place (start_param_sync). */
     .post_step_gather_buffer = FALSE,
+    /* distrib_optimizer.py step_with_ready_grads -> start_param_sync of each bucket group
+     * (param_and_grad_buffer.py: all_gather_into_tensor of the bucket's param_data shard) */
+    .param_gather_by_bucket = TRUE,
     /* No stage 3 (has_stage): the stage-3 rules are never asked; the shared unit-level ones
      * stand for them. */
     .persistent = zp_impl_persistent_units,

@@ -120,6 +120,10 @@ typedef struct {
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;
     gboolean over_ops;
+    /* overlap_param_gather: each bucket's all-gather in the next forward (NONE: none, as for
+     * an empty one), how many are issued and how many waited for, in forward order */
+    GArray *param_gathers; /* uint32_t */
+    guint param_gathers_issued, param_gathers_waited;
 } Builder;
 
 /* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
@@ -256,5 +260,9 @@ void zp_build_tied_sync(Builder *b);
 
 uint32_t zp_build_emit_step_op(Builder *b, ZpOp op, const uint32_t *deps, guint n);
 void zp_build_optimizer_step(Builder *b, GArray *launched);
+/* Megatron's overlap_param_gather: before unit `unit`'s first forward compute of the step,
+ * waits for the buckets that hold its parameters (the next compute op depends on their
+ * all-gathers) and dispatches the bucket after the last of them; nothing otherwise. */
+void zp_build_wait_param_gathers(Builder *b, int unit, int micro);
 
 #endif

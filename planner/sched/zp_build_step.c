@@ -98,6 +98,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
     const Cost embed = zp_build_embed_cost(s), block = zp_build_block_forward_cost(s);
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
+        zp_build_wait_param_gathers(b, 0, micro);
         zp_build_emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data,
                               deps->len);
         if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
@@ -115,6 +116,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
                                     zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
+        zp_build_wait_param_gathers(b, l, micro);
         block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps, NULL);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
@@ -192,6 +194,7 @@ void zp_build_head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray
     }
     if (reduce)
         zp_build_hand_on(b, L + 1, -1, micro, deps);
+    zp_build_wait_param_gathers(b, L + 1, micro);
     zp_build_emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                           (uint32_t *)deps->data, deps->len);
     const uint32_t head_op = b->last_compute;

@@ -42,6 +42,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->selective_recompute && !p->checkpoint &&
              !zp_impl_get(p->impl)->selective_recompute)
         bad = "recompute: selective recomputation is Megatron's (--impl megatron)";
+    else if (p->overlap_param_gather && (p->impl != ZP_IMPL_MEGATRON || p->zero.stage != 1))
+        bad = "overlap_param_gather: the distributed optimizer's (--impl megatron, stage 1)";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
@@ -180,6 +182,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     g_array_set_size(b->buckets, 0);
     zp_build_layout(b);
     zp_build_plan_buckets(b);
+    b->param_gathers_issued = b->param_gathers_waited = 0;
     b->ipg[0] = b->ipg[1] = -1; /* none held yet: reset_buckets keeps only those */
     zp_build_reset_buckets(b);
     b->grad_state = -1;
@@ -269,6 +272,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .param_gathers = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
                  .unit_first = g_new0(guint, (gsize)L + 2),
                  .unit_last = g_new0(guint, (gsize)L + 2),
@@ -326,6 +330,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    g_array_unref(b.param_gathers);
     g_array_unref(b.waits);
     if (b.tensors)
         g_array_unref(b.tensors);

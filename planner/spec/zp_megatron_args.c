@@ -9,7 +9,8 @@
 /* What the flags say, before they become a plan. */
 typedef struct {
     double tp, pp, vpp, layers_per_vstage, micro, global, bucket, cp, recompute_layers;
-    gboolean sp, dist_opt, overlap_grad, bf16, fp16, fp32_grads, bf16_grads, flash, unfused;
+    gboolean sp, dist_opt, overlap_grad, overlap_param, bf16, fp16, fp32_grads, bf16_grads;
+    gboolean flash, unfused;
     gboolean selective, full, uniform, sgd;
 } Args;
 
@@ -19,7 +20,6 @@ typedef enum {
     A_MODEL,   /* a whole number that must equal the model's (ModelDim) */
     A_CHOICE,  /* a word: handled by its own rule (choice) */
     A_REFUSE,  /* changes memory or time in a way zplan does not model */
-    A_UNMODELED, /* a switch whose effect zplan does not model yet: taken, and warned of */
 } ArgKind;
 
 typedef enum { DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS } ModelDim;
@@ -69,7 +69,7 @@ static const ArgRule rules[] = {
     {"--no-scatter-gather-tensors-in-pipeline", A_REFUSE, 0, 0, 0, 0,
      "pipeline sends without scatter/gather are not modeled under --impl megatron"},
     {"--num-experts", A_REFUSE, 0, 0, 0, 0, "mixture-of-experts models are not modeled"},
-    {"--overlap-param-gather", A_UNMODELED, 0, 0, 0, 0, NULL},
+    SW("--overlap-param-gather", overlap_param),
     {"--cpu-offloading", A_REFUSE, 0, 0, 0, 0, "activation offload is not modeled"},
 };
 
@@ -137,15 +137,10 @@ static gboolean choice(const char *what, const char *flag, const char *value, Ar
 
 /* One flag and its value (NULL when it has none). */
 static gboolean take(const char *what, const ZpModel *model, const char *flag, const char *value,
-                     Args *a, GString *ignored, GString *unmodeled, gboolean *used_value,
-                     GError **error)
+                     Args *a, GString *ignored, gboolean *used_value, GError **error)
 {
     const ArgRule *r = find_rule(flag);
     *used_value = FALSE;
-    if (r && r->kind == A_UNMODELED) {
-        g_string_append_printf(unmodeled, "%s%s", unmodeled->len ? ", " : "", flag);
-        return TRUE;
-    }
     if (!r) {
         g_string_append_printf(ignored, "%s%s", ignored->len ? ", " : "", flag);
         *used_value = value != NULL; /* its value is its own, not a flag */
@@ -203,6 +198,9 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
         text = g_strdup("--sequence-parallel: needs --tensor-model-parallel-size of 2 or more");
     else if (a->fp16 && a->bf16)
         text = g_strdup("--fp16 and --bf16: give one of them");
+    else if (a->overlap_param && !a->dist_opt)
+        text = g_strdup("--overlap-param-gather: needs --use-distributed-optimizer "
+                        "(arguments.py validate_args)");
     if (text) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", what, text);
         g_free(text);
@@ -237,7 +235,7 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                                 GPtrArray *warnings, GError **error)
 {
     Args a = {.tp = 1, .pp = 1, .micro = 1};
-    GString *ignored = g_string_new(NULL), *unmodeled = g_string_new(NULL);
+    GString *ignored = g_string_new(NULL);
     int first = 0;
     for (int i = 0; i < argc; i++)
         if (g_str_has_suffix(argv[i], ".py"))
@@ -253,7 +251,7 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                             : i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--") ? argv[i + 1]
                                                                                    : NULL;
         gboolean used = FALSE;
-        ok = take(what, model, kv[0], value, &a, ignored, unmodeled, &used, error);
+        ok = take(what, model, kv[0], value, &a, ignored, &used, error);
         if (used && !kv[1])
             i++;
         g_strfreev(kv);
@@ -278,6 +276,9 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                              : a.bf16 || a.fp32_grads         ? ZP_REDUCE_FP32
                                                               : ZP_REDUCE_GRAD;
         plan->zero.overlap_comm = a.overlap_grad;
+        /* arguments.py: --overlap-param-gather needs the distributed optimizer (and
+         * --overlap-grad-reduce) */
+        plan->overlap_param_gather = a.overlap_param;
         /* distributed_data_parallel.py: bucket_size max(4e7, 1e6 dp) unless --ddp-bucket-size */
         plan->zero.reduce_bucket_size = a.bucket > 0 ? a.bucket : fmax(4e7, 1e6 * plan->dp);
         if (a.flash)
@@ -285,16 +286,12 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
         else if (a.unfused)
             plan->attention = ZP_ATTN_EAGER;
         *attention_set = a.flash || a.unfused;
-        if (unmodeled->len)
-            g_ptr_array_add(warnings, g_strdup_printf("%s: taken but not modeled yet: %s", what,
-                                                      unmodeled->str));
         if (ignored->len)
             g_ptr_array_add(warnings,
                             g_strdup_printf("%s: not modeled (no bearing on a step's memory or "
                                             "time here), ignored: %s", what, ignored->str));
     }
     g_string_free(ignored, TRUE);
-    g_string_free(unmodeled, TRUE);
     return ok;
 }
 

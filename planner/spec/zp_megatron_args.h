@@ -26,8 +26,7 @@
  * recomputation; --no-scatter-gather-tensors-in-pipeline; --context-parallel-size above 1;
  * --num-experts) fail naming the file and flag. Flags with no bearing on a step's memory or
  * time (learning rate, data, checkpoint paths, logging, ...) are listed in one line appended
- * to `warnings` (g_free'd strings), and switches taken whose effect zplan does not model yet
- * (--overlap-param-gather) in another. *attention_set says whether the flags chose the
+ * to `warnings` (g_free'd strings). *attention_set says whether the flags chose the
  * attention kernel (--use-flash-attn, --attention-backend); else the caller chooses it. */
 gboolean zp_megatron_args_read(const char *path, const ZpModel *model, int gpus, ZpPlan *plan,
                                gboolean *attention_set, GPtrArray *warnings, GError **error);

@@ -409,6 +409,8 @@ void *zp_plan_to_json(const ZpPlan *plan)
                                       zp_partition_name(plan->pipe.partition)));
     if (plan->selective_recompute)
         json_object_set_new(o, "recompute", json_string("selective"));
+    if (plan->overlap_param_gather)
+        json_object_set_new(o, "overlap_param_gather", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
     return o;
@@ -499,7 +501,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
-                                       "recompute", NULL};
+                                       "recompute", "overlap_param_gather", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
@@ -522,6 +524,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
                           error) ||
         !zp_json_get_string(o, what, "recompute", FALSE, &recompute, error) ||
+        !zp_json_get_bool(o, what, "overlap_param_gather", FALSE, &plan->overlap_param_gather,
+                          error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
         !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,

@@ -141,6 +141,11 @@ typedef struct {
      * recomputed in the block's backward (Korthikanti et al. 2022, section 5). Ignored
      * under checkpoint, which recomputes the whole block. */
     gboolean selective_recompute;
+    /* Megatron's --overlap-param-gather (the distributed optimizer's, stage 1 of --impl
+     * megatron): the updated parameters' all-gather is not run after the step but bucket by
+     * bucket in the next forward, each bucket's issued when the one before it is waited for
+     * (param_and_grad_buffer.py finish_param_sync -> next_param_gather_bucket_group). */
+    gboolean overlap_param_gather;
     ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
