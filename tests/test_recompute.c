@@ -195,6 +195,31 @@ static void test_search(void)
     }
 }
 
+/* The plan's JSON keeps the recomputation and Megatron's overlap_param_gather ("recompute" and
+ * "overlap_param_gather", written only when set, so older files read as before). */
+static void test_plan_json(void)
+{
+    ZpPlan p, q;
+    zp_plan_defaults(&p, 1, 8, 2);
+    p.impl = ZP_IMPL_MEGATRON;
+    zp_plan_set_recompute(&p, ZP_RECOMPUTE_SELECTIVE);
+    p.overlap_param_gather = TRUE;
+    json_t *o = zp_plan_to_json(&p);
+    g_assert_cmpstr(json_string_value(json_object_get(o, "recompute")), ==, "selective");
+    GError *error = NULL;
+    g_assert_true(zp_plan_from_json(o, "plan", &q, &error));
+    g_assert_no_error(error);
+    g_assert_true(q.selective_recompute && !q.checkpoint && q.overlap_param_gather);
+    g_assert_cmpint(q.impl, ==, ZP_IMPL_MEGATRON);
+    json_decref(o);
+    zp_plan_set_recompute(&p, ZP_RECOMPUTE_NONE);
+    p.overlap_param_gather = FALSE;
+    o = zp_plan_to_json(&p);
+    g_assert_null(json_object_get(o, "recompute"));
+    g_assert_null(json_object_get(o, "overlap_param_gather"));
+    json_decref(o);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -202,5 +227,6 @@ int main(int argc, char **argv)
     g_test_add_func("/recompute/korthikanti-table5-fits", test_table5_fits);
     g_test_add_func("/recompute/schedule", test_schedule);
     g_test_add_func("/recompute/search", test_search);
+    g_test_add_func("/recompute/plan-json", test_plan_json);
     return g_test_run();
 }
