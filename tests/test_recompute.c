@@ -6,6 +6,7 @@
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_search.h"
+#include "zp_inventory.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -220,6 +221,40 @@ static void test_plan_json(void)
     json_decref(o);
 }
 
+/* Priced by Megatron's kernel inventory (a profile with kernel rates), the selective
+ * recompute op runs core attention's kernels alone: the fused kernel forward, or eager's
+ * scores and context batched GEMMs with the scale-mask-softmax and dropout between them,
+ * none of the block's linear layers or norms; full recomputation runs the whole block. */
+static void test_inventory(void)
+{
+    const ZpModel m = config_model(&configs[0]);
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, 8);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.micro_batch = 4;
+    const ZpInventory *inv = zp_inventory_for_plan(&p);
+    g_assert_cmpstr(inv->name, ==, "megatron");
+    const double core_flops = 4.0 * 4 * 2048.0 * 2048 * 6144 / 8;
+    for (int fused = 0; fused <= 1; fused++) {
+        p.attention = fused ? ZP_ATTN_FLASH2 : ZP_ATTN_EAGER;
+        zp_plan_set_recompute(&p, ZP_RECOMPUTE_SELECTIVE);
+        ZpInvList list;
+        zp_inventory_op(inv, &m, &p, ZP_COMP_RECOMPUTE, 0, &list);
+        ZpInvTotals t;
+        zp_inventory_totals(&list, &t);
+        g_test_message("%s: %d kernels, GEMM %.3g FLOPs, attention %.3g FLOPs",
+                       fused ? "fused" : "eager", list.n, t.gemm_flops, t.attention_flops);
+        g_assert_cmpfloat(fused ? t.attention_flops : t.gemm_flops, ==, core_flops);
+        g_assert_cmpfloat(fused ? t.gemm_flops : t.attention_flops, ==, 0);
+        g_assert_cmpint(list.n, ==, fused ? 1 : 5); /* baddbmm, softmax, dropout, bmm, permute */
+        zp_plan_set_recompute(&p, ZP_RECOMPUTE_FULL);
+        ZpInvList full, fwd;
+        zp_inventory_op(inv, &m, &p, ZP_COMP_RECOMPUTE, 0, &full);
+        zp_inventory_op(inv, &m, &p, ZP_COMP_BLOCK_FWD, 0, &fwd);
+        g_assert_cmpint(full.n, ==, fwd.n);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -228,5 +263,6 @@ int main(int argc, char **argv)
     g_test_add_func("/recompute/schedule", test_schedule);
     g_test_add_func("/recompute/search", test_search);
     g_test_add_func("/recompute/plan-json", test_plan_json);
+    g_test_add_func("/recompute/inventory", test_inventory);
     return g_test_run();
 }
