@@ -237,6 +237,22 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);
 }
 
+gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpPlan *plan,
+                       GError **error)
+{
+    ZpRecompute r = checkpoint_flag ? ZP_RECOMPUTE_FULL : ZP_RECOMPUTE_NONE;
+    if (recompute_flag && !zp_recompute_parse(recompute_flag, "--recompute", &r, error))
+        return FALSE;
+    if (checkpoint_flag && r != ZP_RECOMPUTE_FULL) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--checkpoint is --recompute full, not --recompute %s: give one of them",
+                    recompute_flag);
+        return FALSE;
+    }
+    zp_plan_set_recompute(plan, r);
+    return TRUE;
+}
+
 gboolean cli_seq(const char *text, ZpModel *model, GError **error)
 {
     if (!text) {

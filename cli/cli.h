@@ -108,6 +108,11 @@ void cli_note_inert_features(const ZpPlan *plan);
 /* --attention eager|flash|NAME (NULL: what PyTorch's scaled-dot-product attention picks on
  * hw at this precision; hw may be NULL) and --reduce-dtype fp32|bf16|fp16 (NULL: the
  * gradients' own dtype). */
+/* --recompute none|selective|full, --checkpoint being full: sets the plan's recomputation;
+ * the two flags disagreeing is refused. */
+gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpPlan *plan,
+                       GError **error);
+
 gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
                               const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
                               GError **error);

@@ -60,6 +60,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     zp_plan_defaults(plan, stage, gpus / a->mp, a->mp);
     plan->micro_batch = a->micro_batch;
     plan->checkpoint = a->checkpoint;
+    plan->selective_recompute = a->kernels.selective_recompute;
     plan->ckpt = a->ckpt;
     plan->precision = a->precision;
     plan->optimizer = a->optimizer;
@@ -67,6 +68,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->reduce_dtype = a->kernels.reduce_dtype;
     plan->impl = a->impl;
     plan->experts = a->experts;
+    zp_impl_plan_defaults(plan); /* Megatron's fp32 main_grad under bf16 */
     /* Offload where the stage allows it (the optimizer from stage 1, parameters at 3). */
     if (stage >= 1)
         plan->zero.offload_optimizer = a->kernels.zero.offload_optimizer;
@@ -99,9 +101,9 @@ static gboolean simulated(const MemoryArgs *a)
  * mixture of experts, the paper's formula otherwise. */
 static ZpModelStates states(const MemoryArgs *a, int stage, int gpus)
 {
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
     ZpPlan plan;
     plan_for(a, stage, gpus, &plan);
+    const ZpStateBytes sb = zp_impl_state_bytes(&plan); /* the implementation's gradients */
     if (zp_moe_enabled(&a->model.moe))
         return zp_ep_model_states(&a->model, &plan, stage, sb).total;
     return zp_mem_model_states((double)zp_model_param_count(&a->model), stage, gpus / a->mp,
@@ -147,7 +149,9 @@ static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
 
 static int print_json(const MemoryArgs *a)
 {
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    ZpPlan first;
+    plan_for(a, 0, a->mp, &first);
+    const ZpStateBytes sb = zp_impl_state_bytes(&first); /* the implementation's gradients */
     json_t *root = json_pack("{s:I, s:s, s:I, s:s, s:s, s:s, s:i, s:{s:f, s:f, s:f}}", "params",
                              (json_int_t)zp_model_param_count(&a->model), "model",
                              a->model.name, "seq_len", (json_int_t)a->model.seq_len,
@@ -277,7 +281,9 @@ static void print_residual(const MemoryArgs *a, int gpus)
         printf("\nPer-GPU memory at %d GPUs, micro-batch %d, sequence %" G_GINT64_FORMAT
                ", %s attention, %s (GB):\n",
                gpus, a->micro_batch, a->model.seq_len, zp_attention_name(a->kernels.attention),
-               a->checkpoint ? "checkpointing every block" : "no activation checkpointing");
+               a->checkpoint                     ? "checkpointing every block"
+               : a->kernels.selective_recompute ? "selective recomputation (core attention)"
+                                                 : "no activation checkpointing");
     printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
     const struct {
         const char *label;
@@ -395,7 +401,9 @@ static void print_offload(const MemoryArgs *a, int gpus)
 static void print_table(const MemoryArgs *a)
 {
     const uint64_t count = zp_model_param_count(&a->model);
-    const ZpStateBytes sb = zp_plan_state_bytes(a->precision, a->optimizer);
+    ZpPlan first;
+    plan_for(a, 0, a->mp, &first);
+    const ZpStateBytes sb = zp_impl_state_bytes(&first); /* the implementation's gradients */
     if (a->have_hw)
         print_verdict(a);
     cli_print_defaults();
@@ -444,7 +452,7 @@ int cli_memory(int argc, char **argv)
 {
     char *model = NULL, *params = NULL, *gpus = NULL, *mp = NULL, *cluster = NULL;
     char *micro_batch = NULL, *precision = NULL, *optimizer = NULL, *seq = NULL;
-    char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL;
+    char *attention = NULL, *reduce = NULL, *impl = NULL, *offload_opt = NULL, *recompute = NULL;
     char *offload_param = NULL, *nvme_path = NULL, *gpu_memory = NULL;
     char *ep = NULL, *capacity = NULL, *skew = NULL;
     MemoryArgs a = {0};
@@ -457,7 +465,8 @@ int cli_memory(int argc, char **argv)
         {"cluster", 0, 0, G_OPTION_ARG_STRING, &cluster, "Hardware profile: adds the reserve and a fit check", "C"},
         {"gpu-memory", 0, 0, G_OPTION_ARG_STRING, &gpu_memory, "GPU memory (40GB, 40GiB): a bare GPU for the fit check, or --cluster's GPU with this memory", "BYTES"},
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &micro_batch, "Samples per GPU for activations (default 1)", "B"},
-        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block", NULL},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a.checkpoint, "Activation checkpointing at every block (--recompute full)", NULL},
+        {"recompute", 0, 0, G_OPTION_ARG_STRING, &recompute, "none, selective (Megatron's core attention) or full (as --checkpoint)", "R"},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks (with --checkpoint)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a.ckpt.cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints in host memory (with --checkpoint)", NULL},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
@@ -465,7 +474,7 @@ int cli_memory(int argc, char **argv)
         CLI_SEQ_ENTRY(&seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice on --cluster, flash2 without one)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&tuning),
         CLI_MOE_ENTRIES(&ep, &capacity, &skew),
@@ -495,7 +504,9 @@ int cli_memory(int argc, char **argv)
                   memory_offload(offload_opt, offload_param, nvme_path, &tuning, &a.kernels,
                                  &error) &&
                   (!impl || zp_impl_parse(impl, "--impl", &a.impl, &error)) &&
-                  cli_moe_parse(&a.model, ep, capacity, skew, &a.experts, &error);
+                  cli_moe_parse(&a.model, ep, capacity, skew, &a.experts, &error) &&
+                  cli_recompute(recompute, a.checkpoint, &a.kernels, &error);
+    a.checkpoint = a.kernels.checkpoint;
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;
@@ -539,7 +550,7 @@ int cli_memory(int argc, char **argv)
     g_free(model), g_free(params), g_free(gpus), g_free(mp), g_free(cluster);
     g_free(micro_batch), g_free(precision), g_free(optimizer), g_free(seq);
     g_free(attention), g_free(reduce), g_free(offload_opt), g_free(offload_param);
-    g_free(nvme_path), g_free(impl), g_free(gpu_memory);
+    g_free(nvme_path), g_free(impl), g_free(gpu_memory), g_free(recompute);
     g_free(ep), g_free(capacity), g_free(skew);
     cli_offload_tuning_free(&tuning);
     return status;

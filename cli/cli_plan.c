@@ -204,7 +204,9 @@ static char *describe(const ZpCandidate *c)
     char *options = zp_search_options_text(p);
     char *text = g_strdup_printf("mp %d%s x dp %d, micro %d x accum %d, %s, %s, %s%s%s", p->mp,
                                  pipe, p->dp, p->micro_batch, p->grad_accum,
-                                 p->checkpoint ? "ckpt" : "no ckpt",
+                                 p->checkpoint ? "ckpt"
+                                 : p->selective_recompute ? "selective"
+                                                          : "no ckpt",
                                  p->zero.overlap_comm ? "overlap" : "no overlap",
                                  zp_search_buckets_name(c->buckets), *options ? ", " : "",
                                  options);
@@ -300,12 +302,18 @@ static void print_header(const PlanArgs *a, const ZpSearchResult *r)
         printf("global batch %" G_GINT64_FORMAT, a->global_batch);
     else
         printf("global batch free (one micro-step per step)");
+    /* the reduce dtype as the implementation resolves it (Megatron: fp32 under bf16) */
+    ZpPlan resolved;
+    zp_plan_defaults(&resolved, 0, 1, 1);
+    resolved.precision = a->precision, resolved.impl = a->impl;
+    resolved.reduce_dtype = a->kernels.reduce_dtype;
+    zp_impl_plan_defaults(&resolved);
     printf(", %s + %s, %s attention, gradients reduced in %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
            "%u simulated and fit, %u over memory when simulated. GB = 1e9 bytes.\n",
            zp_precision_name(a->precision), zp_optimizer_name(a->optimizer),
            zp_attention_name(a->kernels.attention),
-           a->kernels.reduce_dtype == ZP_REDUCE_GRAD ? zp_precision_name(a->precision)
-                                                     : zp_reduce_dtype_name(a->kernels.reduce_dtype),
+           resolved.reduce_dtype == ZP_REDUCE_GRAD ? zp_precision_name(a->precision)
+                                                   : zp_reduce_dtype_name(resolved.reduce_dtype),
            r->candidates->len, r->count[ZP_FATE_OUT_OF_MEMORY], r->count[ZP_FATE_CANNOT_WIN],
            r->count[ZP_FATE_SIMULATED], r->count[ZP_FATE_SIMULATED_OOM]);
 }
@@ -351,7 +359,8 @@ static void print_ranked(const PlanArgs *a, const ZpSearchResult *r, SimResult *
         printf("  %2u %5d %3d %5d %5d %5d %4s %7s %-10s %9.3f %10.2f %10.0f %9.0f %10.1f %5.1f%% "
                "%8.2f%s  %s\n",
                i + 1, p->zero.stage, p->mp, p->dp, p->micro_batch, p->grad_accum,
-               p->checkpoint ? "yes" : "no", p->zero.overlap_comm ? "yes" : "no",
+               p->checkpoint ? "yes" : p->selective_recompute ? "sel" : "no",
+               p->zero.overlap_comm ? "yes" : "no",
                zp_search_buckets_name(c->buckets), c->step_time_s, samples_per_s, tokens_per_s,
                tokens_per_s / a->gpus, tflops, 100 * tflops * 1e12 / peak,
                c->peak_memory_bytes / GB, pipe, *options ? options : "none");
@@ -504,6 +513,8 @@ static json_t *candidate_json(const PlanArgs *a, const ZpCandidate *c, const Sim
                           zp_search_buckets_name(c->buckets), "fate",
                           zp_search_fate_name(c->fate), "screen_memory_bytes", c->memory_bytes,
                           "bound_step_time_s", c->bound_step_s);
+    if (p->selective_recompute && !p->checkpoint)
+        json_object_set_new(o, "recompute", json_string("selective"));
     if (zp_plan_pp(p) > 1)
         json_object_set_new(o, "pipeline",
                             json_pack("{s:i, s:i, s:s}", "stages", zp_plan_pp(p),
@@ -924,7 +935,7 @@ int cli_plan(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &a.json, "Print JSON: best, candidates, stages", NULL},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &a.html, "Write the top plans side by side as one HTML page", "OUT.html"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp or paper", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_BUDGET_ENTRIES(&a.budget),

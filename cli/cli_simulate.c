@@ -8,6 +8,8 @@
 #include "sim_trace.h"
 #include "zp_cost.h"
 #include "zp_dsconfig.h"
+#include "zp_impl.h"
+#include "zp_megatron_args.h"
 #include "zp_offload.h"
 #include "zp_outpath.h"
 
@@ -22,6 +24,7 @@ typedef struct {
     char *model, *cluster, *gpus, *stage, *micro_batch, *mp, *grad_accum;
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
+    char *recompute, *megatron_args;
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
@@ -34,6 +37,7 @@ typedef struct {
     CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
     CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
+    gboolean overlap_param_gather;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
     GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
@@ -88,7 +92,7 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
 /* The flags that say a plan, and which other source of the plan refuses them rather than
  * silently overriding it: a DeepSpeed config says the ZeRO and batch choices (the degrees,
  * precision and model still come from flags); a schedule file says everything. */
-enum { FROM_DS_CONFIG = 1, FROM_SCHEDULE = 2, FROM_BOTH = 3 };
+enum { FROM_DS_CONFIG = 1, FROM_SCHEDULE = 2, FROM_BOTH = 3, FROM_MEGATRON = 4 };
 
 static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char *why,
                                   GError **error)
@@ -99,38 +103,40 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         int refused_by;
     } plan_flags[] = {
         {"--model", f->model != NULL, FROM_SCHEDULE}, {"--gpus", f->gpus != NULL, FROM_SCHEDULE},
-        {"--mp", f->mp != NULL, FROM_SCHEDULE}, {"--stage", f->stage != NULL, FROM_BOTH},
-        {"--micro-batch", f->micro_batch != NULL, FROM_SCHEDULE},
-        {"--grad-accum", f->grad_accum != NULL, FROM_SCHEDULE},
-        {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE},
-        {"--checkpoint", f->checkpoint, FROM_SCHEDULE},
-        {"--precision", f->precision != NULL, FROM_SCHEDULE},
-        {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE},
+        {"--mp", f->mp != NULL, FROM_SCHEDULE | FROM_MEGATRON}, {"--stage", f->stage != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--micro-batch", f->micro_batch != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--grad-accum", f->grad_accum != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--ds-config", f->ds_config != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--checkpoint", f->checkpoint, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--recompute", f->recompute != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--precision", f->precision != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--optimizer", f->optimizer != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--seq", f->seq != NULL, FROM_SCHEDULE},
         {"--attention", f->attention != NULL, FROM_SCHEDULE},
-        {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE},
+        {"--reduce-dtype", f->reduce_dtype != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--impl", f->impl != NULL, FROM_SCHEDULE},
-        {"--overlap", f->overlap, FROM_BOTH}, {"--no-overlap", f->no_overlap, FROM_BOTH},
+        {"--overlap", f->overlap, FROM_BOTH | FROM_MEGATRON},
+        {"--overlap-param-gather", f->overlap_param_gather, FROM_BOTH | FROM_MEGATRON}, {"--no-overlap", f->no_overlap, FROM_BOTH | FROM_MEGATRON},
         {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
-        {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH},
-        {"--allgather-bucket-size", f->allgather_bucket != NULL, FROM_BOTH},
-        {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH},
-        {"--max-live-parameters", f->max_live != NULL, FROM_BOTH},
-        {"--persistence-threshold", f->persistence != NULL, FROM_BOTH},
-        {"--partition-activations", f->partition_activations, FROM_BOTH},
-        {"--cpu-checkpointing", f->cpu_checkpointing, FROM_BOTH},
-        {"--contiguous-memory", f->contiguous_memory, FROM_BOTH},
-        {"--quantized-weights", f->quantized_weights, FROM_BOTH},
-        {"--quantized-gradients", f->quantized_gradients, FROM_BOTH},
-        {"--hpz-partition-size", f->hpz != NULL, FROM_BOTH},
-        {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE},
-        {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE},
-        {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE},
-        {"--partition-method", f->pipe.partition != NULL, FROM_BOTH},
-        {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE},
-        {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH},
-        {"--offload-param", f->offload_param != NULL, FROM_BOTH},
-        {"--nvme-path", f->nvme_path != NULL, FROM_BOTH},
+        {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--allgather-bucket-size", f->allgather_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--max-live-parameters", f->max_live != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--persistence-threshold", f->persistence != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--partition-activations", f->partition_activations, FROM_BOTH | FROM_MEGATRON},
+        {"--cpu-checkpointing", f->cpu_checkpointing, FROM_BOTH | FROM_MEGATRON},
+        {"--contiguous-memory", f->contiguous_memory, FROM_BOTH | FROM_MEGATRON},
+        {"--quantized-weights", f->quantized_weights, FROM_BOTH | FROM_MEGATRON},
+        {"--quantized-gradients", f->quantized_gradients, FROM_BOTH | FROM_MEGATRON},
+        {"--hpz-partition-size", f->hpz != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--pp", f->pipe.pp != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--pp-schedule", f->pipe.schedule != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--partition-method", f->pipe.partition != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--offload-param", f->offload_param != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--nvme-path", f->nvme_path != NULL, FROM_BOTH | FROM_MEGATRON},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -230,8 +236,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
          names_agree("--reduce-dtype", f->reduce_dtype, zp_reduce_dtype_name(launch.reduce_dtype),
                      "communication_data_type", zp_reduce_dtype_name(plan->reduce_dtype),
                      f->ds_config, error);
-    if (ok && f->checkpoint)
-        plan->checkpoint = TRUE;
+    if (ok && (f->checkpoint || f->recompute))
+        ok = cli_recompute(f->recompute, f->checkpoint, plan, error);
     /* What is not modeled is said only of a config that is taken: a refused one gets its
      * error line alone. */
     for (guint i = 0; ok && i < warnings->len; i++)
@@ -258,9 +264,54 @@ static void say_defaults_taken(const SimulateFlags *f)
 /* The one place a plan is made from the command line: degrees, batch, DeepSpeed's knobs
  * (defaults where a flag is absent) or a DeepSpeed config, precision and optimizer, checked
  * against the model and, when a cluster is given, its node size. */
+/* --megatron-args FILE: the plan is Megatron-LM's own launch flags (zp_megatron_args), on
+ * --gpus GPUs, under --impl megatron; the attention kernel is the file's, else --attention's or
+ * the profile's default. */
+static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                                   ZpPlan *plan, GError **error)
+{
+    int gpus = 0;
+    if (!refuse_plan_flags(f, FROM_MEGATRON,
+                           "the plan comes from --megatron-args; set it in the file instead",
+                           error))
+        return FALSE;
+    if (f->impl && strcmp(f->impl, "megatron") != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--impl %s: --megatron-args plans are --impl megatron's", f->impl);
+        return FALSE;
+    }
+    if (!(required(f->gpus, "--gpus N", error) &&
+          cli_int(f->gpus, "--gpus", 1, CLI_MAX_GPUS, 0, &gpus, error)))
+        return FALSE;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    gboolean attention_set = FALSE;
+    gboolean ok = zp_megatron_args_read(f->megatron_args, model, gpus, plan, &attention_set,
+                                        warnings, error);
+    if (ok && attention_set && f->attention &&
+        strcmp(f->attention, zp_attention_name(plan->attention)) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--attention %s contradicts %s's %s",
+                    f->attention, f->megatron_args, zp_attention_name(plan->attention));
+        ok = FALSE;
+    }
+    if (ok && !attention_set)
+        ok = zp_hw_attention_choose(hw, f->attention, plan->precision, "--attention",
+                                    &plan->attention, error);
+    plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
+    if (ok && hw && !sim_coll_check_placement(hw, plan->mp, error)) {
+        g_prefix_error(error, "%s: --tensor-model-parallel-size: ", f->megatron_args);
+        ok = FALSE;
+    }
+    for (guint i = 0; ok && i < warnings->len; i++)
+        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
+    g_ptr_array_unref(warnings);
+    return ok;
+}
+
 static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
                               ZpPlan *plan, GError **error)
 {
+    if (f->megatron_args)
+        return megatron_args_plan(f, model, hw, plan, error);
     if (f->ds_config) {
         if (!ds_config_plan(f, model, hw, plan, error) ||
             !cli_check_mp(plan->mp, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), model,
@@ -309,12 +360,16 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->ckpt.contiguous_memory_optimization = f->contiguous_memory;
     plan->zero.zero_quantized_weights = f->quantized_weights;
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
+    plan->overlap_param_gather = f->overlap_param_gather;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
+    if (!cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
+                 &plan->zero.zero_hpz_partition_size, error) ||
+        !cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) ||
+        !cli_recompute(f->recompute, f->checkpoint, plan, error))
+        return FALSE;
+    zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
-        cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1, &plan->zero.zero_hpz_partition_size,
-                error) &&
-        cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) &&
         overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
         cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
         cli_offload_tuning(&f->tuning, &plan->zero, error);
@@ -519,7 +574,9 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"micro-batch", 0, 0, G_OPTION_ARG_STRING, &f->micro_batch, "Samples per GPU per micro-step (required without --ds-config)", "B"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &f->mp, "Tensor (model) parallel degree: divides a node's GPUs or spans whole nodes (default 1)", "M"},
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &f->grad_accum, "Micro-steps per optimizer step (default 1)", "G"},
-        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block", NULL},
+        {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &f->checkpoint, "Activation checkpointing at every block (--recompute full)", NULL},
+        {"overlap-param-gather", 0, 0, G_OPTION_ARG_NONE, &f->overlap_param_gather, "Megatron's distributed optimizer (--impl megatron --stage 1): the updated parameters' all-gather runs bucket by bucket beside the next forward instead of after the step", NULL},
+        {"recompute", 0, 0, G_OPTION_ARG_STRING, &f->recompute, "Activation recomputation: none (default), selective (Megatron's core attention; --impl megatron) or full (every block, as --checkpoint)", "R"},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
         {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f->no_overlap, "overlap_comm off", NULL},
@@ -530,6 +587,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"persistence-threshold", 0, 0, G_OPTION_ARG_STRING, &f->persistence, "Stage 3 keeps units this small whole, elements (default 1e5)", "E"},
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
+        {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &f->megatron_args, "Take the plan from Megatron-LM's launch flags (a file of pretrain_gpt.py's arguments: --tensor-model-parallel-size, --use-distributed-optimizer, ...; with --gpus; --impl megatron)", "FILE"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there)", "K"},
@@ -538,9 +596,9 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &f->cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints kept in host memory (with --checkpoint)", NULL},
         {"contiguous-memory", 0, 0, G_OPTION_ARG_NONE, &f->contiguous_memory, "ZeRO-R MD: checkpoints in one pre-allocated region (contiguous_memory_optimization)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &f->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8", NULL},
-        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none)", "N"},
+        {"hpz-partition-size", 0, 0, G_OPTION_ARG_STRING, &f->hpz, "ZeRO++ hpZ: a secondary parameter copy split over this many GPUs of a node (default 1: none); under --impl fsdp2, reshard_after_forward=N", "N"},
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP) or paper (the ZeRO paper's volumes)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
@@ -558,7 +616,8 @@ static void free_flags(SimulateFlags *f)
                       &f->optimizer, &f->trace, &f->ds_config, &f->out, &f->seq,
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
-                      &f->gpu_memory, &f->html};
+                      &f->gpu_memory, &f->html, &f->recompute,
+                      &f->megatron_args};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);

@@ -106,7 +106,8 @@ static gboolean same_plan(json_t *pred, json_t *meas, const char *pred_path,
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
-                                       "pipeline", "sequence_parallel"};
+                                       "pipeline", "sequence_parallel", "recompute",
+                                       "overlap_param_gather"};
     json_t *a = json_object_get(pred, "plan"), *b = json_object_get(meas, "plan");
     if (!json_is_object(a) || !json_is_object(b)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,

@@ -151,6 +151,14 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
+    if (plan->impl == ZP_IMPL_MEGATRON || plan->impl == ZP_IMPL_FSDP2) {
+        /* Megatron's fp32 main_grad buffer and in-place bucket views, FSDP2's fp32 shards and
+         * copy-in buffers: no engine here executes them yet. */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--impl %s: zreal executes deepspeed, fsdp and paper only; simulate it with "
+                    "zplan", zp_impl_name(plan->impl));
+        return FALSE;
+    }
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
@@ -692,7 +700,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron and fsdp2 are zplan's only", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},

@@ -12,6 +12,7 @@ typedef struct {
     double b, s, t, h, hd, heads, kvd, q, f, f1, v, mp;
     gboolean bias_qkv, bias_proj, bias_mlp, rope, learned, rms, swiglu, fused;
     gboolean save;
+    gboolean selective; /* the recompute op is core attention alone (selective) */
     double block_elems, embed_elems, norm_elems;
     double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
 } Dims;
@@ -36,6 +37,7 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
     d.rms = m->norm == ZP_NORM_RMSNORM;
     d.swiglu = zp_model_gated(m);
     d.fused = zp_attention_fused(p->attention);
+    d.selective = p->selective_recompute && !p->checkpoint;
     d.attention_share = d.fused ? zp_model_attention_share(m) : 1.0;
     /* The rank's shards as real_gpt_unit_elems counts them: the norms, the row-parallel
      * biases and the position table are whole on every tensor rank. */
@@ -222,6 +224,11 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
         block_fwd(out, &d);
         break;
     case ZP_COMP_RECOMPUTE:
+        if (d.selective) { /* Megatron's selective recomputation: core attention alone */
+            out->module = ZP_MOD_QKV;
+            attention(out, &d, 0);
+            break;
+        }
         d.save = TRUE;
         block_fwd(out, &d);
         break;
@@ -371,5 +378,6 @@ void zp_cost_op_shape(const ZpModel *model, const ZpPlan *plan, ZpComputeKind ki
                d.fused ? "F" : "", model->exact_gelu ? "E" : "",
                model->parallel_residual ? "X" : "", model->tied_embeddings ? "T" : "",
                model->dropout ? "D" : "", model->rotary_fraction,
-               (long long)model->sliding_window, plan->checkpoint ? 1 : 0, save ? 1 : 0);
+               (long long)model->sliding_window,
+               plan->checkpoint ? 1 : plan->selective_recompute ? 2 : 0, save ? 1 : 0);
 }

@@ -11,8 +11,26 @@ const ZpImpl *zp_impl_get(ZpImplKind kind)
         [ZP_IMPL_DEEPSPEED] = &zp_impl_deepspeed,
         [ZP_IMPL_FSDP] = &zp_impl_fsdp,
         [ZP_IMPL_PAPER] = &zp_impl_paper,
+        [ZP_IMPL_MEGATRON] = &zp_impl_megatron,
+        [ZP_IMPL_FSDP2] = &zp_impl_fsdp2,
     };
     return table[kind];
+}
+
+ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan)
+{
+    ZpStateBytes st = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    if (impl->grad_bytes)
+        st.grad_bytes = impl->grad_bytes(plan);
+    return st;
+}
+
+void zp_impl_plan_defaults(ZpPlan *plan)
+{
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    if (impl->plan_defaults)
+        impl->plan_defaults(plan);
 }
 
 /* A bucket item: a unit, or a tensor of one (the flat layout is unit-major and tensor-ordered

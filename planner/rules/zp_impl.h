@@ -1,7 +1,9 @@
-/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP or the ZeRO paper —
- * as a table of rules the one schedule builder (zp_sched.c) and the memory model call through.
+/* zp_impl: whose ZeRO a schedule follows — DeepSpeed v0.19.6, PyTorch FSDP, the ZeRO paper or
+ * Megatron-Core — as a table of rules the one schedule builder (zp_sched.c) and the memory
+ * model call through.
  *
- * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c) fills a
+ * One file per implementation (zp_impl_deepspeed.c, zp_impl_fsdp.c, zp_impl_paper.c,
+ * zp_impl_megatron.c) fills a
  * ZpImpl; the builder never asks which implementation it runs. A new semantics (offload, ZeRO++)
  * is a new table or a wrapper of one: each rule is a function or a plain field. */
 #ifndef ZP_IMPL_H
@@ -83,8 +85,34 @@ typedef enum {
 typedef struct ZpImpl {
     ZpImplKind kind;
     const char *name;
-    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1). */
+    /* Whether the implementation has this ZeRO stage (FSDP has no stage 1), and the stages it
+     * has, in words, for the line that refuses another. */
     gboolean (*has_stage)(int stage);
+    const char *stages;
+    /* Bytes of one gradient element as the implementation keeps it in its gradient state
+     * (Megatron's main_grad buffer); NULL: the training precision's (zp_plan_state_bytes). */
+    double (*grad_bytes)(const ZpPlan *plan);
+    /* The implementation's own defaults where DeepSpeed's differ, applied to a plan made from
+     * flags before the flags that set them explicitly (NULL: none). */
+    void (*plan_defaults)(ZpPlan *plan);
+    /* Whether the implementation has Megatron's selective recomputation
+     * (ZpPlan selective_recompute), so that the planner's search tries it. */
+    gboolean selective_recompute;
+    /* Whether DeepSpeed's own options apply, so that the search tries them: ZeRO-R's
+     * activation_checkpointing (Pa, Pa+cpu, MD) with checkpointing, ZeRO++ at stage 3. */
+    gboolean zero_r;
+    /* Whether a pipeline send with tensor parallelism and no sequence parallelism goes as
+     * each tensor rank's 1/t of the activations, all-gathered over the tensor group by the
+     * receiver (Narayanan et al. 2021 section 4.1; zp_sched's scatter_gather). */
+    gboolean p2p_scatter_gather;
+    /* Stage 3: the sharded parameters are the fp32 master weights themselves (FSDP2 keeps
+     * each parameter's shard in its original dtype and casts it for the all-gather): no
+     * separate 16-bit partition is held. */
+    gboolean sharded_params_are_master;
+    /* Stages 1-2: the updated parameters are all-gathered one gradient bucket at a time, in
+     * place (Megatron's start_param_sync over its bucket groups), rather than in
+     * allgather_bucket_size chunks (DeepSpeed's all_gather_dp_groups). */
+    gboolean param_gather_by_bucket;
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
@@ -180,9 +208,17 @@ typedef struct ZpImpl {
     gboolean qgz_by_tensor;
 } ZpImpl;
 
-extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper;
+extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
+    zp_impl_fsdp2;
 
 const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* The plan's model-state bytes per element: the precision and optimizer's, with the
+ * gradients as the plan's implementation keeps them (ZpImpl grad_bytes). */
+ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
+
+/* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
+void zp_impl_plan_defaults(ZpPlan *plan);
 
 /* ---- rules the implementations share ------------------------------------------------- */
 
@@ -245,6 +281,16 @@ void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);
 
 /* Every non-persistent block twice and the embedding once (unit-level persistence). */
 double zp_impl_unit_gather_bound(const ZpModel *model, const ZpPlan *plan);
+
+/* FSDP's unit rules, which FSDP1 (zp_impl_fsdp.c) and FSDP2 (zp_impl_fsdp2.c) share: the
+ * reduction's collective (all-reduce without sharding, else reduce-scatter), one reduction
+ * per unit as its backward ends (the root's after the embedding's), the units' gathers (the
+ * root's from the start to the end of backward, each block one ahead in forward and in
+ * backward) and their closed-form buffer terms. */
+ZpCollKind zp_impl_fsdp_grad_collective(const ZpPlan *plan);
+void zp_impl_fsdp_plan_buckets(const ZpSchedule *s, GArray *buckets);
+void zp_impl_fsdp_plan_fetches(const ZpSchedule *s, GArray *fetches);
+void zp_impl_fsdp_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
 
 /* The paper's closed-form buffer terms (the unit-level schedule's). */
 void zp_impl_paper_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);

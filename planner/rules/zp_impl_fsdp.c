@@ -13,7 +13,7 @@ static gboolean fsdp_has_stage(int stage)
 
 /* NO_SHARD all-reduces gradients; the sharded strategies reduce-scatter them
  * (_runtime_utils.py _reduce_grad) in the reduce dtype (MixedPrecision.reduce_dtype). */
-static ZpCollKind fsdp_grad_collective(const ZpPlan *plan)
+ZpCollKind zp_impl_fsdp_grad_collective(const ZpPlan *plan)
 {
     return plan->zero.stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
 }
@@ -21,7 +21,7 @@ static ZpCollKind fsdp_grad_collective(const ZpPlan *plan)
 /* One reduction per block unit as its backward ends (_post_backward_hook); the root's
  * parameters (embeddings, final norm, untied head) are reduced together after the embedding's
  * backward, when the root's post-backward hook fires. */
-static void fsdp_plan_buckets(const ZpSchedule *s, GArray *buckets)
+void zp_impl_fsdp_plan_buckets(const ZpSchedule *s, GArray *buckets)
 {
     zp_impl_group_buckets(s, FALSE, 0, FALSE, buckets);
     const int last = s->n_units - 1;
@@ -60,7 +60,7 @@ static void add_fetch(const ZpSchedule *s, GArray *fetches, int unit, int trigge
  * resharded after its forward (reshard_after_forward), gathered again before its backward,
  * one block ahead (BackwardPrefetch.BACKWARD_PRE), used by its recompute and its backward and
  * resharded after. */
-static void fsdp_plan_fetches(const ZpSchedule *s, GArray *fetches)
+void zp_impl_fsdp_plan_fetches(const ZpSchedule *s, GArray *fetches)
 {
     const int L = (int)s->model.layers;
     const int end = zp_pos_embed_bwd(L);
@@ -87,7 +87,7 @@ static double fsdp_grad_state_elems(const ZpSchedule *s)
 
 /* Block-granular terms: one unsharded block (the unit being reduced) per bucket, no
  * all-gather bucket, and at stage 3 the root unit, the block in use and the one prefetched. */
-static void fsdp_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
+void zp_impl_fsdp_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
 {
     zp_impl_paper_residual(model, plan, r);
     r->allgather_bucket_bytes = 0;
@@ -108,16 +108,17 @@ const ZpImpl zp_impl_fsdp = {
     .kind = ZP_IMPL_FSDP,
     .name = "fsdp",
     .has_stage = fsdp_has_stage,
-    .grad_collective = fsdp_grad_collective,
-    .plan_buckets = fsdp_plan_buckets,
+    .stages = "stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), no stage 1",
+    .grad_collective = zp_impl_fsdp_grad_collective,
+    .plan_buckets = zp_impl_fsdp_plan_buckets,
     .bucket_buffers = fsdp_bucket_buffers,
     .concat_copy = fsdp_concat_copy,
     .post_step_gather_buffer = FALSE,
-    .plan_fetches = fsdp_plan_fetches,
+    .plan_fetches = zp_impl_fsdp_plan_fetches,
     .persistent = fsdp_persistent,
     .unit_persistence = FALSE,
     .grad_state_elems = fsdp_grad_state_elems,
     .step_buffers = zp_impl_no_step_buffers,
-    .residual_buffers = fsdp_residual,
+    .residual_buffers = zp_impl_fsdp_residual,
     .gather_bound_elems = zp_impl_unit_gather_bound,
 };

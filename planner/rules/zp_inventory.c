@@ -79,8 +79,14 @@ void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan 
         inv->embed_fwd(&d, out);
         break;
     case ZP_COMP_BLOCK_FWD:
-    case ZP_COMP_RECOMPUTE:
         inv->block_fwd(&d, out);
+        break;
+    case ZP_COMP_RECOMPUTE:
+        /* selective recomputation (Megatron's only, --impl megatron): core attention alone */
+        if (plan->selective_recompute && !plan->checkpoint)
+            zp_inventory_megatron_core_attention_fwd(&d, out);
+        else
+            inv->block_fwd(&d, out);
         break;
     case ZP_COMP_HEAD:
         inv->head(&d, out);

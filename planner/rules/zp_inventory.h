@@ -121,6 +121,11 @@ void zp_inventory_eager_head(const ZpInvDims *d, gboolean amp, ZpInvList *out);
 void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
 void zp_inventory_eager_embed_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
 
+/* Megatron's core attention forward (transformer/dot_product_attention.py, or the fused kernel
+ * in its place): what a block's forward runs between linear_qkv and linear_proj, and all that
+ * selective recomputation (recompute_granularity "selective", core_attn) runs again. */
+void zp_inventory_megatron_core_attention_fwd(const ZpInvDims *d, ZpInvList *out);
+
 /* Launches of a multi-tensor kernel over `elems` elements: ATen's and apex's
  * multi_tensor_apply give each block a chunk of 65536 elements and launch at most 320 blocks
  * (aten/src/ATen/native/cuda/MultiTensorApply.cuh kChunkSize, depth_to_max_blocks;

@@ -87,9 +87,28 @@ static void bda_bwd(ZpInvList *out, const ZpInvDims *d, gboolean bias)
         zp_inv_mem(out, "bias_grad", th * d->e, d->h * 4, SUM);
 }
 
-static void block_fwd(const ZpInvDims *d, ZpInvList *out)
+void zp_inventory_megatron_core_attention_fwd(const ZpInvDims *d, ZpInvList *out)
 {
     const double e = d->e, bh = d->b * d->heads, sc = bh * d->s * d->s;
+    const double ha = d->heads * d->hd, th_a = d->t * ha, th_kv = d->t * d->kv_heads * d->hd;
+    if (d->fused) {
+        zp_inv_attention(out, d, 0, MC "transformer/dot_product_attention.py (a fused kernel "
+                                    "in its place: flash-attn or Transformer Engine)");
+        return;
+    }
+    if (d->kv_heads < d->heads)
+        zp_inv_mem(out, "repeat_interleave_kv", 2 * th_kv * e, 2 * th_a * e, DPA);
+    zp_inv_gemm(out, "baddbmm_scores", bh, d->s, d->s, d->hd, e, e, DPA);
+    zp_inv_mem(out, "scale_mask_softmax", sc * e, sc * e, SOFTMAX);
+    if (d->dropout)
+        zp_inv_mem(out, "attention_dropout", sc * e, sc * (e + 1), DROP);
+    zp_inv_gemm(out, "bmm_context", bh, d->s, d->hd, d->s, e, e, DPA);
+    zp_inv_mem(out, "context_permute", th_a * e, th_a * e, DPA);
+}
+
+static void block_fwd(const ZpInvDims *d, ZpInvList *out)
+{
+    const double e = d->e;
     const double ha = d->heads * d->hd, th_a = d->t * ha, th_kv = d->t * d->kv_heads * d->hd;
     norm_fwd(out, d, "input_layernorm");
     if (d->mp > 1 && d->t_norm < d->t)
@@ -99,19 +118,7 @@ static void block_fwd(const ZpInvDims *d, ZpInvList *out)
         zp_inv_mem(out, "rope_q", th_a * e, th_a * e, ROPE);
         zp_inv_mem(out, "rope_k", th_kv * e, th_kv * e, ROPE);
     }
-    if (d->fused) {
-        zp_inv_attention(out, d, 0, MC "transformer/dot_product_attention.py (a fused kernel "
-                                    "in its place: flash-attn or Transformer Engine)");
-    } else {
-        if (d->kv_heads < d->heads)
-            zp_inv_mem(out, "repeat_interleave_kv", 2 * th_kv * e, 2 * th_a * e, DPA);
-        zp_inv_gemm(out, "baddbmm_scores", bh, d->s, d->s, d->hd, e, e, DPA);
-        zp_inv_mem(out, "scale_mask_softmax", sc * e, sc * e, SOFTMAX);
-        if (d->dropout)
-            zp_inv_mem(out, "attention_dropout", sc * e, sc * (e + 1), DROP);
-        zp_inv_gemm(out, "bmm_context", bh, d->s, d->hd, d->s, e, e, DPA);
-        zp_inv_mem(out, "context_permute", th_a * e, th_a * e, DPA);
-    }
+    zp_inventory_megatron_core_attention_fwd(d, out);
     linear_fwd(out, d, "linear_proj", d->h, ha, FALSE);
     if (d->mp > 1)
         zp_inv_collective(out, "linear_proj_all_reduce", d->t * d->h * e, TP_AR);

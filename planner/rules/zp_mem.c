@@ -23,6 +23,8 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
         r->recompute_bytes = r->activation_block_bytes + (rule.regathered ? rule.full_bytes : 0);
     } else {
         r->activations_bytes = (double)model->layers * r->activation_block_bytes;
+        /* selective: one block's core attention recomputed in its backward */
+        r->recompute_bytes = zp_mem_core_attention_bytes(model, plan);
     }
     if (zp_moe_enabled(&model->moe)) {
         /* A mixture of experts' blocks differ: the sparse ones keep the router's, the experts'

@@ -30,7 +30,7 @@ uint64_t zp_mem_padded_elems(uint64_t elems, uint64_t multiple)
 /* The block's bytes with the replicated terms (norms, dropout masks) divided by `spread`:
  * 1 without sequence parallelism, t with it. */
 static double block_bytes(const ZpModel *model, int micro_batch, int mp, double elem_bytes,
-                          ZpAttention attention, double spread)
+                          ZpAttention attention, double spread, gboolean selective)
 {
     const double s = model->seq_len, b = micro_batch, h = model->hidden, a = model->heads;
     const double t = mp, f = model->ffn_hidden;
@@ -38,10 +38,13 @@ static double block_bytes(const ZpModel *model, int micro_batch, int mp, double 
     const double replicated = model->parallel_residual ? 3 * h : 4 * h;
     const double split = 2 * h + 2 * kd + (zp_model_gated(model) ? 3 : 2) * f;
     const gboolean fused = zp_attention_fused(attention);
-    const double scores = fused ? 0.0 : (model->dropout ? 5.0 : 2.0) * a * s * s * b / t;
+    /* Selective recomputation saves core attention's inputs only (Q, K, V, counted in
+     * `split`): its s x s tensors, or a fused kernel's log-sum-exp, are recomputed. */
+    const double scores =
+        fused || selective ? 0.0 : (model->dropout ? 5.0 : 2.0) * a * s * s * b / t;
     const double masks = model->dropout ? 2.0 * s * b * h / spread : 0.0;
     const double sixteen_bit = 2.0 * s * b * (replicated / spread + split / t) + masks + scores;
-    const double lse = fused ? 4.0 * a * s * b / t : 0.0;
+    const double lse = fused && !selective ? 4.0 * a * s * b / t : 0.0;
     /* Each LayerNorm keeps its fp32 mean and 1/std per token for backward (PyTorch's
      * native_layer_norm, as zreal's real_gpt), replicated like the norm's input; RMSNorm's
      * inverse root is recomputed. */
@@ -52,13 +55,24 @@ static double block_bytes(const ZpModel *model, int micro_batch, int mp, double 
 double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int mp,
                                      double elem_bytes, ZpAttention attention)
 {
-    return block_bytes(model, micro_batch, mp, elem_bytes, attention, 1.0);
+    return block_bytes(model, micro_batch, mp, elem_bytes, attention, 1.0, FALSE);
 }
 
 double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan)
 {
     return block_bytes(model, plan->micro_batch, plan->mp, zp_plan_elem_bytes(plan->precision),
-                       plan->attention, plan->sequence_parallel ? plan->mp : 1.0);
+                       plan->attention, plan->sequence_parallel ? plan->mp : 1.0,
+                       plan->selective_recompute && !plan->checkpoint);
+}
+
+double zp_mem_core_attention_bytes(const ZpModel *model, const ZpPlan *plan)
+{
+    if (!plan->selective_recompute || plan->checkpoint)
+        return 0.0;
+    const double spread = plan->sequence_parallel ? plan->mp : 1.0;
+    const double elem = zp_plan_elem_bytes(plan->precision);
+    return block_bytes(model, plan->micro_batch, plan->mp, elem, plan->attention, spread, FALSE) -
+           block_bytes(model, plan->micro_batch, plan->mp, elem, plan->attention, spread, TRUE);
 }
 
 double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan)

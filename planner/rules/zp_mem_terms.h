@@ -37,7 +37,8 @@ typedef struct {
     double checkpoint_host_bytes;   /* those in host memory instead (cpu_checkpointing);
                                      * not part of total_bytes */
     double recompute_bytes;         /* one block recomputed in backward (checkpointing), with
-                                     * the re-gathered whole input under Pa or Pa+cpu */
+                                     * the re-gathered whole input under Pa or Pa+cpu; or
+                                     * one block's core attention (selective) */
     double logits_bytes;            /* fp32 logits/softmax of the LM head and loss */
     double reduce_bucket_bytes;     /* gradient bucket buffers */
     double allgather_bucket_bytes;  /* parameter all-gather bucket (stages 1-2) */
@@ -79,8 +80,16 @@ double zp_mem_activation_block_bytes(const ZpModel *model, int micro_batch, int 
 /* The same for a plan, with Megatron's sequence parallelism when the plan has it
  * (Korthikanti et al. section 4.2.2): the layer norms' inputs and outputs and the dropout
  * masks are split over the t ranks of the tensor group too, so GPT-2 eager with dropout keeps
- * (s b h / t)(34 + 5 a s / h) bytes, and its LayerNorm statistics 16 s b / t. */
+ * (s b h / t)(34 + 5 a s / h) bytes, and its LayerNorm statistics 16 s b / t. With selective
+ * recomputation (section 5, Table 2) core attention keeps only its inputs: the 5 a s / h term
+ * goes (a fused kernel's log-sum-exp likewise), sbh(10 + 24/t) without sequence parallelism,
+ * sbh 34/t with it. */
 double zp_mem_plan_activation_block_bytes(const ZpModel *model, const ZpPlan *plan);
+
+/* Selective recomputation: core attention's tensors one block's backward recomputes and holds
+ * until it ends (what the plan's block no longer saves: 5as^2b/t eager with dropout, a fused
+ * kernel's log-sum-exp 4asb/t); 0 otherwise. */
+double zp_mem_core_attention_bytes(const ZpModel *model, const ZpPlan *plan);
 
 /* One block's checkpoint, its input: s b h elements, over t with sequence parallelism. */
 double zp_mem_checkpoint_bytes(const ZpModel *model, const ZpPlan *plan);

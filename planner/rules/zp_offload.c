@@ -345,7 +345,7 @@ void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, 
     memset(t, 0, sizeof *t);
     const int stage = plan->zero.stage;
     const double params = (double)zp_model_param_count(model);
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpStateBytes sb = zp_impl_state_bytes(plan);
     const ZpModelStates m = zp_mem_model_states(params, stage, plan->dp, plan->mp, sb);
     const double psi = params / plan->mp, part = psi / plan->dp;
     const double optim_elems = stage == 0 ? psi : part;

@@ -44,10 +44,19 @@ gboolean zp_zeropp_check(const ZpPlan *plan, GError **error)
     const int hpz = z->zero_hpz_partition_size, local = node_ranks(plan);
     const char *bad = NULL;
     const gboolean any = z->zero_quantized_weights || z->zero_quantized_gradients || hpz > 1;
+    /* FSDP2's reshard_after_forward=int (_fsdp_param.py to_sharded_post_forward: after
+     * forward each parameter keeps a 16-bit shard over int ranks of the node, which backward
+     * all-gathers inside the node) is hpZ's secondary partition by another name; its
+     * quantised collectives do not exist there. */
+    const gboolean quantized = z->zero_quantized_weights || z->zero_quantized_gradients;
     if (any && plan->impl == ZP_IMPL_FSDP)
         bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients "
               "(--quantized-weights, --hpz-partition-size, --quantized-gradients): ZeRO++ is "
               "DeepSpeed's; --impl fsdp has none of it (use --impl deepspeed or paper)";
+    else if (quantized && plan->impl == ZP_IMPL_FSDP2)
+        bad = "zero_quantized_weights/zero_quantized_gradients (--quantized-weights, "
+              "--quantized-gradients): ZeRO++'s quantisation is DeepSpeed's; --impl fsdp2 has "
+              "none of it (its reshard_after_forward=int is --hpz-partition-size)";
     else if (any && z->stage != 3)
         bad = "zero_quantized_weights/zero_hpz_partition_size/zero_quantized_gradients: ZeRO++ "
               "works on stage 3's partitioned parameters (stage 3 only)";

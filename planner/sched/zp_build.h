@@ -120,6 +120,10 @@ typedef struct {
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;
     gboolean over_ops;
+    /* overlap_param_gather: each bucket's all-gather in the next forward (NONE: none, as for
+     * an empty one), how many are issued and how many waited for, in forward order */
+    GArray *param_gathers; /* uint32_t */
+    guint param_gathers_issued, param_gathers_waited;
 } Builder;
 
 /* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
@@ -139,6 +143,7 @@ typedef struct {
     int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */
     double act_bytes;
     ZpCkptRule rule; /* what a checkpoint is and where it lives (zp_zeror) */
+    double core_bytes; /* selective recomputation: core attention's recomputed tensors */
 } Activations;
 
 /* The units [lo, hi) of one model chunk (all of them without a pipeline). */
@@ -164,6 +169,11 @@ void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op);
 uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate);
 Cost zp_build_block_forward_cost(const ZpSchedule *s);
 Cost zp_build_block_backward_cost(const ZpSchedule *s);
+/* What a block's recompute op recomputes: the whole forward from the checkpoint (full
+ * recomputation), or core attention alone (Megatron's selective recomputation,
+ * zp_build_selective: attention.py's checkpointed core attention). */
+gboolean zp_build_selective(const ZpPlan *plan);
+Cost zp_build_recompute_cost(const ZpSchedule *s);
 Cost zp_build_head_cost(const ZpSchedule *s);
 Cost zp_build_embed_cost(const ZpSchedule *s);
 Cost zp_build_optimizer_cost(const Builder *b, double elems);
@@ -238,6 +248,11 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
 /* ---- zp_build_pipe.c ---- */
 
 int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir);
+/* The received tensor's all-gather over the tensor group under scatter/gather (ZpImpl
+ * p2p_scatter_gather), which takes the send as its dependency (the emitter's recv_key) and,
+ * as p2p_communication.py runs it in line, the compute before it; the next compute op waits
+ * for it. Nothing otherwise. */
+void zp_build_receive(Builder *b, int unit, int micro);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 void zp_build_tied_sync(Builder *b);
 
@@ -245,5 +260,9 @@ void zp_build_tied_sync(Builder *b);
 
 uint32_t zp_build_emit_step_op(Builder *b, ZpOp op, const uint32_t *deps, guint n);
 void zp_build_optimizer_step(Builder *b, GArray *launched);
+/* Megatron's overlap_param_gather: before unit `unit`'s first forward compute of the step,
+ * waits for the buckets that hold its parameters (the next compute op depends on their
+ * all-gathers) and dispatches the bucket after the last of them; nothing otherwise. */
+void zp_build_wait_param_gathers(Builder *b, int unit, int micro);
 
 #endif

@@ -162,22 +162,48 @@ uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate)
  * precision. A fused attention kernel's work is its own (attn_flops, timed at the kernel's
  * rate, which covers its memory traffic), so it moves no s^2 bytes here. Bias adds ride in
  * the GEMM epilogues. The typical GEMM is the mean of the block's four (five gated). */
+/* Core attention's forward on this rank: scores and values 4bs^2h/mp FLOPs (a fused
+ * kernel's share under a sliding window), and the eager softmax's reads and writes of the
+ * b a s^2 / mp scores, 2 accesses in the working precision. What selective recomputation
+ * recomputes in a block's backward (zp_build_recompute_cost). */
+static Cost core_attention_cost(const ZpSchedule *s)
+{
+    const ZpModel *m = &s->model;
+    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, a = m->heads;
+    const double mp = s->plan.mp;
+    const gboolean fused = zp_attention_fused(s->plan.attention);
+    const double attention =
+        4 * b * sq * sq * h / mp * (fused ? zp_model_attention_share(m) : 1.0);
+    return (Cost){.flops = attention, .attn_flops = fused ? attention : 0.0,
+                  .mem_bytes = fused ? 0.0 : s->elem_bytes * 2 * b * a * sq * sq / mp};
+}
+
 Cost zp_build_block_forward_cost(const ZpSchedule *s)
 {
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, f = m->ffn_hidden;
-    const double a = m->heads, mp = s->plan.mp, e = s->elem_bytes;
+    const double mp = s->plan.mp, e = s->elem_bytes;
     const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
     const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
     const double gemm = 2 * b * sq * (h * q + h * h + h * f1 + f * h) / mp;
-    const double attention =
-        4 * b * sq * sq * h / mp * (fused ? zp_model_attention_share(m) : 1.0);
-    const double softmax = fused ? 0.0 : 2 * b * a * sq * sq / mp;
+    const Cost core = core_attention_cost(s);
+    const double attention = core.flops;
+    const double softmax = core.mem_bytes / e;
     return (Cost){.flops = gemm + attention,
                   .gemm_flops = gemm / (gated ? 5 : 4),
                   .attn_flops = fused ? attention : 0.0,
                   .mem_bytes = e * (10 * b * sq * h / (s->plan.sequence_parallel ? mp : 1) +
                                     (gated ? 3 : 2) * b * sq * f / mp + softmax)};
+}
+
+gboolean zp_build_selective(const ZpPlan *plan)
+{
+    return plan->selective_recompute && !plan->checkpoint;
+}
+
+Cost zp_build_recompute_cost(const ZpSchedule *s)
+{
+    return zp_build_selective(&s->plan) ? core_attention_cost(s) : zp_build_block_forward_cost(s);
 }
 
 /* A block's backward from its own ops (zp_cost_kernels): the data-gradient and

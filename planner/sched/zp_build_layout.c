@@ -94,7 +94,9 @@ void zp_build_layout(Builder *b)
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params_elems[4] = {total, padded, padded, part};
     const double optim_elems = stage == 0 ? total : part;
-    s->state_bytes[ZP_MEM_PARAMS] = params_elems[stage] * p;
+    /* the master weights are the partition itself (ZpImpl sharded_params_are_master) */
+    const gboolean master_only = stage == 3 && b->impl->sharded_params_are_master && master > 0;
+    s->state_bytes[ZP_MEM_PARAMS] = master_only ? 0.0 : params_elems[stage] * p;
     const double grads = b->impl->grad_state_elems(s) * g;
     const gboolean taken = b->impl->grads_taken_by_reduction &&
                            b->impl->grads_taken_by_reduction(&s->plan);

@@ -13,6 +13,70 @@ uint32_t zp_build_emit_step_op(Builder *b, ZpOp op, const uint32_t *deps, guint 
     return zp_build_emit(b, op, deps, n);
 }
 
+/* ---- the distributed optimizer's all-gather in the next forward ----------------------- */
+
+/* Megatron's overlap_param_gather (param_and_grad_buffer.py _ParamAndGradBucketGroup
+ * finish_param_sync, distributed_data_parallel.py's forward pre-hooks): the updated
+ * parameters are all-gathered bucket by bucket in forward order, in place, instead of after
+ * the step: a module's pre-hook waits for its bucket's all-gather (dispatching it first when
+ * it was not: the step's first) and then dispatches the next bucket's
+ * (next_param_gather_bucket_group). The one step built stands for each: its forward waits for
+ * the gathers of the step before, which are these. */
+static gboolean gathers_in_forward(const ZpPlan *plan)
+{
+    return plan->overlap_param_gather && plan->zero.stage == 1;
+}
+
+/* Forward-order bucket j: the buckets are listed in backward order. */
+static const Bucket *forward_bucket(Builder *b, guint j)
+{
+    return zp_build_bucket(b, b->buckets->len - 1 - j);
+}
+
+/* Issues the next bucket's all-gather (after op `after`, NONE: none): its unpadded range
+ * padded to the group, at the next offset of the rank's partition (the post-step gathers'
+ * space), the last one clipped to it. */
+static void issue_param_gather(Builder *b, uint32_t after)
+{
+    const ZpSchedule *s = b->s;
+    const uint64_t dp = (uint64_t)s->plan.dp;
+    const guint j = b->param_gathers_issued++;
+    uint64_t offset = 0;
+    for (guint i = 0; i < j; i++) {
+        const Bucket *k = forward_bucket(b, i);
+        offset += zp_mem_padded_elems(k->spec.hi - k->spec.lo, dp) / dp;
+    }
+    const Bucket *k = forward_bucket(b, j);
+    offset = MIN(offset, s->partition_elems);
+    const uint64_t n = MIN(zp_mem_padded_elems(k->spec.hi - k->spec.lo, dp),
+                           (s->partition_elems - offset) * dp);
+    g_array_index(b->param_gathers, uint32_t, j) =
+        n == 0 ? NONE
+               : zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, -1, offset,
+                                          n, (double)n * b->state.param_bytes, &after, 1);
+}
+
+void zp_build_wait_param_gathers(Builder *b, int unit, int micro)
+{
+    if (!gathers_in_forward(&b->s->plan) || micro != 0)
+        return;
+    const guint n = b->buckets->len;
+    if (b->param_gathers_issued == 0)
+        g_array_set_size(b->param_gathers, n);
+    gboolean waited = FALSE;
+    while (b->param_gathers_waited < n &&
+           forward_bucket(b, b->param_gathers_waited)->spec.low_unit <= unit) {
+        while (b->param_gathers_issued <= b->param_gathers_waited)
+            issue_param_gather(b, NONE);
+        const uint32_t op = g_array_index(b->param_gathers, uint32_t, b->param_gathers_waited++);
+        if (op != NONE)
+            g_array_append_val(b->sync_deps, op);
+        waited = TRUE;
+    }
+    if (waited && b->param_gathers_issued < n)
+        issue_param_gather(b, NONE);
+}
+
 /* The implementation's buffers around the optimizer, then the optimizer on this rank's
  * partition, then (stages 1-2) the all-gather of the updated 16-bit partitions in
  * allgather_bucket_size chunks. For those all-gathers elem_offset is the offset inside every
@@ -87,8 +151,14 @@ void zp_build_optimizer_step(Builder *b, GArray *launched)
         return;
     }
     g_array_unref(kept);
-    if (stage != 1 && stage != 2)
+    if ((stage != 1 && stage != 2) || gathers_in_forward(&s->plan))
+        return; /* none, or in the next forward */
+    if (b->impl->param_gather_by_bucket) { /* in place, a gradient bucket at a time */
+        g_array_set_size(b->param_gathers, b->buckets->len);
+        while (b->param_gathers_issued < b->buckets->len)
+            issue_param_gather(b, opt);
         return;
+    }
     const uint64_t dp = (uint64_t)s->plan.dp;
     const uint64_t chunk = MAX((uint64_t)1, (uint64_t)(s->plan.zero.allgather_bucket_size / dp));
     const gboolean buffered = b->impl->post_step_gather_buffer;

@@ -12,12 +12,34 @@ int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
  * neighbouring stage once the last compute op and its tensor-parallel all-reduces are done:
  * b s h elements, or b s h / t when sequence parallelism keeps the sequence split over the
  * TP group (Megatron's p2p_communication sends each rank's own part). */
+/* Narayanan et al. 2021 section 4.1, the implementation's p2p_scatter_gather: each tensor
+ * rank sends only its 1/t of the b s h activations over the network and the receiving ranks
+ * all-gather them over NVLink; with sequence parallelism each rank's part is its own already. */
+static gboolean scatter_gather(const ZpPlan *plan)
+{
+    return zp_impl_get(plan->impl)->p2p_scatter_gather && plan->mp > 1 &&
+           !plan->sequence_parallel;
+}
+
+void zp_build_receive(Builder *b, int unit, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (b->recv_key < 0 || !scatter_gather(&s->plan))
+        return;
+    const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->model.hidden;
+    const uint32_t gathered =
+        zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0, elems,
+                                 (double)elems * s->elem_bytes, &b->last_compute, 1);
+    g_array_append_val(b->sync_deps, gathered);
+}
+
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
 {
     const ZpSchedule *s = b->s;
     uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                      (uint64_t)s->model.hidden;
-    if (s->plan.sequence_parallel)
+    if (s->plan.sequence_parallel || scatter_gather(&s->plan))
         elems /= (uint64_t)s->plan.mp;
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     g_array_append_val(deps, b->last_compute);

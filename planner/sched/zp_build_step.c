@@ -98,6 +98,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
     const Cost embed = zp_build_embed_cost(s), block = zp_build_block_forward_cost(s);
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
+        zp_build_wait_param_gathers(b, 0, micro);
         zp_build_emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data,
                               deps->len);
         if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
@@ -115,6 +116,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
                                     zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
+        zp_build_wait_param_gathers(b, l, micro);
         block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps, NULL);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
@@ -192,6 +194,7 @@ void zp_build_head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray
     }
     if (reduce)
         zp_build_hand_on(b, L + 1, -1, micro, deps);
+    zp_build_wait_param_gathers(b, L + 1, micro);
     zp_build_emit_compute(b, ZP_COMP_HEAD, L + 1, micro, c,
                           (uint32_t *)deps->data, deps->len);
     const uint32_t head_op = b->last_compute;
@@ -228,6 +231,14 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
             g_array_append_val(deps, alloc);
             block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps, NULL);
         }
+        int core = -1; /* selective: core attention's recomputed tensors */
+        if (zp_build_selective(&s->plan)) {
+            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro,
+                                                 &core, &b->last_compute, 1);
+            g_array_append_val(deps, alloc);
+            zp_build_emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_build_recompute_cost(s),
+                                  (uint32_t *)deps->data, deps->len);
+        }
         position_end(b, zp_pos_rec(L, l), micro);
         const int pos = zp_pos_bwd(L, l);
         position_begin(b, pos, micro, deps);
@@ -238,6 +249,9 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        if (core >= 0)
+            zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
+                               b->last_compute);
         if (ckpt && *zp_build_act_slot(b, a->ckpt, micro, l) >= 0)
             zp_build_emit_free(b, ZP_MEM_CHECKPOINTS,
                                a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l,

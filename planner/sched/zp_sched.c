@@ -33,12 +33,17 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
     else if (p->zero.stage < 0 || p->zero.stage > 3)
         bad = "stage: must be 0, 1, 2 or 3";
     else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
-        bad = "impl: must be deepspeed, fsdp or paper";
-    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage))
-        bad = "stage: --impl fsdp has stages 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), "
-              "no stage 1";
-
-
+        bad = "impl: must be deepspeed, fsdp, paper, megatron or fsdp2";
+    else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "stage: --impl %s has %s",
+                    zp_impl_get(p->impl)->name, zp_impl_get(p->impl)->stages);
+        return FALSE;
+    }
+    else if (p->selective_recompute && !p->checkpoint &&
+             !zp_impl_get(p->impl)->selective_recompute)
+        bad = "recompute: selective recomputation is Megatron's (--impl megatron)";
+    else if (p->overlap_param_gather && (p->impl != ZP_IMPL_MEGATRON || p->zero.stage != 1))
+        bad = "overlap_param_gather: the distributed optimizer's (--impl megatron, stage 1)";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
@@ -118,6 +123,7 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
     if (!x->backward) {
         b->recv_key =
             x->chunk > 0 ? zp_build_send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
+        zp_build_receive(b, r.lo, x->micro);
         zp_build_forward(b, x->micro, a, deps, r);
         if (last)
             zp_build_head(b, x->micro, reduce,
@@ -129,6 +135,7 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
         return;
     }
     b->recv_key = !last ? zp_build_send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
+    zp_build_receive(b, r.hi - 1, x->micro);
     zp_build_release_head_grad(b, x->micro);
     zp_build_backward(b, x->micro, reduce, a, deps, launched, r);
     if (x->chunk > 0)
@@ -175,6 +182,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     g_array_set_size(b->buckets, 0);
     zp_build_layout(b);
     zp_build_plan_buckets(b);
+    b->param_gathers_issued = b->param_gathers_waited = 0;
     b->ipg[0] = b->ipg[1] = -1; /* none held yet: reset_buckets keeps only those */
     zp_build_reset_buckets(b);
     b->grad_state = -1;
@@ -259,11 +267,12 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     const int L = (int)model->layers;
     Builder b = {.s = s, .impl = zp_impl_get(plan->impl),
-                 .state = zp_plan_state_bytes(plan->precision, plan->optimizer),
+                 .state = zp_impl_state_bytes(plan),
                  .last_compute = NONE,
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
+                 .param_gathers = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .waits = g_array_new(FALSE, FALSE, sizeof(Wait)),
                  .unit_first = g_new0(guint, (gsize)L + 2),
                  .unit_last = g_new0(guint, (gsize)L + 2),
@@ -304,7 +313,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
                      zp_mem_plan_activation_block_bytes(model, plan),
-                     zp_zeror_checkpoint(model, plan)};
+                     zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++)
@@ -321,6 +330,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.sync_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
+    g_array_unref(b.param_gathers);
     g_array_unref(b.waits);
     if (b.tensors)
         g_array_unref(b.tensors);
@@ -372,7 +382,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
 {
     const ZpSchedule s = {.model = *model, .plan = *plan,
                           .elem_bytes = zp_plan_elem_bytes(plan->precision)};
-    const Builder b = {.state = zp_plan_state_bytes(plan->precision, plan->optimizer)};
+    const Builder b = {.state = zp_impl_state_bytes(plan)};
     const uint64_t L = (uint64_t)model->layers;
     const Cost fwd = zp_build_block_forward_cost(&s), bwd = zp_build_block_backward_cost(&s);
     const Cost embed = zp_build_embed_cost(&s), head = zp_build_head_cost(&s);
@@ -388,7 +398,8 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
         [ZP_COMP_EMBED_FWD] = {micro, embed},
         [ZP_COMP_BLOCK_FWD] = {micro * L, fwd},
         [ZP_COMP_HEAD] = {micro, head},
-        [ZP_COMP_RECOMPUTE] = {plan->checkpoint ? micro * L : 0, fwd},
+        [ZP_COMP_RECOMPUTE] = {plan->checkpoint || zp_build_selective(plan) ? micro * L : 0,
+                               zp_build_recompute_cost(&s)},
         [ZP_COMP_BLOCK_BWD] = {micro * L, bwd},
         [ZP_COMP_EMBED_BWD] = {micro, embed},
         [ZP_COMP_OPTIMIZER] = {cpu_share < 1.0, opt},

@@ -1,6 +1,7 @@
 /* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
+#include "zp_impl.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
 #include "zp_impl.h"
@@ -166,8 +167,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
     if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER && op->micro < 0)
         return bad(c, "micro", "= %d: op %s needs a micro-step", op->micro,
                    zp_sched_compute_name(op->sub));
-    if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint)
-        return bad(c, "op", "recompute in a plan without checkpointing");
+    if (op->sub == ZP_COMP_RECOMPUTE && !c->s->plan.checkpoint &&
+        !c->s->plan.selective_recompute)
+        return bad(c, "op", "recompute in a plan without recomputation");
     const ZpZeroConfig *z = &c->s->plan.zero;
     if (op->sub == ZP_COMP_QUANTIZE && !z->zero_quantized_weights && !z->zero_quantized_gradients)
         return bad(c, "op", "quantize in a plan without ZeRO++'s quantisation");
@@ -685,7 +687,7 @@ gboolean zp_schedcheck_step(const ZpSchedule *s, const char *what, GError **erro
 gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error)
 {
     Check c = {.s = s, .what = what, .error = error,
-               .st = zp_plan_state_bytes(s->plan.precision, s->plan.optimizer),
+               .st = zp_impl_state_bytes(&s->plan),
                .L = (int)s->model.layers, .n_units = s->n_units, .n_ops = s->ops->len};
     c.buf = g_new0(Buffer, MAX(c.n_ops, 1));
     for (guint i = 0; i < c.n_ops; i++)

@@ -175,7 +175,7 @@ static gboolean zeropp_buckets(int buckets)
 static gboolean zeropp_apply(const ZpSearchSpec *spec, int combo, int buckets, ZpPlan *plan)
 {
     const int node_dp = zp_zeropp_group_ranks(plan, ZP_GROUP_NODE);
-    if (combo != 0 && (plan->zero.stage != 3 || spec->impl == ZP_IMPL_FSDP ||
+    if (combo != 0 && (plan->zero.stage != 3 || !zp_impl_get(spec->impl)->zero_r ||
                        !zeropp_buckets(buckets) || !plan->zero.overlap_comm))
         return FALSE;
     if ((combo & 2) && (node_dp <= 1 || node_dp >= plan->dp))
@@ -217,9 +217,9 @@ static void add_variants(const ZpSearchSpec *spec, const ZpPlan *base, int bucke
         if (!zeropp_apply(spec, combo, buckets, &plan))
             continue;
         int parent = -1;
-        /* FSDP has none of DeepSpeed's activation_checkpointing options. */
+        /* FSDP and Megatron have none of DeepSpeed's activation_checkpointing options. */
         const size_t levels =
-            plan.checkpoint && spec->impl != ZP_IMPL_FSDP ? G_N_ELEMENTS(ckpt_levels) : 1;
+            plan.checkpoint && zp_impl_get(spec->impl)->zero_r ? G_N_ELEMENTS(ckpt_levels) : 1;
         for (size_t k = 0; k < levels; k++) {
             const CkptLevel *l = &ckpt_levels[k];
             plan.ckpt.partition_activations = l->pa && plan.mp > 1;
@@ -256,10 +256,16 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
         return;
     int at_default[ZEROPP_COMBOS * CKPT_LEVELS];
     for (int stage = lo; stage <= hi; stage++)
-        for (int ckpt = 0; ckpt <= ((spec->exclude & ZP_TECH_CHECKPOINT) ? 0 : 1) &&
-                           zp_impl_get(spec->impl)->has_stage(stage);
-             ckpt++)
+        for (int recompute = ZP_RECOMPUTE_NONE;
+             recompute <= ZP_RECOMPUTE_FULL && zp_impl_get(spec->impl)->has_stage(stage);
+             recompute++)
             for (int choice = 0; choice < (int)G_N_ELEMENTS(bucket_choices); choice++) {
+                /* selective recomputation where the implementation has it (Megatron's) */
+                if (recompute == ZP_RECOMPUTE_SELECTIVE &&
+                    !zp_impl_get(spec->impl)->selective_recompute)
+                    break;
+                if (recompute == ZP_RECOMPUTE_FULL && (spec->exclude & ZP_TECH_CHECKPOINT))
+                    break;
                 if (choice == 0)
                     memset(at_default, 0xff, sizeof at_default);
                 ZpPlan plan;
@@ -267,7 +273,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.pipe = pipe;
                 plan.micro_batch = micro;
                 plan.grad_accum = accum;
-                plan.checkpoint = ckpt;
+                zp_plan_set_recompute(&plan, (ZpRecompute)recompute);
                 plan.precision = spec->precision;
                 plan.optimizer = spec->optimizer;
                 plan.attention = spec->attention;
@@ -276,7 +282,10 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
                 plan.gpus_per_node = spec->hw->gpus_per_node; /* ZeRO++'s node groups */
+                zp_impl_plan_defaults(&plan);
                 apply_buckets(spec->model, choice, &plan.zero);
+                if (choice == 0) /* the implementation's own defaults, DeepSpeed's for it */
+                    zp_impl_plan_defaults(&plan);
                 /* A pipeline reduces after its flush: buckets and overlap_comm change
                  * nothing that matters, so only DeepSpeed's defaults. */
                 gboolean seen = P > 1 && choice > 0;
@@ -565,7 +574,7 @@ static double qgz_s_per_elem(const ZpScreen *sc, const ZpPlan *plan)
 static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
 {
     const ZpModel *m = sc->model;
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpStateBytes sb = zp_impl_state_bytes(plan);
     const double e = zp_plan_elem_bytes(plan->precision), accum = plan->grad_accum;
     const double L = (double)m->layers, mp = plan->mp, n = plan->dp, P = zp_plan_pp(plan);
     /* A stage's share of the work, stretched by the bubble. */
@@ -634,7 +643,7 @@ static double pipeline_memory_bytes(const ZpScreen *sc, const ZpPlan *plan)
     const int64_t blocks = V * ((m->layers + (int64_t)P * V - 1) / ((int64_t)P * V));
     const double params = (double)zp_model_unit_elems(m, 0) +
                           (double)blocks * (double)zp_model_unit_elems(m, 1);
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
+    const ZpStateBytes sb = zp_impl_state_bytes(plan);
     const ZpModelStates states =
         zp_mem_model_states(params, plan->zero.stage, plan->dp, plan->mp, sb);
     ZpModel stage = *m;
@@ -723,6 +732,7 @@ static gboolean twins(const ZpCandidate *a, const ZpCandidate *b)
     return p->zero.stage == q->zero.stage && p->mp == q->mp && p->micro_batch == q->micro_batch &&
            memcmp(&p->pipe, &q->pipe, sizeof p->pipe) == 0 &&
            p->grad_accum == q->grad_accum && p->checkpoint == q->checkpoint &&
+           p->selective_recompute == q->selective_recompute &&
            fabs(a->step_time_s - b->step_time_s) <= TWIN_TOLERANCE * b->step_time_s &&
            fabs(a->peak_memory_bytes - b->peak_memory_bytes) <=
                TWIN_TOLERANCE * b->peak_memory_bytes;

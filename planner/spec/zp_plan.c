@@ -145,7 +145,8 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype)
 {
     return reduce_names[dtype];
 }
-static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", NULL};
+static const char *const impl_names[] = {"deepspeed", "fsdp", "paper", "megatron", "fsdp2",
+                                         NULL};
 
 const char *zp_impl_name(ZpImplKind impl)
 {
@@ -159,6 +160,36 @@ gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GErr
         return FALSE;
     *out = (ZpImplKind)v;
     return TRUE;
+}
+
+static const char *const recompute_names[] = {"none", "selective", "full", NULL};
+
+gboolean zp_recompute_parse(const char *text, const char *flag, ZpRecompute *out,
+                            GError **error)
+{
+    int v;
+    if (!zp_parse_choice(text, flag, recompute_names, &v, error))
+        return FALSE;
+    *out = (ZpRecompute)v;
+    return TRUE;
+}
+
+const char *zp_recompute_name(ZpRecompute r)
+{
+    return recompute_names[r];
+}
+
+ZpRecompute zp_plan_recompute(const ZpPlan *plan)
+{
+    return plan->checkpoint ? ZP_RECOMPUTE_FULL
+           : plan->selective_recompute ? ZP_RECOMPUTE_SELECTIVE
+                                       : ZP_RECOMPUTE_NONE;
+}
+
+void zp_plan_set_recompute(ZpPlan *plan, ZpRecompute r)
+{
+    plan->checkpoint = r == ZP_RECOMPUTE_FULL;
+    plan->selective_recompute = r == ZP_RECOMPUTE_SELECTIVE;
 }
 
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
@@ -376,6 +407,10 @@ void *zp_plan_to_json(const ZpPlan *plan)
                                       zp_pipe_schedule_name(plan->pipe.schedule),
                                       "partition_method",
                                       zp_partition_name(plan->pipe.partition)));
+    if (plan->selective_recompute)
+        json_object_set_new(o, "recompute", json_string("selective"));
+    if (plan->overlap_param_gather)
+        json_object_set_new(o, "overlap_param_gather", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
     return o;
@@ -455,6 +490,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     json_t *o = json_object;
     int64_t dp, mp, micro, accum, node = 0;
     const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
+    const char *recompute = NULL;
     gboolean checkpoint = FALSE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
@@ -464,7 +500,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     static const char *const keys[] = {"stage", "dp", "mp", "micro_batch", "grad_accum",
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
-                                       "gpus_per_node", "pipeline", "sequence_parallel", NULL};
+                                       "gpus_per_node", "pipeline", "sequence_parallel",
+                                       "recompute", "overlap_param_gather", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
@@ -486,6 +523,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_impl_parse(impl ? impl : "paper", "impl", &plan->impl, error) ||
         !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
                           error) ||
+        !zp_json_get_string(o, what, "recompute", FALSE, &recompute, error) ||
+        !zp_json_get_bool(o, what, "overlap_param_gather", FALSE, &plan->overlap_param_gather,
+                          error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
         !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,
@@ -494,6 +534,13 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
     plan->gpus_per_node = (int)node;
+    /* "recompute" is written only for the selective kind; "full" is "checkpoint" */
+    if (recompute) {
+        ZpRecompute r;
+        if (!zp_recompute_parse(recompute, "recompute", &r, error))
+            return FALSE;
+        zp_plan_set_recompute(plan, r);
+    }
     return TRUE;
 }
 

@@ -28,8 +28,17 @@ typedef enum {
 typedef enum { ZP_REDUCE_GRAD, ZP_REDUCE_FP32, ZP_REDUCE_BF16, ZP_REDUCE_FP16, ZP_REDUCE_N } ZpReduceDtype;
 
 /* Whose ZeRO a plan follows (planner/rules/zp_impl.h): DeepSpeed v0.19.6 as its source does it
- * (the zero value, the default), PyTorch FSDP, or the ZeRO paper's idealised volumes. */
-typedef enum { ZP_IMPL_DEEPSPEED, ZP_IMPL_FSDP, ZP_IMPL_PAPER, ZP_IMPL_N } ZpImplKind;
+ * (the zero value, the default), PyTorch FSDP, the ZeRO paper's idealised volumes,
+ * Megatron-Core's DistributedDataParallel and distributed optimizer, or PyTorch's FSDP2
+ * (fully_shard). */
+typedef enum {
+    ZP_IMPL_DEEPSPEED,
+    ZP_IMPL_FSDP,
+    ZP_IMPL_PAPER,
+    ZP_IMPL_MEGATRON,
+    ZP_IMPL_FSDP2,
+    ZP_IMPL_N
+} ZpImplKind;
 
 /* Bytes per parameter of each model-state term for a precision and optimizer. */
 typedef struct {
@@ -125,7 +134,18 @@ typedef struct {
     int mp;               /* tensor (model) parallel degree M */
     int micro_batch;      /* samples per GPU per micro-step */
     int grad_accum;       /* micro-steps per optimizer step */
-    gboolean checkpoint;  /* activation checkpointing at every block */
+    gboolean checkpoint;  /* activation checkpointing at every block (--recompute full) */
+    /* Megatron's selective recomputation (--recompute selective, recompute_granularity
+     * "selective" with its default module core_attn): each block's core attention (scores,
+     * softmax, dropout and the values' product; a fused kernel's whole call) is not saved but
+     * recomputed in the block's backward (Korthikanti et al. 2022, section 5). Ignored
+     * under checkpoint, which recomputes the whole block. */
+    gboolean selective_recompute;
+    /* Megatron's --overlap-param-gather (the distributed optimizer's, stage 1 of --impl
+     * megatron): the updated parameters' all-gather is not run after the step but bucket by
+     * bucket in the next forward, each bucket's issued when the one before it is waited for
+     * (param_and_grad_buffer.py finish_param_sync -> next_param_gather_bucket_group). */
+    gboolean overlap_param_gather;
     ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
@@ -244,6 +264,14 @@ const char *zp_reduce_dtype_name(ZpReduceDtype dtype);
 gboolean zp_reduce_dtype_parse(const char *text, const char *flag, ZpReduceDtype *out,
                                GError **error);
 const char *zp_impl_name(ZpImplKind impl);
+/* Activation recomputation as --recompute names it: none, selective (Megatron's core
+ * attention) or full (every block from its checkpoint, --checkpoint). */
+typedef enum { ZP_RECOMPUTE_NONE, ZP_RECOMPUTE_SELECTIVE, ZP_RECOMPUTE_FULL } ZpRecompute;
+const char *zp_recompute_name(ZpRecompute r);
+gboolean zp_recompute_parse(const char *text, const char *flag, ZpRecompute *out,
+                            GError **error);
+ZpRecompute zp_plan_recompute(const ZpPlan *plan);
+void zp_plan_set_recompute(ZpPlan *plan, ZpRecompute r);
 gboolean zp_impl_parse(const char *text, const char *flag, ZpImplKind *out, GError **error);
 const char *zp_precision_name(ZpPrecision precision);
 const char *zp_optimizer_name(ZpOptimizer optimizer);

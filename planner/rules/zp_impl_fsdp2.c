@@ -1,0 +1,127 @@
+/* zp_impl_fsdp2: PyTorch's FSDP2 (torch/distributed/fsdp/_fully_shard/, fully_shard) as
+ * torchtitan runs it: each transformer block and the root wrapped, per-parameter DTensor
+ * shards kept in the parameters' own dtype, MixedPrecisionPolicy's param and reduce dtypes.
+ * Stage 3 is reshard_after_forward=True, stage 2 reshard_after_forward=False. */
+#include "zp_impl.h"
+
+#include <math.h>
+
+/* fully_shard shards every parameter; reshard_after_forward says whether a block's unsharded
+ * parameters are freed after its forward (True: gathered again for backward, ZeRO-3) or kept
+ * to its backward (False: ZeRO-2's memory, the gradients and optimizer still sharded). There
+ * is no unsharded mode (replicate() is DDP). */
+static gboolean fsdp2_has_stage(int stage)
+{
+    return stage == 2 || stage == 3;
+}
+
+/* _fsdp_param.py FSDPParam: the sharded parameter keeps the module's dtype (fp32, also under
+ * bf16 or fp16 mixed precision) and its .grad the same (_fsdp_collectives.py foreach_reduce
+ * casts the reduce-scatter output to orig_dtype and views the sharded gradients out of it):
+ * the gradient state is 4 bytes an element whatever the precision. */
+static double fsdp2_grad_bytes(const ZpPlan *plan)
+{
+    (void)plan;
+    return 4.0;
+}
+
+/* _fsdp_collectives.py foreach_reduce: the unsharded gradients are copied
+ * (foreach_reduce_scatter_copy_in, chunk_cat into world_size rows) into reduce_scatter_input,
+ * a new buffer of the padded unit in the reduce dtype, before the reduce-scatter; only then
+ * are they freed ("Only after the copy-in finishes can we free the gradients"). */
+static gboolean fsdp2_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
+{
+    (void)k;
+    return plan->zero.stage == 3;
+}
+
+static int fsdp2_bucket_buffers(const ZpPlan *plan, double *elems)
+{
+    (void)plan;
+    *elems = 0;
+    return 0;
+}
+
+/* FSDP's unit fetches, each as one all-gather of the unit's parameters padded one by one
+ * (_fsdp_param.py: each parameter's dim 0 is padded to the world size, _get_dim0_padded_size)
+ * into one output buffer (_fsdp_collectives.py foreach_all_gather: all_gather_output, the
+ * coalesced call's flat buffer), copied out into each parameter's own unsharded tensor when
+ * first waited for (foreach_all_gather_copy_out: alloc_all_gather_outputs, then
+ * split_with_sizes_copy; the schedule's unpack) and freed then: for that moment the unit
+ * is held twice. Each tensor's elements are padded to the group (a lower bound of dim-0
+ * padding, which pads whole rows). */
+static void fsdp2_plan_fetches(const ZpSchedule *s, GArray *fetches)
+{
+    GArray *units = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    zp_impl_fsdp_plan_fetches(s, units);
+    GArray *tensors = zp_impl_tensors(s);
+    const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
+    guint *first = g_new0(guint, (gsize)s->n_units + 1); /* tensors of unit u: [first[u], first[u+1]) */
+    for (guint i = 0; i < tensors->len; i++)
+        first[t[i].unit + 1] = i + 1;
+    for (int u = 1; u <= s->n_units; u++)
+        first[u] = MAX(first[u], first[u - 1]);
+    for (guint i = 0; i < units->len; i++) {
+        const ZpFetch *f = &g_array_index(units, ZpFetch, i);
+        for (guint k = first[f->unit]; k < first[f->unit + 1]; k++) {
+            ZpFetch g = *f;
+            g.offset = t[k].offset;
+            g.elems = zp_mem_padded_elems(t[k].elems, (uint64_t)s->plan.dp);
+            g.numel = t[k].elems;
+            g.joins_previous = k > first[f->unit];
+            g_array_append_val(fetches, g);
+        }
+    }
+    g_free(first);
+    g_array_unref(tensors);
+    g_array_unref(units);
+}
+
+static void fsdp2_persistent(const ZpSchedule *s, GArray *ranges)
+{
+    (void)s, (void)ranges; /* fully_shard shards every parameter */
+}
+
+static double fsdp2_grad_state_elems(const ZpSchedule *s)
+{
+    return zp_impl_partition_grad_elems(s);
+}
+
+/* FSDP's unit terms, with the reduce-scatter's copy-in buffer beside the unit being reduced
+ * (one unsharded unit in the reduce dtype). */
+static void fsdp2_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
+{
+    zp_impl_fsdp_residual(model, plan, r);
+    if (plan->zero.stage == 3)
+        r->reduce_bucket_bytes *= 2.0;
+}
+
+const ZpImpl zp_impl_fsdp2 = {
+    .kind = ZP_IMPL_FSDP2,
+    .name = "fsdp2",
+    .has_stage = fsdp2_has_stage,
+    .stages = "stages 2 (reshard_after_forward=False) and 3 (reshard_after_forward=True)",
+    .grad_bytes = fsdp2_grad_bytes,
+    /* FSDPParam._init_sharded_param: the shard is a DTensor of the original parameter, the
+     * optimizer's; FSDPParam.all_gather_inputs / _get_param_all_gather_inputs cast it to
+     * param_dtype into the all-gather input (a transient copy of the shard). */
+    .sharded_params_are_master = TRUE,
+    /* Same all-gather and reduce-scatter points as FSDP1's: the root (embeddings, final
+     * norm, head) is not resharded after forward (_fsdp_state.py _lazy_init: the root's
+     * post_forward_mesh_info is None), each block is gathered one ahead in forward (the
+     * implicit prefetch: the CPU issues the next module's all-gather on the all-gather stream
+     * while the current one computes) and in backward (_fsdp_param_group.py's backward
+     * prefetch of the next module), and reduce-scattered in its post-backward. */
+    .grad_collective = zp_impl_fsdp_grad_collective,
+    .plan_buckets = zp_impl_fsdp_plan_buckets,
+    .bucket_buffers = fsdp2_bucket_buffers,
+    .concat_copy = fsdp2_concat_copy,
+    .post_step_gather_buffer = FALSE,
+    .plan_fetches = fsdp2_plan_fetches,
+    .persistent = fsdp2_persistent,
+    .unit_persistence = FALSE,
+    .grad_state_elems = fsdp2_grad_state_elems,
+    .step_buffers = zp_impl_no_step_buffers,
+    .residual_buffers = fsdp2_residual,
+    .gather_bound_elems = zp_impl_unit_gather_bound,
+};

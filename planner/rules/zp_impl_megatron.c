@@ -1,0 +1,207 @@
+/* zp_impl_megatron: Megatron-Core's data parallelism as its source does it (NVIDIA/Megatron-LM
+ * megatron/core/distributed/{distributed_data_parallel,param_and_grad_buffer}.py,
+ * megatron/core/optimizer/{optimizer,distrib_optimizer}.py, megatron/training/arguments.py):
+ * stage 0 is DistributedDataParallel with the mixed-precision optimizer
+ * (Float16OptimizerWithFloat16Params), stage 1 the same with --use-distributed-optimizer. */
+#include "zp_impl.h"
+
+#include <math.h>
+
+/* Megatron-Core's DistributedDataParallel wraps every optimizer: the states are replicated
+ * (stage 0) or sharded by the distributed optimizer, ZeRO-1 over the fp32 master weights and
+ * Adam's moments (stage 1). Its gradients stay whole in the main_grad buffer either way. */
+static gboolean mg_has_stage(int stage)
+{
+    return stage == 0 || stage == 1;
+}
+
+/* param_and_grad_buffer.py _ParamAndGradBucketGroup.start_grad_sync: reduce-scatter of each
+ * bucket with the distributed optimizer, all-reduce without it. */
+static ZpCollKind mg_grad_collective(const ZpPlan *plan)
+{
+    return plan->zero.stage == 1 ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE;
+}
+
+/* distributed_data_parallel.py DistributedDataParallel.__init__ (_allocate_buffers_for_
+ * parameters): grad_dtype = torch.float if ddp_config.grad_reduce_in_fp32 else param.dtype.
+ * The buffer is kept, accumulated and reduced in that dtype, the plan's reduce dtype
+ * (mg_plan_defaults makes it fp32 where Megatron does). */
+static double mg_grad_bytes(const ZpPlan *plan)
+{
+    return zp_plan_reduce_bytes(plan);
+}
+
+/* Megatron's defaults where DeepSpeed's differ:
+ * - training/arguments.py validate_args: bf16 sets accumulate_allreduce_grads_in_fp32 (the
+ *   DDP config's grad_reduce_in_fp32): "bfloat16 requires gradient accumulation and
+ *   all-reduce to be done in fp32"; fp16 keeps its 16-bit main_grad;
+ * - distributed_data_parallel.py __init__: bucket_size = max(40000000, 1000000 * dp) elements
+ *   (larger buckets at large dp keep the ring's chunks bandwidth-bound);
+ * and --overlap-grad-reduce off unless asked for, as overlap_comm is at stages 0-1. */
+static void mg_plan_defaults(ZpPlan *plan)
+{
+    if (plan->precision == ZP_PREC_BF16 && plan->reduce_dtype == ZP_REDUCE_GRAD)
+        plan->reduce_dtype = ZP_REDUCE_FP32;
+    plan->zero.reduce_bucket_size = fmax(4e7, 1e6 * plan->dp);
+}
+
+static uint64_t pad_up(uint64_t n, uint64_t divisor)
+{
+    return (n + divisor - 1) / divisor * divisor;
+}
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        const uint64_t r = a % b;
+        a = b, b = r;
+    }
+    return a;
+}
+
+/* param_and_grad_buffer.py _ParamAndGradBuffer.__init__: parameters are laid out in reverse
+ * (roughly backward order); with the distributed optimizer each parameter starts at a
+ * multiple of 64 elements (_pad_start_of_param_if_needed) and each bucket ends at a multiple
+ * of lcm(dp, 128) (_pad_end_of_bucket_if_needed, pad_buckets_for_high_nccl_busbw off), so
+ * that every rank's shard is equal. A bucket is closed once it holds bucket_size elements or
+ * more (the parameter that crosses the size stays in it); without overlap_grad_reduce
+ * bucket_size is None (distributed_data_parallel.py: one bucket). Fills `buckets` (may be
+ * NULL) and returns the buffer's elements, padding included. */
+static uint64_t mg_layout(const ZpSchedule *s, GArray *buckets)
+{
+    const ZpPlan *p = &s->plan;
+    const gboolean dist = p->zero.stage == 1;
+    const double limit = p->zero.overlap_comm ? p->zero.reduce_bucket_size : INFINITY;
+    const uint64_t dp = (uint64_t)p->dp;
+    const uint64_t end_divisor = dp / gcd64(dp, 128) * 128;
+    const double bytes = zp_plan_reduce_bytes(p);
+    GArray *tensors = zp_impl_tensors(s);
+    const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
+    uint64_t start = 0, bucket_start = 0, end = 0;
+    ZpBucketSpec k = {0};
+    gboolean open = FALSE;
+    for (int i = (int)tensors->len - 1; i >= 0; i--) {
+        start = dist ? pad_up(start, 64) : start;
+        end = start + t[i].elems;
+        if (!open) {
+            /* Buckets are views of the main_grad buffer, reduced in place: no buffer of
+             * their own (the schedule's bypass at stages 0-1). */
+            k = (ZpBucketSpec){t[i].offset, t[i].offset + t[i].elems, 0, t[i].unit, t[i].unit,
+                               t[i].unit, -1, TRUE, 0};
+            open = TRUE;
+        }
+        k.lo = t[i].offset;
+        k.low_unit = k.launch_unit = t[i].unit;
+        k.n_items++;
+        start = end;
+        if ((double)(end - bucket_start) >= limit || i == 0) {
+            const uint64_t bucket_end = dist ? pad_up(end, end_divisor) : end;
+            k.bytes = (double)(bucket_end - bucket_start) * bytes;
+            if (buckets)
+                g_array_append_val(buckets, k);
+            bucket_start = start = end = bucket_end;
+            open = FALSE;
+        }
+    }
+    g_array_unref(tensors);
+    return end;
+}
+
+/* _ParamAndGradBucketGroup.register_grad_ready: a bucket's reduction is issued
+ * (start_grad_sync) once every parameter in it has its gradient, i.e. after the backward of
+ * the unit holding its lowest tensor (launch_unit; the schedule launches after a unit's
+ * whole backward at stages 0-1). Without overlap_grad_reduce the one bucket is reduced by
+ * finish_grad_sync after the backward. */
+static void mg_plan_buckets(const ZpSchedule *s, GArray *buckets)
+{
+    mg_layout(s, buckets);
+}
+
+/* No bucket buffers: each bucket is a view of the main_grad buffer (_ParamAndGradBucket
+ * grad_data). */
+static int mg_bucket_buffers(const ZpPlan *plan, double *elems)
+{
+    (void)plan;
+    *elems = 0;
+    return 0;
+}
+
+static gboolean mg_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
+{
+    (void)plan, (void)k;
+    return FALSE;
+}
+
+/* The main_grad buffer: every gradient, with the distributed optimizer's padding (mg_layout),
+ * kept for the whole run (_ParamAndGradBuffer.grad_data, allocated once in __init__). */
+static double mg_grad_state_elems(const ZpSchedule *s)
+{
+    return (double)mg_layout(s, NULL);
+}
+
+/* The step's copies: optimizer.py Float16OptimizerWithFloat16Params.
+ * _copy_model_grads_to_main_grads sets main_param.grad = model_param.main_grad.float(), and
+ * distrib_optimizer.py DistributedOptimizer._copy_model_grads_to_main_grads
+ * shard_main_param.grad = shard_model_grad.float(): an fp32 copy of the gradients the rank
+ * steps (all of them, or its shard) where main_grad is 16-bit; none where it is fp32
+ * (.float() of an fp32 tensor is the tensor itself). Kept through the optimizer. */
+static double mg_step_grad_bytes(const ZpPlan *plan, double elems)
+{
+    const gboolean mixed = plan->precision != ZP_PREC_FP32;
+    return mixed && mg_grad_bytes(plan) < 4.0 ? elems * 4.0 : 0.0;
+}
+
+static void mg_step_buffers(const ZpSchedule *s, GArray *buffers)
+{
+    const double elems =
+        s->plan.zero.stage == 1 ? (double)s->partition_elems : (double)s->total_elems;
+    const double bytes = mg_step_grad_bytes(&s->plan, elems);
+    if (bytes > 0) {
+        ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, bytes, FALSE};
+        g_array_append_val(buffers, fp32);
+    }
+}
+
+/* The closed form: no bucket or gather buffers (views of the contiguous buffers; the
+ * distributed optimizer's all-gather writes into param_data in place,
+ * start_param_sync's all_gather_into_tensor of each bucket's shard), the step's fp32 copy. */
+static void mg_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r)
+{
+    const double psi = (double)zp_model_param_count(model) / plan->mp;
+    r->reduce_bucket_bytes = 0;
+    r->allgather_bucket_bytes = 0;
+    r->step_buffer_bytes = mg_step_grad_bytes(plan, plan->zero.stage == 1 ? psi / plan->dp : psi);
+}
+
+const ZpImpl zp_impl_megatron = {
+    .kind = ZP_IMPL_MEGATRON,
+    .name = "megatron",
+    .has_stage = mg_has_stage,
+    .stages = "stages 0 (DistributedDataParallel) and 1 (--use-distributed-optimizer)",
+    .grad_bytes = mg_grad_bytes,
+    .plan_defaults = mg_plan_defaults,
+    .selective_recompute = TRUE,
+    /* megatron/p2p_communication.py _communicate: with scatter_gather_tensors_in_pipeline
+     * (arguments.py: on unless --no-scatter-gather-tensors-in-pipeline) each tensor rank sends
+     * split_tensor_into_1d_equal_chunks of the tensor and the receiver rebuilds it with
+     * gather_split_1d_tensor (an all-gather over the tensor group); overridden under
+     * sequence parallelism, whose tensors are split already. */
+    .p2p_scatter_gather = TRUE,
+    .grad_collective = mg_grad_collective,
+    .plan_buckets = mg_plan_buckets,
+    .bucket_buffers = mg_bucket_buffers,
+    .concat_copy = mg_concat_copy,
+    /* distrib_optimizer.py: the updated shard is copied into param_data and all-gathered in
+     * place (start_param_sync). */
+    .post_step_gather_buffer = FALSE,
+    /* distrib_optimizer.py step_with_ready_grads -> start_param_sync of each bucket group
+     * (param_and_grad_buffer.py: all_gather_into_tensor of the bucket's param_data shard) */
+    .param_gather_by_bucket = TRUE,
+    /* No stage 3 (has_stage): the stage-3 rules are never asked; the shared unit-level ones
+     * stand for them. */
+    .persistent = zp_impl_persistent_units,
+    .gather_bound_elems = zp_impl_unit_gather_bound,
+    .grad_state_elems = mg_grad_state_elems,
+    .step_buffers = mg_step_buffers,
+    .residual_buffers = mg_residual,
+};
