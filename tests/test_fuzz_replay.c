@@ -23,6 +23,7 @@ static const Target targets[] = {
     {"predicted", fuzz_predicted, "tests/fuzz/corpus/predicted", 1},
     {"microbench", fuzz_microbench, "tests/fuzz/corpus/microbench", 1},
     {"torchtrace", fuzz_torchtrace, "tests/fuzz/corpus/torchtrace", 3},
+    {"megatronargs", fuzz_megatronargs, "tests/fuzz/corpus/megatronargs", 3},
 };
 
 /* Runs the target on every file of DATA_DIR/dir, and on DIR/config.json of every folder that

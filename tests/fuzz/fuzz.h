@@ -35,6 +35,7 @@ int fuzz_measured(const uint8_t *data, size_t size);
 int fuzz_predicted(const uint8_t *data, size_t size);
 int fuzz_microbench(const uint8_t *data, size_t size);
 int fuzz_torchtrace(const uint8_t *data, size_t size);
+int fuzz_megatronargs(const uint8_t *data, size_t size);
 
 /* Under libFuzzer (ZP_LIBFUZZER), each harness file is also the fuzzer's entry point. */
 #ifdef ZP_LIBFUZZER
