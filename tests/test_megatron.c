@@ -48,14 +48,20 @@ static int lcm_128(int dp)
     return dp / a * 128;
 }
 
+/* Megatron's plan in bf16 at a stage (0 DDP, 1 the distributed optimizer) over dp ranks. */
+static void megatron_plan(int stage, int dp, gboolean overlap, ZpPlan *p)
+{
+    zp_plan_defaults(p, stage, dp, 1);
+    p->impl = ZP_IMPL_MEGATRON;
+    p->precision = ZP_PREC_BF16;
+    zp_impl_plan_defaults(p);
+    p->zero.overlap_comm = overlap;
+}
+
 static ZpSchedule *build(const ZpModel *m, int stage, int dp, gboolean overlap)
 {
     ZpPlan p;
-    zp_plan_defaults(&p, stage, dp, 1);
-    p.impl = ZP_IMPL_MEGATRON;
-    p.precision = ZP_PREC_BF16;
-    zp_impl_plan_defaults(&p);
-    p.zero.overlap_comm = overlap;
+    megatron_plan(stage, dp, overlap, &p);
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(m, &p, &error);
     g_assert_no_error(error);
@@ -255,12 +261,8 @@ static void test_ddp_overlap(void)
     double exposed[2], last[2], sum[2];
     for (int overlap = 0; overlap <= 1; overlap++) {
         ZpPlan p;
-        zp_plan_defaults(&p, 0, 8, 1);
-        p.impl = ZP_IMPL_MEGATRON;
-        p.precision = ZP_PREC_BF16;
+        megatron_plan(0, 8, overlap, &p);
         p.micro_batch = 8;
-        zp_impl_plan_defaults(&p);
-        p.zero.overlap_comm = overlap;
         p.zero.reduce_bucket_size = 2.2e7;
         GError *error = NULL;
         ZpSchedule *s = zp_sched_build(&m, &p, &error);
@@ -368,12 +370,8 @@ static void test_overlap_param_gather(void)
     int count[2];
     for (int overlap = 0; overlap <= 1; overlap++) {
         ZpPlan p;
-        zp_plan_defaults(&p, 1, 8, 1);
-        p.impl = ZP_IMPL_MEGATRON;
-        p.precision = ZP_PREC_BF16;
+        megatron_plan(1, 8, TRUE, &p);
         p.micro_batch = 8;
-        zp_impl_plan_defaults(&p);
-        p.zero.overlap_comm = TRUE;
         p.zero.reduce_bucket_size = 2.2e7;
         p.overlap_param_gather = overlap;
         GError *error = NULL;
