@@ -136,7 +136,26 @@ static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, co
     g_array_unref(pts);
 }
 
-/* One row per stream that holds an op, a bar per op of the reported rank. */
+/* An op's name on the chart: its compute, collective or transfer kind. */
+static const char *op_name(const ZpOp *op)
+{
+    return op->kind == ZP_OP_COMPUTE      ? zp_sched_compute_name(op->sub)
+           : op->kind == ZP_OP_COLLECTIVE ? zp_sched_coll_name(op->sub)
+           : op->kind == ZP_OP_TRANSFER   ? zp_sched_transfer_name(op->sub)
+                                          : zp_sched_op_kind_name(op->kind);
+}
+
+/* Where `name` is in `names` (names->len when it is not). */
+static guint name_index(const GPtrArray *names, const char *name)
+{
+    guint k = 0;
+    while (k < names->len && strcmp(g_ptr_array_index(names, k), name) != 0)
+        k++;
+    return k;
+}
+
+/* One row per stream that holds an op, a bar per op of the reported rank, and a legend of
+ * the op names shown. */
 static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
 {
     const double *start = r->op_start_s + (size_t)r->report_rank * r->n_ops;
@@ -150,8 +169,19 @@ static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
     int row[ZP_STREAM_N], rows = 0;
     for (int k = 0; k < ZP_STREAM_N; k++)
         row[k] = used[k] ? rows++ : -1;
-    const double band = 26;
-    svg_open(out, "The streams of one step (the reported rank)", rows * band + 40);
+    /* The legend: each op name the chart shows, once, in order of first appearance, its
+     * colour the name's place in that list (distinct up to the palette's size). */
+    GPtrArray *names = g_ptr_array_new();
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N &&
+            name_index(names, op_name(op)) == names->len)
+            g_ptr_array_add(names, (gpointer)op_name(op));
+    }
+    const double band = 26, legend_y = rows * band + 34;
+    const int legend_rows = (int)(names->len + 6) / 7;
+    svg_open(out, "The streams of one step (the reported rank)",
+             legend_y + legend_rows * 14.0 + 6);
     for (int k = 0; k < ZP_STREAM_N; k++)
         if (row[k] >= 0)
             g_string_append_printf(out, "<text x=\"4\" y=\"%.0f\">%s</text>\n",
@@ -161,17 +191,23 @@ static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
         if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE || op->stream >= ZP_STREAM_N)
             continue;
         const double x0 = x_of(start[i], r->step_time_s), x1 = x_of(stop[i], r->step_time_s);
-        const char *name = op->kind == ZP_OP_COMPUTE      ? zp_sched_compute_name(op->sub)
-                           : op->kind == ZP_OP_COLLECTIVE ? zp_sched_coll_name(op->sub)
-                           : op->kind == ZP_OP_TRANSFER   ? zp_sched_transfer_name(op->sub)
-                                                          : zp_sched_op_kind_name(op->kind);
+        const char *name = op_name(op);
         g_string_append_printf(out, "<rect x=\"%.2f\" y=\"%.0f\" width=\"%.2f\" height=\"18\" "
                                     "fill=\"%s\"><title>%s %.6f-%.6f s</title></rect>\n",
                                x0, 6 + row[op->stream] * band, fmax(x1 - x0, 0.3),
-                               COLOUR(op->kind * 4 + op->sub), name, start[i], stop[i]);
+                               COLOUR(name_index(names, name)), name, start[i], stop[i]);
     }
-    g_string_append_printf(out, "<text x=\"%.0f\" y=\"%.0f\">%.3f s</text></svg>\n", WIDTH - 70,
+    g_string_append_printf(out, "<text x=\"%.0f\" y=\"%.0f\">%.3f s</text>\n", WIDTH - 70,
                            rows * band + 20, r->step_time_s);
+    for (guint k = 0; k < names->len; k++)
+        g_string_append_printf(out, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" "
+                                    "fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+                               LEFT + (k % 7) * 120.0, legend_y + (k / 7) * 14.0,
+                               COLOUR(k), LEFT + 14 + (k % 7) * 120.0,
+                               legend_y + 9 + (k / 7) * 14.0,
+                               (const char *)g_ptr_array_index(names, k));
+    g_string_append(out, "</svg>\n");
+    g_ptr_array_unref(names);
 }
 
 /* Horizontal bars, one per (label, value). */

@@ -42,8 +42,11 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
                     "(zreal --mp)", s->plan.mp, cfg->tp ? real_tp_size(cfg->tp) : 1);
     if (s->plan.sequence_parallel)
         return fail(error, "zreal executes tensor parallelism without sequence parallelism");
-    if (s->plan.precision == ZP_PREC_FP32 || s->plan.optimizer != ZP_OPT_ADAM)
-        return fail(error, "zreal trains with 16-bit storage and Adam (plan has %s, %s)",
+    /* zreal computes in bf16 only (RealBf16 storage, no fp16 loss scaling): an fp16 plan run
+     * in bf16 would be measured under the schedule's name for another numeric format. */
+    if (s->plan.precision != ZP_PREC_BF16 || s->plan.optimizer != ZP_OPT_ADAM)
+        return fail(error, "zreal trains in bf16 with Adam; the schedule's plan has %s, %s "
+                    "(build it with zplan schedule --precision bf16)",
                     zp_precision_name(s->plan.precision), zp_optimizer_name(s->plan.optimizer));
     if (s->model.dropout)
         return fail(error, "zreal's GPT trains without dropout; the schedule's model %s has it "

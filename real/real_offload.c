@@ -13,6 +13,14 @@
 #include <math.h>
 #include <string.h>
 
+/* A fp32 gradient slice between its D2H and its swap-out: DeepSpeed's
+ * grad_buffer.to(fp32) in offload_fp32_gradients (stage3.py
+ * _offload_grad_partition_at_boundary), a transient outside the planned host tier. */
+typedef struct {
+    uint64_t at, n;
+    float *f32;
+} PendingGrad;
+
 struct RealOffload {
     RealBackend *be;
     const ZpPlan *plan;    /* the schedule's */
@@ -30,7 +38,10 @@ struct RealOffload {
     uint64_t part;
     ZpTier opt_tier, param_tier;
     float *master, *m, *v; /* host arrays (cpu; with nvme the swap buffers, states_at) */
-    float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer) */
+    float *grads;          /* the host's fp32 gradients (grad_partitions_flat_buffer); with
+                            * DeepSpeed's optimizer on NVMe the one gradient_buffer of the
+                            * largest sub-group its swapped sub-groups' .grad views */
+    GArray *pending;       /* that case: PendingGrads, fp32 slices on their way to NVMe */
     RealBf16 *accum16;     /* DeepSpeed's stage 3: the 16-bit sum (grad_partitions_flat_buffer,
                             * the fp32 gradients being fp32_partitioned_groups_flat's .grad);
                             * stage 2 with accumulation: the whole tensors' 16-bit sums
@@ -128,10 +139,22 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
         out[n++] = (HostBuffer){ZP_MEM_ADAM_M, 4 * cpu, (void **)&o->m};
         out[n++] = (HostBuffer){ZP_MEM_ADAM_V, 4 * cpu, (void **)&o->v};
     }
+    ZpOffloadStep first;
+    zp_offload_sub_group_step(&s->plan, part, 0, &first);
+    const gboolean host_accum =
+        o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum;
+    /* zp_offload_tiers: DeepSpeed's swapped sub-groups share one fp32 gradient_buffer of the
+     * largest sub-group (stage3.py initialize_optimizer_states) */
     if (o->opt_tier != ZP_TIER_GPU)
-        out[n++] = (HostBuffer){ZP_MEM_GRADS, 4 * cpu, (void **)&o->grads};
-    if (o->opt_tier != ZP_TIER_GPU && o->stage == 3 && zp_impl_get(s->plan.impl)->host_grad_accum)
+        out[n++] = (HostBuffer){ZP_MEM_GRADS,
+                                o->opt_tier == ZP_TIER_NVME && host_accum
+                                    ? (cpu > 0 ? 4 * first.elems : 0)
+                                    : 4 * cpu,
+                                (void **)&o->grads};
+    if (host_accum)
         o->accum_elems = o->part;
+    if (host_accum && o->opt_tier == ZP_TIER_NVME && !o->pending)
+        o->pending = g_array_new(FALSE, FALSE, sizeof(PendingGrad));
     else if (zp_offload_stage2_accum(&s->plan))
         o->accum_elems = (uint64_t)zp_offload_stage2_accum_max_elems(&s->model, &s->plan, part);
     if (o->accum_elems > 0)
@@ -150,8 +173,6 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
                                 (void **)&o->host_staging};
     /* the swap buffers as DeepSpeed sizes them, io-aligned (zp_offload_tiers): the first
      * sub-group is the largest */
-    ZpOffloadStep first;
-    zp_offload_sub_group_step(&s->plan, part, 0, &first);
     o->swap_stride = (uint64_t)zp_offload_io_aligned(first.elems, sizeof(float));
     if (o->opt_tier == ZP_TIER_NVME)
         out[n++] = (HostBuffer){ZP_MEM_BUCKETS,
@@ -268,6 +289,10 @@ void real_offload_free(RealOffload *o)
     void *host[] = {o->master, o->m,     o->v,         o->grads, o->accum16,
                     o->params, o->cpu_flat, o->out16,  o->host_staging,
                     o->swap,   o->pool,  o->part_swap, o->bounce_raw};
+    for (guint i = 0; o->pending && i < o->pending->len; i++)
+        g_free(g_array_index(o->pending, PendingGrad, i).f32);
+    if (o->pending)
+        g_array_unref(o->pending);
     for (int i = 0; i < o->n_pinned; i++)
         o->be->unpin_host(o->be, o->pinned[i]);
     for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
@@ -403,9 +428,17 @@ gboolean real_offload_grads_down(RealOffload *o, const RealBf16 *src, uint64_t a
         if (!f32)
             return FALSE;
         o->be->bf16_to_f32(o->be, f32, src, n);
-        tier_copy(o, o->grads + at, f32, n * sizeof(float));
+        float *dst = o->grads + at;
+        PendingGrad pg = {at + o->gpu_elems, n, NULL};
+        if (o->pending && !(dst = pg.f32 = g_try_new(float, n))) {
+            o->be->free(o->be, f32);
+            return fail(error, "no host memory for a gradient slice on its way to NVMe");
+        }
+        tier_copy(o, dst, f32, n * sizeof(float));
         tier_wait(o, false); /* before the scratch is freed (stream-ordered) */
         o->be->free(o->be, f32);
+        if (o->pending)
+            g_array_append_val(o->pending, pg);
         return TRUE;
     }
     /* Through both staging buffers, a largest tensor at a time, as DeepSpeed copies one
@@ -511,8 +544,20 @@ gboolean real_offload_grads_out(RealOffload *o, uint64_t at, uint64_t n, GError 
         return fail(error, "a gradient swap-out without the optimizer on NVMe");
     o->moved[ZP_XFER_NVME_WRITE] += 4.0 * (double)n;
     tier_wait(o, true); /* the slice has landed */
-    return real_nvme_write(o->file[ZP_MEM_GRADS], o->grads + at, n * sizeof(float),
-                           at * sizeof(float), error);
+    if (!o->pending)
+        return real_nvme_write(o->file[ZP_MEM_GRADS], o->grads + at, n * sizeof(float),
+                               at * sizeof(float), error);
+    for (guint i = 0; i < o->pending->len; i++) {
+        PendingGrad *pg = &g_array_index(o->pending, PendingGrad, i);
+        if (pg->at != at || pg->n != n)
+            continue;
+        const gboolean ok = real_nvme_write(o->file[ZP_MEM_GRADS], pg->f32, n * sizeof(float),
+                                            at * sizeof(float), error);
+        g_free(pg->f32);
+        g_array_remove_index_fast(o->pending, i);
+        return ok;
+    }
+    return fail(error, "a gradient swap-out of a slice that never came down");
 }
 
 static float *states_at(RealOffload *o, size_t i, uint64_t off)

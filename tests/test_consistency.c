@@ -194,6 +194,64 @@ static void test_zreal_like_simulate(void)
     g_free(predicted), g_free(measured);
 }
 
+/* zreal computes in bf16 only (real/: RealBf16 activations, parameters and gradients; no
+ * fp16 loss scaling, no fp32 path), so a plan simulate made in fp16 (a zplan model JSON
+ * without torch_dtype: tiny) or fp32 is refused in one line naming the file, the flag, the
+ * precision and the remedy, with status 1 and no measurement written; the same plan in bf16
+ * runs (/consistency/zreal-like-simulate). A schedule file of an fp16 plan is refused too:
+ * zreal ran it in bf16 and wrote a measurement named fp16. */
+static void test_zreal_like_simulate_precision(void)
+{
+    static const char *const precisions[] = {"fp16", "fp32"};
+    for (size_t i = 0; i < G_N_ELEMENTS(precisions); i++) {
+        char *predicted = g_build_filename(dir, "p-prec.json", NULL);
+        char *measured = g_build_filename(dir, "m-prec.json", NULL);
+        char *args = g_strdup_printf("%s/zplan simulate --model tiny --cluster dgx-h100 --gpus 2 "
+                                     "--stage 3 --micro-batch 2 --precision %s --json",
+                                     ZP_BUILD_DIR, precisions[i]);
+        TuRun r = tu_run(args, NULL);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        g_assert_true(g_file_set_contents(predicted, r.out, -1, NULL));
+        tu_free(&r);
+        g_free(args);
+        args = g_strdup_printf("%s/zreal --model tiny --emulate 2 --steps 1 --like-simulate %s "
+                               "--out %s", ZP_BUILD_DIR, predicted, measured);
+        r = tu_run(args, NULL);
+        g_assert_true(WIFEXITED(r.status));
+        g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+        char *want = g_strdup_printf("--like-simulate: %s's plan computes in %s; zreal computes "
+                                     "in bf16 (simulate with --precision bf16)\n",
+                                     predicted, precisions[i]);
+        g_assert_true(g_str_has_suffix(r.err, want));
+        g_assert_false(g_file_test(measured, G_FILE_TEST_EXISTS));
+        g_free(want);
+        tu_free(&r);
+        g_free(args);
+        g_remove(predicted);
+        g_free(predicted), g_free(measured);
+    }
+    char *sched = g_build_filename(dir, "s-fp16.json", NULL);
+    char *measured = g_build_filename(dir, "m-fp16.json", NULL);
+    char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 1 --micro-batch 2 "
+                                 "--no-dropout --attention eager --out %s", sched);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    g_free(args);
+    args = g_strdup_printf("%s/zreal --schedule %s --emulate 2 --steps 1 --out %s", ZP_BUILD_DIR,
+                           sched, measured);
+    r = tu_run(args, NULL);
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+    g_assert_nonnull(strstr(r.err, "zreal trains in bf16 with Adam; the schedule's plan has fp16, "
+                                   "adam (build it with zplan schedule --precision bf16)"));
+    g_assert_false(g_file_test(measured, G_FILE_TEST_EXISTS));
+    tu_free(&r);
+    g_free(args);
+    g_remove(sched);
+    g_free(sched), g_free(measured);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -202,6 +260,8 @@ int main(int argc, char **argv)
     g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
     g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
     g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
+    g_test_add_func("/consistency/zreal-like-simulate-precision",
+                    test_zreal_like_simulate_precision);
     const int status = g_test_run();
     g_rmdir(dir);
     g_free(dir);

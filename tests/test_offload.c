@@ -103,13 +103,47 @@ static double swap_buffer(const ZpModel *m, int n)
     return full;
 }
 
+/* DeepSpeed's stage 3 with the optimizer on NVMe holds no fp32 gradient partition in host
+ * memory: a swapped sub-group's .grad views one gradient_buffer of the largest sub-group
+ * (stage3.py initialize_optimizer_states, unpinned), its fp32 gradients go to NVMe
+ * (_offload_grad_partition_at_boundary -> swap_out_gradients). What the host keeps of the
+ * gradients is the 16-bit grad_partitions_flat_buffer (2 P, pinned with pin_memory) and that
+ * one 4 x 1e9-byte buffer: gpt3-175b on one DGX-2, P = 10.9e9, 25.9 GB where zplan counted
+ * 6 P = 65.6 GB. One DGX-2 then holds 310B at stage 3 (it said 114B), still host-bound. */
+static void test_nvme_grads_not_on_host(void)
+{
+    const ZpHw hw = tu_load_hw("dgx2-v100");
+    const ZpModel m = tu_load_model("gpt3-175b");
+    const double part = (double)zp_model_param_count(&m) / 16;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 16, 1);
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+    plan.zero.offload_param.device = ZP_OFFLOAD_NVME;
+    ZpTiers t;
+    zp_offload_tiers(&m, &plan, &hw, &t);
+    assert_close(t.bytes[ZP_TIER_CPU][ZP_MEM_GRADS], 2 * part + 4 * 1e9);
+    assert_close(t.bytes[ZP_TIER_NVME][ZP_MEM_GRADS], 4 * part);
+    g_assert_cmpfloat(t.total_bytes[ZP_TIER_CPU] - t.pinned_bytes, >=, 4e9); /* not pinned */
+    /* With the optimizer on the CPU each sub-group keeps its own fp32 buffer there. */
+    plan.zero.offload_optimizer.device = ZP_OFFLOAD_CPU;
+    zp_offload_tiers(&m, &plan, &hw, &t);
+    assert_close(t.bytes[ZP_TIER_CPU][ZP_MEM_GRADS], 2 * part + 4 * part);
+    json_t *j = tu_zplan_json("maxmodel --cluster dgx2-v100 --gpus 16 --offload-optimizer nvme "
+                              "--offload-param nvme --json");
+    g_assert_cmpfloat(json_number_value(json_object_get(j, "stage3")), >, 300e9);
+    g_assert_cmpstr(json_string_value(json_object_get(json_object_get(j, "limit"), "stage3")), ==,
+                    "host");
+    json_decref(j);
+}
+
 /* Both offloads to NVMe at stage 3 (ZeRO-Infinity), defaults buffer_count 4 (optimizer) and
  * 5 x buffer_size 1e8 (parameters), max_in_cpu 1e9, sub_group_size 1e9, each swap buffer
  * aligned to 1024 bytes (aio's default):
  *   GPU  = 0 model states (gathered units are residual terms)
  *   NVMe = 12P master + moments + 4P fp32 gradients (swap_out_gradients) + 2P parameters
  *        = 18 P per rank
- *   host = 4P fp32 gradients (grad_partitions_flat_buffer) + 4 x min(1e9, P) x 4 optimizer
+ *   host = 4P fp32 gradients (the paper's engine sums them there; DeepSpeed's keeps one
+ *          sub-group's: /offload/nvme-grads-not-on-host) + 4 x min(1e9, P) x 4 optimizer
  *          swap buffers + 2 min(P, 1e9) parameters kept in memory + 5 x 1e8 x 2 swap pool
  *          + zreal's 1 MiB direct I/O buffer and the page that aligns it
  *          + when P > 1e9 (a sub-group left on NVMe) the partitioned_swap_buffer, 2 x the
@@ -600,6 +634,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/offload/zero_offload_cpu", test_zero_offload_cpu);
     g_test_add_func("/offload/zero_infinity_nvme", test_zero_infinity_nvme);
+    g_test_add_func("/offload/nvme-grads-not-on-host", test_nvme_grads_not_on_host);
     g_test_add_func("/offload/ratio", test_ratio);
     g_test_add_func("/offload/cpu_overflow_refused", test_cpu_overflow_refused);
     g_test_add_func("/offload/swap-buffer-overflow-named", test_swap_buffer_overflow_named);

@@ -1,6 +1,6 @@
 /* test_profiles: the hardware and models people reach for (issue 39 item 5): --gpu-memory on
  * every command, --model ORG/NAME from the local Hugging Face cache (a fake cache in a temp
- * dir), and the new shipped profiles, dgx-a100-40g and dgx-b200. */
+ * dir), and the new shipped profiles, dgx-a100-40g, dgx-b200, a100-pcie-80g and h100-pcie. */
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -136,11 +136,63 @@ static void test_new_profiles(void)
     }
 }
 
+/* The PCIe nodes (8 GPUs on 2 sockets, NVLink bridges in pairs only): their datasheets' figures,
+ * PCIe inside the node at NCCL's topology bound (24 GB/s: Gen4 x16 = 16 x 120 / 80, the
+ * sockets' link for Gen5), the per-kernel-class rates (the A100 PCIe's published best GEMM,
+ * 252.9 TFLOP/s on 108 SMs; the H100 PCIe none, so its GEMMs stay on the roofline and its
+ * attention is eager, nothing scaled from the SXM parts), and no NVMe nobody published. */
+static void test_pcie_profiles(void)
+{
+    const ZpHw a = tu_load_hw("a100-pcie-80g"), h = tu_load_hw("h100-pcie");
+    g_assert_cmpint(a.gpus_per_node, ==, 8);
+    g_assert_cmpfloat(a.hbm_bytes_per_s, ==, 1.935e12);
+    g_assert_cmpfloat(a.peak_bf16_flops, ==, 312e12);
+    g_assert_cmpfloat(a.intra_node_bytes_per_s, ==, 31.5e9);
+    g_assert_cmpfloat(a.intra_node_bus_bytes_per_s, ==, 24e9);
+    g_assert_true(a.kernel_rates.present && a.kernel_rates.has_gemm);
+    g_assert_cmpfloat(a.kernel_rates.gemm_best_flops_per_s, ==, 252.9e12);
+    g_assert_cmpfloat(a.kernel_rates.sms, ==, 108);
+    g_assert_cmpint(a.attention_default, ==, ZP_ATTN_FLASH2);
+    g_assert_cmpfloat(h.hbm_bytes_per_s, ==, 2.0e12);
+    g_assert_cmpfloat(h.peak_bf16_flops, ==, 756e12);
+    g_assert_cmpfloat(h.peak_fp32_flops, ==, 51e12);
+    g_assert_cmpfloat(h.intra_node_bytes_per_s, ==, 63e9);
+    g_assert_cmpfloat(h.intra_node_bus_bytes_per_s, ==, 24e9);
+    g_assert_cmpfloat(h.gemm_half_efficiency_flops, ==, 2.0 * 114 * 128 * 128 * 1024);
+    g_assert_true(h.kernel_rates.present && !h.kernel_rates.has_gemm);
+    g_assert_cmpint(h.attention_default, ==, ZP_ATTN_EAGER);
+    g_assert_cmpfloat(a.nvme_bytes, ==, 0);
+    g_assert_cmpfloat(h.nvme_bytes, ==, 0);
+    static const struct {
+        const char *cluster, *costed;
+    } cases[] = {
+        {"a100-pcie-80g", "GEMMs on the wave and tile surface under the published best rate"},
+        {"h100-pcie", "GEMMs on the roofline (the profile has no GEMM surface)"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("memory --model hf/llama-3-70b --cluster %s --gpus 64 "
+                                     "--checkpoint", cases[i].cluster);
+        TuRun r = tu_zplan(args);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        g_assert_true(g_str_has_prefix(r.out, "Fits: stage 3 on 64 GPUs"));
+        tu_free(&r);
+        g_free(args);
+        args = g_strdup_printf("simulate --model hf/llama-2-7b --cluster %s --gpus 16 --stage 3 "
+                               "--micro-batch 1 --checkpoint", cases[i].cluster);
+        r = tu_zplan(args);
+        g_assert_cmpint(exit_status(&r), ==, 0);
+        g_assert_nonnull(strstr(r.out, cases[i].costed));
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/profiles/hf-cache", test_hf_cache);
     g_test_add_func("/profiles/gpu-memory-everywhere", test_gpu_memory_everywhere);
     g_test_add_func("/profiles/new-profiles", test_new_profiles);
+    g_test_add_func("/profiles/pcie-profiles", test_pcie_profiles);
     return g_test_run();
 }

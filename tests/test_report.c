@@ -35,6 +35,10 @@ static void test_html_page(void)
     g_assert_nonnull(strstr(page, "Memory of the reported rank over the step"));
     g_assert_nonnull(strstr(page, ">GPU 85.9 GB</text>"));
     g_assert_nonnull(strstr(page, "The streams of one step"));
+    /* the Gantt chart's legend names its op kinds (it had none: colours only) */
+    const char *gantt = strstr(page, "The streams of one step");
+    g_assert_nonnull(strstr(gantt, ">block_fwd</text>"));
+    g_assert_nonnull(strstr(gantt, ">reduce_scatter</text>"));
     g_assert_null(strstr(page, "<script"));
     g_assert_cmpuint(count(page, "http"), ==, count(page, "xmlns=\"http://www.w3.org/2000/svg\""));
     g_free(page);

@@ -26,7 +26,7 @@ static char *write_schedule(const char *name, const char *flags)
 {
     char *path = tmp_path(name);
     char *args = g_strdup_printf("schedule --model tiny --cluster dgx-a100-80g --gpus 2 "
-                                 "--micro-batch 2 --no-dropout %s --out %s", flags, path);
+                                 "--micro-batch 2 --precision bf16 --no-dropout %s --out %s", flags, path);
     TuRun r = tu_zplan(args);
     if (!g_spawn_check_wait_status(r.status, NULL))
         g_printerr("zplan %s: %s", args, r.err);

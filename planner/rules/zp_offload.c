@@ -131,7 +131,23 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     else if (stage == 3)
         t->bytes[ZP_TIER_GPU][ZP_MEM_GRADS] *= 1.0 - r;
     const double fp32_grads = (stage == 3 ? cpu_elems : r * part) * 4.0;
-    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += fp32_grads + (host_accum ? part * elem : 0.0);
+    /* stage3.py initialize_optimizer_states: a sub-group the optimizer swaps to NVMe
+     * (_swappable_optimizer_subgroup) gets no gradient buffer of its own: its .grad is a view
+     * of one gradient_buffer of the largest sub-group's elements in the master dtype, on the
+     * host and never pinned, and at the boundary its fp32 gradients go to NVMe
+     * (_offload_grad_partition_at_boundary -> optimizer_swapper.swap_out_gradients), from
+     * the 16-bit sum a slice at a time. Only a sub-group the CPU steps from host memory keeps
+     * a subgroup_gradient_buffer of its own. An implementation that sums in fp32 on the host
+     * (the paper's) keeps the fp32 partition there. */
+    const gboolean nvme_grads = tier == ZP_TIER_NVME && host_accum;
+    double shared_grad_buffer = 0;
+    if (nvme_grads && cpu_elems > 0) {
+        double largest;
+        sub_groups(plan, part, &largest);
+        shared_grad_buffer = largest * 4.0;
+    }
+    t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] += (nvme_grads ? shared_grad_buffer : fp32_grads) +
+                                           (host_accum ? part * elem : 0.0);
     if (zp_offload_stage2_accum(plan)) /* accumulated_grads_in_cpu */
         t->bytes[ZP_TIER_CPU][ZP_MEM_GRADS] +=
             zp_offload_stage2_accum_max_elems(model, plan, part) * elem;
@@ -155,7 +171,9 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
     }
     /* Swap buffers are pinned whatever pin_memory says (SwapBufferManager); the rest is
      * pinned when pin_memory is set. */
-    *pinned += swap + (o->pin_memory ? row_bytes(t, ZP_TIER_CPU) - cpu_before - swap : 0.0);
+    *pinned += swap + (o->pin_memory
+                           ? row_bytes(t, ZP_TIER_CPU) - cpu_before - swap - shared_grad_buffer
+                           : 0.0);
 }
 
 double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part)

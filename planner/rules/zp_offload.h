@@ -52,8 +52,11 @@ typedef struct {
  *   moves r of the fp32 master and moments off the GPU (cpu, or nvme at stage 3);
  *   gradients: stage 2 keeps no 16-bit partition on the GPU, stage 3 r of it; the host holds
  *     r P fp32 gradients (stage_1_and_2.py single_partition_of_fp32_groups[i].grad;
- *     stage3.py grad_partitions_flat_buffer), and at stage 3 with nvme also NVMe (swapped out
- *     by swap_out_gradients); an implementation with host_grad_accum (DeepSpeed's) keeps
+ *     stage3.py initialize_optimizer_states subgroup_gradient_buffer), and at stage 3 with
+ *     nvme also NVMe (swapped out by swap_out_gradients), where an implementation with
+ *     host_grad_accum (DeepSpeed's) keeps on the host only one unpinned gradient_buffer of
+ *     the largest sub-group, min(sub_group_size, P) fp32 elements, that every swapped
+ *     sub-group's .grad views; such an implementation keeps
  *     none of it on the GPU at stage 3 and adds the 16-bit sum P x 2 on the host;
  *   stages 1-2 add a 16-bit host copy of the partition (param_buffer_of_bit16_for_cpu_offload
  *     _groups, what returns to the GPU) and a GPU buffer of the largest tensor
