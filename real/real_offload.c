@@ -151,12 +151,13 @@ static int host_layout(RealOffload *o, const ZpSchedule *s, HostBuffer *out)
                                     ? (cpu > 0 ? 4 * first.elems : 0)
                                     : 4 * cpu,
                                 (void **)&o->grads};
-    if (host_accum)
+    if (host_accum) {
         o->accum_elems = o->part;
-    if (host_accum && o->opt_tier == ZP_TIER_NVME && !o->pending)
-        o->pending = g_array_new(FALSE, FALSE, sizeof(PendingGrad));
-    else if (zp_offload_stage2_accum(&s->plan))
+        if (o->opt_tier == ZP_TIER_NVME && !o->pending)
+            o->pending = g_array_new(FALSE, FALSE, sizeof(PendingGrad));
+    } else if (zp_offload_stage2_accum(&s->plan)) {
         o->accum_elems = (uint64_t)zp_offload_stage2_accum_max_elems(&s->model, &s->plan, part);
+    }
     if (o->accum_elems > 0)
         out[n++] = (HostBuffer){ZP_MEM_GRADS, 2.0 * (double)o->accum_elems, (void **)&o->accum16};
     /* stage3.py _create_param_groups_fp16_flat_cpu_memory: min(P, max_in_cpu) elements,
