@@ -261,7 +261,8 @@ static gboolean qgz_node_op(RealEngine *e, const ZpOp *op, GError **error)
         return qgz_reduce(e, op, error);
     if (e->qgz_work < 0 || !e->buffers[e->qgz_work])
         return fail(error, "a qgZ all-to-all with no int4 buffer before it");
-    return real_ds_qgz(e->ds, op, e->qgz_node, e->qgz_cross, e->buffers[e->qgz_work], error);
+    return real_ds_qgz(e->ds, op, e->qgz_node, e->qgz_cross, e->buffers[e->qgz_work],
+                       e->qgz_work_bytes, error);
 }
 
 /* Pa's all-gather before block op->unit's recompute (DeepSpeed's checkpointing.py,

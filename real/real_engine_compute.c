@@ -126,7 +126,7 @@ gboolean real_engine_do_alloc(RealEngine *e, guint index, const ZpOp *op, GError
         zp_sched_op(s, index + 1)->kind == ZP_OP_COMPUTE &&
         zp_sched_op(s, index + 1)->sub == ZP_COMP_QUANTIZE) {
         if (is_alltoall(s, index + 2))
-            e->qgz_work = op->buffer;
+            e->qgz_work = op->buffer, e->qgz_work_bytes = (uint64_t)op->bytes;
         return (e->buffers[op->buffer] = take(e, (uint64_t)op->bytes, op->sub, error)) != NULL;
     }
     const uint64_t need = needed_bytes(e, op);

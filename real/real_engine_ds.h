@@ -54,13 +54,15 @@ gboolean real_ds_unpack(RealDs *ds, const ZpOp *op, GError **error);
  * once the call is waited for (every rank's int8 and scales into its gathered buffer). */
 gboolean real_ds_qwz(RealDs *ds, const ZpOp *op, GError **error);
 
-/* Stage 3 with qgZ: the intra-node all-to-all of one tensor (zp_sched.c qgz_by_tensor;
- * comm/coalesced_collectives.py all_to_all_quant_reduce): its gradients in its bucket as the
- * world's partitions, int4 in zp_zeropp_qgz_tensor's groups through real_engine_qgz (the
- * cross-node all-to-all and the kernels are part of it), this rank's sum added to its slice
- * of the partition. */
+/* Stage 3 with qgZ: the intra-node all-to-all of one tensor (zp_build_qgz.c
+ * zp_build_qgz_by_tensor; comm/coalesced_collectives.py all_to_all_quant_reduce): its
+ * gradients in its bucket as the world's partitions, int4 in zp_zeropp_qgz_tensor's groups
+ * through real_zeropp_qgz_tensor in DeepSpeed's own buffers (`work`, work_bytes long: the
+ * cross-node all-to-all and the kernels are part of it), into the output slice the op depends
+ * on (a bucket buffer held until the bucket's reduction is done), added from there to this
+ * rank's slice of the partition. */
 gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
-                     uint8_t *work, GError **error);
+                     uint8_t *work, uint64_t work_bytes, GError **error);
 
 /* Stage 3 with hpZ: backward calls gather over hpz_comm (the plug-in does not own it) from
  * this rank's secondary partition, which the forward's data-parallel gathers fill; it takes

@@ -161,7 +161,7 @@ static gboolean reduce(RealDs *ds, const ZpOp *op, GError **error)
 }
 
 gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross,
-                     uint8_t *work, GError **error)
+                     uint8_t *work, uint64_t work_bytes, GError **error)
 {
     const ZpPlan *plan = &ds->s->plan;
     const int x = tensor_at(ds, op->elem_offset);
@@ -175,22 +175,25 @@ gboolean real_ds_qgz(RealDs *ds, const ZpOp *op, RealComm *node, RealComm *cross
         return fail(error, "qgZ: unit %d's tensor %d (%" G_GUINT64_FORMAT " elements) has %"
                     G_GUINT64_FORMAT " quantisation groups; zreal quantises each of %d ranks' "
                     "partitions in whole groups", t->unit, t->k, t->elems, groups, ds->dp);
+    const uint64_t need = real_zeropp_qgz_tensor_work_bytes(node->size, cross->size, t->slice,
+                                                            groups / world);
+    uint64_t out_bytes = 0;
+    RealBf16 *out = concat_copy(ds, op, &out_bytes);
+    if (work_bytes != need || !out || out_bytes != t->slice * sizeof(RealBf16))
+        return fail(error, "qgZ: unit %d's tensor %d needs %" G_GUINT64_FORMAT " bytes of "
+                    "all_to_all_quant_reduce's buffers (the schedule has %" G_GUINT64_FORMAT
+                    ") and an output slice of %" G_GUINT64_FORMAT " (it has %" G_GUINT64_FORMAT
+                    ")", t->unit, t->k, need, work_bytes, t->slice * sizeof(RealBf16), out_bytes);
     int k;
-    RealBf16 *data = reduced_grads(ds, op, &k, error);
+    const RealBf16 *data = reduced_grads(ds, op, &k, error);
     if (!data)
         return FALSE;
-    /* swizzle_quant's partitions: rank q's is elements [q slice, (q + 1) slice) */
-    float *pieces = take(ds, t->elems * sizeof(float), ZP_MEM_WORKSPACE, error);
-    RealBf16 *mine = pieces ? take(ds, t->slice * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)
-                            : NULL;
-    for (uint64_t i = 0; mine && i < t->elems; i++)
-        pieces[i] = real_bf16_to_f32(data[i]);
-    const gboolean ok = mine && real_engine_qgz(ds->be, ds->rank, ds->comm, node, cross, pieces,
-                                                t->slice, groups / world, work, mine, error);
-    if (ok)
-        real_engine_deliver(ds->be, ds->grads + t->part, mine, t->slice, op->micro > 0);
-    ds->be->free(ds->be, pieces);
-    ds->be->free(ds->be, mine);
+    const double before = node->sent_bytes + cross->sent_bytes;
+    const gboolean ok = real_zeropp_qgz_tensor(node, cross, data, t->slice, groups / world,
+                                               work, out, error);
+    ds->comm->sent_bytes += node->sent_bytes + cross->sent_bytes - before;
+    if (ok) /* partition_grads adds the bucket's outputs to the partition */
+        real_engine_deliver(ds->be, ds->grads + t->part, out, t->slice, op->micro > 0);
     return ok && reduced(ds, op, k, error);
 }
 

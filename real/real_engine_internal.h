@@ -54,6 +54,7 @@ struct RealEngine {
     int *quant_of, *quant_group;
     RealComm *qgz_node, *qgz_cross; /* qgZ: the node's ranks; this node index's, a node each */
     int qgz_work;                   /* qgZ: the bucket's int4 workspace buffer id */
+    uint64_t qgz_work_bytes;        /* and its size */
 
     RealBf16 *x;  /* residual stream [b s, h] */
     float *dx;    /* its gradient */

@@ -44,4 +44,18 @@ gboolean real_zeropp_qgz_reduce(RealComm *node, RealComm *cross, const float *pi
                                 uint64_t part, uint64_t groups, uint8_t *work, float *acc,
                                 float *out, GError **error);
 
+/* DeepSpeed's qgZ of one tensor (all_to_all_quant_reduce in runtime/comm/coalesced_collectives.py)
+ * in the buffers it allocates, all in `work`, real_zeropp_qgz_tensor_work_bytes long:
+ * swizzle_quant's int4 of the world's partitions (S1 = world x int4 bytes of `part`
+ * elements in `groups` groups), local_output (S1) from the all-to-all in the node,
+ * quantized_reduction's sums over the node (S2 = S1 / local), global_output (S2) from the
+ * all-to-all across nodes, dequantize's 16-bit final_output (nodes x part) and one running
+ * sum of its chunks (part); the last sum, this rank's partition summed over the world, goes
+ * to out (part elements). `grads` holds the tensor, rank q's partition at q x part, where
+ * q = node x local + i for node rank i. */
+size_t real_zeropp_qgz_tensor_work_bytes(int local, int nodes, uint64_t part, uint64_t groups);
+gboolean real_zeropp_qgz_tensor(RealComm *node, RealComm *cross, const RealBf16 *grads,
+                                uint64_t part, uint64_t groups, uint8_t *work, RealBf16 *out,
+                                GError **error);
+
 #endif

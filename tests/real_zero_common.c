@@ -42,6 +42,11 @@ double number_at(json_t *object, const char *key)
     return json_number_value(value);
 }
 
+int peak_ranks(const PeakRun *p)
+{
+    return p->ranks > 0 ? p->ranks : 4;
+}
+
 /* A PeakRun's plan, with zreal's CPU backend workspace listed (its run-long x, dx, staging
  * and GEMM buffers, each op's own, the logits: what `zplan simulate` lists for a profile
  * calibrated on that backend). */
@@ -50,7 +55,7 @@ ZpSchedule *peak_schedule(const PeakRun *p)
     ZpModel model = tu_load_model("tiny");
     model.dropout = FALSE;
     ZpPlan plan;
-    zp_plan_defaults(&plan, p->stage, 4, 1);
+    zp_plan_defaults(&plan, p->stage, peak_ranks(p), 1);
     plan.impl = p->impl;
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = 4;
@@ -60,6 +65,12 @@ ZpSchedule *peak_schedule(const PeakRun *p)
         plan.zero.stage3_param_persistence_threshold = 0;
     if (p->bucket > 0)
         plan.zero.reduce_bucket_size = p->bucket;
+    plan.zero.zero_quantized_weights = p->qwz;
+    plan.zero.zero_hpz_partition_size = MAX(p->hpz, 1);
+    plan.zero.zero_quantized_gradients = p->qgz;
+    plan.gpus_per_node = p->per_node;
+    if (p->regather)
+        plan.zero.stage3_prefetch_bucket_size = plan.zero.stage3_max_reuse_distance = 0;
     plan.backend_workspace = TRUE;
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&model, &plan, &error);
@@ -98,11 +109,20 @@ char *peak_args(const PeakRun *p)
 {
     char *bucket = p->bucket > 0 ? g_strdup_printf(" --reduce-bucket-size %.0f", p->bucket)
                                  : g_strdup("");
+    char *zeropp = g_strdup_printf("%s%s%s", p->qwz ? " --quantized-weights" : "",
+                                   p->qgz ? " --quantized-gradients" : "",
+                                   p->hpz > 1 ? " --hpz-partition-size" : "");
+    char *hpz = p->hpz > 1 ? g_strdup_printf(" %d", p->hpz) : g_strdup("");
+    char *node = p->per_node > 0 ? g_strdup_printf(" --ranks-per-node %d", p->per_node)
+                                 : g_strdup("");
     char *args = g_strdup_printf("--model tiny --stage %d --impl %s --micro-batch 4 --steps 2 "
-                                 "--grad-accum %d%s%s%s", p->stage, zp_impl_name(p->impl),
+                                 "--grad-accum %d%s%s%s%s%s%s%s", p->stage, zp_impl_name(p->impl),
                                  MAX(p->accum, 1), p->checkpoint ? " --checkpoint" : "",
-                                 p->persistent ? "" : " --persistence-threshold 0", bucket);
-    g_free(bucket);
+                                 p->persistent ? "" : " --persistence-threshold 0", bucket,
+                                 zeropp, hpz, node,
+                                 p->regather ? " --prefetch-bucket-size 0 --max-reuse-distance 0"
+                                             : "");
+    g_free(bucket), g_free(zeropp), g_free(hpz), g_free(node);
     return args;
 }
 

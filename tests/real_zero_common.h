@@ -42,14 +42,27 @@ double category(json_t *rank, const char *name);
  * measured.json it wrote to `path`. */
 double number_at(json_t *object, const char *key);
 
-/* One run of the total-peak cases: tiny at 4 ranks, micro-batch 4, 2 steps. */
+/* One run of the total-peak cases: tiny at 4 ranks (or `ranks`), micro-batch 4, 2 steps. */
 typedef struct {
     int stage;
     ZpImplKind impl;
     gboolean checkpoint, persistent; /* persistent: DeepSpeed's default threshold, else 0 */
     double bucket;                   /* reduce_bucket_size, 0: the default */
     int accum;                       /* micro-steps, 0: one */
+    int ranks;                       /* data-parallel ranks, 0: 4 */
+    /* ZeRO++: qwZ, hpZ's group (0 or 1: none) and qgZ, with `per_node` ranks a node (0: all
+     * in one) for their node groups (zreal's --ranks-per-node, the plan's gpus_per_node) */
+    gboolean qwz;
+    int hpz;
+    gboolean qgz;
+    int per_node;
+    /* stage3_prefetch_bucket_size and stage3_max_reuse_distance 0: each module is released
+     * after its forward and gathered again in backward (where hpZ gathers inside its group) */
+    gboolean regather;
 } PeakRun;
+
+/* A PeakRun's ranks (4 unless it says). */
+int peak_ranks(const PeakRun *p);
 
 /* A PeakRun's plan, with zreal's CPU backend workspace listed (its run-long x, dx, staging
  * and GEMM buffers, each op's own, the logits: what `zplan simulate` lists for a profile

@@ -180,12 +180,13 @@ static void test_deepspeed_small_buckets(void)
     static const double sizes[] = {64, 3000};
     for (int stage = 1; stage <= 3; stage++)
         for (int accum = 1; accum <= 2; accum++) {
-            const PeakRun base = {stage, ZP_IMPL_DEEPSPEED, FALSE, FALSE, 0, accum};
+            const PeakRun base = {.stage = stage, .impl = ZP_IMPL_DEEPSPEED, .accum = accum};
             char *base_args = peak_args(&base);
             json_t *ref = tu_zreal_measured(4, base_args, path);
             json_t *ref_loss = json_object_get(ref, "loss");
             for (size_t k = 0; k < G_N_ELEMENTS(sizes); k++) {
-                const PeakRun p = {stage, ZP_IMPL_DEEPSPEED, FALSE, FALSE, sizes[k], accum};
+                const PeakRun p = {.stage = stage, .impl = ZP_IMPL_DEEPSPEED, .bucket = sizes[k],
+                                   .accum = accum};
                 char *args = peak_args(&p);
                 json_t *m = tu_zreal_measured(4, args, path);
                 json_t *loss = json_object_get(m, "loss");
@@ -656,6 +657,97 @@ static void test_deepspeed_dirty_memory(void)
     g_free(path);
 }
 
+/* A run of DeepSpeed's stage 3 against its schedule: every rank sends the schedule's bytes
+ * (the data-parallel group's and ZeRO++'s subgroups', hpZ's apart), and its total peak, every
+ * category at it and every category's own peak are the schedule's walked in list order, as
+ * zreal executes it; where `simulated`, the simulator's too. */
+typedef enum {
+    SIM_ALL,     /* the simulator's total peak, categories at it and own peaks */
+    SIM_AT_PEAK, /* its total peak and the categories at it */
+    SIM_NONE,
+} SimCheck;
+
+static void check_stage3(const PeakRun *p, SimCheck simulated)
+{
+    char *path = g_strdup_printf("%s/stage3.json", tmp_dir);
+    char *args = peak_args(p);
+    const int n = peak_ranks(p);
+    json_t *m = tu_zreal_measured(n, args, path);
+    ZpSchedule *s = peak_schedule(p);
+    SimResult *sim = peak_prediction(p);
+    const double hpz = sim->comm_bytes[ZP_GROUP_HPZ];
+    const double sent = sim->comm_bytes[ZP_GROUP_DP] + hpz + sim->comm_bytes[ZP_GROUP_NODE] +
+                        sim->comm_bytes[ZP_GROUP_XNODE];
+    g_assert_cmpfloat(hpz > 0, ==, p->hpz > 1);
+    g_assert_cmpfloat(sim->comm_bytes[ZP_GROUP_NODE] > 0, ==, p->qgz);
+    json_t *ranks = json_object_get(m, "ranks");
+    g_assert_cmpuint(json_array_size(ranks), ==, (size_t)n);
+    for (int r = 0; r < n; r++) {
+        json_t *rank = json_array_get(ranks, r);
+        check_sequential_peak(rank, s);
+        if (simulated == SIM_ALL)
+            check_total_peak(rank, sim);
+        if (simulated == SIM_AT_PEAK)
+            for (int c = 0; c < ZP_MEM_N; c++)
+                g_assert_cmpfloat(number_at(json_object_get(rank, "peak_breakdown"),
+                                            zp_sched_mem_name(c)), ==,
+                                  sim->peak_breakdown_bytes[c]);
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, sent);
+        if (hpz > 0)
+            g_assert_cmpfloat(number_at(rank, "hpz_comm_bytes"), ==, hpz);
+    }
+    json_t *rank0 = json_array_get(ranks, 0);
+    g_test_message("%s: %.0f bytes sent (hpZ %.0f); peak %.0f, activations %.0f, workspace %.0f "
+                   "at it", args, sent, hpz, number_at(rank0, "peak_memory_bytes"),
+                   number_at(json_object_get(rank0, "peak_breakdown"), "activations"),
+                   number_at(json_object_get(rank0, "peak_breakdown"), "workspace"));
+    sim_result_free(sim);
+    zp_sched_free(s);
+    json_decref(m);
+    g_free(args), g_free(path);
+}
+
+/* DeepSpeed's stage 3 in zreal at 2 and 4 ranks, with checkpointing, hpZ (groups of 2 ranks,
+ * 2 ranks a node, each module gathered again in backward from the secondary partition:
+ * partition_parameters.py _partition_param_sec, _all_gather_coalesced with
+ * use_secondary_tensor), qwZ with it, qgZ (stage3.py __avg_scatter_grads ->
+ * all_to_all_quant_reduce, in the buffers it allocates: zp_zeropp_qgz_tensor) and
+ * reduce_bucket_size down to one element: each run's bytes and memory are its schedule's
+ * exactly (check_stage3). The simulator runs some buffers on their own stream beside the
+ * compute's, as DeepSpeed does, where zreal runs them in list order: with qwZ a prefetch's int8
+ * buffers (that run is held to the list-order walk alone), with qgZ and small buckets a
+ * bucket's quantised reduction beside the next module's backward (held to the simulator's total
+ * peak and the categories at it). */
+static void test_deepspeed_stage3_exact(void)
+{
+    static const struct {
+        PeakRun run;
+        SimCheck simulated;
+    } cases[] = {
+#define DS3 .stage = 3, .impl = ZP_IMPL_DEEPSPEED
+#define HPZ .hpz = 2, .per_node = 2, .regather = TRUE
+        {{DS3, .ranks = 2}, SIM_ALL},
+        {{DS3, .ranks = 2, .checkpoint = TRUE}, SIM_ALL},
+        {{DS3, .ranks = 2, .persistent = TRUE}, SIM_ALL},
+        {{DS3, .ranks = 4, .persistent = TRUE}, SIM_ALL},
+        {{DS3, .ranks = 2, .bucket = 1}, SIM_ALL},
+        {{DS3, .ranks = 2, .bucket = 8, .accum = 2}, SIM_ALL},
+        {{DS3, HPZ}, SIM_ALL},
+        {{DS3, HPZ, .ranks = 2}, SIM_ALL},
+        {{DS3, HPZ, .checkpoint = TRUE}, SIM_ALL},
+        {{DS3, HPZ, .bucket = 3000}, SIM_ALL},
+        {{DS3, HPZ, .qwz = TRUE}, SIM_NONE},
+        {{DS3, .qgz = TRUE, .per_node = 2}, SIM_ALL},
+        {{DS3, .qgz = TRUE, .per_node = 2, .bucket = 3000}, SIM_AT_PEAK},
+        {{DS3, .qgz = TRUE, .per_node = 2, .bucket = 64, .accum = 2}, SIM_AT_PEAK},
+        {{DS3, .qgz = TRUE, HPZ, .bucket = 3000}, SIM_AT_PEAK},
+#undef DS3
+#undef HPZ
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++)
+        check_stage3(&cases[i].run, cases[i].simulated);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -667,5 +759,6 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/deepspeed-dirty-memory", test_deepspeed_dirty_memory);
     g_test_add_func("/zreal/offload-matches", test_offload_matches);
     g_test_add_func("/zreal/offload-partial-refused", test_offload_partial_refused);
+    g_test_add_func("/zreal/deepspeed-stage3-exact", test_deepspeed_stage3_exact);
     return real_zero_common_run();
 }

@@ -557,7 +557,7 @@ static void test_total_peak(void)
 {
     char *path = g_strdup_printf("%s/peak.json", tmp_dir);
     for (int ckpt = 0; ckpt <= 1; ckpt++) {
-        const PeakRun p = {3, ZP_IMPL_DEEPSPEED, ckpt, FALSE, 0, 0};
+        const PeakRun p = {.stage = 3, .impl = ZP_IMPL_DEEPSPEED, .checkpoint = ckpt};
         char *args = peak_args(&p);
         json_t *m = tu_zreal_measured(4, args, path);
         SimResult *sim = peak_prediction(&p);
@@ -578,7 +578,8 @@ static void test_total_peak(void)
     for (int ckpt = 0; ckpt <= 1; ckpt++)
         for (size_t i = 0; i < G_N_ELEMENTS(impls); i++)
             for (int stage = 0; stage <= 3; stage++) {
-                const PeakRun p = {stage, impls[i], ckpt, TRUE, 0, 0};
+                const PeakRun p = {.stage = stage, .impl = impls[i], .checkpoint = ckpt,
+                                   .persistent = TRUE};
                 char *base = peak_args(&p);
                 char *args = g_strdup_printf("%s --emulate 4 --rank 3", base);
                 json_t *m = tu_zreal_measured(0, args, path);

@@ -14,7 +14,12 @@
 
 /* Korthikanti et al. Table 3 (the runs of Tables 4 and 5): heads, hidden, layers, pipeline
  * stages and batch (tensor parallel 8, sequence 2048, vocabulary 51200; one data-parallel
- * replica; micro-batch 4 for 22B, 1 otherwise). */
+ * replica, so 8 x pp GPUs and a global batch of as many micro-batches; micro-batch 4 for 22B,
+ * 1 otherwise). Checked against a transcription of Table 3 (22B 64/6144/48, TP 8, PP 1, 8 GPUs,
+ * batch 4, micro-batch 4; 175B 96/12288/96, PP 8, 64, 64, 1; 530B 128/20480/105, PP 35, 280,
+ * 280, 1; 1T 160/25600/128, PP 64, 512, 512, 1); the 530B and 1T shapes, TP 8 with PP 35 and
+ * 64 and micro-batch 1 are also those of NVIDIA/Megatron-LM examples/sc21/run_table_1.sh
+ * (Narayanan et al. 2021's runs, with larger global batches). */
 typedef struct {
     const char *name;
     int heads, hidden, layers, pp, micro, global;

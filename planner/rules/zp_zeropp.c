@@ -180,6 +180,8 @@ ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad
     q.groups = per_part * world;
     q.intra_bytes = world * (ceil(elems / world / 2) + 4 * per_part);
     q.inter_bytes = q.intra_bytes / local;
+    q.work_bytes = 2 * q.intra_bytes + q.inter_bytes;
+    q.output_bytes = 0;
     qgz_kernels(&q, elems, grad_bytes, local);
     return q;
 }
@@ -205,6 +207,12 @@ ZpQgz zp_zeropp_qgz_tensor(const ZpPlan *plan, double elems, double hidden, doub
     q.groups = fmax(fmax(elems / hidden, hidden), world);
     q.intra_bytes = elems / 2 + 4 * q.groups;
     q.inter_bytes = elems / (2 * local) + 4 * floor(q.groups / local);
+    /* dequantize's output and the sums over its chunks are fp16, 2 bytes, whatever the
+     * gradients' dtype (csrc/quantization/pt_binding.cpp dequantize allocates kFloat16 unless
+     * instantiated for float) */
+    const double fp16 = 2, slice_bytes = elems / world * fp16;
+    q.work_bytes = 2 * q.intra_bytes + 2 * q.inter_bytes + elems / local * fp16 + slice_bytes;
+    q.output_bytes = slice_bytes;
     qgz_kernels(&q, elems, grad_bytes, local);
     return q;
 }

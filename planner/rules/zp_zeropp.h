@@ -55,6 +55,10 @@ typedef struct {
     double intra_bytes;      /* S of the intra-node all-to-all: int4 data and scales */
     double inter_bytes;      /* S of the inter-node all-to-all: 1/local of that */
     double quantize_mem_bytes, reduce_mem_bytes, dequantize_mem_bytes; /* the kernels */
+    /* the workspace the reduction holds (the paper's: the two int4 buffers of the node's
+     * all-to-all and the one sent across nodes), and the output that outlives it, held until
+     * the bucket's reduction is done (0: none; DeepSpeed's output_lst, zp_zeropp_qgz_tensor) */
+    double work_bytes, output_bytes;
 } ZpQgz;
 
 ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad_bytes);
@@ -70,6 +74,15 @@ ZpQgz zp_zeropp_qgz(const ZpPlan *plan, double elems, double hidden, double grad
  *   g / local (integer division) scales, S2 = elems / (2 local) + 4 floor(g / local). */
 gboolean zp_zeropp_qgz_across_nodes(const ZpPlan *plan);
 gboolean zp_zeropp_qgz_quantizes(const ZpPlan *plan, uint64_t elems, gboolean matrix);
+/* - the buffers all_to_all_quant_reduce holds for it: swizzle_quant's int4 and scales and
+ *   local_output and scale_output (S1 each), quantized_reduction's and global_output and
+ *   global_scale_output (S2 each), dequantize's final_output (elems / local in fp16:
+ *   csrc/quantization/pt_binding.cpp dequantize), and sum(final_output.chunk(num_nodes))'s
+ *   running total (a slice, elems / world in fp16) beside the next one; the average
+ *   (output_lst[idx], a slice) stays until __avg_scatter_grads returns the bucket's list to
+ *   partition_grads. Each name holds its buffer until the next quantised tensor rebinds it
+ *   (or the function returns): here the buffers are freed after the tensor's own reduction,
+ *   before the next tensor's are taken. */
 ZpQgz zp_zeropp_qgz_tensor(const ZpPlan *plan, double elems, double hidden, double grad_bytes);
 
 #endif

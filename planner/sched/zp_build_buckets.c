@@ -314,11 +314,17 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
                                      k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
     }
     const uint32_t drained = zp_build_offload_grad_slice(b, k, unit, micro);
-    /* the reduced slices are views of the copies until they went down */
+    /* the reduced slices are views of the copies (or, qgZ's, its outputs) until they went
+     * down: DeepSpeed drops the list of them once the host has issued the bucket's last
+     * reduction (stage3.py __reduce_and_partition_ipg_grads after partition_grads), so at
+     * issue they are freed after the last of them was taken */
+    uint32_t issued = 0;
+    for (guint c = 0; c < copies->len; c++)
+        issued = MAX(issued, g_array_index(copies, Copy, c).alloc);
     for (guint c = 0; c < copies->len; c++) {
         const Copy *x = &g_array_index(copies, Copy, c);
         zp_build_emit_free(b, ZP_MEM_BUCKETS, x->bytes, k->spec.top_unit, micro, x->buffer,
-                           b->impl->frees_at_issue ? x->alloc : drained);
+                           b->impl->frees_at_issue ? issued : drained);
     }
     g_array_unref(copies);
     k->drain_op = drained;
