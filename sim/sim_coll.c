@@ -271,7 +271,7 @@ double sim_coll_bytes_sent(ZpCollKind kind, double bytes, int ranks)
 void sim_coll_describe(const SimCollGroup *group, unsigned kinds, char *buf, size_t size)
 {
     static const char *const names[ZP_COLL_N] = {"all-reduce", "reduce-scatter", "all-gather",
-                                                 "all-to-all"};
+                                                 "all-to-all", "EP dispatch", "EP combine"};
     static const char *const sources[] = {"from the profile's measured table (time by size)",
                                           "by its fitted ring", "by NCCL's cost model"};
     GString *text = g_string_new(NULL);

@@ -458,6 +458,11 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     out[ZP_GROUP_XNODE] = (ZpCommGroup){
         .ranks = qgz ? zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE) : 1,
         .stride = dp_stride * local};
+    /* Expert parallelism's subgroups of dp (zp_sched_graph.h): EP consecutive dp ranks, and
+     * the dp / EP ranks EP apart that hold the same experts. */
+    const int ep = zp_plan_ep(&s->plan);
+    out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
+    out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = s->plan.dp / ep, .stride = dp_stride * ep};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;
