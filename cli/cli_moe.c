@@ -123,10 +123,11 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     const ZpModel *m = spec->model;
     printf("Plans for %s (a mixture of experts: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
            ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"
-           "Judged in closed form, not simulated (schedules do not model experts yet): memory as\n"
-           "`zplan memory --ep` counts it; compute by the cost model over a dense model of the\n"
-           "same FLOPs; the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
-           "reduced over DP, expert gradients over DP/EP.\n\n",
+           "Judged in closed form (`zplan simulate --ep` times a plan's schedule): memory as\n"
+           "zp_ep and zp_mem count it; compute by the cost model over the schedule's compute\n"
+           "ops (dense and sparse blocks, the busiest rank's experts); the all-to-all as NCCL's\n"
+           "grouped send/recv (zp_ep); dense gradients reduced over DP, expert gradients over\n"
+           "DP/EP.\n\n",
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
            experts->capacity_factor > 0 ? "capacity factor" : "dropless");

@@ -95,7 +95,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost embed = zp_build_embed_cost(s), block = zp_build_block_forward_cost(s);
+    const Cost embed = zp_build_embed_cost(s);
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
         zp_build_wait_param_gathers(b, 0, micro);
@@ -111,13 +111,15 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
             zp_build_checkpoint_boundary(b);
             zp_build_keep_checkpoint(b, l, micro, a, deps);
         } else {
-            uint32_t alloc =
-                zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                    zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
+            uint32_t alloc = zp_build_emit_alloc(
+                b, ZP_MEM_ACTIVATIONS, zp_build_unit_act_bytes(b, l, a->act_bytes), l, micro,
+                zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
         zp_build_wait_param_gathers(b, l, micro);
-        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps, NULL);
+        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l),
+                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+        zp_build_moe_forward(b, l, micro);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
@@ -216,20 +218,22 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost fwd = zp_build_block_forward_cost(s), bwd = zp_build_block_backward_cost(s),
-               embed = zp_build_embed_cost(s);
+    const Cost embed = zp_build_embed_cost(s);
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         int *act = zp_build_act_slot(b, a->act, micro, l);
+        const double act_bytes = zp_build_unit_act_bytes(b, l, a->act_bytes);
         /* The recompute has a position of its own (empty without checkpointing): an
          * implementation may gather for it and again for the backward. */
         position_begin(b, zp_pos_rec(L, l), micro, deps);
         if (ckpt) {
             zp_build_checkpoint_boundary(b);
             zp_build_regather_checkpoint(b, l, micro, a);
-            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
+            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, act,
                                                  &b->last_compute, 1);
             g_array_append_val(deps, alloc);
-            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps, NULL);
+            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l),
+                          zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+            zp_build_moe_forward(b, l, micro); /* the recomputed forward's experts */
         }
         int core = -1; /* selective: core attention's recomputed tensors */
         if (zp_build_selective(&s->plan)) {
@@ -245,10 +249,14 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (reduce && s->plan.zero.stage >= 2)
             zp_build_alloc_landing_buckets(b, l, micro, deps);
         zp_build_take_unit_grads(b, l, micro, deps);
-        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps, reduce ? launched : NULL);
+        const int returned = zp_build_moe_backward(b, l, micro, reduce);
+        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
+                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_BWD), deps,
+                      reduce ? launched : NULL);
+        zp_build_moe_free_backward(b, l, micro, returned);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
-        zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, *act, b->last_compute);
         if (core >= 0)
             zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
                                b->last_compute);

@@ -84,6 +84,22 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
  * apart) and tp (mp consecutive ranks) when it has none. */
 int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
 
+/* A mixture of experts under expert parallelism keeps each sparse block's routed experts out
+ * of the flat layout above (unit_elems holds the rest: attention, norms, router, shared
+ * experts): a rank holds E / EP experts of each sparse unit, split over the tensor group,
+ * in an expert space of their own, which ZeRO partitions over the expert-data-parallel group
+ * (ZP_GROUP_EDP, dp / EP ranks) as the flat space over dp: its total, padded (to a multiple of
+ * dp / EP, each unit at stage 3) and per-rank partition elements. Expert collectives (the
+ * gradients' reduction, stage 3's gathers, stages 1-2's gather of updated parameters) name
+ * ranges of this space in elem_offset and elems. All zero for a dense model. */
+typedef struct {
+    uint64_t total_elems, padded_elems, partition_elems;
+} ZpSchedExperts;
+ZpSchedExperts zp_sched_experts(const ZpSchedule *sched);
+/* A unit's experts on this rank (0: a dense unit, another stage's) and where they start. */
+uint64_t zp_sched_unit_expert_elems(const ZpSchedule *sched, int unit);
+uint64_t zp_sched_unit_expert_offset(const ZpSchedule *sched, int unit);
+
 /* JSON round trip (`zplan schedule --out`); the reader validates every field, since zreal
  * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),
  * one of another implementation by equality with the builder's ops for its model and plan. */
