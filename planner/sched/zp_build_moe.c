@@ -71,7 +71,11 @@ void zp_build_moe_states(Builder *b)
     double master, m, v;
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params[4] = {total, padded, padded, part};
-    const double grads[4] = {total, total, part, part};
+    /* The gradients as the implementation keeps the dense ones: whole, or its partition
+     * (DeepSpeed's stage 1 shares stage 2's partitioned gradients: ZpImpl grad_state_elems). */
+    const gboolean whole_grads =
+        stage < 2 && b->impl->grad_state_elems(s) >= (double)s->total_elems;
+    const double grads[4] = {total, whole_grads ? total : part, part, part};
     const double optim = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] += params[stage] * b->state.param_bytes;
     s->state_bytes[ZP_MEM_GRADS] += grads[stage] * b->state.grad_bytes;

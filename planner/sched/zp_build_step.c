@@ -37,6 +37,26 @@ static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost 
 {
     ZpModuleShares sh;
     zp_cost_kernel_shares(&b->s->model, &b->s->plan, kind, NULL, NULL, &sh);
+    const ZpModel *model = &b->s->model;
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+        /* A block of widths of its own (zp_build_unit_block_cost): the shares are the uniform
+         * block's kernels', so its attention and its other FLOPs are split apart, each by its
+         * own share (the uniform block's FLOPs less its attention's, module by module), and
+         * a module never gets more attention FLOPs than FLOPs. */
+        const Cost uniform = zp_build_block_forward_cost(b->s);
+        double other[ZP_MOD_N], sum = 0;
+        for (int m = 0; m < ZP_MOD_N; m++) {
+            other[m] = MAX(0.0, sh.flops[m] * uniform.flops - sh.attn_flops[m] * uniform.attn_flops);
+            sum += other[m];
+        }
+        for (int m = 0; m < ZP_MOD_N; m++) {
+            const double attn = whole.attn_flops * sh.attn_flops[m];
+            parts[m] = (Cost){(whole.flops - whole.attn_flops) * (sum > 0 ? other[m] / sum : 0.0) +
+                                  attn,
+                              whole.gemm_flops, attn, whole.mem_bytes * sh.accesses[m]};
+        }
+        return;
+    }
     for (int m = 0; m < ZP_MOD_N; m++)
         parts[m] = (Cost){whole.flops * sh.flops[m], whole.gemm_flops,
                           whole.attn_flops * sh.attn_flops[m], whole.mem_bytes * sh.accesses[m]};
