@@ -196,3 +196,50 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
     g_array_sort(out, by_merit);
     return out;
 }
+
+/* Simulated candidates first, fitting ones by their tokens/s; the others keep their order. */
+static gint by_simulation(gconstpointer a, gconstpointer b)
+{
+    const ZpMoeCandidate *x = a, *y = b;
+    if (x->simulated != y->simulated)
+        return x->simulated ? -1 : 1;
+    if (!x->simulated)
+        return 0;
+    return by_merit(a, b);
+}
+
+guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
+{
+    if (!spec->rank)
+        return 0;
+    guint timed = 0, fitting = 0;
+    GHashTable *per_ep = g_hash_table_new(NULL, NULL); /* EP degree: its fitting plans so far */
+    for (guint i = 0; i < c->len; i++) {
+        ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        if (!x->fits)
+            continue;
+        const gpointer ep = GINT_TO_POINTER(zp_plan_ep(&x->plan));
+        const guint of_ep = GPOINTER_TO_UINT(g_hash_table_lookup(per_ep, ep));
+        g_hash_table_insert(per_ep, ep, GUINT_TO_POINTER(of_ep + 1));
+        if (fitting++ >= top && of_ep >= ZP_MOE_SIMULATED_PER_EP)
+            continue;
+        double step_s = 0, need = 0;
+        GError *error = NULL;
+        x->simulated = TRUE;
+        x->closed_step_s = x->step_s, x->closed_memory_bytes = x->memory_bytes;
+        timed++;
+        if (!spec->rank(&x->plan, spec->rank_ctx, 0, &step_s, &need, &error)) {
+            g_clear_error(&error); /* a plan the simulator refuses runs nowhere */
+            x->fits = FALSE;
+            continue;
+        }
+        x->step_s = step_s;
+        x->memory_bytes = need + spec->hw->runtime_reserve_bytes; /* as simulate's need */
+        x->fits = need <= spec->hw->gpu_memory_bytes;
+        x->tokens_per_s = (double)x->plan.dp * x->plan.micro_batch * x->plan.grad_accum *
+                          (double)spec->model->seq_len / step_s;
+    }
+    g_hash_table_destroy(per_ep);
+    g_array_sort(c, by_simulation);
+    return timed;
+}
