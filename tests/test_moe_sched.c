@@ -1,6 +1,8 @@
 /* test_moe_sched: a mixture of experts in the schedule and the simulator — the EP group's
  * all-to-all ops (ep_dispatch, ep_combine), the expert and unpermute compute ops, their JSON form. */
+#include "cli.h"
 #include "sim_engine.h"
+#include "zp_moe_search.h"
 #include "testutil.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
@@ -9,6 +11,7 @@
 
 #include <glib/gstdio.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -396,6 +399,47 @@ static void test_memory_consistency(void)
     g_assert_cmpuint(compared, ==, 12);
 }
 
+/* plan's shortlist is simulated: Mixtral-8x7B on 64 H100s at s 512, the closed form's 20 best
+ * and each EP degree's best 4 timed; the timed come first, those that fit by simulated
+ * tokens/s (tokens a step over the simulated step), each step the simulator's own. */
+static void test_plan_simulates_shortlist(void)
+{
+    ZpModel m = tu_load_model("hf/mixtral-8x7b");
+    m.seq_len = 512;
+    ZpHw hw = tu_load_hw("dgx-h100");
+    ZpSearchSpec spec;
+    CliRankContext ctx;
+    cli_search_spec(&spec, &ctx, &m, &hw, 64);
+    GError *error = NULL;
+    GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    const guint timed = zp_moe_search_simulate(&spec, c, 20);
+    g_assert_cmpuint(timed, >=, 20);
+    double last = INFINITY;
+    gboolean any_ep = FALSE;
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        g_assert_cmpint(x->simulated, ==, i < timed);
+        if (!x->simulated || !x->fits)
+            continue;
+        g_assert_cmpfloat(x->tokens_per_s, <=, last);
+        last = x->tokens_per_s;
+        g_assert_cmpfloat_with_epsilon(x->tokens_per_s * x->step_s,
+                                       (double)x->plan.dp * x->plan.micro_batch * 512, 1e-3);
+        any_ep |= zp_plan_ep(&x->plan) > 1;
+    }
+    g_assert_true(any_ep);
+    const ZpMoeCandidate *best = &g_array_index(c, ZpMoeCandidate, 0);
+    g_test_message("best: EP %d TP %d stage %d micro %d ckpt %d: %.3f s (closed form %.3f s), "
+                   "%.1f GB", zp_plan_ep(&best->plan), best->plan.mp, best->plan.zero.stage,
+                   best->plan.micro_batch, best->plan.checkpoint, best->step_s,
+                   best->closed_step_s, best->memory_bytes / 1e9);
+    double step_s = 0, need = 0;
+    g_assert_true(cli_rank_by_simulation(&best->plan, &ctx, 0, &step_s, &need, &error));
+    g_assert_cmpfloat(step_s, ==, best->step_s);
+    g_array_unref(c);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -407,5 +451,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/simulated-alltoall", test_simulated_alltoall);
     g_test_add_func("/moe-sched/json-round-trip", test_json_round_trip);
     g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
+    g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
     return g_test_run();
 }

@@ -1,6 +1,7 @@
 /* zp_moe_search: the planner's search for a mixture of experts — expert-parallel degree with
- * ZeRO stage, tensor degree, micro-batch and checkpointing — judged in closed form (zp_ep's
- * states and all-to-all, the cost model's compute), since schedules do not model experts yet. */
+ * ZeRO stage, tensor degree, micro-batch and checkpointing — screened in closed form (zp_ep's
+ * states and all-to-all, the cost model over the schedule's compute ops), its shortlist then
+ * simulated through the search's rank callback. */
 #ifndef ZP_MOE_SEARCH_H
 #define ZP_MOE_SEARCH_H
 
