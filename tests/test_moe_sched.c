@@ -4,6 +4,7 @@
 #include "sim_engine.h"
 #include "zp_moe_search.h"
 #include "testutil.h"
+#include "zp_cost.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_sched.h"
@@ -440,6 +441,41 @@ static void test_plan_simulates_shortlist(void)
     g_array_unref(c);
 }
 
+/* A sparse block's op is priced from its own FLOPs and bytes, never as the kernel inventory's
+ * uniform block (a dense MLP ffn_hidden wide: Mixtral's 14,336, a third expert on top of the
+ * two routed ones): on dgx-h100's kernel rates, Mixtral's block ops cost what the roofline of
+ * their FLOPs says, at every module too. */
+static void test_blocks_not_inventory(void)
+{
+    ZpModel m = tu_load_model("hf/mixtral-8x7b");
+    m.seq_len = 512;
+    ZpHw hw = tu_load_hw("dgx-h100");
+    ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 3, 8, 8, 1, FALSE);
+    s->plan.attention = ZP_ATTN_EAGER; /* no fused kernel: attention in the FLOPs' roofline */
+    ZpCost cost;
+    GError *error = NULL;
+    g_assert_true(zp_cost_init(&cost, &hw, &s->model, &s->plan, &error));
+    g_assert_true(cost.inventory);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_BLOCK_FWD], ==, 0);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_BLOCK_BWD], ==, 0);
+    guint priced = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || (op->sub != ZP_COMP_BLOCK_FWD &&
+                                          op->sub != ZP_COMP_BLOCK_BWD &&
+                                          op->sub != ZP_COMP_EXPERT_FWD))
+            continue;
+        const double want = zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops, op->gemm_flops,
+                                                 op->attn_flops, cost.attn_flops_per_s,
+                                                 op->mem_bytes, FALSE);
+        g_assert_cmpfloat(zp_cost_op_s(&cost, op->sub, zp_op_module(op), op->flops,
+                                       op->gemm_flops, op->attn_flops, op->mem_bytes), ==, want);
+        priced++;
+    }
+    g_assert_cmpuint(priced, >, 0);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -452,5 +488,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/json-round-trip", test_json_round_trip);
     g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
+    g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
     return g_test_run();
 }
