@@ -7,6 +7,7 @@
 #include "zp_cost.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
+#include "zp_inventory.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -446,7 +447,9 @@ static void test_plan_simulates_shortlist(void)
 /* A sparse block's op is priced from its own FLOPs and bytes, never as the kernel inventory's
  * uniform block (a dense MLP ffn_hidden wide: Mixtral's 14,336, a third expert on top of the
  * two routed ones): on dgx-h100's kernel rates, Mixtral's block ops cost what the roofline of
- * their FLOPs says, at every module too. */
+ * their FLOPs says, at every module too; the experts' op is its kernels' (zp_inventory_moe:
+ * two grouped GEMMs of E/EP = 1 expert over R = T k = 1,024 tokens and the SwiGLU), whose
+ * GEMM FLOPs are the op's. */
 static void test_blocks_not_inventory(void)
 {
     ZpModel m = tu_load_model("hf/mixtral-8x7b");
@@ -464,8 +467,7 @@ static void test_blocks_not_inventory(void)
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind != ZP_OP_COMPUTE || (op->sub != ZP_COMP_BLOCK_FWD &&
-                                          op->sub != ZP_COMP_BLOCK_BWD &&
-                                          op->sub != ZP_COMP_EXPERT_FWD))
+                                          op->sub != ZP_COMP_BLOCK_BWD))
             continue;
         const double want = zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops, op->gemm_flops,
                                                  op->attn_flops, cost.attn_flops_per_s,
@@ -475,6 +477,23 @@ static void test_blocks_not_inventory(void)
         priced++;
     }
     g_assert_cmpuint(priced, >, 0);
+    ZpInvList list = {0};
+    zp_inventory_op(cost.inv, &s->model, &s->plan, ZP_COMP_EXPERT_FWD, 0, &list);
+    ZpInvTotals tot;
+    zp_inventory_totals(&list, &tot);
+    g_assert_cmpint(list.n, ==, 3);
+    g_assert_cmpfloat(list.k[0].batch, ==, 1);
+    g_assert_cmpfloat(list.k[0].m, ==, 1024);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_EXPERT_FWD], ==, 3);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_EXPERT_FWD)
+            continue;
+        g_assert_cmpfloat(tot.gemm_flops, ==, op->flops);
+        g_assert_cmpfloat(zp_cost_op_s(&cost, op->sub, -1, op->flops, op->gemm_flops,
+                                       op->attn_flops, op->mem_bytes), ==,
+                          cost.kind_s[ZP_COMP_EXPERT_FWD]);
+    }
     zp_sched_free(s);
 }
 

@@ -224,9 +224,10 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                zp_link_class_name(c->dp_link),
                zp_kernrate_interference(r, c->dp_link, 1));
     if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla))
-        g_strlcat(c->why, "; blocks with experts or latent attention, the experts and unpermute "
-                  "on the roofline of their own FLOPs and bytes (the inventory has one uniform "
-                  "block)", sizeof c->why);
+        g_strlcat(c->why, "; blocks with experts or latent attention on the roofline of their "
+                  "own FLOPs and bytes (the inventory has one uniform block), the experts' "
+                  "grouped GEMMs and unpermute by their kernels (zp_inventory_moe)",
+                  sizeof c->why);
 }
 
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,

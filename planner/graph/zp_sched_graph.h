@@ -242,6 +242,19 @@ static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
     return &g_array_index(s->deps, uint32_t, op->dep_start);
 }
 
+/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
+ * the planner's search bounds a step's compute time with it a million times a second. */
+typedef struct {
+    uint64_t count;    /* ops of this kind in the step */
+    double flops;      /* each op's */
+    double gemm_flops; /* each op's typical GEMM */
+    double attn_flops; /* each op's FLOPs in the fused attention kernel */
+    double mem_bytes;  /* each op's memory-bound bytes */
+    double host_bytes; /* each op's bytes over the host link (host_copy) */
+} ZpComputeOps;
+
 /* {"params": B, ..., "workspace": B}: one figure per memory category (a json_t *). */
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);
 

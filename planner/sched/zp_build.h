@@ -6,7 +6,6 @@
 #include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_plan.h"
-#include "zp_sched.h"
 #include "zp_sched_graph.h"
 #include "zp_zeror.h"
 

@@ -33,18 +33,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
  * with zp_sched_free. */
 ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
 
-/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
- * kind costs the same, so a kind is its count and one op's cost (a block computed module by
- * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
- * the planner's search bounds a step's compute time with it a million times a second. */
-typedef struct {
-    uint64_t count;    /* ops of this kind in the step */
-    double flops;      /* each op's */
-    double gemm_flops; /* each op's typical GEMM */
-    double attn_flops; /* each op's FLOPs in the fused attention kernel */
-    double mem_bytes;  /* each op's memory-bound bytes */
-    double host_bytes; /* each op's bytes over the host link (host_copy) */
-} ZpComputeOps;
+/* The compute ops of one step in closed form (ZpComputeOps, zp_sched_graph.h), as
+ * zp_sched_build emits them. */
 
 /* ZeRO++'s quantize kernels are not among them: the search plans no ZeRO++. */
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,

@@ -4,6 +4,7 @@
 #include "zp_build.h"
 #include "zp_ep.h"
 #include "zp_mem.h"
+#include "zp_sched.h"
 #include "zp_impl.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
