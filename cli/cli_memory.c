@@ -91,10 +91,7 @@ static gboolean has_stage(const MemoryArgs *a, int stage)
  * cluster (a --params model has no schedule; without a cluster nothing can be timed). */
 static gboolean simulated(const MemoryArgs *a)
 {
-    /* The schedule does not place experts over an EP group yet: a mixture of experts is
-     * reckoned in closed form (zp_ep). */
-    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0 &&
-           !zp_moe_enabled(&a->model.moe);
+    return a->have_hw && zp_model_has_architecture(&a->model) && a->hw.peak_fp16_flops > 0;
 }
 
 /* Model states per rank at a stage: zp_ep's split of experts and dense parameters for a
@@ -118,7 +115,9 @@ static double stage_need_bytes(const MemoryArgs *a, int stage, int gpus)
         return INFINITY;
     ZpPlan plan;
     plan_for(a, stage, gpus, &plan);
-    if (zp_moe_enabled(&a->model.moe)) /* closed form: zp_ep's states + the residual */
+    /* A mixture of experts without a cluster: zp_ep's states + the residual in closed form;
+     * with one, its schedule's peak as for a dense model (the expert space over EP). */
+    if (zp_moe_enabled(&a->model.moe) && !simulated(a))
         return states(a, stage, gpus).total_bytes +
                zp_mem_residual(&a->model, &plan, a->have_hw ? &a->hw : NULL).total_bytes;
     return cli_need_bytes(&a->model, &plan, a->have_hw ? &a->hw : NULL);

@@ -2,6 +2,8 @@
  * experts: where its states go, what a sparse layer routes and buffers, what its all-to-all
  * moves and costs. */
 #include "cli_moe.h"
+#include "sim_engine.h"
+#include "zp_sched.h"
 #include "zp_ep.h"
 #include "zp_moe_search.h"
 #include "zp_util.h"
@@ -91,19 +93,37 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
     printf("\n");
 }
 
+/* A simulated candidate's all-to-all seconds, as `simulate` reports them (its schedule timed
+ * again: the ranking callback gives the step and the memory only); the closed form's where the
+ * schedule cannot be built or timed. */
+static double simulated_alltoall_s(const ZpSearchSpec *spec, const ZpMoeCandidate *c)
+{
+    ZpSchedule *s = zp_sched_build(spec->model, &c->plan, NULL);
+    if (!s)
+        return c->alltoall_s;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, spec->hw, &options, NULL);
+    const double a2a = r ? r->alltoall_s : c->alltoall_s;
+    if (r)
+        sim_result_free(r);
+    zp_sched_free(s);
+    return a2a;
+}
+
 static void print_candidate(int rank, const ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    printf("  %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f%s\n", rank, zp_plan_ep(p),
-           p->mp, p->zero.stage, p->micro_batch, p->grad_accum, p->checkpoint ? "yes" : "no",
-           c->memory_bytes / GB, c->step_s, 100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
-           c->fits ? "" : "  (does not fit)");
+    printf("  %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
+           zp_plan_ep(p), p->mp, p->zero.stage, p->micro_batch, p->grad_accum,
+           p->checkpoint ? "yes" : "no", c->memory_bytes / GB, c->step_s,
+           100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
+           c->simulated ? "simulated" : "closed", c->fits ? "" : "  (does not fit)");
 }
 
 static void print_header(void)
 {
-    printf("  %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s\n", "#", "EP", "TP", "stage",
-           "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s");
+    printf("  %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s %9s\n", "#", "EP", "TP", "stage",
+           "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s", "judged");
 }
 
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
@@ -113,6 +133,12 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                                      error);
     if (!all)
         return -1;
+    /* The closed form's shortlist timed by the simulator, as the dense search ranks plans. */
+    const guint timed = zp_moe_search_simulate(spec, all, (guint)MAX(top_k, 1) * 4);
+    for (guint i = 0; i < timed; i++) {
+        ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
+        x->alltoall_s = simulated_alltoall_s(spec, x);
+    }
     GArray *c = g_array_new(FALSE, FALSE, sizeof(ZpMoeCandidate));
     for (guint i = 0; i < all->len; i++) {
         const ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
@@ -123,13 +149,14 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     const ZpModel *m = spec->model;
     printf("Plans for %s (a mixture of experts: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
            ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"
-           "Judged in closed form, not simulated (schedules do not model experts yet): memory as\n"
-           "`zplan memory --ep` counts it; compute by the cost model over a dense model of the\n"
-           "same FLOPs; the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
-           "reduced over DP, expert gradients over DP/EP.\n\n",
+           "Screened in closed form: memory as zp_ep and zp_mem count it; compute by the cost\n"
+           "model over the schedule's compute ops (dense and sparse blocks, the busiest rank's\n"
+           "experts); the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
+           "reduced over DP, expert gradients over DP/EP. %u plans, the best and each EP\n"
+           "degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n\n",
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
-           experts->capacity_factor > 0 ? "capacity factor" : "dropless");
+           experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed);
     const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
@@ -146,12 +173,13 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     }
     if (any) {
         const ZpMoeCandidate *b = &g_array_index(c, ZpMoeCandidate, 0);
-        printf("\nPlan 1: %.1f GB a GPU of %.1f (states %.1f, activations, buffers and reserve "
-               "%.1f); a step of %.3f s: compute %.3f, TP all-reduces %.3f, all-to-all %.3f "
-               "(%.1f%%), data-parallel %.3f beside them.\n",
-               b->memory_bytes / GB, spec->hw->gpu_memory_bytes / GB, b->states_bytes / GB,
-               b->residual_bytes / GB, b->step_s, b->compute_s, b->tp_s, b->alltoall_s,
-               100.0 * b->alltoall_s / b->step_s, b->dp_s);
+        printf("\nPlan 1: %.1f GB a GPU of %.1f%s (closed form: states %.1f, activations, "
+               "buffers and reserve %.1f); a step of %.3f s%s, all-to-all %.3f s; closed form "
+               "compute %.3f, TP all-reduces %.3f, data-parallel %.3f beside them.\n",
+               b->memory_bytes / GB, spec->hw->gpu_memory_bytes / GB,
+               b->simulated ? " simulated" : "", b->states_bytes / GB, b->residual_bytes / GB,
+               b->step_s, b->simulated ? " simulated" : "", b->alltoall_s, b->compute_s,
+               b->tp_s, b->dp_s);
     } else {
         printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
     }

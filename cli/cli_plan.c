@@ -885,7 +885,7 @@ static gboolean plan_offload(PlanArgs *a, const char *opt, const char *param, co
     return cli_offload(opt, param, path, &a->offload, error);
 }
 
-/* A mixture of experts: zp_moe_search's closed-form plans (schedules do not model experts). */
+/* A mixture of experts: zp_moe_search's closed-form screen, its shortlist simulated. */
 static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean ep_given,
                     gboolean offload, GError **error)
 {

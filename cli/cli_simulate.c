@@ -1,6 +1,7 @@
 /* cli_simulate: `zplan simulate`, `zplan report` and `zplan schedule`: the flags into a plan, the
  * plan into one step's schedule, the schedule through the simulator (printed by cli_simulate_out). */
 #include "cli.h"
+#include "cli_moe.h"
 #include "cli_pipe.h"
 #include "cli_progress.h"
 #include "cli_simulate_out.h"
@@ -25,6 +26,7 @@ typedef struct {
     char *reduce_bucket, *allgather_bucket, *prefetch_bucket, *max_live, *persistence;
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *recompute, *megatron_args;
+    char *ep, *capacity_factor, *expert_skew; /* --ep, --capacity-factor, --expert-skew */
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
@@ -137,6 +139,10 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--offload-param", f->offload_param != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--nvme-path", f->nvme_path != NULL, FROM_BOTH | FROM_MEGATRON},
+        /* the ds_config and Megatron readers take no expert parallelism yet */
+        {"--ep", f->ep != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--capacity-factor", f->capacity_factor != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--expert-skew", f->expert_skew != NULL, FROM_BOTH | FROM_MEGATRON},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -368,6 +374,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         !cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) ||
         !cli_recompute(f->recompute, f->checkpoint, plan, error))
         return FALSE;
+    if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error))
+        return FALSE;
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
         overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
@@ -563,7 +571,7 @@ static int simulate(const SimulateFlags *f)
 }
 
 /* The flags that make a plan, shared by `simulate` and `schedule`; NULL-terminated. */
-static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
+static void plan_entries(SimulateFlags *f, GOptionEntry out[48])
 {
     const GOptionEntry entries[] = {
         {"model", 0, 0, G_OPTION_ARG_STRING, &f->model, "Model name in models/ or a PATH.json (required)", "M"},
@@ -600,11 +608,12 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[45])
         {"quantized-gradients", 0, 0, G_OPTION_ARG_NONE, &f->quantized_gradients, "ZeRO++ qgZ: int4 gradients through the hierarchical all-to-all", NULL},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
+        CLI_MOE_ENTRIES(&f->ep, &f->capacity_factor, &f->expert_skew),
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
-    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 45);
+    G_STATIC_ASSERT(G_N_ELEMENTS(entries) <= 48);
     memcpy(out, entries, sizeof entries);
 }
 
@@ -617,7 +626,7 @@ static void free_flags(SimulateFlags *f)
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
                       &f->gpu_memory, &f->html, &f->recompute,
-                      &f->megatron_args};
+                      &f->megatron_args, &f->ep, &f->capacity_factor, &f->expert_skew};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);
@@ -632,7 +641,7 @@ typedef int (*FlagsCommand)(const SimulateFlags *f);
 static int run_with_flags(int argc, char **argv, const char *name, const char *summary,
                           const GOptionEntry *extra, SimulateFlags *f, FlagsCommand command)
 {
-    GOptionEntry entries[45];
+    GOptionEntry entries[48];
     f->command = name;
     plan_entries(f, entries);
     GOptionContext *context = g_option_context_new(NULL);

@@ -122,12 +122,16 @@ static json_t *ops_json(const CliSimReport *p)
     return o;
 }
 
-/* Data-parallel bytes: the DP group's and those of ZeRO++'s subgroups of it. */
+/* Data-parallel bytes: the DP group's and those of ZeRO++'s and expert parallelism's
+ * subgroups of it (the expert-data-parallel group's reductions and gathers; the EP group's
+ * all-to-alls are a mixture of experts' own, apart). */
 static double dp_bytes(const SimResult *r)
 {
     return r->comm_bytes[ZP_GROUP_DP] + r->comm_bytes[ZP_GROUP_HPZ] +
-           r->comm_bytes[ZP_GROUP_NODE] + r->comm_bytes[ZP_GROUP_XNODE];
+           r->comm_bytes[ZP_GROUP_NODE] + r->comm_bytes[ZP_GROUP_XNODE] +
+           r->comm_bytes[ZP_GROUP_EDP];
 }
+
 
 int cli_simulate_print_json(const CliSimReport *p)
 {
@@ -160,6 +164,13 @@ int cli_simulate_print_json(const CliSimReport *p)
     json_t *comm = json_object_get(root, "comm_bytes_per_rank");
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         json_object_set_new(comm, groups[g].name, json_real(r->comm_bytes[g]));
+    if (zp_moe_enabled(&p->model->moe)) { /* expert parallelism's groups and all-to-all */
+        json_object_set_new(comm, "ep", json_real(r->comm_bytes[ZP_GROUP_EP]));
+        json_object_set_new(comm, "edp", json_real(r->comm_bytes[ZP_GROUP_EDP]));
+        const double a2a = r->alltoall_s;
+        json_object_set_new(root, "alltoall_s", json_real(a2a));
+        json_object_set_new(root, "alltoall_share", json_real(a2a / r->step_time_s));
+    }
     json_object_set_new(root, "cost_model", json_string(r->cost_model));
     json_t *by_class = compute_by_class_json(p);
     if (by_class)
@@ -425,7 +436,15 @@ void cli_simulate_print_human(const CliSimReport *p)
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
     printf("\n");
-    if (dp_bytes(r) > r->comm_bytes[ZP_GROUP_DP])
+    if (zp_moe_enabled(&p->model->moe)) {
+        const double a2a = r->alltoall_s;
+        printf("    expert parallelism           %10.3f GB all-to-all over EP %d, %.3f GB over the "
+               "expert-data-parallel group; all-to-all %.4f s, %.1f%% of the step\n",
+               r->comm_bytes[ZP_GROUP_EP] / GB, zp_plan_ep(plan),
+               r->comm_bytes[ZP_GROUP_EDP] / GB, a2a, 100.0 * a2a / r->step_time_s);
+    }
+    if (r->comm_bytes[ZP_GROUP_HPZ] + r->comm_bytes[ZP_GROUP_NODE] +
+            r->comm_bytes[ZP_GROUP_XNODE] > 0)
         printf("    ZeRO++ subgroups             %10.3f GB hpZ (in the node), %.3f GB qgZ in the "
                "node, %.3f GB qgZ across nodes\n",
                r->comm_bytes[ZP_GROUP_HPZ] / GB, r->comm_bytes[ZP_GROUP_NODE] / GB,

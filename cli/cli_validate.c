@@ -169,14 +169,19 @@ static gboolean check_numbers(json_t *o, const char *what, const char *const *ke
     return TRUE;
 }
 
-/* Every memory category's figure, in the object at `key` of o. */
+/* Every memory category's figure, in the object at `key` of o; a mixture of experts' buffers
+ * (ep_buffers) only where the file has them, since files written before them lack the key. */
 static gboolean check_categories(json_t *o, const char *what, const char *key, GError **error)
 {
     const char *names[ZP_MEM_N + 1] = {NULL};
-    for (int c = 0; c < ZP_MEM_N; c++)
+    for (int c = 0; c < ZP_MEM_EP_BUFFERS; c++)
         names[c] = zp_sched_mem_name(c);
     char *inner = g_strdup_printf("%s: %s", what, key);
-    const gboolean ok = check_numbers(json_object_get(o, key), inner, names, FALSE, error);
+    double v;
+    gboolean ok = check_numbers(json_object_get(o, key), inner, names, FALSE, error);
+    for (int c = ZP_MEM_EP_BUFFERS; ok && c < ZP_MEM_N; c++)
+        ok = zp_json_get_number(json_object_get(o, key), inner, zp_sched_mem_name(c), FALSE, 0,
+                                1e30, &v, error);
     g_free(inner);
     return ok;
 }
@@ -358,6 +363,8 @@ static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
         rank_max(ranks, NULL, "peak_memory_bytes"));
     json_t *cat = json_object_get(pred, "category_peak_bytes");
     for (int c = 0; c < ZP_MEM_N; c++) {
+        if (c >= ZP_MEM_EP_BUFFERS && !json_object_get(cat, zp_sched_mem_name(c)))
+            continue; /* a file from before the category */
         char *q = g_strdup_printf("peak %s", zp_sched_mem_name(c));
         add(rows, q, "bytes", number(cat, zp_sched_mem_name(c)),
             rank_max(ranks, "category_peak_bytes", zp_sched_mem_name(c)));

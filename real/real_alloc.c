@@ -45,6 +45,7 @@ static const char *const real_alloc_names[REAL_MEM_N_CATEGORIES] = {
     [REAL_MEM_CHECKPOINTS] = "checkpoints",
     [REAL_MEM_WORKSPACE] = "workspace",
     [REAL_MEM_SECONDARY_PARAMS] = "secondary_params",
+    [REAL_MEM_EP_BUFFERS] = "ep_buffers",
 };
 
 const char *real_alloc_category_name(RealMemCategory cat)

@@ -21,6 +21,7 @@ typedef enum {
     REAL_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     REAL_MEM_WORKSPACE,       /* transient scratch: logits, fp32 copies, GEMM staging */
     REAL_MEM_SECONDARY_PARAMS, /* ZeRO++ hpZ: bf16 secondary partitions inside the node */
+    REAL_MEM_EP_BUFFERS,      /* a mixture of experts' router outputs and all-to-all buffers */
     REAL_MEM_N_CATEGORIES
 } RealMemCategory;
 

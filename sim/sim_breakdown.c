@@ -151,6 +151,7 @@ void sim_breakdown_fill(const Sim *sim, SimResult *result)
     memcpy(result->stream_busy_s, rb->busy_s, sizeof rb->busy_s);
     result->compute_s = gpu_compute_s(rs, rb);
     result->optimizer_s = rb->optimizer_s;
+    result->alltoall_s = rb->alltoall_s;
     result->exposed_comm_s = rs->exposed_s;
     result->cpu_optimizer_s = rs->cpu_optimizer_s;
     result->offload_transfer_s = rs->transfer_s;

@@ -8,6 +8,7 @@
  * nRanks) >= 64), which need the channel count, are not applied. NVLS, CollNet and PAT need
  * hardware (NVLink SHARP, SHARP switches, one GPU per node) the profiles do not describe. */
 #include "sim_coll.h"
+#include "zp_ep.h"
 #include "zp_util.h"
 
 #include <float.h>
@@ -52,7 +53,7 @@ static const double tree_correction[SIM_PROTO_N][23] = {
     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9},
 };
 
-static const char *const algo_names[SIM_ALGO_N] = {"ring", "tree"};
+static const char *const algo_names[SIM_ALGO_N] = {"ring", "tree", "p2p"};
 static const char *const proto_names[SIM_PROTO_N] = {"LL", "LL128", "Simple"};
 
 gboolean sim_coll_check_placement(const ZpHw *hw, int mp, GError **error)
@@ -97,6 +98,8 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
         .inter_hop_s = hw->inter_node_latency_s,
         .bus_bytes_per_s = zp_hw_intra_bus_bytes_per_s(hw),
         .bottleneck = SIM_LINK_INTRA,
+        .hw = hw,
+        .node_ranks = placement.groups_per_node * (placement.ranks / placement.nodes),
     };
     if (hw->has_collective_fit) {
         g.fit_base_s = hw->collective_base_latency_s;
@@ -236,8 +239,31 @@ static SimCollCost measured_cost(ZpCollKind kind, double bytes, const SimCollGro
     return c;
 }
 
+static gboolean is_ep_alltoall(ZpCollKind kind)
+{
+    return kind == ZP_COLL_EP_DISPATCH || kind == ZP_COLL_EP_COMBINE;
+}
+
+/* A mixture of experts' all-to-all as NCCL runs it (ncclSend/ncclRecv to each peer at once,
+ * no ring and no tree): zp_ep's closed form on the group's placement, its latency the time of
+ * an empty one. */
+static SimCollCost p2p_alltoall_cost(double bytes, const SimCollGroup *g)
+{
+    SimCollCost c = {.algo = SIM_ALGO_P2P, .proto = SIM_PROTO_SIMPLE};
+    if (g->ranks <= 1 || !g->hw)
+        return c;
+    const int node_ranks = MAX(g->node_ranks, g->ranks_per_node);
+    c.latency_s = zp_ep_alltoall_time_s(g->hw, 0.0, g->ranks, g->ranks_per_node, node_ranks);
+    c.transfer_s =
+        zp_ep_alltoall_time_s(g->hw, bytes, g->ranks, g->ranks_per_node, node_ranks) -
+        c.latency_s;
+    return c;
+}
+
 SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *group)
 {
+    if (is_ep_alltoall(kind))
+        return p2p_alltoall_cost(bytes, group);
     if (group->measured[kind])
         return measured_cost(kind, bytes, group);
     if (group->fit_bytes_per_s[kind] > 0)
@@ -245,7 +271,7 @@ SimCollCost sim_coll_cost(ZpCollKind kind, double bytes, const SimCollGroup *gro
     SimCollCost best = {0};
     double best_s = DBL_MAX;
     for (int algo = 0; algo < SIM_ALGO_N; algo++) {
-        if (algo == SIM_ALGO_TREE && !is_allreduce(kind))
+        if ((algo == SIM_ALGO_TREE && !is_allreduce(kind)) || algo == SIM_ALGO_P2P)
             continue;
         for (int proto = 0; proto < SIM_PROTO_N; proto++) {
             const SimCollCost c = algo == SIM_ALGO_RING
@@ -271,16 +297,21 @@ double sim_coll_bytes_sent(ZpCollKind kind, double bytes, int ranks)
 void sim_coll_describe(const SimCollGroup *group, unsigned kinds, char *buf, size_t size)
 {
     static const char *const names[ZP_COLL_N] = {"all-reduce", "reduce-scatter", "all-gather",
-                                                 "all-to-all"};
+                                                 "all-to-all", "EP dispatch", "EP combine"};
     static const char *const sources[] = {"from the profile's measured table (time by size)",
-                                          "by its fitted ring", "by NCCL's cost model"};
+                                          "by its fitted ring", "by NCCL's cost model",
+                                          "point to point as NCCL's all-to-all (NVLink inside "
+                                          "a node, the node's NICs across)"};
     GString *text = g_string_new(NULL);
     g_string_printf(text, "%d ranks:", group->ranks);
     gboolean any = FALSE;
     for (int source = 0; source < (int)G_N_ELEMENTS(sources); source++) {
         int listed = 0;
         for (int k = 0; k < ZP_COLL_N; k++) {
-            const int own = group->measured[k] ? 0 : group->fit_bytes_per_s[k] > 0 ? 1 : 2;
+            const int own = is_ep_alltoall(k)              ? 3
+                            : group->measured[k]             ? 0
+                            : group->fit_bytes_per_s[k] > 0 ? 1
+                                                             : 2;
             if (own == source && kinds & (1u << k))
                 g_string_append_printf(text, "%s %s", listed++ ? "," : any ? ";" : "",
                                        names[k]);

@@ -12,7 +12,9 @@
  * the same rank share it. */
 typedef enum { SIM_LINK_INTRA, SIM_LINK_INTER, SIM_LINK_N } SimLink;
 
-typedef enum { SIM_ALGO_RING, SIM_ALGO_TREE, SIM_ALGO_N } SimAlgo;
+/* SIM_ALGO_P2P: an all-to-all's sends and receives to every peer at once (ncclSend/ncclRecv
+ * grouped, as NCCL runs all-to-all), a mixture of experts' dispatch and combine. */
+typedef enum { SIM_ALGO_RING, SIM_ALGO_TREE, SIM_ALGO_P2P, SIM_ALGO_N } SimAlgo;
 typedef enum { SIM_PROTO_LL, SIM_PROTO_LL128, SIM_PROTO_SIMPLE, SIM_PROTO_N } SimProto;
 
 /* One communicator: its placement and the links it runs over. */
@@ -32,6 +34,10 @@ typedef struct {
      * for a group on one machine; NULL where it has none. Points into the profile, valid while
      * it is. Read before the fit. */
     const ZpCollRow *measured[ZP_COLL_N];
+    /* For point-to-point all-to-alls (zp_ep_alltoall_time_s): the profile, and the GPUs of a
+     * node that run one at once (every group's members on the node). */
+    const ZpHw *hw;
+    int node_ranks;
 } SimCollGroup;
 
 /* The time of one collective, split into what contention stretches and what it does not. */

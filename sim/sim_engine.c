@@ -546,6 +546,8 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         rs->comm_active--;
         recontend(sim, m, now_s);
         sim->busy[m].busy_s[op->stream] += now_s - start_s;
+        if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
+            sim->busy[m].alltoall_s += now_s - start_s;
         complete(sim, m, i, now_s);
     }
 }

@@ -188,6 +188,7 @@ typedef struct {
 typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s;
+    double alltoall_s; /* a mixture of experts' dispatch and combine, start to end */
 } RankBusy;
 
 typedef struct {

@@ -17,7 +17,7 @@ static const char *const thread_names[ZP_STREAM_N] = {"compute", "dp-comm", "tp-
 static const char *const transfer_labels[ZP_XFER_N] = {"grads to host", "to GPU",
                                                        "nvme read", "nvme write"};
 static const char *const coll_labels[ZP_COLL_N] = {"allreduce", "reduce-scatter", "allgather",
-                                                   "all-to-all"};
+                                                   "all-to-all", "ep-dispatch", "ep-combine"};
 
 /* Unit 0 is the embedding, 1..L the blocks, L+1 the final norm and LM head. */
 static void append_unit(GString *out, const ZpSchedule *s, int unit)

@@ -397,12 +397,22 @@ static void test_ep_refusals(void)
          "--capacity-factor: llama-3-8b is not a mixture of experts"},
         {"plan --model hf/llama-3-8b --cluster dgx-h100 --gpus 8 --ep 2",
          "--ep: llama-3-8b is not a mixture of experts"},
-        /* Schedules time one uniform block: they refuse what they would get wrong. */
-        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 1 --seq 512 "
-         "--micro-batch 1",
-         "mixtral-8x7b has a mixture of experts, which schedules do not model yet"},
-        {"plan --model hf/deepseek-v3 --cluster dgx-h100 --gpus 64 --seq 512",
-         "--model: latent attention is not timed yet"},
+        /* Schedules refuse what they do not model for a mixture of experts. */
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 2 --seq 512 "
+         "--micro-batch 1 --impl fsdp",
+         "impl: --impl fsdp and fsdp2 have no expert parallelism"},
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 3 --seq 512 "
+         "--micro-batch 1 --ep 2 --quantized-weights",
+         "zero: ZeRO++ (qwZ, qgZ, hpZ) with a mixture of experts is not scheduled"},
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 2 --seq 512 "
+         "--micro-batch 1 --ep 2 --offload-optimizer cpu",
+         "offload: offloading a mixture of experts' states is not scheduled"},
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 3 --seq 512 "
+         "--micro-batch 1 --ep 3",
+         "ep: 3 does not divide the 8 experts of mixtral-8x7b"},
+        {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --seq 512 "
+         "--ep 2 --ds-config tests/data/ds_config/hf_zero2.json",
+         "--ep: the plan comes from --ds-config"},
         {"plan --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512 --json",
          "not yet for a mixture of experts"},
     };
@@ -538,12 +548,23 @@ static void test_search_mixtral(void)
     }
     g_array_unref(skewed);
     g_array_unref(c);
-    /* Latent attention and dense models are refused in one line. */
+    /* Latent attention is timed by its own projections (DeepSeek-V3 gets a step), a dense
+     * model is refused in one line. */
     ZpModel ds;
     load("deepseek-v3", &ds);
+    ds.seq_len = 4096;
     spec.model = &ds;
+    GArray *d = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    const ZpMoeCandidate *dbest = &g_array_index(d, ZpMoeCandidate, 0);
+    g_assert_true(isfinite(dbest->step_s) && dbest->compute_s > 0 && dbest->tokens_per_s > 0);
+    g_array_unref(d);
+    ZpModel dense;
+    load("llama-3-8b", &dense);
+    spec.model = &dense;
     g_assert_null(zp_moe_search_run(&spec, 1.0, 0.0, &error));
-    g_assert_nonnull(strstr(error->message, "latent attention"));
+    g_assert_nonnull(strstr(error->message, "not a mixture of experts"));
+    g_assert_null(strchr(error->message, '\n'));
     g_clear_error(&error);
 }
 

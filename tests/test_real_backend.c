@@ -559,7 +559,7 @@ static void test_alloc_tracker(void)
 
     static const char *names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                   "gathered_params", "buckets", "activations", "checkpoints",
-                                  "workspace", "secondary_params"};
+                                  "workspace", "secondary_params", "ep_buffers"};
     G_STATIC_ASSERT(G_N_ELEMENTS(names) == REAL_MEM_N_CATEGORIES);
     for (int i = 0; i < REAL_MEM_N_CATEGORIES; i++)
         g_assert_cmpstr(real_alloc_category_name(i), ==, names[i]);

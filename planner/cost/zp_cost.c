@@ -198,6 +198,14 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
         ZpInvTotals tot;
         zp_inventory_totals(&list, &tot);
         c->launches[k] = tot.launches;
+        /* The inventories launch one uniform block (a dense MLP ffn_hidden wide, the fused
+         * qkv); a mixture of experts' or latent attention's blocks differ from it and from each
+         * other (zp_build_unit_block_cost), so their ops are priced from their own FLOPs and
+         * bytes on the roofline, never from those kernels. */
+        const gboolean block = k == ZP_COMP_BLOCK_FWD || k == ZP_COMP_RECOMPUTE ||
+                               k == ZP_COMP_BLOCK_BWD;
+        if (block && (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)))
+            c->launches[k] = 0;
         ZpModuleShares shares;
         zp_cost_module_shares(model, plan, (ZpComputeKind)k, NULL, &shares);
         memcpy(c->module_share[k], shares.flops, sizeof shares.flops);
@@ -215,6 +223,11 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                                     : "no host issue cost (none in the profile)",
                zp_link_class_name(c->dp_link),
                zp_kernrate_interference(r, c->dp_link, 1));
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla))
+        g_strlcat(c->why, "; blocks with experts or latent attention on the roofline of their "
+                  "own FLOPs and bytes (the inventory has one uniform block), the experts' "
+                  "grouped GEMMs and unpermute by their kernels (zp_inventory_moe)",
+                  sizeof c->why);
 }
 
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,

@@ -6,12 +6,15 @@
 
 const char *const zp_sched_compute_names[] = {"embed_fwd", "block_fwd", "head", "recompute",
                                               "block_bwd", "embed_bwd", "optimizer",
-                                              "cpu_optimizer", "host_copy", "quantize", "unpack", NULL};
+                                              "cpu_optimizer", "host_copy", "quantize", "unpack",
+                                              "expert_fwd", "expert_bwd", "unpermute_fwd",
+                                              "unpermute_bwd", NULL};
 const char *const zp_sched_coll_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
-                                         NULL};
+                                           "ep_dispatch", "ep_combine", NULL};
 const char *const zp_sched_mem_names[] = {"params", "grads", "master", "adam_m", "adam_v",
                                           "gathered_params", "buckets", "activations",
-                                          "checkpoints", "workspace", "secondary_params", NULL};
+                                          "checkpoints", "workspace", "secondary_params",
+                                          "ep_buffers", NULL};
 const char *const zp_sched_stream_names[] = {"compute", "dp", "tp", "pp", "host", "nvme", "cpu",
                                            NULL};
 const char *const zp_sched_kind_names[] = {"compute", "collective", "alloc", "free", "p2p",
@@ -21,7 +24,7 @@ const char *const zp_sched_transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_
 /* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
  * keep theirs. */
 const char *const zp_sched_group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
-                                          NULL};
+                                            "ep", "edp", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return zp_sched_compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return zp_sched_kind_names[kind]; }

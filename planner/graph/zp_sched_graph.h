@@ -64,6 +64,16 @@ typedef enum {
     ZP_COMP_QUANTIZE,    /* ZeRO++'s memory-bound (de)quantisation kernels (zp_zeropp) */
     ZP_COMP_UNPACK,      /* DeepSpeed's stage 3: a coalesced all-gather's parameters copied out
                           * of its flat buffer (memory-bound, on the gather stream) */
+    /* A mixture of experts' sparse block (zp_ep.h): its block_fwd / recompute / block_bwd op
+     * is the dense part (attention, norms, shared experts, the router, its top-k and the
+     * permutation of the token copies into expert order, and their backward), then: */
+    ZP_COMP_EXPERT_FWD,  /* the routed experts' GEMMs over the tokens this rank's experts
+                          * received (the busiest rank's under --expert-skew) */
+    ZP_COMP_EXPERT_BWD,  /* their backward: input and weight gradients (2x the forward) */
+    ZP_COMP_UNPERMUTE_FWD, /* after the combine: the returned copies put back in token order and
+                            * summed with the routing weights (memory-bound) */
+    ZP_COMP_UNPERMUTE_BWD, /* its backward, before the backward's dispatch: the copies'
+                            * gradients and the routing weights' */
     ZP_COMP_N
 } ZpComputeKind;
 
@@ -72,13 +82,27 @@ typedef enum {
     ZP_COLL_REDUCE_SCATTER,
     ZP_COLL_ALLGATHER,
     ZP_COLL_ALLTOALL, /* qgZ: each rank sends (n-1)/n of S, a 1/n slice to every member */
+    /* A mixture of experts' all-to-all over the EP group (ZP_GROUP_EP), as NCCL runs it:
+     * ncclSend/ncclRecv of one slice to each member at once (point-to-point; no ring, no tree).
+     * S (`bytes`) is the rank's whole send buffer, its own slice included: S/n to each member,
+     * (n-1)/n S over the wire, as ZP_COLL_ALLTOALL. `unit` is the sparse block, `elems`
+     * S / elem_bytes, elem_offset 0, buffer -1. Named by direction: */
+    ZP_COLL_EP_DISPATCH, /* token side to the experts: the permuted token copies (forward,
+                          * recomputed forward), the combine's output gradients (backward) */
+    ZP_COLL_EP_COMBINE,  /* experts back to the token side: the experts' outputs (forward),
+                          * their inputs' gradients (backward) */
     ZP_COLL_N
 } ZpCollKind;
 
 /* The data-parallel and tensor-parallel groups; ZP_GROUP_PP names a rank's pipeline
  * neighbours (p2p ops), not a collective's group; then ZeRO++'s subgroups of the data-parallel
  * group (zp_zeropp_group_ranks gives their sizes): hpZ's secondary partition (HPZ), a node's
- * data-parallel ranks (NODE) and the ranks of one local index across nodes (XNODE). */
+ * data-parallel ranks (NODE) and the ranks of one local index across nodes (XNODE); then
+ * expert parallelism's subgroups of the data-parallel group: EP consecutive data-parallel ranks
+ * (EP: the experts split over them, the all-to-alls) and the dp/EP ranks holding the same
+ * experts, EP data-parallel ranks apart (EDP: ZeRO over it for the expert parameters), as
+ * DeepSpeed's groups._create_expert_and_data_parallel and Megatron-Core's parallel_state
+ * (order tp-cp-ep-dp-pp) carve them. One rank each without experts. */
 typedef enum {
     ZP_GROUP_DP,
     ZP_GROUP_TP,
@@ -86,6 +110,8 @@ typedef enum {
     ZP_GROUP_HPZ,
     ZP_GROUP_NODE,
     ZP_GROUP_XNODE,
+    ZP_GROUP_EP,
+    ZP_GROUP_EDP,
     ZP_GROUP_N
 } ZpGroup;
 
@@ -113,6 +139,8 @@ typedef enum {
     ZP_MEM_CHECKPOINTS,     /* block inputs kept under activation checkpointing */
     ZP_MEM_WORKSPACE,       /* logits and other scratch */
     ZP_MEM_SECONDARY_PARAMS, /* hpZ: the 16-bit secondary partitions inside the node */
+    ZP_MEM_EP_BUFFERS,      /* a sparse block's router outputs and its all-to-alls' send and
+                             * receive buffers (zp_ep_activations) */
     ZP_MEM_N
 } ZpMemCategory;
 
@@ -213,6 +241,19 @@ static inline const uint32_t *zp_sched_deps(const ZpSchedule *s, const ZpOp *op)
 {
     return &g_array_index(s->deps, uint32_t, op->dep_start);
 }
+
+/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
+ * kind costs the same, so a kind is its count and one op's cost (a block computed module by
+ * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
+ * the planner's search bounds a step's compute time with it a million times a second. */
+typedef struct {
+    uint64_t count;    /* ops of this kind in the step */
+    double flops;      /* each op's */
+    double gemm_flops; /* each op's typical GEMM */
+    double attn_flops; /* each op's FLOPs in the fused attention kernel */
+    double mem_bytes;  /* each op's memory-bound bytes */
+    double host_bytes; /* each op's bytes over the host link (host_copy) */
+} ZpComputeOps;
 
 /* {"params": B, ..., "workspace": B}: one figure per memory category (a json_t *). */
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N]);

@@ -246,6 +246,10 @@ void zp_cost_kernels(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kin
     case ZP_COMP_HOST_COPY: /* the host link's, not a kernel's (sim_engine) */
     case ZP_COMP_QUANTIZE:  /* ZeRO++'s: bytes vary per op (zp_cost_op_s) */
     case ZP_COMP_UNPACK:    /* a coalesced gather's copies: likewise */
+    case ZP_COMP_EXPERT_FWD: /* a sparse block's: sized by its routed tokens (zp_ep) */
+    case ZP_COMP_EXPERT_BWD:
+    case ZP_COMP_UNPERMUTE_FWD:
+    case ZP_COMP_UNPERMUTE_BWD:
     case ZP_COMP_N:
         break;
     }

@@ -142,6 +142,24 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     return a;
 }
 
+double zp_ep_alltoall_time_s(const ZpHw *hw, double send_bytes, int ranks, int on_node,
+                             int node_ranks)
+{
+    if (ranks <= 1)
+        return 0.0;
+    const double intra_bytes = send_bytes * (on_node - 1) / ranks;
+    const double inter_bytes = send_bytes * (ranks - on_node) / ranks;
+    /* Every GPU of a node runs its own group's all-to-all at once, so the node's NICs carry
+     * node_ranks ranks' inter-node chunks; NVLink carries each GPU's own. */
+    const double intra_s =
+        hw->intra_node_bytes_per_s > 0 ? intra_bytes / hw->intra_node_bytes_per_s : 0.0;
+    const double inter_s = hw->inter_node_bytes_per_s > 0
+                               ? inter_bytes * node_ranks / hw->inter_node_bytes_per_s
+                               : 0.0;
+    return fmax(intra_s, inter_s) + (on_node > 1 ? hw->intra_node_latency_s : 0.0) +
+           (ranks > on_node ? hw->inter_node_latency_s : 0.0);
+}
+
 ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
     ZpEpAlltoall x = {0};
@@ -163,17 +181,8 @@ ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw
     const int on_node = MAX(1, MIN(ep, per_node / plan->mp));
     x.intra_bytes = x.send_bytes * (on_node - 1) / ep;
     x.inter_bytes = x.send_bytes * (ep - on_node) / ep;
-    if (hw) {
-        /* Every GPU of a node runs its own group's all-to-all at once, so the node's NICs carry
-         * gpus_per_node ranks' inter-node chunks; NVLink carries each GPU's own. */
-        const double intra_s = hw->intra_node_bytes_per_s > 0
-                                   ? x.intra_bytes / hw->intra_node_bytes_per_s : 0.0;
-        const double inter_s = hw->inter_node_bytes_per_s > 0
-                                   ? x.inter_bytes * per_node / hw->inter_node_bytes_per_s
-                                   : 0.0;
-        x.time_s = fmax(intra_s, inter_s) + (on_node > 1 ? hw->intra_node_latency_s : 0.0) +
-                   (ep > on_node ? hw->inter_node_latency_s : 0.0);
-    }
+    if (hw)
+        x.time_s = zp_ep_alltoall_time_s(hw, x.send_bytes, ep, on_node, per_node);
     /* Forward dispatch and combine, their two in backward (the transposed all-to-alls), and a
      * recomputed forward's two under full activation checkpointing. */
     x.calls_per_layer = plan->checkpoint ? 6 : 4;

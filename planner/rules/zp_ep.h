@@ -73,4 +73,11 @@ typedef struct {
  * shares. The slowest rank sets the pace, so the skew scales the busiest rank's bytes. */
 ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 
+/* One such all-to-all of `send_bytes` a rank (its own slice included) over `ranks` members,
+ * `on_node` of them on each member's node, while `node_ranks` GPUs of every node run one at
+ * once: max(NVLink's chunks at intra_node_bytes_per_s, the node's inter-node chunks at
+ * inter_node_bytes_per_s) plus one hop's latency per level crossed. 0 for one rank. */
+double zp_ep_alltoall_time_s(const ZpHw *hw, double send_bytes, int ranks, int on_node,
+                             int node_ranks);
+
 #endif

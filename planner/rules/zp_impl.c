@@ -98,6 +98,8 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
         }
         if (!t)
             break;
+        if (zp_model_tensor_is_expert(t)) /* the expert space's (zp_sched_experts) */
+            continue;
         if (t->unit != unit)
             unit = t->unit, inside = 0, module_name = "";
         if (!same_module(t->name, module_name) || inside == 0)

@@ -101,6 +101,12 @@ void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan 
         if (optimizer_elems > 0)
             inv->optimizer(&d, optimizer_elems, out);
         break;
+    case ZP_COMP_EXPERT_FWD: /* a mixture of experts' own (zp_inventory_moe.c) */
+    case ZP_COMP_EXPERT_BWD:
+    case ZP_COMP_UNPERMUTE_FWD:
+    case ZP_COMP_UNPERMUTE_BWD:
+        zp_inventory_moe_op(model, plan, kind, out);
+        break;
     default:
         break;
     }

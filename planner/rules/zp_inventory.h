@@ -91,6 +91,12 @@ const ZpInventory *zp_inventory_for_plan(const ZpPlan *plan);
 void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan *plan,
                      ZpComputeKind kind, double optimizer_elems, ZpInvList *out);
 
+/* A mixture of experts' expert and unpermute ops (Megatron-Core's grouped GEMMs and
+ * moe_utils.py unpermute, whichever framework runs the rest): nothing for another kind or a
+ * dense model. zp_inventory_op calls it. */
+void zp_inventory_moe_op(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
+                         ZpInvList *out);
+
 /* Totals over a list: GEMM FLOPs (batched GEMMs included), attention-kernel FLOPs, bytes read
  * plus written by the memory-bound kernels, and kernel launches (collectives excluded). */
 typedef struct {

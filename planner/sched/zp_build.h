@@ -3,6 +3,7 @@
 #ifndef ZP_BUILD_H
 #define ZP_BUILD_H
 
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_plan.h"
 #include "zp_sched_graph.h"
@@ -124,6 +125,9 @@ typedef struct {
      * an empty one), how many are issued and how many waited for, in forward order */
     GArray *param_gathers; /* uint32_t */
     guint param_gathers_issued, param_gathers_waited;
+    /* A mixture of experts' tokens, buffers and activations per sparse block (zp_ep), and
+     * latent attention's activations: zero for a dense model. */
+    ZpEpActivations moe;
 } Builder;
 
 /* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
@@ -244,6 +248,40 @@ void zp_build_head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray
                    GArray *launched);
 void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, GArray *deps,
                        GArray *launched, Range r);
+
+/* ---- zp_build_moe.c ---- */
+
+/* Whether the unit is a sparse block of a mixture of experts. */
+gboolean zp_build_moe_sparse(const ZpSchedule *s, int unit);
+/* The expert space's model states added to state_bytes (after the dense layout's). */
+void zp_build_moe_states(Builder *b);
+/* The expert elements this rank's optimizer steps (all of them at stage 0, else its
+ * partition over the expert-data-parallel group). */
+double zp_build_moe_optimizer_elems(const ZpSchedule *s);
+/* A block op's cost (kind: forward, recompute or backward) and a block's saved activations,
+ * unit by unit: a model with experts or latent attention has blocks of two kinds and widths
+ * of its own; a uniform one the zp_build_block_*_cost and `uniform`. */
+Cost zp_build_unit_block_cost(const ZpSchedule *s, int unit, ZpComputeKind kind);
+double zp_build_unit_act_bytes(const Builder *b, int unit, double uniform);
+/* After a sparse block's forward (or recomputed forward) op: its dispatch, experts, combine
+ * and unpermute with their buffers (and stage 3's expert gather). Nothing for another unit. */
+void zp_build_moe_forward(Builder *b, int unit, int micro);
+/* Before a sparse block's backward op: unpermute's backward, the dispatch of the output
+ * gradients, the experts' backward, the combine of their input gradients and, when `reduce`,
+ * the experts' gradient reduction over the expert-data-parallel group; returns the buffer the
+ * combine filled, which zp_build_moe_free_backward frees after the block's backward op (-1:
+ * none). */
+int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce);
+void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer);
+/* zp_sched_optimizer_elems for a mixture of experts: the dense units' as the flat layout pads
+ * them over dp, the experts' as the expert space pads them over dp / EP. */
+uint64_t zp_build_moe_optimizer_elems_of(const ZpModel *model, const ZpPlan *plan);
+/* zp_sched_compute_ops for a model with experts or latent attention: its blocks' ops by their
+ * mean cost over the units, the experts' and unpermute's ops (nothing for a uniform model). */
+void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                              ZpComputeOps ops[ZP_COMP_N]);
+/* Stages 1-2: the updated expert partitions all-gathered after the optimizer op `after`. */
+void zp_build_moe_param_gather(Builder *b, uint32_t after);
 
 /* ---- zp_build_pipe.c ---- */
 

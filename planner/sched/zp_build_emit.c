@@ -101,8 +101,13 @@ uint32_t zp_build_emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, in
                                   int buffer, uint64_t offset, uint64_t elems, double bytes,
                                   const uint32_t *deps, guint n_deps)
 {
+    /* A mixture of experts' all-to-alls run between the layer's kernels (zp_sched_json.c). */
+    const gboolean ep = kind == ZP_COLL_EP_DISPATCH || kind == ZP_COLL_EP_COMBINE;
     ZpOp op = {.kind = ZP_OP_COLLECTIVE, .sub = kind,
-               .stream = group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP, .group = group,
+               .stream = ep                     ? ZP_STREAM_COMPUTE
+                         : group == ZP_GROUP_TP ? ZP_STREAM_TP
+                                                : ZP_STREAM_DP,
+               .group = group,
                .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
                .elem_offset = offset, .elems = elems};
     return zp_build_emit(b, op, deps, n_deps);

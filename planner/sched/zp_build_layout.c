@@ -47,7 +47,8 @@ static uint64_t held_elems(const Builder *b, int unit)
     if (!zp_build_unit_held(b, unit))
         return 0;
     const ZpModel *m = &b->s->model;
-    uint64_t elems = zp_model_unit_tp_elems(m, unit, b->s->plan.mp);
+    /* A sparse block's routed experts live in the expert space (zp_sched_experts). */
+    uint64_t elems = zp_model_unit_dense_tp_elems(m, unit, b->s->plan.mp);
     if (unit == (int)m->layers + 1 && m->tied_embeddings && !zp_build_unit_held(b, 0))
         elems += ((uint64_t)m->vocab + (uint64_t)b->s->plan.mp - 1) / (uint64_t)b->s->plan.mp *
                  (uint64_t)m->hidden; /* its vocabulary rows */
@@ -116,6 +117,7 @@ void zp_build_layout(Builder *b)
         s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s, elems);
         g_array_unref(kept);
     }
+    zp_build_moe_states(b);
     zp_offload_layout(s);
 }
 

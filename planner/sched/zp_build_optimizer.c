@@ -96,7 +96,8 @@ void zp_build_optimizer_step(Builder *b, GArray *launched)
         const uint32_t release = zp_build_emit(b, op, (uint32_t *)launched->data, launched->len);
         g_array_append_val(launched, release);
     }
-    const double elems = stage == 0 ? (double)s->total_elems : (double)s->partition_elems;
+    const double elems = (stage == 0 ? (double)s->total_elems : (double)s->partition_elems) +
+                         zp_build_moe_optimizer_elems(s);
     const double cpu_share = zp_offload_cpu_share(&s->plan, elems);
     const Cost c = zp_build_optimizer_cost(b, (1.0 - cpu_share) * elems);
     GArray *step = g_array_new(FALSE, FALSE, sizeof(ZpStepBuffer));
@@ -151,6 +152,8 @@ void zp_build_optimizer_step(Builder *b, GArray *launched)
         return;
     }
     g_array_unref(kept);
+    if (stage == 1 || stage == 2)
+        zp_build_moe_param_gather(b, opt);
     if ((stage != 1 && stage != 2) || gathers_in_forward(&s->plan))
         return; /* none, or in the next forward */
     if (b->impl->param_gather_by_bucket) { /* in place, a gradient bucket at a time */

@@ -37,6 +37,26 @@ static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost 
 {
     ZpModuleShares sh;
     zp_cost_kernel_shares(&b->s->model, &b->s->plan, kind, NULL, NULL, &sh);
+    const ZpModel *model = &b->s->model;
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+        /* A block of widths of its own (zp_build_unit_block_cost): the shares are the uniform
+         * block's kernels', so its attention and its other FLOPs are split apart, each by its
+         * own share (the uniform block's FLOPs less its attention's, module by module), and
+         * a module never gets more attention FLOPs than FLOPs. */
+        const Cost uniform = zp_build_block_forward_cost(b->s);
+        double other[ZP_MOD_N], sum = 0;
+        for (int m = 0; m < ZP_MOD_N; m++) {
+            other[m] = MAX(0.0, sh.flops[m] * uniform.flops - sh.attn_flops[m] * uniform.attn_flops);
+            sum += other[m];
+        }
+        for (int m = 0; m < ZP_MOD_N; m++) {
+            const double attn = whole.attn_flops * sh.attn_flops[m];
+            parts[m] = (Cost){(whole.flops - whole.attn_flops) * (sum > 0 ? other[m] / sum : 0.0) +
+                                  attn,
+                              whole.gemm_flops, attn, whole.mem_bytes * sh.accesses[m]};
+        }
+        return;
+    }
     for (int m = 0; m < ZP_MOD_N; m++)
         parts[m] = (Cost){whole.flops * sh.flops[m], whole.gemm_flops,
                           whole.attn_flops * sh.attn_flops[m], whole.mem_bytes * sh.accesses[m]};
@@ -95,7 +115,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost embed = zp_build_embed_cost(s), block = zp_build_block_forward_cost(s);
+    const Cost embed = zp_build_embed_cost(s);
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
         zp_build_wait_param_gathers(b, 0, micro);
@@ -111,13 +131,15 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
             zp_build_checkpoint_boundary(b);
             zp_build_keep_checkpoint(b, l, micro, a, deps);
         } else {
-            uint32_t alloc =
-                zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro,
-                                    zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
+            uint32_t alloc = zp_build_emit_alloc(
+                b, ZP_MEM_ACTIVATIONS, zp_build_unit_act_bytes(b, l, a->act_bytes), l, micro,
+                zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
             g_array_append_val(deps, alloc);
         }
         zp_build_wait_param_gathers(b, l, micro);
-        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l), block, deps, NULL);
+        block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l),
+                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+        zp_build_moe_forward(b, l, micro);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
@@ -216,20 +238,22 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost fwd = zp_build_block_forward_cost(s), bwd = zp_build_block_backward_cost(s),
-               embed = zp_build_embed_cost(s);
+    const Cost embed = zp_build_embed_cost(s);
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         int *act = zp_build_act_slot(b, a->act, micro, l);
+        const double act_bytes = zp_build_unit_act_bytes(b, l, a->act_bytes);
         /* The recompute has a position of its own (empty without checkpointing): an
          * implementation may gather for it and again for the backward. */
         position_begin(b, zp_pos_rec(L, l), micro, deps);
         if (ckpt) {
             zp_build_checkpoint_boundary(b);
             zp_build_regather_checkpoint(b, l, micro, a);
-            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, act,
+            uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, act,
                                                  &b->last_compute, 1);
             g_array_append_val(deps, alloc);
-            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l), fwd, deps, NULL);
+            block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l),
+                          zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+            zp_build_moe_forward(b, l, micro); /* the recomputed forward's experts */
         }
         int core = -1; /* selective: core attention's recomputed tensors */
         if (zp_build_selective(&s->plan)) {
@@ -245,10 +269,14 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (reduce && s->plan.zero.stage >= 2)
             zp_build_alloc_landing_buckets(b, l, micro, deps);
         zp_build_take_unit_grads(b, l, micro, deps);
-        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, bwd, deps, reduce ? launched : NULL);
+        const int returned = zp_build_moe_backward(b, l, micro, reduce);
+        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
+                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_BWD), deps,
+                      reduce ? launched : NULL);
+        zp_build_moe_free_backward(b, l, micro, returned);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
-        zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->act_bytes, l, micro, *act, b->last_compute);
+        zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, *act, b->last_compute);
         if (core >= 0)
             zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
                                b->last_compute);

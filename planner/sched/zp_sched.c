@@ -13,6 +13,7 @@
 #include "zp_sched.h"
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
+#include "zp_ep.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -24,6 +25,36 @@
 
 #include <math.h>
 #include <string.h>
+
+/* A mixture of experts: EP dividing the experts and dp (zp_ep_check), under the
+ * implementations whose expert parallelism the builder follows (DeepSpeed-MoE's groups, the
+ * paper's ZeRO over them, Megatron-Core's expert data-parallel optimizer); what it does not
+ * model is refused in one line. */
+static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **error)
+{
+    if (!zp_ep_check(model, p, "ep", error))
+        return FALSE;
+    if (!zp_moe_enabled(&model->moe))
+        return TRUE;
+    const char *bad = NULL;
+    if (p->impl == ZP_IMPL_FSDP || p->impl == ZP_IMPL_FSDP2)
+        bad = "impl: --impl fsdp and fsdp2 have no expert parallelism; a mixture of experts "
+              "is scheduled under deepspeed, megatron or paper";
+    else if (p->zero.zero_quantized_weights || p->zero.zero_quantized_gradients ||
+             p->zero.zero_hpz_partition_size > 1)
+        bad = "zero: ZeRO++ (qwZ, qgZ, hpZ) with a mixture of experts is not scheduled";
+    else if (p->zero.offload_optimizer.device != ZP_OFFLOAD_NONE ||
+             p->zero.offload_param.device != ZP_OFFLOAD_NONE || p->ckpt.cpu_checkpointing)
+        bad = "offload: offloading a mixture of experts' states is not scheduled";
+    else if (p->selective_recompute)
+        bad = "recompute: selective recomputation of a mixture of experts is not scheduled; "
+              "use full checkpointing";
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s)", bad, model->name);
+        return FALSE;
+    }
+    return TRUE;
+}
 
 static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error)
 {
@@ -68,16 +99,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         return FALSE;
     if (!zp_pipe_check(model, p, error))
         return FALSE;
-    /* The builder times and lays out one uniform block: for a mixture of experts that would
-     * be one expert's MLP on every rank with every expert held, for latent attention the fused
-     * qkv. zp_ep reckons their states, tokens and all-to-all in closed form instead. */
-    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "model: %s has %s, which schedules do not model yet (`zplan memory --ep` "
-                    "reckons its memory and all-to-all)", model->name,
-                    zp_moe_enabled(&model->moe) ? "a mixture of experts" : "latent attention");
+    if (!check_experts(model, p, error))
         return FALSE;
-    }
     if ((int64_t)p->dp * p->mp * zp_plan_pp(p) > INT32_MAX) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "gpus: dp %d x mp %d x pp %d ranks is more than a schedule numbers", p->dp,
@@ -293,7 +316,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
-                 .max_ops = zp_schedsize_max_ops()};
+                 .max_ops = zp_schedsize_max_ops(),
+                 .moe = zp_ep_activations(model, plan)};
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
@@ -363,6 +387,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
  * walk over every unit. */
 uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan)
 {
+    if (zp_moe_enabled(&model->moe))
+        return zp_build_moe_optimizer_elems_of(model, plan);
     const uint64_t dp = (uint64_t)plan->dp;
     const uint64_t L = (uint64_t)model->layers;
     const uint64_t first = zp_model_unit_tp_elems(model, 0, plan->mp);
@@ -412,6 +438,7 @@ void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                                 kinds[k].cost.attn_flops, kinds[k].cost.mem_bytes,
                                 k == ZP_COMP_HOST_COPY ? zp_zeror_checkpoint(model, plan).copy_bytes
                                                        : 0.0};
+    zp_build_moe_compute_ops(model, plan, ops);
 }
 
 /* Ring volumes: what one member of an n-rank group sends; a p2p send moves its bytes once.
@@ -458,6 +485,11 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     out[ZP_GROUP_XNODE] = (ZpCommGroup){
         .ranks = qgz ? zp_zeropp_group_ranks(&s->plan, ZP_GROUP_XNODE) : 1,
         .stride = dp_stride * local};
+    /* Expert parallelism's subgroups of dp (zp_sched_graph.h): EP consecutive dp ranks, and
+     * the dp / EP ranks EP apart that hold the same experts. */
+    const int ep = zp_plan_ep(&s->plan);
+    out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
+    out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = s->plan.dp / ep, .stride = dp_stride * ep};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;

@@ -33,18 +33,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
  * with zp_sched_free. */
 ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
 
-/* The compute ops of one step in closed form, as zp_sched_build emits them: every op of a
- * kind costs the same, so a kind is its count and one op's cost (a block computed module by
- * module, DeepSpeed's stage 3, counts as one op of its kind: its modules' ops sum to it). O(1) and allocation-free:
- * the planner's search bounds a step's compute time with it a million times a second. */
-typedef struct {
-    uint64_t count;    /* ops of this kind in the step */
-    double flops;      /* each op's */
-    double gemm_flops; /* each op's typical GEMM */
-    double attn_flops; /* each op's FLOPs in the fused attention kernel */
-    double mem_bytes;  /* each op's memory-bound bytes */
-    double host_bytes; /* each op's bytes over the host link (host_copy) */
-} ZpComputeOps;
+/* The compute ops of one step in closed form (ZpComputeOps, zp_sched_graph.h), as
+ * zp_sched_build emits them. */
 
 /* ZeRO++'s quantize kernels are not among them: the search plans no ZeRO++. */
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
@@ -83,6 +73,22 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 /* The schedule's communicators into out, returning how many: its table, or dp (dp ranks mp
  * apart) and tp (mp consecutive ranks) when it has none. */
 int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
+
+/* A mixture of experts under expert parallelism keeps each sparse block's routed experts out
+ * of the flat layout above (unit_elems holds the rest: attention, norms, router, shared
+ * experts): a rank holds E / EP experts of each sparse unit, split over the tensor group,
+ * in an expert space of their own, which ZeRO partitions over the expert-data-parallel group
+ * (ZP_GROUP_EDP, dp / EP ranks) as the flat space over dp: its total, padded (to a multiple of
+ * dp / EP, each unit at stage 3) and per-rank partition elements. Expert collectives (the
+ * gradients' reduction, stage 3's gathers, stages 1-2's gather of updated parameters) name
+ * ranges of this space in elem_offset and elems. All zero for a dense model. */
+typedef struct {
+    uint64_t total_elems, padded_elems, partition_elems;
+} ZpSchedExperts;
+ZpSchedExperts zp_sched_experts(const ZpSchedule *sched);
+/* A unit's experts on this rank (0: a dense unit, another stage's) and where they start. */
+uint64_t zp_sched_unit_expert_elems(const ZpSchedule *sched, int unit);
+uint64_t zp_sched_unit_expert_offset(const ZpSchedule *sched, int unit);
 
 /* JSON round trip (`zplan schedule --out`); the reader validates every field, since zreal
  * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),

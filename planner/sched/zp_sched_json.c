@@ -12,7 +12,9 @@
 /* Compute runs on the compute stream (CPU Adam on the CPU's), a collective on its group's
  * (tp's on the tp stream, every other group's on NCCL's dp stream), a transfer on the host
  * link's or the NVMe's, a pipeline send on the pp stream, unless "stream" says otherwise
- * (written only then). */
+ * (written only then). A mixture of experts' dispatch and combine run on the compute stream:
+ * Megatron-Core's token dispatchers (token_dispatcher.py, all_to_all on the current stream)
+ * and DeepSpeed's _AllToAll (sharded_moe.py) issue them between the layer's kernels. */
 ZpStream zp_sched_json_default_stream(int kind, int sub, int group)
 {
     if (kind == ZP_OP_TRANSFER)
@@ -21,7 +23,7 @@ ZpStream zp_sched_json_default_stream(int kind, int sub, int group)
         return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind == ZP_OP_P2P)
         return ZP_STREAM_PP;
-    if (kind != ZP_OP_COLLECTIVE)
+    if (kind != ZP_OP_COLLECTIVE || sub == ZP_COLL_EP_DISPATCH || sub == ZP_COLL_EP_COMBINE)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
 }
@@ -84,8 +86,10 @@ static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
 {
     json_t *a = json_array();
     for (int g = 0; g < n_groups; g++)
-        /* No pipeline, no ZeRO++ subgroup: none of those groups written. */
-        if (g < ZP_GROUP_PP || g >= ZP_GROUP_N || groups[g].ranks > 1)
+        /* No pipeline, no ZeRO++ subgroup, no experts: none of those groups written (edp is
+         * all of dp at EP 1). */
+        if (g < ZP_GROUP_PP || g >= ZP_GROUP_N ||
+            (groups[g].ranks > 1 && (g != ZP_GROUP_EDP || groups[ZP_GROUP_EP].ranks > 1)))
             json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
                                                "ranks", groups[g].ranks, "stride",
                                                groups[g].stride));

@@ -66,7 +66,7 @@ static gboolean groups_from_json(json_t *groups, const char *path, int64_t world
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: key \"groups\" must be an array of dp, tp%s", path,
                     others ? " and at most 14 other groups"
-                           : " and no other group than pp, hpz, qgz_node and qgz_cross");
+                           : " and no other group than pp, hpz, qgz_node, qgz_cross, ep and edp");
         return FALSE;
     }
     ZpCommGroup read[ZP_SCHED_MAX_GROUPS];

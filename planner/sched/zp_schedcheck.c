@@ -1,6 +1,10 @@
 /* zp_schedcheck: checks a schedule's ops against its model, plan and layout, walking them in
  * list order with the state of every buffer, so that a file cannot steer zreal out of bounds. */
 #include "zp_schedcheck.h"
+#include "zp_build.h"
+#include "zp_ep.h"
+#include "zp_mem.h"
+#include "zp_sched.h"
 #include "zp_impl.h"
 #include "zp_zeror.h"
 #include "zp_zeropp.h"
@@ -30,6 +34,7 @@ typedef struct {
     Buffer *buf;                    /* by id: ids are below the op count */
     int *landing, *gathered, *ckpt; /* per unit: the buffer holding its gradients, gathered
                                        parameters or checkpoint (-1 for none) */
+    ZpEpActivations moe;            /* a mixture of experts' tokens and buffers (zp_ep) */
     GError **error;
 } Check;
 
@@ -127,7 +132,18 @@ static const ComputeRule compute_rules[ZP_COMP_N] = {
     [ZP_COMP_HOST_COPY] = {U_BLOCK, FALSE, FALSE, FALSE},
     [ZP_COMP_QUANTIZE] = {U_ANY, FALSE, FALSE, FALSE},
     [ZP_COMP_UNPACK] = {U_ANY, FALSE, FALSE, FALSE},
+    /* a sparse block's: their experts' gathers are checked on their own (check_experts) */
+    [ZP_COMP_EXPERT_FWD] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_EXPERT_BWD] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_UNPERMUTE_FWD] = {U_BLOCK, FALSE, FALSE, FALSE},
+    [ZP_COMP_UNPERMUTE_BWD] = {U_BLOCK, FALSE, FALSE, FALSE},
 };
+
+static gboolean expert_op(int sub)
+{
+    return sub == ZP_COMP_EXPERT_FWD || sub == ZP_COMP_EXPERT_BWD ||
+           sub == ZP_COMP_UNPERMUTE_FWD || sub == ZP_COMP_UNPERMUTE_BWD;
+}
 
 static gboolean unit_fits_rule(const Check *c, UnitRule rule, int unit)
 {
@@ -180,6 +196,9 @@ static gboolean check_compute(Check *c, const ZpOp *op)
                    zp_model_module_name(zp_op_module(op)));
     if (op->sub == ZP_COMP_HOST_COPY && !c->s->plan.ckpt.cpu_checkpointing)
         return bad(c, "op", "host_copy in a plan without cpu_checkpointing");
+    if (expert_op(op->sub) && !zp_build_moe_sparse(c->s, u))
+        return bad(c, "op", "%s: unit %d is no sparse block of a mixture of experts",
+                   zp_sched_compute_name(op->sub), u);
     /* Forward under cpu_checkpointing keeps the checkpoint on the host, not the GPU. */
     const gboolean on_gpu = op->sub == ZP_COMP_RECOMPUTE || !c->s->plan.ckpt.cpu_checkpointing;
     if (r->ckpt && c->s->plan.checkpoint && on_gpu &&
@@ -283,9 +302,58 @@ static gboolean check_zeropp(Check *c, const ZpOp *op)
     return need_buffer(c, op->buffer, ZP_MEM_BUCKETS);
 }
 
+/* A mixture of experts' collectives: the EP group's all-to-alls of the busiest rank's R h e
+ * bytes (zp_ep), and over the expert-data-parallel group one sparse unit's experts (their
+ * range of the expert space, padded at stage 3) reduced in the reduction dtype or gathered into
+ * a live buffer of theirs, or after the step (stages 1-2) the whole padded expert space. */
+static gboolean check_experts(Check *c, const ZpOp *op)
+{
+    const ZpSchedule *s = c->s;
+    const gboolean a2a = op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE;
+    if (a2a != (op->group == ZP_GROUP_EP))
+        return bad(c, "group", "%s: ep_dispatch and ep_combine run over ep, and only they",
+                   zp_sched_coll_name(op->sub));
+    if (zp_plan_ep(&s->plan) == 1 && op->group == ZP_GROUP_EP)
+        return bad(c, "group", "ep in a plan without expert parallelism (EP 1)");
+    if (op->buffer != -1)
+        return bad(c, "buffer", "= %d: expert collectives use no bucket", op->buffer);
+    if (a2a)
+        return zp_build_moe_sparse(s, op->unit) ||
+               bad(c, "unit", "= %d is no sparse block", op->unit);
+    const int stage = s->plan.zero.stage;
+    const uint64_t edp = (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+    if (op->unit < 0) { /* stages 1-2: the updated expert partitions */
+        const ZpSchedExperts x = zp_sched_experts(s);
+        if (op->sub != ZP_COLL_ALLGATHER || (stage != 1 && stage != 2) || op->elem_offset != 0 ||
+            op->elems != x.padded_elems)
+            return bad(c, "elems", "= %" G_GUINT64_FORMAT ": after the step, stages 1-2 gather "
+                       "the %" G_GUINT64_FORMAT " padded expert elements", op->elems,
+                       x.padded_elems);
+        return need_bytes(c, op->bytes, (double)op->elems * c->st.param_bytes, "the layout");
+    }
+    const uint64_t elems = zp_sched_unit_expert_elems(s, op->unit);
+    const uint64_t want = stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
+    if (elems == 0 || op->elems != want ||
+        op->elem_offset != zp_sched_unit_expert_offset(s, op->unit))
+        return bad(c, "elems", "= %" G_GUINT64_FORMAT ": unit %d's experts are %" G_GUINT64_FORMAT
+                   " elements at %" G_GUINT64_FORMAT " of the expert space", op->elems, op->unit,
+                   want, zp_sched_unit_expert_offset(s, op->unit));
+    if (op->sub == ZP_COLL_ALLGATHER)
+        return stage == 3 ? need_bytes(c, op->bytes, (double)want * c->st.param_bytes,
+                                       "the layout")
+                          : bad(c, "op", "allgather: only stage 3 gathers a unit's experts");
+    if ((op->sub == ZP_COLL_REDUCE_SCATTER) != (stage >= 2))
+        return bad(c, "op", "%s: stage %d reduces expert gradients with %s",
+                   zp_sched_coll_name(op->sub), stage, stage >= 2 ? "reduce_scatter" : "allreduce");
+    return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
+}
+
 static gboolean check_collective(Check *c, const ZpOp *op)
 {
     const int id = op->buffer;
+    if (op->group == ZP_GROUP_EP || op->group == ZP_GROUP_EDP || op->sub == ZP_COLL_EP_DISPATCH ||
+        op->sub == ZP_COLL_EP_COMBINE)
+        return check_experts(c, op);
     if (op->group >= ZP_GROUP_HPZ)
         return check_zeropp(c, op);
     if (op->group == ZP_GROUP_TP) {
@@ -315,6 +383,12 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
     case ZP_MEM_GATHERED_PARAMS:
         if (u < 0)
             return bad(c, "unit", "= -1: gathered parameters belong to a unit");
+        if (zp_build_moe_sparse(s, u) && c->s->plan.zero.stage == 3 &&
+            op->bytes == (double)zp_mem_padded_elems(
+                             zp_sched_unit_expert_elems(s, u),
+                             (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan))) *
+                             c->st.param_bytes)
+            return TRUE; /* the unit's experts, gathered over the expert-data-parallel group */
         return need_bytes(c, op->bytes,
                           (double)zp_sched_unit_padded(s, u) * c->st.param_bytes, "the layout");
     case ZP_MEM_CHECKPOINTS:
@@ -338,6 +412,11 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
                           "the collective using it");
     case ZP_MEM_WORKSPACE:
         return TRUE;
+    case ZP_MEM_EP_BUFFERS: /* a sparse block's dispatch or combine buffers */
+        if (!zp_build_moe_sparse(s, u))
+            return bad(c, "unit", "= %d: ep_buffers belong to a sparse block", u);
+        return op->bytes == c->moe.combine_bytes ||
+               need_bytes(c, op->bytes, c->moe.dispatch_bytes, "zp_ep_activations");
     case ZP_MEM_GRADS: /* gradients the reductions take (zp_impl.h grads_taken_by_reduction,
                         * grad_copy_elems; unit -1) or a unit's full gradients
                         * (full_grads_transient); zreal checks their sizes */
@@ -688,7 +767,8 @@ gboolean zp_schedcheck_ops(const ZpSchedule *s, const char *what, GError **error
 {
     Check c = {.s = s, .what = what, .error = error,
                .st = zp_impl_state_bytes(&s->plan),
-               .L = (int)s->model.layers, .n_units = s->n_units, .n_ops = s->ops->len};
+               .L = (int)s->model.layers, .n_units = s->n_units, .n_ops = s->ops->len,
+               .moe = zp_ep_activations(&s->model, &s->plan)};
     c.buf = g_new0(Buffer, MAX(c.n_ops, 1));
     for (guint i = 0; i < c.n_ops; i++)
         c.buf[i].coll = -1;

@@ -1,6 +1,6 @@
 /* zp_moe_search: enumerates a mixture of experts' plans and judges each in closed form: its
- * memory as zp_ep and zp_mem count it, its step as compute (the cost model's, over a dense model
- * of the same FLOPs) + tensor-parallel all-reduces + all-to-all, against the data-parallel
+ * memory as zp_ep and zp_mem count it, its step as compute (the cost model's over the schedule's
+ * compute ops in closed form) + tensor-parallel all-reduces + all-to-all, against the data-parallel
  * reductions of the dense and the expert gradients over their own groups. */
 #include "zp_moe_search.h"
 #include "zp_cost.h"
@@ -11,48 +11,24 @@
 #include <math.h>
 #include <string.h>
 
-/* The dense model whose blocks do a sparse model's work on average: attention as it is, an MLP
- * as wide as the dense layers' and the sparse layers' (top_k routed experts, stretched by the
- * skew, since the busiest rank sets the pace, plus the shared ones) averaged over the layers.
- * GEMM FLOPs and the MLP's elementwise bytes are linear in the width, so their sums agree. */
-static ZpModel compute_equivalent(const ZpModel *model, double skew)
-{
-    ZpModel m = *model;
-    const ZpMoe *moe = &model->moe;
-    const double L = (double)model->layers;
-    const double sparse = (double)zp_moe_sparse_layers(moe, model->layers);
-    const double routed = (double)moe->top_k * (double)moe->expert_ffn * skew;
-    const double width = ((L - sparse) * (double)model->ffn_hidden +
-                          sparse * (routed + (double)moe->shared_ffn)) / L;
-    memset(&m.moe, 0, sizeof m.moe);
-    m.ffn_hidden = (int64_t)llround(width);
-    return m;
-}
-
 /* The compute stream's time per step, as the search's screen takes it (zp_cost_op_s per op
- * kind); the optimizer's bytes scaled to the rank's partition of the sparse model. */
-static double compute_s(const ZpSearchSpec *spec, const ZpPlan *plan, double skew)
+ * kind): the schedule's compute ops in closed form (zp_sched_compute_ops), a block's by the
+ * mean over the dense and sparse blocks with latent attention's own projections, the busiest
+ * rank's experts (the skew is the plan's) and the optimizer on the rank's partitions. */
+static double compute_s(const ZpSearchSpec *spec, const ZpPlan *plan)
 {
-    const ZpModel eq = compute_equivalent(spec->model, skew);
     ZpCost cost;
-    if (!zp_cost_init(&cost, spec->hw, &eq, plan, NULL))
+    if (!zp_cost_init(&cost, spec->hw, spec->model, plan, NULL))
         return INFINITY;
     ZpComputeOps ops[ZP_COMP_N];
-    zp_sched_compute_ops(&eq, plan, ops);
-    const ZpStateBytes sb = zp_plan_state_bytes(plan->precision, plan->optimizer);
-    const int stage = plan->zero.stage;
-    const double eq_optim = zp_mem_model_states((double)zp_model_param_count(&eq), stage,
-                                                plan->dp, plan->mp, sb).optim_bytes;
-    const double optim = zp_ep_model_states(spec->model, plan, stage, sb).total.optim_bytes;
+    zp_sched_compute_ops(spec->model, plan, ops);
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
         if (o->count == 0 || k == ZP_COMP_CPU_OPTIMIZER)
             continue;
-        const double bytes = k == ZP_COMP_OPTIMIZER && eq_optim > 0
-                                 ? o->mem_bytes * optim / eq_optim : o->mem_bytes;
         total += (double)o->count * zp_cost_op_s(&cost, (ZpComputeKind)k, -1, o->flops,
-                                                 o->gemm_flops, o->attn_flops, bytes);
+                                                 o->gemm_flops, o->attn_flops, o->mem_bytes);
     }
     return total;
 }
@@ -105,7 +81,7 @@ static void group_s(const ZpSearchSpec *spec, const ZpPlan *plan, double psi, in
 /* The step: the compute stream (with its tensor all-reduces and all-to-alls, which block it)
  * against the gradient reductions DeepSpeed overlaps with backward (overlap_comm), then the
  * stage-1/2 all-gather after the optimizer; stage 3's gathers run beside the compute. */
-static void judge(const ZpSearchSpec *spec, double skew, ZpMoeCandidate *c)
+static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
     const ZpStateBytes sb = zp_plan_state_bytes(p->precision, p->optimizer);
@@ -113,7 +89,7 @@ static void judge(const ZpSearchSpec *spec, double skew, ZpMoeCandidate *c)
     c->residual_bytes = zp_mem_residual(spec->model, p, spec->hw).total_bytes;
     c->memory_bytes = c->states_bytes + c->residual_bytes;
     c->fits = c->memory_bytes <= spec->hw->gpu_memory_bytes;
-    c->compute_s = compute_s(spec, p, skew);
+    c->compute_s = compute_s(spec, p);
     c->tp_s = tp_s(spec, p);
     c->alltoall_s = zp_ep_alltoall(spec->model, p, spec->hw).step_time_s;
     const int ep = zp_plan_ep(p);
@@ -148,9 +124,6 @@ static gboolean check(const ZpSearchSpec *spec, GError **error)
     const char *bad = NULL;
     if (!zp_moe_enabled(&m->moe))
         bad = "--model: not a mixture of experts";
-    else if (zp_mla_enabled(&m->mla))
-        bad = "--model: latent attention is not timed yet (its attention is not the fused "
-              "qkv's); `zplan memory --ep` reckons its memory and all-to-all";
     else if (spec->gpus < 1)
         bad = "--gpus: must be at least 1";
     if (bad)
@@ -158,7 +131,7 @@ static gboolean check(const ZpSearchSpec *spec, GError **error)
     return bad == NULL;
 }
 
-static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, double skew, GArray *out)
+static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
 {
     static const int micros[] = {1, 2, 4, 8, 16, 32};
     for (size_t i = 0; i < G_N_ELEMENTS(micros); i++) {
@@ -173,7 +146,7 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, double skew, GArra
             c.plan.micro_batch = micro;
             c.plan.grad_accum = spec->global_batch > 0 ? (int)(spec->global_batch / per_step) : 1;
             c.plan.checkpoint = ckpt;
-            judge(spec, skew, &c);
+            judge(spec, &c);
             g_array_append_val(out, c);
         }
     }
@@ -208,7 +181,7 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
                 base.impl = spec->impl;
                 base.gpus_per_node = node;
                 base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
-                add_micro(spec, &base, skew, out);
+                add_micro(spec, &base, out);
             }
         }
     }
@@ -222,4 +195,51 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
     }
     g_array_sort(out, by_merit);
     return out;
+}
+
+/* Simulated candidates first, fitting ones by their tokens/s; the others keep their order. */
+static gint by_simulation(gconstpointer a, gconstpointer b)
+{
+    const ZpMoeCandidate *x = a, *y = b;
+    if (x->simulated != y->simulated)
+        return x->simulated ? -1 : 1;
+    if (!x->simulated)
+        return 0;
+    return by_merit(a, b);
+}
+
+guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
+{
+    if (!spec->rank)
+        return 0;
+    guint timed = 0, fitting = 0;
+    GHashTable *per_ep = g_hash_table_new(NULL, NULL); /* EP degree: its fitting plans so far */
+    for (guint i = 0; i < c->len; i++) {
+        ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        if (!x->fits)
+            continue;
+        const gpointer ep = GINT_TO_POINTER(zp_plan_ep(&x->plan));
+        const guint of_ep = GPOINTER_TO_UINT(g_hash_table_lookup(per_ep, ep));
+        g_hash_table_insert(per_ep, ep, GUINT_TO_POINTER(of_ep + 1));
+        if (fitting++ >= top && of_ep >= ZP_MOE_SIMULATED_PER_EP)
+            continue;
+        double step_s = 0, need = 0;
+        GError *error = NULL;
+        x->simulated = TRUE;
+        x->closed_step_s = x->step_s, x->closed_memory_bytes = x->memory_bytes;
+        timed++;
+        if (!spec->rank(&x->plan, spec->rank_ctx, 0, &step_s, &need, &error)) {
+            g_clear_error(&error); /* a plan the simulator refuses runs nowhere */
+            x->fits = FALSE;
+            continue;
+        }
+        x->step_s = step_s;
+        x->memory_bytes = need + spec->hw->runtime_reserve_bytes; /* as simulate's need */
+        x->fits = need <= spec->hw->gpu_memory_bytes;
+        x->tokens_per_s = (double)x->plan.dp * x->plan.micro_batch * x->plan.grad_accum *
+                          (double)spec->model->seq_len / step_s;
+    }
+    g_hash_table_destroy(per_ep);
+    g_array_sort(c, by_simulation);
+    return timed;
 }

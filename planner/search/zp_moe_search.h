@@ -1,6 +1,7 @@
 /* zp_moe_search: the planner's search for a mixture of experts — expert-parallel degree with
- * ZeRO stage, tensor degree, micro-batch and checkpointing — judged in closed form (zp_ep's
- * states and all-to-all, the cost model's compute), since schedules do not model experts yet. */
+ * ZeRO stage, tensor degree, micro-batch and checkpointing — screened in closed form (zp_ep's
+ * states and all-to-all, the cost model over the schedule's compute ops), its shortlist then
+ * simulated through the search's rank callback. */
 #ifndef ZP_MOE_SEARCH_H
 #define ZP_MOE_SEARCH_H
 
@@ -16,6 +17,11 @@ typedef struct {
     double compute_s, tp_s, alltoall_s, dp_s, step_s; /* per optimizer step */
     double tokens_per_s;
     gboolean fits;
+    /* Re-ranked by the simulator (zp_moe_search_simulate): step_s, tokens_per_s, memory_bytes
+     * (the allocator-reserved peak and the reserve) and fits are then its schedule's, the
+     * closed form's kept in closed_step_s and closed_memory_bytes. */
+    gboolean simulated;
+    double closed_step_s, closed_memory_bytes;
 } ZpMoeCandidate;
 
 /* Every plan the spec allows: EP dividing the experts and the data-parallel degree, TP
@@ -27,5 +33,14 @@ typedef struct {
  * (a dense model, latent attention, a global batch the GPUs do not divide). */
 GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity_factor,
                           GError **error);
+
+/* Times the closed form's shortlist with spec->rank (the simulator, as the dense search ranks
+ * its plans): the first `top` that fit and the best ZP_MOE_SIMULATED_PER_EP fitting plans of
+ * each EP degree (the closed form's screen misjudges stage 3's gathers); those it
+ * times go first, by simulated tokens/s among those that fit, then the rest as they were.
+ * Returns how many it timed; nothing without spec->rank. A plan the simulator refuses keeps
+ * its closed form and does not fit. */
+guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *candidates, guint top);
+#define ZP_MOE_SIMULATED_PER_EP 4
 
 #endif

@@ -471,6 +471,28 @@ uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp)
     return whole + (split + t - 1) / t;
 }
 
+uint64_t zp_model_unit_dense_tp_elems(const ZpModel *model, int unit, int mp)
+{
+    if (!zp_model_unit_sparse(model, unit))
+        return zp_model_unit_tp_elems(model, unit, mp);
+    const uint64_t t = (uint64_t)MAX(mp, 1);
+    uint64_t whole, split;
+    block_parts(model, unit, 0, &whole, &split);
+    return whole + (split + t - 1) / t;
+}
+
+uint64_t zp_model_expert_tp_elems(const ZpModel *model, int mp)
+{
+    const uint64_t t = (uint64_t)MAX(mp, 1);
+    return (zp_moe_expert_elems(&model->moe, model->hidden, zp_model_gated(model)) + t - 1) / t;
+}
+
+gboolean zp_model_tensor_is_expert(const ZpTensor *tensor)
+{
+    return strcmp(tensor->name, "fc1.experts.weight") == 0 ||
+           strcmp(tensor->name, "fc2.experts.weight") == 0;
+}
+
 uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, int mp)
 {
     static const char *const split[] = {

@@ -164,6 +164,14 @@ uint64_t zp_model_unit_elems(const ZpModel *model, int unit);
  * model: the unit divided by mp, rounded up. */
 uint64_t zp_model_unit_tp_elems(const ZpModel *model, int unit, int mp);
 
+/* Expert parallelism keeps a sparse block's routed experts apart from the rest (zp_ep.h): the
+ * unit's elements without them on a rank of the tensor group (the router, shared experts,
+ * attention and norms: zp_model_unit_tp_elems for a dense unit), one routed expert's on such a
+ * rank (its projections split, rounded up), and whether a tensor is the routed experts'. */
+uint64_t zp_model_unit_dense_tp_elems(const ZpModel *model, int unit, int mp);
+uint64_t zp_model_expert_tp_elems(const ZpModel *model, int mp);
+gboolean zp_model_tensor_is_expert(const ZpTensor *tensor);
+
 /* Elements of one tensor (zp_model_tensors) on a rank of that group: split ones ("wte",
  * "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
  * "lm_head.weight") divided by mp, rounded up (by rows for wte and lm_head), the others

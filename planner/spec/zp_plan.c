@@ -413,7 +413,34 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(o, "overlap_param_gather", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
+    /* Expert parallelism (a mixture of experts) only where it is not the default. */
+    if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1)
+        json_object_set_new(o, "experts",
+                            json_pack("{s:i, s:f, s:f}", "ep", zp_plan_ep(plan),
+                                      "capacity_factor", plan->experts.capacity_factor, "skew",
+                                      zp_plan_expert_skew(plan)));
     return o;
+}
+
+/* "experts": {"ep", "capacity_factor" (0: dropless), "skew"}, all optional. */
+static gboolean experts_from_json(json_t *o, const char *what, ZpExpertConfig *x,
+                                  GError **error)
+{
+    static const char *const keys[] = {"ep", "capacity_factor", "skew", NULL};
+    char *inner = g_strdup_printf("%s: experts", what);
+    int64_t ep = 1;
+    double skew = 1;
+    const gboolean ok =
+        json_is_object(o) && zp_json_check_keys(o, inner, keys, error) &&
+        zp_json_get_int(o, inner, "ep", FALSE, 1, 1 << 20, &ep, error) &&
+        zp_json_get_number(o, inner, "capacity_factor", FALSE, 0, 1000, &x->capacity_factor,
+                           error) &&
+        zp_json_get_number(o, inner, "skew", FALSE, 1, 1000, &skew, error);
+    if (!ok && error && !*error)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", inner);
+    g_free(inner);
+    x->ep = (int)ep, x->skew = skew;
+    return ok;
 }
 
 /* "pipeline": {"stages", "virtual_stages", "schedule", "partition_method"}, all optional. */
@@ -501,8 +528,9 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
-                                       "recompute", "overlap_param_gather", NULL};
+                                       "recompute", "overlap_param_gather", "experts", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
+    json_t *experts = json_object_get(o, "experts");
     memset(plan, 0, sizeof *plan);
     if (!zp_json_check_keys(o, what, keys, error) ||
         !zp_json_get_int(o, what, "dp", TRUE, 1, 1 << 24, &dp, error) ||
@@ -527,6 +555,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_bool(o, what, "overlap_param_gather", FALSE, &plan->overlap_param_gather,
                           error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
+        (experts && !experts_from_json(experts, what, &plan->experts, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
         !ckpt_from_json(json_object_get(o, "activation_checkpointing"), what, &plan->ckpt,
                         error))

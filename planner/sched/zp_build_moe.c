@@ -1,0 +1,394 @@
+/* zp_build_moe: a mixture of experts and latent attention in the schedule — a block's cost by its
+ * own widths, the expert space ZeRO partitions over the expert-data-parallel group, and a sparse
+ * block's dispatch, experts, combine and unpermute with their buffers, gathers and reductions. */
+#include "zp_build.h"
+#include "zp_mem.h"
+#include "zp_sched.h"
+
+#include <math.h>
+
+gboolean zp_build_moe_sparse(const ZpSchedule *s, int unit)
+{
+    return zp_moe_enabled(&s->model.moe) && zp_model_unit_sparse(&s->model, unit);
+}
+
+static gboolean uniform_blocks(const ZpModel *m)
+{
+    return !zp_moe_enabled(&m->moe) && !zp_mla_enabled(&m->mla);
+}
+
+uint64_t zp_sched_unit_expert_elems(const ZpSchedule *s, int unit)
+{
+    if (!zp_build_moe_sparse(s, unit) || !s->unit_elems || s->unit_elems[unit] == 0)
+        return 0; /* a dense unit, or another pipeline stage's */
+    return (uint64_t)(s->model.moe.experts / zp_plan_ep(&s->plan)) *
+           zp_model_expert_tp_elems(&s->model, s->plan.mp);
+}
+
+uint64_t zp_sched_unit_expert_offset(const ZpSchedule *s, int unit)
+{
+    uint64_t offset = 0;
+    for (int u = 0; u < unit; u++)
+        offset += zp_sched_unit_expert_elems(s, u);
+    return offset;
+}
+
+/* The expert-data-parallel group: dp / EP ranks. */
+static uint64_t edp_ranks(const ZpSchedule *s)
+{
+    return (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+}
+
+ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
+{
+    ZpSchedExperts x = {0};
+    const uint64_t edp = edp_ranks(s);
+    uint64_t partition3 = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        const uint64_t elems = zp_sched_unit_expert_elems(s, u);
+        x.total_elems += elems;
+        partition3 += zp_mem_padded_elems(elems, edp) / edp;
+    }
+    x.padded_elems = zp_mem_padded_elems(x.total_elems, edp);
+    x.partition_elems = s->plan.zero.stage == 3 ? partition3 : x.padded_elems / edp;
+    return x;
+}
+
+/* The expert space's model states, by the stage's rule over the expert-data-parallel group as
+ * DeepSpeed's stage_1_and_2.py (_configure_moe_settings: real_dp_process_group of an expert
+ * group is its expert_dp_process_group) and stage3.py partition them: 16-bit parameters whole
+ * below stage 3, gradients whole below stage 2, the optimizer's partition from stage 1; the
+ * rank's own experts (E / EP of them) throughout. zp_ep_model_states is the closed form. */
+void zp_build_moe_states(Builder *b)
+{
+    ZpSchedule *s = b->s;
+    const ZpSchedExperts x = zp_sched_experts(s);
+    if (x.total_elems == 0)
+        return;
+    const int stage = s->plan.zero.stage;
+    const double total = (double)x.total_elems, padded = (double)x.padded_elems;
+    const double part = (double)x.partition_elems;
+    double master, m, v;
+    zp_plan_optimizer_split(&s->plan, &master, &m, &v);
+    const double params[4] = {total, padded, padded, part};
+    /* The gradients as the implementation keeps the dense ones: whole, or its partition
+     * (DeepSpeed's stage 1 shares stage 2's partitioned gradients: ZpImpl grad_state_elems). */
+    const gboolean whole_grads =
+        stage < 2 && b->impl->grad_state_elems(s) >= (double)s->total_elems;
+    const double grads[4] = {total, whole_grads ? total : part, part, part};
+    const double optim = stage == 0 ? total : part;
+    s->state_bytes[ZP_MEM_PARAMS] += params[stage] * b->state.param_bytes;
+    s->state_bytes[ZP_MEM_GRADS] += grads[stage] * b->state.grad_bytes;
+    s->state_bytes[ZP_MEM_MASTER] += optim * master;
+    s->state_bytes[ZP_MEM_ADAM_M] += optim * m;
+    s->state_bytes[ZP_MEM_ADAM_V] += optim * v;
+}
+
+double zp_build_moe_optimizer_elems(const ZpSchedule *s)
+{
+    const ZpSchedExperts x = zp_sched_experts(s);
+    return (double)(s->plan.zero.stage == 0 ? x.total_elems : x.partition_elems);
+}
+
+/* ---- a block's cost by its own widths ------------------------------------------------- */
+
+/* A block's forward on this rank, T = b s tokens, t the tensor degree:
+ * - attention's GEMMs: the fused qkv and proj, 2T(h q + h^2)/t; latent attention's low-rank
+ *   projections (DeepseekV3Attention: q_a [h, r_q], q_b [r_q, H d_qk], kv_a [h, r_kv + d_rope],
+ *   kv_b [r_kv, H (d_nope + d_v)], o [H d_v, h]; the down projections whole on every tensor
+ *   rank, as Megatron-Core's MLASelfAttention replicates them, the rest split);
+ * - core attention: 4 b s^2 h / t, or with latent attention 2 b s^2 H (d_qk + d_v) / t (scores
+ *   over d_qk = d_nope + d_rope, values over d_v: H d_qk is not h there);
+ * - the MLP: the dense one's 2T(h f1 + f h)/t, or a sparse block's shared experts at their
+ *   width and the router's 2 T h E (whole: Megatron-Core's TopKRouter is not split);
+ * - elementwise reads and writes: norms and residual adds 10 T h, the activation 3 T f / t gated
+ *   (2 plain), the eager softmax 2 b a s^2 / t, latent attention's two latent RMSNorms
+ *   2T (r_q + r_kv), and a sparse block's router softmax and top-k (2 T E) and the permutation
+ *   of its T k token copies into expert order (token_dispatcher.py permute: read T h, write
+ *   T k h).
+ * The typical GEMM is their mean. */
+static Cost block_forward(const ZpSchedule *s, int unit)
+{
+    const ZpModel *m = &s->model;
+    const ZpMla *mla = &m->mla;
+    const double b = s->plan.micro_batch, sq = (double)m->seq_len, h = (double)m->hidden;
+    const double t = s->plan.mp, T = b * sq, e = s->elem_bytes, H = (double)m->heads;
+    const gboolean sparse = zp_build_moe_sparse(s, unit), gated = zp_model_gated(m);
+    const gboolean fused = zp_attention_fused(s->plan.attention);
+    const double share = fused ? zp_model_attention_share(m) : 1.0;
+    double gemm = 0, core = 0, ew = 0;
+    int gemms = 0;
+    if (zp_mla_enabled(mla)) {
+        const double rq = (double)mla->q_lora_rank, rkv = (double)mla->kv_lora_rank;
+        const double dqk = (double)(mla->qk_nope_dim + mla->qk_rope_dim);
+        const double dv = (double)mla->v_dim;
+        const double q = rq > 0 ? h * rq + rq * H * dqk / t : h * H * dqk / t;
+        gemm += 2 * T * (q + h * (rkv + (double)mla->qk_rope_dim) +
+                         rkv * H * ((double)mla->qk_nope_dim + dv) / t + H * dv * h / t);
+        gemms += rq > 0 ? 5 : 4;
+        core = 2 * b * sq * sq * H * (dqk + dv) / t * share;
+        ew += 2 * T * (rq + rkv);
+    } else {
+        gemm += 2 * T * (h * (double)zp_model_qkv_width(m) + h * h) / t;
+        gemms += 2;
+        core = 4 * b * sq * sq * h / t * share;
+    }
+    const double f = sparse ? (double)m->moe.shared_ffn : (double)m->ffn_hidden;
+    if (f > 0) {
+        gemm += 2 * T * (h * (gated ? 2 : 1) * f + f * h) / t;
+        gemms += gated ? 3 : 2;
+        ew += (gated ? 3 : 2) * T * f / t;
+    }
+    if (sparse) {
+        const double E = (double)m->moe.experts, k = (double)m->moe.top_k;
+        gemm += 2 * T * h * E;
+        gemms += 1;
+        ew += 2 * T * E + (T + T * k) * h;
+    }
+    ew += 10 * T * h / (s->plan.sequence_parallel ? t : 1);
+    if (!fused)
+        ew += 2 * b * H * sq * sq / t;
+    return (Cost){.flops = gemm + core, .gemm_flops = gemm / gemms,
+                  .attn_flops = fused ? core : 0.0, .mem_bytes = e * ew};
+}
+
+Cost zp_build_unit_block_cost(const ZpSchedule *s, int unit, ZpComputeKind kind)
+{
+    if (uniform_blocks(&s->model)) {
+        if (kind == ZP_COMP_BLOCK_BWD)
+            return zp_build_block_backward_cost(s);
+        return kind == ZP_COMP_RECOMPUTE ? zp_build_recompute_cost(s)
+                                         : zp_build_block_forward_cost(s);
+    }
+    const Cost fwd = block_forward(s, unit);
+    if (kind != ZP_COMP_BLOCK_BWD)
+        return fwd;
+    /* Backward: the data- and weight-gradient GEMMs (as many FLOPs as the forward's each),
+     * attention's backward twice its forward, and each elementwise kernel's backward reading
+     * its input and output gradient and writing its input's gradient (twice the forward's). */
+    return (Cost){2 * fwd.flops, fwd.gemm_flops, 2 * fwd.attn_flops, 2 * fwd.mem_bytes};
+}
+
+double zp_build_unit_act_bytes(const Builder *b, int unit, double uniform)
+{
+    if (uniform_blocks(&b->s->model))
+        return uniform;
+    return zp_build_moe_sparse(b->s, unit) ? b->moe.sparse_layer_bytes
+                                           : b->moe.dense_layer_bytes;
+}
+
+/* ---- a sparse block's experts ---------------------------------------------------------- */
+
+/* The routed experts over R received tokens (the busiest rank's, zp_ep_activations), E/EP
+ * experts on this rank, each a gated MLP f_e / t wide: 2 R (h f1 + f h) FLOPs, the typical GEMM
+ * one expert's projection over its R / (E/EP) tokens; the activation's 3 R f_e / t reads and
+ * writes gated (2 plain), its backward's 5 (3), as the dense MLP's kernels (zp_cost_kernels). */
+static Cost expert_cost(const Builder *b, gboolean backward)
+{
+    const ZpSchedule *s = b->s;
+    const ZpModel *m = &s->model;
+    const gboolean gated = zp_model_gated(m);
+    const double R = b->moe.received_tokens, h = (double)m->hidden;
+    const double f = (double)m->moe.expert_ffn / s->plan.mp;
+    const double local = (double)(m->moe.experts / zp_plan_ep(&s->plan));
+    const double flops = 2 * R * (h * (gated ? 2 : 1) * f + f * h);
+    const double ew = (backward ? (gated ? 5 : 3) : (gated ? 3 : 2)) * R * f;
+    return (Cost){.flops = backward ? 2 * flops : flops,
+                  .gemm_flops = flops / (local * (gated ? 3 : 2)), .attn_flops = 0,
+                  .mem_bytes = s->elem_bytes * ew};
+}
+
+/* Unpermute (token_dispatcher.py unpermute, DeepSpeed's combine einsum): the T k returned
+ * copies read and summed into T tokens with their routing weights; its backward reads the
+ * tokens' gradient and the expert outputs (for the weights' gradient) and writes the copies'. */
+static Cost unpermute_cost(const Builder *b, gboolean backward)
+{
+    const double h = (double)b->s->model.hidden, T = b->moe.tokens, Tk = b->moe.routed_tokens;
+    const double ew = backward ? (T + 2 * Tk) * h + Tk : (Tk + T) * h + Tk;
+    return (Cost){.mem_bytes = b->s->elem_bytes * ew};
+}
+
+/* Stage 3: the rank's experts of the unit gathered over the expert-data-parallel group
+ * (stage3.py fetches an expert parameter over its ds_process_group, the expert DP group), each
+ * padded to it; NONE and no buffer below stage 3 or with one expert-data-parallel rank. */
+static uint32_t gather_experts(Builder *b, int unit, int micro, int *buffer)
+{
+    const ZpSchedule *s = b->s;
+    *buffer = -1;
+    const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
+    if (s->plan.zero.stage != 3 || elems == 0 || edp == 1)
+        return NONE;
+    const uint64_t padded = zp_mem_padded_elems(elems, edp);
+    const double bytes = (double)padded * b->state.param_bytes;
+    const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro,
+                                               buffer, &b->last_compute, 1);
+    return zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_EDP, unit, micro, -1,
+                                    zp_sched_unit_expert_offset(s, unit), padded, bytes, &alloc,
+                                    1);
+}
+
+static void release_experts(Builder *b, int unit, int micro, int buffer, uint32_t after)
+{
+    if (buffer < 0)
+        return;
+    const uint64_t padded =
+        zp_mem_padded_elems(zp_sched_unit_expert_elems(b->s, unit), edp_ranks(b->s));
+    zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS, (double)padded * b->state.param_bytes, unit,
+                       micro, buffer, after);
+}
+
+/* One all-to-all over the EP group (none at EP 1: every expert is on the rank), after `after`
+ * and the buffer's alloc; the rank sends R h e bytes, its own slice included (zp_ep_alltoall). */
+static uint32_t alltoall(Builder *b, ZpCollKind kind, int unit, int micro, uint32_t after,
+                         uint32_t alloc)
+{
+    const ZpSchedule *s = b->s;
+    if (zp_plan_ep(&s->plan) == 1)
+        return after;
+    const double elems = b->moe.received_tokens * (double)s->model.hidden;
+    const uint32_t deps[2] = {after, alloc};
+    return zp_build_emit_collective(b, kind, ZP_GROUP_EP, unit, micro, -1, 0, (uint64_t)elems,
+                                    elems * s->elem_bytes, deps, 2);
+}
+
+void zp_build_moe_forward(Builder *b, int unit, int micro)
+{
+    if (!zp_build_moe_sparse(b->s, unit))
+        return;
+    const double dispatch = b->moe.dispatch_bytes, combine = b->moe.combine_bytes;
+    int gathered, sent, returned;
+    const uint32_t gather = gather_experts(b, unit, micro, &gathered);
+    const uint32_t block = b->last_compute;
+    uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &sent,
+                                         &block, 1);
+    const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc);
+    const uint32_t deps[3] = {in, gather, alloc};
+    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_FWD, unit, micro,
+                                                  expert_cost(b, FALSE), deps, 3);
+    release_experts(b, unit, micro, gathered, expert);
+    const uint32_t freed =
+        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
+    const uint32_t after[2] = {expert, freed};
+    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, &returned, after, 2);
+    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
+    const uint32_t deps2[2] = {back, alloc};
+    const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
+                                                  unpermute_cost(b, FALSE), deps2, 2);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, returned, unperm);
+}
+
+int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
+{
+    const ZpSchedule *s = b->s;
+    if (!zp_build_moe_sparse(s, unit))
+        return -1;
+    const double dispatch = b->moe.dispatch_bytes, combine = b->moe.combine_bytes;
+    int gathered, sent, returned;
+    const uint32_t gather = gather_experts(b, unit, micro, &gathered);
+    const uint32_t before = b->last_compute;
+    uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, &sent,
+                                         &before, 1);
+    const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
+                                                  unpermute_cost(b, TRUE), &alloc, 1);
+    const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc);
+    const uint32_t deps[2] = {in, gather};
+    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
+                                                  expert_cost(b, TRUE), deps, 2);
+    release_experts(b, unit, micro, gathered, expert);
+    const uint32_t freed =
+        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
+    const uint32_t after[2] = {expert, freed};
+    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &returned, after, 2);
+    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
+    /* The experts' gradients, reduced over the expert-data-parallel group where the dense
+     * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
+     * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
+     * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
+     * from stage 2, all-reduce below, in the reduction dtype. */
+    const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
+    if (reduce && edp > 1) {
+        const gboolean scatter = s->plan.zero.stage >= 2;
+        const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
+        zp_build_emit_collective(b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE,
+                                 ZP_GROUP_EDP, unit, micro, -1,
+                                 zp_sched_unit_expert_offset(s, unit), n,
+                                 (double)n * zp_plan_reduce_bytes(&s->plan), &expert, 1);
+    }
+    return returned;
+}
+
+void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer)
+{
+    if (buffer >= 0)
+        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.dispatch_bytes, unit, micro, buffer,
+                           b->last_compute);
+}
+
+void zp_build_moe_param_gather(Builder *b, uint32_t after)
+{
+    const ZpSchedule *s = b->s;
+    const ZpSchedExperts x = zp_sched_experts(s);
+    if (x.total_elems == 0 || edp_ranks(s) == 1)
+        return;
+    /* Stages 1-2: the updated expert partitions all-gathered over their group, as the dense
+     * ones over dp (stage_1_and_2.py step: all_gather_dp_groups over real_dp_process_group). */
+    zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_EDP, -1, -1, -1, 0, x.padded_elems,
+                             (double)x.padded_elems * b->state.param_bytes, &after, 1);
+}
+
+uint64_t zp_build_moe_optimizer_elems_of(const ZpModel *model, const ZpPlan *plan)
+{
+    const uint64_t dp = (uint64_t)plan->dp, edp = (uint64_t)(plan->dp / zp_plan_ep(plan));
+    const int stage = plan->zero.stage;
+    const uint64_t expert = (uint64_t)(model->moe.experts / zp_plan_ep(plan)) *
+                            zp_model_expert_tp_elems(model, plan->mp);
+    uint64_t dense = 0, dense3 = 0, experts = 0, experts3 = 0;
+    for (int u = 0; u < zp_model_n_units(model); u++) {
+        const uint64_t d = zp_model_unit_dense_tp_elems(model, u, plan->mp);
+        const uint64_t e = zp_model_unit_sparse(model, u) ? expert : 0;
+        dense += d, dense3 += zp_mem_padded_elems(d, dp) / dp;
+        experts += e, experts3 += zp_mem_padded_elems(e, edp) / edp;
+    }
+    if (stage == 0)
+        return dense + experts;
+    if (stage == 3)
+        return dense3 + experts3;
+    return zp_mem_padded_elems(dense, dp) / dp + zp_mem_padded_elems(experts, edp) / edp;
+}
+
+static void set_ops(ZpComputeOps *o, uint64_t count, Cost c)
+{
+    *o = (ZpComputeOps){count, c.flops, c.gemm_flops, c.attn_flops, c.mem_bytes, 0.0};
+}
+
+void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
+                              ZpComputeOps ops[ZP_COMP_N])
+{
+    if (uniform_blocks(model))
+        return;
+    ZpSchedule s = {.model = *model, .plan = *plan,
+                    .elem_bytes = zp_plan_elem_bytes(plan->precision), .stages = 1};
+    const Builder b = {.s = &s, .state = zp_impl_state_bytes(plan),
+                       .moe = zp_ep_activations(model, plan)};
+    const uint64_t micro = (uint64_t)plan->grad_accum, L = (uint64_t)model->layers;
+    Cost fwd = {0}, bwd = {0};
+    for (int l = 1; l <= (int)L; l++) {
+        const Cost f = zp_build_unit_block_cost(&s, l, ZP_COMP_BLOCK_FWD);
+        const Cost w = zp_build_unit_block_cost(&s, l, ZP_COMP_BLOCK_BWD);
+        fwd.flops += f.flops / L, fwd.gemm_flops += f.gemm_flops / L;
+        fwd.attn_flops += f.attn_flops / L, fwd.mem_bytes += f.mem_bytes / L;
+        bwd.flops += w.flops / L, bwd.gemm_flops += w.gemm_flops / L;
+        bwd.attn_flops += w.attn_flops / L, bwd.mem_bytes += w.mem_bytes / L;
+    }
+    const uint64_t again = plan->checkpoint ? 2 : 1; /* the recomputed forward's experts */
+    const uint64_t sparse = (uint64_t)zp_moe_sparse_layers(&model->moe, model->layers);
+    set_ops(&ops[ZP_COMP_BLOCK_FWD], micro * L, fwd);
+    set_ops(&ops[ZP_COMP_RECOMPUTE], plan->checkpoint ? micro * L : 0, fwd);
+    set_ops(&ops[ZP_COMP_BLOCK_BWD], micro * L, bwd);
+    if (sparse == 0)
+        return;
+    set_ops(&ops[ZP_COMP_EXPERT_FWD], again * micro * sparse, expert_cost(&b, FALSE));
+    set_ops(&ops[ZP_COMP_EXPERT_BWD], micro * sparse, expert_cost(&b, TRUE));
+    set_ops(&ops[ZP_COMP_UNPERMUTE_FWD], again * micro * sparse, unpermute_cost(&b, FALSE));
+    set_ops(&ops[ZP_COMP_UNPERMUTE_BWD], micro * sparse, unpermute_cost(&b, TRUE));
+}

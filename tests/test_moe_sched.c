@@ -1,0 +1,514 @@
+/* test_moe_sched: a mixture of experts in the schedule and the simulator — the EP group's
+ * all-to-all ops (ep_dispatch, ep_combine), the expert and unpermute compute ops, their JSON form. */
+#include "cli.h"
+#include "sim_engine.h"
+#include "zp_moe_search.h"
+#include "testutil.h"
+#include "zp_cost.h"
+#include "zp_ep.h"
+#include "zp_impl.h"
+#include "zp_inventory.h"
+#include "zp_sched.h"
+#include "zp_util.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char *write_text(const char *text)
+{
+    char *path = NULL;
+    const int fd = g_file_open_tmp("zp-moe-XXXXXX.json", &path, NULL);
+    g_assert_cmpint(fd, >=, 0);
+    close(fd);
+    g_assert_true(g_file_set_contents(path, text, -1, NULL));
+    return path;
+}
+
+/* A graph file's sparse block: dense part, dispatch over ep, experts, combine, unpermute; the
+ * names read back as the enums, the all-to-alls on the compute stream by default, the ep and
+ * edp groups placed as zp_sched_groups places them (EP consecutive dp ranks). */
+static const char *graph_json =
+    "{\"format\": \"zplan-schedule-1\", \"world\": 8,"
+    " \"groups\": [{\"name\": \"dp\", \"ranks\": 8, \"stride\": 1},"
+    "  {\"name\": \"tp\", \"ranks\": 1, \"stride\": 1},"
+    "  {\"name\": \"ep\", \"ranks\": 4, \"stride\": 1},"
+    "  {\"name\": \"edp\", \"ranks\": 2, \"stride\": 4}],"
+    " \"state_bytes\": {\"ep_buffers\": 4096},"
+    " \"ops\": ["
+    "  {\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1e9, \"deps\": []},"
+    "  {\"kind\": \"collective\", \"op\": \"ep_dispatch\", \"group\": \"ep\", \"bytes\": 8192,"
+    "   \"unit\": 1, \"elems\": 4096, \"deps\": [0]},"
+    "  {\"kind\": \"compute\", \"op\": \"expert_fwd\", \"flops\": 2e9, \"deps\": [1]},"
+    "  {\"kind\": \"collective\", \"op\": \"ep_combine\", \"group\": \"ep\", \"bytes\": 8192,"
+    "   \"deps\": [2]},"
+    "  {\"kind\": \"compute\", \"op\": \"unpermute_fwd\", \"flops\": 0, \"mem_bytes\": 1e6,"
+    "   \"deps\": [3]},"
+    "  {\"kind\": \"compute\", \"op\": \"unpermute_bwd\", \"flops\": 0, \"deps\": [4]},"
+    "  {\"kind\": \"compute\", \"op\": \"expert_bwd\", \"flops\": 4e9, \"deps\": [5]},"
+    "  {\"kind\": \"collective\", \"op\": \"allreduce\", \"group\": \"edp\", \"bytes\": 64,"
+    "   \"deps\": [6]}]}";
+
+static void test_graph_names(void)
+{
+    char *path = write_text(graph_json);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(s->ops->len, ==, 8);
+    static const struct {
+        int kind, sub;
+    } want[] = {{ZP_OP_COMPUTE, ZP_COMP_BLOCK_FWD},     {ZP_OP_COLLECTIVE, ZP_COLL_EP_DISPATCH},
+                {ZP_OP_COMPUTE, ZP_COMP_EXPERT_FWD},    {ZP_OP_COLLECTIVE, ZP_COLL_EP_COMBINE},
+                {ZP_OP_COMPUTE, ZP_COMP_UNPERMUTE_FWD}, {ZP_OP_COMPUTE, ZP_COMP_UNPERMUTE_BWD},
+                {ZP_OP_COMPUTE, ZP_COMP_EXPERT_BWD},    {ZP_OP_COLLECTIVE, ZP_COLL_ALLREDUCE}};
+    for (guint i = 0; i < s->ops->len; i++) {
+        g_assert_cmpint(zp_sched_op(s, i)->kind, ==, want[i].kind);
+        g_assert_cmpint(zp_sched_op(s, i)->sub, ==, want[i].sub);
+    }
+    /* Dispatch and combine run between the layer's kernels, on the compute stream. */
+    g_assert_cmpint(zp_sched_op(s, 1)->stream, ==, ZP_STREAM_COMPUTE);
+    g_assert_cmpint(zp_sched_op(s, 3)->stream, ==, ZP_STREAM_COMPUTE);
+    g_assert_cmpint(zp_sched_op(s, 7)->stream, ==, ZP_STREAM_DP);
+    g_assert_cmpint(zp_sched_op(s, 1)->group, ==, ZP_GROUP_EP);
+    g_assert_cmpint(zp_sched_op(s, 7)->group, ==, ZP_GROUP_EDP);
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_EP_BUFFERS], ==, 4096);
+    g_assert_cmpstr(zp_sched_coll_name(ZP_COLL_EP_DISPATCH), ==, "ep_dispatch");
+    g_assert_cmpstr(zp_sched_coll_name(ZP_COLL_EP_COMBINE), ==, "ep_combine");
+    g_assert_cmpstr(zp_sched_mem_name(ZP_MEM_EP_BUFFERS), ==, "ep_buffers");
+    /* (n - 1) / n of each all-to-all's S over the wire: 2 x 3/4 x 8192. */
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==, 12288);
+
+    /* Written and read again: the same ops and groups. */
+    char *again = g_strconcat(path, ".out.json", NULL);
+    g_assert_true(zp_sched_write_json(s, again, &error));
+    g_assert_no_error(error);
+    ZpSchedule *t = zp_sched_read_graph(again, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(t->ops->len, ==, s->ops->len);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *a = zp_sched_op(s, i), *b = zp_sched_op(t, i);
+        g_assert_cmpint(a->kind, ==, b->kind);
+        g_assert_cmpint(a->sub, ==, b->sub);
+        g_assert_cmpint(a->group, ==, b->group);
+        g_assert_cmpint(a->stream, ==, b->stream);
+        g_assert_cmpfloat(a->bytes, ==, b->bytes);
+    }
+    ZpCommGroup g[ZP_SCHED_MAX_GROUPS];
+    zp_sched_groups(t, g);
+    g_assert_cmpint(g[ZP_GROUP_EP].ranks, ==, 4);
+    g_assert_cmpint(g[ZP_GROUP_EDP].stride, ==, 4);
+    zp_sched_free(t);
+    zp_sched_free(s);
+    g_unlink(again);
+    g_free(again);
+    g_unlink(path);
+    g_free(path);
+}
+
+/* A plan's groups: EP 4 of dp 8 behind tp 2: ep 4 ranks 2 apart, edp 2 ranks 8 apart. */
+static void test_plan_groups(void)
+{
+    ZpSchedule s = {0};
+    zp_plan_defaults(&s.plan, 1, 8, 2);
+    s.plan.experts.ep = 4;
+    s.stages = 1;
+    ZpCommGroup g[ZP_SCHED_MAX_GROUPS];
+    g_assert_cmpint(zp_sched_groups(&s, g), ==, ZP_GROUP_N);
+    g_assert_cmpint(g[ZP_GROUP_EP].ranks, ==, 4);
+    g_assert_cmpint(g[ZP_GROUP_EP].stride, ==, 2);
+    g_assert_cmpint(g[ZP_GROUP_EDP].ranks, ==, 2);
+    g_assert_cmpint(g[ZP_GROUP_EDP].stride, ==, 8);
+    g_assert_cmpstr(g[ZP_GROUP_EP].name, ==, "ep");
+    g_assert_cmpstr(g[ZP_GROUP_EDP].name, ==, "edp");
+}
+
+/* A file's unknown all-to-all name is refused in one line naming the op and key. */
+static void test_graph_refusals(void)
+{
+    char *text = g_strdup(graph_json);
+    char *at = strstr(text, "ep_combine");
+    memcpy(at, "ep_combin_", 10);
+    char *path = write_text(text);
+    GError *error = NULL;
+    g_assert_null(zp_sched_read_graph(path, &error));
+    g_assert_nonnull(error);
+    g_assert_nonnull(strstr(error->message, "ops[3]: key \"op\" has unknown value \"ep_combin_\""));
+    g_assert_null(strchr(error->message, '\n'));
+    g_clear_error(&error);
+    g_unlink(path);
+    g_free(path);
+    g_free(text);
+}
+
+/* test_moe's 2-layer mixture of experts: h 64, 4 heads, s 16, 4 experts of f_e 32, top 2,
+ * SwiGLU, both layers sparse. */
+static void small_moe(ZpModel *m)
+{
+    memset(m, 0, sizeof *m);
+    g_strlcpy(m->name, "moe-2l", sizeof m->name);
+    m->layers = 2, m->hidden = 64, m->heads = 4, m->seq_len = 16, m->vocab = 128;
+    m->ffn_hidden = 32, m->mlp = ZP_MLP_SWIGLU, m->norm = ZP_NORM_RMSNORM;
+    m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
+    m->rope_theta = 10000, m->rotary_fraction = 1;
+    m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
+}
+
+static ZpSchedule *build(const ZpModel *m, int impl, int stage, int dp, int ep, int micro,
+                         gboolean ckpt)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, stage, dp, 1);
+    p.impl = impl;
+    p.precision = ZP_PREC_BF16;
+    p.micro_batch = micro;
+    p.checkpoint = ckpt;
+    p.experts.ep = ep;
+    zp_impl_plan_defaults(&p);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+/* The all-to-alls of the 2-layer MoE at dp 8, micro-batch 2, by hand: T = 2 x 16 = 32 tokens,
+ * T k = 64 copies of h = 64 bf16 values, S = 64 x 64 x 2 = 8,192 bytes a call. Four calls a
+ * sparse layer (dispatch and combine, forward and backward), six with the recomputed forward:
+ * 8 (12) calls, each (EP - 1)/EP of S over the wire: EP 2 32,768 B (49,152), EP 4 49,152 B
+ * (73,728), none at EP 1. The experts' forward: 2 x 64 x (64 x 64 + 32 x 64) = 786,432 FLOPs
+ * on the busiest rank (R = T k without skew), 1,572,864 with --expert-skew 2. */
+static void test_alltoall_bytes(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    static const struct {
+        int ep;
+        gboolean ckpt;
+        guint calls;
+        double wire_bytes;
+    } cases[] = {{1, FALSE, 0, 0},     {2, FALSE, 8, 32768}, {4, FALSE, 8, 49152},
+                 {1, TRUE, 0, 0},      {2, TRUE, 12, 49152}, {4, TRUE, 12, 73728}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 1, 8, cases[i].ep, 2, cases[i].ckpt);
+        guint calls = 0, dispatch = 0, experts = 0;
+        for (guint k = 0; k < s->ops->len; k++) {
+            const ZpOp *op = zp_sched_op(s, k);
+            if (op->kind == ZP_OP_COLLECTIVE &&
+                (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)) {
+                calls++;
+                dispatch += op->sub == ZP_COLL_EP_DISPATCH;
+                g_assert_cmpfloat(op->bytes, ==, 8192);
+                g_assert_cmpint(op->group, ==, ZP_GROUP_EP);
+                g_assert_cmpint(op->stream, ==, ZP_STREAM_COMPUTE);
+            }
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD) {
+                experts++;
+                g_assert_cmpfloat(op->flops, ==, 786432);
+            }
+        }
+        g_assert_cmpuint(calls, ==, cases[i].calls);
+        g_assert_cmpuint(dispatch * 2, ==, calls);
+        g_assert_cmpuint(experts, ==, cases[i].ckpt ? 4 : 2);
+        g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==, cases[i].wire_bytes);
+        /* zp_ep's closed form agrees: its step bytes are the schedule's */
+        g_assert_cmpfloat(zp_ep_alltoall(&s->model, &s->plan, NULL).step_bytes, ==,
+                          cases[i].wire_bytes);
+        zp_sched_free(s);
+    }
+    ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 1, 8, 2, 2, FALSE);
+    zp_sched_free(s);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 8, 1);
+    p.precision = ZP_PREC_BF16, p.micro_batch = 2, p.experts.ep = 4, p.experts.skew = 2;
+    GError *error = NULL;
+    s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    for (guint k = 0; k < s->ops->len; k++) {
+        const ZpOp *op = zp_sched_op(s, k);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD)
+            g_assert_cmpfloat(op->flops, ==, 1572864);
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_EP_DISPATCH)
+            g_assert_cmpfloat(op->bytes, ==, 16384); /* the busiest rank's buffer, x 2 */
+    }
+    zp_sched_free(s);
+}
+
+/* The schedule's model states are zp_ep's closed form exactly (sizes that divide evenly: no
+ * padding), at EP 1, 2, 4 and stages 0-3, under the paper's and DeepSpeed's rules; its
+ * experts' reductions and gathers go over the expert-data-parallel group (dp / EP ranks). */
+static void test_states_match_closed_form(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    const int impls[] = {ZP_IMPL_PAPER, ZP_IMPL_DEEPSPEED};
+    for (size_t i = 0; i < G_N_ELEMENTS(impls); i++)
+        for (int ep = 1; ep <= 4; ep *= 2)
+            for (int stage = 0; stage <= 3; stage++) {
+                ZpSchedule *s = build(&m, impls[i], stage, 8, ep, 1, FALSE);
+                const ZpStateBytes sb = zp_impl_state_bytes(&s->plan);
+                const ZpEpStates want = zp_ep_model_states(&m, &s->plan, stage, sb);
+                const ZpSchedExperts x = zp_sched_experts(s);
+                g_test_message("impl %d EP %d stage %d: %.0f against %.0f", impls[i], ep, stage,
+                               zp_sched_model_state_bytes(s), want.total.total_bytes);
+                if (impls[i] == ZP_IMPL_PAPER)
+                    g_assert_cmpfloat(zp_sched_model_state_bytes(s), ==, want.total.total_bytes);
+                else if (stage == 1 || stage == 2) /* DeepSpeed partitions gradients, experts
+                                      * too; the dense ones the reduction takes (transient) */
+                    g_assert_cmpfloat(s->state_bytes[ZP_MEM_GRADS], ==,
+                                      (double)x.partition_elems * sb.grad_bytes);
+                else
+                    g_assert_cmpfloat(zp_sched_model_state_bytes(s), ==, want.total.total_bytes);
+                g_assert_cmpuint(x.total_elems, ==, 2 * 4 / ep * 6144);
+                guint edp = 0, dp_expert = 0;
+                for (guint k = 0; k < s->ops->len; k++) {
+                    const ZpOp *op = zp_sched_op(s, k);
+                    edp += op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_EDP;
+                    dp_expert += op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+                                 op->elem_offset + op->elems > s->padded_elems;
+                }
+                /* dp / EP ranks hold each expert: 8 at EP 1, 4 at EP 2, 2 at EP 4 */
+                g_assert_cmpuint(edp, >, 0);
+                g_assert_cmpuint(dp_expert, ==, 0);
+                zp_sched_free(s);
+            }
+}
+
+/* simulate's all-to-all on a synthetic profile, by hand: 4 GPUs a node, NVLink 100 GB/s a GPU,
+ * 200 GB/s of NICs a node, hops 2 and 5 us. EP 8 over dp 8 spans two nodes; one dispatch of
+ * S = 64 MB sends 3/8 S = 24 MB to the node's peers (240 us) and 4/8 S = 32 MB to the other
+ * node's, whose NICs carry the node's 4 GPUs' at once: 4 x 32 MB / 200 GB/s = 640 us. The
+ * slower of the two and both hops: 647 us, the step and its all-to-all time. */
+static void test_simulated_alltoall(void)
+{
+    ZpHw hw = tu_load_hw("dgx-h100");
+    hw.gpus_per_node = 4;
+    hw.intra_node_bytes_per_s = 100e9, hw.inter_node_bytes_per_s = 200e9;
+    hw.intra_node_latency_s = 2e-6, hw.inter_node_latency_s = 5e-6;
+    ZpModel m;
+    small_moe(&m);
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->model = m;
+    zp_plan_defaults(&s->plan, 0, 8, 1);
+    s->plan.experts.ep = 8;
+    s->world = 8, s->elem_bytes = 2, s->stages = 1;
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    const ZpOp a2a = {.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_EP_DISPATCH,
+                      .stream = ZP_STREAM_COMPUTE, .group = ZP_GROUP_EP, .unit = 1, .buffer = -1,
+                      .bytes = 64e6, .elems = 32000000};
+    g_array_append_val(s->ops, a2a);
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_test_message("step %.9f s, all-to-all %.9f s", r->step_time_s, r->alltoall_s);
+    g_assert_cmpfloat_with_epsilon(r->step_time_s, 647e-6, 1e-9);
+    g_assert_cmpfloat_with_epsilon(r->alltoall_s, 647e-6, 1e-9);
+    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_EP], ==, 7.0 / 8 * 64e6);
+    sim_result_free(r);
+    /* Within one node (8 GPUs a node): 7/8 S over NVLink, 560 us, one hop. */
+    hw.gpus_per_node = 8;
+    r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat_with_epsilon(r->step_time_s, 562e-6, 1e-9);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+/* A schedule with experts written by `zplan schedule --out` reads back (zp_sched_read_json:
+ * the builder's ops under DeepSpeed and Megatron, the checker's under the paper). */
+static void test_json_round_trip(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    const int impls[] = {ZP_IMPL_PAPER, ZP_IMPL_DEEPSPEED, ZP_IMPL_MEGATRON};
+    for (size_t i = 0; i < G_N_ELEMENTS(impls); i++)
+        for (int stage = 0; stage <= 3; stage++) {
+            if (!zp_impl_get(impls[i])->has_stage(stage)) /* Megatron: stages 0 and 1 */
+                continue;
+            ZpSchedule *s = build(&m, impls[i], stage, 4, 2, 1, stage == 2);
+            char *path = NULL;
+            const int fd = g_file_open_tmp("zp-moe-XXXXXX.json", &path, NULL);
+            close(fd);
+            GError *error = NULL;
+            g_assert_true(zp_sched_write_json(s, path, &error));
+            ZpSchedule *t = zp_sched_read_json(path, &error);
+            g_test_message("impl %d stage %d", impls[i], stage);
+            g_assert_no_error(error);
+            g_assert_cmpuint(t->ops->len, ==, s->ops->len);
+            g_assert_cmpint(t->digest, ==, ZP_DIGEST_MATCH);
+            g_assert_cmpfloat(zp_sched_comm_bytes(t, ZP_GROUP_EP), ==,
+                              zp_sched_comm_bytes(s, ZP_GROUP_EP));
+            zp_sched_free(t);
+            zp_sched_free(s);
+            g_unlink(path);
+            g_free(path);
+        }
+}
+
+/* Runs zplan, which must exit with 0 or 2 (does not fit), and parses its JSON. */
+static json_t *json_exit_0_or_2(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_true(WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 2);
+    json_t *root = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(root);
+    tu_free(&r);
+    return root;
+}
+
+/* `memory`'s need for a mixture of experts is its schedule's allocator-reserved peak, as
+ * `simulate` gives it, at EP 1, 2, 4 and stages 0-3 (Mixtral-8x7B, 16 H100s, s 512); its
+ * model states (zp_ep's closed form) are the schedule's where DeepSpeed keeps the paper's
+ * gradients (stages 0 and 3), and simulate reports the all-to-all's share where EP > 1. */
+static void test_memory_consistency(void)
+{
+    const char *common = "--model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --seq 512 "
+                         "--micro-batch 1 --json";
+    guint compared = 0;
+    for (int ep = 1; ep <= 4; ep *= 2) {
+        char *args = g_strdup_printf("memory %s --ep %d", common, ep);
+        json_t *memory = tu_zplan_json(args);
+        g_free(args);
+        json_t *row = json_array_get(json_object_get(memory, "rows"), 0);
+        for (int stage = 0; stage <= 3; stage++) {
+            char key[8];
+            g_snprintf(key, sizeof key, "stage%d", stage);
+            const double need =
+                json_number_value(json_object_get(json_object_get(row, "need_bytes"), key));
+            const double states = json_number_value(json_object_get(
+                json_object_get(json_object_get(row, "model_states"), key), "total_bytes"));
+            args = g_strdup_printf("simulate %s --ep %d --stage %d", common, ep, stage);
+            json_t *sim = json_exit_0_or_2(args);
+            g_free(args);
+            const double simulated = json_number_value(json_object_get(sim, "need_bytes"));
+            const double sim_states =
+                json_number_value(json_object_get(sim, "model_state_bytes"));
+            g_test_message("EP %d stage %d: memory %.0f, simulate %.0f; states %.0f, %.0f", ep,
+                           stage, need, simulated, states, sim_states);
+            g_assert_cmpfloat(need, >, 0);
+            g_assert_cmpfloat(need, ==, simulated);
+            if (stage == 0 || stage == 3)
+                g_assert_cmpfloat(states, ==, sim_states);
+            g_assert_cmpint(json_number_value(json_object_get(sim, "alltoall_share")) > 0, ==,
+                            ep > 1);
+            json_decref(sim);
+            compared++;
+        }
+        json_decref(memory);
+    }
+    g_assert_cmpuint(compared, ==, 12);
+}
+
+/* plan's shortlist is simulated: Mixtral-8x7B on 64 H100s at s 512, the closed form's 20 best
+ * and each EP degree's best 4 timed; the timed come first, those that fit by simulated
+ * tokens/s (tokens a step over the simulated step), each step the simulator's own. */
+static void test_plan_simulates_shortlist(void)
+{
+    ZpModel m = tu_load_model("hf/mixtral-8x7b");
+    m.seq_len = 512;
+    ZpHw hw = tu_load_hw("dgx-h100");
+    ZpSearchSpec spec;
+    CliRankContext ctx;
+    cli_search_spec(&spec, &ctx, &m, &hw, 64);
+    GError *error = NULL;
+    GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    const guint timed = zp_moe_search_simulate(&spec, c, 20);
+    g_assert_cmpuint(timed, >=, 20);
+    double last = INFINITY;
+    gboolean any_ep = FALSE;
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        g_assert_cmpint(x->simulated, ==, i < timed);
+        if (!x->simulated || !x->fits)
+            continue;
+        g_assert_cmpfloat(x->tokens_per_s, <=, last);
+        last = x->tokens_per_s;
+        g_assert_cmpfloat_with_epsilon(x->tokens_per_s * x->step_s,
+                                       (double)x->plan.dp * x->plan.micro_batch * 512, 1e-3);
+        any_ep |= zp_plan_ep(&x->plan) > 1;
+    }
+    g_assert_true(any_ep);
+    const ZpMoeCandidate *best = &g_array_index(c, ZpMoeCandidate, 0);
+    g_test_message("best: EP %d TP %d stage %d micro %d ckpt %d: %.3f s (closed form %.3f s), "
+                   "%.1f GB", zp_plan_ep(&best->plan), best->plan.mp, best->plan.zero.stage,
+                   best->plan.micro_batch, best->plan.checkpoint, best->step_s,
+                   best->closed_step_s, best->memory_bytes / 1e9);
+    double step_s = 0, need = 0;
+    g_assert_true(cli_rank_by_simulation(&best->plan, &ctx, 0, &step_s, &need, &error));
+    g_assert_cmpfloat(step_s, ==, best->step_s);
+    g_array_unref(c);
+}
+
+/* A sparse block's op is priced from its own FLOPs and bytes, never as the kernel inventory's
+ * uniform block (a dense MLP ffn_hidden wide: Mixtral's 14,336, a third expert on top of the
+ * two routed ones): on dgx-h100's kernel rates, Mixtral's block ops cost what the roofline of
+ * their FLOPs says, at every module too; the experts' op is its kernels' (zp_inventory_moe:
+ * two grouped GEMMs of E/EP = 1 expert over R = T k = 1,024 tokens and the SwiGLU), whose
+ * GEMM FLOPs are the op's. */
+static void test_blocks_not_inventory(void)
+{
+    ZpModel m = tu_load_model("hf/mixtral-8x7b");
+    m.seq_len = 512;
+    ZpHw hw = tu_load_hw("dgx-h100");
+    ZpSchedule *s = build(&m, ZP_IMPL_DEEPSPEED, 3, 8, 8, 1, FALSE);
+    s->plan.attention = ZP_ATTN_EAGER; /* no fused kernel: attention in the FLOPs' roofline */
+    ZpCost cost;
+    GError *error = NULL;
+    g_assert_true(zp_cost_init(&cost, &hw, &s->model, &s->plan, &error));
+    g_assert_true(cost.inventory);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_BLOCK_FWD], ==, 0);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_BLOCK_BWD], ==, 0);
+    guint priced = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || (op->sub != ZP_COMP_BLOCK_FWD &&
+                                          op->sub != ZP_COMP_BLOCK_BWD))
+            continue;
+        const double want = zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops, op->gemm_flops,
+                                                 op->attn_flops, cost.attn_flops_per_s,
+                                                 op->mem_bytes, FALSE);
+        g_assert_cmpfloat(zp_cost_op_s(&cost, op->sub, zp_op_module(op), op->flops,
+                                       op->gemm_flops, op->attn_flops, op->mem_bytes), ==, want);
+        priced++;
+    }
+    g_assert_cmpuint(priced, >, 0);
+    ZpInvList list = {0};
+    zp_inventory_op(cost.inv, &s->model, &s->plan, ZP_COMP_EXPERT_FWD, 0, &list);
+    ZpInvTotals tot;
+    zp_inventory_totals(&list, &tot);
+    g_assert_cmpint(list.n, ==, 3);
+    g_assert_cmpfloat(list.k[0].batch, ==, 1);
+    g_assert_cmpfloat(list.k[0].m, ==, 1024);
+    g_assert_cmpfloat(cost.launches[ZP_COMP_EXPERT_FWD], ==, 3);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->sub != ZP_COMP_EXPERT_FWD)
+            continue;
+        g_assert_cmpfloat(tot.gemm_flops, ==, op->flops);
+        g_assert_cmpfloat(zp_cost_op_s(&cost, op->sub, -1, op->flops, op->gemm_flops,
+                                       op->attn_flops, op->mem_bytes), ==,
+                          cost.kind_s[ZP_COMP_EXPERT_FWD]);
+    }
+    zp_sched_free(s);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/moe-sched/graph-names", test_graph_names);
+    g_test_add_func("/moe-sched/plan-groups", test_plan_groups);
+    g_test_add_func("/moe-sched/graph-refusals", test_graph_refusals);
+    g_test_add_func("/moe-sched/alltoall-bytes", test_alltoall_bytes);
+    g_test_add_func("/moe-sched/states-match-closed-form", test_states_match_closed_form);
+    g_test_add_func("/moe-sched/simulated-alltoall", test_simulated_alltoall);
+    g_test_add_func("/moe-sched/json-round-trip", test_json_round_trip);
+    g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
+    g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
+    g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
+    return g_test_run();
+}
