@@ -56,6 +56,7 @@ typedef struct {
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
+    gboolean overlap; /* overlap_comm (Megatron's overlap_grad_reduce: its buckets) */
     gboolean schedule_edited; /* --schedule-edited: run a --schedule whose digest differs */
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
@@ -151,14 +152,17 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
-    if (plan->impl == ZP_IMPL_MEGATRON || plan->impl == ZP_IMPL_FSDP2) {
-        /* Megatron's fp32 main_grad buffer and in-place bucket views, FSDP2's fp32 shards and
-         * copy-in buffers: no engine here executes them yet. */
+    if (plan->impl == ZP_IMPL_FSDP2) {
+        /* FSDP2's fp32 shards and copy-in buffers: no engine here executes them yet. */
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--impl %s: zreal executes deepspeed, fsdp and paper only; simulate it with "
-                    "zplan", zp_impl_name(plan->impl));
+                    "--impl %s: zreal executes deepspeed, fsdp, megatron and paper only; "
+                    "simulate it with zplan", zp_impl_name(plan->impl));
         return FALSE;
     }
+    /* Megatron (real/real_engine_megatron.c) runs with its main_grad in bf16, the gradients'
+     * own dtype (grad_reduce_in_fp32 off), as zreal reduces in bf16; its other defaults
+     * (zp_impl_plan_defaults: the bucket size) are left to --reduce-bucket-size. */
+    plan->zero.overlap_comm = plan->zero.overlap_comm || a->overlap;
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
@@ -691,6 +695,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"overlap", 0, 0, G_OPTION_ARG_NONE, &a->overlap, "overlap_comm on (with --impl megatron: overlap_grad_reduce, gradients in --reduce-bucket-size buckets; without it one bucket)", NULL},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a->partition_activations, "ZeRO-R Pa: each tensor rank keeps 1/T of each checkpoint, all-gathered over the tensor group before the recompute (with --checkpoint and --mp T)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
@@ -700,7 +705,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron and fsdp2 are zplan's only", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1; main_grad in bf16); fsdp2 is zplan's only", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},

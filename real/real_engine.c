@@ -71,6 +71,15 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     return TRUE;
 }
 
+/* What a framework's plug-in (real_engine_fw.h) executes: data parallelism alone, on the GPU. */
+static gboolean check_plugin(const ZpSchedule *s, const RealFwOps *fw, GError **error)
+{
+    if (s->plan.mp > 1 || s->stages > 1 || zp_offload_any(&s->plan))
+        return fail(error, "zreal executes --impl %s with data parallelism alone (no tensor "
+                    "or pipeline parallelism, no offload)", fw->name);
+    return TRUE;
+}
+
 /* A stage view with its pipe, or no pipeline; what zreal's stages do not execute. */
 static gboolean check_pipeline(const ZpSchedule *s, const RealTrainConfig *cfg, GError **error)
 {
@@ -102,6 +111,10 @@ static gboolean allocate_states(RealEngine *e, GError **error)
         return FALSE;
     e->host_grads = e->offload && e->stage >= 2;
     e->host_params = e->offload && zp_offload_param_tier(&s->plan) != ZP_TIER_GPU;
+    if (e->fw_ops) { /* the plug-in lays the states out */
+        const RealFwEnv env = {s, e->be, e->comm, e->gpt, e->buffers};
+        return (e->fw = e->fw_ops->create(&env, error)) != NULL;
+    }
     if (e->host_params)
         e->params = real_offload_param_init_buffer(e->offload);
     else if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)))
@@ -269,6 +282,8 @@ static gboolean init_units(RealEngine *e, GError **error)
 
 static gboolean init_params(RealEngine *e, GError **error)
 {
+    if (e->fw)
+        return e->fw_ops->init_params(e->fw, init_ds_range, e, error);
     /* DeepSpeed's stage 3 partitions each tensor on its own (real_engine_ds). */
     if (!(e->ds && e->stage == 3 ? real_ds_init_params(e->ds, init_ds_range, e, error)
                                  : init_units(e, error)))
@@ -353,8 +368,12 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
              comm->size);
         return NULL;
     }
+    const RealFwOps *fw_ops = real_engine_fw_find(s);
+    if (fw_ops && !check_plugin(s, fw_ops, error))
+        return NULL;
     RealEngine *e = g_new0(RealEngine, 1);
     e->s = s, e->be = be, e->comm = comm, e->cfg = *cfg;
+    e->fw_ops = fw_ops;
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
     e->dims = real_engine_dims(&s->model, &s->plan);
@@ -441,6 +460,8 @@ void real_engine_free(RealEngine *e)
         e->params = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
+    if (e->fw)
+        e->fw_ops->destroy(e->fw);
     real_zeror_free(e->ckpt_host);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
@@ -494,6 +515,8 @@ static void start_step(RealEngine *e)
 {
     if (e->grads && e->stage < 2)
         real_gpt_grads_fresh(e->gpt, -1, ALL_TENSORS);
+    if (e->fw && e->fw_ops->start_step)
+        e->fw_ops->start_step(e->fw);
 }
 
 /* Waits for the device (when the backend has one) and adds the step's device-timed ops. */

@@ -1,0 +1,136 @@
+/* test_real_fw: zreal running the frameworks that lay the model states out their own way
+ * (real_engine_fw.h's plug-ins: Megatron-Core's DDP and distributed optimizer) at 1, 2 and 4
+ * ranks: every rank's bytes sent, model states, total peak and every category are the
+ * schedule's exactly, and the losses the one-rank run's. */
+#include "real_zero_common.h"
+
+/* One run: tiny, the global batch over n ranks, 4 steps. bucket: reduce_bucket_size with
+ * overlap_comm (Megatron's overlap_grad_reduce: buckets of that many elements), 0: without
+ * (one bucket). */
+typedef struct {
+    ZpImplKind impl;
+    int stage, ranks, accum;
+    double bucket;
+} FwRun;
+
+#define FW_STEPS 4
+
+static char *fw_args(const FwRun *r)
+{
+    char *bucket = r->bucket > 0
+                       ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
+                       : g_strdup("");
+    char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
+                                 "--grad-accum %d --steps %d%s", zp_impl_name(r->impl),
+                                 r->stage, GLOBAL_BATCH / r->ranks / r->accum, r->accum,
+                                 FW_STEPS, bucket);
+    g_free(bucket);
+    return args;
+}
+
+/* The run's schedule with zreal's CPU workspace listed (real_zero_common.h peak_schedule). */
+static ZpSchedule *fw_schedule(const FwRun *r)
+{
+    ZpModel model = tu_load_model("tiny");
+    model.dropout = FALSE;
+    ZpPlan plan;
+    zp_plan_defaults(&plan, r->stage, r->ranks, 1);
+    plan.impl = r->impl;
+    plan.precision = ZP_PREC_BF16;
+    plan.micro_batch = GLOBAL_BATCH / r->ranks / r->accum;
+    plan.grad_accum = r->accum;
+    plan.backend_workspace = TRUE;
+    if (r->bucket > 0) {
+        plan.zero.overlap_comm = TRUE;
+        plan.zero.reduce_bucket_size = r->bucket;
+    }
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&model, &plan, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+/* Each rank of the measured run against the schedule walked in list order: the model
+ * states, the total peak, every category at it and every category's own peak, the bytes
+ * sent; the losses against the reference's. */
+static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
+{
+    char *args = fw_args(r);
+    json_t *m = tu_zreal_measured(r->ranks, args, path);
+    json_t *loss = json_object_get(m, "loss");
+    g_assert_cmpuint(json_array_size(loss), ==, FW_STEPS);
+    for (size_t i = 0; i < FW_STEPS; i++) {
+        const double a = json_number_value(json_array_get(loss, i));
+        const double b = json_number_value(json_array_get(ref_loss, i));
+        g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+    }
+    ZpSchedule *s = fw_schedule(r);
+    double own[ZP_MEM_N], at[ZP_MEM_N];
+    const double peak = tu_sequential_peak(s, at, own);
+    json_t *ranks = json_object_get(m, "ranks");
+    g_assert_cmpuint(json_array_size(ranks), ==, (size_t)r->ranks);
+    for (int q = 0; q < r->ranks; q++) {
+        json_t *rank = json_array_get(ranks, q);
+        g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
+                          zp_sched_model_state_bytes(s));
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+        g_assert_cmpfloat(number_at(rank, "peak_memory_bytes"), ==, peak);
+        json_t *breakdown = json_object_get(rank, "peak_breakdown");
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            g_assert_cmpfloat(number_at(breakdown, zp_sched_mem_name(c)), ==, at[c]);
+            g_assert_cmpfloat(category(rank, zp_sched_mem_name(c)), ==, own[c]);
+        }
+    }
+    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f: %.0f bytes sent a "
+                   "rank, model states %.0f, peak %.0f, loss %.4f", zp_impl_name(r->impl),
+                   r->stage, r->ranks, r->accum, r->bucket, zp_sched_comm_bytes(s, ZP_GROUP_DP),
+                   zp_sched_model_state_bytes(s), peak,
+                   json_number_value(json_array_get(loss, FW_STEPS - 1)));
+    zp_sched_free(s);
+    json_decref(m);
+    g_free(args);
+}
+
+/* The one-rank reference: the paper's stage 0. */
+static json_t *reference(const char *path)
+{
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0};
+    char *args = fw_args(&one);
+    json_t *ref = tu_zreal_measured(1, args, path);
+    g_free(args);
+    return ref;
+}
+
+/* Megatron-Core (real_engine_megatron.c): DDP (stage 0: each bucket all-reduced in place in
+ * main_grad) and the distributed optimizer (stage 1: param_data and main_grad padded, each
+ * bucket reduce-scattered into this rank's shard, Adam on the shard bucket by bucket, the
+ * updated shards all-gathered in place bucket by bucket, the step's fp32 copy of the
+ * shard's 16-bit gradients). Buckets: one (no overlap_grad_reduce), 3000 elements (a few
+ * per block) and 64 (a tensor each, each padded at its end to lcm(dp, 128): 1,024 elements
+ * of padding, which param_data, main_grad and the shards hold and the collectives send);
+ * two micro-steps, whose gradients main_grad sums before the last one's reduction. */
+static void test_megatron(void)
+{
+    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
+    json_t *ref = reference(path);
+    json_t *ref_loss = json_object_get(ref, "loss");
+    static const double buckets[] = {0, 3000, 64};
+    for (int stage = 0; stage <= 1; stage++)
+        for (int n = 1; n <= 4; n *= 2)
+            for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
+                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k]};
+                check_run(&r, ref_loss, path);
+            }
+    const FwRun accum = {ZP_IMPL_MEGATRON, 1, 4, 2, 3000};
+    check_run(&accum, ref_loss, path);
+    json_decref(ref);
+    g_free(path);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    real_zero_common_init();
+    g_test_add_func("/zreal/megatron", test_megatron);
+    return real_zero_common_run();
+}
