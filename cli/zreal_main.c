@@ -152,16 +152,11 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
-    if (plan->impl == ZP_IMPL_FSDP2) {
-        /* FSDP2's fp32 shards and copy-in buffers: no engine here executes them yet. */
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--impl %s: zreal executes deepspeed, fsdp, megatron and paper only; "
-                    "simulate it with zplan", zp_impl_name(plan->impl));
-        return FALSE;
-    }
     /* Megatron (real/real_engine_megatron.c) runs with its main_grad in bf16, the gradients'
      * own dtype (grad_reduce_in_fp32 off), as zreal reduces in bf16; its other defaults
-     * (zp_impl_plan_defaults: the bucket size) are left to --reduce-bucket-size. */
+     * (zp_impl_plan_defaults: the bucket size) are left to --reduce-bucket-size. FSDP2
+     * (real/real_engine_fsdp2.c) reduces in its param_dtype, bf16 (mp_policy's
+     * reduce_dtype None). */
     plan->zero.overlap_comm = plan->zero.overlap_comm || a->overlap;
     plan->precision = ZP_PREC_BF16;
     plan->micro_batch = a->micro_batch;
@@ -705,7 +700,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1; main_grad in bf16); fsdp2 is zplan's only", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1; main_grad in bf16) or fsdp2 (fully_shard at stage 3, CPU backend)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},

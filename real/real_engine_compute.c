@@ -173,6 +173,8 @@ gboolean real_engine_do_free(RealEngine *e, const ZpOp *op, GError **error)
     void *p = e->buffers[op->buffer];
     if (!p)
         return TRUE;
+    if (e->fw && e->fw_ops->release)
+        e->fw_ops->release(e->fw, op);
     if (op->sub == ZP_MEM_GRADS && op->unit >= 0 && e->unit_grads[op->unit] == p)
         e->unit_grads[op->unit] = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)

@@ -2,7 +2,7 @@
  * real_engine_fsdp2.c) and the tensor index they share. */
 #include "real_engine_fw.h"
 
-static const RealFwOps *const plugins[] = {&real_fw_megatron};
+static const RealFwOps *const plugins[] = {&real_fw_megatron, &real_fw_fsdp2};
 
 const RealFwOps *real_engine_fw_find(const ZpSchedule *s)
 {

@@ -47,6 +47,8 @@ typedef struct {
     gboolean (*grads)(void *fw, int unit, int micro, RealGptTensors *out, GError **error);
     /* An alloc op: *handled FALSE leaves it to the engine (activations, its workspace). */
     gboolean (*alloc)(void *fw, const ZpOp *op, gboolean *handled, GError **error);
+    /* Before the engine frees a buffer by schedule id (NULL: nothing to forget). */
+    void (*release)(void *fw, const ZpOp *op);
     /* A collective op of the data-parallel group. */
     gboolean (*collective)(void *fw, const ZpOp *op, GError **error);
     /* The optimizer op, on the states it holds. */
@@ -68,7 +70,7 @@ typedef struct {
 gboolean real_engine_fw_tensors(const ZpSchedule *s, RealFwTensors *out, GError **error);
 void real_engine_fw_tensors_clear(RealFwTensors *t);
 
-extern const RealFwOps real_fw_megatron;
+extern const RealFwOps real_fw_megatron, real_fw_fsdp2;
 
 /* The plug-in that executes the schedule, NULL: the engine's own (or real_engine_ds). */
 const RealFwOps *real_engine_fw_find(const ZpSchedule *s);

@@ -11,6 +11,7 @@ typedef struct {
     ZpImplKind impl;
     int stage, ranks, accum;
     double bucket;
+    gboolean checkpoint;
 } FwRun;
 
 #define FW_STEPS 4
@@ -21,9 +22,9 @@ static char *fw_args(const FwRun *r)
                        ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
                        : g_strdup("");
     char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
-                                 "--grad-accum %d --steps %d%s", zp_impl_name(r->impl),
+                                 "--grad-accum %d --steps %d%s%s", zp_impl_name(r->impl),
                                  r->stage, GLOBAL_BATCH / r->ranks / r->accum, r->accum,
-                                 FW_STEPS, bucket);
+                                 FW_STEPS, bucket, r->checkpoint ? " --checkpoint" : "");
     g_free(bucket);
     return args;
 }
@@ -39,6 +40,7 @@ static ZpSchedule *fw_schedule(const FwRun *r)
     plan.precision = ZP_PREC_BF16;
     plan.micro_batch = GLOBAL_BATCH / r->ranks / r->accum;
     plan.grad_accum = r->accum;
+    plan.checkpoint = r->checkpoint;
     plan.backend_workspace = TRUE;
     if (r->bucket > 0) {
         plan.zero.overlap_comm = TRUE;
@@ -81,9 +83,10 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
             g_assert_cmpfloat(category(rank, zp_sched_mem_name(c)), ==, own[c]);
         }
     }
-    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f: %.0f bytes sent a "
-                   "rank, model states %.0f, peak %.0f, loss %.4f", zp_impl_name(r->impl),
-                   r->stage, r->ranks, r->accum, r->bucket, zp_sched_comm_bytes(s, ZP_GROUP_DP),
+    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f%s: %.0f bytes sent "
+                   "a rank, model states %.0f, peak %.0f, loss %.4f", zp_impl_name(r->impl),
+                   r->stage, r->ranks, r->accum, r->bucket,
+                   r->checkpoint ? ", checkpointing" : "", zp_sched_comm_bytes(s, ZP_GROUP_DP),
                    zp_sched_model_state_bytes(s), peak,
                    json_number_value(json_array_get(loss, FW_STEPS - 1)));
     zp_sched_free(s);
@@ -94,7 +97,7 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
 /* The one-rank reference: the paper's stage 0. */
 static json_t *reference(const char *path)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -118,11 +121,32 @@ static void test_megatron(void)
     for (int stage = 0; stage <= 1; stage++)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
-                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k]};
+                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE};
                 check_run(&r, ref_loss, path);
             }
-    const FwRun accum = {ZP_IMPL_MEGATRON, 1, 4, 2, 3000};
+    const FwRun accum = {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE};
     check_run(&accum, ref_loss, path);
+    json_decref(ref);
+    g_free(path);
+}
+
+/* FSDP2 (real_engine_fsdp2.c) at reshard_after_forward=True (stage 3): each unit
+ * all-gathered from its fp32 shards cast into the flat output, copied out per parameter,
+ * gathered again for backward (and for the recompute with checkpointing), its gradients
+ * copied into the reduce-scatter's input and reduced into the fp32 sharded gradients (added
+ * at a second micro-step), Adam on the fp32 shards with no 16-bit copy. */
+static void test_fsdp2(void)
+{
+    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
+    json_t *ref = reference(path);
+    json_t *ref_loss = json_object_get(ref, "loss");
+    static const FwRun runs[] = {
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
+        check_run(&runs[k], ref_loss, path);
     json_decref(ref);
     g_free(path);
 }
@@ -132,5 +156,6 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     real_zero_common_init();
     g_test_add_func("/zreal/megatron", test_megatron);
+    g_test_add_func("/zreal/fsdp2", test_fsdp2);
     return real_zero_common_run();
 }
