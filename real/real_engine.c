@@ -65,7 +65,8 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients && zp_offload_any(&s->plan))
         return fail(error, "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without "
                            "offload");
-    if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
+    if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16 &&
+        !real_engine_fw_find(s)) /* a plug-in checks its own (Megatron's fp32 main_grad) */
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
     return TRUE;

@@ -4,8 +4,11 @@
  * shard of every bucket, its in-place all-gather of the updated shards bucket by bucket. */
 #include "real_engine_fw.h"
 
+#include "real_offload.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
+
+#include <string.h>
 
 typedef struct {
     const ZpBucketSpec *spec;
@@ -24,9 +27,12 @@ typedef struct {
     guint n_bk;
     uint64_t numel, opt_elems;
     /* distributed_data_parallel.py / param_and_grad_buffer.py: param_data and main_grad
-     * (the model states params and grads, in the buffer's layout), and the optimizer's
-     * fp32 states: all parameters (stage 0) or this rank's shard of each bucket. */
-    RealBf16 *params, *grads;
+     * (the model states params and grads, in the buffer's layout; main_grad of grad_bytes
+     * an element: 4 with grad_reduce_in_fp32, else 2), and the optimizer's fp32 states: all
+     * parameters (stage 0) or this rank's shard of each bucket. */
+    RealBf16 *params;
+    void *grads;
+    gsize grad_bytes;
     float *master, *adam_m, *adam_v;
 } Mg;
 
@@ -89,6 +95,12 @@ static void index_buckets(Mg *mg)
     mg->opt_elems = master;
 }
 
+/* main_grad at element `at`. */
+static void *grad_at(const Mg *mg, uint64_t at)
+{
+    return (char *)mg->grads + at * mg->grad_bytes;
+}
+
 static void *take(Mg *mg, uint64_t bytes, ZpMemCategory cat, GError **error)
 {
     void *p = real_engine_alloc(mg->env.be, mg->env.comm->rank, bytes, cat, error);
@@ -116,18 +128,29 @@ static void *mg_create(const RealFwEnv *env, GError **error)
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
     const uint64_t param_elems = mg->stage == 1 ? s->padded_elems : s->total_elems;
     const uint64_t opt = mg->stage == 1 ? s->partition_elems : s->total_elems;
+    mg->grad_bytes = (gsize)(s->state_bytes[ZP_MEM_GRADS] / (double)MAX(mg->numel, 1));
     if (param_elems != mg->numel || opt != mg->opt_elems ||
-        s->state_bytes[ZP_MEM_GRADS] != (double)(mg->numel * b2)) {
+        s->state_bytes[ZP_MEM_GRADS] != (double)(mg->numel * mg->grad_bytes) ||
+        (mg->grad_bytes != 2 && mg->grad_bytes != 4)) {
         real_engine_fail(error, "Megatron's buffers hold %" G_GUINT64_FORMAT " elements, a "
-                         "shard %" G_GUINT64_FORMAT " in 16-bit main_grad; the schedule has %"
-                         G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " and %.0f gradient bytes",
-                         mg->numel, mg->opt_elems, param_elems, opt,
-                         s->state_bytes[ZP_MEM_GRADS]);
+                         "shard %" G_GUINT64_FORMAT "; the schedule has %" G_GUINT64_FORMAT ", %"
+                         G_GUINT64_FORMAT " and %.0f bytes of main_grad", mg->numel,
+                         mg->opt_elems, param_elems, opt, s->state_bytes[ZP_MEM_GRADS]);
         mg_destroy(mg);
         return NULL;
     }
+    /* grad_reduce_in_fp32: fp32 sums, and Adam reading fp32 gradients (the CPU's) */
+    const gboolean f32 = mg->grad_bytes == 4;
+    if (f32 && (!env->comm->allreduce_f32 || !env->comm->reduce_scatter_f32 ||
+                strcmp(env->be->name, "cpu") != 0)) {
+        real_engine_fail(error, "zreal keeps Megatron's main_grad in fp32 (grad_reduce_in_fp32) "
+                         "on the CPU backend over MPI ranks; here run with --reduce-dtype bf16");
+        mg_destroy(mg);
+        return NULL;
+    }
+    real_gpt_set_grads_f32(env->gpt, f32);
     if (!(mg->params = take(mg, mg->numel * b2, ZP_MEM_PARAMS, error)) ||
-        !(mg->grads = take(mg, mg->numel * b2, ZP_MEM_GRADS, error)) ||
+        !(mg->grads = take(mg, mg->numel * mg->grad_bytes, ZP_MEM_GRADS, error)) ||
         !(mg->master = take(mg, mg->opt_elems * f4, ZP_MEM_MASTER, error)) ||
         !(mg->adam_m = take(mg, mg->opt_elems * f4, ZP_MEM_ADAM_M, error)) ||
         !(mg->adam_v = take(mg, mg->opt_elems * f4, ZP_MEM_ADAM_V, error))) {
@@ -166,21 +189,24 @@ static void mg_start_step(void *data)
     real_gpt_grads_fresh(mg->env.gpt, -1, UINT32_MAX);
 }
 
-static gboolean view(const Mg *mg, RealBf16 *base, int u, RealGptTensors *out, GError **error)
+/* Unit u's tensors in a buffer of `elem` bytes an element (main_grad's fp32 views are
+ * handed on as such: real_gpt_set_grads_f32). */
+static gboolean view(const Mg *mg, void *base, gsize elem, int u, RealGptTensors *out,
+                     GError **error)
 {
     const guint first = mg->tensors.unit_first[u], last = mg->tensors.unit_first[u + 1];
     if (last == first)
         return real_engine_fail(error, "unit %d has no tensors here", u);
     *out = (RealGptTensors){0};
     for (guint i = first; i < last; i++)
-        out->at[i - first] = base + mg->t_start[i];
+        out->at[i - first] = (RealBf16 *)(void *)((char *)base + mg->t_start[i] * elem);
     return TRUE;
 }
 
 static gboolean mg_params(void *data, int unit, RealGptTensors *out, GError **error)
 {
     Mg *mg = data;
-    return view(mg, mg->params, unit, out, error);
+    return view(mg, mg->params, sizeof(RealBf16), unit, out, error);
 }
 
 /* Backward adds each gradient into its main_grad view (the backward hook's
@@ -189,7 +215,7 @@ static gboolean mg_grads(void *data, int unit, int micro, RealGptTensors *out, G
 {
     (void)micro;
     Mg *mg = data;
-    return view(mg, mg->grads, unit, out, error);
+    return view(mg, mg->grads, mg->grad_bytes, unit, out, error);
 }
 
 /* The step's fp32 copy of the gradients it steps (zp_impl_megatron.c mg_step_buffers:
@@ -212,7 +238,7 @@ static gboolean mg_alloc(void *data, const ZpOp *op, gboolean *handled, GError *
     mg->env.buffers[op->buffer] = copy;
     for (guint i = 0; i < mg->n_bk; i++) {
         const Bucket *b = &mg->bk[i];
-        mg->env.be->bf16_to_f32(mg->env.be, copy + b->master_at, mg->grads + shard_start(mg, b),
+        mg->env.be->bf16_to_f32(mg->env.be, copy + b->master_at, grad_at(mg, shard_start(mg, b)),
                                 shard_elems(mg, b));
     }
     return TRUE;
@@ -248,16 +274,19 @@ static gboolean mg_collective(void *data, const ZpOp *op, GError **error)
     const uint64_t n = b->elems / (uint64_t)mg->dp;
     switch ((ZpCollKind)op->sub) {
     case ZP_COLL_ALLREDUCE:
-        return c->allreduce_bf16(c, mg->grads + b->start, b->elems, error);
+        return mg->grad_bytes == 4 ? c->allreduce_f32(c, grad_at(mg, b->start), b->elems, error)
+                                   : c->allreduce_bf16(c, grad_at(mg, b->start), b->elems, error);
     case ZP_COLL_REDUCE_SCATTER: {
         int *counts = g_new(int, mg->dp);
         for (int q = 0; q < mg->dp; q++)
             counts[q] = (int)n;
-        const gboolean ok = c->reduce_scatter_bf16(c, mg->grads + b->start, counts, error);
+        void *bucket = grad_at(mg, b->start);
+        const gboolean ok = mg->grad_bytes == 4 ? c->reduce_scatter_f32(c, bucket, counts, error)
+                                                : c->reduce_scatter_bf16(c, bucket, counts, error);
         g_free(counts);
         if (ok && mg->rank > 0) /* the sum lands at the bucket's head: into the shard's view */
-            mg->env.be->copy(mg->env.be, mg->grads + shard_start(mg, b), mg->grads + b->start,
-                             n * sizeof(RealBf16));
+            mg->env.be->copy(mg->env.be, grad_at(mg, shard_start(mg, b)), bucket,
+                             n * mg->grad_bytes);
         return ok;
     }
     case ZP_COLL_ALLGATHER:
@@ -271,7 +300,8 @@ static gboolean mg_collective(void *data, const ZpOp *op, GError **error)
 
 /* Adam on what this rank steps, bucket by bucket (the shards are not contiguous in the
  * buffer), writing the updated 16-bit parameters into param_data
- * (_copy_main_params_to_model_params). */
+ * (_copy_main_params_to_model_params); an fp32 main_grad is the main parameters' .grad
+ * itself (optimizer.py _copy_model_grads_to_main_grads: .float() of an fp32 tensor). */
 static gboolean mg_optimizer(void *data, const RealAdamHyper *hyper, GError **error)
 {
     (void)error;
@@ -279,9 +309,13 @@ static gboolean mg_optimizer(void *data, const RealAdamHyper *hyper, GError **er
     for (guint i = 0; i < mg->n_bk; i++) {
         const Bucket *b = &mg->bk[i];
         const uint64_t at = b->master_at, from = shard_start(mg, b);
-        mg->env.be->adam_step(mg->env.be, hyper, shard_elems(mg, b), mg->master + at,
-                              mg->adam_m + at, mg->adam_v + at, mg->grads + from,
-                              mg->params + from);
+        if (mg->grad_bytes == 4)
+            real_offload_cpu_adam(hyper, shard_elems(mg, b), mg->master + at, mg->adam_m + at,
+                                  mg->adam_v + at, grad_at(mg, from), mg->params + from);
+        else
+            mg->env.be->adam_step(mg->env.be, hyper, shard_elems(mg, b), mg->master + at,
+                                  mg->adam_m + at, mg->adam_v + at, grad_at(mg, from),
+                                  mg->params + from);
     }
     return TRUE;
 }

@@ -12,6 +12,7 @@ typedef struct {
     int stage, ranks, accum;
     double bucket;
     gboolean checkpoint;
+    const char *reduce_dtype; /* --reduce-dtype, NULL: the implementation's default */
 } FwRun;
 
 #define FW_STEPS 4
@@ -22,9 +23,11 @@ static char *fw_args(const FwRun *r)
                        ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
                        : g_strdup("");
     char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
-                                 "--grad-accum %d --steps %d%s%s", zp_impl_name(r->impl),
+                                 "--grad-accum %d --steps %d%s%s%s%s", zp_impl_name(r->impl),
                                  r->stage, GLOBAL_BATCH / r->ranks / r->accum, r->accum,
-                                 FW_STEPS, bucket, r->checkpoint ? " --checkpoint" : "");
+                                 FW_STEPS, bucket, r->checkpoint ? " --checkpoint" : "",
+                                 r->reduce_dtype ? " --reduce-dtype " : "",
+                                 r->reduce_dtype ? r->reduce_dtype : "");
     g_free(bucket);
     return args;
 }
@@ -38,6 +41,10 @@ static ZpSchedule *fw_schedule(const FwRun *r)
     zp_plan_defaults(&plan, r->stage, r->ranks, 1);
     plan.impl = r->impl;
     plan.precision = ZP_PREC_BF16;
+    zp_impl_plan_defaults(&plan); /* as zreal's plan: Megatron's fp32 main_grad */
+    if (r->reduce_dtype)
+        g_assert_true(zp_reduce_dtype_parse(r->reduce_dtype, "--reduce-dtype", &plan.reduce_dtype,
+                                            NULL));
     plan.micro_batch = GLOBAL_BATCH / r->ranks / r->accum;
     plan.grad_accum = r->accum;
     plan.checkpoint = r->checkpoint;
@@ -83,9 +90,10 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
             g_assert_cmpfloat(category(rank, zp_sched_mem_name(c)), ==, own[c]);
         }
     }
-    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f%s: %.0f bytes sent "
-                   "a rank, model states %.0f, peak %.0f, loss %.4f", zp_impl_name(r->impl),
-                   r->stage, r->ranks, r->accum, r->bucket,
+    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s: %.0f "
+                   "bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
+                   zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,
+                   zp_reduce_dtype_name(s->plan.reduce_dtype),
                    r->checkpoint ? ", checkpointing" : "", zp_sched_comm_bytes(s, ZP_GROUP_DP),
                    zp_sched_model_state_bytes(s), peak,
                    json_number_value(json_array_get(loss, FW_STEPS - 1)));
@@ -97,7 +105,7 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
 /* The one-rank reference: the paper's stage 0. */
 static json_t *reference(const char *path)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -107,11 +115,14 @@ static json_t *reference(const char *path)
 /* Megatron-Core (real_engine_megatron.c): DDP (stage 0: each bucket all-reduced in place in
  * main_grad) and the distributed optimizer (stage 1: param_data and main_grad padded, each
  * bucket reduce-scattered into this rank's shard, Adam on the shard bucket by bucket, the
- * updated shards all-gathered in place bucket by bucket, the step's fp32 copy of the
- * shard's 16-bit gradients). Buckets: one (no overlap_grad_reduce), 3000 elements (a few
- * per block) and 64 (a tensor each, each padded at its end to lcm(dp, 128): 1,024 elements
- * of padding, which param_data, main_grad and the shards hold and the collectives send);
- * two micro-steps, whose gradients main_grad sums before the last one's reduction. */
+ * updated shards all-gathered in place bucket by bucket). main_grad in fp32 (its default
+ * under bf16: grad_reduce_in_fp32, backward accumulating into it in fp32, fp32 sums) at
+ * every stage, rank count and bucket size: one bucket (no overlap_grad_reduce), 3000
+ * elements (a few per block) and 64 (a tensor each, each padded at its end to
+ * lcm(dp, 128): 1,024 elements of padding, which param_data, main_grad and the shards hold
+ * and the collectives send); in bf16 (--reduce-dtype bf16) with the step's fp32 copy of the
+ * shard's gradients; two micro-steps, whose gradients main_grad sums before the last one's
+ * reduction. */
 static void test_megatron(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
@@ -121,11 +132,18 @@ static void test_megatron(void)
     for (int stage = 0; stage <= 1; stage++)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
-                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE};
+                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL};
                 check_run(&r, ref_loss, path);
             }
-    const FwRun accum = {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE};
-    check_run(&accum, ref_loss, path);
+    static const FwRun others[] = {
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16"},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16"},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16"},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16"},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(others); k++)
+        check_run(&others[k], ref_loss, path);
     json_decref(ref);
     g_free(path);
 }
@@ -141,9 +159,9 @@ static void test_fsdp2(void)
     json_t *ref = reference(path);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE},
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
