@@ -178,11 +178,15 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
         return FALSE;
     if (e->ds && hpz > 1) /* DeepSpeed's secondary partition is per tensor */
         return real_ds_hpz(e->ds, e->hpz_comm, error);
+    if (e->fw && hpz > 1 && !e->fw_ops->hpz)
+        return fail(error, "zreal executes --impl %s without hpZ's groups", e->fw_ops->name);
     for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
         if (!is_persistent(e, u) &&
             !(e->secondary[u] = take(e, unit_padded(e, u) / (uint64_t)hpz * sizeof(RealBf16),
                                      ZP_MEM_SECONDARY_PARAMS, error)))
             return FALSE;
+    if (e->fw && hpz > 1) /* the plug-in fills and reads them */
+        return e->fw_ops->hpz(e->fw, e->hpz_comm, e->secondary, error);
     return TRUE;
 }
 

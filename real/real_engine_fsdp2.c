@@ -5,6 +5,7 @@
 #include "real_engine_fw.h"
 
 #include "real_offload.h"
+#include "zp_impl.h"
 #include "zp_mem.h"
 
 #include <string.h>
@@ -28,6 +29,11 @@ typedef struct {
     /* _fsdp_param.py FSDPParam: the sharded parameters (fp32, the optimizer's master),
      * their .grad (fp32: foreach_reduce casts the reduced shard to orig_dtype), Adam's. */
     float *master, *grads, *adam_m, *adam_v;
+    /* reshard_after_forward=int (hpZ's group of that many consecutive ranks): the group's
+     * communicator and each unit's shard of its flat all-gather output (the engine's, as
+     * the schedule's secondary_params lays them out), NULL without. */
+    RealComm *hpz_comm;
+    RealBf16 **secondary;
 } Fsdp2;
 
 static gboolean fsdp2_applies(const ZpSchedule *s)
@@ -87,9 +93,9 @@ static void *fsdp2_create(const RealFwEnv *env, GError **error)
                          env->be->name);
         return NULL;
     }
-    if (s->plan.zero.stage != 3 || s->plan.zero.zero_hpz_partition_size > 1) {
+    if (s->plan.zero.stage != 3) {
         real_engine_fail(error, "zreal executes --impl fsdp2 at stage 3 "
-                         "(reshard_after_forward=True), not at stage %d or with hpZ's groups",
+                         "(reshard_after_forward=True or an int), not at stage %d",
                          s->plan.zero.stage);
         return NULL;
     }
@@ -233,9 +239,19 @@ static int unit_of(const Fsdp2 *f, const ZpOp *op, GError **error)
     return -1;
 }
 
+/* The elements of unit u's flat all-gather output a rank of hpZ's group keeps. */
+static uint64_t secondary_elems(const Fsdp2 *f, int u)
+{
+    return f->chunk[u] * (uint64_t)f->dp / (uint64_t)f->hpz_comm->size;
+}
+
 /* _fsdp_collectives.py foreach_all_gather: each shard cast to param_dtype into this rank's
  * chunk of the flat output (all_gather_input is a view of all_gather_output, the copy-in
- * _foreach_copy_), then all_gather_into_tensor in place. */
+ * _foreach_copy_), then all_gather_into_tensor in place. With reshard_after_forward=int
+ * (_fsdp_param.py to_sharded_post_forward: the unsharded parameters resharded over the
+ * post-forward mesh) this rank keeps its 1/size of the output, and backward's all-gather
+ * over that group (hpZ's) rebuilds the output from those; its bytes count in the
+ * data-parallel communicator's total, as hpZ's do. */
 static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
 {
     const int u = unit_of(f, op, error);
@@ -245,11 +261,48 @@ static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
         return real_engine_fail(error, "unit %d's all-gather: %.0f bytes; its shards take %"
                                 G_GUINT64_FORMAT " a rank", u, op->bytes, f->chunk[u]);
     RealBf16 *flat = f->env.buffers[op->buffer];
+    RealComm *c = f->env.comm;
+    if (op->group == ZP_GROUP_HPZ) {
+        RealComm *h = f->hpz_comm;
+        if (!h)
+            return real_engine_fail(error, "an all-gather over hpZ's group without it");
+        const double before = h->sent_bytes;
+        const gboolean ok =
+            h->allgather_bf16(h, f->secondary[u], secondary_elems(f, u), flat, error);
+        c->sent_bytes += h->sent_bytes - before;
+        return ok;
+    }
     RealBf16 *mine = flat + (uint64_t)f->rank * f->chunk[u];
     for (guint i = f->tensors.unit_first[u]; i < f->tensors.unit_first[u + 1]; i++)
         f->env.be->f32_to_bf16(f->env.be, mine + f->at[i].chunk_at, f->master + f->at[i].shard_at,
                                f->at[i].slice);
-    return f->env.comm->allgather_bf16(f->env.comm, mine, f->chunk[u], flat, error);
+    if (!c->allgather_bf16(c, mine, f->chunk[u], flat, error))
+        return FALSE;
+    if (f->hpz_comm) {
+        const uint64_t n = secondary_elems(f, u);
+        f->env.be->copy(f->env.be, f->secondary[u], flat + (uint64_t)f->hpz_comm->rank * n,
+                        n * sizeof(RealBf16));
+    }
+    return TRUE;
+}
+
+/* The engine's hpZ group and secondary buffers (a unit's padded elements / size each): a
+ * rank keeps its 1/size of each unit's flat output, which needs the unit's parameters padded
+ * one by one to hold no more than the unit padded whole. */
+static gboolean fsdp2_hpz(void *data, RealComm *hpz_comm, RealBf16 **secondary, GError **error)
+{
+    Fsdp2 *f = data;
+    const ZpSchedule *s = f->env.s;
+    for (int u = 0; u < s->n_units; u++)
+        if (f->chunk[u] * (uint64_t)f->dp != zp_sched_unit_padded(s, u) || !secondary[u])
+            return real_engine_fail(error, "unit %d: its parameters padded one by one to %d "
+                                    "ranks take %" G_GUINT64_FORMAT " elements, the schedule's "
+                                    "secondary shard is of %" G_GUINT64_FORMAT, u, f->dp,
+                                    f->chunk[u] * (uint64_t)f->dp,
+                                    zp_sched_unit_padded(s, u));
+    f->hpz_comm = hpz_comm;
+    f->secondary = secondary;
+    return TRUE;
 }
 
 /* foreach_reduce: the unsharded gradients copied into the reduce-scatter's input, rank q's
@@ -370,4 +423,5 @@ const RealFwOps real_fw_fsdp2 = {
     .collective = fsdp2_collective,
     .optimizer = fsdp2_optimizer,
     .unpack = fsdp2_unpack,
+    .hpz = fsdp2_hpz,
 };

@@ -13,6 +13,7 @@ typedef struct {
     double bucket;
     gboolean checkpoint;
     const char *reduce_dtype; /* --reduce-dtype, NULL: the implementation's default */
+    int hpz;                  /* FSDP2's reshard_after_forward=int (hpZ's group), 0: none */
 } FwRun;
 
 #define FW_STEPS 4
@@ -23,11 +24,12 @@ static char *fw_args(const FwRun *r)
                        ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
                        : g_strdup("");
     char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
-                                 "--grad-accum %d --steps %d%s%s%s%s", zp_impl_name(r->impl),
-                                 r->stage, GLOBAL_BATCH / r->ranks / r->accum, r->accum,
-                                 FW_STEPS, bucket, r->checkpoint ? " --checkpoint" : "",
+                                 "--grad-accum %d --steps %d%s%s%s%s --hpz-partition-size %d",
+                                 zp_impl_name(r->impl), r->stage,
+                                 GLOBAL_BATCH / r->ranks / r->accum, r->accum, FW_STEPS, bucket,
+                                 r->checkpoint ? " --checkpoint" : "",
                                  r->reduce_dtype ? " --reduce-dtype " : "",
-                                 r->reduce_dtype ? r->reduce_dtype : "");
+                                 r->reduce_dtype ? r->reduce_dtype : "", MAX(r->hpz, 1));
     g_free(bucket);
     return args;
 }
@@ -48,6 +50,7 @@ static ZpSchedule *fw_schedule(const FwRun *r)
     plan.micro_batch = GLOBAL_BATCH / r->ranks / r->accum;
     plan.grad_accum = r->accum;
     plan.checkpoint = r->checkpoint;
+    plan.zero.zero_hpz_partition_size = MAX(r->hpz, 1);
     plan.backend_workspace = TRUE;
     if (r->bucket > 0) {
         plan.zero.overlap_comm = TRUE;
@@ -82,7 +85,10 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
         json_t *rank = json_array_get(ranks, q);
         g_assert_cmpfloat(number_at(rank, "model_state_bytes"), ==,
                           zp_sched_model_state_bytes(s));
-        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==, zp_sched_comm_bytes(s, ZP_GROUP_DP));
+        /* hpZ's group's bytes count in the data-parallel communicator's total */
+        g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==,
+                          zp_sched_comm_bytes(s, ZP_GROUP_DP) +
+                              zp_sched_comm_bytes(s, ZP_GROUP_HPZ));
         g_assert_cmpfloat(number_at(rank, "peak_memory_bytes"), ==, peak);
         json_t *breakdown = json_object_get(rank, "peak_breakdown");
         for (int c = 0; c < ZP_MEM_N; c++) {
@@ -90,11 +96,12 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
             g_assert_cmpfloat(category(rank, zp_sched_mem_name(c)), ==, own[c]);
         }
     }
-    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s: %.0f "
-                   "bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
+    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, hpz %d: "
+                   "%.0f bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
                    zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,
                    zp_reduce_dtype_name(s->plan.reduce_dtype),
-                   r->checkpoint ? ", checkpointing" : "", zp_sched_comm_bytes(s, ZP_GROUP_DP),
+                   r->checkpoint ? ", checkpointing" : "", r->hpz,
+                   zp_sched_comm_bytes(s, ZP_GROUP_DP) + zp_sched_comm_bytes(s, ZP_GROUP_HPZ),
                    zp_sched_model_state_bytes(s), peak,
                    json_number_value(json_array_get(loss, FW_STEPS - 1)));
     zp_sched_free(s);
@@ -105,7 +112,7 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
 /* The one-rank reference: the paper's stage 0. */
 static json_t *reference(const char *path)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -132,15 +139,15 @@ static void test_megatron(void)
     for (int stage = 0; stage <= 1; stage++)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
-                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL};
+                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL, 0};
                 check_run(&r, ref_loss, path);
             }
     static const FwRun others[] = {
-        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16"},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16"},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16"},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16"},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL},
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(others); k++)
         check_run(&others[k], ref_loss, path);
@@ -152,16 +159,19 @@ static void test_megatron(void)
  * all-gathered from its fp32 shards cast into the flat output, copied out per parameter,
  * gathered again for backward (and for the recompute with checkpointing), its gradients
  * copied into the reduce-scatter's input and reduced into the fp32 sharded gradients (added
- * at a second micro-step), Adam on the fp32 shards with no 16-bit copy. */
+ * at a second micro-step), Adam on the fp32 shards with no 16-bit copy; and at
+ * reshard_after_forward=2 on 4 ranks (the schedule's hpZ group): each rank keeps half of
+ * each unit's forward all-gather output, from which backward gathers inside its pair. */
 static void test_fsdp2(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
     json_t *ref = reference(path);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL},
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
