@@ -79,6 +79,12 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
     ZpSchedule *s = fw_schedule(r);
     double own[ZP_MEM_N], at[ZP_MEM_N];
     const double peak = tu_sequential_peak(s, at, own);
+    /* and the simulator's timeline of the same schedule (real_zero_common.h) */
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+    GError *error = NULL;
+    SimResult *sim = sim_engine_run(s, &hw, &o, &error);
+    g_assert_no_error(error);
     json_t *ranks = json_object_get(m, "ranks");
     g_assert_cmpuint(json_array_size(ranks), ==, (size_t)r->ranks);
     for (int q = 0; q < r->ranks; q++) {
@@ -95,7 +101,9 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
             g_assert_cmpfloat(number_at(breakdown, zp_sched_mem_name(c)), ==, at[c]);
             g_assert_cmpfloat(category(rank, zp_sched_mem_name(c)), ==, own[c]);
         }
+        check_total_peak(rank, sim);
     }
+    sim_result_free(sim);
     g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, hpz %d: "
                    "%.0f bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
                    zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,

@@ -209,6 +209,11 @@ typedef struct ZpImpl {
      * reduction (after the compute op it follows; then the memory a step needs is that of the
      * ops in list order, as zreal holds it); FALSE: once the reduction has run. */
     gboolean frees_at_issue;
+    /* Whether a reduction's concatenation copy is held until the next reduction is issued (or
+     * the micro-step's last one has run), and the gradients copied into it are freed once
+     * the reduction is issued (FSDP2's reduce_scatter_input and unsharded gradients); FALSE:
+     * both are freed as frees_at_issue says. */
+    gboolean copy_held_to_next;
     /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
      * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
      * others reduce-scattered alone, and only across more than one node
