@@ -72,12 +72,13 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     return TRUE;
 }
 
-/* What a framework's plug-in (real_engine_fw.h) executes: data parallelism alone, on the GPU. */
+/* What a framework's plug-in (real_engine_fw.h) executes: data and tensor parallelism, on the
+ * GPU. */
 static gboolean check_plugin(const ZpSchedule *s, const RealFwOps *fw, GError **error)
 {
-    if (s->plan.mp > 1 || s->stages > 1 || zp_offload_any(&s->plan))
-        return fail(error, "zreal executes --impl %s with data parallelism alone (no tensor "
-                    "or pipeline parallelism, no offload)", fw->name);
+    if (s->stages > 1 || zp_offload_any(&s->plan))
+        return fail(error, "zreal executes --impl %s with data and tensor parallelism (no "
+                    "pipeline, no offload)", fw->name);
     return TRUE;
 }
 

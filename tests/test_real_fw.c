@@ -14,7 +14,14 @@ typedef struct {
     gboolean checkpoint;
     const char *reduce_dtype; /* --reduce-dtype, NULL: the implementation's default */
     int hpz;                  /* FSDP2's reshard_after_forward=int (hpZ's group), 0: none */
+    int mp;                   /* tensor parallelism (Megatron's split), 0: none */
 } FwRun;
+
+/* Data-parallel ranks of a run. */
+static int fw_dp(const FwRun *r)
+{
+    return r->ranks / MAX(r->mp, 1);
+}
 
 #define FW_STEPS 4
 
@@ -24,12 +31,13 @@ static char *fw_args(const FwRun *r)
                        ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
                        : g_strdup("");
     char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
-                                 "--grad-accum %d --steps %d%s%s%s%s --hpz-partition-size %d",
-                                 zp_impl_name(r->impl), r->stage,
-                                 GLOBAL_BATCH / r->ranks / r->accum, r->accum, FW_STEPS, bucket,
+                                 "--grad-accum %d --steps %d%s%s%s%s --hpz-partition-size %d "
+                                 "--mp %d", zp_impl_name(r->impl), r->stage,
+                                 GLOBAL_BATCH / fw_dp(r) / r->accum, r->accum, FW_STEPS, bucket,
                                  r->checkpoint ? " --checkpoint" : "",
                                  r->reduce_dtype ? " --reduce-dtype " : "",
-                                 r->reduce_dtype ? r->reduce_dtype : "", MAX(r->hpz, 1));
+                                 r->reduce_dtype ? r->reduce_dtype : "", MAX(r->hpz, 1),
+                                 MAX(r->mp, 1));
     g_free(bucket);
     return args;
 }
@@ -40,14 +48,14 @@ static ZpSchedule *fw_schedule(const FwRun *r)
     ZpModel model = tu_load_model("tiny");
     model.dropout = FALSE;
     ZpPlan plan;
-    zp_plan_defaults(&plan, r->stage, r->ranks, 1);
+    zp_plan_defaults(&plan, r->stage, fw_dp(r), MAX(r->mp, 1));
     plan.impl = r->impl;
     plan.precision = ZP_PREC_BF16;
     zp_impl_plan_defaults(&plan); /* as zreal's plan: Megatron's fp32 main_grad */
     if (r->reduce_dtype)
         g_assert_true(zp_reduce_dtype_parse(r->reduce_dtype, "--reduce-dtype", &plan.reduce_dtype,
                                             NULL));
-    plan.micro_batch = GLOBAL_BATCH / r->ranks / r->accum;
+    plan.micro_batch = GLOBAL_BATCH / fw_dp(r) / r->accum;
     plan.grad_accum = r->accum;
     plan.checkpoint = r->checkpoint;
     plan.zero.zero_hpz_partition_size = MAX(r->hpz, 1);
@@ -95,6 +103,8 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
         g_assert_cmpfloat(number_at(rank, "comm_bytes"), ==,
                           zp_sched_comm_bytes(s, ZP_GROUP_DP) +
                               zp_sched_comm_bytes(s, ZP_GROUP_HPZ));
+        g_assert_cmpfloat(number_at(rank, "tp_comm_bytes"), ==,
+                          zp_sched_comm_bytes(s, ZP_GROUP_TP));
         g_assert_cmpfloat(number_at(rank, "peak_memory_bytes"), ==, peak);
         json_t *breakdown = json_object_get(rank, "peak_breakdown");
         for (int c = 0; c < ZP_MEM_N; c++) {
@@ -104,11 +114,11 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
         check_total_peak(rank, sim);
     }
     sim_result_free(sim);
-    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, hpz %d: "
-                   "%.0f bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
+    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, hpz %d, "
+                   "mp %d: %.0f bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
                    zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,
                    zp_reduce_dtype_name(s->plan.reduce_dtype),
-                   r->checkpoint ? ", checkpointing" : "", r->hpz,
+                   r->checkpoint ? ", checkpointing" : "", r->hpz, MAX(r->mp, 1),
                    zp_sched_comm_bytes(s, ZP_GROUP_DP) + zp_sched_comm_bytes(s, ZP_GROUP_HPZ),
                    zp_sched_model_state_bytes(s), peak,
                    json_number_value(json_array_get(loss, FW_STEPS - 1)));
@@ -120,7 +130,7 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
 /* The one-rank reference: the paper's stage 0. */
 static json_t *reference(const char *path)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0, 0};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -147,15 +157,18 @@ static void test_megatron(void)
     for (int stage = 0; stage <= 1; stage++)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
-                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL, 0};
+                const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL,
+                                 0, 0};
                 check_run(&r, ref_loss, path);
             }
     static const FwRun others[] = {
-        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0},
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0, 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0, 0},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0, 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0, 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0, 0},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 2},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, NULL, 0, 2},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(others); k++)
         check_run(&others[k], ref_loss, path);
@@ -176,10 +189,13 @@ static void test_fsdp2(void)
     json_t *ref = reference(path);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0}, {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0}, {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2},
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
