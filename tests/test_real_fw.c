@@ -15,7 +15,13 @@ typedef struct {
     const char *reduce_dtype; /* --reduce-dtype, NULL: the implementation's default */
     int hpz;                  /* FSDP2's reshard_after_forward=int (hpZ's group), 0: none */
     int mp;                   /* tensor parallelism (Megatron's split), 0: none */
+    const char *model;        /* NULL: tiny */
 } FwRun;
+
+static const char *fw_model(const FwRun *r)
+{
+    return r->model ? r->model : "tiny";
+}
 
 /* Data-parallel ranks of a run. */
 static int fw_dp(const FwRun *r)
@@ -30,9 +36,9 @@ static char *fw_args(const FwRun *r)
     char *bucket = r->bucket > 0
                        ? g_strdup_printf(" --overlap --reduce-bucket-size %.0f", r->bucket)
                        : g_strdup("");
-    char *args = g_strdup_printf("--model tiny --impl %s --stage %d --micro-batch %d "
+    char *args = g_strdup_printf("--model %s --impl %s --stage %d --micro-batch %d "
                                  "--grad-accum %d --steps %d%s%s%s%s --hpz-partition-size %d "
-                                 "--mp %d", zp_impl_name(r->impl), r->stage,
+                                 "--mp %d", fw_model(r), zp_impl_name(r->impl), r->stage,
                                  GLOBAL_BATCH / fw_dp(r) / r->accum, r->accum, FW_STEPS, bucket,
                                  r->checkpoint ? " --checkpoint" : "",
                                  r->reduce_dtype ? " --reduce-dtype " : "",
@@ -45,7 +51,7 @@ static char *fw_args(const FwRun *r)
 /* The run's schedule with zreal's CPU workspace listed (real_zero_common.h peak_schedule). */
 static ZpSchedule *fw_schedule(const FwRun *r)
 {
-    ZpModel model = tu_load_model("tiny");
+    ZpModel model = tu_load_model(fw_model(r));
     model.dropout = FALSE;
     ZpPlan plan;
     zp_plan_defaults(&plan, r->stage, fw_dp(r), MAX(r->mp, 1));
@@ -114,9 +120,10 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
         check_total_peak(rank, sim);
     }
     sim_result_free(sim);
-    g_test_message("%s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, hpz %d, "
-                   "mp %d: %.0f bytes sent a rank, model states %.0f, peak %.0f, loss %.4f",
-                   zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,
+    g_test_message("%s: %s stage %d, %d rank(s), %d micro-step(s), bucket %.0f, reduce %s%s, "
+                   "hpz %d, mp %d: %.0f bytes sent a rank, model states %.0f, peak %.0f, "
+                   "loss %.4f",
+                   fw_model(r), zp_impl_name(r->impl), r->stage, r->ranks, r->accum, r->bucket,
                    zp_reduce_dtype_name(s->plan.reduce_dtype),
                    r->checkpoint ? ", checkpointing" : "", r->hpz, MAX(r->mp, 1),
                    zp_sched_comm_bytes(s, ZP_GROUP_DP) + zp_sched_comm_bytes(s, ZP_GROUP_HPZ),
@@ -127,10 +134,10 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
     g_free(args);
 }
 
-/* The one-rank reference: the paper's stage 0. */
-static json_t *reference(const char *path)
+/* The one-rank reference: the paper's stage 0 (of `model`, NULL: tiny). */
+static json_t *reference(const char *path, const char *model)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0, 0};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0, 0, model};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -151,24 +158,24 @@ static json_t *reference(const char *path)
 static void test_megatron(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
-    json_t *ref = reference(path);
+    json_t *ref = reference(path, NULL);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const double buckets[] = {0, 3000, 64};
     for (int stage = 0; stage <= 1; stage++)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
                 const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL,
-                                 0, 0};
+                                 0, 0, NULL};
                 check_run(&r, ref_loss, path);
             }
     static const FwRun others[] = {
-        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0, 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0, 0},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0, 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0, 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0, 0},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 2},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, NULL, 0, 2},
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0, 0, NULL},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0, 0, NULL},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0, 0, NULL},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0, 0, NULL},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0, 0, NULL},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 2, NULL},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, NULL, 0, 2, NULL},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(others); k++)
         check_run(&others[k], ref_loss, path);
@@ -186,16 +193,34 @@ static void test_megatron(void)
 static void test_fsdp2(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
-    json_t *ref = reference(path);
+    json_t *ref = reference(path, NULL);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2},
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0, NULL},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2, NULL},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
+        check_run(&runs[k], ref_loss, path);
+    json_decref(ref);
+    g_free(path);
+}
+
+/* llama-tiny (RMSNorm, SwiGLU, rotary, no biases, an untied head): Megatron's distributed
+ * optimizer and FSDP2 at 2 ranks, whose embedding unit is one parameter, gathered in place
+ * (a call of one tensor has no copy-out in the schedule). */
+static void test_llama(void)
+{
+    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
+    json_t *ref = reference(path, "llama-tiny");
+    json_t *ref_loss = json_object_get(ref, "loss");
+    static const FwRun runs[] = {
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 3000, FALSE, NULL, 0, 0, "llama-tiny"},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, "llama-tiny"},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
@@ -209,5 +234,6 @@ int main(int argc, char **argv)
     real_zero_common_init();
     g_test_add_func("/zreal/megatron", test_megatron);
     g_test_add_func("/zreal/fsdp2", test_fsdp2);
+    g_test_add_func("/zreal/fw-llama", test_llama);
     return real_zero_common_run();
 }
