@@ -59,6 +59,7 @@ typedef struct {
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
     gboolean overlap; /* overlap_comm (Megatron's overlap_grad_reduce: its buckets) */
+    gboolean overlap_param_gather; /* Megatron's distributed optimizer's gathers in forward */
     gboolean schedule_edited; /* --schedule-edited: run a --schedule whose digest differs */
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
@@ -155,6 +156,7 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
     plan->zero.overlap_comm = plan->zero.overlap_comm || a->overlap;
+    plan->overlap_param_gather = a->overlap_param_gather;
     plan->precision = ZP_PREC_BF16;
     /* The implementation's own defaults, as zplan's (Megatron under bf16: main_grad in fp32,
      * grad_reduce_in_fp32; its bucket size), then the flags. FSDP2 reduces in its
@@ -695,6 +697,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &a->reduce_dtype, "Gradient reduction dtype bf16 or fp32 (default: the implementation's; fp32 only under --impl megatron, whose default it is: main_grad in fp32, CPU backend)", "D"},
+        {"overlap-param-gather", 0, 0, G_OPTION_ARG_NONE, &a->overlap_param_gather, "Megatron's distributed optimizer (--impl megatron --stage 1): the updated parameters all-gathered bucket by bucket before each bucket's first forward, not after the step", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &a->overlap, "overlap_comm on (with --impl megatron: overlap_grad_reduce, gradients in --reduce-bucket-size buckets; without it one bucket)", NULL},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a->partition_activations, "ZeRO-R Pa: each tensor rank keeps 1/T of each checkpoint, all-gathered over the tensor group before the recompute (with --checkpoint and --mp T)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},

@@ -16,6 +16,7 @@ typedef struct {
     int hpz;                  /* FSDP2's reshard_after_forward=int (hpZ's group), 0: none */
     int mp;                   /* tensor parallelism (Megatron's split), 0: none */
     const char *model;        /* NULL: tiny */
+    gboolean param_gather;    /* Megatron's overlap_param_gather */
 } FwRun;
 
 static const char *fw_model(const FwRun *r)
@@ -38,12 +39,12 @@ static char *fw_args(const FwRun *r)
                        : g_strdup("");
     char *args = g_strdup_printf("--model %s --impl %s --stage %d --micro-batch %d "
                                  "--grad-accum %d --steps %d%s%s%s%s --hpz-partition-size %d "
-                                 "--mp %d", fw_model(r), zp_impl_name(r->impl), r->stage,
+                                 "--mp %d%s", fw_model(r), zp_impl_name(r->impl), r->stage,
                                  GLOBAL_BATCH / fw_dp(r) / r->accum, r->accum, FW_STEPS, bucket,
                                  r->checkpoint ? " --checkpoint" : "",
                                  r->reduce_dtype ? " --reduce-dtype " : "",
                                  r->reduce_dtype ? r->reduce_dtype : "", MAX(r->hpz, 1),
-                                 MAX(r->mp, 1));
+                                 MAX(r->mp, 1), r->param_gather ? " --overlap-param-gather" : "");
     g_free(bucket);
     return args;
 }
@@ -65,6 +66,7 @@ static ZpSchedule *fw_schedule(const FwRun *r)
     plan.grad_accum = r->accum;
     plan.checkpoint = r->checkpoint;
     plan.zero.zero_hpz_partition_size = MAX(r->hpz, 1);
+    plan.overlap_param_gather = r->param_gather;
     plan.backend_workspace = TRUE;
     if (r->bucket > 0) {
         plan.zero.overlap_comm = TRUE;
@@ -137,7 +139,7 @@ static void check_run(const FwRun *r, json_t *ref_loss, const char *path)
 /* The one-rank reference: the paper's stage 0 (of `model`, NULL: tiny). */
 static json_t *reference(const char *path, const char *model)
 {
-    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0, 0, model};
+    const FwRun one = {ZP_IMPL_PAPER, 0, 1, 1, 0, FALSE, NULL, 0, 0, model, FALSE};
     char *args = fw_args(&one);
     json_t *ref = tu_zreal_measured(1, args, path);
     g_free(args);
@@ -154,7 +156,8 @@ static json_t *reference(const char *path, const char *model)
  * lcm(dp, 128): 1,024 elements of padding, which param_data, main_grad and the shards hold
  * and the collectives send); in bf16 (--reduce-dtype bf16) with the step's fp32 copy of the
  * shard's gradients; two micro-steps, whose gradients main_grad sums before the last one's
- * reduction. */
+ * reduction; TP 2 x DP 2; and overlap_param_gather, the updated shards all-gathered bucket by
+ * bucket in the next step's forward (before each bucket's first module) instead. */
 static void test_megatron(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
@@ -165,17 +168,19 @@ static void test_megatron(void)
         for (int n = 1; n <= 4; n *= 2)
             for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
                 const FwRun r = {ZP_IMPL_MEGATRON, stage, n, 1, buckets[k], FALSE, NULL,
-                                 0, 0, NULL};
+                                 0, 0, NULL, FALSE};
                 check_run(&r, ref_loss, path);
             }
     static const FwRun others[] = {
-        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0, 0, NULL},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0, 0, NULL},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0, 0, NULL},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0, 0, NULL},
-        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0, 0, NULL},
-        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 2, NULL},
-        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, NULL, 0, 2, NULL},
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 64, FALSE, "bf16", 0, 0, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 64, FALSE, "bf16", 0, 0, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, "bf16", 0, 0, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, "bf16", 0, 0, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 1, 4, 2, 3000, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 2, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 0, 4, 1, 3000, FALSE, NULL, 0, 2, NULL, FALSE},
+        {ZP_IMPL_MEGATRON, 1, 4, 1, 3000, FALSE, NULL, 0, 0, NULL, TRUE},
+        {ZP_IMPL_MEGATRON, 1, 2, 2, 64, FALSE, NULL, 0, 0, NULL, TRUE},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(others); k++)
         check_run(&others[k], ref_loss, path);
@@ -196,13 +201,13 @@ static void test_fsdp2(void)
     json_t *ref = reference(path, NULL);
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0, NULL},
-        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2, NULL},
+        {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2, NULL, FALSE},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
@@ -219,8 +224,8 @@ static void test_llama(void)
     json_t *ref = reference(path, "llama-tiny");
     json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
-        {ZP_IMPL_MEGATRON, 1, 2, 1, 3000, FALSE, NULL, 0, 0, "llama-tiny"},
-        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, "llama-tiny"},
+        {ZP_IMPL_MEGATRON, 1, 2, 1, 3000, FALSE, NULL, 0, 0, "llama-tiny", FALSE},
+        {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, "llama-tiny", FALSE},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
         check_run(&runs[k], ref_loss, path);
