@@ -11,6 +11,7 @@
 #include "real_tp.h"
 #include "real_watch.h"
 #include "zp_budget.h"
+#include "zp_impl.h"
 #include "zp_sched.h"
 #include "zp_schedsize.h"
 #include "zp_outpath.h"
@@ -46,6 +47,7 @@ static const char *const fault_actions[] = {"kill", "stop", "sleep", NULL};
 
 typedef struct {
     char *model, *schedule, *out, *backend, *attention, *seq, *impl;
+    char *reduce_dtype; /* --reduce-dtype, NULL: the implementation's default */
     char *like_simulate; /* --like-simulate PREDICTED.json: its plan, not the plan flags */
     int stage, micro_batch, grad_accum, steps, fault_rank, fault_step;
     int hpz, ranks_per_node; /* ZeRO++ hpZ's group size, and the ranks a node holds (0: all) */
@@ -56,6 +58,8 @@ typedef struct {
     FaultAction fault_action;
     int emulate, emulate_rank; /* --emulate N --rank r; emulate 0: real MPI ranks */
     gboolean checkpoint, microbench;
+    gboolean overlap; /* overlap_comm (Megatron's overlap_grad_reduce: its buckets) */
+    gboolean overlap_param_gather; /* Megatron's distributed optimizer's gathers in forward */
     gboolean schedule_edited; /* --schedule-edited: run a --schedule whose digest differs */
     double lr;
     char *knobs[ZP_KNOB_N]; /* DeepSpeed's size knobs as given, NULL when absent */
@@ -151,15 +155,16 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->impl = ZP_IMPL_PAPER;
     if (a->impl && !zp_impl_parse(a->impl, "--impl", &plan->impl, error))
         return FALSE;
-    if (plan->impl == ZP_IMPL_MEGATRON || plan->impl == ZP_IMPL_FSDP2) {
-        /* Megatron's fp32 main_grad buffer and in-place bucket views, FSDP2's fp32 shards and
-         * copy-in buffers: no engine here executes them yet. */
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--impl %s: zreal executes deepspeed, fsdp and paper only; simulate it with "
-                    "zplan", zp_impl_name(plan->impl));
-        return FALSE;
-    }
+    plan->zero.overlap_comm = plan->zero.overlap_comm || a->overlap;
+    plan->overlap_param_gather = a->overlap_param_gather;
     plan->precision = ZP_PREC_BF16;
+    /* The implementation's own defaults, as zplan's (Megatron under bf16: main_grad in fp32,
+     * grad_reduce_in_fp32; its bucket size), then the flags. FSDP2 reduces in its
+     * param_dtype, bf16 (mp_policy's reduce_dtype None). */
+    zp_impl_plan_defaults(plan);
+    if (a->reduce_dtype &&
+        !zp_reduce_dtype_parse(a->reduce_dtype, "--reduce-dtype", &plan->reduce_dtype, error))
+        return FALSE;
     plan->micro_batch = a->micro_batch;
     plan->grad_accum = a->grad_accum;
     plan->checkpoint = a->checkpoint;
@@ -691,6 +696,9 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"grad-accum", 0, 0, G_OPTION_ARG_STRING, &accum, "Micro-steps per optimizer step (default 1)", "G"},
         {"steps", 0, 0, G_OPTION_ARG_STRING, &steps, "Optimizer steps (default 20; 0 sets up the model states, measures them and stops)", "N"},
         {"checkpoint", 0, 0, G_OPTION_ARG_NONE, &a->checkpoint, "Activation checkpointing", NULL},
+        {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &a->reduce_dtype, "Gradient reduction dtype bf16 or fp32 (default: the implementation's; fp32 only under --impl megatron, whose default it is: main_grad in fp32, CPU backend)", "D"},
+        {"overlap-param-gather", 0, 0, G_OPTION_ARG_NONE, &a->overlap_param_gather, "Megatron's distributed optimizer (--impl megatron --stage 1): the updated parameters all-gathered bucket by bucket before each bucket's first forward, not after the step", NULL},
+        {"overlap", 0, 0, G_OPTION_ARG_NONE, &a->overlap, "overlap_comm on (with --impl megatron: overlap_grad_reduce, gradients in --reduce-bucket-size buckets; without it one bucket)", NULL},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &a->partition_activations, "ZeRO-R Pa: each tensor rank keeps 1/T of each checkpoint, all-gathered over the tensor group before the recompute (with --checkpoint and --mp T)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &a->cpu_checkpointing, "ZeRO-R: each checkpoint copied to host memory in forward and back before the recompute (with --checkpoint; CPU backend)", NULL},
         {"quantized-weights", 0, 0, G_OPTION_ARG_NONE, &a->quantized_weights, "ZeRO++ qwZ: stage-3 all-gathers in block-quantised int8 with fp32 scales (CPU backend)", NULL},
@@ -700,7 +708,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron and fsdp2 are zplan's only", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1) or fsdp2 (fully_shard at stage 3, reshard_after_forward=int as --hpz-partition-size; CPU backend)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},
@@ -806,6 +814,7 @@ static void free_args(Args *a)
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
     g_free(a->like_simulate);
     g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
+    g_free(a->reduce_dtype);
     g_free(a->offload_param), g_free(a->nvme_path);
     for (int k = 0; k < ZP_KNOB_N; k++)
         g_free(a->knobs[k]);

@@ -46,6 +46,11 @@ struct RealComm {
     /* recv[q*n .. (q+1)*n) = rank q's send[0..n); in place when send is recv + rank n. */
     gboolean (*allgather_bf16)(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
                                GError **error);
+    /* The same sums of fp32 elements (NULL where a communicator has none; zreal then refuses
+     * fp32 reductions, Megatron's grad_reduce_in_fp32): sums exact in fp32 (no rounding to
+     * bf16), sent_bytes counting 4 bytes an element. */
+    gboolean (*allreduce_f32)(RealComm *c, float *buf, size_t n, GError **error);
+    gboolean (*reduce_scatter_f32)(RealComm *c, float *buf, const int *counts, GError **error);
     /* Sums doubles on the host: metrics (loss, timings), not counted in sent_bytes. */
     gboolean (*allreduce_host_f64)(RealComm *c, double *buf, size_t n, GError **error);
     /* Gathers n doubles from every rank to rank 0's recv (size * n); host memory. */
@@ -87,6 +92,15 @@ static inline double real_comm_ring_allreduce_bytes(int size, double total)
 static inline double real_comm_ring_scatter_gather_bytes(int size, double total)
 {
     return (double)(size - 1) / size * (total * sizeof(RealBf16));
+}
+/* The same of fp32 elements. */
+static inline double real_comm_ring_allreduce_f32_bytes(int size, double total)
+{
+    return 2.0 * (size - 1) / size * (total * sizeof(float));
+}
+static inline double real_comm_ring_scatter_f32_bytes(int size, double total)
+{
+    return (double)(size - 1) / size * (total * sizeof(float));
 }
 
 /* MPI_COMM_WORLD after MPI_Init: errors are returned (not fatal) and turned into GErrors

@@ -132,6 +132,30 @@ static gboolean mpi_reduce_scatter(RealComm *c, RealBf16 *buf, const int *counts
                     &r, "MPI_Reduce_scatter", error);
 }
 
+static gboolean mpi_allreduce_f32(RealComm *c, float *buf, size_t n, GError **error)
+{
+    if (!fits_int(c, n, "all-reduce", error))
+        return FALSE;
+    c->sent_bytes += real_comm_ring_allreduce_f32_bytes(c->size, (double)n);
+    MPI_Request r;
+    return wait_for(c, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM,
+                                      ((MpiComm *)c)->comm, &r),
+                    &r, "MPI_Allreduce", error);
+}
+
+static gboolean mpi_reduce_scatter_f32(RealComm *c, float *buf, const int *counts,
+                                       GError **error)
+{
+    double total = 0;
+    for (int q = 0; q < c->size; q++)
+        total += counts[q];
+    c->sent_bytes += real_comm_ring_scatter_f32_bytes(c->size, total);
+    MPI_Request r;
+    return wait_for(c, MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM,
+                                           ((MpiComm *)c)->comm, &r),
+                    &r, "MPI_Reduce_scatter", error);
+}
+
 static gboolean mpi_allgather(RealComm *c, const RealBf16 *send, size_t n, RealBf16 *recv,
                               GError **error)
 {
@@ -315,6 +339,8 @@ static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
     m->sends = g_array_new(FALSE, FALSE, sizeof(PendingSend));
     c->allreduce_bf16 = mpi_allreduce;
     c->reduce_scatter_bf16 = mpi_reduce_scatter;
+    c->allreduce_f32 = mpi_allreduce_f32;
+    c->reduce_scatter_f32 = mpi_reduce_scatter_f32;
     c->allgather_bf16 = mpi_allgather;
     c->allreduce_host_f64 = mpi_allreduce_host;
     c->gather_host_f64 = mpi_gather_host;

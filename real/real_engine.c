@@ -65,9 +65,20 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
     if (real_ds_applies(s) && s->plan.zero.zero_quantized_gradients && zp_offload_any(&s->plan))
         return fail(error, "zreal executes DeepSpeed's qgZ (zero_quantized_gradients) without "
                            "offload");
-    if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16)
+    if (s->plan.reduce_dtype != ZP_REDUCE_GRAD && s->plan.reduce_dtype != ZP_REDUCE_BF16 &&
+        !real_engine_fw_find(s)) /* a plug-in checks its own (Megatron's fp32 main_grad) */
         return fail(error, "zreal reduces gradients in bf16, their own dtype; the plan says %s",
                     zp_reduce_dtype_name(s->plan.reduce_dtype));
+    return TRUE;
+}
+
+/* What a framework's plug-in (real_engine_fw.h) executes: data and tensor parallelism, on the
+ * GPU. */
+static gboolean check_plugin(const ZpSchedule *s, const RealFwOps *fw, GError **error)
+{
+    if (s->stages > 1 || zp_offload_any(&s->plan))
+        return fail(error, "zreal executes --impl %s with data and tensor parallelism (no "
+                    "pipeline, no offload)", fw->name);
     return TRUE;
 }
 
@@ -102,6 +113,10 @@ static gboolean allocate_states(RealEngine *e, GError **error)
         return FALSE;
     e->host_grads = e->offload && e->stage >= 2;
     e->host_params = e->offload && zp_offload_param_tier(&s->plan) != ZP_TIER_GPU;
+    if (e->fw_ops) { /* the plug-in lays the states out */
+        const RealFwEnv env = {s, e->be, e->comm, e->gpt, e->buffers};
+        return (e->fw = e->fw_ops->create(&env, error)) != NULL;
+    }
     if (e->host_params)
         e->params = real_offload_param_init_buffer(e->offload);
     else if (!(e->params = take(e, params_elems[e->stage] * b2, ZP_MEM_PARAMS, error)))
@@ -164,11 +179,15 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
         return FALSE;
     if (e->ds && hpz > 1) /* DeepSpeed's secondary partition is per tensor */
         return real_ds_hpz(e->ds, e->hpz_comm, error);
+    if (e->fw && hpz > 1 && !e->fw_ops->hpz)
+        return fail(error, "zreal executes --impl %s without hpZ's groups", e->fw_ops->name);
     for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
         if (!is_persistent(e, u) &&
             !(e->secondary[u] = take(e, unit_padded(e, u) / (uint64_t)hpz * sizeof(RealBf16),
                                      ZP_MEM_SECONDARY_PARAMS, error)))
             return FALSE;
+    if (e->fw && hpz > 1) /* the plug-in fills and reads them */
+        return e->fw_ops->hpz(e->fw, e->hpz_comm, e->secondary, error);
     return TRUE;
 }
 
@@ -269,6 +288,8 @@ static gboolean init_units(RealEngine *e, GError **error)
 
 static gboolean init_params(RealEngine *e, GError **error)
 {
+    if (e->fw)
+        return e->fw_ops->init_params(e->fw, init_ds_range, e, error);
     /* DeepSpeed's stage 3 partitions each tensor on its own (real_engine_ds). */
     if (!(e->ds && e->stage == 3 ? real_ds_init_params(e->ds, init_ds_range, e, error)
                                  : init_units(e, error)))
@@ -353,8 +374,12 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
              comm->size);
         return NULL;
     }
+    const RealFwOps *fw_ops = real_engine_fw_find(s);
+    if (fw_ops && !check_plugin(s, fw_ops, error))
+        return NULL;
     RealEngine *e = g_new0(RealEngine, 1);
     e->s = s, e->be = be, e->comm = comm, e->cfg = *cfg;
+    e->fw_ops = fw_ops;
     e->stage = s->plan.zero.stage, e->dp = s->plan.dp, e->rank = comm->rank;
     e->L = (int)s->model.layers;
     e->dims = real_engine_dims(&s->model, &s->plan);
@@ -441,6 +466,8 @@ void real_engine_free(RealEngine *e)
         e->params = NULL;
     real_offload_free(e->offload);
     real_ds_free(e->ds);
+    if (e->fw)
+        e->fw_ops->destroy(e->fw);
     real_zeror_free(e->ckpt_host);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
@@ -494,6 +521,8 @@ static void start_step(RealEngine *e)
 {
     if (e->grads && e->stage < 2)
         real_gpt_grads_fresh(e->gpt, -1, ALL_TENSORS);
+    if (e->fw && e->fw_ops->start_step)
+        e->fw_ops->start_step(e->fw);
 }
 
 /* Waits for the device (when the backend has one) and adds the step's device-timed ops. */

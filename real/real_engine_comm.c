@@ -296,6 +296,8 @@ gboolean real_engine_do_collective(RealEngine *e, const ZpOp *op, GError **error
         return op->group == ZP_GROUP_NODE ? qgz_node_op(e, op, error) : TRUE;
     if (e->ds)
         return real_ds_collective(e->ds, op, error);
+    if (e->fw && (op->group == ZP_GROUP_DP || op->group == ZP_GROUP_HPZ))
+        return e->fw_ops->collective(e->fw, op, error);
     if (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_HPZ)
         return fail(error, "zreal has no qgZ's node groups");
     if (op->sub == ZP_COLL_ALLGATHER)

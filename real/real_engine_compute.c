@@ -122,6 +122,11 @@ gboolean real_engine_do_alloc(RealEngine *e, guint index, const ZpOp *op, GError
     /* qwZ's int8 buffer: the workspace a quantize op follows (zp_sched's issue_gathers). */
     /* qgZ's int4 buffers likewise, the quantize op then followed by its all-to-all. */
     const ZpSchedule *s = e->s;
+    gboolean handled = FALSE;
+    if (e->fw && e->fw_ops->alloc && !e->fw_ops->alloc(e->fw, op, &handled, error))
+        return FALSE;
+    if (handled)
+        return TRUE;
     if (op->sub == ZP_MEM_WORKSPACE && index + 1 < s->ops->len &&
         zp_sched_op(s, index + 1)->kind == ZP_OP_COMPUTE &&
         zp_sched_op(s, index + 1)->sub == ZP_COMP_QUANTIZE) {
@@ -168,6 +173,8 @@ gboolean real_engine_do_free(RealEngine *e, const ZpOp *op, GError **error)
     void *p = e->buffers[op->buffer];
     if (!p)
         return TRUE;
+    if (e->fw && e->fw_ops->release)
+        e->fw_ops->release(e->fw, op);
     if (op->sub == ZP_MEM_GRADS && op->unit >= 0 && e->unit_grads[op->unit] == p)
         e->unit_grads[op->unit] = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
@@ -186,6 +193,8 @@ static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v
 {
     if (e->ds)
         return real_ds_params(e->ds, u, used, v, error);
+    if (e->fw)
+        return e->fw_ops->params(e->fw, u, v, error);
     const RealBf16 *p = e->stage < 3          ? e->params + e->s->unit_offset[u]
                         : e->persistent[u] ? e->persistent[u]
                                            : e->unit_params[u];
@@ -200,6 +209,8 @@ static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGpt
 {
     if (e->ds)
         return real_ds_grads(e->ds, u, used, micro, v, error);
+    if (e->fw)
+        return e->fw_ops->grads(e->fw, u, micro, v, error);
     RealBf16 *g = e->stage < 2 && !e->full_by_unit ? e->grads + e->s->unit_offset[u]
                                                    : e->unit_grads[u];
     if (!g)
@@ -257,9 +268,11 @@ static RealAdamHyper adam_hyper(RealEngine *e, gboolean next)
         .step = e->adam_step};
 }
 
-static gboolean optimizer(RealEngine *e)
+static gboolean optimizer(RealEngine *e, GError **error)
 {
     const RealAdamHyper hyper = adam_hyper(e, TRUE);
+    if (e->fw)
+        return e->fw_ops->optimizer(e->fw, &hyper, error);
     if (e->offload) { /* partial offload: the GPU's sub-groups */
         real_offload_gpu_adam(e->offload, &hyper, e->params + e->part_base);
         return TRUE;
@@ -446,7 +459,7 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
                grads_of(e, 0, ALL_TENSORS, micro, &g, error) &&
                real_gpt_embed_backward_t(e->gpt, e->tokens, e->dx, &g, error);
     case ZP_COMP_OPTIMIZER:
-        return optimizer(e);
+        return optimizer(e, error);
     case ZP_COMP_CPU_OPTIMIZER: {
         const RealAdamHyper hyper = adam_hyper(e, real_offload_first_sub_group(e->offload));
         return real_offload_adam(e->offload, &hyper, error);
@@ -462,8 +475,10 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
                                           : qwz_dequantize(e, op, error);
     }
     case ZP_COMP_UNPACK:
+        if (e->fw && e->fw_ops->unpack)
+            return e->fw_ops->unpack(e->fw, op, error);
         return e->ds ? real_ds_unpack(e->ds, op, error)
-                     : fail(error, "an unpack op outside DeepSpeed's stage 3");
+                     : fail(error, "an unpack op outside DeepSpeed's and FSDP2's stage 3");
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */
         return real_zeror_host_copy(

@@ -6,6 +6,7 @@
 
 #include "real_engine_base.h"
 #include "real_engine_ds.h"
+#include "real_engine_fw.h"
 #include "real_offload.h"
 #include "real_zeror.h"
 #include "zp_mem.h"
@@ -67,6 +68,10 @@ struct RealEngine {
     gboolean host_grads;  /* stages 2-3 with optimizer offload: no gradient partition here */
     gboolean host_params; /* stage 3 with parameter offload: the partition is off the GPU */
     RealDs *ds;           /* DeepSpeed's stages 2-3 (real_engine_ds): its gradients, gathers */
+    /* A framework's plug-in (real_engine_fw.h: Megatron's, FSDP2's), which holds the model
+     * states as the framework lays them out, and its state; NULL: none. */
+    const RealFwOps *fw_ops;
+    void *fw;
     /* Stage 1 whose full gradients the schedule takes and frees unit by unit (zp_impl.h
      * full_grads_transient; unit_grads while taken): full_by_unit, and the buffer id of
      * grads_in_partition, which the reductions copy this rank's partition into, from flat

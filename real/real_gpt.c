@@ -252,12 +252,21 @@ void real_gpt_write_grad(RealGpt *gpt, int unit, int k, RealBf16 *dst, const flo
                          size_t n_elems)
 {
     RealBackend *be = gpt->be;
-    if (gpt->fresh[unit] >> k & 1u) {
-        gpt->fresh[unit] &= ~(1u << k);
+    const gboolean store = gpt->fresh[unit] >> k & 1u;
+    gpt->fresh[unit] &= ~(1u << k);
+    if (gpt->grads_f32 && store)
+        be->copy(be, dst, src, n_elems * sizeof(float));
+    else if (gpt->grads_f32)
+        be->add(be, (float *)(void *)dst, (const float *)(void *)dst, src, n_elems);
+    else if (store)
         be->f32_to_bf16(be, dst, src, n_elems);
-    } else {
+    else
         be->accumulate_bf16(be, dst, src, n_elems);
-    }
+}
+
+void real_gpt_set_grads_f32(RealGpt *gpt, gboolean f32)
+{
+    gpt->grads_f32 = f32;
 }
 
 /* dst's tensors first..last-1 of unit `unit` (laid out as unit `layout`) from src, that

@@ -158,6 +158,12 @@ void real_gpt_free(RealGpt *gpt);
  * it), which is also how a runtime starts. */
 void real_gpt_grads_fresh(RealGpt *gpt, int unit, uint32_t tensors);
 
+/* With `f32`, every gradient view the calls take (RealGptTensors' at[], the RealBf16 *
+ * gradient arguments) points at fp32 storage: a gradient is stored or added in fp32 there,
+ * never rounded (Megatron's fp32 main_grad, which gradient_accumulation_fusion's wgrad GEMMs
+ * accumulate into). Off by default. */
+void real_gpt_set_grads_f32(RealGpt *gpt, gboolean f32);
+
 /* x0 [T,h] = wte[tokens] + wpe[position], rounded to bf16. tokens: host, b s of them, in
  * [0, V). */
 gboolean real_gpt_embed_forward(RealGpt *gpt, const RealBf16 *embed_params, const int *tokens,

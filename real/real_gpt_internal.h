@@ -59,6 +59,7 @@ struct RealGpt {
     const RealGptTpOps *tp_ops; /* tensor parallelism: the group's collectives (real_gpt_set_tp) */
     void *tp_ctx;
     GError *tp_error; /* the first failed collective's, until the call that made it returns */
+    gboolean grads_f32; /* gradient storage is fp32 (real_gpt_set_grads_f32) */
     uint32_t *fresh; /* [layers + 2]: bit k, unit u's tensor k is overwritten by its next write
                       * (real_gpt_grads_fresh), not added to */
     /* A block forward or backward run module by module (real_gpt_block_*_module_t): its

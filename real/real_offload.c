@@ -627,7 +627,8 @@ void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict
         const float update = (mi / correct1) / (sqrtf(vi / correct2) + eps);
         const float w = master[i] - lr * (update + decay * master[i]);
         master[i] = w;
-        param[i] = real_bf16_from_f32(w);
+        if (param)
+            param[i] = real_bf16_from_f32(w);
     }
 }
 

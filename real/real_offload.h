@@ -138,7 +138,8 @@ const char *real_offload_nvme_note(const RealOffload *o);
 
 /* One CPU Adam step over n elements with fp32 gradients (exactly the CPU backend's
  * adam_step, which reads bf16 ones): written so the compiler vectorises it. Reads 4 + 3 x 4
- * bytes, writes 3 x 4 + 2, the 30 bytes per element zp_offload_cpu_adam_bytes counts. */
+ * bytes, writes 3 x 4 + 2, the 30 bytes per element zp_offload_cpu_adam_bytes counts. param
+ * NULL: no 16-bit copy is written (FSDP2's sharded parameters are the fp32 master weights). */
 void real_offload_cpu_adam(const RealAdamHyper *hyper, size_t n, float *restrict master,
                            float *restrict m, float *restrict v, const float *restrict grad,
                            RealBf16 *restrict param);

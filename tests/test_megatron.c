@@ -95,8 +95,9 @@ static double named_terms(const ZpModel *m)
  * DP 1, 8 and 64, with and without the distributed optimizer: ours (the schedule's model
  * states) equal theirs plus the named terms at bytes per parameter, and with the distributed
  * optimizer the buffer's padding, which the formula leaves out: param_and_grad_buffer.py pads
- * each parameter's start to 64 elements and each bucket's end to lcm(dp, 128) (4 bytes of
- * main_grad each), and our shards are the parameters padded to dp. */
+ * each parameter's start to 64 elements and each bucket's end to lcm(dp, 128), 4 bytes of
+ * main_grad, 2 of param_data (allocated with the same numel) and 12/dp of the shard's fp32
+ * states each (our shard is 1/dp of every padded bucket, zp_impl.h flat_elems). */
 static void test_theoretical_memory(void)
 {
     const char *models[] = {"models/hf/llama-2-7b", "gpt3-175b"};
@@ -119,7 +120,7 @@ static void test_theoretical_memory(void)
                 zp_impl_get(ZP_IMPL_MEGATRON)->plan_buckets(s, buckets);
                 const double lcm = (double)lcm_128(dp);
                 const double padding =
-                    stage == 1 ? (63.0 * tensors->len + lcm * buckets->len) * 4.0 +
+                    stage == 1 ? (63.0 * tensors->len + lcm * buckets->len) * (6.0 + 12.0 / dp) +
                                      (double)dp * (2.0 + 12.0 / dp)
                                : 0.0;
                 g_test_message("%s dp %d stage %d: ours %.6f GB, theirs %.6f GB, padding <= %.0f "

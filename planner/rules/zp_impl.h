@@ -48,6 +48,11 @@ typedef struct {
     int top_unit, low_unit, launch_unit, launch_module;
     gboolean bypass;
     int n_items; /* the units or tensors it groups */
+    /* Elements the bucket spans in its implementation's flat buffer, padding included
+     * (Megatron's main_grad: each parameter's start and the bucket's end padded); 0: its
+     * range padded to dp. Its reduction sends these and the post-step all-gather gathers
+     * them. */
+    uint64_t padded_elems;
 } ZpBucketSpec;
 
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
@@ -113,6 +118,10 @@ typedef struct ZpImpl {
      * place (Megatron's start_param_sync over its bucket groups), rather than in
      * allgather_bucket_size chunks (DeepSpeed's all_gather_dp_groups). */
     gboolean param_gather_by_bucket;
+    /* Stages 1-2: the elements of the flat buffer the parameters and the partition are laid
+     * out in, padding included (Megatron's param_data and main_grad: every rank's shard is
+     * 1/dp of it); NULL: the parameters padded to dp. */
+    uint64_t (*flat_elems)(const ZpSchedule *s);
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
@@ -200,6 +209,11 @@ typedef struct ZpImpl {
      * reduction (after the compute op it follows; then the memory a step needs is that of the
      * ops in list order, as zreal holds it); FALSE: once the reduction has run. */
     gboolean frees_at_issue;
+    /* Whether a reduction's concatenation copy is held until the next reduction is issued (or
+     * the micro-step's last one has run), and the gradients copied into it are freed once
+     * the reduction is issued (FSDP2's reduce_scatter_input and unsharded gradients); FALSE:
+     * both are freed as frees_at_issue says. */
+    gboolean copy_held_to_next;
     /* Stage 3 with qgZ: a bucket's gradients go tensor by tensor, a 2-D one of numel a
      * multiple of 2 dp through its own quantised all-to-all pair (zp_zeropp_qgz_tensor), the
      * others reduce-scattered alone, and only across more than one node
@@ -291,6 +305,13 @@ ZpCollKind zp_impl_fsdp_grad_collective(const ZpPlan *plan);
 void zp_impl_fsdp_plan_buckets(const ZpSchedule *s, GArray *buckets);
 void zp_impl_fsdp_plan_fetches(const ZpSchedule *s, GArray *fetches);
 void zp_impl_fsdp_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);
+
+/* Megatron-Core's contiguous buffer (zp_impl_megatron.c): its buckets in buffer order
+ * (param_and_grad_buffer.py: the parameters in reverse), each with padded_elems, into
+ * `buckets` (may be NULL); where each tensor of zp_impl_tensors starts in the buffer into
+ * tensor_start (may be NULL; one entry per tensor); returns the buffer's elements, padding
+ * included. */
+uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t *tensor_start);
 
 /* The paper's closed-form buffer terms (the unit-level schedule's). */
 void zp_impl_paper_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual *r);

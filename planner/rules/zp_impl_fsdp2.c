@@ -116,6 +116,7 @@ const ZpImpl zp_impl_fsdp2 = {
     .plan_buckets = zp_impl_fsdp_plan_buckets,
     .bucket_buffers = fsdp2_bucket_buffers,
     .concat_copy = fsdp2_concat_copy,
+    .copy_held_to_next = TRUE,
     .post_step_gather_buffer = FALSE,
     .plan_fetches = fsdp2_plan_fetches,
     .persistent = fsdp2_persistent,

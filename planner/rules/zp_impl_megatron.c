@@ -67,7 +67,7 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
  * more (the parameter that crosses the size stays in it); without overlap_grad_reduce
  * bucket_size is None (distributed_data_parallel.py: one bucket). Fills `buckets` (may be
  * NULL) and returns the buffer's elements, padding included. */
-static uint64_t mg_layout(const ZpSchedule *s, GArray *buckets)
+uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t *tensor_start)
 {
     const ZpPlan *p = &s->plan;
     const gboolean dist = p->zero.stage == 1;
@@ -83,11 +83,13 @@ static uint64_t mg_layout(const ZpSchedule *s, GArray *buckets)
     for (int i = (int)tensors->len - 1; i >= 0; i--) {
         start = dist ? pad_up(start, 64) : start;
         end = start + t[i].elems;
+        if (tensor_start)
+            tensor_start[i] = start;
         if (!open) {
             /* Buckets are views of the main_grad buffer, reduced in place: no buffer of
              * their own (the schedule's bypass at stages 0-1). */
             k = (ZpBucketSpec){t[i].offset, t[i].offset + t[i].elems, 0, t[i].unit, t[i].unit,
-                               t[i].unit, -1, TRUE, 0};
+                               t[i].unit, -1, TRUE, 0, 0};
             open = TRUE;
         }
         k.lo = t[i].offset;
@@ -97,6 +99,7 @@ static uint64_t mg_layout(const ZpSchedule *s, GArray *buckets)
         if ((double)(end - bucket_start) >= limit || i == 0) {
             const uint64_t bucket_end = dist ? pad_up(end, end_divisor) : end;
             k.bytes = (double)(bucket_end - bucket_start) * bytes;
+            k.padded_elems = bucket_end - bucket_start;
             if (buckets)
                 g_array_append_val(buckets, k);
             bucket_start = start = end = bucket_end;
@@ -114,7 +117,16 @@ static uint64_t mg_layout(const ZpSchedule *s, GArray *buckets)
  * finish_grad_sync after the backward. */
 static void mg_plan_buckets(const ZpSchedule *s, GArray *buckets)
 {
-    mg_layout(s, buckets);
+    zp_impl_megatron_layout(s, buckets, NULL);
+}
+
+/* param_and_grad_buffer.py _ParamAndGradBuffer.__init__: with the distributed optimizer
+ * param_data is allocated beside grad_data with the same numel, padding included
+ * (torch.zeros(self.numel, dtype=self.param_dtype)), and each rank's shard is 1/dp of each
+ * bucket of it (shard_buffer); without it there is no padding (numel == numel_unpadded). */
+static uint64_t mg_flat_elems(const ZpSchedule *s)
+{
+    return zp_impl_megatron_layout(s, NULL, NULL);
 }
 
 /* No bucket buffers: each bucket is a view of the main_grad buffer (_ParamAndGradBucket
@@ -136,7 +148,7 @@ static gboolean mg_concat_copy(const ZpPlan *plan, const ZpBucketSpec *k)
  * kept for the whole run (_ParamAndGradBuffer.grad_data, allocated once in __init__). */
 static double mg_grad_state_elems(const ZpSchedule *s)
 {
-    return (double)mg_layout(s, NULL);
+    return (double)zp_impl_megatron_layout(s, NULL, NULL);
 }
 
 /* The step's copies: optimizer.py Float16OptimizerWithFloat16Params.
@@ -197,6 +209,7 @@ const ZpImpl zp_impl_megatron = {
     /* distrib_optimizer.py step_with_ready_grads -> start_param_sync of each bucket group
      * (param_and_grad_buffer.py: all_gather_into_tensor of the bucket's param_data shard) */
     .param_gather_by_bucket = TRUE,
+    .flat_elems = mg_flat_elems,
     /* No stage 3 (has_stage): the stage-3 rules are never asked; the shared unit-level ones
      * stand for them. */
     .persistent = zp_impl_persistent_units,

@@ -13,6 +13,13 @@
 #include <stdint.h>
 
 #define NONE UINT32_MAX
+
+/* A copy the bucket's reduction writes into (reduce_scatter_coalesced's concatenation). */
+typedef struct {
+    int buffer;
+    double bytes;
+    uint32_t alloc; /* its alloc op */
+} Copy;
 /* A dependency on another stage's p2p send, filled in once every stage is built. */
 #define CROSS (UINT32_MAX - 1)
 
@@ -93,6 +100,15 @@ typedef struct {
     guint n_fetch_events, n_reduce_events;
     uint32_t fetch_gate, reduce_gate, host_alloc;
     GArray *gated;
+    /* Without run-ahead: the last op of the waits of step waited_key's own coalesced calls
+     * (their unpacks and flat buffers' frees), which its prefetches' buffers follow, and the
+     * last gathered buffer freed after a compute op, which every later one follows. */
+    uint32_t waited, released;
+    int waited_key;
+    /* ZpImpl copy_held_to_next: the last reduction's copy, freed by the next (buffer -1:
+     * none), its unit and micro-step. */
+    Copy held_copy;
+    int held_copy_unit, held_copy_micro;
     /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
      * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the
      * next compute op waits for (its send_key; -1: none) and where such dependencies sit in
@@ -136,12 +152,6 @@ typedef struct {
     double flops, gemm_flops, attn_flops, mem_bytes;
 } Cost;
 
-/* A copy the bucket's reduction writes into (reduce_scatter_coalesced's concatenation). */
-typedef struct {
-    int buffer;
-    double bytes;
-    uint32_t alloc; /* its alloc op */
-} Copy;
 
 typedef struct {
     int *act, *ckpt; /* buffer ids per micro-step and block: [micro * (L + 1) + l] */

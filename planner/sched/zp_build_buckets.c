@@ -257,6 +257,16 @@ static double grad_copy_bytes(const Builder *b, int micro)
     return b->impl->grad_copy_elems(b->s) * b->state.grad_bytes;
 }
 
+/* ZpImpl copy_held_to_next: the copy the last reduction held, freed after `after`. */
+static void free_held_copy(Builder *b, uint32_t after)
+{
+    if (b->held_copy.buffer < 0)
+        return;
+    zp_build_emit_free(b, ZP_MEM_BUCKETS, b->held_copy.bytes, b->held_copy_unit,
+                       b->held_copy_micro, b->held_copy.buffer, after);
+    b->held_copy.buffer = -1;
+}
+
 static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
 {
     const ZpSchedule *s = b->s;
@@ -304,7 +314,10 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         uint32_t copy_op = NONE;
         if (kind == ZP_COLL_REDUCE_SCATTER && b->impl->concat_copy(&s->plan, &k->spec)) {
             /* stage3.py __avg_scatter_grads -> reduce_scatter_coalesced concatenates the
-             * bucket's padded partitions into one tensor first */
+             * bucket's padded partitions into one tensor first; FSDP2 frees the previous
+             * reduction's copy first (_fsdp_param_group.py post_backward clears
+             * comm_ctx.reduce_scatter_state before foreach_reduce) */
+            free_held_copy(b, b->last_compute);
             uint32_t adeps[2] = {b->last_compute, after};
             copy_op = zp_build_bucket_copy(b, k, k->spec.bytes, micro, adeps, 2, copies);
         }
@@ -317,15 +330,22 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     /* the reduced slices are views of the copies (or, qgZ's, its outputs) until they went
      * down: DeepSpeed drops the list of them once the host has issued the bucket's last
      * reduction (stage3.py __reduce_and_partition_ipg_grads after partition_grads), so at
-     * issue they are freed after the last of them was taken */
+     * issue they are freed after the last of them was taken; FSDP2 holds its
+     * reduce_scatter_input in comm_ctx.reduce_scatter_state until the next post_backward
+     * or, the last one, the root's post-backward final callback */
     uint32_t issued = 0;
     for (guint c = 0; c < copies->len; c++)
         issued = MAX(issued, g_array_index(copies, Copy, c).alloc);
     for (guint c = 0; c < copies->len; c++) {
         const Copy *x = &g_array_index(copies, Copy, c);
+        if (b->impl->copy_held_to_next && copies->len == 1) {
+            b->held_copy = *x, b->held_copy_unit = k->spec.top_unit, b->held_copy_micro = micro;
+            continue;
+        }
         zp_build_emit_free(b, ZP_MEM_BUCKETS, x->bytes, k->spec.top_unit, micro, x->buffer,
                            b->impl->frees_at_issue ? issued : drained);
     }
+    const gboolean copied = copies->len > 0;
     g_array_unref(copies);
     k->drain_op = drained;
     zp_build_record_event(b->reduce_event, &b->n_reduce_events, drained);
@@ -337,10 +357,13 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
             b->occupant[held] = -1;
         land_waits(b, micro, b->impl->frees_at_issue ? b->last_compute : read);
     } else if (k->buffer >= 0) {
-        /* at issue: once the later of its alloc and the compute the reduction follows */
-        const uint32_t issued = MAX(k->alloc_op, b->last_compute);
+        /* at issue: once the later of its alloc and the compute the reduction follows (FSDP2:
+         * foreach_reduce drops the unsharded gradients once their copy-in is issued) */
+        const uint32_t taken = MAX(k->alloc_op, b->last_compute);
+        const gboolean at_issue =
+            b->impl->frees_at_issue || (b->impl->copy_held_to_next && copied);
         zp_build_emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro, k->buffer,
-                           b->impl->frees_at_issue ? issued : read);
+                           at_issue ? taken : read);
     }
     /* the full gradients of the units whose last bucket this is: each was copied into its
      * bucket and dropped (ZpImpl full_grads_transient), freed once the host issued it */
@@ -352,6 +375,8 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
         }
     if (copy_bytes > 0 && i + 1 == b->buckets->len) /* added into the state, then freed */
         zp_build_emit_free(b, ZP_MEM_GRADS, copy_bytes, -1, micro, b->grad_copy, drained);
+    if (i + 1 == b->buckets->len) /* the backward's last reduction has run */
+        free_held_copy(b, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
     g_array_append_val(launched, k->coll_op);

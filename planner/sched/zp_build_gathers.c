@@ -27,9 +27,15 @@ static uint32_t step_after(const Builder *b, int key)
 static uint32_t gather_alloc(Builder *b, double bytes, int unit, int micro, int *buffer, int key)
 {
     const uint32_t after = step_after(b, key);
+    /* The host takes it after the modules before released theirs (FSDP2's post_forward
+     * reshard and post_backward run before the next module's pre-forward unshard and
+     * copy-out); a prefetch once the step's own calls are waited for and unpacked, their
+     * flat buffers freed (_fsdp_param_group.py pre_backward: unshard, wait_for_unshard with
+     * its copy-out, then _backward_prefetch; DeepSpeed's fetch_sub_module likewise). */
+    const uint32_t waited[3] = {after, b->released, b->waited_key == key ? b->waited : NONE};
     if (!b->runahead)
-        return zp_build_emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, &after,
-                                   1);
+        return zp_build_emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, waited,
+                                   3);
     const uint32_t deps[4] = {after, b->fetch_gate, b->reduce_gate, b->host_alloc};
     b->host_alloc =
         zp_build_emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, deps, 4);
@@ -261,12 +267,15 @@ void zp_build_gathers_used_at(Builder *b, int key, int micro, GArray *deps)
             for (guint k = 0; k < c->n; k++)
                 c[k].coll_op = op;
         }
-        if (!c->unpacked)
+        if (!c->unpacked) {
             unpack_call(b, c, key, micro);
+            b->waited = c->coll_op, b->waited_key = key;
+        }
         if (c->flat >= 0 && key == c->last_use) {
-            zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS,
-                               (double)c->call_elems * b->state.param_bytes, c->fetch.unit, micro,
-                               c->flat, c->coll_op);
+            b->waited = zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS,
+                                           (double)c->call_elems * b->state.param_bytes,
+                                           c->fetch.unit, micro, c->flat, c->coll_op);
+            b->waited_key = key;
             c->flat = -1;
         }
         g_array_append_val(deps, g->coll_op);
@@ -279,7 +288,7 @@ void zp_build_free_gathers(Builder *b, int key, int micro)
     for (guint i = b->by_free.start[key]; i < b->by_free.start[key + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
         if (g->buffer >= 0)
-            zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit, micro, g->buffer,
-                               b->last_compute);
+            b->released = zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit,
+                                             micro, g->buffer, b->last_compute);
     }
 }

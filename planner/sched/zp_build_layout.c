@@ -67,6 +67,10 @@ static void place_units(ZpSchedule *s)
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, dp);
+    /* an implementation's own flat buffer, padding included (ZpImpl flat_elems) */
+    const ZpImpl *impl = zp_impl_get(s->plan.impl);
+    if (impl->flat_elems && s->plan.zero.stage != 3)
+        s->padded_elems = impl->flat_elems(s);
     s->partition_elems = s->plan.zero.stage == 3 ? partition3 : s->padded_elems / dp;
 }
 

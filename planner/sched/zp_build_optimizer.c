@@ -33,23 +33,29 @@ static const Bucket *forward_bucket(Builder *b, guint j)
     return zp_build_bucket(b, b->buckets->len - 1 - j);
 }
 
-/* Issues the next bucket's all-gather (after op `after`, NONE: none): its unpadded range
- * padded to the group, at the next offset of the rank's partition (the post-step gathers'
- * space), the last one clipped to it. */
+/* A bucket's elements in the flat buffer (ZpBucketSpec padded_elems: Megatron's padded
+ * bucket, whose param_data start_param_sync all-gathers whole), else its range padded to
+ * the group. */
+static uint64_t gathered_elems(const Bucket *k, uint64_t dp)
+{
+    return k->spec.padded_elems > 0 ? k->spec.padded_elems
+                                    : zp_mem_padded_elems(k->spec.hi - k->spec.lo, dp);
+}
+
+/* Issues the next bucket's all-gather (after op `after`, NONE: none): its gathered_elems,
+ * at the next offset of the rank's partition (the post-step gathers' space), the last one
+ * clipped to it. */
 static void issue_param_gather(Builder *b, uint32_t after)
 {
     const ZpSchedule *s = b->s;
     const uint64_t dp = (uint64_t)s->plan.dp;
     const guint j = b->param_gathers_issued++;
     uint64_t offset = 0;
-    for (guint i = 0; i < j; i++) {
-        const Bucket *k = forward_bucket(b, i);
-        offset += zp_mem_padded_elems(k->spec.hi - k->spec.lo, dp) / dp;
-    }
+    for (guint i = 0; i < j; i++)
+        offset += gathered_elems(forward_bucket(b, i), dp) / dp;
     const Bucket *k = forward_bucket(b, j);
     offset = MIN(offset, s->partition_elems);
-    const uint64_t n = MIN(zp_mem_padded_elems(k->spec.hi - k->spec.lo, dp),
-                           (s->partition_elems - offset) * dp);
+    const uint64_t n = MIN(gathered_elems(k, dp), (s->partition_elems - offset) * dp);
     g_array_index(b->param_gathers, uint32_t, j) =
         n == 0 ? NONE
                : zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_DP, -1, -1, -1, offset,
