@@ -146,6 +146,13 @@ typedef struct RealGptTpOps {
 /* Sets them (`ops` must outlive the runtime); a runtime of dims.tp > 1 fails without. */
 void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx);
 
+/* A mixture of experts (dims.moe_experts > 0) with its experts over dims.ep > 1 ranks: the
+ * expert-parallel group (borrowed; its size ep, this rank ep_rank in it) over which the block's
+ * fc1 module dispatches its tokens and gathers the experts' outputs, and the fc2 module's
+ * backward the gradients (real_moe_alltoall, four all-to-alls of E C h a block). */
+typedef struct RealComm RealComm;
+void real_gpt_set_ep(RealGpt *gpt, RealComm *ep);
+
 /* Frees the runtime and any activations still saved. NULL is ignored. */
 void real_gpt_free(RealGpt *gpt);
 

@@ -193,15 +193,16 @@ static void place(RealMoe *m)
     }
 }
 
-/* The router buffer's parts: fp32 [T, E] first, then int64 [T, k]. */
+/* The router buffer's parts: int64 [T, k] first (aligned wherever the buffer is), then fp32
+ * [T, E]. */
 static float *router_probs(const RealMoe *m, const void *router)
 {
-    (void)m;
-    return (float *)router;
+    return (float *)((char *)router + sizeof(int64_t) * (size_t)m->d.tokens * m->d.top_k);
 }
 static int64_t *router_index(const RealMoe *m, const void *router)
 {
-    return (int64_t *)((char *)router + sizeof(float) * (size_t)m->d.tokens * m->d.experts);
+    (void)m;
+    return (int64_t *)router;
 }
 
 /* Reads the routing back from the backend's router buffer and places the copies. */

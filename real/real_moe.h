@@ -77,7 +77,8 @@ uint64_t real_moe_router_elems(const RealMoeDims *d);
 uint64_t real_moe_fc1_elems(const RealMoeDims *d);
 uint64_t real_moe_fc2_elems(const RealMoeDims *d);
 
-/* Bytes of the router buffer: fp32 probabilities [T, E] and int64 indices [T, k]. */
+/* Bytes of the router buffer: int64 indices [T, k], then fp32 probabilities [T, E] (8-byte
+ * aligned where the buffer is). */
 uint64_t real_moe_router_bytes(const RealMoeDims *d);
 /* Elements of one all-to-all buffer, E C h (bf16). */
 uint64_t real_moe_a2a_elems(const RealMoeDims *d);

@@ -4,6 +4,7 @@
  * communicators' all-to-all. */
 #include "real_model_common.h"
 #include "real_moe.h"
+#include "zp_ep.h"
 
 /* A small sparse MLP: 4 experts, top-2, as the tiny MoE model's. */
 enum { T = 16, H = 16, E = 4, K = 2, FE = 8 };
@@ -399,6 +400,64 @@ static void test_dims_refused(void)
     g_assert_cmpint(real_moe_capacity(16, 2, 4, 0), ==, 0);
 }
 
+/* The tiny MoE model's layout is the planner's (zp_model_tensors) at EP 1 and holds E/EP of
+ * the experts at EP 2; a sparse block saves what zp_ep_activations plans for it: attention and
+ * norms, the router's fp32 probabilities and int64 indices, the experts' inputs, gate, up and
+ * product over the E C received rows, the T k returned copies. */
+static void test_layout_and_activations(void)
+{
+    ZpModel model;
+    g_assert_true(zp_model_load("moe-tiny", &model, NULL));
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 0, 4, 1);
+    plan.precision = ZP_PREC_BF16;
+    plan.attention = ZP_ATTN_EAGER;
+    plan.micro_batch = 2;
+    plan.experts.capacity_factor = 2.0;
+    plan.experts.ep = 1;
+    RealGptDims d = real_engine_dims(&model, &plan);
+    g_assert_true(real_gpt_dims_check(&d, NULL));
+    GArray *tensors = zp_model_tensors(&model);
+    guint k = 0;
+    for (int u = 0; u < real_gpt_n_units(&d); u++) {
+        RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
+        const int n = real_gpt_unit_tensors(&d, u, t);
+        for (int i = 0; i < n; i++, k++) {
+            const ZpTensor *zt = &g_array_index(tensors, ZpTensor, k);
+            g_assert_cmpstr(t[i].name, ==, zt->name);
+            g_assert_cmpuint(t[i].elems, ==, zt->elems);
+        }
+        g_assert_cmpuint(real_gpt_unit_elems(&d, u), ==, zp_model_unit_elems(&model, u));
+    }
+    g_assert_cmpuint(k, ==, tensors->len);
+    g_array_unref(tensors);
+    g_assert_cmpuint(real_gpt_param_elems(&d), ==, 156480); /* zplan memory's count */
+    const ZpEpActivations a = zp_ep_activations(&model, &plan);
+    g_assert_cmpfloat(a.expert_capacity, ==, d.moe_capacity); /* ceil(64 x 2 / 4 x 2) = 64 */
+    g_assert_cmpint(d.moe_capacity, ==, 64);
+    g_assert_cmpfloat((double)real_gpt_block_activation_bytes(&d), ==, a.sparse_layer_bytes);
+    plan.experts.ep = 2;
+    RealGptDims d2 = real_engine_dims(&model, &plan);
+    d2.ep_rank = 1;
+    for (int u = 1; u <= 2; u++)
+        g_assert_cmpuint(real_gpt_unit_elems(&d2, u), ==,
+                         zp_model_unit_elems(&model, u) - zp_model_unit_expert_elems(&model, u) / 2);
+    /* Rank 1's experts are the second half of the whole model's, drawn where it has them. */
+    const size_t n1 = real_gpt_unit_elems(&d, 1), n2 = real_gpt_unit_elems(&d2, 1);
+    RealBf16 *whole = g_new(RealBf16, n1), *half = g_new(RealBf16, n2);
+    g_assert_true(real_gpt_init_params(&d, 3, 1, whole, NULL));
+    g_assert_true(real_gpt_init_params(&d2, 3, 1, half, NULL));
+    RealGptTensor tw[REAL_GPT_MAX_UNIT_TENSORS], th[REAL_GPT_MAX_UNIT_TENSORS];
+    const int nt = real_gpt_unit_tensors(&d, 1, tw);
+    g_assert_cmpint(real_gpt_unit_tensors(&d2, 1, th), ==, nt);
+    for (int i = 0; i < nt; i++) {
+        const size_t skip = strstr(tw[i].name, ".experts.") ? th[i].elems : 0;
+        g_assert_cmpmem(whole + tw[i].offset_elems + skip, th[i].elems * sizeof(RealBf16),
+                        half + th[i].offset_elems, th[i].elems * sizeof(RealBf16));
+    }
+    g_free(whole), g_free(half);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -408,5 +467,8 @@ int main(int argc, char **argv)
     g_test_add_func("/real-moe/ep-matches-one-rank", test_ep_matches_one_rank);
     g_test_add_func("/real-moe/emulated-alltoall", test_emulated_alltoall);
     g_test_add_func("/real-moe/dims-refused", test_dims_refused);
+    g_test_add_func("/real-moe/layout-and-activations", test_layout_and_activations);
+    g_test_add_data_func("/real-moe/model-gradients", GINT_TO_POINTER(GRAD_MOE),
+                         test_model_gradients);
     return g_test_run();
 }
