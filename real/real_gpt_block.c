@@ -483,7 +483,10 @@ static void real_gpt_add_module_grads(RealGpt *gpt, int layer, int m,
                                       const RealGptTensors *dst, const float *g)
 {
     const RealGptDims *d = &gpt->dims;
-    const uint32_t bits = real_gpt_module_tensors(d, m);
+    uint32_t bits = real_gpt_module_tensors(d, m);
+    /* Split, the experts' gradients are their own op's (real_gpt_moe_experts_backward_t). */
+    if (gpt->moe_split && real_gpt_sparse(d))
+        bits &= ~(real_gpt_moe_expert_tensors(gpt));
     if (!bits)
         return;
     const int first = g_bit_nth_lsf(bits, -1);

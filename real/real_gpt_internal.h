@@ -77,6 +77,9 @@ struct RealGpt {
         RealBf16 *moe_a, *moe_b;
     } run;
     struct RealMoe *moe; /* the sparse MLP (real_gpt_sparse), its routing on the host */
+    bool moe_split;      /* the all-to-alls and the experts are the caller's ops
+                          * (real_gpt_moe_set_split), the buffer each phase uses bound: */
+    RealBf16 *moe_bound;
     struct RealComm *ep; /* the expert-parallel group (real_gpt_set_ep); NULL: ep 1 */
 };
 
@@ -199,6 +202,8 @@ bool real_gpt_moe_fc2_bwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *
                           const float *dy, GError **error);
 bool real_gpt_moe_fc1_bwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv, float *g,
                           float *dx, GError **error);
+/* Bits of a sparse block's expert tensors in its view (0 for a dense one). */
+uint32_t real_gpt_moe_expert_tensors(const RealGpt *gpt);
 /* Frees the run's sparse-MLP buffers (router when not saving, all-to-all buffers). */
 void real_gpt_moe_run_end(RealGpt *gpt);
 

@@ -246,17 +246,15 @@ static void softmax_topk(RealMoe *m, const float *logits)
     }
 }
 
-gboolean real_moe_route(RealMoe *m, const RealMoeParams *p, const float *x, void *router,
-                        RealBf16 *send, GError **error)
+gboolean real_moe_route_only(RealMoe *m, const RealMoeParams *p, const float *x, void *router,
+                             GError **error)
 {
     RealBackend *be = m->be;
     const RealMoeDims *d = &m->d;
     const int T = d->tokens, E = d->experts, h = d->hidden, k = d->top_k;
-    const size_t th = (size_t)T * h;
-    float *logits = workspace(m, (uint64_t)T * E + th / 2 + 1);
+    float *logits = workspace(m, (uint64_t)T * E);
     if (!logits)
         return nomem(error, "the router's logits");
-    RealBf16 *xb = (RealBf16 *)(logits + (size_t)T * E);
     gboolean ok = be->gemm(be, false, false, T, E, h, 1.0f, REAL_DTYPE_F32, x, REAL_DTYPE_BF16,
                            p->router, 0.0f, logits);
     if (ok) {
@@ -267,19 +265,41 @@ gboolean real_moe_route(RealMoe *m, const RealMoeParams *p, const float *x, void
         place(m);
         be->copy(be, router_probs(m, router), m->probs, sizeof(float) * (size_t)T * E);
         be->copy(be, router_index(m, router), m->index, sizeof(int64_t) * (size_t)T * k);
-        /* The padded dispatch buffer: zeros, then each kept copy of x (bf16) at its slot. */
-        be->f32_to_bf16(be, xb, x, th);
-        be->fill(be, send, 0, real_moe_a2a_elems(d) * sizeof(RealBf16));
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < k; c++) {
-                const int s = m->slot[(size_t)t * k + c];
-                if (s >= 0)
-                    be->copy(be, send + (size_t)s * h, xb + (size_t)t * h,
-                             (size_t)h * sizeof(RealBf16));
-            }
     }
     be->free(be, logits);
     return ok ? TRUE : nomem(error, "the router's GEMM");
+}
+
+gboolean real_moe_permute(RealMoe *m, const void *router, const float *x, RealBf16 *send,
+                          GError **error)
+{
+    RealBackend *be = m->be;
+    const RealMoeDims *d = &m->d;
+    const int T = d->tokens, h = d->hidden, k = d->top_k;
+    const size_t th = (size_t)T * h;
+    load_routing(m, router);
+    RealBf16 *xb = be->alloc(be, th * sizeof(RealBf16), REAL_MEM_WORKSPACE);
+    if (!xb)
+        return nomem(error, "the permutation");
+    /* The padded dispatch buffer: zeros, then each kept copy of x (bf16) at its slot. */
+    be->f32_to_bf16(be, xb, x, th);
+    be->fill(be, send, 0, real_moe_a2a_elems(d) * sizeof(RealBf16));
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < k; c++) {
+            const int s = m->slot[(size_t)t * k + c];
+            if (s >= 0)
+                be->copy(be, send + (size_t)s * h, xb + (size_t)t * h,
+                         (size_t)h * sizeof(RealBf16));
+        }
+    be->free(be, xb);
+    return TRUE;
+}
+
+gboolean real_moe_route(RealMoe *m, const RealMoeParams *p, const float *x, void *router,
+                        RealBf16 *send, GError **error)
+{
+    return real_moe_route_only(m, p, x, router, error) &&
+           real_moe_permute(m, router, x, send, error);
 }
 
 /* The rows of local expert j from source rank q: in an all-to-all's buffer [ep][E/ep][C][h]

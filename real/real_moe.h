@@ -106,6 +106,12 @@ const RealMoeDims *real_moe_dims(const RealMoe *moe);
  * the forward's x in bf16 (the block's saved norm2 output). out may alias recv. */
 gboolean real_moe_route(RealMoe *moe, const RealMoeParams *p, const float *x, void *router,
                         RealBf16 *send, GError **error);
+/* route in two: the router's outputs alone, then the copies of x into send (a schedule
+ * allocates the dispatch buffer after the block's op, and the dispatch op fills it). */
+gboolean real_moe_route_only(RealMoe *moe, const RealMoeParams *p, const float *x, void *router,
+                             GError **error);
+gboolean real_moe_permute(RealMoe *moe, const void *router, const float *x, RealBf16 *send,
+                          GError **error);
 gboolean real_moe_experts_fwd(RealMoe *moe, const RealMoeParams *p, const RealBf16 *recv,
                               void *saved, RealBf16 *out, GError **error);
 gboolean real_moe_unpermute_fwd(RealMoe *moe, const void *router, const RealBf16 *ret,
