@@ -262,14 +262,17 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
     uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &sent,
                                          &block, 1);
     const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc);
-    const uint32_t deps[3] = {in, gather, alloc};
+    /* The experts write their outputs into the combine's send buffer, so it is taken before
+     * them and the dispatch's freed after (zreal's experts read one and write the other:
+     * real_engine_moe; DeepSpeed's expert_output is allocated while dispatched_input lives). */
+    const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro,
+                                             &returned, &in, 1);
+    const uint32_t deps[4] = {in, gather, alloc, out};
     const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_FWD, unit, micro,
-                                                  expert_cost(b, FALSE), deps, 3);
+                                                  expert_cost(b, FALSE), deps, 4);
     release_experts(b, unit, micro, gathered, expert);
-    const uint32_t freed =
-        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
-    const uint32_t after[2] = {expert, freed};
-    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, &returned, after, 2);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
+    alloc = out;
     const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
     const uint32_t deps2[2] = {back, alloc};
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
@@ -291,15 +294,15 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
                                                   unpermute_cost(b, TRUE), &alloc, 1);
     const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc);
-    const uint32_t deps[2] = {in, gather};
+    /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
+    const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
+                                             &returned, &in, 1);
+    const uint32_t deps[3] = {in, gather, out};
     const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
-                                                  expert_cost(b, TRUE), deps, 2);
+                                                  expert_cost(b, TRUE), deps, 3);
     release_experts(b, unit, micro, gathered, expert);
-    const uint32_t freed =
-        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
-    const uint32_t after[2] = {expert, freed};
-    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &returned, after, 2);
-    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
+    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
     /* The experts' gradients, reduced over the expert-data-parallel group where the dense
      * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
      * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
