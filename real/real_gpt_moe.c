@@ -54,8 +54,7 @@ static RealMoeGrads grads_of(const RealGpt *gpt, float *g)
                           g + off[REAL_GPT_FC2_W]};
 }
 
-/* The run's two all-to-all buffers, taken when its sparse MLP starts (REAL_MEM_EP_BUFFERS, as
- * the router's outputs are when the block saves nothing). */
+/* The run's two all-to-all buffers, taken when its sparse MLP starts (REAL_MEM_EP_BUFFERS). */
 static bool take_a2a(RealGpt *gpt, GError **error)
 {
     RealBackend *be = gpt->be;
@@ -86,8 +85,9 @@ bool real_gpt_moe_fc1_fwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *
 {
     RealBackend *be = gpt->be;
     if (!sv) {
+        /* scratch until the fc2 module: a forward that saves nothing keeps nothing */
         gpt->run.moe_router = be->alloc(be, real_gpt_moe_router_bytes(&gpt->dims),
-                                        REAL_MEM_EP_BUFFERS);
+                                        REAL_MEM_WORKSPACE);
         if (!gpt->run.moe_router)
             return real_gpt_nomem(error, "the router's outputs");
     }
