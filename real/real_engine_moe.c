@@ -28,6 +28,10 @@ struct RealEngineMoe {
      * a send half and a receive half of real_moe_a2a_elems. */
     int in_id, out_id;
     unsigned allocs;
+    /* From stage 2 with dp / EP > 1: the bucket a unit's unreduced expert gradients land in
+     * (the buffer an EDP reduce-scatter names), -1 none; which buffer ids are such buckets. */
+    int bucket_id, bucket_unit;
+    gboolean *edp_bucket;
     MoeState state;
     int unit;
     gboolean backward, recompute; /* the block under way: its backward; a recomputed forward */
@@ -66,10 +70,6 @@ static gboolean check_moe(const RealEngine *e, GError **error)
                            "offload, pipelines, tensor parallelism, ZeRO++ or cpu_checkpointing");
     const ZpSchedExperts x = zp_sched_experts(s);
     const int edp = s->plan.dp / zp_plan_ep(&s->plan);
-    if (e->stage >= 2 && edp > 1)
-        return fail(error, "zreal runs ZeRO stage %d with experts over an expert-data-parallel "
-                           "group of %d only when the schedule holds a unit's unreduced expert "
-                           "gradients (it has no buffer for them): use EP = dp", e->stage, edp);
     if (e->stage == 1 && x.padded_elems != x.total_elems)
         return fail(error, "stage 1 keeps the experts' %" G_GUINT64_FORMAT " gradients whole: "
                            "zreal needs them a multiple of the %d expert-data-parallel ranks",
@@ -159,6 +159,14 @@ gboolean real_engine_moe_states(RealEngine *e, GError **error)
     e->be->fill(e->be, m->adam_v, 0, m->opt_elems * f4);
     m->part_off = g_new0(uint64_t, s->n_units);
     m->gathered = g_new0(RealBf16 *, s->n_units);
+    m->bucket_id = m->bucket_unit = -1;
+    m->edp_bucket = g_new0(gboolean, MAX(e->n_buffers, 1));
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_EDP && op->buffer >= 0 &&
+            op->buffer < e->n_buffers)
+            m->edp_bucket[op->buffer] = TRUE;
+    }
     for (int u = 0, off = 0; u < s->n_units; u++) {
         const uint64_t elems = zp_sched_unit_expert_elems(s, u);
         if (elems == 0)
@@ -195,6 +203,7 @@ void real_engine_moe_free(RealEngine *e)
             groups[i]->destroy(groups[i]);
     g_free(m->part_off);
     g_free(m->gathered);
+    g_free(m->edp_bucket);
     g_free(m);
     e->moe = NULL;
 }
@@ -220,25 +229,37 @@ gboolean real_engine_moe_view(RealEngine *e, int u, const RealBf16 *dense, gbool
     RealEngineMoe *m = moe_of(e);
     const ZpSchedule *s = e->s;
     RealBf16 *experts = NULL;
-    if (grads) /* whole below stage 2; from stage 2 at EP = dp (check_moe) the partition is
-                * the whole unit, laid out as stage 3's slices or stage 2's flat range */
+    if (grads && m->bucket_unit == u && m->bucket_id >= 0) /* from stage 2, dp / EP > 1 */
+        experts = e->buffers[m->bucket_id];
+    else if (grads) /* whole below stage 2; from stage 2 at EP = dp the partition is the whole
+                     * unit, laid out as stage 3's slices or stage 2's flat range */
         experts = m->grads + (e->stage < 3 ? zp_sched_unit_expert_offset(s, u) : m->part_off[u]);
     else if (e->stage < 3)
         experts = m->params + zp_sched_unit_expert_offset(s, u);
     else
         experts = m->edp ? m->gathered[u] : m->params + m->part_off[u];
-    if (!experts)
-        return fail(error, "rank %d: unit %d's experts are used but were not gathered", e->rank,
-                    u);
+    (void)error; /* stage 3: the experts not gathered yet (the block's own ops): NULL there,
+                  * which the experts' ops refuse (experts_ready) */
     /* real_gpt's unit: its dense tensors, then the experts' (fc1.experts, fc2.experts) */
     RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
     const int n = real_gpt_unit_tensors(&e->dims, u, t);
     const uint64_t dense_elems = s->unit_elems[u];
     memset(v, 0, sizeof *v);
     for (int k = 0; k < n; k++)
-        v->at[k] = t[k].offset_elems < dense_elems
-                       ? (RealBf16 *)dense + t[k].offset_elems
-                       : experts + (t[k].offset_elems - dense_elems);
+        v->at[k] = t[k].offset_elems < dense_elems ? (RealBf16 *)dense + t[k].offset_elems
+                   : experts                       ? experts + (t[k].offset_elems - dense_elems)
+                                                   : NULL;
+    return TRUE;
+}
+
+/* Whether a view holds unit u's experts (stage 3: gathered before their op). */
+static gboolean experts_ready(RealEngine *e, int u, const RealGptTensors *v, GError **error)
+{
+    const uint32_t bits = real_engine_moe_expert_tensors(e, u);
+    for (int k = 0; k < REAL_GPT_MAX_UNIT_TENSORS; k++)
+        if ((bits >> k & 1u) && !v->at[k])
+            return fail(error, "rank %d: unit %d's experts are used but were not gathered",
+                        e->rank, u);
     return TRUE;
 }
 
@@ -262,6 +283,25 @@ gboolean real_engine_moe_alloc(RealEngine *e, guint index, const ZpOp *op, gbool
     const gboolean gather = op->sub == ZP_MEM_GATHERED_PARAMS && next &&
                             next->kind == ZP_OP_COLLECTIVE && next->group == ZP_GROUP_EDP &&
                             next->sub == ZP_COLL_ALLGATHER;
+    const gboolean bucket = op->sub == ZP_MEM_BUCKETS && op->buffer >= 0 &&
+                            op->buffer < e->n_buffers && m->edp_bucket[op->buffer];
+    if (bucket) { /* a unit's unreduced expert gradients: fresh, the padding zero */
+        *handled = TRUE;
+        const uint64_t elems = zp_sched_unit_expert_elems(s, op->unit);
+        const uint64_t edp = (uint64_t)(m->edp ? m->edp->size : 1);
+        const uint64_t need =
+            (e->stage == 3 ? zp_mem_padded_elems(elems, edp) : elems) * sizeof(RealBf16);
+        if ((double)need != op->bytes)
+            return fail(error, "schedule op %u: an expert gradient bucket of %.0f bytes; unit "
+                        "%d's experts need %" G_GUINT64_FORMAT, index, op->bytes, op->unit, need);
+        RealBf16 *p = e->buffers[op->buffer] = take(e, need, op->sub, error);
+        if (!p)
+            return FALSE;
+        e->be->fill(e->be, p + elems, 0, need - elems * sizeof(RealBf16));
+        real_gpt_grads_fresh(e->gpt, op->unit, real_engine_moe_expert_tensors(e, op->unit));
+        m->bucket_id = op->buffer, m->bucket_unit = op->unit;
+        return TRUE;
+    }
     if (op->sub != ZP_MEM_EP_BUFFERS && !gather)
         return TRUE;
     *handled = TRUE;
@@ -289,6 +329,40 @@ void real_engine_moe_freed(RealEngine *e, const void *p)
     for (int u = 0; m && u < e->s->n_units; u++)
         if (m->gathered[u] == p)
             m->gathered[u] = NULL;
+    if (m && m->bucket_id >= 0 && e->buffers[m->bucket_id] == p)
+        m->bucket_id = m->bucket_unit = -1;
+}
+
+/* From stage 2: a unit's expert gradient bucket reduce-scattered over the EDP group and this
+ * rank's share delivered into its partition (stored at micro-step 0, added after): at stage 3
+ * the unit's own padded slices, at stage 2 the part of the unit's range in the flat
+ * partition [q P, (q + 1) P) of each rank q. */
+static gboolean reduce_experts(RealEngine *e, const ZpOp *op, GError **error)
+{
+    RealEngineMoe *m = moe_of(e);
+    RealBf16 *bucket = op->buffer >= 0 && op->buffer == m->bucket_id ? e->buffers[op->buffer]
+                                                                     : NULL;
+    if (!bucket)
+        return fail(error, "rank %d: unit %d's expert gradients are reduced from no bucket",
+                    e->rank, op->unit);
+    const int n = m->edp->size;
+    const uint64_t lo = op->elem_offset, hi = lo + op->elems, P = m->x.partition_elems;
+    int *counts = g_new0(int, n);
+    for (int q = 0; q < n; q++) {
+        const uint64_t a = e->stage == 3 ? 0 : MAX(lo, (uint64_t)q * P);
+        const uint64_t b = e->stage == 3 ? op->elems / (uint64_t)n : MIN(hi, (uint64_t)(q + 1) * P);
+        counts[q] = b > a ? (int)(b - a) : 0;
+    }
+    const uint64_t mine = (uint64_t)counts[m->edp_rank];
+    const gboolean ok = m->edp->reduce_scatter_bf16(m->edp, bucket, counts, error);
+    g_free(counts);
+    if (!ok || mine == 0)
+        return ok;
+    RealBf16 *dst = e->stage == 3 ? m->grads + m->part_off[op->unit]
+                                  : m->grads + (MAX(lo, (uint64_t)m->edp_rank * P) -
+                                                (uint64_t)m->edp_rank * P);
+    real_engine_deliver(e->be, dst, bucket, mine, op->micro > 0);
+    return TRUE;
 }
 
 /* Half h (0: send, 1: receive) of EP buffer `id`. */
@@ -342,6 +416,8 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
         return fail(error, "an expert-data-parallel collective with one rank in the group");
     if (op->sub == ZP_COLL_ALLREDUCE && e->stage < 2 && op->unit >= 0)
         return m->edp->allreduce_bf16(m->edp, m->grads + op->elem_offset, op->elems, error);
+    if (op->sub == ZP_COLL_REDUCE_SCATTER && e->stage >= 2 && op->unit >= 0)
+        return reduce_experts(e, op, error);
     if (op->sub == ZP_COLL_ALLGATHER && op->unit < 0 && (e->stage == 1 || e->stage == 2)) {
         const uint64_t part = m->x.partition_elems;
         return m->edp->allgather_bf16(m->edp, m->params + m->part_base, part, m->params, error);
@@ -427,7 +503,8 @@ gboolean real_engine_moe_compute(RealEngine *e, const ZpOp *op, const RealGptTen
     RealBf16 *src, *out, *buf;
     switch ((ZpComputeKind)op->sub) {
     case ZP_COMP_EXPERT_FWD: /* at EP 1 no dispatch op: permuted here, read in place */
-        if (!in_order(e, op, MOE_ROUTED, MOE_DISPATCHED, FALSE, error) ||
+        if (!experts_ready(e, op->unit, p, error) ||
+            !in_order(e, op, MOE_ROUTED, MOE_DISPATCHED, FALSE, error) ||
             (m->state == MOE_ROUTED && !permute(e, op, error)))
             return FALSE;
         src = half(e, m->in_id, m->state == MOE_DISPATCHED, error);
@@ -461,7 +538,8 @@ gboolean real_engine_moe_compute(RealEngine *e, const ZpOp *op, const RealGptTen
         return real_gpt_block_backward_module_t(e->gpt, l, REAL_GPT_MOD_FC2, p, e->dx, e->dx,
                                                 NULL, error);
     case ZP_COMP_EXPERT_BWD:
-        if (!in_order(e, op, MOE_ROUTED, MOE_DISPATCHED, TRUE, error))
+        if (!experts_ready(e, op->unit, p, error) ||
+            !in_order(e, op, MOE_ROUTED, MOE_DISPATCHED, TRUE, error))
             return FALSE;
         src = half(e, m->in_id, m->state == MOE_DISPATCHED, error);
         out = src ? half(e, m->out_id, 0, error) : NULL;

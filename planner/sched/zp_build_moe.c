@@ -297,25 +297,35 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
     const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
                                              &returned, &in, 1);
-    const uint32_t deps[3] = {in, gather, out};
-    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
-                                                  expert_cost(b, TRUE), deps, 3);
-    release_experts(b, unit, micro, gathered, expert);
-    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
-    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
     /* The experts' gradients, reduced over the expert-data-parallel group where the dense
      * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
      * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
      * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * from stage 2, all-reduce below, in the reduction dtype. */
+     * from stage 2, all-reduce below, in the reduction dtype. From stage 2, where the rank
+     * keeps only its partition, the unit's unreduced expert gradients land in a bucket of
+     * their own, taken before the experts' backward and freed after the reduce-scatter reads
+     * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    if (reduce && edp > 1) {
-        const gboolean scatter = s->plan.zero.stage >= 2;
-        const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
-        zp_build_emit_collective(b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE,
-                                 ZP_GROUP_EDP, unit, micro, -1,
-                                 zp_sched_unit_expert_offset(s, unit), n,
-                                 (double)n * zp_plan_reduce_bytes(&s->plan), &expert, 1);
+    const gboolean scatter = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
+    const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
+    const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
+    int bucket = -1;
+    const uint32_t taken = reduced && scatter
+                               ? zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, unit, micro,
+                                                     &bucket, &in, 1)
+                               : NONE;
+    const uint32_t deps[4] = {in, gather, out, taken};
+    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
+                                                  expert_cost(b, TRUE), deps, 4);
+    release_experts(b, unit, micro, gathered, expert);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
+    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
+    if (reduced) {
+        const uint32_t r = zp_build_emit_collective(
+            b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE, ZP_GROUP_EDP, unit, micro,
+            bucket, zp_sched_unit_expert_offset(s, unit), n, bytes, &expert, 1);
+        if (bucket >= 0)
+            zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, unit, micro, bucket, r);
     }
     return returned;
 }
