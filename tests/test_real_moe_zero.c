@@ -145,6 +145,23 @@ static void test_validate(void)
     g_free(pred), g_free(meas), g_free(args);
 }
 
+/* One process emulating rank 1 of 4 at EP 2 (its EP and EDP groups emulated too) holds and
+ * sends what the schedule says, as the real rank does: stage 2, whose expert gradients go
+ * through their bucket and the EDP reduce-scatter. */
+static void test_emulated_rank(void)
+{
+    char *path = g_strdup_printf("%s/moe-emulated.json", tmp_dir);
+    json_t *m = tu_zreal_measured(0, "--model " MOE_MODEL " --emulate 4 --rank 1 --ep 2 "
+                                     "--capacity-factor " NO_DROPS " --stage 2 --micro-batch 2 "
+                                     "--steps 2 --persistence-threshold 0", path);
+    ZpSchedule *s = moe_schedule(2, 4, 2);
+    assert_exact(m, s, 1);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EDP), >, 0);
+    zp_sched_free(s);
+    json_decref(m);
+    g_free(path);
+}
+
 /* What zreal's sparse block does not run is refused in one line each. */
 static void test_refusals(void)
 {
@@ -172,6 +189,7 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal-moe/4-ranks-ep-4", &four_ep4, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-2", &four_ep2, test_grid);
     g_test_add_func("/zreal-moe/validate", test_validate);
+    g_test_add_func("/zreal-moe/emulated-rank", test_emulated_rank);
     g_test_add_func("/zreal-moe/refusals", test_refusals);
     return real_zero_common_run();
 }
