@@ -10,7 +10,7 @@
 #define NO_DROPS "2"  /* capacity factor E / k: no copy dropped, whatever the split */
 
 /* The plan zreal builds from these flags, for the schedule's figures. */
-static ZpSchedule *moe_schedule(int stage, int ranks, int ep)
+static ZpSchedule *moe_schedule_ckpt(int stage, int ranks, int ep, gboolean checkpoint)
 {
     ZpModel model;
     g_assert_true(zp_model_load(MOE_MODEL, &model, NULL));
@@ -24,21 +24,34 @@ static ZpSchedule *moe_schedule(int stage, int ranks, int ep)
     plan.zero.stage3_param_persistence_threshold = 0;
     plan.experts.ep = ep;
     plan.experts.capacity_factor = atof(NO_DROPS);
+    plan.checkpoint = checkpoint;
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&model, &plan, &error);
     g_assert_no_error(error);
     return s;
 }
 
-static json_t *moe_train(int stage, int ranks, int ep, const char *name)
+static ZpSchedule *moe_schedule(int stage, int ranks, int ep)
+{
+    return moe_schedule_ckpt(stage, ranks, ep, FALSE);
+}
+
+static json_t *moe_train_ckpt(int stage, int ranks, int ep, gboolean checkpoint,
+                              const char *name)
 {
     char *args = g_strdup_printf("--model " MOE_MODEL " --stage %d --micro-batch %d --ep %d "
                                  "--capacity-factor " NO_DROPS " --steps %d "
-                                 "--persistence-threshold 0",
-                                 stage, MOE_BATCH / ranks, ep, MOE_STEPS);
+                                 "--persistence-threshold 0%s",
+                                 stage, MOE_BATCH / ranks, ep, MOE_STEPS,
+                                 checkpoint ? " --checkpoint" : "");
     json_t *m = zreal_measured(ranks, args, name);
     g_free(args);
     return m;
+}
+
+static json_t *moe_train(int stage, int ranks, int ep, const char *name)
+{
+    return moe_train_ckpt(stage, ranks, ep, FALSE, name);
 }
 
 /* Each rank's bytes on the dp, EP and EDP groups and every memory category but the backend's
@@ -94,6 +107,33 @@ static void test_grid(gconstpointer data)
         assert_exact(m, s, g->ranks);
         /* The all-to-alls moved something at EP > 1: four a sparse layer and step. */
         g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), >, 0);
+        zp_sched_free(s);
+        json_decref(m);
+    }
+    json_decref(ref);
+}
+
+/* With activation checkpointing: the forward keeps each block's input, the recomputed forward
+ * repeats the experts and both all-to-alls (six a sparse layer and step); the loss is the
+ * one-rank run's, the figures (checkpoints included) the schedule's. */
+static void test_checkpointed(void)
+{
+    json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
+    json_t *ref_loss = json_object_get(ref, "loss");
+    for (int stage = 0; stage <= 3; stage += 3) {
+        json_t *m = moe_train_ckpt(stage, 2, 2, TRUE, "moe_ckpt.json");
+        json_t *loss = json_object_get(m, "loss");
+        for (int i = 0; i < MOE_STEPS; i++) {
+            const double a = json_number_value(json_array_get(loss, i));
+            const double b = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+        }
+        ZpSchedule *s = moe_schedule_ckpt(stage, 2, 2, TRUE);
+        assert_exact(m, s, 2);
+        ZpSchedule *plain = moe_schedule(stage, 2, 2);
+        g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==,
+                          1.5 * zp_sched_comm_bytes(plain, ZP_GROUP_EP));
+        zp_sched_free(plain);
         zp_sched_free(s);
         json_decref(m);
     }
@@ -188,6 +228,7 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal-moe/2-ranks-ep-2", &two_ep2, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-4", &four_ep4, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-2", &four_ep2, test_grid);
+    g_test_add_func("/zreal-moe/checkpointed", test_checkpointed);
     g_test_add_func("/zreal-moe/validate", test_validate);
     g_test_add_func("/zreal-moe/emulated-rank", test_emulated_rank);
     g_test_add_func("/zreal-moe/refusals", test_refusals);
