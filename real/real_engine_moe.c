@@ -411,7 +411,6 @@ static gboolean ep_alltoall(RealEngine *e, const ZpOp *op, GError **error)
 static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
     RealEngineMoe *m = moe_of(e);
-    const ZpSchedule *s = e->s;
     if (!m->edp)
         return fail(error, "an expert-data-parallel collective with one rank in the group");
     if (op->sub == ZP_COLL_ALLREDUCE && e->stage < 2 && op->unit >= 0)
@@ -429,7 +428,6 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
         m->gathered[op->unit] = dst;
         return m->edp->allgather_bf16(m->edp, m->params + m->part_off[op->unit], n, dst, error);
     }
-    (void)s;
     return fail(error, "rank %d: an expert-data-parallel %s zreal does not execute at stage %d",
                 e->rank, zp_sched_coll_name((ZpCollKind)op->sub), e->stage);
 }

@@ -320,7 +320,6 @@ gboolean real_moe_experts_fwd(RealMoe *m, const RealMoeParams *p, const RealBf16
     const RealMoeDims *d = &m->d;
     const int ep = real_moe_ep(d), El = real_moe_local_experts(d), h = d->hidden;
     const int fe = d->expert_ffn, rows = ep * d->capacity;
-    const uint64_t r = rows_received(d);
     /* Not saving: the saved tensors go to a workspace of the same size. */
     void *base = saved ? saved : be->alloc(be, real_moe_saved_bytes(d), REAL_MEM_WORKSPACE);
     float *ws = workspace(m, (uint64_t)rows * (3 * (uint64_t)fe + h));
@@ -356,7 +355,6 @@ gboolean real_moe_experts_fwd(RealMoe *m, const RealMoeParams *p, const RealBf16
         for (int q = 0; ok && q < ep; q++)
             be->f32_to_bf16(be, out + a2a_row(d, q, j) * h, o + (size_t)q * block, block);
     }
-    (void)r;
     be->free(be, ws);
     if (!saved)
         be->free(be, base);

@@ -130,8 +130,8 @@ gboolean real_moe_route_bwd(RealMoe *moe, const RealMoeParams *p, const void *ro
 gboolean real_moe_alltoall(RealMoe *moe, RealComm *ep, const RealBf16 *send, RealBf16 *recv,
                            GError **error);
 
-/* Copies a token kept (TRUE) or dropped by the last route (its host-side routing), for tests:
- * *kept and *dropped count the T k copies. */
+/* How many of the T k copies the last placement (route, or a phase that read a router buffer)
+ * kept and dropped, for tests. */
 void real_moe_route_counts(const RealMoe *moe, int *kept, int *dropped);
 
 #endif
