@@ -10,7 +10,8 @@
 #define NO_DROPS "2"  /* capacity factor E / k: no copy dropped, whatever the split */
 
 /* The plan zreal builds from these flags, for the schedule's figures. */
-static ZpSchedule *moe_schedule_ckpt(int stage, int ranks, int ep, gboolean checkpoint)
+static ZpSchedule *moe_schedule_run(int stage, int ranks, int ep, gboolean checkpoint,
+                                    int accum)
 {
     ZpModel model;
     g_assert_true(zp_model_load(MOE_MODEL, &model, NULL));
@@ -20,7 +21,8 @@ static ZpSchedule *moe_schedule_ckpt(int stage, int ranks, int ep, gboolean chec
     plan.impl = ZP_IMPL_PAPER;
     plan.precision = ZP_PREC_BF16;
     plan.attention = ZP_ATTN_EAGER;
-    plan.micro_batch = MOE_BATCH / ranks;
+    plan.micro_batch = MOE_BATCH / ranks / accum;
+    plan.grad_accum = accum;
     plan.zero.stage3_param_persistence_threshold = 0;
     plan.experts.ep = ep;
     plan.experts.capacity_factor = atof(NO_DROPS);
@@ -33,16 +35,17 @@ static ZpSchedule *moe_schedule_ckpt(int stage, int ranks, int ep, gboolean chec
 
 static ZpSchedule *moe_schedule(int stage, int ranks, int ep)
 {
-    return moe_schedule_ckpt(stage, ranks, ep, FALSE);
+    return moe_schedule_run(stage, ranks, ep, FALSE, 1);
 }
 
-static json_t *moe_train_ckpt(int stage, int ranks, int ep, gboolean checkpoint,
-                              const char *name)
+/* MOE_BATCH samples a step over `ranks` ranks in `accum` micro-steps. */
+static json_t *moe_train_run(int stage, int ranks, int ep, gboolean checkpoint, int accum,
+                             const char *name)
 {
-    char *args = g_strdup_printf("--model " MOE_MODEL " --stage %d --micro-batch %d --ep %d "
-                                 "--capacity-factor " NO_DROPS " --steps %d "
-                                 "--persistence-threshold 0%s",
-                                 stage, MOE_BATCH / ranks, ep, MOE_STEPS,
+    char *args = g_strdup_printf("--model " MOE_MODEL " --stage %d --micro-batch %d "
+                                 "--grad-accum %d --ep %d --capacity-factor " NO_DROPS
+                                 " --steps %d --persistence-threshold 0%s",
+                                 stage, MOE_BATCH / ranks / accum, accum, ep, MOE_STEPS,
                                  checkpoint ? " --checkpoint" : "");
     json_t *m = zreal_measured(ranks, args, name);
     g_free(args);
@@ -51,7 +54,7 @@ static json_t *moe_train_ckpt(int stage, int ranks, int ep, gboolean checkpoint,
 
 static json_t *moe_train(int stage, int ranks, int ep, const char *name)
 {
-    return moe_train_ckpt(stage, ranks, ep, FALSE, name);
+    return moe_train_run(stage, ranks, ep, FALSE, 1, name);
 }
 
 /* Each rank's bytes on the dp, EP and EDP groups and every memory category but the backend's
@@ -121,19 +124,43 @@ static void test_checkpointed(void)
     json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
     json_t *ref_loss = json_object_get(ref, "loss");
     for (int stage = 0; stage <= 3; stage += 3) {
-        json_t *m = moe_train_ckpt(stage, 2, 2, TRUE, "moe_ckpt.json");
+        json_t *m = moe_train_run(stage, 2, 2, TRUE, 1, "moe_ckpt.json");
         json_t *loss = json_object_get(m, "loss");
         for (int i = 0; i < MOE_STEPS; i++) {
             const double a = json_number_value(json_array_get(loss, i));
             const double b = json_number_value(json_array_get(ref_loss, i));
             g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
         }
-        ZpSchedule *s = moe_schedule_ckpt(stage, 2, 2, TRUE);
+        ZpSchedule *s = moe_schedule_run(stage, 2, 2, TRUE, 1);
         assert_exact(m, s, 2);
         ZpSchedule *plain = moe_schedule(stage, 2, 2);
         g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==,
                           1.5 * zp_sched_comm_bytes(plain, ZP_GROUP_EP));
         zp_sched_free(plain);
+        zp_sched_free(s);
+        json_decref(m);
+    }
+    json_decref(ref);
+}
+
+/* Two micro-steps a step on 4 ranks at EP 2: below stage 2 the experts' gradients accumulate
+ * whole and are all-reduced over EDP once, from stage 2 each micro-step's are reduce-scattered
+ * from their bucket and added into the partition; the loss is the one-rank run's, the figures
+ * the schedule's. */
+static void test_grad_accum(void)
+{
+    json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
+    json_t *ref_loss = json_object_get(ref, "loss");
+    for (int stage = 1; stage <= 3; stage += 2) {
+        json_t *m = moe_train_run(stage, 4, 2, FALSE, 2, "moe_accum.json");
+        json_t *loss = json_object_get(m, "loss");
+        for (int i = 0; i < MOE_STEPS; i++) {
+            const double a = json_number_value(json_array_get(loss, i));
+            const double b = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+        }
+        ZpSchedule *s = moe_schedule_run(stage, 4, 2, FALSE, 2);
+        assert_exact(m, s, 4);
         zp_sched_free(s);
         json_decref(m);
     }
@@ -229,6 +256,7 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal-moe/4-ranks-ep-4", &four_ep4, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-2", &four_ep2, test_grid);
     g_test_add_func("/zreal-moe/checkpointed", test_checkpointed);
+    g_test_add_func("/zreal-moe/grad-accum", test_grad_accum);
     g_test_add_func("/zreal-moe/validate", test_validate);
     g_test_add_func("/zreal-moe/emulated-rank", test_emulated_rank);
     g_test_add_func("/zreal-moe/refusals", test_refusals);
