@@ -373,6 +373,17 @@ static void collect_rows(json_t *pred, json_t *meas, GArray *rows)
     add(rows, "bytes sent per rank", "bytes",
         number(json_object_get(pred, "comm_bytes_per_rank"), "dp"),
         rank_max(ranks, NULL, "comm_bytes"));
+    /* A mixture of experts: the all-to-alls over the EP group and the experts' reductions and
+     * gathers over the dp / EP ranks holding the same experts (zreal's moe_comm_bytes). */
+    static const char *const moe_groups[] = {"ep", "edp"};
+    json_t *first = json_array_get(ranks, 0);
+    for (size_t g = 0; json_object_get(first, "moe_comm_bytes") && g < G_N_ELEMENTS(moe_groups);
+         g++) {
+        char *q = g_strdup_printf("bytes sent per rank (%s)", moe_groups[g]);
+        add(rows, q, "bytes", number(json_object_get(pred, "comm_bytes_per_rank"), moe_groups[g]),
+            rank_max(ranks, "moe_comm_bytes", moe_groups[g]));
+        g_free(q);
+    }
     json_t *ops = json_object_get(pred, "ops");
     const char *op;
     json_t *o;

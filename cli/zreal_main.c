@@ -1,6 +1,7 @@
 /* zreal: trains the GPT of a plan's schedule on MPI ranks (one process per rank, launched by
  * `mpirun -np N build/zreal ...`) and writes what it measured beside what was planned. */
 #include "cli.h"
+#include "cli_moe.h"
 #include "cli_pipe.h"
 #include "zp_offload.h"
 #include "real_comm.h"
@@ -11,6 +12,7 @@
 #include "real_tp.h"
 #include "real_watch.h"
 #include "zp_budget.h"
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_sched.h"
 #include "zp_schedsize.h"
@@ -66,6 +68,7 @@ typedef struct {
     char *offload_optimizer, *offload_param; /* cpu|nvme, NULL when absent */
     char *nvme_path;         /* --nvme-path DIR: where the NVMe tier's swap files go */
     CliPipeFlags pipe;       /* --pp, --pp-schedule, ... */
+    char *ep, *capacity_factor; /* a mixture of experts' --ep and --capacity-factor */
     gint64 seed;
 } Args;
 
@@ -86,6 +89,7 @@ enum {
     F_PIPE, /* 1 when the pipeline fields follow */
     F_STAGE, F_P2P, F_RECV_S, F_SEND_S,
     F_HPZ, F_HPZ_COMM, /* 1 when hpZ's group is there, and the bytes sent in it */
+    F_MOE, F_EP_COMM, F_EDP_COMM, /* 1 for a mixture of experts, its EP and EDP groups' bytes */
     F_LOSS
 };
 
@@ -183,12 +187,23 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
             return FALSE;
     if (!cli_offload(a->offload_optimizer, a->offload_param, a->nvme_path, &plan->zero, error))
         return FALSE;
-    /* zreal's transformer (real_gpt) has one dense MLP and the fused qkv: a mixture of experts
-     * or latent attention would lay out tensors it does not execute. */
-    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+    /* zreal's transformer (real_gpt) has the fused qkv: latent attention would lay out tensors
+     * it does not execute. A mixture of experts runs real_moe's sparse MLP, split over --ep
+     * ranks, routed with DeepSpeed's capacity (real_engine_moe checks the rest). */
+    if (zp_mla_enabled(&model->mla)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--model: %s has %s; zreal runs dense models only", model->name,
-                    zp_moe_enabled(&model->moe) ? "a mixture of experts" : "latent attention");
+                    "--model: %s has latent attention; zreal runs the fused qkv only",
+                    model->name);
+        return FALSE;
+    }
+    if (!cli_moe_parse(model, a->ep, a->capacity_factor, NULL, &plan->experts, error) ||
+        !zp_ep_check(model, plan, "--ep", error))
+        return FALSE;
+    if (zp_moe_enabled(&model->moe) && !a->capacity_factor) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--capacity-factor: %s is a mixture of experts; zreal routes with a capacity "
+                    "factor (DeepSpeed's fixed-size all-to-all), give one (E / top_k drops "
+                    "nothing)", model->name);
         return FALSE;
     }
     if (a->mp > 1 && (model->heads % a->mp || zp_model_kv_heads(model) % a->mp ||
@@ -320,6 +335,11 @@ static gboolean collect(RealEngine *engine, RealBackend *be, const RealComm *dp,
         for (int k = 0; k < ZP_XFER_N; k++) /* per step, as the schedule counts them */
             v[F_MOVED + k] /= MAX(1, steps);
     }
+    if (real_engine_has_experts(engine)) {
+        v[F_MOE] = 1;
+        v[F_EP_COMM] = steps > 0 ? real_engine_moe_sent_bytes(engine, ZP_GROUP_EP) / steps : 0;
+        v[F_EDP_COMM] = steps > 0 ? real_engine_moe_sent_bytes(engine, ZP_GROUP_EDP) / steps : 0;
+    }
     double hpz_sent = 0;
     if (real_engine_hpz_sent_bytes(engine, &hpz_sent)) {
         v[F_HPZ] = 1;
@@ -394,6 +414,9 @@ static json_t *rank_json(int rank, const double *v, int steps)
         json_object_set_new(out, "transfer_bytes", moved);
         json_object_set_new(out, "nvme_direct_bytes", json_real(v[F_DIRECT]));
     }
+    if (v[F_MOE] > 0) /* the all-to-alls over EP, the experts' reductions over dp / EP */
+        json_object_set_new(out, "moe_comm_bytes",
+                            json_pack("{s:f, s:f}", "ep", v[F_EP_COMM], "edp", v[F_EDP_COMM]));
     if (v[F_HPZ] > 0) /* the part of comm_bytes sent in hpZ's group */
         json_object_set_new(out, "hpz_comm_bytes", json_real(v[F_HPZ_COMM]));
     if (v[F_CKPT_HOST] > 0) /* cpu_checkpointing: the host tier's peak, bytes each way a step */
@@ -724,6 +747,8 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         {"rank", 0, 0, G_OPTION_ARG_STRING, &rank, "The rank --emulate plays (default 0)", "R"},
         {"out", 0, 0, G_OPTION_ARG_FILENAME, &a->out, "Write measured.json here (rank 0, atomically)", "FILE"},
         {"microbench", 0, 0, G_OPTION_ARG_NONE, &a->microbench, "Time GEMMs (a shape grid), attention, every elementwise op class, Adam, a launch, collectives and compute under a collective for zplan calibrate (needs --out; with --emulate N the collectives are the local copies that stand in for them); with --model, also every kernel of that model's plan (--micro-batch, --mp, --checkpoint, --attention)", NULL},
+        {"ep", 0, 0, G_OPTION_ARG_STRING, &a->ep, "A mixture of experts: its experts split over EP consecutive data-parallel ranks, ZeRO over the dp / EP holding the same ones (default 1)", "EP"},
+        {"capacity-factor", 0, 0, G_OPTION_ARG_STRING, &a->capacity_factor, "A mixture of experts: copies an expert takes from a rank, over the mean (DeepSpeed's capacity_factor; E / top_k drops nothing); required for one", "F"},
         {"mp", 0, 0, G_OPTION_ARG_STRING, &mp, "Tensor-parallel degree T (Megatron's split of each block over T consecutive ranks; data parallelism over the others); with --microbench, the degree whose shapes are timed (default 1)", "T"},
         {"fault-rank", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_rank, "Fault injection: this rank fails", "R"},
         {"fault-step", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &a->fault_step, "Fault injection: at the start of this step", "N"},
@@ -812,6 +837,7 @@ static void free_args(Args *a)
 {
     cli_pipe_free(&a->pipe);
     g_free(a->model), g_free(a->schedule), g_free(a->out), g_free(a->backend);
+    g_free(a->ep), g_free(a->capacity_factor);
     g_free(a->like_simulate);
     g_free(a->attention), g_free(a->seq), g_free(a->offload_optimizer), g_free(a->impl);
     g_free(a->reduce_dtype);

@@ -65,6 +65,15 @@ struct RealComm {
      * sent_bytes, an all-to-all's (n-1)/n S. Host memory. */
     gboolean (*alltoall_bytes)(RealComm *c, const void *send, void *recv, size_t n,
                                GError **error);
+    /* A mixture of experts' dispatch and combine over the expert-parallel group: one
+     * all-to-all of equal pieces, as DeepSpeed's sharded_moe.py _AllToAll.forward runs
+     * dist.all_to_all_single on the capacity-padded [E, capacity, h] buffer. send holds
+     * size x n elements, the q-th n for rank q; recv (apart from send) gets rank q's piece for
+     * this rank at q x n. Backend memory. Counts the ring formula's (n-1)/n S of the S = size
+     * x n elements in sent_bytes (this rank's own piece stays), the schedule's count for an
+     * all-to-all. */
+    gboolean (*alltoall_bf16)(RealComm *c, const RealBf16 *send, RealBf16 *recv, size_t n,
+                              GError **error);
     /* Pipeline point-to-point (NULL where a communicator has none; zreal then refuses --pp):
      * `bytes` of the backend's memory to or from rank `peer` of this communicator, matched
      * by `tag` (0 .. REAL_COMM_MAX_TAG). A send returns once `buf` may be reused: the

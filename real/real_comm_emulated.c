@@ -59,6 +59,20 @@ static gboolean emulated_allgather(RealComm *c, const RealBf16 *send, size_t n, 
     return TRUE;
 }
 
+/* Every stand-in sends this rank what this rank sends itself (its own piece): N copies of it,
+ * the bytes a real all-to-all delivers. */
+static gboolean emulated_alltoall(RealComm *c, const RealBf16 *send, RealBf16 *recv, size_t n,
+                                  GError **error)
+{
+    (void)error;
+    EmulatedComm *m = (EmulatedComm *)c;
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
+    for (int q = 0; q < c->size; q++)
+        m->be->copy(m->be, recv + (size_t)q * n, send + (size_t)c->rank * n,
+                    n * sizeof(RealBf16));
+    return TRUE;
+}
+
 static gboolean emulated_allreduce_host(RealComm *c, double *buf, size_t n, GError **error)
 {
     (void)error;
@@ -92,6 +106,7 @@ RealComm *real_comm_emulated_new(RealBackend *be, int world, int rank)
     c->allreduce_bf16 = emulated_allreduce;
     c->reduce_scatter_bf16 = emulated_reduce_scatter;
     c->allgather_bf16 = emulated_allgather;
+    c->alltoall_bf16 = emulated_alltoall;
     c->allreduce_host_f64 = emulated_allreduce_host;
     c->gather_host_f64 = emulated_gather_host;
     c->destroy = emulated_destroy;

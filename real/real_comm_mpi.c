@@ -223,6 +223,18 @@ static gboolean mpi_alltoall_bytes(RealComm *c, const void *send, void *recv, si
                     &r, "MPI_Alltoall (bytes)", error);
 }
 
+static gboolean mpi_alltoall_bf16(RealComm *c, const RealBf16 *send, RealBf16 *recv, size_t n,
+                                  GError **error)
+{
+    MpiComm *m = (MpiComm *)c;
+    if (!fits_int(c, n, "all-to-all", error))
+        return FALSE;
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
+    MPI_Request r;
+    return wait_for(c, MPI_Ialltoall(send, (int)n, m->bf16, recv, (int)n, m->bf16, m->comm, &r),
+                    &r, "MPI_Alltoall", error);
+}
+
 /* Frees the copies of the sends their peers have taken; with `all`, waits for every one. */
 static gboolean reap_sends(RealComm *c, gboolean all, GError **error)
 {
@@ -346,6 +358,7 @@ static RealComm *mpi_comm_new(MPI_Comm comm, GError **error)
     c->gather_host_f64 = mpi_gather_host;
     c->allgather_bytes = mpi_allgather_bytes;
     c->alltoall_bytes = mpi_alltoall_bytes;
+    c->alltoall_bf16 = mpi_alltoall_bf16;
     c->send = mpi_send;
     c->recv = mpi_recv;
     c->split = mpi_split;

@@ -257,6 +257,30 @@ static gboolean nccl_allgather(RealComm *c, const RealBf16 *send, size_t n, Real
     return ok;
 }
 
+/* NCCL has no all-to-all call: its own tests and PyTorch's ProcessGroupNCCL alltoall_base
+ * (torch/csrc/cuda/nccl.cpp all2all_single_equal_split) post one ncclSend and one ncclRecv
+ * per peer inside a group, this rank's own piece included. */
+static gboolean nccl_alltoall(RealComm *c, const RealBf16 *send, RealBf16 *recv, size_t n,
+                              GError **error)
+{
+    NcclComm *nc = nccl_of(c);
+    c->sent_bytes += real_comm_ring_scatter_gather_bytes(c->size, (double)n * c->size);
+    if (n == 0)
+        return TRUE;
+    if (!nccl_begin(nc, "ncclSend/ncclRecv (all-to-all)", error))
+        return FALSE;
+    ncclResult_t rc = ncclGroupStart();
+    for (int q = 0; rc == ncclSuccess && q < c->size; q++) {
+        rc = ncclSend(send + (size_t)q * n, n, ncclBfloat16, q, nc->nccl, nc->stream);
+        if (rc == ncclSuccess)
+            rc = ncclRecv(recv + (size_t)q * n, n, ncclBfloat16, q, nc->nccl, nc->stream);
+    }
+    const ncclResult_t end = ncclGroupEnd(); /* a group is always closed */
+    rc = rc != ncclSuccess ? rc : end;
+    return nccl_issued(nc, rc, "ncclSend/ncclRecv (all-to-all)", error) &&
+           nccl_finish(nc, "ncclSend/ncclRecv (all-to-all)", error);
+}
+
 static gboolean nccl_allreduce_host(RealComm *c, double *buf, size_t n, GError **error)
 {
     RealComm *host = nccl_of(c)->host;
@@ -464,6 +488,7 @@ RealComm *real_comm_nccl_new(RealBackend *cuda_be, GError **error)
     c->allreduce_bf16 = nccl_allreduce;
     c->reduce_scatter_bf16 = nccl_reduce_scatter;
     c->allgather_bf16 = nccl_allgather;
+    c->alltoall_bf16 = nccl_alltoall;
     c->allreduce_host_f64 = nccl_allreduce_host;
     c->gather_host_f64 = nccl_gather_host;
     c->send = nccl_send;

@@ -252,8 +252,12 @@ static gboolean init_host(RealEngine *e, int u, uint64_t first, uint64_t count, 
 static gboolean init_unit(RealEngine *e, int u, uint64_t first, uint64_t count, RealBf16 *dst,
                           GError **error)
 {
-    RealBf16 *host = g_new(RealBf16, count);
-    gboolean ok = init_host(e, u, first, count, host, error);
+    /* Past the schedule's unit, padding: zeros (real_gpt's unit goes on with a sparse block's
+     * experts, which the expert space holds). */
+    const uint64_t end = e->s->unit_elems[u];
+    const uint64_t drawn = first < end ? MIN(count, end - first) : 0;
+    RealBf16 *host = g_new0(RealBf16, MAX(count, 1));
+    gboolean ok = drawn == 0 || init_host(e, u, first, drawn, host, error);
     if (ok)
         e->be->copy(e->be, dst, host, count * sizeof(RealBf16));
     g_free(host);
@@ -389,7 +393,9 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     if (s->model.tied_embeddings && s->stages > 1 && s->unit_elems[0] == 0 &&
         s->unit_elems[e->L + 1] > 0)
         e->dims.untied = e->dims.tied_copy = true;
-    if (!real_gpt_dims_check(&e->dims, error)) { /* before b s sizes anything */
+    /* the experts' groups set ep_rank; all before b s sizes anything */
+    if (!real_engine_moe_groups(e, error) || !real_gpt_dims_check(&e->dims, error)) {
+        real_engine_moe_free(e);
         g_free(e);
         return NULL;
     }
@@ -422,11 +428,15 @@ RealEngine *real_engine_new(const ZpSchedule *s, RealBackend *be, RealComm *comm
     ok = ok && (e->gpt = real_gpt_new(be, &e->dims, error)) != NULL;
     if (ok && cfg->tp)
         real_gpt_set_tp(e->gpt, &real_tp_ops, cfg->tp);
+    /* (a sparse unit's experts live in the expert space: the rest is the schedule's unit) */
     for (int u = 0; ok && u < s->n_units; u++)
-        if (s->unit_elems[u] > 0 && real_gpt_unit_elems(&e->dims, u) != s->unit_elems[u])
+        if (s->unit_elems[u] > 0 && real_gpt_unit_elems(&e->dims, u) !=
+                                        s->unit_elems[u] + zp_sched_unit_expert_elems(s, u))
             ok = fail(error, "unit %d: the schedule has %" G_GUINT64_FORMAT " elements, the "
-                             "model %zu", u, s->unit_elems[u], real_gpt_unit_elems(&e->dims, u));
-    ok = ok && allocate_states(e, error) && setup_zeropp(e, error) &&
+                             "model %zu", u, s->unit_elems[u] + zp_sched_unit_expert_elems(s, u),
+                      real_gpt_unit_elems(&e->dims, u));
+    ok = ok && allocate_states(e, error) && real_engine_moe_states(e, error) &&
+         setup_zeropp(e, error) &&
          real_zeror_new(s, be, &e->ckpt_host, error) && init_params(e, error) &&
          (e->x = take(e, real_gpt_checkpoint_bytes(&e->dims), ZP_MEM_WORKSPACE, error)) &&
          (e->dx = take(e, real_gpt_residual_grad_bytes(&e->dims), ZP_MEM_WORKSPACE, error));
@@ -469,6 +479,7 @@ void real_engine_free(RealEngine *e)
     if (e->fw)
         e->fw_ops->destroy(e->fw);
     real_zeror_free(e->ckpt_host);
+    real_engine_moe_free(e);
     void *states[] = {e->params, e->grads, e->master, e->adam_m, e->adam_v, e->x, e->dx};
     for (size_t i = 0; i < G_N_ELEMENTS(states); i++)
         be->free(be, states[i]);
@@ -523,6 +534,7 @@ static void start_step(RealEngine *e)
         real_gpt_grads_fresh(e->gpt, -1, ALL_TENSORS);
     if (e->fw && e->fw_ops->start_step)
         e->fw_ops->start_step(e->fw);
+    real_engine_moe_start_step(e);
 }
 
 /* Waits for the device (when the backend has one) and adds the step's device-timed ops. */

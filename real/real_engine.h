@@ -53,6 +53,13 @@ gboolean real_engine_offload_stats(const RealEngine *engine, RealAllocStats *hos
 /* NULL, or why the NVMe tier's swap files use buffered I/O instead of O_DIRECT. */
 const char *real_engine_nvme_note(const RealEngine *engine);
 
+/* A mixture of experts: the bytes this rank sent over the expert-parallel group (the
+ * all-to-alls, ZP_GROUP_EP) or the expert-data-parallel one (the experts' reductions and
+ * gathers, ZP_GROUP_EDP; counted in the data-parallel communicator's total too) since the
+ * engine was made; 0 for another group or a dense model. */
+double real_engine_moe_sent_bytes(const RealEngine *engine, ZpGroup group);
+gboolean real_engine_has_experts(const RealEngine *engine);
+
 /* Forgets the op timings so far (zreal drops its warm-up step's one-time costs). */
 void real_engine_reset_timings(RealEngine *engine);
 

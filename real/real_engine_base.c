@@ -1,9 +1,12 @@
 /* real_engine_base: the engine's error domain and the pieces its plug-ins call back into —
  * allocating a buffer, delivering reduced gradients, qgZ's reduction — and the dims it trains. */
 #include "real_engine_base.h"
+#include "real_moe.h"
 #include "real_zeropp.h"
 #include "zp_mem.h"
 #include "zp_util.h"
+
+#include <limits.h>
 
 G_DEFINE_QUARK(real-engine-error-quark, real_engine_error)
 
@@ -57,6 +60,16 @@ RealGptDims real_engine_dims(const ZpModel *m, const ZpPlan *plan)
     d.attention_window = (int)MIN(m->sliding_window, (int64_t)m->seq_len);
     d.flash = zp_attention_fused(plan->attention);
     d.tp = plan->mp;
+    if (zp_moe_enabled(&m->moe)) { /* the experts split over EP: the engine sets ep_rank */
+        const int64_t tokens = (int64_t)plan->micro_batch * m->seq_len;
+        d.moe_experts = (int)m->moe.experts;
+        d.moe_top_k = (int)m->moe.top_k;
+        d.moe_ffn = (int)m->moe.expert_ffn;
+        d.moe_capacity = (int)MIN(real_moe_capacity(tokens, m->moe.top_k, m->moe.experts,
+                                                    plan->experts.capacity_factor),
+                                  (int64_t)INT_MAX);
+        d.ep = zp_plan_ep(plan);
+    }
     return d;
 }
 

@@ -286,6 +286,9 @@ static gboolean gather_checkpoint(RealEngine *e, const ZpOp *op, GError **error)
 
 gboolean real_engine_do_collective(RealEngine *e, const ZpOp *op, GError **error)
 {
+    gboolean experts = FALSE; /* over the EP or EDP group: real_engine_moe's */
+    if (!real_engine_moe_collective(e, op, &experts, error) || experts)
+        return experts;
     /* A tensor group's all-gather of a block (not the head's logits): Pa's. */
     if (op->group == ZP_GROUP_TP && e->cfg.tp && op->sub == ZP_COLL_ALLGATHER &&
         op->unit >= 1 && op->unit <= e->L)

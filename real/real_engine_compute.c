@@ -29,7 +29,8 @@
 static void fresh_unit_grads(RealEngine *e, int u, RealBf16 *at, uint64_t bytes)
 {
     const uint64_t used = MIN(bytes, e->s->unit_elems[u] * sizeof(RealBf16));
-    real_gpt_grads_fresh(e->gpt, u, ALL_TENSORS);
+    /* a sparse unit's experts are not in its buffer: their own op stores them */
+    real_gpt_grads_fresh(e->gpt, u, ALL_TENSORS & ~real_engine_moe_expert_tensors(e, u));
     e->be->fill(e->be, (char *)at + used, 0, bytes - used);
 }
 
@@ -112,6 +113,9 @@ static gboolean is_alltoall(const ZpSchedule *s, guint index)
 
 gboolean real_engine_do_alloc(RealEngine *e, guint index, const ZpOp *op, GError **error)
 {
+    gboolean experts = FALSE; /* a sparse block's all-to-all buffer, or its experts' gather */
+    if (!real_engine_moe_alloc(e, index, op, &experts, error) || experts)
+        return !experts || e->buffers[op->buffer] != NULL;
     if (op->buffer < 0) /* the step-long state's: DeepSpeed's persistent copies */
         return e->ds ? real_ds_state_op(e->ds, op,
                                         index + 1 < e->s->ops->len ? zp_sched_op(e->s, index + 1)
@@ -179,6 +183,7 @@ gboolean real_engine_do_free(RealEngine *e, const ZpOp *op, GError **error)
         e->unit_grads[op->unit] = NULL;
     if (op->sub == ZP_MEM_GATHERED_PARAMS && e->unit_params[op->unit] == p)
         e->unit_params[op->unit] = NULL;
+    real_engine_moe_freed(e, p);
     e->be->free(e->be, p);
     e->buffers[op->buffer] = NULL;
     return TRUE;
@@ -200,6 +205,8 @@ static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v
                                            : e->unit_params[u];
     if (!p)
         return fail(error, "rank %d: unit %d is used but was not gathered", e->rank, u);
+    if (real_engine_moe_sparse(e, u))
+        return real_engine_moe_view(e, u, p, FALSE, v, error);
     real_gpt_tensors_at(&e->dims, u, p, v);
     return TRUE;
 }
@@ -215,6 +222,8 @@ static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGpt
                                                    : e->unit_grads[u];
     if (!g)
         return fail(error, "rank %d: no gradient bucket holds unit %d", e->rank, u);
+    if (real_engine_moe_sparse(e, u))
+        return real_engine_moe_view(e, u, g, TRUE, v, error);
     real_gpt_tensors_at(&e->dims, u, g, v);
     return TRUE;
 }
@@ -280,6 +289,7 @@ static gboolean optimizer(RealEngine *e, GError **error)
     const RealBf16 *grad = step_grads(e);
     e->be->adam_step(e->be, &hyper, e->opt_elems, e->master, e->adam_m, e->adam_v, grad,
                      e->params + e->part_base);
+    real_engine_moe_optimizer(e, &hyper); /* the expert space's partition, in the same op */
     return TRUE;
 }
 
@@ -380,6 +390,9 @@ static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_i
 {
     const int m = zp_op_module(op), l = op->unit;
     RealGptTensors p;
+    if (real_engine_moe_sparse(e, l)) /* up to the router: the experts' ops follow */
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               real_engine_moe_block_forward(e, op, &p, x_in, save, error);
     if (m < 0)
         return params_of(e, l, ALL_TENSORS, &p, error) &&
                real_gpt_block_forward_t(e->gpt, l - 1, &p, x_in, e->x, save, error);
@@ -394,6 +407,8 @@ static gboolean block_backward(RealEngine *e, const ZpOp *op, GError **error)
     const uint32_t used = m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m);
     if (!params_of(e, l, used, &p, error) || !grads_of(e, l, used, op->micro, &g, error))
         return FALSE;
+    if (real_engine_moe_sparse(e, l)) /* from the router: the experts' ops came first */
+        return real_engine_moe_block_backward(e, op, &p, &g, error);
     if (m < 0)
         return real_gpt_block_backward_t(e->gpt, l - 1, &p, e->dx, e->dx, &g, error);
     return real_gpt_block_backward_module_t(e->gpt, l - 1, m, &p, e->dx, e->dx, &g, error);
@@ -416,7 +431,9 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
                         e->ckpt_slice_bytes);
         if (!block_forward(e, op, e->x, !e->s->plan.checkpoint, error))
             return FALSE;
-        if (!e->s->plan.checkpoint && (m < 0 || m == REAL_GPT_MOD_FC2))
+        /* (a sparse block's saved activations are kept by its unpermute op) */
+        if (!e->s->plan.checkpoint && (m < 0 || m == REAL_GPT_MOD_FC2) &&
+            !real_engine_moe_sparse(e, l))
             e->stash[slot(e, l, op->micro)] = real_gpt_take_saved(e->gpt, l - 1);
         return TRUE;
     }
@@ -445,7 +462,7 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_BLOCK_BWD:
         restore_head_dx(e, op->micro);
         /* the block's activations back for its backward, which fc2's op begins */
-        if (!e->s->plan.checkpoint &&
+        if (!e->s->plan.checkpoint && !real_engine_moe_sparse(e, l) &&
             (zp_op_module(op) < 0 || zp_op_module(op) == REAL_GPT_MOD_FC2)) {
             void **saved = &e->stash[slot(e, l, op->micro)];
             if (!real_gpt_put_saved(e->gpt, l - 1, *saved, error))
@@ -479,6 +496,13 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
             return e->fw_ops->unpack(e->fw, op, error);
         return e->ds ? real_ds_unpack(e->ds, op, error)
                      : fail(error, "an unpack op outside DeepSpeed's and FSDP2's stage 3");
+    case ZP_COMP_EXPERT_FWD:
+    case ZP_COMP_EXPERT_BWD:
+    case ZP_COMP_UNPERMUTE_FWD:
+    case ZP_COMP_UNPERMUTE_BWD: /* a sparse block's ops between its own */
+        return params_of(e, l, ALL_TENSORS, &p, error) &&
+               (op->sub != ZP_COMP_EXPERT_BWD || grads_of(e, l, ALL_TENSORS, micro, &g, error)) &&
+               real_engine_moe_compute(e, op, &p, &g, error);
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */
         return real_zeror_host_copy(

@@ -12,6 +12,8 @@
 #include "zp_mem.h"
 #include "zp_sched.h"
 
+typedef struct RealEngineMoe RealEngineMoe;
+
 struct RealEngine {
     const ZpSchedule *s;
     RealBackend *be;
@@ -80,6 +82,7 @@ struct RealEngine {
     int gip_id;
     uint64_t gip_lo;
     RealCkptHost *ckpt_host; /* the checkpoints' host tier, with cpu_checkpointing */
+    RealEngineMoe *moe;      /* a mixture of experts (real_engine_moe.c); NULL: dense */
 };
 
 #define fail real_engine_fail
@@ -146,6 +149,33 @@ gboolean real_engine_do_alloc(RealEngine *e, guint index, const ZpOp *op, GError
 gboolean real_engine_do_free(RealEngine *e, const ZpOp *op, GError **error);
 gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error);
 gboolean real_engine_tied_grads(RealEngine *e, RealBf16 **grads, size_t *n, GError **error);
+
+/* real_engine_moe.c: a mixture of experts — its groups (before the model is made: they set
+ * dims.ep_rank), its expert space's states, a sparse unit's view (dense tensors from `dense`,
+ * the experts from the expert space), its allocs, collectives over the EP and EDP groups and
+ * compute ops (the block's forward up to fc1, the experts, unpermute, the block's backward
+ * from fc1), the experts' Adam step, and the step's fresh expert gradients. `handled`: the op
+ * was the experts' (the caller does nothing more). */
+gboolean real_engine_moe_groups(RealEngine *e, GError **error);
+gboolean real_engine_moe_states(RealEngine *e, GError **error);
+void real_engine_moe_free(RealEngine *e);
+gboolean real_engine_moe_sparse(const RealEngine *e, int u);
+uint32_t real_engine_moe_expert_tensors(const RealEngine *e, int u);
+gboolean real_engine_moe_view(RealEngine *e, int u, const RealBf16 *dense, gboolean grads,
+                              RealGptTensors *v, GError **error);
+gboolean real_engine_moe_alloc(RealEngine *e, guint index, const ZpOp *op, gboolean *handled,
+                               GError **error);
+void real_engine_moe_freed(RealEngine *e, const void *p);
+gboolean real_engine_moe_collective(RealEngine *e, const ZpOp *op, gboolean *handled,
+                                    GError **error);
+gboolean real_engine_moe_block_forward(RealEngine *e, const ZpOp *op, const RealGptTensors *p,
+                                       const RealBf16 *x_in, gboolean save, GError **error);
+gboolean real_engine_moe_block_backward(RealEngine *e, const ZpOp *op, const RealGptTensors *p,
+                                        const RealGptTensors *g, GError **error);
+gboolean real_engine_moe_compute(RealEngine *e, const ZpOp *op, const RealGptTensors *p,
+                                 const RealGptTensors *g, GError **error);
+void real_engine_moe_optimizer(RealEngine *e, const RealAdamHyper *hyper);
+void real_engine_moe_start_step(RealEngine *e);
 
 /* real_engine_comm.c: a collective op, and an offload transfer op. */
 gboolean real_engine_do_collective(RealEngine *e, const ZpOp *op, GError **error);

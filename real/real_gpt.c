@@ -89,6 +89,18 @@ gboolean real_gpt_dims_check(const RealGptDims *d, GError **error)
                     "an MLP is SwiGLU or GeGLU, not both");
         return FALSE;
     }
+    if (real_gpt_sparse(d)) {
+        /* zreal's sparse block is Mixtral's: SwiGLU experts on an unsplit, sequential block. */
+        if (!d->swiglu || real_gpt_tp(d) > 1 || d->parallel_residual) {
+            g_set_error(error, REAL_GPT_ERROR, REAL_GPT_ERROR_INVALID,
+                        "a mixture of experts needs SwiGLU experts, no tensor parallelism and "
+                        "a sequential residual");
+            return FALSE;
+        }
+        const RealMoeDims m = real_gpt_moe_dims(d);
+        if (!real_moe_dims_check(&m, error))
+            return FALSE;
+    }
     /* GEMM dimensions are ints: tokens b s, 3h and f must fit. */
     const int64_t tokens = (int64_t)d->micro_batch * d->seq_len;
     if (tokens > INT_MAX || d->hidden > INT_MAX / 3 || (int64_t)d->ffn_hidden > INT_MAX / 2) {
@@ -189,6 +201,17 @@ static void real_gpt_block_spec(const RealGptDims *d,
         [REAL_GPT_FC2_B] = {"fc2.bias", h, REAL_GPT_INIT_ZEROS, mlp_bias},
     };
     memcpy(out, spec, sizeof spec);
+    if (real_gpt_sparse(d)) {
+        /* The sparse MLP in the dense MLP's slots (real_gpt_dims.h): this rank's experts. */
+        const RealMoeDims m = real_gpt_moe_dims(d);
+        out[REAL_GPT_FC1_W] = (RealGptBlockSpec){"fc1.router.weight", real_moe_router_elems(&m),
+                                                 REAL_GPT_INIT_NORMAL, true};
+        out[REAL_GPT_FC1_B] = (RealGptBlockSpec){"fc1.experts.weight", real_moe_fc1_elems(&m),
+                                                 REAL_GPT_INIT_NORMAL, true};
+        out[REAL_GPT_FC2_W] = (RealGptBlockSpec){"fc2.experts.weight", real_moe_fc2_elems(&m),
+                                                 REAL_GPT_INIT_NORMAL_RESIDUAL, true};
+        out[REAL_GPT_FC2_B].present = false;
+    }
 }
 
 /* The tensor table of a unit with each tensor's initialisation; the single definition of
@@ -327,7 +350,7 @@ static uint64_t real_gpt_saved_bf16_elems(const RealGptDims *d)
 
 uint64_t real_gpt_block_activation_bytes(const RealGptDims *dims)
 {
-    return sizeof(float) * real_gpt_saved_f32_elems(dims) +
+    return real_gpt_moe_saved_bytes(dims) + sizeof(float) * real_gpt_saved_f32_elems(dims) +
            sizeof(RealBf16) * real_gpt_saved_bf16_elems(dims);
 }
 
@@ -351,6 +374,11 @@ RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
 {
     size_t t = real_gpt_tokens(d), h = d->hidden, f = real_gpt_ffn(d);
     RealGptSaved sv = {0};
+    /* A sparse MLP's router buffer first (its int64 indices aligned), its tensors last. */
+    if (real_gpt_sparse(d)) {
+        sv.router = base;
+        base = (char *)base + real_gpt_moe_router_bytes(d);
+    }
     float *stats = base;
     if (!d->rmsnorm) {
         sv.ln1_mean = stats;
@@ -374,6 +402,10 @@ RealGptSaved real_gpt_saved_view(const RealGptDims *d, void *base)
     sv.fc1 = p, p += t * real_gpt_fc1_width(d);
     sv.gelu = p, p += t * f;
     sv.probs = d->flash ? NULL : p;
+    if (!d->flash)
+        p += (size_t)d->micro_batch * real_gpt_heads(d) * d->seq_len * d->seq_len;
+    if (real_gpt_sparse(d))
+        sv.moe = p;
     return sv;
 }
 
@@ -471,6 +503,7 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
      * group's shards are the single-rank model's parameters. */
     RealGptDims whole = *dims;
     whole.tp = 0, whole.tp_rank = 0;
+    whole.ep = 0, whole.ep_rank = 0;
     RealGptTensor wt[REAL_GPT_MAX_UNIT_TENSORS];
     RealGptInit winit[REAL_GPT_MAX_UNIT_TENSORS];
     real_gpt_layout(&whole, unit, wt, winit);
@@ -492,12 +525,15 @@ gboolean real_gpt_init_params_range(const RealGptDims *dims, uint64_t seed, int 
         const bool rows = strcmp(t[k].name, "wte") == 0 || head;
         /* A tied wte's copy: wte's values (unit 0's key, wte at its offset 0). */
         const bool copy = head && dims->tied_copy;
+        /* This rank's experts: the whole model's from expert ep_rank E / ep on. */
+        const bool experts = strstr(t[k].name, ".experts.") != NULL;
         for (size_t e = lo; e < hi; e++) {
             const size_t in = e - t[k].offset_elems;
             const size_t at = (copy ? 0 : wt[k].offset_elems) +
-                              (shard  ? real_gpt_tp_index(dims, &whole, kind[k], in)
-                               : rows ? rank * t[k].elems + in
-                                      : in);
+                              (shard     ? real_gpt_tp_index(dims, &whole, kind[k], in)
+                               : rows    ? rank * t[k].elems + in
+                               : experts ? (size_t)dims->ep_rank * t[k].elems + in
+                                         : in);
             double value = init[k] == REAL_GPT_INIT_ONES    ? 1.0
                            : init[k] == REAL_GPT_INIT_ZEROS ? 0.0
                                                            : std_of[init[k]] *
@@ -539,6 +575,10 @@ RealGpt *real_gpt_new(RealBackend *be, const RealGptDims *dims, GError **error)
     gpt->saved = g_new0(void *, dims->layers);
     gpt->fresh = g_new0(uint32_t, (gsize)dims->layers + 2);
     gpt->run.layer = -1;
+    if (!real_gpt_moe_init(gpt, error)) {
+        real_gpt_free(gpt);
+        return NULL;
+    }
     return gpt;
 }
 
@@ -564,6 +604,8 @@ void real_gpt_free(RealGpt *gpt)
     gpt->be->free(gpt->be, gpt->run.ws); /* a block run module by module, left unfinished */
     if (!gpt->run.backward)
         gpt->be->free(gpt->be, gpt->run.saved);
+    real_gpt_moe_run_end(gpt);
+    real_moe_free(gpt->moe);
     g_free(gpt->saved);
     g_free(gpt->fresh);
     g_free(gpt);

@@ -37,6 +37,7 @@
 
 #include "real_backend.h"
 #include "real_gpt_dims.h"
+#include "real_moe.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -145,6 +146,31 @@ typedef struct RealGptTpOps {
 
 /* Sets them (`ops` must outlive the runtime); a runtime of dims.tp > 1 fails without. */
 void real_gpt_set_tp(RealGpt *gpt, const RealGptTpOps *ops, void *ctx);
+
+/* A mixture of experts (dims.moe_experts > 0) with its experts over dims.ep > 1 ranks: the
+ * expert-parallel group (borrowed; its size ep, this rank ep_rank in it) over which the block's
+ * fc1 module dispatches its tokens and gathers the experts' outputs, and the fc2 module's
+ * backward the gradients (real_moe_alltoall, four all-to-alls of E C h a block). */
+void real_gpt_set_ep(RealGpt *gpt, RealComm *ep);
+/* The sparse MLP's dimensions (real_moe.h) of a mixture of experts' dims. */
+RealMoeDims real_gpt_moe_dims(const RealGptDims *d);
+
+/* A schedule runs a sparse block as its ops (real_engine: block_fwd, ep_dispatch, expert_fwd,
+ * ep_combine, unpermute_fwd; unpermute_bwd, ep_dispatch, expert_bwd, ep_combine, block_bwd),
+ * the all-to-alls and their buffers its own: with split set, the block forward's fc1 module
+ * only routes (the run stays open), real_gpt_moe_permute fills the dispatch buffer from it, the
+ * experts run by the calls below, and the fc2 module sums the copies from the buffer bound by
+ * real_gpt_moe_bind; backward's fc2 module writes the copies' gradients into the bound buffer,
+ * the experts' backward runs (adding the experts' gradients), and the fc1 module reads the
+ * returned input gradients from the bound buffer. Buffers hold real_moe_a2a_elems. */
+void real_gpt_moe_set_split(RealGpt *gpt, bool split);
+void real_gpt_moe_bind(RealGpt *gpt, RealBf16 *buffer);
+gboolean real_gpt_moe_permute(RealGpt *gpt, int layer, RealBf16 *send, GError **error);
+gboolean real_gpt_moe_experts_forward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                        const RealBf16 *recv, RealBf16 *out, GError **error);
+gboolean real_gpt_moe_experts_backward_t(RealGpt *gpt, int layer, const RealGptTensors *block,
+                                         const RealBf16 *recv, const RealGptTensors *grads,
+                                         RealBf16 *out, GError **error);
 
 /* Frees the runtime and any activations still saved. NULL is ignored. */
 void real_gpt_free(RealGpt *gpt);

@@ -168,6 +168,8 @@ static bool real_gpt_fwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptS
         real_gpt_keep(be, b->a, sv ? sv->ln2 : NULL, th);
         return true;
     case REAL_GPT_MOD_FC1:
+        if (real_gpt_sparse(d)) /* route, dispatch, the experts, combine */
+            return real_gpt_moe_fc1_fwd(gpt, p, sv, b->a, &gpt->tp_error);
         if (!real_gpt_linear(gpt, p, REAL_GPT_FC1_W, b->a, b->u, f1, h))
             return false;
         real_gpt_keep(be, b->u, sv ? sv->fc1 : NULL, (size_t)t * f1);
@@ -180,7 +182,8 @@ static bool real_gpt_fwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptS
         real_gpt_keep(be, b->act, sv ? sv->gelu : NULL, tf);
         return true;
     default:
-        if (!real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->act, b->x, h, f))
+        if (real_gpt_sparse(d) ? !real_gpt_moe_fc2_fwd(gpt, sv, b->x, &gpt->tp_error)
+                               : !real_gpt_linear(gpt, p, REAL_GPT_FC2_W, b->act, b->x, h, f))
             return false;
         be->add(be, b->x, b->x, b->x2, th);
         be->f32_to_bf16(be, x_out, b->x, th);
@@ -227,6 +230,7 @@ static gboolean real_gpt_run_end(RealGpt *gpt, bool ok, const char *what, GError
 {
     RealBackend *be = gpt->be;
     be->free(be, gpt->run.ws);
+    real_gpt_moe_run_end(gpt);
     if (!ok && !gpt->run.backward)
         be->free(be, gpt->run.saved);
     gpt->run.layer = -1;
@@ -409,6 +413,8 @@ static bool real_gpt_bwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptS
     switch (m) {
     case REAL_GPT_MOD_FC2:
         be->fill(be, b->g, 0, gpt->block_elems * sizeof(float));
+        if (real_gpt_sparse(d)) /* combine's backward, dispatch, the experts, combine */
+            return real_gpt_moe_fc2_bwd(gpt, p, sv, b->g, dy, &gpt->tp_error);
         if (!real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC2_W, sv->gelu, dy, h, f) ||
             !real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC2_W, dy, b->df, h, f))
             return false;
@@ -423,6 +429,8 @@ static bool real_gpt_bwd_module(RealGpt *gpt, RealBf16 *const *p, const RealGptS
             be->gelu_bwd(be, b->df, b->df, b->uf, (size_t)t * f);
         return true;
     case REAL_GPT_MOD_FC1:
+        if (real_gpt_sparse(d)) /* the routed copies' and the router's input gradients */
+            return real_gpt_moe_fc1_bwd(gpt, p, sv, b->g, b->dh, &gpt->tp_error);
         /* Column-parallel fc1: its input gradient is summed over the tensor group. */
         return real_gpt_linear_param_grads(gpt, b->g, REAL_GPT_FC1_W, sv->ln2, dfc1, f1, h) &&
                real_gpt_linear_input_grad(gpt, p, REAL_GPT_FC1_W, dfc1, b->dh, f1, h) &&
@@ -475,7 +483,10 @@ static void real_gpt_add_module_grads(RealGpt *gpt, int layer, int m,
                                       const RealGptTensors *dst, const float *g)
 {
     const RealGptDims *d = &gpt->dims;
-    const uint32_t bits = real_gpt_module_tensors(d, m);
+    uint32_t bits = real_gpt_module_tensors(d, m);
+    /* Split, the experts' gradients are their own op's (real_gpt_moe_experts_backward_t). */
+    if (gpt->moe_split && real_gpt_sparse(d))
+        bits &= ~(real_gpt_moe_expert_tensors(gpt));
     if (!bits)
         return;
     const int first = g_bit_nth_lsf(bits, -1);

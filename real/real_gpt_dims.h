@@ -52,6 +52,14 @@ typedef struct {
      * per-token log-sum-exp and target logit (2 fp32 per token) for the loss, then sums its
      * input gradient. */
     int tp, tp_rank;
+    /* A mixture of experts (moe_experts 0: a dense MLP): every block's MLP is real_moe's sparse
+     * one, moe_experts SwiGLU experts of width moe_ffn, each token routed to moe_top_k of them,
+     * at most moe_capacity copies an expert and rank; the experts split over ep ranks, this
+     * rank holding ep_rank's E / ep (real_moe.h). The block's fc1.weight, fc1.bias and
+     * fc2.weight slots hold the router [h, E], the experts' gate and up [E/ep][h, 2 f_e] and
+     * their down projections [E/ep][f_e, h] (the planner's fc1.router.weight,
+     * fc1.experts.weight, fc2.experts.weight); fc2.bias is absent. */
+    int moe_experts, moe_top_k, moe_ffn, moe_capacity, ep, ep_rank;
 } RealGptDims;
 
 /* One named tensor inside a unit. Names are the planner's (zp_model_tensors). */

@@ -5,6 +5,7 @@
 #define REAL_GPT_INTERNAL_H
 
 #include "real_gpt_dims.h"
+#include "real_moe.h"
 
 #include <glib.h>
 #include <stdbool.h>
@@ -47,6 +48,8 @@ typedef struct {
     float *lse;                                       /* fused attention only */
     RealBf16 *x, *ln1, *qkv, *probs, *att, *x2, *ln2, *fc1, *gelu; /* probs: eager only,
                                                                      * x2: sequential only */
+    void *router, *moe; /* a sparse MLP's router buffer (first in the allocation) and its
+                         * saved tensors (last; real_moe_saved_bytes) */
 } RealGptSaved;
 
 struct RealGpt {
@@ -70,7 +73,15 @@ struct RealGpt {
         bool backward;
         float *ws;
         void *saved;
+        /* a sparse MLP's router buffer when not saving, and its two all-to-all buffers */
+        void *moe_router;
+        RealBf16 *moe_a, *moe_b;
     } run;
+    struct RealMoe *moe; /* the sparse MLP (real_gpt_sparse), its routing on the host */
+    bool moe_split;      /* the all-to-alls and the experts are the caller's ops
+                          * (real_gpt_moe_set_split), the buffer each phase uses bound: */
+    RealBf16 *moe_bound;
+    struct RealComm *ep; /* the expert-parallel group (real_gpt_set_ep); NULL: ep 1 */
 };
 
 /* The tensor-parallel degree t (1 without): a block's shapes below are one rank's shard. */
@@ -113,10 +124,16 @@ static inline int real_gpt_vocab(const RealGptDims *d)
     return d->vocab / real_gpt_tp(d);
 }
 
-/* This rank's MLP width f / t. */
+/* A mixture of experts: every block's MLP is real_moe's (real_gpt_moe.c). */
+static inline bool real_gpt_sparse(const RealGptDims *d)
+{
+    return d->moe_experts > 0;
+}
+
+/* This rank's dense MLP width f / t (0 where the MLP is sparse: no dense MLP tensors). */
 static inline int real_gpt_ffn(const RealGptDims *d)
 {
-    return d->ffn_hidden / real_gpt_tp(d);
+    return real_gpt_sparse(d) ? 0 : d->ffn_hidden / real_gpt_tp(d);
 }
 
 static inline bool real_gpt_gated(const RealGptDims *d)
@@ -169,6 +186,27 @@ static inline size_t real_gpt_tokens(const RealGptDims *d)
 {
     return (size_t)d->micro_batch * d->seq_len;
 }
+
+/* real_gpt_moe.c: a sparse block's MLP (real_moe) inside the block's modules — its saved
+ * bytes, the runtime it makes, the fc1 module's forward (route, dispatch, experts, combine:
+ * x is norm2's output) and the fc2 module's (the weighted sum into y, then y += x2), and
+ * backward the fc2 module's (into the experts' gradients in g) and the fc1 module's (the
+ * router's, dx = dL/d norm2's output). */
+RealMoeDims real_gpt_moe_dims(const RealGptDims *d);
+uint64_t real_gpt_moe_saved_bytes(const RealGptDims *d);
+uint64_t real_gpt_moe_router_bytes(const RealGptDims *d);
+bool real_gpt_moe_init(RealGpt *gpt, GError **error);
+bool real_gpt_moe_fc1_fwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv,
+                          const float *x, GError **error);
+bool real_gpt_moe_fc2_fwd(RealGpt *gpt, const RealGptSaved *sv, float *y, GError **error);
+bool real_gpt_moe_fc2_bwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv, float *g,
+                          const float *dy, GError **error);
+bool real_gpt_moe_fc1_bwd(RealGpt *gpt, RealBf16 *const *p, const RealGptSaved *sv, float *g,
+                          float *dx, GError **error);
+/* Bits of a sparse block's expert tensors in its view (0 for a dense one). */
+uint32_t real_gpt_moe_expert_tensors(const RealGpt *gpt);
+/* Frees the run's sparse-MLP buffers (router when not saving, all-to-all buffers). */
+void real_gpt_moe_run_end(RealGpt *gpt);
 
 /* real_gpt.c: the runtime helpers the ends and the block share, and how many tensors a unit
  * has. */

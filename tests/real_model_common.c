@@ -271,9 +271,83 @@ void ref_norm(const RealGptDims *d, double *const *units, int unit, const char *
 }
 
 /* out [T,h] = MLP(ln) of block unit u: gated act(ln Wg) (ln Wu) or plain act(ln W1), then W2. */
+/* A sparse MLP in double (real_moe.h's routing): softmax of ln Wr, the top k (ties to the lower
+ * expert), copies placed first choices first in token order, at most moe_capacity an expert,
+ * weights renormalised over the k; each kept copy through its SwiGLU expert. */
+static void ref_moe(const RealGptDims *d, double *const *units, int u, const double *ln,
+                    double *out)
+{
+    const int h = d->hidden, E = d->moe_experts, k = d->moe_top_k, fe = d->moe_ffn;
+    const int T = d->micro_batch * d->seq_len;
+    const double *wr = ref_tensor(d, units, u, "fc1.router.weight");
+    const double *w1 = ref_tensor(d, units, u, "fc1.experts.weight");
+    const double *w2 = ref_tensor(d, units, u, "fc2.experts.weight");
+    double *p = g_new(double, (size_t)T * E), *act = g_new(double, fe);
+    int *idx = g_new(int, (size_t)T * k), *kept = g_new(int, (size_t)T * k);
+    int *filled = g_new0(int, E);
+    ref_linear(ln, wr, NULL, p, T, h, E);
+    for (int t = 0; t < T; t++) {
+        double *z = p + (size_t)t * E, most = z[0], sum = 0;
+        for (int e = 1; e < E; e++)
+            most = fmax(most, z[e]);
+        for (int e = 0; e < E; e++)
+            sum += exp(z[e] - most);
+        for (int e = 0; e < E; e++)
+            z[e] = exp(z[e] - most) / sum;
+        for (int c = 0; c < k; c++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                gboolean taken = FALSE;
+                for (int j = 0; j < c; j++)
+                    taken = taken || idx[(size_t)t * k + j] == e;
+                if (!taken && (best < 0 || z[e] > z[best]))
+                    best = e;
+            }
+            idx[(size_t)t * k + c] = best;
+        }
+    }
+    for (int c = 0; c < k; c++)
+        for (int t = 0; t < T; t++) {
+            const int e = idx[(size_t)t * k + c];
+            kept[(size_t)t * k + c] = filled[e] < d->moe_capacity;
+            filled[e] += kept[(size_t)t * k + c];
+        }
+    memset(out, 0, sizeof(double) * (size_t)T * h);
+    for (int t = 0; t < T; t++) {
+        double s = 0;
+        for (int c = 0; c < k; c++)
+            s += p[(size_t)t * E + idx[(size_t)t * k + c]];
+        for (int c = 0; c < k; c++) {
+            const int e = idx[(size_t)t * k + c];
+            if (!kept[(size_t)t * k + c])
+                continue;
+            const double *a = w1 + (size_t)e * h * 2 * fe, *b = w2 + (size_t)e * fe * h;
+            for (int j = 0; j < fe; j++) {
+                double g = 0, up = 0;
+                for (int i = 0; i < h; i++) {
+                    g += ln[(size_t)t * h + i] * a[(size_t)i * 2 * fe + j];
+                    up += ln[(size_t)t * h + i] * a[(size_t)i * 2 * fe + fe + j];
+                }
+                act[j] = ref_act(g, REAL_ACT_SILU) * up;
+            }
+            for (int i = 0; i < h; i++) {
+                double o = 0;
+                for (int j = 0; j < fe; j++)
+                    o += act[j] * b[(size_t)j * h + i];
+                out[(size_t)t * h + i] += p[(size_t)t * E + e] / s * o;
+            }
+        }
+    }
+    g_free(p), g_free(act), g_free(idx), g_free(kept), g_free(filled);
+}
+
 void ref_mlp(const RealGptDims *d, double *const *units, int u, const double *ln,
              double *out)
 {
+    if (d->moe_experts > 0) {
+        ref_moe(d, units, u, ln, out);
+        return;
+    }
     const int h = d->hidden, f = d->ffn_hidden, T = d->micro_batch * d->seq_len;
     const bool gated = d->swiglu || d->geglu;
     const int f1 = gated ? 2 * f : f;
@@ -522,6 +596,9 @@ RealGptDims gradient_dims(int which)
         d.rope_scaling = REAL_ROPE_SCALING_LLAMA3, d.rope_factor = 8.0f;
         d.rope_low_freq_factor = 1.0f, d.rope_high_freq_factor = 4.0f;
         d.rope_original_positions = 1000;
+    } else if (which == GRAD_MOE) { /* 4 experts of 8, top 2, capacity 8 of the 32 copies */
+        d.moe_experts = 4, d.moe_top_k = 2, d.moe_ffn = 8;
+        d.moe_capacity = (int)real_moe_capacity(d.micro_batch * d.seq_len, 2, 4, 1.0);
     }
     return d;
 }
@@ -617,7 +694,7 @@ void test_model_gradients(gconstpointer data)
     const int which = GPOINTER_TO_INT(data);
     const int per_block = which == GRAD_GPT2 || which == GRAD_NEOX || which == GRAD_NEOX_FLASH
                               ? 12
-                              : which == GRAD_QWEN2 ? 7 : 6;
+                              : which == GRAD_QWEN2 || which == GRAD_MOE ? 7 : 6;
     g_assert_cmpint(tensors, ==,
                     (dims.rope_theta > 0 ? 1 : 2) + per_block * dims.layers +
                         (dims.rmsnorm ? 1 : 2) + (dims.untied ? 1 : 0));

@@ -10,6 +10,7 @@
 #include "real_data.h"
 #include "real_engine.h"
 #include "real_gpt.h"
+#include "real_moe.h"
 #include "real_opseq.h"
 #include "testutil.h"
 #include "zp_cost.h"
@@ -150,9 +151,11 @@ double model_objective(const double *unit_values, void *ctx);
  * bias, untied head) eager and fused; and a GeGLU block with the exact GELU. Qwen2's and
  * GeGLU's rotary embeddings are rescaled (linear, llama3). The eager Llama block attends
  * through a sliding window of 5 of its 8 positions (Mistral's) and the fused NeoX block
- * through one of 3, with a LayerNorm eps of 1e-3 (not GPT-2's 1e-5). */
+ * through one of 3, with a LayerNorm eps of 1e-3 (not GPT-2's 1e-5). The mixture of experts
+ * is the eager Llama block whose MLPs are sparse: 4 SwiGLU experts of 8, top 2, capacity 8
+ * copies an expert (some of the 32 dropped). */
 enum { GRAD_GPT2, GRAD_LLAMA, GRAD_LLAMA_FLASH, GRAD_QWEN2, GRAD_NEOX, GRAD_NEOX_FLASH,
-       GRAD_GEGLU };
+       GRAD_GEGLU, GRAD_MOE };
 
 RealGptDims gradient_dims(int which);
 

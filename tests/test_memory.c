@@ -171,8 +171,12 @@ static void test_param_counts(void)
         const gboolean llama = m.mlp == ZP_MLP_SWIGLU;
         g_assert_true(llama ? m.norm == ZP_NORM_RMSNORM && m.no_bias == 7 && !m.learned_positions
                             : m.norm == ZP_NORM_LAYERNORM && m.no_bias == 0 && kd == h);
+        /* A mixture of experts (moe-tiny, every layer sparse): E SwiGLU experts and the
+         * router [h, E] in place of the MLP. */
+        const double E = (double)m.moe.experts, fe = (double)m.moe.expert_ffn;
+        const double mlp = zp_moe_enabled(&m.moe) ? E * 3 * h * fe + h * E : 3 * h * f;
         const double textbook =
-            llama ? L * (2 * h * h + 2 * h * kd + 3 * h * f + 2 * h) + V * h + h +
+            llama ? L * (2 * h * h + 2 * h * kd + mlp + 2 * h) + V * h + h +
                         (m.tied_embeddings ? 0 : V * h)
                   : L * (4 * h * h + 2 * h * f + 9 * h + f) + V * h +
                         (m.learned_positions ? s * h : 0) + 2 * h + (m.tied_embeddings ? 0 : V * h);

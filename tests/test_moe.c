@@ -304,7 +304,7 @@ static void test_tokens_by_hand(void)
     a = zp_ep_activations(&m, &plan);
     g_assert_cmpfloat(a.expert_capacity, ==, 10);
     g_assert_cmpfloat(a.received_tokens, ==, 40);
-    g_assert_cmpfloat(a.dispatch_bytes, ==, (32 + 40) * 128);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, (40 + 40) * 128); /* [E, C, h] sent, as received */
     g_assert_cmpfloat(a.expert_act_bytes, ==, 40 * 160 * 2);
     plan.experts.capacity_factor = 0;
     plan.experts.skew = 1.5;

@@ -123,7 +123,12 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     /* modeling_mixtral's MixtralSparseMoeBlock: softmax(router_logits, dtype=float) and
      * torch.topk's int64 indices; Megatron-Core's router keeps its probabilities in fp32 too. */
     a.router_bytes = 4.0 * a.tokens * E + 8.0 * a.tokens * k;
-    a.dispatch_bytes = (a.routed_tokens + a.received_tokens) * h * e;
+    /* Dropless, the T k permuted copies go out and R come in; with a capacity factor the send
+     * buffer is the padded [E, capacity, h] itself, R rows as the receive buffer (DeepSpeed's
+     * sharded_moe.py MOELayer.forward: dispatched_input = einsum("sec,sm->ecm") is what
+     * _AllToAll sends, its output the same shape). */
+    const double sent = plan->experts.capacity_factor > 0 ? a.received_tokens : a.routed_tokens;
+    a.dispatch_bytes = (sent + a.received_tokens) * h * e;
     a.combine_bytes = a.dispatch_bytes;
     /* The experts' input (fc1's weight gradient) and the gated MLP's gate, up and product (the
      * dense MLP's 3f of zp_mem_terms, over the received tokens and the expert width split over

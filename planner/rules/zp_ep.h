@@ -41,7 +41,8 @@ typedef struct {
     double expert_capacity;  /* tokens an expert takes from one rank; 0: dropless */
     double received_tokens;  /* R: tokens the busiest rank's experts compute */
     double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
-    double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e */
+    double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or
+                              * 2 R h e with a capacity factor (the send buffer padded too) */
     double combine_bytes;    /* the combine's, the same sizes the other way */
     double expert_act_bytes; /* the experts' saved inputs and gated MLP: R (h + 3 f_e / t) e */
     double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */

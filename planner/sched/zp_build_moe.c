@@ -262,14 +262,17 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
     uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &sent,
                                          &block, 1);
     const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc);
-    const uint32_t deps[3] = {in, gather, alloc};
+    /* The experts write their outputs into the combine's send buffer, so it is taken before
+     * them and the dispatch's freed after (zreal's experts read one and write the other:
+     * real_engine_moe; DeepSpeed's expert_output is allocated while dispatched_input lives). */
+    const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro,
+                                             &returned, &in, 1);
+    const uint32_t deps[4] = {in, gather, alloc, out};
     const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_FWD, unit, micro,
-                                                  expert_cost(b, FALSE), deps, 3);
+                                                  expert_cost(b, FALSE), deps, 4);
     release_experts(b, unit, micro, gathered, expert);
-    const uint32_t freed =
-        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
-    const uint32_t after[2] = {expert, freed};
-    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, &returned, after, 2);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
+    alloc = out;
     const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
     const uint32_t deps2[2] = {back, alloc};
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
@@ -291,28 +294,38 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
                                                   unpermute_cost(b, TRUE), &alloc, 1);
     const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc);
-    const uint32_t deps[2] = {in, gather};
-    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
-                                                  expert_cost(b, TRUE), deps, 2);
-    release_experts(b, unit, micro, gathered, expert);
-    const uint32_t freed =
-        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
-    const uint32_t after[2] = {expert, freed};
-    alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &returned, after, 2);
-    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
+    /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
+    const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
+                                             &returned, &in, 1);
     /* The experts' gradients, reduced over the expert-data-parallel group where the dense
      * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
      * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
      * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * from stage 2, all-reduce below, in the reduction dtype. */
+     * from stage 2, all-reduce below, in the reduction dtype. From stage 2, where the rank
+     * keeps only its partition, the unit's unreduced expert gradients land in a bucket of
+     * their own, taken before the experts' backward and freed after the reduce-scatter reads
+     * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    if (reduce && edp > 1) {
-        const gboolean scatter = s->plan.zero.stage >= 2;
-        const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
-        zp_build_emit_collective(b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE,
-                                 ZP_GROUP_EDP, unit, micro, -1,
-                                 zp_sched_unit_expert_offset(s, unit), n,
-                                 (double)n * zp_plan_reduce_bytes(&s->plan), &expert, 1);
+    const gboolean scatter = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
+    const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
+    const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
+    int bucket = -1;
+    const uint32_t taken = reduced && scatter
+                               ? zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, unit, micro,
+                                                     &bucket, &in, 1)
+                               : NONE;
+    const uint32_t deps[4] = {in, gather, out, taken};
+    const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
+                                                  expert_cost(b, TRUE), deps, 4);
+    release_experts(b, unit, micro, gathered, expert);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
+    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
+    if (reduced) {
+        const uint32_t r = zp_build_emit_collective(
+            b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE, ZP_GROUP_EDP, unit, micro,
+            bucket, zp_sched_unit_expert_offset(s, unit), n, bytes, &expert, 1);
+        if (bucket >= 0)
+            zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, unit, micro, bucket, r);
     }
     return returned;
 }

@@ -315,8 +315,14 @@ static gboolean check_experts(Check *c, const ZpOp *op)
                    zp_sched_coll_name(op->sub));
     if (zp_plan_ep(&s->plan) == 1 && op->group == ZP_GROUP_EP)
         return bad(c, "group", "ep in a plan without expert parallelism (EP 1)");
-    if (op->buffer != -1)
-        return bad(c, "buffer", "= %d: expert collectives use no bucket", op->buffer);
+    /* From stage 2 a unit's expert gradients are reduce-scattered out of a bucket of their
+     * own (zp_build_moe_backward); nothing else of the experts' names a buffer. */
+    const gboolean scatter = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_REDUCE_SCATTER;
+    if (scatter ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
+        return scatter ? FALSE
+                       : bad(c, "buffer", "= %d: expert collectives but the reduce-scatter "
+                                          "of a unit's expert gradients use no bucket",
+                             op->buffer);
     if (a2a)
         return zp_build_moe_sparse(s, op->unit) ||
                bad(c, "unit", "= %d is no sparse block", op->unit);
@@ -438,8 +444,9 @@ static void map_landing(Check *c, const ZpOp *op)
     const int id = op->buffer;
     const ZpOp *coll = op_at(c, (guint)c->buf[id].coll);
     int a, z;
+    /* (an expert gradient bucket's range is of the expert space, not the flat one) */
     if (c->s->plan.zero.stage < 2 || op->unit < 0 || coll->sub == ZP_COLL_ALLGATHER ||
-        !unit_range(c, coll->elem_offset, coll->elems, &a, &z))
+        coll->group == ZP_GROUP_EDP || !unit_range(c, coll->elem_offset, coll->elems, &a, &z))
         return;
     for (int u = a; u <= z; u++)
         c->landing[u] = id;
