@@ -52,5 +52,11 @@ void zp_sched_free(ZpSchedule *s)
     g_free(s->stage_state_bytes);
     g_free(s->stage_host_bytes);
     g_free(s->stage_unit_elems);
+    if (s->memo) {
+        if (s->memo->impl_tensors)
+            g_array_unref(s->memo->impl_tensors);
+        g_free(s->memo->layout);
+        g_free(s->memo);
+    }
     g_free(s);
 }

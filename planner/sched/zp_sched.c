@@ -279,6 +279,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = *model;
     s->plan = *plan;
+    s->memo = g_new0(ZpSchedMemo, 1);
     s->world = plan->dp * plan->mp * P;
     s->stages = P;
     s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
