@@ -225,7 +225,7 @@ static void test_ds_config_written_and_simulated(void)
     g_assert_true(zp_plan_from_json(json_object_get(best, "plan"), "best", &expected, NULL));
     plan.gpus_per_node = hw.gpus_per_node; /* the cluster's, not ds_config's (simulate) */
     g_assert_cmpint(memcmp(&plan, &expected, sizeof plan), ==, 0);
-    CliRankContext sim = {&m, &hw};
+    CliRankContext sim = {&m, &hw, NULL};
     double step_s, peak;
     g_assert_true(cli_rank_by_simulation(&plan, &sim, 0, &step_s, &peak, NULL));
     g_assert_cmpfloat(step_s, ==, number(best, "step_time_s"));
