@@ -233,10 +233,12 @@ typedef struct {
      * hold, 0 otherwise. */
     uint64_t *stage_unit_elems;
     int view_stage;
-    ZpSchedMemo *memo; /* owned; NULL where nothing is kept (a view, a file's schedule) */
+    ZpSchedMemo *memo; /* owned, while zp_sched_build builds it; NULL otherwise */
 } ZpSchedule;
 
 void zp_sched_free(ZpSchedule *sched);
+/* Drops what the build kept (ZpSchedMemo): zp_sched_build's end. */
+void zp_sched_memo_free(ZpSchedule *sched);
 
 static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {
