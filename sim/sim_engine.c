@@ -310,10 +310,14 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
  * events cannot change a step: a compute op and a collective starting at one time give the
  * same bits whichever is taken first, as they must for blocks of ranks in lockstep
  * (sim_ranks.c), whose ranks take them in different orders. */
+G_STATIC_ASSERT(ZP_STREAM_N <= 8); /* RankState.computing */
+
 static inline void unsettle(Sim *sim, uint32_t rank)
 {
     RankState *rs = &sim->rank[rank];
-    if (!sim->running || rs->unsettled)
+    /* A rank computing nothing has nothing to settle (an op it starts later in the instant
+     * marks it then). */
+    if (!sim->running || rs->unsettled || !rs->computing)
         return;
     rs->unsettled = 1;
     if (sim->n_unsettled > 0 && sim->unsettled[sim->n_unsettled - 1] > rank)
@@ -370,8 +374,10 @@ static void settle_contention(Sim *sim, double now_s)
     for (uint32_t k = 0; k < sim->n_unsettled; k++) {
         const uint32_t rank = sim->unsettled[k];
         sim->rank[rank].unsettled = 0;
-        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
-            settle_stream(sim, rank, stream, now_s);
+        const gulong computing = sim->rank[rank].computing;
+        for (gint stream = g_bit_nth_lsf(computing, -1); stream >= 0;
+             stream = g_bit_nth_lsf(computing, stream))
+            settle_stream(sim, rank, (uint32_t)stream, now_s);
     }
     sim->queue.made_mark = 0;
     sim->n_unsettled = 0;
@@ -448,6 +454,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
             /* With contention, timed at the instant's end (settle_contention). */
             sim->running[(size_t)rank * ZP_STREAM_N + stream] =
                 (RunningCompute){.end_s = -1, .op = i, .started = 1};
+            rs->computing |= (uint8_t)(1u << stream);
             unsettle(sim, rank);
             const size_t at = timeline_at(sim, rank, i);
             if (at != NO_TIMELINE)
@@ -638,8 +645,10 @@ static void handle(Sim *sim, const Event *e, double now_s)
             return; /* an end that contention moved */
         /* Rescaled there and back, an op can have two end events at the same instant: the
          * first completes it, the end is then spent. */
-        if (run)
+        if (run) {
             run->end_s = -1;
+            rs->computing &= (uint8_t)~(1u << op->stream);
+        }
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;

@@ -177,6 +177,7 @@ typedef struct {
     uint8_t compute_running, comm_active;
     uint8_t cpu_running, transfers_active;
     uint8_t unsettled; /* with contention: in Sim.unsettled, its compute to settle this instant */
+    uint8_t computing; /* with contention: bit s, stream s runs a GPU compute op (running) */
 } RankState;
 
 /* With contention (Sim.contention > 1), the GPU compute op a stream of a rank runs, which a

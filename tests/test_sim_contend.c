@@ -1,5 +1,5 @@
-/* test_sim_contend: explicit ranks stepped in blocks under contention (a profile's kernel
- * rates with Calculon's interference) give what stepping each rank on its own gives, bit for bit. */
+/* test_sim_contend: explicit ranks stepped in blocks under contention (a profile's kernel rates
+ * with Calculon's interference) give what stepping each rank on its own gives, bit for bit. */
 #include "sim_common.h"
 
 /* dgx-a100-80g as shipped: kernel rates, and compute slowed beside collectives (0.15 of the

@@ -257,7 +257,8 @@ static void index_uses(Trace *t)
 {
     const Use *u = (const Use *)t->uses->data;
     const guint n = t->uses->len;
-    const int n_modules = (int)g_array_index(t->tensors, ZpImplTensor, t->tensors->len - 1).module + 1;
+    const guint last = t->tensors->len - 1;
+    const int n_modules = (int)g_array_index(t->tensors, ZpImplTensor, last).module + 1;
     guint *seen = g_new(guint, (gsize)n_modules);
     for (int m = 0; m < n_modules; m++)
         seen[m] = n;
