@@ -212,10 +212,13 @@ static Row run_target(const ZpHw *hw, int ranks, int kind)
 static int bench_targets(const ZpHw *hw)
 {
     const int ranks[] = {131072, 16384, 8192, 8};
+    double load[3] = {-1, -1, -1};
+    if (getloadavg(load, 3) != 3)
+        load[0] = load[1] = load[2] = -1;
     printf("\nissue 40's targets (CPU s and peak RSS of the least of 3 runs, each in its own "
-           "process; schedule build, simulation, and the trace written)\n"
+           "process; schedule build, simulation, and the trace written; load %.2f %.2f %.2f)\n"
            "%-72s %8s %8s %8s %10s\n",
-           "case", "CPU s", "build s", "RSS MiB", "op events");
+           load[0], load[1], load[2], "case", "CPU s", "build s", "RSS MiB", "op events");
     int failed = 0;
     for (int k = 0; k < (int)G_N_ELEMENTS(ranks); k++) {
         Row best = {0};

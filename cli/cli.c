@@ -326,7 +326,7 @@ double cli_need_bytes(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
         return need;
     if (zp_model_has_architecture(model) && hw->peak_fp16_flops > 0) { /* a bare --gpu-memory
                                                                           * GPU has no rates */
-        CliRankContext ctx = {model, hw};
+        CliRankContext ctx = {model, hw, NULL};
         double step_s = 0, peak = 0;
         GError *error = NULL;
         if (!cli_rank_by_simulation(plan, &ctx, 0, &step_s, &peak, &error)) {

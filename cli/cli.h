@@ -194,15 +194,27 @@ gboolean cli_seq(const char *text, ZpModel *model, GError **error);
 /* --mp M against the GPU count and the model: M divides gpus and the model's heads. */
 gboolean cli_check_mp(int mp, int64_t gpus, const ZpModel *model, GError **error);
 
-/* The simulator as the planner's ranking (a ZpRankFn; ctx is a CliRankContext): builds the
- * plan's schedule and runs it folded; the bytes needed are the allocator's, as `simulate` judges
- * a fit (zp_alloc_replay_needed_bytes: the reserved peak, holes included), no runtime reserve. */
+/* cli_rank.c. The simulator as the planner's ranking (a ZpRankFn; ctx is a CliRankContext):
+ * builds the plan's schedule and runs it folded; the bytes needed are the allocator's, as
+ * `simulate` judges a fit (zp_alloc_replay_needed_bytes: the reserved peak, holes included), no
+ * runtime reserve. With kept (cli_rank_keep), the runs that reach the end are kept, and a plan
+ * asked again is answered from its run: plan's report prints the ranked plans' runs, and a
+ * ZeRO++ parent stopped short is run again to the end. */
 typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
+    GPtrArray *kept; /* NULL: nothing kept */
 } CliRankContext;
 gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double stop_after_s,
                                 double *step_time_s, double *peak_memory_bytes, GError **error);
+void cli_rank_keep(CliRankContext *c);
+/* The run kept of this plan, handed to the caller (who frees it), or NULL. */
+SimResult *cli_rank_take(const CliRankContext *c, const ZpPlan *plan);
+void cli_rank_clear(CliRankContext *c);
+/* A plan's step folded (stopped past stop_after_s > 0); with `alloc`, also its allocations
+ * replayed through the caching allocator against the GPU less its reserve (unless stopped). */
+SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                             double stop_after_s, ZpAllocStats *alloc, GError **error);
 
 /* The simulator's placement model as the planner's bandwidth bound (a ZpBusBandwidthFn). */
 double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);

@@ -46,6 +46,7 @@ typedef struct {
      * per GPU (0: not tried). */
     double offload_short_bytes[3];
     CliBudget budget; /* --tokens or --steps, --gpu-hour-price: for plan 1 */
+    CliRankContext runs; /* its kept runs: the search's, which the report prints */
 } PlanArgs;
 
 /* The offload levels plan tries in turn when nothing fits on the GPUs: optimizer to the host,
@@ -120,67 +121,6 @@ static guint drop_dominated(ZpSearchResult *r)
         }
     }
     return dropped;
-}
-
-/* Simulates a plan's step folded (stopping past stop_after_s > 0); with `alloc`, also
- * replays its allocations through the caching allocator against the GPU less its reserve
- * (unless the simulation stopped). */
-static SimResult *simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
-                           double stop_after_s, ZpAllocStats *alloc, GError **error)
-{
-    ZpSchedule *sched = zp_sched_build(model, plan, error);
-    if (!sched)
-        return NULL;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
-    SimResult *result = sim_engine_run(sched, hw, &options, error);
-    if (result && !result->stopped && alloc)
-        *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
-    zp_sched_free(sched);
-    return result;
-}
-
-gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double stop_after_s,
-                                double *step_time_s, double *needed_bytes, GError **error)
-{
-    const CliRankContext *c = ctx;
-    ZpAllocStats alloc;
-    SimResult *result = simulate(c->model, c->hw, plan, stop_after_s, &alloc, error);
-    if (!result)
-        return FALSE;
-    *step_time_s = result->step_time_s;
-    if (result->stopped) {
-        *needed_bytes = ZP_RANK_STOPPED;
-        sim_result_free(result);
-        return TRUE;
-    }
-    /* The fit `simulate` judges: the allocator-reserved peak. */
-    *needed_bytes = zp_alloc_replay_needed_bytes(
-        &alloc, result->peak_memory_bytes, c->hw->gpu_memory_bytes - c->hw->runtime_reserve_bytes);
-    sim_result_free(result);
-    return TRUE;
-}
-
-double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group)
-{
-    return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
-}
-
-double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes)
-{
-    const SimCollGroup g = sim_coll_group(hw, dp, mp, group);
-    const SimCollCost c = sim_coll_cost(kind, bytes, &g);
-    return c.latency_s + c.transfer_s;
-}
-
-void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
-                     const ZpHw *hw, int gpus)
-{
-    *context = (CliRankContext){model, hw};
-    zp_search_spec_defaults(spec, model, hw, gpus);
-    spec->rank = cli_rank_by_simulation;
-    spec->rank_ctx = context;
-    spec->bus_bytes_per_s = cli_bus_bytes_per_s;
-    spec->coll_s = cli_coll_s;
 }
 
 double cli_plan_tflops(const ZpModel *model, const ZpCandidate *c)
@@ -647,9 +587,13 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
     GError *error = NULL;
     SimResult **sims = g_new0(SimResult *, r->ranked->len + 1);
     gboolean ok = TRUE;
-    for (guint i = 0; ok && i < r->ranked->len; i++)
-        ok = (sims[i] = simulate(&a->model, &a->hw, &zp_search_ranked(r, i)->plan, 0, NULL, &error)) !=
-             NULL;
+    for (guint i = 0; ok && i < r->ranked->len; i++) {
+        const ZpPlan *plan = &zp_search_ranked(r, i)->plan;
+        sims[i] = cli_rank_take(&a->runs, plan);
+        if (!sims[i])
+            sims[i] = cli_rank_simulate(&a->model, &a->hw, plan, 0, NULL, &error);
+        ok = sims[i] != NULL;
+    }
     if (ok && a->ds_config && r->ranked->len)
         ok = zp_dsconfig_write(&zp_search_ranked(r, 0)->plan, a->ds_config, &error);
     if (ok && a->html && r->ranked->len)
@@ -779,6 +723,7 @@ static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice p
     ZpSearchSpec spec;
     CliRankContext rank;
     cli_search_spec(&spec, &rank, &a->model, &a->hw, a->gpus);
+    rank.kept = a->runs.kept;
     spec.global_batch = a->global_batch;
     spec.mp = a->mp;
     spec.top_k = a->top_k;
@@ -809,7 +754,7 @@ static char *offload_cost(const PlanArgs *a, const ZpSearchResult *r, GError **e
     ZpPlan plain = best->plan;
     zp_offload_defaults(&plain.zero.offload_optimizer, FALSE);
     zp_offload_defaults(&plain.zero.offload_param, TRUE);
-    CliRankContext ctx = {&a->model, &a->hw};
+    CliRankContext ctx = {&a->model, &a->hw, NULL};
     double plain_step_s, plain_need_bytes;
     if (!cli_rank_by_simulation(&plain, &ctx, 0, &plain_step_s, &plain_need_bytes, error))
         return NULL;
@@ -973,6 +918,7 @@ int cli_plan(int argc, char **argv)
         status = cli_fail("plan", error);
     } else {
         ZpSearchResult result = {0};
+        cli_rank_keep(&a.runs);
         const gboolean searched = search_with_offload(&a, &result, &error);
         if (searched)
             a.dominated = drop_dominated(&result);
@@ -988,5 +934,6 @@ int cli_plan(int argc, char **argv)
     g_free(a.whole_node_note), g_free(ep), g_free(capacity), g_free(skew);
     g_free(zeropp), g_free(exclude), g_free(gpu_memory);
     cli_budget_free(&a.budget);
+    cli_rank_clear(&a.runs);
     return status;
 }

@@ -94,7 +94,7 @@ G_ALWAYS_INLINE static inline void queue_push(Queue *q, double time_s, uint32_t 
     Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
     if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
         bucket = queue_bucket_for(q, time_s);
-    bucket->items[bucket->len++] = (Event){id, detail, q->instant};
+    bucket->items[bucket->len++] = (Event){id, detail, q->instant | q->made_mark};
     q->len++;
 }
 
@@ -302,32 +302,86 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
 }
 
 /* Contention: a rank's compute ops run sim->contention times slower while a collective of
- * that rank is in flight. When that changes in the middle of an op, the rest of the op is
- * rescaled and its end queued again; the superseded end event is ignored (handle). */
-static void recontend_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
+ * that rank is in flight. What counts is whether one is in flight once the instant is over: a
+ * collective that starts or ends marks its members unsettled, a compute op that starts is
+ * timed only then, and at the instant's end (settle_contention) each unsettled rank's compute
+ * is timed, or rescaled where it ran on from before: the rest of the op at the new rate, its
+ * end queued again and the superseded end ignored (handle). So the order of one instant's
+ * events cannot change a step: a compute op and a collective starting at one time give the
+ * same bits whichever is taken first, as they must for blocks of ranks in lockstep
+ * (sim_ranks.c), whose ranks take them in different orders. */
+G_STATIC_ASSERT(ZP_STREAM_N <= 8); /* RankState.computing */
+
+static inline void unsettle(Sim *sim, uint32_t rank)
+{
+    RankState *rs = &sim->rank[rank];
+    /* A rank computing nothing has nothing to settle (an op it starts later in the instant
+     * marks it then). */
+    if (!sim->running || rs->unsettled || !rs->computing)
+        return;
+    rs->unsettled = 1;
+    if (sim->n_unsettled > 0 && sim->unsettled[sim->n_unsettled - 1] > rank)
+        sim->unsettled_unordered = TRUE;
+    sim->unsettled[sim->n_unsettled++] = rank;
+}
+
+static void settle_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s)
 {
     RunningCompute *run = &sim->running[(size_t)rank * ZP_STREAM_N + stream];
     const uint8_t slowed = sim->rank[rank].comm_active > 0;
-    if (run->end_s < 0 || slowed == run->slowed)
-        return;
-    const double end_s = now_s + (run->end_s - now_s) *
-                                     (slowed ? sim->contention : 1 / sim->contention);
     const SimOp *op = &sim->ops[run->op];
-    RankBusy *rb = &sim->busy[rank];
-    rb->busy_s[op->stream] += end_s - run->end_s;
-    if (op->sub == ZP_COMP_OPTIMIZER)
-        rb->optimizer_s += end_s - run->end_s;
-    else
-        rb->compute_s += end_s - run->end_s;
-    run->end_s = end_s;
+    double added_s;
+    if (run->started) {
+        /* As start_timed_op times an op without contention. */
+        const double duration_s =
+            (sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s) *
+            (slowed ? sim->contention : 1);
+        run->end_s = now_s + duration_s;
+        run->started = 0;
+        added_s = duration_s;
+    } else {
+        if (run->end_s < 0 || slowed == run->slowed)
+            return;
+        const double end_s = now_s + (run->end_s - now_s) *
+                                         (slowed ? sim->contention : 1 / sim->contention);
+        added_s = end_s - run->end_s;
+        run->end_s = end_s;
+    }
     run->slowed = slowed;
-    queue_push(&sim->queue, end_s, rank, run->op);
+    RankBusy *rb = &sim->busy[rank];
+    rb->busy_s[op->stream] += added_s;
+    if (op->sub == ZP_COMP_OPTIMIZER)
+        rb->optimizer_s += added_s;
+    else
+        rb->compute_s += added_s;
+    queue_push(&sim->queue, run->end_s, rank, run->op);
 }
 
-static inline void recontend(Sim *sim, uint32_t rank, double now_s)
+static int compare_ranks(const void *a, const void *b)
 {
-    for (uint32_t stream = 0; sim->running && stream < ZP_STREAM_N; stream++)
-        recontend_stream(sim, rank, stream, now_s);
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The instant's end: its unsettled ranks in rank order (blocks' units, expanded, are the
+ * ranks in that order: sim_ranks.c), each stream's compute timed or rescaled, the ends queued
+ * as no handling's (MADE_SETTLED: blocks' check_order never takes them for one's). */
+static void settle_contention(Sim *sim, double now_s)
+{
+    if (sim->unsettled_unordered)
+        qsort(sim->unsettled, sim->n_unsettled, sizeof *sim->unsettled, compare_ranks);
+    sim->queue.made_mark = MADE_SETTLED;
+    for (uint32_t k = 0; k < sim->n_unsettled; k++) {
+        const uint32_t rank = sim->unsettled[k];
+        sim->rank[rank].unsettled = 0;
+        const gulong computing = sim->rank[rank].computing;
+        for (gint stream = g_bit_nth_lsf(computing, -1); stream >= 0;
+             stream = g_bit_nth_lsf(computing, stream))
+            settle_stream(sim, rank, (uint32_t)stream, now_s);
+    }
+    sim->queue.made_mark = 0;
+    sim->n_unsettled = 0;
+    sim->unsettled_unordered = FALSE;
 }
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
@@ -369,7 +423,7 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
         const uint32_t m = member[i];
         account(&sim->rank[m], now_s);
         sim->rank[m].comm_active++;
-        recontend(sim, m, now_s);
+        unsettle(sim, m);
         const size_t at = timeline_at(sim, m, f->op);
         if (at != NO_TIMELINE) {
             sim->op_start_s[at] = now_s;
@@ -393,18 +447,23 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
         const Busy busy = busy_of(op);
         RankState *rs = &sim->rank[rank];
         RankBusy *rb = &sim->busy[rank];
-        /* A collective of this rank in flight shares the GPU with its compute (recontend). */
         const gboolean gpu = busy == BUSY_GPU;
-        const uint8_t slowed = gpu && sim->contention > 1 && rs->comm_active > 0;
-        const double duration_s =
-            (sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
-                                       : op->duration_s) *
-            (slowed ? sim->contention : 1);
-        if (gpu && sim->running)
-            sim->running[(size_t)rank * ZP_STREAM_N + stream] = (RunningCompute){
-                .end_s = now_s + duration_s, .op = i, .slowed = slowed};
         account(rs, now_s);
         (*busy_counter(rs, busy))++;
+        if (gpu && sim->running) {
+            /* With contention, timed at the instant's end (settle_contention). */
+            sim->running[(size_t)rank * ZP_STREAM_N + stream] =
+                (RunningCompute){.end_s = -1, .op = i, .started = 1};
+            rs->computing |= (uint8_t)(1u << stream);
+            unsettle(sim, rank);
+            const size_t at = timeline_at(sim, rank, i);
+            if (at != NO_TIMELINE)
+                sim->op_start_s[at] = now_s;
+            return;
+        }
+        const double duration_s =
+            sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
+                                      : op->duration_s;
         rb->busy_s[stream] += duration_s;
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
             rb->optimizer_s += duration_s;
@@ -544,7 +603,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         RankState *rs = &sim->rank[m];
         account(rs, now_s);
         rs->comm_active--;
-        recontend(sim, m, now_s);
+        unsettle(sim, m);
         sim->busy[m].busy_s[op->stream] += now_s - start_s;
         if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
             sim->busy[m].alltoall_s += now_s - start_s;
@@ -586,8 +645,10 @@ static void handle(Sim *sim, const Event *e, double now_s)
             return; /* an end that contention moved */
         /* Rescaled there and back, an op can have two end events at the same instant: the
          * first completes it, the end is then spent. */
-        if (run)
+        if (run) {
             run->end_s = -1;
+            rs->computing &= (uint8_t)~(1u << op->stream);
+        }
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
@@ -626,6 +687,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->link_load);
     g_free(sim->rank);
     g_free(sim->running);
+    g_free(sim->unsettled);
     g_free(sim->busy);
     for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++)
         g_free(sim->mem_log[k].state);
@@ -695,9 +757,14 @@ static void run_queue(Sim *sim, const SimOptions *options)
 {
     const double total_ops = (double)sim_breakdown_rank_ops(sim);
     uint64_t told = 0;
-    double instant_s = -1;
-    while (sim->queue.len > 0 && !sim->error && sim->stopped_s == 0) {
-        double now_s;
+    double instant_s = -1, now_s = 0; /* seeding's time */
+    for (;;) {
+        /* The instant is over when no event of its time is left. */
+        if (sim->n_unsettled > 0 &&
+            (sim->queue.len == 0 || sim->queue.buckets[sim->queue.heap[0]].time_s != now_s))
+            settle_contention(sim, now_s);
+        if (sim->queue.len == 0 || sim->error || sim->stopped_s != 0)
+            break;
         const Event e = queue_pop(&sim->queue, &now_s);
         if (sim->weight) {
             check_order(sim, &e, now_s);
@@ -757,10 +824,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
                    sim_ranks_read_slowdowns(options, (uint32_t)sched->world,
                                             (uint32_t)hw->gpus_per_node, &slow, error));
     if (ok) {
-        /* Blocks need no contention (above). */
-        sim_ranks_build_units(&sim, &slow,
-                              explicit_ranks && !options->each_rank && sim.contention == 1,
-                              &classes);
+        sim_ranks_build_units(&sim, &slow, explicit_ranks && !options->each_rank, &classes);
         result->ranks_simulated = (int)ranks_reported(&sim);
         result->units_simulated = (int)sim.ranks;
         ok = sim_ranks_alloc_state(&sim, options, error);

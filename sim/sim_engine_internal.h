@@ -80,6 +80,9 @@ typedef struct {
 } Event;
 
 #define EVENT_FLOW 0x80000000u
+/* Event.made of the compute ends an instant's contention queues at its end (sim_engine.c,
+ * settle_contention): after every handling of the instant, in no strip of one. */
+#define MADE_SETTLED 0x80000000u
 
 /* Events of one time in the order they were queued. */
 typedef struct {
@@ -104,6 +107,7 @@ typedef struct {
     uint32_t heap_len;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
+    uint32_t made_mark; /* OR'd into Event.made: MADE_SETTLED while contention settles */
     uint64_t next_seq;
     size_t len; /* events queued */
 } Queue;
@@ -172,6 +176,8 @@ typedef struct {
     double gpu_overlap_s;
     uint8_t compute_running, comm_active;
     uint8_t cpu_running, transfers_active;
+    uint8_t unsettled; /* with contention: in Sim.unsettled, its compute to settle this instant */
+    uint8_t computing; /* with contention: bit s, stream s runs a GPU compute op (running) */
 } RankState;
 
 /* With contention (Sim.contention > 1), the GPU compute op a stream of a rank runs, which a
@@ -182,6 +188,7 @@ typedef struct {
     double end_s;   /* when it ends now; -1: the stream runs no GPU compute op */
     uint32_t op;
     uint8_t slowed; /* it runs slowed (a collective is in flight) */
+    uint8_t started; /* it started this instant: its duration and end are set when it ends */
 } RunningCompute;
 
 /* A rank's busy times: touched when a compute op starts and when a collective ends. */
@@ -267,6 +274,11 @@ typedef struct {
     RankState *rank;
     RunningCompute *running; /* [rank * ZP_STREAM_N + stream], with contention only; NULL
                               * without */
+    /* With contention: the ranks whose collectives or compute changed this instant, settled
+     * at its end (RankState.unsettled), and whether they were listed out of rank order. */
+    uint32_t *unsettled;
+    uint32_t n_unsettled;
+    gboolean unsettled_unordered;
     RankBusy *busy;
     /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
      * them a rank is, or MEM_EAGER and its own state's index in eager. */

@@ -49,9 +49,13 @@
  *   its own kind: a row flow's copies reshare copies, one to one, and a flow across rows is
  *   reshared once either way; which flows are reshared, and when, is the units' expanded.
  *   Pipeline sends share no link (p2p_time_s).
- * - Not with contention (an op table's factor: a collective that starts rescales its
- *   members' running compute, which depends on arrival order), nor where a communicator is
- *   neither of a row nor across rows: every rank then steps on its own. */
+ * - Contention (an op table's factor, kernel rates' interference) is settled at the end of
+ *   each instant (sim_engine.c, settle_contention), rank by rank in rank order, which the
+ *   units in their order expand to; within an instant it reads nothing, so the order of the
+ *   instant's events, which differs between rows (a flow across rows starts at the last),
+ *   changes nothing.
+ * - Not where a communicator is neither of a row nor across rows: every rank then steps on
+ *   its own. */
 
 /* The unit that steps reported rank `rank`, and the row of its block the rank is in (*k). */
 static uint32_t unit_of(const Sim *sim, uint32_t rank, uint32_t *k)
@@ -119,7 +123,7 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
      * overcommits, and the pages fault in later, or the OOM killer ends the process. */
     const double per_rank = sizeof(StreamState) + SIM_LINK_N * sizeof(uint16_t) +
                             sizeof(RankState) + sizeof(RankBusy) + sizeof(uint32_t) +
-                            ZP_STREAM_N * sizeof(RunningCompute) +
+                            ZP_STREAM_N * sizeof(RunningCompute) + sizeof(uint32_t) +
                             (double)sim->n_wide_rows * sizeof(uint32_t);
     const double bytes = (double)sim->n_ops * sizeof(Countdown) + (double)sim->ranks * per_rank +
                          (timeline ? (double)per_op * (3 * sizeof(double) + sizeof(uint32_t)) : 0);
@@ -140,13 +144,15 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
     sim->rank = g_try_new0(RankState, sim->ranks);
     if (sim->contention > 1) {
         sim->running = g_try_new0(RunningCompute, (size_t)sim->ranks * ZP_STREAM_N);
+        sim->unsettled = g_try_new(uint32_t, sim->ranks);
         for (size_t r = 0; sim->running && r < (size_t)sim->ranks * ZP_STREAM_N; r++)
             sim->running[r].end_s = -1;
     }
     sim->busy = g_try_new0(RankBusy, sim->ranks);
     sim->mem_pos = g_try_new0(uint32_t, sim->ranks);
     gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
-                  sim->rank && (sim->running || sim->contention == 1) && sim->busy &&
+                  sim->rank && ((sim->running && sim->unsettled) || sim->contention == 1) &&
+                  sim->busy &&
                   sim->mem_pos && sim_memory_alloc_logs(sim);
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
@@ -168,7 +174,8 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
-                                             (sim->running ? ZP_STREAM_N * sizeof *sim->running
+                                             (sim->running ? ZP_STREAM_N * sizeof *sim->running +
+                                                                 sizeof *sim->unsettled
                                                            : 0) +
                                              sizeof *sim->mem_pos);
     for (uint32_t i = 0; i < sim->n_ops; i++) {

@@ -56,6 +56,10 @@ extern const FrozenPlan frozen_plans[FROZEN_PLANS];
  * with. */
 ZpSchedule *frozen_schedule(const FrozenPlan *c, ZpHw *hw);
 
+/* Every figure of two results, bit for bit (the JSON prints nothing else of them; test_sim_scale,
+ * test_sim_contend). */
+void assert_same_figures(const SimResult *a, const SimResult *b);
+
 /* Loads the profile and the model and makes the folder (after g_test_init); runs the tests
  * and removes the folder, returning g_test_run's status. */
 void sim_common_init(void);

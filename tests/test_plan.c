@@ -225,7 +225,7 @@ static void test_ds_config_written_and_simulated(void)
     g_assert_true(zp_plan_from_json(json_object_get(best, "plan"), "best", &expected, NULL));
     plan.gpus_per_node = hw.gpus_per_node; /* the cluster's, not ds_config's (simulate) */
     g_assert_cmpint(memcmp(&plan, &expected, sizeof plan), ==, 0);
-    CliRankContext sim = {&m, &hw};
+    CliRankContext sim = {&m, &hw, NULL};
     double step_s, peak;
     g_assert_true(cli_rank_by_simulation(&plan, &sim, 0, &step_s, &peak, NULL));
     g_assert_cmpfloat(step_s, ==, number(best, "step_time_s"));
@@ -551,6 +551,38 @@ static void test_sweep_shows_infeasible(void)
     tu_free(&r);
 }
 
+/* plan's kept runs (cli_rank): a plan run to the end is kept, and asked again answers from it
+ * where a stop after its step could not have cut it; asked with a stop before its end, it is run
+ * again and stops there; the report takes the kept run, once. */
+static void test_rank_keeps_runs(void)
+{
+    ZpModel m = tu_load_model("gpt2-124m");
+    ZpHw hw = tu_load_hw("dgx-a100-80g");
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.gpus_per_node = hw.gpus_per_node;
+    CliRankContext runs = {&m, &hw, NULL};
+    cli_rank_keep(&runs);
+    double step_s, need, again_s, again_need, cut_s, cut_need;
+    g_assert_true(cli_rank_by_simulation(&plan, &runs, 0, &step_s, &need, NULL));
+    g_assert_cmpuint(runs.kept->len, ==, 1);
+    g_assert_true(cli_rank_by_simulation(&plan, &runs, 2 * step_s, &again_s, &again_need, NULL));
+    g_assert_cmpuint(runs.kept->len, ==, 1); /* answered from the kept run */
+    g_assert_cmpfloat(again_s, ==, step_s);
+    g_assert_cmpfloat(again_need, ==, need);
+    g_assert_true(cli_rank_by_simulation(&plan, &runs, step_s / 2, &cut_s, &cut_need, NULL));
+    g_assert_cmpfloat(cut_need, ==, ZP_RANK_STOPPED);
+    g_assert_cmpfloat(cut_s, <, step_s);
+    g_assert_cmpuint(runs.kept->len, ==, 1); /* a stopped run is not kept */
+    SimResult *kept = cli_rank_take(&runs, &plan);
+    g_assert_nonnull(kept);
+    g_assert_cmpfloat(kept->step_time_s, ==, step_s);
+    g_assert_null(cli_rank_take(&runs, &plan));
+    sim_result_free(kept);
+    cli_rank_clear(&runs);
+    g_assert_null(runs.kept);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -567,5 +599,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sweep/memory-is-table1", test_sweep_memory_is_table1);
     g_test_add_func("/sweep/tflops", test_sweep_tflops);
     g_test_add_func("/sweep/shows-infeasible", test_sweep_shows_infeasible);
+    g_test_add_func("/plan/rank-keeps-runs", test_rank_keeps_runs);
     return plan_common_run();
 }

@@ -217,7 +217,7 @@ static void test_search_zeropp(void)
     ZpPlan plain = best->plan;
     plain.zero.zero_quantized_weights = plain.zero.zero_quantized_gradients = FALSE;
     plain.zero.zero_hpz_partition_size = 1;
-    CliRankContext sim = {&m, &hw};
+    CliRankContext sim = {&m, &hw, NULL};
     double step_s, need;
     g_assert_true(cli_rank_by_simulation(&plain, &sim, 0, &step_s, &need, NULL));
     g_test_message("best %.3f s, without ZeRO++ %.3f s", best->step_time_s, step_s);

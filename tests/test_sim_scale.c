@@ -4,47 +4,6 @@
 #include "sim_engine_internal.h"
 #include "sim_trace.h"
 
-/* Every figure of two results, bit for bit (the JSON prints nothing else of them). */
-static void assert_same_figures(const SimResult *a, const SimResult *b)
-{
-    g_assert_cmpint(a->ranks_simulated, ==, b->ranks_simulated);
-    g_assert_cmpint(a->units_simulated, ==, b->units_simulated);
-    g_assert_cmpint(a->report_rank, ==, b->report_rank);
-    g_assert_cmpint(a->stages, ==, b->stages);
-    g_assert_cmpuint(a->op_events, ==, b->op_events);
-    g_assert_cmpuint(a->heap_events, ==, b->heap_events);
-    g_assert_cmpstr(a->cost_model, ==, b->cost_model);
-    g_assert_cmpstr(a->collective_model, ==, b->collective_model);
-    const double x[] = {a->step_time_s, a->compute_s, a->exposed_comm_s, a->optimizer_s,
-                        a->idle_s, a->cpu_optimizer_s, a->offload_transfer_s, a->model_flops,
-                        a->recompute_flops, a->peak_memory_bytes, a->peak_model_state_bytes,
-                        a->flush_s};
-    const double y[] = {b->step_time_s, b->compute_s, b->exposed_comm_s, b->optimizer_s,
-                        b->idle_s, b->cpu_optimizer_s, b->offload_transfer_s, b->model_flops,
-                        b->recompute_flops, b->peak_memory_bytes, b->peak_model_state_bytes,
-                        b->flush_s};
-    g_assert_cmpmem(x, sizeof x, y, sizeof y);
-    g_assert_cmpmem(a->stream_busy_s, sizeof a->stream_busy_s, b->stream_busy_s,
-                    sizeof b->stream_busy_s);
-    g_assert_cmpmem(a->offload_bytes, sizeof a->offload_bytes, b->offload_bytes,
-                    sizeof b->offload_bytes);
-    g_assert_cmpmem(a->comm_bytes, sizeof a->comm_bytes, b->comm_bytes, sizeof b->comm_bytes);
-    g_assert_cmpmem(a->peak_breakdown_bytes, sizeof a->peak_breakdown_bytes,
-                    b->peak_breakdown_bytes, sizeof b->peak_breakdown_bytes);
-    g_assert_cmpmem(a->category_peak_bytes, sizeof a->category_peak_bytes,
-                    b->category_peak_bytes, sizeof b->category_peak_bytes);
-    const size_t stages = (size_t)a->stages;
-    g_assert_cmpmem(a->stage_peak_bytes, stages * 8, b->stage_peak_bytes, stages * 8);
-    g_assert_cmpmem(a->stage_compute_s, stages * 8, b->stage_compute_s, stages * 8);
-    g_assert_cmpmem(a->stage_bubble_s, stages * 8, b->stage_bubble_s, stages * 8);
-    g_assert_cmpmem(a->stage_comm_bytes, stages * ZP_GROUP_N * 8, b->stage_comm_bytes,
-                    stages * ZP_GROUP_N * 8);
-    g_assert_cmpmem(a->first_rank, (size_t)a->ranks_simulated * 4, b->first_rank,
-                    (size_t)b->ranks_simulated * 4);
-    g_assert_cmpmem(a->rank_count, (size_t)a->ranks_simulated * 4, b->rank_count,
-                    (size_t)b->ranks_simulated * 4);
-}
-
 /* Rank's timeline rows in both, bit for bit. */
 static void assert_same_row(const SimResult *full, const SimResult *kept, uint32_t rank)
 {

@@ -41,6 +41,17 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
+void zp_sched_memo_free(ZpSchedule *s)
+{
+    if (!s->memo)
+        return;
+    if (s->memo->impl_tensors)
+        g_array_unref(s->memo->impl_tensors);
+    g_free(s->memo->layout);
+    g_free(s->memo);
+    s->memo = NULL;
+}
+
 void zp_sched_free(ZpSchedule *s)
 {
     if (!s)
@@ -52,5 +63,6 @@ void zp_sched_free(ZpSchedule *s)
     g_free(s->stage_state_bytes);
     g_free(s->stage_host_bytes);
     g_free(s->stage_unit_elems);
+    zp_sched_memo_free(s);
     g_free(s);
 }

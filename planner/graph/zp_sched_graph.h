@@ -186,6 +186,15 @@ typedef enum {
     ZP_DIGEST_MISMATCH, /* the ops were edited after zplan wrote the file */
 } ZpSchedDigest;
 
+/* What the rules compute from a schedule's model and layout several times a build, kept with
+ * it: zp_impl_tensors' answer (ZpImplTensor), and the layout it was for (unit offsets, then
+ * unit elements), which tells when it is stale (each pipeline stage lays its units out anew). */
+typedef struct {
+    GArray *impl_tensors;
+    uint64_t *layout;
+    int n_units;
+} ZpSchedMemo;
+
 typedef struct {
     ZpModel model;
     ZpPlan plan;
@@ -224,9 +233,12 @@ typedef struct {
      * hold, 0 otherwise. */
     uint64_t *stage_unit_elems;
     int view_stage;
+    ZpSchedMemo *memo; /* owned, while zp_sched_build builds it; NULL otherwise */
 } ZpSchedule;
 
 void zp_sched_free(ZpSchedule *sched);
+/* Drops what the build kept (ZpSchedMemo): zp_sched_build's end. */
+void zp_sched_memo_free(ZpSchedule *sched);
 
 static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {

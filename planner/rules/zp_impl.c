@@ -80,7 +80,41 @@ gboolean zp_impl_module_backward(const ZpSchedule *s)
             zp_plan_pp(&s->plan) == 1 && !s->plan.block_compute);
 }
 
+/* Whether the memo's tensors were listed for s's layout. */
+static gboolean memo_fresh(const ZpSchedule *s)
+{
+    const ZpSchedMemo *memo = s->memo;
+    const size_t n = (size_t)s->n_units;
+    return memo->impl_tensors && memo->n_units == s->n_units &&
+           memcmp(memo->layout, s->unit_offset, n * sizeof(uint64_t)) == 0 &&
+           memcmp(memo->layout + n, s->unit_elems, n * sizeof(uint64_t)) == 0;
+}
+
+static GArray *list_tensors(const ZpSchedule *s);
+
+/* A build asks for the list seven times or more (buckets, fetches, persistent parameters,
+ * grads_in_partition, the head...), each walk of every tensor by name: kept with the
+ * schedule (ZpSchedMemo) while its layout stays (a 32,000-layer model's build: 0.13 s). */
 GArray *zp_impl_tensors(const ZpSchedule *s)
+{
+    if (!s->memo)
+        return list_tensors(s);
+    if (!memo_fresh(s)) {
+        ZpSchedMemo *memo = s->memo;
+        const size_t n = (size_t)s->n_units;
+        if (memo->impl_tensors)
+            g_array_unref(memo->impl_tensors);
+        memo->impl_tensors = list_tensors(s);
+        g_free(memo->layout);
+        memo->layout = g_new(uint64_t, MAX(2 * n, 1));
+        memcpy(memo->layout, s->unit_offset, n * sizeof(uint64_t));
+        memcpy(memo->layout + n, s->unit_elems, n * sizeof(uint64_t));
+        memo->n_units = s->n_units;
+    }
+    return g_array_ref(s->memo->impl_tensors);
+}
+
+static GArray *list_tensors(const ZpSchedule *s)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
     GArray *tensors = zp_model_tensors(&s->model);

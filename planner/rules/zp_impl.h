@@ -263,7 +263,8 @@ typedef struct {
     gboolean matrix; /* 2-D (ZpTensor's) */
 } ZpImplTensor;
 
-/* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs). */
+/* The schedule's tensors in layout order (GArray of ZpImplTensor; caller unrefs and does not
+ * change it: it may be the one kept with the schedule). */
 GArray *zp_impl_tensors(const ZpSchedule *s);
 
 /* Stages 1-2: the flat range [*lo, *hi) that DeepSpeed's grads_in_partition spans on `rank`

@@ -139,6 +139,7 @@ ZpSchedule *zp_sched_stage_view(const ZpSchedule *s, int stage)
     v->ops = g_array_ref(s->ops);
     v->deps = g_array_ref(s->deps);
     v->view_stage = stage;
+    v->memo = NULL;
     const gsize n = (gsize)s->n_units, stages = (gsize)MAX(s->stages, 1);
     v->stage_state_bytes = g_memdup2(s->stage_state_bytes, sizeof(double) * stages * ZP_MEM_N);
     v->stage_host_bytes = g_memdup2(s->stage_host_bytes, sizeof(double) * stages * ZP_MEM_N);

@@ -279,6 +279,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = *model;
     s->plan = *plan;
+    s->memo = g_new0(ZpSchedMemo, 1);
     s->world = plan->dp * plan->mp * P;
     s->stages = P;
     s->stage_state_bytes = g_new0(double, (gsize)P * ZP_MEM_N);
@@ -375,6 +376,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     zp_build_free_pos_index(&b.by_trigger);
     zp_build_free_pos_index(&b.by_use);
     zp_build_free_pos_index(&b.by_free);
+    zp_sched_memo_free(s); /* the build's only: its tensors are 20 MB at 32,000 layers */
     if (b.over_ops) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "the schedule of %s: more than %.3g ops (ZP_SCHED_MAX_OPS, or the memory "

@@ -1,0 +1,131 @@
+/* cli_rank: the simulator as the planner's ranking (plan, sweep): each plan's schedule built and
+ * run folded, its allocations replayed; the runs that reach the end kept for plan's report. */
+#include "cli.h"
+#include "sim_coll.h"
+#include "sim_engine.h"
+#include "zp_alloc_replay.h"
+
+#include <string.h>
+
+/* A plan simulated to the end, and its allocator replay. */
+typedef struct {
+    ZpPlan plan;
+    SimResult *result; /* NULL once taken (cli_rank_take) */
+    ZpAllocStats alloc;
+} KeptRun;
+
+static void kept_run_free(gpointer p)
+{
+    KeptRun *k = p;
+    sim_result_free(k->result);
+    g_free(k);
+}
+
+/* The kept run of this very plan (byte for byte: candidates hand their own copy), or NULL. */
+static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
+{
+    for (guint i = 0; c->kept && i < c->kept->len; i++) {
+        KeptRun *k = g_ptr_array_index(c->kept, i);
+        if (k->result && memcmp(&k->plan, plan, sizeof *plan) == 0)
+            return k;
+    }
+    return NULL;
+}
+
+SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                             double stop_after_s, ZpAllocStats *alloc, GError **error)
+{
+    ZpSchedule *sched = zp_sched_build(model, plan, error);
+    if (!sched)
+        return NULL;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
+    SimResult *result = sim_engine_run(sched, hw, &options, error);
+    if (result && !result->stopped && alloc)
+        *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
+    zp_sched_free(sched);
+    return result;
+}
+
+/* A run kept to the end stands for one stopped past stop_after_s only where it ended before:
+ * then no op ended past it, and the stopped run is the same run (SimOptions.stop_after_s). */
+gboolean cli_rank_by_simulation(const ZpPlan *plan, void *ctx, double stop_after_s,
+                                double *step_time_s, double *needed_bytes, GError **error)
+{
+    const CliRankContext *c = ctx;
+    const KeptRun *kept = find_kept(c, plan);
+    ZpAllocStats alloc;
+    SimResult *result = NULL;
+    if (kept && (stop_after_s <= 0 || kept->result->step_time_s <= stop_after_s)) {
+        alloc = kept->alloc;
+    } else {
+        kept = NULL;
+        result = cli_rank_simulate(c->model, c->hw, plan, stop_after_s, &alloc, error);
+        if (!result)
+            return FALSE;
+    }
+    const SimResult *r = kept ? kept->result : result;
+    *step_time_s = r->step_time_s;
+    if (r->stopped) {
+        *needed_bytes = ZP_RANK_STOPPED;
+        sim_result_free(result);
+        return TRUE;
+    }
+    /* The fit `simulate` judges: the allocator-reserved peak. */
+    *needed_bytes = zp_alloc_replay_needed_bytes(
+        &alloc, r->peak_memory_bytes, c->hw->gpu_memory_bytes - c->hw->runtime_reserve_bytes);
+    if (result && c->kept) {
+        KeptRun *k = g_new(KeptRun, 1);
+        *k = (KeptRun){.result = result, .alloc = alloc};
+        memcpy(&k->plan, plan, sizeof *plan);
+        g_ptr_array_add(c->kept, k);
+    } else {
+        sim_result_free(result);
+    }
+    return TRUE;
+}
+
+void cli_rank_keep(CliRankContext *c)
+{
+    if (!c->kept)
+        c->kept = g_ptr_array_new_with_free_func(kept_run_free);
+}
+
+SimResult *cli_rank_take(const CliRankContext *c, const ZpPlan *plan)
+{
+    KeptRun *k = find_kept(c, plan);
+    if (!k)
+        return NULL;
+    SimResult *r = k->result;
+    k->result = NULL;
+    return r;
+}
+
+void cli_rank_clear(CliRankContext *c)
+{
+    if (c->kept)
+        g_ptr_array_unref(c->kept);
+    c->kept = NULL;
+}
+
+double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group)
+{
+    return sim_coll_group(hw, dp, mp, group).bus_bytes_per_s;
+}
+
+double cli_coll_s(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind, double bytes)
+{
+    const SimCollGroup g = sim_coll_group(hw, dp, mp, group);
+    const SimCollCost c = sim_coll_cost(kind, bytes, &g);
+    return c.latency_s + c.transfer_s;
+}
+
+void cli_search_spec(ZpSearchSpec *spec, CliRankContext *context, const ZpModel *model,
+                     const ZpHw *hw, int gpus)
+{
+    *context = (CliRankContext){model, hw, NULL};
+    zp_search_spec_defaults(spec, model, hw, gpus);
+    spec->rank = cli_rank_by_simulation;
+    spec->rank_ctx = context;
+    spec->bus_bytes_per_s = cli_bus_bytes_per_s;
+    spec->coll_s = cli_coll_s;
+}
