@@ -437,8 +437,8 @@ static double simulate_cpu_s(char **argv, int *status)
 /* Where one evaluation's time goes: the sink (cli_simulate_into) times the schedule's build,
  * the folded simulation and the caching allocator's replay again, one by one. */
 typedef struct {
-    double build_s, sim_s, replay_s;
-    uint32_t n_ops;
+    double build_s, sim_s, stepped_s, replay_s;
+    uint32_t n_ops, folded;
     uint64_t op_events;
 } Phases;
 
@@ -449,10 +449,16 @@ static int time_phases(const CliSimulated *s, void *ctx)
     double start_s = cpu_s();
     ZpSchedule *sched = zp_sched_build(s->model, s->plan, &error);
     p->build_s = cpu_s() - start_s;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimOptions options = {.mode = SIM_MODE_FOLDED, .no_fold = TRUE};
     start_s = cpu_s();
     SimResult *r = sched ? sim_engine_run(sched, s->hw, &options, &error) : NULL;
+    p->stepped_s = cpu_s() - start_s;
+    sim_result_free(r);
+    options.no_fold = FALSE;
+    start_s = cpu_s();
+    r = sched ? sim_engine_run(sched, s->hw, &options, &error) : NULL;
     p->sim_s = cpu_s() - start_s;
+    p->folded = r ? r->fold_micro_steps : 0;
     start_s = cpu_s();
     if (r)
         zp_alloc_replay_schedule(sched, s->hw->gpu_memory_bytes - s->hw->runtime_reserve_bytes);
@@ -508,10 +514,10 @@ static int bench_megatron(const char *dir)
             break;
         }
         sum_s += best_s;
-        printf("%-36s %10.2f %10u %12" G_GUINT64_FORMAT "   build %.1f ms, simulation %.1f ms, "
-               "replay %.1f ms\n",
+        printf("%-36s %10.2f %10u %12" G_GUINT64_FORMAT "   build %.1f ms, simulation %.1f ms "
+               "(%u micro-steps folded; %.1f ms stepped), replay %.1f ms\n",
                (char *)g_ptr_array_index(names, k), 1e3 * best_s, p.n_ops, p.op_events,
-               1e3 * p.build_s, 1e3 * p.sim_s, 1e3 * p.replay_s);
+               1e3 * p.build_s, 1e3 * p.sim_s, p.folded, 1e3 * p.stepped_s, 1e3 * p.replay_s);
     }
     if (!failed)
         printf("%-36s %10.2f   (mean per evaluation over %u configurations)\n", "mean",

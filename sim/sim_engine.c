@@ -206,6 +206,8 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
     sim->countdown[op].first = (uint64_t)row * sim->ranks;
+    if (sim->fold_hi) /* sim_fold's window: nothing past it began counting down */
+        sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
     return TRUE;
 }
 
@@ -765,6 +767,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->compute_scale);
     g_free(sim->flows);
     g_free(sim->affected);
+    g_free(sim->fold_hi);
     queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);

@@ -322,6 +322,7 @@ typedef struct {
     SimFold *fold;
     gboolean fold_recording;
     uint32_t fold_watch[2];
+    uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row) */
     GError *error;
 } Sim;
 

@@ -22,10 +22,8 @@
 #include <math.h>
 #include <string.h>
 
-/* Canonical op references in a snapshot: a micro-step's op as (stage, micro - the
- * snapshot's micro, place among the stage's ops of that micro-step); others as they are. */
-#define REF_FIXED UINT32_MAX
-#define REF_NONE (UINT32_MAX - 1)
+/* An op reference's stage where it names none (NO_OP). */
+#define REF_NONE UINT32_MAX
 /* Shifts tried between snapshots: 1 micro-step (1F1B, GPipe) or a group of pp (interleaved:
  * Megatron's groups of pp micro-batches per chunk), and twice each: a period whose length is
  * an odd number of grid steps rounds a tie one way and the next the other way, so that only
@@ -75,195 +73,160 @@ static inline void vec_double(Vec *v, double x)
 /* What a snapshot compares: doubles (each moving by one amount a period) and integers (equal,
  * or counters moving by one amount); where the recorded log stood. */
 typedef struct {
-    uint32_t micro, head_pos;
+    uint32_t micro, shift; /* its head's micro-step; micro-steps a period (set when compared) */
     double now_s;
     Vec d;      /* doubles */
     Vec i;      /* equal across snapshots */
     Vec lin;    /* counters, moving by one amount */
     Vec status; /* the countdowns (push_status), once the rest repeated */
-    /* int64_t, four an op reference: relative (stage, micro - micro, place) and its index;
-     * moves: per reference, whether it moves with the period (else it stays put: an op
-     * waited for past the steady state, the last micro-step's reduction say). */
-    Vec refs;
-    GArray *moves;
+    Vec refs;  /* two an op reference (push_ref) */
+    Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
     gboolean has_status;
     uint64_t note_at; /* notes taken before it (SimFold.notes_base counts the dropped ones) */
 } Snap;
 
 struct SimFold {
-    uint32_t A;           /* micro-steps */
+    uint32_t A;            /* micro-steps */
     uint32_t stages;
-    uint32_t *group_start; /* [stage * (A + 1) + micro]: into group_ops */
-    uint32_t *group_ops;   /* a stage's ops of a micro-step, ascending */
-    uint32_t *pos;         /* [op]: its place in its group; UINT32_MAX: micro -1 (fixed) */
-    int32_t *micro;        /* [op] */
-    uint8_t *counted;      /* [op]: it counts its dependencies down (Dependent.counted) */
-    uint8_t *head;         /* [op]: rank 0's compute op after one of another micro-step */
-    uint32_t *fixed_counted; /* counted ops of no micro-step, their countdown compared */
-    uint32_t n_fixed_counted;
-    uint32_t *lo_hint;     /* [stage]: no group below it has a counted op not done */
+    GHashTable *heads;     /* 1 + each head op (find_heads) */
+    /* [stage]: its ops' indices, [stage_start, stage_end) (the builder lays a stage's ops
+     * out together; checked), worked out the first time the cheap fields repeat (NULL
+     * before); lo_hint: no counted op below it is still counting down; equal_from and
+     * equal_to: the ops i in [equal_from, equal_to) do what i - steps did (same_op). */
+    uint32_t *stage_start, *stage_end, *lo_hint;
+    uint32_t *equal_from, *equal_to;
+    int64_t *equal_step;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
-    /* [shift][stage * A + m]: group m of the stage does what group m - shift did (same_op),
-     * worked out once a jump first asks; NULL before. */
-    uint8_t *repeats_group[MAX_SHIFTS];
-    GHashTable *snaps;     /* (micro << 32 | head_pos) -> Snap */
+    GHashTable *snaps;     /* snap_key -> Snap */
+    int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     GArray *notes;
     uint64_t notes_base;
     SimFoldReport report;
+    const char *refused; /* why the run stopped looking, or NULL */
 };
 
-/* ---- the schedule's micro-steps ---- */
+/* ---- the schedule ---- */
 
-static uint32_t group_size(const SimFold *f, uint32_t stage, uint32_t m)
+/* Op i's micro-step, -1 for none (or one past the plan's). */
+static int32_t op_micro(const SimFold *f, const Sim *sim, uint32_t i)
 {
-    const size_t k = (size_t)stage * (f->A + 1) + m;
-    return f->group_start[k + 1] - f->group_start[k];
+    const int32_t m = zp_sched_op(sim->sched, i)->micro;
+    return m >= 0 && (uint32_t)m < f->A ? m : -1;
 }
 
-static uint32_t group_op(const SimFold *f, uint32_t stage, uint32_t m, uint32_t pos)
+/* The watched ranks' (the first and the last stage's) first compute op of each micro-step,
+ * each one snapshot's head (interleaved schedules change micro-step at nearly every op). */
+static void find_heads(SimFold *f, const Sim *sim)
 {
-    return f->group_ops[f->group_start[(size_t)stage * (f->A + 1) + m] + pos];
-}
-
-static void build_groups(SimFold *f, const Sim *sim)
-{
-    const size_t cells = (size_t)f->stages * (f->A + 1) + 1;
-    f->group_start = g_new0(uint32_t, cells);
-    f->pos = g_new(uint32_t, sim->n_ops);
-    f->micro = g_new(int32_t, sim->n_ops);
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const int32_t m = zp_sched_op(sim->sched, i)->micro;
-        f->micro[i] = m >= 0 && (uint32_t)m < f->A ? m : -1;
-        if (f->micro[i] >= 0)
-            f->group_start[(size_t)sim->ops[i].stage * (f->A + 1) + (uint32_t)m + 1]++;
-    }
-    for (size_t k = 1; k < cells; k++)
-        f->group_start[k] += f->group_start[k - 1];
-    f->group_ops = g_new(uint32_t, MAX(f->group_start[cells - 1], 1));
-    uint32_t *fill = g_memdup2(f->group_start, cells * sizeof *fill);
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        f->pos[i] = UINT32_MAX;
-        if (f->micro[i] < 0)
-            continue;
-        const size_t k = (size_t)sim->ops[i].stage * (f->A + 1) + (uint32_t)f->micro[i];
-        f->pos[i] = fill[k] - f->group_start[k];
-        f->group_ops[fill[k]++] = i;
-    }
-    g_free(fill);
-    f->counted = g_new0(uint8_t, sim->n_ops);
-    uint32_t total = 0;
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        total = MAX(total, sim->ops[i].dependents_end);
-    for (uint32_t k = 0; k < total; k++)
-        if (sim->dependents[k].counted && sim->ops[sim->dependents[k].op].n_deps > 0)
-            f->counted[sim->dependents[k].op] = 1;
-    GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (f->counted[i] && f->micro[i] < 0)
-            g_array_append_val(fixed, i);
-    f->n_fixed_counted = fixed->len;
-    f->fixed_counted = (uint32_t *)(void *)g_array_free(fixed, FALSE);
-    /* The watched ranks' (the first and the last stage's) compute ops after one of another
-     * micro-step. */
-    f->head = g_new0(uint8_t, sim->n_ops);
+    uint8_t *seen = g_new(uint8_t, f->A);
     for (uint32_t w = 0; w < 2; w++) {
-        int32_t before = -2;
+        memset(seen, 0, f->A);
         const size_t first = (size_t)(w ? sim->ranks - 1 : 0) * ZP_STREAM_N + ZP_STREAM_COMPUTE;
         for (uint32_t i = sim->stream_first[first]; i != NO_OP; i = sim->ops[i].stream_next) {
-            if (f->micro[i] >= 0 && f->micro[i] != before)
-                f->head[i] = 1;
-            before = f->micro[i];
+            const int32_t m = op_micro(f, sim, i);
+            if (m >= 0 && !seen[m]) {
+                g_hash_table_add(f->heads, GUINT_TO_POINTER(i + 1));
+                seen[m] = 1;
+            }
         }
     }
+    g_free(seen);
 }
 
-/* A reference to op i (or NO_OP) relative to micro-step m, as three integers, and i. */
-static void push_ref(const SimFold *f, Vec *ints, uint32_t i, uint32_t m, const SimOp *ops)
+/* Each stage's ops as one run of indices, the first time the cheap fields repeat: a run
+ * that never repeats pays nothing per op. FALSE where a stage's ops are not one run. */
+static gboolean find_stages(SimFold *f, const Sim *sim)
 {
-    int64_t v[4] = {REF_NONE, 0, 0, i};
-    if (i != NO_OP && f->micro[i] < 0) {
-        v[0] = REF_FIXED;
-        v[2] = i;
-    } else if (i != NO_OP) {
-        v[0] = ops[i].stage;
-        v[1] = (int64_t)f->micro[i] - m;
-        v[2] = f->pos[i];
+    if (f->stage_start)
+        return f->stage_end != NULL;
+    f->stage_start = g_new(uint32_t, f->stages);
+    uint32_t *count = g_new0(uint32_t, f->stages), *end = g_new0(uint32_t, f->stages);
+    for (uint32_t s = 0; s < f->stages; s++)
+        f->stage_start[s] = UINT32_MAX;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const uint32_t s = sim->ops[i].stage;
+        f->stage_start[s] = MIN(f->stage_start[s], i);
+        end[s] = i + 1;
+        count[s]++;
     }
-    for (int k = 0; k < 4; k++)
-        vec_int(ints, v[k]);
+    gboolean runs = TRUE;
+    for (uint32_t s = 0; s < f->stages; s++)
+        runs = runs && count[s] > 0 && end[s] - f->stage_start[s] == count[s];
+    g_free(count);
+    if (!runs) {
+        g_free(end);
+        return FALSE;
+    }
+    f->stage_end = end;
+    f->lo_hint = g_memdup2(f->stage_start, f->stages * sizeof *f->lo_hint);
+    f->equal_from = g_new0(uint32_t, f->stages);
+    f->equal_to = g_new0(uint32_t, f->stages);
+    f->equal_step = g_new0(int64_t, f->stages);
+    return TRUE;
 }
 
-/* The op a reference moved by `shift` micro-steps names: NO_OP for none, UINT32_MAX - 1 where
- * that micro-step or place does not exist. */
-static uint32_t moved_op(const SimFold *f, const SimOp *ops, uint32_t i, int64_t shift)
+/* Whether op i counts its dependencies down (sim_ops.c: Dependent.counted). */
+static gboolean counted(const SimOp *o)
 {
-    if (i == NO_OP || f->micro[i] < 0)
-        return i;
-    const int64_t m = f->micro[i] + shift;
-    const uint32_t stage = ops[i].stage;
-    if (m < 0 || m >= f->A || f->pos[i] >= group_size(f, stage, (uint32_t)m))
-        return UINT32_MAX - 1;
-    return group_op(f, stage, (uint32_t)m, f->pos[i]);
+    return o->n_deps > 0 && (op_on_stream(o) || o->n_deps > 1);
 }
 
-/* Whether op j does what op i does, d micro-steps on: the same static facts, its stream's next
- * op and its dependents moved alike. */
-static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j, uint32_t d)
+/* op + n periods on its stage (steps), or UINT32_MAX - 1 past the stage's ops. */
+static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
+{
+    if (op == NO_OP)
+        return op;
+    const uint32_t s = sim->ops[op].stage;
+    const int64_t to = (int64_t)op + n * f->steps[s];
+    return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
+}
+
+/* Whether op j does what op i, a period before it, did: the same static facts, its stream's
+ * next op and its dependents moved alike (each by its stage's step). */
+static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j)
 {
     const SimOp *a = &sim->ops[i], *b = &sim->ops[j];
     if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
         a->group != b->group || a->link != b->link || a->wide || b->wide ||
         a->stage != b->stage || a->n_deps != b->n_deps || a->duration_s != b->duration_s ||
         a->latency_s != b->latency_s || a->transfer_s != b->transfer_s ||
-        a->bytes != b->bytes || f->counted[i] != f->counted[j] ||
+        a->bytes != b->bytes ||
         a->dependents_end - a->dependents_start != b->dependents_end - b->dependents_start ||
         a->dependents_ready - a->dependents_start != b->dependents_ready - b->dependents_start)
         return FALSE;
-    if (moved_op(f, sim->ops, a->stream_next, d) != b->stream_next)
+    if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
+        (a->stream_next != NO_OP && moved(f, sim, a->stream_next, 1) != b->stream_next))
         return FALSE;
     for (uint32_t k = 0; k < a->dependents_end - a->dependents_start; k++) {
         const Dependent *x = &sim->dependents[a->dependents_start + k];
         const Dependent *y = &sim->dependents[b->dependents_start + k];
         if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
-            moved_op(f, sim->ops, x->op, d) != y->op)
+            f->steps[x->stage] == 0 || moved(f, sim, x->op, 1) != y->op)
             return FALSE;
     }
     return TRUE;
 }
 
-/* Whether group m of stage s does what group m - d did, op by op. */
-static gboolean group_repeats(const SimFold *f, const Sim *sim, uint32_t s, uint32_t m,
-                              uint32_t d)
+/* The first op past `from` of stage s that does not do what the op a period before it did
+ * (every op in [from, that) does), from the stage's end at most; `from` itself where the
+ * ops before `from` back to `back` do not repeat either. Remembered for the current steps. */
+static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t s, uint32_t back,
+                              uint32_t from)
 {
-    const uint32_t n = group_size(f, s, m);
-    if (m < d || n != group_size(f, s, m - d))
-        return FALSE;
-    for (uint32_t p = 0; p < n; p++)
-        if (!same_op(f, sim, group_op(f, s, m - d, p), group_op(f, s, m, p), d))
-            return FALSE;
-    return TRUE;
-}
-
-/* The last micro-step M from `from` on such that every group of stage s in [from, M] does what
- * the one d (shifts[k]) before it did; from - 1 where none does. */
-static int64_t repeats_upto(SimFold *f, const Sim *sim, uint32_t s, int64_t from, uint32_t k)
-{
-    const uint32_t d = f->shifts[k];
-    if (!f->repeats_group[k]) {
-        f->repeats_group[k] = g_new(uint8_t, (size_t)f->stages * f->A);
-        for (uint32_t t = 0; t < f->stages; t++)
-            for (uint32_t m = 0; m < f->A; m++)
-                f->repeats_group[k][(size_t)t * f->A + m] = group_repeats(f, sim, t, m, d);
+    const int64_t step = f->steps[s];
+    if (f->equal_step[s] != step || back < f->equal_from[s] || back > f->equal_to[s]) {
+        f->equal_step[s] = step;
+        f->equal_from[s] = f->equal_to[s] = back;
     }
-    int64_t m = MAX(from, (int64_t)d);
-    while (m < f->A && f->repeats_group[k][(size_t)s * f->A + m])
-        m++;
-    return m - 1;
+    while (f->equal_to[s] < f->stage_end[s] && f->equal_to[s] >= f->stage_start[s] + step &&
+           same_op(f, sim, (uint32_t)(f->equal_to[s] - step), f->equal_to[s]))
+        f->equal_to[s]++;
+    return f->equal_to[s] >= from ? f->equal_to[s] : from;
 }
 
 /* ---- dependency counts ---- */
 
-/* An op's countdown as one code: 0 done, 1 untouched, 2 + count otherwise (its one rank's). */
+/* An op's countdown as one code: 0 done, 1 untouched, 2 + its count (its one rank's). */
 static int64_t status(const Sim *sim, uint32_t rank, uint32_t i)
 {
     const Countdown *c = &sim->countdown[i];
@@ -271,54 +234,66 @@ static int64_t status(const Sim *sim, uint32_t rank, uint32_t i)
         return 0;
     if (c->first == COUNTS_UNUSED)
         return 1;
-    if (c->first == COUNTS_WIDE)
-        return 3 + 2 * (int64_t)sim->pending_wide[(size_t)sim->ops[i].pending_row * sim->ranks +
-                                                  rank];
-    return 2 + 2 * ((int64_t)sim->rows[c->first + rank] + 256 * (int64_t)c->zeroed);
+    return 2 + (int64_t)sim->rows[c->first + rank] + 256 * (int64_t)c->zeroed;
 }
 
-static gboolean group_all(const SimFold *f, const Sim *sim, uint32_t s, uint32_t m,
-                          int64_t code)
-{
-    for (uint32_t p = 0; p < group_size(f, s, m); p++) {
-        const uint32_t i = group_op(f, s, m, p);
-        if (f->counted[i] && status(sim, s, i) != code)
-            return FALSE;
-    }
-    return TRUE;
-}
-
-/* Stage s's window: lo, the first group with a counted op not done; hi, the last before the
- * first group with every counted op untouched. */
+/* Stage s's window: lo, its first counted op still counting down; hi, one past the last that
+ * began to (Sim.fold_hi). */
 static void window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi)
 {
-    while (f->lo_hint[s] < f->A && group_all(f, sim, s, f->lo_hint[s], 0))
-        f->lo_hint[s]++;
-    uint32_t m = f->lo_hint[s];
-    while (m < f->A && !group_all(f, sim, s, m, 1))
-        m++;
-    *lo = f->lo_hint[s];
-    *hi = m; /* one past */
+    uint32_t i = f->lo_hint[s];
+    while (i < f->stage_end[s] &&
+           (!counted(&sim->ops[i]) || sim->countdown[i].first == COUNTS_DONE))
+        i++;
+    f->lo_hint[s] = i;
+    *lo = i;
+    *hi = MAX(i, sim->fold_hi[s]);
 }
 
-/* Each stage's window relative to micro, and every counted op's code in it, and the ops of
- * no micro-step's: what two periods apart must repeat. */
-static void push_status(SimFold *f, const Sim *sim, Vec *ints, uint32_t micro)
+/* Each stage's window and every op's code in it: what three snapshots a period apart must
+ * repeat (their windows moving by the stage's step). */
+static void push_status(SimFold *f, const Sim *sim, Vec *ints)
 {
     for (uint32_t s = 0; s < f->stages; s++) {
         uint32_t lo, hi;
         window(f, sim, s, &lo, &hi);
-        vec_int(ints, (int64_t)lo - micro);
-        vec_int(ints, (int64_t)hi - micro);
-        for (uint32_t m = lo; m < hi; m++)
-            for (uint32_t p = 0; p < group_size(f, s, m); p++) {
-                const uint32_t i = group_op(f, s, m, p);
-                if (f->counted[i])
-                    vec_int(ints, status(sim, s, i));
-            }
+        vec_int(ints, lo);
+        vec_int(ints, hi);
+        for (uint32_t i = lo; i < hi; i++)
+            vec_int(ints, counted(&sim->ops[i]) ? status(sim, s, i) : 1);
     }
-    for (uint32_t k = 0; k < f->n_fixed_counted; k++)
-        vec_int(ints, status(sim, sim->ops[f->fixed_counted[k]].stage, f->fixed_counted[k]));
+}
+
+/* Whether the status of a, b and c repeat: each stage's window the same size and moving by
+ * its step, the codes in it equal. */
+static gboolean same_status(const SimFold *f, const Vec *a, const Vec *b, const Vec *c)
+{
+    if (a->len != b->len || b->len != c->len)
+        return FALSE;
+    for (size_t k = 0, s = 0; s < f->stages; s++) {
+        const int64_t lo = c->i[k], hi = c->i[k + 1], step = f->steps[s];
+        if (b->i[k] != lo - step || a->i[k] != lo - 2 * step || b->i[k + 1] != hi - step ||
+            a->i[k + 1] != hi - 2 * step)
+            return FALSE;
+        const size_t n = (size_t)(hi - lo);
+        if (memcmp(a->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0 ||
+            memcmp(b->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
+            return FALSE;
+        k += 2 + n;
+    }
+    return TRUE;
+}
+
+
+/* A reference to op i (or NO_OP): its stage (REF_NONE for none) and its index. Between
+ * snapshots a period apart a reference moves by its stage's step, the same for every moving
+ * one of the stage (the builder lays a stage's micro-steps out alike, one after another:
+ * same_op checks it op by op before a jump), or stays put (an op waited for past the steady
+ * state: the last micro-step's reduction, say). */
+static void push_ref(Vec *ints, const Sim *sim, uint32_t i)
+{
+    vec_int(ints, i == NO_OP ? REF_NONE : sim->ops[i].stage);
+    vec_int(ints, i);
 }
 
 /* ---- the state: one walk both takes a snapshot and writes the jumped one ---- */
@@ -330,7 +305,6 @@ typedef struct {
     Snap *snap;          /* capture: filled; apply: the current snapshot */
     const Snap *before;  /* apply: the snapshot a period before */
     uint32_t periods;    /* apply: how many */
-    int64_t shift;       /* apply: micro-steps the op references move */
     size_t d_at, ref_at;
     SimFold *f;
     const Sim *sim;
@@ -360,11 +334,11 @@ static void walk_int(Walk *w, int64_t value)
 static void walk_op(Walk *w, uint32_t *op)
 {
     if (!w->apply) {
-        push_ref(w->f, &w->snap->refs, *op, w->snap->micro, w->sim->ops);
+        push_ref(&w->snap->refs, w->sim, *op);
         return;
     }
-    if (g_array_index(w->snap->moves, uint8_t, w->ref_at++))
-        *op = moved_op(w->f, w->sim->ops, *op, w->shift);
+    const int64_t step = w->snap->moves.i[w->ref_at++];
+    *op = (uint32_t)(*op + (int64_t)w->periods * step);
 }
 
 static void walk_ranks(Walk *w, Sim *sim)
@@ -461,13 +435,11 @@ static void snap_counters(Walk *w, Sim *sim)
     sim->queue.instant += (uint32_t)(w->periods * step[2]);
 }
 
-static Snap *snap_new(uint32_t micro, uint32_t head_pos, double now_s)
+static Snap *snap_new(uint32_t micro, double now_s)
 {
     Snap *s = g_new0(Snap, 1);
     s->micro = micro;
-    s->head_pos = head_pos;
     s->now_s = now_s;
-    s->moves = g_array_new(FALSE, FALSE, sizeof(uint8_t));
     return s;
 }
 
@@ -479,7 +451,7 @@ static void snap_free(gpointer p)
     g_free(s->lin.i);
     g_free(s->status.i);
     g_free(s->refs.i);
-    g_array_free(s->moves, TRUE);
+    g_free(s->moves.i);
     g_free(s);
 }
 
@@ -504,29 +476,40 @@ static gboolean same_ints(const Vec *a, const Vec *b)
     return a->len == b->len && memcmp(a->i, b->i, a->len * sizeof(int64_t)) == 0;
 }
 
-/* Every op reference either moves with the period in all three or names one op in all. */
-static gboolean same_refs(const Snap *a, const Snap *b, Snap *c)
+/* Every op reference either names one op in all three or moves twice by its stage's step,
+ * the same for every moving reference of the stage (steps: [stage], 0 unknown). */
+static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
 {
     if (a->refs.len != c->refs.len || b->refs.len != c->refs.len)
         return FALSE;
-    g_array_set_size(c->moves, (guint)(c->refs.len / 4));
+    c->moves.len = 0;
     const int64_t *x = a->refs.i, *y = b->refs.i, *z = c->refs.i;
-    for (size_t k = 0; k < c->refs.len; k += 4) {
-        const gboolean moving = memcmp(x + k, y + k, 3 * sizeof *x) == 0 &&
-                                memcmp(y + k, z + k, 3 * sizeof *x) == 0;
-        if (!moving && (x[k + 3] != y[k + 3] || y[k + 3] != z[k + 3]))
+    for (size_t k = 0; k < c->refs.len; k += 2) {
+        if (x[k] != y[k] || y[k] != z[k])
             return FALSE;
-        g_array_index(c->moves, uint8_t, k / 4) = (uint8_t)moving;
+        const int64_t step = y[k + 1] - x[k + 1];
+        if (z[k + 1] - y[k + 1] != step)
+            return FALSE;
+        if (step != 0) {
+            if (x[k] == REF_NONE)
+                return FALSE;
+            if (steps[x[k]] == 0)
+                steps[x[k]] = step;
+            else if (steps[x[k]] != step)
+                return FALSE;
+        }
+        vec_int(&c->moves, step);
     }
     return TRUE;
 }
 
 /* Whether a, b and c (one period apart each) repeat: the integers equal, the counters and
  * every double moving by one amount twice. */
-static gboolean repeats(const Snap *a, const Snap *b, Snap *c)
+static gboolean repeats(SimFold *f, const Snap *a, const Snap *b, Snap *c)
 {
+    memset(f->steps, 0, f->stages * sizeof *f->steps);
     if (!same_ints(&a->i, &b->i) || !same_ints(&b->i, &c->i) || a->d.len != c->d.len ||
-        b->d.len != c->d.len || !same_refs(a, b, c))
+        b->d.len != c->d.len || !same_refs(a, b, c, f->steps))
         return FALSE;
     for (size_t k = 0; k < c->lin.len; k++)
         if (c->lin.i[k] - b->lin.i[k] != b->lin.i[k] - a->lin.i[k])
@@ -574,31 +557,29 @@ static uint64_t periods_exact(const Snap *a, const Snap *c)
 
 /* ---- the jump ---- */
 
-/* Rewrites the countdowns of stage s's groups as `periods` x d micro-steps on: each group's
- * codes are those of the group that many micro-steps before, the groups between the window's
- * start and there done. */
+/* Rewrites stage s's countdowns as `periods` periods on: each op in the moved window gets the
+ * code of the op that many periods before it, the ops between the window's start and there
+ * are done (those that count), and nothing past it has begun. */
 static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t hi,
-                        uint64_t shift)
+                        uint64_t periods)
 {
-    for (int64_t m = (int64_t)(hi - 1 + shift); m >= (int64_t)lo; m--) {
-        for (uint32_t p = 0; p < group_size(f, s, (uint32_t)m); p++) {
-            const uint32_t i = group_op(f, s, (uint32_t)m, p);
-            if (!f->counted[i])
-                continue;
-            if (m - (int64_t)shift >= (int64_t)lo)
-                sim->countdown[i] = sim->countdown[group_op(f, s, (uint32_t)(m - shift), p)];
-            else
-                sim->countdown[i].first = COUNTS_DONE;
-        }
+    const int64_t shift = (int64_t)periods * f->steps[s];
+    for (int64_t i = (int64_t)hi - 1 + shift; i >= (int64_t)lo; i--) {
+        if (!counted(&sim->ops[i]))
+            continue;
+        if (i - shift >= (int64_t)lo)
+            sim->countdown[i] = sim->countdown[i - shift];
+        else
+            sim->countdown[i].first = COUNTS_DONE;
     }
     f->lo_hint[s] = lo;
+    sim->fold_hi[s] = (uint32_t)MAX((int64_t)sim->fold_hi[s], (int64_t)hi + shift);
 }
 
-/* Replays the notes of [from, to) `times` x for the skipped periods `first`, first + 2, ..:
- * sums added to again; timeline cells written at the op that many periods on, their times
- * moved. */
+/* Replays the notes of [from, to) for the skipped periods `first`, first + 2, ..: sums added
+ * to again; timeline cells written at the op that many periods on, their times moved. */
 static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
-                   uint32_t periods, uint32_t d, double period_s)
+                   uint32_t periods, double period_s)
 {
     for (uint32_t j = first; j <= periods; j += 2) {
         const uint32_t moves = j + (j & 1); /* an even number of periods: exact (above) */
@@ -610,7 +591,7 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
             }
             const uint32_t op = (uint32_t)(n->at % sim->n_ops);
             const size_t row = n->at - op;
-            const uint32_t to_op = moved_op(f, sim->ops, op, (int64_t)moves * d);
+            const uint32_t to_op = moved(f, sim, op, moves);
             if (n->kind == NOTE_RANK)
                 sim->op_last_rank[row + to_op] = (uint32_t)n->x;
             else
@@ -619,32 +600,29 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     }
 }
 
-/* How far every stage's groups repeat from its window on, and every reference's room: the
- * most periods the schedule allows. */
-static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
-                                 uint32_t *hi)
+/* The most periods the schedule allows: every stage's ops from its window back two periods
+ * on to the moved window and one period past it do what the ops a period before them did. */
+static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t *lo, uint32_t *hi)
 {
-    const uint32_t d = f->shifts[k];
     uint64_t most = UINT64_MAX;
     for (uint32_t s = 0; s < f->stages; s++) {
+        const int64_t step = f->steps[s];
         window(f, sim, s, &lo[s], &hi[s]);
-        for (uint32_t m = hi[s]; m < f->A; m++) /* nothing past the window began */
-            if (!group_all(f, sim, s, m, 1))
-                return 0;
-        const int64_t upto = repeats_upto(f, sim, s, (int64_t)lo[s] - 2 * (int64_t)d, k);
-        if (upto < (int64_t)hi[s])
+        if (step <= 0 || (int64_t)lo[s] - 2 * step < (int64_t)f->stage_start[s] + step)
             return 0;
-        /* A stream's next op may lie in the group after the window: it moves too. */
-        most = MIN(most, (uint64_t)(upto - hi[s]) / d);
+        const uint32_t back = (uint32_t)(lo[s] - 2 * step);
+        const uint32_t until = repeats_until(f, sim, s, back, hi[s]);
+        if (f->equal_from[s] > back || until < hi[s] + (uint32_t)step)
+            return 0;
+        most = MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
     }
     return most;
 }
 
-static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k)
+static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c)
 {
-    const uint32_t d = f->shifts[k];
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    uint64_t periods = MIN(periods_exact(a, c), periods_schedule(f, sim, k, lo, hi));
+    uint64_t periods = MIN(periods_exact(a, c), periods_schedule(f, sim, lo, hi));
     periods &= ~(uint64_t)1;
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
@@ -657,12 +635,14 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k)
         while (periods > 0 &&
                c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
             periods -= 2;
-    const int64_t shift = (int64_t)periods * d;
-    /* Every op in flight, queued or next on a stream lies in a group that moves within the
-     * repeating ones (periods_schedule); an event's is checked again. */
-    for (guint k = 0; k < events->len && periods >= 2; k++) {
-        const Event *e = &g_array_index(events, Event, k);
-        if (!(e->id & EVENT_FLOW) && moved_op(f, sim->ops, e->detail, shift) == UINT32_MAX - 1)
+    /* Every moving reference (a stream's next op, a flow's, a queued event's) moves inside
+     * the ops that repeat (periods_schedule). */
+    for (size_t k = 0; k < c->moves.len && periods >= 2; k++) {
+        const uint32_t op = (uint32_t)c->refs.i[2 * k + 1];
+        const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
+        if (c->moves.i[k] != 0 &&
+            (c->moves.i[k] != f->steps[s] || op < f->equal_from[s] ||
+             (int64_t)op + (int64_t)periods * f->steps[s] >= (int64_t)f->equal_to[s]))
             periods = 0;
     }
     if (periods < 2) {
@@ -672,8 +652,8 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k)
         g_free(hi);
         return;
     }
-    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods,
-              .shift = shift, .f = f, .sim = sim};
+    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods, .f = f,
+              .sim = sim};
     w.d_at = 1;
     walk_ranks(&w, sim);
     const uint32_t instant = sim->queue.instant;
@@ -687,10 +667,10 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k)
     g_array_free(times, TRUE);
     g_array_free(events, TRUE);
     for (uint32_t s = 0; s < f->stages; s++)
-        move_counts(f, sim, s, lo[s], hi[s], (uint64_t)shift);
-    replay(f, sim, a->note_at, b->note_at, 1, (uint32_t)periods, d, period_s);
-    replay(f, sim, b->note_at, c->note_at, 2, (uint32_t)periods, d, period_s);
-    f->report.micro_steps += (uint32_t)shift;
+        move_counts(f, sim, s, lo[s], hi[s], periods);
+    replay(f, sim, a->note_at, b->note_at, 1, (uint32_t)periods, period_s);
+    replay(f, sim, b->note_at, c->note_at, 2, (uint32_t)periods, period_s);
+    f->report.micro_steps += (uint32_t)periods * c->shift;
     f->report.jumps++;
     g_free(lo);
     g_free(hi);
@@ -724,17 +704,17 @@ void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank)
     g_array_append_val(sim->fold->notes, n);
 }
 
-/* A snapshot's key: the micro-step and place of the head op of watched rank w. */
-static uint64_t snap_key(uint32_t micro, uint32_t w, uint32_t pos)
+/* A snapshot's key: its head's micro-step and watched rank w. */
+static uint64_t snap_key(uint32_t micro, uint32_t w)
 {
-    return (uint64_t)micro << 32 | (uint64_t)w << 31 | pos;
+    return (uint64_t)micro << 1 | w;
 }
 
-static Snap *find(SimFold *f, int64_t micro, uint32_t w, uint32_t pos)
+static Snap *find(SimFold *f, int64_t micro, uint32_t w)
 {
     if (micro < 0)
         return NULL;
-    const uint64_t key = snap_key((uint32_t)micro, w, pos);
+    const uint64_t key = snap_key((uint32_t)micro, w);
     return g_hash_table_lookup(f->snaps, &key);
 }
 
@@ -758,31 +738,35 @@ static void notes_trim(SimFold *f)
  * jump where the last three of its kind repeat. TRUE where it jumped. */
 static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double now_s)
 {
-    if (head == NO_OP || !f->head[head])
+    if (head == NO_OP || !g_hash_table_contains(f->heads, GUINT_TO_POINTER(head + 1)))
         return FALSE;
-    const uint32_t micro = (uint32_t)f->micro[head], pos = f->pos[head];
-    Snap *c = snap_new(micro, pos, now_s);
+    const uint32_t micro = (uint32_t)op_micro(f, sim, head);
+    Snap *c = snap_new(micro, now_s);
     capture(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);
-    *key = snap_key(micro, w, pos);
+    *key = snap_key(micro, w);
     g_hash_table_replace(f->snaps, key, c);
     const uint32_t dmax = f->shifts[f->n_shifts - 1];
-    const uint64_t old = snap_key(micro - MIN(micro, 2 * dmax + 1), w, pos);
+    const uint64_t old = snap_key(micro - MIN(micro, 2 * dmax + 1), w);
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
-        Snap *b = find(f, (int64_t)micro - d, w, pos),
-             *a = find(f, (int64_t)micro - 2 * d, w, pos);
-        if (!a || !b || !repeats(a, b, c))
+        Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
+        if (!a || !b || !repeats(f, a, b, c))
             continue;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
+        if (!find_stages(f, sim)) {
+            f->refused = "a stage's ops are not laid out together";
+            return FALSE;
+        }
         sim->fold_recording = TRUE;
-        push_status(f, sim, &c->status, micro);
+        push_status(f, sim, &c->status);
         c->has_status = TRUE;
+        c->shift = d;
         if (a->has_status && b->has_status && a->note_at >= f->notes_base &&
-            same_ints(&a->status, &b->status) && same_ints(&b->status, &c->status)) {
-            jump(f, sim, a, b, c, k);
+            same_status(f, &a->status, &b->status, &c->status)) {
+            jump(f, sim, a, b, c);
             notes_drop(f, sim);
             return TRUE;
         }
@@ -793,7 +777,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
 
 void sim_fold_boundary(SimFold *f, Sim *sim, double now_s)
 {
-    for (uint32_t w = 0; w < 2; w++) {
+    for (uint32_t w = 0; w < 2 && !f->refused; w++) {
         const uint32_t rank = w ? sim->ranks - 1 : 0;
         const uint32_t head = sim->stream[rank].next[ZP_STREAM_COMPUTE];
         if (head == sim->fold_watch[w])
@@ -835,8 +819,10 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     SimFold *f = g_new0(SimFold, 1);
     f->A = A;
     f->stages = sim->sim_pp;
-    build_groups(f, sim);
-    f->lo_hint = g_new0(uint32_t, f->stages);
+    f->heads = g_hash_table_new(g_direct_hash, g_direct_equal);
+    find_heads(f, sim);
+    f->steps = g_new0(int64_t, f->stages);
+    sim->fold_hi = g_new0(uint32_t, f->stages);
     f->shifts[f->n_shifts++] = 1;
     f->shifts[f->n_shifts++] = 2;
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
@@ -859,18 +845,16 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
                    "folded: %u micro-steps of every stage skipped in %u jumps",
                    f->report.micro_steps, f->report.jumps);
     else
-        g_snprintf(report->note, sizeof report->note,
-                   "not folded: no steady state repeated exactly");
-    g_free(f->group_start);
-    g_free(f->group_ops);
-    g_free(f->pos);
-    g_free(f->micro);
-    g_free(f->counted);
-    g_free(f->head);
-    g_free(f->fixed_counted);
+        g_snprintf(report->note, sizeof report->note, "not folded: %s",
+                   f->refused ? f->refused : "no steady state repeated exactly");
+    g_hash_table_destroy(f->heads);
+    g_free(f->steps);
+    g_free(f->stage_start);
+    g_free(f->stage_end);
     g_free(f->lo_hint);
-    for (uint32_t k = 0; k < MAX_SHIFTS; k++)
-        g_free(f->repeats_group[k]);
+    g_free(f->equal_from);
+    g_free(f->equal_to);
+    g_free(f->equal_step);
     g_hash_table_destroy(f->snaps);
     g_array_free(f->notes, TRUE);
     g_free(f);
