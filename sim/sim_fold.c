@@ -80,6 +80,7 @@ typedef struct {
     Vec lin;    /* counters, moving by one amount */
     Vec status; /* the countdowns (push_status), once the rest repeated */
     Vec refs;  /* two an op reference (push_ref) */
+    Vec bytes; /* the places in d of FIELD_BYTES values */
     Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
     gboolean has_status;
     uint64_t note_at; /* notes taken before it (SimFold.notes_base counts the dropped ones) */
@@ -298,7 +299,10 @@ static void push_ref(Vec *ints, const Sim *sim, uint32_t i)
 
 /* ---- the state: one walk both takes a snapshot and writes the jumped one ---- */
 
-typedef enum { FIELD_MOVES, FIELD_SUM } FieldKind;
+/* A double the snapshot compares: a time (or any value moving by one amount a period), a
+ * count of bytes (which goes up and down within a period: it must stay a whole number), or
+ * an output sum (replayed from the notes, not compared). */
+typedef enum { FIELD_MOVES, FIELD_BYTES, FIELD_SUM } FieldKind;
 
 typedef struct {
     gboolean apply;
@@ -315,6 +319,8 @@ static void walk_double(Walk *w, double *x, FieldKind kind)
     if (kind == FIELD_SUM)
         return; /* replayed from the notes */
     if (!w->apply) {
+        if (kind == FIELD_BYTES)
+            vec_int(&w->snap->bytes, (int64_t)w->snap->d.len);
         vec_double(&w->snap->d, *x);
         return;
     }
@@ -373,14 +379,14 @@ static void walk_ranks(Walk *w, Sim *sim)
         walk_int(w, sim->mem_pos[r]);
         MemState *m = &sim->eager[sim->mem_pos[r] & ~MEM_EAGER];
         for (int c = 0; c < ZP_MEM_N; c++) {
-            walk_double(w, &m->category[c].live, FIELD_MOVES);
-            walk_double(w, &m->category[c].peak, FIELD_MOVES);
-            walk_double(w, &m->peak_breakdown_bytes[c], FIELD_MOVES);
+            walk_double(w, &m->category[c].live, FIELD_BYTES);
+            walk_double(w, &m->category[c].peak, FIELD_BYTES);
+            walk_double(w, &m->peak_breakdown_bytes[c], FIELD_BYTES);
         }
-        walk_double(w, &m->total.live, FIELD_MOVES);
-        walk_double(w, &m->total.peak, FIELD_MOVES);
-        walk_double(w, &m->states.live, FIELD_MOVES);
-        walk_double(w, &m->states.peak, FIELD_MOVES);
+        walk_double(w, &m->total.live, FIELD_BYTES);
+        walk_double(w, &m->total.peak, FIELD_BYTES);
+        walk_double(w, &m->states.live, FIELD_BYTES);
+        walk_double(w, &m->states.peak, FIELD_BYTES);
     }
     for (uint32_t l = 0; l < SIM_LINK_N; l++)
         walk_int(w, sim->active_on_link[l]);
@@ -451,6 +457,7 @@ static void snap_free(gpointer p)
     g_free(s->lin.i);
     g_free(s->status.i);
     g_free(s->refs.i);
+    g_free(s->bytes.i);
     g_free(s->moves.i);
     g_free(s);
 }
@@ -521,11 +528,14 @@ static gboolean repeats(SimFold *f, const Snap *a, const Snap *b, Snap *c)
 }
 
 /* The most periods (even) the doubles can move on from c, each staying exact: a value that
- * moves stays in the binade all three snapshots share, or is a whole number below 2^53. */
+ * moves stays in the binade all three snapshots share (times and sums only grow, so every
+ * value between lies there too), or is a whole number below 2^53 (bytes, which must be). */
 static uint64_t periods_exact(const Snap *a, const Snap *c)
 {
     uint64_t most = UINT64_MAX;
-    for (size_t k = 0; k < c->d.len && most > 0; k++) {
+    for (size_t k = 0, b = 0; k < c->d.len && most > 0; k++) {
+        const gboolean bytes = b < c->bytes.len && c->bytes.i[b] == (int64_t)k;
+        b += bytes;
         const double x = a->d.d[k], z = c->d.d[k];
         const double step = (z - x) / 2; /* exact: a difference on one grid, halved */
         if (step == 0)
@@ -537,6 +547,9 @@ static uint64_t periods_exact(const Snap *a, const Snap *c)
         double limit;
         if (x == floor(x) && step == floor(step) && z < 0x1p53) {
             limit = 0x1p53;
+        } else if (bytes) {
+            most = 0;
+            break;
         } else {
             int ex, ez;
             frexp(x, &ex);
