@@ -29,6 +29,8 @@
  * an odd number of grid steps rounds a tie one way and the next the other way, so that only
  * every second period repeats exactly. */
 #define MAX_SHIFTS 4
+/* Notes kept before the ones no snapshot needs are dropped. */
+#define NOTES_TRIM_AT 65536
 /* A recorded period's log (sums added to, timeline cells written). */
 typedef enum { NOTE_ADD, NOTE_CELL, NOTE_RANK } NoteKind;
 
@@ -84,6 +86,7 @@ typedef struct {
     Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
     gboolean has_status;
     uint64_t note_at; /* notes taken before it (SimFold.notes_base counts the dropped ones) */
+    uint32_t epoch;   /* SimFold.epoch when taken: notes were kept unbroken within one */
 } Snap;
 
 struct SimFold {
@@ -93,7 +96,8 @@ struct SimFold {
     /* [stage]: its ops' indices, [stage_start, stage_end) (the builder lays a stage's ops
      * out together; checked), worked out the first time the cheap fields repeat (NULL
      * before); lo_hint: no counted op below it is still counting down; equal_from and
-     * equal_to: the ops i in [equal_from, equal_to) do what i - steps did (same_op). */
+     * equal_to, [shift * stages + stage]: the ops i in [equal_from, equal_to) do what
+     * i - equal_step did (same_op), kept for each shift tried. */
     uint32_t *stage_start, *stage_end, *lo_hint;
     uint32_t *equal_from, *equal_to;
     int64_t *equal_step;
@@ -102,6 +106,10 @@ struct SimFold {
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     GArray *notes;
     uint64_t notes_base;
+    /* Whether the cheap fields of watched rank w's last snapshots repeated: notes are kept
+     * only while one did (epoch counts the breaks, when they were dropped). */
+    gboolean passing[2];
+    uint32_t epoch;
     SimFoldReport report;
     const char *refused; /* why the run stopped looking, or NULL */
 };
@@ -160,9 +168,9 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     }
     f->stage_end = end;
     f->lo_hint = g_memdup2(f->stage_start, f->stages * sizeof *f->lo_hint);
-    f->equal_from = g_new0(uint32_t, f->stages);
-    f->equal_to = g_new0(uint32_t, f->stages);
-    f->equal_step = g_new0(int64_t, f->stages);
+    f->equal_from = g_new0(uint32_t, (size_t)MAX_SHIFTS * f->stages);
+    f->equal_to = g_new0(uint32_t, (size_t)MAX_SHIFTS * f->stages);
+    f->equal_step = g_new0(int64_t, (size_t)MAX_SHIFTS * f->stages);
     return TRUE;
 }
 
@@ -211,18 +219,20 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
 /* The first op past `from` of stage s that does not do what the op a period before it did
  * (every op in [from, that) does), from the stage's end at most; `from` itself where the
  * ops before `from` back to `back` do not repeat either. Remembered for the current steps. */
-static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t s, uint32_t back,
-                              uint32_t from)
+static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t k, uint32_t s,
+                              uint32_t back, uint32_t from)
 {
     const int64_t step = f->steps[s];
-    if (f->equal_step[s] != step || back < f->equal_from[s] || back > f->equal_to[s]) {
-        f->equal_step[s] = step;
-        f->equal_from[s] = f->equal_to[s] = back;
+    const size_t at = (size_t)k * f->stages + s;
+    uint32_t *eq_from = &f->equal_from[at], *eq_to = &f->equal_to[at];
+    if (f->equal_step[at] != step || back < *eq_from || back > *eq_to) {
+        f->equal_step[at] = step;
+        *eq_from = *eq_to = back;
     }
-    while (f->equal_to[s] < f->stage_end[s] && f->equal_to[s] >= f->stage_start[s] + step &&
-           same_op(f, sim, (uint32_t)(f->equal_to[s] - step), f->equal_to[s]))
-        f->equal_to[s]++;
-    return f->equal_to[s] >= from ? f->equal_to[s] : from;
+    while (*eq_to < f->stage_end[s] && *eq_to >= f->stage_start[s] + step &&
+           same_op(f, sim, (uint32_t)(*eq_to - step), *eq_to))
+        (*eq_to)++;
+    return *eq_to >= from ? *eq_to : from;
 }
 
 /* ---- dependency counts ---- */
@@ -474,6 +484,7 @@ static void capture(SimFold *f, Sim *sim, Snap *snap)
     g_array_free(events, TRUE);
     snap_counters(&w, sim);
     snap->note_at = f->notes_base + f->notes->len;
+    snap->epoch = f->epoch;
 }
 
 /* ---- comparing three snapshots ---- */
@@ -615,7 +626,8 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
 
 /* The most periods the schedule allows: every stage's ops from its window back two periods
  * on to the moved window and one period past it do what the ops a period before them did. */
-static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t *lo, uint32_t *hi)
+static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
+                                 uint32_t *hi)
 {
     uint64_t most = UINT64_MAX;
     for (uint32_t s = 0; s < f->stages; s++) {
@@ -624,18 +636,20 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t *lo, uint32_t *h
         if (step <= 0 || (int64_t)lo[s] - 2 * step < (int64_t)f->stage_start[s] + step)
             return 0;
         const uint32_t back = (uint32_t)(lo[s] - 2 * step);
-        const uint32_t until = repeats_until(f, sim, s, back, hi[s]);
-        if (f->equal_from[s] > back || until < hi[s] + (uint32_t)step)
+        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
+        if (f->equal_from[(size_t)k * f->stages + s] > back || until < hi[s] + (uint32_t)step)
             return 0;
         most = MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
     }
     return most;
 }
 
-static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c)
+static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    uint64_t periods = MIN(periods_exact(a, c), periods_schedule(f, sim, lo, hi));
+    uint64_t periods = MIN(periods_exact(a, c), periods_schedule(f, sim, k_shift, lo, hi));
+    const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
+                   *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
     periods &= ~(uint64_t)1;
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
@@ -654,8 +668,8 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c)
         const uint32_t op = (uint32_t)c->refs.i[2 * k + 1];
         const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
         if (c->moves.i[k] != 0 &&
-            (c->moves.i[k] != f->steps[s] || op < f->equal_from[s] ||
-             (int64_t)op + (int64_t)periods * f->steps[s] >= (int64_t)f->equal_to[s]))
+            (c->moves.i[k] != f->steps[s] || op < eq_from[s] ||
+             (int64_t)op + (int64_t)periods * f->steps[s] >= (int64_t)eq_to[s]))
             periods = 0;
     }
     if (periods < 2) {
@@ -691,12 +705,20 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c)
 
 /* ---- the run's hooks ---- */
 
+/* Stops keeping notes and drops those kept: the snapshots taken till now cannot be a jump's. */
+static void notes_stop(SimFold *f, Sim *sim)
+{
+    f->notes_base += f->notes->len;
+    g_array_set_size(f->notes, 0);
+    f->epoch++;
+    f->passing[0] = f->passing[1] = FALSE;
+    sim->fold_recording = FALSE;
+}
+
 static void notes_drop(SimFold *f, Sim *sim)
 {
-    g_array_set_size(f->notes, 0);
-    f->notes_base = 0;
+    notes_stop(f, sim);
     g_hash_table_remove_all(f->snaps);
-    sim->fold_recording = FALSE;
 }
 
 void sim_fold_note_add(Sim *sim, double *field, double x)
@@ -741,7 +763,7 @@ static void notes_trim(SimFold *f)
     while (g_hash_table_iter_next(&it, NULL, &value))
         oldest = MIN(oldest, ((Snap *)value)->note_at);
     const uint64_t drop = oldest - f->notes_base;
-    if (drop > 4096 && drop * 2 > f->notes->len) {
+    if (drop * 2 > f->notes->len) {
         g_array_remove_range(f->notes, 0, (guint)drop);
         f->notes_base = oldest;
     }
@@ -763,11 +785,13 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     const uint64_t old = snap_key(micro - MIN(micro, 2 * dmax + 1), w);
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
+    f->passing[w] = FALSE;
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
         if (!a || !b || !repeats(f, a, b, c))
             continue;
+        f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
         if (!find_stages(f, sim)) {
             f->refused = "a stage's ops are not laid out together";
@@ -777,9 +801,9 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
         push_status(f, sim, &c->status);
         c->has_status = TRUE;
         c->shift = d;
-        if (a->has_status && b->has_status && a->note_at >= f->notes_base &&
-            same_status(f, &a->status, &b->status, &c->status)) {
-            jump(f, sim, a, b, c);
+        if (a->has_status && b->has_status && a->epoch == c->epoch && b->epoch == c->epoch &&
+            a->note_at >= f->notes_base && same_status(f, &a->status, &b->status, &c->status)) {
+            jump(f, sim, a, b, c, k);
             notes_drop(f, sim);
             return TRUE;
         }
@@ -802,9 +826,9 @@ void sim_fold_boundary(SimFold *f, Sim *sim, double now_s)
             return;
         }
     }
-    if (!sim->fold_recording)
-        g_array_set_size(f->notes, 0), f->notes_base = 0;
-    else
+    if (sim->fold_recording && !f->passing[0] && !f->passing[1])
+        notes_stop(f, sim); /* neither watched rank repeats: no jump near, no notes */
+    else if (f->notes->len > NOTES_TRIM_AT) /* walking every snapshot costs: now and then */
         notes_trim(f);
 }
 
