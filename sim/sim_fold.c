@@ -102,6 +102,12 @@ struct SimFold {
     uint32_t *equal_from, *equal_to;
     int64_t *equal_step;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
+    gboolean no_room[MAX_SHIFTS]; /* periods_schedule found no room for this shift */
+    size_t sizes[3];              /* the last snapshot's doubles, integers, references */
+    /* The first rank reached its last micro-step's head: from then on the last rank is
+     * watched too (a GPipe first stage done with its forwards waits, while the last stage's
+     * go on repeating); before, one rank's snapshots are enough. */
+    gboolean watch_last;
     GHashTable *snaps;     /* snap_key -> Snap */
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     GArray *notes;
@@ -474,6 +480,10 @@ static void snap_free(gpointer p)
 
 static void capture(SimFold *f, Sim *sim, Snap *snap)
 {
+    /* Room for what the last snapshot held: one allocation each, not a dozen doublings. */
+    vec_grow(&snap->d, f->sizes[0]);
+    vec_grow(&snap->i, f->sizes[1]);
+    vec_grow(&snap->refs, f->sizes[2]);
     Walk w = {.snap = snap, .f = f, .sim = sim};
     vec_double(&snap->d, snap->now_s);
     walk_ranks(&w, sim);
@@ -485,6 +495,9 @@ static void capture(SimFold *f, Sim *sim, Snap *snap)
     snap_counters(&w, sim);
     snap->note_at = f->notes_base + f->notes->len;
     snap->epoch = f->epoch;
+    f->sizes[0] = snap->d.len;
+    f->sizes[1] = snap->i.len;
+    f->sizes[2] = snap->refs.len;
 }
 
 /* ---- comparing three snapshots ---- */
@@ -637,10 +650,18 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
             return 0;
         const uint32_t back = (uint32_t)(lo[s] - 2 * step);
         const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
-        if (f->equal_from[(size_t)k * f->stages + s] > back || until < hi[s] + (uint32_t)step)
+        if (f->equal_from[(size_t)k * f->stages + s] > back)
             return 0;
-        most = MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
+        most = until < hi[s] + 3 * (uint32_t)step
+                   ? 0
+                   : MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
+        if (most < 2)
+            break;
     }
+    /* No room for two periods before an op that does not repeat: the windows only move
+     * towards it, so this shift is not tried again. */
+    if (most < 2)
+        f->no_room[k] = TRUE;
     return most;
 }
 
@@ -776,6 +797,8 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (head == NO_OP || !g_hash_table_contains(f->heads, GUINT_TO_POINTER(head + 1)))
         return FALSE;
     const uint32_t micro = (uint32_t)op_micro(f, sim, head);
+    if (w == 0 && micro == f->A - 1)
+        f->watch_last = TRUE;
     Snap *c = snap_new(micro, now_s);
     capture(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);
@@ -789,7 +812,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
-        if (!a || !b || !repeats(f, a, b, c))
+        if (f->no_room[k] || !a || !b || !repeats(f, a, b, c))
             continue;
         f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
@@ -814,7 +837,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
 
 void sim_fold_boundary(SimFold *f, Sim *sim, double now_s)
 {
-    for (uint32_t w = 0; w < 2 && !f->refused; w++) {
+    for (uint32_t w = 0; w < 2 && !f->refused && (w == 0 || f->watch_last); w++) {
         const uint32_t rank = w ? sim->ranks - 1 : 0;
         const uint32_t head = sim->stream[rank].next[ZP_STREAM_COMPUTE];
         if (head == sim->fold_watch[w])
