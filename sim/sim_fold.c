@@ -102,12 +102,11 @@ struct SimFold {
     uint32_t *equal_from, *equal_to;
     int64_t *equal_step;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
-    gboolean no_room[MAX_SHIFTS]; /* periods_schedule found no room for this shift */
+    /* periods_schedule found no room for this shift before op blocked_at of stage
+     * blocked_stage, which does not repeat: not tried again until that stage's window is past
+     * it (UINT32_MAX: not blocked). */
+    uint32_t blocked_at[MAX_SHIFTS], blocked_stage[MAX_SHIFTS];
     size_t sizes[3];              /* the last snapshot's doubles, integers, references */
-    /* The first rank reached its last micro-step's head: from then on the last rank is
-     * watched too (a GPipe first stage done with its forwards waits, while the last stage's
-     * go on repeating); before, one rank's snapshots are enough. */
-    gboolean watch_last;
     GHashTable *snaps;     /* snap_key -> Snap */
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     GArray *notes;
@@ -655,13 +654,14 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
         most = until < hi[s] + 3 * (uint32_t)step
                    ? 0
                    : MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
-        if (most < 2)
+        if (most < 2) {
+            /* No room for two periods before an op that does not repeat: the window moves
+             * towards it, so this shift waits till the window is past it. */
+            f->blocked_at[k] = until;
+            f->blocked_stage[k] = s;
             break;
+        }
     }
-    /* No room for two periods before an op that does not repeat: the windows only move
-     * towards it, so this shift is not tried again. */
-    if (most < 2)
-        f->no_room[k] = TRUE;
     return most;
 }
 
@@ -760,6 +760,19 @@ void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank)
     g_array_append_val(sim->fold->notes, n);
 }
 
+/* Whether shift k waits for a window to pass an op that does not repeat (periods_schedule). */
+static gboolean blocked(SimFold *f, const Sim *sim, uint32_t k)
+{
+    if (f->blocked_at[k] == UINT32_MAX)
+        return FALSE;
+    uint32_t lo, hi;
+    window(f, sim, f->blocked_stage[k], &lo, &hi);
+    if (lo <= f->blocked_at[k])
+        return TRUE;
+    f->blocked_at[k] = UINT32_MAX;
+    return FALSE;
+}
+
 /* A snapshot's key: its head's micro-step and watched rank w. */
 static uint64_t snap_key(uint32_t micro, uint32_t w)
 {
@@ -781,8 +794,9 @@ static void notes_trim(SimFold *f)
     GHashTableIter it;
     gpointer value;
     g_hash_table_iter_init(&it, f->snaps);
-    while (g_hash_table_iter_next(&it, NULL, &value))
-        oldest = MIN(oldest, ((Snap *)value)->note_at);
+    while (g_hash_table_iter_next(&it, NULL, &value)) /* those of this epoch */
+        if (((Snap *)value)->epoch == f->epoch)
+            oldest = MIN(oldest, ((Snap *)value)->note_at);
     const uint64_t drop = oldest - f->notes_base;
     if (drop * 2 > f->notes->len) {
         g_array_remove_range(f->notes, 0, (guint)drop);
@@ -797,8 +811,6 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (head == NO_OP || !g_hash_table_contains(f->heads, GUINT_TO_POINTER(head + 1)))
         return FALSE;
     const uint32_t micro = (uint32_t)op_micro(f, sim, head);
-    if (w == 0 && micro == f->A - 1)
-        f->watch_last = TRUE;
     Snap *c = snap_new(micro, now_s);
     capture(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);
@@ -812,7 +824,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
-        if (f->no_room[k] || !a || !b || !repeats(f, a, b, c))
+        if (blocked(f, sim, k) || !a || !b || !repeats(f, a, b, c))
             continue;
         f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
@@ -837,7 +849,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
 
 void sim_fold_boundary(SimFold *f, Sim *sim, double now_s)
 {
-    for (uint32_t w = 0; w < 2 && !f->refused && (w == 0 || f->watch_last); w++) {
+    for (uint32_t w = 0; w < 2 && !f->refused; w++) {
         const uint32_t rank = w ? sim->ranks - 1 : 0;
         const uint32_t head = sim->stream[rank].next[ZP_STREAM_COMPUTE];
         if (head == sim->fold_watch[w])
@@ -883,6 +895,8 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     find_heads(f, sim);
     f->steps = g_new0(int64_t, f->stages);
     sim->fold_hi = g_new0(uint32_t, f->stages);
+    for (uint32_t k = 0; k < MAX_SHIFTS; k++)
+        f->blocked_at[k] = UINT32_MAX;
     f->shifts[f->n_shifts++] = 1;
     f->shifts[f->n_shifts++] = 2;
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
