@@ -373,8 +373,11 @@ static void walk_ranks(Walk *w, Sim *sim)
         walk_double(w, &rs->transfer_s, FIELD_SUM);
         walk_double(w, &rs->flush_s, FIELD_MOVES);
         walk_double(w, &rs->gpu_overlap_s, FIELD_SUM);
+        /* unsettled is 0 between instants (settle_contention ran); computing, the streams
+         * running GPU compute, must repeat. */
         walk_int(w, rs->compute_running | rs->comm_active << 8 | rs->cpu_running << 16 |
-                        (int64_t)rs->transfers_active << 24);
+                        (int64_t)rs->transfers_active << 24 | (int64_t)rs->unsettled << 32 |
+                        (int64_t)rs->computing << 40);
         StreamState *ss = &sim->stream[r];
         for (uint32_t s = 0; s < ZP_STREAM_N; s++) {
             walk_op(w, &ss->next[s]);
@@ -386,7 +389,7 @@ static void walk_ranks(Walk *w, Sim *sim)
             if (run->end_s >= 0) {
                 walk_double(w, &run->end_s, FIELD_MOVES);
                 walk_op(w, &run->op);
-                walk_int(w, run->slowed);
+                walk_int(w, run->slowed | run->started << 8);
             }
         }
         for (uint32_t l = 0; l < SIM_LINK_N; l++)
