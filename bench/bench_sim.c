@@ -3,12 +3,16 @@
  * explicit (blocks of ranks in lockstep stepped as units, and each rank on its own) and as
  * rank classes (CPU time, events/s, peak RSS), one 1 GiB all-reduce on 4,096 ranks, and issue
  * 40's targets (--json and --trace at scale, a 32,000-layer model). */
+#include "cli.h"
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
 #include "zp_sched.h"
 
 #include <glib/gstdio.h>
+#include <jansson.h>
+
+#include <fcntl.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,16 +337,231 @@ static int bench_allreduce(const ZpHw *hw)
     return failed;
 }
 
+/* ---- issue 40's Megatron rows: one evaluation as `zplan simulate ... --json` runs it ---- */
+
+/* Korthikanti et al. 2022 Table 3 (arXiv 2205.05198): heads, hidden, layers, pipeline stages,
+ * micro-batch and global batch (tensor parallel 8, sequence 2048, vocabulary 51200, one
+ * data-parallel replica), each with recomputation none and selective: the eight shapes
+ * tests/test_recompute.c runs. */
+static const struct {
+    const char *name;
+    int heads, hidden, layers, pp, micro, global;
+} korthikanti[] = {
+    {"22b", 64, 6144, 48, 1, 4, 4},
+    {"175b", 96, 12288, 96, 8, 1, 64},
+    {"530b", 128, 20480, 105, 35, 1, 280},
+    {"1t", 160, 25600, 128, 64, 1, 512},
+};
+
+/* The development set's rows (rows.json under dir: "zplan_command", @HERE@ the folder) and
+ * Korthikanti's eight, as simulate's argument vectors (argv[0] "simulate", --json last). */
+static GPtrArray *megatron_commands(const char *dir, GPtrArray *names, GError **error)
+{
+    char *path = g_build_filename(dir, "rows.json", NULL);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_INVAL, "%s: %s", path, jerr.text);
+        g_free(path);
+        return NULL;
+    }
+    g_free(path);
+    GPtrArray *commands = g_ptr_array_new_with_free_func((GDestroyNotify)g_strfreev);
+    json_t *row;
+    size_t i;
+    json_array_foreach(json_object_get(root, "rows"), i, row)
+    {
+        const char *command = json_string_value(json_object_get(row, "zplan_command"));
+        if (!command)
+            continue;
+        GString *text = g_string_new(command);
+        g_string_replace(text, "@HERE@", dir, 0);
+        char **argv = g_strsplit(text->str + strlen("build/zplan "), " ", -1);
+        g_string_free(text, TRUE);
+        g_ptr_array_add(commands, argv);
+        g_ptr_array_add(names, g_strdup(json_string_value(json_object_get(row, "id"))));
+    }
+    json_decref(root);
+    for (size_t k = 0; k < G_N_ELEMENTS(korthikanti); k++) {
+        char *model = g_strdup_printf("%s/bench_sim-k-%s-%d.json", g_get_tmp_dir(),
+                                      korthikanti[k].name, (int)getpid());
+        char *text = g_strdup_printf("{\"name\": \"k-%s\", \"layers\": %d, \"hidden\": %d, "
+                                     "\"heads\": %d, \"seq_len\": 2048, \"vocab\": 51200}",
+                                     korthikanti[k].name, korthikanti[k].layers,
+                                     korthikanti[k].hidden, korthikanti[k].heads);
+        if (!g_file_set_contents(model, text, -1, error)) {
+            g_free(text);
+            g_free(model);
+            g_ptr_array_free(commands, TRUE);
+            return NULL;
+        }
+        g_free(text);
+        for (int selective = 0; selective <= 1; selective++) {
+            char *line = g_strdup_printf(
+                "simulate --model %s --cluster dgx-a100-80g --gpus %d --mp 8 --pp %d --stage 0 "
+                "--micro-batch %d --grad-accum %d --sequence-parallel --attention eager "
+                "--impl megatron --recompute %s --json",
+                model, 8 * korthikanti[k].pp, korthikanti[k].pp, korthikanti[k].micro,
+                korthikanti[k].global / korthikanti[k].micro, selective ? "selective" : "none");
+            g_ptr_array_add(commands, g_strsplit(line, " ", -1));
+            g_ptr_array_add(names, g_strdup_printf("korthikanti-%s-%s", korthikanti[k].name,
+                                                   selective ? "selective" : "none"));
+            g_free(line);
+        }
+        g_free(model);
+    }
+    return commands;
+}
+
+/* CPU seconds of one `zplan simulate` run in this process, its JSON sent to /dev/null; exit
+ * status 2 (does not fit, JSON printed) counts as a run. */
+static double simulate_cpu_s(char **argv, int *status)
+{
+    char **copy = g_strdupv(argv); /* GOption reorders what it parses */
+    const int argc = (int)g_strv_length(copy);
+    fflush(stdout);
+    const int saved = dup(STDOUT_FILENO);
+    const int null_fd = open("/dev/null", O_WRONLY);
+    dup2(null_fd, STDOUT_FILENO);
+    close(null_fd);
+    const double start_s = cpu_s();
+    *status = cli_simulate(argc, copy);
+    fflush(stdout);
+    const double used_s = cpu_s() - start_s;
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    g_free(copy); /* cli_simulate's parse may have dropped entries: the strings stay argv's */
+    return used_s;
+}
+
+/* Where one evaluation's time goes: the sink (cli_simulate_into) times the schedule's build,
+ * the simulation stepped (--no-fold) and folded, and the caching allocator's replay again,
+ * one by one, the least of 3 each. */
+typedef struct {
+    double build_s, sim_s, stepped_s, replay_s;
+    uint32_t n_ops, folded;
+    uint64_t op_events;
+} Phases;
+
+static int time_phases(const CliSimulated *s, void *ctx)
+{
+    Phases *p = ctx;
+    *p = (Phases){.build_s = G_MAXDOUBLE, .sim_s = G_MAXDOUBLE, .stepped_s = G_MAXDOUBLE,
+                  .replay_s = G_MAXDOUBLE};
+    for (int i = 0; i < 3; i++) { /* the least of 3 each */
+        GError *error = NULL;
+        double start_s = cpu_s();
+        ZpSchedule *sched = zp_sched_build(s->model, s->plan, &error);
+        p->build_s = MIN(p->build_s, cpu_s() - start_s);
+        SimOptions options = {.mode = SIM_MODE_FOLDED, .no_fold = TRUE};
+        start_s = cpu_s();
+        SimResult *r = sched ? sim_engine_run(sched, s->hw, &options, &error) : NULL;
+        p->stepped_s = MIN(p->stepped_s, cpu_s() - start_s);
+        sim_result_free(r);
+        options.no_fold = FALSE;
+        start_s = cpu_s();
+        r = sched ? sim_engine_run(sched, s->hw, &options, &error) : NULL;
+        p->sim_s = MIN(p->sim_s, cpu_s() - start_s);
+        p->folded = r ? r->fold_micro_steps : 0;
+        start_s = cpu_s();
+        if (r)
+            zp_alloc_replay_schedule(sched,
+                                     s->hw->gpu_memory_bytes - s->hw->runtime_reserve_bytes);
+        p->replay_s = MIN(p->replay_s, cpu_s() - start_s);
+        p->n_ops = sched ? sched->ops->len : 0;
+        p->op_events = r ? r->op_events : 0;
+        if (!r) {
+            fprintf(stderr, "bench_sim: %s\n", error->message);
+            g_error_free(error);
+        }
+        sim_result_free(r);
+        zp_sched_free(sched);
+        if (!r)
+            return 1;
+    }
+    return 0;
+}
+
+/* The 18 Megatron configurations, each evaluated 3 times (the least CPU time kept), their
+ * mean, and the 1T row's phases. */
+static int bench_megatron(const char *dir)
+{
+    GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
+    GError *error = NULL;
+    GPtrArray *commands = megatron_commands(dir, names, &error);
+    if (!commands) {
+        fprintf(stderr, "bench_sim: %s\n", error->message);
+        g_error_free(error);
+        g_ptr_array_free(names, TRUE);
+        return 1;
+    }
+    printf("\nMegatron configurations: one evaluation, `zplan simulate ... --json` in this process "
+           "(model, schedule build, folded simulation, allocator replay, JSON), the least CPU "
+           "time of 3; then its phases, each the least of 3 (issue 40: Megatron 1T is "
+           "narayanan21-t1-1008b)\n%-36s %10s %10s %12s\n",
+           "configuration", "CPU ms", "ops", "op events");
+    double sum_s = 0;
+    int failed = 0;
+    for (guint k = 0; k < commands->len; k++) {
+        char **argv = g_ptr_array_index(commands, k);
+        double best_s = G_MAXDOUBLE;
+        for (int i = 0; i < 3 && !failed; i++) {
+            int status = 0;
+            best_s = MIN(best_s, simulate_cpu_s(argv, &status));
+            failed += status != 0 && status != 2;
+        }
+        Phases p = {0};
+        char **copy = g_strdupv(argv);
+        int argc = (int)g_strv_length(copy);
+        gboolean json = FALSE; /* simulate's own flag, which cli_simulate_into leaves out */
+        const GOptionEntry extra[] = {{"json", 0, 0, G_OPTION_ARG_NONE, &json, "JSON", NULL},
+                                      {NULL, 0, 0, 0, NULL, NULL, NULL}};
+        failed += failed ? 0
+                         : cli_simulate_into(argc, copy, "simulate", "", extra, time_phases, &p);
+        g_free(copy);
+        if (failed) {
+            fprintf(stderr, "bench_sim: %s failed\n", (char *)g_ptr_array_index(names, k));
+            break;
+        }
+        sum_s += best_s;
+        printf("%-36s %10.2f %10u %12" G_GUINT64_FORMAT "   build %.1f ms, simulation %.1f ms "
+               "(%u micro-steps folded; %.1f ms stepped), replay %.1f ms\n",
+               (char *)g_ptr_array_index(names, k), 1e3 * best_s, p.n_ops, p.op_events,
+               1e3 * p.build_s, 1e3 * p.sim_s, p.folded, 1e3 * p.stepped_s, 1e3 * p.replay_s);
+    }
+    if (!failed)
+        printf("%-36s %10.2f   (mean per evaluation over %u configurations)\n", "mean",
+               1e3 * sum_s / commands->len, commands->len);
+    for (guint k = 0; k < commands->len; k++) {
+        char **argv = g_ptr_array_index(commands, k);
+        if (g_str_has_prefix((char *)g_ptr_array_index(names, k), "korthikanti") &&
+            g_str_has_suffix((char *)g_ptr_array_index(names, k), "none"))
+            g_unlink(argv[2]); /* each shape's model file, once */
+    }
+    g_ptr_array_free(commands, TRUE);
+    g_ptr_array_free(names, TRUE);
+    return failed;
+}
+
 /* Whether a degree is 1 to most, a power of two (so that every row's world divides). */
 static gboolean fits_world(int degree, int most)
 {
     return degree >= 1 && degree <= most && (degree & (degree - 1)) == 0;
 }
 
+/* The development set's folder (GUIDE.md): beside the project's root, or where the shared
+ * folder lies on the development machines. */
+static const char *megatron_dev_set(void)
+{
+    const char *beside = "../shared/validation/megatron-t1";
+    return g_file_test(beside, G_FILE_TEST_IS_DIR) ? beside : "/work/shared/validation/megatron-t1";
+}
+
 /* Usage: bench_sim [MAX_RANKS [paper|deepspeed|fsdp [MP [PP]]]]: the table's last row (default
  * 131072), whose ZeRO (paper), the tensor-parallel degree (default 1; 1 to 8) and the
  * pipeline stages (default 1; 1 to 16), each a power of two. bench_sim targets: issue 40's
- * rows alone. */
+ * rows alone. bench_sim megatron [DIR]: the 18 Megatron configurations alone (DIR the
+ * development set's folder, megatron_dev_set() by default). */
 int main(int argc, char **argv)
 {
     ZpHw hw;
@@ -354,6 +573,8 @@ int main(int argc, char **argv)
         }
         return bench_targets(&hw) ? 1 : 0;
     }
+    if (argc > 1 && strcmp(argv[1], "megatron") == 0)
+        return bench_megatron(argc > 2 ? argv[2] : megatron_dev_set()) ? 1 : 0;
     const int max_ranks = argc > 1 ? atoi(argv[1]) : 131072;
     bench_mp = argc > 3 ? atoi(argv[3]) : 1;
     bench_pp = argc > 4 ? atoi(argv[4]) : 1;
@@ -366,6 +587,7 @@ int main(int argc, char **argv)
                         "power of two");
         return 1;
     }
-    const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw) + bench_targets(&hw);
+    const int failed = bench_table(&hw, max_ranks) + bench_allreduce(&hw) + bench_targets(&hw) +
+                       bench_megatron(megatron_dev_set());
     return failed ? 1 : 0;
 }

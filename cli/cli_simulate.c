@@ -38,7 +38,7 @@ typedef struct {
     char *offload_optimizer, *offload_param, *nvme_path;
     CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
     CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
-    gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json;
+    gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json, no_fold;
     gboolean overlap_param_gather;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
@@ -511,6 +511,7 @@ static int simulate(const SimulateFlags *f)
     g_free(what);
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
+        .no_fold = f->no_fold,
         /* The page and a caller's sink read every rank's ops; --json and --trace keep only the
          * rows they read (sim_trace_run). */
         .record_timeline = f->sink || f->html != NULL,
@@ -662,6 +663,7 @@ int cli_simulate(int argc, char **argv)
     SimulateFlags f = {0};
     const GOptionEntry extra[] = {
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
+        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower", NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the step as one HTML page (zplan report)", "OUT.html"},
@@ -708,6 +710,7 @@ int cli_report(int argc, char **argv)
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the page here (required)", "OUT.html"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print simulate's JSON", NULL},
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
+        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower", NULL},
         CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };

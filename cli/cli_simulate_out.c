@@ -158,6 +158,10 @@ int cli_simulate_print_json(const CliSimReport *p)
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
+    /* Whether the steady state was advanced by whole periods (sim_fold.h; --no-fold). */
+    json_object_set_new(root, "fold", json_pack("{s:i, s:i, s:s}", "micro_steps",
+                                                (json_int_t)r->fold_micro_steps, "jumps",
+                                                (json_int_t)r->fold_jumps, "note", r->fold_note));
     /* A schedule file's other communicators (a world group, node groups): their bytes too. */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(p->sched, groups);

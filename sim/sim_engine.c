@@ -2,6 +2,7 @@
  * and a collective is one queue event for its whole group, never one per ring step. */
 #include "sim_engine.h"
 #include "sim_engine_internal.h"
+#include "sim_fold.h"
 
 #include <string.h>
 
@@ -117,6 +118,44 @@ static Event queue_pop(Queue *q, double *time_s)
     return e;
 }
 
+static int compare_buckets(const void *a, const void *b, void *ctx)
+{
+    const Queue *q = ctx;
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return bucket_before(q, x, y) ? -1 : bucket_before(q, y, x) ? 1 : 0;
+}
+
+void sim_queue_events(const Queue *q, GArray *times, GArray *events)
+{
+    g_array_set_size(times, 0);
+    g_array_set_size(events, 0);
+    uint32_t *order = g_memdup2(q->heap, MAX(q->heap_len, 1) * sizeof *order);
+    g_qsort_with_data(order, (gint)q->heap_len, sizeof *order, compare_buckets, (void *)q);
+    for (uint32_t k = 0; k < q->heap_len; k++) {
+        const Bucket *b = &q->buckets[order[k]];
+        for (uint32_t i = b->head; i < b->len; i++) {
+            g_array_append_val(times, b->time_s);
+            g_array_append_val(events, b->items[i]);
+        }
+    }
+    g_free(order);
+}
+
+void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
+{
+    for (uint32_t k = 0; k < q->heap_len; k++)
+        q->spare[q->n_spare++] = q->heap[k];
+    q->heap_len = 0;
+    q->len = 0;
+    q->last = UINT32_MAX;
+    for (guint k = 0; k < events->len; k++) {
+        const Event *e = &g_array_index(events, Event, k);
+        Bucket *bucket = queue_bucket_for(q, g_array_index(times, double, k));
+        bucket->items[bucket->len++] = *e;
+        q->len++;
+    }
+}
+
 static void queue_clear(Queue *q)
 {
     for (uint32_t b = 0; b < q->n_buckets; b++)
@@ -167,6 +206,8 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
     sim->countdown[op].first = (uint64_t)row * sim->ranks;
+    if (sim->fold_hi) /* sim_fold's window: nothing past it began counting down */
+        sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
     return TRUE;
 }
 
@@ -224,22 +265,40 @@ static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *re
     sim->ready_end += n;
 }
 
+/* field += x for one of the sums a run only writes (busy, exposed, idle times); noted while
+ * sim_fold records a period, which it replays for the periods it skips. */
+#define ADD_SUM(sim, field, x)                                                                 \
+    do {                                                                                       \
+        const double add_ = (x);                                                               \
+        (field) += add_;                                                                       \
+        if (G_UNLIKELY((sim)->fold_recording))                                                 \
+            sim_fold_note_add((sim), &(field), add_);                                          \
+    } while (0)
+
+/* A timeline cell written (noted for sim_fold as above). */
+#define SET_CELL(sim, array, at, value)                                                        \
+    do {                                                                                       \
+        (sim)->array[at] = (value);                                                            \
+        if (G_UNLIKELY((sim)->fold_recording))                                                 \
+            sim_fold_note_cell((sim), (sim)->array, (at), (sim)->array[at]);                   \
+    } while (0)
+
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
  * Called before either count changes. */
-static void account(RankState *rs, double now_s)
+static void account(Sim *sim, RankState *rs, double now_s)
 {
     /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
      * offload transfer. */
     const double dt = now_s - rs->mark_s;
     if (rs->compute_running > 1)
-        rs->gpu_overlap_s += (rs->compute_running - 1) * dt;
+        ADD_SUM(sim, rs->gpu_overlap_s, (rs->compute_running - 1) * dt);
     if (rs->compute_running == 0) {
         if (rs->comm_active > 0)
-            rs->exposed_s += dt;
+            ADD_SUM(sim, rs->exposed_s, dt);
         else if (rs->cpu_running > 0)
-            rs->cpu_optimizer_s += dt;
+            ADD_SUM(sim, rs->cpu_optimizer_s, dt);
         else if (rs->transfers_active > 0)
-            rs->transfer_s += dt;
+            ADD_SUM(sim, rs->transfer_s, dt);
     }
     rs->mark_s = now_s;
 }
@@ -349,11 +408,11 @@ static void settle_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s
     }
     run->slowed = slowed;
     RankBusy *rb = &sim->busy[rank];
-    rb->busy_s[op->stream] += added_s;
+    ADD_SUM(sim, rb->busy_s[op->stream], added_s);
     if (op->sub == ZP_COMP_OPTIMIZER)
-        rb->optimizer_s += added_s;
+        ADD_SUM(sim, rb->optimizer_s, added_s);
     else
-        rb->compute_s += added_s;
+        ADD_SUM(sim, rb->compute_s, added_s);
     queue_push(&sim->queue, run->end_s, rank, run->op);
 }
 
@@ -421,13 +480,15 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
     const uint32_t *member = &sim->members[f->member_start];
     for (uint32_t i = 0; i < f->count; i++) {
         const uint32_t m = member[i];
-        account(&sim->rank[m], now_s);
+        account(sim, &sim->rank[m], now_s);
         sim->rank[m].comm_active++;
         unsettle(sim, m);
         const size_t at = timeline_at(sim, m, f->op);
         if (at != NO_TIMELINE) {
-            sim->op_start_s[at] = now_s;
+            SET_CELL(sim, op_start_s, at, now_s);
             sim->op_last_rank[at] = arriving_rank(sim, last, f);
+            if (G_UNLIKELY(sim->fold_recording))
+                sim_fold_note_rank(sim, at, sim->op_last_rank[at]);
         }
     }
     if (op->transfer_s > 0) {
@@ -448,7 +509,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
         RankState *rs = &sim->rank[rank];
         RankBusy *rb = &sim->busy[rank];
         const gboolean gpu = busy == BUSY_GPU;
-        account(rs, now_s);
+        account(sim, rs, now_s);
         (*busy_counter(rs, busy))++;
         if (gpu && sim->running) {
             /* With contention, timed at the instant's end (settle_contention). */
@@ -458,30 +519,30 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
             unsettle(sim, rank);
             const size_t at = timeline_at(sim, rank, i);
             if (at != NO_TIMELINE)
-                sim->op_start_s[at] = now_s;
+                SET_CELL(sim, op_start_s, at, now_s);
             return;
         }
         const double duration_s =
             sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
                                       : op->duration_s;
-        rb->busy_s[stream] += duration_s;
+        ADD_SUM(sim, rb->busy_s[stream], duration_s);
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
-            rb->optimizer_s += duration_s;
+            ADD_SUM(sim, rb->optimizer_s, duration_s);
         else if (busy == BUSY_GPU)
-            rb->compute_s += duration_s;
+            ADD_SUM(sim, rb->compute_s, duration_s);
         const size_t at = timeline_at(sim, rank, i);
         if (at != NO_TIMELINE)
-            sim->op_start_s[at] = now_s;
+            SET_CELL(sim, op_start_s, at, now_s);
         queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
     /* p2p: the sender's share of its link, no group to wait for. An isend: the rank does not
      * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
      * in the pipeline's bubble). */
-    sim->busy[rank].busy_s[stream] += op->duration_s;
+    ADD_SUM(sim, sim->busy[rank].busy_s[stream], op->duration_s);
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE)
-        sim->op_start_s[at] = now_s;
+        SET_CELL(sim, op_start_s, at, now_s);
     queue_push(&sim->queue, now_s + op->duration_s, rank, i);
 }
 
@@ -496,7 +557,7 @@ G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, uint32_t rank, uint
     ss->busy[stream] = 1;
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE)
-        sim->op_ready_s[at] = now_s;
+        SET_CELL(sim, op_ready_s, at, now_s);
     if (op->kind != ZP_OP_COLLECTIVE) {
         start_timed_op(sim, rank, stream, i, now_s);
         return;
@@ -554,7 +615,7 @@ G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
     sim->rank[rank].end_s = now_s;
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE)
-        sim->op_end_s[at] = now_s;
+        SET_CELL(sim, op_end_s, at, now_s);
     /* An op that ends past the caller's time: the step ends later still. */
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
@@ -569,7 +630,9 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
         return;
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE) {
-        sim->op_start_s[at] = sim->op_ready_s[at] = sim->op_end_s[at] = now_s;
+        SET_CELL(sim, op_start_s, at, now_s);
+        SET_CELL(sim, op_ready_s, at, now_s);
+        SET_CELL(sim, op_end_s, at, now_s);
     }
     release_dependents(sim, rank, i, now_s);
 }
@@ -601,12 +664,12 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
     for (uint32_t k = 0; k < count; k++) {
         const uint32_t m = member[k];
         RankState *rs = &sim->rank[m];
-        account(rs, now_s);
+        account(sim, rs, now_s);
         rs->comm_active--;
         unsettle(sim, m);
-        sim->busy[m].busy_s[op->stream] += now_s - start_s;
+        ADD_SUM(sim, sim->busy[m].busy_s[op->stream], now_s - start_s);
         if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
-            sim->busy[m].alltoall_s += now_s - start_s;
+            ADD_SUM(sim, sim->busy[m].alltoall_s, now_s - start_s);
         complete(sim, m, i, now_s);
     }
 }
@@ -650,7 +713,7 @@ static void handle(Sim *sim, const Event *e, double now_s)
             rs->computing &= (uint8_t)~(1u << op->stream);
         }
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
-            account(rs, now_s);
+            account(sim, rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
             if (op->kind == ZP_OP_COMPUTE && op->sub != ZP_COMP_OPTIMIZER &&
                 op->sub != ZP_COMP_CPU_OPTIMIZER)
@@ -704,6 +767,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->compute_scale);
     g_free(sim->flows);
     g_free(sim->affected);
+    g_free(sim->fold_hi);
     queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);
@@ -765,6 +829,16 @@ static void run_queue(Sim *sim, const SimOptions *options)
             settle_contention(sim, now_s);
         if (sim->queue.len == 0 || sim->error || sim->stopped_s != 0)
             break;
+        /* Between two instants (contention settled), the first or the last rank's compute
+         * stream moved on: a period's head? */
+        if (sim->fold &&
+            (sim->stream[0].next[ZP_STREAM_COMPUTE] != sim->fold_watch[0] ||
+             sim->stream[sim->ranks - 1].next[ZP_STREAM_COMPUTE] != sim->fold_watch[1]) &&
+            instant_s >= 0 && sim->queue.buckets[sim->queue.heap[0]].time_s != instant_s) {
+            sim_fold_boundary(sim->fold, sim, instant_s);
+            if (sim->queue.len == 0)
+                break;
+        }
         const Event e = queue_pop(&sim->queue, &now_s);
         if (sim->weight) {
             check_order(sim, &e, now_s);
@@ -836,7 +910,9 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     sim_class_clear(&classes);
     g_free(slow.rank);
     g_free(slow.node);
+    SimFoldReport fold_refused = {0};
     if (ok) {
+        sim.fold = sim_fold_new(&sim, options->no_fold, &fold_refused);
         seed(&sim);
         run_queue(&sim, options);
         if (sim.order_broken) {
@@ -872,6 +948,14 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         sim.op_last_rank = NULL;
         sim.first_rank = sim.rank_count = NULL;
     }
+    SimFoldReport fold = {0};
+    if (sim.fold)
+        sim_fold_free(sim.fold, &fold);
+    else
+        fold = fold_refused;
+    result->fold_micro_steps = fold.micro_steps;
+    result->fold_jumps = fold.jumps;
+    g_strlcpy(result->fold_note, fold.note, sizeof result->fold_note);
     sim_clear(&sim);
     if (!ok) {
         sim_result_free(result);

@@ -51,6 +51,10 @@ typedef struct SimOptions {
     /* > 0: stop once an op ends later than this (the caller, a search, has no use for a
      * step longer than it); the result is then `stopped`, with nothing but step_time_s. */
     double stop_after_s;
+    /* Step every period of a pipeline's steady state (and every identical micro-step of
+     * gradient accumulation) instead of advancing by whole periods where they repeat exactly
+     * (sim_fold.h): the same results bit for bit, slower; what the tests compare with. */
+    gboolean no_fold;
 } SimOptions;
 
 typedef struct SimResult {
@@ -111,6 +115,11 @@ typedef struct SimResult {
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */
     uint64_t state_bytes; /* per-rank state the run allocated (timeline included) */
+    /* Micro-steps of every stage the run advanced by in whole periods of its steady state
+     * instead of stepping them (sim_fold.h), in how many jumps, and a line saying so or why
+     * it did not fold. */
+    uint32_t fold_micro_steps, fold_jumps;
+    char fold_note[192];
 
     /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
      * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's

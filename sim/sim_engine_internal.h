@@ -18,6 +18,8 @@
  * include: this header stays below it, so that sim_engine and its parts form no circle). */
 typedef struct SimOptions SimOptions;
 typedef struct SimResult SimResult;
+/* sim_fold.c's state of one run (sim_fold.h). */
+typedef struct SimFold SimFold;
 
 /* What the loop needs of an op, computed once and shared by all ranks. */
 typedef struct {
@@ -313,6 +315,14 @@ typedef struct {
     uint64_t op_events, heap_events, state_bytes;
     double stop_after_s; /* SimOptions.stop_after_s (0: run to the end) */
     double stopped_s;    /* when the first op ended past it (0: none has) */
+    /* Folding whole periods of a pipeline's steady state (sim_fold.h), NULL where refused;
+     * while fold_recording, the output sums' additions and the timeline's cells are noted;
+     * fold_watch: the first and the last rank's compute stream's next op when sim_fold last
+     * looked. */
+    SimFold *fold;
+    gboolean fold_recording;
+    uint32_t fold_watch[2];
+    uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row) */
     GError *error;
 } Sim;
 
@@ -418,6 +428,11 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
 /* sim_engine.c: a run-time array of *cap items of item_bytes doubled (16 items at first, *cap
  * updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
 void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes, const char *what);
+
+/* sim_engine.c: the queue's events in the order they will be taken, with their times (both
+ * arrays emptied first); the queue replaced by these events in this order. */
+void sim_queue_events(const Queue *q, GArray *times, GArray *events);
+void sim_queue_replace(Queue *q, const GArray *times, const GArray *events);
 
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
  * streams; the result's per-rank sums come from here. */

@@ -1,0 +1,38 @@
+/* sim_fold: a pipeline's steady state (and gradient accumulation's micro-steps) advanced by
+ * whole periods, bit for bit what stepping every event would give, or refused for the plan. */
+#ifndef SIM_FOLD_H
+#define SIM_FOLD_H
+
+#include "sim_engine_internal.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* How a run folded: the micro-steps of every stage it skipped (whole periods of d each) in
+ * how many jumps, and a line saying so or why it did not. */
+typedef struct {
+    uint32_t micro_steps, jumps;
+    char note[192];
+} SimFoldReport;
+
+/* The fold of one run, or NULL (report->note says why) where the run cannot fold: turned off
+ * (SimOptions.no_fold), a stage simulated as more than one rank (explicit ranks, stragglers,
+ * slow links: rank classes), fewer than four micro-steps. Called once the run's ranks and
+ * state are set up. */
+SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report);
+
+/* Between two instants (every event up to now_s taken and its allocs and frees run), when
+ * rank 0's compute stream moved on: snapshots the state at the head of a micro-step, and
+ * where the last three snapshots of one phase repeat exactly, advances the run by an even
+ * number of periods. */
+void sim_fold_boundary(SimFold *fold, Sim *sim, double now_s);
+
+/* sim_engine.c's hooks while a reference period is recorded (Sim.fold_recording): an output
+ * sum `field` grew by x; a timeline cell written. */
+void sim_fold_note_add(Sim *sim, double *field, double x);
+void sim_fold_note_cell(Sim *sim, double *array, size_t at, double value);
+void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank);
+
+void sim_fold_free(SimFold *fold, SimFoldReport *report);
+
+#endif

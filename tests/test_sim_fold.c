@@ -1,0 +1,237 @@
+/* test_sim_fold: pipelines and gradient accumulation folded by whole periods (sim_fold) give
+ * the unfolded run's results bit for bit, over 1F1B, GPipe and interleaved schedules, pp 2 to
+ * 64, with and without a pipeline; a slow rank refuses the fold. */
+#include "sim_common.h"
+
+/* A GPT of `layers` blocks, hidden 1024, 16 heads, sequence 1024: small enough to build 64
+ * stages of it quickly. */
+static ZpModel fold_model(int layers, int vocab)
+{
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "fold-test", "layers",
+                          layers, "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", vocab);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(o, "fold-test", &m, &error));
+    g_assert_no_error(error);
+    json_decref(o);
+    return m;
+}
+
+typedef struct {
+    const char *what;
+    int layers, vocab, stage, dp, mp, pp, v, accum;
+    ZpPipeSchedule schedule;
+    gboolean checkpoint;
+    gboolean must_fold; /* the steady state repeats long enough to jump */
+} FoldCase;
+
+static ZpSchedule *fold_schedule(const FoldCase *c)
+{
+    const ZpModel m = fold_model(c->layers, c->vocab);
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.pipe.stages = c->pp;
+    p.pipe.schedule = c->schedule;
+    p.pipe.virtual_stages = c->v;
+    p.grad_accum = c->accum;
+    p.checkpoint = c->checkpoint;
+    p.gpus_per_node = a100.gpus_per_node;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static SimResult *run_fold(const ZpSchedule *s, SimOptions o, gboolean no_fold)
+{
+    o.no_fold = no_fold;
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+static void assert_same_doubles(const double *a, const double *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g_assert_cmpfloat(a[i], ==, b[i]);
+}
+
+/* Every figure of the result, bit for bit, and the timeline where one was kept. */
+static void assert_same_result(const SimResult *f, const SimResult *u)
+{
+    const double got[] = {f->step_time_s, f->compute_s, f->exposed_comm_s, f->optimizer_s,
+                          f->idle_s, f->cpu_optimizer_s, f->offload_transfer_s,
+                          f->model_flops, f->recompute_flops, f->peak_memory_bytes,
+                          f->peak_model_state_bytes, f->flush_s, f->alltoall_s};
+    const double want[] = {u->step_time_s, u->compute_s, u->exposed_comm_s, u->optimizer_s,
+                           u->idle_s, u->cpu_optimizer_s, u->offload_transfer_s,
+                           u->model_flops, u->recompute_flops, u->peak_memory_bytes,
+                           u->peak_model_state_bytes, u->flush_s, u->alltoall_s};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    g_assert_cmpint(f->report_rank, ==, u->report_rank);
+    g_assert_cmpint(f->stages, ==, u->stages);
+    assert_same_doubles(f->stream_busy_s, u->stream_busy_s, ZP_STREAM_N);
+    assert_same_doubles(f->offload_bytes, u->offload_bytes, ZP_XFER_N);
+    assert_same_doubles(f->comm_bytes, u->comm_bytes, ZP_SCHED_MAX_GROUPS);
+    assert_same_doubles(f->peak_breakdown_bytes, u->peak_breakdown_bytes, ZP_MEM_N);
+    assert_same_doubles(f->category_peak_bytes, u->category_peak_bytes, ZP_MEM_N);
+    const size_t k = (size_t)u->stages;
+    assert_same_doubles(f->stage_peak_bytes, u->stage_peak_bytes, k);
+    assert_same_doubles(f->stage_compute_s, u->stage_compute_s, k);
+    assert_same_doubles(f->stage_bubble_s, u->stage_bubble_s, k);
+    assert_same_doubles(f->stage_comm_bytes, u->stage_comm_bytes, k * ZP_GROUP_N);
+    assert_same_doubles(f->stage_category_peak_bytes, u->stage_category_peak_bytes,
+                        k * ZP_MEM_N);
+    /* The event counts too: the fold adds each skipped period's. */
+    g_assert_cmpuint(f->op_events, ==, u->op_events);
+    g_assert_cmpuint(f->heap_events, ==, u->heap_events);
+    g_assert_true((f->op_start_s == NULL) == (u->op_start_s == NULL));
+}
+
+/* Each kept row's cells of the ops its rank runs (the rest of a row is never written). */
+static void assert_same_timeline(const ZpSchedule *s, const SimResult *f, const SimResult *u)
+{
+    g_assert_nonnull(f->op_start_s);
+    const uint32_t stages = (uint32_t)MAX(u->stages, 1);
+    uint64_t compared = 0;
+    for (int r = 0; r < u->ranks_simulated; r++) {
+        size_t fb, ub;
+        if (!sim_result_timeline_row(u, (uint32_t)r, &ub))
+            continue;
+        g_assert_true(sim_result_timeline_row(f, (uint32_t)r, &fb));
+        const uint32_t stage = (u->first_rank[r] / (uint32_t)s->plan.mp) % stages;
+        for (uint32_t i = 0; i < u->n_ops; i++) {
+            if (zp_sched_op(s, i)->stage != stage)
+                continue;
+            g_assert_cmpfloat(f->op_start_s[fb + i], ==, u->op_start_s[ub + i]);
+            g_assert_cmpfloat(f->op_end_s[fb + i], ==, u->op_end_s[ub + i]);
+            g_assert_cmpfloat(f->op_ready_s[fb + i], ==, u->op_ready_s[ub + i]);
+            if (zp_sched_op(s, i)->kind == ZP_OP_COLLECTIVE)
+                g_assert_cmpuint(f->op_last_rank[fb + i], ==, u->op_last_rank[ub + i]);
+            compared++;
+        }
+    }
+    g_assert_cmpuint(compared, >, 0);
+}
+
+static const FoldCase cases[] = {
+    {"1f1b pp 2", 64, 32000, 0, 1, 1, 2, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
+    {"1f1b pp 4 tp 2 dp 2", 64, 32000, 1, 2, 2, 4, 1, 32, ZP_PIPE_1F1B, TRUE, TRUE},
+    {"1f1b pp 8", 64, 32000, 0, 1, 1, 8, 1, 128, ZP_PIPE_1F1B, FALSE, TRUE},
+    {"1f1b pp 64", 64, 32000, 0, 1, 1, 64, 1, 256, ZP_PIPE_1F1B, FALSE, TRUE},
+    {"interleaved pp 4 v 2", 64, 32000, 0, 2, 1, 4, 2, 128, ZP_PIPE_INTERLEAVED, FALSE, TRUE},
+    {"interleaved pp 8 v 2", 64, 32000, 0, 2, 1, 8, 2, 128, ZP_PIPE_INTERLEAVED, FALSE, FALSE},
+    {"gpipe pp 4", 65, 1024, 0, 1, 1, 4, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
+    {"gpipe pp 8", 64, 32000, 0, 1, 1, 8, 1, 64, ZP_PIPE_GPIPE, FALSE, FALSE},
+    {"accumulation, stage 2", 65, 32000, 2, 16, 1, 1, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
+    {"accumulation, stage 3", 65, 32000, 3, 8, 1, 1, 1, 32, ZP_PIPE_1F1B, FALSE, TRUE},
+};
+
+/* Folded and stepped event by event, each case gives the same result; those whose steady
+ * state repeats (1F1B, interleaved pp 4, GPipe pp 4 with its slowest stage first,
+ * accumulation) do jump. Where no three periods repeat exactly (GPipe pp 8, whose last stage
+ * falls further behind each micro-step; interleaved pp 8 over 16 groups) nothing is skipped
+ * and nothing changes. */
+static void test_fold_equal(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const FoldCase *c = &cases[k];
+        ZpSchedule *s = fold_schedule(c);
+        const SimOptions o = {.mode = SIM_MODE_FOLDED};
+        SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+        g_test_message("%s: %s (%u micro-steps skipped)", c->what, folded->fold_note,
+                       folded->fold_micro_steps);
+        assert_same_result(folded, stepped);
+        g_assert_cmpuint(stepped->fold_jumps, ==, 0);
+        g_assert_true(g_str_has_prefix(stepped->fold_note, "not folded: turned off"));
+        if (c->must_fold)
+            g_assert_cmpuint(folded->fold_jumps, >, 0);
+        sim_result_free(folded);
+        sim_result_free(stepped);
+        zp_sched_free(s);
+    }
+}
+
+/* With the timeline kept (every rank's, and the reported rank's alone, as --json keeps it),
+ * the skipped periods' cells are written as the stepped run writes them. */
+static void test_fold_timeline(void)
+{
+    const FoldCase *c = &cases[2];
+    ZpSchedule *s = fold_schedule(c);
+    SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+    SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+    g_assert_cmpuint(folded->fold_jumps, >, 0);
+    assert_same_result(folded, stepped);
+    assert_same_timeline(s, folded, stepped);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    const uint32_t last = (uint32_t)c->pp - 1;
+    o = (SimOptions){.mode = SIM_MODE_FOLDED, .timeline_ranks = &last, .n_timeline_ranks = 1};
+    folded = run_fold(s, o, FALSE);
+    stepped = run_fold(s, o, TRUE);
+    g_assert_cmpuint(folded->fold_jumps, >, 0);
+    assert_same_result(folded, stepped);
+    assert_same_timeline(s, folded, stepped);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    zp_sched_free(s);
+}
+
+/* A slow rank (a straggler computing 1.5x slower) among its stage's data-parallel peers sets
+ * its ranks apart: the simulator runs rank classes, the fold is refused, and the result is
+ * the unfolded one. Alone in its stage (dp 1) it makes that stage slower every micro-step
+ * alike: the steady state still repeats exactly, and the folded run still equals the stepped
+ * one. Explicit ranks refuse; a search's early stop (stop_after_s) is honoured. */
+static void test_fold_refused(void)
+{
+    ZpSchedule *s = fold_schedule(&cases[1]); /* pp 4, tp 2, dp 2 */
+    const SimSlow slow = {.index = 5, .factor = 1.5};
+    SimOptions o = {.mode = SIM_MODE_FOLDED, .slow_ranks = &slow, .n_slow_ranks = 1};
+    SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+    g_assert_cmpint(folded->ranks_simulated, >, cases[1].pp);
+    g_assert_cmpuint(folded->fold_jumps, ==, 0);
+    g_assert_cmpuint(folded->fold_micro_steps, ==, 0);
+    g_assert_nonnull(strstr(folded->fold_note, "not folded: a stage simulated as more"));
+    assert_same_result(folded, stepped);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    o = (SimOptions){.mode = SIM_MODE_EXPLICIT};
+    folded = run_fold(s, o, FALSE);
+    g_assert_cmpuint(folded->fold_jumps, ==, 0);
+    sim_result_free(folded);
+    zp_sched_free(s);
+
+    s = fold_schedule(&cases[2]); /* pp 8, dp 1 */
+    const SimSlow stage = {.index = 3, .factor = 1.5};
+    o = (SimOptions){.mode = SIM_MODE_FOLDED, .slow_ranks = &stage, .n_slow_ranks = 1};
+    folded = run_fold(s, o, FALSE);
+    stepped = run_fold(s, o, TRUE);
+    g_assert_cmpuint(folded->fold_jumps, >, 0);
+    assert_same_result(folded, stepped);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    /* A stop time in the middle of the steady state: the folded run stops where the stepped
+     * one does. */
+    o = (SimOptions){.mode = SIM_MODE_FOLDED};
+    stepped = run_fold(s, o, TRUE);
+    o.stop_after_s = stepped->step_time_s * 0.8;
+    sim_result_free(stepped);
+    folded = run_fold(s, o, FALSE);
+    stepped = run_fold(s, o, TRUE);
+    g_assert_true(folded->stopped && stepped->stopped);
+    g_assert_cmpfloat(folded->step_time_s, ==, stepped->step_time_s);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    zp_sched_free(s);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    sim_common_init();
+    g_test_add_func("/sim/fold/equal", test_fold_equal);
+    g_test_add_func("/sim/fold/timeline", test_fold_timeline);
+    g_test_add_func("/sim/fold/refused", test_fold_refused);
+    return sim_common_run();
+}
