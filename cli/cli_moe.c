@@ -115,7 +115,7 @@ static void print_candidate(int rank, const ZpMoeCandidate *c)
     const ZpPlan *p = &c->plan;
     printf("  %4d %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
            zp_plan_ep(p), p->mp, zp_plan_pp(p), p->zero.stage, p->micro_batch, p->grad_accum,
-           p->checkpoint ? "yes" : "no", c->memory_bytes / GB, c->step_s,
+           p->checkpoint ? "full" : p->selective_recompute ? "sel" : "no", c->memory_bytes / GB, c->step_s,
            100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
            c->simulated ? "simulated" : "closed", c->fits ? "" : "  (does not fit)");
 }

@@ -7,6 +7,7 @@
 #include "zp_cost.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
+#include "zp_mem.h"
 #include "zp_inventory.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -497,6 +498,54 @@ static void test_blocks_not_inventory(void)
     zp_sched_free(s);
 }
 
+/* Selective recomputation with experts (Megatron's core attention only, as for a dense
+ * model): the 2-layer MoE at dp 4, EP 2, micro-batch 2, eager attention, --impl megatron. Each
+ * block's backward recomputes its core attention, 4 b s^2 h = 4 x 2 x 16^2 x 64 = 131,072
+ * FLOPs with the softmax's 2 b a s^2 reads and writes (2 x 2 x 4 x 256 x 2 B = 8,192 B), the
+ * experts none; the closed form's ops agree; the saved activations lose each block's scores
+ * (2 a s^2 b 16-bit values, 4,096 B a block), one block's kept for its recompute. */
+static void test_selective_recompute(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 1);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.precision = ZP_PREC_BF16;
+    p.micro_batch = 2;
+    p.experts.ep = 2;
+    p.attention = ZP_ATTN_EAGER;
+    zp_impl_plan_defaults(&p);
+    ZpPlan full = p;
+    p.selective_recompute = TRUE;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    guint recomputed = 0, experts = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE)
+            continue;
+        experts += op->sub == ZP_COMP_EXPERT_FWD;
+        if (op->sub != ZP_COMP_RECOMPUTE)
+            continue;
+        g_assert_cmpfloat(op->flops, ==, 131072);
+        g_assert_cmpfloat(op->mem_bytes, ==, 8192);
+        recomputed++;
+    }
+    g_assert_cmpuint(recomputed, ==, 2);
+    g_assert_cmpuint(experts, ==, 2); /* the forward's only */
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(&m, &p, ops);
+    g_assert_cmpuint(ops[ZP_COMP_RECOMPUTE].count, ==, 2);
+    g_assert_cmpfloat(ops[ZP_COMP_RECOMPUTE].flops, ==, 131072);
+    g_assert_cmpuint(ops[ZP_COMP_EXPERT_FWD].count, ==, 2);
+    const ZpResidual sel = zp_mem_residual(&m, &p, NULL), none = zp_mem_residual(&m, &full, NULL);
+    g_assert_cmpfloat(none.activations_bytes - sel.activations_bytes, ==, 2 * 4096);
+    g_assert_cmpfloat(sel.recompute_bytes, ==, 4096);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -510,5 +559,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
     g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
+    g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
     return g_test_run();
 }

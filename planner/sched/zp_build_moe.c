@@ -383,7 +383,13 @@ void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const uint64_t again = plan->checkpoint ? 2 : 1; /* the recomputed forward's experts */
     const uint64_t sparse = (uint64_t)zp_moe_sparse_layers(&model->moe, model->layers);
     set_ops(&ops[ZP_COMP_BLOCK_FWD], micro * L, fwd);
-    set_ops(&ops[ZP_COMP_RECOMPUTE], plan->checkpoint ? micro * L : 0, fwd);
+    /* Selective recomputation: each block's core attention again in its backward (Megatron's
+     * --recompute-granularity selective: CoreAttention under checkpointed_attention_forward),
+     * the experts not (they keep their activations). */
+    if (zp_build_selective(plan))
+        set_ops(&ops[ZP_COMP_RECOMPUTE], micro * L, zp_build_recompute_cost(&s));
+    else
+        set_ops(&ops[ZP_COMP_RECOMPUTE], plan->checkpoint ? micro * L : 0, fwd);
     set_ops(&ops[ZP_COMP_BLOCK_BWD], micro * L, bwd);
     if (sparse == 0)
         return;

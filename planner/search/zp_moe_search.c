@@ -210,11 +210,16 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
         const int P = zp_plan_pp(base);
         if (P > 1 && spec->global_batch / per_step < P)
             continue; /* a pipeline needs micro-batches to fill it (Megatron's check) */
-        for (int ckpt = 0; ckpt <= 1; ckpt++) {
+        /* None, full checkpointing, and where the implementation has it (Megatron's) the
+         * selective recomputation of core attention. */
+        for (int ckpt = 0; ckpt <= 2; ckpt++) {
+            if (ckpt == 2 && !zp_impl_get(base->impl)->selective_recompute)
+                continue;
             ZpMoeCandidate c = {.plan = *base};
             c.plan.micro_batch = micro;
             c.plan.grad_accum = spec->global_batch > 0 ? (int)(spec->global_batch / per_step) : 1;
-            c.plan.checkpoint = ckpt;
+            c.plan.checkpoint = ckpt == 1;
+            c.plan.selective_recompute = ckpt == 2;
             judge(spec, &c);
             g_array_append_val(out, c);
         }
