@@ -10,6 +10,7 @@
 #include "zp_mem.h"
 #include "zp_inventory.h"
 #include "zp_sched.h"
+#include "zp_schedcheck.h"
 #include "zp_util.h"
 
 #include <glib/gstdio.h>
@@ -546,6 +547,73 @@ static void test_selective_recompute(void)
     zp_sched_free(s);
 }
 
+/* The experts' gradients reduced as the implementation reduces the dense buckets: the 2-layer
+ * MoE at dp 8, EP 2 (expert data-parallel 4), each sparse unit's 2 local experts of 3 x 64 x 32
+ * = 6,144 elements, 12,288 a reduction. DeepSpeed all-reduces them at stages 1-2
+ * (stage_1_and_2.py average_tensor, use_multi_rank_bucket_allreduce), Megatron-Core
+ * reduce-scatters with its distributed optimizer (stage 1), the paper's rule keeps
+ * all-reduce below stage 2; without overlap_comm the next compute op waits for each (the
+ * reduction runs on the current stream), with it none does. */
+static void test_expert_grad_reduction(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    const struct {
+        int impl, stage;
+        gboolean overlap;
+        ZpCollKind kind;
+    } cases[] = {
+        {ZP_IMPL_DEEPSPEED, 1, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 2, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 2, TRUE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 3, TRUE, ZP_COLL_REDUCE_SCATTER},
+        {ZP_IMPL_MEGATRON, 1, FALSE, ZP_COLL_REDUCE_SCATTER},
+        {ZP_IMPL_PAPER, 1, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_PAPER, 2, FALSE, ZP_COLL_REDUCE_SCATTER},
+    };
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, cases[c].stage, 8, 1);
+        p.impl = cases[c].impl;
+        p.precision = ZP_PREC_BF16;
+        p.micro_batch = 2;
+        p.experts.ep = 2;
+        zp_impl_plan_defaults(&p);
+        p.zero.overlap_comm = cases[c].overlap;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        if (p.impl == ZP_IMPL_PAPER) { /* zp_schedcheck's layout is the paper's */
+            g_assert_true(zp_schedcheck_ops(s, "test", &error));
+            g_assert_no_error(error);
+        }
+        guint reductions = 0, waited = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_EDP || op->unit < 0 ||
+                op->sub == ZP_COLL_ALLGATHER)
+                continue;
+            g_assert_cmpint(op->sub, ==, cases[c].kind);
+            g_assert_cmpuint(op->elems, ==, 12288);
+            reductions++;
+            for (guint j = i + 1; j < s->ops->len; j++) { /* the next compute op */
+                const ZpOp *next = zp_sched_op(s, j);
+                if (next->kind != ZP_OP_COMPUTE)
+                    continue;
+                const uint32_t *deps = zp_sched_deps(s, next);
+                for (uint32_t d = 0; d < next->n_deps; d++)
+                    waited += deps[d] == i;
+                break;
+            }
+        }
+        g_test_message("impl %d stage %d overlap %d: %u reductions, %u waited for", cases[c].impl,
+                       cases[c].stage, cases[c].overlap, reductions, waited);
+        g_assert_cmpuint(reductions, ==, 2);
+        g_assert_cmpuint(waited, ==, cases[c].overlap ? 0 : 2);
+        zp_sched_free(s);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -560,5 +628,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
     g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
     g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
+    g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);
     return g_test_run();
 }

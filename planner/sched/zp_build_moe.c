@@ -301,18 +301,27 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &returned, after, 2);
     alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
     /* The experts' gradients, reduced over the expert-data-parallel group where the dense
-     * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
-     * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
-     * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * from stage 2, all-reduce below, in the reduction dtype. */
+     * ones are reduced over dp, by the collective the dense buckets use
+     * (zp_impl_expert_grad_collective): DeepSpeed's stage_1_and_2.py keeps the experts in
+     * param groups of their own (_configure_moe_settings: real_dp_process_group is the
+     * expert DP group) but in the same IPG buckets as the dense gradients, and average_tensor
+     * reduces each parameter's slice over its group, all-reducing with
+     * use_multi_rank_bucket_allreduce (allreduce_and_scatter, its default) at stages 1-2;
+     * stage3.py __avg_scatter_grads reduce-scatters over the parameter's ds_process_group;
+     * Megatron-Core's expert grad buffers reduce-scatter with the distributed optimizer. One
+     * collective a sparse unit, not a bucket's worth: the bytes are the same, and a unit's
+     * experts (Mixtral at EP 8: 176M elements) are a third of the default 5e8 bucket. Without overlap_comm
+     * average_tensor runs on the current stream, so the compute waits for it, as for a dense
+     * bucket (zp_build_buckets launch_bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
     if (reduce && edp > 1) {
-        const gboolean scatter = s->plan.zero.stage >= 2;
         const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
-        zp_build_emit_collective(b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE,
-                                 ZP_GROUP_EDP, unit, micro, -1,
-                                 zp_sched_unit_expert_offset(s, unit), n,
-                                 (double)n * zp_plan_reduce_bytes(&s->plan), &expert, 1);
+        const uint32_t coll = zp_build_emit_collective(
+            b, zp_impl_expert_grad_collective(&s->plan), ZP_GROUP_EDP, unit, micro, -1,
+            zp_sched_unit_expert_offset(s, unit), n, (double)n * zp_plan_reduce_bytes(&s->plan),
+            &expert, 1);
+        if (!s->plan.zero.overlap_comm)
+            g_array_append_val(b->sync_deps, coll);
     }
     return returned;
 }

@@ -342,9 +342,10 @@ static gboolean check_experts(Check *c, const ZpOp *op)
         return stage == 3 ? need_bytes(c, op->bytes, (double)want * c->st.param_bytes,
                                        "the layout")
                           : bad(c, "op", "allgather: only stage 3 gathers a unit's experts");
-    if ((op->sub == ZP_COLL_REDUCE_SCATTER) != (stage >= 2))
+    const ZpCollKind reduce = zp_impl_expert_grad_collective(&s->plan);
+    if (op->sub != reduce)
         return bad(c, "op", "%s: stage %d reduces expert gradients with %s",
-                   zp_sched_coll_name(op->sub), stage, stage >= 2 ? "reduce_scatter" : "allreduce");
+                   zp_sched_coll_name(op->sub), stage, zp_sched_coll_name(reduce));
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 

@@ -114,7 +114,7 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
  * stages 0-1, every micro-step at 2-3, twice over by an all-reduce) and, at stages 1-2, the
  * updated parameters all-gathered; stage 3 gathers the parameters forward and backward. */
 static void group_s(const ZpSearchSpec *spec, const ZpPlan *plan, double psi, int ranks,
-                    int stride, double *reduce_s, double *gather_s)
+                    int stride, ZpCollKind reduce, double *reduce_s, double *gather_s)
 {
     *reduce_s = *gather_s = 0;
     if (ranks <= 1)
@@ -123,8 +123,7 @@ static void group_s(const ZpSearchSpec *spec, const ZpPlan *plan, double psi, in
     const double sent = (ranks - 1.0) / ranks;
     const double bw = bus_bytes_per_s(spec, ranks, stride, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
-    const double passes =
-        zp_impl_get(plan->impl)->grad_collective(plan) == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
+    const double passes = reduce == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
     const double times = stage >= 2 ? plan->grad_accum : 1.0;
     *reduce_s = sent * passes * times * psi * zp_plan_reduce_bytes(plan) / bw;
     if (stage == 3)
@@ -161,15 +160,19 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     const double dense = ((double)zp_model_param_count(spec->model) -
                           zp_ep_expert_params(spec->model)) / p->mp * share;
     double dense_reduce, dense_gather, expert_reduce, expert_gather;
-    group_s(spec, p, dense, p->dp, p->mp * P, &dense_reduce, &dense_gather);
-    group_s(spec, p, experts, p->dp / ep, p->mp * P * ep, &expert_reduce, &expert_gather);
+    group_s(spec, p, dense, p->dp, p->mp * P, zp_impl_get(p->impl)->grad_collective(p),
+            &dense_reduce, &dense_gather);
+    group_s(spec, p, experts, p->dp / ep, p->mp * P * ep, zp_impl_expert_grad_collective(p),
+            &expert_reduce, &expert_gather);
     const double reduce = dense_reduce + expert_reduce, gather = dense_gather + expert_gather;
     c->dp_s = reduce + gather;
     const double chain = c->compute_s + c->tp_s + c->alltoall_s;
-    /* A pipeline reduces after its flush (zp_sched: no reduction inside the micro-steps). */
-    c->step_s = P > 1                  ? chain + reduce + gather
-                : p->zero.stage == 3 ? fmax(chain, reduce + gather)
-                                     : fmax(chain, reduce) + gather;
+    /* A pipeline reduces after its flush (zp_sched: no reduction inside the micro-steps);
+     * without overlap_comm the reductions block the compute stream (stage_1_and_2.py
+     * average_tensor on the current stream), the experts' as the dense buckets'. */
+    c->step_s = P > 1 || !p->zero.overlap_comm ? chain + reduce + gather
+                : p->zero.stage == 3           ? fmax(chain, reduce + gather)
+                                               : fmax(chain, reduce) + gather;
     c->tokens_per_s = (double)p->dp * p->micro_batch * p->grad_accum *
                       (double)spec->model->seq_len / c->step_s;
 }
