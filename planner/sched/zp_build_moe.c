@@ -407,3 +407,15 @@ void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
     set_ops(&ops[ZP_COMP_UNPERMUTE_FWD], again * micro * sparse, unpermute_cost(&b, FALSE));
     set_ops(&ops[ZP_COMP_UNPERMUTE_BWD], micro * sparse, unpermute_cost(&b, TRUE));
 }
+
+gboolean zp_sched_unit_block_op(const ZpModel *model, const ZpPlan *plan, int unit,
+                                ZpComputeKind kind, double *flops, double *mem_bytes)
+{
+    if (uniform_blocks(model))
+        return FALSE;
+    ZpSchedule s = {.model = *model, .plan = *plan,
+                    .elem_bytes = zp_plan_elem_bytes(plan->precision), .stages = 1};
+    const Cost c = zp_build_unit_block_cost(&s, unit, kind);
+    *flops = c.flops, *mem_bytes = c.mem_bytes;
+    return TRUE;
+}
