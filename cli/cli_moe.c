@@ -113,17 +113,36 @@ static double simulated_alltoall_s(const ZpSearchSpec *spec, const ZpMoeCandidat
 static void print_candidate(int rank, const ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    printf("  %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
-           zp_plan_ep(p), p->mp, p->zero.stage, p->micro_batch, p->grad_accum,
-           p->checkpoint ? "yes" : "no", c->memory_bytes / GB, c->step_s,
+    printf("  %4d %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
+           zp_plan_ep(p), p->mp, zp_plan_pp(p), p->zero.stage, p->micro_batch, p->grad_accum,
+           p->checkpoint ? "full" : p->selective_recompute ? "sel" : "no", c->memory_bytes / GB, c->step_s,
            100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
            c->simulated ? "simulated" : "closed", c->fits ? "" : "  (does not fit)");
 }
 
 static void print_header(void)
 {
-    printf("  %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s %9s\n", "#", "EP", "TP", "stage",
+    printf("  %4s %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s %9s\n", "#", "EP", "TP", "PP",
+           "stage",
            "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s", "judged");
+}
+
+/* The best plan of each EP (or PP) degree, as ranked: why the others lost. */
+static void print_best_of(const GArray *c, const char *what, gboolean pp)
+{
+    printf("\nThe best plan of each %s degree (why the others lost):\n", what);
+    print_header();
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        const int degree = pp ? zp_plan_pp(&x->plan) : zp_plan_ep(&x->plan);
+        gboolean first = TRUE;
+        for (guint j = 0; j < i && first; j++) {
+            const ZpPlan *y = &g_array_index(c, ZpMoeCandidate, j).plan;
+            first = (pp ? zp_plan_pp(y) : zp_plan_ep(y)) != degree;
+        }
+        if (first)
+            print_candidate((int)i + 1, x);
+    }
 }
 
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
@@ -152,8 +171,9 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
            "Screened in closed form: memory as zp_ep and zp_mem count it; compute by the cost\n"
            "model over the schedule's compute ops (dense and sparse blocks, the busiest rank's\n"
            "experts); the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
-           "reduced over DP, expert gradients over DP/EP. %u plans, the best and each EP\n"
-           "degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n\n",
+           "reduced over DP, expert gradients over DP/EP; pipelines (1F1B, uniform split, with\n"
+           "--global-batch) by their busiest stage and bubble. %u plans, the best and each EP\n"
+           "and PP degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n\n",
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
            experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed);
@@ -161,16 +181,8 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
         print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));
-    printf("\nThe best plan of each EP degree (why the others lost):\n");
-    print_header();
-    for (guint i = 0; i < c->len; i++) {
-        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
-        gboolean first = TRUE;
-        for (guint j = 0; j < i && first; j++)
-            first = zp_plan_ep(&g_array_index(c, ZpMoeCandidate, j).plan) != zp_plan_ep(&x->plan);
-        if (first)
-            print_candidate((int)i + 1, x);
-    }
+    print_best_of(c, "EP", FALSE);
+    print_best_of(c, "PP", TRUE);
     if (any) {
         const ZpMoeCandidate *b = &g_array_index(c, ZpMoeCandidate, 0);
         printf("\nPlan 1: %.1f GB a GPU of %.1f%s (closed form: states %.1f, activations, "
@@ -180,6 +192,13 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                b->simulated ? " simulated" : "", b->states_bytes / GB, b->residual_bytes / GB,
                b->step_s, b->simulated ? " simulated" : "", b->alltoall_s, b->compute_s,
                b->tp_s, b->dp_s);
+        const int P = zp_plan_pp(&b->plan);
+        if (P > 1)
+            printf("PP %d: 1F1B, the %" G_GINT64_FORMAT " blocks split uniformly (the busiest "
+                   "stage %" G_GINT64_FORMAT "), %d micro-batches a step: a bubble of (P - 1) / "
+                   "m = %.1f%% of the ideal.\n",
+                   P, spec->model->layers, (spec->model->layers + P - 1) / P,
+                   b->plan.grad_accum, 100.0 * (P - 1) / b->plan.grad_accum);
     } else {
         printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
     }

@@ -834,9 +834,10 @@ static gboolean plan_offload(PlanArgs *a, const char *opt, const char *param, co
 static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean ep_given,
                     gboolean offload, GError **error)
 {
-    if (a->json || a->ds_config || a->three_d || offload) {
+    /* --3d adds nothing here: the MoE search tries pipelines whenever --global-batch is set. */
+    if (a->json || a->ds_config || offload) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--json/--ds-config/--3d/--offload-*: not yet for a mixture of experts");
+                    "--json/--ds-config/--offload-*: not yet for a mixture of experts");
         return cli_fail("plan", *error);
     }
     ZpSearchSpec spec;

@@ -504,7 +504,7 @@ static void test_search_mixtral(void)
     for (guint i = 0; i < c->len; i++) {
         const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
         const ZpPlan *p = &x->plan;
-        g_assert_cmpint(p->dp * p->mp, ==, 64);
+        g_assert_cmpint(p->dp * p->mp * zp_plan_pp(p), ==, 64);
         g_assert_cmpint(8 % zp_plan_ep(p), ==, 0);
         g_assert_cmpint(p->dp % zp_plan_ep(p), ==, 0);
         g_assert_cmpint(8 % p->mp, ==, 0);
@@ -540,6 +540,7 @@ static void test_search_mixtral(void)
         for (guint j = 0; j < c->len; j++) {
             const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, j);
             if (zp_plan_ep(&x->plan) == zp_plan_ep(&y->plan) && x->plan.mp == y->plan.mp &&
+                zp_plan_pp(&x->plan) == zp_plan_pp(&y->plan) &&
                 x->plan.zero.stage == y->plan.zero.stage &&
                 x->plan.micro_batch == y->plan.micro_batch &&
                 x->plan.checkpoint == y->plan.checkpoint)
@@ -568,6 +569,67 @@ static void test_search_mixtral(void)
     g_clear_error(&error);
 }
 
+/* plan tries pipelines: an 8-block MoE whose dense part dominates (h 256, 4 heads, 4 experts
+ * of f_e 8, top 2, s 16) on 4 GPUs at stage 1, TP 1, the paper's ZeRO, no runtime reserve.
+ * A block: attention 4 h^2 = 262,144, two RMSNorms 512, the router 4 h = 1,024 (263,680
+ * dense), experts 4 x 3 x 256 x 8 = 24,576; the embedding and the untied head 128 x 256 =
+ * 32,768 each, the final norm 256. Without a pipeline (dp 4) the dense states are at least
+ * 4 + 12/4 = 7 bytes an element of 2,205,952 (15.4 MB); PP 4 (dp 1, two blocks a stage) keeps
+ * 16 bytes of the first stage's 32,768 + 2 x 288,256 = 609,280 (9,748,480 B of states; with
+ * activations and buffers 12.5 MB, PP 2 16.7 MB, PP 1 25.7 MB). With 14 MB a GPU only PP 4 fits, and the search's best is one; without a global batch (no
+ * micro-batches to fill a pipeline) none is tried and nothing fits. */
+static void test_search_tries_pipelines(void)
+{
+    ZpModel m;
+    memset(&m, 0, sizeof m);
+    g_strlcpy(m.name, "moe-8l", sizeof m.name);
+    m.layers = 8, m.hidden = 256, m.heads = 4, m.seq_len = 16, m.vocab = 128;
+    m.ffn_hidden = 8, m.mlp = ZP_MLP_SWIGLU, m.norm = ZP_NORM_RMSNORM;
+    m.no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
+    m.rope_theta = 10000, m.rotary_fraction = 1;
+    m.moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 8, .step = 1};
+    g_assert_cmpuint(zp_model_param_count(&m), ==, 8 * (263680 + 24576) + 2 * 32768 + 256);
+    ZpHw hw = tu_load_hw("dgx-h100");
+    hw.runtime_reserve_bytes = 0;
+    hw.gpu_memory_bytes = 14e6;
+    ZpSearchSpec spec;
+    zp_search_spec_defaults(&spec, &m, &hw, 4);
+    spec.stage = 1, spec.mp = 1, spec.impl = ZP_IMPL_PAPER, spec.micro_batch = 1;
+    spec.global_batch = 16;
+    GError *error = NULL;
+    GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    gboolean pp4 = FALSE;
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        const ZpPlan *p = &x->plan;
+        g_assert_cmpint(p->dp * zp_plan_pp(p), ==, 4);
+        g_assert_cmpint(p->grad_accum, >=, zp_plan_pp(p)); /* micro-batches fill the pipe */
+        if (zp_plan_pp(p) == 1)
+            g_assert_false(x->fits);
+        if (zp_plan_pp(p) == 4) {
+            g_assert_cmpfloat_with_epsilon(x->states_bytes, 16.0 * 609280, 1e-3);
+            pp4 = TRUE;
+        }
+    }
+    g_assert_true(pp4);
+    const ZpMoeCandidate *best = &g_array_index(c, ZpMoeCandidate, 0);
+    g_assert_true(best->fits);
+    g_assert_cmpint(zp_plan_pp(&best->plan), >, 1);
+    g_test_message("best: PP %d EP %d: %.2f MB, %.3g s", zp_plan_pp(&best->plan),
+                   zp_plan_ep(&best->plan), best->memory_bytes / 1e6, best->step_s);
+    g_array_unref(c);
+    spec.global_batch = 0;
+    c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    for (guint i = 0; i < c->len; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        g_assert_cmpint(zp_plan_pp(&x->plan), ==, 1);
+        g_assert_false(x->fits);
+    }
+    g_array_unref(c);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -584,5 +646,6 @@ int main(int argc, char **argv)
     g_test_add_func("/ep/refusals", test_ep_refusals);
     g_test_add_func("/ep/memory-mixtral", test_memory_mixtral);
     g_test_add_func("/ep/search-mixtral", test_search_mixtral);
+    g_test_add_func("/ep/search-tries-pipelines", test_search_tries_pipelines);
     return g_test_run();
 }

@@ -7,8 +7,10 @@
 #include "zp_cost.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
+#include "zp_mem.h"
 #include "zp_inventory.h"
 #include "zp_sched.h"
+#include "zp_schedcheck.h"
 #include "zp_util.h"
 
 #include <glib/gstdio.h>
@@ -444,10 +446,11 @@ static void test_plan_simulates_shortlist(void)
     g_array_unref(c);
 }
 
-/* A sparse block's op is priced from its own FLOPs and bytes, never as the kernel inventory's
- * uniform block (a dense MLP ffn_hidden wide: Mixtral's 14,336, a third expert on top of the
- * two routed ones): on dgx-h100's kernel rates, Mixtral's block ops cost what the roofline of
- * their FLOPs says, at every module too; the experts' op is its kernels' (zp_inventory_moe:
+/* A sparse block's op is priced by its own kernels, never as the kernel inventory's uniform
+ * block (a dense MLP ffn_hidden wide: Mixtral's 14,336, a third expert on top of the two routed
+ * ones): on dgx-h100's kernel rates, Mixtral's whole-block ops cost what zp_inventory_moe_block's
+ * kernels cost (attention, router, softmax and top-k, permute), their module ops the roofline;
+ * the experts' op is its kernels' (zp_inventory_moe:
  * two grouped GEMMs of E/EP = 1 expert over R = T k = 1,024 tokens and the SwiGLU), whose
  * GEMM FLOPs are the op's. */
 static void test_blocks_not_inventory(void)
@@ -469,9 +472,19 @@ static void test_blocks_not_inventory(void)
         if (op->kind != ZP_OP_COMPUTE || (op->sub != ZP_COMP_BLOCK_FWD &&
                                           op->sub != ZP_COMP_BLOCK_BWD))
             continue;
-        const double want = zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops, op->gemm_flops,
-                                                 op->attn_flops, cost.attn_flops_per_s,
-                                                 op->mem_bytes, FALSE);
+        double want = zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops, op->gemm_flops,
+                                           op->attn_flops, cost.attn_flops_per_s, op->mem_bytes,
+                                           FALSE);
+        if (zp_op_module(op) < 0) {
+            ZpInvList kernels;
+            zp_inventory_moe_block(&s->model, &s->plan, op->unit, op->sub == ZP_COMP_BLOCK_BWD,
+                                   &kernels);
+            want = zp_cost_inv_op_s(&cost, &kernels, NULL, NULL);
+            g_assert_cmpfloat(want, !=, zp_hw_compute_time_s(&hw, cost.peak_flops, op->flops,
+                                                             op->gemm_flops, op->attn_flops,
+                                                             cost.attn_flops_per_s,
+                                                             op->mem_bytes, FALSE));
+        }
         g_assert_cmpfloat(zp_cost_op_s(&cost, op->sub, zp_op_module(op), op->flops,
                                        op->gemm_flops, op->attn_flops, op->mem_bytes), ==, want);
         priced++;
@@ -497,6 +510,194 @@ static void test_blocks_not_inventory(void)
     zp_sched_free(s);
 }
 
+/* Selective recomputation with experts (Megatron's core attention only, as for a dense
+ * model): the 2-layer MoE at dp 4, EP 2, micro-batch 2, eager attention, --impl megatron. Each
+ * block's backward recomputes its core attention, 4 b s^2 h = 4 x 2 x 16^2 x 64 = 131,072
+ * FLOPs with the softmax's 2 b a s^2 reads and writes (2 x 2 x 4 x 256 x 2 B = 8,192 B), the
+ * experts none; the closed form's ops agree; the saved activations lose each block's scores
+ * (2 a s^2 b 16-bit values, 4,096 B a block), one block's kept for its recompute. */
+static void test_selective_recompute(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 1);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.precision = ZP_PREC_BF16;
+    p.micro_batch = 2;
+    p.experts.ep = 2;
+    p.attention = ZP_ATTN_EAGER;
+    zp_impl_plan_defaults(&p);
+    ZpPlan full = p;
+    p.selective_recompute = TRUE;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    guint recomputed = 0, experts = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE)
+            continue;
+        experts += op->sub == ZP_COMP_EXPERT_FWD;
+        if (op->sub != ZP_COMP_RECOMPUTE)
+            continue;
+        g_assert_cmpfloat(op->flops, ==, 131072);
+        g_assert_cmpfloat(op->mem_bytes, ==, 8192);
+        recomputed++;
+    }
+    g_assert_cmpuint(recomputed, ==, 2);
+    g_assert_cmpuint(experts, ==, 2); /* the forward's only */
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(&m, &p, ops);
+    g_assert_cmpuint(ops[ZP_COMP_RECOMPUTE].count, ==, 2);
+    g_assert_cmpfloat(ops[ZP_COMP_RECOMPUTE].flops, ==, 131072);
+    g_assert_cmpuint(ops[ZP_COMP_EXPERT_FWD].count, ==, 2);
+    const ZpResidual sel = zp_mem_residual(&m, &p, NULL), none = zp_mem_residual(&m, &full, NULL);
+    g_assert_cmpfloat(none.activations_bytes - sel.activations_bytes, ==, 2 * 4096);
+    g_assert_cmpfloat(sel.recompute_bytes, ==, 4096);
+    zp_sched_free(s);
+}
+
+/* The experts' gradients reduced as the implementation reduces the dense buckets: the 2-layer
+ * MoE at dp 8, EP 2 (expert data-parallel 4), each sparse unit's 2 local experts of 3 x 64 x 32
+ * = 6,144 elements, 12,288 a reduction. DeepSpeed all-reduces them at stages 1-2
+ * (stage_1_and_2.py average_tensor, use_multi_rank_bucket_allreduce), Megatron-Core
+ * reduce-scatters with its distributed optimizer (stage 1), the paper's rule keeps
+ * all-reduce below stage 2; without overlap_comm the next compute op waits for each (the
+ * reduction runs on the current stream), with it none does. */
+static void test_expert_grad_reduction(void)
+{
+    ZpModel m;
+    small_moe(&m);
+    const struct {
+        int impl, stage;
+        gboolean overlap;
+        ZpCollKind kind;
+    } cases[] = {
+        {ZP_IMPL_DEEPSPEED, 1, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 2, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 2, TRUE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_DEEPSPEED, 3, TRUE, ZP_COLL_REDUCE_SCATTER},
+        {ZP_IMPL_MEGATRON, 1, FALSE, ZP_COLL_REDUCE_SCATTER},
+        {ZP_IMPL_PAPER, 1, FALSE, ZP_COLL_ALLREDUCE},
+        {ZP_IMPL_PAPER, 2, FALSE, ZP_COLL_REDUCE_SCATTER},
+    };
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, cases[c].stage, 8, 1);
+        p.impl = cases[c].impl;
+        p.precision = ZP_PREC_BF16;
+        p.micro_batch = 2;
+        p.experts.ep = 2;
+        zp_impl_plan_defaults(&p);
+        p.zero.overlap_comm = cases[c].overlap;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        if (p.impl == ZP_IMPL_PAPER) { /* zp_schedcheck's layout is the paper's */
+            g_assert_true(zp_schedcheck_ops(s, "test", &error));
+            g_assert_no_error(error);
+        }
+        guint reductions = 0, waited = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE || op->group != ZP_GROUP_EDP || op->unit < 0 ||
+                op->sub == ZP_COLL_ALLGATHER)
+                continue;
+            g_assert_cmpint(op->sub, ==, cases[c].kind);
+            g_assert_cmpuint(op->elems, ==, 12288);
+            reductions++;
+            for (guint j = i + 1; j < s->ops->len; j++) { /* the next compute op */
+                const ZpOp *next = zp_sched_op(s, j);
+                if (next->kind != ZP_OP_COMPUTE)
+                    continue;
+                const uint32_t *deps = zp_sched_deps(s, next);
+                for (uint32_t d = 0; d < next->n_deps; d++)
+                    waited += deps[d] == i;
+                break;
+            }
+        }
+        g_test_message("impl %d stage %d overlap %d: %u reductions, %u waited for", cases[c].impl,
+                       cases[c].stage, cases[c].overlap, reductions, waited);
+        g_assert_cmpuint(reductions, ==, 2);
+        g_assert_cmpuint(waited, ==, cases[c].overlap ? 0 : 2);
+        zp_sched_free(s);
+    }
+}
+
+/* A block's own kernels (zp_inventory_moe_block) against the op the builder emits, by hand for
+ * Mixtral-8x7B at s 512, micro-batch 1, bf16, TP 1 (T = 512 tokens): the router's GEMM
+ * [512, 4096] x [4096, 8] is 2 x 512 x 8 x 4096 = 33,554,432 FLOPs; softmax and top-k read and
+ * write the [512, 8] logits, 8,192 B each; permute reads the 512 tokens (4,194,304 B) and
+ * writes their 2 copies (8,388,608 B). Every block's kernels sum to its op's FLOPs and bytes,
+ * forward and backward, for Mixtral and for DeepSeek-V3's dense (unit 1) and sparse (unit 4)
+ * blocks with latent attention, at TP 1 and 2, fused and eager attention. */
+static void test_block_kernels(void)
+{
+    ZpModel m = tu_load_model("hf/mixtral-8x7b");
+    m.seq_len = 512;
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 8, 1);
+    p.precision = ZP_PREC_BF16;
+    p.micro_batch = 1;
+    p.experts.ep = 8;
+    p.attention = ZP_ATTN_FLASH2;
+    ZpInvList list;
+    zp_inventory_moe_block(&m, &p, 1, FALSE, &list);
+    guint found = 0;
+    for (int i = 0; i < list.n; i++) {
+        const ZpInvKernel *k = &list.k[i];
+        if (strcmp(k->name, "router") == 0) {
+            g_assert_cmpint(k->cls, ==, ZP_KC_GEMM);
+            g_assert_cmpfloat(k->flops, ==, 33554432.0);
+            found++;
+        } else if (strcmp(k->name, "router.softmax_topk") == 0) {
+            g_assert_cmpfloat(k->read_bytes, ==, 8192);
+            g_assert_cmpfloat(k->write_bytes, ==, 8192);
+            found++;
+        } else if (strcmp(k->name, "permute") == 0) {
+            g_assert_cmpfloat(k->read_bytes, ==, 4194304);
+            g_assert_cmpfloat(k->write_bytes, ==, 8388608);
+            g_assert_nonnull(strstr(k->source, "moe_utils.py permute"));
+            found++;
+        }
+    }
+    g_assert_cmpuint(found, ==, 3);
+    ZpModel ds = tu_load_model("hf/deepseek-v3");
+    ds.seq_len = 512;
+    const struct {
+        const ZpModel *model;
+        int unit, mp;
+        ZpAttention attention;
+    } cases[] = {{&m, 1, 1, ZP_ATTN_FLASH2}, {&m, 1, 2, ZP_ATTN_EAGER},
+                 {&ds, 1, 1, ZP_ATTN_FLASH2}, {&ds, 4, 1, ZP_ATTN_FLASH2},
+                 {&ds, 4, 2, ZP_ATTN_EAGER}};
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        ZpPlan q = p;
+        q.mp = cases[c].mp, q.dp = 8 / cases[c].mp, q.experts.ep = q.dp;
+        q.attention = cases[c].attention;
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            double flops = 0, bytes = 0;
+            g_assert_true(zp_sched_unit_block_op(cases[c].model, &q, cases[c].unit,
+                                                 bwd ? ZP_COMP_BLOCK_BWD : ZP_COMP_BLOCK_FWD,
+                                                 &flops, &bytes));
+            zp_inventory_moe_block(cases[c].model, &q, cases[c].unit, bwd, &list);
+            ZpInvTotals tot;
+            zp_inventory_totals(&list, &tot);
+            g_test_message("%s unit %d TP %d %s %s: %d kernels, %.6g FLOPs, %.6g B",
+                           cases[c].model->name, cases[c].unit, q.mp,
+                           zp_attention_name(q.attention), bwd ? "bwd" : "fwd", list.n, flops,
+                           bytes);
+            g_assert_cmpfloat(fabs(tot.gemm_flops + tot.attention_flops - flops), <=,
+                              1e-9 * flops);
+            g_assert_cmpfloat(fabs(tot.memory_bytes - bytes), <=, 1e-9 * bytes);
+        }
+    }
+    ZpModel dense = tu_load_model("hf/llama-3-8b");
+    zp_inventory_moe_block(&dense, &p, 1, FALSE, &list);
+    g_assert_cmpint(list.n, ==, 0); /* uniform blocks: the framework's inventory */
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -510,5 +711,8 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
     g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
+    g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
+    g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);
+    g_test_add_func("/moe-sched/block-kernels", test_block_kernels);
     return g_test_run();
 }

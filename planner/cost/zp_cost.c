@@ -175,6 +175,36 @@ static ZpLinkClass dp_link(const ZpHw *hw, const ZpPlan *plan)
     return hw->gpus_per_node > 0 && span <= hw->gpus_per_node ? ZP_LINK_NVLINK : ZP_LINK_NETWORK;
 }
 
+/* A mixture of experts' or latent attention's block ops by their own kernels
+ * (zp_inventory_moe_block): the first dense and the first sparse unit's, forward, backward
+ * and (full checkpointing) the recomputed forward. */
+static void block_variants(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
+{
+    static const ZpComputeKind kinds[] = {ZP_COMP_BLOCK_FWD, ZP_COMP_RECOMPUTE,
+                                          ZP_COMP_BLOCK_BWD};
+    gboolean seen[2] = {FALSE, FALSE};
+    for (int u = 1; u <= model->layers && c->n_blocks < 2; u++) {
+        const int sparse = zp_moe_enabled(&model->moe) && zp_model_unit_sparse(model, u);
+        if (seen[sparse])
+            continue;
+        seen[sparse] = TRUE;
+        const int v = c->n_blocks++;
+        for (int k = 0; k < ZP_COMP_N; k++)
+            c->block_flops[v][k] = -1; /* kinds never matched */
+        for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++) {
+            const ZpComputeKind k = kinds[i];
+            double flops = 0, bytes = 0;
+            if ((k == ZP_COMP_RECOMPUTE && !plan->checkpoint) ||
+                !zp_sched_unit_block_op(model, plan, u, k, &flops, &bytes))
+                continue;
+            ZpInvList list;
+            zp_inventory_moe_block(model, plan, u, k == ZP_COMP_BLOCK_BWD, &list);
+            c->block_flops[v][k] = flops, c->block_mem_bytes[v][k] = bytes;
+            c->block_s[v][k] = zp_cost_inv_op_s(c, &list, NULL, NULL);
+        }
+    }
+}
+
 static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
 {
     const ZpHw *hw = c->hw;
@@ -200,8 +230,8 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
         c->launches[k] = tot.launches;
         /* The inventories launch one uniform block (a dense MLP ffn_hidden wide, the fused
          * qkv); a mixture of experts' or latent attention's blocks differ from it and from each
-         * other (zp_build_unit_block_cost), so their ops are priced from their own FLOPs and
-         * bytes on the roofline, never from those kernels. */
+         * other (zp_build_unit_block_cost), so their ops are priced by their own kernels
+         * (block_variants), never by those. */
         const gboolean block = k == ZP_COMP_BLOCK_FWD || k == ZP_COMP_RECOMPUTE ||
                                k == ZP_COMP_BLOCK_BWD;
         if (block && (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)))
@@ -223,11 +253,13 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                                     : "no host issue cost (none in the profile)",
                zp_link_class_name(c->dp_link),
                zp_kernrate_interference(r, c->dp_link, 1));
-    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla))
-        g_strlcat(c->why, "; blocks with experts or latent attention on the roofline of their "
-                  "own FLOPs and bytes (the inventory has one uniform block), the experts' "
-                  "grouped GEMMs and unpermute by their kernels (zp_inventory_moe)",
-                  sizeof c->why);
+    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+        block_variants(c, model, plan);
+        g_strlcat(c->why, "; blocks with experts or latent attention by their own kernels "
+                  "(attention and latent projections, shared experts, router, softmax and "
+                  "top-k, permute), the experts' grouped GEMMs and unpermute by theirs "
+                  "(zp_inventory_moe)", sizeof c->why);
+    }
 }
 
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
@@ -341,6 +373,9 @@ double zp_cost_op_s(const ZpCost *c, ZpComputeKind kind, int module, double flop
         c->inv->optimizer(&c->dims, mem_bytes / c->optimizer_elem_bytes, &list);
         return zp_cost_inv_op_s(c, &list, NULL, NULL);
     }
+    for (int v = 0; c->inventory && module < 0 && v < c->n_blocks; v++)
+        if (same(flops, c->block_flops[v][kind]) && same(mem_bytes, c->block_mem_bytes[v][kind]))
+            return c->block_s[v][kind];
     if (c->inventory && c->launches[kind] > 0 &&
         (module >= 0 || (same(flops, c->op_flops[kind]) && same(mem_bytes, c->op_mem_bytes[kind]))))
         return c->kind_s[kind] * (module >= 0 ? c->module_share[kind][module] : 1.0);

@@ -65,6 +65,12 @@ typedef struct ZpCost {
     double op_flops[ZP_COMP_N], op_mem_bytes[ZP_COMP_N];
     ZpLinkClass dp_link;                /* the data-parallel group's link: its collectives
                                          * overlap compute */
+    /* A mixture of experts' or latent attention's blocks by their own kernels
+     * (zp_inventory_moe_block): a dense and a sparse unit's block ops (ZP_COST_BLOCKS
+     * variants, n_blocks of them), each kind's FLOPs, bytes and seconds; an op matching one
+     * is priced so. */
+    int n_blocks;
+    double block_flops[2][ZP_COMP_N], block_mem_bytes[2][ZP_COMP_N], block_s[2][ZP_COMP_N];
 } ZpCost;
 
 /* Chooses the table when hw has one (and for each op of the model and plan its whole-op time,

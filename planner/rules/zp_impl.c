@@ -274,3 +274,10 @@ void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers)
 {
     (void)s, (void)buffers;
 }
+
+ZpCollKind zp_impl_expert_grad_collective(const ZpPlan *plan)
+{
+    const ZpImpl *impl = zp_impl_get(plan->impl);
+    return impl->expert_grad_collective ? impl->expert_grad_collective(plan)
+                                        : impl->grad_collective(plan);
+}

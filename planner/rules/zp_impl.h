@@ -220,6 +220,11 @@ typedef struct ZpImpl {
      * (zp_zeropp_qgz_across_nodes; on one the bucket is reduce-scattered whole); FALSE: each
      * bucket through one pair (zp_zeropp_qgz). */
     gboolean qgz_by_tensor;
+    /* A mixture of experts' gradients over the expert-data-parallel group: the collective of
+     * a sparse unit's experts; NULL: grad_collective, as an implementation whose expert
+     * gradients share the dense ones' reduction path does it (DeepSpeed's stage_1_and_2.py
+     * average_tensor, Megatron-Core's expert grad buffers). */
+    ZpCollKind (*expert_grad_collective)(const ZpPlan *plan);
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
@@ -250,6 +255,9 @@ gboolean zp_impl_module_compute(const ZpSchedule *s);
  * or for an implementation with grads_by_module at stages 1-2 when the gradients are reduced
  * during the backward (no pipeline) and the plan does not ask for whole blocks. */
 gboolean zp_impl_module_backward(const ZpSchedule *s);
+
+/* The plan's implementation's expert_grad_collective, or its grad_collective without one. */
+ZpCollKind zp_impl_expert_grad_collective(const ZpPlan *plan);
 
 /* The plan's implementation's grads_by_module (FALSE without one). */
 gboolean zp_impl_grads_by_module(const ZpPlan *plan);

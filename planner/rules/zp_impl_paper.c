@@ -15,6 +15,13 @@ static ZpCollKind paper_grad_collective(const ZpPlan *plan)
     return plan->zero.stage == 0 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
 }
 
+/* The paper has no experts: their gradients are reduced as they are kept, whole below stage 2
+ * (all-reduce), partitioned from it (reduce-scatter) over the expert-data-parallel group. */
+static ZpCollKind paper_expert_grad_collective(const ZpPlan *plan)
+{
+    return plan->zero.stage >= 2 ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE;
+}
+
 /* Whole units grouped up to reduce_bucket_size, a larger unit alone. */
 static void paper_plan_buckets(const ZpSchedule *s, GArray *buckets)
 {
@@ -158,6 +165,7 @@ const ZpImpl zp_impl_paper = {
     .stages = "stages 0, 1, 2 and 3",
     .zero_r = TRUE,
     .grad_collective = paper_grad_collective,
+    .expert_grad_collective = paper_expert_grad_collective,
     .plan_buckets = paper_plan_buckets,
     .bucket_buffers = paper_bucket_buffers,
     .concat_copy = paper_concat_copy,

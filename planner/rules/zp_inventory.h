@@ -97,6 +97,14 @@ void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan 
 void zp_inventory_moe_op(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,
                          ZpInvList *out);
 
+/* A block of a mixture of experts or with latent attention by its own widths (unit 1..L: a
+ * sparse unit's shared experts, router, softmax and top-k and permutation, a dense unit's MLP;
+ * latent attention's low-rank projections), forward (backward FALSE) or backward: the kernels
+ * whose FLOPs and bytes zp_build_unit_block_cost counts for the op, so that the op is priced
+ * on the kernel surface. Nothing for a model with uniform blocks. */
+void zp_inventory_moe_block(const ZpModel *model, const ZpPlan *plan, int unit, gboolean backward,
+                            ZpInvList *out);
+
 /* Totals over a list: GEMM FLOPs (batched GEMMs included), attention-kernel FLOPs, bytes read
  * plus written by the memory-bound kernels, and kernel launches (collectives excluded). */
 typedef struct {

@@ -3,7 +3,21 @@
 #include "zp_ep.h"
 #include "zp_inventory.h"
 
+#include <string.h>
+
 #define GROUPED "megatron/core/transformer/moe/experts.py GroupedMLP.forward (grouped_gemm)"
+#define ROUTER                                                                                 \
+    "megatron/core/transformer/moe/router.py TopKRouter.gating (the [E, h] linear); "           \
+    "deepspeed/moe/sharded_moe.py TopKGate.forward (self.wg)"
+#define TOPK                                                                                   \
+    "megatron/core/transformer/moe/moe_utils.py topk_softmax_with_capacity (softmax, topk); "  \
+    "deepspeed/moe/sharded_moe.py top2gating / topkgating"
+#define PERMUTE                                                                                \
+    "megatron/core/transformer/moe/moe_utils.py permute (index_select into expert order, "     \
+    "token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_preprocess); "                    \
+    "deepspeed/moe/sharded_moe.py MOELayer.forward (the dispatch einsum before _AllToAll)"
+#define MLA "transformers modeling_deepseek_v3.py DeepseekV3Attention.forward"
+#define BLOCK "zp_build_moe.c block_forward (the block's own widths)"
 #define UNPERMUTE "megatron/core/transformer/moe/moe_utils.py unpermute"
 
 /* The routed experts over the R tokens this rank's E/EP experts received (the busiest rank's,
@@ -47,6 +61,116 @@ static void unpermute(const ZpModel *model, const ZpPlan *plan, gboolean backwar
         zp_inv_mem(out, "unpermute", Tk * h * e + 4 * Tk, T * h * e, UNPERMUTE);
     else
         zp_inv_mem(out, "unpermute.backward", (T + Tk) * h * e, Tk * h * e + 4 * Tk, UNPERMUTE);
+}
+
+/* ---- a block by its own widths --------------------------------------------------------- */
+
+/* Forward kernels are listed as built; the backward is derived kernel by kernel from them
+ * (each GEMM's data and weight gradients, the attention kernel's backward, each memory-bound
+ * kernel's reads and writes twice), as zp_build_unit_block_cost doubles the forward. */
+static void gemm(ZpInvList *out, const char *name, double m, double n, double k, double e)
+{
+    zp_inv_gemm(out, name, 1, m, n, k, e, e, BLOCK);
+}
+
+/* Core attention over d_qk-wide scores and d_v-wide values per head (H/t heads on the rank):
+ * the fused kernel at the model's attention FLOPs (2 b s^2 H (d_qk + d_v) / t), or eager's
+ * scores and context batched GEMMs around the softmax's 2 b H s^2 / t reads and writes. */
+static void core_attention(ZpInvList *out, const ZpInvDims *d, double heads, double dqk,
+                           double dv)
+{
+    if (d->fused) {
+        ZpInvDims a = *d;
+        a.h = 0.5 * heads * d->mp * (dqk + dv); /* zp_inv_attention's 4 b s^2 h / t */
+        a.heads = heads, a.hd = 0.5 * (dqk + dv);
+        zp_inv_attention(out, &a, 0, BLOCK);
+        return;
+    }
+    const double bh = d->b * heads, sc = bh * d->s * d->s;
+    zp_inv_gemm(out, "scores", bh, d->s, d->s, dqk, d->e, d->e, BLOCK);
+    zp_inv_mem(out, "softmax", sc * d->e, sc * d->e, BLOCK);
+    zp_inv_gemm(out, "context", bh, d->s, dv, d->s, d->e, d->e, BLOCK);
+}
+
+static void block_forward(const ZpModel *model, const ZpPlan *plan, int unit, ZpInvList *out)
+{
+    ZpInvDims d;
+    zp_inventory_dims(model, plan, &d);
+    const double T = d.t, h = d.h, t = d.mp, e = d.e, H = (double)model->heads;
+    const double th = d.t_norm * h * e; /* a norm's or residual add's tensor */
+    zp_inv_mem(out, "input_norm", th, th, BLOCK);
+    const ZpMla *mla = &model->mla;
+    if (zp_mla_enabled(mla)) {
+        const double rq = (double)mla->q_lora_rank, rkv = (double)mla->kv_lora_rank;
+        const double rope = (double)mla->qk_rope_dim, dqk = (double)mla->qk_nope_dim + rope;
+        const double dv = (double)mla->v_dim;
+        if (rq > 0) {
+            gemm(out, "q_a_proj", T, rq, h, e);
+            zp_inv_mem(out, "q_a_layernorm", T * rq * e, T * rq * e, MLA);
+            gemm(out, "q_b_proj", T, H * dqk / t, rq, e);
+        } else {
+            gemm(out, "q_proj", T, H * dqk / t, h, e);
+        }
+        gemm(out, "kv_a_proj_with_mqa", T, rkv + rope, h, e);
+        zp_inv_mem(out, "kv_a_layernorm", T * rkv * e, T * rkv * e, MLA);
+        gemm(out, "kv_b_proj", T, H * ((double)mla->qk_nope_dim + dv) / t, rkv, e);
+        core_attention(out, &d, H / t, dqk, dv);
+        gemm(out, "o_proj", T, h, H * dv / t, e);
+    } else {
+        gemm(out, "qkv", T, (double)zp_model_qkv_width(model) / t, h, e);
+        core_attention(out, &d, H / t, d.hd, d.hd);
+        gemm(out, "proj", T, h, h / t, e);
+    }
+    zp_inv_mem(out, "residual_add", 2 * th, th, BLOCK);
+    zp_inv_mem(out, "post_attention_norm", th, th, BLOCK);
+    const gboolean sparse = zp_moe_enabled(&model->moe) && zp_model_unit_sparse(model, unit);
+    const double f = (double)(sparse ? model->moe.shared_ffn : model->ffn_hidden) / t;
+    if (f > 0) {
+        gemm(out, sparse ? "shared_experts.fc1" : "fc1", T, (d.gated ? 2 : 1) * f, h, e);
+        zp_inv_mem(out, d.gated ? "swiglu" : "activation", (d.gated ? 2 : 1) * T * f * e,
+                   T * f * e, BLOCK);
+        gemm(out, sparse ? "shared_experts.fc2" : "fc2", T, h, f, e);
+    }
+    if (sparse) {
+        /* The router is whole on every tensor rank (TopKRouter is not split), its logits
+         * [T, E]; softmax and top-k read them and write the probabilities (the scores kept
+         * for the combine); permute reads the T tokens and writes their T k copies. */
+        const double E = (double)model->moe.experts, k = (double)model->moe.top_k;
+        zp_inv_gemm(out, "router", 1, T, E, h, e, e, ROUTER);
+        zp_inv_mem(out, "router.softmax_topk", T * E * e, T * E * e, TOPK);
+        zp_inv_mem(out, "permute", T * h * e, T * k * h * e, PERMUTE);
+    }
+    zp_inv_mem(out, "residual_add", 2 * th, th, BLOCK);
+}
+
+void zp_inventory_moe_block(const ZpModel *model, const ZpPlan *plan, int unit, gboolean backward,
+                            ZpInvList *out)
+{
+    out->n = 0;
+    if (!zp_moe_enabled(&model->moe) && !zp_mla_enabled(&model->mla))
+        return;
+    if (!backward) {
+        block_forward(model, plan, unit, out);
+        return;
+    }
+    ZpInvList fwd = {0};
+    block_forward(model, plan, unit, &fwd);
+    const double e = zp_plan_elem_bytes(plan->precision);
+    for (int i = 0; i < fwd.n; i++) {
+        const ZpInvKernel *x = &fwd.k[i];
+        if (x->cls == ZP_KC_GEMM) { /* dgrad [m, k] = [m, n] [n, k]; wgrad [k, n] over m */
+            zp_inv_gemm(out, x->name, x->batch, x->m, x->k, x->n, e, e, x->source);
+            zp_inv_gemm(out, x->name, x->batch, x->k, x->n, x->m, e, e, x->source);
+        } else if (x->cls == ZP_KC_ATTENTION) {
+            ZpInvKernel b = *x;
+            b.backward = 1, b.flops = 2 * x->flops, b.name = "attention_bwd";
+            b.read_bytes = x->read_bytes + 2 * x->write_bytes, b.write_bytes = x->read_bytes;
+            g_assert(out->n < ZP_INV_MAX);
+            out->k[out->n++] = b;
+        } else {
+            zp_inv_mem(out, x->name, 2 * x->read_bytes, 2 * x->write_bytes, x->source);
+        }
+    }
 }
 
 void zp_inventory_moe_op(const ZpModel *model, const ZpPlan *plan, ZpComputeKind kind,

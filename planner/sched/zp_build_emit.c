@@ -177,8 +177,14 @@ static Cost core_attention_cost(const ZpSchedule *s)
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, a = m->heads;
     const double mp = s->plan.mp;
     const gboolean fused = zp_attention_fused(s->plan.attention);
+    /* Latent attention scores over d_qk = d_nope + d_rope and weighs values of d_v per head:
+     * 2 b s^2 H (d_qk + d_v) (zp_build_moe block_forward), H d_qk not being h there. */
+    const ZpMla *mla = &m->mla;
+    const double width = zp_mla_enabled(mla)
+                             ? 0.5 * a * (double)(mla->qk_nope_dim + mla->qk_rope_dim + mla->v_dim)
+                             : h;
     const double attention =
-        4 * b * sq * sq * h / mp * (fused ? zp_model_attention_share(m) : 1.0);
+        4 * b * sq * sq * width / mp * (fused ? zp_model_attention_share(m) : 1.0);
     return (Cost){.flops = attention, .attn_flops = fused ? attention : 0.0,
                   .mem_bytes = fused ? 0.0 : s->elem_bytes * 2 * b * a * sq * sq / mp};
 }

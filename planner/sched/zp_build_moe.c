@@ -298,19 +298,27 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
                                              &returned, &in, 1);
     /* The experts' gradients, reduced over the expert-data-parallel group where the dense
-     * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
-     * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
-     * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * from stage 2, all-reduce below, in the reduction dtype. From stage 2, where the rank
-     * keeps only its partition, the unit's unreduced expert gradients land in a bucket of
-     * their own, taken before the experts' backward and freed after the reduce-scatter reads
-     * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
+     * ones are reduced over dp, by the collective the dense buckets use
+     * (zp_impl_expert_grad_collective): DeepSpeed's stage_1_and_2.py keeps the experts in
+     * param groups of their own (_configure_moe_settings: real_dp_process_group is the
+     * expert DP group) but in the same IPG buckets as the dense gradients, and average_tensor
+     * reduces each parameter's slice over its group, all-reducing with
+     * use_multi_rank_bucket_allreduce (allreduce_and_scatter, its default) at stages 1-2;
+     * stage3.py __avg_scatter_grads reduce-scatters over the parameter's ds_process_group;
+     * Megatron-Core's expert grad buffers reduce-scatter with the distributed optimizer. One
+     * collective a sparse unit, not a bucket's worth: the bytes are the same, and a unit's
+     * experts (Mixtral at EP 8: 176M elements) are a third of the default 5e8 bucket.
+     * From stage 2, where the rank keeps only its partition, the unit's unreduced expert
+     * gradients land in a bucket of their own, taken before the experts' backward and freed
+     * after the reduction reads it (DeepSpeed reduces an expert parameter's gradient out of
+     * its IPG bucket). Without overlap_comm average_tensor runs on the current stream, so
+     * the compute waits for it, as for a dense bucket (zp_build_buckets launch_bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    const gboolean scatter = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
+    const gboolean bucketed = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;
-    const uint32_t taken = reduced && scatter
+    const uint32_t taken = reduced && bucketed
                                ? zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, unit, micro,
                                                      &bucket, &in, 1)
                                : NONE;
@@ -322,10 +330,12 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
     if (reduced) {
         const uint32_t r = zp_build_emit_collective(
-            b, scatter ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE, ZP_GROUP_EDP, unit, micro,
-            bucket, zp_sched_unit_expert_offset(s, unit), n, bytes, &expert, 1);
+            b, zp_impl_expert_grad_collective(&s->plan), ZP_GROUP_EDP, unit, micro, bucket,
+            zp_sched_unit_expert_offset(s, unit), n, bytes, &expert, 1);
         if (bucket >= 0)
             zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, unit, micro, bucket, r);
+        if (!s->plan.zero.overlap_comm)
+            g_array_append_val(b->sync_deps, r);
     }
     return returned;
 }
@@ -396,7 +406,13 @@ void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
     const uint64_t again = plan->checkpoint ? 2 : 1; /* the recomputed forward's experts */
     const uint64_t sparse = (uint64_t)zp_moe_sparse_layers(&model->moe, model->layers);
     set_ops(&ops[ZP_COMP_BLOCK_FWD], micro * L, fwd);
-    set_ops(&ops[ZP_COMP_RECOMPUTE], plan->checkpoint ? micro * L : 0, fwd);
+    /* Selective recomputation: each block's core attention again in its backward (Megatron's
+     * --recompute-granularity selective: CoreAttention under checkpointed_attention_forward),
+     * the experts not (they keep their activations). */
+    if (zp_build_selective(plan))
+        set_ops(&ops[ZP_COMP_RECOMPUTE], micro * L, zp_build_recompute_cost(&s));
+    else
+        set_ops(&ops[ZP_COMP_RECOMPUTE], plan->checkpoint ? micro * L : 0, fwd);
     set_ops(&ops[ZP_COMP_BLOCK_BWD], micro * L, bwd);
     if (sparse == 0)
         return;
@@ -404,4 +420,16 @@ void zp_build_moe_compute_ops(const ZpModel *model, const ZpPlan *plan,
     set_ops(&ops[ZP_COMP_EXPERT_BWD], micro * sparse, expert_cost(&b, TRUE));
     set_ops(&ops[ZP_COMP_UNPERMUTE_FWD], again * micro * sparse, unpermute_cost(&b, FALSE));
     set_ops(&ops[ZP_COMP_UNPERMUTE_BWD], micro * sparse, unpermute_cost(&b, TRUE));
+}
+
+gboolean zp_sched_unit_block_op(const ZpModel *model, const ZpPlan *plan, int unit,
+                                ZpComputeKind kind, double *flops, double *mem_bytes)
+{
+    if (uniform_blocks(model))
+        return FALSE;
+    ZpSchedule s = {.model = *model, .plan = *plan,
+                    .elem_bytes = zp_plan_elem_bytes(plan->precision), .stages = 1};
+    const Cost c = zp_build_unit_block_cost(&s, unit, kind);
+    *flops = c.flops, *mem_bytes = c.mem_bytes;
+    return TRUE;
 }

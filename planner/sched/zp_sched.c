@@ -46,9 +46,6 @@ static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **er
     else if (p->zero.offload_optimizer.device != ZP_OFFLOAD_NONE ||
              p->zero.offload_param.device != ZP_OFFLOAD_NONE || p->ckpt.cpu_checkpointing)
         bad = "offload: offloading a mixture of experts' states is not scheduled";
-    else if (p->selective_recompute)
-        bad = "recompute: selective recomputation of a mixture of experts is not scheduled; "
-              "use full checkpointing";
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s)", bad, model->name);
         return FALSE;

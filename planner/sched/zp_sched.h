@@ -40,6 +40,12 @@ ZpSchedule *zp_sched_stage_view(const ZpSchedule *sched, int stage);
 void zp_sched_compute_ops(const ZpModel *model, const ZpPlan *plan,
                           ZpComputeOps ops[ZP_COMP_N]);
 
+/* One block op of unit `unit` (1..L) as zp_sched_build emits it for a model whose blocks
+ * differ (a mixture of experts, latent attention): its FLOPs and bytes (kind block_fwd,
+ * recompute under full checkpointing, or block_bwd). FALSE for a model of uniform blocks. */
+gboolean zp_sched_unit_block_op(const ZpModel *model, const ZpPlan *plan, int unit,
+                                ZpComputeKind kind, double *flops, double *mem_bytes);
+
 /* The elements one rank's optimizer steps without a pipeline, as zp_sched_build lays them
  * out (before optimizer offload takes its share): every parameter at stage 0, the padded
  * total's 1/dp at stages 1-2, the sum of each unit's padded 1/dp at stage 3. */

@@ -315,14 +315,16 @@ static gboolean check_experts(Check *c, const ZpOp *op)
                    zp_sched_coll_name(op->sub));
     if (zp_plan_ep(&s->plan) == 1 && op->group == ZP_GROUP_EP)
         return bad(c, "group", "ep in a plan without expert parallelism (EP 1)");
-    /* From stage 2 a unit's expert gradients are reduce-scattered out of a bucket of their
-     * own (zp_build_moe_backward); nothing else of the experts' names a buffer. */
-    const gboolean scatter = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_REDUCE_SCATTER;
-    if (scatter ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
-        return scatter ? FALSE
-                       : bad(c, "buffer", "= %d: expert collectives but the reduce-scatter "
-                                          "of a unit's expert gradients use no bucket",
-                             op->buffer);
+    /* From stage 2 a unit's expert gradients are reduced out of a bucket of their own
+     * (zp_build_moe_backward), whichever collective the implementation reduces them with;
+     * nothing else of the experts' names a buffer. */
+    const gboolean bucketed = op->group == ZP_GROUP_EDP && op->unit >= 0 &&
+                              op->sub != ZP_COLL_ALLGATHER && s->plan.zero.stage >= 2;
+    if (bucketed ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
+        return bucketed ? FALSE
+                        : bad(c, "buffer", "= %d: expert collectives but the reduction of a "
+                                           "unit's expert gradients from stage 2 use no bucket",
+                              op->buffer);
     if (a2a)
         return zp_build_moe_sparse(s, op->unit) ||
                bad(c, "unit", "= %d is no sparse block", op->unit);
@@ -348,9 +350,10 @@ static gboolean check_experts(Check *c, const ZpOp *op)
         return stage == 3 ? need_bytes(c, op->bytes, (double)want * c->st.param_bytes,
                                        "the layout")
                           : bad(c, "op", "allgather: only stage 3 gathers a unit's experts");
-    if ((op->sub == ZP_COLL_REDUCE_SCATTER) != (stage >= 2))
+    const ZpCollKind reduce = zp_impl_expert_grad_collective(&s->plan);
+    if (op->sub != reduce)
         return bad(c, "op", "%s: stage %d reduces expert gradients with %s",
-                   zp_sched_coll_name(op->sub), stage, stage >= 2 ? "reduce_scatter" : "allreduce");
+                   zp_sched_coll_name(op->sub), stage, zp_sched_coll_name(reduce));
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 

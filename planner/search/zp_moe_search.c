@@ -15,8 +15,11 @@
  * kind): the schedule's compute ops in closed form (zp_sched_compute_ops), a block's by the
  * mean over the dense and sparse blocks with latent attention's own projections, the busiest
  * rank's experts (the skew is the plan's) and the optimizer on the rank's partitions. */
-static double compute_s(const ZpSearchSpec *spec, const ZpPlan *plan)
+static double compute_s(const ZpSearchSpec *spec, const ZpPlan *piped)
 {
+    ZpPlan whole = *piped; /* the whole model's ops: stage_share takes a stage's part */
+    whole.pipe = (ZpPipeConfig){0};
+    const ZpPlan *plan = &whole;
     ZpCost cost;
     if (!zp_cost_init(&cost, spec->hw, spec->model, plan, NULL))
         return INFINITY;
@@ -31,6 +34,57 @@ static double compute_s(const ZpSearchSpec *spec, const ZpPlan *plan)
                                                  o->gemm_flops, o->attn_flops, o->mem_bytes);
     }
     return total;
+}
+
+/* The busiest pipeline stage's part of the blocks: ceil(L / P) of L, as Megatron's uniform
+ * split gives the first L mod P stages one block more (zp_pipe_partition), so a P that does
+ * not divide the layers pays for its largest stage. */
+static double stage_share(const ZpModel *m, const ZpPlan *p)
+{
+    const int64_t P = zp_plan_pp(p);
+    return P == 1 ? 1.0 : (double)((m->layers + P - 1) / P) / (double)m->layers;
+}
+
+/* 1F1B's fill and drain: the stage's m micro-batches take m + P - 1 chunk steps (Narayanan et
+ * al. 2021, sec. 2.2: the bubble's share (P - 1) / m of the ideal time). */
+static double bubble(const ZpPlan *p)
+{
+    return 1.0 + (zp_plan_pp(p) - 1.0) / p->grad_accum;
+}
+
+/* The first pipeline stage's memory, as the dense screen takes it (zp_search.c
+ * pipeline_memory_bytes): its blocks' states with the embedding, the activations of the
+ * min(P, m) micro-batches 1F1B keeps in flight there. Its blocks are taken all sparse (the
+ * heaviest stage's; DeepSeek-V3's first three dense blocks sit on stage 0 but the screen
+ * bounds the worst), the states of its dense part over DP and its experts over DP/EP. */
+static double stage_memory_bytes(const ZpSearchSpec *spec, const ZpPlan *piped,
+                                 double *states_bytes, double *residual_bytes)
+{
+    const ZpModel *m = spec->model;
+    const int64_t P = zp_plan_pp(piped);
+    ZpModel stage = *m;
+    stage.layers = (m->layers + P - 1) / P;
+    if (stage.moe.step <= 1) {
+        stage.moe.first_dense = 0;
+        stage.moe.n_dense_listed = 0;
+    }
+    ZpPlan plan = *piped;
+    plan.pipe = (ZpPipeConfig){0};
+    const int ep = zp_plan_ep(&plan);
+    double dense = (double)zp_model_unit_elems(&stage, 0), experts = 0;
+    for (int u = 1; u <= stage.layers; u++) {
+        const double x = (double)zp_model_unit_expert_elems(&stage, u);
+        experts += x;
+        dense += (double)zp_model_unit_elems(&stage, u) - x;
+    }
+    const ZpStateBytes sb = zp_impl_state_bytes(&plan);
+    const int s = plan.zero.stage;
+    *states_bytes = zp_mem_model_states(dense, s, plan.dp, plan.mp, sb).total_bytes +
+                    zp_mem_model_states(experts / ep, s, plan.dp / ep, plan.mp, sb).total_bytes;
+    const ZpResidual r = zp_mem_residual(&stage, &plan, spec->hw);
+    const double in_flight = MIN(P, piped->grad_accum);
+    *residual_bytes = r.total_bytes + (in_flight - 1) * (r.activations_bytes + r.checkpoint_bytes);
+    return *states_bytes + *residual_bytes;
 }
 
 static double bus_bytes_per_s(const ZpSearchSpec *spec, int ranks, int stride, ZpGroup group)
@@ -52,14 +106,15 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
                                      : 2.0 * (plan->mp - 1) / plan->mp * bytes /
                                            bus_bytes_per_s(spec, plan->dp, plan->mp,
                                                            ZP_GROUP_TP);
-    return (plan->checkpoint ? 6.0 : 4.0) * (double)m->layers * plan->grad_accum * each;
+    return (plan->checkpoint ? 6.0 : 4.0) * (double)m->layers * stage_share(m, plan) *
+           plan->grad_accum * each;
 }
 
 /* One group's data-parallel traffic per step: `psi` elements a rank reduces (once a step at
  * stages 0-1, every micro-step at 2-3, twice over by an all-reduce) and, at stages 1-2, the
  * updated parameters all-gathered; stage 3 gathers the parameters forward and backward. */
 static void group_s(const ZpSearchSpec *spec, const ZpPlan *plan, double psi, int ranks,
-                    int stride, double *reduce_s, double *gather_s)
+                    int stride, ZpCollKind reduce, double *reduce_s, double *gather_s)
 {
     *reduce_s = *gather_s = 0;
     if (ranks <= 1)
@@ -68,8 +123,7 @@ static void group_s(const ZpSearchSpec *spec, const ZpPlan *plan, double psi, in
     const double sent = (ranks - 1.0) / ranks;
     const double bw = bus_bytes_per_s(spec, ranks, stride, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
-    const double passes =
-        zp_impl_get(plan->impl)->grad_collective(plan) == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
+    const double passes = reduce == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
     const double times = stage >= 2 ? plan->grad_accum : 1.0;
     *reduce_s = sent * passes * times * psi * zp_plan_reduce_bytes(plan) / bw;
     if (stage == 3)
@@ -85,25 +139,40 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
     const ZpStateBytes sb = zp_plan_state_bytes(p->precision, p->optimizer);
-    c->states_bytes = zp_ep_model_states(spec->model, p, p->zero.stage, sb).total.total_bytes;
-    c->residual_bytes = zp_mem_residual(spec->model, p, spec->hw).total_bytes;
-    c->memory_bytes = c->states_bytes + c->residual_bytes;
+    const double share = stage_share(spec->model, p), stretch = bubble(p);
+    const int P = zp_plan_pp(p);
+    if (P > 1) {
+        c->memory_bytes = stage_memory_bytes(spec, p, &c->states_bytes, &c->residual_bytes);
+    } else {
+        c->states_bytes =
+            zp_ep_model_states(spec->model, p, p->zero.stage, sb).total.total_bytes;
+        c->residual_bytes = zp_mem_residual(spec->model, p, spec->hw).total_bytes;
+        c->memory_bytes = c->states_bytes + c->residual_bytes;
+    }
     c->fits = c->memory_bytes <= spec->hw->gpu_memory_bytes;
-    c->compute_s = compute_s(spec, p);
-    c->tp_s = tp_s(spec, p);
-    c->alltoall_s = zp_ep_alltoall(spec->model, p, spec->hw).step_time_s;
+    /* A stage's compute, TP all-reduces and all-to-alls, stretched by the bubble
+     * (zp_ep_alltoall's step counts an average stage's sparse layers: its P x share). */
+    c->compute_s = compute_s(spec, p) * share * stretch;
+    c->tp_s = tp_s(spec, p) * stretch;
+    c->alltoall_s = zp_ep_alltoall(spec->model, p, spec->hw).step_time_s * P * share * stretch;
     const int ep = zp_plan_ep(p);
-    const double experts = zp_ep_expert_params(spec->model) / ep / p->mp;
+    const double experts = zp_ep_expert_params(spec->model) / ep / p->mp * share;
     const double dense = ((double)zp_model_param_count(spec->model) -
-                          zp_ep_expert_params(spec->model)) / p->mp;
+                          zp_ep_expert_params(spec->model)) / p->mp * share;
     double dense_reduce, dense_gather, expert_reduce, expert_gather;
-    group_s(spec, p, dense, p->dp, p->mp, &dense_reduce, &dense_gather);
-    group_s(spec, p, experts, p->dp / ep, p->mp * ep, &expert_reduce, &expert_gather);
+    group_s(spec, p, dense, p->dp, p->mp * P, zp_impl_get(p->impl)->grad_collective(p),
+            &dense_reduce, &dense_gather);
+    group_s(spec, p, experts, p->dp / ep, p->mp * P * ep, zp_impl_expert_grad_collective(p),
+            &expert_reduce, &expert_gather);
     const double reduce = dense_reduce + expert_reduce, gather = dense_gather + expert_gather;
     c->dp_s = reduce + gather;
     const double chain = c->compute_s + c->tp_s + c->alltoall_s;
-    c->step_s = p->zero.stage == 3 ? fmax(chain, reduce + gather)
-                                   : fmax(chain, reduce) + gather;
+    /* A pipeline reduces after its flush (zp_sched: no reduction inside the micro-steps);
+     * without overlap_comm the reductions block the compute stream (stage_1_and_2.py
+     * average_tensor on the current stream), the experts' as the dense buckets'. */
+    c->step_s = P > 1 || !p->zero.overlap_comm ? chain + reduce + gather
+                : p->zero.stage == 3           ? fmax(chain, reduce + gather)
+                                               : fmax(chain, reduce) + gather;
     c->tokens_per_s = (double)p->dp * p->micro_batch * p->grad_accum *
                       (double)spec->model->seq_len / c->step_s;
 }
@@ -141,13 +210,50 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
         const int64_t per_step = (int64_t)base->dp * micro;
         if (spec->global_batch > 0 && spec->global_batch % per_step != 0)
             continue;
-        for (int ckpt = 0; ckpt <= 1; ckpt++) {
+        const int P = zp_plan_pp(base);
+        if (P > 1 && spec->global_batch / per_step < P)
+            continue; /* a pipeline needs micro-batches to fill it (Megatron's check) */
+        /* None, full checkpointing, and where the implementation has it (Megatron's) the
+         * selective recomputation of core attention. */
+        for (int ckpt = 0; ckpt <= 2; ckpt++) {
+            if (ckpt == 2 && !zp_impl_get(base->impl)->selective_recompute)
+                continue;
             ZpMoeCandidate c = {.plan = *base};
             c.plan.micro_batch = micro;
             c.plan.grad_accum = spec->global_batch > 0 ? (int)(spec->global_batch / per_step) : 1;
-            c.plan.checkpoint = ckpt;
+            c.plan.checkpoint = ckpt == 1;
+            c.plan.selective_recompute = ckpt == 2;
             judge(spec, &c);
             g_array_append_val(out, c);
+        }
+    }
+}
+
+/* Every EP degree and stage at one TP degree and pipeline. */
+static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, double skew,
+                        double capacity_factor, GArray *out)
+{
+    const ZpModel *m = spec->model;
+    const int node = MAX(spec->hw->gpus_per_node, 1);
+    const int dp = spec->gpus / (mp * MAX(pipe.stages, 1));
+    for (int ep = 1; ep <= dp; ep++) {
+        if (m->moe.experts % ep || dp % ep)
+            continue;
+        for (int stage = 0; stage <= 3; stage++) {
+            if ((spec->stage >= 0 && stage != spec->stage) ||
+                !zp_impl_get(spec->impl)->has_stage(stage))
+                continue;
+            ZpPlan base;
+            zp_plan_defaults(&base, stage, dp, mp);
+            base.precision = spec->precision;
+            base.optimizer = spec->optimizer;
+            base.attention = spec->attention;
+            base.reduce_dtype = spec->reduce_dtype;
+            base.impl = spec->impl;
+            base.gpus_per_node = node;
+            base.pipe = pipe;
+            base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
+            add_micro(spec, &base, out);
         }
     }
 }
@@ -164,25 +270,14 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
         if ((spec->mp > 0 && mp != spec->mp) || spec->gpus % mp || m->heads % mp ||
             zp_model_kv_heads(m) % mp || node % mp)
             continue;
-        const int dp = spec->gpus / mp;
-        for (int ep = 1; ep <= dp; ep++) {
-            if (m->moe.experts % ep || dp % ep)
+        /* Pipelines (1F1B, the uniform split) where a global batch gives micro-batches to
+         * fill them: every P up to the layer count that leaves whole data-parallel ranks. */
+        for (int P = 1; P <= m->layers && (P == 1 || spec->global_batch > 0); P++) {
+            if (spec->gpus % ((int64_t)mp * P) != 0)
                 continue;
-            for (int stage = 0; stage <= 3; stage++) {
-                if ((spec->stage >= 0 && stage != spec->stage) ||
-                    !zp_impl_get(spec->impl)->has_stage(stage))
-                    continue;
-                ZpPlan base;
-                zp_plan_defaults(&base, stage, dp, mp);
-                base.precision = spec->precision;
-                base.optimizer = spec->optimizer;
-                base.attention = spec->attention;
-                base.reduce_dtype = spec->reduce_dtype;
-                base.impl = spec->impl;
-                base.gpus_per_node = node;
-                base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
-                add_micro(spec, &base, out);
-            }
+            const ZpPipeConfig pipe = {P > 1 ? P : 0, P > 1 ? 1 : 0, ZP_PIPE_1F1B,
+                                       ZP_PARTITION_UNIFORM};
+            add_degrees(spec, mp, pipe, skew, capacity_factor, out);
         }
     }
     if (out->len == 0) {
@@ -214,6 +309,7 @@ guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
         return 0;
     guint timed = 0, fitting = 0;
     GHashTable *per_ep = g_hash_table_new(NULL, NULL); /* EP degree: its fitting plans so far */
+    GHashTable *per_pp = g_hash_table_new(NULL, NULL); /* PP degree: likewise */
     for (guint i = 0; i < c->len; i++) {
         ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
         if (!x->fits)
@@ -221,7 +317,11 @@ guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
         const gpointer ep = GINT_TO_POINTER(zp_plan_ep(&x->plan));
         const guint of_ep = GPOINTER_TO_UINT(g_hash_table_lookup(per_ep, ep));
         g_hash_table_insert(per_ep, ep, GUINT_TO_POINTER(of_ep + 1));
-        if (fitting++ >= top && of_ep >= ZP_MOE_SIMULATED_PER_EP)
+        const gpointer pp = GINT_TO_POINTER(zp_plan_pp(&x->plan));
+        const guint of_pp = GPOINTER_TO_UINT(g_hash_table_lookup(per_pp, pp));
+        g_hash_table_insert(per_pp, pp, GUINT_TO_POINTER(of_pp + 1));
+        if (fitting++ >= top && of_ep >= ZP_MOE_SIMULATED_PER_EP &&
+            of_pp >= ZP_MOE_SIMULATED_PER_EP)
             continue;
         double step_s = 0, need = 0;
         GError *error = NULL;
@@ -240,6 +340,7 @@ guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
                           (double)spec->model->seq_len / step_s;
     }
     g_hash_table_destroy(per_ep);
+    g_hash_table_destroy(per_pp);
     g_array_sort(c, by_simulation);
     return timed;
 }
