@@ -159,8 +159,14 @@ static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
     const int last = unit < t->n_units ? t->unit_last[unit] : -1;
     const gboolean split = unit >= 1 && unit <= t->s->model.layers &&
                            zp_impl_module_compute(t->s);
-    for (int i = 0; first >= 0 && i <= last - first; i++)
-        add_use(t, reverse ? last - i : first + i, pos, split ? i : 0);
+    /* Module m of a block is step m forward and ZP_MOD_N - 1 - m backward (zp_step_module);
+     * a sparse block's last module, fc2, holds only experts (the expert space's, gathered
+     * over the expert-data-parallel group by zp_build_moe.c), so its dense modules stop at
+     * fc1's router and the backward's steps are not counted from the unit's last module. */
+    for (int i = 0; first >= 0 && i <= last - first; i++) {
+        const int m = reverse ? last - i - first : i;
+        add_use(t, first + m, pos, !split ? 0 : reverse ? ZP_MOD_N - 1 - m : m);
+    }
 }
 
 static int module_of_first_tensor(const Trace *t, int unit)

@@ -54,6 +54,19 @@ ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
     return x;
 }
 
+/* Whether the expert gradients are kept as the rank's partition over the expert-data-parallel
+ * group: from stage 2, and at stage 1 where the implementation keeps the dense ones so
+ * (DeepSpeed's stage 1 shares stage 2's grads_in_partition: ZpImpl grad_state_elems; an
+ * expert param group's partition is over its expert DP group, stage_1_and_2.py
+ * _configure_moe_settings). */
+gboolean zp_build_moe_grads_partitioned(const Builder *b)
+{
+    const ZpSchedule *s = b->s;
+    const int stage = s->plan.zero.stage;
+    return stage >= 2 ||
+           (stage == 1 && b->impl->grad_state_elems(s) < (double)s->total_elems);
+}
+
 /* The expert space's model states, by the stage's rule over the expert-data-parallel group as
  * DeepSpeed's stage_1_and_2.py (_configure_moe_settings: real_dp_process_group of an expert
  * group is its expert_dp_process_group) and stage3.py partition them: 16-bit parameters whole
@@ -71,11 +84,7 @@ void zp_build_moe_states(Builder *b)
     double master, m, v;
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params[4] = {total, padded, padded, part};
-    /* The gradients as the implementation keeps the dense ones: whole, or its partition
-     * (DeepSpeed's stage 1 shares stage 2's partitioned gradients: ZpImpl grad_state_elems). */
-    const gboolean whole_grads =
-        stage < 2 && b->impl->grad_state_elems(s) >= (double)s->total_elems;
-    const double grads[4] = {total, whole_grads ? total : part, part, part};
+    const double grads[4] = {total, zp_build_moe_grads_partitioned(b) ? part : total, part, part};
     const double optim = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] += params[stage] * b->state.param_bytes;
     s->state_bytes[ZP_MEM_GRADS] += grads[stage] * b->state.grad_bytes;
@@ -301,12 +310,13 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
      * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
      * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
      * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * from stage 2, all-reduce below, in the reduction dtype. From stage 2, where the rank
-     * keeps only its partition, the unit's unreduced expert gradients land in a bucket of
+     * where the gradients are partitioned (zp_build_moe_grads_partitioned: from stage 2, and
+     * DeepSpeed's stage 1), all-reduce below, in the reduction dtype. Where the rank keeps
+     * only its partition, the unit's unreduced expert gradients land in a bucket of
      * their own, taken before the experts' backward and freed after the reduce-scatter reads
      * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    const gboolean scatter = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
+    const gboolean scatter = zp_build_moe_grads_partitioned(b), reduced = reduce && edp > 1;
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;
