@@ -265,7 +265,6 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
 gboolean zp_build_moe_sparse(const ZpSchedule *s, int unit);
 /* The expert space's model states added to state_bytes (after the dense layout's). */
 void zp_build_moe_states(Builder *b);
-gboolean zp_build_moe_grads_partitioned(const Builder *b);
 /* The expert elements this rank's optimizer steps (all of them at stage 0, else its
  * partition over the expert-data-parallel group). */
 double zp_build_moe_optimizer_elems(const ZpSchedule *s);

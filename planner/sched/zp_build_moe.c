@@ -59,12 +59,11 @@ ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
  * (DeepSpeed's stage 1 shares stage 2's grads_in_partition: ZpImpl grad_state_elems; an
  * expert param group's partition is over its expert DP group, stage_1_and_2.py
  * _configure_moe_settings). */
-gboolean zp_build_moe_grads_partitioned(const Builder *b)
+gboolean zp_sched_expert_grads_partitioned(const ZpSchedule *s)
 {
-    const ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
-    return stage >= 2 ||
-           (stage == 1 && b->impl->grad_state_elems(s) < (double)s->total_elems);
+    return stage >= 2 || (stage == 1 && zp_impl_get(s->plan.impl)->grad_state_elems(s) <
+                                            (double)s->total_elems);
 }
 
 /* The expert space's model states, by the stage's rule over the expert-data-parallel group as
@@ -84,7 +83,7 @@ void zp_build_moe_states(Builder *b)
     double master, m, v;
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params[4] = {total, padded, padded, part};
-    const double grads[4] = {total, zp_build_moe_grads_partitioned(b) ? part : total, part, part};
+    const double grads[4] = {total, zp_sched_expert_grads_partitioned(s) ? part : total, part, part};
     const double optim = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] += params[stage] * b->state.param_bytes;
     s->state_bytes[ZP_MEM_GRADS] += grads[stage] * b->state.grad_bytes;
@@ -310,13 +309,13 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
      * ones are reduced over dp (DeepSpeed's stage_1_and_2.py average_tensor and stage3.py
      * __avg_scatter_grads take an expert parameter's expert DP group; Megatron-Core's
      * expert-parallel grad buffers reduce over the expert data-parallel group): reduce-scatter
-     * where the gradients are partitioned (zp_build_moe_grads_partitioned: from stage 2, and
+     * where the gradients are partitioned (zp_sched_expert_grads_partitioned: from stage 2, and
      * DeepSpeed's stage 1), all-reduce below, in the reduction dtype. Where the rank keeps
      * only its partition, the unit's unreduced expert gradients land in a bucket of
      * their own, taken before the experts' backward and freed after the reduce-scatter reads
      * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    const gboolean scatter = zp_build_moe_grads_partitioned(b), reduced = reduce && edp > 1;
+    const gboolean scatter = zp_sched_expert_grads_partitioned(s), reduced = reduce && edp > 1;
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;

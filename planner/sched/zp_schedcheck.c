@@ -315,8 +315,9 @@ static gboolean check_experts(Check *c, const ZpOp *op)
                    zp_sched_coll_name(op->sub));
     if (zp_plan_ep(&s->plan) == 1 && op->group == ZP_GROUP_EP)
         return bad(c, "group", "ep in a plan without expert parallelism (EP 1)");
-    /* From stage 2 a unit's expert gradients are reduce-scattered out of a bucket of their
-     * own (zp_build_moe_backward); nothing else of the experts' names a buffer. */
+    /* Where the expert gradients are partitioned (zp_sched_expert_grads_partitioned) a unit's
+     * are reduce-scattered out of a bucket of their own (zp_build_moe_backward); nothing else
+     * of the experts' names a buffer. */
     const gboolean scatter = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_REDUCE_SCATTER;
     if (scatter ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
         return scatter ? FALSE
@@ -348,9 +349,11 @@ static gboolean check_experts(Check *c, const ZpOp *op)
         return stage == 3 ? need_bytes(c, op->bytes, (double)want * c->st.param_bytes,
                                        "the layout")
                           : bad(c, "op", "allgather: only stage 3 gathers a unit's experts");
-    if ((op->sub == ZP_COLL_REDUCE_SCATTER) != (stage >= 2))
-        return bad(c, "op", "%s: stage %d reduces expert gradients with %s",
-                   zp_sched_coll_name(op->sub), stage, stage >= 2 ? "reduce_scatter" : "allreduce");
+    const gboolean parted = zp_sched_expert_grads_partitioned(s);
+    if ((op->sub == ZP_COLL_REDUCE_SCATTER) != parted)
+        return bad(c, "op", "%s: stage %d (%s) reduces expert gradients with %s",
+                   zp_sched_coll_name(op->sub), stage, zp_impl_name(s->plan.impl),
+                   parted ? "reduce_scatter" : "allreduce");
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 
