@@ -327,6 +327,13 @@ gboolean real_engine_moe_alloc(RealEngine *e, guint index, const ZpOp *op, gbool
                             next->sub == ZP_COLL_ALLGATHER;
     const gboolean bucket = op->sub == ZP_MEM_BUCKETS && op->buffer >= 0 &&
                             op->buffer < e->n_buffers && m->edp_bucket[op->buffer];
+    if (bucket && op->unit < 0) { /* a flattened copy all-reduced after the backward */
+        *handled = TRUE;
+        if (op->bytes > (double)(m->x.total_elems * sizeof(RealBf16)))
+            return fail(error, "schedule op %u: a copy of %.0f bytes of %" G_GUINT64_FORMAT
+                        " expert gradients", index, op->bytes, m->x.total_elems);
+        return (e->buffers[op->buffer] = take(e, (uint64_t)op->bytes, op->sub, error)) != NULL;
+    }
     if (bucket) { /* a unit's unreduced expert gradients: fresh, the padding zero */
         *handled = TRUE;
         const uint64_t elems = zp_sched_unit_expert_elems(s, op->unit);
@@ -457,6 +464,19 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
         return fail(error, "an expert-data-parallel collective with one rank in the group");
     if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit >= 0)
         return m->edp->allreduce_bf16(m->edp, m->grads + op->elem_offset, op->elems, error);
+    if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit < 0 && op->buffer >= 0 &&
+        op->buffer < e->n_buffers && e->buffers[op->buffer] &&
+        op->elem_offset + op->elems <= m->x.total_elems) {
+        /* DeepSpeed's stage 0 after the backward (engine.py allreduce_and_copy): the run
+         * flattened into its copy, all-reduced, copied back */
+        RealBf16 *copy = e->buffers[op->buffer], *grads = m->grads + op->elem_offset;
+        const size_t bytes = op->elems * sizeof(RealBf16);
+        e->be->copy(e->be, copy, grads, bytes);
+        if (!m->edp->allreduce_bf16(m->edp, copy, op->elems, error))
+            return FALSE;
+        e->be->copy(e->be, grads, copy, bytes);
+        return TRUE;
+    }
     if (op->sub == ZP_COLL_REDUCE_SCATTER && m->scattered && op->unit >= 0)
         return reduce_experts(e, op, error);
     if (op->sub == ZP_COLL_ALLGATHER && op->unit < 0 && (e->stage == 1 || e->stage == 2)) {

@@ -220,6 +220,11 @@ typedef struct ZpImpl {
      * (zp_zeropp_qgz_across_nodes; on one the bucket is reduce-scattered whole); FALSE: each
      * bucket through one pair (zp_zeropp_qgz). */
     gboolean qgz_by_tensor;
+    /* Whether a mixture of experts' gradients are reduced once the backward is done, after the
+     * dense ones, from flattened copies of at most the dense buckets' size over the
+     * expert-data-parallel group (zp_build_moe_reduce_after_backward); NULL or FALSE: each
+     * sparse unit's right after its experts' backward. */
+    gboolean (*experts_after_backward)(const ZpPlan *plan);
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,

@@ -82,6 +82,18 @@ static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
     ds_launch_points(s, buckets);
 }
 
+/* Stage 0: engine.py allreduce_gradients -> buffered_allreduce_fallback at the accumulation
+ * boundary reduces the non-expert gradients (_reduce_non_expert_gradients), then
+ * _reduce_expert_gradients: each expert group's gradients, in named_parameters order, by
+ * allreduce_no_retain over groups._get_expert_data_parallel_group, buckets of
+ * elements_per_buffer flattened into copies (allreduce_and_copy). Stages 1-2 put the expert
+ * gradients in the ipg buckets (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
+ * average_tensor: an expert parameter's slices over expert_dp_process_group). */
+static gboolean ds_experts_after_backward(const ZpPlan *plan)
+{
+    return plan->zero.stage == 0;
+}
+
 /* Stages 1-2 with contiguous_gradients: stage_1_and_2.py DeepSpeedZeroOptimizer.backward
  * allocates ipg_buffer, one tensor of exactly reduce_bucket_size elements, two with
  * overlap_comm. Stage 3: stage3.py DeepSpeedZeroOptimizer_Stage3.__init__ allocates one
@@ -683,6 +695,7 @@ const ZpImpl zp_impl_deepspeed = {
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,
     .gather_bound_elems = ds_gather_bound,
+    .experts_after_backward = ds_experts_after_backward,
     /* stage3.py _setup_for_real_optimizer: grad_partitions_flat_buffer of every parameter's
      * partition on the host (self.device is cpu under offload_optimizer) in
      * gradient_accumulation_dtype, the model's dtype unless data_types.grad_accum_dtype says

@@ -39,6 +39,13 @@ static uint64_t edp_ranks(const ZpSchedule *s)
     return (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
 }
 
+/* Whether the implementation reduces the expert gradients once the backward is done (ZpImpl
+ * experts_after_backward), not unit by unit. */
+static gboolean after_backward(const Builder *b)
+{
+    return b->impl->experts_after_backward && b->impl->experts_after_backward(&b->s->plan);
+}
+
 ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
 {
     ZpSchedExperts x = {0};
@@ -315,7 +322,8 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
      * their own, taken before the experts' backward and freed after the reduce-scatter reads
      * it (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    const gboolean scatter = zp_sched_expert_grads_partitioned(s), reduced = reduce && edp > 1;
+    const gboolean scatter = zp_sched_expert_grads_partitioned(s);
+    const gboolean reduced = reduce && edp > 1 && !after_backward(b);
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;
@@ -337,6 +345,37 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
             zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, unit, micro, bucket, r);
     }
     return returned;
+}
+
+/* The expert gradients all-reduced over the expert-data-parallel group after the dense ones:
+ * the sparse units' in model order, grouped until a group passes the dense buckets' size
+ * (engine.py allreduce_no_retain: the unit whose experts pass it closes the group), each
+ * flattened into a copy of its own (a bucket), all-reduced and copied back. */
+void zp_build_moe_reduce_after_backward(Builder *b, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (!after_backward(b) || zp_sched_experts(s).total_elems == 0 || edp_ranks(s) == 1)
+        return;
+    uint32_t after = b->last_compute; /* after the dense buckets' reductions are issued */
+    for (guint i = 0; i < b->buckets->len; i++)
+        if (zp_build_bucket(b, i)->coll_op != NONE)
+            after = MAX(after, zp_build_bucket(b, i)->coll_op);
+    const double limit = s->plan.zero.reduce_bucket_size, e = zp_plan_reduce_bytes(&s->plan);
+    uint64_t lo = 0, n = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        n += zp_sched_unit_expert_elems(s, u);
+        const gboolean last = u + 1 == s->n_units;
+        if (n == 0 || (!last && (double)n <= limit))
+            continue;
+        int buffer;
+        const double bytes = (double)n * e;
+        const uint32_t alloc =
+            zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, micro, &buffer, &after, 1);
+        after = zp_build_emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_EDP, -1, micro, buffer,
+                                         lo, n, bytes, &alloc, 1);
+        zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, -1, micro, buffer, after);
+        lo += n, n = 0;
+    }
 }
 
 void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer)

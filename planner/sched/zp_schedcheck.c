@@ -319,16 +319,31 @@ static gboolean check_experts(Check *c, const ZpOp *op)
      * are reduce-scattered out of a bucket of their own (zp_build_moe_backward); nothing else
      * of the experts' names a buffer. */
     const gboolean scatter = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_REDUCE_SCATTER;
-    if (scatter ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
-        return scatter ? FALSE
-                       : bad(c, "buffer", "= %d: expert collectives but the reduce-scatter "
-                                          "of a unit's expert gradients use no bucket",
-                             op->buffer);
+    /* or, after the backward (ZpImpl experts_after_backward), a flattened copy all-reduced */
+    const gboolean copy = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_ALLREDUCE &&
+                          op->unit < 0;
+    if (scatter || copy ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
+        return scatter || copy
+                   ? FALSE
+                   : bad(c, "buffer", "= %d: expert collectives but the reductions of expert "
+                                      "gradients from a bucket use none", op->buffer);
     if (a2a)
         return zp_build_moe_sparse(s, op->unit) ||
                bad(c, "unit", "= %d is no sparse block", op->unit);
     const int stage = s->plan.zero.stage;
     const uint64_t edp = (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+    const ZpImpl *impl = zp_impl_get(s->plan.impl);
+    if (copy) { /* a run of the expert space all-reduced after the backward */
+        const ZpSchedExperts x = zp_sched_experts(s);
+        if (!impl->experts_after_backward || !impl->experts_after_backward(&s->plan) ||
+            op->elems == 0 || op->elem_offset + op->elems > x.total_elems)
+            return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": an "
+                       "all-reduce of the expert space after the backward (%s reduces them so "
+                       "%s)", op->elems, op->elem_offset, zp_impl_name(s->plan.impl),
+                       impl->experts_after_backward ? "not at this stage" : "never");
+        return need_bytes(c, op->bytes, (double)op->elems * zp_plan_reduce_bytes(&s->plan),
+                          "the layout");
+    }
     if (op->unit < 0) { /* stages 1-2: the updated expert partitions */
         const ZpSchedExperts x = zp_sched_experts(s);
         if (op->sub != ZP_COLL_ALLGATHER || (stage != 1 && stage != 2) || op->elem_offset != 0 ||
