@@ -158,23 +158,31 @@ static void test_checkpointed(void)
     json_decref(ref);
 }
 
-/* Two micro-steps a step on 4 ranks at EP 2: below stage 2 the experts' gradients accumulate
- * whole and are all-reduced over EDP once, from stage 2 each micro-step's are reduce-scattered
- * from their bucket and added into the partition; the loss is the one-rank run's, the figures
- * the schedule's. */
-static void test_grad_accum(void)
+/* Two micro-steps a step on 4 ranks at EP 2: below stage 2 the paper's expert gradients
+ * accumulate whole and are all-reduced over EDP once, from stage 2 each micro-step's are
+ * reduce-scattered from their bucket and added into the partition; under DeepSpeed's plug-in
+ * at stages 2-3 likewise beside its own accumulation (grads_in_partition's copy, stage 3's
+ * partition); the loss is the one-rank run's, the figures the schedule's. */
+typedef struct {
+    ZpImplKind impl;
+    int stages[2];
+} Accum;
+
+static void test_grad_accum(gconstpointer data)
 {
+    const Accum *a = data;
     json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
     json_t *ref_loss = json_object_get(ref, "loss");
-    for (int stage = 1; stage <= 3; stage += 2) {
-        json_t *m = moe_train_run(stage, 4, 2, FALSE, 2, "moe_accum.json");
+    for (int k = 0; k < 2; k++) {
+        const int stage = a->stages[k];
+        json_t *m = moe_train_impl(stage, 4, 2, FALSE, 2, a->impl, "moe_accum.json");
         json_t *loss = json_object_get(m, "loss");
         for (int i = 0; i < MOE_STEPS; i++) {
-            const double a = json_number_value(json_array_get(loss, i));
-            const double b = json_number_value(json_array_get(ref_loss, i));
-            g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+            const double x = json_number_value(json_array_get(loss, i));
+            const double y = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(x - y) / y, <=, LOSS_REL_TOL);
         }
-        ZpSchedule *s = moe_schedule_run(stage, 4, 2, FALSE, 2);
+        ZpSchedule *s = moe_schedule_impl(stage, 4, 2, FALSE, 2, a->impl);
         assert_exact(m, s, 4);
         zp_sched_free(s);
         json_decref(m);
@@ -266,6 +274,14 @@ static void test_refusals(void)
         g_assert_nonnull(strstr(err, cases[i].message));
         g_free(err);
     }
+    /* DeepSpeed's stage 1 keeps the expert gradients as the EDP partition, which holds no
+     * earlier micro-step's whole gradients */
+    char *err = NULL;
+    g_assert_false(g_spawn_check_wait_status(
+        mpirun(4, "--model " MOE_MODEL " --ep 2 --capacity-factor 2 --impl deepspeed --stage 1 "
+                  "--micro-batch 1 --grad-accum 2 --steps 1", &err), NULL));
+    g_assert_nonnull(strstr(err, "--grad-accum 1"));
+    g_free(err);
 }
 
 int main(int argc, char **argv)
@@ -283,7 +299,10 @@ int main(int argc, char **argv)
     g_test_add_data_func("/zreal-moe/deepspeed/2-ranks-ep-2", &ds_two_ep2, test_grid);
     g_test_add_data_func("/zreal-moe/deepspeed/4-ranks-ep-2", &ds_four_ep2, test_grid);
     g_test_add_func("/zreal-moe/checkpointed", test_checkpointed);
-    g_test_add_func("/zreal-moe/grad-accum", test_grad_accum);
+    static const Accum accum_paper = {ZP_IMPL_PAPER, {1, 3}},
+                       accum_ds = {ZP_IMPL_DEEPSPEED, {2, 3}};
+    g_test_add_data_func("/zreal-moe/grad-accum", &accum_paper, test_grad_accum);
+    g_test_add_data_func("/zreal-moe/deepspeed/grad-accum", &accum_ds, test_grad_accum);
     g_test_add_func("/zreal-moe/validate", test_validate);
     g_test_add_func("/zreal-moe/emulated-rank", test_emulated_rank);
     g_test_add_func("/zreal-moe/refusals", test_refusals);
