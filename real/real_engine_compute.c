@@ -196,8 +196,12 @@ gboolean real_engine_do_free(RealEngine *e, const ZpOp *op, GError **error)
 static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v,
                           GError **error)
 {
-    if (e->ds)
-        return real_ds_params(e->ds, u, used, v, error);
+    if (e->ds) {
+        if (!real_ds_params(e->ds, u, used, v, error))
+            return FALSE;
+        real_engine_moe_view_experts(e, u, FALSE, v);
+        return TRUE;
+    }
     if (e->fw)
         return e->fw_ops->params(e->fw, u, v, error);
     const RealBf16 *p = e->stage < 3          ? e->params + e->s->unit_offset[u]
@@ -214,8 +218,12 @@ static gboolean params_of(RealEngine *e, int u, uint32_t used, RealGptTensors *v
 static gboolean grads_of(RealEngine *e, int u, uint32_t used, int micro, RealGptTensors *v,
                          GError **error)
 {
-    if (e->ds)
-        return real_ds_grads(e->ds, u, used, micro, v, error);
+    if (e->ds) {
+        if (!real_ds_grads(e->ds, u, used, micro, v, error))
+            return FALSE;
+        real_engine_moe_view_experts(e, u, TRUE, v);
+        return TRUE;
+    }
     if (e->fw)
         return e->fw_ops->grads(e->fw, u, micro, v, error);
     RealBf16 *g = e->stage < 2 && !e->full_by_unit ? e->grads + e->s->unit_offset[u]
@@ -391,7 +399,8 @@ static gboolean block_forward(RealEngine *e, const ZpOp *op, const RealBf16 *x_i
     const int m = zp_op_module(op), l = op->unit;
     RealGptTensors p;
     if (real_engine_moe_sparse(e, l)) /* up to the router: the experts' ops follow */
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
+        return params_of(e, l, m < 0 ? ALL_TENSORS : real_gpt_module_tensors(&e->dims, m), &p,
+                         error) &&
                real_engine_moe_block_forward(e, op, &p, x_in, save, error);
     if (m < 0)
         return params_of(e, l, ALL_TENSORS, &p, error) &&
@@ -499,9 +508,12 @@ gboolean real_engine_do_compute(RealEngine *e, const ZpOp *op, GError **error)
     case ZP_COMP_EXPERT_FWD:
     case ZP_COMP_EXPERT_BWD:
     case ZP_COMP_UNPERMUTE_FWD:
-    case ZP_COMP_UNPERMUTE_BWD: /* a sparse block's ops between its own */
-        return params_of(e, l, ALL_TENSORS, &p, error) &&
-               (op->sub != ZP_COMP_EXPERT_BWD || grads_of(e, l, ALL_TENSORS, micro, &g, error)) &&
+    case ZP_COMP_UNPERMUTE_BWD: /* a sparse block's ops between its own, which read only
+                                 * the experts (DeepSpeed's stage 3 gathers no dense tensor
+                                 * for them) */
+        return params_of(e, l, real_engine_moe_expert_tensors(e, l), &p, error) &&
+               (op->sub != ZP_COMP_EXPERT_BWD ||
+                grads_of(e, l, real_engine_moe_expert_tensors(e, l), micro, &g, error)) &&
                real_engine_moe_compute(e, op, &p, &g, error);
     case ZP_COMP_HOST_COPY: /* the block input (its slice) down, or back into the
                              * recompute's buffer (Pa: at the slice's place, then gathered) */

@@ -194,7 +194,12 @@ static gboolean allocate_grads(RealDs *ds, GError **error)
 {
     const ZpSchedule *s = ds->s;
     const uint64_t P = s->partition_elems;
-    ds->grad_elems = (uint64_t)(s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16));
+    /* A mixture of experts' gradient partition over its expert-data-parallel group is the
+     * engine's (real_engine_moe: stage_1_and_2.py _configure_moe_settings gives an expert
+     * param group its own partition, partition_count the expert DP group's size); what the
+     * schedule's states hold beyond it is the dense one's. */
+    ds->grad_elems = (uint64_t)(s->state_bytes[ZP_MEM_GRADS] / sizeof(RealBf16)) -
+                     zp_sched_experts(s).partition_elems;
     ds->gip = -1;
     ds->grad_copy = g_new(int, (gsize)s->plan.grad_accum);
     for (int m = 0; m < s->plan.grad_accum; m++)

@@ -163,6 +163,9 @@ gboolean real_engine_moe_sparse(const RealEngine *e, int u);
 uint32_t real_engine_moe_expert_tensors(const RealEngine *e, int u);
 gboolean real_engine_moe_view(RealEngine *e, int u, const RealBf16 *dense, gboolean grads,
                               RealGptTensors *v, GError **error);
+/* The experts' slots of a DeepSpeed plug-in's view of unit u (its dense slots left as they
+ * are): the expert space is the engine's under every implementation. */
+void real_engine_moe_view_experts(RealEngine *e, int u, gboolean grads, RealGptTensors *v);
 gboolean real_engine_moe_alloc(RealEngine *e, guint index, const ZpOp *op, gboolean *handled,
                                GError **error);
 void real_engine_moe_freed(RealEngine *e, const void *p);

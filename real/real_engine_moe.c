@@ -22,6 +22,7 @@ struct RealEngineMoe {
     RealBf16 *params, *grads;
     float *master, *adam_m, *adam_v;
     uint64_t opt_elems, part_base; /* the optimizer's elements, from part_base of params */
+    uint64_t grad_base;            /* and of the gradients */
     RealBf16 **gathered; /* stage 3: unit u's experts gathered over the EDP group */
     int gather_id;       /* an alloc's buffer the next EDP gather fills, -1 none */
     /* The EP buffers of the sparse block under way: each alloc alternates, the first of a
@@ -33,6 +34,8 @@ struct RealEngineMoe {
      * (the buffer an EDP reduce-scatter names), -1 none; which buffer ids are such buckets. */
     int bucket_id, bucket_unit;
     gboolean *edp_bucket;
+    gboolean scattered; /* the expert gradients kept as the EDP partition (from stage 2, and
+                         * DeepSpeed's stage 1: zp_build_moe_grads_partitioned) */
     MoeState state;
     int unit;
     gboolean backward, recompute; /* the block under way: its backward; a recomputed forward */
@@ -64,11 +67,12 @@ static gboolean check_moe(const RealEngine *e, GError **error)
         return fail(error, "zreal routes with a capacity factor (DeepSpeed's fixed [E, C, h] "
                            "all-to-all, --capacity-factor); dropless routing's buffers follow "
                            "the router");
-    if (real_ds_applies(s) || real_engine_fw_find(s) || zp_offload_any(&s->plan) || s->stages > 1 || s->plan.mp > 1 ||
+    if (real_engine_fw_find(s) || zp_offload_any(&s->plan) || s->stages > 1 || s->plan.mp > 1 ||
         s->plan.zero.zero_quantized_weights || s->plan.zero.zero_quantized_gradients ||
         s->plan.zero.zero_hpz_partition_size > 1 || s->plan.ckpt.cpu_checkpointing)
-        return fail(error, "zreal runs a mixture of experts under --impl paper only, without "
-                           "offload, pipelines, tensor parallelism, ZeRO++ or cpu_checkpointing");
+        return fail(error, "zreal runs a mixture of experts under --impl paper or deepspeed "
+                           "only, without offload, pipelines, tensor parallelism, ZeRO++ or "
+                           "cpu_checkpointing");
     const ZpSchedExperts x = zp_sched_experts(s);
     const int edp = s->plan.dp / zp_plan_ep(&s->plan);
     if (e->stage == 1 && x.padded_elems != x.total_elems)
@@ -144,10 +148,28 @@ gboolean real_engine_moe_states(RealEngine *e, GError **error)
     const uint64_t part = m->x.partition_elems;
     /* zp_sched's expert states (zp_build_moe_states): parameters whole below stage 3,
      * gradients whole below stage 2, the optimizer's partition from stage 1. */
-    const uint64_t params[4] = {total, padded, padded, part}, grads[4] = {total, total, part, part};
+    /* Stage 1 keeps the expert gradients whole (the paper's) or as the partition (DeepSpeed's
+     * grads_in_partition), as the schedule reduces them: all-reduced or reduce-scattered over
+     * EDP (with one EDP rank the two agree). */
+    m->scattered = e->stage >= 2;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        m->scattered |= op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_EDP &&
+                        op->unit >= 0 && op->buffer >= 0 &&
+                        (op->sub == ZP_COLL_REDUCE_SCATTER || op->sub == ZP_COLL_ALLREDUCE);
+    }
+    const uint64_t params[4] = {total, padded, padded, part};
+    const uint64_t grads[4] = {total, m->scattered ? part : total, part, part};
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
     m->opt_elems = e->stage == 0 ? total : part;
+    /* Below stage 2 the schedule reduces only at the last micro-step: the earlier ones' expert
+     * gradients would need the whole space, which a partition does not hold. */
+    if (e->stage == 1 && m->scattered && s->plan.grad_accum > 1)
+        return fail(error, "zreal keeps DeepSpeed's stage-1 expert gradients as the partition: "
+                           "run it with --grad-accum 1 (the schedule reduces them only at the "
+                           "last micro-step)");
     m->part_base = e->stage == 1 || e->stage == 2 ? (uint64_t)m->edp_rank * part : 0;
+    m->grad_base = e->stage == 1 && !m->scattered ? m->part_base : 0;
     if (!(m->params = take(e, params[e->stage] * b2, ZP_MEM_PARAMS, error)) ||
         !(m->grads = take(e, grads[e->stage] * b2, ZP_MEM_GRADS, error)) ||
         !(m->master = take(e, m->opt_elems * f4, ZP_MEM_MASTER, error)) ||
@@ -224,33 +246,53 @@ double real_engine_moe_sent_bytes(const RealEngine *e, ZpGroup group)
 
 /* ---- views ------------------------------------------------------------------------------- */
 
-gboolean real_engine_moe_view(RealEngine *e, int u, const RealBf16 *dense, gboolean grads,
-                              RealGptTensors *v, GError **error)
+/* Where unit u's experts lie in the expert space: their parameters or gradients (NULL at stage
+ * 3 before their gather: the block's own ops, which read no experts). */
+static RealBf16 *experts_at(RealEngine *e, int u, gboolean grads)
 {
     RealEngineMoe *m = moe_of(e);
     const ZpSchedule *s = e->s;
-    RealBf16 *experts = NULL;
     if (grads && m->bucket_unit == u && m->bucket_id >= 0) /* from stage 2, dp / EP > 1 */
-        experts = e->buffers[m->bucket_id];
-    else if (grads) /* whole below stage 2; from stage 2 at EP = dp the partition is the whole
-                     * unit, laid out as stage 3's slices or stage 2's flat range */
-        experts = m->grads + (e->stage < 3 ? zp_sched_unit_expert_offset(s, u) : m->part_off[u]);
-    else if (e->stage < 3)
-        experts = m->params + zp_sched_unit_expert_offset(s, u);
-    else
-        experts = m->edp ? m->gathered[u] : m->params + m->part_off[u];
-    (void)error; /* stage 3: the experts not gathered yet (the block's own ops): NULL there,
-                  * which the experts' ops refuse (experts_ready) */
-    /* real_gpt's unit: its dense tensors, then the experts' (fc1.experts, fc2.experts) */
+        return e->buffers[m->bucket_id];
+    if (grads) /* whole below stage 2; from stage 2 at EP = dp the partition is the whole
+                * unit, laid out as stage 3's slices or stage 2's flat range */
+        return m->grads + (e->stage < 3 ? zp_sched_unit_expert_offset(s, u) : m->part_off[u]);
+    if (e->stage < 3)
+        return m->params + zp_sched_unit_expert_offset(s, u);
+    return m->edp ? m->gathered[u] : m->params + m->part_off[u];
+}
+
+/* real_gpt's unit: its dense tensors, then the experts' (fc1.experts, fc2.experts); the
+ * experts' slots of v set from the expert space, the others from `dense` unless it is NULL
+ * (the DeepSpeed plug-in's view, which holds the dense tensors where DeepSpeed lays them). */
+static void fill_view(RealEngine *e, int u, const RealBf16 *dense, gboolean grads,
+                      RealGptTensors *v)
+{
+    RealBf16 *experts = experts_at(e, u, grads);
     RealGptTensor t[REAL_GPT_MAX_UNIT_TENSORS];
     const int n = real_gpt_unit_tensors(&e->dims, u, t);
-    const uint64_t dense_elems = s->unit_elems[u];
+    const uint64_t dense_elems = e->s->unit_elems[u];
+    for (int k = 0; k < n; k++) {
+        if (t[k].offset_elems >= dense_elems)
+            v->at[k] = experts ? experts + (t[k].offset_elems - dense_elems) : NULL;
+        else if (dense)
+            v->at[k] = (RealBf16 *)dense + t[k].offset_elems;
+    }
+}
+
+gboolean real_engine_moe_view(RealEngine *e, int u, const RealBf16 *dense, gboolean grads,
+                              RealGptTensors *v, GError **error)
+{
+    (void)error;
     memset(v, 0, sizeof *v);
-    for (int k = 0; k < n; k++)
-        v->at[k] = t[k].offset_elems < dense_elems ? (RealBf16 *)dense + t[k].offset_elems
-                   : experts                       ? experts + (t[k].offset_elems - dense_elems)
-                                                   : NULL;
+    fill_view(e, u, dense, grads, v);
     return TRUE;
+}
+
+void real_engine_moe_view_experts(RealEngine *e, int u, gboolean grads, RealGptTensors *v)
+{
+    if (real_engine_moe_sparse(e, u))
+        fill_view(e, u, NULL, grads, v);
 }
 
 /* Whether a view holds unit u's experts (stage 3: gathered before their op). */
@@ -286,6 +328,13 @@ gboolean real_engine_moe_alloc(RealEngine *e, guint index, const ZpOp *op, gbool
                             next->sub == ZP_COLL_ALLGATHER;
     const gboolean bucket = op->sub == ZP_MEM_BUCKETS && op->buffer >= 0 &&
                             op->buffer < e->n_buffers && m->edp_bucket[op->buffer];
+    if (bucket && op->unit < 0) { /* a flattened copy all-reduced after the backward */
+        *handled = TRUE;
+        if (op->bytes > (double)(m->x.total_elems * sizeof(RealBf16)))
+            return fail(error, "schedule op %u: a copy of %.0f bytes of %" G_GUINT64_FORMAT
+                        " expert gradients", index, op->bytes, m->x.total_elems);
+        return (e->buffers[op->buffer] = take(e, (uint64_t)op->bytes, op->sub, error)) != NULL;
+    }
     if (bucket) { /* a unit's unreduced expert gradients: fresh, the padding zero */
         *handled = TRUE;
         const uint64_t elems = zp_sched_unit_expert_elems(s, op->unit);
@@ -355,14 +404,25 @@ static gboolean reduce_experts(RealEngine *e, const ZpOp *op, GError **error)
         counts[q] = b > a ? (int)(b - a) : 0;
     }
     const uint64_t mine = (uint64_t)counts[m->edp_rank];
-    const gboolean ok = m->edp->reduce_scatter_bf16(m->edp, bucket, counts, error);
+    /* DeepSpeed's stages 1-2 with use_multi_rank_bucket_allreduce all-reduce the bucket and
+     * keep the partition's slice (stage_1_and_2.py average_tensor -> allreduce_and_scatter);
+     * a reduce-scatter leaves the rank's slice at the bucket's start. */
+    uint64_t at = 0;
+    gboolean ok;
+    if (op->sub == ZP_COLL_ALLREDUCE) {
+        for (int q = 0; q < m->edp_rank; q++)
+            at += (uint64_t)counts[q];
+        ok = m->edp->allreduce_bf16(m->edp, bucket, op->elems, error);
+    } else {
+        ok = m->edp->reduce_scatter_bf16(m->edp, bucket, counts, error);
+    }
     g_free(counts);
     if (!ok || mine == 0)
         return ok;
     RealBf16 *dst = e->stage == 3 ? m->grads + m->part_off[op->unit]
                                   : m->grads + (MAX(lo, (uint64_t)m->edp_rank * P) -
                                                 (uint64_t)m->edp_rank * P);
-    real_engine_deliver(e->be, dst, bucket, mine, op->micro > 0);
+    real_engine_deliver(e->be, dst, bucket + at, mine, op->micro > 0);
     return TRUE;
 }
 
@@ -414,9 +474,24 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
     RealEngineMoe *m = moe_of(e);
     if (!m->edp)
         return fail(error, "an expert-data-parallel collective with one rank in the group");
-    if (op->sub == ZP_COLL_ALLREDUCE && e->stage < 2 && op->unit >= 0)
+    if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit >= 0)
         return m->edp->allreduce_bf16(m->edp, m->grads + op->elem_offset, op->elems, error);
-    if (op->sub == ZP_COLL_REDUCE_SCATTER && e->stage >= 2 && op->unit >= 0)
+    if (op->sub == ZP_COLL_ALLREDUCE && m->scattered && op->unit >= 0)
+        return reduce_experts(e, op, error);
+    if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit < 0 && op->buffer >= 0 &&
+        op->buffer < e->n_buffers && e->buffers[op->buffer] &&
+        op->elem_offset + op->elems <= m->x.total_elems) {
+        /* DeepSpeed's stage 0 after the backward (engine.py allreduce_and_copy): the run
+         * flattened into its copy, all-reduced, copied back */
+        RealBf16 *copy = e->buffers[op->buffer], *grads = m->grads + op->elem_offset;
+        const size_t bytes = op->elems * sizeof(RealBf16);
+        e->be->copy(e->be, copy, grads, bytes);
+        if (!m->edp->allreduce_bf16(m->edp, copy, op->elems, error))
+            return FALSE;
+        e->be->copy(e->be, grads, copy, bytes);
+        return TRUE;
+    }
+    if (op->sub == ZP_COLL_REDUCE_SCATTER && m->scattered && op->unit >= 0)
         return reduce_experts(e, op, error);
     if (op->sub == ZP_COLL_ALLGATHER && op->unit < 0 && (e->stage == 1 || e->stage == 2)) {
         const uint64_t part = m->x.partition_elems;
@@ -452,16 +527,32 @@ gboolean real_engine_moe_collective(RealEngine *e, const ZpOp *op, gboolean *han
 
 /* ---- a sparse block's compute ops --------------------------------------------------------- */
 
+/* A sparse block's fc2 module holds only the experts' down projections: unpermute's forward
+ * and backward do its work, so a schedule's fc2 module op (DeepSpeed's module-by-module
+ * blocks: stage 3's gathers, stage 2's gradient hand-on) has nothing of its own to run. The
+ * modules a block op runs: a module op's own, or the whole block's (lo..hi). */
+static gboolean module_span(const ZpOp *op, int whole_lo, int whole_hi, int *lo, int *hi)
+{
+    const int mod = zp_op_module(op);
+    *lo = mod < 0 ? whole_lo : mod, *hi = mod < 0 ? whole_hi : mod;
+    return mod != REAL_GPT_MOD_FC2;
+}
+
 gboolean real_engine_moe_block_forward(RealEngine *e, const ZpOp *op, const RealGptTensors *p,
                                        const RealBf16 *x_in, gboolean save, GError **error)
 {
     RealEngineMoe *m = moe_of(e);
-    for (int mod = REAL_GPT_MOD_LN1; mod <= REAL_GPT_MOD_FC1; mod++)
+    int lo, hi;
+    if (!module_span(op, REAL_GPT_MOD_LN1, REAL_GPT_MOD_FC1, &lo, &hi))
+        return TRUE;
+    for (int mod = lo; mod <= hi; mod++)
         if (!real_gpt_block_forward_module_t(e->gpt, op->unit - 1, mod, p, x_in, e->x, save,
                                              error))
             return FALSE;
-    m->state = MOE_ROUTED, m->unit = op->unit, m->backward = FALSE;
-    m->recompute = op->sub == ZP_COMP_RECOMPUTE;
+    if (hi == REAL_GPT_MOD_FC1) { /* routed: the experts' ops follow */
+        m->state = MOE_ROUTED, m->unit = op->unit, m->backward = FALSE;
+        m->recompute = op->sub == ZP_COMP_RECOMPUTE;
+    }
     return TRUE;
 }
 
@@ -469,18 +560,24 @@ gboolean real_engine_moe_block_backward(RealEngine *e, const ZpOp *op, const Rea
                                         const RealGptTensors *g, GError **error)
 {
     RealEngineMoe *m = moe_of(e);
-    if (m->state != MOE_EXPERTS && m->state != MOE_COMBINED)
-        return fail(error, "rank %d: unit %d's block backward before its experts' backward",
-                    e->rank, op->unit);
-    RealBf16 *ret = half(e, m->out_id, m->state == MOE_COMBINED, error);
-    if (!ret)
-        return FALSE;
-    real_gpt_moe_bind(e->gpt, ret);
-    for (int mod = REAL_GPT_MOD_FC1; mod >= REAL_GPT_MOD_LN1; mod--)
+    int lo, hi;
+    if (!module_span(op, REAL_GPT_MOD_LN1, REAL_GPT_MOD_FC1, &lo, &hi))
+        return TRUE;
+    if (hi == REAL_GPT_MOD_FC1) { /* from the router: the experts' backward came first */
+        if (m->state != MOE_EXPERTS && m->state != MOE_COMBINED)
+            return fail(error, "rank %d: unit %d's block backward before its experts' backward",
+                        e->rank, op->unit);
+        RealBf16 *ret = half(e, m->out_id, m->state == MOE_COMBINED, error);
+        if (!ret)
+            return FALSE;
+        real_gpt_moe_bind(e->gpt, ret);
+    }
+    for (int mod = hi; mod >= lo; mod--)
         if (!real_gpt_block_backward_module_t(e->gpt, op->unit - 1, mod, p, e->dx, e->dx, g,
                                               error))
             return FALSE;
-    m->state = MOE_IDLE;
+    if (hi == REAL_GPT_MOD_FC1)
+        m->state = MOE_IDLE;
     return TRUE;
 }
 
@@ -555,7 +652,7 @@ void real_engine_moe_optimizer(RealEngine *e, const RealAdamHyper *hyper)
     RealEngineMoe *m = moe_of(e);
     if (!m || m->opt_elems == 0)
         return;
-    const RealBf16 *grad = m->grads + (e->stage == 1 ? m->part_base : 0);
+    const RealBf16 *grad = m->grads + m->grad_base;
     e->be->adam_step(e->be, hyper, m->opt_elems, m->master, m->adam_m, m->adam_v, grad,
                      m->params + m->part_base);
 }

@@ -181,6 +181,64 @@ static ZpSchedule *build(const ZpModel *m, int impl, int stage, int dp, int ep, 
  * 8 (12) calls, each (EP - 1)/EP of S over the wire: EP 2 32,768 B (49,152), EP 4 49,152 B
  * (73,728), none at EP 1. The experts' forward: 2 x 64 x (64 x 64 + 32 x 64) = 786,432 FLOPs
  * on the busiest rank (R = T k without skew), 1,572,864 with --expert-skew 2. */
+/* How the expert gradients of the 2-layer MoE at dp 4, EP 2 are reduced over the
+ * expert-data-parallel group (2 ranks), by hand: each sparse unit holds 4 / 2 experts of
+ * 3 x 64 x 32 = 6,144 elements, 12,288 a unit, 24,576 (49,152 bf16 bytes) in all.
+ * - The paper's stage 0 and 1: each unit's all-reduced in place after its experts' backward.
+ * - DeepSpeed's stage 0 (engine.py buffered_allreduce_fallback -> _reduce_expert_gradients):
+ *   once the dense bucket is reduced, one flattened copy of all 24,576, all-reduced.
+ * - DeepSpeed's stage 1 (grads_in_partition, as at stage 2): each unit's reduce-scattered out
+ *   of a bucket of its 24,576 bytes. */
+static void test_expert_reductions(void)
+{
+    static const struct {
+        int impl, stage, calls;
+        ZpCollKind kind;
+        uint64_t elems;
+        gboolean bucket, whole;
+    } cases[] = {
+        {ZP_IMPL_PAPER, 0, 2, ZP_COLL_ALLREDUCE, 12288, FALSE, FALSE},
+        {ZP_IMPL_PAPER, 1, 2, ZP_COLL_ALLREDUCE, 12288, FALSE, FALSE},
+        {ZP_IMPL_DEEPSPEED, 0, 1, ZP_COLL_ALLREDUCE, 24576, TRUE, TRUE},
+        /* stage 1 keeps the partition: each unit's bucket all-reduced (allreduce_and_scatter,
+         * use_multi_rank_bucket_allreduce's default), the rank keeping its slice */
+        {ZP_IMPL_DEEPSPEED, 1, 2, ZP_COLL_ALLREDUCE, 12288, TRUE, FALSE},
+    };
+    ZpModel m;
+    small_moe(&m);
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        ZpSchedule *s = build(&m, cases[c].impl, cases[c].stage, 4, 2, 1, FALSE);
+        int calls = 0;
+        guint last_dp = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->group == ZP_GROUP_DP && op->sub != ZP_COLL_ALLGATHER)
+                last_dp = i;
+            if (op->group != ZP_GROUP_EDP || op->sub == ZP_COLL_ALLGATHER)
+                continue;
+            calls++;
+            g_assert_cmpint(op->sub, ==, cases[c].kind);
+            g_assert_cmpuint(op->elems, ==, cases[c].elems);
+            g_assert_cmpfloat(op->bytes, ==, 2.0 * (double)cases[c].elems);
+            g_assert_cmpint(op->unit < 0, ==, cases[c].whole);
+            g_assert_cmpint(op->buffer >= 0, ==, cases[c].bucket);
+            if (cases[c].whole) /* after the dense gradients' reduction */
+                g_assert_cmpuint(i, >, last_dp);
+            for (guint j = 0; cases[c].bucket && j < i; j++) {
+                const ZpOp *a = zp_sched_op(s, j);
+                if (a->kind == ZP_OP_ALLOC && a->buffer == op->buffer) {
+                    g_assert_cmpint(a->sub, ==, ZP_MEM_BUCKETS);
+                    g_assert_cmpfloat(a->bytes, ==, 2.0 * (double)cases[c].elems);
+                }
+            }
+        }
+        g_assert_cmpint(calls, ==, cases[c].calls);
+        zp_sched_free(s);
+    }
+}
+
 static void test_alltoall_bytes(void)
 {
     ZpModel m;
@@ -705,6 +763,7 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/plan-groups", test_plan_groups);
     g_test_add_func("/moe-sched/graph-refusals", test_graph_refusals);
     g_test_add_func("/moe-sched/alltoall-bytes", test_alltoall_bytes);
+    g_test_add_func("/moe-sched/expert-reductions", test_expert_reductions);
     g_test_add_func("/moe-sched/states-match-closed-form", test_states_match_closed_form);
     g_test_add_func("/moe-sched/simulated-alltoall", test_simulated_alltoall);
     g_test_add_func("/moe-sched/json-round-trip", test_json_round_trip);

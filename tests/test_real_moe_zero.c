@@ -3,6 +3,7 @@
  * run, and every rank's bytes on each group and every memory category are the schedule's;
  * zplan validate compares a run with simulate's prediction. */
 #include "real_zero_common.h"
+#include "zp_impl.h"
 
 #define MOE_MODEL "moe-tiny"
 #define MOE_STEPS 6
@@ -10,15 +11,15 @@
 #define NO_DROPS "2"  /* capacity factor E / k: no copy dropped, whatever the split */
 
 /* The plan zreal builds from these flags, for the schedule's figures. */
-static ZpSchedule *moe_schedule_run(int stage, int ranks, int ep, gboolean checkpoint,
-                                    int accum)
+static ZpSchedule *moe_schedule_impl(int stage, int ranks, int ep, gboolean checkpoint,
+                                     int accum, ZpImplKind impl)
 {
     ZpModel model;
     g_assert_true(zp_model_load(MOE_MODEL, &model, NULL));
     model.dropout = FALSE;
     ZpPlan plan;
     zp_plan_defaults(&plan, stage, ranks, 1);
-    plan.impl = ZP_IMPL_PAPER;
+    plan.impl = impl;
     plan.precision = ZP_PREC_BF16;
     plan.attention = ZP_ATTN_EAGER;
     plan.micro_batch = MOE_BATCH / ranks / accum;
@@ -33,23 +34,35 @@ static ZpSchedule *moe_schedule_run(int stage, int ranks, int ep, gboolean check
     return s;
 }
 
+static ZpSchedule *moe_schedule_run(int stage, int ranks, int ep, gboolean checkpoint,
+                                    int accum)
+{
+    return moe_schedule_impl(stage, ranks, ep, checkpoint, accum, ZP_IMPL_PAPER);
+}
+
 static ZpSchedule *moe_schedule(int stage, int ranks, int ep)
 {
     return moe_schedule_run(stage, ranks, ep, FALSE, 1);
 }
 
-/* MOE_BATCH samples a step over `ranks` ranks in `accum` micro-steps. */
-static json_t *moe_train_run(int stage, int ranks, int ep, gboolean checkpoint, int accum,
-                             const char *name)
+/* MOE_BATCH samples a step over `ranks` ranks in `accum` micro-steps, under `impl`. */
+static json_t *moe_train_impl(int stage, int ranks, int ep, gboolean checkpoint, int accum,
+                              ZpImplKind impl, const char *name)
 {
     char *args = g_strdup_printf("--model " MOE_MODEL " --stage %d --micro-batch %d "
                                  "--grad-accum %d --ep %d --capacity-factor " NO_DROPS
-                                 " --steps %d --persistence-threshold 0%s",
+                                 " --steps %d --persistence-threshold 0 --impl %s%s",
                                  stage, MOE_BATCH / ranks / accum, accum, ep, MOE_STEPS,
-                                 checkpoint ? " --checkpoint" : "");
+                                 zp_impl_name(impl), checkpoint ? " --checkpoint" : "");
     json_t *m = zreal_measured(ranks, args, name);
     g_free(args);
     return m;
+}
+
+static json_t *moe_train_run(int stage, int ranks, int ep, gboolean checkpoint, int accum,
+                             const char *name)
+{
+    return moe_train_impl(stage, ranks, ep, checkpoint, accum, ZP_IMPL_PAPER, name);
 }
 
 static json_t *moe_train(int stage, int ranks, int ep, const char *name)
@@ -85,6 +98,8 @@ static void assert_exact(json_t *m, const ZpSchedule *s, int ranks)
 
 typedef struct {
     int ranks, ep;
+    ZpImplKind impl;
+    int top_stage; /* the grid's stages: 0 to top_stage */
 } Grid;
 
 /* Stages 0-3 at `ranks` ranks and EP `ep`: each run's loss within LOSS_REL_TOL of the one-rank
@@ -98,15 +113,15 @@ static void test_grid(gconstpointer data)
     const double last = json_number_value(json_array_get(ref_loss, MOE_STEPS - 1));
     g_assert_cmpfloat(fabs(first - log(256.0)), <, 0.15); /* untrained: ln V */
     g_assert_cmpfloat(last, <, 0.97 * first);             /* and it learns */
-    for (int stage = 0; stage <= 3; stage++) {
-        json_t *m = moe_train(stage, g->ranks, g->ep, "moe_run.json");
+    for (int stage = 0; stage <= g->top_stage; stage++) {
+        json_t *m = moe_train_impl(stage, g->ranks, g->ep, FALSE, 1, g->impl, "moe_run.json");
         json_t *loss = json_object_get(m, "loss");
         for (int i = 0; i < MOE_STEPS; i++) {
             const double a = json_number_value(json_array_get(loss, i));
             const double b = json_number_value(json_array_get(ref_loss, i));
             g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
         }
-        ZpSchedule *s = moe_schedule(stage, g->ranks, g->ep);
+        ZpSchedule *s = moe_schedule_impl(stage, g->ranks, g->ep, FALSE, 1, g->impl);
         assert_exact(m, s, g->ranks);
         /* The all-to-alls moved something at EP > 1: four a sparse layer and step. */
         g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), >, 0);
@@ -143,23 +158,31 @@ static void test_checkpointed(void)
     json_decref(ref);
 }
 
-/* Two micro-steps a step on 4 ranks at EP 2: below stage 2 the experts' gradients accumulate
- * whole and are all-reduced over EDP once, from stage 2 each micro-step's are reduce-scattered
- * from their bucket and added into the partition; the loss is the one-rank run's, the figures
- * the schedule's. */
-static void test_grad_accum(void)
+/* Two micro-steps a step on 4 ranks at EP 2: below stage 2 the paper's expert gradients
+ * accumulate whole and are all-reduced over EDP once, from stage 2 each micro-step's are
+ * reduce-scattered from their bucket and added into the partition; under DeepSpeed's plug-in
+ * at stages 2-3 likewise beside its own accumulation (grads_in_partition's copy, stage 3's
+ * partition); the loss is the one-rank run's, the figures the schedule's. */
+typedef struct {
+    ZpImplKind impl;
+    int stages[2];
+} Accum;
+
+static void test_grad_accum(gconstpointer data)
 {
+    const Accum *a = data;
     json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
     json_t *ref_loss = json_object_get(ref, "loss");
-    for (int stage = 1; stage <= 3; stage += 2) {
-        json_t *m = moe_train_run(stage, 4, 2, FALSE, 2, "moe_accum.json");
+    for (int k = 0; k < 2; k++) {
+        const int stage = a->stages[k];
+        json_t *m = moe_train_impl(stage, 4, 2, FALSE, 2, a->impl, "moe_accum.json");
         json_t *loss = json_object_get(m, "loss");
         for (int i = 0; i < MOE_STEPS; i++) {
-            const double a = json_number_value(json_array_get(loss, i));
-            const double b = json_number_value(json_array_get(ref_loss, i));
-            g_assert_cmpfloat(fabs(a - b) / b, <=, LOSS_REL_TOL);
+            const double x = json_number_value(json_array_get(loss, i));
+            const double y = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(x - y) / y, <=, LOSS_REL_TOL);
         }
-        ZpSchedule *s = moe_schedule_run(stage, 4, 2, FALSE, 2);
+        ZpSchedule *s = moe_schedule_impl(stage, 4, 2, FALSE, 2, a->impl);
         assert_exact(m, s, 4);
         zp_sched_free(s);
         json_decref(m);
@@ -241,7 +264,7 @@ static void test_refusals(void)
         /* the framework plug-ins (real_engine_fw.h) do not run a sparse block, and FSDP2
          * has no expert parallelism to schedule */
         {"--model " MOE_MODEL " --ep 2 --capacity-factor 2 --impl megatron --steps 1",
-         "--impl paper only"},
+         "--impl paper or deepspeed only"},
         {"--model " MOE_MODEL " --ep 2 --capacity-factor 2 --impl fsdp2 --stage 3 --steps 1",
          "no expert parallelism"},
     };
@@ -251,18 +274,35 @@ static void test_refusals(void)
         g_assert_nonnull(strstr(err, cases[i].message));
         g_free(err);
     }
+    /* DeepSpeed's stage 1 keeps the expert gradients as the EDP partition, which holds no
+     * earlier micro-step's whole gradients */
+    char *err = NULL;
+    g_assert_false(g_spawn_check_wait_status(
+        mpirun(4, "--model " MOE_MODEL " --ep 2 --capacity-factor 2 --impl deepspeed --stage 1 "
+                  "--micro-batch 1 --grad-accum 2 --steps 1", &err), NULL));
+    g_assert_nonnull(strstr(err, "--grad-accum 1"));
+    g_free(err);
 }
 
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     real_zero_common_init();
-    static const Grid two_ep2 = {2, 2}, four_ep4 = {4, 4}, four_ep2 = {4, 2};
+    static const Grid two_ep2 = {2, 2, ZP_IMPL_PAPER, 3}, four_ep4 = {4, 4, ZP_IMPL_PAPER, 3},
+                      four_ep2 = {4, 2, ZP_IMPL_PAPER, 3};
     g_test_add_data_func("/zreal-moe/2-ranks-ep-2", &two_ep2, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-4", &four_ep4, test_grid);
     g_test_add_data_func("/zreal-moe/4-ranks-ep-2", &four_ep2, test_grid);
+    /* DeepSpeed-MoE under its framework's own ZeRO (real_engine_ds) */
+    static const Grid ds_two_ep2 = {2, 2, ZP_IMPL_DEEPSPEED, 3},
+                      ds_four_ep2 = {4, 2, ZP_IMPL_DEEPSPEED, 3};
+    g_test_add_data_func("/zreal-moe/deepspeed/2-ranks-ep-2", &ds_two_ep2, test_grid);
+    g_test_add_data_func("/zreal-moe/deepspeed/4-ranks-ep-2", &ds_four_ep2, test_grid);
     g_test_add_func("/zreal-moe/checkpointed", test_checkpointed);
-    g_test_add_func("/zreal-moe/grad-accum", test_grad_accum);
+    static const Accum accum_paper = {ZP_IMPL_PAPER, {1, 3}},
+                       accum_ds = {ZP_IMPL_DEEPSPEED, {2, 3}};
+    g_test_add_data_func("/zreal-moe/grad-accum", &accum_paper, test_grad_accum);
+    g_test_add_data_func("/zreal-moe/deepspeed/grad-accum", &accum_ds, test_grad_accum);
     g_test_add_func("/zreal-moe/validate", test_validate);
     g_test_add_func("/zreal-moe/emulated-rank", test_emulated_rank);
     g_test_add_func("/zreal-moe/refusals", test_refusals);

@@ -225,6 +225,11 @@ typedef struct ZpImpl {
      * gradients share the dense ones' reduction path does it (DeepSpeed's stage_1_and_2.py
      * average_tensor, Megatron-Core's expert grad buffers). */
     ZpCollKind (*expert_grad_collective)(const ZpPlan *plan);
+    /* Whether a mixture of experts' gradients are reduced once the backward is done, after the
+     * dense ones, from flattened copies of at most the dense buckets' size over the
+     * expert-data-parallel group (zp_build_moe_reduce_after_backward); NULL or FALSE: each
+     * sparse unit's right after its experts' backward. */
+    gboolean (*experts_after_backward)(const ZpPlan *plan);
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,

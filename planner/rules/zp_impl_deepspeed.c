@@ -82,6 +82,18 @@ static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
     ds_launch_points(s, buckets);
 }
 
+/* Stage 0: engine.py allreduce_gradients -> buffered_allreduce_fallback at the accumulation
+ * boundary reduces the non-expert gradients (_reduce_non_expert_gradients), then
+ * _reduce_expert_gradients: each expert group's gradients, in named_parameters order, by
+ * allreduce_no_retain over groups._get_expert_data_parallel_group, buckets of
+ * elements_per_buffer flattened into copies (allreduce_and_copy). Stages 1-2 put the expert
+ * gradients in the ipg buckets (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
+ * average_tensor: an expert parameter's slices over expert_dp_process_group). */
+static gboolean ds_experts_after_backward(const ZpPlan *plan)
+{
+    return plan->zero.stage == 0;
+}
+
 /* Stages 1-2 with contiguous_gradients: stage_1_and_2.py DeepSpeedZeroOptimizer.backward
  * allocates ipg_buffer, one tensor of exactly reduce_bucket_size elements, two with
  * overlap_comm. Stage 3: stage3.py DeepSpeedZeroOptimizer_Stage3.__init__ allocates one
@@ -159,8 +171,14 @@ static void add_unit(Trace *t, int unit, int pos, gboolean reverse)
     const int last = unit < t->n_units ? t->unit_last[unit] : -1;
     const gboolean split = unit >= 1 && unit <= t->s->model.layers &&
                            zp_impl_module_compute(t->s);
-    for (int i = 0; first >= 0 && i <= last - first; i++)
-        add_use(t, reverse ? last - i : first + i, pos, split ? i : 0);
+    /* Module m of a block is step m forward and ZP_MOD_N - 1 - m backward (zp_step_module);
+     * a sparse block's last module, fc2, holds only experts (the expert space's, gathered
+     * over the expert-data-parallel group by zp_build_moe.c), so its dense modules stop at
+     * fc1's router and the backward's steps are not counted from the unit's last module. */
+    for (int i = 0; first >= 0 && i <= last - first; i++) {
+        const int m = reverse ? last - i - first : i;
+        add_use(t, first + m, pos, !split ? 0 : reverse ? ZP_MOD_N - 1 - m : m);
+    }
 }
 
 static int module_of_first_tensor(const Trace *t, int unit)
@@ -677,6 +695,7 @@ const ZpImpl zp_impl_deepspeed = {
     .step_buffers = ds_step_buffers,
     .residual_buffers = ds_residual,
     .gather_bound_elems = ds_gather_bound,
+    .experts_after_backward = ds_experts_after_backward,
     /* stage3.py _setup_for_real_optimizer: grad_partitions_flat_buffer of every parameter's
      * partition on the host (self.device is cpu under offload_optimizer) in
      * gradient_accumulation_dtype, the model's dtype unless data_types.grad_accum_dtype says

@@ -265,6 +265,9 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
 gboolean zp_build_moe_sparse(const ZpSchedule *s, int unit);
 /* The expert space's model states added to state_bytes (after the dense layout's). */
 void zp_build_moe_states(Builder *b);
+/* Where the implementation reduces the expert gradients after the backward (ZpImpl
+ * experts_after_backward): those all-reduces, after the dense buckets' (micro-step `micro`'s). */
+void zp_build_moe_reduce_after_backward(Builder *b, int micro);
 /* The expert elements this rank's optimizer steps (all of them at stage 0, else its
  * partition over the expert-data-parallel group). */
 double zp_build_moe_optimizer_elems(const ZpSchedule *s);

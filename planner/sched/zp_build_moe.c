@@ -39,6 +39,13 @@ static uint64_t edp_ranks(const ZpSchedule *s)
     return (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
 }
 
+/* Whether the implementation reduces the expert gradients once the backward is done (ZpImpl
+ * experts_after_backward), not unit by unit. */
+static gboolean after_backward(const Builder *b)
+{
+    return b->impl->experts_after_backward && b->impl->experts_after_backward(&b->s->plan);
+}
+
 ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
 {
     ZpSchedExperts x = {0};
@@ -52,6 +59,18 @@ ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
     x.padded_elems = zp_mem_padded_elems(x.total_elems, edp);
     x.partition_elems = s->plan.zero.stage == 3 ? partition3 : x.padded_elems / edp;
     return x;
+}
+
+/* Whether the expert gradients are kept as the rank's partition over the expert-data-parallel
+ * group: from stage 2, and at stage 1 where the implementation keeps the dense ones so
+ * (DeepSpeed's stage 1 shares stage 2's grads_in_partition: ZpImpl grad_state_elems; an
+ * expert param group's partition is over its expert DP group, stage_1_and_2.py
+ * _configure_moe_settings). */
+gboolean zp_sched_expert_grads_partitioned(const ZpSchedule *s)
+{
+    const int stage = s->plan.zero.stage;
+    return stage >= 2 || (stage == 1 && zp_impl_get(s->plan.impl)->grad_state_elems(s) <
+                                            (double)s->total_elems);
 }
 
 /* The expert space's model states, by the stage's rule over the expert-data-parallel group as
@@ -71,11 +90,7 @@ void zp_build_moe_states(Builder *b)
     double master, m, v;
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params[4] = {total, padded, padded, part};
-    /* The gradients as the implementation keeps the dense ones: whole, or its partition
-     * (DeepSpeed's stage 1 shares stage 2's partitioned gradients: ZpImpl grad_state_elems). */
-    const gboolean whole_grads =
-        stage < 2 && b->impl->grad_state_elems(s) >= (double)s->total_elems;
-    const double grads[4] = {total, whole_grads ? total : part, part, part};
+    const double grads[4] = {total, zp_sched_expert_grads_partitioned(s) ? part : total, part, part};
     const double optim = stage == 0 ? total : part;
     s->state_bytes[ZP_MEM_PARAMS] += params[stage] * b->state.param_bytes;
     s->state_bytes[ZP_MEM_GRADS] += grads[stage] * b->state.grad_bytes;
@@ -308,13 +323,17 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
      * Megatron-Core's expert grad buffers reduce-scatter with the distributed optimizer. One
      * collective a sparse unit, not a bucket's worth: the bytes are the same, and a unit's
      * experts (Mixtral at EP 8: 176M elements) are a third of the default 5e8 bucket.
-     * From stage 2, where the rank keeps only its partition, the unit's unreduced expert
-     * gradients land in a bucket of their own, taken before the experts' backward and freed
-     * after the reduction reads it (DeepSpeed reduces an expert parameter's gradient out of
-     * its IPG bucket). Without overlap_comm average_tensor runs on the current stream, so
-     * the compute waits for it, as for a dense bucket (zp_build_buckets launch_bucket). */
+     * Where the rank keeps only its partition (zp_sched_expert_grads_partitioned: from stage
+     * 2, and DeepSpeed's stage 1) the unit's unreduced expert gradients land in a bucket of
+     * their own, taken before the experts' backward and freed after the reduction reads it
+     * (DeepSpeed reduces an expert parameter's gradient out of its IPG bucket), and the rank
+     * keeps its slice. Without overlap_comm average_tensor runs on the current stream, so
+     * the compute waits for it, as for a dense bucket (zp_build_buckets launch_bucket).
+     * DeepSpeed's stage 0 reduces them after the backward instead
+     * (zp_build_moe_reduce_after_backward). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
-    const gboolean bucketed = s->plan.zero.stage >= 2, reduced = reduce && edp > 1;
+    const gboolean bucketed = zp_sched_expert_grads_partitioned(s);
+    const gboolean reduced = reduce && edp > 1 && !after_backward(b);
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;
@@ -338,6 +357,37 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
             g_array_append_val(b->sync_deps, r);
     }
     return returned;
+}
+
+/* The expert gradients all-reduced over the expert-data-parallel group after the dense ones:
+ * the sparse units' in model order, grouped until a group passes the dense buckets' size
+ * (engine.py allreduce_no_retain: the unit whose experts pass it closes the group), each
+ * flattened into a copy of its own (a bucket), all-reduced and copied back. */
+void zp_build_moe_reduce_after_backward(Builder *b, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (!after_backward(b) || zp_sched_experts(s).total_elems == 0 || edp_ranks(s) == 1)
+        return;
+    uint32_t after = b->last_compute; /* after the dense buckets' reductions are issued */
+    for (guint i = 0; i < b->buckets->len; i++)
+        if (zp_build_bucket(b, i)->coll_op != NONE)
+            after = MAX(after, zp_build_bucket(b, i)->coll_op);
+    const double limit = s->plan.zero.reduce_bucket_size, e = zp_plan_reduce_bytes(&s->plan);
+    uint64_t lo = 0, n = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        n += zp_sched_unit_expert_elems(s, u);
+        const gboolean last = u + 1 == s->n_units;
+        if (n == 0 || (!last && (double)n <= limit))
+            continue;
+        int buffer;
+        const double bytes = (double)n * e;
+        const uint32_t alloc =
+            zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, -1, micro, &buffer, &after, 1);
+        after = zp_build_emit_collective(b, ZP_COLL_ALLREDUCE, ZP_GROUP_EDP, -1, micro, buffer,
+                                         lo, n, bytes, &alloc, 1);
+        zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, -1, micro, buffer, after);
+        lo += n, n = 0;
+    }
 }
 
 void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer)

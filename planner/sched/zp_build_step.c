@@ -305,6 +305,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     position_end(b, zp_pos_embed_bwd(L), micro);
     if (reduce) {
         zp_build_launch_buckets(b, 0, -1, micro, launched);
+        zp_build_moe_reduce_after_backward(b, micro);
         if (zp_build_held_span(b) != ZP_HELD_ALL_STEP)
             zp_build_free_held_buckets(b, micro, NONE);
         /* the engine's epilogue (stage3.py independent_gradient_partition_epilogue)

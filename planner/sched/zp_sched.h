@@ -95,6 +95,10 @@ ZpSchedExperts zp_sched_experts(const ZpSchedule *sched);
 /* A unit's experts on this rank (0: a dense unit, another stage's) and where they start. */
 uint64_t zp_sched_unit_expert_elems(const ZpSchedule *sched, int unit);
 uint64_t zp_sched_unit_expert_offset(const ZpSchedule *sched, int unit);
+/* Whether the expert gradients are kept as this rank's partition of the expert space (and so
+ * reduce-scattered over EDP): from stage 2, and at stage 1 where the implementation keeps the
+ * dense ones so (DeepSpeed's grads_in_partition); whole otherwise (all-reduced). */
+gboolean zp_sched_expert_grads_partitioned(const ZpSchedule *sched);
 
 /* JSON round trip (`zplan schedule --out`); the reader validates every field, since zreal
  * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),

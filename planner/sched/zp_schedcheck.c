@@ -315,21 +315,37 @@ static gboolean check_experts(Check *c, const ZpOp *op)
                    zp_sched_coll_name(op->sub));
     if (zp_plan_ep(&s->plan) == 1 && op->group == ZP_GROUP_EP)
         return bad(c, "group", "ep in a plan without expert parallelism (EP 1)");
-    /* From stage 2 a unit's expert gradients are reduced out of a bucket of their own
-     * (zp_build_moe_backward), whichever collective the implementation reduces them with;
-     * nothing else of the experts' names a buffer. */
+    /* Where the expert gradients are partitioned (zp_sched_expert_grads_partitioned) a unit's
+     * are reduced out of a bucket of their own (zp_build_moe_backward), by whichever
+     * collective the implementation reduces them with; nothing else of the experts' names a
+     * buffer. */
     const gboolean bucketed = op->group == ZP_GROUP_EDP && op->unit >= 0 &&
-                              op->sub != ZP_COLL_ALLGATHER && s->plan.zero.stage >= 2;
-    if (bucketed ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
-        return bucketed ? FALSE
-                        : bad(c, "buffer", "= %d: expert collectives but the reduction of a "
-                                           "unit's expert gradients from stage 2 use no bucket",
-                              op->buffer);
+                              op->sub != ZP_COLL_ALLGATHER && zp_sched_expert_grads_partitioned(s);
+    /* or, after the backward (ZpImpl experts_after_backward), a flattened copy all-reduced */
+    const gboolean copy = op->group == ZP_GROUP_EDP && op->sub == ZP_COLL_ALLREDUCE &&
+                          op->unit < 0;
+    if (bucketed || copy ? !need_buffer(c, op->buffer, ZP_MEM_BUCKETS) : op->buffer != -1)
+        return bucketed || copy
+                   ? FALSE
+                   : bad(c, "buffer", "= %d: expert collectives but the reductions of expert "
+                                      "gradients from a bucket use none", op->buffer);
     if (a2a)
         return zp_build_moe_sparse(s, op->unit) ||
                bad(c, "unit", "= %d is no sparse block", op->unit);
     const int stage = s->plan.zero.stage;
     const uint64_t edp = (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+    const ZpImpl *impl = zp_impl_get(s->plan.impl);
+    if (copy) { /* a run of the expert space all-reduced after the backward */
+        const ZpSchedExperts x = zp_sched_experts(s);
+        if (!impl->experts_after_backward || !impl->experts_after_backward(&s->plan) ||
+            op->elems == 0 || op->elem_offset + op->elems > x.total_elems)
+            return bad(c, "elems", "= %" G_GUINT64_FORMAT " at %" G_GUINT64_FORMAT ": an "
+                       "all-reduce of the expert space after the backward (%s reduces them so "
+                       "%s)", op->elems, op->elem_offset, zp_impl_name(s->plan.impl),
+                       impl->experts_after_backward ? "not at this stage" : "never");
+        return need_bytes(c, op->bytes, (double)op->elems * zp_plan_reduce_bytes(&s->plan),
+                          "the layout");
+    }
     if (op->unit < 0) { /* stages 1-2: the updated expert partitions */
         const ZpSchedExperts x = zp_sched_experts(s);
         if (op->sub != ZP_COLL_ALLGATHER || (stage != 1 && stage != 2) || op->elem_offset != 0 ||
@@ -352,8 +368,9 @@ static gboolean check_experts(Check *c, const ZpOp *op)
                           : bad(c, "op", "allgather: only stage 3 gathers a unit's experts");
     const ZpCollKind reduce = zp_impl_expert_grad_collective(&s->plan);
     if (op->sub != reduce)
-        return bad(c, "op", "%s: stage %d reduces expert gradients with %s",
-                   zp_sched_coll_name(op->sub), stage, zp_sched_coll_name(reduce));
+        return bad(c, "op", "%s: stage %d (%s) reduces expert gradients with %s",
+                   zp_sched_coll_name(op->sub), stage, zp_impl_name(s->plan.impl),
+                   zp_sched_coll_name(reduce));
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 
