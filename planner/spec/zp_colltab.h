@@ -41,10 +41,11 @@ gboolean zp_colltab_from_json(void *json_array, const char *what, ZpCollTable *t
 void *zp_colltab_to_json(const ZpCollTable *t);
 
 /* Builds a table from timings (kind, ranks, bytes, time_s)[i], i < n: for each collective and
- * rank count, the median time of each size, made non-decreasing in size by pooling adjacent
- * violators (the least-squares non-decreasing fit: a larger message never takes less time, and
- * the median of a noisy size must not make the curve fold back). Fails when there are more
- * rank counts or sizes than the table holds. */
+ * rank count, the lower median time of each size (the faster of two runs), made
+ * non-decreasing in size by its lower envelope (each size at most every larger size's time: a
+ * smaller message costs no more, and a shared host's noise only adds time, so one slow timing
+ * must not lift its neighbours). Fails when there are more rank counts or sizes than the
+ * table holds. */
 gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
                           const double *time_s, size_t n, ZpCollTable *t, GError **error);
 
@@ -55,8 +56,8 @@ gboolean zp_colltab_curve_from_json(void *json, const char *what, ZpCollRow *row
                                     GError **error);
 void *zp_colltab_curve_to_json(const ZpCollRow *row);
 
-/* A curve from timings (bytes, time_s)[i], i < n, as zp_colltab_build makes a row (the median
- * of each size, pooled to non-decreasing); `name` (such as "copies") names it in messages.
+/* A curve from timings (bytes, time_s)[i], i < n, as zp_colltab_build makes a row (the lower
+ * median of each size, its lower envelope); `name` (such as "copies") names it in messages.
  * A curve's kind is -1 and its ranks 0. */
 gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
                                 const char *name, ZpCollRow *row, GError **error);
