@@ -206,6 +206,7 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
                 base.attention = spec->attention;
                 base.reduce_dtype = spec->reduce_dtype;
                 base.impl = spec->impl;
+                g_strlcpy(base.kernels, spec->kernels, sizeof base.kernels);
                 base.gpus_per_node = node;
                 base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
                 add_micro(spec, &base, skew, out);
