@@ -91,6 +91,10 @@ typedef struct {
     uint32_t fetch_event[3], reduce_event[3];
     guint n_fetch_events, n_reduce_events;
     uint32_t fetch_gate, reduce_gate, host_alloc;
+    /* The op the host last waited for on the whole device (ZpImpl epilogue_syncs_device), or
+     * NONE: every op emitted after it depends on it until the next compute op, which the ops
+     * after that follow (the compute stream runs in order). */
+    uint32_t host_sync;
     GArray *gated;
     /* Pipelines: the stage being built, the chunks' first units (zp_pipe_partition; chunk c
      * sits on stage c mod P), the send op of every (chunk, micro, direction), the send the

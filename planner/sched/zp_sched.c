@@ -291,6 +291,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .runahead = plan->zero.stage == 3 && zp_impl_get(plan->impl)->host_runahead &&
                              !plan->no_runahead,
                  .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
+                 .host_sync = NONE,
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
                  .max_ops = zp_schedsize_max_ops()};
