@@ -3,6 +3,7 @@
 #include "zp_colltab.h"
 #include "zp_util.h"
 
+#include <gsl/gsl_statistics_double.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -177,18 +178,16 @@ static void lower_envelope(double *v, int n)
         v[i] = MIN(v[i], v[i + 1]);
 }
 
-/* The lower median of sorted data (its (n-1)/2-th element): one of the timings, and for two
- * runs the faster, whose time the slower's extra (load, noise) is not part of. */
-static double lower_median(const Timing *sorted, size_t n)
-{
-    return sorted[(n - 1) / 2].time_s;
-}
-
-/* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): the lower
- * median of each size (over the microbenchmark runs, each timing itself a run's median), made
- * non-decreasing by its lower envelope. */
+/* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): each
+ * size's as `pick` says, made non-decreasing by its lower envelope. ZP_COLLTAB_LEAST: each
+ * timing is already a microbenchmark run's median of its repeats (real_microbench
+ * sweep_medians), so a within-run outlier is gone; between runs minutes apart the host's load
+ * differs, and it only adds time: the fastest run's median is the op's own cost. On a 2-vCPU
+ * host shared by eight jobs (load 10-11), two runs of tiny's reduce-scatter on 2 ranks timed
+ * 2.5 ms and 56 ms at 212 KB, cpu-small's all-reduce 17 us and 20 ms at 2 KB; a median of six
+ * runs at 512 KB was 11 ms against the least 1.5 ms. */
 static gboolean build_row(int kind, int ranks, const char *name, Timing *timings, size_t m,
-                          ZpCollRow *row, GError **error)
+                          ZpCollPick pick, ZpCollRow *row, GError **error)
 {
     *row = (ZpCollRow){.kind = kind, .ranks = ranks};
     for (size_t i = 0; i < m;) {
@@ -202,7 +201,12 @@ static gboolean build_row(int kind, int ranks, const char *name, Timing *timings
             return FALSE;
         }
         row->bytes[row->n] = timings[i].bytes;
-        row->time_s[row->n++] = lower_median(&timings[i], j - i); /* sorted by time */
+        /* sorted by time within a size: every other double of timings[i..j) */
+        row->time_s[row->n++] =
+            pick == ZP_COLLTAB_LEAST
+                ? timings[i].time_s
+                : gsl_stats_median_from_sorted_data(&timings[i].time_s,
+                                                    sizeof(Timing) / sizeof(double), j - i);
         i = j;
     }
     lower_envelope(row->time_s, row->n);
@@ -210,7 +214,8 @@ static gboolean build_row(int kind, int ranks, const char *name, Timing *timings
 }
 
 gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
-                          const double *time_s, size_t n, ZpCollTable *t, GError **error)
+                          const double *time_s, size_t n, ZpCollPick pick, ZpCollTable *t,
+                          GError **error)
 {
     memset(t, 0, sizeof *t);
     Timing *timings = g_new(Timing, n ? n : 1);
@@ -234,7 +239,8 @@ gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes
         qsort(timings, m, sizeof *timings, by_bytes_then_time);
         char *name = g_strdup_printf("collectives: %s on %d ranks", kind_names[kind[first]],
                                      ranks[first]);
-        ok = build_row(kind[first], ranks[first], name, timings, m, &t->rows[t->n_rows], error);
+        ok = build_row(kind[first], ranks[first], name, timings, m, pick, &t->rows[t->n_rows],
+                       error);
         g_free(name);
         t->n_rows += ok;
     }
@@ -243,13 +249,14 @@ gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes
 }
 
 gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
-                                const char *name, ZpCollRow *row, GError **error)
+                                ZpCollPick pick, const char *name, ZpCollRow *row,
+                                GError **error)
 {
     Timing *timings = g_new(Timing, n ? n : 1);
     for (size_t i = 0; i < n; i++)
         timings[i] = (Timing){bytes[i], time_s[i]};
     qsort(timings, n, sizeof *timings, by_bytes_then_time);
-    const gboolean ok = build_row(-1, 0, name, timings, n, row, error);
+    const gboolean ok = build_row(-1, 0, name, timings, n, pick, row, error);
     g_free(timings);
     return ok;
 }
