@@ -1,6 +1,7 @@
 /* cli: the flag handling every zplan subcommand shares, so that each bad-input case is
  * refused the same way everywhere: one line, naming the flag, non-zero exit. */
 #include "cli.h"
+#include "zp_inventory.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_util.h"
@@ -235,6 +236,16 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
     }
     return !reduce_flag ||
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);
+}
+
+gboolean cli_kernels(const char *kernels_flag, ZpPlan *plan, GError **error)
+{
+    if (!kernels_flag)
+        return TRUE;
+    const ZpInventory *inv = zp_inventory_find(kernels_flag, "--kernels", error);
+    if (inv)
+        g_strlcpy(plan->kernels, inv->name, sizeof plan->kernels);
+    return inv != NULL;
 }
 
 gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpPlan *plan,

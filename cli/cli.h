@@ -113,6 +113,11 @@ void cli_note_inert_features(const ZpPlan *plan);
 gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpPlan *plan,
                        GError **error);
 
+/* --kernels NAME: the kernel inventory (zp_inventory) a GPU profile's kernel_rates price, into
+ * plan->kernels; without the flag plan->kernels stays "" (the one --impl names). An unknown
+ * name fails naming the flag and listing the inventories. */
+gboolean cli_kernels(const char *kernels_flag, ZpPlan *plan, GError **error);
+
 gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
                               const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
                               GError **error);

@@ -638,8 +638,9 @@ static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
     return TRUE;
 }
 
-/* "collective_table": each collective's median time at each size it was timed at, per rank
- * count, pooled to non-decreasing (zp_colltab_build), with its note; the simulator reads a
+/* "collective_table": each collective's least time over the runs at each size it was timed
+ * at, per rank count, made non-decreasing by its lower envelope (zp_colltab_build), with its
+ * note; the simulator reads a
  * group's collectives off it before the fitted ring. */
 static gboolean add_collective_table(json_t *profile, const Samples *s, int *rows,
                                      GError **error)
@@ -647,15 +648,16 @@ static gboolean add_collective_table(json_t *profile, const Samples *s, int *row
     ZpCollTable table;
     if (!zp_colltab_build((const int *)s->coll_kind->data, (const int *)s->coll_ranks->data,
                           (const double *)s->coll_bytes->data, (const double *)s->coll_s->data,
-                          s->coll_s->len, &table, error))
+                          s->coll_s->len, ZP_COLLTAB_LEAST, &table, error))
         return FALSE;
     *rows = table.n_rows;
     json_object_set_new(profile, "collective_table", zp_colltab_to_json(&table));
     char *runs = g_strjoinv(", ", (char **)s->runs->pdata);
     char *note = g_strdup_printf(
         "zreal --microbench (%s): each collective's time at every size it was timed at (a "
-        "grid, and the sizes of the model's own collectives at ZeRO stages 0-3), the median "
-        "over the runs, made non-decreasing in size by pooling adjacent violators; per "
+        "grid, and the sizes of the model's own collectives at ZeRO stages 0-3), the least "
+        "over the runs (each a run's median of its repeats), each size at most every larger "
+        "size's time (the lower envelope); per "
         "collective and rank count; read in log time against log size between sizes, at the "
         "largest's bus bandwidth beyond it",
         runs);

@@ -488,8 +488,8 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     return ok;
 }
 
-/* The copy curve (zp_optable's "copy") from every run's "copies": each size's median over the
- * runs' timings, pooled to non-decreasing; none when no run timed copies. */
+/* The copy curve (zp_optable's "copy") from every run's "copies": each size's least over the
+ * runs' medians, its lower envelope (zp_colltab_curve_build); none when no run timed copies. */
 static gboolean copy_curve(const Runs *r, ZpCollRow *row, GError **error)
 {
     GArray *bytes = g_array_new(FALSE, FALSE, sizeof(double));
@@ -508,7 +508,7 @@ static gboolean copy_curve(const Runs *r, ZpCollRow *row, GError **error)
     memset(row, 0, sizeof *row);
     if (bytes->len > 0)
         ok = zp_colltab_curve_build((const double *)bytes->data, (const double *)time_s->data,
-                                    bytes->len, "copies", row, error);
+                                    bytes->len, ZP_COLLTAB_LEAST, "copies", row, error);
     g_array_unref(bytes), g_array_unref(time_s);
     return ok;
 }
@@ -553,7 +553,8 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "op's kernels (the optimizer: before its fitted rate, linear in elements "
                 "between two whole times); copy: one copy's median time at each size the "
                 "runs timed it (the collectives' sizes and their shares per rank, every rank "
-                "copying at once), pooled to non-decreasing, read for the copies around the "
+                "copying at once), the least over the runs, each size at most every larger "
+                "size's, read for the copies around the "
                 "collectives%s; contention %s",
                 runs, world, t.copy.n > 0 ? "" : " (none timed: the convert rate instead)",
                 r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "

@@ -9,6 +9,7 @@
 #include "zp_alloc_replay.h"
 #include "zp_dsconfig.h"
 #include "zp_impl.h"
+#include "zp_inventory.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -247,7 +248,11 @@ static void print_header(const PlanArgs *a, const ZpSearchResult *r)
     zp_plan_defaults(&resolved, 0, 1, 1);
     resolved.precision = a->precision, resolved.impl = a->impl;
     resolved.reduce_dtype = a->kernels.reduce_dtype;
+    g_strlcpy(resolved.kernels, a->kernels.kernels, sizeof resolved.kernels);
     zp_impl_plan_defaults(&resolved);
+    /* the inventory the profile's kernel rates price (--kernels, else --impl's) */
+    if (a->hw.kernel_rates.present)
+        printf(", %s kernels", zp_inventory_for_plan(&resolved)->name);
     printf(", %s + %s, %s attention, gradients reduced in %s. %u plans: %u out of memory (closed form), %u cannot win (time bound),\n"
            "%u simulated and fit, %u over memory when simulated. GB = 1e9 bytes.\n",
            zp_precision_name(a->precision), zp_optimizer_name(a->optimizer),
@@ -732,6 +737,7 @@ static gboolean search(PlanArgs *a, ZpOffloadDevice optimizer, ZpOffloadDevice p
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
     spec.impl = a->impl;
+    g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     spec.three_d = a->three_d;
     spec.offload_optimizer = optimizer;
     spec.offload_param = param;
@@ -850,6 +856,7 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
     spec.impl = a->impl;
+    g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     const int status = cli_moe_plan(&spec, experts, ep_given, a->top_k, error);
     return status < 0 ? cli_fail("plan", *error) : status;
 }
@@ -858,7 +865,7 @@ int cli_plan(int argc, char **argv)
 {
     char *model = NULL, *cluster = NULL, *gpus = NULL, *global_batch = NULL, *seq = NULL;
     char *top = NULL, *mp = NULL, *precision = NULL, *optimizer = NULL, *attention = NULL;
-    char *reduce = NULL, *room = NULL, *impl = NULL, *offload_opt = NULL;
+    char *reduce = NULL, *room = NULL, *impl = NULL, *kernels = NULL, *offload_opt = NULL;
     char *offload_param = NULL, *nvme_path = NULL, *zeropp = NULL, *exclude = NULL;
     char *gpu_memory = NULL;
     char *ep = NULL, *capacity = NULL, *skew = NULL;
@@ -882,6 +889,7 @@ int cli_plan(int argc, char **argv)
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &a.ds_config, "Write the best plan's DeepSpeed config to OUT", "OUT"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &a.html, "Write the top plans side by side as one HTML page", "OUT.html"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
+        {"kernels", 0, 0, G_OPTION_ARG_STRING, &kernels, "The kernel inventory a GPU profile's kernel_rates price: eager, megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
         {"3d", 0, 0, G_OPTION_ARG_NONE, &a.three_d, "Also search pipeline stages (1F1B, interleaved with 2 or 4 chunks; needs --global-batch) and tensor parallelism over whole nodes", NULL},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),
         CLI_BUDGET_ENTRIES(&a.budget),
@@ -907,6 +915,7 @@ int cli_plan(int argc, char **argv)
         !parse_args(&a, model, cluster, gpus, global_batch, seq, top, mp, precision, optimizer,
                     attention, reduce, room, gpu_memory, &error) ||
         (impl && !zp_impl_parse(impl, "--impl", &a.impl, &error)) ||
+        !cli_kernels(kernels, &a.kernels, &error) ||
         !parse_techniques(zeropp, exclude, &a.exclude, &error) ||
         !cli_budget_parse(&a.budget, &error) ||
         (a.ds_config && !zp_check_out_path(a.ds_config, "--ds-config", &error)) ||
@@ -931,7 +940,7 @@ int cli_plan(int argc, char **argv)
     g_free(top), g_free(mp), g_free(precision), g_free(optimizer), g_free(a.ds_config);
     g_free(a.html);
     g_free(attention), g_free(reduce), g_free(room), g_free(offload_opt), g_free(impl);
-    g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
+    g_free(kernels), g_free(offload_param), g_free(nvme_path), g_free(a.offload_note);
     g_free(a.whole_node_note), g_free(ep), g_free(capacity), g_free(skew);
     g_free(zeropp), g_free(exclude), g_free(gpu_memory);
     cli_budget_free(&a.budget);

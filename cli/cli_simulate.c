@@ -453,14 +453,10 @@ static gboolean host_tiers_fit(const ZpSchedule *sched, const ZpHw *hw, GError *
 static gboolean kernels_flag(const SimulateFlags *f, ZpPlan *sched_plan, ZpPlan *plan,
                              GError **error)
 {
-    if (!f->kernels)
-        return TRUE;
-    const ZpInventory *inv = zp_inventory_find(f->kernels, "--kernels", error);
-    if (!inv)
+    if (!cli_kernels(f->kernels, plan, error))
         return FALSE;
-    g_strlcpy(plan->kernels, inv->name, sizeof plan->kernels);
-    if (sched_plan)
-        g_strlcpy(sched_plan->kernels, inv->name, sizeof sched_plan->kernels);
+    if (sched_plan && f->kernels)
+        g_strlcpy(sched_plan->kernels, plan->kernels, sizeof sched_plan->kernels);
     return TRUE;
 }
 

@@ -36,19 +36,19 @@ static json_t *compute_by_class_json(const CliSimReport *p)
         return NULL;
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(p->model, &p->sched->plan, ops);
-    double by_class[ZP_KC_N] = {0}, host = 0, launches = 0;
+    double by_class[ZP_KCLASS_INVENTORY_N] = {0}, host = 0, launches = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const double n = k == ZP_COMP_OPTIMIZER ? (c.optimizer_elems > 0)
                                                 : (double)ops[k].count / zp_plan_pp(&p->sched->plan);
-        for (int cls = 0; cls < ZP_KC_N; cls++)
+        for (int cls = 0; cls < ZP_KCLASS_INVENTORY_N; cls++)
             by_class[cls] += n * c.class_s[k][cls];
         host += n * c.host_s[k];
         launches += n * c.launches[k];
     }
     json_t *o = json_pack("{s:s}", "inventory", c.inv->name);
-    for (int cls = 0; cls < ZP_KC_COLLECTIVE; cls++) {
+    for (int cls = 0; cls < ZP_KCLASS_COLLECTIVE; cls++) {
         char key[32];
-        g_snprintf(key, sizeof key, "%s_s", zp_kernel_class_name((ZpKernelClass)cls));
+        g_snprintf(key, sizeof key, "%s_s", zp_kclass_name((ZpKClass)cls));
         json_object_set_new(o, key, json_real(by_class[cls]));
     }
     json_object_set_new(o, "host_issue_s", json_real(host));

@@ -149,6 +149,7 @@ static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError *
     spec.optimizer = a->optimizer;
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
+    g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     spec.exclude = CLI_LOSSY_ZEROPP;
     ZpSearchResult r;
     if (!zp_search_run(&spec, &r, error)) {
@@ -486,6 +487,7 @@ static gboolean run_sweep(const SweepArgs *a, GError **error)
 typedef struct {
     char *vary, *values, *model, *params, *cluster, *gpu_memory, *metric, *out, *gpus, *mp;
     char *micro_batch, *global_batch, *precision, *optimizer, *seq, *attention, *reduce;
+    char *kernels;
 } SweepFlags;
 
 static const char *const vary_names[] = {"gpus", "params", "micro-batch", "stage", NULL};
@@ -613,6 +615,7 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
                                   error) &&
           cli_attention_reduce(f->attention, f->reduce, a->have_hw ? &a->hw : NULL,
                                a->precision, &a->kernels, error) &&
+          cli_kernels(f->kernels, &a->kernels, error) &&
           (a->values = parse_values(f, a->vary, error)) != NULL))
         return FALSE;
     a->global_batch = batch;
@@ -643,6 +646,7 @@ int cli_sweep(int argc, char **argv)
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: --cluster's, flash2 without one)", "K"},
+        {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "tflops: the kernel inventory a GPU profile's kernel_rates price: eager, megatron or deepspeed (default: deepspeed, as sweep plans DeepSpeed's ZeRO)", "NAME"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f.reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -665,6 +669,6 @@ int cli_sweep(int argc, char **argv)
     g_free(f.vary), g_free(f.values), g_free(f.model), g_free(f.params), g_free(f.cluster);
     g_free(f.gpu_memory), g_free(f.metric), g_free(f.out), g_free(f.gpus), g_free(f.mp);
     g_free(f.micro_batch), g_free(f.global_batch), g_free(f.precision), g_free(f.optimizer);
-    g_free(f.seq), g_free(f.attention), g_free(f.reduce);
+    g_free(f.seq), g_free(f.attention), g_free(f.reduce), g_free(f.kernels);
     return status;
 }

@@ -126,7 +126,8 @@ static gboolean merge_collectives(json_t *profile, const ZpTorchTrace *t, const 
     GError *local = NULL;
     json_t *existing = json_object_get(profile, "collective_table");
     gboolean ok = zp_colltab_build((int *)kind->data, (int *)ranks->data, (double *)bytes->data,
-                                   (double *)time_s->data, kind->len, &measured, &local) &&
+                                   (double *)time_s->data, kind->len, ZP_COLLTAB_MEDIAN,
+                                   &measured, &local) &&
                   (!existing || zp_colltab_from_json(existing, what, &base, &local));
     *rows = ok ? measured.n_rows : 0;
     for (int i = 0; ok && i < measured.n_rows; i++) {
@@ -339,7 +340,8 @@ gboolean cli_torch_calibrate(char **traces, const char *cluster, const char *out
             char *note = g_strdup_printf(
                 "%d row(s) measured by zplan calibrate --torch-trace %s: each NCCL kernel's "
                 "duration (waiting for its peers included, as a step pays it) by collective, "
-                "group size and bytes, the median per size, pooled to non-decreasing; the "
+                "group size and bytes, the median per size, each size at most every larger "
+                "size's (the lower envelope); the "
                 "other rows from %s", coll_rows, files, base_path);
             json_object_set_new(notes, "collective_table", json_string(note));
             g_free(note);

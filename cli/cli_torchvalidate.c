@@ -35,9 +35,9 @@ static void split_compute(const ZpCost *c, const CliSimulated *s, const ZpOp *op
     }
     double part[3] = {0}; /* gemm, attention, memory */
     if (c->inventory) { /* the framework's kernels at the profile's kernel_rates */
-        part[0] = c->class_s[kind][ZP_KC_GEMM];
-        part[1] = c->class_s[kind][ZP_KC_ATTENTION];
-        part[2] = c->class_s[kind][ZP_KC_MEMORY];
+        part[0] = c->class_s[kind][ZP_KCLASS_GEMM];
+        part[1] = c->class_s[kind][ZP_KCLASS_ATTENTION];
+        part[2] = c->class_s[kind][ZP_KCLASS_MEMORY];
     } else if (c->table && zp_model_has_architecture(s->model)) {
         ZpKernels ks;
         zp_cost_kernels(s->model, s->plan, kind, &ks);

@@ -31,10 +31,8 @@ SimResult *simulate(const ZpSchedule *s)
     ZpHw hw;
     GError *error = NULL;
     g_assert_true(zp_hw_load("dgx-a100-80g", &hw, &error));
-    /* The roofline's op times: zreal's tiny plans here match its list order under them; the
-     * profile's kernel rates move the ops' ends (stage 2, two micro-steps, overlap, bucket 64
-     * then simulates 256 bytes above the list order: a bucket held beside the next module). */
-    hw.kernel_rates.present = FALSE;
+    /* The profile's kernel rates too (its per-class rates, not the roofline): the schedule's
+     * orders, not the op times, must make the simulated peak zreal's list-order peak. */
     SimOptions options = {0};
     SimResult *r = sim_engine_run(s, &hw, &options, &error);
     g_assert_no_error(error);

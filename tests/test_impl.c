@@ -739,6 +739,54 @@ static void test_deepspeed_reduction_peak(void)
                 }
 }
 
+/* The end of the last collective of micro-step `micro` and the start of micro-step micro + 1's
+ * first compute op, on rank 0 of a simulation with a timeline. */
+static void micro_boundary(const ZpSchedule *s, const SimResult *r, int micro, double *coll_end_s,
+                           double *next_start_s)
+{
+    *coll_end_s = 0, *next_start_s = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->micro == micro)
+            *coll_end_s = MAX(*coll_end_s, r->op_end_s[i]);
+        if (op->kind == ZP_OP_COMPUTE && op->micro == micro + 1 && *next_start_s < 0)
+            *next_start_s = r->op_start_s[i];
+    }
+}
+
+/* DeepSpeed's stage 1-2 epilogue with overlap_comm synchronises the device
+ * (stage_1_and_2.py independent_gradient_partition_epilogue: get_accelerator().synchronize()
+ * before _release_ipg_buffers), so micro-step 1's forward starts only once micro-step 0's
+ * last reduction has ended (stage 1 reduces at the last micro-step only: nothing to wait
+ * for). Tiny, 4 ranks, reduce_bucket_size 64, on the A100 profile's kernel
+ * rates: without the wait the next forward ran beside the reductions and held micro-step 0's
+ * two ipg buffers beside micro-step 1's, 256 bytes above zreal's list-order peak. */
+static void test_deepspeed_epilogue_sync(void)
+{
+    ZpModel m = tu_load_model("tiny");
+    m.dropout = FALSE;
+    ZpHw hw;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &hw, NULL));
+    for (int stage = 1; stage <= 2; stage++) {
+        ZpPlan p = bucket_plan(stage, 1, 64, 2);
+        p.precision = ZP_PREC_BF16;
+        p.micro_batch = 4;
+        ZpSchedule *s = zp_sched_build(&m, &p, NULL);
+        g_assert_nonnull(s);
+        SimOptions options = {.record_timeline = TRUE};
+        GError *error = NULL;
+        SimResult *r = sim_engine_run(s, &hw, &options, &error);
+        g_assert_no_error(error);
+        double coll_end_s, next_start_s;
+        micro_boundary(s, r, 0, &coll_end_s, &next_start_s);
+        g_test_message("stage %d: micro-step 0's reductions end %.3g us, micro-step 1 starts "
+                       "%.3g us", stage, 1e6 * coll_end_s, 1e6 * next_start_s);
+        g_assert_cmpfloat(next_start_s, >=, coll_end_s);
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+}
+
 /* Each module op waits for its own module's gather only: gpt3-175b on 64 GPUs gathers every
  * weight by a call of its own (biases and norms are persistent), so a module op depends on at
  * most one all-gather, of its own module's weight, and a norm on none; the gathered
@@ -810,6 +858,7 @@ int main(int argc, char **argv)
     g_test_add_func("/impl/deepspeed-bucket-launch", test_deepspeed_bucket_launch);
     g_test_add_func("/impl/deepspeed-stage3-bucket-numel", test_deepspeed_stage3_bucket_numel);
     g_test_add_func("/impl/deepspeed-reduction-peak", test_deepspeed_reduction_peak);
+    g_test_add_func("/impl/deepspeed-epilogue-sync", test_deepspeed_epilogue_sync);
     g_test_add_func("/impl/deepspeed-grad-copy", test_deepspeed_grad_copy);
     g_test_add_func("/impl/deepspeed-stage3-ipg-buffer", test_deepspeed_stage3_ipg_buffer);
     g_test_add_func("/impl/deepspeed-stage1-grads", test_deepspeed_stage1_grads);

@@ -240,6 +240,76 @@ static void test_cli(void)
     tu_free(&r);
 }
 
+/* The sweep's tflops row (stages 0-3) under --kernels NAME, from its CSV. */
+static void sweep_row(const char *dir, const char *kernels, double *tflops)
+{
+    char *prefix = g_build_filename(dir, kernels, NULL);
+    char *args = g_strdup_printf("sweep --model gpt2-124m --cluster dgx-a100-80g --vary gpus "
+                                 "--values 8 --metric tflops --micro-batch 4 --mp 1 --out %s "
+                                 "--kernels %s", prefix, kernels);
+    TuRun r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
+    tu_free(&r);
+    char *csv_path = g_strdup_printf("%s.csv", prefix), *csv = NULL;
+    g_assert_true(g_file_get_contents(csv_path, &csv, NULL, NULL));
+    const char *row = strchr(csv, '\n') + 1;
+    g_assert_cmpint(sscanf(row, "8,%lf,%lf,%lf,%lf", &tflops[0], &tflops[1], &tflops[2],
+                           &tflops[3]), ==, 4);
+    g_unlink(csv_path);
+    char *svg = g_strdup_printf("%s.svg", prefix);
+    g_unlink(svg);
+    g_free(svg), g_free(csv), g_free(csv_path), g_free(args), g_free(prefix);
+}
+
+/* `zplan plan` and `zplan sweep` take --kernels as simulate does (they followed --impl
+ * alone): gpt2-124m on 8 A100s, Megatron's fused kernels against PyTorch eager's, give
+ * another best step and other TFLOP/s per stage; plan's header names the inventory; a wrong
+ * name is one clear line. */
+static void test_plan_sweep_kernels(void)
+{
+    double step_s[2];
+    const char *names[2] = {"eager", "megatron"};
+    for (int i = 0; i < 2; i++) {
+        char *args = g_strdup_printf("plan --model gpt2-124m --cluster dgx-a100-80g --gpus 8 "
+                                     "--mp 1 --top 1 --json --kernels %s", names[i]);
+        json_t *out = tu_zplan_json(args);
+        step_s[i] = json_number_value(json_object_get(json_object_get(out, "best"),
+                                                      "step_time_s"));
+        json_decref(out);
+        g_free(args);
+    }
+    g_test_message("plan: best step %.4g s eager, %.4g s megatron", step_s[0], step_s[1]);
+    g_assert_cmpfloat(step_s[0], >, 0);
+    g_assert_cmpfloat(fabs(step_s[1] / step_s[0] - 1), >, 0.01);
+    TuRun r = tu_zplan("plan --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --mp 1 --top 1 "
+                       "--kernels megatron");
+    g_assert_nonnull(strstr(r.out, ", megatron kernels, "));
+    tu_free(&r);
+    r = tu_zplan("plan --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --kernels jax");
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_cmpstr(r.err, ==, "zplan plan: --kernels: unknown kernel inventory 'jax' "
+                               "(known: eager, megatron, deepspeed)\n");
+    tu_free(&r);
+
+    char *dir = g_dir_make_tmp("zplan-inventory-XXXXXX", NULL);
+    double eager[4], megatron[4];
+    sweep_row(dir, "eager", eager);
+    sweep_row(dir, "megatron", megatron);
+    for (int s = 0; s < 4; s++) {
+        g_test_message("sweep stage %d: %.4g TFLOP/s eager, %.4g megatron", s, eager[s],
+                       megatron[s]);
+        g_assert_cmpfloat(fabs(megatron[s] / eager[s] - 1), >, 0.01);
+    }
+    r = tu_zplan("sweep --model gpt2-124m --cluster dgx-a100-80g --vary gpus --values 8 "
+                 "--metric tflops --out x --kernels jax");
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_cmpstr(r.err, ==, "zplan sweep: --kernels: unknown kernel inventory 'jax' "
+                               "(known: eager, megatron, deepspeed)\n");
+    tu_free(&r);
+    g_rmdir(dir);
+    g_free(dir);
+}
+
 /* `zplan validate` compares the compute by kernel class where the measurement has it (a GPU
  * run's profile summed by class): a measurement 10% over the prediction in each class reads
  * +10% on each class's row. */
@@ -302,6 +372,7 @@ int main(int argc, char **argv)
     g_test_add_func("/inventory/sources-and-optimizer", test_sources_and_optimizer);
     g_test_add_func("/inventory/selection", test_selection);
     g_test_add_func("/inventory/cli", test_cli);
+    g_test_add_func("/inventory/plan-sweep-kernels", test_plan_sweep_kernels);
     g_test_add_func("/inventory/validate-by-class", test_validate_by_class);
     return g_test_run();
 }

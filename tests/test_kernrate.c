@@ -182,7 +182,7 @@ static void test_host_issue_bound(void)
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
     g_assert_true(c.inventory);
     double device = 0;
-    for (int k = 0; k < ZP_KC_N; k++)
+    for (int k = 0; k < ZP_KCLASS_INVENTORY_N; k++)
         device += c.class_s[ZP_COMP_BLOCK_FWD][k];
     g_assert_cmpfloat(c.host_s[ZP_COMP_BLOCK_FWD], ==, 0);
     assert_close(c.kind_s[ZP_COMP_BLOCK_FWD], device, 1e-12);

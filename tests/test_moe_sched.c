@@ -706,7 +706,7 @@ static void test_block_kernels(void)
     for (int i = 0; i < list.n; i++) {
         const ZpInvKernel *k = &list.k[i];
         if (strcmp(k->name, "router") == 0) {
-            g_assert_cmpint(k->cls, ==, ZP_KC_GEMM);
+            g_assert_cmpint(k->cls, ==, ZP_KCLASS_GEMM);
             g_assert_cmpfloat(k->flops, ==, 33554432.0);
             found++;
         } else if (strcmp(k->name, "router.softmax_topk") == 0) {

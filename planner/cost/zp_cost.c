@@ -132,14 +132,14 @@ double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k)
 {
     const ZpKernRates *r = &c->hw->kernel_rates;
     switch (k->cls) {
-    case ZP_KC_GEMM:
+    case ZP_KCLASS_GEMM:
         if (r->has_gemm)
             return zp_kernrate_gemm_s(r, c->hw->hbm_bytes_per_s, k->batch, k->m, k->n, k->k,
                                       k->read_bytes + k->write_bytes);
         return k->flops / (c->peak_flops * zp_hw_gemm_efficiency(c->hw, k->flops / k->batch));
-    case ZP_KC_ATTENTION:
+    case ZP_KCLASS_ATTENTION:
         return c->attn_flops_per_s > 0 ? k->flops / c->attn_flops_per_s : 0;
-    case ZP_KC_MEMORY:
+    case ZP_KCLASS_MEMORY:
         return zp_kernrate_memory_s(r, c->hw->hbm_bytes_per_s, k->read_bytes + k->write_bytes,
                                     k->launches);
     default:
@@ -147,18 +147,18 @@ double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k)
     }
 }
 
-double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list, double by_class[ZP_KC_N],
-                        double *host_s)
+double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list,
+                        double by_class[ZP_KCLASS_INVENTORY_N], double *host_s)
 {
     double device = 0, launches = 0;
     if (by_class)
-        memset(by_class, 0, ZP_KC_N * sizeof by_class[0]);
+        memset(by_class, 0, ZP_KCLASS_INVENTORY_N * sizeof by_class[0]);
     for (int i = 0; i < list->n; i++) {
         const double s = zp_cost_inv_kernel_s(c, &list->k[i]);
         device += s;
         if (by_class)
             by_class[list->k[i].cls] += s;
-        if (list->k[i].cls != ZP_KC_COLLECTIVE)
+        if (list->k[i].cls != ZP_KCLASS_COLLECTIVE)
             launches += list->k[i].launches;
     }
     const double host = launches * c->hw->kernel_rates.launch_host_s;

@@ -56,7 +56,7 @@ typedef struct ZpCost {
     gboolean inventory;
     const ZpInventory *inv;
     ZpInvDims dims;
-    double class_s[ZP_COMP_N][ZP_KC_N]; /* device seconds by kernel class */
+    double class_s[ZP_COMP_N][ZP_KCLASS_INVENTORY_N]; /* device seconds by kernel class */
     double host_s[ZP_COMP_N];           /* seconds to issue the op's kernels */
     double launches[ZP_COMP_N];
     double optimizer_elems;             /* the plan's rank's, for class_s */
@@ -102,8 +102,8 @@ double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k);
 
 /* Seconds of an inventory op: its kernels' device time, or the host's time to issue them where
  * that is longer; by_class (may be NULL) gets the device time by class. */
-double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list, double by_class[ZP_KC_N],
-                        double *host_s);
+double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list,
+                        double by_class[ZP_KCLASS_INVENTORY_N], double *host_s);
 
 /* Seconds of one kernel from the op table (launch included); c must use the table. */
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);

@@ -131,6 +131,9 @@ typedef struct ZpImpl {
     int (*bucket_buffers)(const ZpPlan *plan, double *elems);
     /* When those are taken and given back (NULL: ZP_HELD_PER_BACKWARD). */
     ZpHeldSpan (*held_span)(const ZpPlan *plan);
+    /* Whether a reducing backward's epilogue waits on the host for the whole device (its last
+     * reduction) before the host issues anything more (NULL: never). */
+    gboolean (*epilogue_syncs_device)(const ZpPlan *plan);
     /* Whether a reduce-scatter first concatenates bucket k into a copy of its size. */
     gboolean (*concat_copy)(const ZpPlan *plan, const ZpBucketSpec *k);
     /* Whether stages 1-2 all-gather the updated parameters through allgather_bucket_size

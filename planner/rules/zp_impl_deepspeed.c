@@ -126,6 +126,18 @@ static ZpHeldSpan ds_held_span(const ZpPlan *plan)
     return stage == 3 ? ZP_HELD_ALL_STEP : stage == 1 ? ZP_HELD_FROM_FIRST : ZP_HELD_PER_BACKWARD;
 }
 
+/* Stages 1-2 with overlap_comm: stage_1_and_2.py independent_gradient_partition_epilogue
+ * (engine.py allreduce_gradients -> overlapping_partition_gradients_reduce_epilogue, after each
+ * reducing backward) calls get_accelerator().synchronize() before _release_ipg_buffers: the
+ * host waits there for every reduction of the backward, so the next micro-step's forward (or
+ * the step) is issued only after the last one and after the ipg buffers are dropped. Stage 3's
+ * epilogue synchronises the reduce_and_partition_stream alone (zp_build_step's reduce_gate,
+ * for the host's gathers). */
+static gboolean ds_epilogue_syncs_device(const ZpPlan *plan)
+{
+    return (plan->zero.stage == 1 || plan->zero.stage == 2) && plan->zero.overlap_comm;
+}
+
 /* stage3.py __avg_scatter_grads -> comm/coalesced_collectives.py reduce_scatter_coalesced
  * concatenates the bucket's padded partitions into one tensor before reducing, but for one
  * tensor that needs no padding, reduced in place ("if there's only one tensor being reduced
@@ -652,6 +664,7 @@ const ZpImpl zp_impl_deepspeed = {
     .plan_buckets = ds_plan_buckets,
     .bucket_buffers = ds_bucket_buffers,
     .held_span = ds_held_span,
+    .epilogue_syncs_device = ds_epilogue_syncs_device,
     .concat_copy = ds_concat_copy,
     .post_step_gather_buffer = FALSE,
     /* stage3.py create_reduce_and_remove_grad_hooks and stage_1_and_2.py's hook on the

@@ -117,22 +117,16 @@ void zp_inventory_totals(const ZpInvList *list, ZpInvTotals *out)
     memset(out, 0, sizeof *out);
     for (int i = 0; i < list->n; i++) {
         const ZpInvKernel *k = &list->k[i];
-        if (k->cls == ZP_KC_COLLECTIVE)
+        if (k->cls == ZP_KCLASS_COLLECTIVE)
             continue;
         out->launches += k->launches;
-        if (k->cls == ZP_KC_GEMM)
+        if (k->cls == ZP_KCLASS_GEMM)
             out->gemm_flops += k->flops;
-        else if (k->cls == ZP_KC_ATTENTION)
+        else if (k->cls == ZP_KCLASS_ATTENTION)
             out->attention_flops += k->flops;
         else
             out->memory_bytes += k->read_bytes + k->write_bytes;
     }
-}
-
-const char *zp_kernel_class_name(ZpKernelClass cls)
-{
-    static const char *const names[ZP_KC_N] = {"gemm", "attention", "memory", "collective"};
-    return cls < ZP_KC_N ? names[cls] : "?";
 }
 
 static void add(ZpInvList *out, ZpInvKernel k)
@@ -146,7 +140,7 @@ static void add(ZpInvList *out, ZpInvKernel k)
 void zp_inv_gemm(ZpInvList *out, const char *name, double batch, double m, double n, double k,
                  double in_bytes, double out_bytes, const char *source)
 {
-    add(out, (ZpInvKernel){.name = name, .cls = ZP_KC_GEMM, .batch = batch, .m = m, .n = n,
+    add(out, (ZpInvKernel){.name = name, .cls = ZP_KCLASS_GEMM, .batch = batch, .m = m, .n = n,
                            .k = k, .flops = 2 * batch * m * n * k,
                            .read_bytes = batch * (m * k + k * n) * in_bytes,
                            .write_bytes = batch * m * n * out_bytes, .source = source});
@@ -155,14 +149,14 @@ void zp_inv_gemm(ZpInvList *out, const char *name, double batch, double m, doubl
 void zp_inv_mem(ZpInvList *out, const char *name, double read_bytes, double write_bytes,
                 const char *source)
 {
-    add(out, (ZpInvKernel){.name = name, .cls = ZP_KC_MEMORY, .read_bytes = read_bytes,
+    add(out, (ZpInvKernel){.name = name, .cls = ZP_KCLASS_MEMORY, .read_bytes = read_bytes,
                            .write_bytes = write_bytes, .source = source});
 }
 
 void zp_inv_multi(ZpInvList *out, const char *name, double read_bytes, double write_bytes,
                   double launches, const char *source)
 {
-    add(out, (ZpInvKernel){.name = name, .cls = ZP_KC_MEMORY, .read_bytes = read_bytes,
+    add(out, (ZpInvKernel){.name = name, .cls = ZP_KCLASS_MEMORY, .read_bytes = read_bytes,
                            .write_bytes = write_bytes, .launches = launches, .source = source});
 }
 
@@ -172,7 +166,7 @@ void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const ch
 {
     const double qkv = d->t * d->q * d->e, o = d->t * d->heads * d->hd * d->e;
     add(out, (ZpInvKernel){.name = backward ? "attention_bwd" : "attention_fwd",
-                           .cls = ZP_KC_ATTENTION, .backward = backward,
+                           .cls = ZP_KCLASS_ATTENTION, .backward = backward,
                            .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp *
                                     d->attention_share,
                            .read_bytes = backward ? qkv + 2 * o : qkv,
@@ -181,7 +175,7 @@ void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const ch
 
 void zp_inv_collective(ZpInvList *out, const char *name, double bytes, const char *source)
 {
-    add(out, (ZpInvKernel){.name = name, .cls = ZP_KC_COLLECTIVE, .read_bytes = bytes,
+    add(out, (ZpInvKernel){.name = name, .cls = ZP_KCLASS_COLLECTIVE, .read_bytes = bytes,
                            .source = source});
 }
 

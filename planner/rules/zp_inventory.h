@@ -8,25 +8,22 @@
 #ifndef ZP_INVENTORY_H
 #define ZP_INVENTORY_H
 
+#include "zp_kclass.h"
 #include "zp_model.h"
 #include "zp_plan.h"
 #include "zp_sched_graph.h"
 
 #include <glib.h>
 
-/* A kernel's class: how zp_kernrate prices it. */
-typedef enum {
-    ZP_KC_GEMM,       /* batch x (c[m,n] = a[m,k] b[k,n]), 2 batch m n k FLOPs */
-    ZP_KC_ATTENTION,  /* a fused attention kernel: the model's attention FLOPs */
-    ZP_KC_MEMORY,     /* memory-bound: its bytes read and written */
-    ZP_KC_COLLECTIVE, /* a collective inside the op (tensor parallelism): the schedule's own
-                       * collective ops price it, so the op's time leaves it out */
-    ZP_KC_N
-} ZpKernelClass;
+/* A kernel's class (zp_kclass.h, the first ZP_KCLASS_INVENTORY_N), how zp_kernrate prices it:
+ * GEMM batch x (c[m,n] = a[m,k] b[k,n]), 2 batch m n k FLOPs; attention, a fused kernel's
+ * share of the model's attention FLOPs; memory-bound, its bytes read and written; collective,
+ * one inside the op (tensor parallelism), which the schedule's own collective ops price, so
+ * the op's time leaves it out. */
 
 typedef struct {
     const char *name;   /* what it computes: "qkv", "softmax", "gelu_new.tanh" */
-    ZpKernelClass cls;
+    ZpKClass cls;
     double batch, m, n, k; /* GEMM */
     double flops;       /* GEMM 2 batch m n k; attention its FLOPs (4 b s^2 h forward per the
                          * model's count, twice that backward, a sliding window's share) */
@@ -111,8 +108,6 @@ typedef struct {
     double gemm_flops, attention_flops, memory_bytes, launches;
 } ZpInvTotals;
 void zp_inventory_totals(const ZpInvList *list, ZpInvTotals *out);
-
-const char *zp_kernel_class_name(ZpKernelClass cls);
 
 /* Builders the framework files share. */
 void zp_inv_gemm(ZpInvList *out, const char *name, double batch, double m, double n, double k,

@@ -158,10 +158,10 @@ void zp_inventory_moe_block(const ZpModel *model, const ZpPlan *plan, int unit, 
     const double e = zp_plan_elem_bytes(plan->precision);
     for (int i = 0; i < fwd.n; i++) {
         const ZpInvKernel *x = &fwd.k[i];
-        if (x->cls == ZP_KC_GEMM) { /* dgrad [m, k] = [m, n] [n, k]; wgrad [k, n] over m */
+        if (x->cls == ZP_KCLASS_GEMM) { /* dgrad [m, k] = [m, n] [n, k]; wgrad [k, n] over m */
             zp_inv_gemm(out, x->name, x->batch, x->m, x->k, x->n, e, e, x->source);
             zp_inv_gemm(out, x->name, x->batch, x->k, x->n, x->m, e, e, x->source);
-        } else if (x->cls == ZP_KC_ATTENTION) {
+        } else if (x->cls == ZP_KCLASS_ATTENTION) {
             ZpInvKernel b = *x;
             b.backward = 1, b.flops = 2 * x->flops, b.name = "attention_bwd";
             b.read_bytes = x->read_bytes + 2 * x->write_bytes, b.write_bytes = x->read_bytes;

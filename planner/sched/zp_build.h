@@ -99,6 +99,10 @@ typedef struct {
     uint32_t fetch_event[3], reduce_event[3];
     guint n_fetch_events, n_reduce_events;
     uint32_t fetch_gate, reduce_gate, host_alloc;
+    /* The op the host last waited for on the whole device (ZpImpl epilogue_syncs_device), or
+     * NONE: every op emitted after it depends on it until the next compute op, which the ops
+     * after that follow (the compute stream runs in order). */
+    uint32_t host_sync;
     GArray *gated;
     /* Without run-ahead: the last op of the waits of step waited_key's own coalesced calls
      * (their unpacks and flat buffers' frees), which its prefetches' buffers follow, and the

@@ -31,6 +31,12 @@ uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
                 out[n++] = deps[i];
         g_array_set_size(s->deps, at + n);
     }
+    if (b->host_sync != NONE) { /* issued by the host after it waited for the device */
+        g_array_append_val(s->deps, b->host_sync);
+        n++;
+        if (op.kind == ZP_OP_COMPUTE)
+            b->host_sync = NONE;
+    }
     op.n_deps += n;
     if (s->ops->len >= b->max_ops) {
         b->over_ops = TRUE; /* its dependencies stay: a pipeline's link_sends fills some */

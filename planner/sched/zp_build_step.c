@@ -312,6 +312,11 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
          * synchronises the reductions' stream: the host waits for the last of them */
         if (b->n_reduce_events > 0)
             b->reduce_gate = b->reduce_event[(b->n_reduce_events - 1) % 3];
+        /* stage_1_and_2.py's epilogue synchronises the whole device (ZpImpl
+         * epilogue_syncs_device): the host issues nothing more before the last reduction */
+        if (b->n_reduce_events > 0 && b->impl->epilogue_syncs_device &&
+            b->impl->epilogue_syncs_device(&b->s->plan))
+            b->host_sync = b->reduce_event[(b->n_reduce_events - 1) % 3];
         b->n_reduce_events = 0;
     }
 }

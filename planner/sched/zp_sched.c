@@ -314,6 +314,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .fetch_gate = NONE, .reduce_gate = NONE, .host_alloc = NONE,
                  .waited = NONE, .released = NONE, .waited_key = -1,
                  .held_copy = {-1, 0, NONE},
+                 .host_sync = NONE,
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
                  .max_ops = zp_schedsize_max_ops(),

@@ -250,6 +250,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             base.attention = spec->attention;
             base.reduce_dtype = spec->reduce_dtype;
             base.impl = spec->impl;
+            g_strlcpy(base.kernels, spec->kernels, sizeof base.kernels);
             base.gpus_per_node = node;
             base.pipe = pipe;
             base.experts = (ZpExpertConfig){ep, capacity_factor, skew};

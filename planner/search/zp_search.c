@@ -279,6 +279,7 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.attention = spec->attention;
                 plan.reduce_dtype = spec->reduce_dtype;
                 plan.impl = spec->impl;
+                g_strlcpy(plan.kernels, spec->kernels, sizeof plan.kernels);
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
                 plan.gpus_per_node = spec->hw->gpus_per_node; /* ZeRO++'s node groups */

@@ -62,6 +62,7 @@ typedef struct {
     ZpAttention attention;      /* the kernel every plan uses (the caller resolves "flash") */
     ZpReduceDtype reduce_dtype; /* the dtype every plan reduces gradients in */
     ZpImplKind impl;            /* whose ZeRO every plan follows (its stages only) */
+    char kernels[16];           /* every plan's kernel inventory (ZpPlan kernels): "" follows impl */
     /* Offload every plan uses (DeepSpeed's defaults otherwise); stages that cannot offload
      * that way (0 for the optimizer, 0-2 for parameters) are left out. */
     ZpOffloadDevice offload_optimizer, offload_param;

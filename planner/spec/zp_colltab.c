@@ -163,34 +163,31 @@ static int by_bytes_then_time(const void *a, const void *b)
     return (x->time_s > y->time_s) - (x->time_s < y->time_s);
 }
 
-/* Pool adjacent violators: v[0..n) replaced by its least-squares non-decreasing fit, each
- * point weighted alike. A block whose mean exceeds the next block's is merged with it until
- * the means increase; each point then takes its block's mean. */
-static void pool_adjacent_violators(double *v, int n)
+/* v[0..n) made non-decreasing from above: each size takes the least time of it and every
+ * larger size. A collective of fewer bytes costs no more than one of more (it could send the
+ * larger message's prefix), and on a shared host the noise in a timing only adds time (another
+ * process's time slice; a rank that yields while it waits for a peer): the larger size's
+ * timing bounds the smaller one's from above. A mean-pooled fit (pool adjacent violators) let
+ * one slow timing lift its neighbours instead: tiny's all-gathers on 2 ranks, 6-30 us at 256 B
+ * to 512 KB in one microbenchmark and 7.5 ms at 256 B in the next (load average 15), were all
+ * pooled to 0.58 ms, and a step's seven gathers were predicted at 4.5 ms against 0.14 ms
+ * measured (issue 43). */
+static void lower_envelope(double *v, int n)
 {
-    double *mean = g_new(double, n);
-    int *size = g_new(int, n), blocks = 0;
-    for (int i = 0; i < n; i++) {
-        mean[blocks] = v[i];
-        size[blocks++] = 1;
-        while (blocks > 1 && mean[blocks - 2] > mean[blocks - 1]) {
-            const int s = size[blocks - 2] + size[blocks - 1];
-            mean[blocks - 2] = (mean[blocks - 2] * size[blocks - 2] +
-                                mean[blocks - 1] * size[blocks - 1]) / s;
-            size[blocks - 2] = s;
-            blocks--;
-        }
-    }
-    for (int b = 0, i = 0; b < blocks; b++)
-        for (int j = 0; j < size[b]; j++)
-            v[i++] = mean[b];
-    g_free(mean), g_free(size);
+    for (int i = n - 2; i >= 0; i--)
+        v[i] = MIN(v[i], v[i + 1]);
 }
 
-/* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): the median
- * of each size, pooled to non-decreasing. */
+/* Row (kind, ranks) from the `m` timings in `timings` (sorted by size, then time): each
+ * size's as `pick` says, made non-decreasing by its lower envelope. ZP_COLLTAB_LEAST: each
+ * timing is already a microbenchmark run's median of its repeats (real_microbench
+ * sweep_medians), so a within-run outlier is gone; between runs minutes apart the host's load
+ * differs, and it only adds time: the fastest run's median is the op's own cost. On a 2-vCPU
+ * host shared by eight jobs (load 10-11), two runs of tiny's reduce-scatter on 2 ranks timed
+ * 2.5 ms and 56 ms at 212 KB, cpu-small's all-reduce 17 us and 20 ms at 2 KB; a median of six
+ * runs at 512 KB was 11 ms against the least 1.5 ms. */
 static gboolean build_row(int kind, int ranks, const char *name, Timing *timings, size_t m,
-                          ZpCollRow *row, GError **error)
+                          ZpCollPick pick, ZpCollRow *row, GError **error)
 {
     *row = (ZpCollRow){.kind = kind, .ranks = ranks};
     for (size_t i = 0; i < m;) {
@@ -203,18 +200,22 @@ static gboolean build_row(int kind, int ranks, const char *name, Timing *timings
                         ZP_COLLTAB_MAX_POINTS);
             return FALSE;
         }
-        /* sorted by time within a size: every other double of timings[i..j) */
         row->bytes[row->n] = timings[i].bytes;
-        row->time_s[row->n++] = gsl_stats_median_from_sorted_data(
-            &timings[i].time_s, sizeof(Timing) / sizeof(double), j - i);
+        /* sorted by time within a size: every other double of timings[i..j) */
+        row->time_s[row->n++] =
+            pick == ZP_COLLTAB_LEAST
+                ? timings[i].time_s
+                : gsl_stats_median_from_sorted_data(&timings[i].time_s,
+                                                    sizeof(Timing) / sizeof(double), j - i);
         i = j;
     }
-    pool_adjacent_violators(row->time_s, row->n);
+    lower_envelope(row->time_s, row->n);
     return TRUE;
 }
 
 gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
-                          const double *time_s, size_t n, ZpCollTable *t, GError **error)
+                          const double *time_s, size_t n, ZpCollPick pick, ZpCollTable *t,
+                          GError **error)
 {
     memset(t, 0, sizeof *t);
     Timing *timings = g_new(Timing, n ? n : 1);
@@ -238,7 +239,8 @@ gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes
         qsort(timings, m, sizeof *timings, by_bytes_then_time);
         char *name = g_strdup_printf("collectives: %s on %d ranks", kind_names[kind[first]],
                                      ranks[first]);
-        ok = build_row(kind[first], ranks[first], name, timings, m, &t->rows[t->n_rows], error);
+        ok = build_row(kind[first], ranks[first], name, timings, m, pick, &t->rows[t->n_rows],
+                       error);
         g_free(name);
         t->n_rows += ok;
     }
@@ -247,13 +249,14 @@ gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes
 }
 
 gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
-                                const char *name, ZpCollRow *row, GError **error)
+                                ZpCollPick pick, const char *name, ZpCollRow *row,
+                                GError **error)
 {
     Timing *timings = g_new(Timing, n ? n : 1);
     for (size_t i = 0; i < n; i++)
         timings[i] = (Timing){bytes[i], time_s[i]};
     qsort(timings, n, sizeof *timings, by_bytes_then_time);
-    const gboolean ok = build_row(-1, 0, name, timings, n, row, error);
+    const gboolean ok = build_row(-1, 0, name, timings, n, pick, row, error);
     g_free(timings);
     return ok;
 }

@@ -40,13 +40,21 @@ gboolean zp_colltab_from_json(void *json_array, const char *what, ZpCollTable *t
 /* The table as that JSON array (a new reference). */
 void *zp_colltab_to_json(const ZpCollTable *t);
 
+/* What a size's several timings give: ZP_COLLTAB_LEAST where each is a microbenchmark run's
+ * median of its repeats (the host's load differs between runs and only adds time: the fastest
+ * run is the op's own cost), ZP_COLLTAB_MEDIAN where each is one instance (a profiler trace's
+ * kernels, whose waits for peers a step pays as well). */
+typedef enum { ZP_COLLTAB_LEAST, ZP_COLLTAB_MEDIAN } ZpCollPick;
+
 /* Builds a table from timings (kind, ranks, bytes, time_s)[i], i < n: for each collective and
- * rank count, the median time of each size, made non-decreasing in size by pooling adjacent
- * violators (the least-squares non-decreasing fit: a larger message never takes less time, and
- * the median of a noisy size must not make the curve fold back). Fails when there are more
- * rank counts or sizes than the table holds. */
+ * rank count, each size's timings taken as `pick` says, made
+ * non-decreasing in size by its lower envelope (each size at most every larger size's time: a
+ * smaller message costs no more, and a shared host's noise only adds time, so one slow timing
+ * must not lift its neighbours). Fails when there are more rank counts or sizes than the
+ * table holds. */
 gboolean zp_colltab_build(const int *kind, const int *ranks, const double *bytes,
-                          const double *time_s, size_t n, ZpCollTable *t, GError **error);
+                          const double *time_s, size_t n, ZpCollPick pick, ZpCollTable *t,
+                          GError **error);
 
 /* One curve of time against size alone (a row without its op and ranks), as the op table
  * keeps the rank's memory copies (zp_optable's "copy"): {"bytes": [...], "time_s": [...]},
@@ -55,11 +63,12 @@ gboolean zp_colltab_curve_from_json(void *json, const char *what, ZpCollRow *row
                                     GError **error);
 void *zp_colltab_curve_to_json(const ZpCollRow *row);
 
-/* A curve from timings (bytes, time_s)[i], i < n, as zp_colltab_build makes a row (the median
- * of each size, pooled to non-decreasing); `name` (such as "copies") names it in messages.
+/* A curve from timings (bytes, time_s)[i], i < n, as zp_colltab_build makes a row (each size
+ * as `pick` says, its lower envelope); `name` (such as "copies") names it in messages.
  * A curve's kind is -1 and its ranks 0. */
 gboolean zp_colltab_curve_build(const double *bytes, const double *time_s, size_t n,
-                                const char *name, ZpCollRow *row, GError **error);
+                                ZpCollPick pick, const char *name, ZpCollRow *row,
+                                GError **error);
 
 /* The row of collective `kind` (a ZpCollKind) at a rank count, NULL when the table has none. */
 const ZpCollRow *zp_colltab_find(const ZpCollTable *t, int kind, int ranks);

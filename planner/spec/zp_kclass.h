@@ -6,12 +6,10 @@
 #include <glib.h>
 
 /* Every GPU kernel of a step is one of these; ZP_KCLASS_UNKNOWN only while being placed (a
- * reader lists such kernels by name, it never drops them). The first four, in this order and
- * with these names, are the classes a framework's kernel inventory prices (zp_inventory's
- * ZpKernelClass on the gpu-kernels branch: ZP_KC_GEMM, _ATTENTION, _MEMORY, _COLLECTIVE); a
- * trace also times the optimizer's kernels apart, which an inventory counts as memory-bound
- * (multi-tensor Adam moves its bytes). The type is not called ZpKernelClass so that both can
- * be linked until one adopts the other. */
+ * reader lists such kernels by name, it never drops them). A framework's kernel inventory
+ * (zp_inventory) lists the first ZP_KCLASS_INVENTORY_N; a trace also times the optimizer's
+ * kernels apart, which an inventory counts as memory-bound (multi-tensor Adam moves its
+ * bytes). */
 typedef enum {
     ZP_KCLASS_GEMM,       /* a matrix product: m, n, k (and a batch) */
     ZP_KCLASS_ATTENTION,  /* a fused attention kernel (flash, memory-efficient, cuDNN) */
@@ -21,6 +19,9 @@ typedef enum {
     ZP_KCLASS_N,
     ZP_KCLASS_UNKNOWN = ZP_KCLASS_N
 } ZpKClass;
+
+/* The classes an inventory's kernels take: GEMM, attention, memory-bound, collective. */
+#define ZP_KCLASS_INVENTORY_N ZP_KCLASS_OPTIMIZER
 
 /* "gemm", "attention", "memory", "collective", "optimizer" ("unknown" past them). */
 const char *zp_kclass_name(ZpKClass c);
