@@ -94,8 +94,8 @@ static void *fsdp2_create(const RealFwEnv *env, GError **error)
         return NULL;
     }
     if (s->plan.zero.stage != 3) {
-        real_engine_fail(error, "zreal executes --impl fsdp2 at stage 3 "
-                         "(reshard_after_forward=True or an int), not at stage %d",
+        real_engine_fail(error, "zreal executes --impl fsdp2 at stages 2 "
+                         "(reshard_after_forward=False) and 3 (True or an int), not at stage %d",
                          s->plan.zero.stage);
         return NULL;
     }

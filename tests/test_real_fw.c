@@ -215,6 +215,28 @@ static void test_fsdp2(void)
     g_free(path);
 }
 
+/* FSDP2 at reshard_after_forward=False (--stage 2; zp_impl_normalize_plan): the fp32 shards
+ * at rest as at True, each block all-gathered once a micro-step in its forward and held to
+ * its backward (no backward gather), its gradients reduce-scattered every micro-step, no
+ * post-step all-gather: one rank, 2 ranks, 4 ranks with two micro-steps, 2 ranks with
+ * checkpointing (the recompute reads the held block). zreal refused it before. */
+static void test_fsdp2_no_reshard(void)
+{
+    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
+    json_t *ref = reference(path, NULL);
+    json_t *ref_loss = json_object_get(ref, "loss");
+    static const FwRun runs[] = {
+        {ZP_IMPL_FSDP2, 2, 1, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 2, 2, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 2, 4, 2, 0, FALSE, NULL, 0, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 2, 2, 1, 0, TRUE, NULL, 0, 0, NULL, FALSE},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
+        check_run(&runs[k], ref_loss, path);
+    json_decref(ref);
+    g_free(path);
+}
+
 /* llama-tiny (RMSNorm, SwiGLU, rotary, no biases, an untied head): Megatron's distributed
  * optimizer and FSDP2 at 2 ranks, whose embedding unit is one parameter, gathered in place
  * (a call of one tensor has no copy-out in the schedule). */
@@ -239,6 +261,7 @@ int main(int argc, char **argv)
     real_zero_common_init();
     g_test_add_func("/zreal/megatron", test_megatron);
     g_test_add_func("/zreal/fsdp2", test_fsdp2);
+    g_test_add_func("/zreal/fsdp2-no-reshard", test_fsdp2_no_reshard);
     g_test_add_func("/zreal/fw-llama", test_llama);
     return real_zero_common_run();
 }

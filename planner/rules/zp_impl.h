@@ -234,6 +234,11 @@ ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
 /* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
 void zp_impl_plan_defaults(ZpPlan *plan);
 
+/* The plan as the schedule and the memory model run it: FSDP2's stage 2
+ * (reshard_after_forward=False) is stage 3's sharding with the gathered blocks kept from
+ * forward to backward (ZpZeroConfig fsdp2_no_reshard_after_forward). Idempotent. */
+void zp_impl_normalize_plan(ZpPlan *plan);
+
 /* ---- rules the implementations share ------------------------------------------------- */
 
 /* A unit's elements padded to a multiple of dp (how stage 3 partitions it), and whether

@@ -56,6 +56,9 @@ static void add_hpz_term(const ZpModel *model, const ZpPlan *plan, ZpResidual *r
 
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
+    ZpPlan normalized = *plan;
+    zp_impl_normalize_plan(&normalized);
+    plan = &normalized;
     ZpResidual r = {0};
     if (zp_model_has_architecture(model))
         add_activation_terms(model, plan, &r);

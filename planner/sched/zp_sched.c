@@ -65,6 +65,13 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "stage: must be 0, 1, 2 or 3";
     else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
         bad = "impl: must be deepspeed, fsdp, paper, megatron or fsdp2";
+    else if (p->zero.fsdp2_no_reshard_after_forward &&
+             (p->impl != ZP_IMPL_FSDP2 || p->zero.stage != 3))
+        bad = "fsdp2_no_reshard_after_forward: FSDP2's reshard_after_forward=False "
+              "(--impl fsdp2 --stage 2)";
+    else if (p->zero.fsdp2_no_reshard_after_forward && p->zero.zero_hpz_partition_size > 1)
+        bad = "zero_hpz_partition_size (--hpz-partition-size): FSDP2's reshard_after_forward "
+              "is False (--stage 2) or an int (--stage 3 --hpz-partition-size), not both";
     else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "stage: --impl %s has %s",
                     zp_impl_get(p->impl)->name, zp_impl_get(p->impl)->stages);
@@ -268,6 +275,9 @@ static void link_sends(Builder *b)
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
+    ZpPlan normalized = *plan;
+    zp_impl_normalize_plan(&normalized);
+    plan = &normalized;
     if (!check_plan(model, plan, error) || !zp_schedsize_check_plan(model, plan, error))
         return NULL;
     const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
