@@ -53,10 +53,10 @@ static int fsdp2_bucket_buffers(const ZpPlan *plan, double *elems)
  * padding, which pads whole rows). */
 /* reshard_after_forward=False (ZpZeroConfig fsdp2_no_reshard_after_forward):
  * _fsdp_param_group.py post_forward reshards only with a post_forward_mesh_info, which False
- * leaves None, so each block's forward gather is held to its backward; pre_backward's
- * unshard finds the parameters unsharded (_fsdp_param_group.py unshard returns at once when
- * all_gather_result is None and the state is UNSHARDED) and gathers nothing, and
- * post_backward reshards once the gradients are reduce-scattered. The block's forward fetch
+ * leaves None: _fsdp_init.py _get_post_forward_mesh_info), so each block's forward gather
+ * is held to its backward; pre_backward's unshard finds the parameters unsharded
+ * (FSDPParamGroup.unshard: "if self.is_unsharded: return  # no-op") and gathers nothing,
+ * and post_backward reshards once the gradients are reduce-scattered. The block's forward fetch
  * is freed after its backward; its backward fetch goes. */
 static void keep_to_backward(const ZpSchedule *s, GArray *units)
 {
