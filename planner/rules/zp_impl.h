@@ -220,6 +220,11 @@ typedef struct ZpImpl {
      * (zp_zeropp_qgz_across_nodes; on one the bucket is reduce-scattered whole); FALSE: each
      * bucket through one pair (zp_zeropp_qgz). */
     gboolean qgz_by_tensor;
+    /* Stages 1-2: the elements of the optimizer's states (fp32 master, moments) on dp rank
+     * `rank`, where the implementation keeps only its parameters' own elements within the
+     * rank's range (Megatron's distributed optimizer: one shard_main_param per parameter
+     * range); rank -1: the most any rank holds. NULL: the partition, padding included. */
+    uint64_t (*rank_opt_elems)(const ZpSchedule *s, int rank);
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
@@ -294,6 +299,16 @@ void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges);
 
 /* The stage's partition of gradients: all (stages 0-1, padded at 1) or this rank's. */
 double zp_impl_partition_grad_elems(const ZpSchedule *s);
+
+/* The elements of the optimizer's states on dp rank `rank` (-1: the most any rank holds):
+ * every parameter at stage 0, the implementation's rank_opt_elems at stages 1-2 where it has
+ * one, the partition otherwise. The schedule's state is the most (the peak is the worst
+ * rank's); zp_sched_rank_state_bytes gives a rank's own. */
+uint64_t zp_impl_opt_elems(const ZpSchedule *s, int rank);
+
+/* Rank `rank`'s own model-state bytes per category (ZP_MEM_N entries): the schedule's, with
+ * the optimizer's states of zp_impl_opt_elems(s, rank). */
+void zp_sched_rank_state_bytes(const ZpSchedule *s, int rank, double *bytes);
 
 /* Nothing around the optimizer. */
 void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);
