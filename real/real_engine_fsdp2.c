@@ -262,14 +262,6 @@ static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
                                 G_GUINT64_FORMAT " a rank", u, op->bytes, f->chunk[u]);
     RealBf16 *flat = f->env.buffers[op->buffer];
     RealComm *c = f->env.comm;
-    /* A unit of one parameter is gathered in place, no copy-out (zp_build_gathers.c: a call
-     * of one tensor is not unpacked): its rank-major chunks are the parameter, padded. */
-    const guint first = f->tensors.unit_first[u];
-    if (f->tensors.unit_first[u + 1] - first == 1) {
-        f->unit_params[u] = (RealGptTensors){0};
-        f->unit_params[u].at[0] = flat;
-        f->params_buffer[u] = op->buffer;
-    }
     if (op->group == ZP_GROUP_HPZ) {
         RealComm *h = f->hpz_comm;
         if (!h)

@@ -196,6 +196,37 @@ static void test_no_reshard(void)
     tu_free(&r);
 }
 
+/* _fsdp_param_group.py wait_for_unshard runs foreach_all_gather_copy_out for every call:
+ * llama-tiny's embedding unit, wte alone, is copied out of its all-gather's output as the
+ * blocks are (the schedule gathered a call of one tensor in place, DeepSpeed's
+ * _all_gather_sequential), so every all-gather has its copy-out, whose buffer is the
+ * unpadded tensor. */
+static void test_copy_out_single(void)
+{
+    ZpModel m = tu_load_model("llama-tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.impl = ZP_IMPL_FSDP2;
+    p.precision = ZP_PREC_BF16;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const double wte_bytes = 2.0 * (double)zp_model_unit_elems(&m, 0);
+    int gathers = 0, unpacks = 0, wte = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        gathers += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER && op->micro >= 0;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK) {
+            unpacks++;
+            wte += op->unit == 0 && op->mem_bytes == 2 * wte_bytes;
+        }
+    }
+    g_test_message("llama-tiny: %d all-gathers, %d copy-outs, wte's %d", gathers, unpacks, wte);
+    g_assert_cmpint(unpacks, ==, gathers);
+    g_assert_cmpint(wte, ==, 1);
+    zp_sched_free(s);
+}
+
 /* reshard_after_forward=8 on two nodes (dp 16): after forward each block keeps a 16-bit shard
  * over the 8 ranks of its node (2 psi / 8, the schedule's secondary partition), and backward
  * all-gathers from it inside the node; the forward gathers still span the 16 ranks. */
@@ -298,6 +329,7 @@ int main(int argc, char **argv)
     g_test_add_func("/fsdp2/reduce-scatter-copy-in", test_copy_in);
     g_test_add_func("/fsdp2/reshard-after-forward", test_reshard_after_forward);
     g_test_add_func("/fsdp2/all-gather-copy-out", test_copy_out);
+    g_test_add_func("/fsdp2/all-gather-copy-out-single", test_copy_out_single);
     g_test_add_func("/fsdp2/reshard-after-forward-int", test_reshard_to_node);
     g_test_add_func("/fsdp2/reshard-after-forward-false", test_no_reshard);
     g_test_add_func("/fsdp2/timeline-peak", test_timeline_peak);

@@ -249,8 +249,8 @@ static void test_fsdp2_no_reshard(void)
 }
 
 /* llama-tiny (RMSNorm, SwiGLU, rotary, no biases, an untied head): Megatron's distributed
- * optimizer and FSDP2 at 2 ranks, whose embedding unit is one parameter, gathered in place
- * (a call of one tensor has no copy-out in the schedule). */
+ * optimizer and FSDP2 at 2 ranks, whose embedding unit is one parameter, copied out of its
+ * all-gather's output as every call is (foreach_all_gather_copy_out). */
 static void test_llama(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);

@@ -225,6 +225,10 @@ typedef struct ZpImpl {
      * rank's range (Megatron's distributed optimizer: one shard_main_param per parameter
      * range); rank -1: the most any rank holds. NULL: the partition, padding included. */
     uint64_t (*rank_opt_elems)(const ZpSchedule *s, int rank);
+    /* Stage 3: a call of one parameter is copied out of its all-gather's output too (FSDP2's
+     * foreach_all_gather_copy_out runs for every call); FALSE: gathered into the parameter's
+     * own buffer (DeepSpeed's _all_gather_sequential of one parameter). */
+    gboolean copy_out_single;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,

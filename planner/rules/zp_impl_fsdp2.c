@@ -156,6 +156,10 @@ const ZpImpl zp_impl_fsdp2 = {
     .copy_held_to_next = TRUE,
     .post_step_gather_buffer = FALSE,
     .plan_fetches = fsdp2_plan_fetches,
+    /* _fsdp_param_group.py wait_for_unshard calls foreach_all_gather_copy_out for every
+     * call, whatever its parameter count: the output is copied into each parameter's own
+     * unsharded tensor (split_with_sizes_copy), also for a group of one parameter. */
+    .copy_out_single = TRUE,
     .persistent = fsdp2_persistent,
     .unit_persistence = FALSE,
     .grad_state_elems = fsdp2_grad_state_elems,

@@ -145,7 +145,8 @@ static void own_by_last_free(Gather *c, int buffer, double bytes)
 }
 
 /* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
- * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
+ * its padded size (partition_parameters.py _all_gather_sequential; unless the
+ * implementation copies out every call: ZpImpl copy_out_single); a call of more into one
  * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
  * partitions concatenated, partition_sz * world_size elements), the parameters copied out
  * when the call is first waited for (unpack_call). With stage3_use_all_reduce_for_fetch_params
@@ -163,9 +164,10 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
                                                          b->state.param_bytes);
     int buffer;
     uint32_t alloc = gather_alloc(b, bytes, c->fetch.unit, micro, &buffer, key);
-    c->unpacked = c->n == 1 || reduced;
+    const gboolean in_place = c->n == 1 && !b->impl->copy_out_single;
+    c->unpacked = in_place || reduced;
     c->flat = c->unpacked ? -1 : buffer;
-    if (c->n == 1)
+    if (in_place)
         c->buffer = buffer, c->bytes = bytes;
     if (reduced) /* the parameters are views of the buffer: freed with the last of them */
         own_by_last_free(c, buffer, bytes);
