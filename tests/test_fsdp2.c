@@ -228,8 +228,13 @@ static void test_copy_out_single(void)
 }
 
 /* reshard_after_forward=8 on two nodes (dp 16): after forward each block keeps a 16-bit shard
- * over the 8 ranks of its node (2 psi / 8, the schedule's secondary partition), and backward
- * all-gathers from it inside the node; the forward gathers still span the 16 ranks. */
+ * over the 8 ranks of its node, and backward all-gathers from it inside the node; the forward
+ * gathers still span the 16 ranks. The shard is no state: _fsdp_param.py
+ * to_sharded_post_forward allocates it in post_forward (copied from the unsharded block) and
+ * to_unsharded frees it once backward's all-gather read it, each micro-step, and the root,
+ * never resharded after forward, has none: at most the 12 blocks' shards are held, at the
+ * turn from forward to backward (the schedule held every unit's, the root's included, as a
+ * step-long state). */
 static void test_reshard_to_node(void)
 {
     const ZpModel m = tu_load_model("gpt2-124m");
@@ -253,10 +258,23 @@ static void test_reshard_to_node(void)
     g_test_message("%d gathers inside the node, %d over all ranks", node, world);
     g_assert_cmpint(node, ==, 12);      /* each block's backward */
     g_assert_cmpint(world, ==, 2 + 12); /* the root's units, each block's forward */
-    double units = 0;
-    for (int u = 0; u < s->n_units; u++)
-        units += (double)zp_sched_unit_padded(s, u);
-    g_assert_cmpfloat(s->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 2 * units / 8);
+    double blocks = 0;
+    for (int u = 1; u <= 12; u++)
+        blocks += (double)(zp_sched_unit_padded(s, u) / 8);
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 0);
+    int allocs = 0, frees = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        allocs += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_SECONDARY_PARAMS;
+        frees += op->kind == ZP_OP_FREE && op->sub == ZP_MEM_SECONDARY_PARAMS;
+    }
+    double at[ZP_MEM_N], own[ZP_MEM_N];
+    tu_sequential_peak(s, at, own);
+    g_test_message("%d secondary shards taken, %d freed, at most %.0f bytes held", allocs,
+                   frees, own[ZP_MEM_SECONDARY_PARAMS]);
+    g_assert_cmpint(allocs, ==, 12);
+    g_assert_cmpint(frees, ==, 12);
+    g_assert_cmpfloat(own[ZP_MEM_SECONDARY_PARAMS], ==, 2 * blocks);
     zp_sched_free(s);
 }
 
@@ -274,12 +292,13 @@ static void test_timeline_peak(void)
     ZpModel m = tu_load_model("tiny");
     m.dropout = FALSE;
     const ZpHw hw = tu_load_hw("dgx-a100-80g");
-    for (int stage = 2; stage <= 3; stage++)
-        for (int dp = 1; dp <= 8; dp *= 2)
+    for (int stage = 2; stage <= 4; stage++) /* 4: stage 3 at reshard_after_forward=2 */
+        for (int dp = stage == 4 ? 2 : 1; dp <= 8; dp *= 2)
             for (int accum = 1; accum <= 2; accum++)
                 for (int ckpt = 0; ckpt <= 1; ckpt++) {
                     ZpPlan p;
-                    zp_plan_defaults(&p, stage, dp, 1);
+                    zp_plan_defaults(&p, MIN(stage, 3), dp, 1);
+                    p.zero.zero_hpz_partition_size = stage == 4 ? 2 : 1;
                     p.impl = ZP_IMPL_FSDP2;
                     p.precision = ZP_PREC_BF16;
                     p.micro_batch = 4;

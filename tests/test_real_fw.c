@@ -204,8 +204,10 @@ static void test_megatron(void)
  * gathered again for backward (and for the recompute with checkpointing), its gradients
  * copied into the reduce-scatter's input and reduced into the fp32 sharded gradients (added
  * at a second micro-step), Adam on the fp32 shards with no 16-bit copy; and at
- * reshard_after_forward=2 on 4 ranks (the schedule's hpZ group): each rank keeps half of
- * each unit's forward all-gather output, from which backward gathers inside its pair. */
+ * reshard_after_forward=2 on 4 ranks (the schedule's hpZ group): after each block's forward
+ * each rank keeps half of its unsharded parameters (the post-forward shard, taken then and
+ * freed once backward's gather inside its pair has read it, each micro-step; none for the
+ * root), also with two micro-steps and with checkpointing. */
 static void test_fsdp2(void)
 {
     char *path = g_strdup_printf("%s/fw.json", tmp_dir);
@@ -218,6 +220,8 @@ static void test_fsdp2(void)
         {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 3, 2, 1, 0, TRUE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 2, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 2, 0, FALSE, NULL, 2, 0, NULL, FALSE},
+        {ZP_IMPL_FSDP2, 3, 4, 1, 0, TRUE, NULL, 2, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2, NULL, FALSE},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)

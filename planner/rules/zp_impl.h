@@ -229,6 +229,12 @@ typedef struct ZpImpl {
      * foreach_all_gather_copy_out runs for every call); FALSE: gathered into the parameter's
      * own buffer (DeepSpeed's _all_gather_sequential of one parameter). */
     gboolean copy_out_single;
+    /* Stage 3 with hpZ's group: a block's secondary shard is not a state but taken when its
+     * forward's gathered parameters are released (from them) and freed once its backward's
+     * all-gather has read it, each micro-step; the root's units have none (FSDP2's
+     * reshard_after_forward=int: _fsdp_param.py to_sharded_post_forward, and the root's
+     * post_forward_mesh_info is None); FALSE: a state for every unit not kept whole. */
+    gboolean secondary_per_block;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,

@@ -160,6 +160,11 @@ const ZpImpl zp_impl_fsdp2 = {
      * call, whatever its parameter count: the output is copied into each parameter's own
      * unsharded tensor (split_with_sizes_copy), also for a group of one parameter. */
     .copy_out_single = TRUE,
+    /* reshard_after_forward=int: _fsdp_param_group.py post_forward reshards each block to
+     * its post-forward mesh (FSDPParam.to_sharded_post_forward: a new tensor of the rank's
+     * 1/int of the unsharded parameter, copied from it), which pre_backward all-gathers and
+     * frees (to_unsharded); the root is never resharded after forward. */
+    .secondary_per_block = TRUE,
     .persistent = fsdp2_persistent,
     .unit_persistence = FALSE,
     .grad_state_elems = fsdp2_grad_state_elems,

@@ -119,7 +119,8 @@ void zp_build_layout(Builder *b)
         for (guint i = 0; i < kept->len; i++)
             elems += (double)g_array_index(kept, ZpFetch, i).elems;
         s->state_bytes[ZP_MEM_GATHERED_PARAMS] = elems * p;
-        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s, elems);
+        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] =
+            b->impl->secondary_per_block ? 0 : zp_zeropp_secondary_bytes(s, elems);
         g_array_unref(kept);
     }
     zp_build_moe_states(b);

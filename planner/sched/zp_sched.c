@@ -328,10 +328,13 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .held_copy = {-1, 0, NONE},
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
+                 .secondary = g_new(int, (gsize)L + 2),
                  .max_ops = zp_schedsize_max_ops(),
                  .moe = zp_ep_activations(model, plan)};
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
+    for (int u = 0; u < L + 2; u++)
+        b.secondary[u] = -1;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -379,6 +382,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.first_unit);
     g_free(b.send_op);
     g_free(b.head_grad);
+    g_free(b.secondary);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
     g_array_unref(b.offloaded);
