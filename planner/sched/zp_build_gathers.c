@@ -137,13 +137,13 @@ static double secondary_bytes(const Builder *b, int unit)
            b->state.param_bytes;
 }
 
-/* Whether releasing gather g takes its block's secondary shard first: a block's forward
- * gather under ZpImpl secondary_per_block with hpZ's group, its shard not yet taken. */
-static gboolean takes_secondary(const Builder *b, const Gather *g)
+/* Whether releasing gather g follows its block's secondary shard: a block's forward gather
+ * under ZpImpl secondary_per_block with hpZ's group (the first of them takes it). */
+static gboolean keeps_secondary(const Builder *b, const Gather *g)
 {
     const int u = g->fetch.unit, L = (int)b->s->model.layers;
     return b->impl->secondary_per_block && b->s->plan.zero.zero_hpz_partition_size > 1 &&
-           u >= 1 && u <= L && g->fetch.use_pos == zp_pos_fwd(u) && b->secondary[u] < 0;
+           u >= 1 && u <= L && g->fetch.use_pos == zp_pos_fwd(u);
 }
 
 /* stage3_use_all_reduce_for_fetch_params: a call's parameters are views of its zeroed flat
@@ -322,10 +322,13 @@ void zp_build_free_gathers(Builder *b, int key, int micro)
     for (guint i = b->by_free.start[key]; i < b->by_free.start[key + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
         uint32_t after = b->last_compute;
-        if (takes_secondary(b, g)) /* copied from the unsharded block before it goes */
-            after = zp_build_emit_alloc(b, ZP_MEM_SECONDARY_PARAMS,
-                                        secondary_bytes(b, g->fetch.unit), g->fetch.unit,
-                                        micro, &b->secondary[g->fetch.unit], &after, 1);
+        const int u = g->fetch.unit;
+        if (keeps_secondary(b, g) && b->secondary[u] < 0) /* copied from the unsharded block */
+            b->secondary_op[u] = zp_build_emit_alloc(b, ZP_MEM_SECONDARY_PARAMS,
+                                                     secondary_bytes(b, u), u, micro,
+                                                     &b->secondary[u], &after, 1);
+        if (keeps_secondary(b, g)) /* before it goes */
+            after = b->secondary_op[u];
         if (g->buffer >= 0)
             b->released = zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit,
                                              micro, g->buffer, after);

@@ -329,6 +329,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
                  .secondary = g_new(int, (gsize)L + 2),
+                 .secondary_op = g_new(uint32_t, (gsize)L + 2),
                  .max_ops = zp_schedsize_max_ops(),
                  .moe = zp_ep_activations(model, plan)};
     for (int m = 0; m < plan->grad_accum; m++)
@@ -383,6 +384,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.send_op);
     g_free(b.head_grad);
     g_free(b.secondary);
+    g_free(b.secondary_op);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
     g_array_unref(b.offloaded);
