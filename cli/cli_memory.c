@@ -103,7 +103,9 @@ static ZpModelStates states(const MemoryArgs *a, int stage, int gpus)
     const ZpStateBytes sb = zp_impl_state_bytes(&plan); /* the implementation's gradients */
     if (zp_moe_enabled(&a->model.moe))
         return zp_ep_model_states(&a->model, &plan, stage, sb).total;
-    return zp_mem_model_states((double)zp_model_param_count(&a->model), stage, gpus / a->mp,
+    zp_impl_normalize_plan(&plan); /* FSDP2's stage 2 holds stage 3's states */
+    return zp_mem_model_states((double)zp_model_param_count(&a->model), plan.zero.stage,
+                               gpus / a->mp,
                                a->mp, sb);
 }
 

@@ -731,7 +731,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         CLI_SEQ_ENTRY(&a->seq),
         CLI_PIPE_ENTRIES(&a->pipe),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &a->attention, "eager (default) or flash: blockwise attention that keeps no s x s tensor, only the log-sum-exp", "K"},
-        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1) or fsdp2 (fully_shard at stage 3, reshard_after_forward=int as --hpz-partition-size; CPU backend)", "I"},
+        {"impl", 0, 0, G_OPTION_ARG_STRING, &a->impl, "Whose ZeRO: paper (default), fsdp or deepspeed (DeepSpeed v0.19.6's buckets, grads_in_partition and per-tensor gathers); megatron (Megatron-Core's DDP at stage 0, its distributed optimizer at stage 1) or fsdp2 (fully_shard: stage 3 reshard_after_forward=True, or an int as --hpz-partition-size; stage 2 False; CPU backend)", "I"},
         {"lr", 0, 0, G_OPTION_ARG_STRING, &lr, "Learning rate (default 3e-3)", "LR"},
         {"seed", 0, 0, G_OPTION_ARG_INT64, &a->seed, "Initialisation and data seed", "S"},
         {"reduce-bucket-size", 0, 0, G_OPTION_ARG_STRING, &a->knobs[ZP_KNOB_REDUCE_BUCKET], "Elements per gradient bucket (DeepSpeed default 5e8)", "E"},

@@ -181,7 +181,9 @@ static gboolean setup_zeropp(RealEngine *e, GError **error)
         return real_ds_hpz(e->ds, e->hpz_comm, error);
     if (e->fw && hpz > 1 && !e->fw_ops->hpz)
         return fail(error, "zreal executes --impl %s without hpZ's groups", e->fw_ops->name);
-    for (int u = 0; hpz > 1 && u < e->s->n_units; u++)
+    /* a state, unless the schedule takes each block's op by op (ZpImpl secondary_per_block) */
+    const gboolean state = !zp_impl_get(e->s->plan.impl)->secondary_per_block;
+    for (int u = 0; state && hpz > 1 && u < e->s->n_units; u++)
         if (!is_persistent(e, u) &&
             !(e->secondary[u] = take(e, unit_padded(e, u) / (uint64_t)hpz * sizeof(RealBf16),
                                      ZP_MEM_SECONDARY_PARAMS, error)))

@@ -30,8 +30,9 @@ typedef struct {
      * their .grad (fp32: foreach_reduce casts the reduced shard to orig_dtype), Adam's. */
     float *master, *grads, *adam_m, *adam_v;
     /* reshard_after_forward=int (hpZ's group of that many consecutive ranks): the group's
-     * communicator and each unit's shard of its flat all-gather output (the engine's, as
-     * the schedule's secondary_params lays them out), NULL without. */
+     * communicator and each block's post-forward shard while the schedule holds it (its
+     * secondary_params buffer: this rank's share of the unit's flat all-gather output), NULL
+     * without. */
     RealComm *hpz_comm;
     RealBf16 **secondary;
 } Fsdp2;
@@ -53,6 +54,7 @@ static void fsdp2_destroy(void *data)
     g_free(f->at), g_free(f->chunk);
     g_free(f->unit_params), g_free(f->unit_grads);
     g_free(f->params_buffer), g_free(f->grads_buffer);
+    g_free(f->secondary);
     g_free(f);
 }
 
@@ -94,8 +96,8 @@ static void *fsdp2_create(const RealFwEnv *env, GError **error)
         return NULL;
     }
     if (s->plan.zero.stage != 3) {
-        real_engine_fail(error, "zreal executes --impl fsdp2 at stage 3 "
-                         "(reshard_after_forward=True or an int), not at stage %d",
+        real_engine_fail(error, "zreal executes --impl fsdp2 at stages 2 "
+                         "(reshard_after_forward=False) and 3 (True or an int), not at stage %d",
                          s->plan.zero.stage);
         return NULL;
     }
@@ -187,10 +189,14 @@ static gboolean fsdp2_grads(void *data, int unit, int micro, RealGptTensors *out
  * reduce-scatter's input (buckets). A unit's gradients are its first bucket buffer taken
  * while none holds them, each tensor at its padded place and fresh (autograd's .grad, None
  * until backward's first write), the padding zero. */
+static gboolean keep_post_forward(Fsdp2 *f, int u, RealBf16 *out, double bytes,
+                                  GError **error);
+
 static gboolean fsdp2_alloc(void *data, const ZpOp *op, gboolean *handled, GError **error)
 {
     Fsdp2 *f = data;
-    *handled = op->sub == ZP_MEM_GATHERED_PARAMS || op->sub == ZP_MEM_BUCKETS;
+    *handled = op->sub == ZP_MEM_GATHERED_PARAMS || op->sub == ZP_MEM_BUCKETS ||
+               op->sub == ZP_MEM_SECONDARY_PARAMS;
     if (!*handled)
         return TRUE;
     float *p = take(f, (uint64_t)op->bytes, (ZpMemCategory)op->sub, error);
@@ -198,6 +204,8 @@ static gboolean fsdp2_alloc(void *data, const ZpOp *op, gboolean *handled, GErro
         return FALSE;
     f->env.buffers[op->buffer] = p;
     const int u = op->unit;
+    if (op->sub == ZP_MEM_SECONDARY_PARAMS)
+        return keep_post_forward(f, u, (RealBf16 *)(void *)p, op->bytes, error);
     if (op->sub != ZP_MEM_BUCKETS || f->grads_buffer[u] >= 0)
         return TRUE;
     const guint first = f->tensors.unit_first[u], last = f->tensors.unit_first[u + 1];
@@ -219,6 +227,8 @@ static gboolean fsdp2_alloc(void *data, const ZpOp *op, gboolean *handled, GErro
 static void fsdp2_release(void *data, const ZpOp *op)
 {
     Fsdp2 *f = data;
+    if (op->sub == ZP_MEM_SECONDARY_PARAMS && f->secondary && op->unit >= 0)
+        f->secondary[op->unit] = NULL;
     for (int u = 0; u < f->env.s->n_units; u++) {
         if (f->params_buffer[u] == op->buffer)
             f->params_buffer[u] = -1;
@@ -262,18 +272,11 @@ static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
                                 G_GUINT64_FORMAT " a rank", u, op->bytes, f->chunk[u]);
     RealBf16 *flat = f->env.buffers[op->buffer];
     RealComm *c = f->env.comm;
-    /* A unit of one parameter is gathered in place, no copy-out (zp_build_gathers.c: a call
-     * of one tensor is not unpacked): its rank-major chunks are the parameter, padded. */
-    const guint first = f->tensors.unit_first[u];
-    if (f->tensors.unit_first[u + 1] - first == 1) {
-        f->unit_params[u] = (RealGptTensors){0};
-        f->unit_params[u].at[0] = flat;
-        f->params_buffer[u] = op->buffer;
-    }
     if (op->group == ZP_GROUP_HPZ) {
         RealComm *h = f->hpz_comm;
-        if (!h)
-            return real_engine_fail(error, "an all-gather over hpZ's group without it");
+        if (!h || !f->secondary[u])
+            return real_engine_fail(error, "unit %d's all-gather over hpZ's group without the "
+                                    "group or its post-forward shard", u);
         const double before = h->sent_bytes;
         const gboolean ok =
             h->allgather_bf16(h, f->secondary[u], secondary_elems(f, u), flat, error);
@@ -284,13 +287,33 @@ static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
     for (guint i = f->tensors.unit_first[u]; i < f->tensors.unit_first[u + 1]; i++)
         f->env.be->f32_to_bf16(f->env.be, mine + f->at[i].chunk_at, f->master + f->at[i].shard_at,
                                f->at[i].slice);
-    if (!c->allgather_bf16(c, mine, f->chunk[u], flat, error))
-        return FALSE;
-    if (f->hpz_comm) {
-        const uint64_t n = secondary_elems(f, u);
-        f->env.be->copy(f->env.be, f->secondary[u], flat + (uint64_t)f->hpz_comm->rank * n,
-                        n * sizeof(RealBf16));
-    }
+    return c->allgather_bf16(c, mine, f->chunk[u], flat, error);
+}
+
+/* _fsdp_param.py to_sharded_post_forward (post_forward, reshard_after_forward=int): the
+ * block's post-forward shard, this rank's 1/size of its unsharded parameters as the unit's
+ * flat all-gather output lays them out (dp/size ranks' chunks: each parameter's padded rows
+ * of those ranks, the padding zero), copied from the unsharded parameters the copy-out made
+ * before they are freed. */
+static gboolean keep_post_forward(Fsdp2 *f, int u, RealBf16 *out, double bytes,
+                                  GError **error)
+{
+    if (!f->hpz_comm || f->params_buffer[u] < 0 ||
+        bytes != (double)(secondary_elems(f, u) * sizeof(RealBf16)))
+        return real_engine_fail(error, "unit %d's post-forward shard: %.0f bytes, taken "
+                                "without hpZ's group or its unsharded parameters", u, bytes);
+    const int ranks = f->dp / f->hpz_comm->size, from = f->hpz_comm->rank * ranks;
+    const guint first = f->tensors.unit_first[u], last = f->tensors.unit_first[u + 1];
+    for (int q = from; q < from + ranks; q++)
+        for (guint i = first; i < last; i++) {
+            const uint64_t numel = f->tensors.t[i].elems, slice = f->at[i].slice;
+            if ((uint64_t)q * slice >= numel)
+                continue;
+            f->env.be->copy(f->env.be, out + (uint64_t)(q - from) * f->chunk[u] + f->at[i].chunk_at,
+                            f->unit_params[u].at[i - first] + (uint64_t)q * slice,
+                            MIN(slice, numel - (uint64_t)q * slice) * sizeof(RealBf16));
+        }
+    f->secondary[u] = out;
     return TRUE;
 }
 
@@ -301,15 +324,16 @@ static gboolean fsdp2_hpz(void *data, RealComm *hpz_comm, RealBf16 **secondary, 
 {
     Fsdp2 *f = data;
     const ZpSchedule *s = f->env.s;
+    (void)secondary; /* the schedule takes each block's post-forward shard (fsdp2_alloc) */
     for (int u = 0; u < s->n_units; u++)
-        if (f->chunk[u] * (uint64_t)f->dp != zp_sched_unit_padded(s, u) || !secondary[u])
+        if (f->chunk[u] * (uint64_t)f->dp != zp_sched_unit_padded(s, u))
             return real_engine_fail(error, "unit %d: its parameters padded one by one to %d "
                                     "ranks take %" G_GUINT64_FORMAT " elements, the schedule's "
                                     "secondary shard is of %" G_GUINT64_FORMAT, u, f->dp,
                                     f->chunk[u] * (uint64_t)f->dp,
                                     zp_sched_unit_padded(s, u));
     f->hpz_comm = hpz_comm;
-    f->secondary = secondary;
+    f->secondary = g_new0(RealBf16 *, s->n_units);
     return TRUE;
 }
 

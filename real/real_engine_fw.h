@@ -55,7 +55,8 @@ typedef struct {
     gboolean (*optimizer)(void *fw, const RealAdamHyper *hyper, GError **error);
     /* hpZ's group (zero_hpz_partition_size; FSDP2's reshard_after_forward=int): its
      * communicator and each unit's secondary shard, which the engine allocates as the
-     * schedule's secondary_params; NULL: refused. */
+     * schedule's secondary_params state (all NULL where the schedule takes them op by op:
+     * ZpImpl secondary_per_block); NULL: refused. */
     gboolean (*hpz)(void *fw, RealComm *hpz_comm, RealBf16 **secondary, GError **error);
     /* An unpack op (a gather's flat buffer copied out); NULL: the schedule has none. */
     gboolean (*unpack)(void *fw, const ZpOp *op, GError **error);

@@ -13,9 +13,15 @@
 typedef struct {
     const ZpBucketSpec *spec;
     uint64_t start, elems; /* its padded range in the buffer */
-    uint64_t master_at;    /* where its shard sits in the fp32 states (stage 1) */
     uint64_t gather_at;    /* the schedule's offset of its all-gather (forward order) */
 } Bucket;
+
+/* One range the optimizer steps: a parameter's elements within this rank's shard of its
+ * bucket (distrib_optimizer.py's param_range; every parameter whole at stage 0), at buffer
+ * element `at`, `elems` long, its fp32 states at master_at. */
+typedef struct {
+    uint64_t at, elems, master_at;
+} Piece;
 
 typedef struct {
     RealFwEnv env;
@@ -25,6 +31,8 @@ typedef struct {
     GArray *specs;     /* ZpBucketSpec in buffer order */
     Bucket *bk;
     guint n_bk;
+    Piece *pieces;
+    guint n_pieces;
     uint64_t numel, opt_elems;
     /* distributed_data_parallel.py / param_and_grad_buffer.py: param_data and main_grad
      * (the model states params and grads, in the buffer's layout; main_grad of grad_bytes
@@ -67,6 +75,7 @@ static void mg_destroy(void *data)
         g_array_unref(mg->specs);
     g_free(mg->t_start);
     g_free(mg->bk);
+    g_free(mg->pieces);
     g_free(mg);
 }
 
@@ -77,20 +86,40 @@ static void index_buckets(Mg *mg)
 {
     mg->n_bk = mg->specs->len;
     mg->bk = g_new0(Bucket, MAX(mg->n_bk, 1));
-    uint64_t start = 0, master = 0;
+    uint64_t start = 0;
     for (guint i = 0; i < mg->n_bk; i++) {
         Bucket *b = &mg->bk[i];
         b->spec = &g_array_index(mg->specs, ZpBucketSpec, i);
         b->start = start;
         b->elems = b->spec->padded_elems;
-        b->master_at = master;
         start += b->elems;
-        master += shard_elems(mg, b);
     }
     uint64_t at = 0;
     for (guint i = mg->n_bk; i-- > 0;) {
         mg->bk[i].gather_at = at;
         at += mg->bk[i].elems / (uint64_t)mg->dp;
+    }
+}
+
+/* distrib_optimizer.py _build_model_gbuf_param_range_map: each parameter's range clipped
+ * to this rank's shard of its bucket, one fp32 main parameter (and Adam's moments) per
+ * nonempty piece, in buffer order; the padding has none (zp_impl_megatron.c
+ * mg_rank_opt_elems counts the same). */
+static void index_pieces(Mg *mg)
+{
+    mg->pieces = g_new0(Piece, MAX(mg->tensors.n_t, 1));
+    uint64_t master = 0;
+    guint k = 0;
+    for (int i = (int)mg->tensors.n_t - 1; i >= 0; i--) { /* the buffer's order */
+        const uint64_t lo = mg->t_start[i], hi = lo + mg->tensors.t[i].elems;
+        while (k + 1 < mg->n_bk && lo >= mg->bk[k].start + mg->bk[k].elems)
+            k++;
+        const uint64_t from = shard_start(mg, &mg->bk[k]);
+        const uint64_t a = MAX(lo, from), b = MIN(hi, from + shard_elems(mg, &mg->bk[k]));
+        if (a >= b)
+            continue;
+        mg->pieces[mg->n_pieces++] = (Piece){a, b - a, master};
+        master += b - a;
     }
     mg->opt_elems = master;
 }
@@ -123,11 +152,12 @@ static void *mg_create(const RealFwEnv *env, GError **error)
     mg->specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
     mg->numel = zp_impl_megatron_layout(s, mg->specs, mg->t_start);
     index_buckets(mg);
+    index_pieces(mg);
     /* The schedule's states: param_data (stage 1; the parameters at stage 0) and main_grad
      * of the buffer's numel, the fp32 states of the shard (zp_build_layout.c). */
     const size_t b2 = sizeof(RealBf16), f4 = sizeof(float);
     const uint64_t param_elems = mg->stage == 1 ? s->padded_elems : s->total_elems;
-    const uint64_t opt = mg->stage == 1 ? s->partition_elems : s->total_elems;
+    const uint64_t opt = zp_impl_opt_elems(s, mg->rank);
     mg->grad_bytes = (gsize)(s->state_bytes[ZP_MEM_GRADS] / (double)MAX(mg->numel, 1));
     if (param_elems != mg->numel || opt != mg->opt_elems ||
         s->state_bytes[ZP_MEM_GRADS] != (double)(mg->numel * mg->grad_bytes) ||
@@ -173,10 +203,10 @@ static gboolean mg_init_params(void *data, RealFwInitFn init, void *engine, GErr
                   mg->params + mg->t_start[i], error))
             return FALSE;
     }
-    for (guint i = 0; i < mg->n_bk; i++) {
-        const Bucket *b = &mg->bk[i];
-        mg->env.be->bf16_to_f32(mg->env.be, mg->master + b->master_at,
-                                mg->params + shard_start(mg, b), shard_elems(mg, b));
+    for (guint i = 0; i < mg->n_pieces; i++) {
+        const Piece *q = &mg->pieces[i];
+        mg->env.be->bf16_to_f32(mg->env.be, mg->master + q->master_at, mg->params + q->at,
+                                q->elems);
     }
     return TRUE;
 }
@@ -219,7 +249,8 @@ static gboolean mg_grads(void *data, int unit, int micro, RealGptTensors *out, G
 }
 
 /* The step's fp32 copy of the gradients it steps (zp_impl_megatron.c mg_step_buffers:
- * _copy_model_grads_to_main_grads .float() of a 16-bit main_grad): shard by shard. The
+ * _copy_model_grads_to_main_grads .float() of a 16-bit main_grad): piece by piece, in a
+ * buffer of the most any rank steps (the schedule's one size for every rank). The
  * optimizer reads the same values from main_grad (the backend's Adam widens them as the
  * copy does). */
 static gboolean mg_alloc(void *data, const ZpOp *op, gboolean *handled, GError **error)
@@ -228,18 +259,20 @@ static gboolean mg_alloc(void *data, const ZpOp *op, gboolean *handled, GError *
     *handled = op->sub == ZP_MEM_WORKSPACE && op->unit == -1 && op->micro == -1;
     if (!*handled)
         return TRUE;
-    if (op->bytes != (double)(mg->opt_elems * sizeof(float)))
-        return real_engine_fail(error, "the step's fp32 gradients: %.0f bytes, the shard's "
-                                "are %" G_GUINT64_FORMAT, op->bytes,
+    const uint64_t most = zp_impl_opt_elems(mg->env.s, -1);
+    if (op->bytes != (double)(most * sizeof(float)) || mg->opt_elems > most)
+        return real_engine_fail(error, "the step's fp32 gradients: %.0f bytes, the most a "
+                                "rank steps is %" G_GUINT64_FORMAT " (this one %"
+                                G_GUINT64_FORMAT ")", op->bytes,
+                                most * (uint64_t)sizeof(float),
                                 mg->opt_elems * (uint64_t)sizeof(float));
     float *copy = take(mg, (uint64_t)op->bytes, ZP_MEM_WORKSPACE, error);
     if (!copy)
         return FALSE;
     mg->env.buffers[op->buffer] = copy;
-    for (guint i = 0; i < mg->n_bk; i++) {
-        const Bucket *b = &mg->bk[i];
-        mg->env.be->bf16_to_f32(mg->env.be, copy + b->master_at, grad_at(mg, shard_start(mg, b)),
-                                shard_elems(mg, b));
+    for (guint i = 0; i < mg->n_pieces; i++) {
+        const Piece *q = &mg->pieces[i];
+        mg->env.be->bf16_to_f32(mg->env.be, copy + q->master_at, grad_at(mg, q->at), q->elems);
     }
     return TRUE;
 }
@@ -298,22 +331,22 @@ static gboolean mg_collective(void *data, const ZpOp *op, GError **error)
     }
 }
 
-/* Adam on what this rank steps, bucket by bucket (the shards are not contiguous in the
- * buffer), writing the updated 16-bit parameters into param_data
+/* Adam on what this rank steps, piece by piece (a parameter's range in the rank's shard:
+ * the padding between is not stepped), writing the updated 16-bit parameters into param_data
  * (_copy_main_params_to_model_params); an fp32 main_grad is the main parameters' .grad
  * itself (optimizer.py _copy_model_grads_to_main_grads: .float() of an fp32 tensor). */
 static gboolean mg_optimizer(void *data, const RealAdamHyper *hyper, GError **error)
 {
     (void)error;
     Mg *mg = data;
-    for (guint i = 0; i < mg->n_bk; i++) {
-        const Bucket *b = &mg->bk[i];
-        const uint64_t at = b->master_at, from = shard_start(mg, b);
+    for (guint i = 0; i < mg->n_pieces; i++) {
+        const Piece *q = &mg->pieces[i];
+        const uint64_t at = q->master_at, from = q->at;
         if (mg->grad_bytes == 4)
-            real_offload_cpu_adam(hyper, shard_elems(mg, b), mg->master + at, mg->adam_m + at,
+            real_offload_cpu_adam(hyper, q->elems, mg->master + at, mg->adam_m + at,
                                   mg->adam_v + at, grad_at(mg, from), mg->params + from);
         else
-            mg->env.be->adam_step(mg->env.be, hyper, shard_elems(mg, b), mg->master + at,
+            mg->env.be->adam_step(mg->env.be, hyper, q->elems, mg->master + at,
                                   mg->adam_m + at, mg->adam_v + at, grad_at(mg, from),
                                   mg->params + from);
     }

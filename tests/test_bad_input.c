@@ -175,7 +175,7 @@ static const BadCase cases[] = {
     {"zreal --model tiny --schedule {C}/schedule/tiny-stage0.json", NULL, "give one of --model and --schedule"},
     {"zreal --model tiny --stage 4", NULL, "--stage: '4' is outside"},
     {"zreal --model tiny --stage 2 --impl megatron --micro-batch 2", NULL, "--impl megatron has stages 0 (DistributedDataParallel) and 1"},
-    {"zreal --model tiny --stage 2 --impl fsdp2 --micro-batch 2", NULL, "zreal executes --impl fsdp2 at stage 3 (reshard_after_forward=True or an int), not at stage 2"},
+    {"zreal --model tiny --stage 2 --impl fsdp2 --micro-batch 2 --hpz-partition-size 2 --emulate 2", NULL, "FSDP2's reshard_after_forward is False (--stage 2) or an int (--stage 3 --hpz-partition-size), not both"},
     {"zreal --model tiny --stage 1 --impl megatron --emulate 2 --micro-batch 2", NULL, "zreal keeps Megatron's main_grad in fp32 (grad_reduce_in_fp32) on the CPU backend over MPI ranks; here run with --reduce-dtype bf16"},
     {"zreal --model tiny --stage 1 --impl deepspeed --micro-batch 2 --reduce-dtype fp32", NULL, "zreal reduces gradients in bf16, their own dtype; the plan says fp32"},
     {"zreal --model tiny --stage 1 --micro-batch 2 --reduce-dtype int8", NULL, "--reduce-dtype: unknown value 'int8'"},

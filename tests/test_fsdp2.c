@@ -115,9 +115,126 @@ static void test_copy_out(void)
     }
 }
 
+/* reshard_after_forward=False (stage 2) is not ZeRO-2: _fsdp_param_group.py keeps only the
+ * fp32 shards at rest whatever reshard_after_forward says, and with False post_forward does
+ * not reshard (post_forward_mesh_info is None) and pre_backward's unshard finds the block
+ * unsharded. With two micro-steps: stage 3's states exactly (no 16-bit parameter state, the
+ * fp32 shards the master), each micro-step gathering the root's two units and each block
+ * once (copied out each time), no backward and no post-step all-gather, the gradients
+ * reduce-scattered every micro-step; and `memory` on a cluster needs what `simulate` does.
+ * The schedule had ZeRO-2's 2 psi of 16-bit parameters and one all-gather after the step. */
+static void test_no_reshard(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpSchedule *sched[2];
+    for (int k = 0; k < 2; k++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 2 + k, 8, 1);
+        p.impl = ZP_IMPL_FSDP2;
+        p.precision = ZP_PREC_BF16;
+        p.grad_accum = 2;
+        GError *error = NULL;
+        sched[k] = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+    }
+    ZpSchedule *two = sched[0], *three = sched[1];
+    g_assert_true(two->plan.zero.fsdp2_no_reshard_after_forward);
+    for (int c = 0; c < ZP_MEM_N; c++)
+        g_assert_cmpfloat(two->state_bytes[c], ==, three->state_bytes[c]);
+    g_assert_cmpfloat(two->state_bytes[ZP_MEM_PARAMS], ==, 0);
+    int gathers[2] = {0, 0}, post_step = 0, unpacks = 0, reductions = 0;
+    for (guint i = 0; i < two->ops->len; i++) {
+        const ZpOp *op = &g_array_index(two->ops, ZpOp, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER) {
+            if (op->micro < 0)
+                post_step++;
+            else
+                gathers[op->micro]++;
+        }
+        reductions += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_REDUCE_SCATTER;
+        unpacks += op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK;
+    }
+    g_test_message("reshard_after_forward=False: %d and %d all-gathers a micro-step, %d after "
+                   "the step, %d copy-outs, %d reduce-scatters", gathers[0], gathers[1],
+                   post_step, unpacks, reductions);
+    g_assert_cmpint(gathers[0], ==, 2 + 12);
+    g_assert_cmpint(gathers[1], ==, 2 + 12);
+    g_assert_cmpint(post_step, ==, 0);
+    g_assert_cmpint(unpacks, ==, 2 * (2 + 12));
+    g_assert_cmpint(reductions, ==, 2 * 14);
+    zp_sched_free(two);
+    zp_sched_free(three);
+
+    const char *common = "--model gpt2-124m --cluster dgx-a100-80g --gpus 8 --micro-batch 2 "
+                         "--impl fsdp2 --json";
+    char *args = g_strdup_printf("memory %s", common);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    json_t *memory = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(memory);
+    tu_free(&r);
+    g_free(args);
+    args = g_strdup_printf("simulate %s --stage 2", common);
+    r = tu_zplan(args);
+    json_t *sim = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(sim);
+    tu_free(&r);
+    g_free(args);
+    const double need = json_number_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(memory, "rows"), 0), "need_bytes"),
+        "stage2"));
+    const double simulated = json_number_value(json_object_get(sim, "need_bytes"));
+    g_test_message("stage 2: memory needs %.0f, simulate %.0f", need, simulated);
+    g_assert_cmpfloat(need, ==, simulated);
+    json_decref(memory);
+    json_decref(sim);
+
+    r = tu_zplan("simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 2 "
+                 "--micro-batch 1 --impl fsdp2 --hpz-partition-size 2");
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "reshard_after_forward is False (--stage 2) or an int"));
+    tu_free(&r);
+}
+
+/* _fsdp_param_group.py wait_for_unshard runs foreach_all_gather_copy_out for every call:
+ * llama-tiny's embedding unit, wte alone, is copied out of its all-gather's output as the
+ * blocks are (the schedule gathered a call of one tensor in place, DeepSpeed's
+ * _all_gather_sequential), so every all-gather has its copy-out, whose buffer is the
+ * unpadded tensor. */
+static void test_copy_out_single(void)
+{
+    ZpModel m = tu_load_model("llama-tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 2, 1);
+    p.impl = ZP_IMPL_FSDP2;
+    p.precision = ZP_PREC_BF16;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const double wte_bytes = 2.0 * (double)zp_model_unit_elems(&m, 0);
+    int gathers = 0, unpacks = 0, wte = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        gathers += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER && op->micro >= 0;
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK) {
+            unpacks++;
+            wte += op->unit == 0 && op->mem_bytes == 2 * wte_bytes;
+        }
+    }
+    g_test_message("llama-tiny: %d all-gathers, %d copy-outs, wte's %d", gathers, unpacks, wte);
+    g_assert_cmpint(unpacks, ==, gathers);
+    g_assert_cmpint(wte, ==, 1);
+    zp_sched_free(s);
+}
+
 /* reshard_after_forward=8 on two nodes (dp 16): after forward each block keeps a 16-bit shard
- * over the 8 ranks of its node (2 psi / 8, the schedule's secondary partition), and backward
- * all-gathers from it inside the node; the forward gathers still span the 16 ranks. */
+ * over the 8 ranks of its node, and backward all-gathers from it inside the node; the forward
+ * gathers still span the 16 ranks. The shard is no state: _fsdp_param.py
+ * to_sharded_post_forward allocates it in post_forward (copied from the unsharded block) and
+ * to_unsharded frees it once backward's all-gather read it, each micro-step, and the root,
+ * never resharded after forward, has none: at most the 12 blocks' shards are held, at the
+ * turn from forward to backward (the schedule held every unit's, the root's included, as a
+ * step-long state). */
 static void test_reshard_to_node(void)
 {
     const ZpModel m = tu_load_model("gpt2-124m");
@@ -141,10 +258,23 @@ static void test_reshard_to_node(void)
     g_test_message("%d gathers inside the node, %d over all ranks", node, world);
     g_assert_cmpint(node, ==, 12);      /* each block's backward */
     g_assert_cmpint(world, ==, 2 + 12); /* the root's units, each block's forward */
-    double units = 0;
-    for (int u = 0; u < s->n_units; u++)
-        units += (double)zp_sched_unit_padded(s, u);
-    g_assert_cmpfloat(s->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 2 * units / 8);
+    double blocks = 0;
+    for (int u = 1; u <= 12; u++)
+        blocks += (double)(zp_sched_unit_padded(s, u) / 8);
+    g_assert_cmpfloat(s->state_bytes[ZP_MEM_SECONDARY_PARAMS], ==, 0);
+    int allocs = 0, frees = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        allocs += op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_SECONDARY_PARAMS;
+        frees += op->kind == ZP_OP_FREE && op->sub == ZP_MEM_SECONDARY_PARAMS;
+    }
+    double at[ZP_MEM_N], own[ZP_MEM_N];
+    tu_sequential_peak(s, at, own);
+    g_test_message("%d secondary shards taken, %d freed, at most %.0f bytes held", allocs,
+                   frees, own[ZP_MEM_SECONDARY_PARAMS]);
+    g_assert_cmpint(allocs, ==, 12);
+    g_assert_cmpint(frees, ==, 12);
+    g_assert_cmpfloat(own[ZP_MEM_SECONDARY_PARAMS], ==, 2 * blocks);
     zp_sched_free(s);
 }
 
@@ -162,35 +292,38 @@ static void test_timeline_peak(void)
     ZpModel m = tu_load_model("tiny");
     m.dropout = FALSE;
     const ZpHw hw = tu_load_hw("dgx-a100-80g");
-    for (int dp = 1; dp <= 8; dp *= 2)
-        for (int accum = 1; accum <= 2; accum++)
-            for (int ckpt = 0; ckpt <= 1; ckpt++) {
-                ZpPlan p;
-                zp_plan_defaults(&p, 3, dp, 1);
-                p.impl = ZP_IMPL_FSDP2;
-                p.precision = ZP_PREC_BF16;
-                p.micro_batch = 4;
-                p.grad_accum = accum;
-                p.checkpoint = ckpt;
-                p.backend_workspace = TRUE;
-                GError *error = NULL;
-                ZpSchedule *s = zp_sched_build(&m, &p, &error);
-                g_assert_no_error(error);
-                double at[ZP_MEM_N], own[ZP_MEM_N];
-                const double peak = tu_sequential_peak(s, at, own);
-                const SimOptions o = {.mode = SIM_MODE_FOLDED};
-                SimResult *r = sim_engine_run(s, &hw, &o, &error);
-                g_assert_no_error(error);
-                g_test_message("dp %d, %d micro-step(s), checkpointing %d: simulated peak %.0f, "
-                               "in list order %.0f", dp, accum, ckpt, r->peak_memory_bytes, peak);
-                g_assert_cmpfloat(r->peak_memory_bytes, ==, peak);
-                for (int c = 0; c < ZP_MEM_N; c++) {
-                    g_assert_cmpfloat(r->peak_breakdown_bytes[c], ==, at[c]);
-                    g_assert_cmpfloat(r->category_peak_bytes[c], ==, own[c]);
+    for (int stage = 2; stage <= 4; stage++) /* 4: stage 3 at reshard_after_forward=2 */
+        for (int dp = stage == 4 ? 2 : 1; dp <= 8; dp *= 2)
+            for (int accum = 1; accum <= 2; accum++)
+                for (int ckpt = 0; ckpt <= 1; ckpt++) {
+                    ZpPlan p;
+                    zp_plan_defaults(&p, MIN(stage, 3), dp, 1);
+                    p.zero.zero_hpz_partition_size = stage == 4 ? 2 : 1;
+                    p.impl = ZP_IMPL_FSDP2;
+                    p.precision = ZP_PREC_BF16;
+                    p.micro_batch = 4;
+                    p.grad_accum = accum;
+                    p.checkpoint = ckpt;
+                    p.backend_workspace = TRUE;
+                    GError *error = NULL;
+                    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+                    g_assert_no_error(error);
+                    double at[ZP_MEM_N], own[ZP_MEM_N];
+                    const double peak = tu_sequential_peak(s, at, own);
+                    const SimOptions o = {.mode = SIM_MODE_FOLDED};
+                    SimResult *r = sim_engine_run(s, &hw, &o, &error);
+                    g_assert_no_error(error);
+                    g_test_message("stage %d, dp %d, %d micro-step(s), checkpointing %d: simulated "
+                                   "peak %.0f, in list order %.0f", stage, dp, accum, ckpt,
+                                   r->peak_memory_bytes, peak);
+                    g_assert_cmpfloat(r->peak_memory_bytes, ==, peak);
+                    for (int c = 0; c < ZP_MEM_N; c++) {
+                        g_assert_cmpfloat(r->peak_breakdown_bytes[c], ==, at[c]);
+                        g_assert_cmpfloat(r->category_peak_bytes[c], ==, own[c]);
+                    }
+                    sim_result_free(r);
+                    zp_sched_free(s);
                 }
-                sim_result_free(r);
-                zp_sched_free(s);
-            }
 }
 
 static void test_cli(void)
@@ -215,7 +348,9 @@ int main(int argc, char **argv)
     g_test_add_func("/fsdp2/reduce-scatter-copy-in", test_copy_in);
     g_test_add_func("/fsdp2/reshard-after-forward", test_reshard_after_forward);
     g_test_add_func("/fsdp2/all-gather-copy-out", test_copy_out);
+    g_test_add_func("/fsdp2/all-gather-copy-out-single", test_copy_out_single);
     g_test_add_func("/fsdp2/reshard-after-forward-int", test_reshard_to_node);
+    g_test_add_func("/fsdp2/reshard-after-forward-false", test_no_reshard);
     g_test_add_func("/fsdp2/timeline-peak", test_timeline_peak);
     g_test_add_func("/fsdp2/cli", test_cli);
     return g_test_run();

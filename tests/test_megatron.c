@@ -409,6 +409,54 @@ static void test_overlap_param_gather(void)
     g_assert_cmpfloat(saved, >=, 0.75 * hidden);
 }
 
+/* distrib_optimizer.py _build_model_gbuf_param_range_map / _build_model_and_main_param_groups:
+ * a rank's fp32 main parameters (and Adam's moments) are its parameters' ranges within its
+ * 1/dp of each bucket, not the padding: over the ranks they hold every parameter element
+ * exactly once, the schedule's states are the most any rank holds (the peak's rank), and on
+ * one rank nothing is padding. tiny and gpt2-124m, dp 1 to 8, one bucket, 3000-element and
+ * 64-element buckets (a tensor each: 1,024 elements of end padding at dp 4). The schedule
+ * held 1/dp of each padded bucket, 12 bytes an element of padding too. */
+static void test_optimizer_ranges(void)
+{
+    const char *models[] = {"tiny", "gpt2-124m"};
+    const double buckets[] = {0, 3000, 64};
+    for (size_t i = 0; i < G_N_ELEMENTS(models); i++)
+        for (int dp = 1; dp <= 8; dp *= 2)
+            for (size_t k = 0; k < G_N_ELEMENTS(buckets); k++) {
+                const ZpModel m = tu_load_model(models[i]);
+                ZpPlan p;
+                megatron_plan(1, dp, buckets[k] > 0, &p);
+                if (buckets[k] > 0)
+                    p.zero.reduce_bucket_size = buckets[k];
+                GError *error = NULL;
+                ZpSchedule *s = zp_sched_build(&m, &p, &error);
+                g_assert_no_error(error);
+                uint64_t sum = 0, most = 0, least = UINT64_MAX;
+                for (int r = 0; r < dp; r++) {
+                    const uint64_t own = zp_impl_opt_elems(s, r);
+                    sum += own, most = MAX(most, own), least = MIN(least, own);
+                    g_assert_cmpuint(own, <=, s->partition_elems);
+                    double mine[ZP_MEM_N];
+                    zp_sched_rank_state_bytes(s, r, mine);
+                    g_assert_cmpfloat(mine[ZP_MEM_ADAM_V], ==, 4.0 * (double)own);
+                }
+                g_test_message("%s dp %d bucket %.0f: %" G_GUINT64_FORMAT " parameters, "
+                               "%" G_GUINT64_FORMAT " padded, a rank's optimizer %" G_GUINT64_FORMAT
+                               " to %" G_GUINT64_FORMAT " of a %" G_GUINT64_FORMAT " shard",
+                               models[i], dp, buckets[k], s->total_elems, s->padded_elems, least,
+                               most, s->partition_elems);
+                g_assert_cmpuint(sum, ==, s->total_elems);
+                g_assert_cmpuint(zp_impl_opt_elems(s, -1), ==, most);
+                g_assert_cmpfloat(s->state_bytes[ZP_MEM_MASTER], ==, 4.0 * (double)most);
+                g_assert_cmpfloat(s->state_bytes[ZP_MEM_ADAM_M], ==, 4.0 * (double)most);
+                if (dp == 1)
+                    g_assert_cmpuint(most, ==, s->total_elems);
+                if (s->padded_elems > s->total_elems && dp == 1)
+                    g_assert_cmpuint(most, <, s->partition_elems);
+                zp_sched_free(s);
+            }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -418,5 +466,6 @@ int main(int argc, char **argv)
     g_test_add_func("/megatron/ddp-overlap", test_ddp_overlap);
     g_test_add_func("/megatron/scatter-gather", test_scatter_gather);
     g_test_add_func("/megatron/overlap-param-gather", test_overlap_param_gather);
+    g_test_add_func("/megatron/optimizer-ranges", test_optimizer_ranges);
     return g_test_run();
 }

@@ -33,6 +33,48 @@ void zp_impl_plan_defaults(ZpPlan *plan)
         impl->plan_defaults(plan);
 }
 
+uint64_t zp_impl_opt_elems(const ZpSchedule *s, int rank)
+{
+    const int stage = s->plan.zero.stage;
+    const ZpImpl *impl = zp_impl_get(s->plan.impl);
+    if (stage == 0)
+        return s->total_elems;
+    if ((stage == 1 || stage == 2) && impl->rank_opt_elems)
+        return impl->rank_opt_elems(s, rank);
+    return s->partition_elems;
+}
+
+void zp_sched_rank_state_bytes(const ZpSchedule *s, int rank, double *bytes)
+{
+    memcpy(bytes, s->state_bytes, sizeof s->state_bytes);
+    if (s->plan.zero.offload_optimizer.device != ZP_OFFLOAD_NONE)
+        return; /* the host holds them (zp_offload_layout) */
+    double master, m, v;
+    zp_plan_optimizer_split(&s->plan, &master, &m, &v);
+    const double own = (double)zp_impl_opt_elems(s, rank);
+    const double most = (double)zp_impl_opt_elems(s, -1);
+    bytes[ZP_MEM_MASTER] -= (most - own) * master;
+    bytes[ZP_MEM_ADAM_M] -= (most - own) * m;
+    bytes[ZP_MEM_ADAM_V] -= (most - own) * v;
+}
+
+/* torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: whatever reshard_after_forward
+ * says, FSDPParamGroup keeps only the sharded parameters at rest (FSDPParam._sharded_param_data,
+ * the original dtype), all-gathers them in pre_forward (unshard) every micro-step, and in
+ * post_forward reshards only if post_forward_mesh_info is set (reshard_after_forward=False
+ * makes it None: _fsdp_init.py _get_post_forward_mesh_info), so the unsharded block lives to
+ * its backward, where pre_backward's unshard finds it unsharded and gathers nothing;
+ * post_backward then reduce-scatters into the sharded .grad and reshards. That is ZeRO-3's
+ * states with longer-lived gathers, not ZeRO-2 (no 16-bit parameter state, no post-step
+ * all-gather). */
+void zp_impl_normalize_plan(ZpPlan *plan)
+{
+    if (plan->impl == ZP_IMPL_FSDP2 && plan->zero.stage == 2) {
+        plan->zero.stage = 3;
+        plan->zero.fsdp2_no_reshard_after_forward = TRUE;
+    }
+}
+
 /* A bucket item: a unit, or a tensor of one (the flat layout is unit-major and tensor-ordered
  * inside a unit, so a tensor's range is its unit's offset plus the tensors before it). */
 typedef struct {

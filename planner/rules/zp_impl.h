@@ -233,6 +233,21 @@ typedef struct ZpImpl {
      * expert-data-parallel group (zp_build_moe_reduce_after_backward); NULL or FALSE: each
      * sparse unit's right after its experts' backward. */
     gboolean (*experts_after_backward)(const ZpPlan *plan);
+    /* Stages 1-2: the elements of the optimizer's states (fp32 master, moments) on dp rank
+     * `rank`, where the implementation keeps only its parameters' own elements within the
+     * rank's range (Megatron's distributed optimizer: one shard_main_param per parameter
+     * range); rank -1: the most any rank holds. NULL: the partition, padding included. */
+    uint64_t (*rank_opt_elems)(const ZpSchedule *s, int rank);
+    /* Stage 3: a call of one parameter is copied out of its all-gather's output too (FSDP2's
+     * foreach_all_gather_copy_out runs for every call); FALSE: gathered into the parameter's
+     * own buffer (DeepSpeed's _all_gather_sequential of one parameter). */
+    gboolean copy_out_single;
+    /* Stage 3 with hpZ's group: a block's secondary shard is not a state but taken when its
+     * forward's gathered parameters are released (from them) and freed once its backward's
+     * all-gather has read it, each micro-step; the root's units have none (FSDP2's
+     * reshard_after_forward=int: _fsdp_param.py to_sharded_post_forward, and the root's
+     * post_forward_mesh_info is None); FALSE: a state for every unit not kept whole. */
+    gboolean secondary_per_block;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
@@ -246,6 +261,11 @@ ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
 
 /* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
 void zp_impl_plan_defaults(ZpPlan *plan);
+
+/* The plan as the schedule and the memory model run it: FSDP2's stage 2
+ * (reshard_after_forward=False) is stage 3's sharding with the gathered blocks kept from
+ * forward to backward (ZpZeroConfig fsdp2_no_reshard_after_forward). Idempotent. */
+void zp_impl_normalize_plan(ZpPlan *plan);
 
 /* ---- rules the implementations share ------------------------------------------------- */
 
@@ -306,6 +326,16 @@ void zp_impl_persistent_units(const ZpSchedule *s, GArray *ranges);
 
 /* The stage's partition of gradients: all (stages 0-1, padded at 1) or this rank's. */
 double zp_impl_partition_grad_elems(const ZpSchedule *s);
+
+/* The elements of the optimizer's states on dp rank `rank` (-1: the most any rank holds):
+ * every parameter at stage 0, the implementation's rank_opt_elems at stages 1-2 where it has
+ * one, the partition otherwise. The schedule's state is the most (the peak is the worst
+ * rank's); zp_sched_rank_state_bytes gives a rank's own. */
+uint64_t zp_impl_opt_elems(const ZpSchedule *s, int rank);
+
+/* Rank `rank`'s own model-state bytes per category (ZP_MEM_N entries): the schedule's, with
+ * the optimizer's states of zp_impl_opt_elems(s, rank). */
+void zp_sched_rank_state_bytes(const ZpSchedule *s, int rank, double *bytes);
 
 /* Nothing around the optimizer. */
 void zp_impl_no_step_buffers(const ZpSchedule *s, GArray *buffers);

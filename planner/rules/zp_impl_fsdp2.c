@@ -1,7 +1,8 @@
 /* zp_impl_fsdp2: PyTorch's FSDP2 (torch/distributed/fsdp/_fully_shard/, fully_shard) as
  * torchtitan runs it: each transformer block and the root wrapped, per-parameter DTensor
  * shards kept in the parameters' own dtype, MixedPrecisionPolicy's param and reduce dtypes.
- * Stage 3 is reshard_after_forward=True, stage 2 reshard_after_forward=False. */
+ * Stage 3 is reshard_after_forward=True, stage 2 reshard_after_forward=False (stage 3's
+ * shards, each block gathered once a micro-step and held to its backward). */
 #include "zp_impl.h"
 
 #include <math.h>
@@ -50,10 +51,35 @@ static int fsdp2_bucket_buffers(const ZpPlan *plan, double *elems)
  * split_with_sizes_copy; the schedule's unpack) and freed then: for that moment the unit
  * is held twice. Each tensor's elements are padded to the group (a lower bound of dim-0
  * padding, which pads whole rows). */
+/* reshard_after_forward=False (ZpZeroConfig fsdp2_no_reshard_after_forward):
+ * _fsdp_param_group.py post_forward reshards only with a post_forward_mesh_info, which False
+ * leaves None: _fsdp_init.py _get_post_forward_mesh_info), so each block's forward gather
+ * is held to its backward; pre_backward's unshard finds the parameters unsharded
+ * (FSDPParamGroup.unshard: "if self.is_unsharded: return  # no-op") and gathers nothing,
+ * and post_backward reshards once the gradients are reduce-scattered. The block's forward fetch
+ * is freed after its backward; its backward fetch goes. */
+static void keep_to_backward(const ZpSchedule *s, GArray *units)
+{
+    const int L = (int)s->model.layers;
+    guint kept = 0;
+    for (guint i = 0; i < units->len; i++) {
+        ZpFetch f = g_array_index(units, ZpFetch, i);
+        const gboolean block = f.unit >= 1 && f.unit <= L;
+        if (block && f.use_pos != zp_pos_fwd(f.unit))
+            continue;
+        if (block)
+            f.free_pos = zp_pos_bwd(L, f.unit);
+        g_array_index(units, ZpFetch, kept++) = f;
+    }
+    g_array_set_size(units, kept);
+}
+
 static void fsdp2_plan_fetches(const ZpSchedule *s, GArray *fetches)
 {
     GArray *units = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     zp_impl_fsdp_plan_fetches(s, units);
+    if (s->plan.zero.fsdp2_no_reshard_after_forward)
+        keep_to_backward(s, units);
     GArray *tensors = zp_impl_tensors(s);
     const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
     guint *first = g_new0(guint, (gsize)s->n_units + 1); /* tensors of unit u: [first[u], first[u+1]) */
@@ -94,6 +120,17 @@ static void fsdp2_residual(const ZpModel *model, const ZpPlan *plan, ZpResidual 
     zp_impl_fsdp_residual(model, plan, r);
     if (plan->zero.stage == 3)
         r->reduce_bucket_bytes *= 2.0;
+    /* reshard_after_forward=False: every block's gathered parameters live from its forward
+     * to its backward, so at the turn from forward to backward all of them are held with the
+     * root's (keep_to_backward). */
+    if (plan->zero.fsdp2_no_reshard_after_forward && zp_model_has_architecture(model)) {
+        const double block = (double)zp_model_unit_elems(model, 1) / plan->mp;
+        const double root = ((double)zp_model_unit_elems(model, 0) +
+                             (double)zp_model_unit_elems(model, (int)model->layers + 1)) /
+                            plan->mp;
+        const ZpStateBytes bytes = zp_plan_state_bytes(plan->precision, plan->optimizer);
+        r->stage3_gathered_bytes = (root + (double)model->layers * block) * bytes.param_bytes;
+    }
 }
 
 const ZpImpl zp_impl_fsdp2 = {
@@ -119,6 +156,15 @@ const ZpImpl zp_impl_fsdp2 = {
     .copy_held_to_next = TRUE,
     .post_step_gather_buffer = FALSE,
     .plan_fetches = fsdp2_plan_fetches,
+    /* _fsdp_param_group.py wait_for_unshard calls foreach_all_gather_copy_out for every
+     * call, whatever its parameter count: the output is copied into each parameter's own
+     * unsharded tensor (split_with_sizes_copy), also for a group of one parameter. */
+    .copy_out_single = TRUE,
+    /* reshard_after_forward=int: _fsdp_param_group.py post_forward reshards each block to
+     * its post-forward mesh (FSDPParam.to_sharded_post_forward: a new tensor of the rank's
+     * 1/int of the unsharded parameter, copied from it), which pre_backward all-gathers and
+     * frees (to_unsharded); the root is never resharded after forward. */
+    .secondary_per_block = TRUE,
     .persistent = fsdp2_persistent,
     .unit_persistence = FALSE,
     .grad_state_elems = fsdp2_grad_state_elems,

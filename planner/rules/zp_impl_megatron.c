@@ -110,6 +110,69 @@ uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t 
     return end;
 }
 
+/* Adds to pad[r] the elements of the gap [lo, hi) of bucket [start, end) that fall in dp
+ * rank r's shard of it (1/dp of the bucket, rank-major). */
+static void add_gap(uint64_t lo, uint64_t hi, uint64_t start, uint64_t end, uint64_t dp,
+                    uint64_t *pad)
+{
+    if (lo >= hi)
+        return;
+    const uint64_t shard = (end - start) / dp;
+    for (uint64_t r = (lo - start) / shard; r < dp && start + r * shard < hi; r++)
+        pad[r] += MIN(hi, start + (r + 1) * shard) - MAX(lo, start + r * shard);
+}
+
+/* The padding each dp rank's shards hold with the distributed optimizer: the gaps before
+ * each parameter's padded start and at each bucket's padded end, as they fall in the ranks'
+ * 1/dp of each bucket (pad: dp entries, zeroed by the caller). */
+static void mg_rank_padding(const ZpSchedule *s, uint64_t *pad)
+{
+    const uint64_t dp = (uint64_t)s->plan.dp;
+    GArray *buckets = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    GArray *tensors = zp_impl_tensors(s);
+    uint64_t *at = g_new0(uint64_t, MAX(tensors->len, 1));
+    zp_impl_megatron_layout(s, buckets, at);
+    const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
+    uint64_t start = 0, end = 0, cursor = 0;
+    guint k = 0;
+    if (buckets->len)
+        end = g_array_index(buckets, ZpBucketSpec, 0).padded_elems;
+    for (int i = (int)tensors->len - 1; i >= 0; i--) { /* the buffer's order */
+        while (at[i] >= end && k + 1 < buckets->len) {
+            add_gap(cursor, end, start, end, dp, pad);
+            start = cursor = end;
+            end += g_array_index(buckets, ZpBucketSpec, ++k).padded_elems;
+        }
+        add_gap(cursor, at[i], start, end, dp, pad);
+        cursor = at[i] + t[i].elems;
+    }
+    if (buckets->len)
+        add_gap(cursor, end, start, end, dp, pad);
+    g_free(at);
+    g_array_unref(tensors);
+    g_array_unref(buckets);
+}
+
+/* distrib_optimizer.py _build_model_gbuf_param_range_map: each parameter's range is
+ * intersected with the rank's range of its bucket (gbuf_world_range, 1/dp of the padded
+ * bucket), and _build_model_and_main_param_groups makes one fp32 shard_main_param of each
+ * intersection (shard_model_param.clone().float()), which Adam's exp_avg and exp_avg_sq
+ * follow: a rank's optimizer holds its shard less the padding in it, which differs from rank
+ * to rank (the bucket's end padding falls in the last ranks' shards). Stage 0 has no padding
+ * and holds every parameter (zp_impl_opt_elems). */
+static uint64_t mg_rank_opt_elems(const ZpSchedule *s, int rank)
+{
+    const int dp = s->plan.dp;
+    uint64_t *pad = g_new0(uint64_t, dp);
+    mg_rank_padding(s, pad);
+    uint64_t least = pad[0];
+    for (int r = 1; r < dp; r++)
+        least = MIN(least, pad[r]);
+    const uint64_t own = rank >= 0 && rank < dp ? pad[rank] : least;
+    g_free(pad);
+    return s->partition_elems - own;
+}
+
 /* _ParamAndGradBucketGroup.register_grad_ready: a bucket's reduction is issued
  * (start_grad_sync) once every parameter in it has its gradient, i.e. after the backward of
  * the unit holding its lowest tensor (launch_unit; the schedule launches after a unit's
@@ -165,9 +228,8 @@ static double mg_step_grad_bytes(const ZpPlan *plan, double elems)
 
 static void mg_step_buffers(const ZpSchedule *s, GArray *buffers)
 {
-    const double elems =
-        s->plan.zero.stage == 1 ? (double)s->partition_elems : (double)s->total_elems;
-    const double bytes = mg_step_grad_bytes(&s->plan, elems);
+    /* per parameter range, as the master (the most any rank holds) */
+    const double bytes = mg_step_grad_bytes(&s->plan, (double)zp_impl_opt_elems(s, -1));
     if (bytes > 0) {
         ZpStepBuffer fp32 = {ZP_MEM_WORKSPACE, bytes, FALSE};
         g_array_append_val(buffers, fp32);
@@ -217,4 +279,5 @@ const ZpImpl zp_impl_megatron = {
     .grad_state_elems = mg_grad_state_elems,
     .step_buffers = mg_step_buffers,
     .residual_buffers = mg_residual,
+    .rank_opt_elems = mg_rank_opt_elems,
 };

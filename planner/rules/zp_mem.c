@@ -52,10 +52,18 @@ static void add_hpz_term(const ZpModel *model, const ZpPlan *plan, ZpResidual *r
     const double param_bytes = zp_plan_state_bytes(plan->precision, plan->optimizer).param_bytes;
     const double psi = (double)zp_model_param_count(model) / plan->mp;
     r->hpz_secondary_bytes = (psi * param_bytes - r->stage3_persistent_bytes) / hpz;
+    /* ZpImpl secondary_per_block (FSDP2): the blocks' shards alone, all held at the turn
+     * from forward to backward, the root's none */
+    if (zp_impl_get(plan->impl)->secondary_per_block && zp_model_has_architecture(model))
+        r->hpz_secondary_bytes = (double)model->layers * (double)zp_model_unit_elems(model, 1) /
+                                 plan->mp * param_bytes / hpz;
 }
 
 ZpResidual zp_mem_residual(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
+    ZpPlan normalized = *plan;
+    zp_impl_normalize_plan(&normalized);
+    plan = &normalized;
     ZpResidual r = {0};
     if (zp_model_has_architecture(model))
         add_activation_terms(model, plan, &r);

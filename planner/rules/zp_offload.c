@@ -361,6 +361,9 @@ static void apply_offload(const ZpModel *model, const ZpPlan *plan, double part,
 void zp_offload_tiers(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw, ZpTiers *t)
 {
     memset(t, 0, sizeof *t);
+    ZpPlan normalized = *plan; /* FSDP2's stage 2 holds stage 3's states */
+    zp_impl_normalize_plan(&normalized);
+    plan = &normalized;
     const int stage = plan->zero.stage;
     const double params = (double)zp_model_param_count(model);
     const ZpStateBytes sb = zp_impl_state_bytes(plan);

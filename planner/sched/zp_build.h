@@ -137,6 +137,10 @@ typedef struct {
      * keeps aside (real_engine.c keep_head_dx) when the stage's next compute op is another
      * micro-step's, until m's backward (-1: none kept) */
     int *head_grad;
+    /* ZpImpl secondary_per_block: each unit's secondary shard being held (-1: none) and the
+     * op that took it */
+    int *secondary;
+    uint32_t *secondary_op;
     /* Ops past max_ops (zp_schedsize_max_ops) are not stored: the estimate missed what
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;

@@ -127,6 +127,25 @@ static ZpGroup gather_group(const Builder *b, const Gather *g)
     return zp_sched_fetch_group(b->s, g->fetch.use_pos);
 }
 
+/* A block's secondary shard under ZpImpl secondary_per_block: 1/hpz of the unit padded to
+ * dp, in the parameters' 16-bit dtype (zreal's FSDP2 keeps its share of the unit's flat
+ * all-gather output, which is that size). */
+static double secondary_bytes(const Builder *b, int unit)
+{
+    return (double)(zp_sched_unit_padded(b->s, unit) /
+                    (uint64_t)b->s->plan.zero.zero_hpz_partition_size) *
+           b->state.param_bytes;
+}
+
+/* Whether releasing gather g follows its block's secondary shard: a block's forward gather
+ * under ZpImpl secondary_per_block with hpZ's group (the first of them takes it). */
+static gboolean keeps_secondary(const Builder *b, const Gather *g)
+{
+    const int u = g->fetch.unit, L = (int)b->s->model.layers;
+    return b->impl->secondary_per_block && b->s->plan.zero.zero_hpz_partition_size > 1 &&
+           u >= 1 && u <= L && g->fetch.use_pos == zp_pos_fwd(u);
+}
+
 /* stage3_use_all_reduce_for_fetch_params: a call's parameters are views of its zeroed flat
  * buffer (partition_parameters.py _all_gather_coalesced: param.data = flat_tensor.narrow),
  * so the buffer is freed with the last of them to be released; the call's gather that is
@@ -145,7 +164,8 @@ static void own_by_last_free(Gather *c, int buffer, double bytes)
 }
 
 /* One call's all-gather. A call of one parameter gathers into that parameter's buffer, of
- * its padded size (partition_parameters.py _all_gather_sequential); a call of more into one
+ * its padded size (partition_parameters.py _all_gather_sequential; unless the
+ * implementation copies out every call: ZpImpl copy_out_single); a call of more into one
  * flat buffer of their padded partitions, every rank's in turn (_all_gather_dtype: the
  * partitions concatenated, partition_sz * world_size elements), the parameters copied out
  * when the call is first waited for (unpack_call). With stage3_use_all_reduce_for_fetch_params
@@ -163,9 +183,10 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
                                                          b->state.param_bytes);
     int buffer;
     uint32_t alloc = gather_alloc(b, bytes, c->fetch.unit, micro, &buffer, key);
-    c->unpacked = c->n == 1 || reduced;
+    const gboolean in_place = c->n == 1 && !b->impl->copy_out_single;
+    c->unpacked = in_place || reduced;
     c->flat = c->unpacked ? -1 : buffer;
-    if (c->n == 1)
+    if (in_place)
         c->buffer = buffer, c->bytes = bytes;
     if (reduced) /* the parameters are views of the buffer: freed with the last of them */
         own_by_last_free(c, buffer, bytes);
@@ -201,6 +222,19 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
         c->fetch.offset, c->call_elems, wire, &alloc, 1);
     for (guint k = 0; k < c->n; k++)
         c[k].coll_op = coll;
+    /* ZpImpl secondary_per_block: the gather inside hpZ's group reads the block's secondary
+     * shard, freed once the host has issued it (_fsdp_param.py to_unsharded drops the
+     * post-forward shard as the all-gather is issued, the all-gather stream's use of it
+     * ordered by FSDP2's events): after the compute op the gather follows, as frees_at_issue
+     * frees, so that the timeline holds what the list order does */
+    for (guint k = 0; group == ZP_GROUP_HPZ && k < c->n; k++) {
+        const int u = c[k].fetch.unit;
+        if (b->secondary && b->secondary[u] >= 0) {
+            zp_build_emit_free(b, ZP_MEM_SECONDARY_PARAMS, secondary_bytes(b, u), u, micro,
+                               b->secondary[u], b->last_compute);
+            b->secondary[u] = -1;
+        }
+    }
 }
 
 /* The calls triggered at step `key`: those its compute needs (`now`), or its prefetches.
@@ -287,8 +321,16 @@ void zp_build_free_gathers(Builder *b, int key, int micro)
 {
     for (guint i = b->by_free.start[key]; i < b->by_free.start[key + 1]; i++) {
         const Gather *g = gather_at(b, &b->by_free, i);
+        uint32_t after = b->last_compute;
+        const int u = g->fetch.unit;
+        if (keeps_secondary(b, g) && b->secondary[u] < 0) /* copied from the unsharded block */
+            b->secondary_op[u] = zp_build_emit_alloc(b, ZP_MEM_SECONDARY_PARAMS,
+                                                     secondary_bytes(b, u), u, micro,
+                                                     &b->secondary[u], &after, 1);
+        if (keeps_secondary(b, g)) /* before it goes */
+            after = b->secondary_op[u];
         if (g->buffer >= 0)
             b->released = zp_build_emit_free(b, ZP_MEM_GATHERED_PARAMS, g->bytes, g->fetch.unit,
-                                             micro, g->buffer, b->last_compute);
+                                             micro, g->buffer, after);
     }
 }

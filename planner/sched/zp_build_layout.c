@@ -98,7 +98,8 @@ void zp_build_layout(Builder *b)
     double master, m, v;
     zp_plan_optimizer_split(&s->plan, &master, &m, &v);
     const double params_elems[4] = {total, padded, padded, part};
-    const double optim_elems = stage == 0 ? total : part;
+    /* the most any rank's optimizer holds (Megatron's: its parameters' elements alone) */
+    const double optim_elems = stage == 3 ? part : (double)zp_impl_opt_elems(s, -1);
     /* the master weights are the partition itself (ZpImpl sharded_params_are_master) */
     const gboolean master_only = stage == 3 && b->impl->sharded_params_are_master && master > 0;
     s->state_bytes[ZP_MEM_PARAMS] = master_only ? 0.0 : params_elems[stage] * p;
@@ -118,7 +119,8 @@ void zp_build_layout(Builder *b)
         for (guint i = 0; i < kept->len; i++)
             elems += (double)g_array_index(kept, ZpFetch, i).elems;
         s->state_bytes[ZP_MEM_GATHERED_PARAMS] = elems * p;
-        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] = zp_zeropp_secondary_bytes(s, elems);
+        s->state_bytes[ZP_MEM_SECONDARY_PARAMS] =
+            b->impl->secondary_per_block ? 0 : zp_zeropp_secondary_bytes(s, elems);
         g_array_unref(kept);
     }
     zp_build_moe_states(b);

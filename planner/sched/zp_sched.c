@@ -62,6 +62,13 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "stage: must be 0, 1, 2 or 3";
     else if (p->impl < 0 || p->impl >= ZP_IMPL_N)
         bad = "impl: must be deepspeed, fsdp, paper, megatron or fsdp2";
+    else if (p->zero.fsdp2_no_reshard_after_forward &&
+             (p->impl != ZP_IMPL_FSDP2 || p->zero.stage != 3))
+        bad = "fsdp2_no_reshard_after_forward: FSDP2's reshard_after_forward=False "
+              "(--impl fsdp2 --stage 2)";
+    else if (p->zero.fsdp2_no_reshard_after_forward && p->zero.zero_hpz_partition_size > 1)
+        bad = "zero_hpz_partition_size (--hpz-partition-size): FSDP2's reshard_after_forward "
+              "is False (--stage 2) or an int (--stage 3 --hpz-partition-size), not both";
     else if (!zp_impl_get(p->impl)->has_stage(p->zero.stage)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "stage: --impl %s has %s",
                     zp_impl_get(p->impl)->name, zp_impl_get(p->impl)->stages);
@@ -265,6 +272,9 @@ static void link_sends(Builder *b)
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
+    ZpPlan normalized = *plan;
+    zp_impl_normalize_plan(&normalized);
+    plan = &normalized;
     if (!check_plan(model, plan, error) || !zp_schedsize_check_plan(model, plan, error))
         return NULL;
     const int P = zp_plan_pp(plan), chunks = P * zp_plan_vstages(plan);
@@ -317,10 +327,14 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .host_sync = NONE,
                  .gated = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .head_grad = g_new(int, (gsize)plan->grad_accum),
+                 .secondary = g_new(int, (gsize)L + 2),
+                 .secondary_op = g_new(uint32_t, (gsize)L + 2),
                  .max_ops = zp_schedsize_max_ops(),
                  .moe = zp_ep_activations(model, plan)};
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
+    for (int u = 0; u < L + 2; u++)
+        b.secondary[u] = -1;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         b.last_on_stream[stream] = NONE;
     const int n_pos = zp_pos_count(L);
@@ -368,6 +382,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.first_unit);
     g_free(b.send_op);
     g_free(b.head_grad);
+    g_free(b.secondary);
+    g_free(b.secondary_op);
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
     g_array_unref(b.offloaded);

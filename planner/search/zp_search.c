@@ -645,8 +645,10 @@ static double pipeline_memory_bytes(const ZpScreen *sc, const ZpPlan *plan)
     const double params = (double)zp_model_unit_elems(m, 0) +
                           (double)blocks * (double)zp_model_unit_elems(m, 1);
     const ZpStateBytes sb = zp_impl_state_bytes(plan);
+    ZpPlan normalized = *plan; /* FSDP2's stage 2 holds stage 3's states */
+    zp_impl_normalize_plan(&normalized);
     const ZpModelStates states =
-        zp_mem_model_states(params, plan->zero.stage, plan->dp, plan->mp, sb);
+        zp_mem_model_states(params, normalized.zero.stage, plan->dp, plan->mp, sb);
     ZpModel stage = *m;
     stage.layers = blocks;
     ZpPlan one = *plan;

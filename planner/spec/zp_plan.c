@@ -326,6 +326,8 @@ static const struct {
     {"stage3_allgather_sequential", G_STRUCT_OFFSET(ZpZeroConfig, stage3_allgather_sequential)},
     {"stage3_use_all_reduce_for_fetch_params",
      G_STRUCT_OFFSET(ZpZeroConfig, stage3_use_all_reduce_for_fetch_params)},
+    {"fsdp2_no_reshard_after_forward",
+     G_STRUCT_OFFSET(ZpZeroConfig, fsdp2_no_reshard_after_forward)},
 };
 /* activation_checkpointing's booleans, as DeepSpeed names them. */
 static const struct {
@@ -483,7 +485,8 @@ static gboolean zero_from_json(json_t *zero, const char *what, ZpZeroConfig *z, 
                                        "stage3_use_all_reduce_for_fetch_params",
                                        "zero_quantized_weights", "zero_quantized_gradients",
                                        "zero_hpz_partition_size", "offload_optimizer",
-                                       "offload_param", NULL};
+                                       "offload_param", "fsdp2_no_reshard_after_forward",
+                                       NULL};
     int64_t hpz = 1;
     if (!zp_json_check_keys(zero, what, keys, error) ||
         !zp_json_get_int(zero, what, "zero_hpz_partition_size", FALSE, 1, 1 << 16, &hpz, error))

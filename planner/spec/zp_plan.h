@@ -95,6 +95,10 @@ typedef struct {
     gboolean stage3_use_all_reduce_for_fetch_params;
     ZpOffload offload_optimizer; /* fp32 master, moments and fp32 gradients (stages 1-3) */
     ZpOffload offload_param;     /* the 16-bit parameter partitions (stage 3) */
+    /* FSDP2's reshard_after_forward=False (--impl fsdp2 --stage 2, which zp_impl_normalize_plan
+     * turns into stage 3 with this set): stage 3's shards at rest, each block's gathered
+     * parameters kept from its forward to its backward. */
+    gboolean fsdp2_no_reshard_after_forward;
 } ZpZeroConfig;
 
 /* DeepSpeed's activation_checkpointing section (ZeRO-R;
