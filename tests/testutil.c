@@ -2,6 +2,7 @@
  * their output captured; a failure to spawn at all fails the test on the spot. */
 #include "testutil.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -115,6 +116,29 @@ void tu_small_moe(ZpModel *m)
     m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
     m->rope_theta = 10000, m->rotary_fraction = 1;
     m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
+}
+
+char *tu_tmp_file(const char *prefix, const char *name, char **dir)
+{
+    char *pattern = g_strdup_printf("zplan-%s-XXXXXX", prefix);
+    *dir = g_dir_make_tmp(pattern, NULL);
+    g_assert_nonnull(*dir);
+    g_free(pattern);
+    return g_build_filename(*dir, name, NULL);
+}
+
+void tu_tmp_file_remove(char *path, char *dir)
+{
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path), g_free(dir);
+}
+
+void tu_zplan_ok(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
 }
 
 ZpModel tu_load_model(const char *name)
