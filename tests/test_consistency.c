@@ -49,9 +49,7 @@ static void test_memory_grid(void)
                     g_free(args);
                     args = g_strdup_printf("sweep --vary gpus --values %d --metric memory %s "
                                            "--out %s/grid", gpus, common, dir);
-                    TuRun r = tu_zplan(args);
-                    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-                    tu_free(&r);
+                    tu_zplan_ok(args);
                     g_free(args);
                     char *csv = g_build_filename(dir, "grid.csv", NULL);
                     for (int stage = 1; stage <= 3; stage++) {
@@ -91,9 +89,7 @@ static void test_maxmodel_agrees(void)
     json_t *m = tu_zplan_json_fit_or_not("maxmodel --cluster dgx2-v100 --gpus 64 --json");
     char *args = g_strdup_printf("sweep --vary gpus --values 64 --cluster dgx2-v100 --metric "
                                  "maxmodel --out %s/mm", dir);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     char *csv = g_build_filename(dir, "mm.csv", NULL);
     for (int stage = 0; stage <= 3; stage++) {
         char key[8];
@@ -221,13 +217,11 @@ static void test_zreal_like_simulate_precision(void)
     char *measured = g_build_filename(dir, "m-fp16.json", NULL);
     char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 1 --micro-batch 2 "
                                  "--no-dropout --attention eager --out %s", sched);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     g_free(args);
     args = g_strdup_printf("%s/zreal --schedule %s --emulate 2 --steps 1 --out %s", ZP_BUILD_DIR,
                            sched, measured);
-    r = tu_run(args, NULL);
+    TuRun r = tu_run(args, NULL);
     g_assert_true(WIFEXITED(r.status));
     g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
     g_assert_nonnull(strstr(r.err, "zreal trains in bf16 with Adam; the schedule's plan has fp16, "
