@@ -48,3 +48,15 @@ guint free_of(const ZpSchedule *s, int id, guint from)
         i++;
     return i;
 }
+
+void assert_peaks_in_list_order(const ZpSchedule *s, const SimResult *r)
+{
+    double at[ZP_MEM_N], own[ZP_MEM_N];
+    const double peak = tu_sequential_peak(s, at, own);
+    g_test_message("simulated peak %.0f, in list order %.0f", r->peak_memory_bytes, peak);
+    g_assert_cmpfloat(r->peak_memory_bytes, ==, peak);
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        g_assert_cmpfloat(r->peak_breakdown_bytes[c], ==, at[c]);
+        g_assert_cmpfloat(r->category_peak_bytes[c], ==, own[c]);
+    }
+}

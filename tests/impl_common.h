@@ -21,6 +21,11 @@ guint count_allocs(const ZpSchedule *s, ZpMemCategory cat, int unit, double byte
 
 SimResult *simulate(const ZpSchedule *s);
 
+/* The simulated peak, each category live at it and each category's own peak are those of the
+ * schedule's allocs and frees walked in list order (tu_sequential_peak), as zreal runs them
+ * (test_impl, test_fsdp2). */
+void assert_peaks_in_list_order(const ZpSchedule *s, const SimResult *r);
+
 /* The free of buffer id after op `from`, or the op count. */
 guint free_of(const ZpSchedule *s, int id, guint from);
 

@@ -129,6 +129,27 @@ ZpSchedule *frozen_schedule(const FrozenPlan *c, ZpHw *hw)
 }
 
 /* Every figure of two results, bit for bit (the JSON prints nothing else of them). */
+void assert_same_doubles(const double *a, const double *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g_assert_cmpfloat(a[i], ==, b[i]);
+}
+
+void assert_same_breakdowns(const SimResult *got, const SimResult *want)
+{
+    assert_same_doubles(got->stream_busy_s, want->stream_busy_s, ZP_STREAM_N);
+    assert_same_doubles(got->peak_breakdown_bytes, want->peak_breakdown_bytes, ZP_MEM_N);
+    assert_same_doubles(got->category_peak_bytes, want->category_peak_bytes, ZP_MEM_N);
+    assert_same_doubles(got->comm_bytes, want->comm_bytes, ZP_SCHED_MAX_GROUPS);
+    const size_t k = (size_t)want->stages;
+    assert_same_doubles(got->stage_peak_bytes, want->stage_peak_bytes, k);
+    assert_same_doubles(got->stage_compute_s, want->stage_compute_s, k);
+    assert_same_doubles(got->stage_bubble_s, want->stage_bubble_s, k);
+    assert_same_doubles(got->stage_comm_bytes, want->stage_comm_bytes, k * ZP_GROUP_N);
+    assert_same_doubles(got->stage_category_peak_bytes, want->stage_category_peak_bytes,
+                        k * ZP_MEM_N);
+}
+
 void assert_same_figures(const SimResult *a, const SimResult *b)
 {
     g_assert_cmpint(a->ranks_simulated, ==, b->ranks_simulated);

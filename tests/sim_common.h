@@ -60,6 +60,14 @@ ZpSchedule *frozen_schedule(const FrozenPlan *c, ZpHw *hw);
  * test_sim_contend). */
 void assert_same_figures(const SimResult *a, const SimResult *b);
 
+/* n doubles equal as floats (g_assert_cmpfloat ==). */
+void assert_same_doubles(const double *a, const double *b, size_t n);
+
+/* The per-stream, per-group, per-category and per-stage figures of got, as want's, over want's
+ * stages (test_sim_fold's fold against the unfolded run, test_sim_slow's rank classes against
+ * every rank). */
+void assert_same_breakdowns(const SimResult *got, const SimResult *want);
+
 /* Loads the profile and the model and makes the folder (after g_test_init); runs the tests
  * and removes the folder, returning g_test_run's status. */
 void sim_common_init(void);

@@ -26,19 +26,6 @@ static double csv_cell(const char *path, int row, int column)
     return value;
 }
 
-/* Runs zplan, which must exit with 0 or 2 (does not fit), and parses its JSON. */
-static json_t *json_of(const char *args)
-{
-    TuRun r = tu_zplan(args);
-    g_test_message("zplan %s", args);
-    g_assert_true(WIFEXITED(r.status));
-    g_assert_true(WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 2);
-    json_t *root = json_loads(r.out, 0, NULL);
-    g_assert_nonnull(root);
-    tu_free(&r);
-    return root;
-}
-
 /* memory's need per stage = simulate's (allocator-reserved peak + reserve) = sweep's, over a
  * grid: two models (GPT-2 and a Hugging Face Llama with its bf16 and flash defaults), two
  * clusters, micro-batch 1 and 2, with and without checkpointing, stages 1-3. */
@@ -56,15 +43,13 @@ static void test_memory_grid(void)
                                                    models[mi], clusters[ci], micro,
                                                    ckpt ? " --checkpoint" : "");
                     char *args = g_strdup_printf("memory %s --gpus %d --json", common, gpus);
-                    json_t *memory = json_of(args);
+                    json_t *memory = tu_zplan_json_fit_or_not(args);
                     json_t *needs = json_object_get(
                         json_array_get(json_object_get(memory, "rows"), 0), "need_bytes");
                     g_free(args);
                     args = g_strdup_printf("sweep --vary gpus --values %d --metric memory %s "
                                            "--out %s/grid", gpus, common, dir);
-                    TuRun r = tu_zplan(args);
-                    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-                    tu_free(&r);
+                    tu_zplan_ok(args);
                     g_free(args);
                     char *csv = g_build_filename(dir, "grid.csv", NULL);
                     for (int stage = 1; stage <= 3; stage++) {
@@ -73,7 +58,7 @@ static void test_memory_grid(void)
                         const double need = json_number_value(json_object_get(needs, key));
                         args = g_strdup_printf("simulate %s --gpus %d --stage %d --json", common,
                                                gpus, stage);
-                        json_t *sim = json_of(args);
+                        json_t *sim = tu_zplan_json_fit_or_not(args);
                         g_free(args);
                         const double simulated =
                             json_number_value(json_object_get(sim, "need_bytes"));
@@ -101,12 +86,10 @@ static void test_memory_grid(void)
  * runtime reserve in, the sweep took it out: 137.4B against 133.4B on 64 V100s). */
 static void test_maxmodel_agrees(void)
 {
-    json_t *m = json_of("maxmodel --cluster dgx2-v100 --gpus 64 --json");
+    json_t *m = tu_zplan_json_fit_or_not("maxmodel --cluster dgx2-v100 --gpus 64 --json");
     char *args = g_strdup_printf("sweep --vary gpus --values 64 --cluster dgx2-v100 --metric "
                                  "maxmodel --out %s/mm", dir);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     char *csv = g_build_filename(dir, "mm.csv", NULL);
     for (int stage = 0; stage <= 3; stage++) {
         char key[8];
@@ -129,12 +112,12 @@ static void test_plan_round_trip(void)
     char *ds = g_build_filename(dir, "ds.json", NULL);
     char *args = g_strdup_printf("plan --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 --top 1 "
                                  "--json --ds-config %s", ds);
-    json_t *plan = json_of(args);
+    json_t *plan = tu_zplan_json_fit_or_not(args);
     json_t *best = json_object_get(plan, "best");
     g_free(args);
     args = g_strdup_printf("simulate --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 "
                            "--ds-config %s --json", ds);
-    json_t *sim = json_of(args);
+    json_t *sim = tu_zplan_json_fit_or_not(args);
     g_assert_cmpfloat(json_number_value(json_object_get(sim, "step_time_s")), ==,
                       json_number_value(json_object_get(best, "step_time_s")));
     const double reserved = json_number_value(
@@ -234,13 +217,11 @@ static void test_zreal_like_simulate_precision(void)
     char *measured = g_build_filename(dir, "m-fp16.json", NULL);
     char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 1 --micro-batch 2 "
                                  "--no-dropout --attention eager --out %s", sched);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     g_free(args);
     args = g_strdup_printf("%s/zreal --schedule %s --emulate 2 --steps 1 --out %s", ZP_BUILD_DIR,
                            sched, measured);
-    r = tu_run(args, NULL);
+    TuRun r = tu_run(args, NULL);
     g_assert_true(WIFEXITED(r.status));
     g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
     g_assert_nonnull(strstr(r.err, "zreal trains in bf16 with Adam; the schedule's plan has fp16, "

@@ -1,6 +1,7 @@
 /* test_fsdp2: --impl fsdp2 (torch/distributed/fsdp/_fully_shard/) against FSDP1 and its
  * source: fp32 shards that are the master weights, fp32 sharded gradients, the reduce-scatter's
  * copy-in buffer, reshard_after_forward, and the stages it has. */
+#include "impl_common.h"
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_impl.h"
@@ -8,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-static ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage)
+static ZpSchedule *fsdp2_build(const ZpModel *m, ZpImplKind impl, int stage)
 {
     ZpPlan p;
     zp_plan_defaults(&p, stage, 8, 1);
@@ -28,7 +29,7 @@ static ZpSchedule *build(const ZpModel *m, ZpImplKind impl, int stage)
 static void test_states(void)
 {
     const ZpModel m = tu_load_model("models/hf/llama-2-7b");
-    ZpSchedule *two = build(&m, ZP_IMPL_FSDP2, 3), *one = build(&m, ZP_IMPL_FSDP, 3);
+    ZpSchedule *two = fsdp2_build(&m, ZP_IMPL_FSDP2, 3), *one = fsdp2_build(&m, ZP_IMPL_FSDP, 3);
     const double part = (double)two->partition_elems;
     g_assert_cmpfloat(two->state_bytes[ZP_MEM_PARAMS], ==, 0);
     g_assert_cmpfloat(two->state_bytes[ZP_MEM_GRADS], ==, 4 * part);
@@ -49,7 +50,7 @@ static void test_copy_in(void)
 {
     const ZpModel m = tu_load_model("gpt2-124m");
     for (int impl = 0; impl < 2; impl++) {
-        ZpSchedule *s = build(&m, impl ? ZP_IMPL_FSDP2 : ZP_IMPL_FSDP, 3);
+        ZpSchedule *s = fsdp2_build(&m, impl ? ZP_IMPL_FSDP2 : ZP_IMPL_FSDP, 3);
         int reductions = 0, bucket_allocs = 0;
         for (guint i = 0; i < s->ops->len; i++) {
             const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
@@ -73,7 +74,7 @@ static void test_copy_in(void)
 static void test_reshard_after_forward(void)
 {
     const ZpModel m = tu_load_model("gpt2-124m");
-    ZpSchedule *three = build(&m, ZP_IMPL_FSDP2, 3), *two = build(&m, ZP_IMPL_FSDP2, 2);
+    ZpSchedule *three = fsdp2_build(&m, ZP_IMPL_FSDP2, 3), *two = fsdp2_build(&m, ZP_IMPL_FSDP2, 2);
     const double sent3 = zp_sched_comm_bytes(three, ZP_GROUP_DP);
     const double sent2 = zp_sched_comm_bytes(two, ZP_GROUP_DP);
     g_test_message("sent %.0f bytes resharding after forward, %.0f not", sent3, sent2);
@@ -93,7 +94,7 @@ static void test_copy_out(void)
     const ZpModel m = tu_load_model("gpt2-124m");
     const double block_bytes = 2.0 * (double)zp_model_unit_elems(&m, 1);
     for (int impl = 0; impl < 2; impl++) {
-        ZpSchedule *s = build(&m, impl ? ZP_IMPL_FSDP2 : ZP_IMPL_FSDP, 3);
+        ZpSchedule *s = fsdp2_build(&m, impl ? ZP_IMPL_FSDP2 : ZP_IMPL_FSDP, 3);
         int unpacks = 0, block_unpacks = 0, gathers = 0;
         for (guint i = 0; i < s->ops->len; i++) {
             const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
@@ -308,19 +309,12 @@ static void test_timeline_peak(void)
                     GError *error = NULL;
                     ZpSchedule *s = zp_sched_build(&m, &p, &error);
                     g_assert_no_error(error);
-                    double at[ZP_MEM_N], own[ZP_MEM_N];
-                    const double peak = tu_sequential_peak(s, at, own);
                     const SimOptions o = {.mode = SIM_MODE_FOLDED};
                     SimResult *r = sim_engine_run(s, &hw, &o, &error);
                     g_assert_no_error(error);
-                    g_test_message("stage %d, dp %d, %d micro-step(s), checkpointing %d: simulated "
-                                   "peak %.0f, in list order %.0f", stage, dp, accum, ckpt,
-                                   r->peak_memory_bytes, peak);
-                    g_assert_cmpfloat(r->peak_memory_bytes, ==, peak);
-                    for (int c = 0; c < ZP_MEM_N; c++) {
-                        g_assert_cmpfloat(r->peak_breakdown_bytes[c], ==, at[c]);
-                        g_assert_cmpfloat(r->category_peak_bytes[c], ==, own[c]);
-                    }
+                    g_test_message("stage %d, dp %d, %d micro-step(s), checkpointing %d", stage,
+                                   dp, accum, ckpt);
+                    assert_peaks_in_list_order(s, r);
                     sim_result_free(r);
                     zp_sched_free(s);
                 }

@@ -215,31 +215,17 @@ static void test_bad_moe_configs(void)
     g_free(path);
 }
 
-
-/* A 2-layer mixture of experts small enough to count by hand: h 64, 4 heads (MHA), SwiGLU,
- * RMSNorm, no biases, an untied 128-word vocabulary, sequence 16; 4 experts of 32, top 2.
- * Embeddings 8,192; a block: norms 128, attention 4 h^2 = 16,384, router 256, experts
- * 4 x 3 x 64 x 32 = 24,576: 41,344; the final unit 64 + 8,192. Total 99,136: experts 49,152,
- * dense 49,984. */
-static void small_moe(ZpModel *m)
-{
-    memset(m, 0, sizeof *m);
-    g_strlcpy(m->name, "moe-2l", sizeof m->name);
-    m->layers = 2, m->hidden = 64, m->heads = 4, m->seq_len = 16, m->vocab = 128;
-    m->ffn_hidden = 32, m->mlp = ZP_MLP_SWIGLU, m->norm = ZP_NORM_RMSNORM;
-    m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
-    m->rope_theta = 10000, m->rotary_fraction = 1;
-    m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
-}
-
-/* Model states per rank at 8 data-parallel ranks, fp16 Adam (2 + 2 + 12), EP 1, 2 and 4:
+/* tu_small_moe's 2-layer mixture of experts, counted by hand: embeddings 8,192; a block: norms
+ * 128, attention 4 h^2 = 16,384, router 256, experts 4 x 3 x 64 x 32 = 24,576: 41,344; the
+ * final unit 64 + 8,192. Total 99,136: experts 49,152, dense 49,984.
+ * Model states per rank at 8 data-parallel ranks, fp16 Adam (2 + 2 + 12), EP 1, 2 and 4:
  * dense Psi_d = 49,984 under the stage over 8 ranks, experts Psi_e / EP over 8 / EP ranks.
  * E.g. EP 2, stage 1: 4 x 49,984 + 12 x 49,984 / 8 = 274,912 and 4 x 24,576 + 12 x 24,576 / 4
  * = 172,032: 446,944. Stage 3 is 16 (Psi_d + Psi_e) / 8 whatever EP. */
 static void test_states_by_hand(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     g_assert_cmpuint(zp_model_param_count(&m), ==, 99136);
     g_assert_cmpfloat(zp_ep_expert_params(&m), ==, 49152);
     static const struct {
@@ -272,7 +258,7 @@ static void test_states_by_hand(void)
 static void test_tokens_by_hand(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpPlan plan;
     zp_plan_defaults(&plan, 1, 8, 1);
     ZpEpActivations a = zp_ep_activations(&m, &plan);
@@ -321,7 +307,7 @@ static void test_tokens_by_hand(void)
 static void test_alltoall_by_hand(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpPlan plan;
     zp_plan_defaults(&plan, 2, 8, 1);
     plan.experts.ep = 4;
@@ -360,7 +346,7 @@ static void test_alltoall_by_hand(void)
 static void test_ep_refusals(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpPlan plan;
     zp_plan_defaults(&plan, 0, 8, 1);
     static const struct {
@@ -463,7 +449,7 @@ static void test_memory_mixtral(void)
 static void test_mla_activations(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpModel mla = m;
     mla.mla = (ZpMla){.q_lora_rank = 16, .kv_lora_rank = 8, .qk_nope_dim = 8, .qk_rope_dim = 4,
                       .v_dim = 8};

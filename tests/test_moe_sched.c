@@ -145,19 +145,6 @@ static void test_graph_refusals(void)
     g_free(text);
 }
 
-/* test_moe's 2-layer mixture of experts: h 64, 4 heads, s 16, 4 experts of f_e 32, top 2,
- * SwiGLU, both layers sparse. */
-static void small_moe(ZpModel *m)
-{
-    memset(m, 0, sizeof *m);
-    g_strlcpy(m->name, "moe-2l", sizeof m->name);
-    m->layers = 2, m->hidden = 64, m->heads = 4, m->seq_len = 16, m->vocab = 128;
-    m->ffn_hidden = 32, m->mlp = ZP_MLP_SWIGLU, m->norm = ZP_NORM_RMSNORM;
-    m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
-    m->rope_theta = 10000, m->rotary_fraction = 1;
-    m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
-}
-
 static ZpSchedule *build(const ZpModel *m, int impl, int stage, int dp, int ep, int micro,
                          gboolean ckpt)
 {
@@ -205,7 +192,7 @@ static void test_expert_reductions(void)
         {ZP_IMPL_DEEPSPEED, 1, 2, ZP_COLL_ALLREDUCE, 12288, TRUE, FALSE},
     };
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
         ZpSchedule *s = build(&m, cases[c].impl, cases[c].stage, 4, 2, 1, FALSE);
         int calls = 0;
@@ -242,7 +229,7 @@ static void test_expert_reductions(void)
 static void test_alltoall_bytes(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     static const struct {
         int ep;
         gboolean ckpt;
@@ -301,7 +288,7 @@ static void test_alltoall_bytes(void)
 static void test_states_match_closed_form(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     const int impls[] = {ZP_IMPL_PAPER, ZP_IMPL_DEEPSPEED};
     for (size_t i = 0; i < G_N_ELEMENTS(impls); i++)
         for (int ep = 1; ep <= 4; ep *= 2)
@@ -347,7 +334,7 @@ static void test_simulated_alltoall(void)
     hw.intra_node_bytes_per_s = 100e9, hw.inter_node_bytes_per_s = 200e9;
     hw.intra_node_latency_s = 2e-6, hw.inter_node_latency_s = 5e-6;
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpSchedule *s = g_new0(ZpSchedule, 1);
     s->model = m;
     zp_plan_defaults(&s->plan, 0, 8, 1);
@@ -382,7 +369,7 @@ static void test_simulated_alltoall(void)
 static void test_json_round_trip(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     const int impls[] = {ZP_IMPL_PAPER, ZP_IMPL_DEEPSPEED, ZP_IMPL_MEGATRON};
     for (size_t i = 0; i < G_N_ELEMENTS(impls); i++)
         for (int stage = 0; stage <= 3; stage++) {
@@ -408,18 +395,6 @@ static void test_json_round_trip(void)
         }
 }
 
-/* Runs zplan, which must exit with 0 or 2 (does not fit), and parses its JSON. */
-static json_t *json_exit_0_or_2(const char *args)
-{
-    TuRun r = tu_zplan(args);
-    g_assert_true(WIFEXITED(r.status));
-    g_assert_true(WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 2);
-    json_t *root = json_loads(r.out, 0, NULL);
-    g_assert_nonnull(root);
-    tu_free(&r);
-    return root;
-}
-
 /* `memory`'s need for a mixture of experts is its schedule's allocator-reserved peak, as
  * `simulate` gives it, at EP 1, 2, 4 and stages 0-3 (Mixtral-8x7B, 16 H100s, s 512); its
  * model states (zp_ep's closed form) are the schedule's where DeepSpeed keeps the paper's
@@ -442,7 +417,7 @@ static void test_memory_consistency(void)
             const double states = json_number_value(json_object_get(
                 json_object_get(json_object_get(row, "model_states"), key), "total_bytes"));
             args = g_strdup_printf("simulate %s --ep %d --stage %d", common, ep, stage);
-            json_t *sim = json_exit_0_or_2(args);
+            json_t *sim = tu_zplan_json_fit_or_not(args);
             g_free(args);
             const double simulated = json_number_value(json_object_get(sim, "need_bytes"));
             const double sim_states =
@@ -577,7 +552,7 @@ static void test_blocks_not_inventory(void)
 static void test_selective_recompute(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     ZpPlan p;
     zp_plan_defaults(&p, 1, 4, 1);
     p.impl = ZP_IMPL_MEGATRON;
@@ -626,7 +601,7 @@ static void test_selective_recompute(void)
 static void test_expert_grad_reduction(void)
 {
     ZpModel m;
-    small_moe(&m);
+    tu_small_moe(&m);
     const struct {
         int impl, stage;
         gboolean overlap;

@@ -381,9 +381,7 @@ static void test_schedule_file(void)
      * default without --cluster is flash2) */
     char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 2 --micro-batch 4 "
                                  "--precision bf16 --attention eager --impl paper --out %s", sched);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     g_free(args);
     char *err = NULL;
     args = g_strdup_printf("--schedule %s --steps 3 --out %s", sched, meas);
@@ -400,9 +398,7 @@ static void test_schedule_file(void)
 
     args = g_strdup_printf("schedule --model gpt2-124m --gpus 1 --stage 0 --micro-batch 1 "
                            "--precision bf16 --impl paper --out %s", sched);
-    r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     g_free(args);
     args = g_strdup_printf("--schedule %s --steps 1", sched);
     g_assert_false(g_spawn_check_wait_status(mpirun(1, args, &err), NULL));

@@ -18,8 +18,8 @@ static guint count(const char *text, const char *what)
 
 static void test_html_page(void)
 {
-    char *dir = g_dir_make_tmp("zplan-report-XXXXXX", NULL);
-    char *html = g_build_filename(dir, "step.html", NULL);
+    char *dir;
+    char *html = tu_tmp_file("report", "step.html", &dir);
     char *args = g_strdup_printf("report --model hf/llama-3-8b --cluster dgx-h100 --gpus 16 "
                                  "--stage 3 --micro-batch 1 --html %s", html);
     TuRun r = tu_zplan(args);
@@ -68,16 +68,15 @@ static void test_html_page(void)
         g_free(command), g_free(png);
     }
     g_free(chromium);
-    g_remove(html);
-    g_rmdir(dir);
-    g_free(args), g_free(html), g_free(dir);
+    tu_tmp_file_remove(html, dir);
+    g_free(args);
 }
 
 /* plan --html: the top plans side by side, a table row and a bar each, the verdict first. */
 static void test_plan_page(void)
 {
-    char *dir = g_dir_make_tmp("zplan-report-XXXXXX", NULL);
-    char *html = g_build_filename(dir, "plans.html", NULL);
+    char *dir;
+    char *html = tu_tmp_file("report", "plans.html", &dir);
     char *args = g_strdup_printf("plan --model hf/llama-3-70b --cluster dgx-h100 --gpus 64 "
                                  "--html %s", html);
     TuRun r = tu_zplan(args);
@@ -102,9 +101,8 @@ static void test_plan_page(void)
     g_free(last);
     g_assert_null(strstr(page, "<script"));
     g_free(page);
-    g_remove(html);
-    g_rmdir(dir);
-    g_free(args), g_free(html), g_free(dir);
+    tu_tmp_file_remove(html, dir);
+    g_free(args);
 }
 
 int main(int argc, char **argv)

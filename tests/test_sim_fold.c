@@ -51,12 +51,6 @@ static SimResult *run_fold(const ZpSchedule *s, SimOptions o, gboolean no_fold)
     return r;
 }
 
-static void assert_same_doubles(const double *a, const double *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        g_assert_cmpfloat(a[i], ==, b[i]);
-}
-
 /* Every figure of the result, bit for bit, and the timeline where one was kept. */
 static void assert_same_result(const SimResult *f, const SimResult *u)
 {
@@ -71,18 +65,8 @@ static void assert_same_result(const SimResult *f, const SimResult *u)
     assert_same_doubles(got, want, G_N_ELEMENTS(got));
     g_assert_cmpint(f->report_rank, ==, u->report_rank);
     g_assert_cmpint(f->stages, ==, u->stages);
-    assert_same_doubles(f->stream_busy_s, u->stream_busy_s, ZP_STREAM_N);
     assert_same_doubles(f->offload_bytes, u->offload_bytes, ZP_XFER_N);
-    assert_same_doubles(f->comm_bytes, u->comm_bytes, ZP_SCHED_MAX_GROUPS);
-    assert_same_doubles(f->peak_breakdown_bytes, u->peak_breakdown_bytes, ZP_MEM_N);
-    assert_same_doubles(f->category_peak_bytes, u->category_peak_bytes, ZP_MEM_N);
-    const size_t k = (size_t)u->stages;
-    assert_same_doubles(f->stage_peak_bytes, u->stage_peak_bytes, k);
-    assert_same_doubles(f->stage_compute_s, u->stage_compute_s, k);
-    assert_same_doubles(f->stage_bubble_s, u->stage_bubble_s, k);
-    assert_same_doubles(f->stage_comm_bytes, u->stage_comm_bytes, k * ZP_GROUP_N);
-    assert_same_doubles(f->stage_category_peak_bytes, u->stage_category_peak_bytes,
-                        k * ZP_MEM_N);
+    assert_same_breakdowns(f, u);
     /* The event counts too: the fold adds each skipped period's. */
     g_assert_cmpuint(f->op_events, ==, u->op_events);
     g_assert_cmpuint(f->heap_events, ==, u->heap_events);

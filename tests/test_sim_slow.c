@@ -186,12 +186,6 @@ static SimResult *run_class_case(const ZpSchedule *s, const ClassCase *c, SimMod
     return run_slowed(s, (SimOptions){.mode = mode}, &c->rank, &c->node);
 }
 
-static void assert_same_doubles(const double *a, const double *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        g_assert_cmpfloat(a[i], ==, b[i]);
-}
-
 static gboolean same_timeline(const SimResult *a, int ra, const SimResult *b, int rb)
 {
     const size_t n = a->n_ops, bytes = n * sizeof(double);
@@ -236,17 +230,7 @@ static void assert_same_step(const SimResult *all, const SimResult *c)
                            all->peak_memory_bytes, all->peak_model_state_bytes};
     assert_same_doubles(got, want, G_N_ELEMENTS(got));
     g_assert_cmpuint(c->first_rank[c->report_rank], ==, all->report_rank);
-    assert_same_doubles(c->stream_busy_s, all->stream_busy_s, ZP_STREAM_N);
-    assert_same_doubles(c->peak_breakdown_bytes, all->peak_breakdown_bytes, ZP_MEM_N);
-    assert_same_doubles(c->category_peak_bytes, all->category_peak_bytes, ZP_MEM_N);
-    assert_same_doubles(c->comm_bytes, all->comm_bytes, ZP_SCHED_MAX_GROUPS);
-    const size_t k = (size_t)all->stages;
-    assert_same_doubles(c->stage_peak_bytes, all->stage_peak_bytes, k);
-    assert_same_doubles(c->stage_compute_s, all->stage_compute_s, k);
-    assert_same_doubles(c->stage_bubble_s, all->stage_bubble_s, k);
-    assert_same_doubles(c->stage_comm_bytes, all->stage_comm_bytes, k * ZP_GROUP_N);
-    assert_same_doubles(c->stage_category_peak_bytes, all->stage_category_peak_bytes,
-                        k * ZP_MEM_N);
+    assert_same_breakdowns(c, all);
 }
 
 /* Folded with stragglers, the ranks the slowdowns set apart are simulated as rank classes;

@@ -4,19 +4,16 @@
  * idled all step). */
 #include "testutil.h"
 
-#include <glib/gstdio.h>
 #include <jansson.h>
 #include <string.h>
 
 static void test_modules_and_tracks(void)
 {
-    char *dir = g_dir_make_tmp("zplan-trace-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "t.json", NULL);
+    char *dir;
+    char *path = tu_tmp_file("trace", "t.json", &dir);
     char *args = g_strdup_printf("simulate --model gpt2-124m --cluster dgx-h100 --gpus 16 "
                                  "--stage 3 --micro-batch 1 --trace %s", path);
-    TuRun r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    tu_free(&r);
+    tu_zplan_ok(args);
     json_t *root = json_load_file(path, 0, NULL);
     g_assert_nonnull(root);
     json_t *events = json_object_get(root, "traceEvents");
@@ -50,9 +47,8 @@ static void test_modules_and_tracks(void)
     }
     g_assert_cmpuint(tracks, ==, 2); /* compute and dp-comm: no tp, pp, host or NVMe here */
     json_decref(root);
-    g_remove(path);
-    g_rmdir(dir);
-    g_free(args), g_free(path), g_free(dir);
+    tu_tmp_file_remove(path, dir);
+    g_free(args);
 }
 
 int main(int argc, char **argv)

@@ -2,6 +2,7 @@
  * their output captured; a failure to spawn at all fails the test on the spot. */
 #include "testutil.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -92,6 +93,52 @@ void *tu_zplan_json_exit(const char *args, int exit_status)
     g_assert_nonnull(root);
     tu_free(&r);
     return root;
+}
+
+void *tu_zplan_json_fit_or_not(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_test_message("zplan %s", args);
+    g_assert_true(WIFEXITED(r.status));
+    g_assert_true(WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 2);
+    json_t *root = json_loads(r.out, 0, NULL);
+    g_assert_nonnull(root);
+    tu_free(&r);
+    return root;
+}
+
+void tu_small_moe(ZpModel *m)
+{
+    memset(m, 0, sizeof *m);
+    g_strlcpy(m->name, "moe-2l", sizeof m->name);
+    m->layers = 2, m->hidden = 64, m->heads = 4, m->seq_len = 16, m->vocab = 128;
+    m->ffn_hidden = 32, m->mlp = ZP_MLP_SWIGLU, m->norm = ZP_NORM_RMSNORM;
+    m->no_bias = ZP_NO_BIAS_QKV | ZP_NO_BIAS_PROJ | ZP_NO_BIAS_MLP;
+    m->rope_theta = 10000, m->rotary_fraction = 1;
+    m->moe = (ZpMoe){.experts = 4, .top_k = 2, .expert_ffn = 32, .step = 1};
+}
+
+char *tu_tmp_file(const char *prefix, const char *name, char **dir)
+{
+    char *pattern = g_strdup_printf("zplan-%s-XXXXXX", prefix);
+    *dir = g_dir_make_tmp(pattern, NULL);
+    g_assert_nonnull(*dir);
+    g_free(pattern);
+    return g_build_filename(*dir, name, NULL);
+}
+
+void tu_tmp_file_remove(char *path, char *dir)
+{
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path), g_free(dir);
+}
+
+void tu_zplan_ok(const char *args)
+{
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
 }
 
 ZpModel tu_load_model(const char *name)

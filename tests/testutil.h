@@ -46,6 +46,22 @@ void *tu_zplan_json_exit(const char *args, int exit_status);
  * (`own`). */
 double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[ZP_MEM_N]);
 
+/* The same for a command that must exit with 0 or 2 (does not fit). */
+void *tu_zplan_json_fit_or_not(const char *args);
+
+/* A 2-layer mixture of experts small enough to count by hand (test_moe, test_moe_sched):
+ * h 64, 4 heads (MHA), SwiGLU, RMSNorm, no biases, an untied 128-word vocabulary, sequence
+ * 16; 4 experts of 32, top 2, both layers sparse. */
+void tu_small_moe(ZpModel *m);
+
+/* `name` in a fresh temporary folder (zplan-PREFIX-XXXXXX), its path returned and the folder
+ * in *dir; tu_tmp_file_remove removes both and frees both strings. */
+char *tu_tmp_file(const char *prefix, const char *name, char **dir);
+void tu_tmp_file_remove(char *path, char *dir);
+
+/* Runs build/zplan with `args`, which must succeed, and frees what it printed. */
+void tu_zplan_ok(const char *args);
+
 /* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
 ZpModel tu_load_model(const char *name);
 ZpHw tu_load_hw(const char *name);

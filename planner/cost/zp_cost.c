@@ -212,6 +212,7 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
     c->inventory = TRUE;
     c->inv = zp_inventory_for_plan(plan);
     zp_inventory_dims(model, plan, &c->dims);
+    c->dims.amp = c->inv->autocast;
     c->optimizer_elem_bytes =
         zp_plan_step_bytes(zp_plan_state_bytes(plan->precision, plan->optimizer));
     const double all = (double)zp_sched_optimizer_elems(model, plan);

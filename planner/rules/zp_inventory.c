@@ -73,6 +73,7 @@ void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan 
 {
     ZpInvDims d;
     zp_inventory_dims(model, plan, &d);
+    d.amp = inv->autocast;
     out->n = 0;
     switch (kind) {
     case ZP_COMP_EMBED_FWD:

@@ -51,6 +51,7 @@ typedef struct {
     gboolean fp16;    /* fp16 (a loss scale to undo), not bf16 or fp32 */
     gboolean fused;   /* the plan's attention is a fused kernel (FlashAttention and kin) */
     double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
+    gboolean amp;     /* torch.autocast over fp32 parameters: the inventory's own (autocast) */
 } ZpInvDims;
 
 void zp_inventory_dims(const ZpModel *model, const ZpPlan *plan, ZpInvDims *out);
@@ -68,6 +69,7 @@ typedef struct {
     void (*block_bwd)(const ZpInvDims *d, ZpInvList *out);
     void (*embed_bwd)(const ZpInvDims *d, ZpInvList *out);
     void (*optimizer)(const ZpInvDims *d, double elems, ZpInvList *out);
+    gboolean autocast; /* the model under torch.autocast (ZpInvDims.amp for its functions) */
 } ZpInventory;
 
 extern const ZpInventory zp_inventory_eager;
@@ -120,15 +122,15 @@ void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const ch
 void zp_inv_collective(ZpInvList *out, const char *name, double bytes, const char *source);
 
 /* PyTorch eager's block, head and embedding (zp_inventory_eager.c), for the inventories that run
- * the model as PyTorch does: `amp` is torch.autocast over fp32 parameters (Hugging Face's
+ * the model as PyTorch does, straight from their tables: d->amp is torch.autocast over fp32 parameters (Hugging Face's
  * Trainer, llm-foundry, torchtitan without compile: each GEMM casts its weight and fp32 input,
  * norms and softmax run in fp32, the residual stream stays fp32), else the module converted to
  * 16 bits (DeepSpeed's engine: every tensor in the working precision, no casts). */
-void zp_inventory_eager_embed_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
-void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
-void zp_inventory_eager_head(const ZpInvDims *d, gboolean amp, ZpInvList *out);
-void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
-void zp_inventory_eager_embed_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out);
+void zp_inventory_eager_embed_fwd(const ZpInvDims *d, ZpInvList *out);
+void zp_inventory_eager_block_fwd(const ZpInvDims *d, ZpInvList *out);
+void zp_inventory_eager_head(const ZpInvDims *d, ZpInvList *out);
+void zp_inventory_eager_block_bwd(const ZpInvDims *d, ZpInvList *out);
+void zp_inventory_eager_embed_bwd(const ZpInvDims *d, ZpInvList *out);
 
 /* Megatron's core attention forward (transformer/dot_product_attention.py, or the fused kernel
  * in its place): what a block's forward runs between linear_qkv and linear_proj, and all that

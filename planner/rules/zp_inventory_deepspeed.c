@@ -7,36 +7,6 @@
 #define FUSED_ADAM "deepspeed/ops/adam/fused_adam.py FusedAdam.step (multi_tensor_applier " \
                    "over csrc/adam/multi_tensor_adam.cu)"
 
-/* deepspeed/runtime/engine.py DeepSpeedEngine._configure_distributed_model casts the module's
- * parameters to the 16-bit dtype (module.half() or .bfloat16() up to v0.19.1,
- * _cast_module_mixed_precision since v0.19.2), so the model's kernels are eager's without
- * autocast. */
-static void embed_fwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_embed_fwd(d, FALSE, out);
-}
-
-static void block_fwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_block_fwd(d, FALSE, out);
-}
-
-static void head(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_head(d, FALSE, out);
-}
-
-static void block_bwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_block_bwd(d, FALSE, out);
-}
-
-static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_embed_bwd(d, FALSE, out);
-}
-
-
 /* The step over this rank's partition of n elements (stage_1_and_2.py step): the 16-bit
  * gradient partition widened to fp32 (single_partition_grad ... .to(fp32)), its norm
  * (get_grad_norm_direct), unscale_and_clip_grads (one multiply by the combined scale),
@@ -56,10 +26,15 @@ const ZpInventory zp_inventory_deepspeed = {
     .name = "deepspeed",
     .about = "DeepSpeed's engine: the Hugging Face model in 16 bits as PyTorch eager runs it, "
              "ZeRO's optimizer step with FusedAdam",
-    .embed_fwd = embed_fwd,
-    .block_fwd = block_fwd,
-    .head = head,
-    .block_bwd = block_bwd,
-    .embed_bwd = embed_bwd,
+    /* deepspeed/runtime/engine.py DeepSpeedEngine._configure_distributed_model casts the
+     * module's parameters to the 16-bit dtype (module.half() or .bfloat16() up to v0.19.1,
+     * _cast_module_mixed_precision since v0.19.2), so the model's kernels are eager's without
+     * autocast. */
+    .autocast = FALSE,
+    .embed_fwd = zp_inventory_eager_embed_fwd,
+    .block_fwd = zp_inventory_eager_block_fwd,
+    .head = zp_inventory_eager_head,
+    .block_bwd = zp_inventory_eager_block_bwd,
+    .embed_bwd = zp_inventory_eager_embed_bwd,
     .optimizer = optimizer,
 };

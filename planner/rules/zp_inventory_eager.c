@@ -44,9 +44,9 @@ typedef struct {
     gboolean casts; /* autocast casts each GEMM's fp32 operands */
 } Sizes;
 
-static Sizes sizes(const ZpInvDims *d, gboolean amp)
+static Sizes sizes(const ZpInvDims *d)
 {
-    const gboolean casts = amp && d->e < 4;
+    const gboolean casts = d->amp && d->e < 4;
     return (Sizes){.e = d->e, .r = casts ? 4 : d->e, .w = casts ? 4 : d->e, .casts = casts};
 }
 
@@ -300,9 +300,9 @@ static void act_bwd(ZpInvList *out, const ZpInvDims *d, double e)
 
 /* ---- the block ---- */
 
-void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out)
+void zp_inventory_eager_block_fwd(const ZpInvDims *d, ZpInvList *out)
 {
-    const Sizes z = sizes(d, amp);
+    const Sizes z = sizes(d);
     const double t = d->t, h = d->h, th = t * h, ha = d->heads * d->hd;
     const char *lin = d->rms ? LINEAR : ADDMM;
     norm_fwd(out, d, &z, "ln_1");
@@ -334,9 +334,9 @@ void zp_inventory_eager_block_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
                                     : GPT2 "GPT2Block.forward");
 }
 
-void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out)
+void zp_inventory_eager_block_bwd(const ZpInvDims *d, ZpInvList *out)
 {
-    const Sizes z = sizes(d, amp);
+    const Sizes z = sizes(d);
     const double t = d->t, h = d->h, th = t * h, ha = d->heads * d->hd;
     if (d->dropout && !d->rms)
         dropout_bwd(out, "mlp_dropout_bwd", th, z.e);
@@ -374,9 +374,9 @@ void zp_inventory_eager_block_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *o
 
 #define LOSS "transformers src/transformers/loss/loss_utils.py ForCausalLMLoss"
 
-void zp_inventory_eager_head(const ZpInvDims *d, gboolean amp, ZpInvList *out)
+void zp_inventory_eager_head(const ZpInvDims *d, ZpInvList *out)
 {
-    const Sizes z = sizes(d, amp);
+    const Sizes z = sizes(d);
     const double t = d->t, tv = d->t * d->v;
     norm_fwd(out, d, &z, "ln_f");
     linear_fwd(out, &z, "lm_head", t, d->v, d->h, FALSE, TRUE, LINEAR);
@@ -394,9 +394,9 @@ void zp_inventory_eager_head(const ZpInvDims *d, gboolean amp, ZpInvList *out)
 /* ---- embeddings: token (and learned position) rows, their sum, dropout; backward the rows'
  * gradients summed by embedding_dense_backward, and a tied table's two gradients added ---- */
 
-void zp_inventory_eager_embed_fwd(const ZpInvDims *d, gboolean amp, ZpInvList *out)
+void zp_inventory_eager_embed_fwd(const ZpInvDims *d, ZpInvList *out)
 {
-    const Sizes z = sizes(d, amp);
+    const Sizes z = sizes(d);
     const double th = d->t * d->h;
     zp_inv_mem(out, "wte", th * z.w + 8 * d->t, th * z.w, EMB);
     if (d->learned) {
@@ -418,9 +418,9 @@ static void table_grad(ZpInvList *out, double rows, double th, double t, const S
     zp_inv_mem(out, name, th * z->r + 8 * t, th * z->w, EMB_BWD); /* sum each row's tokens */
 }
 
-void zp_inventory_eager_embed_bwd(const ZpInvDims *d, gboolean amp, ZpInvList *out)
+void zp_inventory_eager_embed_bwd(const ZpInvDims *d, ZpInvList *out)
 {
-    const Sizes z = sizes(d, amp);
+    const Sizes z = sizes(d);
     const double th = d->t * d->h, vh = d->v * d->h;
     if (d->dropout && !d->rms)
         dropout_bwd(out, "embd_dropout_bwd", th, z.w);
@@ -460,41 +460,16 @@ static void optimizer(const ZpInvDims *d, double elems, ZpInvList *out)
     adamw(d, elems, out);
 }
 
-static void embed_fwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_embed_fwd(d, TRUE, out);
-}
-
-static void block_fwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_block_fwd(d, TRUE, out);
-}
-
-static void head(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_head(d, TRUE, out);
-}
-
-static void block_bwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_block_bwd(d, TRUE, out);
-}
-
-static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
-{
-    zp_inventory_eager_embed_bwd(d, TRUE, out);
-}
-
-
 const ZpInventory zp_inventory_eager = {
     .name = "eager",
     .about = "PyTorch eager under torch.autocast over fp32 parameters, as Hugging Face's "
              "Trainer, llm-foundry and torchtitan without compile run a GPT-2 or Llama model, "
              "with torch.optim.AdamW (foreach)",
-    .embed_fwd = embed_fwd,
-    .block_fwd = block_fwd,
-    .head = head,
-    .block_bwd = block_bwd,
-    .embed_bwd = embed_bwd,
+    .autocast = TRUE,
+    .embed_fwd = zp_inventory_eager_embed_fwd,
+    .block_fwd = zp_inventory_eager_block_fwd,
+    .head = zp_inventory_eager_head,
+    .block_bwd = zp_inventory_eager_block_bwd,
+    .embed_bwd = zp_inventory_eager_embed_bwd,
     .optimizer = optimizer,
 };

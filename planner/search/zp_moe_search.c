@@ -244,13 +244,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
                 !zp_impl_get(spec->impl)->has_stage(stage))
                 continue;
             ZpPlan base;
-            zp_plan_defaults(&base, stage, dp, mp);
-            base.precision = spec->precision;
-            base.optimizer = spec->optimizer;
-            base.attention = spec->attention;
-            base.reduce_dtype = spec->reduce_dtype;
-            base.impl = spec->impl;
-            g_strlcpy(base.kernels, spec->kernels, sizeof base.kernels);
+            zp_search_plan_base(spec, stage, dp, mp, &base);
             base.gpus_per_node = node;
             base.pipe = pipe;
             base.experts = (ZpExpertConfig){ep, capacity_factor, skew};

@@ -69,6 +69,17 @@ const char *zp_search_fate_name(ZpFate fate)
     return fate_names[fate];
 }
 
+void zp_search_plan_base(const ZpSearchSpec *spec, int stage, int dp, int mp, ZpPlan *plan)
+{
+    zp_plan_defaults(plan, stage, dp, mp);
+    plan->precision = spec->precision;
+    plan->optimizer = spec->optimizer;
+    plan->attention = spec->attention;
+    plan->reduce_dtype = spec->reduce_dtype;
+    plan->impl = spec->impl;
+    g_strlcpy(plan->kernels, spec->kernels, sizeof plan->kernels);
+}
+
 void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpHw *hw, int gpus)
 {
     *spec = (ZpSearchSpec){.model = model, .hw = hw, .gpus = gpus, .stage = -1,
@@ -269,17 +280,11 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 if (choice == 0)
                     memset(at_default, 0xff, sizeof at_default);
                 ZpPlan plan;
-                zp_plan_defaults(&plan, stage, spec->gpus / (mp * P), mp);
+                zp_search_plan_base(spec, stage, spec->gpus / (mp * P), mp, &plan);
                 plan.pipe = pipe;
                 plan.micro_batch = micro;
                 plan.grad_accum = accum;
                 zp_plan_set_recompute(&plan, (ZpRecompute)recompute);
-                plan.precision = spec->precision;
-                plan.optimizer = spec->optimizer;
-                plan.attention = spec->attention;
-                plan.reduce_dtype = spec->reduce_dtype;
-                plan.impl = spec->impl;
-                g_strlcpy(plan.kernels, spec->kernels, sizeof plan.kernels);
                 plan.zero.offload_optimizer.device = spec->offload_optimizer;
                 plan.zero.offload_param.device = spec->offload_param;
                 plan.gpus_per_node = spec->hw->gpus_per_node; /* ZeRO++'s node groups */

@@ -83,6 +83,11 @@ typedef struct {
  * (and rank_ctx) must still be set. */
 void zp_search_spec_defaults(ZpSearchSpec *spec, const ZpModel *model, const ZpHw *hw, int gpus);
 
+/* A candidate's base: the defaults at `stage`, dp and mp with the spec's precision, optimizer,
+ * attention, gradient-reduction dtype, implementation and kernel source, which every search
+ * (dense and MoE) carries into each plan it tries. */
+void zp_search_plan_base(const ZpSearchSpec *spec, int stage, int dp, int mp, ZpPlan *plan);
+
 typedef enum {
     ZP_FATE_OUT_OF_MEMORY, /* the closed form says it does not fit */
     ZP_FATE_CANNOT_WIN,    /* fits, but its time bound is no better than simulated plans */
