@@ -374,6 +374,8 @@ SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptio
     o.timeline_ranks = &rank_0;
     o.n_timeline_ranks = 1;
     o.timeline_every_rank_upto = trace ? SIM_TRACE_ALL_RANKS : 0;
+    /* JSON: the reported rank's, whoever it is, where the stages' units share few rows. */
+    o.timeline_report_rank = !trace;
     if (options->progress) {
         o.progress = pass_progress;
         o.progress_ctx = &halves;
