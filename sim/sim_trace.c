@@ -376,7 +376,9 @@ SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptio
     o.timeline_every_rank_upto = trace ? SIM_TRACE_ALL_RANKS : 0;
     /* JSON: the reported rank's, whoever it is, where the stages' units share few rows. */
     o.timeline_report_rank = !trace;
-    if (options->progress) {
+    /* Halves where a second pass is likely (a trace's ranks); without a trace one pass
+     * mostly does (timeline_report_rank), and a second one, past its bound, counts again. */
+    if (options->progress && trace) {
         o.progress = pass_progress;
         o.progress_ctx = &halves;
     }
