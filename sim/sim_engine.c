@@ -931,6 +931,11 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     }
     if (ok && !result->stopped) {
         sim_breakdown_fill(&sim, result);
+        if (sim.timeline_shared) { /* the reported rank's row alone */
+            sim.timeline_ranks = g_new(uint32_t, 1);
+            sim.timeline_ranks[0] = (uint32_t)result->report_rank;
+            sim.n_timeline_ranks = 1;
+        }
         if (sim.timeline_row)
             sim_ranks_gather_timeline(&sim);
         if (sim.weight)

@@ -21,6 +21,10 @@ typedef struct {
     double factor; /* >= 1 */
 } SimSlow;
 
+/* Rows a reported rank's timeline (SimOptions.timeline_report_rank) may take: each n_ops
+ * wide, as the one row of each of the two runs it saves. */
+#define SIM_REPORT_ROWS_MAX 4
+
 typedef struct SimOptions {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
@@ -32,6 +36,13 @@ typedef struct SimOptions {
     const uint32_t *timeline_ranks;
     uint32_t n_timeline_ranks;
     uint32_t timeline_every_rank_upto;
+    /* Without record_timeline: keep the reported rank's timeline, whichever rank finishes
+     * last, in one run (what `--json` reads, known only at the end). A unit writes the cells
+     * of its own stage's ops only, so units of different stages share a row and the rows are
+     * the most units one stage has; past SIM_REPORT_ROWS_MAX of them, timeline_ranks' are
+     * kept instead (sim_trace_run then runs again). The result's timeline_ranks is then the
+     * reported rank alone. */
+    gboolean timeline_report_rank;
     ZpProgressFn progress;    /* NULL, or told the share of ops done now and then */
     void *progress_ctx;
     /* Stragglers: a slow rank's compute ops take factor times as long; a slow node's network

@@ -297,6 +297,9 @@ typedef struct {
     uint32_t *timeline_row;
     uint32_t *timeline_ranks;
     uint32_t n_timeline_ranks;
+    /* SimOptions.timeline_report_rank: units of different stages share timeline rows, so a
+     * row holds the cells of a unit's own stage's ops alone. */
+    gboolean timeline_shared;
     double *compute_scale; /* [rank]: slow ranks' factor, 1 elsewhere; NULL if none is slow */
     ZpCost cost;           /* how compute ops are costed (zp_cost), and their contention */
     double contention;     /* compute slows this many times while a collective runs (>= 1) */

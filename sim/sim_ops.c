@@ -88,19 +88,13 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
     return TRUE;
 }
 
-/* Each op's dependents, counted and placed through a cursor per op apart from the 64-byte
- * SimOps, four bytes each: the scattered increments stay in cache (a 32,000-layer model's
- * 2.1 million ops spent a sixth of sim_ops_build on them). */
-static void build_dependents(Sim *sim)
+/* Each op's dependents, counted (in `cursor`, by sim_ops_build's pass over the ops) and
+ * placed through a cursor per op apart from the 64-byte SimOps, four bytes each: the
+ * scattered increments stay in cache (a 32,000-layer model's 2.1 million ops spent a sixth of
+ * sim_ops_build on them). Frees cursor. */
+static void build_dependents(Sim *sim, uint32_t *cursor)
 {
     const ZpSchedule *s = sim->sched;
-    uint32_t *cursor = g_new0(uint32_t, MAX(sim->n_ops, 1));
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        const uint32_t *deps = zp_sched_deps(s, op);
-        for (uint32_t d = 0; d < op->n_deps; d++)
-            cursor[deps[d]]++;
-    }
     uint32_t offset = 0;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const uint32_t count = cursor[i];
@@ -161,8 +155,11 @@ static void split_ready_dependents(Sim *sim)
 }
 
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
- * class's stream, SimOp.stream_next the op after it there. */
-static void build_streams(Sim *sim)
+ * class's stream, SimOp.stream_next the op after it there. streams_begin allocates them and
+ * returns each list's last op so far; stream_link appends op i, in op order, in sim_ops_build's
+ * one pass over the ops (each pass over a million ops' SimOps and ZpOps, 59 MB and more, is
+ * memory-bound). */
+static uint32_t *streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
     uint32_t *last = g_new(uint32_t, lists);
@@ -172,21 +169,23 @@ static void build_streams(Sim *sim)
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
         sim->stream_first[l] = last[l] = NO_OP;
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        SimOp *o = &sim->ops[i];
-        sim->class_ops[o->stage]++;
-        o->stream_next = NO_OP;
-        if (!op_on_stream(o))
-            continue;
-        const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
-        sim->stream_pos[i] = sim->stream_len[l]++;
-        if (last[l] == NO_OP)
-            sim->stream_first[l] = i;
-        else
-            sim->ops[last[l]].stream_next = i;
-        last[l] = i;
-    }
-    g_free(last);
+    return last;
+}
+
+static void stream_link(Sim *sim, uint32_t *last, uint32_t i)
+{
+    SimOp *o = &sim->ops[i];
+    sim->class_ops[o->stage]++;
+    o->stream_next = NO_OP;
+    if (!op_on_stream(o))
+        return;
+    const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
+    sim->stream_pos[i] = sim->stream_len[l]++;
+    if (last[l] == NO_OP)
+        sim->stream_first[l] = i;
+    else
+        sim->ops[last[l]].stream_next = i;
+    last[l] = i;
 }
 
 /* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
@@ -246,12 +245,19 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         g_strlcpy(result->collective_model, "in line with compute, one op of a rank at a time "
                   "(the profile's op table was measured on zreal's cpu backend)",
                   sizeof result->collective_model);
+    uint32_t *last_on_stream = streams_begin(sim);
+    uint32_t *dependents = g_new0(uint32_t, MAX(sim->n_ops, 1)); /* counted here */
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, sim->n_groups, i, error)) {
             g_free(stage_flops);
+            g_free(last_on_stream);
+            g_free(dependents);
             return FALSE;
         }
         const ZpOp *op = zp_sched_op(s, i);
+        const uint32_t *deps = zp_sched_deps(s, op);
+        for (uint32_t d = 0; d < op->n_deps; d++) /* check_op: each in range */
+            dependents[deps[d]]++;
         SimOp *o = &sim->ops[i];
         /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
          * stays on its own (it is posted, and the stage goes on). */
@@ -270,6 +276,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
                                        error)) {
                 g_free(stage_flops);
+                g_free(last_on_stream);
+                g_free(dependents);
                 return FALSE;
             }
         } else if (op->kind == ZP_OP_COMPUTE) {
@@ -307,7 +315,9 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
+        stream_link(sim, last_on_stream, i);
     }
+    g_free(last_on_stream);
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
         for (int k = 0; k < ZP_COLL_N; k++)
@@ -333,8 +343,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
-    build_dependents(sim);
+    build_dependents(sim, dependents);
     split_ready_dependents(sim);
-    build_streams(sim);
     return TRUE;
 }

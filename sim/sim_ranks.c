@@ -110,15 +110,42 @@ static uint32_t plan_timeline_rows(Sim *sim, const SimOptions *o)
     return rows;
 }
 
+/* The reported rank's timeline, whichever unit's it turns out to be
+ * (SimOptions.timeline_report_rank): a unit runs, and writes the cells of, its own stage's
+ * ops only (stage_of), so the k-th unit of each stage takes row k, shared with the others'
+ * k-th. Returns the rows, the most units of one stage; 0 (no rows planned) past
+ * SIM_REPORT_ROWS_MAX. */
+static uint32_t plan_shared_rows(Sim *sim)
+{
+    uint32_t rows = 0;
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        rows = MAX(rows, sim->stage_ranks[k]);
+    if (rows == 0 || rows > SIM_REPORT_ROWS_MAX)
+        return 0;
+    uint32_t *taken = g_new0(uint32_t, sim->sim_pp);
+    sim->timeline_row = g_new(uint32_t, MAX(sim->ranks, 1));
+    for (uint32_t u = 0; u < sim->ranks; u++)
+        sim->timeline_row[u] = taken[sim->stage_of[u]]++;
+    g_free(taken);
+    sim->timeline_shared = TRUE;
+    return rows;
+}
+
 gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **error)
 {
-    const gboolean timeline = options->record_timeline || options->timeline_ranks;
+    const uint32_t shared = options->timeline_report_rank && !options->record_timeline
+                                ? plan_shared_rows(sim)
+                                : 0;
+    const gboolean timeline = options->record_timeline || options->timeline_ranks || shared;
     /* The timeline has a row per rank reported (blocks fill their unit's,
-     * sim_ranks_expand_blocks the rest), or one per unit stepping a rank asked for. */
-    const gboolean some = !options->record_timeline && options->timeline_ranks &&
+     * sim_ranks_expand_blocks the rest), or one per unit stepping a rank asked for, or rows
+     * shared by the stages' units. */
+    const gboolean some = !shared && !options->record_timeline && options->timeline_ranks &&
                           ranks_reported(sim) > options->timeline_every_rank_upto;
-    const size_t per_op =
-        (size_t)(some ? plan_timeline_rows(sim, options) : ranks_reported(sim)) * sim->n_ops;
+    const size_t per_op = (size_t)(shared ? shared
+                                   : some ? plan_timeline_rows(sim, options)
+                                          : ranks_reported(sim)) *
+                          sim->n_ops;
     /* Said before it is taken: g_try_new succeeds past the machine's memory where the kernel
      * overcommits, and the pages fault in later, or the OOM killer ends the process. */
     const double per_rank = sizeof(StreamState) + SIM_LINK_N * sizeof(uint16_t) +
@@ -567,10 +594,20 @@ void sim_ranks_gather_timeline(Sim *sim)
         uint32_t k;
         const uint32_t u = unit_of(sim, sim->timeline_ranks[j], &k);
         const size_t from = (size_t)sim->timeline_row[u] * n;
-        memcpy(&start[j * n], &sim->op_start_s[from], n * sizeof *start);
-        memcpy(&end[j * n], &sim->op_end_s[from], n * sizeof *end);
-        memcpy(&ready[j * n], &sim->op_ready_s[from], n * sizeof *ready);
-        memcpy(&last[j * n], &sim->op_last_rank[from], n * sizeof *last);
+        if (sim->timeline_shared) { /* the unit's own stage's cells; the others' stay 0 */
+            for (uint32_t i = 0; i < sim->n_ops; i++)
+                if (sim->ops[i].stage == sim->stage_of[u]) {
+                    start[j * n + i] = sim->op_start_s[from + i];
+                    end[j * n + i] = sim->op_end_s[from + i];
+                    ready[j * n + i] = sim->op_ready_s[from + i];
+                    last[j * n + i] = sim->op_last_rank[from + i];
+                }
+        } else {
+            memcpy(&start[j * n], &sim->op_start_s[from], n * sizeof *start);
+            memcpy(&end[j * n], &sim->op_end_s[from], n * sizeof *end);
+            memcpy(&ready[j * n], &sim->op_ready_s[from], n * sizeof *ready);
+            memcpy(&last[j * n], &sim->op_last_rank[from], n * sizeof *last);
+        }
         for (uint32_t i = 0; k > 0 && i < sim->n_ops; i++)
             if (sim->ops[i].kind == ZP_OP_COLLECTIVE && sim->per_row[sim->ops[i].group] &&
                 sim->ops[i].stage == sim->stage_of[u])

@@ -374,7 +374,11 @@ SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptio
     o.timeline_ranks = &rank_0;
     o.n_timeline_ranks = 1;
     o.timeline_every_rank_upto = trace ? SIM_TRACE_ALL_RANKS : 0;
-    if (options->progress) {
+    /* JSON: the reported rank's, whoever it is, where the stages' units share few rows. */
+    o.timeline_report_rank = !trace;
+    /* Halves where a second pass is likely (a trace's ranks); without a trace one pass
+     * mostly does (timeline_report_rank), and a second one, past its bound, counts again. */
+    if (options->progress && trace) {
         o.progress = pass_progress;
         o.progress_ctx = &halves;
     }

@@ -24,9 +24,11 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
                          ZpProgressFn progress, void *progress_ctx, GError **error);
 
 /* Runs sim_engine_run keeping only the timelines that are read: the reported rank's (for
- * `--json`'s op times), and with `trace` those sim_trace_write writes. A first pass keeps rank
- * 0's (every rank's, up to SIM_TRACE_ALL_RANKS, with `trace`); where the ranks wanted are known
- * only from it (the last to finish, the one rank 0 waited for), a second pass keeps theirs.
+ * `--json`'s op times), and with `trace` those sim_trace_write writes. Without `trace`, one
+ * pass keeps the reported rank's where the stages' units share few rows
+ * (SimOptions.timeline_report_rank), else rank 0's. With `trace`, a first pass keeps rank 0's
+ * (every rank's, up to SIM_TRACE_ALL_RANKS). Where the ranks wanted are known only from the
+ * first pass (the last to finish, the one rank 0 waited for), a second pass keeps theirs.
  * Memory is then a few ranks x ops, not ranks x ops; the result is the full run's. */
 SimResult *sim_trace_run(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
                          gboolean trace, GError **error);

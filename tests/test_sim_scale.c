@@ -132,6 +132,76 @@ static void test_trace_bounded(void)
     }
 }
 
+/* A pipeline of `pp` stages of a 64-block GPT (hidden 1024, vocab 32000), 1F1B, `accum`
+ * micro-batches: Megatron 1T's shape (pp 64, 512 micro-batches) made small. */
+static ZpSchedule *pipeline_schedule(int pp, int dp, int mp, int accum)
+{
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "scale-pipe", "layers", 64,
+                          "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", 32000);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(o, "scale-pipe", &m, &error));
+    json_decref(o);
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, dp, mp);
+    p.pipe.stages = pp;
+    p.pipe.schedule = ZP_PIPE_1F1B;
+    p.grad_accum = accum;
+    p.checkpoint = TRUE;
+    p.gpus_per_node = a100.gpus_per_node;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+/* `--json` on pipelines keeps the reported rank's timeline in one run, whichever rank that
+ * is (SimOptions.timeline_report_rank: the stages' units share rows): the last stage's rank
+ * here, not rank 0, and its row bit for bit the one of the run keeping every rank's. Folded
+ * (one unit a stage, the fold jumping), explicit (tp 2 x dp 2: a stage's units share none),
+ * and with a straggler (a stage of two rank classes). */
+static void test_json_report_rank(void)
+{
+    const struct {
+        int pp, dp, mp, accum;
+        SimMode mode;
+        uint32_t slow_rank;
+    } cases[] = {{32, 1, 1, 64, SIM_MODE_FOLDED, UINT32_MAX},
+                 {4, 2, 2, 16, SIM_MODE_EXPLICIT, UINT32_MAX},
+                 {4, 2, 2, 16, SIM_MODE_FOLDED, 5}};
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        ZpSchedule *s = pipeline_schedule(cases[k].pp, cases[k].dp, cases[k].mp, cases[k].accum);
+        const SimSlow slow = {.index = cases[k].slow_rank, .factor = 1.5};
+        SimOptions options = {.mode = cases[k].mode,
+                              .slow_ranks = &slow,
+                              .n_slow_ranks = cases[k].slow_rank != UINT32_MAX};
+        GError *error = NULL;
+        SimResult *bare = sim_engine_run(s, &a100, &options, &error);
+        g_assert_no_error(error);
+        options.timeline_report_rank = TRUE;
+        SimResult *kept = sim_engine_run(s, &a100, &options, &error);
+        g_assert_no_error(error);
+        options.timeline_report_rank = FALSE;
+        options.record_timeline = TRUE;
+        SimResult *full = sim_engine_run(s, &a100, &options, &error);
+        g_assert_no_error(error);
+        g_test_message("pp %d %s: %d ranks, report rank %d, %u micro-steps folded",
+                       cases[k].pp, sim_mode_name(cases[k].mode), full->ranks_simulated,
+                       full->report_rank, kept->fold_micro_steps);
+        g_assert_cmpint(full->report_rank, !=, 0);
+        assert_same_figures(full, kept);
+        g_assert_cmpuint(kept->n_timeline_ranks, ==, 1);
+        g_assert_cmpuint(kept->timeline_ranks[0], ==, (uint32_t)full->report_rank);
+        assert_same_row(full, kept, (uint32_t)full->report_rank);
+        /* A row per unit of a stage, each n_ops wide: not a row per stage. */
+        g_assert_cmpuint(kept->state_bytes, <=,
+                         bare->state_bytes + SIM_REPORT_ROWS_MAX * (size_t)s->ops->len * 28);
+        sim_result_free(bare);
+        sim_result_free(kept);
+        sim_result_free(full);
+        zp_sched_free(s);
+    }
+}
+
 /* The memory kept: 4,096 explicit ranks of gpt2-124m keep a handful of rows, not 4,096. */
 static void test_state_bounded(void)
 {
@@ -183,6 +253,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     sim_common_init();
     g_test_add_func("/sim/scale/json-timeline", test_json_timeline);
+    g_test_add_func("/sim/scale/json-report-rank", test_json_report_rank);
     g_test_add_func("/sim/scale/trace-bounded", test_trace_bounded);
     g_test_add_func("/sim/scale/state-bounded", test_state_bounded);
     g_test_add_func("/sim/scale/folded-memory-unlogged", test_folded_memory_unlogged);
