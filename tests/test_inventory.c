@@ -186,6 +186,70 @@ static void test_sources_and_optimizer(void)
     g_assert_cmpfloat(zp_inv_multi_tensor_launches(320.0 * 65536 + 1), ==, 2);
 }
 
+/* Megatron-LM without an fp32 main_grad (--no-main-grad: the 2021 code of the SC21 runs, torch
+ * DDP or local DDP without contiguous buffers): GPT-2's block of 3,072 weights (qkv 16 x 48,
+ * proj 16 x 16, fc1 16 x 64, fc2 64 x 16) in fp16 gets a grad_accumulate kernel per weight
+ * (read 2 e, write e) on 3 of 4 micro-steps: 3/4 x 6 x 3,072 = 13,824 bytes more in its
+ * backward, none with one micro-step; its weight-gradient GEMMs write 2 bytes an element, not
+ * the fused fp32 main_grad's 8 (read and written). The embedding's 640 table elements
+ * (32 + 8 rows of 16) lose the DDP hook's main_grad add (10 bytes an element) and gain the
+ * accumulation (4.5): 3,520 bytes fewer. The optimizer copies .grad to fp32 (2 + 4 bytes) and
+ * zeroes no buffer (4): fp16's 50 bytes an element become 52. Another inventory refuses it. */
+static void test_megatron_no_main_grad(void)
+{
+    const ZpModel m = model_from(gpt2_json);
+    ZpPlan p = plan_for(2, 1);
+    p.precision = ZP_PREC_FP16;
+    p.grad_accum = 4;
+    const ZpInventory *mg = &zp_inventory_megatron;
+    const ZpInvTotals bwd = totals(mg, &m, &p, ZP_COMP_BLOCK_BWD);
+    const ZpInvTotals emb = totals(mg, &m, &p, ZP_COMP_EMBED_BWD);
+    ZpInvList list;
+    zp_inventory_op(mg, &m, &p, ZP_COMP_OPTIMIZER, 1000, &list);
+    ZpInvTotals opt;
+    zp_inventory_totals(&list, &opt);
+    p.no_main_grad = TRUE;
+    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes - bwd.memory_bytes, ==,
+                      13824);
+    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==, bwd.gemm_flops);
+    g_assert_cmpfloat(emb.memory_bytes - totals(mg, &m, &p, ZP_COMP_EMBED_BWD).memory_bytes, ==,
+                      3520);
+    zp_inventory_op(mg, &m, &p, ZP_COMP_OPTIMIZER, 1000, &list);
+    ZpInvTotals opt2;
+    zp_inventory_totals(&list, &opt2);
+    g_assert_cmpfloat(opt.memory_bytes, ==, 50 * 1000);
+    g_assert_cmpfloat(opt2.memory_bytes, ==, 52 * 1000);
+    for (int no_main = 0; no_main < 2; no_main++) { /* GEMMs writing an fp32 main_grad */
+        p.no_main_grad = no_main;
+        zp_inventory_op(mg, &m, &p, ZP_COMP_BLOCK_BWD, 0, &list);
+        int fused = 0;
+        for (int j = 0; j < list.n; j++)
+            fused += list.k[j].cls == ZP_KCLASS_GEMM && list.k[j].batch == 1 &&
+                     list.k[j].write_bytes == 8 * list.k[j].m * list.k[j].n;
+        g_assert_cmpint(fused, ==, no_main ? 0 : 4);
+    }
+    p.grad_accum = 1;
+    p.no_main_grad = FALSE;
+    const double one = totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes;
+    p.no_main_grad = TRUE;
+    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes, ==, one);
+    /* the plan's JSON keeps it */
+    json_t *j = zp_plan_to_json(&p);
+    g_assert_true(json_is_false(json_object_get(j, "main_grad")));
+    ZpPlan back;
+    GError *error = NULL;
+    g_assert_true(zp_plan_from_json(j, "test", &back, &error));
+    g_assert_no_error(error);
+    g_assert_true(back.no_main_grad);
+    json_decref(j);
+    TuRun r = tu_zplan("simulate --model gpt2-124m --cluster dgx-a100-80g --gpus 8 --stage 1 "
+                       "--micro-batch 4 --no-main-grad");
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_cmpstr(r.err, ==, "zplan simulate: main_grad: Megatron-LM's (--impl megatron or "
+                               "--kernels megatron)\n");
+    tu_free(&r);
+}
+
 /* --kernels NAME selects one, an unknown one is refused listing the names, and the default
  * follows --impl (DeepSpeed's; FSDP and the paper run the model as PyTorch eager does). */
 static void test_selection(void)
@@ -370,6 +434,7 @@ int main(int argc, char **argv)
     g_test_add_func("/inventory/gpt2-block-flops", test_gpt2_block_flops);
     g_test_add_func("/inventory/flops-equal-model", test_flops_equal_model);
     g_test_add_func("/inventory/sources-and-optimizer", test_sources_and_optimizer);
+    g_test_add_func("/inventory/megatron-no-main-grad", test_megatron_no_main_grad);
     g_test_add_func("/inventory/selection", test_selection);
     g_test_add_func("/inventory/cli", test_cli);
     g_test_add_func("/inventory/plan-sweep-kernels", test_plan_sweep_kernels);

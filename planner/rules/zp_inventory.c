@@ -40,6 +40,8 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->dropout = m->dropout;
     d->fp16 = p->precision == ZP_PREC_FP16;
     d->fused = zp_attention_fused(p->attention);
+    d->main_grad = !p->no_main_grad;
+    d->accum_share = p->grad_accum > 1 ? (double)(p->grad_accum - 1) / p->grad_accum : 0.0;
     d->attention_share = d->fused ? zp_model_attention_share(m) : 1.0;
 }
 

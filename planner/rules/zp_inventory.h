@@ -50,6 +50,9 @@ typedef struct {
     gboolean gated, rms, bias_qkv, bias_proj, bias_mlp, learned, rope, tied, dropout;
     gboolean fp16;    /* fp16 (a loss scale to undo), not bf16 or fp32 */
     gboolean fused;   /* the plan's attention is a fused kernel (FlashAttention and kin) */
+    gboolean main_grad; /* gradients accumulate in an fp32 main_grad (plan: unless no_main_grad) */
+    double accum_share; /* of the micro-steps that add a gradient into an existing one:
+                         * (grad_accum - 1) / grad_accum (the first assigns it) */
     double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
     gboolean amp;     /* torch.autocast over fp32 parameters: the inventory's own (autocast) */
 } ZpInvDims;

@@ -34,6 +34,12 @@
 #define HOOK MC "distributed/distributed_data_parallel.py _make_backward_post_hook " \
                 "(param.main_grad.add_(param.grad))"
 #define OPT MC "optimizer/optimizer.py MixedPrecisionOptimizer.step"
+#define ACCUM_GRAD "torch/csrc/autograd/functions/accumulate_grad.h AccumulateGrad::" \
+                   "accumulateGrad (variable_grad += new_grad; Megatron-LM de7dc40f " \
+                   "megatron/mpu/layers.py F.linear, no main_grad)"
+#define OPT_2021 "Megatron-LM de7dc40f megatron/optimizer/optimizer.py " \
+                 "Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads " \
+                 "(main_param.grad = model_param.grad.float(); zero_grad(set_to_none=True))"
 #define ADAM "apex apex/optimizers/fused_adam.py FusedAdam.step (multi_tensor_adam)"
 
 static void norm_fwd(ZpInvList *out, const ZpInvDims *d, const char *name)
@@ -59,13 +65,25 @@ static void linear_fwd(ZpInvList *out, const ZpInvDims *d, const char *name, dou
         zp_inv_mem(out, "bias_add", d->t * n * d->e + n * d->e, d->t * n * d->e, LIN);
 }
 
-/* dgrad, then wgrad accumulated into the fp32 main_grad (read and written), then the bias
- * gradient where the linear added its bias itself. */
+/* A fresh 16-bit gradient of `elems` elements added into the parameter's .grad where there is
+ * no fp32 main_grad: on every micro-step after the first (the first assigns it), so at
+ * accum_share of its bytes on average over a step's micro-steps. */
+static void grad_accumulate(ZpInvList *out, const ZpInvDims *d, double elems)
+{
+    if (!d->main_grad && d->accum_share > 0)
+        zp_inv_mem(out, "grad_accumulate", d->accum_share * 2 * elems * d->e,
+                   d->accum_share * elems * d->e, ACCUM_GRAD);
+}
+
+/* dgrad, then wgrad: accumulated into the fp32 main_grad (read and written) by
+ * gradient-accumulation fusion, or without a main_grad written in 16 bits and added into
+ * .grad; then the bias gradient where the linear added its bias itself. */
 static void linear_bwd(ZpInvList *out, const ZpInvDims *d, const char *name, double n, double k,
                        gboolean bias_here)
 {
     zp_inv_gemm(out, name, 1, d->t, k, n, d->e, d->e, LIN_BWD);
-    zp_inv_gemm(out, name, 1, k, n, d->t, d->e, 8, LIN_BWD);
+    zp_inv_gemm(out, name, 1, k, n, d->t, d->e, d->main_grad ? 8 : d->e, LIN_BWD);
+    grad_accumulate(out, d, k * n);
     if (bias_here)
         zp_inv_mem(out, "bias_grad", d->t * n * d->e, n * 4, SUM);
 }
@@ -247,7 +265,9 @@ static void table_grad(ZpInvList *out, const ZpInvDims *d, double rows, const ch
     zp_inv_mem(out, name, 16 * d->t, 16 * d->t, EMB_BWD);
     zp_inv_mem(out, name, 0, rows * d->h * e, EMB_BWD);
     zp_inv_mem(out, name, th * e + 8 * d->t, th * e, EMB_BWD);
-    zp_inv_mem(out, "main_grad_add", rows * d->h * (4 + e), rows * d->h * 4, HOOK);
+    if (d->main_grad)
+        zp_inv_mem(out, "main_grad_add", rows * d->h * (4 + e), rows * d->h * 4, HOOK);
+    grad_accumulate(out, d, rows * d->h);
 }
 
 static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
@@ -272,12 +292,15 @@ static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
 static void optimizer(const ZpInvDims *d, double n, ZpInvList *out)
 {
     const double l = zp_inv_multi_tensor_launches(n);
+    if (!d->main_grad) /* .grad to fp32, tensor by tensor, before the unscale */
+        zp_inv_mem(out, "copy_model_grads_to_main_grads", d->e * n, 4 * n, OPT_2021);
     if (d->fp16)
         zp_inv_multi(out, "unscale_and_check", 4 * n, 4 * n, l, OPT);
     zp_inv_multi(out, "grad_l2norm", 4 * n, 0, l, MC "optimizer/clip_grads.py clip_grad_norm_fp32");
     zp_inv_multi(out, "fused_adam", 16 * n, 12 * n, l, ADAM);
     zp_inv_multi(out, "copy_main_to_model", 4 * n, d->e * n, l, OPT);
-    zp_inv_mem(out, "zero_grad_buffer", 0, 4 * n, MC "distributed/param_and_grad_buffer.py");
+    if (d->main_grad) /* without one, .grad is set to None: no kernel */
+        zp_inv_mem(out, "zero_grad_buffer", 0, 4 * n, MC "distributed/param_and_grad_buffer.py");
 }
 
 const ZpInventory zp_inventory_megatron = {

@@ -14,6 +14,7 @@
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
 #include "zp_ep.h"
+#include "zp_inventory.h"
 #include "zp_mem.h"
 #include "zp_pipe.h"
 #include "zp_offload.h"
@@ -79,6 +80,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "recompute: selective recomputation is Megatron's (--impl megatron)";
     else if (p->overlap_param_gather && (p->impl != ZP_IMPL_MEGATRON || p->zero.stage != 1))
         bad = "overlap_param_gather: the distributed optimizer's (--impl megatron, stage 1)";
+    else if (p->no_main_grad && strcmp(zp_inventory_for_plan(p)->name, "megatron") != 0)
+        bad = "main_grad: Megatron-LM's (--impl megatron or --kernels megatron)";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)

@@ -413,6 +413,8 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(o, "recompute", json_string("selective"));
     if (plan->overlap_param_gather)
         json_object_set_new(o, "overlap_param_gather", json_true());
+    if (plan->no_main_grad)
+        json_object_set_new(o, "main_grad", json_false());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
@@ -521,7 +523,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     int64_t dp, mp, micro, accum, node = 0;
     const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
     const char *recompute = NULL;
-    gboolean checkpoint = FALSE;
+    gboolean checkpoint = FALSE, main_grad = TRUE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"zero\" must be an object", what);
@@ -531,7 +533,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "checkpoint", "precision", "optimizer", "attention",
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
-                                       "recompute", "overlap_param_gather", "experts", NULL};
+                                       "recompute", "overlap_param_gather", "experts",
+                                       "main_grad", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     json_t *experts = json_object_get(o, "experts");
     memset(plan, 0, sizeof *plan);
@@ -557,6 +560,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_string(o, what, "recompute", FALSE, &recompute, error) ||
         !zp_json_get_bool(o, what, "overlap_param_gather", FALSE, &plan->overlap_param_gather,
                           error) ||
+        !zp_json_get_bool(o, what, "main_grad", FALSE, &main_grad,
+                          error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         (experts && !experts_from_json(experts, what, &plan->experts, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
@@ -566,6 +571,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     plan->dp = (int)dp, plan->mp = (int)mp, plan->micro_batch = (int)micro;
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
     plan->gpus_per_node = (int)node;
+    plan->no_main_grad = !main_grad;
     /* "recompute" is written only for the selective kind; "full" is "checkpoint" */
     if (recompute) {
         ZpRecompute r;

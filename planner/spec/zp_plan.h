@@ -150,6 +150,15 @@ typedef struct {
      * bucket in the next forward, each bucket's issued when the one before it is waited for
      * (param_and_grad_buffer.py finish_param_sync -> next_param_gather_bucket_group). */
     gboolean overlap_param_gather;
+    /* Megatron-LM without an fp32 main_grad (the zero value: with it, as Megatron-Core's DDP
+     * always keeps one): the parameters' 16-bit .grad holds the gradients, as in Megatron-LM
+     * 2021 with torch DDP, or local DDP without --use-contiguous-buffers-in-ddp (the SC21
+     * runs, commit de7dc40f: megatron/model/distributed.py DistributedDataParallel, no
+     * main_grad; megatron/mpu/layers.py F.linear, no gradient-accumulation fusion). Each
+     * weight-gradient GEMM writes a fresh 16-bit gradient that autograd adds into .grad on
+     * every micro-step after the first; the optimizer copies .grad to fp32 and sets it to
+     * None. The megatron kernel inventory's; refused with another. */
+    gboolean no_main_grad;
     ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
