@@ -21,6 +21,7 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->mp = mp;
     d->e = zp_plan_elem_bytes(p->precision);
     d->hd = (double)zp_model_head_dim(m);
+    d->ha = (double)zp_model_attn_width(m);
     d->heads = (double)m->heads / mp;
     d->kv_heads = (double)zp_model_kv_heads(m) / mp;
     d->q = (double)zp_model_qkv_width(m) / mp;
@@ -170,7 +171,7 @@ void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const ch
     const double qkv = d->t * d->q * d->e, o = d->t * d->heads * d->hd * d->e;
     add(out, (ZpInvKernel){.name = backward ? "attention_bwd" : "attention_fwd",
                            .cls = ZP_KCLASS_ATTENTION, .backward = backward,
-                           .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp *
+                           .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->ha / d->mp *
                                     d->attention_share,
                            .read_bytes = backward ? qkv + 2 * o : qkv,
                            .write_bytes = backward ? qkv : o, .source = source});

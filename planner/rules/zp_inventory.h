@@ -44,6 +44,7 @@ typedef struct {
  * Megatron splits them, bytes of an activation element (e). */
 typedef struct {
     double b, s, t, h, heads, kv_heads, hd, q, f, f1, v, mp, e;
+    double ha; /* the attention's width over all ranks, heads x hd (h unless head_dim differs) */
     double t_norm; /* tokens a norm, dropout or residual add sees: t/mp with sequence
                     * parallelism, else t */
     double positions; /* rows of a learned position table */

@@ -144,9 +144,10 @@ static Cost block_forward(const ZpSchedule *s, int unit)
         core = 2 * b * sq * sq * H * (dqk + dv) / t * share;
         ew += 2 * T * (rq + rkv);
     } else {
-        gemm += 2 * T * (h * (double)zp_model_qkv_width(m) + h * h) / t;
+        const double ha = (double)zp_model_attn_width(m); /* a d: h unless head_dim differs */
+        gemm += 2 * T * (h * (double)zp_model_qkv_width(m) + ha * h) / t;
         gemms += 2;
-        core = 4 * b * sq * sq * h / t * share;
+        core = 4 * b * sq * sq * ha / t * share;
     }
     const double f = sparse ? (double)m->moe.shared_ffn : (double)m->ffn_hidden;
     if (f > 0) {
