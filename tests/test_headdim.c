@@ -165,6 +165,17 @@ static void test_flops_and_bytes_by_hand(void)
         g_assert_cmpfloat(y.attention_flops, ==, 2 * x.attention_flops);
         g_assert_cmpfloat(x.attention_flops, ==, 4.0 * 64 * 64 * 128);
     }
+    /* q_norm and k_norm over the (8 + 2) heads of 32, T 64, bf16: q and k are 40,960 bytes;
+     * read and written forward, read twice and written backward. */
+    const ZpModel q = tiny(32, TRUE);
+    for (size_t i = 0; i < G_N_ELEMENTS(inventories); i++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const ZpComputeKind kind = bwd ? ZP_COMP_BLOCK_BWD : ZP_COMP_BLOCK_FWD;
+            const ZpInvTotals x = totals(inventories[i], &m, &p, kind);
+            const ZpInvTotals y = totals(inventories[i], &q, &p, kind);
+            g_assert_cmpfloat(y.memory_bytes - x.memory_bytes, ==, (bwd ? 3 : 2) * 40960.0);
+            g_assert_cmpfloat(y.gemm_flops, ==, x.gemm_flops);
+        }
 }
 
 /* zreal's GPT has heads of h/a and no q/k norms: one line, exit 1, before it trains. */

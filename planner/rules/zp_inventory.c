@@ -39,6 +39,7 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->rope = m->rope_theta > 0;
     d->tied = m->tied_embeddings;
     d->dropout = m->dropout;
+    d->qk_norm = m->qk_norm;
     d->fp16 = p->precision == ZP_PREC_FP16;
     d->fused = zp_attention_fused(p->attention);
     d->main_grad = !p->no_main_grad;
@@ -162,6 +163,14 @@ void zp_inv_multi(ZpInvList *out, const char *name, double read_bytes, double wr
 {
     add(out, (ZpInvKernel){.name = name, .cls = ZP_KCLASS_MEMORY, .read_bytes = read_bytes,
                            .write_bytes = write_bytes, .launches = launches, .source = source});
+}
+
+void zp_inv_qk_norm(ZpInvList *out, const ZpInvDims *d, int backward, const char *source)
+{
+    if (!d->qk_norm)
+        return;
+    const double qk = d->t * (d->heads + d->kv_heads) * d->hd * d->e;
+    zp_inv_mem(out, backward ? "qk_norm_bwd" : "qk_norm", backward ? 2 * qk : qk, qk, source);
 }
 
 /* A fused kernel reads q, k, v (and o, do, the log-sum-exp backward) once and writes its

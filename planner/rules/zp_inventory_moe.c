@@ -118,10 +118,7 @@ static void block_forward(const ZpModel *model, const ZpPlan *plan, int unit, Zp
         gemm(out, "o_proj", T, h, H * dv / t, e);
     } else {
         gemm(out, "qkv", T, (double)zp_model_qkv_width(model) / t, h, e);
-        if (model->qk_norm) { /* Qwen3's q_norm and k_norm over each of the rank's heads */
-            const double qk = T * (H + (double)zp_model_kv_heads(model)) * d.hd / t * e;
-            zp_inv_mem(out, "qk_norm", qk, qk, BLOCK);
-        }
+        zp_inv_qk_norm(out, &d, 0, BLOCK); /* Qwen3's q_norm and k_norm */
         core_attention(out, &d, H / t, d.hd, d.hd);
         gemm(out, "proj", T, h, d.ha / t, e);
     }
