@@ -6,6 +6,7 @@
 #include "zp_mem.h"
 #include "zp_model.h"
 #include "zp_plan.h"
+#include "zp_sched.h"
 #include "zp_util.h"
 
 #include <glib/gstdio.h>
@@ -178,6 +179,36 @@ static void test_flops_and_bytes_by_hand(void)
         }
 }
 
+/* The schedule's block ops: llama-tiny's forward with heads of 32 gains the GEMMs' 5,242,880
+ * FLOPs and core attention's 4 b s^2 (a d - h) = 2,097,152. Qwen3-30B-A3B's sparse block (s
+ * 1024, T 1024) against heads of h/a = 64: qkv 2 T h (5120 - 2560), o 2 T (4096 - 2048) h,
+ * attention 4 s^2 (4096 - 2048). */
+static void test_schedule_ops(void)
+{
+    const ZpModel a = tiny(0, FALSE), m = tiny(32, FALSE);
+    const ZpPlan p = plan_for(1, ZP_ATTN_FLASH2);
+    ZpComputeOps x[ZP_COMP_N], y[ZP_COMP_N];
+    zp_sched_compute_ops(&a, &p, x);
+    zp_sched_compute_ops(&m, &p, y);
+    g_assert_cmpfloat(y[ZP_COMP_BLOCK_FWD].flops - x[ZP_COMP_BLOCK_FWD].flops, ==,
+                      5242880.0 + 2097152.0);
+    g_assert_cmpfloat(y[ZP_COMP_BLOCK_FWD].attn_flops, ==, 2 * x[ZP_COMP_BLOCK_FWD].attn_flops);
+
+    char *path = g_build_filename(zp_data_dir(), "models", "hf", "qwen3-30b-a3b", NULL);
+    ZpModel q, q64;
+    g_assert_true(zp_model_load(path, &q, NULL));
+    g_free(path);
+    q.seq_len = 1024;
+    q64 = q;
+    q64.head_dim = 0;
+    double f, f64, bytes, bytes64;
+    g_assert_true(zp_sched_unit_block_op(&q, &p, 1, ZP_COMP_BLOCK_FWD, &f, &bytes));
+    g_assert_true(zp_sched_unit_block_op(&q64, &p, 1, ZP_COMP_BLOCK_FWD, &f64, &bytes64));
+    const double T = 1024;
+    g_assert_cmpfloat(f - f64, ==,
+                      2 * T * 2048 * 2560 + 2 * T * 2048 * 2048 + 4 * T * T * 2048);
+}
+
 /* zreal's GPT has heads of h/a and no q/k norms: one line, exit 1, before it trains. */
 static void test_zreal_refuses(void)
 {
@@ -214,6 +245,7 @@ int main(int argc, char **argv)
     g_test_add_func("/headdim/hf", test_hf_head_dim);
     g_test_add_func("/headdim/counts-by-hand", test_counts_by_hand);
     g_test_add_func("/headdim/flops-and-bytes-by-hand", test_flops_and_bytes_by_hand);
+    g_test_add_func("/headdim/schedule-ops", test_schedule_ops);
     g_test_add_func("/headdim/zreal-refuses", test_zreal_refuses);
     return g_test_run();
 }
