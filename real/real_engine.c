@@ -58,6 +58,12 @@ static gboolean check_schedule(const ZpSchedule *s, const RealTrainConfig *cfg, 
         return fail(error, "zreal trains models with learned positions or rotary embeddings, "
                            "one of the two; %s has %s", m->name,
                     m->learned_positions ? "both" : "neither");
+    /* real_gpt's heads are hidden / heads wide (RealGptDims has no head dimension of its own)
+     * and its blocks have no q/k norms: a Qwen3-like model is planned, not run. */
+    if (m->head_dim > 0 || m->qk_norm)
+        return fail(error, "zreal runs heads of hidden / heads without q/k norms; %s has "
+                           "head_dim %" G_GINT64_FORMAT "%s", m->name, zp_model_head_dim(m),
+                    m->qk_norm ? " and q/k norms" : "");
     if (m->rope_scaling.type == ZP_ROPE_SCALING_OTHER)
         return fail(error, "zreal rescales rotary embeddings linearly or as Llama 3.1 does "
                            "(\"linear\", \"llama3\"), not \"%s\" as %s does",

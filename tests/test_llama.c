@@ -177,10 +177,11 @@ static void test_bad_configs(void)
     static const struct {
         const char *dir, *config, *message;
     } cases[] = {
-        /* Mixtral is read now (test_moe); Qwen3-MoE's head_dim apart from h / a is not. */
-        {"qwen3-moe", "{\"architectures\": [\"Qwen3MoeForCausalLM\"], " LLAMA_KEYS
-                      ", \"num_attention_heads\": 32, \"num_experts\": 128}",
-         "architectures \"Qwen3MoeForCausalLM\" is not supported"},
+        /* Mixtral and Qwen3-MoE are read now (test_moe); Gemma 2's soft-capped attention and
+         * sandwich norms are not. */
+        {"gemma2", "{\"architectures\": [\"Gemma2ForCausalLM\"], " LLAMA_KEYS
+                   ", \"num_attention_heads\": 32}",
+         "architectures \"Gemma2ForCausalLM\" is not supported"},
         {"no-hidden", "{\"architectures\": [\"LlamaForCausalLM\"], \"num_hidden_layers\": 2, "
                       "\"num_attention_heads\": 4, \"intermediate_size\": 8, \"vocab_size\": 8, "
                       "\"max_position_embeddings\": 8}",

@@ -90,6 +90,7 @@ static void test_refusals(void)
     } cases[] = {
         {"--tensor-model-parallel-size two", "--tensor-model-parallel-size"},
         {"--num-layers 81", "--num-layers is 81 but the model (llama-2-70b) has 80"},
+        {"--kv-channels 64", "--kv-channels is 64 but the model (llama-2-70b) has 128"},
         {"--micro-batch-size", "--micro-batch-size needs a value"},
         {"--recompute-granularity full", "--recompute-granularity full: only"},
         {"--recompute-granularity partial", "--recompute-granularity: unknown value"},

@@ -4,6 +4,7 @@
 #include "testutil.h"
 #include "zp_ep.h"
 #include "zp_hf.h"
+#include "zp_inventory.h"
 #include "zp_mem.h"
 #include "zp_moe_search.h"
 #include "zp_model.h"
@@ -94,6 +95,56 @@ static void test_qwen2_moe(void)
     g_assert_cmpuint(table_sum(&m), ==, 14315784192ull);
     g_assert_cmpuint(zp_model_active_param_count(&m), ==, 2689173504ull);
     assert_units_agree(&m);
+}
+
+/* Qwen3-30B-A3B: h 2048, 48 layers, 32 heads of 128 (a d = 4096, twice h) and 4 key/value
+ * heads, q_norm and k_norm of 128, 128 experts of 768 (SwiGLU), top 8, no shared expert,
+ * untied embeddings of 151936. Attention: q 2048 x 4096 + k, v 2048 x 512 each + o 4096 x 2048
+ * + 2 x 128 = 18,874,624; a block adds 2 x 2048 norms, the router 128 x 2048 and 128 experts
+ * of 3 x 2048 x 768 = 4,718,592: 623,120,640. Total 48 x 623,120,640 + 2 x 151936 x 2048 +
+ * 2048 = 30,532,122,624, the published "30.5B" (29,909,792,768 without the two embedding
+ * tables: the model card's "29.9B non-embedding"). Active: 8 experts, 56,889,600 a block:
+ * 3,353,032,704, the published "3.3B" (both embedding tables counted; 2,730,702,848 without
+ * them). Heads of h/a = 64 would give 30,079,131,648, 453M short. */
+static void test_qwen3_moe(void)
+{
+    ZpModel m;
+    load("qwen3-30b-a3b", &m);
+    g_assert_cmpint(zp_model_head_dim(&m), ==, 128);
+    g_assert_cmpint(zp_model_attn_width(&m), ==, 4096);
+    g_assert_true(m.qk_norm && !m.tied_embeddings);
+    g_assert_cmpint(m.moe.experts, ==, 128);
+    g_assert_cmpint(m.moe.top_k, ==, 8);
+    g_assert_cmpint(m.moe.expert_ffn, ==, 768);
+    g_assert_cmpint(m.moe.shared_ffn, ==, 0);
+    g_assert_false(m.moe.shared_gate || m.moe.router_bias);
+    g_assert_cmpint(zp_moe_sparse_layers(&m.moe, m.layers), ==, 48);
+    g_assert_cmpuint(zp_model_unit_elems(&m, 1), ==, 623120640ull);
+    g_assert_cmpuint(zp_model_param_count(&m), ==, 30532122624ull);
+    g_assert_cmpuint(table_sum(&m), ==, 30532122624ull);
+    g_assert_cmpuint(zp_model_active_param_count(&m), ==, 3353032704ull);
+    assert_units_agree(&m);
+    /* The block's kernels: core attention at 4 b s^2 a d (b 1, s the config's 40960), the
+     * output projection's GEMM reading a d, and the q/k norms over (32 + 4) heads of 128. */
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, 1);
+    p.micro_batch = 1;
+    p.precision = ZP_PREC_BF16;
+    p.attention = ZP_ATTN_FLASH2;
+    ZpInvList list;
+    zp_inventory_moe_block(&m, &p, 1, FALSE, &list);
+    const double s = (double)m.seq_len, T = s;
+    gboolean norm = FALSE, proj = FALSE, attention = FALSE;
+    for (int k = 0; k < list.n; k++) {
+        const ZpInvKernel *x = &list.k[k];
+        if (strcmp(x->name, "qk_norm") == 0)
+            norm = x->read_bytes == T * 36 * 128 * 2;
+        else if (strcmp(x->name, "proj") == 0)
+            proj = x->flops == 2 * T * 2048 * 4096;
+        else if (strcmp(x->name, "attention_fwd") == 0)
+            attention = x->flops == 4 * s * s * 4096;
+    }
+    g_assert_true(norm && proj && attention);
 }
 
 /* DeepSeek-V3: h 7168, 61 layers of which the first 3 dense (18432 wide), 256 routed experts of
@@ -621,6 +672,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/moe/mixtral-8x7b", test_mixtral);
     g_test_add_func("/moe/qwen1.5-moe-a2.7b", test_qwen2_moe);
+    g_test_add_func("/moe/qwen3-30b-a3b", test_qwen3_moe);
     g_test_add_func("/moe/deepseek-v3", test_deepseek_v3);
     g_test_add_func("/moe/sparse-layers", test_sparse_layers);
     g_test_add_func("/moe/layer-keys", test_layer_keys);

@@ -10,6 +10,7 @@
 /* Sizes of one op's tensors on this rank: tokens, widths split by mp. */
 typedef struct {
     double b, s, t, h, hd, heads, kvd, q, f, f1, v, mp;
+    double ha; /* heads x hd over all ranks: h unless head_dim differs */
     gboolean bias_qkv, bias_proj, bias_mlp, rope, learned, rms, swiglu, fused;
     gboolean save;
     gboolean selective; /* the recompute op is core attention alone (selective) */
@@ -23,6 +24,7 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
     Dims d = {.b = p->micro_batch, .s = (double)m->seq_len, .h = (double)m->hidden, .mp = mp};
     d.t = d.b * d.s;
     d.hd = (double)zp_model_head_dim(m);
+    d.ha = (double)zp_model_attn_width(m);
     d.heads = (double)m->heads / mp;
     d.kvd = (double)zp_model_kv_heads(m) * d.hd / mp;
     d.q = (double)zp_model_qkv_width(m) / mp;
@@ -98,7 +100,7 @@ static void attention(ZpKernels *out, const Dims *d, int backward)
 {
     const double scores = d->b * d->heads * d->s * d->s;
     add(out, (ZpKernel){.kind = ZP_KERNEL_ATTENTION, .sub = backward,
-                        .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp *
+                        .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->ha / d->mp *
                                  d->attention_share,
                         .accesses = d->fused ? 0 : (backward ? 3 : 2) * scores});
 }
@@ -127,7 +129,7 @@ static void block_fwd(ZpKernels *out, const Dims *d)
     attention(out, d, 0);
     keep(out, d, th / d->mp);
     out->module = ZP_MOD_PROJ;
-    linear_fwd(out, d, d->h, d->h / d->mp, d->bias_proj);
+    linear_fwd(out, d, d->h, d->ha / d->mp, d->bias_proj);
     ew(out, ZP_EW_ADD, 12 * th, 3 * th);
     keep(out, d, th);
     out->module = ZP_MOD_LN2;
@@ -161,7 +163,7 @@ static void block_bwd(ZpKernels *out, const Dims *d)
     ew(out, ZP_EW_CONVERT, 8 * th, 0);
     ew(out, ZP_EW_NORM_BWD, 16 * th, 4 * th);
     out->module = ZP_MOD_PROJ;
-    linear_bwd(out, d, d->h, d->h / d->mp, d->bias_proj);
+    linear_bwd(out, d, d->h, d->ha / d->mp, d->bias_proj);
     ew(out, ZP_EW_CONVERT, 6 * d->t * d->q, 0);
     if (d->fused)
         ew(out, ZP_EW_CONVERT, 6 * th / d->mp, 0);

@@ -96,14 +96,15 @@ static double mla_extra_bytes(const ZpModel *model, const ZpPlan *plan)
     const ZpMla *mla = &model->mla;
     if (!zp_mla_enabled(mla))
         return 0;
-    const double H = (double)model->heads, t = plan->mp, h = (double)model->hidden;
+    const double H = (double)model->heads, t = plan->mp;
     const double kd = (double)zp_model_kv_heads(model) * (double)zp_model_head_dim(model);
+    const double ha = (double)zp_model_attn_width(model); /* the dense terms' a d */
     const double whole = 2.0 * (double)mla->q_lora_rank + 2.0 * (double)mla->kv_lora_rank +
                          (double)mla->qk_rope_dim;
     const double split = H * (2.0 * (double)(mla->qk_nope_dim + mla->qk_rope_dim) +
                               2.0 * (double)mla->v_dim);
     return (double)model->seq_len * plan->micro_batch * zp_plan_elem_bytes(plan->precision) *
-           (whole + (split - 2.0 * h - 2.0 * kd) / t);
+           (whole + (split - 2.0 * ha - 2.0 * kd) / t);
 }
 
 ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)

@@ -21,6 +21,7 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->mp = mp;
     d->e = zp_plan_elem_bytes(p->precision);
     d->hd = (double)zp_model_head_dim(m);
+    d->ha = (double)zp_model_attn_width(m);
     d->heads = (double)m->heads / mp;
     d->kv_heads = (double)zp_model_kv_heads(m) / mp;
     d->q = (double)zp_model_qkv_width(m) / mp;
@@ -38,6 +39,7 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->rope = m->rope_theta > 0;
     d->tied = m->tied_embeddings;
     d->dropout = m->dropout;
+    d->qk_norm = m->qk_norm;
     d->fp16 = p->precision == ZP_PREC_FP16;
     d->fused = zp_attention_fused(p->attention);
     d->main_grad = !p->no_main_grad;
@@ -163,6 +165,14 @@ void zp_inv_multi(ZpInvList *out, const char *name, double read_bytes, double wr
                            .write_bytes = write_bytes, .launches = launches, .source = source});
 }
 
+void zp_inv_qk_norm(ZpInvList *out, const ZpInvDims *d, int backward, const char *source)
+{
+    if (!d->qk_norm)
+        return;
+    const double qk = d->t * (d->heads + d->kv_heads) * d->hd * d->e;
+    zp_inv_mem(out, backward ? "qk_norm_bwd" : "qk_norm", backward ? 2 * qk : qk, qk, source);
+}
+
 /* A fused kernel reads q, k, v (and o, do, the log-sum-exp backward) once and writes its
  * outputs: its own memory traffic, inside its published rate. */
 void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const char *source)
@@ -170,7 +180,7 @@ void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const ch
     const double qkv = d->t * d->q * d->e, o = d->t * d->heads * d->hd * d->e;
     add(out, (ZpInvKernel){.name = backward ? "attention_bwd" : "attention_fwd",
                            .cls = ZP_KCLASS_ATTENTION, .backward = backward,
-                           .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->h / d->mp *
+                           .flops = (backward ? 8 : 4) * d->b * d->s * d->s * d->ha / d->mp *
                                     d->attention_share,
                            .read_bytes = backward ? qkv + 2 * o : qkv,
                            .write_bytes = backward ? qkv : o, .source = source});

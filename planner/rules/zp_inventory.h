@@ -44,10 +44,12 @@ typedef struct {
  * Megatron splits them, bytes of an activation element (e). */
 typedef struct {
     double b, s, t, h, heads, kv_heads, hd, q, f, f1, v, mp, e;
+    double ha; /* the attention's width over all ranks, heads x hd (h unless head_dim differs) */
     double t_norm; /* tokens a norm, dropout or residual add sees: t/mp with sequence
                     * parallelism, else t */
     double positions; /* rows of a learned position table */
     gboolean gated, rms, bias_qkv, bias_proj, bias_mlp, learned, rope, tied, dropout;
+    gboolean qk_norm; /* Qwen3's q_norm and k_norm over each head */
     gboolean fp16;    /* fp16 (a loss scale to undo), not bf16 or fp32 */
     gboolean fused;   /* the plan's attention is a fused kernel (FlashAttention and kin) */
     gboolean main_grad; /* gradients accumulate in an fp32 main_grad (plan: unless no_main_grad) */
@@ -122,6 +124,10 @@ void zp_inv_mem(ZpInvList *out, const char *name, double read_bytes, double writ
 void zp_inv_multi(ZpInvList *out, const char *name, double read_bytes, double write_bytes,
                   double launches, const char *source);
 void zp_inv_attention(ZpInvList *out, const ZpInvDims *d, int backward, const char *source);
+/* q_norm and k_norm (when d->qk_norm): one RMSNorm over hd for each of the rank's query and
+ * key heads; forward reads and writes q and k, backward reads them and their gradients and
+ * writes the input gradients. Nothing without q/k norms. */
+void zp_inv_qk_norm(ZpInvList *out, const ZpInvDims *d, int backward, const char *source);
 void zp_inv_collective(ZpInvList *out, const char *name, double bytes, const char *source);
 
 /* PyTorch eager's block, head and embedding (zp_inventory_eager.c), for the inventories that run

@@ -7,6 +7,9 @@
 /* Sources, huggingface/transformers and pytorch/pytorch. */
 #define GPT2 "transformers src/transformers/models/gpt2/modeling_gpt2.py "
 #define LLAMA "transformers src/transformers/models/llama/modeling_llama.py "
+/* q_norm, k_norm = Qwen3MoeRMSNorm(head_dim) on the projected q and k, before RoPE */
+#define QK_NORM "transformers src/transformers/models/qwen3_moe/modeling_qwen3_moe.py " \
+                "Qwen3MoeAttention.forward"
 #define ADDMM "transformers src/transformers/pytorch_utils.py Conv1D.forward (torch.addmm; " \
               "the bias rides in cuBLASLt's epilogue, aten/src/ATen/native/cuda/Blas.cpp " \
               "addmm_out_cuda_impl)"
@@ -310,6 +313,7 @@ void zp_inventory_eager_block_fwd(const ZpInvDims *d, ZpInvList *out)
         linear_fwd(out, &z, "q_proj", t, ha, h, d->bias_qkv, TRUE, lin);
         linear_fwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE, lin);
         linear_fwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE, lin);
+        zp_inv_qk_norm(out, d, 0, QK_NORM);
     } else {
         linear_fwd(out, &z, "c_attn", t, d->q, h, d->bias_qkv, TRUE, lin);
     }
@@ -356,6 +360,7 @@ void zp_inventory_eager_block_bwd(const ZpInvDims *d, ZpInvList *out)
     linear_bwd(out, &z, "attn.c_proj", t, h, ha, d->bias_proj, FALSE);
     attention_bwd(out, d, &z);
     if (d->rms) {
+        zp_inv_qk_norm(out, d, 1, QK_NORM);
         linear_bwd(out, &z, "v_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE);
         linear_bwd(out, &z, "k_proj", t, d->kv_heads * d->hd, h, d->bias_qkv, TRUE);
         linear_bwd(out, &z, "q_proj", t, ha, h, d->bias_qkv, TRUE);

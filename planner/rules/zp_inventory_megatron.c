@@ -18,6 +18,9 @@
 #define SOFTMAX MC "fusions/fused_softmax.py FusedScaleMaskSoftmax " \
                    "(scaled_upper_triang_masked_softmax_cuda)"
 #define BDA MC "fusions/fused_bias_dropout.py bias_dropout_add_fused_train"
+/* --qk-layernorm: q_layernorm and k_layernorm over each head's hd after the qkv split, before
+ * RoPE (attention.py SelfAttention.get_query_key_value_tensors) */
+#define QK_NORM MC "transformer/attention.py SelfAttention.get_query_key_value_tensors"
 #define GELU MC "fusions/fused_bias_gelu.py bias_gelu_impl (GeLUFunction)"
 #define SWIGLU MC "fusions/fused_bias_swiglu.py bias_swiglu_impl"
 #define ROPE MC "models/common/embeddings/rotary_pos_embedding.py apply_rotary_pos_emb " \
@@ -132,6 +135,7 @@ static void block_fwd(const ZpInvDims *d, ZpInvList *out)
     if (d->mp > 1 && d->t_norm < d->t)
         zp_inv_collective(out, "sequence_parallel_all_gather", d->t * d->h * e, TP_AR);
     linear_fwd(out, d, "linear_qkv", d->q, d->h, d->bias_qkv);
+    zp_inv_qk_norm(out, d, 0, QK_NORM);
     if (d->rope) {
         zp_inv_mem(out, "rope_q", th_a * e, th_a * e, ROPE);
         zp_inv_mem(out, "rope_k", th_kv * e, th_kv * e, ROPE);
@@ -196,6 +200,7 @@ static void block_bwd(const ZpInvDims *d, ZpInvList *out)
         zp_inv_mem(out, "rope_k_bwd", th_kv * e, th_kv * e, ROPE);
         zp_inv_mem(out, "rope_q_bwd", th_a * e, th_a * e, ROPE);
     }
+    zp_inv_qk_norm(out, d, 1, QK_NORM);
     linear_bwd(out, d, "linear_qkv", d->q, d->h, d->bias_qkv);
     if (d->mp > 1)
         zp_inv_collective(out, "linear_qkv_dgrad_all_reduce", d->t * d->h * e, LIN_BWD);

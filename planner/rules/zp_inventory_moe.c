@@ -81,7 +81,7 @@ static void core_attention(ZpInvList *out, const ZpInvDims *d, double heads, dou
 {
     if (d->fused) {
         ZpInvDims a = *d;
-        a.h = 0.5 * heads * d->mp * (dqk + dv); /* zp_inv_attention's 4 b s^2 h / t */
+        a.ha = 0.5 * heads * d->mp * (dqk + dv); /* zp_inv_attention's 4 b s^2 ha / t */
         a.heads = heads, a.hd = 0.5 * (dqk + dv);
         zp_inv_attention(out, &a, 0, BLOCK);
         return;
@@ -118,8 +118,9 @@ static void block_forward(const ZpModel *model, const ZpPlan *plan, int unit, Zp
         gemm(out, "o_proj", T, h, H * dv / t, e);
     } else {
         gemm(out, "qkv", T, (double)zp_model_qkv_width(model) / t, h, e);
+        zp_inv_qk_norm(out, &d, 0, BLOCK); /* Qwen3's q_norm and k_norm */
         core_attention(out, &d, H / t, d.hd, d.hd);
-        gemm(out, "proj", T, h, h / t, e);
+        gemm(out, "proj", T, h, d.ha / t, e);
     }
     zp_inv_mem(out, "residual_add", 2 * th, th, BLOCK);
     zp_inv_mem(out, "post_attention_norm", th, th, BLOCK);

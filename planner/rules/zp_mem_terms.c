@@ -35,8 +35,10 @@ static double block_bytes(const ZpModel *model, int micro_batch, int mp, double 
     const double s = model->seq_len, b = micro_batch, h = model->hidden, a = model->heads;
     const double t = mp, f = model->ffn_hidden;
     const double kd = (double)zp_model_kv_heads(model) * (double)zp_model_head_dim(model);
+    /* Korthikanti's Q and the attention output before proj are a d wide (h when d = h/a). */
+    const double ha = (double)zp_model_attn_width(model);
     const double replicated = model->parallel_residual ? 3 * h : 4 * h;
-    const double split = 2 * h + 2 * kd + (zp_model_gated(model) ? 3 : 2) * f;
+    const double split = 2 * ha + 2 * kd + (zp_model_gated(model) ? 3 : 2) * f;
     const gboolean fused = zp_attention_fused(attention);
     /* Selective recomputation saves core attention's inputs only (Q, K, V, counted in
      * `split`): its s x s tensors, or a fused kernel's log-sum-exp, are recomputed. */

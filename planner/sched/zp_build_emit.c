@@ -180,7 +180,7 @@ uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate)
 static Cost core_attention_cost(const ZpSchedule *s)
 {
     const ZpModel *m = &s->model;
-    const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, a = m->heads;
+    const double b = s->plan.micro_batch, sq = m->seq_len, a = m->heads;
     const double mp = s->plan.mp;
     const gboolean fused = zp_attention_fused(s->plan.attention);
     /* Latent attention scores over d_qk = d_nope + d_rope and weighs values of d_v per head:
@@ -188,7 +188,7 @@ static Cost core_attention_cost(const ZpSchedule *s)
     const ZpMla *mla = &m->mla;
     const double width = zp_mla_enabled(mla)
                              ? 0.5 * a * (double)(mla->qk_nope_dim + mla->qk_rope_dim + mla->v_dim)
-                             : h;
+                             : (double)zp_model_attn_width(m);
     const double attention =
         4 * b * sq * sq * width / mp * (fused ? zp_model_attention_share(m) : 1.0);
     return (Cost){.flops = attention, .attn_flops = fused ? attention : 0.0,
@@ -202,7 +202,8 @@ Cost zp_build_block_forward_cost(const ZpSchedule *s)
     const double mp = s->plan.mp, e = s->elem_bytes;
     const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
     const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
-    const double gemm = 2 * b * sq * (h * q + h * h + h * f1 + f * h) / mp;
+    const double ha = (double)zp_model_attn_width(m); /* proj's input a d: h unless head_dim */
+    const double gemm = 2 * b * sq * (h * q + ha * h + h * f1 + f * h) / mp;
     const Cost core = core_attention_cost(s);
     const double attention = core.flops;
     const double softmax = core.mem_bytes / e;

@@ -108,11 +108,12 @@ double zp_build_moe_optimizer_elems(const ZpSchedule *s)
 /* ---- a block's cost by its own widths ------------------------------------------------- */
 
 /* A block's forward on this rank, T = b s tokens, t the tensor degree:
- * - attention's GEMMs: the fused qkv and proj, 2T(h q + h^2)/t; latent attention's low-rank
+ * - attention's GEMMs: the fused qkv and proj, 2T(h q + a d h)/t (a d = h unless head_dim
+ *   sets d apart); latent attention's low-rank
  *   projections (DeepseekV3Attention: q_a [h, r_q], q_b [r_q, H d_qk], kv_a [h, r_kv + d_rope],
  *   kv_b [r_kv, H (d_nope + d_v)], o [H d_v, h]; the down projections whole on every tensor
  *   rank, as Megatron-Core's MLASelfAttention replicates them, the rest split);
- * - core attention: 4 b s^2 h / t, or with latent attention 2 b s^2 H (d_qk + d_v) / t (scores
+ * - core attention: 4 b s^2 a d / t, or with latent attention 2 b s^2 H (d_qk + d_v) / t (scores
  *   over d_qk = d_nope + d_rope, values over d_v: H d_qk is not h there);
  * - the MLP: the dense one's 2T(h f1 + f h)/t, or a sparse block's shared experts at their
  *   width and the router's 2 T h E (whole: Megatron-Core's TopKRouter is not split);
@@ -144,9 +145,12 @@ static Cost block_forward(const ZpSchedule *s, int unit)
         core = 2 * b * sq * sq * H * (dqk + dv) / t * share;
         ew += 2 * T * (rq + rkv);
     } else {
-        gemm += 2 * T * (h * (double)zp_model_qkv_width(m) + h * h) / t;
+        const double ha = (double)zp_model_attn_width(m); /* a d: h unless head_dim differs */
+        gemm += 2 * T * (h * (double)zp_model_qkv_width(m) + ha * h) / t;
         gemms += 2;
-        core = 4 * b * sq * sq * h / t * share;
+        core = 4 * b * sq * sq * ha / t * share;
+        if (m->qk_norm) /* q_norm and k_norm read and write q and k (zp_inv_qk_norm) */
+            ew += 2 * T * (H + (double)zp_model_kv_heads(m)) * (double)zp_model_head_dim(m) / t;
     }
     const double f = sparse ? (double)m->moe.shared_ffn : (double)m->ffn_hidden;
     if (f > 0) {

@@ -42,6 +42,12 @@ static const HfMoeKeys hf_moe_qwen2 = {"num_experts", "num_experts_per_tok",
  * moe_intermediate_size, shared_experts one MLP of n_shared_experts * moe_intermediate_size;
  * DeepseekV3DecoderLayer is sparse when layer_idx >= first_k_dense_replace (and, in DeepSeek's
  * own modeling_deepseek.py, layer_idx % moe_layer_freq == 0). */
+/* Qwen3MoeSparseMoeBlock: gate [E, h] and experts of moe_intermediate_size, no shared expert;
+ * Qwen3MoeDecoderLayer sparse as Qwen2's (huggingface/transformers
+ * src/transformers/models/qwen3_moe/modeling_qwen3_moe.py). */
+static const HfMoeKeys hf_moe_qwen3 = {"num_experts", "num_experts_per_tok",
+                                       "moe_intermediate_size", NULL, NULL, FALSE, FALSE, NULL,
+                                       "decoder_sparse_step", 1, "mlp_only_layers", FALSE};
 static const HfMoeKeys hf_moe_deepseek3 = {"n_routed_experts", "num_experts_per_tok",
                                            "moe_intermediate_size", NULL, "n_shared_experts",
                                            FALSE, TRUE, "first_k_dense_replace", "moe_layer_freq",
@@ -53,15 +59,19 @@ static const struct {
     gboolean qkv_bias; /* biases on q, k and v whatever the config says (Qwen2) */
     HfWindow window;
     const HfMoeKeys *moe; /* NULL: a dense MLP */
+    /* q_norm and k_norm, RMSNorm(head_dim) on every head's q and k before RoPE
+     * (modeling_qwen3_moe.py Qwen3MoeAttention.__init__ and forward) */
+    gboolean qk_norm;
 } hf_archs[] = {
-    {"LlamaForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, NULL},
-    {"MistralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, NULL},
-    {"Qwen2ForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, NULL},
-    {"GPT2LMHeadModel", HF_GPT2, FALSE, HF_WINDOW_NONE, NULL},
-    {"GPTNeoXForCausalLM", HF_NEOX, FALSE, HF_WINDOW_NONE, NULL},
-    {"MixtralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, &hf_moe_mixtral},
-    {"Qwen2MoeForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, &hf_moe_qwen2},
-    {"DeepseekV3ForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, &hf_moe_deepseek3},
+    {"LlamaForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, NULL, FALSE},
+    {"MistralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, NULL, FALSE},
+    {"Qwen2ForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, NULL, FALSE},
+    {"GPT2LMHeadModel", HF_GPT2, FALSE, HF_WINDOW_NONE, NULL, FALSE},
+    {"GPTNeoXForCausalLM", HF_NEOX, FALSE, HF_WINDOW_NONE, NULL, FALSE},
+    {"MixtralForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_MISTRAL, &hf_moe_mixtral, FALSE},
+    {"Qwen2MoeForCausalLM", HF_LLAMA, TRUE, HF_WINDOW_QWEN2, &hf_moe_qwen2, FALSE},
+    {"Qwen3MoeForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_QWEN2, &hf_moe_qwen3, TRUE},
+    {"DeepseekV3ForCausalLM", HF_LLAMA, FALSE, HF_WINDOW_NONE, &hf_moe_deepseek3, FALSE},
 };
 
 /* Whole-number dimensions: the key in each family (NULL: the family has none) and whether
@@ -311,7 +321,13 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
             return FALSE;
     }
     const char *heads_key = hf_dims[2].key[family];
-    if (m->hidden % m->heads != 0) {
+    int64_t head_dim = 0;
+    /* head_dim, when given, sets each head's width apart from hidden / heads (Qwen3: 128 over
+     * 2048 / 32); equal to it, it changes nothing, and the model stays as without it. */
+    if (family == HF_LLAMA && present(obj, "head_dim") &&
+        !zp_json_get_int(obj, path, "head_dim", TRUE, 1, 1000000, &head_dim, error))
+        return FALSE;
+    if (head_dim == 0 && m->hidden % m->heads != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"%s\" = %" G_GINT64_FORMAT " does not divide %s = %" G_GINT64_FORMAT,
                     path, heads_key, m->heads, hf_dims[0].key[family], m->hidden);
@@ -324,18 +340,9 @@ static gboolean map_config(json_t *obj, const char *path, int arch, ZpModel *m, 
                     path, m->kv_heads, m->heads);
         return FALSE;
     }
-    if (family == HF_LLAMA && present(obj, "head_dim")) {
-        int64_t head_dim;
-        if (!zp_json_get_int(obj, path, "head_dim", TRUE, 1, 1000000, &head_dim, error))
-            return FALSE;
-        if (head_dim != m->hidden / m->heads) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: key \"head_dim\" = %" G_GINT64_FORMAT " differs from hidden_size / "
-                        "num_attention_heads = %" G_GINT64_FORMAT " (not supported)",
-                        path, head_dim, m->hidden / m->heads);
-            return FALSE;
-        }
-    }
+    if (head_dim > 0 && (m->hidden % m->heads != 0 || head_dim != m->hidden / m->heads))
+        m->head_dim = head_dim;
+    m->qk_norm = hf_archs[arch].qk_norm;
     if (!zp_model_get_rope_scaling(obj, path, m, error) ||
         !get_sliding_window(obj, path, hf_archs[arch].window, m, error) ||
         !map_moe(obj, path, hf_archs[arch].moe, m, error))

@@ -22,7 +22,9 @@ typedef enum {
     A_REFUSE,  /* changes memory or time in a way zplan does not model */
 } ArgKind;
 
-typedef enum { DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS } ModelDim;
+typedef enum {
+    DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS, DIM_KV_CHANNELS
+} ModelDim;
 
 typedef struct {
     const char *flag;
@@ -62,6 +64,9 @@ static const ArgRule rules[] = {
     DIM("--seq-length", DIM_SEQ),
     DIM("--ffn-hidden-size", DIM_FFN),
     DIM("--num-query-groups", DIM_GROUPS),
+    /* arguments.py: kv_channels, each head's width, hidden_size // num_attention_heads unless
+     * given (the model's head_dim) */
+    DIM("--kv-channels", DIM_KV_CHANNELS),
     {"--recompute-granularity", A_CHOICE, 0, 0, 0, 0, NULL},
     {"--recompute-method", A_CHOICE, 0, 0, 0, 0, NULL},
     {"--attention-backend", A_CHOICE, 0, 0, 0, 0, NULL},
@@ -82,6 +87,7 @@ static int64_t model_dim(const ZpModel *m, ModelDim d)
     case DIM_SEQ: return m->seq_len;
     case DIM_FFN: return m->ffn_hidden;
     case DIM_GROUPS: return zp_model_kv_heads(m);
+    case DIM_KV_CHANNELS: return zp_model_head_dim(m);
     }
     return 0;
 }

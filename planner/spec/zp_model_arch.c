@@ -12,7 +12,7 @@ static const char *const model_keys[] = {
     "learned_positions", "dropout", "published_params", "notes", "kv_heads", "max_positions",
     "mlp", "norm", "qkv_bias", "proj_bias", "mlp_bias", "parallel_residual", "rope_theta",
     "rotary_fraction", "norm_eps", "exact_gelu", "rope_scaling", "sliding_window", "moe", "mla",
-    NULL};
+    "head_dim", "qk_norm", NULL};
 
 static const char *const mlp_names[] = {"gelu", "swiglu", "geglu", NULL};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -164,6 +164,8 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
         !zp_json_get_int(obj, what, "kv_heads", FALSE, 1, MAX_HIDDEN, &model->kv_heads, error) ||
         !zp_json_get_int(obj, what, "max_positions", FALSE, 1, MAX_SEQ, &model->max_positions,
                          error) ||
+        !zp_json_get_int(obj, what, "head_dim", FALSE, 1, MAX_HIDDEN, &model->head_dim, error) ||
+        !zp_json_get_bool(obj, what, "qk_norm", FALSE, &model->qk_norm, error) ||
         !get_choice(obj, what, "mlp", mlp_names, &mlp, error) ||
         !get_choice(obj, what, "norm", norm_names, &norm, error) ||
         !get_biases(obj, what, model, error) ||
@@ -190,7 +192,7 @@ gboolean zp_model_from_json(void *json_object, const char *what, ZpModel *model,
                     sizeof model->name - 1);
         return FALSE;
     }
-    if (model->hidden % model->heads != 0) {
+    if (model->head_dim == 0 && model->hidden % model->heads != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: key \"heads\" = %" G_GINT64_FORMAT " does not divide hidden = %"
                     G_GINT64_FORMAT,
@@ -243,12 +245,19 @@ int64_t zp_model_kv_heads(const ZpModel *model)
 
 int64_t zp_model_head_dim(const ZpModel *model)
 {
+    if (model->head_dim > 0)
+        return model->head_dim;
     return model->heads > 0 ? model->hidden / model->heads : 0;
+}
+
+int64_t zp_model_attn_width(const ZpModel *model)
+{
+    return model->head_dim > 0 ? model->heads * model->head_dim : model->hidden;
 }
 
 int64_t zp_model_qkv_width(const ZpModel *model)
 {
-    return model->hidden + 2 * zp_model_kv_heads(model) * zp_model_head_dim(model);
+    return zp_model_attn_width(model) + 2 * zp_model_kv_heads(model) * zp_model_head_dim(model);
 }
 
 gboolean zp_model_gated(const ZpModel *model)
@@ -307,12 +316,16 @@ static void append_attention(const ZpModel *model, int l, GArray *t)
     const uint64_t rq = (uint64_t)a->q_lora_rank, rkv = (uint64_t)a->kv_lora_rank;
     const uint64_t qw = (uint64_t)zp_mla_q_width(a, model->heads);
     const uint64_t kvw = (uint64_t)zp_mla_kv_width(a, model->heads);
-    const uint64_t out = mla ? (uint64_t)model->heads * (uint64_t)a->v_dim : h;
+    const uint64_t out =
+        mla ? (uint64_t)model->heads * (uint64_t)a->v_dim : (uint64_t)zp_model_attn_width(model);
+    const uint64_t d = (uint64_t)zp_model_head_dim(model);
     const TensorRow rows[] = {
         {{"ln1.weight", l, h, FALSE}, TRUE},
         {{"ln1.bias", l, h, FALSE}, ln},
         {{"qkv.weight", l, q * h, TRUE}, !mla},
         {{"qkv.bias", l, q, FALSE}, !mla && zp_model_has_bias(model, ZP_NO_BIAS_QKV)},
+        {{"qkv.q_norm.weight", l, d, FALSE}, !mla && model->qk_norm},
+        {{"qkv.k_norm.weight", l, d, FALSE}, !mla && model->qk_norm},
         {{"qkv.q_a.weight", l, h * rq, TRUE}, mla && rq > 0},
         {{"qkv.q_a_norm.weight", l, rq, FALSE}, mla && rq > 0},
         {{"qkv.q_b.weight", l, rq * qw, TRUE}, mla && rq > 0},
@@ -412,7 +425,11 @@ static void block_parts(const ZpModel *model, int unit, int64_t experts, uint64_
         zp_mla_parts(&model->mla, model->hidden, model->heads, &aw, &as);
         w += aw, sp += as;
     } else {
-        sp += q * h + h * h + (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0);
+        const uint64_t ha = (uint64_t)zp_model_attn_width(model);
+        sp += q * h + ha * h + (zp_model_has_bias(model, ZP_NO_BIAS_QKV) ? q : 0);
+        /* q_norm and k_norm: one gain of d each, shared by every head and so whole on each
+         * tensor rank (modeling_qwen3_moe.py Qwen3MoeAttention.__init__). */
+        w += model->qk_norm ? 2 * (uint64_t)zp_model_head_dim(model) : 0;
     }
     if (zp_model_unit_sparse(model, unit)) {
         uint64_t mw, ms;
@@ -555,6 +572,10 @@ void *zp_model_to_json(const ZpModel *model)
                           model->learned_positions, "dropout", model->dropout);
     json_object_set_new(o, "kv_heads", json_integer((json_int_t)zp_model_kv_heads(model)));
     json_object_set_new(o, "max_positions", json_integer((json_int_t)zp_model_positions(model)));
+    if (model->head_dim > 0)
+        json_object_set_new(o, "head_dim", json_integer((json_int_t)model->head_dim));
+    if (model->qk_norm)
+        json_object_set_new(o, "qk_norm", json_true());
     json_object_set_new(o, "mlp", json_string(mlp_names[model->mlp]));
     json_object_set_new(o, "norm", json_string(norm_names[model->norm]));
     json_object_set_new(o, "exact_gelu", json_boolean(model->exact_gelu));

@@ -5,10 +5,10 @@
  *
  * Architecture (pre-norm decoder blocks; GPT-2 when every optional field is zero):
  *   unit 0       embeddings: token wte [V,h], learned positions wpe [P,h] (if learned_positions)
- *   unit 1..L    blocks: norm1, qkv [h, h + 2 k d] (+ bias), proj [h,h] (+ bias), norm2,
+ *   unit 1..L    blocks: norm1, qkv [h, a d + 2 k d] (+ bias), proj [a d,h] (+ bias), norm2,
  *                MLP: plain  fc1 [h,f] (+ f), fc2 [f,h] (+ h)
  *                     gated  fc1 [h,2f] (gate and up, + 2f), fc2 [f,h] (+ h)
- *                with d = h/a the head dimension, k the key/value heads (a: MHA, 1: MQA,
+ *                with d the head dimension (h/a unless head_dim says), k the key/value heads (a: MHA, 1: MQA,
  *                between: GQA), a norm 2h (LayerNorm: gain and bias) or h (RMSNorm: gain)
  *   unit L+1     final norm, plus the LM head [V,h] when embeddings are untied
  * A mixture of experts (zp_model_moe.h) replaces a sparse block's fc1/fc2 by fc1.router,
@@ -58,6 +58,10 @@ typedef struct {
     int64_t layers, hidden, heads, seq_len, vocab, ffn_hidden;
     int64_t kv_heads;           /* key/value heads; 0: heads (multi-head attention) */
     int64_t max_positions;      /* rows of the learned position table; 0: seq_len */
+    int64_t head_dim;           /* each head's width d (Qwen3, Gemma, Mistral-Nemo set it apart
+                                 * from h/a); 0: h/a */
+    gboolean qk_norm;           /* an RMSNorm over d on each head's q and k (Qwen3's q_norm,
+                                 * k_norm): 2d gains per block */
     ZpMlp mlp;
     gboolean exact_gelu;        /* GELU as x Phi(x) with erf (transformers' "gelu"), not GPT-2's
                                  * tanh approximation ("gelu_new"); the same cost, other values */
@@ -126,6 +130,9 @@ gboolean zp_model_has_architecture(const ZpModel *model);
  * learned position table's rows, and the norm's parameters per norm (2h or h). */
 int64_t zp_model_kv_heads(const ZpModel *model);
 int64_t zp_model_head_dim(const ZpModel *model);
+/* a d: the queries' width, the attention output's and the output projection's input (h when
+ * d = h/a). */
+int64_t zp_model_attn_width(const ZpModel *model);
 int64_t zp_model_qkv_width(const ZpModel *model);
 int64_t zp_model_fc1_width(const ZpModel *model);
 int64_t zp_model_positions(const ZpModel *model);
