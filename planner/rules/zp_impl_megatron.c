@@ -89,7 +89,7 @@ uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t 
             /* Buckets are views of the main_grad buffer, reduced in place: no buffer of
              * their own (the schedule's bypass at stages 0-1). */
             k = (ZpBucketSpec){t[i].offset, t[i].offset + t[i].elems, 0, t[i].unit, t[i].unit,
-                               t[i].unit, -1, TRUE, 0, 0};
+                               t[i].unit, -1, TRUE, 0, 0, FALSE};
             open = TRUE;
         }
         k.lo = t[i].offset;
