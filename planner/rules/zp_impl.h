@@ -252,6 +252,11 @@ typedef struct ZpImpl {
      * reshard_after_forward=int: _fsdp_param.py to_sharded_post_forward, and the root's
      * post_forward_mesh_info is None); FALSE: a state for every unit not kept whole. */
     gboolean secondary_per_block;
+    /* A pipeline with a tied embedding: the first and last stages exchange the embedding's
+     * gradient once the stage's data-parallel reductions are done (Megatron's
+     * finalize_model_grads: finish_grad_sync, then _allreduce_embedding_grads); FALSE:
+     * before them (DeepSpeed's ReduceTiedGrads before ReduceGrads). */
+    gboolean tied_sync_after_reduction;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
