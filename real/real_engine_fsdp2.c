@@ -1,7 +1,8 @@
 /* real_engine_fsdp2: the engine's plug-in for PyTorch FSDP2 (fully_shard; zp_impl_fsdp2.c's
  * schedule) on the CPU backend: each parameter sharded on its own in fp32 (the optimizer's
- * parameter), all-gathered per unit through one flat buffer and copied out per tensor,
- * gradients copied into the reduce-scatter's input and reduced into fp32 sharded grads. */
+ * parameter), all-gathered per group (a block, or the root's two units) through one flat
+ * buffer and copied out per tensor, gradients copied into the reduce-scatter's input and
+ * reduced into fp32 sharded grads. */
 #include "real_engine_fw.h"
 
 #include "real_offload.h"
@@ -35,7 +36,27 @@ typedef struct {
      * without. */
     RealComm *hpz_comm;
     RealBf16 **secondary;
+    /* The root's FSDPParamGroup (zp_impl_fsdp2_root_joined): unit L + 1's tensors in unit
+     * 0's flat buffers, after its own; -1: each unit its own group. */
+    int root_tail;
 } Fsdp2;
+
+/* The units of group u (its own, and for the root unit L + 1 after unit 0), n of them. */
+static int group_units(const Fsdp2 *f, int u, int units[2])
+{
+    units[0] = u;
+    if (u == 0 && f->root_tail > 0) {
+        units[1] = f->root_tail;
+        return 2;
+    }
+    return 1;
+}
+
+/* The group whose flat buffers hold unit u's tensors. */
+static int group_of(const Fsdp2 *f, int u)
+{
+    return u == f->root_tail ? 0 : u;
+}
 
 static gboolean fsdp2_applies(const ZpSchedule *s)
 {
@@ -72,9 +93,10 @@ static void place_tensors(Fsdp2 *f)
         if (i == 0 || t->unit != f->tensors.t[i - 1].unit)
             grad_at = 0;
         const uint64_t padded = zp_mem_padded_elems(t->elems, (uint64_t)f->dp);
-        f->at[i] = (Place){padded / (uint64_t)f->dp, f->part, f->chunk[t->unit], grad_at};
+        const int g = group_of(f, t->unit);
+        f->at[i] = (Place){padded / (uint64_t)f->dp, f->part, f->chunk[g], grad_at};
         f->part += f->at[i].slice;
-        f->chunk[t->unit] += f->at[i].slice;
+        f->chunk[g] += f->at[i].slice;
         grad_at += padded;
     }
 }
@@ -110,6 +132,7 @@ static void *fsdp2_create(const RealFwEnv *env, GError **error)
     f->grads_buffer = g_new(int, s->n_units);
     for (int u = 0; u < s->n_units; u++)
         f->params_buffer[u] = f->grads_buffer[u] = -1;
+    f->root_tail = zp_impl_fsdp2_root_joined(s) ? s->n_units - 1 : -1;
     if (!real_engine_fw_tensors(s, &f->tensors, error)) {
         fsdp2_destroy(f);
         return NULL;
@@ -237,13 +260,20 @@ static void fsdp2_release(void *data, const ZpOp *op)
     }
 }
 
-/* The unit a unit-level op names by its flat range (the root's reductions launch at unit 0). */
+/* The group a unit-level op names by its flat range: a unit's, or the root's, which starts
+ * at unit 0 and spans its two units' elements. */
 static int unit_of(const Fsdp2 *f, const ZpOp *op, GError **error)
 {
     const ZpSchedule *s = f->env.s;
-    for (int u = 0; u < s->n_units; u++)
-        if (s->unit_offset[u] == op->elem_offset && s->unit_elems[u] == op->elems)
+    for (int u = 0; u < s->n_units; u++) {
+        int units[2];
+        const int n = group_units(f, u, units);
+        uint64_t elems = 0;
+        for (int k = 0; k < n; k++)
+            elems += s->unit_elems[units[k]];
+        if (u != f->root_tail && s->unit_offset[u] == op->elem_offset && elems == op->elems)
             return u;
+    }
     real_engine_fail(error, "no FSDP2 unit spans offset %" G_GUINT64_FORMAT " of %"
                      G_GUINT64_FORMAT " elements", op->elem_offset, op->elems);
     return -1;
@@ -284,9 +314,12 @@ static gboolean gather(Fsdp2 *f, const ZpOp *op, GError **error)
         return ok;
     }
     RealBf16 *mine = flat + (uint64_t)f->rank * f->chunk[u];
-    for (guint i = f->tensors.unit_first[u]; i < f->tensors.unit_first[u + 1]; i++)
-        f->env.be->f32_to_bf16(f->env.be, mine + f->at[i].chunk_at, f->master + f->at[i].shard_at,
-                               f->at[i].slice);
+    int units[2];
+    for (int k = 0, n = group_units(f, u, units); k < n; k++)
+        for (guint i = f->tensors.unit_first[units[k]]; i < f->tensors.unit_first[units[k] + 1];
+             i++)
+            f->env.be->f32_to_bf16(f->env.be, mine + f->at[i].chunk_at,
+                                   f->master + f->at[i].shard_at, f->at[i].slice);
     return c->allgather_bf16(c, mine, f->chunk[u], flat, error);
 }
 
@@ -325,7 +358,7 @@ static gboolean fsdp2_hpz(void *data, RealComm *hpz_comm, RealBf16 **secondary, 
     Fsdp2 *f = data;
     const ZpSchedule *s = f->env.s;
     (void)secondary; /* the schedule takes each block's post-forward shard (fsdp2_alloc) */
-    for (int u = 0; u < s->n_units; u++)
+    for (int u = 1; u + 1 < s->n_units; u++) /* the blocks: the root is never resharded */
         if (f->chunk[u] * (uint64_t)f->dp != zp_sched_unit_padded(s, u))
             return real_engine_fail(error, "unit %d: its parameters padded one by one to %d "
                                     "ranks take %" G_GUINT64_FORMAT " elements, the schedule's "
@@ -348,40 +381,50 @@ static gboolean reduce(Fsdp2 *f, const ZpOp *op, GError **error)
     const int u = unit_of(f, op, error);
     if (u < 0)
         return FALSE;
+    int units[2];
+    const int n = group_units(f, u, units);
     int input = -1;
     const uint32_t *deps = zp_sched_deps(s, op);
     for (uint32_t d = 0; d < op->n_deps; d++) {
         const ZpOp *dep = zp_sched_op(s, deps[d]);
-        if (dep->kind == ZP_OP_ALLOC && dep->sub == ZP_MEM_BUCKETS && dep->buffer != op->buffer)
+        gboolean grad = FALSE; /* one of the group's unsharded gradients */
+        for (int k = 0; k < n; k++)
+            grad = grad || dep->buffer == f->grads_buffer[units[k]];
+        if (dep->kind == ZP_OP_ALLOC && dep->sub == ZP_MEM_BUCKETS && !grad)
             input = dep->buffer;
     }
-    const RealBf16 *grads = f->env.buffers[op->buffer];
     RealBf16 *in = input >= 0 ? f->env.buffers[input] : NULL;
-    if (!grads || !in)
-        return real_engine_fail(error, "unit %d's reduce-scatter needs its gradients and the "
-                                "copy-in buffer it depends on", u);
     const uint64_t chunk = f->chunk[u];
-    const guint first = f->tensors.unit_first[u], last = f->tensors.unit_first[u + 1];
-    for (int q = 0; q < f->dp; q++)
-        for (guint i = first; i < last; i++)
-            f->env.be->copy(f->env.be, in + (uint64_t)q * chunk + f->at[i].chunk_at,
-                            grads + f->at[i].grad_at + (uint64_t)q * f->at[i].slice,
-                            f->at[i].slice * sizeof(RealBf16));
+    for (int k = 0; k < n; k++) {
+        const int v = units[k];
+        const RealBf16 *grads =
+            f->grads_buffer[v] >= 0 ? f->env.buffers[f->grads_buffer[v]] : NULL;
+        if (!grads || !in)
+            return real_engine_fail(error, "unit %d's reduce-scatter needs its gradients and "
+                                    "the copy-in buffer it depends on", v);
+        for (int q = 0; q < f->dp; q++)
+            for (guint i = f->tensors.unit_first[v]; i < f->tensors.unit_first[v + 1]; i++)
+                f->env.be->copy(f->env.be, in + (uint64_t)q * chunk + f->at[i].chunk_at,
+                                grads + f->at[i].grad_at + (uint64_t)q * f->at[i].slice,
+                                f->at[i].slice * sizeof(RealBf16));
+    }
     int *counts = g_new(int, f->dp);
     for (int q = 0; q < f->dp; q++)
         counts[q] = (int)chunk;
     const gboolean ok = f->env.comm->reduce_scatter_bf16(f->env.comm, in, counts, error);
     g_free(counts);
-    for (guint i = first; ok && i < last; i++) {
-        float *dst = f->grads + f->at[i].shard_at;
-        const RealBf16 *src = in + f->at[i].chunk_at;
-        if (op->micro == 0) {
-            f->env.be->bf16_to_f32(f->env.be, dst, src, f->at[i].slice);
-            continue;
+    for (int k = 0; k < n; k++)
+        for (guint i = f->tensors.unit_first[units[k]];
+             ok && i < f->tensors.unit_first[units[k] + 1]; i++) {
+            float *dst = f->grads + f->at[i].shard_at;
+            const RealBf16 *src = in + f->at[i].chunk_at;
+            if (op->micro == 0) {
+                f->env.be->bf16_to_f32(f->env.be, dst, src, f->at[i].slice);
+                continue;
+            }
+            for (uint64_t j = 0; j < f->at[i].slice; j++) /* the CPU backend's host memory */
+                dst[j] += real_bf16_to_f32(src[j]);
         }
-        for (uint64_t j = 0; j < f->at[i].slice; j++) /* the CPU backend's host memory */
-            dst[j] += real_bf16_to_f32(src[j]);
-    }
     return ok;
 }
 
@@ -397,6 +440,36 @@ static gboolean fsdp2_collective(void *data, const ZpOp *op, GError **error)
                             zp_sched_coll_name((ZpCollKind)op->sub));
 }
 
+/* Unit v's tensors copied out of group flat buffer `flat` into the buffers of the unpack's
+ * deps from deps[d] on; returns the next dep, 0 after an error (then set). */
+static int copy_out(Fsdp2 *f, int v, const RealBf16 *flat, const uint32_t *deps, int d,
+                    GError **error)
+{
+    const ZpSchedule *s = f->env.s;
+    const int u = v;
+    const uint64_t chunk = f->chunk[group_of(f, v)];
+    const guint first = f->tensors.unit_first[u], last = f->tensors.unit_first[u + 1];
+    f->unit_params[u] = (RealGptTensors){0};
+    for (guint i = first; i < last; i++) {
+        const ZpOp *alloc = zp_sched_op(s, deps[d + (int)(i - first)]);
+        RealBf16 *out = alloc->kind == ZP_OP_ALLOC ? f->env.buffers[alloc->buffer] : NULL;
+        const uint64_t numel = f->tensors.t[i].elems, slice = f->at[i].slice;
+        if (!flat || !out || alloc->bytes != (double)(numel * sizeof(RealBf16))) {
+            real_engine_fail(error, "unit %d's copy-out of tensor %u: no gathered buffer, or "
+                             "not one of %" G_GUINT64_FORMAT " elements", u, i - first, numel);
+            return 0;
+        }
+        for (int q = 0; q < f->dp && (uint64_t)q * slice < numel; q++)
+            f->env.be->copy(f->env.be, out + (uint64_t)q * slice,
+                            flat + (uint64_t)q * chunk + f->at[i].chunk_at,
+                            MIN(slice, numel - (uint64_t)q * slice) * sizeof(RealBf16));
+        f->unit_params[u].at[i - first] = out;
+        if (i == first)
+            f->params_buffer[u] = alloc->buffer;
+    }
+    return d + (int)(last - first);
+}
+
 /* foreach_all_gather_copy_out: each parameter's unsharded tensor (the unpack's buffers, in
  * the unit's order after the all-gather it depends on first) filled from every rank's
  * chunk, the padding left out (split_with_sizes_copy). */
@@ -405,30 +478,20 @@ static gboolean fsdp2_unpack(void *data, const ZpOp *op, GError **error)
     Fsdp2 *f = data;
     const ZpSchedule *s = f->env.s;
     const int u = op->unit;
-    const guint first = f->tensors.unit_first[u], last = f->tensors.unit_first[u + 1];
+    int units[2];
+    const int n = u >= 0 && u < s->n_units ? group_units(f, u, units) : 0;
+    guint count = 0;
+    for (int k = 0; k < n; k++)
+        count += f->tensors.unit_first[units[k] + 1] - f->tensors.unit_first[units[k]];
     const uint32_t *deps = zp_sched_deps(s, op);
     const ZpOp *coll = op->n_deps > 0 ? zp_sched_op(s, deps[0]) : NULL;
-    if (!coll || coll->kind != ZP_OP_COLLECTIVE || op->n_deps != 1 + (last - first))
+    if (n == 0 || !coll || coll->kind != ZP_OP_COLLECTIVE || op->n_deps != 1 + count)
         return real_engine_fail(error, "unit %d's copy-out must depend on its all-gather, then "
                                 "on one buffer per parameter", u);
     const RealBf16 *flat = f->env.buffers[coll->buffer];
-    f->unit_params[u] = (RealGptTensors){0};
-    for (guint i = first; i < last; i++) {
-        const ZpOp *alloc = zp_sched_op(s, deps[1 + (i - first)]);
-        RealBf16 *out = alloc->kind == ZP_OP_ALLOC ? f->env.buffers[alloc->buffer] : NULL;
-        const uint64_t numel = f->tensors.t[i].elems, slice = f->at[i].slice;
-        if (!flat || !out || alloc->bytes != (double)(numel * sizeof(RealBf16)))
-            return real_engine_fail(error, "unit %d's copy-out of tensor %u: no gathered "
-                                    "buffer, or not one of %" G_GUINT64_FORMAT " elements", u,
-                                    i - first, numel);
-        for (int q = 0; q < f->dp && (uint64_t)q * slice < numel; q++)
-            f->env.be->copy(f->env.be, out + (uint64_t)q * slice,
-                            flat + (uint64_t)q * f->chunk[u] + f->at[i].chunk_at,
-                            MIN(slice, numel - (uint64_t)q * slice) * sizeof(RealBf16));
-        f->unit_params[u].at[i - first] = out;
-        if (i == first)
-            f->params_buffer[u] = alloc->buffer;
-    }
+    for (int k = 0, d = 1; k < n; k++)
+        if ((d = copy_out(f, units[k], flat, deps, d, error)) == 0)
+            return FALSE;
     return TRUE;
 }
 

@@ -62,8 +62,10 @@ static void test_copy_in(void)
         }
         g_test_message("%s: %d reductions, %d bucket buffers", impl ? "fsdp2" : "fsdp",
                        reductions, bucket_allocs);
-        g_assert_cmpint(reductions, ==, 14); /* 12 blocks, the root's embedding and head units */
-        g_assert_cmpint(bucket_allocs, ==, (impl ? 2 : 1) * reductions);
+        /* 12 blocks, the root's embedding and head units: FSDP1 reduces the root's two flat
+         * units apart, FSDP2 its one group (one copy-in for both units' gradients) */
+        g_assert_cmpint(reductions, ==, impl ? 13 : 14);
+        g_assert_cmpint(bucket_allocs, ==, impl ? 14 + 13 : 14);
         zp_sched_free(s);
     }
 }
@@ -108,8 +110,9 @@ static void test_copy_out(void)
         }
         g_test_message("%s: %d all-gathers, %d copy-outs", impl ? "fsdp2" : "fsdp", gathers,
                        unpacks);
-        /* the root's two units, then each block for its forward and its backward */
-        g_assert_cmpint(gathers, ==, 2 + 2 * 12);
+        /* the root (FSDP1's two units, FSDP2's one group), then each block for its forward
+         * and its backward */
+        g_assert_cmpint(gathers, ==, (impl ? 1 : 2) + 2 * 12);
         g_assert_cmpint(unpacks, ==, impl ? gathers : 0);
         g_assert_cmpint(block_unpacks, ==, impl ? 2 * 12 : 0);
         zp_sched_free(s);
@@ -158,11 +161,11 @@ static void test_no_reshard(void)
     g_test_message("reshard_after_forward=False: %d and %d all-gathers a micro-step, %d after "
                    "the step, %d copy-outs, %d reduce-scatters", gathers[0], gathers[1],
                    post_step, unpacks, reductions);
-    g_assert_cmpint(gathers[0], ==, 2 + 12);
-    g_assert_cmpint(gathers[1], ==, 2 + 12);
+    g_assert_cmpint(gathers[0], ==, 1 + 12); /* the root's group, each block */
+    g_assert_cmpint(gathers[1], ==, 1 + 12);
     g_assert_cmpint(post_step, ==, 0);
-    g_assert_cmpint(unpacks, ==, 2 * (2 + 12));
-    g_assert_cmpint(reductions, ==, 2 * 14);
+    g_assert_cmpint(unpacks, ==, 2 * (1 + 12));
+    g_assert_cmpint(reductions, ==, 2 * 13);
     zp_sched_free(two);
     zp_sched_free(three);
 
@@ -198,10 +201,9 @@ static void test_no_reshard(void)
 }
 
 /* _fsdp_param_group.py wait_for_unshard runs foreach_all_gather_copy_out for every call:
- * llama-tiny's embedding unit, wte alone, is copied out of its all-gather's output as the
- * blocks are (the schedule gathered a call of one tensor in place, DeepSpeed's
- * _all_gather_sequential), so every all-gather has its copy-out, whose buffer is the
- * unpadded tensor. */
+ * every all-gather has its copy-out, whose buffers are the unpadded tensors. (llama-tiny's
+ * embedding unit, wte alone, was a call of one tensor gathered in place, DeepSpeed's
+ * _all_gather_sequential; it is now in the root's group, with the final norm and the head.) */
 static void test_copy_out_single(void)
 {
     ZpModel m = tu_load_model("llama-tiny");
@@ -212,19 +214,68 @@ static void test_copy_out_single(void)
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&m, &p, &error);
     g_assert_no_error(error);
-    const double wte_bytes = 2.0 * (double)zp_model_unit_elems(&m, 0);
+    const double root_bytes = 2.0 * (double)(zp_model_unit_elems(&m, 0) +
+                                             zp_model_unit_elems(&m, (int)m.layers + 1));
     int gathers = 0, unpacks = 0, wte = 0;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
         gathers += op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_ALLGATHER && op->micro >= 0;
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK) {
             unpacks++;
-            wte += op->unit == 0 && op->mem_bytes == 2 * wte_bytes;
+            wte += op->unit == 0 && op->mem_bytes == 2 * root_bytes;
         }
     }
-    g_test_message("llama-tiny: %d all-gathers, %d copy-outs, wte's %d", gathers, unpacks, wte);
+    g_test_message("llama-tiny: %d all-gathers, %d copy-outs, the root's %d", gathers, unpacks,
+                   wte);
     g_assert_cmpint(unpacks, ==, gathers);
     g_assert_cmpint(wte, ==, 1);
+    zp_sched_free(s);
+}
+
+/* fully_shard(model) makes the root's parameters one FSDPParamGroup (_fully_shard.py
+ * fully_shard: one FSDPParamGroup of _get_managed_states), unsharded by one
+ * foreach_all_gather and reduced by one foreach_reduce (_fsdp_collectives.py). tiny (2
+ * blocks, hidden 64, vocab 64, 32 positions, tied head) at 4 ranks: the root is wte (64 x
+ * 64), wpe (32 x 64) and ln_f (64 + 64), 4,096 + 2,048 + 128 = 6,272 elements, each tensor
+ * a multiple of 4 (no padding): one all-gather and one reduce-scatter of 12,544 bytes (bf16)
+ * a pass, where the schedule had two of each (12,288 and 256 bytes). A pass: 1 + 2 + 2
+ * all-gathers (the root, each block's forward and backward), 1 + 2 reduce-scatters. */
+static void test_root_one_group(void)
+{
+    const ZpModel m = tu_load_model("tiny");
+    ZpPlan p;
+    zp_plan_defaults(&p, 3, 4, 1);
+    p.impl = ZP_IMPL_FSDP2;
+    p.precision = ZP_PREC_BF16;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    int gathers = 0, reductions = 0, root_gathers = 0, root_reductions = 0;
+    double sent_bytes = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->kind != ZP_OP_COLLECTIVE || op->micro < 0)
+            continue;
+        const gboolean root = op->bytes == 12544 && op->elems == 6272 && op->elem_offset == 0;
+        if (op->sub == ZP_COLL_ALLGATHER) {
+            gathers++;
+            root_gathers += root;
+        }
+        if (op->sub == ZP_COLL_REDUCE_SCATTER) {
+            reductions++;
+            root_reductions += root;
+        }
+        if (op->unit == 0 || op->unit == (int)m.layers + 1)
+            sent_bytes += op->bytes;
+    }
+    g_test_message("tiny, 4 ranks: %d all-gathers (the root's %d), %d reduce-scatters (the "
+                   "root's %d), %.0f bytes of the root's calls", gathers, root_gathers,
+                   reductions, root_reductions, sent_bytes);
+    g_assert_cmpint(gathers, ==, 1 + 2 + 2);
+    g_assert_cmpint(reductions, ==, 1 + 2);
+    g_assert_cmpint(root_gathers, ==, 1);
+    g_assert_cmpint(root_reductions, ==, 1);
+    g_assert_cmpfloat(sent_bytes, ==, 2 * 12544);
     zp_sched_free(s);
 }
 
@@ -258,7 +309,7 @@ static void test_reshard_to_node(void)
     }
     g_test_message("%d gathers inside the node, %d over all ranks", node, world);
     g_assert_cmpint(node, ==, 12);      /* each block's backward */
-    g_assert_cmpint(world, ==, 2 + 12); /* the root's units, each block's forward */
+    g_assert_cmpint(world, ==, 1 + 12); /* the root's group, each block's forward */
     double blocks = 0;
     for (int u = 1; u <= 12; u++)
         blocks += (double)(zp_sched_unit_padded(s, u) / 8);
@@ -344,6 +395,7 @@ int main(int argc, char **argv)
     g_test_add_func("/fsdp2/all-gather-copy-out", test_copy_out);
     g_test_add_func("/fsdp2/all-gather-copy-out-single", test_copy_out_single);
     g_test_add_func("/fsdp2/reshard-after-forward-int", test_reshard_to_node);
+    g_test_add_func("/fsdp2/root-one-group", test_root_one_group);
     g_test_add_func("/fsdp2/reshard-after-forward-false", test_no_reshard);
     g_test_add_func("/fsdp2/timeline-peak", test_timeline_peak);
     g_test_add_func("/fsdp2/cli", test_cli);

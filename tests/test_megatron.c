@@ -335,6 +335,64 @@ static void p2p_bytes(ZpImplKind impl, gboolean sp, double *sent, int *gathers)
     zp_sched_free(s);
 }
 
+/* A tied embedding under a pipeline (gpt2-124m, PP 2, DP 4, the distributed optimizer,
+ * bf16): the first stage's wte and the last stage's output-layer copy of it are each a
+ * gradient bucket of their own (param_and_grad_buffer.py _does_param_require_new_bucket:
+ * shared_embedding with use_distributed_optimizer), reduce-scattered as one range of
+ * V h = 50,257 x 768 = 38,597,376 elements; then, once the stage's reductions are done,
+ * finalize_model_grads.py _allreduce_word_embedding_grads all-reduces the whole main_grad
+ * (fp32: grad_reduce_in_fp32 under bf16) between the two stages: V h x 4 = 154,389,504
+ * bytes each way, after every data-parallel reduction of the stage and before its
+ * optimizer. The schedule had wte in one bucket with wpe and the copy with the final norm
+ * and the last blocks, and exchanged the gradient before the reductions (DeepSpeed's
+ * order). */
+static void test_shared_embedding(void)
+{
+    const ZpModel m = tu_load_model("gpt2-124m");
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 1);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.precision = ZP_PREC_BF16;
+    p.pipe.stages = 2;
+    p.grad_accum = 4;
+    p.zero.overlap_comm = TRUE;
+    p.reduce_dtype = ZP_REDUCE_FP32; /* grad_reduce_in_fp32, bf16's default (validate_args) */
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const double vh = 50257.0 * 768.0;
+    for (uint32_t stage = 0; stage < 2; stage++) {
+        int alone = 0, tied = 0;
+        guint last_reduction = 0, tied_at = 0, optimizer_at = 0;
+        double tied_bytes = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->stage != stage)
+                continue;
+            if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_DP &&
+                op->sub == ZP_COLL_REDUCE_SCATTER) {
+                last_reduction = i;
+                alone += (double)op->elems == vh;
+            }
+            if (op->kind == ZP_OP_P2P && op->sub == ZP_P2P_TIED) {
+                tied++, tied_at = i;
+                tied_bytes = op->bytes;
+            }
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
+                optimizer_at = i;
+        }
+        g_test_message("stage %u: %d reduce-scatters of the embedding alone, the exchange of "
+                       "%.0f bytes at op %u after the last reduction %u, before the optimizer "
+                       "%u", stage, alone, tied_bytes, tied_at, last_reduction, optimizer_at);
+        g_assert_cmpint(alone, ==, 1);
+        g_assert_cmpint(tied, ==, 1);
+        g_assert_cmpfloat(tied_bytes, ==, vh * 4.0);
+        g_assert_cmpuint(tied_at, >, last_reduction);
+        g_assert_cmpuint(tied_at, <, optimizer_at);
+    }
+    zp_sched_free(s);
+}
+
 static void test_scatter_gather(void)
 {
     const ZpModel m = tu_load_model("gpt-13b");
@@ -465,6 +523,7 @@ int main(int argc, char **argv)
     g_test_add_func("/megatron/cli", test_cli);
     g_test_add_func("/megatron/ddp-overlap", test_ddp_overlap);
     g_test_add_func("/megatron/scatter-gather", test_scatter_gather);
+    g_test_add_func("/megatron/shared-embedding", test_shared_embedding);
     g_test_add_func("/megatron/overlap-param-gather", test_overlap_param_gather);
     g_test_add_func("/megatron/optimizer-ranges", test_optimizer_ranges);
     return g_test_run();

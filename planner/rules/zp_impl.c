@@ -249,7 +249,7 @@ void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit
     const double bytes = zp_plan_reduce_bytes(&s->plan);
     for (int i = (int)items->len - 1; i >= 0;) {
         ZpBucketSpec k = {it[i].lo, it[i].lo + it[i].elems, 0, it[i].unit, it[i].unit,
-                          it[i].unit, -1, FALSE, 1, 0};
+                          it[i].unit, -1, FALSE, 1, 0, FALSE};
         double elems = it[i].count, sent = it[i].sent;
         k.bypass = bypass_large && elems > limit;
         for (i--; !k.bypass && i >= 0; i--) {

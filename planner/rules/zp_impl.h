@@ -53,6 +53,10 @@ typedef struct {
      * range padded to dp. Its reduction sends these and the post-step all-gather gathers
      * them. */
     uint64_t padded_elems;
+    /* Reduced by one call with the bucket launched just before it (same launch unit): one
+     * copy-in of both and one reduce-scatter over both ranges, which need not be adjacent
+     * (FSDP2's root group: units 0 and L + 1, zp_impl_fsdp2_root_joined). */
+    gboolean joins_previous;
 } ZpBucketSpec;
 
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
@@ -248,12 +252,21 @@ typedef struct ZpImpl {
      * reshard_after_forward=int: _fsdp_param.py to_sharded_post_forward, and the root's
      * post_forward_mesh_info is None); FALSE: a state for every unit not kept whole. */
     gboolean secondary_per_block;
+    /* A pipeline with a tied embedding: the first and last stages exchange the embedding's
+     * gradient once the stage's data-parallel reductions are done (Megatron's
+     * finalize_model_grads: finish_grad_sync, then _allreduce_embedding_grads); FALSE:
+     * before them (DeepSpeed's ReduceTiedGrads before ReduceGrads). */
+    gboolean tied_sync_after_reduction;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
     zp_impl_fsdp2;
 
 const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* FSDP2 at stage 3: the root's units (0 and L + 1: embeddings, final norm, head) are one
+ * FSDPParamGroup, gathered by one call and reduced by one (zp_impl_fsdp2.c). */
+gboolean zp_impl_fsdp2_root_joined(const ZpSchedule *s);
 
 /* The plan's model-state bytes per element: the precision and optimizer's, with the
  * gradients as the plan's implementation keeps them (ZpImpl grad_bytes). */

@@ -43,6 +43,37 @@ static int fsdp2_bucket_buffers(const ZpPlan *plan, double *elems)
     return 0;
 }
 
+/* fully_shard(model) on the root makes the parameters no child's fully_shard owns (the
+ * embeddings, the final norm, an untied head) one FSDPParamGroup
+ * (torch/distributed/fsdp/_fully_shard/_fully_shard.py fully_shard: _get_managed_modules
+ * skips the sharded children, _get_managed_states, one FSDPParamGroup(params, ...)), and a
+ * group is unsharded by one call and reduced by one (_fsdp_param_group.py unshard ->
+ * _fsdp_collectives.py foreach_all_gather over all its fsdp_params; post_backward ->
+ * foreach_reduce over all of them): units 0 and L + 1, not adjacent in the flat layout, are
+ * gathered and reduce-scattered together (on the plain reduce-scatter's path: not with qgZ
+ * or an offloaded optimizer, whose slices the builder takes bucket by bucket). */
+gboolean zp_impl_fsdp2_root_joined(const ZpSchedule *s)
+{
+    const int L = (int)s->model.layers;
+    return s->plan.impl == ZP_IMPL_FSDP2 && s->plan.zero.stage == 3 && s->n_units == L + 2 &&
+           s->unit_elems[0] > 0 && s->unit_elems[L + 1] > 0 &&
+           !s->plan.zero.zero_quantized_gradients &&
+           s->plan.zero.offload_optimizer.device == ZP_OFFLOAD_NONE;
+}
+
+/* FSDP's unit buckets, the root's two (unit L + 1's, launched at unit 0, then unit 0's) one
+ * reduction. */
+static void fsdp2_plan_buckets(const ZpSchedule *s, GArray *buckets)
+{
+    zp_impl_fsdp_plan_buckets(s, buckets);
+    if (!zp_impl_fsdp2_root_joined(s) || buckets->len < 2)
+        return;
+    ZpBucketSpec *k = (ZpBucketSpec *)buckets->data;
+    const guint last = buckets->len - 1;
+    if (k[0].low_unit == s->n_units - 1 && k[last].top_unit == 0 && k[0].launch_unit == 0)
+        k[last].joins_previous = TRUE;
+}
+
 /* FSDP's unit fetches, each as one all-gather of the unit's parameters padded one by one
  * (_fsdp_param.py: each parameter's dim 0 is padded to the world size, _get_dim0_padded_size)
  * into one output buffer (_fsdp_collectives.py foreach_all_gather: all_gather_output, the
@@ -74,6 +105,19 @@ static void keep_to_backward(const ZpSchedule *s, GArray *units)
     g_array_set_size(units, kept);
 }
 
+/* The root group's call: unit L + 1's tensors join unit 0's call (same trigger, use and
+ * free: zp_impl_fsdp_plan_fetches adds them one after the other). */
+static void join_root(const ZpSchedule *s, GArray *fetches)
+{
+    if (!zp_impl_fsdp2_root_joined(s))
+        return;
+    const int L = (int)s->model.layers;
+    ZpFetch *f = (ZpFetch *)fetches->data;
+    for (guint i = 1; i < fetches->len; i++)
+        if (f[i].unit == L + 1 && f[i - 1].unit == 0 && f[i].trigger_pos == f[i - 1].trigger_pos)
+            f[i].joins_previous = TRUE;
+}
+
 static void fsdp2_plan_fetches(const ZpSchedule *s, GArray *fetches)
 {
     GArray *units = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
@@ -101,6 +145,7 @@ static void fsdp2_plan_fetches(const ZpSchedule *s, GArray *fetches)
     g_free(first);
     g_array_unref(tensors);
     g_array_unref(units);
+    join_root(s, fetches);
 }
 
 static void fsdp2_persistent(const ZpSchedule *s, GArray *ranges)
@@ -150,7 +195,7 @@ const ZpImpl zp_impl_fsdp2 = {
      * while the current one computes) and in backward (_fsdp_param_group.py's backward
      * prefetch of the next module), and reduce-scattered in its post-backward. */
     .grad_collective = zp_impl_fsdp_grad_collective,
-    .plan_buckets = zp_impl_fsdp_plan_buckets,
+    .plan_buckets = fsdp2_plan_buckets,
     .bucket_buffers = fsdp2_bucket_buffers,
     .concat_copy = fsdp2_concat_copy,
     .copy_held_to_next = TRUE,

@@ -59,14 +59,51 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
     return a;
 }
 
+/* Whether tensor i is the stage's shared embedding weight: with a tied head under a pipeline
+ * (LanguageModule.setup_embeddings_and_output_layer sets shared_embedding only when the
+ * pipeline has more than one stage) the first stage's word embedding (unit 0's first tensor,
+ * wte) and the last stage's output-layer copy of it (what unit L + 1 holds beyond its own
+ * tensors, zp_impl_tensors: this rank's vocabulary rows). */
+static gboolean mg_shared_embedding(const ZpSchedule *s, const ZpImplTensor *t, guint n,
+                                    guint i)
+{
+    const int L = (int)s->model.layers;
+    if (zp_plan_pp(&s->plan) == 1 || !s->model.tied_embeddings)
+        return FALSE;
+    if (t[i].unit == 0)
+        return i == 0 || t[i - 1].unit != 0;
+    const uint64_t rows = ((uint64_t)s->model.vocab + (uint64_t)s->plan.mp - 1) /
+                          (uint64_t)s->plan.mp;
+    return t[i].unit == L + 1 && s->unit_elems[0] == 0 && (i + 1 == n || t[i + 1].unit != L + 1) &&
+           t[i].elems == rows * (uint64_t)s->model.hidden;
+}
+
+/* Closes bucket k at buffer element `end`, padded to `divisor` (0: none); returns where the
+ * next bucket starts. */
+static uint64_t close_bucket(ZpBucketSpec *k, uint64_t bucket_start, uint64_t end,
+                             uint64_t divisor, double bytes, GArray *buckets)
+{
+    const uint64_t bucket_end = divisor ? pad_up(end, divisor) : end;
+    k->bytes = (double)(bucket_end - bucket_start) * bytes;
+    k->padded_elems = bucket_end - bucket_start;
+    if (buckets)
+        g_array_append_val(buckets, *k);
+    return bucket_end;
+}
+
 /* param_and_grad_buffer.py _ParamAndGradBuffer.__init__: parameters are laid out in reverse
  * (roughly backward order); with the distributed optimizer each parameter starts at a
  * multiple of 64 elements (_pad_start_of_param_if_needed) and each bucket ends at a multiple
  * of lcm(dp, 128) (_pad_end_of_bucket_if_needed, pad_buckets_for_high_nccl_busbw off), so
  * that every rank's shard is equal. A bucket is closed once it holds bucket_size elements or
  * more (the parameter that crosses the size stays in it); without overlap_grad_reduce
- * bucket_size is None (distributed_data_parallel.py: one bucket). Fills `buckets` (may be
- * NULL) and returns the buffer's elements, padding included. */
+ * bucket_size is None (distributed_data_parallel.py: one bucket). With the distributed
+ * optimizer the shared embedding weight (mg_shared_embedding) is a bucket of its own: the one
+ * before it is closed and its own closed after it (_does_param_require_new_bucket, "so that
+ * the first and last pipeline stage partition optimizer state for the shared embedding
+ * parameters the same way across DP replicas, allowing the DP reduce-scatter to be before the
+ * embedding all-reduce"). Fills `buckets` (may be NULL) and returns the buffer's elements,
+ * padding included. */
 uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t *tensor_start)
 {
     const ZpPlan *p = &s->plan;
@@ -80,8 +117,14 @@ uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t 
     uint64_t start = 0, bucket_start = 0, end = 0;
     ZpBucketSpec k = {0};
     gboolean open = FALSE;
+    const uint64_t divisor = dist ? end_divisor : 0;
     for (int i = (int)tensors->len - 1; i >= 0; i--) {
         start = dist ? pad_up(start, 64) : start;
+        const gboolean alone = dist && mg_shared_embedding(s, t, tensors->len, (guint)i);
+        if (alone && open) {
+            bucket_start = start = close_bucket(&k, bucket_start, start, divisor, bytes, buckets);
+            open = FALSE;
+        }
         end = start + t[i].elems;
         if (tensor_start)
             tensor_start[i] = start;
@@ -89,20 +132,16 @@ uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t 
             /* Buckets are views of the main_grad buffer, reduced in place: no buffer of
              * their own (the schedule's bypass at stages 0-1). */
             k = (ZpBucketSpec){t[i].offset, t[i].offset + t[i].elems, 0, t[i].unit, t[i].unit,
-                               t[i].unit, -1, TRUE, 0, 0};
+                               t[i].unit, -1, TRUE, 0, 0, FALSE};
             open = TRUE;
         }
         k.lo = t[i].offset;
         k.low_unit = k.launch_unit = t[i].unit;
         k.n_items++;
         start = end;
-        if ((double)(end - bucket_start) >= limit || i == 0) {
-            const uint64_t bucket_end = dist ? pad_up(end, end_divisor) : end;
-            k.bytes = (double)(bucket_end - bucket_start) * bytes;
-            k.padded_elems = bucket_end - bucket_start;
-            if (buckets)
-                g_array_append_val(buckets, k);
-            bucket_start = start = end = bucket_end;
+        if ((double)(end - bucket_start) >= limit || i == 0 || alone) {
+            bucket_start = start = end = close_bucket(&k, bucket_start, end, divisor, bytes,
+                                                      buckets);
             open = FALSE;
         }
     }
@@ -253,6 +292,12 @@ const ZpImpl zp_impl_megatron = {
     .has_stage = mg_has_stage,
     .stages = "stages 0 (DistributedDataParallel) and 1 (--use-distributed-optimizer)",
     .grad_bytes = mg_grad_bytes,
+    /* megatron/core/distributed/finalize_model_grads.py finalize_model_grads: each chunk's
+     * finish_grad_sync (the DP reductions, waited for), then _allreduce_embedding_grads ->
+     * _allreduce_word_embedding_grads all-reduces the shared weight's whole main_grad over
+     * the embedding group (parallel_state's first and last pipeline stage); the optimizer
+     * step follows. */
+    .tied_sync_after_reduction = TRUE,
     .plan_defaults = mg_plan_defaults,
     .selective_recompute = TRUE,
     /* megatron/p2p_communication.py _communicate: with scatter_gather_tensors_in_pipeline

@@ -313,7 +313,8 @@ int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
  * for it. Nothing otherwise. */
 void zp_build_receive(Builder *b, int unit, int micro);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
-void zp_build_tied_sync(Builder *b);
+/* The tied embedding's gradient exchange, after the collectives in `after` too (NULL: none). */
+void zp_build_tied_sync(Builder *b, const GArray *after);
 
 /* ---- zp_build_optimizer.c ---- */
 

@@ -267,11 +267,21 @@ static void free_held_copy(Builder *b, uint32_t after)
     b->held_copy.buffer = -1;
 }
 
-static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *launched)
+/* Bucket `i`'s reduction, and with it bucket `joined`'s (ZpBucketSpec joins_previous; NONE:
+ * none): one copy-in of both, one collective over both ranges (from the lower one's start,
+ * their elements together), after both gradients. */
+static void launch_bucket(Builder *b, guint i, guint joined, int unit, int micro,
+                          GArray *launched)
 {
     const ZpSchedule *s = b->s;
     const ZpCollKind kind = b->impl->grad_collective(&s->plan);
     Bucket *k = zp_build_bucket(b, i);
+    Bucket *j = joined != NONE ? zp_build_bucket(b, joined) : NULL;
+    const double call_bytes = k->spec.bytes + (j ? j->spec.bytes : 0);
+    const uint64_t call_lo = j ? MIN(k->spec.lo, j->spec.lo) : k->spec.lo;
+    const uint64_t call_elems =
+        k->spec.hi - k->spec.lo + (j ? j->spec.hi - j->spec.lo : 0);
+    const guint last = j ? MAX(i, joined) : i; /* the later of them in bucket order */
     /* stage3.py __reduce_and_partition_ipg_grads: the host waits for the reduction three
      * buckets back before launching this one */
     b->reduce_gate = zp_build_host_sync(b->reduce_event, b->n_reduce_events, b->reduce_gate);
@@ -319,12 +329,16 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
              * comm_ctx.reduce_scatter_state before foreach_reduce) */
             free_held_copy(b, b->last_compute);
             uint32_t adeps[2] = {b->last_compute, after};
-            copy_op = zp_build_bucket_copy(b, k, k->spec.bytes, micro, adeps, 2, copies);
+            copy_op = zp_build_bucket_copy(b, k, call_bytes, micro, adeps, 2, copies);
         }
-        uint32_t cdeps[4] = {k->alloc_op, b->last_compute, after, copy_op};
-        k->coll_op =
-            zp_build_emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
-                                     k->spec.hi - k->spec.lo, k->spec.bytes, cdeps, 4);
+        uint32_t cdeps[5] = {k->alloc_op, b->last_compute, after, copy_op,
+                             j ? j->alloc_op : NONE};
+        /* a joined call works in its copy-in, the one buffer that holds both */
+        const int buffer = j && copies->len > 0
+                               ? g_array_index(copies, Copy, copies->len - 1).buffer
+                               : k->buffer;
+        k->coll_op = zp_build_emit_collective(b, kind, ZP_GROUP_DP, unit, micro, buffer,
+                                              call_lo, call_elems, call_bytes, cdeps, j ? 5 : 4);
     }
     const uint32_t drained = zp_build_offload_grad_slice(b, k, unit, micro);
     /* the reduced slices are views of the copies (or, qgZ's, its outputs) until they went
@@ -348,6 +362,8 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
     const gboolean copied = copies->len > 0;
     g_array_unref(copies);
     k->drain_op = drained;
+    if (j)
+        j->coll_op = k->coll_op, j->drain_op = drained;
     zp_build_record_event(b->reduce_event, &b->n_reduce_events, drained);
     if (read == NONE)
         read = drained;
@@ -364,6 +380,9 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
             b->impl->frees_at_issue || (b->impl->copy_held_to_next && copied);
         zp_build_emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit, micro, k->buffer,
                            at_issue ? taken : read);
+        if (j && j->buffer >= 0) /* its gradients went into the same copy-in: freed with k's */
+            zp_build_emit_free(b, ZP_MEM_BUCKETS, own_bytes(b, j), j->spec.top_unit, micro,
+                               j->buffer, at_issue ? MAX(j->alloc_op, b->last_compute) : read);
     }
     /* the full gradients of the units whose last bucket this is: each was copied into its
      * bucket and dropped (ZpImpl full_grads_transient), freed once the host issued it */
@@ -373,9 +392,9 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
                                micro, b->unit_grad[u], b->last_compute);
             b->unit_grad[u] = -1;
         }
-    if (copy_bytes > 0 && i + 1 == b->buckets->len) /* added into the state, then freed */
+    if (copy_bytes > 0 && last + 1 == b->buckets->len) /* added into the state, then freed */
         zp_build_emit_free(b, ZP_MEM_GRADS, copy_bytes, -1, micro, b->grad_copy, drained);
-    if (i + 1 == b->buckets->len) /* the backward's last reduction has run */
+    if (last + 1 == b->buckets->len) /* the backward's last reduction has run */
         free_held_copy(b, drained);
     if (!s->plan.zero.overlap_comm)
         g_array_append_val(b->sync_deps, k->coll_op);
@@ -387,10 +406,15 @@ static void launch_bucket(Builder *b, guint i, int unit, int micro, GArray *laun
  * with module -1 (after the unit's whole backward) every one left. */
 void zp_build_launch_buckets(Builder *b, int unit, int module, int micro, GArray *launched)
 {
-    for (guint j = b->launch_start[unit]; j < b->launch_start[unit + 1]; j++) {
+    const guint end = b->launch_start[unit + 1];
+    for (guint j = b->launch_start[unit]; j < end; j++) {
         const guint i = g_array_index(b->launch, guint, j);
-        if (zp_build_bucket(b, i)->coll_op == NONE &&
-            (module < 0 || zp_build_bucket(b, i)->spec.launch_module == module))
-            launch_bucket(b, i, unit, micro, launched);
+        if (zp_build_bucket(b, i)->coll_op != NONE ||
+            (module >= 0 && zp_build_bucket(b, i)->spec.launch_module != module))
+            continue;
+        /* the next bucket launched here reduced by the same call (joins_previous) */
+        const guint next = j + 1 < end ? g_array_index(b->launch, guint, j + 1) : NONE;
+        const gboolean joins = next != NONE && zp_build_bucket(b, next)->spec.joins_previous;
+        launch_bucket(b, i, joins ? next : NONE, unit, micro, launched);
     }
 }

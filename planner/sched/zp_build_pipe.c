@@ -63,7 +63,7 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
  * Megatron all-reduces word_embeddings' main_grad over its embedding group of the first and
  * last stage (megatron/core/distributed/finalize_model_grads.py
  * _allreduce_word_embedding_grads). Two ranks' all-reduce sends S each way, as here. */
-void zp_build_tied_sync(Builder *b)
+void zp_build_tied_sync(Builder *b, const GArray *after)
 {
     const ZpSchedule *s = b->s;
     const int P = zp_plan_pp(&s->plan), L = (int)s->model.layers;
@@ -76,6 +76,8 @@ void zp_build_tied_sync(Builder *b)
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     g_array_append_val(deps, b->last_compute);
     g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    if (after) /* the reductions it follows (ZpImpl tied_sync_after_reduction) */
+        g_array_append_vals(deps, after->data, after->len);
     ZpOp op = {.kind = ZP_OP_P2P, .sub = ZP_P2P_TIED, .stream = ZP_STREAM_PP,
                .group = ZP_GROUP_PP, .unit = first ? 0 : L + 1, .micro = last_micro,
                .buffer = -1, .peer = (uint32_t)(first ? P - 1 : 0),

@@ -235,7 +235,8 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
                    i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL, a,
                    deps, launched);
     g_array_unref(actions);
-    zp_build_tied_sync(b);
+    if (!b->impl->tied_sync_after_reduction)
+        zp_build_tied_sync(b, NULL);
     /* DeepSpeed's pipeline engine reduces the stage's gradients once its last backward is
      * done (TrainSchedule's ReduceGrads after the flush, deepspeed/runtime/pipe/schedule.py),
      * over the stage's own data-parallel group, bucket by bucket from the last unit down. */
@@ -244,6 +245,8 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
             zp_build_launch_buckets(b, u, -1, plan->grad_accum - 1, launched);
     if (P > 1 && zp_build_held_span(b) != ZP_HELD_ALL_STEP)
         zp_build_free_held_buckets(b, plan->grad_accum - 1, NONE);
+    if (b->impl->tied_sync_after_reduction)
+        zp_build_tied_sync(b, launched);
     zp_build_optimizer_step(b, launched);
     if (b->resident >= 0)
         zp_build_emit_free(b, ZP_MEM_WORKSPACE, zp_cost_resident_workspace_bytes(&s->model, plan),
