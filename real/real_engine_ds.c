@@ -64,6 +64,24 @@ static gboolean index_tensors(RealDs *ds, GError **error)
     return TRUE;
 }
 
+/* The bucket whose experts hold expert-space offset `at`, -1 none. */
+static int expert_bucket(const RealDs *ds, uint64_t at)
+{
+    for (int k = 0; k < ds->n_buckets; k++)
+        if (ds->bk[k].xelems > 0 && ds->bk[k].xlo <= at &&
+            at < ds->bk[k].xlo + ds->bk[k].xelems)
+            return k;
+    return -1;
+}
+
+/* A bucket's experts' reduction over the EDP group (ZpImpl experts_in_buckets). */
+static gboolean is_expert_reduction(const RealDs *ds, const ZpOp *op)
+{
+    return op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_EDP &&
+           op->sub != ZP_COLL_ALLGATHER && op->buffer >= 0 &&
+           expert_bucket(ds, op->elem_offset) >= 0;
+}
+
 /* The implementation's buckets (under qgZ a bucket is reduced tensor by tensor, by several
  * ops), and the buffer each lands in per micro-step: the one its reductions read; a buffer
  * reducing more than one bucket is a held ipg buffer. */
@@ -78,9 +96,16 @@ static gboolean index_buckets(RealDs *ds, GError **error)
     ds->bk = g_new(Bucket, MAX(specs->len, 1));
     for (guint k = 0; k < specs->len; k++) {
         const ZpBucketSpec *b = &g_array_index(specs, ZpBucketSpec, k);
-        ds->bk[k] = (Bucket){b->lo, b->hi, -1};
+        ds->bk[k] = (Bucket){b->lo, b->hi, -1, 0, 0};
     }
     g_array_unref(specs);
+    GArray *experts = zp_impl_bucket_experts(s);
+    for (guint k = 0; experts && k < experts->len && (int)k < ds->n_buckets; k++) {
+        ds->bk[k].xlo = g_array_index(experts, ZpBucketExperts, k).lo;
+        ds->bk[k].xelems = g_array_index(experts, ZpBucketExperts, k).elems;
+    }
+    if (experts)
+        g_array_unref(experts);
     const int G = s->plan.grad_accum;
     ds->bucket_buffer = g_new(int, MAX((gsize)G * (gsize)ds->n_buckets, 1));
     for (int i = 0; i < G * ds->n_buckets; i++)
@@ -92,6 +117,18 @@ static gboolean index_buckets(RealDs *ds, GError **error)
         first[b] = -1;
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
+        if (is_expert_reduction(ds, op)) { /* a bucket's experts, from the same buffer */
+            const int k = expert_bucket(ds, op->elem_offset);
+            if (k < 0 || op->micro < 0 || op->micro >= G || op->buffer < 0)
+                return g_free(first), fail(error, "op %u: an expert gradient reduction of no "
+                                                  "bucket's experts, or with no buffer", i);
+            const int at = op->micro * ds->n_buckets + k;
+            ds->bucket_buffer[at] = op->buffer;
+            ds->held[op->buffer] |= first[op->buffer] >= 0 && first[op->buffer] != at;
+            if (first[op->buffer] < 0)
+                first[op->buffer] = at;
+            continue;
+        }
         if (!is_reduction(ds, op))
             continue;
         const int k = bucket_at(ds, op->elem_offset);
@@ -323,6 +360,11 @@ static RealBf16 *tensor_params(RealDs *ds, const Tensor *t, GError **error)
                 t->unit, t->k), NULL;
 }
 
+static int pending_bucket(const RealDs *ds, const Pending *w)
+{
+    return w->tensor == NO_TENSOR ? w->bucket : ds->t[w->tensor].bucket;
+}
+
 /* Whether bucket k of micro-step `micro` has its place (its own buffer, or the held ipg
  * buffer) or can take it now: an ipg buffer holds one bucket at a time, from its first
  * gradient to its reduction (DeepSpeed's bucket.buffer from offset 0, emptied by
@@ -334,7 +376,7 @@ static gboolean has_room(const RealDs *ds, int k, int micro)
     if (id < 0 || !ds->held[id] || ds->bk[k].landed_in == id)
         return TRUE;
     for (guint i = 0; i < ds->pending->len; i++)
-        if (ds->t[g_array_index(ds->pending, Pending, i).tensor].bucket < k)
+        if (pending_bucket(ds, &g_array_index(ds->pending, Pending, i)) < k)
             return FALSE;
     for (int j = 0; j < ds->n_buckets; j++)
         if (ds->bk[j].landed_in == id)
@@ -365,7 +407,7 @@ RealBf16 *real_ds_land(RealDs *ds, int k, int micro, GError **error)
                         "has no room for it", ds->rank, b->lo, b->hi,
                         ds->s->plan.zero.reduce_bucket_size), NULL;
         b->landed_in = id;
-        ds->be->fill(ds->be, buf, 0, (b->hi - b->lo) * sizeof(RealBf16));
+        ds->be->fill(ds->be, buf, 0, (b->hi - b->lo + b->xelems) * sizeof(RealBf16));
     }
     return buf;
 }
@@ -384,7 +426,8 @@ static RealBf16 *grad_place(RealDs *ds, guint x, int micro, GError **error)
         if (w->tensor == x && w->micro == micro)
             return w->grad;
     }
-    const Pending w = {x, micro, take(ds, t->elems * sizeof(RealBf16), ZP_MEM_WORKSPACE, error)};
+    const Pending w = {x, micro, take(ds, t->elems * sizeof(RealBf16), ZP_MEM_WORKSPACE, error),
+                       -1, 0, 0};
     if (w.grad)
         g_array_append_val(ds->pending, w);
     return w.grad;
@@ -396,20 +439,72 @@ gboolean real_ds_land_pending(RealDs *ds, GError **error)
 {
     for (guint i = 0; i < ds->pending->len;) {
         const Pending w = g_array_index(ds->pending, Pending, i);
-        const Tensor *t = &ds->t[w.tensor];
-        if (!has_room(ds, t->bucket, w.micro)) {
+        const int k = pending_bucket(ds, &w);
+        if (!has_room(ds, k, w.micro)) {
             i++;
             continue;
         }
-        RealBf16 *place = real_ds_land(ds, t->bucket, w.micro, error);
+        RealBf16 *place = real_ds_land(ds, k, w.micro, error);
         if (!place)
             return FALSE;
-        ds->be->copy(ds->be, place + (t->offset - ds->bk[t->bucket].lo), w.grad,
-                     t->elems * sizeof(RealBf16));
+        if (w.tensor == NO_TENSOR) /* experts: after the bucket's dense part */
+            ds->be->copy(ds->be, place + (ds->bk[k].hi - ds->bk[k].lo) + w.at, w.grad,
+                         w.elems * sizeof(RealBf16));
+        else
+            ds->be->copy(ds->be, place + (ds->t[w.tensor].offset - ds->bk[k].lo), w.grad,
+                         ds->t[w.tensor].elems * sizeof(RealBf16));
         ds->be->free(ds->be, w.grad);
         g_array_remove_index(ds->pending, i);
     }
     return TRUE;
+}
+
+RealBf16 *real_ds_expert_grads(RealDs *ds, uint64_t at, uint64_t elems, int micro,
+                               GError **error)
+{
+    const int k = expert_bucket(ds, at);
+    if (k < 0 || at + elems > ds->bk[k].xlo + ds->bk[k].xelems)
+        return fail(error, "rank %d: experts at %" G_GUINT64_FORMAT " are in no gradient bucket",
+                    ds->rank, at), NULL;
+    const uint64_t in = at - ds->bk[k].xlo;
+    if (has_room(ds, k, micro)) {
+        RealBf16 *place = real_ds_land(ds, k, micro, error);
+        return place ? place + (ds->bk[k].hi - ds->bk[k].lo) + in : NULL;
+    }
+    for (guint i = 0; i < ds->pending->len; i++) {
+        const Pending *w = &g_array_index(ds->pending, Pending, i);
+        if (w->tensor == NO_TENSOR && w->bucket == k && w->at == in && w->micro == micro)
+            return w->grad;
+    }
+    const uint64_t bytes = elems * sizeof(RealBf16);
+    const Pending w = {NO_TENSOR, micro, take(ds, bytes, ZP_MEM_WORKSPACE, error), k, in, elems};
+    if (!w.grad)
+        return NULL;
+    ds->be->fill(ds->be, w.grad, 0, bytes);
+    g_array_append_val(ds->pending, w);
+    return w.grad;
+}
+
+RealBf16 *real_ds_expert_region(RealDs *ds, uint64_t lo, uint64_t elems, int micro, int *bucket,
+                                GError **error)
+{
+    const int k = *bucket = expert_bucket(ds, lo);
+    if (k < 0 || ds->bk[k].xlo != lo || ds->bk[k].xelems != elems)
+        return fail(error, "rank %d: an expert reduction [%" G_GUINT64_FORMAT ", +%"
+                    G_GUINT64_FORMAT ") of no bucket's experts", ds->rank, lo, elems), NULL;
+    if (!real_ds_land_pending(ds, error))
+        return NULL;
+    const int id = ds->bucket_buffer[micro * ds->n_buckets + k];
+    if (id < 0 || ds->bk[k].landed_in != id)
+        return fail(error, "rank %d: bucket %d's experts are reduced before they landed",
+                    ds->rank, k), NULL;
+    return (RealBf16 *)ds->buffers[id] + (ds->bk[k].hi - ds->bk[k].lo);
+}
+
+gboolean real_ds_experts_reduced(RealDs *ds, int k, GError **error)
+{
+    ds->bk[k].landed_in = -1;
+    return real_ds_land_pending(ds, error);
 }
 
 /* The tied head's wte gradient of micro-step `micro` when it waits in a buffer of its own:

@@ -42,6 +42,16 @@ gboolean real_ds_params(RealDs *ds, int unit, uint32_t used, RealGptTensors *out
 /* Where the compute op of micro-step `micro` accumulates unit u's gradients of the tensors in
  * `used`: each in the bucket that reduces it (a held ipg buffer at the bucket's place in it,
  * or the bucket's own buffer). */
+/* ZpImpl experts_in_buckets: where `elems` expert gradients from expert-space offset `at`
+ * land in micro-step `micro`: their place after their bucket's dense part, or while it has no
+ * room a zeroed buffer of their own, copied in when it has (as a dense tensor waits). */
+RealBf16 *real_ds_expert_grads(RealDs *ds, uint64_t at, uint64_t elems, int micro,
+                               GError **error);
+/* A bucket's experts [lo, lo + elems) as their EDP reduction reads them (*bucket: which), and
+ * after it the bucket's place given back. */
+RealBf16 *real_ds_expert_region(RealDs *ds, uint64_t lo, uint64_t elems, int micro, int *bucket,
+                                GError **error);
+gboolean real_ds_experts_reduced(RealDs *ds, int bucket, GError **error);
 gboolean real_ds_grads(RealDs *ds, int unit, uint32_t used, int micro, RealGptTensors *out,
                        GError **error);
 

@@ -138,7 +138,8 @@ static RealBf16 *reduced_grads(RealDs *ds, const ZpOp *op, int *bucket, GError *
  * buffer is free again, and the gradients waiting for room are copied in. */
 static gboolean reduced(RealDs *ds, const ZpOp *op, int k, GError **error)
 {
-    if (op->elem_offset + op->elems == ds->bk[k].hi)
+    /* a bucket with experts stays until their reduction (real_ds_experts_reduced) */
+    if (op->elem_offset + op->elems == ds->bk[k].hi && ds->bk[k].xelems == 0)
         ds->bk[k].landed_in = -1;
     return real_ds_land_pending(ds, error);
 }

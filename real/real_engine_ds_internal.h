@@ -43,14 +43,20 @@ typedef struct {
  * reduces the full bucket first, then __add_grad_to_ipg_bucket copies). The schedule lists
  * these buffers by the same rule (zp_sched.c hand_on, land_waits). */
 typedef struct {
-    guint tensor;
+    guint tensor; /* NO_TENSOR: a sparse unit's experts (ZpImpl experts_in_buckets) */
     int micro;
     RealBf16 *grad;
+    int bucket;            /* the experts': their bucket, where in its experts, how many */
+    uint64_t at, elems;
 } Pending;
+#define NO_TENSOR G_MAXUINT
 
 typedef struct {
     uint64_t lo, hi;  /* flat range of whole tensors */
     int landed_in;    /* the held buffer holding its gradients until reduced, -1 none */
+    /* its experts' range of the expert space (ZpBucketExperts), after the dense part in its
+     * place; it stays landed until their reduction over the EDP group */
+    uint64_t xlo, xelems;
 } Bucket;
 
 struct RealDs {

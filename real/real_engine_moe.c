@@ -34,6 +34,10 @@ struct RealEngineMoe {
      * (the buffer an EDP reduce-scatter names), -1 none; which buffer ids are such buckets. */
     int bucket_id, bucket_unit;
     gboolean *edp_bucket;
+    /* ZpImpl experts_in_buckets (DeepSpeed's stage 2): the expert gradients land in the
+     * DeepSpeed plug-in's ipg buckets (real_ds_expert_grads) */
+    gboolean in_ipg;
+    int micro; /* the sparse block under way's micro-step */
     gboolean scattered; /* the expert gradients kept as the EDP partition (from stage 2, and
                          * DeepSpeed's stage 1: zp_build_moe_grads_partitioned) */
     MoeState state;
@@ -184,10 +188,11 @@ gboolean real_engine_moe_states(RealEngine *e, GError **error)
     m->gathered = g_new0(RealBf16 *, s->n_units);
     m->bucket_id = m->bucket_unit = -1;
     m->edp_bucket = g_new0(gboolean, MAX(e->n_buffers, 1));
+    m->in_ipg = e->ds && zp_impl_experts_in_buckets(s);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_EDP && op->buffer >= 0 &&
-            op->buffer < e->n_buffers)
+            op->buffer < e->n_buffers && !m->in_ipg)
             m->edp_bucket[op->buffer] = TRUE;
     }
     for (int u = 0, off = 0; u < s->n_units; u++) {
@@ -254,6 +259,12 @@ static RealBf16 *experts_at(RealEngine *e, int u, gboolean grads)
     const ZpSchedule *s = e->s;
     if (grads && m->bucket_unit == u && m->bucket_id >= 0) /* from stage 2, dp / EP > 1 */
         return e->buffers[m->bucket_id];
+    if (grads && m->in_ipg) /* handed on to their ipg bucket by the experts' backward */
+        return m->backward && m->unit == u &&
+                       (m->state == MOE_ROUTED || m->state == MOE_DISPATCHED)
+                   ? real_ds_expert_grads(e->ds, zp_sched_unit_expert_offset(s, u),
+                                          zp_sched_unit_expert_elems(s, u), m->micro, NULL)
+                   : NULL;
     if (grads) /* whole below stage 2; from stage 2 at EP = dp the partition is the whole
                 * unit, laid out as stage 3's slices or stage 2's flat range */
         return m->grads + (e->stage < 3 ? zp_sched_unit_expert_offset(s, u) : m->part_off[u]);
@@ -387,11 +398,9 @@ void real_engine_moe_freed(RealEngine *e, const void *p)
  * rank's share delivered into its partition (stored at micro-step 0, added after): at stage 3
  * the unit's own padded slices, at stage 2 the part of the unit's range in the flat
  * partition [q P, (q + 1) P) of each rank q. */
-static gboolean reduce_experts(RealEngine *e, const ZpOp *op, GError **error)
+static gboolean reduce_experts(RealEngine *e, const ZpOp *op, RealBf16 *bucket, GError **error)
 {
     RealEngineMoe *m = moe_of(e);
-    RealBf16 *bucket = op->buffer >= 0 && op->buffer == m->bucket_id ? e->buffers[op->buffer]
-                                                                     : NULL;
     if (!bucket)
         return fail(error, "rank %d: unit %d's expert gradients are reduced from no bucket",
                     e->rank, op->unit);
@@ -424,6 +433,27 @@ static gboolean reduce_experts(RealEngine *e, const ZpOp *op, GError **error)
                                                 (uint64_t)m->edp_rank * P);
     real_engine_deliver(e->be, dst, bucket + at, mine, op->micro > 0);
     return TRUE;
+}
+
+/* A unit's own expert bucket (zp_build_moe_backward), or NULL. */
+static RealBf16 *unit_bucket(RealEngine *e, const ZpOp *op)
+{
+    const RealEngineMoe *m = moe_of(e);
+    return op->buffer >= 0 && op->buffer == m->bucket_id ? e->buffers[op->buffer] : NULL;
+}
+
+/* ZpImpl experts_in_buckets: an ipg bucket's experts, landed after its dense part as the hooks
+ * copy each parameter's gradient in (stage_1_and_2.py
+ * reduce_independent_p_g_buckets_and_remove_grads), reduced over the EDP group (average_tensor's
+ * allreduce_and_scatter for their process group) and delivered; then the bucket's place is
+ * free for the next. */
+static gboolean reduce_ipg_experts(RealEngine *e, const ZpOp *op, GError **error)
+{
+    int k;
+    RealBf16 *experts =
+        real_ds_expert_region(e->ds, op->elem_offset, op->elems, op->micro, &k, error);
+    return experts && reduce_experts(e, op, experts, error) &&
+           real_ds_experts_reduced(e->ds, k, error);
 }
 
 /* Half h (0: send, 1: receive) of EP buffer `id`. */
@@ -474,10 +504,12 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
     RealEngineMoe *m = moe_of(e);
     if (!m->edp)
         return fail(error, "an expert-data-parallel collective with one rank in the group");
+    if ((op->sub == ZP_COLL_ALLREDUCE || op->sub == ZP_COLL_REDUCE_SCATTER) && m->in_ipg)
+        return reduce_ipg_experts(e, op, error);
     if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit >= 0)
         return m->edp->allreduce_bf16(m->edp, m->grads + op->elem_offset, op->elems, error);
     if (op->sub == ZP_COLL_ALLREDUCE && m->scattered && op->unit >= 0)
-        return reduce_experts(e, op, error);
+        return reduce_experts(e, op, unit_bucket(e, op), error);
     if (op->sub == ZP_COLL_ALLREDUCE && !m->scattered && op->unit < 0 && op->buffer >= 0 &&
         op->buffer < e->n_buffers && e->buffers[op->buffer] &&
         op->elem_offset + op->elems <= m->x.total_elems) {
@@ -492,7 +524,7 @@ static gboolean edp_collective(RealEngine *e, const ZpOp *op, GError **error)
         return TRUE;
     }
     if (op->sub == ZP_COLL_REDUCE_SCATTER && m->scattered && op->unit >= 0)
-        return reduce_experts(e, op, error);
+        return reduce_experts(e, op, unit_bucket(e, op), error);
     if (op->sub == ZP_COLL_ALLGATHER && op->unit < 0 && (e->stage == 1 || e->stage == 2)) {
         const uint64_t part = m->x.partition_elems;
         return m->edp->allgather_bf16(m->edp, m->params + m->part_base, part, m->params, error);
@@ -630,7 +662,7 @@ gboolean real_engine_moe_compute(RealEngine *e, const ZpOp *op, const RealGptTen
         if (!(buf = half(e, m->in_id, 0, error)))
             return FALSE;
         real_gpt_moe_bind(e->gpt, buf);
-        m->state = MOE_ROUTED, m->unit = op->unit, m->backward = TRUE;
+        m->state = MOE_ROUTED, m->unit = op->unit, m->backward = TRUE, m->micro = op->micro;
         return real_gpt_block_backward_module_t(e->gpt, l, REAL_GPT_MOD_FC2, p, e->dx, e->dx,
                                                 NULL, error);
     case ZP_COMP_EXPERT_BWD:

@@ -606,14 +606,19 @@ static void test_expert_grad_reduction(void)
         int impl, stage;
         gboolean overlap;
         ZpCollKind kind;
+        uint64_t elems; /* each reduction's */
+        guint reductions, waited; /* and those the next compute op waits for */
     } cases[] = {
-        {ZP_IMPL_DEEPSPEED, 1, FALSE, ZP_COLL_ALLREDUCE},
-        {ZP_IMPL_DEEPSPEED, 2, FALSE, ZP_COLL_ALLREDUCE},
-        {ZP_IMPL_DEEPSPEED, 2, TRUE, ZP_COLL_ALLREDUCE},
-        {ZP_IMPL_DEEPSPEED, 3, TRUE, ZP_COLL_REDUCE_SCATTER},
-        {ZP_IMPL_MEGATRON, 1, FALSE, ZP_COLL_REDUCE_SCATTER},
-        {ZP_IMPL_PAPER, 1, FALSE, ZP_COLL_ALLREDUCE},
-        {ZP_IMPL_PAPER, 2, FALSE, ZP_COLL_REDUCE_SCATTER},
+        {ZP_IMPL_DEEPSPEED, 1, FALSE, ZP_COLL_ALLREDUCE, 12288, 2, 2},
+        /* stage 2: both units' experts in the one 5e8-element ipg bucket, reduced once by
+         * the epilogue, which the step waits for with or without overlap_comm
+         * (test_experts_in_ipg_buckets) */
+        {ZP_IMPL_DEEPSPEED, 2, FALSE, ZP_COLL_ALLREDUCE, 24576, 1, 1},
+        {ZP_IMPL_DEEPSPEED, 2, TRUE, ZP_COLL_ALLREDUCE, 24576, 1, 1},
+        {ZP_IMPL_DEEPSPEED, 3, TRUE, ZP_COLL_REDUCE_SCATTER, 12288, 2, 0},
+        {ZP_IMPL_MEGATRON, 1, FALSE, ZP_COLL_REDUCE_SCATTER, 12288, 2, 2},
+        {ZP_IMPL_PAPER, 1, FALSE, ZP_COLL_ALLREDUCE, 12288, 2, 2},
+        {ZP_IMPL_PAPER, 2, FALSE, ZP_COLL_REDUCE_SCATTER, 12288, 2, 2},
     };
     for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
         ZpPlan p;
@@ -638,24 +643,121 @@ static void test_expert_grad_reduction(void)
                 op->sub == ZP_COLL_ALLGATHER)
                 continue;
             g_assert_cmpint(op->sub, ==, cases[c].kind);
-            g_assert_cmpuint(op->elems, ==, 12288);
+            g_assert_cmpuint(op->elems, ==, cases[c].elems);
             reductions++;
             for (guint j = i + 1; j < s->ops->len; j++) { /* the next compute op */
                 const ZpOp *next = zp_sched_op(s, j);
                 if (next->kind != ZP_OP_COMPUTE)
                     continue;
                 const uint32_t *deps = zp_sched_deps(s, next);
+                gboolean waits = FALSE;
                 for (uint32_t d = 0; d < next->n_deps; d++)
-                    waited += deps[d] == i;
+                    waits |= deps[d] == i;
+                waited += waits;
                 break;
             }
         }
         g_test_message("impl %d stage %d overlap %d: %u reductions, %u waited for", cases[c].impl,
                        cases[c].stage, cases[c].overlap, reductions, waited);
-        g_assert_cmpuint(reductions, ==, 2);
-        g_assert_cmpuint(waited, ==, cases[c].overlap ? 0 : 2);
+        g_assert_cmpuint(reductions, ==, cases[c].reductions);
+        g_assert_cmpuint(waited, ==, cases[c].waited);
         zp_sched_free(s);
     }
+}
+
+/* DeepSpeed's stage 2 puts the expert gradients in the dense ones' ipg buckets
+ * (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads counts every parameter
+ * against reduce_bucket_size) and reduces each bucket's slices over their parameters' groups
+ * (average_tensor: one allreduce_and_scatter per process group). By hand for the 2-layer MoE at
+ * dp 4, EP 2 (EDP 2), reduce_bucket_size 20,000: units 0-3 hold 8,192 | 16,768 | 16,768 | 8,256
+ * dense elements at offsets 0, 8,192, 24,960, 41,728 (a block: ln1 64, qkv 12,288, proj 4,096,
+ * ln2 64, router 256), and each block 2 experts x 3 x 64 x 32 = 12,288 expert elements, unit 1's
+ * at 0 and unit 2's at 12,288 of the expert space, handed on before the block's own. From the
+ * last gradient down:
+ *   0: head 8,192 + ln_f 64 = 8,256 (unit 2's experts would make 20,544): [41,728, 49,984);
+ *   1: unit 2's experts 12,288 + router, ln2, proj 4,416 (qkv would make 28,992);
+ *   2: qkv 12,288 + ln1 64 = 12,352 (unit 1's experts would make 24,640): [24,960, 37,312);
+ *   3: unit 1's experts + 4,416: [20,544, 24,960); 4: [8,192, 20,544); 5: wte [0, 8,192).
+ * Each bucket's dense range all-reduced over dp, then its experts over EDP, from the one held
+ * 40,000-byte ipg buffer; no bucket of the experts' own. */
+static void test_experts_in_ipg_buckets(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 2, 4, 1);
+    p.impl = ZP_IMPL_DEEPSPEED;
+    p.precision = ZP_PREC_BF16;
+    p.micro_batch = 1;
+    p.experts.ep = 2;
+    zp_impl_plan_defaults(&p);
+    p.zero.reduce_bucket_size = 20000;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    static const struct {
+        uint64_t lo, hi, expert_lo, expert_elems;
+        gboolean on_top;
+    } want[] = {
+        {41728, 49984, 0, 0, FALSE},   {37312, 41728, 12288, 12288, TRUE},
+        {24960, 37312, 0, 0, FALSE},   {20544, 24960, 0, 12288, TRUE},
+        {8192, 20544, 0, 0, FALSE},    {0, 8192, 0, 0, FALSE},
+    };
+    GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    zp_impl_get(p.impl)->plan_buckets(s, specs);
+    GArray *experts = zp_impl_bucket_experts(s);
+    g_assert_nonnull(experts);
+    g_assert_cmpuint(specs->len, ==, G_N_ELEMENTS(want));
+    g_assert_cmpuint(experts->len, ==, G_N_ELEMENTS(want));
+    for (guint i = 0; i < specs->len; i++) {
+        const ZpBucketSpec *k = &g_array_index(specs, ZpBucketSpec, i);
+        const ZpBucketExperts *x = &g_array_index(experts, ZpBucketExperts, i);
+        g_assert_cmpuint(k->lo, ==, want[i].lo);
+        g_assert_cmpuint(k->hi, ==, want[i].hi);
+        g_assert_cmpuint(x->elems, ==, want[i].expert_elems);
+        if (x->elems > 0)
+            g_assert_cmpuint(x->lo, ==, want[i].expert_lo);
+        g_assert_cmpint(x->on_top, ==, want[i].on_top);
+        g_assert_cmpfloat(k->bytes, ==, 2.0 * (double)(k->hi - k->lo + x->elems));
+        /* the bucket before one whose experts come first launches after those experts */
+        if (i + 1 < specs->len && want[i + 1].on_top)
+            g_assert_cmpint(k->launch_module, ==, ZP_LAUNCH_EXPERTS);
+    }
+    g_array_unref(experts);
+    g_array_unref(specs);
+    /* the reductions in order: each bucket's dense range over dp, its experts over EDP */
+    static const struct {
+        ZpGroup group;
+        uint64_t offset, elems;
+    } colls[] = {
+        {ZP_GROUP_DP, 41728, 8256},  {ZP_GROUP_DP, 37312, 4416}, {ZP_GROUP_EDP, 12288, 12288},
+        {ZP_GROUP_DP, 24960, 12352}, {ZP_GROUP_DP, 20544, 4416}, {ZP_GROUP_EDP, 0, 12288},
+        {ZP_GROUP_DP, 8192, 12352},  {ZP_GROUP_DP, 0, 8192},
+    };
+    guint n = 0, bucket_allocs = 0;
+    int ipg = -1;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_BUCKETS) {
+            g_assert_cmpfloat(op->bytes, ==, 40000); /* the held ipg buffer, alone */
+            ipg = op->buffer;
+            bucket_allocs++;
+        }
+        if (op->kind != ZP_OP_COLLECTIVE || op->sub == ZP_COLL_ALLGATHER ||
+            (op->group != ZP_GROUP_DP && op->group != ZP_GROUP_EDP))
+            continue;
+        g_assert_cmpuint(n, <, G_N_ELEMENTS(colls));
+        g_assert_cmpint(op->sub, ==, ZP_COLL_ALLREDUCE);
+        g_assert_cmpint(op->group, ==, colls[n].group);
+        g_assert_cmpuint(op->elem_offset, ==, colls[n].offset);
+        g_assert_cmpuint(op->elems, ==, colls[n].elems);
+        g_assert_cmpfloat(op->bytes, ==, 2.0 * (double)colls[n].elems);
+        g_assert_cmpint(op->buffer, ==, ipg);
+        n++;
+    }
+    g_assert_cmpuint(n, ==, G_N_ELEMENTS(colls));
+    g_assert_cmpuint(bucket_allocs, ==, 1);
+    zp_sched_free(s);
 }
 
 /* A block's own kernels (zp_inventory_moe_block) against the op the builder emits, by hand for
@@ -748,5 +850,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
     g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);
     g_test_add_func("/moe-sched/block-kernels", test_block_kernels);
+    g_test_add_func("/moe-sched/experts-in-ipg-buckets", test_experts_in_ipg_buckets);
     return g_test_run();
 }

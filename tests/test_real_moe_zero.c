@@ -11,8 +11,21 @@
 #define NO_DROPS "2"  /* capacity factor E / k: no copy dropped, whatever the split */
 
 /* The plan zreal builds from these flags, for the schedule's figures. */
+static ZpSchedule *moe_schedule_buckets(int stage, int ranks, int ep, gboolean checkpoint,
+                                        int accum, ZpImplKind impl, double bucket_elems,
+                                        gboolean overlap);
+
 static ZpSchedule *moe_schedule_impl(int stage, int ranks, int ep, gboolean checkpoint,
                                      int accum, ZpImplKind impl)
+{
+    return moe_schedule_buckets(stage, ranks, ep, checkpoint, accum, impl, 0, FALSE);
+}
+
+/* The same with reduce_bucket_size `bucket_elems` (0: the default) and overlap_comm on or not
+ * (the default: off below stage 3). */
+static ZpSchedule *moe_schedule_buckets(int stage, int ranks, int ep, gboolean checkpoint,
+                                        int accum, ZpImplKind impl, double bucket_elems,
+                                        gboolean overlap)
 {
     ZpModel model;
     g_assert_true(zp_model_load(MOE_MODEL, &model, NULL));
@@ -28,6 +41,10 @@ static ZpSchedule *moe_schedule_impl(int stage, int ranks, int ep, gboolean chec
     plan.experts.ep = ep;
     plan.experts.capacity_factor = atof(NO_DROPS);
     plan.checkpoint = checkpoint;
+    if (bucket_elems > 0)
+        plan.zero.reduce_bucket_size = bucket_elems;
+    if (overlap)
+        plan.zero.overlap_comm = TRUE;
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&model, &plan, &error);
     g_assert_no_error(error);
@@ -190,6 +207,52 @@ static void test_grad_accum(gconstpointer data)
     json_decref(ref);
 }
 
+/* DeepSpeed's stage 2 with the experts in the ipg buckets (stage_1_and_2.py
+ * reduce_independent_p_g_buckets_and_remove_grads, average_tensor) at reduce_bucket_size
+ * 30,000 on moe-tiny at EP 2 over 4 ranks, one micro-step a step, then two with overlap_comm: from the last gradient down, head and ln_f (16,448;
+ * unit 2's 24,576 expert elements would pass the limit), unit 2's experts with its router, ln2
+ * and proj, its qkv and ln1, unit 1's experts with the same three, the rest: buckets whose
+ * experts come first, gradients waiting for the ipg buffer, a dense all-reduce over dp and an
+ * expert one over EDP out of one bucket. The loss is the one-rank run's, every figure the
+ * schedule's. */
+static void test_ipg_buckets(void)
+{
+    json_t *ref = moe_train(0, 1, 1, "moe_ref.json");
+    json_t *ref_loss = json_object_get(ref, "loss");
+    /* one micro-step with one ipg buffer; two with overlap_comm's pair */
+    for (int accum = 1; accum <= 2; accum++) {
+        const gboolean overlap = accum == 2;
+        char *args = g_strdup_printf("--model " MOE_MODEL " --stage 2 --micro-batch %d "
+                                     "--grad-accum %d --ep 2 --capacity-factor " NO_DROPS
+                                     " --steps %d --persistence-threshold 0 --impl deepspeed "
+                                     "--reduce-bucket-size 30000%s",
+                                     MOE_BATCH / 4 / accum, accum, MOE_STEPS,
+                                     overlap ? " --overlap" : "");
+        json_t *m = zreal_measured(4, args, "moe_ipg.json");
+        g_free(args);
+        json_t *loss = json_object_get(m, "loss");
+        for (int i = 0; i < MOE_STEPS; i++) {
+            const double x = json_number_value(json_array_get(loss, i));
+            const double y = json_number_value(json_array_get(ref_loss, i));
+            g_assert_cmpfloat(fabs(x - y) / y, <=, LOSS_REL_TOL);
+        }
+        ZpSchedule *s =
+            moe_schedule_buckets(2, 4, 2, FALSE, accum, ZP_IMPL_DEEPSPEED, 30000, overlap);
+        GArray *experts = zp_impl_bucket_experts(s);
+        g_assert_nonnull(experts);
+        guint on_top = 0;
+        for (guint i = 0; i < experts->len; i++)
+            on_top += g_array_index(experts, ZpBucketExperts, i).on_top;
+        g_assert_cmpuint(on_top, ==, 2);
+        g_array_unref(experts);
+        assert_exact(m, s, 4);
+        g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EDP), >, 0);
+        zp_sched_free(s);
+        json_decref(m);
+    }
+    json_decref(ref);
+}
+
 /* zplan validate on one case: simulate's prediction and zreal's measurement agree exactly on
  * the model states, the peaks of the buffers the engine allocates as the schedule says, and
  * the bytes on the dp, EP and EDP groups. */
@@ -298,6 +361,7 @@ int main(int argc, char **argv)
                       ds_four_ep2 = {4, 2, ZP_IMPL_DEEPSPEED, 3};
     g_test_add_data_func("/zreal-moe/deepspeed/2-ranks-ep-2", &ds_two_ep2, test_grid);
     g_test_add_data_func("/zreal-moe/deepspeed/4-ranks-ep-2", &ds_four_ep2, test_grid);
+    g_test_add_func("/zreal-moe/deepspeed/ipg-buckets", test_ipg_buckets);
     g_test_add_func("/zreal-moe/checkpointed", test_checkpointed);
     static const Accum accum_paper = {ZP_IMPL_PAPER, {1, 3}},
                        accum_ds = {ZP_IMPL_DEEPSPEED, {2, 3}};

@@ -82,6 +82,7 @@ typedef struct {
     uint64_t lo, elems;
     double count; /* elements it counts for against the bucket's limit */
     double sent;  /* elements it adds to the bucket's reduction (stage 3: padded) */
+    gboolean experts; /* a sparse unit's experts: lo is in the expert space */
 } Item;
 
 static gboolean same_module(const char *a, const char *b)
@@ -210,6 +211,44 @@ void zp_impl_params_in_partition(const ZpSchedule *s, int rank, uint64_t *lo, ui
     g_array_unref(tensors);
 }
 
+uint64_t zp_impl_unit_expert_elems(const ZpSchedule *s, int unit)
+{
+    if (!zp_moe_enabled(&s->model.moe) || !zp_model_unit_sparse(&s->model, unit) ||
+        !s->unit_elems || s->unit_elems[unit] == 0)
+        return 0; /* a dense unit, or another pipeline stage's */
+    return (uint64_t)(s->model.moe.experts / zp_plan_ep(&s->plan)) *
+           zp_model_expert_tp_elems(&s->model, s->plan.mp);
+}
+
+gboolean zp_impl_experts_in_buckets(const ZpSchedule *s)
+{
+    const ZpImpl *impl = zp_impl_get(s->plan.impl);
+    return zp_moe_enabled(&s->model.moe) && impl->experts_in_buckets &&
+           impl->experts_in_buckets(s);
+}
+
+/* Each sparse unit's experts as one item after the unit's last tensor (so before its dense
+ * tensors in backward order: the experts' backward runs first), the expert space's offsets. */
+static GArray *with_expert_items(const ZpSchedule *s, GArray *items)
+{
+    GArray *out = g_array_sized_new(FALSE, FALSE, sizeof(Item), items->len + (guint)s->n_units);
+    uint64_t expert_lo = 0;
+    for (guint i = 0; i < items->len; i++) {
+        const Item *it = &g_array_index(items, Item, i);
+        g_array_append_val(out, *it);
+        const gboolean last = i + 1 == items->len ||
+                              g_array_index(items, Item, i + 1).unit != it->unit;
+        const uint64_t n = last ? zp_impl_unit_expert_elems(s, it->unit) : 0;
+        if (n > 0) {
+            const Item x = {it->unit, expert_lo, n, (double)n, (double)n, TRUE};
+            g_array_append_val(out, x);
+            expert_lo += n;
+        }
+    }
+    g_array_unref(items);
+    return out;
+}
+
 static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
 {
     GArray *items = g_array_new(FALSE, FALSE, sizeof(Item));
@@ -220,7 +259,7 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
                 continue;
             const double sent =
                 (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
-            Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent};
+            Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent, FALSE};
             g_array_append_val(items, it);
         }
         return items;
@@ -234,37 +273,81 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
          * reduce_scatter_coalesced pads each to the group */
         Item it = {t->unit, t->offset, t->elems, (double)t->elems,
                    (double)(padded ? zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp)
-                                   : t->elems)};
+                                   : t->elems),
+                   FALSE};
         g_array_append_val(items, it);
     }
     g_array_unref(tensors);
     return items;
 }
 
-void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
-                           gboolean bypass_large, GArray *buckets)
+/* Item it into bucket k (its experts x): a dense one lowers the dense range's start (items come
+ * from the last down), an expert one the expert range's. */
+static void bucket_add(const ZpSchedule *s, ZpBucketSpec *k, ZpBucketExperts *x, const Item *it)
 {
-    GArray *items = bucket_items(s, by_tensor);
+    if (it->experts) {
+        x->lo = it->lo;
+        x->elems += it->elems;
+        x->on_top |= k->n_items == 0;
+        /* a bucket whose experts come first has an empty dense range until the unit's
+         * tensors: it starts at the unit's end */
+        if (k->n_items == 0)
+            k->lo = k->hi = s->unit_offset[it->unit] + s->unit_elems[it->unit];
+    } else {
+        k->lo = it->lo;
+        if (k->n_items == 0)
+            k->hi = it->lo + it->elems;
+    }
+    k->n_items++;
+    k->low_unit = k->launch_unit = it->unit;
+}
+
+static void group_items(const ZpSchedule *s, GArray *items, double limit, gboolean bypass_large,
+                        GArray *buckets, GArray *experts)
+{
     const Item *it = (const Item *)items->data;
     const double bytes = zp_plan_reduce_bytes(&s->plan);
     for (int i = (int)items->len - 1; i >= 0;) {
-        ZpBucketSpec k = {it[i].lo, it[i].lo + it[i].elems, 0, it[i].unit, it[i].unit,
-                          it[i].unit, -1, FALSE, 1, 0, FALSE};
+        ZpBucketSpec k = {0, 0, 0, it[i].unit, it[i].unit, it[i].unit, -1, FALSE, 0, 0, FALSE};
+        ZpBucketExperts x = {0, 0, FALSE};
         double elems = it[i].count, sent = it[i].sent;
-        k.bypass = bypass_large && elems > limit;
+        k.bypass = !it[i].experts && bypass_large && elems > limit;
+        bucket_add(s, &k, &x, &it[i]);
         for (i--; !k.bypass && i >= 0; i--) {
             if (elems + it[i].count > limit)
                 break;
             elems += it[i].count;
             sent += it[i].sent;
-            k.n_items++;
-            k.lo = it[i].lo;
-            k.low_unit = k.launch_unit = it[i].unit;
+            bucket_add(s, &k, &x, &it[i]);
         }
         k.bytes = sent * bytes;
         g_array_append_val(buckets, k);
+        if (experts)
+            g_array_append_val(experts, x);
     }
     g_array_unref(items);
+}
+
+void zp_impl_group_buckets(const ZpSchedule *s, gboolean by_tensor, double limit,
+                           gboolean bypass_large, GArray *buckets)
+{
+    group_items(s, bucket_items(s, by_tensor), limit, bypass_large, buckets, NULL);
+}
+
+void zp_impl_group_buckets_with_experts(const ZpSchedule *s, double limit, gboolean bypass_large,
+                                        GArray *buckets, GArray *experts)
+{
+    group_items(s, with_expert_items(s, bucket_items(s, TRUE)), limit, bypass_large, buckets,
+                experts);
+}
+
+GArray *zp_impl_bucket_experts(const ZpSchedule *s)
+{
+    if (!zp_impl_experts_in_buckets(s))
+        return NULL;
+    GArray *experts = g_array_new(FALSE, FALSE, sizeof(ZpBucketExperts));
+    zp_impl_get(s->plan.impl)->bucket_experts(s, experts);
+    return experts;
 }
 
 void zp_impl_prefetch_window(const ZpSchedule *s, GArray *fetches)

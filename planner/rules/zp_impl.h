@@ -59,6 +59,20 @@ typedef struct {
     gboolean joins_previous;
 } ZpBucketSpec;
 
+/* The expert gradients a bucket holds beside its dense range (ZpImpl experts_in_buckets): the
+ * range [lo, lo + elems) of the expert space, reduced over the expert-data-parallel group from
+ * the same buffer after the dense part, which lies first; `on_top`: the bucket's top_unit's
+ * experts are the first gradients it takes in backward order (so the bucket before it launches
+ * after that unit's experts, ZP_LAUNCH_EXPERTS). */
+typedef struct {
+    uint64_t lo, elems;
+    gboolean on_top;
+} ZpBucketExperts;
+
+/* ZpBucketSpec launch_module of a bucket launched after a sparse block's experts' backward
+ * (beyond the block's modules). */
+#define ZP_LAUNCH_EXPERTS ZP_MOD_N
+
 /* One stage-3 all-gather: `elems` (padded to a multiple of dp) at flat offset `offset` of unit
  * `unit`, issued at the start of trigger_pos, needed by the compute at use_pos and freed after
  * the compute at free_pos (positions as above). `joins_previous`: gathered by the same
@@ -128,6 +142,12 @@ typedef struct ZpImpl {
     uint64_t (*flat_elems)(const ZpSchedule *s);
     /* The collective that reduces a gradient bucket at the plan's stage. */
     ZpCollKind (*grad_collective)(const ZpPlan *plan);
+    /* Whether a mixture of experts' gradients go through the dense gradients' buckets
+     * (ZpBucketSpec expert_lo, expert_elems; NULL: never, each sparse unit's are reduced on
+     * their own). */
+    gboolean (*experts_in_buckets)(const ZpSchedule *s);
+    /* Then the experts each bucket of plan_buckets holds (GArray of ZpBucketExperts). */
+    void (*bucket_experts)(const ZpSchedule *s, GArray *experts);
     /* The gradient reductions of one backward, in launch order (GArray of ZpBucketSpec). */
     void (*plan_buckets)(const ZpSchedule *s, GArray *buckets);
     /* Bucket buffers held for the whole reducing backward: their count (0: each bucket takes
@@ -296,6 +316,23 @@ gboolean zp_impl_module_compute(const ZpSchedule *s);
  * or for an implementation with grads_by_module at stages 1-2 when the gradients are reduced
  * during the backward (no pipeline) and the plan does not ask for whole blocks. */
 gboolean zp_impl_module_backward(const ZpSchedule *s);
+
+/* The plan's implementation's experts_in_buckets (FALSE without one or without experts). */
+gboolean zp_impl_experts_in_buckets(const ZpSchedule *s);
+
+/* A sparse unit's experts on this rank: E / EP experts, split over the tensor group (0: a dense
+ * unit, or another pipeline stage's). */
+uint64_t zp_impl_unit_expert_elems(const ZpSchedule *s, int unit);
+
+/* zp_impl_group_buckets by tensor with each sparse unit's experts as one item, taken before the
+ * unit's dense tensors in backward order (ZpImpl experts_in_buckets); `experts` (GArray of
+ * ZpBucketExperts) gets one entry a bucket. */
+void zp_impl_group_buckets_with_experts(const ZpSchedule *s, double limit, gboolean bypass_large,
+                                        GArray *buckets, GArray *experts);
+
+/* ZpImpl bucket_experts: one ZpBucketExperts per bucket of plan_buckets, or NULL where the
+ * experts do not go through the buckets (caller unrefs). */
+GArray *zp_impl_bucket_experts(const ZpSchedule *s);
 
 /* The plan's implementation's expert_grad_collective, or its grad_collective without one. */
 ZpCollKind zp_impl_expert_grad_collective(const ZpPlan *plan);

@@ -40,7 +40,7 @@ static gboolean ds_grads_by_module(const ZpPlan *plan)
     return plan->zero.stage >= 2 || (plan->zero.stage == 1 && plan->zero.overlap_comm);
 }
 
-static void ds_launch_points(const ZpSchedule *s, GArray *buckets)
+static void ds_launch_points(const ZpSchedule *s, GArray *buckets, const GArray *experts)
 {
     ZpBucketSpec *k = (ZpBucketSpec *)buckets->data;
     const gboolean hooks = ds_grads_by_module(&s->plan);
@@ -54,6 +54,12 @@ static void ds_launch_points(const ZpSchedule *s, GArray *buckets)
         k[i].launch_unit = last;
         if (!hooks)
             continue;
+        if (experts && g_array_index(experts, ZpBucketExperts, i + 1).on_top) {
+            /* the next gradient is a sparse unit's experts' */
+            k[i].launch_unit = k[i + 1].top_unit;
+            k[i].launch_module = ZP_LAUNCH_EXPERTS;
+            continue;
+        }
         while (x > 0 && t[x - 1].offset >= k[i].lo)
             x--;
         /* x - 1: the tensor just below the bucket, the next gradient handed on */
@@ -75,11 +81,58 @@ static void ds_launch_points(const ZpSchedule *s, GArray *buckets)
  * reduced from its own gradient (extra_large_param_to_reduce; stage 3's __add_grad_to_ipg_bucket
  * leaves it outside the flat buffer). Stage 0's buffered_allreduce_fallback flattens every
  * bucket, a large tensor alone, into a copy. */
-static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
+static void ds_group(const ZpSchedule *s, GArray *buckets, GArray *experts)
 {
     const gboolean bypass = s->plan.zero.stage >= 1 && s->plan.zero.contiguous_gradients;
-    zp_impl_group_buckets(s, TRUE, s->plan.zero.reduce_bucket_size, bypass, buckets);
-    ds_launch_points(s, buckets);
+    if (experts)
+        zp_impl_group_buckets_with_experts(s, s->plan.zero.reduce_bucket_size, bypass, buckets,
+                                           experts);
+    else
+        zp_impl_group_buckets(s, TRUE, s->plan.zero.reduce_bucket_size, bypass, buckets);
+    ds_launch_points(s, buckets, experts);
+}
+
+static void ds_plan_buckets(const ZpSchedule *s, GArray *buckets)
+{
+    GArray *experts = zp_impl_experts_in_buckets(s)
+                          ? g_array_new(FALSE, FALSE, sizeof(ZpBucketExperts))
+                          : NULL;
+    ds_group(s, buckets, experts);
+    if (experts)
+        g_array_unref(experts);
+}
+
+static void ds_bucket_experts(const ZpSchedule *s, GArray *experts)
+{
+    GArray *buckets = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
+    ds_group(s, buckets, experts);
+    g_array_unref(buckets);
+}
+
+/* Stage 2: the expert gradients fill the same ipg buffer as the dense ones. stage_1_and_2.py
+ * reduce_independent_p_g_buckets_and_remove_grads counts every parameter with a gradient hook,
+ * an expert one too, against reduce_bucket_size and copies it into bucket.buffer (marking
+ * has_moe_params); average_tensor then reduces each gradient slice over its parameter's group
+ * (an expert parameter's expert_dp_process_group, _configure_moe_settings' real_dp_process_group
+ * of its param group), one allreduce_and_scatter per group (bucket_key ("allreduce",
+ * process_group)): a dense and an expert reduction out of one bucket. Here a sparse unit's
+ * experts count as one item (DeepSpeed counts each expert parameter: a boundary may fall
+ * between them there), so this holds where each unit's experts fit the bucket, with more than
+ * one expert-data-parallel rank (with one, nothing of theirs is reduced), without a pipeline
+ * (whose reductions run after its flush) and with the held ipg buffers (contiguous_gradients).
+ * Stage 3 (stage3.py reduce_independent_p_g_buckets_and_remove_grads: a parameter of another
+ * partition group than the bucket's forces __reduce_and_partition_ipg_grads first) and stage 1
+ * keep their own rule (zp_build_moe_backward). */
+static gboolean ds_experts_in_buckets(const ZpSchedule *s)
+{
+    const ZpPlan *plan = &s->plan;
+    if (plan->zero.stage != 2 || !plan->zero.contiguous_gradients || zp_plan_pp(plan) > 1 ||
+        plan->dp / zp_plan_ep(plan) <= 1)
+        return FALSE;
+    for (int u = 0; u < s->n_units; u++)
+        if ((double)zp_impl_unit_expert_elems(s, u) > plan->zero.reduce_bucket_size)
+            return FALSE;
+    return TRUE;
 }
 
 /* Stage 0: engine.py allreduce_gradients -> buffered_allreduce_fallback at the accumulation
@@ -661,6 +714,8 @@ const ZpImpl zp_impl_deepspeed = {
     .stages = "stages 0, 1, 2 and 3",
     .zero_r = TRUE,
     .grad_collective = ds_grad_collective,
+    .experts_in_buckets = ds_experts_in_buckets,
+    .bucket_experts = ds_bucket_experts,
     .plan_buckets = ds_plan_buckets,
     .bucket_buffers = ds_bucket_buffers,
     .held_span = ds_held_span,

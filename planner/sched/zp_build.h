@@ -30,6 +30,7 @@ typedef struct {
     uint32_t drain_op;   /* the op after which its buffer is free: the collective, or the
                           * copy of its slice to the host (optimizer offload) */
     int slot;            /* the held buffer it is reduced through (held_slot), -1 none */
+    ZpBucketExperts experts; /* expert gradients it holds (ZpImpl experts_in_buckets) */
 } Bucket;
 
 /* A gradient handed on while its held bucket buffer still holds an earlier bucket (ZpImpl
@@ -219,6 +220,7 @@ void zp_build_take_unit_grads(Builder *b, int u, int micro, GArray *deps);
 uint32_t zp_build_bucket_copy(Builder *b, const Bucket *k, double bytes, int micro,
                               const uint32_t *deps, guint n_deps, GArray *copies);
 void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps);
+uint32_t zp_build_hand_on_experts(Builder *b, int u, int micro);
 void zp_build_launch_buckets(Builder *b, int unit, int module, int micro, GArray *launched);
 
 /* ---- zp_build_qgz.c ---- */

@@ -1,6 +1,7 @@
 /* zp_build_buckets: the gradient reductions of a backward — buckets, their held or own
  * buffers, landing buffers, gradients handed on module by module — where the rules put them. */
 #include "zp_build.h"
+#include "zp_sched.h"
 #include "zp_zeropp.h"
 
 #include <string.h>
@@ -27,10 +28,16 @@ void zp_build_plan_buckets(Builder *b)
     const ZpSchedule *s = b->s;
     GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
     b->impl->plan_buckets(s, specs);
+    GArray *experts = zp_impl_bucket_experts(s);
     for (guint i = 0; i < specs->len; i++) {
-        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE, -1};
+        Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE, -1,
+                    {0, 0, FALSE}};
+        if (experts && i < experts->len)
+            k.experts = g_array_index(experts, ZpBucketExperts, i);
         g_array_append_val(b->buckets, k);
     }
+    if (experts)
+        g_array_unref(experts);
     g_array_unref(specs);
     memset(b->launch_start, 0, sizeof(guint) * ((gsize)s->n_units + 1));
     for (int u = 0; u < s->n_units; u++)
@@ -249,6 +256,38 @@ void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps)
     }
 }
 
+/* ZpImpl experts_in_buckets: sparse unit u's expert gradients handed on as its experts'
+ * backward produces them, as zp_build_hand_on hands on a tensor: into their bucket's held
+ * buffer when it holds that bucket already or is empty with no earlier gradient waiting, else
+ * waiting in a buffer of their own, allocated before the experts' op (returned; NONE: none). */
+uint32_t zp_build_hand_on_experts(Builder *b, int u, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (b->n_ipg == 0 || !zp_impl_experts_in_buckets(s))
+        return NONE;
+    const uint64_t at = zp_sched_unit_expert_offset(s, u);
+    guint i = b->unit_first[u];
+    for (; i < b->unit_last[u]; i++) {
+        const ZpBucketExperts *x = &zp_build_bucket(b, i)->experts;
+        if (x->elems > 0 && x->lo <= at && at < x->lo + x->elems)
+            break;
+    }
+    const int slot = zp_build_bucket(b, i)->slot;
+    if (slot < 0)
+        return NONE;
+    int *occupant = &b->occupant[slot];
+    const gboolean earlier = b->waits->len > 0 && g_array_index(b->waits, Wait, 0).bucket < i;
+    if (*occupant == (int)i || (*occupant < 0 && !earlier)) {
+        *occupant = (int)i;
+        return NONE;
+    }
+    Wait w = {i, -1, u, (double)zp_sched_unit_expert_elems(s, u) * s->elem_bytes};
+    const uint32_t op = zp_build_emit_alloc(b, ZP_MEM_WORKSPACE, w.bytes, u, micro, &w.buffer,
+                                            &b->last_compute, 1);
+    g_array_append_val(b->waits, w);
+    return op;
+}
+
 /* The bytes of micro-step `micro`'s gradient copy (ZpImpl grad_copy_elems; 0: none). */
 static double grad_copy_bytes(const Builder *b, int micro)
 {
@@ -265,6 +304,31 @@ static void free_held_copy(Builder *b, uint32_t after)
     zp_build_emit_free(b, ZP_MEM_BUCKETS, b->held_copy.bytes, b->held_copy_unit,
                        b->held_copy_micro, b->held_copy.buffer, after);
     b->held_copy.buffer = -1;
+}
+
+/* Bucket k's reduction after deps: its dense range over dp, then its experts (ZpBucketExperts)
+ * over the expert-data-parallel group from the same buffer, where they follow
+ * the dense part (stage_1_and_2.py average_tensor: one allreduce_and_scatter per process
+ * group, in turn on the one stream); the last collective's op. */
+static uint32_t reduce_bucket(Builder *b, const Bucket *k, ZpCollKind kind, int unit, int micro,
+                              const uint32_t *deps, guint n_deps)
+{
+    const ZpSchedule *s = b->s;
+    const double expert_bytes = (double)k->experts.elems * zp_plan_reduce_bytes(&s->plan);
+    uint32_t op = NONE;
+    if (k->spec.hi > k->spec.lo || k->experts.elems == 0)
+        op = zp_build_emit_collective(b, kind, ZP_GROUP_DP, unit, micro, k->buffer, k->spec.lo,
+                                      k->spec.hi - k->spec.lo, k->spec.bytes - expert_bytes, deps,
+                                      n_deps);
+    if (k->experts.elems == 0)
+        return op;
+    uint32_t edeps[8] = {op};
+    for (guint d = 0; d < n_deps && d + 1 < G_N_ELEMENTS(edeps); d++)
+        edeps[d + 1] = deps[d];
+    return zp_build_emit_collective(b, zp_impl_expert_grad_collective(&s->plan), ZP_GROUP_EDP,
+                                    unit, micro, k->buffer, k->experts.lo,
+                                    k->experts.elems, expert_bytes, edeps,
+                                    MIN(n_deps + 1, G_N_ELEMENTS(edeps)));
 }
 
 /* Bucket `i`'s reduction, and with it bucket `joined`'s (ZpBucketSpec joins_previous; NONE:
@@ -337,8 +401,12 @@ static void launch_bucket(Builder *b, guint i, guint joined, int unit, int micro
         const int buffer = j && copies->len > 0
                                ? g_array_index(copies, Copy, copies->len - 1).buffer
                                : k->buffer;
-        k->coll_op = zp_build_emit_collective(b, kind, ZP_GROUP_DP, unit, micro, buffer,
-                                              call_lo, call_elems, call_bytes, cdeps, j ? 5 : 4);
+        if (j || k->experts.elems == 0)
+            k->coll_op = zp_build_emit_collective(b, kind, ZP_GROUP_DP, unit, micro, buffer,
+                                                  call_lo, call_elems, call_bytes, cdeps,
+                                                  j ? 5 : 4);
+        else /* a bucket holding experts (ZpImpl experts_in_buckets): dp, then EDP */
+            k->coll_op = reduce_bucket(b, k, kind, unit, micro, cdeps, 4);
     }
     const uint32_t drained = zp_build_offload_grad_slice(b, k, unit, micro);
     /* the reduced slices are views of the copies (or, qgZ's, its outputs) until they went

@@ -19,10 +19,7 @@ static gboolean uniform_blocks(const ZpModel *m)
 
 uint64_t zp_sched_unit_expert_elems(const ZpSchedule *s, int unit)
 {
-    if (!zp_build_moe_sparse(s, unit) || !s->unit_elems || s->unit_elems[unit] == 0)
-        return 0; /* a dense unit, or another pipeline stage's */
-    return (uint64_t)(s->model.moe.experts / zp_plan_ep(&s->plan)) *
-           zp_model_expert_tp_elems(&s->model, s->plan.mp);
+    return zp_impl_unit_expert_elems(s, unit);
 }
 
 uint64_t zp_sched_unit_expert_offset(const ZpSchedule *s, int unit)
@@ -334,17 +331,20 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
      * keeps its slice. Without overlap_comm average_tensor runs on the current stream, so
      * the compute waits for it, as for a dense bucket (zp_build_buckets launch_bucket).
      * DeepSpeed's stage 0 reduces them after the backward instead
-     * (zp_build_moe_reduce_after_backward). */
+     * (zp_build_moe_reduce_after_backward), and its stage 2 out of the dense gradients' ipg
+     * buckets (ZpImpl experts_in_buckets: zp_build_hand_on_experts, launch_bucket). */
     const uint64_t elems = zp_sched_unit_expert_elems(s, unit), edp = edp_ranks(s);
     const gboolean bucketed = zp_sched_expert_grads_partitioned(s);
-    const gboolean reduced = reduce && edp > 1 && !after_backward(b);
+    const gboolean in_ipg = zp_impl_experts_in_buckets(s);
+    const gboolean reduced = reduce && edp > 1 && !after_backward(b) && !in_ipg;
     const uint64_t n = s->plan.zero.stage == 3 ? zp_mem_padded_elems(elems, edp) : elems;
     const double bytes = (double)n * zp_plan_reduce_bytes(&s->plan);
     int bucket = -1;
     const uint32_t taken = reduced && bucketed
                                ? zp_build_emit_alloc(b, ZP_MEM_BUCKETS, bytes, unit, micro,
                                                      &bucket, &in, 1)
-                               : NONE;
+                           : reduce && in_ipg ? zp_build_hand_on_experts(b, unit, micro)
+                                              : NONE;
     const uint32_t deps[4] = {in, gather, out, taken};
     const uint32_t expert = zp_build_emit_compute(b, ZP_COMP_EXPERT_BWD, unit, micro,
                                                   expert_cost(b, TRUE), deps, 4);

@@ -270,6 +270,8 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
             zp_build_alloc_landing_buckets(b, l, micro, deps);
         zp_build_take_unit_grads(b, l, micro, deps);
         const int returned = zp_build_moe_backward(b, l, micro, reduce);
+        if (reduce) /* a bucket the experts' gradients do not fit (ZP_LAUNCH_EXPERTS) */
+            zp_build_launch_buckets(b, l, ZP_LAUNCH_EXPERTS, micro, launched);
         block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
                       zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_BWD), deps,
                       reduce ? launched : NULL);
