@@ -34,15 +34,6 @@ static ZpPlan plan_for(int mp, ZpAttention attention)
     return p;
 }
 
-static ZpInvTotals totals(const ZpInventory *inv, const ZpModel *m, const ZpPlan *p,
-                          ZpComputeKind kind)
-{
-    ZpInvList list;
-    zp_inventory_op(inv, m, p, kind, 0, &list);
-    ZpInvTotals t;
-    zp_inventory_totals(&list, &t);
-    return t;
-}
 
 static uint64_t tensor_elems(const ZpModel *m, const char *name, int unit)
 {
@@ -83,8 +74,8 @@ static void test_equal_is_identical(void)
         for (size_t i = 0; i < G_N_ELEMENTS(inventories); i++)
             for (int bwd = 0; bwd < 2; bwd++) {
                 const ZpComputeKind kind = bwd ? ZP_COMP_BLOCK_BWD : ZP_COMP_BLOCK_FWD;
-                const ZpInvTotals x = totals(inventories[i], &a, &p, kind);
-                const ZpInvTotals y = totals(inventories[i], &b, &p, kind);
+                const ZpInvTotals x = tu_inv_totals(inventories[i], &a, &p, kind);
+                const ZpInvTotals y = tu_inv_totals(inventories[i], &b, &p, kind);
                 g_assert_cmpint(memcmp(&x, &y, sizeof x), ==, 0);
             }
     }
@@ -158,8 +149,8 @@ static void test_flops_and_bytes_by_hand(void)
     g_assert_cmpfloat(zp_mem_plan_activation_block_bytes(&m, &p) -
                           zp_mem_plan_activation_block_bytes(&a, &p), ==, 40960);
     for (size_t i = 0; i < G_N_ELEMENTS(inventories); i++) {
-        const ZpInvTotals x = totals(inventories[i], &a, &p, ZP_COMP_BLOCK_FWD);
-        const ZpInvTotals y = totals(inventories[i], &m, &p, ZP_COMP_BLOCK_FWD);
+        const ZpInvTotals x = tu_inv_totals(inventories[i], &a, &p, ZP_COMP_BLOCK_FWD);
+        const ZpInvTotals y = tu_inv_totals(inventories[i], &m, &p, ZP_COMP_BLOCK_FWD);
         g_test_message("%s: gemm %g -> %g, attention %g -> %g", inventories[i]->name,
                        x.gemm_flops, y.gemm_flops, x.attention_flops, y.attention_flops);
         g_assert_cmpfloat(y.gemm_flops - x.gemm_flops, ==, 5242880);
@@ -172,8 +163,8 @@ static void test_flops_and_bytes_by_hand(void)
     for (size_t i = 0; i < G_N_ELEMENTS(inventories); i++)
         for (int bwd = 0; bwd < 2; bwd++) {
             const ZpComputeKind kind = bwd ? ZP_COMP_BLOCK_BWD : ZP_COMP_BLOCK_FWD;
-            const ZpInvTotals x = totals(inventories[i], &m, &p, kind);
-            const ZpInvTotals y = totals(inventories[i], &q, &p, kind);
+            const ZpInvTotals x = tu_inv_totals(inventories[i], &m, &p, kind);
+            const ZpInvTotals y = tu_inv_totals(inventories[i], &q, &p, kind);
             g_assert_cmpfloat(y.memory_bytes - x.memory_bytes, ==, (bwd ? 3 : 2) * 40960.0);
             g_assert_cmpfloat(y.gemm_flops, ==, x.gemm_flops);
         }

@@ -48,15 +48,6 @@ static ZpPlan plan_for(int micro_batch, int mp)
     return p;
 }
 
-static ZpInvTotals totals(const ZpInventory *inv, const ZpModel *m, const ZpPlan *p,
-                          ZpComputeKind kind)
-{
-    ZpInvList list;
-    zp_inventory_op(inv, m, p, kind, 0, &list);
-    ZpInvTotals t;
-    zp_inventory_totals(&list, &t);
-    return t;
-}
 
 /* Forward bytes of one GPT-2 block (b 2, s 8: t 16 tokens, e 2 bytes; scores b a s^2 = 256).
  * Megatron: two fused layer norms (read t h e + 2 h e, write t h e + 8 t: 1,216 each), the qkv
@@ -73,9 +64,9 @@ static void test_gpt2_block_bytes(void)
 {
     const ZpModel m = model_from(gpt2_json);
     const ZpPlan p = plan_for(2, 1);
-    g_assert_cmpfloat(totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+    g_assert_cmpfloat(tu_inv_totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
                       16800);
-    g_assert_cmpfloat(totals(&zp_inventory_deepspeed, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes,
+    g_assert_cmpfloat(tu_inv_totals(&zp_inventory_deepspeed, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes,
                       ==, 50368);
 }
 
@@ -98,9 +89,9 @@ static void test_llama_block_bytes(void)
 {
     const ZpModel m = model_from(llama_json);
     const ZpPlan p = plan_for(1, 1);
-    g_assert_cmpfloat(totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+    g_assert_cmpfloat(tu_inv_totals(&zp_inventory_megatron, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
                       7360);
-    g_assert_cmpfloat(totals(&zp_inventory_eager, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
+    g_assert_cmpfloat(tu_inv_totals(&zp_inventory_eager, &m, &p, ZP_COMP_BLOCK_FWD).memory_bytes, ==,
                       41600);
 }
 
@@ -113,8 +104,8 @@ static void test_gpt2_block_flops(void)
     const ZpInventory *const all[] = {&zp_inventory_eager, &zp_inventory_megatron,
                                       &zp_inventory_deepspeed};
     for (size_t i = 0; i < G_N_ELEMENTS(all); i++) {
-        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_BLOCK_FWD).gemm_flops, ==, 98304 + 8192);
-        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==,
+        g_assert_cmpfloat(tu_inv_totals(all[i], &m, &p, ZP_COMP_BLOCK_FWD).gemm_flops, ==, 98304 + 8192);
+        g_assert_cmpfloat(tu_inv_totals(all[i], &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==,
                           2 * (98304 + 8192));
     }
 }
@@ -139,7 +130,7 @@ static void test_flops_equal_model(void)
                 zp_sched_compute_ops(&m, &p, ops);
                 for (size_t i = 0; i < G_N_ELEMENTS(all); i++)
                     for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++) {
-                        const ZpInvTotals t = totals(all[i], &m, &p, kinds[k]);
+                        const ZpInvTotals t = tu_inv_totals(all[i], &m, &p, kinds[k]);
                         g_assert_cmpfloat(t.gemm_flops + t.attention_flops, ==,
                                           ops[kinds[k]].flops);
                         g_assert_cmpfloat(t.attention_flops, ==, ops[kinds[k]].attn_flops);
@@ -168,7 +159,7 @@ static void test_sources_and_optimizer(void)
                 g_assert_true(list.k[j].read_bytes + list.k[j].write_bytes + list.k[j].flops > 0);
             }
         }
-        g_assert_cmpfloat(totals(all[i], &m, &p, ZP_COMP_OPTIMIZER).memory_bytes, ==, 0);
+        g_assert_cmpfloat(tu_inv_totals(all[i], &m, &p, ZP_COMP_OPTIMIZER).memory_bytes, ==, 0);
         ZpInvList opt;
         zp_inventory_op(all[i], &m, &p, ZP_COMP_OPTIMIZER, 1000, &opt);
         ZpInvTotals t;
@@ -202,17 +193,17 @@ static void test_megatron_no_main_grad(void)
     p.precision = ZP_PREC_FP16;
     p.grad_accum = 4;
     const ZpInventory *mg = &zp_inventory_megatron;
-    const ZpInvTotals bwd = totals(mg, &m, &p, ZP_COMP_BLOCK_BWD);
-    const ZpInvTotals emb = totals(mg, &m, &p, ZP_COMP_EMBED_BWD);
+    const ZpInvTotals bwd = tu_inv_totals(mg, &m, &p, ZP_COMP_BLOCK_BWD);
+    const ZpInvTotals emb = tu_inv_totals(mg, &m, &p, ZP_COMP_EMBED_BWD);
     ZpInvList list;
     zp_inventory_op(mg, &m, &p, ZP_COMP_OPTIMIZER, 1000, &list);
     ZpInvTotals opt;
     zp_inventory_totals(&list, &opt);
     p.no_main_grad = TRUE;
-    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes - bwd.memory_bytes, ==,
+    g_assert_cmpfloat(tu_inv_totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes - bwd.memory_bytes, ==,
                       13824);
-    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==, bwd.gemm_flops);
-    g_assert_cmpfloat(emb.memory_bytes - totals(mg, &m, &p, ZP_COMP_EMBED_BWD).memory_bytes, ==,
+    g_assert_cmpfloat(tu_inv_totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).gemm_flops, ==, bwd.gemm_flops);
+    g_assert_cmpfloat(emb.memory_bytes - tu_inv_totals(mg, &m, &p, ZP_COMP_EMBED_BWD).memory_bytes, ==,
                       3520);
     zp_inventory_op(mg, &m, &p, ZP_COMP_OPTIMIZER, 1000, &list);
     ZpInvTotals opt2;
@@ -230,9 +221,9 @@ static void test_megatron_no_main_grad(void)
     }
     p.grad_accum = 1;
     p.no_main_grad = FALSE;
-    const double one = totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes;
+    const double one = tu_inv_totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes;
     p.no_main_grad = TRUE;
-    g_assert_cmpfloat(totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes, ==, one);
+    g_assert_cmpfloat(tu_inv_totals(mg, &m, &p, ZP_COMP_BLOCK_BWD).memory_bytes, ==, one);
     /* the plan's JSON keeps it */
     json_t *j = zp_plan_to_json(&p);
     g_assert_true(json_is_false(json_object_get(j, "main_grad")));

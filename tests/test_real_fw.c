@@ -157,6 +157,18 @@ static json_t *reference(const char *path, const char *model)
     return ref;
 }
 
+/* Each of runs[0..n) against one rank's reference run of tiny. */
+static void check_runs(const FwRun *runs, size_t n)
+{
+    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
+    json_t *ref = reference(path, NULL);
+    json_t *ref_loss = json_object_get(ref, "loss");
+    for (size_t k = 0; k < n; k++)
+        check_run(&runs[k], ref_loss, path);
+    json_decref(ref);
+    g_free(path);
+}
+
 /* Megatron-Core (real_engine_megatron.c): DDP (stage 0: each bucket all-reduced in place in
  * main_grad) and the distributed optimizer (stage 1: param_data and main_grad padded, each
  * bucket reduce-scattered into this rank's shard, Adam on the shard bucket by bucket, the
@@ -210,9 +222,6 @@ static void test_megatron(void)
  * root), also with two micro-steps and with checkpointing. */
 static void test_fsdp2(void)
 {
-    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
-    json_t *ref = reference(path, NULL);
-    json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
         {ZP_IMPL_FSDP2, 3, 1, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 3, 2, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
@@ -224,10 +233,7 @@ static void test_fsdp2(void)
         {ZP_IMPL_FSDP2, 3, 4, 1, 0, TRUE, NULL, 2, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 3, 4, 1, 0, FALSE, NULL, 0, 2, NULL, FALSE},
     };
-    for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
-        check_run(&runs[k], ref_loss, path);
-    json_decref(ref);
-    g_free(path);
+    check_runs(runs, G_N_ELEMENTS(runs));
 }
 
 /* FSDP2 at reshard_after_forward=False (--stage 2; zp_impl_normalize_plan): the fp32 shards
@@ -237,19 +243,13 @@ static void test_fsdp2(void)
  * checkpointing (the recompute reads the held block). zreal refused it before. */
 static void test_fsdp2_no_reshard(void)
 {
-    char *path = g_strdup_printf("%s/fw.json", tmp_dir);
-    json_t *ref = reference(path, NULL);
-    json_t *ref_loss = json_object_get(ref, "loss");
     static const FwRun runs[] = {
         {ZP_IMPL_FSDP2, 2, 1, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 2, 2, 1, 0, FALSE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 2, 4, 2, 0, FALSE, NULL, 0, 0, NULL, FALSE},
         {ZP_IMPL_FSDP2, 2, 2, 1, 0, TRUE, NULL, 0, 0, NULL, FALSE},
     };
-    for (size_t k = 0; k < G_N_ELEMENTS(runs); k++)
-        check_run(&runs[k], ref_loss, path);
-    json_decref(ref);
-    g_free(path);
+    check_runs(runs, G_N_ELEMENTS(runs));
 }
 
 /* llama-tiny (RMSNorm, SwiGLU, rotary, no biases, an untied head): Megatron's distributed

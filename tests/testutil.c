@@ -184,3 +184,13 @@ double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[Z
     }
     return peak;
 }
+
+ZpInvTotals tu_inv_totals(const ZpInventory *inv, const ZpModel *m, const ZpPlan *p,
+                          ZpComputeKind kind)
+{
+    ZpInvList list;
+    zp_inventory_op(inv, m, p, kind, 0, &list);
+    ZpInvTotals t;
+    zp_inventory_totals(&list, &t);
+    return t;
+}

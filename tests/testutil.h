@@ -5,6 +5,7 @@
 #define TESTUTIL_H
 
 #include "zp_hw.h"
+#include "zp_inventory.h"
 #include "zp_model.h"
 #include "zp_sched.h"
 
@@ -65,5 +66,9 @@ void tu_zplan_ok(const char *args);
 /* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
 ZpModel tu_load_model(const char *name);
 ZpHw tu_load_hw(const char *name);
+
+/* The bytes and FLOPs of the kernels inventory `inv` lists for op `kind` of layer 0. */
+ZpInvTotals tu_inv_totals(const ZpInventory *inv, const ZpModel *m, const ZpPlan *p,
+                          ZpComputeKind kind);
 
 #endif
