@@ -657,12 +657,15 @@ static int run_with_flags(int argc, char **argv, const char *name, const char *s
     return status;
 }
 
+/* --no-fold, on simulate and report alike. */
+#define NO_FOLD_HELP "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower"
+
 int cli_simulate(int argc, char **argv)
 {
     SimulateFlags f = {0};
     const GOptionEntry extra[] = {
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
-        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower", NULL},
+        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, NO_FOLD_HELP, NULL},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the step as one HTML page (zplan report)", "OUT.html"},
@@ -675,7 +678,8 @@ int cli_simulate(int argc, char **argv)
     };
     return run_with_flags(argc, argv, "simulate",
         "Builds the schedule of one optimizer step for a ZeRO plan and times it with a\n"
-        "discrete-event simulator: compute by roofline, collectives by NCCL's cost model,\n"
+        "discrete-event simulator: compute by the profile's kernel rates (its roofline where it\n"
+        "has none), collectives by NCCL's cost model,\n"
         "streams in order, bandwidth shared between concurrent collectives. Prints step\n"
         "time, samples/s, model TFLOP/s and MFU, the breakdown, bytes sent and peak memory,\n"
         "after a first line saying whether the step fits in the GPU's memory.\n"
@@ -709,7 +713,7 @@ int cli_report(int argc, char **argv)
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the page here (required)", "OUT.html"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print simulate's JSON", NULL},
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
-        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower", NULL},
+        {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, NO_FOLD_HELP, NULL},
         CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
