@@ -126,12 +126,23 @@ static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, co
     g_string_append_printf(out, "<text x=\"4\" y=\"20\">%.0f GB</text><text x=\"4\" y=\"%.0f\">0"
                                 "</text><text x=\"%.0f\" y=\"%.0f\">%.3f s</text>\n",
                            top / GB, 10 + H, WIDTH - 70, H + 28, end);
-    for (int c = 0; c < ZP_MEM_N; c++) /* legend */
+    /* The legend names the categories that hold bytes at some point of the step: a category
+     * that stays at zero has no band to point at (a dense model's ep_buffers, a plan without
+     * ZeRO++'s secondary_params). */
+    int shown = 0;
+    for (int c = 0; c < ZP_MEM_N; c++) {
+        gboolean held = FALSE;
+        for (guint k = 0; k < pts->len && !held; k++)
+            held = g_array_index(pts, MemPoint, k).live[c] > 0;
+        if (!held)
+            continue;
         g_string_append_printf(out, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" "
                                     "fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-                               LEFT + (c % 7) * 120.0, H + 32 + (c / 7) * 14.0, COLOUR(c),
-                               LEFT + 14 + (c % 7) * 120.0, H + 41 + (c / 7) * 14.0,
+                               LEFT + (shown % 7) * 120.0, H + 32 + (shown / 7) * 14.0, COLOUR(c),
+                               LEFT + 14 + (shown % 7) * 120.0, H + 41 + (shown / 7) * 14.0,
                                zp_sched_mem_name(c));
+        shown++;
+    }
     g_string_append(out, "</svg>\n");
     g_array_unref(pts);
 }

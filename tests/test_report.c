@@ -35,6 +35,15 @@ static void test_html_page(void)
     g_assert_nonnull(strstr(page, "Memory of the reported rank over the step"));
     g_assert_nonnull(strstr(page, ">GPU 85.9 GB</text>"));
     g_assert_nonnull(strstr(page, "The streams of one step"));
+    /* the memory chart's legend names the categories that hold bytes, not those that stay
+     * at zero (a dense model has no expert buffers, stage 3 without hpZ no secondary copy) */
+    const char *mem = strstr(page, "Memory of the reported rank over the step");
+    const char *mem_end = strstr(mem, "</svg>");
+    char *mem_svg = g_strndup(mem, mem_end - mem);
+    g_assert_nonnull(strstr(mem_svg, ">params</text>"));
+    g_assert_null(strstr(mem_svg, ">ep_buffers</text>"));
+    g_assert_null(strstr(mem_svg, ">secondary_params</text>"));
+    g_free(mem_svg);
     /* the Gantt chart's legend names its op kinds (it had none: colours only) */
     const char *gantt = strstr(page, "The streams of one step");
     g_assert_nonnull(strstr(gantt, ">block_fwd</text>"));
