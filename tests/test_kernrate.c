@@ -1,7 +1,8 @@
 /* test_kernrate: a profile's per-class kernel rates — the GEMM surface hand-computed at tile and
  * wave boundaries and monotone in K, the memory curve's steps, the interference (1 when nothing
  * overlaps; a synthetic profile's compute under a concurrent all-gather as a hand computation
- * gives it), the shipped profiles' tables and refused malformed ones. */
+ * gives it), the shipped profiles' tables (FlashAttention-3's on Hopper) and refused malformed
+ * ones. */
 #include "sim_engine.h"
 #include "testutil.h"
 #include "zp_cost.h"
@@ -13,6 +14,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static void assert_close(double got, double want, double rel)
 {
@@ -234,6 +236,53 @@ static void test_shipped_profiles(void)
     g_assert_false(v100.kernel_rates.present);
 }
 
+/* Attention seconds of one simulated step: the inventory's fused-attention kernels. */
+static double attention_s(const char *args)
+{
+    json_t *out = tu_zplan_json(args);
+    const double s = json_number_value(
+        json_object_get(json_object_get(out, "compute_by_class"), "attention_s"));
+    json_decref(out);
+    return s;
+}
+
+/* FlashAttention-3 on the Hopper profiles: the step's attention time is the model's attention
+ * FLOPs (12 b s^2 h a layer, forward + backward) over the table's rate x 12/7 (the table counts
+ * 3.5 x 4 b s^2 h / 2), at the row of the nearest head dimension, log2-interpolated in s and held
+ * at 16k's rate past it; an A100 profile refuses it in one line. */
+static void test_flash3_attention(void)
+{
+    const double to_model = 12.0 / 7.0;
+    /* Llama-2-7B (32 layers, h 4096, head dim 128) at s 4096: 514.0 TFLOP/s. */
+    const double llama = 32 * 12 * 4096.0 * 4096.0 * 4096.0 / (514.0e12 * to_model);
+    assert_close(attention_s("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                             "--stage 3 --micro-batch 1 --attention flash3 --json"),
+                 llama, 1e-12);
+    /* Pythia-160M (12 layers, h 768, head dim 64) at s 3000, between 2048 (348.6) and 4096
+     * (405.3) on the H200, which takes the H100's table. */
+    const double x = log2(3000.0 / 2048.0);
+    const double rate = (348.6e12 + x * (405.3e12 - 348.6e12)) * to_model;
+    assert_close(attention_s("simulate --model hf/pythia-160m --seq 3000 --cluster h200 "
+                             "--gpus 8 --stage 3 --micro-batch 1 --attention flash3 --json"),
+                 12 * 12 * 3000.0 * 3000.0 * 768 / rate, 1e-12);
+    /* Past 16k the published figures stop: s 32768 is held at 16k's 457.2 TFLOP/s. */
+    assert_close(attention_s("simulate --model hf/pythia-160m --seq 32768 --cluster dgx-h100 "
+                             "--gpus 8 --stage 3 --micro-batch 1 --attention flash3 --json"),
+                 12 * 12 * 32768.0 * 32768.0 * 768 / (457.2e12 * to_model), 1e-12);
+    /* PyTorch's SDPA runs FlashAttention-2 there: flash3 is opt-in, not the default. */
+    assert_close(attention_s("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                             "--stage 3 --micro-batch 1 --json"),
+                 32 * 12 * 4096.0 * 4096.0 * 4096.0 / (294e12 * to_model), 1e-12);
+    TuRun r = tu_zplan("simulate --model hf/llama-2-7b --cluster dgx-a100-80g --gpus 8 "
+                       "--stage 3 --micro-batch 1 --attention flash3");
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_cmpstr(r.err, ==, "zplan simulate: --attention: dgx-a100-80g has no rate for "
+                               "'flash3' in its attention table (choose from eager, flash, "
+                               "flash1-triton, flash2)\n");
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+}
+
 static void expect_refused(const char *rates, const char *message)
 {
     char *text = g_strdup_printf(
@@ -284,5 +333,6 @@ int main(int argc, char **argv)
     g_test_add_func("/kernrate/schedule-without-model", test_schedule_without_model);
     g_test_add_func("/kernrate/shipped-profiles", test_shipped_profiles);
     g_test_add_func("/kernrate/refused", test_refused);
+    g_test_add_func("/kernrate/flash3-attention", test_flash3_attention);
     return g_test_run();
 }

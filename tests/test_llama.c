@@ -321,8 +321,13 @@ static void test_attention_choice(void)
     g_assert_true(zp_hw_attention_choose(&h100, "flash1", ZP_PREC_FP16, "--attention", &k, NULL));
     g_assert_cmpint(k, ==, ZP_ATTN_FLASH1);
     GError *error = NULL;
-    g_assert_false(zp_hw_attention_choose(&h100, "flash3", ZP_PREC_BF16, "--attention", &k, &error));
-    g_assert_nonnull(strstr(error->message, "--attention: dgx-h100 has no rate for 'flash3'"));
+    /* FlashAttention-3 is Hopper's only (sm90): listed on the H100, refused on an A100. */
+    g_assert_true(zp_hw_attention_choose(&h100, "flash3", ZP_PREC_BF16, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_FLASH3);
+    ZpHw a100;
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_false(zp_hw_attention_choose(&a100, "flash3", ZP_PREC_BF16, "--attention", &k, &error));
+    g_assert_nonnull(strstr(error->message, "--attention: dgx-a100-80g has no rate for 'flash3'"));
     g_clear_error(&error);
     g_assert_false(zp_hw_attention_choose(&v100, "flash", ZP_PREC_FP16, "--attention", &k, &error));
     g_assert_nonnull(strstr(error->message, "lists no fused attention kernel"));
@@ -338,7 +343,9 @@ static void test_attention_choice(void)
                            (265e12 + 294e12) / 2 * 12 / 7), <, 1e3);
     g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH2, 64, 1e6), ==,
                       284e12 * 12 / 7);
-    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH3, 128, 4096), ==, 0);
+    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&h100, ZP_ATTN_FLASH3, 128, 4096), ==,
+                      514.0e12 * 12 / 7);
+    g_assert_cmpfloat(zp_hw_attention_flops_per_s(&a100, ZP_ATTN_FLASH3, 128, 4096), ==, 0);
 }
 
 /* A fused kernel's block op: the attention FLOPs are timed at the kernel's rate, the GEMMs at
