@@ -39,7 +39,7 @@ typedef struct {
     CliOffloadTuning tuning; /* --sub-group-size, --max-in-cpu, --buffer-count */
     CliBudget budget;        /* --tokens or --steps, --gpu-hour-price */
     gboolean checkpoint, overlap, no_overlap, no_dropout, explicit_ranks, json, no_fold;
-    gboolean overlap_param_gather, no_main_grad;
+    gboolean overlap_param_gather, no_main_grad, p2p_sync;
     char **slow_ranks, **slow_links; /* --slow-rank R:FACTOR, --slow-link NODE:FACTOR */
     CliPipeFlags pipe; /* --pp, --pp-schedule, --virtual-stages, --partition-method, --sequence-parallel */
     GPtrArray *defaults_taken; /* what --ds-config left unset, as read (--json: defaults_taken) */
@@ -121,6 +121,7 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--overlap-param-gather", f->overlap_param_gather, FROM_BOTH | FROM_MEGATRON}, {"--no-overlap", f->no_overlap, FROM_BOTH | FROM_MEGATRON},
         {"--no-dropout", f->no_dropout, FROM_SCHEDULE},
         {"--no-main-grad", f->no_main_grad, FROM_SCHEDULE},
+        {"--p2p-sync", f->p2p_sync, FROM_SCHEDULE},
         {"--reduce-bucket-size", f->reduce_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--allgather-bucket-size", f->allgather_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--prefetch-bucket-size", f->prefetch_bucket != NULL, FROM_BOTH | FROM_MEGATRON},
@@ -369,6 +370,7 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     plan->zero.zero_quantized_gradients = f->quantized_gradients;
     plan->overlap_param_gather = f->overlap_param_gather;
     plan->no_main_grad = f->no_main_grad;
+    plan->p2p_sync = f->p2p_sync;
     if (f->impl && !zp_impl_parse(f->impl, "--impl", &plan->impl, error))
         return FALSE;
     if (!cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
@@ -585,6 +587,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"overlap-param-gather", 0, 0, G_OPTION_ARG_NONE, &f->overlap_param_gather, "Megatron's distributed optimizer (--impl megatron --stage 1): the updated parameters' all-gather runs bucket by bucket beside the next forward instead of after the step", NULL},
         {"recompute", 0, 0, G_OPTION_ARG_STRING, &f->recompute, "Activation recomputation: none (default), selective (Megatron's core attention; --impl megatron) or full (every block, as --checkpoint)", "R"},
         {"no-main-grad", 0, 0, G_OPTION_ARG_NONE, &f->no_main_grad, "Megatron-LM without an fp32 main_grad (--kernels megatron), as in 2021 with torch DDP or local DDP without contiguous buffers: weight-gradient GEMMs write 16-bit gradients that autograd adds into .grad on each micro-step after the first, the optimizer copies them to fp32", NULL},
+        {"p2p-sync", 0, 0, G_OPTION_ARG_NONE, &f->p2p_sync, "Megatron-LM's pipeline exchanges waited for on the host (--impl megatron; nothing without --pp), as in 2021 (de7dc40f) and today with --no-overlap-p2p-communication: a stage's next op waits for its sends and all it received; interleaved, a forward's output goes with the next backward's gradients, after both", NULL},
         {"no-dropout", 0, 0, G_OPTION_ARG_NONE, &f->no_dropout, "Train without dropout (as zreal does): smaller activations", NULL},
         {"overlap", 0, 0, G_OPTION_ARG_NONE, &f->overlap, "overlap_comm on (DeepSpeed's default for stage 3 only)", NULL},
         {"no-overlap", 0, 0, G_OPTION_ARG_NONE, &f->no_overlap, "overlap_comm off", NULL},

@@ -353,6 +353,83 @@ static void test_tied_embedding_sync(void)
                           k == 0 || k == 3 ? 1000.0 * 4096 * 2 : 0.0);
 }
 
+/* ---- Megatron's synchronous exchanges (ZpPlan p2p_sync) --------------------------------- */
+
+/* Megatron-LM de7dc40f (p2p_communication.py _communicate: batch_isend_irecv, each request
+ * waited for, torch.cuda.synchronize()): P 2, V 2, 4 micro-batches. Without p2p_sync every
+ * forward send leaves after its own forward. With it the interleaved steady state sends a
+ * forward's output after the next backward (schedules.py: forward_step_helper,
+ * backward_step_helper, then send_forward_backward_recv_forward_backward): stage 0 has 4
+ * steady pairs whose forwards (chunks 0, 0, 2, 2) send, stage 1 6 pairs whose forwards are
+ * chunks 3, 3, 1, 1, 3, 3 (the last chunk sends nothing): 6 such sends. The stage's next
+ * compute op waits for its sends (the host synchronized), a forward after an exchange that
+ * received the next backward's gradient waits for it too (stage 0 after F3, B0, B1, B2;
+ * stage 1 after B1, B2, whose next backwards are of chunk 1; chunk 3's get none), and the
+ * step is slower. */
+static void test_p2p_sync(void)
+{
+    const ZpModel m = pipe_model(8);
+    double step_s[2];
+    for (int sync = 0; sync < 2; sync++) {
+        ZpPlan p = pipe_plan(0, 2, 2, ZP_PIPE_INTERLEAVED, 2, 4);
+        p.impl = ZP_IMPL_MEGATRON;
+        p.p2p_sync = sync;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        guint after_backward = 0, sends = 0, waited = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_P2P || op->sub == ZP_P2P_TIED)
+                continue;
+            sends++;
+            const ZpOp *before = zp_sched_op(s, zp_sched_deps(s, op)[0]);
+            g_assert_cmpint(before->kind, ==, ZP_OP_COMPUTE);
+            if (op->sub == ZP_P2P_SEND_NEXT)
+                after_backward += before->sub == ZP_COMP_BLOCK_BWD ||
+                                  before->sub == ZP_COMP_EMBED_BWD;
+            /* the stage's next compute op */
+            guint next = i + 1;
+            while (next < s->ops->len && (zp_sched_op(s, next)->stage != op->stage ||
+                                          zp_sched_op(s, next)->kind != ZP_OP_COMPUTE))
+                next++;
+            if (next == s->ops->len)
+                continue;
+            const ZpOp *c = zp_sched_op(s, next);
+            for (guint d = 0; d < c->n_deps; d++)
+                waited += zp_sched_deps(s, c)[d] == i;
+        }
+        g_assert_cmpuint(sends, ==, 2 * 3 * 4); /* 3 chunk edges, each way, 4 micro-batches */
+        g_assert_cmpuint(after_backward, ==, sync ? 6 : 0);
+        /* A forward waiting for the gradient its exchange received for the backward after
+         * it (the neighbour's send to the previous stage). */
+        guint forward_waits_gradient = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COMPUTE ||
+                (op->sub != ZP_COMP_BLOCK_FWD && op->sub != ZP_COMP_EMBED_FWD))
+                continue;
+            for (guint d = 0; d < op->n_deps; d++) {
+                const ZpOp *from = zp_sched_op(s, zp_sched_deps(s, op)[d]);
+                forward_waits_gradient += from->kind == ZP_OP_P2P &&
+                                          from->sub == ZP_P2P_SEND_PREV &&
+                                          from->stage != op->stage;
+            }
+        }
+        g_assert_cmpuint(forward_waits_gradient, ==, sync ? 6 : 0);
+        /* Two sends in one exchange (a backward's from chunk 1 or 2 and the deferred
+         * forward's: 2 on each stage): the compute after them waits for the later one. */
+        g_assert_cmpuint(waited, ==, sync ? sends - 4 : 0);
+        const SimOptions o = {.mode = SIM_MODE_EXPLICIT};
+        SimResult *r = sim_engine_run(s, &a100, &o, &error);
+        g_assert_no_error(error);
+        step_s[sync] = r->step_time_s;
+        sim_result_free(r);
+        zp_sched_free(s);
+    }
+    g_assert_cmpfloat(step_s[1], >, step_s[0]);
+}
+
 /* ---- sequence parallelism ---------------------------------------------------------------- */
 
 /* Korthikanti et al.: with tensor and sequence parallelism a GPT block (eager attention,
@@ -688,6 +765,7 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/zero23-refused", test_zero23_refused);
     g_test_add_func("/pipe/zero1-per-stage", test_zero1_per_stage);
     g_test_add_func("/pipe/tied-embedding-sync", test_tied_embedding_sync);
+    g_test_add_func("/pipe/p2p-sync", test_p2p_sync);
     g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
     g_test_add_func("/pipe/plan-files", test_plan_files);
     g_test_add_func("/pipe/search-3d", test_search_3d);

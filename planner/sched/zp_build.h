@@ -122,6 +122,11 @@ typedef struct {
     int *first_unit;
     uint32_t *send_op;
     int64_t recv_key;
+    /* ZpPlan p2p_sync: a second send the next compute op waits for (the gradient an
+     * interleaved exchange received for the backward after it; -1: none), and the forward
+     * whose output waits for the next backward's exchange (deferred_chunk -1: none). */
+    int64_t recv_key_sync;
+    int deferred_chunk, deferred_micro, deferred_unit;
     GArray *cross_at, *cross_key; /* uint32_t deps positions, int64_t keys */
     GArray *offloaded;      /* gradient transfers to the host the CPU step waits for */
     int resident;           /* backend_workspace: the run-long workspace's buffer, or -1 */

@@ -18,6 +18,14 @@ uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
         b->recv_key = -1;
         op.n_deps++;
     }
+    if (b->recv_key_sync >= 0 && op.kind == ZP_OP_COMPUTE) { /* ZpPlan p2p_sync */
+        const uint32_t cross = CROSS, at = s->deps->len;
+        g_array_append_val(s->deps, cross);
+        g_array_append_val(b->cross_at, at);
+        g_array_append_val(b->cross_key, b->recv_key_sync);
+        b->recv_key_sync = -1;
+        op.n_deps++;
+    }
     /* The dependencies that are ops, written in place (one resize, not one call each). With
      * none, the array is not touched: an empty GArray's data is NULL, and even a zero offset
      * from it is undefined (clang's UBSan stopped the schedule fuzzer on it). */

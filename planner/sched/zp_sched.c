@@ -82,6 +82,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "overlap_param_gather: the distributed optimizer's (--impl megatron, stage 1)";
     else if (p->no_main_grad && strcmp(zp_inventory_for_plan(p)->name, "megatron") != 0)
         bad = "main_grad: Megatron-LM's (--impl megatron or --kernels megatron)";
+    else if (p->p2p_sync && p->impl != ZP_IMPL_MEGATRON)
+        bad = "p2p_sync: Megatron-LM's pipeline exchanges (--impl megatron)";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)
@@ -135,11 +137,39 @@ static gboolean reduces(const ZpPlan *plan, int micro)
     return plan->zero.stage >= 2 || micro == plan->grad_accum - 1;
 }
 
+/* ZpPlan p2p_sync: the stage's sends so far in this exchange are waited for on the host
+ * (p2p_communication.py _communicate: req.wait() for each, then torch.cuda.synchronize()),
+ * so every op after them follows the last (one stream: it ends after the others). */
+static void exchange_waited(Builder *b, int chunk, int micro, ZpP2pKind dir)
+{
+    if (b->s->plan.p2p_sync)
+        b->host_sync = b->send_op[zp_build_send_key(b, chunk, micro, dir)];
+}
+
+/* ZpPlan p2p_sync under the interleaved schedule: an exchange also receives the gradients of
+ * the backward after the next action (`after_next`), and the next action waits for them too
+ * (send_forward_backward_recv_forward_backward waits for all four requests). */
+static void exchange_received(Builder *b, const ZpPipeAction *next, const ZpPipeAction *after_next)
+{
+    const ZpPlan *plan = &b->s->plan;
+    if (!plan->p2p_sync || plan->pipe.schedule != ZP_PIPE_INTERLEAVED || !next ||
+        next->backward || !after_next || !after_next->backward ||
+        after_next->chunk == b->n_chunks - 1)
+        return;
+    b->recv_key_sync = zp_build_send_key(b, after_next->chunk + 1, after_next->micro,
+                                         ZP_P2P_SEND_PREV);
+}
+
 /* One action of the stage: a forward (with the head on the last chunk) and the send of its
  * output, or a backward and the send of its input gradients, each first waiting for the
- * neighbour's send when there is one. `next`: the stage's action after it, or NULL. */
+ * neighbour's send when there is one. `next`, `after_next`: the stage's actions after it, or
+ * NULL. With p2p_sync, the interleaved steady state's forward sends its output after the
+ * backward that follows it, in that backward's exchange (Megatron-LM de7dc40f
+ * megatron/schedules.py forward_backward_pipelining_with_interleaving: forward_step_helper,
+ * backward_step_helper, then send_forward_backward_recv_forward_backward). */
 static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *next,
-                       Activations *a, GArray *deps, GArray *launched)
+                       const ZpPipeAction *after_next, Activations *a, GArray *deps,
+                       GArray *launched)
 {
     const ZpPlan *plan = &b->s->plan;
     const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
@@ -155,21 +185,37 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
             x->chunk > 0 ? zp_build_send_key(b, x->chunk - 1, x->micro, ZP_P2P_SEND_NEXT) : -1;
         zp_build_receive(b, r.lo, x->micro);
         zp_build_forward(b, x->micro, a, deps, r);
-        if (last)
+        if (last) {
             zp_build_head(b, x->micro, reduce,
                           plan->backend_workspace && zp_plan_pp(plan) > 1 &&
                               (!next || next->micro != x->micro),
                           deps, launched);
-        else
+        } else if (plan->p2p_sync && plan->pipe.schedule == ZP_PIPE_INTERLEAVED && next &&
+                   next->backward) {
+            b->deferred_chunk = x->chunk, b->deferred_micro = x->micro;
+            b->deferred_unit = r.hi - 1;
+        } else {
             zp_build_send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
+            exchange_waited(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT);
+        }
+        exchange_received(b, next, after_next);
         return;
     }
     b->recv_key = !last ? zp_build_send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
     zp_build_receive(b, r.hi - 1, x->micro);
     zp_build_release_head_grad(b, x->micro);
     zp_build_backward(b, x->micro, reduce, a, deps, launched, r);
-    if (x->chunk > 0)
+    if (x->chunk > 0) {
         zp_build_send(b, x->chunk, x->micro, ZP_P2P_SEND_PREV, r.lo);
+        exchange_waited(b, x->chunk, x->micro, ZP_P2P_SEND_PREV);
+    }
+    if (b->deferred_chunk >= 0) {
+        zp_build_send(b, b->deferred_chunk, b->deferred_micro, ZP_P2P_SEND_NEXT,
+                      b->deferred_unit);
+        exchange_waited(b, b->deferred_chunk, b->deferred_micro, ZP_P2P_SEND_NEXT);
+        b->deferred_chunk = -1;
+    }
+    exchange_received(b, next, after_next);
 }
 
 /* Pa+cpu: the host tier holds a block's checkpoint slice of a micro-step from its forward
@@ -232,7 +278,8 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     }
     for (guint i = 0; i < actions->len; i++)
         run_action(b, &g_array_index(actions, ZpPipeAction, i),
-                   i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL, a,
+                   i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL,
+                   i + 2 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 2) : NULL, a,
                    deps, launched);
     g_array_unref(actions);
     if (!b->impl->tied_sync_after_reduction)
@@ -319,7 +366,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
                  .n_chunks = chunks, .first_unit = first_unit,
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
-                 .recv_key = -1,
+                 .recv_key = -1, .recv_key_sync = -1, .deferred_chunk = -1,
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),

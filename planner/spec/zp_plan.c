@@ -415,6 +415,8 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(o, "overlap_param_gather", json_true());
     if (plan->no_main_grad)
         json_object_set_new(o, "main_grad", json_false());
+    if (plan->p2p_sync)
+        json_object_set_new(o, "p2p_sync", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
@@ -534,7 +536,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
                                        "recompute", "overlap_param_gather", "experts",
-                                       "main_grad", NULL};
+                                       "main_grad", "p2p_sync", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     json_t *experts = json_object_get(o, "experts");
     memset(plan, 0, sizeof *plan);
@@ -562,6 +564,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                           error) ||
         !zp_json_get_bool(o, what, "main_grad", FALSE, &main_grad,
                           error) ||
+        !zp_json_get_bool(o, what, "p2p_sync", FALSE, &plan->p2p_sync, error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         (experts && !experts_from_json(experts, what, &plan->experts, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||

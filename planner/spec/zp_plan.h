@@ -159,6 +159,17 @@ typedef struct {
      * every micro-step after the first; the optimizer copies .grad to fp32 and sets it to
      * None. The megatron kernel inventory's; refused with another. */
     gboolean no_main_grad;
+    /* Megatron-LM's pipeline exchanges waited for on the host (the zero value: sends beside
+     * the next op, as Megatron-Core's interleaved schedule with overlap_p2p_comm, its
+     * default): batch_isend_irecv, every request waited for, then torch.cuda.synchronize()
+     * (Megatron-LM de7dc40f megatron/p2p_communication.py _communicate, as the SC21 runs ran
+     * it; today --no-overlap-p2p-communication with batch_p2p_sync). A stage's next op waits
+     * for its own sends and for all the exchange received; the interleaved schedule's steady
+     * state sends a forward's output in one exchange with the next backward's gradients,
+     * after both (schedules.py forward_backward_pipelining_with_interleaving:
+     * send_forward_backward_recv_forward_backward). --impl megatron; nothing without a
+     * pipeline. */
+    gboolean p2p_sync;
     ZpCheckpointConfig ckpt; /* ZeRO-R's options for those checkpoints */
     ZpPrecision precision;
     ZpOptimizer optimizer;
