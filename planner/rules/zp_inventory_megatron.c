@@ -5,6 +5,8 @@
  * of the model is in the working precision; gradients accumulate into fp32 main_grad. */
 #include "zp_inventory.h"
 
+#include <math.h>
+
 #define MC "Megatron-LM megatron/core/"
 #define LAYER MC "transformer/transformer_layer.py TransformerLayer.forward"
 #define FLN MC "fusions/fused_layer_norm.py FusedLayerNorm.forward (apex " \
@@ -108,6 +110,20 @@ static void bda_bwd(ZpInvList *out, const ZpInvDims *d, gboolean bias)
         zp_inv_mem(out, "bias_grad", th * d->e, d->h * 4, SUM);
 }
 
+/* Of the b a s^2 scores, the elements the causal softmax kernels read: row i (from 0) reads
+ * its first i + 1 in vectors of 4 (ELEMENTS_PER_LDG_STG), 4 ceil((i + 1) / 4) of them, and
+ * writes all s, zeros above the diagonal (Megatron-LM de7dc40f
+ * megatron/fused_kernels/scaled_upper_triang_masked_softmax.h
+ * scaled_upper_triang_masked_softmax_warp_forward and _warp_backward, local_seq =
+ * blockIdx.x + 1; the same kernel today as apex's scaled_upper_triang_masked_softmax_cuda).
+ * The kernel needs s a multiple of 4 (fused_softmax.py: query_seq_len % 4 == 0): s / 4 groups
+ * of 4 rows, group j reading 4 j each, 8 n (n + 1) for n = s / 4. */
+static double causal_read_elems(const ZpInvDims *d)
+{
+    const double n = ceil(d->s / 4);
+    return d->b * d->heads * MIN(8 * n * (n + 1), d->s * d->s);
+}
+
 void zp_inventory_megatron_core_attention_fwd(const ZpInvDims *d, ZpInvList *out)
 {
     const double e = d->e, bh = d->b * d->heads, sc = bh * d->s * d->s;
@@ -120,7 +136,7 @@ void zp_inventory_megatron_core_attention_fwd(const ZpInvDims *d, ZpInvList *out
     if (d->kv_heads < d->heads)
         zp_inv_mem(out, "repeat_interleave_kv", 2 * th_kv * e, 2 * th_a * e, DPA);
     zp_inv_gemm(out, "baddbmm_scores", bh, d->s, d->s, d->hd, e, e, DPA);
-    zp_inv_mem(out, "scale_mask_softmax", sc * e, sc * e, SOFTMAX);
+    zp_inv_mem(out, "scale_mask_softmax", causal_read_elems(d) * e, sc * e, SOFTMAX);
     if (d->dropout)
         zp_inv_mem(out, "attention_dropout", sc * e, sc * (e + 1), DROP);
     zp_inv_gemm(out, "bmm_context", bh, d->s, d->hd, d->s, e, e, DPA);
@@ -190,7 +206,7 @@ static void block_bwd(const ZpInvDims *d, ZpInvList *out)
         zp_inv_gemm(out, "bmm_context_bwd", bh, d->s, d->hd, d->s, e, e, DPA);
         if (d->dropout)
             zp_inv_mem(out, "attention_dropout_bwd", sc * (e + 1), sc * e, DROP);
-        zp_inv_mem(out, "scale_mask_softmax_bwd", 2 * sc * e, sc * e, SOFTMAX);
+        zp_inv_mem(out, "scale_mask_softmax_bwd", 2 * causal_read_elems(d) * e, sc * e, SOFTMAX);
         zp_inv_gemm(out, "baddbmm_scores_bwd", bh, d->s, d->hd, d->s, e, e, DPA);
         zp_inv_gemm(out, "baddbmm_scores_bwd", bh, d->s, d->hd, d->s, e, e, DPA);
         if (d->kv_heads < d->heads)
