@@ -38,6 +38,7 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->learned = m->learned_positions;
     d->rope = m->rope_theta > 0;
     d->tied = m->tied_embeddings;
+    d->head_shares_table = d->tied && zp_plan_pp(p) == 1;
     d->dropout = m->dropout;
     d->qk_norm = m->qk_norm;
     d->fp16 = p->precision == ZP_PREC_FP16;

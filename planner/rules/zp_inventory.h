@@ -53,6 +53,8 @@ typedef struct {
     gboolean fp16;    /* fp16 (a loss scale to undo), not bf16 or fp32 */
     gboolean fused;   /* the plan's attention is a fused kernel (FlashAttention and kin) */
     gboolean main_grad; /* gradients accumulate in an fp32 main_grad (plan: unless no_main_grad) */
+    gboolean head_shares_table; /* the tied word embedding and the head on one rank (no
+                                 * pipeline): one parameter, both gradients summed by autograd */
     double accum_share; /* of the micro-steps that add a gradient into an existing one:
                          * (grad_accum - 1) / grad_accum (the first assigns it) */
     double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */

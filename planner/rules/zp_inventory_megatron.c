@@ -251,7 +251,13 @@ static void head(const ZpInvDims *d, ZpInvList *out)
     zp_inv_gemm(out, "output_layer_dgrad", 1, t, d->h, d->v, e, e, LIN_BWD);
     if (d->mp > 1)
         zp_inv_collective(out, "output_layer_dgrad_all_reduce", t * d->h * e, LIN_BWD);
-    zp_inv_gemm(out, "output_layer_wgrad", 1, d->v, d->h, t, e, 8, LIN_BWD);
+    zp_inv_gemm(out, "output_layer_wgrad", 1, d->v, d->h, t, e, d->main_grad ? 8 : e, LIN_BWD);
+    /* Without a main_grad the head's weight gradient is added into its .grad like any other
+     * (F.linear in Megatron-LM de7dc40f megatron/model/language_model.py parallel_lm_logits):
+     * here when the head holds its own copy of the table (a pipeline's last stage, or
+     * untied), else summed with the table's in its backward (table_grad). */
+    if (!d->head_shares_table)
+        grad_accumulate(out, d, d->v * d->h);
     norm_bwd(out, d, "final_layernorm_bwd");
 }
 
@@ -291,6 +297,15 @@ static void table_grad(ZpInvList *out, const ZpInvDims *d, double rows, const ch
     grad_accumulate(out, d, rows * d->h);
 }
 
+/* Without a main_grad, a tied table on the head's rank gets two 16-bit gradients in one
+ * backward, the head's weight gradient and the rows': autograd adds them before the weight's
+ * AccumulateGrad, on every micro-step (InputBuffer::add). */
+static void tied_grad_sum(ZpInvList *out, const ZpInvDims *d)
+{
+    if (!d->main_grad && d->head_shares_table)
+        zp_inv_mem(out, "tied_grad_sum", 2 * d->v * d->h * d->e, d->v * d->h * d->e, ACCUM);
+}
+
 static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
 {
     const double th = d->t * d->h;
@@ -299,6 +314,7 @@ static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
     zp_inv_mem(out, "transpose_contiguous_bwd", th * d->e, th * d->e, EMB);
     if (d->learned)
         table_grad(out, d, d->positions, "position_embeddings_bwd");
+    tied_grad_sum(out, d);
     table_grad(out, d, d->v, "word_embeddings_bwd");
 }
 
