@@ -29,7 +29,8 @@ static char *write_args(const char *text)
  * distributed optimizer (stage 1), 64 / (1 x 8) = 8 micro-steps, sequence parallelism,
  * selective recomputation (--recompute-activations), bf16 with fp32 gradient reduction
  * (validate_args), overlap_grad_reduce, bucket_size max(4e7, 1e6 x 8) = 4e7, FlashAttention;
- * --overlap-param-gather; the flags without bearing are listed in one warning. */
+ * --overlap-param-gather; the flags without bearing are listed in one warning. Megatron's
+ * pipeline exchanges overlap by default; --no-overlap-p2p-communication waits for them. */
 static void test_plan(void)
 {
     const ZpModel m = tu_load_model("models/hf/llama-2-70b");
@@ -55,6 +56,7 @@ static void test_plan(void)
     g_assert_true(attention);
     g_assert_cmpint(p.attention, ==, ZP_ATTN_FLASH2);
     g_assert_true(p.overlap_param_gather);
+    g_assert_false(p.p2p_sync);
     g_assert_cmpuint(warnings->len, ==, 1);
     g_assert_nonnull(strstr(g_ptr_array_index(warnings, 0),
                             "--group-query-attention, --lr, --data-path, --log-interval"));
@@ -62,7 +64,8 @@ static void test_plan(void)
     /* interleaving from layers per virtual stage; full recomputation of every layer */
     char *argv[] = {"--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage",
                     "5", "--recompute-granularity", "full", "--recompute-method", "uniform",
-                    "--recompute-num-layers", "1", "--fp16", "--global-batch-size", "32"};
+                    "--recompute-num-layers", "1", "--fp16", "--global-batch-size", "32",
+                    "--no-overlap-p2p-communication"};
     warnings = g_ptr_array_new_with_free_func(g_free);
     g_assert_true(zp_megatron_args_parse(G_N_ELEMENTS(argv), argv, "flags", &m, 64, &p,
                                          &attention, warnings, &error));
@@ -70,6 +73,7 @@ static void test_plan(void)
     g_assert_cmpint(zp_plan_pp(&p), ==, 4);
     g_assert_cmpint(zp_plan_vstages(&p), ==, 4); /* 80 / (4 x 5) */
     g_assert_cmpint(p.pipe.schedule, ==, ZP_PIPE_INTERLEAVED);
+    g_assert_true(p.p2p_sync); /* batch_isend_irecv and batch_p2p_sync */
     g_assert_cmpint(p.dp, ==, 16);
     g_assert_cmpint(p.grad_accum, ==, 2);
     g_assert_true(p.checkpoint);

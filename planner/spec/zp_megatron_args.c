@@ -10,7 +10,7 @@
 typedef struct {
     double tp, pp, vpp, layers_per_vstage, micro, global, bucket, cp, recompute_layers;
     gboolean sp, dist_opt, overlap_grad, overlap_param, bf16, fp16, fp32_grads, bf16_grads;
-    gboolean flash, unfused;
+    gboolean flash, unfused, no_overlap_p2p;
     gboolean selective, full, uniform, sgd;
 } Args;
 
@@ -75,6 +75,9 @@ static const ArgRule rules[] = {
      "pipeline sends without scatter/gather are not modeled under --impl megatron"},
     {"--num-experts", A_REFUSE, 0, 0, 0, 0, "mixture-of-experts models are not modeled"},
     SW("--overlap-param-gather", overlap_param),
+    /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
+     * synchronizes the device after each batch (p2p_communication.py _communicate) */
+    SW("--no-overlap-p2p-communication", no_overlap_p2p),
     {"--cpu-offloading", A_REFUSE, 0, 0, 0, 0, "activation offload is not modeled"},
 };
 
@@ -285,6 +288,7 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
         /* arguments.py: --overlap-param-gather needs the distributed optimizer (and
          * --overlap-grad-reduce) */
         plan->overlap_param_gather = a.overlap_param;
+        plan->p2p_sync = a.no_overlap_p2p;
         /* distributed_data_parallel.py: bucket_size max(4e7, 1e6 dp) unless --ddp-bucket-size */
         plan->zero.reduce_bucket_size = a.bucket > 0 ? a.bucket : fmax(4e7, 1e6 * plan->dp);
         if (a.flash)
