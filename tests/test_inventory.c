@@ -190,8 +190,10 @@ static void test_sources_and_optimizer(void)
  * weight gradient added to the rows' by autograd on every micro-step (read 4, write 2 bytes
  * an element: 3,072): 448 fewer in all. The head adds nothing of its own there; with the
  * table's copy on a pipeline's last stage (pp 2), or untied, its weight gradient is
- * accumulated like a block's: 3/4 x 6 x 512 = 2,304 bytes more in the head. The optimizer copies .grad to fp32 (2 + 4 bytes) and
- * zeroes no buffer (4): fp16's 50 bytes an element become 52. Another inventory refuses it. */
+ * accumulated like a block's: 3/4 x 6 x 512 = 2,304 bytes more in the head. The optimizer
+ * copies .grad to fp32 (2 + 4 bytes) and zeroes no buffer (4), and local DDP's flat buffer
+ * costs three passes of 2 + 2 bytes (flatten, divide by dp, copy back): fp16's 50 bytes an
+ * element become 64. Another inventory refuses it. */
 static void test_megatron_no_main_grad(void)
 {
     const ZpModel m = model_from(gpt2_json);
@@ -229,7 +231,7 @@ static void test_megatron_no_main_grad(void)
     ZpInvTotals opt2;
     zp_inventory_totals(&list, &opt2);
     g_assert_cmpfloat(opt.memory_bytes, ==, 50 * 1000);
-    g_assert_cmpfloat(opt2.memory_bytes, ==, 52 * 1000);
+    g_assert_cmpfloat(opt2.memory_bytes, ==, 64 * 1000);
     for (int no_main = 0; no_main < 2; no_main++) { /* GEMMs writing an fp32 main_grad */
         p.no_main_grad = no_main;
         zp_inventory_op(mg, &m, &p, ZP_COMP_BLOCK_BWD, 0, &list);

@@ -46,6 +46,15 @@
                  "Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads " \
                  "(main_param.grad = model_param.grad.float(); zero_grad(set_to_none=True))"
 #define ADAM "apex apex/optimizers/fused_adam.py FusedAdam.step (multi_tensor_adam)"
+/* Local DDP without contiguous buffers, which the 2021 runs without a main_grad used: at the
+ * step's end, after the backward, the 16-bit .grads are concatenated into one flat tensor,
+ * divided by the data-parallel degree, all-reduced, and copied back tensor by tensor. These
+ * kernels sit around the all-reduce, which nothing overlaps there; they are priced with the
+ * step. (torch DDP, PyTorch 1.8 reducer.cpp, copies each gradient into its bucket divided in
+ * one kernel, mark_variable_ready_dense's mul_out, and back, copy_bucket_to_grad: 8 of these
+ * 12 bytes a parameter.) */
+#define DDP_2021 "Megatron-LM de7dc40f megatron/model/distributed.py " \
+                 "DistributedDataParallel.allreduce_gradients"
 
 static void norm_fwd(ZpInvList *out, const ZpInvDims *d, const char *name)
 {
@@ -329,6 +338,11 @@ static void embed_bwd(const ZpInvDims *d, ZpInvList *out)
 static void optimizer(const ZpInvDims *d, double n, ZpInvList *out)
 {
     const double l = zp_inv_multi_tensor_launches(n);
+    if (!d->main_grad) { /* the gradients through a flat buffer for their all-reduce */
+        zp_inv_mem(out, "ddp_flatten", d->e * n, d->e * n, DDP_2021 " (_flatten_dense_tensors)");
+        zp_inv_mem(out, "ddp_scale", d->e * n, d->e * n, DDP_2021 " (coalesced /= dp)");
+        zp_inv_mem(out, "ddp_unflatten_copy", d->e * n, d->e * n, DDP_2021 " (buf.copy_(synced))");
+    }
     if (!d->main_grad) /* .grad to fp32, tensor by tensor, before the unscale */
         zp_inv_mem(out, "copy_model_grads_to_main_grads", d->e * n, 4 * n, OPT_2021);
     if (d->fp16)
