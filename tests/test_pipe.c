@@ -428,6 +428,23 @@ static void test_p2p_sync(void)
         zp_sched_free(s);
     }
     g_assert_cmpfloat(step_s[1], >, step_s[0]);
+    /* the plan's JSON keeps it; another implementation's schedule refuses it */
+    ZpPlan p = pipe_plan(0, 2, 2, ZP_PIPE_INTERLEAVED, 2, 4);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.p2p_sync = TRUE;
+    json_t *j = zp_plan_to_json(&p);
+    g_assert_true(json_is_true(json_object_get(j, "p2p_sync")));
+    ZpPlan back;
+    GError *error = NULL;
+    g_assert_true(zp_plan_from_json(j, "test", &back, &error));
+    g_assert_no_error(error);
+    g_assert_true(back.p2p_sync);
+    json_decref(j);
+    p.impl = ZP_IMPL_PAPER;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_error(error, ZP_ERROR, ZP_ERROR_VALUE);
+    g_assert_nonnull(strstr(error->message, "p2p_sync: Megatron-LM's pipeline exchanges"));
+    g_clear_error(&error);
 }
 
 /* ---- sequence parallelism ---------------------------------------------------------------- */
