@@ -228,11 +228,10 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
                                        &plan->attention, error)) {
         return FALSE;
     } else if (!attention_flag) {
-        if (precision == ZP_PREC_FP32)
-            cli_default_taken("--attention", "eager attention (fp32: no fused kernel)");
-        else
-            cli_default_taken("--attention", "%s attention (%s's default)",
-                              zp_attention_name(plan->attention), hw->name);
+        char why[512];
+        zp_hw_attention_default(hw, precision, why, sizeof why);
+        cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
+                          why);
     }
     return !reduce_flag ||
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);

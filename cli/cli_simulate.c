@@ -221,6 +221,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
                                                   &train_batch, warnings, error);
     if (ok)
         zp_dsconfig_defaults_taken(config, plan, f->defaults_taken);
+    const gboolean config_kernel = config && json_object_get(config, "attention_kernel");
     json_decref(config);
     ok = ok &&
          agrees("--micro-batch", f->micro_batch, launch.micro_batch,
@@ -244,6 +245,18 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
          names_agree("--reduce-dtype", f->reduce_dtype, zp_reduce_dtype_name(launch.reduce_dtype),
                      "communication_data_type", zp_reduce_dtype_name(plan->reduce_dtype),
                      f->ds_config, error);
+    /* The config's fp16/bf16 sections may change the launch's precision: where no one named a
+     * kernel, PyTorch SDPA's choice follows the dtype the step runs in; a named one must run
+     * in it (zp_hw_attention_check: FlashAttention takes no fp32). */
+    if (ok && !f->attention && !config_kernel && plan->precision != launch.precision)
+        ok = zp_hw_attention_choose(hw, NULL, plan->precision, "--attention", &plan->attention,
+                                    error);
+    if (ok) {
+        char *key = f->attention ? g_strdup("--attention")
+                                 : g_strdup_printf("%s: attention_kernel", f->ds_config);
+        ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
+        g_free(key);
+    }
     if (ok && (f->checkpoint || f->recompute))
         ok = cli_recompute(f->recompute, f->checkpoint, plan, error);
     /* What is not modeled is said only of a config that is taken: a refused one gets its
@@ -304,6 +317,12 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
     if (ok && !attention_set)
         ok = zp_hw_attention_choose(hw, f->attention, plan->precision, "--attention",
                                     &plan->attention, error);
+    else if (ok) {
+        /* --use-flash-attn in fp32 or below sm80 stops in flash_api.cpp mha_fwd. */
+        char *key = g_strdup_printf("%s: --use-flash-attn", f->megatron_args);
+        ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
+        g_free(key);
+    }
     plan->gpus_per_node = hw ? hw->gpus_per_node : 0;
     if (ok && hw && !sim_coll_check_placement(hw, plan->mp, error)) {
         g_prefix_error(error, "%s: --tensor-model-parallel-size: ", f->megatron_args);

@@ -12,6 +12,7 @@
 #include "zp_util.h"
 
 #include <glib/gstdio.h>
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -348,6 +349,115 @@ static void test_attention_choice(void)
     g_assert_cmpfloat(zp_hw_attention_flops_per_s(&a100, ZP_ATTN_FLASH3, 128, 4096), ==, 0);
 }
 
+/* A shipped profile's JSON with one kernel's table copied under another name in its
+ * "attention" table, parsed: what a profile that lists that kernel would read. */
+static gboolean profile_with_kernel(const char *profile, const char *from, const char *to,
+                                    ZpHw *hw, GError **error)
+{
+    char *path = g_build_filename(ZP_DATA_DIR, "hwprofiles", profile, NULL);
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_nonnull(root);
+    json_t *kernels = json_object_get(json_object_get(root, "attention"), "kernels");
+    if (!kernels) { /* a profile with no table: give it one */
+        json_t *h100 = json_load_file(ZP_DATA_DIR "/hwprofiles/dgx-h100.json", 0, NULL);
+        json_object_set(root, "attention", json_object_get(h100, "attention"));
+        json_decref(h100);
+        kernels = json_object_get(json_object_get(root, "attention"), "kernels");
+    }
+    json_object_set(kernels, to, json_object_get(kernels, from));
+    const gboolean ok = zp_hw_from_json(root, path, hw, error);
+    json_decref(root);
+    g_free(path);
+    return ok;
+}
+
+/* A fused kernel runs only where its own entry point would: FlashAttention takes fp16/bf16
+ * (flash_api.cpp mha_fwd), FA2 needs sm80, FA1 sm75 to sm90. Unnamed, the kernel follows
+ * PyTorch SDPA's choice for the dtype (sdp_utils.cpp: flash, else memory-efficient, else
+ * math), and the reason is given. */
+static void test_attention_dtype(void)
+{
+    ZpHw h100, v100, a100;
+    g_assert_true(zp_hw_load("dgx-h100", &h100, NULL));
+    g_assert_true(zp_hw_load("dgx2-v100", &v100, NULL));
+    g_assert_true(zp_hw_load("dgx-a100-80g", &a100, NULL));
+    g_assert_cmpfloat(h100.compute_capability, ==, 9.0);
+    g_assert_cmpfloat(v100.compute_capability, ==, 7.0);
+    ZpAttention k = ZP_ATTN_N;
+    GError *error = NULL;
+    static const char *const fused[] = {"flash2", "flash3", "flash1", "flash"};
+    for (size_t i = 0; i < G_N_ELEMENTS(fused); i++) {
+        g_assert_false(zp_hw_attention_choose(&h100, fused[i], ZP_PREC_FP32, "--attention", &k,
+                                              &error));
+        g_assert_nonnull(strstr(error->message, "takes only fp16 or bf16 inputs, not fp32"));
+        g_assert_true(g_str_has_prefix(error->message, "--attention: "));
+        g_assert_null(strchr(error->message, '\n'));
+        g_clear_error(&error);
+        g_assert_true(zp_hw_attention_choose(&h100, fused[i], ZP_PREC_BF16, "--attention", &k,
+                                             NULL));
+    }
+    g_assert_false(zp_hw_attention_choose(&a100, "flash1-triton", ZP_PREC_FP32, "--attention",
+                                          &k, &error));
+    g_assert_nonnull(strstr(error->message, "flash_attn_triton.py"));
+    g_clear_error(&error);
+    /* Without a profile the dtype still decides. */
+    g_assert_false(zp_hw_attention_choose(NULL, "flash2", ZP_PREC_FP32, "--attention", &k,
+                                          &error));
+    g_assert_nonnull(strstr(error->message, "flash_api.cpp mha_fwd"));
+    g_clear_error(&error);
+    g_assert_true(zp_hw_attention_choose(&h100, "eager", ZP_PREC_FP32, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_EAGER);
+    /* The V100 (sm70): FA2 needs sm80, FA1 sm75; the message names the GPU's capability. */
+    g_assert_false(zp_hw_attention_check(&v100, ZP_ATTN_FLASH2, ZP_PREC_FP16, "--attention",
+                                         &error));
+    g_assert_cmpstr(error->message, ==,
+                    "--attention: flash2 in fp16 needs compute capability 8.0 or newer "
+                    "(csrc/flash_attn/flash_api.cpp mha_fwd: \"FlashAttention only supports "
+                    "Ampere GPUs or newer.\"); dgx2-v100's V100-SXM3-32GB is 7.0");
+    g_clear_error(&error);
+    g_assert_false(zp_hw_attention_choose(&v100, "flash2", ZP_PREC_FP16, "--attention", &k,
+                                          &error));
+    g_assert_nonnull(strstr(error->message, "needs compute capability 8.0"));
+    g_clear_error(&error);
+    g_assert_false(zp_hw_attention_check(&v100, ZP_ATTN_FLASH1, ZP_PREC_FP16, "--attention",
+                                         &error));
+    g_assert_nonnull(strstr(error->message, "7.5 to 9.0"));
+    g_clear_error(&error);
+    g_assert_true(zp_hw_attention_check(&v100, ZP_ATTN_MEM_EFFICIENT, ZP_PREC_FP32, "x", NULL));
+    g_assert_false(zp_hw_attention_check(&v100, ZP_ATTN_MEM_EFFICIENT, ZP_PREC_BF16, "x", NULL));
+    /* The default follows the dtype: bf16 the profile's FlashAttention-2 as before; fp32 (and
+     * fp16 on the V100) SDPA's memory-efficient kernel, which no shipped profile rates, so
+     * eager, and the reason says so. */
+    char why[512];
+    g_assert_cmpint(zp_hw_attention_default(&h100, ZP_PREC_BF16, why, sizeof why), ==,
+                    ZP_ATTN_FLASH2);
+    g_assert_cmpstr(why, ==, "dgx-h100's default");
+    g_assert_cmpint(zp_hw_attention_default(&h100, ZP_PREC_FP32, why, sizeof why), ==,
+                    ZP_ATTN_EAGER);
+    g_assert_nonnull(strstr(why, "fp32: SDPA's flash takes only fp16/bf16"));
+    g_assert_nonnull(strstr(why, "memory-efficient kernel; dgx-h100 has no rate for it"));
+    g_assert_cmpint(zp_hw_attention_default(&v100, ZP_PREC_FP16, why, sizeof why), ==,
+                    ZP_ATTN_EAGER);
+    g_assert_nonnull(strstr(why, "SDPA's flash needs sm80"));
+    /* A profile that rates the memory-efficient kernel gets it in fp32, not eager. */
+    ZpHw rated;
+    g_assert_true(profile_with_kernel("dgx-h100.json", "flash2", "mem-efficient", &rated, NULL));
+    g_assert_true(zp_hw_attention_choose(&rated, NULL, ZP_PREC_FP32, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_MEM_EFFICIENT);
+    g_assert_true(zp_hw_attention_choose(&rated, NULL, ZP_PREC_BF16, "--attention", &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_FLASH2);
+    /* Where fp32 refuses a kernel, the list of choices leaves it out. */
+    g_assert_false(zp_hw_attention_choose(&h100, "mem-efficient", ZP_PREC_FP32, "--attention",
+                                          &k, &error));
+    g_assert_nonnull(strstr(error->message, "(choose from eager)"));
+    g_clear_error(&error);
+    /* A profile cannot list a kernel its GPU cannot launch. */
+    g_assert_false(profile_with_kernel("dgx2-v100.json", "flash2", "flash2", &rated, &error));
+    g_assert_nonnull(strstr(error->message, "dgx2-v100.json: attention: flash1 in fp16 needs "
+                                            "compute capability 7.5 to 9.0"));
+    g_clear_error(&error);
+}
+
 /* A fused kernel's block op: the attention FLOPs are timed at the kernel's rate, the GEMMs at
  * the GEMM rate, and no s^2 bytes move; eager times the whole at the GEMM rate and moves the
  * softmax. */
@@ -505,6 +615,7 @@ int main(int argc, char **argv)
     g_test_add_func("/llama/gqa-mha-mqa", test_gqa);
     g_test_add_func("/attention/choice", test_attention_choice);
     g_test_add_func("/attention/timing", test_attention_timing);
+    g_test_add_func("/attention/dtype", test_attention_dtype);
     g_test_add_func("/reduce-dtype/bytes-buckets-ds-config", test_reduce_dtype);
     g_test_add_func("/plan/ds-config-attention", test_plan_ds_config);
     g_test_add_func("/plan/llama-2-70b-512-fits", test_70b_fits);

@@ -312,6 +312,7 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
     const ZpModel *m = spec->model;
     const char *bad = NULL;
     char *owned = NULL;
+    GError *kernel_error = NULL; /* the attention kernel's refusal, a plan that cannot launch */
     if (!zp_model_has_architecture(m))
         bad = "--model: planning simulates steps, which needs an architecture (not --params)";
     else if (zp_moe_enabled(&m->moe) || zp_mla_enabled(&m->mla))
@@ -331,6 +332,9 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
         bad = owned = g_strdup_printf("--precision: %s (%s) has no %s peak in its profile",
                                       spec->hw->name, spec->hw->gpu,
                                       zp_precision_name(spec->precision));
+    else if (!zp_hw_attention_check(spec->hw, spec->attention, spec->precision, "--attention",
+                                    &kernel_error))
+        bad = owned = g_strdup(kernel_error->message);
     else if (zp_attention_fused(spec->attention) &&
              zp_hw_attention_flops_per_s(spec->hw, spec->attention, 64, m->seq_len) <= 0)
         bad = owned = g_strdup_printf("--attention: %s has no rate for '%s' in its attention "
@@ -346,6 +350,7 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
     if (bad)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
     g_free(owned);
+    g_clear_error(&kernel_error);
     return bad == NULL;
 }
 

@@ -39,6 +39,7 @@ static const HwField hw_fields[] = {
     F(cpu_adam_bytes_per_s_per_core, 1e6, 1e13, FALSE),
     F(gemm_efficiency_max, 0.01, 1, TRUE),
     F(gemm_half_efficiency_flops, 0, 1e18, TRUE),
+    F(compute_capability, 1, 20, FALSE),
 };
 #undef F
 
@@ -56,7 +57,8 @@ static const char *const hw_keys[] = {"name", "gpu", "gpus_per_node", "notes",
                                       "collective_table",
                                       "cpu_cores_per_node", "cpu_adam_bytes_per_s_per_core",
                                       "calibration", "attention", "op_costs",
-                                      "kernel_rates", "kernel_tables", NULL};
+                                      "kernel_rates", "kernel_tables", "compute_capability",
+                                      NULL};
 
 static gboolean copy_name(char *dst, size_t size, const char *src, const char *what,
                           const char *key, GError **error)
@@ -196,6 +198,10 @@ static gboolean attention_table(json_t *obj, const char *what, ZpHw *hw, GError 
         ok = FALSE;
     }
     hw->attention_default = chosen;
+    /* A profile cannot list a kernel its own GPU cannot launch (in fp16, the widest case). */
+    for (int k = 1; ok && k < ZP_ATTN_N; k++)
+        ok = !hw->attention[k].present ||
+             zp_hw_attention_check(hw, (ZpAttention)k, ZP_PREC_FP16, inner, error);
     g_free(inner);
     return ok;
 }
@@ -293,11 +299,146 @@ double zp_hw_gemm_efficiency(const ZpHw *hw, double flops)
     return hw->gemm_efficiency_max * flops / (flops + hw->gemm_half_efficiency_flops);
 }
 
+/* What each kernel's own entry point accepts, from its source: whether it takes fp32 inputs,
+ * and the compute capabilities (x 10) it launches on (0: its source checks none). A kernel is
+ * refused where its entry would raise, so no plan prices a step that cannot run. */
+typedef struct {
+    gboolean fp32;
+    int min_sm, max_sm;
+    const char *dtypes_source, *gpus_source; /* file, function and its words */
+} ZpAttnNeeds;
+
+static const ZpAttnNeeds attn_needs[ZP_ATTN_N] = {
+    [ZP_ATTN_EAGER] = {TRUE, 0, 0, NULL, NULL},
+    /* flash-attention v1 (4f285b3^, the parent of the FlashAttention-2 release)
+     * csrc/flash_attn/fmha_api.cpp mha_fwd and mha_bwd: TORCH_CHECK(is_sm90 || is_sm8x ||
+     * is_sm75); q_dtype kFloat16, or kBFloat16 on sm8x and sm90. */
+    [ZP_ATTN_FLASH1] = {FALSE, 75, 90,
+                        "flash-attention v1 csrc/flash_attn/fmha_api.cpp mha_fwd: q_dtype "
+                        "kFloat16 or kBFloat16",
+                        "flash-attention v1 csrc/flash_attn/fmha_api.cpp mha_fwd: "
+                        "TORCH_CHECK(is_sm90 || is_sm8x || is_sm75)"},
+    /* flash_attn/flash_attn_triton.py _flash_attn_forward: assert q.dtype in [torch.float16,
+     * torch.bfloat16]; it checks no architecture. */
+    [ZP_ATTN_FLASH1_TRITON] = {FALSE, 0, 0,
+                               "flash_attn/flash_attn_triton.py _flash_attn_forward: \"Only "
+                               "support fp16 and bf16\"",
+                               NULL},
+    /* csrc/flash_attn/flash_api.cpp mha_fwd and mha_bwd: is_sm8x_min = cc_major >= 8;
+     * q_dtype kFloat16 or kBFloat16. */
+    [ZP_ATTN_FLASH2] = {FALSE, 80, 0,
+                        "csrc/flash_attn/flash_api.cpp mha_fwd: \"FlashAttention only support "
+                        "fp16 and bf16 data type\"",
+                        "csrc/flash_attn/flash_api.cpp mha_fwd: \"FlashAttention only supports "
+                        "Ampere GPUs or newer.\""},
+    /* hopper/flash_api.cpp mha_fwd: dprops->major >= 8; fp16, bf16 or (sm90) fp8_e4m3;
+     * mha_bwd: fp16 or bf16 only. Its sm80 path came after the Hopper-only release; no A100
+     * profile has a rate for it, so it is refused there for want of one. */
+    [ZP_ATTN_FLASH3] = {FALSE, 80, 0,
+                        "hopper/flash_api.cpp mha_bwd: q_type kFloat16 or kBFloat16 (fp8 in the "
+                        "forward only)",
+                        "hopper/flash_api.cpp mha_fwd: \"FlashAttention only supports Ampere "
+                        "GPUs or newer.\""},
+    /* PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+     * can_use_mem_efficient_attention: kHalf and kFloat (kBFloat16 too from sm80);
+     * check_mem_efficient_hardware_support: sm50 to sm121. */
+    [ZP_ATTN_MEM_EFFICIENT] = {TRUE, 50, 121,
+                               "PyTorch sdp_utils.cpp can_use_mem_efficient_attention: kHalf, "
+                               "kFloat, kBFloat16 from sm80",
+                               "PyTorch sdp_utils.cpp check_mem_efficient_hardware_support: "
+                               "sm50 to sm121"},
+};
+
+/* The profile's compute capability x 10 (90 for 9.0); 0 when the profile has none. */
+static int hw_sm(const ZpHw *hw)
+{
+    return hw ? (int)lround(hw->compute_capability * 10) : 0;
+}
+
+/* zp_hw_attention_check, naming the kernel as the user did (`shown`). */
+static gboolean attention_check(const ZpHw *hw, ZpAttention kernel, const char *shown,
+                                ZpPrecision precision, const char *flag, GError **error)
+{
+    const ZpAttnNeeds *n = &attn_needs[kernel];
+    const int sm = hw_sm(hw);
+    if (precision == ZP_PREC_FP32 && !n->fp32) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %s takes only fp16 or bf16 inputs, not fp32 (%s); use --attention "
+                    "eager, or leave it out for PyTorch SDPA's choice",
+                    flag, shown, n->dtypes_source);
+        return FALSE;
+    }
+    /* bf16 needs sm80's tensor cores: check_dtypes_low_precision (flash) and
+     * can_use_mem_efficient_attention both take kBFloat16 only where dprop->major >= 8. */
+    const int need = precision == ZP_PREC_BF16 && kernel != ZP_ATTN_EAGER && n->min_sm < 80
+                         ? 80 : n->min_sm;
+    if (sm > 0 && ((need > 0 && sm < need) || (n->max_sm > 0 && sm > n->max_sm))) {
+        char range[64];
+        if (n->max_sm > 0)
+            g_snprintf(range, sizeof range, "%d.%d to %d.%d", need / 10, need % 10,
+                       n->max_sm / 10, n->max_sm % 10);
+        else
+            g_snprintf(range, sizeof range, "%d.%d or newer", need / 10, need % 10);
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %s in %s needs compute capability %s (%s); %s's %s is %d.%d", flag,
+                    shown, zp_precision_name(precision), range,
+                    need > n->min_sm ? "bf16 needs sm80: sdp_utils.cpp check_dtypes_low_precision"
+                                     : n->gpus_source,
+                    hw->name, hw->gpu,
+                    sm / 10, sm % 10);
+        return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean zp_hw_attention_check(const ZpHw *hw, ZpAttention kernel, ZpPrecision precision,
+                               const char *flag, GError **error)
+{
+    return attention_check(hw, kernel, zp_attention_name(kernel), precision, flag, error);
+}
+
+ZpAttention zp_hw_attention_default(const ZpHw *hw, ZpPrecision precision, char *why,
+                                    size_t why_size)
+{
+    /* sdp_utils.cpp select_sdp_backend tries flash, then memory-efficient, then math (cuDNN
+     * only where a user ranks it first). Flash takes fp16/bf16 only
+     * (check_dtypes_low_precision) on sm80 and later (check_flash_attention_hardware_support):
+     * the profile's default is that kernel. Where flash cannot run, memory-efficient can
+     * (fp32 from sm50): it is the choice where the profile has its rate; without a rate it is
+     * priced, and its memory counted, as eager (math: batched GEMMs and a softmax). */
+    const gboolean fp32 = precision == ZP_PREC_FP32;
+    if (!fp32 && hw && hw->attention_default != ZP_ATTN_EAGER) {
+        g_snprintf(why, why_size, "%s's default", hw->name);
+        return hw->attention_default;
+    }
+    const char *cause = fp32 ? "fp32: SDPA's flash takes only fp16/bf16 (sdp_utils.cpp "
+                               "check_dtypes_low_precision), so it runs its memory-efficient "
+                               "kernel"
+                             : "SDPA's flash needs sm80 (sdp_utils.cpp "
+                               "check_flash_attention_hardware_support), so it runs its "
+                               "memory-efficient kernel";
+    if (hw && hw->attention[ZP_ATTN_MEM_EFFICIENT].present &&
+        zp_hw_attention_check(hw, ZP_ATTN_MEM_EFFICIENT, precision, "attention", NULL)) {
+        g_snprintf(why, why_size, "%s", cause);
+        return ZP_ATTN_MEM_EFFICIENT;
+    }
+    if (hw)
+        g_snprintf(why, why_size, "%s; %s has no rate for it: priced and sized as eager, batched "
+                   "GEMMs and softmax, the s x s scores kept", cause, hw->name);
+    else
+        g_snprintf(why, why_size, "%s; no --cluster and so no rate for it: sized as eager, "
+                   "the s x s scores kept", cause);
+    return ZP_ATTN_EAGER;
+}
+
 gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision precision,
                                 const char *flag, ZpAttention *out, GError **error)
 {
     if (!text) {
-        *out = hw && precision != ZP_PREC_FP32 ? hw->attention_default : ZP_ATTN_EAGER;
+        char why[512];
+        *out = hw || precision == ZP_PREC_FP32 ? zp_hw_attention_default(hw, precision, why,
+                                                                          sizeof why)
+                                               : ZP_ATTN_EAGER;
         return TRUE;
     }
     if (strcmp(text, "flash") == 0) {
@@ -308,14 +449,24 @@ gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision pr
                         flag, hw->name);
             return FALSE;
         }
-        return TRUE;
+        char *shown = hw ? g_strdup_printf("flash (%s's %s)", hw->name, zp_attention_name(*out))
+                         : g_strdup("flash (flash2)");
+        const gboolean ok = attention_check(hw, *out, shown, precision, flag, error);
+        g_free(shown);
+        return ok;
     }
-    if (!zp_attention_parse(text, flag, out, error))
+    if (!zp_attention_parse(text, flag, out, error) ||
+        !zp_hw_attention_check(hw, *out, precision, flag, error))
         return FALSE;
     if (hw && *out != ZP_ATTN_EAGER && !hw->attention[*out].present) {
-        GString *listed = g_string_new("eager, flash");
+        /* Offer only what runs here in this dtype. */
+        GString *listed = g_string_new("eager");
+        if (hw->attention_default != ZP_ATTN_EAGER &&
+            zp_hw_attention_check(hw, hw->attention_default, precision, flag, NULL))
+            g_string_append(listed, ", flash");
         for (int k = 1; k < ZP_ATTN_N; k++)
-            if (hw->attention[k].present)
+            if (hw->attention[k].present &&
+                zp_hw_attention_check(hw, (ZpAttention)k, precision, flag, NULL))
                 g_string_append_printf(listed, ", %s", zp_attention_name((ZpAttention)k));
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: %s has no rate for '%s' in its attention table (choose from %s)", flag,

@@ -56,6 +56,10 @@ typedef struct {
      * compute-bound, and `zplan calibrate` measures it. The optimizer uses hbm_bytes_per_s. */
     double elementwise_bytes_per_s;
     double gemm_efficiency_max;      /* achieved/peak for very large GEMMs */
+    /* Optional: the GPU's CUDA compute capability (8.0 for an A100, 9.0 for an H100), which
+     * decides the attention kernels it can launch (zp_hw_attention_check); 0 when absent,
+     * and then no kernel is refused for it. */
+    double compute_capability;
     double gemm_half_efficiency_flops; /* GEMM size (FLOPs) that reaches half of the max */
     /* Optional "collective_fit" {"base_latency_s", "bus_bytes_per_s": {"allreduce",
      * "reduce_scatter", "allgather"}}: collectives measured on this machine (`zplan
@@ -114,11 +118,27 @@ double zp_hw_inter_bus_bytes_per_s(const ZpHw *hw);
  * fill the machine's SMs; the saturating form is the simplest with the right limits. */
 double zp_hw_gemm_efficiency(const ZpHw *hw, double flops);
 
-/* The kernel a flag names: NULL (flag absent) is PyTorch's choice on this GPU, the profile's
- * default in fp16/bf16 and eager in fp32 (FlashAttention needs 16-bit inputs); "flash" the
- * profile's default fused kernel; "eager"; or a kernel the profile lists. hw may be NULL
- * (memory without --cluster): then NULL is eager and "flash" FlashAttention-2, whose memory
- * every fused kernel shares. Fails naming the flag. */
+/* Whether `kernel` runs in `precision` on this GPU, by its own source's checks: FlashAttention
+ * (1, 2, 3, Triton) takes fp16/bf16 only; FA1 needs sm75 to sm90, FA2 and FA3 sm80 on; the
+ * memory-efficient kernel takes fp32 too, on sm50 to sm121; bf16 needs sm80 throughout. The
+ * GPU checks apply where the profile gives its compute_capability (hw may be NULL: dtype only).
+ * Fails in one line naming the flag, the kernel and the source's reason. */
+gboolean zp_hw_attention_check(const ZpHw *hw, ZpAttention kernel, ZpPrecision precision,
+                               const char *flag, GError **error);
+
+/* The kernel PyTorch's SDPA runs where no flag names one (sdp_utils.cpp select_sdp_backend:
+ * flash, else memory-efficient, else math): in fp16/bf16 the profile's default; else (fp32,
+ * or a profile with no fused kernel) memory-efficient where the profile has its rate, eager
+ * where it has none (priced and sized as the batched GEMMs and softmax). `why` gets the
+ * reason in words for the output's defaults line. hw may be NULL (no --cluster). */
+ZpAttention zp_hw_attention_default(const ZpHw *hw, ZpPrecision precision, char *why,
+                                    size_t why_size);
+
+/* The kernel a flag names: NULL (flag absent) is zp_hw_attention_default's choice ("eager" for
+ * fp16/bf16 with no hw); "flash" the profile's default fused kernel; "eager"; or a kernel the
+ * profile lists, each refused where zp_hw_attention_check refuses it. hw may be NULL (memory
+ * without --cluster): then "flash" is FlashAttention-2, whose memory every fused kernel
+ * shares. Fails naming the flag. */
 gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision precision,
                                 const char *flag, ZpAttention *out, GError **error);
 
