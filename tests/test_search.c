@@ -76,6 +76,38 @@ static gboolean record(const ZpPlan *plan, void *ctx, double stop_after_s, doubl
     return cli_rank_by_simulation(plan, &r->sim, stop_after_s, step_s, peak, error);
 }
 
+/* A search never prices a kernel that cannot launch: a spec with FlashAttention-2 in fp32,
+ * or on a V100, is refused before any plan is tried (zp_hw_attention_check). */
+static void test_refuses_unrunnable_attention(void)
+{
+    ZpModel m = tu_load_model("tiny");
+    static const struct {
+        const char *cluster;
+        ZpPrecision precision;
+        const char *message;
+    } cases[] = {
+        {"dgx-h100", ZP_PREC_FP32, "--attention: flash2 takes only fp16 or bf16 inputs, not fp32"},
+        {"dgx2-v100", ZP_PREC_FP16, "--attention: flash2 in fp16 needs compute capability 8.0"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpHw hw = tu_load_hw(cases[i].cluster);
+        ZpSearchSpec spec;
+        Recorder rec = {.sim = {&m, &hw}};
+        cli_search_spec(&spec, &rec.sim, &m, &hw, 8);
+        spec.rank = record;
+        spec.rank_ctx = &rec;
+        spec.precision = cases[i].precision;
+        spec.attention = ZP_ATTN_FLASH2;
+        ZpSearchResult r;
+        GError *error = NULL;
+        g_assert_false(zp_search_run(&spec, &r, &error));
+        g_assert_nonnull(error);
+        g_assert_nonnull(strstr(error->message, cases[i].message));
+        g_assert_cmpuint(rec.calls, ==, 0);
+        g_clear_error(&error);
+    }
+}
+
 /* The bound never exceeds the simulated step (so pruning loses nothing), the plans it pruned
  * really were slower than the K-th or their group's best, and the best plan fits. */
 static void check_search(const char *model_name, const char *cluster, int gpus, int64_t batch)
@@ -312,6 +344,7 @@ int main(int argc, char **argv)
     g_test_add_func("/search/compute-ops-match-schedule", test_compute_ops_match_schedule);
     g_test_add_func("/search/screen-memory-is-zp-mem", test_screen_memory_is_zp_mem);
     g_test_add_func("/search/bound-and-pruning", test_bound_and_pruning);
+    g_test_add_func("/search/refuses-unrunnable-attention", test_refuses_unrunnable_attention);
     g_test_add_func("/search/zero-r", test_search_zero_r);
     g_test_add_func("/search/zeropp", test_search_zeropp);
     g_test_add_func("/search/zeropp-buckets", test_search_zeropp_buckets);

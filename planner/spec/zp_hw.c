@@ -363,9 +363,11 @@ static gboolean attention_check(const ZpHw *hw, ZpAttention kernel, const char *
     const int sm = hw_sm(hw);
     if (precision == ZP_PREC_FP32 && !n->fp32) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: %s takes only fp16 or bf16 inputs, not fp32 (%s); use --attention "
-                    "eager, or leave it out for PyTorch SDPA's choice",
-                    flag, shown, n->dtypes_source);
+                    "%s: %s takes only fp16 or bf16 inputs, not fp32 (%s)%s", flag, shown,
+                    n->dtypes_source,
+                    g_str_has_suffix(flag, "--attention")
+                        ? "; use --attention eager, or leave it out for PyTorch SDPA's choice"
+                        : "");
         return FALSE;
     }
     /* bf16 needs sm80's tensor cores: check_dtypes_low_precision (flash) and
