@@ -132,6 +132,15 @@ void cli_default_taken(const char *flag, const char *format, ...)
     g_ptr_array_add(defaults_flags, (gpointer)flag);
 }
 
+void cli_default_retract(const char *flag)
+{
+    for (guint i = defaults_flags ? defaults_flags->len : 0; i-- > 0;)
+        if (strcmp(g_ptr_array_index(defaults_flags, i), flag) == 0) {
+            g_ptr_array_remove_index(defaults_taken, i);
+            g_ptr_array_remove_index(defaults_flags, i);
+        }
+}
+
 char *cli_defaults_line(void)
 {
     if (!defaults_taken || defaults_taken->len == 0)

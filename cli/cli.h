@@ -84,6 +84,8 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
  * one line near the top of the text output: "Defaults: sequence 4096 (...); bf16 (...). Change
  * with --seq, --precision." */
 void cli_default_taken(const char *flag, const char *format, ...) G_GNUC_PRINTF(2, 3);
+/* Withdraws what cli_default_taken said of a flag: a file read later decided it instead. */
+void cli_default_retract(const char *flag);
 /* That line, newly allocated, or NULL when no default was taken. */
 char *cli_defaults_line(void);
 /* Prints it on stdout, if any, then each note (cli_note), one a line. */

@@ -248,9 +248,21 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     /* The config's fp16/bf16 sections may change the launch's precision: where no one named a
      * kernel, PyTorch SDPA's choice follows the dtype the step runs in; a named one must run
      * in it (zp_hw_attention_check: FlashAttention takes no fp32). */
-    if (ok && !f->attention && !config_kernel && plan->precision != launch.precision)
+    if (ok && !f->attention && !config_kernel && plan->precision != launch.precision) {
         ok = zp_hw_attention_choose(hw, NULL, plan->precision, "--attention", &plan->attention,
                                     error);
+        /* The defaults line spoke of the launch's dtype and kernel: say the config's. */
+        char why[512];
+        zp_hw_attention_default(hw, plan->precision, why, sizeof why);
+        cli_default_retract("--precision");
+        cli_default_retract("--attention");
+        cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
+                          why);
+    } else if (ok && config_kernel) {
+        cli_default_retract("--attention");
+    }
+    if (ok && plan->precision != launch.precision)
+        cli_default_retract("--precision");
     if (ok) {
         char *key = f->attention ? g_strdup("--attention")
                                  : g_strdup_printf("%s: attention_kernel", f->ds_config);

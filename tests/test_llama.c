@@ -458,6 +458,56 @@ static void test_attention_dtype(void)
     g_clear_error(&error);
 }
 
+/* What `zplan ARGS` printed on stdout; it must exit 0, or 2 (the plan does not fit). */
+static char *zplan_stdout(const char *args)
+{
+    char *command = g_strdup_printf("%s/zplan %s", ZP_BUILD_DIR, args);
+    char *out = NULL;
+    int status = -1;
+    g_assert_true(g_spawn_command_line_sync(command, &out, NULL, &status, NULL));
+    g_assert_true(WIFEXITED(status));
+    g_assert_true(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 2);
+    g_free(command);
+    return out;
+}
+
+/* The unnamed kernel in the output: fp32 on the H100 says it runs SDPA's memory-efficient
+ * kernel, priced as eager for want of a rate; bf16 keeps FlashAttention-2 and its words; a
+ * ds_config that leaves fp16 and bf16 off (fp32) gets the fp32 choice, not the launch's. */
+static void test_attention_default_cli(void)
+{
+    char *out = zplan_stdout("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                             "--stage 3 --micro-batch 1 --precision fp32");
+    g_assert_nonnull(strstr(out, "; eager attention (fp32: SDPA's flash takes only fp16/bf16 "
+                                 "(sdp_utils.cpp check_dtypes_low_precision), so it runs its "
+                                 "memory-efficient kernel; dgx-h100 has no rate for it: priced "
+                                 "and sized as eager"));
+    g_free(out);
+    out = zplan_stdout("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 --stage 3 "
+                       "--micro-batch 1 --precision bf16");
+    g_assert_nonnull(strstr(out, "; flash2 attention (dgx-h100's default). Change with"));
+    g_free(out);
+    char *dir = NULL;
+    char *path = tu_tmp_file("llama", "ds.json", &dir);
+    static const struct {
+        const char *config, *kernel;
+    } cases[] = {
+        {"{\"train_micro_batch_size_per_gpu\": 1}", "eager"},
+        {"{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}}", "flash2"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_assert_true(g_file_set_contents(path, cases[i].config, -1, NULL));
+        char *args = g_strdup_printf("simulate --model tiny --cluster dgx-h100 --gpus 8 "
+                                     "--ds-config %s --json", path);
+        json_t *sim = tu_zplan_json(args);
+        g_assert_cmpstr(json_string_value(json_object_get(json_object_get(sim, "plan"),
+                                                          "attention")), ==, cases[i].kernel);
+        json_decref(sim);
+        g_free(args);
+    }
+    tu_tmp_file_remove(path, dir);
+}
+
 /* A fused kernel's block op: the attention FLOPs are timed at the kernel's rate, the GEMMs at
  * the GEMM rate, and no s^2 bytes move; eager times the whole at the GEMM rate and moves the
  * softmax. */
@@ -616,6 +666,7 @@ int main(int argc, char **argv)
     g_test_add_func("/attention/choice", test_attention_choice);
     g_test_add_func("/attention/timing", test_attention_timing);
     g_test_add_func("/attention/dtype", test_attention_dtype);
+    g_test_add_func("/attention/default-cli", test_attention_default_cli);
     g_test_add_func("/reduce-dtype/bytes-buckets-ds-config", test_reduce_dtype);
     g_test_add_func("/plan/ds-config-attention", test_plan_ds_config);
     g_test_add_func("/plan/llama-2-70b-512-fits", test_70b_fits);
