@@ -246,6 +246,16 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);
 }
 
+gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **error)
+{
+    cli_default_retract("--attention");
+    if (strcmp(attention_flag, "flash") == 0) {
+        plan->attention = ZP_ATTN_FLASH2;
+        return TRUE;
+    }
+    return zp_attention_parse(attention_flag, "--attention", &plan->attention, error);
+}
+
 gboolean cli_kernels(const char *kernels_flag, ZpPlan *plan, GError **error)
 {
     if (!kernels_flag)

@@ -115,6 +115,11 @@ void cli_note_inert_features(const ZpPlan *plan);
 gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpPlan *plan,
                        GError **error);
 
+/* zreal's --attention (and `schedule`'s, whose ops zreal runs): eager, or its own blockwise
+ * fused kernel, which any fused name ("flash", "flash2", ...) means and which runs in any dtype,
+ * so no FlashAttention check; withdraws a default the flag overrides. */
+gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **error);
+
 /* --kernels NAME: the kernel inventory (zp_inventory) a GPU profile's kernel_rates price, into
  * plan->kernels; without the flag plan->kernels stays "" (the one --impl names). An unknown
  * name fails naming the flag and listing the inventories. */

@@ -179,6 +179,14 @@ static gboolean names_agree(const char *flag, const char *given, const char *fla
     return FALSE;
 }
 
+/* Whether the plan's attention kernel must run where zplan prices it (zp_hw_attention_check):
+ * not for `schedule`, whose ops zreal runs with its own blockwise kernel, in any dtype (fp32 on
+ * the CPU included). */
+static gboolean kernel_checked(const SimulateFlags *f)
+{
+    return strcmp(f->command, "schedule") != 0;
+}
+
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
  * and, for "auto" (as the Hugging Face Trainer fills it from its arguments), --micro-batch,
  * --grad-accum, --precision and the optimizer from the flags; --checkpoint turns
@@ -263,7 +271,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     }
     if (ok && plan->precision != launch.precision)
         cli_default_retract("--precision");
-    if (ok) {
+    if (ok && kernel_checked(f)) {
         char *key = f->attention ? g_strdup("--attention")
                                  : g_strdup_printf("%s: attention_kernel", f->ds_config);
         ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
@@ -329,7 +337,7 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
     if (ok && !attention_set)
         ok = zp_hw_attention_choose(hw, f->attention, plan->precision, "--attention",
                                     &plan->attention, error);
-    else if (ok) {
+    else if (ok && kernel_checked(f)) {
         /* --use-flash-attn in fp32 or below sm80 stops in flash_api.cpp mha_fwd. */
         char *key = g_strdup_printf("%s: --use-flash-attn", f->megatron_args);
         ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
@@ -406,7 +414,9 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         return FALSE;
     if (!cli_int(f->hpz, "--hpz-partition-size", 1, 65536, 1,
                  &plan->zero.zero_hpz_partition_size, error) ||
-        !cli_attention_reduce(f->attention, f->reduce_dtype, hw, precision, plan, error) ||
+        !cli_attention_reduce(kernel_checked(f) ? f->attention : NULL, f->reduce_dtype, hw,
+                              precision, plan, error) ||
+        (!kernel_checked(f) && f->attention && !cli_attention_zreal(f->attention, plan, error)) ||
         !cli_recompute(f->recompute, f->checkpoint, plan, error))
         return FALSE;
     if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error))

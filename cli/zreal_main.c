@@ -178,9 +178,10 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     plan->zero.zero_quantized_gradients = a->quantized_gradients;
     plan->zero.zero_hpz_partition_size = a->hpz;
     plan->gpus_per_node = a->ranks_per_node;
-    /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). */
-    if (a->attention && !zp_hw_attention_choose(NULL, a->attention, plan->precision,
-                                                "--attention", &plan->attention, error))
+    /* zreal's kernels: eager, or the blockwise fused one (any fused name means it). Its own
+     * kernel runs in any dtype, fp32 on the CPU included: no FlashAttention dtype check here
+     * (zp_hw_attention_choose's is for the GPU kernels zplan prices). */
+    if (a->attention && !cli_attention_zreal(a->attention, plan, error))
         return FALSE;
     for (int k = 0; k < ZP_KNOB_N; k++)
         if (a->knobs[k] && !zp_zero_knob_set(&plan->zero, (ZpZeroKnob)k, a->knobs[k], error))

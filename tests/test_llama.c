@@ -508,6 +508,24 @@ static void test_attention_default_cli(void)
     tu_tmp_file_remove(path, dir);
 }
 
+/* zreal runs its own blockwise kernel in any dtype: `schedule` (whose ops zreal runs) takes
+ * --attention flash in fp32, as zreal does, where simulate refuses FlashAttention there. */
+static void test_attention_zreal_own_kernel(void)
+{
+    char *dir = NULL;
+    char *path = tu_tmp_file("llama", "schedule.json", &dir);
+    char *args = g_strdup_printf("schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 "
+                                 "--attention flash --precision fp32 --out %s", path);
+    tu_zplan_ok(args);
+    json_t *s = json_load_file(path, 0, NULL);
+    g_assert_nonnull(s);
+    g_assert_cmpstr(json_string_value(json_object_get(json_object_get(s, "plan"), "attention")),
+                    ==, "flash2");
+    json_decref(s);
+    g_free(args);
+    tu_tmp_file_remove(path, dir);
+}
+
 /* A fused kernel's block op: the attention FLOPs are timed at the kernel's rate, the GEMMs at
  * the GEMM rate, and no s^2 bytes move; eager times the whole at the GEMM rate and moves the
  * softmax. */
@@ -667,6 +685,7 @@ int main(int argc, char **argv)
     g_test_add_func("/attention/timing", test_attention_timing);
     g_test_add_func("/attention/dtype", test_attention_dtype);
     g_test_add_func("/attention/default-cli", test_attention_default_cli);
+    g_test_add_func("/attention/zreal-own-kernel", test_attention_zreal_own_kernel);
     g_test_add_func("/reduce-dtype/bytes-buckets-ds-config", test_reduce_dtype);
     g_test_add_func("/plan/ds-config-attention", test_plan_ds_config);
     g_test_add_func("/plan/llama-2-70b-512-fits", test_70b_fits);
