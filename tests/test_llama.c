@@ -439,6 +439,19 @@ static void test_attention_dtype(void)
     g_assert_cmpint(zp_hw_attention_default(&v100, ZP_PREC_FP16, why, sizeof why), ==,
                     ZP_ATTN_EAGER);
     g_assert_nonnull(strstr(why, "SDPA's flash needs sm80"));
+    /* A profile that names no GPU generation and lists no kernel (a CPU's, a calibrated
+     * machine's) keeps its own eager default, in any dtype, without SDPA's words. */
+    ZpHw bare;
+    zp_hw_from_gpu_memory(40e9, &bare);
+    g_assert_cmpint(zp_hw_attention_default(&bare, ZP_PREC_FP32, why, sizeof why), ==,
+                    ZP_ATTN_EAGER);
+    g_assert_true(g_str_has_suffix(why, "'s default: it lists no fused kernel"));
+    /* The B200 (sm100) has no table: SDPA's flash would run, unrated, so eager. */
+    ZpHw b200;
+    g_assert_true(zp_hw_load("dgx-b200", &b200, NULL));
+    g_assert_cmpint(zp_hw_attention_default(&b200, ZP_PREC_BF16, why, sizeof why), ==,
+                    ZP_ATTN_EAGER);
+    g_assert_nonnull(strstr(why, "dgx-b200 rates none of the fused kernels SDPA runs here"));
     /* A profile that rates the memory-efficient kernel gets it in fp32, not eager. */
     ZpHw rated;
     g_assert_true(profile_with_kernel("dgx-h100.json", "flash2", "mem-efficient", &rated, NULL));

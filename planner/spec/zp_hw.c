@@ -413,12 +413,29 @@ ZpAttention zp_hw_attention_default(const ZpHw *hw, ZpPrecision precision, char 
         g_snprintf(why, why_size, "%s's default", hw->name);
         return hw->attention_default;
     }
-    const char *cause = fp32 ? "fp32: SDPA's flash takes only fp16/bf16 (sdp_utils.cpp "
-                               "check_dtypes_low_precision), so it runs its memory-efficient "
-                               "kernel"
-                             : "SDPA's flash needs sm80 (sdp_utils.cpp "
-                               "check_flash_attention_hardware_support), so it runs its "
-                               "memory-efficient kernel";
+    /* A profile with neither a fused kernel nor a compute capability (a CPU's, a calibrated
+     * machine's) is no GPU whose SDPA choice we know: its own default, as before. */
+    if (hw && hw->attention_default == ZP_ATTN_EAGER && hw_sm(hw) == 0 &&
+        !hw->attention[ZP_ATTN_MEM_EFFICIENT].present) {
+        g_snprintf(why, why_size, "%s's default: it lists no fused kernel", hw->name);
+        return ZP_ATTN_EAGER;
+    }
+    const int sm = hw_sm(hw);
+    if (!fp32 && hw && (sm == 0 || sm >= 80) &&
+        !hw->attention[ZP_ATTN_MEM_EFFICIENT].present) {
+        /* SDPA would run flash here (or cuDNN's), but the profile rates none of them. */
+        g_snprintf(why, why_size, "%s rates none of the fused kernels SDPA runs here: priced "
+                   "and sized as eager, batched GEMMs and softmax, the s x s scores kept",
+                   hw->name);
+        return ZP_ATTN_EAGER;
+    }
+    const char *cause =
+        fp32 ? "fp32: SDPA's flash takes only fp16/bf16 (sdp_utils.cpp "
+               "check_dtypes_low_precision), so it runs its memory-efficient kernel"
+        : sm > 0 && sm < 80 ? "SDPA's flash needs sm80 (sdp_utils.cpp "
+                              "check_flash_attention_hardware_support), so it runs its "
+                              "memory-efficient kernel"
+                            : "SDPA's next choice after flash, its memory-efficient kernel";
     if (hw && hw->attention[ZP_ATTN_MEM_EFFICIENT].present &&
         zp_hw_attention_check(hw, ZP_ATTN_MEM_EFFICIENT, precision, "attention", NULL)) {
         g_snprintf(why, why_size, "%s", cause);
