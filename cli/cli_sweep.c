@@ -645,7 +645,7 @@ int cli_sweep(int argc, char **argv)
         CLI_SEQ_ENTRY(&f.seq),
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: --cluster's, flash2 without one)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice for the dtype on --cluster; without one flash2, eager in fp32)", "K"},
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "tflops: the kernel inventory a GPU profile's kernel_rates price: eager, megatron or deepspeed (default: deepspeed, as sweep plans DeepSpeed's ZeRO)", "NAME"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f.reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},

@@ -33,7 +33,7 @@ static const struct {
     {"--seq", "the model's, at most 4096 (a config's max_position_embeddings is a maximum)"},
     {"--precision", "config.json's torch_dtype where the GPU has it (bf16 not on V100), else fp16"},
     {"--optimizer", "adam"},
-    {"--attention", "the cluster's default (PyTorch SDPA's choice there); flash2 without one"},
+    {"--attention", "PyTorch SDPA's choice for the dtype on the cluster (no FlashAttention in fp32); flash2 without one"},
     {"--reduce-dtype", "the gradients' own dtype"},
     {"--impl", "deepspeed"},
     {"--mp", "1 (plan: searched)"},
