@@ -384,8 +384,10 @@ static gboolean attention_check(const ZpHw *hw, ZpAttention kernel, const char *
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: %s in %s needs compute capability %s (%s); %s's %s is %d.%d", flag,
                     shown, zp_precision_name(precision), range,
-                    need > n->min_sm ? "bf16 needs sm80: sdp_utils.cpp check_dtypes_low_precision"
-                                     : n->gpus_source,
+                    sm < need && need > n->min_sm ? "bf16 needs sm80: PyTorch sdp_utils.cpp "
+                                                    "check_dtypes_low_precision and "
+                                                    "can_use_mem_efficient_attention"
+                                                  : n->gpus_source,
                     hw->name, hw->gpu,
                     sm / 10, sm % 10);
         return FALSE;
