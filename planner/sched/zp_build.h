@@ -3,6 +3,7 @@
 #ifndef ZP_BUILD_H
 #define ZP_BUILD_H
 
+#include "zp_cost_kernels.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_plan.h"
@@ -61,6 +62,12 @@ typedef struct {
 typedef struct {
     guint *start, *items;
 } PosIndex;
+
+/* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
+ * kernel does, and the bytes its memory-bound kernels move. */
+typedef struct {
+    double flops, gemm_flops, attn_flops, mem_bytes;
+} Cost;
 
 typedef struct {
     ZpSchedule *s;
@@ -158,13 +165,14 @@ typedef struct {
     /* A mixture of experts' tokens, buffers and activations per sparse block (zp_ep), and
      * latent attention's activations: zero for a dense model. */
     ZpEpActivations moe;
+    /* A uniform block's cost by kind (zp_build_block_cost) and its modules' kernel shares by
+     * kind (module_costs): functions of the model and plan alone, worked out once a build
+     * instead of once a block op (a 1F1B pipeline of 512 micro-batches has 100,000 of those;
+     * they were a tenth of its build). Flags say which kinds are set. */
+    Cost block_cost[ZP_COMP_N];
+    ZpModuleShares block_shares[ZP_COMP_N];
+    gboolean block_cost_set[ZP_COMP_N], block_shares_set[ZP_COMP_N];
 } Builder;
-
-/* A compute op's cost: its FLOPs, its typical GEMM's, those of them a fused attention
- * kernel does, and the bytes its memory-bound kernels move. */
-typedef struct {
-    double flops, gemm_flops, attn_flops, mem_bytes;
-} Cost;
 
 
 typedef struct {

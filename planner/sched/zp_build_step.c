@@ -33,10 +33,13 @@ static void position_end(Builder *b, int pos, int micro)
  * FLOPs, fused-attention FLOPs and memory-bound bytes, so that the modules' ops sum to the
  * block's; each keeps the block's typical GEMM (the efficiency the block's time has), so that
  * their times sum to its time too. */
-static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost parts[ZP_MOD_N])
+static void module_costs(Builder *b, ZpComputeKind kind, Cost whole, Cost parts[ZP_MOD_N])
 {
-    ZpModuleShares sh;
-    zp_cost_kernel_shares(&b->s->model, &b->s->plan, kind, NULL, NULL, &sh);
+    if (!b->block_shares_set[kind]) {
+        zp_cost_kernel_shares(&b->s->model, &b->s->plan, kind, NULL, NULL, &b->block_shares[kind]);
+        b->block_shares_set[kind] = TRUE;
+    }
+    const ZpModuleShares sh = b->block_shares[kind];
     const ZpModel *model = &b->s->model;
     if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
         /* A block of widths of its own (zp_build_unit_block_cost): the shares are the uniform
@@ -60,6 +63,20 @@ static void module_costs(const Builder *b, ZpComputeKind kind, Cost whole, Cost 
     for (int m = 0; m < ZP_MOD_N; m++)
         parts[m] = (Cost){whole.flops * sh.flops[m], whole.gemm_flops,
                           whole.attn_flops * sh.attn_flops[m], whole.mem_bytes * sh.accesses[m]};
+}
+
+/* A block's cost (zp_build_unit_block_cost), worked out once a build where every block is
+ * alike (no experts, no latent attention: then it depends on the model and plan alone). */
+static Cost block_cost(Builder *b, int unit, ZpComputeKind kind)
+{
+    const ZpModel *m = &b->s->model;
+    if (zp_moe_enabled(&m->moe) || zp_mla_enabled(&m->mla))
+        return zp_build_unit_block_cost(b->s, unit, kind);
+    if (!b->block_cost_set[kind]) {
+        b->block_cost[kind] = zp_build_unit_block_cost(b->s, unit, kind);
+        b->block_cost_set[kind] = TRUE;
+    }
+    return b->block_cost[kind];
 }
 
 /* Whether module m ends with one of Megatron's tensor-parallel sums: the row-parallel proj and
@@ -138,7 +155,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
         }
         zp_build_wait_param_gathers(b, l, micro);
         block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l),
-                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+                      block_cost(b, l, ZP_COMP_BLOCK_FWD), deps, NULL);
         zp_build_moe_forward(b, l, micro);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
@@ -252,7 +269,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
                                                  &b->last_compute, 1);
             g_array_append_val(deps, alloc);
             block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l),
-                          zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_FWD), deps, NULL);
+                          block_cost(b, l, ZP_COMP_BLOCK_FWD), deps, NULL);
             zp_build_moe_forward(b, l, micro); /* the recomputed forward's experts */
         }
         int core = -1; /* selective: core attention's recomputed tensors */
@@ -273,7 +290,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (reduce) /* a bucket the experts' gradients do not fit (ZP_LAUNCH_EXPERTS) */
             zp_build_launch_buckets(b, l, ZP_LAUNCH_EXPERTS, micro, launched);
         block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
-                      zp_build_unit_block_cost(s, l, ZP_COMP_BLOCK_BWD), deps,
+                      block_cost(b, l, ZP_COMP_BLOCK_BWD), deps,
                       reduce ? launched : NULL);
         zp_build_moe_free_backward(b, l, micro, returned);
         if (ckpt)
