@@ -76,6 +76,10 @@ typedef struct {
     ZpCollTimeFn coll_s;
     ZpProgressFn progress; /* NULL, or told the share of screened plans ranked so far */
     void *progress_ctx;
+    /* TRUE: no branch and bound: every plan that passes the memory screen is simulated to
+     * the end, whatever its bound (the ZeRO-R and ZeRO++ parent rules, which say which plans
+     * are tried, still hold). What the pruned search must rank alike; tests set it. */
+    gboolean exhaustive;
 } ZpSearchSpec;
 
 /* A spec that searches everything for model on gpus GPUs of hw: fp16 mixed precision with
@@ -160,7 +164,8 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
  * the gathers inside the node, qgZ half a byte a gradient element through its two
  * all-to-alls, the node parts at the intra-node link's rate.
  * With P pipeline stages (V chunks each, m micro-batches) a stage does 1/P of the compute
- * and TP work, stretched by the bubble to (V m + P - 1) / (V m), and reduces 1/P of the
+ * and TP work, its forward and backward stretched by the bubble to (V m + P - 1) / (V m)
+ * (not the optimizer, after the flush), and reduces 1/P of the
  * parameters (sends and stage imbalance only add); the memory is the first stage's: its
  * embedding and blocks, and the activations of the micro-batches it holds at once (1F1B:
  * min(P, m); interleaved: Megatron's warm-up plus one, in chunks). */
