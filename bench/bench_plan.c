@@ -51,14 +51,43 @@ static int bench_screen(const ZpSearchSpec *spec, double seconds)
     return 0;
 }
 
-/* The whole search in process: enumeration, screen, and the simulated finalists. */
-static int bench_search(const ZpSearchSpec *spec)
+/* The search's simulations, counted and timed (CPU) around the simulator's ranking. */
+typedef struct {
+    ZpRankFn rank;
+    void *rank_ctx;
+    guint runs, stopped;
+    double cpu_s, longest_s;
+} TimedRank;
+
+static gboolean timed_rank(const ZpPlan *plan, void *ctx, double stop_after_s,
+                           double *step_time_s, double *peak_memory_bytes, GError **error)
+{
+    TimedRank *t = ctx;
+    const clock_t start = clock();
+    const gboolean ok =
+        t->rank(plan, t->rank_ctx, stop_after_s, step_time_s, peak_memory_bytes, error);
+    const double cpu_s = (double)(clock() - start) / CLOCKS_PER_SEC;
+    t->runs++;
+    t->stopped += ok && *peak_memory_bytes == ZP_RANK_STOPPED;
+    t->cpu_s += cpu_s;
+    t->longest_s = MAX(t->longest_s, cpu_s);
+    return ok;
+}
+
+/* The whole search in process: enumeration, screen, and the simulated finalists; and where
+ * its CPU time goes: the simulations (schedule build, simulated step, allocator replay) and
+ * the rest (enumeration, the closed-form screen, ordering). */
+static int bench_search(const ZpSearchSpec *base)
 {
     ZpSearchResult r;
     GError *error = NULL;
+    ZpSearchSpec spec = *base;
+    TimedRank timed = {.rank = base->rank, .rank_ctx = base->rank_ctx};
+    spec.rank = timed_rank;
+    spec.rank_ctx = &timed;
     const gint64 start_us = g_get_monotonic_time();
     const clock_t start_cpu = clock(); /* one thread: the CPU time is one core's */
-    const gboolean ok = zp_search_run(spec, &r, &error);
+    const gboolean ok = zp_search_run(&spec, &r, &error);
     const double wall_s = (g_get_monotonic_time() - start_us) / 1e6;
     const double cpu_s = (double)(clock() - start_cpu) / CLOCKS_PER_SEC;
     if (!ok) {
@@ -72,6 +101,9 @@ static int bench_search(const ZpSearchSpec *spec)
            r.candidates->len, r.count[ZP_FATE_SIMULATED] + r.count[ZP_FATE_SIMULATED_OOM],
            r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], r.stopped, wall_s,
            cpu_s);
+    printf("  CPU: %u simulations (%u stopped) %.4f s, the longest %.4f s; enumeration, screen "
+           "and ordering %.4f s\n",
+           timed.runs, timed.stopped, timed.cpu_s, timed.longest_s, cpu_s - timed.cpu_s);
     zp_search_result_clear(&r);
     return 0;
 }
@@ -152,6 +184,21 @@ int main(void)
     spec3d.three_d = TRUE;
     printf("3D (DP x TP x PP x V, stage, micro-batch, micro-batches, checkpointing), gpt-1t on "
            "4096 GPUs, global batch 2048:\n");
+    failed |= bench_search(&spec3d);
+    /* The same as `zplan plan --3d` searches it: the profile's default attention kernel and
+     * gradient dtype, lossy ZeRO++ left out. */
+    ZpPlan kernels;
+    zp_plan_defaults(&kernels, 0, 1, 1);
+    if (!cli_attention_reduce(NULL, NULL, &hw, spec3d.precision, &kernels, &error)) {
+        fprintf(stderr, "bench_plan: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    spec3d.attention = kernels.attention;
+    spec3d.reduce_dtype = kernels.reduce_dtype;
+    spec3d.exclude = CLI_LOSSY_ZEROPP;
+    printf("the same as `zplan plan --3d` searches it (%s attention, lossless ZeRO++ only):\n",
+           zp_attention_name(spec3d.attention));
     failed |= bench_search(&spec3d);
     failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 4096 --global-batch 2048 --3d", 3);
     failed |= bench_command("--model gpt-1t --cluster dgx-a100-80g --gpus 1024", 5);
