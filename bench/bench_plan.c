@@ -102,8 +102,10 @@ static int bench_search(const ZpSearchSpec *base)
            r.count[ZP_FATE_SIMULATED_OOM], r.count[ZP_FATE_CANNOT_WIN], r.stopped, wall_s,
            cpu_s);
     printf("  CPU: %u simulations (%u stopped) %.4f s, the longest %.4f s; enumeration, screen "
-           "and ordering %.4f s\n",
-           timed.runs, timed.stopped, timed.cpu_s, timed.longest_s, cpu_s - timed.cpu_s);
+           "and ordering %.4f s; %u stage-3 plans left out by the bound with the schedule's "
+           "gathers\n",
+           timed.runs, timed.stopped, timed.cpu_s, timed.longest_s, cpu_s - timed.cpu_s,
+           r.past_stop);
     zp_search_result_clear(&r);
     return 0;
 }

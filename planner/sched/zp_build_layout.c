@@ -74,6 +74,28 @@ static void place_units(ZpSchedule *s)
     s->partition_elems = s->plan.zero.stage == 3 ? partition3 : s->padded_elems / dp;
 }
 
+double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan)
+{
+    ZpSchedule s = {.model = *model, .plan = *plan,
+                    .elem_bytes = zp_plan_elem_bytes(plan->precision)};
+    zp_impl_normalize_plan(&s.plan);
+    s.n_units = zp_model_n_units(model);
+    s.unit_offset = g_new0(uint64_t, s.n_units);
+    s.unit_elems = g_new(uint64_t, s.n_units);
+    for (int u = 0; u < s.n_units; u++) /* held_elems: one stage holds every unit */
+        s.unit_elems[u] = zp_model_unit_dense_tp_elems(model, u, plan->mp);
+    place_units(&s);
+    GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
+    zp_impl_get(s.plan.impl)->plan_fetches(&s, fetches);
+    double elems = 0;
+    for (guint i = 0; i < fetches->len; i++)
+        elems += (double)g_array_index(fetches, ZpFetch, i).elems;
+    g_array_unref(fetches);
+    g_free(s.unit_offset);
+    g_free(s.unit_elems);
+    return elems;
+}
+
 /* The flat layout of the units the stage being built holds (all of them without a
  * pipeline): ZeRO partitions each stage's own parameters over its data-parallel group. */
 void zp_build_layout(Builder *b)

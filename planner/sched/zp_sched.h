@@ -51,6 +51,12 @@ gboolean zp_sched_unit_block_op(const ZpModel *model, const ZpPlan *plan, int un
  * total's 1/dp at stages 1-2, the sum of each unit's padded 1/dp at stage 3. */
 uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan);
 
+/* Stage 3 without a pipeline: the elements one micro-step's parameter all-gathers cover, as
+ * zp_sched_build plans them (the implementation's fetches, their prefetch and reuse, padding
+ * included), without building the schedule: O(tensors). Each micro-step of the built
+ * schedule gathers at least that (test_search_prune). */
+double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan);
+
 /* DeepSpeed's stage 3 with stage3_use_all_reduce_for_fetch_params: whether a coalesced call of
  * n parameters over `group` fetches them by an all-reduce of a zeroed flat buffer of their
  * padded sizes, each rank's slices at its place (partition_parameters.py

@@ -582,7 +582,9 @@ static double qgz_s_per_elem(const ZpScreen *sc, const ZpPlan *plan)
            sc->hw->intra_node_bytes_per_s;
 }
 
-static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
+/* The bound; `gathered_elems` >= 0: stage 3's elements gathered a micro-step, those the
+ * schedule plans (zp_sched_gathered_elems) in place of the implementation's O(1) bound. */
+static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gathered_elems)
 {
     const ZpModel *m = sc->model;
     const ZpStateBytes sb = zp_impl_state_bytes(plan);
@@ -628,7 +630,8 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan)
             : sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {
-        const double gathered = zp_impl_get(plan->impl)->gather_bound_elems(m, plan);
+        const double gathered =
+            fmax(zp_impl_get(plan->impl)->gather_bound_elems(m, plan), gathered_elems);
         gather_s = accum * gathered * zeropp_gather_s_per_elem(sc, plan, sent, bw, sb.param_bytes);
     } else if (stage >= 1) {
         post_s = sent * psi * sb.param_bytes / bw;
@@ -678,7 +681,7 @@ static double pipeline_memory_bytes(const ZpScreen *sc, const ZpPlan *plan)
 void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
                       double *bound_step_s)
 {
-    *bound_step_s = step_bound_s(screen, plan);
+    *bound_step_s = step_bound_s(screen, plan, -1);
     if (zp_plan_pp(plan) > 1) { /* never with offload (add_plans) */
         *memory_bytes = pipeline_memory_bytes(screen, plan);
         return;
@@ -846,6 +849,35 @@ static gboolean parent_fits(const ZpSearchResult *r, const ZpCandidate *c, doubl
             parent->peak_memory_bytes - (parent->memory_bytes - c->memory_bytes) > gpu_bytes);
 }
 
+/* Whether a stage-3 plan about to be simulated is known, by its bound with the gathers the
+ * schedule plans (zp_sched_gathered_elems: O(tensors), not O(1) as the screen must be, so
+ * only here), to step past stop_s (> 0): then its simulation would have stopped, and it is
+ * left as one stopped (step_time_s -1, its bound raised), which changes nothing the search
+ * decides. A plan that re-gathers its blocks (the recompute's, every micro-step's) is one:
+ * the screen's bound counts each block's weights once a micro-step. Not with hpZ, whose
+ * screen splits the gathers half and half between the node and the data-parallel group. */
+static double gathers_bound_s(const ZpScreen *sc, const ZpPlan *p)
+{
+    if (p->zero.stage != 3 || p->zero.zero_hpz_partition_size > 1 || zp_plan_pp(p) > 1 ||
+        p->zero.offload_param.device != ZP_OFFLOAD_NONE)
+        return 0;
+    return step_bound_s(sc, p, zp_sched_gathered_elems(sc->model, p));
+}
+
+static gboolean past_stop(const ZpScreen *sc, ZpSearchResult *r, guint index, double stop_s)
+{
+    ZpCandidate *c = &g_array_index(r->candidates, ZpCandidate, index);
+    if (stop_s <= 0)
+        return FALSE;
+    const double bound_s = gathers_bound_s(sc, &c->plan);
+    if (!(bound_s > stop_s))
+        return FALSE;
+    c->bound_step_s = fmax(c->bound_step_s, bound_s);
+    c->step_time_s = -1; /* as a simulation stopped there */
+    r->past_stop++;
+    return TRUE;
+}
+
 gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError **error)
 {
     memset(result, 0, sizeof *result);
@@ -898,14 +930,17 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
             zp_search_candidate(result, c->parent)->step_time_s < 0 &&
             zp_search_candidate(result, c->parent)->buckets != c->buckets)
             ok = simulate(spec, result, (guint)c->parent, 0, error);
-        if (ok && bound < beat && !parent_fits(result, c, spec->hw->gpu_memory_bytes))
-            /* A step longer than `beat`, a twin's tolerance over it, neither ranks nor
-             * replaces a twin (insert_ranked) nor is its group's best. */
-            ok = simulate(spec, result, i,
-                          beat == DBL_MAX
-                              ? 0
-                              : beat * (1 + 2 * TWIN_TOLERANCE) * zp_search_samples(&c->plan),
-                          error);
+        /* A step longer than `beat`, a twin's tolerance over it, neither ranks nor replaces
+         * a twin (insert_ranked) nor is its group's best. */
+        const double stop_s =
+            beat == DBL_MAX ? 0 : beat * (1 + 2 * TWIN_TOLERANCE) * zp_search_samples(&c->plan);
+        if (ok && bound < beat && !parent_fits(result, c, spec->hw->gpu_memory_bytes) &&
+            !past_stop(&screen, result, i, stop_s)) {
+            if (spec->exhaustive) /* the bound past_stop uses, there to be checked */
+                g_array_index(result->candidates, ZpCandidate, i).bound_step_s =
+                    fmax(c->bound_step_s, gathers_bound_s(&screen, &c->plan));
+            ok = simulate(spec, result, i, stop_s, error);
+        }
         if (spec->progress)
             spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);
     }

@@ -127,6 +127,9 @@ typedef struct {
     guint count[ZP_FATE_N];
     guint stopped; /* simulations stopped once the step passed what could win (those plans
                     * are ZP_FATE_CANNOT_WIN) */
+    guint past_stop; /* stage-3 plans not simulated, their bound with the gathers the schedule
+                      * plans already past where the simulation would stop (ZP_FATE_CANNOT_WIN,
+                      * step_time_s -1 as if stopped) */
 } ZpSearchResult;
 
 /* Every plan the spec allows, with DeepSpeed's other defaults: ZpCandidate with fate and
