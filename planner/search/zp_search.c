@@ -540,10 +540,10 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
  * positive, counted here past the warm-up, in 1F1B only: interleaving runs other chunks
  * there (gpt-1t's TP 32 interleaved plans simulate up to 0.4% below a bound with it).
  * test_pipe checks the bound against simulated steps. */
-static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp_s)
+static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp_s,
+                               double all_s, const double kind[ZP_COMP_N])
 {
-    double kind[ZP_COMP_N];
-    const double total = compute_s(sc, plan, kind) - kind[ZP_COMP_OPTIMIZER];
+    const double total = all_s - kind[ZP_COMP_OPTIMIZER];
     const double P = zp_plan_pp(plan), V = zp_plan_vstages(plan), L = (double)sc->model->layers;
     const double blocks = kind[ZP_COMP_BLOCK_FWD] + kind[ZP_COMP_BLOCK_BWD] +
                           kind[ZP_COMP_RECOMPUTE] + tp_s;
@@ -644,7 +644,7 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
     const double tp_all_s = tp_s + tp_bwd_s;
     const double all_s = compute_s(sc, plan, kind);
     const double chain_s =
-        P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_all_s),
+        P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_all_s, all_s, kind),
                      (all_s - kind[ZP_COMP_OPTIMIZER] + tp_all_s) / P * bubble +
                          kind[ZP_COMP_OPTIMIZER] / P) +
                     (plan->zero.overlap_comm ? 0 : reduce_s)
