@@ -29,7 +29,14 @@ static gboolean run_search(const PruneCase *pc, const ZpModel *m, const ZpHw *hw
     spec.three_d = pc->three_d;
     spec.mp = pc->mp;
     spec.stage = pc->stage;
-    spec.exclude = CLI_LOSSY_ZEROPP; /* as `zplan plan` searches by default */
+    /* as `zplan plan` searches by default: the profile's attention kernel and gradient
+     * dtype, lossy ZeRO++ left out */
+    ZpPlan kernels;
+    zp_plan_defaults(&kernels, 0, 1, 1);
+    g_assert_true(cli_attention_reduce(NULL, NULL, hw, spec.precision, &kernels, NULL));
+    spec.attention = kernels.attention;
+    spec.reduce_dtype = kernels.reduce_dtype;
+    spec.exclude = CLI_LOSSY_ZEROPP;
     spec.exhaustive = exhaustive;
     GError *error = NULL;
     const gboolean ok = zp_search_run(&spec, r, &error);
