@@ -16,7 +16,19 @@
  * in order, once per skipped period, so they round exactly as the unfolded run's would, in
  * any binade. Memory is whole bytes: exact when every value is an integer below 2^53.
  * Anything else (a straggler's classes, an unequal period, a binade's end) refuses or ends
- * the jump, and the engine steps every event as before. */
+ * the jump, and the engine steps every event as before.
+ *
+ * Where it stops. A jump ends before the first time leaves its binade (periods_exact). Past
+ * that power of two the grid is twice as coarse, and the values that crossed it mid-period
+ * were rounded where the others were not: the stages' relative offsets change by an ulp or
+ * two, and that difference travels round the pipeline (forward to the last stage, backward
+ * to the first) before every period is again what the one before it was. Megatron's 1T shape
+ * (pp 64, 512 micro-batches, 0.16 s a micro-step) repeats exactly again about 8 s (50
+ * micro-steps) after each of 16, 32 and 64 s, and its steady state begins at 10 s (micro-step
+ * 64 of stage 0), too late for [8, 16): the three jumps skip 254 of stage 0's 449 steady
+ * micro-steps, each taken two periods after the first exact repeat (the countdowns are
+ * compared from then on). Only a run that never crosses a binade mid-steady-state folds it
+ * whole; stepping the transients is the price of being exact. */
 #include "sim_fold.h"
 
 #include <math.h>
