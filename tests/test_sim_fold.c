@@ -2,6 +2,7 @@
  * the unfolded run's results bit for bit, over 1F1B, GPipe and interleaved schedules, pp 2 to
  * 64, with and without a pipeline; a slow rank refuses the fold. */
 #include "sim_common.h"
+#include "zp_alloc_replay.h"
 
 /* A GPT of `layers` blocks, hidden 1024, 16 heads, sequence 1024: small enough to build 64
  * stages of it quickly. */
@@ -242,6 +243,73 @@ static void test_fold_megatron_1t(void)
     json_decref(stepped);
 }
 
+/* Every figure of two replays of the caching allocator, bit for bit. */
+static void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u)
+{
+    const double got[] = {f->allocated_bytes, f->reserved_bytes, f->peak_allocated_bytes,
+                          f->peak_reserved_bytes, f->reserved_at_peak_bytes,
+                          f->largest_free_at_peak_bytes, f->oom_request_bytes,
+                          f->oom_allocated_bytes, f->oom_reserved_bytes,
+                          f->oom_largest_free_bytes};
+    const double want[] = {u->allocated_bytes, u->reserved_bytes, u->peak_allocated_bytes,
+                           u->peak_reserved_bytes, u->reserved_at_peak_bytes,
+                           u->largest_free_at_peak_bytes, u->oom_request_bytes,
+                           u->oom_allocated_bytes, u->oom_reserved_bytes,
+                           u->oom_largest_free_bytes};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    g_assert_cmpuint(f->segments_allocated, ==, u->segments_allocated);
+    g_assert_cmpint(f->oom, ==, u->oom);
+    g_assert_cmpint(f->oom_fragmented, ==, u->oom_fragmented);
+}
+
+/* The caching allocator's replay skips a stage's repeated micro-steps (zp_alloc_replay.c)
+ * and gives every figure of the full replay: unbounded, and against a capacity below its
+ * reserved peak (the out-of-memory replay). The pipelines skip most of their events. */
+static void test_fold_alloc_replay(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const FoldCase *c = &cases[k];
+        ZpSchedule *s = fold_schedule(c);
+        const ZpAllocStats full = zp_alloc_replay_schedule_folded(s, 0, FALSE);
+        const ZpAllocStats folded = zp_alloc_replay_schedule(s, 0);
+        g_test_message("%s: %" G_GUINT64_FORMAT " allocs and frees skipped", c->what,
+                       folded.folded_events);
+        g_assert_cmpuint(full.folded_events, ==, 0);
+        assert_same_alloc(&folded, &full);
+        if (c->pp >= 8 && c->schedule == ZP_PIPE_1F1B)
+            g_assert_cmpuint(folded.folded_events, >, 0);
+        const double capacity = 0.9 * full.peak_reserved_bytes;
+        const ZpAllocStats full_oom = zp_alloc_replay_schedule_folded(s, capacity, FALSE);
+        const ZpAllocStats folded_oom = zp_alloc_replay_schedule(s, capacity);
+        g_assert_true(full_oom.oom);
+        assert_same_alloc(&folded_oom, &full_oom);
+        zp_sched_free(s);
+    }
+    /* Megatron's 1T shape: 64 stages of 512 micro-steps. */
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt-1t", &m, &error));
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 6, 8);
+    p.impl = ZP_IMPL_MEGATRON;
+    p.pipe.stages = 64;
+    p.grad_accum = 512;
+    p.checkpoint = TRUE;
+    p.gpus_per_node = a100.gpus_per_node;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const ZpAllocStats full = zp_alloc_replay_schedule_folded(s, 0, FALSE);
+    const ZpAllocStats folded = zp_alloc_replay_schedule(s, 0);
+    uint64_t events = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        events += zp_sched_op(s, i)->kind == ZP_OP_ALLOC || zp_sched_op(s, i)->kind == ZP_OP_FREE;
+    g_test_message("1T: %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " allocs and frees skipped",
+                   folded.folded_events, events);
+    assert_same_alloc(&folded, &full);
+    g_assert_cmpuint(folded.folded_events, >, events / 2);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -250,5 +318,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
+    g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     return sim_common_run();
 }

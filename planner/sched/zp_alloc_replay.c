@@ -5,10 +5,12 @@
 #include "zp_zeror.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 typedef struct Block Block;
 struct Block {
     uint64_t addr, size;
+    uint64_t id; /* allocated: its handle */
     gboolean allocated, small;
     Block *prev, *next; /* neighbours in the segment */
 };
@@ -23,6 +25,10 @@ struct ZpAllocReplay {
      * 900 bytes a step with tiny, whose small long-lived chunks split the holes glibc had
      * left, and its heap grew by a step's activations every step). */
     GHashTable *live;
+    /* Each segment's first block (which stays its first until the segment goes back), in
+     * address order: the blocks in address order without a sort. */
+    GPtrArray *segments;
+    uint64_t last_addr; /* where the last allocation went */
     ZpAllocStats stats;
 };
 
@@ -42,6 +48,7 @@ ZpAllocReplay *zp_alloc_replay_new(double capacity_bytes)
     for (int p = 0; p < 2; p++)
         a->pools[p] = g_tree_new(block_cmp);
     a->live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    a->segments = g_ptr_array_new();
     return a;
 }
 
@@ -70,6 +77,7 @@ void zp_alloc_replay_free_all(ZpAllocReplay *a)
     }
     g_hash_table_foreach(a->live, free_value, NULL);
     g_hash_table_destroy(a->live);
+    g_ptr_array_unref(a->segments);
     g_free(a);
 }
 
@@ -128,6 +136,7 @@ static void release_cached(ZpAllocReplay *a)
         for (guint i = 0; i < whole->len; i++) {
             Block *b = g_ptr_array_index(whole, i);
             g_tree_remove(a->pools[p], b);
+            g_ptr_array_remove(a->segments, b);
             a->stats.reserved_bytes -= (double)b->size;
             g_free(b);
         }
@@ -184,6 +193,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
             return FALSE;
         }
         b = new_block(a->next_addr, seg, small);
+        g_ptr_array_add(a->segments, b);
         /* Segments never touch, so blocks merge only inside their own. */
         a->next_addr += seg + (uint64_t)ZP_ALLOC_SMALL_BUFFER_BYTES;
         a->stats.reserved_bytes += (double)seg;
@@ -200,6 +210,8 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
         g_tree_insert(pool, rest, rest);
     }
     b->allocated = TRUE;
+    b->id = id;
+    a->last_addr = b->addr;
     a->stats.allocated_bytes += (double)b->size;
     uint64_t *k = g_new(uint64_t, 1);
     *k = id;
@@ -257,73 +269,537 @@ ZpAllocStats zp_alloc_replay_stats(const ZpAllocReplay *a)
 /* A state's copy taken again by op i after its category's state was freed (buffer -1). */
 #define RETAKEN_HANDLE(i) ((uint64_t)1 << 42 | (uint64_t)(i))
 
-/* The most bytes of a category live at once, walking the ops in order. */
-static double most_live(const ZpSchedule *s, ZpMemCategory category)
+/* ---- the sequence folded ----
+ *
+ * A pipeline stage's steady state allocates and frees the same sizes in the same order every
+ * micro-step. Where the allocator's state at the head of one micro-step is the state at the
+ * head of one k micro-steps before (the same blocks at the same addresses, each live block's
+ * handle either the same one or the one allocated a period of k micro-steps later: shifted)
+ * and the sequence from there on repeats the period before it event for event (the same
+ * sizes; each free frees the handle a period after the one the free a period before freed,
+ * never a handle that stayed), then each further period does to the state exactly what the
+ * last one did: the same blocks chosen and split and merged, the same allocated and reserved
+ * bytes at every event. Its peaks are then those already recorded (a maximum met again
+ * changes nothing; the reserved bytes and largest free block at the peak are those of the
+ * same point of the same state), and the periods are skipped whole: the live handles renamed
+ * to those allocated n periods on, nothing else changed. k is rarely 1: a stage keeping m
+ * micro-batches' activations hands the block the oldest freed to the newest, so that their
+ * blocks turn round once in m micro-steps (1F1B's stage s keeps pp - s). */
+
+/* One alloc or free of the sequence. plain: a buffer's own alloc of some bytes, or the free
+ * of one (the model states, the contiguous regions, the retaken state copies and anything
+ * unmatched are not, and never repeat). partner: for a plain free, the events back to its
+ * alloc. */
+typedef struct {
+    uint32_t op;
+    int32_t buffer;
+    uint32_t partner;
+    uint8_t kind, sub;
+    uint8_t flags; /* SEQ_* */
+    double bytes;
+} SeqEvent;
+
+enum {
+    SEQ_PLAIN = 1,
+    SEQ_CKPT = 2,  /* the checkpoints' contiguous region's (REGION_CKPT) */
+    SEQ_GRAD = 4,  /* the gradient buckets' (REGION_GRAD) */
+    SEQ_HEAD = 8,  /* the first of its stage's micro-step (a later one than any before) */
+    SEQ_STAGE = 16 /* the first of its stage */
+};
+
+/* A block of the state at a head: where it lies and, allocated, whose it is (the alloc
+ * event of a buffer's handle, or the handle itself for the states and regions: fixed). */
+typedef struct {
+    uint64_t addr, size;
+    uint8_t allocated, small, special;
+    uint64_t handle;
+} HeadBlock;
+
+typedef struct {
+    uint64_t at; /* the event it is the head of */
+    double allocated_bytes, reserved_bytes;
+    uint64_t segments, next_addr;
+    guint live, free_large, free_small;
+    GArray *blocks; /* HeadBlock by address, or NULL: not taken */
+} Head;
+
+/* A stage's steady heads so far: the last one's figures; each state's hash (blocks, handles
+ * by age: at - their alloc event) -> the last head that had it, MAX_HEADS at most; and a
+ * candidate: a head whose hash an earlier one had, `period` events before, with its blocks,
+ * to compare exactly with the head a period after it. */
+#define MAX_HEADS 4096
+
+typedef struct {
+    Head last;
+    GHashTable *by_hash;
+    Head candidate;
+    uint64_t period;
+} Heads;
+
+/* The allocations whose addresses a head's probe hash takes. */
+#define RECENT 8
+
+typedef struct {
+    const ZpSchedule *s;
+    ZpAllocReplay *a;
+    gboolean ok;
+    double ckpt_region, grad_region;
+    double ckpt_gpu_bytes;
+    gboolean grad_contiguous; /* the gradient buckets come from one region (seq_events) */
+    gboolean ckpt_taken, grad_taken;
+    GHashTable *in_region;
+    SeqEvent *ev;
+    uint64_t n_ev;
+    int64_t *alloc_event; /* [buffer]: the event of its live alloc */
+    size_t n_buffers;
+    gboolean foldable; /* buffer ids dense enough to index (seq_events) */
+    uint64_t folded; /* events skipped */
+    uint64_t recent[RECENT]; /* where the last RECENT allocations went (a ring) */
+    uint64_t n_recent;
+} Seq;
+
+static gboolean is_ckpt(const Seq *q, const ZpOp *op)
 {
-    double live = 0, most = 0;
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->sub != category || (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE))
-            continue;
-        live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-        most = fmax(most, live);
-    }
-    return most;
+    return q->ckpt_region > 0 && op->sub == ZP_MEM_CHECKPOINTS && op->bytes == q->ckpt_gpu_bytes;
 }
 
-static ZpAllocStats replay_once(const ZpSchedule *s, double capacity_bytes)
+static gboolean is_grad(const Seq *q, const ZpOp *op)
 {
-    ZpAllocReplay *a = zp_alloc_replay_new(capacity_bytes);
-    gboolean ok = TRUE;
-    for (int c = 0; ok && c < ZP_MEM_N; c++)
-        if (s->state_bytes[c] > 0)
-            ok = zp_alloc_replay_malloc(a, STATE_HANDLE(c), s->state_bytes[c]);
-    const ZpCkptRule rule = zp_zeror_checkpoint(&s->model, &s->plan);
-    const double ckpt_region = zp_zeror_contiguous_region_bytes(&s->model, &s->plan);
-    const double grad_region = s->plan.zero.contiguous_gradients ? most_live(s, ZP_MEM_BUCKETS) : 0;
-    gboolean ckpt_taken = FALSE, grad_taken = FALSE;
-    GHashTable *in_region = g_hash_table_new(g_direct_hash, g_direct_equal);
-    for (guint i = 0; ok && i < s->ops->len; i++) {
+    return q->grad_contiguous && op->sub == ZP_MEM_BUCKETS;
+}
+
+/* Replays event e, as PyTorch's allocator would see it. */
+static void replay_event(Seq *q, uint64_t e)
+{
+    const SeqEvent *v = &q->ev[e];
+    const gpointer key = GINT_TO_POINTER(v->buffer + 1);
+    const uint64_t id = v->buffer >= 0             ? (uint64_t)v->buffer
+                        : v->kind == ZP_OP_FREE ? STATE_HANDLE(v->sub)
+                                                : RETAKEN_HANDLE(v->op);
+    if (v->kind == ZP_OP_FREE) {
+        if (!g_hash_table_remove(q->in_region, key))
+            zp_alloc_replay_release(q->a, id);
+        return;
+    }
+    if (v->flags & (SEQ_CKPT | SEQ_GRAD)) {
+        const gboolean ckpt = v->flags & SEQ_CKPT;
+        gboolean *taken = ckpt ? &q->ckpt_taken : &q->grad_taken;
+        if (!*taken)
+            q->ok = zp_alloc_replay_malloc(q->a, ckpt ? REGION_CKPT : REGION_GRAD,
+                                           ckpt ? q->ckpt_region : q->grad_region);
+        *taken = TRUE;
+        g_hash_table_add(q->in_region, key);
+        return;
+    }
+    if (v->bytes > 0) {
+        q->ok = zp_alloc_replay_malloc(q->a, id, v->bytes);
+        q->recent[q->n_recent++ % RECENT] = q->a->last_addr;
+        if (q->alloc_event && v->buffer >= 0)
+            q->alloc_event[v->buffer] = (int64_t)e;
+    }
+}
+
+/* Grows a [buffer] array to hold index b, new entries -1. */
+static int64_t *grow_buffers(int64_t *v, size_t *cap, size_t b)
+{
+    const size_t was = *cap;
+    while (*cap <= b)
+        *cap = *cap ? 2 * *cap : 1024;
+    v = g_renew(int64_t, v, *cap);
+    for (size_t k = was; k < *cap; k++)
+        v[k] = -1;
+    return v;
+}
+
+/* The alloc and free events in one walk of the ops, each plain one matched with its alloc,
+ * and the gradient region's size (the most bucket bytes live at once, walking the ops in
+ * order); FALSE (no fold) where buffer ids are too sparse to index. */
+static gboolean seq_events(Seq *q)
+{
+    double live = 0, most = 0;
+    uint32_t stage = UINT32_MAX;
+    int32_t micro = -1;
+    const ZpSchedule *s = q->s;
+    /* Room for half the ops (a pipeline's are a quarter allocs and frees): growing by
+     * copies costs more than the pages never touched. */
+    uint64_t n = 0, room = s->ops->len / 2 + 64;
+    SeqEvent *events = g_new(SeqEvent, room);
+    /* [buffer]: its plain alloc's event while that is open; -1 closed; -2 open otherwise
+     * (a region's slot, nothing allocated, an alloc over an open one) */
+    int64_t *open = NULL;
+    size_t cap = 0;
+    gboolean indexed = TRUE;
+    const size_t most_id = 4 * (size_t)s->ops->len + 1024;
+    for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
             continue;
-        const gboolean ckpt = ckpt_region > 0 && op->sub == ZP_MEM_CHECKPOINTS &&
-                              op->bytes == rule.gpu_bytes;
-        const gboolean grad = grad_region > 0 && op->sub == ZP_MEM_BUCKETS;
-        const gpointer key = GINT_TO_POINTER(op->buffer + 1);
-        const uint64_t id = op->buffer >= 0             ? (uint64_t)op->buffer
-                            : op->kind == ZP_OP_FREE ? STATE_HANDLE(op->sub)
-                                                     : RETAKEN_HANDLE(i);
-        if (op->kind == ZP_OP_FREE) {
-            if (!g_hash_table_remove(in_region, key))
-                zp_alloc_replay_release(a, id);
-            continue;
+        SeqEvent v = {.op = i, .buffer = op->buffer, .kind = op->kind, .sub = op->sub,
+                      .bytes = op->bytes,
+                      .flags = (uint8_t)(is_ckpt(q, op) ? SEQ_CKPT : is_grad(q, op) ? SEQ_GRAD : 0)};
+        if (op->stage != stage) {
+            stage = op->stage;
+            micro = op->micro;
+            v.flags |= SEQ_STAGE | SEQ_HEAD;
+        } else if (op->micro > micro) {
+            micro = op->micro;
+            v.flags |= SEQ_HEAD;
         }
-        if (ckpt || grad) {
-            gboolean *taken = ckpt ? &ckpt_taken : &grad_taken;
-            if (!*taken)
-                ok = zp_alloc_replay_malloc(a, ckpt ? REGION_CKPT : REGION_GRAD,
-                                            ckpt ? ckpt_region : grad_region);
-            *taken = TRUE;
-            g_hash_table_add(in_region, key);
-            continue;
+        if (op->sub == ZP_MEM_BUCKETS) {
+            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+            most = fmax(most, live);
         }
-        if (op->bytes > 0)
-            ok = zp_alloc_replay_malloc(a, id, op->bytes);
+        indexed = indexed && (op->buffer < 0 || (size_t)op->buffer < most_id);
+        if (indexed && op->buffer >= 0) {
+            const size_t b = (size_t)op->buffer;
+            if (b >= cap)
+                open = grow_buffers(open, &cap, b);
+            const gboolean own = !(v.flags & (SEQ_CKPT | SEQ_GRAD));
+            gboolean plain;
+            if (op->kind == ZP_OP_ALLOC) {
+                plain = own && op->bytes > 0 && open[b] == -1;
+                open[b] = plain ? (int64_t)n : -2;
+            } else {
+                plain = own && open[b] >= 0;
+                v.partner = plain ? (uint32_t)(n - (uint64_t)open[b]) : 0;
+                open[b] = -1;
+            }
+            v.flags |= plain ? SEQ_PLAIN : 0;
+        }
+        if (n == room) {
+            room *= 2;
+            events = g_renew(SeqEvent, events, room);
+        }
+        events[n++] = v;
     }
-    g_hash_table_destroy(in_region);
-    const ZpAllocStats stats = zp_alloc_replay_stats(a);
-    zp_alloc_replay_free_all(a);
+    q->n_ev = n;
+    q->ev = events;
+    g_free(open);
+    q->grad_region = q->grad_contiguous ? most : 0;
+    if (q->grad_contiguous && most <= 0) { /* no region after all: the buckets are plain */
+        g_free(q->ev);
+        q->ev = NULL;
+        q->n_ev = 0;
+        q->grad_contiguous = FALSE;
+        return seq_events(q);
+    }
+    if (!indexed)
+        return FALSE;
+    q->n_buffers = cap;
+    return TRUE;
+}
+
+/* The allocator's cheap figures at event e. */
+static void head_take(const Seq *q, Head *h, uint64_t e)
+{
+    const ZpAllocReplay *a = q->a;
+    *h = (Head){.at = e, .allocated_bytes = a->stats.allocated_bytes,
+                .reserved_bytes = a->stats.reserved_bytes,
+                .segments = a->stats.segments_allocated, .next_addr = a->next_addr,
+                .live = g_hash_table_size(a->live), .free_large = g_tree_nnodes(a->pools[0]),
+                .free_small = g_tree_nnodes(a->pools[1])};
+}
+
+/* Block b as a head sees it at event e (its handle's age: e - its alloc event). */
+static HeadBlock head_block(const Seq *q, const Block *b, uint64_t e, uint64_t *age)
+{
+    HeadBlock hb = {.addr = b->addr, .size = b->size, .allocated = (uint8_t)b->allocated,
+                    .small = (uint8_t)b->small};
+    *age = 0;
+    if (b->allocated) {
+        const gboolean buffer = b->id < q->n_buffers && q->alloc_event[b->id] >= 0;
+        hb.special = (uint8_t)!buffer;
+        hb.handle = buffer ? (uint64_t)q->alloc_event[b->id] : b->id;
+        *age = buffer ? e - hb.handle : hb.handle;
+    }
+    return hb;
+}
+
+/* Every block in address order, into `blocks`. */
+static void walk_blocks(const Seq *q, uint64_t e, GArray *blocks)
+{
+    const ZpAllocReplay *a = q->a;
+    for (guint k = 0; k < a->segments->len; k++)
+        for (const Block *b = g_ptr_array_index(a->segments, k); b; b = b->next) {
+            uint64_t age;
+            const HeadBlock hb = head_block(q, b, e, &age);
+            g_array_append_val(blocks, hb);
+        }
+}
+
+/* A few segments' first blocks (at most PROBES, spread over them) and where the last RECENT
+ * allocations went, hashed: what two heads whose states are the same blocks with handles of
+ * the same ages share, at a cost that does not grow with the blocks (a stage can keep
+ * thousands; the recent addresses tell apart the turns of a stage's blocks round its
+ * micro-batches). Heads with equal probes are compared whole (try_fold). */
+#define PROBES 8
+
+static uint64_t probe_hash(const Seq *q, uint64_t e)
+{
+    const GPtrArray *segments = q->a->segments;
+    uint64_t hash = 14695981039346656037u; /* FNV-1a's basis and prime */
+    hash = (hash ^ segments->len) * 1099511628211u;
+    const guint n = segments->len, probes = MIN(n, PROBES);
+    for (guint k = 0; k < probes; k++) {
+        const guint at = probes > 1 ? (guint)((uint64_t)k * (n - 1) / (probes - 1)) : 0;
+        uint64_t age;
+        const HeadBlock hb = head_block(q, g_ptr_array_index(segments, at), e, &age);
+        const uint64_t words[] = {hb.addr, hb.size, hb.allocated | hb.small << 1 | hb.special << 2,
+                                  age};
+        for (size_t w = 0; w < G_N_ELEMENTS(words); w++)
+            hash = (hash ^ words[w]) * 1099511628211u;
+    }
+    for (uint64_t k = 0; k < RECENT; k++)
+        hash = (hash ^ q->recent[(q->n_recent + k) % RECENT]) * 1099511628211u;
+    return hash;
+}
+
+static void take_blocks(const Seq *q, Head *h)
+{
+    h->blocks = g_array_sized_new(FALSE, FALSE, sizeof(HeadBlock),
+                                  h->live + h->free_large + h->free_small);
+    walk_blocks(q, h->at, h->blocks);
+}
+
+static void head_clear(Head *h)
+{
+    if (h->blocks)
+        g_array_free(h->blocks, TRUE);
+    h->blocks = NULL;
+}
+
+static gboolean same_figures(const Head *x, const Head *y)
+{
+    return x->allocated_bytes == y->allocated_bytes && x->reserved_bytes == y->reserved_bytes &&
+           x->segments == y->segments && x->next_addr == y->next_addr && x->live == y->live &&
+           x->free_large == y->free_large && x->free_small == y->free_small;
+}
+
+static int u64_cmp(const void *x, const void *y)
+{
+    const uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Whether head y is head x a period (y->at - x->at) on: the same blocks, each allocated one
+ * held by the same handle (kept in `fixed`, sorted) or by the one allocated a period later. */
+static gboolean same_blocks(const Head *x, const Head *y, GArray *fixed)
+{
+    const uint64_t period = y->at - x->at;
+    g_array_set_size(fixed, 0);
+    if (x->blocks->len != y->blocks->len)
+        return FALSE;
+    for (guint k = 0; k < x->blocks->len; k++) {
+        const HeadBlock *a = &g_array_index(x->blocks, HeadBlock, k);
+        const HeadBlock *b = &g_array_index(y->blocks, HeadBlock, k);
+        if (a->addr != b->addr || a->size != b->size || a->allocated != b->allocated ||
+            a->small != b->small || a->special != b->special)
+            return FALSE;
+        if (!a->allocated)
+            continue;
+        if (a->handle == b->handle) {
+            if (!a->special)
+                g_array_append_val(fixed, a->handle);
+        } else if (a->special || b->handle != a->handle + period) {
+            return FALSE;
+        }
+    }
+    qsort(fixed->data, fixed->len, sizeof(uint64_t), u64_cmp);
+    return TRUE;
+}
+
+static gboolean is_fixed(const GArray *fixed, uint64_t handle)
+{
+    return bsearch(&handle, fixed->data, fixed->len, sizeof(uint64_t), u64_cmp) != NULL;
+}
+
+/* How many events from e on repeat the event a period before each. */
+static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArray *fixed)
+{
+    uint64_t j = e;
+    for (; j < q->n_ev; j++) {
+        const SeqEvent *v = &q->ev[j], *u = &q->ev[j - period];
+        if (!(v->flags & u->flags & SEQ_PLAIN) || v->kind != u->kind || v->sub != u->sub ||
+            v->bytes != u->bytes || v->partner != u->partner)
+            break;
+        if (v->kind == ZP_OP_FREE &&
+            (is_fixed(fixed, j - v->partner) || is_fixed(fixed, j - period - u->partner)))
+            break;
+    }
+    return j - e;
+}
+
+/* Skips `periods` periods: every live handle that is not fixed becomes the one allocated
+ * that many periods on (the renaming is one to one; old and new names may meet, so the new
+ * table is built whole). FALSE, nothing changed, where a target is not a buffer's alloc
+ * (which the checks above rule out). */
+static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fixed)
+{
+    ZpAllocReplay *a = q->a;
+    const guint n = g_hash_table_size(a->live);
+    uint64_t *ids = g_new(uint64_t, MAX(n, 1)), *events = g_new(uint64_t, MAX(n, 1));
+    Block **blocks = g_new(Block *, MAX(n, 1));
+    GHashTableIter it;
+    gpointer key, value;
+    guint k = 0;
+    gboolean ok = TRUE;
+    g_hash_table_iter_init(&it, a->live);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        uint64_t id = *(const uint64_t *)key;
+        events[k] = UINT64_MAX;
+        if (id < q->n_buffers && q->alloc_event[id] >= 0 &&
+            !is_fixed(fixed, (uint64_t)q->alloc_event[id])) {
+            const uint64_t to = (uint64_t)q->alloc_event[id] + periods * period;
+            const SeqEvent *v = to < q->n_ev ? &q->ev[to] : NULL;
+            ok = ok && v && v->kind == ZP_OP_ALLOC && v->buffer >= 0;
+            id = ok ? (uint64_t)v->buffer : id;
+            events[k] = to;
+        }
+        ids[k] = id;
+        blocks[k++] = value;
+    }
+    if (ok) {
+        GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+        for (guint j = 0; j < n; j++) {
+            uint64_t *id = g_new(uint64_t, 1);
+            *id = ids[j];
+            g_hash_table_insert(live, id, blocks[j]);
+            blocks[j]->id = ids[j];
+            if (events[j] != UINT64_MAX)
+                q->alloc_event[ids[j]] = (int64_t)events[j];
+        }
+        g_hash_table_destroy(a->live); /* its keys; the blocks live on in the new table */
+        a->live = live;
+    }
+    g_free(ids);
+    g_free(events);
+    g_free(blocks);
+    return ok;
+}
+
+static void heads_clear(Heads *h)
+{
+    head_clear(&h->last);
+    head_clear(&h->candidate);
+    h->last.at = h->candidate.at = UINT64_MAX;
+    g_hash_table_remove_all(h->by_hash);
+}
+
+/* Tries the fold at head e, the candidate's head a period on: where the blocks are the
+ * candidate's a period on and the events from e on repeat the period before for whole
+ * periods, those are skipped. The next event. */
+static uint64_t try_fold(Seq *q, Heads *h, GArray *fixed, const Head *now)
+{
+    const uint64_t e = now->at;
+    if (!same_blocks(&h->candidate, now, fixed))
+        return e;
+    const uint64_t periods = repeating(q, e, h->period, fixed) / h->period;
+    if (periods == 0 || !skip(q, periods, h->period, fixed))
+        return e;
+    q->folded += periods * h->period;
+    return e + periods * h->period;
+}
+
+/* At head e, in a steady state (its figures are the last head's): where a head before had
+ * the same hash, this one becomes the candidate, tried (try_fold) at the head a period on.
+ * The next event. */
+static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
+{
+    Head now;
+    head_take(q, &now, e);
+    if (h->last.at == UINT64_MAX || !same_figures(&h->last, &now)) {
+        heads_clear(h); /* not (yet) a steady state */
+        h->last = now;
+        return e;
+    }
+    h->last = now;
+    if (h->candidate.at != UINT64_MAX && e >= h->candidate.at + h->period) {
+        uint64_t next = e;
+        if (e == h->candidate.at + h->period) {
+            take_blocks(q, &now);
+            next = try_fold(q, h, fixed, &now);
+            head_clear(&now);
+        }
+        head_clear(&h->candidate);
+        h->candidate.at = UINT64_MAX;
+        if (next != e) {
+            heads_clear(h);
+            return next;
+        }
+    }
+    const uint64_t hash = probe_hash(q, e);
+    gpointer before;
+    if (h->candidate.at == UINT64_MAX &&
+        g_hash_table_lookup_extended(h->by_hash, GSIZE_TO_POINTER(hash), NULL, &before)) {
+        h->candidate = now;
+        h->period = e - GPOINTER_TO_SIZE(before);
+        take_blocks(q, &h->candidate);
+    }
+    if (g_hash_table_size(h->by_hash) >= MAX_HEADS)
+        g_hash_table_remove_all(h->by_hash);
+    g_hash_table_replace(h->by_hash, GSIZE_TO_POINTER(hash), GSIZE_TO_POINTER(e));
+    return e;
+}
+
+/* Replays the sequence (q: its events, and whether to fold) against capacity_bytes. */
+static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboolean fold,
+                                uint64_t *folded)
+{
+    const ZpSchedule *s = events->s;
+    Seq q = *events;
+    q.a = zp_alloc_replay_new(capacity_bytes);
+    q.ok = TRUE;
+    q.in_region = g_hash_table_new(g_direct_hash, g_direct_equal);
+    q.alloc_event = NULL;
+    if (fold && events->foldable) {
+        q.alloc_event = g_new(int64_t, MAX(q.n_buffers, 1));
+        for (size_t b = 0; b < q.n_buffers; b++)
+            q.alloc_event[b] = -1;
+    }
+    for (int c = 0; q.ok && c < ZP_MEM_N; c++)
+        if (s->state_bytes[c] > 0)
+            q.ok = zp_alloc_replay_malloc(q.a, STATE_HANDLE(c), s->state_bytes[c]);
+    Heads heads = {.last.at = UINT64_MAX, .candidate.at = UINT64_MAX,
+                   .by_hash = g_hash_table_new(g_direct_hash, g_direct_equal)};
+    GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    for (uint64_t e = 0; q.ok && e < q.n_ev;) {
+        if (q.alloc_event && (q.ev[e].flags & SEQ_HEAD)) {
+            if (q.ev[e].flags & SEQ_STAGE)
+                heads_clear(&heads);
+            const uint64_t next = at_head(&q, &heads, fixed, e);
+            if (next != e) {
+                e = next;
+                continue;
+            }
+        }
+        replay_event(&q, e);
+        e++;
+    }
+    heads_clear(&heads);
+    g_hash_table_destroy(heads.by_hash);
+    g_array_free(fixed, TRUE);
+    g_hash_table_destroy(q.in_region);
+    g_free(q.alloc_event);
+    ZpAllocStats stats = zp_alloc_replay_stats(q.a);
+    zp_alloc_replay_free_all(q.a);
+    *folded += q.folded;
     return stats;
 }
 
-ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *s, double capacity_bytes)
+ZpAllocStats zp_alloc_replay_schedule_folded(const ZpSchedule *s, double capacity_bytes,
+                                             gboolean fold)
 {
+    Seq events = {.s = s};
+    events.ckpt_gpu_bytes = zp_zeror_checkpoint(&s->model, &s->plan).gpu_bytes;
+    events.ckpt_region = zp_zeror_contiguous_region_bytes(&s->model, &s->plan);
+    events.grad_contiguous = s->plan.zero.contiguous_gradients;
+    events.foldable = seq_events(&events);
     /* The peaks come from a run without a limit; the out-of-memory from one with it, which
      * is fragmentation's fault only when the step's allocated peak would fit. */
-    ZpAllocStats stats = replay_once(s, 0.0);
+    uint64_t folded = 0;
+    ZpAllocStats stats = replay_once(&events, 0.0, fold, &folded);
     if (capacity_bytes > 0 && stats.peak_reserved_bytes > capacity_bytes) {
-        const ZpAllocStats bounded = replay_once(s, capacity_bytes);
+        const ZpAllocStats bounded = replay_once(&events, capacity_bytes, fold, &folded);
         stats.oom = bounded.oom;
         stats.oom_request_bytes = bounded.oom_request_bytes;
         stats.oom_allocated_bytes = bounded.oom_allocated_bytes;
@@ -331,7 +807,14 @@ ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *s, double capacity_bytes
         stats.oom_largest_free_bytes = bounded.oom_largest_free_bytes;
         stats.oom_fragmented = bounded.oom && stats.peak_allocated_bytes <= capacity_bytes;
     }
+    g_free(events.ev);
+    stats.folded_events = folded;
     return stats;
+}
+
+ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *s, double capacity_bytes)
+{
+    return zp_alloc_replay_schedule_folded(s, capacity_bytes, TRUE);
 }
 
 double zp_alloc_replay_needed_bytes(const ZpAllocStats *stats, double live_peak_bytes,

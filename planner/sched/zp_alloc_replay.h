@@ -32,6 +32,9 @@ typedef struct {
     gboolean oom_fragmented;     /* ... although allocated + the request fit the capacity */
     double oom_request_bytes, oom_allocated_bytes, oom_reserved_bytes;
     double oom_largest_free_bytes; /* the largest cached free block when it failed */
+    /* zp_alloc_replay_schedule: the allocs and frees not replayed one by one, in periods
+     * skipped whole (a pipeline's steady state); every figure above is the full replay's */
+    uint64_t folded_events;
 } ZpAllocStats;
 
 typedef struct ZpAllocReplay ZpAllocReplay;
@@ -66,6 +69,12 @@ ZpAllocStats zp_alloc_replay_stats(const ZpAllocReplay *a);
  * where the reserved peak exceeds capacity_bytes (> 0), the sequence is replayed against it
  * and the out-of-memory recorded, as from fragmentation when the allocated peak fits. */
 ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *sched, double capacity_bytes);
+
+/* The same, with the fold turned off (fold FALSE: every event replayed, for the tests and the
+ * benchmark) or on. The fold skips whole periods of a stage's steady state where the state
+ * at one micro-step's head provably repeats the one before's (zp_alloc_replay.c). */
+ZpAllocStats zp_alloc_replay_schedule_folded(const ZpSchedule *sched, double capacity_bytes,
+                                             gboolean fold);
 
 /* The bytes a step needs from the GPU, the runtime reserve aside, as `memory`, `simulate`,
  * `plan` and `sweep` all judge a fit: what the caching allocator reserves at its peak (its
