@@ -96,6 +96,8 @@ typedef struct {
     Vec refs;  /* two an op reference (push_ref) */
     Vec bytes; /* the places in d of FIELD_BYTES values */
     Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
+    Vec first;  /* now_s and each rank's times (capture_first): every snapshot's */
+    gboolean full; /* d, i, lin, refs, bytes taken (capture) */
     gboolean has_status;
     uint64_t note_at; /* notes taken before it (SimFold.notes_base counts the dropped ones) */
     uint32_t epoch;   /* SimFold.epoch when taken: notes were kept unbroken within one */
@@ -197,6 +199,13 @@ static gboolean counted(const SimOp *o)
     return o->n_deps > 0 && (op_on_stream(o) || o->n_deps > 1);
 }
 
+/* op + n periods on stage s (steps), or UINT32_MAX - 1 past the stage's ops. */
+static uint32_t moved_on(const SimFold *f, uint32_t s, uint32_t op, int64_t n)
+{
+    const int64_t to = (int64_t)op + n * f->steps[s];
+    return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
+}
+
 /* op + n periods on its stage (steps), or UINT32_MAX - 1 past the stage's ops. */
 static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
 {
@@ -221,13 +230,13 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
         a->dependents_ready - a->dependents_start != b->dependents_ready - b->dependents_start)
         return FALSE;
     if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
-        (a->stream_next != NO_OP && moved(f, sim, a->stream_next, 1) != b->stream_next))
+        (a->stream_next != NO_OP && moved_on(f, a->stage, a->stream_next, 1) != b->stream_next))
         return FALSE;
     for (uint32_t k = 0; k < a->dependents_end - a->dependents_start; k++) {
         const Dependent *x = &sim->dependents[a->dependents_start + k];
         const Dependent *y = &sim->dependents[b->dependents_start + k];
         if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
-            f->steps[x->stage] == 0 || moved(f, sim, x->op, 1) != y->op)
+            f->steps[x->stage] == 0 || moved_on(f, x->stage, x->op, 1) != y->op)
             return FALSE;
     }
     return TRUE;
@@ -489,11 +498,30 @@ static void snap_free(gpointer p)
     g_free(s->refs.i);
     g_free(s->bytes.i);
     g_free(s->moves.i);
+    g_free(s->first.d);
     g_free(s);
+}
+
+/* The first tier of a snapshot, taken at every head: the instant and each rank's times.
+ * Three of them a period apart moving alike are what makes the whole state (capture, some
+ * thousands of values and the queue) worth taking; in a transient they rarely do. */
+static void capture_first(SimFold *f, Sim *sim, Snap *snap)
+{
+    vec_grow(&snap->first, 1 + 3 * (size_t)sim->ranks);
+    vec_double(&snap->first, snap->now_s);
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        const RankState *rs = &sim->rank[r];
+        vec_double(&snap->first, rs->mark_s);
+        vec_double(&snap->first, rs->end_s);
+        vec_double(&snap->first, rs->flush_s);
+    }
+    snap->note_at = f->notes_base + f->notes->len;
+    snap->epoch = f->epoch;
 }
 
 static void capture(SimFold *f, Sim *sim, Snap *snap)
 {
+    snap->full = TRUE;
     /* Room for what the last snapshot held: one allocation each, not a dozen doublings. */
     vec_grow(&snap->d, f->sizes[0]);
     vec_grow(&snap->i, f->sizes[1]);
@@ -545,6 +573,17 @@ static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
         }
         vec_int(&c->moves, step);
     }
+    return TRUE;
+}
+
+/* Whether x, y and z move by one amount twice, value by value. */
+static gboolean same_steps(const Vec *x, const Vec *y, const Vec *z)
+{
+    if (x->len != z->len || y->len != z->len)
+        return FALSE;
+    for (size_t k = 0; k < z->len; k++)
+        if (z->d[k] - y->d[k] != y->d[k] - x->d[k])
+            return FALSE;
     return TRUE;
 }
 
@@ -827,7 +866,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
         return FALSE;
     const uint32_t micro = (uint32_t)op_micro(f, sim, head);
     Snap *c = snap_new(micro, now_s);
-    capture(f, sim, c);
+    capture_first(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);
     *key = snap_key(micro, w);
     g_hash_table_replace(f->snaps, key, c);
@@ -839,7 +878,14 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
-        if (blocked(f, sim, k) || !a || !b || !repeats(f, a, b, c))
+        if (blocked(f, sim, k) || !a || !b || !same_steps(&a->first, &b->first, &c->first))
+            continue;
+        /* The first tier repeats: the whole state, then, of this instant, kept for the heads
+         * to come where the one before lacks it. */
+        if (!c->full)
+            capture(f, sim, c);
+        const gboolean full = a->full && b->full;
+        if (full && !repeats(f, a, b, c))
             continue;
         f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
@@ -848,10 +894,11 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             return FALSE;
         }
         sim->fold_recording = TRUE;
-        push_status(f, sim, &c->status);
+        if (!c->has_status)
+            push_status(f, sim, &c->status);
         c->has_status = TRUE;
         c->shift = d;
-        if (a->has_status && b->has_status && a->epoch == c->epoch && b->epoch == c->epoch &&
+        if (full && a->has_status && b->has_status && a->epoch == c->epoch && b->epoch == c->epoch &&
             a->note_at >= f->notes_base && same_status(f, &a->status, &b->status, &c->status)) {
             jump(f, sim, a, b, c, k);
             notes_drop(f, sim);
