@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -416,4 +417,16 @@ gboolean zp_parse_choice(const char *text, const char *flag, const char *const *
     zp_prefix_suggestion(error, text, names, g_strv_length((char **)names));
     g_free(choices);
     return FALSE;
+}
+
+void zp_advise_huge_pages(void *data, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20, start = (uintptr_t)data;
+    const uintptr_t from = (start + huge - 1) & ~(huge - 1), to = (start + bytes) & ~(huge - 1);
+    if (to > from)
+        (void)madvise((void *)from, to - from, MADV_HUGEPAGE); /* a hint: a refusal is fine */
+#else
+    (void)data, (void)bytes;
+#endif
 }

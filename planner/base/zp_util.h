@@ -80,6 +80,12 @@ typedef void (*ZpProgressFn)(double fraction, void *ctx);
  * g_get_monotonic_time's microseconds are coarse for the shortest ops zreal times. */
 double zp_now_s(void);
 
+/* Asks the kernel for transparent huge pages over [data, data + bytes) (the 2 MiB pages
+ * wholly inside it), for a large array about to be written once: faulting a hundred megabytes
+ * in 4 KiB pages costs more than writing them. A hint: where it is declined (no THP, another
+ * system), nothing changes. */
+void zp_advise_huge_pages(void *data, size_t bytes);
+
 /* Resolves a spec given by name or path: a path ending in .json is returned as is, a name is
  * looked up as DATA_DIR/SUBDIR/NAME.json. An unknown name fails as "FLAG: unknown KIND 'NAME'
  * (known: ...; or give a PATH.json)". Returns a newly allocated path or NULL. */

@@ -2,6 +2,7 @@
  * segment); each pool's free blocks sit in a GTree ordered by (size, address), so best fit
  * is a lower bound, as PyTorch's std::set of blocks does it. Sizes are whole bytes. */
 #include "zp_alloc_replay.h"
+#include "zp_util.h"
 #include "zp_zeror.h"
 
 #include <math.h>
@@ -424,6 +425,7 @@ static gboolean seq_events(Seq *q)
      * copies costs more than the pages never touched. */
     uint64_t n = 0, room = s->ops->len / 2 + 64;
     SeqEvent *events = g_new(SeqEvent, room);
+    zp_advise_huge_pages(events, room * sizeof *events);
     /* [buffer]: its plain alloc's event while that is open; -1 closed; -2 open otherwise
      * (a region's slot, nothing allocated, an alloc over an open one) */
     int64_t *open = NULL;

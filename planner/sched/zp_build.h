@@ -330,6 +330,9 @@ void zp_build_receive(Builder *b, int unit, int micro);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 /* The tied embedding's gradient exchange, after the collectives in `after` too (NULL: none). */
 void zp_build_tied_sync(Builder *b, const GArray *after);
+/* After stage 0 of `stages`: the op and dependency arrays' room for all of them (at most
+ * max_ops ops), over huge pages. */
+void zp_build_pipe_reserve(ZpSchedule *s, int stages, double max_ops);
 
 /* ---- zp_build_optimizer.c ---- */
 

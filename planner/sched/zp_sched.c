@@ -408,8 +408,11 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                      zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (b.stage = 0; b.stage < P; b.stage++)
+    for (b.stage = 0; b.stage < P; b.stage++) {
         build_stage(&b, &a, deps, launched);
+        if (b.stage == 0)
+            zp_build_pipe_reserve(s, P, b.max_ops);
+    }
     if (b.runahead)
         zp_runahead_bound(s, b.gated);
     g_array_unref(b.gated);
