@@ -4,6 +4,7 @@
 #include "zp_util.h"
 
 #include <math.h>
+#include <string.h>
 
 /* The send of (chunk, micro, direction): its index among every stage's sends. */
 int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
@@ -44,17 +45,22 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
                      (uint64_t)s->model.hidden;
     if (s->plan.sequence_parallel || scatter_gather(&s->plan))
         elems /= (uint64_t)s->plan.mp;
-    GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    g_array_append_val(deps, b->last_compute);
-    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    /* The last compute op and the collectives it synchronises with: on the stack where they
+     * are few (a deep pipeline sends twice a micro-step a stage, 65,536 sends at pp 64). */
+    uint32_t few[16];
+    const guint n = 1 + b->sync_deps->len;
+    uint32_t *deps = n <= G_N_ELEMENTS(few) ? few : g_new(uint32_t, n);
+    deps[0] = b->last_compute;
+    if (b->sync_deps->len > 0)
+        memcpy(deps + 1, b->sync_deps->data, b->sync_deps->len * sizeof *deps);
     const int P = zp_plan_pp(&s->plan);
     const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
     ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
                .unit = unit, .micro = micro, .buffer = -1, .peer = (uint32_t)peer,
                .bytes = (double)elems * s->elem_bytes, .elems = elems};
-    b->send_op[zp_build_send_key(b, chunk, micro, dir)] =
-        zp_build_emit(b, op, (uint32_t *)deps->data, deps->len);
-    g_array_unref(deps);
+    b->send_op[zp_build_send_key(b, chunk, micro, dir)] = zp_build_emit(b, op, deps, n);
+    if (deps != few)
+        g_free(deps);
 }
 
 /* A tied word embedding under a pipeline: the first stage (the embedding) and the last (the
