@@ -882,6 +882,8 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     sim.ranks = sim.sim_dp * sim.sim_mp * sim.sim_pp;
     sim.n_groups = (uint32_t)zp_sched_groups(sched, sim.groups);
     sim.ops = g_new0(SimOp, sim.n_ops ? sim.n_ops : 1);
+    /* Over huge pages: 64 bytes an op, 63 MB for gpt-1t at pp 64 (as zp_build_pipe_reserve). */
+    zp_advise_huge_pages(sim.ops, (size_t)(sim.n_ops ? sim.n_ops : 1) * sizeof(SimOp));
     SimResult *result = g_new0(SimResult, 1);
     *result = (SimResult){.mode = options->mode, .world = sched->world,
                           .ranks_simulated = (int)sim.ranks, .n_ops = sim.n_ops,

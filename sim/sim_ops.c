@@ -102,6 +102,7 @@ static void build_dependents(Sim *sim, uint32_t *cursor)
         offset += count;
     }
     sim->dependents = g_new(Dependent, offset ? offset : 1);
+    zp_advise_huge_pages(sim->dependents, (size_t)(offset ? offset : 1) * sizeof(Dependent));
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint32_t *deps = zp_sched_deps(s, op);
@@ -166,6 +167,7 @@ static uint32_t *streams_begin(Sim *sim)
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
     sim->stream_pos = g_new0(uint32_t, MAX(sim->n_ops, 1));
+    zp_advise_huge_pages(sim->stream_pos, MAX(sim->n_ops, 1) * sizeof(uint32_t));
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
         sim->stream_first[l] = last[l] = NO_OP;
