@@ -898,8 +898,9 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             push_status(f, sim, &c->status);
         c->has_status = TRUE;
         c->shift = d;
-        if (full && a->has_status && b->has_status && a->epoch == c->epoch && b->epoch == c->epoch &&
-            a->note_at >= f->notes_base && same_status(f, &a->status, &b->status, &c->status)) {
+        if (full && a->has_status && b->has_status && a->epoch == c->epoch &&
+            b->epoch == c->epoch && a->note_at >= f->notes_base &&
+            same_status(f, &a->status, &b->status, &c->status)) {
             jump(f, sim, a, b, c, k);
             notes_drop(f, sim);
             return TRUE;

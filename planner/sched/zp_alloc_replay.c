@@ -438,7 +438,9 @@ static gboolean seq_events(Seq *q)
             continue;
         SeqEvent v = {.op = i, .buffer = op->buffer, .kind = op->kind, .sub = op->sub,
                       .bytes = op->bytes,
-                      .flags = (uint8_t)(is_ckpt(q, op) ? SEQ_CKPT : is_grad(q, op) ? SEQ_GRAD : 0)};
+                      .flags = (uint8_t)(is_ckpt(q, op)   ? SEQ_CKPT
+                                         : is_grad(q, op) ? SEQ_GRAD
+                                                          : 0)};
         if (op->stage != stage) {
             stage = op->stage;
             micro = op->micro;
