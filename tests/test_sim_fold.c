@@ -310,6 +310,70 @@ static void test_fold_alloc_replay(void)
     zp_sched_free(s);
 }
 
+static void push_mem(GArray *ops, uint8_t kind, uint8_t sub, int buffer, double bytes,
+                     int micro, uint32_t stage)
+{
+    const ZpOp op = {.kind = kind, .sub = sub, .buffer = buffer, .bytes = bytes,
+                     .micro = micro, .stage = stage, .unit = -1};
+    g_array_append_val(ops, op);
+}
+
+/* A hand-made sequence through the fold: two stages of 64 micro-steps, each keeping k
+ * micro-batches' 40 MB activations (their blocks turn round every k micro-steps), a small
+ * and a split large scratch buffer a micro-step, a 300 MB buffer held the whole stage (a
+ * handle that stays: fixed) and, on stage 1, a 1 MB one taken at micro-step 40 and held (the
+ * state changes in the middle of a steady run). Every figure equals the full replay, with
+ * and without a capacity that runs out, and whole periods are skipped. */
+static void test_fold_alloc_replay_made(void)
+{
+    ZpSchedule *s = fold_schedule(&cases[0]);
+    GArray *ops = g_array_new(FALSE, FALSE, sizeof(ZpOp));
+    int id = 0;
+    const int A = 64, keep[2] = {5, 3};
+    for (uint32_t st = 0; st < 2; st++) {
+        const int k = keep[st], held = id++, act0 = id;
+        id += A;
+        int extra = -1;
+        push_mem(ops, ZP_OP_ALLOC, ZP_MEM_GRADS, held, 3e8, 0, st);
+        for (int m = 0; m < A; m++) {
+            const int tmp = id++, split = id++, grad = id++;
+            push_mem(ops, ZP_OP_ALLOC, ZP_MEM_ACTIVATIONS, act0 + m, 4e7, m, st);
+            push_mem(ops, ZP_OP_ALLOC, ZP_MEM_WORKSPACE, tmp, 3e5, m, st);
+            push_mem(ops, ZP_OP_ALLOC, ZP_MEM_WORKSPACE, split, 5e6, m, st);
+            push_mem(ops, ZP_OP_FREE, ZP_MEM_WORKSPACE, tmp, 3e5, m, st);
+            if (m >= k) {
+                push_mem(ops, ZP_OP_ALLOC, ZP_MEM_WORKSPACE, grad, 1.2e7, m - k, st);
+                push_mem(ops, ZP_OP_FREE, ZP_MEM_ACTIVATIONS, act0 + m - k, 4e7, m - k, st);
+                push_mem(ops, ZP_OP_FREE, ZP_MEM_WORKSPACE, grad, 1.2e7, m - k, st);
+            }
+            push_mem(ops, ZP_OP_FREE, ZP_MEM_WORKSPACE, split, 5e6, m, st);
+            if (st == 1 && m == 40) {
+                extra = id++;
+                push_mem(ops, ZP_OP_ALLOC, ZP_MEM_WORKSPACE, extra, 1e6, m, st);
+            }
+        }
+        for (int m = A - k; m < A; m++)
+            push_mem(ops, ZP_OP_FREE, ZP_MEM_ACTIVATIONS, act0 + m, 4e7, m, st);
+        push_mem(ops, ZP_OP_FREE, ZP_MEM_GRADS, held, 3e8, -1, st);
+        if (extra >= 0)
+            push_mem(ops, ZP_OP_FREE, ZP_MEM_WORKSPACE, extra, 1e6, -1, st);
+    }
+    g_array_unref(s->ops);
+    s->ops = ops;
+    memset(s->state_bytes, 0, sizeof s->state_bytes);
+    const ZpAllocStats full = zp_alloc_replay_schedule_folded(s, 0, FALSE);
+    const ZpAllocStats folded = zp_alloc_replay_schedule(s, 0);
+    g_test_message("made: %" G_GUINT64_FORMAT " of %u allocs and frees skipped",
+                   folded.folded_events, ops->len);
+    assert_same_alloc(&folded, &full);
+    g_assert_cmpuint(folded.folded_events, >, ops->len / 3);
+    const double capacity = 0.8 * full.peak_reserved_bytes;
+    const ZpAllocStats full_oom = zp_alloc_replay_schedule_folded(s, capacity, FALSE);
+    const ZpAllocStats folded_oom = zp_alloc_replay_schedule(s, capacity);
+    assert_same_alloc(&folded_oom, &full_oom);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -319,5 +383,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
+    g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
     return sim_common_run();
 }

@@ -324,10 +324,10 @@ typedef struct {
     GArray *blocks; /* HeadBlock by address, or NULL: not taken */
 } Head;
 
-/* A stage's steady heads so far: the last one's figures; each state's hash (blocks, handles
- * by age: at - their alloc event) -> the last head that had it, MAX_HEADS at most; and a
- * candidate: a head whose hash an earlier one had, `period` events before, with its blocks,
- * to compare exactly with the head a period after it. */
+/* A stage's steady heads so far: the last one's figures; each state's probe hash
+ * (probe_hash) -> the last head that had it, MAX_HEADS at most; and a candidate: a head whose
+ * hash an earlier one had, `period` events before, with its blocks, to compare exactly with
+ * the head a period after it. */
 #define MAX_HEADS 4096
 
 typedef struct {
@@ -504,41 +504,39 @@ static void head_take(const Seq *q, Head *h, uint64_t e)
                 .free_small = g_tree_nnodes(a->pools[1])};
 }
 
-/* Block b as a head sees it at event e (its handle's age: e - its alloc event). */
-static HeadBlock head_block(const Seq *q, const Block *b, uint64_t e, uint64_t *age)
+/* Block b as a head sees it: allocated, whose (a buffer's alloc event, or the handle). */
+static HeadBlock head_block(const Seq *q, const Block *b)
 {
     HeadBlock hb = {.addr = b->addr, .size = b->size, .allocated = (uint8_t)b->allocated,
                     .small = (uint8_t)b->small};
-    *age = 0;
     if (b->allocated) {
         const gboolean buffer = b->id < q->n_buffers && q->alloc_event[b->id] >= 0;
         hb.special = (uint8_t)!buffer;
         hb.handle = buffer ? (uint64_t)q->alloc_event[b->id] : b->id;
-        *age = buffer ? e - hb.handle : hb.handle;
     }
     return hb;
 }
 
 /* Every block in address order, into `blocks`. */
-static void walk_blocks(const Seq *q, uint64_t e, GArray *blocks)
+static void walk_blocks(const Seq *q, GArray *blocks)
 {
     const ZpAllocReplay *a = q->a;
     for (guint k = 0; k < a->segments->len; k++)
         for (const Block *b = g_ptr_array_index(a->segments, k); b; b = b->next) {
-            uint64_t age;
-            const HeadBlock hb = head_block(q, b, e, &age);
+            const HeadBlock hb = head_block(q, b);
             g_array_append_val(blocks, hb);
         }
 }
 
-/* A few segments' first blocks (at most PROBES, spread over them) and where the last RECENT
- * allocations went, hashed: what two heads whose states are the same blocks with handles of
- * the same ages share, at a cost that does not grow with the blocks (a stage can keep
- * thousands; the recent addresses tell apart the turns of a stage's blocks round its
- * micro-batches). Heads with equal probes are compared whole (try_fold). */
+/* A few segments' first blocks (at most PROBES, spread over them: where they lie, how large,
+ * whether taken; not whose, since a handle held all along ages) and where the last RECENT
+ * allocations went, hashed: what two heads whose states repeat share, at a cost that does not
+ * grow with the blocks (a stage can keep thousands; the recent addresses tell apart the turns
+ * of a stage's blocks round its micro-batches). Heads with equal probes are compared whole,
+ * a period later (try_fold). */
 #define PROBES 8
 
-static uint64_t probe_hash(const Seq *q, uint64_t e)
+static uint64_t probe_hash(const Seq *q)
 {
     const GPtrArray *segments = q->a->segments;
     uint64_t hash = 14695981039346656037u; /* FNV-1a's basis and prime */
@@ -546,10 +544,9 @@ static uint64_t probe_hash(const Seq *q, uint64_t e)
     const guint n = segments->len, probes = MIN(n, PROBES);
     for (guint k = 0; k < probes; k++) {
         const guint at = probes > 1 ? (guint)((uint64_t)k * (n - 1) / (probes - 1)) : 0;
-        uint64_t age;
-        const HeadBlock hb = head_block(q, g_ptr_array_index(segments, at), e, &age);
-        const uint64_t words[] = {hb.addr, hb.size, hb.allocated | hb.small << 1 | hb.special << 2,
-                                  age};
+        const HeadBlock hb = head_block(q, g_ptr_array_index(segments, at));
+        const uint64_t words[] = {hb.addr, hb.size,
+                                  hb.allocated | hb.small << 1 | hb.special << 2};
         for (size_t w = 0; w < G_N_ELEMENTS(words); w++)
             hash = (hash ^ words[w]) * 1099511628211u;
     }
@@ -562,7 +559,7 @@ static void take_blocks(const Seq *q, Head *h)
 {
     h->blocks = g_array_sized_new(FALSE, FALSE, sizeof(HeadBlock),
                                   h->live + h->free_large + h->free_small);
-    walk_blocks(q, h->at, h->blocks);
+    walk_blocks(q, h->blocks);
 }
 
 static void head_clear(Head *h)
@@ -731,7 +728,7 @@ static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
             return next;
         }
     }
-    const uint64_t hash = probe_hash(q, e);
+    const uint64_t hash = probe_hash(q);
     gpointer before;
     if (h->candidate.at == UINT64_MAX &&
         g_hash_table_lookup_extended(h->by_hash, GSIZE_TO_POINTER(hash), NULL, &before)) {
