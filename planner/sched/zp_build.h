@@ -77,6 +77,8 @@ typedef struct {
     uint32_t last_compute;  /* last compute op emitted */
     uint32_t last_on_stream[ZP_STREAM_N]; /* last compute or collective op of each stream */
     GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
+    GArray *compute_deps;   /* zp_build_emit_compute's list of a compute op's dependencies,
+                             * one reused rather than one made and freed an op */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
     GArray *tensors;        /* zp_impl_tensors, once a bucket is reduced tensor by tensor */

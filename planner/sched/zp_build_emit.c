@@ -87,8 +87,9 @@ static void workspace_before(Builder *b, ZpComputeKind kind, int unit, int micro
 uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
                                const uint32_t *deps, guint n_deps)
 {
-    GArray *all = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GArray *all = b->compute_deps; /* emitting an alloc below never comes back here */
     int workspace;
+    g_array_set_size(all, 0);
     g_array_append_vals(all, deps, n_deps);
     g_array_append_vals(all, b->sync_deps->data, b->sync_deps->len);
     g_array_set_size(b->sync_deps, 0);
@@ -98,7 +99,6 @@ uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int mic
                .gemm_flops = cost.gemm_flops, .attn_flops = cost.attn_flops,
                .mem_bytes = cost.mem_bytes};
     b->last_compute = zp_build_emit(b, op, (uint32_t *)all->data, all->len);
-    g_array_unref(all);
     if (b->module_step == 0)
         b->block_workspace = workspace;
     if (b->module_step == ZP_POS_STEPS - 1)

@@ -224,6 +224,8 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
  * without a pipeline, with one the stage's own blocks times the micro-steps in flight there. */
 static double host_checkpoint_peak(const ZpSchedule *s, guint first)
 {
+    if (!(zp_zeror_checkpoint(&s->model, &s->plan).copy_bytes > 0))
+        return 0; /* no host copies (zp_build_keep_checkpoint): no pass over the ops */
     GHashTable *held = g_hash_table_new(NULL, NULL);
     double live = 0, peak = 0;
     for (guint i = first; i < s->ops->len; i++) {
@@ -354,6 +356,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .state = zp_impl_state_bytes(plan),
                  .last_compute = NONE,
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                 .compute_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
                  .buckets = g_array_new(FALSE, FALSE, sizeof(Bucket)),
                  .param_gathers = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
@@ -423,6 +426,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(a.act);
     g_free(a.ckpt);
     g_array_unref(b.sync_deps);
+    g_array_unref(b.compute_deps);
     g_array_unref(b.pos_last_op);
     g_array_unref(b.buckets);
     g_array_unref(b.param_gathers);

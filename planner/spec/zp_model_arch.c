@@ -516,11 +516,14 @@ uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, 
         "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
         "qkv.q_b.weight", "qkv.q.weight", "qkv.kv_b.weight", "fc1.experts.weight",
         "fc1.shared.weight", "fc2.experts.weight", "fc2.shared.weight"};
-    const uint64_t t = (uint64_t)MAX(mp, 1);
+    const uint64_t t = (uint64_t)MAX(mp, 1), h = (uint64_t)model->hidden;
+    /* Without tensor parallelism every tensor is whole (the vocabulary's rows are whole rows
+     * of h): no name to compare, for each of a deep model's hundreds of thousands. */
+    if (t == 1 && h > 0 && tensor->elems % h == 0)
+        return tensor->elems;
     for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
         if (strcmp(tensor->name, split[i]) == 0)
             return (tensor->elems + t - 1) / t;
-    const uint64_t h = (uint64_t)model->hidden;
     if (strcmp(tensor->name, "wte") == 0 || strcmp(tensor->name, "lm_head.weight") == 0)
         return (tensor->elems / h + t - 1) / t * h;
     return tensor->elems;
