@@ -11,7 +11,7 @@
 typedef struct Block Block;
 struct Block {
     uint64_t addr, size;
-    uint64_t id; /* allocated: its handle */
+    uint64_t id; /* allocated: its handle, and its key in ZpAllocReplay.live */
     gboolean allocated, small;
     Block *prev, *next; /* neighbours in the segment */
 };
@@ -48,7 +48,7 @@ ZpAllocReplay *zp_alloc_replay_new(double capacity_bytes)
     a->next_addr = 1 << 21;
     for (int p = 0; p < 2; p++)
         a->pools[p] = g_tree_new(block_cmp);
-    a->live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    a->live = g_hash_table_new(g_int64_hash, g_int64_equal); /* keyed by the Blocks' ids */
     a->segments = g_ptr_array_new();
     return a;
 }
@@ -61,7 +61,7 @@ static gboolean free_key(gpointer key, gpointer value, gpointer unused)
     return FALSE;
 }
 
-/* GHFunc: frees an allocated block (the value; the table frees its key). */
+/* GHFunc: frees an allocated block (the value, which holds its key). */
 static void free_value(gpointer key, gpointer value, gpointer unused)
 {
     (void)key, (void)unused;
@@ -214,9 +214,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
     b->id = id;
     a->last_addr = b->addr;
     a->stats.allocated_bytes += (double)b->size;
-    uint64_t *k = g_new(uint64_t, 1);
-    *k = id;
-    g_hash_table_insert(a->live, k, b);
+    g_hash_table_replace(a->live, &b->id, b); /* the key is b's own: none allocated */
     record_peak(a);
     return TRUE;
 }
@@ -237,7 +235,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
     Block *b = g_hash_table_lookup(a->live, &id);
     if (!b)
         return FALSE;
-    g_hash_table_remove(a->live, &id); /* its key, not b */
+    g_hash_table_remove(a->live, &id); /* before b can be merged away below */
     b->allocated = FALSE;
     a->stats.allocated_bytes -= (double)b->size;
     if (b->next && !b->next->allocated)
@@ -660,16 +658,14 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
         blocks[k++] = value;
     }
     if (ok) {
-        GHashTable *live = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+        GHashTable *live = g_hash_table_new(g_int64_hash, g_int64_equal);
         for (guint j = 0; j < n; j++) {
-            uint64_t *id = g_new(uint64_t, 1);
-            *id = ids[j];
-            g_hash_table_insert(live, id, blocks[j]);
-            blocks[j]->id = ids[j];
+            blocks[j]->id = ids[j]; /* the old table, keyed by the old ids, is not read again */
+            g_hash_table_replace(live, &blocks[j]->id, blocks[j]);
             if (events[j] != UINT64_MAX)
                 q->alloc_event[ids[j]] = (int64_t)events[j];
         }
-        g_hash_table_destroy(a->live); /* its keys; the blocks live on in the new table */
+        g_hash_table_destroy(a->live); /* the blocks live on in the new table */
         a->live = live;
     }
     g_free(ids);
