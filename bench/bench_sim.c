@@ -7,6 +7,7 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "sim_trace.h"
+#include "zp_alloc_replay.h"
 #include "zp_sched.h"
 
 #include <glib/gstdio.h>
@@ -34,6 +35,7 @@ typedef struct {
     int ok, ranks_simulated, units_simulated;
     uint32_t n_ops;
     double build_s, cpu_s, step_s, state_bytes;
+    double sim_s, replay_s; /* bench_deep's phases (cpu_s: its build and simulation) */
     uint64_t op_events, heap_events;
 } Row;
 
@@ -239,6 +241,91 @@ static int bench_targets(const ZpHw *hw)
         if (!failed)
             printf("%-72s %8.3f %8.3f %8.1f %10" G_GUINT64_FORMAT "\n", target_names[k],
                    best.cpu_s, best.build_s, best_mib, best.op_events);
+    }
+    return failed;
+}
+
+/* ---- issue 40's deep model, phase by phase (bench_sim deep) ---- */
+
+/* The TARGET_DEEP row's plan (gpt2-124m's shape with `layers` blocks, DeepSpeed's stage 3,
+ * 8 GPUs, micro-batch 1, checkpointing, folded) with each phase's CPU time apart: the schedule
+ * build, the simulation, and the caching allocator's replay, which `zplan simulate` runs
+ * after them (zp_alloc_replay_schedule). */
+static Row run_deep(const ZpHw *hw, int layers, int unused)
+{
+    (void)unused;
+    Row row = {0};
+    ZpModel model;
+    ZpPlan plan;
+    GError *error = NULL;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.checkpoint = TRUE;
+    const double start_s = cpu_s();
+    const gboolean ok = zp_model_load("gpt2-124m", &model, &error);
+    model.layers = layers;
+    ZpSchedule *s = ok ? zp_sched_build(&model, &plan, &error) : NULL;
+    const double built_s = cpu_s();
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = s ? sim_engine_run(s, hw, &options, &error) : NULL;
+    const double simulated_s = cpu_s();
+    if (r)
+        zp_alloc_replay_schedule(s, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
+    if (!r) {
+        fprintf(stderr, "bench_sim: %d layers: %s\n", layers, error->message);
+        g_error_free(error);
+    } else {
+        row = (Row){.ok = 1, .n_ops = r->n_ops, .build_s = built_s - start_s,
+                    .sim_s = simulated_s - built_s, .replay_s = cpu_s() - simulated_s,
+                    .cpu_s = simulated_s - start_s, .step_s = r->step_time_s,
+                    .op_events = r->op_events};
+    }
+    sim_result_free(r);
+    zp_sched_free(s);
+    return row;
+}
+
+/* Each depth three times in its own process: the run of least build + simulation CPU time,
+ * its phases and peak RSS (all three phases' process), and the load. */
+static int bench_deep(const ZpHw *hw, int argc, char **argv)
+{
+    int layers[8] = {8000, 32000}, n = 2;
+    if (argc > 0) {
+        n = MIN(argc, (int)G_N_ELEMENTS(layers));
+        for (int k = 0; k < n; k++) {
+            layers[k] = atoi(argv[k]);
+            if (layers[k] < 1 || layers[k] > 100000) {
+                fprintf(stderr, "bench_sim deep: LAYERS must be 1 to 100000, not '%s'\n",
+                        argv[k]);
+                return 1;
+            }
+        }
+    }
+    double load[3] = {-1, -1, -1};
+    if (getloadavg(load, 3) != 3)
+        load[0] = load[1] = load[2] = -1;
+    printf("stage-3 model of gpt2-124m's blocks (DeepSpeed's, 8 GPUs, micro-batch 1, "
+           "checkpointing, folded): CPU s of the least of 3 runs by build + simulation, each in "
+           "its own process, and its peak RSS; load %.2f %.2f %.2f\n"
+           "%8s %9s %8s %8s %8s %10s %8s %8s %10s\n",
+           load[0], load[1], load[2], "layers", "ops", "build s", "sim s", "replay s",
+           "build+sim", "RSS MiB", "B/op", "ns/op");
+    int failed = 0;
+    for (int k = 0; k < n && !failed; k++) {
+        Row best = {0};
+        double best_mib = 0;
+        for (int i = 0; i < 3 && !failed; i++) {
+            Row row;
+            double mib;
+            failed += child_run_fn(run_deep, hw, layers[k], 0, &row, &mib);
+            if (!failed && (i == 0 || row.cpu_s < best.cpu_s)) {
+                best = row;
+                best_mib = mib;
+            }
+        }
+        if (!failed)
+            printf("%8d %9u %8.3f %8.3f %8.3f %10.3f %8.1f %8.0f %10.0f\n", layers[k],
+                   best.n_ops, best.build_s, best.sim_s, best.replay_s, best.cpu_s, best_mib,
+                   best_mib * 1048576.0 / best.n_ops, 1e9 * best.cpu_s / best.n_ops);
     }
     return failed;
 }
@@ -567,7 +654,9 @@ static const char *megatron_dev_set(void)
  * 131072), whose ZeRO (paper), the tensor-parallel degree (default 1; 1 to 8) and the
  * pipeline stages (default 1; 1 to 16), each a power of two. bench_sim targets: issue 40's
  * rows alone. bench_sim megatron [DIR]: the 18 Megatron configurations alone (DIR the
- * development set's folder, megatron_dev_set() by default). */
+ * development set's folder, megatron_dev_set() by default). bench_sim deep [LAYERS...]: the
+ * deep stage-3 model phase by phase (build, simulation, allocator replay) at 8,000 and 32,000
+ * layers or those given. */
 int main(int argc, char **argv)
 {
     ZpHw hw;
@@ -578,6 +667,13 @@ int main(int argc, char **argv)
             return 1;
         }
         return bench_targets(&hw) ? 1 : 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "deep") == 0) {
+        if (!zp_hw_load("dgx-a100-80g", &hw, &error)) {
+            fprintf(stderr, "bench_sim: %s\n", error->message);
+            return 1;
+        }
+        return bench_deep(&hw, argc - 2, argv + 2) ? 1 : 0;
     }
     if (argc > 1 && strcmp(argv[1], "megatron") == 0)
         return bench_megatron(argc > 2 ? argv[2] : megatron_dev_set()) ? 1 : 0;
