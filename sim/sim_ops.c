@@ -89,7 +89,7 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
 }
 
 /* Each op's dependents, counted (in `cursor`, by sim_ops_build's pass over the ops) and
- * placed through a cursor per op apart from the 64-byte SimOps, four bytes each: the
+ * placed through a cursor per op apart from the SimOps (then 64 bytes), four bytes each: the
  * scattered increments stay in cache (a 32,000-layer model's 2.1 million ops spent a sixth of
  * sim_ops_build on them). Frees cursor. */
 static void build_dependents(Sim *sim, uint32_t *cursor)
