@@ -92,6 +92,19 @@ static guint released_by(const Release *r, guint n, uint32_t at)
     return lo;
 }
 
+/* released_by for compute op `at`, given `from`, the count for an earlier gated alloc (or 0):
+ * those come in op order, so the count mostly moves forward a few releases, stepped here;
+ * past 32 steps, or backward, it is searched for as released_by does. The same count. */
+static guint released_from(const Release *r, guint n, uint32_t at, guint from)
+{
+    if (from > 0 && r[from - 1].at > at)
+        return released_by(r, n, at);
+    for (guint steps = 0; from < n && r[from].at <= at; steps++, from++)
+        if (steps == 32)
+            return from + released_by(r + from, n - from, at);
+    return from;
+}
+
 /* Drops op's first dependency (the others move up one). */
 static void drop_first_dep(ZpSchedule *s, ZpOp *op)
 {
@@ -115,11 +128,12 @@ double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
     for (guint k = 0; k < n; k++)
         returned[k + 1] = returned[k] + r[k].bytes;
     double pool = 0;
+    guint back = 0; /* releases back by the last gated alloc's compute op */
     for (guint i = 0; i < taken->len; i++) {
         const Taken *t = &g_array_index(taken, Taken, i);
-        pool = fmax(pool, t->taken - (t->after == UINT32_MAX
-                                          ? 0
-                                          : returned[released_by(r, n, t->after)]));
+        if (t->after != UINT32_MAX)
+            back = released_from(r, n, t->after, back);
+        pool = fmax(pool, t->taken - (t->after == UINT32_MAX ? 0 : returned[back]));
     }
     guint k = 0; /* the fewest releases that leave what is live within the pool (taken only
                   * grows, so k only grows) */
