@@ -82,6 +82,12 @@ typedef struct {
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
     GArray *buckets;        /* Bucket */
     GArray *tensors;        /* zp_impl_tensors, once a bucket is reduced tensor by tensor */
+    /* zp_build_hand_on's last unit's tensors, tensors[first .. end), and the unit's flat
+     * range they were found for (a block's modules each hand on from the same range) */
+    struct {
+        uint64_t lo, hi;
+        guint first, end;
+    } unit_tensors;
     guint *unit_first, *unit_last; /* per unit: the buckets holding its gradients */
     GArray *launch;         /* buckets by launch unit: launch[start[u] .. start[u+1]) */
     guint *launch_start;

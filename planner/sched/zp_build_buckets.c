@@ -232,8 +232,13 @@ void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps)
     if (!b->tensors)
         b->tensors = zp_impl_tensors(s);
     const ZpImplTensor *t = (const ZpImplTensor *)b->tensors->data;
-    const guint first = first_tensor_at(b->tensors, s->unit_offset[u]);
-    const guint end = first_tensor_at(b->tensors, s->unit_offset[u] + s->unit_elems[u]);
+    const uint64_t lo = s->unit_offset[u], hi = lo + s->unit_elems[u];
+    if (b->unit_tensors.lo != lo || b->unit_tensors.hi != hi || b->unit_tensors.end == 0) {
+        b->unit_tensors.lo = lo, b->unit_tensors.hi = hi;
+        b->unit_tensors.first = first_tensor_at(b->tensors, lo);
+        b->unit_tensors.end = first_tensor_at(b->tensors, hi);
+    }
+    const guint first = b->unit_tensors.first, end = b->unit_tensors.end;
     for (guint x = end; x-- > first;) {
         if (module >= 0 && t[x].module - t[first].module != module)
             continue;
