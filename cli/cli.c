@@ -242,6 +242,7 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
         cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
                           why);
     }
+    plan->attention_unrated = zp_hw_attention_unrated(hw, plan->attention);
     return !reduce_flag ||
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);
 }
@@ -253,7 +254,17 @@ gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **
         plan->attention = ZP_ATTN_FLASH2;
         return TRUE;
     }
-    return zp_attention_parse(attention_flag, "--attention", &plan->attention, error);
+    if (!zp_attention_parse(attention_flag, "--attention", &plan->attention, error))
+        return FALSE;
+    if (plan->attention == ZP_ATTN_MEM_EFFICIENT) {
+        /* zreal's fused path is its own blockwise kernel (real_engine_base: flash), not
+         * PyTorch's mem_eff_attention; a plan naming that one is simulated, not run. */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--attention: zreal does not run mem-efficient (PyTorch's memory-efficient "
+                    "SDPA kernel); use eager or flash (its own blockwise kernel)");
+        return FALSE;
+    }
+    return TRUE;
 }
 
 gboolean cli_kernels(const char *kernels_flag, ZpPlan *plan, GError **error)

@@ -65,6 +65,7 @@ static void plan_for(const MemoryArgs *a, int stage, int gpus, ZpPlan *plan)
     plan->precision = a->precision;
     plan->optimizer = a->optimizer;
     plan->attention = a->kernels.attention;
+    plan->attention_unrated = a->kernels.attention_unrated;
     plan->reduce_dtype = a->kernels.reduce_dtype;
     plan->impl = a->impl;
     plan->experts = a->experts;
@@ -473,7 +474,7 @@ int cli_memory(int argc, char **argv)
         {"precision", 0, 0, G_OPTION_ARG_STRING, &precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         CLI_SEQ_ENTRY(&seq),
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice for the dtype on --cluster; without one flash2, eager in fp32)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager or a fused kernel (flash, mem-efficient, or a name in --cluster's attention table; default: PyTorch SDPA's choice for the dtype on --cluster, mem-efficient in fp32; without one flash2, eager in fp32)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"impl", 0, 0, G_OPTION_ARG_STRING, &impl, "Whose ZeRO: deepspeed (default), fsdp, paper, megatron or fsdp2", "I"},
         CLI_OFFLOAD_ENTRIES(&offload_opt, &offload_param, &nvme_path),

@@ -878,7 +878,7 @@ int cli_plan(int argc, char **argv)
         {"gpus", 0, 0, G_OPTION_ARG_STRING, &gpus, "GPU count (required)", "N"},
         {"global-batch", 0, 0, G_OPTION_ARG_STRING, &global_batch, "Samples per optimizer step = micro x accum x dp (default: free, no accumulation)", "B"},
         CLI_SEQ_ENTRY(&seq),
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there for the dtype; no FlashAttention in fp32)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &attention, "eager, flash (the profile's fused kernel), a kernel its attention table lists, or mem-efficient (SDPA's memory-efficient kernel: a fused kernel's memory, eager's time where unrated) (default: what PyTorch's SDPA picks there for the dtype; mem-efficient in fp32)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"headroom", 0, 0, G_OPTION_ARG_STRING, &room, "Memory to leave free on each GPU: GB (8), bytes with a suffix (8GB, 8GiB) or a fraction below 1 (0.1)", "GB"},
         {"top", 0, 0, G_OPTION_ARG_STRING, &top, "How many plans to list (default 5)", "K"},

@@ -354,8 +354,8 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
     return ok;
 }
 
-static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
-                              ZpPlan *plan, GError **error)
+static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                                ZpPlan *plan, GError **error)
 {
     if (f->megatron_args)
         return megatron_args_plan(f, model, hw, plan, error);
@@ -429,6 +429,32 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
     if (ok && hw)
         cli_note_inert_features(plan);
     return ok;
+}
+
+/* The plan from --megatron-args, --ds-config or the flags, its kernel priced as eager's work
+ * where the profile (or none) has no rate for it (zp_hw_attention_unrated: mem-efficient). */
+static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                              ZpPlan *plan, GError **error)
+{
+    if (!plan_from_flags(f, model, hw, plan, error))
+        return FALSE;
+    if (!kernel_checked(f) && plan->attention == ZP_ATTN_MEM_EFFICIENT) {
+        /* `schedule` writes what zreal runs: eager or its own blockwise kernel, not SDPA's
+         * memory-efficient one (an explicit --attention is refused by cli_attention_zreal). */
+        if (f->ds_config) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: attention_kernel: zreal does not run mem-efficient (PyTorch's "
+                        "memory-efficient SDPA kernel); use eager or flash2 (its own blockwise "
+                        "kernel)", f->ds_config);
+            return FALSE;
+        }
+        plan->attention = ZP_ATTN_EAGER;
+        cli_default_retract("--attention");
+        cli_default_taken("--attention", "eager attention (zreal, which runs this schedule, "
+                          "has no memory-efficient kernel)");
+    }
+    plan->attention_unrated = zp_hw_attention_unrated(hw, plan->attention);
+    return TRUE;
 }
 
 /* ---- the command ---- */
@@ -642,7 +668,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &f->megatron_args, "Take the plan from Megatron-LM's launch flags (a file of pretrain_gpt.py's arguments: --tensor-model-parallel-size, --use-distributed-optimizer, ...; with --gpus; --impl megatron)", "FILE"},
         {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel) or a kernel its attention table lists (default: what PyTorch's SDPA picks there for the dtype; no FlashAttention in fp32)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel), a kernel its attention table lists, or mem-efficient (SDPA's memory-efficient kernel: a fused kernel's memory, eager's time where unrated) (default: what PyTorch's SDPA picks there for the dtype; mem-efficient in fp32)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {"partition-activations", 0, 0, G_OPTION_ARG_NONE, &f->partition_activations, "ZeRO-R Pa: each checkpoint split across the MP ranks, all-gathered before its recompute (with --checkpoint)", NULL},
         {"cpu-checkpointing", 0, 0, G_OPTION_ARG_NONE, &f->cpu_checkpointing, "ZeRO-R Pa+cpu: checkpoints kept in host memory (with --checkpoint)", NULL},

@@ -95,6 +95,7 @@ static gboolean memory_row(const SweepArgs *a, double x, SweepRow *row, GError *
         plan.precision = a->precision;
         plan.optimizer = a->optimizer;
         plan.attention = a->kernels.attention;
+        plan.attention_unrated = a->kernels.attention_unrated;
         plan.reduce_dtype = a->kernels.reduce_dtype;
         /* Table 1 counts model states only; with an architecture the rest is known too, and
          * it is what `memory` says of the same plan (cli_need_bytes). */
@@ -645,7 +646,7 @@ int cli_sweep(int argc, char **argv)
         CLI_SEQ_ENTRY(&f.seq),
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f.precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f.optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
-        {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, or a name in --cluster's attention table; default: PyTorch SDPA's choice for the dtype on --cluster; without one flash2, eager in fp32)", "K"},
+        {"attention", 0, 0, G_OPTION_ARG_STRING, &f.attention, "eager or a fused kernel (flash, mem-efficient, or a name in --cluster's attention table; default: PyTorch SDPA's choice for the dtype on --cluster, mem-efficient in fp32; without one flash2, eager in fp32)", "K"},
         {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "tflops: the kernel inventory a GPU profile's kernel_rates price: eager, megatron or deepspeed (default: deepspeed, as sweep plans DeepSpeed's ZeRO)", "NAME"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f.reduce, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},

@@ -223,6 +223,14 @@ static ZpSchedule *make_schedule(const Args *a, int world, GError **error)
         ZpSchedule *s = zp_sched_read_json(a->schedule, error);
         if (!s)
             return NULL;
+        if (s->plan.attention == ZP_ATTN_MEM_EFFICIENT) {
+            /* zreal's fused path is its own blockwise kernel, not PyTorch's mem_eff_attention */
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "--schedule %s: key \"plan\": \"attention\": zreal does not run "
+                        "mem-efficient (PyTorch's memory-efficient SDPA kernel); write the "
+                        "schedule with eager or flash", a->schedule);
+            return zp_sched_free(s), NULL;
+        }
         /* Checked (zp_schedcheck), but not the ops zplan wrote: run only when told. */
         if (s->digest == ZP_DIGEST_MISMATCH && !a->schedule_edited) {
             g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,

@@ -23,7 +23,7 @@ gboolean sim_engine_attention_flops_per_s(const ZpModel *model, const ZpPlan *pl
                                           const ZpHw *hw, double *flops_per_s, GError **error)
 {
     *flops_per_s = 0;
-    if (!zp_attention_fused(plan->attention))
+    if (!zp_plan_attention_rated(plan))
         return TRUE;
     *flops_per_s = zp_hw_attention_flops_per_s(hw, plan->attention,
                                                (double)zp_model_head_dim(model),
@@ -77,7 +77,7 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
         !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
         return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
     if (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
-        (op->attn_flops > 0 && !zp_attention_fused(s->plan.attention)))
+        (op->attn_flops > 0 && !zp_plan_attention_rated(&s->plan)))
         return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
     if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
         return fail_op(error, i, "dependencies run past the dependency list");

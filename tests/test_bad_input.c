@@ -141,6 +141,12 @@ static const BadCase cases[] = {
     {"zplan plan --model tiny --cluster dgx-h100 --gpus 8 --attention flash2 --precision fp32", NULL, "zplan plan: --attention: flash2 takes only fp16 or bf16 inputs, not fp32"},
     {"zplan sweep --model tiny --cluster dgx-h100 --gpus 8 --vary stage --values 1,2 --out {D}/s --attention flash3 --precision fp32", NULL, "zplan sweep: --attention: flash3 takes only fp16 or bf16 inputs, not fp32"},
     {"zplan memory --model tiny --gpus 8 --attention flash2 --precision fp32", NULL, "zplan memory: --attention: flash2 takes only fp16 or bf16 inputs, not fp32"},
+    /* mem-efficient: bf16 needs sm80 (the V100 refuses it); zreal runs eager or its own
+     * blockwise kernel, never PyTorch's memory-efficient one */
+    {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 8 --stage 3 --micro-batch 1 --attention mem-efficient --precision bf16", NULL, "zplan simulate: --attention: mem-efficient in bf16 needs compute capability 8.0 to 12.1 (bf16 needs sm80: PyTorch sdp_utils.cpp check_dtypes_low_precision and can_use_mem_efficient_attention); dgx2-v100's V100-SXM3-32GB is 7.0"},
+    {"zreal --model tiny --attention mem-efficient", NULL, "--attention: zreal does not run mem-efficient (PyTorch's memory-efficient SDPA kernel); use eager or flash"},
+    {"zplan schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 --attention mem-efficient --out {D}/s.json", NULL, "zplan schedule: --attention: zreal does not run mem-efficient"},
+    {"zplan schedule --model tiny --cluster dgx-h100 --gpus 2 --precision fp32 --ds-config {IN} --out {D}/s.json", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"mem-efficient\"}", "{IN}: attention_kernel: zreal does not run mem-efficient"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"flash2\"}", "{IN}: attention_kernel: flash2 takes only fp16 or bf16 inputs, not fp32"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --reduce-dtype fp32", "{\"train_micro_batch_size_per_gpu\": 1, \"communication_data_type\": \"bf16\"}", "--reduce-dtype fp32 contradicts {IN}'s communication_data_type bf16"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},

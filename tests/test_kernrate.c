@@ -278,7 +278,7 @@ static void test_flash3_attention(void)
     g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
     g_assert_cmpstr(r.err, ==, "zplan simulate: --attention: dgx-a100-80g has no rate for "
                                "'flash3' in its attention table (choose from eager, flash, "
-                               "flash1-triton, flash2)\n");
+                               "flash1-triton, flash2, mem-efficient)\n");
     g_assert_cmpstr(r.out, ==, "");
     tu_free(&r);
 }

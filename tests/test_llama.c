@@ -308,7 +308,8 @@ static void test_sliding_window(void)
 }
 
 /* --attention resolves against the profile: "flash" is its default fused kernel, a name must
- * be in its table, fp32 gets eager (FlashAttention needs 16-bit inputs). */
+ * be in its table (mem-efficient need not: unrated, it is priced as eager's work), fp32 gets
+ * SDPA's memory-efficient kernel (FlashAttention needs 16-bit inputs). */
 static void test_attention_choice(void)
 {
     ZpHw h100, v100;
@@ -318,7 +319,7 @@ static void test_attention_choice(void)
     g_assert_true(zp_hw_attention_choose(&h100, NULL, ZP_PREC_BF16, "--attention", &k, NULL));
     g_assert_cmpint(k, ==, ZP_ATTN_FLASH2);
     g_assert_true(zp_hw_attention_choose(&h100, NULL, ZP_PREC_FP32, "--attention", &k, NULL));
-    g_assert_cmpint(k, ==, ZP_ATTN_EAGER);
+    g_assert_cmpint(k, ==, ZP_ATTN_MEM_EFFICIENT);
     g_assert_true(zp_hw_attention_choose(&h100, "flash1", ZP_PREC_FP16, "--attention", &k, NULL));
     g_assert_cmpint(k, ==, ZP_ATTN_FLASH1);
     GError *error = NULL;
@@ -425,17 +426,21 @@ static void test_attention_dtype(void)
     g_clear_error(&error);
     g_assert_true(zp_hw_attention_check(&v100, ZP_ATTN_MEM_EFFICIENT, ZP_PREC_FP32, "x", NULL));
     g_assert_false(zp_hw_attention_check(&v100, ZP_ATTN_MEM_EFFICIENT, ZP_PREC_BF16, "x", NULL));
-    /* The default follows the dtype: bf16 the profile's FlashAttention-2 as before; fp32 (and
-     * fp16 on the V100) SDPA's memory-efficient kernel, which no shipped profile rates, so
-     * eager, and the reason says so. */
+    /* The default follows the dtype: bf16 the profile's FlashAttention-2 as before; fp32 SDPA's
+     * memory-efficient kernel, which no shipped profile rates: sized as a fused kernel, priced
+     * as eager's work, and the reason says so. fp16 on the V100 keeps eager (as before). */
     char why[512];
     g_assert_cmpint(zp_hw_attention_default(&h100, ZP_PREC_BF16, why, sizeof why), ==,
                     ZP_ATTN_FLASH2);
     g_assert_cmpstr(why, ==, "dgx-h100's default");
     g_assert_cmpint(zp_hw_attention_default(&h100, ZP_PREC_FP32, why, sizeof why), ==,
-                    ZP_ATTN_EAGER);
+                    ZP_ATTN_MEM_EFFICIENT);
     g_assert_nonnull(strstr(why, "fp32: SDPA's flash takes only fp16/bf16"));
-    g_assert_nonnull(strstr(why, "memory-efficient kernel; dgx-h100 has no rate for it"));
+    g_assert_nonnull(strstr(why, "memory-efficient kernel; dgx-h100 has no rate for it: sized "
+                                 "as a fused kernel (no s x s scores kept), priced as eager's "
+                                 "work, batched GEMMs and softmax passes (pessimistic)"));
+    g_assert_cmpint(zp_hw_attention_default(&v100, ZP_PREC_FP32, why, sizeof why), ==,
+                    ZP_ATTN_MEM_EFFICIENT);
     g_assert_cmpint(zp_hw_attention_default(&v100, ZP_PREC_FP16, why, sizeof why), ==,
                     ZP_ATTN_EAGER);
     g_assert_nonnull(strstr(why, "SDPA's flash needs sm80"));
@@ -459,10 +464,30 @@ static void test_attention_dtype(void)
     g_assert_cmpint(k, ==, ZP_ATTN_MEM_EFFICIENT);
     g_assert_true(zp_hw_attention_choose(&rated, NULL, ZP_PREC_BF16, "--attention", &k, NULL));
     g_assert_cmpint(k, ==, ZP_ATTN_FLASH2);
-    /* Where fp32 refuses a kernel, the list of choices leaves it out. */
-    g_assert_false(zp_hw_attention_choose(&h100, "mem-efficient", ZP_PREC_FP32, "--attention",
+    g_assert_false(zp_hw_attention_unrated(&rated, ZP_ATTN_MEM_EFFICIENT));
+    /* Named, mem-efficient runs unrated in any dtype its GPU takes, priced as eager's work;
+     * the V100 refuses it in bf16 (sm80), in one line. FlashAttention is never unrated. */
+    g_assert_true(zp_hw_attention_choose(&h100, "mem-efficient", ZP_PREC_FP32, "--attention",
+                                         &k, NULL));
+    g_assert_cmpint(k, ==, ZP_ATTN_MEM_EFFICIENT);
+    g_assert_true(zp_hw_attention_unrated(&h100, ZP_ATTN_MEM_EFFICIENT));
+    g_assert_false(zp_hw_attention_unrated(&h100, ZP_ATTN_FLASH2));
+    g_assert_false(zp_hw_attention_unrated(&a100, ZP_ATTN_FLASH3));
+    g_assert_true(zp_hw_attention_choose(&h100, "mem-efficient", ZP_PREC_BF16, "--attention",
+                                         &k, NULL));
+    g_assert_true(zp_hw_attention_choose(&v100, "mem-efficient", ZP_PREC_FP16, "--attention",
+                                         &k, NULL));
+    g_assert_false(zp_hw_attention_choose(&v100, "mem-efficient", ZP_PREC_BF16, "--attention",
                                           &k, &error));
-    g_assert_nonnull(strstr(error->message, "(choose from eager)"));
+    g_assert_cmpstr(error->message, ==,
+                    "--attention: mem-efficient in bf16 needs compute capability 8.0 to 12.1 "
+                    "(bf16 needs sm80: PyTorch sdp_utils.cpp check_dtypes_low_precision and "
+                    "can_use_mem_efficient_attention); dgx2-v100's V100-SXM3-32GB is 7.0");
+    g_clear_error(&error);
+    /* The list of choices offers mem-efficient, unrated, beside the rated kernels. */
+    g_assert_false(zp_hw_attention_choose(&a100, "flash3", ZP_PREC_BF16, "--attention", &k,
+                                          &error));
+    g_assert_nonnull(strstr(error->message, ", mem-efficient)"));
     g_clear_error(&error);
     /* A profile cannot list a kernel its GPU cannot launch. */
     g_assert_false(profile_with_kernel("dgx2-v100.json", "flash2", "flash2", &rated, &error));
@@ -491,10 +516,11 @@ static void test_attention_default_cli(void)
 {
     char *out = zplan_stdout("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
                              "--stage 3 --micro-batch 1 --precision fp32");
-    g_assert_nonnull(strstr(out, "; eager attention (fp32: SDPA's flash takes only fp16/bf16 "
-                                 "(sdp_utils.cpp check_dtypes_low_precision), so it runs its "
-                                 "memory-efficient kernel; dgx-h100 has no rate for it: priced "
-                                 "and sized as eager"));
+    g_assert_nonnull(strstr(out, "; mem-efficient attention (fp32: SDPA's flash takes only "
+                                 "fp16/bf16 (sdp_utils.cpp check_dtypes_low_precision), so it "
+                                 "runs its memory-efficient kernel; dgx-h100 has no rate for "
+                                 "it: sized as a fused kernel (no s x s scores kept), priced as "
+                                 "eager's work"));
     g_free(out);
     out = zplan_stdout("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 --stage 3 "
                        "--micro-batch 1 --precision bf16");
@@ -505,7 +531,7 @@ static void test_attention_default_cli(void)
     static const struct {
         const char *config, *kernel;
     } cases[] = {
-        {"{\"train_micro_batch_size_per_gpu\": 1}", "eager"},
+        {"{\"train_micro_batch_size_per_gpu\": 1}", "mem-efficient"},
         {"{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}}", "flash2"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -581,6 +607,162 @@ static void test_attention_timing(void)
     }
     g_assert_cmpfloat(mem[0] - mem[1], ==, 2.0 * 2 * 32 * 4096.0 * 4096.0);
     g_assert_cmpfloat(fwd_s[1], <, fwd_s[0]);
+}
+
+/* One schedule's totals: ZP_MEM_ACTIVATIONS alloc bytes, and its compute ops' FLOPs,
+ * attention FLOPs and memory bytes. */
+typedef struct {
+    double activation_bytes, flops, attn_flops, gemm_flops, mem_bytes;
+} SchedTotals;
+
+static SchedTotals sched_totals(const ZpModel *m, const ZpPlan *plan)
+{
+    ZpSchedule *s = zp_sched_build(m, plan, NULL);
+    g_assert_nonnull(s);
+    SchedTotals t = {0};
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_ACTIVATIONS)
+            t.activation_bytes += op->bytes;
+        if (op->kind == ZP_OP_COMPUTE) {
+            t.flops += op->flops, t.attn_flops += op->attn_flops;
+            t.gemm_flops += op->gemm_flops, t.mem_bytes += op->mem_bytes;
+        }
+    }
+    zp_sched_free(s);
+    return t;
+}
+
+/* fp32 on the H100: PyTorch's SDPA runs its memory-efficient kernel (flash takes no fp32),
+ * which keeps only its output and the log-sum-exp for backward (mem_eff_attention), never
+ * the s x s scores. No profile rates it, so its activations are a fused kernel's and its
+ * work eager's: Llama-2-7B at stage 3 on 8 H100s fits (58.8 GB, not eager's 127.5 GB). */
+static void test_attention_mem_efficient_fp32(void)
+{
+    /* Hand count, fp32 (4 bytes an element), b = 1, s = 4096: per block Korthikanti's
+     * 2 s b (4h + 2h + 2 kd + 3f) 16-bit-units x 2, plus the fp32 log-sum-exp 4 a s b:
+     * 1,077,936,128 + 524,288 = 1,078,460,416 bytes; 32 blocks 34,510,733,312. */
+    const double L = 32, s = 4096, b = 1, h = 4096, kd = 4096, f = 11008, a = 32;
+    const double block = 2 * (s * b * 2 * (4 * h + 2 * h + 2 * kd + 3 * f)) + 4 * a * s * b;
+    g_assert_cmpfloat(block, ==, 1078460416.0);
+    json_t *root = tu_zplan_json("memory --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                                 "--seq 4096 --micro-batch 1 --precision fp32 --json");
+    g_assert_cmpstr(json_string_value(json_object_get(root, "attention")), ==, "mem-efficient");
+    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
+    json_t *r = json_object_get(json_object_get(row, "residual"), "stage3");
+    g_assert_cmpfloat(json_number_value(json_object_get(r, "activations_bytes")), ==,
+                      L * block);
+    g_assert_cmpfloat(L * block, ==, 34510733312.0);
+    json_decref(root);
+
+    /* The schedule: activations as flash2's, every compute op's work as eager's. */
+    ZpModel m;
+    ZpHw hw;
+    load("llama-2-7b", &m);
+    g_assert_true(zp_hw_load("dgx-h100", &hw, NULL));
+    ZpPlan plan;
+    zp_plan_defaults(&plan, 3, 8, 1);
+    plan.precision = ZP_PREC_FP32;
+    ZpPlan eager = plan, flash = plan, memeff = plan;
+    flash.attention = ZP_ATTN_FLASH2;
+    memeff.attention = ZP_ATTN_MEM_EFFICIENT;
+    memeff.attention_unrated = zp_hw_attention_unrated(&hw, ZP_ATTN_MEM_EFFICIENT);
+    g_assert_true(memeff.attention_unrated);
+    const SchedTotals te = sched_totals(&m, &eager), tf = sched_totals(&m, &flash),
+                      tm = sched_totals(&m, &memeff);
+    g_assert_cmpfloat(tm.activation_bytes, ==, tf.activation_bytes);
+    /* eager keeps the scores, 2 a s^2 b 16-bit bytes (4 a s^2 b in fp32), not the lse */
+    g_assert_cmpfloat(te.activation_bytes - tm.activation_bytes, ==,
+                      L * (4 * a * s * s * b - 4 * a * s * b));
+    g_assert_cmpfloat(tm.flops, ==, te.flops);
+    g_assert_cmpfloat(tm.attn_flops, ==, 0);
+    g_assert_cmpfloat(tm.gemm_flops, ==, te.gemm_flops);
+    g_assert_cmpfloat(tm.mem_bytes, ==, te.mem_bytes);
+    g_assert_cmpfloat(tf.attn_flops, >, 0);
+    double rate = -1;
+    g_assert_true(sim_engine_attention_flops_per_s(&m, &memeff, &hw, &rate, NULL));
+    g_assert_cmpfloat(rate, ==, 0);
+
+    /* The command: fits, at eager's step time and attention time; named, the same plan. */
+    json_t *sim[2];
+    const char *flags[2] = {"", "--attention eager"};
+    for (int k = 0; k < 2; k++) {
+        char *args = g_strdup_printf("simulate --model hf/llama-2-7b --cluster dgx-h100 "
+                                     "--gpus 8 --stage 3 --micro-batch 1 --precision fp32 %s "
+                                     "--json", flags[k]);
+        sim[k] = tu_zplan_json_exit(args, k == 0 ? 0 : 2);
+        g_free(args);
+    }
+    g_assert_cmpstr(json_string_value(json_object_get(json_object_get(sim[0], "plan"),
+                                                      "attention")), ==, "mem-efficient");
+    g_assert_true(json_is_true(json_object_get(sim[0], "fits_in_gpu_memory")));
+    g_assert_false(json_is_true(json_object_get(sim[1], "fits_in_gpu_memory")));
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(sim[0], "need_bytes")) / 1e9 - 58.8),
+                      <, 0.05);
+    g_assert_cmpfloat(fabs(json_number_value(json_object_get(sim[1], "need_bytes")) / 1e9 - 127.5),
+                      <, 0.05);
+    g_assert_true(json_equal(json_object_get(sim[0], "compute_by_class"),
+                             json_object_get(sim[1], "compute_by_class")));
+    g_assert_cmpfloat(json_number_value(json_object_get(sim[0], "step_time_s")), ==,
+                      json_number_value(json_object_get(sim[1], "step_time_s")));
+    json_decref(sim[0]);
+    json_decref(sim[1]);
+}
+
+/* --attention mem-efficient, named: in bf16 on the H100 too (unrated there: fused memory,
+ * eager's work); refused where the GPU cannot run it (bf16 on the V100), and by zreal, whose
+ * fused path is its own kernel, each in one line. */
+static void test_attention_mem_efficient_named(void)
+{
+    json_t *root = tu_zplan_json("memory --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                                 "--seq 4096 --micro-batch 1 --precision bf16 "
+                                 "--attention mem-efficient --json");
+    g_assert_cmpstr(json_string_value(json_object_get(root, "attention")), ==, "mem-efficient");
+    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
+    json_t *r = json_object_get(json_object_get(row, "residual"), "stage3");
+    g_assert_cmpfloat(json_number_value(json_object_get(r, "activations_bytes")), ==,
+                      17263755264.0); /* flash's, test_activations_flash_eager */
+    json_decref(root);
+    json_t *sim[2];
+    const char *kernels[2] = {"mem-efficient", "eager"};
+    for (int k = 0; k < 2; k++) {
+        char *args = g_strdup_printf("simulate --model hf/llama-2-7b --cluster dgx-h100 "
+                                     "--gpus 8 --stage 3 --micro-batch 1 --precision bf16 "
+                                     "--attention %s --json", kernels[k]);
+        sim[k] = tu_zplan_json(args);
+        g_free(args);
+    }
+    g_assert_true(json_equal(json_object_get(sim[0], "compute_by_class"),
+                             json_object_get(sim[1], "compute_by_class")));
+    g_assert_cmpfloat(json_number_value(json_object_get(sim[0], "peak_memory_bytes")), <,
+                      json_number_value(json_object_get(sim[1], "peak_memory_bytes")));
+    json_decref(sim[0]);
+    json_decref(sim[1]);
+    TuRun run = tu_zplan("simulate --model hf/llama-2-7b --cluster dgx2-v100 --gpus 8 "
+                         "--stage 3 --micro-batch 1 --precision bf16 --attention mem-efficient");
+    g_assert_true(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 1);
+    g_assert_nonnull(strstr(run.err, "--attention: mem-efficient in bf16 needs compute "
+                                     "capability 8.0 to 12.1"));
+    g_assert_cmpint(strlen(run.err) - 1, ==, strcspn(run.err, "\n"));
+    g_free(run.out), g_free(run.err);
+    run = tu_zplan("schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 "
+                   "--attention mem-efficient --out /dev/null");
+    g_assert_true(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 1);
+    g_assert_nonnull(strstr(run.err, "--attention: zreal does not run mem-efficient"));
+    g_free(run.out), g_free(run.err);
+    /* Unnamed in fp32 on a GPU profile, `schedule` (zreal's) keeps eager, not SDPA's choice. */
+    char *dir = NULL;
+    char *path = tu_tmp_file("llama", "schedule.json", &dir);
+    char *args = g_strdup_printf("schedule --model tiny --cluster dgx-h100 --gpus 2 --stage 1 "
+                                 "--micro-batch 1 --precision fp32 --out %s", path);
+    tu_zplan_ok(args);
+    json_t *sched = json_load_file(path, 0, NULL);
+    g_assert_nonnull(sched);
+    g_assert_cmpstr(json_string_value(json_object_get(json_object_get(sched, "plan"),
+                                                      "attention")), ==, "eager");
+    json_decref(sched);
+    g_free(args);
+    tu_tmp_file_remove(path, dir);
 }
 
 /* --reduce-dtype: fp32 gradients on the wire double the gradient bytes and the buckets, in the
@@ -699,6 +881,8 @@ int main(int argc, char **argv)
     g_test_add_func("/attention/dtype", test_attention_dtype);
     g_test_add_func("/attention/default-cli", test_attention_default_cli);
     g_test_add_func("/attention/zreal-own-kernel", test_attention_zreal_own_kernel);
+    g_test_add_func("/attention/mem-efficient-fp32", test_attention_mem_efficient_fp32);
+    g_test_add_func("/attention/mem-efficient-named", test_attention_mem_efficient_named);
     g_test_add_func("/reduce-dtype/bytes-buckets-ds-config", test_reduce_dtype);
     g_test_add_func("/plan/ds-config-attention", test_plan_ds_config);
     g_test_add_func("/plan/llama-2-70b-512-fits", test_70b_fits);

@@ -98,7 +98,7 @@ static const char *table_gap(const ZpHw *hw, const ZpModel *model, const ZpPlan 
         return "the profile has no op_costs table";
     if (!zp_model_has_architecture(model))
         return "the model has no architecture (its ops have no shapes)";
-    if (!zp_attention_fused(plan->attention) && !hw->op_costs.has_eager_attention)
+    if (!zp_plan_attention_rated(plan) && !hw->op_costs.has_eager_attention)
         return "the op table has no eager_attention rates";
     return NULL;
 }
@@ -274,7 +274,7 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
                     hw->name, hw->gpu, zp_precision_name(plan->precision));
         return FALSE;
     }
-    if (zp_attention_fused(plan->attention)) {
+    if (zp_plan_attention_rated(plan)) {
         c->attn_flops_per_s = zp_hw_attention_flops_per_s(
             hw, plan->attention, (double)zp_model_head_dim(model), (double)model->seq_len);
         if (c->attn_flops_per_s <= 0) {

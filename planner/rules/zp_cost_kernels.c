@@ -38,7 +38,7 @@ static Dims dims(const ZpModel *m, const ZpPlan *p)
     d.learned = m->learned_positions;
     d.rms = m->norm == ZP_NORM_RMSNORM;
     d.swiglu = zp_model_gated(m);
-    d.fused = zp_attention_fused(p->attention);
+    d.fused = zp_plan_attention_rated(p); /* time: an unrated fused kernel as eager's */
     d.selective = p->selective_recompute && !p->checkpoint;
     d.attention_share = d.fused ? zp_model_attention_share(m) : 1.0;
     /* The rank's shards as real_gpt_unit_elems counts them: the norms, the row-parallel
@@ -328,7 +328,10 @@ double zp_cost_resident_workspace_bytes(const ZpModel *model, const ZpPlan *plan
                 b = MAX(b, MAX(1.0, MIN(k->n, floor(panel_elems / k->k))) * k->k);
         }
     }
-    const double tile = d.fused ? (double)zp_model_head_dim(model) + 32 : 2 * d.s * d.s;
+    /* memory: zreal's blockwise kernel for any fused name */
+    const double tile = zp_attention_fused(plan->attention)
+                            ? (double)zp_model_head_dim(model) + 32
+                            : 2 * d.s * d.s;
     return 2 * d.t * d.h + 4 * d.t * d.h + 4 * (a + b + tile);
 }
 

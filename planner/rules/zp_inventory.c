@@ -42,7 +42,9 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
     d->dropout = m->dropout;
     d->qk_norm = m->qk_norm;
     d->fp16 = p->precision == ZP_PREC_FP16;
-    d->fused = zp_attention_fused(p->attention);
+    /* Time, not memory: a fused kernel without a rate (mem-efficient) launches as eager's
+     * batched GEMMs and softmax here (zp_plan_attention_rated). */
+    d->fused = zp_plan_attention_rated(p);
     d->main_grad = !p->no_main_grad;
     d->accum_share = p->grad_accum > 1 ? (double)(p->grad_accum - 1) / p->grad_accum : 0.0;
     d->attention_share = d->fused ? zp_model_attention_share(m) : 1.0;

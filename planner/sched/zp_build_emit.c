@@ -190,7 +190,7 @@ static Cost core_attention_cost(const ZpSchedule *s)
     const ZpModel *m = &s->model;
     const double b = s->plan.micro_batch, sq = m->seq_len, a = m->heads;
     const double mp = s->plan.mp;
-    const gboolean fused = zp_attention_fused(s->plan.attention);
+    const gboolean fused = zp_plan_attention_rated(&s->plan); /* else eager's work */
     /* Latent attention scores over d_qk = d_nope + d_rope and weighs values of d_v per head:
      * 2 b s^2 H (d_qk + d_v) (zp_build_moe block_forward), H d_qk not being h there. */
     const ZpMla *mla = &m->mla;
@@ -209,7 +209,7 @@ Cost zp_build_block_forward_cost(const ZpSchedule *s)
     const double b = s->plan.micro_batch, sq = m->seq_len, h = m->hidden, f = m->ffn_hidden;
     const double mp = s->plan.mp, e = s->elem_bytes;
     const double q = (double)zp_model_qkv_width(m), f1 = (double)zp_model_fc1_width(m);
-    const gboolean gated = zp_model_gated(m), fused = zp_attention_fused(s->plan.attention);
+    const gboolean gated = zp_model_gated(m), fused = zp_plan_attention_rated(&s->plan);
     const double ha = (double)zp_model_attn_width(m); /* proj's input a d: h unless head_dim */
     const double gemm = 2 * b * sq * (h * q + ha * h + h * f1 + f * h) / mp;
     const Cost core = core_attention_cost(s);

@@ -127,7 +127,7 @@ static Cost block_forward(const ZpSchedule *s, int unit)
     const double b = s->plan.micro_batch, sq = (double)m->seq_len, h = (double)m->hidden;
     const double t = s->plan.mp, T = b * sq, e = s->elem_bytes, H = (double)m->heads;
     const gboolean sparse = zp_build_moe_sparse(s, unit), gated = zp_model_gated(m);
-    const gboolean fused = zp_attention_fused(s->plan.attention);
+    const gboolean fused = zp_plan_attention_rated(&s->plan); /* else eager's work */
     const double share = fused ? zp_model_attention_share(m) : 1.0;
     double gemm = 0, core = 0, ew = 0;
     int gemms = 0;

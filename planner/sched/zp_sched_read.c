@@ -523,7 +523,7 @@ static gboolean check_attention(const ZpSchedule *s, gboolean has_model, const c
     for (guint i = 0; i < s->ops->len; i++) {
         if (zp_sched_op(s, i)->attn_flops <= 0)
             continue;
-        if (has_model && zp_attention_fused(s->plan.attention))
+        if (has_model && zp_plan_attention_rated(&s->plan))
             return TRUE;
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: ops[%u]: key \"attn_flops\": %s", path, i,

@@ -75,6 +75,7 @@ void zp_search_plan_base(const ZpSearchSpec *spec, int stage, int dp, int mp, Zp
     plan->precision = spec->precision;
     plan->optimizer = spec->optimizer;
     plan->attention = spec->attention;
+    plan->attention_unrated = zp_hw_attention_unrated(spec->hw, spec->attention);
     plan->reduce_dtype = spec->reduce_dtype;
     plan->impl = spec->impl;
     g_strlcpy(plan->kernels, spec->kernels, sizeof plan->kernels);
@@ -336,6 +337,7 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
                                     &kernel_error))
         bad = owned = g_strdup(kernel_error->message);
     else if (zp_attention_fused(spec->attention) &&
+             !zp_hw_attention_unrated(spec->hw, spec->attention) &&
              zp_hw_attention_flops_per_s(spec->hw, spec->attention, 64, m->seq_len) <= 0)
         bad = owned = g_strdup_printf("--attention: %s has no rate for '%s' in its attention "
                                       "table", spec->hw->name, zp_attention_name(spec->attention));

@@ -443,6 +443,17 @@ ZpAttention zp_hw_attention_default(const ZpHw *hw, ZpPrecision precision, char 
         g_snprintf(why, why_size, "%s", cause);
         return ZP_ATTN_MEM_EFFICIENT;
     }
+    /* fp32 on a GPU: the kernel SDPA runs, without a rate. Its activations are a fused
+     * kernel's (output and log-sum-exp, no s x s scores: mem_eff_attention keeps only those
+     * for backward); its time is eager's work, as no published fp32 figure rates it. fp16
+     * below sm80 keeps eager so that those outputs stay as they were. */
+    if (fp32 && hw && sm > 0 &&
+        zp_hw_attention_check(hw, ZP_ATTN_MEM_EFFICIENT, precision, "attention", NULL)) {
+        g_snprintf(why, why_size, "%s; %s has no rate for it: sized as a fused kernel (no s x s "
+                   "scores kept), priced as eager's work, batched GEMMs and softmax passes "
+                   "(pessimistic)", cause, hw->name);
+        return ZP_ATTN_MEM_EFFICIENT;
+    }
     if (hw)
         g_snprintf(why, why_size, "%s; %s has no rate for it: priced and sized as eager, batched "
                    "GEMMs and softmax, the s x s scores kept", cause, hw->name);
@@ -479,14 +490,15 @@ gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision pr
     if (!zp_attention_parse(text, flag, out, error) ||
         !zp_hw_attention_check(hw, *out, precision, flag, error))
         return FALSE;
-    if (hw && *out != ZP_ATTN_EAGER && !hw->attention[*out].present) {
+    if (hw && *out != ZP_ATTN_EAGER && !hw->attention[*out].present &&
+        !zp_attention_eager_work_unrated(*out)) {
         /* Offer only what runs here in this dtype. */
         GString *listed = g_string_new("eager");
         if (hw->attention_default != ZP_ATTN_EAGER &&
             zp_hw_attention_check(hw, hw->attention_default, precision, flag, NULL))
             g_string_append(listed, ", flash");
         for (int k = 1; k < ZP_ATTN_N; k++)
-            if (hw->attention[k].present &&
+            if ((hw->attention[k].present || zp_attention_eager_work_unrated((ZpAttention)k)) &&
                 zp_hw_attention_check(hw, (ZpAttention)k, precision, flag, NULL))
                 g_string_append_printf(listed, ", %s", zp_attention_name((ZpAttention)k));
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -496,6 +508,11 @@ gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision pr
         return FALSE;
     }
     return TRUE;
+}
+
+gboolean zp_hw_attention_unrated(const ZpHw *hw, ZpAttention kernel)
+{
+    return zp_attention_eager_work_unrated(kernel) && (!hw || !hw->attention[kernel].present);
 }
 
 /* Interpolates row d of a table in log2 of the sequence length, clamped at both ends. */

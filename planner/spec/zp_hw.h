@@ -127,12 +127,18 @@ gboolean zp_hw_attention_check(const ZpHw *hw, ZpAttention kernel, ZpPrecision p
                                const char *flag, GError **error);
 
 /* The kernel PyTorch's SDPA runs where no flag names one (sdp_utils.cpp select_sdp_backend:
- * flash, else memory-efficient, else math): in fp16/bf16 the profile's default; else (fp32,
- * or a profile with no fused kernel) memory-efficient where the profile has its rate, eager
- * where it has none (priced and sized as the batched GEMMs and softmax). `why` gets the
- * reason in words for the output's defaults line. hw may be NULL (no --cluster). */
+ * flash, else memory-efficient, else math): in fp16/bf16 the profile's default; in fp32 on a
+ * GPU profile memory-efficient, at its rate where the profile has one, else sized as a fused
+ * kernel and priced as eager attention's work (zp_hw_attention_unrated); fp16 on a GPU flash
+ * cannot run on (the V100) memory-efficient where rated, else eager. `why` gets the reason in
+ * words for the output's defaults line. hw may be NULL (no --cluster: eager in fp32). */
 ZpAttention zp_hw_attention_default(const ZpHw *hw, ZpPrecision precision, char *why,
                                     size_t why_size);
+
+/* Whether `kernel` runs on hw without a rate, its work counted as eager attention's
+ * (ZpPlan.attention_unrated): a kernel that may (zp_attention_eager_work_unrated:
+ * mem-efficient) where hw is NULL or its attention table does not rate it. */
+gboolean zp_hw_attention_unrated(const ZpHw *hw, ZpAttention kernel);
 
 /* The kernel a flag names: NULL (flag absent) is zp_hw_attention_default's choice ("eager" for
  * fp16/bf16 with no hw); "flash" the profile's default fused kernel; "eager"; or a kernel the

@@ -131,9 +131,30 @@ double zp_plan_reduce_bytes(const ZpPlan *plan)
                : bytes[plan->reduce_dtype];
 }
 
+/* Each kernel's one property beyond its name: whether its work, where no profile rates it,
+ * can be counted as eager attention's (its FLOPs as batched GEMMs, the softmax's passes) and
+ * so priced without a rate. PyTorch's memory-efficient kernel (xFormers' CUTLASS kernel,
+ * aten/src/ATen/native/transformers/cuda/mem_eff_attention) does the same QK^T and PV products
+ * over the full s x s (no causal skipping counted) with the softmax in registers; counting
+ * the eager softmax's passes over HBM as well is pessimistic. FlashAttention's kernels are
+ * listed only where a profile rates them. */
+static const gboolean attention_eager_work_unrated[ZP_ATTN_N] = {
+    [ZP_ATTN_MEM_EFFICIENT] = TRUE,
+};
+
 gboolean zp_attention_fused(ZpAttention attention)
 {
     return attention != ZP_ATTN_EAGER;
+}
+
+gboolean zp_attention_eager_work_unrated(ZpAttention attention)
+{
+    return attention_eager_work_unrated[attention];
+}
+
+gboolean zp_plan_attention_rated(const ZpPlan *plan)
+{
+    return zp_attention_fused(plan->attention) && !plan->attention_unrated;
 }
 
 const char *zp_attention_name(ZpAttention attention)
@@ -417,6 +438,8 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(o, "main_grad", json_false());
     if (plan->p2p_sync)
         json_object_set_new(o, "p2p_sync", json_true());
+    if (plan->attention_unrated)
+        json_object_set_new(o, "attention_unrated", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
@@ -536,7 +559,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
                                        "recompute", "overlap_param_gather", "experts",
-                                       "main_grad", "p2p_sync", NULL};
+                                       "main_grad", "p2p_sync", "attention_unrated", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     json_t *experts = json_object_get(o, "experts");
     memset(plan, 0, sizeof *plan);
@@ -565,6 +588,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_bool(o, what, "main_grad", FALSE, &main_grad,
                           error) ||
         !zp_json_get_bool(o, what, "p2p_sync", FALSE, &plan->p2p_sync, error) ||
+        !zp_json_get_bool(o, what, "attention_unrated", FALSE, &plan->attention_unrated,
+                          error) ||
         (pipeline && !pipe_from_json(pipeline, what, &plan->pipe, error)) ||
         (experts && !experts_from_json(experts, what, &plan->experts, error)) ||
         !zero_from_json(zero, what, &plan->zero, error) ||
@@ -575,6 +600,12 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     plan->grad_accum = (int)accum, plan->checkpoint = checkpoint;
     plan->gpus_per_node = (int)node;
     plan->no_main_grad = !main_grad;
+    if (plan->attention_unrated && !zp_attention_eager_work_unrated(plan->attention)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"attention_unrated\": '%s' is never priced as eager attention",
+                    what, zp_attention_name(plan->attention));
+        return FALSE;
+    }
     /* "recompute" is written only for the selective kind; "full" is "checkpoint" */
     if (recompute) {
         ZpRecompute r;

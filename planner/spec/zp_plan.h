@@ -174,6 +174,12 @@ typedef struct {
     ZpPrecision precision;
     ZpOptimizer optimizer;
     ZpAttention attention;     /* eager (the zero value) or a fused kernel */
+    /* The fused kernel keeps no s x s scores (activation memory as any fused kernel's) but
+     * the profile has no rate for it, so its work is counted and priced as eager attention's:
+     * batched GEMMs and the softmax's passes (zp_attention_eager_work_unrated: mem-efficient).
+     * FALSE (the zero value): a fused kernel is timed at its profile's rate. Set by
+     * zp_hw_attention_unrated; in the plan's JSON only when TRUE. */
+    gboolean attention_unrated;
     ZpReduceDtype reduce_dtype; /* the gradients' dtype (the zero value) or another */
     int gpus_per_node;    /* GPUs of a node (the cluster's), for ZeRO++'s node groups; 0:
                            * unknown, one node holds every data-parallel rank */
@@ -278,7 +284,16 @@ double zp_plan_elem_bytes(ZpPrecision precision);
 /* Bytes per element of the gradients on the wire and in the reduce buckets. */
 double zp_plan_reduce_bytes(const ZpPlan *plan);
 
+/* Whether the kernel keeps no s x s scores for backward (every kernel but eager): how
+ * activation memory is sized. */
 gboolean zp_attention_fused(ZpAttention attention);
+/* Whether the kernel may run without a rate in the profile, its work counted as eager
+ * attention's (mem-efficient); FlashAttention's kernels need their rate. */
+gboolean zp_attention_eager_work_unrated(ZpAttention attention);
+/* Whether the plan's attention FLOPs run at a fused kernel's table rate (attn_flops, the
+ * fused share, no softmax bytes): a fused kernel that is not attention_unrated. How time is
+ * counted; memory follows zp_attention_fused. */
+gboolean zp_plan_attention_rated(const ZpPlan *plan);
 
 /* Name <-> enum for flags and JSON; the parsers fail naming the flag and the choices. */
 const char *zp_attention_name(ZpAttention attention);
