@@ -603,13 +603,15 @@ static gboolean same_blocks(const Head *x, const Head *y, GArray *fixed)
             return FALSE;
         }
     }
-    qsort(fixed->data, fixed->len, sizeof(uint64_t), u64_cmp);
+    if (fixed->len > 0) /* an empty GArray's data is NULL, which qsort may not be given */
+        qsort(fixed->data, fixed->len, sizeof(uint64_t), u64_cmp);
     return TRUE;
 }
 
 static gboolean is_fixed(const GArray *fixed, uint64_t handle)
 {
-    return bsearch(&handle, fixed->data, fixed->len, sizeof(uint64_t), u64_cmp) != NULL;
+    return fixed->len > 0 &&
+           bsearch(&handle, fixed->data, fixed->len, sizeof(uint64_t), u64_cmp) != NULL;
 }
 
 /* How many events from e on repeat the event a period before each. */
