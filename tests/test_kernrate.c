@@ -307,6 +307,32 @@ static void expect_refused(const char *rates, const char *message)
     g_free(text);
 }
 
+/* An fp32 plan's GEMMs are not priced on the GEMM surface: it is a 16-bit tensor-core rate
+ * (a bf16 MAMF search), and PyTorch's fp32 matmuls run without TF32 by default. Before, an
+ * fp32 step on dgx-h100 priced its 188 TFLOP of GEMMs in 0.36 s: MFU 293% of the fp32 peak. */
+static void test_fp32_gemms_off_the_surface(void)
+{
+    json_t *out = tu_zplan_json("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                                "--stage 3 --micro-batch 1 --precision fp32 --json");
+    const double flops = json_real_value(json_object_get(out, "model_flops_per_gpu"));
+    const double gemm_s = json_real_value(
+        json_object_get(json_object_get(out, "compute_by_class"), "gemm_s"));
+    g_assert_cmpfloat(flops, >, 1e14);
+    /* the GEMMs carry nearly all of the step's FLOPs (attention is batched GEMMs here), and
+     * none runs above the 67 TFLOP/s fp32 peak */
+    g_assert_cmpfloat(gemm_s * 67e12, >=, 0.95 * flops);
+    g_assert_cmpfloat(json_real_value(json_object_get(out, "mfu")), <=, 1.0);
+    g_assert_nonnull(strstr(json_string_value(json_object_get(out, "cost_model")),
+                            "on the fp32 roofline"));
+    json_decref(out);
+    /* bf16 keeps the surface */
+    out = tu_zplan_json("simulate --model hf/llama-2-7b --cluster dgx-h100 --gpus 8 "
+                        "--stage 3 --micro-batch 1 --json");
+    g_assert_nonnull(strstr(json_string_value(json_object_get(out, "cost_model")),
+                            "on the wave and tile surface"));
+    json_decref(out);
+}
+
 static void test_refused(void)
 {
     expect_refused("{\"memory_efficiency\": [[1e6, 0.5], [1e7, 0.6], [0, 0.3]], "
@@ -333,6 +359,7 @@ int main(int argc, char **argv)
     g_test_add_func("/kernrate/schedule-without-model", test_schedule_without_model);
     g_test_add_func("/kernrate/shipped-profiles", test_shipped_profiles);
     g_test_add_func("/kernrate/refused", test_refused);
+    g_test_add_func("/kernrate/fp32-gemms-off-the-surface", test_fp32_gemms_off_the_surface);
     g_test_add_func("/kernrate/flash3-attention", test_flash3_attention);
     return g_test_run();
 }

@@ -133,7 +133,7 @@ double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k)
     const ZpKernRates *r = &c->hw->kernel_rates;
     switch (k->cls) {
     case ZP_KCLASS_GEMM:
-        if (r->has_gemm)
+        if (c->gemm_surface)
             return zp_kernrate_gemm_s(r, c->hw->hbm_bytes_per_s, k->batch, k->m, k->n, k->k,
                                       k->read_bytes + k->write_bytes);
         return k->flops / (c->peak_flops * zp_hw_gemm_efficiency(c->hw, k->flops / k->batch));
@@ -246,8 +246,11 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                "kernels by the HBM efficiency curve, attention %s, %s, compute beside the "
                "data-parallel group's collectives (%s) %.3fx slower",
                c->inv->name,
-               r->has_gemm ? "on the wave and tile surface under the published best rate"
-                           : "on the roofline (the profile has no GEMM surface)",
+               c->gemm_surface ? "on the wave and tile surface under the published best rate"
+               : r->has_gemm   ? "on the fp32 roofline (the profile's GEMM surface is a 16-bit "
+                                 "tensor-core rate; PyTorch's fp32 matmuls do not use TF32 by "
+                                 "default, torch.backends.cuda.matmul.allow_tf32 False since 1.12)"
+                               : "on the roofline (the profile has no GEMM surface)",
                c->attn_flops_per_s > 0 ? "at the fused kernel's table rate"
                                        : "as batched GEMMs and softmax kernels",
                r->launch_host_s > 0 ? "no op faster than its kernels' host issue"
@@ -269,6 +272,7 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     memset(c, 0, sizeof *c);
     c->hw = hw;
     c->peak_flops = zp_hw_peak_flops(hw, plan->precision);
+    c->gemm_surface = hw->kernel_rates.has_gemm && plan->precision != ZP_PREC_FP32;
     if (c->peak_flops <= 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s) has no %s peak in its profile",
                     hw->name, hw->gpu, zp_precision_name(plan->precision));

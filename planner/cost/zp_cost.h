@@ -43,6 +43,9 @@ typedef struct ZpCost {
     int ranks;                  /* ranks sharing one machine: the whole-op times' key */
     gboolean whole[ZP_COMP_N];  /* table: this kind's time was measured whole */
     double peak_flops;          /* roofline: the plan's precision's peak */
+    /* The profile's GEMM surface prices this plan's GEMMs: it is a 16-bit tensor-core rate
+     * (its source: a bf16 MAMF search), so an fp32 plan's GEMMs keep the fp32 roofline. */
+    gboolean gemm_surface;
     double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
     double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
     double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
