@@ -6,7 +6,7 @@
 # median step is validated against the prediction (`zplan validate`: per op kind).
 # The host's speed swings by up to 2x over minutes on this shared machine, so nothing is timed in
 # one stretch: each model is microbenchmarked MB_REPEATS times, in turns with the other models
-# (`zplan calibrate` keeps each op's median over them), and a case's REPEATS runs fall in
+# (`zplan calibrate` keeps each op's fastest run: load only adds time), and a case's REPEATS runs fall in
 # REPEATS rounds over every case, so that one slow spell reaches one run of a case, not all.
 # Prints one row per case (with the load average when it ran) and the median and worst error;
 # keeps every profile, prediction, measurement and report under OUTDIR.

@@ -20,6 +20,7 @@ typedef struct {
     double work;    /* FLOPs or bytes */
     double time_s;
     gboolean model; /* one of a model's own kernels ("ops"), not a sweep or grid point */
+    guint run;      /* the run it came from (keep_fastest_run) */
 } Sample;
 
 typedef struct {
@@ -70,11 +71,12 @@ static gboolean sample(json_t *row, const char *path, const char *key, const cha
 
 static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **error)
 {
+    const guint run = r->roots->len - 1;
     json_t *row;
     size_t i;
     json_array_foreach(json_object_get(root, "gemm_grid"), i, row)
     {
-        Sample s = {0};
+        Sample s = {.run = run};
         if (!sample(row, path, "form", "flops", form_name, ZP_GEMM_N, &s, error) ||
             !zp_json_get_number(row, path, "log2_mnk", TRUE, -1e3, 1e3, &s.x, error) ||
             !zp_json_get_number(row, path, "log2_aspect", TRUE, -1e3, 1e3, &s.y, error))
@@ -83,7 +85,7 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     }
     json_array_foreach(json_object_get(root, "attention_grid"), i, row)
     {
-        Sample s = {0};
+        Sample s = {.run = run};
         double seq, hd;
         if (!sample(row, path, "pass", "flops", pass_name, 2, &s, error) ||
             !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
@@ -94,7 +96,7 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     }
     json_array_foreach(json_object_get(root, "elementwise"), i, row)
     {
-        Sample s = {0};
+        Sample s = {.run = run};
         if (!sample(row, path, "class", "bytes", class_name, ZP_EW_N, &s, error))
             return FALSE;
         g_array_append_val(r->ew, s);
@@ -102,7 +104,7 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     json_array_foreach(json_object_get(root, "memory"), i, row)
     {
         const char *kernel = json_string_value(json_object_get(row, "kernel"));
-        Sample s = {0};
+        Sample s = {.run = run};
         if (!kernel || strcmp(kernel, "adam") != 0)
             continue;
         if (!zp_json_get_number(row, path, "bytes", TRUE, 1, 1e30, &s.work, error) ||
@@ -194,7 +196,7 @@ static gboolean read_run(const char *path, int world, Runs *r, GError **error)
     {
         g_ptr_array_add(r->ops, row);
         const char *type = json_string_value(json_object_get(row, "type"));
-        Sample s = {.model = TRUE};
+        Sample s = {.model = TRUE, .run = r->roots->len - 1};
         if (type && strcmp(type, "elementwise") == 0) {
             if (!sample(row, path, "class", "bytes", class_name, ZP_EW_N, &s, error))
                 return FALSE;
@@ -221,6 +223,49 @@ static double median(GArray *values)
     return gsl_stats_median_from_sorted_data((double *)values->data, 1, values->len);
 }
 
+/* The least of the runs' times: each run's time of a thing is already its own repeats' median
+ * (real_timing_median_s; an op_sequence row the mean of its calls, real_opseq), and on a
+ * shared machine another process's load only ever adds time, so the fastest run is the least
+ * disturbed. A median over runs still moves with the slow ones: two of three runs under load
+ * give the loaded time (the collective table keeps each size's least alike, zp_colltab). */
+static double least(const GArray *values)
+{
+    double t = INFINITY;
+    for (guint i = 0; i < values->len; i++)
+        t = fmin(t, g_array_index(values, double, i));
+    return t;
+}
+
+static gboolean same_point(const Sample *a, const Sample *b)
+{
+    return a->which == b->which && a->model == b->model && a->x == b->x && a->y == b->y &&
+           a->work == b->work;
+}
+
+/* Keeps, of every kind, grid point and size timed in more than one run, the samples of the run
+ * that timed it fastest (least, above), and drops the other runs' (a model's kernel timed twice
+ * in one run keeps both of that run). Without it, one run's slow spell lifted the grids' means
+ * and pulled the rate fits, however fast the other runs were. */
+static void keep_fastest_run(GArray *samples)
+{
+    const guint n = samples->len;
+    guint *fastest = g_new(guint, n);
+    for (guint i = 0; i < n; i++) {
+        const Sample *s = &g_array_index(samples, Sample, i);
+        double best = s->time_s;
+        fastest[i] = s->run;
+        for (guint j = 0; j < n; j++) {
+            const Sample *o = &g_array_index(samples, Sample, j);
+            if (o->time_s < best && same_point(s, o))
+                best = o->time_s, fastest[i] = o->run;
+        }
+    }
+    for (guint i = n; i-- > 0;)
+        if (g_array_index(samples, Sample, i).run != fastest[i])
+            g_array_remove_index(samples, i);
+    g_free(fastest);
+}
+
 /* The sorted distinct values of one coordinate of the grid samples (not a model's own) of
  * kind `which`. */
 static int axis(GArray *samples, int which, gboolean y, double *out, int max)
@@ -244,9 +289,10 @@ static int axis(GArray *samples, int which, gboolean y, double *out, int max)
     return n;
 }
 
-/* A grid of the mean rate at each point, net of the launch (work / (t - launch), at most
- * twice the raw rate), so that launch + work / rate gives the measured time back. A grid point
- * a model's own kernels were timed at takes their mean alone: those are the shapes costed. */
+/* A grid of the rate at each point (the fastest run's: keep_fastest_run), net of the launch
+ * (work / (t - launch), at most twice the raw rate), so that launch + work / rate gives the
+ * measured time back. A grid point a model's own kernels were timed at takes their mean rate
+ * alone: those are the shapes costed. */
 static gboolean grid(GArray *samples, int which, double launch, const char *what, ZpGrid *g,
                      GError **error)
 {
@@ -451,7 +497,11 @@ static void warn_checks(json_t *checks)
 
 static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
 {
-    t->launch_s = median(r->launch);
+    t->launch_s = least(r->launch);
+    keep_fastest_run(r->gemm);
+    keep_fastest_run(r->attn);
+    keep_fastest_run(r->ew);
+    keep_fastest_run(r->adam);
     gboolean ok = TRUE;
     for (int f = 0; ok && f < ZP_GEMM_N; f++) {
         char *what = g_strdup_printf("gemm_grid (%s)", form_name(f));
@@ -476,14 +526,16 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
                         &rms, error);
     if (ok)
         json_object_set_new(checks, "optimizer_rms_rel_error", json_real(rms));
+    /* The contention stays the median over runs: a ratio of two times in one run, which load
+     * can move either way (it slows the GEMM alone as well as the GEMM beside the collective). */
     t->contention = r->contention->len ? fmax(1.0, median(r->contention)) : 1.0;
     g_strlcpy(t->backend, r->backend, sizeof t->backend);
     t->n_ops = (int)r->whole->len;
-    /* The median over runs: a slow spell of the host during one microbenchmark (this
-     * machine's speed swings by up to 2x within minutes) moves it by no more than one run. */
+    /* The fastest run's time of each op (least): this machine's speed swings by up to 2x
+     * within minutes as other processes come and go, and a slow spell only adds time. */
     for (int k = 0; k < t->n_ops; k++) {
         t->ops[k] = g_array_index(r->whole, ZpOpTime, k);
-        t->ops[k].time_s = median(g_ptr_array_index(r->whole_times, k));
+        t->ops[k].time_s = least(g_ptr_array_index(r->whole_times, k));
     }
     return ok;
 }
@@ -543,12 +595,14 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
             char *note = g_strdup_printf(
                 "measured on this machine and fitted by zplan calibrate from %s (%d ranks): "
                 "GEMM rates at the grid points of each form's log2(m n k) x log2(aspect) grid "
-                "and eager attention's log2(seq) x log2(head_dim) grid (the mean over runs, net "
-                "of the launch); each elementwise class t = c0 + bytes / rate by GSL weighted "
+                "and eager attention's log2(seq) x log2(head_dim) grid (net of the launch); "
+                "each elementwise class t = c0 + bytes / rate by GSL weighted "
                 "least squares (1/t^2) over its size sweep and the model's own kernels; the "
-                "optimizer from Adam's runs; launch_s a one-element add; ops: each compute op "
+                "optimizer from Adam's runs; launch_s a one-element add; each grid point, size "
+                "and kernel the fastest run's time (each run's the median of its repeats: load "
+                "only adds time); ops: each compute op "
                 "timed whole inside a step's sequence of ops (real_opseq), the optimizer there "
-                "at each ZeRO stage's partition (keyed by its elements), the median over runs "
+                "at each ZeRO stage's partition (keyed by its elements), the least over runs "
                 "per op, shape and ranks at once, which zp_cost takes before the sum of the "
                 "op's kernels (the optimizer: before its fitted rate, linear in elements "
                 "between two whole times); copy: one copy's median time at each size the "
