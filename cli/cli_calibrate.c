@@ -42,7 +42,16 @@ typedef struct {
      * and where and how they were measured, from runs that recorded them. */
     GArray *nvme_bytes, *nvme_s; /* double, double */
     char *nvme_source;
+    /* What else tells two samples of one size apart (int): the block kernel's name (its
+     * g_str_hash), the NVMe sample's direction (0 write, 1 read). */
+    GArray *ew_kernel, *nvme_kind;
 } Samples;
+
+/* The first sample of this run in each family (add_sample): the families' lengths before it. */
+typedef struct {
+    guint gemm, tc, mem, ew, cpu_adam, nvme;
+} RunStart;
+
 
 /* Backends whose GEMMs round their operands to bf16 (tensor cores); the others (cpu,
  * cuda-exact) compute in fp32 and give the fp32 peak. */
@@ -53,6 +62,35 @@ static gboolean tensor_core_backend(const char *backend)
 
 static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather"};
 
+static gboolean same_int(const GArray *a, guint i, int v)
+{
+    return !a || g_array_index(a, int, i) == v;
+}
+
+/* One timing (x, t; world and tag where the family has them) onto its family, unless an earlier
+ * run timed the same size (same world and tag): then the two keep the lesser time. Each run's
+ * timing is already the median of its repeats, and another process's load on a shared machine
+ * only adds time, so the fastest run is the least disturbed; a fit through every run's samples
+ * followed a slow run as much as a quiet one (the op table and the collective table keep the
+ * least alike: cli_optable, zp_colltab). `from` is the family's length before this run. */
+static void add_sample(GArray *x, GArray *t, GArray *world, GArray *tag, guint from, double xv,
+                       double tv, int wv, int tagv)
+{
+    for (guint i = 0; i < from; i++)
+        if (g_array_index(x, double, i) == xv && same_int(world, i, wv) &&
+            same_int(tag, i, tagv)) {
+            double *ti = &g_array_index(t, double, i);
+            *ti = fmin(*ti, tv);
+            return;
+        }
+    g_array_append_val(x, xv);
+    g_array_append_val(t, tv);
+    if (world)
+        g_array_append_val(world, wv);
+    if (tag)
+        g_array_append_val(tag, tagv);
+}
+
 static gboolean read_array(json_t *root, const char *path, const char *key, json_t **out,
                            GError **error)
 {
@@ -62,9 +100,11 @@ static gboolean read_array(json_t *root, const char *path, const char *key, json
     return json_is_array(*out);
 }
 
-/* Rows of {bytes, time_s} (none when `rows` is NULL) onto `bytes` and `seconds`. */
+/* Rows of {bytes, time_s} (none when `rows` is NULL) onto `bytes` and `seconds` (add_sample:
+ * this run's from `from` on, each tagged `tagv` where `tag` is given). */
 static gboolean read_byte_samples(json_t *rows, const char *path, GArray *bytes,
-                                  GArray *seconds, GError **error)
+                                  GArray *seconds, GArray *tag, int tagv, guint from,
+                                  GError **error)
 {
     for (size_t i = 0; i < json_array_size(rows); i++) {
         double b, t;
@@ -72,20 +112,21 @@ static gboolean read_byte_samples(json_t *rows, const char *path, GArray *bytes,
         if (!zp_json_get_number(row, path, "bytes", TRUE, 1, 1e30, &b, error) ||
             !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &t, error))
             return FALSE;
-        g_array_append_val(bytes, b);
-        g_array_append_val(seconds, t);
+        add_sample(bytes, seconds, NULL, tag, from, b, t, 0, tagv);
     }
     return TRUE;
 }
 
 /* A run's "nvme" section: its write and read samples, and its source for the notes. */
-static gboolean read_nvme(json_t *nvme, const char *path, Samples *s, GError **error)
+static gboolean read_nvme(json_t *nvme, const char *path, Samples *s, guint from,
+                          GError **error)
 {
     static const char *const kinds[] = {"write", "read"};
     for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++) {
         json_t *rows;
         if (!read_array(nvme, path, kinds[k], &rows, error) ||
-            !read_byte_samples(rows, path, s->nvme_bytes, s->nvme_s, error))
+            !read_byte_samples(rows, path, s->nvme_bytes, s->nvme_s, s->nvme_kind, (int)k,
+                               from, error))
             return FALSE;
     }
     json_t *dir = json_object_get(nvme, "path"), *direct = json_object_get(nvme, "direct");
@@ -103,6 +144,8 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
 {
     json_t *root = zp_json_load_object(path, error), *gemm, *mem, *coll;
     const char *format = NULL, *backend = NULL;
+    const RunStart from = {s->gemm_s->len, s->tc_s->len, s->mem_s->len, s->ew_s->len,
+                           s->cpu_adam_s->len, s->nvme_s->len};
     int64_t world;
     gboolean ok = root && zp_json_get_string(root, path, "format", TRUE, &format, error);
     if (ok && strcmp(format, "zplan-microbench-1") != 0) {
@@ -123,16 +166,17 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
              zp_json_get_number(g, path, "time_s", TRUE, 1e-12, 1e6, &t, error);
         if (!ok)
             break;
-        int w = (int)world;
-        const gboolean tc = ok && tensor_core_backend(backend);
-        g_array_append_val(tc ? s->tc_flops : s->gemm_flops, f);
-        g_array_append_val(tc ? s->tc_s : s->gemm_s, t);
-        g_array_append_val(tc ? s->tc_world : s->gemm_world, w);
+        if (tensor_core_backend(backend))
+            add_sample(s->tc_flops, s->tc_s, s->tc_world, NULL, from.tc, f, t, (int)world, 0);
+        else
+            add_sample(s->gemm_flops, s->gemm_s, s->gemm_world, NULL, from.gemm, f, t,
+                       (int)world, 0);
     }
     json_t *cpu_adam = ok ? json_object_get(root, "cpu_adam") : NULL;
-    ok = ok && read_byte_samples(cpu_adam, path, s->cpu_adam_bytes, s->cpu_adam_s, error);
+    ok = ok && read_byte_samples(cpu_adam, path, s->cpu_adam_bytes, s->cpu_adam_s, NULL, 0,
+                                 from.cpu_adam, error);
     json_t *nvme = ok ? json_object_get(root, "nvme") : NULL;
-    if (nvme && !read_nvme(nvme, path, s, error))
+    if (nvme && !read_nvme(nvme, path, s, from.nvme, error))
         ok = FALSE;
     if (ok && json_object_get(root, "host_cores"))
         ok = zp_json_get_number(root, path, "host_cores", TRUE, 1, 1e6, &s->host_cores, error);
@@ -154,11 +198,12 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
         ok = ok && zp_json_get_string(m, path, "kernel", TRUE, &kernel, error);
         if (!ok)
             break;
-        const gboolean adam = strcmp(kernel, "adam") == 0;
-        int w = (int)world;
-        g_array_append_val(adam ? s->mem_bytes : s->ew_bytes, b);
-        g_array_append_val(adam ? s->mem_s : s->ew_s, t);
-        g_array_append_val(adam ? s->mem_world : s->ew_world, w);
+        if (strcmp(kernel, "adam") == 0)
+            add_sample(s->mem_bytes, s->mem_s, s->mem_world, NULL, from.mem, b, t, (int)world,
+                       0);
+        else
+            add_sample(s->ew_bytes, s->ew_s, s->ew_world, s->ew_kernel, from.ew, b, t,
+                       (int)world, (int)g_str_hash(kernel));
     }
     for (size_t i = 0; ok && i < json_array_size(coll); i++) {
         json_t *c = json_array_get(coll, i);
@@ -193,14 +238,16 @@ static gboolean read_run(const char *path, Samples *s, GError **error)
     return ok;
 }
 
-/* Drops the samples of runs with fewer ranks than the most. */
-static void keep_max_world(GArray *x, GArray *t, GArray *world, int max_world)
+/* Drops the samples of runs with fewer ranks than the most (and their tags, where given). */
+static void keep_max_world(GArray *x, GArray *t, GArray *world, GArray *tag, int max_world)
 {
     for (guint i = x->len; i-- > 0;)
         if (g_array_index(world, int, i) != max_world) {
             g_array_remove_index(x, i);
             g_array_remove_index(t, i);
             g_array_remove_index(world, i);
+            if (tag)
+                g_array_remove_index(tag, i);
         }
 }
 
@@ -478,15 +525,15 @@ static json_t *profile_json(const char *name, const char *gpu, const Samples *s,
     } note_rows[] = {
         {"gpu_memory_bytes", device ? g_strdup_printf("the device's memory as the driver reports it (cudaMemGetInfo total) in %s", runs)
                                     : g_strdup_printf("this machine's physical memory over its %d ranks (or --memory-bytes)", s->max_world)},
-        {"peak_fp16_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 of t = c0 + c1 F over the %u model-shaped GEMMs of the tensor-core backend (bf16 operands, fp32 accumulation; operand conversions included, as zreal pays them); fp16 taken to run at the bf16 rate, as on the datasheet", from, f->gemm_n)
-                                   : g_strdup_printf("%s: asymptotic GEMM rate 1/c1 of t = c0 + c1 F over the %u GEMMs of the runs with the most ranks; the CPU backend computes in fp32 whatever the storage, so one peak serves every precision", from, f->gemm_n)},
+        {"peak_fp16_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 of t = c0 + c1 F over the %u model-shaped GEMMs of the tensor-core backend (bf16 operands, fp32 accumulation; operand conversions included, as zreal pays them; each size's fastest run); fp16 taken to run at the bf16 rate, as on the datasheet", from, f->gemm_n)
+                                   : g_strdup_printf("%s: asymptotic GEMM rate 1/c1 of t = c0 + c1 F over the %u GEMMs of the runs with the most ranks (each size's fastest run); the CPU backend computes in fp32 whatever the storage, so one peak serves every precision", from, f->gemm_n)},
         {"peak_bf16_flops", g_strdup("the same fitted GEMM rate")},
-        {"peak_fp32_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 over the %u GEMMs of the exact backend (fp32 operands, ZREAL_CUDA_GEMM=fp32)", from, f->fp32_n)
+        {"peak_fp32_flops", device ? g_strdup_printf("%s: asymptotic rate 1/c1 over the %u GEMMs of the exact backend (fp32 operands, ZREAL_CUDA_GEMM=fp32; each size's fastest run)", from, f->fp32_n)
                                    : g_strdup("the same fitted GEMM rate")},
         {"gemm_efficiency_max", g_strdup("1: the peak is the fitted asymptotic GEMM rate itself")},
         {"gemm_half_efficiency_flops", g_strdup_printf("%s: c0/c1 of the %s GEMM fit, the GEMM size whose fixed cost equals its FLOP time", from, device ? "tensor-core" : "")},
-        {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u runs)", from, s->mem_s->len)},
-        {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u runs)", from, s->ew_s->len)},
+        {"hbm_bytes_per_s", g_strdup_printf("%s: 1/slope of the Adam step's time against its bytes (%u sizes, each its fastest run)", from, s->mem_s->len)},
+        {"elementwise_bytes_per_s", g_strdup_printf("%s: 1/slope of GELU, layer norm and residual add times against their bytes as the schedule counts them, unweighted so each kernel counts by its time (%u kernels and sizes, each its fastest run)", from, s->ew_s->len)},
         {"gpus_per_node", g_strdup_printf("the ranks the profile describes (%d: --ranks, or the most of any run), every rank on this one machine; compute rates come from the runs with that many ranks, which shared the cores as they will", s->max_world)},
         {"intra_node_bytes_per_s", g_strdup_printf("measured: the all-reduce bus bandwidth of %s as nccl-tests define it (algbw x 2(n-1)/n, algbw = bytes / time; nccl-tests doc/PERFORMANCE.md) at the largest message, %.0f bytes over %d ranks, the median over %s (collective_fit holds the fitted ring model the simulator uses for these collectives)", coll_source, f->busbw_bytes, f->busbw_ranks, runs)},
         {"intra_node_latency_s", g_strdup_printf("%s: per-step latency of the fitted ring model", from)},
@@ -607,7 +654,7 @@ static gboolean add_nvme(json_t *profile, const Samples *s, GError **error)
     json_object_set_new(profile, "nvme_bytes_per_s", json_real(1.0 / c1));
     char *note = g_strdup_printf("zreal --microbench: 1/slope of pwrite+fdatasync and pread "
                                  "times of swap files against the node's bytes, reads and "
-                                 "writes together (%s)", s->nvme_source);
+                                 "writes together, each size's fastest run (%s)", s->nvme_source);
     json_object_set_new(json_object_get(profile, "notes"), "nvme_bytes_per_s",
                         json_string(note));
     g_free(note);
@@ -630,7 +677,8 @@ static gboolean add_cpu_adam(json_t *profile, const Samples *s, GError **error)
     json_t *notes = json_object_get(profile, "notes");
     json_object_set_new(notes, "cpu_adam_bytes_per_s_per_core",
                         json_string("zreal --microbench: 1/slope of the vectorised CPU Adam's "
-                                    "time against its bytes (30 per element), one core per rank"));
+                                    "time against its bytes (30 per element), one core per rank, "
+                                    "each size's fastest run"));
     json_object_set_new(notes, "cpu_cores_per_node",
                         json_string("zreal --microbench: the cores online on the machine"));
     json_object_set_new(json_object_get(profile, "calibration"), "cpu_adam_rms_rel_error",
@@ -710,7 +758,8 @@ int cli_calibrate(int argc, char **argv)
                  0, g_ptr_array_new_with_free_func(g_free), 0, 0, 0,
                  g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(double)),
                  0, g_array_new(FALSE, FALSE, sizeof(double)),
-                 g_array_new(FALSE, FALSE, sizeof(double)), NULL};
+                 g_array_new(FALSE, FALSE, sizeof(double)), NULL,
+                 g_array_new(FALSE, FALSE, sizeof(int)), g_array_new(FALSE, FALSE, sizeof(int))};
     double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
     Fitted fitted = {0};
     CollFit fit;
@@ -753,10 +802,10 @@ int cli_calibrate(int argc, char **argv)
         s.max_world = world;
     }
     if (ok) {
-        keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, s.max_world);
-        keep_max_world(s.tc_flops, s.tc_s, s.tc_world, s.max_world);
-        keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, s.max_world);
-        keep_max_world(s.ew_bytes, s.ew_s, s.ew_world, s.max_world);
+        keep_max_world(s.gemm_flops, s.gemm_s, s.gemm_world, NULL, s.max_world);
+        keep_max_world(s.tc_flops, s.tc_s, s.tc_world, NULL, s.max_world);
+        keep_max_world(s.mem_bytes, s.mem_s, s.mem_world, NULL, s.max_world);
+        keep_max_world(s.ew_bytes, s.ew_s, s.ew_world, s.ew_kernel, s.max_world);
     }
     ok = ok && fit_gemms(&s, &fitted, &error) &&
          fit_line(s.mem_bytes, s.mem_s, "memory (adam)", FALSE, &mem_c0, &mem_c1, &error) &&
@@ -812,7 +861,7 @@ done:;
                         s.mem_bytes, s.mem_s, s.mem_world,
                         s.ew_bytes, s.ew_s, s.ew_world, s.coll_kind, s.coll_ranks,
                         s.coll_bytes, s.coll_s, s.cpu_adam_bytes, s.cpu_adam_s,
-                        s.nvme_bytes, s.nvme_s};
+                        s.nvme_bytes, s.nvme_s, s.ew_kernel, s.nvme_kind};
     for (size_t i = 0; i < G_N_ELEMENTS(arrays); i++)
         g_array_unref(arrays[i]);
     g_ptr_array_unref(s.runs);

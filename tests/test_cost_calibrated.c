@@ -300,9 +300,10 @@ static void test_calibrated_whole_ops(void)
 }
 
 /* Two microbenchmark runs of one machine, the first under another process's load: its head op
- * 2.5 times, one GEMM grid point 3 times, its largest residual add 1.5 times and its launch 5
- * times the second's. Load only adds time, so the profile takes the second run's every figure
- * (a median of two, their mean, gave the head 1.75 s and lifted the rest), whichever run
+ * 2.5 times, one GEMM grid point 3 times, its largest residual add 1.5 times, its launch 5
+ * times, a GEMM, an Adam step and an NVMe write of the roofline's fits twice the second's.
+ * Load only adds time, so the profile takes the second run's every figure (a median of two,
+ * their mean, gave the head 1.75 s; the fits went through both runs' samples), whichever run
  * comes first. */
 static void test_calibrated_fastest_run(void)
 {
@@ -323,11 +324,26 @@ static void test_calibrated_fastest_run(void)
             json_object_set_new(root, "op_sequence",
                                 json_pack("[{s:s, s:s, s:i, s:f}]", "op", "head", "shape", shape,
                                           "calls", 3, "time_s", slow ? 2.5 : 1.0));
+            json_t *nvme = json_pack("{s:s, s:b, s:i, s:[], s:[]}", "path", "/tmp", "direct", 1,
+                                     "ranks", 1, "write", "read");
+            for (int k = 1; k <= 3; k++) {
+                json_array_append_new(json_object_get(nvme, "write"),
+                                      json_pack("{s:f, s:f}", "bytes", 1e6 * k, "time_s", 1e-3 * k));
+                json_array_append_new(json_object_get(nvme, "read"),
+                                      json_pack("{s:f, s:f}", "bytes", 1e6 * k, "time_s", 1e-3 * k));
+            }
+            json_object_set_new(root, "nvme", nvme);
             if (slow) {
                 json_t *point = json_array_get(json_object_get(root, "gemm_grid"), 0);
                 json_object_set_new(point, "time_s",
                                     json_real(3 * json_number_value(json_object_get(point, "time_s"))));
                 json_object_set_new(root, "launch_s", json_real(5e-6));
+                json_t *rows[] = {json_array_get(json_object_get(root, "gemm"), 2),
+                                  json_array_get(json_object_get(root, "memory"), 0),
+                                  json_array_get(json_object_get(nvme, "write"), 1)};
+                for (size_t k = 0; k < G_N_ELEMENTS(rows); k++)
+                    json_object_set_new(rows[k], "time_s",
+                                        json_real(2 * json_number_value(json_object_get(rows[k], "time_s"))));
             }
             g_assert_true(zp_json_write(root, path[i], &error));
             json_decref(root);
@@ -353,6 +369,12 @@ static void test_calibrated_fastest_run(void)
         }
         for (int c = 0; c < ZP_EW_N; c++)
             g_assert_true(close_to(t->ew_bytes_per_s[c], (c + 1) * 1e9));
+        json_t *root = zp_json_load_object(prof, &error);
+        g_assert_no_error(error);
+        g_assert_true(close_to(json_number_value(json_object_get(root, "peak_fp32_flops")), 1e10));
+        g_assert_true(close_to(json_number_value(json_object_get(root, "hbm_bytes_per_s")), 2e9));
+        g_assert_true(close_to(json_number_value(json_object_get(root, "nvme_bytes_per_s")), 1e9));
+        json_decref(root);
     }
     for (int i = 0; i < 2; i++) {
         g_unlink(path[i]);
