@@ -532,6 +532,34 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
            bytes / (zp_hw_inter_bus_bytes_per_s(hw) / hw->gpus_per_node);
 }
 
+/* The sends a pipeline's fill and drain wait for: the first micro-batch's activations pass
+ * every stage boundary before the last stage computes anything, and the last micro-batch's
+ * gradients pass them all back after the last stage's final backward, each send the
+ * receiver's dependency (zp_build_send; its next compute waits for it). Each boundary timed
+ * as the simulator times it (sim_ops.c p2p_time_s: NVLink when both stages' first ranks share
+ * a node, else the sender's share of the node's NICs), over the bytes zp_build_send sends
+ * (1/t with sequence parallelism or Megatron's scatter-gather, whose receiving all-gather is
+ * left out). */
+static double fill_drain_sends_s(const ZpScreen *sc, const ZpPlan *plan)
+{
+    const ZpModel *m = sc->model;
+    const ZpHw *hw = sc->hw;
+    const int64_t P = zp_plan_pp(plan), mp = plan->mp, gpn = hw->gpus_per_node;
+    if (gpn <= 0)
+        return 0;
+    const gboolean split = plan->sequence_parallel ||
+                           (zp_impl_get(plan->impl)->p2p_scatter_gather && mp > 1);
+    const double bytes = (double)plan->micro_batch * (double)m->seq_len * (double)m->hidden *
+                         zp_plan_elem_bytes(plan->precision) / (split ? (double)mp : 1.0);
+    double sends_s = 0;
+    for (int64_t k = 0; k + 1 < P; k++)
+        sends_s += k * mp / gpn == (k + 1) * mp / gpn
+                       ? hw->intra_node_latency_s + bytes / zp_hw_intra_bus_bytes_per_s(hw)
+                       : hw->inter_node_latency_s +
+                             bytes / (zp_hw_inter_bus_bytes_per_s(hw) / (double)gpn);
+    return 2.0 * sends_s;
+}
+
 /* A pipeline's forward-backward chain, a lower bound: the last stage does at least its
  * fewest blocks (uniform split) of every micro-batch and the head, and cannot start before
  * the first micro-batch's chunks reach it nor finish before the last drains back: P - 1
@@ -540,7 +568,8 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
  * and F(j+1) and send back (another), while the last stage itself runs F(j) and B(j), longer
  * than stage P-2's by the head: it idles 2c - head every two micro-batches when that is
  * positive, counted here past the warm-up, in 1F1B only: interleaving runs other chunks
- * there (gpt-1t's TP 32 interleaved plans simulate up to 0.4% below a bound with it).
+ * there (gpt-1t's TP 32 interleaved plans simulate up to 0.4% below a bound with it). The
+ * fill's and the drain's sends add (fill_drain_sends_s).
  * test_pipe checks the bound against simulated steps. */
 static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp_s,
                                double all_s, const double kind[ZP_COMP_N])
@@ -556,7 +585,8 @@ static double pipeline_chain_s(const ZpScreen *sc, const ZpPlan *plan, double tp
         plan->pipe.schedule != ZP_PIPE_1F1B
             ? 0.0
             : fmax(0.0, p2p_s(sc, plan) - 0.5 * kind[ZP_COMP_HEAD] / plan->grad_accum);
-    return last + (P - 1) * step + fmax(0.0, plan->grad_accum - P) * idle;
+    return last + (P - 1) * step + fmax(0.0, plan->grad_accum - P) * idle +
+           fill_drain_sends_s(sc, plan);
 }
 
 /* ZeRO++ in the bound, each below what the schedule sends (zp_zeropp): qwZ gathers one byte
