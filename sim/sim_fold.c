@@ -30,12 +30,11 @@
  * compared from then on). Only a run that never crosses a binade mid-steady-state folds it
  * whole; stepping the transients is the price of being exact. */
 #include "sim_fold.h"
+#include "sim_fold_snap.h"
 
 #include <math.h>
 #include <string.h>
 
-/* An op reference's stage where it names none (NO_OP). */
-#define REF_NONE UINT32_MAX
 /* Shifts tried between snapshots: 1 micro-step (1F1B, GPipe) or a group of pp (interleaved:
  * Megatron's groups of pp micro-batches per chunk), and twice each: a period whose length is
  * an odd number of grid steps rounds a tie one way and the next the other way, so that only
@@ -53,55 +52,6 @@ typedef struct {
     double x;      /* NOTE_ADD: what was added; NOTE_CELL: the value; NOTE_RANK: the rank */
 } Note;
 
-/* A growing array of 8-byte values (doubles or int64_t), appended to inline: a snapshot
- * takes thousands of them at every period's head. */
-typedef struct {
-    union {
-        double *d;
-        int64_t *i;
-    };
-    size_t len, cap;
-} Vec;
-
-static void vec_grow(Vec *v, size_t more)
-{
-    while (v->len + more > v->cap)
-        v->cap = v->cap ? 2 * v->cap : 256;
-    v->i = g_renew(int64_t, v->i, v->cap);
-}
-
-static inline void vec_int(Vec *v, int64_t x)
-{
-    if (G_UNLIKELY(v->len == v->cap))
-        vec_grow(v, 1);
-    v->i[v->len++] = x;
-}
-
-static inline void vec_double(Vec *v, double x)
-{
-    if (G_UNLIKELY(v->len == v->cap))
-        vec_grow(v, 1);
-    v->d[v->len++] = x;
-}
-
-/* What a snapshot compares: doubles (each moving by one amount a period) and integers (equal,
- * or counters moving by one amount); where the recorded log stood. */
-typedef struct {
-    uint32_t micro, shift; /* its head's micro-step; micro-steps a period (set when compared) */
-    double now_s;
-    Vec d;      /* doubles */
-    Vec i;      /* equal across snapshots */
-    Vec lin;    /* counters, moving by one amount */
-    Vec status; /* the countdowns (push_status), once the rest repeated */
-    Vec refs;  /* two an op reference (push_ref) */
-    Vec bytes; /* the places in d of FIELD_BYTES values */
-    Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
-    Vec first;  /* now_s and each rank's times (capture_first): every snapshot's */
-    gboolean full; /* d, i, lin, refs, bytes taken (capture) */
-    gboolean has_status;
-    uint64_t note_at; /* notes taken before it (SimFold.notes_base counts the dropped ones) */
-    uint32_t epoch;   /* SimFold.epoch when taken: notes were kept unbroken within one */
-} Snap;
 
 struct SimFold {
     uint32_t A;            /* micro-steps */
@@ -480,28 +430,6 @@ static void snap_counters(Walk *w, Sim *sim)
     sim->queue.instant += (uint32_t)(w->periods * step[2]);
 }
 
-static Snap *snap_new(uint32_t micro, double now_s)
-{
-    Snap *s = g_new0(Snap, 1);
-    s->micro = micro;
-    s->now_s = now_s;
-    return s;
-}
-
-static void snap_free(gpointer p)
-{
-    Snap *s = p;
-    g_free(s->d.d);
-    g_free(s->i.i);
-    g_free(s->lin.i);
-    g_free(s->status.i);
-    g_free(s->refs.i);
-    g_free(s->bytes.i);
-    g_free(s->moves.i);
-    g_free(s->first.d);
-    g_free(s);
-}
-
 /* The first tier of a snapshot, taken at every head: the instant and each rank's times.
  * Three of them a period apart moving alike are what makes the whole state (capture, some
  * thousands of values and the queue) worth taking; in a transient they rarely do. */
@@ -540,109 +468,6 @@ static void capture(SimFold *f, Sim *sim, Snap *snap)
     f->sizes[0] = snap->d.len;
     f->sizes[1] = snap->i.len;
     f->sizes[2] = snap->refs.len;
-}
-
-/* ---- comparing three snapshots ---- */
-
-static gboolean same_ints(const Vec *a, const Vec *b)
-{
-    return a->len == b->len && memcmp(a->i, b->i, a->len * sizeof(int64_t)) == 0;
-}
-
-/* Every op reference either names one op in all three or moves twice by its stage's step,
- * the same for every moving reference of the stage (steps: [stage], 0 unknown). */
-static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
-{
-    if (a->refs.len != c->refs.len || b->refs.len != c->refs.len)
-        return FALSE;
-    c->moves.len = 0;
-    const int64_t *x = a->refs.i, *y = b->refs.i, *z = c->refs.i;
-    for (size_t k = 0; k < c->refs.len; k += 2) {
-        if (x[k] != y[k] || y[k] != z[k])
-            return FALSE;
-        const int64_t step = y[k + 1] - x[k + 1];
-        if (z[k + 1] - y[k + 1] != step)
-            return FALSE;
-        if (step != 0) {
-            if (x[k] == REF_NONE)
-                return FALSE;
-            if (steps[x[k]] == 0)
-                steps[x[k]] = step;
-            else if (steps[x[k]] != step)
-                return FALSE;
-        }
-        vec_int(&c->moves, step);
-    }
-    return TRUE;
-}
-
-/* Whether x, y and z move by one amount twice, value by value. */
-static gboolean same_steps(const Vec *x, const Vec *y, const Vec *z)
-{
-    if (x->len != z->len || y->len != z->len)
-        return FALSE;
-    for (size_t k = 0; k < z->len; k++)
-        if (z->d[k] - y->d[k] != y->d[k] - x->d[k])
-            return FALSE;
-    return TRUE;
-}
-
-/* Whether a, b and c (one period apart each) repeat: the integers equal, the counters and
- * every double moving by one amount twice. */
-static gboolean repeats(SimFold *f, const Snap *a, const Snap *b, Snap *c)
-{
-    memset(f->steps, 0, f->stages * sizeof *f->steps);
-    if (!same_ints(&a->i, &b->i) || !same_ints(&b->i, &c->i) || a->d.len != c->d.len ||
-        b->d.len != c->d.len || !same_refs(a, b, c, f->steps))
-        return FALSE;
-    for (size_t k = 0; k < c->lin.len; k++)
-        if (c->lin.i[k] - b->lin.i[k] != b->lin.i[k] - a->lin.i[k])
-            return FALSE;
-    for (size_t k = 0; k < c->d.len; k++)
-        if (c->d.d[k] - b->d.d[k] != b->d.d[k] - a->d.d[k])
-            return FALSE;
-    return TRUE;
-}
-
-/* The most periods (even) the doubles can move on from c, each staying exact: a value that
- * moves stays in the binade all three snapshots share (times and sums only grow, so every
- * value between lies there too), or is a whole number below 2^53 (bytes, which must be). */
-static uint64_t periods_exact(const Snap *a, const Snap *c)
-{
-    uint64_t most = UINT64_MAX;
-    for (size_t k = 0, b = 0; k < c->d.len && most > 0; k++) {
-        const gboolean bytes = b < c->bytes.len && c->bytes.i[b] == (int64_t)k;
-        b += bytes;
-        const double x = a->d.d[k], z = c->d.d[k];
-        const double step = (z - x) / 2; /* exact: a difference on one grid, halved */
-        if (step == 0)
-            continue;
-        if (step < 0 || x < 0) {
-            most = 0;
-            break;
-        }
-        double limit;
-        if (x == floor(x) && step == floor(step) && z < 0x1p53) {
-            limit = 0x1p53;
-        } else if (bytes) {
-            most = 0;
-            break;
-        } else {
-            int ex, ez;
-            frexp(x, &ex);
-            frexp(z, &ez);
-            if (ex != ez || x == 0) {
-                most = 0;
-                break;
-            }
-            limit = ldexp(1.0, ez);
-        }
-        double n = floor((limit - z) / step);
-        while (n > 0 && z + n * step >= limit)
-            n--;
-        most = MIN(most, n > 1e9 ? (uint64_t)1e9 : (uint64_t)n);
-    }
-    return most;
 }
 
 /* ---- the jump ---- */
@@ -722,7 +547,8 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
 static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    uint64_t periods = MIN(periods_exact(a, c), periods_schedule(f, sim, k_shift, lo, hi));
+    uint64_t periods =
+        MIN(sim_snap_periods_exact(a, c), periods_schedule(f, sim, k_shift, lo, hi));
     const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
                    *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
     periods &= ~(uint64_t)1;
@@ -865,7 +691,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (head == NO_OP || !g_hash_table_contains(f->heads, GUINT_TO_POINTER(head + 1)))
         return FALSE;
     const uint32_t micro = (uint32_t)op_micro(f, sim, head);
-    Snap *c = snap_new(micro, now_s);
+    Snap *c = sim_snap_new(micro, now_s);
     capture_first(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);
     *key = snap_key(micro, w);
@@ -878,14 +704,15 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
-        if (blocked(f, sim, k) || !a || !b || !same_steps(&a->first, &b->first, &c->first))
+        if (blocked(f, sim, k) || !a || !b ||
+            !sim_snap_same_steps(&a->first, &b->first, &c->first))
             continue;
         /* The first tier repeats: the whole state, then, of this instant, kept for the heads
          * to come where the one before lacks it. */
         if (!c->full)
             capture(f, sim, c);
         const gboolean full = a->full && b->full;
-        if (full && !repeats(f, a, b, c))
+        if (full && !sim_snap_repeats(f->steps, f->stages, a, b, c))
             continue;
         f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
@@ -966,7 +793,7 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
         f->shifts[f->n_shifts++] = f->stages;
         f->shifts[f->n_shifts++] = 2 * f->stages;
     }
-    f->snaps = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, snap_free);
+    f->snaps = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, sim_snap_free);
     f->notes = g_array_new(FALSE, FALSE, sizeof(Note));
     sim->fold_watch[0] = sim->fold_watch[1] = NO_OP;
     return f;

@@ -1,0 +1,128 @@
+/* sim_fold_snap: the fold's snapshots of the run and the tests three of them a period apart
+ * must pass to prove a repeat (sim_fold.c says why these make a jump exact). */
+#include "sim_fold_snap.h"
+
+#include <math.h>
+#include <string.h>
+
+Snap *sim_snap_new(uint32_t micro, double now_s)
+{
+    Snap *s = g_new0(Snap, 1);
+    s->micro = micro;
+    s->now_s = now_s;
+    return s;
+}
+
+void sim_snap_free(gpointer p)
+{
+    Snap *s = p;
+    g_free(s->d.d);
+    g_free(s->i.i);
+    g_free(s->lin.i);
+    g_free(s->status.i);
+    g_free(s->refs.i);
+    g_free(s->bytes.i);
+    g_free(s->moves.i);
+    g_free(s->first.d);
+    g_free(s);
+}
+
+
+static gboolean same_ints(const Vec *a, const Vec *b)
+{
+    return a->len == b->len && memcmp(a->i, b->i, a->len * sizeof(int64_t)) == 0;
+}
+
+/* Every op reference either names one op in all three or moves twice by its stage's step,
+ * the same for every moving reference of the stage (steps: [stage], 0 unknown). */
+static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
+{
+    if (a->refs.len != c->refs.len || b->refs.len != c->refs.len)
+        return FALSE;
+    c->moves.len = 0;
+    const int64_t *x = a->refs.i, *y = b->refs.i, *z = c->refs.i;
+    for (size_t k = 0; k < c->refs.len; k += 2) {
+        if (x[k] != y[k] || y[k] != z[k])
+            return FALSE;
+        const int64_t step = y[k + 1] - x[k + 1];
+        if (z[k + 1] - y[k + 1] != step)
+            return FALSE;
+        if (step != 0) {
+            if (x[k] == REF_NONE)
+                return FALSE;
+            if (steps[x[k]] == 0)
+                steps[x[k]] = step;
+            else if (steps[x[k]] != step)
+                return FALSE;
+        }
+        vec_int(&c->moves, step);
+    }
+    return TRUE;
+}
+
+gboolean sim_snap_same_steps(const Vec *x, const Vec *y, const Vec *z)
+{
+    if (x->len != z->len || y->len != z->len)
+        return FALSE;
+    for (size_t k = 0; k < z->len; k++)
+        if (z->d[k] - y->d[k] != y->d[k] - x->d[k])
+            return FALSE;
+    return TRUE;
+}
+
+gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
+                          Snap *c)
+{
+    memset(steps, 0, stages * sizeof *steps);
+    if (!same_ints(&a->i, &b->i) || !same_ints(&b->i, &c->i) || a->d.len != c->d.len ||
+        b->d.len != c->d.len || !same_refs(a, b, c, steps))
+        return FALSE;
+    for (size_t k = 0; k < c->lin.len; k++)
+        if (c->lin.i[k] - b->lin.i[k] != b->lin.i[k] - a->lin.i[k])
+            return FALSE;
+    for (size_t k = 0; k < c->d.len; k++)
+        if (c->d.d[k] - b->d.d[k] != b->d.d[k] - a->d.d[k])
+            return FALSE;
+    return TRUE;
+}
+
+/* A value that moves stays in the binade all three snapshots share (times and sums only grow,
+ * so every value between lies there too), or is a whole number below 2^53 (bytes, which must
+ * be). */
+uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c)
+{
+    uint64_t most = UINT64_MAX;
+    for (size_t k = 0, b = 0; k < c->d.len && most > 0; k++) {
+        const gboolean bytes = b < c->bytes.len && c->bytes.i[b] == (int64_t)k;
+        b += bytes;
+        const double x = a->d.d[k], z = c->d.d[k];
+        const double step = (z - x) / 2; /* exact: a difference on one grid, halved */
+        if (step == 0)
+            continue;
+        if (step < 0 || x < 0) {
+            most = 0;
+            break;
+        }
+        double limit;
+        if (x == floor(x) && step == floor(step) && z < 0x1p53) {
+            limit = 0x1p53;
+        } else if (bytes) {
+            most = 0;
+            break;
+        } else {
+            int ex, ez;
+            frexp(x, &ex);
+            frexp(z, &ez);
+            if (ex != ez || x == 0) {
+                most = 0;
+                break;
+            }
+            limit = ldexp(1.0, ez);
+        }
+        double n = floor((limit - z) / step);
+        while (n > 0 && z + n * step >= limit)
+            n--;
+        most = MIN(most, n > 1e9 ? (uint64_t)1e9 : (uint64_t)n);
+    }
+    return most;
+}
