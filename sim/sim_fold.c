@@ -40,6 +40,8 @@
  * an odd number of grid steps rounds a tie one way and the next the other way, so that only
  * every second period repeats exactly. */
 #define MAX_SHIFTS 4
+/* Periods an interleaved group's shift needs before it can jump (group_first). */
+#define GROUP_PERIODS 5
 /* Notes kept before the ones no snapshot needs are dropped. */
 #define NOTES_TRIM_AT 65536
 /* A recorded period's log (sums added to, timeline cells written). */
@@ -66,6 +68,7 @@ struct SimFold {
     uint32_t *equal_from, *equal_to;
     int64_t *equal_step;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
+    uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
     /* periods_schedule found no room for this shift before op blocked_at of stage
      * blocked_stage, which does not repeat: not tried again until that stage's window is past
      * it (UINT32_MAX: not blocked). */
@@ -544,7 +547,9 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
     return most;
 }
 
-static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
+/* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
+ * two fit (nothing changed). */
+static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
     uint64_t periods =
@@ -578,7 +583,7 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shi
         g_array_free(events, TRUE);
         g_free(lo);
         g_free(hi);
-        return;
+        return FALSE;
     }
     Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods, .f = f,
               .sim = sim};
@@ -602,6 +607,7 @@ static void jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shi
     f->report.jumps++;
     g_free(lo);
     g_free(hi);
+    return TRUE;
 }
 
 /* ---- the run's hooks ---- */
@@ -684,6 +690,24 @@ static void notes_trim(SimFold *f)
     }
 }
 
+/* Whether a jump by d micro-steps inside an interleaved group (up to the group's end at most:
+ * the micro-steps after it do not repeat the ones before) gives way to the group's shift:
+ * a jump drops every snapshot, and the group's shift needs GROUP_PERIODS periods of them
+ * where this fits them all in the binade before the clock's next power of two and in the
+ * micro-steps left. */
+static gboolean group_first(const SimFold *f, const Snap *b, uint32_t d, uint32_t micro,
+                            double now_s)
+{
+    if (f->group == 0 || d >= f->group || now_s <= 0)
+        return FALSE;
+    int e;
+    frexp(now_s, &e);
+    /* A group's period from this shift's: each micro-step of a group runs every chunk. */
+    const double period_s = (now_s - b->now_s) / d * f->group * f->chunks;
+    return now_s + GROUP_PERIODS * period_s < ldexp(1.0, e) &&
+           micro + GROUP_PERIODS * f->group < f->A;
+}
+
 /* Watched rank w's compute stream moved on to op head: a snapshot where it is a head, and a
  * jump where the last three of its kind repeat. TRUE where it jumped. */
 static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double now_s)
@@ -728,11 +752,14 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
         if (full && a->has_status && b->has_status && a->epoch == c->epoch &&
             b->epoch == c->epoch && a->note_at >= f->notes_base &&
             same_status(f, &a->status, &b->status, &c->status)) {
-            jump(f, sim, a, b, c, k);
-            notes_drop(f, sim);
-            return TRUE;
+            /* A shift with no room to jump (a binade's end, or a sub-period: one
+             * micro-step inside an interleaved group repeats the one before it up to
+             * the group's end) leaves the snapshots and the longer shifts alone. */
+            if (!group_first(f, b, d, micro, now_s) && jump(f, sim, a, b, c, k)) {
+                notes_drop(f, sim);
+                return TRUE;
+            }
         }
-        break;
     }
     return FALSE;
 }
@@ -792,6 +819,8 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
         f->shifts[f->n_shifts++] = f->stages;
         f->shifts[f->n_shifts++] = 2 * f->stages;
+        f->group = f->stages;
+        f->chunks = (uint32_t)MAX(sim->sched->plan.pipe.virtual_stages, 1);
     }
     f->snaps = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, sim_snap_free);
     f->notes = g_array_new(FALSE, FALSE, sizeof(Note));

@@ -107,6 +107,12 @@ static const FoldCase cases[] = {
     {"1f1b pp 64", 64, 32000, 0, 1, 1, 64, 1, 256, ZP_PIPE_1F1B, FALSE, TRUE},
     {"interleaved pp 4 v 2", 64, 32000, 0, 2, 1, 4, 2, 128, ZP_PIPE_INTERLEAVED, FALSE, TRUE},
     {"interleaved pp 8 v 2", 64, 32000, 0, 2, 1, 8, 2, 128, ZP_PIPE_INTERLEAVED, FALSE, FALSE},
+    {"interleaved pp 8 v 2 x 512", 64, 32000, 0, 2, 1, 8, 2, 512, ZP_PIPE_INTERLEAVED, FALSE,
+     TRUE},
+    {"interleaved pp 4 v 4 x 256", 64, 32000, 0, 2, 1, 4, 4, 256, ZP_PIPE_INTERLEAVED, FALSE,
+     TRUE},
+    {"interleaved pp 16 v 2 x 512", 64, 32000, 0, 1, 1, 16, 2, 512, ZP_PIPE_INTERLEAVED, FALSE,
+     TRUE},
     {"gpipe pp 4", 65, 1024, 0, 1, 1, 4, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
     {"gpipe pp 8", 64, 32000, 0, 1, 1, 8, 1, 64, ZP_PIPE_GPIPE, FALSE, FALSE},
     {"accumulation, stage 2", 65, 32000, 2, 16, 1, 1, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
@@ -114,10 +120,12 @@ static const FoldCase cases[] = {
 };
 
 /* Folded and stepped event by event, each case gives the same result; those whose steady
- * state repeats (1F1B, interleaved pp 4, GPipe pp 4 with its slowest stage first,
- * accumulation) do jump. Where no three periods repeat exactly (GPipe pp 8, whose last stage
- * falls further behind each micro-step; interleaved pp 8 over 16 groups) nothing is skipped
- * and nothing changes. */
+ * state repeats (1F1B, interleaved, GPipe pp 4 with its slowest stage first, accumulation)
+ * do jump. An interleaved period is a group of pp micro-steps, and a jump needs six of them
+ * repeating within one binade of the clock (three snapshots, each with its two before, then
+ * two periods): interleaved pp 8 over 128 micro-steps has 4.7 periods in [0.25, 0.5) s and
+ * its steady state ends before [0.5, 1) s washes out, so it steps; over 512 it folds. GPipe
+ * pp 8, whose last stage falls further behind each forward, does not repeat there. */
 static void test_fold_equal(void)
 {
     for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
