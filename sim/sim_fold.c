@@ -58,7 +58,7 @@ typedef struct {
 struct SimFold {
     uint32_t A;            /* micro-steps */
     uint32_t stages;
-    GHashTable *heads;     /* 1 + each head op (find_heads) */
+    GHashTable *heads;     /* 1 + each head op -> 1 + its index (find_heads) */
     /* [stage]: its ops' indices, [stage_start, stage_end) (the builder lays a stage's ops
      * out together; checked), worked out the first time the cheap fields repeat (NULL
      * before); lo_hint: no counted op below it is still counting down; equal_from and
@@ -95,19 +95,38 @@ static int32_t op_micro(const SimFold *f, const Sim *sim, uint32_t i)
     return m >= 0 && (uint32_t)m < f->A ? m : -1;
 }
 
+/* Whether a compute op belongs to a micro-step's backward pass. */
+static gboolean backward(const ZpOp *op)
+{
+    static const uint8_t kinds[] = {ZP_COMP_RECOMPUTE, ZP_COMP_BLOCK_BWD, ZP_COMP_EMBED_BWD,
+                                    ZP_COMP_EXPERT_BWD, ZP_COMP_UNPERMUTE_BWD};
+    for (size_t k = 0; op->kind == ZP_OP_COMPUTE && k < G_N_ELEMENTS(kinds); k++)
+        if (op->sub == kinds[k])
+            return TRUE;
+    return FALSE;
+}
+
 /* The watched ranks' (the first and the last stage's) first compute op of each micro-step,
- * each one snapshot's head (interleaved schedules change micro-step at nearly every op). */
+ * each one snapshot's head, numbered by its micro-step (interleaved schedules change
+ * micro-step at nearly every op). GPipe runs every forward before the first backward: its
+ * backward phase, where a slow last stage leads and the others follow, gets heads too, the
+ * first backward op of each micro-step, numbered A + its micro-step. */
 static void find_heads(SimFold *f, const Sim *sim)
 {
-    uint8_t *seen = g_new(uint8_t, f->A);
+    const uint32_t phases = sim->sched->plan.pipe.schedule == ZP_PIPE_GPIPE ? 2 : 1;
+    uint8_t *seen = g_new(uint8_t, (size_t)phases * f->A);
     for (uint32_t w = 0; w < 2; w++) {
-        memset(seen, 0, f->A);
+        memset(seen, 0, (size_t)phases * f->A);
         const size_t first = (size_t)(w ? sim->ranks - 1 : 0) * ZP_STREAM_N + ZP_STREAM_COMPUTE;
         for (uint32_t i = sim->stream_first[first]; i != NO_OP; i = sim->ops[i].stream_next) {
             const int32_t m = op_micro(f, sim, i);
-            if (m >= 0 && !seen[m]) {
-                g_hash_table_add(f->heads, GUINT_TO_POINTER(i + 1));
-                seen[m] = 1;
+            const uint32_t at = (uint32_t)m + (phases > 1 && backward(zp_sched_op(sim->sched, i))
+                                                   ? f->A
+                                                   : 0);
+            if (m >= 0 && !seen[at]) {
+                g_hash_table_insert(f->heads, GUINT_TO_POINTER(i + 1),
+                                    GUINT_TO_POINTER(at + 1));
+                seen[at] = 1;
             }
         }
     }
@@ -712,9 +731,12 @@ static gboolean group_first(const SimFold *f, const Snap *b, uint32_t d, uint32_
  * jump where the last three of its kind repeat. TRUE where it jumped. */
 static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double now_s)
 {
-    if (head == NO_OP || !g_hash_table_contains(f->heads, GUINT_TO_POINTER(head + 1)))
+    const uint32_t at = head == NO_OP ? 0
+                                      : GPOINTER_TO_UINT(g_hash_table_lookup(
+                                            f->heads, GUINT_TO_POINTER(head + 1)));
+    if (at == 0)
         return FALSE;
-    const uint32_t micro = (uint32_t)op_micro(f, sim, head);
+    const uint32_t micro = at - 1; /* the head's number (find_heads) */
     Snap *c = sim_snap_new(micro, now_s);
     capture_first(f, sim, c);
     uint64_t *key = g_new(uint64_t, 1);

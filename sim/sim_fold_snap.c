@@ -99,6 +99,15 @@ uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c)
         const double step = (z - x) / 2; /* exact: a difference on one grid, halved */
         if (step == 0)
             continue;
+        if (step < 0 && bytes && x == floor(x) && step == floor(step) && x < 0x1p53 && z >= 0) {
+            /* Bytes that fall period by period (GPipe's backward phase frees a micro-step's
+             * activations each): whole numbers, exact down to zero. */
+            double n = floor(z / -step);
+            while (n > 0 && z + n * step < 0)
+                n--;
+            most = MIN(most, n > 1e9 ? (uint64_t)1e9 : (uint64_t)n);
+            continue;
+        }
         if (step < 0 || x < 0) {
             most = 0;
             break;

@@ -114,7 +114,8 @@ static const FoldCase cases[] = {
     {"interleaved pp 16 v 2 x 512", 64, 32000, 0, 1, 1, 16, 2, 512, ZP_PIPE_INTERLEAVED, FALSE,
      TRUE},
     {"gpipe pp 4", 65, 1024, 0, 1, 1, 4, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
-    {"gpipe pp 8", 64, 32000, 0, 1, 1, 8, 1, 64, ZP_PIPE_GPIPE, FALSE, FALSE},
+    {"gpipe pp 8", 64, 32000, 0, 1, 1, 8, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
+    {"gpipe pp 8, checkpoints, tp 2", 64, 32000, 1, 2, 2, 8, 1, 96, ZP_PIPE_GPIPE, TRUE, TRUE},
     {"accumulation, stage 2", 65, 32000, 2, 16, 1, 1, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
     {"accumulation, stage 3", 65, 32000, 3, 8, 1, 1, 1, 32, ZP_PIPE_1F1B, FALSE, TRUE},
 };
@@ -125,7 +126,9 @@ static const FoldCase cases[] = {
  * repeating within one binade of the clock (three snapshots, each with its two before, then
  * two periods): interleaved pp 8 over 128 micro-steps has 4.7 periods in [0.25, 0.5) s and
  * its steady state ends before [0.5, 1) s washes out, so it steps; over 512 it folds. GPipe
- * pp 8, whose last stage falls further behind each forward, does not repeat there. */
+ * pp 8's last stage (the head) falls further behind each forward, its backlog of received
+ * activations growing: that phase never repeats; its backward phase, which the last stage
+ * leads, does, freeing a micro-step's activations a period. */
 static void test_fold_equal(void)
 {
     for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
