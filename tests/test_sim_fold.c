@@ -229,17 +229,18 @@ static void test_fold_refused(void)
  * a few of what exact repetition allows: each crossing of a power of two (16, 32 and 64 s)
  * coarsens the time grid mid-period and the rounding it leaves takes one round trip of the
  * pipeline (about 50 micro-steps here) to wash out (sim_fold.c, "Where it stops"). */
-static void test_fold_megatron_1t(void)
+/* `zplan simulate ARGS --json` folds at least min_micro_steps micro-steps and prints what
+ * --no-fold prints, the fold report and the event counts aside. */
+static void assert_json_folds(const char *args, int64_t min_micro_steps)
 {
-    const char *args = "simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 "
-                       "--pp 64 --stage 0 --micro-batch 1 --grad-accum 512 --checkpoint "
-                       "--precision fp16 --attention eager --json";
     json_t *folded = tu_zplan_json(args);
     char *no_fold = g_strdup_printf("%s --no-fold", args);
     json_t *stepped = tu_zplan_json(no_fold);
     g_free(no_fold);
     json_t *fold = json_object_get(folded, "fold");
-    g_assert_cmpint(json_integer_value(json_object_get(fold, "micro_steps")), >=, 254);
+    g_test_message("%s: %s", args, json_string_value(json_object_get(fold, "note")));
+    g_assert_cmpint(json_integer_value(json_object_get(fold, "micro_steps")), >=,
+                    min_micro_steps);
     g_assert_cmpint(json_integer_value(json_object_get(json_object_get(stepped, "fold"),
                                                        "micro_steps")), ==, 0);
     const char *const aside[] = {"fold", "op_events", "heap_events"};
@@ -252,6 +253,36 @@ static void test_fold_megatron_1t(void)
     g_assert_true(json_equal(folded, stepped));
     json_decref(folded);
     json_decref(stepped);
+}
+
+static void test_fold_megatron_1t(void)
+{
+    assert_json_folds("simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 "
+                      "--pp 64 --stage 0 --micro-batch 1 --grad-accum 512 --checkpoint "
+                      "--precision fp16 --attention eager --json",
+                      254);
+}
+
+/* Interleaved and GPipe schedules through the CLI: gpt-13b on 64 GPUs. Interleaved pp 4 v 4
+ * (a group's shift, 4 micro-steps) and GPipe pp 8 (its backward phase) stepped everything
+ * before; interleaved pp 8 v 2 over 512 micro-batches folds as before. */
+static void test_fold_json_schedules(void)
+{
+    static const struct {
+        const char *plan;
+        int64_t min_micro_steps;
+    } plans[] = {
+        {"--pp 4 --pp-schedule interleaved --virtual-stages 4 --grad-accum 256", 128},
+        {"--pp 8 --pp-schedule interleaved --virtual-stages 2 --grad-accum 512", 288},
+        {"--pp 8 --pp-schedule gpipe --grad-accum 64", 40},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        char *args = g_strdup_printf("simulate --model gpt-13b --cluster dgx-a100-80g --gpus 64 "
+                                     "--mp 1 --stage 0 --micro-batch 1 --checkpoint %s --json",
+                                     plans[k].plan);
+        assert_json_folds(args, plans[k].min_micro_steps);
+        g_free(args);
+    }
 }
 
 /* Every figure of two replays of the caching allocator, bit for bit. */
@@ -393,6 +424,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
+    g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
     return sim_common_run();
