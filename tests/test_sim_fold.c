@@ -320,6 +320,10 @@ static void test_fold_alloc_replay(void)
         assert_same_alloc(&folded, &full);
         if (c->pp >= 8 && c->schedule == ZP_PIPE_1F1B)
             g_assert_cmpuint(folded.folded_events, >, 0);
+        /* Its heads compared with those a group of pp before, not the last: 7,888 skipped
+         * when every group's edge looked like a transient. */
+        if (strcmp(c->what, "interleaved pp 4 v 4 x 256") == 0)
+            g_assert_cmpuint(folded.folded_events, >=, 9808);
         const double capacity = 0.9 * full.peak_reserved_bytes;
         const ZpAllocStats full_oom = zp_alloc_replay_schedule_folded(s, capacity, FALSE);
         const ZpAllocStats folded_oom = zp_alloc_replay_schedule(s, capacity);

@@ -283,7 +283,11 @@ ZpAllocStats zp_alloc_replay_stats(const ZpAllocReplay *a)
  * same point of the same state), and the periods are skipped whole: the live handles renamed
  * to those allocated n periods on, nothing else changed. k is rarely 1: a stage keeping m
  * micro-batches' activations hands the block the oldest freed to the newest, so that their
- * blocks turn round once in m micro-steps (1F1B's stage s keeps pp - s). */
+ * blocks turn round once in m micro-steps (1F1B's stage s keeps pp - s). GPipe never
+ * repeats here: its forward phase keeps every micro-batch's activations and its backward
+ * phase frees them one micro-step at a time, so the allocated bytes at its heads rise, then
+ * fall, by a micro-step's activations each (the simulator folds its backward phase, whose
+ * times repeat; the allocator's state does not). */
 
 /* One alloc or free of the sequence. plain: a buffer's own alloc of some bytes, or the free
  * of one (the model states, the contiguous regions, the retaken state copies and anything
@@ -322,14 +326,21 @@ typedef struct {
     GArray *blocks; /* HeadBlock by address, or NULL: not taken */
 } Head;
 
-/* A stage's steady heads so far: the last one's figures; each state's probe hash
- * (probe_hash) -> the last head that had it, MAX_HEADS at most; and a candidate: a head whose
- * hash an earlier one had, `period` events before, with its blocks, to compare exactly with
- * the head a period after it. */
+/* A stage's steady heads so far: the last `group` heads' figures (a ring: recent[taken %
+ * group] is the one `group` heads back); each state's probe hash (probe_hash) -> the last head
+ * that had it, MAX_HEADS at most; and a candidate: a head whose hash an earlier one had,
+ * `period` events before, with its blocks, to compare exactly with the head a period after
+ * it. group is 1, or pp for an interleaved schedule: its micro-steps run in groups of pp
+ * through each chunk (zp_pipe.c interleaved_action), so that a head's figures are those of
+ * the head a group before, not the one before (the group's last head holds one block more
+ * and its free blocks differ: every group's edge looked like a transient, and the heads a
+ * period apart were dropped before they met). */
 #define MAX_HEADS 4096
 
 typedef struct {
-    Head last;
+    Head *recent;
+    uint32_t group;
+    uint64_t taken;
     GHashTable *by_hash;
     Head candidate;
     uint64_t period;
@@ -676,12 +687,18 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
     return ok;
 }
 
+/* Drops the candidate and the hashes: the heads before cannot be a fold's. */
+static void candidates_clear(Heads *h)
+{
+    head_clear(&h->candidate);
+    h->candidate.at = UINT64_MAX;
+    g_hash_table_remove_all(h->by_hash);
+}
+
 static void heads_clear(Heads *h)
 {
-    head_clear(&h->last);
-    head_clear(&h->candidate);
-    h->last.at = h->candidate.at = UINT64_MAX;
-    g_hash_table_remove_all(h->by_hash);
+    candidates_clear(h);
+    h->taken = 0;
 }
 
 /* Tries the fold at head e, the candidate's head a period on: where the blocks are the
@@ -699,19 +716,21 @@ static uint64_t try_fold(Seq *q, Heads *h, GArray *fixed, const Head *now)
     return e + periods * h->period;
 }
 
-/* At head e, in a steady state (its figures are the last head's): where a head before had
- * the same hash, this one becomes the candidate, tried (try_fold) at the head a period on.
- * The next event. */
+/* At head e, in a steady state (its figures are those of the head a group before): where a
+ * head before had the same hash, this one becomes the candidate, tried (try_fold) at the head
+ * a period on. The next event. */
 static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
 {
     Head now;
     head_take(q, &now, e);
-    if (h->last.at == UINT64_MAX || !same_figures(&h->last, &now)) {
-        heads_clear(h); /* not (yet) a steady state */
-        h->last = now;
+    Head *back = &h->recent[h->taken % h->group];
+    const gboolean steady = h->taken >= h->group && same_figures(back, &now);
+    *back = now; /* figures only: blocks are never taken for it */
+    h->taken++;
+    if (!steady) {
+        candidates_clear(h); /* not (yet) a steady state */
         return e;
     }
-    h->last = now;
     if (h->candidate.at != UINT64_MAX && e >= h->candidate.at + h->period) {
         uint64_t next = e;
         if (e == h->candidate.at + h->period) {
@@ -758,8 +777,11 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     for (int c = 0; q.ok && c < ZP_MEM_N; c++)
         if (s->state_bytes[c] > 0)
             q.ok = zp_alloc_replay_malloc(q.a, STATE_HANDLE(c), s->state_bytes[c]);
-    Heads heads = {.last.at = UINT64_MAX, .candidate.at = UINT64_MAX,
+    const gboolean interleaved = s->plan.pipe.schedule == ZP_PIPE_INTERLEAVED;
+    Heads heads = {.candidate.at = UINT64_MAX,
+                   .group = (uint32_t)MAX(interleaved ? zp_plan_pp(&s->plan) : 1, 1),
                    .by_hash = g_hash_table_new(g_direct_hash, g_direct_equal)};
+    heads.recent = g_new0(Head, heads.group);
     GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     for (uint64_t e = 0; q.ok && e < q.n_ev;) {
         if (q.alloc_event && (q.ev[e].flags & SEQ_HEAD)) {
@@ -776,6 +798,7 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     }
     heads_clear(&heads);
     g_hash_table_destroy(heads.by_hash);
+    g_free(heads.recent);
     g_array_free(fixed, TRUE);
     g_hash_table_destroy(q.in_region);
     g_free(q.alloc_event);
