@@ -859,6 +859,15 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
         g_snprintf(report->note, sizeof report->note,
                    "folded: %u micro-steps of every stage skipped in %u jumps",
                    f->report.micro_steps, f->report.jumps);
+    else if (!f->refused && f->group > 0)
+        /* A group's jump needs its snapshots over four groups and two more to jump, all in
+         * one binade of the clock and past the transient a binade's crossing leaves (about a
+         * pipeline round trip): Megatron's interleaved rows of 6 to 9 groups never have that
+         * room, and a jump inside a group finds no room either where a group is short. */
+        g_snprintf(report->note, sizeof report->note,
+                   "not folded: no steady state repeated exactly (interleaved: %u groups of %u "
+                   "micro-steps; a group's jump needs 6 in one binade of the clock)",
+                   f->A / f->group, f->group);
     else
         g_snprintf(report->note, sizeof report->note, "not folded: %s",
                    f->refused ? f->refused : "no steady state repeated exactly");

@@ -143,6 +143,8 @@ static void test_fold_equal(void)
         g_assert_true(g_str_has_prefix(stepped->fold_note, "not folded: turned off"));
         if (c->must_fold)
             g_assert_cmpuint(folded->fold_jumps, >, 0);
+        else if (c->schedule == ZP_PIPE_INTERLEAVED) /* the note says why */
+            g_assert_nonnull(strstr(folded->fold_note, "interleaved: 16 groups of 8"));
         sim_result_free(folded);
         sim_result_free(stepped);
         zp_sched_free(s);
