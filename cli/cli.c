@@ -221,27 +221,34 @@ gboolean cli_precision_optimizer(const char *precision_flag, const char *optimiz
                                                   error));
 }
 
-gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
-                              const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
-                              GError **error)
+void cli_attention_default(const ZpHw *hw, ZpPrecision precision, ZpPlan *plan)
 {
-    plan->reduce_dtype = ZP_REDUCE_GRAD;
-    if (!attention_flag && !hw && precision != ZP_PREC_FP32) {
+    cli_default_retract("--attention");
+    if (!hw && precision != ZP_PREC_FP32) {
         /* No cluster: the fused kernel PyTorch's scaled-dot-product attention picks for 16-bit
          * inputs on every GPU from Ampere on (FlashAttention-2), not the eager scores that no
          * one trains with. */
         plan->attention = ZP_ATTN_FLASH2;
         cli_default_taken("--attention", "%s attention (no --cluster: PyTorch SDPA's choice on "
                           "A100 and later)", zp_attention_name(plan->attention));
-    } else if (!zp_hw_attention_choose(hw, attention_flag, precision, "--attention",
-                                       &plan->attention, error)) {
-        return FALSE;
-    } else if (!attention_flag) {
-        char why[512];
-        zp_hw_attention_default(hw, precision, why, sizeof why);
-        cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
-                          why);
+        return;
     }
+    char why[512];
+    plan->attention = zp_hw_attention_default(hw, precision, why, sizeof why);
+    cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
+                      why);
+}
+
+gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
+                              const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
+                              GError **error)
+{
+    plan->reduce_dtype = ZP_REDUCE_GRAD;
+    if (!attention_flag)
+        cli_attention_default(hw, precision, plan);
+    else if (!zp_hw_attention_choose(hw, attention_flag, precision, "--attention",
+                                     &plan->attention, error))
+        return FALSE;
     plan->attention_unrated = zp_hw_attention_unrated(hw, plan->attention);
     return !reduce_flag ||
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);

@@ -125,6 +125,11 @@ gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **
  * name fails naming the flag and listing the inventories. */
 gboolean cli_kernels(const char *kernels_flag, ZpPlan *plan, GError **error);
 
+/* No --attention: PyTorch SDPA's choice for the precision on the cluster's GPU
+ * (zp_hw_attention_default; FlashAttention-2 without a cluster in 16 bits) into
+ * plan->attention, said once on the defaults line (replacing what it said before). */
+void cli_attention_default(const ZpHw *hw, ZpPrecision precision, ZpPlan *plan);
+
 gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_flag,
                               const ZpHw *hw, ZpPrecision precision, ZpPlan *plan,
                               GError **error);

@@ -257,15 +257,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
      * kernel, PyTorch SDPA's choice follows the dtype the step runs in; a named one must run
      * in it (zp_hw_attention_check: FlashAttention takes no fp32). */
     if (ok && !f->attention && !config_kernel && plan->precision != launch.precision) {
-        ok = zp_hw_attention_choose(hw, NULL, plan->precision, "--attention", &plan->attention,
-                                    error);
         /* The defaults line spoke of the launch's dtype and kernel: say the config's. */
-        char why[512];
-        zp_hw_attention_default(hw, plan->precision, why, sizeof why);
-        cli_default_retract("--precision");
-        cli_default_retract("--attention");
-        cli_default_taken("--attention", "%s attention (%s)", zp_attention_name(plan->attention),
-                          why);
+        cli_attention_default(hw, plan->precision, plan);
     } else if (ok && config_kernel) {
         cli_default_retract("--attention");
     }
