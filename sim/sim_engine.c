@@ -326,7 +326,8 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
     for (uint32_t i = 0; i < f->count; i++)
         most = MAX(most, sim->link_load[member[i] * SIM_LINK_N + link]);
     f->share = 1.0 / most;
-    const double end_s = f->transfer_from_s + f->remaining_s / f->share;
+    /* On the clock's grid (sim_clock_q): the remaining bytes are not a time and need none. */
+    const double end_s = f->transfer_from_s + sim_clock_q(f->remaining_s / f->share);
     if (end_s != f->end_s) {
         f->end_s = end_s;
         queue_push(&sim->queue, end_s, EVENT_FLOW | slot, ++f->version);
@@ -392,17 +393,18 @@ static void settle_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s
     double added_s;
     if (run->started) {
         /* As start_timed_op times an op without contention. */
-        const double duration_s =
+        const double duration_s = sim_clock_q(
             (sim->compute_scale ? op->duration_s * sim->compute_scale[rank] : op->duration_s) *
-            (slowed ? sim->contention : 1);
+            (slowed ? sim->contention : 1));
         run->end_s = now_s + duration_s;
         run->started = 0;
         added_s = duration_s;
     } else {
         if (run->end_s < 0 || slowed == run->slowed)
             return;
-        const double end_s = now_s + (run->end_s - now_s) *
-                                         (slowed ? sim->contention : 1 / sim->contention);
+        const double end_s =
+            now_s + sim_clock_q((run->end_s - now_s) *
+                                (slowed ? sim->contention : 1 / sim->contention));
         added_s = end_s - run->end_s;
         run->end_s = end_s;
     }
@@ -471,11 +473,11 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
     f->arrived = 0;
     f->active = TRUE;
     f->start_s = now_s;
-    f->transfer_from_s = now_s + op->latency_s;
+    f->transfer_from_s = now_s + sim_clock_q(op->latency_s);
     f->remaining_s = op->link == SIM_LINK_INTER ? op->transfer_s * f->inter_scale
                                                 : op->transfer_s;
     f->share = 1.0;
-    f->end_s = f->transfer_from_s + f->remaining_s;
+    f->end_s = f->transfer_from_s + sim_clock_q(f->remaining_s);
     queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     const uint32_t *member = &sim->members[f->member_start];
     for (uint32_t i = 0; i < f->count; i++) {
@@ -523,8 +525,8 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
             return;
         }
         const double duration_s =
-            sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
-                                      : op->duration_s;
+            sim_clock_q(sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
+                                                  : op->duration_s);
         ADD_SUM(sim, rb->busy_s[stream], duration_s);
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
             ADD_SUM(sim, rb->optimizer_s, duration_s);
@@ -539,11 +541,12 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
     /* p2p: the sender's share of its link, no group to wait for. An isend: the rank does not
      * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
      * in the pipeline's bubble). */
-    ADD_SUM(sim, sim->busy[rank].busy_s[stream], op->duration_s);
+    const double duration_s = sim_clock_q(op->duration_s);
+    ADD_SUM(sim, sim->busy[rank].busy_s[stream], duration_s);
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE)
         SET_CELL(sim, op_start_s, at, now_s);
-    queue_push(&sim->queue, now_s + op->duration_s, rank, i);
+    queue_push(&sim->queue, now_s + duration_s, rank, i);
 }
 
 /* Starts op i, the next of a rank's idle stream, its dependencies done: a collective counts

@@ -214,7 +214,9 @@ static void test_one_collective(void)
 {
     ZpSchedule *s = hand_schedule(8, 1);
     add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
-    const double want = 8.4 * US + 14 * 3.4 * US + 2.0 * 7 / 8 * GIB / 230e9;
+    /* The latency and the transfer each on the clock's grid (sim_clock_q). */
+    const double want =
+        sim_clock_q(8.4 * US + 14 * 3.4 * US) + sim_clock_q(2.0 * 7 / 8 * GIB / 230e9);
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
         assert_close(r->step_time_s, want, 1e-12);
@@ -237,15 +239,18 @@ static void test_chain_and_overlap(void)
     const ZpOp memory = {.kind = ZP_OP_COMPUTE, .sub = ZP_COMP_OPTIMIZER, .mem_bytes = 2.039e9};
     const uint32_t first = add_op(s, math, NULL, 0);
     add_op(s, memory, &first, 1);
-    const double chain_s = 1e12 / (312e12 * 0.807) + 1e-3;
+    /* Each op's duration on the clock's grid (sim_clock_q). */
+    const double math_s = sim_clock_q(1e12 / (312e12 * 0.807)), memory_s = sim_clock_q(1e-3);
+    const double chain_s = math_s + memory_s;
     SimResult *r = run(s, &a100, SIM_MODE_FOLDED);
     assert_close(r->step_time_s, chain_s, 1e-12);
-    assert_close(r->compute_s, 1e12 / (312e12 * 0.807), 1e-12);
-    assert_close(r->optimizer_s, 1e-3, 1e-12);
+    assert_close(r->compute_s, math_s, 1e-12);
+    assert_close(r->optimizer_s, memory_s, 1e-12);
     g_assert_cmpfloat(r->model_flops, ==, 1e12);
     sim_result_free(r);
     add_op(s, allreduce(64e6, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
-    const double coll_s = 8.4 * US + 14 * 3.4 * US + 2.0 * 7 / 8 * 64e6 / 230e9;
+    const double coll_s =
+        sim_clock_q(8.4 * US + 14 * 3.4 * US) + sim_clock_q(2.0 * 7 / 8 * 64e6 / 230e9);
     r = run(s, &a100, SIM_MODE_EXPLICIT);
     assert_close(r->step_time_s, MAX(chain_s, coll_s), 1e-12);
     g_assert_cmpfloat(r->exposed_comm_s, ==, 0);
@@ -260,7 +265,10 @@ static void test_bandwidth_sharing(void)
     ZpSchedule *s = hand_schedule(8, 1);
     add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_DP), NULL, 0);
     add_op(s, allreduce(GIB, ZP_GROUP_DP, ZP_STREAM_TP), NULL, 0);
-    const double want = 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 230e9);
+    /* The latency, then the transfer at half the rate (its end requeued on the clock's grid
+     * when the second starts: sim_clock_q). */
+    const double latency_s = sim_clock_q(8.4 * US + 14 * 3.4 * US);
+    const double want = latency_s + sim_clock_q(2 * (2.0 * 7 / 8 * GIB / 230e9));
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
         assert_close(r->step_time_s, want, 1e-12);
@@ -269,7 +277,7 @@ static void test_bandwidth_sharing(void)
     /* One after the other on the same stream: no sharing, the same total. */
     g_array_index(s->ops, ZpOp, 1).stream = ZP_STREAM_DP;
     SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
-    assert_close(r->step_time_s, 2 * (8.4 * US + 14 * 3.4 * US) + 2 * 2.0 * 7 / 8 * GIB / 230e9,
+    assert_close(r->step_time_s, 2 * (latency_s + sim_clock_q(2.0 * 7 / 8 * GIB / 230e9)),
                  1e-12);
     sim_result_free(r);
     zp_sched_free(s);

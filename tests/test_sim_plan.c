@@ -144,7 +144,14 @@ static void test_explicit_equals_folded(void)
  * mp > 1 when issue 18 laid out each tensor rank's Megatron shard, with the vocab-parallel
  * embedding's and head's collectives: those of mp 1 did not move; and the peak memory
  * alone when the LayerNorms' fp32 statistics, 16 s b bytes a block, entered the activation
- * formula: every time, count and hash stayed). */
+ * formula: every time, count and hash stayed; and every time when the clock took its fixed
+ * grid of 2^-30 s, issue 40 (sim_clock_q: each duration rounded to the nearest 0.93 ns):
+ * 214 of the 300 figures moved, a step time by 117 ns at most (plan 12's 99.6 s, 1.2e-9) and
+ * by 4.98e-6 of itself at most (plan 4's 5.7 ms, by 28.5 ns); any time by 367 ns at most
+ * (plan 13's TP busy time, 7.1e-7 of 0.51 s: its like collectives round alike, so their
+ * errors add); the largest relative change 2.9e-5 (plan 7's optimizer time, 13.6 us, by
+ * 0.40 ns: one op's rounding). Idle times that were rounding residues (2^-60 to 3.8e-13 s)
+ * are now exactly 0; bytes, event counts and the report rank stayed. */
 /* The plans: sim_common's frozen_plans. */
 
 /* step, exposed comm, compute, optimizer, idle, peak memory, peak model states, and the
@@ -157,36 +164,36 @@ static const struct {
     int report_rank;
     uint64_t op_events, heap_events, timeline_hash;
 } frozen[] = {
-    {0, 0, {0x1.3fd4f36202bbdp-7, 0x1.e4e8e02095461p-9, 0x1.54d57d26d491ep-8, 0x1.c2ffcc6732161p-11, 0x0p+0, 0x1.930bep+30, 0x1.ddeb8p+29, 0x1.8d3576b3bad4ap-8, 0x1.7a80723fcb292p-9, 0x1.e3275b16cf00bp-11}, 0, 117u, 83u, 0xf75a9bec21e42b6fu},
-    {0, 1, {0x1.3fd4f36202bbdp-7, 0x1.e4e8e02095461p-9, 0x1.54d57d26d491ep-8, 0x1.c2ffcc6732161p-11, 0x0p+0, 0x1.930bep+30, 0x1.ddeb8p+29, 0x1.8d3576b3bad4ap-8, 0x1.7a80723fcb292p-9, 0x1.e3275b16cf00bp-11}, 0, 3744u, 1720u, 0xde1eb9bfc8ef7043u},
-    {1, 0, {0x1.d74b51818ffa6p-7, 0x1.0165a91ca86c4p-8, 0x1.54d57d26d4922p-7, 0x1.c2ffcc6732161p-15, 0x1p-60, 0x1.d60e2ap+29, 0x1.1bc3d4p+28, 0x1.56987cf33bc43p-7, 0x1.81d77e961ac0cp-9, 0x1.e3275b16cf012p-10}, 0, 233u, 165u, 0x23833afee2b957e8u},
-    {1, 1, {0x1.d74b51818ffa6p-7, 0x1.0165a91ca86c4p-8, 0x1.54d57d26d4922p-7, 0x1.c2ffcc6732161p-15, 0x1p-60, 0x1.d60e2ap+29, 0x1.1bc3d4p+28, 0x1.56987cf33bc43p-7, 0x1.81d77e961ac0cp-9, 0x1.e3275b16cf012p-10}, 0, 7456u, 3408u, 0xda317b94c2a1df83u},
-    {2, 0, {0x1.2e50fbbb742d5p-7, 0x1.02b3a3928c544p-8, 0x1.565c2d02f51acp-8, 0x1.c91370b375e7cp-15, 0x0p+0, 0x1.e24aap+27, 0x1.c6164p+26, 0x1.59ee53e45c069p-8, 0x1.44cc2963219fap-9, 0x1.f939c941ab596p-10}, 0, 177u, 119u, 0xda6d9acb76689b95u},
-    {2, 1, {0x1.2e50fbbb742d5p-7, 0x1.02b3a3928c544p-8, 0x1.565c2d02f51acp-8, 0x1.c91370b375e7cp-15, 0x0p+0, 0x1.e24aap+27, 0x1.c6164p+26, 0x1.59ee53e45c069p-8, 0x1.44cc2963219fap-9, 0x1.f939c941ab596p-10}, 0, 5664u, 1896u, 0x15ca146717f7e803u},
-    {3, 0, {0x1.314ba8e1c96eap-6, 0x1.4d94a56f55f4ap-8, 0x1.ba09ff3f80b12p-7, 0x1.c2ffcc6732161p-15, 0x0p+0, 0x1.6f82cp+28, 0x1.ddeb8p+25, 0x1.bbccff0be7e33p-7, 0x1.5bd222d197f94p-7, 0x1.649ef4b2b4a12p-9}, 0, 510u, 290u, 0xe315fd389ecfd783u},
-    {3, 1, {0x1.314ba8e1c96eap-6, 0x1.4d94a56f55f4ap-8, 0x1.ba09ff3f80b12p-7, 0x1.c2ffcc6732161p-15, 0x0p+0, 0x1.6f82cp+28, 0x1.ddeb8p+25, 0x1.bbccff0be7e33p-7, 0x1.5bd222d197f94p-7, 0x1.649ef4b2b4a12p-9}, 0, 16320u, 5050u, 0x3968db6305caa4c3u},
-    {4, 0, {0x1.770bba66b1523p-8, 0x1.8ed372795e56cp-10, 0x1.050e4242be0d6p-8, 0x1.c91370b375e7cp-13, 0x0p+0, 0x1.7044ap+29, 0x1.e45cp+27, 0x1.1356ddc859bcap-8, 0x1.8929be896acf3p-11, 0x1.72f581a90d574p-10}, 0, 190u, 156u, 0xaf1cd204adc2c781u},
-    {4, 1, {0x1.770bba66b1523p-8, 0x1.8ed372795e56cp-10, 0x1.050e4242be0d6p-8, 0x1.c91370b375e7cp-13, 0x0p+0, 0x1.7044ap+29, 0x1.e45cp+27, 0x1.1356ddc859bcap-8, 0x1.8929be896acf3p-11, 0x1.72f581a90d574p-10}, 0, 1520u, 528u, 0x1e401390e78c6bc3u},
-    {5, 0, {0x1.bb043fbe2536ap-7, 0x1.7c8b0d96cf705p-9, 0x1.54d57d26d4922p-7, 0x1.c2ffcc6732161p-13, 0x1.4p-59, 0x1.084316p+30, 0x1.4891e8p+28, 0x1.5be17c58715a8p-7, 0x1.4f7463aa766dp-10, 0x1.0211cd74828cdp-9}, 0, 245u, 205u, 0x49da091bbf74213bu},
-    {5, 1, {0x1.bb043fbe2536ap-7, 0x1.7c8b0d96cf705p-9, 0x1.54d57d26d4922p-7, 0x1.c2ffcc6732161p-13, 0x1.4p-59, 0x1.084316p+30, 0x1.4891e8p+28, 0x1.5be17c58715a8p-7, 0x1.4f7463aa766dp-10, 0x1.0211cd74828cdp-9}, 0, 1960u, 944u, 0x9bd82e653a96c2c3u},
-    {6, 0, {0x1.4fd9afa3e521ep-7, 0x1.531eecbd0f30ap-9, 0x1.f463f2ef019bp-8, 0x1.bff5fa41102d4p-16, 0x1p-58, 0x1.7d0595p+30, 0x1.dab34p+24, 0x1.f623e8e942ab3p-8, 0x1.2384878ad3494p-7, 0x0p+0}, 0, 154u, 62u, 0x6edc8f9d53471e30u},
-    {6, 1, {0x1.4fd9afa3e521ep-7, 0x1.531eecbd0f30ap-9, 0x1.f463f2ef019bp-8, 0x1.bff5fa41102d4p-16, 0x1p-58, 0x1.7d0595p+30, 0x1.dab34p+24, 0x1.f623e8e942ab3p-8, 0x1.2384878ad3494p-7, 0x0p+0}, 0, 9856u, 1826u, 0x10c3e971ff66203u},
-    {7, 0, {0x1.48aef1e33e355p-6, 0x1.3a8f71e75a727p-7, 0x1.565c2d02f51bp-7, 0x1.c91370b375e7cp-17, 0x0p+0, 0x1.969c4p+27, 0x1.e45cp+23, 0x1.56ce71df21f88p-7, 0x1.c880bcd42f816p-7, 0x1.f939c941ab597p-9}, 0, 498u, 286u, 0x1cca4e0474cfeafdu},
-    {7, 1, {0x1.48aef1e33e355p-6, 0x1.3a8f71e75a727p-7, 0x1.565c2d02f51bp-7, 0x1.c91370b375e7cp-17, 0x0p+0, 0x1.969c4p+27, 0x1.e45cp+23, 0x1.56ce71df21f88p-7, 0x1.c880bcd42f816p-7, 0x1.f939c941ab597p-9}, 0, 63744u, 15140u, 0xb1b202d0ac1d4b83u},
-    {8, 0, {0x1.ed563332ccfe4p-7, 0x1.ffe39f75e6d6dp-9, 0x1.6c08b4d324125p-7, 0x1.5496822f363a3p-15, 0x0p+0, 0x1.b1ef9p+29, 0x1.3e9dp+24, 0x1.6d5d4b5553489p-7, 0x1.78104c11b33a7p-7, 0x1.52959f647e2e6p-10}, 0, 196u, 110u, 0x90378052f001fd6eu},
-    {8, 1, {0x1.ed563332ccfe4p-7, 0x1.ffe39f75e6d6dp-9, 0x1.6c08b4d324125p-7, 0x1.5496822f363a3p-15, 0x0p+0, 0x1.b1ef9p+29, 0x1.3e9dp+24, 0x1.6d5d4b5553489p-7, 0x1.78104c11b33a7p-7, 0x1.52959f647e2e6p-10}, 0, 18816u, 5198u, 0xf8c7c5b8979fdb03u},
-    {9, 0, {0x1.93fe9273851a8p-7, 0x1.8a66917bbe374p-8, 0x1.9cdd1b8d99de5p-8, 0x1.72efbb643f62cp-17, 0x0p+0, 0x1.969c4p+27, 0x1.1073cp+27, 0x1.9d96936b4bfep-8, 0x1.af716105175b8p-10, 0x1.2ea143ab273fap-8}, 0, 505u, 347u, 0x63247dd362e73e80u},
-    {9, 1, {0x1.93fe9273851a8p-7, 0x1.8a66917bbe374p-8, 0x1.9cdd1b8d99de5p-8, 0x1.72efbb643f62cp-17, 0x0p+0, 0x1.969c4p+27, 0x1.1073cp+27, 0x1.9d96936b4bfep-8, 0x1.af716105175b8p-10, 0x1.2ea143ab273fap-8}, 0, 48480u, 16744u, 0x5c0ea18eac37c03u},
-    {10, 0, {0x1.4de9b377c5819p-7, 0x1.f695ed1a2c75cp-14, 0x1.47358098c1d82p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.49fc879d9128bp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 190u, 74u, 0xadf4b3189d0e8a8eu},
-    {10, 1, {0x1.4de9b377c5819p-7, 0x1.f695ed1a2c75cp-14, 0x1.47358098c1d82p-7, 0x1.63838267a8449p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.49fc879d9128bp-7, 0x1.73d99b5a5fe6ap-11, 0x0p+0}, 0, 3040u, 674u, 0x7136d637aebb6e43u},
-    {11, 0, {0x1.03eed291939bcp-6, 0x1.27ebd82e189p-12, 0x1.f910385817d1fp-7, 0x1.63838267a8449p-13, 0x0p+0, 0x1.ba6c7bp+30, 0x1.bd080cp+28, 0x1.fe9e4661b673p-7, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 170u, 76u, 0xf2ff3b6590173d38u},
-    {11, 1, {0x1.03eed291939bcp-6, 0x1.27ebd82e189p-12, 0x1.f910385817d1fp-7, 0x1.63838267a8449p-13, 0x0p+0, 0x1.ba6c7bp+30, 0x1.bd080cp+28, 0x1.fe9e4661b673p-7, 0x1.92b7d05d7838p-12, 0x0p+0}, 0, 1360u, 461u, 0xbe6fc63907422bb3u},
-    {12, 0, {0x1.8e54cef694756p+6, 0x1.00a3d10bd1a9bp+5, 0x1.0df50ebb454c9p+6, 0x1.baf6acca4904p-7, 0x1.bp-42, 0x1.095258b2p+36, 0x1.d567959p+33, 0x1.0e02e670ab9eep+6, 0x1.00a421eea8abdp+5, 0x0p+0}, 0, 2067u, 777u, 0x999f5cdd1318345au},
-    {12, 1, {0x1.8e54cef694756p+6, 0x1.00a3d10bd1a9bp+5, 0x1.0df50ebb454c9p+6, 0x1.baf6acca4904p-7, 0x1.bp-42, 0x1.095258b2p+36, 0x1.d567959p+33, 0x1.0e02e670ab9eep+6, 0x1.00a421eea8abdp+5, 0x0p+0}, 0, 2116608u, 397701u, 0x67d3448e7be1383u},
-    {13, 0, {0x1.3c420d6681d2ap+5, 0x1.ee221c8e99677p+4, 0x1.1455309deb1c8p+3, 0x1.bb2f7ba576417p-7, 0x1.8p-45, 0x1.055c8bep+35, 0x1.d5a3c88p+33, 0x1.14c3fc7cd47a1p+3, 0x1.eb66a4350f413p+4, 0x1.073a5647e8755p-1}, 0, 2838u, 1548u, 0xf0facc07dee6f88u},
-    {13, 1, {0x1.3c420d6681d2ap+5, 0x1.ee221c8e99677p+4, 0x1.1455309deb1c8p+3, 0x1.bb2f7ba576417p-7, 0x1.8p-45, 0x1.055c8bep+35, 0x1.d5a3c88p+33, 0x1.14c3fc7cd47a1p+3, 0x1.eb66a4350f413p+4, 0x1.073a5647e8755p-1}, 0, 2906112u, 499112u, 0xa5e825a52e85e383u},
-    {14, 0, {0x1.5a489996f050dp+0, 0x1.be59ef49a2955p-1, 0x1.eb7d84a33e638p-2, 0x1.e2064a7b66f7fp-11, 0x1.ap-50, 0x1.c75d424p+31, 0x1.fecc17p+29, 0x1.ec6e87c87c17p-2, 0x1.ba23dd90c21a3p-1, 0x1.8df0a982e943cp-6}, 0, 1634u, 926u, 0x6f97e476f25ce843u},
-    {14, 1, {0x1.5a489996f050dp+0, 0x1.be59ef49a2955p-1, 0x1.eb7d84a33e638p-2, 0x1.e2064a7b66f7fp-11, 0x1.ap-50, 0x1.c75d424p+31, 0x1.fecc17p+29, 0x1.ec6e87c87c17p-2, 0x1.ba23dd90c21a3p-1, 0x1.8df0a982e943cp-6}, 0, 313728u, 94466u, 0xd9e0f6ad5ccef783u},
+    {0, 0, {0x1.3fd4ecp-7, 0x1.e4e8ap-9, 0x1.54d59p-8, 0x1.c2ffcp-11, 0x0p+0, 0x1.930bep+30, 0x1.ddeb8p+29, 0x1.8d3588p-8, 0x1.7a807p-9, 0x1.e3264p-11}, 0, 117u, 83u, 0xa360a13cf8c94011u},
+    {0, 1, {0x1.3fd4ecp-7, 0x1.e4e8ap-9, 0x1.54d59p-8, 0x1.c2ffcp-11, 0x0p+0, 0x1.930bep+30, 0x1.ddeb8p+29, 0x1.8d3588p-8, 0x1.7a807p-9, 0x1.e3264p-11}, 0, 3744u, 1720u, 0xde9b399b42c55703u},
+    {1, 0, {0x1.d74b4ap-7, 0x1.016574p-8, 0x1.54d59p-7, 0x1.c3p-15, 0x0p+0, 0x1.d60e2ap+29, 0x1.1bc3d4p+28, 0x1.56989p-7, 0x1.81d7a8p-9, 0x1.e3264p-10}, 0, 233u, 165u, 0xb48b4b4d28d36dd1u},
+    {1, 1, {0x1.d74b4ap-7, 0x1.016574p-8, 0x1.54d59p-7, 0x1.c3p-15, 0x0p+0, 0x1.d60e2ap+29, 0x1.1bc3d4p+28, 0x1.56989p-7, 0x1.81d7a8p-9, 0x1.e3264p-10}, 0, 7456u, 3408u, 0x94e3799b384e1d43u},
+    {2, 0, {0x1.2e50a4p-7, 0x1.02b2ep-8, 0x1.565c4p-8, 0x1.c914p-15, 0x0p+0, 0x1.e24aap+27, 0x1.c6164p+26, 0x1.59ee68p-8, 0x1.44cc1p-9, 0x1.f936bp-10}, 0, 177u, 119u, 0xb2ef49544c598144u},
+    {2, 1, {0x1.2e50a4p-7, 0x1.02b2ep-8, 0x1.565c4p-8, 0x1.c914p-15, 0x0p+0, 0x1.e24aap+27, 0x1.c6164p+26, 0x1.59ee68p-8, 0x1.44cc1p-9, 0x1.f936bp-10}, 0, 5664u, 1896u, 0x826ad67c32edbc3u},
+    {3, 0, {0x1.314ba5p-6, 0x1.4d9454p-8, 0x1.ba0a2p-7, 0x1.c3p-15, 0x0p+0, 0x1.6f82cp+28, 0x1.ddeb8p+25, 0x1.bbcd2p-7, 0x1.5bd286p-7, 0x1.649e2p-9}, 0, 510u, 290u, 0x74acdc9f8f7a88e7u},
+    {3, 1, {0x1.314ba5p-6, 0x1.4d9454p-8, 0x1.ba0a2p-7, 0x1.c3p-15, 0x0p+0, 0x1.6f82cp+28, 0x1.ddeb8p+25, 0x1.bbcd2p-7, 0x1.5bd286p-7, 0x1.649e2p-9}, 0, 16320u, 5050u, 0x6752c4eeb108d703u},
+    {4, 0, {0x1.770b4p-8, 0x1.8ed19p-10, 0x1.050e4p-8, 0x1.c9138p-13, 0x0p+0, 0x1.7044ap+29, 0x1.e45cp+27, 0x1.1356dcp-8, 0x1.89276p-11, 0x1.72f3ap-10}, 0, 190u, 156u, 0xacf7615a685d8182u},
+    {4, 1, {0x1.770b4p-8, 0x1.8ed19p-10, 0x1.050e4p-8, 0x1.c9138p-13, 0x0p+0, 0x1.7044ap+29, 0x1.e45cp+27, 0x1.1356dcp-8, 0x1.89276p-11, 0x1.72f3ap-10}, 0, 1520u, 528u, 0x3b55590e3e14ccb3u},
+    {5, 0, {0x1.bb0438p-7, 0x1.7c8aap-9, 0x1.54d59p-7, 0x1.c3p-13, 0x0p+0, 0x1.084316p+30, 0x1.4891e8p+28, 0x1.5be19p-7, 0x1.4f748p-10, 0x1.02114p-9}, 0, 245u, 205u, 0xc06a3cc67fcc9db3u},
+    {5, 1, {0x1.bb0438p-7, 0x1.7c8aap-9, 0x1.54d59p-7, 0x1.c3p-13, 0x0p+0, 0x1.084316p+30, 0x1.4891e8p+28, 0x1.5be19p-7, 0x1.4f748p-10, 0x1.02114p-9}, 0, 1960u, 944u, 0xd47a61cfda862703u},
+    {6, 0, {0x1.4fd9cp-7, 0x1.531f18p-9, 0x1.f464p-8, 0x1.bff4p-16, 0x0p+0, 0x1.7d0595p+30, 0x1.dab34p+24, 0x1.f623f4p-8, 0x1.23849ep-7, 0x0p+0}, 0, 154u, 62u, 0xcbd8dd5b1b970bb3u},
+    {6, 1, {0x1.4fd9cp-7, 0x1.531f18p-9, 0x1.f464p-8, 0x1.bff4p-16, 0x0p+0, 0x1.7d0595p+30, 0x1.dab34p+24, 0x1.f623f4p-8, 0x1.23849ep-7, 0x0p+0}, 0, 9856u, 1826u, 0x497e8af3b5adea83u},
+    {7, 0, {0x1.48aec9p-6, 0x1.3a8f0ep-7, 0x1.565c4p-7, 0x1.c91p-17, 0x0p+0, 0x1.969c4p+27, 0x1.e45cp+23, 0x1.56ce84p-7, 0x1.c88116p-7, 0x1.f936bp-9}, 0, 498u, 286u, 0x9c2b862168bcee4u},
+    {7, 1, {0x1.48aec9p-6, 0x1.3a8f0ep-7, 0x1.565c4p-7, 0x1.c91p-17, 0x0p+0, 0x1.969c4p+27, 0x1.e45cp+23, 0x1.56ce84p-7, 0x1.c88116p-7, 0x1.f936bp-9}, 0, 63744u, 15140u, 0x22223827d1493383u},
+    {8, 0, {0x1.ed562ep-7, 0x1.ffe3d8p-9, 0x1.6c08a2p-7, 0x1.5496p-15, 0x0p+0, 0x1.b1ef9p+29, 0x1.3e9dp+24, 0x1.6d5d38p-7, 0x1.78104ep-7, 0x1.5296p-10}, 0, 196u, 110u, 0xcb1708b8a730e8dfu},
+    {8, 1, {0x1.ed562ep-7, 0x1.ffe3d8p-9, 0x1.6c08a2p-7, 0x1.5496p-15, 0x0p+0, 0x1.b1ef9p+29, 0x1.3e9dp+24, 0x1.6d5d38p-7, 0x1.78104ep-7, 0x1.5296p-10}, 0, 18816u, 5198u, 0xb33f2022a0d3683u},
+    {9, 0, {0x1.93fe32p-7, 0x1.8a65f8p-8, 0x1.9cdcf4p-8, 0x1.72fp-17, 0x0p+0, 0x1.969c4p+27, 0x1.1073cp+27, 0x1.9d966cp-8, 0x1.af715p-10, 0x1.2ea0a8p-8}, 0, 505u, 347u, 0xeb2dc77398cfda3au},
+    {9, 1, {0x1.93fe32p-7, 0x1.8a65f8p-8, 0x1.9cdcf4p-8, 0x1.72fp-17, 0x0p+0, 0x1.969c4p+27, 0x1.1073cp+27, 0x1.9d966cp-8, 0x1.af715p-10, 0x1.2ea0a8p-8}, 0, 48480u, 16744u, 0x8d1cc7b38ac4fa43u},
+    {10, 0, {0x1.4de9acp-7, 0x1.f694p-14, 0x1.47357cp-7, 0x1.6384p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.49fc84p-7, 0x1.73d8cp-11, 0x0p+0}, 0, 190u, 74u, 0xae342a2b5b3fe3f7u},
+    {10, 1, {0x1.4de9acp-7, 0x1.f694p-14, 0x1.47357cp-7, 0x1.6384p-14, 0x0p+0, 0x1.2e73f8p+29, 0x1.dab34p+26, 0x1.49fc84p-7, 0x1.73d8cp-11, 0x0p+0}, 0, 3040u, 674u, 0x47c3828b0d48ff23u},
+    {11, 0, {0x1.03eec8p-6, 0x1.27eb4p-12, 0x1.f91028p-7, 0x1.63838p-13, 0x0p+0, 0x1.ba6c7bp+30, 0x1.bd080cp+28, 0x1.fe9e36p-7, 0x1.92b6p-12, 0x0p+0}, 0, 170u, 76u, 0x2bb1b96f3b039d62u},
+    {11, 1, {0x1.03eec8p-6, 0x1.27eb4p-12, 0x1.f91028p-7, 0x1.63838p-13, 0x0p+0, 0x1.ba6c7bp+30, 0x1.bd080cp+28, 0x1.fe9e36p-7, 0x1.92b6p-12, 0x0p+0}, 0, 1360u, 461u, 0x8ddb8d0a7a0c3aa3u},
+    {12, 0, {0x1.8e54ceeecp+6, 0x1.00a3d1092p+5, 0x1.0df50eb4dp+6, 0x1.baf6acp-7, 0x0p+0, 0x1.095258b2p+36, 0x1.d567959p+33, 0x1.0e02e66a3p+6, 0x1.00a421ecp+5, 0x0p+0}, 0, 2067u, 777u, 0x7430bd6548025651u},
+    {12, 1, {0x1.8e54ceeecp+6, 0x1.00a3d1092p+5, 0x1.0df50eb4dp+6, 0x1.baf6acp-7, 0x0p+0, 0x1.095258b2p+36, 0x1.d567959p+33, 0x1.0e02e66a3p+6, 0x1.00a421ecp+5, 0x0p+0}, 0, 2116608u, 397701u, 0x84a9e1499bb21383u},
+    {13, 0, {0x1.3c420d6d6p+5, 0x1.ee221c75p+4, 0x1.145530ec8p+3, 0x1.bb2f7cp-7, 0x0p+0, 0x1.055c8bep+35, 0x1.d5a3c88p+33, 0x1.14c3fccb8p+3, 0x1.eb66a3facp+4, 0x1.073a6298p-1}, 0, 2838u, 1548u, 0xd99f32b0b35ffd71u},
+    {13, 1, {0x1.3c420d6d6p+5, 0x1.ee221c75p+4, 0x1.145530ec8p+3, 0x1.bb2f7cp-7, 0x0p+0, 0x1.055c8bep+35, 0x1.d5a3c88p+33, 0x1.14c3fccb8p+3, 0x1.eb66a3facp+4, 0x1.073a6298p-1}, 0, 2906112u, 499112u, 0x534141b09c478383u},
+    {14, 0, {0x1.5a48993p+0, 0x1.be59f16p-1, 0x1.eb7d7eep-2, 0x1.e2064p-11, 0x0p+0, 0x1.c75d424p+31, 0x1.fecc17p+29, 0x1.ec6e82p-2, 0x1.ba23dfp-1, 0x1.8df0e8p-6}, 0, 1634u, 926u, 0x2b0282239500a8a8u},
+    {14, 1, {0x1.5a48993p+0, 0x1.be59f16p-1, 0x1.eb7d7eep-2, 0x1.e2064p-11, 0x0p+0, 0x1.c75d424p+31, 0x1.fecc17p+29, 0x1.ec6e82p-2, 0x1.ba23dfp-1, 0x1.8df0e8p-6}, 0, 313728u, 94466u, 0x84feab4bf8369483u},
 };
 
 static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)

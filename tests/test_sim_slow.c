@@ -19,7 +19,8 @@ static SimResult *run_slow(const ZpSchedule *s, const SimSlow *ranks, uint32_t n
 /* 1,024 ranks each run A (1e12 FLOPs, a = 1e12 / (312e12 x 0.807) s), then a 64 MB
  * all-gather over all of them (c s, NCCL's cost for 128 nodes), then B (= A). Rank 5 at 2x:
  * its A ends at 2a, when the all-gather starts for all, so every rank waited a for it; its B
- * ends last at 2a + c + 2a. The step grows from 2a + c by exactly 2a. */
+ * ends last at 2a + c + 2a. The step grows from 2a + c by exactly 2a (2a and a each rounded
+ * to the clock's grid: by 2 x (q(2a) - q(a))). */
 static void test_slow_rank_by_hand(void)
 {
     ZpSchedule *s = hand_schedule(1024, 1);
@@ -29,10 +30,13 @@ static void test_slow_rank_by_hand(void)
     const uint32_t a = add_op(s, math, NULL, 0);
     const uint32_t c = add_op(s, gather, &a, 1);
     add_op(s, math, &c, 1);
-    const double a_s = 1e12 / (312e12 * 0.807);
+    /* Each duration on the clock's grid (sim_clock_q): A's, the slow rank's 2x A's, and the
+     * all-gather's latency and transfer. */
+    const double a_s = sim_clock_q(1e12 / (312e12 * 0.807));
+    const double slow_a_s = sim_clock_q(2 * (1e12 / (312e12 * 0.807)));
     const SimCollGroup g = sim_coll_group(&a100, 1024, 1, ZP_GROUP_DP);
     const SimCollCost cost = sim_coll_cost(ZP_COLL_ALLGATHER, 64e6, &g);
-    const double c_s = cost.latency_s + cost.transfer_s;
+    const double c_s = sim_clock_q(cost.latency_s) + sim_clock_q(cost.transfer_s);
     SimResult *r = run_slow(s, NULL, 0, NULL, 0);
     assert_close(r->step_time_s, 2 * a_s + c_s, 1e-12);
     const double base_s = r->step_time_s;
@@ -41,15 +45,15 @@ static void test_slow_rank_by_hand(void)
     r = run_slow(s, &slow, 1, NULL, 0);
     g_test_message("1,024 ranks: step %.9g s, with rank 5 at 2x %.9g s (+%.9g s, 2a = %.9g s)",
                    base_s, r->step_time_s, r->step_time_s - base_s, 2 * a_s);
-    assert_close(r->step_time_s, 4 * a_s + c_s, 1e-12);
-    assert_close(r->step_time_s - base_s, 2 * a_s, 1e-9);
+    assert_close(r->step_time_s, 2 * slow_a_s + c_s, 1e-12);
+    assert_close(r->step_time_s - base_s, 2 * (slow_a_s - a_s), 1e-9);
     g_assert_cmpint(r->report_rank, ==, 5);
-    assert_close(r->compute_s, 4 * a_s, 1e-12);
+    assert_close(r->compute_s, 2 * slow_a_s, 1e-12);
     /* Who waited for whom: rank 0 reached the all-gather at a and started it at 2a, when
      * rank 5 arrived; rank 5 waited for nobody. */
     const size_t rank0 = c, rank5 = 5 * (size_t)r->n_ops + c;
     assert_close(r->op_ready_s[rank0], a_s, 1e-12);
-    assert_close(r->op_start_s[rank0], 2 * a_s, 1e-12);
+    assert_close(r->op_start_s[rank0], slow_a_s, 1e-12);
     g_assert_cmpuint(r->op_last_rank[rank0], ==, 5);
     g_assert_cmpfloat(r->op_ready_s[rank5], ==, r->op_start_s[rank5]);
     sim_result_free(r);
@@ -72,7 +76,9 @@ static void test_slow_link_by_hand(void)
         SimResult *r = run_slow(s, NULL, 0, &slow, 1);
         const double factor = dp > 8 ? 3.0 : 1.0;
         g_assert_cmpint(g.bottleneck, ==, dp > 8 ? SIM_LINK_INTER : SIM_LINK_INTRA);
-        assert_close(r->step_time_s, cost.latency_s + factor * cost.transfer_s, 1e-12);
+        /* The latency and the transfer each on the clock's grid (sim_clock_q). */
+        assert_close(r->step_time_s,
+                     sim_clock_q(cost.latency_s) + sim_clock_q(factor * cost.transfer_s), 1e-12);
         sim_result_free(r);
         zp_sched_free(s);
     }
