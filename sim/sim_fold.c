@@ -1,47 +1,46 @@
 /* sim_fold: a pipeline's steady state (and gradient accumulation's micro-steps) advanced by
  * whole periods, bit for bit what stepping every event would give, or refused for the plan.
  *
- * Why it is exact. Every time the engine computes is an event time plus a duration, or a
- * difference of two times scaled by a constant (sim_engine.c: start_timed_op, start_flow,
- * reshare, account). Doubles in one binade [2^e, 2^(e+1)) lie on one grid of spacing u, so
- * t + d rounds to t + (d rounded to u), the same offset wherever t is on the grid, except at
- * a tie, which rounds to the even neighbour. A whole state moved by an even multiple of u
- * therefore evolves into the same evolution moved by the same amount, bit for bit, as long
- * as every time stays in the binade. So: three snapshots one period apart (same head op of
- * stage 0's compute stream, d micro-steps later each) whose every field moved by the same
- * amount twice, times all in one binade, prove (with the schedule's ops repeating, checked op
- * by op) that the state two periods on is the state now moved by twice that amount, and so on:
- * the run jumps an even number of periods. The sums the simulation only writes (busy, exposed
- * and idle times) are not moved: they get the very additions the two recorded periods made,
- * in order, once per skipped period, so they round exactly as the unfolded run's would, in
- * any binade. Memory is whole bytes: exact when every value is an integer below 2^53.
- * Anything else (a straggler's classes, an unequal period, a binade's end) refuses or ends
- * the jump, and the engine steps every event as before.
+ * Why it is exact. Every time the engine computes is an event time plus a duration rounded to
+ * the clock's fixed grid of 2^-30 s (sim_engine.h, sim_clock_q: op durations, a flow's latency
+ * and its end after each reshare, contention's rescaled ends), or a difference of two times
+ * scaled by a constant (account, reshare's remaining bytes). Below 2^22 s a whole number of
+ * quanta is a double exactly and adding two of them is integer arithmetic: nothing rounds, so
+ * a whole state moved by a whole number of quanta evolves into the same evolution moved by the
+ * same amount, bit for bit, across any power of two. So: three snapshots one period apart
+ * (same head op of stage 0's compute stream, d micro-steps later each) whose every field moved
+ * by the same amount twice, times all on the grid, prove (with the schedule's ops repeating,
+ * checked op by op) that the state n periods on is the state now moved by n times that amount:
+ * the run jumps n periods. The sums the simulation only writes (busy, exposed and idle times)
+ * are not moved: they get the very additions the two recorded periods made, in order, once
+ * per skipped period, so they come out as the unfolded run's would even where a sum (a rank's
+ * busy time over its streams) outgrows the grid. Memory is whole bytes: exact when every value
+ * is an integer below 2^53. Anything else (a straggler's classes, an unequal period, the
+ * grid's end) refuses or ends the jump, and the engine steps every event as before.
  *
- * Where it stops. A jump ends before the first time leaves its binade (periods_exact). Past
- * that power of two the grid is twice as coarse, and the values that crossed it mid-period
- * were rounded where the others were not: the stages' relative offsets change by an ulp or
- * two, and that difference travels round the pipeline (forward to the last stage, backward
- * to the first) before every period is again what the one before it was. Megatron's 1T shape
- * (pp 64, 512 micro-batches, 0.16 s a micro-step) repeats exactly again about 8 s (50
- * micro-steps) after each of 16, 32 and 64 s, and its steady state begins at 10 s (micro-step
- * 64 of stage 0), too late for [8, 16): the three jumps skip 254 of stage 0's 449 steady
- * micro-steps, each taken two periods after the first exact repeat (the countdowns are
- * compared from then on). Only a run that never crosses a binade mid-steady-state folds it
- * whole; stepping the transients is the price of being exact. */
+ * Where it stops. A jump ends before any time would reach 2^22 s (48.5 days), where the grid
+ * ends (sim_snap_periods_exact); a run whose steady state lies past it steps every event and
+ * its note says so. Until issue 40's grid the clock was the bare double, whose spacing doubles
+ * at each power of two: a jump had to stay in one binade, and the rounding a crossing left
+ * took a pipeline round trip to wash out (Megatron's 1T shape folded 254 of stage 0's 449
+ * steady micro-steps; on the grid it folds them nearly all). What remains unfolded is the
+ * fill, the drain, and the periods the snapshots take to prove a repeat. */
 #include "sim_fold.h"
+#include "sim_engine.h"
 #include "sim_fold_snap.h"
 
 #include <math.h>
 #include <string.h>
 
 /* Shifts tried between snapshots: 1 micro-step (1F1B, GPipe) or a group of pp (interleaved:
- * Megatron's groups of pp micro-batches per chunk), and twice each: a period whose length is
- * an odd number of grid steps rounds a tie one way and the next the other way, so that only
- * every second period repeats exactly. */
+ * Megatron's groups of pp micro-batches per chunk), and twice each (on the bare double clock a
+ * period of an odd number of ulps rounded its ties alternately; on the grid nothing ties, and
+ * the doubled shifts stay only for a pattern that truly alternates). */
 #define MAX_SHIFTS 4
 /* Periods an interleaved group's shift needs before it can jump (group_first). */
 #define GROUP_PERIODS 5
+/* Why a run whose clock reached the grid's end (sim_engine.h) folds no further. */
+#define PAST_GRID "the clock passed 2^22 s (48.5 days), where its grid of 2^-30 s ends"
 /* Notes kept before the ones no snapshot needs are dropped. */
 #define NOTES_TRIM_AT 65536
 /* A recorded period's log (sums added to, timeline cells written). */
@@ -84,6 +83,7 @@ struct SimFold {
     uint32_t epoch;
     SimFoldReport report;
     const char *refused; /* why the run stopped looking, or NULL */
+    gboolean grid_end;   /* a repeat found no room before the clock's grid ends (2^22 s) */
 };
 
 /* ---- the schedule ---- */
@@ -519,7 +519,9 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
                    uint32_t periods, double period_s)
 {
     for (uint32_t j = first; j <= periods; j += 2) {
-        const uint32_t moves = j + (j & 1); /* an even number of periods: exact (above) */
+        /* Skipped period j is recorded period a -> b (odd j) or b -> c (even j), two or one
+         * periods before c: j + 1 or j periods on. */
+        const uint32_t moves = j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
             const Note *n = &g_array_index(f->notes, Note, k - f->notes_base);
             if (n->kind == NOTE_ADD) {
@@ -571,11 +573,10 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
 static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    uint64_t periods =
-        MIN(sim_snap_periods_exact(a, c), periods_schedule(f, sim, k_shift, lo, hi));
+    uint64_t periods = MIN(sim_snap_periods_exact(a, c, &f->grid_end),
+                           periods_schedule(f, sim, k_shift, lo, hi));
     const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
                    *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
-    periods &= ~(uint64_t)1;
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
     sim_queue_events(&sim->queue, times, events);
@@ -586,7 +587,7 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
     if (sim->stop_after_s > 0) /* the caller stops the run: no jump past its time */
         while (periods > 0 &&
                c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
-            periods -= 2;
+            periods--;
     /* Every moving reference (a stream's next op, a flow's, a queued event's) moves inside
      * the ops that repeat (periods_schedule). */
     for (size_t k = 0; k < c->moves.len && periods >= 2; k++) {
@@ -712,18 +713,15 @@ static void notes_trim(SimFold *f)
 /* Whether a jump by d micro-steps inside an interleaved group (up to the group's end at most:
  * the micro-steps after it do not repeat the ones before) gives way to the group's shift:
  * a jump drops every snapshot, and the group's shift needs GROUP_PERIODS periods of them
- * where this fits them all in the binade before the clock's next power of two and in the
- * micro-steps left. */
+ * where this fits them all before the clock's grid ends and in the micro-steps left. */
 static gboolean group_first(const SimFold *f, const Snap *b, uint32_t d, uint32_t micro,
                             double now_s)
 {
     if (f->group == 0 || d >= f->group || now_s <= 0)
         return FALSE;
-    int e;
-    frexp(now_s, &e);
     /* A group's period from this shift's: each micro-step of a group runs every chunk. */
     const double period_s = (now_s - b->now_s) / d * f->group * f->chunks;
-    return now_s + GROUP_PERIODS * period_s < ldexp(1.0, e) &&
+    return now_s + GROUP_PERIODS * period_s < SIM_CLOCK_GRID_END_S &&
            micro + GROUP_PERIODS * f->group < f->A;
 }
 
@@ -774,7 +772,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
         if (full && a->has_status && b->has_status && a->epoch == c->epoch &&
             b->epoch == c->epoch && a->note_at >= f->notes_base &&
             same_status(f, &a->status, &b->status, &c->status)) {
-            /* A shift with no room to jump (a binade's end, or a sub-period: one
+            /* A shift with no room to jump (the grid's end, or a sub-period: one
              * micro-step inside an interleaved group repeats the one before it up to
              * the group's end) leaves the snapshots and the longer shifts alone. */
             if (!group_first(f, b, d, micro, now_s) && jump(f, sim, a, b, c, k)) {
@@ -788,6 +786,12 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
 
 void sim_fold_boundary(SimFold *f, Sim *sim, double now_s)
 {
+    if (now_s >= SIM_CLOCK_GRID_END_S && !f->refused) {
+        /* Past the grid no jump is exact: stop looking (and recording). */
+        f->refused = PAST_GRID;
+        notes_drop(f, sim);
+        return;
+    }
     for (uint32_t w = 0; w < 2 && !f->refused; w++) {
         const uint32_t rank = w ? sim->ranks - 1 : 0;
         const uint32_t head = sim->stream[rank].next[ZP_STREAM_COMPUTE];
@@ -859,14 +863,16 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
         g_snprintf(report->note, sizeof report->note,
                    "folded: %u micro-steps of every stage skipped in %u jumps",
                    f->report.micro_steps, f->report.jumps);
+    else if (!f->refused && f->grid_end)
+        /* A repeat whose jump would reach 2^22 s, where the clock's grid ends. */
+        g_snprintf(report->note, sizeof report->note, "not folded: %s", PAST_GRID);
     else if (!f->refused && f->group > 0)
-        /* A group's jump needs its snapshots over four groups and two more to jump, all in
-         * one binade of the clock and past the transient a binade's crossing leaves (about a
-         * pipeline round trip): Megatron's interleaved rows of 6 to 9 groups never have that
-         * room, and a jump inside a group finds no room either where a group is short. */
+        /* A group's jump needs its snapshots over four groups and two more to jump, past the
+         * fill: an interleaved run of few groups has no such room, and a jump inside a group
+         * finds none either where a group is short. */
         g_snprintf(report->note, sizeof report->note,
                    "not folded: no steady state repeated exactly (interleaved: %u groups of %u "
-                   "micro-steps; a group's jump needs 6 in one binade of the clock)",
+                   "micro-steps; a group's jump needs 6)",
                    f->A / f->group, f->group);
     else
         g_snprintf(report->note, sizeof report->note, "not folded: %s",

@@ -1,6 +1,7 @@
 /* sim_fold_snap: the fold's snapshots of the run and the tests three of them a period apart
  * must pass to prove a repeat (sim_fold.c says why these make a jump exact). */
 #include "sim_fold_snap.h"
+#include "sim_engine.h"
 
 #include <math.h>
 #include <string.h>
@@ -86,10 +87,10 @@ gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const 
     return TRUE;
 }
 
-/* A value that moves stays in the binade all three snapshots share (times and sums only grow,
- * so every value between lies there too), or is a whole number below 2^53 (bytes, which must
- * be). */
-uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c)
+/* A value that moves is a time on the clock's grid, at c and at the jump's end (sim_engine.h:
+ * a whole number of quanta below 2^22 s; times only grow, so every value between is too), or
+ * a count of bytes, a whole number below 2^53. */
+uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end)
 {
     uint64_t most = UINT64_MAX;
     for (size_t k = 0, b = 0; k < c->d.len && most > 0; k++) {
@@ -113,24 +114,26 @@ uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c)
             break;
         }
         double limit;
-        if (x == floor(x) && step == floor(step) && z < 0x1p53) {
-            limit = 0x1p53;
-        } else if (bytes) {
-            most = 0;
-            break;
-        } else {
-            int ex, ez;
-            frexp(x, &ex);
-            frexp(z, &ez);
-            if (ex != ez || x == 0) {
+        if (bytes) {
+            if (x != floor(x) || step != floor(step) || z >= 0x1p53) {
                 most = 0;
                 break;
             }
-            limit = ldexp(1.0, ez);
+            limit = 0x1p53;
+        } else {
+            if (!sim_clock_on_grid(x) || !sim_clock_on_grid(z)) {
+                /* Past the grid's end (or off it: no time the engine makes is). */
+                *grid_end = *grid_end || z >= SIM_CLOCK_GRID_END_S;
+                most = 0;
+                break;
+            }
+            limit = SIM_CLOCK_GRID_END_S;
         }
         double n = floor((limit - z) / step);
         while (n > 0 && z + n * step >= limit)
             n--;
+        if (!bytes && n < 2)
+            *grid_end = TRUE;
         most = MIN(most, n > 1e9 ? (uint64_t)1e9 : (uint64_t)n);
     }
     return most;

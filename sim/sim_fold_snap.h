@@ -73,8 +73,9 @@ gboolean sim_snap_same_steps(const Vec *x, const Vec *y, const Vec *z);
 gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
                           Snap *c);
 
-/* The most periods the doubles can move on from c, each staying exact (sim_fold.c: one
- * binade, or whole numbers below 2^53). */
-uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c);
+/* The most periods the doubles can move on from c, each staying exact (sim_fold.c: times on
+ * the clock's grid below 2^22 s, bytes whole numbers below 2^53); *grid_end set where the
+ * grid's end left room for fewer than two. */
+uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end);
 
 #endif

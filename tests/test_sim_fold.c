@@ -224,13 +224,6 @@ static void test_fold_refused(void)
     zp_sched_free(s);
 }
 
-/* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row) through
- * `zplan simulate --json`, folded and with --no-fold: every field the same but the event
- * counts (which the fold adds up per skipped period, so equal here too) and the fold's own
- * report; and the fold skips at least 254 of stage 0's 449 steady micro-steps. That is within
- * a few of what exact repetition allows: each crossing of a power of two (16, 32 and 64 s)
- * coarsens the time grid mid-period and the rounding it leaves takes one round trip of the
- * pipeline (about 50 micro-steps here) to wash out (sim_fold.c, "Where it stops"). */
 /* `zplan simulate ARGS --json` folds at least min_micro_steps micro-steps and prints what
  * --no-fold prints, the fold report and the event counts aside. */
 static void assert_json_folds(const char *args, int64_t min_micro_steps)
@@ -257,12 +250,104 @@ static void assert_json_folds(const char *args, int64_t min_micro_steps)
     json_decref(stepped);
 }
 
+/* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row) through
+ * `zplan simulate --json`, folded and with --no-fold: every field the same but the event
+ * counts (which the fold adds up per skipped period, so equal here too) and the fold's own
+ * report; and the fold skips at least 440 of stage 0's 449 steady micro-steps, in one jump
+ * across 16, 32 and 64 s (441 here). On the bare double clock it skipped 254 (each crossing
+ * of a power of two left a pipeline round trip of rounding to wash out); on the grid with
+ * each jump kept in one binade, 426 in 4 jumps. */
 static void test_fold_megatron_1t(void)
 {
     assert_json_folds("simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 "
                       "--pp 64 --stage 0 --micro-batch 1 --grad-accum 512 --checkpoint "
                       "--precision fp16 --attention eager --json",
-                      254);
+                      440);
+}
+
+/* Stage 0's first compute op of micro-step m starts at this time on rank 0 (a timeline's). */
+static double micro_start_s(const ZpSchedule *s, const SimResult *r, int32_t m)
+{
+    size_t row;
+    g_assert_true(sim_result_timeline_row(r, 0, &row));
+    for (uint32_t i = 0; i < r->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->stage == 0 && op->kind == ZP_OP_COMPUTE && op->micro == m)
+            return r->op_start_s[row + i];
+    }
+    g_assert_not_reached();
+}
+
+/* The clock's grid (issue 40) makes a jump exact across powers of two: each 1F1B case folds
+ * its steady state in one jump that crosses at least one, and still equals the stepped run in
+ * every field and every timeline cell. One jump of M of A micro-steps, from the head of
+ * micro-step h >= 0 to h + M <= A - 1, skips at least [t(A - 1 - M), t(M)] of the stepped run
+ * (t: stage 0's start of a micro-step): where those lie in different binades, a power of two
+ * lies inside the jump. (Before the grid these took 3 or 4 jumps, each inside one binade.) */
+static void test_fold_across_powers_of_two(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const FoldCase *c = &cases[k];
+        if (c->schedule != ZP_PIPE_1F1B || c->pp < 2)
+            continue;
+        ZpSchedule *s = fold_schedule(c);
+        const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+        SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+        assert_same_result(folded, stepped);
+        assert_same_timeline(s, folded, stepped);
+        const int32_t M = (int32_t)folded->fold_micro_steps, A = c->accum;
+        g_assert_cmpuint(folded->fold_jumps, ==, 1);
+        g_assert_cmpint(2 * M, >, A);
+        const double lo_s = micro_start_s(s, stepped, A - 1 - M), hi_s = micro_start_s(s, stepped, M);
+        int lo_e, hi_e;
+        frexp(lo_s, &lo_e);
+        frexp(hi_s, &hi_e);
+        g_test_message("%s: one jump of %d of %d micro-steps, over [%.4g, %.4g] s at least "
+                       "(%d powers of two)",
+                       c->what, M, A, lo_s, hi_s, hi_e - lo_e);
+        g_assert_cmpint(hi_e, >, lo_e);
+        sim_result_free(folded);
+        sim_result_free(stepped);
+        zp_sched_free(s);
+    }
+}
+
+/* Past 2^22 s the clock has no grid, and the fold refuses: pp 4 of a GPT of hidden 65,536
+ * with stage 1 a million times slower (alone in its stage, it keeps the steady state
+ * repeating, as test_fold_refused shows) takes 27 days a micro-step and passes 2^22 s
+ * (48.5 days) in the fill. The fold says why and the run equals the stepped one. (On the
+ * bare double clock the same plan through `zplan simulate --slow-rank 1:1e6` folded 8
+ * micro-steps, a jump in one binade.) */
+static void test_fold_past_grid(void)
+{
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "fold-test-wide", "layers",
+                          8, "hidden", 65536, "heads", 512, "seq_len", 1024, "vocab", 32000);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(j, "fold-test-wide", &m, &error));
+    json_decref(j);
+    ZpPlan p;
+    zp_plan_defaults(&p, 0, 1, 1);
+    p.pipe.stages = 4;
+    p.pipe.schedule = ZP_PIPE_1F1B;
+    p.grad_accum = 32;
+    p.gpus_per_node = a100.gpus_per_node;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const SimSlow slow = {.index = 1, .factor = 1e6};
+    const SimOptions o = {.mode = SIM_MODE_FOLDED, .slow_ranks = &slow, .n_slow_ranks = 1};
+    SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+    g_test_message("step %.4g s (%.1f days): %s", folded->step_time_s,
+                   folded->step_time_s / 86400, folded->fold_note);
+    g_assert_cmpfloat(folded->step_time_s, >, 4 * SIM_CLOCK_GRID_END_S);
+    g_assert_cmpuint(folded->fold_jumps, ==, 0);
+    g_assert_cmpstr(folded->fold_note, ==,
+                    "not folded: the clock passed 2^22 s (48.5 days), where its grid of "
+                    "2^-30 s ends");
+    assert_same_result(folded, stepped);
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    zp_sched_free(s);
 }
 
 /* Interleaved and GPipe schedules through the CLI: gpt-13b on 64 GPUs. Interleaved pp 4 v 4
@@ -430,6 +515,8 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
+    g_test_add_func("/sim/fold/across-powers-of-two", test_fold_across_powers_of_two);
+    g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
