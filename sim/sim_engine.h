@@ -22,9 +22,10 @@
 
 /* A duration d >= 0 on the grid: d + 2^22 lies in [2^22, 2^23), whose doubles are 2^-30
  * apart, so one add rounds d to the nearest quantum (a tie to the even one) and the subtract
- * is exact. To nearest, not up: the error is at most half a quantum (0.47 ns) either way and
- * averages zero, where rounding up would add a quarter of a nanosecond to every op of a
- * million-op step; a positive duration under half a quantum becomes 0, which the engine
+ * is exact. To nearest, not up: the error is at most half a quantum (0.47 ns) either way, where
+ * rounding up would add up to a whole one to every op, always later (like ops round alike, so
+ * a step moves by up to its critical path's op count x 0.47 ns: 117 ns on test_sim_plan's
+ * 99.6 s plan); a positive duration under half a quantum becomes 0, which the engine
  * already runs (a zero-byte transfer ends in the instant it starts), and which merges a
  * flow's rounding residue (remaining bytes a few ulps above 0 after a reshare) into the
  * instant it belongs to. Needs strict IEEE arithmetic (no -ffast-math: it folds this to d). */
