@@ -122,7 +122,7 @@ uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end
             limit = 0x1p53;
         } else {
             if (!sim_clock_on_grid(x) || !sim_clock_on_grid(z)) {
-                /* Past the grid's end (or off it: no time the engine makes is). */
+                /* Past the grid's end (below it, every time the engine makes is on it). */
                 *grid_end = *grid_end || z >= SIM_CLOCK_GRID_END_S;
                 most = 0;
                 break;
