@@ -34,6 +34,10 @@ static inline double sim_clock_q(double d)
     return d < SIM_CLOCK_GRID_END_S ? (d + SIM_CLOCK_GRID_END_S) - SIM_CLOCK_GRID_END_S : d;
 }
 
+/* The most sim_clock_q moves one duration (half a quantum): a hand computation of n
+ * durations in a row lies within n of these of the engine's time (tests use it). */
+#define SIM_CLOCK_HALF_Q_S 0x1p-31
+
 /* Whether time t is on the grid (a whole number of quanta below 2^22 s). */
 static inline gboolean sim_clock_on_grid(double t)
 {

@@ -12,6 +12,12 @@ void assert_close(double got, double want, double rel)
     g_assert_cmpfloat(fabs(got - want), <=, rel * fabs(want) + 1e-15);
 }
 
+void assert_close_grid(double got, double want, double rel, int n_durations)
+{
+    g_assert_cmpfloat(fabs(got - want), <=,
+                      rel * fabs(want) + n_durations * SIM_CLOCK_HALF_Q_S + 1e-15);
+}
+
 /* ---- hand-built schedules ---- */
 
 ZpSchedule *hand_schedule(int dp, int mp)

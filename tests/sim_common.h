@@ -25,6 +25,9 @@ extern ZpModel gpt2;
 extern char *sim_tmp_dir;
 
 void assert_close(double got, double want, double rel);
+/* assert_close for a simulated time against a hand computation of n_durations durations in
+ * a row: each may be rounded to the clock's grid by half a quantum (SIM_CLOCK_HALF_Q_S). */
+void assert_close_grid(double got, double want, double rel, int n_durations);
 
 ZpSchedule *hand_schedule(int dp, int mp);
 

@@ -72,9 +72,10 @@ static void test_schedule_file_example(void)
     const double a_s = 1e12 / (312e12 * 0.807);
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
-        assert_close(r->step_time_s, gather.latency_s + gather.transfer_s + 3 * a_s +
-                                         scatter.latency_s + scatter.transfer_s,
-                     1e-12);
+        /* Seven durations: each collective's latency and transfer, three compute ops. */
+        assert_close_grid(r->step_time_s, gather.latency_s + gather.transfer_s + 3 * a_s +
+                                              scatter.latency_s + scatter.transfer_s,
+                          1e-12, 7);
         g_assert_cmpfloat(r->peak_memory_bytes, ==, 5e9 + 64e6);
         sim_result_free(r);
     }
@@ -112,8 +113,9 @@ static void test_schedule_file_streams(void)
     g_assert_no_error(error);
     g_assert_cmpint(zp_sched_op(s, 1)->stream, ==, ZP_STREAM_TP);
     SimResult *r = run(s, &a100, SIM_MODE_EXPLICIT);
-    assert_close(r->step_time_s, 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 230e9),
-                 1e-12);
+    /* Four durations: each all-reduce's latency and transfer. */
+    assert_close_grid(r->step_time_s, 8.4 * US + 14 * 3.4 * US + 2 * (2.0 * 7 / 8 * GIB / 230e9),
+                      1e-12, 4);
     sim_result_free(r);
     /* Written back, the stream that is not the group's own is kept. */
     g_assert_true(zp_sched_write_json(s, path, &error));
@@ -169,7 +171,8 @@ static void test_schedule_file_groups(void)
                           c[2].latency_s + c[2].transfer_s;
     for (int mode = 0; mode < 2; mode++) {
         SimResult *r = run(s, &a100, mode);
-        assert_close(r->step_time_s, want_s, 1e-12);
+        /* Six durations: each collective's latency and transfer. */
+        assert_close_grid(r->step_time_s, want_s, 1e-12, 6);
         g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_N], ==, 2.0 * 31 / 32 * GIB);
         g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_PP], ==, 0.5 * 16777216);
         sim_result_free(r);
