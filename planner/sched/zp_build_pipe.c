@@ -97,20 +97,6 @@ void zp_build_tied_sync(Builder *b, const GArray *after)
     b->recv_key = zp_build_send_key(b, first ? b->n_chunks - 1 : 0, last_micro, ZP_P2P_TIED);
 }
 
-/* Grows an array's room to `elems` elements, its length kept, over huge pages: the ops of a
- * deep pipeline are a hundred megabytes written once, and faulting them in 4 KiB pages was
- * 40% of gpt-1t's pp 64 build (perf: exc_page_fault, clear_page and memory-cgroup charges
- * under g_array_append_vals). */
-static void reserve_huge(GArray *array, guint64 elems)
-{
-    const guint len = array->len;
-    if (elems <= len || elems > G_MAXUINT / 2)
-        return;
-    g_array_set_size(array, (guint)elems);
-    g_array_set_size(array, len);
-    zp_advise_huge_pages(array->data, (size_t)elems * g_array_get_element_size(array));
-}
-
 /* Once stage 0 is built: room for every stage's ops and dependencies at stage 0's count
  * (the others differ by the embedding and the head), taken once, within the ops the budget
  * allows (Builder.max_ops; a schedule past them stops there anyway). */
@@ -122,6 +108,6 @@ void zp_build_pipe_reserve(ZpSchedule *s, int stages, double max_ops)
     const double want = fmin((double)ops * stages * 1.25 + 64, max_ops);
     if (want <= ops)
         return;
-    reserve_huge(s->ops, (guint64)want);
-    reserve_huge(s->deps, (guint64)(want * ((double)deps / ops + 0.25)));
+    zp_build_reserve_huge(s->ops, (guint64)want);
+    zp_build_reserve_huge(s->deps, (guint64)(want * ((double)deps / ops + 0.25)));
 }

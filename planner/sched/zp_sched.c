@@ -387,6 +387,17 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .secondary_op = g_new(uint32_t, (gsize)L + 2),
                  .max_ops = zp_schedsize_max_ops(),
                  .moe = zp_ep_activations(model, plan)};
+    /* One stage: room for the ops the plan's estimate allows (an upper bound, 2x DeepSpeed's
+     * stage 3; address space only, the pages touched as ops are written) and as many
+     * dependencies, over huge pages: the deep stage-3 model's 2.1 million ops grown in place
+     * faulted 90,000 4 KiB pages, half of its build (perf: exc_page_fault, clear_page_erms and
+     * memory-cgroup charges under g_array_append_vals). A pipeline's arrays are sized after
+     * its stage 0 (zp_build_pipe_reserve). */
+    if (P == 1) {
+        const double want = fmin(zp_schedsize_estimate_ops(model, plan), b.max_ops);
+        zp_build_reserve_huge(s->ops, (guint64)want);
+        zp_build_reserve_huge(s->deps, (guint64)want);
+    }
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int u = 0; u < L + 2; u++)
