@@ -64,7 +64,8 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
         [ZP_OP_TRANSFER] = ZP_XFER_N};
     if (op->kind > ZP_OP_TRANSFER)
         return fail_op(error, i, "unknown kind");
-    if (op->stage >= (uint32_t)MAX(s->stages, 1) || op->peer >= (uint32_t)MAX(s->stages, 1))
+    if (op->stage >= (uint32_t)MAX(s->stages, 1) ||
+        (op->kind == ZP_OP_P2P && op->peer >= (uint32_t)MAX(s->stages, 1)))
         return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
     if (op->sub >= sub_limit[op->kind])
         return fail_op(error, i, "unknown compute, collective, p2p, transfer or memory category");
@@ -73,11 +74,14 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
         return fail_op(error, i, "unknown stream");
     if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
         return fail_op(error, i, "unknown group");
-    if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0 && op->bytes >= 0) ||
-        !isfinite(op->flops + op->gemm_flops + op->mem_bytes + op->bytes))
+    /* A compute op's costs: other kinds hold their range there (ZpOp's union). */
+    const gboolean compute = op->kind == ZP_OP_COMPUTE;
+    if (!(op->bytes >= 0 && isfinite(op->bytes)) ||
+        (compute && (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0) ||
+                     !isfinite(op->flops + op->gemm_flops + op->mem_bytes))))
         return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
-    if (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
-        (op->attn_flops > 0 && !zp_plan_attention_rated(&s->plan)))
+    if (compute && (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
+                    (op->attn_flops > 0 && !zp_plan_attention_rated(&s->plan))))
         return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
     if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
         return fail_op(error, i, "dependencies run past the dependency list");

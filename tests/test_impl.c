@@ -400,7 +400,8 @@ static void test_deepspeed_coalesced(void)
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPACK)
-            coalesced += zp_sched_op(s, zp_sched_deps(s, op)[0])->elems == fc1;
+            coalesced += zp_sched_op(s, zp_sched_deps(s, op)[0])->kind == ZP_OP_COLLECTIVE &&
+                         zp_sched_op(s, zp_sched_deps(s, op)[0])->elems == fc1;
     }
     g_assert_cmpuint(coalesced, ==, 128);
     zp_sched_free(s);

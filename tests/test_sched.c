@@ -1,5 +1,8 @@
 /* test_sched: the schedule against the memory and communication models it must agree
  * with, its memory bookkeeping, and its JSON round trip. */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_alloc_replay.h"
 #include "zp_comm.h"
 #include "zp_mem.h"
 #include "zp_sched.h"
@@ -8,6 +11,7 @@
 #include <glib/gstdio.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* A CI-sized GPT whose units (6144, 49984 and 128 elements) divide by 1, 2 and 4 ranks, so
@@ -396,6 +400,77 @@ static void test_deep_and_long_bounded(void)
     g_clear_error(&error);
 }
 
+/* ZpOp's union: the bytes an op's kind leaves unused (all of it for alloc, free and transfer
+ * ops; a collective's peer and what follows it; a p2p op's after its peer) set to 0xff, which
+ * is NaN as a double and past every range as an integer. The simulation (its checks, costs,
+ * memory and totals), the allocator replay, the schedule check and the digest must not move:
+ * none reads a field on an op of the wrong kind. */
+static void poison_unused(ZpSchedule *s)
+{
+    const size_t lo = offsetof(ZpOp, flops), hi = offsetof(ZpOp, bytes);
+    const size_t after_peer = offsetof(ZpOp, peer) + sizeof(uint32_t);
+    for (guint i = 0; i < s->ops->len; i++) {
+        ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        const size_t from = op->kind == ZP_OP_COMPUTE      ? hi
+                            : op->kind == ZP_OP_COLLECTIVE ? offsetof(ZpOp, peer)
+                            : op->kind == ZP_OP_P2P        ? after_peer
+                                                           : lo;
+        memset((char *)op + from, 0xff, hi - from);
+    }
+}
+
+static void test_op_union_by_kind(void)
+{
+    ZpModel m = small_model();
+    const ZpHw hw = tu_load_hw("dgx-a100-80g");
+    ZpPlan plans[5];
+    zp_plan_defaults(&plans[0], 3, 4, 1); /* DeepSpeed's: unpacks, gathers, persistent copies */
+    plans[0].checkpoint = TRUE;
+    zp_plan_defaults(&plans[1], 2, 2, 2); /* the paper's, tensor-parallel, accumulating */
+    plans[1].impl = ZP_IMPL_PAPER, plans[1].grad_accum = 2;
+    zp_plan_defaults(&plans[2], 1, 2, 1); /* Megatron's pipeline: sends, the tied exchange */
+    plans[2].impl = ZP_IMPL_MEGATRON, plans[2].pipe.stages = 2, plans[2].grad_accum = 4;
+    zp_plan_defaults(&plans[3], 3, 2, 1); /* ZeRO-Infinity: transfers, CPU Adam */
+    plans[3].zero.offload_optimizer.device = ZP_OFFLOAD_NVME;
+    plans[3].zero.offload_param.device = ZP_OFFLOAD_NVME;
+    zp_plan_defaults(&plans[4], 3, 4, 1); /* ZeRO++: quantize ops, hpZ, qgZ's all-to-alls */
+    plans[4].zero.zero_quantized_weights = plans[4].zero.zero_quantized_gradients = TRUE;
+    plans[4].zero.zero_hpz_partition_size = 2;
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        GError *error = NULL;
+        SimResult *r[2];
+        ZpAllocStats replay[2];
+        char *digest[2];
+        for (int poisoned = 0; poisoned < 2; poisoned++) {
+            ZpSchedule *s = zp_sched_build(&m, &plans[k], &error);
+            g_assert_no_error(error);
+            if (poisoned)
+                poison_unused(s);
+            const SimOptions options = {.mode = SIM_MODE_FOLDED};
+            r[poisoned] = sim_engine_run(s, &hw, &options, &error);
+            g_assert_no_error(error);
+            replay[poisoned] = zp_alloc_replay_schedule(s, 80e9);
+            digest[poisoned] = zp_sched_digest(s);
+            if (plans[k].impl == ZP_IMPL_PAPER) /* zp_schedcheck holds the paper's */
+                g_assert_true(zp_schedcheck_ops(s, "built", &error));
+            g_assert_no_error(error);
+            zp_sched_free(s);
+        }
+        g_assert_cmpfloat(r[1]->step_time_s, ==, r[0]->step_time_s);
+        g_assert_cmpfloat(r[1]->compute_s, ==, r[0]->compute_s);
+        g_assert_cmpfloat(r[1]->exposed_comm_s, ==, r[0]->exposed_comm_s);
+        g_assert_cmpfloat(r[1]->model_flops, ==, r[0]->model_flops);
+        g_assert_cmpfloat(r[1]->peak_memory_bytes, ==, r[0]->peak_memory_bytes);
+        g_assert_cmpint(memcmp(r[1]->comm_bytes, r[0]->comm_bytes, sizeof r[0]->comm_bytes), ==, 0);
+        g_assert_cmpfloat(replay[1].peak_reserved_bytes, ==, replay[0].peak_reserved_bytes);
+        g_assert_cmpstr(digest[1], ==, digest[0]);
+        for (int i = 0; i < 2; i++) {
+            sim_result_free(r[i]);
+            g_free(digest[i]);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -407,5 +482,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sched/check-accepts-built", test_check_accepts_built);
     g_test_add_func("/sched/check-refuses-hostile", test_check_refuses_hostile);
     g_test_add_func("/sched/deep-and-long-bounded", test_deep_and_long_bounded);
+    g_test_add_func("/sched/op-union-by-kind", test_op_union_by_kind);
     return g_test_run();
 }

@@ -158,17 +158,27 @@ typedef struct {
                         * persistent copies around the step); collective: the bucket it
                         * reduces or -1 */
     uint32_t stage;    /* the pipeline stage (rank class) that runs it; 0 without a pipeline */
-    uint32_t peer;     /* p2p: the stage it sends to (0 for other ops) */
-    double flops;      /* compute: floating-point operations */
-    double gemm_flops; /* compute: FLOPs of its typical GEMM (sets the GEMM efficiency) */
-    double attn_flops; /* compute: those of `flops` a fused attention kernel does */
-    double mem_bytes;  /* compute: bytes moved by its memory-bound kernels */
+    /* What only some kinds have, sharing one place (a deep model's millions of ops are written
+     * once, and every byte of them is a fresh page: 96 bytes an op without it). Read a member
+     * only on an op of its kind: a compute op's FLOPs are a collective's range. */
+    union {
+        struct { /* ZP_OP_COMPUTE */
+            double flops;      /* floating-point operations */
+            double gemm_flops; /* FLOPs of its typical GEMM (sets the GEMM efficiency) */
+            double attn_flops; /* those of `flops` a fused attention kernel does */
+            double mem_bytes;  /* bytes moved by its memory-bound kernels */
+        };
+        struct { /* ZP_OP_COLLECTIVE and ZP_OP_P2P */
+            uint64_t elem_offset; /* collective: first element of the flat range it covers */
+            uint64_t elems;       /* elements covered (S / element size) */
+            uint32_t peer;        /* p2p: the stage it sends to */
+        };
+    };
     double bytes;      /* collective: whole array size S; alloc/free, p2p, transfer: bytes;
                         * compute: bytes over the host link (host_copy) */
-    uint64_t elem_offset; /* collective: first element of the flat range it covers */
-    uint64_t elems;       /* collective: elements covered (S / element size) */
     uint32_t dep_start, n_deps; /* dependencies: deps[dep_start .. dep_start+n_deps) */
 } ZpOp;
+_Static_assert(sizeof(ZpOp) == 72, "ZpOp: 72 bytes, its kinds' fields in one union");
 
 /* A communicator: the world cut into world / ranks groups of `ranks` members `stride` apart
  * (members first + i * stride, first = b * ranks * stride + o, o < stride). Ops name it by

@@ -269,8 +269,9 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
         ok = name_index(o, what, "stream", zp_sched_stream_names, &stream, error);
     op.stream = (uint8_t)stream;
     op.unit = (int32_t)unit, op.micro = (int32_t)micro, op.buffer = (int32_t)buffer;
-    op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems;
-    op.stage = (uint32_t)stage, op.peer = (uint32_t)peer;
+    op.stage = (uint32_t)stage;
+    if (kind == ZP_OP_COLLECTIVE || kind == ZP_OP_P2P) /* a compute op's costs share their place */
+        op.elem_offset = (uint64_t)offset, op.elems = (uint64_t)elems, op.peer = (uint32_t)peer;
     if (kind == ZP_OP_P2P)
         op.group = ZP_GROUP_PP;
     op.dep_start = s->deps->len;
@@ -318,8 +319,9 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
         if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
             a->group != b->group || a->module != b->module || a->unit != b->unit ||
             a->micro != b->micro || a->buffer != b->buffer || a->bytes != b->bytes ||
-            a->elem_offset != b->elem_offset || a->elems != b->elems || a->stage != b->stage ||
-            a->peer != b->peer || a->n_deps != b->n_deps ||
+            ((a->kind == ZP_OP_COLLECTIVE || a->kind == ZP_OP_P2P) &&
+             (a->elem_offset != b->elem_offset || a->elems != b->elems || a->peer != b->peer)) ||
+            a->stage != b->stage || a->n_deps != b->n_deps ||
             memcmp(zp_sched_deps(s, a), &g_array_index(deps, uint32_t, b->dep_start),
                    a->n_deps * sizeof(uint32_t)) != 0)
             break;
@@ -521,7 +523,8 @@ static gboolean check_attention(const ZpSchedule *s, gboolean has_model, const c
                                 GError **error)
 {
     for (guint i = 0; i < s->ops->len; i++) {
-        if (zp_sched_op(s, i)->attn_flops <= 0)
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_COMPUTE || op->attn_flops <= 0)
             continue;
         if (has_model && zp_plan_attention_rated(&s->plan))
             return TRUE;
