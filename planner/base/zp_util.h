@@ -86,6 +86,11 @@ double zp_now_s(void);
  * system), nothing changes. */
 void zp_advise_huge_pages(void *data, size_t bytes);
 
+/* Grows an array's room to `elems` elements (none past G_MAXUINT / 2), its length kept, over
+ * transparent huge pages (zp_advise_huge_pages): an array of megabytes written once, whose
+ * 4 KiB first-touch faults (and, grown by doubling, its copies) cost more than its writes. */
+void zp_array_reserve_huge(GArray *array, guint64 elems);
+
 /* Resolves a spec given by name or path: a path ending in .json is returned as is, a name is
  * looked up as DATA_DIR/SUBDIR/NAME.json. An unknown name fails as "FLAG: unknown KIND 'NAME'
  * (known: ...; or give a PATH.json)". Returns a newly allocated path or NULL. */

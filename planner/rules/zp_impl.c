@@ -1,6 +1,7 @@
 /* zp_impl: the implementation table by kind, and the rules more than one implementation shares
  * (bucket grouping, the prefetch window, unit-level persistence). */
 #include "zp_impl.h"
+#include "zp_util.h"
 
 #include <math.h>
 #include <string.h>
@@ -159,8 +160,9 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
 
 static GArray *list_tensors(const ZpSchedule *s)
 {
-    GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
     GArray *tensors = zp_model_tensors(&s->model);
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
+    zp_array_reserve_huge(out, tensors->len + (guint64)s->n_units);
     int unit = -1, module = -1;
     const char *module_name = "";
     uint64_t inside = 0;
@@ -251,7 +253,9 @@ static GArray *with_expert_items(const ZpSchedule *s, GArray *items)
 
 static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
 {
+    GArray *tensors = by_tensor ? zp_impl_tensors(s) : NULL;
     GArray *items = g_array_new(FALSE, FALSE, sizeof(Item));
+    zp_array_reserve_huge(items, by_tensor ? tensors->len : (guint)s->n_units);
     const gboolean padded = s->plan.zero.stage == 3;
     if (!by_tensor) {
         for (int u = 0; u < s->n_units; u++) {
@@ -264,7 +268,6 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
         }
         return items;
     }
-    GArray *tensors = zp_impl_tensors(s);
     for (guint i = 0; i < tensors->len; i++) {
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
         /* DeepSpeed's hooks count a parameter's numel (stage3.py

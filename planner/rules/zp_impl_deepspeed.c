@@ -2,6 +2,7 @@
  * stage_1_and_2.py, stage3.py, partitioned_param_coordinator.py, runtime/utils.py, engine.py);
  * each rule below names the file and function it follows. */
 #include "zp_impl.h"
+#include "zp_util.h"
 
 #include <math.h>
 
@@ -346,12 +347,14 @@ static void index_uses(Trace *t)
     for (int m = 0; m < n_modules; m++)
         seen[m] = n;
     t->next_use = g_new(guint, (gsize)n + 1);
+    zp_advise_huge_pages(t->next_use, ((gsize)n + 1) * sizeof(guint));
     for (guint k = n; k-- > 0;) {
         t->next_use[k] = seen[u[k].module];
         seen[u[k].module] = k;
     }
     g_free(seen);
     t->numel_before = g_new(double, (gsize)n + 1);
+    zp_advise_huge_pages(t->numel_before, ((gsize)n + 1) * sizeof(double));
     t->numel_before[0] = 0;
     for (guint k = 0; k < n; k++)
         t->numel_before[k + 1] = t->numel_before[k] + t->module_numel[u[k].module];
@@ -421,20 +424,27 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
             t.unit_first[unit] = m;
         t.unit_last[unit] = m;
     }
+    /* the trace uses a module at most three times (forward, recomputation, backward), the
+     * tied embedding twice more */
+    zp_array_reserve_huge(t.uses, 3 * (guint64)n_modules + 2);
     build_trace(&t);
     index_uses(&t);
     const Use *u = (const Use *)t.uses->data;
     const guint n_u = t.uses->len;
     TensorState *st = g_new(TensorState, n_t);
+    zp_advise_huge_pages(st, n_t * sizeof *st);
     for (guint x = 0; x < n_t; x++)
         st[x] = (TensorState){t.persist[x], -1, -1};
     /* The parameter queue (record_parameters: every use's parameters in trace order, a
      * module's by ds_id, so in layout order): use i's start at queue[use_start[i]]. */
     guint *use_start = g_new(guint, n_u + 1);
+    zp_advise_huge_pages(use_start, (n_u + 1) * sizeof(guint));
     use_start[0] = 0;
     for (guint i = 0; i < n_u; i++)
         use_start[i + 1] = use_start[i] + t.module_start[u[i].module + 1] -
                            t.module_start[u[i].module];
+    /* each place in the queue is fetched once at most */
+    zp_array_reserve_huge(fetches, fetches->len + (guint64)use_start[n_u]);
     guint head = 0, head_use = 0; /* the queue's next parameter, and its use */
     for (guint i = 0; i < n_u; i++) {
         const int m = u[i].module;
@@ -491,6 +501,7 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
 static void ds_persistent(const ZpSchedule *s, GArray *ranges)
 {
     GArray *tensors = zp_impl_tensors(s);
+    zp_array_reserve_huge(ranges, ranges->len + (guint64)tensors->len); /* at most one each */
     for (guint i = 0; i < tensors->len; i++) {
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
         if ((double)t->elems <= s->plan.zero.stage3_param_persistence_threshold) {

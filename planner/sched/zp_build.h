@@ -198,10 +198,6 @@ typedef struct {
 /* ---- zp_build_emit.c ---- */
 
 uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps);
-/* Grows an array's room to `elems` elements (none past G_MAXUINT / 2), its length kept, over
- * transparent huge pages: an array written once, whose 4 KiB first-touch faults cost more than
- * its writes. */
-void zp_build_reserve_huge(GArray *array, guint64 elems);
 uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int micro, Cost cost,
                                const uint32_t *deps, guint n_deps);
 uint32_t zp_build_emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, int unit, int micro,

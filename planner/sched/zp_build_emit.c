@@ -2,7 +2,6 @@
  * with their dependencies and stream order, and what each compute op costs. */
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
-#include "zp_util.h"
 
 uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
 {
@@ -55,20 +54,6 @@ uint32_t zp_build_emit(Builder *b, ZpOp op, const uint32_t *deps, guint n_deps)
     if (op.kind == ZP_OP_COMPUTE || op.kind == ZP_OP_COLLECTIVE)
         b->last_on_stream[op.stream] = s->ops->len - 1;
     return s->ops->len - 1;
-}
-
-/* Grows an array's room to `elems` elements, its length kept, over huge pages: the ops of a
- * deep pipeline are a hundred megabytes written once, and faulting them in 4 KiB pages was
- * 40% of gpt-1t's pp 64 build (perf: exc_page_fault, clear_page and memory-cgroup charges
- * under g_array_append_vals). */
-void zp_build_reserve_huge(GArray *array, guint64 elems)
-{
-    const guint len = array->len;
-    if (elems <= len || elems > G_MAXUINT / 2)
-        return;
-    g_array_set_size(array, (guint)elems);
-    g_array_set_size(array, len);
-    zp_advise_huge_pages(array->data, (size_t)elems * g_array_get_element_size(array));
 }
 
 /* backend_workspace: the workspace zreal's CPU backend holds from the first compute op to the

@@ -3,7 +3,10 @@
 #include "zp_build.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 #include "zp_zeropp.h"
+
+#include <string.h>
 
 /* A step of a position as one index: pos * ZP_POS_STEPS + step. */
 int zp_build_step_key(int pos, int step)
@@ -54,6 +57,7 @@ void zp_build_plan_gathers(Builder *b)
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     b->impl->plan_fetches(b->s, fetches);
     const ZpFetch *f = (const ZpFetch *)fetches->data;
+    zp_array_reserve_huge(b->gathers, b->gathers->len + (guint64)fetches->len); /* one each */
     for (guint i = 0, j; i < fetches->len; i = j) {
         for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
             ;
@@ -90,11 +94,15 @@ PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_
     const GArray *gathers = b->gathers;
     const int n_keys = n_pos * ZP_POS_STEPS;
     PosIndex ix = {g_new0(guint, (gsize)n_keys + 1), g_new(guint, MAX(gathers->len, 1))};
+    zp_advise_huge_pages(ix.start, ((gsize)n_keys + 1) * sizeof(guint));
+    zp_advise_huge_pages(ix.items, MAX(gathers->len, 1) * sizeof(guint));
     for (guint k = 0; k < gathers->len; k++)
         ix.start[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field) + 1]++;
     for (int p = 0; p < n_keys; p++)
         ix.start[p + 1] += ix.start[p];
-    guint *next = g_memdup2(ix.start, sizeof(guint) * (gsize)n_keys);
+    guint *next = g_new(guint, MAX(n_keys, 1));
+    zp_advise_huge_pages(next, (gsize)MAX(n_keys, 1) * sizeof(guint));
+    memcpy(next, ix.start, sizeof(guint) * (gsize)n_keys);
     for (guint k = 0; k < gathers->len; k++)
         ix.items[next[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field)]++] =
             k;

@@ -108,6 +108,6 @@ void zp_build_pipe_reserve(ZpSchedule *s, int stages, double max_ops)
     const double want = fmin((double)ops * stages * 1.25 + 64, max_ops);
     if (want <= ops)
         return;
-    zp_build_reserve_huge(s->ops, (guint64)want);
-    zp_build_reserve_huge(s->deps, (guint64)(want * ((double)deps / ops + 0.25)));
+    zp_array_reserve_huge(s->ops, (guint64)want);
+    zp_array_reserve_huge(s->deps, (guint64)(want * ((double)deps / ops + 0.25)));
 }

@@ -1,6 +1,7 @@
 /* zp_runahead: the caching allocator's bound on DeepSpeed's stage-3 host run-ahead — each
  * gathered-parameter alloc waits for the compute op that releases enough of the gathers' pool. */
 #include "zp_runahead.h"
+#include "zp_util.h"
 
 #include <math.h>
 
@@ -118,6 +119,9 @@ double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
 {
     GArray *taken = g_array_new(FALSE, FALSE, sizeof(Taken));
     GArray *releases = g_array_new(FALSE, FALSE, sizeof(Release));
+    /* about as many allocs as are gated, and a free each */
+    zp_array_reserve_huge(taken, gated->len + 64);
+    zp_array_reserve_huge(releases, gated->len + 64);
     ledger(s, gated, taken, releases);
     if (!sorted_by_at(releases)) /* g_array_sort is stable: an ordered list stays as it is */
         g_array_sort(releases, by_at);

@@ -376,6 +376,8 @@ GArray *zp_model_tensors(const ZpModel *model)
     GArray *t = g_array_new(FALSE, FALSE, sizeof(ZpTensor));
     if (!zp_model_has_architecture(model))
         return t;
+    /* room for every row (2 embeddings, 15 attention and 13 MLP rows a block, 3 last) */
+    zp_array_reserve_huge(t, 5 + 28 * (guint64)model->layers);
     const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
