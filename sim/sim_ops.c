@@ -255,6 +255,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     uint32_t *last_on_stream = streams_begin(sim);
     uint32_t *dependents = g_new0(uint32_t, MAX(sim->n_ops, 1)); /* counted here */
     uint32_t *dep_start = g_new(uint32_t, MAX(sim->n_ops, 1));   /* noted here */
+    zp_advise_huge_pages(dependents, MAX(sim->n_ops, 1) * sizeof(uint32_t));
+    zp_advise_huge_pages(dep_start, MAX(sim->n_ops, 1) * sizeof(uint32_t));
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, sim->n_groups, i, error)) {
             g_free(stage_flops);

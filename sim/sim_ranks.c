@@ -165,6 +165,8 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
     if (!fits)
         return FALSE;
     sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
+    if (sim->countdown) /* 34 MB at 32,000 layers, written once below: 8,200 4 KiB faults */
+        zp_advise_huge_pages(sim->countdown, MAX(sim->n_ops, 1) * sizeof(Countdown));
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
