@@ -2,7 +2,7 @@
  * whole periods, bit for bit what stepping every event would give, or refused for the plan.
  *
  * Why it is exact. Every time the engine computes is an event time plus a duration rounded to
- * the clock's fixed grid of 2^-30 s (sim_engine.h, sim_clock_q: op durations, a flow's latency
+ * the clock's fixed grid of 2^-30 s (sim_clock.h, sim_clock_q: op durations, a flow's latency
  * and its end after each reshare, contention's rescaled ends), or a difference of two times
  * scaled by a constant (account, reshare's remaining bytes). Below 2^22 s a whole number of
  * quanta is a double exactly and adding two of them is integer arithmetic: nothing rounds, so
@@ -26,7 +26,7 @@
  * steady micro-steps; on the grid it folds them nearly all). What remains unfolded is the
  * fill, the drain, and the periods the snapshots take to prove a repeat. */
 #include "sim_fold.h"
-#include "sim_engine.h"
+#include "sim_clock.h"
 #include "sim_fold_snap.h"
 
 #include <math.h>
@@ -39,7 +39,7 @@
 #define MAX_SHIFTS 4
 /* Periods an interleaved group's shift needs before it can jump (group_first). */
 #define GROUP_PERIODS 5
-/* Why a run whose clock reached the grid's end (sim_engine.h) folds no further. */
+/* Why a run whose clock reached the grid's end (sim_clock.h) folds no further. */
 #define PAST_GRID "the clock passed 2^22 s (48.5 days), where its grid of 2^-30 s ends"
 /* Notes kept before the ones no snapshot needs are dropped. */
 #define NOTES_TRIM_AT 65536

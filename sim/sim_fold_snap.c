@@ -1,7 +1,7 @@
 /* sim_fold_snap: the fold's snapshots of the run and the tests three of them a period apart
  * must pass to prove a repeat (sim_fold.c says why these make a jump exact). */
 #include "sim_fold_snap.h"
-#include "sim_engine.h"
+#include "sim_clock.h"
 
 #include <math.h>
 #include <string.h>
@@ -87,7 +87,7 @@ gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const 
     return TRUE;
 }
 
-/* A value that moves is a time on the clock's grid, at c and at the jump's end (sim_engine.h:
+/* A value that moves is a time on the clock's grid, at c and at the jump's end (sim_clock.h:
  * a whole number of quanta below 2^22 s; times only grow, so every value between is too), or
  * a count of bytes, a whole number below 2^53. */
 uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end)
