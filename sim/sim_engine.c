@@ -862,6 +862,19 @@ static void run_queue(Sim *sim, const SimOptions *options)
     }
 }
 
+/* The figures the schedule's ops give statically, as the longer schedule's (its virtual
+ * periods inserted: SimOptions.extend_micro_steps): the sums, and its op count. */
+static void extend_result(const Sim *sim, const ZpHw *hw, SimResult *result,
+                          const GArray *inserts)
+{
+    const SimFoldInsert *at = (const SimFoldInsert *)(const void *)inserts->data;
+    sim_ops_sums_extended(sim, hw, result, at, inserts->len);
+    uint64_t ops = result->n_ops;
+    for (guint k = 0; k < inserts->len; k++)
+        ops += at[k].periods * at[k].step;
+    result->n_ops = (uint32_t)MIN(ops, (uint64_t)UINT32_MAX);
+}
+
 /* One step; *order_broken (with NULL and no error) where blocks met an order they cannot
  * stand for. */
 static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOptions *options,
@@ -879,6 +892,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
         .queue = {.last = UINT32_MAX},
         .stop_after_s = options->stop_after_s,
+        .extend_micro_steps = options->extend_micro_steps,
         .world = (uint32_t)sched->world,
         .taken_s = -1,
     };
@@ -966,6 +980,11 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     result->fold_micro_steps = fold.micro_steps;
     result->fold_jumps = fold.jumps;
     g_strlcpy(result->fold_note, fold.note, sizeof result->fold_note);
+    result->extended_micro_steps = fold.virtual_micro_steps;
+    if (ok && !result->stopped && fold.virtual_micro_steps > 0)
+        extend_result(&sim, hw, result, fold.inserts);
+    if (fold.inserts)
+        g_array_unref(fold.inserts);
     sim_clear(&sim);
     if (!ok) {
         sim_result_free(result);

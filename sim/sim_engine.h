@@ -67,6 +67,16 @@ typedef struct SimOptions {
      * gradient accumulation) instead of advancing by whole periods where they repeat exactly
      * (sim_fold.h): the same results bit for bit, slower; what the tests compare with. */
     gboolean no_fold;
+    /* > 0: the schedule is one built with this many fewer micro-steps (grad_accum) than the
+     * step to simulate, all of them whole periods of its steady state (the builder inserts
+     * steady periods, op for op, as grad_accum grows: tests/test_sim_extend.c). The fold
+     * counts them as virtual periods in its jumps (times, sums and event counts as if they
+     * had run; op indices moved by the physical ones only), so that the result is the long
+     * schedule's in every field but state_bytes and the fold's own (fold_*). Where the fold
+     * does not count them all (no exact repeat, a binade of the clock too short, a
+     * straggler, a timeline kept), SimResult.extended_micro_steps says fewer: the result is
+     * then the short schedule's, and the caller must run the long one. */
+    uint32_t extend_micro_steps;
 } SimOptions;
 
 typedef struct SimResult {
@@ -132,6 +142,9 @@ typedef struct SimResult {
      * it did not fold. */
     uint32_t fold_micro_steps, fold_jumps;
     char fold_note[192];
+    /* SimOptions.extend_micro_steps counted as virtual periods: the result stands for the
+     * longer schedule only where this equals it. */
+    uint32_t extended_micro_steps;
 
     /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
      * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's

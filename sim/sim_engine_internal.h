@@ -20,6 +20,12 @@ typedef struct SimOptions SimOptions;
 typedef struct SimResult SimResult;
 /* sim_fold.c's state of one run (sim_fold.h). */
 typedef struct SimFold SimFold;
+/* Virtual periods a jump counted (sim_fold.c): `periods` periods of `step` ops each, the ops
+ * [at - step, at) of one stage, which the longer schedule has before op `at` of this one. */
+typedef struct {
+    uint32_t at, step;
+    uint64_t periods;
+} SimFoldInsert;
 
 /* What the loop needs of an op, computed once and shared by all ranks: 48 bytes, each op's
  * one figure of time or size sharing one place (a 32,000-layer model's 2.1 million SimOps
@@ -331,6 +337,9 @@ typedef struct {
     gboolean fold_recording;
     uint32_t fold_watch[2];
     uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row) */
+    /* SimOptions.extend_micro_steps: micro-steps of the steady state the schedule lacks,
+     * which sim_fold.c counts as virtual periods in its jumps. */
+    uint32_t extend_micro_steps;
     GError *error;
 } Sim;
 
@@ -445,6 +454,8 @@ void sim_queue_replace(Queue *q, const GArray *times, const GArray *events);
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
  * streams; the result's per-rank sums come from here. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error);
+void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
+                           const SimFoldInsert *inserts, size_t n_inserts);
 
 /* sim_memory.c: each class's log of memory states and its ranks' state at the start (FALSE
  * where it does not fit), and op i on rank's memory (FALSE and sim->error where a category

@@ -84,6 +84,10 @@ struct SimFold {
     SimFoldReport report;
     const char *refused; /* why the run stopped looking, or NULL */
     gboolean grid_end;   /* a repeat found no room before the clock's grid ends (2^22 s) */
+    /* Virtual micro-steps still to count (Sim.extend_micro_steps); whether a timeline cell
+     * was noted (a virtual period has no op to write its cells at: none counted then). */
+    uint64_t virtual_left;
+    gboolean cells_noted;
 };
 
 /* ---- the schedule ---- */
@@ -316,7 +320,9 @@ typedef struct {
     gboolean apply;
     Snap *snap;          /* capture: filled; apply: the current snapshot */
     const Snap *before;  /* apply: the snapshot a period before */
-    uint32_t periods;    /* apply: how many */
+    uint32_t periods;    /* apply: how many (times, sums and counts move by these) */
+    uint32_t physical;   /* apply: how many of them the schedule's ops move by (the rest
+                          * are virtual: Sim.extend_micro_steps) */
     size_t d_at, ref_at;
     SimFold *f;
     const Sim *sim;
@@ -352,7 +358,7 @@ static void walk_op(Walk *w, uint32_t *op)
         return;
     }
     const int64_t step = w->snap->moves.i[w->ref_at++];
-    *op = (uint32_t)(*op + (int64_t)w->periods * step);
+    *op = (uint32_t)(*op + (int64_t)w->physical * step);
 }
 
 static void walk_ranks(Walk *w, Sim *sim)
@@ -573,8 +579,11 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
 static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    uint64_t periods = MIN(sim_snap_periods_exact(a, c, &f->grid_end),
-                           periods_schedule(f, sim, k_shift, lo, hi));
+    const uint64_t physical = periods_schedule(f, sim, k_shift, lo, hi);
+    /* Virtual periods (Sim.extend_micro_steps), only where the schedule allows a physical
+     * jump here: the longer schedule's ops repeat over as many more. */
+    const uint64_t virt = physical >= 2 && !f->cells_noted ? f->virtual_left / c->shift : 0;
+    uint64_t periods = MIN(sim_snap_periods_exact(a, c, &f->grid_end), physical + virt);
     const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
                    *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
@@ -588,6 +597,9 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
         while (periods > 0 &&
                c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
             periods--;
+    /* The virtual periods first (the physical ones left for the jumps to come); the
+     * schedule's ops move by the physical ones only. */
+    const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
     /* Every moving reference (a stream's next op, a flow's, a queued event's) moves inside
      * the ops that repeat (periods_schedule). */
     for (size_t k = 0; k < c->moves.len && periods >= 2; k++) {
@@ -595,7 +607,7 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
         const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
         if (c->moves.i[k] != 0 &&
             (c->moves.i[k] != f->steps[s] || op < eq_from[s] ||
-             (int64_t)op + (int64_t)periods * f->steps[s] >= (int64_t)eq_to[s]))
+             (int64_t)op + (int64_t)moved_periods * f->steps[s] >= (int64_t)eq_to[s]))
             periods = 0;
     }
     if (periods < 2) {
@@ -605,8 +617,8 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
         g_free(hi);
         return FALSE;
     }
-    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods, .f = f,
-              .sim = sim};
+    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods,
+              .physical = (uint32_t)moved_periods, .f = f, .sim = sim};
     w.d_at = 1;
     walk_ranks(&w, sim);
     const uint32_t instant = sim->queue.instant;
@@ -619,11 +631,18 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
     sim_queue_replace(&sim->queue, times, events);
     g_array_free(times, TRUE);
     g_array_free(events, TRUE);
-    for (uint32_t s = 0; s < f->stages; s++)
-        move_counts(f, sim, s, lo[s], hi[s], periods);
+    for (uint32_t s = 0; s < f->stages; s++) {
+        move_counts(f, sim, s, lo[s], hi[s], moved_periods);
+        if (virtual_periods > 0) { /* before the window: its ops and those past it moved */
+            const SimFoldInsert at = {lo[s], (uint32_t)f->steps[s], virtual_periods};
+            g_array_append_val(f->report.inserts, at);
+        }
+    }
     replay(f, sim, a->note_at, b->note_at, 1, (uint32_t)periods, period_s);
     replay(f, sim, b->note_at, c->note_at, 2, (uint32_t)periods, period_s);
-    f->report.micro_steps += (uint32_t)periods * c->shift;
+    f->report.micro_steps += (uint32_t)moved_periods * c->shift;
+    f->report.virtual_micro_steps += (uint32_t)virtual_periods * c->shift;
+    f->virtual_left -= virtual_periods * c->shift;
     f->report.jumps++;
     g_free(lo);
     g_free(hi);
@@ -657,12 +676,14 @@ void sim_fold_note_add(Sim *sim, double *field, double x)
 void sim_fold_note_cell(Sim *sim, double *array, size_t at, double value)
 {
     const Note n = {NOTE_CELL, array, at, value};
+    sim->fold->cells_noted = TRUE;
     g_array_append_val(sim->fold->notes, n);
 }
 
 void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank)
 {
     const Note n = {NOTE_RANK, NULL, at, rank};
+    sim->fold->cells_noted = TRUE;
     g_array_append_val(sim->fold->notes, n);
 }
 
@@ -850,14 +871,26 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     }
     f->snaps = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, sim_snap_free);
     f->notes = g_array_new(FALSE, FALSE, sizeof(Note));
+    f->report.inserts = g_array_new(FALSE, FALSE, sizeof(SimFoldInsert));
+    /* GPipe's forward phase, which does not fold, would be short by the same micro-steps
+     * as its backward phase: no virtual periods there (the caller runs the long one). */
+    if (sim->sched->plan.pipe.schedule != ZP_PIPE_GPIPE || f->stages == 1)
+        f->virtual_left = sim->extend_micro_steps;
     sim->fold_watch[0] = sim->fold_watch[1] = NO_OP;
     return f;
+}
+
+static gint insert_cmp(gconstpointer x, gconstpointer y)
+{
+    const SimFoldInsert *a = x, *b = y;
+    return a->at < b->at ? -1 : a->at > b->at;
 }
 
 void sim_fold_free(SimFold *f, SimFoldReport *report)
 {
     if (!f)
         return;
+    g_array_sort(f->report.inserts, insert_cmp);
     *report = f->report;
     if (f->report.jumps > 0)
         g_snprintf(report->note, sizeof report->note,

@@ -13,6 +13,10 @@
 typedef struct {
     uint32_t micro_steps, jumps;
     char note[192];
+    /* Virtual micro-steps counted (SimOptions.extend_micro_steps), and where: a GArray of
+     * SimFoldInsert sorted by op, the caller's to free (NULL where none). */
+    uint32_t virtual_micro_steps;
+    GArray *inserts;
 } SimFoldReport;
 
 /* The fold of one run, or NULL (report->note says why) where the run cannot fold: turned off

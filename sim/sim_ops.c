@@ -223,6 +223,71 @@ static void describe_group(SimResult *result, const char *name, const SimCollGro
     g_free(line);
 }
 
+/* The per-rank sums op adds to, in op order (the same additions in the same order give the
+ * same doubles: sim_ops_sums_extended relies on it): offload bytes, FLOPs, bytes sent. */
+static void add_sums(const ZpOp *op, const SimCollGroup *groups, SimResult *result,
+                     double *stage_flops)
+{
+    if (op->kind == ZP_OP_TRANSFER) {
+        result->offload_bytes[op->sub] += op->bytes;
+    } else if (op->kind == ZP_OP_COMPUTE && op->sub != ZP_COMP_CPU_OPTIMIZER) {
+        if (op->sub == ZP_COMP_RECOMPUTE)
+            result->recompute_flops += op->flops;
+        else if (op->sub != ZP_COMP_OPTIMIZER)
+            stage_flops[op->stage] += op->flops;
+    } else if (op->kind == ZP_OP_COLLECTIVE) {
+        const double sent = sim_coll_bytes_sent(op->sub, op->bytes, groups[op->group].ranks);
+        if (op->group < ZP_GROUP_N)
+            result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
+        else /* a schedule file's own communicator: files hold no pipeline */
+            result->comm_bytes[op->group] += sent;
+    } else if (op->kind == ZP_OP_P2P) {
+        result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
+    }
+}
+
+/* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the stage
+ * that sends most (all of them without a pipeline). Frees stage_flops. */
+static void finish_sums(const Sim *sim, SimResult *result, double *stage_flops)
+{
+    result->recompute_flops /= sim->sim_pp;
+    for (uint32_t k = 0; k < sim->sim_pp; k++) {
+        result->model_flops += stage_flops[k] / sim->sim_pp;
+        for (int g = 0; g < ZP_GROUP_N; g++)
+            result->comm_bytes[g] =
+                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
+    }
+    g_free(stage_flops);
+}
+
+/* The sums again, over the schedule with inserts[k].periods periods of inserts[k].step ops
+ * (ops [at - step, at)) inserted before op `at` (sorted by at): what the longer schedule's
+ * ops add, in its order (sim_fold.c's virtual periods). */
+void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
+                           const SimFoldInsert *inserts, size_t n_inserts)
+{
+    const ZpSchedule *s = sim->sched;
+    SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
+    for (uint32_t g = 0; g < sim->n_groups; g++)
+        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
+                                          sim->groups[g].stride);
+    memset(result->offload_bytes, 0, sizeof result->offload_bytes);
+    memset(result->comm_bytes, 0, sizeof result->comm_bytes);
+    memset(result->stage_comm_bytes, 0,
+           (size_t)sim->sim_pp * ZP_GROUP_N * sizeof *result->stage_comm_bytes);
+    result->recompute_flops = result->model_flops = 0;
+    double *stage_flops = g_new0(double, sim->sim_pp);
+    size_t k = 0;
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        for (; k < n_inserts && inserts[k].at == i; k++)
+            for (uint64_t p = 0; p < inserts[k].periods; p++)
+                for (uint32_t j = i - inserts[k].step; j < i; j++)
+                    add_sums(zp_sched_op(s, j), groups, result, stage_flops);
+        add_sums(zp_sched_op(s, i), groups, result, stage_flops);
+    }
+    finish_sums(sim, result, stage_flops);
+}
+
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
@@ -283,7 +348,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
              * move their slices at the same time (the schedule is the same on every rank). */
             o->duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
-            result->offload_bytes[op->sub] += op->bytes;
         } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
             if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
                                        error)) {
@@ -301,10 +365,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op),
                                                   op->flops, op->gemm_flops, op->attn_flops,
                                                   op->mem_bytes);
-            if (op->sub == ZP_COMP_RECOMPUTE)
-                result->recompute_flops += op->flops;
-            else if (op->sub != ZP_COMP_OPTIMIZER)
-                stage_flops[op->stage] += op->flops;
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
             if (last_cost[op->group][op->sub].bytes != op->bytes)
@@ -317,17 +377,12 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                                                                 s->plan.zero.stage, g->ranks);
             o->transfer_s = cost.transfer_s;
             o->link = g->bottleneck;
-            const double sent = sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
-            if (op->group < ZP_GROUP_N)
-                result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
-            else /* a schedule file's own communicator: files hold no pipeline */
-                result->comm_bytes[op->group] += sent;
         } else if (op->kind == ZP_OP_P2P) {
             o->duration_s = p2p_time_s(sim, hw, op);
-            result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
+        add_sums(op, groups, result, stage_flops);
         stream_link(sim, last_on_stream, i);
     }
     g_free(last_on_stream);
@@ -337,16 +392,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             kinds |= (unsigned)(last_cost[g][k].bytes >= 0) << k;
         describe_group(result, sim->groups[g].name, &groups[g], kinds);
     }
-    /* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the
-     * stage that sends most (all of them without a pipeline). */
-    result->recompute_flops /= sim->sim_pp;
-    for (uint32_t k = 0; k < sim->sim_pp; k++) {
-        result->model_flops += stage_flops[k] / sim->sim_pp;
-        for (int g = 0; g < ZP_GROUP_N; g++)
-            result->comm_bytes[g] =
-                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
-    }
-    g_free(stage_flops);
+    finish_sums(sim, result, stage_flops);
     for (uint32_t k = 0; k < sim->sim_pp; k++) {
         double stage_states = 0;
         for (int c = 0; c < ZP_MEM_N; c++)

@@ -1,0 +1,271 @@
+/* test_sim_extend: a short schedule (fewer micro-steps) whose fold counts the missing steady
+ * periods as virtual ones gives the long schedule's result in every field (sim_fold.c); and
+ * the structural fact it rests on: the builder's long schedule is the short one with whole
+ * steady periods inserted, op for op. */
+#include "sim_common.h"
+
+static ZpModel ext_model(int layers)
+{
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "extend-test", "layers",
+                          layers, "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", 32000);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(o, "extend-test", &m, &error));
+    g_assert_no_error(error);
+    json_decref(o);
+    return m;
+}
+
+typedef struct {
+    const char *what;
+    int stage, dp, mp, pp, v;
+    ZpPipeSchedule schedule;
+    gboolean checkpoint;
+    int accum, short_accum; /* the long schedule's micro-steps, and the short one's */
+    uint32_t period;        /* micro-steps a steady period holds */
+} ExtCase;
+
+static ZpSchedule *ext_schedule(const ExtCase *c, int accum)
+{
+    const ZpModel m = ext_model(64);
+    ZpPlan p;
+    zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.pipe.stages = c->pp;
+    p.pipe.schedule = c->schedule;
+    p.pipe.virtual_stages = c->v;
+    p.grad_accum = accum;
+    p.checkpoint = c->checkpoint;
+    p.gpus_per_node = a100.gpus_per_node;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    return s;
+}
+
+static const ExtCase cases[] = {
+    {"1f1b pp 2", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 48, 32, 1},
+    {"1f1b pp 4 tp 2 dp 2", 1, 2, 2, 4, 1, ZP_PIPE_1F1B, TRUE, 48, 32, 1},
+    {"1f1b pp 8", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 128, 48, 1},
+    {"1f1b pp 16", 0, 1, 1, 16, 1, ZP_PIPE_1F1B, FALSE, 96, 64, 1},
+    {"interleaved pp 4 v 2", 0, 2, 1, 4, 2, ZP_PIPE_INTERLEAVED, FALSE, 128, 96, 4},
+    {"accumulation, stage 2", 2, 16, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 32, 24, 1},
+    {"accumulation, stage 3", 3, 8, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 24, 20, 1},
+    {"gpipe pp 4", 0, 1, 1, 4, 1, ZP_PIPE_GPIPE, FALSE, 64, 32, 1},
+};
+
+/* Whether op b (long) is op a (short) moved: every field but micro and buffer, its
+ * dependencies mapped by map (short index -> long index), or past the inserted ops (shift). */
+static gboolean same_moved(const ZpSchedule *s, uint32_t i, const ZpSchedule *l, uint32_t j,
+                           const uint32_t *map, const uint32_t *shift)
+{
+    const ZpOp *a = zp_sched_op(s, i), *b = zp_sched_op(l, j);
+    if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
+        a->group != b->group || a->module != b->module || a->unit != b->unit ||
+        a->stage != b->stage || a->peer != b->peer || a->flops != b->flops ||
+        a->gemm_flops != b->gemm_flops || a->attn_flops != b->attn_flops ||
+        a->mem_bytes != b->mem_bytes || a->bytes != b->bytes ||
+        a->elem_offset != b->elem_offset || a->elems != b->elems || a->n_deps != b->n_deps)
+        return FALSE;
+    const uint32_t *da = zp_sched_deps(s, a), *db = zp_sched_deps(l, b);
+    /* A dependency inside the steady periods may lie on either side of the insertion: the
+     * ops just before it are the inserted ones' copies. */
+    for (uint32_t k = 0; k < a->n_deps; k++)
+        if (map[da[k]] != db[k] && map[da[k]] + shift[da[k]] != db[k])
+            return FALSE;
+    return TRUE;
+}
+
+/* The long schedule is the short one with whole periods inserted, stage by stage: each
+ * stage's ops are the short stage's up to some op X, then (long - short) micro-steps' worth of
+ * ops each repeating the op a period (q ops) before it, then the short stage's from X on;
+ * dependencies map alike (an op at or past X moves by the inserted ops, across stages too). */
+static void assert_inserted(const ExtCase *c)
+{
+    ZpSchedule *s = ext_schedule(c, c->short_accum), *l = ext_schedule(c, c->accum);
+    const uint32_t P = (uint32_t)MAX(s->stages, 1);
+    uint32_t *ss = g_new0(uint32_t, P + 1), *ls = g_new0(uint32_t, P + 1);
+    for (guint i = 0; i < s->ops->len; i++)
+        ss[zp_sched_op(s, i)->stage + 1]++;
+    for (guint i = 0; i < l->ops->len; i++)
+        ls[zp_sched_op(l, i)->stage + 1]++;
+    for (uint32_t t = 0; t < P; t++) {
+        ss[t + 1] += ss[t];
+        ls[t + 1] += ls[t];
+    }
+    g_assert_cmpuint(ss[P], ==, s->ops->len);
+    /* Each stage's X: its longest prefix of equal statics (a first guess, the dependencies
+     * checked after), and the inserted ops D. */
+    uint32_t *x = g_new(uint32_t, P), *map = g_new(uint32_t, s->ops->len);
+    uint32_t *shift = g_new0(uint32_t, s->ops->len);
+    const uint32_t periods = (uint32_t)(c->accum - c->short_accum) / c->period;
+    for (uint32_t t = 0; t < P; t++) {
+        const uint32_t n = ss[t + 1] - ss[t], d = ls[t + 1] - ls[t] - n;
+        g_assert_cmpuint(d % periods, ==, 0);
+        /* X: where the short stage's steady periods end (its cool-down begins while the
+         * long one's steady state goes on): the longest prefix of equal kinds and sizes. */
+        uint32_t prefix = 0;
+        while (prefix < n &&
+               zp_sched_op(s, ss[t] + prefix)->kind == zp_sched_op(l, ls[t] + prefix)->kind &&
+               zp_sched_op(s, ss[t] + prefix)->sub == zp_sched_op(l, ls[t] + prefix)->sub &&
+               zp_sched_op(s, ss[t] + prefix)->bytes == zp_sched_op(l, ls[t] + prefix)->bytes)
+            prefix++;
+        x[t] = prefix;
+        for (uint32_t i = 0; i < n; i++) {
+            map[ss[t] + i] = ls[t] + i + (i >= x[t] ? d : 0);
+            shift[ss[t] + i] = i < x[t] ? d : 0;
+        }
+    }
+    for (uint32_t t = 0; t < P; t++) {
+        const uint32_t n = ss[t + 1] - ss[t], d = ls[t + 1] - ls[t] - n, q = d / periods;
+        for (uint32_t i = 0; i < n; i++)
+            g_assert_true(same_moved(s, ss[t] + i, l, map[ss[t] + i], map, shift));
+        /* The inserted ops: each the op q before it, dependencies q before theirs. */
+        g_assert_cmpuint(x[t], >=, q);
+        for (uint32_t j = ls[t] + x[t]; j < ls[t] + x[t] + d; j++) {
+            const ZpOp *a = zp_sched_op(l, j - q), *b = zp_sched_op(l, j);
+            g_assert_cmpint(a->kind, ==, b->kind);
+            g_assert_cmpint(a->sub, ==, b->sub);
+            g_assert_cmpfloat(a->flops, ==, b->flops);
+            g_assert_cmpfloat(a->bytes, ==, b->bytes);
+            g_assert_cmpuint(a->n_deps, ==, b->n_deps);
+            const uint32_t *da = zp_sched_deps(l, a), *db = zp_sched_deps(l, b);
+            for (uint32_t k = 0; k < a->n_deps; k++) {
+                /* a dependency on another stage's op moves by that stage's q */
+                const uint32_t u = zp_sched_op(l, da[k])->stage;
+                const uint32_t qu = (ls[u + 1] - ls[u] - (ss[u + 1] - ss[u])) / periods;
+                g_assert_cmpuint(db[k], ==, da[k] + qu);
+            }
+        }
+    }
+    g_free(x);
+    g_free(map);
+    g_free(shift);
+    g_free(ss);
+    g_free(ls);
+    zp_sched_free(s);
+    zp_sched_free(l);
+}
+
+static void test_extend_structure(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        if (cases[k].schedule == ZP_PIPE_GPIPE)
+            continue; /* two phases grow: inserted in both (no virtual periods: below) */
+        g_test_message("%s", cases[k].what);
+        assert_inserted(&cases[k]);
+    }
+}
+
+static SimResult *run_ext(const ZpSchedule *s, SimOptions o)
+{
+    GError *error = NULL;
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    return r;
+}
+
+/* Every field of the result but state_bytes and the fold's own. */
+static void assert_same_all(const SimResult *f, const SimResult *u)
+{
+    const double got[] = {f->step_time_s, f->compute_s, f->exposed_comm_s, f->optimizer_s,
+                          f->idle_s, f->cpu_optimizer_s, f->offload_transfer_s,
+                          f->model_flops, f->recompute_flops, f->peak_memory_bytes,
+                          f->peak_model_state_bytes, f->flush_s, f->alltoall_s};
+    const double want[] = {u->step_time_s, u->compute_s, u->exposed_comm_s, u->optimizer_s,
+                           u->idle_s, u->cpu_optimizer_s, u->offload_transfer_s,
+                           u->model_flops, u->recompute_flops, u->peak_memory_bytes,
+                           u->peak_model_state_bytes, u->flush_s, u->alltoall_s};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    assert_same_doubles(f->stream_busy_s, u->stream_busy_s, ZP_STREAM_N);
+    assert_same_doubles(f->offload_bytes, u->offload_bytes, ZP_XFER_N);
+    assert_same_doubles(f->comm_bytes, u->comm_bytes, ZP_SCHED_MAX_GROUPS);
+    assert_same_doubles(f->peak_breakdown_bytes, u->peak_breakdown_bytes, ZP_MEM_N);
+    assert_same_doubles(f->category_peak_bytes, u->category_peak_bytes, ZP_MEM_N);
+    g_assert_cmpint(f->stages, ==, u->stages);
+    const size_t P = (size_t)MAX(u->stages, 1);
+    assert_same_doubles(f->stage_peak_bytes, u->stage_peak_bytes, P);
+    assert_same_doubles(f->stage_compute_s, u->stage_compute_s, P);
+    assert_same_doubles(f->stage_bubble_s, u->stage_bubble_s, P);
+    assert_same_doubles(f->stage_comm_bytes, u->stage_comm_bytes, P * ZP_GROUP_N);
+    assert_same_doubles(f->stage_category_peak_bytes, u->stage_category_peak_bytes,
+                        P * ZP_MEM_N);
+    assert_same_breakdowns(f, u);
+    g_assert_cmpint(f->mode, ==, u->mode);
+    g_assert_cmpstr(f->cost_model, ==, u->cost_model);
+    g_assert_cmpstr(f->collective_model, ==, u->collective_model);
+    g_assert_cmpint(f->world, ==, u->world);
+    g_assert_cmpint(f->ranks_simulated, ==, u->ranks_simulated);
+    g_assert_cmpint(f->units_simulated, ==, u->units_simulated);
+    g_assert_cmpint(f->stopped, ==, u->stopped);
+    g_assert_cmpint(f->report_rank, ==, u->report_rank);
+    g_assert_cmpuint(f->op_events, ==, u->op_events);
+    g_assert_cmpuint(f->heap_events, ==, u->heap_events);
+    g_assert_cmpuint(f->n_ops, ==, u->n_ops);
+    for (int r = 0; r < u->ranks_simulated; r++) {
+        g_assert_cmpuint(f->first_rank[r], ==, u->first_rank[r]);
+        g_assert_cmpuint(f->rank_count[r], ==, u->rank_count[r]);
+    }
+}
+
+/* The short schedule, its missing micro-steps counted as virtual periods, equals the long
+ * one folded and stepped, in every field; without them counted it is another step (shorter,
+ * fewer events): the virtual periods are what make it the long one. GPipe counts none (its
+ * forward phase, which does not fold, would be short too). */
+static void test_extend_equal(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const ExtCase *c = &cases[k];
+        ZpSchedule *s = ext_schedule(c, c->short_accum), *l = ext_schedule(c, c->accum);
+        const uint32_t missing = (uint32_t)(c->accum - c->short_accum);
+        SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps = missing});
+        SimResult *plain = run_ext(s, (SimOptions){0});
+        SimResult *full = run_ext(l, (SimOptions){0});
+        SimResult *stepped = run_ext(l, (SimOptions){.no_fold = TRUE});
+        g_test_message("%s: %u of %u micro-steps virtual; %s", c->what,
+                       ext->extended_micro_steps, missing, ext->fold_note);
+        if (c->schedule == ZP_PIPE_GPIPE) {
+            g_assert_cmpuint(ext->extended_micro_steps, ==, 0);
+        } else {
+            g_assert_cmpuint(ext->extended_micro_steps, ==, missing);
+            assert_same_all(ext, full);
+            assert_same_all(ext, stepped);
+            g_assert_cmpuint(ext->op_events, >, plain->op_events);
+            g_assert_cmpfloat(ext->step_time_s, >, plain->step_time_s);
+        }
+        sim_result_free(ext);
+        sim_result_free(plain);
+        sim_result_free(full);
+        sim_result_free(stepped);
+        zp_sched_free(s);
+        zp_sched_free(l);
+    }
+}
+
+/* A slow rank among its stage's peers (rank classes) refuses the fold: no virtual periods
+ * counted, so the caller runs the long schedule. So does a kept timeline. */
+static void test_extend_refused(void)
+{
+    const ExtCase *c = &cases[1]; /* pp 4, tp 2, dp 2 */
+    ZpSchedule *s = ext_schedule(c, c->short_accum);
+    const uint32_t missing = (uint32_t)(c->accum - c->short_accum);
+    const SimSlow slow = {.index = 5, .factor = 1.5};
+    SimResult *r = run_ext(s, (SimOptions){.slow_ranks = &slow, .n_slow_ranks = 1,
+                                       .extend_micro_steps = missing});
+    g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    sim_result_free(r);
+    r = run_ext(s, (SimOptions){.record_timeline = TRUE, .extend_micro_steps = missing});
+    g_assert_cmpuint(r->fold_jumps, >, 0);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    sim_common_init();
+    g_test_add_func("/sim/extend/structure", test_extend_structure);
+    g_test_add_func("/sim/extend/equal", test_extend_equal);
+    g_test_add_func("/sim/extend/refused", test_extend_refused);
+    return sim_common_run();
+}
