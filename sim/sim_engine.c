@@ -893,6 +893,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         .queue = {.last = UINT32_MAX},
         .stop_after_s = options->stop_after_s,
         .extend_micro_steps = options->extend_micro_steps,
+        .extend_or_stop = options->extend_or_stop,
         .world = (uint32_t)sched->world,
         .taken_s = -1,
     };

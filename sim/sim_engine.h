@@ -77,6 +77,11 @@ typedef struct SimOptions {
      * straggler, a timeline kept), SimResult.extended_micro_steps says fewer: the result is
      * then the short schedule's, and the caller must run the long one. */
     uint32_t extend_micro_steps;
+    /* With extend_micro_steps: stop (stopped, extended_micro_steps < extend_micro_steps) at
+     * the first jump that cannot count all of them, which a binade of the clock ends (its
+     * later jumps would need the short schedule's ops to step the crossing's transient):
+     * what a caller that then runs the long schedule wants, not the short run's rest. */
+    gboolean extend_or_stop;
 } SimOptions;
 
 typedef struct SimResult {

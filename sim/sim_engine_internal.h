@@ -340,6 +340,7 @@ typedef struct {
     /* SimOptions.extend_micro_steps: micro-steps of the steady state the schedule lacks,
      * which sim_fold.c counts as virtual periods in its jumps. */
     uint32_t extend_micro_steps;
+    gboolean extend_or_stop; /* SimOptions.extend_or_stop */
     GError *error;
 } Sim;
 

@@ -260,6 +260,32 @@ static void test_extend_refused(void)
     zp_sched_free(s);
 }
 
+/* 1F1B pp 2 short by 64 of 96 micro-steps: its jumps end at the clock's binades, and the
+ * short schedule has no steady ops left to step the last crossing (62 of 64 counted, in three
+ * jumps). With extend_or_stop the run stops at its first jump, which cannot count all 64:
+ * stopped, none counted (what cli_rank.c then falls back from). */
+static void test_extend_or_stop(void)
+{
+    const ExtCase c = {"1f1b pp 2 x 96", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 96, 32, 1};
+    ZpSchedule *s = ext_schedule(&c, c.short_accum);
+    SimResult *r = run_ext(s, (SimOptions){.extend_micro_steps = 64});
+    g_assert_false(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, >, 0);
+    g_assert_cmpuint(r->extended_micro_steps, <, 64);
+    sim_result_free(r);
+    r = run_ext(s, (SimOptions){.extend_micro_steps = 64, .extend_or_stop = TRUE});
+    g_assert_true(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    g_assert_nonnull(strstr(r->fold_note, "the virtual periods do not fit this jump"));
+    sim_result_free(r);
+    /* Where one jump counts them all, extend_or_stop changes nothing. */
+    r = run_ext(s, (SimOptions){.extend_micro_steps = 8, .extend_or_stop = TRUE});
+    g_assert_false(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 8);
+    sim_result_free(r);
+    zp_sched_free(s);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -267,5 +293,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/structure", test_extend_structure);
     g_test_add_func("/sim/extend/equal", test_extend_equal);
     g_test_add_func("/sim/extend/refused", test_extend_refused);
+    g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
     return sim_common_run();
 }
