@@ -32,14 +32,67 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
     return NULL;
 }
 
+/* The micro-steps a plan's schedule may be built short of: whole steady periods (an
+ * interleaved group of pp micro-steps, else one), in pairs twice over (the fold jumps an
+ * even number of periods, of one or two micro-steps, or one or two groups), leaving the
+ * short schedule every stage's warm-up and cool-down (pp each), a settle transient and the
+ * fold's snapshots (three periods and two before each): 2 pp + 24 micro-steps for 1F1B and
+ * plain accumulation, 12 groups for interleaved (a group's jump needs 6 in one binade of
+ * the clock, sim_fold.c group_first). 0 where the plan is too short to gain or is GPipe,
+ * whose forward phase does not fold (sim_fold_new counts no virtual periods there). */
+static int short_by(const ZpPlan *plan)
+{
+    const int pp = zp_plan_pp(plan), m = plan->grad_accum;
+    if (pp > 1 && plan->pipe.schedule == ZP_PIPE_GPIPE)
+        return 0;
+    const gboolean interleaved = pp > 1 && plan->pipe.schedule == ZP_PIPE_INTERLEAVED;
+    const int unit = interleaved ? 4 * pp : 4, keep = interleaved ? 12 * pp : 2 * pp + 24;
+    const int k = m > keep ? (m - keep) / unit * unit : 0;
+    return k >= unit ? k : 0;
+}
+
+/* The run of the schedule built short_by micro-steps short, its missing periods counted as
+ * virtual ones (SimOptions.extend_micro_steps): the full schedule's result in every field the
+ * ranking and plan's report read (tests/test_sim_extend.c), or NULL where the fold did not
+ * count them all (nothing proven: the caller runs the full schedule). */
+static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                                 double stop_after_s)
+{
+    const int k = short_by(plan);
+    if (k == 0)
+        return NULL;
+    ZpPlan shorter = *plan;
+    shorter.grad_accum -= k;
+    ZpSchedule *sched = zp_sched_build(model, &shorter, NULL);
+    if (!sched)
+        return NULL;
+    const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s,
+                                .extend_micro_steps = (uint32_t)k, .extend_or_stop = TRUE};
+    SimResult *result = sim_engine_run(sched, hw, &options, NULL);
+    zp_sched_free(sched);
+    if (result && result->extended_micro_steps == (uint32_t)k)
+        return result;
+    sim_result_free(result);
+    return NULL;
+}
+
 SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                              double stop_after_s, ZpAllocStats *alloc, GError **error)
 {
+    SimResult *result = simulate_short(model, hw, plan, stop_after_s);
+    if (result && (result->stopped || !alloc))
+        return result;
     ZpSchedule *sched = zp_sched_build(model, plan, error);
-    if (!sched)
+    if (!sched) {
+        sim_result_free(result);
         return NULL;
+    }
     const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
-    SimResult *result = sim_engine_run(sched, hw, &options, error);
+    if (!result)
+        result = sim_engine_run(sched, hw, &options, error);
+    /* The allocator replay reads the full schedule's buffers: its short one's would hold
+     * different blocks at the steady state's end (a stage's activations turn round its
+     * blocks every pp - s micro-steps, zp_alloc_replay.c). */
     if (result && !result->stopped && alloc)
         *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
     zp_sched_free(sched);
