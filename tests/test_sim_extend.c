@@ -2,7 +2,9 @@
  * periods as virtual ones gives the long schedule's result in every field (sim_fold.c); and
  * the structural fact it rests on: the builder's long schedule is the short one with whole
  * steady periods inserted, op for op. */
+#include "cli.h"
 #include "sim_common.h"
+#include "zp_alloc_replay.h"
 
 static ZpModel ext_model(int layers)
 {
@@ -286,6 +288,50 @@ static void test_extend_or_stop(void)
     zp_sched_free(s);
 }
 
+/* Every figure of two replays of the caching allocator. */
+static void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u)
+{
+    const double got[] = {f->allocated_bytes, f->reserved_bytes, f->peak_allocated_bytes,
+                          f->peak_reserved_bytes, f->reserved_at_peak_bytes,
+                          f->largest_free_at_peak_bytes, f->oom_request_bytes,
+                          f->oom_allocated_bytes, f->oom_reserved_bytes,
+                          f->oom_largest_free_bytes};
+    const double want[] = {u->allocated_bytes, u->reserved_bytes, u->peak_allocated_bytes,
+                           u->peak_reserved_bytes, u->reserved_at_peak_bytes,
+                           u->largest_free_at_peak_bytes, u->oom_request_bytes,
+                           u->oom_allocated_bytes, u->oom_reserved_bytes,
+                           u->oom_largest_free_bytes};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    g_assert_cmpuint(f->segments_allocated, ==, u->segments_allocated);
+    g_assert_cmpint(f->oom, ==, u->oom);
+    g_assert_cmpint(f->oom_fragmented, ==, u->oom_fragmented);
+    g_assert_cmpuint(f->folded_events, ==, u->folded_events);
+}
+
+/* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
+ * 40 (2 pp + 24, short by 8) and counts 8 virtual: its result and allocator figures are the
+ * full schedule's, field for field (what plan's report prints from the kept run). */
+static void test_extend_rank(void)
+{
+    const ExtCase c = {"1f1b pp 8 x 48", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 48, 40, 1};
+    ZpSchedule *l = ext_schedule(&c, c.accum);
+    const ZpModel m = ext_model(64);
+    ZpAllocStats alloc;
+    GError *error = NULL;
+    SimResult *ranked = cli_rank_simulate(&m, &a100, &l->plan, 0, &alloc, &error);
+    g_assert_no_error(error);
+    SimResult *full = run_ext(l, (SimOptions){0});
+    g_assert_cmpuint(ranked->extended_micro_steps, ==, 8);
+    g_assert_cmpuint(full->extended_micro_steps, ==, 0);
+    assert_same_all(ranked, full);
+    const ZpAllocStats want =
+        zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
+    assert_same_alloc(&alloc, &want);
+    sim_result_free(ranked);
+    sim_result_free(full);
+    zp_sched_free(l);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -294,5 +340,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/equal", test_extend_equal);
     g_test_add_func("/sim/extend/refused", test_extend_refused);
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
+    g_test_add_func("/sim/extend/rank", test_extend_rank);
     return sim_common_run();
 }
