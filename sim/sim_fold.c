@@ -24,7 +24,16 @@
  * at each power of two: a jump had to stay in one binade, and the rounding a crossing left
  * took a pipeline round trip to wash out (Megatron's 1T shape folded 254 of stage 0's 449
  * steady micro-steps; on the grid it folds them nearly all). What remains unfolded is the
- * fill, the drain, and the periods the snapshots take to prove a repeat. */
+ * fill, the drain, and the periods the snapshots take to prove a repeat.
+ *
+ * Virtual periods (Sim.extend_micro_steps). The builder's schedule of m micro-steps is its
+ * schedule of m - k with whole steady periods inserted, op for op but the micro field
+ * (tests/test_sim_extend.c checks it), so a jump proven on the short schedule holds on the
+ * long one for as many more periods as were inserted: a jump counts up to k / d of them on
+ * top of its physical ones (times, sums and counts move by both, op indices by the physical
+ * only), inserted before each stage's window (SimFoldReport.inserts, which sim_ops.c needs to
+ * add the long schedule's static sums in its order). The same checks bound it (the grid's
+ * end, the stop time), so a caller whose short run did not count all k runs the long one. */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_snap.h"
