@@ -54,10 +54,14 @@ static int short_by(const ZpPlan *plan)
 /* The run of the schedule built short_by micro-steps short, its missing periods counted as
  * virtual ones (SimOptions.extend_micro_steps): the full schedule's result in every field the
  * ranking and plan's report read (tests/test_sim_extend.c), or NULL where the fold did not
- * count them all (nothing proven: the caller runs the full schedule). */
+ * count them all (nothing proven: the caller runs the full schedule). With alloc, the
+ * allocator replay of the full schedule from the short one and the periods inserted
+ * (*alloc_done FALSE where it could not: the caller replays the full schedule). */
 static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
-                                 double stop_after_s)
+                                 double stop_after_s, ZpAllocStats *alloc,
+                                 gboolean *alloc_done)
 {
+    *alloc_done = FALSE;
     const int k = short_by(plan);
     if (k == 0)
         return NULL;
@@ -69,18 +73,24 @@ static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpP
     const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s,
                                 .extend_micro_steps = (uint32_t)k, .extend_or_stop = TRUE};
     SimResult *result = sim_engine_run(sched, hw, &options, NULL);
+    if (result && result->extended_micro_steps != (uint32_t)k) {
+        sim_result_free(result);
+        result = NULL;
+    }
+    if (result && !result->stopped && alloc)
+        *alloc_done = zp_alloc_replay_schedule_extended(
+            sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes, result->inserts,
+            result->n_inserts, alloc);
     zp_sched_free(sched);
-    if (result && result->extended_micro_steps == (uint32_t)k)
-        return result;
-    sim_result_free(result);
-    return NULL;
+    return result;
 }
 
 SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                              double stop_after_s, ZpAllocStats *alloc, GError **error)
 {
-    SimResult *result = simulate_short(model, hw, plan, stop_after_s);
-    if (result && (result->stopped || !alloc))
+    gboolean alloc_done;
+    SimResult *result = simulate_short(model, hw, plan, stop_after_s, alloc, &alloc_done);
+    if (result && (result->stopped || !alloc || alloc_done))
         return result;
     ZpSchedule *sched = zp_sched_build(model, plan, error);
     if (!sched) {
@@ -90,9 +100,6 @@ SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan 
     const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
     if (!result)
         result = sim_engine_run(sched, hw, &options, error);
-    /* The allocator replay reads the full schedule's buffers: its short one's would hold
-     * different blocks at the steady state's end (a stage's activations turn round its
-     * blocks every pp - s micro-steps, zp_alloc_replay.c). */
     if (result && !result->stopped && alloc)
         *alloc = zp_alloc_replay_schedule(sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes);
     zp_sched_free(sched);

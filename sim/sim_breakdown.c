@@ -202,6 +202,7 @@ void sim_result_free(SimResult *result)
     g_free(result->timeline_ranks);
     g_free(result->first_rank);
     g_free(result->rank_count);
+    g_free(result->inserts);
     g_free(result->stage_peak_bytes);
     g_free(result->stage_compute_s);
     g_free(result->stage_bubble_s);

@@ -984,8 +984,12 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     result->extended_micro_steps = fold.virtual_micro_steps;
     if (ok && !result->stopped && fold.virtual_micro_steps > 0)
         extend_result(&sim, hw, result, fold.inserts);
-    if (fold.inserts)
+    if (fold.inserts && fold.inserts->len > 0) {
+        result->n_inserts = fold.inserts->len;
+        result->inserts = (ZpOpInsert *)(void *)g_array_free(fold.inserts, FALSE);
+    } else if (fold.inserts) {
         g_array_unref(fold.inserts);
+    }
     sim_clear(&sim);
     if (!ok) {
         sim_result_free(result);

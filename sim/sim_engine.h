@@ -150,6 +150,10 @@ typedef struct SimResult {
     /* SimOptions.extend_micro_steps counted as virtual periods: the result stands for the
      * longer schedule only where this equals it. */
     uint32_t extended_micro_steps;
+    /* Where: the periods the longer schedule has and this one lacks, sorted by op (what its
+     * allocator replay needs, zp_alloc_replay_schedule_extended); NULL where none. */
+    ZpOpInsert *inserts;
+    uint32_t n_inserts;
 
     /* With record_timeline: op i of simulated rank r ran over [op_start_s[r * n_ops + i],
      * op_end_s[r * n_ops + i]] (equal for alloc and free); NULL otherwise. A collective's

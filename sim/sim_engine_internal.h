@@ -20,12 +20,8 @@ typedef struct SimOptions SimOptions;
 typedef struct SimResult SimResult;
 /* sim_fold.c's state of one run (sim_fold.h). */
 typedef struct SimFold SimFold;
-/* Virtual periods a jump counted (sim_fold.c): `periods` periods of `step` ops each, the ops
- * [at - step, at) of one stage, which the longer schedule has before op `at` of this one. */
-typedef struct {
-    uint32_t at, step;
-    uint64_t periods;
-} SimFoldInsert;
+/* Virtual periods a jump counted (sim_fold.c), as zp_sched.h describes them. */
+typedef ZpOpInsert SimFoldInsert;
 
 /* What the loop needs of an op, computed once and shared by all ranks: 48 bytes, each op's
  * one figure of time or size sharing one place (a 32,000-layer model's 2.1 million SimOps

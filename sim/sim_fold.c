@@ -651,7 +651,7 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
     for (uint32_t s = 0; s < f->stages; s++) {
         move_counts(f, sim, s, lo[s], hi[s], moved_periods);
         if (virtual_periods > 0) { /* before the window: its ops and those past it moved */
-            const SimFoldInsert at = {lo[s], (uint32_t)f->steps[s], virtual_periods};
+            const SimFoldInsert at = {lo[s], (uint32_t)f->steps[s], c->shift, virtual_periods};
             g_array_append_val(f->report.inserts, at);
         }
     }

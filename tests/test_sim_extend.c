@@ -209,6 +209,26 @@ static void assert_same_all(const SimResult *f, const SimResult *u)
     }
 }
 
+static void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u);
+
+/* The allocator replay of the long schedule from the short one and the periods its run
+ * inserted equals the long schedule's own, unbounded and against a capacity below its
+ * reserved peak (the out-of-memory replay). */
+static void assert_alloc_extends(const ZpSchedule *s, const ZpSchedule *l, const SimResult *ext)
+{
+    g_assert_cmpuint(ext->n_inserts, >, 0);
+    ZpAllocStats got;
+    g_assert_true(zp_alloc_replay_schedule_extended(s, 0, ext->inserts, ext->n_inserts, &got));
+    const ZpAllocStats want = zp_alloc_replay_schedule(l, 0);
+    assert_same_alloc(&got, &want);
+    const double capacity = 0.9 * want.peak_reserved_bytes;
+    g_assert_true(
+        zp_alloc_replay_schedule_extended(s, capacity, ext->inserts, ext->n_inserts, &got));
+    const ZpAllocStats oom = zp_alloc_replay_schedule(l, capacity);
+    g_assert_true(oom.oom);
+    assert_same_alloc(&got, &oom);
+}
+
 /* The short schedule, its missing micro-steps counted as virtual periods, equals the long
  * one folded and stepped, in every field; without them counted it is another step (shorter,
  * fewer events): the virtual periods are what make it the long one. GPipe counts none (its
@@ -231,6 +251,7 @@ static void test_extend_equal(void)
             g_assert_cmpuint(ext->extended_micro_steps, ==, missing);
             assert_same_all(ext, full);
             assert_same_all(ext, stepped);
+            assert_alloc_extends(s, l, ext);
             g_assert_cmpuint(ext->op_events, >, plain->op_events);
             g_assert_cmpfloat(ext->step_time_s, >, plain->step_time_s);
         }

@@ -76,6 +76,15 @@ ZpAllocStats zp_alloc_replay_schedule(const ZpSchedule *sched, double capacity_b
 ZpAllocStats zp_alloc_replay_schedule_folded(const ZpSchedule *sched, double capacity_bytes,
                                              gboolean fold);
 
+/* The folded replay of the longer schedule that `inserts` describe (this one with whole steady
+ * periods inserted: ZpOpInsert, from SimResult.inserts), into *stats: what
+ * zp_alloc_replay_schedule gives for that schedule, without building it. FALSE where the
+ * inserted ops do not pair up as steady periods do (tests/test_sim_extend.c): replay the
+ * longer schedule itself. */
+gboolean zp_alloc_replay_schedule_extended(const ZpSchedule *sched, double capacity_bytes,
+                                           const ZpOpInsert *inserts, size_t n_inserts,
+                                           ZpAllocStats *stats);
+
 /* The bytes a step needs from the GPU, the runtime reserve aside, as `memory`, `simulate`,
  * `plan` and `sweep` all judge a fit: what the caching allocator reserves at its peak (its
  * segments, holes included), at least the schedule's live peak; after an out-of-memory from

@@ -17,6 +17,16 @@
 #include <glib.h>
 #include <stdint.h>
 
+/* Whole steady periods a schedule lacks against a longer one of the same plan (more
+ * micro-steps): `periods` copies of one stage's ops [at - step, at), a period of
+ * `micro_steps` micro-steps, which the longer schedule has before op `at` of this one (the
+ * builder inserts steady periods op for op as grad_accum grows; sim_fold.c counts them as
+ * virtual periods, zp_alloc_replay replays them). */
+typedef struct {
+    uint32_t at, step, micro_steps;
+    uint64_t periods;
+} ZpOpInsert;
+
 /* The most micro-steps x units (layers + 2) one schedule holds: a schedule lists every
  * micro-step's ops (about 6 to 13 per unit), so this bounds a build and its simulation to
  * about 1.5 s and 1 GB (stage 3 with checkpointing, the most ops per unit). Larger plans are
