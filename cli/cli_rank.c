@@ -33,13 +33,18 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
 }
 
 /* The micro-steps a plan's schedule may be built short of: whole steady periods (an
- * interleaved group of pp micro-steps, else one), in pairs twice over (the fold jumps an
- * even number of periods, of one or two micro-steps, or one or two groups), leaving the
- * short schedule every stage's warm-up and cool-down (pp each), a settle transient and the
- * fold's snapshots (three periods and two before each): 2 pp + 24 micro-steps for 1F1B and
- * plain accumulation, 12 groups for interleaved (a group's jump needs 6 in one binade of
- * the clock, sim_fold.c group_first). 0 where the plan is too short to gain or is GPipe,
- * whose forward phase does not fold (sim_fold_new counts no virtual periods there). */
+ * interleaved group of pp micro-steps, else one), k a multiple of 4 (of 4 pp interleaved) so
+ * that the fold's jumps of one or two periods of one or two micro-steps (groups) add up to
+ * it. The short schedule keeps every stage's warm-up and cool-down, the settle transient and
+ * the fold's snapshots (three periods, and two before each), and the allocator replay's
+ * steady periods: 2 pp + 24 micro-steps for 1F1B and plain accumulation (1F1B's first stage
+ * frees its warm-up forwards' activations through its first pp steady periods, and only past
+ * them does an inserted period pair its frees as every later one does: with pp + 16 kept,
+ * Megatron's 1T row extended in the simulator but its allocator replay fell back to the full
+ * schedule, 112 against 82 ms an evaluation on a fixed-grid clock), 12 groups of pp
+ * interleaved (a group's jump needs 6 of them in one stretch of the clock, sim_fold.c
+ * group_first). 0 where the plan is too short to gain, or GPipe, whose forward phase does not
+ * fold (sim_fold_new counts no virtual periods there). */
 static int short_by(const ZpPlan *plan)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
