@@ -73,14 +73,14 @@ typedef struct SimOptions {
      * counts them as virtual periods in its jumps (times, sums and event counts as if they
      * had run; op indices moved by the physical ones only), so that the result is the long
      * schedule's in every field but state_bytes and the fold's own (fold_*). Where the fold
-     * does not count them all (no exact repeat, a binade of the clock too short, a
+     * does not count them all (no exact repeat, the clock's grid ending, a stop time, a
      * straggler, a timeline kept), SimResult.extended_micro_steps says fewer: the result is
      * then the short schedule's, and the caller must run the long one. */
     uint32_t extend_micro_steps;
     /* With extend_micro_steps: stop (stopped, extended_micro_steps < extend_micro_steps) at
-     * the first jump that cannot count all of them, which a binade of the clock ends (its
-     * later jumps would need the short schedule's ops to step the crossing's transient):
-     * what a caller that then runs the long schedule wants, not the short run's rest. */
+     * the first jump that cannot count all of them (a stop time or the clock's grid ends it
+     * first; its later jumps would need steady ops the short schedule lacks): what a caller
+     * that then runs the long schedule wants, not the short run's rest. */
     gboolean extend_or_stop;
 } SimOptions;
 

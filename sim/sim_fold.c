@@ -620,9 +620,9 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
             periods = 0;
     }
     if (periods >= 2 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
-        /* Not all the virtual micro-steps in this jump (the clock's binade ends first): the
-         * caller runs the long schedule anyway, so the rest of this run is not worth its
-         * time (SimOptions.extend_or_stop). */
+        /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
+         * first): the caller runs the long schedule anyway, so the rest of this run is not
+         * worth its time (SimOptions.extend_or_stop). */
         f->refused = "the virtual periods do not fit this jump";
         sim->stopped_s = c->now_s;
         periods = 0;

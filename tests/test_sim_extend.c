@@ -45,13 +45,13 @@ static ZpSchedule *ext_schedule(const ExtCase *c, int accum)
 }
 
 static const ExtCase cases[] = {
-    {"1f1b pp 2", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 48, 32, 1},
-    {"1f1b pp 4 tp 2 dp 2", 1, 2, 2, 4, 1, ZP_PIPE_1F1B, TRUE, 48, 32, 1},
+    {"1f1b pp 2", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 96, 32, 1},
+    {"1f1b pp 4 tp 2 dp 2", 1, 2, 2, 4, 1, ZP_PIPE_1F1B, TRUE, 64, 32, 1},
     {"1f1b pp 8", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 128, 48, 1},
-    {"1f1b pp 16", 0, 1, 1, 16, 1, ZP_PIPE_1F1B, FALSE, 96, 64, 1},
-    {"interleaved pp 4 v 2", 0, 2, 1, 4, 2, ZP_PIPE_INTERLEAVED, FALSE, 128, 96, 4},
-    {"accumulation, stage 2", 2, 16, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 32, 24, 1},
-    {"accumulation, stage 3", 3, 8, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 24, 20, 1},
+    {"1f1b pp 16", 0, 1, 1, 16, 1, ZP_PIPE_1F1B, FALSE, 192, 64, 1},
+    {"interleaved pp 4 v 2", 0, 2, 1, 4, 2, ZP_PIPE_INTERLEAVED, FALSE, 256, 96, 4},
+    {"accumulation, stage 2", 2, 16, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 64, 24, 1},
+    {"accumulation, stage 3", 3, 8, 1, 1, 1, ZP_PIPE_1F1B, FALSE, 48, 20, 1},
     {"gpipe pp 4", 0, 1, 1, 4, 1, ZP_PIPE_GPIPE, FALSE, 64, 32, 1},
 };
 
@@ -283,38 +283,37 @@ static void test_extend_refused(void)
     zp_sched_free(s);
 }
 
-/* 1F1B pp 2 short by 64 of 96 micro-steps. On a clock whose jumps end at powers of two (a
- * binade's grid), its jumps stop there and the short schedule has no steady ops left to step
- * the last crossing: 62 of 64 counted, in three jumps; with extend_or_stop the run stops at
- * its first jump, which cannot count all 64: stopped, none counted (what cli_rank.c then
- * falls back from). Where one jump counts all 64 (a clock on a fixed grid), extend_or_stop
- * changes nothing; and 8 fit one jump on either clock. */
+/* 1F1B pp 2 short by 64 of 96 micro-steps: one jump counts all 64, with extend_or_stop or
+ * without. With a stop time at 0.6 of the long step the jump is trimmed to end before it (the
+ * search's early stop), so it counts fewer: without extend_or_stop the run goes on and stops
+ * at that time, 0 < counted < 64; with it the run stops at that jump, none counted (what
+ * cli_rank.c then falls back from). */
 static void test_extend_or_stop(void)
 {
     const ExtCase c = {"1f1b pp 2 x 96", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 96, 32, 1};
     ZpSchedule *s = ext_schedule(&c, c.short_accum);
     SimResult *r = run_ext(s, (SimOptions){.extend_micro_steps = 64});
     SimResult *or_stop = run_ext(s, (SimOptions){.extend_micro_steps = 64, .extend_or_stop = TRUE});
-    g_assert_false(r->stopped);
-    g_test_message("without: %u of 64 in %u jumps; with: %u, %s", r->extended_micro_steps,
-                   r->fold_jumps, or_stop->extended_micro_steps, or_stop->fold_note);
-    if (r->extended_micro_steps < 64) {
-        g_assert_cmpuint(r->extended_micro_steps, >, 0);
-        g_assert_true(or_stop->stopped);
-        g_assert_cmpuint(or_stop->extended_micro_steps, ==, 0);
-        g_assert_nonnull(strstr(or_stop->fold_note, "the virtual periods do not fit this jump"));
-    } else {
-        g_assert_cmpuint(r->fold_jumps, ==, 1);
-        g_assert_false(or_stop->stopped);
-        g_assert_cmpuint(or_stop->extended_micro_steps, ==, 64);
-        g_assert_cmpfloat(or_stop->step_time_s, ==, r->step_time_s);
-    }
+    g_assert_false(r->stopped || or_stop->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 64);
+    g_assert_cmpuint(or_stop->extended_micro_steps, ==, 64);
+    g_assert_cmpfloat(or_stop->step_time_s, ==, r->step_time_s);
+    const double stop_s = 0.6 * r->step_time_s;
     sim_result_free(r);
     sim_result_free(or_stop);
-    r = run_ext(s, (SimOptions){.extend_micro_steps = 8, .extend_or_stop = TRUE});
-    g_assert_false(r->stopped);
-    g_assert_cmpuint(r->extended_micro_steps, ==, 8);
+    r = run_ext(s, (SimOptions){.extend_micro_steps = 64, .stop_after_s = stop_s});
+    or_stop = run_ext(s, (SimOptions){.extend_micro_steps = 64, .stop_after_s = stop_s,
+                                      .extend_or_stop = TRUE});
+    g_test_message("stopped at %.3f s: %u of 64 counted; with extend_or_stop %u, %s", stop_s,
+                   r->extended_micro_steps, or_stop->extended_micro_steps, or_stop->fold_note);
+    g_assert_true(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, >, 0);
+    g_assert_cmpuint(r->extended_micro_steps, <, 64);
+    g_assert_true(or_stop->stopped);
+    g_assert_cmpuint(or_stop->extended_micro_steps, ==, 0);
+    g_assert_nonnull(strstr(or_stop->fold_note, "the virtual periods do not fit this jump"));
     sim_result_free(r);
+    sim_result_free(or_stop);
     zp_sched_free(s);
 }
 
