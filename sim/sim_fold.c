@@ -819,6 +819,13 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             }
         }
     }
+    if (sim->extend_or_stop && f->virtual_left > 0 && w == 0 && micro + 1 >= f->A) {
+        /* The first stage's last micro-step began: its steady periods are over, so no jump
+         * comes (every stage's ops must repeat ahead of it), and the virtual micro-steps left
+         * will not be counted (SimOptions.extend_or_stop). */
+        f->refused = "no jump counted the virtual periods before the last micro-step";
+        sim->stopped_s = now_s;
+    }
     return FALSE;
 }
 

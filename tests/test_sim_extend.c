@@ -283,8 +283,8 @@ static void test_extend_refused(void)
     zp_sched_free(s);
 }
 
-/* 1F1B pp 2 short by 64 of 96 micro-steps: one jump counts all 64, with extend_or_stop or
- * without. With a stop time at 0.6 of the long step the jump is trimmed to end before it (the
+/* extend_or_stop. 1F1B pp 2 short by 64 of 96 micro-steps: one jump counts all 64, with
+ * extend_or_stop or without. With a stop time at 0.6 of the long step the jump is trimmed to end before it (the
  * search's early stop), so it counts fewer: without extend_or_stop the run goes on and stops
  * at that time, 0 < counted < 64; with it the run stops at that jump, none counted (what
  * cli_rank.c then falls back from). */
@@ -312,6 +312,22 @@ static void test_extend_or_stop(void)
     g_assert_true(or_stop->stopped);
     g_assert_cmpuint(or_stop->extended_micro_steps, ==, 0);
     g_assert_nonnull(strstr(or_stop->fold_note, "the virtual periods do not fit this jump"));
+    sim_result_free(r);
+    sim_result_free(or_stop);
+    zp_sched_free(s);
+    /* 1F1B pp 8 over 12 micro-steps: too few steady ones to prove a repeat, so no jump.
+     * Without extend_or_stop the run goes to its end, none counted; with it, it stops once
+     * the first stage's last micro-step begins (no jump can come after). */
+    const ExtCase few = {"1f1b pp 8 x 12", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 20, 12, 1};
+    s = ext_schedule(&few, few.short_accum);
+    r = run_ext(s, (SimOptions){.extend_micro_steps = 8});
+    or_stop = run_ext(s, (SimOptions){.extend_micro_steps = 8, .extend_or_stop = TRUE});
+    g_assert_cmpuint(r->fold_jumps, ==, 0);
+    g_assert_false(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    g_assert_true(or_stop->stopped);
+    g_assert_cmpfloat(or_stop->step_time_s, <, r->step_time_s);
+    g_assert_nonnull(strstr(or_stop->fold_note, "before the last micro-step"));
     sim_result_free(r);
     sim_result_free(or_stop);
     zp_sched_free(s);
