@@ -377,6 +377,43 @@ static void test_extend_rank(void)
     zp_sched_free(l);
 }
 
+/* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row), with
+ * checkpointing and without (175 GB live: the allocator's out-of-memory replay too): the
+ * search's evaluation builds 152 micro-steps and counts 360 virtual; its result and allocator
+ * figures are the full schedule's, field for field. */
+static void test_extend_megatron_1t(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt-1t", &m, &error));
+    for (int ckpt = 1; ckpt >= 0; ckpt--) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 0, 6, 8);
+        p.impl = ZP_IMPL_MEGATRON;
+        p.pipe.stages = 64;
+        p.grad_accum = 512;
+        p.checkpoint = ckpt;
+        p.gpus_per_node = a100.gpus_per_node;
+        ZpAllocStats alloc;
+        SimResult *ranked = cli_rank_simulate(&m, &a100, &p, 0, &alloc, &error);
+        g_assert_no_error(error);
+        ZpSchedule *l = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        SimResult *full = run_ext(l, (SimOptions){0});
+        const double capacity = a100.gpu_memory_bytes - a100.runtime_reserve_bytes;
+        const ZpAllocStats want = zp_alloc_replay_schedule(l, capacity);
+        g_test_message("1T, checkpoints %d: %u micro-steps virtual, %.6f s", ckpt,
+                       ranked->extended_micro_steps, ranked->step_time_s);
+        g_assert_cmpuint(ranked->extended_micro_steps, ==, 360);
+        g_assert_cmpint(want.oom, ==, !ckpt);
+        assert_same_all(ranked, full);
+        assert_same_alloc(&alloc, &want);
+        sim_result_free(ranked);
+        sim_result_free(full);
+        zp_sched_free(l);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -386,5 +423,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/refused", test_extend_refused);
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
     g_test_add_func("/sim/extend/rank", test_extend_rank);
+    g_test_add_func("/sim/extend/megatron-1t", test_extend_megatron_1t);
     return sim_common_run();
 }
