@@ -1,0 +1,204 @@
+/* zp_alloc_ops: the allocs and frees the allocator replay walks: a schedule's own, or those of
+ * the longer schedule that whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
+#include "zp_alloc_ops.h"
+
+/* The schedule's allocs and frees as they are. */
+GArray *zp_alloc_ops_plain(const ZpSchedule *s)
+{
+    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), s->ops->len / 4 + 16);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+            continue;
+        const ZpAllocOp so = {op, i, op->micro, op->buffer};
+        g_array_append_val(ops, so);
+    }
+    return ops;
+}
+
+/* Where op `alloc`, allocated at `at` in the longer schedule, is: an alloc of the same
+ * category and size (else the inserted periods are not what they claim: refused). */
+static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
+{
+    return alloc && alloc->kind == ZP_OP_ALLOC && alloc->sub == free_op->sub &&
+           alloc->bytes == free_op->bytes;
+}
+
+/* [op]: for a free, how many ops back its buffer's alloc is (0: none, or not a free). */
+static uint32_t *pair_distances(const ZpSchedule *s, int32_t most)
+{
+    const guint n = s->ops->len;
+    uint32_t *back = g_new0(uint32_t, MAX(n, 1));
+    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
+    for (int32_t b = 0; b <= most; b++)
+        alloc_of[b] = -1;
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->buffer < 0)
+            continue;
+        if (op->kind == ZP_OP_ALLOC)
+            alloc_of[op->buffer] = (int32_t)i;
+        else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
+            back[i] = i - (uint32_t)alloc_of[op->buffer];
+    }
+    g_free(alloc_of);
+    return back;
+}
+
+/* An insert moved on by whole periods till its model period's frees each free what the same
+ * free a period later frees as far back (the sim inserts at its window, whose period may
+ * still free a warm-up's allocation: 1F1B's first stage frees its warm-up forwards' through
+ * its first pp steady periods): the same ops inserted, since the ops between repeat (checked:
+ * kind, category, size, micro-step a period on, and the distance of each free). FALSE where
+ * no such period comes before the stage's end. */
+static gboolean settle_insert(const ZpSchedule *s, const uint32_t *back, ZpOpInsert *x)
+{
+    const guint n = s->ops->len;
+    const uint32_t stage = zp_sched_op(s, x->at - 1)->stage;
+    for (;;) {
+        gboolean steady = TRUE;
+        for (uint32_t t = x->at - x->step; t < x->at; t++) {
+            const ZpOp *a = zp_sched_op(s, t);
+            const uint32_t u = t + x->step;
+            if (u >= n)
+                return FALSE;
+            const ZpOp *b = zp_sched_op(s, u);
+            if (b->stage != stage || a->kind != b->kind || a->sub != b->sub ||
+                a->bytes != b->bytes || (a->micro < 0) != (b->micro < 0) ||
+                (a->micro >= 0 && b->micro != a->micro + (int32_t)x->micro_steps))
+                return FALSE; /* past the steady periods */
+            steady = steady && back[t] == back[u];
+        }
+        if (steady)
+            return TRUE;
+        x->at += x->step;
+    }
+}
+
+static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
+{
+    (void)unused;
+    const ZpOpInsert *a = x, *b = y;
+    return a->at < b->at ? -1 : a->at > b->at;
+}
+
+/* The longer schedule's allocs and frees: this one's, with the inserted periods' copies
+ * (ZpOpInsert), each copy's micro-steps numbered on and the ops after them by as many. Each
+ * allocation keeps its buffer, a copy's a new one. A free frees the alloc as far back as its
+ * model op's did (inside the steady periods every pair repeats at one distance), except a
+ * free whose alloc lies before an inserted period and belongs to another micro-step (or
+ * none): a buffer held across the steady state (the step's buckets, say), whose alloc it
+ * keeps. NULL where a copy's op is not what that implies (an alloc of another size, a state
+ * or region op inside a period, buffers too sparse): the caller replays the longer schedule. */
+GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size_t n_ins)
+{
+    const guint n = s->ops->len;
+    int32_t most = -1;
+    uint64_t total = n;
+    for (guint i = 0; i < n; i++)
+        most = MAX(most, zp_sched_op(s, i)->buffer);
+    for (size_t k = 0; k < n_ins; k++)
+        total += given[k].periods * given[k].step;
+    if ((uint64_t)most > 4 * (uint64_t)n + 1024 || total >= UINT32_MAX / 2)
+        return NULL;
+    uint32_t *pair_back = pair_distances(s, most);
+    ZpOpInsert *ins = g_memdup2(given, MAX(n_ins, 1) * sizeof *ins);
+    gboolean settled = TRUE;
+    for (size_t k = 0; settled && k < n_ins; k++)
+        settled = ins[k].step > 0 && ins[k].at >= ins[k].step &&
+                  settle_insert(s, pair_back, &ins[k]);
+    g_free(pair_back);
+    if (!settled) {
+        g_free(ins);
+        return NULL;
+    }
+    if (n_ins > 1)
+        g_qsort_with_data(ins, (gint)n_ins, sizeof *ins, insert_cmp, NULL);
+    /* [buffer]: its latest alloc's op in this schedule; [op]: its place in the longer one;
+     * [place]: an alloc's buffer there (-1: none) and its op. */
+    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
+    for (int32_t b = 0; b <= most; b++)
+        alloc_of[b] = -1;
+    uint32_t *place = g_new(uint32_t, MAX(n, 1));
+    int32_t *buffer_at = g_new(int32_t, total + 1);
+    const ZpOp **op_at = g_new0(const ZpOp *, total + 1);
+    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), (guint)(total / 4 + 16));
+    int32_t fresh = most + 1, micro_shift = 0;
+    uint32_t at = 0, stage = UINT32_MAX;
+    size_t k = 0;
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < n; i++) {
+        const ZpOp *here = zp_sched_op(s, i);
+        if (here->stage != stage) {
+            stage = here->stage;
+            micro_shift = 0;
+        }
+        /* [copy][op]: the inserted periods before op i, then op i itself (copy 0) */
+        for (; ok && k < n_ins && ins[k].at == i; k++) {
+            const ZpOpInsert *x = &ins[k];
+            for (uint64_t c = 1; ok && c <= x->periods; c++) {
+                for (uint32_t t = i - x->step; ok && t < i; t++, at++) {
+                    const ZpOp *op = zp_sched_op(s, t);
+                    buffer_at[at] = -1;
+                    op_at[at] = op;
+                    if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+                        continue;
+                    ZpAllocOp so = {op, at,
+                                op->micro < 0 ? op->micro
+                                              : op->micro + micro_shift +
+                                                    (int32_t)(c * x->micro_steps),
+                                fresh};
+                    if (op->buffer < 0) {
+                        ok = FALSE; /* a state or retaken op inside a steady period */
+                    } else if (op->kind == ZP_OP_ALLOC) {
+                        buffer_at[at] = fresh++;
+                    } else {
+                        const int32_t a = alloc_of[op->buffer];
+                        const uint32_t back =
+                            a >= 0 && (uint32_t)a < t ? t - (uint32_t)a : UINT32_MAX;
+                        ok = back <= at && same_alloc(op_at[at - back], op) &&
+                             buffer_at[at - back] >= 0;
+                        so.buffer = ok ? buffer_at[at - back] : -1;
+                    }
+                    g_array_append_val(ops, so);
+                }
+            }
+            micro_shift += (int32_t)(x->periods * x->micro_steps);
+        }
+        place[i] = at;
+        buffer_at[at] = -1;
+        op_at[at] = here;
+        if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
+            ZpAllocOp so = {here, at, here->micro < 0 ? here->micro : here->micro + micro_shift,
+                        here->buffer};
+            if (here->kind == ZP_OP_ALLOC && here->buffer >= 0) {
+                alloc_of[here->buffer] = (int32_t)i;
+                buffer_at[at] = here->buffer;
+            } else if (here->kind == ZP_OP_FREE && here->buffer >= 0 &&
+                       alloc_of[here->buffer] >= 0) {
+                const uint32_t a = (uint32_t)alloc_of[here->buffer];
+                const ZpOp *alloc = zp_sched_op(s, a);
+                /* Periods inserted between: the same micro-step's alloc is the one as far
+                 * back (it moved with the free); another's stayed. */
+                if (at - place[a] != i - a && alloc->micro == here->micro && here->micro >= 0) {
+                    const uint32_t back = i - a;
+                    ok = same_alloc(op_at[at - back], here) && buffer_at[at - back] >= 0;
+                    so.buffer = ok ? buffer_at[at - back] : -1;
+                }
+            }
+            g_array_append_val(ops, so);
+        }
+        at++;
+    }
+    g_free(alloc_of);
+    g_free(place);
+    g_free(buffer_at);
+    g_free(op_at);
+    g_free(ins);
+    if (!ok || k != n_ins) {
+        g_array_unref(ops);
+        return NULL;
+    }
+    return ops;
+}
+
