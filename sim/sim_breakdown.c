@@ -157,6 +157,14 @@ void sim_breakdown_fill(const Sim *sim, SimResult *result)
     result->offload_transfer_s = rs->transfer_s;
     result->idle_s = MAX(0.0, rs->end_s - result->compute_s - rb->optimizer_s - rs->exposed_s -
                                   rs->cpu_optimizer_s - rs->transfer_s);
+    /* Every addition a whole number of quanta (the step on the grid) and every sum below
+     * 2^22 s: all of them positive, no partial sum passes its total, so each is exact. */
+    const double *sums = &sim->op_type_sums[(size_t)last * 2 * SIM_OP_TYPES];
+    memcpy(result->op_type_s, sums, sizeof result->op_type_s);
+    memcpy(result->op_type_count, sums + SIM_OP_TYPES, sizeof result->op_type_count);
+    result->op_types_exact = rs->end_s < SIM_CLOCK_GRID_END_S;
+    for (int t = 0; t < SIM_OP_TYPES; t++)
+        result->op_types_exact = result->op_types_exact && sums[t] < SIM_CLOCK_GRID_END_S;
     result->peak_memory_bytes = top->total.peak;
     memcpy(result->peak_breakdown_bytes, top->peak_breakdown_bytes,
            sizeof result->peak_breakdown_bytes);

@@ -283,6 +283,26 @@ static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *re
             sim_fold_note_cell((sim), (sim)->array, (at), (sim)->array[at]);                   \
     } while (0)
 
+/* A compute op or collective that ran `seconds` ended on rank: its type's seconds and count
+ * (SimResult.op_type_s), written only, noted for sim_fold as the busy sums are. */
+static inline void add_op_type(Sim *sim, uint32_t rank, const SimOp *op, double seconds)
+{
+    const uint32_t type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
+    double *sums = &sim->op_type_sums[(size_t)rank * 2 * SIM_OP_TYPES];
+    ADD_SUM(sim, sums[type], seconds);
+    ADD_SUM(sim, sums[SIM_OP_TYPES + type], 1.0);
+}
+
+/* How long a timed op runs on rank without contention: on the grid, a slow rank's GPU work
+ * `factor` times longer (its start queues its end with it; its end, a compute op's, adds it
+ * to its type's seconds). */
+static inline double timed_duration_s(const Sim *sim, uint32_t rank, const SimOp *op,
+                                      gboolean gpu)
+{
+    return sim_clock_q(sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
+                                                 : op->duration_s);
+}
+
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
  * Called before either count changes. */
 static void account(Sim *sim, RankState *rs, double now_s)
@@ -516,7 +536,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
         if (gpu && sim->running) {
             /* With contention, timed at the instant's end (settle_contention). */
             sim->running[(size_t)rank * ZP_STREAM_N + stream] =
-                (RunningCompute){.end_s = -1, .op = i, .started = 1};
+                (RunningCompute){.end_s = -1, .start_s = now_s, .op = i, .started = 1};
             rs->computing |= (uint8_t)(1u << stream);
             unsettle(sim, rank);
             const size_t at = timeline_at(sim, rank, i);
@@ -524,9 +544,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
                 SET_CELL(sim, op_start_s, at, now_s);
             return;
         }
-        const double duration_s =
-            sim_clock_q(sim->compute_scale && gpu ? op->duration_s * sim->compute_scale[rank]
-                                                  : op->duration_s);
+        const double duration_s = timed_duration_s(sim, rank, op, gpu);
         ADD_SUM(sim, rb->busy_s[stream], duration_s);
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
             ADD_SUM(sim, rb->optimizer_s, duration_s);
@@ -673,6 +691,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
         ADD_SUM(sim, sim->busy[m].busy_s[op->stream], now_s - start_s);
         if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
             ADD_SUM(sim, sim->busy[m].alltoall_s, now_s - start_s);
+        add_op_type(sim, m, op, now_s - start_s);
         complete(sim, m, i, now_s);
     }
 }
@@ -715,6 +734,11 @@ static void handle(Sim *sim, const Event *e, double now_s)
             run->end_s = -1;
             rs->computing &= (uint8_t)~(1u << op->stream);
         }
+        /* Contention rescales a running op's end: its seconds are end - start, taken here
+         * (one positive addition an op, as every other op's: SimResult.op_types_exact). */
+        if (op->kind == ZP_OP_COMPUTE)
+            add_op_type(sim, e->id, op,
+                        run ? now_s - run->start_s : timed_duration_s(sim, e->id, op, gpu));
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
             account(sim, rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
@@ -755,6 +779,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->running);
     g_free(sim->unsettled);
     g_free(sim->busy);
+    g_free(sim->op_type_sums);
     for (uint32_t k = 0; sim->mem_log && k < sim->sim_pp; k++)
         g_free(sim->mem_log[k].state);
     g_free(sim->mem_log);

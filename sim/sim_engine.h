@@ -26,6 +26,10 @@ typedef struct {
  * wide, as the one row of each of the two runs it saves. */
 #define SIM_REPORT_ROWS_MAX 4
 
+/* The op types SimResult.op_type_s sums by: a compute op's ZpComputeKind, then
+ * ZP_COMP_N + a collective's ZpCollKind. */
+#define SIM_OP_TYPES (ZP_COMP_N + ZP_COLL_N)
+
 typedef struct SimOptions {
     SimMode mode;
     gboolean record_timeline; /* keep every op's start and end (for sim_trace) */
@@ -138,6 +142,15 @@ typedef struct SimResult {
     double flush_s;
     double *stage_peak_bytes, *stage_compute_s, *stage_bubble_s, *stage_comm_bytes;
     double *stage_category_peak_bytes; /* [stage * ZP_MEM_N + c]: each category's own maximum */
+
+    /* The reported rank's compute ops and collectives by type (SIM_OP_TYPES): seconds
+     * (end - start, a collective's from when its group started it) and how many, summed as
+     * each ends (what `--json`'s "ops" prints, with no timeline kept). op_types_exact: every
+     * duration summed was on the clock's grid and every sum stays below 2^22 s, so the sums
+     * are exact integer arithmetic in quanta and equal a sum over the timeline in op order
+     * bit for bit; where FALSE (a step past the grid's end), only a timeline gives those. */
+    double op_type_s[SIM_OP_TYPES], op_type_count[SIM_OP_TYPES];
+    gboolean op_types_exact;
 
     uint64_t op_events;   /* ops executed, summed over simulated ranks */
     uint64_t heap_events; /* timed events taken from the queue (stale ones included) */

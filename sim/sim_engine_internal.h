@@ -195,6 +195,7 @@ typedef struct {
  * gathered bucket on the gather stream while the compute stream runs a block. */
 typedef struct {
     double end_s;   /* when it ends now; -1: the stream runs no GPU compute op */
+    double start_s; /* when it started (its type's seconds are end - start: handle) */
     uint32_t op;
     uint8_t slowed; /* it runs slowed (a collective is in flight) */
     uint8_t started; /* it started this instant: its duration and end are set when it ends */
@@ -289,6 +290,10 @@ typedef struct {
     uint32_t n_unsettled;
     gboolean unsettled_unordered;
     RankBusy *busy;
+    /* [unit * 2 * SIM_OP_TYPES]: the unit's seconds of each op type, then its counts, added
+     * as each compute op or collective ends (whole durations on the grid, all positive, so
+     * any order of the additions, the fold's replay included, gives the same bits). */
+    double *op_type_sums;
     /* Memory: [class] the memory ops its ranks ran in lockstep (MemLog), [rank] how far along
      * them a rank is, or MEM_EAGER and its own state's index in eager. */
     MemLog *mem_log;

@@ -396,6 +396,7 @@ static void walk_ranks(Walk *w, Sim *sim)
             walk_int(w, run->end_s >= 0);
             if (run->end_s >= 0) {
                 walk_double(w, &run->end_s, FIELD_MOVES);
+                walk_double(w, &run->start_s, FIELD_MOVES);
                 walk_op(w, &run->op);
                 walk_int(w, run->slowed | run->started << 8);
             }

@@ -150,6 +150,7 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
      * overcommits, and the pages fault in later, or the OOM killer ends the process. */
     const double per_rank = sizeof(StreamState) + SIM_LINK_N * sizeof(uint16_t) +
                             sizeof(RankState) + sizeof(RankBusy) + sizeof(uint32_t) +
+                            2 * SIM_OP_TYPES * sizeof(double) +
                             ZP_STREAM_N * sizeof(RunningCompute) + sizeof(uint32_t) +
                             (double)sim->n_wide_rows * sizeof(uint32_t);
     const double bytes = (double)sim->n_ops * sizeof(Countdown) + (double)sim->ranks * per_rank +
@@ -178,10 +179,11 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
             sim->running[r].end_s = -1;
     }
     sim->busy = g_try_new0(RankBusy, sim->ranks);
+    sim->op_type_sums = g_try_new0(double, (size_t)sim->ranks * 2 * SIM_OP_TYPES);
     sim->mem_pos = g_try_new0(uint32_t, sim->ranks);
     gboolean ok = sim->countdown && sim->pending_wide && sim->stream && sim->link_load &&
                   sim->rank && ((sim->running && sim->unsettled) || sim->contention == 1) &&
-                  sim->busy &&
+                  sim->busy && sim->op_type_sums &&
                   sim->mem_pos && sim_memory_alloc_logs(sim);
     if (ok && timeline) {
         sim->op_start_s = g_try_new0(double, per_op ? per_op : 1);
@@ -203,6 +205,7 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                        (size_t)sim->ranks * (sizeof *sim->stream +
                                              SIM_LINK_N * sizeof *sim->link_load +
                                              sizeof *sim->rank + sizeof *sim->busy +
+                                             2 * SIM_OP_TYPES * sizeof *sim->op_type_sums +
                                              (sim->running ? ZP_STREAM_N * sizeof *sim->running +
                                                                  sizeof *sim->unsettled
                                                            : 0) +

@@ -141,8 +141,17 @@ void assert_same_doubles(const double *a, const double *b, size_t n)
         g_assert_cmpfloat(a[i], ==, b[i]);
 }
 
+/* The reported rank's sums by op type (what `--json`'s "ops" prints), bit for bit. */
+static void assert_same_op_types(const SimResult *got, const SimResult *want)
+{
+    g_assert_cmpint(got->op_types_exact, ==, want->op_types_exact);
+    assert_same_doubles(got->op_type_s, want->op_type_s, SIM_OP_TYPES);
+    assert_same_doubles(got->op_type_count, want->op_type_count, SIM_OP_TYPES);
+}
+
 void assert_same_breakdowns(const SimResult *got, const SimResult *want)
 {
+    assert_same_op_types(got, want);
     assert_same_doubles(got->stream_busy_s, want->stream_busy_s, ZP_STREAM_N);
     assert_same_doubles(got->peak_breakdown_bytes, want->peak_breakdown_bytes, ZP_MEM_N);
     assert_same_doubles(got->category_peak_bytes, want->category_peak_bytes, ZP_MEM_N);
@@ -177,6 +186,7 @@ void assert_same_figures(const SimResult *a, const SimResult *b)
     g_assert_cmpmem(x, sizeof x, y, sizeof y);
     g_assert_cmpmem(a->stream_busy_s, sizeof a->stream_busy_s, b->stream_busy_s,
                     sizeof b->stream_busy_s);
+    assert_same_op_types(a, b);
     g_assert_cmpmem(a->offload_bytes, sizeof a->offload_bytes, b->offload_bytes,
                     sizeof b->offload_bytes);
     g_assert_cmpmem(a->comm_bytes, sizeof a->comm_bytes, b->comm_bytes, sizeof b->comm_bytes);

@@ -1,5 +1,6 @@
 /* test_sim_scale: the simulator at scale keeps only the timeline that is read (issue 40):
  * `--json` and `--trace` give the same figures and the same bytes as with every rank's. */
+#include "cost_common.h"
 #include "sim_common.h"
 #include "sim_engine_internal.h"
 #include "sim_trace.h"
@@ -202,6 +203,131 @@ static void test_json_report_rank(void)
     }
 }
 
+/* ops_json's sum over the reported rank's timeline (`--json` before the engine kept sums): each
+ * compute op's and collective's end - start, and how many, by type, over that rank's stage's
+ * ops in op order. */
+static void hand_op_types(const ZpSchedule *s, const SimResult *full, double *seconds,
+                          double *count)
+{
+    size_t base = 0;
+    g_assert_true(sim_result_timeline_row(full, (uint32_t)full->report_rank, &base));
+    const uint32_t stage = (full->first_rank[full->report_rank] / (uint32_t)s->plan.mp) %
+                           (uint32_t)MAX(full->stages, 1);
+    memset(seconds, 0, SIM_OP_TYPES * sizeof *seconds);
+    memset(count, 0, SIM_OP_TYPES * sizeof *count);
+    for (uint32_t i = 0; i < full->n_ops; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
+            continue;
+        const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
+        seconds[type] += full->op_end_s[base + i] - full->op_start_s[base + i];
+        count[type] += 1;
+    }
+}
+
+/* The engine's sums by op type of `bare` (no timeline kept, folded or stepped) are the hand
+ * sum over `full`'s timeline, bit for bit; returns the compute types' seconds. */
+static double assert_op_types(const ZpSchedule *s, const SimResult *full, const SimResult *bare)
+{
+    double seconds[SIM_OP_TYPES], count[SIM_OP_TYPES];
+    hand_op_types(s, full, seconds, count);
+    g_assert_null(bare->op_start_s);
+    g_assert_true(bare->op_types_exact);
+    g_assert_cmpint(bare->report_rank, ==, full->report_rank);
+    g_assert_cmpmem(bare->op_type_s, sizeof bare->op_type_s, seconds, sizeof seconds);
+    g_assert_cmpmem(bare->op_type_count, sizeof bare->op_type_count, count, sizeof count);
+    double compute_s = 0, ops = 0;
+    for (int t = 0; t < SIM_OP_TYPES; t++) {
+        compute_s += t < ZP_COMP_N ? seconds[t] : 0;
+        ops += count[t];
+    }
+    g_assert_cmpfloat(compute_s, >, 0);
+    g_assert_cmpfloat(ops, >, 0);
+    return compute_s;
+}
+
+/* Runs s with no timeline, folded and stepped, and with every rank's, and checks the sums. */
+static double check_op_types(const ZpSchedule *s, const ZpHw *hw, SimOptions options,
+                             uint32_t *folded_micro_steps)
+{
+    GError *error = NULL;
+    SimResult *bare = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    options.no_fold = TRUE;
+    SimResult *stepped = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    options.no_fold = FALSE;
+    options.record_timeline = TRUE;
+    SimResult *full = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    const double compute_s = assert_op_types(s, full, bare);
+    assert_op_types(s, full, stepped);
+    *folded_micro_steps += bare->fold_micro_steps;
+    sim_result_free(bare);
+    sim_result_free(stepped);
+    sim_result_free(full);
+    return compute_s;
+}
+
+/* `--json`'s op times with no timeline (SimResult.op_type_s, summed as ops end): the hand sum
+ * over the reported rank's timeline, bit for bit, folded and stepped, on the frozen-results
+ * plans (folded, explicit, a straggler, a slow link), on pipelines whose fold jumps (its
+ * replayed additions), and with contention (an op's end rescaled while it runs: the sum takes
+ * end - start, as the timeline does; larger than without). */
+static void test_op_types(void)
+{
+    uint32_t folded = 0;
+    for (size_t i = 0; i < FROZEN_PLANS; i++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int slow = 0; slow < 3; slow++) {
+                if (slow == 2 && mode == SIM_MODE_FOLDED)
+                    continue;
+                ZpHw hw;
+                ZpSchedule *s = frozen_schedule(&frozen_plans[i], &hw);
+                const SimSlow straggler = {.index = (uint32_t)s->world - 1, .factor = 1.5};
+                const SimSlow link = {.index = 0, .factor = 3};
+                SimOptions options = {.mode = mode};
+                if (slow == 1) {
+                    options.slow_ranks = &straggler;
+                    options.n_slow_ranks = 1;
+                } else if (slow == 2) {
+                    options.slow_nodes = &link;
+                    options.n_slow_nodes = 1;
+                }
+                check_op_types(s, &hw, options, &folded);
+                zp_sched_free(s);
+            }
+    const struct {
+        int pp, dp, mp, accum;
+        SimMode mode;
+    } pipes[] = {{32, 1, 1, 64, SIM_MODE_FOLDED}, {4, 2, 2, 16, SIM_MODE_EXPLICIT}};
+    for (size_t k = 0; k < G_N_ELEMENTS(pipes); k++) {
+        ZpSchedule *s = pipeline_schedule(pipes[k].pp, pipes[k].dp, pipes[k].mp, pipes[k].accum);
+        check_op_types(s, &a100, (SimOptions){.mode = pipes[k].mode}, &folded);
+        zp_sched_free(s);
+    }
+    g_assert_cmpuint(folded, >, 0); /* some fold jumped: its replayed sums are checked */
+    /* gpt2-124m at DeepSpeed's stage 3 on 2 ranks, on the synthetic op table's contention. */
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 3, 2, 1, TRUE);
+    load_model("gpt2-124m", &m);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    double compute_s[2];
+    for (int slowed = 0; slowed <= 1; slowed++) {
+        hw.op_costs.contention = slowed ? 1.5 : 1;
+        for (int mode = 0; mode < 2; mode++)
+            compute_s[slowed] = check_op_types(s, &hw, (SimOptions){.mode = mode}, &folded);
+    }
+    g_test_message("compute by type %.9g s without contention, %.9g s with", compute_s[0],
+                   compute_s[1]);
+    g_assert_cmpfloat(compute_s[1], >, compute_s[0]);
+    zp_sched_free(s);
+}
+
 /* The memory kept: 4,096 explicit ranks of gpt2-124m keep a handful of rows, not 4,096. */
 static void test_state_bounded(void)
 {
@@ -254,6 +380,7 @@ int main(int argc, char **argv)
     sim_common_init();
     g_test_add_func("/sim/scale/json-timeline", test_json_timeline);
     g_test_add_func("/sim/scale/json-report-rank", test_json_report_rank);
+    g_test_add_func("/sim/scale/op-types", test_op_types);
     g_test_add_func("/sim/scale/trace-bounded", test_trace_bounded);
     g_test_add_func("/sim/scale/state-bounded", test_state_bounded);
     g_test_add_func("/sim/scale/folded-memory-unlogged", test_folded_memory_unlogged);
