@@ -190,9 +190,16 @@ static Row run_target(const ZpHw *hw, int ranks, int kind)
     const SimOptions options = {.mode = deep ? SIM_MODE_FOLDED : SIM_MODE_EXPLICIT,
                                 .slow_nodes = &link,
                                 .n_slow_nodes = kind == TARGET_SLOW_LINK_JSON};
-    SimResult *r = s ? (deep ? sim_engine_run(s, hw, &options, &error)
-                             : sim_trace_run(s, hw, &options, kind == TARGET_TRACE, &error))
+    /* As `zplan simulate` runs them: --trace keeps the ranks it writes (sim_trace_run),
+     * --json no timeline (its op times are the engine's sums by op type), unless the step
+     * is past the clock's grid. */
+    SimResult *r = s ? (kind == TARGET_TRACE ? sim_trace_run(s, hw, &options, TRUE, &error)
+                                             : sim_engine_run(s, hw, &options, &error))
                      : NULL;
+    if (r && !deep && kind != TARGET_TRACE && !r->op_types_exact) {
+        sim_result_free(r);
+        r = sim_trace_run(s, hw, &options, FALSE, &error);
+    }
     if (r && kind == TARGET_TRACE) {
         char *path = g_build_filename(g_get_tmp_dir(), "bench_sim-trace.json", NULL);
         ok = sim_trace_write(s, r, path, NULL, NULL, &error);

@@ -572,17 +572,25 @@ static int simulate(const SimulateFlags *f)
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .no_fold = f->no_fold,
-        /* The page and a caller's sink read every rank's ops; --json and --trace keep only the
-         * rows they read (sim_trace_run). */
+        /* The page and a caller's sink read every rank's ops; --trace keeps only the rows it
+         * writes (sim_trace_run), --json none (the engine's sums by op type). */
         .record_timeline = f->sink || f->html != NULL,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
     SimResult *result = NULL;
     if (slow_flags(f, &plan, &hw, &options, &error))
-        result = (f->trace || f->json) && !options.record_timeline
-                     ? sim_trace_run(sched, &hw, &options, f->trace != NULL, &error)
+        result = f->trace && !options.record_timeline
+                     ? sim_trace_run(sched, &hw, &options, TRUE, &error)
                      : sim_engine_run(sched, &hw, &options, &error);
+    /* --json reads the reported rank's sums by op type (SimResult.op_type_s), kept with no
+     * timeline; past the clock's grid (a step over 2^22 s) they are not exact, and the run
+     * is made again keeping that rank's timeline (sim_trace_run), which --json then sums. */
+    if (result && f->json && !result->stopped && !result->op_types_exact &&
+        !result->op_start_s) {
+        sim_result_free(result);
+        result = sim_trace_run(sched, &hw, &options, FALSE, &error);
+    }
     cli_progress_free(progress);
     gboolean ok = result != NULL;
     /* Samples/s, TFLOP/s, MFU and the breakdown's shares divide by the step time: a schedule

@@ -92,29 +92,38 @@ static json_t *alloc_json(const ZpAllocStats *a)
     return o;
 }
 
-/* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...), from the
- * timeline of the reported rank: the figures `zplan validate` sets against zreal's. */
+/* Predicted seconds per step and op count by op type ("block_fwd", "allgather", ...) of the
+ * reported rank: the figures `zplan validate` sets against zreal's. */
 static json_t *ops_json(const CliSimReport *p)
 {
     const SimResult *r = p->r;
-    size_t base = 0;
-    /* sim_trace_run kept it. */
-    const gboolean kept = sim_result_timeline_row(r, (uint32_t)r->report_rank, &base);
-    g_assert(kept);
-    /* The reported rank's pipeline stage (world ranks tp-fastest, then stage). */
-    const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)p->plan->mp) %
-                           (uint32_t)MAX(r->stages, 1);
-    double seconds[ZP_COMP_N + ZP_COLL_N] = {0}, count[ZP_COMP_N + ZP_COLL_N] = {0};
-    for (uint32_t i = 0; i < r->n_ops; i++) {
-        const ZpOp *op = zp_sched_op(p->sched, i);
-        if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) || op->stage != stage)
-            continue;
-        const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
-        seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
-        count[type] += 1;
+    double seconds[SIM_OP_TYPES] = {0}, count[SIM_OP_TYPES] = {0};
+    if (r->op_types_exact) {
+        /* Summed by the engine as the ops ended: exact on the clock's grid, so the very bits
+         * of the sum below (test_sim_scale /sim/scale/op-types). */
+        memcpy(seconds, r->op_type_s, sizeof seconds);
+        memcpy(count, r->op_type_count, sizeof count);
+    } else {
+        /* A step past the grid's end: the reported rank's timeline, which cli_simulate.c kept
+         * for it (sim_trace_run), summed in op order. */
+        size_t base = 0;
+        const gboolean kept = sim_result_timeline_row(r, (uint32_t)r->report_rank, &base);
+        g_assert(kept);
+        /* The reported rank's pipeline stage (world ranks tp-fastest, then stage). */
+        const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)p->plan->mp) %
+                               (uint32_t)MAX(r->stages, 1);
+        for (uint32_t i = 0; i < r->n_ops; i++) {
+            const ZpOp *op = zp_sched_op(p->sched, i);
+            if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) ||
+                op->stage != stage)
+                continue;
+            const int type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
+            seconds[type] += r->op_end_s[base + i] - r->op_start_s[base + i];
+            count[type] += 1;
+        }
     }
     json_t *o = json_object();
-    for (int k = 0; k < ZP_COMP_N + ZP_COLL_N; k++)
+    for (int k = 0; k < SIM_OP_TYPES; k++)
         if (count[k] > 0)
             json_object_set_new(o, k < ZP_COMP_N ? zp_sched_compute_name(k)
                                                  : zp_sched_coll_name(k - ZP_COMP_N),
