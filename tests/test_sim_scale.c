@@ -326,6 +326,23 @@ static void test_op_types(void)
                    compute_s[1]);
     g_assert_cmpfloat(compute_s[1], >, compute_s[0]);
     zp_sched_free(s);
+    /* Past the grid's end (rank 0 a million times slower: 271 days) the sums are not exact,
+     * and say so: `--json` then sums the reported rank's timeline (cli_simulate.c). */
+    load_model("gpt-13b", &m);
+    load_hw("dgx-a100-80g", &hw);
+    zp_plan_defaults(&p, 3, 8, 1);
+    p.micro_batch = 4;
+    p.grad_accum = 16;
+    s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    const SimSlow snail = {.index = 0, .factor = 1e6};
+    const SimOptions slowed = {.mode = SIM_MODE_FOLDED, .slow_ranks = &snail, .n_slow_ranks = 1};
+    SimResult *r = sim_engine_run(s, &hw, &slowed, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->step_time_s, >, SIM_CLOCK_GRID_END_S);
+    g_assert_false(r->op_types_exact);
+    sim_result_free(r);
+    zp_sched_free(s);
 }
 
 /* The memory kept: 4,096 explicit ranks of gpt2-124m keep a handful of rows, not 4,096. */
