@@ -36,13 +36,14 @@ typedef struct SimOptions {
     /* Without record_timeline: keep the timeline of these reported ranks only (the result's
      * numbering, SimResult.first_rank; those past the last are left out), or of every rank
      * where there are no more than timeline_every_rank_upto. Its memory is then n x ops,
-     * not ranks x ops: what `--json` (the reported rank) and `--trace` (three ranks) read
-     * (sim_trace_run picks them). */
+     * not ranks x ops: what `--trace` (three ranks) and, past the clock's grid, `--json`
+     * (the reported rank) read (sim_trace_run picks them). */
     const uint32_t *timeline_ranks;
     uint32_t n_timeline_ranks;
     uint32_t timeline_every_rank_upto;
     /* Without record_timeline: keep the reported rank's timeline, whichever rank finishes
-     * last, in one run (what `--json` reads, known only at the end). A unit writes the cells
+     * last, in one run (what `--json` reads past the clock's grid, where op_type_s is not
+     * exact; the rank is known only at the end). A unit writes the cells
      * of its own stage's ops only, so units of different stages share a row and the rows are
      * the most units one stage has; past SIM_REPORT_ROWS_MAX of them, timeline_ranks' are
      * kept instead (sim_trace_run then runs again). The result's timeline_ranks is then the

@@ -24,7 +24,8 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
                          ZpProgressFn progress, void *progress_ctx, GError **error);
 
 /* Runs sim_engine_run keeping only the timelines that are read: the reported rank's (for
- * `--json`'s op times), and with `trace` those sim_trace_write writes. Without `trace`, one
+ * `--json`'s op times where SimResult.op_type_s is not exact, past the clock's grid), and
+ * with `trace` those sim_trace_write writes. Without `trace`, one
  * pass keeps the reported rank's where the stages' units share few rows
  * (SimOptions.timeline_report_rank), else rank 0's. With `trace`, a first pass keeps rank 0's
  * (every rank's, up to SIM_TRACE_ALL_RANKS). Where the ranks wanted are known only from the
