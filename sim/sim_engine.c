@@ -17,154 +17,6 @@ const char *sim_mode_name(SimMode mode)
     return mode_names[mode];
 }
 
-/* ---- the event queue ---- */
-
-static gboolean bucket_before(const Queue *q, uint32_t a, uint32_t b)
-{
-    const Bucket *x = &q->buckets[a], *y = &q->buckets[b];
-    return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
-}
-
-static void queue_sift_down(Queue *q, size_t i)
-{
-    const uint32_t moving = q->heap[i];
-    for (;;) {
-        size_t child = 2 * i + 1;
-        if (child >= q->heap_len)
-            break;
-        if (child + 1 < q->heap_len && bucket_before(q, q->heap[child + 1], q->heap[child]))
-            child++;
-        if (!bucket_before(q, q->heap[child], moving))
-            break;
-        q->heap[i] = q->heap[child];
-        i = child;
-    }
-    q->heap[i] = moving;
-}
-
-/* A bucket for time_s, newest of its time, in the heap. */
-static uint32_t queue_new_bucket(Queue *q, double time_s)
-{
-    uint32_t b;
-    if (q->n_spare > 0) {
-        b = q->spare[--q->n_spare];
-    } else {
-        if (q->n_buckets == q->cap_buckets) {
-            q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
-            q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
-            q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
-            q->heap = g_renew(uint32_t, q->heap, q->cap_buckets);
-        }
-        b = q->n_buckets++;
-        q->buckets[b] = (Bucket){0};
-    }
-    Bucket *bucket = &q->buckets[b];
-    bucket->time_s = time_s;
-    bucket->seq = q->next_seq++;
-    bucket->head = bucket->len = 0;
-    size_t i = q->heap_len++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!bucket_before(q, b, q->heap[parent]))
-            break;
-        q->heap[i] = q->heap[parent];
-        i = parent;
-    }
-    q->heap[i] = b;
-    return b;
-}
-
-/* The bucket for an event at time_s with room for it: the last one, or a new one (apart from
- * queue_push, whose common case, the last bucket, stays small enough to inline). */
-G_NO_INLINE static Bucket *queue_bucket_for(Queue *q, double time_s)
-{
-    uint32_t b = q->last;
-    if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
-        b = q->last = queue_new_bucket(q, time_s);
-    Bucket *bucket = &q->buckets[b];
-    if (bucket->len == bucket->cap) {
-        bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
-        bucket->items = g_renew(Event, bucket->items, bucket->cap);
-    }
-    return bucket;
-}
-
-G_ALWAYS_INLINE static inline void queue_push(Queue *q, double time_s, uint32_t id,
-                                              uint32_t detail)
-{
-    Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
-    if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
-        bucket = queue_bucket_for(q, time_s);
-    bucket->items[bucket->len++] = (Event){id, detail, q->instant | q->made_mark};
-    q->len++;
-}
-
-/* The earliest event; the queue must not be empty. */
-static Event queue_pop(Queue *q, double *time_s)
-{
-    const uint32_t b = q->heap[0];
-    Bucket *bucket = &q->buckets[b];
-    const Event e = bucket->items[bucket->head++];
-    *time_s = bucket->time_s;
-    q->len--;
-    if (bucket->head == bucket->len) {
-        q->heap[0] = q->heap[--q->heap_len];
-        if (q->heap_len > 0)
-            queue_sift_down(q, 0);
-        q->spare[q->n_spare++] = b;
-        if (q->last == b)
-            q->last = UINT32_MAX;
-    }
-    return e;
-}
-
-static int compare_buckets(const void *a, const void *b, void *ctx)
-{
-    const Queue *q = ctx;
-    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return bucket_before(q, x, y) ? -1 : bucket_before(q, y, x) ? 1 : 0;
-}
-
-void sim_queue_events(const Queue *q, GArray *times, GArray *events)
-{
-    g_array_set_size(times, 0);
-    g_array_set_size(events, 0);
-    uint32_t *order = g_memdup2(q->heap, MAX(q->heap_len, 1) * sizeof *order);
-    g_qsort_with_data(order, (gint)q->heap_len, sizeof *order, compare_buckets, (void *)q);
-    for (uint32_t k = 0; k < q->heap_len; k++) {
-        const Bucket *b = &q->buckets[order[k]];
-        for (uint32_t i = b->head; i < b->len; i++) {
-            g_array_append_val(times, b->time_s);
-            g_array_append_val(events, b->items[i]);
-        }
-    }
-    g_free(order);
-}
-
-void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
-{
-    for (uint32_t k = 0; k < q->heap_len; k++)
-        q->spare[q->n_spare++] = q->heap[k];
-    q->heap_len = 0;
-    q->len = 0;
-    q->last = UINT32_MAX;
-    for (guint k = 0; k < events->len; k++) {
-        const Event *e = &g_array_index(events, Event, k);
-        Bucket *bucket = queue_bucket_for(q, g_array_index(times, double, k));
-        bucket->items[bucket->len++] = *e;
-        q->len++;
-    }
-}
-
-static void queue_clear(Queue *q)
-{
-    for (uint32_t b = 0; b < q->n_buckets; b++)
-        g_free(q->buckets[b].items);
-    g_free(q->buckets);
-    g_free(q->spare);
-    g_free(q->heap);
-}
-
 static inline uint32_t flow_slot(const Sim *sim, uint32_t group, uint32_t rank, uint32_t stream)
 {
     return sim->slot_of[(size_t)rank * sim->n_groups + group] + stream;
@@ -350,7 +202,7 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
     const double end_s = f->transfer_from_s + sim_clock_q(f->remaining_s / f->share);
     if (end_s != f->end_s) {
         f->end_s = end_s;
-        queue_push(&sim->queue, end_s, EVENT_FLOW | slot, ++f->version);
+        sim_queue_push(&sim->queue, end_s, EVENT_FLOW | slot, ++f->version);
     }
 }
 
@@ -435,7 +287,7 @@ static void settle_stream(Sim *sim, uint32_t rank, uint32_t stream, double now_s
         ADD_SUM(sim, rb->optimizer_s, added_s);
     else
         ADD_SUM(sim, rb->compute_s, added_s);
-    queue_push(&sim->queue, run->end_s, rank, run->op);
+    sim_queue_push(&sim->queue, run->end_s, rank, run->op);
 }
 
 static int compare_ranks(const void *a, const void *b)
@@ -498,7 +350,7 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
                                                 : op->transfer_s;
     f->share = 1.0;
     f->end_s = f->transfer_from_s + sim_clock_q(f->remaining_s);
-    queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
+    sim_queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     const uint32_t *member = &sim->members[f->member_start];
     for (uint32_t i = 0; i < f->count; i++) {
         const uint32_t m = member[i];
@@ -553,7 +405,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
         const size_t at = timeline_at(sim, rank, i);
         if (at != NO_TIMELINE)
             SET_CELL(sim, op_start_s, at, now_s);
-        queue_push(&sim->queue, now_s + duration_s, rank, i);
+        sim_queue_push(&sim->queue, now_s + duration_s, rank, i);
         return;
     }
     /* p2p: the sender's share of its link, no group to wait for. An isend: the rank does not
@@ -564,7 +416,7 @@ G_NO_INLINE static void start_timed_op(Sim *sim, uint32_t rank, uint32_t stream,
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE)
         SET_CELL(sim, op_start_s, at, now_s);
-    queue_push(&sim->queue, now_s + duration_s, rank, i);
+    sim_queue_push(&sim->queue, now_s + duration_s, rank, i);
 }
 
 /* Starts op i, the next of a rank's idle stream, its dependencies done: a collective counts
@@ -796,7 +648,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->flows);
     g_free(sim->affected);
     g_free(sim->fold_hi);
-    queue_clear(&sim->queue);
+    sim_queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);
 }
@@ -867,7 +719,7 @@ static void run_queue(Sim *sim, const SimOptions *options)
             if (sim->queue.len == 0)
                 break;
         }
-        const Event e = queue_pop(&sim->queue, &now_s);
+        const Event e = sim_queue_pop(&sim->queue, &now_s);
         if (sim->weight) {
             check_order(sim, &e, now_s);
             if (sim->order_broken)

@@ -6,6 +6,7 @@
 
 #include "sim_class.h"
 #include "sim_coll.h"
+#include "sim_queue.h"
 #include "zp_cost.h"
 #include "zp_hw.h"
 #include "zp_sched.h"
@@ -80,46 +81,6 @@ typedef struct {
     uint32_t zeroed, ranks;
 } Countdown;
 
-/* A queued event, 12 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
- * slot, detail its version when queued) from an op's (id the rank, detail the op); made, the
- * instant it was queued at (Queue.instant), tells blocks' order check (check_order) which
- * events one instant queued. */
-typedef struct {
-    uint32_t id, detail, made;
-} Event;
-
-#define EVENT_FLOW 0x80000000u
-/* Event.made of the compute ends an instant's contention queues at its end (sim_engine.c,
- * settle_contention): after every handling of the instant, in no strip of one. */
-#define MADE_SETTLED 0x80000000u
-
-/* Events of one time in the order they were queued. */
-typedef struct {
-    double time_s;
-    uint64_t seq; /* among buckets of one time, the order they were made in */
-    Event *items;
-    uint32_t head, len, cap;
-} Bucket;
-
-/* The event queue, in (time, queue order) like one binary heap of events, but with the events
- * in FIFO buckets and only the buckets in the heap: ranks in lockstep queue thousands of
- * events at one time, and each goes to the bucket the last event went to, in O(1), when its
- * time is that bucket's. Any other bucket of that time was made earlier and was never pushed
- * to since, so it holds only earlier events: buckets taken by (time, seq) and each in order
- * give exactly the order of the one heap. */
-typedef struct {
-    Bucket *buckets;
-    uint32_t n_buckets, cap_buckets;
-    uint32_t *spare; /* buckets not in use (their items kept for reuse) */
-    uint32_t n_spare;
-    uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
-    uint32_t heap_len;
-    uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
-    uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
-    uint32_t made_mark; /* OR'd into Event.made: MADE_SETTLED while contention settles */
-    uint64_t next_seq;
-    size_t len; /* events queued */
-} Queue;
 
 /* One collective in flight on one group (a group has at most one per stream: its members
  * reach a stream's collectives in the same order and none passes one before it ends). */
@@ -447,11 +408,6 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
 /* sim_engine.c: a run-time array of *cap items of item_bytes doubled (16 items at first, *cap
  * updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
 void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes, const char *what);
-
-/* sim_engine.c: the queue's events in the order they will be taken, with their times (both
- * arrays emptied first); the queue replaced by these events in this order. */
-void sim_queue_events(const Queue *q, GArray *times, GArray *events);
-void sim_queue_replace(Queue *q, const GArray *times, const GArray *events);
 
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
  * streams; the result's per-rank sums come from here. */

@@ -1,0 +1,77 @@
+/* sim_queue: the simulator's event queue, a binary heap of FIFO buckets of one time each, so that
+ * ranks in lockstep queue and take their thousands of events of one instant in O(1) each. */
+#ifndef SIM_QUEUE_H
+#define SIM_QUEUE_H
+
+#include <glib.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A queued event, 12 bytes and no pointer: the flow bit of id tells a flow's end (id the flow
+ * slot, detail its version when queued) from an op's (id the rank, detail the op); made, the
+ * instant it was queued at (Queue.instant), tells blocks' order check (check_order) which
+ * events one instant queued. */
+typedef struct {
+    uint32_t id, detail, made;
+} Event;
+
+#define EVENT_FLOW 0x80000000u
+/* Event.made of the compute ends an instant's contention queues at its end (sim_engine.c,
+ * settle_contention): after every handling of the instant, in no strip of one. */
+#define MADE_SETTLED 0x80000000u
+
+/* Events of one time in the order they were queued. */
+typedef struct {
+    double time_s;
+    uint64_t seq; /* among buckets of one time, the order they were made in */
+    Event *items;
+    uint32_t head, len, cap;
+} Bucket;
+
+/* The event queue, in (time, queue order) like one binary heap of events, but with the events
+ * in FIFO buckets and only the buckets in the heap: ranks in lockstep queue thousands of
+ * events at one time, and each goes to the bucket the last event went to, in O(1), when its
+ * time is that bucket's. Any other bucket of that time was made earlier and was never pushed
+ * to since, so it holds only earlier events: buckets taken by (time, seq) and each in order
+ * give exactly the order of the one heap. */
+typedef struct {
+    Bucket *buckets;
+    uint32_t n_buckets, cap_buckets;
+    uint32_t *spare; /* buckets not in use (their items kept for reuse) */
+    uint32_t n_spare;
+    uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
+    uint32_t heap_len;
+    uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
+    uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
+    uint32_t made_mark; /* OR'd into Event.made: MADE_SETTLED while contention settles */
+    uint64_t next_seq;
+    size_t len; /* events queued */
+} Queue;
+
+/* The bucket for an event at time_s with room for it: the last one, or a new one (apart from
+ * sim_queue_push, whose common case, the last bucket, stays small enough to inline). */
+Bucket *sim_queue_bucket_for(Queue *q, double time_s);
+
+/* Queues event (id, detail) at time_s, after every event queued before at that time. */
+G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint32_t id,
+                                                  uint32_t detail)
+{
+    Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
+    if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
+        bucket = sim_queue_bucket_for(q, time_s);
+    bucket->items[bucket->len++] = (Event){id, detail, q->instant | q->made_mark};
+    q->len++;
+}
+
+/* The earliest event, its time in *time_s; the queue must not be empty. */
+Event sim_queue_pop(Queue *q, double *time_s);
+
+/* The queue's events in the order they will be taken, with their times (both arrays emptied
+ * first); the queue replaced by these events in this order (sim_fold's jumps). */
+void sim_queue_events(const Queue *q, GArray *times, GArray *events);
+void sim_queue_replace(Queue *q, const GArray *times, const GArray *events);
+
+/* Frees the queue's arrays. */
+void sim_queue_clear(Queue *q);
+
+#endif
