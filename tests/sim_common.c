@@ -205,3 +205,28 @@ void assert_same_figures(const SimResult *a, const SimResult *b)
     g_assert_cmpmem(a->rank_count, (size_t)a->ranks_simulated * 4, b->rank_count,
                     (size_t)b->ranks_simulated * 4);
 }
+
+/* Every figure of two replays of the caching allocator, bit for bit. */
+void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u)
+{
+    const double got[] = {f->allocated_bytes, f->reserved_bytes, f->peak_allocated_bytes,
+                          f->peak_reserved_bytes, f->reserved_at_peak_bytes,
+                          f->largest_free_at_peak_bytes, f->oom_request_bytes,
+                          f->oom_allocated_bytes, f->oom_reserved_bytes,
+                          f->oom_largest_free_bytes};
+    const double want[] = {u->allocated_bytes, u->reserved_bytes, u->peak_allocated_bytes,
+                           u->peak_reserved_bytes, u->reserved_at_peak_bytes,
+                           u->largest_free_at_peak_bytes, u->oom_request_bytes,
+                           u->oom_allocated_bytes, u->oom_reserved_bytes,
+                           u->oom_largest_free_bytes};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    g_assert_cmpuint(f->segments_allocated, ==, u->segments_allocated);
+    g_assert_cmpint(f->oom, ==, u->oom);
+    g_assert_cmpint(f->oom_fragmented, ==, u->oom_fragmented);
+}
+
+void assert_same_alloc_events(const ZpAllocStats *f, const ZpAllocStats *u)
+{
+    assert_same_alloc(f, u);
+    g_assert_cmpuint(f->folded_events, ==, u->folded_events);
+}

@@ -6,6 +6,7 @@
 
 #include "sim_coll.h"
 #include "sim_engine.h"
+#include "zp_alloc_replay.h"
 #include "zp_comm.h"
 #include "zp_sched.h"
 #include "zp_util.h"
@@ -27,6 +28,10 @@ extern char *sim_tmp_dir;
 void assert_close(double got, double want, double rel);
 /* assert_close for a simulated time against a hand computation of n_durations durations in
  * a row: each may be rounded to the clock's grid by half a quantum (SIM_CLOCK_HALF_Q_S). */
+/* Every figure of two replays of the caching allocator, bit for bit; _events: and the
+ * events they folded. */
+void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u);
+void assert_same_alloc_events(const ZpAllocStats *f, const ZpAllocStats *u);
 void assert_close_grid(double got, double want, double rel, int n_durations);
 
 ZpSchedule *hand_schedule(int dp, int mp);

@@ -209,8 +209,6 @@ static void assert_same_all(const SimResult *f, const SimResult *u)
     }
 }
 
-static void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u);
-
 /* The allocator replay of the long schedule from the short one and the periods its run
  * inserted equals the long schedule's own, unbounded and against a capacity below its
  * reserved peak (the out-of-memory replay). */
@@ -220,13 +218,13 @@ static void assert_alloc_extends(const ZpSchedule *s, const ZpSchedule *l, const
     ZpAllocStats got;
     g_assert_true(zp_alloc_replay_schedule_extended(s, 0, ext->inserts, ext->n_inserts, &got));
     const ZpAllocStats want = zp_alloc_replay_schedule(l, 0);
-    assert_same_alloc(&got, &want);
+    assert_same_alloc_events(&got, &want);
     const double capacity = 0.9 * want.peak_reserved_bytes;
     g_assert_true(
         zp_alloc_replay_schedule_extended(s, capacity, ext->inserts, ext->n_inserts, &got));
     const ZpAllocStats oom = zp_alloc_replay_schedule(l, capacity);
     g_assert_true(oom.oom);
-    assert_same_alloc(&got, &oom);
+    assert_same_alloc_events(&got, &oom);
 }
 
 /* The short schedule, its missing micro-steps counted as virtual periods, equals the long
@@ -333,26 +331,6 @@ static void test_extend_or_stop(void)
     zp_sched_free(s);
 }
 
-/* Every figure of two replays of the caching allocator. */
-static void assert_same_alloc(const ZpAllocStats *f, const ZpAllocStats *u)
-{
-    const double got[] = {f->allocated_bytes, f->reserved_bytes, f->peak_allocated_bytes,
-                          f->peak_reserved_bytes, f->reserved_at_peak_bytes,
-                          f->largest_free_at_peak_bytes, f->oom_request_bytes,
-                          f->oom_allocated_bytes, f->oom_reserved_bytes,
-                          f->oom_largest_free_bytes};
-    const double want[] = {u->allocated_bytes, u->reserved_bytes, u->peak_allocated_bytes,
-                           u->peak_reserved_bytes, u->reserved_at_peak_bytes,
-                           u->largest_free_at_peak_bytes, u->oom_request_bytes,
-                           u->oom_allocated_bytes, u->oom_reserved_bytes,
-                           u->oom_largest_free_bytes};
-    assert_same_doubles(got, want, G_N_ELEMENTS(got));
-    g_assert_cmpuint(f->segments_allocated, ==, u->segments_allocated);
-    g_assert_cmpint(f->oom, ==, u->oom);
-    g_assert_cmpint(f->oom_fragmented, ==, u->oom_fragmented);
-    g_assert_cmpuint(f->folded_events, ==, u->folded_events);
-}
-
 /* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
  * 40 (2 pp + 24, short by 8) and counts 8 virtual: its result and allocator figures are the
  * full schedule's, field for field (what plan's report prints from the kept run). */
@@ -371,7 +349,7 @@ static void test_extend_rank(void)
     assert_same_all(ranked, full);
     const ZpAllocStats want =
         zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
-    assert_same_alloc(&alloc, &want);
+    assert_same_alloc_events(&alloc, &want);
     sim_result_free(ranked);
     sim_result_free(full);
     zp_sched_free(l);
@@ -407,7 +385,7 @@ static void test_extend_megatron_1t(void)
         g_assert_cmpuint(ranked->extended_micro_steps, ==, 360);
         g_assert_cmpint(want.oom, ==, !ckpt);
         assert_same_all(ranked, full);
-        assert_same_alloc(&alloc, &want);
+        assert_same_alloc_events(&alloc, &want);
         sim_result_free(ranked);
         sim_result_free(full);
         zp_sched_free(l);

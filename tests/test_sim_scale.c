@@ -18,13 +18,14 @@ static void assert_same_row(const SimResult *full, const SimResult *kept, uint32
     g_assert_cmpmem(&full->op_last_rank[a], n * 4, &kept->op_last_rank[b], n * 4);
 }
 
-/* The frozen-results plans, folded and explicit, as they are and with a straggler (the last
- * rank slowed, so that the rank reported is not rank 0) and, explicit, a slow node: `--json`'s
- * run (sim_trace_run keeping the reported rank's timeline) gives every figure and the
- * reported rank's op times of the run keeping every rank's, and keeps at most two ranks'. */
-static void test_json_timeline(void)
+/* Calls check on each of the frozen-results plans, folded and explicit, as they are, with a
+ * straggler (the last rank slowed 1.5 x, so that the rank reported is not rank 0) and,
+ * explicit, with a slow node (node 0's link 3 x slower). */
+typedef void (*FrozenCaseFn)(size_t plan, int mode, int slow, const ZpSchedule *s,
+                             const ZpHw *hw, SimOptions options, void *ctx);
+
+static void each_frozen_case(FrozenCaseFn check, void *ctx)
 {
-    uint64_t second_passes = 0;
     for (size_t i = 0; i < FROZEN_PLANS; i++)
         for (int mode = 0; mode < 2; mode++)
             for (int slow = 0; slow < 3; slow++) {
@@ -42,25 +43,41 @@ static void test_json_timeline(void)
                     options.slow_nodes = &link;
                     options.n_slow_nodes = 1;
                 }
-                GError *error = NULL;
-                SimResult *kept = sim_trace_run(s, &hw, &options, FALSE, &error);
-                g_assert_no_error(error);
-                options.record_timeline = TRUE;
-                SimResult *full = sim_engine_run(s, &hw, &options, &error);
-                g_assert_no_error(error);
-                g_test_message("plan %zu %s slow %d: %d ranks, report rank %d, %u kept", i,
-                               sim_mode_name(mode), slow, full->ranks_simulated,
-                               full->report_rank, kept->n_timeline_ranks);
-                assert_same_figures(full, kept);
-                assert_same_row(full, kept, (uint32_t)full->report_rank);
-                /* Rank 0's, and the reported rank's where a second pass kept it. */
-                g_assert_nonnull(kept->timeline_ranks);
-                g_assert_cmpuint(kept->n_timeline_ranks, <=, 2);
-                second_passes += full->report_rank != 0;
-                sim_result_free(full);
-                sim_result_free(kept);
+                check(i, mode, slow, s, &hw, options, ctx);
                 zp_sched_free(s);
             }
+}
+
+static void json_timeline_case(size_t i, int mode, int slow, const ZpSchedule *s,
+                               const ZpHw *hw, SimOptions options, void *ctx)
+{
+    uint64_t *second_passes = ctx;
+    GError *error = NULL;
+    SimResult *kept = sim_trace_run(s, hw, &options, FALSE, &error);
+    g_assert_no_error(error);
+    options.record_timeline = TRUE;
+    SimResult *full = sim_engine_run(s, hw, &options, &error);
+    g_assert_no_error(error);
+    g_test_message("plan %zu %s slow %d: %d ranks, report rank %d, %u kept", i,
+                   sim_mode_name(mode), slow, full->ranks_simulated,
+                   full->report_rank, kept->n_timeline_ranks);
+    assert_same_figures(full, kept);
+    assert_same_row(full, kept, (uint32_t)full->report_rank);
+    /* Rank 0's, and the reported rank's where a second pass kept it. */
+    g_assert_nonnull(kept->timeline_ranks);
+    g_assert_cmpuint(kept->n_timeline_ranks, <=, 2);
+    *second_passes += full->report_rank != 0;
+    sim_result_free(full);
+    sim_result_free(kept);
+}
+
+/* `--json`'s run (sim_trace_run keeping the reported rank's timeline) gives every figure and
+ * the reported rank's op times of the run keeping every rank's, and keeps at most two ranks',
+ * on each frozen case. */
+static void test_json_timeline(void)
+{
+    uint64_t second_passes = 0;
+    each_frozen_case(json_timeline_case, &second_passes);
     /* The stragglers made some reported rank other than rank 0: the second pass ran. */
     g_assert_cmpuint(second_passes, >, 0);
 }
@@ -269,6 +286,13 @@ static double check_op_types(const ZpSchedule *s, const ZpHw *hw, SimOptions opt
     return compute_s;
 }
 
+static void op_types_case(size_t i, int mode, int slow, const ZpSchedule *s, const ZpHw *hw,
+                          SimOptions options, void *ctx)
+{
+    (void)i, (void)mode, (void)slow;
+    check_op_types(s, hw, options, ctx);
+}
+
 /* `--json`'s op times with no timeline (SimResult.op_type_s, summed as ops end): the hand sum
  * over the reported rank's timeline, bit for bit, folded and stepped, on the frozen-results
  * plans (folded, explicit, a straggler, a slow link), on pipelines whose fold jumps (its
@@ -277,26 +301,7 @@ static double check_op_types(const ZpSchedule *s, const ZpHw *hw, SimOptions opt
 static void test_op_types(void)
 {
     uint32_t folded = 0;
-    for (size_t i = 0; i < FROZEN_PLANS; i++)
-        for (int mode = 0; mode < 2; mode++)
-            for (int slow = 0; slow < 3; slow++) {
-                if (slow == 2 && mode == SIM_MODE_FOLDED)
-                    continue;
-                ZpHw hw;
-                ZpSchedule *s = frozen_schedule(&frozen_plans[i], &hw);
-                const SimSlow straggler = {.index = (uint32_t)s->world - 1, .factor = 1.5};
-                const SimSlow link = {.index = 0, .factor = 3};
-                SimOptions options = {.mode = mode};
-                if (slow == 1) {
-                    options.slow_ranks = &straggler;
-                    options.n_slow_ranks = 1;
-                } else if (slow == 2) {
-                    options.slow_nodes = &link;
-                    options.n_slow_nodes = 1;
-                }
-                check_op_types(s, &hw, options, &folded);
-                zp_sched_free(s);
-            }
+    each_frozen_case(op_types_case, &folded);
     const struct {
         int pp, dp, mp, accum;
         SimMode mode;
