@@ -149,6 +149,19 @@ static void assert_same_op_types(const SimResult *got, const SimResult *want)
     assert_same_doubles(got->op_type_count, want->op_type_count, SIM_OP_TYPES);
 }
 
+void assert_same_totals(const SimResult *f, const SimResult *u)
+{
+    const double got[] = {f->step_time_s, f->compute_s, f->exposed_comm_s, f->optimizer_s,
+                          f->idle_s, f->cpu_optimizer_s, f->offload_transfer_s,
+                          f->model_flops, f->recompute_flops, f->peak_memory_bytes,
+                          f->peak_model_state_bytes, f->flush_s, f->alltoall_s};
+    const double want[] = {u->step_time_s, u->compute_s, u->exposed_comm_s, u->optimizer_s,
+                           u->idle_s, u->cpu_optimizer_s, u->offload_transfer_s,
+                           u->model_flops, u->recompute_flops, u->peak_memory_bytes,
+                           u->peak_model_state_bytes, u->flush_s, u->alltoall_s};
+    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+}
+
 void assert_same_breakdowns(const SimResult *got, const SimResult *want)
 {
     assert_same_op_types(got, want);

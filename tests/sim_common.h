@@ -71,6 +71,10 @@ void assert_same_figures(const SimResult *a, const SimResult *b);
 /* n doubles equal as floats (g_assert_cmpfloat ==). */
 void assert_same_doubles(const double *a, const double *b, size_t n);
 
+/* The step's totals, bit for bit: step, compute, exposed comm, optimizer, idle, CPU optimizer,
+ * offload transfer, model and recompute FLOPs, peak memory and model states, flush, all-to-all. */
+void assert_same_totals(const SimResult *f, const SimResult *u);
+
 /* The per-stream, per-group, per-category and per-stage figures of got, as want's, over want's
  * stages (test_sim_fold's fold against the unfolded run, test_sim_slow's rank classes against
  * every rank). */

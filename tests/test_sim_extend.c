@@ -169,28 +169,9 @@ static SimResult *run_ext(const ZpSchedule *s, SimOptions o)
 /* Every field of the result but state_bytes and the fold's own. */
 static void assert_same_all(const SimResult *f, const SimResult *u)
 {
-    const double got[] = {f->step_time_s, f->compute_s, f->exposed_comm_s, f->optimizer_s,
-                          f->idle_s, f->cpu_optimizer_s, f->offload_transfer_s,
-                          f->model_flops, f->recompute_flops, f->peak_memory_bytes,
-                          f->peak_model_state_bytes, f->flush_s, f->alltoall_s};
-    const double want[] = {u->step_time_s, u->compute_s, u->exposed_comm_s, u->optimizer_s,
-                           u->idle_s, u->cpu_optimizer_s, u->offload_transfer_s,
-                           u->model_flops, u->recompute_flops, u->peak_memory_bytes,
-                           u->peak_model_state_bytes, u->flush_s, u->alltoall_s};
-    assert_same_doubles(got, want, G_N_ELEMENTS(got));
-    assert_same_doubles(f->stream_busy_s, u->stream_busy_s, ZP_STREAM_N);
+    assert_same_totals(f, u);
     assert_same_doubles(f->offload_bytes, u->offload_bytes, ZP_XFER_N);
-    assert_same_doubles(f->comm_bytes, u->comm_bytes, ZP_SCHED_MAX_GROUPS);
-    assert_same_doubles(f->peak_breakdown_bytes, u->peak_breakdown_bytes, ZP_MEM_N);
-    assert_same_doubles(f->category_peak_bytes, u->category_peak_bytes, ZP_MEM_N);
     g_assert_cmpint(f->stages, ==, u->stages);
-    const size_t P = (size_t)MAX(u->stages, 1);
-    assert_same_doubles(f->stage_peak_bytes, u->stage_peak_bytes, P);
-    assert_same_doubles(f->stage_compute_s, u->stage_compute_s, P);
-    assert_same_doubles(f->stage_bubble_s, u->stage_bubble_s, P);
-    assert_same_doubles(f->stage_comm_bytes, u->stage_comm_bytes, P * ZP_GROUP_N);
-    assert_same_doubles(f->stage_category_peak_bytes, u->stage_category_peak_bytes,
-                        P * ZP_MEM_N);
     assert_same_breakdowns(f, u);
     g_assert_cmpint(f->mode, ==, u->mode);
     g_assert_cmpstr(f->cost_model, ==, u->cost_model);

@@ -55,15 +55,7 @@ static SimResult *run_fold(const ZpSchedule *s, SimOptions o, gboolean no_fold)
 /* Every figure of the result, bit for bit, and the timeline where one was kept. */
 static void assert_same_result(const SimResult *f, const SimResult *u)
 {
-    const double got[] = {f->step_time_s, f->compute_s, f->exposed_comm_s, f->optimizer_s,
-                          f->idle_s, f->cpu_optimizer_s, f->offload_transfer_s,
-                          f->model_flops, f->recompute_flops, f->peak_memory_bytes,
-                          f->peak_model_state_bytes, f->flush_s, f->alltoall_s};
-    const double want[] = {u->step_time_s, u->compute_s, u->exposed_comm_s, u->optimizer_s,
-                           u->idle_s, u->cpu_optimizer_s, u->offload_transfer_s,
-                           u->model_flops, u->recompute_flops, u->peak_memory_bytes,
-                           u->peak_model_state_bytes, u->flush_s, u->alltoall_s};
-    assert_same_doubles(got, want, G_N_ELEMENTS(got));
+    assert_same_totals(f, u);
     g_assert_cmpint(f->report_rank, ==, u->report_rank);
     g_assert_cmpint(f->stages, ==, u->stages);
     assert_same_doubles(f->offload_bytes, u->offload_bytes, ZP_XFER_N);
