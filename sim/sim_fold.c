@@ -44,7 +44,12 @@
 /* Shifts tried between snapshots: 1 micro-step (1F1B, GPipe) or a group of pp (interleaved:
  * Megatron's groups of pp micro-batches per chunk), and twice each (on the bare double clock a
  * period of an odd number of ulps rounded its ties alternately; on the grid nothing ties, and
- * the doubled shifts stay only for a pattern that truly alternates). */
+ * the doubled shifts stay only for a pattern that truly alternates). 1F1B over more than two
+ * stages tries pp micro-steps too, a pipeline round trip: where tensor parallelism spans
+ * nodes, the fill leaves a disturbance that comes back every round trip and never washes out
+ * (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32: stage 0's period is 0.0902409 s but 0.0926946
+ * then 0.0853067 s at micro-steps 64, 96, .., 480), so no state repeats a micro-step on, while
+ * every one repeats pp on. */
 #define MAX_SHIFTS 4
 /* Periods an interleaved group's shift needs before it can jump (group_first). */
 #define GROUP_PERIODS 5
@@ -888,6 +893,8 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
         f->blocked_at[k] = UINT32_MAX;
     f->shifts[f->n_shifts++] = 1;
     f->shifts[f->n_shifts++] = 2;
+    if (sim->sched->plan.pipe.schedule == ZP_PIPE_1F1B && f->stages > 2)
+        f->shifts[f->n_shifts++] = f->stages; /* a round trip (MAX_SHIFTS) */
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
         f->shifts[f->n_shifts++] = f->stages;
         f->shifts[f->n_shifts++] = 2 * f->stages;

@@ -257,6 +257,19 @@ static void test_fold_megatron_1t(void)
                       440);
 }
 
+/* 1F1B with tensor parallelism across nodes (gpt3-175b, pp 4 x tp 16 x dp 2, 64 micro-
+ * batches): the fill leaves a disturbance that comes back every pipeline round trip, so the
+ * state repeats pp micro-steps on, never one; the fold tries that shift (sim_fold.c
+ * MAX_SHIFTS) and skips 36 micro-steps, equal to --no-fold in every field. Before it tried
+ * only 1 and 2, it folded none (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32 neither). */
+static void test_fold_round_trip(void)
+{
+    assert_json_folds("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 128 --stage 1 "
+                      "--mp 16 --pp 4 --micro-batch 1 --grad-accum 64 --attention flash2 "
+                      "--json",
+                      32);
+}
+
 /* Stage 0's first compute op of micro-step m starts at this time on rank 0 (a timeline's). */
 static double micro_start_s(const ZpSchedule *s, const SimResult *r, int32_t m)
 {
@@ -488,6 +501,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
+    g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
     g_test_add_func("/sim/fold/across-powers-of-two", test_fold_across_powers_of_two);
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
