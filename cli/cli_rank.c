@@ -44,14 +44,27 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * schedule, 112 against 82 ms an evaluation on a fixed-grid clock), 12 groups of pp
  * interleaved (a group's jump needs 6 of them in one stretch of the clock, sim_fold.c
  * group_first). 0 where the plan is too short to gain, or GPipe, whose forward phase does not
- * fold (sim_fold_new counts no virtual periods there). */
-static int short_by(const ZpPlan *plan)
+ * fold (sim_fold_new counts no virtual periods there).
+ *
+ * 1F1B over more than two stages whose tensor-parallel group spans nodes repeats only a
+ * pipeline round trip on (pp micro-steps, sim_fold.c MAX_SHIFTS: the fill's disturbance comes
+ * back every round trip): its first jump comes after five round trips of snapshots past the
+ * fill and needs three more ahead of it, so 9 pp are kept and k is a multiple of pp; with
+ * 2 pp + 24 kept the short run could not jump at all (plan --3d gpt-1t/4096's 1F1B pp 32 x
+ * tp 32 x 512: 12 ms spent before the full schedule's 127 ms; 9 pp kept: 288 built, 224
+ * virtual). Shapes seen so far: tp 16 or 32 across nodes at pp 4-32 fold by round trips,
+ * tp 4 or 8 in a node by one micro-step; a plan that folds by one anyway counts k all the
+ * same, and one that folds by neither falls back to the full schedule, as before. */
+static int short_by(const ZpPlan *plan, const ZpHw *hw)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
     if (pp > 1 && plan->pipe.schedule == ZP_PIPE_GPIPE)
         return 0;
     const gboolean interleaved = pp > 1 && plan->pipe.schedule == ZP_PIPE_INTERLEAVED;
-    const int unit = interleaved ? 4 * pp : 4, keep = interleaved ? 12 * pp : 2 * pp + 24;
+    const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
+                                hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
+    const int unit = interleaved ? 4 * pp : round_trip ? pp : 4;
+    const int keep = interleaved ? 12 * pp : round_trip ? 9 * pp : 2 * pp + 24;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
     return k >= unit ? k : 0;
 }
@@ -67,7 +80,7 @@ static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpP
                                  gboolean *alloc_done)
 {
     *alloc_done = FALSE;
-    const int k = short_by(plan);
+    const int k = short_by(plan, hw);
     if (k == 0)
         return NULL;
     ZpPlan shorter = *plan;

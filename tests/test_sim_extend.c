@@ -373,6 +373,41 @@ static void test_extend_megatron_1t(void)
     }
 }
 
+/* 1F1B whose tensor-parallel group spans nodes folds by pipeline round trips (sim_fold.c
+ * MAX_SHIFTS): gpt3-175b pp 4 x tp 16 x dp 2 over 64 micro-batches, through the search's
+ * evaluation, builds 36 micro-steps (9 pp) and counts 28 virtual (a multiple of pp), its
+ * SimResult and allocator figures equal to the full schedule's. With 2 pp + 24 kept and k a
+ * multiple of 4 (32 virtual) its short run never jumped, and it ran the full schedule. */
+static void test_extend_round_trip(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt3-175b", &m, &error));
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 2, 16);
+    p.pipe.stages = 4;
+    p.grad_accum = 64;
+    p.gpus_per_node = a100.gpus_per_node;
+    g_assert_cmpint(p.mp, >, a100.gpus_per_node);
+    ZpAllocStats alloc;
+    SimResult *ranked = cli_rank_simulate(&m, &a100, &p, 0, &alloc, &error);
+    g_assert_no_error(error);
+    ZpSchedule *l = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    SimResult *full = run_ext(l, (SimOptions){0});
+    const ZpAllocStats want =
+        zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
+    g_test_message("round trip: %u micro-steps virtual, %s", ranked->extended_micro_steps,
+                   full->fold_note);
+    g_assert_cmpuint(ranked->extended_micro_steps, ==, 28);
+    g_assert_cmpuint(full->fold_micro_steps % 4, ==, 0); /* whole round trips */
+    assert_same_all(ranked, full);
+    assert_same_alloc(&alloc, &want);
+    sim_result_free(ranked);
+    sim_result_free(full);
+    zp_sched_free(l);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -383,5 +418,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
     g_test_add_func("/sim/extend/rank", test_extend_rank);
     g_test_add_func("/sim/extend/megatron-1t", test_extend_megatron_1t);
+    g_test_add_func("/sim/extend/round-trip", test_extend_round_trip);
     return sim_common_run();
 }
