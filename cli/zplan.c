@@ -104,7 +104,17 @@ static int run(int argc, char **argv)
     return 1;
 }
 
+/* OpenBLAS (linked for GSL's fits; zplan multiplies no large matrices) starts a worker per
+ * core when loaded, and an idle worker spins on sched_yield for 2^28 cycles before it sleeps
+ * (driver/others/blas_server.c blas_thread_server, thread_timeout): about 0.1 s of CPU on a
+ * second core in every zplan run that lasts that long. Stopped here; a later BLAS call (the
+ * collective fit's) starts them again (exec_blas -> blas_thread_init). Weak: a BLAS without
+ * the call (a serial build) leaves it NULL. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 int main(int argc, char **argv)
 {
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
     return close_stdout(argc > 1 ? argv[1] : NULL, run(argc, argv));
 }
