@@ -233,6 +233,22 @@ void cli_rank_clear(CliRankContext *c);
 SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                              double stop_after_s, ZpAllocStats *alloc, GError **error);
 
+/* The micro-steps a plan's schedule may be built short of and still give the full
+ * schedule's result (whole steady periods, counted as virtual ones by the fold:
+ * SimOptions.extend_micro_steps); 0 where the plan is too short to gain, or GPipe. Why these
+ * numbers: cli_rank.c. */
+int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw);
+/* The run of the plan's schedule built cli_rank_short_by micro-steps short under base's
+ * options, its missing periods counted as virtual ones: the full schedule's result in every
+ * field but state_bytes and the fold's own (fold_*; tests/test_sim_extend.c), or NULL where
+ * the fold did not count them all (nothing proven: the caller runs the full schedule). With
+ * alloc, the allocator replay of the full schedule from the short one and the periods
+ * inserted (*alloc_done FALSE where it could not: the caller replays the full schedule). With
+ * built, the short schedule the result came from (the caller frees it; NULL with no result). */
+SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                                   const SimOptions *base, ZpAllocStats *alloc,
+                                   gboolean *alloc_done, ZpSchedule **built);
+
 /* The simulator's placement model as the planner's bandwidth bound (a ZpBusBandwidthFn). */
 double cli_bus_bytes_per_s(const ZpHw *hw, int dp, int mp, ZpGroup group);
 /* And its time of one collective alone (a ZpCollTimeFn): sim_coll_cost's latency + transfer. */

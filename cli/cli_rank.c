@@ -55,7 +55,7 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * virtual). Shapes seen so far: tp 16 or 32 across nodes at pp 4-32 fold by round trips,
  * tp 4 or 8 in a node by one micro-step; a plan that folds by one anyway counts k all the
  * same, and one that folds by neither falls back to the full schedule, as before. */
-static int short_by(const ZpPlan *plan, const ZpHw *hw)
+int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
     if (pp > 1 && plan->pipe.schedule == ZP_PIPE_GPIPE)
@@ -69,18 +69,14 @@ static int short_by(const ZpPlan *plan, const ZpHw *hw)
     return k >= unit ? k : 0;
 }
 
-/* The run of the schedule built short_by micro-steps short, its missing periods counted as
- * virtual ones (SimOptions.extend_micro_steps): the full schedule's result in every field the
- * ranking and plan's report read (tests/test_sim_extend.c), or NULL where the fold did not
- * count them all (nothing proven: the caller runs the full schedule). With alloc, the
- * allocator replay of the full schedule from the short one and the periods inserted
- * (*alloc_done FALSE where it could not: the caller replays the full schedule). */
-static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
-                                 double stop_after_s, ZpAllocStats *alloc,
-                                 gboolean *alloc_done)
+SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                                   const SimOptions *base, ZpAllocStats *alloc,
+                                   gboolean *alloc_done, ZpSchedule **built)
 {
     *alloc_done = FALSE;
-    const int k = short_by(plan, hw);
+    if (built)
+        *built = NULL;
+    const int k = cli_rank_short_by(plan, hw);
     if (k == 0)
         return NULL;
     ZpPlan shorter = *plan;
@@ -88,8 +84,9 @@ static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpP
     ZpSchedule *sched = zp_sched_build(model, &shorter, NULL);
     if (!sched)
         return NULL;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s,
-                                .extend_micro_steps = (uint32_t)k, .extend_or_stop = TRUE};
+    SimOptions options = *base;
+    options.extend_micro_steps = (uint32_t)k;
+    options.extend_or_stop = TRUE;
     SimResult *result = sim_engine_run(sched, hw, &options, NULL);
     if (result && result->extended_micro_steps != (uint32_t)k) {
         sim_result_free(result);
@@ -99,7 +96,10 @@ static SimResult *simulate_short(const ZpModel *model, const ZpHw *hw, const ZpP
         *alloc_done = zp_alloc_replay_schedule_extended(
             sched, hw->gpu_memory_bytes - hw->runtime_reserve_bytes, result->inserts,
             result->n_inserts, alloc);
-    zp_sched_free(sched);
+    if (result && built)
+        *built = sched;
+    else
+        zp_sched_free(sched);
     return result;
 }
 
@@ -107,7 +107,8 @@ SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan 
                              double stop_after_s, ZpAllocStats *alloc, GError **error)
 {
     gboolean alloc_done;
-    SimResult *result = simulate_short(model, hw, plan, stop_after_s, alloc, &alloc_done);
+    const SimOptions base = {.mode = SIM_MODE_FOLDED, .stop_after_s = stop_after_s};
+    SimResult *result = cli_rank_simulate_short(model, hw, plan, &base, alloc, &alloc_done, NULL);
     if (result && (result->stopped || !alloc || alloc_done))
         return result;
     ZpSchedule *sched = zp_sched_build(model, plan, error);

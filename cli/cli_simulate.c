@@ -524,6 +524,42 @@ static gboolean kernels_flag(const SimulateFlags *f, ZpPlan *sched_plan, ZpPlan 
     return TRUE;
 }
 
+/* `simulate --json` alone from the plan's schedule built short (cli_rank_simulate_short: its
+ * steady periods past the kept ones counted by the fold as virtual periods), as the search
+ * evaluates a plan: the full schedule's SimResult in every field the JSON prints but the
+ * fold's own report (tests/test_sim_extend.c; test_sim_fold /sim/fold/json-short compares the
+ * JSON with --no-fold's), and the full schedule's allocator replay (*alloc). Only where nothing
+ * reads a timeline (--trace, --html, a sink), every rank is not asked for (--explicit, which
+ * does not fold), the fold is on, no rank or link is slowed and nothing is offloaded to the
+ * host (the plans test_sim_extend proves it on: a slowed rank's class and the host tiers'
+ * figures are not), and only where it is complete: every missing micro-step counted, the op
+ * sums exact (ops_json's timeline path needs the full schedule) and the allocator replay
+ * extended. NULL otherwise, with nothing kept (the caller builds and runs the full schedule);
+ * else the result, with *sched the short schedule, which the JSON reads only for what its
+ * length does not change (cli_simulate_out.c cli_simulate_print_json says which). */
+static SimResult *json_from_short(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                                  const ZpPlan *plan, ZpSchedule **sched, ZpAllocStats *alloc)
+{
+    if (!f->json || f->trace || f->html || f->sink || f->schedule || f->no_fold ||
+        f->explicit_ranks || f->slow_ranks || f->slow_links || zp_offload_any(plan) ||
+        plan->ckpt.cpu_checkpointing || cli_rank_short_by(plan, hw) == 0)
+        return NULL;
+    CliProgress *progress = cli_progress_new("zplan simulate: the schedule built short");
+    const SimOptions base = {.mode = SIM_MODE_FOLDED,
+                             .progress = cli_progress_update,
+                             .progress_ctx = progress};
+    gboolean alloc_done = FALSE;
+    SimResult *result = cli_rank_simulate_short(model, hw, plan, &base, alloc, &alloc_done, sched);
+    cli_progress_free(progress);
+    if (result && (result->stopped || !result->op_types_exact || !alloc_done)) {
+        sim_result_free(result);
+        zp_sched_free(*sched);
+        *sched = NULL;
+        result = NULL;
+    }
+    return result;
+}
+
 static int simulate(const SimulateFlags *f)
 {
     GError *error = NULL;
@@ -556,10 +592,14 @@ static int simulate(const SimulateFlags *f)
     }
     /* A profile measured on zreal's CPU backend: its workspace buffers are listed too. */
     plan.backend_workspace = zp_cost_cpu_backend(&hw);
+    ZpAllocStats alloc = {0};
+    SimResult *result = sched ? NULL : json_from_short(f, &model, &hw, &plan, &sched, &alloc);
+    const gboolean from_short = result != NULL;
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail(f->command, error);
     say_defaults_taken(f);
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
+        sim_result_free(result);
         zp_sched_free(sched);
         fprintf(stderr, "zplan %s: %s\n", f->command, error->message);
         g_error_free(error);
@@ -578,8 +618,7 @@ static int simulate(const SimulateFlags *f)
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
-    SimResult *result = NULL;
-    if (slow_flags(f, &plan, &hw, &options, &error))
+    if (!from_short && slow_flags(f, &plan, &hw, &options, &error))
         result = f->trace && !options.record_timeline
                      ? sim_trace_run(sched, &hw, &options, TRUE, &error)
                      : sim_engine_run(sched, &hw, &options, &error);
@@ -618,7 +657,9 @@ static int simulate(const SimulateFlags *f)
         const CliSimReport report = {
             &model, &hw, &plan, sched, result, peak_flops, &options, f->schedule,
             f->ds_config ? f->defaults_taken : NULL,
-            zp_alloc_replay_schedule(sched, hw.gpu_memory_bytes - hw.runtime_reserve_bytes),
+            from_short ? alloc
+                       : zp_alloc_replay_schedule(sched,
+                                                  hw.gpu_memory_bytes - hw.runtime_reserve_bytes),
             &f->budget};
         if (f->html && !cli_simulate_write_html(&report, f->html, &error))
             status = cli_fail(f->command, error);

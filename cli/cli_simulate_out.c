@@ -30,16 +30,21 @@ static double tokens_per_step(const CliSimReport *p)
  * inventory. Interference with collectives is not in it (the breakdown's compute_s has it). */
 static json_t *compute_by_class_json(const CliSimReport *p)
 {
+    /* The schedule's plan (normalized by the builder) with the step's micro-steps: a schedule
+     * built short (cli_simulate.c json_from_short) has fewer, and the ops counted are the
+     * step's. */
+    ZpPlan plan = p->sched->plan;
+    plan.grad_accum = p->plan->grad_accum;
     ZpCost c;
     if (!zp_model_has_architecture(p->model) ||
-        !zp_cost_init(&c, p->hw, p->model, &p->sched->plan, NULL) || !c.inventory)
+        !zp_cost_init(&c, p->hw, p->model, &plan, NULL) || !c.inventory)
         return NULL;
     ZpComputeOps ops[ZP_COMP_N];
-    zp_sched_compute_ops(p->model, &p->sched->plan, ops);
+    zp_sched_compute_ops(p->model, &plan, ops);
     double by_class[ZP_KCLASS_INVENTORY_N] = {0}, host = 0, launches = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const double n = k == ZP_COMP_OPTIMIZER ? (c.optimizer_elems > 0)
-                                                : (double)ops[k].count / zp_plan_pp(&p->sched->plan);
+                                                : (double)ops[k].count / zp_plan_pp(&plan);
         for (int cls = 0; cls < ZP_KCLASS_INVENTORY_N; cls++)
             by_class[cls] += n * c.class_s[k][cls];
         host += n * c.host_s[k];
@@ -142,6 +147,39 @@ static double dp_bytes(const SimResult *r)
 }
 
 
+/* Whether the steady state was advanced by whole periods (sim_fold.h; --no-fold):
+ * micro_steps, the step's micro-steps of every stage not stepped one by one, in `jumps` jumps;
+ * virtual_micro_steps, how many of them the schedule run did not even hold (built that many
+ * short, cli_simulate.c json_from_short, and counted by the fold as virtual periods:
+ * SimResult.extended_micro_steps; 0 where the step's own schedule ran). The engine's note
+ * speaks of the schedule it ran, so a short one's is said here of the step. */
+static json_t *fold_json(const SimResult *r)
+{
+    const uint32_t virt = r->extended_micro_steps;
+    char *note = virt > 0 ? g_strdup_printf("folded: %u micro-steps of every stage skipped in %u "
+                                            "jumps, %u of them virtual (the schedule built "
+                                            "that many micro-steps short)",
+                                            r->fold_micro_steps + virt, r->fold_jumps, virt)
+                          : g_strdup(r->fold_note);
+    json_t *o = json_pack("{s:I, s:I, s:I, s:s}", "micro_steps",
+                          (json_int_t)r->fold_micro_steps + virt, "jumps",
+                          (json_int_t)r->fold_jumps, "virtual_micro_steps", (json_int_t)virt,
+                          "note", note);
+    g_free(note);
+    return o;
+}
+
+/* Every field is the step's own also where the schedule was built short (cli_simulate.c
+ * json_from_short), field by field: the SimResult's figures (step time, breakdown, FLOPs,
+ * bytes by group and stage, peaks and categories, the op sums, the pipeline's stages and
+ * flush) are the long schedule's where the fold counted every missing micro-step
+ * (SimResult.extended_micro_steps; tests/test_sim_extend.c), the event counts aside, which
+ * count the virtual periods' events as if run; the allocator's figures are the long
+ * schedule's replay (zp_alloc_replay_schedule_extended); the plan, model, budget, slowdowns
+ * and constant buffers come from the step's plan; of the schedule, only what its length does
+ * not change: its world, its groups (from the degrees), backend_workspace (the plan's),
+ * model_state_bytes (the layout's per-parameter states) and compute_by_class (from its plan,
+ * with the step's micro-steps); the fold report says what was done (fold_json). */
 int cli_simulate_print_json(const CliSimReport *p)
 {
     const SimResult *r = p->r;
@@ -167,10 +205,7 @@ int cli_simulate_print_json(const CliSimReport *p)
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
-    /* Whether the steady state was advanced by whole periods (sim_fold.h; --no-fold). */
-    json_object_set_new(root, "fold", json_pack("{s:i, s:i, s:s}", "micro_steps",
-                                                (json_int_t)r->fold_micro_steps, "jumps",
-                                                (json_int_t)r->fold_jumps, "note", r->fold_note));
+    json_object_set_new(root, "fold", fold_json(r));
     /* A schedule file's other communicators (a world group, node groups): their bytes too. */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(p->sched, groups);
