@@ -217,8 +217,10 @@ static void test_fold_refused(void)
 }
 
 /* `zplan simulate ARGS --json` folds at least min_micro_steps micro-steps and prints what
- * --no-fold prints, the fold report and the event counts aside. */
-static void assert_json_folds(const char *args, int64_t min_micro_steps)
+ * --no-fold prints, the fold report and the event counts aside; the micro-steps of them it
+ * counted as virtual periods (its schedule built that many short, cli_simulate.c
+ * json_from_short; --no-fold's never). */
+static int64_t assert_json_folds(const char *args, int64_t min_micro_steps)
 {
     json_t *folded = tu_zplan_json(args);
     char *no_fold = g_strdup_printf("%s --no-fold", args);
@@ -230,6 +232,12 @@ static void assert_json_folds(const char *args, int64_t min_micro_steps)
                     min_micro_steps);
     g_assert_cmpint(json_integer_value(json_object_get(json_object_get(stepped, "fold"),
                                                        "micro_steps")), ==, 0);
+    json_t *virt = json_object_get(fold, "virtual_micro_steps");
+    g_assert_true(json_is_integer(virt));
+    const int64_t virtual_micro_steps = json_integer_value(virt);
+    g_assert_cmpint(virtual_micro_steps, <=, json_integer_value(json_object_get(fold, "micro_steps")));
+    g_assert_cmpint(json_integer_value(json_object_get(json_object_get(stepped, "fold"),
+                                                       "virtual_micro_steps")), ==, 0);
     const char *const aside[] = {"fold", "op_events", "heap_events"};
     for (size_t k = 0; k < G_N_ELEMENTS(aside); k++) {
         g_assert_nonnull(json_object_get(folded, aside[k]));
@@ -240,6 +248,7 @@ static void assert_json_folds(const char *args, int64_t min_micro_steps)
     g_assert_true(json_equal(folded, stepped));
     json_decref(folded);
     json_decref(stepped);
+    return virtual_micro_steps;
 }
 
 /* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row) through
@@ -251,7 +260,7 @@ static void assert_json_folds(const char *args, int64_t min_micro_steps)
  * each jump kept in one binade, 426 in 4 jumps. */
 static void test_fold_megatron_1t(void)
 {
-    assert_json_folds("simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 "
+    (void)assert_json_folds("simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 "
                       "--pp 64 --stage 0 --micro-batch 1 --grad-accum 512 --checkpoint "
                       "--precision fp16 --attention eager --json",
                       440);
@@ -264,7 +273,7 @@ static void test_fold_megatron_1t(void)
  * only 1 and 2, it folded none (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32 neither). */
 static void test_fold_round_trip(void)
 {
-    assert_json_folds("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 128 --stage 1 "
+    (void)assert_json_folds("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 128 --stage 1 "
                       "--mp 16 --pp 4 --micro-batch 1 --grad-accum 64 --attention flash2 "
                       "--json",
                       32);
@@ -372,7 +381,45 @@ static void test_fold_json_schedules(void)
         char *args = g_strdup_printf("simulate --model gpt-13b --cluster dgx-a100-80g --gpus 64 "
                                      "--mp 1 --stage 0 --micro-batch 1 --checkpoint %s --json",
                                      plans[k].plan);
-        assert_json_folds(args, plans[k].min_micro_steps);
+        (void)assert_json_folds(args, plans[k].min_micro_steps);
+        g_free(args);
+    }
+}
+
+/* `simulate --json` from the schedule built short (cli_simulate.c json_from_short), its
+ * missing steady periods counted as virtual ones, as the search evaluates a plan: 1F1B pp 4,
+ * 8 and 16 over many micro-batches, plain accumulation (stage 2, stage 3 checkpointed),
+ * interleaved, a round trip's shift (tp 16 across nodes) and Megatron's 1T row count their
+ * virtual micro-steps (cli_rank_short_by's: the micro-batches past those kept, in whole
+ * periods) and print what --no-fold prints in every field, the fold report and event counts
+ * aside; --explicit, a slowed rank and GPipe run the full schedule (0 virtual), equal too. */
+static void test_fold_json_short(void)
+{
+    static const struct {
+        const char *plan;
+        int64_t min_micro_steps, virtual_micro_steps;
+    } plans[] = {
+        {"--model gpt-13b --gpus 16 --stage 1 --pp 4 --grad-accum 64", 50, 32},
+        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128", 110, 88},
+        {"--model gpt-13b --gpus 64 --stage 1 --pp 16 --grad-accum 128 --checkpoint", 100, 72},
+        {"--model gpt-13b --gpus 16 --stage 2 --grad-accum 64", 50, 36},
+        {"--model gpt-13b --gpus 16 --stage 3 --grad-accum 64 --checkpoint", 50, 36},
+        {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
+         "--virtual-stages 4 --grad-accum 256", 128, 208},
+        {"--model gpt3-175b --gpus 128 --stage 1 --mp 16 --pp 4 --grad-accum 64 "
+         "--attention flash2", 32, 28},
+        {"--model gpt-1t --gpus 3072 --mp 8 --pp 64 --stage 0 --grad-accum 512 --checkpoint "
+         "--precision fp16 --attention eager", 440, 360},
+        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --explicit", 0, 0},
+        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --slow-rank 3:1.5", 0, 0},
+        {"--model gpt-13b --gpus 64 --stage 0 --pp 8 --pp-schedule gpipe --grad-accum 64 "
+         "--checkpoint", 40, 0},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        char *args = g_strdup_printf("simulate --cluster dgx-a100-80g --micro-batch 1 %s --json",
+                                     plans[k].plan);
+        const int64_t virt = assert_json_folds(args, plans[k].min_micro_steps);
+        g_assert_cmpint(virt, ==, plans[k].virtual_micro_steps);
         g_free(args);
     }
 }
@@ -505,6 +552,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/across-powers-of-two", test_fold_across_powers_of_two);
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
+    g_test_add_func("/sim/fold/json-short", test_fold_json_short);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
     return sim_common_run();
