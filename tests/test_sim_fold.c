@@ -1,6 +1,7 @@
 /* test_sim_fold: pipelines and gradient accumulation folded by whole periods (sim_fold) give
  * the unfolded run's results bit for bit, over 1F1B, GPipe and interleaved schedules, pp 2 to
  * 64, with and without a pipeline; a slow rank refuses the fold. */
+#include "cli.h"
 #include "sim_common.h"
 #include "zp_alloc_replay.h"
 
@@ -220,11 +221,12 @@ static void test_fold_refused(void)
  * --no-fold prints, the fold report and the event counts aside; the micro-steps of them it
  * counted as virtual periods (its schedule built that many short, cli_simulate.c
  * json_from_short; --no-fold's never). */
-static int64_t assert_json_folds(const char *args, int64_t min_micro_steps)
+static int64_t assert_json_folds_exit(const char *args, int64_t min_micro_steps,
+                                      int exit_status)
 {
-    json_t *folded = tu_zplan_json(args);
+    json_t *folded = tu_zplan_json_exit(args, exit_status);
     char *no_fold = g_strdup_printf("%s --no-fold", args);
-    json_t *stepped = tu_zplan_json(no_fold);
+    json_t *stepped = tu_zplan_json_exit(no_fold, exit_status);
     g_free(no_fold);
     json_t *fold = json_object_get(folded, "fold");
     g_test_message("%s: %s", args, json_string_value(json_object_get(fold, "note")));
@@ -249,6 +251,11 @@ static int64_t assert_json_folds(const char *args, int64_t min_micro_steps)
     json_decref(folded);
     json_decref(stepped);
     return virtual_micro_steps;
+}
+
+static int64_t assert_json_folds(const char *args, int64_t min_micro_steps)
+{
+    return assert_json_folds_exit(args, min_micro_steps, 0);
 }
 
 /* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row) through
@@ -392,7 +399,8 @@ static void test_fold_json_schedules(void)
  * interleaved, a round trip's shift (tp 16 across nodes) and Megatron's 1T row count their
  * virtual micro-steps (cli_rank_short_by's: the micro-batches past those kept, in whole
  * periods) and print what --no-fold prints in every field, the fold report and event counts
- * aside; --explicit, a slowed rank and GPipe run the full schedule (0 virtual), equal too. */
+ * aside; --explicit, a slowed rank and GPipe run the full schedule (0 virtual), equal too;
+ * and a plan that does not fit, whose allocator replay runs out of memory. */
 static void test_fold_json_short(void)
 {
     static const struct {
@@ -422,6 +430,14 @@ static void test_fold_json_short(void)
         g_assert_cmpint(virt, ==, plans[k].virtual_micro_steps);
         g_free(args);
     }
+    /* Megatron's 1T row without checkpointing does not fit (exit status 2): the allocator's
+     * out-of-memory replay from the short schedule (zp_alloc_replay_schedule_extended) is the
+     * full one's too. */
+    const int64_t virt = assert_json_folds_exit(
+        "simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 --pp 64 --stage 0 "
+        "--micro-batch 1 --grad-accum 512 --precision fp16 --attention eager --json",
+        440, CLI_EXIT_DOES_NOT_FIT);
+    g_assert_cmpint(virt, ==, 360);
 }
 
 /* The caching allocator's replay skips a stage's repeated micro-steps (zp_alloc_replay.c)
