@@ -174,7 +174,9 @@ static json_t *fold_json(const SimResult *r)
  * bytes by group and stage, peaks and categories, the op sums, the pipeline's stages and
  * flush) are the long schedule's where the fold counted every missing micro-step
  * (SimResult.extended_micro_steps; tests/test_sim_extend.c), the event counts aside, which
- * count the virtual periods' events as if run; the allocator's figures are the long
+ * count the virtual periods' events as if run; "ops" are the engine's sums (op_types_exact:
+ * json_from_short keeps no run whose sums are not, so ops_json never walks the short
+ * schedule's ops); the allocator's figures are the long
  * schedule's replay (zp_alloc_replay_schedule_extended); the plan, model, budget, slowdowns
  * and constant buffers come from the step's plan; of the schedule, only what its length does
  * not change: its world, its groups (from the degrees), backend_workspace (the plan's),
