@@ -92,18 +92,51 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
     return TRUE;
 }
 
+/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
+static gboolean ready_at_once(const Dependent *d, uint16_t stage)
+{
+    return !d->counted && d->stage == stage;
+}
+
+/* Moves the allocs and frees ready at once to the front of op o's dependents, each part in
+ * its order, where that changes no order the run can see: where all the op's dependents that
+ * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
+ * frees in the same order (as a block, before it counts down the rest), and the rest start
+ * in their order as before: queueing one touches nothing that counting down or starting an
+ * op reads, nor the other way round. `scratch` holds the largest op's dependents. */
+static void split_ready_dependents(Sim *sim, SimOp *o, Dependent *scratch)
+{
+    Dependent *d = &sim->dependents[o->dependents_start];
+    uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
+    o->dependents_ready = o->dependents_start;
+    for (uint32_t k = 0; k < n; k++)
+        if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
+            n = 0; /* a counted or another stage's alloc or free: no block */
+    for (uint32_t k = 0; k < n; k++)
+        if (ready_at_once(&d[k], o->stage))
+            d[n_ready++] = d[k];
+        else
+            scratch[n_rest++] = d[k];
+    memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
+    o->dependents_ready += n_ready;
+}
+
 /* Each op's dependents, counted (in `cursor`, by sim_ops_build's pass over the ops) and
  * placed through a cursor per op apart from the SimOps (then 64 bytes), four bytes each: the
  * scattered increments stay in cache (a 32,000-layer model's 2.1 million ops spent a sixth of
  * sim_ops_build on them). Each op's dependencies are found from dep_start (ZpOp's, noted by
  * the same pass) and its SimOp's n_deps, not from its ZpOp again: a second pass over the
- * ZpOps read 203 MB at 32,000 layers. Frees cursor and dep_start. */
+ * ZpOps read 203 MB at 32,000 layers. Three passes over the SimOps (44 MB at Megatron's 1T),
+ * which are memory-bound: the offsets (and the most dependents of an op), the placing, and
+ * each op's end with its ready allocs and frees split off (split_ready_dependents), which had
+ * two passes of their own. Frees cursor and dep_start. */
 static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
 {
     const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
-    uint32_t offset = 0;
+    uint32_t offset = 0, most = 1;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const uint32_t count = cursor[i];
+        most = MAX(most, count);
         sim->ops[i].dependents_start = cursor[i] = offset;
         offset += count;
     }
@@ -117,47 +150,14 @@ static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
         for (uint32_t d = 0; d < o->n_deps; d++) /* no pointer into an empty list's NULL */
             sim->dependents[cursor[all_deps[dep_start[i] + d]]++] = dependent;
     }
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        sim->ops[i].dependents_end = cursor[i];
-    g_free(cursor);
-    g_free(dep_start);
-}
-
-/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
-static gboolean ready_at_once(const Dependent *d, uint16_t stage)
-{
-    return !d->counted && d->stage == stage;
-}
-
-/* Moves the allocs and frees ready at once to the front of each op's dependents, each part in
- * its order, where that changes no order the run can see: where all the op's dependents that
- * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
- * frees in the same order (as a block, before it counts down the rest), and the rest start
- * in their order as before: queueing one touches nothing that counting down or starting an
- * op reads, nor the other way round. */
-static void split_ready_dependents(Sim *sim)
-{
-    uint32_t most = 1;
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        most = MAX(most, sim->ops[i].dependents_end - sim->ops[i].dependents_start);
     Dependent *scratch = g_new(Dependent, most);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
-        SimOp *o = &sim->ops[i];
-        Dependent *d = &sim->dependents[o->dependents_start];
-        uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
-        o->dependents_ready = o->dependents_start;
-        for (uint32_t k = 0; k < n; k++)
-            if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
-                n = 0; /* a counted or another stage's alloc or free: no block */
-        for (uint32_t k = 0; k < n; k++)
-            if (ready_at_once(&d[k], o->stage))
-                d[n_ready++] = d[k];
-            else
-                scratch[n_rest++] = d[k];
-        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
-        o->dependents_ready += n_ready;
+        sim->ops[i].dependents_end = cursor[i];
+        split_ready_dependents(sim, &sim->ops[i], scratch);
     }
     g_free(scratch);
+    g_free(cursor);
+    g_free(dep_start);
 }
 
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
@@ -224,9 +224,9 @@ static void describe_group(SimResult *result, const char *name, const SimCollGro
 }
 
 /* The per-rank sums op adds to, in op order (the same additions in the same order give the
- * same doubles: sim_ops_sums_extended relies on it): offload bytes, FLOPs, bytes sent. */
-static void add_sums(const ZpOp *op, const SimCollGroup *groups, SimResult *result,
-                     double *stage_flops)
+ * same doubles: sim_ops_sums_extended relies on it): offload bytes, FLOPs, bytes sent (a
+ * collective's `sent`, sim_coll_bytes_sent's, which the caller keeps per size). */
+static void add_sums(const ZpOp *op, double sent, SimResult *result, double *stage_flops)
 {
     if (op->kind == ZP_OP_TRANSFER) {
         result->offload_bytes[op->sub] += op->bytes;
@@ -236,7 +236,6 @@ static void add_sums(const ZpOp *op, const SimCollGroup *groups, SimResult *resu
         else if (op->sub != ZP_COMP_OPTIMIZER)
             stage_flops[op->stage] += op->flops;
     } else if (op->kind == ZP_OP_COLLECTIVE) {
-        const double sent = sim_coll_bytes_sent(op->sub, op->bytes, groups[op->group].ranks);
         if (op->group < ZP_GROUP_N)
             result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
         else /* a schedule file's own communicator: files hold no pipeline */
@@ -258,6 +257,47 @@ static void finish_sums(const Sim *sim, SimResult *result, double *stage_flops)
                 MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
     }
     g_free(stage_flops);
+}
+
+/* The bytes a collective sends (0 for other ops). */
+static double op_sent(const ZpOp *op, const SimCollGroup *groups)
+{
+    return op->kind == ZP_OP_COLLECTIVE
+               ? sim_coll_bytes_sent(op->sub, op->bytes, groups[op->group].ranks)
+               : 0.0;
+}
+
+/* A compute op's duration by what it depends on: host bytes, FLOPs (all, GEMM's, fused
+ * attention's) and memory bytes, compared bit for bit. */
+typedef struct {
+    double key[5];
+    double duration_s;
+    gboolean set;
+} ComputeMemo;
+
+/* A compute op's time: its bytes over the host link (Pa+cpu's host_copy; 0 for other ops)
+ * and its kernels' (zp_cost_op_s). A step repeats each block op with the same figures
+ * thousands of times (Megatron's 1T: 921,794 ops), so the last duration of each kind and
+ * module is kept, by its figures bit for bit: both functions read only their arguments and
+ * the run's constant ZpCost, so a repeat gets the very double computed again. */
+static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
+                        ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1])
+{
+    const double key[5] = {op->bytes, op->flops, op->gemm_flops, op->attn_flops, op->mem_bytes};
+    ComputeMemo *m = op->module <= ZP_MOD_N ? &memo[op->sub][op->module] : NULL;
+    if (m && m->set && memcmp(m->key, key, sizeof key) == 0)
+        return m->duration_s;
+    const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
+                              ? op->bytes / hw->host_link_bytes_per_s
+                              : 0.0;
+    const double duration_s =
+        host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op), op->flops,
+                              op->gemm_flops, op->attn_flops, op->mem_bytes);
+    if (m) {
+        *m = (ComputeMemo){.duration_s = duration_s, .set = TRUE};
+        memcpy(m->key, key, sizeof key);
+    }
+    return duration_s;
 }
 
 /* The sums again, over the schedule with inserts[k].periods periods of inserts[k].step ops
@@ -282,8 +322,9 @@ void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
         for (; k < n_inserts && inserts[k].at == i; k++)
             for (uint64_t p = 0; p < inserts[k].periods; p++)
                 for (uint32_t j = i - inserts[k].step; j < i; j++)
-                    add_sums(zp_sched_op(s, j), groups, result, stage_flops);
-        add_sums(zp_sched_op(s, i), groups, result, stage_flops);
+                    add_sums(zp_sched_op(s, j), op_sent(zp_sched_op(s, j), groups), result,
+                             stage_flops);
+        add_sums(zp_sched_op(s, i), op_sent(zp_sched_op(s, i), groups), result, stage_flops);
     }
     finish_sums(sim, result, stage_flops);
 }
@@ -300,9 +341,11 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Each communicator's last collective costed, by kind: a step repeats the same sizes
      * (every tensor-parallel all-reduce is b s h), so most costs are the one before. */
     struct {
-        double bytes;
+        double bytes, sent;
         SimCollCost cost;
     } last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+    ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1];
+    memset(memo, 0, sizeof memo);
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
                                           sim->groups[g].stride);
@@ -336,6 +379,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             dependents[deps[d]]++;
         dep_start[i] = op->dep_start;
         SimOp *o = &sim->ops[i];
+        double sent = 0; /* a collective's bytes sent */
         /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
          * stays on its own (it is posted, and the stage goes on). */
         const gboolean in_line_op = in_line && op->kind != ZP_OP_P2P;
@@ -355,21 +399,19 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 g_free(last_on_stream);
                 g_free(dependents);
                 g_free(dep_start);
-                return FALSE;
+                    return FALSE;
             }
         } else if (op->kind == ZP_OP_COMPUTE) {
-            /* Pa+cpu's host_copy: its bytes over the host link (0 for other ops). */
-            const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
-                                      ? op->bytes / hw->host_link_bytes_per_s
-                                      : 0.0;
-            o->duration_s = host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op),
-                                                  op->flops, op->gemm_flops, op->attn_flops,
-                                                  op->mem_bytes);
+            o->duration_s = compute_s(sim, hw, op, memo);
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
-            if (last_cost[op->group][op->sub].bytes != op->bytes)
+            if (last_cost[op->group][op->sub].bytes != op->bytes) {
                 last_cost[op->group][op->sub].cost = sim_coll_cost(op->sub, op->bytes, g);
+                last_cost[op->group][op->sub].sent =
+                    sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
+            }
             last_cost[op->group][op->sub].bytes = op->bytes;
+            sent = last_cost[op->group][op->sub].sent;
             const SimCollCost cost = last_cost[op->group][op->sub].cost;
             /* With an op table (the measured backend's), the rank's own copies around the
              * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
@@ -382,7 +424,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         } else {
             largest_buffer = MAX(largest_buffer, op->bytes);
         }
-        add_sums(op, groups, result, stage_flops);
+        add_sums(op, sent, result, stage_flops);
         stream_link(sim, last_on_stream, i);
     }
     g_free(last_on_stream);
@@ -403,6 +445,5 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
     build_dependents(sim, dependents, dep_start);
-    split_ready_dependents(sim);
     return TRUE;
 }
