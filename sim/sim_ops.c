@@ -124,16 +124,18 @@ static void split_ready_dependents(Sim *sim, SimOp *o, Dependent *scratch)
 /* Each op's dependents, counted (in `cursor`, by sim_ops_build's pass over the ops) and
  * placed through a cursor per op apart from the SimOps (then 64 bytes), four bytes each: the
  * scattered increments stay in cache (a 32,000-layer model's 2.1 million ops spent a sixth of
- * sim_ops_build on them). Each op's dependencies are found from dep_start (ZpOp's, noted by
- * the same pass) and its SimOp's n_deps, not from its ZpOp again: a second pass over the
- * ZpOps read 203 MB at 32,000 layers. Three passes over the SimOps (44 MB at Megatron's 1T),
+ * sim_ops_build on them). Each op's dependencies are found from its SimOp's n_deps and where
+ * they start, not from its ZpOp again (a second pass over the ZpOps read 203 MB at 32,000
+ * layers): one after the other, in op order, as the builder and the schedule reader write
+ * them (zp_build_emit), where dep_start is NULL, and else at dep_start[i] (ZpOp's, noted by
+ * sim_ops_build's pass). Three passes over the SimOps (44 MB at Megatron's 1T),
  * which are memory-bound: the offsets (and the most dependents of an op), the placing, and
  * each op's end with its ready allocs and frees split off (split_ready_dependents), which had
  * two passes of their own. Frees cursor and dep_start. */
 static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
 {
     const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
-    uint32_t offset = 0, most = 1;
+    uint32_t offset = 0, most = 1, packed_start = 0;
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const uint32_t count = cursor[i];
         most = MAX(most, count);
@@ -147,8 +149,10 @@ static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
         const Dependent dependent = {
             .op = i, .stage = o->stage, .stream = op_on_stream(o) ? o->stream : NOT_ON_STREAM,
             .counted = op_on_stream(o) || o->n_deps > 1};
+        const uint32_t first = dep_start ? dep_start[i] : packed_start;
+        packed_start += o->n_deps;
         for (uint32_t d = 0; d < o->n_deps; d++) /* no pointer into an empty list's NULL */
-            sim->dependents[cursor[all_deps[dep_start[i] + d]]++] = dependent;
+            sim->dependents[cursor[all_deps[first + d]]++] = dependent;
     }
     Dependent *scratch = g_new(Dependent, most);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
@@ -329,6 +333,16 @@ void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
     finish_sums(sim, result, stage_flops);
 }
 
+/* The dep_start of each of the n ops, those before op i noted from their ZpOps. */
+static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
+{
+    uint32_t *dep_start = g_new(uint32_t, MAX(n, 1));
+    zp_advise_huge_pages(dep_start, MAX(n, 1) * sizeof(uint32_t));
+    for (uint32_t j = 0; j < i; j++)
+        dep_start[j] = zp_sched_op(s, j)->dep_start;
+    return dep_start;
+}
+
 /* Durations, costs and totals of every op; the result's per-rank sums come from here. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
@@ -362,9 +376,10 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                   sizeof result->collective_model);
     uint32_t *last_on_stream = streams_begin(sim);
     uint32_t *dependents = g_new0(uint32_t, MAX(sim->n_ops, 1)); /* counted here */
-    uint32_t *dep_start = g_new(uint32_t, MAX(sim->n_ops, 1));   /* noted here */
+    /* Each op's ZpOp.dep_start, noted only once one is not where the ops before it end (4
+     * bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's never need). */
+    uint32_t *dep_start = NULL, packed_end = 0;
     zp_advise_huge_pages(dependents, MAX(sim->n_ops, 1) * sizeof(uint32_t));
-    zp_advise_huge_pages(dep_start, MAX(sim->n_ops, 1) * sizeof(uint32_t));
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         if (!check_op(s, sim->n_groups, i, error)) {
             g_free(stage_flops);
@@ -377,7 +392,11 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         const uint32_t *deps = zp_sched_deps(s, op);
         for (uint32_t d = 0; d < op->n_deps; d++) /* check_op: each in range */
             dependents[deps[d]]++;
-        dep_start[i] = op->dep_start;
+        if (!dep_start && op->dep_start != packed_end)
+            dep_start = noted_dep_starts(s, i, sim->n_ops);
+        if (dep_start)
+            dep_start[i] = op->dep_start;
+        packed_end = op->dep_start + op->n_deps; /* check_op: within the list, a uint32_t */
         SimOp *o = &sim->ops[i];
         double sent = 0; /* a collective's bytes sent */
         /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
