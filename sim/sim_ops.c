@@ -112,12 +112,17 @@ static void split_ready_dependents(Sim *sim, SimOp *o, Dependent *scratch)
     for (uint32_t k = 0; k < n; k++)
         if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
             n = 0; /* a counted or another stage's alloc or free: no block */
-    for (uint32_t k = 0; k < n; k++)
+    uint32_t k = 0;
+    while (k < n && ready_at_once(&d[k], o->stage)) /* those in place already */
+        k++;
+    n_ready = k;
+    for (; k < n; k++)
         if (ready_at_once(&d[k], o->stage))
             d[n_ready++] = d[k];
         else
             scratch[n_rest++] = d[k];
-    memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
+    if (n_rest > 0 && n_ready > 0) /* else nothing moved: most ops (a memcpy call each) */
+        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
     o->dependents_ready += n_ready;
 }
 
@@ -333,6 +338,38 @@ void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
     finish_sums(sim, result, stage_flops);
 }
 
+/* A collective's cost and bytes sent at one size. */
+typedef struct {
+    double bytes, sent;
+    SimCollCost cost;
+} CollCosted;
+
+/* The last COLL_RECENT sizes one communicator costed for one collective kind, in a ring:
+ * plan --3d gpt-1t/4096 alternates sizes (a fifth of its 942,438 collectives were not the
+ * size before, 54 M instructions in sim_coll_cost), which the last one alone misses. */
+#define COLL_RECENT 4
+typedef struct {
+    CollCosted sizes[COLL_RECENT];
+    uint32_t n, next;
+} CollRecent;
+
+/* The cost and bytes sent of collective `kind` over `bytes` on g: one of its recent sizes,
+ * equal bit for bit (sim_coll_cost and sim_coll_bytes_sent read only their arguments, so it
+ * is the very double computed again), or computed and kept. */
+static CollCosted coll_costed(CollRecent *r, ZpCollKind kind, double bytes,
+                              const SimCollGroup *g)
+{
+    for (uint32_t k = 0; k < r->n; k++)
+        if (memcmp(&r->sizes[k].bytes, &bytes, sizeof bytes) == 0)
+            return r->sizes[k];
+    const CollCosted c = {.bytes = bytes, .sent = sim_coll_bytes_sent(kind, bytes, g->ranks),
+                          .cost = sim_coll_cost(kind, bytes, g)};
+    r->sizes[r->next] = c;
+    r->next = (r->next + 1) % COLL_RECENT;
+    r->n = MIN(r->n + 1, COLL_RECENT);
+    return c;
+}
+
 /* The dep_start of each of the n ops, those before op i noted from their ZpOps. */
 static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
 {
@@ -353,11 +390,10 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     sim->contention = zp_cost_contention(&sim->cost, 1);
     SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
     /* Each communicator's last collective costed, by kind: a step repeats the same sizes
-     * (every tensor-parallel all-reduce is b s h), so most costs are the one before. */
-    struct {
-        double bytes, sent;
-        SimCollCost cost;
-    } last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+     * (every tensor-parallel all-reduce is b s h), so most costs are the one before; and its
+     * last COLL_RECENT sizes, for those that alternate (CollRecent). */
+    CollCosted last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+    CollRecent *recent = g_new0(CollRecent, (gsize)ZP_SCHED_MAX_GROUPS * ZP_COLL_N);
     ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1];
     memset(memo, 0, sizeof memo);
     for (uint32_t g = 0; g < sim->n_groups; g++) {
@@ -386,6 +422,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             g_free(last_on_stream);
             g_free(dependents);
             g_free(dep_start);
+            g_free(recent);
             return FALSE;
         }
         const ZpOp *op = zp_sched_op(s, i);
@@ -424,12 +461,9 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             o->duration_s = compute_s(sim, hw, op, memo);
         } else if (op->kind == ZP_OP_COLLECTIVE) {
             const SimCollGroup *g = &groups[op->group];
-            if (last_cost[op->group][op->sub].bytes != op->bytes) {
-                last_cost[op->group][op->sub].cost = sim_coll_cost(op->sub, op->bytes, g);
-                last_cost[op->group][op->sub].sent =
-                    sim_coll_bytes_sent(op->sub, op->bytes, g->ranks);
-            }
-            last_cost[op->group][op->sub].bytes = op->bytes;
+            if (last_cost[op->group][op->sub].bytes != op->bytes)
+                last_cost[op->group][op->sub] =
+                    coll_costed(&recent[op->group * ZP_COLL_N + op->sub], op->sub, op->bytes, g);
             sent = last_cost[op->group][op->sub].sent;
             const SimCollCost cost = last_cost[op->group][op->sub].cost;
             /* With an op table (the measured backend's), the rank's own copies around the
@@ -447,6 +481,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         stream_link(sim, last_on_stream, i);
     }
     g_free(last_on_stream);
+    g_free(recent);
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
         for (int k = 0; k < ZP_COLL_N; k++)
