@@ -27,12 +27,23 @@ struct ZpAllocReplay {
      * 900 bytes a step with tiny, whose small long-lived chunks split the holes glibc had
      * left, and its heap grew by a step's activations every step). */
     GHashTable *live;
+    /* ids below n_dense (a schedule's buffer ids, zp_alloc_replay_index_ids) are kept here,
+     * by_id[id], not in `live`: a lookup without hashing; n_live counts both. */
+    Block **by_id;
+    size_t n_dense;
+    guint n_live;
+    /* Blocks come from chunks of BLOCK_CHUNK and go back to a free list (linked by next):
+     * one malloc per chunk, not per block, and no more than the most blocks ever at once. */
+    Block *spare;
+    GPtrArray *chunks;
     /* Each segment's first block (which stays its first until the segment goes back), in
      * address order: the blocks in address order without a sort. */
     GPtrArray *segments;
     uint64_t last_addr; /* where the last allocation went */
     ZpAllocStats stats;
 };
+
+#define BLOCK_CHUNK 1024
 
 static int block_cmp(gconstpointer a, gconstpointer b)
 {
@@ -51,43 +62,80 @@ ZpAllocReplay *zp_alloc_replay_new(double capacity_bytes)
         a->pools[p] = g_tree_new(block_cmp);
     a->live = g_hash_table_new(g_int64_hash, g_int64_equal); /* keyed by the Blocks' ids */
     a->segments = g_ptr_array_new();
+    a->chunks = g_ptr_array_new_with_free_func(g_free);
     return a;
 }
 
-/* GTraverseFunc: frees a pool's block (the key). */
-static gboolean free_key(gpointer key, gpointer value, gpointer unused)
+/* Indexes the ids below n_ids (dense: a schedule's buffers) by an array, not the hash. Only
+ * while no block is live. */
+static void index_ids(ZpAllocReplay *a, size_t n_ids)
 {
-    (void)value, (void)unused;
-    g_free(key);
-    return FALSE;
+    g_assert(a->n_live == 0);
+    g_free(a->by_id);
+    a->by_id = n_ids ? g_new0(Block *, n_ids) : NULL;
+    a->n_dense = n_ids;
 }
 
-/* GHFunc: frees an allocated block (the value, which holds its key). */
-static void free_value(gpointer key, gpointer value, gpointer unused)
+static Block *live_get(const ZpAllocReplay *a, uint64_t id)
 {
-    (void)key, (void)unused;
-    g_free(value);
+    return id < a->n_dense ? a->by_id[id] : g_hash_table_lookup(a->live, &id);
+}
+
+/* Block b, allocated, under its id (whose key is b's own: none allocated). */
+static void live_put(ZpAllocReplay *a, Block *b)
+{
+    if (b->id < a->n_dense) {
+        a->n_live += !a->by_id[b->id];
+        a->by_id[b->id] = b;
+    } else {
+        a->n_live += !g_hash_table_contains(a->live, &b->id);
+        g_hash_table_replace(a->live, &b->id, b);
+    }
+}
+
+static void live_remove(ZpAllocReplay *a, uint64_t id)
+{
+    if (id < a->n_dense) {
+        a->n_live -= a->by_id[id] != NULL;
+        a->by_id[id] = NULL;
+    } else {
+        a->n_live -= g_hash_table_remove(a->live, &id);
+    }
 }
 
 void zp_alloc_replay_free_all(ZpAllocReplay *a)
 {
     if (!a)
         return;
-    for (int p = 0; p < 2; p++) {
-        g_tree_foreach(a->pools[p], free_key, NULL);
+    for (int p = 0; p < 2; p++)
         g_tree_destroy(a->pools[p]);
-    }
-    g_hash_table_foreach(a->live, free_value, NULL);
     g_hash_table_destroy(a->live);
+    g_free(a->by_id);
     g_ptr_array_unref(a->segments);
+    g_ptr_array_unref(a->chunks); /* every block, pooled, live or spare */
     g_free(a);
 }
 
-static Block *new_block(uint64_t addr, uint64_t size, gboolean small)
+static Block *new_block(ZpAllocReplay *a, uint64_t addr, uint64_t size, gboolean small)
 {
-    Block *b = g_new0(Block, 1);
+    if (!a->spare) {
+        Block *chunk = g_new(Block, BLOCK_CHUNK);
+        g_ptr_array_add(a->chunks, chunk);
+        for (int k = 0; k < BLOCK_CHUNK; k++) {
+            chunk[k].next = a->spare;
+            a->spare = &chunk[k];
+        }
+    }
+    Block *b = a->spare;
+    a->spare = b->next;
     *b = (Block){.addr = addr, .size = size, .small = small};
     return b;
+}
+
+static void drop_block(ZpAllocReplay *a, Block *b)
+{
+    b->next = a->spare;
+    a->spare = b;
 }
 
 /* round_size(): at least 512 bytes, a multiple of 512. */
@@ -140,7 +188,7 @@ static void release_cached(ZpAllocReplay *a)
             g_tree_remove(a->pools[p], b);
             g_ptr_array_remove(a->segments, b);
             a->stats.reserved_bytes -= (double)b->size;
-            g_free(b);
+            drop_block(a, b);
         }
         g_ptr_array_set_size(whole, 0);
     }
@@ -194,7 +242,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
             s->oom_fragmented = s->allocated_bytes + (double)size <= a->capacity_bytes;
             return FALSE;
         }
-        b = new_block(a->next_addr, seg, small);
+        b = new_block(a, a->next_addr, seg, small);
         g_ptr_array_add(a->segments, b);
         /* Segments never touch, so blocks merge only inside their own. */
         a->next_addr += seg + (uint64_t)ZP_ALLOC_SMALL_BUFFER_BYTES;
@@ -202,7 +250,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
         a->stats.segments_allocated++;
     }
     if (should_split(b, size)) {
-        Block *rest = new_block(b->addr + size, b->size - size, small);
+        Block *rest = new_block(a, b->addr + size, b->size - size, small);
         rest->prev = b;
         rest->next = b->next;
         if (b->next)
@@ -215,7 +263,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
     b->id = id;
     a->last_addr = b->addr;
     a->stats.allocated_bytes += (double)b->size;
-    g_hash_table_replace(a->live, &b->id, b); /* the key is b's own: none allocated */
+    live_put(a, b);
     record_peak(a);
     return TRUE;
 }
@@ -228,15 +276,15 @@ static void absorb(ZpAllocReplay *a, Block *b, Block *n)
     b->next = n->next;
     if (n->next)
         n->next->prev = b;
-    g_free(n);
+    drop_block(a, n);
 }
 
 gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
 {
-    Block *b = g_hash_table_lookup(a->live, &id);
+    Block *b = live_get(a, id);
     if (!b)
         return FALSE;
-    g_hash_table_remove(a->live, &id); /* before b can be merged away below */
+    live_remove(a, id); /* before b can be merged away below */
     b->allocated = FALSE;
     a->stats.allocated_bytes -= (double)b->size;
     if (b->next && !b->next->allocated)
@@ -248,7 +296,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
         p->next = b->next;
         if (b->next)
             b->next->prev = p;
-        g_free(b);
+        drop_block(a, b);
         b = p;
     }
     g_tree_insert(a->pools[b->small], b, b);
@@ -389,7 +437,8 @@ static void replay_event(Seq *q, uint64_t e)
                         : v->kind == ZP_OP_FREE ? STATE_HANDLE(v->sub)
                                                 : RETAKEN_HANDLE(v->op);
     if (v->kind == ZP_OP_FREE) {
-        if (!g_hash_table_remove(q->in_region, key))
+        /* Most frees are of no region's slot: an empty table needs no hashing. */
+        if (g_hash_table_size(q->in_region) == 0 || !g_hash_table_remove(q->in_region, key))
             zp_alloc_replay_release(q->a, id);
         return;
     }
@@ -510,7 +559,7 @@ static void head_take(const Seq *q, Head *h, uint64_t e)
     *h = (Head){.at = e, .allocated_bytes = a->stats.allocated_bytes,
                 .reserved_bytes = a->stats.reserved_bytes,
                 .segments = a->stats.segments_allocated, .next_addr = a->next_addr,
-                .live = g_hash_table_size(a->live), .free_large = g_tree_nnodes(a->pools[0]),
+                .live = a->n_live, .free_large = g_tree_nnodes(a->pools[0]),
                 .free_small = g_tree_nnodes(a->pools[1])};
 }
 
@@ -649,38 +698,40 @@ static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArra
 static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fixed)
 {
     ZpAllocReplay *a = q->a;
-    const guint n = g_hash_table_size(a->live);
+    const guint n = a->n_live;
     uint64_t *ids = g_new(uint64_t, MAX(n, 1)), *events = g_new(uint64_t, MAX(n, 1));
     Block **blocks = g_new(Block *, MAX(n, 1));
-    GHashTableIter it;
-    gpointer key, value;
     guint k = 0;
     gboolean ok = TRUE;
-    g_hash_table_iter_init(&it, a->live);
-    while (g_hash_table_iter_next(&it, &key, &value)) {
-        uint64_t id = *(const uint64_t *)key;
-        events[k] = UINT64_MAX;
-        if (id < q->n_buffers && q->alloc_event[id] >= 0 &&
-            !is_fixed(fixed, (uint64_t)q->alloc_event[id])) {
-            const uint64_t to = (uint64_t)q->alloc_event[id] + periods * period;
-            const SeqEvent *v = to < q->n_ev ? &q->ev[to] : NULL;
-            ok = ok && v && v->kind == ZP_OP_ALLOC && v->buffer >= 0;
-            id = ok ? (uint64_t)v->buffer : id;
-            events[k] = to;
+    /* The live blocks: the segments' allocated ones that their ids find (an alloc over a
+     * live id leaves the block before it allocated, held by nothing). */
+    for (guint g = 0; g < a->segments->len && k < n; g++)
+        for (Block *b = g_ptr_array_index(a->segments, g); b && k < n; b = b->next) {
+            if (!b->allocated || live_get(a, b->id) != b)
+                continue;
+            uint64_t id = b->id;
+            events[k] = UINT64_MAX;
+            if (id < q->n_buffers && q->alloc_event[id] >= 0 &&
+                !is_fixed(fixed, (uint64_t)q->alloc_event[id])) {
+                const uint64_t to = (uint64_t)q->alloc_event[id] + periods * period;
+                const SeqEvent *v = to < q->n_ev ? &q->ev[to] : NULL;
+                ok = ok && v && v->kind == ZP_OP_ALLOC && v->buffer >= 0;
+                id = ok ? (uint64_t)v->buffer : id;
+                events[k] = to;
+            }
+            ids[k] = id;
+            blocks[k++] = b;
         }
-        ids[k] = id;
-        blocks[k++] = value;
-    }
     if (ok) {
-        GHashTable *live = g_hash_table_new(g_int64_hash, g_int64_equal);
+        /* Old and new names may meet: every old one goes before any new one comes. */
+        for (guint j = 0; j < n; j++)
+            live_remove(a, blocks[j]->id);
         for (guint j = 0; j < n; j++) {
-            blocks[j]->id = ids[j]; /* the old table, keyed by the old ids, is not read again */
-            g_hash_table_replace(live, &blocks[j]->id, blocks[j]);
+            blocks[j]->id = ids[j];
+            live_put(a, blocks[j]);
             if (events[j] != UINT64_MAX)
                 q->alloc_event[ids[j]] = (int64_t)events[j];
         }
-        g_hash_table_destroy(a->live); /* the blocks live on in the new table */
-        a->live = live;
     }
     g_free(ids);
     g_free(events);
@@ -767,6 +818,7 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     const ZpSchedule *s = events->s;
     Seq q = *events;
     q.a = zp_alloc_replay_new(capacity_bytes);
+    index_ids(q.a, events->foldable ? q.n_buffers : 0);
     q.ok = TRUE;
     q.in_region = g_hash_table_new(g_direct_hash, g_direct_equal);
     q.alloc_event = NULL;
