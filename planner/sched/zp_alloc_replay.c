@@ -482,7 +482,8 @@ typedef struct {
     double ckpt_gpu_bytes;
     gboolean grad_contiguous; /* the gradient buckets come from one region (seq_events) */
     gboolean ckpt_taken, grad_taken;
-    GHashTable *in_region;
+    GHashTable *in_region; /* buffer + 1: a slot in a region, not a block of its own */
+    uint8_t *in_region_at; /* [buffer + 1], the same, where ids are indexed (foldable) */
     SeqEvent *ev;
     uint64_t n_ev;
     int64_t *alloc_event; /* [buffer]: the event of its live alloc */
@@ -504,17 +505,28 @@ static gboolean is_grad(const Seq *q, const ZpOp *op)
     return q->grad_contiguous && op->sub == ZP_MEM_BUCKETS;
 }
 
+/* Whether buffer's free frees a region's slot (then no longer one), not a block. */
+static gboolean region_take(Seq *q, int32_t buffer)
+{
+    if (q->in_region_at) {
+        const gboolean was = q->in_region_at[buffer + 1];
+        q->in_region_at[buffer + 1] = 0;
+        return was;
+    }
+    /* Most frees are of no region's slot: an empty table needs no hashing. */
+    return g_hash_table_size(q->in_region) > 0 &&
+           g_hash_table_remove(q->in_region, GINT_TO_POINTER(buffer + 1));
+}
+
 /* Replays event e, as PyTorch's allocator would see it. */
 static void replay_event(Seq *q, uint64_t e)
 {
     const SeqEvent *v = &q->ev[e];
-    const gpointer key = GINT_TO_POINTER(v->buffer + 1);
     const uint64_t id = v->buffer >= 0             ? (uint64_t)v->buffer
                         : v->kind == ZP_OP_FREE ? STATE_HANDLE(v->sub)
                                                 : RETAKEN_HANDLE(v->op);
     if (v->kind == ZP_OP_FREE) {
-        /* Most frees are of no region's slot: an empty table needs no hashing. */
-        if (g_hash_table_size(q->in_region) == 0 || !g_hash_table_remove(q->in_region, key))
+        if (!region_take(q, v->buffer))
             zp_alloc_replay_release(q->a, id);
         return;
     }
@@ -525,7 +537,10 @@ static void replay_event(Seq *q, uint64_t e)
             q->ok = zp_alloc_replay_malloc(q->a, ckpt ? REGION_CKPT : REGION_GRAD,
                                            ckpt ? q->ckpt_region : q->grad_region);
         *taken = TRUE;
-        g_hash_table_add(q->in_region, key);
+        if (q->in_region_at)
+            q->in_region_at[v->buffer + 1] = 1;
+        else
+            g_hash_table_add(q->in_region, GINT_TO_POINTER(v->buffer + 1));
         return;
     }
     if (v->bytes > 0) {
@@ -897,6 +912,7 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     index_ids(q.a, events->foldable ? q.n_buffers : 0);
     q.ok = TRUE;
     q.in_region = g_hash_table_new(g_direct_hash, g_direct_equal);
+    q.in_region_at = events->foldable ? g_new0(uint8_t, q.n_buffers + 1) : NULL;
     q.alloc_event = NULL;
     if (fold && events->foldable) {
         q.alloc_event = g_new(int64_t, MAX(q.n_buffers, 1));
@@ -930,6 +946,7 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     g_free(heads.recent);
     g_array_free(fixed, TRUE);
     g_hash_table_destroy(q.in_region);
+    g_free(q.in_region_at);
     g_free(q.alloc_event);
     ZpAllocStats stats = zp_alloc_replay_stats(q.a);
     zp_alloc_replay_free_all(q.a);
