@@ -12,7 +12,7 @@
 typedef struct Block Block;
 struct Block {
     uint64_t addr, size;
-    uint64_t id; /* allocated: its handle, and its key in ZpAllocReplay.live */
+    uint64_t id; /* allocated: its handle, its key in ZpAllocReplay.live (or by_id) */
     gboolean allocated, small;
     Block *prev, *next; /* neighbours in the segment */
     GTree *bucket;      /* free: its size's address tree in its pool */
@@ -20,9 +20,9 @@ struct Block {
 
 /* A pool's free blocks in (size, address) order, two levels deep: a GTree by size, each of
  * whose values is a GTree of that size's blocks by address. Both compare integers held in the
- * keys themselves, never a Block (a stage-3 replay keeps thousands of free blocks and one
- * comparison through their pointers was a sixth of its time), and the sizes are few: a
- * model's buffers come in a handful of sizes. */
+ * keys themselves, never a Block (the 32,000-layer stage-3 replay keeps 1,854 free blocks on
+ * average, and one comparison through their pointers was 19% of its time), and the sizes are
+ * few: 7.2 at a time on average there, 57 at most. */
 typedef struct {
     GTree *by_size;   /* size -> GTree (addr -> Block) */
     GPtrArray *spare; /* emptied address trees, kept for the next size */
@@ -33,13 +33,13 @@ struct ZpAllocReplay {
     double capacity_bytes;
     uint64_t next_addr;
     Pool pools[2];      /* [0] large, [1] small: free blocks */
-    /* id -> Block. Every Block is in a pool or here until a neighbour absorbs it or it goes
+    /* id -> Block. Every Block is in a pool or here (or by_id) until a neighbour absorbs it or it goes
      * back whole: zreal replays each step's allocations for as long as it trains, so nothing
      * may be kept per allocation (each key and merged Block once was, until the end: about
      * 900 bytes a step with tiny, whose small long-lived chunks split the holes glibc had
      * left, and its heap grew by a step's activations every step). */
     GHashTable *live;
-    /* ids below n_dense (a schedule's buffer ids, zp_alloc_replay_index_ids) are kept here,
+    /* ids below n_dense (a schedule's buffer ids, index_ids) are kept here,
      * by_id[id], not in `live`: a lookup without hashing; n_live counts both. */
     Block **by_id;
     size_t n_dense;
@@ -65,6 +65,7 @@ static int key_cmp(gconstpointer a, gconstpointer b)
 }
 
 #define KEY(v) ((gpointer)(guintptr)(v))
+G_STATIC_ASSERT(sizeof(guintptr) >= sizeof(uint64_t));
 
 static void pool_init(Pool *p)
 {
