@@ -3,36 +3,19 @@
  * bound, as PyTorch's std::set of blocks does it. Sizes are whole bytes. */
 #include "zp_alloc_replay.h"
 #include "zp_alloc_ops.h"
+#include "zp_alloc_pool.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-typedef struct Block Block;
-struct Block {
-    uint64_t addr, size;
-    uint64_t id; /* allocated: its handle, its key in ZpAllocReplay.live (or by_id) */
-    gboolean allocated, small;
-    Block *prev, *next; /* neighbours in the segment */
-    GTree *bucket;      /* free: its size's address tree in its pool */
-};
-
-/* A pool's free blocks in (size, address) order, two levels deep: a GTree by size, each of
- * whose values is a GTree of that size's blocks by address. Both compare integers held in the
- * keys themselves, never a Block (the 32,000-layer stage-3 replay keeps 1,854 free blocks on
- * average, and one comparison through their pointers was 19% of its time), and the sizes are
- * few: 7.2 at a time on average there, 57 at most. */
-typedef struct {
-    GTree *by_size;   /* size -> GTree (addr -> Block) */
-    GPtrArray *spare; /* emptied address trees, kept for the next size */
-    guint n;          /* blocks */
-} Pool;
+typedef ZpAllocBlock Block;
 
 struct ZpAllocReplay {
     double capacity_bytes;
     uint64_t next_addr;
-    Pool pools[2];      /* [0] large, [1] small: free blocks */
+    ZpAllocPool pools[2];      /* [0] large, [1] small: free blocks */
     /* id -> Block. Every Block is in a pool or here (or by_id) until a neighbour absorbs it or it goes
      * back whole: zreal replays each step's allocations for as long as it trains, so nothing
      * may be kept per allocation (each key and merged Block once was, until the end: about
@@ -57,100 +40,13 @@ struct ZpAllocReplay {
 
 #define BLOCK_CHUNK 1024
 
-/* Keys are the integers themselves (GSIZE_TO_POINTER: sizes and addresses are 64-bit). */
-static int key_cmp(gconstpointer a, gconstpointer b)
-{
-    const guintptr x = (guintptr)a, y = (guintptr)b;
-    return x < y ? -1 : x > y;
-}
-
-#define KEY(v) ((gpointer)(guintptr)(v))
-G_STATIC_ASSERT(sizeof(guintptr) >= sizeof(uint64_t));
-
-static void pool_init(Pool *p)
-{
-    p->by_size = g_tree_new(key_cmp);
-    p->spare = g_ptr_array_new_with_free_func((GDestroyNotify)g_tree_destroy);
-    p->n = 0;
-}
-
-/* GTraverseFunc: hands an address tree (the value) to the spare ones, to be destroyed. */
-static gboolean spare_value(gpointer key, gpointer value, gpointer spare)
-{
-    (void)key;
-    g_ptr_array_add(spare, value);
-    return FALSE;
-}
-
-static void pool_destroy(Pool *p)
-{
-    g_tree_foreach(p->by_size, spare_value, p->spare);
-    g_tree_destroy(p->by_size);
-    g_ptr_array_unref(p->spare);
-}
-
-static void pool_insert(Pool *p, Block *b)
-{
-    GTree *at = g_tree_lookup(p->by_size, KEY(b->size));
-    if (!at) {
-        at = p->spare->len ? g_ptr_array_steal_index_fast(p->spare, p->spare->len - 1)
-                           : g_tree_new(key_cmp);
-        g_tree_insert(p->by_size, KEY(b->size), at);
-    }
-    g_tree_insert(at, KEY(b->addr), b);
-    b->bucket = at;
-    p->n++;
-}
-
-static void pool_remove(Pool *p, const Block *b)
-{
-    GTree *at = b->bucket;
-    g_tree_remove(at, KEY(b->addr));
-    if (g_tree_nnodes(at) == 0) {
-        g_tree_remove(p->by_size, KEY(b->size));
-        g_ptr_array_add(p->spare, at);
-    }
-    p->n--;
-}
-
-/* The best fit: the smallest block of at least size bytes, the lowest address among those. */
-static Block *pool_best(const Pool *p, uint64_t size)
-{
-    GTreeNode *node = g_tree_lower_bound(p->by_size, KEY(size));
-    return node ? g_tree_node_value(g_tree_node_first(g_tree_node_value(node))) : NULL;
-}
-
-static uint64_t pool_largest(const Pool *p)
-{
-    GTreeNode *last = g_tree_node_last(p->by_size);
-    return last ? (uint64_t)(guintptr)g_tree_node_key(last) : 0;
-}
-
-/* GTraverseFunc over a size's address tree: adds the blocks that are a whole segment. */
-static gboolean collect_whole(gpointer key, gpointer value, gpointer data)
-{
-    (void)key;
-    Block *b = value;
-    if (!b->prev && !b->next)
-        g_ptr_array_add(data, b);
-    return FALSE;
-}
-
-/* GTraverseFunc over the sizes: walks each one's blocks. */
-static gboolean collect_size(gpointer key, gpointer value, gpointer data)
-{
-    (void)key;
-    g_tree_foreach(value, collect_whole, data);
-    return FALSE;
-}
-
 ZpAllocReplay *zp_alloc_replay_new(double capacity_bytes)
 {
     ZpAllocReplay *a = g_new0(ZpAllocReplay, 1);
     a->capacity_bytes = capacity_bytes;
     a->next_addr = 1 << 21;
     for (int p = 0; p < 2; p++)
-        pool_init(&a->pools[p]);
+        zp_alloc_pool_init(&a->pools[p]);
     a->live = g_hash_table_new(g_int64_hash, g_int64_equal); /* keyed by the Blocks' ids */
     a->segments = g_ptr_array_new();
     a->chunks = g_ptr_array_new_with_free_func(g_free);
@@ -199,7 +95,7 @@ void zp_alloc_replay_free_all(ZpAllocReplay *a)
     if (!a)
         return;
     for (int p = 0; p < 2; p++)
-        pool_destroy(&a->pools[p]);
+        zp_alloc_pool_destroy(&a->pools[p]);
     g_hash_table_destroy(a->live);
     g_free(a->by_id);
     g_ptr_array_unref(a->segments);
@@ -252,7 +148,7 @@ static double largest_free(const ZpAllocReplay *a)
 {
     double largest = 0;
     for (int p = 0; p < 2; p++)
-        largest = fmax(largest, (double)pool_largest(&a->pools[p]));
+        largest = fmax(largest, (double)zp_alloc_pool_largest(&a->pools[p]));
     return largest;
 }
 
@@ -261,10 +157,10 @@ static void release_cached(ZpAllocReplay *a)
 {
     GPtrArray *whole = g_ptr_array_new();
     for (int p = 0; p < 2; p++) {
-        g_tree_foreach(a->pools[p].by_size, collect_size, whole);
+        zp_alloc_pool_whole_segments(&a->pools[p], whole);
         for (guint i = 0; i < whole->len; i++) {
             Block *b = g_ptr_array_index(whole, i);
-            pool_remove(&a->pools[p], b);
+            zp_alloc_pool_remove(&a->pools[p], b);
             g_ptr_array_remove(a->segments, b);
             a->stats.reserved_bytes -= (double)b->size;
             drop_block(a, b);
@@ -301,10 +197,10 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
 {
     const uint64_t size = round_size(bytes);
     const gboolean small = size <= ZP_ALLOC_SMALL_SIZE_BYTES;
-    Pool *pool = &a->pools[small];
-    Block *b = pool_best(pool, size);
+    ZpAllocPool *pool = &a->pools[small];
+    Block *b = zp_alloc_pool_best(pool, size);
     if (b) {
-        pool_remove(pool, b);
+        zp_alloc_pool_remove(pool, b);
     } else {
         const uint64_t seg = segment_size(size);
         if (!fits(a, seg))
@@ -334,7 +230,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
             b->next->prev = rest;
         b->next = rest;
         b->size = size;
-        pool_insert(pool, rest);
+        zp_alloc_pool_insert(pool, rest);
     }
     b->allocated = TRUE;
     b->id = id;
@@ -348,7 +244,7 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
 /* Merges free neighbour n into b (n directly after b in the segment). */
 static void absorb(ZpAllocReplay *a, Block *b, Block *n)
 {
-    pool_remove(&a->pools[n->small], n);
+    zp_alloc_pool_remove(&a->pools[n->small], n);
     b->size += n->size;
     b->next = n->next;
     if (n->next)
@@ -368,7 +264,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
         absorb(a, b, b->next);
     if (b->prev && !b->prev->allocated) {
         Block *p = b->prev;
-        pool_remove(&a->pools[p->small], p);
+        zp_alloc_pool_remove(&a->pools[p->small], p);
         p->size += b->size;
         p->next = b->next;
         if (b->next)
@@ -376,7 +272,7 @@ gboolean zp_alloc_replay_release(ZpAllocReplay *a, uint64_t id)
         drop_block(a, b);
         b = p;
     }
-    pool_insert(&a->pools[b->small], b);
+    zp_alloc_pool_insert(&a->pools[b->small], b);
     return TRUE;
 }
 
