@@ -7,13 +7,22 @@
  * scaled by a constant (account, reshare's remaining bytes). Below 2^22 s a whole number of
  * quanta is a double exactly and adding two of them is integer arithmetic: nothing rounds, so
  * a whole state moved by a whole number of quanta evolves into the same evolution moved by the
- * same amount, bit for bit, across any power of two. So: three snapshots one period apart
- * (same head op of stage 0's compute stream, d micro-steps later each) whose every field moved
- * by the same amount twice, times all on the grid, prove (with the schedule's ops repeating,
- * checked op by op) that the state n periods on is the state now moved by n times that amount:
- * the run jumps n periods. The sums the simulation only writes (busy, exposed and idle times)
- * are not moved: they get the very additions the two recorded periods made, in order, once
- * per skipped period, so they come out as the unfolded run's would even where a sum (a rank's
+ * same amount, bit for bit, across any power of two. So two snapshots one period apart (same
+ * head op of a watched rank's compute stream, d micro-steps later), the second the first with
+ * every time moved by the period (or left alone: a time no period writes), every count equal,
+ * every op reference moved by its stage's step, times all on the grid, prove (with the
+ * schedule's ops repeating, checked op by op) that the state n periods on is the state now
+ * moved by n periods: the run jumps n periods. Bytes move by the period's net allocation, the
+ * same each period, and a peak with them only where it rose by its live count's rise (it was
+ * set in the period); a live count rising under a still peak is refused. Where the state is
+ * no moved copy (each rank's times moving by its own amount: GPipe's backward phase, where
+ * the ranks behind the leading last stage lag further each period) the old proof stands:
+ * three snapshots whose every value moved by its own amount twice (sim_snap_repeats3). Two
+ * where they suffice make the first jump come two periods sooner (plan --3d gpt-1t/4096's
+ * 1F1B pp 32 x tp 32, a round trip a period: 288 -> 352 of 512 micro-steps skipped). The sums
+ * the simulation only writes (busy, exposed and idle times) are not moved: they get the very
+ * additions the recorded period (or two) made, in order, once per skipped period, so they
+ * come out as the unfolded run's would even where a sum (a rank's
  * busy time over its streams) outgrows the grid. Memory is whole bytes: exact when every value
  * is an integer below 2^53. Anything else (a straggler's classes, an unequal period, the
  * grid's end) refuses or ends the jump, and the engine steps every event as before.
@@ -291,26 +300,41 @@ static void push_status(SimFold *f, const Sim *sim, Vec *ints)
     }
 }
 
-/* Whether the status of a, b and c repeat: each stage's window the same size and moving by
- * its step, the codes in it equal. */
-static gboolean same_status(const SimFold *f, const Vec *a, const Vec *b, const Vec *c)
+/* Whether the status of b and c repeat: each stage's window the same size and moving by its
+ * step, the codes in it equal. */
+static gboolean same_status(const SimFold *f, const Vec *b, const Vec *c)
 {
-    if (a->len != b->len || b->len != c->len)
+    if (b->len != c->len)
         return FALSE;
     for (size_t k = 0, s = 0; s < f->stages; s++) {
         const int64_t lo = c->i[k], hi = c->i[k + 1], step = f->steps[s];
-        if (b->i[k] != lo - step || a->i[k] != lo - 2 * step || b->i[k + 1] != hi - step ||
-            a->i[k + 1] != hi - 2 * step)
+        if (b->i[k] != lo - step || b->i[k + 1] != hi - step)
             return FALSE;
         const size_t n = (size_t)(hi - lo);
-        if (memcmp(a->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0 ||
-            memcmp(b->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
+        if (memcmp(b->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
             return FALSE;
         k += 2 + n;
     }
     return TRUE;
 }
 
+
+/* The same over a, b and c (the three-snapshot test: sim_snap_repeats3). */
+static gboolean same_status3(const SimFold *f, const Vec *a, const Vec *b, const Vec *c)
+{
+    if (a->len != c->len || !same_status(f, b, c))
+        return FALSE;
+    for (size_t k = 0, s = 0; s < f->stages; s++) {
+        const int64_t lo = c->i[k], hi = c->i[k + 1], step = f->steps[s];
+        if (a->i[k] != lo - 2 * step || a->i[k + 1] != hi - 2 * step)
+            return FALSE;
+        const size_t n = (size_t)(hi - lo);
+        if (memcmp(a->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
+            return FALSE;
+        k += 2 + n;
+    }
+    return TRUE;
+}
 
 /* A reference to op i (or NO_OP): its stage (REF_NONE for none) and its index. Between
  * snapshots a period apart a reference moves by its stage's step, the same for every moving
@@ -325,10 +349,11 @@ static void push_ref(Vec *ints, const Sim *sim, uint32_t i)
 
 /* ---- the state: one walk both takes a snapshot and writes the jumped one ---- */
 
-/* A double the snapshot compares: a time (or any value moving by one amount a period), a
- * count of bytes (which goes up and down within a period: it must stay a whole number), or
- * an output sum (replayed from the notes, not compared). */
-typedef enum { FIELD_MOVES, FIELD_BYTES, FIELD_SUM } FieldKind;
+/* A double the snapshot compares: a time (moving by the period or not at all), a count of
+ * bytes (which goes up and down within a period: it must stay a whole number), a peak of
+ * bytes (the field before it is its live count: sim_snap_repeats), or an output sum (replayed
+ * from the notes, not compared). */
+typedef enum { FIELD_MOVES, FIELD_BYTES, FIELD_PEAK, FIELD_SUM } FieldKind;
 
 typedef struct {
     gboolean apply;
@@ -347,8 +372,10 @@ static void walk_double(Walk *w, double *x, FieldKind kind)
     if (kind == FIELD_SUM)
         return; /* replayed from the notes */
     if (!w->apply) {
-        if (kind == FIELD_BYTES)
+        if (kind == FIELD_BYTES || kind == FIELD_PEAK)
             vec_int(&w->snap->bytes, (int64_t)w->snap->d.len);
+        if (kind == FIELD_PEAK)
+            vec_int(&w->snap->peaks, (int64_t)w->snap->d.len);
         vec_double(&w->snap->d, *x);
         return;
     }
@@ -412,13 +439,13 @@ static void walk_ranks(Walk *w, Sim *sim)
         MemState *m = &sim->eager[sim->mem_pos[r] & ~MEM_EAGER];
         for (int c = 0; c < ZP_MEM_N; c++) {
             walk_double(w, &m->category[c].live, FIELD_BYTES);
-            walk_double(w, &m->category[c].peak, FIELD_BYTES);
+            walk_double(w, &m->category[c].peak, FIELD_PEAK);
             walk_double(w, &m->peak_breakdown_bytes[c], FIELD_BYTES);
         }
         walk_double(w, &m->total.live, FIELD_BYTES);
-        walk_double(w, &m->total.peak, FIELD_BYTES);
+        walk_double(w, &m->total.peak, FIELD_PEAK);
         walk_double(w, &m->states.live, FIELD_BYTES);
-        walk_double(w, &m->states.peak, FIELD_BYTES);
+        walk_double(w, &m->states.peak, FIELD_PEAK);
     }
     for (uint32_t l = 0; l < SIM_LINK_N; l++)
         walk_int(w, sim->active_on_link[l]);
@@ -534,15 +561,16 @@ static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t 
     sim->fold_hi[s] = (uint32_t)MAX((int64_t)sim->fold_hi[s], (int64_t)hi + shift);
 }
 
-/* Replays the notes of [from, to) for the skipped periods `first`, first + 2, ..: sums added
- * to again; timeline cells written at the op that many periods on, their times moved. */
+/* Replays the notes of [from, to) for the skipped periods first, first + stride, .. up to
+ * periods: sums added to again; timeline cells written at the op `moves` periods on, their
+ * times moved alike. Two snapshots (stride 1): the one recorded period, j periods on for
+ * skipped period j. Three (stride 2): skipped period j is recorded period a -> b (odd j) or
+ * b -> c (even j), two or one periods before c: j + 1 or j periods on. */
 static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
-                   uint32_t periods, double period_s)
+                   uint32_t stride, uint32_t periods, double period_s)
 {
-    for (uint32_t j = first; j <= periods; j += 2) {
-        /* Skipped period j is recorded period a -> b (odd j) or b -> c (even j), two or one
-         * periods before c: j + 1 or j periods on. */
-        const uint32_t moves = j + (j & 1);
+    for (uint32_t j = first; j <= periods; j += stride) {
+        const uint32_t moves = stride == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
             const Note *n = &g_array_index(f->notes, Note, k - f->notes_base);
             if (n->kind == NOTE_ADD) {
@@ -560,18 +588,19 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     }
 }
 
-/* The most periods the schedule allows: every stage's ops from its window back two periods
- * on to the moved window and one period past it do what the ops a period before them did. */
-static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
+/* The most periods the schedule allows: every stage's ops from its window back `span` periods
+ * (the recorded ones, whose notes the jump replays) on to the moved window and one period past
+ * it do what the ops a period before them did. */
+static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
                                  uint32_t *hi)
 {
     uint64_t most = UINT64_MAX;
     for (uint32_t s = 0; s < f->stages; s++) {
         const int64_t step = f->steps[s];
         window(f, sim, s, &lo[s], &hi[s]);
-        if (step <= 0 || (int64_t)lo[s] - 2 * step < (int64_t)f->stage_start[s] + step)
+        if (step <= 0 || (int64_t)lo[s] - span * step < (int64_t)f->stage_start[s] + step)
             return 0;
-        const uint32_t back = (uint32_t)(lo[s] - 2 * step);
+        const uint32_t back = (uint32_t)(lo[s] - span * step);
         const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
         if (f->equal_from[(size_t)k * f->stages + s] > back)
             return 0;
@@ -590,15 +619,17 @@ static uint64_t periods_schedule(SimFold *f, Sim *sim, uint32_t k, uint32_t *lo,
 }
 
 /* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
- * two fit (nothing changed). */
-static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k_shift)
+ * two fit (nothing changed). The proof's first snapshot is b (c is b moved) or a, two periods
+ * before c (sim_snap_repeats3). */
+static gboolean jump(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c, uint32_t k_shift)
 {
+    const uint32_t span = a == b ? 1 : 2;
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    const uint64_t physical = periods_schedule(f, sim, k_shift, lo, hi);
+    const uint64_t physical = periods_schedule(f, sim, k_shift, span, lo, hi);
     /* Virtual periods (Sim.extend_micro_steps), only where the schedule allows a physical
      * jump here: the longer schedule's ops repeat over as many more. */
     const uint64_t virt = physical >= 2 && !f->cells_noted ? f->virtual_left / c->shift : 0;
-    uint64_t periods = MIN(sim_snap_periods_exact(a, c, &f->grid_end), physical + virt);
+    uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
     const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
                    *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
@@ -661,8 +692,12 @@ static gboolean jump(SimFold *f, Sim *sim, Snap *a, Snap *b, Snap *c, uint32_t k
             g_array_append_val(f->report.inserts, at);
         }
     }
-    replay(f, sim, a->note_at, b->note_at, 1, (uint32_t)periods, period_s);
-    replay(f, sim, b->note_at, c->note_at, 2, (uint32_t)periods, period_s);
+    if (span == 1) {
+        replay(f, sim, b->note_at, c->note_at, 1, 1, (uint32_t)periods, period_s);
+    } else {
+        replay(f, sim, a->note_at, b->note_at, 1, 2, (uint32_t)periods, period_s);
+        replay(f, sim, b->note_at, c->note_at, 2, 2, (uint32_t)periods, period_s);
+    }
     f->report.micro_steps += (uint32_t)moved_periods * c->shift;
     f->report.virtual_micro_steps += (uint32_t)virtual_periods * c->shift;
     f->virtual_left -= virtual_periods * c->shift;
@@ -792,15 +827,25 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     for (uint32_t k = 0; k < f->n_shifts; k++) {
         const uint32_t d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
-        if (blocked(f, sim, k) || !a || !b ||
-            !sim_snap_same_steps(&a->first, &b->first, &c->first))
+        if (blocked(f, sim, k) || !b)
+            continue;
+        /* c as b moved by a period (two snapshots), or each value moving by its own amount
+         * twice (three: a lagging rank's times, GPipe's backward phase). */
+        const gboolean two = sim_snap_same_steps(&b->first, &c->first);
+        const gboolean three = a && sim_snap_same_steps3(&a->first, &b->first, &c->first);
+        if (!two && !three)
             continue;
         /* The first tier repeats: the whole state, then, of this instant, kept for the heads
          * to come where the one before lacks it. */
         if (!c->full)
             capture(f, sim, c);
-        const gboolean full = a->full && b->full;
-        if (full && !sim_snap_repeats(f->steps, f->stages, a, b, c))
+        /* The proof's first snapshot (b or a), once the snapshots it needs are whole. */
+        const Snap *from = NULL;
+        if (two && b->full && sim_snap_repeats(f->steps, f->stages, b, c))
+            from = b;
+        else if (three && a->full && b->full && sim_snap_repeats3(f->steps, f->stages, a, b, c))
+            from = a;
+        else if (!(two && !b->full) && !(three && !(a->full && b->full)))
             continue;
         f->passing[w] = TRUE;
         /* The cheap fields repeat: record from here on, and compare the countdowns. */
@@ -813,13 +858,14 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             push_status(f, sim, &c->status);
         c->has_status = TRUE;
         c->shift = d;
-        if (full && a->has_status && b->has_status && a->epoch == c->epoch &&
-            b->epoch == c->epoch && a->note_at >= f->notes_base &&
-            same_status(f, &a->status, &b->status, &c->status)) {
+        if (from && from->has_status && b->has_status && from->epoch == c->epoch &&
+            b->epoch == c->epoch && from->note_at >= f->notes_base &&
+            (from == b ? same_status(f, &b->status, &c->status)
+                       : same_status3(f, &a->status, &b->status, &c->status))) {
             /* A shift with no room to jump (the grid's end, or a sub-period: one
              * micro-step inside an interleaved group repeats the one before it up to
              * the group's end) leaves the snapshots and the longer shifts alone. */
-            if (!group_first(f, b, d, micro, now_s) && jump(f, sim, a, b, c, k)) {
+            if (!group_first(f, b, d, micro, now_s) && jump(f, sim, from, b, c, k)) {
                 notes_drop(f, sim);
                 return TRUE;
             }

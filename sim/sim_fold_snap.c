@@ -23,6 +23,7 @@ void sim_snap_free(gpointer p)
     g_free(s->status.i);
     g_free(s->refs.i);
     g_free(s->bytes.i);
+    g_free(s->peaks.i);
     g_free(s->moves.i);
     g_free(s->first.d);
     g_free(s);
@@ -34,9 +35,85 @@ static gboolean same_ints(const Vec *a, const Vec *b)
     return a->len == b->len && memcmp(a->i, b->i, a->len * sizeof(int64_t)) == 0;
 }
 
+/* Every op reference either names one op in both or moves by its stage's step, the same for
+ * every moving reference of the stage (steps: [stage], 0 unknown). */
+static gboolean same_refs(const Snap *b, Snap *c, int64_t *steps)
+{
+    if (b->refs.len != c->refs.len)
+        return FALSE;
+    c->moves.len = 0;
+    const int64_t *y = b->refs.i, *z = c->refs.i;
+    for (size_t k = 0; k < c->refs.len; k += 2) {
+        if (y[k] != z[k])
+            return FALSE;
+        const int64_t step = z[k + 1] - y[k + 1];
+        if (step != 0) {
+            if (y[k] == REF_NONE)
+                return FALSE;
+            if (steps[y[k]] == 0)
+                steps[y[k]] = step;
+            else if (steps[y[k]] != step)
+                return FALSE;
+        }
+        vec_int(&c->moves, step);
+    }
+    return TRUE;
+}
+
+/* A time moved from y to z by a period of period_s: not at all (a time the period did not
+ * write, stale alike in both) or by the period itself, which is what makes z the state y moved
+ * (sim_fold.c). */
+static gboolean moved_by_period(double y, double z, double period_s)
+{
+    return z == y || z - y == period_s;
+}
+
+gboolean sim_snap_same_steps(const Vec *y, const Vec *z)
+{
+    if (y->len != z->len || z->len == 0 || !(z->d[0] > y->d[0]))
+        return FALSE;
+    const double period_s = z->d[0] - y->d[0];
+    for (size_t k = 1; k < z->len; k++)
+        if (!moved_by_period(y->d[k], z->d[k], period_s))
+            return FALSE;
+    return TRUE;
+}
+
+gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *b, Snap *c)
+{
+    memset(steps, 0, stages * sizeof *steps);
+    if (!same_ints(&b->i, &c->i) || b->d.len != c->d.len || b->bytes.len != c->bytes.len ||
+        !same_ints(&b->bytes, &c->bytes) || !same_refs(b, c, steps))
+        return FALSE;
+    const double period_s = c->now_s - b->now_s;
+    if (!(period_s > 0))
+        return FALSE;
+    for (size_t k = 0, n = 0; k < c->d.len; k++) {
+        const gboolean bytes = n < c->bytes.len && c->bytes.i[n] == (int64_t)k;
+        n += bytes;
+        if (!bytes && !moved_by_period(b->d.d[k], c->d.d[k], period_s))
+            return FALSE;
+    }
+    /* Bytes move by the period's net allocation, the same each period (its ops equal op for
+     * op), and a peak with them: one that rose since b was set in the period, so rises
+     * alike in each, by its live count's rise; one that stayed put stays while its live
+     * count does not rise (a live count rising under a still peak would pass it one day). */
+    if (!same_ints(&b->peaks, &c->peaks))
+        return FALSE;
+    for (size_t n = 0; n < c->peaks.len; n++) {
+        const size_t k = (size_t)c->peaks.i[n];
+        const double peak = c->d.d[k] - b->d.d[k], live = c->d.d[k - 1] - b->d.d[k - 1];
+        if (peak == 0 ? live > 0 : peak != live)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* The three-snapshot test, for states that are no moved copy: each value moving by its own
+ * constant amount, twice. */
 /* Every op reference either names one op in all three or moves twice by its stage's step,
  * the same for every moving reference of the stage (steps: [stage], 0 unknown). */
-static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
+static gboolean same_refs3(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
 {
     if (a->refs.len != c->refs.len || b->refs.len != c->refs.len)
         return FALSE;
@@ -61,7 +138,7 @@ static gboolean same_refs(const Snap *a, const Snap *b, Snap *c, int64_t *steps)
     return TRUE;
 }
 
-gboolean sim_snap_same_steps(const Vec *x, const Vec *y, const Vec *z)
+gboolean sim_snap_same_steps3(const Vec *x, const Vec *y, const Vec *z)
 {
     if (x->len != z->len || y->len != z->len)
         return FALSE;
@@ -71,12 +148,12 @@ gboolean sim_snap_same_steps(const Vec *x, const Vec *y, const Vec *z)
     return TRUE;
 }
 
-gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
-                          Snap *c)
+gboolean sim_snap_repeats3(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
+                           Snap *c)
 {
     memset(steps, 0, stages * sizeof *steps);
     if (!same_ints(&a->i, &b->i) || !same_ints(&b->i, &c->i) || a->d.len != c->d.len ||
-        b->d.len != c->d.len || !same_refs(a, b, c, steps))
+        b->d.len != c->d.len || !same_refs3(a, b, c, steps))
         return FALSE;
     for (size_t k = 0; k < c->lin.len; k++)
         if (c->lin.i[k] - b->lin.i[k] != b->lin.i[k] - a->lin.i[k])
@@ -90,14 +167,14 @@ gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const 
 /* A value that moves is a time on the clock's grid, at c and at the jump's end (sim_clock.h:
  * a whole number of quanta below 2^22 s; times only grow, so every value between is too), or
  * a count of bytes, a whole number below 2^53. */
-uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end)
+uint64_t sim_snap_periods_exact(const Snap *b, const Snap *c, uint32_t span, gboolean *grid_end)
 {
     uint64_t most = UINT64_MAX;
-    for (size_t k = 0, b = 0; k < c->d.len && most > 0; k++) {
-        const gboolean bytes = b < c->bytes.len && c->bytes.i[b] == (int64_t)k;
-        b += bytes;
-        const double x = a->d.d[k], z = c->d.d[k];
-        const double step = (z - x) / 2; /* exact: a difference on one grid, halved */
+    for (size_t k = 0, n_bytes = 0; k < c->d.len && most > 0; k++) {
+        const gboolean bytes = n_bytes < c->bytes.len && c->bytes.i[n_bytes] == (int64_t)k;
+        n_bytes += bytes;
+        const double x = b->d.d[k], z = c->d.d[k];
+        const double step = (z - x) / span; /* exact: a difference on one grid, halved */
         if (step == 0)
             continue;
         if (step < 0 && bytes && x == floor(x) && step == floor(step) && x < 0x1p53 && z >= 0) {

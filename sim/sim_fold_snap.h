@@ -1,5 +1,5 @@
 /* sim_fold_snap: the fold's snapshots of the run (a growing array of 8-byte values, a
- * snapshot's parts) and the tests three of them a period apart must pass to prove a repeat. */
+ * snapshot's parts) and the tests two of them a period apart must pass to prove a repeat. */
 #ifndef SIM_FOLD_SNAP_H
 #define SIM_FOLD_SNAP_H
 
@@ -51,7 +51,8 @@ typedef struct {
     Vec lin;    /* counters, moving by one amount */
     Vec status; /* the countdowns (push_status), once the rest repeated */
     Vec refs;  /* two an op reference (push_ref) */
-    Vec bytes; /* the places in d of FIELD_BYTES values */
+    Vec bytes; /* the places in d of byte counts (FIELD_BYTES, FIELD_PEAK) */
+    Vec peaks; /* the places in d of peaks of bytes, each just after its live count */
     Vec moves; /* per reference: the ops it moves by a period (0: it stays put) */
     Vec first;  /* now_s and each rank's times (capture_first): every snapshot's */
     gboolean full; /* d, i, lin, refs, bytes taken (capture) */
@@ -63,19 +64,31 @@ typedef struct {
 Snap *sim_snap_new(uint32_t micro, double now_s);
 void sim_snap_free(gpointer snap);
 
+/* Whether z is y moved by a period: the first value (now) grew, by the period, and every other
+ * value moved by it or not at all. */
+gboolean sim_snap_same_steps(const Vec *y, const Vec *z);
+
+/* Whether c is b (a period before it) moved by a period: the integers equal, every time moved
+ * by the period or not at all, each peak of bytes still or rising with its live count
+ * (which does not rise under a still peak), each op reference naming one op in both
+ * or moving by its stage's step (steps[stages]: set here, the same for every moving reference
+ * of a stage); c->moves gets each reference's move. Counters may move by any amount. */
+gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *b, Snap *c);
+
+/* The most periods the doubles can move on from c, each staying exact (sim_fold.c: times on
+ * the clock's grid below 2^22 s, bytes whole numbers below 2^53), b span periods before c;
+ * *grid_end set where the
+ * grid's end left room for fewer than two. */
+uint64_t sim_snap_periods_exact(const Snap *b, const Snap *c, uint32_t span, gboolean *grid_end);
+
 /* Whether x, y and z move by one amount twice, value by value. */
-gboolean sim_snap_same_steps(const Vec *x, const Vec *y, const Vec *z);
+gboolean sim_snap_same_steps3(const Vec *x, const Vec *y, const Vec *z);
 
 /* Whether a, b and c (one period apart each) repeat: the integers equal, the counters and
  * every double moving by one amount twice, each op reference naming one op in all three or
  * moving by its stage's step (steps[stages]: set here, the same for every moving reference
- * of a stage); c->moves gets each reference's move. */
-gboolean sim_snap_repeats(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
-                          Snap *c);
-
-/* The most periods the doubles can move on from c, each staying exact (sim_fold.c: times on
- * the clock's grid below 2^22 s, bytes whole numbers below 2^53); *grid_end set where the
- * grid's end left room for fewer than two. */
-uint64_t sim_snap_periods_exact(const Snap *a, const Snap *c, gboolean *grid_end);
+ * of a stage); c->moves gets each reference's move. For states that are not b moved. */
+gboolean sim_snap_repeats3(int64_t *steps, uint32_t stages, const Snap *a, const Snap *b,
+                           Snap *c);
 
 #endif

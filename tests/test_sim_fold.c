@@ -286,6 +286,17 @@ static void test_fold_round_trip(void)
                       32);
 }
 
+/* The first jump comes two periods sooner where the state one period on is the state moved by
+ * the period (sim_fold.c: two snapshots prove it on the grid, where three were taken): plan
+ * --3d gpt-1t/4096's 1F1B pp 32 x tp 32 x dp 4 over 512 micro-batches, whose period is a
+ * pipeline round trip, skips 352 micro-steps (288 with three snapshots), equal to --no-fold. */
+static void test_fold_two_snapshots(void)
+{
+    assert_json_folds("simulate --model gpt-1t --cluster dgx-a100-80g --gpus 4096 --mp 32 "
+                      "--pp 32 --stage 1 --micro-batch 1 --grad-accum 512 --checkpoint --json",
+                      352);
+}
+
 /* Stage 0's first compute op of micro-step m starts at this time on rank 0 (a timeline's). */
 static double micro_start_s(const ZpSchedule *s, const SimResult *r, int32_t m)
 {
@@ -565,6 +576,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
+    g_test_add_func("/sim/fold/two-snapshots", test_fold_two_snapshots);
     g_test_add_func("/sim/fold/across-powers-of-two", test_fold_across_powers_of_two);
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
