@@ -789,19 +789,34 @@ static void notes_trim(SimFold *f)
     }
 }
 
-/* Whether a jump by d micro-steps inside an interleaved group (up to the group's end at most:
- * the micro-steps after it do not repeat the ones before) gives way to the group's shift:
- * a jump drops every snapshot, and the group's shift needs GROUP_PERIODS periods of them
- * where this fits them all before the clock's grid ends and in the micro-steps left. */
-static gboolean group_first(const SimFold *f, const Snap *b, uint32_t d, uint32_t micro,
-                            double now_s)
+/* Whether a jump by shift k's d micro-steps inside an interleaved group (up to the group's end
+ * at most: the micro-steps after it do not repeat the ones before) gives way to the group's
+ * shift: a jump drops every snapshot, and the group's shift needs GROUP_PERIODS periods of
+ * them, so it waits where they fit before the clock's grid ends and in the micro-steps left,
+ * and where the group's jump would skip more than this shift's jumps in each group left (few
+ * long groups: narayanan21-t1-529.6b's 8 of 35 folds 301 micro-steps so, 191 waiting). */
+static gboolean group_first(SimFold *f, Sim *sim, const Snap *b, uint32_t k, uint32_t span,
+                            uint32_t micro, double now_s)
 {
+    const uint32_t d = f->shifts[k];
     if (f->group == 0 || d >= f->group || now_s <= 0)
         return FALSE;
     /* A group's period from this shift's: each micro-step of a group runs every chunk. */
     const double period_s = (now_s - b->now_s) / d * f->group * f->chunks;
-    return now_s + GROUP_PERIODS * period_s < SIM_CLOCK_GRID_END_S &&
-           micro + GROUP_PERIODS * f->group < f->A;
+    if (!(now_s + GROUP_PERIODS * period_s < SIM_CLOCK_GRID_END_S &&
+          micro + GROUP_PERIODS * f->group < f->A))
+        return FALSE;
+    /* Worth the wait only where the group's jump would skip more than this shift's jumps
+     * would, one a group, over the groups left: the group's comes a group on at the soonest
+     * (two snapshots a group apart) and stops short of the last three (its room past the
+     * window, the drain), while this one skips what the schedule allows now in each group. */
+    uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
+    const uint64_t in_group = MIN(periods_schedule(f, sim, k, span, lo, hi), f->A) * d;
+    g_free(lo);
+    g_free(hi);
+    const uint64_t left = f->A - micro;
+    const uint64_t by_groups = left > 4 * (uint64_t)f->group ? left - 4 * (uint64_t)f->group : 0;
+    return by_groups > in_group * left / f->group;
 }
 
 /* Watched rank w's compute stream moved on to op head: a snapshot where it is a head, and a
@@ -865,7 +880,8 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             /* A shift with no room to jump (the grid's end, or a sub-period: one
              * micro-step inside an interleaved group repeats the one before it up to
              * the group's end) leaves the snapshots and the longer shifts alone. */
-            if (!group_first(f, b, d, micro, now_s) && jump(f, sim, from, b, c, k)) {
+            if (!group_first(f, sim, b, k, from == b ? 1 : 2, micro, now_s) &&
+                jump(f, sim, from, b, c, k)) {
                 notes_drop(f, sim);
                 return TRUE;
             }

@@ -297,6 +297,17 @@ static void test_fold_two_snapshots(void)
                       352);
 }
 
+/* Interleaved over few groups (gpt-13b pp 10 v 4, 80 micro-batches: 8 groups of 10) folds
+ * by jumps inside each group, which skip more here than the group's shift would after its
+ * wait (sim_fold.c group_first): 133 micro-steps (68 waiting for it), equal to --no-fold. */
+static void test_fold_few_groups(void)
+{
+    assert_json_folds("simulate --model gpt-13b --cluster dgx-a100-80g --gpus 40 --mp 1 "
+                      "--stage 0 --micro-batch 1 --checkpoint --pp 10 --pp-schedule "
+                      "interleaved --virtual-stages 4 --grad-accum 80 --json",
+                      133);
+}
+
 /* Stage 0's first compute op of micro-step m starts at this time on rank 0 (a timeline's). */
 static double micro_start_s(const ZpSchedule *s, const SimResult *r, int32_t m)
 {
@@ -577,6 +588,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
     g_test_add_func("/sim/fold/two-snapshots", test_fold_two_snapshots);
+    g_test_add_func("/sim/fold/few-groups", test_fold_few_groups);
     g_test_add_func("/sim/fold/across-powers-of-two", test_fold_across_powers_of_two);
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
