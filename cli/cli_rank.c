@@ -48,11 +48,12 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  *
  * 1F1B over more than two stages whose tensor-parallel group spans nodes repeats only a
  * pipeline round trip on (pp micro-steps, sim_fold.c MAX_SHIFTS: the fill's disturbance comes
- * back every round trip): its first jump comes after five round trips of snapshots past the
- * fill and needs three more ahead of it, so 9 pp are kept and k is a multiple of pp; with
- * 2 pp + 24 kept the short run could not jump at all (plan --3d gpt-1t/4096's 1F1B pp 32 x
- * tp 32 x 512: 12 ms spent before the full schedule's 127 ms; 9 pp kept: 288 built, 224
- * virtual). Shapes seen so far: tp 16 or 32 across nodes at pp 4-32 fold by round trips,
+ * back every round trip): its first jump comes after three round trips of snapshots past the
+ * fill (two snapshots a round trip apart, sim_fold.c; five with three snapshots) and needs
+ * three more ahead of it, so 7 pp are kept (9 before) and k is a multiple of pp; with 2 pp +
+ * 24 kept the short run could not jump at all (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32 x
+ * 512: 12 ms spent before the full schedule's 127 ms; 7 pp kept: 224 built, 288 virtual).
+ * Shapes seen so far: tp 16 or 32 across nodes at pp 4-32 fold by round trips,
  * tp 4 or 8 in a node by one micro-step; a plan that folds by one anyway counts k all the
  * same, and one that folds by neither falls back to the full schedule, as before. */
 int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
@@ -64,7 +65,7 @@ int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
     const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
                                 hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
     const int unit = interleaved ? 4 * pp : round_trip ? pp : 4;
-    const int keep = interleaved ? 12 * pp : round_trip ? 9 * pp : 2 * pp + 24;
+    const int keep = interleaved ? 12 * pp : round_trip ? 7 * pp : 2 * pp + 24;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
     return k >= unit ? k : 0;
 }
