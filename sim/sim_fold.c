@@ -286,7 +286,7 @@ static void window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_
     *hi = MAX(i, sim->fold_hi[s]);
 }
 
-/* Each stage's window and every op's code in it: what three snapshots a period apart must
+/* Each stage's window and every op's code in it: what snapshots a period apart must
  * repeat (their windows moving by the stage's step). */
 static void push_status(SimFold *f, const Sim *sim, Vec *ints)
 {

@@ -27,7 +27,7 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report);
 
 /* Between two instants (every event up to now_s taken and its allocs and frees run), when
  * rank 0's compute stream moved on: snapshots the state at the head of a micro-step, and
- * where the last three snapshots of one phase repeat exactly, advances the run by whole
+ * where its last two snapshots (or three) of one phase repeat exactly, advances the run by whole
  * periods; from 2^22 s on (the end of the clock's grid, sim_clock.h) it stops looking. */
 void sim_fold_boundary(SimFold *fold, Sim *sim, double now_s);
 
