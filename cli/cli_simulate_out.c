@@ -157,9 +157,10 @@ static json_t *fold_json(const SimResult *r)
 {
     const uint32_t virt = r->extended_micro_steps;
     char *note = virt > 0 ? g_strdup_printf("folded: %u micro-steps of every stage skipped in %u "
-                                            "jumps, %u of them virtual (the schedule built "
+                                            "jump%s, %u of them virtual (the schedule built "
                                             "that many micro-steps short)",
-                                            r->fold_micro_steps + virt, r->fold_jumps, virt)
+                                            r->fold_micro_steps + virt, r->fold_jumps,
+                                            r->fold_jumps == 1 ? "" : "s", virt)
                           : g_strdup(r->fold_note);
     json_t *o = json_pack("{s:I, s:I, s:I, s:s}", "micro_steps",
                           (json_int_t)r->fold_micro_steps + virt, "jumps",

@@ -988,8 +988,8 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     *report = f->report;
     if (f->report.jumps > 0)
         g_snprintf(report->note, sizeof report->note,
-                   "folded: %u micro-steps of every stage skipped in %u jumps",
-                   f->report.micro_steps, f->report.jumps);
+                   "folded: %u micro-steps of every stage skipped in %u jump%s",
+                   f->report.micro_steps, f->report.jumps, f->report.jumps == 1 ? "" : "s");
     else if (!f->refused && f->grid_end)
         /* A repeat whose jump would reach 2^22 s, where the clock's grid ends. */
         g_snprintf(report->note, sizeof report->note, "not folded: %s", PAST_GRID);
