@@ -455,7 +455,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 g_free(last_on_stream);
                 g_free(dependents);
                 g_free(dep_start);
-                    return FALSE;
+                g_free(recent);
+                return FALSE;
             }
         } else if (op->kind == ZP_OP_COMPUTE) {
             o->duration_s = compute_s(sim, hw, op, memo);
