@@ -35,6 +35,20 @@ static gboolean same_ints(const Vec *a, const Vec *b)
     return a->len == b->len && memcmp(a->i, b->i, a->len * sizeof(int64_t)) == 0;
 }
 
+/* A reference of stage `stage` that moved by `step` ops: none, or the one step every moving
+ * reference of that stage takes (steps[stage], 0 while unknown); FALSE otherwise, or where a
+ * reference to no op moved. */
+static gboolean stage_step(int64_t *steps, int64_t stage, int64_t step)
+{
+    if (step == 0)
+        return TRUE;
+    if (stage == REF_NONE)
+        return FALSE;
+    if (steps[stage] == 0)
+        steps[stage] = step;
+    return steps[stage] == step;
+}
+
 /* Every op reference either names one op in both or moves by its stage's step, the same for
  * every moving reference of the stage (steps: [stage], 0 unknown). */
 static gboolean same_refs(const Snap *b, Snap *c, int64_t *steps)
@@ -47,14 +61,8 @@ static gboolean same_refs(const Snap *b, Snap *c, int64_t *steps)
         if (y[k] != z[k])
             return FALSE;
         const int64_t step = z[k + 1] - y[k + 1];
-        if (step != 0) {
-            if (y[k] == REF_NONE)
-                return FALSE;
-            if (steps[y[k]] == 0)
-                steps[y[k]] = step;
-            else if (steps[y[k]] != step)
-                return FALSE;
-        }
+        if (!stage_step(steps, y[k], step))
+            return FALSE;
         vec_int(&c->moves, step);
     }
     return TRUE;
@@ -123,16 +131,8 @@ static gboolean same_refs3(const Snap *a, const Snap *b, Snap *c, int64_t *steps
         if (x[k] != y[k] || y[k] != z[k])
             return FALSE;
         const int64_t step = y[k + 1] - x[k + 1];
-        if (z[k + 1] - y[k + 1] != step)
+        if (z[k + 1] - y[k + 1] != step || !stage_step(steps, x[k], step))
             return FALSE;
-        if (step != 0) {
-            if (x[k] == REF_NONE)
-                return FALSE;
-            if (steps[x[k]] == 0)
-                steps[x[k]] = step;
-            else if (steps[x[k]] != step)
-                return FALSE;
-        }
         vec_int(&c->moves, step);
     }
     return TRUE;

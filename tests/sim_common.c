@@ -243,3 +243,15 @@ void assert_same_alloc_events(const ZpAllocStats *f, const ZpAllocStats *u)
     assert_same_alloc(f, u);
     g_assert_cmpuint(f->folded_events, ==, u->folded_events);
 }
+
+ZpModel sim_gpt_model(int layers, int vocab)
+{
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "sim-test", "layers",
+                          layers, "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", vocab);
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_from_json(o, "sim-test", &m, &error));
+    g_assert_no_error(error);
+    json_decref(o);
+    return m;
+}

@@ -36,6 +36,10 @@ void assert_close_grid(double got, double want, double rel, int n_durations);
 
 ZpSchedule *hand_schedule(int dp, int mp);
 
+/* A GPT of `layers` blocks, hidden 1024, 16 heads, sequence 1024 and `vocab` tokens: small
+ * enough to build 64 stages of it quickly (test_sim_fold, test_sim_extend). */
+ZpModel sim_gpt_model(int layers, int vocab);
+
 uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps);
 
 ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream);

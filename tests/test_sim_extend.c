@@ -6,18 +6,6 @@
 #include "sim_common.h"
 #include "zp_alloc_replay.h"
 
-static ZpModel ext_model(int layers)
-{
-    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "extend-test", "layers",
-                          layers, "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", 32000);
-    ZpModel m;
-    GError *error = NULL;
-    g_assert_true(zp_model_from_json(o, "extend-test", &m, &error));
-    g_assert_no_error(error);
-    json_decref(o);
-    return m;
-}
-
 typedef struct {
     const char *what;
     int stage, dp, mp, pp, v;
@@ -29,7 +17,7 @@ typedef struct {
 
 static ZpSchedule *ext_schedule(const ExtCase *c, int accum)
 {
-    const ZpModel m = ext_model(64);
+    const ZpModel m = sim_gpt_model(64, 32000);
     ZpPlan p;
     zp_plan_defaults(&p, c->stage, c->dp, c->mp);
     p.pipe.stages = c->pp;
@@ -319,7 +307,7 @@ static void test_extend_rank(void)
 {
     const ExtCase c = {"1f1b pp 8 x 48", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 48, 40, 1};
     ZpSchedule *l = ext_schedule(&c, c.accum);
-    const ZpModel m = ext_model(64);
+    const ZpModel m = sim_gpt_model(64, 32000);
     ZpAllocStats alloc;
     GError *error = NULL;
     SimResult *ranked = cli_rank_simulate(&m, &a100, &l->plan, 0, &alloc, &error);

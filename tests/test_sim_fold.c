@@ -5,20 +5,6 @@
 #include "sim_common.h"
 #include "zp_alloc_replay.h"
 
-/* A GPT of `layers` blocks, hidden 1024, 16 heads, sequence 1024: small enough to build 64
- * stages of it quickly. */
-static ZpModel fold_model(int layers, int vocab)
-{
-    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "name", "fold-test", "layers",
-                          layers, "hidden", 1024, "heads", 16, "seq_len", 1024, "vocab", vocab);
-    ZpModel m;
-    GError *error = NULL;
-    g_assert_true(zp_model_from_json(o, "fold-test", &m, &error));
-    g_assert_no_error(error);
-    json_decref(o);
-    return m;
-}
-
 typedef struct {
     const char *what;
     int layers, vocab, stage, dp, mp, pp, v, accum;
@@ -29,7 +15,7 @@ typedef struct {
 
 static ZpSchedule *fold_schedule(const FoldCase *c)
 {
-    const ZpModel m = fold_model(c->layers, c->vocab);
+    const ZpModel m = sim_gpt_model(c->layers, c->vocab);
     ZpPlan p;
     zp_plan_defaults(&p, c->stage, c->dp, c->mp);
     p.pipe.stages = c->pp;
