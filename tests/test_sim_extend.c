@@ -303,24 +303,46 @@ static void test_extend_or_stop(void)
 /* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
  * 40 (2 pp + 24, short by 8) and counts 8 virtual: its result and allocator figures are the
  * full schedule's, field for field (what plan's report prints from the kept run). */
+/* The search's evaluation of plan p (cli_rank_simulate) counts virtual_steps micro-steps
+ * virtual, and its result and allocator figures are those of the full schedule's own run and
+ * replay, field for field (with the events the replay folded where events). The full run's
+ * fold and the replay's out-of-memory are handed back for the caller's own checks. */
+static void assert_rank_is_full(const ZpModel *m, const ZpPlan *p, uint32_t virtual_steps,
+                                gboolean events, uint32_t *full_folded, gboolean *oom)
+{
+    ZpAllocStats alloc;
+    GError *error = NULL;
+    SimResult *ranked = cli_rank_simulate(m, &a100, p, 0, &alloc, &error);
+    g_assert_no_error(error);
+    ZpSchedule *l = zp_sched_build(m, p, &error);
+    g_assert_no_error(error);
+    SimResult *full = run_ext(l, (SimOptions){0});
+    const ZpAllocStats want =
+        zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
+    g_test_message("%u micro-steps virtual, %.6f s; full run %s", ranked->extended_micro_steps,
+                   ranked->step_time_s, full->fold_note);
+    g_assert_cmpuint(ranked->extended_micro_steps, ==, virtual_steps);
+    g_assert_cmpuint(full->extended_micro_steps, ==, 0);
+    assert_same_all(ranked, full);
+    if (events)
+        assert_same_alloc_events(&alloc, &want);
+    else
+        assert_same_alloc(&alloc, &want);
+    *full_folded = full->fold_micro_steps;
+    *oom = want.oom;
+    sim_result_free(ranked);
+    sim_result_free(full);
+    zp_sched_free(l);
+}
+
 static void test_extend_rank(void)
 {
     const ExtCase c = {"1f1b pp 8 x 48", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 48, 40, 1};
     ZpSchedule *l = ext_schedule(&c, c.accum);
     const ZpModel m = sim_gpt_model(64, 32000);
-    ZpAllocStats alloc;
-    GError *error = NULL;
-    SimResult *ranked = cli_rank_simulate(&m, &a100, &l->plan, 0, &alloc, &error);
-    g_assert_no_error(error);
-    SimResult *full = run_ext(l, (SimOptions){0});
-    g_assert_cmpuint(ranked->extended_micro_steps, ==, 8);
-    g_assert_cmpuint(full->extended_micro_steps, ==, 0);
-    assert_same_all(ranked, full);
-    const ZpAllocStats want =
-        zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
-    assert_same_alloc_events(&alloc, &want);
-    sim_result_free(ranked);
-    sim_result_free(full);
+    uint32_t folded;
+    gboolean oom;
+    assert_rank_is_full(&m, &l->plan, 8, TRUE, &folded, &oom);
     zp_sched_free(l);
 }
 
@@ -341,23 +363,10 @@ static void test_extend_megatron_1t(void)
         p.grad_accum = 512;
         p.checkpoint = ckpt;
         p.gpus_per_node = a100.gpus_per_node;
-        ZpAllocStats alloc;
-        SimResult *ranked = cli_rank_simulate(&m, &a100, &p, 0, &alloc, &error);
-        g_assert_no_error(error);
-        ZpSchedule *l = zp_sched_build(&m, &p, &error);
-        g_assert_no_error(error);
-        SimResult *full = run_ext(l, (SimOptions){0});
-        const double capacity = a100.gpu_memory_bytes - a100.runtime_reserve_bytes;
-        const ZpAllocStats want = zp_alloc_replay_schedule(l, capacity);
-        g_test_message("1T, checkpoints %d: %u micro-steps virtual, %.6f s", ckpt,
-                       ranked->extended_micro_steps, ranked->step_time_s);
-        g_assert_cmpuint(ranked->extended_micro_steps, ==, 360);
-        g_assert_cmpint(want.oom, ==, !ckpt);
-        assert_same_all(ranked, full);
-        assert_same_alloc_events(&alloc, &want);
-        sim_result_free(ranked);
-        sim_result_free(full);
-        zp_sched_free(l);
+        uint32_t folded;
+        gboolean oom;
+        assert_rank_is_full(&m, &p, 360, TRUE, &folded, &oom);
+        g_assert_cmpint(oom, ==, !ckpt);
     }
 }
 
@@ -378,23 +387,10 @@ static void test_extend_round_trip(void)
     p.grad_accum = 64;
     p.gpus_per_node = a100.gpus_per_node;
     g_assert_cmpint(p.mp, >, a100.gpus_per_node);
-    ZpAllocStats alloc;
-    SimResult *ranked = cli_rank_simulate(&m, &a100, &p, 0, &alloc, &error);
-    g_assert_no_error(error);
-    ZpSchedule *l = zp_sched_build(&m, &p, &error);
-    g_assert_no_error(error);
-    SimResult *full = run_ext(l, (SimOptions){0});
-    const ZpAllocStats want =
-        zp_alloc_replay_schedule(l, a100.gpu_memory_bytes - a100.runtime_reserve_bytes);
-    g_test_message("round trip: %u micro-steps virtual, %s", ranked->extended_micro_steps,
-                   full->fold_note);
-    g_assert_cmpuint(ranked->extended_micro_steps, ==, 36);
-    g_assert_cmpuint(full->fold_micro_steps % 4, ==, 0); /* whole round trips */
-    assert_same_all(ranked, full);
-    assert_same_alloc(&alloc, &want);
-    sim_result_free(ranked);
-    sim_result_free(full);
-    zp_sched_free(l);
+    uint32_t folded;
+    gboolean oom;
+    assert_rank_is_full(&m, &p, 36, FALSE, &folded, &oom);
+    g_assert_cmpuint(folded % 4, ==, 0); /* whole round trips */
 }
 
 int main(int argc, char **argv)
