@@ -289,6 +289,9 @@ typedef struct {
 
     double mem_tolerance_bytes;
     uint64_t op_events, heap_events, state_bytes;
+    /* Of op_events, those the fold's virtual periods counted (SimOptions.extend_micro_steps):
+     * ops the schedule does not have, so the end's check that every op ran leaves them out. */
+    uint64_t virtual_op_events;
     double stop_after_s; /* SimOptions.stop_after_s (0: run to the end) */
     double stopped_s;    /* when the first op ended past it (0: none has) */
     /* Folding whole periods of a pipeline's steady state (sim_fold.h), NULL where refused;

@@ -677,7 +677,9 @@ static gboolean jump(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c, uint
     walk_ranks(&w, sim);
     const uint32_t instant = sim->queue.instant;
     snap_queue(&w, sim, times, events);
+    const uint64_t op_events = sim->op_events;
     snap_counters(&w, sim);
+    sim->virtual_op_events += (sim->op_events - op_events) / periods * virtual_periods;
     for (guint k = 0; k < events->len; k++) { /* the instants they were queued at */
         Event *e = &g_array_index(events, Event, k);
         e->made = sim->queue.instant - (instant - e->made);
