@@ -183,6 +183,11 @@ static GArray *list_tensors(const ZpSchedule *s)
             unit = t->unit, inside = 0, module_name = "";
         if (!same_module(t->name, module_name) || inside == 0)
             module++, module_name = t->name;
+        /* Nothing of it in the unit's range (another pipeline stage's unit, whose range is
+         * empty): what the clip below would find, without the name lookup (64 stages of
+         * Megatron 1T each walked the whole model's tensors by name). */
+        if (inside >= s->unit_elems[unit])
+            continue;
         /* A tensor's share of a tensor-parallel rank; clipped to its unit's range. */
         uint64_t elems = zp_model_tensor_tp_elems(&s->model, t, s->plan.mp);
         if (inside + elems > s->unit_elems[unit])
