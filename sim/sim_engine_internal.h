@@ -23,6 +23,18 @@ typedef struct SimResult SimResult;
 typedef struct SimFold SimFold;
 /* Virtual periods a jump counted (sim_fold.c), as zp_sched.h describes them. */
 typedef ZpOpInsert SimFoldInsert;
+/* How a run folded (sim_fold.h): the micro-steps of every stage it skipped (whole periods of d
+ * each) in how many jumps, and a line saying so or why it did not. Here, not in sim_fold.h:
+ * SimFold (sim_fold_jump.h, which sim_fold.c includes) keeps one, and would otherwise make
+ * sim_fold and sim_fold_jump include each other. */
+typedef struct {
+    uint32_t micro_steps, jumps;
+    char note[192];
+    /* Virtual micro-steps counted (SimOptions.extend_micro_steps), and where: a GArray of
+     * SimFoldInsert sorted by op, the caller's to free (NULL where none). */
+    uint32_t virtual_micro_steps;
+    GArray *inserts;
+} SimFoldReport;
 
 /* What the loop needs of an op, computed once and shared by all ranks: 48 bytes, each op's
  * one figure of time or size sharing one place (a 32,000-layer model's 2.1 million SimOps

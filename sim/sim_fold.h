@@ -8,17 +8,6 @@
 #include <glib.h>
 #include <stdint.h>
 
-/* How a run folded: the micro-steps of every stage it skipped (whole periods of d each) in
- * how many jumps, and a line saying so or why it did not. */
-typedef struct {
-    uint32_t micro_steps, jumps;
-    char note[192];
-    /* Virtual micro-steps counted (SimOptions.extend_micro_steps), and where: a GArray of
-     * SimFoldInsert sorted by op, the caller's to free (NULL where none). */
-    uint32_t virtual_micro_steps;
-    GArray *inserts;
-} SimFoldReport;
-
 /* The fold of one run, or NULL (report->note says why) where the run cannot fold: turned off
  * (SimOptions.no_fold), a stage simulated as more than one rank (explicit ranks, stragglers,
  * slow links: rank classes), fewer than four micro-steps. Called once the run's ranks and

@@ -1,0 +1,448 @@
+/* sim_fold_jump: the fold's jump: the ops that repeat, the walk over the state that takes a
+ * snapshot and writes the state periods on, the sums replayed (sim_fold.c says why it is exact). */
+#include "sim_fold_jump.h"
+
+#include <string.h>
+
+/* ---- the schedule ---- */
+
+/* op + n periods on stage s (steps), or UINT32_MAX - 1 past the stage's ops. */
+static uint32_t moved_on(const SimFold *f, uint32_t s, uint32_t op, int64_t n)
+{
+    const int64_t to = (int64_t)op + n * f->steps[s];
+    return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
+}
+
+/* op + n periods on its stage (steps), or UINT32_MAX - 1 past the stage's ops. */
+static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
+{
+    if (op == NO_OP)
+        return op;
+    const uint32_t s = sim->ops[op].stage;
+    const int64_t to = (int64_t)op + n * f->steps[s];
+    return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
+}
+
+/* Whether op j does what op i, a period before it, did: the same static facts, its stream's
+ * next op and its dependents moved alike (each by its stage's step). */
+static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j)
+{
+    const SimOp *a = &sim->ops[i], *b = &sim->ops[j];
+    if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
+        a->group != b->group || a->link != b->link || a->wide || b->wide ||
+        a->stage != b->stage || a->n_deps != b->n_deps || a->duration_s != b->duration_s ||
+        a->latency_s != b->latency_s || a->transfer_s != b->transfer_s ||
+        a->bytes != b->bytes ||
+        a->dependents_end - a->dependents_start != b->dependents_end - b->dependents_start ||
+        a->dependents_ready - a->dependents_start != b->dependents_ready - b->dependents_start)
+        return FALSE;
+    if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
+        (a->stream_next != NO_OP && moved_on(f, a->stage, a->stream_next, 1) != b->stream_next))
+        return FALSE;
+    for (uint32_t k = 0; k < a->dependents_end - a->dependents_start; k++) {
+        const Dependent *x = &sim->dependents[a->dependents_start + k];
+        const Dependent *y = &sim->dependents[b->dependents_start + k];
+        if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
+            f->steps[x->stage] == 0 || moved_on(f, x->stage, x->op, 1) != y->op)
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* The first op past `from` of stage s that does not do what the op a period before it did
+ * (every op in [from, that) does), from the stage's end at most; `from` itself where the
+ * ops before `from` back to `back` do not repeat either. Remembered for the current steps. */
+static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t k, uint32_t s,
+                              uint32_t back, uint32_t from)
+{
+    const int64_t step = f->steps[s];
+    const size_t at = (size_t)k * f->stages + s;
+    uint32_t *eq_from = &f->equal_from[at], *eq_to = &f->equal_to[at];
+    if (f->equal_step[at] != step || back < *eq_from || back > *eq_to) {
+        f->equal_step[at] = step;
+        *eq_from = *eq_to = back;
+    }
+    while (*eq_to < f->stage_end[s] && *eq_to >= f->stage_start[s] + step &&
+           same_op(f, sim, (uint32_t)(*eq_to - step), *eq_to))
+        (*eq_to)++;
+    return *eq_to >= from ? *eq_to : from;
+}
+
+
+void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t i = f->lo_hint[s];
+    while (i < f->stage_end[s] &&
+           (!sim_jump_counted(&sim->ops[i]) || sim->countdown[i].first == COUNTS_DONE))
+        i++;
+    f->lo_hint[s] = i;
+    *lo = i;
+    *hi = MAX(i, sim->fold_hi[s]);
+}
+
+
+/* A reference to op i (or NO_OP): its stage (REF_NONE for none) and its index. Between
+ * snapshots a period apart a reference moves by its stage's step, the same for every moving
+ * one of the stage (the builder lays a stage's micro-steps out alike, one after another:
+ * same_op checks it op by op before a jump), or stays put (an op waited for past the steady
+ * state: the last micro-step's reduction, say). */
+static void push_ref(Vec *ints, const Sim *sim, uint32_t i)
+{
+    vec_int(ints, i == NO_OP ? REF_NONE : sim->ops[i].stage);
+    vec_int(ints, i);
+}
+
+
+/* ---- the state: one walk both takes a snapshot and writes the jumped one ---- */
+
+/* A double the snapshot compares: a time (moving by the period or not at all), a count of
+ * bytes (which goes up and down within a period: it must stay a whole number), a peak of
+ * bytes (the field before it is its live count: sim_snap_repeats), or an output sum (replayed
+ * from the notes, not compared). */
+typedef enum { FIELD_MOVES, FIELD_BYTES, FIELD_PEAK, FIELD_SUM } FieldKind;
+
+typedef struct {
+    gboolean apply;
+    Snap *snap;          /* capture: filled; apply: the current snapshot */
+    const Snap *before;  /* apply: the snapshot a period before */
+    uint32_t periods;    /* apply: how many (times, sums and counts move by these) */
+    uint32_t physical;   /* apply: how many of them the schedule's ops move by (the rest
+                          * are virtual: Sim.extend_micro_steps) */
+    size_t d_at, ref_at;
+    SimFold *f;
+    const Sim *sim;
+} Walk;
+
+static void walk_double(Walk *w, double *x, FieldKind kind)
+{
+    if (kind == FIELD_SUM)
+        return; /* replayed from the notes */
+    if (!w->apply) {
+        if (kind == FIELD_BYTES || kind == FIELD_PEAK)
+            vec_int(&w->snap->bytes, (int64_t)w->snap->d.len);
+        if (kind == FIELD_PEAK)
+            vec_int(&w->snap->peaks, (int64_t)w->snap->d.len);
+        vec_double(&w->snap->d, *x);
+        return;
+    }
+    const double now = w->snap->d.d[w->d_at];
+    const double step = now - w->before->d.d[w->d_at];
+    w->d_at++;
+    if (step != 0)
+        *x = now + (double)w->periods * step;
+}
+
+static void walk_int(Walk *w, int64_t value)
+{
+    if (!w->apply)
+        vec_int(&w->snap->i, value);
+}
+
+static void walk_op(Walk *w, uint32_t *op)
+{
+    if (!w->apply) {
+        push_ref(&w->snap->refs, w->sim, *op);
+        return;
+    }
+    const int64_t step = w->snap->moves.i[w->ref_at++];
+    *op = (uint32_t)(*op + (int64_t)w->physical * step);
+}
+
+static void walk_ranks(Walk *w, Sim *sim)
+{
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        RankState *rs = &sim->rank[r];
+        walk_double(w, &rs->mark_s, FIELD_MOVES);
+        walk_double(w, &rs->exposed_s, FIELD_SUM);
+        walk_double(w, &rs->end_s, FIELD_MOVES);
+        walk_double(w, &rs->cpu_optimizer_s, FIELD_SUM);
+        walk_double(w, &rs->transfer_s, FIELD_SUM);
+        walk_double(w, &rs->flush_s, FIELD_MOVES);
+        walk_double(w, &rs->gpu_overlap_s, FIELD_SUM);
+        /* unsettled is 0 between instants (settle_contention ran); computing, the streams
+         * running GPU compute, must repeat. */
+        walk_int(w, rs->compute_running | rs->comm_active << 8 | rs->cpu_running << 16 |
+                        (int64_t)rs->transfers_active << 24 | (int64_t)rs->unsettled << 32 |
+                        (int64_t)rs->computing << 40);
+        StreamState *ss = &sim->stream[r];
+        for (uint32_t s = 0; s < ZP_STREAM_N; s++) {
+            walk_op(w, &ss->next[s]);
+            walk_int(w, ss->busy[s]);
+        }
+        for (uint32_t s = 0; sim->running && s < ZP_STREAM_N; s++) {
+            RunningCompute *run = &sim->running[(size_t)r * ZP_STREAM_N + s];
+            walk_int(w, run->end_s >= 0);
+            if (run->end_s >= 0) {
+                walk_double(w, &run->end_s, FIELD_MOVES);
+                walk_double(w, &run->start_s, FIELD_MOVES);
+                walk_op(w, &run->op);
+                walk_int(w, run->slowed | run->started << 8);
+            }
+        }
+        for (uint32_t l = 0; l < SIM_LINK_N; l++)
+            walk_int(w, sim->link_load[r * SIM_LINK_N + l]);
+        walk_int(w, sim->mem_pos[r]);
+        MemState *m = &sim->eager[sim->mem_pos[r] & ~MEM_EAGER];
+        for (int c = 0; c < ZP_MEM_N; c++) {
+            walk_double(w, &m->category[c].live, FIELD_BYTES);
+            walk_double(w, &m->category[c].peak, FIELD_PEAK);
+            walk_double(w, &m->peak_breakdown_bytes[c], FIELD_BYTES);
+        }
+        walk_double(w, &m->total.live, FIELD_BYTES);
+        walk_double(w, &m->total.peak, FIELD_PEAK);
+        walk_double(w, &m->states.live, FIELD_BYTES);
+        walk_double(w, &m->states.peak, FIELD_PEAK);
+    }
+    for (uint32_t l = 0; l < SIM_LINK_N; l++)
+        walk_int(w, sim->active_on_link[l]);
+    for (uint32_t k = 0; k < sim->n_flows; k++) {
+        Flow *fl = &sim->flows[k];
+        walk_int(w, fl->active | (int64_t)fl->arrived << 1);
+        if (fl->active || fl->arrived)
+            walk_op(w, &fl->op);
+        if (!fl->active)
+            continue;
+        walk_double(w, &fl->start_s, FIELD_MOVES);
+        walk_double(w, &fl->transfer_from_s, FIELD_MOVES);
+        walk_double(w, &fl->remaining_s, FIELD_MOVES);
+        walk_double(w, &fl->share, FIELD_MOVES);
+        walk_double(w, &fl->end_s, FIELD_MOVES);
+    }
+}
+
+/* The queue's events in the order they will be taken: times moved, op events' ops as
+ * references, flow events' staleness (version - detail), the instant each was queued at
+ * relative to now. */
+static void snap_queue(Walk *w, Sim *sim, GArray *times, GArray *events)
+{
+    sim_queue_events(&sim->queue, times, events);
+    walk_int(w, events->len);
+    for (guint k = 0; k < events->len; k++) {
+        Event *e = &g_array_index(events, Event, k);
+        walk_double(w, &g_array_index(times, double, k), FIELD_MOVES);
+        walk_int(w, e->id);
+        if (e->id & EVENT_FLOW)
+            walk_int(w, (int64_t)sim->flows[e->id & ~EVENT_FLOW].version - e->detail);
+        else
+            walk_op(w, &e->detail);
+        walk_int(w, (int64_t)sim->queue.instant - e->made);
+    }
+}
+
+static void snap_counters(Walk *w, Sim *sim)
+{
+    const int64_t v[3] = {(int64_t)sim->op_events, (int64_t)sim->heap_events,
+                          sim->queue.instant};
+    if (!w->apply) {
+        for (int k = 0; k < 3; k++)
+            vec_int(&w->snap->lin, v[k]);
+        return;
+    }
+    int64_t step[3];
+    for (int k = 0; k < 3; k++)
+        step[k] = w->snap->lin.i[k] - w->before->lin.i[k];
+    sim->op_events += (uint64_t)(w->periods * step[0]);
+    sim->heap_events += (uint64_t)(w->periods * step[1]);
+    sim->queue.instant += (uint32_t)(w->periods * step[2]);
+}
+
+void sim_jump_capture_first(SimFold *f, Sim *sim, Snap *snap)
+{
+    vec_grow(&snap->first, 1 + 3 * (size_t)sim->ranks);
+    vec_double(&snap->first, snap->now_s);
+    for (uint32_t r = 0; r < sim->ranks; r++) {
+        const RankState *rs = &sim->rank[r];
+        vec_double(&snap->first, rs->mark_s);
+        vec_double(&snap->first, rs->end_s);
+        vec_double(&snap->first, rs->flush_s);
+    }
+    snap->note_at = f->notes_base + f->notes->len;
+    snap->epoch = f->epoch;
+}
+
+void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap)
+{
+    snap->full = TRUE;
+    /* Room for what the last snapshot held: one allocation each, not a dozen doublings. */
+    vec_grow(&snap->d, f->sizes[0]);
+    vec_grow(&snap->i, f->sizes[1]);
+    vec_grow(&snap->refs, f->sizes[2]);
+    Walk w = {.snap = snap, .f = f, .sim = sim};
+    vec_double(&snap->d, snap->now_s);
+    walk_ranks(&w, sim);
+    GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
+    GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
+    snap_queue(&w, sim, times, events);
+    g_array_free(times, TRUE);
+    g_array_free(events, TRUE);
+    snap_counters(&w, sim);
+    snap->note_at = f->notes_base + f->notes->len;
+    snap->epoch = f->epoch;
+    f->sizes[0] = snap->d.len;
+    f->sizes[1] = snap->i.len;
+    f->sizes[2] = snap->refs.len;
+}
+
+/* ---- the jump ---- */
+
+/* Rewrites stage s's countdowns as `periods` periods on: each op in the moved window gets the
+ * code of the op that many periods before it, the ops between the window's start and there
+ * are done (those that count), and nothing past it has begun. */
+static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t hi,
+                        uint64_t periods)
+{
+    const int64_t shift = (int64_t)periods * f->steps[s];
+    for (int64_t i = (int64_t)hi - 1 + shift; i >= (int64_t)lo; i--) {
+        if (!sim_jump_counted(&sim->ops[i]))
+            continue;
+        if (i - shift >= (int64_t)lo)
+            sim->countdown[i] = sim->countdown[i - shift];
+        else
+            sim->countdown[i].first = COUNTS_DONE;
+    }
+    f->lo_hint[s] = lo;
+    sim->fold_hi[s] = (uint32_t)MAX((int64_t)sim->fold_hi[s], (int64_t)hi + shift);
+}
+
+/* Replays the notes of [from, to) for the skipped periods first, first + stride, .. up to
+ * periods: sums added to again; timeline cells written at the op `moves` periods on, their
+ * times moved alike. Two snapshots (stride 1): the one recorded period, j periods on for
+ * skipped period j. Three (stride 2): skipped period j is recorded period a -> b (odd j) or
+ * b -> c (even j), two or one periods before c: j + 1 or j periods on. */
+static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
+                   uint32_t stride, uint32_t periods, double period_s)
+{
+    for (uint32_t j = first; j <= periods; j += stride) {
+        const uint32_t moves = stride == 1 ? j : j + (j & 1);
+        for (uint64_t k = from; k < to; k++) {
+            const Note *n = &g_array_index(f->notes, Note, k - f->notes_base);
+            if (n->kind == NOTE_ADD) {
+                *n->field += n->x;
+                continue;
+            }
+            const uint32_t op = (uint32_t)(n->at % sim->n_ops);
+            const size_t row = n->at - op;
+            const uint32_t to_op = moved(f, sim, op, moves);
+            if (n->kind == NOTE_RANK)
+                sim->op_last_rank[row + to_op] = (uint32_t)n->x;
+            else
+                n->field[row + to_op] = n->x + (double)moves * period_s;
+        }
+    }
+}
+
+uint64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
+                          uint32_t *hi)
+{
+    uint64_t most = UINT64_MAX;
+    for (uint32_t s = 0; s < f->stages; s++) {
+        const int64_t step = f->steps[s];
+        sim_jump_window(f, sim, s, &lo[s], &hi[s]);
+        if (step <= 0 || (int64_t)lo[s] - span * step < (int64_t)f->stage_start[s] + step)
+            return 0;
+        const uint32_t back = (uint32_t)(lo[s] - span * step);
+        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
+        if (f->equal_from[(size_t)k * f->stages + s] > back)
+            return 0;
+        most = until < hi[s] + 3 * (uint32_t)step
+                   ? 0
+                   : MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
+        if (most < 2) {
+            /* No room for two periods before an op that does not repeat: the window moves
+             * towards it, so this shift waits till the window is past it. */
+            f->blocked_at[k] = until;
+            f->blocked_stage[k] = s;
+            break;
+        }
+    }
+    return most;
+}
+
+gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
+                          uint32_t k_shift)
+{
+    const uint32_t span = a == b ? 1 : 2;
+    uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
+    const uint64_t physical = sim_jump_periods(f, sim, k_shift, span, lo, hi);
+    /* Virtual periods (Sim.extend_micro_steps), only where the schedule allows a physical
+     * jump here: the longer schedule's ops repeat over as many more. */
+    const uint64_t virt = physical >= 2 && !f->cells_noted ? f->virtual_left / c->shift : 0;
+    uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
+    const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
+                   *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
+    GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
+    GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
+    sim_queue_events(&sim->queue, times, events);
+    double horizon_s = 0; /* the last queued event, from now */
+    for (guint k = 0; k < times->len; k++)
+        horizon_s = MAX(horizon_s, g_array_index(times, double, k) - c->now_s);
+    const double period_s = c->now_s - b->now_s;
+    if (sim->stop_after_s > 0) /* the caller stops the run: no jump past its time */
+        while (periods > 0 &&
+               c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
+            periods--;
+    /* The virtual periods first (the physical ones left for the jumps to come); the
+     * schedule's ops move by the physical ones only. */
+    const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
+    /* Every moving reference (a stream's next op, a flow's, a queued event's) moves inside
+     * the ops that repeat (sim_jump_periods). */
+    for (size_t k = 0; k < c->moves.len && periods >= 2; k++) {
+        const uint32_t op = (uint32_t)c->refs.i[2 * k + 1];
+        const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
+        if (c->moves.i[k] != 0 &&
+            (c->moves.i[k] != f->steps[s] || op < eq_from[s] ||
+             (int64_t)op + (int64_t)moved_periods * f->steps[s] >= (int64_t)eq_to[s]))
+            periods = 0;
+    }
+    if (periods >= 2 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
+        /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
+         * first): the caller runs the long schedule anyway, so the rest of this run is not
+         * worth its time (SimOptions.extend_or_stop). */
+        f->refused = "the virtual periods do not fit this jump";
+        sim->stopped_s = c->now_s;
+        periods = 0;
+    }
+    if (periods < 2) {
+        g_array_free(times, TRUE);
+        g_array_free(events, TRUE);
+        g_free(lo);
+        g_free(hi);
+        return FALSE;
+    }
+    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods,
+              .physical = (uint32_t)moved_periods, .f = f, .sim = sim};
+    w.d_at = 1;
+    walk_ranks(&w, sim);
+    const uint32_t instant = sim->queue.instant;
+    snap_queue(&w, sim, times, events);
+    const uint64_t op_events = sim->op_events;
+    snap_counters(&w, sim);
+    sim->virtual_op_events += (sim->op_events - op_events) / periods * virtual_periods;
+    for (guint k = 0; k < events->len; k++) { /* the instants they were queued at */
+        Event *e = &g_array_index(events, Event, k);
+        e->made = sim->queue.instant - (instant - e->made);
+    }
+    sim_queue_replace(&sim->queue, times, events);
+    g_array_free(times, TRUE);
+    g_array_free(events, TRUE);
+    for (uint32_t s = 0; s < f->stages; s++) {
+        move_counts(f, sim, s, lo[s], hi[s], moved_periods);
+        if (virtual_periods > 0) { /* before the window: its ops and those past it moved */
+            const SimFoldInsert at = {lo[s], (uint32_t)f->steps[s], c->shift, virtual_periods};
+            g_array_append_val(f->report.inserts, at);
+        }
+    }
+    if (span == 1) {
+        replay(f, sim, b->note_at, c->note_at, 1, 1, (uint32_t)periods, period_s);
+    } else {
+        replay(f, sim, a->note_at, b->note_at, 1, 2, (uint32_t)periods, period_s);
+        replay(f, sim, b->note_at, c->note_at, 2, 2, (uint32_t)periods, period_s);
+    }
+    f->report.micro_steps += (uint32_t)moved_periods * c->shift;
+    f->report.virtual_micro_steps += (uint32_t)virtual_periods * c->shift;
+    f->virtual_left -= virtual_periods * c->shift;
+    f->report.jumps++;
+    g_free(lo);
+    g_free(hi);
+    return TRUE;
+}

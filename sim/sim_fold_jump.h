@@ -1,0 +1,101 @@
+/* sim_fold_jump: the fold's jump (a run advanced by whole periods) and the state the fold keeps,
+ * shared by sim_fold.c, which finds the repeats, and sim_fold_jump.c; private to sim/. */
+#ifndef SIM_FOLD_JUMP_H
+#define SIM_FOLD_JUMP_H
+
+#include "sim_engine_internal.h"
+#include "sim_fold_snap.h"
+
+#include <glib.h>
+#include <stdint.h>
+
+/* Shifts tried between snapshots: 1 micro-step (1F1B, GPipe) or a group of pp (interleaved:
+ * Megatron's groups of pp micro-batches per chunk), and twice each (on the bare double clock a
+ * period of an odd number of ulps rounded its ties alternately; on the grid nothing ties, and
+ * the doubled shifts stay only for a pattern that truly alternates). 1F1B over more than two
+ * stages tries pp micro-steps too, a pipeline round trip: where tensor parallelism spans
+ * nodes, the fill leaves a disturbance that comes back every round trip and never washes out
+ * (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32: stage 0's period is 0.0902409 s but 0.0926946
+ * then 0.0853067 s at micro-steps 64, 96, .., 480), so no state repeats a micro-step on, while
+ * every one repeats pp on. */
+#define MAX_SHIFTS 4
+
+/* A recorded period's log (sums added to, timeline cells written). */
+typedef enum { NOTE_ADD, NOTE_CELL, NOTE_RANK } NoteKind;
+
+typedef struct {
+    uint8_t kind;
+    double *field; /* NOTE_ADD: the sum; NOTE_CELL: the timeline array */
+    size_t at;     /* NOTE_CELL, NOTE_RANK: the cell (row x n_ops + op) */
+    double x;      /* NOTE_ADD: what was added; NOTE_CELL: the value; NOTE_RANK: the rank */
+} Note;
+
+/* The fold's state of one run (sim_fold_new to sim_fold_free). */
+struct SimFold {
+    uint32_t A;            /* micro-steps */
+    uint32_t stages;
+    GHashTable *heads;     /* 1 + each head op -> 1 + its index (sim_fold.c: find_heads) */
+    /* [stage]: its ops' indices, [stage_start, stage_end) (the builder lays a stage's ops
+     * out together; checked), worked out the first time the cheap fields repeat (NULL
+     * before); lo_hint: no counted op below it is still counting down; equal_from and
+     * equal_to, [shift * stages + stage]: the ops i in [equal_from, equal_to) do what
+     * i - equal_step did (same_op), kept for each shift tried. */
+    uint32_t *stage_start, *stage_end, *lo_hint;
+    uint32_t *equal_from, *equal_to;
+    int64_t *equal_step;
+    uint32_t shifts[MAX_SHIFTS], n_shifts;
+    uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
+    /* sim_jump_periods found no room for this shift before op blocked_at of stage
+     * blocked_stage, which does not repeat: not tried again until that stage's window is past
+     * it (UINT32_MAX: not blocked). */
+    uint32_t blocked_at[MAX_SHIFTS], blocked_stage[MAX_SHIFTS];
+    size_t sizes[3];       /* the last snapshot's doubles, integers, references */
+    GHashTable *snaps;     /* sim_fold.c's snap_key -> Snap */
+    int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
+    GArray *notes;
+    uint64_t notes_base;
+    /* Whether the cheap fields of watched rank w's last snapshots repeated: notes are kept
+     * only while one did (epoch counts the breaks, when they were dropped). */
+    gboolean passing[2];
+    uint32_t epoch;
+    SimFoldReport report;
+    const char *refused; /* why the run stopped looking, or NULL */
+    gboolean grid_end;   /* a repeat found no room before the clock's grid ends (2^22 s) */
+    /* Virtual micro-steps still to count (Sim.extend_micro_steps); whether a timeline cell
+     * was noted (a virtual period has no op to write its cells at: none counted then). */
+    uint64_t virtual_left;
+    gboolean cells_noted;
+};
+
+/* Whether op i counts its dependencies down (sim_ops.c: Dependent.counted). */
+static inline gboolean sim_jump_counted(const SimOp *o)
+{
+    return o->n_deps > 0 && (op_on_stream(o) || o->n_deps > 1);
+}
+
+/* Stage s's window: lo, its first counted op still counting down; hi, one past the last that
+ * began to (Sim.fold_hi). */
+void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi);
+
+/* The first tier of a snapshot, taken at every head: the instant and each rank's times.
+ * Three of them a period apart moving alike are what makes the whole state (sim_jump_capture,
+ * some thousands of values and the queue) worth taking; in a transient they rarely do. */
+void sim_jump_capture_first(SimFold *f, Sim *sim, Snap *snap);
+
+/* The whole state into snap: the walk sim_jump_advance writes the jumped state with. */
+void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap);
+
+/* The most periods the schedule allows shift k (f->shifts): every stage's ops from its window
+ * back `span` periods (the recorded ones, whose notes the jump replays) on to the moved window
+ * and one period past it do what the ops a period before them did; lo and hi [stages] get the
+ * windows. Below 2, it marks the shift blocked (SimFold.blocked_at). */
+uint64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
+                          uint32_t *hi);
+
+/* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
+ * two fit (nothing changed). The proof's first snapshot is b (c is b moved) or a, two periods
+ * before c (sim_snap_repeats3); k_shift, the shift that found it. */
+gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
+                          uint32_t k_shift);
+
+#endif
