@@ -524,23 +524,26 @@ static gboolean kernels_flag(const SimulateFlags *f, ZpPlan *sched_plan, ZpPlan 
     return TRUE;
 }
 
-/* `simulate --json` alone from the plan's schedule built short (cli_rank_simulate_short: its
- * steady periods past the kept ones counted by the fold as virtual periods), as the search
- * evaluates a plan: the full schedule's SimResult in every field the JSON prints but the
- * fold's own report (tests/test_sim_extend.c; test_sim_fold /sim/fold/json-short compares the
- * JSON with --no-fold's), and the full schedule's allocator replay (*alloc). Only where nothing
- * reads a timeline (--trace, --html, a sink), every rank is not asked for (--explicit, which
- * does not fold), the fold is on, no rank or link is slowed and nothing is offloaded to the
- * host (the plans test_sim_extend proves it on: a slowed rank's class and the host tiers'
- * figures are not), and only where it is complete: every missing micro-step counted, the op
- * sums exact (ops_json's timeline path needs the full schedule) and the allocator replay
+/* `simulate`, text or --json, from the plan's schedule built short (cli_rank_simulate_short:
+ * its steady periods past the kept ones counted by the fold as virtual periods), as the search
+ * evaluates a plan: the full schedule's SimResult in every field either output prints but the
+ * fold's own report (tests/test_sim_extend.c; test_sim_fold /sim/fold/json-short and
+ * /sim/fold/text-short compare both outputs with --no-fold's), and the full schedule's
+ * allocator replay (*alloc). Only where nothing reads a timeline (--trace, --html, a sink),
+ * every rank is not asked for (--explicit, which does not fold), the fold is on, no rank or
+ * link is slowed and nothing is offloaded to the host (the plans test_sim_extend proves it on:
+ * a slowed rank's class and the host tiers' figures are not; the text's offload lines read
+ * the schedule's host bytes), and only where it is complete: every missing micro-step counted,
+ * the op sums exact (ops_json's timeline path needs the full schedule; the text reads no op
+ * sums, but one rule for both keeps them on the same plans) and the allocator replay
  * extended. NULL otherwise, with nothing kept (the caller builds and runs the full schedule);
- * else the result, with *sched the short schedule, which the JSON reads only for what its
- * length does not change (cli_simulate_out.c cli_simulate_print_json says which). */
-static SimResult *json_from_short(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
-                                  const ZpPlan *plan, ZpSchedule **sched, ZpAllocStats *alloc)
+ * else the result, with *sched the short schedule, which the outputs read only for what its
+ * length does not change (cli_simulate_out.c: cli_simulate_print_json and
+ * cli_simulate_print_human say which). */
+static SimResult *simulate_short(const SimulateFlags *f, const ZpModel *model, const ZpHw *hw,
+                                 const ZpPlan *plan, ZpSchedule **sched, ZpAllocStats *alloc)
 {
-    if (!f->json || f->trace || f->html || f->sink || f->schedule || f->no_fold ||
+    if (f->trace || f->html || f->sink || f->schedule || f->no_fold ||
         f->explicit_ranks || f->slow_ranks || f->slow_links || zp_offload_any(plan) ||
         plan->ckpt.cpu_checkpointing || cli_rank_short_by(plan, hw) == 0)
         return NULL;
@@ -593,7 +596,7 @@ static int simulate(const SimulateFlags *f)
     /* A profile measured on zreal's CPU backend: its workspace buffers are listed too. */
     plan.backend_workspace = zp_cost_cpu_backend(&hw);
     ZpAllocStats alloc = {0};
-    SimResult *result = sched ? NULL : json_from_short(f, &model, &hw, &plan, &sched, &alloc);
+    SimResult *result = sched ? NULL : simulate_short(f, &model, &hw, &plan, &sched, &alloc);
     const gboolean from_short = result != NULL;
     if (!sched && !(sched = zp_sched_build(&model, &plan, &error)))
         return cli_fail(f->command, error);

@@ -31,7 +31,7 @@ static double tokens_per_step(const CliSimReport *p)
 static json_t *compute_by_class_json(const CliSimReport *p)
 {
     /* The schedule's plan (normalized by the builder) with the step's micro-steps: a schedule
-     * built short (cli_simulate.c json_from_short) has fewer, and the ops counted are the
+     * built short (cli_simulate.c simulate_short) has fewer, and the ops counted are the
      * step's. */
     ZpPlan plan = p->sched->plan;
     plan.grad_accum = p->plan->grad_accum;
@@ -147,21 +147,29 @@ static double dp_bytes(const SimResult *r)
 }
 
 
-/* Whether the steady state was advanced by whole periods (sim_fold.h; --no-fold):
- * micro_steps, the step's micro-steps of every stage not stepped one by one, in `jumps` jumps;
- * virtual_micro_steps, how many of them the schedule run did not even hold (built that many
- * short, cli_simulate.c json_from_short, and counted by the fold as virtual periods:
- * SimResult.extended_micro_steps; 0 where the step's own schedule ran). The engine's note
- * speaks of the schedule it ran, so a short one's is said here of the step. */
+/* Whether the steady state was advanced by whole periods (sim_fold.h; --no-fold), in a line:
+ * the step's micro-steps of every stage not stepped one by one and in how many jumps, and how
+ * many of them the schedule run did not even hold (built that many short, cli_simulate.c
+ * simulate_short, and counted by the fold as virtual periods: SimResult.extended_micro_steps;
+ * 0 where the step's own schedule ran). The engine's note speaks of the schedule it ran, so a
+ * short one's is said here of the step. The caller frees it. */
+static char *fold_note(const SimResult *r)
+{
+    const uint32_t virt = r->extended_micro_steps;
+    if (virt == 0)
+        return g_strdup(r->fold_note);
+    return g_strdup_printf("folded: %u micro-steps of every stage skipped in %u jump%s, %u of "
+                           "them virtual (the schedule built that many micro-steps short)",
+                           r->fold_micro_steps + virt, r->fold_jumps,
+                           r->fold_jumps == 1 ? "" : "s", virt);
+}
+
+/* The fold as JSON: micro_steps (virtual ones included), jumps, virtual_micro_steps and the
+ * note (fold_note). */
 static json_t *fold_json(const SimResult *r)
 {
     const uint32_t virt = r->extended_micro_steps;
-    char *note = virt > 0 ? g_strdup_printf("folded: %u micro-steps of every stage skipped in %u "
-                                            "jump%s, %u of them virtual (the schedule built "
-                                            "that many micro-steps short)",
-                                            r->fold_micro_steps + virt, r->fold_jumps,
-                                            r->fold_jumps == 1 ? "" : "s", virt)
-                          : g_strdup(r->fold_note);
+    char *note = fold_note(r);
     json_t *o = json_pack("{s:I, s:I, s:I, s:s}", "micro_steps",
                           (json_int_t)r->fold_micro_steps + virt, "jumps",
                           (json_int_t)r->fold_jumps, "virtual_micro_steps", (json_int_t)virt,
@@ -171,12 +179,12 @@ static json_t *fold_json(const SimResult *r)
 }
 
 /* Every field is the step's own also where the schedule was built short (cli_simulate.c
- * json_from_short), field by field: the SimResult's figures (step time, breakdown, FLOPs,
+ * simulate_short), field by field: the SimResult's figures (step time, breakdown, FLOPs,
  * bytes by group and stage, peaks and categories, the op sums, the pipeline's stages and
  * flush) are the long schedule's where the fold counted every missing micro-step
  * (SimResult.extended_micro_steps; tests/test_sim_extend.c), the event counts aside, which
  * count the virtual periods' events as if run; "ops" are the engine's sums (op_types_exact:
- * json_from_short keeps no run whose sums are not, so ops_json never walks the short
+ * simulate_short keeps no run whose sums are not, so ops_json never walks the short
  * schedule's ops); the allocator's figures are the long
  * schedule's replay (zp_alloc_replay_schedule_extended); the plan, model, budget, slowdowns
  * and constant buffers come from the step's plan; of the schedule, only what its length does
@@ -402,6 +410,17 @@ gboolean cli_simulate_write_html(const CliSimReport *p, const char *path, GError
     return ok;
 }
 
+/* As for the JSON (cli_simulate_print_json), every line is the step's own also where the
+ * schedule was built short (cli_simulate.c simulate_short): the SimResult's figures (the
+ * verdict's peak, throughput, breakdown, streams, bytes by group and stage, peaks, the
+ * pipeline's stages and flush, the event counts) are the long schedule's, the allocator's the
+ * long schedule's replay; the plan, model, budget and constant buffers are the step's; of the
+ * schedule only its world, its groups and its units (the exposed-communication line's block
+ * size), which its length does not change. The lines that read more of it are not printed
+ * there: the --schedule line (a file's schedule is run as it is) and the offload tiers (its
+ * host and NVMe bytes; no short schedule where anything is offloaded). The fold line says how
+ * many micro-steps were virtual (fold_note); /sim/fold/text-short compares the rest with
+ * --no-fold's. */
 void cli_simulate_print_human(const CliSimReport *p)
 {
     const SimResult *r = p->r;
@@ -506,6 +525,9 @@ void cli_simulate_print_human(const CliSimReport *p)
     printf("\n  %" G_GUINT64_FORMAT " op events on %d simulated rank(s), %" G_GUINT64_FORMAT
            " queue events\n",
            r->op_events, r->ranks_simulated, r->heap_events);
+    char *fold = fold_note(r);
+    printf("  %s\n", fold);
+    g_free(fold);
 }
 
 

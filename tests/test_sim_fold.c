@@ -206,7 +206,7 @@ static void test_fold_refused(void)
 /* `zplan simulate ARGS --json` folds at least min_micro_steps micro-steps and prints what
  * --no-fold prints, the fold report and the event counts aside; the micro-steps of them it
  * counted as virtual periods (its schedule built that many short, cli_simulate.c
- * json_from_short; --no-fold's never). */
+ * simulate_short; --no-fold's never). */
 static int64_t assert_json_folds_exit(const char *args, int64_t min_micro_steps,
                                       int exit_status)
 {
@@ -402,51 +402,123 @@ static void test_fold_json_schedules(void)
     }
 }
 
-/* `simulate --json` from the schedule built short (cli_simulate.c json_from_short), its
- * missing steady periods counted as virtual ones, as the search evaluates a plan: 1F1B pp 4,
- * 8 and 16 over many micro-batches, plain accumulation (stage 2, stage 3 checkpointed),
- * interleaved, a round trip's shift (tp 16 across nodes) and Megatron's 1T row count their
- * virtual micro-steps (cli_rank_short_by's: the micro-batches past those kept, in whole
- * periods) and print what --no-fold prints in every field, the fold report and event counts
- * aside; --explicit, a slowed rank and GPipe run the full schedule (0 virtual), equal too;
- * and a plan that does not fit, whose allocator replay runs out of memory. */
+/* Plans `simulate` runs from the schedule built short (cli_simulate.c simulate_short), their
+ * missing steady periods counted as virtual ones, as the search evaluates a plan: 1F1B pp 4, 8
+ * and 16 over many micro-batches, plain accumulation (stage 2, stage 3 checkpointed, stage 3
+ * mostly exposed communication), interleaved, a round trip's shift (tp 16 across nodes) and
+ * Megatron's 1T row (the development set's narayanan21-t1-1008b, whose megatron-1008b.json is
+ * gpt-1t's shape) count their virtual micro-steps (cli_rank_short_by's: the micro-batches past
+ * those kept, in whole periods); --explicit, a slowed rank and GPipe run the full schedule (0
+ * virtual). */
+static const struct {
+    const char *plan;
+    int64_t min_micro_steps, virtual_micro_steps;
+} short_plans[] = {
+    {"--model gpt-13b --gpus 16 --stage 1 --pp 4 --grad-accum 64", 50, 32},
+    {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128", 110, 88},
+    {"--model gpt-13b --gpus 64 --stage 1 --pp 16 --grad-accum 128 --checkpoint", 100, 72},
+    {"--model gpt-13b --gpus 16 --stage 2 --grad-accum 64", 50, 36},
+    {"--model gpt-13b --gpus 16 --stage 3 --grad-accum 64 --checkpoint", 50, 36},
+    /* mostly exposed communication: the text's line on why reads the schedule's units */
+    {"--model gpt-13b --gpus 256 --stage 3 --grad-accum 64 --seq 128", 50, 36},
+    {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
+     "--virtual-stages 4 --grad-accum 256", 128, 208},
+    {"--model gpt3-175b --gpus 128 --stage 1 --mp 16 --pp 4 --grad-accum 64 "
+     "--attention flash2", 32, 36},
+    {"--model gpt-1t --gpus 3072 --mp 8 --pp 64 --stage 0 --grad-accum 512 --checkpoint "
+     "--precision fp16 --attention eager", 440, 360},
+    {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --explicit", 0, 0},
+    {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --slow-rank 3:1.5", 0, 0},
+    {"--model gpt-13b --gpus 64 --stage 0 --pp 8 --pp-schedule gpipe --grad-accum 64 "
+     "--checkpoint", 40, 0},
+};
+
+/* Megatron's 1T row without checkpointing does not fit (exit status 2): the allocator's
+ * out-of-memory replay from the short schedule (zp_alloc_replay_schedule_extended) is the
+ * full one's too. */
+#define SHORT_OOM_PLAN                                                                           \
+    "simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 --pp 64 --stage 0 "      \
+    "--micro-batch 1 --grad-accum 512 --precision fp16 --attention eager"
+
+/* `simulate --json` on short_plans prints what --no-fold prints in every field, the fold
+ * report and event counts aside, with the virtual micro-steps each plan counts; and the plan
+ * that does not fit. */
 static void test_fold_json_short(void)
 {
-    static const struct {
-        const char *plan;
-        int64_t min_micro_steps, virtual_micro_steps;
-    } plans[] = {
-        {"--model gpt-13b --gpus 16 --stage 1 --pp 4 --grad-accum 64", 50, 32},
-        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128", 110, 88},
-        {"--model gpt-13b --gpus 64 --stage 1 --pp 16 --grad-accum 128 --checkpoint", 100, 72},
-        {"--model gpt-13b --gpus 16 --stage 2 --grad-accum 64", 50, 36},
-        {"--model gpt-13b --gpus 16 --stage 3 --grad-accum 64 --checkpoint", 50, 36},
-        {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
-         "--virtual-stages 4 --grad-accum 256", 128, 208},
-        {"--model gpt3-175b --gpus 128 --stage 1 --mp 16 --pp 4 --grad-accum 64 "
-         "--attention flash2", 32, 36},
-        {"--model gpt-1t --gpus 3072 --mp 8 --pp 64 --stage 0 --grad-accum 512 --checkpoint "
-         "--precision fp16 --attention eager", 440, 360},
-        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --explicit", 0, 0},
-        {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --slow-rank 3:1.5", 0, 0},
-        {"--model gpt-13b --gpus 64 --stage 0 --pp 8 --pp-schedule gpipe --grad-accum 64 "
-         "--checkpoint", 40, 0},
-    };
-    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+    for (size_t k = 0; k < G_N_ELEMENTS(short_plans); k++) {
         char *args = g_strdup_printf("simulate --cluster dgx-a100-80g --micro-batch 1 %s --json",
-                                     plans[k].plan);
-        const int64_t virt = assert_json_folds(args, plans[k].min_micro_steps);
-        g_assert_cmpint(virt, ==, plans[k].virtual_micro_steps);
+                                     short_plans[k].plan);
+        const int64_t virt = assert_json_folds(args, short_plans[k].min_micro_steps);
+        g_assert_cmpint(virt, ==, short_plans[k].virtual_micro_steps);
         g_free(args);
     }
-    /* Megatron's 1T row without checkpointing does not fit (exit status 2): the allocator's
-     * out-of-memory replay from the short schedule (zp_alloc_replay_schedule_extended) is the
-     * full one's too. */
-    const int64_t virt = assert_json_folds_exit(
-        "simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 --mp 8 --pp 64 --stage 0 "
-        "--micro-batch 1 --grad-accum 512 --precision fp16 --attention eager --json",
-        440, CLI_EXIT_DOES_NOT_FIT);
+    const int64_t virt = assert_json_folds_exit(SHORT_OOM_PLAN " --json", 440,
+                                                CLI_EXIT_DOES_NOT_FIT);
     g_assert_cmpint(virt, ==, 360);
+}
+
+/* `zplan simulate ARGS` (text) exits with exit_status and prints, line for line, what
+ * --no-fold prints but its last line, the fold's: at least min_micro_steps folded, of them
+ * `virtual_micro_steps` virtual (said only where some are), where --no-fold's says it was
+ * turned off. The event counts' line is compared too: a jump moves them by its periods'. */
+static void assert_text_folds(const char *args, int exit_status, int64_t min_micro_steps,
+                              int64_t virtual_micro_steps)
+{
+    char *no_fold = g_strdup_printf("%s --no-fold", args);
+    TuRun runs[2] = {tu_zplan(args), tu_zplan(no_fold)};
+    g_free(no_fold);
+    char **lines[2];
+    for (int k = 0; k < 2; k++) {
+        g_assert_true(WIFEXITED(runs[k].status));
+        g_assert_cmpint(WEXITSTATUS(runs[k].status), ==, exit_status);
+        lines[k] = g_strsplit(runs[k].out, "\n", -1);
+    }
+    const guint n = g_strv_length(lines[0]);
+    g_assert_cmpuint(n, >, 20);
+    g_assert_cmpuint(g_strv_length(lines[1]), ==, n);
+    /* the output ends with the fold's line and a newline (an empty last piece) */
+    g_assert_cmpstr(lines[0][n - 1], ==, "");
+    for (guint i = 0; i + 2 < n; i++)
+        g_assert_cmpstr(lines[0][i], ==, lines[1][i]);
+    const char *fold = lines[0][n - 2];
+    g_test_message("%s: %s", args, fold);
+    g_assert_cmpstr(lines[1][n - 2], ==, "  not folded: turned off");
+    if (min_micro_steps > 0) {
+        unsigned micro_steps = 0, jumps = 0;
+        g_assert_cmpint(sscanf(fold, "  folded: %u micro-steps of every stage skipped in %u",
+                               &micro_steps, &jumps), ==, 2);
+        g_assert_cmpuint(micro_steps, >=, min_micro_steps);
+        g_assert_cmpuint(micro_steps, >=, virtual_micro_steps);
+        g_assert_cmpuint(jumps, >, 0);
+    }
+    if (virtual_micro_steps > 0) {
+        char *said = g_strdup_printf(", %" G_GINT64_FORMAT " of them virtual (the schedule "
+                                     "built that many micro-steps short)", virtual_micro_steps);
+        g_assert_true(g_str_has_suffix(fold, said));
+        g_free(said);
+    } else {
+        g_assert_null(strstr(fold, "virtual"));
+    }
+    for (int k = 0; k < 2; k++) {
+        g_strfreev(lines[k]);
+        tu_free(&runs[k]);
+    }
+}
+
+/* `simulate` as text on short_plans: what --no-fold prints, line for line, but the fold's
+ * line, which says how many micro-steps were virtual (cli_simulate_out.c
+ * cli_simulate_print_human says why every other line is the step's); and the plan that does
+ * not fit, whose verdict and allocator lines come from the short schedule's replay. */
+static void test_fold_text_short(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(short_plans); k++) {
+        char *args = g_strdup_printf("simulate --cluster dgx-a100-80g --micro-batch 1 %s",
+                                     short_plans[k].plan);
+        assert_text_folds(args, 0, short_plans[k].min_micro_steps,
+                          short_plans[k].virtual_micro_steps);
+        g_free(args);
+    }
+    assert_text_folds(SHORT_OOM_PLAN, CLI_EXIT_DOES_NOT_FIT, 440, 360);
 }
 
 /* The caching allocator's replay skips a stage's repeated micro-steps (zp_alloc_replay.c)
@@ -580,6 +652,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
     g_test_add_func("/sim/fold/json-short", test_fold_json_short);
+    g_test_add_func("/sim/fold/text-short", test_fold_text_short);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
     return sim_common_run();
