@@ -358,6 +358,63 @@ uint64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint3
     return most;
 }
 
+/* The most of `periods` the caller's stop time allows (SimOptions.stop_after_s): no jump
+ * whose last queued event (times: the queue's, from sim_queue_events) would reach it. */
+static uint64_t periods_before_stop(const Sim *sim, const Snap *c, const GArray *times,
+                                    double period_s, uint64_t periods)
+{
+    if (sim->stop_after_s <= 0)
+        return periods;
+    double horizon_s = 0; /* the last queued event, from now */
+    for (guint k = 0; k < times->len; k++)
+        horizon_s = MAX(horizon_s, g_array_index(times, double, k) - c->now_s);
+    while (periods > 0 && c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
+        periods--;
+    return periods;
+}
+
+/* Whether every moving reference of c (a stream's next op, a flow's, a queued event's) moves
+ * by its stage's step and stays inside the ops that repeat for shift k (sim_jump_periods)
+ * over `physical` periods. */
+static gboolean refs_stay_inside(const SimFold *f, const Sim *sim, const Snap *c, uint32_t k,
+                                 uint64_t physical)
+{
+    const uint32_t *eq_from = &f->equal_from[(size_t)k * f->stages],
+                   *eq_to = &f->equal_to[(size_t)k * f->stages];
+    for (size_t r = 0; r < c->moves.len; r++) {
+        const uint32_t op = (uint32_t)c->refs.i[2 * r + 1];
+        const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
+        if (c->moves.i[r] != 0 &&
+            (c->moves.i[r] != f->steps[s] || op < eq_from[s] ||
+             (int64_t)op + (int64_t)physical * f->steps[s] >= (int64_t)eq_to[s]))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Writes the state `periods` periods on from c (b a period before it): every time, sum and
+ * counter moved by them all, the op references by the `physical` ones (the rest virtual, their
+ * op events counted in Sim.virtual_op_events); the queue's events (times and events, from
+ * sim_queue_events) moved and put back. */
+static void move_state(SimFold *f, Sim *sim, const Snap *b, Snap *c, uint64_t periods,
+                       uint64_t physical, GArray *times, GArray *events)
+{
+    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods,
+              .physical = (uint32_t)physical, .f = f, .sim = sim};
+    w.d_at = 1;
+    walk_ranks(&w, sim);
+    const uint32_t instant = sim->queue.instant;
+    snap_queue(&w, sim, times, events);
+    const uint64_t op_events = sim->op_events;
+    snap_counters(&w, sim);
+    sim->virtual_op_events += (sim->op_events - op_events) / periods * (periods - physical);
+    for (guint k = 0; k < events->len; k++) { /* the instants they were queued at */
+        Event *e = &g_array_index(events, Event, k);
+        e->made = sim->queue.instant - (instant - e->made);
+    }
+    sim_queue_replace(&sim->queue, times, events);
+}
+
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
                           uint32_t k_shift)
 {
@@ -368,32 +425,16 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
      * jump here: the longer schedule's ops repeat over as many more. */
     const uint64_t virt = physical >= 2 && !f->cells_noted ? f->virtual_left / c->shift : 0;
     uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
-    const uint32_t *eq_from = &f->equal_from[(size_t)k_shift * f->stages],
-                   *eq_to = &f->equal_to[(size_t)k_shift * f->stages];
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
     sim_queue_events(&sim->queue, times, events);
-    double horizon_s = 0; /* the last queued event, from now */
-    for (guint k = 0; k < times->len; k++)
-        horizon_s = MAX(horizon_s, g_array_index(times, double, k) - c->now_s);
     const double period_s = c->now_s - b->now_s;
-    if (sim->stop_after_s > 0) /* the caller stops the run: no jump past its time */
-        while (periods > 0 &&
-               c->now_s + (double)periods * period_s + horizon_s >= sim->stop_after_s)
-            periods--;
+    periods = periods_before_stop(sim, c, times, period_s, periods);
     /* The virtual periods first (the physical ones left for the jumps to come); the
      * schedule's ops move by the physical ones only. */
     const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
-    /* Every moving reference (a stream's next op, a flow's, a queued event's) moves inside
-     * the ops that repeat (sim_jump_periods). */
-    for (size_t k = 0; k < c->moves.len && periods >= 2; k++) {
-        const uint32_t op = (uint32_t)c->refs.i[2 * k + 1];
-        const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
-        if (c->moves.i[k] != 0 &&
-            (c->moves.i[k] != f->steps[s] || op < eq_from[s] ||
-             (int64_t)op + (int64_t)moved_periods * f->steps[s] >= (int64_t)eq_to[s]))
-            periods = 0;
-    }
+    if (periods >= 2 && !refs_stay_inside(f, sim, c, k_shift, moved_periods))
+        periods = 0;
     if (periods >= 2 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
         /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
          * first): the caller runs the long schedule anyway, so the rest of this run is not
@@ -402,29 +443,15 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
         sim->stopped_s = c->now_s;
         periods = 0;
     }
+    if (periods >= 2)
+        move_state(f, sim, b, c, periods, moved_periods, times, events);
+    g_array_free(times, TRUE);
+    g_array_free(events, TRUE);
     if (periods < 2) {
-        g_array_free(times, TRUE);
-        g_array_free(events, TRUE);
         g_free(lo);
         g_free(hi);
         return FALSE;
     }
-    Walk w = {.apply = TRUE, .snap = c, .before = b, .periods = (uint32_t)periods,
-              .physical = (uint32_t)moved_periods, .f = f, .sim = sim};
-    w.d_at = 1;
-    walk_ranks(&w, sim);
-    const uint32_t instant = sim->queue.instant;
-    snap_queue(&w, sim, times, events);
-    const uint64_t op_events = sim->op_events;
-    snap_counters(&w, sim);
-    sim->virtual_op_events += (sim->op_events - op_events) / periods * virtual_periods;
-    for (guint k = 0; k < events->len; k++) { /* the instants they were queued at */
-        Event *e = &g_array_index(events, Event, k);
-        e->made = sim->queue.instant - (instant - e->made);
-    }
-    sim_queue_replace(&sim->queue, times, events);
-    g_array_free(times, TRUE);
-    g_array_free(events, TRUE);
     for (uint32_t s = 0; s < f->stages; s++) {
         move_counts(f, sim, s, lo[s], hi[s], moved_periods);
         if (virtual_periods > 0) { /* before the window: its ops and those past it moved */
