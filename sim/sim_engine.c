@@ -206,14 +206,36 @@ static void reshare(Sim *sim, uint32_t slot, uint8_t link, double now_s)
     }
 }
 
-/* Reshares every flow in flight on the same link at any member of `changed`. */
-static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, double now_s)
+/* Adds flow `slot` to those to reshare, once an epoch. */
+static void affect(Sim *sim, uint32_t slot)
+{
+    sim->flows[slot].touched = sim->epoch;
+    if (sim->n_affected == sim->affected_cap) {
+        sim->affected_cap *= 2;
+        sim->affected = g_renew(uint32_t, sim->affected, sim->affected_cap);
+    }
+    sim->affected[sim->n_affected++] = slot;
+}
+
+/* Reshares every flow in flight on the same link at any member of `changed`, in the order
+ * its members, their groups and streams are walked. `own`: 1 where `changed` has just started
+ * (its own load counted), 0 where it has ended. A member whose load on the link is its own
+ * only has no other flow there to find: it is not walked (the walk of every group and stream
+ * of every member was a twentieth of Megatron's 1T evaluation); where that is the first
+ * member, `changed` itself, which its walk would have found first, comes first. */
+static void reshare_neighbours(Sim *sim, const Flow *changed, uint32_t changed_slot,
+                               uint8_t link, uint16_t own, double now_s)
 {
     sim->epoch++;
     sim->n_affected = 0;
+    const uint32_t *member = &sim->members[changed->member_start];
+    if (own && changed->remaining_s > 0 && sim->link_load[member[0] * SIM_LINK_N + link] == own)
+        affect(sim, changed_slot);
     for (uint32_t i = 0; i < changed->count; i++)
         for (uint32_t group = 0; group < sim->n_groups; group++) {
-            const uint32_t m = sim->members[changed->member_start + i];
+            const uint32_t m = member[i];
+            if (sim->link_load[m * SIM_LINK_N + link] <= own)
+                break;
             const uint32_t base = sim->slot_of[(size_t)m * sim->n_groups + group];
             for (uint32_t stream = 0; stream < ZP_STREAM_N && base != NO_FLOWS; stream++) {
                 const uint32_t slot = base + stream;
@@ -221,12 +243,7 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint8_t link, doub
                 if (!f->active || f->touched == sim->epoch || f->remaining_s <= 0 ||
                     sim->ops[f->op].link != link)
                     continue;
-                f->touched = sim->epoch;
-                if (sim->n_affected == sim->affected_cap) {
-                    sim->affected_cap *= 2;
-                    sim->affected = g_renew(uint32_t, sim->affected, sim->affected_cap);
-                }
-                sim->affected[sim->n_affected++] = slot;
+                affect(sim, slot);
             }
         }
     for (uint32_t i = 0; i < sim->n_affected; i++)
@@ -369,7 +386,7 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
         set_link_load(sim, f, op->link, +1);
         /* Alone on its link class anywhere, it has the link to itself: nothing to reshare. */
         if (++sim->active_on_link[op->link] > 1)
-            reshare_neighbours(sim, f, op->link, now_s);
+            reshare_neighbours(sim, f, slot, op->link, 1, now_s);
     }
 }
 
@@ -530,7 +547,7 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, -1);
         if (--sim->active_on_link[op->link] > 0)
-            reshare_neighbours(sim, f, op->link, now_s);
+            reshare_neighbours(sim, f, slot, op->link, 0, now_s);
     }
     const uint32_t *member = &sim->members[f->member_start];
     const uint32_t count = f->count;
