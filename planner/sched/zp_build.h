@@ -166,6 +166,7 @@ typedef struct {
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;
     gboolean over_ops;
+    ZpOp unstored_op; /* where an op past max_ops is written (zp_build_emit.c op_slot) */
     /* overlap_param_gather: each bucket's all-gather in the next forward (NONE: none, as for
      * an empty one), how many are issued and how many waited for, in forward order */
     GArray *param_gathers; /* uint32_t */
