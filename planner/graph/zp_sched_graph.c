@@ -48,6 +48,9 @@ void zp_sched_memo_free(ZpSchedule *s)
     if (s->memo->impl_tensors)
         g_array_unref(s->memo->impl_tensors);
     g_free(s->memo->layout);
+    if (s->memo->model_tensors)
+        g_array_unref(s->memo->model_tensors);
+    g_free(s->memo->tensor_flags);
     g_free(s->memo);
     s->memo = NULL;
 }

@@ -198,11 +198,15 @@ typedef enum {
 
 /* What the rules compute from a schedule's model and layout several times a build, kept with
  * it: zp_impl_tensors' answer (ZpImplTensor), and the layout it was for (unit offsets, then
- * unit elements), which tells when it is stale (each pipeline stage lays its units out anew). */
+ * unit elements), which tells when it is stale (each pipeline stage lays its units out anew);
+ * and what it reads of the model alone, which no stage changes: the model's tensors
+ * (zp_model_tensors) and what their names say (zp_impl.c tensor_flags), NULL until asked. */
 typedef struct {
     GArray *impl_tensors;
     uint64_t *layout;
     int n_units;
+    GArray *model_tensors;
+    uint8_t *tensor_flags;
 } ZpSchedMemo;
 
 typedef struct {
