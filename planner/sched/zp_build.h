@@ -76,7 +76,12 @@ typedef struct {
     int next_buffer;
     uint32_t last_compute;  /* last compute op emitted */
     uint32_t last_on_stream[ZP_STREAM_N]; /* last compute or collective op of each stream */
-    GArray *sync_deps;      /* collectives the next compute op must wait for (overlap off) */
+    /* What the next compute op must wait for (collectives with overlap off, tensor-parallel
+     * sums, frees): sync_deps[0 .. n_sync), added by zp_build_sync_on. The array is room kept
+     * at its longest, so that adding one makes no GArray call once it is long enough (each
+     * checks the room with a 64-bit division; Megatron 1T's build adds 400,000). */
+    GArray *sync_deps;
+    guint n_sync;
     GArray *compute_deps;   /* zp_build_emit_compute's list of a compute op's dependencies,
                              * one reused rather than one made and freed an op */
     GArray *pos_last_op;    /* per position of the micro-step: its last compute op */
@@ -210,6 +215,7 @@ uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int uni
                             int buffer, uint32_t after);
 uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
                                 uint32_t after);
+void zp_build_sync_on(Builder *b, uint32_t op);
 void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op);
 uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate);
 Cost zp_build_block_forward_cost(const ZpSchedule *s);

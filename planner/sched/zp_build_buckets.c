@@ -470,7 +470,7 @@ static void launch_bucket(Builder *b, guint i, guint joined, int unit, int micro
     if (last + 1 == b->buckets->len) /* the backward's last reduction has run */
         free_held_copy(b, drained);
     if (!s->plan.zero.overlap_comm)
-        g_array_append_val(b->sync_deps, k->coll_op);
+        zp_build_sync_on(b, k->coll_op);
     g_array_append_val(launched, k->coll_op);
 }
 

@@ -15,7 +15,7 @@ void zp_build_checkpoint_boundary(Builder *b)
     if (!b->s->plan.checkpoint || !b->s->plan.ckpt.synchronize_checkpoint_boundary)
         return;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
-        g_array_append_val(b->sync_deps, b->last_on_stream[stream]);
+        zp_build_sync_on(b, b->last_on_stream[stream]);
 }
 
 /* Pa+cpu (zp_zeror): the synchronous copy of a block's checkpoint slice over the host link,
@@ -54,7 +54,7 @@ void zp_build_regather_checkpoint(Builder *b, int l, int micro, Activations *a)
     const int kept = *slot;
     uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.full_bytes, l, micro, slot,
                                          &b->last_compute, 1);
-    g_array_append_val(b->sync_deps, alloc);
+    zp_build_sync_on(b, alloc);
     if (a->rule.copy_bytes > 0)
         host_copy(b, l, micro, a->rule.copy_bytes);
     if (a->rule.gather_elems > 0) {
@@ -62,7 +62,7 @@ void zp_build_regather_checkpoint(Builder *b, int l, int micro, Activations *a)
         uint32_t coll =
             zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, l, micro, -1, 0,
                                      a->rule.gather_elems, a->rule.full_bytes, after, 2);
-        g_array_append_val(b->sync_deps, coll);
+        zp_build_sync_on(b, coll);
         if (kept >= 0)
             zp_build_emit_free(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro, kept, coll);
     } else if (kept >= 0) {

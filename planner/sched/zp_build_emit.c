@@ -140,14 +140,14 @@ uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int mic
      * backend_workspace for its workspace too, whose alloc, emitted first, takes the same
      * dependencies (`all`: emitting an alloc never comes back here). */
     const uint32_t *more = (const uint32_t *)b->sync_deps->data;
-    guint n_more = b->sync_deps->len;
+    guint n_more = b->n_sync;
     int workspace = -1;
     if (b->s->plan.backend_workspace) {
         GArray *all = b->compute_deps;
         g_array_set_size(all, 0);
         g_array_append_vals(all, deps, n_deps);
         g_array_append_vals(all, more, n_more);
-        g_array_set_size(b->sync_deps, 0);
+        b->n_sync = 0;
         workspace_before(b, kind, unit, micro, all, &workspace);
         deps = (const uint32_t *)all->data, n_deps = all->len;
         more = NULL, n_more = 0;
@@ -158,8 +158,7 @@ uint32_t zp_build_emit_compute(Builder *b, ZpComputeKind kind, int unit, int mic
                  .gemm_flops = cost.gemm_flops, .attn_flops = cost.attn_flops,
                  .mem_bytes = cost.mem_bytes};
     b->last_compute = op_finish(b, op, deps, n_deps, more, n_more);
-    if (b->sync_deps->len > 0)
-        g_array_set_size(b->sync_deps, 0);
+    b->n_sync = 0;
     if (b->module_step == 0)
         b->block_workspace = workspace;
     if (b->module_step == ZP_POS_STEPS - 1)
@@ -221,6 +220,14 @@ uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, i
     *op = (ZpOp){.kind = ZP_OP_TRANSFER, .sub = kind, .stream = stream, .unit = unit,
                  .micro = micro, .buffer = -1, .bytes = bytes};
     return op_finish(b, op, &after, 1, NULL, 0);
+}
+
+/* The next compute op waits for op too (Builder.sync_deps). */
+void zp_build_sync_on(Builder *b, uint32_t op)
+{
+    if (b->n_sync == b->sync_deps->len)
+        g_array_set_size(b->sync_deps, 2 * b->n_sync + 8);
+    g_array_index(b->sync_deps, uint32_t, b->n_sync++) = op;
 }
 
 /* An event recorded on a stream after op (a ring of the last three), and the op whose event

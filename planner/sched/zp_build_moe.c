@@ -358,7 +358,7 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
         if (bucket >= 0)
             zp_build_emit_free(b, ZP_MEM_BUCKETS, bytes, unit, micro, bucket, r);
         if (!s->plan.zero.overlap_comm)
-            g_array_append_val(b->sync_deps, r);
+            zp_build_sync_on(b, r);
     }
     return returned;
 }

@@ -76,7 +76,7 @@ void zp_build_wait_param_gathers(Builder *b, int unit, int micro)
             issue_param_gather(b, NONE);
         const uint32_t op = g_array_index(b->param_gathers, uint32_t, b->param_gathers_waited++);
         if (op != NONE)
-            g_array_append_val(b->sync_deps, op);
+            zp_build_sync_on(b, op);
         waited = TRUE;
     }
     if (waited && b->param_gathers_issued < n)

@@ -35,7 +35,7 @@ void zp_build_receive(Builder *b, int unit, int micro)
     const uint32_t gathered =
         zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0, elems,
                                  (double)elems * s->elem_bytes, &b->last_compute, 1);
-    g_array_append_val(b->sync_deps, gathered);
+    zp_build_sync_on(b, gathered);
 }
 
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
@@ -48,11 +48,11 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
     /* The last compute op and the collectives it synchronises with: on the stack where they
      * are few (a deep pipeline sends twice a micro-step a stage, 65,536 sends at pp 64). */
     uint32_t few[16];
-    const guint n = 1 + b->sync_deps->len;
+    const guint n = 1 + b->n_sync;
     uint32_t *deps = n <= G_N_ELEMENTS(few) ? few : g_new(uint32_t, n);
     deps[0] = b->last_compute;
-    if (b->sync_deps->len > 0)
-        memcpy(deps + 1, b->sync_deps->data, b->sync_deps->len * sizeof *deps);
+    if (b->n_sync > 0)
+        memcpy(deps + 1, b->sync_deps->data, b->n_sync * sizeof *deps);
     const int P = zp_plan_pp(&s->plan);
     const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
     ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
@@ -84,7 +84,7 @@ void zp_build_tied_sync(Builder *b, const GArray *after)
     const int chunk = first ? 0 : b->n_chunks - 1, last_micro = s->plan.grad_accum - 1;
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     g_array_append_val(deps, b->last_compute);
-    g_array_append_vals(deps, b->sync_deps->data, b->sync_deps->len);
+    g_array_append_vals(deps, b->sync_deps->data, b->n_sync);
     if (after) /* the reductions it follows (ZpImpl tied_sync_after_reduction) */
         g_array_append_vals(deps, after->data, after->len);
     ZpOp op = {.kind = ZP_OP_P2P, .sub = ZP_P2P_TIED, .stream = ZP_STREAM_PP,

@@ -202,7 +202,7 @@ void zp_build_release_head_grad(Builder *b, int micro)
     const uint32_t free_op =
         zp_build_emit_free(b, ZP_MEM_WORKSPACE, head_grad_bytes(b->s), (int)b->s->model.layers + 1,
                            micro, b->head_grad[micro], b->last_compute);
-    g_array_append_val(b->sync_deps, free_op);
+    zp_build_sync_on(b, free_op);
     b->head_grad[micro] = -1;
 }
 

@@ -18,7 +18,7 @@ void zp_build_tp_sum(Builder *b, int unit, int micro)
     for (int k = 0; k < (s->plan.sequence_parallel ? 2 : 1); k++) {
         after = zp_build_emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
                                          (double)elems * s->elem_bytes, &after, 1);
-        g_array_append_val(b->sync_deps, after);
+        zp_build_sync_on(b, after);
     }
 }
 
@@ -49,6 +49,6 @@ void zp_build_vocab_parallel_head(Builder *b, int micro)
     const int unit = (int)s->model.layers + 1;
     uint32_t after = zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
                                               elems, 4.0 * (double)elems, &b->last_compute, 1);
-    g_array_append_val(b->sync_deps, after);
+    zp_build_sync_on(b, after);
     zp_build_tp_sum(b, unit, micro);
 }

@@ -256,7 +256,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     b->last_compute = NONE;
     b->resident = -1; /* each stage's ranks hold their own workspace */
     b->workspace_free = NONE;
-    g_array_set_size(b->sync_deps, 0);
+    b->n_sync = 0;
     g_array_set_size(b->buckets, 0);
     /* Stage 3 has one stage (zp_pipe_check), laid out before its gathers were planned
      * (zp_sched_build) and not moved since: laying it out again walked every tensor once more
