@@ -44,7 +44,15 @@
  * top of its physical ones (times, sums and counts move by both, op indices by the physical
  * only), inserted before each stage's window (SimFoldReport.inserts, which sim_ops.c needs to
  * add the long schedule's static sums in its order). The same checks bound it (the grid's
- * end, the stop time), so a caller whose short run did not count all k runs the long one. */
+ * end, the stop time), so a caller whose short run did not count all k runs the long one.
+ * Only a shift that is a whole period of the builder's schedule counts them: one or more
+ * micro-steps of 1F1B or accumulation, a whole group of an interleaved schedule (the long
+ * one has whole groups more, each running every chunk; a shift inside a group repeats one
+ * chunk's micro-step, and k of those are not k micro-steps of the long schedule: counted
+ * so, narayanan21-t1-529.6b built 105 of 280 gave another step time than --no-fold). A jump
+ * of virtual periods alone moves no op, so it needs the ops to repeat one period past the
+ * window, not three as a physical jump of two periods does: the first proof after the fill
+ * can count them (1F1B pp 8 proves 8 virtual micro-steps on a schedule of 12). */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
@@ -294,6 +302,11 @@ static gboolean group_first(SimFold *f, Sim *sim, const Snap *b, uint32_t k, uin
     const uint32_t d = f->shifts[k];
     if (f->group == 0 || d >= f->group || now_s <= 0)
         return FALSE;
+    /* Virtual periods to count: only the group's shift counts them (jump), and a jump inside
+     * a group would drop the snapshots it needs (narayanan21-t1-529.6b, 8 groups of 35: built
+     * 6 groups long it counts its 2 others only so). */
+    if (f->virtual_left > 0)
+        return TRUE;
     /* A group's period from this shift's: each micro-step of a group runs every chunk. */
     const double period_s = (now_s - b->now_s) / d * f->group * f->chunks;
     if (!(now_s + GROUP_PERIODS * period_s < SIM_CLOCK_GRID_END_S &&
@@ -304,7 +317,8 @@ static gboolean group_first(SimFold *f, Sim *sim, const Snap *b, uint32_t k, uin
      * (two snapshots a group apart) and stops short of the last three (its room past the
      * window, the drain), while this one skips what the schedule allows now in each group. */
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    const uint64_t in_group = MIN(sim_jump_periods(f, sim, k, span, lo, hi), f->A) * d;
+    const int64_t most = sim_jump_periods(f, sim, k, span, lo, hi);
+    const uint64_t in_group = (most >= 2 ? MIN((uint64_t)most, f->A) : 0) * d;
     g_free(lo);
     g_free(hi);
     const uint64_t left = f->A - micro;

@@ -331,29 +331,39 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     }
 }
 
-uint64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
-                          uint32_t *hi)
+int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
+                         uint32_t *hi)
 {
-    uint64_t most = UINT64_MAX;
-    for (uint32_t s = 0; s < f->stages; s++) {
+    int64_t most = INT64_MAX;
+    uint32_t block_at = UINT32_MAX, block_stage = 0;
+    for (uint32_t s = 0; s < f->stages && most >= 0; s++) {
         const int64_t step = f->steps[s];
         sim_jump_window(f, sim, s, &lo[s], &hi[s]);
-        if (step <= 0 || (int64_t)lo[s] - span * step < (int64_t)f->stage_start[s] + step)
-            return 0;
-        const uint32_t back = (uint32_t)(lo[s] - span * step);
-        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
-        if (f->equal_from[(size_t)k * f->stages + s] > back)
-            return 0;
-        most = until < hi[s] + 3 * (uint32_t)step
-                   ? 0
-                   : MIN(most, (uint64_t)(until - hi[s]) / (uint64_t)step - 1);
-        if (most < 2) {
-            /* No room for two periods before an op that does not repeat: the window moves
-             * towards it, so this shift waits till the window is past it. */
-            f->blocked_at[k] = until;
-            f->blocked_stage[k] = s;
+        if (step <= 0 || (int64_t)lo[s] - span * step < (int64_t)f->stage_start[s] + step) {
+            most = -1;
             break;
         }
+        const uint32_t back = (uint32_t)(lo[s] - span * step);
+        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
+        if (f->equal_from[(size_t)k * f->stages + s] > back) {
+            most = -1;
+            break;
+        }
+        /* Room for n periods past the window and one more: until >= hi + (n + 1) step. */
+        const int64_t room = (int64_t)until < (int64_t)hi[s] + step
+                                 ? -1
+                                 : ((int64_t)until - (int64_t)hi[s]) / step - 1;
+        if (room < 2 && block_at == UINT32_MAX) {
+            block_at = until;
+            block_stage = s;
+        }
+        most = MIN(most, room);
+    }
+    if (block_at != UINT32_MAX) {
+        /* No room for two periods before an op that does not repeat: the window moves
+         * towards it, so this shift waits till the window is past it. */
+        f->blocked_at[k] = block_at;
+        f->blocked_stage[k] = block_stage;
     }
     return most;
 }
@@ -420,10 +430,14 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
 {
     const uint32_t span = a == b ? 1 : 2;
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    const uint64_t physical = sim_jump_periods(f, sim, k_shift, span, lo, hi);
-    /* Virtual periods (Sim.extend_micro_steps), only where the schedule allows a physical
-     * jump here: the longer schedule's ops repeat over as many more. */
-    const uint64_t virt = physical >= 2 && !f->cells_noted ? f->virtual_left / c->shift : 0;
+    const int64_t most = sim_jump_periods(f, sim, k_shift, span, lo, hi);
+    const uint64_t physical = most >= 2 ? (uint64_t)most : 0;
+    /* Virtual periods (Sim.extend_micro_steps) where the window and a period past it repeat,
+     * by a whole period of the builder's schedule (an interleaved group, not a shift inside
+     * one): the longer schedule's ops repeat over as many more. */
+    const uint64_t virt = most >= 0 && !f->cells_noted && c->shift % MAX(f->group, 1) == 0
+                              ? f->virtual_left / c->shift
+                              : 0;
     uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
@@ -433,9 +447,9 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
     /* The virtual periods first (the physical ones left for the jumps to come); the
      * schedule's ops move by the physical ones only. */
     const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
-    if (periods >= 2 && !refs_stay_inside(f, sim, c, k_shift, moved_periods))
+    if (periods >= 1 && !refs_stay_inside(f, sim, c, k_shift, moved_periods))
         periods = 0;
-    if (periods >= 2 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
+    if (periods >= 1 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
         /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
          * first): the caller runs the long schedule anyway, so the rest of this run is not
          * worth its time (SimOptions.extend_or_stop). */
@@ -443,11 +457,13 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
         sim->stopped_s = c->now_s;
         periods = 0;
     }
-    if (periods >= 2)
+    /* Two periods at least, or virtual ones alone (no op moves: sim_fold.c's head comment). */
+    const gboolean jumps = periods >= 2 || (periods == 1 && moved_periods == 0);
+    if (jumps)
         move_state(f, sim, b, c, periods, moved_periods, times, events);
     g_array_free(times, TRUE);
     g_array_free(events, TRUE);
-    if (periods < 2) {
+    if (!jumps) {
         g_free(lo);
         g_free(hi);
         return FALSE;

@@ -87,13 +87,15 @@ void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap);
 
 /* The most periods the schedule allows shift k (f->shifts): every stage's ops from its window
  * back `span` periods (the recorded ones, whose notes the jump replays) on to the moved window
- * and one period past it do what the ops a period before them did; lo and hi [stages] get the
- * windows. Below 2, it marks the shift blocked (SimFold.blocked_at). */
-uint64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
-                          uint32_t *hi);
+ * and one period past it do what the ops a period before them did; -1 where not even the
+ * window and one period past it repeat (0 or 1: room for virtual periods alone, sim_fold.c's
+ * head comment); lo and hi [stages] get the windows. Below 2, it marks the shift blocked
+ * (SimFold.blocked_at): it waits till the window is past the op that does not repeat. */
+int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
+                         uint32_t *hi);
 
 /* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
- * two fit (nothing changed). The proof's first snapshot is b (c is b moved) or a, two periods
+ * two fit, or one virtual period (nothing changed). The proof's first snapshot is b (c is b moved) or a, two periods
  * before c (sim_snap_repeats3); k_shift, the shift that found it. */
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
                           uint32_t k_shift);

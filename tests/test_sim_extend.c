@@ -295,10 +295,11 @@ static void test_extend_or_stop(void)
     sim_result_free(r);
     sim_result_free(or_stop);
     zp_sched_free(s);
-    /* 1F1B pp 8 over 12 micro-steps: too few steady ones to prove a repeat, so no jump.
+    /* 1F1B pp 8 over 10 micro-steps: too few steady ones to prove a repeat, so no jump (12
+     * prove one since a jump of virtual periods alone needs no room for physical ones).
      * Without extend_or_stop the run goes to its end, none counted; with it, it stops once
      * the first stage's last micro-step begins (no jump can come after). */
-    const ExtCase few = {"1f1b pp 8 x 12", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 20, 12, 1};
+    const ExtCase few = {"1f1b pp 8 x 10", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 18, 10, 1};
     s = ext_schedule(&few, few.short_accum);
     r = run_ext(s, (SimOptions){.extend_micro_steps = 8});
     or_stop = run_ext(s, (SimOptions){.extend_micro_steps = 8, .extend_or_stop = TRUE});
@@ -311,6 +312,39 @@ static void test_extend_or_stop(void)
     sim_result_free(r);
     sim_result_free(or_stop);
     zp_sched_free(s);
+}
+
+/* Short schedules whose first proof after the fill counts every virtual period, each equal
+ * to the long schedule's run, stepped, in every field: a jump of virtual periods alone needs
+ * the ops to repeat one period past the window, not the three a physical jump needs (1F1B
+ * pp 8 from 12 of 20 micro-steps, interleaved pp 8 v 2 from 5 of 8 groups: none counted
+ * before); an interleaved run counts them only by its group's shift, and waits for it (a
+ * shift inside a group repeats one chunk's micro-step, not a micro-step of the long schedule:
+ * pp 4 v 4 from 6 of 8 groups counted 8 so, and its step came out shorter than the long
+ * schedule's). */
+static void test_extend_short(void)
+{
+    static const ExtCase shorts[] = {
+        {"1f1b pp 8 x 20 from 12", 0, 1, 1, 8, 1, ZP_PIPE_1F1B, FALSE, 20, 12, 1},
+        {"interleaved pp 8 v 2 x 64 from 40", 0, 2, 1, 8, 2, ZP_PIPE_INTERLEAVED, FALSE, 64, 40, 8},
+        {"interleaved pp 4 v 4 x 32 from 24", 0, 2, 1, 4, 4, ZP_PIPE_INTERLEAVED, FALSE, 32, 24, 4},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(shorts); k++) {
+        const ExtCase *c = &shorts[k];
+        ZpSchedule *s = ext_schedule(c, c->short_accum), *l = ext_schedule(c, c->accum);
+        const uint32_t missing = (uint32_t)(c->accum - c->short_accum);
+        SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps = missing,
+                                                 .extend_or_stop = TRUE});
+        SimResult *full = run_ext(l, (SimOptions){.no_fold = TRUE});
+        g_test_message("%s: %u of %u micro-steps virtual; %s", c->what,
+                       ext->extended_micro_steps, missing, ext->fold_note);
+        g_assert_cmpuint(ext->extended_micro_steps, ==, missing);
+        assert_same_all(ext, full);
+        sim_result_free(ext);
+        sim_result_free(full);
+        zp_sched_free(s);
+        zp_sched_free(l);
+    }
 }
 
 /* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
@@ -492,6 +526,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/equal", test_extend_equal);
     g_test_add_func("/sim/extend/refused", test_extend_refused);
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
+    g_test_add_func("/sim/extend/short", test_extend_short);
     g_test_add_func("/sim/extend/rank", test_extend_rank);
     g_test_add_func("/sim/extend/megatron-1t", test_extend_megatron_1t);
     g_test_add_func("/sim/extend/round-trip", test_extend_round_trip);
