@@ -827,9 +827,19 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     SimFoldReport fold_refused = {0};
     if (ok) {
         sim.fold = sim_fold_new(&sim, options->no_fold, &fold_refused);
-        seed(&sim);
-        run_queue(&sim, options);
-        if (sim.order_broken) {
+        /* The fold refused for the plan (an op with over 255 dependencies, a rank class):
+         * no virtual period will be counted, so with extend_or_stop the short schedule's run
+         * is not worth its time (stopped at 0 s, none counted). */
+        const gboolean refused = !sim.fold && options->extend_micro_steps > 0 &&
+                                 options->extend_or_stop;
+        if (!refused) {
+            seed(&sim);
+            run_queue(&sim, options);
+        }
+        if (refused) {
+            result->stopped = TRUE;
+            result->step_time_s = 0;
+        } else if (sim.order_broken) {
             *order_broken = TRUE;
             ok = FALSE;
         } else if (sim.error) {

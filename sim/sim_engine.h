@@ -84,8 +84,10 @@ typedef struct SimOptions {
     uint32_t extend_micro_steps;
     /* With extend_micro_steps: stop (stopped, extended_micro_steps < extend_micro_steps) at
      * the first jump that cannot count all of them (a stop time or the clock's grid ends it
-     * first; its later jumps would need steady ops the short schedule lacks): what a caller
-     * that then runs the long schedule wants, not the short run's rest. */
+     * first; its later jumps would need steady ops the short schedule lacks), once the first
+     * stage's last micro-step begins with none counted, and before the first event where the
+     * fold is refused for the plan (step_time_s 0): what a caller that then runs the long
+     * schedule wants, not the short run's rest. */
     gboolean extend_or_stop;
 } SimOptions;
 

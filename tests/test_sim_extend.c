@@ -245,7 +245,8 @@ static void test_extend_equal(void)
 }
 
 /* A slow rank among its stage's peers (rank classes) refuses the fold: no virtual periods
- * counted, so the caller runs the long schedule. So does a kept timeline. */
+ * counted, so the caller runs the long schedule (with extend_or_stop the short one is not
+ * run at all). So does a kept timeline. */
 static void test_extend_refused(void)
 {
     const ExtCase *c = &cases[1]; /* pp 4, tp 2, dp 2 */
@@ -255,6 +256,13 @@ static void test_extend_refused(void)
     SimResult *r = run_ext(s, (SimOptions){.slow_ranks = &slow, .n_slow_ranks = 1,
                                        .extend_micro_steps = missing});
     g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    sim_result_free(r);
+    /* With extend_or_stop, the run stops before its first event: the fold was refused. */
+    r = run_ext(s, (SimOptions){.slow_ranks = &slow, .n_slow_ranks = 1,
+                                .extend_micro_steps = missing, .extend_or_stop = TRUE});
+    g_assert_true(r->stopped);
+    g_assert_cmpuint(r->extended_micro_steps, ==, 0);
+    g_assert_cmpuint(r->op_events, ==, 0);
     sim_result_free(r);
     r = run_ext(s, (SimOptions){.record_timeline = TRUE, .extend_micro_steps = missing});
     g_assert_cmpuint(r->fold_jumps, >, 0);
