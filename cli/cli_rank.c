@@ -32,30 +32,55 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
     return NULL;
 }
 
-/* The micro-steps a plan's schedule may be built short of: whole steady periods (an
- * interleaved group of pp micro-steps, else one), k a multiple of 4 (of 4 pp interleaved) so
- * that the fold's jumps of one or two periods of one or two micro-steps (groups) add up to
- * it. The short schedule keeps every stage's warm-up and cool-down, the settle transient and
- * the fold's snapshots (three periods, and two before each), and the allocator replay's
- * steady periods: 2 pp + 24 micro-steps for 1F1B and plain accumulation (1F1B's first stage
- * frees its warm-up forwards' activations through its first pp steady periods, and only past
- * them does an inserted period pair its frees as every later one does: with pp + 16 kept,
- * Megatron's 1T row extended in the simulator but its allocator replay fell back to the full
- * schedule, 112 against 82 ms an evaluation on a fixed-grid clock), 12 groups of pp
- * interleaved (a group's jump needs 6 of them in one stretch of the clock, sim_fold.c
- * group_first). 0 where the plan is too short to gain, or GPipe, whose forward phase does not
- * fold (sim_fold_new counts no virtual periods there).
+/* The micro-steps a plan's schedule may be built short of: k, a whole number of the periods
+ * the fold counts virtual ones by (sim_fold.c: a virtual period is a whole period of the
+ * builder's schedule), m - keep rounded down to them. What is kept is what the short run needs
+ * to prove a repeat and the allocator replay needs to insert periods, the least measured on
+ * every plan we have (bench_sim megatron's 18, bench_plan's, test_sim_fold's and
+ * test_sim_extend's, and some 20 more of 1F1B, accumulation, interleaved and round trips; the
+ * short run's simulate --json equal to --no-fold's byte for byte, fold report aside), so that
+ * the short run rarely runs for nothing (a keep too small is never wrong: the fold does not
+ * count the periods, and the caller runs the full schedule after it).
+ *
+ * 1F1B and plain accumulation: 2 pp + 8 kept, k even (the fold's shifts are 1 and 2 micro-
+ * steps). The fold proves the repeat from about pp + 5 (each stage's warm-up, the settling
+ * and one period of snapshots; its jump of virtual periods alone needs one period of room),
+ * but the allocator replay inserts a period only where its frees pair as every later one's
+ * (zp_alloc_ops.c settle_insert): 1F1B's first stage frees its warm-up forwards' activations
+ * through its first pp steady periods, so 2 pp + 1 micro-steps (pp 4 to 64; up to 2 pp + 4
+ * at pp 1 to 3, measured), and 4 spare over that (2 pp + 24 kept before; Megatron's 1T row
+ * builds 136 of its 512 micro-steps, 152 before; the least that extends is 129).
+ *
+ * Interleaved: 6 groups of pp kept, k whole groups (only the group's shift counts virtual
+ * periods). The group's shift proves a repeat a group past the fill (a group and a quarter to
+ * a half of warm-up), from 5 groups kept (6 on test_sim_extend's pp 4 v 3); the allocator
+ * replay's inserted groups pair their frees from 6 (from 5 on 1 of 16 shapes, pp 2-35, v 2-5).
+ * And at least 3 groups short: the short run holds its jumps inside groups back till the
+ * group's shift has counted the virtual groups (sim_fold.c group_first), and the full run
+ * makes them in every group, so 2 groups short save little or lose (simulate --json, least
+ * of 3-5 at load 2: narayanan21-t1-529.6b, 8 groups of 35, 105 ms full, 120 ms built 2 groups
+ * short; gpt-1t pp 32 v 4 x 256 115 -> 128 ms; gpt3-175b pp 16 v 3 x 128 and gpt-13b pp 10
+ * v 4 x 80 even, gpt3-175b pp 12 v 2 x 96 38.5 -> 36.6 ms) where 3 gain (narayanan21-t1-310.1b, 9 groups of 16: 52.4 -> 48.9 ms; gpt3-175b
+ * pp 8 v 3 x 96: 35.0 -> 30.0 ms 3 short, 25.5 ms 6 short; gpt-13b pp 8 v 2 x 512: 36.9 ->
+ * 19.2 ms). 12 groups were kept before: no row of the development set was built short.
  *
  * 1F1B over more than two stages whose tensor-parallel group spans nodes repeats only a
  * pipeline round trip on (pp micro-steps, sim_fold.c MAX_SHIFTS: the fill's disturbance comes
- * back every round trip): its first jump comes after three round trips of snapshots past the
- * fill (two snapshots a round trip apart, sim_fold.c; five with three snapshots) and needs
- * three more ahead of it, so 7 pp are kept (9 before) and k is a multiple of pp; with 2 pp +
- * 24 kept the short run could not jump at all (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32 x
- * 512: 12 ms spent before the full schedule's 127 ms; 7 pp kept: 224 built, 288 virtual).
- * Shapes seen so far: tp 16 or 32 across nodes at pp 4-32 fold by round trips,
- * tp 4 or 8 in a node by one micro-step; a plan that folds by one anyway counts k all the
- * same, and one that folds by neither falls back to the full schedule, as before. */
+ * back every round trip): two snapshots a round trip apart past the fill prove it, and a jump
+ * of virtual periods alone needs one round trip of room past the window, where a physical
+ * jump needs three: 5 pp are kept (7 before; plan --3d gpt-1t/4096's pp 32 x tp 32 x 512
+ * builds 160 and counts 352 virtual; 4 pp proved on none of four shapes, pp 4-32), k whole
+ * round trips. A plan that folds by one micro-step anyway counts k all the same, and one that
+ * folds by neither falls back to the full schedule.
+ *
+ * 0 where the plan is too short to gain, or GPipe, whose forward phase does not fold
+ * (sim_fold_new counts no virtual periods there). Too short: k below half the kept micro-
+ * steps (1F1B, accumulation) or 3 groups (interleaved, above). A short run the fold cannot
+ * extend costs up to keep / m of a run on top of the full one (DeepSpeed's stage 1 without a
+ * pipeline never folds: plan --3d gpt3-175b/1024's 8 such evaluations of 24 micro-steps each
+ * ran 10 for nothing), and one that extends saves k / m: built 10 long to save 2 of 12,
+ * plan's search of gpt3-175b on 256 GPUs took 0.185 s against main's 0.180 s, with the half
+ * 0.173 s (least of 7, load 1.9). */
 int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
@@ -64,10 +89,10 @@ int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
     const gboolean interleaved = pp > 1 && plan->pipe.schedule == ZP_PIPE_INTERLEAVED;
     const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
                                 hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
-    const int unit = interleaved ? 4 * pp : round_trip ? pp : 4;
-    const int keep = interleaved ? 12 * pp : round_trip ? 7 * pp : 2 * pp + 24;
+    const int unit = interleaved || round_trip ? pp : 2;
+    const int keep = interleaved ? 6 * pp : round_trip ? 5 * pp : 2 * pp + 8;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
-    return k >= unit ? k : 0;
+    return k >= (interleaved ? 3 * unit : MAX(unit, keep / 2)) ? k : 0;
 }
 
 SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,

@@ -356,7 +356,7 @@ static void test_extend_short(void)
 }
 
 /* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
- * 40 (2 pp + 24, short by 8) and counts 8 virtual: its result and allocator figures are the
+ * 24 (2 pp + 8, short by 24) and counts 24 virtual: its result and allocator figures are the
  * full schedule's, field for field (what plan's report prints from the kept run). */
 /* The search's evaluation of plan p (cli_rank_simulate) counts virtual_steps micro-steps
  * virtual, and its result and allocator figures are those of the full schedule's own run and
@@ -397,13 +397,13 @@ static void test_extend_rank(void)
     const ZpModel m = sim_gpt_model(64, 32000);
     uint32_t folded;
     gboolean oom;
-    assert_rank_is_full(&m, &l->plan, 8, TRUE, &folded, &oom);
+    assert_rank_is_full(&m, &l->plan, 24, TRUE, &folded, &oom);
     zp_sched_free(l);
 }
 
 /* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row), with
  * checkpointing and without (175 GB live: the allocator's out-of-memory replay too): the
- * search's evaluation builds 152 micro-steps and counts 360 virtual; its result and allocator
+ * search's evaluation builds 136 micro-steps and counts 376 virtual; its result and allocator
  * figures are the full schedule's, field for field. */
 static void test_extend_megatron_1t(void)
 {
@@ -420,17 +420,17 @@ static void test_extend_megatron_1t(void)
         p.gpus_per_node = a100.gpus_per_node;
         uint32_t folded;
         gboolean oom;
-        assert_rank_is_full(&m, &p, 360, TRUE, &folded, &oom);
+        assert_rank_is_full(&m, &p, 376, TRUE, &folded, &oom);
         g_assert_cmpint(oom, ==, !ckpt);
     }
 }
 
 /* 1F1B whose tensor-parallel group spans nodes folds by pipeline round trips (sim_fold.c
  * MAX_SHIFTS): gpt3-175b pp 4 x tp 16 x dp 2 over 64 micro-batches, through the search's
- * evaluation, builds 28 micro-steps (7 pp) and counts 36 virtual (a multiple of pp), its
+ * evaluation, builds 20 micro-steps (5 pp) and counts 44 virtual (a multiple of pp), its
  * SimResult and allocator figures equal to the full schedule's. With 2 pp + 24 kept and k a
  * multiple of 4 (32 virtual) its short run never jumped, and it ran the full schedule; with
- * 9 pp kept (three snapshots a round trip apart, sim_fold.c) it counted 28. */
+ * 9 pp kept (three snapshots a round trip apart, sim_fold.c) it counted 28, with 7 pp 36. */
 static void test_extend_round_trip(void)
 {
     ZpModel m;
@@ -444,7 +444,7 @@ static void test_extend_round_trip(void)
     g_assert_cmpint(p.mp, >, a100.gpus_per_node);
     uint32_t folded;
     gboolean oom;
-    assert_rank_is_full(&m, &p, 36, FALSE, &folded, &oom);
+    assert_rank_is_full(&m, &p, 44, FALSE, &folded, &oom);
     g_assert_cmpuint(folded % 4, ==, 0); /* whole round trips */
 }
 
