@@ -49,7 +49,9 @@ static void test_stopped_rank(void)
 }
 
 /* A step 2 s slower than the others (a rank slept): flagged in measured.json and on stderr;
- * the other steps of the tiny model take milliseconds. */
+ * the other steps of the tiny model take milliseconds. On a loaded machine another step can
+ * pass the factor too (a make test beside helpers' builds flagged two): step 5 must be among
+ * those flagged, and the only one 2 s long. */
 static void test_slow_step_flagged(void)
 {
     char *path = g_strdup_printf("%s/slow.json", tmp_dir);
@@ -61,10 +63,20 @@ static void test_slow_step_flagged(void)
     g_assert_nonnull(strstr(err, "zreal: warning: step 5 took"));
     json_t *root = json_load_file(path, 0, NULL);
     json_t *slow = json_object_get(root, "slow_steps");
-    g_assert_cmpuint(json_array_size(slow), ==, 1);
-    g_assert_cmpint(json_integer_value(json_object_get(json_array_get(slow, 0), "step")), ==, 5);
-    g_assert_cmpfloat(json_number_value(json_object_get(json_array_get(slow, 0), "time_s")), >=,
-                      2);
+    g_assert_cmpuint(json_array_size(slow), >=, 1);
+    int long_steps = 0;
+    for (size_t k = 0; k < json_array_size(slow); k++) {
+        const json_t *step = json_array_get(slow, k);
+        const double time_s = json_number_value(json_object_get(step, "time_s"));
+        const json_int_t index = json_integer_value(json_object_get(step, "step"));
+        g_test_message("flagged: step %d, %.3f s", (int)index, time_s);
+        if (index == 5)
+            g_assert_cmpfloat(time_s, >=, 2);
+        long_steps += time_s >= 2;
+        if (time_s >= 2)
+            g_assert_cmpint(index, ==, 5);
+    }
+    g_assert_cmpint(long_steps, ==, 1);
     json_decref(root);
     g_free(err);
     g_free(args);
