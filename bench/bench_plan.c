@@ -3,6 +3,7 @@
  * A100s, and of the 3D search (pipelines, TP over nodes) for gpt-1t on 4,096, with the load. */
 #include "cli.h"
 #include "zp_search.h"
+#include "zp_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +168,7 @@ int main(void)
     ZpModel model;
     ZpHw hw;
     GError *error = NULL;
+    zp_malloc_keep_freed(); /* as zplan's main: the searches in this process run as zplan's */
     if (!zp_model_load("gpt-1t", &model, &error) || !zp_hw_load("dgx-a100-80g", &hw, &error)) {
         fprintf(stderr, "bench_plan: %s\n", error->message);
         g_error_free(error);

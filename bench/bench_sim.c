@@ -9,6 +9,7 @@
 #include "sim_trace.h"
 #include "zp_alloc_replay.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 
 #include <glib/gstdio.h>
 #include <jansson.h>
@@ -689,6 +690,7 @@ int main(int argc, char **argv)
 {
     ZpHw hw;
     GError *error = NULL;
+    zp_malloc_keep_freed(); /* as zplan's main: the rows time what `zplan simulate` does */
     if (argc > 1 && strcmp(argv[1], "targets") == 0) {
         if (!zp_hw_load("dgx-a100-80g", &hw, &error)) {
             fprintf(stderr, "bench_sim: %s\n", error->message);

@@ -114,6 +114,7 @@ extern int blas_thread_shutdown_(void) __attribute__((weak));
 
 int main(int argc, char **argv)
 {
+    zp_malloc_keep_freed(); /* an evaluation's phases reuse each other's pages */
     if (blas_thread_shutdown_)
         blas_thread_shutdown_();
     return close_stdout(argc > 1 ? argv[1] : NULL, run(argc, argv));

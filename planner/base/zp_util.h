@@ -91,6 +91,12 @@ void zp_advise_huge_pages(void *data, size_t bytes);
  * 4 KiB first-touch faults (and, grown by doubling, its copies) cost more than its writes. */
 void zp_array_reserve_huge(GArray *array, guint64 elems);
 
+/* Has glibc's malloc keep freed memory for the next allocation (mallopt M_MMAP_THRESHOLD and
+ * M_TRIM_THRESHOLD at 1 GiB) instead of handing each large block back to the kernel, which
+ * zeroes fresh pages again for the next one. A process that evaluates plans calls it first
+ * (zplan's main, the benches); elsewhere glibc's defaults stay. */
+void zp_malloc_keep_freed(void);
+
 /* Resolves a spec given by name or path: a path ending in .json is returned as is, a name is
  * looked up as DATA_DIR/SUBDIR/NAME.json. An unknown name fails as "FLAG: unknown KIND 'NAME'
  * (known: ...; or give a PATH.json)". Returns a newly allocated path or NULL. */
