@@ -69,7 +69,7 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
     Countdown *c = &sim->countdown[op];
     if (c->first >= COUNTS_WIDE) {
         if (c->first == COUNTS_WIDE)
-            return --sim->pending_wide[(size_t)sim->ops[op].pending_row * sim->ranks + rank] == 0;
+            return --sim->pending_wide[(size_t)c->wide_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
@@ -479,9 +479,9 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, u
 {
     const SimOp *op = &sim->ops[i];
     sim->op_events++;
-    if (op->dependents_ready > op->dependents_start)
-        ready_push_block(sim, rank, &sim->dependents[op->dependents_start],
-                         op->dependents_ready - op->dependents_start);
+    const uint32_t start = op_dependents_start(sim, op);
+    if (op->dependents_ready > start)
+        ready_push_block(sim, rank, &sim->dependents[start], op->dependents_ready - start);
     const Dependent *const end = &sim->dependents[op->dependents_end];
     for (const Dependent *d = &sim->dependents[op->dependents_ready]; d < end; d++) {
         const Dependent next = *d;

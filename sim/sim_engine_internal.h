@@ -36,22 +36,23 @@ typedef struct {
     GArray *inserts;
 } SimFoldReport;
 
-/* What the loop needs of an op, computed once and shared by all ranks: 48 bytes, each op's
+/* What the loop needs of an op, computed once and shared by all ranks: 40 bytes, each op's
  * one figure of time or size sharing one place (a 32,000-layer model's 2.1 million SimOps
- * took 135 MB at 64 bytes, each page of it faulted in fresh). */
+ * took 135 MB at 64 bytes, 101 MB at 48, each page of it faulted in fresh). Where its
+ * dependents start is the op before it's dependents_end (op_dependents_start), and a wide
+ * op's row of pending_wide is in its Countdown: 8 bytes less, 17 MB at 32,000 layers. */
 typedef struct {
     uint8_t kind, sub, stream, group;
     uint8_t link;                /* collectives: the link class they load */
     uint8_t wide;                /* it has over 255 dependencies */
     uint16_t stage;              /* the rank class (pipeline stage) that runs it */
     uint32_t n_deps;
-    uint32_t dependents_start;   /* dependents[dependents_start .. dependents_end) */
+    /* dependents[op_dependents_start .. dependents_end), placed in op order */
     uint32_t dependents_end;
-    /* dependents[dependents_start .. dependents_ready): allocs and frees ready the moment it
-     * ends, queued as a block (split_ready_dependents); dependents_start where none are. */
+    /* dependents[op_dependents_start .. dependents_ready): allocs and frees ready the moment
+     * it ends, queued as a block (split_ready_dependents); the start where none are. */
     uint32_t dependents_ready;
     uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
-    uint32_t pending_row;        /* wide: its row of pending_wide; else NO_ROW */
     union {                      /* by kind: */
         double duration_s;       /* compute, p2p and transfer ops */
         double latency_s;        /* collectives: the part contention does not stretch */
@@ -59,7 +60,7 @@ typedef struct {
     };
     double transfer_s;           /* collectives: the bandwidth part at full busbw; 0 otherwise */
 } SimOp;
-G_STATIC_ASSERT(sizeof(SimOp) == 48);
+G_STATIC_ASSERT(sizeof(SimOp) == 40);
 
 #define NO_ROW UINT32_MAX
 /* StreamState.next of a stream that ran all its ops, and SimOp.stream_next of its last op. */
@@ -87,10 +88,15 @@ typedef struct {
 
 /* Counting an op's dependencies down, side by side for the one access a rank-op makes: where
  * the op's row of counts starts, rank r's count at Sim.rows[first + r] (or COUNTS_*), how many
- * ranks have counted to 0, and how many run it. */
+ * ranks have counted to 0 (or, where first is COUNTS_WIDE, which never counts rows, its row
+ * of pending_wide), and how many run it. */
 typedef struct {
     uint64_t first;
-    uint32_t zeroed, ranks;
+    union {
+        uint32_t zeroed;
+        uint32_t wide_row;
+    };
+    uint32_t ranks;
 } Countdown;
 
 
@@ -368,6 +374,13 @@ static inline uint32_t ranks_reported(const Sim *sim)
     return sim->weight ? sim->world : sim->ranks;
 }
 
+/* Where op o's dependents start: where the op before it's end (build_dependents places them
+ * in op order). */
+static inline uint32_t op_dependents_start(const Sim *sim, const SimOp *o)
+{
+    return o == sim->ops ? 0 : o[-1].dependents_end;
+}
+
 static inline gboolean op_on_stream(const SimOp *op)
 {
     return op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
@@ -403,10 +416,11 @@ static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
     const uint64_t first = sim->countdown[op].first;
     if (first < COUNTS_WIDE)
         return sim->rows[first + rank];
-    const SimOp *o = &sim->ops[op];
     return first == COUNTS_DONE     ? 0
-           : first == COUNTS_UNUSED ? o->n_deps
-                                    : sim->pending_wide[(size_t)o->pending_row * sim->ranks + rank];
+           : first == COUNTS_UNUSED ? sim->ops[op].n_deps
+                                    : sim->pending_wide[(size_t)sim->countdown[op].wide_row *
+                                                            sim->ranks +
+                                                        rank];
 }
 
 /* The rank of stage to_stage with rank's dp and tp index (rank runs stage): where another

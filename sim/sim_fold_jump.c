@@ -28,20 +28,21 @@ static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
 static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j)
 {
     const SimOp *a = &sim->ops[i], *b = &sim->ops[j];
+    const uint32_t a_start = op_dependents_start(sim, a), b_start = op_dependents_start(sim, b);
     if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
         a->group != b->group || a->link != b->link || a->wide || b->wide ||
         a->stage != b->stage || a->n_deps != b->n_deps || a->duration_s != b->duration_s ||
         a->latency_s != b->latency_s || a->transfer_s != b->transfer_s ||
         a->bytes != b->bytes ||
-        a->dependents_end - a->dependents_start != b->dependents_end - b->dependents_start ||
-        a->dependents_ready - a->dependents_start != b->dependents_ready - b->dependents_start)
+        a->dependents_end - a_start != b->dependents_end - b_start ||
+        a->dependents_ready - a_start != b->dependents_ready - b_start)
         return FALSE;
     if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
         (a->stream_next != NO_OP && moved_on(f, a->stage, a->stream_next, 1) != b->stream_next))
         return FALSE;
-    for (uint32_t k = 0; k < a->dependents_end - a->dependents_start; k++) {
-        const Dependent *x = &sim->dependents[a->dependents_start + k];
-        const Dependent *y = &sim->dependents[b->dependents_start + k];
+    for (uint32_t k = 0; k < a->dependents_end - a_start; k++) {
+        const Dependent *x = &sim->dependents[a_start + k];
+        const Dependent *y = &sim->dependents[b_start + k];
         if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
             f->steps[x->stage] == 0 || moved_on(f, x->stage, x->op, 1) != y->op)
             return FALSE;

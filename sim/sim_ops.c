@@ -106,9 +106,10 @@ static gboolean ready_at_once(const Dependent *d, uint16_t stage)
  * op reads, nor the other way round. `scratch` holds the largest op's dependents. */
 static void split_ready_dependents(Sim *sim, SimOp *o, Dependent *scratch)
 {
-    Dependent *d = &sim->dependents[o->dependents_start];
-    uint32_t n = o->dependents_end - o->dependents_start, n_ready = 0, n_rest = 0;
-    o->dependents_ready = o->dependents_start;
+    const uint32_t start = op_dependents_start(sim, o);
+    Dependent *d = &sim->dependents[start];
+    uint32_t n = o->dependents_end - start, n_ready = 0, n_rest = 0;
+    o->dependents_ready = start;
     for (uint32_t k = 0; k < n; k++)
         if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
             n = 0; /* a counted or another stage's alloc or free: no block */
@@ -144,7 +145,7 @@ static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const uint32_t count = cursor[i];
         most = MAX(most, count);
-        sim->ops[i].dependents_start = cursor[i] = offset;
+        cursor[i] = offset;
         offset += count;
     }
     sim->dependents = g_new(Dependent, offset ? offset : 1);
@@ -443,7 +444,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                      .stream = in_line_op ? ZP_STREAM_COMPUTE : op->stream,
                      .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
                      .wide = op->n_deps > UINT8_MAX, .bytes = op->bytes};
-        o->pending_row = o->wide ? sim->n_wide_rows++ : NO_ROW;
+        sim->n_wide_rows += o->wide;
         if (op->kind == ZP_OP_TRANSFER) {
             /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
              * move their slices at the same time (the schedule is the same on every rank). */

@@ -210,12 +210,15 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                                                                  sizeof *sim->unsettled
                                                            : 0) +
                                              sizeof *sim->mem_pos);
+    uint32_t wide_rows = 0; /* the wide ops' rows, in op order */
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
-        const size_t row = (size_t)o->pending_row * sim->ranks;
+        const size_t row = (size_t)wide_rows * sim->ranks;
         sim->countdown[i] = (Countdown){
             .first = o->n_deps == 0 ? COUNTS_DONE : o->wide ? COUNTS_WIDE : COUNTS_UNUSED,
             .ranks = sim->stage_ranks[o->stage]};
+        if (o->wide)
+            sim->countdown[i].wide_row = wide_rows++;
         for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
