@@ -57,27 +57,27 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
         row = sim->n_rows_made++;
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
-    sim->countdown[op].first = (uint64_t)row * sim->ranks;
+    sim->countdown[op].row = row;
     if (sim->fold_hi) /* sim_fold's window: nothing past it began counting down */
         sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
     return TRUE;
 }
 
-/* One dependency of `op` done on `rank`; TRUE when it was the last. */
-static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t rank)
+/* One dependency of `op` (of `stage`) done on `rank`; TRUE when it was the last. */
+static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint32_t rank)
 {
     Countdown *c = &sim->countdown[op];
-    if (c->first >= COUNTS_WIDE) {
-        if (c->first == COUNTS_WIDE)
+    if (c->row >= COUNTS_WIDE) {
+        if (c->row == COUNTS_WIDE)
             return --sim->pending_wide[(size_t)c->wide_row * sim->ranks + rank] == 0;
         if (!take_row(sim, op))
             return FALSE;
     }
-    if (--sim->rows[c->first + rank] != 0)
+    if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
         return FALSE;
-    if (++c->zeroed == c->ranks) { /* no rank needs it */
-        sim->free_rows[sim->n_free_rows++] = (uint32_t)(c->first / sim->ranks);
-        c->first = COUNTS_DONE;
+    if (++c->zeroed == sim->stage_ranks[stage]) { /* no rank needs it */
+        sim->free_rows[sim->n_free_rows++] = c->row;
+        c->row = COUNTS_DONE;
     }
     return TRUE;
 }
@@ -486,7 +486,7 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, uint32_t rank, u
     for (const Dependent *d = &sim->dependents[op->dependents_ready]; d < end; d++) {
         const Dependent next = *d;
         const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
-        if (next.counted && !pending_done(sim, next.op, at))
+        if (next.counted && !pending_done(sim, next.op, next.stage, at))
             continue;
         if (next.stream != NOT_ON_STREAM)
             try_stream(sim, at, next.stream, next.op, now_s);

@@ -151,11 +151,11 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
 static int64_t status(const Sim *sim, uint32_t rank, uint32_t i)
 {
     const Countdown *c = &sim->countdown[i];
-    if (c->first == COUNTS_DONE)
+    if (c->row == COUNTS_DONE)
         return 0;
-    if (c->first == COUNTS_UNUSED)
+    if (c->row == COUNTS_UNUSED)
         return 1;
-    return 2 + (int64_t)sim->rows[c->first + rank] + 256 * (int64_t)c->zeroed;
+    return 2 + (int64_t)sim->rows[(size_t)c->row * sim->ranks + rank] + 256 * (int64_t)c->zeroed;
 }
 
 /* Each stage's window and every op's code in it: what snapshots a period apart must

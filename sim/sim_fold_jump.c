@@ -74,7 +74,7 @@ void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint3
 {
     uint32_t i = f->lo_hint[s];
     while (i < f->stage_end[s] &&
-           (!sim_jump_counted(&sim->ops[i]) || sim->countdown[i].first == COUNTS_DONE))
+           (!sim_jump_counted(&sim->ops[i]) || sim->countdown[i].row == COUNTS_DONE))
         i++;
     f->lo_hint[s] = i;
     *lo = i;
@@ -299,7 +299,7 @@ static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t 
         if (i - shift >= (int64_t)lo)
             sim->countdown[i] = sim->countdown[i - shift];
         else
-            sim->countdown[i].first = COUNTS_DONE;
+            sim->countdown[i].row = COUNTS_DONE;
     }
     f->lo_hint[s] = lo;
     sim->fold_hi[s] = (uint32_t)MAX((int64_t)sim->fold_hi[s], (int64_t)hi + shift);
