@@ -52,15 +52,24 @@
  * so, narayanan21-t1-529.6b built 105 of 280 gave another step time than --no-fold). A jump
  * of virtual periods alone moves no op, so it needs the ops to repeat one period past the
  * window, not three as a physical jump of two periods does: the first proof after the fill
- * can count them (1F1B pp 8 proves 8 virtual micro-steps on a schedule of 12). */
+ * can count them (1F1B pp 8 proves 8 virtual micro-steps on a schedule of 12).
+ *
+ * Interleaved: jumps inside a group and the group's. A jump inside a group (one chunk's
+ * micro-step a period, while the forwards and the backwards stay in their chunks) is exact,
+ * so the snapshots taken before it are still the run's states: it keeps them, and adds to the
+ * log the notes the periods it skipped would have recorded (sim_jump_advance's log), so the
+ * group's shift proves its repeat from them a group on and jumps whole groups (or counts the
+ * virtual ones) between the jumps inside groups. Before, a jump dropped every snapshot, and
+ * the two excluded each other: narayanan21-t1-529.6b (8 groups of 35, v 3) skipped 301 of
+ * each stage's 840 chunk micro-steps inside groups; with both, 489 (3 groups in one jump), and
+ * a short run no longer holds its jumps inside groups back till the virtual groups are
+ * counted. The group's shift is tried first at a head. */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
 
 #include <string.h>
 
-/* Periods an interleaved group's shift needs before it can jump (group_first). */
-#define GROUP_PERIODS 5
 /* Why a run whose clock reached the grid's end (sim_clock.h) folds no further. */
 #define PAST_GRID "the clock passed 2^22 s (48.5 days), where its grid of 2^-30 s ends"
 /* Notes kept before the ones no snapshot needs are dropped. */
@@ -290,42 +299,6 @@ static void notes_trim(SimFold *f)
     }
 }
 
-/* Whether a jump by shift k's d micro-steps inside an interleaved group (up to the group's end
- * at most: the micro-steps after it do not repeat the ones before) gives way to the group's
- * shift: a jump drops every snapshot, and the group's shift needs GROUP_PERIODS periods of
- * them, so it waits where they fit before the clock's grid ends and in the micro-steps left,
- * and where the group's jump would skip more than this shift's jumps in each group left (few
- * long groups: narayanan21-t1-529.6b's 8 of 35 folds 301 micro-steps so, 191 waiting). */
-static gboolean group_first(SimFold *f, Sim *sim, const Snap *b, uint32_t k, uint32_t span,
-                            uint32_t micro, double now_s)
-{
-    const uint32_t d = f->shifts[k];
-    if (f->group == 0 || d >= f->group || now_s <= 0)
-        return FALSE;
-    /* Virtual periods to count: only the group's shift counts them (jump), and a jump inside
-     * a group would drop the snapshots it needs (narayanan21-t1-529.6b, 8 groups of 35: built
-     * 6 groups long it counts its 2 others only so). */
-    if (f->virtual_left > 0)
-        return TRUE;
-    /* A group's period from this shift's: each micro-step of a group runs every chunk. */
-    const double period_s = (now_s - b->now_s) / d * f->group * f->chunks;
-    if (!(now_s + GROUP_PERIODS * period_s < SIM_CLOCK_GRID_END_S &&
-          micro + GROUP_PERIODS * f->group < f->A))
-        return FALSE;
-    /* Worth the wait only where the group's jump would skip more than this shift's jumps
-     * would, one a group, over the groups left: the group's comes a group on at the soonest
-     * (two snapshots a group apart) and stops short of the last three (its room past the
-     * window, the drain), while this one skips what the schedule allows now in each group. */
-    uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
-    const int64_t most = sim_jump_periods(f, sim, k, span, lo, hi);
-    const uint64_t in_group = (most >= 2 ? MIN((uint64_t)most, f->A) : 0) * d;
-    g_free(lo);
-    g_free(hi);
-    const uint64_t left = f->A - micro;
-    const uint64_t by_groups = left > 4 * (uint64_t)f->group ? left - 4 * (uint64_t)f->group : 0;
-    return by_groups > in_group * left / f->group;
-}
-
 /* Watched rank w's compute stream moved on to op head: a snapshot where it is a head, and a
  * jump where the last three of its kind repeat. TRUE where it jumped. */
 static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double now_s)
@@ -346,8 +319,11 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
     f->passing[w] = FALSE;
-    for (uint32_t k = 0; k < f->n_shifts; k++) {
-        const uint32_t d = f->shifts[k];
+    /* Interleaved: a group's shifts first (where a group repeats, its jump skips whole groups,
+     * and it alone counts virtual ones), then those inside a group. */
+    const uint32_t first_k = f->group > 0 ? 2 : 0;
+    for (uint32_t j = 0; j < f->n_shifts; j++) {
+        const uint32_t k = (first_k + j) % f->n_shifts, d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
         if (blocked(f, sim, k) || !b)
             continue;
@@ -386,10 +362,13 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
                        : same_status3(f, &a->status, &b->status, &c->status))) {
             /* A shift with no room to jump (the grid's end, or a sub-period: one
              * micro-step inside an interleaved group repeats the one before it up to
-             * the group's end) leaves the snapshots and the longer shifts alone. */
-            if (!group_first(f, sim, b, k, from == b ? 1 : 2, micro, now_s) &&
-                sim_jump_advance(f, sim, from, b, c, k)) {
-                notes_drop(f, sim);
+             * the group's end) leaves the snapshots and the longer shifts alone. A jump
+             * inside an interleaved group keeps the snapshots (and logs the periods it
+             * skipped): the group's shift proves its repeat from them later. */
+            const gboolean in_group = d < f->group;
+            if (sim_jump_advance(f, sim, from, b, c, k, in_group)) {
+                if (!in_group)
+                    notes_drop(f, sim);
                 return TRUE;
             }
         }

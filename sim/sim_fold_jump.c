@@ -332,6 +332,30 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     }
 }
 
+/* Appends to the log the notes the skipped periods would have recorded, in the order stepping
+ * records them (period by period: skipped period j is the recorded one replay() gives it),
+ * cells at the ops they were written at: the log from any snapshot before the jump on is then
+ * the one an unfolded run keeps, and those snapshots stay a later proof's first. */
+static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b, const Snap *c,
+                        uint32_t span, uint32_t periods, double period_s)
+{
+    for (uint32_t j = 1; j <= periods; j++) {
+        const gboolean older = span == 2 && (j & 1);
+        const uint64_t from = older ? a->note_at : b->note_at, to = older ? b->note_at : c->note_at;
+        const uint32_t moves = span == 1 ? j : j + (j & 1);
+        for (uint64_t k = from; k < to; k++) {
+            Note n = g_array_index(f->notes, Note, k - f->notes_base);
+            if (n.kind != NOTE_ADD) {
+                const uint32_t op = (uint32_t)(n.at % sim->n_ops);
+                n.at = n.at - op + moved(f, sim, op, moves);
+                if (n.kind == NOTE_CELL)
+                    n.x += (double)moves * period_s;
+            }
+            g_array_append_val(f->notes, n);
+        }
+    }
+}
+
 int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
                          uint32_t *hi)
 {
@@ -427,7 +451,7 @@ static void move_state(SimFold *f, Sim *sim, const Snap *b, Snap *c, uint64_t pe
 }
 
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
-                          uint32_t k_shift)
+                          uint32_t k_shift, gboolean log)
 {
     const uint32_t span = a == b ? 1 : 2;
     uint32_t *lo = g_new(uint32_t, f->stages), *hi = g_new(uint32_t, f->stages);
@@ -436,9 +460,8 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
     /* Virtual periods (Sim.extend_micro_steps) where the window and a period past it repeat,
      * by a whole period of the builder's schedule (an interleaved group, not a shift inside
      * one): the longer schedule's ops repeat over as many more. */
-    const uint64_t virt = most >= 0 && !f->cells_noted && c->shift % MAX(f->group, 1) == 0
-                              ? f->virtual_left / c->shift
-                              : 0;
+    const gboolean whole = c->shift % MAX(f->group, 1) == 0;
+    const uint64_t virt = most >= 0 && !f->cells_noted && whole ? f->virtual_left / c->shift : 0;
     uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
@@ -450,10 +473,12 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
     const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
     if (periods >= 1 && !refs_stay_inside(f, sim, c, k_shift, moved_periods))
         periods = 0;
-    if (periods >= 1 && sim->extend_or_stop && virtual_periods * c->shift < f->virtual_left) {
+    if (periods >= 1 && sim->extend_or_stop && whole &&
+        virtual_periods * c->shift < f->virtual_left) {
         /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
          * first): the caller runs the long schedule anyway, so the rest of this run is not
-         * worth its time (SimOptions.extend_or_stop). */
+         * worth its time (SimOptions.extend_or_stop). A jump inside an interleaved group
+         * counts none: the group's shift comes after it (sim_fold.c). */
         f->refused = "the virtual periods do not fit this jump";
         sim->stopped_s = c->now_s;
         periods = 0;
@@ -482,7 +507,11 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
         replay(f, sim, a->note_at, b->note_at, 1, 2, (uint32_t)periods, period_s);
         replay(f, sim, b->note_at, c->note_at, 2, 2, (uint32_t)periods, period_s);
     }
-    f->report.micro_steps += (uint32_t)moved_periods * c->shift;
+    if (log)
+        log_skipped(f, sim, a, b, c, span, (uint32_t)periods, period_s);
+    /* In each stage's micro-steps of one chunk (a forward and a backward, what a shift inside
+     * an interleaved group moves by): a group's runs every chunk. */
+    f->report.micro_steps += (uint32_t)moved_periods * c->shift * (whole ? MAX(f->chunks, 1) : 1);
     f->report.virtual_micro_steps += (uint32_t)virtual_periods * c->shift;
     f->virtual_left -= virtual_periods * c->shift;
     f->report.jumps++;
