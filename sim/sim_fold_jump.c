@@ -257,7 +257,7 @@ void sim_jump_capture_first(SimFold *f, Sim *sim, Snap *snap)
         vec_double(&snap->first, rs->end_s);
         vec_double(&snap->first, rs->flush_s);
     }
-    snap->note_at = f->notes_base + f->notes->len;
+    snap->note_at = f->notes_base + f->notes.len;
     snap->epoch = f->epoch;
 }
 
@@ -277,7 +277,7 @@ void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap)
     g_array_free(times, TRUE);
     g_array_free(events, TRUE);
     snap_counters(&w, sim);
-    snap->note_at = f->notes_base + f->notes->len;
+    snap->note_at = f->notes_base + f->notes.len;
     snap->epoch = f->epoch;
     f->sizes[0] = snap->d.len;
     f->sizes[1] = snap->i.len;
@@ -316,7 +316,7 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     for (uint32_t j = first; j <= periods; j += stride) {
         const uint32_t moves = stride == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
-            const Note *n = &g_array_index(f->notes, Note, k - f->notes_base);
+            const Note *n = &f->notes.v[k - f->notes_base];
             if (n->kind == NOTE_ADD) {
                 *n->field += n->x;
                 continue;
@@ -344,14 +344,14 @@ static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b
         const uint64_t from = older ? a->note_at : b->note_at, to = older ? b->note_at : c->note_at;
         const uint32_t moves = span == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
-            Note n = g_array_index(f->notes, Note, k - f->notes_base);
+            Note n = f->notes.v[k - f->notes_base];
             if (n.kind != NOTE_ADD) {
                 const uint32_t op = (uint32_t)(n.at % sim->n_ops);
                 n.at = n.at - op + moved(f, sim, op, moves);
                 if (n.kind == NOTE_CELL)
                     n.x += (double)moves * period_s;
             }
-            g_array_append_val(f->notes, n);
+            note_push(&f->notes, n);
         }
     }
 }

@@ -30,6 +30,22 @@ typedef struct {
     double x;      /* NOTE_ADD: what was added; NOTE_CELL: the value; NOTE_RANK: the rank */
 } Note;
 
+/* The recorded log: appended to at every sum the engine adds to while recording (some
+ * hundred thousand a run), so inline, not through GArray's call. */
+typedef struct {
+    Note *v;
+    size_t len, cap;
+} NoteLog;
+
+static inline void note_push(NoteLog *log, Note n)
+{
+    if (G_UNLIKELY(log->len == log->cap)) {
+        log->cap = log->cap ? 2 * log->cap : 4096;
+        log->v = g_renew(Note, log->v, log->cap);
+    }
+    log->v[log->len++] = n;
+}
+
 /* The fold's state of one run (sim_fold_new to sim_fold_free). */
 struct SimFold {
     uint32_t A;            /* micro-steps */
@@ -52,7 +68,7 @@ struct SimFold {
     size_t sizes[3];       /* the last snapshot's doubles, integers, references */
     GHashTable *snaps;     /* sim_fold.c's snap_key -> Snap */
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
-    GArray *notes;
+    NoteLog notes;
     uint64_t notes_base;
     /* Whether the cheap fields of watched rank w's last snapshots repeated: notes are kept
      * only while one did (epoch counts the breaks, when they were dropped). */
