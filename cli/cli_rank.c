@@ -55,14 +55,17 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * periods). The group's shift proves a repeat a group past the fill (a group and a quarter to
  * a half of warm-up), from 5 groups kept (6 on test_sim_extend's pp 4 v 3); the allocator
  * replay's inserted groups pair their frees from 6 (from 5 on 1 of 16 shapes, pp 2-35, v 2-5).
- * And at least 3 groups short: the short run holds its jumps inside groups back till the
- * group's shift has counted the virtual groups (sim_fold.c group_first), and the full run
- * makes them in every group, so 2 groups short save little or lose (simulate --json, least
- * of 3-5 at load 2: narayanan21-t1-529.6b, 8 groups of 35, 105 ms full, 120 ms built 2 groups
- * short; gpt-1t pp 32 v 4 x 256 115 -> 128 ms; gpt3-175b pp 16 v 3 x 128 and gpt-13b pp 10
- * v 4 x 80 even, gpt3-175b pp 12 v 2 x 96 38.5 -> 36.6 ms) where 3 gain (narayanan21-t1-310.1b, 9 groups of 16: 52.4 -> 48.9 ms; gpt3-175b
- * pp 8 v 3 x 96: 35.0 -> 30.0 ms 3 short, 25.5 ms 6 short; gpt-13b pp 8 v 2 x 512: 36.9 ->
- * 19.2 ms). 12 groups were kept before: no row of the development set was built short.
+ * And at least 2 groups short. A short run's jumps inside groups no longer wait for the
+ * group's shift to count the virtual groups (sim_fold.c keeps the snapshots across them), so
+ * 2 groups short gain (simulate --json, instructions by callgrind: narayanan21-t1-529.6b,
+ * 8 groups of 35, 0.883e9 full -> 0.821e9, task-clock 100 -> 92 ms at load 4.8; gpt-1t pp 32
+ * v 4 x 256 0.951e9 -> 0.876e9; gpt3-175b pp 16 v 3 x 128 0.348e9 -> 0.328e9; gpt-13b pp 10
+ * v 4 x 80 73.5e6 -> 70.2e6), where 1 group does not (gpt-13b pp 10 v 4 x 70 even, gpt3-175b
+ * pp 8 v 3 x 56 0.158e9 -> 0.161e9, narayanan21-t1-310.1b's shape over 7 groups 0.324e9 ->
+ * 0.334e9: the shorter run counts one group where the full one jumps inside it). 3 were
+ * needed while the short run held those jumps back (529.6b took 120 ms built 2 short against
+ * 105 full), and 12 groups were kept before that. 5 groups kept do not count the virtual
+ * ones on these plans (the caller runs the full schedule after: 529.6b 1.43e9).
  *
  * 1F1B over more than two stages whose tensor-parallel group spans nodes repeats only a
  * pipeline round trip on (pp micro-steps, sim_fold.c MAX_SHIFTS: the fill's disturbance comes
@@ -75,7 +78,7 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  *
  * 0 where the plan is too short to gain, or GPipe, whose forward phase does not fold
  * (sim_fold_new counts no virtual periods there). Too short: k below half the kept micro-
- * steps (1F1B, accumulation) or 3 groups (interleaved, above). A short run the fold cannot
+ * steps (1F1B, accumulation) or 2 groups (interleaved, above). A short run the fold cannot
  * extend costs up to keep / m of a run on top of the full one (DeepSpeed's stage 1 without a
  * pipeline never folds: plan --3d gpt3-175b/1024's 8 such evaluations of 24 micro-steps each
  * ran 10 for nothing), and one that extends saves k / m: built 10 long to save 2 of 12,
@@ -92,7 +95,7 @@ int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
     const int unit = interleaved || round_trip ? pp : 2;
     const int keep = interleaved ? 6 * pp : round_trip ? 5 * pp : 2 * pp + 8;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
-    return k >= (interleaved ? 3 * unit : MAX(unit, keep / 2)) ? k : 0;
+    return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
 }
 
 SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,

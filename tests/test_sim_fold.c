@@ -291,7 +291,7 @@ static void test_fold_two_snapshots(void)
  * 320 chunk micro-steps in 5 jumps (inside groups 1 and 2, 3 whole groups, inside 6 and 7),
  * equal to the unfolded run; when a jump dropped every snapshot, the jumps inside each group
  * alone skipped 133 (and the group's shift, waited for, 68). The full schedule's run, in the
- * engine (a plan 3 groups longer is built short through simulate, cli_rank_short_by). */
+ * engine (through simulate it is built 2 groups short: short_plans, cli_rank_short_by). */
 static void test_fold_few_groups(void)
 {
     const FoldCase c = {"interleaved pp 10 v 4 x 80", 40, 32000, 0, 1, 1, 10, 4, 80,
@@ -436,6 +436,11 @@ static const struct {
     {"--model gpt-13b --gpus 256 --stage 3 --grad-accum 64 --seq 128", 50, 54},
     {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
      "--virtual-stages 4 --grad-accum 256", 128, 232},
+    /* narayanan21-t1-529.6b's shape (8 groups) at a smaller scale: 8 groups of 10 built 6
+     * long, the group's shift counts the other 2 between the jumps inside groups (built full
+     * while the short run held those back: cli_rank_short_by) */
+    {"--model gpt-13b --gpus 40 --stage 0 --checkpoint --pp 10 --pp-schedule interleaved "
+     "--virtual-stages 4 --grad-accum 80", 116, 20},
     /* 9 groups of 10 built 6 long: the group's shift counts the other 3 */
     {"--model gpt-13b --gpus 40 --stage 0 --checkpoint --pp 10 --pp-schedule interleaved "
      "--virtual-stages 4 --grad-accum 90", 87, 30},
