@@ -71,6 +71,9 @@
 
 #include <string.h>
 
+/* An interleaved run's group shifts are f->shifts[GROUP_SHIFTS] (a group) and the one after
+ * it (two groups), after the micro-step's 1 and 2 (sim_fold_new). */
+#define GROUP_SHIFTS 2
 /* Why a run whose clock reached the grid's end (sim_clock.h) folds no further. */
 #define PAST_GRID "the clock passed 2^22 s (48.5 days), where its grid of 2^-30 s ends"
 /* Notes kept before the ones no snapshot needs are dropped. */
@@ -314,7 +317,7 @@ static gboolean group_may_jump(SimFold *f, const Sim *sim, uint32_t micro)
     if (f->virtual_left > 0 && past < f->A)
         return TRUE;
     return (uint64_t)micro + 3 * (uint64_t)f->group < f->A &&
-           !(blocked(f, sim, 2) && blocked(f, sim, 3));
+           !(blocked(f, sim, GROUP_SHIFTS) && blocked(f, sim, GROUP_SHIFTS + 1));
 }
 
 /* Watched rank w's compute stream moved on to op head: a snapshot where it is a head, and a
@@ -339,7 +342,7 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     f->passing[w] = FALSE;
     /* Interleaved: a group's shifts first (where a group repeats, its jump skips whole groups,
      * and it alone counts virtual ones), then those inside a group. */
-    const uint32_t first_k = f->group > 0 ? 2 : 0;
+    const uint32_t first_k = f->group > 0 ? GROUP_SHIFTS : 0;
     for (uint32_t j = 0; j < f->n_shifts; j++) {
         const uint32_t k = (first_k + j) % f->n_shifts, d = f->shifts[k];
         Snap *b = find(f, (int64_t)micro - d, w), *a = find(f, (int64_t)micro - 2 * d, w);
@@ -462,6 +465,7 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_1F1B && f->stages > 2)
         f->shifts[f->n_shifts++] = f->stages; /* a round trip (MAX_SHIFTS) */
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
+        g_assert(f->n_shifts == GROUP_SHIFTS);
         f->shifts[f->n_shifts++] = f->stages;
         f->shifts[f->n_shifts++] = 2 * f->stages;
         f->group = f->stages;
