@@ -305,9 +305,21 @@ static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t 
     sim->fold_hi[s] = (uint32_t)MAX((int64_t)sim->fold_hi[s], (int64_t)hi + shift);
 }
 
+/* Note n as the period `moves` periods on records it: a sum's addition the same, a timeline
+ * cell (or its last rank) at the op that many periods on, a cell's time moved alike. */
+static Note note_moved(const SimFold *f, const Sim *sim, Note n, uint32_t moves, double period_s)
+{
+    if (n.kind == NOTE_ADD)
+        return n;
+    const uint32_t op = (uint32_t)(n.at % sim->n_ops);
+    n.at = n.at - op + moved(f, sim, op, moves);
+    if (n.kind == NOTE_CELL)
+        n.x += (double)moves * period_s;
+    return n;
+}
+
 /* Replays the notes of [from, to) for the skipped periods first, first + stride, .. up to
- * periods: sums added to again; timeline cells written at the op `moves` periods on, their
- * times moved alike. Two snapshots (stride 1): the one recorded period, j periods on for
+ * periods (note_moved). Two snapshots (stride 1): the one recorded period, j periods on for
  * skipped period j. Three (stride 2): skipped period j is recorded period a -> b (odd j) or
  * b -> c (even j), two or one periods before c: j + 1 or j periods on. */
 static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
@@ -316,18 +328,13 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     for (uint32_t j = first; j <= periods; j += stride) {
         const uint32_t moves = stride == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
-            const Note *n = &f->notes.v[k - f->notes_base];
-            if (n->kind == NOTE_ADD) {
-                *n->field += n->x;
-                continue;
-            }
-            const uint32_t op = (uint32_t)(n->at % sim->n_ops);
-            const size_t row = n->at - op;
-            const uint32_t to_op = moved(f, sim, op, moves);
-            if (n->kind == NOTE_RANK)
-                sim->op_last_rank[row + to_op] = (uint32_t)n->x;
+            const Note n = note_moved(f, sim, f->notes.v[k - f->notes_base], moves, period_s);
+            if (n.kind == NOTE_ADD)
+                *n.field += n.x;
+            else if (n.kind == NOTE_RANK)
+                sim->op_last_rank[n.at] = (uint32_t)n.x;
             else
-                n->field[row + to_op] = n->x + (double)moves * period_s;
+                n.field[n.at] = n.x;
         }
     }
 }
@@ -343,16 +350,9 @@ static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b
         const gboolean older = span == 2 && (j & 1);
         const uint64_t from = older ? a->note_at : b->note_at, to = older ? b->note_at : c->note_at;
         const uint32_t moves = span == 1 ? j : j + (j & 1);
-        for (uint64_t k = from; k < to; k++) {
-            Note n = f->notes.v[k - f->notes_base];
-            if (n.kind != NOTE_ADD) {
-                const uint32_t op = (uint32_t)(n.at % sim->n_ops);
-                n.at = n.at - op + moved(f, sim, op, moves);
-                if (n.kind == NOTE_CELL)
-                    n.x += (double)moves * period_s;
-            }
-            note_push(&f->notes, n);
-        }
+        for (uint64_t k = from; k < to; k++)
+            note_push(&f->notes, note_moved(f, sim, f->notes.v[k - f->notes_base], moves,
+                                            period_s));
     }
 }
 
