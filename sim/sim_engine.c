@@ -231,11 +231,11 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint32_t changed_s
     const uint32_t *member = &sim->members[changed->member_start];
     if (own && changed->remaining_s > 0 && sim->link_load[member[0] * SIM_LINK_N + link] == own)
         affect(sim, changed_slot);
-    for (uint32_t i = 0; i < changed->count; i++)
+    for (uint32_t i = 0; i < changed->count; i++) {
+        const uint32_t m = member[i];
+        if (sim->link_load[m * SIM_LINK_N + link] <= own)
+            continue;
         for (uint32_t group = 0; group < sim->n_groups; group++) {
-            const uint32_t m = member[i];
-            if (sim->link_load[m * SIM_LINK_N + link] <= own)
-                break;
             const uint32_t base = sim->slot_of[(size_t)m * sim->n_groups + group];
             for (uint32_t stream = 0; stream < ZP_STREAM_N && base != NO_FLOWS; stream++) {
                 const uint32_t slot = base + stream;
@@ -246,6 +246,7 @@ static void reshare_neighbours(Sim *sim, const Flow *changed, uint32_t changed_s
                 affect(sim, slot);
             }
         }
+    }
     for (uint32_t i = 0; i < sim->n_affected; i++)
         reshare(sim, sim->affected[i], link, now_s);
 }
