@@ -4,6 +4,7 @@
 #include "sim_coll.h"
 #include "sim_engine.h"
 #include "zp_alloc_replay.h"
+#include "zp_schedsize.h"
 
 #include <string.h>
 
@@ -106,7 +107,12 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
     if (built)
         *built = NULL;
     const int k = cli_rank_short_by(plan, hw);
-    if (k == 0)
+    /* The long schedule's cap holds here too (zp_schedsize_check_plan, as zp_sched_build
+     * checks it): its allocator replay is rebuilt at the long length (zp_alloc_ops_extended),
+     * so a short run past it held memory in proportion to the micro-steps (Megatron 1T at
+     * grad-accum 20,000: 747 MB, where the full path refuses it), and a million of them would
+     * not fit. Past the cap the caller's full path refuses, naming it. */
+    if (k == 0 || !zp_schedsize_check_plan(model, plan, NULL))
         return NULL;
     ZpPlan shorter = *plan;
     shorter.grad_accum -= k;

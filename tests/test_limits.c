@@ -97,6 +97,24 @@ static void test_huge_model(void)
     g_free(path);
 }
 
+/* A plan whose full schedule is past the op cap is refused also where `simulate` (text or
+ * --json) would build it short and count the rest as virtual periods (cli_rank_simulate_short):
+ * the allocator replay is rebuilt at the full length, so the short path held memory in
+ * proportion to the micro-steps (Megatron 1T at 3,800: 140 MB and an answer, at 20,000:
+ * 747 MB) where the full path refuses. */
+static void test_short_path_capped(void)
+{
+    static const char *const outputs[] = {"--json", ""};
+    for (size_t k = 0; k < G_N_ELEMENTS(outputs); k++) {
+        char *cmd = g_strdup_printf("zplan simulate --model gpt-1t --cluster dgx-a100-80g "
+                                    "--gpus 3072 --mp 8 --pp 64 --stage 0 --micro-batch 1 "
+                                    "--grad-accum 3800 --checkpoint %s",
+                                    outputs[k]);
+        assert_refused(cmd, NULL, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
+        g_free(cmd);
+    }
+}
+
 /* A schedule file of 10^7 ops (110 MB, each op as short as JSON allows) is refused from a
  * streamed count of its ops, before Jansson parses it (10 GB and 31.7 s). */
 static void test_schedule_file_10m_ops(void)
@@ -206,6 +224,7 @@ int main(int argc, char **argv)
     /* The refusals first: their peak RSS is read over every child so far. */
     g_test_add_func("/limits/schedule-file-10m-ops", test_schedule_file_10m_ops);
     g_test_add_func("/limits/huge-model", test_huge_model);
+    g_test_add_func("/limits/short-path-capped", test_short_path_capped);
     g_test_add_func("/limits/zreal-micro-batch", test_zreal_micro_batch);
     g_test_add_func("/limits/sweep-values-capped", test_sweep_values_capped);
     g_test_add_func("/limits/trace-said-first", test_trace_said_first);
