@@ -58,7 +58,9 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
     sim->countdown[op].row = row;
-    if (sim->fold_hi) /* sim_fold's window: nothing past it began counting down */
+    /* sim_fold's window: nothing past it began counting down but the far ops (SimFold's
+     * far list: an op waiting on one from the first micro-step, in the last) */
+    if (sim->fold_hi && !(sim->fold_far && sim->fold_far[op]))
         sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
     return TRUE;
 }
@@ -666,6 +668,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->flows);
     g_free(sim->affected);
     g_free(sim->fold_hi);
+    g_free(sim->fold_far);
     sim_queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);

@@ -64,7 +64,26 @@
  * the two excluded each other: narayanan21-t1-529.6b (8 groups of 35, v 3) skipped 301 of
  * each stage's 840 chunk micro-steps inside groups; with both, 489 (3 groups in one jump), and
  * a short run no longer holds its jumps inside groups back till the virtual groups are
- * counted. The group's shift is tried first at a head. */
+ * counted. The group's shift is tried first at a head.
+ *
+ * Far ops. An op of the last micro-step may wait on one of the first: DeepSpeed's stage 1
+ * reduces the last micro-step's gradients through the ipg buffer micro-step 0's first hook
+ * took and kept (zp_impl_deepspeed.c ds_held_span), so the first all-reduce waits on that
+ * alloc and begins counting down in micro-step 0. A window reaching it (from the first op
+ * still counting down to one past the last that began) ended at the schedule's end at every
+ * head, never moved by a period, and no two snapshots compared (gpt-13b stage 1 x 10: 1,322
+ * codes against 1,157): such a plan never folded. Such an op (find_far: an edge from the first
+ * micro-step to the last has one instance, so it is no period's) stays out of the window (the
+ * engine's take_row leaves Sim.fold_hi alone for it); once it began counting down, its index
+ * and code are compared in place (push_status), equal in every snapshot of a proof. Why a jump
+ * stays exact. One rank runs a stage, so a code only falls: equal far codes say the proof's
+ * period counted no far op down. The ops the skipped periods count down are those the period
+ * counted down, moved by 1 .. n periods (the ops repeat, same_op), and those lie below the
+ * window's end at c (every op that began counting down and is not far does), so below
+ * hi + n steps. The jump stops there, short of the first far op that began (sim_jump_periods):
+ * no skipped period counts it down, and the window the jump writes (move_counts) ends before
+ * it. A virtual period inserts its ops before the window, moving the far op on by as many as
+ * the window: the bound is the same. */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
@@ -158,6 +177,43 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     return TRUE;
 }
 
+/* The far ops (the head comment): counted ops of the last micro-step waiting on an op of the
+ * first, marked in Sim.fold_far (which the engine's take_row reads) and listed by stage. */
+static void find_far(SimFold *f, Sim *sim)
+{
+    uint8_t *far = NULL;
+    uint32_t n_far = 0;
+    for (uint32_t d = 0; d < sim->n_ops; d++) {
+        if (op_micro(f, sim, d) != 0)
+            continue;
+        const SimOp *o = &sim->ops[d];
+        for (uint32_t k = op_dependents_start(sim, o); k < o->dependents_end; k++) {
+            const Dependent *x = &sim->dependents[k];
+            if (!x->counted || op_micro(f, sim, x->op) != (int32_t)f->A - 1 ||
+                (far && far[x->op]))
+                continue;
+            if (!far)
+                far = g_new0(uint8_t, sim->n_ops);
+            far[x->op] = 1;
+            n_far++;
+        }
+    }
+    if (!far)
+        return;
+    f->far_start = g_new0(uint32_t, f->stages + 1);
+    f->far = g_new(uint32_t, n_far);
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        f->far_start[sim->ops[i].stage + 1] += far[i];
+    for (uint32_t s = 0; s < f->stages; s++)
+        f->far_start[s + 1] += f->far_start[s];
+    uint32_t *at = g_memdup2(f->far_start, f->stages * sizeof *at);
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (far[i])
+            f->far[at[sim->ops[i].stage]++] = i;
+    g_free(at);
+    sim->fold_far = far;
+}
+
 /* ---- dependency counts ---- */
 
 /* An op's countdown as one code: 0 done, 1 untouched, 2 + its count (its one rank's). */
@@ -172,7 +228,8 @@ static int64_t status(const Sim *sim, uint32_t rank, uint32_t i)
 }
 
 /* Each stage's window and every op's code in it: what snapshots a period apart must
- * repeat (their windows moving by the stage's step). */
+ * repeat (their windows moving by the stage's step); then the far ops past the window that
+ * began counting down, their count and each one's index and code, compared in place. */
 static void push_status(SimFold *f, const Sim *sim, Vec *ints)
 {
     for (uint32_t s = 0; s < f->stages; s++) {
@@ -182,24 +239,50 @@ static void push_status(SimFold *f, const Sim *sim, Vec *ints)
         vec_int(ints, hi);
         for (uint32_t i = lo; i < hi; i++)
             vec_int(ints, sim_jump_counted(&sim->ops[i]) ? status(sim, s, i) : 1);
+        const size_t count_at = ints->len;
+        vec_int(ints, 0);
+        for (uint32_t k = f->far_start ? f->far_start[s] : 0;
+             f->far_start && k < f->far_start[s + 1]; k++) {
+            const uint32_t i = f->far[k];
+            const int64_t code = status(sim, s, i);
+            if (i >= hi && code != 1) {
+                vec_int(ints, i);
+                vec_int(ints, code);
+                ints->i[count_at]++;
+            }
+        }
     }
 }
 
+/* Whether stage s's part of y (at *k) is x's (at the same place: equal lengths) moved by
+ * `periods` of the stage's step: the window moved, its codes and the far ops' equal. Moves *k
+ * past the part. */
+static gboolean same_stage_status(const SimFold *f, uint32_t s, const Vec *x, const Vec *y,
+                                  int64_t periods, size_t *k)
+{
+    const int64_t lo = y->i[*k], hi = y->i[*k + 1], step = periods * f->steps[s];
+    if (x->i[*k] != lo - step || x->i[*k + 1] != hi - step)
+        return FALSE;
+    const size_t n = (size_t)(hi - lo);
+    if (memcmp(x->i + *k + 2, y->i + *k + 2, n * sizeof(int64_t)) != 0)
+        return FALSE;
+    *k += 2 + n;
+    const size_t far = 1 + 2 * (size_t)y->i[*k]; /* the far ops: count, index and code each */
+    if (x->i[*k] != y->i[*k] || memcmp(x->i + *k, y->i + *k, far * sizeof(int64_t)) != 0)
+        return FALSE;
+    *k += far;
+    return TRUE;
+}
+
 /* Whether the status of b and c repeat: each stage's window the same size and moving by its
- * step, the codes in it equal. */
+ * step, the codes in it equal, the far ops' equal in place. */
 static gboolean same_status(const SimFold *f, const Vec *b, const Vec *c)
 {
     if (b->len != c->len)
         return FALSE;
-    for (size_t k = 0, s = 0; s < f->stages; s++) {
-        const int64_t lo = c->i[k], hi = c->i[k + 1], step = f->steps[s];
-        if (b->i[k] != lo - step || b->i[k + 1] != hi - step)
+    for (size_t k = 0, s = 0; s < f->stages; s++)
+        if (!same_stage_status(f, (uint32_t)s, b, c, 1, &k))
             return FALSE;
-        const size_t n = (size_t)(hi - lo);
-        if (memcmp(b->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
-            return FALSE;
-        k += 2 + n;
-    }
     return TRUE;
 }
 
@@ -209,15 +292,9 @@ static gboolean same_status3(const SimFold *f, const Vec *a, const Vec *b, const
 {
     if (a->len != c->len || !same_status(f, b, c))
         return FALSE;
-    for (size_t k = 0, s = 0; s < f->stages; s++) {
-        const int64_t lo = c->i[k], hi = c->i[k + 1], step = f->steps[s];
-        if (a->i[k] != lo - 2 * step || a->i[k + 1] != hi - 2 * step)
+    for (size_t k = 0, s = 0; s < f->stages; s++)
+        if (!same_stage_status(f, (uint32_t)s, a, c, 2, &k))
             return FALSE;
-        const size_t n = (size_t)(hi - lo);
-        if (memcmp(a->i + k + 2, c->i + k + 2, n * sizeof(int64_t)) != 0)
-            return FALSE;
-        k += 2 + n;
-    }
     return TRUE;
 }
 
@@ -456,6 +533,7 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     f->stages = sim->sim_pp;
     f->heads = g_hash_table_new(g_direct_hash, g_direct_equal);
     find_heads(f, sim);
+    find_far(f, sim);
     f->steps = g_new0(int64_t, f->stages);
     sim->fold_hi = g_new0(uint32_t, f->stages);
     for (uint32_t k = 0; k < MAX_SHIFTS; k++)
@@ -519,6 +597,8 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->equal_from);
     g_free(f->equal_to);
     g_free(f->equal_step);
+    g_free(f->far);
+    g_free(f->far_start);
     g_hash_table_destroy(f->snaps);
     g_free(f->notes.v);
     g_free(f);

@@ -356,6 +356,22 @@ static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b
     }
 }
 
+/* The most periods stage s's window may move from hi (one past it) and stay short of the far
+ * ops that began counting down (sim_fold.c's head comment: none is counted down in the
+ * periods skipped, and move_counts writes none); INT64_MAX where none did. On the builder's
+ * schedules the ops stop repeating before a far op (DeepSpeed's: at the last micro-step's
+ * embedding backward, which the reduction follows), so the room the repeat leaves is the
+ * smaller; the proof does not lean on that. */
+static int64_t far_periods(const SimFold *f, const Sim *sim, uint32_t s, uint32_t hi,
+                           int64_t step)
+{
+    for (uint32_t k = f->far_start ? f->far_start[s] : 0;
+         f->far_start && k < f->far_start[s + 1]; k++)
+        if (f->far[k] >= hi && sim->countdown[f->far[k]].row != COUNTS_UNUSED)
+            return ((int64_t)f->far[k] - (int64_t)hi) / step;
+    return INT64_MAX;
+}
+
 int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
                          uint32_t *hi)
 {
@@ -382,7 +398,7 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
             block_at = until;
             block_stage = s;
         }
-        most = MIN(most, room);
+        most = MIN(most, MIN(room, far_periods(f, sim, s, hi[s], step)));
     }
     if (block_at != UINT32_MAX) {
         /* No room for two periods before an op that does not repeat: the window moves

@@ -59,6 +59,9 @@ struct SimFold {
     uint32_t *stage_start, *stage_end, *lo_hint;
     uint32_t *equal_from, *equal_to;
     int64_t *equal_step;
+    /* The far ops (sim_fold.c find_far), stage s's far[far_start[s] .. far_start[s + 1]),
+     * ascending; far_start NULL where there are none. */
+    uint32_t *far, *far_start;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
     uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
     /* sim_jump_periods found no room for this shift before op blocked_at of stage

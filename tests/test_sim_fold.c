@@ -97,6 +97,7 @@ static const FoldCase cases[] = {
     {"gpipe pp 8, checkpoints, tp 2", 64, 32000, 1, 2, 2, 8, 1, 96, ZP_PIPE_GPIPE, TRUE, TRUE},
     {"accumulation, stage 2", 65, 32000, 2, 16, 1, 1, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
     {"accumulation, stage 3", 65, 32000, 3, 8, 1, 1, 1, 32, ZP_PIPE_1F1B, FALSE, TRUE},
+    {"accumulation, stage 1", 65, 32000, 1, 16, 1, 1, 1, 64, ZP_PIPE_1F1B, FALSE, TRUE},
 };
 
 /* Folded and stepped event by event, each case gives the same result; those whose steady
@@ -153,6 +154,51 @@ static void test_fold_timeline(void)
     sim_result_free(folded);
     sim_result_free(stepped);
     zp_sched_free(s);
+}
+
+/* DeepSpeed's stage 1 without a pipeline reduces the last micro-step's gradients through the
+ * ipg buffer micro-step 0's first gradient hook took (zp_impl_deepspeed.c ds_held_span): the
+ * last micro-step's first all-reduce waits on that alloc, and begins counting down in
+ * micro-step 0. The fold keeps it out of its window as a far op, compared in place
+ * (sim_fold.c); before, the window ended at the schedule's end at every head and no plan of
+ * this kind folded. Over 4 to 64 micro-steps, one ipg buffer and overlap_comm's two,
+ * checkpointed or not, tensor-parallel or not, the folded run equals the stepped one in every
+ * field and every timeline cell, and from 8 micro-steps on it jumps. */
+static void test_fold_held_buckets(void)
+{
+    static const int accums[] = {4, 5, 8, 11, 24, 64};
+    int jumped = 0, runs = 0;
+    for (size_t a = 0; a < G_N_ELEMENTS(accums); a++)
+        for (int variant = 0; variant < 8; variant++) {
+            const gboolean overlap = variant & 1, ckpt = (variant >> 1) & 1;
+            const int mp = variant & 4 ? 2 : 1;
+            const FoldCase c = {"stage 1", 13, 32000, 1, 8, mp, 1, 1, accums[a],
+                                ZP_PIPE_1F1B, ckpt, TRUE};
+            const ZpModel m = sim_gpt_model(c.layers, c.vocab);
+            ZpPlan p;
+            zp_plan_defaults(&p, c.stage, c.dp, c.mp);
+            p.grad_accum = c.accum;
+            p.checkpoint = ckpt;
+            p.zero.overlap_comm = overlap;
+            p.gpus_per_node = a100.gpus_per_node;
+            GError *error = NULL;
+            ZpSchedule *s = zp_sched_build(&m, &p, &error);
+            g_assert_no_error(error);
+            const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+            SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+            g_test_message("%d micro-steps, overlap %d, ckpt %d, tp %d: %s", c.accum, overlap,
+                           ckpt, mp, folded->fold_note);
+            assert_same_result(folded, stepped);
+            assert_same_timeline(s, folded, stepped);
+            if (c.accum >= 8)
+                g_assert_cmpuint(folded->fold_jumps, >, 0);
+            jumped += folded->fold_jumps > 0;
+            runs++;
+            sim_result_free(folded);
+            sim_result_free(stepped);
+            zp_sched_free(s);
+        }
+    g_test_message("%d of %d runs jumped", jumped, runs);
 }
 
 /* A slow rank (a straggler computing 1.5x slower) among its stage's data-parallel peers sets
@@ -434,6 +480,11 @@ static const struct {
     {"--model gpt-13b --gpus 16 --stage 3 --grad-accum 64 --checkpoint", 50, 54},
     /* mostly exposed communication: the text's line on why reads the schedule's units */
     {"--model gpt-13b --gpus 256 --stage 3 --grad-accum 64 --seq 128", 50, 54},
+    /* DeepSpeed's stage 1, its ipg buffers held from micro-step 0 (sim_fold.c's far ops): one,
+     * and overlap_comm's two; gpt3-175b on 1,024 GPUs as plan --3d evaluates it (does not
+     * fit: exit status 2) */
+    {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64", 50, 54},
+    {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64 --overlap", 50, 54},
     {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
      "--virtual-stages 4 --grad-accum 256", 128, 232},
     /* narayanan21-t1-529.6b's shape (8 groups) at a smaller scale: 8 groups of 10 built 6
@@ -473,9 +524,13 @@ static void test_fold_json_short(void)
         g_assert_cmpint(virt, ==, short_plans[k].virtual_micro_steps);
         g_free(args);
     }
-    const int64_t virt = assert_json_folds_exit(SHORT_OOM_PLAN " --json", 440,
-                                                CLI_EXIT_DOES_NOT_FIT);
+    int64_t virt = assert_json_folds_exit(SHORT_OOM_PLAN " --json", 440,
+                                          CLI_EXIT_DOES_NOT_FIT);
     g_assert_cmpint(virt, ==, 376);
+    virt = assert_json_folds_exit("simulate --model gpt3-175b --cluster dgx-a100-80g --gpus 1024 "
+                                  "--stage 1 --mp 8 --micro-batch 1 --grad-accum 24 --json",
+                                  19, CLI_EXIT_DOES_NOT_FIT);
+    g_assert_cmpint(virt, ==, 14);
 }
 
 /* `zplan simulate ARGS` (text) exits with exit_status and prints, line for line, what
@@ -665,6 +720,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/equal", test_fold_equal);
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
+    g_test_add_func("/sim/fold/held-buckets", test_fold_held_buckets);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
     g_test_add_func("/sim/fold/two-snapshots", test_fold_two_snapshots);
