@@ -83,7 +83,7 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * extend costs up to keep / m of a run on top of the full one (DeepSpeed's stage 1 without a
  * pipeline never folded until sim_fold.c's far ops: plan --3d gpt3-175b/1024's 8 such
  * evaluations of 24 micro-steps each ran 10 for nothing; now they count 14 virtual and run
- * no full schedule, 97 -> 89 full runs, 9.22e9 -> 8.74e9 instructions by callgrind), and one
+ * no full schedule, 97 -> 89 full runs, 9.22e9 -> 8.69e9 instructions by callgrind), and one
  * that extends saves k / m: built 10 long to save 2 of 12,
  * plan's search of gpt3-175b on 256 GPUs took 0.185 s against main's 0.180 s, with the half
  * 0.173 s (least of 7, load 1.9). */
