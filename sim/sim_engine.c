@@ -39,6 +39,15 @@ void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
     return grown;
 }
 
+/* Op began counting its dependencies down: sim_fold's window (Sim.fold_hi) reaches it, but
+ * for the far ops (SimFold's far list: an op waiting on one from the first micro-step, in
+ * the last), which sim_fold compares in place. */
+static inline void fold_began(Sim *sim, uint32_t op)
+{
+    if (sim->fold_hi && !(sim->fold_far && sim->fold_far[op]))
+        sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
+}
+
 /* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
 G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
 {
@@ -58,10 +67,7 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
     sim->countdown[op].row = row;
-    /* sim_fold's window: nothing past it began counting down but the far ops (SimFold's
-     * far list: an op waiting on one from the first micro-step, in the last) */
-    if (sim->fold_hi && !(sim->fold_far && sim->fold_far[op]))
-        sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
+    fold_began(sim, op);
     return TRUE;
 }
 
@@ -70,8 +76,15 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint3
 {
     Countdown *c = &sim->countdown[op];
     if (c->row >= COUNTS_WIDE) {
-        if (c->row == COUNTS_WIDE)
-            return --sim->pending_wide[(size_t)c->wide_row * sim->ranks + rank] == 0;
+        if (c->row == COUNTS_WIDE) {
+            /* A wide op takes no row, but its first count down is a beginning all the same:
+             * sim_fold's window must reach it as it reaches every other (sim_fold.c, wide
+             * ops). Rare: the few ops with over 255 dependencies. */
+            uint32_t *left = &sim->pending_wide[(size_t)c->wide_row * sim->ranks + rank];
+            if (sim->fold_hi && *left == sim->ops[op].n_deps)
+                fold_began(sim, op);
+            return --*left == 0;
+        }
         if (!take_row(sim, op))
             return FALSE;
     }
@@ -834,7 +847,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     SimFoldReport fold_refused = {0};
     if (ok) {
         sim.fold = sim_fold_new(&sim, options->no_fold, &fold_refused);
-        /* The fold refused for the plan (an op with over 255 dependencies, a rank class):
+        /* The fold refused for the plan (a rank class, ranks in blocks):
          * no virtual period will be counted, so with extend_or_stop the short schedule's run
          * is not worth its time (stopped at 0 s, none counted). */
         const gboolean refused = !sim.fold && options->extend_micro_steps > 0 &&

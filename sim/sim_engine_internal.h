@@ -321,8 +321,8 @@ typedef struct {
     SimFold *fold;
     gboolean fold_recording;
     uint32_t fold_watch[2];
-    uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row),
-                        * the far ops aside */
+    uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row,
+                        * or a wide op's first count: fold_began), the far ops aside */
     uint8_t *fold_far; /* [op]: 1 for sim_fold's far ops (NULL where there are none) */
     /* SimOptions.extend_micro_steps: micro-steps of the steady state the schedule lacks,
      * which sim_fold.c counts as virtual periods in its jumps. */

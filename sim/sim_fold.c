@@ -83,7 +83,29 @@
  * hi + n steps. The jump stops there, short of the first far op that began (sim_jump_periods):
  * no skipped period counts it down, and the window the jump writes (move_counts) ends before
  * it. A virtual period inserts its ops before the window, moving the far op on by as many as
- * the window: the bound is the same. */
+ * the window: the bound is the same.
+ *
+ * Wide ops. An op with over 255 dependencies (SimOp.wide) counts them down in pending_wide,
+ * four bytes a rank for the whole run, and never takes a row: its Countdown.row stays
+ * COUNTS_WIDE, neither untouched nor done. The step's optimizer and its workspace allocs wait
+ * on every reduction of the last micro-step, so at Hugging Face's "auto" reduce_bucket_size
+ * (hidden x hidden: 26.2 M for gpt-13b, 322 buckets at stage 2) DeepSpeed's plans of a 13B
+ * model have them, at every stage. The fold could not see them: its code read a row such an op
+ * has not, and take_row, which moves the window's end, never ran for one; so every such plan
+ * was refused. Now its first count down moves the window's end as taking a row does (the
+ * engine's fold_began), and its code reads its count (sim_jump_status: 1 at n_deps, 0 at 0,
+ * else 2 + the count), so the window again holds every op that began counting down and is not
+ * done, far ops aside, which the proof above needs. Why a jump stays exact: same_op refuses a
+ * wide op, so none lies among the ops a jump checks, from the window back `span` periods to
+ * n + 1 periods past it. The window lies inside them, so no wide op is counting down at c; one
+ * before them is done (the window starts at the first counted op not done); one past them is
+ * untouched. The skipped periods count down the recorded period's ops moved by 1 .. n periods,
+ * below the window's end moved by n: none is wide; move_counts writes no wide op's count; and
+ * the untouched ones keep n_deps in pending_wide, which a snapshot need not hold, as stepping
+ * would keep it. A wide far op is compared in place by the same code. A virtual period inserts
+ * ops before the window: the long schedule's wide ops lie that many ops on, as untouched. A
+ * wide op inside a period (none the builder makes) stops every repeat at it: such a plan steps
+ * every event. */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
@@ -220,17 +242,6 @@ static void find_far(SimFold *f, Sim *sim)
 
 /* ---- dependency counts ---- */
 
-/* An op's countdown as one code: 0 done, 1 untouched, 2 + its count (its one rank's). */
-static int64_t status(const Sim *sim, uint32_t rank, uint32_t i)
-{
-    const Countdown *c = &sim->countdown[i];
-    if (c->row == COUNTS_DONE)
-        return 0;
-    if (c->row == COUNTS_UNUSED)
-        return 1;
-    return 2 + (int64_t)sim->rows[(size_t)c->row * sim->ranks + rank] + 256 * (int64_t)c->zeroed;
-}
-
 /* Each stage's window and every op's code in it: what snapshots a period apart must
  * repeat (their windows moving by the stage's step); then the far ops past the window that
  * began counting down, their count and each one's index and code, compared in place. */
@@ -242,13 +253,13 @@ static void push_status(SimFold *f, const Sim *sim, Vec *ints)
         vec_int(ints, lo);
         vec_int(ints, hi);
         for (uint32_t i = lo; i < hi; i++)
-            vec_int(ints, sim_jump_counted(&sim->ops[i]) ? status(sim, s, i) : 1);
+            vec_int(ints, sim_jump_counted(&sim->ops[i]) ? sim_jump_status(sim, s, i) : 1);
         const size_t count_at = ints->len;
         vec_int(ints, 0);
         for (uint32_t k = f->far_start ? f->far_start[s] : 0;
              f->far_start && k < f->far_start[s + 1]; k++) {
             const uint32_t i = f->far[k];
-            const int64_t code = status(sim, s, i);
+            const int64_t code = sim_jump_status(sim, s, i);
             if (i >= hi && code != 1) {
                 vec_int(ints, i);
                 vec_int(ints, code);
@@ -520,7 +531,6 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
                                                     "rank or link)"
                       : sim->weight              ? "ranks in blocks"
                       : A < 4                    ? "fewer than 4 micro-steps"
-                      : sim->n_wide_rows > 0     ? "an op with over 255 dependencies"
                       : sim->stream_first[ZP_STREAM_COMPUTE] == NO_OP
                           ? "stage 0 computes nothing"
                           : NULL;

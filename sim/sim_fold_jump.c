@@ -74,7 +74,7 @@ void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint3
 {
     uint32_t i = f->lo_hint[s];
     while (i < f->stage_end[s] &&
-           (!sim_jump_counted(&sim->ops[i]) || sim->countdown[i].row == COUNTS_DONE))
+           (!sim_jump_counted(&sim->ops[i]) || sim_jump_status(sim, s, i) == 0))
         i++;
     f->lo_hint[s] = i;
     *lo = i;
@@ -367,7 +367,7 @@ static int64_t far_periods(const SimFold *f, const Sim *sim, uint32_t s, uint32_
 {
     for (uint32_t k = f->far_start ? f->far_start[s] : 0;
          f->far_start && k < f->far_start[s + 1]; k++)
-        if (f->far[k] >= hi && sim->countdown[f->far[k]].row != COUNTS_UNUSED)
+        if (f->far[k] >= hi && sim_jump_status(sim, s, f->far[k]) != 1)
             return ((int64_t)f->far[k] - (int64_t)hi) / step;
     return INT64_MAX;
 }

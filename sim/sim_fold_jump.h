@@ -92,6 +92,26 @@ static inline gboolean sim_jump_counted(const SimOp *o)
     return o->n_deps > 0 && (op_on_stream(o) || o->n_deps > 1);
 }
 
+/* Op i's countdown on stage s's one rank as one code: 0 done, 1 untouched, 2 + its count (and
+ * 256 x the ranks that counted it to 0: none while a rank runs its stage). A wide op (over 255
+ * dependencies) takes no row: its count is in pending_wide for the whole run, never
+ * COUNTS_DONE nor COUNTS_UNUSED, and reads the same, 1 at n_deps (untouched), 0 at 0 (done).
+ * Its code may equal another op's, but codes are compared at the same op moved by periods, and
+ * same_op refuses a wide op: no jump rests on a wide op's code being some other's. */
+static inline int64_t sim_jump_status(const Sim *sim, uint32_t s, uint32_t i)
+{
+    const Countdown *c = &sim->countdown[i];
+    if (c->row == COUNTS_DONE)
+        return 0;
+    if (c->row == COUNTS_UNUSED)
+        return 1;
+    if (c->row == COUNTS_WIDE) {
+        const uint32_t left = sim->pending_wide[(size_t)c->wide_row * sim->ranks + s];
+        return left == 0 ? 0 : left == sim->ops[i].n_deps ? 1 : 2 + (int64_t)left;
+    }
+    return 2 + (int64_t)sim->rows[(size_t)c->row * sim->ranks + s] + 256 * (int64_t)c->zeroed;
+}
+
 /* Stage s's window: lo, its first counted op still counting down; hi, one past the last that
  * began to (Sim.fold_hi). */
 void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi);

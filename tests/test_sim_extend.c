@@ -474,6 +474,47 @@ static void test_extend_held_buckets(void)
     }
 }
 
+/* Hugging Face's DeepSpeed integration sets reduce_bucket_size "auto", hidden x hidden (26.2 M
+ * for gpt-13b; zp_dsconfig_hf_auto): the step's optimizer then waits on some 320 reductions,
+ * over 255 dependencies (sim_fold.c's wide ops), and the fold refused every such plan: the
+ * search's evaluation ran the short schedule, counted nothing, and ran the full one after it.
+ * gpt-13b on 64 GPUs at stage 2 (16 and 64 micro-batches) and stage 1 (overlap_comm's two
+ * buffers, 24): the evaluation builds 10 micro-steps and counts the rest virtual, its result
+ * and allocator figures the full schedule's, field for field, and the full schedule folds
+ * too. */
+static void test_extend_wide_ops(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt-13b", &m, &error));
+    static const struct {
+        int stage, accum;
+        gboolean overlap;
+        uint32_t virtual_steps;
+    } plans[] = {{2, 16, FALSE, 6}, {2, 64, FALSE, 54}, {1, 24, TRUE, 14}};
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, plans[k].stage, 64, 1);
+        p.grad_accum = plans[k].accum;
+        p.zero.overlap_comm = plans[k].overlap;
+        p.zero.reduce_bucket_size = (double)m.hidden * m.hidden;
+        p.gpus_per_node = a100.gpus_per_node;
+        ZpSchedule *l = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        uint32_t widest = 0;
+        for (guint i = 0; i < l->ops->len; i++)
+            widest = MAX(widest, zp_sched_op(l, i)->n_deps);
+        g_test_message("stage %d x %d: an op of %u dependencies", plans[k].stage, plans[k].accum,
+                       widest);
+        g_assert_cmpuint(widest, >, 255);
+        zp_sched_free(l);
+        uint32_t folded;
+        gboolean oom;
+        assert_rank_is_full(&m, &p, plans[k].virtual_steps, TRUE, &folded, &oom);
+        g_assert_cmpuint(folded, >, 0);
+    }
+}
+
 /* Whatever the shape, an extension the fold counts is exact: random plans (a fixed seed, so a
  * failure names its trial) over pp 1-8, 1F1B, interleaved and GPipe, ZeRO stages 0-3 (0-1
  * with a pipeline), tensor parallelism inside and across nodes, checkpointing, DeepSpeed and
@@ -572,6 +613,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/megatron-1t", test_extend_megatron_1t);
     g_test_add_func("/sim/extend/round-trip", test_extend_round_trip);
     g_test_add_func("/sim/extend/held-buckets", test_extend_held_buckets);
+    g_test_add_func("/sim/extend/wide-ops", test_extend_wide_ops);
     g_test_add_func("/sim/extend/random", test_extend_random);
     return sim_common_run();
 }

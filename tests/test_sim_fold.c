@@ -201,6 +201,67 @@ static void test_fold_held_buckets(void)
     g_test_message("%d of %d runs jumped", jumped, runs);
 }
 
+/* The most dependencies an op of s waits on. */
+static uint32_t widest_op(const ZpSchedule *s)
+{
+    uint32_t most = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        most = MAX(most, zp_sched_op(s, i)->n_deps);
+    return most;
+}
+
+/* Small reduction buckets (Hugging Face's "auto" reduce_bucket_size is hidden x hidden) make
+ * the step's optimizer and its workspace allocs wait on some hundreds of the last micro-step's
+ * reductions: ops with over 255 dependencies, whose counts the engine keeps in pending_wide,
+ * not in rows (sim_fold.c's wide ops). Such plans were refused ("an op with over 255
+ * dependencies"). Over DeepSpeed's stages 0-3 without a pipeline (one ipg buffer and
+ * overlap_comm's two, which halves the count over 2 stages) and stage 1 over 2 stages, 40
+ * layers, 4 to 64 micro-steps, each plan has such an op (323 to 647 dependencies), and
+ * its folded run equals the stepped one in every field and every timeline cell; from 8
+ * micro-steps on it jumps. */
+static void test_fold_wide_ops(void)
+{
+    static const int accums[] = {4, 8, 17, 64};
+    static const struct {
+        int stage, pp;
+    } shapes[] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {1, 2}};
+    int jumped = 0, runs = 0;
+    for (size_t a = 0; a < G_N_ELEMENTS(accums); a++)
+        for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++)
+            for (int overlap = 0; overlap < 3 - shapes[k].pp; overlap++) {
+                const ZpModel m = sim_gpt_model(40, 32000);
+                ZpPlan p;
+                zp_plan_defaults(&p, shapes[k].stage, 8, 1);
+                p.pipe.stages = shapes[k].pp;
+                p.grad_accum = accums[a];
+                p.zero.overlap_comm = overlap;
+                /* Hugging Face's "auto", hidden x hidden */
+                p.zero.reduce_bucket_size = (double)m.hidden * m.hidden;
+                p.gpus_per_node = a100.gpus_per_node;
+                GError *error = NULL;
+                ZpSchedule *s = zp_sched_build(&m, &p, &error);
+                g_assert_no_error(error);
+                const uint32_t widest = widest_op(s);
+                const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+                SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+                g_test_message("stage %d pp %d, %d micro-steps, overlap %d, an op of %u "
+                               "dependencies: %s",
+                               shapes[k].stage, shapes[k].pp, accums[a], overlap, widest,
+                               folded->fold_note);
+                g_assert_cmpuint(widest, >, 255);
+                assert_same_result(folded, stepped);
+                assert_same_timeline(s, folded, stepped);
+                if (accums[a] >= 8)
+                    g_assert_cmpuint(folded->fold_jumps, >, 0);
+                jumped += folded->fold_jumps > 0;
+                runs++;
+                sim_result_free(folded);
+                sim_result_free(stepped);
+                zp_sched_free(s);
+            }
+    g_test_message("%d of %d runs jumped", jumped, runs);
+}
+
 /* A slow rank (a straggler computing 1.5x slower) among its stage's data-parallel peers sets
  * its ranks apart: the simulator runs rank classes, the fold is refused, and the result is
  * the unfolded one. Alone in its stage (dp 1) it makes that stage slower every micro-step
@@ -485,6 +546,11 @@ static const struct {
      * fit: exit status 2) */
     {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64", 50, 54},
     {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64 --overlap", 50, 54},
+    /* Hugging Face's "auto" reduce_bucket_size (hidden x hidden): the optimizer waits on
+     * some 320 reductions (sim_fold.c's wide ops), which no fold took before */
+    {"--model gpt-13b --gpus 64 --stage 2 --grad-accum 16 --reduce-bucket-size 26214400", 10, 6},
+    {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64 --reduce-bucket-size 26214400 "
+     "--overlap", 50, 54},
     {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
      "--virtual-stages 4 --grad-accum 256", 128, 232},
     /* narayanan21-t1-529.6b's shape (8 groups) at a smaller scale: 8 groups of 10 built 6
@@ -721,6 +787,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/timeline", test_fold_timeline);
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/held-buckets", test_fold_held_buckets);
+    g_test_add_func("/sim/fold/wide-ops", test_fold_wide_ops);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
     g_test_add_func("/sim/fold/two-snapshots", test_fold_two_snapshots);
