@@ -532,16 +532,26 @@ static void test_extend_random(void)
     const guint32 seed = seed_env ? (guint32)g_ascii_strtoull(seed_env, NULL, 10) : 40;
     const int n_trials = trials_env ? (int)g_ascii_strtoll(trials_env, NULL, 10) : 120;
     GRand *rand = g_rand_new_with_seed(seed);
+    /* The reduction buckets from a stream of their own (the other draws' stream is the one it
+     * was): DeepSpeed's default (5e8), or, in a third of the trials,
+     * Hugging Face's "auto" (hidden x hidden) on DeepSpeed over 40 layers, 1 or 2 stages and
+     * 2 or 4 data-parallel ranks, where the optimizer waits on over 255 reductions (sim_fold.c's
+     * wide ops). */
+    GRand *buckets = g_rand_new_with_seed(seed ^ 0x5bd1e995u);
     static const int pps[] = {1, 2, 3, 4, 6, 8}, mps[] = {1, 2, 16}, layers[] = {8, 12, 16, 24};
-    int proven = 0, trials = 0, replayed = 0;
+    int proven = 0, trials = 0, replayed = 0, wide = 0, wide_proven = 0;
     for (int trial = 0; trial < n_trials; trial++) {
-        const int pp = pps[g_rand_int_range(rand, 0, G_N_ELEMENTS(pps))];
+        const gboolean small_buckets = g_rand_int_range(buckets, 0, 3) == 0;
+        const int pp_drawn = pps[g_rand_int_range(rand, 0, G_N_ELEMENTS(pps))];
+        const int pp = small_buckets ? g_rand_int_range(buckets, 1, 3) : pp_drawn;
         const int mp = mps[g_rand_int_range(rand, 0, G_N_ELEMENTS(mps))];
-        const int L = layers[g_rand_int_range(rand, 0, G_N_ELEMENTS(layers))];
-        const int dp = 1 << g_rand_int_range(rand, 0, 3);
+        const int L_drawn = layers[g_rand_int_range(rand, 0, G_N_ELEMENTS(layers))];
+        const int L = small_buckets ? 40 : L_drawn;
+        const int dp_drawn = 1 << g_rand_int_range(rand, 0, 3);
+        const int dp = small_buckets ? 2 << g_rand_int_range(buckets, 0, 2) : dp_drawn;
         ZpPlan p;
         zp_plan_defaults(&p, g_rand_int_range(rand, 0, pp > 1 ? 2 : 4), dp, mp);
-        p.impl = g_rand_boolean(rand) ? ZP_IMPL_MEGATRON : ZP_IMPL_DEEPSPEED;
+        p.impl = g_rand_boolean(rand) && !small_buckets ? ZP_IMPL_MEGATRON : ZP_IMPL_DEEPSPEED;
         p.pipe.stages = pp;
         const int pick = g_rand_int_range(rand, 0, 8);
         p.pipe.schedule = pp == 1 || pick < 5 ? ZP_PIPE_1F1B
@@ -552,6 +562,8 @@ static void test_extend_random(void)
             p.pipe.schedule = ZP_PIPE_1F1B, p.pipe.virtual_stages = 1;
         p.checkpoint = g_rand_boolean(rand);
         p.gpus_per_node = a100.gpus_per_node;
+        if (small_buckets)
+            p.zero.reduce_bucket_size = 1024.0 * 1024.0; /* sim_gpt_model's hidden, squared */
         /* Interleaving runs micro-batches in groups of pp: whole groups. */
         const int unit = p.pipe.schedule == ZP_PIPE_INTERLEAVED ? pp : 1;
         const int m = unit * g_rand_int_range(rand, (pp + 2 + unit - 1) / unit, (4 * pp + 40) / unit);
@@ -569,11 +581,15 @@ static void test_extend_random(void)
             continue;
         }
         trials++;
+        uint32_t widest = 0;
+        for (guint i = 0; i < l->ops->len; i++)
+            widest = MAX(widest, zp_sched_op(l, i)->n_deps);
+        wide += widest > 255;
         SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps = (uint32_t)shorter});
-        g_test_message("trial %d: pp %d v %d (%s) tp %d dp %d stage %d, %d micro-steps, %d "
-                       "virtual: %u counted; %s",
+        g_test_message("trial %d: pp %d v %d (%s) tp %d dp %d stage %d, %d layers, %d "
+                       "micro-steps, %d virtual, widest op %u: %u counted; %s",
                        trial, pp, p.pipe.virtual_stages, p.pipe.schedule == ZP_PIPE_GPIPE ? "gpipe" : "",
-                       mp, dp, p.zero.stage, m, shorter, ext->extended_micro_steps,
+                       mp, dp, p.zero.stage, L, m, shorter, widest, ext->extended_micro_steps,
                        ext->fold_note);
         g_assert_cmpuint(ext->extended_micro_steps, <=, (uint32_t)shorter);
         if (ext->extended_micro_steps == (uint32_t)shorter) {
@@ -583,14 +599,17 @@ static void test_extend_random(void)
             replayed += alloc_extends_as_long(s, l, ext, &oom);
             sim_result_free(stepped);
             proven++;
+            wide_proven += widest > 255;
         }
         sim_result_free(ext);
         zp_sched_free(s);
         zp_sched_free(l);
     }
     g_rand_free(rand);
+    g_rand_free(buckets);
     g_test_message("%d of %d trials counted every virtual micro-step, the allocator replay "
-                   "extended in %d of them", proven, trials, replayed);
+                   "extended in %d of them; %d of %d with an op of over 255 dependencies",
+                   proven, trials, replayed, wide_proven, wide);
     /* Not vacuous: most trials are built and a fair share of them proven (37 of 117 with
      * keep sizes as random as these). */
     if (seed_env || trials_env)
@@ -598,6 +617,7 @@ static void test_extend_random(void)
     g_assert_cmpint(trials, >=, 90);
     g_assert_cmpint(proven, >=, trials / 4);
     g_assert_cmpint(replayed, >=, proven / 2);
+    g_assert_cmpint(wide_proven, >=, 5); /* 10 of 15 */
 }
 
 int main(int argc, char **argv)
