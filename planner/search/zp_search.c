@@ -488,7 +488,7 @@ static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup gr
 /* The compute stream's busy time by kind: each op as the simulator times it (zp_cost_op_s;
  * the CPU optimizer zp_offload_cpu_time_s); returns the total. A plan the cost model cannot
  * time (no peak for its precision) is never a bound's winner. */
-static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
+static double compute_s_of(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
 {
     ZpComputeOps ops[ZP_COMP_N];
     ZpCost cost;
@@ -514,6 +514,90 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
         total += by_kind[k];
     }
     return total;
+}
+
+/* A plan's compute seconds, kept under its compute key. */
+typedef struct {
+    ZpPlan key;
+    double total_s;
+    double by_kind[ZP_COMP_N];
+} ComputeMemo;
+
+/* The plan with the fields no compute cost reads set to zero: those that tell the search's
+ * plans of one shape apart, the four bucket sizes (bucket_choices, zp_dsconfig_hf_auto),
+ * overlap_comm, ZeRO++'s qwZ, hpZ and qgZ, and ZeRO-R's MD (Pa and cpu_checkpointing stay:
+ * zp_zeror_checkpoint's copy_bytes, the host copies' bytes, reads both). The functions that
+ * read those fields (field names grepped over planner/, also as z->, c->, and no header's
+ * inline reads one): the bucket layout, residual and fetch rules (zp_impl*.c ds_group,
+ * ds_residual, ds_plan_fetches, ds_persistent, persistent_elems, ds_gather_bound,
+ * ds_bucket_buffers, ds_grads_by_module, ds_epilogue_syncs_device, ds_experts_in_buckets,
+ * zp_impl_prefetch_window, zp_impl_persistent_units, zp_sched_unit_persistent,
+ * paper_plan_buckets, zp_impl_paper_residual, zp_impl_unit_gather_bound,
+ * zp_impl_megatron_layout, mg_plan_defaults, zp_impl_fsdp2_root_joined), the memory and
+ * ZeRO-R/ZeRO++ rules (zp_zeror_constant_buffers, zp_zeror_check,
+ * zp_zeror_contiguous_region_bytes, zp_zeropp.c's, zp_mem.c add_hpz_term), the builder's
+ * (launch_bucket, zp_build_optimizer_step, zp_build_moe_backward,
+ * zp_build_moe_reduce_after_backward, issue_call, keeps_secondary, secondary_bytes,
+ * zp_sched_fetch_group, zp_sched_fetch_allreduce, zp_sched_groups, check_plan, check_experts,
+ * zp_schedcheck.c's, zp_schedsize_estimate_ops), and zp_plan.c's and zp_dsconfig.c's JSON and
+ * flag readers. None is among the 214 functions compute_s_of reaches: GCC's
+ * -fcallgraph-info over planner/, its indirect calls' targets added (every ZpInventory
+ * function, which reads a ZpInvDims and no plan; ZpImpl grad_bytes, mg_grad_bytes and
+ * fsdp2_grad_bytes; zp_cost.c table_kernel_s). A field left in that no cost reads only costs
+ * a hit; the key is the plan's bytes, padding included, so equal keys are the same plan in
+ * every field read. */
+static void compute_key(const ZpPlan *plan, ZpPlan *key)
+{
+    memcpy(key, plan, sizeof *key);
+    key->zero.reduce_bucket_size = 0;
+    key->zero.allgather_bucket_size = 0;
+    key->zero.stage3_prefetch_bucket_size = 0;
+    key->zero.stage3_param_persistence_threshold = 0;
+    key->zero.overlap_comm = FALSE;
+    key->zero.zero_quantized_weights = FALSE;
+    key->zero.zero_hpz_partition_size = 0;
+    key->zero.zero_quantized_gradients = FALSE;
+    key->ckpt.contiguous_memory_optimization = FALSE;
+}
+
+/* FNV-1a over the key's 64-bit words (a ZpPlan holds doubles: its size is a multiple). */
+static guint compute_key_hash(gconstpointer p)
+{
+    G_STATIC_ASSERT(sizeof(ZpPlan) % sizeof(guint64) == 0);
+    guint64 h = 14695981039346656037u;
+    for (size_t i = 0; i < sizeof(ZpPlan); i += sizeof(guint64)) {
+        guint64 word;
+        memcpy(&word, (const char *)p + i, sizeof word);
+        h = (h ^ word) * 1099511628211u;
+    }
+    return (guint)(h ^ (h >> 32));
+}
+
+static gboolean compute_key_equal(gconstpointer a, gconstpointer b)
+{
+    return memcmp(a, b, sizeof(ZpPlan)) == 0;
+}
+
+/* compute_s_of, kept in sc->compute_memo where there is one: the search screens each shape
+ * with its bucket choices, overlap_comm, ZeRO++ and ZeRO-R options, and zp_cost_init's
+ * inventory made compute_s_of 439 M instructions of plan --3d gpt-1t/4096's 5.29 G. The very
+ * doubles again: compute_s_of reads only the key's fields, sc's model and hw. */
+static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
+{
+    if (!sc->compute_memo)
+        return compute_s_of(sc, plan, by_kind);
+    ZpPlan key;
+    compute_key(plan, &key);
+    const ComputeMemo *m = g_hash_table_lookup(sc->compute_memo, &key);
+    if (!m) {
+        ComputeMemo *fresh = g_new(ComputeMemo, 1);
+        fresh->key = key;
+        fresh->total_s = compute_s_of(sc, plan, fresh->by_kind);
+        g_hash_table_add(sc->compute_memo, fresh);
+        m = fresh;
+    }
+    memcpy(by_kind, m->by_kind, sizeof m->by_kind);
+    return m->total_s;
 }
 
 /* One micro-batch's send between stages over the slowest boundary, as the simulator times
@@ -921,6 +1005,9 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
     if (!zp_search_screen_init(&screen, spec, error) ||
         !(result->candidates = zp_search_enumerate(spec, error)))
         return FALSE;
+    /* ComputeMemo's key first: the table hashes and frees the entries. */
+    screen.compute_memo =
+        g_hash_table_new_full(compute_key_hash, compute_key_equal, g_free, NULL);
     result->ranked = g_array_new(FALSE, FALSE, sizeof(guint));
     GArray *survivors = g_array_new(FALSE, FALSE, sizeof(guint));
     for (guint i = 0; i < result->candidates->len; i++) {
@@ -977,6 +1064,7 @@ gboolean zp_search_run(const ZpSearchSpec *spec, ZpSearchResult *result, GError 
             spec->progress((double)(s + 1) / survivors->len, spec->progress_ctx);
     }
     g_array_unref(survivors);
+    g_hash_table_destroy(screen.compute_memo);
     for (guint i = 0; i < result->candidates->len; i++)
         result->count[zp_search_candidate(result, (int)i)->fate]++;
     return ok;

@@ -144,13 +144,17 @@ typedef struct {
  * that does not divide the heads, the GPUs or a node, a precision the GPU has no peak for. */
 GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error);
 
-/* The closed-form screen's per-search constants. */
+/* The closed-form screen's per-search constants. compute_memo: NULL (as
+ * zp_search_screen_init leaves it: the screen allocates nothing), or the compute seconds by
+ * kind of the plans screened so far, by every field the compute costing reads
+ * (zp_search.c compute_key), which zp_search_run keeps for one search. */
 typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
     double params;
     ZpBusBandwidthFn bus_bytes_per_s;
     ZpCollTimeFn coll_s;
+    GHashTable *compute_memo;
 } ZpScreen;
 
 gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GError **error);
