@@ -294,21 +294,72 @@ int zp_model_n_units(const ZpModel *model)
     return zp_model_has_architecture(model) ? (int)model->layers + 2 : 0;
 }
 
+/* The split and expert flags of a tensor named `name` (ZpTensor.split, .expert). */
+static void classify_tensor(ZpTensor *tensor)
+{
+    static const char *const split[] = {
+        "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
+        "qkv.q_b.weight", "qkv.q.weight", "qkv.kv_b.weight", "fc1.experts.weight",
+        "fc1.shared.weight", "fc2.experts.weight", "fc2.shared.weight"};
+    const char *name = tensor->name;
+    tensor->split = ZP_TENSOR_WHOLE;
+    for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
+        if (strcmp(name, split[i]) == 0)
+            tensor->split = ZP_TENSOR_SPLIT;
+    if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0)
+        tensor->split = ZP_TENSOR_SPLIT_ROWS;
+    tensor->expert =
+        strcmp(name, "fc1.experts.weight") == 0 || strcmp(name, "fc2.experts.weight") == 0;
+}
+
+/* A row of the tensor table: a ZpTensor's name, unit, elements and matrix flag (its split
+ * and expert flags are read off the name as zp_model_tensors appends it), and whether the
+ * model has it. */
 typedef struct {
-    ZpTensor tensor;
+    const char *name;
+    int unit;
+    uint64_t elems;
+    gboolean matrix;
+} TensorSpec;
+
+typedef struct {
+    TensorSpec tensor;
     gboolean present;
 } TensorRow;
 
-static void append_rows(GArray *t, const TensorRow *rows, size_t n)
+/* The flags of the names classified so far in one table, by the name's pointer: every block
+ * repeats its rows' static names, so a deep model's table reads each name once. */
+#define NAMES_SEEN 64
+typedef struct {
+    guint n;
+    ZpTensor seen[NAMES_SEEN];
+} NamesSeen;
+
+static void append_rows(GArray *t, const TensorRow *rows, size_t n, NamesSeen *names)
 {
     for (size_t i = 0; i < n; i++)
-        if (rows[i].present)
-            g_array_append_val(t, rows[i].tensor);
+        if (rows[i].present) {
+            const TensorSpec *r = &rows[i].tensor;
+            ZpTensor tensor = {.name = r->name, .unit = r->unit, .elems = r->elems,
+                               .matrix = r->matrix};
+            guint k = 0;
+            while (k < names->n && names->seen[k].name != r->name)
+                k++;
+            if (k < names->n) {
+                tensor.split = names->seen[k].split;
+                tensor.expert = names->seen[k].expert;
+            } else {
+                classify_tensor(&tensor);
+                if (names->n < NAMES_SEEN)
+                    names->seen[names->n++] = tensor;
+            }
+            g_array_append_val(t, tensor);
+        }
 }
 
 /* ln1 and the attention: the fused qkv, or multi-head latent attention's projections (named
  * under "qkv." so that they form the qkv module); the output projection. */
-static void append_attention(const ZpModel *model, int l, GArray *t)
+static void append_attention(const ZpModel *model, int l, GArray *t, NamesSeen *names)
 {
     const uint64_t h = (uint64_t)model->hidden, q = (uint64_t)zp_model_qkv_width(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM, mla = zp_mla_enabled(&model->mla);
@@ -336,12 +387,12 @@ static void append_attention(const ZpModel *model, int l, GArray *t)
         {{"proj.weight", l, out * h, TRUE}, TRUE},
         {{"proj.bias", l, h, FALSE}, zp_model_has_bias(model, ZP_NO_BIAS_PROJ)},
     };
-    append_rows(t, rows, G_N_ELEMENTS(rows));
+    append_rows(t, rows, G_N_ELEMENTS(rows), names);
 }
 
 /* ln2 and the MLP: dense, or sparse with its router (under "fc1." so that the router, the
  * experts' gate and up and the shared expert form the fc1 module, and the down projections fc2). */
-static void append_mlp(const ZpModel *model, int l, GArray *t)
+static void append_mlp(const ZpModel *model, int l, GArray *t, NamesSeen *names)
 {
     const uint64_t h = (uint64_t)model->hidden, f = (uint64_t)model->ffn_hidden;
     const uint64_t f1 = (uint64_t)zp_model_fc1_width(model);
@@ -366,7 +417,7 @@ static void append_mlp(const ZpModel *model, int l, GArray *t)
         {{"fc2.experts.weight", l, E * fe * h, TRUE}, sparse},
         {{"fc2.shared.weight", l, fs * h, TRUE}, sparse && fs > 0},
     };
-    append_rows(t, rows, G_N_ELEMENTS(rows));
+    append_rows(t, rows, G_N_ELEMENTS(rows), names);
 }
 
 /* The per-unit tensor table: one row per tensor, sizes as products of the dimensions; a
@@ -382,26 +433,19 @@ GArray *zp_model_tensors(const ZpModel *model)
     const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
     const int L = (int)model->layers;
-    const struct {
-        ZpTensor tensor;
-        gboolean present;
-    } embed[] = {{{"wte", 0, V * h, TRUE}, TRUE}, {{"wpe", 0, P * h, TRUE}, model->learned_positions}};
-    for (size_t i = 0; i < G_N_ELEMENTS(embed); i++)
-        if (embed[i].present)
-            g_array_append_val(t, embed[i].tensor);
+    NamesSeen names;
+    names.n = 0; /* only the first n are read */
+    const TensorRow embed[] = {{{"wte", 0, V * h, TRUE}, TRUE},
+                               {{"wpe", 0, P * h, TRUE}, model->learned_positions}};
+    append_rows(t, embed, G_N_ELEMENTS(embed), &names);
     for (int l = 1; l <= L; l++) {
-        append_attention(model, l, t);
-        append_mlp(model, l, t);
+        append_attention(model, l, t, &names);
+        append_mlp(model, l, t, &names);
     }
-    const struct {
-        ZpTensor tensor;
-        gboolean present;
-    } last[] = {{{"lnf.weight", L + 1, h, FALSE}, TRUE},
-                {{"lnf.bias", L + 1, h, FALSE}, ln},
-                {{"lm_head.weight", L + 1, V * h, TRUE}, !model->tied_embeddings}};
-    for (size_t i = 0; i < G_N_ELEMENTS(last); i++)
-        if (last[i].present)
-            g_array_append_val(t, last[i].tensor);
+    const TensorRow last[] = {{{"lnf.weight", L + 1, h, FALSE}, TRUE},
+                              {{"lnf.bias", L + 1, h, FALSE}, ln},
+                              {{"lm_head.weight", L + 1, V * h, TRUE}, !model->tied_embeddings}};
+    append_rows(t, last, G_N_ELEMENTS(last), &names);
     return t;
 }
 
@@ -508,25 +552,19 @@ uint64_t zp_model_expert_tp_elems(const ZpModel *model, int mp)
 
 gboolean zp_model_tensor_is_expert(const ZpTensor *tensor)
 {
-    return strcmp(tensor->name, "fc1.experts.weight") == 0 ||
-           strcmp(tensor->name, "fc2.experts.weight") == 0;
+    return tensor->expert;
 }
 
 uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, int mp)
 {
-    static const char *const split[] = {
-        "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
-        "qkv.q_b.weight", "qkv.q.weight", "qkv.kv_b.weight", "fc1.experts.weight",
-        "fc1.shared.weight", "fc2.experts.weight", "fc2.shared.weight"};
     const uint64_t t = (uint64_t)MAX(mp, 1), h = (uint64_t)model->hidden;
     /* Without tensor parallelism every tensor is whole (the vocabulary's rows are whole rows
-     * of h): no name to compare, for each of a deep model's hundreds of thousands. */
+     * of h). */
     if (t == 1 && h > 0 && tensor->elems % h == 0)
         return tensor->elems;
-    for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
-        if (strcmp(tensor->name, split[i]) == 0)
-            return (tensor->elems + t - 1) / t;
-    if (strcmp(tensor->name, "wte") == 0 || strcmp(tensor->name, "lm_head.weight") == 0)
+    if (tensor->split == ZP_TENSOR_SPLIT)
+        return (tensor->elems + t - 1) / t;
+    if (tensor->split == ZP_TENSOR_SPLIT_ROWS)
         return (tensor->elems / h + t - 1) / t * h;
     return tensor->elems;
 }

@@ -98,12 +98,21 @@ typedef enum {
 const char *zp_model_module_name(ZpBlockModule module);
 int zp_model_module_parse(const char *name);
 
+/* How tensor parallelism splits a tensor (zp_model_tensor_tp_elems): not at all, its
+ * elements, or its rows of h (the vocabulary's). */
+typedef enum { ZP_TENSOR_WHOLE, ZP_TENSOR_SPLIT, ZP_TENSOR_SPLIT_ROWS } ZpTensorSplit;
+
 typedef struct {
     const char *name; /* "wte", "qkv.weight", ... (static strings) */
     int unit;         /* 0 embeddings, 1..L blocks, L+1 final */
     uint64_t elems;
     gboolean matrix;  /* 2-D, the hidden size one of its sides (every weight matrix and
                        * embedding table); FALSE: 1-D (norms and biases) */
+    /* Read off the name once, by zp_model_tensors (the search's schedules asked a deep
+     * model's thousands of tensors by name again and again: plan --3d gpt-1t/4096 compared
+     * 2.7 million names, 93 M instructions). */
+    uint8_t split;    /* ZpTensorSplit */
+    uint8_t expert;   /* a routed expert's (zp_model_tensor_is_expert) */
 } ZpTensor;
 
 /* Parses a model spec object; `what` names its file in messages. */
