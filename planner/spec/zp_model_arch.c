@@ -301,15 +301,22 @@ static void classify_tensor(ZpTensor *tensor)
         "qkv.weight", "qkv.bias", "proj.weight", "fc1.weight", "fc1.bias", "fc2.weight",
         "qkv.q_b.weight", "qkv.q.weight", "qkv.kv_b.weight", "fc1.experts.weight",
         "fc1.shared.weight", "fc2.experts.weight", "fc2.shared.weight"};
+    static const char *const rows[] = {"wte", "lm_head.weight"};
+    static const char *const experts[] = {"fc1.experts.weight", "fc2.experts.weight"};
     const char *name = tensor->name;
     tensor->split = ZP_TENSOR_WHOLE;
+    tensor->expert = FALSE;
+    /* the first letters first: a one-block model's table (ds_residual's, at every plan the
+     * search screens) names each tensor once */
     for (size_t i = 0; i < G_N_ELEMENTS(split); i++)
-        if (strcmp(name, split[i]) == 0)
+        if (split[i][0] == name[0] && strcmp(name, split[i]) == 0)
             tensor->split = ZP_TENSOR_SPLIT;
-    if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0)
-        tensor->split = ZP_TENSOR_SPLIT_ROWS;
-    tensor->expert =
-        strcmp(name, "fc1.experts.weight") == 0 || strcmp(name, "fc2.experts.weight") == 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
+        if (rows[i][0] == name[0] && strcmp(name, rows[i]) == 0)
+            tensor->split = ZP_TENSOR_SPLIT_ROWS;
+    for (size_t i = 0; i < G_N_ELEMENTS(experts); i++)
+        if (experts[i][0] == name[0] && strcmp(name, experts[i]) == 0)
+            tensor->expert = TRUE;
 }
 
 /* A row of the tensor table: a ZpTensor's name, unit, elements and matrix flag (its split
