@@ -91,6 +91,30 @@ void zp_advise_huge_pages(void *data, size_t bytes);
  * 4 KiB first-touch faults (and, grown by doubling, its copies) cost more than its writes. */
 void zp_array_reserve_huge(GArray *array, guint64 elems);
 
+/* Lengthens `array` (made without clear or zero termination) by n elements and returns the
+ * first of them (elem_bytes each), uninitialised. *room is a length the array holds without growing: what
+ * zp_array_reserve_huge reserved for it, 0 when unknown. Within it only `len` is set, which
+ * is all that g_array_set_size does there for such an array (GArray's public len is
+ * GRealArray's); past it the array is reserved to twice the length (as GLib's doubling) and
+ * *room says so. An op builder's two arrays grew by GLib calls per op, each checking its room
+ * with a 64-bit division (g_array_maybe_expand): 430 M instructions of plan --3d
+ * gpt-1t/4096's 4.9 G. */
+static inline void *zp_array_extend(GArray *array, guint n, gsize elem_bytes, guint *room)
+{
+    const guint len = array->len;
+    if (G_UNLIKELY(n > *room || len > *room - n)) {
+        const guint64 want = MAX((guint64)len + n, 2 * (guint64)len);
+        if (want > G_MAXUINT / 2) { /* GLib's own call, which says why it cannot */
+            g_array_set_size(array, len + n);
+            return array->data + (gsize)len * elem_bytes;
+        }
+        zp_array_reserve_huge(array, want);
+        *room = (guint)want;
+    }
+    array->len = len + n;
+    return array->data + (gsize)len * elem_bytes;
+}
+
 /* Has glibc's malloc keep freed memory for the next allocation (mallopt M_MMAP_THRESHOLD and
  * M_TRIM_THRESHOLD at 1 GiB) instead of handing each large block back to the kernel, which
  * zeroes fresh pages again for the next one. A process that evaluates plans calls it first

@@ -171,6 +171,8 @@ typedef struct {
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;
     gboolean over_ops;
+    /* The ops and dependencies the schedule's arrays hold without growing (zp_array_extend) */
+    guint ops_room, deps_room;
     ZpOp unstored_op; /* where an op past max_ops is written (zp_build_emit.c op_slot) */
     /* overlap_param_gather: each bucket's all-gather in the next forward (NONE: none, as for
      * an empty one), how many are issued and how many waited for, in forward order */
@@ -347,7 +349,7 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 void zp_build_tied_sync(Builder *b, const GArray *after);
 /* After stage 0 of `stages`: the op and dependency arrays' room for all of them (at most
  * max_ops ops), over huge pages. */
-void zp_build_pipe_reserve(ZpSchedule *s, int stages, double max_ops);
+void zp_build_pipe_reserve(Builder *b, int stages);
 
 /* ---- zp_build_optimizer.c ---- */
 

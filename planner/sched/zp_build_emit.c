@@ -2,6 +2,9 @@
  * with their dependencies and stream order, and what each compute op costs. */
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
+#include "zp_util.h"
+
+#include <string.h>
 
 /* An op's dependencies gathered on the stack and appended to the schedule's in one call,
  * in chunks when there are more: each GArray call checks the array's room with a 64-bit
@@ -9,6 +12,7 @@
  * 1T's build: 8% of it in that check). */
 typedef struct {
     GArray *out;
+    guint *room; /* Builder.deps_room */
     guint n;
     uint32_t buf[32];
 } DepBuf;
@@ -16,7 +20,8 @@ typedef struct {
 static void deps_flush(DepBuf *d)
 {
     if (d->n > 0)
-        g_array_append_vals(d->out, d->buf, d->n);
+        memcpy(zp_array_extend(d->out, d->n, sizeof(uint32_t), d->room), d->buf,
+               d->n * sizeof(uint32_t));
     d->n = 0;
 }
 
@@ -57,8 +62,7 @@ static ZpOp *op_slot(Builder *b)
         b->over_ops = TRUE; /* its dependencies stay: a pipeline's link_sends fills some */
         return &b->unstored_op;
     }
-    g_array_set_size(ops, ops->len + 1);
-    return &g_array_index(ops, ZpOp, ops->len - 1);
+    return zp_array_extend(ops, 1, sizeof(ZpOp), &b->ops_room);
 }
 
 /* Completes the op op_slot gave, filled but for its stage and dependencies: those are
@@ -72,6 +76,7 @@ static uint32_t op_finish(Builder *b, ZpOp *op, const uint32_t *deps, guint n_de
     const gboolean streamed = compute || op->kind == ZP_OP_COLLECTIVE;
     DepBuf d; /* not an initializer: that would zero buf, a rep stos an op (a tenth of the build) */
     d.out = s->deps;
+    d.room = &b->deps_room;
     d.n = 0;
     op->stage = (uint32_t)b->stage;
     op->dep_start = s->deps->len;

@@ -100,14 +100,20 @@ void zp_build_tied_sync(Builder *b, const GArray *after)
 /* Once stage 0 is built: room for every stage's ops and dependencies at stage 0's count
  * (the others differ by the embedding and the head), taken once, within the ops the budget
  * allows (Builder.max_ops; a schedule past them stops there anyway). */
-void zp_build_pipe_reserve(ZpSchedule *s, int stages, double max_ops)
+void zp_build_pipe_reserve(Builder *b, int stages)
 {
+    ZpSchedule *s = b->s;
     const guint ops = s->ops->len, deps = s->deps->len;
     if (stages < 2 || ops == 0)
         return;
-    const double want = fmin((double)ops * stages * 1.25 + 64, max_ops);
+    const double want = fmin((double)ops * stages * 1.25 + 64, b->max_ops);
     if (want <= ops)
         return;
+    const double want_deps = want * ((double)deps / ops + 0.25);
     zp_array_reserve_huge(s->ops, (guint64)want);
-    zp_array_reserve_huge(s->deps, (guint64)(want * ((double)deps / ops + 0.25)));
+    zp_array_reserve_huge(s->deps, (guint64)want_deps);
+    if (want <= G_MAXUINT / 2) /* else not reserved */
+        b->ops_room = MAX(b->ops_room, (guint)want);
+    if (want_deps <= G_MAXUINT / 2)
+        b->deps_room = MAX(b->deps_room, (guint)want_deps);
 }

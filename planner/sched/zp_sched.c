@@ -401,6 +401,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         const double want = fmin(zp_schedsize_estimate_ops(model, plan), b.max_ops);
         zp_array_reserve_huge(s->ops, (guint64)want);
         zp_array_reserve_huge(s->deps, (guint64)want);
+        if (want <= G_MAXUINT / 2) /* else not reserved */
+            b.ops_room = b.deps_room = (guint)want;
     }
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
@@ -429,7 +431,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     for (b.stage = 0; b.stage < P; b.stage++) {
         build_stage(&b, &a, deps, launched);
         if (b.stage == 0)
-            zp_build_pipe_reserve(s, P, b.max_ops);
+            zp_build_pipe_reserve(&b, P);
     }
     if (b.runahead)
         zp_runahead_bound(s, b.gated);
