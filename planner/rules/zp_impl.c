@@ -208,7 +208,10 @@ static GArray *list_tensors(const ZpSchedule *s)
     gboolean own;
     GArray *tensors = model_tensors(s, &flags, &own);
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
-    zp_array_reserve_huge(out, tensors->len + (guint64)s->n_units);
+    /* at most one entry a tensor and one a unit (zp_array_extend's room: 0 when unreserved) */
+    const guint64 most = tensors->len + (guint64)s->n_units;
+    zp_array_reserve_huge(out, most);
+    guint room = most <= G_MAXUINT / 2 ? (guint)most : 0;
     int unit = -1, module = -1;
     uint64_t inside = 0;
     for (guint i = 0; i <= tensors->len; i++) {
@@ -218,7 +221,7 @@ static GArray *list_tensors(const ZpSchedule *s)
              * tied word embedding, a module of its own. */
             ZpImplTensor rest = {unit, ++module, s->unit_offset[unit] + inside,
                                  s->unit_elems[unit] - inside, TRUE};
-            g_array_append_val(out, rest);
+            *(ZpImplTensor *)zp_array_extend(out, 1, sizeof rest, &room) = rest;
         }
         if (!t)
             break;
@@ -241,7 +244,7 @@ static GArray *list_tensors(const ZpSchedule *s)
             continue;
         ZpImplTensor it = {unit, module, s->unit_offset[unit] + inside, elems, t->matrix};
         inside += elems;
-        g_array_append_val(out, it);
+        *(ZpImplTensor *)zp_array_extend(out, 1, sizeof it, &room) = it;
     }
     if (own) {
         g_array_unref(tensors);

@@ -1,17 +1,19 @@
 /* zp_alloc_ops: the allocs and frees the allocator replay walks: a schedule's own, or those of
  * the longer schedule that whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
 #include "zp_alloc_ops.h"
+#include "zp_util.h"
 
 /* The schedule's allocs and frees as they are. */
 GArray *zp_alloc_ops_plain(const ZpSchedule *s)
 {
-    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), s->ops->len / 4 + 16);
+    guint room = s->ops->len / 4 + 16; /* zp_array_extend's: what the array holds */
+    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room);
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
             continue;
         const ZpAllocOp so = {op, i, op->micro, op->buffer};
-        g_array_append_val(ops, so);
+        *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
     }
     return ops;
 }
@@ -132,7 +134,8 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     const uint64_t mask = ring - 1;
     int32_t *buffer_at = g_new(int32_t, ring);
     const ZpOp **op_at = g_new0(const ZpOp *, ring);
-    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), (guint)(total / 4 + 16));
+    guint room = (guint)(total / 4 + 16); /* zp_array_extend's: what the array holds */
+    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room);
     int32_t fresh = most + 1, micro_shift = 0;
     uint32_t at = 0, stage = UINT32_MAX;
     size_t k = 0;
@@ -171,7 +174,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                              buffer_at[(at - back) & mask] >= 0;
                         so.buffer = ok ? buffer_at[(at - back) & mask] : -1;
                     }
-                    g_array_append_val(ops, so);
+                    *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
                 }
             }
             micro_shift += (int32_t)(x->periods * x->micro_steps);
@@ -198,7 +201,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                     so.buffer = ok ? buffer_at[(at - back) & mask] : -1;
                 }
             }
-            g_array_append_val(ops, so);
+            *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
         }
         at++;
     }

@@ -338,6 +338,7 @@ typedef struct {
  * repeats its rows' static names, so a deep model's table reads each name once. */
 #define NAMES_SEEN 64
 typedef struct {
+    guint room; /* the rows the table holds (zp_array_extend's; 0 when unreserved) */
     guint n;
     ZpTensor seen[NAMES_SEEN];
 } NamesSeen;
@@ -360,7 +361,7 @@ static void append_rows(GArray *t, const TensorRow *rows, size_t n, NamesSeen *n
                 if (names->n < NAMES_SEEN)
                     names->seen[names->n++] = tensor;
             }
-            g_array_append_val(t, tensor);
+            *(ZpTensor *)zp_array_extend(t, 1, sizeof tensor, &names->room) = tensor;
         }
 }
 
@@ -435,13 +436,15 @@ GArray *zp_model_tensors(const ZpModel *model)
     if (!zp_model_has_architecture(model))
         return t;
     /* room for every row (2 embeddings, 15 attention and 13 MLP rows a block, 3 last) */
-    zp_array_reserve_huge(t, 5 + 28 * (guint64)model->layers);
+    const guint64 rows = 5 + 28 * (guint64)model->layers;
+    zp_array_reserve_huge(t, rows);
     const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
     const int L = (int)model->layers;
     NamesSeen names;
     names.n = 0; /* only the first n are read */
+    names.room = rows <= G_MAXUINT / 2 ? (guint)rows : 0;
     const TensorRow embed[] = {{{"wte", 0, V * h, TRUE}, TRUE},
                                {{"wpe", 0, P * h, TRUE}, model->learned_positions}};
     append_rows(t, embed, G_N_ELEMENTS(embed), &names);
