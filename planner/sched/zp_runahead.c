@@ -31,14 +31,16 @@ static gboolean gathered_buffer(const ZpOp *op)
 
 /* The allocs and frees in list order; a free waiting for no compute op returns its bytes with
  * the next compute op (it waits for an unpack, which that compute op waits for). */
-static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArray *releases)
+static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArray *releases,
+                   guint room)
 {
+    guint taken_room = room, releases_room = room; /* zp_array_extend's */
     GArray *pending = g_array_new(FALSE, FALSE, sizeof(guint)); /* releases waiting for one */
     double total = 0;
     guint next_gated = 0;
     for (uint32_t i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (on_compute(op)) {
+        if (on_compute(op) && pending->len > 0) { /* a GLib call at every compute op else */
             for (guint k = 0; k < pending->len; k++)
                 g_array_index(releases, Release, g_array_index(pending, guint, k)).at = i;
             g_array_set_size(pending, 0);
@@ -51,7 +53,7 @@ static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArr
             Taken t = {i, UINT32_MAX, total};
             if (next_gated < gated->len && g_array_index(gated, uint32_t, next_gated) == i)
                 t.after = after, next_gated++;
-            g_array_append_val(taken, t);
+            *(Taken *)zp_array_extend(taken, 1, sizeof t, &taken_room) = t;
             continue;
         }
         Release r = {after != UINT32_MAX && on_compute(zp_sched_op(s, after)) ? after
@@ -59,7 +61,7 @@ static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArr
                      op->bytes};
         if (r.at == UINT32_MAX) /* never returned if no compute op follows */
             g_array_append_val(pending, releases->len);
-        g_array_append_val(releases, r);
+        *(Release *)zp_array_extend(releases, 1, sizeof r, &releases_room) = r;
     }
     g_array_unref(pending);
 }
@@ -120,9 +122,10 @@ double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
     GArray *taken = g_array_new(FALSE, FALSE, sizeof(Taken));
     GArray *releases = g_array_new(FALSE, FALSE, sizeof(Release));
     /* about as many allocs as are gated, and a free each */
-    zp_array_reserve_huge(taken, gated->len + 64);
-    zp_array_reserve_huge(releases, gated->len + 64);
-    ledger(s, gated, taken, releases);
+    const guint64 room = gated->len + (guint64)64;
+    zp_array_reserve_huge(taken, room);
+    zp_array_reserve_huge(releases, room);
+    ledger(s, gated, taken, releases, room <= G_MAXUINT / 2 ? (guint)room : 0);
     if (!sorted_by_at(releases)) /* g_array_sort is stable: an ordered list stays as it is */
         g_array_sort(releases, by_at);
     const Release *r = (const Release *)releases->data;
