@@ -7,24 +7,30 @@
 #include <stdint.h>
 
 /* A block of a segment (zp_alloc_replay's; the pool reads its size and address and keeps
- * its place in `bucket`). */
+ * its place in `heap` at `heap_pos`). */
 typedef struct ZpAllocBlock ZpAllocBlock;
+typedef struct ZpAllocHeap ZpAllocHeap;
 struct ZpAllocBlock {
     uint64_t addr, size;
     uint64_t id; /* allocated: its handle, its key in ZpAllocReplay.live (or by_id) */
     gboolean allocated, small;
     ZpAllocBlock *prev, *next; /* neighbours in the segment */
-    GTree *bucket;      /* free: its size's address tree in its pool */
+    ZpAllocHeap *heap;  /* free: its size's blocks in its pool */
+    guint heap_pos;     /* free: its place there */
 };
 
 /* A pool's free blocks in (size, address) order, two levels deep: a GTree by size, each of
- * whose values is a GTree of that size's blocks by address. Both compare integers held in the
- * keys themselves, never a Block (the 32,000-layer stage-3 replay keeps 1,854 free blocks on
- * average, and one comparison through their pointers was 19% of its time), and the sizes are
- * few: 7.2 at a time on average there, 57 at most. */
+ * whose values is a ZpAllocHeap of that size's blocks, a binary min-heap by address (each
+ * block knowing its place): the best fit is the smallest size's lowest address, all a
+ * lower bound needs; insertion and removal move pointers in an array, where an address
+ * GTree allocated and freed a node each time (plan --3d gpt-1t/4096's replays: 600,000 of
+ * each, 0.4 G instructions). The sizes compare as integers held in the keys themselves,
+ * never a Block (the 32,000-layer stage-3 replay keeps 1,854 free blocks on average, and one
+ * comparison through their pointers was 19% of its time), and they are few: 7.2 at a time on
+ * average there, 57 at most. */
 typedef struct {
-    GTree *by_size;   /* size -> GTree (addr -> Block) */
-    GPtrArray *spare; /* emptied address trees, kept for the next size */
+    GTree *by_size;   /* size -> ZpAllocHeap */
+    GPtrArray *spare; /* emptied heaps, kept for the next size */
     guint n;          /* blocks */
 } ZpAllocPool;
 
