@@ -3,16 +3,7 @@
 #include "zp_alloc_pool.h"
 
 #include <stdlib.h>
-
-/* Keys are the integers themselves (GSIZE_TO_POINTER: sizes and addresses are 64-bit). */
-static int key_cmp(gconstpointer a, gconstpointer b)
-{
-    const guintptr x = (guintptr)a, y = (guintptr)b;
-    return x < y ? -1 : x > y;
-}
-
-#define KEY(v) ((gpointer)(guintptr)(v))
-G_STATIC_ASSERT(sizeof(guintptr) >= sizeof(uint64_t));
+#include <string.h>
 
 /* One size's free blocks: a binary min-heap by address, block k's children at 2k+1 and
  * 2k+2, each block's heap_pos its index. */
@@ -58,34 +49,46 @@ static void heap_settle(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
 
 void zp_alloc_pool_init(ZpAllocPool *p)
 {
-    p->by_size = g_tree_new(key_cmp);
-    p->spare = g_ptr_array_new_with_free_func(heap_destroy);
-    p->n = 0;
-}
-
-/* GTraverseFunc: hands a heap (the value) to the spare ones, to be destroyed. */
-static gboolean spare_value(gpointer key, gpointer value, gpointer spare)
-{
-    (void)key;
-    g_ptr_array_add(spare, value);
-    return FALSE;
+    *p = (ZpAllocPool){.spare = g_ptr_array_new_with_free_func(heap_destroy)};
 }
 
 void zp_alloc_pool_destroy(ZpAllocPool *p)
 {
-    g_tree_foreach(p->by_size, spare_value, p->spare);
-    g_tree_destroy(p->by_size);
+    for (guint i = 0; i < p->n_sizes; i++)
+        heap_destroy(p->sizes[i].heap);
+    g_free(p->sizes);
     g_ptr_array_unref(p->spare);
+}
+
+/* The first of the pool's sizes that is at least `size` (n_sizes: none). */
+static guint size_at_least(const ZpAllocPool *p, uint64_t size)
+{
+    guint lo = 0, hi = p->n_sizes;
+    while (lo < hi) {
+        const guint mid = lo + (hi - lo) / 2;
+        if (p->sizes[mid].size < size)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 void zp_alloc_pool_insert(ZpAllocPool *p, ZpAllocBlock *b)
 {
-    ZpAllocHeap *h = g_tree_lookup(p->by_size, KEY(b->size));
-    if (!h) {
-        h = p->spare->len ? g_ptr_array_steal_index_fast(p->spare, p->spare->len - 1)
-                          : g_new0(ZpAllocHeap, 1);
-        g_tree_insert(p->by_size, KEY(b->size), h);
+    const guint i = size_at_least(p, b->size);
+    if (i == p->n_sizes || p->sizes[i].size != b->size) { /* a size of its own, at i */
+        if (p->n_sizes == p->room) {
+            p->room = MAX(2 * p->room, 16);
+            p->sizes = g_renew(ZpAllocSize, p->sizes, p->room);
+        }
+        memmove(&p->sizes[i + 1], &p->sizes[i], (p->n_sizes - i) * sizeof *p->sizes);
+        p->n_sizes++;
+        p->sizes[i] = (ZpAllocSize){
+            b->size, p->spare->len ? g_ptr_array_steal_index_fast(p->spare, p->spare->len - 1)
+                                   : g_new0(ZpAllocHeap, 1)};
     }
+    ZpAllocHeap *h = p->sizes[i].heap;
     if (h->n == h->room) {
         h->room = MAX(2 * h->room, 8);
         h->at = g_renew(ZpAllocBlock *, h->at, h->room);
@@ -102,9 +105,11 @@ void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
     ZpAllocBlock *last = h->at[--h->n];
     if (last != b) /* the last block fills b's hole */
         heap_settle(h, b->heap_pos, last);
-    if (h->n == 0) {
-        g_tree_remove(p->by_size, KEY(b->size));
+    if (h->n == 0) { /* its size goes (the heap is b's size's: found at its size) */
+        const guint i = size_at_least(p, b->size);
         g_ptr_array_add(p->spare, h);
+        memmove(&p->sizes[i], &p->sizes[i + 1], (p->n_sizes - i - 1) * sizeof *p->sizes);
+        p->n_sizes--;
     }
     p->n--;
 }
@@ -112,14 +117,13 @@ void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
 /* The best fit: the smallest block of at least size bytes, the lowest address among those. */
 ZpAllocBlock *zp_alloc_pool_best(const ZpAllocPool *p, uint64_t size)
 {
-    GTreeNode *node = g_tree_lower_bound(p->by_size, KEY(size));
-    return node ? ((ZpAllocHeap *)g_tree_node_value(node))->at[0] : NULL;
+    const guint i = size_at_least(p, size);
+    return i < p->n_sizes ? p->sizes[i].heap->at[0] : NULL;
 }
 
 uint64_t zp_alloc_pool_largest(const ZpAllocPool *p)
 {
-    GTreeNode *last = g_tree_node_last(p->by_size);
-    return last ? (uint64_t)(guintptr)g_tree_node_key(last) : 0;
+    return p->n_sizes ? p->sizes[p->n_sizes - 1].size : 0;
 }
 
 static int by_addr(const void *a, const void *b)
@@ -128,22 +132,15 @@ static int by_addr(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* GTraverseFunc over the sizes: appends each one's blocks that are a whole segment, in
- * address order (as the address trees listed them). */
-static gboolean collect_size(gpointer key, gpointer value, gpointer data)
-{
-    (void)key;
-    const ZpAllocHeap *h = value;
-    GPtrArray *whole = data;
-    const guint from = whole->len;
-    for (guint k = 0; k < h->n; k++)
-        if (!h->at[k]->prev && !h->at[k]->next)
-            g_ptr_array_add(whole, h->at[k]);
-    qsort(whole->pdata + from, whole->len - from, sizeof(gpointer), by_addr);
-    return FALSE;
-}
-
+/* Each size's blocks that are a whole segment, in (size, address) order. */
 void zp_alloc_pool_whole_segments(const ZpAllocPool *p, GPtrArray *whole)
 {
-    g_tree_foreach(p->by_size, collect_size, whole);
+    for (guint i = 0; i < p->n_sizes; i++) {
+        const ZpAllocHeap *h = p->sizes[i].heap;
+        const guint from = whole->len;
+        for (guint k = 0; k < h->n; k++)
+            if (!h->at[k]->prev && !h->at[k]->next)
+                g_ptr_array_add(whole, h->at[k]);
+        qsort(whole->pdata + from, whole->len - from, sizeof(gpointer), by_addr);
+    }
 }

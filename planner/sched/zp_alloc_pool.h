@@ -19,19 +19,23 @@ struct ZpAllocBlock {
     guint heap_pos;     /* free: its place there */
 };
 
-/* A pool's free blocks in (size, address) order, two levels deep: a GTree by size, each of
- * whose values is a ZpAllocHeap of that size's blocks, a binary min-heap by address (each
+/* A pool's free blocks in (size, address) order, two levels deep: the sizes in a sorted
+ * array, each with a ZpAllocHeap of that size's blocks, a binary min-heap by address (each
  * block knowing its place): the best fit is the smallest size's lowest address, all a
- * lower bound needs; insertion and removal move pointers in an array, where an address
- * GTree allocated and freed a node each time (plan --3d gpt-1t/4096's replays: 600,000 of
- * each, 0.4 G instructions). The sizes compare as integers held in the keys themselves,
- * never a Block (the 32,000-layer stage-3 replay keeps 1,854 free blocks on average, and one
- * comparison through their pointers was 19% of its time), and they are few: 7.2 at a time on
- * average there, 57 at most. */
+ * lower bound needs; insertion and removal move pointers in arrays, where GTrees of sizes
+ * and of addresses allocated and freed a node each time (plan --3d gpt-1t/4096's replays:
+ * 600,000 of each, 0.4 G instructions). The sizes are few: 7.2 at a time on average in the
+ * 32,000-layer stage-3 replay, 57 at most, where 1,854 blocks are free on average. */
 typedef struct {
-    GTree *by_size;   /* size -> ZpAllocHeap */
-    GPtrArray *spare; /* emptied heaps, kept for the next size */
-    guint n;          /* blocks */
+    uint64_t size;
+    ZpAllocHeap *heap;
+} ZpAllocSize;
+
+typedef struct {
+    ZpAllocSize *sizes; /* by size, each heap holding at least one block */
+    guint n_sizes, room;
+    GPtrArray *spare;   /* emptied heaps, kept for the next size */
+    guint n;            /* blocks */
 } ZpAllocPool;
 
 void zp_alloc_pool_init(ZpAllocPool *p);
