@@ -6,7 +6,8 @@
 /* A step's gathers, as fetch_sub_module issues them; deps gets what its compute waits for. */
 static void step_begin(Builder *b, int pos, int step, int micro, GArray *deps)
 {
-    g_array_set_size(deps, 0);
+    if (deps->len > 0) /* a GLib call at every step else (532,856 in plan --3d gpt-1t/4096) */
+        g_array_set_size(deps, 0);
     b->step = step;
     if (b->s->plan.zero.stage == 3) {
         const int key = zp_build_step_key(pos, step);
