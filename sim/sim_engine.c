@@ -41,7 +41,8 @@ void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
 
 /* Op began counting its dependencies down: sim_fold's window (Sim.fold_hi) reaches it, but
  * for the far ops (SimFold's far list: an op waiting on one from the first micro-step, in
- * the last), which sim_fold compares in place. */
+ * the last), which sim_fold compares in place, and the sinks (an op of no micro-step that
+ * every micro-step counts down), whose fall it compares. */
 static inline void fold_began(Sim *sim, uint32_t op)
 {
     if (sim->fold_hi && !(sim->fold_far && sim->fold_far[op]))

@@ -71,6 +71,10 @@ G_STATIC_ASSERT(sizeof(SimOp) == 40);
  * (rows are fewer: one for each op counting down at once, past a budget check). */
 #define COUNTS_UNUSED (UINT32_MAX - 1)
 #define COUNTS_DONE UINT32_MAX
+/* Sim.fold_far's marks: sim_fold.c's far ops and sinks, which its window leaves out. */
+#define SIM_FOLD_FAR 1
+#define SIM_FOLD_SINK 2
+
 /* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
 #define COUNTS_WIDE (UINT32_MAX - 2)
 /* Dependent.stream of an alloc or free. */
@@ -323,7 +327,8 @@ typedef struct {
     uint32_t fold_watch[2];
     uint32_t *fold_hi; /* [stage]: one past the last op that began counting down (take_row,
                         * or a wide op's first count: fold_began), the far ops aside */
-    uint8_t *fold_far; /* [op]: 1 for sim_fold's far ops (NULL where there are none) */
+    uint8_t *fold_far; /* [op]: SIM_FOLD_FAR or SIM_FOLD_SINK for sim_fold's far ops and
+                        * sinks, else 0 (NULL where there are none) */
     /* SimOptions.extend_micro_steps: micro-steps of the steady state the schedule lacks,
      * which sim_fold.c counts as virtual periods in its jumps. */
     uint32_t extend_micro_steps;

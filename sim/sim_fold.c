@@ -105,7 +105,32 @@
  * would keep it. A wide far op is compared in place by the same code. A virtual period inserts
  * ops before the window: the long schedule's wide ops lie that many ops on, as untouched. A
  * wide op inside a period (none the builder makes) stops every repeat at it: such a plan steps
- * every event. */
+ * every event. A wide sink (below) counts down at c, outside the window: it is no op a jump
+ * checks, and its count is moved as a sink's.
+ *
+ * Sinks. An op of no micro-step may wait on ops of every micro-step: with the optimizer
+ * offloaded, the CPU step waits on each micro-step's gradient copies to the host
+ * (zp_build_cpu_optimizer_step; DeepSpeed's stage 2 copies every micro-step's sum down,
+ * stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu, and the step follows every copy the
+ * GPU made). It began counting down at micro-step 0, so the window reached past every
+ * micro-step at every head, and each copy's dependents held it, an op no period moves, so
+ * same_op saw no copy repeat: no stage 2 or 3 offload plan with accumulation folded (gpt-13b on
+ * 64 GPUs, 16 micro-steps, an optimizer of 476 dependencies). find_far marks such an op (a
+ * counted op past every micro-step's op of its stage, waiting on one of micro-step 0, where the
+ * optimizer is offloaded) a sink: the window leaves it out (fold_began), same_op takes an edge
+ * to it as repeating where both ops count the same sink down (it stays put), and a snapshot
+ * holds each sink's count left, whose fall over the proof's period (over each of a three-
+ * snapshot proof's two, equal) the jump subtracts once per physical period (move_sinks). Why
+ * it is exact. A sink's count is read by nothing but its own start (at 0) and the fold: the
+ * rest of the state evolves as if it were not there, so the proof above moves it whole. Every
+ * count down comes from an op's end, once per counted edge; the skipped periods end the
+ * recorded period's ops moved by 1 .. n periods (every stage's ops from the window back the
+ * proof's periods to n + 1 periods past it repeat, same_op), each with the recorded op's edges
+ * to the sink, so each period counts it down by the recorded fall. The jump stays short of the
+ * sink (it lies past the ops that repeat) and of its count reaching 0 (sim_jump_periods:
+ * left - n x fall >= 1), so it never starts in the skipped periods. A virtual period counts it
+ * down by the fall too, in the long schedule, whose sink waits on that many more ops (an edge
+ * from each inserted copy): its count left is the short schedule's, unmoved. */
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
@@ -199,44 +224,72 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     return TRUE;
 }
 
+/* Lists the ops marked `mark` in far[] by stage: (*start)[s] .. (*start)[s + 1] of *list. */
+static void list_marked(const SimFold *f, const Sim *sim, const uint8_t *far, uint8_t mark,
+                        uint32_t n, uint32_t **list, uint32_t **start)
+{
+    *start = g_new0(uint32_t, f->stages + 1);
+    *list = g_new(uint32_t, MAX(n, 1));
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        (*start)[sim->ops[i].stage + 1] += far[i] == mark;
+    for (uint32_t s = 0; s < f->stages; s++)
+        (*start)[s + 1] += (*start)[s];
+    uint32_t *at = g_memdup2(*start, f->stages * sizeof *at);
+    for (uint32_t i = 0; i < sim->n_ops; i++)
+        if (far[i] == mark)
+            (*list)[at[sim->ops[i].stage]++] = i;
+    g_free(at);
+}
+
 /* The far ops (the head comment): counted ops of the last micro-step waiting on an op of the
- * first, marked in Sim.fold_far (which the engine's take_row reads) and listed by stage.
- * Looked for without a pipeline only, where DeepSpeed holds the ipg buffers from micro-step 0
- * (zp_build_head; a pipeline takes them after its flush): walking a pipeline's ops cost 0.3% of
- * plan --3d gpt3-175b/1024's instructions, and the edges it found (pp 16 over 32 micro-steps:
- * its fill's) changed no fold. */
+ * first, marked SIM_FOLD_FAR in Sim.fold_far (which the engine's take_row reads) and listed by
+ * stage. Looked for without a pipeline only, where DeepSpeed holds the ipg buffers from
+ * micro-step 0 (zp_build_head; a pipeline takes them after its flush): walking a pipeline's
+ * ops cost 0.3% of plan --3d gpt3-175b/1024's instructions, and the edges it found (pp 16
+ * over 32 micro-steps: its fill's) changed no fold. And the sinks (the head comment): counted
+ * ops of no micro-step past every op of one on their stage, waiting on an op of the first
+ * micro-step, marked SIM_FOLD_SINK; looked for where the optimizer is offloaded (the CPU
+ * step waits on every micro-step's gradient copies to the host: zp_build_cpu_optimizer_step),
+ * on any pipeline. */
 static void find_far(SimFold *f, Sim *sim)
 {
+    const gboolean sinks = sim->sched->plan.zero.offload_optimizer.device != ZP_OFFLOAD_NONE;
+    if (f->stages > 1 && !sinks)
+        return;
+    uint32_t *last = g_new0(uint32_t, f->stages); /* [stage]: one past its last micro-step op */
+    for (uint32_t i = 0; sinks && i < sim->n_ops; i++)
+        if (op_micro(f, sim, i) >= 0)
+            last[sim->ops[i].stage] = i + 1;
     uint8_t *far = NULL;
-    uint32_t n_far = 0;
-    for (uint32_t d = 0; f->stages == 1 && d < sim->n_ops; d++) {
+    uint32_t n_far = 0, n_sinks = 0;
+    for (uint32_t d = 0; d < sim->n_ops; d++) {
         if (op_micro(f, sim, d) != 0)
             continue;
         const SimOp *o = &sim->ops[d];
         for (uint32_t k = op_dependents_start(sim, o); k < o->dependents_end; k++) {
             const Dependent *x = &sim->dependents[k];
-            if (!x->counted || op_micro(f, sim, x->op) != (int32_t)f->A - 1 ||
-                (far && far[x->op]))
+            const int32_t m = op_micro(f, sim, x->op);
+            const uint8_t mark = f->stages == 1 && m == (int32_t)f->A - 1 ? SIM_FOLD_FAR
+                                 : sinks && m < 0 && x->op >= last[x->stage] ? SIM_FOLD_SINK
+                                                                             : 0;
+            if (!x->counted || !mark || (far && far[x->op]))
                 continue;
             if (!far)
                 far = g_new0(uint8_t, sim->n_ops);
-            far[x->op] = 1;
-            n_far++;
+            far[x->op] = mark;
+            n_far += mark == SIM_FOLD_FAR;
+            n_sinks += mark == SIM_FOLD_SINK;
         }
     }
+    g_free(last);
     if (!far)
         return;
-    f->far_start = g_new0(uint32_t, f->stages + 1);
-    f->far = g_new(uint32_t, n_far);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        f->far_start[sim->ops[i].stage + 1] += far[i];
-    for (uint32_t s = 0; s < f->stages; s++)
-        f->far_start[s + 1] += f->far_start[s];
-    uint32_t *at = g_memdup2(f->far_start, f->stages * sizeof *at);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (far[i])
-            f->far[at[sim->ops[i].stage]++] = i;
-    g_free(at);
+    if (n_far > 0)
+        list_marked(f, sim, far, SIM_FOLD_FAR, n_far, &f->far, &f->far_start);
+    if (n_sinks > 0) {
+        list_marked(f, sim, far, SIM_FOLD_SINK, n_sinks, &f->sink, &f->sink_start);
+        f->sink_fall = g_new0(int64_t, n_sinks);
+    }
     sim->fold_far = far;
 }
 
@@ -266,13 +319,17 @@ static void push_status(SimFold *f, const Sim *sim, Vec *ints)
                 ints->i[count_at]++;
             }
         }
+        /* every sink's count left (the same sinks at every snapshot: their count is fixed) */
+        for (uint32_t k = f->sink_start ? f->sink_start[s] : 0;
+             f->sink_start && k < f->sink_start[s + 1]; k++)
+            vec_int(ints, sim_jump_sink_left(sim, s, f->sink[k]));
     }
 }
 
 /* Whether stage s's part of y (at *k) is x's (at the same place: equal lengths) moved by
  * `periods` of the stage's step: the window moved, its codes and the far ops' equal. Moves *k
  * past the part. */
-static gboolean same_stage_status(const SimFold *f, uint32_t s, const Vec *x, const Vec *y,
+static gboolean same_stage_status(SimFold *f, uint32_t s, const Vec *x, const Vec *y,
                                   int64_t periods, size_t *k)
 {
     const int64_t lo = y->i[*k], hi = y->i[*k + 1], step = periods * f->steps[s];
@@ -286,12 +343,21 @@ static gboolean same_stage_status(const SimFold *f, uint32_t s, const Vec *x, co
     if (x->i[*k] != y->i[*k] || memcmp(x->i + *k, y->i + *k, far * sizeof(int64_t)) != 0)
         return FALSE;
     *k += far;
+    /* The sinks: what a period counted each down (b to c), or twice that (a to c: the same
+     * fall each period of three snapshots). */
+    for (uint32_t j = f->sink_start ? f->sink_start[s] : 0;
+         f->sink_start && j < f->sink_start[s + 1]; j++, (*k)++) {
+        const int64_t fall = x->i[*k] - y->i[*k];
+        if (fall < 0 || (periods == 1 ? (f->sink_fall[j] = fall, FALSE)
+                                      : fall != periods * f->sink_fall[j]))
+            return FALSE;
+    }
     return TRUE;
 }
 
 /* Whether the status of b and c repeat: each stage's window the same size and moving by its
  * step, the codes in it equal, the far ops' equal in place. */
-static gboolean same_status(const SimFold *f, const Vec *b, const Vec *c)
+static gboolean same_status(SimFold *f, const Vec *b, const Vec *c)
 {
     if (b->len != c->len)
         return FALSE;
@@ -303,7 +369,7 @@ static gboolean same_status(const SimFold *f, const Vec *b, const Vec *c)
 
 
 /* The same over a, b and c (the three-snapshot test: sim_snap_repeats3). */
-static gboolean same_status3(const SimFold *f, const Vec *a, const Vec *b, const Vec *c)
+static gboolean same_status3(SimFold *f, const Vec *a, const Vec *b, const Vec *c)
 {
     if (a->len != c->len || !same_status(f, b, c))
         return FALSE;
@@ -613,6 +679,9 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->equal_step);
     g_free(f->far);
     g_free(f->far_start);
+    g_free(f->sink);
+    g_free(f->sink_start);
+    g_free(f->sink_fall);
     g_hash_table_destroy(f->snaps);
     g_free(f->notes.v);
     g_free(f);

@@ -44,7 +44,12 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
         const Dependent *x = &sim->dependents[a_start + k];
         const Dependent *y = &sim->dependents[b_start + k];
         if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
-            f->steps[x->stage] == 0 || moved_on(f, x->stage, x->op, 1) != y->op)
+            f->steps[x->stage] == 0)
+            return FALSE;
+        /* A sink (sim_fold.c) stays put: both count the same op down. */
+        const gboolean sink = x->counted && x->op == y->op && sim->fold_far &&
+                              sim->fold_far[x->op] == SIM_FOLD_SINK;
+        if (!sink && moved_on(f, x->stage, x->op, 1) != y->op)
             return FALSE;
     }
     return TRUE;
@@ -365,11 +370,45 @@ static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b
 static int64_t far_periods(const SimFold *f, const Sim *sim, uint32_t s, uint32_t hi,
                            int64_t step)
 {
+    int64_t most = INT64_MAX;
     for (uint32_t k = f->far_start ? f->far_start[s] : 0;
          f->far_start && k < f->far_start[s + 1]; k++)
-        if (f->far[k] >= hi && sim_jump_status(sim, s, f->far[k]) != 1)
-            return ((int64_t)f->far[k] - (int64_t)hi) / step;
-    return INT64_MAX;
+        if (f->far[k] >= hi && sim_jump_status(sim, s, f->far[k]) != 1) {
+            most = ((int64_t)f->far[k] - (int64_t)hi) / step;
+            break;
+        }
+    /* The sinks: the window stays short of each (they lie past every micro-step's ops, so
+     * the ops stop repeating before them anyway), and no skipped period counts one to 0
+     * (each counts it down by its fall: sim_fold.c's head comment). */
+    for (uint32_t k = f->sink_start ? f->sink_start[s] : 0;
+         f->sink_start && k < f->sink_start[s + 1]; k++) {
+        const uint32_t i = f->sink[k];
+        const int64_t left = sim_jump_sink_left(sim, s, i), fall = f->sink_fall[k];
+        most = MIN(most, i < hi ? -1 : ((int64_t)i - (int64_t)hi) / step);
+        if (fall > 0)
+            most = MIN(most, (left - 1) / fall);
+    }
+    return most;
+}
+
+/* Counts stage s's sinks down by what `periods` periods count (sim_fold.c's head comment):
+ * each by its fall a period. */
+static void move_sinks(const SimFold *f, Sim *sim, uint32_t s, uint64_t periods)
+{
+    for (uint32_t k = f->sink_start ? f->sink_start[s] : 0;
+         f->sink_start && k < f->sink_start[s + 1]; k++) {
+        const uint32_t i = f->sink[k];
+        const int64_t fall = f->sink_fall[k] * (int64_t)periods;
+        if (fall == 0)
+            continue;
+        const Countdown *c = &sim->countdown[i];
+        g_assert(c->row != COUNTS_DONE && c->row != COUNTS_UNUSED &&
+                 sim_jump_sink_left(sim, s, i) > fall); /* far_periods */
+        if (c->row == COUNTS_WIDE)
+            sim->pending_wide[(size_t)c->wide_row * sim->ranks + s] -= (uint32_t)fall;
+        else
+            sim->rows[(size_t)c->row * sim->ranks + s] -= (uint8_t)fall;
+    }
 }
 
 int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
@@ -512,6 +551,7 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
     }
     for (uint32_t s = 0; s < f->stages; s++) {
         move_counts(f, sim, s, lo[s], hi[s], moved_periods);
+        move_sinks(f, sim, s, moved_periods);
         if (virtual_periods > 0) { /* before the window: its ops and those past it moved */
             const SimFoldInsert at = {lo[s], (uint32_t)f->steps[s], c->shift, virtual_periods};
             g_array_append_val(f->report.inserts, at);

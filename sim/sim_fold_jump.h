@@ -62,6 +62,12 @@ struct SimFold {
     /* The far ops (sim_fold.c find_far), stage s's far[far_start[s] .. far_start[s + 1]),
      * ascending; far_start NULL where there are none. */
     uint32_t *far, *far_start;
+    /* The sinks (sim_fold.c find_sinks): ops of no micro-step that every micro-step counts
+     * down, stage s's sink[sink_start[s] .. sink_start[s + 1]), ascending (sink_start NULL
+     * where there are none); sink_fall[k], what the proof's period counted sink k down by
+     * (sim_fold.c at_head, before each jump), which each skipped period counts it down by. */
+    uint32_t *sink, *sink_start;
+    int64_t *sink_fall;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
     uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
     /* sim_jump_periods found no room for this shift before op blocked_at of stage
@@ -110,6 +116,14 @@ static inline int64_t sim_jump_status(const Sim *sim, uint32_t s, uint32_t i)
         return left == 0 ? 0 : left == sim->ops[i].n_deps ? 1 : 2 + (int64_t)left;
     }
     return 2 + (int64_t)sim->rows[(size_t)c->row * sim->ranks + s] + 256 * (int64_t)c->zeroed;
+}
+
+/* Sink i's count of dependencies left on stage s's one rank (n_deps where none counted):
+ * sim_fold.c's sinks are counted ops, and no rank counted one to 0 while a jump may come. */
+static inline int64_t sim_jump_sink_left(const Sim *sim, uint32_t s, uint32_t i)
+{
+    const int64_t code = sim_jump_status(sim, s, i);
+    return code == 1 ? sim->ops[i].n_deps : code == 0 ? 0 : code - 2;
 }
 
 /* Stage s's window: lo, its first counted op still counting down; hi, one past the last that

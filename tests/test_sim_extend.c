@@ -620,6 +620,42 @@ static void test_extend_random(void)
     g_assert_cmpint(wide_proven, >=, 5); /* 10 of 15 */
 }
 
+
+/* ZeRO-Offload with accumulation, as plan's search evaluates it (gpt-13b on 64 GPUs, 16
+ * micro-batches): the CPU optimizer waits on every micro-step's gradient copies to the host
+ * (zp_build_cpu_optimizer_step; sim_fold.c's sinks), so at stages 2 and 3 no state repeated
+ * and the short run counted none (the full schedule ran after it). The evaluation builds 10
+ * micro-steps and counts 6 virtual, its result and allocator figures the full schedule's,
+ * field for field, and the full schedule folds too: stage 1 (whose CPU step waits on the last
+ * micro-step only, and extended before), stage 2 to the CPU and to NVMe, stage 3 with the
+ * parameters offloaded too. */
+static void test_extend_offload(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt-13b", &m, &error));
+    static const struct {
+        int stage;
+        ZpOffloadDevice optimizer, param;
+    } plans[] = {{1, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
+                 {2, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE},
+                 {2, ZP_OFFLOAD_NVME, ZP_OFFLOAD_NONE},
+                 {3, ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU}};
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, plans[k].stage, 64, 1);
+        p.grad_accum = 16;
+        p.zero.offload_optimizer.device = plans[k].optimizer;
+        p.zero.offload_param.device = plans[k].param;
+        p.gpus_per_node = a100.gpus_per_node;
+        g_assert_cmpint(cli_rank_short_by(&p, &a100), ==, 6);
+        uint32_t folded;
+        gboolean oom;
+        assert_rank_is_full(&m, &p, 6, TRUE, &folded, &oom);
+        g_assert_cmpuint(folded, >, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -635,5 +671,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/held-buckets", test_extend_held_buckets);
     g_test_add_func("/sim/extend/wide-ops", test_extend_wide_ops);
     g_test_add_func("/sim/extend/random", test_extend_random);
+    g_test_add_func("/sim/extend/offload", test_extend_offload);
     return sim_common_run();
 }

@@ -262,6 +262,59 @@ static void test_fold_wide_ops(void)
     g_test_message("%d of %d runs jumped", jumped, runs);
 }
 
+/* ZeRO-Offload and ZeRO-Infinity with accumulation: the CPU optimizer waits on every
+ * micro-step's gradient copies to the host (zp_build_cpu_optimizer_step, as DeepSpeed's step
+ * follows every copy async_accumulate_grad_in_cpu_via_gpu made), so it began counting down at
+ * micro-step 0 and stayed in the window, and no stage 2 or 3 plan folded; each copy's
+ * dependents held it, which same_op saw as no period's (sim_fold.c's sinks). Over stages 1-3,
+ * the optimizer to the CPU and to NVMe, stage 3's parameters to the CPU too, 4 to 64
+ * micro-steps (an optimizer of 25 to 1,665 dependencies: rows and pending_wide), each folded
+ * run equals the stepped one in every field and every timeline cell; from 8 micro-steps on it
+ * jumps. */
+static void test_fold_offload(void)
+{
+    static const int accums[] = {4, 8, 17, 64};
+    static const struct {
+        int stage;
+        ZpOffloadDevice optimizer, param;
+        gboolean small_buckets; /* Hugging Face's "auto", hidden x hidden: a wide optimizer */
+    } shapes[] = {{1, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE, FALSE},
+                  {2, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE, FALSE},
+                  {2, ZP_OFFLOAD_NVME, ZP_OFFLOAD_NONE, FALSE},
+                  {2, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE, TRUE},
+                  {3, ZP_OFFLOAD_CPU, ZP_OFFLOAD_NONE, FALSE},
+                  {3, ZP_OFFLOAD_CPU, ZP_OFFLOAD_CPU, FALSE},
+                  {3, ZP_OFFLOAD_NVME, ZP_OFFLOAD_NVME, FALSE}};
+    for (size_t a = 0; a < G_N_ELEMENTS(accums); a++)
+        for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+            const ZpModel m = sim_gpt_model(16, 32000);
+            ZpPlan p;
+            zp_plan_defaults(&p, shapes[k].stage, 8, 1);
+            p.grad_accum = accums[a];
+            p.zero.offload_optimizer.device = shapes[k].optimizer;
+            p.zero.offload_param.device = shapes[k].param;
+            if (shapes[k].small_buckets)
+                p.zero.reduce_bucket_size = (double)m.hidden * m.hidden;
+            p.gpus_per_node = a100.gpus_per_node;
+            GError *error = NULL;
+            ZpSchedule *s = zp_sched_build(&m, &p, &error);
+            g_assert_no_error(error);
+            const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+            SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+            g_test_message("stage %d, optimizer %d, parameters %d, %d micro-steps, an op of %u "
+                           "dependencies: %s",
+                           shapes[k].stage, shapes[k].optimizer, shapes[k].param, accums[a],
+                           widest_op(s), folded->fold_note);
+            assert_same_result(folded, stepped);
+            assert_same_timeline(s, folded, stepped);
+            if (accums[a] >= 8)
+                g_assert_cmpuint(folded->fold_jumps, >, 0);
+            sim_result_free(folded);
+            sim_result_free(stepped);
+            zp_sched_free(s);
+        }
+}
+
 /* A slow rank (a straggler computing 1.5x slower) among its stage's data-parallel peers sets
  * its ranks apart: the simulator runs rank classes, the fold is refused, and the result is
  * the unfolded one. Alone in its stage (dp 1) it makes that stage slower every micro-step
@@ -788,6 +841,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/refused", test_fold_refused);
     g_test_add_func("/sim/fold/held-buckets", test_fold_held_buckets);
     g_test_add_func("/sim/fold/wide-ops", test_fold_wide_ops);
+    g_test_add_func("/sim/fold/offload", test_fold_offload);
     g_test_add_func("/sim/fold/megatron-1t", test_fold_megatron_1t);
     g_test_add_func("/sim/fold/round-trip", test_fold_round_trip);
     g_test_add_func("/sim/fold/two-snapshots", test_fold_two_snapshots);
