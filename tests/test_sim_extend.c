@@ -538,8 +538,13 @@ static void test_extend_random(void)
      * 2 or 4 data-parallel ranks, where the optimizer waits on over 255 reductions (sim_fold.c's
      * wide ops). */
     GRand *buckets = g_rand_new_with_seed(seed ^ 0x5bd1e995u);
+    /* ZeRO-Offload from a stream of its own too: on DeepSpeed at stages 1-3, in a quarter of
+     * those trials, the optimizer to the CPU or NVMe (and at stage 3 the parameters with it in
+     * half), where the CPU step waits on every micro-step's copies (sim_fold.c's sinks). */
+    GRand *offloads = g_rand_new_with_seed(seed ^ 0x27d4eb2fu);
     static const int pps[] = {1, 2, 3, 4, 6, 8}, mps[] = {1, 2, 16}, layers[] = {8, 12, 16, 24};
-    int proven = 0, trials = 0, replayed = 0, wide = 0, wide_proven = 0;
+    int proven = 0, trials = 0, replayed = 0, wide = 0, wide_proven = 0, offloaded = 0,
+        offloaded_proven = 0;
     for (int trial = 0; trial < n_trials; trial++) {
         const gboolean small_buckets = g_rand_int_range(buckets, 0, 3) == 0;
         const int pp_drawn = pps[g_rand_int_range(rand, 0, G_N_ELEMENTS(pps))];
@@ -564,6 +569,15 @@ static void test_extend_random(void)
         p.gpus_per_node = a100.gpus_per_node;
         if (small_buckets)
             p.zero.reduce_bucket_size = 1024.0 * 1024.0; /* sim_gpt_model's hidden, squared */
+        const gboolean offload = g_rand_int_range(offloads, 0, 4) == 0 &&
+                                 p.impl == ZP_IMPL_DEEPSPEED && p.zero.stage >= 1;
+        const ZpOffloadDevice device = g_rand_boolean(offloads) ? ZP_OFFLOAD_CPU : ZP_OFFLOAD_NVME;
+        const gboolean with_params = g_rand_boolean(offloads);
+        if (offload) {
+            p.zero.offload_optimizer.device = device;
+            if (p.zero.stage == 3 && with_params)
+                p.zero.offload_param.device = device;
+        }
         /* Interleaving runs micro-batches in groups of pp: whole groups. */
         const int unit = p.pipe.schedule == ZP_PIPE_INTERLEAVED ? pp : 1;
         const int m = unit * g_rand_int_range(rand, (pp + 2 + unit - 1) / unit, (4 * pp + 40) / unit);
@@ -581,16 +595,17 @@ static void test_extend_random(void)
             continue;
         }
         trials++;
+        offloaded += offload && p.zero.stage >= 2;
         uint32_t widest = 0;
         for (guint i = 0; i < l->ops->len; i++)
             widest = MAX(widest, zp_sched_op(l, i)->n_deps);
         wide += widest > 255;
         SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps = (uint32_t)shorter});
-        g_test_message("trial %d: pp %d v %d (%s) tp %d dp %d stage %d, %d layers, %d "
+        g_test_message("trial %d: pp %d v %d (%s) tp %d dp %d stage %d%s, %d layers, %d "
                        "micro-steps, %d virtual, widest op %u: %u counted; %s",
                        trial, pp, p.pipe.virtual_stages, p.pipe.schedule == ZP_PIPE_GPIPE ? "gpipe" : "",
-                       mp, dp, p.zero.stage, L, m, shorter, widest, ext->extended_micro_steps,
-                       ext->fold_note);
+                       mp, dp, p.zero.stage, offload ? " offloaded" : "", L, m, shorter, widest,
+                       ext->extended_micro_steps, ext->fold_note);
         g_assert_cmpuint(ext->extended_micro_steps, <=, (uint32_t)shorter);
         if (ext->extended_micro_steps == (uint32_t)shorter) {
             SimResult *stepped = run_ext(l, (SimOptions){.no_fold = TRUE});
@@ -600,6 +615,7 @@ static void test_extend_random(void)
             sim_result_free(stepped);
             proven++;
             wide_proven += widest > 255;
+            offloaded_proven += offload && p.zero.stage >= 2;
         }
         sim_result_free(ext);
         zp_sched_free(s);
@@ -607,9 +623,11 @@ static void test_extend_random(void)
     }
     g_rand_free(rand);
     g_rand_free(buckets);
+    g_rand_free(offloads);
     g_test_message("%d of %d trials counted every virtual micro-step, the allocator replay "
-                   "extended in %d of them; %d of %d with an op of over 255 dependencies",
-                   proven, trials, replayed, wide_proven, wide);
+                   "extended in %d of them; %d of %d with an op of over 255 dependencies; %d "
+                   "of the %d offloaded at stages 2-3",
+                   proven, trials, replayed, wide_proven, wide, offloaded_proven, offloaded);
     /* Not vacuous: most trials are built and a fair share of them proven (37 of 117 with
      * keep sizes as random as these). */
     if (seed_env || trials_env)
@@ -617,7 +635,8 @@ static void test_extend_random(void)
     g_assert_cmpint(trials, >=, 90);
     g_assert_cmpint(proven, >=, trials / 4);
     g_assert_cmpint(replayed, >=, proven / 2);
-    g_assert_cmpint(wide_proven, >=, 5); /* 10 of 15 */
+    g_assert_cmpint(wide_proven, >=, 5); /* 11 of 17 */
+    g_assert_cmpint(offloaded_proven, >=, 2); /* 3 of 5 (stage 1's, 4 of 6, extended before) */
 }
 
 
