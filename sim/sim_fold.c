@@ -111,8 +111,9 @@
  * Sinks. An op of no micro-step may wait on ops of every micro-step: with the optimizer
  * offloaded, the CPU step waits on each micro-step's gradient copies to the host
  * (zp_build_cpu_optimizer_step; DeepSpeed's stage 2 copies every micro-step's sum down,
- * stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu, and the step follows every copy the
- * GPU made). It began counting down at micro-step 0, so the window reached past every
+ * stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu's copy_gradients_to_cpu, on the
+ * current stream (reduce_ipg_grads: copy_grad_stream is disabled), and step's check_overflow
+ * reads overflow_gpu[0].item() after them: the CPU step follows every copy). It began counting down at micro-step 0, so the window reached past every
  * micro-step at every head, and each copy's dependents held it, an op no period moves, so
  * same_op saw no copy repeat: no stage 2 or 3 offload plan with accumulation folded (gpt-13b on
  * 64 GPUs, 16 micro-steps, an optimizer of 476 dependencies). find_far marks such an op (a
