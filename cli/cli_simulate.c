@@ -531,9 +531,12 @@ static gboolean kernels_flag(const SimulateFlags *f, ZpPlan *sched_plan, ZpPlan 
  * /sim/fold/text-short compare both outputs with --no-fold's), and the full schedule's
  * allocator replay (*alloc). Only where nothing reads a timeline (--trace, --html, a sink),
  * every rank is not asked for (--explicit, which does not fold), the fold is on, no rank or
- * link is slowed and nothing is offloaded to the host (the plans test_sim_extend proves it on:
- * a slowed rank's class and the host tiers' figures are not; the text's offload lines read
- * the schedule's host bytes), and only where it is complete: every missing micro-step counted,
+ * link is slowed and no checkpoint goes to the host (the plans test_sim_extend proves it on:
+ * a slowed rank's class is not; cpu_checkpointing's host bytes are a peak over the
+ * schedule's ops). Offloaded states are: test_sim_extend's /sim/extend/offload proves the host
+ * tiers' figures, and the text's offload lines read the schedule's host bytes, which depend on
+ * grad_accum > 1 only (zp_offload_stage2_accum), not on how many (the short schedule keeps
+ * 10 at least: cli_rank_short_by). And only where it is complete: every missing micro-step counted,
  * the op sums exact (ops_json's timeline path needs the full schedule; the text reads no op
  * sums, but one rule for both keeps them on the same plans) and the allocator replay
  * extended. NULL otherwise, with nothing kept (the caller builds and runs the full schedule);
@@ -544,7 +547,7 @@ static SimResult *simulate_short(const SimulateFlags *f, const ZpModel *model, c
                                  const ZpPlan *plan, ZpSchedule **sched, ZpAllocStats *alloc)
 {
     if (f->trace || f->html || f->sink || f->schedule || f->no_fold ||
-        f->explicit_ranks || f->slow_ranks || f->slow_links || zp_offload_any(plan) ||
+        f->explicit_ranks || f->slow_ranks || f->slow_links ||
         plan->ckpt.cpu_checkpointing || cli_rank_short_by(plan, hw) == 0)
         return NULL;
     CliProgress *progress = cli_progress_new("zplan simulate: the schedule built short");

@@ -604,6 +604,17 @@ static const struct {
     {"--model gpt-13b --gpus 64 --stage 2 --grad-accum 16 --reduce-bucket-size 26214400", 10, 6},
     {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 64 --reduce-bucket-size 26214400 "
      "--overlap", 50, 54},
+    /* ZeRO-Offload and ZeRO-Infinity with accumulation (the CPU step waits on every
+     * micro-step's copies: sim_fold.c's sinks), built short as the search builds them; the
+     * text's offload lines read the host tiers, which depend on grad_accum > 1 only
+     * (zp_offload_stage2_accum), not on how many */
+    {"--model gpt-13b --gpus 64 --stage 1 --grad-accum 16 --offload-optimizer cpu", 11, 6},
+    {"--model gpt-13b --gpus 64 --stage 2 --grad-accum 16 --offload-optimizer cpu", 10, 6},
+    {"--model gpt-13b --gpus 64 --stage 2 --grad-accum 64 --offload-optimizer nvme", 50, 54},
+    {"--model gpt-13b --gpus 64 --stage 3 --grad-accum 16 --offload-optimizer cpu "
+     "--offload-param cpu", 9, 6},
+    {"--model gpt-13b --gpus 64 --stage 3 --grad-accum 64 --offload-optimizer nvme "
+     "--offload-param nvme --reduce-bucket-size 26214400", 50, 54},
     {"--model gpt-13b --gpus 64 --stage 0 --checkpoint --pp 4 --pp-schedule interleaved "
      "--virtual-stages 4 --grad-accum 256", 128, 232},
     /* narayanan21-t1-529.6b's shape (8 groups) at a smaller scale: 8 groups of 10 built 6
