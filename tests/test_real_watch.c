@@ -34,10 +34,7 @@ static Ended run_zreal(const char *stop_at, const char *args)
 {
     char *command = g_strdup_printf("timeout -k 5 %d mpirun --oversubscribe -np %d %s/zreal %s",
                                     HANG_KILL_S, RANKS, ZP_BUILD_DIR, args);
-    char **envp = g_get_environ();
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT", "1", TRUE);
-    envp = g_environ_setenv(envp, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", TRUE);
-    envp = g_environ_setenv(envp, "OPENBLAS_NUM_THREADS", "1", TRUE);
+    char **envp = tu_mpirun_environ();
     char timeout[16];
     g_snprintf(timeout, sizeof timeout, "%d", TIMEOUT_S);
     envp = g_environ_setenv(envp, "ZREAL_COMM_TIMEOUT_S", timeout, TRUE);

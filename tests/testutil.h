@@ -25,6 +25,10 @@ TuRun tu_run(const char *command, char **envp);
 
 void tu_free(TuRun *run);
 
+/* This process's environment for mpirun (g_strfreev it): as root too, one BLAS thread a rank,
+ * Open MPI's ob1 pml named and a failed job torn down without pausing. */
+char **tu_mpirun_environ(void);
+
 /* Runs `mpirun --oversubscribe -np n build/zreal ARGS` (as root too, one BLAS thread a rank)
  * with ZREAL_COMM_TIMEOUT_S = timeout (NULL: unset) and waits for it. */
 TuRun tu_zreal_mpirun(int n, const char *args, const char *timeout);
