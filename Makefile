@@ -23,9 +23,13 @@ LDLIBS   := $(shell pkg-config --libs-only-L --libs-only-l glib-2.0 jansson zlib
 
 # CUDA and NCCL are optional. Where $(CUDA_HOME)/bin/nvcc exists (ZP_WITH_CUDA=yes) the CUDA
 # backend (real/*.cu) and the NCCL communicator (the .c files in CUDA_C_SRC include CUDA and
-# NCCL headers, so they are kept out of REAL_SRC) go into libzcuda.a; zreal links them, told
-# by -DZP_HAVE_CUDA that they exist, and tests/gpu/ is built for `make gpu-test`. Elsewhere
-# all of it is skipped and `zreal --backend cuda` says it was built without CUDA.
+# NCCL headers, so they are kept out of REAL_SRC) go into libzcuda.a, which tests/gpu/ links
+# (built for `make gpu-test`), and into libzcuda.so beside zreal, which zreal opens only for
+# --backend cuda (real_cuda_load.c, told by -DZP_HAVE_CUDA that it exists): linked into zreal,
+# CUDA's libraries took 77 ms of each CPU rank's start, a 4-rank run of the tiny model 1.08 s
+# against 0.55 s. zreal exports its symbols (--export-dynamic), whole libzreal.a included, for
+# the library's calls back into it. Elsewhere all of it is skipped and `zreal --backend cuda`
+# says it was built without CUDA.
 NVCC         := $(CUDA_HOME)/bin/nvcc
 ZP_WITH_CUDA ?= $(if $(wildcard $(NVCC)),yes,no)
 CUDA_C_SRC   := real/real_comm_nccl.c
@@ -40,7 +44,7 @@ GPU_TEST_UTIL := $(filter-out $(GPU_TEST_SRC),$(wildcard tests/gpu/*.c))
 # front end warns about their gnu_printf format attribute otherwise.
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 -gencode arch=compute_80,code=sm_80 \
-             --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -Ireal \
+             --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fPIC -MMD -MP -Ireal \
              $(patsubst -I%,-isystem %,$(shell pkg-config --cflags-only-I glib-2.0 2>/dev/null))
 # libstdc++: nvcc's object is C++ (static-initialisation guards).
 # libnccl.so.2 by its soname: a wheel ships no unversioned libnccl.so for -lnccl to find.
@@ -75,8 +79,8 @@ CUDA_OBJ := $(call obj,$(CUDA_C_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_CU
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC))
 ifeq ($(ZP_WITH_CUDA),yes)
 override CFLAGS += -DZP_HAVE_CUDA
-ZREAL_LIBS := $(BUILD)/libzcuda.a
-ZREAL_LDLIBS := $(CUDA_LDLIBS)
+ZREAL_PLUGIN := $(BUILD)/libzcuda.so
+ZREAL_LDFLAGS := -Wl,--export-dynamic
 ALL_GPU_TESTS := $(GPU_TESTS)
 endif
 
@@ -171,8 +175,16 @@ $(BUILD)/lib%.a:
 
 $(BUILD)/zplan: $(call obj,cli/zplan.c) $(LIBS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/zreal: $(call obj,cli/zreal_main.c) $(ZREAL_LIBS) $(LIBS)
-	$(CC) $(LDFLAGS) $^ -o $@ $(ZREAL_LDLIBS) $(LDLIBS)
+# libzcuda.so takes position-independent objects only: those built before this file said
+# -fPIC are rebuilt (any change here rebuilds the seven, a minute of nvcc).
+$(call obj,$(CUDA_C_SRC)): override CFLAGS += -fPIC
+$(CUDA_OBJ): Makefile
+$(BUILD)/libzcuda.so: $(CUDA_OBJ)
+	$(CC) $(LDFLAGS) -shared $^ -o $@ $(CUDA_LDLIBS)
+$(BUILD)/zreal: $(call obj,cli/zreal_main.c) $(LIBS) | $(ZREAL_PLUGIN)
+	$(CC) $(LDFLAGS) $(ZREAL_LDFLAGS) $(call obj,cli/zreal_main.c) $(BUILD)/libzcli.a \
+	  $(BUILD)/libzsim.a -Wl,--whole-archive $(BUILD)/libzreal.a -Wl,--no-whole-archive \
+	  $(BUILD)/libzplanner.a -o $@ $(LDLIBS)
 $(BUILD)/tests/gpu/%: $(call obj,tests/gpu/%.c) $(call obj,$(GPU_TEST_UTIL)) $(BUILD)/libzcuda.a \
                       $(LIBS) | $(BINS)
 	@mkdir -p $(dir $@)

@@ -18,10 +18,7 @@
 #include "zp_schedsize.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
-#ifdef ZP_HAVE_CUDA
-#include "real_comm_nccl.h"
-#include "real_cuda.h"
-#endif
+#include "real_cuda_load.h"
 
 #include <mpi.h>
 #include <signal.h>
@@ -677,22 +674,17 @@ static gboolean make_backend(const Args *a, RealBackend **be, RealComm **comm, G
                            : real_comm_mpi_new(error);
         return *comm != NULL;
     }
-#ifdef ZP_HAVE_CUDA
+    RealCudaEntries cuda;
     RealCudaGemmMode mode;
     const char *local_rank = g_getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!real_cuda_gemm_mode_from_env(&mode, error) ||
-        !(*be = real_cuda_backend_new(local_rank ? atoi(local_rank) : 0, mode, error))) {
+    if (!real_cuda_load(&cuda, error) || !cuda.gemm_mode_from_env(&mode, error) ||
+        !(*be = cuda.backend_new(local_rank ? atoi(local_rank) : 0, mode, error))) {
         g_prefix_error(error, "--backend cuda: ");
         return FALSE;
     }
     *comm = a->emulate ? real_comm_emulated_new(*be, a->emulate, a->emulate_rank)
-                       : real_comm_nccl_new(*be, error);
+                       : cuda.comm_nccl_new(*be, error);
     return *comm != NULL;
-#else
-    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--backend cuda: this zreal was built without "
-                                                 "CUDA (no nvcc under CUDA_HOME when it was built)");
-    return FALSE;
-#endif
 }
 
 /* A device backend's own failure, when it has one, added to an error that may only show

@@ -151,6 +151,42 @@ static void test_cuda_backend_without_device(void)
     g_free(err);
 }
 
+/* A CPU rank maps none of CUDA's libraries (they cost each rank 77 ms of its start): zreal
+ * does not link them, and opens libzcuda.so beside it for --backend cuda only; a zreal without
+ * it there says so in one line. */
+static void test_cuda_library_on_demand(void)
+{
+    char *out = NULL, *err = NULL;
+    int status = 0;
+    char *readelf[] = {"readelf", "-d", ZP_BUILD_DIR "/zreal", NULL};
+    g_assert_true(g_spawn_sync(NULL, readelf, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &err,
+                               &status, NULL));
+    g_assert_true(g_spawn_check_wait_status(status, NULL));
+    g_assert_nonnull(strstr(out, "(NEEDED)"));
+    g_assert_null(strstr(out, "libcu"));
+    g_assert_null(strstr(out, "libnccl"));
+    g_free(out), g_free(err);
+
+    char *moved = g_build_filename(tmp_dir, "zreal", NULL);
+    char *bytes = NULL;
+    gsize length = 0;
+    g_assert_true(g_file_get_contents(ZP_BUILD_DIR "/zreal", &bytes, &length, NULL));
+    g_assert_true(g_file_set_contents(moved, bytes, (gssize)length, NULL));
+    g_assert_cmpint(g_chmod(moved, 0700), ==, 0);
+    char *run[] = {moved, "--model", "tiny", "--backend", "cuda", "--emulate", "2", "--steps", "1",
+                   NULL};
+    g_assert_true(g_spawn_sync(NULL, run, NULL, 0, NULL, NULL, &out, &err, &status, NULL));
+    g_assert_true(WIFEXITED(status) && WEXITSTATUS(status) > 0 && WEXITSTATUS(status) < 128);
+#ifdef ZP_HAVE_CUDA
+    g_assert_nonnull(strstr(err, "zreal rank 0: --backend cuda: cannot load libzcuda.so: "));
+#else
+    g_assert_nonnull(strstr(err, "zreal rank 0: --backend cuda: this zreal was built without "));
+#endif
+    g_assert_null(strchr(strchr(err, '\n') + 1, '\n')); /* one line */
+    g_remove(moved);
+    g_free(moved), g_free(bytes), g_free(out), g_free(err);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -160,5 +196,6 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);
     g_test_add_func("/zreal/bad-input", test_bad_input);
     g_test_add_func("/zreal/cuda-backend-without-device", test_cuda_backend_without_device);
+    g_test_add_func("/zreal/cuda-library-on-demand", test_cuda_library_on_demand);
     return real_zero_common_run();
 }
