@@ -63,8 +63,10 @@ static void test_stages_match_one_rank(gconstpointer data)
     g_assert_cmpfloat(last, <, (steps >= 20 ? 0.6 : 0.99) * first);    /* and it learns */
     for (int n = t->least_ranks; n <= 4; n *= 2)
         for (int stage = 0; stage <= 3; stage++) {
-            char *path;
-            json_t *m = train(t, stage, n, &path);
+            /* Stage 0 on one rank is the reference's own command: its run is checked here,
+             * not run again. */
+            char *path = NULL;
+            json_t *m = stage == 0 && n == 1 ? json_incref(ref) : train(t, stage, n, &path);
             json_t *loss = json_object_get(m, "loss");
             g_assert_cmpuint(json_array_size(loss), ==, (size_t)steps);
             for (int i = 0; i < steps; i++) {
@@ -110,7 +112,8 @@ static void test_stages_match_one_rank(gconstpointer data)
             }
             zp_sched_free(s);
             json_decref(m);
-            g_remove(path);
+            if (path)
+                g_remove(path);
             g_free(path);
         }
     json_decref(ref);
