@@ -156,6 +156,31 @@ static void test_fold_timeline(void)
     zp_sched_free(s);
 }
 
+/* Builds plan p of model m, runs it folded and stepped, and checks they agree in every field
+ * and every timeline cell; from 8 micro-steps on the fold must jump. `what` names the plan in
+ * the test's log, with its widest op's dependencies and the fold's note. Counts the runs and
+ * those that jumped. */
+static uint32_t widest_op(const ZpSchedule *s);
+static void assert_fold_equal(const ZpModel *m, const ZpPlan *p, const char *what, int *jumped,
+                              int *runs)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, p, &error);
+    g_assert_no_error(error);
+    const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
+    SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
+    g_test_message("%s, an op of %u dependencies: %s", what, widest_op(s), folded->fold_note);
+    assert_same_result(folded, stepped);
+    assert_same_timeline(s, folded, stepped);
+    if (p->grad_accum >= 8)
+        g_assert_cmpuint(folded->fold_jumps, >, 0);
+    *jumped += folded->fold_jumps > 0;
+    (*runs)++;
+    sim_result_free(folded);
+    sim_result_free(stepped);
+    zp_sched_free(s);
+}
+
 /* DeepSpeed's stage 1 without a pipeline reduces the last micro-step's gradients through the
  * ipg buffer micro-step 0's first gradient hook took (zp_impl_deepspeed.c ds_held_span): the
  * last micro-step's first all-reduce waits on that alloc, and begins counting down in
@@ -181,22 +206,10 @@ static void test_fold_held_buckets(void)
             p.checkpoint = ckpt;
             p.zero.overlap_comm = overlap;
             p.gpus_per_node = a100.gpus_per_node;
-            GError *error = NULL;
-            ZpSchedule *s = zp_sched_build(&m, &p, &error);
-            g_assert_no_error(error);
-            const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
-            SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
-            g_test_message("%d micro-steps, overlap %d, ckpt %d, tp %d: %s", c.accum, overlap,
-                           ckpt, mp, folded->fold_note);
-            assert_same_result(folded, stepped);
-            assert_same_timeline(s, folded, stepped);
-            if (c.accum >= 8)
-                g_assert_cmpuint(folded->fold_jumps, >, 0);
-            jumped += folded->fold_jumps > 0;
-            runs++;
-            sim_result_free(folded);
-            sim_result_free(stepped);
-            zp_sched_free(s);
+            char *what = g_strdup_printf("%d micro-steps, overlap %d, ckpt %d, tp %d", c.accum,
+                                         overlap, ckpt, mp);
+            assert_fold_equal(&m, &p, what, &jumped, &runs);
+            g_free(what);
         }
     g_test_message("%d of %d runs jumped", jumped, runs);
 }
@@ -241,23 +254,12 @@ static void test_fold_wide_ops(void)
                 GError *error = NULL;
                 ZpSchedule *s = zp_sched_build(&m, &p, &error);
                 g_assert_no_error(error);
-                const uint32_t widest = widest_op(s);
-                const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
-                SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
-                g_test_message("stage %d pp %d, %d micro-steps, overlap %d, an op of %u "
-                               "dependencies: %s",
-                               shapes[k].stage, shapes[k].pp, accums[a], overlap, widest,
-                               folded->fold_note);
-                g_assert_cmpuint(widest, >, 255);
-                assert_same_result(folded, stepped);
-                assert_same_timeline(s, folded, stepped);
-                if (accums[a] >= 8)
-                    g_assert_cmpuint(folded->fold_jumps, >, 0);
-                jumped += folded->fold_jumps > 0;
-                runs++;
-                sim_result_free(folded);
-                sim_result_free(stepped);
+                g_assert_cmpuint(widest_op(s), >, 255);
                 zp_sched_free(s);
+                char *what = g_strdup_printf("stage %d pp %d, %d micro-steps, overlap %d",
+                                             shapes[k].stage, shapes[k].pp, accums[a], overlap);
+                assert_fold_equal(&m, &p, what, &jumped, &runs);
+                g_free(what);
             }
     g_test_message("%d of %d runs jumped", jumped, runs);
 }
@@ -274,6 +276,7 @@ static void test_fold_wide_ops(void)
 static void test_fold_offload(void)
 {
     static const int accums[] = {4, 8, 17, 64};
+    int jumped = 0, runs = 0;
     static const struct {
         int stage;
         ZpOffloadDevice optimizer, param;
@@ -296,23 +299,13 @@ static void test_fold_offload(void)
             if (shapes[k].small_buckets)
                 p.zero.reduce_bucket_size = (double)m.hidden * m.hidden;
             p.gpus_per_node = a100.gpus_per_node;
-            GError *error = NULL;
-            ZpSchedule *s = zp_sched_build(&m, &p, &error);
-            g_assert_no_error(error);
-            const SimOptions o = {.mode = SIM_MODE_FOLDED, .record_timeline = TRUE};
-            SimResult *folded = run_fold(s, o, FALSE), *stepped = run_fold(s, o, TRUE);
-            g_test_message("stage %d, optimizer %d, parameters %d, %d micro-steps, an op of %u "
-                           "dependencies: %s",
-                           shapes[k].stage, shapes[k].optimizer, shapes[k].param, accums[a],
-                           widest_op(s), folded->fold_note);
-            assert_same_result(folded, stepped);
-            assert_same_timeline(s, folded, stepped);
-            if (accums[a] >= 8)
-                g_assert_cmpuint(folded->fold_jumps, >, 0);
-            sim_result_free(folded);
-            sim_result_free(stepped);
-            zp_sched_free(s);
+            char *what = g_strdup_printf("stage %d, optimizer %d, parameters %d, %d micro-steps",
+                                         shapes[k].stage, shapes[k].optimizer, shapes[k].param,
+                                         accums[a]);
+            assert_fold_equal(&m, &p, what, &jumped, &runs);
+            g_free(what);
         }
+    g_test_message("%d of %d runs jumped", jumped, runs);
 }
 
 /* A slow rank (a straggler computing 1.5x slower) among its stage's data-parallel peers sets
