@@ -141,6 +141,8 @@ void zp_alloc_pool_whole_segments(const ZpAllocPool *p, GPtrArray *whole)
         for (guint k = 0; k < h->n; k++)
             if (!h->at[k]->prev && !h->at[k]->next)
                 g_ptr_array_add(whole, h->at[k]);
-        qsort(whole->pdata + from, whole->len - from, sizeof(gpointer), by_addr);
+        /* An empty GPtrArray's pdata is NULL, which qsort's declaration says it never is. */
+        if (whole->len - from > 1)
+            qsort(whole->pdata + from, whole->len - from, sizeof(gpointer), by_addr);
     }
 }
