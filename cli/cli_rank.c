@@ -43,14 +43,21 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * the short run rarely runs for nothing (a keep too small is never wrong: the fold does not
  * count the periods, and the caller runs the full schedule after it).
  *
- * 1F1B and plain accumulation: 2 pp + 8 kept, k even (the fold's shifts are 1 and 2 micro-
+ * 1F1B (and accumulation, below): 2 pp + 8 kept, k even (the fold's shifts are 1 and 2 micro-
  * steps). The fold proves the repeat from about pp + 5 (each stage's warm-up, the settling
  * and one period of snapshots; its jump of virtual periods alone needs one period of room),
  * but the allocator replay inserts a period only where its frees pair as every later one's
  * (zp_alloc_ops.c settle_insert): 1F1B's first stage frees its warm-up forwards' activations
  * through its first pp steady periods, so 2 pp + 1 micro-steps (pp 4 to 64; up to 2 pp + 4
  * at pp 1 to 3, measured), and 4 spare over that (2 pp + 24 kept before; Megatron's 1T row
- * builds 136 of its 512 micro-steps, 152 before; the least that extends is 129).
+ * builds 136 of its 512 micro-steps, 152 before; the least that extends is 129). Without a
+ * pipeline 8 are kept (2 pp + 6): of 218 plans of accumulation alone (gpt2-1.5b, gpt-13b,
+ * gpt-60b, gpt3-175b; stages 0-3 over 12 to 40 micro-steps; overlap, checkpointing, Hugging
+ * Face's hidden x hidden buckets, the optimizer offloaded to the CPU or NVMe, stage 3's
+ * parameters too; simulate --json's fold report) every one 10 kept extended extends with 8,
+ * where 6 lost every stage-3 plan with the optimizer offloaded (24 of 90); plan --3d
+ * gpt-1t/4096, whose stage-3 plans over 16 micro-steps build 8 and count 8 virtual,
+ * 4.391e9 -> 4.282e9 instructions (callgrind), its output byte for byte the same.
  *
  * Interleaved: 6 groups of pp kept, k whole groups (only the group's shift counts virtual
  * periods). The group's shift proves a repeat a group past the fill (a group and a quarter to
@@ -96,7 +103,7 @@ int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
     const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
                                 hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
     const int unit = interleaved || round_trip ? pp : 2;
-    const int keep = interleaved ? 6 * pp : round_trip ? 5 * pp : 2 * pp + 8;
+    const int keep = interleaved ? 6 * pp : round_trip ? 5 * pp : pp > 1 ? 2 * pp + 8 : 8;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
     return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
 }

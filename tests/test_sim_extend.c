@@ -452,7 +452,7 @@ static void test_extend_round_trip(void)
 
 /* DeepSpeed's stage 1 without a pipeline, as plan --3d gpt3-175b/1024 evaluates it (tp 8 x
  * dp 128, 24 micro-batches), with one ipg buffer and overlap_comm's two: the search's
- * evaluation builds 10 micro-steps and counts 14 virtual, its result and allocator figures
+ * evaluation builds 8 micro-steps and counts 16 virtual, its result and allocator figures
  * the full schedule's, field for field. Before the fold kept the last micro-step's reduction,
  * waiting on micro-step 0's ipg buffer, out of its window (sim_fold.c's far ops) such a run
  * never folded: the short run counted none, and the full schedule ran after it. */
@@ -469,7 +469,7 @@ static void test_extend_held_buckets(void)
         p.gpus_per_node = a100.gpus_per_node;
         uint32_t folded;
         gboolean oom;
-        assert_rank_is_full(&m, &p, 14, TRUE, &folded, &oom);
+        assert_rank_is_full(&m, &p, 16, TRUE, &folded, &oom);
         g_assert_cmpuint(folded, >, 0); /* the full schedule folds too */
     }
 }
@@ -479,7 +479,7 @@ static void test_extend_held_buckets(void)
  * over 255 dependencies (sim_fold.c's wide ops), and the fold refused every such plan: the
  * search's evaluation ran the short schedule, counted nothing, and ran the full one after it.
  * gpt-13b on 64 GPUs at stage 2 (16 and 64 micro-batches) and stage 1 (overlap_comm's two
- * buffers, 24): the evaluation builds 10 micro-steps and counts the rest virtual, its result
+ * buffers, 24): the evaluation builds 8 micro-steps and counts the rest virtual, its result
  * and allocator figures the full schedule's, field for field, and the full schedule folds
  * too. */
 static void test_extend_wide_ops(void)
@@ -491,7 +491,7 @@ static void test_extend_wide_ops(void)
         int stage, accum;
         gboolean overlap;
         uint32_t virtual_steps;
-    } plans[] = {{2, 16, FALSE, 6}, {2, 64, FALSE, 54}, {1, 24, TRUE, 14}};
+    } plans[] = {{2, 16, FALSE, 8}, {2, 64, FALSE, 56}, {1, 24, TRUE, 16}};
     for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
         ZpPlan p;
         zp_plan_defaults(&p, plans[k].stage, 64, 1);
@@ -643,8 +643,8 @@ static void test_extend_random(void)
 /* ZeRO-Offload with accumulation, as plan's search evaluates it (gpt-13b on 64 GPUs, 16
  * micro-batches): the CPU optimizer waits on every micro-step's gradient copies to the host
  * (zp_build_cpu_optimizer_step; sim_fold.c's sinks), so at stages 2 and 3 no state repeated
- * and the short run counted none (the full schedule ran after it). The evaluation builds 10
- * micro-steps and counts 6 virtual, its result and allocator figures the full schedule's,
+ * and the short run counted none (the full schedule ran after it). The evaluation builds 8
+ * micro-steps and counts 8 virtual, its result and allocator figures the full schedule's,
  * field for field, and the full schedule folds too: stage 1 (whose CPU step waits on the last
  * micro-step only, and extended before), stage 2 to the CPU and to NVMe, stage 3 with the
  * parameters offloaded too. */
@@ -667,10 +667,10 @@ static void test_extend_offload(void)
         p.zero.offload_optimizer.device = plans[k].optimizer;
         p.zero.offload_param.device = plans[k].param;
         p.gpus_per_node = a100.gpus_per_node;
-        g_assert_cmpint(cli_rank_short_by(&p, &a100), ==, 6);
+        g_assert_cmpint(cli_rank_short_by(&p, &a100), ==, 8);
         uint32_t folded;
         gboolean oom;
-        assert_rank_is_full(&m, &p, 6, TRUE, &folded, &oom);
+        assert_rank_is_full(&m, &p, 8, TRUE, &folded, &oom);
         g_assert_cmpuint(folded, >, 0);
     }
 }
