@@ -456,12 +456,13 @@ void zp_malloc_keep_freed(void)
 /* The ops of a deep pipeline were a hundred megabytes written once, and faulting them in
  * 4 KiB pages was 40% of gpt-1t's pp 64 build (perf: exc_page_fault, clear_page and
  * memory-cgroup charges under g_array_append_vals). */
-void zp_array_reserve_huge(GArray *array, guint64 elems)
+guint zp_array_reserve_huge(GArray *array, guint64 elems)
 {
     const guint len = array->len;
     if (elems <= len || elems > G_MAXUINT / 2)
-        return;
+        return 0;
     g_array_set_size(array, (guint)elems);
     g_array_set_size(array, len);
     zp_advise_huge_pages(array->data, (size_t)elems * g_array_get_element_size(array));
+    return (guint)elems;
 }

@@ -88,8 +88,10 @@ void zp_advise_huge_pages(void *data, size_t bytes);
 
 /* Grows an array's room to `elems` elements (none past G_MAXUINT / 2), its length kept, over
  * transparent huge pages (zp_advise_huge_pages): an array of megabytes written once, whose
- * 4 KiB first-touch faults (and, grown by doubling, its copies) cost more than its writes. */
-void zp_array_reserve_huge(GArray *array, guint64 elems);
+ * 4 KiB first-touch faults (and, grown by doubling, its copies) cost more than its writes.
+ * Returns the room it made, elems, for zp_array_extend; 0 where it made none (elems within
+ * the length already, or past G_MAXUINT / 2). */
+guint zp_array_reserve_huge(GArray *array, guint64 elems);
 
 /* Lengthens `array` (made without clear or zero termination) by n elements and returns the
  * first of them (elem_bytes each), uninitialised. *room is a length the array holds without growing: what
@@ -108,8 +110,7 @@ static inline void *zp_array_extend(GArray *array, guint n, gsize elem_bytes, gu
             g_array_set_size(array, len + n);
             return array->data + (gsize)len * elem_bytes;
         }
-        zp_array_reserve_huge(array, want);
-        *room = (guint)want;
+        *room = zp_array_reserve_huge(array, want);
     }
     array->len = len + n;
     return array->data + (gsize)len * elem_bytes;

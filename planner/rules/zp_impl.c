@@ -209,9 +209,7 @@ static GArray *list_tensors(const ZpSchedule *s)
     GArray *tensors = model_tensors(s, &flags, &own);
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
     /* at most one entry a tensor and one a unit (zp_array_extend's room: 0 when unreserved) */
-    const guint64 most = tensors->len + (guint64)s->n_units;
-    zp_array_reserve_huge(out, most);
-    guint room = most <= G_MAXUINT / 2 ? (guint)most : 0;
+    guint room = zp_array_reserve_huge(out, tensors->len + (guint64)s->n_units);
     int unit = -1, module = -1;
     uint64_t inside = 0;
     for (guint i = 0; i <= tensors->len; i++) {

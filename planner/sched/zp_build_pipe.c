@@ -109,11 +109,7 @@ void zp_build_pipe_reserve(Builder *b, int stages)
     const double want = fmin((double)ops * stages * 1.25 + 64, b->max_ops);
     if (want <= ops)
         return;
-    const double want_deps = want * ((double)deps / ops + 0.25);
-    zp_array_reserve_huge(s->ops, (guint64)want);
-    zp_array_reserve_huge(s->deps, (guint64)want_deps);
-    if (want <= G_MAXUINT / 2) /* else not reserved */
-        b->ops_room = MAX(b->ops_room, (guint)want);
-    if (want_deps <= G_MAXUINT / 2)
-        b->deps_room = MAX(b->deps_room, (guint)want_deps);
+    b->ops_room = MAX(b->ops_room, zp_array_reserve_huge(s->ops, (guint64)want));
+    b->deps_room = MAX(b->deps_room, zp_array_reserve_huge(
+                                         s->deps, (guint64)(want * ((double)deps / ops + 0.25))));
 }

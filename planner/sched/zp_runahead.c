@@ -31,10 +31,9 @@ static gboolean gathered_buffer(const ZpOp *op)
 
 /* The allocs and frees in list order; a free waiting for no compute op returns its bytes with
  * the next compute op (it waits for an unpack, which that compute op waits for). */
-static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, GArray *releases,
-                   guint room)
+static void ledger(const ZpSchedule *s, const GArray *gated, GArray *taken, guint taken_room,
+                   GArray *releases, guint releases_room)
 {
-    guint taken_room = room, releases_room = room; /* zp_array_extend's */
     GArray *pending = g_array_new(FALSE, FALSE, sizeof(guint)); /* releases waiting for one */
     double total = 0;
     guint next_gated = 0;
@@ -122,10 +121,9 @@ double zp_runahead_bound(ZpSchedule *s, const GArray *gated)
     GArray *taken = g_array_new(FALSE, FALSE, sizeof(Taken));
     GArray *releases = g_array_new(FALSE, FALSE, sizeof(Release));
     /* about as many allocs as are gated, and a free each */
-    const guint64 room = gated->len + (guint64)64;
-    zp_array_reserve_huge(taken, room);
-    zp_array_reserve_huge(releases, room);
-    ledger(s, gated, taken, releases, room <= G_MAXUINT / 2 ? (guint)room : 0);
+    const guint64 most = gated->len + (guint64)64;
+    ledger(s, gated, taken, zp_array_reserve_huge(taken, most), releases,
+           zp_array_reserve_huge(releases, most));
     if (!sorted_by_at(releases)) /* g_array_sort is stable: an ordered list stays as it is */
         g_array_sort(releases, by_at);
     const Release *r = (const Release *)releases->data;

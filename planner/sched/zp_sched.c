@@ -399,10 +399,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
      * its stage 0 (zp_build_pipe_reserve). */
     if (P == 1) {
         const double want = fmin(zp_schedsize_estimate_ops(model, plan), b.max_ops);
-        zp_array_reserve_huge(s->ops, (guint64)want);
-        zp_array_reserve_huge(s->deps, (guint64)want);
-        if (want <= G_MAXUINT / 2) /* else not reserved */
-            b.ops_room = b.deps_room = (guint)want;
+        b.ops_room = zp_array_reserve_huge(s->ops, (guint64)want);
+        b.deps_room = zp_array_reserve_huge(s->deps, (guint64)want);
     }
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;

@@ -435,16 +435,14 @@ GArray *zp_model_tensors(const ZpModel *model)
     GArray *t = g_array_new(FALSE, FALSE, sizeof(ZpTensor));
     if (!zp_model_has_architecture(model))
         return t;
+    NamesSeen names;
+    names.n = 0; /* only the first n are read */
     /* room for every row (2 embeddings, 15 attention and 13 MLP rows a block, 3 last) */
-    const guint64 rows = 5 + 28 * (guint64)model->layers;
-    zp_array_reserve_huge(t, rows);
+    names.room = zp_array_reserve_huge(t, 5 + 28 * (guint64)model->layers);
     const uint64_t h = (uint64_t)model->hidden;
     const uint64_t V = (uint64_t)model->vocab, P = (uint64_t)zp_model_positions(model);
     const gboolean ln = model->norm == ZP_NORM_LAYERNORM;
     const int L = (int)model->layers;
-    NamesSeen names;
-    names.n = 0; /* only the first n are read */
-    names.room = rows <= G_MAXUINT / 2 ? (guint)rows : 0;
     const TensorRow embed[] = {{{"wte", 0, V * h, TRUE}, TRUE},
                                {{"wpe", 0, P * h, TRUE}, model->learned_positions}};
     append_rows(t, embed, G_N_ELEMENTS(embed), &names);
