@@ -52,7 +52,7 @@ static double bubble(const ZpPlan *p)
     return 1.0 + (zp_plan_pp(p) - 1.0) / p->grad_accum;
 }
 
-/* The first pipeline stage's memory, as the dense screen takes it (zp_search.c
+/* The first pipeline stage's memory, as the dense screen takes it (zp_search_screen.c
  * pipeline_memory_bytes): its blocks' states with the embedding, the activations of the
  * min(P, m) micro-batches 1F1B keeps in flight there. Its blocks are taken all sparse (the
  * heaviest stage's; DeepSeek-V3's first three dense blocks sit on stage 0 but the screen

@@ -7,6 +7,7 @@
 #include "zp_model.h"
 #include "zp_plan.h"
 #include "zp_sched.h"
+#include "zp_search_screen.h"
 #include "zp_util.h"
 
 #include <glib.h>
@@ -21,16 +22,6 @@
 typedef gboolean (*ZpRankFn)(const ZpPlan *plan, void *ctx, double stop_after_s,
                              double *step_time_s, double *peak_memory_bytes, GError **error);
 #define ZP_RANK_STOPPED (-1.0)
-
-/* The bus bandwidth (nccl-tests' busbw, bytes/s) that the DP or TP group of a world of
- * dp x mp ranks gets from its bottleneck link; the simulator's placement model says. */
-typedef double (*ZpBusBandwidthFn)(const ZpHw *hw, int dp, int mp, ZpGroup group);
-
-/* The time the simulator gives one collective of `kind` over `bytes` on that group when
- * nothing else runs: its latency and transfer at full busbw. Contention only stretches the
- * transfer, so every simulated one takes at least this long. */
-typedef double (*ZpCollTimeFn)(const ZpHw *hw, int dp, int mp, ZpGroup group, ZpCollKind kind,
-                               double bytes);
 
 /* Techniques a search may be told never to try (ZpSearchSpec.exclude): ZeRO++'s qwZ (int8
  * parameter gathers) and qgZ (int4 gradients), both lossy, and hpZ (lossless); ZeRO-R's Pa,
@@ -144,40 +135,8 @@ typedef struct {
  * that does not divide the heads, the GPUs or a node, a precision the GPU has no peak for. */
 GArray *zp_search_enumerate(const ZpSearchSpec *spec, GError **error);
 
-/* The closed-form screen's per-search constants. compute_memo: NULL (as
- * zp_search_screen_init leaves it: the screen allocates nothing), or the compute seconds by
- * kind of the plans screened so far, by every field the compute costing reads
- * (zp_search.c compute_key), which zp_search_run keeps for one search. */
-typedef struct {
-    const ZpModel *model;
-    const ZpHw *hw;
-    double params;
-    ZpBusBandwidthFn bus_bytes_per_s;
-    ZpCollTimeFn coll_s;
-    GHashTable *compute_memo;
-} ZpScreen;
-
 gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GError **error);
 
-/* Screens one plan in O(1) without allocating: *memory_bytes = model states + every residual
- * term + the runtime reserve (zp_mem); *bound_step_s = a lower bound of the simulated step:
- * the step's compute ops at their exact simulated duration (zp_sched_compute_ops), the
- * tensor-parallel all-reduces that sit between them, and the data-parallel collectives at the
- * group's busbw, ignoring latencies; what overlap_comm overlaps counts once:
- *   max(compute + TP (forward, recompute) + max(TP after backward, overlap ? 0 : reductions),
- *       reductions + stage-3 gathers)
- *   + the stage 1-2 parameter all-gather after the optimizer.
- * ZeRO++ lowers the volumes below what it sends: qwZ one byte a gathered element, hpZ half
- * the gathers inside the node, qgZ half a byte a gradient element through its two
- * all-to-alls, the node parts at the intra-node link's rate.
- * With P pipeline stages (V chunks each, m micro-batches) a stage does 1/P of the compute
- * and TP work, its forward and backward stretched by the bubble to (V m + P - 1) / (V m)
- * (not the optimizer, after the flush), and reduces 1/P of the
- * parameters (sends and stage imbalance only add); the memory is the first stage's: its
- * embedding and blocks, and the activations of the micro-batches it holds at once (1F1B:
- * min(P, m); interleaved: Megatron's warm-up plus one, in chunks). */
-void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory_bytes,
-                      double *bound_step_s);
 
 /* Enumerates (leaving out plans whose accumulation would make a schedule longer than
  * ZP_SCHED_MAX_UNIT_STEPS), screens, and simulates the plans that fit and might win: candidates in order of
