@@ -42,6 +42,14 @@ uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps)
     return s->ops->len - 1;
 }
 
+uint32_t widest_op(const ZpSchedule *s)
+{
+    uint32_t most = 0;
+    for (guint i = 0; i < s->ops->len; i++)
+        most = MAX(most, zp_sched_op(s, i)->n_deps);
+    return most;
+}
+
 ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream)
 {
     return (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = ZP_COLL_ALLREDUCE, .stream = stream,

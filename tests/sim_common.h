@@ -41,6 +41,8 @@ ZpSchedule *hand_schedule(int dp, int mp);
 ZpModel sim_gpt_model(int layers, int vocab);
 
 uint32_t add_op(ZpSchedule *s, ZpOp op, const uint32_t *deps, uint32_t n_deps);
+/* The most dependencies an op of s waits on (over 255: the engine's wide ops). */
+uint32_t widest_op(const ZpSchedule *s);
 
 ZpOp allreduce(double bytes, ZpGroup group, ZpStream stream);
 

@@ -501,9 +501,7 @@ static void test_extend_wide_ops(void)
         p.gpus_per_node = a100.gpus_per_node;
         ZpSchedule *l = zp_sched_build(&m, &p, &error);
         g_assert_no_error(error);
-        uint32_t widest = 0;
-        for (guint i = 0; i < l->ops->len; i++)
-            widest = MAX(widest, zp_sched_op(l, i)->n_deps);
+        const uint32_t widest = widest_op(l);
         g_test_message("stage %d x %d: an op of %u dependencies", plans[k].stage, plans[k].accum,
                        widest);
         g_assert_cmpuint(widest, >, 255);

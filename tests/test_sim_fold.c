@@ -160,7 +160,6 @@ static void test_fold_timeline(void)
  * and every timeline cell; from 8 micro-steps on the fold must jump. `what` names the plan in
  * the test's log, with its widest op's dependencies and the fold's note. Counts the runs and
  * those that jumped. */
-static uint32_t widest_op(const ZpSchedule *s);
 static void assert_fold_equal(const ZpModel *m, const ZpPlan *p, const char *what, int *jumped,
                               int *runs)
 {
@@ -212,15 +211,6 @@ static void test_fold_held_buckets(void)
             g_free(what);
         }
     g_test_message("%d of %d runs jumped", jumped, runs);
-}
-
-/* The most dependencies an op of s waits on. */
-static uint32_t widest_op(const ZpSchedule *s)
-{
-    uint32_t most = 0;
-    for (guint i = 0; i < s->ops->len; i++)
-        most = MAX(most, zp_sched_op(s, i)->n_deps);
-    return most;
 }
 
 /* Small reduction buckets (Hugging Face's "auto" reduce_bucket_size is hidden x hidden) make
