@@ -34,9 +34,6 @@ typedef struct {
 
 static Watch watch;
 
-/* A finished rank's first wait for its unfinished peers (doubling from there). */
-#define DONE_FIRST_LOOK_S 0.001
-
 static const char *const phase_places[REAL_WATCH_N] = {
     "before MPI_Init returned", "during the run", "inside MPI_Finalize", "after finishing"};
 
@@ -121,30 +118,18 @@ static gboolean check_peers(RealWatchPhase mine)
 static gpointer watch_thread(gpointer data)
 {
     (void)data;
-    double done_wait_s = DONE_FIRST_LOOK_S;
     for (;;) {
         g_mutex_lock(&watch.lock);
+        beat();
         const RealWatchPhase mine = watch.phase;
-        if (mine != REAL_WATCH_DONE) /* real_watch_phase wrote DONE: peers skip it from then */
-            beat();
         g_mutex_unlock(&watch.lock);
         if (check_peers(mine) && mine == REAL_WATCH_DONE)
             return NULL;
-        /* Finished, the rank waits only for its peers, which left MPI_Finalize's closing
-         * fence with it: it looks again after 1, 2, 4 ... ms up to period_s, so the process
-         * ends within about as long as its last peer took, not a whole period later (a
-         * 2-rank job that trains nothing took 0.8 s under the default timeout, 0.35 s under
-         * ZREAL_COMM_TIMEOUT_S=1). */
-        double wait_s = watch.period_s;
-        if (mine == REAL_WATCH_DONE) {
-            wait_s = MIN(done_wait_s, watch.period_s);
-            done_wait_s *= 2;
-        }
         g_mutex_lock(&watch.lock);
         /* A new phase wakes the thread early, so DONE is published at once. */
         if (watch.phase == mine)
             g_cond_wait_until(&watch.wake, &watch.lock,
-                              g_get_monotonic_time() + (gint64)(wait_s * G_USEC_PER_SEC));
+                              g_get_monotonic_time() + (gint64)(watch.period_s * G_USEC_PER_SEC));
         g_mutex_unlock(&watch.lock);
     }
 }

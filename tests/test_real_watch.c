@@ -1,7 +1,6 @@
 /* test_real_watch: zreal's whole-process watchdog under mpirun — a rank stopped (SIGSTOP) before
  * MPI_Init, inside MPI_Finalize or mid-run ends the job within the timeout and a little more,
  * with a non-zero status below 128 and one line, from one rank, naming the stopped rank. */
-#include "real_watch.h"
 #include "testutil.h"
 
 #include <glib/gstdio.h>
@@ -116,65 +115,6 @@ static void test_malformed_hook(void)
     g_free(e.err);
 }
 
-/* Writes rank `rank`'s heartbeat file in `dir` saying `phase`, as its watchdog would. */
-static void write_peer(const char *dir, int rank, RealWatchPhase phase)
-{
-    char name[16], text[8];
-    g_snprintf(name, sizeof name, "rank.%d", rank);
-    g_snprintf(text, sizeof text, "%d\n", (int)phase);
-    char *path = g_build_filename(dir, name, NULL);
-    g_assert_true(g_file_set_contents(path, text, -1, NULL));
-    g_free(path);
-}
-
-static gpointer peer_finishes(gpointer dir)
-{
-    g_usleep(20000);
-    write_peer(dir, 1, REAL_WATCH_DONE);
-    return NULL;
-}
-
-/* Rank 0 of 2, in this process, under the default timeout (a heartbeat period of 0.5 s),
- * leaves MPI_Finalize 20 ms before its peer: it returns soon after the peer is done, not a
- * period later (it did, so that every run of every zreal test took up to 0.5 s more). */
-static void test_finish_promptly(void)
-{
-    if (g_test_subprocess()) {
-        g_setenv("OMPI_COMM_WORLD_RANK", "0", TRUE);
-        g_setenv("OMPI_COMM_WORLD_SIZE", "2", TRUE);
-        g_setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", TRUE);
-        g_setenv("OMPI_MCA_orte_jobfam_session_dir", tmp_dir, TRUE);
-        g_setenv("PMIX_NAMESPACE", "finish", TRUE);
-        GError *error = NULL;
-        g_assert_true(real_watch_start(300, &error));
-        g_assert_no_error(error);
-        char *dir = g_build_filename(tmp_dir, "zreal-watch-finish", NULL);
-        write_peer(dir, 1, REAL_WATCH_FINALIZE);
-        real_watch_phase(REAL_WATCH_RUN);
-        real_watch_phase(REAL_WATCH_FINALIZE);
-        GThread *peer = g_thread_new("peer", peer_finishes, dir);
-        const gint64 start = g_get_monotonic_time();
-        real_watch_finish();
-        const double elapsed_s = (double)(g_get_monotonic_time() - start) / 1e6;
-        g_thread_join(peer);
-        g_test_message("finished %.3f s after this rank", elapsed_s);
-        g_assert_cmpfloat(elapsed_s, >=, 0.015); /* it waited for the peer */
-        g_assert_cmpfloat(elapsed_s, <, 0.4); /* a whole period: 0.5 s */
-        for (int r = 0; r < 2; r++) {
-            char name[16];
-            g_snprintf(name, sizeof name, "rank.%d", r);
-            char *path = g_build_filename(dir, name, NULL);
-            g_remove(path);
-            g_free(path);
-        }
-        g_rmdir(dir);
-        g_free(dir);
-        return;
-    }
-    g_test_trap_subprocess(NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
-    g_test_trap_assert_passed();
-}
-
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -184,7 +124,6 @@ int main(int argc, char **argv)
     g_test_add_func("/zreal/watch/stopped-in-finalize", test_stopped_in_finalize);
     g_test_add_func("/zreal/watch/stopped-mid-run", test_stopped_mid_run);
     g_test_add_func("/zreal/watch/malformed-hook", test_malformed_hook);
-    g_test_add_func("/zreal/watch/finish-promptly", test_finish_promptly);
     const int rc = g_test_run();
     g_rmdir(tmp_dir);
     g_free(tmp_dir);
