@@ -12,7 +12,8 @@ set -eu
 PACKAGES="libglib2.0-dev libglib2.0-0 libpcre2-8-0 libpcre2-dev libjansson-dev libjansson4 \
 libgsl-dev libgsl27 libgslcblas0 libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread \
 libopenblas0 libgfortran5 libquadmath0 libopenmpi-dev libopenmpi3 openmpi-common openmpi-bin \
-libhwloc15 libudev1 libevent-core-2.1-7 libevent-pthreads-2.1-7 pkgconf pkgconf-bin libpkgconf3"
+libhwloc15 libudev1 libevent-core-2.1-7 libevent-pthreads-2.1-7 pkgconf pkgconf-bin libpkgconf3 \
+zlib1g-dev zlib1g"
 usage() { echo "usage: sh bench/device_kit.sh fetch|env DIR" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 dir=$2

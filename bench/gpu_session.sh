@@ -6,6 +6,8 @@
 #   microbench grid probe. `setup` must come first in every call (a fresh machine is bare):
 #   it unpacks bench/device_kit.sh's libraries (.devkit, carried) and finds NCCL (CUDA's
 #   tree, else the PyTorch wheel's nvidia/nccl).
+# Times on an H200 (2026-11-29): build 9 s, test 44 s, validate 31 s, emulate 13 s,
+# microbench about 6 minutes per GEMM mode (two modes: give it a call of its own).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUTDIR:-/tmp/gpu_session}
@@ -32,6 +34,10 @@ do_setup() {
                     2>/dev/null)
     fi
     export NCCL_HOME=$nccl_home
+    # The GPU's short name (h100, h200, ...) names the microbenchmark files.
+    gpu_tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 |
+              sed 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
+    : "${gpu_tag:=gpu}"
     echo "== setup: NCCL_HOME=$NCCL_HOME; $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader); load $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
@@ -61,10 +67,12 @@ validate() { sh bench/gpu_validate.sh "$build"; }
 
 race() { BUILD="$build" sh bench/gpu_race.sh 8 10; }
 
+# The 7.5B model's rank 0 of 64, predicted on EMULATE_CLUSTER (default dgx-h100).
 emulate() {
     for micro in 1 4; do
-        "$build/zplan" simulate --impl paper --model gpt-7.5b --stage 3 --micro-batch "$micro" --checkpoint \
-            --cluster hwprofiles/dgx-h100.json --gpus 64 --precision bf16 --no-dropout --attention eager --json \
+        "$build/zplan" simulate --impl paper --model gpt-7.5b --stage 3 --micro-batch "$micro" \
+            --checkpoint --cluster "${EMULATE_CLUSTER:-hwprofiles/dgx-h100.json}" --gpus 64 \
+            --precision bf16 --no-dropout --attention eager --json \
             >"$out/emulate-7.5b-mb$micro-predicted.json" &&
         "$build/zreal" --model gpt-7.5b --stage 3 --micro-batch "$micro" --checkpoint \
             --backend cuda --emulate 64 --rank 0 --steps 3 \
@@ -77,9 +85,9 @@ emulate() {
 # Both GEMM modes (the bf16 and the fp32 peak), one rank of a node of 8 emulated (its
 # collectives are the device-to-device copies that stand in for NVLink's).
 microbench() {
-    "$build/zreal" --backend cuda --emulate 8 --microbench --out "$out/microbench-h100-bf16.json" &&
+    "$build/zreal" --backend cuda --emulate 8 --microbench --out "$out/microbench-$gpu_tag-bf16.json" &&
         ZREAL_CUDA_GEMM=fp32 "$build/zreal" --backend cuda --emulate 8 --microbench \
-            --out "$out/microbench-h100-fp32.json"
+            --out "$out/microbench-$gpu_tag-fp32.json"
 }
 
 # Where the time goes: every kernel of one zreal step of gpt2-124m (Nsight Compute, one
