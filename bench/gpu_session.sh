@@ -3,11 +3,11 @@
 # its log under /tmp/gpu_session and a one-line verdict; at exit all of it is packed into
 # $OUT/session.tgz (the device tool returns at most 8 files).
 #   sh bench/gpu_session.sh PHASE... ; phases: setup build test validate race emulate
-#   microbench grid probe. `setup` must come first in every call (a fresh machine is bare):
-#   it unpacks bench/device_kit.sh's libraries (.devkit, carried) and finds NCCL (CUDA's
-#   tree, else the PyTorch wheel's nvidia/nccl).
+#   microbench (or microbench-bf16, microbench-fp32) grid probe. `setup` must come first in
+#   every call (a fresh machine is bare): it unpacks bench/device_kit.sh's libraries
+#   (.devkit, carried) and finds NCCL (CUDA's tree, else the PyTorch wheel's nvidia/nccl).
 # Times on an H200 (2026-11-29): build 9 s, test 44 s, validate 31 s, emulate 13 s,
-# microbench about 6 minutes per GEMM mode (two modes: give it a call of its own).
+# microbench about 6 minutes per GEMM mode (give each mode a call of its own).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUTDIR:-/tmp/gpu_session}
@@ -84,11 +84,12 @@ emulate() {
 
 # Both GEMM modes (the bf16 and the fp32 peak), one rank of a node of 8 emulated (its
 # collectives are the device-to-device copies that stand in for NVLink's).
-microbench() {
-    "$build/zreal" --backend cuda --emulate 8 --microbench --out "$out/microbench-$gpu_tag-bf16.json" &&
-        ZREAL_CUDA_GEMM=fp32 "$build/zreal" --backend cuda --emulate 8 --microbench \
-            --out "$out/microbench-$gpu_tag-fp32.json"
+# microbench-bf16 and microbench-fp32 run one mode each (about 6 minutes each on an H200).
+microbench_mode() {
+    ZREAL_CUDA_GEMM=$1 "$build/zreal" --backend cuda --emulate 8 --microbench \
+        --out "$out/microbench-$gpu_tag-$1.json"
 }
+microbench() { microbench_mode bf16 && microbench_mode fp32; }
 
 # Where the time goes: every kernel of one zreal step of gpt2-124m (Nsight Compute, one
 # metric, clocks as found) and PyTorch eager's kernels from its profiler.
@@ -113,6 +114,8 @@ for p in "$@"; do
     race) phase race race ;;
     emulate) phase emulate emulate ;;
     microbench) phase microbench microbench ;;
+    microbench-bf16) phase microbench-bf16 microbench_mode bf16 ;;
+    microbench-fp32) phase microbench-fp32 microbench_mode fp32 ;;
     grid) phase grid grid ;;
     profile) phase profile profile ;;
     *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;;
