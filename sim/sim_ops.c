@@ -54,25 +54,38 @@ static gboolean fail_op(GError **error, uint32_t i, const char *what)
     return FALSE;
 }
 
-/* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
-static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GError **error)
+/* Whether ops of this kind run on a stream (op_on_stream's, from the ZpOp). */
+static inline gboolean kind_on_stream(uint8_t kind)
 {
-    const ZpOp *op = zp_sched_op(s, i);
+    return kind == ZP_OP_COMPUTE || kind == ZP_OP_COLLECTIVE || kind == ZP_OP_P2P ||
+           kind == ZP_OP_TRANSFER;
+}
+
+/* What check_op holds each op to, read once: the schedule's fields sit behind pointers that
+ * the pass's stores (counts, SimOps) may alias, so the compiler loaded them again for every
+ * op. */
+typedef struct {
+    uint32_t stages, n_groups, n_ops;
+    uint64_t n_deps_total;
+    gboolean attention_rated;
+} OpLimits;
+
+/* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
+static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, GError **error)
+{
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
         [ZP_OP_ALLOC] = ZP_MEM_N, [ZP_OP_FREE] = ZP_MEM_N, [ZP_OP_P2P] = ZP_P2P_N,
         [ZP_OP_TRANSFER] = ZP_XFER_N};
     if (op->kind > ZP_OP_TRANSFER)
         return fail_op(error, i, "unknown kind");
-    if (op->stage >= (uint32_t)MAX(s->stages, 1) ||
-        (op->kind == ZP_OP_P2P && op->peer >= (uint32_t)MAX(s->stages, 1)))
+    if (op->stage >= l->stages || (op->kind == ZP_OP_P2P && op->peer >= l->stages))
         return fail_op(error, i, "stage or peer beyond the schedule's pipeline stages");
     if (op->sub >= sub_limit[op->kind])
         return fail_op(error, i, "unknown compute, collective, p2p, transfer or memory category");
-    if ((op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_COLLECTIVE || op->kind == ZP_OP_P2P ||
-         op->kind == ZP_OP_TRANSFER) && op->stream >= ZP_STREAM_N)
+    if (kind_on_stream(op->kind) && op->stream >= ZP_STREAM_N)
         return fail_op(error, i, "unknown stream");
-    if (op->kind == ZP_OP_COLLECTIVE && op->group >= n_groups)
+    if (op->kind == ZP_OP_COLLECTIVE && op->group >= l->n_groups)
         return fail_op(error, i, "unknown group");
     /* A compute op's costs: other kinds hold their range there (ZpOp's union). */
     const gboolean compute = op->kind == ZP_OP_COMPUTE;
@@ -81,119 +94,150 @@ static gboolean check_op(const ZpSchedule *s, uint32_t n_groups, uint32_t i, GEr
                      !isfinite(op->flops + op->gemm_flops + op->mem_bytes))))
         return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
     if (compute && (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
-                    (op->attn_flops > 0 && !zp_plan_attention_rated(&s->plan))))
+                    (op->attn_flops > 0 && !l->attention_rated)))
         return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
-    if ((uint64_t)op->dep_start + op->n_deps > s->deps->len)
+    if ((uint64_t)op->dep_start + op->n_deps > l->n_deps_total)
         return fail_op(error, i, "dependencies run past the dependency list");
-    return TRUE; /* each dependency's range: sim_ops_build's count of them (one pass) */
+    return TRUE; /* each dependency's range: count_dependents, in the same pass */
 }
 
-/* Counts op i as a dependent of each op it depends on, which must exist: check_op's last
- * check, in the same pass (the dependencies were walked twice, 31 M instructions of plan
- * --3d gpt-1t/4096's 4.4 G). */
-static gboolean count_dependents(const ZpSchedule *s, uint32_t i, uint32_t *dependents,
-                                 GError **error)
-{
-    const ZpOp *op = zp_sched_op(s, i);
-    const uint32_t *deps = zp_sched_deps(s, op);
-    for (uint32_t d = 0; d < op->n_deps; d++) {
-        if (deps[d] >= s->ops->len)
-            return fail_op(error, i, "depends on an op that does not exist");
-        dependents[deps[d]]++;
-    }
-    return TRUE;
-}
+/* DepCursor.ready of an op whose dependents are not split (split_refused). */
+#define SPLIT_REFUSED UINT32_MAX
 
-/* An alloc or free that is ready the moment the op it depends on ends, on the same rank. */
-static gboolean ready_at_once(const Dependent *d, uint16_t stage)
-{
-    return !d->counted && d->stage == stage;
-}
+/* An op's dependents while sim_ops_build places them, 8 bytes an op apart from the SimOps (the
+ * scattered increments stay in cache: a 32,000-layer model's 2.1 million ops spent a sixth of
+ * sim_ops_build on them inside 64-byte SimOps). Counted first: `rest` all of them, `ready`
+ * the allocs and frees ready the moment the op ends (ready_at_once), or SPLIT_REFUSED; then
+ * each part's cursor, where its next dependent goes (the ready ones first). */
+typedef struct {
+    uint32_t rest, ready;
+} DepCursor;
 
-/* Moves the allocs and frees ready at once to the front of op o's dependents, each part in
+/* Moves the allocs and frees ready at once to the front of an op's dependents, each part in
  * its order, where that changes no order the run can see: where all the op's dependents that
  * release an alloc or free are of that kind. Releasing the op then queues the same allocs and
  * frees in the same order (as a block, before it counts down the rest), and the rest start
  * in their order as before: queueing one touches nothing that counting down or starting an
- * op reads, nor the other way round. `scratch` holds the largest op's dependents. */
-static void split_ready_dependents(Sim *sim, SimOp *o, Dependent *scratch)
+ * op reads, nor the other way round. An alloc or free is ready at once where it has one
+ * dependency (it counts nothing down: Dependent.counted) and runs on its stage; any other
+ * alloc or free among the dependents refuses the split. Decided as the dependents are counted,
+ * so that they are placed split (two cursors an op) and no pass moves them afterwards (a
+ * pass over every op's list took 90 M of plan --3d gpt-1t/4096's 4.3 G instructions). */
+static inline void count_ready(DepCursor *c, gboolean ready)
 {
-    const uint32_t start = op_dependents_start(sim, o);
-    Dependent *d = &sim->dependents[start];
-    uint32_t n = o->dependents_end - start, n_ready = 0, n_rest = 0;
-    o->dependents_ready = start;
-    for (uint32_t k = 0; k < n; k++)
-        if (d[k].stream == NOT_ON_STREAM && !ready_at_once(&d[k], o->stage))
-            n = 0; /* a counted or another stage's alloc or free: no block */
-    uint32_t k = 0;
-    while (k < n && ready_at_once(&d[k], o->stage)) /* those in place already */
-        k++;
-    n_ready = k;
-    for (; k < n; k++)
-        if (ready_at_once(&d[k], o->stage))
-            d[n_ready++] = d[k];
-        else
-            scratch[n_rest++] = d[k];
-    if (n_rest > 0 && n_ready > 0) /* else nothing moved: most ops (a memcpy call each) */
-        memcpy(&d[n_ready], scratch, n_rest * sizeof *d);
-    o->dependents_ready += n_ready;
+    if (!ready)
+        c->ready = SPLIT_REFUSED;
+    else if (c->ready != SPLIT_REFUSED)
+        c->ready++;
 }
 
-/* Each op's dependents, counted (in `cursor`, by sim_ops_build's pass over the ops) and
- * placed through a cursor per op apart from the SimOps (then 64 bytes), four bytes each: the
- * scattered increments stay in cache (a 32,000-layer model's 2.1 million ops spent a sixth of
- * sim_ops_build on them). Each op's dependencies are found from its SimOp's n_deps and where
- * they start, not from its ZpOp again (a second pass over the ZpOps read 203 MB at 32,000
- * layers): one after the other, in op order, as the builder and the schedule reader write
- * them (zp_build_emit), where dep_start is NULL, and else at dep_start[i] (ZpOp's, noted by
- * sim_ops_build's pass). Three passes over the SimOps (44 MB at Megatron's 1T),
- * which are memory-bound: the offsets (and the most dependents of an op), the placing, and
- * each op's end with its ready allocs and frees split off (split_ready_dependents), which had
- * two passes of their own. Frees cursor and dep_start. */
-static void build_dependents(Sim *sim, uint32_t *cursor, uint32_t *dep_start)
+/* Counts op i, which is `op`, as a dependent of each op it depends on, which must exist:
+ * check_op's last check, in the same pass. `ahead` says whether the cursors past i are zeroed
+ * already: the ops before it zero their own as they come (a builder's ops depend only on
+ * earlier ones), and the first dependency on a later op (a schedule file's graph) zeroes all
+ * that follow, once. `cursor[i]` is zeroed by the caller. */
+static inline gboolean count_dependents(const Sim *sim, const ZpOp *op, uint32_t i,
+                                        DepCursor *cursor, gboolean *ahead, GError **error)
 {
     const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
-    uint32_t offset = 0, most = 1, packed_start = 0;
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const uint32_t count = cursor[i];
-        most = MAX(most, count);
-        cursor[i] = offset;
-        offset += count;
+    const gboolean alloc_or_free = !kind_on_stream(op->kind);
+    for (uint32_t d = 0; d < op->n_deps; d++) { /* no pointer into an empty list's NULL */
+        const uint32_t t = all_deps[op->dep_start + d];
+        if (t >= sim->n_ops)
+            return fail_op(error, i, "depends on an op that does not exist");
+        if (t > i && !*ahead) {
+            memset(&cursor[i + 1], 0, (size_t)(sim->n_ops - i - 1) * sizeof *cursor);
+            *ahead = TRUE;
+        }
+        cursor[t].rest++;
+        if (alloc_or_free) { /* ready at once: one dependency, on t's stage (as uint16s) */
+            const uint16_t t_stage =
+                t < i ? sim->ops[t].stage : (uint16_t)zp_sched_op(sim->sched, t)->stage;
+            count_ready(&cursor[t], op->n_deps == 1 && t_stage == (uint16_t)op->stage);
+        }
     }
-    sim->dependents = g_new(Dependent, offset ? offset : 1);
-    zp_advise_huge_pages(sim->dependents, (size_t)(offset ? offset : 1) * sizeof(Dependent));
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const SimOp *o = &sim->ops[i];
-        const Dependent dependent = {
-            .op = i, .stage = o->stage, .stream = op_on_stream(o) ? o->stream : NOT_ON_STREAM,
-            .counted = op_on_stream(o) || o->n_deps > 1};
+    return TRUE;
+}
+
+/* Op o's dependents start at `*offset`, split after its ready ones (count_ready); its
+ * cursors then point where each part's first goes, and *offset past its list. */
+static inline void open_dependents(SimOp *o, DepCursor *c, uint32_t *offset)
+{
+    const uint32_t start = *offset, n_ready = c->ready == SPLIT_REFUSED ? 0 : c->ready;
+    *offset += c->rest;
+    o->dependents_ready = start + n_ready;
+    o->dependents_end = *offset;
+    c->rest = start + n_ready;
+    if (c->ready != SPLIT_REFUSED)
+        c->ready = start;
+}
+
+/* Places op i (o) among the dependents of each op it depends on (deps[first ..]): a ready
+ * alloc or free among the ready ones, unless its op refused the split. */
+static inline void place_dependent(Dependent *list, DepCursor *cursor, const uint32_t *all_deps,
+                                   const SimOp *o, uint32_t i, uint32_t first)
+{
+    const gboolean on_stream = op_on_stream(o);
+    const Dependent dependent = {.op = i, .stage = o->stage,
+                                 .stream = on_stream ? o->stream : NOT_ON_STREAM,
+                                 .counted = on_stream || o->n_deps > 1};
+    if (!dependent.counted) { /* one dependency at most */
+        if (o->n_deps == 1) {
+            DepCursor *c = &cursor[all_deps[first]];
+            list[c->ready != SPLIT_REFUSED ? c->ready++ : c->rest++] = dependent;
+        }
+        return;
+    }
+    for (uint32_t d = 0; d < o->n_deps; d++)
+        list[cursor[all_deps[first + d]].rest++] = dependent;
+}
+
+/* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
+ * op order, each part of its list (count_ready) in its order. Each op's dependencies are found from its SimOp's
+ * n_deps and where they start, not from its ZpOp again (a second pass over the ZpOps read
+ * 203 MB at 32,000 layers): one after the other, in op order, as the builder and the schedule
+ * reader write them (zp_build_emit), where dep_start is NULL, and else at dep_start[i]
+ * (ZpOp's, noted by sim_ops_build's pass). Where every op depends only on earlier ones (not
+ * `ahead`: every builder's schedule), one pass over the SimOps (44 MB at Megatron's 1T, which
+ * are memory-bound) opens each op's list and places it among the lists of those it depends
+ * on, opened before it; else a pass opens them all first. Frees cursor and dep_start. */
+static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
+                             gboolean ahead)
+{
+    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
+    const uint32_t n_ops = sim->n_ops;
+    SimOp *ops = sim->ops;
+    Dependent *list = g_new(Dependent, total ? total : 1);
+    zp_advise_huge_pages(list, (size_t)(total ? total : 1) * sizeof(Dependent));
+    sim->dependents = list;
+    uint32_t offset = 0, packed_start = 0;
+    if (ahead)
+        for (uint32_t i = 0; i < n_ops; i++)
+            open_dependents(&ops[i], &cursor[i], &offset);
+    for (uint32_t i = 0; i < n_ops; i++) {
+        if (!ahead)
+            open_dependents(&ops[i], &cursor[i], &offset);
         const uint32_t first = dep_start ? dep_start[i] : packed_start;
-        packed_start += o->n_deps;
-        for (uint32_t d = 0; d < o->n_deps; d++) /* no pointer into an empty list's NULL */
-            sim->dependents[cursor[all_deps[first + d]]++] = dependent;
+        packed_start += ops[i].n_deps;
+        place_dependent(list, cursor, all_deps, &ops[i], i, first);
     }
-    Dependent *scratch = g_new(Dependent, most);
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        sim->ops[i].dependents_end = cursor[i];
-        split_ready_dependents(sim, &sim->ops[i], scratch);
-    }
-    g_free(scratch);
     g_free(cursor);
     g_free(dep_start);
 }
 
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
- * class's stream, SimOp.stream_next the op after it there. streams_begin allocates them and
- * returns each list's last op so far; stream_link appends op i, in op order, in sim_ops_build's
- * one pass over the ops (each pass over a million ops' SimOps and ZpOps, 59 MB and more, is
- * memory-bound). */
+ * class's stream (0 off the streams), SimOp.stream_next the op after it there. streams_begin
+ * allocates them and returns each list's last op so far; stream_link appends op i, in op
+ * order, in sim_ops_build's one pass over the ops (each pass over a million ops' SimOps and
+ * ZpOps, 59 MB and more, is memory-bound), which writes every stream_pos (not cleared
+ * first: a calloc's clearing was another pass). */
 static uint32_t *streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
     uint32_t *last = g_new(uint32_t, lists);
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
-    sim->stream_pos = g_new0(uint32_t, MAX(sim->n_ops, 1));
+    sim->stream_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
     zp_advise_huge_pages(sim->stream_pos, MAX(sim->n_ops, 1) * sizeof(uint32_t));
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
@@ -201,13 +245,14 @@ static uint32_t *streams_begin(Sim *sim)
     return last;
 }
 
-static void stream_link(Sim *sim, uint32_t *last, uint32_t i)
+/* Appends op i (o, whose stream_next the caller sets to NO_OP, being written) to its stream. */
+static inline void stream_link(Sim *sim, uint32_t *last, const SimOp *o, uint32_t i)
 {
-    SimOp *o = &sim->ops[i];
     sim->class_ops[o->stage]++;
-    o->stream_next = NO_OP;
-    if (!op_on_stream(o))
+    if (!op_on_stream(o)) {
+        sim->stream_pos[i] = 0;
         return;
+    }
     const uint32_t l = o->stage * ZP_STREAM_N + o->stream;
     sim->stream_pos[i] = sim->stream_len[l]++;
     if (last[l] == NO_OP)
@@ -393,7 +438,9 @@ static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
     return dep_start;
 }
 
-/* Durations, costs and totals of every op; the result's per-rank sums come from here. */
+/* Durations, costs and totals of every op; the result's per-rank sums come from here. One
+ * pass over the ops checks each, writes its SimOp whole, links its stream and counts it as a
+ * dependent; build_dependents then places the dependents. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
@@ -423,76 +470,94 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         g_strlcpy(result->collective_model, "in line with compute, one op of a rank at a time "
                   "(the profile's op table was measured on zreal's cpu backend)",
                   sizeof result->collective_model);
+    const OpLimits limits = {.stages = (uint32_t)MAX(s->stages, 1), .n_groups = sim->n_groups,
+                             .n_ops = sim->n_ops, .n_deps_total = s->deps->len,
+                             .attention_rated = zp_plan_attention_rated(&s->plan)};
+    const gboolean copies = sim->cost.table; /* zp_cost_coll_copy_s's, else 0 */
+    const int zero_stage = s->plan.zero.stage;
     uint32_t *last_on_stream = streams_begin(sim);
-    uint32_t *dependents = g_new0(uint32_t, MAX(sim->n_ops, 1)); /* counted here */
+    /* Not cleared: each op zeroes its own as it comes (count_dependents). */
+    DepCursor *cursor = g_new(DepCursor, MAX(sim->n_ops, 1));
+    zp_advise_huge_pages(cursor, MAX(sim->n_ops, 1) * sizeof *cursor);
+    gboolean ahead = FALSE;
     /* Each op's ZpOp.dep_start, noted only once one is not where the ops before it end (4
      * bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's never need). */
-    uint32_t *dep_start = NULL, packed_end = 0;
-    zp_advise_huge_pages(dependents, MAX(sim->n_ops, 1) * sizeof(uint32_t));
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        if (!check_op(s, sim->n_groups, i, error) || !count_dependents(s, i, dependents, error)) {
-            g_free(stage_flops);
-            g_free(last_on_stream);
-            g_free(dependents);
-            g_free(dep_start);
-            g_free(recent);
-            return FALSE;
-        }
+    uint32_t *dep_start = NULL, packed_end = 0, n_wide = 0;
+    gboolean ok = TRUE;
+    for (uint32_t i = 0; ok && i < limits.n_ops; i++) {
         const ZpOp *op = zp_sched_op(s, i);
+        if (!ahead)
+            cursor[i] = (DepCursor){0, 0};
+        if (!check_op(op, &limits, i, error) ||
+            !count_dependents(sim, op, i, cursor, &ahead, error)) {
+            ok = FALSE;
+            break;
+        }
         if (!dep_start && op->dep_start != packed_end)
             dep_start = noted_dep_starts(s, i, sim->n_ops);
         if (dep_start)
             dep_start[i] = op->dep_start;
         packed_end = op->dep_start + op->n_deps; /* check_op: within the list, a uint32_t */
-        SimOp *o = &sim->ops[i];
         double sent = 0; /* a collective's bytes sent */
         /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
          * stays on its own (it is posted, and the stage goes on). */
         const gboolean in_line_op = in_line && op->kind != ZP_OP_P2P;
-        *o = (SimOp){.kind = op->kind, .sub = op->sub,
-                     .stream = in_line_op ? ZP_STREAM_COMPUTE : op->stream,
-                     .group = op->group, .stage = op->stage, .n_deps = op->n_deps,
-                     .wide = op->n_deps > UINT8_MAX, .bytes = op->bytes};
-        sim->n_wide_rows += o->wide;
-        if (op->kind == ZP_OP_TRANSFER) {
+        SimOp o = {.kind = op->kind, .sub = op->sub,
+                   .stream = in_line_op ? ZP_STREAM_COMPUTE : op->stream,
+                   .group = op->group, .stage = (uint16_t)op->stage, .n_deps = op->n_deps,
+                   .wide = op->n_deps > UINT8_MAX, .stream_next = NO_OP, .bytes = op->bytes};
+        n_wide += o.wide;
+        switch (op->kind) {
+        case ZP_OP_TRANSFER:
             /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
              * move their slices at the same time (the schedule is the same on every rank). */
-            o->duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
-        } else if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_CPU_OPTIMIZER) {
-            if (!zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o->duration_s,
-                                       error)) {
-                g_free(stage_flops);
-                g_free(last_on_stream);
-                g_free(dependents);
-                g_free(dep_start);
-                g_free(recent);
-                return FALSE;
-            }
-        } else if (op->kind == ZP_OP_COMPUTE) {
-            o->duration_s = compute_s(sim, hw, op, memo);
-        } else if (op->kind == ZP_OP_COLLECTIVE) {
+            o.duration_s = op->bytes / zp_offload_link_bytes_per_s(hw, op->sub, ranks_per_node);
+            break;
+        case ZP_OP_COMPUTE:
+            if (op->sub != ZP_COMP_CPU_OPTIMIZER)
+                o.duration_s = compute_s(sim, hw, op, memo);
+            else
+                ok = zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &o.duration_s,
+                                           error);
+            break;
+        case ZP_OP_COLLECTIVE: {
             const SimCollGroup *g = &groups[op->group];
-            if (last_cost[op->group][op->sub].bytes != op->bytes)
-                last_cost[op->group][op->sub] =
-                    coll_costed(&recent[op->group * ZP_COLL_N + op->sub], op->sub, op->bytes, g);
-            sent = last_cost[op->group][op->sub].sent;
-            const SimCollCost cost = last_cost[op->group][op->sub].cost;
+            CollCosted *last = &last_cost[op->group][op->sub];
+            if (last->bytes != op->bytes)
+                *last = coll_costed(&recent[op->group * ZP_COLL_N + op->sub], op->sub,
+                                    op->bytes, g);
+            sent = last->sent;
             /* With an op table (the measured backend's), the rank's own copies around the
              * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
-            o->latency_s = cost.latency_s + zp_cost_coll_copy_s(&sim->cost, op,
-                                                                s->plan.zero.stage, g->ranks);
-            o->transfer_s = cost.transfer_s;
-            o->link = g->bottleneck;
-        } else if (op->kind == ZP_OP_P2P) {
-            o->duration_s = p2p_time_s(sim, hw, op);
-        } else {
-            largest_buffer = MAX(largest_buffer, op->bytes);
+            o.latency_s = last->cost.latency_s +
+                          (copies ? zp_cost_coll_copy_s(&sim->cost, op, zero_stage, g->ranks)
+                                  : 0.0);
+            o.transfer_s = last->cost.transfer_s;
+            o.link = g->bottleneck;
+            break;
         }
+        case ZP_OP_P2P:
+            o.duration_s = p2p_time_s(sim, hw, op);
+            break;
+        default:
+            largest_buffer = MAX(largest_buffer, op->bytes);
+            break;
+        }
+        if (!ok)
+            break;
         add_sums(op, sent, result, stage_flops);
-        stream_link(sim, last_on_stream, i);
+        sim->ops[i] = o;
+        stream_link(sim, last_on_stream, &o, i);
     }
+    sim->n_wide_rows += n_wide;
     g_free(last_on_stream);
     g_free(recent);
+    if (!ok) {
+        g_free(stage_flops);
+        g_free(cursor);
+        g_free(dep_start);
+        return FALSE;
+    }
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
         for (int k = 0; k < ZP_COLL_N; k++)
@@ -509,6 +574,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
-    build_dependents(sim, dependents, dep_start);
+    build_dependents(sim, cursor, dep_start, s->deps->len, ahead);
     return TRUE;
 }
