@@ -146,7 +146,7 @@ static inline gboolean count_dependents(const Sim *sim, const uint32_t *all_deps
         const uint32_t t = all_deps[first + d];
         if (t >= n_ops)
             return fail_op(error, i, "depends on an op that does not exist");
-        if (t > i && !*ahead) {
+        if (G_UNLIKELY(t > i) && !*ahead) {
             memset(&cursor[i + 1], 0, (size_t)(n_ops - i - 1) * sizeof *cursor);
             *ahead = TRUE;
         }
@@ -179,17 +179,18 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
                                    const SimOp *o, uint32_t i, uint32_t first)
 {
     const gboolean on_stream = op_on_stream(o);
+    const uint32_t n_deps = o->n_deps; /* once: the stores below may alias it */
     const Dependent dependent = {.op = i, .stage = o->stage,
                                  .stream = on_stream ? o->stream : NOT_ON_STREAM,
-                                 .counted = on_stream || o->n_deps > 1};
+                                 .counted = on_stream || n_deps > 1};
     if (!dependent.counted) { /* one dependency at most */
-        if (o->n_deps == 1) {
+        if (n_deps == 1) {
             DepCursor *c = &cursor[all_deps[first]];
             list[c->ready != SPLIT_REFUSED ? c->ready++ : c->rest++] = dependent;
         }
         return;
     }
-    for (uint32_t d = 0; d < o->n_deps; d++)
+    for (uint32_t d = 0; d < n_deps; d++)
         list[cursor[all_deps[first + d]].rest++] = dependent;
 }
 
