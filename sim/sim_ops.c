@@ -70,6 +70,16 @@ typedef struct {
     gboolean attention_rated;
 } OpLimits;
 
+/* x >= 0 && isfinite(x), from its bits: below +inf's with the sign clear, or -0 (>= 0).
+ * Every op's bytes are checked: the floating-point tests, their constants loaded again for
+ * each op in sim_ops_build's pass, were 8 instructions an op. */
+static inline gboolean finite_not_negative(double x)
+{
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits < UINT64_C(0x7ff0000000000000) || bits == UINT64_C(0x8000000000000000);
+}
+
 /* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
 static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, GError **error)
 {
@@ -89,7 +99,7 @@ static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, G
         return fail_op(error, i, "unknown group");
     /* A compute op's costs: other kinds hold their range there (ZpOp's union). */
     const gboolean compute = op->kind == ZP_OP_COMPUTE;
-    if (!(op->bytes >= 0 && isfinite(op->bytes)) ||
+    if (!finite_not_negative(op->bytes) ||
         (compute && (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0) ||
                      !isfinite(op->flops + op->gemm_flops + op->mem_bytes))))
         return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
