@@ -5,6 +5,7 @@
 #include "zp_offload.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* ---- static facts ---- */
@@ -389,13 +390,17 @@ static double op_sent(const ZpOp *op, const SimCollGroup *groups,
     return m->sent;
 }
 
-/* A compute op's duration by what it depends on: host bytes, FLOPs (all, GEMM's, fused
- * attention's) and memory bytes, compared bit for bit. */
+/* A compute op's duration by what it depends on: FLOPs (all, GEMM's, fused attention's),
+ * memory bytes and host bytes, in ZpOp's order, compared bit for bit. */
 typedef struct {
     double key[5];
     double duration_s;
     gboolean set;
 } ComputeMemo;
+G_STATIC_ASSERT(offsetof(ZpOp, gemm_flops) == offsetof(ZpOp, flops) + sizeof(double) &&
+                offsetof(ZpOp, attn_flops) == offsetof(ZpOp, flops) + 2 * sizeof(double) &&
+                offsetof(ZpOp, mem_bytes) == offsetof(ZpOp, flops) + 3 * sizeof(double) &&
+                offsetof(ZpOp, bytes) == offsetof(ZpOp, flops) + 4 * sizeof(double));
 
 /* A compute op's time: its bytes over the host link (Pa+cpu's host_copy; 0 for other ops)
  * and its kernels' (zp_cost_op_s). A step repeats each block op with the same figures
@@ -405,9 +410,12 @@ typedef struct {
 static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
                         ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1])
 {
-    const double key[5] = {op->bytes, op->flops, op->gemm_flops, op->attn_flops, op->mem_bytes};
+    /* The key's figures as they lie in the ZpOp (flops, gemm_flops, attn_flops, mem_bytes,
+     * bytes), compared in place: copied into an array first, they were 11 instructions of
+     * each compute op. */
+    const char *key = (const char *)op + offsetof(ZpOp, flops);
     ComputeMemo *m = op->module <= ZP_MOD_N ? &memo[op->sub][op->module] : NULL;
-    if (m && m->set && memcmp(m->key, key, sizeof key) == 0)
+    if (m && m->set && memcmp(m->key, key, sizeof m->key) == 0)
         return m->duration_s;
     const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
                               ? op->bytes / hw->host_link_bytes_per_s
@@ -417,7 +425,7 @@ static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
                               op->gemm_flops, op->attn_flops, op->mem_bytes);
     if (m) {
         *m = (ComputeMemo){.duration_s = duration_s, .set = TRUE};
-        memcpy(m->key, key, sizeof key);
+        memcpy(m->key, key, sizeof m->key);
     }
     return duration_s;
 }
