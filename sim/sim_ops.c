@@ -112,13 +112,13 @@ static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, G
     return TRUE; /* each dependency's range: count_dependents, in the same pass */
 }
 
-/* DepCursor.ready of an op whose dependents are not split (split_refused). */
+/* DepCursor.ready of an op whose dependents are not split (count_ready). */
 #define SPLIT_REFUSED UINT32_MAX
 
 /* An op's dependents while sim_ops_build places them, 8 bytes an op apart from the SimOps (the
  * scattered increments stay in cache: a 32,000-layer model's 2.1 million ops spent a sixth of
  * sim_ops_build on them inside 64-byte SimOps). Counted first: `rest` all of them, `ready`
- * the allocs and frees ready the moment the op ends (ready_at_once), or SPLIT_REFUSED; then
+ * the allocs and frees ready the moment the op ends (count_ready), or SPLIT_REFUSED; then
  * each part's cursor, where its next dependent goes (the ready ones first). */
 typedef struct {
     uint32_t rest, ready;
