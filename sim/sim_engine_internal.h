@@ -50,7 +50,7 @@ typedef struct {
     /* dependents[op_dependents_start .. dependents_end), placed in op order */
     uint32_t dependents_end;
     /* dependents[op_dependents_start .. dependents_ready): allocs and frees ready the moment
-     * it ends, queued as a block (split_ready_dependents); the start where none are. */
+     * it ends, queued as a block (sim_ops.c, count_ready); the start where none are. */
     uint32_t dependents_ready;
     uint32_t stream_next;        /* the op after it on its class's stream; NO_OP after the last */
     union {                      /* by kind: */
