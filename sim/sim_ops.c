@@ -206,14 +206,15 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
 }
 
 /* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
- * op order, each part of its list (count_ready) in its order. Each op's dependencies are found from its SimOp's
- * n_deps and where they start, not from its ZpOp again (a second pass over the ZpOps read
- * 203 MB at 32,000 layers): one after the other, in op order, as the builder and the schedule
- * reader write them (zp_build_emit), where dep_start is NULL, and else at dep_start[i]
- * (ZpOp's, noted by sim_ops_build's pass). Where every op depends only on earlier ones (not
- * `ahead`: every builder's schedule), one pass over the SimOps (44 MB at Megatron's 1T, which
- * are memory-bound) opens each op's list and places it among the lists of those it depends
- * on, opened before it; else a pass opens them all first. Frees cursor and dep_start. */
+ * op order, each part of its list (count_ready) in its order. Each op's dependencies are
+ * found from its SimOp's n_deps and where they start, not from its ZpOp again (a second pass
+ * over the ZpOps read 203 MB at 32,000 layers): one after the other, in op order, as the
+ * builder and the schedule reader write them (zp_build_emit), where dep_start is NULL, and
+ * else at dep_start[i] (ZpOp's, noted by sim_ops_build's pass). Where every op depends only
+ * on earlier ones (not `ahead`: every builder's schedule), one pass over the SimOps (44 MB at
+ * Megatron's 1T, which are memory-bound) opens each op's list and places it among the lists
+ * of those it depends on, opened before it; else a pass opens them all first. Frees cursor
+ * and dep_start. */
 static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
                              gboolean ahead)
 {
