@@ -173,6 +173,9 @@ typedef struct {
     gboolean over_ops;
     /* The ops and dependencies the schedule's arrays hold without growing (zp_array_extend) */
     guint ops_room, deps_room;
+    /* and those the run-ahead's gated allocs and the cross-stage dependencies hold (per-op
+     * g_array_append_val: a 64-bit division each in g_array_maybe_expand) */
+    guint gated_room, cross_at_room, cross_key_room;
     ZpOp unstored_op; /* where an op past max_ops is written (zp_build_emit.c op_slot) */
     /* overlap_param_gather: each bucket's all-gather in the next forward (NONE: none, as for
      * an empty one), how many are issued and how many waited for, in forward order */

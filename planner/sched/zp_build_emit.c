@@ -53,8 +53,8 @@ static void deps_put_cross(Builder *b, DepBuf *d, int64_t key)
 {
     const uint32_t at = b->s->deps->len + d->n;
     deps_put(d, CROSS);
-    g_array_append_val(b->cross_at, at);
-    g_array_append_val(b->cross_key, key);
+    *(uint32_t *)zp_array_extend(b->cross_at, 1, sizeof at, &b->cross_at_room) = at;
+    *(int64_t *)zp_array_extend(b->cross_key, 1, sizeof key, &b->cross_key_room) = key;
 }
 
 /* Where the next op is written: its place at the end of the schedule's ops, taken now, or

@@ -43,7 +43,8 @@ static uint32_t gather_alloc(Builder *b, double bytes, int unit, int micro, int 
     b->host_alloc =
         zp_build_emit_alloc(b, ZP_MEM_GATHERED_PARAMS, bytes, unit, micro, buffer, deps, 4);
     if (after != NONE)
-        g_array_append_val(b->gated, b->host_alloc);
+        *(uint32_t *)zp_array_extend(b->gated, 1, sizeof(uint32_t), &b->gated_room) =
+            b->host_alloc;
     return b->host_alloc;
 }
 

@@ -6,8 +6,10 @@
 /* A step's gathers, as fetch_sub_module issues them; deps gets what its compute waits for. */
 static void step_begin(Builder *b, int pos, int step, int micro, GArray *deps)
 {
-    if (deps->len > 0) /* a GLib call at every step else (532,856 in plan --3d gpt-1t/4096) */
-        g_array_set_size(deps, 0);
+    /* An array without clear function or terminator (zp_sched_build): emptied by its length,
+     * as g_array_set_size does, without its call and g_array_remove_range's (plan --3d
+     * gpt-1t/4096: 307,716 of them, 18 M instructions) */
+    deps->len = 0;
     b->step = step;
     if (b->s->plan.zero.stage == 3) {
         const int key = zp_build_step_key(pos, step);
