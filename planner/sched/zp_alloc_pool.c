@@ -10,11 +10,11 @@
 struct ZpAllocHeap {
     ZpAllocBlock **at;
     guint n, room;
+    ZpAllocHeap *next_spare; /* ZpAllocPool.spare's next, while spare */
 };
 
-static void heap_destroy(gpointer data)
+static void heap_destroy(ZpAllocHeap *h)
 {
-    ZpAllocHeap *h = data;
     g_free(h->at);
     g_free(h);
 }
@@ -49,7 +49,7 @@ static void heap_settle(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
 
 void zp_alloc_pool_init(ZpAllocPool *p)
 {
-    *p = (ZpAllocPool){.spare = g_ptr_array_new_with_free_func(heap_destroy)};
+    *p = (ZpAllocPool){.spare = NULL};
 }
 
 void zp_alloc_pool_destroy(ZpAllocPool *p)
@@ -57,7 +57,11 @@ void zp_alloc_pool_destroy(ZpAllocPool *p)
     for (guint i = 0; i < p->n_sizes; i++)
         heap_destroy(p->sizes[i].heap);
     g_free(p->sizes);
-    g_ptr_array_unref(p->spare);
+    while (p->spare) {
+        ZpAllocHeap *h = p->spare;
+        p->spare = h->next_spare;
+        heap_destroy(h);
+    }
 }
 
 /* The first of the pool's sizes that is at least `size` (n_sizes: none). */
@@ -84,9 +88,12 @@ void zp_alloc_pool_insert(ZpAllocPool *p, ZpAllocBlock *b)
         }
         memmove(&p->sizes[i + 1], &p->sizes[i], (p->n_sizes - i) * sizeof *p->sizes);
         p->n_sizes++;
-        p->sizes[i] = (ZpAllocSize){
-            b->size, p->spare->len ? g_ptr_array_steal_index_fast(p->spare, p->spare->len - 1)
-                                   : g_new0(ZpAllocHeap, 1)};
+        ZpAllocHeap *h = p->spare;
+        if (h)
+            p->spare = h->next_spare;
+        else
+            h = g_new0(ZpAllocHeap, 1);
+        p->sizes[i] = (ZpAllocSize){b->size, h};
     }
     ZpAllocHeap *h = p->sizes[i].heap;
     if (h->n == h->room) {
@@ -107,7 +114,8 @@ void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
         heap_settle(h, b->heap_pos, last);
     if (h->n == 0) { /* its size goes (the heap is b's size's: found at its size) */
         const guint i = size_at_least(p, b->size);
-        g_ptr_array_add(p->spare, h);
+        h->next_spare = p->spare;
+        p->spare = h;
         memmove(&p->sizes[i], &p->sizes[i + 1], (p->n_sizes - i - 1) * sizeof *p->sizes);
         p->n_sizes--;
     }

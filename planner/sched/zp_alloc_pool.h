@@ -34,7 +34,9 @@ typedef struct {
 typedef struct {
     ZpAllocSize *sizes; /* by size, each heap holding at least one block */
     guint n_sizes, room;
-    GPtrArray *spare;   /* emptied heaps, kept for the next size */
+    /* emptied heaps, kept for the next size: a stack linked through the heaps (a GPtrArray's
+     * calls were 21 M instructions of plan --3d gpt-1t/4096's replays) */
+    ZpAllocHeap *spare;
     guint n;            /* blocks */
 } ZpAllocPool;
 
