@@ -309,7 +309,8 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
 {
     GArray *tensors = by_tensor ? zp_impl_tensors(s) : NULL;
     GArray *items = g_array_new(FALSE, FALSE, sizeof(Item));
-    zp_array_reserve_huge(items, by_tensor ? tensors->len : (guint)s->n_units);
+    /* one each (zp_array_extend's room: a GLib append each checked it by a division) */
+    guint room = zp_array_reserve_huge(items, by_tensor ? tensors->len : (guint)s->n_units);
     const gboolean padded = s->plan.zero.stage == 3;
     if (!by_tensor) {
         for (int u = 0; u < s->n_units; u++) {
@@ -317,8 +318,8 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
                 continue;
             const double sent =
                 (double)(padded ? zp_sched_unit_padded(s, u) : s->unit_elems[u]);
-            Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent, FALSE};
-            g_array_append_val(items, it);
+            const Item it = {u, s->unit_offset[u], s->unit_elems[u], sent, sent, FALSE};
+            *(Item *)zp_array_extend(items, 1, sizeof it, &room) = it;
         }
         return items;
     }
@@ -328,11 +329,11 @@ static GArray *bucket_items(const ZpSchedule *s, gboolean by_tensor)
          * reduce_independent_p_g_buckets_and_remove_grads: bucket.elements + param.ds_numel >
          * reduce_bucket_size; stage_1_and_2.py's: param.numel()); stage 3's
          * reduce_scatter_coalesced pads each to the group */
-        Item it = {t->unit, t->offset, t->elems, (double)t->elems,
-                   (double)(padded ? zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp)
-                                   : t->elems),
-                   FALSE};
-        g_array_append_val(items, it);
+        const Item it = {t->unit, t->offset, t->elems, (double)t->elems,
+                         (double)(padded ? zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp)
+                                         : t->elems),
+                         FALSE};
+        *(Item *)zp_array_extend(items, 1, sizeof it, &room) = it;
     }
     g_array_unref(tensors);
     return items;

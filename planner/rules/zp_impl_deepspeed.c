@@ -214,6 +214,10 @@ typedef struct {
     double *module_numel; /* elements of each module's tensors (ds_numel, persistent too) */
     gboolean *persist;    /* per tensor */
     GArray *uses;         /* Use, in trace order */
+    /* what uses and the fetches being listed hold without growing (zp_array_extend: a GLib
+     * append an entry checked the room with a 64-bit division, 15 M instructions of plan
+     * --3d gpt-1t/4096) */
+    guint uses_room, fetches_room;
     int *unit_first, *unit_last; /* modules of unit u (by its first tensor): -1 when none */
     int n_units;
     /* For kept(): [use] the next use of its module (uses->len for none), and the elements of
@@ -224,8 +228,8 @@ typedef struct {
 
 static void add_use(Trace *t, int module, int pos, int step)
 {
-    Use u = {module, pos, step};
-    g_array_append_val(t->uses, u);
+    const Use u = {module, pos, step};
+    *(Use *)zp_array_extend(t->uses, 1, sizeof u, &t->uses_room) = u;
 }
 
 /* Modules of unit u, forward or reverse; under module compute a block's i-th module used is
@@ -289,7 +293,7 @@ typedef struct {
 /* Adds tensor x to the coalesced call being listed (`*opened`: a call already has members),
  * or with stage3_allgather_sequential to a call of its own (partition_parameters.py
  * all_gather_coalesced: allgather_sequential -> _all_gather_sequential). */
-static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, const Use *trigger,
+static void fetch(Trace *t, GArray *fetches, TensorState *st, guint x, const Use *trigger,
                   const Use *use, double *n_avail, gboolean *opened)
 {
     const ZpImplTensor *ten = &g_array_index(t->tensors, ZpImplTensor, x);
@@ -297,7 +301,7 @@ static void fetch(const Trace *t, GArray *fetches, TensorState *st, guint x, con
                  trigger->pos, use->pos, use->pos, *opened, ten->elems,
                  trigger->step, use->step, use->step};
     *opened = !t->s->plan.zero.stage3_allgather_sequential;
-    g_array_append_val(fetches, f);
+    *(ZpFetch *)zp_array_extend(fetches, 1, sizeof f, &t->fetches_room) = f;
     st[x].avail = TRUE;
     st[x].fetch = (int)fetches->len - 1;
     *n_avail += (double)ten->elems;
@@ -427,7 +431,7 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
     }
     /* the trace uses a module at most three times (forward, recomputation, backward), the
      * tied embedding twice more */
-    zp_array_reserve_huge(t.uses, 3 * (guint64)n_modules + 2);
+    t.uses_room = zp_array_reserve_huge(t.uses, 3 * (guint64)n_modules + 2);
     build_trace(&t);
     index_uses(&t);
     const Use *u = (const Use *)t.uses->data;
@@ -445,7 +449,7 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
         use_start[i + 1] = use_start[i] + t.module_start[u[i].module + 1] -
                            t.module_start[u[i].module];
     /* each place in the queue is fetched once at most */
-    zp_array_reserve_huge(fetches, fetches->len + (guint64)use_start[n_u]);
+    t.fetches_room = zp_array_reserve_huge(fetches, fetches->len + (guint64)use_start[n_u]);
     guint head = 0, head_use = 0; /* the queue's next parameter, and its use */
     for (guint i = 0; i < n_u; i++) {
         const int m = u[i].module;
@@ -502,13 +506,15 @@ static void ds_plan_fetches(const ZpSchedule *s, GArray *fetches)
 static void ds_persistent(const ZpSchedule *s, GArray *ranges)
 {
     GArray *tensors = zp_impl_tensors(s);
-    zp_array_reserve_huge(ranges, ranges->len + (guint64)tensors->len); /* at most one each */
+    /* at most one each (zp_array_extend's room: a GLib append each checked it by a division) */
+    guint room = zp_array_reserve_huge(ranges, ranges->len + (guint64)tensors->len);
     for (guint i = 0; i < tensors->len; i++) {
         const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
         if ((double)t->elems <= s->plan.zero.stage3_param_persistence_threshold) {
-            ZpFetch f = {t->unit, t->offset, zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp),
-                         -1, -1, -1, FALSE, t->elems, 0, 0, 0};
-            g_array_append_val(ranges, f);
+            const ZpFetch f = {t->unit, t->offset,
+                               zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp), -1, -1, -1,
+                               FALSE, t->elems, 0, 0, 0};
+            *(ZpFetch *)zp_array_extend(ranges, 1, sizeof f, &room) = f;
         }
     }
     g_array_unref(tensors);

@@ -58,7 +58,8 @@ void zp_build_plan_gathers(Builder *b)
     GArray *fetches = g_array_new(FALSE, FALSE, sizeof(ZpFetch));
     b->impl->plan_fetches(b->s, fetches);
     const ZpFetch *f = (const ZpFetch *)fetches->data;
-    zp_array_reserve_huge(b->gathers, b->gathers->len + (guint64)fetches->len); /* one each */
+    /* one each (zp_array_extend's room: a GLib append each checked it by a division) */
+    guint room = zp_array_reserve_huge(b->gathers, b->gathers->len + (guint64)fetches->len);
     for (guint i = 0, j; i < fetches->len; i = j) {
         for (j = i + 1; j < fetches->len && f[j].joins_previous; j++)
             ;
@@ -70,7 +71,7 @@ void zp_build_plan_gathers(Builder *b)
                             zp_build_step_key(f[k].use_pos, f[k].use_step), -1, FALSE};
                 if (gather_group(b, &g) != want)
                     continue;
-                g_array_append_val(b->gathers, g);
+                *(Gather *)zp_array_extend(b->gathers, 1, sizeof g, &room) = g;
                 Gather *c = &g_array_index(b->gathers, Gather, first);
                 c->n++;
                 c->call_elems += f[k].elems;
