@@ -319,11 +319,13 @@ uint32_t zp_build_hand_on_experts(Builder *b, int u, int micro)
 }
 
 /* The bytes of micro-step `micro`'s gradient copy (ZpImpl grad_copy_elems; 0: none). */
-static double grad_copy_bytes(const Builder *b, int micro)
+static double grad_copy_bytes(Builder *b, int micro)
 {
     if (micro == 0 || !b->impl->grad_copy_elems)
         return 0;
-    return b->impl->grad_copy_elems(b->s) * b->state.grad_bytes;
+    if (b->grad_copy_elems < 0) /* the layout's: zp_build_layout forgets it */
+        b->grad_copy_elems = b->impl->grad_copy_elems(b->s);
+    return b->grad_copy_elems * b->state.grad_bytes;
 }
 
 /* ZpImpl copy_held_to_next: the copy the last reduction held, freed after `after`. */

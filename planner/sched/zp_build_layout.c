@@ -113,6 +113,7 @@ void zp_build_layout(Builder *b)
         memcpy(&s->stage_unit_elems[(gsize)b->stage * (gsize)s->n_units], s->unit_elems,
                sizeof(uint64_t) * (gsize)s->n_units);
     place_units(s);
+    b->grad_copy_elems = -1; /* another layout's (grad_copy_bytes) */
 
     const double total = (double)s->total_elems, padded = (double)s->padded_elems;
     const double part = (double)s->partition_elems;

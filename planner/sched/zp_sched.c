@@ -359,6 +359,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     Builder b = {.s = s, .impl = zp_impl_get(plan->impl),
                  .state = zp_impl_state_bytes(plan),
                  .last_compute = NONE,
+                 .grad_copy_elems = -1, /* not asked yet (grad_copy_bytes) */
                  .sync_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .compute_deps = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .pos_last_op = g_array_new(FALSE, TRUE, sizeof(uint32_t)),
