@@ -107,6 +107,9 @@ typedef struct {
      * tensor for every data-parallel rank that each bucket's launch asked again (plan --3d
      * gpt-1t/4096: 1,116 walks, 30 M instructions) */
     double grad_copy_elems;
+    /* a bucket launch's copies (Copy), kept emptied for the next launch: an array made and
+     * dropped at each was 13 M instructions of plan --3d gpt-1t/4096; NULL while one is using it */
+    GArray *launch_copies;
     int grad_state;         /* the gradient state once the step's first reduction took it
                              * (ZpImpl grads_taken_by_reduction), -1 before and after */
     double grad_state_bytes; /* its size; 0: the state is held for the whole step */

@@ -408,7 +408,8 @@ static void launch_bucket(Builder *b, guint i, guint joined, int unit, int micro
         zp_build_emit_alloc(b, ZP_MEM_GRADS, copy_bytes, -1, micro, &b->grad_copy, &b->last_compute,
                             1);
     uint32_t read = NONE; /* qgZ: the op after which the bucket's gradients were read */
-    GArray *copies = g_array_new(FALSE, FALSE, sizeof(Copy));
+    GArray *copies = b->launch_copies ? b->launch_copies : g_array_new(FALSE, FALSE, sizeof(Copy));
+    b->launch_copies = NULL; /* this launch's till its end */
     const gboolean qgz = s->plan.zero.stage == 3 && s->plan.zero.zero_quantized_gradients;
     if (qgz && b->impl->qgz_by_tensor && zp_zeropp_qgz_across_nodes(&s->plan)) {
         read = zp_build_qgz_by_tensor(b, k, unit, micro, after, copies);
@@ -460,7 +461,11 @@ static void launch_bucket(Builder *b, guint i, guint joined, int unit, int micro
                            b->impl->frees_at_issue ? issued : drained);
     }
     const gboolean copied = copies->len > 0;
-    g_array_unref(copies);
+    copies->len = 0; /* no clear function, no terminator: emptied as g_array_set_size does */
+    if (!b->launch_copies)
+        b->launch_copies = copies;
+    else
+        g_array_unref(copies);
     k->drain_op = drained;
     if (j)
         j->coll_op = k->coll_op, j->drain_op = drained;

@@ -463,6 +463,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_array_unref(b.cross_at);
     g_array_unref(b.cross_key);
     g_array_unref(b.offloaded);
+    if (b.launch_copies)
+        g_array_unref(b.launch_copies);
     zp_build_free_pos_index(&b.by_trigger);
     zp_build_free_pos_index(&b.by_use);
     zp_build_free_pos_index(&b.by_free);
