@@ -27,7 +27,7 @@ static void heap_place(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
 
 /* Moves block b, at hole k, up past the parents of higher address, then down past the
  * children of lower address, to where the heap holds again. */
-static void heap_settle(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
+G_ALWAYS_INLINE static inline void heap_settle(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
 {
     while (k > 0 && h->at[(k - 1) / 2]->addr > b->addr) {
         heap_place(h, k, h->at[(k - 1) / 2]);
