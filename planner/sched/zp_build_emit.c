@@ -22,7 +22,7 @@ G_ALWAYS_INLINE static inline DepBuf deps_open(Builder *b, guint64 most)
 {
     GArray *out = b->s->deps;
     const guint len = out->len;
-    if (most > G_MAXUINT / 2 - MIN(len, G_MAXUINT / 2)) /* as GLib's growth aborts */
+    if (G_UNLIKELY((guint64)len + most > G_MAXUINT)) /* as GLib's growth aborts there */
         g_error("the schedule's dependencies: %u and %" G_GUINT64_FORMAT " more overflow",
                 len, most);
     zp_array_extend(out, (guint)most, sizeof(uint32_t), &b->deps_room);
