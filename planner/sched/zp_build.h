@@ -8,6 +8,7 @@
 #include "zp_impl.h"
 #include "zp_plan.h"
 #include "zp_sched_graph.h"
+#include "zp_util.h"
 #include "zp_zeror.h"
 
 #include <glib.h>
@@ -110,6 +111,10 @@ typedef struct {
     /* a bucket launch's copies (Copy), kept emptied for the next launch: an array made and
      * dropped at each was 13 M instructions of plan --3d gpt-1t/4096; NULL while one is using it */
     GArray *launch_copies;
+    /* the dependencies of the step being built (zp_sched_build's; zp_build_put_dep) and what
+     * they hold without growing */
+    GArray *step_deps;
+    guint step_deps_room;
     int grad_state;         /* the gradient state once the step's first reduction took it
                              * (ZpImpl grads_taken_by_reduction), -1 before and after */
     double grad_state_bytes; /* its size; 0: the state is held for the whole step */
@@ -228,6 +233,17 @@ uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int uni
 uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
                                 uint32_t after);
 void zp_build_sync_on(Builder *b, uint32_t op);
+
+/* Appends op to deps, within the room kept for the step's own (Builder.step_deps): a GLib
+ * append checks the room with a 64-bit division (g_array_maybe_expand), 400,000 of them in
+ * plan --3d gpt-1t/4096. */
+static inline void zp_build_put_dep(Builder *b, GArray *deps, uint32_t op)
+{
+    if (deps == b->step_deps)
+        *(uint32_t *)zp_array_extend(deps, 1, sizeof op, &b->step_deps_room) = op;
+    else
+        g_array_append_val(deps, op);
+}
 void zp_build_record_event(uint32_t ring[3], guint *n, uint32_t op);
 uint32_t zp_build_host_sync(const uint32_t ring[3], guint n, uint32_t gate);
 Cost zp_build_block_forward_cost(const ZpSchedule *s);

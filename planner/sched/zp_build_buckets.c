@@ -146,7 +146,7 @@ void zp_build_alloc_landing_buckets(Builder *b, int unit, int micro, GArray *dep
         uint32_t adeps[2] = {b->last_compute, bucket_backpressure(b, i)};
         k->alloc_op = zp_build_emit_alloc(b, ZP_MEM_BUCKETS, own_bytes(b, k), k->spec.top_unit,
                                           micro, &k->buffer, adeps, 2);
-        g_array_append_val(deps, k->alloc_op);
+        zp_build_put_dep(b, deps, k->alloc_op);
     }
 }
 
@@ -161,7 +161,7 @@ void zp_build_take_unit_grads(Builder *b, int u, int micro, GArray *deps)
     const uint32_t at =
         zp_build_emit_alloc(b, ZP_MEM_GRADS, (double)s->unit_elems[u] * b->state.grad_bytes, u,
                             micro, &b->unit_grad[u], &b->last_compute, 1);
-    g_array_append_val(deps, at);
+    zp_build_put_dep(b, deps, at);
 }
 
 /* A Copy of `bytes` after deps, listed in `copies` to be freed once the reduced slices are
@@ -281,7 +281,7 @@ void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps)
         Wait w = {i, -1, u, (double)t[x].elems * s->elem_bytes};
         const uint32_t at = zp_build_emit_alloc(b, ZP_MEM_WORKSPACE, w.bytes, u, micro, &w.buffer,
                                                 &b->last_compute, 1);
-        g_array_append_val(deps, at);
+        zp_build_put_dep(b, deps, at);
         g_array_append_val(b->waits, w);
     }
 }

@@ -39,7 +39,7 @@ void zp_build_keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArr
     if (a->rule.gpu_bytes > 0) {
         uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_CHECKPOINTS, a->rule.gpu_bytes, l, micro,
                                              slot, &b->last_compute, 1);
-        g_array_append_val(deps, alloc);
+        zp_build_put_dep(b, deps, alloc);
     }
 }
 

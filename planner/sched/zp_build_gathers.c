@@ -322,7 +322,7 @@ void zp_build_gathers_used_at(Builder *b, int key, int micro, GArray *deps)
             b->waited_key = key;
             c->flat = -1;
         }
-        g_array_append_val(deps, g->coll_op);
+        zp_build_put_dep(b, deps, g->coll_op);
         zp_build_record_event(b->fetch_event, &b->n_fetch_events, g->coll_op);
     }
 }

@@ -154,7 +154,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
             uint32_t alloc = zp_build_emit_alloc(
                 b, ZP_MEM_ACTIVATIONS, zp_build_unit_act_bytes(b, l, a->act_bytes), l, micro,
                 zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
-            g_array_append_val(deps, alloc);
+            zp_build_put_dep(b, deps, alloc);
         }
         zp_build_wait_param_gathers(b, l, micro);
         block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l),
@@ -188,7 +188,7 @@ static void alloc_tied_grad(Builder *b, int micro, GArray *deps)
     }
     const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro,
                                                &b->tied_grad, &b->last_compute, 1);
-    g_array_append_val(deps, alloc);
+    zp_build_put_dep(b, deps, alloc);
 }
 
 /* The head output gradient's fp32 b s h bytes, kept from the head to its backward. */
@@ -224,7 +224,7 @@ void zp_build_head(Builder *b, int micro, gboolean reduce, gboolean keep, GArray
     int logits;
     uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_WORKSPACE, logits_bytes, L + 1, micro, &logits,
                                          &b->last_compute, 1);
-    g_array_append_val(deps, alloc);
+    zp_build_put_dep(b, deps, alloc);
     zp_build_take_unit_grads(b, L + 1, micro, deps);
     if (s->model.tied_embeddings) /* the tied LM head's wte gradient */
         zp_build_take_unit_grads(b, 0, micro, deps);
@@ -270,7 +270,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
             zp_build_regather_checkpoint(b, l, micro, a);
             uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, act,
                                                  &b->last_compute, 1);
-            g_array_append_val(deps, alloc);
+            zp_build_put_dep(b, deps, alloc);
             block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l),
                           block_cost(b, l, ZP_COMP_BLOCK_FWD), deps, NULL);
             zp_build_moe_forward(b, l, micro); /* the recomputed forward's experts */
@@ -279,7 +279,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (zp_build_selective(&s->plan)) {
             uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro,
                                                  &core, &b->last_compute, 1);
-            g_array_append_val(deps, alloc);
+            zp_build_put_dep(b, deps, alloc);
             zp_build_emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_build_recompute_cost(s),
                                   (uint32_t *)deps->data, deps->len);
         }

@@ -426,6 +426,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                      zp_mem_plan_activation_block_bytes(model, plan),
                      zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    b.step_deps = deps, b.step_deps_room = 0; /* zp_build_put_dep */
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (b.stage = 0; b.stage < P; b.stage++) {
         build_stage(&b, &a, deps, launched);
