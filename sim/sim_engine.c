@@ -341,10 +341,11 @@ static void settle_contention(Sim *sim, double now_s)
     for (uint32_t k = 0; k < sim->n_unsettled; k++) {
         const uint32_t rank = sim->unsettled[k];
         sim->rank[rank].unsettled = 0;
-        const gulong computing = sim->rank[rank].computing;
-        for (gint stream = g_bit_nth_lsf(computing, -1); stream >= 0;
-             stream = g_bit_nth_lsf(computing, stream))
-            settle_stream(sim, rank, (uint32_t)stream, now_s);
+        /* Lowest stream first, as g_bit_nth_lsf's walk, which steps through all 64 bits of a
+         * long after the last one set (122M instructions of plan --3d gpt-1t's 4.3G). */
+        for (unsigned computing = sim->rank[rank].computing; computing != 0;
+             computing &= computing - 1)
+            settle_stream(sim, rank, (uint32_t)__builtin_ctz(computing), now_s);
     }
     sim->queue.made_mark = 0;
     sim->n_unsettled = 0;
@@ -544,13 +545,21 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     release_dependents(sim, rank, i, now_s);
 }
 
-static void drain_ready(Sim *sim, double now_s)
+static void drain_ready_ops(Sim *sim, double now_s)
 {
     while (sim->ready_head < sim->ready_end && !sim->error) {
         const ReadyOp r = sim->ready[sim->ready_head++];
         run_memory_op(sim, r.rank, r.op, now_s);
     }
     sim->ready_head = sim->ready_end = 0;
+}
+
+/* Runs the allocs and frees made ready, in order; the check inlined: after most events there
+ * are none (the call was 1.5% of plan --3d gpt-1t's instructions). */
+static inline void drain_ready(Sim *sim, double now_s)
+{
+    if (sim->ready_head < sim->ready_end)
+        drain_ready_ops(sim, now_s);
 }
 
 static void finish_flow(Sim *sim, uint32_t slot, double now_s)
@@ -717,7 +726,7 @@ static void seed(Sim *sim)
 {
     GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (!op_on_stream(&sim->ops[i]) && sim->ops[i].n_deps == 0)
+        if (sim->ops[i].n_deps == 0 && !op_on_stream(&sim->ops[i]))
             g_array_append_val(roots, i);
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
@@ -740,7 +749,7 @@ static void run_queue(Sim *sim, const SimOptions *options)
     for (;;) {
         /* The instant is over when no event of its time is left. */
         if (sim->n_unsettled > 0 &&
-            (sim->queue.len == 0 || sim->queue.buckets[sim->queue.heap[0]].time_s != now_s))
+            (sim->queue.len == 0 || sim_queue_next_time(&sim->queue) != now_s))
             settle_contention(sim, now_s);
         if (sim->queue.len == 0 || sim->error || sim->stopped_s != 0)
             break;
@@ -749,7 +758,7 @@ static void run_queue(Sim *sim, const SimOptions *options)
         if (sim->fold &&
             (sim->stream[0].next[ZP_STREAM_COMPUTE] != sim->fold_watch[0] ||
              sim->stream[sim->ranks - 1].next[ZP_STREAM_COMPUTE] != sim->fold_watch[1]) &&
-            instant_s >= 0 && sim->queue.buckets[sim->queue.heap[0]].time_s != instant_s) {
+            instant_s >= 0 && sim_queue_next_time(&sim->queue) != instant_s) {
             sim_fold_boundary(sim->fold, sim, instant_s);
             if (sim->queue.len == 0)
                 break;

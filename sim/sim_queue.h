@@ -23,10 +23,18 @@ typedef struct {
 /* Events of one time in the order they were queued. */
 typedef struct {
     double time_s;
-    uint64_t seq; /* among buckets of one time, the order they were made in */
     Event *items;
     uint32_t head, len, cap;
 } Bucket;
+
+/* A bucket in the heap with its key, (time, seq), beside it: the heap's walks compare keys
+ * without a load through the bucket (seq: among buckets of one time, the order they were
+ * made in). */
+typedef struct {
+    double time_s;
+    uint64_t seq;
+    uint32_t bucket;
+} HeapEntry;
 
 /* The event queue, in (time, queue order) like one binary heap of events, but with the events
  * in FIFO buckets and only the buckets in the heap: ranks in lockstep queue thousands of
@@ -39,7 +47,7 @@ typedef struct {
     uint32_t n_buckets, cap_buckets;
     uint32_t *spare; /* buckets not in use (their items kept for reuse) */
     uint32_t n_spare;
-    uint32_t *heap; /* bucket indices, a min-heap by (time_s, seq) */
+    HeapEntry *heap; /* a min-heap by (time_s, seq) */
     uint32_t heap_len;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
@@ -48,19 +56,30 @@ typedef struct {
     size_t len; /* events queued */
 } Queue;
 
-/* The bucket for an event at time_s with room for it: the last one, or a new one (apart from
- * sim_queue_push, whose common case, the last bucket, stays small enough to inline). */
-Bucket *sim_queue_bucket_for(Queue *q, double time_s);
+/* Queues e at time_s where the last bucket cannot take it (apart from sim_queue_push, whose
+ * common case, the last bucket, stays small enough to inline). */
+void sim_queue_push_new(Queue *q, double time_s, Event e);
 
 /* Queues event (id, detail) at time_s, after every event queued before at that time. */
 G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint32_t id,
                                                   uint32_t detail)
 {
-    Bucket *bucket = q->last == UINT32_MAX ? NULL : &q->buckets[q->last];
-    if (!bucket || bucket->time_s != time_s || bucket->len == bucket->cap)
-        bucket = sim_queue_bucket_for(q, time_s);
-    bucket->items[bucket->len++] = (Event){id, detail, q->instant | q->made_mark};
-    q->len++;
+    const Event e = {id, detail, q->instant | q->made_mark};
+    if (q->last != UINT32_MAX) {
+        Bucket *bucket = &q->buckets[q->last];
+        if (bucket->time_s == time_s && bucket->len < bucket->cap) {
+            bucket->items[bucket->len++] = e;
+            q->len++;
+            return;
+        }
+    }
+    sim_queue_push_new(q, time_s, e);
+}
+
+/* The time of the earliest event; the queue must not be empty. */
+static inline double sim_queue_next_time(const Queue *q)
+{
+    return q->heap[0].time_s;
 }
 
 /* The earliest event, its time in *time_s; the queue must not be empty. */
