@@ -76,7 +76,24 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
 static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint32_t rank)
 {
     Countdown *c = &sim->countdown[op];
-    if (c->row >= COUNTS_WIDE) {
+    if (c->row >= COUNTS_SOLO) {
+        if (c->row == COUNTS_SOLO) {
+            if (--c->left != 0)
+                return FALSE;
+            c->row = COUNTS_DONE;
+            return TRUE;
+        }
+        if (c->row == COUNTS_UNUSED && sim->solo) {
+            /* Its first count down, as take_row's (the stage's one rank: no other to wait). */
+            fold_began(sim, op);
+            if (sim->ops[op].n_deps == 1) {
+                c->row = COUNTS_DONE;
+                return TRUE;
+            }
+            c->row = COUNTS_SOLO;
+            c->left = sim->ops[op].n_deps - 1;
+            return FALSE;
+        }
         if (c->row == COUNTS_WIDE) {
             /* A wide op takes no row, but its first count down is a beginning all the same:
              * sim_fold's window must reach it as it reaches every other (sim_fold.c, wide
@@ -846,6 +863,9 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         result->ranks_simulated = (int)ranks_reported(&sim);
         result->units_simulated = (int)sim.ranks;
         ok = sim_ranks_alloc_state(&sim, options, error);
+        sim.solo = sim.ranks == sim.sim_pp;
+        for (uint32_t k = 0; k < sim.sim_pp && sim.solo; k++)
+            sim.solo = sim.stage_ranks[k] == 1;
     }
     if (ok) {
         sim_ranks_build_flows(&sim, &classes);

@@ -77,6 +77,9 @@ G_STATIC_ASSERT(sizeof(SimOp) == 40);
 
 /* Countdown.row of an op with over 255 dependencies: its counts are in pending_wide. */
 #define COUNTS_WIDE (UINT32_MAX - 2)
+/* Countdown.row of an op counting down where each stage is one simulated rank (Sim.solo):
+ * the one count is Countdown.left, and no row is taken. */
+#define COUNTS_SOLO (UINT32_MAX - 3)
 /* Dependent.stream of an alloc or free. */
 #define NOT_ON_STREAM UINT8_MAX
 
@@ -101,6 +104,7 @@ typedef struct {
     union {
         uint32_t zeroed;
         uint32_t wide_row;
+        uint32_t left; /* COUNTS_SOLO: the dependencies left on the stage's one rank */
     };
 } Countdown;
 G_STATIC_ASSERT(sizeof(Countdown) == 8);
@@ -264,6 +268,10 @@ typedef struct {
     uint32_t n_rows_made, cap_rows, n_free_rows;
     uint32_t *pending_wide;
     uint32_t n_wide_rows;
+    /* Every stage is one simulated rank (folded runs without rank classes): an op's count
+     * lives in its Countdown (COUNTS_SOLO), not in a row of one byte a rank that the same
+     * event would take, fill and free (take_row and its memset, 2% of plan --3d gpt-1t). */
+    gboolean solo;
     StreamState *stream;   /* [rank] */
     uint16_t *link_load;   /* [rank * SIM_LINK_N + link]: flows in flight */
     RankState *rank;
@@ -423,9 +431,10 @@ static inline const MemState *mem_state(const Sim *sim, uint32_t rank)
 static inline uint32_t pending_of(const Sim *sim, uint32_t op, uint32_t rank)
 {
     const uint32_t row = sim->countdown[op].row;
-    if (row < COUNTS_WIDE)
+    if (row < COUNTS_SOLO)
         return sim->rows[(size_t)row * sim->ranks + rank];
     return row == COUNTS_DONE     ? 0
+           : row == COUNTS_SOLO   ? sim->countdown[op].left
            : row == COUNTS_UNUSED ? sim->ops[op].n_deps
                                     : sim->pending_wide[(size_t)sim->countdown[op].wide_row *
                                                             sim->ranks +

@@ -406,6 +406,8 @@ static void move_sinks(const SimFold *f, Sim *sim, uint32_t s, uint64_t periods)
                  sim_jump_sink_left(sim, s, i) > fall); /* far_periods */
         if (c->row == COUNTS_WIDE)
             sim->pending_wide[(size_t)c->wide_row * sim->ranks + s] -= (uint32_t)fall;
+        else if (c->row == COUNTS_SOLO)
+            sim->countdown[i].left -= (uint32_t)fall;
         else
             sim->rows[(size_t)c->row * sim->ranks + s] -= (uint8_t)fall;
     }

@@ -115,6 +115,8 @@ static inline int64_t sim_jump_status(const Sim *sim, uint32_t s, uint32_t i)
         const uint32_t left = sim->pending_wide[(size_t)c->wide_row * sim->ranks + s];
         return left == 0 ? 0 : left == sim->ops[i].n_deps ? 1 : 2 + (int64_t)left;
     }
+    if (c->row == COUNTS_SOLO) /* as a row's, where no rank counted it to 0 */
+        return 2 + (int64_t)c->left;
     return 2 + (int64_t)sim->rows[(size_t)c->row * sim->ranks + s] + 256 * (int64_t)c->zeroed;
 }
 
