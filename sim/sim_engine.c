@@ -190,7 +190,7 @@ static inline double timed_duration_s(const Sim *sim, uint32_t rank, const SimOp
 
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
  * Called before either count changes. */
-static void account(Sim *sim, RankState *rs, double now_s)
+static inline void account(Sim *sim, RankState *rs, double now_s)
 {
     /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
      * offload transfer. */
@@ -742,9 +742,12 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
 static void seed(Sim *sim)
 {
     GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (sim->ops[i].n_deps == 0 && !op_on_stream(&sim->ops[i]))
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        /* kind ALLOC or FREE: not on a stream (op_on_stream), one compare */
+        if (G_UNLIKELY(o->n_deps == 0) && (uint32_t)(o->kind - ZP_OP_ALLOC) < 2)
             g_array_append_val(roots, i);
+    }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
             if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))

@@ -71,16 +71,18 @@ static uint32_t queue_new_bucket(Queue *q, double time_s)
     return b;
 }
 
+void sim_queue_grow(Bucket *bucket)
+{
+    bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
+    bucket->items = g_renew(Event, bucket->items, bucket->cap);
+}
+
 void sim_queue_push_new(Queue *q, double time_s, Event e)
 {
-    uint32_t b = q->last;
-    if (b == UINT32_MAX || q->buckets[b].time_s != time_s)
-        b = q->last = queue_new_bucket(q, time_s);
+    const uint32_t b = q->last = queue_new_bucket(q, time_s);
     Bucket *bucket = &q->buckets[b];
-    if (bucket->len == bucket->cap) {
-        bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
-        bucket->items = g_renew(Event, bucket->items, bucket->cap);
-    }
+    if (bucket->cap == 0) /* a bucket's items are kept while it is spare */
+        sim_queue_grow(bucket);
     bucket->items[bucket->len++] = e;
     q->len++;
 }
@@ -132,7 +134,8 @@ void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
     q->last = UINT32_MAX;
     for (guint k = 0; k < events->len; k++) {
         const Event *e = &g_array_index(events, Event, k);
-        sim_queue_push_new(q, g_array_index(times, double, k), *e);
+        sim_queue_push(q, g_array_index(times, double, k), e->id, e->detail);
+        q->buckets[q->last].items[q->buckets[q->last].len - 1].made = e->made;
     }
 }
 

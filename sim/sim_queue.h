@@ -56,9 +56,11 @@ typedef struct {
     size_t len; /* events queued */
 } Queue;
 
-/* Queues e at time_s where the last bucket cannot take it (apart from sim_queue_push, whose
- * common case, the last bucket, stays small enough to inline). */
+/* Queues e at time_s in a new bucket, the newest of its time; and room for one more event in
+ * a full bucket (both apart from sim_queue_push, whose common cases stay small enough to
+ * inline). */
 void sim_queue_push_new(Queue *q, double time_s, Event e);
+void sim_queue_grow(Bucket *bucket);
 
 /* Queues event (id, detail) at time_s, after every event queued before at that time. */
 G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint32_t id,
@@ -67,7 +69,9 @@ G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint3
     const Event e = {id, detail, q->instant | q->made_mark};
     if (q->last != UINT32_MAX) {
         Bucket *bucket = &q->buckets[q->last];
-        if (bucket->time_s == time_s && bucket->len < bucket->cap) {
+        if (bucket->time_s == time_s) {
+            if (G_UNLIKELY(bucket->len == bucket->cap))
+                sim_queue_grow(bucket);
             bucket->items[bucket->len++] = e;
             q->len++;
             return;

@@ -210,15 +210,19 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                                                                  sizeof *sim->unsettled
                                                            : 0) +
                                              sizeof *sim->mem_pos);
-    uint32_t wide_rows = 0; /* the wide ops' rows, in op order */
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
-        const size_t row = (size_t)wide_rows * sim->ranks;
         sim->countdown[i] = (Countdown){
             .row = o->n_deps == 0 ? COUNTS_DONE : o->wide ? COUNTS_WIDE : COUNTS_UNUSED};
-        if (o->wide)
-            sim->countdown[i].wide_row = wide_rows++;
-        for (uint32_t r = 0; o->wide && r < sim->ranks; r++)
+    }
+    uint32_t wide_rows = 0; /* the wide ops' rows, in op order (few: a pass where there are) */
+    for (uint32_t i = 0; sim->n_wide_rows > 0 && i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        if (!o->wide)
+            continue;
+        const size_t row = (size_t)wide_rows * sim->ranks;
+        sim->countdown[i].wide_row = wide_rows++;
+        for (uint32_t r = 0; r < sim->ranks; r++)
             sim->pending_wide[row + r] = o->n_deps;
     }
     for (uint32_t r = 0; r < sim->ranks; r++)
