@@ -629,6 +629,8 @@ static void finish_flow(Sim *sim, uint32_t slot, double now_s)
  * they run, and per rank at the end: sim_breakdown_fill.) */
 static uint64_t event_weight(const Sim *sim, const Event *e)
 {
+    if (!sim->weight) /* no blocks: every flow stands for one group (sim_ranks.c) */
+        return 1;
     return e->id & EVENT_FLOW ? sim->flows[e->id & ~EVENT_FLOW].copies : rank_weight(sim, e->id);
 }
 
@@ -758,11 +760,13 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
 static void seed(Sim *sim)
 {
     GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const SimOp *o = &sim->ops[i];
+    const SimOp *const end = sim->ops + sim->n_ops;
+    for (const SimOp *o = sim->ops; o < end; o++) {
         /* kind ALLOC or FREE: not on a stream (op_on_stream), one compare */
-        if (G_UNLIKELY(o->n_deps == 0) && (uint32_t)(o->kind - ZP_OP_ALLOC) < 2)
+        if (G_UNLIKELY(o->n_deps == 0) && (uint32_t)(o->kind - ZP_OP_ALLOC) < 2) {
+            const uint32_t i = (uint32_t)(o - sim->ops);
             g_array_append_val(roots, i);
+        }
     }
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)

@@ -9,11 +9,13 @@ static inline gboolean entry_before(const HeapEntry *x, const HeapEntry *y)
     return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
 }
 
-/* Takes the heap's root out: its hole goes down along the earlier child to a leaf, one
- * comparison a level, and the last entry, which is rarely early, climbs back from there (Floyd's
- * variant of the sift down; the plain one compares twice a level on the way down). */
-static void queue_remove_root(Queue *q)
+/* Fills the vacant root, the heap one entry shorter: the hole goes down along the earlier
+ * child to a leaf, one comparison a level, and the last entry, which is rarely early, climbs
+ * back from there (Floyd's variant of the sift down; the plain one compares twice a level on
+ * the way down). */
+void sim_queue_fill(Queue *q)
 {
+    q->hole = FALSE;
     const size_t n = --q->heap_len;
     if (n == 0)
         return;
@@ -59,6 +61,25 @@ static uint32_t queue_new_bucket(Queue *q, double time_s)
     bucket->time_s = time_s;
     bucket->head = bucket->len = 0;
     const HeapEntry entry = {.time_s = time_s, .seq = q->next_seq++, .bucket = b};
+    if (q->hole) { /* down from the vacant root, as a sift down: new events are often early */
+        q->hole = FALSE;
+        const size_t n = q->heap_len;
+        HeapEntry *heap = q->heap;
+        size_t i = 0;
+        for (;;) {
+            size_t child = 2 * i + 1;
+            if (child >= n)
+                break;
+            if (child + 1 < n && entry_before(&heap[child + 1], &heap[child]))
+                child++;
+            if (!entry_before(&heap[child], &entry))
+                break;
+            heap[i] = heap[child];
+            i = child;
+        }
+        heap[i] = entry;
+        return b;
+    }
     size_t i = q->heap_len++;
     while (i > 0) {
         const size_t parent = (i - 1) / 2;
@@ -89,13 +110,15 @@ void sim_queue_push_new(Queue *q, double time_s, Event e)
 
 Event sim_queue_pop(Queue *q, double *time_s)
 {
+    if (q->hole)
+        sim_queue_fill(q);
     const uint32_t b = q->heap[0].bucket;
     Bucket *bucket = &q->buckets[b];
     const Event e = bucket->items[bucket->head++];
     *time_s = bucket->time_s;
     q->len--;
     if (bucket->head == bucket->len) {
-        queue_remove_root(q);
+        q->hole = TRUE;
         q->spare[q->n_spare++] = b;
         if (q->last == b)
             q->last = UINT32_MAX;
@@ -113,9 +136,10 @@ void sim_queue_events(const Queue *q, GArray *times, GArray *events)
 {
     g_array_set_size(times, 0);
     g_array_set_size(events, 0);
-    HeapEntry *order = g_memdup2(q->heap, MAX(q->heap_len, 1) * sizeof *order);
-    qsort(order, q->heap_len, sizeof *order, compare_entries);
-    for (uint32_t k = 0; k < q->heap_len; k++) {
+    const uint32_t from = q->hole ? 1 : 0, n = q->heap_len - from; /* the vacant root aside */
+    HeapEntry *order = g_memdup2(q->heap + from, MAX(n, 1) * sizeof *order);
+    qsort(order, n, sizeof *order, compare_entries);
+    for (uint32_t k = 0; k < n; k++) {
         const Bucket *b = &q->buckets[order[k].bucket];
         for (uint32_t i = b->head; i < b->len; i++) {
             g_array_append_val(times, b->time_s);
@@ -127,9 +151,10 @@ void sim_queue_events(const Queue *q, GArray *times, GArray *events)
 
 void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
 {
-    for (uint32_t k = 0; k < q->heap_len; k++)
+    for (uint32_t k = q->hole ? 1 : 0; k < q->heap_len; k++)
         q->spare[q->n_spare++] = q->heap[k].bucket;
     q->heap_len = 0;
+    q->hole = FALSE;
     q->len = 0;
     q->last = UINT32_MAX;
     for (guint k = 0; k < events->len; k++) {

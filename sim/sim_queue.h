@@ -49,6 +49,11 @@ typedef struct {
     uint32_t n_spare;
     HeapEntry *heap; /* a min-heap by (time_s, seq) */
     uint32_t heap_len;
+    /* The root's bucket was emptied by the last pop and the root left vacant (heap_len still
+     * counts it): the next new bucket goes down from there, one walk instead of the pop's and
+     * its own (most handlings queue one new event); any other look at the heap fills it
+     * (sim_queue_fill) first. */
+    gboolean hole;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
     uint32_t made_mark; /* OR'd into Event.made: MADE_SETTLED while contention settles */
@@ -80,9 +85,14 @@ G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint3
     sim_queue_push_new(q, time_s, e);
 }
 
+/* Fills the vacant root (Queue.hole) with the heap's last entry. */
+void sim_queue_fill(Queue *q);
+
 /* The time of the earliest event; the queue must not be empty. */
-static inline double sim_queue_next_time(const Queue *q)
+static inline double sim_queue_next_time(Queue *q)
 {
+    if (q->hole)
+        sim_queue_fill(q);
     return q->heap[0].time_s;
 }
 
