@@ -41,31 +41,49 @@ void sim_queue_fill(Queue *q)
     heap[i] = moving;
 }
 
-/* A bucket for time_s, newest of its time, in the heap. */
-static uint32_t queue_new_bucket(Queue *q, double time_s)
+/* One bucket more, made spare (the arrays grown where full): apart from sim_queue_push_new,
+ * whose path without it needs fewer registers saved (its entry and exit were a sixth of it). */
+G_NO_INLINE static void queue_add_bucket(Queue *q)
 {
-    uint32_t b;
-    if (q->n_spare > 0) {
-        b = q->spare[--q->n_spare];
-    } else {
-        if (q->n_buckets == q->cap_buckets) {
-            q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
-            q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
-            q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
-            q->heap = g_renew(HeapEntry, q->heap, q->cap_buckets);
-        }
-        b = q->n_buckets++;
-        q->buckets[b] = (Bucket){0};
+    if (q->n_buckets == q->cap_buckets) {
+        q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
+        q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
+        q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
+        q->heap = g_renew(HeapEntry, q->heap, q->cap_buckets);
     }
+    q->buckets[q->n_buckets] = (Bucket){0};
+    q->spare[q->n_spare++] = q->n_buckets++;
+}
+
+void sim_queue_grow(Bucket *bucket)
+{
+    bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
+    bucket->items = g_renew(Event, bucket->items, bucket->cap);
+}
+
+/* A new bucket, the newest of its time, holding e, into the heap: down from the vacant root
+ * (Queue.hole) as a sift down, since new events are often early, or up from a new leaf. */
+void sim_queue_push_new(Queue *q, double time_s, Event e)
+{
+    if (G_UNLIKELY(q->n_spare == 0))
+        queue_add_bucket(q);
+    const uint32_t b = q->spare[--q->n_spare];
     Bucket *bucket = &q->buckets[b];
+    if (G_UNLIKELY(bucket->cap == 0)) /* a bucket's items are kept while it is spare */
+        sim_queue_grow(bucket);
     bucket->time_s = time_s;
-    bucket->head = bucket->len = 0;
+    bucket->head = 0;
+    bucket->len = 1;
+    bucket->items[0] = e;
+    q->last = b;
+    q->len++;
     const HeapEntry entry = {.time_s = time_s, .seq = q->next_seq++, .bucket = b};
-    if (q->hole) { /* down from the vacant root, as a sift down: new events are often early */
+    HeapEntry *heap = q->heap;
+    size_t i;
+    if (q->hole) {
         q->hole = FALSE;
         const size_t n = q->heap_len;
-        HeapEntry *heap = q->heap;
-        size_t i = 0;
+        i = 0;
         for (;;) {
             size_t child = 2 * i + 1;
             if (child >= n)
@@ -77,35 +95,17 @@ static uint32_t queue_new_bucket(Queue *q, double time_s)
             heap[i] = heap[child];
             i = child;
         }
-        heap[i] = entry;
-        return b;
+    } else {
+        i = q->heap_len++;
+        while (i > 0) {
+            const size_t parent = (i - 1) / 2;
+            if (!entry_before(&entry, &heap[parent]))
+                break;
+            heap[i] = heap[parent];
+            i = parent;
+        }
     }
-    size_t i = q->heap_len++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!entry_before(&entry, &q->heap[parent]))
-            break;
-        q->heap[i] = q->heap[parent];
-        i = parent;
-    }
-    q->heap[i] = entry;
-    return b;
-}
-
-void sim_queue_grow(Bucket *bucket)
-{
-    bucket->cap = bucket->cap ? 2 * bucket->cap : 16;
-    bucket->items = g_renew(Event, bucket->items, bucket->cap);
-}
-
-void sim_queue_push_new(Queue *q, double time_s, Event e)
-{
-    const uint32_t b = q->last = queue_new_bucket(q, time_s);
-    Bucket *bucket = &q->buckets[b];
-    if (bucket->cap == 0) /* a bucket's items are kept while it is spare */
-        sim_queue_grow(bucket);
-    bucket->items[bucket->len++] = e;
-    q->len++;
+    heap[i] = entry;
 }
 
 Event sim_queue_pop(Queue *q, double *time_s)

@@ -210,10 +210,13 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                                                                  sizeof *sim->unsettled
                                                            : 0) +
                                              sizeof *sim->mem_pos);
+    /* COUNTS_DONE without dependencies, COUNTS_WIDE for a wide op (which has over 255),
+     * COUNTS_UNUSED otherwise: one above and one below it, chosen without a branch. */
+    G_STATIC_ASSERT(COUNTS_DONE == COUNTS_UNUSED + 1 && COUNTS_WIDE == COUNTS_UNUSED - 1);
     for (uint32_t i = 0; i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
-        sim->countdown[i] = (Countdown){
-            .row = o->n_deps == 0 ? COUNTS_DONE : o->wide ? COUNTS_WIDE : COUNTS_UNUSED};
+        sim->countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(o->n_deps == 0) -
+                                               (uint32_t)(o->wide != 0)};
     }
     uint32_t wide_rows = 0; /* the wide ops' rows, in op order (few: a pass where there are) */
     for (uint32_t i = 0; sim->n_wide_rows > 0 && i < sim->n_ops; i++) {
