@@ -2,6 +2,7 @@
  * snapshot and writes the state periods on, the sums replayed (sim_fold.c says why it is exact). */
 #include "sim_fold_jump.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* ---- the schedule ---- */
@@ -29,11 +30,15 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
 {
     const SimOp *a = &sim->ops[i], *b = &sim->ops[j];
     const uint32_t a_start = op_dependents_start(sim, a), b_start = op_dependents_start(sim, b);
-    if (a->kind != b->kind || a->sub != b->sub || a->stream != b->stream ||
-        a->group != b->group || a->link != b->link || a->wide || b->wide ||
-        a->stage != b->stage || a->n_deps != b->n_deps || a->duration_s != b->duration_s ||
-        a->latency_s != b->latency_s || a->transfer_s != b->transfer_s ||
-        a->bytes != b->bytes ||
+    /* kind, sub, stream, group, link, wide and stage: the op's first 8 bytes, compared at
+     * once; duration_s, latency_s and bytes share one double (SimOp's union). */
+    G_STATIC_ASSERT(offsetof(SimOp, stage) + sizeof(uint16_t) == 8 &&
+                    offsetof(SimOp, n_deps) == 8);
+    uint64_t a_head, b_head;
+    memcpy(&a_head, a, sizeof a_head);
+    memcpy(&b_head, b, sizeof b_head);
+    if (a_head != b_head || a->wide || a->n_deps != b->n_deps ||
+        a->duration_s != b->duration_s || a->transfer_s != b->transfer_s ||
         a->dependents_end - a_start != b->dependents_end - b_start ||
         a->dependents_ready - a_start != b->dependents_ready - b_start)
         return FALSE;
@@ -43,8 +48,12 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
     for (uint32_t k = 0; k < a->dependents_end - a_start; k++) {
         const Dependent *x = &sim->dependents[a_start + k];
         const Dependent *y = &sim->dependents[b_start + k];
-        if (x->stage != y->stage || x->stream != y->stream || x->counted != y->counted ||
-            f->steps[x->stage] == 0)
+        /* stage, stream and counted: the 4 bytes after op, compared at once */
+        G_STATIC_ASSERT(offsetof(Dependent, stage) == 4 && sizeof(Dependent) == 8);
+        uint32_t x_tail, y_tail;
+        memcpy(&x_tail, (const char *)x + offsetof(Dependent, stage), sizeof x_tail);
+        memcpy(&y_tail, (const char *)y + offsetof(Dependent, stage), sizeof y_tail);
+        if (x_tail != y_tail || f->steps[x->stage] == 0)
             return FALSE;
         /* A sink (sim_fold.c) stays put: both count the same op down. */
         const gboolean sink = x->counted && x->op == y->op && sim->fold_far &&
