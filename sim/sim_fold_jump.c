@@ -55,11 +55,14 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
         memcpy(&y_tail, (const char *)y + offsetof(Dependent, stage), sizeof y_tail);
         if (x_tail != y_tail || f->steps[x->stage] == 0)
             return FALSE;
-        /* A sink (sim_fold.c) stays put: both count the same op down. */
-        const gboolean sink = x->counted && x->op == y->op && sim->fold_far &&
-                              sim->fold_far[x->op] == SIM_FOLD_SINK;
-        if (!sink && moved_on(f, x->stage, x->op, 1) != y->op)
+        /* A sink (sim_fold.c) stays put: both count the same op down. Any other op is moved
+         * a period on, never onto itself (its stage's step is not 0). */
+        if (x->op == y->op) {
+            if (!(x->counted && sim->fold_far && sim->fold_far[x->op] == SIM_FOLD_SINK))
+                return FALSE;
+        } else if (moved_on(f, x->stage, x->op, 1) != y->op) {
             return FALSE;
+        }
     }
     return TRUE;
 }
@@ -342,10 +345,13 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
     for (uint32_t j = first; j <= periods; j += stride) {
         const uint32_t moves = stride == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
-            const Note n = note_moved(f, sim, f->notes.v[k - f->notes_base], moves, period_s);
-            if (n.kind == NOTE_ADD)
-                *n.field += n.x;
-            else if (n.kind == NOTE_RANK)
+            const Note *at = &f->notes.v[k - f->notes_base];
+            if (at->kind == NOTE_ADD) { /* the same addition, unmoved (note_moved) */
+                *at->field += at->x;
+                continue;
+            }
+            const Note n = note_moved(f, sim, *at, moves, period_s);
+            if (n.kind == NOTE_RANK)
                 sim->op_last_rank[n.at] = (uint32_t)n.x;
             else
                 n.field[n.at] = n.x;
