@@ -15,8 +15,10 @@ gboolean sim_memory_alloc_logs(Sim *sim)
     sim->log_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
     sim->state_bytes += (uint64_t)sim->n_ops * sizeof *sim->log_pos;
     uint32_t *memory_ops = g_new0(uint32_t, sim->sim_pp);
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        sim->log_pos[i] = NOT_LOGGED;
+    uint32_t *const log_pos = sim->log_pos; /* a local: its stores could alias sim->n_ops */
+    const uint32_t n_ops = sim->n_ops;
+    for (uint32_t i = 0; i < n_ops; i++)
+        log_pos[i] = NOT_LOGGED;
     /* Counted for the logs only: a stage of one rank keeps none (below). */
     gboolean shared = FALSE;
     for (uint32_t k = 0; k < sim->sim_pp; k++)

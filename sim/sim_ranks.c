@@ -213,11 +213,13 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
     /* COUNTS_DONE without dependencies, COUNTS_WIDE for a wide op (which has over 255),
      * COUNTS_UNUSED otherwise: one above and one below it, chosen without a branch. */
     G_STATIC_ASSERT(COUNTS_DONE == COUNTS_UNUSED + 1 && COUNTS_WIDE == COUNTS_UNUSED - 1);
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const SimOp *o = &sim->ops[i];
-        sim->countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(o->n_deps == 0) -
-                                               (uint32_t)(o->wide != 0)};
-    }
+    /* In locals: a store through countdown could alias sim's fields for the compiler. */
+    const SimOp *const ops = sim->ops;
+    Countdown *const countdown = sim->countdown;
+    const uint32_t n_ops = sim->n_ops;
+    for (uint32_t i = 0; i < n_ops; i++)
+        countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(ops[i].n_deps == 0) -
+                                          (uint32_t)(ops[i].wide != 0)};
     uint32_t wide_rows = 0; /* the wide ops' rows, in op order (few: a pass where there are) */
     for (uint32_t i = 0; sim->n_wide_rows > 0 && i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
@@ -273,9 +275,11 @@ static void groups_used(const Sim *sim, gboolean used[ZP_SCHED_MAX_GROUPS])
 {
     for (uint32_t g = 0; g < ZP_SCHED_MAX_GROUPS; g++)
         used[g] = FALSE;
-    for (uint32_t i = 0; i < sim->n_ops; i++)
-        if (sim->ops[i].kind == ZP_OP_COLLECTIVE)
-            used[sim->ops[i].group] = TRUE;
+    const SimOp *const ops = sim->ops; /* locals: a store to used could alias sim's fields */
+    const uint32_t n_ops = sim->n_ops;
+    for (uint32_t i = 0; i < n_ops; i++)
+        if (ops[i].kind == ZP_OP_COLLECTIVE)
+            used[ops[i].group] = TRUE;
 }
 
 static void alloc_units(Sim *sim)
