@@ -56,7 +56,8 @@ gboolean sim_memory_alloc_logs(Sim *sim)
 
 /* Alloc or free op i on a rank's memory m; FALSE (and sim->error) if a category goes
  * negative. */
-static gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank, uint32_t i)
+G_ALWAYS_INLINE static inline gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank,
+                                                        uint32_t i)
 {
     const SimOp *op = &sim->ops[i];
     const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
@@ -102,6 +103,10 @@ static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t po
 gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
 {
     uint32_t *pos = &sim->mem_pos[rank];
+    /* A rank on its own state (every rank of a stage simulated alone) first: a log's places lie
+     * below MEM_EAGER, so neither test below could hold. */
+    if (*pos & MEM_EAGER)
+        return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
     if (*pos == sim->log_pos[i]) {
         ++*pos;
         return TRUE;
@@ -115,7 +120,7 @@ gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
         ++*pos;
         return TRUE;
     }
-    if (!(*pos & MEM_EAGER) && !go_eager(sim, rank, log, *pos))
+    if (!go_eager(sim, rank, log, *pos))
         return FALSE;
     return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
 }
