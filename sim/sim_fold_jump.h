@@ -51,6 +51,7 @@ struct SimFold {
     uint32_t A;            /* micro-steps */
     uint32_t stages;
     GHashTable *heads;     /* 1 + each head op -> 1 + its index (sim_fold.c: find_heads) */
+    uint8_t *head_bits;    /* [op / 8] bit op % 8: op is a head (no lookup for the rest) */
     /* [stage]: its ops' indices, [stage_start, stage_end) (the builder lays a stage's ops
      * out together; checked), worked out the first time the cheap fields repeat (NULL
      * before); lo_hint: no counted op below it is still counting down; equal_from and
