@@ -204,9 +204,13 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     uint32_t *count = g_new0(uint32_t, f->stages), *end = g_new0(uint32_t, f->stages);
     for (uint32_t s = 0; s < f->stages; s++)
         f->stage_start[s] = UINT32_MAX;
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        const uint32_t s = sim->ops[i].stage;
-        f->stage_start[s] = MIN(f->stage_start[s], i);
+    /* In locals: the stores below could alias sim's and f's fields for the compiler. */
+    uint32_t *const start = f->stage_start;
+    const SimOp *const ops = sim->ops;
+    const uint32_t n_ops = sim->n_ops;
+    for (uint32_t i = 0; i < n_ops; i++) {
+        const uint32_t s = ops[i].stage;
+        start[s] = MIN(start[s], i);
         end[s] = i + 1;
         count[s]++;
     }
