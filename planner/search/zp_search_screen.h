@@ -32,6 +32,7 @@ typedef struct {
     ZpBusBandwidthFn bus_bytes_per_s;
     ZpCollTimeFn coll_s;
     GHashTable *compute_memo;
+    GHashTable *gather_memo; /* stage 3's gathered elements by gather_key, as compute_memo */
 } ZpScreen;
 
 /* Screens one plan in O(1) without allocating: *memory_bytes = model states + every residual
@@ -59,7 +60,8 @@ void zp_search_screen(const ZpScreen *screen, const ZpPlan *plan, double *memory
  * parameters; 0 for every other. */
 double zp_search_screen_gathers_bound_s(const ZpScreen *screen, const ZpPlan *plan);
 
-/* Keeps the compute costs of the plans screened from here on (compute_memo), until
+/* Keeps the compute costs of the plans screened from here on (compute_memo) and their
+ * stage-3 gathered elements (gather_memo), until
  * zp_search_screen_clear: for one search, which screens each shape with its bucket, overlap,
  * ZeRO++ and ZeRO-R choices. */
 void zp_search_screen_keep_costs(ZpScreen *screen);
