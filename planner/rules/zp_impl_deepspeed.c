@@ -5,6 +5,7 @@
 #include "zp_util.h"
 
 #include <math.h>
+#include <string.h>
 
 static gboolean ds_has_stage(int stage)
 {
@@ -661,11 +662,32 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
 /* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,
  * of one block times L and of the final unit, from a one-block copy of the model), and the
  * largest tensor a rank holds. */
+/* zp_model_tensors of `one`, kept for the next call while the model asked is the same: the
+ * search's screen asks ds_residual at every plan it measures, all of one model, and each
+ * call listed the one-block table anew (plan --3d gpt-1t/4096: 5,616 tables, 47 M
+ * instructions). The table is a function of the model's fields alone (zp_model_arch.c's
+ * rows; the names are static strings), and a ZpModel holds no pointer, so a model equal
+ * byte for byte lists the same table. One entry, replaced when another model comes; the
+ * planner runs on one thread. The caller does not free the table. */
+static const GArray *one_block_tensors(const ZpModel *one)
+{
+    static ZpModel kept_model;
+    static GArray *kept;
+    if (!kept || memcmp(&kept_model, one, sizeof *one) != 0) {
+        if (kept)
+            g_array_unref(kept);
+        kept = zp_model_tensors(one);
+        memcpy(&kept_model, one, sizeof *one);
+    }
+    return kept;
+}
+
 static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double *largest)
 {
-    ZpModel one = *model;
+    ZpModel one;
+    memcpy(&one, model, sizeof one); /* padding too: one_block_tensors compares the bytes */
     one.layers = 1;
-    GArray *tensors = zp_model_tensors(&one);
+    const GArray *tensors = one_block_tensors(&one);
     double total = 0;
     *largest = 0;
     for (guint i = 0; i < tensors->len; i++) {
@@ -675,7 +697,6 @@ static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double 
         if (elems <= plan->zero.stage3_param_persistence_threshold)
             total += elems * (t->unit == 1 ? (double)model->layers : 1.0);
     }
-    g_array_unref(tensors);
     return total;
 }
 
