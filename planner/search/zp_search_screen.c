@@ -357,19 +357,21 @@ typedef struct {
 
 /* The plan with the fields zp_sched_gathered_elems never reads set to zero, so that the
  * search's plans of one shape that differ only there share one fetch plan: the reduce and
- * all-gather bucket sizes, overlap_comm, qwZ, hpZ and ZeRO-R's MD, the micro-batch and the
- * accumulation. What it reads (its call tree: zp_impl_normalize_plan, place_units,
- * zp_sched_unit_padded, zp_model_unit_dense_tp_elems, and each implementation's plan_fetches:
- * ds_plan_fetches with zp_impl_tensors/list_tensors, build_trace, add_unit,
- * zp_impl_module_compute, kept, fetch, sort_calls; paper_plan_fetches with add_fetch,
- * zp_sched_unit_persistent, zp_impl_prefetch_window; zp_impl_fsdp_plan_fetches;
- * fsdp2_plan_fetches with keep_to_backward, join_root, zp_impl_fsdp2_root_joined): impl,
- * stage, mp, dp, checkpoint, block_compute, fsdp2_no_reshard_after_forward, qgZ, the
- * offloaded optimizer's device and the stage-3 knobs (stage3_param_persistence_threshold,
- * stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance,
- * stage3_allgather_sequential), all kept; the zeroed fields' names (also as z->) appear
- * in none of those functions (grepped over planner/rules, planner/sched/zp_build_layout.c
- * and planner/spec). The fetches' elements are padded to dp: dp stays. */
+ * all-gather bucket sizes, overlap_comm, qwZ, hpZ, ZeRO-R's options (ckpt: Pa,
+ * cpu_checkpointing, MD...), the micro-batch and the accumulation. What it reads (its call
+ * tree: zp_impl_normalize_plan, place_units, zp_sched_unit_padded,
+ * zp_model_unit_dense_tp_elems, and each implementation's plan_fetches: ds_plan_fetches with
+ * zp_impl_tensors/list_tensors, build_trace, add_unit, zp_impl_module_compute, kept, fetch,
+ * sort_calls; paper_plan_fetches with add_fetch, zp_sched_unit_persistent,
+ * zp_impl_prefetch_window; zp_impl_fsdp_plan_fetches; fsdp2_plan_fetches with
+ * keep_to_backward, join_root, zp_impl_fsdp2_root_joined): impl, stage, mp, dp, checkpoint,
+ * block_compute, fsdp2_no_reshard_after_forward, qgZ, the offloaded optimizer's device and
+ * the stage-3 knobs (stage3_param_persistence_threshold, stage3_prefetch_bucket_size,
+ * stage3_max_live_parameters, stage3_max_reuse_distance, stage3_allgather_sequential), all
+ * kept; the zeroed fields' names (also as z->) appear in none of those functions (grepped
+ * over planner/rules, planner/sched/zp_build_layout.c and planner/spec; ckpt's fields are
+ * read only in zp_zeror.c, zp_build_ckpt.c, zp_sched.c, zp_schedcheck.c, the search,
+ * zp_plan.c and zp_dsconfig.c). The fetches' elements are padded to dp: dp stays. */
 static void gather_key(const ZpPlan *plan, ZpPlan *key)
 {
     memcpy(key, plan, sizeof *key);
@@ -378,7 +380,7 @@ static void gather_key(const ZpPlan *plan, ZpPlan *key)
     key->zero.overlap_comm = FALSE;
     key->zero.zero_quantized_weights = FALSE;
     key->zero.zero_hpz_partition_size = 0;
-    key->ckpt.contiguous_memory_optimization = FALSE;
+    key->ckpt = (ZpCheckpointConfig){0};
     key->micro_batch = 0;
     key->grad_accum = 0;
 }
