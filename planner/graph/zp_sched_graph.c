@@ -41,17 +41,30 @@ void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
     return o;
 }
 
+void zp_sched_memo_drop_layout(ZpSchedMemo *memo)
+{
+    if (memo->impl_tensors)
+        g_array_unref(memo->impl_tensors);
+    g_free(memo->layout);
+    memo->impl_tensors = NULL;
+    memo->layout = NULL;
+    memo->n_units = 0;
+}
+
+void zp_sched_memo_destroy(ZpSchedMemo *memo)
+{
+    if (!memo)
+        return;
+    zp_sched_memo_drop_layout(memo);
+    if (memo->model_tensors)
+        g_array_unref(memo->model_tensors);
+    g_free(memo->tensor_flags);
+    g_free(memo);
+}
+
 void zp_sched_memo_free(ZpSchedule *s)
 {
-    if (!s->memo)
-        return;
-    if (s->memo->impl_tensors)
-        g_array_unref(s->memo->impl_tensors);
-    g_free(s->memo->layout);
-    if (s->memo->model_tensors)
-        g_array_unref(s->memo->model_tensors);
-    g_free(s->memo->tensor_flags);
-    g_free(s->memo);
+    zp_sched_memo_destroy(s->memo);
     s->memo = NULL;
 }
 

@@ -254,6 +254,11 @@ void zp_sched_free(ZpSchedule *sched);
 /* Drops what the build kept (ZpSchedMemo): zp_sched_build's end. */
 void zp_sched_memo_free(ZpSchedule *sched);
 
+/* A memo held apart from a schedule (zp_sched_gathered_elems_kept's): drops its layout's
+ * tensors (impl_tensors, layout), keeping the model's table; or frees it all (NULL: nothing). */
+void zp_sched_memo_drop_layout(ZpSchedMemo *memo);
+void zp_sched_memo_destroy(ZpSchedMemo *memo);
+
 static inline const ZpOp *zp_sched_op(const ZpSchedule *s, uint32_t i)
 {
     return &g_array_index(s->ops, ZpOp, i);

@@ -76,8 +76,19 @@ static void place_units(ZpSchedule *s)
 
 double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan)
 {
+    return zp_sched_gathered_elems_kept(model, plan, NULL);
+}
+
+double zp_sched_gathered_elems_kept(const ZpModel *model, const ZpPlan *plan,
+                                    ZpSchedMemo *memo)
+{
+    /* Only the model's table may carry over: the tensors of the layout before were listed
+     * for another plan's tensor-parallel degree, which memo_fresh (zp_impl.c) does not
+     * compare. */
+    if (memo)
+        zp_sched_memo_drop_layout(memo);
     ZpSchedule s = {.model = *model, .plan = *plan,
-                    .elem_bytes = zp_plan_elem_bytes(plan->precision)};
+                    .elem_bytes = zp_plan_elem_bytes(plan->precision), .memo = memo};
     zp_impl_normalize_plan(&s.plan);
     s.n_units = zp_model_n_units(model);
     s.unit_offset = g_new0(uint64_t, s.n_units);
@@ -91,6 +102,8 @@ double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan)
     for (guint i = 0; i < fetches->len; i++)
         elems += (double)g_array_index(fetches, ZpFetch, i).elems;
     g_array_unref(fetches);
+    if (memo)
+        zp_sched_memo_drop_layout(memo);
     g_free(s.unit_offset);
     g_free(s.unit_elems);
     return elems;

@@ -67,6 +67,13 @@ uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan);
  * schedule gathers at least that (test_search_prune). */
 double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan);
 
+/* The same, with `memo` (NULL: none) keeping the model's tensor table and what their names
+ * say (ZpSchedMemo model_tensors, tensor_flags) from one call to the next: a memo serves one
+ * model only (the search's screen: plan --3d gpt-1t/4096 named 128 layers' tensors at each
+ * stage-3 shape). */
+double zp_sched_gathered_elems_kept(const ZpModel *model, const ZpPlan *plan,
+                                    ZpSchedMemo *memo);
+
 /* DeepSpeed's stage 3 with stage3_use_all_reduce_for_fetch_params: whether a coalesced call of
  * n parameters over `group` fetches them by an all-reduce of a zeroed flat buffer of their
  * padded sizes, each rank's slices at its place (partition_parameters.py

@@ -398,7 +398,7 @@ static double gathered_elems(const ZpScreen *sc, const ZpPlan *plan)
     if (!m) {
         GatherMemo *fresh = g_new(GatherMemo, 1);
         fresh->key = key;
-        fresh->elems = zp_sched_gathered_elems(sc->model, plan);
+        fresh->elems = zp_sched_gathered_elems_kept(sc->model, plan, sc->tensor_memo);
         g_hash_table_add(sc->gather_memo, fresh);
         m = fresh;
     }
@@ -420,6 +420,7 @@ void zp_search_screen_keep_costs(ZpScreen *screen)
         g_hash_table_new_full(compute_key_hash, compute_key_equal, g_free, NULL);
     screen->gather_memo =
         g_hash_table_new_full(compute_key_hash, compute_key_equal, g_free, NULL);
+    screen->tensor_memo = g_new0(ZpSchedMemo, 1);
 }
 
 void zp_search_screen_clear(ZpScreen *screen)
@@ -430,4 +431,6 @@ void zp_search_screen_clear(ZpScreen *screen)
     if (screen->gather_memo)
         g_hash_table_destroy(screen->gather_memo);
     screen->gather_memo = NULL;
+    zp_sched_memo_destroy(screen->tensor_memo);
+    screen->tensor_memo = NULL;
 }
