@@ -659,9 +659,6 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
     }
 }
 
-/* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,
- * of one block times L and of the final unit, from a one-block copy of the model), and the
- * largest tensor a rank holds. */
 /* zp_model_tensors of `one`, kept for the next call while the model asked is the same: the
  * search's screen asks ds_residual at every plan it measures, all of one model, and each
  * call listed the one-block table anew (plan --3d gpt-1t/4096: 5,616 tables, 47 M
@@ -682,6 +679,9 @@ static const GArray *one_block_tensors(const ZpModel *one)
     return kept;
 }
 
+/* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,
+ * of one block times L and of the final unit, from a one-block copy of the model), and the
+ * largest tensor a rank holds. */
 static double persistent_elems(const ZpModel *model, const ZpPlan *plan, double *largest)
 {
     ZpModel one;
