@@ -7,13 +7,6 @@
 
 /* ---- the schedule ---- */
 
-/* op + n periods on stage s (steps), or UINT32_MAX - 1 past the stage's ops. */
-static uint32_t moved_on(const SimFold *f, uint32_t s, uint32_t op, int64_t n)
-{
-    const int64_t to = (int64_t)op + n * f->steps[s];
-    return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
-}
-
 /* op + n periods on its stage (steps), or UINT32_MAX - 1 past the stage's ops. */
 static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
 {
@@ -24,12 +17,28 @@ static uint32_t moved(const SimFold *f, const Sim *sim, uint32_t op, int64_t n)
     return to >= f->stage_start[s] && to < f->stage_end[s] ? (uint32_t)to : UINT32_MAX - 1;
 }
 
+/* What same_op reads, in locals for one walk of repeats_until (its stores through eq_to could
+ * alias f's and sim's fields for the compiler, which then reloaded them at every op: about
+ * 140 instructions an op pair, 134 M of plan --3d gpt-1t/4096's 3.28 G). */
+typedef struct {
+    const SimOp *ops;
+    const Dependent *deps;
+    const int64_t *steps;  /* [stage] (SimFold.steps) */
+    const uint8_t *far;    /* Sim.fold_far, or NULL */
+    int64_t step;          /* the walked stage's */
+    gboolean uniform;      /* every stage's step is `step` (same_op's shortcut) */
+} OpPairs;
+
 /* Whether op j does what op i, a period before it, did: the same static facts, its stream's
- * next op and its dependents moved alike (each by its stage's step). */
-static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j)
+ * next op and its dependents moved alike (each by its stage's step). An op a dependent or a
+ * stream's next names is of that reference's stage (sim_ops.c: place_dependent takes the
+ * dependent's stage from its op; a stream is one stage's), so within the stage's run of ops
+ * (find_stages): moved by the stage's step, it is the op j names exactly when their indices
+ * differ by that step (moved_on's bounds hold for it). */
+static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
 {
-    const SimOp *a = &sim->ops[i], *b = &sim->ops[j];
-    const uint32_t a_start = op_dependents_start(sim, a), b_start = op_dependents_start(sim, b);
+    const SimOp *a = &p->ops[i], *b = &p->ops[j];
+    const uint32_t a_start = i == 0 ? 0 : a[-1].dependents_end, b_start = b[-1].dependents_end;
     /* kind, sub, stream, group, link, wide and stage: the op's first 8 bytes, compared at
      * once; duration_s, latency_s and bytes share one double (SimOp's union). */
     G_STATIC_ASSERT(offsetof(SimOp, stage) + sizeof(uint16_t) == 8 &&
@@ -37,30 +46,47 @@ static gboolean same_op(const SimFold *f, const Sim *sim, uint32_t i, uint32_t j
     uint64_t a_head, b_head;
     memcpy(&a_head, a, sizeof a_head);
     memcpy(&b_head, b, sizeof b_head);
+    const uint32_t n = a->dependents_end - a_start;
     if (a_head != b_head || a->wide || a->n_deps != b->n_deps ||
         a->duration_s != b->duration_s || a->transfer_s != b->transfer_s ||
-        a->dependents_end - a_start != b->dependents_end - b_start ||
+        b->dependents_end - b_start != n ||
         a->dependents_ready - a_start != b->dependents_ready - b_start)
         return FALSE;
     if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
-        (a->stream_next != NO_OP && moved_on(f, a->stage, a->stream_next, 1) != b->stream_next))
+        (a->stream_next != NO_OP &&
+         (int64_t)b->stream_next - (int64_t)a->stream_next != p->steps[a->stage]))
         return FALSE;
-    for (uint32_t k = 0; k < a->dependents_end - a_start; k++) {
-        const Dependent *x = &sim->dependents[a_start + k];
-        const Dependent *y = &sim->dependents[b_start + k];
-        /* stage, stream and counted: the 4 bytes after op, compared at once */
-        G_STATIC_ASSERT(offsetof(Dependent, stage) == 4 && sizeof(Dependent) == 8);
+    const Dependent *x = &p->deps[a_start], *y = &p->deps[b_start];
+    /* stage, stream and counted: the 4 bytes after op, compared at once */
+    G_STATIC_ASSERT(offsetof(Dependent, stage) == 4 && sizeof(Dependent) == 8);
+    if (p->uniform) {
+        /* Every stage's step is one (1F1B, accumulation): each dependent moved by it, which
+         * is what the loop below accepts where no sink is among them (one is compared
+         * there, as it stays put). */
+        uint32_t k = 0;
+        for (; k < n; k++) {
+            uint32_t x_tail, y_tail;
+            memcpy(&x_tail, (const char *)&x[k] + offsetof(Dependent, stage), sizeof x_tail);
+            memcpy(&y_tail, (const char *)&y[k] + offsetof(Dependent, stage), sizeof y_tail);
+            if (x_tail != y_tail || (int64_t)y[k].op - (int64_t)x[k].op != p->step)
+                break;
+        }
+        if (k == n)
+            return TRUE;
+    }
+    for (uint32_t k = 0; k < n; k++) {
         uint32_t x_tail, y_tail;
-        memcpy(&x_tail, (const char *)x + offsetof(Dependent, stage), sizeof x_tail);
-        memcpy(&y_tail, (const char *)y + offsetof(Dependent, stage), sizeof y_tail);
-        if (x_tail != y_tail || f->steps[x->stage] == 0)
+        memcpy(&x_tail, (const char *)&x[k] + offsetof(Dependent, stage), sizeof x_tail);
+        memcpy(&y_tail, (const char *)&y[k] + offsetof(Dependent, stage), sizeof y_tail);
+        const int64_t step = p->steps[x[k].stage];
+        if (x_tail != y_tail || step == 0)
             return FALSE;
         /* A sink (sim_fold.c) stays put: both count the same op down. Any other op is moved
          * a period on, never onto itself (its stage's step is not 0). */
-        if (x->op == y->op) {
-            if (!(x->counted && sim->fold_far && sim->fold_far[x->op] == SIM_FOLD_SINK))
+        if (x[k].op == y[k].op) {
+            if (!(x[k].counted && p->far && p->far[x[k].op] == SIM_FOLD_SINK))
                 return FALSE;
-        } else if (moved_on(f, x->stage, x->op, 1) != y->op) {
+        } else if ((int64_t)y[k].op - (int64_t)x[k].op != step) {
             return FALSE;
         }
     }
@@ -80,12 +106,18 @@ static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t k, uint32_t s
         f->equal_step[at] = step;
         *eq_from = *eq_to = back;
     }
-    while (*eq_to < f->stage_end[s] && *eq_to >= f->stage_start[s] + step &&
-           same_op(f, sim, (uint32_t)(*eq_to - step), *eq_to))
-        (*eq_to)++;
-    return *eq_to >= from ? *eq_to : from;
+    OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = f->steps,
+                 .far = sim->fold_far, .step = step, .uniform = TRUE};
+    for (uint32_t t = 0; t < f->stages; t++)
+        p.uniform = p.uniform && f->steps[t] == step;
+    const uint32_t end = f->stage_end[s];
+    const int64_t first = (int64_t)f->stage_start[s] + step;
+    uint32_t to = *eq_to;
+    while (to < end && to >= first && same_op(&p, (uint32_t)(to - step), to))
+        to++;
+    *eq_to = to;
+    return to >= from ? to : from;
 }
-
 
 void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi)
 {
