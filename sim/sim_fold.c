@@ -227,6 +227,8 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     f->equal_from = g_new0(uint32_t, (size_t)MAX_SHIFTS * f->stages);
     f->equal_to = g_new0(uint32_t, (size_t)MAX_SHIFTS * f->stages);
     f->equal_step = g_new0(int64_t, (size_t)MAX_SHIFTS * f->stages);
+    f->equal_steps = g_new0(int64_t, (size_t)MAX_SHIFTS * f->stages);
+    f->equal_open = g_new0(uint8_t, (size_t)MAX_SHIFTS * f->stages);
     return TRUE;
 }
 
@@ -688,6 +690,8 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->equal_from);
     g_free(f->equal_to);
     g_free(f->equal_step);
+    g_free(f->equal_steps);
+    g_free(f->equal_open);
     g_free(f->far);
     g_free(f->far_start);
     g_free(f->sink);

@@ -93,30 +93,63 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
     return TRUE;
 }
 
+/* Walks shift k's repeat of stage s on from equal_to while each op does what the op a period
+ * before it did, up to `need` (INT64_MAX: as far as it goes), under the steps the shift's walks
+ * read (equal_steps). equal_open says whether it stopped at `need` alone: it can go on. */
+static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t need)
+{
+    const size_t at = (size_t)k * f->stages + s;
+    const int64_t *steps = &f->equal_steps[(size_t)k * f->stages];
+    const int64_t step = f->equal_step[at];
+    OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = steps,
+                 .far = sim->fold_far, .step = step, .uniform = TRUE};
+    for (uint32_t t = 0; t < f->stages; t++)
+        p.uniform = p.uniform && steps[t] == step;
+    const uint32_t end = f->stage_end[s];
+    const int64_t first = (int64_t)f->stage_start[s] + step;
+    uint32_t to = f->equal_to[at];
+    while (to < need && to < end && to >= first && same_op(&p, (uint32_t)(to - step), to))
+        to++;
+    f->equal_to[at] = to;
+    f->equal_open[at] = to >= need && to < end && to >= first;
+}
+
+/* Shift k's walks read the steps they began under (f->steps is set anew at each proof): where
+ * those change, the walks not yet at their end are finished under the old ones first, as a
+ * walk that went to its end at once would have been. */
+static void sync_steps(SimFold *f, const Sim *sim, uint32_t k)
+{
+    int64_t *steps = &f->equal_steps[(size_t)k * f->stages];
+    if (memcmp(steps, f->steps, f->stages * sizeof *steps) == 0)
+        return;
+    for (uint32_t s = 0; s < f->stages; s++)
+        if (f->equal_open[(size_t)k * f->stages + s])
+            walk_on(f, sim, k, s, INT64_MAX);
+    memcpy(steps, f->steps, f->stages * sizeof *steps);
+}
+
 /* The first op past `from` of stage s that does not do what the op a period before it did
  * (every op in [from, that) does), from the stage's end at most; `from` itself where the
- * ops before `from` back to `back` do not repeat either. Remembered for the current steps. */
+ * ops before `from` back to `back` do not repeat either. Remembered for the current steps.
+ * The walk stops at `need` (INT64_MAX: none) where it gets there, and goes on from there
+ * when asked for more (a jump needs the ops to repeat only as far as it goes: sim_jump_periods),
+ * so what it finds is what one walk to the end finds, as far as it went. */
 static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t k, uint32_t s,
-                              uint32_t back, uint32_t from)
+                              uint32_t back, uint32_t from, int64_t need)
 {
     const int64_t step = f->steps[s];
     const size_t at = (size_t)k * f->stages + s;
-    uint32_t *eq_from = &f->equal_from[at], *eq_to = &f->equal_to[at];
-    if (f->equal_step[at] != step || back < *eq_from || back > *eq_to) {
+    if (f->equal_step[at] == step && back >= f->equal_from[at] && back > f->equal_to[at] &&
+        f->equal_open[at])
+        walk_on(f, sim, k, s, back);
+    if (f->equal_step[at] != step || back < f->equal_from[at] || back > f->equal_to[at]) {
         f->equal_step[at] = step;
-        *eq_from = *eq_to = back;
+        f->equal_from[at] = f->equal_to[at] = back;
+        f->equal_open[at] = TRUE;
     }
-    OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = f->steps,
-                 .far = sim->fold_far, .step = step, .uniform = TRUE};
-    for (uint32_t t = 0; t < f->stages; t++)
-        p.uniform = p.uniform && f->steps[t] == step;
-    const uint32_t end = f->stage_end[s];
-    const int64_t first = (int64_t)f->stage_start[s] + step;
-    uint32_t to = *eq_to;
-    while (to < end && to >= first && same_op(&p, (uint32_t)(to - step), to))
-        to++;
-    *eq_to = to;
-    return to >= from ? to : from;
+    if (f->equal_open[at])
+        walk_on(f, sim, k, s, need);
+    return f->equal_to[at] >= from ? f->equal_to[at] : from;
 }
 
 void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi)
@@ -465,6 +498,7 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
 {
     int64_t most = INT64_MAX;
     uint32_t block_at = UINT32_MAX, block_stage = 0;
+    sync_steps(f, sim, k);
     for (uint32_t s = 0; s < f->stages && most >= 0; s++) {
         const int64_t step = f->steps[s];
         sim_jump_window(f, sim, s, &lo[s], &hi[s]);
@@ -473,7 +507,14 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
             break;
         }
         const uint32_t back = (uint32_t)(lo[s] - span * step);
-        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s]);
+        /* The ops need repeat only as far as the jump can go: past the room the stages
+         * before left (most) and this one's far ops leave, and past two periods (room for
+         * less blocks the shift). Where they repeat that far, the room found is that. */
+        const int64_t far = far_periods(f, sim, s, hi[s], step), cap = MAX(MIN(most, far), 2);
+        const int64_t need = cap >= ((int64_t)f->stage_end[s] - hi[s]) / step + 2
+                                 ? INT64_MAX
+                                 : (int64_t)hi[s] + (cap + 1) * step;
+        const uint32_t until = repeats_until(f, sim, k, s, back, hi[s], need);
         if (f->equal_from[(size_t)k * f->stages + s] > back) {
             most = -1;
             break;
@@ -486,7 +527,7 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
             block_at = until;
             block_stage = s;
         }
-        most = MIN(most, MIN(room, far_periods(f, sim, s, hi[s], step)));
+        most = MIN(most, MIN(room, far));
     }
     if (block_at != UINT32_MAX) {
         /* No room for two periods before an op that does not repeat: the window moves
@@ -515,7 +556,7 @@ static uint64_t periods_before_stop(const Sim *sim, const Snap *c, const GArray 
 /* Whether every moving reference of c (a stream's next op, a flow's, a queued event's) moves
  * by its stage's step and stays inside the ops that repeat for shift k (sim_jump_periods)
  * over `physical` periods. */
-static gboolean refs_stay_inside(const SimFold *f, const Sim *sim, const Snap *c, uint32_t k,
+static gboolean refs_stay_inside(SimFold *f, const Sim *sim, const Snap *c, uint32_t k,
                                  uint64_t physical)
 {
     const uint32_t *eq_from = &f->equal_from[(size_t)k * f->stages],
@@ -523,9 +564,12 @@ static gboolean refs_stay_inside(const SimFold *f, const Sim *sim, const Snap *c
     for (size_t r = 0; r < c->moves.len; r++) {
         const uint32_t op = (uint32_t)c->refs.i[2 * r + 1];
         const uint32_t s = op == NO_OP ? 0 : sim->ops[op].stage;
-        if (c->moves.i[r] != 0 &&
-            (c->moves.i[r] != f->steps[s] || op < eq_from[s] ||
-             (int64_t)op + (int64_t)physical * f->steps[s] >= (int64_t)eq_to[s]))
+        if (c->moves.i[r] == 0)
+            continue;
+        const int64_t last = (int64_t)op + (int64_t)physical * f->steps[s];
+        if (last >= (int64_t)eq_to[s] && f->equal_open[(size_t)k * f->stages + s])
+            walk_on(f, sim, k, s, last + 1); /* repeats_until's walk, on as far as needed */
+        if (c->moves.i[r] != f->steps[s] || op < eq_from[s] || last >= (int64_t)eq_to[s])
             return FALSE;
     }
     return TRUE;

@@ -56,10 +56,13 @@ struct SimFold {
      * out together; checked), worked out the first time the cheap fields repeat (NULL
      * before); lo_hint: no counted op below it is still counting down; equal_from and
      * equal_to, [shift * stages + stage]: the ops i in [equal_from, equal_to) do what
-     * i - equal_step did (same_op), kept for each shift tried. */
+     * i - equal_step did (same_op), kept for each shift tried; equal_open: the walk stopped
+     * short of an op that does not repeat, and may go on (sim_fold_jump.c repeats_until);
+     * equal_steps, [shift * stages + stage]: the steps the shift's walks read. */
     uint32_t *stage_start, *stage_end, *lo_hint;
     uint32_t *equal_from, *equal_to;
-    int64_t *equal_step;
+    int64_t *equal_step, *equal_steps;
+    uint8_t *equal_open;
     /* The far ops (sim_fold.c find_far), stage s's far[far_start[s] .. far_start[s + 1]),
      * ascending; far_start NULL where there are none. */
     uint32_t *far, *far_start;
