@@ -407,6 +407,16 @@ static Note note_moved(const SimFold *f, const Sim *sim, Note n, uint32_t moves,
 static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
                    uint32_t stride, uint32_t periods, double period_s)
 {
+    if (!f->cells_noted) {
+        /* Sums alone (no timeline cell was noted: every note is NOTE_ADD), in order, without
+         * asking each note its kind: some 3 M additions in plan --3d gpt-1t/4096. */
+        const Note *v = f->notes.v + (from - f->notes_base);
+        const size_t n = (size_t)(to - from);
+        for (uint32_t j = first; j <= periods; j += stride)
+            for (size_t k = 0; k < n; k++)
+                *v[k].field += v[k].x;
+        return;
+    }
     for (uint32_t j = first; j <= periods; j += stride) {
         const uint32_t moves = stride == 1 ? j : j + (j & 1);
         for (uint64_t k = from; k < to; k++) {
