@@ -201,23 +201,35 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     if (f->stage_start)
         return f->stage_end != NULL;
     f->stage_start = g_new(uint32_t, f->stages);
-    uint32_t *count = g_new0(uint32_t, f->stages), *end = g_new0(uint32_t, f->stages);
+    uint32_t *end = g_new0(uint32_t, f->stages);
     for (uint32_t s = 0; s < f->stages; s++)
         f->stage_start[s] = UINT32_MAX;
-    /* In locals: the stores below could alias sim's and f's fields for the compiler. */
+    /* In locals: the stores below could alias sim's and f's fields for the compiler. One
+     * compare an op: only where the stage changes is a run opened (a stage's second run
+     * refuses) and the last one closed. */
     uint32_t *const start = f->stage_start;
     const SimOp *const ops = sim->ops;
     const uint32_t n_ops = sim->n_ops;
-    for (uint32_t i = 0; i < n_ops; i++) {
-        const uint32_t s = ops[i].stage;
-        start[s] = MIN(start[s], i);
-        end[s] = i + 1;
-        count[s]++;
+    gboolean runs = n_ops > 0;
+    uint16_t stage = runs ? ops[0].stage : 0; /* the open run's */
+    if (runs)
+        start[stage] = 0;
+    for (uint32_t i = 1; i < n_ops; i++) {
+        const uint16_t next = ops[i].stage;
+        if (G_LIKELY(next == stage))
+            continue;
+        end[stage] = i;
+        if (start[next] != UINT32_MAX) {
+            runs = FALSE;
+            break;
+        }
+        start[next] = i;
+        stage = next;
     }
-    gboolean runs = TRUE;
+    if (runs)
+        end[stage] = n_ops;
     for (uint32_t s = 0; s < f->stages; s++)
-        runs = runs && count[s] > 0 && end[s] - f->stage_start[s] == count[s];
-    g_free(count);
+        runs = runs && f->stage_start[s] != UINT32_MAX;
     if (!runs) {
         g_free(end);
         return FALSE;
