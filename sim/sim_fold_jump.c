@@ -26,7 +26,8 @@ typedef struct {
     const int64_t *steps;  /* [stage] (SimFold.steps) */
     const uint8_t *far;    /* Sim.fold_far, or NULL */
     int64_t step;          /* the walked stage's */
-    gboolean uniform;      /* every stage's step is `step` (same_op's shortcut) */
+    gboolean uniform;      /* every stage's step is `step`, and op + step < 2^32 on a
+                            * little-endian machine (same_op's shortcut) */
 } OpPairs;
 
 /* Whether op j does what op i, a period before it, did: the same static facts, its stream's
@@ -58,20 +59,22 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
         return FALSE;
     const Dependent *x = &p->deps[a_start], *y = &p->deps[b_start];
     /* stage, stream and counted: the 4 bytes after op, compared at once */
-    G_STATIC_ASSERT(offsetof(Dependent, stage) == 4 && sizeof(Dependent) == 8);
+    G_STATIC_ASSERT(offsetof(Dependent, op) == 0 && offsetof(Dependent, stage) == 4 &&
+                    sizeof(Dependent) == 8);
     if (p->uniform) {
         /* Every stage's step is one (1F1B, accumulation): each dependent moved by it, which
          * is what the loop below accepts where no sink is among them (one is compared
-         * there, as it stays put). */
-        uint32_t k = 0;
-        for (; k < n; k++) {
-            uint32_t x_tail, y_tail;
-            memcpy(&x_tail, (const char *)&x[k] + offsetof(Dependent, stage), sizeof x_tail);
-            memcpy(&y_tail, (const char *)&y[k] + offsetof(Dependent, stage), sizeof y_tail);
-            if (x_tail != y_tail || (int64_t)y[k].op - (int64_t)x[k].op != p->step)
-                break;
+         * there, as it stays put). A Dependent read as one little-endian 8-byte word is op +
+         * 2^32 x its tail; with every op + step below 2^32 (OpPairs.uniform), y's word is
+         * x's plus step exactly when the tails are equal and y's op is x's plus step. */
+        uint64_t differ = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            uint64_t x_word, y_word;
+            memcpy(&x_word, &x[k], sizeof x_word);
+            memcpy(&y_word, &y[k], sizeof y_word);
+            differ |= (y_word - x_word) ^ (uint64_t)p->step;
         }
-        if (k == n)
+        if (differ == 0)
             return TRUE;
     }
     for (uint32_t k = 0; k < n; k++) {
@@ -103,6 +106,10 @@ static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t 
     const int64_t step = f->equal_step[at];
     OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = steps,
                  .far = sim->fold_far, .step = step, .uniform = TRUE};
+    /* same_op's shortcut reads a Dependent as one little-endian word (its op the low half),
+     * where every op + step stays below 2^32 */
+    p.uniform = G_BYTE_ORDER == G_LITTLE_ENDIAN && step > 0 &&
+                (uint64_t)sim->n_ops + (uint64_t)step < ((uint64_t)1 << 32);
     for (uint32_t t = 0; t < f->stages; t++)
         p.uniform = p.uniform && steps[t] == step;
     const uint32_t end = f->stage_end[s];
