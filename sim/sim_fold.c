@@ -113,11 +113,12 @@
  * (zp_build_cpu_optimizer_step; DeepSpeed's stage 2 copies every micro-step's sum down,
  * stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu's copy_gradients_to_cpu, on the
  * current stream (reduce_ipg_grads: copy_grad_stream is disabled), and step's check_overflow
- * reads overflow_gpu[0].item() after them: the CPU step follows every copy). It began counting down at micro-step 0, so the window reached past every
- * micro-step at every head, and each copy's dependents held it, an op no period moves, so
- * same_op saw no copy repeat: no stage 2 or 3 offload plan with accumulation folded (gpt-13b on
- * 64 GPUs, 16 micro-steps, an optimizer of 476 dependencies). find_far marks such an op (a
- * counted op past every micro-step's op of its stage, waiting on one of micro-step 0, where the
+ * reads overflow_gpu[0].item() after them: the CPU step follows every copy). It began
+ * counting down at micro-step 0, so the window reached past every micro-step at every head,
+ * and each copy's dependents held it, an op no period moves, so same_op saw no copy repeat:
+ * no stage 2 or 3 offload plan with accumulation folded (gpt-13b on 64 GPUs, 16
+ * micro-steps, an optimizer of 476 dependencies). find_far marks such an op (a counted op
+ * past every micro-step's op of its stage, waiting on one of micro-step 0, where the
  * optimizer is offloaded) a sink: the window leaves it out (fold_began), same_op takes an edge
  * to it as repeating where both ops count the same sink down (it stays put), and a snapshot
  * holds each sink's count left, whose fall over the proof's period (over each of a three-

@@ -154,8 +154,9 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
                          uint32_t *hi);
 
 /* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
- * two fit, or one virtual period (nothing changed). The proof's first snapshot is b (c is b moved) or a, two periods
- * before c (sim_snap_repeats3); k_shift, the shift that found it. With log, the skipped
+ * two fit, or one virtual period (nothing changed). The proof's first snapshot is b (c is b
+ * moved) or a, two periods before c (sim_snap_repeats3); k_shift, the shift that found it.
+ * With log, the skipped
  * periods' notes are added to the log as stepping would have recorded them (the snapshots
  * before the jump stay usable: sim_fold.c, interleaved jumps inside a group). */
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
