@@ -762,6 +762,40 @@ static void test_fold_alloc_replay(void)
     zp_sched_free(s);
 }
 
+/* ZeRO-2 and -3 with contiguous gradients (DeepSpeed's default) take each micro-step's
+ * gradient buckets as slots of one region (zp_alloc_replay.c seq_events): the slots, which
+ * leave the allocator alone once the region is taken, repeat with the rest, and the micro-steps
+ * between the first few and the last are skipped (none were while a slot broke the
+ * repetition; plan --3d gpt-1t/4096's ZeRO-2 plans of 8 micro-steps now skip about 30,000 of
+ * their 42,000 allocs and frees each). */
+static void test_fold_alloc_replay_slots(void)
+{
+    ZpModel m;
+    GError *error = NULL;
+    g_assert_true(zp_model_load("gpt-1t", &m, &error));
+    for (int stage = 2; stage <= 3; stage++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, stage, 128, 32);
+        p.grad_accum = 8;
+        p.checkpoint = TRUE;
+        p.gpus_per_node = a100.gpus_per_node;
+        g_assert_true(p.zero.contiguous_gradients);
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        const ZpAllocStats full = zp_alloc_replay_schedule_folded(s, 0, FALSE);
+        const ZpAllocStats folded = zp_alloc_replay_schedule(s, 0);
+        g_test_message("stage %d, contiguous gradients: %" G_GUINT64_FORMAT
+                       " allocs and frees skipped", stage, folded.folded_events);
+        assert_same_alloc(&folded, &full);
+        g_assert_cmpuint(folded.folded_events, >, 0);
+        const double capacity = 0.9 * full.peak_reserved_bytes;
+        const ZpAllocStats full_oom = zp_alloc_replay_schedule_folded(s, capacity, FALSE);
+        const ZpAllocStats folded_oom = zp_alloc_replay_schedule(s, capacity);
+        assert_same_alloc(&folded_oom, &full_oom);
+        zp_sched_free(s);
+    }
+}
+
 static void push_mem(GArray *ops, uint8_t kind, uint8_t sub, int buffer, double bytes,
                      int micro, uint32_t stage)
 {
@@ -847,5 +881,6 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/text-short", test_fold_text_short);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
+    g_test_add_func("/sim/fold/alloc-replay-slots", test_fold_alloc_replay_slots);
     return sim_common_run();
 }

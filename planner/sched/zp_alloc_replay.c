@@ -379,6 +379,7 @@ typedef struct {
     GHashTable *by_hash;
     Head candidate;
     uint64_t period;
+    GArray *slot_undo; /* skip_slots' changes (uint32_t slots) */
 } Heads;
 
 /* The allocations whose addresses a head's probe hash takes. */
@@ -676,12 +677,26 @@ static gboolean is_fixed(const GArray *fixed, uint64_t handle)
            bsearch(&handle, fixed->data, fixed->len, sizeof(uint64_t), u64_cmp) != NULL;
 }
 
-/* How many events from e on repeat the event a period before each. */
+/* Whether event v, a region's slot (SEQ_CKPT or SEQ_GRAD), is the slot event u a period
+ * before it again and leaves the allocator alone: its region taken already (an alloc then
+ * only marks the slot; a free that finds its slot marked only unmarks it, which skip_slots
+ * checks as it replays the marks). */
+static gboolean same_slot(const Seq *q, const SeqEvent *v, const SeqEvent *u)
+{
+    const uint8_t region = v->flags & (SEQ_CKPT | SEQ_GRAD);
+    return region && v->flags == u->flags && v->kind == u->kind && v->sub == u->sub &&
+           v->bytes == u->bytes && (region == SEQ_CKPT ? q->ckpt_taken : q->grad_taken);
+}
+
+/* How many events from e on repeat the event a period before each: plain events, and slots
+ * that leave the allocator alone (same_slot). */
 static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArray *fixed)
 {
     uint64_t j = e;
     for (; j < q->n_ev; j++) {
         const SeqEvent *v = &q->ev[j], *u = &q->ev[j - period];
+        if (!(v->flags & SEQ_PLAIN) && same_slot(q, v, u))
+            continue;
         if (!(v->flags & u->flags & SEQ_PLAIN) || v->kind != u->kind || v->sub != u->sub ||
             v->bytes != u->bytes || v->partner != u->partner)
             break;
@@ -740,6 +755,40 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
     return ok;
 }
 
+/* Puts back the marks skip_slots changed (undo: the slots, each change a flip). */
+static void skip_slots_undo(Seq *q, const GArray *undo)
+{
+    for (guint k = undo->len; k-- > 0;) {
+        const uint32_t slot = g_array_index(undo, uint32_t, k);
+        q->in_region_at[slot] = !q->in_region_at[slot];
+    }
+}
+
+/* The region slots' marks (in_region_at) as the events [from, to) leave them: each slot's
+ * alloc marks it, each slot's free unmarks it; FALSE, the marks as they were, where a slot's
+ * free finds no mark (it would release a block: not the no-op repeating counted on). The
+ * plain frees skipped find no mark: a buffer's plain alloc comes only after its slot's free
+ * (seq_events), which unmarked it. */
+static gboolean skip_slots(Seq *q, uint64_t from, uint64_t to, GArray *undo)
+{
+    g_array_set_size(undo, 0);
+    gboolean ok = TRUE;
+    for (uint64_t j = from; ok && j < to; j++) {
+        const SeqEvent *v = &q->ev[j];
+        if (!(v->flags & (SEQ_CKPT | SEQ_GRAD)))
+            continue;
+        const uint32_t slot = (uint32_t)(v->buffer + 1);
+        ok = v->kind == ZP_OP_ALLOC || q->in_region_at[slot];
+        if (ok && q->in_region_at[slot] != (v->kind == ZP_OP_ALLOC)) {
+            g_array_append_val(undo, slot);
+            q->in_region_at[slot] = v->kind == ZP_OP_ALLOC;
+        }
+    }
+    if (!ok)
+        skip_slots_undo(q, undo);
+    return ok;
+}
+
 /* Drops the candidate and the hashes: the heads before cannot be a fold's. */
 static void candidates_clear(Heads *h)
 {
@@ -763,8 +812,12 @@ static uint64_t try_fold(Seq *q, Heads *h, GArray *fixed, const Head *now)
     if (!same_blocks(&h->candidate, now, fixed))
         return e;
     const uint64_t periods = repeating(q, e, h->period, fixed) / h->period;
-    if (periods == 0 || !skip(q, periods, h->period, fixed))
+    if (periods == 0 || !skip_slots(q, e, e + periods * h->period, h->slot_undo))
         return e;
+    if (!skip(q, periods, h->period, fixed)) {
+        skip_slots_undo(q, h->slot_undo);
+        return e;
+    }
     q->folded += periods * h->period;
     return e + periods * h->period;
 }
@@ -835,7 +888,8 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     const gboolean interleaved = s->plan.pipe.schedule == ZP_PIPE_INTERLEAVED;
     Heads heads = {.candidate.at = UINT64_MAX,
                    .group = (uint32_t)MAX(interleaved ? zp_plan_pp(&s->plan) : 1, 1),
-                   .by_hash = g_hash_table_new(g_direct_hash, g_direct_equal)};
+                   .by_hash = g_hash_table_new(g_direct_hash, g_direct_equal),
+                   .slot_undo = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
     heads.recent = g_new0(Head, heads.group);
     GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     for (uint64_t e = 0; q.ok && e < q.n_ev;) {
@@ -854,6 +908,7 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     heads_clear(&heads);
     g_hash_table_destroy(heads.by_hash);
     g_free(heads.recent);
+    g_array_free(heads.slot_undo, TRUE);
     g_array_free(fixed, TRUE);
     g_hash_table_destroy(q.in_region);
     g_free(q.in_region_at);
