@@ -1,22 +1,7 @@
-/* zp_alloc_ops: the allocs and frees the allocator replay walks: a schedule's own, or those of
- * the longer schedule that whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
+/* zp_alloc_ops: the allocs and frees the allocator replay walks for the longer schedule that
+ * whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
 #include "zp_alloc_ops.h"
 #include "zp_util.h"
-
-/* The schedule's allocs and frees as they are. */
-GArray *zp_alloc_ops_plain(const ZpSchedule *s)
-{
-    guint room = s->ops->len / 4 + 16; /* zp_array_extend's: what the array holds */
-    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room);
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
-            continue;
-        const ZpAllocOp so = {op, i, op->micro, op->buffer};
-        *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
-    }
-    return ops;
-}
 
 /* Where op `alloc`, allocated at `at` in the longer schedule, is: an alloc of the same
  * category and size (else the inserted periods are not what they claim: refused). */

@@ -1,5 +1,5 @@
-/* zp_alloc_ops: the allocs and frees the allocator replay walks: a schedule's own, or those of
- * the longer schedule that whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
+/* zp_alloc_ops: the allocs and frees the allocator replay walks for the longer schedule that
+ * whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
 #ifndef ZP_ALLOC_OPS_H
 #define ZP_ALLOC_OPS_H
 
@@ -15,9 +15,6 @@ typedef struct {
     uint32_t at;
     int32_t micro, buffer;
 } ZpAllocOp;
-
-/* The schedule's allocs and frees as they are (ZpAllocOp, in op order). */
-GArray *zp_alloc_ops_plain(const ZpSchedule *s);
 
 /* The longer schedule's allocs and frees: s's, with the inserted periods' copies (ZpOpInsert),
  * each copy's micro-steps numbered on and the ops after them by as many; NULL where a copy's

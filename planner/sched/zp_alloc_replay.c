@@ -403,7 +403,9 @@ typedef struct {
     uint64_t folded; /* events skipped */
     uint64_t recent[RECENT]; /* where the last RECENT allocations went (a ring) */
     uint64_t n_recent;
-    GArray *ops; /* ZpAllocOp: the allocs and frees in order, the inserted periods' included */
+    /* ZpAllocOp: the allocs and frees in order, the inserted periods' included; NULL: the
+     * schedule's own (its alloc and free ops) */
+    GArray *ops;
 } Seq;
 
 static gboolean is_ckpt(const Seq *q, const ZpOp *op)
@@ -493,9 +495,19 @@ static gboolean seq_events(Seq *q)
     int64_t *open = NULL;
     size_t cap = 0;
     gboolean indexed = TRUE;
-    const size_t most_id = 4 * (size_t)MAX(s->ops->len, q->ops->len) + 1024;
-    for (guint i = 0; i < q->ops->len; i++) {
-        const ZpAllocOp *so = &g_array_index(q->ops, ZpAllocOp, i);
+    const guint n_src = q->ops ? q->ops->len : s->ops->len;
+    const size_t most_id = 4 * (size_t)MAX(s->ops->len, n_src) + 1024;
+    for (guint i = 0; i < n_src; i++) {
+        ZpAllocOp here;
+        const ZpAllocOp *so = &here;
+        if (q->ops) {
+            so = &g_array_index(q->ops, ZpAllocOp, i);
+        } else { /* the schedule's own allocs and frees, read in place */
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+                continue;
+            here = (ZpAllocOp){op, i, op->micro, op->buffer};
+        }
         const ZpOp *op = so->op;
         SeqEvent v = {.op = so->at, .buffer = so->buffer, .kind = op->kind, .sub = op->sub,
                       .bytes = op->bytes,
@@ -919,8 +931,8 @@ static ZpAllocStats replay_once(const Seq *events, double capacity_bytes, gboole
     return stats;
 }
 
-/* Replays ops (ZpAllocOp, the schedule's or the longer one's) as zp_alloc_replay_schedule_folded
- * says. */
+/* Replays ops (ZpAllocOp, the longer schedule's; NULL: the schedule's own, read from it
+ * without a copy) as zp_alloc_replay_schedule_folded says. */
 static ZpAllocStats replay_ops(const ZpSchedule *s, GArray *ops, double capacity_bytes,
                                gboolean fold)
 {
@@ -950,10 +962,7 @@ static ZpAllocStats replay_ops(const ZpSchedule *s, GArray *ops, double capacity
 ZpAllocStats zp_alloc_replay_schedule_folded(const ZpSchedule *s, double capacity_bytes,
                                              gboolean fold)
 {
-    GArray *ops = zp_alloc_ops_plain(s);
-    const ZpAllocStats stats = replay_ops(s, ops, capacity_bytes, fold);
-    g_array_unref(ops);
-    return stats;
+    return replay_ops(s, NULL, capacity_bytes, fold);
 }
 
 gboolean zp_alloc_replay_schedule_extended(const ZpSchedule *s, double capacity_bytes,
