@@ -3,6 +3,8 @@
 #include "zp_alloc_ops.h"
 #include "zp_util.h"
 
+#include <string.h>
+
 /* Where op `alloc`, allocated at `at` in the longer schedule, is: an alloc of the same
  * category and size (else the inserted periods are not what they claim: refused). */
 static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
@@ -64,6 +66,33 @@ static gboolean settle_insert(const ZpSchedule *s, const uint32_t *back, ZpOpIns
     }
 }
 
+/* The allocs of the longer schedule's last stretch, by place in a ring: [place & mask] its
+ * place (tag; UINT32_MAX: none yet), op and buffer there (-1: none). Only allocs are written:
+ * a free looks back only for an alloc, and a place whose tag differs (a free, a compute op, or
+ * an alloc a ring before) is no alloc there. */
+typedef struct {
+    uint32_t *tag;
+    const ZpOp **op;
+    int32_t *buffer;
+    uint64_t mask;
+} Places;
+
+static void places_put(Places *r, uint32_t at, const ZpOp *op, int32_t buffer)
+{
+    r->tag[at & r->mask] = at;
+    r->op[at & r->mask] = op;
+    r->buffer[at & r->mask] = buffer;
+}
+
+/* The buffer of the alloc at place `at` that free_op frees: -1 where none is there, or one of
+ * another category or size. */
+static int32_t places_alloc(const Places *r, uint32_t at, const ZpOp *free_op)
+{
+    const uint64_t j = at & r->mask;
+    return r->tag[j] == at && same_alloc(r->op[j], free_op) && r->buffer[j] >= 0 ? r->buffer[j]
+                                                                                 : -1;
+}
+
 static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
 {
     (void)unused;
@@ -104,11 +133,11 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     }
     if (n_ins > 1)
         g_qsort_with_data(ins, (gint)n_ins, sizeof *ins, insert_cmp, NULL);
-    /* [buffer]: its latest alloc's op in this schedule; [op]: its place in the longer one;
-     * [place]: an alloc's buffer there (-1: none) and its op. A free looks back at most as
-     * far as the farthest pair here (its model free's distance, or its own), so the places
-     * are a ring of that many, not the longer schedule's length (Megatron 1T's 921,794 ops:
-     * 11 MB of fresh pages an evaluation). */
+    /* [buffer]: its latest alloc's op in this schedule; [op]: an alloc's place in the longer
+     * one; places: the allocs there. A free looks back at most as far as the farthest pair
+     * here (its model free's distance, or its own), so the places are a ring of that many, not
+     * the longer schedule's length (Megatron 1T's 921,794 ops: 11 MB of fresh pages an
+     * evaluation). */
     int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
     for (int32_t b = 0; b <= most; b++)
         alloc_of[b] = -1;
@@ -116,9 +145,9 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     uint64_t ring = 1;
     while (ring <= far)
         ring <<= 1;
-    const uint64_t mask = ring - 1;
-    int32_t *buffer_at = g_new(int32_t, ring);
-    const ZpOp **op_at = g_new0(const ZpOp *, ring);
+    Places places = {.tag = g_new(uint32_t, ring), .op = g_new(const ZpOp *, ring),
+                     .buffer = g_new(int32_t, ring), .mask = ring - 1};
+    memset(places.tag, 0xff, ring * sizeof *places.tag); /* UINT32_MAX: no place is that far */
     guint room = (guint)(total / 4 + 16); /* zp_array_extend's: what the array holds */
     GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room);
     int32_t fresh = most + 1, micro_shift = 0;
@@ -137,8 +166,6 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             for (uint64_t c = 1; ok && c <= x->periods; c++) {
                 for (uint32_t t = i - x->step; ok && t < i; t++, at++) {
                     const ZpOp *op = zp_sched_op(s, t);
-                    buffer_at[at & mask] = -1;
-                    op_at[at & mask] = op;
                     if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
                         continue;
                     ZpAllocOp so = {op, at,
@@ -149,41 +176,38 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                     if (op->buffer < 0) {
                         ok = FALSE; /* a state or retaken op inside a steady period */
                     } else if (op->kind == ZP_OP_ALLOC) {
-                        buffer_at[at & mask] = fresh++;
+                        places_put(&places, at, op, fresh++);
                     } else {
                         const int32_t a = alloc_of[op->buffer];
                         const uint32_t back =
                             a >= 0 && (uint32_t)a < t ? t - (uint32_t)a : UINT32_MAX;
-                        ok = back <= at && back <= far &&
-                             same_alloc(op_at[(at - back) & mask], op) &&
-                             buffer_at[(at - back) & mask] >= 0;
-                        so.buffer = ok ? buffer_at[(at - back) & mask] : -1;
+                        so.buffer = back <= at && back <= far
+                                        ? places_alloc(&places, at - back, op)
+                                        : -1;
+                        ok = so.buffer >= 0;
                     }
                     *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
                 }
             }
             micro_shift += (int32_t)(x->periods * x->micro_steps);
         }
-        place[i] = at;
-        buffer_at[at & mask] = -1;
-        op_at[at & mask] = here;
         if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
             ZpAllocOp so = {here, at, here->micro < 0 ? here->micro : here->micro + micro_shift,
                         here->buffer};
-            if (here->kind == ZP_OP_ALLOC && here->buffer >= 0) {
-                alloc_of[here->buffer] = (int32_t)i;
-                buffer_at[at & mask] = here->buffer;
-            } else if (here->kind == ZP_OP_FREE && here->buffer >= 0 &&
-                       alloc_of[here->buffer] >= 0) {
+            if (here->kind == ZP_OP_ALLOC) {
+                place[i] = at;
+                places_put(&places, at, here, here->buffer >= 0 ? here->buffer : -1);
+                if (here->buffer >= 0)
+                    alloc_of[here->buffer] = (int32_t)i;
+            } else if (here->buffer >= 0 && alloc_of[here->buffer] >= 0) {
                 const uint32_t a = (uint32_t)alloc_of[here->buffer];
                 const ZpOp *alloc = zp_sched_op(s, a);
                 /* Periods inserted between: the same micro-step's alloc is the one as far
                  * back (it moved with the free); another's stayed. */
                 if (at - place[a] != i - a && alloc->micro == here->micro && here->micro >= 0) {
                     const uint32_t back = i - a;
-                    ok = back <= far && same_alloc(op_at[(at - back) & mask], here) &&
-                         buffer_at[(at - back) & mask] >= 0;
-                    so.buffer = ok ? buffer_at[(at - back) & mask] : -1;
+                    so.buffer = back <= far ? places_alloc(&places, at - back, here) : -1;
+                    ok = so.buffer >= 0;
                 }
             }
             *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
@@ -192,8 +216,9 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     }
     g_free(alloc_of);
     g_free(place);
-    g_free(buffer_at);
-    g_free(op_at);
+    g_free(places.tag);
+    g_free(places.op);
+    g_free(places.buffer);
     g_free(ins);
     if (!ok || k != n_ins) {
         g_array_unref(ops);
