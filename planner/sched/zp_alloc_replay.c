@@ -495,6 +495,10 @@ static gboolean seq_events(Seq *q)
     int64_t *open = NULL;
     size_t cap = 0;
     gboolean indexed = TRUE;
+    /* The regions' figures, copied: the events' doubles written below might be q's to the
+     * compiler, which would read q's again for every event. */
+    const Seq regions = {.ckpt_region = q->ckpt_region, .ckpt_gpu_bytes = q->ckpt_gpu_bytes,
+                         .grad_contiguous = q->grad_contiguous};
     const guint n_src = q->ops ? q->ops->len : s->ops->len;
     const size_t most_id = 4 * (size_t)MAX(s->ops->len, n_src) + 1024;
     for (guint i = 0; i < n_src; i++) {
@@ -510,10 +514,14 @@ static gboolean seq_events(Seq *q)
         }
         const ZpOp *op = so->op;
         SeqEvent v = {.op = so->at, .buffer = so->buffer, .kind = op->kind, .sub = op->sub,
-                      .bytes = op->bytes,
-                      .flags = (uint8_t)(is_ckpt(q, op)   ? SEQ_CKPT
-                                         : is_grad(q, op) ? SEQ_GRAD
-                                                          : 0)};
+                      .bytes = op->bytes};
+        if (op->sub == ZP_MEM_CHECKPOINTS) {
+            v.flags = is_ckpt(&regions, op) ? SEQ_CKPT : 0;
+        } else if (op->sub == ZP_MEM_BUCKETS) {
+            v.flags = is_grad(&regions, op) ? SEQ_GRAD : 0;
+            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+            most = fmax(most, live);
+        }
         if (op->stage != stage) {
             stage = op->stage;
             micro = so->micro;
@@ -521,10 +529,6 @@ static gboolean seq_events(Seq *q)
         } else if (so->micro > micro) {
             micro = so->micro;
             v.flags |= SEQ_HEAD;
-        }
-        if (op->sub == ZP_MEM_BUCKETS) {
-            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-            most = fmax(most, live);
         }
         indexed = indexed && (so->buffer < 0 || (size_t)so->buffer < most_id);
         if (indexed && so->buffer >= 0) {
