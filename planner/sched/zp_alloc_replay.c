@@ -69,7 +69,7 @@ static Block *live_get(const ZpAllocReplay *a, uint64_t id)
 }
 
 /* Block b, allocated, under its id (whose key is b's own: none allocated). */
-static void live_put(ZpAllocReplay *a, Block *b)
+G_ALWAYS_INLINE static inline void live_put(ZpAllocReplay *a, Block *b)
 {
     if (b->id < a->n_dense) {
         a->n_live += !a->by_id[b->id];
@@ -103,7 +103,9 @@ void zp_alloc_replay_free_all(ZpAllocReplay *a)
     g_free(a);
 }
 
-static Block *new_block(ZpAllocReplay *a, uint64_t addr, uint64_t size, gboolean small)
+/* inlined, as live_put: a call each malloc and split of the replay */
+G_ALWAYS_INLINE static inline Block *new_block(ZpAllocReplay *a, uint64_t addr, uint64_t size,
+                                               gboolean small)
 {
     if (!a->spare) {
         Block *chunk = g_new(Block, BLOCK_CHUNK);
