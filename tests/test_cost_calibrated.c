@@ -669,10 +669,63 @@ static void test_collective_table(void)
     g_clear_error(&error);
 }
 
+/* zp_cost_init_whole_ops, the screen's, times every whole op (module -1) as zp_cost_init does,
+ * bit for bit, on the op table, the kernel inventory (dense and with experts, whose blocks
+ * take their own kernels) and the roofline; it writes no explanation. */
+static void assert_whole_ops_same(const ZpHw *hw, const ZpModel *m, const ZpPlan *p)
+{
+    ZpCost full, whole;
+    g_assert_true(zp_cost_init(&full, hw, m, p, NULL));
+    g_assert_true(zp_cost_init_whole_ops(&whole, hw, m, p, NULL));
+    g_assert_cmpint(full.table, ==, whole.table);
+    g_assert_cmpint(full.inventory, ==, whole.inventory);
+    g_assert_cmpstr(whole.why, ==, "");
+    g_assert_cmpuint(strlen(full.why), >, 0);
+    ZpComputeOps ops[ZP_COMP_N];
+    zp_sched_compute_ops(m, p, ops);
+    for (int k = 0; k < ZP_COMP_N; k++) {
+        const ZpComputeOps *o = &ops[k];
+        const double a = zp_cost_op_s(&full, (ZpComputeKind)k, -1, o->flops, o->gemm_flops,
+                                      o->attn_flops, o->mem_bytes);
+        const double b = zp_cost_op_s(&whole, (ZpComputeKind)k, -1, o->flops, o->gemm_flops,
+                                      o->attn_flops, o->mem_bytes);
+        g_assert_cmpmem(&a, sizeof a, &b, sizeof b);
+    }
+    for (int n = 0; n < 3; n++)
+        g_assert_cmpfloat(zp_cost_contention(&full, n), ==, zp_cost_contention(&whole, n));
+}
+
+static void test_whole_ops_init(void)
+{
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 0, 1, 0, TRUE); /* the op table */
+    g_assert_true(hw.op_costs.present);
+    assert_whole_ops_same(&hw, &m, &p);
+    tiny_setup(&hw, &m, &p, 3, 4, 2, FALSE);
+    p.checkpoint = TRUE;
+    assert_whole_ops_same(&hw, &m, &p);
+    hw.kernel_rates.present = FALSE; /* the roofline */
+    hw.op_costs.present = FALSE;
+    assert_whole_ops_same(&hw, &m, &p);
+    load_hw("dgx-a100-80g", &hw);
+    load_model("moe-tiny", &m);
+    zp_plan_defaults(&p, 2, 8, 1);
+    ZpCost c;
+    g_assert_true(zp_cost_init_whole_ops(&c, &hw, &m, &p, NULL) && c.inventory && c.n_blocks > 0);
+    assert_whole_ops_same(&hw, &m, &p);
+    load_model("gpt-13b", &m);
+    zp_plan_defaults(&p, 1, 8, 8);
+    p.checkpoint = TRUE;
+    assert_whole_ops_same(&hw, &m, &p);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/cost/collective-copies", test_collective_copies);
+    g_test_add_func("/cost/whole-ops-init", test_whole_ops_init);
     g_test_add_func("/cost/copy-curve", test_copy_curve);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);

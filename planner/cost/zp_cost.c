@@ -205,7 +205,8 @@ static void block_variants(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
     }
 }
 
-static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
+static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
+                           gboolean explain)
 {
     const ZpHw *hw = c->hw;
     const ZpKernRates *r = &hw->kernel_rates;
@@ -237,9 +238,16 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
                                k == ZP_COMP_BLOCK_BWD;
         if (block && (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)))
             c->launches[k] = 0;
+        if (!explain)
+            continue;
         ZpModuleShares shares;
         zp_cost_module_shares(model, plan, (ZpComputeKind)k, NULL, &shares);
         memcpy(c->module_share[k], shares.flops, sizeof shares.flops);
+    }
+    if (!explain) {
+        if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla))
+            block_variants(c, model, plan);
+        return;
     }
     g_snprintf(c->why, sizeof c->why,
                "kernel inventory '%s' on the profile's kernel_rates: GEMMs %s, memory-bound "
@@ -266,8 +274,10 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
     }
 }
 
-gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
-                      GError **error)
+/* zp_cost_init; `explain` FALSE (zp_cost_init_whole_ops) leaves c->why empty and
+ * module_share zero, which only the explanation and a module's op (module >= 0) read. */
+static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
+                          gboolean explain, GError **error)
 {
     memset(c, 0, sizeof *c);
     c->hw = hw;
@@ -293,9 +303,11 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     const gboolean shapes =
         zp_model_has_architecture(model) && model->layers > 0 && model->hidden > 0;
     if (gap && hw->kernel_rates.present && shapes) {
-        inventory_init(c, model, plan);
+        inventory_init(c, model, plan, explain);
         return TRUE;
     }
+    if (gap && !explain)
+        return TRUE;
     if (gap) {
         g_snprintf(c->why, sizeof c->why, "roofline (the fallback): %s%s", gap,
                    !hw->kernel_rates.present ? " and no kernel_rates"
@@ -323,13 +335,21 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
         c->whole[k] = t != NULL;
         if (t)
             c->kind_s[k] = t->time_s;
+        if (!explain)
+            continue;
         ZpModuleShares shares;
         zp_cost_module_shares(model, plan, (ZpComputeKind)k, c, &shares);
         memcpy(c->module_share[k], shares.time, sizeof shares.time);
         GString *list = t ? whole : summed;
         g_string_append_printf(list, "%s%s", list->len ? ", " : "", zp_sched_compute_name(k));
     }
-    char *opt = optimizer_path(c, model, plan);
+    char *opt = optimizer_path(c, model, plan); /* sets c->whole[ZP_COMP_OPTIMIZER] */
+    if (!explain) {
+        g_free(opt);
+        g_string_free(whole, TRUE);
+        g_string_free(summed, TRUE);
+        return TRUE;
+    }
     g_snprintf(c->why, sizeof c->why,
                "op table: %s measured whole (%d rank%s at once)%s%s; %s (%s)",
                whole->len ? whole->str : "no op", c->ranks, c->ranks == 1 ? "" : "s",
@@ -339,6 +359,18 @@ gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpP
     g_string_free(whole, TRUE);
     g_string_free(summed, TRUE);
     return TRUE;
+}
+
+gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
+                      GError **error)
+{
+    return cost_init(c, hw, model, plan, TRUE, error);
+}
+
+gboolean zp_cost_init_whole_ops(ZpCost *c, const ZpHw *hw, const ZpModel *model,
+                                const ZpPlan *plan, GError **error)
+{
+    return cost_init(c, hw, model, plan, FALSE, error);
 }
 
 /* Moving `bytes` (read and written) on a backend with an op table: one launch at its measured

@@ -21,7 +21,7 @@ static double compute_s(const ZpSearchSpec *spec, const ZpPlan *piped)
     whole.pipe = (ZpPipeConfig){0};
     const ZpPlan *plan = &whole;
     ZpCost cost;
-    if (!zp_cost_init(&cost, spec->hw, spec->model, plan, NULL))
+    if (!zp_cost_init_whole_ops(&cost, spec->hw, spec->model, plan, NULL))
         return INFINITY;
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(spec->model, plan, ops);
