@@ -206,7 +206,7 @@ static void block_variants(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
 }
 
 static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
-                           gboolean explain)
+                           const ZpComputeOps *known_ops, gboolean explain)
 {
     const ZpHw *hw = c->hw;
     const ZpKernRates *r = &hw->kernel_rates;
@@ -219,8 +219,10 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
     const double all = (double)zp_sched_optimizer_elems(model, plan);
     c->optimizer_elems = (1.0 - zp_offload_cpu_share(plan, all)) * all;
     c->dp_link = dp_link(hw, plan);
-    ZpComputeOps ops[ZP_COMP_N];
-    zp_sched_compute_ops(model, plan, ops);
+    ZpComputeOps own[ZP_COMP_N];
+    if (!known_ops)
+        zp_sched_compute_ops(model, plan, own);
+    const ZpComputeOps *ops = known_ops ? known_ops : own;
     for (int k = 0; k < ZP_COMP_N; k++) {
         c->op_flops[k] = ops[k].flops;
         c->op_mem_bytes[k] = ops[k].mem_bytes;
@@ -275,9 +277,10 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
 }
 
 /* zp_cost_init; `explain` FALSE (zp_cost_init_whole_ops) leaves c->why empty and
- * module_share zero, which only the explanation and a module's op (module >= 0) read. */
+ * module_share zero, which only the explanation and a module's op (module >= 0) read; `ops`
+ * (may be NULL) are zp_sched_compute_ops(model, plan) already computed. */
 static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
-                          gboolean explain, GError **error)
+                          const ZpComputeOps *ops, gboolean explain, GError **error)
 {
     memset(c, 0, sizeof *c);
     c->hw = hw;
@@ -303,7 +306,7 @@ static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const
     const gboolean shapes =
         zp_model_has_architecture(model) && model->layers > 0 && model->hidden > 0;
     if (gap && hw->kernel_rates.present && shapes) {
-        inventory_init(c, model, plan, explain);
+        inventory_init(c, model, plan, ops, explain);
         return TRUE;
     }
     if (gap && !explain)
@@ -364,13 +367,14 @@ static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error)
 {
-    return cost_init(c, hw, model, plan, TRUE, error);
+    return cost_init(c, hw, model, plan, NULL, TRUE, error);
 }
 
 gboolean zp_cost_init_whole_ops(ZpCost *c, const ZpHw *hw, const ZpModel *model,
-                                const ZpPlan *plan, GError **error)
+                                const ZpPlan *plan, const ZpComputeOps ops[ZP_COMP_N],
+                                GError **error)
 {
-    return cost_init(c, hw, model, plan, FALSE, error);
+    return cost_init(c, hw, model, plan, ops, FALSE, error);
 }
 
 /* Moving `bytes` (read and written) on a backend with an op table: one launch at its measured

@@ -21,10 +21,10 @@ static double compute_s(const ZpSearchSpec *spec, const ZpPlan *piped)
     whole.pipe = (ZpPipeConfig){0};
     const ZpPlan *plan = &whole;
     ZpCost cost;
-    if (!zp_cost_init_whole_ops(&cost, spec->hw, spec->model, plan, NULL))
-        return INFINITY;
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(spec->model, plan, ops);
+    if (!zp_cost_init_whole_ops(&cost, spec->hw, spec->model, plan, ops, NULL))
+        return INFINITY;
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];

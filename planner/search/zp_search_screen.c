@@ -28,9 +28,9 @@ static double compute_s_of(const ZpScreen *sc, const ZpPlan *plan, double by_kin
     ZpCost cost;
     for (int k = 0; k < ZP_COMP_N; k++)
         by_kind[k] = 0;
-    if (!zp_cost_init_whole_ops(&cost, sc->hw, sc->model, plan, NULL))
-        return INFINITY;
     zp_sched_compute_ops(sc->model, plan, ops);
+    if (!zp_cost_init_whole_ops(&cost, sc->hw, sc->model, plan, ops, NULL))
+        return INFINITY;
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
         const ZpComputeOps *o = &ops[k];
