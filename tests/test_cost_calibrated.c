@@ -671,14 +671,16 @@ static void test_collective_table(void)
 
 /* zp_cost_init_whole_ops, the screen's, times every whole op (module -1) as zp_cost_init does,
  * bit for bit, on the op table, the kernel inventory (dense and with experts, whose blocks
- * take their own kernels) and the roofline; it writes no explanation. */
-static void assert_whole_ops_same(const ZpHw *hw, const ZpModel *m, const ZpPlan *p)
+ * take their own kernels) and the roofline, with and without a memo of the inventory's op
+ * times; it writes no explanation. */
+static void assert_whole_ops_pass(const ZpHw *hw, const ZpModel *m, const ZpPlan *p,
+                                  ZpCostMemo *memo)
 {
     ZpCost full, whole;
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(m, p, ops);
     g_assert_true(zp_cost_init(&full, hw, m, p, NULL));
-    g_assert_true(zp_cost_init_whole_ops(&whole, hw, m, p, ops, NULL));
+    g_assert_true(zp_cost_init_whole_ops(&whole, hw, m, p, ops, memo, NULL));
     g_assert_cmpint(full.table, ==, whole.table);
     g_assert_cmpint(full.inventory, ==, whole.inventory);
     g_assert_cmpint(full.n_blocks, ==, whole.n_blocks);
@@ -691,9 +693,20 @@ static void assert_whole_ops_same(const ZpHw *hw, const ZpModel *m, const ZpPlan
         const double b = zp_cost_op_s(&whole, (ZpComputeKind)k, -1, o->flops, o->gemm_flops,
                                       o->attn_flops, o->mem_bytes);
         g_assert_cmpmem(&a, sizeof a, &b, sizeof b);
+        g_assert_cmpmem(full.class_s[k], sizeof full.class_s[k], whole.class_s[k],
+                        sizeof whole.class_s[k]);
     }
     for (int n = 0; n < 3; n++)
         g_assert_cmpfloat(zp_cost_contention(&full, n), ==, zp_cost_contention(&whole, n));
+}
+
+/* Without a memo, then with one twice (a miss, then a hit); memo lives with one hw. */
+static void assert_whole_ops_same(const ZpHw *hw, const ZpModel *m, const ZpPlan *p,
+                                  ZpCostMemo *memo)
+{
+    assert_whole_ops_pass(hw, m, p, NULL);
+    assert_whole_ops_pass(hw, m, p, memo);
+    assert_whole_ops_pass(hw, m, p, memo);
 }
 
 static void test_whole_ops_init(void)
@@ -701,25 +714,39 @@ static void test_whole_ops_init(void)
     ZpHw hw;
     ZpModel m;
     ZpPlan p;
+    ZpCostMemo *memo = zp_cost_memo_new();
     tiny_setup(&hw, &m, &p, 0, 1, 0, TRUE); /* the op table */
     g_assert_true(hw.op_costs.present);
-    assert_whole_ops_same(&hw, &m, &p);
+    assert_whole_ops_same(&hw, &m, &p, memo);
+    zp_cost_memo_free(memo);
+    memo = zp_cost_memo_new();
     tiny_setup(&hw, &m, &p, 3, 4, 2, FALSE);
     p.checkpoint = TRUE;
-    assert_whole_ops_same(&hw, &m, &p);
+    assert_whole_ops_same(&hw, &m, &p, memo);
+    zp_cost_memo_free(memo);
+    memo = zp_cost_memo_new();
     hw.kernel_rates.present = FALSE; /* the roofline */
     hw.op_costs.present = FALSE;
-    assert_whole_ops_same(&hw, &m, &p);
+    assert_whole_ops_same(&hw, &m, &p, memo);
+    zp_cost_memo_free(memo);
+    memo = zp_cost_memo_new(); /* one memo over the profile's plans, as a search's */
     load_hw("dgx-a100-80g", &hw);
     load_model("moe-tiny", &m);
     zp_plan_defaults(&p, 2, 8, 1);
     ZpCost c;
     g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL) && c.inventory && c.n_blocks > 0);
-    assert_whole_ops_same(&hw, &m, &p);
+    assert_whole_ops_same(&hw, &m, &p, memo);
     load_model("gpt-13b", &m);
-    zp_plan_defaults(&p, 1, 8, 8);
-    p.checkpoint = TRUE;
-    assert_whole_ops_same(&hw, &m, &p);
+    /* stages 1 to 3 share every op's dimensions but the optimizer's elements */
+    for (int stage = 1; stage <= 3; stage++) {
+        zp_plan_defaults(&p, stage, 8, 8);
+        p.checkpoint = TRUE;
+        assert_whole_ops_same(&hw, &m, &p, memo);
+        p.checkpoint = FALSE;
+        p.selective_recompute = TRUE;
+        assert_whole_ops_same(&hw, &m, &p, memo);
+    }
+    zp_cost_memo_free(memo);
 }
 
 int main(int argc, char **argv)

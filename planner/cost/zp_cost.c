@@ -205,8 +205,112 @@ static void block_variants(ZpCost *c, const ZpModel *model, const ZpPlan *plan)
     }
 }
 
+/* An inventory op's times under everything they read: zp_inventory_op's kernels of a dense
+ * op come from the inventory's functions, which read a ZpInvDims (amp set from the inventory)
+ * and the optimizer's elements, and no plan or model (zp_inventory.h), the recompute's choice
+ * besides (selective_recompute && !checkpoint: core attention alone); zp_cost_inv_op_s and
+ * zp_cost_inv_kernel_s read the list and c's hw, gemm_surface, peak_flops and
+ * attn_flops_per_s; zp_inventory_totals the list. The key is zeroed before it is filled, so
+ * equal bytes are equal fields; c->dims comes zeroed from zp_inventory_dims, padding too. */
+typedef struct {
+    const ZpHw *hw;
+    const ZpInventory *inv;
+    ZpInvDims dims;
+    double peak_flops, attn_flops_per_s, optimizer_elems;
+    int kind, gemm_surface, core_attention_alone, unused;
+} InvOpKey;
+
+typedef struct {
+    InvOpKey key;
+    double kind_s, host_s, launches;
+    double class_s[ZP_KCLASS_INVENTORY_N];
+} InvOpTime;
+
+struct ZpCostMemo {
+    GHashTable *ops; /* InvOpTime by its key */
+};
+
+static guint inv_op_key_hash(gconstpointer p)
+{
+    G_STATIC_ASSERT(sizeof(InvOpKey) % sizeof(guint64) == 0);
+    guint64 h = 14695981039346656037u;
+    for (size_t i = 0; i < sizeof(InvOpKey); i += sizeof(guint64)) {
+        guint64 word;
+        memcpy(&word, (const char *)p + i, sizeof word);
+        h = (h ^ word) * 1099511628211u;
+    }
+    return (guint)(h ^ (h >> 32));
+}
+
+static gboolean inv_op_key_equal(gconstpointer a, gconstpointer b)
+{
+    return memcmp(a, b, sizeof(InvOpKey)) == 0;
+}
+
+ZpCostMemo *zp_cost_memo_new(void)
+{
+    ZpCostMemo *m = g_new0(ZpCostMemo, 1);
+    m->ops = g_hash_table_new_full(inv_op_key_hash, inv_op_key_equal, g_free, NULL);
+    return m;
+}
+
+void zp_cost_memo_free(ZpCostMemo *m)
+{
+    if (!m)
+        return;
+    g_hash_table_destroy(m->ops);
+    g_free(m);
+}
+
+/* The kinds whose inventory is the inventory's own functions' (a mixture of experts' expert
+ * and unpermute ops read the model and plan: zp_inventory_moe_op). */
+static gboolean inv_op_from_dims(ZpComputeKind k)
+{
+    return k == ZP_COMP_EMBED_FWD || k == ZP_COMP_BLOCK_FWD || k == ZP_COMP_RECOMPUTE ||
+           k == ZP_COMP_HEAD || k == ZP_COMP_BLOCK_BWD || k == ZP_COMP_EMBED_BWD ||
+           k == ZP_COMP_OPTIMIZER;
+}
+
+/* c's kind_s, class_s, host_s and launches of kind k from the plan's inventory, kept in memo
+ * (may be NULL) under InvOpKey. */
+static void inventory_op_time(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
+                              ZpComputeKind k, ZpCostMemo *memo)
+{
+    InvOpKey key;
+    const gboolean keyed = memo && inv_op_from_dims(k);
+    if (keyed) {
+        memset(&key, 0, sizeof key);
+        key.hw = c->hw, key.inv = c->inv;
+        memcpy(&key.dims, &c->dims, sizeof key.dims);
+        key.peak_flops = c->peak_flops, key.attn_flops_per_s = c->attn_flops_per_s;
+        key.optimizer_elems = k == ZP_COMP_OPTIMIZER ? c->optimizer_elems : 0;
+        key.kind = k, key.gemm_surface = c->gemm_surface;
+        key.core_attention_alone =
+            k == ZP_COMP_RECOMPUTE && plan->selective_recompute && !plan->checkpoint;
+        const InvOpTime *t = g_hash_table_lookup(memo->ops, &key);
+        if (t) {
+            c->kind_s[k] = t->kind_s, c->host_s[k] = t->host_s, c->launches[k] = t->launches;
+            memcpy(c->class_s[k], t->class_s, sizeof t->class_s);
+            return;
+        }
+    }
+    ZpInvList list;
+    zp_inventory_op(c->inv, model, plan, k, c->optimizer_elems, &list);
+    c->kind_s[k] = zp_cost_inv_op_s(c, &list, c->class_s[k], &c->host_s[k]);
+    ZpInvTotals tot;
+    zp_inventory_totals(&list, &tot);
+    c->launches[k] = tot.launches;
+    if (keyed) {
+        InvOpTime *t = g_new(InvOpTime, 1);
+        t->key = key;
+        t->kind_s = c->kind_s[k], t->host_s = c->host_s[k], t->launches = c->launches[k];
+        memcpy(t->class_s, c->class_s[k], sizeof t->class_s);
+        g_hash_table_add(memo->ops, t);
+    }
+}
+
 static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
-                           const ZpComputeOps *known_ops, gboolean explain)
+                           const ZpComputeOps *known_ops, ZpCostMemo *memo, gboolean explain)
 {
     const ZpHw *hw = c->hw;
     const ZpKernRates *r = &hw->kernel_rates;
@@ -226,12 +330,7 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
     for (int k = 0; k < ZP_COMP_N; k++) {
         c->op_flops[k] = ops[k].flops;
         c->op_mem_bytes[k] = ops[k].mem_bytes;
-        ZpInvList list;
-        zp_inventory_op(c->inv, model, plan, (ZpComputeKind)k, c->optimizer_elems, &list);
-        c->kind_s[k] = zp_cost_inv_op_s(c, &list, c->class_s[k], &c->host_s[k]);
-        ZpInvTotals tot;
-        zp_inventory_totals(&list, &tot);
-        c->launches[k] = tot.launches;
+        inventory_op_time(c, model, plan, (ZpComputeKind)k, memo);
         /* The inventories launch one uniform block (a dense MLP ffn_hidden wide, the fused
          * qkv); a mixture of experts' or latent attention's blocks differ from it and from each
          * other (zp_build_unit_block_cost), so their ops are priced by their own kernels
@@ -280,7 +379,8 @@ static void inventory_init(ZpCost *c, const ZpModel *model, const ZpPlan *plan,
  * module_share zero, which only the explanation and a module's op (module >= 0) read; `ops`
  * (may be NULL) are zp_sched_compute_ops(model, plan) already computed. */
 static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
-                          const ZpComputeOps *ops, gboolean explain, GError **error)
+                          const ZpComputeOps *ops, ZpCostMemo *memo, gboolean explain,
+                          GError **error)
 {
     memset(c, 0, sizeof *c);
     c->hw = hw;
@@ -306,7 +406,7 @@ static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const
     const gboolean shapes =
         zp_model_has_architecture(model) && model->layers > 0 && model->hidden > 0;
     if (gap && hw->kernel_rates.present && shapes) {
-        inventory_init(c, model, plan, ops, explain);
+        inventory_init(c, model, plan, ops, memo, explain);
         return TRUE;
     }
     if (gap && !explain)
@@ -367,14 +467,14 @@ static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error)
 {
-    return cost_init(c, hw, model, plan, NULL, TRUE, error);
+    return cost_init(c, hw, model, plan, NULL, NULL, TRUE, error);
 }
 
 gboolean zp_cost_init_whole_ops(ZpCost *c, const ZpHw *hw, const ZpModel *model,
                                 const ZpPlan *plan, const ZpComputeOps ops[ZP_COMP_N],
-                                GError **error)
+                                ZpCostMemo *memo, GError **error)
 {
-    return cost_init(c, hw, model, plan, ops, FALSE, error);
+    return cost_init(c, hw, model, plan, ops, memo, FALSE, error);
 }
 
 /* Moving `bytes` (read and written) on a backend with an op table: one launch at its measured

@@ -89,15 +89,25 @@ typedef struct ZpCost {
 gboolean zp_cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const ZpPlan *plan,
                       GError **error);
 
+/* A kernel inventory's op times kept across zp_cost_init_whole_ops calls (memo NULL: none),
+ * under every field they read (zp_cost.c InvOpKey): a search's plans share most of their ops'
+ * dimensions. The key holds the profile by its address: its contents stay as they are while
+ * the memo lives. */
+typedef struct ZpCostMemo ZpCostMemo;
+ZpCostMemo *zp_cost_memo_new(void);
+void zp_cost_memo_free(ZpCostMemo *memo);
+
 /* zp_cost_init for a caller that times whole ops only (zp_cost_op_s with module -1) and never
  * reads c->why, as the search's screen for each plan it bounds: the same times, without the
  * explanation (c->why stays empty) or the per-module shares (module_share stays zero), a
  * tenth of zp_cost_init's instructions in plan --3d gpt-1t/4096. `ops` are the caller's
  * zp_sched_compute_ops(model, plan), which it times with c (an inventory reads their FLOPs and
- * bytes), so that neither computes them twice. */
+ * bytes), so that neither computes them twice; memo (may be NULL) keeps the inventory's op
+ * times across calls. */
 gboolean zp_cost_init_whole_ops(ZpCost *c, const ZpHw *hw, const ZpModel *model,
                                 const ZpPlan *plan, const ZpComputeOps ops[ZP_COMP_N],
-                                GError **error);
+                                ZpCostMemo *memo, GError **error);
+
 
 /* Seconds of one compute op of `kind` with the schedule's cost fields, of one block module
  * (ZpBlockModule; -1: the whole op). Table: the kind's whole-op time, else its kernels, times

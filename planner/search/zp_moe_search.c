@@ -23,7 +23,7 @@ static double compute_s(const ZpSearchSpec *spec, const ZpPlan *piped)
     ZpCost cost;
     ZpComputeOps ops[ZP_COMP_N];
     zp_sched_compute_ops(spec->model, plan, ops);
-    if (!zp_cost_init_whole_ops(&cost, spec->hw, spec->model, plan, ops, NULL))
+    if (!zp_cost_init_whole_ops(&cost, spec->hw, spec->model, plan, ops, NULL, NULL))
         return INFINITY;
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {

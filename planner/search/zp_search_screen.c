@@ -29,7 +29,7 @@ static double compute_s_of(const ZpScreen *sc, const ZpPlan *plan, double by_kin
     for (int k = 0; k < ZP_COMP_N; k++)
         by_kind[k] = 0;
     zp_sched_compute_ops(sc->model, plan, ops);
-    if (!zp_cost_init_whole_ops(&cost, sc->hw, sc->model, plan, ops, NULL))
+    if (!zp_cost_init_whole_ops(&cost, sc->hw, sc->model, plan, ops, sc->cost_memo, NULL))
         return INFINITY;
     double total = 0;
     for (int k = 0; k < ZP_COMP_N; k++) {
@@ -421,6 +421,7 @@ void zp_search_screen_keep_costs(ZpScreen *screen)
     screen->gather_memo =
         g_hash_table_new_full(compute_key_hash, compute_key_equal, g_free, NULL);
     screen->tensor_memo = g_new0(ZpSchedMemo, 1);
+    screen->cost_memo = zp_cost_memo_new();
 }
 
 void zp_search_screen_clear(ZpScreen *screen)
@@ -433,4 +434,6 @@ void zp_search_screen_clear(ZpScreen *screen)
     screen->gather_memo = NULL;
     zp_sched_memo_destroy(screen->tensor_memo);
     screen->tensor_memo = NULL;
+    zp_cost_memo_free(screen->cost_memo);
+    screen->cost_memo = NULL;
 }

@@ -34,6 +34,7 @@ typedef struct {
     GHashTable *compute_memo;
     GHashTable *gather_memo; /* stage 3's gathered elements by gather_key, as compute_memo */
     ZpSchedMemo *tensor_memo; /* the model's tensor table for those (zp_sched.h), as they */
+    struct ZpCostMemo *cost_memo; /* the inventory's op times on compute_memo's misses, as they */
 } ZpScreen;
 
 /* Screens one plan in O(1) without allocating: *memory_bytes = model states + every residual
