@@ -78,10 +78,29 @@ const ZpInventory *zp_inventory_for_plan(const ZpPlan *plan)
 void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan *plan,
                      ZpComputeKind kind, double optimizer_elems, ZpInvList *out)
 {
+    out->n = 0;
+    switch (kind) { /* the kinds that need no dimensions first: the search's screen asks for
+                     * every kind of each plan it costs */
+    case ZP_COMP_EXPERT_FWD: /* a mixture of experts' own (zp_inventory_moe.c) */
+    case ZP_COMP_EXPERT_BWD:
+    case ZP_COMP_UNPERMUTE_FWD:
+    case ZP_COMP_UNPERMUTE_BWD:
+        zp_inventory_moe_op(model, plan, kind, out);
+        return;
+    case ZP_COMP_EMBED_FWD:
+    case ZP_COMP_BLOCK_FWD:
+    case ZP_COMP_RECOMPUTE:
+    case ZP_COMP_HEAD:
+    case ZP_COMP_BLOCK_BWD:
+    case ZP_COMP_EMBED_BWD:
+    case ZP_COMP_OPTIMIZER:
+        break;
+    default: /* not kernels of the model */
+        return;
+    }
     ZpInvDims d;
     zp_inventory_dims(model, plan, &d);
     d.amp = inv->autocast;
-    out->n = 0;
     switch (kind) {
     case ZP_COMP_EMBED_FWD:
         inv->embed_fwd(&d, out);
@@ -108,12 +127,6 @@ void zp_inventory_op(const ZpInventory *inv, const ZpModel *model, const ZpPlan 
     case ZP_COMP_OPTIMIZER:
         if (optimizer_elems > 0)
             inv->optimizer(&d, optimizer_elems, out);
-        break;
-    case ZP_COMP_EXPERT_FWD: /* a mixture of experts' own (zp_inventory_moe.c) */
-    case ZP_COMP_EXPERT_BWD:
-    case ZP_COMP_UNPERMUTE_FWD:
-    case ZP_COMP_UNPERMUTE_BWD:
-        zp_inventory_moe_op(model, plan, kind, out);
         break;
     default:
         break;
