@@ -50,11 +50,30 @@ static double compute_s_of(const ZpScreen *sc, const ZpPlan *plan, double by_kin
     return total;
 }
 
-/* A plan's compute seconds, kept under its compute key. */
+/* One of Megatron's tensor-parallel all-reduces of b*s*h (plans with mp > 1; else 0), at
+ * least what the simulator gives one alone (spec->coll_s: its latency and its transfer at full
+ * busbw; contention only stretches the transfer), else its 2(M-1)/M bytes at busbw. It reads
+ * the plan's micro_batch, precision, sequence_parallel, mp, dp and pipeline degree, all in
+ * compute_key. */
+static double tp_allreduce_s(const ZpScreen *sc, const ZpPlan *plan)
+{
+    if (plan->mp <= 1)
+        return 0;
+    const ZpModel *m = sc->model;
+    const double mp = plan->mp;
+    const double bytes =
+        (double)plan->micro_batch * m->seq_len * m->hidden * zp_plan_elem_bytes(plan->precision);
+    return sc->coll_s && !plan->sequence_parallel
+               ? sc->coll_s(sc->hw, plan->dp, plan->mp, ZP_GROUP_TP, ZP_COLL_ALLREDUCE, bytes)
+               : 2.0 * (mp - 1) / mp * bytes / bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
+}
+
+/* A plan's compute seconds and tensor-parallel all-reduce, kept under its compute key. */
 typedef struct {
     ZpPlan key;
     double total_s;
     double by_kind[ZP_COMP_N];
+    double tp_allreduce_s;
 } ComputeMemo;
 
 /* The plan with the fields no compute cost reads set to zero: those that tell the search's
@@ -116,10 +135,13 @@ static gboolean compute_key_equal(gconstpointer a, gconstpointer b)
  * with its bucket choices, overlap_comm, ZeRO++ and ZeRO-R options, and zp_cost_init's
  * inventory made compute_s_of 439 M instructions of plan --3d gpt-1t/4096's 5.29 G. The very
  * doubles again: compute_s_of reads only the key's fields, sc's model and hw. */
-static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N])
+static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[ZP_COMP_N],
+                        double *tp_s)
 {
-    if (!sc->compute_memo)
+    if (!sc->compute_memo) {
+        *tp_s = tp_allreduce_s(sc, plan);
         return compute_s_of(sc, plan, by_kind);
+    }
     ZpPlan key;
     compute_key(plan, &key);
     const ComputeMemo *m = g_hash_table_lookup(sc->compute_memo, &key);
@@ -127,10 +149,12 @@ static double compute_s(const ZpScreen *sc, const ZpPlan *plan, double by_kind[Z
         ComputeMemo *fresh = g_new(ComputeMemo, 1);
         fresh->key = key;
         fresh->total_s = compute_s_of(sc, plan, fresh->by_kind);
+        fresh->tp_allreduce_s = tp_allreduce_s(sc, plan);
         g_hash_table_add(sc->compute_memo, fresh);
         m = fresh;
     }
     memcpy(by_kind, m->by_kind, sizeof m->by_kind);
+    *tp_s = m->tp_allreduce_s;
     return m->total_s;
 }
 
@@ -238,24 +262,19 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
 {
     const ZpModel *m = sc->model;
     const ZpStateBytes sb = zp_impl_state_bytes(plan);
-    const double e = zp_plan_elem_bytes(plan->precision), accum = plan->grad_accum;
+    const double accum = plan->grad_accum;
     const double L = (double)m->layers, mp = plan->mp, n = plan->dp, P = zp_plan_pp(plan);
     /* A stage's share of the work, stretched by the bubble. */
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute, each
-     * at least what the simulator gives one alone (spec->coll_s: its latency and its
-     * transfer at full busbw; contention only stretches the transfer), else its 2(M-1)/M
-     * bytes at busbw. Those after a block's backward run beside the gradient reductions
+     * tp_allreduce_s. Those after a block's backward run beside the gradient reductions
      * launched there (another stream), so only the rest add to them. */
+    double kind[ZP_COMP_N], each_s;
+    const double all_s = compute_s(sc, plan, kind, &each_s);
     double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
         const double per_block = plan->checkpoint ? 6.0 : 4.0;
-        const double bytes = (double)plan->micro_batch * m->seq_len * m->hidden * e;
-        const double each_s =
-            sc->coll_s && !plan->sequence_parallel
-                ? sc->coll_s(sc->hw, plan->dp, plan->mp, ZP_GROUP_TP, ZP_COLL_ALLREDUCE, bytes)
-                : 2.0 * (mp - 1) / mp * bytes / bus_bytes_per_s(sc, plan, ZP_GROUP_TP);
         const double one_s = accum * L * each_s; /* one all-reduce a block */
         tp_s = (per_block - 2.0) * one_s;
         tp_bwd_s = 2.0 * one_s;
@@ -290,9 +309,7 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
      * once, after the flush: the bubble stretches the forward and backward only (stretching
      * it too put gpt-13b's stage-0 pp 2 plans 0.5% above their simulated step:
      * test_search_prune). */
-    double kind[ZP_COMP_N];
     const double tp_all_s = tp_s + tp_bwd_s;
-    const double all_s = compute_s(sc, plan, kind);
     const double chain_s =
         P > 1 ? fmax(pipeline_chain_s(sc, plan, tp_all_s, all_s, kind),
                      (all_s - kind[ZP_COMP_OPTIMIZER] + tp_all_s) / P * bubble +
