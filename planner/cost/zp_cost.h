@@ -108,7 +108,6 @@ gboolean zp_cost_init_whole_ops(ZpCost *c, const ZpHw *hw, const ZpModel *model,
                                 const ZpPlan *plan, const ZpComputeOps ops[ZP_COMP_N],
                                 ZpCostMemo *memo, GError **error);
 
-
 /* Seconds of one compute op of `kind` with the schedule's cost fields, of one block module
  * (ZpBlockModule; -1: the whole op). Table: the kind's whole-op time, else its kernels, times
  * the module's share; the optimizer's whole time at its elements (mem_bytes over the
