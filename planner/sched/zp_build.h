@@ -233,6 +233,10 @@ uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int uni
 uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
                                 uint32_t after);
 void zp_build_sync_on(Builder *b, uint32_t op);
+/* Tensor-parallel collectives kinds[0 .. n) of elems (bytes), each after the one before it
+ * (the first after `after`) and each synchronised with the next compute op; returns the last. */
+uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int unit, int micro,
+                                uint64_t elems, double bytes, uint32_t after);
 
 /* Appends op to deps, within the room kept for the step's own (Builder.step_deps): a GLib
  * append checks the room with a 64-bit division (g_array_maybe_expand), 400,000 of them in

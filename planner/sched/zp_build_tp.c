@@ -13,13 +13,9 @@ void zp_build_tp_sum(Builder *b, int unit, int micro)
                            (uint64_t)s->model.hidden;
     static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
     static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
-    const ZpCollKind *kinds = s->plan.sequence_parallel ? split : plain;
-    uint32_t after = b->last_compute;
-    for (int k = 0; k < (s->plan.sequence_parallel ? 2 : 1); k++) {
-        after = zp_build_emit_collective(b, kinds[k], ZP_GROUP_TP, unit, micro, -1, 0, elems,
-                                         (double)elems * s->elem_bytes, &after, 1);
-        zp_build_sync_on(b, after);
-    }
+    const gboolean sp = s->plan.sequence_parallel;
+    zp_build_emit_tp_chain(b, sp ? split : plain, sp ? 2 : 1, unit, micro, elems,
+                           (double)elems * s->elem_bytes, b->last_compute);
 }
 
 /* Megatron's two all-reduces of a block: after the row-parallel attention projection and
