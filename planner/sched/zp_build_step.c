@@ -43,8 +43,7 @@ static void module_costs(Builder *b, ZpComputeKind kind, Cost whole, Cost parts[
         b->block_shares_set[kind] = TRUE;
     }
     const ZpModuleShares sh = b->block_shares[kind];
-    const ZpModel *model = &b->s->model;
-    if (zp_moe_enabled(&model->moe) || zp_mla_enabled(&model->mla)) {
+    if (b->varied_blocks) {
         /* A block of widths of its own (zp_build_unit_block_cost): the shares are the uniform
          * block's kernels', so its attention and its other FLOPs are split apart, each by its
          * own share (the uniform block's FLOPs less its attention's, module by module), and
@@ -72,8 +71,7 @@ static void module_costs(Builder *b, ZpComputeKind kind, Cost whole, Cost parts[
  * alike (no experts, no latent attention: then it depends on the model and plan alone). */
 static Cost block_cost(Builder *b, int unit, ZpComputeKind kind)
 {
-    const ZpModel *m = &b->s->model;
-    if (zp_moe_enabled(&m->moe) || zp_mla_enabled(&m->mla))
+    if (b->varied_blocks)
         return zp_build_unit_block_cost(b->s, unit, kind);
     if (!b->block_cost_set[kind]) {
         b->block_cost[kind] = zp_build_unit_block_cost(b->s, unit, kind);
@@ -100,7 +98,7 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
                           GArray *deps, GArray *launched)
 {
     const gboolean backward = kind == ZP_COMP_BLOCK_BWD;
-    if (!zp_impl_module_compute(b->s) && !(backward && zp_impl_module_backward(b->s))) {
+    if (!b->module_forward && !(backward && b->module_backward)) {
         if (launched)
             zp_build_hand_on(b, l, -1, micro, deps);
         zp_build_emit_compute(b, kind, l, micro, cost, (uint32_t *)deps->data, deps->len);

@@ -403,6 +403,9 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         b.ops_room = zp_array_reserve_huge(s->ops, (guint64)want);
         b.deps_room = zp_array_reserve_huge(s->deps, (guint64)want);
     }
+    b.varied_blocks = zp_moe_enabled(&s->model.moe) || zp_mla_enabled(&s->model.mla);
+    b.module_forward = zp_impl_module_compute(s);
+    b.module_backward = zp_impl_module_backward(s);
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int u = 0; u < L + 2; u++)
