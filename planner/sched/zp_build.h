@@ -56,6 +56,13 @@ typedef struct {
     int last_use;          /* the call's last gather's use (its zp_build_step_key) */
     int quant_buffer;      /* qwZ: the call's gathered int8 and scales, until dequantised */
     gboolean unpacked;
+    /* The call's group, ranks, kind and bytes (on the wire, read from NVMe, copied up from
+     * the host): functions of the plan and the call alone, worked out at its first issue
+     * (issue_call) instead of at each micro-step's. `costed` says they are. */
+    gboolean costed, reduced;
+    ZpGroup group;
+    int ranks;
+    double wire_bytes, nvme_bytes, h2d_bytes;
 } Gather;
 
 /* Items listed by the compute step they belong to: items[start[k] .. start[k+1]), k the

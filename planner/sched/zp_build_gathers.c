@@ -68,7 +68,8 @@ void zp_build_plan_gathers(Builder *b)
             guint first = b->gathers->len;
             for (guint k = i; k < j; k++) {
                 Gather g = {f[k], -1, 0, NONE, first, 0, 0, -1,
-                            zp_build_step_key(f[k].use_pos, f[k].use_step), -1, FALSE};
+                            zp_build_step_key(f[k].use_pos, f[k].use_step), -1, FALSE,
+                            FALSE, FALSE, ZP_GROUP_DP, 0, 0, 0, 0};
                 if (gather_group(b, &g) != want)
                     continue;
                 *(Gather *)zp_array_extend(b->gathers, 1, sizeof g, &room) = g;
@@ -181,25 +182,17 @@ static void own_by_last_free(Gather *c, int buffer, double bytes)
  * when the call is first waited for (unpack_call). With stage3_use_all_reduce_for_fetch_params
  * (zp_sched_fetch_allreduce) a call of more is an all-reduce of a zeroed buffer of the same
  * size, parameter by parameter, each rank's slices at their places: nothing to unpack. */
-static void issue_call(Builder *b, Gather *c, int key, int micro)
+/* The call's group, ranks, kind and bytes (Gather costed). */
+static void cost_call(const Builder *b, Gather *c)
 {
     const ZpSchedule *s = b->s;
     const double bytes = (double)c->call_elems * b->state.param_bytes;
-    const ZpGroup group = gather_group(b, c);
-    const int ranks = zp_zeropp_group_ranks(&s->plan, group);
-    const gboolean reduced = zp_sched_fetch_allreduce(&s->plan, c->n, group);
-    const double wire = reduced ? bytes
-                                : zp_zeropp_gather_bytes(&s->plan, c->call_elems, ranks,
-                                                         b->state.param_bytes);
-    int buffer;
-    uint32_t alloc = gather_alloc(b, bytes, c->fetch.unit, micro, &buffer, key);
-    const gboolean in_place = c->n == 1 && !b->impl->copy_out_single;
-    c->unpacked = in_place || reduced;
-    c->flat = c->unpacked ? -1 : buffer;
-    if (in_place)
-        c->buffer = buffer, c->bytes = bytes;
-    if (reduced) /* the parameters are views of the buffer: freed with the last of them */
-        own_by_last_free(c, buffer, bytes);
+    c->group = gather_group(b, c);
+    c->ranks = zp_zeropp_group_ranks(&s->plan, c->group);
+    c->reduced = zp_sched_fetch_allreduce(&s->plan, c->n, c->group);
+    c->wire_bytes = c->reduced ? bytes
+                               : zp_zeropp_gather_bytes(&s->plan, c->call_elems, c->ranks,
+                                                        b->state.param_bytes);
     /* Parameter offload: the partition comes up from the host (and NVMe) first. */
     double nvme_bytes = 0, h2d_bytes = 0;
     const double part = (double)s->partition_elems;
@@ -217,6 +210,29 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
         zp_offload_fetch(&s->plan, (double)c->call_elems / s->plan.dp, -1, part, &nvme_bytes,
                          &h2d_bytes);
     }
+    c->nvme_bytes = nvme_bytes, c->h2d_bytes = h2d_bytes;
+    c->costed = TRUE;
+}
+
+static void issue_call(Builder *b, Gather *c, int key, int micro)
+{
+    const ZpSchedule *s = b->s;
+    if (!c->costed)
+        cost_call(b, c);
+    const double bytes = (double)c->call_elems * b->state.param_bytes;
+    const ZpGroup group = c->group;
+    const int ranks = c->ranks;
+    const gboolean reduced = c->reduced;
+    const double wire = c->wire_bytes, nvme_bytes = c->nvme_bytes, h2d_bytes = c->h2d_bytes;
+    int buffer;
+    uint32_t alloc = gather_alloc(b, bytes, c->fetch.unit, micro, &buffer, key);
+    const gboolean in_place = c->n == 1 && !b->impl->copy_out_single;
+    c->unpacked = in_place || reduced;
+    c->flat = c->unpacked ? -1 : buffer;
+    if (in_place)
+        c->buffer = buffer, c->bytes = bytes;
+    if (reduced) /* the parameters are views of the buffer: freed with the last of them */
+        own_by_last_free(c, buffer, bytes);
     const uint32_t read =
         zp_build_emit_transfer(b, ZP_XFER_NVME_READ, nvme_bytes, c->fetch.unit, micro, alloc);
     alloc = zp_build_emit_transfer(b, ZP_XFER_H2D, h2d_bytes, c->fetch.unit, micro, read);
