@@ -212,8 +212,9 @@ typedef struct {
     gboolean block_cost_set[ZP_COMP_N], block_shares_set[ZP_COMP_N];
     /* Decided once a build (zp_sched_build), not once a block op: whether blocks differ
      * (experts or latent attention: zp_build_unit_block_cost by block), and whether a
-     * forward and a backward run module by module (zp_impl_module_compute, _backward). */
-    gboolean varied_blocks, module_forward, module_backward;
+     * forward and a backward run module by module (zp_impl_module_compute, _backward), and
+     * whether gradients are handed on tensor by tensor (zp_build_hand_on). */
+    gboolean varied_blocks, module_forward, module_backward, hands_on;
 } Builder;
 
 

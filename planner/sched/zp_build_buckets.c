@@ -252,7 +252,7 @@ static void module_tensors(const ZpImplTensor *t, int module, guint *first, guin
 void zp_build_hand_on(Builder *b, int u, int module, int micro, GArray *deps)
 {
     const ZpSchedule *s = b->s;
-    if (!zp_impl_grads_by_module(&s->plan) || s->plan.zero.stage < 2 || b->n_ipg == 0)
+    if (!b->hands_on || b->n_ipg == 0)
         return;
     if (!b->tensors)
         b->tensors = zp_impl_tensors(s);

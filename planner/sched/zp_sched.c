@@ -406,6 +406,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     b.varied_blocks = zp_moe_enabled(&s->model.moe) || zp_mla_enabled(&s->model.mla);
     b.module_forward = zp_impl_module_compute(s);
     b.module_backward = zp_impl_module_backward(s);
+    b.hands_on = zp_impl_grads_by_module(plan) && plan->zero.stage >= 2;
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int u = 0; u < L + 2; u++)
