@@ -313,7 +313,8 @@ uint32_t zp_build_cpu_optimizer_step(Builder *b, double elems, GArray *launched,
 
 int zp_build_step_key(int pos, int step);
 void zp_build_plan_gathers(Builder *b);
-PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos);
+PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos,
+                                gboolean calls_only);
 void zp_build_free_pos_index(PosIndex *ix);
 void zp_build_issue_gathers(Builder *b, int key, int micro, gboolean now);
 void zp_build_gathers_used_at(Builder *b, int key, int micro, GArray *deps);

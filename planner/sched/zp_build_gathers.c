@@ -91,8 +91,11 @@ static int fetch_key(const Gather *g, size_t pos_field, size_t step_field)
 }
 
 /* Lists the gathers by the step their fetch's fields name (a counting sort, so each step
- * keeps list order). */
-PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos)
+ * keeps list order); `calls_only`: each call's first gather alone (by_trigger: a call is
+ * issued once, by its first gather, and the others were walked past at every step of every
+ * micro-step). */
+PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos,
+                                gboolean calls_only)
 {
     const GArray *gathers = b->gathers;
     const int n_keys = n_pos * ZP_POS_STEPS;
@@ -100,15 +103,17 @@ PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_
     zp_advise_huge_pages(ix.start, ((gsize)n_keys + 1) * sizeof(guint));
     zp_advise_huge_pages(ix.items, MAX(gathers->len, 1) * sizeof(guint));
     for (guint k = 0; k < gathers->len; k++)
-        ix.start[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field) + 1]++;
+        if (!calls_only || g_array_index(gathers, Gather, k).call == k)
+            ix.start[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field) + 1]++;
     for (int p = 0; p < n_keys; p++)
         ix.start[p + 1] += ix.start[p];
     guint *next = g_new(guint, MAX(n_keys, 1));
     zp_advise_huge_pages(next, (gsize)MAX(n_keys, 1) * sizeof(guint));
     memcpy(next, ix.start, sizeof(guint) * (gsize)n_keys);
     for (guint k = 0; k < gathers->len; k++)
-        ix.items[next[fetch_key(&g_array_index(gathers, Gather, k), pos_field, step_field)]++] =
-            k;
+        if (!calls_only || g_array_index(gathers, Gather, k).call == k)
+            ix.items[next[fetch_key(&g_array_index(gathers, Gather, k), pos_field,
+                                    step_field)]++] = k;
     g_free(next);
     return ix;
 }
@@ -270,9 +275,8 @@ static void issue_call(Builder *b, Gather *c, int key, int micro)
 void zp_build_issue_gathers(Builder *b, int key, int micro, gboolean now)
 {
     for (guint i = b->by_trigger.start[key]; i < b->by_trigger.start[key + 1]; i++) {
-        Gather *g = gather_at(b, &b->by_trigger, i);
-        if (g == &g_array_index(b->gathers, Gather, g->call) &&
-            (zp_build_step_key(g->fetch.use_pos, g->fetch.use_step) == key) == now)
+        Gather *g = gather_at(b, &b->by_trigger, i); /* a call's first gather */
+        if ((zp_build_step_key(g->fetch.use_pos, g->fetch.use_step) == key) == now)
             issue_call(b, g, key, micro);
     }
 }

@@ -419,11 +419,11 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         zp_build_layout(&b);
         zp_build_plan_gathers(&b);
         b.by_trigger = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, trigger_pos),
-                                              G_STRUCT_OFFSET(ZpFetch, trigger_step), n_pos);
+                                              G_STRUCT_OFFSET(ZpFetch, trigger_step), n_pos, TRUE);
         b.by_use = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, use_pos),
-                                          G_STRUCT_OFFSET(ZpFetch, use_step), n_pos);
+                                          G_STRUCT_OFFSET(ZpFetch, use_step), n_pos, FALSE);
         b.by_free = zp_build_index_gathers(&b, G_STRUCT_OFFSET(ZpFetch, free_pos),
-                                           G_STRUCT_OFFSET(ZpFetch, free_step), n_pos);
+                                           G_STRUCT_OFFSET(ZpFetch, free_step), n_pos, FALSE);
     }
     const gsize slots = (gsize)plan->grad_accum * (gsize)(L + 1);
     Activations a = {g_new0(int, slots), g_new0(int, slots),
