@@ -311,7 +311,12 @@ uint32_t zp_build_cpu_optimizer_step(Builder *b, double elems, GArray *launched,
 
 /* ---- zp_build_gathers.c ---- */
 
-int zp_build_step_key(int pos, int step);
+/* A step of a position as one index: pos * ZP_POS_STEPS + step (inline: each block's steps
+ * asked for it across files, 420,000 calls in plan --3d gpt-1t/4096). */
+static inline int zp_build_step_key(int pos, int step)
+{
+    return pos * ZP_POS_STEPS + step;
+}
 void zp_build_plan_gathers(Builder *b);
 PosIndex zp_build_index_gathers(const Builder *b, size_t pos_field, size_t step_field, int n_pos,
                                 gboolean calls_only);

@@ -8,12 +8,6 @@
 
 #include <string.h>
 
-/* A step of a position as one index: pos * ZP_POS_STEPS + step. */
-int zp_build_step_key(int pos, int step)
-{
-    return pos * ZP_POS_STEPS + step;
-}
-
 /* What a step's gather buffers are allocated after: the previous position's last compute op
  * for a position's first step, the previous step's op for a later one. */
 static uint32_t step_after(const Builder *b, int key)
