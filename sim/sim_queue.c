@@ -9,6 +9,20 @@ static inline gboolean entry_before(const HeapEntry *x, const HeapEntry *y)
     return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
 }
 
+/* Where e goes in the heap, climbing from the free place i: the entries above that come after
+ * it move down a level each (the heap's sift up). */
+static inline size_t climb(HeapEntry *heap, size_t i, const HeapEntry *e)
+{
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (!entry_before(e, &heap[parent]))
+            break;
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    return i;
+}
+
 /* Fills the vacant root, the heap one entry shorter: the hole goes down along the earlier
  * child to a leaf, one comparison a level, and the last entry, which is rarely early, climbs
  * back from there (Floyd's variant of the sift down; the plain one compares twice a level on
@@ -31,14 +45,7 @@ void sim_queue_fill(Queue *q)
         heap[i] = heap[child];
         i = child;
     }
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!entry_before(&moving, &heap[parent]))
-            break;
-        heap[i] = heap[parent];
-        i = parent;
-    }
-    heap[i] = moving;
+    heap[climb(heap, i, &moving)] = moving;
 }
 
 /* One bucket more, made spare (the arrays grown where full): apart from sim_queue_push_new,
@@ -96,14 +103,7 @@ void sim_queue_push_new(Queue *q, double time_s, Event e)
             i = child;
         }
     } else {
-        i = q->heap_len++;
-        while (i > 0) {
-            const size_t parent = (i - 1) / 2;
-            if (!entry_before(&entry, &heap[parent]))
-                break;
-            heap[i] = heap[parent];
-            i = parent;
-        }
+        i = climb(heap, q->heap_len++, &entry);
     }
     heap[i] = entry;
 }

@@ -466,3 +466,14 @@ guint zp_array_reserve_huge(GArray *array, guint64 elems)
     zp_advise_huge_pages(array->data, (size_t)elems * g_array_get_element_size(array));
     return (guint)elems;
 }
+
+guint zp_hash_words64(const void *data, size_t bytes)
+{
+    guint64 h = 14695981039346656037u; /* FNV-1a's offset basis and prime */
+    for (size_t i = 0; i + sizeof(guint64) <= bytes; i += sizeof(guint64)) {
+        guint64 word;
+        memcpy(&word, (const char *)data + i, sizeof word);
+        h = (h ^ word) * 1099511628211u;
+    }
+    return (guint)(h ^ (h >> 32));
+}

@@ -136,6 +136,11 @@ char *zp_list_json_names(const char *dir);
  * (at most a third of its letters, or 2, away) and not `word` itself; else NULL. */
 const char *zp_closest_name(const char *word, const char *const *names, size_t n);
 
+/* FNV-1a over `bytes` (a multiple of 8) taken as 64-bit words, folded to a guint: the hash of
+ * the search's memo keys, structs of doubles and integers compared as bytes (padding too, so
+ * their makers zero or copy them whole). */
+guint zp_hash_words64(const void *data, size_t bytes);
+
 /* Appends " Did you mean 'NAME'?" to *error's message when zp_closest_name finds one. */
 void zp_prefix_suggestion(GError **error, const char *word, const char *const *names, size_t n);
 

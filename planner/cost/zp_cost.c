@@ -233,13 +233,7 @@ struct ZpCostMemo {
 static guint inv_op_key_hash(gconstpointer p)
 {
     G_STATIC_ASSERT(sizeof(InvOpKey) % sizeof(guint64) == 0);
-    guint64 h = 14695981039346656037u;
-    for (size_t i = 0; i < sizeof(InvOpKey); i += sizeof(guint64)) {
-        guint64 word;
-        memcpy(&word, (const char *)p + i, sizeof word);
-        h = (h ^ word) * 1099511628211u;
-    }
-    return (guint)(h ^ (h >> 32));
+    return zp_hash_words64(p, sizeof(InvOpKey));
 }
 
 static gboolean inv_op_key_equal(gconstpointer a, gconstpointer b)

@@ -6,6 +6,7 @@
 #include "zp_mem.h"
 #include "zp_offload.h"
 #include "zp_sched.h"
+#include "zp_util.h"
 #include "zp_zeropp.h"
 
 #include <math.h>
@@ -117,13 +118,7 @@ static void compute_key(const ZpPlan *plan, ZpPlan *key)
 static guint compute_key_hash(gconstpointer p)
 {
     G_STATIC_ASSERT(sizeof(ZpPlan) % sizeof(guint64) == 0);
-    guint64 h = 14695981039346656037u;
-    for (size_t i = 0; i < sizeof(ZpPlan); i += sizeof(guint64)) {
-        guint64 word;
-        memcpy(&word, (const char *)p + i, sizeof word);
-        h = (h ^ word) * 1099511628211u;
-    }
-    return (guint)(h ^ (h >> 32));
+    return zp_hash_words64(p, sizeof(ZpPlan));
 }
 
 static gboolean compute_key_equal(gconstpointer a, gconstpointer b)
