@@ -427,7 +427,8 @@ double zp_search_screen_gathers_bound_s(const ZpScreen *sc, const ZpPlan *p)
 
 void zp_search_screen_keep_costs(ZpScreen *screen)
 {
-    /* ComputeMemo's key first: the table hashes and frees the entries. */
+    /* ComputeMemo's and GatherMemo's key first, a ZpPlan: each table hashes its entries by
+     * it (compute_key_hash) and frees them. */
     screen->compute_memo =
         g_hash_table_new_full(compute_key_hash, compute_key_equal, g_free, NULL);
     screen->gather_memo =
