@@ -5,92 +5,218 @@
 
 #include <string.h>
 
-/* Where op `alloc`, allocated at `at` in the longer schedule, is: an alloc of the same
- * category and size (else the inserted periods are not what they claim: refused). */
+/* Whether free_op may free what `alloc` allocated: an alloc of the same category and size
+ * (else the inserted periods are not what they claim: refused). */
 static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
 {
     return alloc && alloc->kind == ZP_OP_ALLOC && alloc->sub == free_op->sub &&
            alloc->bytes == free_op->bytes;
 }
 
-/* [op]: for a free, how many ops back its buffer's alloc is (0: none, or not a free); *far:
- * the most of them. */
-static uint32_t *pair_distances(const ZpSchedule *s, int32_t most, uint32_t *far)
+/* ---- an allocation's identity ----
+ *
+ * The builder allocates each micro-step's buffers the same way: on a stage, for a unit, of a
+ * category, in the same order. So an allocation is named by its stage, micro-step, unit,
+ * category and ordinal among that micro-step's allocations of that unit and category, in the
+ * longer schedule as in this one, and a free frees the allocation of its own micro-step
+ * named as its alloc here is. That is how a copy of a steady period pairs its frees, wherever
+ * the allocations lie: in an earlier copy, or in the warm-up before the insertion (1F1B's
+ * first stage frees its warm-up forwards' activations through its first pp steady periods,
+ * each at another distance, so that pairing a copy's frees as far back as its model's held
+ * only pp periods on, and the short schedule had to keep 2 pp + 1 micro-steps for the
+ * replay where the simulator's fold needs about pp + 5: cli_rank.c cli_rank_short_by). */
+
+/* The name, packed: a mark (bit 63: NameMap's slot is taken), stage 15 bits, micro-step 24,
+ * unit 16, category 4, ordinal 4. */
+#define KEY_STAGE_LIMIT (1 << 15)
+#define KEY_MICRO_LIMIT (1 << 24)
+#define KEY_UNIT_LIMIT (1 << 16)
+#define KEY_ORDINAL_LIMIT 16
+G_STATIC_ASSERT(ZP_MEM_N <= 16);
+
+static gboolean key_of(uint32_t stage, int64_t micro, int32_t unit, uint32_t sub,
+                       uint32_t ordinal, uint64_t *key)
 {
-    const guint n = s->ops->len;
-    uint32_t *back = g_new0(uint32_t, MAX(n, 1));
-    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
-    for (int32_t b = 0; b <= most; b++)
-        alloc_of[b] = -1;
-    for (guint i = 0; i < n; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->buffer < 0)
-            continue;
-        if (op->kind == ZP_OP_ALLOC)
-            alloc_of[op->buffer] = (int32_t)i;
-        else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
-            back[i] = i - (uint32_t)alloc_of[op->buffer];
-        *far = MAX(*far, back[i]);
-    }
-    g_free(alloc_of);
-    return back;
+    if (stage >= KEY_STAGE_LIMIT || micro < 0 || micro >= KEY_MICRO_LIMIT || unit < -1 ||
+        unit + 1 >= KEY_UNIT_LIMIT || ordinal >= KEY_ORDINAL_LIMIT)
+        return FALSE;
+    *key = (uint64_t)1 << 63 | (uint64_t)stage << 48 | (uint64_t)micro << 24 |
+           (uint64_t)(unit + 1) << 8 | (uint64_t)sub << 4 | ordinal;
+    return TRUE;
 }
 
-/* An insert moved on by whole periods till its model period's frees each free what the same
- * free a period later frees as far back (the sim inserts at its window, whose period may
- * still free a warm-up's allocation: 1F1B's first stage frees its warm-up forwards' through
- * its first pp steady periods): the same ops inserted, since the ops between repeat (checked:
- * kind, category, size, micro-step a period on, and the distance of each free). FALSE where
- * no such period comes before the stage's end. */
-static gboolean settle_insert(const ZpSchedule *s, const uint32_t *back, ZpOpInsert *x)
-{
-    const guint n = s->ops->len;
-    const uint32_t stage = zp_sched_op(s, x->at - 1)->stage;
-    for (;;) {
-        gboolean steady = TRUE;
-        for (uint32_t t = x->at - x->step; t < x->at; t++) {
-            const ZpOp *a = zp_sched_op(s, t);
-            const uint32_t u = t + x->step;
-            if (u >= n)
-                return FALSE;
-            const ZpOp *b = zp_sched_op(s, u);
-            if (b->stage != stage || a->kind != b->kind || a->sub != b->sub ||
-                a->bytes != b->bytes || (a->micro < 0) != (b->micro < 0) ||
-                (a->micro >= 0 && b->micro != a->micro + (int32_t)x->micro_steps))
-                return FALSE; /* past the steady periods */
-            steady = steady && back[t] == back[u];
-        }
-        if (steady)
-            return TRUE;
-        x->at += x->step;
-    }
-}
-
-/* The allocs of the longer schedule's last stretch, by place in a ring: [place & mask] its
- * place (tag; UINT32_MAX: none yet), op and buffer there (-1: none). Only allocs are written:
- * a free looks back only for an alloc, and a place whose tag differs (a free, a compute op, or
- * an alloc a ring before) is no alloc there. */
+/* Names to values (uint32_t), open addressing with linear probing in a power-of-two table
+ * kept at most half full; a removal shifts the probe run back (no tombstones). GHashTable's
+ * insert and remove were 300 instructions a name: 130,000 names for Megatron 1T's long
+ * schedule, a fifth of its evaluation. */
 typedef struct {
-    uint32_t *tag;
-    const ZpOp **op;
-    int32_t *buffer;
-    uint64_t mask;
-} Places;
+    uint64_t *key; /* 0: empty */
+    uint32_t *value;
+    uint64_t mask, n;
+} NameMap;
 
-static void places_put(Places *r, uint32_t at, const ZpOp *op, int32_t buffer)
+static void map_init(NameMap *m, uint64_t expect)
 {
-    r->tag[at & r->mask] = at;
-    r->op[at & r->mask] = op;
-    r->buffer[at & r->mask] = buffer;
+    uint64_t cap = 16;
+    while (cap < 2 * expect)
+        cap <<= 1;
+    m->key = g_new0(uint64_t, cap);
+    m->value = g_new(uint32_t, cap);
+    m->mask = cap - 1;
+    m->n = 0;
 }
 
-/* The buffer of the alloc at place `at` that free_op frees: -1 where none is there, or one of
- * another category or size. */
-static int32_t places_alloc(const Places *r, uint32_t at, const ZpOp *free_op)
+static void map_free(NameMap *m)
 {
-    const uint64_t j = at & r->mask;
-    return r->tag[j] == at && same_alloc(r->op[j], free_op) && r->buffer[j] >= 0 ? r->buffer[j]
-                                                                                 : -1;
+    g_free(m->key);
+    g_free(m->value);
+}
+
+static inline uint64_t map_home(const NameMap *m, uint64_t key)
+{
+    return (key * UINT64_C(0x9e3779b97f4a7c15)) >> 20 & m->mask;
+}
+
+/* The slot of key, or of the empty slot where it would go. */
+static inline uint64_t map_slot(const NameMap *m, uint64_t key)
+{
+    uint64_t i = map_home(m, key);
+    while (m->key[i] != 0 && m->key[i] != key)
+        i = (i + 1) & m->mask;
+    return i;
+}
+
+static void map_put(NameMap *m, uint64_t key, uint32_t value);
+
+static void map_grow(NameMap *m)
+{
+    NameMap bigger;
+    map_init(&bigger, m->mask + 1);
+    for (uint64_t i = 0; i <= m->mask; i++)
+        if (m->key[i])
+            map_put(&bigger, m->key[i], m->value[i]);
+    map_free(m);
+    *m = bigger;
+}
+
+static void map_put(NameMap *m, uint64_t key, uint32_t value)
+{
+    if (2 * (m->n + 1) > m->mask + 1)
+        map_grow(m);
+    const uint64_t i = map_slot(m, key);
+    m->n += m->key[i] == 0;
+    m->key[i] = key;
+    m->value[i] = value;
+}
+
+/* key's value, or UINT32_MAX where it has none. */
+static inline uint32_t map_get(const NameMap *m, uint64_t key)
+{
+    const uint64_t i = map_slot(m, key);
+    return m->key[i] ? m->value[i] : UINT32_MAX;
+}
+
+/* Removes key (there), moving back the entries after it whose probe passed its slot. */
+static void map_remove(NameMap *m, uint64_t key)
+{
+    uint64_t i = map_slot(m, key);
+    if (m->key[i] == 0)
+        return;
+    m->n--;
+    for (uint64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
+        if (m->key[j] == 0)
+            break;
+        const uint64_t home = map_home(m, m->key[j]);
+        /* j's entry stays where its home lies cyclically in (i, j] */
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+            continue;
+        m->key[i] = m->key[j];
+        m->value[i] = m->value[j];
+        i = j;
+    }
+    m->key[i] = 0;
+}
+
+/* [op]: each alloc's ordinal among its stage's and micro-step's allocs of its unit and
+ * category, here (0 for other ops); NULL where one passes the name's bits. */
+static uint8_t *alloc_ordinals(const ZpSchedule *s)
+{
+    const guint n = s->ops->len;
+    uint8_t *ordinal = g_new0(uint8_t, MAX(n, 1));
+    NameMap count;
+    map_init(&count, 1024);
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        uint64_t key;
+        if (op->kind != ZP_OP_ALLOC || op->buffer < 0 || op->micro < 0)
+            continue;
+        ok = key_of(op->stage, op->micro, op->unit, op->sub, 0, &key);
+        if (!ok)
+            break;
+        const uint32_t got = map_get(&count, key), seen = got == UINT32_MAX ? 0 : got;
+        ok = seen < KEY_ORDINAL_LIMIT;
+        ordinal[i] = (uint8_t)seen;
+        map_put(&count, key, seen + 1);
+    }
+    map_free(&count);
+    if (!ok) {
+        g_free(ordinal);
+        return NULL;
+    }
+    return ordinal;
+}
+
+/* The longer schedule's live allocations by name (-> the index of its ZpAllocOp), and the
+ * state a free needs to find its own. */
+typedef struct {
+    const ZpSchedule *s;
+    const uint8_t *ordinal;
+    const int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet) */
+    NameMap live;
+    GArray *ops;
+} Names;
+
+/* Names the alloc `op` (model op index `model`) at micro-step `micro` of the longer schedule,
+ * as ops' entry `entry`. FALSE where the name does not fit its bits. */
+static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, uint32_t entry)
+{
+    const ZpOp *op = zp_sched_op(n->s, model);
+    if (op->buffer < 0 || op->micro < 0)
+        return TRUE; /* states and regions are not named: no free looks them up */
+    uint64_t key;
+    if (!key_of(op->stage, micro, op->unit, op->sub, n->ordinal[model], &key))
+        return FALSE;
+    map_put(&n->live, key, entry);
+    return TRUE;
+}
+
+/* The buffer that free op `model`, at micro-step `micro` of the longer schedule, frees there:
+ * the allocation named as its alloc here, moved to its micro-step (-1 where none is live, or
+ * one of another size or category: the insert is not what it claims). */
+static int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
+{
+    const ZpOp *free_op = zp_sched_op(n->s, model);
+    const ZpOp *alloc = zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer]);
+    uint64_t key;
+    if (!key_of(alloc->stage, micro, alloc->unit, alloc->sub,
+                n->ordinal[n->alloc_of[free_op->buffer]], &key))
+        return -1;
+    const uint32_t entry = map_get(&n->live, key);
+    if (entry == UINT32_MAX)
+        return -1;
+    const ZpAllocOp *so = &g_array_index(n->ops, ZpAllocOp, entry);
+    if (!same_alloc(so->op, free_op))
+        return -1;
+    map_remove(&n->live, key);
+    return so->buffer;
+}
+
+/* Whether free op `model`'s alloc here is its own micro-step's (then it is paired by name). */
+static gboolean pairs_by_name(const Names *n, const ZpOp *free_op)
+{
+    return free_op->buffer >= 0 && free_op->micro >= 0 && n->alloc_of[free_op->buffer] >= 0 &&
+           zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer])->micro == free_op->micro;
 }
 
 static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
@@ -100,14 +226,38 @@ static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
     return a->at < b->at ? -1 : a->at > b->at;
 }
 
+/* Appends copy c (its micro-steps `shift` on) of insert x's model period, at places from *at
+ * on; FALSE where one of its ops is not what a steady period's is (a state or region op, a
+ * free of another micro-step's allocation or of none named). */
+static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift, uint32_t *at,
+                            int32_t *fresh, guint *room)
+{
+    for (uint32_t t = x->at - x->step; t < x->at; t++, ++*at) {
+        const ZpOp *op = zp_sched_op(n->s, t);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+            continue;
+        if (op->buffer < 0)
+            return FALSE; /* a state or retaken op inside a steady period */
+        ZpAllocOp so = {op, *at, op->micro < 0 ? op->micro : op->micro + shift, -1};
+        if (op->kind == ZP_OP_ALLOC) {
+            so.buffer = (*fresh)++;
+            if (!name_alloc(n, t, so.micro, n->ops->len))
+                return FALSE;
+        } else if (!pairs_by_name(n, op) || (so.buffer = named_buffer(n, t, so.micro)) < 0) {
+            return FALSE;
+        }
+        *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, room) = so;
+    }
+    return TRUE;
+}
+
 /* The longer schedule's allocs and frees: this one's, with the inserted periods' copies
  * (ZpOpInsert), each copy's micro-steps numbered on and the ops after them by as many. Each
- * allocation keeps its buffer, a copy's a new one. A free frees the alloc as far back as its
- * model op's did (inside the steady periods every pair repeats at one distance), except a
- * free whose alloc lies before an inserted period and belongs to another micro-step (or
- * none): a buffer held across the steady state (the step's buckets, say), whose alloc it
- * keeps. NULL where a copy's op is not what that implies (an alloc of another size, a state
- * or region op inside a period, buffers too sparse): the caller replays the longer schedule. */
+ * allocation keeps its buffer, a copy's a new one. A free of its own micro-step's allocation
+ * frees the one of that name in the longer schedule (above); any other free keeps its alloc:
+ * a buffer held across the steady state (the step's buckets, say). NULL where a copy's op is
+ * not what that implies (a free of another name or size, a state or region op inside a
+ * period, names past their bits): the caller replays the longer schedule. */
 GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size_t n_ins)
 {
     const guint n = s->ops->len;
@@ -119,37 +269,22 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
         total += given[k].periods * given[k].step;
     if ((uint64_t)most > 4 * (uint64_t)n + 1024 || total >= UINT32_MAX / 2)
         return NULL;
-    uint32_t far = 0;
-    uint32_t *pair_back = pair_distances(s, most, &far);
-    ZpOpInsert *ins = g_memdup2(given, MAX(n_ins, 1) * sizeof *ins);
-    gboolean settled = TRUE;
-    for (size_t k = 0; settled && k < n_ins; k++)
-        settled = ins[k].step > 0 && ins[k].at >= ins[k].step &&
-                  settle_insert(s, pair_back, &ins[k]);
-    g_free(pair_back);
-    if (!settled) {
-        g_free(ins);
+    for (size_t k = 0; k < n_ins; k++)
+        if (given[k].step == 0 || given[k].at < given[k].step || given[k].at > n)
+            return NULL;
+    uint8_t *ordinal = alloc_ordinals(s);
+    if (!ordinal)
         return NULL;
-    }
+    ZpOpInsert *ins = g_memdup2(given, MAX(n_ins, 1) * sizeof *ins);
     if (n_ins > 1)
         g_qsort_with_data(ins, (gint)n_ins, sizeof *ins, insert_cmp, NULL);
-    /* [buffer]: its latest alloc's op in this schedule; [op]: an alloc's place in the longer
-     * one; places: the allocs there. A free looks back at most as far as the farthest pair
-     * here (its model free's distance, or its own), so the places are a ring of that many, not
-     * the longer schedule's length (Megatron 1T's 921,794 ops: 11 MB of fresh pages an
-     * evaluation). */
     int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
     for (int32_t b = 0; b <= most; b++)
         alloc_of[b] = -1;
-    uint32_t *place = g_new(uint32_t, MAX(n, 1));
-    uint64_t ring = 1;
-    while (ring <= far)
-        ring <<= 1;
-    Places places = {.tag = g_new(uint32_t, ring), .op = g_new(const ZpOp *, ring),
-                     .buffer = g_new(int32_t, ring), .mask = ring - 1};
-    memset(places.tag, 0xff, ring * sizeof *places.tag); /* UINT32_MAX: no place is that far */
     guint room = (guint)(total / 4 + 16); /* zp_array_extend's: what the array holds */
-    GArray *ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room);
+    Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of,
+                   .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room)};
+    map_init(&names.live, 1024);
     int32_t fresh = most + 1, micro_shift = 0;
     uint32_t at = 0, stage = UINT32_MAX;
     size_t k = 0;
@@ -160,70 +295,35 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             stage = here->stage;
             micro_shift = 0;
         }
-        /* [copy][op]: the inserted periods before op i, then op i itself (copy 0) */
         for (; ok && k < n_ins && ins[k].at == i; k++) {
-            const ZpOpInsert *x = &ins[k];
-            for (uint64_t c = 1; ok && c <= x->periods; c++) {
-                for (uint32_t t = i - x->step; ok && t < i; t++, at++) {
-                    const ZpOp *op = zp_sched_op(s, t);
-                    if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
-                        continue;
-                    ZpAllocOp so = {op, at,
-                                op->micro < 0 ? op->micro
-                                              : op->micro + micro_shift +
-                                                    (int32_t)(c * x->micro_steps),
-                                fresh};
-                    if (op->buffer < 0) {
-                        ok = FALSE; /* a state or retaken op inside a steady period */
-                    } else if (op->kind == ZP_OP_ALLOC) {
-                        places_put(&places, at, op, fresh++);
-                    } else {
-                        const int32_t a = alloc_of[op->buffer];
-                        const uint32_t back =
-                            a >= 0 && (uint32_t)a < t ? t - (uint32_t)a : UINT32_MAX;
-                        so.buffer = back <= at && back <= far
-                                        ? places_alloc(&places, at - back, op)
-                                        : -1;
-                        ok = so.buffer >= 0;
-                    }
-                    *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
-                }
-            }
-            micro_shift += (int32_t)(x->periods * x->micro_steps);
+            for (uint64_t c = 1; ok && c <= ins[k].periods; c++)
+                ok = append_copy(&names, &ins[k],
+                                 micro_shift + (int32_t)(c * ins[k].micro_steps), &at, &fresh,
+                                 &room);
+            micro_shift += (int32_t)(ins[k].periods * ins[k].micro_steps);
         }
         if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
             ZpAllocOp so = {here, at, here->micro < 0 ? here->micro : here->micro + micro_shift,
-                        here->buffer};
+                            here->buffer};
             if (here->kind == ZP_OP_ALLOC) {
-                place[i] = at;
-                places_put(&places, at, here, here->buffer >= 0 ? here->buffer : -1);
                 if (here->buffer >= 0)
                     alloc_of[here->buffer] = (int32_t)i;
-            } else if (here->buffer >= 0 && alloc_of[here->buffer] >= 0) {
-                const uint32_t a = (uint32_t)alloc_of[here->buffer];
-                const ZpOp *alloc = zp_sched_op(s, a);
-                /* Periods inserted between: the same micro-step's alloc is the one as far
-                 * back (it moved with the free); another's stayed. */
-                if (at - place[a] != i - a && alloc->micro == here->micro && here->micro >= 0) {
-                    const uint32_t back = i - a;
-                    so.buffer = back <= far ? places_alloc(&places, at - back, here) : -1;
-                    ok = so.buffer >= 0;
-                }
+                ok = name_alloc(&names, i, so.micro, names.ops->len);
+            } else if (pairs_by_name(&names, here)) {
+                so.buffer = named_buffer(&names, i, so.micro);
+                ok = so.buffer >= 0;
             }
-            *(ZpAllocOp *)zp_array_extend(ops, 1, sizeof so, &room) = so;
+            *(ZpAllocOp *)zp_array_extend(names.ops, 1, sizeof so, &room) = so;
         }
         at++;
     }
+    map_free(&names.live);
     g_free(alloc_of);
-    g_free(place);
-    g_free(places.tag);
-    g_free(places.op);
-    g_free(places.buffer);
+    g_free(ordinal);
     g_free(ins);
     if (!ok || k != n_ins) {
-        g_array_unref(ops);
+        g_array_unref(names.ops);
         return NULL;
     }
-    return ops;
+    return names.ops;
 }
-
