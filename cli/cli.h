@@ -237,7 +237,7 @@ SimResult *cli_rank_simulate(const ZpModel *model, const ZpHw *hw, const ZpPlan 
  * schedule's result (whole steady periods, counted as virtual ones by the fold:
  * SimOptions.extend_micro_steps); 0 where the plan is too short to gain, or GPipe. Why these
  * numbers: cli_rank.c. */
-int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw);
+int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 /* The run of the plan's schedule built cli_rank_short_by micro-steps short under base's
  * options, its missing periods counted as virtual ones: the full schedule's result in every
  * field but state_bytes and the fold's own (fold_*; tests/test_sim_extend.c), or NULL where

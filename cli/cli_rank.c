@@ -43,15 +43,20 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * the short run rarely runs for nothing (a keep too small is never wrong: the fold does not
  * count the periods, and the caller runs the full schedule after it).
  *
- * 1F1B (and accumulation, below): 2 pp + 8 kept, k even (the fold's shifts are 1 and 2 micro-
- * steps). The fold proves the repeat from about pp + 5 (each stage's warm-up, the settling
- * and one period of snapshots; its jump of virtual periods alone needs one period of room),
- * but the allocator replay inserts a period only where its frees pair as every later one's
- * (zp_alloc_ops.c settle_insert): 1F1B's first stage frees its warm-up forwards' activations
- * through its first pp steady periods, so 2 pp + 1 micro-steps (pp 4 to 64; up to 2 pp + 4
- * at pp 1 to 3, measured), and 4 spare over that (2 pp + 24 kept before; Megatron's 1T row
- * builds 136 of its 512 micro-steps, 152 before; the least that extends is 129). Without a
- * pipeline 8 are kept (2 pp + 6): of 218 plans of accumulation alone (gpt2-1.5b, gpt-13b,
+ * 1F1B (and accumulation, below): pp + 8 kept where the blocks split evenly over the stages,
+ * 2 pp + 8 otherwise, k even (the fold's shifts are 1 and 2 micro-steps). The fold proves the
+ * repeat from about pp + 5 (each stage's warm-up, the settling and one period of snapshots;
+ * its jump of virtual periods alone needs one period of room): every 1F1B plan of even
+ * stages tried counts its virtual periods with pp + 6 kept (gpt3-175b pp 8, 16 and 32, with
+ * checkpointing, selective recomputation, --p2p-sync, the distributed optimizer's overlapped
+ * gather; gpt-1t pp 16 and 64; gpt-13b pp 4 and 8; gpt2-1.5b pp 8), and pp + 8 leaves two
+ * spare. Uneven stages settle later: gpt-13b's 40 blocks over 16 stages count none with
+ * pp + 16 kept and all with 2 pp + 8. The allocator replay pairs an inserted period's frees
+ * by name (zp_alloc_ops.c), so it needs no more than the fold: until then it inserted a
+ * period only where its frees paired as every later one's, which 1F1B's first stage reaches
+ * only after pp steady periods, and 2 pp + 8 were kept for every plan (Megatron's 1T row
+ * built 136 of its 512 micro-steps; now 72). Without a pipeline 8 are kept (2 pp + 6): of 218
+ * plans of accumulation alone (gpt2-1.5b, gpt-13b,
  * gpt-60b, gpt3-175b; stages 0-3 over 12 to 40 micro-steps; overlap, checkpointing, Hugging
  * Face's hidden x hidden buckets, the optimizer offloaded to the CPU or NVMe, stage 3's
  * parameters too; simulate --json's fold report) every one 10 kept extended extends with 8,
@@ -94,7 +99,7 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * that extends saves k / m: built 10 long to save 2 of 12,
  * plan's search of gpt3-175b on 256 GPUs took 0.185 s against main's 0.180 s, with the half
  * 0.173 s (least of 7, load 1.9). */
-int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
+int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
     if (pp > 1 && plan->pipe.schedule == ZP_PIPE_GPIPE)
@@ -103,7 +108,13 @@ int cli_rank_short_by(const ZpPlan *plan, const ZpHw *hw)
     const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
                                 hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
     const int unit = interleaved || round_trip ? pp : 2;
-    const int keep = interleaved ? 6 * pp : round_trip ? 5 * pp : pp > 1 ? 2 * pp + 8 : 8;
+    /* Megatron's uniform split (zp_pipe_partition): every stage the same blocks */
+    const gboolean even = plan->pipe.partition == ZP_PARTITION_UNIFORM && pp > 0 &&
+                          model->layers % (uint64_t)pp == 0;
+    const int keep = interleaved  ? 6 * pp
+                     : round_trip ? 5 * pp
+                     : pp > 1     ? (even ? pp : 2 * pp) + 8
+                                  : 8;
     const int k = m > keep ? (m - keep) / unit * unit : 0;
     return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
 }
@@ -115,7 +126,7 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
     *alloc_done = FALSE;
     if (built)
         *built = NULL;
-    const int k = cli_rank_short_by(plan, hw);
+    const int k = cli_rank_short_by(model, plan, hw);
     /* The long schedule's cap holds here too (zp_schedsize_check_plan, as zp_sched_build
      * checks it): its allocator replay is rebuilt at the long length (zp_alloc_ops_extended),
      * so a short run past it held memory in proportion to the micro-steps (Megatron 1T at

@@ -548,7 +548,7 @@ static SimResult *simulate_short(const SimulateFlags *f, const ZpModel *model, c
 {
     if (f->trace || f->html || f->sink || f->schedule || f->no_fold ||
         f->explicit_ranks || f->slow_ranks || f->slow_links ||
-        plan->ckpt.cpu_checkpointing || cli_rank_short_by(plan, hw) == 0)
+        plan->ckpt.cpu_checkpointing || cli_rank_short_by(model, plan, hw) == 0)
         return NULL;
     CliProgress *progress = cli_progress_new("zplan simulate: the schedule built short");
     const SimOptions base = {.mode = SIM_MODE_FOLDED,

@@ -358,7 +358,7 @@ static void test_extend_short(void)
 }
 
 /* The search's evaluation (cli_rank_simulate) of a 1F1B pp 8 plan of 48 micro-steps builds
- * 24 (2 pp + 8, short by 24) and counts 24 virtual: its result and allocator figures are the
+ * 16 (pp + 8, short by 32) and counts 32 virtual: its result and allocator figures are the
  * full schedule's, field for field (what plan's report prints from the kept run). */
 /* The search's evaluation of plan p (cli_rank_simulate) counts virtual_steps micro-steps
  * virtual, and its result and allocator figures are those of the full schedule's own run and
@@ -399,13 +399,13 @@ static void test_extend_rank(void)
     const ZpModel m = sim_gpt_model(64, 32000);
     uint32_t folded;
     gboolean oom;
-    assert_rank_is_full(&m, &l->plan, 24, TRUE, &folded, &oom);
+    assert_rank_is_full(&m, &l->plan, 32, TRUE, &folded, &oom);
     zp_sched_free(l);
 }
 
 /* Megatron's 1T shape (pp 64 x tp 8 x dp 6, 512 micro-batches, issue 40's row), with
  * checkpointing and without (175 GB live: the allocator's out-of-memory replay too): the
- * search's evaluation builds 136 micro-steps and counts 376 virtual; its result and allocator
+ * search's evaluation builds 72 micro-steps and counts 440 virtual; its result and allocator
  * figures are the full schedule's, field for field. */
 static void test_extend_megatron_1t(void)
 {
@@ -422,7 +422,7 @@ static void test_extend_megatron_1t(void)
         p.gpus_per_node = a100.gpus_per_node;
         uint32_t folded;
         gboolean oom;
-        assert_rank_is_full(&m, &p, 376, TRUE, &folded, &oom);
+        assert_rank_is_full(&m, &p, 440, TRUE, &folded, &oom);
         g_assert_cmpint(oom, ==, !ckpt);
     }
 }
@@ -665,7 +665,7 @@ static void test_extend_offload(void)
         p.zero.offload_optimizer.device = plans[k].optimizer;
         p.zero.offload_param.device = plans[k].param;
         p.gpus_per_node = a100.gpus_per_node;
-        g_assert_cmpint(cli_rank_short_by(&p, &a100), ==, 8);
+        g_assert_cmpint(cli_rank_short_by(&m, &p, &a100), ==, 8);
         uint32_t folded;
         gboolean oom;
         assert_rank_is_full(&m, &p, 8, TRUE, &folded, &oom);
