@@ -64,11 +64,14 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * gpt-1t/4096, whose stage-3 plans over 16 micro-steps build 8 and count 8 virtual,
  * 4.391e9 -> 4.282e9 instructions (callgrind), its output byte for byte the same.
  *
- * Interleaved: 6 groups of pp kept, k whole groups (only the group's shift counts virtual
+ * Interleaved: 5 groups of pp kept, k whole groups (only the group's shift counts virtual
  * periods). The group's shift proves a repeat a group past the fill (a group and a quarter to
- * a half of warm-up), from 5 groups kept (6 on test_sim_extend's pp 4 v 3); the allocator
- * replay's inserted groups pair their frees from 6 (from 5 on 1 of 16 shapes, pp 2-35, v 2-5).
- * And at least 2 groups short. A short run's jumps inside groups no longer wait for the
+ * a half of warm-up), from 5 groups kept, and none with 4 (narayanan21-t1-529.6b and 310.1b,
+ * gpt-13b pp 4 v 4 and pp 10 v 4, gpt3-175b pp 16 v 3, gpt-1t pp 32 v 4). 6 were kept while
+ * the allocator replay paired an inserted group's frees as far back as its model's, which
+ * held from 6 groups (from 5 on 1 of 16 shapes, pp 2-35, v 2-5); by name (zp_alloc_ops.c) they
+ * pair from the fold's window (529.6b 545.4 M -> 476.9 M instructions, 310.1b 236.5 M ->
+ * 206.8 M). And at least 2 groups short. A short run's jumps inside groups no longer wait for the
  * group's shift to count the virtual groups (sim_fold.c keeps the snapshots across them), so
  * 2 groups short gain (simulate --json, instructions by callgrind: narayanan21-t1-529.6b,
  * 8 groups of 35, 0.883e9 full -> 0.821e9, task-clock 100 -> 92 ms at load 4.8; gpt-1t pp 32
@@ -111,7 +114,7 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
     /* Megatron's uniform split (zp_pipe_partition): every stage the same blocks */
     const gboolean even = plan->pipe.partition == ZP_PARTITION_UNIFORM && pp > 0 &&
                           model->layers % (uint64_t)pp == 0;
-    const int keep = interleaved  ? 6 * pp
+    const int keep = interleaved  ? 5 * pp
                      : round_trip ? 5 * pp
                      : pp > 1     ? (even ? pp : 2 * pp) + 8
                                   : 8;
