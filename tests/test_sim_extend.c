@@ -4,6 +4,7 @@
  * steady periods inserted, op for op. */
 #include "cli.h"
 #include "sim_common.h"
+#include "zp_alloc_ops.h"
 #include "zp_alloc_replay.h"
 
 typedef struct {
@@ -243,6 +244,102 @@ static void test_extend_equal(void)
         sim_result_free(stepped);
         zp_sched_free(s);
         zp_sched_free(l);
+    }
+}
+
+/* Whether op w of the whole list is op m of the listed one, g copies on (run x; NULL, g 0:
+ * listed), its buffer the one m's stands for (by[]: the whole list's buffer -> the listed
+ * one's, held[]: the listed one's -> the whole one's it holds now, -1 none): an alloc takes a
+ * buffer no other holds (a run's copies take theirs again only once freed), a free frees the
+ * one its alloc took. */
+static void assert_same_alloc_op(const ZpAllocOp *w, const ZpAllocOp *m, const ZpAllocRun *x,
+                                 uint64_t g, GHashTable *by, GHashTable *held)
+{
+    g_assert_true(w->op == m->op);
+    g_assert_cmpuint(w->at, ==, m->at + (x ? g * x->at_step : 0));
+    g_assert_cmpint(w->micro, ==,
+                    m->micro < 0 || !x ? m->micro : m->micro + (int32_t)g * x->micro_step);
+    const int32_t b = x ? zp_alloc_run_buffer(m->buffer, g, x->buffer_step, x->first_buffer,
+                                              x->buffer_window)
+                        : m->buffer;
+    if (w->buffer < 0) {
+        g_assert_cmpint(b, ==, w->buffer);
+        return;
+    }
+    gpointer key = GINT_TO_POINTER(w->buffer + 1), listed = GINT_TO_POINTER(b + 1);
+    if (w->op->kind == ZP_OP_ALLOC) {
+        const gpointer holder = g_hash_table_lookup(held, listed);
+        g_assert_true(holder == NULL || holder == key);
+        g_hash_table_insert(by, key, listed);
+        g_hash_table_insert(held, listed, key);
+    } else {
+        g_assert_true(g_hash_table_lookup(by, key) == listed);
+        const gpointer holder = g_hash_table_lookup(held, listed);
+        g_assert_true(holder == NULL || holder == key);
+        g_hash_table_remove(held, listed);
+    }
+}
+
+/* The longer schedule's allocs and frees with runs of copies left out (ZpAllocRun) are, the
+ * runs' copies put back (each its run's last listed copy a copy on: places, micro-steps and
+ * buffers), the whole list op for op, buffers renamed one to one while held; and they do
+ * leave copies out, fewer listed than half where a pipeline's 1F1B stages insert most of
+ * their micro-steps, and take buffers again where every alloc of a period is freed
+ * (zp_alloc_ops.c). */
+static void test_extend_alloc_runs(void)
+{
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const ExtCase *c = &cases[k];
+        if (c->schedule == ZP_PIPE_GPIPE)
+            continue;
+        ZpSchedule *s = ext_schedule(c, c->short_accum);
+        SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps =
+                                                      (uint32_t)(c->accum - c->short_accum)});
+        GArray *runs = g_array_new(FALSE, FALSE, sizeof(ZpAllocRun));
+        GArray *all = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, NULL);
+        GArray *listed = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, runs);
+        g_assert_nonnull(all);
+        g_assert_nonnull(listed);
+        GHashTable *by = g_hash_table_new(g_direct_hash, g_direct_equal);
+        GHashTable *held = g_hash_table_new(g_direct_hash, g_direct_equal);
+        guint j = 0, r = 0, windows = 0;
+        int32_t most_all = -1, most_listed = -1;
+        for (guint i = 0; i <= listed->len; i++) {
+            for (; r < runs->len && g_array_index(runs, ZpAllocRun, r).after == i; r++) {
+                const ZpAllocRun *x = &g_array_index(runs, ZpAllocRun, r);
+                windows += x->buffer_window > 0;
+                for (uint64_t g = 1; g <= x->copies; g++)
+                    for (uint32_t o = 0; o < x->len; o++, j++)
+                        assert_same_alloc_op(&g_array_index(all, ZpAllocOp, j),
+                                             &g_array_index(listed, ZpAllocOp, x->first + o),
+                                             x, g, by, held);
+            }
+            if (i == listed->len)
+                break;
+            assert_same_alloc_op(&g_array_index(all, ZpAllocOp, j++),
+                                 &g_array_index(listed, ZpAllocOp, i), NULL, 0, by, held);
+        }
+        for (guint i = 0; i < all->len; i++)
+            most_all = MAX(most_all, g_array_index(all, ZpAllocOp, i).buffer);
+        for (guint i = 0; i < listed->len; i++)
+            most_listed = MAX(most_listed, g_array_index(listed, ZpAllocOp, i).buffer);
+        g_test_message("%s: %u of %u allocs and frees listed, %u runs (%u taking buffers "
+                       "again), buffers to %d of %d",
+                       c->what, listed->len, all->len, runs->len, windows, most_listed,
+                       most_all);
+        g_assert_cmpuint(r, ==, runs->len);
+        g_assert_cmpuint(j, ==, all->len);
+        if (c->pp >= 8)
+            g_assert_cmpuint(listed->len, <, all->len / 2);
+        if (c->pp == 1) /* accumulation: every micro-step frees what it takes */
+            g_assert_cmpuint(windows, ==, runs->len);
+        g_hash_table_destroy(by);
+        g_hash_table_destroy(held);
+        g_array_unref(all);
+        g_array_unref(listed);
+        g_array_unref(runs);
+        sim_result_free(ext);
+        zp_sched_free(s);
     }
 }
 
@@ -679,6 +776,7 @@ int main(int argc, char **argv)
     sim_common_init();
     g_test_add_func("/sim/extend/structure", test_extend_structure);
     g_test_add_func("/sim/extend/equal", test_extend_equal);
+    g_test_add_func("/sim/extend/alloc-runs", test_extend_alloc_runs);
     g_test_add_func("/sim/extend/refused", test_extend_refused);
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
     g_test_add_func("/sim/extend/short", test_extend_short);

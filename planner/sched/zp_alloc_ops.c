@@ -51,7 +51,7 @@ static gboolean key_of(uint32_t stage, int64_t micro, int32_t unit, uint32_t sub
  * schedule, a fifth of its evaluation. */
 typedef struct {
     uint64_t *key; /* 0: empty */
-    uint32_t *value;
+    uint64_t *value;
     uint64_t mask, n;
 } NameMap;
 
@@ -61,7 +61,7 @@ static void map_init(NameMap *m, uint64_t expect)
     while (cap < 2 * expect)
         cap <<= 1;
     m->key = g_new0(uint64_t, cap);
-    m->value = g_new(uint32_t, cap);
+    m->value = g_new(uint64_t, cap);
     m->mask = cap - 1;
     m->n = 0;
 }
@@ -86,7 +86,7 @@ static inline uint64_t map_slot(const NameMap *m, uint64_t key)
     return i;
 }
 
-static void map_put(NameMap *m, uint64_t key, uint32_t value);
+static void map_put(NameMap *m, uint64_t key, uint64_t value);
 
 static void map_grow(NameMap *m)
 {
@@ -99,7 +99,7 @@ static void map_grow(NameMap *m)
     *m = bigger;
 }
 
-static void map_put(NameMap *m, uint64_t key, uint32_t value)
+static void map_put(NameMap *m, uint64_t key, uint64_t value)
 {
     if (2 * (m->n + 1) > m->mask + 1)
         map_grow(m);
@@ -109,11 +109,11 @@ static void map_put(NameMap *m, uint64_t key, uint32_t value)
     m->value[i] = value;
 }
 
-/* key's value, or UINT32_MAX where it has none. */
-static inline uint32_t map_get(const NameMap *m, uint64_t key)
+/* key's value, or UINT64_MAX where it has none. */
+static inline uint64_t map_get(const NameMap *m, uint64_t key)
 {
     const uint64_t i = map_slot(m, key);
-    return m->key[i] ? m->value[i] : UINT32_MAX;
+    return m->key[i] ? m->value[i] : UINT64_MAX;
 }
 
 /* Removes key (there), moving back the entries after it whose probe passed its slot. */
@@ -154,7 +154,8 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s)
         ok = key_of(op->stage, op->micro, op->unit, op->sub, 0, &key);
         if (!ok)
             break;
-        const uint32_t got = map_get(&count, key), seen = got == UINT32_MAX ? 0 : got;
+        const uint64_t got = map_get(&count, key);
+        const uint32_t seen = got == UINT64_MAX ? 0 : (uint32_t)got;
         ok = seen < KEY_ORDINAL_LIMIT;
         ordinal[i] = (uint8_t)seen;
         map_put(&count, key, seen + 1);
@@ -167,8 +168,8 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s)
     return ordinal;
 }
 
-/* The longer schedule's live allocations by name (-> the index of its ZpAllocOp), and the
- * state a free needs to find its own. */
+/* The longer schedule's live allocations by name (-> its model op here and its buffer there:
+ * name_value), and the state a free needs to find its own. */
 typedef struct {
     const ZpSchedule *s;
     const uint8_t *ordinal;
@@ -177,9 +178,14 @@ typedef struct {
     GArray *ops;
 } Names;
 
+static uint64_t name_value(uint32_t model, int32_t buffer)
+{
+    return (uint64_t)model << 32 | (uint32_t)buffer;
+}
+
 /* Names the alloc `op` (model op index `model`) at micro-step `micro` of the longer schedule,
- * as ops' entry `entry`. FALSE where the name does not fit its bits. */
-static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, uint32_t entry)
+ * its buffer there `buffer`. FALSE where the name does not fit its bits. */
+static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, int32_t buffer)
 {
     const ZpOp *op = zp_sched_op(n->s, model);
     if (op->buffer < 0 || op->micro < 0)
@@ -187,7 +193,7 @@ static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, uint32_t ent
     uint64_t key;
     if (!key_of(op->stage, micro, op->unit, op->sub, n->ordinal[model], &key))
         return FALSE;
-    map_put(&n->live, key, entry);
+    map_put(&n->live, key, name_value(model, buffer));
     return TRUE;
 }
 
@@ -202,14 +208,11 @@ static int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
     if (!key_of(alloc->stage, micro, alloc->unit, alloc->sub,
                 n->ordinal[n->alloc_of[free_op->buffer]], &key))
         return -1;
-    const uint32_t entry = map_get(&n->live, key);
-    if (entry == UINT32_MAX)
-        return -1;
-    const ZpAllocOp *so = &g_array_index(n->ops, ZpAllocOp, entry);
-    if (!same_alloc(so->op, free_op))
+    const uint64_t value = map_get(&n->live, key);
+    if (value == UINT64_MAX || !same_alloc(zp_sched_op(n->s, (uint32_t)(value >> 32)), free_op))
         return -1;
     map_remove(&n->live, key);
-    return so->buffer;
+    return (int32_t)(uint32_t)value;
 }
 
 /* Whether free op `model`'s alloc here is its own micro-step's (then it is paired by name). */
@@ -217,6 +220,180 @@ static gboolean pairs_by_name(const Names *n, const ZpOp *free_op)
 {
     return free_op->buffer >= 0 && free_op->micro >= 0 && n->alloc_of[free_op->buffer] >= 0 &&
            zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer])->micro == free_op->micro;
+}
+
+/* ---- copies left out ----
+ *
+ * A copy's free of its own micro-step's allocation finds it a fixed number of copies back
+ * (delta: the model period's alloc of that name is delta periods' micro-steps later than the
+ * free's micro-step) or, in the first copies, in the warm-up before the insertion. From copy
+ * 1 + the most delta on, every copy's frees find their allocations in the copies only: each
+ * copy is then its predecessor a period on, buffer for buffer, and the frees after the copies
+ * look back no further than their last such copies. So the copies past those are left out
+ * (ZpAllocRun), the live names of the listed ones moved as many copies on; where every alloc
+ * of the period is freed by a free of it, their buffers are taken again a window of listed
+ * copies on (each freed within it). */
+
+/* Insert x's model period: its allocs (model ops, in order: their ordinal in the period) by
+ * the name they have in every micro-step (micro-step 0 in the key: role), the most delta of
+ * its frees and of the frees after it that look back into its copies (`back`), and whether
+ * each of its allocs is freed by one of its frees. */
+typedef struct {
+    uint32_t *op, len; /* len: its allocs and frees */
+    int32_t allocs;
+    NameMap role; /* name at micro-step 0 -> the first alloc of it (ordinal); more: next[] */
+    int32_t *next;
+    uint64_t back;
+    gboolean all_freed, matched;
+} Period;
+
+static void period_free(Period *p)
+{
+    g_free(p->op);
+    g_free(p->next);
+    map_free(&p->role);
+}
+
+/* The ordinal of the period's alloc named as alloc `a` whose micro-step is `micro` less whole
+ * periods (micro_step apart) at the least, and how many periods (*delta); -1: none. */
+static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t micro,
+                            uint32_t micro_step, uint64_t *delta)
+{
+    const ZpOp *alloc = zp_sched_op(n->s, a);
+    uint64_t key;
+    if (!key_of(alloc->stage, 0, alloc->unit, alloc->sub, n->ordinal[a], &key))
+        return -1;
+    const uint64_t first = map_get(&p->role, key);
+    for (int32_t j = first == UINT64_MAX ? -1 : (int32_t)first; j >= 0; j = p->next[j]) {
+        const int64_t d = zp_sched_op(n->s, p->op[j])->micro - micro;
+        if (d >= 0 && d % micro_step == 0) {
+            *delta = (uint64_t)d / micro_step;
+            return j;
+        }
+    }
+    return -1;
+}
+
+/* Insert x's Period: its frees paired as append_copy pairs them (n->alloc_of, at the
+ * insertion), the frees after it by partner[] (a free's alloc op, UINT32_MAX: none), those
+ * of its stage to `end`. */
+static void period_init(const Names *n, const ZpOpInsert *x, const uint32_t *partner,
+                        uint32_t end, Period *p)
+{
+    const uint32_t model = x->at - x->step, micro_step = MAX(x->micro_steps, 1);
+    *p = (Period){.op = g_new(uint32_t, x->step), .next = g_new(int32_t, x->step),
+                  .all_freed = TRUE, .matched = TRUE};
+    map_init(&p->role, x->step);
+    for (uint32_t t = model; t < x->at; t++) {
+        const ZpOp *op = zp_sched_op(n->s, t);
+        uint64_t key;
+        p->len += op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE;
+        if (op->kind != ZP_OP_ALLOC)
+            continue;
+        p->op[p->allocs] = t;
+        p->next[p->allocs] = -1;
+        if (op->micro >= 0 &&
+            key_of(op->stage, 0, op->unit, op->sub, n->ordinal[t], &key)) {
+            const uint64_t first = map_get(&p->role, key);
+            if (first != UINT64_MAX) { /* after the last of its name */
+                int32_t j = (int32_t)first;
+                while (p->next[j] >= 0)
+                    j = p->next[j];
+                p->next[j] = p->allocs;
+            } else {
+                map_put(&p->role, key, (uint64_t)p->allocs);
+            }
+        }
+        p->allocs++;
+    }
+    gboolean *freed = g_new0(gboolean, MAX(p->allocs, 1));
+    for (uint32_t t = model; t < end; t++) {
+        const ZpOp *op = zp_sched_op(n->s, t);
+        const gboolean in_model = t < x->at;
+        if (op->kind != ZP_OP_FREE || op->buffer < 0 || op->micro < 0)
+            continue;
+        const uint32_t a = in_model ? (n->alloc_of[op->buffer] < 0
+                                           ? UINT32_MAX
+                                           : (uint32_t)n->alloc_of[op->buffer])
+                                    : partner[t];
+        if (a == UINT32_MAX || zp_sched_op(n->s, a)->micro != op->micro)
+            continue;
+        if (!in_model && a >= x->at)
+            continue; /* its alloc after the insertion: not in the copies */
+        uint64_t delta;
+        const int32_t j = period_alloc(n, p, a, op->micro, micro_step, &delta);
+        if (in_model && (j < 0 || (delta == 0 && p->op[j] >= t))) {
+            p->matched = FALSE; /* found before the insertion only: never steady */
+            continue;
+        }
+        if (j < 0)
+            continue;
+        p->back = MAX(p->back, delta);
+        if (in_model)
+            freed[j] = TRUE;
+    }
+    for (int32_t j = 0; j < p->allocs; j++)
+        p->all_freed = p->all_freed && freed[j];
+    g_free(freed);
+}
+
+/* [op]: a free's alloc here (the latest of its buffer before it; UINT32_MAX: none). */
+static uint32_t *free_partners(const ZpSchedule *s, int32_t most)
+{
+    const guint n = s->ops->len;
+    uint32_t *partner = g_new(uint32_t, MAX(n, 1));
+    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
+    for (int32_t b = 0; b <= most; b++)
+        alloc_of[b] = -1;
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        partner[i] = UINT32_MAX;
+        if (op->buffer < 0)
+            continue;
+        if (op->kind == ZP_OP_ALLOC)
+            alloc_of[op->buffer] = (int32_t)i;
+        else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
+            partner[i] = (uint32_t)alloc_of[op->buffer];
+    }
+    g_free(alloc_of);
+    return partner;
+}
+
+/* The live names of insert x's listed copies 1 to `listed` (its micro-steps `shift` on,
+ * buffers from `fresh`), moved `copies` copies on: what the copies left out leave live,
+ * copy for copy (the frees after them look up only those). FALSE where a name passes its
+ * bits. */
+static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32_t shift,
+                           uint64_t listed, const ZpAllocRun *run)
+{
+    GArray *moved = g_array_new(FALSE, FALSE, sizeof(uint64_t) * 2);
+    gboolean ok = TRUE;
+    for (uint64_t c = 1; ok && c <= listed; c++)
+        for (int32_t j = 0; ok && j < p->allocs; j++) {
+            const ZpOp *op = zp_sched_op(n->s, p->op[j]);
+            uint64_t key, v[2];
+            if (op->micro < 0)
+                continue;
+            const int64_t micro = op->micro + shift + (int64_t)(c * x->micro_steps);
+            ok = key_of(op->stage, micro, op->unit, op->sub, n->ordinal[p->op[j]], &key);
+            const uint64_t value = ok ? map_get(&n->live, key) : UINT64_MAX;
+            if (value == UINT64_MAX)
+                continue;
+            map_remove(&n->live, key);
+            const int32_t buffer = zp_alloc_run_buffer((int32_t)(uint32_t)value, run->copies,
+                                                       run->buffer_step, run->first_buffer,
+                                                       run->buffer_window);
+            ok = key_of(op->stage, micro + (int64_t)(run->copies * x->micro_steps), op->unit,
+                        op->sub, n->ordinal[p->op[j]], &v[0]);
+            v[1] = name_value(p->op[j], buffer);
+            g_array_append_val(moved, v);
+        }
+    for (guint k = 0; ok && k < moved->len; k++) {
+        const uint64_t *v = &g_array_index(moved, uint64_t, 2 * k);
+        map_put(&n->live, v[0], v[1]);
+    }
+    g_array_unref(moved);
+    return ok;
 }
 
 static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
@@ -241,7 +418,7 @@ static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift, uint32
         ZpAllocOp so = {op, *at, op->micro < 0 ? op->micro : op->micro + shift, -1};
         if (op->kind == ZP_OP_ALLOC) {
             so.buffer = (*fresh)++;
-            if (!name_alloc(n, t, so.micro, n->ops->len))
+            if (!name_alloc(n, t, so.micro, so.buffer))
                 return FALSE;
         } else if (!pairs_by_name(n, op) || (so.buffer = named_buffer(n, t, so.micro)) < 0) {
             return FALSE;
@@ -257,8 +434,12 @@ static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift, uint32
  * frees the one of that name in the longer schedule (above); any other free keeps its alloc:
  * a buffer held across the steady state (the step's buckets, say). NULL where a copy's op is
  * not what that implies (a free of another name or size, a state or region op inside a
- * period, names past their bits): the caller replays the longer schedule. */
-GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size_t n_ins)
+ * period, names past their bits): the caller replays the longer schedule. With runs, where
+ * each stage has one insert, the copies past 1 + the most delta of each (Period) are left
+ * out (Megatron 1T's 64 stages insert 440 micro-steps each, of which its replay replays few:
+ * over a million ops to list them all). */
+GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size_t n_ins,
+                              GArray *runs)
 {
     const guint n = s->ops->len;
     int32_t most = -1;
@@ -267,7 +448,8 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
         most = MAX(most, zp_sched_op(s, i)->buffer);
     for (size_t k = 0; k < n_ins; k++)
         total += given[k].periods * given[k].step;
-    if ((uint64_t)most > 4 * (uint64_t)n + 1024 || total >= UINT32_MAX / 2)
+    if ((uint64_t)most > 4 * (uint64_t)n + 1024 || total >= ZP_ALLOC_OPS_MAX_PLACES ||
+        (uint64_t)most + total >= INT32_MAX)
         return NULL;
     for (size_t k = 0; k < n_ins; k++)
         if (given[k].step == 0 || given[k].at < given[k].step || given[k].at > n)
@@ -278,10 +460,17 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     ZpOpInsert *ins = g_memdup2(given, MAX(n_ins, 1) * sizeof *ins);
     if (n_ins > 1)
         g_qsort_with_data(ins, (gint)n_ins, sizeof *ins, insert_cmp, NULL);
+    /* Copies left out where each stage has one insert (a second's names would shift the
+     * first's) */
+    gboolean leave_out = runs != NULL;
+    for (size_t k = 1; leave_out && k < n_ins; k++)
+        leave_out =
+            zp_sched_op(s, ins[k].at - 1)->stage != zp_sched_op(s, ins[k - 1].at - 1)->stage;
+    uint32_t *partner = leave_out ? free_partners(s, most) : NULL;
     int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
     for (int32_t b = 0; b <= most; b++)
         alloc_of[b] = -1;
-    guint room = (guint)(total / 4 + 16); /* zp_array_extend's: what the array holds */
+    guint room = (guint)((leave_out ? n : total) / 4 + 16); /* zp_array_extend's */
     Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room)};
     map_init(&names.live, 1024);
@@ -296,11 +485,42 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             micro_shift = 0;
         }
         for (; ok && k < n_ins && ins[k].at == i; k++) {
-            for (uint64_t c = 1; ok && c <= ins[k].periods; c++)
-                ok = append_copy(&names, &ins[k],
-                                 micro_shift + (int32_t)(c * ins[k].micro_steps), &at, &fresh,
-                                 &room);
-            micro_shift += (int32_t)(ins[k].periods * ins[k].micro_steps);
+            const ZpOpInsert *x = &ins[k];
+            Period p = {0};
+            uint64_t listed = x->periods;
+            if (leave_out) {
+                const uint32_t model_stage = zp_sched_op(s, x->at - 1)->stage;
+                uint32_t end = x->at;
+                while (end < n && zp_sched_op(s, end)->stage == model_stage)
+                    end++;
+                period_init(&names, x, partner, end, &p);
+                if (p.matched && p.len > 0)
+                    listed = MIN(listed, 1 + p.back);
+            }
+            const int32_t first_buffer = fresh;
+            guint first = names.ops->len;
+            for (uint64_t c = 1; ok && c <= listed; c++) {
+                first = names.ops->len;
+                ok = append_copy(&names, x, micro_shift + (int32_t)(c * x->micro_steps), &at,
+                                 &fresh, &room);
+            }
+            if (ok && listed < x->periods) {
+                const ZpAllocRun run = {
+                    .after = names.ops->len, .first = first, .len = p.len,
+                    .at_step = x->step, .micro_step = (int32_t)x->micro_steps,
+                    .buffer_step = p.allocs, .first_buffer = first_buffer,
+                    .buffer_window = p.all_freed ? (int32_t)listed * p.allocs : 0,
+                    .listed_copies = (uint32_t)listed, .copies = x->periods - listed};
+                ok = names.ops->len - first == p.len &&
+                     move_names(&names, x, &p, micro_shift, listed, &run);
+                g_array_append_val(runs, run);
+                at += (uint32_t)(run.copies * x->step);
+                if (run.buffer_window == 0)
+                    fresh += (int32_t)run.copies * p.allocs;
+            }
+            if (leave_out)
+                period_free(&p);
+            micro_shift += (int32_t)(x->periods * x->micro_steps);
         }
         if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
             ZpAllocOp so = {here, at, here->micro < 0 ? here->micro : here->micro + micro_shift,
@@ -308,7 +528,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             if (here->kind == ZP_OP_ALLOC) {
                 if (here->buffer >= 0)
                     alloc_of[here->buffer] = (int32_t)i;
-                ok = name_alloc(&names, i, so.micro, names.ops->len);
+                ok = name_alloc(&names, i, so.micro, so.buffer);
             } else if (pairs_by_name(&names, here)) {
                 so.buffer = named_buffer(&names, i, so.micro);
                 ok = so.buffer >= 0;
@@ -319,10 +539,13 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     }
     map_free(&names.live);
     g_free(alloc_of);
+    g_free(partner);
     g_free(ordinal);
     g_free(ins);
     if (!ok || k != n_ins) {
         g_array_unref(names.ops);
+        if (runs)
+            g_array_set_size(runs, 0);
         return NULL;
     }
     return names.ops;
