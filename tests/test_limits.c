@@ -97,22 +97,49 @@ static void test_huge_model(void)
     g_free(path);
 }
 
-/* A plan whose full schedule is past the op cap is refused also where `simulate` (text or
- * --json) would build it short and count the rest as virtual periods (cli_rank_simulate_short):
- * the allocator replay is rebuilt at the full length, so the short path held memory in
- * proportion to the micro-steps (Megatron 1T at 3,800: 140 MB and an answer, at 20,000:
- * 747 MB) where the full path refuses. */
-static void test_short_path_capped(void)
+/* What an answer from the short path may take (cli_rank_simulate_short: the schedule built
+ * short, the allocator replay listing the inserted copies only until they repeat): Megatron
+ * 1T at 3,800 micro-steps took 0.06 s and 45 MB, gpt-1t ZeRO-3 0.14 s and 26 MB. */
+#define SHORT_CPU_S (2.0 * SLOWDOWN)
+#define SHORT_RSS_KB (128 * 1024)
+
+/* A plan whose full schedule is past the op cap is answered where `simulate` (text or --json)
+ * builds it short and counts the rest as virtual periods (cli_rank_simulate_short), in time
+ * and memory of the short schedule: its allocator replay no longer lists every inserted
+ * period (the cap held there while it did: 140 MB for Megatron 1T at 3,800, and growing with
+ * the micro-steps). Where the short path does not run (--no-fold), the full path refuses in
+ * one line, naming the cap; past ZP_SCHED_MAX_UNIT_STEPS both refuse. Registered first: the
+ * children's peak RSS is the most of any child so far. */
+static void test_short_path_past_cap(void)
 {
+    static const char *const plans[] = {
+        "--gpus 3072 --mp 8 --pp 64 --stage 0 --micro-batch 1 --grad-accum 3800 --checkpoint",
+        "--gpus 16384 --stage 3 --micro-batch 1 --checkpoint --grad-accum 3800"};
     static const char *const outputs[] = {"--json", ""};
-    for (size_t k = 0; k < G_N_ELEMENTS(outputs); k++) {
-        char *cmd = g_strdup_printf("zplan simulate --model gpt-1t --cluster dgx-a100-80g "
-                                    "--gpus 3072 --mp 8 --pp 64 --stage 0 --micro-batch 1 "
-                                    "--grad-accum 3800 --checkpoint %s",
-                                    outputs[k]);
+    for (size_t k = 0; k < G_N_ELEMENTS(plans); k++) {
+        for (size_t o = 0; o < G_N_ELEMENTS(outputs); o++) {
+            char *cmd = g_strdup_printf(
+                "zplan simulate --model gpt-1t --cluster dgx-a100-80g %s %s", plans[k],
+                outputs[o]);
+            Run r = run_limited(cmd, NULL);
+            g_assert_cmpint(r.exit_status, ==, 0);
+            g_assert_cmpstr(r.err, ==, "");
+            g_assert_cmpfloat(r.cpu_s, <, SHORT_CPU_S);
+            struct rusage children;
+            getrusage(RUSAGE_CHILDREN, &children);
+            g_assert_cmpint(children.ru_maxrss, <, SHORT_RSS_KB);
+            g_free(r.err);
+            g_free(cmd);
+        }
+        char *cmd = g_strdup_printf("zplan simulate --model gpt-1t --cluster dgx-a100-80g %s "
+                                    "--no-fold --json",
+                                    plans[k]);
         assert_refused(cmd, NULL, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
         g_free(cmd);
     }
+    assert_refused("zplan simulate --model gpt-1t --cluster dgx-a100-80g --gpus 16384 --stage 3 "
+                   "--micro-batch 1 --checkpoint --grad-accum 20000 --json",
+                   NULL, "grad-accum: 20000 micro-steps x 130 units");
 }
 
 /* A schedule file of 10^7 ops (110 MB, each op as short as JSON allows) is refused from a
@@ -222,9 +249,9 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     tmp_dir = g_dir_make_tmp("zplan-limits-XXXXXX", NULL);
     /* The refusals first: their peak RSS is read over every child so far. */
+    g_test_add_func("/limits/short-path-past-cap", test_short_path_past_cap);
     g_test_add_func("/limits/schedule-file-10m-ops", test_schedule_file_10m_ops);
     g_test_add_func("/limits/huge-model", test_huge_model);
-    g_test_add_func("/limits/short-path-capped", test_short_path_capped);
     g_test_add_func("/limits/zreal-micro-batch", test_zreal_micro_batch);
     g_test_add_func("/limits/sweep-values-capped", test_sweep_values_capped);
     g_test_add_func("/limits/trace-said-first", test_trace_said_first);
