@@ -274,11 +274,34 @@ static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t
     return -1;
 }
 
+/* [op]: a free's alloc here (the latest of its buffer before it; UINT32_MAX: none). */
+static uint32_t *free_partners(const ZpSchedule *s, int32_t most)
+{
+    const guint n = s->ops->len;
+    uint32_t *partner = g_new(uint32_t, MAX(n, 1));
+    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
+    for (int32_t b = 0; b <= most; b++)
+        alloc_of[b] = -1;
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        partner[i] = UINT32_MAX;
+        if (op->buffer < 0)
+            continue;
+        if (op->kind == ZP_OP_ALLOC)
+            alloc_of[op->buffer] = (int32_t)i;
+        else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
+            partner[i] = (uint32_t)alloc_of[op->buffer];
+    }
+    g_free(alloc_of);
+    return partner;
+}
+
 /* Insert x's Period: its frees paired as append_copy pairs them (n->alloc_of, at the
- * insertion), the frees after it by partner[] (a free's alloc op, UINT32_MAX: none), those
- * of its stage to `end`. */
-static void period_init(const Names *n, const ZpOpInsert *x, const uint32_t *partner,
-                        uint32_t end, Period *p)
+ * insertion), then, where copies may be left out (1 + their delta under x's periods), the
+ * frees after it to its stage's end by *partner (free_partners, made here on first need: a
+ * free's alloc op, UINT32_MAX: none). */
+static void period_init(const Names *n, const ZpOpInsert *x, uint32_t **partner,
+                        int32_t most, Period *p)
 {
     const uint32_t model = x->at - x->step, micro_step = MAX(x->micro_steps, 1);
     *p = (Period){.op = g_new(uint32_t, x->step), .next = g_new(int32_t, x->step),
@@ -307,15 +330,25 @@ static void period_init(const Names *n, const ZpOpInsert *x, const uint32_t *par
         p->allocs++;
     }
     gboolean *freed = g_new0(gboolean, MAX(p->allocs, 1));
+    const guint end = n->s->ops->len;
+    const uint32_t stage = zp_sched_op(n->s, x->at - 1)->stage;
     for (uint32_t t = model; t < end; t++) {
         const ZpOp *op = zp_sched_op(n->s, t);
         const gboolean in_model = t < x->at;
+        if (!in_model && op->stage != stage)
+            break; /* the stage's end */
+        if (t == x->at) { /* the frees after it: only where copies may be left out */
+            if (!p->matched || p->len == 0 || 1 + p->back >= x->periods)
+                break;
+            if (!*partner)
+                *partner = free_partners(n->s, most);
+        }
         if (op->kind != ZP_OP_FREE || op->buffer < 0 || op->micro < 0)
             continue;
         const uint32_t a = in_model ? (n->alloc_of[op->buffer] < 0
                                            ? UINT32_MAX
                                            : (uint32_t)n->alloc_of[op->buffer])
-                                    : partner[t];
+                                    : (*partner)[t];
         if (a == UINT32_MAX || zp_sched_op(n->s, a)->micro != op->micro)
             continue;
         if (!in_model && a >= x->at)
@@ -335,28 +368,6 @@ static void period_init(const Names *n, const ZpOpInsert *x, const uint32_t *par
     for (int32_t j = 0; j < p->allocs; j++)
         p->all_freed = p->all_freed && freed[j];
     g_free(freed);
-}
-
-/* [op]: a free's alloc here (the latest of its buffer before it; UINT32_MAX: none). */
-static uint32_t *free_partners(const ZpSchedule *s, int32_t most)
-{
-    const guint n = s->ops->len;
-    uint32_t *partner = g_new(uint32_t, MAX(n, 1));
-    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
-    for (int32_t b = 0; b <= most; b++)
-        alloc_of[b] = -1;
-    for (guint i = 0; i < n; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        partner[i] = UINT32_MAX;
-        if (op->buffer < 0)
-            continue;
-        if (op->kind == ZP_OP_ALLOC)
-            alloc_of[op->buffer] = (int32_t)i;
-        else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
-            partner[i] = (uint32_t)alloc_of[op->buffer];
-    }
-    g_free(alloc_of);
-    return partner;
 }
 
 /* The live names of insert x's listed copies 1 to `listed` (its micro-steps `shift` on,
@@ -466,11 +477,16 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t k = 1; leave_out && k < n_ins; k++)
         leave_out =
             zp_sched_op(s, ins[k].at - 1)->stage != zp_sched_op(s, ins[k - 1].at - 1)->stage;
-    uint32_t *partner = leave_out ? free_partners(s, most) : NULL;
+    uint32_t *partner = NULL; /* free_partners, made on first need (period_init) */
     int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
     for (int32_t b = 0; b <= most; b++)
         alloc_of[b] = -1;
-    guint room = (guint)((leave_out ? n : total) / 4 + 16); /* zp_array_extend's */
+    /* zp_array_extend's room: the whole list's where no copies will be left out (Period
+     * pays above 8 periods, below), else this schedule's (the listed copies grow it) */
+    gboolean some_left_out = FALSE;
+    for (size_t j = 0; leave_out && j < n_ins; j++)
+        some_left_out = some_left_out || ins[j].periods > 8;
+    guint room = (guint)((some_left_out ? n : total) / 4 + 16);
     Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room)};
     map_init(&names.live, 1024);
@@ -488,12 +504,14 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             const ZpOpInsert *x = &ins[k];
             Period p = {0};
             uint64_t listed = x->periods;
-            if (leave_out) {
-                const uint32_t model_stage = zp_sched_op(s, x->at - 1)->stage;
-                uint32_t end = x->at;
-                while (end < n && zp_sched_op(s, end)->stage == model_stage)
-                    end++;
-                period_init(&names, x, partner, end, &p);
+            /* A run lists 1 + delta copies, and Period (its frees, and the frees after the
+             * insertion to the stage's end) costs about as much as listing a few: with 8
+             * periods or fewer it does not pay (interleaved schedules insert a few groups:
+             * narayanan21-t1-529.6b's 3 took 476.8 M -> 489.8 M instructions, 310.1b's 4
+             * 206.7 M -> 213.5 M, listing 2 of them). */
+            const gboolean run_may_pay = some_left_out && x->periods > 8;
+            if (run_may_pay) {
+                period_init(&names, x, &partner, most, &p);
                 if (p.matched && p.len > 0)
                     listed = MIN(listed, 1 + p.back);
             }
@@ -518,7 +536,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                 if (run.buffer_window == 0)
                     fresh += (int32_t)run.copies * p.allocs;
             }
-            if (leave_out)
+            if (run_may_pay)
                 period_free(&p);
             micro_shift += (int32_t)(x->periods * x->micro_steps);
         }

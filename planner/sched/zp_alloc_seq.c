@@ -120,26 +120,41 @@ static gboolean seq_events(ZpAllocSeq *q)
     guint next_run = 0;
     int32_t micro_at_model = -1; /* the next run's last listed copy's: before it */
     double live_at_model = 0;
-    for (guint i = 0; i <= n_src; i++) {
-        const ZpAllocRun *x =
-            next_run < n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, next_run) : NULL;
-        if (x && x->first == i) {
-            micro_at_model = micro;
-            live_at_model = live;
-        }
-        if (x && x->after == i) {
-            q->ev = events; /* seq_skip_run reads the listed copy */
-            q->runs_refused = micro_at_model < 0 || micro != micro_at_model + x->micro_step ||
-                              live != live_at_model || n_listed < x->len ||
-                              !seq_skip_run(q, x, n, n_listed, &open, &cap, most_id);
-            if (q->runs_refused)
+    /* the next run (NULL: none) and the next op it concerns: its first listed, then its end
+     * (one test an op: seq_events reads every op of a schedule replayed whole) */
+    const ZpAllocRun *x = n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, 0) : NULL;
+    guint run_at = x ? x->first : G_MAXUINT;
+    gboolean in_model = FALSE; /* between x's first and after */
+    guint stop = MIN(run_at, n_src); /* one test an op: the next run's, or the end */
+    for (guint i = 0;; i++) {
+        if (G_UNLIKELY(i == stop)) {
+            while (i == run_at) {
+                if (!in_model) {
+                    micro_at_model = micro;
+                    live_at_model = live;
+                    in_model = TRUE;
+                    run_at = x->after;
+                    continue;
+                }
+                q->ev = events; /* seq_skip_run reads the listed copy */
+                q->runs_refused = micro_at_model < 0 ||
+                                  micro != micro_at_model + x->micro_step ||
+                                  live != live_at_model || n_listed < x->len ||
+                                  !seq_skip_run(q, x, n, n_listed, &open, &cap, most_id);
+                if (q->runs_refused)
+                    goto refused;
+                n += x->copies * x->len;
+                micro += (int32_t)x->copies * x->micro_step;
+                next_run++;
+                x = next_run < n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, next_run)
+                                         : NULL;
+                run_at = x ? x->first : G_MAXUINT;
+                in_model = FALSE;
+            }
+            if (i == n_src)
                 break;
-            n += x->copies * x->len;
-            micro += (int32_t)x->copies * x->micro_step;
-            next_run++;
+            stop = MIN(run_at, n_src);
         }
-        if (i == n_src)
-            break;
         ZpAllocOp here;
         const ZpAllocOp *so = &here;
         if (q->ops) {
@@ -192,6 +207,7 @@ static gboolean seq_events(ZpAllocSeq *q)
         events[n_listed++] = v;
         n++;
     }
+refused:
     q->n_ev = n;
     q->ev = events;
     g_free(open);

@@ -80,9 +80,9 @@ static inline const ZpAllocEventRun *zp_alloc_seq_run_at(const ZpAllocSeq *q, ui
 }
 
 /* Event j, run x's (built in *tmp). */
-static inline const ZpAllocEvent *zp_alloc_seq_run_event(const ZpAllocSeq *q,
-                                                         const ZpAllocEventRun *x, uint64_t j,
-                                                         ZpAllocEvent *tmp)
+G_ALWAYS_INLINE static inline const ZpAllocEvent *
+zp_alloc_seq_run_event(const ZpAllocSeq *q, const ZpAllocEventRun *x, uint64_t j,
+                       ZpAllocEvent *tmp)
 {
     const uint64_t d = j - x->start, g = d / x->len + 1;
     *tmp = q->ev[x->first + d % x->len];
@@ -113,9 +113,9 @@ typedef struct {
 
 #define ZP_ALLOC_CURSOR_INIT {.from = 1, .to = 0, .shift = 0, .run = NULL}
 
-static inline const ZpAllocEvent *zp_alloc_seq_cursor_event(const ZpAllocSeq *q,
-                                                           ZpAllocCursor *c, uint64_t j,
-                                                           ZpAllocEvent *tmp)
+/* Event j, as zp_alloc_seq_event, from cursor c (inlined: a call an event of every replay) */
+G_ALWAYS_INLINE static inline const ZpAllocEvent *
+zp_alloc_seq_cursor_event(const ZpAllocSeq *q, ZpAllocCursor *c, uint64_t j, ZpAllocEvent *tmp)
 {
     if (j >= c->from && j < c->to)
         return &q->ev[j - c->shift];
