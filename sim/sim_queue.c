@@ -23,6 +23,27 @@ static inline size_t climb(HeapEntry *heap, size_t i, const HeapEntry *e)
     return i;
 }
 
+/* Where the vacant root's hole comes to rest going down the heap of n entries along the
+ * earlier child, each child moving up a level: at a leaf, or (stop) above the first child
+ * that does not come before *stop (the sift down). Inlined into both callers, the test of
+ * stop folds away where it is NULL. */
+G_ALWAYS_INLINE static inline size_t descend(HeapEntry *heap, size_t n, const HeapEntry *stop)
+{
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n)
+            break;
+        if (child + 1 < n && entry_before(&heap[child + 1], &heap[child]))
+            child++;
+        if (stop && !entry_before(&heap[child], stop))
+            break;
+        heap[i] = heap[child];
+        i = child;
+    }
+    return i;
+}
+
 /* Fills the vacant root, the heap one entry shorter: the hole goes down along the earlier
  * child to a leaf, one comparison a level, and the last entry, which is rarely early, climbs
  * back from there (Floyd's variant of the sift down; the plain one compares twice a level on
@@ -35,17 +56,7 @@ void sim_queue_fill(Queue *q)
         return;
     const HeapEntry moving = q->heap[n];
     HeapEntry *heap = q->heap;
-    size_t i = 0;
-    for (;;) {
-        size_t child = 2 * i + 1;
-        if (child >= n)
-            break;
-        if (child + 1 < n && entry_before(&heap[child + 1], &heap[child]))
-            child++;
-        heap[i] = heap[child];
-        i = child;
-    }
-    heap[climb(heap, i, &moving)] = moving;
+    heap[climb(heap, descend(heap, n, NULL), &moving)] = moving;
 }
 
 /* One bucket more, made spare (the arrays grown where full): apart from sim_queue_push_new,
@@ -89,19 +100,7 @@ void sim_queue_push_new(Queue *q, double time_s, Event e)
     size_t i;
     if (q->hole) {
         q->hole = FALSE;
-        const size_t n = q->heap_len;
-        i = 0;
-        for (;;) {
-            size_t child = 2 * i + 1;
-            if (child >= n)
-                break;
-            if (child + 1 < n && entry_before(&heap[child + 1], &heap[child]))
-                child++;
-            if (!entry_before(&heap[child], &entry))
-                break;
-            heap[i] = heap[child];
-            i = child;
-        }
+        i = descend(heap, q->heap_len, &entry);
     } else {
         i = climb(heap, q->heap_len++, &entry);
     }
