@@ -45,7 +45,7 @@ static gboolean key_of(uint32_t stage, int64_t micro, int32_t unit, uint32_t sub
     return TRUE;
 }
 
-/* Names to values (uint32_t), open addressing with linear probing in a power-of-two table
+/* Names to values (uint64_t), open addressing with linear probing in a power-of-two table
  * kept at most half full; a removal shifts the probe run back (no tombstones). GHashTable's
  * insert and remove were 300 instructions a name: 130,000 names for Megatron 1T's long
  * schedule, a fifth of its evaluation. */
