@@ -169,13 +169,19 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s)
 }
 
 /* The longer schedule's live allocations by name (-> its model op here and its buffer there:
- * name_value), and the state a free needs to find its own. */
+ * name_value), the state a free needs to find its own, and the list being written: ops
+ * (ZpAllocOp, zp_array_extend's room), the next place and the next fresh buffer. */
 typedef struct {
     const ZpSchedule *s;
     const uint8_t *ordinal;
     const int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet) */
+    int32_t most;            /* the highest buffer id here */
+    uint32_t *partner;       /* free_partners, made on first need (period_init); or NULL */
     NameMap live;
     GArray *ops;
+    guint room;
+    uint32_t at;
+    int32_t fresh;
 } Names;
 
 static uint64_t name_value(uint32_t model, int32_t buffer)
@@ -298,10 +304,9 @@ static uint32_t *free_partners(const ZpSchedule *s, int32_t most)
 
 /* Insert x's Period: its frees paired as append_copy pairs them (n->alloc_of, at the
  * insertion), then, where copies may be left out (1 + their delta under x's periods), the
- * frees after it to its stage's end by *partner (free_partners, made here on first need: a
+ * frees after it to its stage's end by n->partner (free_partners, made here on first need: a
  * free's alloc op, UINT32_MAX: none). */
-static void period_init(const Names *n, const ZpOpInsert *x, uint32_t **partner,
-                        int32_t most, Period *p)
+static void period_init(Names *n, const ZpOpInsert *x, Period *p)
 {
     const uint32_t model = x->at - x->step, micro_step = MAX(x->micro_steps, 1);
     *p = (Period){.op = g_new(uint32_t, x->step), .next = g_new(int32_t, x->step),
@@ -340,15 +345,15 @@ static void period_init(const Names *n, const ZpOpInsert *x, uint32_t **partner,
         if (t == x->at) { /* the frees after it: only where copies may be left out */
             if (!p->matched || p->len == 0 || 1 + p->back >= x->periods)
                 break;
-            if (!*partner)
-                *partner = free_partners(n->s, most);
+            if (!n->partner)
+                n->partner = free_partners(n->s, n->most);
         }
         if (op->kind != ZP_OP_FREE || op->buffer < 0 || op->micro < 0)
             continue;
         const uint32_t a = in_model ? (n->alloc_of[op->buffer] < 0
                                            ? UINT32_MAX
                                            : (uint32_t)n->alloc_of[op->buffer])
-                                    : (*partner)[t];
+                                    : n->partner[t];
         if (a == UINT32_MAX || zp_sched_op(n->s, a)->micro != op->micro)
             continue;
         if (!in_model && a >= x->at)
@@ -414,29 +419,73 @@ static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
     return a->at < b->at ? -1 : a->at > b->at;
 }
 
-/* Appends copy c (its micro-steps `shift` on) of insert x's model period, at places from *at
- * on; FALSE where one of its ops is not what a steady period's is (a state or region op, a
- * free of another micro-step's allocation or of none named). */
-static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift, uint32_t *at,
-                            int32_t *fresh, guint *room)
+/* Appends a copy (its micro-steps `shift` on) of insert x's model period, at places from
+ * n->at on; FALSE where one of its ops is not what a steady period's is (a state or region
+ * op, a free of another micro-step's allocation or of none named). */
+static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift)
 {
-    for (uint32_t t = x->at - x->step; t < x->at; t++, ++*at) {
+    for (uint32_t t = x->at - x->step; t < x->at; t++, n->at++) {
         const ZpOp *op = zp_sched_op(n->s, t);
         if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
             continue;
         if (op->buffer < 0)
             return FALSE; /* a state or retaken op inside a steady period */
-        ZpAllocOp so = {op, *at, op->micro < 0 ? op->micro : op->micro + shift, -1};
+        ZpAllocOp so = {op, n->at, op->micro < 0 ? op->micro : op->micro + shift, -1};
         if (op->kind == ZP_OP_ALLOC) {
-            so.buffer = (*fresh)++;
+            so.buffer = n->fresh++;
             if (!name_alloc(n, t, so.micro, so.buffer))
                 return FALSE;
         } else if (!pairs_by_name(n, op) || (so.buffer = named_buffer(n, t, so.micro)) < 0) {
             return FALSE;
         }
-        *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, room) = so;
+        *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, &n->room) = so;
     }
     return TRUE;
+}
+
+/* Appends insert x's copies, its micro-steps `shift` on: every one, or where runs may be
+ * made (may_leave_out) and a run pays, the first 1 + the most delta (Period) and a run
+ * standing for the rest (appended to runs). FALSE where a copy is not what a steady period's
+ * is, or a run's copies would not repeat the last listed one. */
+static gboolean add_insert(Names *n, const ZpOpInsert *x, int32_t shift, gboolean may_leave_out,
+                           GArray *runs)
+{
+    Period p = {0};
+    uint64_t listed = x->periods;
+    /* A run lists 1 + delta copies, and Period (its frees, and the frees after the
+     * insertion to the stage's end) costs about as much as listing a few: with 8
+     * periods or fewer it does not pay (interleaved schedules insert a few groups:
+     * narayanan21-t1-529.6b's 3 took 476.8 M -> 489.8 M instructions, 310.1b's 4
+     * 206.7 M -> 213.5 M, listing 2 of them). */
+    const gboolean run_may_pay = may_leave_out && x->periods > 8;
+    if (run_may_pay) {
+        period_init(n, x, &p);
+        if (p.matched && p.len > 0)
+            listed = MIN(listed, 1 + p.back);
+    }
+    const int32_t first_buffer = n->fresh;
+    guint first = n->ops->len;
+    gboolean ok = TRUE;
+    for (uint64_t c = 1; ok && c <= listed; c++) {
+        first = n->ops->len;
+        ok = append_copy(n, x, shift + (int32_t)(c * x->micro_steps));
+    }
+    if (ok && listed < x->periods) {
+        const ZpAllocRun run = {
+            .after = n->ops->len, .first = first, .len = p.len,
+            .at_step = x->step, .micro_step = (int32_t)x->micro_steps,
+            .buffer_step = p.allocs, .first_buffer = first_buffer,
+            .buffer_window = p.all_freed ? (int32_t)listed * p.allocs : 0,
+            .listed_copies = (uint32_t)listed, .copies = x->periods - listed};
+        ok = n->ops->len - first == p.len && move_names(n, x, &p, shift, listed, &run);
+        g_array_append_val(runs, run);
+        n->at += (uint32_t)(run.copies * x->step);
+        if (run.buffer_window == 0)
+            n->fresh += (int32_t)run.copies * p.allocs;
+    }
+    if (run_may_pay)
+        period_free(&p);
+    return ok;
 }
 
 /* The longer schedule's allocs and frees: this one's, with the inserted periods' copies
@@ -477,7 +526,6 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t k = 1; leave_out && k < n_ins; k++)
         leave_out =
             zp_sched_op(s, ins[k].at - 1)->stage != zp_sched_op(s, ins[k - 1].at - 1)->stage;
-    uint32_t *partner = NULL; /* free_partners, made on first need (period_init) */
     int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
     for (int32_t b = 0; b <= most; b++)
         alloc_of[b] = -1;
@@ -486,12 +534,13 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     gboolean some_left_out = FALSE;
     for (size_t j = 0; leave_out && j < n_ins; j++)
         some_left_out = some_left_out || ins[j].periods > 8;
-    guint room = (guint)((some_left_out ? n : total) / 4 + 16);
-    Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of,
-                   .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room)};
+    const guint room = (guint)((some_left_out ? n : total) / 4 + 16);
+    Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of, .most = most,
+                   .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
+                   .room = room, .fresh = most + 1};
     map_init(&names.live, 1024);
-    int32_t fresh = most + 1, micro_shift = 0;
-    uint32_t at = 0, stage = UINT32_MAX;
+    int32_t micro_shift = 0;
+    uint32_t stage = UINT32_MAX;
     size_t k = 0;
     gboolean ok = TRUE;
     for (guint i = 0; ok && i < n; i++) {
@@ -501,47 +550,12 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
             micro_shift = 0;
         }
         for (; ok && k < n_ins && ins[k].at == i; k++) {
-            const ZpOpInsert *x = &ins[k];
-            Period p = {0};
-            uint64_t listed = x->periods;
-            /* A run lists 1 + delta copies, and Period (its frees, and the frees after the
-             * insertion to the stage's end) costs about as much as listing a few: with 8
-             * periods or fewer it does not pay (interleaved schedules insert a few groups:
-             * narayanan21-t1-529.6b's 3 took 476.8 M -> 489.8 M instructions, 310.1b's 4
-             * 206.7 M -> 213.5 M, listing 2 of them). */
-            const gboolean run_may_pay = some_left_out && x->periods > 8;
-            if (run_may_pay) {
-                period_init(&names, x, &partner, most, &p);
-                if (p.matched && p.len > 0)
-                    listed = MIN(listed, 1 + p.back);
-            }
-            const int32_t first_buffer = fresh;
-            guint first = names.ops->len;
-            for (uint64_t c = 1; ok && c <= listed; c++) {
-                first = names.ops->len;
-                ok = append_copy(&names, x, micro_shift + (int32_t)(c * x->micro_steps), &at,
-                                 &fresh, &room);
-            }
-            if (ok && listed < x->periods) {
-                const ZpAllocRun run = {
-                    .after = names.ops->len, .first = first, .len = p.len,
-                    .at_step = x->step, .micro_step = (int32_t)x->micro_steps,
-                    .buffer_step = p.allocs, .first_buffer = first_buffer,
-                    .buffer_window = p.all_freed ? (int32_t)listed * p.allocs : 0,
-                    .listed_copies = (uint32_t)listed, .copies = x->periods - listed};
-                ok = names.ops->len - first == p.len &&
-                     move_names(&names, x, &p, micro_shift, listed, &run);
-                g_array_append_val(runs, run);
-                at += (uint32_t)(run.copies * x->step);
-                if (run.buffer_window == 0)
-                    fresh += (int32_t)run.copies * p.allocs;
-            }
-            if (run_may_pay)
-                period_free(&p);
-            micro_shift += (int32_t)(x->periods * x->micro_steps);
+            ok = add_insert(&names, &ins[k], micro_shift, some_left_out, runs);
+            micro_shift += (int32_t)(ins[k].periods * ins[k].micro_steps);
         }
         if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
-            ZpAllocOp so = {here, at, here->micro < 0 ? here->micro : here->micro + micro_shift,
+            ZpAllocOp so = {here, names.at,
+                            here->micro < 0 ? here->micro : here->micro + micro_shift,
                             here->buffer};
             if (here->kind == ZP_OP_ALLOC) {
                 if (here->buffer >= 0)
@@ -551,13 +565,13 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                 so.buffer = named_buffer(&names, i, so.micro);
                 ok = so.buffer >= 0;
             }
-            *(ZpAllocOp *)zp_array_extend(names.ops, 1, sizeof so, &room) = so;
+            *(ZpAllocOp *)zp_array_extend(names.ops, 1, sizeof so, &names.room) = so;
         }
-        at++;
+        names.at++;
     }
     map_free(&names.live);
     g_free(alloc_of);
-    g_free(partner);
+    g_free(names.partner);
     g_free(ordinal);
     g_free(ins);
     if (!ok || k != n_ins) {
