@@ -6,6 +6,7 @@
 #include "sim_common.h"
 #include "zp_alloc_ops.h"
 #include "zp_alloc_replay.h"
+#include "zp_alloc_seq.h"
 
 typedef struct {
     const char *what;
@@ -341,6 +342,53 @@ static void test_extend_alloc_runs(void)
         sim_result_free(ext);
         zp_sched_free(s);
     }
+}
+
+/* The allocator's sequence (zp_alloc_seq_build) leaves a run's copies out only where each
+ * repeats the last listed copy: the runs zp_alloc_ops_extended makes pass and the sequence
+ * counts every copy's events; a run whose copies would step the micro-steps by another
+ * count, or whose copy is longer than what is listed before it, is refused (the caller then
+ * lists every copy: zp_alloc_replay_schedule_extended). No plan makes such a run, so it is
+ * made here by hand. */
+static gboolean seq_refuses(const ZpSchedule *s, GArray *ops, const GArray *runs, uint64_t *n_ev)
+{
+    ZpAllocSeq q = {.s = s, .ops = ops, .op_runs = runs};
+    zp_alloc_seq_build(&q);
+    const gboolean refused = q.runs_refused;
+    *n_ev = q.n_ev;
+    zp_alloc_seq_clear(&q);
+    return refused;
+}
+
+static void test_extend_alloc_runs_refused(void)
+{
+    const ExtCase *c = &cases[3]; /* pp 16: every stage's insert leaves copies out */
+    ZpSchedule *s = ext_schedule(c, c->short_accum);
+    SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps =
+                                                  (uint32_t)(c->accum - c->short_accum)});
+    GArray *runs = g_array_new(FALSE, FALSE, sizeof(ZpAllocRun));
+    GArray *all = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, NULL);
+    GArray *listed = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, runs);
+    g_assert_nonnull(all);
+    g_assert_nonnull(listed);
+    g_assert_cmpuint(runs->len, >, 0);
+    uint64_t n_ev = 0;
+    g_assert_false(seq_refuses(s, listed, runs, &n_ev));
+    g_assert_cmpuint(n_ev, ==, all->len);
+    ZpAllocRun *first = &g_array_index(runs, ZpAllocRun, 0);
+    const ZpAllocRun kept = *first;
+    first->micro_step += 1; /* copies a micro-step further apart than the listed ones */
+    g_assert_true(seq_refuses(s, listed, runs, &n_ev));
+    *first = kept;
+    first->len = first->after + 1; /* a copy longer than every op listed before it */
+    g_assert_true(seq_refuses(s, listed, runs, &n_ev));
+    *first = kept;
+    g_assert_false(seq_refuses(s, listed, runs, &n_ev));
+    g_array_unref(all);
+    g_array_unref(listed);
+    g_array_unref(runs);
+    sim_result_free(ext);
+    zp_sched_free(s);
 }
 
 /* A slow rank among its stage's peers (rank classes) refuses the fold: no virtual periods
@@ -777,6 +825,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/extend/structure", test_extend_structure);
     g_test_add_func("/sim/extend/equal", test_extend_equal);
     g_test_add_func("/sim/extend/alloc-runs", test_extend_alloc_runs);
+    g_test_add_func("/sim/extend/alloc-runs-refused", test_extend_alloc_runs_refused);
     g_test_add_func("/sim/extend/refused", test_extend_refused);
     g_test_add_func("/sim/extend/or-stop", test_extend_or_stop);
     g_test_add_func("/sim/extend/short", test_extend_short);
