@@ -34,8 +34,9 @@ static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
 #define KEY_ORDINAL_LIMIT 16
 G_STATIC_ASSERT(ZP_MEM_N <= 16);
 
-static gboolean key_of(uint32_t stage, int64_t micro, int32_t unit, uint32_t sub,
-                       uint32_t ordinal, uint64_t *key)
+/* inlined: a call was 25 instructions of the 100 a name costs, 110,000 names for Megatron 1T */
+G_ALWAYS_INLINE static inline gboolean key_of(uint32_t stage, int64_t micro, int32_t unit,
+                                              uint32_t sub, uint32_t ordinal, uint64_t *key)
 {
     if (stage >= KEY_STAGE_LIMIT || micro < 0 || micro >= KEY_MICRO_LIMIT || unit < -1 ||
         unit + 1 >= KEY_UNIT_LIMIT || ordinal >= KEY_ORDINAL_LIMIT)
@@ -137,16 +138,62 @@ static void map_remove(NameMap *m, uint64_t key)
     m->key[i] = 0;
 }
 
-/* [op]: each alloc's ordinal among its stage's and micro-step's allocs of its unit and
- * category, here (0 for other ops); NULL where one passes the name's bits. */
-static uint8_t *alloc_ordinals(const ZpSchedule *s)
+/* ---- the ops the walks visit ----
+ *
+ * Of a pipeline schedule's ops a quarter or less are allocs and frees (Megatron 1T's short
+ * schedule: 37,776 of 130,674), and five walks read every op (the highest buffer, the
+ * ordinals, free_partners, Period's frees after an insertion, the list itself): each reads
+ * the allocs and frees, and the first op of each stage (where micro-step shifts restart),
+ * listed once here. */
+typedef struct {
+    uint32_t *op;  /* op indices, increasing */
+    guint n;
+    guint allocs;  /* of them, allocs of a buffer at a micro-step (named: ordinals) */
+    int32_t most;  /* the highest buffer id of any op (a collective's bucket too) */
+} Visits;
+
+static void visits_init(const ZpSchedule *s, Visits *v)
 {
     const guint n = s->ops->len;
-    uint8_t *ordinal = g_new0(uint8_t, MAX(n, 1));
+    *v = (Visits){.op = g_new(uint32_t, MAX(n, 1)), .most = -1};
+    uint32_t stage = UINT32_MAX;
+    for (guint i = 0; i < n; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        v->most = MAX(v->most, op->buffer);
+        const gboolean alloc = op->kind == ZP_OP_ALLOC;
+        if (alloc || op->kind == ZP_OP_FREE || op->stage != stage)
+            v->op[v->n++] = i;
+        v->allocs += alloc && op->buffer >= 0 && op->micro >= 0;
+        stage = op->stage;
+    }
+}
+
+/* The first visit at or after op `op` (v->n: none). */
+static guint visit_at(const Visits *v, uint32_t op)
+{
+    guint lo = 0, hi = v->n;
+    while (lo < hi) {
+        const guint mid = lo + (hi - lo) / 2;
+        if (v->op[mid] < op)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* [op]: each alloc's ordinal among its stage's and micro-step's allocs of its unit and
+ * category, here (0 for other ops); NULL where one passes the name's bits. The counts' table
+ * holds one name an alloc at most: sized for them, it never grows (from 1,024 it grew five
+ * times for Megatron 1T's 18,888 names, 2.3 M instructions). */
+static uint8_t *alloc_ordinals(const ZpSchedule *s, const Visits *v)
+{
+    uint8_t *ordinal = g_new0(uint8_t, MAX(s->ops->len, 1));
     NameMap count;
-    map_init(&count, 1024);
+    map_init(&count, v->allocs);
     gboolean ok = TRUE;
-    for (guint i = 0; ok && i < n; i++) {
+    for (guint k = 0; ok && k < v->n; k++) {
+        const uint32_t i = v->op[k];
         const ZpOp *op = zp_sched_op(s, i);
         uint64_t key;
         if (op->kind != ZP_OP_ALLOC || op->buffer < 0 || op->micro < 0)
@@ -173,10 +220,10 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s)
  * (ZpAllocOp, zp_array_extend's room), the next place and the next fresh buffer. */
 typedef struct {
     const ZpSchedule *s;
+    const Visits *visits;
     const uint8_t *ordinal;
     const int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet) */
-    int32_t most;            /* the highest buffer id here */
-    uint32_t *partner;       /* free_partners, made on first need (period_init); or NULL */
+    uint32_t *partner;       /* [visit]: free_partners, made on first need (period_init); or NULL */
     NameMap live;
     GArray *ops;
     guint room;
@@ -191,7 +238,8 @@ static uint64_t name_value(uint32_t model, int32_t buffer)
 
 /* Names the alloc `op` (model op index `model`) at micro-step `micro` of the longer schedule,
  * its buffer there `buffer`. FALSE where the name does not fit its bits. */
-static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, int32_t buffer)
+G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int32_t micro,
+                                                  int32_t buffer)
 {
     const ZpOp *op = zp_sched_op(n->s, model);
     if (op->buffer < 0 || op->micro < 0)
@@ -206,7 +254,7 @@ static gboolean name_alloc(Names *n, uint32_t model, int32_t micro, int32_t buff
 /* The buffer that free op `model`, at micro-step `micro` of the longer schedule, frees there:
  * the allocation named as its alloc here, moved to its micro-step (-1 where none is live, or
  * one of another size or category: the insert is not what it claims). */
-static int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
+G_ALWAYS_INLINE static inline int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
 {
     const ZpOp *free_op = zp_sched_op(n->s, model);
     const ZpOp *alloc = zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer]);
@@ -280,39 +328,48 @@ static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t
     return -1;
 }
 
-/* [op]: a free's alloc here (the latest of its buffer before it; UINT32_MAX: none). */
-static uint32_t *free_partners(const ZpSchedule *s, int32_t most)
+/* [visit]: a free's alloc here (the latest of its buffer before it; UINT32_MAX: none). */
+static uint32_t *free_partners(const ZpSchedule *s, const Visits *v)
 {
-    const guint n = s->ops->len;
-    uint32_t *partner = g_new(uint32_t, MAX(n, 1));
-    int32_t *alloc_of = g_new(int32_t, (size_t)most + 2);
-    for (int32_t b = 0; b <= most; b++)
+    uint32_t *partner = g_new(uint32_t, MAX(v->n, 1));
+    int32_t *alloc_of = g_new(int32_t, (size_t)v->most + 2);
+    for (int32_t b = 0; b <= v->most; b++)
         alloc_of[b] = -1;
-    for (guint i = 0; i < n; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        partner[i] = UINT32_MAX;
+    for (guint k = 0; k < v->n; k++) {
+        const ZpOp *op = zp_sched_op(s, v->op[k]);
+        partner[k] = UINT32_MAX;
         if (op->buffer < 0)
             continue;
         if (op->kind == ZP_OP_ALLOC)
-            alloc_of[op->buffer] = (int32_t)i;
+            alloc_of[op->buffer] = (int32_t)v->op[k];
         else if (op->kind == ZP_OP_FREE && alloc_of[op->buffer] >= 0)
-            partner[i] = (uint32_t)alloc_of[op->buffer];
+            partner[k] = (uint32_t)alloc_of[op->buffer];
     }
     g_free(alloc_of);
     return partner;
 }
 
-/* Insert x's Period: its frees paired as append_copy pairs them (n->alloc_of, at the
- * insertion), then, where copies may be left out (1 + their delta under x's periods), the
- * frees after it to its stage's end by n->partner (free_partners, made here on first need: a
- * free's alloc op, UINT32_MAX: none). */
-static void period_init(Names *n, const ZpOpInsert *x, Period *p)
+/* The visits of insert x's model period: [*from, *to). */
+static void period_visits(const Names *n, const ZpOpInsert *x, guint *from, guint *to)
 {
-    const uint32_t model = x->at - x->step, micro_step = MAX(x->micro_steps, 1);
-    *p = (Period){.op = g_new(uint32_t, x->step), .next = g_new(int32_t, x->step),
+    *from = visit_at(n->visits, x->at - x->step);
+    *to = visit_at(n->visits, x->at);
+}
+
+/* Insert x's Period (its model period's visits [from, to)): its frees paired as append_copy
+ * pairs them (n->alloc_of, at the insertion), then, where copies may be left out (1 + their
+ * delta under x's periods), the frees after it to its stage's end by n->partner
+ * (free_partners, made here on first need: a free's alloc op, UINT32_MAX: none). */
+static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Period *p)
+{
+    const uint32_t micro_step = MAX(x->micro_steps, 1);
+    const Visits *v = n->visits;
+    const guint size = MAX(to - from, 1);
+    *p = (Period){.op = g_new(uint32_t, size), .next = g_new(int32_t, size),
                   .all_freed = TRUE, .matched = TRUE};
-    map_init(&p->role, x->step);
-    for (uint32_t t = model; t < x->at; t++) {
+    map_init(&p->role, size);
+    for (guint k = from; k < to; k++) {
+        const uint32_t t = v->op[k];
         const ZpOp *op = zp_sched_op(n->s, t);
         uint64_t key;
         p->len += op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE;
@@ -335,25 +392,26 @@ static void period_init(Names *n, const ZpOpInsert *x, Period *p)
         p->allocs++;
     }
     gboolean *freed = g_new0(gboolean, MAX(p->allocs, 1));
-    const guint end = n->s->ops->len;
     const uint32_t stage = zp_sched_op(n->s, x->at - 1)->stage;
-    for (uint32_t t = model; t < end; t++) {
+    /* Every stage's first op is visited, so its end is seen here as among all ops. */
+    for (guint k = from; k < v->n; k++) {
+        const uint32_t t = v->op[k];
         const ZpOp *op = zp_sched_op(n->s, t);
-        const gboolean in_model = t < x->at;
+        const gboolean in_model = k < to;
         if (!in_model && op->stage != stage)
             break; /* the stage's end */
-        if (t == x->at) { /* the frees after it: only where copies may be left out */
+        if (k == to) { /* the frees after it: only where copies may be left out */
             if (!p->matched || p->len == 0 || 1 + p->back >= x->periods)
                 break;
             if (!n->partner)
-                n->partner = free_partners(n->s, n->most);
+                n->partner = free_partners(n->s, v);
         }
         if (op->kind != ZP_OP_FREE || op->buffer < 0 || op->micro < 0)
             continue;
         const uint32_t a = in_model ? (n->alloc_of[op->buffer] < 0
                                            ? UINT32_MAX
                                            : (uint32_t)n->alloc_of[op->buffer])
-                                    : n->partner[t];
+                                    : n->partner[k];
         if (a == UINT32_MAX || zp_sched_op(n->s, a)->micro != op->micro)
             continue;
         if (!in_model && a >= x->at)
@@ -419,18 +477,21 @@ static gint insert_cmp(gconstpointer x, gconstpointer y, gpointer unused)
     return a->at < b->at ? -1 : a->at > b->at;
 }
 
-/* Appends a copy (its micro-steps `shift` on) of insert x's model period, at places from
- * n->at on; FALSE where one of its ops is not what a steady period's is (a state or region
- * op, a free of another micro-step's allocation or of none named). */
-static gboolean append_copy(Names *n, const ZpOpInsert *x, int32_t shift)
+/* Appends a copy (its micro-steps `shift` on) of insert x's model period (its visits [from,
+ * to)), at places from n->at on; FALSE where one of its ops is not what a steady period's is
+ * (a state or region op, a free of another micro-step's allocation or of none named). */
+static gboolean append_copy(Names *n, const ZpOpInsert *x, guint from, guint to, int32_t shift)
 {
-    for (uint32_t t = x->at - x->step; t < x->at; t++, n->at++) {
+    const uint32_t model = x->at - x->step, at = n->at;
+    n->at += x->step;
+    for (guint k = from; k < to; k++) {
+        const uint32_t t = n->visits->op[k];
         const ZpOp *op = zp_sched_op(n->s, t);
         if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
             continue;
         if (op->buffer < 0)
             return FALSE; /* a state or retaken op inside a steady period */
-        ZpAllocOp so = {op, n->at, op->micro < 0 ? op->micro : op->micro + shift, -1};
+        ZpAllocOp so = {op, at + (t - model), op->micro < 0 ? op->micro : op->micro + shift, -1};
         if (op->kind == ZP_OP_ALLOC) {
             so.buffer = n->fresh++;
             if (!name_alloc(n, t, so.micro, so.buffer))
@@ -458,8 +519,10 @@ static gboolean add_insert(Names *n, const ZpOpInsert *x, int32_t shift, gboolea
      * narayanan21-t1-529.6b's 3 took 476.8 M -> 489.8 M instructions, 310.1b's 4
      * 206.7 M -> 213.5 M, listing 2 of them). */
     const gboolean run_may_pay = may_leave_out && x->periods > 8;
+    guint from, to;
+    period_visits(n, x, &from, &to);
     if (run_may_pay) {
-        period_init(n, x, &p);
+        period_init(n, x, from, to, &p);
         if (p.matched && p.len > 0)
             listed = MIN(listed, 1 + p.back);
     }
@@ -468,7 +531,7 @@ static gboolean add_insert(Names *n, const ZpOpInsert *x, int32_t shift, gboolea
     gboolean ok = TRUE;
     for (uint64_t c = 1; ok && c <= listed; c++) {
         first = n->ops->len;
-        ok = append_copy(n, x, shift + (int32_t)(c * x->micro_steps));
+        ok = append_copy(n, x, from, to, shift + (int32_t)(c * x->micro_steps));
     }
     if (ok && listed < x->periods) {
         const ZpAllocRun run = {
@@ -488,6 +551,46 @@ static gboolean add_insert(Names *n, const ZpOpInsert *x, int32_t shift, gboolea
     return ok;
 }
 
+/* Lists the inserts from ins[*k] on whose places lie below `end`, their micro-steps
+ * *micro_shift on; *inserted: the places the inserts before took (each insert's copies start
+ * at its place that many on), and *micro_shift, both advanced past them. */
+static gboolean add_inserts(Names *n, const ZpOpInsert *ins, size_t n_ins, size_t *k,
+                            uint64_t end, int32_t *micro_shift, uint64_t *inserted,
+                            gboolean may_leave_out, GArray *runs)
+{
+    gboolean ok = TRUE;
+    for (; ok && *k < n_ins && ins[*k].at < end; (*k)++) {
+        const ZpOpInsert *x = &ins[*k];
+        n->at = (uint32_t)(x->at + *inserted);
+        ok = add_insert(n, x, *micro_shift, may_leave_out, runs);
+        *micro_shift += (int32_t)(x->periods * x->micro_steps);
+        *inserted += x->periods * x->step;
+    }
+    return ok;
+}
+
+/* Lists visited op i (an alloc or free, or its stage's first op), at its place n->at. FALSE
+ * where its name does not fit or a free finds none. */
+static gboolean list_op(Names *n, int32_t *alloc_of, uint32_t i, int32_t micro_shift)
+{
+    const ZpOp *here = zp_sched_op(n->s, i);
+    if (here->kind != ZP_OP_ALLOC && here->kind != ZP_OP_FREE)
+        return TRUE;
+    ZpAllocOp so = {here, n->at, here->micro < 0 ? here->micro : here->micro + micro_shift,
+                    here->buffer};
+    gboolean ok = TRUE;
+    if (here->kind == ZP_OP_ALLOC) {
+        if (here->buffer >= 0)
+            alloc_of[here->buffer] = (int32_t)i;
+        ok = name_alloc(n, i, so.micro, so.buffer);
+    } else if (pairs_by_name(n, here)) {
+        so.buffer = named_buffer(n, i, so.micro);
+        ok = so.buffer >= 0;
+    }
+    *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, &n->room) = so;
+    return ok;
+}
+
 /* The longer schedule's allocs and frees: this one's, with the inserted periods' copies
  * (ZpOpInsert), each copy's micro-steps numbered on and the ops after them by as many. Each
  * allocation keeps its buffer, a copy's a new one. A free of its own micro-step's allocation
@@ -502,21 +605,21 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                               GArray *runs)
 {
     const guint n = s->ops->len;
-    int32_t most = -1;
+    Visits v;
+    visits_init(s, &v);
+    const int32_t most = v.most;
     uint64_t total = n;
-    for (guint i = 0; i < n; i++)
-        most = MAX(most, zp_sched_op(s, i)->buffer);
     for (size_t k = 0; k < n_ins; k++)
         total += given[k].periods * given[k].step;
-    if ((uint64_t)most > 4 * (uint64_t)n + 1024 || total >= ZP_ALLOC_OPS_MAX_PLACES ||
-        (uint64_t)most + total >= INT32_MAX)
+    gboolean fits = (uint64_t)most <= 4 * (uint64_t)n + 1024 &&
+                    total < ZP_ALLOC_OPS_MAX_PLACES && (uint64_t)most + total < INT32_MAX;
+    for (size_t k = 0; fits && k < n_ins; k++)
+        fits = given[k].step > 0 && given[k].at >= given[k].step && given[k].at <= n;
+    uint8_t *ordinal = fits ? alloc_ordinals(s, &v) : NULL;
+    if (!ordinal) {
+        g_free(v.op);
         return NULL;
-    for (size_t k = 0; k < n_ins; k++)
-        if (given[k].step == 0 || given[k].at < given[k].step || given[k].at > n)
-            return NULL;
-    uint8_t *ordinal = alloc_ordinals(s);
-    if (!ordinal)
-        return NULL;
+    }
     ZpOpInsert *ins = g_memdup2(given, MAX(n_ins, 1) * sizeof *ins);
     if (n_ins > 1)
         g_qsort_with_data(ins, (gint)n_ins, sizeof *ins, insert_cmp, NULL);
@@ -535,45 +638,38 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t j = 0; leave_out && j < n_ins; j++)
         some_left_out = some_left_out || ins[j].periods > 8;
     const guint room = (guint)((some_left_out ? n : total) / 4 + 16);
-    Names names = {.s = s, .ordinal = ordinal, .alloc_of = alloc_of, .most = most,
+    Names names = {.s = s, .visits = &v, .ordinal = ordinal, .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
                    .room = room, .fresh = most + 1};
     map_init(&names.live, 1024);
     int32_t micro_shift = 0;
+    uint64_t inserted = 0;
     uint32_t stage = UINT32_MAX;
     size_t k = 0;
     gboolean ok = TRUE;
-    for (guint i = 0; ok && i < n; i++) {
-        const ZpOp *here = zp_sched_op(s, i);
-        if (here->stage != stage) {
-            stage = here->stage;
+    /* The visits only: between two, no op is an alloc or free or starts a stage, so an insert
+     * there follows the visit before (its stage's micro-step shift). */
+    for (guint j = 0; ok && j < v.n; j++) {
+        const uint32_t i = v.op[j];
+        ok = add_inserts(&names, ins, n_ins, &k, i, &micro_shift, &inserted, some_left_out,
+                         runs);
+        if (ok && zp_sched_op(s, i)->stage != stage) {
+            stage = zp_sched_op(s, i)->stage;
             micro_shift = 0;
         }
-        for (; ok && k < n_ins && ins[k].at == i; k++) {
-            ok = add_insert(&names, &ins[k], micro_shift, some_left_out, runs);
-            micro_shift += (int32_t)(ins[k].periods * ins[k].micro_steps);
-        }
-        if (ok && (here->kind == ZP_OP_ALLOC || here->kind == ZP_OP_FREE)) {
-            ZpAllocOp so = {here, names.at,
-                            here->micro < 0 ? here->micro : here->micro + micro_shift,
-                            here->buffer};
-            if (here->kind == ZP_OP_ALLOC) {
-                if (here->buffer >= 0)
-                    alloc_of[here->buffer] = (int32_t)i;
-                ok = name_alloc(&names, i, so.micro, so.buffer);
-            } else if (pairs_by_name(&names, here)) {
-                so.buffer = named_buffer(&names, i, so.micro);
-                ok = so.buffer >= 0;
-            }
-            *(ZpAllocOp *)zp_array_extend(names.ops, 1, sizeof so, &names.room) = so;
-        }
-        names.at++;
+        ok = ok && add_inserts(&names, ins, n_ins, &k, (uint64_t)i + 1, &micro_shift,
+                               &inserted, some_left_out, runs);
+        names.at = (uint32_t)(i + inserted);
+        ok = ok && list_op(&names, alloc_of, i, micro_shift);
     }
+    ok = ok && add_inserts(&names, ins, n_ins, &k, n, &micro_shift, &inserted, some_left_out,
+                           runs);
     map_free(&names.live);
     g_free(alloc_of);
     g_free(names.partner);
     g_free(ordinal);
     g_free(ins);
+    g_free(v.op);
     if (!ok || k != n_ins) {
         g_array_unref(names.ops);
         if (runs)
