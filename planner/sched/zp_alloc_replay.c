@@ -2,6 +2,7 @@
  * segment); each pool's free blocks are ordered by (size, address), so best fit is a lower
  * bound, as PyTorch's std::set of blocks does it. Sizes are whole bytes. */
 #include "zp_alloc_replay.h"
+#include "zp_alloc_hashes.h"
 #include "zp_alloc_ops.h"
 #include "zp_alloc_seq.h"
 #include "zp_alloc_pool.h"
@@ -192,7 +193,8 @@ static gboolean should_split(const Block *b, uint64_t size)
 static void record_peak(ZpAllocReplay *a)
 {
     ZpAllocStats *s = &a->stats;
-    s->peak_reserved_bytes = fmax(s->peak_reserved_bytes, s->reserved_bytes);
+    if (s->reserved_bytes > s->peak_reserved_bytes) /* fmax, not called (neither is NaN) */
+        s->peak_reserved_bytes = s->reserved_bytes;
     if (s->allocated_bytes >= s->peak_allocated_bytes) {
         s->peak_allocated_bytes = s->allocated_bytes;
         s->reserved_at_peak_bytes = s->reserved_bytes;
@@ -362,7 +364,7 @@ typedef struct {
     Head *recent;
     uint32_t group;
     uint64_t taken;
-    GHashTable *by_hash;
+    ZpAllocHashes by_hash;
     Head candidate;
     uint64_t period;
     GArray *slot_undo; /* skip_slots' changes (uint32_t slots) */
@@ -453,15 +455,15 @@ static HeadBlock head_block(const Seq *q, const Block *b)
     return hb;
 }
 
-/* Every block in address order, into `blocks`. */
-static void walk_blocks(const Seq *q, GArray *blocks)
+/* Every block in address order, into `blocks` (room: zp_array_extend's; GLib's append was
+ * 68 instructions a block, 1.2 M of Megatron 1T's replay). */
+static void walk_blocks(const Seq *q, GArray *blocks, guint room)
 {
     const ZpAllocReplay *a = q->a;
     for (guint k = 0; k < a->segments->len; k++)
-        for (const Block *b = g_ptr_array_index(a->segments, k); b; b = b->next) {
-            const HeadBlock hb = head_block(q, b);
-            g_array_append_val(blocks, hb);
-        }
+        for (const Block *b = g_ptr_array_index(a->segments, k); b; b = b->next)
+            *(HeadBlock *)zp_array_extend(blocks, 1, sizeof(HeadBlock), &room) =
+                head_block(q, b);
 }
 
 /* A few segments' first blocks (at most PROBES, spread over them: where they lie, how large,
@@ -493,9 +495,9 @@ static uint64_t probe_hash(const Seq *q)
 
 static void take_blocks(const Seq *q, Head *h)
 {
-    h->blocks = g_array_sized_new(FALSE, FALSE, sizeof(HeadBlock),
-                                  h->live + h->free_large + h->free_small);
-    walk_blocks(q, h->blocks);
+    const guint room = h->live + h->free_large + h->free_small;
+    h->blocks = g_array_sized_new(FALSE, FALSE, sizeof(HeadBlock), room);
+    walk_blocks(q, h->blocks, room);
 }
 
 static void head_clear(Head *h)
@@ -789,7 +791,7 @@ static void candidates_clear(Heads *h)
 {
     head_clear(&h->candidate);
     h->candidate.at = UINT64_MAX;
-    g_hash_table_remove_all(h->by_hash);
+    zp_alloc_hashes_clear(&h->by_hash);
 }
 
 static void heads_clear(Heads *h)
@@ -847,16 +849,15 @@ static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
         }
     }
     const uint64_t hash = probe_hash(q);
-    gpointer before;
-    if (h->candidate.at == UINT64_MAX &&
-        g_hash_table_lookup_extended(h->by_hash, GSIZE_TO_POINTER(hash), NULL, &before)) {
+    uint64_t before;
+    if (h->candidate.at == UINT64_MAX && zp_alloc_hashes_get(&h->by_hash, hash, &before)) {
         h->candidate = now;
-        h->period = e - GPOINTER_TO_SIZE(before);
+        h->period = e - before;
         take_blocks(q, &h->candidate);
     }
-    if (g_hash_table_size(h->by_hash) >= MAX_HEADS)
-        g_hash_table_remove_all(h->by_hash);
-    g_hash_table_replace(h->by_hash, GSIZE_TO_POINTER(hash), GSIZE_TO_POINTER(e));
+    if (zp_alloc_hashes_size(&h->by_hash) >= MAX_HEADS)
+        zp_alloc_hashes_clear(&h->by_hash);
+    zp_alloc_hashes_put(&h->by_hash, hash, e);
     return e;
 }
 
@@ -883,8 +884,8 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
     const gboolean interleaved = s->plan.pipe.schedule == ZP_PIPE_INTERLEAVED;
     Heads heads = {.candidate.at = UINT64_MAX,
                    .group = (uint32_t)MAX(interleaved ? zp_plan_pp(&s->plan) : 1, 1),
-                   .by_hash = g_hash_table_new(g_direct_hash, g_direct_equal),
                    .slot_undo = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
+    zp_alloc_hashes_init(&heads.by_hash);
     heads.recent = g_new0(Head, heads.group);
     GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     ZpAllocCursor at = ZP_ALLOC_CURSOR_INIT;
@@ -904,7 +905,7 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
         e++;
     }
     heads_clear(&heads);
-    g_hash_table_destroy(heads.by_hash);
+    zp_alloc_hashes_destroy(&heads.by_hash);
     g_free(heads.recent);
     g_array_free(heads.slot_undo, TRUE);
     g_array_free(fixed, TRUE);
