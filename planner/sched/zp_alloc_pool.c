@@ -106,14 +106,15 @@ void zp_alloc_pool_insert(ZpAllocPool *p, ZpAllocBlock *b)
     p->n++;
 }
 
-void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
+/* Takes b out; at: its size's place among the sizes, or G_MAXUINT (found if it goes). */
+G_ALWAYS_INLINE static inline void pool_take(ZpAllocPool *p, const ZpAllocBlock *b, guint at)
 {
     ZpAllocHeap *h = b->heap;
     ZpAllocBlock *last = h->at[--h->n];
     if (last != b) /* the last block fills b's hole */
         heap_settle(h, b->heap_pos, last);
     if (h->n == 0) { /* its size goes (the heap is b's size's: found at its size) */
-        const guint i = size_at_least(p, b->size);
+        const guint i = at != G_MAXUINT ? at : size_at_least(p, b->size);
         h->next_spare = p->spare;
         p->spare = h;
         memmove(&p->sizes[i], &p->sizes[i + 1], (p->n_sizes - i - 1) * sizeof *p->sizes);
@@ -122,11 +123,19 @@ void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
     p->n--;
 }
 
-/* The best fit: the smallest block of at least size bytes, the lowest address among those. */
-ZpAllocBlock *zp_alloc_pool_best(const ZpAllocPool *p, uint64_t size)
+void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
+{
+    pool_take(p, b, G_MAXUINT);
+}
+
+ZpAllocBlock *zp_alloc_pool_take_best(ZpAllocPool *p, uint64_t size)
 {
     const guint i = size_at_least(p, size);
-    return i < p->n_sizes ? p->sizes[i].heap->at[0] : NULL;
+    if (i == p->n_sizes)
+        return NULL;
+    ZpAllocBlock *b = p->sizes[i].heap->at[0];
+    pool_take(p, b, i);
+    return b;
 }
 
 uint64_t zp_alloc_pool_largest(const ZpAllocPool *p)

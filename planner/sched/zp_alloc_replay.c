@@ -209,10 +209,8 @@ G_ALWAYS_INLINE static inline gboolean replay_malloc(ZpAllocReplay *a, uint64_t 
     const uint64_t size = round_size(bytes);
     const gboolean small = size <= ZP_ALLOC_SMALL_SIZE_BYTES;
     ZpAllocPool *pool = &a->pools[small];
-    Block *b = zp_alloc_pool_best(pool, size);
-    if (b) {
-        zp_alloc_pool_remove(pool, b);
-    } else {
+    Block *b = zp_alloc_pool_take_best(pool, size);
+    if (!b) {
         const uint64_t seg = segment_size(size);
         if (!fits(a, seg))
             release_cached(a);
