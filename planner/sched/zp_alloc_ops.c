@@ -143,13 +143,13 @@ G_ALWAYS_INLINE static inline void map_remove(NameMap *m, uint64_t key)
  *
  * Of a pipeline schedule's ops a quarter or less are allocs and frees (Megatron 1T's short
  * schedule: 37,776 of 130,674), and five walks read every op (the highest buffer, the
- * ordinals, free_partners, Period's frees after an insertion, the list itself): each reads
+ * roles, free_partners, Period's frees after an insertion, the list itself): each reads
  * the allocs and frees, and the first op of each stage (where micro-step shifts restart),
  * listed once here. */
 typedef struct {
     uint32_t *op;  /* op indices, increasing */
     guint n;
-    guint allocs;  /* of them, allocs of a buffer at a micro-step (named: ordinals) */
+    guint allocs;  /* of them, allocs of a buffer at a micro-step (named: alloc_roles) */
     int32_t most;  /* the highest buffer id of any op (a collective's bucket too) */
 } Visits;
 
@@ -183,13 +183,26 @@ static guint visit_at(const Visits *v, uint32_t op)
     return lo;
 }
 
-/* [op]: each alloc's ordinal among its stage's and micro-step's allocs of its unit and
- * category, here (0 for other ops); NULL where one passes the name's bits. The counts' table
- * holds one name an alloc at most: sized for them, it never grows (from 1,024 it grew five
- * times for Megatron 1T's 18,888 names, 2.3 M instructions). */
-static uint8_t *alloc_ordinals(const ZpSchedule *s, const Visits *v)
+/* The name of an alloc at micro-step `micro`, its name at micro-step 0 (its role, from
+ * alloc_roles) given: FALSE where it has none, or micro passes its bits. A name was 27
+ * instructions from the op's fields (key_of), of 75,000 names for Megatron 1T. */
+G_ALWAYS_INLINE static inline gboolean key_at(uint64_t role, int64_t micro, uint64_t *key)
 {
-    uint8_t *ordinal = g_new0(uint8_t, MAX(s->ops->len, 1));
+    if (role == 0 || micro < 0 || micro >= KEY_MICRO_LIMIT)
+        return FALSE;
+    *key = role | (uint64_t)micro << 24;
+    return TRUE;
+}
+
+/* [op]: each alloc's role (of a micro-step, micro >= 0), its name at micro-step 0: a buffer's
+ * with its ordinal among its stage's and micro-step's allocs of its unit and category here, a
+ * state's with ordinal 0 (0 where its fields pass the name's bits); unset for other ops. NULL
+ * where a buffer's alloc passes the name's bits. The counts' table holds one name an alloc at
+ * most: sized for them, it never grows (from 1,024 it grew five times for Megatron 1T's 18,888
+ * names, 2.3 M instructions). */
+static uint64_t *alloc_roles(const ZpSchedule *s, const Visits *v)
+{
+    uint64_t *role = g_new(uint64_t, MAX(s->ops->len, 1));
     NameMap count;
     map_init(&count, v->allocs);
     gboolean ok = TRUE;
@@ -197,23 +210,26 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s, const Visits *v)
         const uint32_t i = v->op[k];
         const ZpOp *op = zp_sched_op(s, i);
         uint64_t key;
-        if (op->kind != ZP_OP_ALLOC || op->buffer < 0 || op->micro < 0)
+        if (op->kind != ZP_OP_ALLOC || op->micro < 0)
             continue;
+        if (op->buffer < 0) {
+            role[i] = key_of(op->stage, 0, op->unit, op->sub, 0, &key) ? key : 0;
+            continue;
+        }
         ok = key_of(op->stage, op->micro, op->unit, op->sub, 0, &key);
         if (!ok)
             break;
         const uint64_t got = map_get(&count, key);
         const uint32_t seen = got == UINT64_MAX ? 0 : (uint32_t)got;
-        ok = seen < KEY_ORDINAL_LIMIT;
-        ordinal[i] = (uint8_t)seen;
+        ok = seen < KEY_ORDINAL_LIMIT && key_of(op->stage, 0, op->unit, op->sub, seen, &role[i]);
         map_put(&count, key, seen + 1);
     }
     map_free(&count);
     if (!ok) {
-        g_free(ordinal);
+        g_free(role);
         return NULL;
     }
-    return ordinal;
+    return role;
 }
 
 /* The longer schedule's live allocations by name (-> its model op here and its buffer there:
@@ -222,7 +238,7 @@ static uint8_t *alloc_ordinals(const ZpSchedule *s, const Visits *v)
 typedef struct {
     const ZpSchedule *s;
     const Visits *visits;
-    const uint8_t *ordinal;
+    const uint64_t *role;    /* [alloc op]: alloc_roles' */
     const int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet) */
     uint32_t *partner;       /* [visit]: free_partners, made on first need (period_init); or NULL */
     NameMap live;
@@ -246,7 +262,7 @@ G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int3
     if (op->buffer < 0 || op->micro < 0)
         return TRUE; /* states and regions are not named: no free looks them up */
     uint64_t key;
-    if (!key_of(op->stage, micro, op->unit, op->sub, n->ordinal[model], &key))
+    if (!key_at(n->role[model], micro, &key))
         return FALSE;
     map_put(&n->live, key, name_value(model, buffer));
     return TRUE;
@@ -258,10 +274,8 @@ G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int3
 G_ALWAYS_INLINE static inline int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
 {
     const ZpOp *free_op = zp_sched_op(n->s, model);
-    const ZpOp *alloc = zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer]);
     uint64_t key;
-    if (!key_of(alloc->stage, micro, alloc->unit, alloc->sub,
-                n->ordinal[n->alloc_of[free_op->buffer]], &key))
+    if (!key_at(n->role[n->alloc_of[free_op->buffer]], micro, &key))
         return -1;
     const uint64_t value = map_get(&n->live, key);
     if (value == UINT64_MAX || !same_alloc(zp_sched_op(n->s, (uint32_t)(value >> 32)), free_op))
@@ -314,11 +328,9 @@ static void period_free(Period *p)
 static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t micro,
                             uint32_t micro_step, uint64_t *delta)
 {
-    const ZpOp *alloc = zp_sched_op(n->s, a);
-    uint64_t key;
-    if (!key_of(alloc->stage, 0, alloc->unit, alloc->sub, n->ordinal[a], &key))
+    if (n->role[a] == 0)
         return -1;
-    const uint64_t first = map_get(&p->role, key);
+    const uint64_t first = map_get(&p->role, n->role[a]);
     for (int32_t j = first == UINT64_MAX ? -1 : (int32_t)first; j >= 0; j = p->next[j]) {
         const int64_t d = zp_sched_op(n->s, p->op[j])->micro - micro;
         if (d >= 0 && d % micro_step == 0) {
@@ -372,14 +384,13 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
     for (guint k = from; k < to; k++) {
         const uint32_t t = v->op[k];
         const ZpOp *op = zp_sched_op(n->s, t);
-        uint64_t key;
         p->len += op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE;
         if (op->kind != ZP_OP_ALLOC)
             continue;
         p->op[p->allocs] = t;
         p->next[p->allocs] = -1;
-        if (op->micro >= 0 &&
-            key_of(op->stage, 0, op->unit, op->sub, n->ordinal[t], &key)) {
+        if (op->micro >= 0 && n->role[t] != 0) {
+            const uint64_t key = n->role[t];
             const uint64_t first = map_get(&p->role, key);
             if (first != UINT64_MAX) { /* after the last of its name */
                 int32_t j = (int32_t)first;
@@ -452,7 +463,7 @@ static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32
             if (op->micro < 0)
                 continue;
             const int64_t micro = op->micro + shift + (int64_t)(c * x->micro_steps);
-            ok = key_of(op->stage, micro, op->unit, op->sub, n->ordinal[p->op[j]], &key);
+            ok = key_at(n->role[p->op[j]], micro, &key);
             const uint64_t value = ok ? map_get(&n->live, key) : UINT64_MAX;
             if (value == UINT64_MAX)
                 continue;
@@ -460,8 +471,7 @@ static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32
             const int32_t buffer = zp_alloc_run_buffer((int32_t)(uint32_t)value, run->copies,
                                                        run->buffer_step, run->first_buffer,
                                                        run->buffer_window);
-            ok = key_of(op->stage, micro + (int64_t)(run->copies * x->micro_steps), op->unit,
-                        op->sub, n->ordinal[p->op[j]], &to);
+            ok = key_at(n->role[p->op[j]], micro + (int64_t)(run->copies * x->micro_steps), &to);
             moved[2 * n_moved] = to;
             moved[2 * n_moved++ + 1] = name_value(p->op[j], buffer);
         }
@@ -616,8 +626,8 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                     total < ZP_ALLOC_OPS_MAX_PLACES && (uint64_t)most + total < INT32_MAX;
     for (size_t k = 0; fits && k < n_ins; k++)
         fits = given[k].step > 0 && given[k].at >= given[k].step && given[k].at <= n;
-    uint8_t *ordinal = fits ? alloc_ordinals(s, &v) : NULL;
-    if (!ordinal) {
+    uint64_t *role = fits ? alloc_roles(s, &v) : NULL;
+    if (!role) {
         g_free(v.op);
         return NULL;
     }
@@ -639,7 +649,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t j = 0; leave_out && j < n_ins; j++)
         some_left_out = some_left_out || ins[j].periods > 8;
     const guint room = (guint)((some_left_out ? n : total) / 4 + 16);
-    Names names = {.s = s, .visits = &v, .ordinal = ordinal, .alloc_of = alloc_of,
+    Names names = {.s = s, .visits = &v, .role = role, .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
                    .room = room, .fresh = most + 1};
     map_init(&names.live, 1024);
@@ -674,7 +684,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     map_free(&names.live);
     g_free(alloc_of);
     g_free(names.partner);
-    g_free(ordinal);
+    g_free(role);
     g_free(ins);
     g_free(v.op);
     if (!ok || k != n_ins) {
