@@ -578,7 +578,8 @@ static guint list_room(const ZpSchedule *s, const Visits *v, const ZpOpInsert *i
                                     : ins[k].periods;
         room += listed * (visit_at(v, ins[k].at) - visit_at(v, ins[k].at - ins[k].step));
     }
-    return (guint)MIN(room, (uint64_t)ZP_ALLOC_OPS_MAX_PLACES);
+    /* a reservation (untouched until written), at most 1 GiB: a list past it grows */
+    return (guint)MIN(room, (uint64_t)(G_MAXUINT / 4 / sizeof(ZpAllocOp)));
 }
 
 /* Lists the inserts from ins[*k] on whose places lie below `end`, their micro-steps
