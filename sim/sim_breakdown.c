@@ -228,15 +228,9 @@ gboolean sim_result_timeline_row(const SimResult *result, uint32_t rank, size_t 
         return FALSE;
     uint32_t row = rank;
     if (result->timeline_ranks) {
-        /* Ascending: a binary search. */
-        uint32_t lo = 0, hi = result->n_timeline_ranks;
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo) / 2;
-            if (result->timeline_ranks[mid] < rank)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
+        /* ascending */
+        const uint32_t lo =
+            zp_lower_bound_u32(result->timeline_ranks, result->n_timeline_ranks, rank);
         if (lo == result->n_timeline_ranks || result->timeline_ranks[lo] != rank)
             return FALSE;
         row = lo;

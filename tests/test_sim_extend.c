@@ -287,20 +287,43 @@ static void assert_same_alloc_op(const ZpAllocOp *w, const ZpAllocOp *m, const Z
  * leave copies out, fewer listed than half where a pipeline's 1F1B stages insert most of
  * their micro-steps, and take buffers again where every alloc of a period is freed
  * (zp_alloc_ops.c). */
+/* Case c's short schedule extended by the simulator's fold (*ext), and the allocator's lists
+ * of its longer schedule: every copy (*all), and the copies listed with runs left out. */
+typedef struct {
+    ZpSchedule *s;
+    SimResult *ext;
+    GArray *runs, *all, *listed;
+} AllocLists;
+
+static AllocLists alloc_lists(const ExtCase *c)
+{
+    AllocLists l = {.s = ext_schedule(c, c->short_accum)};
+    l.ext = run_ext(l.s, (SimOptions){.extend_micro_steps = (uint32_t)(c->accum - c->short_accum)});
+    l.runs = g_array_new(FALSE, FALSE, sizeof(ZpAllocRun));
+    l.all = zp_alloc_ops_extended(l.s, l.ext->inserts, l.ext->n_inserts, NULL);
+    l.listed = zp_alloc_ops_extended(l.s, l.ext->inserts, l.ext->n_inserts, l.runs);
+    g_assert_nonnull(l.all);
+    g_assert_nonnull(l.listed);
+    return l;
+}
+
+static void alloc_lists_free(AllocLists *l)
+{
+    g_array_unref(l->all);
+    g_array_unref(l->listed);
+    g_array_unref(l->runs);
+    sim_result_free(l->ext);
+    zp_sched_free(l->s);
+}
+
 static void test_extend_alloc_runs(void)
 {
     for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
         const ExtCase *c = &cases[k];
         if (c->schedule == ZP_PIPE_GPIPE)
             continue;
-        ZpSchedule *s = ext_schedule(c, c->short_accum);
-        SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps =
-                                                      (uint32_t)(c->accum - c->short_accum)});
-        GArray *runs = g_array_new(FALSE, FALSE, sizeof(ZpAllocRun));
-        GArray *all = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, NULL);
-        GArray *listed = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, runs);
-        g_assert_nonnull(all);
-        g_assert_nonnull(listed);
+        AllocLists l = alloc_lists(c);
+        GArray *runs = l.runs, *all = l.all, *listed = l.listed;
         GHashTable *by = g_hash_table_new(g_direct_hash, g_direct_equal);
         GHashTable *held = g_hash_table_new(g_direct_hash, g_direct_equal);
         guint j = 0, r = 0, windows = 0;
@@ -336,11 +359,7 @@ static void test_extend_alloc_runs(void)
             g_assert_cmpuint(windows, ==, runs->len);
         g_hash_table_destroy(by);
         g_hash_table_destroy(held);
-        g_array_unref(all);
-        g_array_unref(listed);
-        g_array_unref(runs);
-        sim_result_free(ext);
-        zp_sched_free(s);
+        alloc_lists_free(&l);
     }
 }
 
@@ -362,19 +381,13 @@ static gboolean seq_refuses(const ZpSchedule *s, GArray *ops, const GArray *runs
 
 static void test_extend_alloc_runs_refused(void)
 {
-    const ExtCase *c = &cases[3]; /* pp 16: every stage's insert leaves copies out */
-    ZpSchedule *s = ext_schedule(c, c->short_accum);
-    SimResult *ext = run_ext(s, (SimOptions){.extend_micro_steps =
-                                                  (uint32_t)(c->accum - c->short_accum)});
-    GArray *runs = g_array_new(FALSE, FALSE, sizeof(ZpAllocRun));
-    GArray *all = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, NULL);
-    GArray *listed = zp_alloc_ops_extended(s, ext->inserts, ext->n_inserts, runs);
-    g_assert_nonnull(all);
-    g_assert_nonnull(listed);
+    AllocLists l = alloc_lists(&cases[3]); /* pp 16: every stage's insert leaves copies out */
+    ZpSchedule *s = l.s;
+    GArray *runs = l.runs, *listed = l.listed;
     g_assert_cmpuint(runs->len, >, 0);
     uint64_t n_ev = 0;
     g_assert_false(seq_refuses(s, listed, runs, &n_ev));
-    g_assert_cmpuint(n_ev, ==, all->len);
+    g_assert_cmpuint(n_ev, ==, l.all->len);
     ZpAllocRun *first = &g_array_index(runs, ZpAllocRun, 0);
     const ZpAllocRun kept = *first;
     first->micro_step += 1; /* copies a micro-step further apart than the listed ones */
@@ -384,11 +397,7 @@ static void test_extend_alloc_runs_refused(void)
     g_assert_true(seq_refuses(s, listed, runs, &n_ev));
     *first = kept;
     g_assert_false(seq_refuses(s, listed, runs, &n_ev));
-    g_array_unref(all);
-    g_array_unref(listed);
-    g_array_unref(runs);
-    sim_result_free(ext);
-    zp_sched_free(s);
+    alloc_lists_free(&l);
 }
 
 /* A slow rank among its stage's peers (rank classes) refuses the fold: no virtual periods

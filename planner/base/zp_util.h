@@ -116,6 +116,20 @@ static inline void *zp_array_extend(GArray *array, guint n, gsize elem_bytes, gu
     return array->data + (gsize)len * elem_bytes;
 }
 
+/* The first index of the ascending v[0, n) whose value is at least x (n: none). */
+static inline guint zp_lower_bound_u32(const uint32_t *v, guint n, uint32_t x)
+{
+    guint lo = 0, hi = n;
+    while (lo < hi) {
+        const guint mid = lo + (hi - lo) / 2;
+        if (v[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Has glibc's malloc keep freed memory for the next allocation (mallopt M_MMAP_THRESHOLD and
  * M_TRIM_THRESHOLD at 1 GiB) instead of handing each large block back to the kernel, which
  * zeroes fresh pages again for the next one. A process that evaluates plans calls it first

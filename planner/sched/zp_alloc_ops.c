@@ -172,15 +172,7 @@ static void visits_init(const ZpSchedule *s, Visits *v)
 /* The first visit at or after op `op` (v->n: none). */
 static guint visit_at(const Visits *v, uint32_t op)
 {
-    guint lo = 0, hi = v->n;
-    while (lo < hi) {
-        const guint mid = lo + (hi - lo) / 2;
-        if (v->op[mid] < op)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return zp_lower_bound_u32(v->op, v->n, op);
 }
 
 /* The name of an alloc at micro-step `micro`, its name at micro-step 0 (its role, from
