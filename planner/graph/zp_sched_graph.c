@@ -58,7 +58,7 @@ void zp_sched_memo_destroy(ZpSchedMemo *memo)
     zp_sched_memo_drop_layout(memo);
     if (memo->model_tensors)
         g_array_unref(memo->model_tensors);
-    g_free(memo->tensor_flags);
+    g_free(memo->tensor_notes);
     g_free(memo);
 }
 

@@ -200,13 +200,15 @@ typedef enum {
  * it: zp_impl_tensors' answer (ZpImplTensor), and the layout it was for (unit offsets, then
  * unit elements), which tells when it is stale (each pipeline stage lays its units out anew);
  * and what it reads of the model alone, which no stage changes: the model's tensors
- * (zp_model_tensors) and what their names say (zp_impl.c tensor_flags), NULL until asked. */
+ * (zp_model_tensors) and what their names and units say (zp_impl.c ZpTensorNote, one an
+ * entry and one past them, in one block), NULL until asked. */
+typedef struct ZpTensorNote ZpTensorNote;
 typedef struct {
     GArray *impl_tensors;
     uint64_t *layout;
     int n_units;
     GArray *model_tensors;
-    uint8_t *tensor_flags;
+    ZpTensorNote *tensor_notes;
 } ZpSchedMemo;
 
 typedef struct {

@@ -161,52 +161,69 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
 /* What list_tensors reads of a tensor's name, worked out once for the model: whether it is
  * an expert's (the expert space's, zp_sched_experts), and whether it starts a module (its
  * name's first part differs from that of the tensor before it in its unit that is no expert's;
- * a module is a name's first part). */
+ * a module is a name's first part); and of its place: the end of the run of tensors of its
+ * unit it is in, and how many tensors before it are no expert's, with which a unit another
+ * pipeline stage holds is passed in one step (its tensors each count a module, list nothing). */
 enum { TENSOR_EXPERT = 1, TENSOR_NEW_NAME = 2 };
 
-static uint8_t *tensor_flags(const GArray *tensors)
+struct ZpTensorNote {
+    uint32_t run_end, dense_before;
+    uint8_t flags;
+};
+
+static ZpTensorNote *tensor_notes(const GArray *tensors)
 {
-    uint8_t *flags = g_new(uint8_t, MAX(tensors->len, 1));
+    const guint n = tensors->len;
+    ZpTensorNote *notes = g_new(ZpTensorNote, (gsize)n + 1);
     int unit = -1;
     const char *module_name = "";
-    for (guint i = 0; i < tensors->len; i++) {
+    uint32_t dense = 0;
+    for (guint i = 0; i < n; i++) {
         const ZpTensor *t = &g_array_index(tensors, ZpTensor, i);
+        notes[i].dense_before = dense;
         if (zp_model_tensor_is_expert(t)) {
-            flags[i] = TENSOR_EXPERT;
+            notes[i].flags = TENSOR_EXPERT;
             continue;
         }
+        dense++;
         if (t->unit != unit)
             unit = t->unit, module_name = "";
-        flags[i] = same_module(t->name, module_name) ? 0 : TENSOR_NEW_NAME;
+        notes[i].flags = same_module(t->name, module_name) ? 0 : TENSOR_NEW_NAME;
         module_name = t->name; /* the same first part, when it was the same module */
     }
-    return flags;
+    notes[n].dense_before = dense;
+    for (guint i = n; i-- > 0;) { /* from the last: each run's end, the one after its last */
+        const gboolean last = i + 1 == n || g_array_index(tensors, ZpTensor, i + 1).unit !=
+                                                g_array_index(tensors, ZpTensor, i).unit;
+        notes[i].run_end = last ? i + 1 : notes[i + 1].run_end;
+    }
+    return notes;
 }
 
-/* The model's tensors and their flags: the memo's, kept for the build (a pipeline lists its
+/* The model's tensors and their notes: the memo's, kept for the build (a pipeline lists its
  * tensors once a stage: Megatron 1T's 64 stages named its 1,500 tensors 64 times, 7% of its
  * build), or the caller's own (*own TRUE: its to free). */
-static GArray *model_tensors(const ZpSchedule *s, const uint8_t **flags, gboolean *own)
+static GArray *model_tensors(const ZpSchedule *s, const ZpTensorNote **notes, gboolean *own)
 {
     ZpSchedMemo *memo = s->memo;
     *own = memo == NULL;
     if (memo && memo->model_tensors) {
-        *flags = memo->tensor_flags;
+        *notes = memo->tensor_notes;
         return memo->model_tensors;
     }
     GArray *tensors = zp_model_tensors(&s->model);
-    uint8_t *made = tensor_flags(tensors);
-    *flags = made;
+    ZpTensorNote *made = tensor_notes(tensors);
+    *notes = made;
     if (memo)
-        memo->model_tensors = tensors, memo->tensor_flags = made;
+        memo->model_tensors = tensors, memo->tensor_notes = made;
     return tensors;
 }
 
 static GArray *list_tensors(const ZpSchedule *s)
 {
-    const uint8_t *flags;
+    const ZpTensorNote *notes;
     gboolean own;
-    GArray *tensors = model_tensors(s, &flags, &own);
+    GArray *tensors = model_tensors(s, &notes, &own);
     GArray *out = g_array_new(FALSE, FALSE, sizeof(ZpImplTensor));
     /* at most one entry a tensor and one a unit (zp_array_extend's room: 0 when unreserved) */
     guint room = zp_array_reserve_huge(out, tensors->len + (guint64)s->n_units);
@@ -223,17 +240,25 @@ static GArray *list_tensors(const ZpSchedule *s)
         }
         if (!t)
             break;
-        if (flags[i] & TENSOR_EXPERT) /* the expert space's (zp_sched_experts) */
+        if (notes[i].flags & TENSOR_EXPERT) /* the expert space's (zp_sched_experts) */
             continue;
         if (t->unit != unit)
             unit = t->unit, inside = 0;
-        if ((flags[i] & TENSOR_NEW_NAME) || inside == 0)
+        if ((notes[i].flags & TENSOR_NEW_NAME) || inside == 0)
             module++;
         /* Nothing of it in the unit's range (another pipeline stage's unit, whose range is
          * empty): what the clip below would find, without the name lookup (64 stages of
          * Megatron 1T each walked the whole model's tensors by name). */
-        if (inside >= s->unit_elems[unit])
+        if (inside >= s->unit_elems[unit]) {
+            if (s->unit_elems[unit] == 0) {
+                /* the run's other tensors alike (inside stays 0): each no expert's counts a
+                 * module, none is listed; the walk goes on past the run */
+                const uint32_t end = notes[i].run_end;
+                module += (int)(notes[end].dense_before - notes[i + 1].dense_before);
+                i = end - 1;
+            }
             continue;
+        }
         /* A tensor's share of a tensor-parallel rank; clipped to its unit's range. */
         uint64_t elems = zp_model_tensor_tp_elems(&s->model, t, s->plan.mp);
         if (inside + elems > s->unit_elems[unit])
@@ -246,7 +271,7 @@ static GArray *list_tensors(const ZpSchedule *s)
     }
     if (own) {
         g_array_unref(tensors);
-        g_free((uint8_t *)flags);
+        g_free((ZpTensorNote *)notes);
     }
     return out;
 }

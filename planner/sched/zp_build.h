@@ -159,6 +159,7 @@ typedef struct {
      * the deps array with the keys they wait for. */
     int stage, n_chunks;
     int *first_unit;
+    int *unit_chunk; /* per unit: the chunk holding it (zp_build_unit_chunks) */
     uint32_t *send_op;
     int64_t recv_key;
     /* ZpPlan p2p_sync: a second send the next compute op waits for (the gradient an
@@ -275,6 +276,8 @@ Cost zp_build_optimizer_cost(const Builder *b, double elems);
 
 /* ---- zp_build_layout.c ---- */
 
+/* Each of the n_units units' chunk, given the chunks' first units (zp_pipe_partition). */
+int *zp_build_unit_chunks(const int *first_unit, int n_chunks, int n_units);
 gboolean zp_build_unit_held(const Builder *b, int unit);
 void zp_build_layout(Builder *b);
 

@@ -23,19 +23,25 @@ gboolean zp_sched_coll_fetches(const ZpSchedule *s, const ZpOp *op)
              s->plan.zero.stage == 3));
 }
 
-/* The chunk that holds a unit (one chunk without a pipeline). */
-static int unit_chunk(const Builder *b, int unit)
+/* The chunk that holds each unit (one chunk without a pipeline), in one walk of the chunks'
+ * first units: each layout asked for every unit's by a walk from chunk 0 (Megatron 1T's 64
+ * stages x 130 units: 2.4 M instructions of its 40 M build). */
+int *zp_build_unit_chunks(const int *first_unit, int n_chunks, int n_units)
 {
+    int *chunk = g_new(int, MAX(n_units, 1));
     int c = 0;
-    while (c + 1 < b->n_chunks && b->first_unit[c + 1] <= unit)
-        c++;
-    return c;
+    for (int u = 0; u < n_units; u++) {
+        while (c + 1 < n_chunks && first_unit[c + 1] <= u)
+            c++;
+        chunk[u] = c;
+    }
+    return chunk;
 }
 
 /* Whether the stage being built holds the unit: chunk c sits on stage c mod P. */
 gboolean zp_build_unit_held(const Builder *b, int unit)
 {
-    return unit_chunk(b, unit) % zp_plan_pp(&b->s->plan) == b->stage;
+    return b->unit_chunk[unit] % zp_plan_pp(&b->s->plan) == b->stage;
 }
 
 /* A unit's elements on the stage being built, this rank's share of the tensor-parallel group

@@ -373,6 +373,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .launch_start = g_new0(guint, (gsize)L + 3),
                  .gathers = g_array_new(FALSE, FALSE, sizeof(Gather)),
                  .n_chunks = chunks, .first_unit = first_unit,
+                 .unit_chunk = zp_build_unit_chunks(first_unit, chunks, L + 2),
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
                  .recv_key = -1, .recv_key_sync = -1, .deferred_chunk = -1,
                  .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
@@ -461,6 +462,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.launch_start);
     g_array_unref(b.gathers);
     g_free(b.first_unit);
+    g_free(b.unit_chunk);
     g_free(b.send_op);
     g_free(b.head_grad);
     g_free(b.secondary);

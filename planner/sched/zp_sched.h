@@ -68,7 +68,7 @@ uint64_t zp_sched_optimizer_elems(const ZpModel *model, const ZpPlan *plan);
 double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan);
 
 /* The same, with `memo` (NULL: none) keeping the model's tensor table and what their names
- * say (ZpSchedMemo model_tensors, tensor_flags) from one call to the next: a memo serves one
+ * say (ZpSchedMemo model_tensors, tensor_notes) from one call to the next: a memo serves one
  * model only (the search's screen: plan --3d gpt-1t/4096 named 128 layers' tensors at each
  * stage-3 shape). */
 double zp_sched_gathered_elems_kept(const ZpModel *model, const ZpPlan *plan,
