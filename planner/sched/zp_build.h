@@ -246,10 +246,15 @@ uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int uni
 uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
                                 uint32_t after);
 void zp_build_sync_on(Builder *b, uint32_t op);
-/* Tensor-parallel collectives kinds[0 .. n) of elems (bytes), each after the one before it
- * (the first after `after`) and each synchronised with the next compute op; returns the last. */
-uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int unit, int micro,
-                                uint64_t elems, double bytes, uint32_t after);
+/* `chains` chains of tensor-parallel collectives kinds[0 .. n) of elems (bytes), each
+ * collective after the one before it in its chain (the first after `after`) and each
+ * synchronised with the next compute op; returns the last one. */
+uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int chains, int unit,
+                                int micro, uint64_t elems, double bytes, uint32_t after);
+/* A pipeline p2p op (ZpP2pKind dir) to stage `peer`, after the last compute op and the
+ * collectives that op synchronises with (sync_deps, which stay). */
+uint32_t zp_build_emit_p2p(Builder *b, ZpP2pKind dir, int unit, int micro, uint32_t peer,
+                           uint64_t elems, double bytes);
 
 /* Appends op to deps, within the room kept for the step's own (Builder.step_deps): a GLib
  * append checks the room with a 64-bit division (g_array_maybe_expand), 400,000 of them in
@@ -330,7 +335,7 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 
 /* ---- zp_build_tp.c ---- */
 
-void zp_build_tp_sum(Builder *b, int unit, int micro);
+void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
 void zp_build_tp_allreduces(Builder *b, int unit, int micro);
 void zp_build_vocab_parallel_head(Builder *b, int micro);
 
@@ -389,7 +394,12 @@ void zp_build_moe_param_gather(Builder *b, uint32_t after);
 
 /* ---- zp_build_pipe.c ---- */
 
-int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir);
+/* The send of (chunk, micro, direction): its index among every stage's sends (inline: a
+ * pipeline's every action asks for one or two). */
+static inline int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
+{
+    return ((int64_t)chunk * b->s->plan.grad_accum + micro) * ZP_P2P_N + dir;
+}
 /* The received tensor's all-gather over the tensor group under scatter/gather (ZpImpl
  * p2p_scatter_gather), which takes the send as its dependency (the emitter's recv_key) and,
  * as p2p_communication.py runs it in line, the compute before it; the next compute op waits

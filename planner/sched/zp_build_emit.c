@@ -249,22 +249,97 @@ void zp_build_sync_on(Builder *b, uint32_t op)
     g_array_index(b->sync_deps, uint32_t, b->n_sync++) = op;
 }
 
-/* zp_build_tp_sum's collectives, as zp_build_emit_collective and zp_build_sync_on emit them,
- * in one call a sum: its ops' kind, group, stream and single dependency are known here, and
- * a call of eleven arguments a collective and one a sync were a third of their cost (plan
- * --3d gpt-1t/4096: 548,400 of them). */
-uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int unit, int micro,
-                                uint64_t elems, double bytes, uint32_t after)
+/* The common case of zp_build_emit_tp_chain: no other stage's send to wait for and room for
+ * every op below max_ops. The ops and their dependencies (the op before in the chain, and the
+ * host's wait on the device while there is one: op_finish's list for them) are written in one
+ * pass, with the arrays' room made once, where op_finish re-read the arrays' lengths through
+ * the builder for each (plan --3d and Megatron 1T: 130 instructions a collective). */
+static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int chains,
+                                int unit, int micro, uint64_t elems, double bytes,
+                                uint32_t after)
 {
-    for (int k = 0; k < n; k++) {
-        ZpOp *op = op_slot(b);
-        *op = (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = kinds[k], .stream = ZP_STREAM_TP,
-                     .group = ZP_GROUP_TP, .unit = unit, .micro = micro, .buffer = -1,
-                     .bytes = bytes, .elem_offset = 0, .elems = elems};
-        after = op_finish(b, op, &after, 1, NULL, 0);
-        zp_build_sync_on(b, after);
+    ZpSchedule *s = b->s;
+    const guint n_ops = (guint)(n * chains), first = s->ops->len;
+    ZpOp *op = zp_array_extend(s->ops, n_ops, sizeof(ZpOp), &b->ops_room);
+    const DepBuf d = deps_open(b, 2 * (guint64)n_ops);
+    /* locals throughout: a store through op or the dependencies may alias the arrays' fields
+     * for the compiler, which then reloads them */
+    const guint dep_base = s->deps->len;
+    uint32_t *dep = d.at;
+    const uint32_t host = b->host_sync, stage = (uint32_t)b->stage;
+    uint32_t *sync = &g_array_index(b->sync_deps, uint32_t, b->n_sync);
+    uint32_t at = first;
+    for (int c = 0; c < chains; c++) {
+        uint32_t last = after; /* each chain follows `after` alone */
+        for (int k = 0; k < n; k++, op++, at++) {
+            uint32_t *from = dep;
+            if (last != NONE)
+                *dep++ = last;
+            if (host != NONE)
+                *dep++ = host;
+            /* field by field over a cleared op: an op built whole was built on the stack and
+             * copied (gcc -O2), each time */
+            memset(op, 0, sizeof *op);
+            op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)kinds[k];
+            op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP;
+            op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
+            op->elems = elems, op->bytes = bytes;
+            op->dep_start = dep_base + (guint)(from - d.at);
+            op->n_deps = (uint32_t)(dep - from);
+            last = at;
+            *sync++ = at;
+        }
     }
-    return after;
+    s->deps->len = dep_base + (guint)(dep - d.at);
+    b->n_sync += n_ops;
+    b->last_on_stream[ZP_STREAM_TP] = at - 1;
+    return at - 1;
+}
+
+/* zp_build_tp_sums' collectives, as zp_build_emit_collective and zp_build_sync_on emit them,
+ * in one call all of a block op's sums: their ops' kind, group, stream and single dependency
+ * are known here, and a call of eleven arguments a collective and one a sync were a third of
+ * their cost (plan --3d gpt-1t/4096: 548,400 of them); the sync list's room is made once for
+ * them all, and a block's two sums were two calls through zp_build_tp_sum (Megatron 1T: 55,000
+ * collectives, 30 instructions each in the calls). */
+uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int chains, int unit,
+                                int micro, uint64_t elems, double bytes, uint32_t after)
+{
+    const guint n_ops = (guint)(n * chains);
+    if (n_ops == 0)
+        return after;
+    if (b->n_sync + n_ops > b->sync_deps->len)
+        g_array_set_size(b->sync_deps, 2 * (b->n_sync + n_ops) + 8);
+    if (b->recv_key < 0 && (double)b->s->ops->len + (double)(n_ops - 1) < b->max_ops)
+        return tp_chain_direct(b, kinds, n, chains, unit, micro, elems, bytes, after);
+    uint32_t last = after;
+    for (int c = 0; c < chains; c++) {
+        last = after; /* each chain follows `after` alone */
+        for (int k = 0; k < n; k++) {
+            ZpOp *op = op_slot(b);
+            *op = (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = kinds[k], .stream = ZP_STREAM_TP,
+                         .group = ZP_GROUP_TP, .unit = unit, .micro = micro, .buffer = -1,
+                         .bytes = bytes, .elem_offset = 0, .elems = elems};
+            last = op_finish(b, op, &last, 1, NULL, 0);
+            g_array_index(b->sync_deps, uint32_t, b->n_sync++) = last;
+        }
+    }
+    return last;
+}
+
+/* A p2p op of the pipeline (zp_build_send), written in place as the other emitters write
+ * theirs, after the last compute op and the collectives it synchronises with: built on the
+ * stack, its dependencies gathered in an array and both copied into the schedule, a send cost
+ * 280 instructions (narayanan21-t1-529.6b: 36,400 of them). */
+uint32_t zp_build_emit_p2p(Builder *b, ZpP2pKind dir, int unit, int micro, uint32_t peer,
+                           uint64_t elems, double bytes)
+{
+    ZpOp *op = op_slot(b);
+    *op = (ZpOp){.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
+                 .unit = unit, .micro = micro, .buffer = -1, .peer = peer, .bytes = bytes,
+                 .elems = elems};
+    return op_finish(b, op, &b->last_compute, 1, (const uint32_t *)b->sync_deps->data,
+                     b->n_sync);
 }
 
 /* An event recorded on a stream after op (a ring of the last three), and the op whose event

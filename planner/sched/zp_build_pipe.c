@@ -6,12 +6,6 @@
 #include <math.h>
 #include <string.h>
 
-/* The send of (chunk, micro, direction): its index among every stage's sends. */
-int64_t zp_build_send_key(const Builder *b, int chunk, int micro, ZpP2pKind dir)
-{
-    return ((int64_t)chunk * b->s->plan.grad_accum + micro) * ZP_P2P_N + dir;
-}
-
 /* Sends the chunk's output activations (forward) or its input gradients (backward) to the
  * neighbouring stage once the last compute op and its tensor-parallel all-reduces are done:
  * b s h elements, or b s h / t when sequence parallelism keeps the sequence split over the
@@ -45,22 +39,10 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
                      (uint64_t)s->model.hidden;
     if (s->plan.sequence_parallel || scatter_gather(&s->plan))
         elems /= (uint64_t)s->plan.mp;
-    /* The last compute op and the collectives it synchronises with: on the stack where they
-     * are few (a deep pipeline sends twice a micro-step a stage, 65,536 sends at pp 64). */
-    uint32_t few[16];
-    const guint n = 1 + b->n_sync;
-    uint32_t *deps = n <= G_N_ELEMENTS(few) ? few : g_new(uint32_t, n);
-    deps[0] = b->last_compute;
-    if (b->n_sync > 0)
-        memcpy(deps + 1, b->sync_deps->data, b->n_sync * sizeof *deps);
     const int P = zp_plan_pp(&s->plan);
     const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
-    ZpOp op = {.kind = ZP_OP_P2P, .sub = dir, .stream = ZP_STREAM_PP, .group = ZP_GROUP_PP,
-               .unit = unit, .micro = micro, .buffer = -1, .peer = (uint32_t)peer,
-               .bytes = (double)elems * s->elem_bytes, .elems = elems};
-    b->send_op[zp_build_send_key(b, chunk, micro, dir)] = zp_build_emit(b, op, deps, n);
-    if (deps != few)
-        g_free(deps);
+    b->send_op[zp_build_send_key(b, chunk, micro, dir)] = zp_build_emit_p2p(
+        b, dir, unit, micro, (uint32_t)peer, elems, (double)elems * s->elem_bytes);
 }
 
 /* A tied word embedding under a pipeline: the first stage (the embedding) and the last (the

@@ -122,7 +122,7 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
         b->module_step = -1;
         g_array_index(b->s->ops, ZpOp, op).module = (uint8_t)(m + 1);
         if (b->s->plan.mp > 1 && module_sums(m, backward))
-            zp_build_tp_sum(b, l, micro);
+            zp_build_tp_sums(b, l, micro, 1);
         if (launched)
             zp_build_launch_buckets(b, l, m, micro, launched);
     }
@@ -140,7 +140,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
         zp_build_emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data,
                               deps->len);
         if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
-            zp_build_tp_sum(b, 0, micro);
+            zp_build_tp_sums(b, 0, micro, 1);
         position_end(b, zp_pos_fwd(0), micro);
     }
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {

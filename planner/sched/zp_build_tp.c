@@ -2,11 +2,12 @@
  * row-parallel sums and the vocab-parallel embedding and head. */
 #include "zp_build.h"
 
-/* One tensor-parallel all-reduce of b*s*h activations or their gradients: on the critical
- * path, so the next compute op waits for it. With sequence parallelism it is a reduce-scatter
- * (into the sequence-split layer norm and dropout) and an all-gather (back to the full
- * sequence for the next tensor-parallel GEMM): the same bytes, in two collectives. */
-void zp_build_tp_sum(Builder *b, int unit, int micro)
+/* `sums` tensor-parallel all-reduces of b*s*h activations or their gradients, each after the
+ * last compute op: on the critical path, so the next compute op waits for them. With sequence
+ * parallelism each is a reduce-scatter (into the sequence-split layer norm and dropout) and an
+ * all-gather (back to the full sequence for the next tensor-parallel GEMM): the same bytes, in
+ * two collectives. */
+void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
 {
     const ZpSchedule *s = b->s;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
@@ -14,7 +15,7 @@ void zp_build_tp_sum(Builder *b, int unit, int micro)
     static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
     static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
     const gboolean sp = s->plan.sequence_parallel;
-    zp_build_emit_tp_chain(b, sp ? split : plain, sp ? 2 : 1, unit, micro, elems,
+    zp_build_emit_tp_chain(b, sp ? split : plain, sp ? 2 : 1, sums, unit, micro, elems,
                            (double)elems * s->elem_bytes, b->last_compute);
 }
 
@@ -25,8 +26,7 @@ void zp_build_tp_allreduces(Builder *b, int unit, int micro)
 {
     if (b->s->plan.mp == 1)
         return;
-    zp_build_tp_sum(b, unit, micro);
-    zp_build_tp_sum(b, unit, micro);
+    zp_build_tp_sums(b, unit, micro, 2);
 }
 
 /* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
@@ -46,5 +46,5 @@ void zp_build_vocab_parallel_head(Builder *b, int micro)
     uint32_t after = zp_build_emit_collective(b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
                                               elems, 4.0 * (double)elems, &b->last_compute, 1);
     zp_build_sync_on(b, after);
-    zp_build_tp_sum(b, unit, micro);
+    zp_build_tp_sums(b, unit, micro, 1);
 }
