@@ -85,7 +85,7 @@ typedef struct {
     guint room;
 } Actions;
 
-static void push(Actions *x, int micro, int chunk, gboolean backward)
+G_ALWAYS_INLINE static inline void push(Actions *x, int micro, int chunk, gboolean backward)
 {
     const ZpPipeAction action = {micro, chunk, backward};
     *(ZpPipeAction *)zp_array_extend(x->a, 1, sizeof action, &x->room) = action;
@@ -93,14 +93,30 @@ static void push(Actions *x, int micro, int chunk, gboolean backward)
 
 /* Megatron's get_model_chunk_id and microbatch id for the k-th forward or backward of an
  * interleaved stage: groups of P micro-batches go through chunk 0, 1, .. V-1 (backwards
- * through V-1 .. 0). */
-static void interleaved_action(Actions *a, int k, int P, int V, int stage, gboolean backward)
+ * through V-1 .. 0). A cursor walks k's group, chunk and micro-batch in the group in turn, where
+ * each action divided k by P V and P (narayanan21-t1-529.6b: 29,400 actions, 55 instructions
+ * each). */
+typedef struct {
+    int group, v, i; /* k = (group V + v) P + i */
+} Interleaved;
+
+static Interleaved interleaved_at(int k, int P, int V)
 {
-    const int group = k / (P * V), in_group = k % (P * V);
-    int v = in_group / P;
-    if (backward)
-        v = V - 1 - v;
-    push(a, group * P + in_group % P, v * P + stage, backward);
+    const int in_group = k % (P * V);
+    return (Interleaved){k / (P * V), in_group / P, in_group % P};
+}
+
+/* Pushes the cursor's action and moves it on to k + 1. */
+G_ALWAYS_INLINE static inline void interleaved_push(Actions *a, Interleaved *c, int P, int V,
+                                                    int stage, gboolean backward)
+{
+    const int v = backward ? V - 1 - c->v : c->v;
+    push(a, c->group * P + c->i, v * P + stage, backward);
+    if (++c->i == P) {
+        c->i = 0;
+        if (++c->v == V)
+            c->v = 0, c->group++;
+    }
 }
 
 GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro,
@@ -133,14 +149,15 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
     }
     const int V = virtual_stages, total = m * V;
     const int warmup = m == P ? total : MIN((P - stage - 1) * 2 + (V - 1) * P, total);
+    Interleaved fwd = interleaved_at(0, P, V), bwd = fwd; /* the next forward's, backward's k */
     for (int k = 0; k < warmup; k++)
-        interleaved_action(a, k, P, V, stage, FALSE);
+        interleaved_push(a, &fwd, P, V, stage, FALSE);
     for (int i = 0; i < total - warmup; i++) {
-        interleaved_action(a, warmup + i, P, V, stage, FALSE);
-        interleaved_action(a, i, P, V, stage, TRUE);
+        interleaved_push(a, &fwd, P, V, stage, FALSE);
+        interleaved_push(a, &bwd, P, V, stage, TRUE);
     }
     for (int k = total - warmup; k < total; k++)
-        interleaved_action(a, k, P, V, stage, TRUE);
+        interleaved_push(a, &bwd, P, V, stage, TRUE);
     return x.a;
 }
 

@@ -251,6 +251,10 @@ void zp_build_sync_on(Builder *b, uint32_t op);
  * synchronised with the next compute op; returns the last one. */
 uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int chains, int unit,
                                 int micro, uint64_t elems, double bytes, uint32_t after);
+/* A compute op (as zp_build_emit_compute) and then `sums` tensor-parallel sums after it (as
+ * zp_build_tp_sums): a whole block's op. */
+uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                const Cost *cost, const uint32_t *deps, guint n_deps, int sums);
 /* A pipeline p2p op (ZpP2pKind dir) to stage `peer`, after the last compute op and the
  * collectives that op synchronises with (sync_deps, which stay). */
 uint32_t zp_build_emit_p2p(Builder *b, ZpP2pKind dir, int unit, int micro, uint32_t peer,
@@ -335,13 +339,27 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 
 /* ---- zp_build_tp.c ---- */
 
+/* A tensor-parallel sum's collectives kinds[0 .. n), each of elems (bytes). */
+typedef struct {
+    const ZpCollKind *kinds;
+    int n;
+    uint64_t elems;
+    double bytes;
+} ZpTpSum;
+ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s);
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
-void zp_build_tp_allreduces(Builder *b, int unit, int micro);
+/* The sums after a whole block's op (0 without tensor parallelism). */
+int zp_build_block_tp_sums(const Builder *b);
 void zp_build_vocab_parallel_head(Builder *b, int micro);
 
 /* ---- zp_build_ckpt.c ---- */
 
-int *zp_build_act_slot(const Builder *b, int *ids, int micro, int l);
+/* Block l's buffer id of micro-step `micro` in ids (Activations act, ckpt); inline: asked
+ * three times a block op. */
+static inline int *zp_build_act_slot(const Builder *b, int *ids, int micro, int l)
+{
+    return &ids[(gsize)micro * (gsize)(b->s->model.layers + 1) + (gsize)l];
+}
 void zp_build_checkpoint_boundary(Builder *b);
 void zp_build_keep_checkpoint(Builder *b, int l, int micro, Activations *a, GArray *deps);
 void zp_build_regather_checkpoint(Builder *b, int l, int micro, Activations *a);

@@ -2,11 +2,6 @@
  * the tensor group (ZeRO-R's Pa) or copied to the host (Pa+cpu), re-gathered for recompute. */
 #include "zp_build.h"
 
-int *zp_build_act_slot(const Builder *b, int *ids, int micro, int l)
-{
-    return &ids[(gsize)micro * (gsize)(b->s->model.layers + 1) + (gsize)l];
-}
-
 /* synchronize_checkpoint_boundary: CheckpointFunction's forward and backward begin and end
  * with a device synchronize, so the next compute op waits for everything issued so far on
  * every stream (in-flight gathers and reductions included). */

@@ -11,14 +11,10 @@
  * Each GArray call checks the array's room with a 64-bit division (g_array_maybe_expand),
  * and ops took five or more of them each (perf on Megatron 1T's build: 8% of it in that
  * check); gathering them on the stack first and copying them over cost a memcpy call an op
- * (callgrind, plan --3d gpt-1t/4096: 90 M instructions of 4.28 G). */
-typedef struct {
-    uint32_t *at; /* the array's first free element */
-    guint n;
-} DepBuf;
-
-/* Room for `most` more dependencies past s->deps's length, which stays. */
-G_ALWAYS_INLINE static inline DepBuf deps_open(Builder *b, guint64 most)
+ * (callgrind, plan --3d gpt-1t/4096: 90 M instructions of 4.28 G).
+ * deps_open: room for `most` more dependencies past s->deps's length, which stays; returns
+ * the first. */
+G_ALWAYS_INLINE static inline uint32_t *deps_open(Builder *b, guint64 most)
 {
     GArray *out = b->s->deps;
     const guint len = out->len;
@@ -27,34 +23,25 @@ G_ALWAYS_INLINE static inline DepBuf deps_open(Builder *b, guint64 most)
                 len, most);
     zp_array_extend(out, (guint)most, sizeof(uint32_t), &b->deps_room);
     out->len = len;
-    return (DepBuf){(uint32_t *)out->data + len, 0};
+    return (uint32_t *)out->data + len;
 }
 
-G_ALWAYS_INLINE static inline void deps_close(Builder *b, const DepBuf *d)
-{
-    b->s->deps->len += d->n;
-}
-
-static inline void deps_put(DepBuf *d, uint32_t dep)
-{
-    d->at[d->n++] = dep;
-}
-
-/* Those of deps[0 .. n) that are ops (NONE: none). */
-static inline void deps_put_ops(DepBuf *d, const uint32_t *deps, guint n)
+/* Those of deps[0 .. n) that are ops (NONE: none), written from p on; returns past the last. */
+G_ALWAYS_INLINE static inline uint32_t *deps_put_ops(uint32_t *p, const uint32_t *deps, guint n)
 {
     for (guint i = 0; i < n; i++)
         if (deps[i] != NONE)
-            deps_put(d, deps[i]);
+            *p++ = deps[i];
+    return p;
 }
 
-/* A dependency on another stage's send `key`, filled in once it is built (link_sends). */
-static void deps_put_cross(Builder *b, DepBuf *d, int64_t key)
+/* The dependency at position `at` of the deps array on another stage's send `key`, filled in
+ * once it is built (link_sends): recorded, and CROSS returned to be stored there. */
+static uint32_t deps_cross(Builder *b, uint32_t at, int64_t key)
 {
-    const uint32_t at = b->s->deps->len + d->n;
-    deps_put(d, CROSS);
     *(uint32_t *)zp_array_extend(b->cross_at, 1, sizeof at, &b->cross_at_room) = at;
     *(int64_t *)zp_array_extend(b->cross_key, 1, sizeof key, &b->cross_key_room) = key;
+    return CROSS;
 }
 
 /* Where the next op is written: its place at the end of the schedule's ops, taken now, or
@@ -86,26 +73,35 @@ G_ALWAYS_INLINE static inline uint32_t op_finish(Builder *b, ZpOp *op, const uin
     ZpSchedule *s = b->s;
     const gboolean compute = op->kind == ZP_OP_COMPUTE;
     const gboolean streamed = compute || op->kind == ZP_OP_COLLECTIVE;
-    op->stage = (uint32_t)b->stage;
-    op->dep_start = s->deps->len;
-    DepBuf d = deps_open(b, (guint64)n_deps + n_more + 3); /* + two sends and host_sync */
+    /* The dependencies through a local cursor and the array's length in a local: through the
+     * builder, each store could alias the arrays' fields for the compiler, which re-read them
+     * (and a cursor whose address is taken lives in memory). */
+    GArray *dep_array = s->deps;
+    const guint start = dep_array->len;
+    uint32_t *const first = deps_open(b, (guint64)n_deps + n_more + 3); /* + 2 sends, host */
+    uint32_t *p = first;
     if (b->recv_key >= 0 && streamed) { /* the first dependency: another stage's send */
-        deps_put_cross(b, &d, b->recv_key);
+        *p = deps_cross(b, start + (guint)(p - first), b->recv_key);
+        p++;
         b->recv_key = -1;
     }
     if (b->recv_key_sync >= 0 && compute) { /* ZpPlan p2p_sync */
-        deps_put_cross(b, &d, b->recv_key_sync);
+        *p = deps_cross(b, start + (guint)(p - first), b->recv_key_sync);
+        p++;
         b->recv_key_sync = -1;
     }
-    deps_put_ops(&d, deps, n_deps);
-    deps_put_ops(&d, more, n_more);
+    p = deps_put_ops(p, deps, n_deps);
+    p = deps_put_ops(p, more, n_more);
     if (b->host_sync != NONE) { /* issued by the host after it waited for the device */
-        deps_put(&d, b->host_sync);
+        *p++ = b->host_sync;
         if (compute)
             b->host_sync = NONE;
     }
-    deps_close(b, &d);
-    op->n_deps = s->deps->len - op->dep_start;
+    const guint n = (guint)(p - first);
+    dep_array->len = start + n;
+    op->stage = (uint32_t)b->stage;
+    op->dep_start = start;
+    op->n_deps = n;
     const uint32_t at = s->ops->len - 1;
     if (op != &b->unstored_op && streamed)
         b->last_on_stream[op->stream] = at;
@@ -261,11 +257,11 @@ static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int 
     ZpSchedule *s = b->s;
     const guint n_ops = (guint)(n * chains), first = s->ops->len;
     ZpOp *op = zp_array_extend(s->ops, n_ops, sizeof(ZpOp), &b->ops_room);
-    const DepBuf d = deps_open(b, 2 * (guint64)n_ops);
     /* locals throughout: a store through op or the dependencies may alias the arrays' fields
      * for the compiler, which then reloads them */
     const guint dep_base = s->deps->len;
-    uint32_t *dep = d.at;
+    uint32_t *const first_dep = deps_open(b, 2 * (guint64)n_ops);
+    uint32_t *dep = first_dep;
     const uint32_t host = b->host_sync, stage = (uint32_t)b->stage;
     uint32_t *sync = &g_array_index(b->sync_deps, uint32_t, b->n_sync);
     uint32_t at = first;
@@ -284,13 +280,13 @@ static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int 
             op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP;
             op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
             op->elems = elems, op->bytes = bytes;
-            op->dep_start = dep_base + (guint)(from - d.at);
+            op->dep_start = dep_base + (guint)(from - first_dep);
             op->n_deps = (uint32_t)(dep - from);
             last = at;
             *sync++ = at;
         }
     }
-    s->deps->len = dep_base + (guint)(dep - d.at);
+    s->deps->len = dep_base + (guint)(dep - first_dep);
     b->n_sync += n_ops;
     b->last_on_stream[ZP_STREAM_TP] = at - 1;
     return at - 1;
@@ -325,6 +321,84 @@ uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int 
         }
     }
     return last;
+}
+
+/* zp_build_emit_block_op's common case: no workspaces, no p2p_sync exchange pending, room
+ * for all its ops below max_ops. The compute op takes what emit_compute's op_finish gives it
+ * (another stage's send, deps, the synchronised collectives, the host's wait, which it
+ * clears); each sum's first collective then waits for the compute op alone, the next for the
+ * one before. All in one pass with the arrays' room made once: a block op and its two sums
+ * were a call of the compute's and three calls deep for the sums, each making room and
+ * re-reading the arrays through the builder (narayanan21-t1-529.6b: 55,000 block ops, 470
+ * instructions each). */
+static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                const Cost *cost, const uint32_t *deps, guint n_deps,
+                                const ZpTpSum *t, int sums)
+{
+    ZpSchedule *s = b->s;
+    const guint n_tp = (guint)(t->n * sums), first = s->ops->len;
+    ZpOp *op = zp_array_extend(s->ops, 1 + n_tp, sizeof(ZpOp), &b->ops_room);
+    const guint n_sync = b->n_sync, dep_base = s->deps->len;
+    uint32_t *const first_dep = deps_open(b, (guint64)n_deps + n_sync + 2 + n_tp);
+    uint32_t *dep = first_dep;
+    const uint32_t stage = (uint32_t)b->stage;
+    if (b->recv_key >= 0) { /* the first dependency: another stage's send */
+        *dep = deps_cross(b, dep_base, b->recv_key);
+        dep++;
+        b->recv_key = -1;
+    }
+    dep = deps_put_ops(dep, deps, n_deps);
+    uint32_t *sync = (uint32_t *)b->sync_deps->data;
+    dep = deps_put_ops(dep, sync, n_sync);
+    if (b->host_sync != NONE) { /* issued by the host after it waited for the device */
+        *dep++ = b->host_sync;
+        b->host_sync = NONE;
+    }
+    memset(op, 0, sizeof *op); /* field by field: see tp_chain_direct */
+    op->kind = ZP_OP_COMPUTE, op->sub = (uint8_t)kind, op->stream = ZP_STREAM_COMPUTE;
+    op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
+    op->flops = cost->flops, op->gemm_flops = cost->gemm_flops;
+    op->attn_flops = cost->attn_flops, op->mem_bytes = cost->mem_bytes;
+    op->dep_start = dep_base, op->n_deps = (uint32_t)(dep - first_dep);
+    b->last_compute = b->last_on_stream[ZP_STREAM_COMPUTE] = first;
+    uint32_t at = first + 1;
+    for (int c = 0; c < sums; c++) {
+        uint32_t last = first; /* each sum follows the compute op alone */
+        for (int k = 0; k < t->n; k++, at++) {
+            op++;
+            memset(op, 0, sizeof *op);
+            op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)t->kinds[k];
+            op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP;
+            op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
+            op->elems = t->elems, op->bytes = t->bytes;
+            op->dep_start = dep_base + (guint)(dep - first_dep), op->n_deps = 1;
+            *dep++ = last;
+            last = at;
+            *sync++ = at;
+        }
+    }
+    s->deps->len = dep_base + (guint)(dep - first_dep);
+    b->n_sync = n_tp;
+    if (n_tp > 0)
+        b->last_on_stream[ZP_STREAM_TP] = at - 1;
+    return first;
+}
+
+uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                const Cost *cost, const uint32_t *deps, guint n_deps, int sums)
+{
+    const ZpTpSum t = zp_build_tp_sum_shape(b->s);
+    const guint n_tp = (guint)(t.n * sums);
+    if (n_tp > b->sync_deps->len) /* the sums' syncs replace the compute op's */
+        g_array_set_size(b->sync_deps, 2 * n_tp + 8);
+    if (!b->s->plan.backend_workspace && b->recv_key_sync < 0 &&
+        (double)b->s->ops->len + (double)n_tp < b->max_ops)
+        return block_op_direct(b, kind, unit, micro, cost, deps, n_deps, &t, sums);
+    const uint32_t op = zp_build_emit_compute(b, kind, unit, micro, *cost, deps, n_deps);
+    if (sums > 0)
+        zp_build_emit_tp_chain(b, t.kinds, t.n, sums, unit, micro, t.elems, t.bytes,
+                               b->last_compute);
+    return op;
 }
 
 /* A p2p op of the pipeline (zp_build_send), written in place as the other emitters write

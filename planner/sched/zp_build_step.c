@@ -68,8 +68,9 @@ static void module_costs(Builder *b, ZpComputeKind kind, Cost whole, Cost parts[
 }
 
 /* A block's cost (zp_build_unit_block_cost), worked out once a build where every block is
- * alike (no experts, no latent attention: then it depends on the model and plan alone). */
-static Cost block_cost(Builder *b, int unit, ZpComputeKind kind)
+ * alike (no experts, no latent attention: then it depends on the model and plan alone).
+ * Inlined: a call returning the cost through memory was 30 instructions a block op. */
+G_ALWAYS_INLINE static inline Cost block_cost(Builder *b, int unit, ZpComputeKind kind)
 {
     if (b->varied_blocks)
         return zp_build_unit_block_cost(b->s, unit, kind);
@@ -78,6 +79,14 @@ static Cost block_cost(Builder *b, int unit, ZpComputeKind kind)
         b->block_cost_set[kind] = TRUE;
     }
     return b->block_cost[kind];
+}
+
+/* A block's activations (zp_build_unit_act_bytes): the uniform block's where blocks are alike
+ * (Builder.varied_blocks), without a call a block; likewise the experts' entry points
+ * (zp_build_moe_forward and the rest), which have nothing to do there, are not called. */
+static inline double unit_act_bytes(const Builder *b, int l, const Activations *a)
+{
+    return b->varied_blocks ? zp_build_unit_act_bytes(b, l, a->act_bytes) : a->act_bytes;
 }
 
 /* Whether module m ends with one of Megatron's tensor-parallel sums: the row-parallel proj and
@@ -101,8 +110,8 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
     if (!b->module_forward && !(backward && b->module_backward)) {
         if (launched)
             zp_build_hand_on(b, l, -1, micro, deps);
-        zp_build_emit_compute(b, kind, l, micro, cost, (uint32_t *)deps->data, deps->len);
-        zp_build_tp_allreduces(b, l, micro);
+        zp_build_emit_block_op(b, kind, l, micro, &cost, (uint32_t *)deps->data, deps->len,
+                               zp_build_block_tp_sums(b));
         return;
     }
     Cost parts[ZP_MOD_N];
@@ -133,12 +142,11 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost embed = zp_build_embed_cost(s);
     if (r.lo == 0) {
         position_begin(b, zp_pos_fwd(0), micro, deps);
         zp_build_wait_param_gathers(b, 0, micro);
-        zp_build_emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, embed, (uint32_t *)deps->data,
-                              deps->len);
+        zp_build_emit_compute(b, ZP_COMP_EMBED_FWD, 0, micro, zp_build_embed_cost(s),
+                              (uint32_t *)deps->data, deps->len);
         if (s->plan.mp > 1) /* VocabParallelEmbedding sums its rows' lookups */
             zp_build_tp_sums(b, 0, micro, 1);
         position_end(b, zp_pos_fwd(0), micro);
@@ -150,14 +158,15 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
             zp_build_keep_checkpoint(b, l, micro, a, deps);
         } else {
             uint32_t alloc = zp_build_emit_alloc(
-                b, ZP_MEM_ACTIVATIONS, zp_build_unit_act_bytes(b, l, a->act_bytes), l, micro,
+                b, ZP_MEM_ACTIVATIONS, unit_act_bytes(b, l, a), l, micro,
                 zp_build_act_slot(b, a->act, micro, l), &b->last_compute, 1);
             zp_build_put_dep(b, deps, alloc);
         }
         zp_build_wait_param_gathers(b, l, micro);
         block_compute(b, ZP_COMP_BLOCK_FWD, l, micro, zp_pos_fwd(l),
                       block_cost(b, l, ZP_COMP_BLOCK_FWD), deps, NULL);
-        zp_build_moe_forward(b, l, micro);
+        if (b->varied_blocks) /* a sparse block's experts (none without: not asked) */
+            zp_build_moe_forward(b, l, micro);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         position_end(b, zp_pos_fwd(l), micro);
@@ -256,10 +265,9 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
-    const Cost embed = zp_build_embed_cost(s);
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         int *act = zp_build_act_slot(b, a->act, micro, l);
-        const double act_bytes = zp_build_unit_act_bytes(b, l, a->act_bytes);
+        const double act_bytes = unit_act_bytes(b, l, a);
         /* The recompute has a position of its own (empty without checkpointing): an
          * implementation may gather for it and again for the backward. */
         position_begin(b, zp_pos_rec(L, l), micro, deps);
@@ -271,7 +279,8 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
             zp_build_put_dep(b, deps, alloc);
             block_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_pos_rec(L, l),
                           block_cost(b, l, ZP_COMP_BLOCK_FWD), deps, NULL);
-            zp_build_moe_forward(b, l, micro); /* the recomputed forward's experts */
+            if (b->varied_blocks) /* the recomputed forward's experts */
+                zp_build_moe_forward(b, l, micro);
         }
         int core = -1; /* selective: core attention's recomputed tensors */
         if (zp_build_selective(&s->plan)) {
@@ -287,13 +296,14 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (reduce && s->plan.zero.stage >= 2)
             zp_build_alloc_landing_buckets(b, l, micro, deps);
         zp_build_take_unit_grads(b, l, micro, deps);
-        const int returned = zp_build_moe_backward(b, l, micro, reduce);
+        const int returned = b->varied_blocks ? zp_build_moe_backward(b, l, micro, reduce) : -1;
         if (reduce) /* a bucket the experts' gradients do not fit (ZP_LAUNCH_EXPERTS) */
             zp_build_launch_buckets(b, l, ZP_LAUNCH_EXPERTS, micro, launched);
         block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
                       block_cost(b, l, ZP_COMP_BLOCK_BWD), deps,
                       reduce ? launched : NULL);
-        zp_build_moe_free_backward(b, l, micro, returned);
+        if (returned >= 0)
+            zp_build_moe_free_backward(b, l, micro, returned);
         if (ckpt)
             zp_build_checkpoint_boundary(b);
         zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, *act, b->last_compute);
@@ -316,7 +326,8 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     zp_build_take_unit_grads(b, 0, micro, deps);
     if (reduce)
         zp_build_hand_on(b, 0, -1, micro, deps);
-    zp_build_emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, embed, (uint32_t *)deps->data, deps->len);
+    zp_build_emit_compute(b, ZP_COMP_EMBED_BWD, 0, micro, zp_build_embed_cost(s),
+                          (uint32_t *)deps->data, deps->len);
     if (b->tied_grad >= 0) {
         zp_build_emit_free(b, ZP_MEM_BUCKETS, b->tied_grad_bytes, 0, micro, b->tied_grad,
                            b->last_compute);

@@ -2,31 +2,34 @@
  * row-parallel sums and the vocab-parallel embedding and head. */
 #include "zp_build.h"
 
-/* `sums` tensor-parallel all-reduces of b*s*h activations or their gradients, each after the
- * last compute op: on the critical path, so the next compute op waits for them. With sequence
- * parallelism each is a reduce-scatter (into the sequence-split layer norm and dropout) and an
+/* One tensor-parallel all-reduce of b*s*h activations or their gradients. With sequence
+ * parallelism it is a reduce-scatter (into the sequence-split layer norm and dropout) and an
  * all-gather (back to the full sequence for the next tensor-parallel GEMM): the same bytes, in
  * two collectives. */
-void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
+ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s)
 {
-    const ZpSchedule *s = b->s;
-    const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
-                           (uint64_t)s->model.hidden;
     static const ZpCollKind plain[] = {ZP_COLL_ALLREDUCE};
     static const ZpCollKind split[] = {ZP_COLL_REDUCE_SCATTER, ZP_COLL_ALLGATHER};
+    const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                           (uint64_t)s->model.hidden;
     const gboolean sp = s->plan.sequence_parallel;
-    zp_build_emit_tp_chain(b, sp ? split : plain, sp ? 2 : 1, sums, unit, micro, elems,
-                           (double)elems * s->elem_bytes, b->last_compute);
+    return (ZpTpSum){sp ? split : plain, sp ? 2 : 1, elems, (double)elems * s->elem_bytes};
+}
+
+/* `sums` such sums, each after the last compute op: on the critical path, so the next compute
+ * op waits for them. */
+void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
+{
+    const ZpTpSum t = zp_build_tp_sum_shape(b->s);
+    zp_build_emit_tp_chain(b, t.kinds, t.n, sums, unit, micro, t.elems, t.bytes, b->last_compute);
 }
 
 /* Megatron's two all-reduces of a block: after the row-parallel attention projection and
  * MLP output in forward (and recompute), of the column-parallel qkv's and fc1's input
  * gradients in backward. */
-void zp_build_tp_allreduces(Builder *b, int unit, int micro)
+int zp_build_block_tp_sums(const Builder *b)
 {
-    if (b->s->plan.mp == 1)
-        return;
-    zp_build_tp_sums(b, unit, micro, 2);
+    return b->s->plan.mp > 1 ? 2 : 0;
 }
 
 /* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
