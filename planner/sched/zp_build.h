@@ -77,6 +77,14 @@ typedef struct {
     double flops, gemm_flops, attn_flops, mem_bytes;
 } Cost;
 
+/* A tensor-parallel sum's collectives kinds[0 .. n), each of elems (bytes). */
+typedef struct {
+    const ZpCollKind *kinds;
+    int n;
+    uint64_t elems;
+    double bytes;
+} ZpTpSum;
+
 typedef struct {
     ZpSchedule *s;
     const ZpImpl *impl;
@@ -216,6 +224,12 @@ typedef struct {
      * forward and a backward run module by module (zp_impl_module_compute, _backward), and
      * whether gradients are handed on tensor by tensor (zp_build_hand_on). */
     gboolean varied_blocks, module_forward, module_backward, hands_on;
+    /* Likewise functions of the model and plan alone, asked per block op and per pipeline
+     * exchange: a tensor-parallel sum's collectives (zp_build_tp_sum_shape), and whether a
+     * received activation is all-gathered over the tensor group (zp_build_pipe.c
+     * scatter_gather). */
+    ZpTpSum tp_sum;
+    gboolean p2p_scatter_gather;
 } Builder;
 
 
@@ -339,13 +353,6 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 
 /* ---- zp_build_tp.c ---- */
 
-/* A tensor-parallel sum's collectives kinds[0 .. n), each of elems (bytes). */
-typedef struct {
-    const ZpCollKind *kinds;
-    int n;
-    uint64_t elems;
-    double bytes;
-} ZpTpSum;
 ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s);
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
 /* The sums after a whole block's op (0 without tensor parallelism). */
@@ -423,6 +430,7 @@ static inline int64_t zp_build_send_key(const Builder *b, int chunk, int micro, 
  * as p2p_communication.py runs it in line, the compute before it; the next compute op waits
  * for it. Nothing otherwise. */
 void zp_build_receive(Builder *b, int unit, int micro);
+gboolean zp_build_p2p_scatter_gather(const ZpPlan *plan);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 /* The tied embedding's gradient exchange, after the collectives in `after` too (NULL: none). */
 void zp_build_tied_sync(Builder *b, const GArray *after);

@@ -387,16 +387,16 @@ static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int mi
 uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,
                                 const Cost *cost, const uint32_t *deps, guint n_deps, int sums)
 {
-    const ZpTpSum t = zp_build_tp_sum_shape(b->s);
-    const guint n_tp = (guint)(t.n * sums);
+    const ZpTpSum *t = &b->tp_sum;
+    const guint n_tp = (guint)(t->n * sums);
     if (n_tp > b->sync_deps->len) /* the sums' syncs replace the compute op's */
         g_array_set_size(b->sync_deps, 2 * n_tp + 8);
     if (!b->s->plan.backend_workspace && b->recv_key_sync < 0 &&
         (double)b->s->ops->len + (double)n_tp < b->max_ops)
-        return block_op_direct(b, kind, unit, micro, cost, deps, n_deps, &t, sums);
+        return block_op_direct(b, kind, unit, micro, cost, deps, n_deps, t, sums);
     const uint32_t op = zp_build_emit_compute(b, kind, unit, micro, *cost, deps, n_deps);
     if (sums > 0)
-        zp_build_emit_tp_chain(b, t.kinds, t.n, sums, unit, micro, t.elems, t.bytes,
+        zp_build_emit_tp_chain(b, t->kinds, t->n, sums, unit, micro, t->elems, t->bytes,
                                b->last_compute);
     return op;
 }

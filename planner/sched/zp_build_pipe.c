@@ -13,7 +13,7 @@
 /* Narayanan et al. 2021 section 4.1, the implementation's p2p_scatter_gather: each tensor
  * rank sends only its 1/t of the b s h activations over the network and the receiving ranks
  * all-gather them over NVLink; with sequence parallelism each rank's part is its own already. */
-static gboolean scatter_gather(const ZpPlan *plan)
+gboolean zp_build_p2p_scatter_gather(const ZpPlan *plan)
 {
     return zp_impl_get(plan->impl)->p2p_scatter_gather && plan->mp > 1 &&
            !plan->sequence_parallel;
@@ -22,7 +22,7 @@ static gboolean scatter_gather(const ZpPlan *plan)
 void zp_build_receive(Builder *b, int unit, int micro)
 {
     const ZpSchedule *s = b->s;
-    if (b->recv_key < 0 || !scatter_gather(&s->plan))
+    if (b->recv_key < 0 || !b->p2p_scatter_gather)
         return;
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
@@ -37,7 +37,7 @@ void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
     const ZpSchedule *s = b->s;
     uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                      (uint64_t)s->model.hidden;
-    if (s->plan.sequence_parallel || scatter_gather(&s->plan))
+    if (s->plan.sequence_parallel || b->p2p_scatter_gather)
         elems /= (uint64_t)s->plan.mp;
     const int P = zp_plan_pp(&s->plan);
     const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;

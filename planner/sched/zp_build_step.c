@@ -3,23 +3,30 @@
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
 
-/* A step's gathers, as fetch_sub_module issues them; deps gets what its compute waits for. */
-static void step_begin(Builder *b, int pos, int step, int micro, GArray *deps)
+/* Stage 3: a step's gathers, as fetch_sub_module issues them; deps gets what its compute waits
+ * for. */
+static void step_gathers(Builder *b, int pos, int step, int micro, GArray *deps)
+{
+    const int key = zp_build_step_key(pos, step);
+    zp_build_issue_gathers(b, key, micro, TRUE);
+    zp_build_gathers_used_at(b, key, micro, deps);
+    zp_build_issue_gathers(b, key, micro, FALSE);
+}
+
+/* A step begins (inline: two or three a block op, and nothing more below stage 3). */
+G_ALWAYS_INLINE static inline void step_begin(Builder *b, int pos, int step, int micro,
+                                              GArray *deps)
 {
     /* An array without clear function or terminator (zp_sched_build): emptied by its length,
      * as g_array_set_size does, without its call and g_array_remove_range's (plan --3d
      * gpt-1t/4096: 307,716 of them, 18 M instructions) */
     deps->len = 0;
     b->step = step;
-    if (b->s->plan.zero.stage == 3) {
-        const int key = zp_build_step_key(pos, step);
-        zp_build_issue_gathers(b, key, micro, TRUE);
-        zp_build_gathers_used_at(b, key, micro, deps);
-        zp_build_issue_gathers(b, key, micro, FALSE);
-    }
+    if (b->s->plan.zero.stage == 3)
+        step_gathers(b, pos, step, micro, deps);
 }
 
-static void position_begin(Builder *b, int pos, int micro, GArray *deps)
+G_ALWAYS_INLINE static inline void position_begin(Builder *b, int pos, int micro, GArray *deps)
 {
     step_begin(b, pos, 0, micro, deps);
 }

@@ -20,8 +20,9 @@ ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s)
  * op waits for them. */
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
 {
-    const ZpTpSum t = zp_build_tp_sum_shape(b->s);
-    zp_build_emit_tp_chain(b, t.kinds, t.n, sums, unit, micro, t.elems, t.bytes, b->last_compute);
+    const ZpTpSum *t = &b->tp_sum;
+    zp_build_emit_tp_chain(b, t->kinds, t->n, sums, unit, micro, t->elems, t->bytes,
+                           b->last_compute);
 }
 
 /* Megatron's two all-reduces of a block: after the row-parallel attention projection and

@@ -408,6 +408,8 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     b.module_forward = zp_impl_module_compute(s);
     b.module_backward = zp_impl_module_backward(s);
     b.hands_on = zp_impl_grads_by_module(plan) && plan->zero.stage >= 2;
+    b.tp_sum = zp_build_tp_sum_shape(s);
+    b.p2p_scatter_gather = zp_build_p2p_scatter_gather(plan);
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int u = 0; u < L + 2; u++)
