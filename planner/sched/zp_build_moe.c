@@ -78,6 +78,8 @@ gboolean zp_sched_expert_grads_partitioned(const ZpSchedule *s)
 void zp_build_moe_states(Builder *b)
 {
     ZpSchedule *s = b->s;
+    if (!zp_moe_enabled(&s->model.moe)) /* no expert space: not a walk of the units a stage */
+        return;
     const ZpSchedExperts x = zp_sched_experts(s);
     if (x.total_elems == 0)
         return;
