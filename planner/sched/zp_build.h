@@ -353,7 +353,9 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 
 /* ---- zp_build_tp.c ---- */
 
+/* One tensor-parallel sum's collectives and sizes (kept in Builder.tp_sum for the build). */
 ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s);
+/* `sums` tensor-parallel sums after the last compute op, which the next compute op waits for. */
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
 /* The sums after a whole block's op (0 without tensor parallelism). */
 int zp_build_block_tp_sums(const Builder *b);
@@ -430,6 +432,8 @@ static inline int64_t zp_build_send_key(const Builder *b, int chunk, int micro, 
  * as p2p_communication.py runs it in line, the compute before it; the next compute op waits
  * for it. Nothing otherwise. */
 void zp_build_receive(Builder *b, int unit, int micro);
+/* Whether the plan's pipeline sends 1/t of an activation and all-gathers it on receipt
+ * (kept in Builder.p2p_scatter_gather for the build). */
 gboolean zp_build_p2p_scatter_gather(const ZpPlan *plan);
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit);
 /* The tied embedding's gradient exchange, after the collectives in `after` too (NULL: none). */
