@@ -83,6 +83,8 @@ struct SimFold {
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     NoteLog notes;
     uint64_t notes_base;
+    /* The log's length past which sim_fold.c's notes_trim next looks for notes to drop. */
+    size_t notes_trim_len;
     /* Whether the cheap fields of watched rank w's last snapshots repeated: notes are kept
      * only while one did (epoch counts the breaks, when they were dropped). */
     gboolean passing[2];
