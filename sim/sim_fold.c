@@ -242,6 +242,8 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     f->equal_step = g_new0(int64_t, (size_t)MAX_SHIFTS * f->stages);
     f->equal_steps = g_new0(int64_t, (size_t)MAX_SHIFTS * f->stages);
     f->equal_open = g_new0(uint8_t, (size_t)MAX_SHIFTS * f->stages);
+    f->equal_gen = g_new0(uint32_t, (size_t)MAX_SHIFTS * f->stages);
+    f->prior = g_new0(ProvenRun, (size_t)MAX_SHIFTS * f->stages);
     return TRUE;
 }
 
@@ -710,6 +712,8 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->equal_step);
     g_free(f->equal_steps);
     g_free(f->equal_open);
+    g_free(f->equal_gen);
+    g_free(f->prior);
     g_free(f->far);
     g_free(f->far_start);
     g_free(f->sink);

@@ -46,6 +46,12 @@ static inline void note_push(NoteLog *log, Note n)
     log->v[log->len++] = n;
 }
 
+/* Ops [from, to) of a stage that do what the op a period before each did, under the steps of
+ * generation gen (SimFold.steps_gen). */
+typedef struct {
+    uint32_t from, to, gen;
+} ProvenRun;
+
 /* The fold's state of one run (sim_fold_new to sim_fold_free). */
 struct SimFold {
     uint32_t A;            /* micro-steps */
@@ -58,11 +64,15 @@ struct SimFold {
      * equal_to, [shift * stages + stage]: the ops i in [equal_from, equal_to) do what
      * i - equal_step did (same_op), kept for each shift tried; equal_open: the walk stopped
      * short of an op that does not repeat, and may go on (sim_fold_jump.c repeats_until);
-     * equal_steps, [shift * stages + stage]: the steps the shift's walks read. */
+     * equal_steps, [shift * stages + stage]: the steps the shift's walks read. equal_gen:
+     * steps_gen[shift] when the run of ops was begun, under the steps equal_steps holds while
+     * the two are equal; prior: the run before it (sim_fold_jump.c: borrowed). */
     uint32_t *stage_start, *stage_end, *lo_hint;
-    uint32_t *equal_from, *equal_to;
+    uint32_t *equal_from, *equal_to, *equal_gen;
     int64_t *equal_step, *equal_steps;
     uint8_t *equal_open;
+    ProvenRun *prior;
+    uint32_t steps_gen[MAX_SHIFTS]; /* equal_steps' changes, of each shift */
     /* The far ops (sim_fold.c find_far), stage s's far[far_start[s] .. far_start[s + 1]),
      * ascending; far_start NULL where there are none. */
     uint32_t *far, *far_start;
