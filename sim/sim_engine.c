@@ -727,6 +727,8 @@ static void sim_clear(Sim *sim)
     g_free(sim->affected);
     g_free(sim->fold_hi);
     g_free(sim->fold_far);
+    g_free(sim->sum_slot);
+    g_free(sim->sum_figure);
     sim_queue_clear(&sim->queue);
     g_free(sim->ready);
     g_clear_error(&sim->error);
@@ -821,19 +823,6 @@ static void run_queue(Sim *sim, const SimOptions *options)
             options->progress((double)sim->op_events / total_ops, options->progress_ctx);
         }
     }
-}
-
-/* The figures the schedule's ops give statically, as the longer schedule's (its virtual
- * periods inserted: SimOptions.extend_micro_steps): the sums, and its op count. */
-static void extend_result(const Sim *sim, const ZpHw *hw, SimResult *result,
-                          const GArray *inserts)
-{
-    const SimFoldInsert *at = (const SimFoldInsert *)(const void *)inserts->data;
-    sim_ops_sums_extended(sim, hw, result, at, inserts->len);
-    uint64_t ops = result->n_ops;
-    for (guint k = 0; k < inserts->len; k++)
-        ops += at[k].periods * at[k].step;
-    result->n_ops = (uint32_t)MIN(ops, (uint64_t)UINT32_MAX);
 }
 
 /* One step; *order_broken (with NULL and no error) where blocks met an order they cannot
@@ -959,8 +948,9 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     result->fold_jumps = fold.jumps;
     g_strlcpy(result->fold_note, fold.note, sizeof result->fold_note);
     result->extended_micro_steps = fold.virtual_micro_steps;
-    if (ok && !result->stopped && fold.virtual_micro_steps > 0)
-        extend_result(&sim, hw, result, fold.inserts);
+    if (ok)
+        sim_sums_add_kept(&sim, result, fold.inserts,
+                          !result->stopped && fold.virtual_micro_steps > 0);
     if (fold.inserts && fold.inserts->len > 0) {
         result->n_inserts = fold.inserts->len;
         result->inserts = (ZpOpInsert *)(void *)g_array_free(fold.inserts, FALSE);

@@ -341,6 +341,10 @@ typedef struct {
      * which sim_fold.c counts as virtual periods in its jumps. */
     uint32_t extend_micro_steps;
     gboolean extend_or_stop; /* SimOptions.extend_or_stop */
+    /* With extend_micro_steps: each op's figure and the sum it goes to (sim_sums.h), added at
+     * the end in the order of the schedule the run stands for; NULL otherwise. */
+    uint32_t *sum_slot;
+    double *sum_figure;
     GError *error;
 } Sim;
 
@@ -457,10 +461,16 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
 void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes, const char *what);
 
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
- * streams; the result's per-rank sums come from here. */
+ * streams; the result's per-rank sums come from here (sim_sums.h). */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error);
-void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
-                           const SimFoldInsert *inserts, size_t n_inserts);
+
+/* sim_sums.c: the result's sums from the figures kept (Sim.sum_slot; nothing where none were),
+ * in the order of the schedule the result stands for: where `extended` (the fold counted
+ * virtual periods, Sim.extend_micro_steps), the longer one, with inserts[k].periods periods of
+ * inserts[k].step ops (ops [at - step, at)) before op `at` (SimFoldInsert, sorted by at), and
+ * its op count; else the schedule's own. */
+void sim_sums_add_kept(const Sim *sim, SimResult *result, const GArray *inserts,
+                       gboolean extended);
 
 /* sim_memory.c: each class's log of memory states and its ranks' state at the start (FALSE
  * where it does not fit), and op i on rank's memory (FALSE and sim->error where a category

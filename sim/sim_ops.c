@@ -2,6 +2,7 @@
  * duration or cost, its dependents (allocs and frees ready at once first) and its stream. */
 #include "sim_engine.h"
 #include "sim_engine_internal.h"
+#include "sim_sums.h"
 #include "zp_offload.h"
 
 #include <math.h>
@@ -305,90 +306,15 @@ static void describe_group(SimResult *result, const char *name, const SimCollGro
     g_free(line);
 }
 
-/* The per-rank sums op adds to, in op order (the same additions in the same order give the
- * same doubles: sim_ops_sums_extended relies on it): offload bytes, FLOPs, bytes sent (a
- * collective's `sent`, sim_coll_bytes_sent's, which the caller keeps per size). One function
- * a kind, which sim_ops_build's pass calls where it knows the kind already (add_sums's tests
- * of the kind were 42 M of plan --3d gpt-1t/4096's 4.1 G instructions). */
-static inline void add_transfer_sums(const ZpOp *op, SimResult *result)
+/* The sum a compute op's FLOPs go to: the recomputed ones, its stage's, or none (the
+ * optimizer's, which are no model FLOPs). */
+static inline uint32_t compute_slot(const SimSums *sums, uint8_t sub, uint16_t stage)
 {
-    result->offload_bytes[op->sub] += op->bytes;
-}
-
-static inline void add_compute_sums(const ZpOp *op, SimResult *result, double *stage_flops)
-{
-    if (op->sub == ZP_COMP_RECOMPUTE)
-        result->recompute_flops += op->flops;
-    else if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER)
-        stage_flops[op->stage] += op->flops;
-}
-
-static inline void add_collective_sums(const ZpOp *op, double sent, SimResult *result)
-{
-    if (op->group < ZP_GROUP_N)
-        result->stage_comm_bytes[op->stage * ZP_GROUP_N + op->group] += sent;
-    else /* a schedule file's own communicator: files hold no pipeline */
-        result->comm_bytes[op->group] += sent;
-}
-
-static inline void add_p2p_sums(const ZpOp *op, SimResult *result)
-{
-    result->stage_comm_bytes[op->stage * ZP_GROUP_N + ZP_GROUP_PP] += op->bytes;
-}
-
-static void add_sums(const ZpOp *op, double sent, SimResult *result, double *stage_flops)
-{
-    switch (op->kind) {
-    case ZP_OP_TRANSFER:
-        add_transfer_sums(op, result);
-        break;
-    case ZP_OP_COMPUTE:
-        add_compute_sums(op, result, stage_flops);
-        break;
-    case ZP_OP_COLLECTIVE:
-        add_collective_sums(op, sent, result);
-        break;
-    case ZP_OP_P2P:
-        add_p2p_sums(op, result);
-        break;
-    default: /* allocs and frees add nothing */
-        break;
-    }
-}
-
-/* Per rank: FLOPs averaged over the stages (MFU is the mean GPU's), the bytes of the stage
- * that sends most (all of them without a pipeline). Frees stage_flops. */
-static void finish_sums(const Sim *sim, SimResult *result, double *stage_flops)
-{
-    result->recompute_flops /= sim->sim_pp;
-    for (uint32_t k = 0; k < sim->sim_pp; k++) {
-        result->model_flops += stage_flops[k] / sim->sim_pp;
-        for (int g = 0; g < ZP_GROUP_N; g++)
-            result->comm_bytes[g] =
-                MAX(result->comm_bytes[g], result->stage_comm_bytes[k * ZP_GROUP_N + g]);
-    }
-    g_free(stage_flops);
-}
-
-/* A communicator's last size of a collective kind and the bytes it sends. */
-typedef struct {
-    double bytes, sent;
-} SentMemo;
-
-/* The bytes a collective sends (0 for other ops): the last one's of its communicator and
- * kind where the size is the same bit for bit (sim_coll_bytes_sent reads only its arguments,
- * so it is the very double again), as most are (394,526 calls of it, 9 M instructions, in
- * plan --3d gpt-1t/4096's sums). */
-static double op_sent(const ZpOp *op, const SimCollGroup *groups,
-                      SentMemo memo[ZP_SCHED_MAX_GROUPS][ZP_COLL_N])
-{
-    if (op->kind != ZP_OP_COLLECTIVE)
-        return 0.0;
-    SentMemo *m = &memo[op->group][op->sub];
-    if (memcmp(&m->bytes, &op->bytes, sizeof op->bytes) != 0)
-        *m = (SentMemo){.bytes = op->bytes,
-                        .sent = sim_coll_bytes_sent(op->sub, op->bytes, groups[op->group].ranks)};
-    return m->sent;
+    if (sub == ZP_COMP_RECOMPUTE)
+        return sim_sums_recompute();
+    if (sub == ZP_COMP_OPTIMIZER || sub == ZP_COMP_CPU_OPTIMIZER)
+        return SIM_SUM_NONE;
+    return sim_sums_stage_flops(sums, stage);
 }
 
 /* A compute op's duration by what it depends on: FLOPs (all, GEMM's, fused attention's),
@@ -429,136 +355,6 @@ static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
         memcpy(m->key, key, sizeof m->key);
     }
     return duration_s;
-}
-
-/* Whole numbers below 2^53 add exactly, in any order: a double holds each, and their sum
- * too while it stays below (a true sum at or past 2^53 rounds to at least 2^53: not whole). */
-#define EXACT_SUM_LIMIT 9007199254740992.0 /* 2^53 */
-
-static inline gboolean whole(double x)
-{
-    return x >= 0 && x < EXACT_SUM_LIMIT && x == floor(x);
-}
-
-/* The sums one stage's ops reach (sim_ops_sums_extended's accumulators): offload bytes by
- * kind, recomputed FLOPs, the stage's FLOPs and its bytes sent by communicator. */
-enum { SLOT_RECOMPUTE = ZP_XFER_N, SLOT_FLOPS, SLOT_COMM, SLOT_N = SLOT_COMM + ZP_GROUP_N };
-
-/* Adds an insert's `periods` periods to the sums. A sum whose figures are whole numbers, and
- * stays below 2^53, gets periods x one period's: no addition rounds, so their order does not
- * matter and that is the very double the op-by-op additions give. Any other sum (the
- * recomputed FLOPs, summed over every stage, pass 2^53 on Megatron's 1T) gets the period's
- * figures again one by one, in order, `periods` times: the same additions, without the ops'
- * dispatch around them. FALSE (nothing added) where the period spans stages or holds a file's
- * own communicator: the caller adds op by op. Megatron 1T's evaluation added 376 periods of
- * its 64 stages op by op, 26 M of its 400 M instructions (callgrind). */
-static gboolean add_periods(const ZpSchedule *s, const SimFoldInsert *x,
-                            const SimCollGroup *groups,
-                            SentMemo memo[ZP_SCHED_MAX_GROUPS][ZP_COLL_N], SimResult *result,
-                            double *stage_flops)
-{
-    if (x->step == 0 || x->at < x->step)
-        return FALSE;
-    const uint16_t stage = zp_sched_op(s, x->at - x->step)->stage;
-    /* The period's figures in order, by sum: one a period op at most (a period of a 32,000-
-     * layer stage 3 holds 400,000 ops: on the heap). */
-    double *value = g_new(double, x->step);
-    uint8_t *slot = g_new(uint8_t, x->step);
-    uint32_t n = 0;
-    for (uint32_t j = x->at - x->step; j < x->at; j++) {
-        const ZpOp *op = zp_sched_op(s, j);
-        if (op->stage != stage || (op->kind == ZP_OP_COLLECTIVE && op->group >= ZP_GROUP_N)) {
-            g_free(value);
-            g_free(slot);
-            return FALSE;
-        }
-        switch (op->kind) {
-        case ZP_OP_TRANSFER:
-            value[n] = op->bytes, slot[n++] = op->sub;
-            break;
-        case ZP_OP_COMPUTE:
-            if (op->sub == ZP_COMP_RECOMPUTE)
-                value[n] = op->flops, slot[n++] = SLOT_RECOMPUTE;
-            else if (op->sub != ZP_COMP_OPTIMIZER && op->sub != ZP_COMP_CPU_OPTIMIZER)
-                value[n] = op->flops, slot[n++] = SLOT_FLOPS;
-            break;
-        case ZP_OP_COLLECTIVE:
-            value[n] = op_sent(op, groups, memo), slot[n++] = SLOT_COMM + op->group;
-            break;
-        case ZP_OP_P2P:
-            value[n] = op->bytes, slot[n++] = SLOT_COMM + ZP_GROUP_PP;
-            break;
-        default:
-            break;
-        }
-    }
-    double *sum[SLOT_N];
-    for (int t = 0; t < ZP_XFER_N; t++)
-        sum[t] = &result->offload_bytes[t];
-    sum[SLOT_RECOMPUTE] = &result->recompute_flops;
-    sum[SLOT_FLOPS] = &stage_flops[stage];
-    for (int g = 0; g < ZP_GROUP_N; g++)
-        sum[SLOT_COMM + g] = &result->stage_comm_bytes[stage * ZP_GROUP_N + g];
-    /* Each sum's period total, whole while every figure and partial total is. */
-    double period[SLOT_N] = {0};
-    gboolean exact[SLOT_N];
-    for (int t = 0; t < SLOT_N; t++)
-        exact[t] = whole(*sum[t]);
-    for (uint32_t v = 0; v < n; v++) {
-        period[slot[v]] += value[v];
-        exact[slot[v]] = exact[slot[v]] && whole(value[v]) && whole(period[slot[v]]);
-    }
-    const double periods = (double)x->periods;
-    for (int t = 0; t < SLOT_N; t++)
-        if (exact[t] && period[t] > 0) /* the end: whole and below 2^53, so every step was */
-            exact[t] = whole(*sum[t] + periods * period[t]);
-    for (int t = 0; t < SLOT_N; t++)
-        if (exact[t])
-            *sum[t] += periods * period[t];
-    for (uint64_t p = 0; p < x->periods; p++)
-        for (uint32_t v = 0; v < n; v++)
-            if (!exact[slot[v]])
-                *sum[slot[v]] += value[v];
-    g_free(value);
-    g_free(slot);
-    return TRUE;
-}
-
-/* The sums again, over the schedule with inserts[k].periods periods of inserts[k].step ops
- * (ops [at - step, at)) inserted before op `at` (sorted by at): what the longer schedule's
- * ops add, in its order (sim_fold.c's virtual periods). */
-void sim_ops_sums_extended(const Sim *sim, const ZpHw *hw, SimResult *result,
-                           const SimFoldInsert *inserts, size_t n_inserts)
-{
-    const ZpSchedule *s = sim->sched;
-    SimCollGroup groups[ZP_SCHED_MAX_GROUPS];
-    SentMemo sent[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
-    for (uint32_t g = 0; g < sim->n_groups; g++) {
-        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
-                                          sim->groups[g].stride);
-        for (int k = 0; k < ZP_COLL_N; k++)
-            sent[g][k].bytes = -1; /* no size: a collective's bytes are not negative */
-    }
-    memset(result->offload_bytes, 0, sizeof result->offload_bytes);
-    memset(result->comm_bytes, 0, sizeof result->comm_bytes);
-    memset(result->stage_comm_bytes, 0,
-           (size_t)sim->sim_pp * ZP_GROUP_N * sizeof *result->stage_comm_bytes);
-    result->recompute_flops = result->model_flops = 0;
-    double *stage_flops = g_new0(double, sim->sim_pp);
-    size_t k = 0;
-    for (uint32_t i = 0; i < sim->n_ops; i++) {
-        for (; k < n_inserts && inserts[k].at == i; k++) {
-            if (add_periods(s, &inserts[k], groups, sent, result, stage_flops))
-                continue;
-            for (uint64_t p = 0; p < inserts[k].periods; p++)
-                for (uint32_t j = i - inserts[k].step; j < i; j++)
-                    add_sums(zp_sched_op(s, j), op_sent(zp_sched_op(s, j), groups, sent),
-                             result, stage_flops);
-        }
-        add_sums(zp_sched_op(s, i), op_sent(zp_sched_op(s, i), groups, sent), result,
-                 stage_flops);
-    }
-    finish_sums(sim, result, stage_flops);
 }
 
 /* A collective's cost and bytes sent at one size. */
@@ -629,7 +425,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             recent[g * ZP_COLL_N + k].n = recent[g * ZP_COLL_N + k].next = 0;
         }
     }
-    double *stage_flops = g_new0(double, sim->sim_pp);
+    SimSums sums;
+    sim_sums_begin(&sums, sim, result);
     double largest_buffer = 0, states = 0;
     const int ranks_per_node = MIN(hw->gpus_per_node, s->world);
     const gboolean in_line = zp_cost_cpu_backend(hw);
@@ -674,19 +471,21 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         const uint32_t n_deps = op->n_deps;
         double figure = op->bytes, transfer_s = 0; /* SimOp's union, and a collective's */
         uint8_t link = 0;
+        uint32_t sum_slot = SIM_SUM_NONE; /* the per-rank sum it adds sum_x to */
+        double sum_x = 0;
         switch (kind) {
         case ZP_OP_TRANSFER:
             /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
              * move their slices at the same time (the schedule is the same on every rank). */
             figure = op->bytes / zp_offload_link_bytes_per_s(hw, sub, ranks_per_node);
-            add_transfer_sums(op, result);
+            sum_slot = sim_sums_offload(sub), sum_x = op->bytes;
             break;
         case ZP_OP_COMPUTE:
             if (sub != ZP_COMP_CPU_OPTIMIZER)
                 figure = compute_s(sim, hw, op, memo);
             else
                 ok = zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &figure, error);
-            add_compute_sums(op, result, stage_flops);
+            sum_slot = compute_slot(&sums, sub, stage), sum_x = op->flops;
             break;
         case ZP_OP_COLLECTIVE: {
             const SimCollGroup *g = &groups[group];
@@ -699,12 +498,12 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                      (copies ? zp_cost_coll_copy_s(&sim->cost, op, zero_stage, g->ranks) : 0.0);
             transfer_s = last->cost.transfer_s;
             link = g->bottleneck;
-            add_collective_sums(op, last->sent, result);
+            sum_slot = sim_sums_comm(&sums, stage, group), sum_x = last->sent;
             break;
         }
         case ZP_OP_P2P:
             figure = p2p_time_s(sim, hw, op);
-            add_p2p_sums(op, result);
+            sum_slot = sim_sums_comm(&sums, stage, ZP_GROUP_PP), sum_x = op->bytes;
             break;
         default:
             largest_buffer = MAX(largest_buffer, op->bytes);
@@ -712,6 +511,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         }
         if (!ok)
             break;
+        sim_sums_put(&sums, i, sum_slot, sum_x);
         /* Field by field, its dependents' range aside (build_dependents'): a SimOp built
          * whole on the stack was copied, 27 instructions an op. */
         SimOp *o = &sim->ops[i];
@@ -724,8 +524,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     sim->n_wide_rows += n_wide;
     g_free(last_on_stream);
     g_free(recent);
+    sim_sums_end(&sums, sim, result);
     if (!ok) {
-        g_free(stage_flops);
         g_free(cursor);
         g_free(dep_start);
         return FALSE;
@@ -736,7 +536,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             kinds |= (unsigned)(last_cost[g][k].bytes >= 0) << k;
         describe_group(result, sim->groups[g].name, &groups[g], kinds);
     }
-    finish_sums(sim, result, stage_flops);
     for (uint32_t k = 0; k < sim->sim_pp; k++) {
         double stage_states = 0;
         for (int c = 0; c < ZP_MEM_N; c++)
