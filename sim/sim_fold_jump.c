@@ -550,7 +550,7 @@ static gboolean sum_exactly(SumGroup *sg, uint64_t times)
 }
 
 /* The fewest periods whose sums are grouped (below: one by one). */
-#define REPLAY_GROUPED_FROM 64
+#define REPLAY_GROUPED_FROM 16
 
 /* Adds each of the n notes v[k] (NOTE_ADD) `times` times over, in order, as replay's loop
  * would, with the very doubles it would give. */
@@ -558,9 +558,12 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
 {
     if (times == 0 || n == 0)
         return;
-    /* Grouping the notes by sum costs about 40 additions a note (its hash lookups): a jump of
-     * fewer periods adds them one by one (narayanan21-t1-529.6b's jumps inside groups, 2 or 3
-     * periods each: 147,070 notes grouped took 60 M -> 76 M instructions in its jumps). */
+    /* Grouping the notes by sum costs about 40 instructions a note (its hash lookups), adding
+     * them about 2.5 a note and period: a jump of fewer periods adds them one by one
+     * (narayanan21-t1-529.6b's group jump, 3 periods of some 280,000 notes; grouped, its
+     * earlier jumps inside groups of 2 or 3 periods took 60 M -> 76 M instructions), one of
+     * more groups them (its jumps inside groups now, 43 periods of 1,330 notes: 5.21 M ->
+     * 4.87 M in its replays). */
     if (times < REPLAY_GROUPED_FROM || n > UINT32_MAX) {
         for (uint64_t j = 0; j < times; j++)
             for (size_t k = 0; k < n; k++)
