@@ -27,8 +27,7 @@ typedef struct {
     const Dependent *deps;
     const int64_t *steps;  /* [stage] (SimFold.steps) */
     const uint8_t *far;    /* Sim.fold_far, or NULL */
-    int64_t step;          /* the walked stage's */
-    gboolean uniform;      /* every stage's step is `step`, and op + step < 2^32 on a
+    gboolean words;        /* every stage's step is above 0, and op + step < 2^32, on a
                             * little-endian machine (same_op's shortcut) */
 } OpPairs;
 
@@ -42,6 +41,9 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
 {
     const SimOp *a = &p->ops[i], *b = &p->ops[j];
     const uint32_t a_start = i == 0 ? 0 : a[-1].dependents_end, b_start = b[-1].dependents_end;
+    /* b's dependents lie `moved` places past a's: as many as a's (their ends moved alike),
+     * and as many of them ready at once */
+    const uint32_t moved = b_start - a_start;
     /* kind, sub, stream, group, link, wide and stage: the op's first 8 bytes, compared at
      * once; duration_s, latency_s and bytes share one double (SimOp's union). */
     G_STATIC_ASSERT(offsetof(SimOp, stage) + sizeof(uint16_t) == 8 &&
@@ -49,32 +51,33 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
     uint64_t a_head, b_head;
     memcpy(&a_head, a, sizeof a_head);
     memcpy(&b_head, b, sizeof b_head);
-    const uint32_t n = a->dependents_end - a_start;
     if (a_head != b_head || a->wide || a->n_deps != b->n_deps ||
-        a->duration_s != b->duration_s || a->transfer_s != b->transfer_s ||
-        b->dependents_end - b_start != n ||
-        a->dependents_ready - a_start != b->dependents_ready - b_start)
+        b->dependents_end - a->dependents_end != moved ||
+        b->dependents_ready - a->dependents_ready != moved ||
+        a->duration_s != b->duration_s || a->transfer_s != b->transfer_s)
         return FALSE;
     if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
         (a->stream_next != NO_OP &&
          (int64_t)b->stream_next - (int64_t)a->stream_next != p->steps[a->stage]))
         return FALSE;
+    const uint32_t n = a->dependents_end - a_start;
     const Dependent *x = &p->deps[a_start], *y = &p->deps[b_start];
     /* stage, stream and counted: the 4 bytes after op, compared at once */
     G_STATIC_ASSERT(offsetof(Dependent, op) == 0 && offsetof(Dependent, stage) == 4 &&
                     sizeof(Dependent) == 8);
-    if (p->uniform) {
-        /* Every stage's step is one (1F1B, accumulation): each dependent moved by it, which
-         * is what the loop below accepts where no sink is among them (one is compared
-         * there, as it stays put). A Dependent read as one little-endian 8-byte word is op +
-         * 2^32 x its tail; with every op + step below 2^32 (OpPairs.uniform), y's word is
-         * x's plus step exactly when the tails are equal and y's op is x's plus step. */
+    if (p->words) {
+        /* Each dependent moved by its stage's step, which is what the loop below accepts
+         * where no sink is among them (one is compared there, as it stays put). A Dependent
+         * read as one little-endian 8-byte word is op + 2^32 x its tail (its stage the low
+         * 16 bits); with every op + step below 2^32 (OpPairs.words), y's word is x's plus
+         * x's stage's step exactly when the tails are equal and y's op is x's plus that step,
+         * which is not 0. */
         uint64_t differ = 0;
         for (uint32_t k = 0; k < n; k++) {
             uint64_t x_word, y_word;
             memcpy(&x_word, &x[k], sizeof x_word);
             memcpy(&y_word, &y[k], sizeof y_word);
-            differ |= (y_word - x_word) ^ (uint64_t)p->step;
+            differ |= (y_word - x_word) ^ (uint64_t)p->steps[(uint16_t)(x_word >> 32)];
         }
         if (differ == 0)
             return TRUE;
@@ -162,14 +165,13 @@ static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t 
     const size_t at = (size_t)k * f->stages + s;
     const int64_t *steps = &f->equal_steps[(size_t)k * f->stages];
     const int64_t step = f->equal_step[at];
-    OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = steps,
-                 .far = sim->fold_far, .step = step, .uniform = TRUE};
     /* same_op's shortcut reads a Dependent as one little-endian word (its op the low half),
      * where every op + step stays below 2^32 */
-    p.uniform = G_BYTE_ORDER == G_LITTLE_ENDIAN && step > 0 &&
-                (uint64_t)sim->n_ops + (uint64_t)step < ((uint64_t)1 << 32);
+    OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = steps,
+                 .far = sim->fold_far, .words = G_BYTE_ORDER == G_LITTLE_ENDIAN};
     for (uint32_t t = 0; t < f->stages; t++)
-        p.uniform = p.uniform && steps[t] == step;
+        p.words = p.words && steps[t] > 0 &&
+                  (uint64_t)sim->n_ops + (uint64_t)steps[t] < ((uint64_t)1 << 32);
     const uint32_t end = f->stage_end[s];
     const int64_t first = (int64_t)f->stage_start[s] + step;
     uint32_t to = f->equal_to[at];
@@ -703,8 +705,12 @@ int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32
         const uint32_t back = (uint32_t)(lo[s] - span * step);
         /* The ops need repeat only as far as the jump can go: past the room the stages
          * before left (most) and this one's far ops leave, and past two periods (room for
-         * less blocks the shift). Where they repeat that far, the room found is that. */
-        const int64_t far = far_periods(f, sim, s, hi[s], step), cap = MAX(MIN(most, far), 2);
+         * less blocks the shift). Where they repeat that far, the room found is that. Once a
+         * stage before blocked the shift (room for fewer than two periods: most is 0 or 1,
+         * a jump of virtual periods alone), past `most` periods: a longer walk decides
+         * nothing (narayanan21-t1-529.6b's group jump walked 34 stages 1,000 ops further). */
+        const int64_t far = far_periods(f, sim, s, hi[s], step);
+        const int64_t cap = MAX(MIN(most, far), block_at != UINT32_MAX ? 0 : 2);
         const int64_t need = cap >= ((int64_t)f->stage_end[s] - hi[s]) / step + 2
                                  ? INT64_MAX
                                  : (int64_t)hi[s] + (cap + 1) * step;
