@@ -786,7 +786,9 @@ static void seed(Sim *sim)
 static void run_queue(Sim *sim, const SimOptions *options)
 {
     const double total_ops = (double)sim_breakdown_rank_ops(sim);
-    uint64_t told = 0;
+    /* The next multiple of PROGRESS_EVERY_EVENTS the count reaches (it only grows, jumps
+     * too): a compare an event, where dividing was 9 instructions of each */
+    uint64_t tell_at = PROGRESS_EVERY_EVENTS;
     double instant_s = -1, now_s = 0; /* seeding's time */
     for (;;) {
         /* The instant is over when no event of its time is left. */
@@ -818,8 +820,8 @@ static void run_queue(Sim *sim, const SimOptions *options)
         sim->heap_events += event_weight(sim, &e);
         handle(sim, &e, now_s);
         drain_ready(sim, now_s);
-        if (options->progress && sim->heap_events / PROGRESS_EVERY_EVENTS != told) {
-            told = sim->heap_events / PROGRESS_EVERY_EVENTS;
+        if (sim->heap_events >= tell_at && options->progress) {
+            tell_at = (sim->heap_events / PROGRESS_EVERY_EVENTS + 1) * PROGRESS_EVERY_EVENTS;
             options->progress((double)sim->op_events / total_ops, options->progress_ctx);
         }
     }
