@@ -177,8 +177,11 @@ static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t 
     uint32_t to = f->equal_to[at];
     if (to < need)
         to = borrowed_end(f, k, s, f->equal_from[at], to);
-    while (to < need && to < end && to >= first && same_op(&p, (uint32_t)(to - step), to))
-        to++;
+    if (to >= first) { /* `to` only grows: the bounds are one */
+        const uint32_t stop = (uint32_t)MIN(need, (int64_t)end);
+        while (to < stop && same_op(&p, (uint32_t)(to - step), to))
+            to++;
+    }
     f->equal_to[at] = to;
     f->equal_open[at] = to >= need && to < end && to >= first;
 }
