@@ -27,8 +27,9 @@ typedef struct {
     const Dependent *deps;
     const int64_t *steps;  /* [stage] (SimFold.steps) */
     const uint8_t *far;    /* Sim.fold_far, or NULL */
-    gboolean words;        /* every stage's step is above 0, and op + step < 2^32, on a
-                            * little-endian machine (same_op's shortcut) */
+    int64_t stage_step;    /* the walked stage's (its ops' stream successors move by it) */
+    gboolean words;        /* every stage's step is above 0, and op + step < 2^32 - 1, on
+                            * a little-endian machine (same_op's shortcuts) */
 } OpPairs;
 
 /* Whether op j does what op i, a period before it, did: the same static facts, its stream's
@@ -56,10 +57,17 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
         b->dependents_ready - a->dependents_ready != moved ||
         a->duration_s != b->duration_s || a->transfer_s != b->transfer_s)
         return FALSE;
-    if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
-        (a->stream_next != NO_OP &&
-         (int64_t)b->stream_next - (int64_t)a->stream_next != p->steps[a->stage]))
+    if (p->words) {
+        /* a's successor moved, below NO_OP (op + step < 2^32 - 1), or NO_OP kept */
+        const uint32_t next = a->stream_next == NO_OP ? NO_OP
+                                                      : a->stream_next + (uint32_t)p->stage_step;
+        if (b->stream_next != next)
+            return FALSE;
+    } else if ((a->stream_next == NO_OP) != (b->stream_next == NO_OP) ||
+               (a->stream_next != NO_OP &&
+                (int64_t)b->stream_next - (int64_t)a->stream_next != p->stage_step)) {
         return FALSE;
+    }
     const uint32_t n = a->dependents_end - a_start;
     const Dependent *x = &p->deps[a_start], *y = &p->deps[b_start];
     /* stage, stream and counted: the 4 bytes after op, compared at once */
@@ -165,13 +173,14 @@ static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t 
     const size_t at = (size_t)k * f->stages + s;
     const int64_t *steps = &f->equal_steps[(size_t)k * f->stages];
     const int64_t step = f->equal_step[at];
-    /* same_op's shortcut reads a Dependent as one little-endian word (its op the low half),
-     * where every op + step stays below 2^32 */
+    /* same_op's shortcuts: a Dependent read as one little-endian word (its op the low half),
+     * and a stream successor moved, where every op + step stays below 2^32 - 1 (NO_OP) */
     OpPairs p = {.ops = sim->ops, .deps = sim->dependents, .steps = steps,
-                 .far = sim->fold_far, .words = G_BYTE_ORDER == G_LITTLE_ENDIAN};
+                 .far = sim->fold_far, .stage_step = steps[s],
+                 .words = G_BYTE_ORDER == G_LITTLE_ENDIAN};
     for (uint32_t t = 0; t < f->stages; t++)
         p.words = p.words && steps[t] > 0 &&
-                  (uint64_t)sim->n_ops + (uint64_t)steps[t] < ((uint64_t)1 << 32);
+                  (uint64_t)sim->n_ops + (uint64_t)steps[t] < ((uint64_t)1 << 32) - 1;
     const uint32_t end = f->stage_end[s];
     const int64_t first = (int64_t)f->stage_start[s] + step;
     uint32_t to = f->equal_to[at];
