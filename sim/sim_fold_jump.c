@@ -280,7 +280,9 @@ typedef struct {
     const Sim *sim;
 } Walk;
 
-static void walk_double(Walk *w, double *x, FieldKind kind)
+/* Inlined where called: each kind is a constant there (a snapshot's walk of 35 ranks made 2,520
+ * calls of each of its three copies). */
+G_ALWAYS_INLINE static inline void walk_double(Walk *w, double *x, FieldKind kind)
 {
     if (kind == FIELD_SUM)
         return; /* replayed from the notes */
