@@ -254,6 +254,7 @@ typedef struct {
      * the rank alone (one per stage), or the classes in its group (rank classes). */
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     uint32_t n_groups;
+    uint32_t collective_groups; /* bit g: a collective runs over communicator g (sim_ops.c) */
     uint32_t *slot_of;
     uint32_t *members;
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep

@@ -530,11 +530,14 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         g_free(dep_start);
         return FALSE;
     }
+    G_STATIC_ASSERT(ZP_SCHED_MAX_GROUPS <= 32); /* Sim.collective_groups */
+    sim->collective_groups = 0;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         unsigned kinds = 0; /* the kinds costed on it: those whose last size was set */
         for (int k = 0; k < ZP_COLL_N; k++)
             kinds |= (unsigned)(last_cost[g][k].bytes >= 0) << k;
         describe_group(result, sim->groups[g].name, &groups[g], kinds);
+        sim->collective_groups |= (uint32_t)(kinds != 0) << g;
     }
     for (uint32_t k = 0; k < sim->sim_pp; k++) {
         double stage_states = 0;
