@@ -238,9 +238,13 @@ static uint32_t repeats_until(SimFold *f, const Sim *sim, uint32_t k, uint32_t s
 
 void sim_jump_window(SimFold *f, const Sim *sim, uint32_t s, uint32_t *lo, uint32_t *hi)
 {
+    /* In locals, and a done op (most of those passed) known by its countdown alone */
+    const SimOp *const ops = sim->ops;
+    const Countdown *const countdown = sim->countdown;
+    const uint32_t end = f->stage_end[s];
     uint32_t i = f->lo_hint[s];
-    while (i < f->stage_end[s] &&
-           (!sim_jump_counted(&sim->ops[i]) || sim_jump_status(sim, s, i) == 0))
+    while (i < end && (countdown[i].row == COUNTS_DONE || !sim_jump_counted(&ops[i]) ||
+                       sim_jump_status(sim, s, i) == 0))
         i++;
     f->lo_hint[s] = i;
     *lo = i;
