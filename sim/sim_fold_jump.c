@@ -32,6 +32,20 @@ typedef struct {
                             * a little-endian machine (same_op's shortcuts) */
 } OpPairs;
 
+/* Whether b has a's dependencies and as many dependents, `moved` places on: n_deps and
+ * dependents_end as one little-endian word (n_deps the low half), b's that word with its high
+ * half `moved` more, mod 2^32 as the halves' own differences. */
+static inline gboolean same_counts(const SimOp *a, const SimOp *b, uint32_t moved)
+{
+    G_STATIC_ASSERT(offsetof(SimOp, dependents_end) == offsetof(SimOp, n_deps) + 4);
+    if (G_BYTE_ORDER != G_LITTLE_ENDIAN)
+        return a->n_deps == b->n_deps && b->dependents_end - a->dependents_end == moved;
+    uint64_t a_word, b_word;
+    memcpy(&a_word, &a->n_deps, sizeof a_word);
+    memcpy(&b_word, &b->n_deps, sizeof b_word);
+    return b_word == a_word + ((uint64_t)moved << 32);
+}
+
 /* Whether op j does what op i, a period before it, did: the same static facts, its stream's
  * next op and its dependents moved alike (each by its stage's step). An op a dependent or a
  * stream's next names is of that reference's stage (sim_ops.c: place_dependent takes the
@@ -52,8 +66,7 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
     uint64_t a_head, b_head;
     memcpy(&a_head, a, sizeof a_head);
     memcpy(&b_head, b, sizeof b_head);
-    if (a_head != b_head || a->wide || a->n_deps != b->n_deps ||
-        b->dependents_end - a->dependents_end != moved ||
+    if (a_head != b_head || a->wide || !same_counts(a, b, moved) ||
         b->dependents_ready - a->dependents_ready != moved ||
         a->duration_s != b->duration_s || a->transfer_s != b->transfer_s)
         return FALSE;
