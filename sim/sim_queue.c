@@ -138,11 +138,20 @@ void sim_queue_events(const Queue *q, GArray *times, GArray *events)
     const uint32_t from = q->hole ? 1 : 0, n = q->heap_len - from; /* the vacant root aside */
     HeapEntry *order = g_memdup2(q->heap + from, MAX(n, 1) * sizeof *order);
     qsort(order, n, sizeof *order, compare_entries);
-    for (uint32_t k = 0; k < n; k++) {
+    /* Sized once and written in place: an append each was a call (0.8 M of
+     * narayanan21-t1-529.6b's 77 calls) */
+    size_t count = 0;
+    for (uint32_t k = 0; k < n; k++)
+        count += q->buckets[order[k].bucket].len - q->buckets[order[k].bucket].head;
+    g_array_set_size(times, (guint)count);
+    g_array_set_size(events, (guint)count);
+    double *time_s = (double *)(void *)times->data;
+    Event *event = (Event *)(void *)events->data;
+    for (uint32_t k = 0, at = 0; k < n; k++) {
         const Bucket *b = &q->buckets[order[k].bucket];
-        for (uint32_t i = b->head; i < b->len; i++) {
-            g_array_append_val(times, b->time_s);
-            g_array_append_val(events, b->items[i]);
+        for (uint32_t i = b->head; i < b->len; i++, at++) {
+            time_s[at] = b->time_s;
+            event[at] = b->items[i];
         }
     }
     g_free(order);
