@@ -135,8 +135,8 @@ static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
  * Both proofs must be of the steps their shifts walk under now (SimFold.steps_gen). The ops
  * proven are those a walk would find, so every jump is the one the walks gave:
  * narayanan21-t1-529.6b walked each stage's ops inside a group (shift 1, a chunk's
- * micro-step) again after its group's shift (35) proved the groups repeat, 89,000 of the
- * 331,788 pairs it walked. */
+ * micro-step) again after its group's shift (35) proved the groups repeat: 71,884 ops are
+ * borrowed now, and 219,005 pairs walked, where 331,788 were. */
 
 /* Whether a run begun at generation gen was proven under the steps shift k walks under now. */
 static gboolean run_current(const SimFold *f, uint32_t k, uint32_t gen)
