@@ -173,8 +173,13 @@ $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# zplan needs a CBLAS only for GSL's fits (calibrate, the op tables), a few dozen numbers:
+# GSL's own gslcblas, not OpenBLAS, whose load (buffers, CPU detection, its thread pool) was
+# 4.5 ms of every run, half of a small plan's `zplan simulate` (zreal keeps OpenBLAS: its CPU
+# backend's GEMMs).
+ZPLAN_LDLIBS := $(subst -lopenblas,-lgslcblas,$(LDLIBS))
 $(BUILD)/zplan: $(call obj,cli/zplan.c) $(LIBS)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ZPLAN_LDLIBS)
 # libzcuda.so takes position-independent objects only: those built before this file said
 # -fPIC are rebuilt (any change here rebuilds the seven, a minute of nvcc).
 $(call obj,$(CUDA_C_SRC)): override CFLAGS += -fPIC
