@@ -15,24 +15,29 @@ struct ZpAllocBlock {
     uint64_t id; /* allocated: its handle, its key in ZpAllocReplay.live (or by_id) */
     gboolean allocated, small;
     ZpAllocBlock *prev, *next; /* neighbours in the segment */
-    ZpAllocHeap *heap;  /* free: its size's blocks in its pool */
+    ZpAllocHeap *heap;  /* free: its size's blocks in its pool (NULL: its size's one) */
     guint heap_pos;     /* free: its place there */
 };
 
 /* A pool's free blocks in (size, address) order, two levels deep: the sizes in a sorted
- * array, each with a ZpAllocHeap of that size's blocks, a binary min-heap by address (each
- * block knowing its place): the best fit is the smallest size's lowest address, all a
- * lower bound needs; insertion and removal move pointers in arrays, where GTrees of sizes
- * and of addresses allocated and freed a node each time (plan --3d gpt-1t/4096's replays:
- * 600,000 of each, 0.4 G instructions). The sizes are few: 7.2 at a time on average in the
- * 32,000-layer stage-3 replay, 57 at most, where 1,854 blocks are free on average. */
+ * array, each with its one block or a ZpAllocHeap of that size's blocks, a binary min-heap by
+ * address (each block knowing its place): the best fit is the smallest size's lowest address,
+ * all a lower bound needs; insertion and removal move pointers in arrays, where GTrees of
+ * sizes and of addresses allocated and freed a node each time (plan --3d gpt-1t/4096's
+ * replays: 600,000 of each, 0.4 G instructions). The sizes are few: 7.2 at a time on average
+ * in the 32,000-layer stage-3 replay, 57 at most, where 1,854 blocks are free on average;
+ * 3.3 in Megatron 1T's, whose sizes are mostly a block's own (29,395 of its 43,806 inserts
+ * made a size, 29,391 of its 43,673 removals took a size's last block): such a size holds its
+ * block without a heap (`one`). The array ends in a size above any block's (UINT64_MAX: sizes
+ * are multiples of 512), at sizes[n_sizes], where a scan of the few sizes stops. */
 typedef struct {
     uint64_t size;
-    ZpAllocHeap *heap;
+    ZpAllocHeap *heap; /* NULL: the size's one block is `one` */
+    ZpAllocBlock *one;
 } ZpAllocSize;
 
 typedef struct {
-    ZpAllocSize *sizes; /* by size, each heap holding at least one block */
+    ZpAllocSize *sizes; /* by size, each holding at least one block, then the end's */
     guint n_sizes, room;
     /* emptied heaps, kept for the next size: a stack linked through the heaps (a GPtrArray's
      * calls were 21 M instructions of plan --3d gpt-1t/4096's replays) */
