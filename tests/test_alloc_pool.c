@@ -40,7 +40,7 @@ static void test_pool_as_list(void)
     GPtrArray *list = g_ptr_array_new();
     ZpAllocPool pool;
     zp_alloc_pool_init(&pool);
-    guint taken = 0, none = 0, heaped = 0, most = 0;
+    guint taken = 0, none = 0, heaped = 0, cut = 0, most = 0;
     for (guint k = 0; k < N_BLOCKS; k++)
         blocks[k].addr = ((uint64_t)k * 7919 % N_BLOCKS + 1) << 21; /* unique, out of order */
     for (guint step = 0; step < 100000; step++) {
@@ -55,7 +55,8 @@ static void test_pool_as_list(void)
             g_ptr_array_add(list, &blocks[k]);
             in_pool[k] = TRUE;
         } else if (op == 1 && in_pool[k]) {
-            heaped += blocks[k].heap != NULL;
+            heaped += blocks[k].heap_up || blocks[k].heap_child;
+            cut += blocks[k].heap_up != NULL; /* inside its heap, not its root */
             zp_alloc_pool_remove(&pool, &blocks[k]);
             g_ptr_array_remove_fast(list, &blocks[k]);
             in_pool[k] = FALSE;
@@ -75,11 +76,13 @@ static void test_pool_as_list(void)
         g_assert_cmpuint(zp_alloc_pool_largest(&pool), ==, list_largest(list));
         most = MAX(most, pool.n_sizes);
     }
-    /* not vacuous: takes found blocks and found none, sizes held heaps, more sizes than the
-     * scan covers (16) were held, so the halving searched them too */
+    /* not vacuous: takes found blocks and found none, removals took blocks out of heaps, from
+     * inside them too, and more sizes than the scan covers (16) were held, so the halving
+     * searched them as well */
     g_assert_cmpuint(taken, >, 10000);
     g_assert_cmpuint(none, >, 100);
     g_assert_cmpuint(heaped, >, 300);
+    g_assert_cmpuint(cut, >, 100);
     g_assert_cmpuint(most, >, 32);
     zp_alloc_pool_destroy(&pool);
     g_ptr_array_unref(list);

@@ -5,82 +5,83 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One size's free blocks: a binary min-heap by address, block k's children at 2k+1 and
- * 2k+2, each block's heap_pos its index. */
-struct ZpAllocHeap {
-    ZpAllocBlock **at;
-    guint n, room;
-    ZpAllocHeap *next_spare; /* ZpAllocPool.spare's next, while spare */
-};
-
-static void heap_destroy(ZpAllocHeap *h)
+/* Two heaps' roots melded: the lower address the root, the other its first child. The
+ * root's heap_up and heap_next are the caller's to set. */
+G_ALWAYS_INLINE static inline ZpAllocBlock *heap_meld(ZpAllocBlock *x, ZpAllocBlock *y)
 {
-    g_free(h->at);
-    g_free(h);
-}
-
-static void heap_place(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
-{
-    h->at[k] = b;
-    b->heap_pos = k;
-}
-
-/* Moves block b, at hole k, up past the parents of higher address, to where the heap holds
- * again (below k it does: k is a leaf, or b came from above). */
-G_ALWAYS_INLINE static inline void heap_climb(ZpAllocHeap *h, guint k, ZpAllocBlock *b)
-{
-    while (k > 0 && h->at[(k - 1) / 2]->addr > b->addr) {
-        heap_place(h, k, h->at[(k - 1) / 2]);
-        k = (k - 1) / 2;
+    if (y->addr < x->addr) {
+        ZpAllocBlock *t = x;
+        x = y;
+        y = t;
     }
-    heap_place(h, k, b);
+    y->heap_next = x->heap_child;
+    if (x->heap_child)
+        x->heap_child->heap_up = y;
+    y->heap_up = x;
+    x->heap_child = y;
+    return x;
 }
 
-/* Fills hole k (its block taken out, h->n counted down) with the last block: the hole goes
- * down to a leaf past the lower child at each level, one comparison a level, and the last
- * block climbs back from there (Floyd's), where settling it down from k compared it too at
- * every level. The block taken out was its size's lowest address at all 14,474 of Megatron
- * 1T's removals from a heap (the last block, a leaf's, rarely climbs far). */
-static void heap_fill(ZpAllocHeap *h, guint k)
+/* A removed root's children (first: the first, linked by heap_next) melded into one heap,
+ * its root returned (NULL: none): in pairs from the first, then the pairs from the last
+ * (the two passes that give the pairing heap its logarithmic amortised removal). One child,
+ * as a lowest address inserted and then taken left, is the root at once. */
+static ZpAllocBlock *heap_meld_children(ZpAllocBlock *first)
 {
-    ZpAllocBlock *last = h->at[h->n];
-    for (;;) {
-        guint c = 2 * k + 1;
-        if (c >= h->n)
+    ZpAllocBlock *pairs = NULL; /* the pairs melded, the last first, linked by heap_next */
+    while (first) {
+        ZpAllocBlock *x = first, *y = x->heap_next;
+        if (!y) {
+            x->heap_next = pairs;
+            pairs = x;
             break;
-        if (c + 1 < h->n && h->at[c + 1]->addr < h->at[c]->addr)
-            c++;
-        heap_place(h, k, h->at[c]);
-        k = c;
+        }
+        first = y->heap_next;
+        ZpAllocBlock *m = heap_meld(x, y);
+        m->heap_next = pairs;
+        pairs = m;
     }
-    heap_climb(h, k, last);
+    if (!pairs)
+        return NULL;
+    ZpAllocBlock *root = pairs;
+    for (pairs = pairs->heap_next; pairs;) {
+        ZpAllocBlock *next = pairs->heap_next;
+        root = heap_meld(root, pairs);
+        pairs = next;
+    }
+    root->heap_up = root->heap_next = NULL;
+    return root;
 }
 
-/* The blocks of size z: its heap's, or its one. */
-static ZpAllocBlock *const *size_blocks(const ZpAllocSize *z, guint *n)
+/* Takes b, not a root, out of its heap: its children, melded, take its place among its
+ * siblings (all above its parent's address, as b was), so the root stays. */
+static void heap_cut(ZpAllocBlock *b)
 {
-    *n = z->heap ? z->heap->n : 1;
-    return z->heap ? z->heap->at : &z->one;
+    ZpAllocBlock *sub = heap_meld_children(b->heap_child);
+    ZpAllocBlock *before = b->heap_up, *after = b->heap_next;
+    ZpAllocBlock *in = sub ? sub : after; /* what follows `before` now */
+    if (sub) {
+        sub->heap_up = before;
+        sub->heap_next = after;
+    }
+    if (after)
+        after->heap_up = sub ? sub : before;
+    if (before->heap_child == b) /* b was a first child: `before` is its parent */
+        before->heap_child = in;
+    else
+        before->heap_next = in;
 }
 
 void zp_alloc_pool_init(ZpAllocPool *p)
 {
     *p = (ZpAllocPool){.room = 16};
     p->sizes = g_new(ZpAllocSize, p->room);
-    p->sizes[0] = (ZpAllocSize){.size = UINT64_MAX}; /* the end's */
+    p->sizes[0] = (ZpAllocSize){.size = UINT64_MAX, .root = NULL}; /* the end's */
 }
 
 void zp_alloc_pool_destroy(ZpAllocPool *p)
 {
-    for (guint i = 0; i < p->n_sizes; i++)
-        if (p->sizes[i].heap)
-            heap_destroy(p->sizes[i].heap);
     g_free(p->sizes);
-    while (p->spare) {
-        ZpAllocHeap *h = p->spare;
-        p->spare = h->next_spare;
-        heap_destroy(h);
-    }
 }
 
 /* Up to this many sizes are scanned from the smallest, not halved: Megatron 1T's replay held
@@ -108,73 +109,45 @@ G_ALWAYS_INLINE static inline guint size_at_least(const ZpAllocPool *p, uint64_t
     return lo;
 }
 
-/* A size of its own for b, at i, holding b alone. */
-static void size_open(ZpAllocPool *p, guint i, ZpAllocBlock *b)
-{
-    if (p->n_sizes + 2 > p->room) {
-        p->room *= 2;
-        p->sizes = g_renew(ZpAllocSize, p->sizes, p->room);
-    }
-    /* the sizes from i on and the end's */
-    memmove(&p->sizes[i + 1], &p->sizes[i], (p->n_sizes - i + 1) * sizeof *p->sizes);
-    p->n_sizes++;
-    p->sizes[i] = (ZpAllocSize){.size = b->size, .heap = NULL, .one = b};
-    b->heap = NULL;
-}
-
-/* Adds b to heap h. */
-static void heap_push(ZpAllocHeap *h, ZpAllocBlock *b)
-{
-    if (h->n == h->room) {
-        h->room = MAX(2 * h->room, 8);
-        h->at = g_renew(ZpAllocBlock *, h->at, h->room);
-    }
-    h->n++;
-    heap_climb(h, h->n - 1, b);
-    b->heap = h;
-}
-
 void zp_alloc_pool_insert(ZpAllocPool *p, ZpAllocBlock *b)
 {
     const guint i = size_at_least(p, b->size);
     ZpAllocSize *z = &p->sizes[i];
     p->n++;
-    if (z->size != b->size) { /* the end's is no block's size */
-        size_open(p, i, b);
+    b->heap_child = b->heap_up = b->heap_next = NULL;
+    if (z->size == b->size) { /* the end's is no block's size */
+        z->root = heap_meld(z->root, b);
+        z->root->heap_up = z->root->heap_next = NULL;
         return;
     }
-    if (!z->heap) { /* its one block and b: a heap */
-        ZpAllocHeap *h = p->spare;
-        if (h)
-            p->spare = h->next_spare;
-        else
-            h = g_new0(ZpAllocHeap, 1);
-        z->heap = h;
-        heap_push(h, z->one);
+    /* a size of its own, at i: the sizes from i on and the end's move up */
+    if (p->n_sizes + 2 > p->room) {
+        p->room *= 2;
+        p->sizes = g_renew(ZpAllocSize, p->sizes, p->room);
     }
-    heap_push(z->heap, b);
+    memmove(&p->sizes[i + 1], &p->sizes[i], (p->n_sizes - i + 1) * sizeof *p->sizes);
+    p->n_sizes++;
+    p->sizes[i] = (ZpAllocSize){.size = b->size, .root = b};
 }
 
-/* Takes b out; at: its size's place among the sizes, or G_MAXUINT (found if it goes). */
-G_ALWAYS_INLINE static inline void pool_take(ZpAllocPool *p, const ZpAllocBlock *b, guint at)
+/* Takes b out; at: its size's place among the sizes, or G_MAXUINT (found if b is its root). */
+G_ALWAYS_INLINE static inline void pool_take(ZpAllocPool *p, ZpAllocBlock *b, guint at)
 {
     p->n--;
-    ZpAllocHeap *h = b->heap;
-    if (h) {
-        if (b->heap_pos != --h->n) /* the last block fills b's hole */
-            heap_fill(h, b->heap_pos);
-        if (h->n > 0)
-            return;
-        h->next_spare = p->spare;
-        p->spare = h;
+    if (b->heap_up) {
+        heap_cut(b);
+        return;
     }
-    /* its size goes (b was its last: found at its size), the end's moved down with the rest */
     const guint i = at != G_MAXUINT ? at : size_at_least(p, b->size);
+    p->sizes[i].root = heap_meld_children(b->heap_child);
+    if (p->sizes[i].root)
+        return;
+    /* its size goes (b was its last), the end's moved down with the rest */
     memmove(&p->sizes[i], &p->sizes[i + 1], (p->n_sizes - i) * sizeof *p->sizes);
     p->n_sizes--;
 }
 
-void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b)
+void zp_alloc_pool_remove(ZpAllocPool *p, ZpAllocBlock *b)
 {
     pool_take(p, b, G_MAXUINT);
 }
@@ -184,8 +157,7 @@ ZpAllocBlock *zp_alloc_pool_take_best(ZpAllocPool *p, uint64_t size)
     const guint i = size_at_least(p, size);
     if (i == p->n_sizes)
         return NULL;
-    const ZpAllocSize *z = &p->sizes[i];
-    ZpAllocBlock *b = z->heap ? z->heap->at[0] : z->one;
+    ZpAllocBlock *b = p->sizes[i].root;
     pool_take(p, b, i);
     return b;
 }
@@ -204,15 +176,22 @@ static int by_addr(const void *a, const void *b)
 /* Each size's blocks that are a whole segment, in (size, address) order. */
 void zp_alloc_pool_whole_segments(const ZpAllocPool *p, GPtrArray *whole)
 {
+    GPtrArray *todo = g_ptr_array_new(); /* the heap's blocks still to visit */
     for (guint i = 0; i < p->n_sizes; i++) {
-        guint n;
-        ZpAllocBlock *const *at = size_blocks(&p->sizes[i], &n);
         const guint from = whole->len;
-        for (guint k = 0; k < n; k++)
-            if (!at[k]->prev && !at[k]->next)
-                g_ptr_array_add(whole, at[k]);
+        g_ptr_array_add(todo, p->sizes[i].root);
+        while (todo->len > 0) {
+            const ZpAllocBlock *b = g_ptr_array_remove_index_fast(todo, todo->len - 1);
+            if (b->heap_next)
+                g_ptr_array_add(todo, b->heap_next);
+            if (b->heap_child)
+                g_ptr_array_add(todo, b->heap_child);
+            if (!b->prev && !b->next)
+                g_ptr_array_add(whole, (gpointer)b);
+        }
         /* An empty GPtrArray's pdata is NULL, which qsort's declaration says it never is. */
         if (whole->len - from > 1)
             qsort(whole->pdata + from, whole->len - from, sizeof(gpointer), by_addr);
     }
+    g_ptr_array_unref(todo);
 }

@@ -6,50 +6,50 @@
 #include <glib.h>
 #include <stdint.h>
 
-/* A block of a segment (zp_alloc_replay's; the pool reads its size and address and keeps
- * its place in `heap` at `heap_pos`). */
+/* A block of a segment (zp_alloc_replay's; the pool reads its size and address and, while
+ * the block is free, links it into its size's heap). */
 typedef struct ZpAllocBlock ZpAllocBlock;
-typedef struct ZpAllocHeap ZpAllocHeap;
 struct ZpAllocBlock {
     uint64_t addr, size;
     uint64_t id; /* allocated: its handle, its key in ZpAllocReplay.live (or by_id) */
     gboolean allocated, small;
     ZpAllocBlock *prev, *next; /* neighbours in the segment */
-    ZpAllocHeap *heap;  /* free: its size's blocks in its pool (NULL: its size's one) */
-    guint heap_pos;     /* free: its place there */
+    /* free: its first child and next sibling in its size's heap, and the block before it
+     * there (its parent where it is a first child, else its left sibling; NULL: the root) */
+    ZpAllocBlock *heap_child, *heap_next, *heap_up;
 };
 
 /* A pool's free blocks in (size, address) order, two levels deep: the sizes in a sorted
- * array, each with its one block or a ZpAllocHeap of that size's blocks, a binary min-heap by
- * address (each block knowing its place): the best fit is the smallest size's lowest address,
- * all a lower bound needs; insertion and removal move pointers in arrays, where GTrees of
- * sizes and of addresses allocated and freed a node each time (plan --3d gpt-1t/4096's
- * replays: 600,000 of each, 0.4 G instructions). The sizes are few: 7.2 at a time on average
- * in the 32,000-layer stage-3 replay, 57 at most, where 1,854 blocks are free on average;
- * 3.3 in Megatron 1T's, whose sizes are mostly a block's own (29,395 of its 43,806 inserts
- * made a size, 29,391 of its 43,673 removals took a size's last block): such a size holds its
- * block without a heap (`one`). The array ends in a size above any block's (UINT64_MAX: sizes
- * are multiples of 512), at sizes[n_sizes], where a scan of the few sizes stops. */
+ * array, each with a pairing heap of that size's blocks by address (Fredman, Sedgewick,
+ * Sleator and Tarjan 1986, linked through the blocks): the best fit is the smallest size's
+ * root, all a lower bound needs; insertion and removal move pointers, where GTrees of sizes
+ * and of addresses allocated and freed a node each time (plan --3d gpt-1t/4096's replays:
+ * 600,000 of each, 0.4 G instructions). A binary heap in an array per size, before, climbed
+ * its whole depth at most inserts and fell it at every removal: the allocator takes a size's
+ * lowest address, so its frees come back low (in Megatron 1T's replay 10,685 of 14,605
+ * inserts into a heap were its new lowest address, and all 14,474 removals from one took its
+ * lowest, merging it with a neighbour freed), which a pairing heap links and unlinks at its
+ * root. The sizes are few: 7.2 at a time on average in the 32,000-layer stage-3 replay, 57
+ * at most, where 1,854 blocks are free on average; 3.3 in Megatron 1T's, whose sizes are
+ * mostly a block's own (29,395 of its 43,806 inserts made a size). The array ends in a size
+ * above any block's (UINT64_MAX: sizes are multiples of 512), at sizes[n_sizes], where a scan
+ * of the few sizes stops. */
 typedef struct {
     uint64_t size;
-    ZpAllocHeap *heap; /* NULL: the size's one block is `one` */
-    ZpAllocBlock *one;
+    ZpAllocBlock *root; /* its lowest address */
 } ZpAllocSize;
 
 typedef struct {
     ZpAllocSize *sizes; /* by size, each holding at least one block, then the end's */
     guint n_sizes, room;
-    /* emptied heaps, kept for the next size: a stack linked through the heaps (a GPtrArray's
-     * calls were 21 M instructions of plan --3d gpt-1t/4096's replays) */
-    ZpAllocHeap *spare;
-    guint n;            /* blocks */
+    guint n; /* blocks */
 } ZpAllocPool;
 
 void zp_alloc_pool_init(ZpAllocPool *p);
 void zp_alloc_pool_destroy(ZpAllocPool *p);
 /* Adds free block b (its size and address set), or takes it out. */
 void zp_alloc_pool_insert(ZpAllocPool *p, ZpAllocBlock *b);
-void zp_alloc_pool_remove(ZpAllocPool *p, const ZpAllocBlock *b);
+void zp_alloc_pool_remove(ZpAllocPool *p, ZpAllocBlock *b);
 /* The best fit, taken out of the pool: the smallest block of at least size bytes, the lowest
  * address among those; NULL where none is that large. One search where a lookup and a removal
  * were two when its size goes with it (29,391 of the 43,672 removals in Megatron 1T's
