@@ -616,9 +616,9 @@ static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArra
             if (j >= q->seq->n_ev)
                 break;
         }
-        ZpAllocEvent tmp_v, tmp_u;
-        const ZpAllocEvent *v = zp_alloc_seq_cursor_event(q->seq, &at_v, j, &tmp_v);
-        const ZpAllocEvent *u = zp_alloc_seq_cursor_event(q->seq, &at_u, j - period, &tmp_u);
+        /* their buffers and ops aside (a run's listed ones do) */
+        const ZpAllocEvent *v = zp_alloc_seq_cursor_listed(q->seq, &at_v, j);
+        const ZpAllocEvent *u = zp_alloc_seq_cursor_listed(q->seq, &at_u, j - period);
         if (!(v->flags & ZP_ALLOC_EV_PLAIN) && same_slot(q, v, u))
             continue;
         if (!(v->flags & u->flags & ZP_ALLOC_EV_PLAIN) || v->kind != u->kind || v->sub != u->sub ||
