@@ -29,9 +29,9 @@ static uint64_t list_largest(GPtrArray *list)
 }
 
 /* 100,000 inserts, removals of any free block and best-fit takes, drawn at random over sizes
- * few enough that a size holds one block for a while, then many (its heap), then one again,
- * and over sizes of their own: every take is the list's best fit, and the count and the
- * largest size follow the list's. */
+ * few enough that a size holds one block for a while, then many (its heap), then none, and
+ * over sizes of their own: every take is the list's best fit, and the count and the largest
+ * size follow the list's. */
 static void test_pool_as_list(void)
 {
     GRand *rand = g_rand_new_with_seed(11);
@@ -40,7 +40,7 @@ static void test_pool_as_list(void)
     GPtrArray *list = g_ptr_array_new();
     ZpAllocPool pool;
     zp_alloc_pool_init(&pool);
-    guint taken = 0, none = 0, heaped = 0, cut = 0, most = 0;
+    guint taken = 0, none = 0, heaped = 0, cut = 0, most = 0, emptied = 0;
     for (guint k = 0; k < N_BLOCKS; k++)
         blocks[k].addr = ((uint64_t)k * 7919 % N_BLOCKS + 1) << 21; /* unique, out of order */
     for (guint step = 0; step < 100000; step++) {
@@ -75,15 +75,17 @@ static void test_pool_as_list(void)
         g_assert_cmpuint(pool.n, ==, list->len);
         g_assert_cmpuint(zp_alloc_pool_largest(&pool), ==, list_largest(list));
         most = MAX(most, pool.n_sizes);
+        emptied += pool.n_empty > 0;
     }
     /* not vacuous: takes found blocks and found none, removals took blocks out of heaps, from
-     * inside them too, and more sizes than the scan covers (16) were held, so the halving
-     * searched them as well */
+     * inside them too, sizes were left empty (skipped, refilled, dropped), and more sizes than
+     * the scan covers (16) were held, so the halving searched them as well */
     g_assert_cmpuint(taken, >, 10000);
     g_assert_cmpuint(none, >, 100);
     g_assert_cmpuint(heaped, >, 300);
     g_assert_cmpuint(cut, >, 100);
     g_assert_cmpuint(most, >, 32);
+    g_assert_cmpuint(emptied, >, 10000);
     zp_alloc_pool_destroy(&pool);
     g_ptr_array_unref(list);
     g_free(in_pool);

@@ -31,17 +31,20 @@ struct ZpAllocBlock {
  * lowest, merging it with a neighbour freed), which a pairing heap links and unlinks at its
  * root. The sizes are few: 7.2 at a time on average in the 32,000-layer stage-3 replay, 57
  * at most, where 1,854 blocks are free on average; 3.3 in Megatron 1T's, whose sizes are
- * mostly a block's own (29,395 of its 43,806 inserts made a size). The array ends in a size
- * above any block's (UINT64_MAX: sizes are multiples of 512), at sizes[n_sizes], where a scan
- * of the few sizes stops. */
+ * mostly a block's own (29,395 of its 43,806 inserts made a size): a size that loses its last
+ * block stays in the array, empty, for its next (up to 4 of them, zp_alloc_pool.c's MAX_EMPTY),
+ * so that the sizes above it do not move down and up again. The array ends in a size above
+ * any block's (UINT64_MAX: sizes are multiples of 512), at sizes[n_sizes], where a scan of
+ * the few sizes stops. */
 typedef struct {
     uint64_t size;
-    ZpAllocBlock *root; /* its lowest address */
+    ZpAllocBlock *root; /* its lowest address (NULL: empty) */
 } ZpAllocSize;
 
 typedef struct {
-    ZpAllocSize *sizes; /* by size, each holding at least one block, then the end's */
+    ZpAllocSize *sizes; /* by size, empty ones among them, then the end's */
     guint n_sizes, room;
+    guint n_empty; /* of them */
     guint n; /* blocks */
 } ZpAllocPool;
 
