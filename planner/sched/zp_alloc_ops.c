@@ -1,6 +1,7 @@
 /* zp_alloc_ops: the allocs and frees the allocator replay walks for the longer schedule that
  * whole inserted steady periods make (zp_alloc_replay_schedule_extended). */
 #include "zp_alloc_ops.h"
+#include "zp_u64map.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -26,7 +27,7 @@ static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
  * only pp periods on, and the short schedule had to keep 2 pp + 1 micro-steps for the
  * replay where the simulator's fold needs about pp + 5: cli_rank.c cli_rank_short_by). */
 
-/* The name, packed: a mark (bit 63: NameMap's slot is taken), stage 15 bits, micro-step 24,
+/* The name, packed: a mark (bit 63: never 0, zp_u64map's empty slot), stage 15 bits, micro-step 24,
  * unit 16, category 4, ordinal 4. */
 #define KEY_STAGE_LIMIT (1 << 15)
 #define KEY_MICRO_LIMIT (1 << 24)
@@ -44,114 +45,6 @@ G_ALWAYS_INLINE static inline gboolean key_of(uint32_t stage, int64_t micro, int
     *key = (uint64_t)1 << 63 | (uint64_t)stage << 48 | (uint64_t)micro << 24 |
            (uint64_t)(unit + 1) << 8 | (uint64_t)sub << 4 | ordinal;
     return TRUE;
-}
-
-/* Names to values (uint64_t), open addressing with linear probing in a power-of-two table
- * kept at most half full; a removal shifts the probe run back (no tombstones). GHashTable's
- * insert and remove were 300 instructions a name: 130,000 names for Megatron 1T's long
- * schedule, a fifth of its evaluation. */
-typedef struct {
-    uint64_t *key; /* 0: empty */
-    uint64_t *value;
-    uint64_t mask, n;
-} NameMap;
-
-static void map_init(NameMap *m, uint64_t expect)
-{
-    uint64_t cap = 16;
-    while (cap < 2 * expect)
-        cap <<= 1;
-    m->key = g_new0(uint64_t, cap);
-    m->value = g_new(uint64_t, cap);
-    m->mask = cap - 1;
-    m->n = 0;
-}
-
-static void map_free(NameMap *m)
-{
-    g_free(m->key);
-    g_free(m->value);
-}
-
-static inline uint64_t map_home(const NameMap *m, uint64_t key)
-{
-    return (key * UINT64_C(0x9e3779b97f4a7c15)) >> 20 & m->mask;
-}
-
-/* The slot of key, or of the empty slot where it would go. */
-static inline uint64_t map_slot(const NameMap *m, uint64_t key)
-{
-    uint64_t i = map_home(m, key);
-    while (m->key[i] != 0 && m->key[i] != key)
-        i = (i + 1) & m->mask;
-    return i;
-}
-
-static inline void map_put(NameMap *m, uint64_t key, uint64_t value);
-
-static void map_grow(NameMap *m)
-{
-    NameMap bigger;
-    map_init(&bigger, m->mask + 1);
-    for (uint64_t i = 0; i <= m->mask; i++)
-        if (m->key[i])
-            map_put(&bigger, m->key[i], m->value[i]);
-    map_free(m);
-    *m = bigger;
-}
-
-/* inlined, as map_remove: 75,000 calls of 40 instructions for Megatron 1T */
-G_ALWAYS_INLINE static inline void map_put(NameMap *m, uint64_t key, uint64_t value)
-{
-    if (2 * (m->n + 1) > m->mask + 1)
-        map_grow(m);
-    const uint64_t i = map_slot(m, key);
-    m->n += m->key[i] == 0;
-    m->key[i] = key;
-    m->value[i] = value;
-}
-
-/* key's count before this one (0 where it has none), counted up: one probe, where a get and
- * a put were two (alloc_roles' 18,888 for Megatron 1T, 0.16 M instructions). */
-G_ALWAYS_INLINE static inline uint64_t map_count(NameMap *m, uint64_t key)
-{
-    if (2 * (m->n + 1) > m->mask + 1)
-        map_grow(m);
-    const uint64_t i = map_slot(m, key);
-    if (m->key[i] == 0) {
-        m->n++;
-        m->key[i] = key;
-        m->value[i] = 0;
-    }
-    return m->value[i]++;
-}
-
-/* key's value, or UINT64_MAX where it has none. */
-static inline uint64_t map_get(const NameMap *m, uint64_t key)
-{
-    const uint64_t i = map_slot(m, key);
-    return m->key[i] ? m->value[i] : UINT64_MAX;
-}
-
-/* Removes key (there), moving back the entries after it whose probe passed its slot. */
-G_ALWAYS_INLINE static inline void map_remove(NameMap *m, uint64_t key)
-{
-    uint64_t i = map_slot(m, key);
-    if (m->key[i] == 0)
-        return;
-    m->n--;
-    for (uint64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
-        if (m->key[j] == 0)
-            break;
-        const uint64_t home = map_home(m, m->key[j]);
-        /* j's entry stays where its home lies cyclically in (i, j] */
-        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
-            continue;
-        m->key[i] = m->key[j];
-        m->value[i] = m->value[j];
-        i = j;
-    }
-    m->key[i] = 0;
 }
 
 /* ---- the ops the walks visit ----
@@ -210,8 +103,8 @@ G_ALWAYS_INLINE static inline gboolean key_at(uint64_t role, int64_t micro, uint
 static uint64_t *alloc_roles(const ZpSchedule *s, const Visits *v)
 {
     uint64_t *role = g_new(uint64_t, MAX(s->ops->len, 1));
-    NameMap count;
-    map_init(&count, v->allocs);
+    ZpU64Map count;
+    zp_u64map_init(&count, v->allocs);
     gboolean ok = TRUE;
     for (guint k = 0; ok && k < v->n; k++) {
         const uint32_t i = v->op[k];
@@ -226,11 +119,12 @@ static uint64_t *alloc_roles(const ZpSchedule *s, const Visits *v)
         ok = key_of(op->stage, op->micro, op->unit, op->sub, 0, &key);
         if (!ok)
             break;
-        const uint64_t seen = map_count(&count, key);
+        /* its count before this one, counted up: one probe */
+        const uint64_t seen = (*zp_u64map_at(&count, key, 0))++;
         ok = seen < KEY_ORDINAL_LIMIT &&
              key_of(op->stage, 0, op->unit, op->sub, (uint32_t)seen, &role[i]);
     }
-    map_free(&count);
+    zp_u64map_free(&count);
     if (!ok) {
         g_free(role);
         return NULL;
@@ -247,7 +141,7 @@ typedef struct {
     const uint64_t *role;    /* [alloc op]: alloc_roles' */
     const int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet) */
     uint32_t *partner;       /* [visit]: free_partners, made on first need (period_init); or NULL */
-    NameMap live;
+    ZpU64Map live;
     GArray *ops;
     guint room;
     uint32_t at;
@@ -270,7 +164,7 @@ G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int3
     uint64_t key;
     if (!key_at(n->role[model], micro, &key))
         return FALSE;
-    map_put(&n->live, key, name_value(model, buffer));
+    zp_u64map_put(&n->live, key, name_value(model, buffer));
     return TRUE;
 }
 
@@ -283,10 +177,10 @@ G_ALWAYS_INLINE static inline int32_t named_buffer(Names *n, uint32_t model, int
     uint64_t key;
     if (!key_at(n->role[n->alloc_of[free_op->buffer]], micro, &key))
         return -1;
-    const uint64_t value = map_get(&n->live, key);
+    const uint64_t value = zp_u64map_get(&n->live, key, UINT64_MAX);
     if (value == UINT64_MAX || !same_alloc(zp_sched_op(n->s, (uint32_t)(value >> 32)), free_op))
         return -1;
-    map_remove(&n->live, key);
+    zp_u64map_remove(&n->live, key);
     return (int32_t)(uint32_t)value;
 }
 
@@ -316,7 +210,7 @@ static gboolean pairs_by_name(const Names *n, const ZpOp *free_op)
 typedef struct {
     uint32_t *op, len; /* len: its allocs and frees */
     int32_t allocs;
-    NameMap role; /* name at micro-step 0 -> the first alloc of it (ordinal); more: next[] */
+    ZpU64Map role; /* name at micro-step 0 -> the first alloc of it (ordinal); more: next[] */
     int32_t *next;
     uint64_t back;
     gboolean all_freed, matched;
@@ -326,7 +220,7 @@ static void period_free(Period *p)
 {
     g_free(p->op);
     g_free(p->next);
-    map_free(&p->role);
+    zp_u64map_free(&p->role);
 }
 
 /* The ordinal of the period's alloc named as alloc `a` whose micro-step is `micro` less whole
@@ -336,7 +230,7 @@ static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t
 {
     if (n->role[a] == 0)
         return -1;
-    const uint64_t first = map_get(&p->role, n->role[a]);
+    const uint64_t first = zp_u64map_get(&p->role, n->role[a], UINT64_MAX);
     for (int32_t j = first == UINT64_MAX ? -1 : (int32_t)first; j >= 0; j = p->next[j]) {
         const int64_t d = zp_sched_op(n->s, p->op[j])->micro - micro;
         if (d >= 0 && d % micro_step == 0) {
@@ -386,7 +280,7 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
     const guint size = MAX(to - from, 1);
     *p = (Period){.op = g_new(uint32_t, size), .next = g_new(int32_t, size),
                   .all_freed = TRUE, .matched = TRUE};
-    map_init(&p->role, size);
+    zp_u64map_init(&p->role, size);
     for (guint k = from; k < to; k++) {
         const uint32_t t = v->op[k];
         const ZpOp *op = zp_sched_op(n->s, t);
@@ -397,14 +291,14 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
         p->next[p->allocs] = -1;
         if (op->micro >= 0 && n->role[t] != 0) {
             const uint64_t key = n->role[t];
-            const uint64_t first = map_get(&p->role, key);
+            const uint64_t first = zp_u64map_get(&p->role, key, UINT64_MAX);
             if (first != UINT64_MAX) { /* after the last of its name */
                 int32_t j = (int32_t)first;
                 while (p->next[j] >= 0)
                     j = p->next[j];
                 p->next[j] = p->allocs;
             } else {
-                map_put(&p->role, key, (uint64_t)p->allocs);
+                zp_u64map_put(&p->role, key, (uint64_t)p->allocs);
             }
         }
         p->allocs++;
@@ -470,10 +364,10 @@ static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32
                 continue;
             const int64_t micro = op->micro + shift + (int64_t)(c * x->micro_steps);
             ok = key_at(n->role[p->op[j]], micro, &key);
-            const uint64_t value = ok ? map_get(&n->live, key) : UINT64_MAX;
+            const uint64_t value = ok ? zp_u64map_get(&n->live, key, UINT64_MAX) : UINT64_MAX;
             if (value == UINT64_MAX)
                 continue;
-            map_remove(&n->live, key);
+            zp_u64map_remove(&n->live, key);
             const int32_t buffer = zp_alloc_run_buffer((int32_t)(uint32_t)value, run->copies,
                                                        run->buffer_step, run->first_buffer,
                                                        run->buffer_window);
@@ -482,7 +376,7 @@ static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32
             moved[2 * n_moved++ + 1] = name_value(p->op[j], buffer);
         }
     for (guint k = 0; ok && k < n_moved; k++)
-        map_put(&n->live, moved[2 * k], moved[2 * k + 1]);
+        zp_u64map_put(&n->live, moved[2 * k], moved[2 * k + 1]);
     g_free(moved);
     return ok;
 }
@@ -676,7 +570,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     Names names = {.s = s, .visits = &v, .role = role, .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
                    .room = room, .fresh = most + 1};
-    map_init(&names.live, 1024);
+    zp_u64map_init(&names.live, 1024);
     int32_t micro_shift = 0;
     uint64_t inserted = 0;
     uint32_t stage = UINT32_MAX;
@@ -705,7 +599,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     }
     ok = ok && add_inserts(&names, ins, n_ins, &k, n, &micro_shift, &inserted, some_left_out,
                            runs);
-    map_free(&names.live);
+    zp_u64map_free(&names.live);
     g_free(alloc_of);
     g_free(names.partner);
     g_free(role);

@@ -2,9 +2,9 @@
  * segment); each pool's free blocks are ordered by (size, address), so best fit is a lower
  * bound, as PyTorch's std::set of blocks does it. Sizes are whole bytes. */
 #include "zp_alloc_replay.h"
-#include "zp_alloc_hashes.h"
 #include "zp_alloc_ops.h"
 #include "zp_alloc_seq.h"
+#include "zp_u64map.h"
 #include "zp_alloc_pool.h"
 #include "zp_util.h"
 #include "zp_zeror.h"
@@ -362,7 +362,7 @@ typedef struct {
     Head *recent;
     uint32_t group;
     uint64_t taken;
-    ZpAllocHashes by_hash;
+    ZpU64Map by_hash;
     Head candidate;
     uint64_t period;
     GArray *slot_undo; /* skip_slots' changes (uint32_t slots) */
@@ -792,7 +792,7 @@ static void candidates_clear(Heads *h)
 {
     head_clear(&h->candidate);
     h->candidate.at = UINT64_MAX;
-    zp_alloc_hashes_clear(&h->by_hash);
+    zp_u64map_clear(&h->by_hash);
 }
 
 static void heads_clear(Heads *h)
@@ -850,15 +850,15 @@ static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
         }
     }
     const uint64_t hash = probe_hash(q);
-    uint64_t before;
-    if (h->candidate.at == UINT64_MAX && zp_alloc_hashes_get(&h->by_hash, hash, &before)) {
+    const uint64_t before = zp_u64map_get(&h->by_hash, hash, UINT64_MAX); /* its last head */
+    if (h->candidate.at == UINT64_MAX && before != UINT64_MAX) {
         h->candidate = now;
         h->period = e - before;
         take_blocks(q, &h->candidate);
     }
-    if (zp_alloc_hashes_size(&h->by_hash) >= MAX_HEADS)
-        zp_alloc_hashes_clear(&h->by_hash);
-    zp_alloc_hashes_put(&h->by_hash, hash, e);
+    if (zp_u64map_size(&h->by_hash) >= MAX_HEADS)
+        zp_u64map_clear(&h->by_hash);
+    zp_u64map_put(&h->by_hash, hash, e);
     return e;
 }
 
@@ -886,7 +886,7 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
     Heads heads = {.candidate.at = UINT64_MAX,
                    .group = (uint32_t)MAX(interleaved ? zp_plan_pp(&s->plan) : 1, 1),
                    .slot_undo = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
-    zp_alloc_hashes_init(&heads.by_hash);
+    zp_u64map_init(&heads.by_hash, 32); /* a steady stretch holds a few heads */
     heads.recent = g_new0(Head, heads.group);
     GArray *fixed = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     ZpAllocCursor at = ZP_ALLOC_CURSOR_INIT;
@@ -906,7 +906,7 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
         e++;
     }
     heads_clear(&heads);
-    zp_alloc_hashes_destroy(&heads.by_hash);
+    zp_u64map_free(&heads.by_hash);
     g_free(heads.recent);
     g_array_free(heads.slot_undo, TRUE);
     g_array_free(fixed, TRUE);
