@@ -5,10 +5,8 @@
 /* synchronize_checkpoint_boundary: CheckpointFunction's forward and backward begin and end
  * with a device synchronize, so the next compute op waits for everything issued so far on
  * every stream (in-flight gathers and reductions included). */
-void zp_build_checkpoint_boundary(Builder *b)
+void zp_build_checkpoint_sync(Builder *b)
 {
-    if (!b->s->plan.checkpoint || !b->s->plan.ckpt.synchronize_checkpoint_boundary)
-        return;
     for (int stream = 0; stream < ZP_STREAM_N; stream++)
         zp_build_sync_on(b, b->last_on_stream[stream]);
 }

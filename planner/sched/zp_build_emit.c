@@ -36,11 +36,13 @@ G_ALWAYS_INLINE static inline uint32_t *deps_put_ops(uint32_t *p, const uint32_t
 }
 
 /* The dependency at position `at` of the deps array on another stage's send `key`, filled in
- * once it is built (link_sends): recorded, and CROSS returned to be stored there. */
+ * once it is built (link_sends): recorded, and CROSS returned to be stored there. One array
+ * of pairs, where two arrays (positions, keys) took two extensions a receive (Megatron 1T:
+ * 67 instructions each of its 9,072, their growth included). */
 static uint32_t deps_cross(Builder *b, uint32_t at, int64_t key)
 {
-    *(uint32_t *)zp_array_extend(b->cross_at, 1, sizeof at, &b->cross_at_room) = at;
-    *(int64_t *)zp_array_extend(b->cross_key, 1, sizeof key, &b->cross_key_room) = key;
+    ZpCrossDep *c = zp_array_extend(b->cross, 1, sizeof *c, &b->cross_room);
+    c->at = at, c->key = key;
     return CROSS;
 }
 
@@ -361,21 +363,19 @@ static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int mi
     op->attn_flops = cost->attn_flops, op->mem_bytes = cost->mem_bytes;
     op->dep_start = dep_base, op->n_deps = (uint32_t)(dep - first_dep);
     b->last_compute = b->last_on_stream[ZP_STREAM_COMPUTE] = first;
+    /* The sums' ops in one loop, each copied from its template (ZpTpSum ops): a sum's first
+     * follows the compute op, the next the one before it. Two loops, each collective cleared
+     * and written field by field, were 302 instructions a block op and its two all-reduces
+     * on Megatron 1T (8.34 M over 27,648), 289 so. */
     uint32_t at = first + 1;
-    for (int c = 0; c < sums; c++) {
-        uint32_t last = first; /* each sum follows the compute op alone */
-        for (int k = 0; k < t->n; k++, at++) {
-            op++;
-            memset(op, 0, sizeof *op);
-            op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)t->kinds[k];
-            op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP;
-            op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
-            op->elems = t->elems, op->bytes = t->bytes;
-            op->dep_start = dep_base + (guint)(dep - first_dep), op->n_deps = 1;
-            *dep++ = last;
-            last = at;
-            *sync++ = at;
-        }
+    for (guint i = 0, k = 0; i < n_tp; i++, at++) {
+        *++op = t->ops[k];
+        op->unit = unit, op->micro = micro, op->stage = stage;
+        op->dep_start = dep_base + (guint)(dep - first_dep);
+        *dep++ = k == 0 ? first : at - 1;
+        *sync++ = at;
+        if (++k == (guint)t->n)
+            k = 0;
     }
     s->deps->len = dep_base + (guint)(dep - first_dep);
     b->n_sync = n_tp;

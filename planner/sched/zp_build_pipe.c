@@ -32,14 +32,23 @@ void zp_build_receive(Builder *b, int unit, int micro)
     zp_build_sync_on(b, gathered);
 }
 
+uint64_t zp_build_send_elems(const ZpSchedule *s, gboolean scatter_gather)
+{
+    uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
+                     (uint64_t)s->model.hidden;
+    if (s->plan.sequence_parallel || scatter_gather)
+        elems /= (uint64_t)s->plan.mp;
+    return elems;
+}
+
+/* The size from Builder.send_elems, worked out once a build: each send asked for it and for
+ * the stage count through zp_plan_pp (narayanan21-t1-529.6b: 52 instructions a send besides
+ * its op, 36,400 sends). */
 void zp_build_send(Builder *b, int chunk, int micro, ZpP2pKind dir, int unit)
 {
     const ZpSchedule *s = b->s;
-    uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
-                     (uint64_t)s->model.hidden;
-    if (s->plan.sequence_parallel || b->p2p_scatter_gather)
-        elems /= (uint64_t)s->plan.mp;
-    const int P = zp_plan_pp(&s->plan);
+    const uint64_t elems = b->send_elems;
+    const int P = s->stages;
     const int peer = dir == ZP_P2P_SEND_NEXT ? (b->stage + 1) % P : (b->stage + P - 1) % P;
     b->send_op[zp_build_send_key(b, chunk, micro, dir)] = zp_build_emit_p2p(
         b, dir, unit, micro, (uint32_t)peer, elems, (double)elems * s->elem_bytes);
@@ -81,7 +90,9 @@ void zp_build_tied_sync(Builder *b, const GArray *after)
 
 /* Once stage 0 is built: room for every stage's ops and dependencies at stage 0's count
  * (the others differ by the embedding and the head), taken once, within the ops the budget
- * allows (Builder.max_ops; a schedule past them stops there anyway). */
+ * allows (Builder.max_ops; a schedule past them stops there anyway); and for the dependencies
+ * on other stages' sends, which stage 0 has fewest of (its forwards receive none): twice its
+ * count a stage (Megatron 1T grew that array 13 times, 0.17 M instructions of copies). */
 void zp_build_pipe_reserve(Builder *b, int stages)
 {
     ZpSchedule *s = b->s;
@@ -94,4 +105,6 @@ void zp_build_pipe_reserve(Builder *b, int stages)
     b->ops_room = MAX(b->ops_room, zp_array_reserve_huge(s->ops, (guint64)want));
     b->deps_room = MAX(b->deps_room, zp_array_reserve_huge(
                                          s->deps, (guint64)(want * ((double)deps / ops + 0.25))));
+    const double cross = fmin(2.0 * b->cross->len * stages + 64, want);
+    b->cross_room = MAX(b->cross_room, zp_array_reserve_huge(b->cross, (guint64)cross));
 }

@@ -2,6 +2,8 @@
  * row-parallel sums and the vocab-parallel embedding and head. */
 #include "zp_build.h"
 
+#include <string.h>
+
 /* One tensor-parallel all-reduce of b*s*h activations or their gradients. With sequence
  * parallelism it is a reduce-scatter (into the sequence-split layer norm and dropout) and an
  * all-gather (back to the full sequence for the next tensor-parallel GEMM): the same bytes, in
@@ -13,7 +15,15 @@ ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s)
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
     const gboolean sp = s->plan.sequence_parallel;
-    return (ZpTpSum){sp ? split : plain, sp ? 2 : 1, elems, (double)elems * s->elem_bytes};
+    ZpTpSum t = {sp ? split : plain, sp ? 2 : 1, elems, (double)elems * s->elem_bytes, {{0}}};
+    for (int k = 0; k < t.n; k++) { /* each after the op before it alone */
+        ZpOp *op = &t.ops[k];
+        memset(op, 0, sizeof *op); /* as the emitters clear theirs (zp_build_emit.c) */
+        op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)t.kinds[k];
+        op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP, op->buffer = -1;
+        op->elems = t.elems, op->bytes = t.bytes, op->n_deps = 1;
+    }
+    return t;
 }
 
 /* `sums` such sums, each after the last compute op: on the critical path, so the next compute
@@ -23,14 +33,6 @@ void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
     const ZpTpSum *t = &b->tp_sum;
     zp_build_emit_tp_chain(b, t->kinds, t->n, sums, unit, micro, t->elems, t->bytes,
                            b->last_compute);
-}
-
-/* Megatron's two all-reduces of a block: after the row-parallel attention projection and
- * MLP output in forward (and recompute), of the column-parallel qkv's and fc1's input
- * gradients in backward. */
-int zp_build_block_tp_sums(const Builder *b)
-{
-    return b->s->plan.mp > 1 ? 2 : 0;
 }
 
 /* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its

@@ -324,9 +324,10 @@ static void most_host_bytes(ZpSchedule *s)
 /* Points every receiving op at the send it waits for, now that all stages are built. */
 static void link_sends(Builder *b)
 {
-    for (guint i = 0; i < b->cross_at->len; i++)
-        g_array_index(b->s->deps, uint32_t, g_array_index(b->cross_at, uint32_t, i)) =
-            b->send_op[g_array_index(b->cross_key, int64_t, i)];
+    for (guint i = 0; i < b->cross->len; i++) {
+        const ZpCrossDep *c = &g_array_index(b->cross, ZpCrossDep, i);
+        g_array_index(b->s->deps, uint32_t, c->at) = b->send_op[c->key];
+    }
 }
 
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
@@ -376,8 +377,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                  .unit_chunk = zp_build_unit_chunks(first_unit, chunks, L + 2),
                  .send_op = g_new(uint32_t, (gsize)chunks * (gsize)plan->grad_accum * ZP_P2P_N),
                  .recv_key = -1, .recv_key_sync = -1, .deferred_chunk = -1,
-                 .cross_at = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-                 .cross_key = g_array_new(FALSE, FALSE, sizeof(int64_t)),
+                 .cross = g_array_new(FALSE, FALSE, sizeof(ZpCrossDep)),
                  .offloaded = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
                  .resident = -1, .workspace_free = NONE, .tied_grad = -1,
                  .block_workspace = -1, .module_step = -1,
@@ -410,6 +410,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     b.hands_on = zp_impl_grads_by_module(plan) && plan->zero.stage >= 2;
     b.tp_sum = zp_build_tp_sum_shape(s);
     b.p2p_scatter_gather = zp_build_p2p_scatter_gather(plan);
+    b.send_elems = zp_build_send_elems(s, b.p2p_scatter_gather);
     for (int m = 0; m < plan->grad_accum; m++)
         b.head_grad[m] = -1;
     for (int u = 0; u < L + 2; u++)
@@ -469,8 +470,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.head_grad);
     g_free(b.secondary);
     g_free(b.secondary_op);
-    g_array_unref(b.cross_at);
-    g_array_unref(b.cross_key);
+    g_array_unref(b.cross);
     g_array_unref(b.offloaded);
     if (b.launch_copies)
         g_array_unref(b.launch_copies);
