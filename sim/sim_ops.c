@@ -143,16 +143,16 @@ static inline void count_ready(DepCursor *c, gboolean ready)
         c->ready++;
 }
 
-/* Counts op i, which is `op`, as a dependent of each op it depends on, which must exist:
- * check_op's last check, in the same pass. `ahead` says whether the cursors past i are zeroed
+/* Counts op i, which is `op` (of zops), as a dependent of each op it depends on, which must
+ * exist: check_op's last check, in the same pass. `ahead` says whether the cursors past i are zeroed
  * already: the ops before it zero their own as they come (a builder's ops depend only on
  * earlier ones), and the first dependency on a later op (a schedule file's graph) zeroes all
  * that follow, once. `cursor[i]` is zeroed by the caller. */
-static inline gboolean count_dependents(const Sim *sim, const uint32_t *all_deps,
-                                        const ZpOp *op, uint32_t i, DepCursor *cursor,
-                                        gboolean *ahead, GError **error)
+static inline gboolean count_dependents(uint32_t n_ops, const ZpOp *zops,
+                                        const uint32_t *all_deps, const ZpOp *op, uint32_t i,
+                                        DepCursor *cursor, gboolean *ahead, GError **error)
 {
-    const uint32_t n_ops = sim->n_ops, n_deps = op->n_deps, first = op->dep_start;
+    const uint32_t n_deps = op->n_deps, first = op->dep_start;
     const gboolean alloc_or_free = !kind_on_stream(op->kind);
     for (uint32_t d = 0; d < n_deps; d++) { /* no pointer into an empty list's NULL */
         const uint32_t t = all_deps[first + d];
@@ -164,8 +164,7 @@ static inline gboolean count_dependents(const Sim *sim, const uint32_t *all_deps
         }
         cursor[t].rest++;
         if (alloc_or_free) { /* ready at once: one dependency, on t's stage (as uint16s) */
-            const uint16_t t_stage =
-                t < i ? sim->ops[t].stage : (uint16_t)zp_sched_op(sim->sched, t)->stage;
+            const uint16_t t_stage = (uint16_t)zops[t].stage;
             count_ready(&cursor[t], n_deps == 1 && t_stage == (uint16_t)op->stage);
         }
     }
@@ -407,9 +406,45 @@ static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
     return dep_start;
 }
 
-/* Durations, costs and totals of every op; the result's per-rank sums come from here. One
- * pass over the ops checks each, writes its SimOp whole, links its stream and counts it as a
- * dependent; build_dependents then places the dependents. */
+/* sim_ops_build's first pass over the ops: checks each and counts it as a dependent of those
+ * it depends on (cursor, *ahead: count_dependents), noting where each op's dependencies start
+ * (*dep_start) once they are not packed. Returns how many ops passed, all of them or the
+ * index of the op *error names. A pass of its own: folded into the costing pass, their
+ * two dozen values lived on the stack, and keeping one more in a register (s->ops' data, a
+ * 64-bit sum) cost 1-2.7 M more instructions (spills). */
+static uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cursor,
+                           gboolean *ahead_out, uint32_t **dep_start_out, GError **error)
+{
+    const ZpSchedule *s = sim->sched;
+    const ZpOp *zops = (const ZpOp *)s->ops->data;
+    const uint32_t *all_deps = (const uint32_t *)s->deps->data;
+    const uint32_t n_ops = limits->n_ops;
+    gboolean ahead = FALSE;
+    /* Each op's ZpOp.dep_start, noted only once one is not where the ops before it end (4
+     * bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's never need). */
+    uint32_t *dep_start = NULL, packed_end = 0, i = 0;
+    for (; i < n_ops; i++) {
+        const ZpOp *op = &zops[i];
+        if (!ahead)
+            cursor[i] = (DepCursor){0, 0};
+        if (!check_op(op, limits, i, error) ||
+            !count_dependents(n_ops, zops, all_deps, op, i, cursor, &ahead, error))
+            break;
+        if (!dep_start && op->dep_start != packed_end)
+            dep_start = noted_dep_starts(s, i, n_ops);
+        if (dep_start)
+            dep_start[i] = op->dep_start;
+        packed_end = op->dep_start + op->n_deps; /* check_op: within the list, a uint32_t */
+    }
+    *ahead_out = ahead;
+    *dep_start_out = dep_start;
+    return i;
+}
+
+/* Durations, costs and totals of every op; the result's per-rank sums come from here.
+ * count_pass checks the ops and counts their dependents; one pass over those it passed
+ * writes each SimOp whole, links its stream and adds it to the sums; build_dependents then
+ * places the dependents. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
@@ -447,30 +482,19 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                              .attention_rated = zp_plan_attention_rated(&s->plan)};
     const gboolean copies = sim->cost.table; /* zp_cost_coll_copy_s's, else 0 */
     const int zero_stage = s->plan.zero.stage;
-    const uint32_t *all_deps = (const uint32_t *)s->deps->data;
     uint32_t *last_on_stream = streams_begin(sim);
     /* Not cleared: each op zeroes its own as it comes (count_dependents). */
     DepCursor *cursor = g_new(DepCursor, MAX(sim->n_ops, 1));
     zp_advise_huge_pages(cursor, MAX(sim->n_ops, 1) * sizeof *cursor);
-    gboolean ahead = FALSE;
-    /* Each op's ZpOp.dep_start, noted only once one is not where the ops before it end (4
-     * bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's never need). */
-    uint32_t *dep_start = NULL, packed_end = 0, n_wide = 0;
+    gboolean ahead;
+    uint32_t *dep_start, n_wide = 0;
+    /* The first op at fault, as the one pass that did both found it: a check's fault
+     * reported only where no op before it failed its costing. */
+    GError *check_error = NULL;
+    const uint32_t n_checked = count_pass(sim, &limits, cursor, &ahead, &dep_start, &check_error);
     gboolean ok = TRUE;
-    for (uint32_t i = 0; ok && i < limits.n_ops; i++) {
+    for (uint32_t i = 0; ok && i < n_checked; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (!ahead)
-            cursor[i] = (DepCursor){0, 0};
-        if (!check_op(op, &limits, i, error) ||
-            !count_dependents(sim, all_deps, op, i, cursor, &ahead, error)) {
-            ok = FALSE;
-            break;
-        }
-        if (!dep_start && op->dep_start != packed_end)
-            dep_start = noted_dep_starts(s, i, sim->n_ops);
-        if (dep_start)
-            dep_start[i] = op->dep_start;
-        packed_end = op->dep_start + op->n_deps; /* check_op: within the list, a uint32_t */
         /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send
          * stays on its own (it is posted, and the stage goes on). */
         const uint8_t kind = op->kind, sub = op->sub, group = op->group;
@@ -533,6 +557,12 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     g_free(last_on_stream);
     g_free(recent);
     sim_sums_end(&sums, sim, result);
+    if (ok && check_error) {
+        g_propagate_error(error, check_error);
+        ok = FALSE;
+    } else {
+        g_clear_error(&check_error);
+    }
     if (!ok) {
         g_free(cursor);
         g_free(dep_start);
