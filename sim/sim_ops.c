@@ -213,46 +213,13 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
         memcpy(&list[cursor[all_deps[first + d]].rest++], &word, sizeof word);
 }
 
-/* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
- * op order, each part of its list (count_ready) in its order. Each op's dependencies are
- * found from its SimOp's n_deps and where they start, not from its ZpOp again (a second pass
- * over the ZpOps read 203 MB at 32,000 layers): one after the other, in op order, as the
- * builder and the schedule reader write them (zp_build_emit), where dep_start is NULL, and
- * else at dep_start[i] (ZpOp's, noted by sim_ops_build's pass). Where every op depends only
- * on earlier ones (not `ahead`: every builder's schedule), one pass over the SimOps (44 MB at
- * Megatron's 1T, which are memory-bound) opens each op's list and places it among the lists
- * of those it depends on, opened before it; else a pass opens them all first. Frees cursor
- * and dep_start. */
-static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
-                             gboolean ahead)
-{
-    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
-    const uint32_t n_ops = sim->n_ops;
-    SimOp *ops = sim->ops;
-    Dependent *list = g_new(Dependent, total ? total : 1);
-    zp_advise_huge_pages(list, (size_t)(total ? total : 1) * sizeof(Dependent));
-    sim->dependents = list;
-    uint32_t offset = 0, packed_start = 0;
-    if (ahead)
-        for (uint32_t i = 0; i < n_ops; i++)
-            open_dependents(&ops[i], &cursor[i], &offset);
-    for (uint32_t i = 0; i < n_ops; i++) {
-        if (!ahead)
-            open_dependents(&ops[i], &cursor[i], &offset);
-        const uint32_t first = dep_start ? dep_start[i] : packed_start;
-        packed_start += ops[i].n_deps;
-        place_dependent(list, cursor, all_deps, &ops[i], i, first);
-    }
-    g_free(cursor);
-    g_free(dep_start);
-}
-
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
  * class's stream (0 off the streams), SimOp.stream_next the op after it there. streams_begin
  * allocates them and returns each list's last op so far; stream_link appends op i, in op
- * order, in sim_ops_build's one pass over the ops (each pass over a million ops' SimOps and
- * ZpOps, 59 MB and more, is memory-bound), which writes every stream_pos (not cleared
- * first: a calloc's clearing was another pass). */
+ * order, in build_dependents' pass over the SimOps, which writes every stream_pos (not cleared
+ * first: a calloc's clearing was another pass). There, not in the costing pass, whose two dozen
+ * values left the streams' arrays to be loaded again for each op: 0.36 M more of Megatron
+ * 1T's instructions, 0.71 M more of narayanan21-t1-529.6b's. */
 static uint32_t *streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
@@ -294,6 +261,43 @@ static void streams_end(Sim *sim, uint32_t *last)
         for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
             sim->class_ops[k] += sim->stream_len[k * ZP_STREAM_N + stream];
     g_free(last);
+}
+
+/* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
+ * op order, each part of its list (count_ready) in its order. Each op's dependencies are
+ * found from its SimOp's n_deps and where they start, not from its ZpOp again (a second pass
+ * over the ZpOps read 203 MB at 32,000 layers): one after the other, in op order, as the
+ * builder and the schedule reader write them (zp_build_emit), where dep_start is NULL, and
+ * else at dep_start[i] (ZpOp's, noted by sim_ops_build's pass). Where every op depends only
+ * on earlier ones (not `ahead`: every builder's schedule), one pass over the SimOps (44 MB at
+ * Megatron's 1T, which are memory-bound) opens each op's list and places it among the lists
+ * of those it depends on, opened before it; else a pass opens them all first. The pass
+ * that places them links the streams (streams_begin). Frees cursor, dep_start and
+ * last_on_stream. */
+static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
+                             gboolean ahead, uint32_t *last_on_stream)
+{
+    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
+    const uint32_t n_ops = sim->n_ops;
+    SimOp *ops = sim->ops;
+    Dependent *list = g_new(Dependent, total ? total : 1);
+    zp_advise_huge_pages(list, (size_t)(total ? total : 1) * sizeof(Dependent));
+    sim->dependents = list;
+    uint32_t offset = 0, packed_start = 0;
+    if (ahead)
+        for (uint32_t i = 0; i < n_ops; i++)
+            open_dependents(&ops[i], &cursor[i], &offset);
+    for (uint32_t i = 0; i < n_ops; i++) {
+        if (!ahead)
+            open_dependents(&ops[i], &cursor[i], &offset);
+        const uint32_t first = dep_start ? dep_start[i] : packed_start;
+        packed_start += ops[i].n_deps;
+        place_dependent(list, cursor, all_deps, &ops[i], i, first);
+        stream_link(sim, last_on_stream, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
+    }
+    streams_end(sim, last_on_stream);
+    g_free(cursor);
+    g_free(dep_start);
 }
 
 /* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
@@ -454,8 +458,8 @@ static uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cu
 
 /* Durations, costs and totals of every op; the result's per-rank sums come from here.
  * count_pass checks the ops and counts their dependents; one pass over those it passed
- * writes each SimOp whole, links its stream and adds it to the sums; build_dependents then
- * places the dependents. */
+ * writes each SimOp whole and adds it to the sums; build_dependents then places the
+ * dependents and links the streams. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
@@ -562,10 +566,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         o->link = link, o->wide = n_deps > UINT8_MAX, o->stage = stage, o->n_deps = n_deps;
         o->stream_next = NO_OP, o->duration_s = figure, o->transfer_s = transfer_s;
         n_wide += n_deps > UINT8_MAX;
-        stream_link(sim, last_on_stream, kind_on_stream(kind), stage, stream, i);
     }
     sim->n_wide_rows += n_wide;
-    streams_end(sim, last_on_stream);
     g_free(recent);
     sim_sums_end(&sums, sim, result);
     if (ok && check_error) {
@@ -577,6 +579,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     if (!ok) {
         g_free(cursor);
         g_free(dep_start);
+        g_free(last_on_stream);
         return FALSE;
     }
     G_STATIC_ASSERT(ZP_SCHED_MAX_GROUPS <= 32); /* Sim.collective_groups */
@@ -597,6 +600,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
-    build_dependents(sim, cursor, dep_start, s->deps->len, ahead);
+    build_dependents(sim, cursor, dep_start, s->deps->len, ahead, last_on_stream);
     return TRUE;
 }
