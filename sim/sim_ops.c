@@ -421,6 +421,11 @@ static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
     return dep_start;
 }
 
+G_STATIC_ASSERT(offsetof(SimOp, kind) == offsetof(ZpOp, kind) &&
+                offsetof(SimOp, sub) == offsetof(ZpOp, sub) &&
+                offsetof(SimOp, stream) == offsetof(ZpOp, stream) &&
+                offsetof(SimOp, group) == offsetof(ZpOp, group) && offsetof(SimOp, link) == 4);
+
 /* A backend that runs a rank's ops in line runs them on one stream; a pipeline send stays on
  * its own (it is posted, and the stage goes on). A pass of its own over the first n SimOps,
  * for such a backend only (a profile measured on zreal's cpu backend): in the costing pass
@@ -522,7 +527,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     gboolean ok = TRUE;
     for (uint32_t i = 0; ok && i < n_checked; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        const uint8_t kind = op->kind, sub = op->sub, group = op->group, stream = op->stream;
+        const uint8_t kind = op->kind, sub = op->sub, group = op->group;
         const uint16_t stage = (uint16_t)op->stage;
         const uint32_t n_deps = op->n_deps;
         double figure = op->bytes, transfer_s = 0; /* SimOp's union, and a collective's */
@@ -571,7 +576,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         /* Field by field, its dependents' range aside (build_dependents'): a SimOp built
          * whole on the stack was copied, 27 instructions an op. */
         SimOp *o = &sim->ops[i];
-        o->kind = kind, o->sub = sub, o->stream = stream, o->group = group;
+        /* kind, sub, stream and group, as one word: they lie alike in both */
+        memcpy(o, op, offsetof(SimOp, link));
         o->link = link, o->wide = n_deps > UINT8_MAX, o->stage = stage, o->n_deps = n_deps;
         o->stream_next = NO_OP, o->duration_s = figure, o->transfer_s = transfer_s;
         n_wide += n_deps > UINT8_MAX;
