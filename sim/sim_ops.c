@@ -82,8 +82,11 @@ static inline gboolean finite_not_negative(double x)
     return bits < UINT64_C(0x7ff0000000000000) || bits == UINT64_C(0x8000000000000000);
 }
 
-/* Every field the loop indexes by must be in range, or the loop would read out of bounds. */
-static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, GError **error)
+/* Every field the loop indexes by must be in range, or the loop would read out of bounds.
+ * dep_end is where op's dependencies end, dep_start + n_deps (count_pass's sum, which is
+ * where the next op's start where they are packed). */
+static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, uint64_t dep_end,
+                                GError **error)
 {
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
@@ -108,7 +111,7 @@ static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, G
     if (compute && (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
                     (op->attn_flops > 0 && !l->attention_rated)))
         return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
-    if ((uint64_t)op->dep_start + op->n_deps > l->n_deps_total)
+    if (dep_end > l->n_deps_total)
         return fail_op(error, i, "dependencies run past the dependency list");
     return TRUE; /* each dependency's range: count_dependents, in the same pass */
 }
@@ -459,14 +462,15 @@ static uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cu
         const ZpOp *op = &zops[i];
         if (!ahead)
             cursor[i] = (DepCursor){0, 0};
-        if (!check_op(op, limits, i, error) ||
+        const uint64_t dep_end = (uint64_t)op->dep_start + op->n_deps;
+        if (!check_op(op, limits, i, dep_end, error) ||
             !count_dependents(n_ops, zops, all_deps, op, i, cursor, &ahead, error))
             break;
         if (!dep_start && op->dep_start != packed_end)
             dep_start = noted_dep_starts(s, i, n_ops);
         if (dep_start)
             dep_start[i] = op->dep_start;
-        packed_end = op->dep_start + op->n_deps; /* check_op: within the list, a uint32_t */
+        packed_end = (uint32_t)dep_end; /* check_op: within the list, a uint32_t */
     }
     *ahead_out = ahead;
     *dep_start_out = dep_start;
