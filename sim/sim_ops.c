@@ -218,12 +218,20 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
 
 /* Each class's streams, linked in op order: an op's stream_pos is its place in its own
  * class's stream (0 off the streams), SimOp.stream_next the op after it there. streams_begin
- * allocates them and returns each list's last op so far; stream_link appends op i, in op
- * order, in build_dependents' pass over the SimOps, which writes every stream_pos (not cleared
- * first: a calloc's clearing was another pass). There, not in the costing pass, whose two dozen
- * values left the streams' arrays to be loaded again for each op: 0.36 M more of Megatron
- * 1T's instructions, 0.71 M more of narayanan21-t1-529.6b's. */
-static uint32_t *streams_begin(Sim *sim)
+ * allocates them and returns them with each list's last op so far; stream_link appends op
+ * i, in op order, in build_dependents' pass over the SimOps, which writes every stream_pos
+ * (not cleared first: a calloc's clearing was another pass). There, not in the costing pass,
+ * whose two dozen values left the streams' arrays to be loaded again for each op: 0.36 M
+ * more of Megatron 1T's instructions, 0.71 M more of narayanan21-t1-529.6b's. The arrays
+ * travel in a StreamLinks, a local of that pass: read through the Sim, they were loaded again
+ * after each dependent's store (memcpy's, which may alias anything), 0.13 M and 0.31 M more. */
+typedef struct {
+    SimOp *ops;
+    uint32_t *first, *len, *pos, *class_ops;
+    uint32_t *last;
+} StreamLinks;
+
+static StreamLinks streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
     uint32_t *last = g_new(uint32_t, lists);
@@ -234,36 +242,37 @@ static uint32_t *streams_begin(Sim *sim)
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
     for (uint32_t l = 0; l < lists; l++)
         sim->stream_first[l] = last[l] = NO_OP;
-    return last;
+    return (StreamLinks){.ops = sim->ops, .first = sim->stream_first, .len = sim->stream_len,
+                         .pos = sim->stream_pos, .class_ops = sim->class_ops, .last = last};
 }
 
 /* Appends op i, on `stage` and `stream` where `on_stream`, to its stream. class_ops counts
  * the ops off the streams here, and streams_end adds the streams' lengths: an increment for
  * every op was 4 instructions an op (1.1 M at narayanan21-t1-529.6b), for 27% of them. */
-static inline void stream_link(Sim *sim, uint32_t *last, gboolean on_stream, uint16_t stage,
+static inline void stream_link(StreamLinks *s, gboolean on_stream, uint16_t stage,
                                uint8_t stream, uint32_t i)
 {
     if (!on_stream) {
-        sim->class_ops[stage]++;
-        sim->stream_pos[i] = 0;
+        s->class_ops[stage]++;
+        s->pos[i] = 0;
         return;
     }
     const uint32_t l = stage * ZP_STREAM_N + stream;
-    sim->stream_pos[i] = sim->stream_len[l]++;
-    if (last[l] == NO_OP)
-        sim->stream_first[l] = i;
+    s->pos[i] = s->len[l]++;
+    if (s->last[l] == NO_OP)
+        s->first[l] = i;
     else
-        sim->ops[last[l]].stream_next = i;
-    last[l] = i;
+        s->ops[s->last[l]].stream_next = i;
+    s->last[l] = i;
 }
 
 /* Adds each class's streams to its ops (stream_link), and frees streams_begin's `last`. */
-static void streams_end(Sim *sim, uint32_t *last)
+static void streams_end(Sim *sim, StreamLinks *s)
 {
     for (uint32_t k = 0; k < sim->sim_pp; k++)
         for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
             sim->class_ops[k] += sim->stream_len[k * ZP_STREAM_N + stream];
-    g_free(last);
+    g_free(s->last);
 }
 
 /* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
@@ -274,9 +283,9 @@ static void streams_end(Sim *sim, uint32_t *last)
  * else at dep_start[i] (ZpOp's, noted by count_pass). Each op's list is open already (the
  * costing pass's open_dependents, after count_pass counted them all): one pass over the
  * SimOps places each op among the lists of those it depends on, and links the streams
- * (streams_begin). Frees cursor, dep_start and last_on_stream. */
+ * (streams_begin). Frees cursor, dep_start and the links' `last`. */
 static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
-                             uint32_t *last_on_stream)
+                             StreamLinks links)
 {
     const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
     const uint32_t n_ops = sim->n_ops;
@@ -289,9 +298,9 @@ static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, u
         const uint32_t first = dep_start ? dep_start[i] : packed_start;
         packed_start += ops[i].n_deps;
         place_dependent(list, cursor, all_deps, &ops[i], i, first);
-        stream_link(sim, last_on_stream, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
+        stream_link(&links, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
     }
-    streams_end(sim, last_on_stream);
+    streams_end(sim, &links);
     g_free(cursor);
     g_free(dep_start);
 }
@@ -510,7 +519,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                              .attention_rated = zp_plan_attention_rated(&s->plan)};
     const gboolean copies = sim->cost.table; /* zp_cost_coll_copy_s's, else 0 */
     const int zero_stage = s->plan.zero.stage;
-    uint32_t *last_on_stream = streams_begin(sim);
+    const StreamLinks links = streams_begin(sim);
     /* Not cleared: each op zeroes its own as it comes (count_dependents). */
     DepCursor *cursor = g_new(DepCursor, MAX(sim->n_ops, 1));
     zp_advise_huge_pages(cursor, MAX(sim->n_ops, 1) * sizeof *cursor);
@@ -597,7 +606,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     if (!ok) {
         g_free(cursor);
         g_free(dep_start);
-        g_free(last_on_stream);
+        g_free(links.last);
         return FALSE;
     }
     G_STATIC_ASSERT(ZP_SCHED_MAX_GROUPS <= 32); /* Sim.collective_groups */
@@ -618,6 +627,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Live bytes are sums of doubles (8-bit Adam makes them fractional), so "negative" and
      * "back to the start" allow rounding relative to the largest amounts involved. */
     sim->mem_tolerance_bytes = 1e-9 * (states + largest_buffer) + 1.0;
-    build_dependents(sim, cursor, dep_start, s->deps->len, last_on_stream);
+    build_dependents(sim, cursor, dep_start, s->deps->len, links);
     return TRUE;
 }
