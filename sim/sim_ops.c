@@ -147,13 +147,15 @@ static inline void count_ready(DepCursor *c, gboolean ready)
 }
 
 /* Counts op i, which is `op` (of zops), as a dependent of each op it depends on, which must
- * exist: check_op's last check, in the same pass. `ahead` says whether the cursors past i are zeroed
- * already: the ops before it zero their own as they come (a builder's ops depend only on
- * earlier ones), and the first dependency on a later op (a schedule file's graph) zeroes all
- * that follow, once. `cursor[i]` is zeroed by the caller. */
+ * exist: check_op's last check, in the same pass. `zeroed` and `*ahead` say whether the
+ * cursors past i are zeroed already: the ops before it zero their own as they come, and the
+ * first dependency on a later op (a pipeline's, or a schedule file's graph) zeroes all that
+ * follow, once; with `zeroed` (a constant) the caller knows it has. `cursor[i]` is zeroed by
+ * the caller. */
 static inline gboolean count_dependents(uint32_t n_ops, const ZpOp *zops,
                                         const uint32_t *all_deps, const ZpOp *op, uint32_t i,
-                                        DepCursor *cursor, gboolean *ahead, GError **error)
+                                        DepCursor *cursor, gboolean zeroed, gboolean *ahead,
+                                        GError **error)
 {
     const uint32_t n_deps = op->n_deps, first = op->dep_start;
     const gboolean alloc_or_free = !kind_on_stream(op->kind);
@@ -161,7 +163,7 @@ static inline gboolean count_dependents(uint32_t n_ops, const ZpOp *zops,
         const uint32_t t = all_deps[first + d];
         if (t >= n_ops)
             return fail_op(error, i, "depends on an op that does not exist");
-        if (G_UNLIKELY(t > i) && !*ahead) {
+        if (!zeroed && G_UNLIKELY(t > i) && !*ahead) {
             memset(&cursor[i + 1], 0, (size_t)(n_ops - i - 1) * sizeof *cursor);
             *ahead = TRUE;
         }
@@ -417,13 +419,46 @@ static CollCosted coll_costed(CollRecent *r, ZpCollKind kind, double bytes,
 }
 
 /* The dep_start of each of the n ops, those before op i noted from their ZpOps. */
-static uint32_t *noted_dep_starts(const ZpSchedule *s, uint32_t i, uint32_t n)
+static uint32_t *noted_dep_starts(const ZpOp *zops, uint32_t i, uint32_t n)
 {
     uint32_t *dep_start = g_new(uint32_t, MAX(n, 1));
     zp_advise_huge_pages(dep_start, MAX(n, 1) * sizeof(uint32_t));
     for (uint32_t j = 0; j < i; j++)
-        dep_start[j] = zp_sched_op(s, j)->dep_start;
+        dep_start[j] = zops[j].dep_start;
     return dep_start;
+}
+
+/* What count_pass carries from op to op (a local: its fields stay in registers). Each op's
+ * ZpOp.dep_start is noted in dep_start only once one is not where the ops before it end,
+ * packed_end (4 bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's
+ * never need). */
+typedef struct {
+    const ZpOp *zops;
+    const uint32_t *all_deps;
+    DepCursor *cursor;
+    uint32_t *dep_start;
+    uint32_t packed_end;
+    gboolean ahead;
+} CountState;
+
+/* Checks op i and counts it as a dependent (count_dependents, `zeroed` as there). */
+static inline gboolean count_op(CountState *c, const OpLimits *limits, uint32_t i,
+                                gboolean zeroed, GError **error)
+{
+    const ZpOp *op = &c->zops[i];
+    if (!zeroed)
+        c->cursor[i] = (DepCursor){0, 0};
+    const uint64_t dep_end = (uint64_t)op->dep_start + op->n_deps;
+    if (!check_op(op, limits, i, dep_end, error) ||
+        !count_dependents(limits->n_ops, c->zops, c->all_deps, op, i, c->cursor, zeroed,
+                          &c->ahead, error))
+        return FALSE;
+    if (!c->dep_start && op->dep_start != c->packed_end)
+        c->dep_start = noted_dep_starts(c->zops, i, limits->n_ops);
+    if (c->dep_start)
+        c->dep_start[i] = op->dep_start;
+    c->packed_end = (uint32_t)dep_end; /* check_op: within the list, a uint32_t */
+    return TRUE;
 }
 
 G_STATIC_ASSERT(offsetof(SimOp, kind) == offsetof(ZpOp, kind) &&
@@ -452,29 +487,21 @@ static void streams_in_line(Sim *sim, uint32_t n)
 static uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cursor,
                            uint32_t **dep_start_out, GError **error)
 {
-    const ZpSchedule *s = sim->sched;
-    const ZpOp *zops = (const ZpOp *)s->ops->data;
-    const uint32_t *all_deps = (const uint32_t *)s->deps->data;
+    CountState c = {.zops = (const ZpOp *)sim->sched->ops->data,
+                    .all_deps = (const uint32_t *)sim->sched->deps->data, .cursor = cursor};
     const uint32_t n_ops = limits->n_ops;
-    gboolean ahead = FALSE;
-    /* Each op's ZpOp.dep_start, noted only once one is not where the ops before it end (4
-     * bytes an op of fresh pages, 3.7 MB at Megatron's 1T, which the builder's never need). */
-    uint32_t *dep_start = NULL, packed_end = 0, i = 0;
-    for (; i < n_ops; i++) {
-        const ZpOp *op = &zops[i];
-        if (!ahead)
-            cursor[i] = (DepCursor){0, 0};
-        const uint64_t dep_end = (uint64_t)op->dep_start + op->n_deps;
-        if (!check_op(op, limits, i, dep_end, error) ||
-            !count_dependents(n_ops, zops, all_deps, op, i, cursor, &ahead, error))
+    uint32_t i = 0;
+    gboolean ok = TRUE;
+    /* Until an op depends on a later one, each op zeroes its cursor and asks of each
+     * dependency whether it lies ahead; from then on neither: a pipeline's first backward
+     * depends on the next stage's send (Megatron 1T's op 705 of 130,674 on op 2,765). */
+    for (; i < n_ops && !c.ahead; i++)
+        if (!(ok = count_op(&c, limits, i, FALSE, error)))
             break;
-        if (!dep_start && op->dep_start != packed_end)
-            dep_start = noted_dep_starts(s, i, n_ops);
-        if (dep_start)
-            dep_start[i] = op->dep_start;
-        packed_end = (uint32_t)dep_end; /* check_op: within the list, a uint32_t */
-    }
-    *dep_start_out = dep_start;
+    for (; ok && i < n_ops; i++)
+        if (!(ok = count_op(&c, limits, i, TRUE, error)))
+            break;
+    *dep_start_out = c.dep_start;
     return i;
 }
 
