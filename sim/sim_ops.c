@@ -277,6 +277,23 @@ static void streams_end(Sim *sim, StreamLinks *s)
     g_free(s->last);
 }
 
+/* build_dependents' pass: each op's dependencies at dep_start[i], or packed where dep_start
+ * is NULL. */
+static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
+                             const uint32_t *dep_start, StreamLinks *links)
+{
+    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
+    const uint32_t n_ops = sim->n_ops;
+    SimOp *ops = sim->ops;
+    uint32_t packed_start = 0;
+    for (uint32_t i = 0; i < n_ops; i++) {
+        const uint32_t first = dep_start ? dep_start[i] : packed_start;
+        packed_start += ops[i].n_deps;
+        place_dependent(list, cursor, all_deps, &ops[i], i, first);
+        stream_link(links, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
+    }
+}
+
 /* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
  * op order, each part of its list (count_ready) in its order. Each op's dependencies are
  * found from its SimOp's n_deps and where they start, not from its ZpOp again (a second pass
@@ -289,19 +306,15 @@ static void streams_end(Sim *sim, StreamLinks *s)
 static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
                              StreamLinks links)
 {
-    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
-    const uint32_t n_ops = sim->n_ops;
-    SimOp *ops = sim->ops;
     Dependent *list = g_new(Dependent, total ? total : 1);
     zp_advise_huge_pages(list, (size_t)(total ? total : 1) * sizeof(Dependent));
     sim->dependents = list;
-    uint32_t packed_start = 0;
-    for (uint32_t i = 0; i < n_ops; i++) {
-        const uint32_t first = dep_start ? dep_start[i] : packed_start;
-        packed_start += ops[i].n_deps;
-        place_dependent(list, cursor, all_deps, &ops[i], i, first);
-        stream_link(&links, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
-    }
+    /* A loop for each case, dep_start a constant NULL in the builder's (packed): the test
+     * in one loop was 0.30 M of Megatron 1T's instructions, 0.68 M of narayanan21-t1-529.6b's. */
+    if (dep_start)
+        place_all(sim, list, cursor, dep_start, &links);
+    else
+        place_all(sim, list, cursor, NULL, &links);
     streams_end(sim, &links);
     g_free(cursor);
     g_free(dep_start);
