@@ -74,7 +74,7 @@ typedef struct {
 
 /* x >= 0 && isfinite(x), from its bits: below +inf's with the sign clear, or -0 (>= 0).
  * Every op's bytes are checked: the floating-point tests, their constants loaded again for
- * each op in sim_ops_build's pass, were 8 instructions an op. */
+ * each op in count_pass, were 8 instructions an op. */
 static inline gboolean finite_not_negative(double x)
 {
     uint64_t bits;
@@ -316,7 +316,7 @@ static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
     }
 }
 
-/* Each op's dependents, counted in `cursor` by sim_ops_build's pass over the ops, placed in
+/* Each op's dependents, counted in `cursor` by count_pass, placed in
  * op order, each part of its list (count_ready) in its order. Each op's dependencies are
  * found from its SimOp's n_deps and where they start, not from its ZpOp again (a second pass
  * over the ZpOps read 203 MB at 32,000 layers): one after the other, in op order, as the
