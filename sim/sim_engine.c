@@ -790,6 +790,12 @@ static void run_queue(Sim *sim, const SimOptions *options)
      * too): a compare an event, where dividing was 9 instructions of each */
     uint64_t tell_at = PROGRESS_EVERY_EVENTS;
     double instant_s = -1, now_s = 0; /* seeding's time */
+    /* Fixed for the run, in locals: after a handling's byte stores (counts, flags), which may
+     * alias any field of the Sim, each was loaded again for every event */
+    SimFold *const fold = sim->fold;
+    const gboolean blocks = sim->weight != NULL;
+    const uint32_t *const first_next = sim->stream[0].next;
+    const uint32_t *const last_next = sim->stream[sim->ranks - 1].next;
     for (;;) {
         /* The instant is over when no event of its time is left. */
         if (sim->n_unsettled > 0 &&
@@ -799,25 +805,27 @@ static void run_queue(Sim *sim, const SimOptions *options)
             break;
         /* Between two instants (contention settled), the first or the last rank's compute
          * stream moved on: a period's head? */
-        if (sim->fold &&
-            (sim->stream[0].next[ZP_STREAM_COMPUTE] != sim->fold_watch[0] ||
-             sim->stream[sim->ranks - 1].next[ZP_STREAM_COMPUTE] != sim->fold_watch[1]) &&
+        if (fold &&
+            (first_next[ZP_STREAM_COMPUTE] != sim->fold_watch[0] ||
+             last_next[ZP_STREAM_COMPUTE] != sim->fold_watch[1]) &&
             instant_s >= 0 && sim_queue_next_time(&sim->queue) != instant_s) {
-            sim_fold_boundary(sim->fold, sim, instant_s);
+            sim_fold_boundary(fold, sim, instant_s);
             if (sim->queue.len == 0)
                 break;
         }
         const Event e = sim_queue_pop(&sim->queue, &now_s);
-        if (sim->weight) {
+        if (blocks) {
             check_order(sim, &e, now_s);
             if (sim->order_broken)
                 return;
+            sim->heap_events += event_weight(sim, &e);
+        } else {
+            sim->heap_events++;
         }
         if (now_s != instant_s) {
             instant_s = now_s;
             sim->queue.instant++;
         }
-        sim->heap_events += event_weight(sim, &e);
         handle(sim, &e, now_s);
         drain_ready(sim, now_s);
         if (sim->heap_events >= tell_at && options->progress) {
