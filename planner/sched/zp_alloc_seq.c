@@ -5,24 +5,19 @@
 
 #include <math.h>
 
-static gboolean is_ckpt(const ZpAllocSeq *q, const ZpOp *op)
+/* The capacity of a [buffer] array that holds index b, from `cap`. */
+static size_t buffers_cap(size_t cap, size_t b)
 {
-    return q->ckpt_region > 0 && op->sub == ZP_MEM_CHECKPOINTS && op->bytes == q->ckpt_gpu_bytes;
+    while (cap <= b)
+        cap = cap ? 2 * cap : 1024;
+    return cap;
 }
 
-static gboolean is_grad(const ZpAllocSeq *q, const ZpOp *op)
+/* Grows a [buffer] array of `was` entries to `cap`, new entries -1. */
+static int64_t *grow_buffers(int64_t *v, size_t was, size_t cap)
 {
-    return q->grad_contiguous && op->sub == ZP_MEM_BUCKETS;
-}
-
-/* Grows a [buffer] array to hold index b, new entries -1. */
-static int64_t *grow_buffers(int64_t *v, size_t *cap, size_t b)
-{
-    const size_t was = *cap;
-    while (*cap <= b)
-        *cap = *cap ? 2 * *cap : 1024;
-    v = g_renew(int64_t, v, *cap);
-    for (size_t k = was; k < *cap; k++)
+    v = g_renew(int64_t, v, cap);
+    for (size_t k = was; k < cap; k++)
         v[k] = -1;
     return v;
 }
@@ -62,8 +57,11 @@ static gboolean seq_skip_run(ZpAllocSeq *q, const ZpAllocRun *x, uint64_t n, uin
     } else if (to > from) {
         if ((uint64_t)(to - 1 + shift) >= most_id)
             return FALSE;
-        if ((size_t)(to - 1 + shift) >= *cap)
-            *open = grow_buffers(*open, cap, (size_t)(to - 1 + shift));
+        if ((size_t)(to - 1 + shift) >= *cap) {
+            const size_t was = *cap;
+            *cap = buffers_cap(*cap, (size_t)(to - 1 + shift));
+            *open = grow_buffers(*open, was, *cap);
+        }
         for (int64_t b = to - 1; b >= from; b--) /* down: the moved may land on the listed */
             (*open)[b + shift] = (*open)[b] >= 0 ? (*open)[b] + events : (*open)[b];
     }
@@ -84,6 +82,151 @@ static gboolean seq_skip_run(ZpAllocSeq *q, const ZpAllocRun *x, uint64_t n, uin
     return TRUE;
 }
 
+/* The walk's state from one event to the next (seq_events'): a local of seq_events whose
+ * address only inlined code takes, so that its fields stay in registers where the events'
+ * doubles are written (the regions' figures, copied from q, too). */
+typedef struct {
+    ZpAllocEvent *ev; /* the listed events */
+    uint64_t n, n_listed; /* the events, the runs' too; those listed */
+    double live, most;    /* the bucket bytes live, the most of them at once */
+    uint32_t stage;
+    int32_t micro;        /* the stage's latest micro-step */
+    /* [buffer]: its plain alloc's event while that is open; -1 closed; -2 open otherwise
+     * (a region's slot, nothing allocated, an alloc over an open one) */
+    int64_t *open;
+    size_t cap;     /* open's entries */
+    size_t most_id; /* buffer ids at or past it are too sparse to index (no fold) */
+    size_t limit;   /* ids below it are indexed as they are: MIN(cap, most_id); 0 once not */
+    gboolean indexed;
+    double ckpt_region, ckpt_gpu_bytes;
+    gboolean grad_contiguous;
+} Walk;
+
+/* Whether buffer b is indexed in w->open (grown here to hold it): an event tests b against
+ * w->limit only, the rest where open[] grows or ids turn too sparse (none indexed after). */
+G_ALWAYS_INLINE static inline gboolean walk_indexes(Walk *w, size_t b)
+{
+    if (G_LIKELY(b < w->limit))
+        return TRUE;
+    if (!w->indexed || b >= w->most_id) {
+        w->indexed = FALSE;
+        w->limit = 0;
+        return FALSE;
+    }
+    const size_t was = w->cap;
+    w->cap = buffers_cap(w->cap, b);
+    w->open = grow_buffers(w->open, was, w->cap);
+    w->limit = MIN(w->cap, w->most_id);
+    return TRUE;
+}
+
+/* Lists the event of alloc or free `op` at place `at` of micro-step `micro`, its buffer
+ * `buffer` (inlined: once an event); a plain free is matched with its alloc. */
+G_ALWAYS_INLINE static inline void walk_event(Walk *w, const ZpOp *op, uint32_t at,
+                                              int32_t micro, int32_t buffer)
+{
+    ZpAllocEvent v = {.op = at, .buffer = buffer, .kind = op->kind, .sub = op->sub,
+                      .bytes = op->bytes};
+    if (op->sub == ZP_MEM_CHECKPOINTS) {
+        const gboolean ckpt = w->ckpt_region > 0 && op->bytes == w->ckpt_gpu_bytes;
+        v.flags = ckpt ? ZP_ALLOC_EV_CKPT : 0;
+    } else if (op->sub == ZP_MEM_BUCKETS) {
+        v.flags = w->grad_contiguous ? ZP_ALLOC_EV_GRAD : 0;
+        w->live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
+        w->most = fmax(w->most, w->live);
+    }
+    if (op->stage != w->stage) {
+        w->stage = op->stage;
+        w->micro = micro;
+        v.flags |= ZP_ALLOC_EV_STAGE | ZP_ALLOC_EV_HEAD;
+    } else if (micro > w->micro) {
+        w->micro = micro;
+        v.flags |= ZP_ALLOC_EV_HEAD;
+    }
+    if (buffer >= 0 && walk_indexes(w, (size_t)buffer)) {
+        int64_t *open = &w->open[buffer];
+        const gboolean own = !(v.flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD));
+        gboolean plain;
+        if (op->kind == ZP_OP_ALLOC) {
+            plain = own && op->bytes > 0 && *open == -1;
+            *open = plain ? (int64_t)w->n : -2;
+        } else {
+            plain = own && *open >= 0;
+            v.partner = plain ? (uint32_t)(w->n - (uint64_t)*open) : 0;
+            *open = -1;
+        }
+        v.flags |= plain ? ZP_ALLOC_EV_PLAIN : 0;
+    }
+    w->ev[w->n_listed++] = v;
+    w->n++;
+}
+
+/* The schedule's own allocs and frees, read in place (no list of them). */
+G_ALWAYS_INLINE static inline void walk_own(const ZpSchedule *s, Walk *w)
+{
+    /* Room for half the ops (a pipeline's are a quarter allocs and frees): growing by
+     * copies costs more than the pages never touched. */
+    uint64_t room = s->ops->len / 2 + 64;
+    w->ev = g_new(ZpAllocEvent, room);
+    zp_advise_huge_pages(w->ev, room * sizeof *w->ev);
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
+            continue;
+        if (w->n_listed == room) {
+            room *= 2;
+            w->ev = g_renew(ZpAllocEvent, w->ev, room);
+        }
+        walk_event(w, op, i, op->micro, op->buffer);
+    }
+}
+
+/* The listed ops' events (q->ops: an event each, so room for them all and no test an
+ * event), the runs of copies they leave out (q->op_runs) left out too (q->runs): FALSE
+ * (q->runs_refused) where one would not repeat its last listed copy. The ops come in
+ * stretches: up to a run's last listed copy (ops[first]), that copy (to ops[after]), the
+ * run; after the last run, to the end. */
+G_ALWAYS_INLINE static inline gboolean walk_listed(ZpAllocSeq *q, Walk *w)
+{
+    const ZpAllocOp *ops = (const ZpAllocOp *)(void *)q->ops->data;
+    const guint n_src = q->ops->len, n_op_runs = q->op_runs ? q->op_runs->len : 0;
+    w->ev = g_new(ZpAllocEvent, MAX(n_src, 1));
+    zp_advise_huge_pages(w->ev, MAX(n_src, 1) * sizeof *w->ev);
+    int32_t micro_at_model = -1; /* the run's last listed copy's: before it */
+    double live_at_model = 0;
+    gboolean in_model = FALSE; /* in the run's last listed copy */
+    guint i = 0;
+    for (guint r = 0;;) {
+        const ZpAllocRun *x = r < n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, r) : NULL;
+        const guint bound = !x ? n_src : in_model ? x->after : x->first;
+        for (; i < MIN(bound, n_src); i++)
+            walk_event(w, ops[i].op, ops[i].at, ops[i].micro, ops[i].buffer);
+        if (!x || bound > n_src)
+            return TRUE;
+        if (!in_model) {
+            micro_at_model = w->micro;
+            live_at_model = w->live;
+            in_model = TRUE;
+            continue;
+        }
+        q->ev = w->ev; /* seq_skip_run reads the listed copy */
+        int64_t *open = w->open;
+        size_t cap = w->cap;
+        q->runs_refused = micro_at_model < 0 || w->micro != micro_at_model + x->micro_step ||
+                          w->live != live_at_model || w->n_listed < x->len ||
+                          !seq_skip_run(q, x, w->n, w->n_listed, &open, &cap, w->most_id);
+        w->open = open;
+        w->cap = cap;
+        w->limit = w->indexed ? MIN(cap, w->most_id) : 0;
+        if (q->runs_refused)
+            return FALSE;
+        w->n += x->copies * x->len;
+        w->micro += (int32_t)x->copies * x->micro_step;
+        r++;
+        in_model = FALSE;
+    }
+}
+
 /* The alloc and free events in one walk of the ops, each plain one matched with its alloc,
  * and the gradient region's size (the most bucket bytes live at once, walking the ops in
  * order); FALSE (no fold) where buffer ids are too sparse to index. The runs of copies the
@@ -91,130 +234,28 @@ static gboolean seq_skip_run(ZpAllocSeq *q, const ZpAllocRun *x, uint64_t n, uin
  * repeat its last listed copy, q->runs_refused (the caller lists every copy). */
 static gboolean seq_events(ZpAllocSeq *q)
 {
-    double live = 0, most = 0;
-    uint32_t stage = UINT32_MAX;
-    int32_t micro = -1;
     const ZpSchedule *s = q->s;
-    /* Room for half the ops (a pipeline's are a quarter allocs and frees): growing by
-     * copies costs more than the pages never touched. */
-    uint64_t n = 0, n_listed = 0, room = s->ops->len / 2 + 64;
-    ZpAllocEvent *events = g_new(ZpAllocEvent, room);
-    zp_advise_huge_pages(events, room * sizeof *events);
-    /* [buffer]: its plain alloc's event while that is open; -1 closed; -2 open otherwise
-     * (a region's slot, nothing allocated, an alloc over an open one) */
-    int64_t *open = NULL;
-    size_t cap = 0;
-    gboolean indexed = TRUE;
-    /* The regions' figures, copied: the events' doubles written below might be q's to the
-     * compiler, which would read q's again for every event. */
-    const ZpAllocSeq regions = {.ckpt_region = q->ckpt_region, .ckpt_gpu_bytes = q->ckpt_gpu_bytes,
-                         .grad_contiguous = q->grad_contiguous};
-    const guint n_src = q->ops ? q->ops->len : s->ops->len;
-    uint64_t n_long = n_src;
+    uint64_t n_long = q->ops ? q->ops->len : s->ops->len;
     const guint n_op_runs = q->op_runs ? q->op_runs->len : 0;
     for (guint r = 0; r < n_op_runs; r++) {
         const ZpAllocRun *x = &g_array_index(q->op_runs, ZpAllocRun, r);
         n_long += x->copies * x->len;
     }
-    const size_t most_id = 4 * (size_t)MAX(s->ops->len, n_long) + 1024;
-    guint next_run = 0;
-    int32_t micro_at_model = -1; /* the next run's last listed copy's: before it */
-    double live_at_model = 0;
-    /* the next run (NULL: none) and the next op it concerns: its first listed, then its end
-     * (one test an op: seq_events reads every op of a schedule replayed whole) */
-    const ZpAllocRun *x = n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, 0) : NULL;
-    guint run_at = x ? x->first : G_MAXUINT;
-    gboolean in_model = FALSE; /* between x's first and after */
-    guint stop = MIN(run_at, n_src); /* one test an op: the next run's, or the end */
-    for (guint i = 0;; i++) {
-        if (G_UNLIKELY(i == stop)) {
-            while (i == run_at) {
-                if (!in_model) {
-                    micro_at_model = micro;
-                    live_at_model = live;
-                    in_model = TRUE;
-                    run_at = x->after;
-                    continue;
-                }
-                q->ev = events; /* seq_skip_run reads the listed copy */
-                q->runs_refused = micro_at_model < 0 ||
-                                  micro != micro_at_model + x->micro_step ||
-                                  live != live_at_model || n_listed < x->len ||
-                                  !seq_skip_run(q, x, n, n_listed, &open, &cap, most_id);
-                if (q->runs_refused)
-                    goto refused;
-                n += x->copies * x->len;
-                micro += (int32_t)x->copies * x->micro_step;
-                next_run++;
-                x = next_run < n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, next_run)
-                                         : NULL;
-                run_at = x ? x->first : G_MAXUINT;
-                in_model = FALSE;
-            }
-            if (i == n_src)
-                break;
-            stop = MIN(run_at, n_src);
-        }
-        ZpAllocOp here;
-        const ZpAllocOp *so = &here;
-        if (q->ops) {
-            so = &g_array_index(q->ops, ZpAllocOp, i);
-        } else { /* the schedule's own allocs and frees, read in place */
-            const ZpOp *op = zp_sched_op(s, i);
-            if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
-                continue;
-            here = (ZpAllocOp){op, i, op->micro, op->buffer};
-        }
-        const ZpOp *op = so->op;
-        ZpAllocEvent v = {.op = so->at, .buffer = so->buffer, .kind = op->kind, .sub = op->sub,
-                      .bytes = op->bytes};
-        if (op->sub == ZP_MEM_CHECKPOINTS) {
-            v.flags = is_ckpt(&regions, op) ? ZP_ALLOC_EV_CKPT : 0;
-        } else if (op->sub == ZP_MEM_BUCKETS) {
-            v.flags = is_grad(&regions, op) ? ZP_ALLOC_EV_GRAD : 0;
-            live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-            most = fmax(most, live);
-        }
-        if (op->stage != stage) {
-            stage = op->stage;
-            micro = so->micro;
-            v.flags |= ZP_ALLOC_EV_STAGE | ZP_ALLOC_EV_HEAD;
-        } else if (so->micro > micro) {
-            micro = so->micro;
-            v.flags |= ZP_ALLOC_EV_HEAD;
-        }
-        indexed = indexed && (so->buffer < 0 || (size_t)so->buffer < most_id);
-        if (indexed && so->buffer >= 0) {
-            const size_t b = (size_t)so->buffer;
-            if (b >= cap)
-                open = grow_buffers(open, &cap, b);
-            const gboolean own = !(v.flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD));
-            gboolean plain;
-            if (op->kind == ZP_OP_ALLOC) {
-                plain = own && op->bytes > 0 && open[b] == -1;
-                open[b] = plain ? (int64_t)n : -2;
-            } else {
-                plain = own && open[b] >= 0;
-                v.partner = plain ? (uint32_t)(n - (uint64_t)open[b]) : 0;
-                open[b] = -1;
-            }
-            v.flags |= plain ? ZP_ALLOC_EV_PLAIN : 0;
-        }
-        if (n_listed == room) {
-            room *= 2;
-            events = g_renew(ZpAllocEvent, events, room);
-        }
-        events[n_listed++] = v;
-        n++;
-    }
-refused:
-    q->n_ev = n;
-    q->ev = events;
-    g_free(open);
-    q->grad_region = q->grad_contiguous ? most : 0;
+    Walk w = {.stage = UINT32_MAX, .micro = -1, .indexed = TRUE,
+              .most_id = 4 * (size_t)MAX(s->ops->len, n_long) + 1024,
+              .ckpt_region = q->ckpt_region, .ckpt_gpu_bytes = q->ckpt_gpu_bytes,
+              .grad_contiguous = q->grad_contiguous};
+    if (q->ops)
+        q->runs_refused = !walk_listed(q, &w);
+    else
+        walk_own(s, &w);
+    q->n_ev = w.n;
+    q->ev = w.ev;
+    g_free(w.open);
+    q->grad_region = q->grad_contiguous ? w.most : 0;
     if (q->runs_refused)
         return FALSE;
-    if (q->grad_contiguous && most <= 0) { /* no region after all: the buckets are plain */
+    if (q->grad_contiguous && w.most <= 0) { /* no region after all: the buckets are plain */
         g_free(q->ev);
         q->ev = NULL;
         q->n_ev = 0;
@@ -222,9 +263,9 @@ refused:
         q->grad_contiguous = FALSE;
         return seq_events(q);
     }
-    if (!indexed)
+    if (!w.indexed)
         return FALSE;
-    q->n_buffers = cap;
+    q->n_buffers = w.cap;
     return TRUE;
 }
 
