@@ -61,20 +61,25 @@ typedef struct {
     int32_t most;  /* the highest buffer id of any op (a collective's bucket too) */
 } Visits;
 
+/* The counts in locals, stored once: through v, each op's index written might have been
+ * one of them to the compiler, which loaded and stored them all at every op. */
 static void visits_init(const ZpSchedule *s, Visits *v)
 {
     const guint n = s->ops->len;
-    *v = (Visits){.op = g_new(uint32_t, MAX(n, 1)), .most = -1};
+    uint32_t *visit = g_new(uint32_t, MAX(n, 1));
+    guint n_visits = 0, allocs = 0;
+    int32_t most = -1;
     uint32_t stage = UINT32_MAX;
     for (guint i = 0; i < n; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        v->most = MAX(v->most, op->buffer);
+        most = MAX(most, op->buffer);
         const gboolean alloc = op->kind == ZP_OP_ALLOC;
         if (alloc || op->kind == ZP_OP_FREE || op->stage != stage)
-            v->op[v->n++] = i;
-        v->allocs += alloc && op->buffer >= 0 && op->micro >= 0;
+            visit[n_visits++] = i;
+        allocs += alloc && op->buffer >= 0 && op->micro >= 0;
         stage = op->stage;
     }
+    *v = (Visits){.op = visit, .n = n_visits, .allocs = allocs, .most = most};
 }
 
 /* The first visit at or after op `op` (v->n: none). */
