@@ -35,7 +35,7 @@ static gboolean same_alloc(const ZpOp *alloc, const ZpOp *free_op)
 #define KEY_ORDINAL_LIMIT 16
 G_STATIC_ASSERT(ZP_MEM_N <= 16);
 
-/* inlined: alloc_roles names each alloc twice (a call was 25 instructions) */
+/* inlined: name_role names each alloc (a call was 25 instructions) */
 G_ALWAYS_INLINE static inline gboolean key_of(uint32_t stage, int64_t micro, int32_t unit,
                                               uint32_t sub, uint32_t ordinal, uint64_t *key)
 {
@@ -50,14 +50,14 @@ G_ALWAYS_INLINE static inline gboolean key_of(uint32_t stage, int64_t micro, int
 /* ---- the ops the walks visit ----
  *
  * Of a pipeline schedule's ops a quarter or less are allocs and frees (Megatron 1T's short
- * schedule: 37,776 of 130,674), and four walks read every op (the highest buffer, the
- * roles, Period's frees after an insertion, the list itself): each reads the allocs and
- * frees, and the first op of each stage (where micro-step shifts restart), listed once
- * here. */
+ * schedule: 37,776 of 130,674), and three walks read every op (the highest buffer,
+ * Period's frees after an insertion, the list itself, which names the allocs' roles): each
+ * reads the allocs and frees, and the first op of each stage (where micro-step shifts
+ * restart), listed once here. */
 typedef struct {
     uint32_t *op;  /* op indices, increasing */
     guint n;
-    guint allocs;  /* of them, allocs of a buffer at a micro-step (named: alloc_roles) */
+    guint allocs;  /* of them, allocs of a buffer at a micro-step (named: name_role) */
     int32_t most;  /* the highest buffer id of any op (a collective's bucket too) */
 } Visits;
 
@@ -89,7 +89,7 @@ static guint visit_at(const Visits *v, uint32_t op)
 }
 
 /* The name of an alloc at micro-step `micro`, its name at micro-step 0 (its role, from
- * alloc_roles) given: FALSE where it has none, or micro passes its bits. A name was 27
+ * name_role) given: FALSE where it has none, or micro passes its bits. A name was 27
  * instructions from the op's fields (key_of), of 75,000 names for Megatron 1T. */
 G_ALWAYS_INLINE static inline gboolean key_at(uint64_t role, int64_t micro, uint64_t *key)
 {
@@ -99,53 +99,14 @@ G_ALWAYS_INLINE static inline gboolean key_at(uint64_t role, int64_t micro, uint
     return TRUE;
 }
 
-/* [op]: each alloc's role (of a micro-step, micro >= 0), its name at micro-step 0: a buffer's
- * with its ordinal among its stage's and micro-step's allocs of its unit and category here, a
- * state's with ordinal 0 (0 where its fields pass the name's bits); unset for other ops. NULL
- * where a buffer's alloc passes the name's bits. The counts' table holds one name an alloc at
- * most: sized for them, it never grows (from 1,024 it grew five times for Megatron 1T's 18,888
- * names, 2.3 M instructions). */
-static uint64_t *alloc_roles(const ZpSchedule *s, const Visits *v)
-{
-    uint64_t *role = g_new(uint64_t, MAX(s->ops->len, 1));
-    ZpU64Map count;
-    zp_u64map_init(&count, v->allocs);
-    gboolean ok = TRUE;
-    for (guint k = 0; ok && k < v->n; k++) {
-        const uint32_t i = v->op[k];
-        const ZpOp *op = zp_sched_op(s, i);
-        uint64_t key;
-        if (op->kind != ZP_OP_ALLOC || op->micro < 0)
-            continue;
-        if (op->buffer < 0) {
-            role[i] = key_of(op->stage, 0, op->unit, op->sub, 0, &key) ? key : 0;
-            continue;
-        }
-        ok = key_of(op->stage, op->micro, op->unit, op->sub, 0, &key);
-        if (!ok)
-            break;
-        /* its count before this one, counted up: one probe; its role is the key with
-         * micro-step 0 and that ordinal (the fields checked in it: a second key_of was 16
-         * instructions at each of Megatron 1T's 18,888 allocs) */
-        const uint64_t seen = (*zp_u64map_at(&count, key, 0))++;
-        ok = seen < KEY_ORDINAL_LIMIT;
-        role[i] = (key & ~((uint64_t)(KEY_MICRO_LIMIT - 1) << 24)) | seen;
-    }
-    zp_u64map_free(&count);
-    if (!ok) {
-        g_free(role);
-        return NULL;
-    }
-    return role;
-}
-
 /* The longer schedule's live allocations by name (-> its model op here and its buffer there:
  * name_value), the state a free needs to find its own, and the list being written: ops
  * (ZpAllocOp, zp_array_extend's room), the next place and the next fresh buffer. */
 typedef struct {
     const ZpSchedule *s;
     const Visits *visits;
-    const uint64_t *role;    /* [alloc op]: alloc_roles' */
+    uint64_t *role; /* [alloc op]: its role (name_role), made as the list reaches it */
+    ZpU64Map count; /* a buffer's name at its micro-step, ordinal 0 -> its allocs so far */
     int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet), at the list's
                         * place (period_init moves it on past the insertion, and back) */
     ZpU64Map live;
@@ -158,6 +119,32 @@ typedef struct {
 static uint64_t name_value(uint32_t model, int32_t buffer)
 {
     return (uint64_t)model << 32 | (uint32_t)buffer;
+}
+
+/* Makes alloc op i's role (op of a micro-step, micro >= 0), its name at micro-step 0: a
+ * buffer's with its ordinal among its stage's and micro-step's allocs of its unit and
+ * category here, a state's with ordinal 0 (0 where its fields pass the name's bits). FALSE
+ * where a buffer's alloc passes the name's bits. Every role read is of an op before the
+ * list's place (the model periods, a free's alloc), so the list makes them as it goes: a
+ * walk of their own read Megatron 1T's 75,554 visited ops once more, a fifth of
+ * zp_alloc_ops_extended's time (perf) in cache misses. The counts' table holds one name an
+ * alloc at most: sized for them (Visits.allocs), it never grows (from 1,024 it grew five
+ * times for Megatron 1T's 18,888 names, 2.3 M instructions). */
+G_ALWAYS_INLINE static inline gboolean name_role(Names *n, uint32_t i, const ZpOp *op)
+{
+    uint64_t key;
+    if (op->buffer < 0) {
+        n->role[i] = key_of(op->stage, 0, op->unit, op->sub, 0, &key) ? key : 0;
+        return TRUE;
+    }
+    if (!key_of(op->stage, op->micro, op->unit, op->sub, 0, &key))
+        return FALSE;
+    /* its count before this one, counted up: one probe; its role is the key with micro-step
+     * 0 and that ordinal (the fields checked in it: a second key_of was 16 instructions at
+     * each of Megatron 1T's 18,888 allocs) */
+    const uint64_t seen = (*zp_u64map_at(&n->count, key, 0))++;
+    n->role[i] = (key & ~((uint64_t)(KEY_MICRO_LIMIT - 1) << 24)) | seen;
+    return seen < KEY_ORDINAL_LIMIT;
 }
 
 /* Names the alloc `op` (model op index `model`) at micro-step `micro` of the longer schedule,
@@ -511,7 +498,7 @@ static gboolean list_op(Names *n, int32_t *alloc_of, uint32_t i, int32_t micro_s
     if (here->kind == ZP_OP_ALLOC) {
         if (here->buffer >= 0)
             alloc_of[here->buffer] = (int32_t)i;
-        ok = name_alloc(n, i, so.micro, so.buffer);
+        ok = (here->micro < 0 || name_role(n, i, here)) && name_alloc(n, i, so.micro, so.buffer);
     } else if (pairs_by_name(n, here)) {
         so.buffer = named_buffer(n, i, so.micro);
         ok = so.buffer >= 0;
@@ -544,8 +531,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
                     total < ZP_ALLOC_OPS_MAX_PLACES && (uint64_t)most + total < INT32_MAX;
     for (size_t k = 0; fits && k < n_ins; k++)
         fits = given[k].step > 0 && given[k].at >= given[k].step && given[k].at <= n;
-    uint64_t *role = fits ? alloc_roles(s, &v) : NULL;
-    if (!role) {
+    if (!fits) {
         g_free(v.op);
         return NULL;
     }
@@ -565,10 +551,11 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t j = 0; leave_out && j < n_ins; j++)
         some_left_out = some_left_out || ins[j].periods > 8;
     const guint room = list_room(s, &v, ins, n_ins, some_left_out);
-    Names names = {.s = s, .visits = &v, .role = role, .alloc_of = alloc_of,
+    Names names = {.s = s, .visits = &v, .role = g_new(uint64_t, MAX(n, 1)), .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
                    .room = room, .fresh = most + 1};
     zp_u64map_init(&names.live, 1024);
+    zp_u64map_init(&names.count, v.allocs);
     int32_t micro_shift = 0;
     uint64_t inserted = 0;
     uint32_t stage = UINT32_MAX;
@@ -598,8 +585,9 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     ok = ok && add_inserts(&names, ins, n_ins, &k, n, &micro_shift, &inserted, some_left_out,
                            runs);
     zp_u64map_free(&names.live);
+    zp_u64map_free(&names.count);
     g_free(alloc_of);
-    g_free(role);
+    g_free(names.role);
     g_free(ins);
     g_free(v.op);
     if (!ok || k != n_ins) {
