@@ -54,7 +54,7 @@ static void test_u64map_as_ghashtable(void)
     g_rand_free(rand);
 }
 
-/* zp_u64map_at: a key's place, set to `fresh` once (alloc_roles counts ordinals through it). */
+/* zp_u64map_at: a key's place, set to `fresh` once (name_role counts ordinals through it). */
 static void test_u64map_count(void)
 {
     ZpU64Map m;
