@@ -341,16 +341,16 @@ static void coll_row(const Samples *s, guint i, double row[COLL_COEFFS])
     row[2 + kind] = ring_sent(kind, ranks, g_array_index(s->coll_bytes, double, i));
 }
 
+/* A fit's chi-square (the sum of squared relative misses) a sample that is rounding, not a
+ * better fit: an RMS relative miss of 1e-10, far below any timer's resolution. */
+#define CHISQ_ROUNDING 1e-20
+
 /* The ring model over every collective timing by non-negative least squares on the system
  * weighted by 1/t^2 (relative error): every subset of the coefficients is fitted free by
  * GSL's weighted least squares with the rest at 0, and the best fit whose coefficients are
  * all >= 0 is kept (all 0 when none beats that). That is exact (the constrained optimum is
  * the unconstrained fit on its own non-zero set, by the Karush-Kuhn-Tucker conditions, and
  * that set is one of them) and cheap for five coefficients (31 fits). */
-/* A fit's chi-square (the sum of squared relative misses) a sample that is rounding, not a
- * better fit: an RMS relative miss of 1e-10, far below any timer's resolution. */
-#define CHISQ_ROUNDING 1e-20
-
 static void collective_nnls(const Samples *s, double c[COLL_COEFFS])
 {
     const size_t n = s->coll_s->len;
