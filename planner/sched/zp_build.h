@@ -84,14 +84,11 @@ typedef struct {
     int64_t key;
 } ZpCrossDep;
 
-/* A tensor-parallel sum's collectives kinds[0 .. n), each of elems (bytes); ops[k]: the
- * k-th as zp_build_emit_collective writes it, but for its unit, micro-step, stage and first
- * dependency (zp_build_emit.c block_op_direct copies it). */
+/* A tensor-parallel sum's n collectives; ops[k]: the k-th as zp_build_emit_collective writes
+ * it, but for its unit, micro-step, stage and dependencies (zp_build_emit.c's
+ * block_op_direct and zp_build_emit_tp_chain copy it). */
 typedef struct {
-    const ZpCollKind *kinds;
     int n;
-    uint64_t elems;
-    double bytes;
     ZpOp ops[2];
 } ZpTpSum;
 
@@ -271,11 +268,10 @@ uint32_t zp_build_emit_free(Builder *b, ZpMemCategory cat, double bytes, int uni
 uint32_t zp_build_emit_transfer(Builder *b, ZpTransferKind kind, double bytes, int unit, int micro,
                                 uint32_t after);
 void zp_build_sync_on(Builder *b, uint32_t op);
-/* `chains` chains of tensor-parallel collectives kinds[0 .. n) of elems (bytes), each
+/* `chains` chains of the build's tensor-parallel sum's collectives (Builder.tp_sum), each
  * collective after the one before it in its chain (the first after `after`) and each
  * synchronised with the next compute op; returns the last one. */
-uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int chains, int unit,
-                                int micro, uint64_t elems, double bytes, uint32_t after);
+uint32_t zp_build_emit_tp_chain(Builder *b, int chains, int unit, int micro, uint32_t after);
 /* A compute op (as zp_build_emit_compute) and then `sums` tensor-parallel sums after it (as
  * zp_build_tp_sums): a whole block's op. */
 uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,

@@ -247,17 +247,26 @@ void zp_build_sync_on(Builder *b, uint32_t op)
     g_array_index(b->sync_deps, uint32_t, b->n_sync++) = op;
 }
 
+/* A sum's collective at op: its template (ZpTpSum ops) for (unit, micro, stage), its
+ * dependencies at dep_start. */
+G_ALWAYS_INLINE static inline void put_sum_op(ZpOp *op, const ZpOp *tmpl, int unit, int micro,
+                                              uint32_t stage, guint dep_start)
+{
+    *op = *tmpl;
+    op->unit = unit, op->micro = micro, op->stage = stage, op->dep_start = dep_start;
+}
+
 /* The common case of zp_build_emit_tp_chain: no other stage's send to wait for and room for
- * every op below max_ops. The ops and their dependencies (the op before in the chain, and the
- * host's wait on the device while there is one: op_finish's list for them) are written in one
- * pass, with the arrays' room made once, where op_finish re-read the arrays' lengths through
- * the builder for each (plan --3d and Megatron 1T: 130 instructions a collective). */
-static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int chains,
-                                int unit, int micro, uint64_t elems, double bytes,
+ * every op below max_ops. The ops (from the sum's templates) and their dependencies (the op
+ * before in the chain, and the host's wait on the device while there is one: op_finish's
+ * list for them) are written in one pass, with the arrays' room made once, where op_finish
+ * re-read the arrays' lengths through the builder for each (plan --3d and Megatron 1T: 130
+ * instructions a collective). */
+static uint32_t tp_chain_direct(Builder *b, const ZpTpSum *t, int chains, int unit, int micro,
                                 uint32_t after)
 {
     ZpSchedule *s = b->s;
-    const guint n_ops = (guint)(n * chains), first = s->ops->len;
+    const guint n_ops = (guint)(t->n * chains), first = s->ops->len;
     ZpOp *op = zp_array_extend(s->ops, n_ops, sizeof(ZpOp), &b->ops_room);
     /* locals throughout: a store through op or the dependencies may alias the arrays' fields
      * for the compiler, which then reloads them */
@@ -269,20 +278,13 @@ static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int 
     uint32_t at = first;
     for (int c = 0; c < chains; c++) {
         uint32_t last = after; /* each chain follows `after` alone */
-        for (int k = 0; k < n; k++, op++, at++) {
+        for (int k = 0; k < t->n; k++, op++, at++) {
             uint32_t *from = dep;
             if (last != NONE)
                 *dep++ = last;
             if (host != NONE)
                 *dep++ = host;
-            /* field by field over a cleared op: an op built whole was built on the stack and
-             * copied (gcc -O2), each time */
-            memset(op, 0, sizeof *op);
-            op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)kinds[k];
-            op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP;
-            op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
-            op->elems = elems, op->bytes = bytes;
-            op->dep_start = dep_base + (guint)(from - first_dep);
+            put_sum_op(op, &t->ops[k], unit, micro, stage, dep_base + (guint)(from - first_dep));
             op->n_deps = (uint32_t)(dep - from);
             last = at;
             *sync++ = at;
@@ -294,44 +296,33 @@ static uint32_t tp_chain_direct(Builder *b, const ZpCollKind *kinds, int n, int 
     return at - 1;
 }
 
-/* zp_build_tp_sums' collectives, as zp_build_emit_collective and zp_build_sync_on emit them,
- * in one call all of a block op's sums: their ops' kind, group, stream and single dependency
- * are known here, and a call of eleven arguments a collective and one a sync were a third of
- * their cost (plan --3d gpt-1t/4096: 548,400 of them); the sync list's room is made once for
- * them all, and a block's two sums were two calls through zp_build_tp_sum (Megatron 1T: 55,000
- * collectives, 30 instructions each in the calls). */
-uint32_t zp_build_emit_tp_chain(Builder *b, const ZpCollKind *kinds, int n, int chains, int unit,
-                                int micro, uint64_t elems, double bytes, uint32_t after)
+/* The build's tensor-parallel sums (Builder.tp_sum), as zp_build_emit_collective and
+ * zp_build_sync_on emit them, in one call all of a block op's sums: their ops' kind, group,
+ * stream and single dependency are known here, and a call of eleven arguments a collective and
+ * one a sync were a third of their cost (plan --3d gpt-1t/4096: 548,400 of them); the sync
+ * list's room is made once for them all, and a block's two sums were two calls through
+ * zp_build_tp_sum (Megatron 1T: 55,000 collectives, 30 instructions each in the calls). */
+uint32_t zp_build_emit_tp_chain(Builder *b, int chains, int unit, int micro, uint32_t after)
 {
-    const guint n_ops = (guint)(n * chains);
+    const ZpTpSum *t = &b->tp_sum;
+    const guint n_ops = (guint)(t->n * chains);
     if (n_ops == 0)
         return after;
     if (b->n_sync + n_ops > b->sync_deps->len)
         g_array_set_size(b->sync_deps, 2 * (b->n_sync + n_ops) + 8);
     if (b->recv_key < 0 && (double)b->s->ops->len + (double)(n_ops - 1) < b->max_ops)
-        return tp_chain_direct(b, kinds, n, chains, unit, micro, elems, bytes, after);
+        return tp_chain_direct(b, t, chains, unit, micro, after);
     uint32_t last = after;
     for (int c = 0; c < chains; c++) {
         last = after; /* each chain follows `after` alone */
-        for (int k = 0; k < n; k++) {
+        for (int k = 0; k < t->n; k++) {
             ZpOp *op = op_slot(b);
-            *op = (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = kinds[k], .stream = ZP_STREAM_TP,
-                         .group = ZP_GROUP_TP, .unit = unit, .micro = micro, .buffer = -1,
-                         .bytes = bytes, .elem_offset = 0, .elems = elems};
+            put_sum_op(op, &t->ops[k], unit, micro, 0, 0); /* op_finish: stage, dependencies */
             last = op_finish(b, op, &last, 1, NULL, 0);
             g_array_index(b->sync_deps, uint32_t, b->n_sync++) = last;
         }
     }
     return last;
-}
-
-/* A sum's collective at op: its template (ZpTpSum ops) for (unit, micro, stage), its one
- * dependency at dep_start. */
-G_ALWAYS_INLINE static inline void put_sum_op(ZpOp *op, const ZpOp *tmpl, int unit, int micro,
-                                              uint32_t stage, guint dep_start)
-{
-    *op = *tmpl;
-    op->unit = unit, op->micro = micro, op->stage = stage, op->dep_start = dep_start;
 }
 
 /* zp_build_emit_block_op's common case: no workspaces, no p2p_sync exchange pending, room
@@ -365,7 +356,9 @@ static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int mi
         *dep++ = b->host_sync;
         b->host_sync = NONE;
     }
-    memset(op, 0, sizeof *op); /* field by field: see tp_chain_direct */
+    /* field by field over a cleared op: an op built whole was built on the stack and copied
+     * (gcc -O2), each time */
+    memset(op, 0, sizeof *op);
     op->kind = ZP_OP_COMPUTE, op->sub = (uint8_t)kind, op->stream = ZP_STREAM_COMPUTE;
     op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
     op->flops = cost->flops, op->gemm_flops = cost->gemm_flops;
@@ -412,8 +405,7 @@ uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int mi
         return block_op_direct(b, kind, unit, micro, cost, deps, n_deps, t, sums);
     const uint32_t op = zp_build_emit_compute(b, kind, unit, micro, *cost, deps, n_deps);
     if (sums > 0)
-        zp_build_emit_tp_chain(b, t->kinds, t->n, sums, unit, micro, t->elems, t->bytes,
-                               b->last_compute);
+        zp_build_emit_tp_chain(b, sums, unit, micro, b->last_compute);
     return op;
 }
 

@@ -15,13 +15,14 @@ ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s)
     const uint64_t elems = (uint64_t)s->plan.micro_batch * (uint64_t)s->model.seq_len *
                            (uint64_t)s->model.hidden;
     const gboolean sp = s->plan.sequence_parallel;
-    ZpTpSum t = {sp ? split : plain, sp ? 2 : 1, elems, (double)elems * s->elem_bytes, {{0}}};
+    const ZpCollKind *kinds = sp ? split : plain;
+    ZpTpSum t = {.n = sp ? 2 : 1};
     for (int k = 0; k < t.n; k++) { /* each after the op before it alone */
         ZpOp *op = &t.ops[k];
         memset(op, 0, sizeof *op); /* as the emitters clear theirs (zp_build_emit.c) */
-        op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)t.kinds[k];
+        op->kind = ZP_OP_COLLECTIVE, op->sub = (uint8_t)kinds[k];
         op->stream = ZP_STREAM_TP, op->group = ZP_GROUP_TP, op->buffer = -1;
-        op->elems = t.elems, op->bytes = t.bytes, op->n_deps = 1;
+        op->elems = elems, op->bytes = (double)elems * s->elem_bytes, op->n_deps = 1;
     }
     return t;
 }
@@ -30,9 +31,7 @@ ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s)
  * op waits for them. */
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums)
 {
-    const ZpTpSum *t = &b->tp_sum;
-    zp_build_emit_tp_chain(b, t->kinds, t->n, sums, unit, micro, t->elems, t->bytes,
-                           b->last_compute);
+    zp_build_emit_tp_chain(b, sums, unit, micro, b->last_compute);
 }
 
 /* The vocab-parallel head's loss, as zreal computes it: each rank's log-sum-exp over its
