@@ -256,8 +256,8 @@ static void affect(Sim *sim, uint32_t slot)
  * only has no other flow there to find: it is not walked (the walk of every group and stream
  * of every member was a twentieth of Megatron's 1T evaluation); where that is the first
  * member, `changed` itself, which its walk would have found first, comes first. */
-static void reshare_walk(Sim *sim, const Flow *changed, uint32_t changed_slot, uint8_t link,
-                         uint16_t own, double now_s, uint32_t first)
+G_NO_INLINE static void reshare_walk(Sim *sim, const Flow *changed, uint32_t changed_slot,
+                                     uint8_t link, uint16_t own, double now_s, uint32_t first)
 {
     sim->epoch++;
     sim->n_affected = 0;
@@ -405,6 +405,23 @@ G_ALWAYS_INLINE static inline size_t timeline_at(const Sim *sim, uint32_t rank, 
     return row == NO_ROW ? NO_TIMELINE : (size_t)row * sim->n_ops + i;
 }
 
+/* Member m's part of flow f's start, `last` the member whose arrival starts it: its exposed
+ * time brought up to now, the collective counted in flight, its timeline cells. */
+G_ALWAYS_INLINE static inline void member_starts(Sim *sim, const Flow *f, uint32_t m,
+                                                 uint32_t last, double now_s)
+{
+    account(sim, &sim->rank[m], now_s);
+    sim->rank[m].comm_active++;
+    unsettle(sim, m);
+    const size_t at = timeline_at(sim, m, f->op);
+    if (at != NO_TIMELINE) {
+        SET_CELL(sim, op_start_s, at, now_s);
+        sim->op_last_rank[at] = arriving_rank(sim, last, f);
+        if (G_UNLIKELY(sim->fold_recording))
+            sim_fold_note_rank(sim, at, sim->op_last_rank[at]);
+    }
+}
+
 /* `last` is the member whose arrival starts it. */
 G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
 {
@@ -420,19 +437,25 @@ G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, doubl
     f->end_s = f->transfer_from_s + sim_clock_q(f->remaining_s);
     sim_queue_push(&sim->queue, f->end_s, EVENT_FLOW | slot, ++f->version);
     const uint32_t *member = &sim->members[f->member_start];
-    for (uint32_t i = 0; i < f->count; i++) {
-        const uint32_t m = member[i];
-        account(sim, &sim->rank[m], now_s);
-        sim->rank[m].comm_active++;
-        unsettle(sim, m);
-        const size_t at = timeline_at(sim, m, f->op);
-        if (at != NO_TIMELINE) {
-            SET_CELL(sim, op_start_s, at, now_s);
-            sim->op_last_rank[at] = arriving_rank(sim, last, f);
-            if (G_UNLIKELY(sim->fold_recording))
-                sim_fold_note_rank(sim, at, sim->op_last_rank[at]);
+    if (f->count == 1) {
+        /* A group of one simulated rank: where each pipeline stage is one (folded runs),
+         * every collective's, all 53,583 flows of Megatron 1T's evaluation. The loops below
+         * for that one member, in the same order, without their setup (the loop, the walk
+         * for a loaded member). A load above 1 on its link is another flow at that member,
+         * which reshare_neighbours would walk from member 0; active_on_link counts both, so
+         * it is above 1 too and need not be asked. */
+        const uint32_t m = member[0];
+        member_starts(sim, f, m, last, now_s);
+        if (op->transfer_s > 0) {
+            uint16_t *load = &sim->link_load[m * SIM_LINK_N + op->link];
+            sim->active_on_link[op->link]++;
+            if (++*load > 1)
+                reshare_walk(sim, f, slot, op->link, 1, now_s, 0);
         }
+        return;
     }
+    for (uint32_t i = 0; i < f->count; i++)
+        member_starts(sim, f, member[i], last, now_s);
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, +1);
         /* Alone on its link class anywhere, it has the link to itself: nothing to reshare. */
@@ -595,33 +618,56 @@ static inline void drain_ready(Sim *sim, double now_s)
         drain_ready_ops(sim, now_s);
 }
 
-static void finish_flow(Sim *sim, uint32_t slot, double now_s)
+/* Member m's part of the end of flow f, op i (started at start_s): its exposed time brought
+ * up to now, the collective counted out, its busy time and type's sums, and the op done. */
+G_ALWAYS_INLINE static inline void member_finishes(Sim *sim, uint32_t m, uint32_t i,
+                                                   const SimOp *op, double start_s,
+                                                   double now_s)
+{
+    RankState *rs = &sim->rank[m];
+    account(sim, rs, now_s);
+    rs->comm_active--;
+    unsettle(sim, m);
+    ADD_SUM(sim, sim->busy[m].busy_s[op->stream], now_s - start_s);
+    if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
+        ADD_SUM(sim, sim->busy[m].alltoall_s, now_s - start_s);
+    add_op_type(sim, m, op, now_s - start_s);
+    complete(sim, m, i, now_s);
+}
+
+/* Flow `slot` ends at now_s: its link reshared, each member's collective done. Not inlined
+ * into handle (run_step's loop): it would spill that loop's registers around it. */
+G_NO_INLINE static void finish_flow(Sim *sim, uint32_t slot, double now_s)
 {
     Flow *f = &sim->flows[slot];
     /* Completing the last member may start the group's next collective in this same slot. */
     const uint32_t i = f->op;
     const double start_s = f->start_s;
     const SimOp *op = &sim->ops[i];
+    const uint32_t *member = &sim->members[f->member_start];
+    const uint32_t count = f->count;
     f->active = FALSE;
+    if (count == 1) {
+        /* One member, as in start_flow: a load left on its link is another flow there,
+         * which reshare_neighbours would walk from member 0 (active_on_link, counting it,
+         * is above 0 then). */
+        const uint32_t m = member[0];
+        if (op->transfer_s > 0) {
+            uint16_t *load = &sim->link_load[m * SIM_LINK_N + op->link];
+            sim->active_on_link[op->link]--;
+            if (--*load > 0)
+                reshare_walk(sim, f, slot, op->link, 0, now_s, 0);
+        }
+        member_finishes(sim, m, i, op, start_s, now_s);
+        return;
+    }
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, -1);
         if (--sim->active_on_link[op->link] > 0)
             reshare_neighbours(sim, f, slot, op->link, 0, now_s);
     }
-    const uint32_t *member = &sim->members[f->member_start];
-    const uint32_t count = f->count;
-    for (uint32_t k = 0; k < count; k++) {
-        const uint32_t m = member[k];
-        RankState *rs = &sim->rank[m];
-        account(sim, rs, now_s);
-        rs->comm_active--;
-        unsettle(sim, m);
-        ADD_SUM(sim, sim->busy[m].busy_s[op->stream], now_s - start_s);
-        if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
-            ADD_SUM(sim, sim->busy[m].alltoall_s, now_s - start_s);
-        add_op_type(sim, m, op, now_s - start_s);
-        complete(sim, m, i, now_s);
-    }
+    for (uint32_t k = 0; k < count; k++)
+        member_finishes(sim, member[k], i, op, start_s, now_s);
 }
 
 /* How many queue events the result counts for e: a unit's stands for one per rank of its
