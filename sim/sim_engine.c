@@ -422,11 +422,10 @@ G_ALWAYS_INLINE static inline void member_starts(Sim *sim, const Flow *f, uint32
     }
 }
 
-/* `last` is the member whose arrival starts it. */
-G_NO_INLINE static void start_flow(Sim *sim, uint32_t slot, uint32_t last, double now_s)
+/* Flow f (`slot`) of op `op` starts; `last` is the member whose arrival starts it. */
+G_NO_INLINE static void start_flow(Sim *sim, Flow *f, uint32_t slot, const SimOp *op,
+                                   uint32_t last, double now_s)
 {
-    Flow *f = &sim->flows[slot];
-    const SimOp *op = &sim->ops[f->op];
     f->arrived = 0;
     f->active = TRUE;
     f->start_s = now_s;
@@ -530,7 +529,7 @@ G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, uint32_t rank, uint
     Flow *f = &sim->flows[slot];
     f->op = i;
     if (++f->arrived == f->count)
-        start_flow(sim, slot, rank, now_s);
+        start_flow(sim, f, slot, op, rank, now_s);
 }
 
 /* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
