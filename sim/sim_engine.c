@@ -4,6 +4,7 @@
 #include "sim_engine_internal.h"
 #include "sim_fold.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* How often (queue events as heap_events counts them, a unit's once per rank) the run tells
@@ -188,10 +189,25 @@ static inline double timed_duration_s(const Sim *sim, uint32_t rank, const SimOp
                                                  : op->duration_s);
 }
 
+/* RankState's four counts of ops in flight, side by side: account reads them as one word. */
+G_STATIC_ASSERT(offsetof(RankState, comm_active) == offsetof(RankState, compute_running) + 1 &&
+                offsetof(RankState, cpu_running) == offsetof(RankState, compute_running) + 2 &&
+                offsetof(RankState, transfers_active) ==
+                    offsetof(RankState, compute_running) + 3);
+
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
  * Called before either count changes. */
 static inline void account(Sim *sim, RankState *rs, double now_s)
 {
+    /* A rank running nothing adds to no sum below: one load and test for the four counts,
+     * where each was loaded and tested (a collective starts so, after the compute op it
+     * waited for: 53,459 of Megatron 1T's 53,583 flows). */
+    uint32_t counts;
+    memcpy(&counts, &rs->compute_running, sizeof counts);
+    if (counts == 0) {
+        rs->mark_s = now_s;
+        return;
+    }
     /* What the GPU waits for when no kernel runs, in this order: a collective, CPU Adam, an
      * offload transfer. */
     const double dt = now_s - rs->mark_s;
