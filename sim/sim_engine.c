@@ -331,8 +331,9 @@ static inline void unsettle(Sim *sim, uint32_t rank)
 {
     RankState *rs = &sim->rank[rank];
     /* A rank computing nothing has nothing to settle (an op it starts later in the instant
-     * marks it then). */
-    if (!sim->running || rs->unsettled || !rs->computing)
+     * marks it then). Without contention (no Sim.running) none computes: start_timed_op
+     * marks a stream computing only with it, so that one test stands for both. */
+    if (!rs->computing || rs->unsettled)
         return;
     rs->unsettled = 1;
     if (sim->n_unsettled > 0 && sim->unsettled[sim->n_unsettled - 1] > rank)
