@@ -105,24 +105,6 @@ void sim_queue_push_new(Queue *q, double time_s, Event e)
     heap[i] = entry;
 }
 
-Event sim_queue_pop(Queue *q, double *time_s)
-{
-    if (q->hole)
-        sim_queue_fill(q);
-    const uint32_t b = q->heap[0].bucket;
-    Bucket *bucket = &q->buckets[b];
-    const Event e = bucket->items[bucket->head++];
-    *time_s = bucket->time_s;
-    q->len--;
-    if (bucket->head == bucket->len) {
-        q->hole = TRUE;
-        q->spare[q->n_spare++] = b;
-        if (q->last == b)
-            q->last = UINT32_MAX;
-    }
-    return e;
-}
-
 /* The buckets of the heap's n entries (heap[0] vacant where `hole`) in the order the queue
  * takes them, into order: the copy popped as sim_queue_pop and sim_queue_fill pop (every key is
  * unique, so that is the sorted order; qsort's merge sort was 0.7 M of narayanan21-t1-529.6b's

@@ -96,8 +96,25 @@ static inline double sim_queue_next_time(Queue *q)
     return q->heap[0].time_s;
 }
 
-/* The earliest event, its time in *time_s; the queue must not be empty. */
-Event sim_queue_pop(Queue *q, double *time_s);
+/* The earliest event, its time in *time_s; the queue must not be empty. Inlined into the
+ * event loop, its one caller: as a call, its entry and exit were a fifth of it. */
+G_ALWAYS_INLINE static inline Event sim_queue_pop(Queue *q, double *time_s)
+{
+    if (q->hole)
+        sim_queue_fill(q);
+    const uint32_t b = q->heap[0].bucket;
+    Bucket *bucket = &q->buckets[b];
+    const Event e = bucket->items[bucket->head++];
+    *time_s = bucket->time_s;
+    q->len--;
+    if (bucket->head == bucket->len) {
+        q->hole = TRUE;
+        q->spare[q->n_spare++] = b;
+        if (q->last == b)
+            q->last = UINT32_MAX;
+    }
+    return e;
+}
 
 /* The queue's events in the order they will be taken, with their times (both arrays emptied
  * first); the queue replaced by these events in this order (sim_fold's jumps). */
