@@ -3,6 +3,7 @@
 #include "sim_engine.h"
 #include "sim_engine_internal.h"
 #include "sim_fold.h"
+#include "sim_memory.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -604,9 +605,10 @@ G_ALWAYS_INLINE static inline void complete(Sim *sim, uint32_t rank, uint32_t i,
     try_stream(sim, rank, op->stream, UINT32_MAX, now_s);
 }
 
-static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
+G_ALWAYS_INLINE static inline void run_memory_op(Sim *sim, uint32_t rank, uint32_t i,
+                                                 double now_s)
 {
-    if (!sim_memory_step(sim, rank, i))
+    if (!sim_memory_run(sim, rank, i))
         return;
     const size_t at = timeline_at(sim, rank, i);
     if (at != NO_TIMELINE) {
@@ -617,7 +619,7 @@ static void run_memory_op(Sim *sim, uint32_t rank, uint32_t i, double now_s)
     release_dependents(sim, rank, i, now_s);
 }
 
-static void drain_ready_ops(Sim *sim, double now_s)
+G_NO_INLINE static void drain_ready_ops(Sim *sim, double now_s)
 {
     while (sim->ready_head < sim->ready_end && !sim->error) {
         const ReadyOp r = sim->ready[sim->ready_head++];

@@ -1,6 +1,6 @@
 /* sim_memory: the simulated ranks' memory: each rank class's log of states that ranks in
  * lockstep share, and a rank's own state once it leaves it; an alloc or free applied to one. */
-#include "sim_engine_internal.h"
+#include "sim_memory.h"
 
 static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t pos);
 
@@ -54,33 +54,11 @@ gboolean sim_memory_alloc_logs(Sim *sim)
     return ok;
 }
 
-/* Alloc or free op i on a rank's memory m; FALSE (and sim->error) if a category goes
- * negative. */
-G_ALWAYS_INLINE static inline gboolean apply_memory_op(Sim *sim, MemState *m, uint32_t rank,
-                                                        uint32_t i)
+void sim_memory_negative(Sim *sim, uint32_t rank, uint32_t i, double live_bytes)
 {
-    const SimOp *op = &sim->ops[i];
-    const double delta = op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-    LiveBytes *category = &m->category[op->sub];
-    category->live += delta;
-    category->peak = MAX(category->peak, category->live);
-    m->total.live += delta;
-    if (is_model_state(op->sub)) {
-        m->states.live += delta;
-        m->states.peak = MAX(m->states.peak, m->states.live);
-    }
-    if (category->live < -sim->mem_tolerance_bytes) {
-        g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
-                    zp_sched_mem_name(op->sub), category->live, named_rank(sim, rank), i);
-        return FALSE;
-    }
-    if (m->total.live > m->total.peak) {
-        m->total.peak = m->total.live;
-        for (int c = 0; c < ZP_MEM_N; c++)
-            m->peak_breakdown_bytes[c] = m->category[c].live;
-    }
-    return TRUE;
+    g_set_error(&sim->error, ZP_ERROR, ZP_ERROR_VALUE,
+                "memory: %s goes negative (%.6g bytes) on rank %u at op %u",
+                zp_sched_mem_name(sim->ops[i].sub), live_bytes, named_rank(sim, rank), i);
 }
 
 /* A rank leaves its class's log at position pos: its own copy of the state there. */
@@ -103,10 +81,11 @@ static gboolean go_eager(Sim *sim, uint32_t rank, const MemLog *log, uint32_t po
 gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
 {
     uint32_t *pos = &sim->mem_pos[rank];
-    /* A rank on its own state (every rank of a stage simulated alone) first: a log's places lie
-     * below MEM_EAGER, so neither test below could hold. */
+    /* A rank on its own state (every rank of a stage simulated alone; sim_memory_run applies
+     * those itself) first: a log's places lie below MEM_EAGER, so neither test below could
+     * hold. */
     if (*pos & MEM_EAGER)
-        return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
+        return sim_memory_apply(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
     if (*pos == sim->log_pos[i]) {
         ++*pos;
         return TRUE;
@@ -114,7 +93,7 @@ gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
     MemLog *log = &sim->mem_log[sim->ops[i].stage];
     if (*pos == log->len) { /* it ran the whole log, so not op i: op i is not in it */
         log->state[*pos + 1] = log->state[*pos];
-        if (!apply_memory_op(sim, &log->state[*pos + 1], rank, i))
+        if (!sim_memory_apply(sim, &log->state[*pos + 1], rank, i))
             return FALSE;
         sim->log_pos[i] = log->len++;
         ++*pos;
@@ -122,5 +101,5 @@ gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i)
     }
     if (!go_eager(sim, rank, log, *pos))
         return FALSE;
-    return apply_memory_op(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
+    return sim_memory_apply(sim, &sim->eager[*pos & ~MEM_EAGER], rank, i);
 }
