@@ -57,9 +57,8 @@ void sim_queue_fill(Queue *q)
     heap[climb(heap, descend(heap, n, NULL), &moving)] = moving;
 }
 
-/* One bucket more, made spare (the arrays grown where full): apart from sim_queue_push_new,
- * whose path without it needs fewer registers saved (its entry and exit were a sixth of it). */
-G_NO_INLINE static void queue_add_bucket(Queue *q)
+/* One bucket more, made spare with room for its first events (the arrays grown where full). */
+static void queue_add_bucket(Queue *q)
 {
     if (q->n_buckets == q->cap_buckets) {
         q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
@@ -68,6 +67,7 @@ G_NO_INLINE static void queue_add_bucket(Queue *q)
         q->heap = g_renew(HeapEntry, q->heap, q->cap_buckets);
     }
     q->buckets[q->n_buckets] = (Bucket){0};
+    sim_queue_grow(&q->buckets[q->n_buckets]);
     q->spare[q->n_spare++] = q->n_buckets++;
 }
 
@@ -77,16 +77,12 @@ void sim_queue_grow(Bucket *bucket)
     bucket->items = g_renew(Event, bucket->items, bucket->cap);
 }
 
-/* A new bucket, the newest of its time, holding e, into the heap: down from the vacant root
- * (Queue.hole) as a sift down, since new events are often early, or up from a new leaf. */
-void sim_queue_push_new(Queue *q, double time_s, Event e)
+/* sim_queue_push_new, a spare bucket at hand, which every spare bucket has room for an event
+ * (queue_add_bucket gives it room, and a bucket keeps its items while spare). */
+G_ALWAYS_INLINE static inline void push_new_spare(Queue *q, double time_s, Event e)
 {
-    if (G_UNLIKELY(q->n_spare == 0))
-        queue_add_bucket(q);
     const uint32_t b = q->spare[--q->n_spare];
     Bucket *bucket = &q->buckets[b];
-    if (G_UNLIKELY(bucket->cap == 0)) /* a bucket's items are kept while it is spare */
-        sim_queue_grow(bucket);
     bucket->time_s = time_s;
     bucket->head = 0;
     bucket->len = 1;
@@ -103,6 +99,25 @@ void sim_queue_push_new(Queue *q, double time_s, Event e)
         i = climb(heap, q->heap_len++, &entry);
     }
     heap[i] = entry;
+}
+
+/* No spare bucket: one made first. Apart, so that the common path makes no call, and keeps
+ * nothing on the stack across one (its entry and exit were a sixth of it). */
+G_NO_INLINE static void push_new_add(Queue *q, double time_s, Event e)
+{
+    queue_add_bucket(q);
+    push_new_spare(q, time_s, e);
+}
+
+/* A new bucket, the newest of its time, holding e, into the heap: down from the vacant root
+ * (Queue.hole) as a sift down, since new events are often early, or up from a new leaf. */
+void sim_queue_push_new(Queue *q, double time_s, Event e)
+{
+    if (G_UNLIKELY(q->n_spare == 0)) {
+        push_new_add(q, time_s, e);
+        return;
+    }
+    push_new_spare(q, time_s, e);
 }
 
 /* The buckets of the heap's n entries (heap[0] vacant where `hole`) in the order the queue
