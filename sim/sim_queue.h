@@ -88,12 +88,18 @@ G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint3
 /* Fills the vacant root (Queue.hole) with the heap's last entry. */
 void sim_queue_fill(Queue *q);
 
-/* The time of the earliest event; the queue must not be empty. */
-static inline double sim_queue_next_time(Queue *q)
+/* The time of the earliest event; the queue must not be empty. With the root vacant, the
+ * earlier of its children's (every other entry lies below one of them), the root left
+ * vacant: the next new bucket then fills it (sim_queue_push_new), where a fill was a walk
+ * to a leaf and back of its own (the loop asks this at every instant's end, before its
+ * contention settles and queues its compute ends). */
+static inline double sim_queue_next_time(const Queue *q)
 {
-    if (q->hole)
-        sim_queue_fill(q);
-    return q->heap[0].time_s;
+    const HeapEntry *heap = q->heap;
+    if (!q->hole)
+        return heap[0].time_s;
+    return q->heap_len > 2 && heap[2].time_s < heap[1].time_s ? heap[2].time_s
+                                                                : heap[1].time_s;
 }
 
 /* The earliest event, its time in *time_s; the queue must not be empty. Inlined into the
