@@ -2,6 +2,13 @@
  * ranks in lockstep queue and take their thousands of events of one instant in O(1) each. */
 #include "sim_queue.h"
 
+#include <math.h>
+
+/* What the heap keeps one past its last entry (heap[heap_len]): after every entry, so that a
+ * walk down takes the earlier of two children without testing whether the second is there (a
+ * test each level of every walk down). */
+static const HeapEntry AFTER_ALL = {.time_s = INFINITY, .seq = UINT64_MAX, .bucket = UINT32_MAX};
+
 static inline gboolean entry_before(const HeapEntry *x, const HeapEntry *y)
 {
     return x->time_s < y->time_s || (x->time_s == y->time_s && x->seq < y->seq);
@@ -23,8 +30,8 @@ static inline size_t climb(HeapEntry *heap, size_t i, const HeapEntry *e)
 
 /* Where the vacant root's hole comes to rest going down the heap of n entries along the
  * earlier child, each child moving up a level: at a leaf, or (stop) above the first child
- * that does not come before *stop (the sift down). Inlined into both callers, the test of
- * stop folds away where it is NULL. */
+ * that does not come before *stop (the sift down). heap[n] must be AFTER_ALL. Inlined into
+ * both callers, the test of stop folds away where it is NULL. */
 G_ALWAYS_INLINE static inline size_t descend(HeapEntry *heap, size_t n, const HeapEntry *stop)
 {
     size_t i = 0;
@@ -32,7 +39,7 @@ G_ALWAYS_INLINE static inline size_t descend(HeapEntry *heap, size_t n, const He
         size_t child = 2 * i + 1;
         if (child >= n)
             break;
-        if (child + 1 < n && entry_before(&heap[child + 1], &heap[child]))
+        if (entry_before(&heap[child + 1], &heap[child])) /* at n: AFTER_ALL */
             child++;
         if (stop && !entry_before(&heap[child], stop))
             break;
@@ -50,11 +57,11 @@ void sim_queue_fill(Queue *q)
 {
     q->hole = FALSE;
     const size_t n = --q->heap_len;
-    if (n == 0)
-        return;
-    const HeapEntry moving = q->heap[n];
     HeapEntry *heap = q->heap;
-    heap[climb(heap, descend(heap, n, NULL), &moving)] = moving;
+    const HeapEntry moving = heap[n];
+    heap[n] = AFTER_ALL;
+    if (n > 0)
+        heap[climb(heap, descend(heap, n, NULL), &moving)] = moving;
 }
 
 /* One bucket more, made spare with room for its first events (the arrays grown where full). */
@@ -64,7 +71,9 @@ static void queue_add_bucket(Queue *q)
         q->cap_buckets = q->cap_buckets ? 2 * q->cap_buckets : 64;
         q->buckets = g_renew(Bucket, q->buckets, q->cap_buckets);
         q->spare = g_renew(uint32_t, q->spare, q->cap_buckets);
-        q->heap = g_renew(HeapEntry, q->heap, q->cap_buckets);
+        /* one more: AFTER_ALL past the last entry */
+        q->heap = g_renew(HeapEntry, q->heap, (size_t)q->cap_buckets + 1);
+        q->heap[q->heap_len] = AFTER_ALL;
     }
     q->buckets[q->n_buckets] = (Bucket){0};
     sim_queue_grow(&q->buckets[q->n_buckets]);
@@ -97,6 +106,7 @@ G_ALWAYS_INLINE static inline void push_new_spare(Queue *q, double time_s, Event
         i = descend(heap, q->heap_len, &entry);
     } else {
         i = climb(heap, q->heap_len++, &entry);
+        heap[q->heap_len] = AFTER_ALL;
     }
     heap[i] = entry;
 }
@@ -132,6 +142,7 @@ static uint32_t heap_order(HeapEntry *heap, size_t n, gboolean hole, HeapEntry *
             if (--n == 0)
                 return k;
             const HeapEntry moving = heap[n];
+            heap[n] = AFTER_ALL;
             heap[climb(heap, descend(heap, n, NULL), &moving)] = moving;
         }
         order[k++] = heap[0];
@@ -145,7 +156,7 @@ void sim_queue_events(const Queue *q, GArray *times, GArray *events)
     g_array_set_size(events, 0);
     if (q->heap_len == 0)
         return;
-    HeapEntry *heap = g_memdup2(q->heap, q->heap_len * sizeof *heap);
+    HeapEntry *heap = g_memdup2(q->heap, (q->heap_len + 1) * sizeof *heap); /* AFTER_ALL too */
     HeapEntry *order = g_new(HeapEntry, q->heap_len);
     const uint32_t n = heap_order(heap, q->heap_len, q->hole, order);
     g_free(heap);
@@ -173,6 +184,8 @@ void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
     for (uint32_t k = q->hole ? 1 : 0; k < q->heap_len; k++)
         q->spare[q->n_spare++] = q->heap[k].bucket;
     q->heap_len = 0;
+    if (q->heap)
+        q->heap[0] = AFTER_ALL;
     q->hole = FALSE;
     q->len = 0;
     q->last = UINT32_MAX;

@@ -47,7 +47,7 @@ typedef struct {
     uint32_t n_buckets, cap_buckets;
     uint32_t *spare; /* buckets not in use (their items kept for reuse) */
     uint32_t n_spare;
-    HeapEntry *heap; /* a min-heap by (time_s, seq) */
+    HeapEntry *heap; /* a min-heap by (time_s, seq); heap[heap_len] after all (sim_queue.c) */
     uint32_t heap_len;
     /* The root's bucket was emptied by the last pop and the root left vacant (heap_len still
      * counts it): the next new bucket goes down from there, one walk instead of the pop's and
