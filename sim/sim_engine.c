@@ -45,14 +45,15 @@ void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
  * for the far ops (SimFold's far list: an op waiting on one from the first micro-step, in
  * the last), which sim_fold compares in place, and the sinks (an op of no micro-step that
  * every micro-step counts down), whose fall it compares. */
-static inline void fold_began(Sim *sim, uint32_t op)
+static inline void fold_began(Sim *sim, uint32_t op, uint32_t stage)
 {
     if (sim->fold_hi && !(sim->fold_far && sim->fold_far[op]))
-        sim->fold_hi[sim->ops[op].stage] = MAX(sim->fold_hi[sim->ops[op].stage], op + 1);
+        sim->fold_hi[stage] = MAX(sim->fold_hi[stage], op + 1);
 }
 
-/* A row of counts for `op`, every rank's at n_deps, from the free rows or a new one. */
-G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
+/* A row of counts for `op` (of `stage`), every rank's at n_deps, from the free rows or a new
+ * one. */
+G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op, uint32_t stage)
 {
     uint32_t row;
     if (sim->n_free_rows > 0) {
@@ -70,7 +71,7 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op)
     }
     memset(sim->rows + (size_t)row * sim->ranks, (int)sim->ops[op].n_deps, sim->ranks);
     sim->countdown[op].row = row;
-    fold_began(sim, op);
+    fold_began(sim, op, stage);
     return TRUE;
 }
 
@@ -87,7 +88,7 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint3
         }
         if (c->row == COUNTS_UNUSED && sim->solo) {
             /* Its first count down, as take_row's (the stage's one rank: no other to wait). */
-            fold_began(sim, op);
+            fold_began(sim, op, stage);
             if (sim->ops[op].n_deps == 1) {
                 c->row = COUNTS_DONE;
                 return TRUE;
@@ -102,10 +103,10 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint3
              * ops). Rare: the few ops with over 255 dependencies. */
             uint32_t *left = &sim->pending_wide[(size_t)c->wide_row * sim->ranks + rank];
             if (sim->fold_hi && *left == sim->ops[op].n_deps)
-                fold_began(sim, op);
+                fold_began(sim, op, stage);
             return --*left == 0;
         }
-        if (!take_row(sim, op))
+        if (!take_row(sim, op, stage))
             return FALSE;
     }
     if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
@@ -766,6 +767,8 @@ static void sim_clear(Sim *sim)
     g_free(sim->rows);
     g_free(sim->countdown);
     g_free(sim->free_rows);
+    if (sim->roots)
+        g_array_free(sim->roots, TRUE);
     g_free(sim->pending_wide);
     g_free(sim->stream);
     g_free(sim->link_load);
@@ -822,18 +825,11 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 
-/* Every rank's allocs and frees without dependencies, then its streams, rank by rank. */
+/* Every rank's allocs and frees without dependencies (Sim.roots), then its streams, rank by
+ * rank. */
 static void seed(Sim *sim)
 {
-    GArray *roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    const SimOp *const end = sim->ops + sim->n_ops;
-    for (const SimOp *o = sim->ops; o < end; o++) {
-        /* kind ALLOC or FREE: not on a stream (op_on_stream), one compare */
-        if (G_UNLIKELY(o->n_deps == 0) && (uint32_t)(o->kind - ZP_OP_ALLOC) < 2) {
-            const uint32_t i = (uint32_t)(o - sim->ops);
-            g_array_append_val(roots, i);
-        }
-    }
+    const GArray *roots = sim->roots;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
             if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))
@@ -841,7 +837,6 @@ static void seed(Sim *sim)
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
             try_stream(sim, r, s, UINT32_MAX, 0.0);
     }
-    g_array_free(roots, TRUE);
     drain_ready(sim, 0.0);
 }
 

@@ -267,6 +267,7 @@ typedef struct {
     Countdown *countdown;
     uint32_t *free_rows;
     uint32_t n_rows_made, cap_rows, n_free_rows;
+    GArray *roots; /* uint32_t: the allocs and frees without dependencies, in op order */
     uint32_t *pending_wide;
     uint32_t n_wide_rows;
     /* Every stage is one simulated rank (folded runs without rank classes): an op's count
