@@ -909,7 +909,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         .sim_mp = explicit_ranks ? (uint32_t)sched->plan.mp : 1,
         .sim_pp = (uint32_t)MAX(sched->stages, 1),
         .class_state = sched->stages > 1 ? sched->stage_state_bytes : sched->state_bytes,
-        .queue = {.last = UINT32_MAX},
+        .queue = SIM_QUEUE_EMPTY,
         .stop_after_s = options->stop_after_s,
         .extend_micro_steps = options->extend_micro_steps,
         .extend_or_stop = options->extend_or_stop,

@@ -97,6 +97,7 @@ G_ALWAYS_INLINE static inline void push_new_spare(Queue *q, double time_s, Event
     bucket->len = 1;
     bucket->items[0] = e;
     q->last = b;
+    q->last_time_s = time_s;
     q->len++;
     const HeapEntry entry = {.time_s = time_s, .seq = q->next_seq++, .bucket = b};
     HeapEntry *heap = q->heap;
@@ -189,6 +190,7 @@ void sim_queue_replace(Queue *q, const GArray *times, const GArray *events)
     q->hole = FALSE;
     q->len = 0;
     q->last = UINT32_MAX;
+    q->last_time_s = NAN;
     for (guint k = 0; k < events->len; k++) {
         const Event *e = &g_array_index(events, Event, k);
         sim_queue_push(q, g_array_index(times, double, k), e->id, e->detail);

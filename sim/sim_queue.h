@@ -4,6 +4,7 @@
 #define SIM_QUEUE_H
 
 #include <glib.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,11 +56,17 @@ typedef struct {
      * (sim_queue_fill) first. */
     gboolean hole;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
+    /* last's time, NaN where there is none (which no time equals): a push tests it without
+     * a load through the buckets (most of a pipeline's make a bucket of their own). */
+    double last_time_s;
     uint32_t instant; /* the distinct times taken so far (0 while seeding): Event.made */
     uint32_t made_mark; /* OR'd into Event.made: MADE_SETTLED while contention settles */
     uint64_t next_seq;
     size_t len; /* events queued */
 } Queue;
+
+/* A queue with nothing in it. */
+#define SIM_QUEUE_EMPTY {.last = UINT32_MAX, .last_time_s = NAN}
 
 /* Queues e at time_s in a new bucket, the newest of its time; and room for one more event in
  * a full bucket (both apart from sim_queue_push, whose common cases stay small enough to
@@ -72,15 +79,13 @@ G_ALWAYS_INLINE static inline void sim_queue_push(Queue *q, double time_s, uint3
                                                   uint32_t detail)
 {
     const Event e = {id, detail, q->instant | q->made_mark};
-    if (q->last != UINT32_MAX) {
+    if (q->last_time_s == time_s) { /* false where there is no last bucket */
         Bucket *bucket = &q->buckets[q->last];
-        if (bucket->time_s == time_s) {
-            if (G_UNLIKELY(bucket->len == bucket->cap))
-                sim_queue_grow(bucket);
-            bucket->items[bucket->len++] = e;
-            q->len++;
-            return;
-        }
+        if (G_UNLIKELY(bucket->len == bucket->cap))
+            sim_queue_grow(bucket);
+        bucket->items[bucket->len++] = e;
+        q->len++;
+        return;
     }
     sim_queue_push_new(q, time_s, e);
 }
@@ -116,8 +121,10 @@ G_ALWAYS_INLINE static inline Event sim_queue_pop(Queue *q, double *time_s)
     if (bucket->head == bucket->len) {
         q->hole = TRUE;
         q->spare[q->n_spare++] = b;
-        if (q->last == b)
+        if (q->last == b) {
             q->last = UINT32_MAX;
+            q->last_time_s = NAN;
+        }
     }
     return e;
 }
