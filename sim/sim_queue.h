@@ -52,8 +52,8 @@ typedef struct {
     uint32_t heap_len;
     /* The root's bucket was emptied by the last pop and the root left vacant (heap_len still
      * counts it): the next new bucket goes down from there, one walk instead of the pop's and
-     * its own (most handlings queue one new event); any other look at the heap fills it
-     * (sim_queue_fill) first. */
+     * its own (most handlings queue one new event); a pop, or a copy of the heap, fills it
+     * (sim_queue_fill) first (sim_queue_next_time reads the root's children). */
     gboolean hole;
     uint32_t last; /* the bucket the last event went to; UINT32_MAX after it emptied */
     /* last's time, NaN where there is none (which no time equals): a push tests it without
