@@ -91,14 +91,21 @@ static inline gboolean whole(double x)
  * not) so far. */
 enum { PERIOD_UNSEEN, PERIOD_EXACT, PERIOD_ONE_BY_ONE };
 
+/* A figure added one by one: its slot and itself. */
+typedef struct {
+    uint32_t slot;
+    double x;
+} Listed;
+
 /* Per slot, the period's total and state, and the slots the period touched (to clear); the
- * period's figures added one by one, grouped by slot in their order (room for the longest
- * period's), and where each slot's group starts in one_by_one. */
+ * period's figures added one by one, listed, then grouped by slot in their order (room for
+ * the longest period's each), and where each slot's group lies in one_by_one. */
 typedef struct {
     double *total;
     uint8_t *state;
     uint32_t *touched;
     uint32_t n_touched;
+    Listed *listed; /* the figures added one by one, in op order */
     double *one_by_one;
     uint32_t *group_start, *group_end; /* [slot]: its group in one_by_one */
 } PeriodTotals;
@@ -137,37 +144,35 @@ static double add_repeated(double sum, const double *x, size_t n, uint64_t perio
 static void add_one_by_one(const SimSums *sums, const Sim *sim, const SimFoldInsert *x,
                            PeriodTotals *p)
 {
-    const uint32_t first = x->at - x->step;
     const uint32_t *slot = sim->sum_slot;
     const double *figure = sim->sum_figure;
-    gboolean any = FALSE;
-    for (uint32_t k = 0; k < p->n_touched; k++) {
-        p->group_end[p->touched[k]] = 0; /* first each slot's count */
-        any = any || p->state[p->touched[k]] == PERIOD_ONE_BY_ONE;
-    }
-    if (!any)
-        return;
-    for (uint32_t j = first; j < x->at; j++)
-        if (p->state[slot[j]] == PERIOD_ONE_BY_ONE)
-            p->group_end[slot[j]]++;
+    /* Listed in one pass over the period, then grouped: a period's ops are many (Megatron
+     * 529.6b: 1,575), its figures added one by one few (4 or 6) */
     uint32_t n = 0;
+    for (uint32_t j = x->at - x->step; j < x->at; j++)
+        if (p->state[slot[j]] == PERIOD_ONE_BY_ONE)
+            p->listed[n++] = (Listed){slot[j], figure[j]};
+    if (n == 0)
+        return;
+    for (uint32_t k = 0; k < p->n_touched; k++)
+        p->group_end[p->touched[k]] = 0; /* first each slot's count */
+    for (uint32_t m = 0; m < n; m++)
+        p->group_end[p->listed[m].slot]++;
+    uint32_t at = 0;
     for (uint32_t k = 0; k < p->n_touched; k++) {
         const uint32_t t = p->touched[k], count = p->group_end[t];
-        p->group_start[t] = p->group_end[t] = n;
-        n += count;
+        p->group_start[t] = p->group_end[t] = at;
+        at += count;
     }
-    for (uint32_t j = first; j < x->at; j++)
-        if (p->state[slot[j]] == PERIOD_ONE_BY_ONE)
-            p->one_by_one[p->group_end[slot[j]]++] = figure[j];
+    for (uint32_t m = 0; m < n; m++)
+        p->one_by_one[p->group_end[p->listed[m].slot]++] = p->listed[m].x;
     for (uint32_t k = 0; k < p->n_touched; k++) {
         const uint32_t t = p->touched[k];
         if (p->state[t] != PERIOD_ONE_BY_ONE)
             continue;
         const double *const from = &p->one_by_one[p->group_start[t]];
-        const double *const to = &p->one_by_one[p->group_end[t]];
-        double sum = *sums->sum[t];
-        sum = add_repeated(sum, from, (size_t)(to - from), x->periods);
-        *sums->sum[t] = sum;
+        const size_t count = p->group_end[t] - p->group_start[t];
+        *sums->sum[t] = add_repeated(*sums->sum[t], from, count, x->periods);
     }
 }
 
@@ -235,6 +240,7 @@ static void replay(const Sim *sim, SimResult *result, const SimFoldInsert *inser
     PeriodTotals p = {.total = g_new(double, sums.n_slots),
                       .state = g_new0(uint8_t, sums.n_slots),
                       .touched = g_new(uint32_t, sums.n_slots),
+                      .listed = g_new(Listed, MIN(longest, MAX(sim->n_ops, 1))),
                       .one_by_one = g_new(double, MIN(longest, MAX(sim->n_ops, 1))),
                       .group_start = g_new(uint32_t, sums.n_slots),
                       .group_end = g_new(uint32_t, sums.n_slots)};
@@ -257,6 +263,7 @@ static void replay(const Sim *sim, SimResult *result, const SimFoldInsert *inser
     g_free(p.total);
     g_free(p.state);
     g_free(p.touched);
+    g_free(p.listed);
     g_free(p.one_by_one);
     g_free(p.group_start);
     g_free(p.group_end);
