@@ -4,6 +4,7 @@
 #include "zp_alloc_replay.h"
 #include "zp_alloc_ops.h"
 #include "zp_alloc_seq.h"
+#include "zp_alloc_slots.h"
 #include "zp_u64map.h"
 #include "zp_alloc_pool.h"
 #include "zp_util.h"
@@ -187,10 +188,11 @@ static gboolean fits(const ZpAllocReplay *a, uint64_t seg)
 static gboolean should_split(const Block *b, uint64_t size)
 {
     const uint64_t rest = b->size - size;
-    return b->small ? rest >= ZP_ALLOC_MIN_BLOCK_BYTES : rest > ZP_ALLOC_SMALL_SIZE_BYTES;
+    return b->small ? rest >= (uint64_t)ZP_ALLOC_MIN_BLOCK_BYTES
+                    : rest > (uint64_t)ZP_ALLOC_SMALL_SIZE_BYTES;
 }
 
-static void record_peak(ZpAllocReplay *a)
+G_ALWAYS_INLINE static inline void record_peak(ZpAllocReplay *a)
 {
     ZpAllocStats *s = &a->stats;
     if (s->reserved_bytes > s->peak_reserved_bytes) /* fmax, not called (neither is NaN) */
@@ -207,7 +209,7 @@ static void record_peak(ZpAllocReplay *a)
 G_ALWAYS_INLINE static inline gboolean replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
 {
     const uint64_t size = round_size(bytes);
-    const gboolean small = size <= ZP_ALLOC_SMALL_SIZE_BYTES;
+    const gboolean small = size <= (uint64_t)ZP_ALLOC_SMALL_SIZE_BYTES;
     ZpAllocPool *pool = &a->pools[small];
     Block *b = zp_alloc_pool_take_best(pool, size);
     if (!b) {
@@ -250,8 +252,9 @@ G_ALWAYS_INLINE static inline gboolean replay_malloc(ZpAllocReplay *a, uint64_t 
     return TRUE;
 }
 
-/* Merges free neighbour n into b (n directly after b in the segment). */
-static void absorb(ZpAllocReplay *a, Block *b, Block *n)
+/* Merges free neighbour n into b (n directly after b in the segment). Inlined, as
+ * replay_malloc: a call at 14,600 of Megatron 1T's frees. */
+G_ALWAYS_INLINE static inline void absorb(ZpAllocReplay *a, Block *b, Block *n)
 {
     zp_alloc_pool_remove(&a->pools[n->small], n);
     b->size += n->size;
@@ -365,11 +368,13 @@ typedef struct {
     ZpU64Map by_hash;
     Head candidate;
     uint64_t period;
-    GArray *slot_undo; /* skip_slots' changes (uint32_t slots) */
+    GArray *slot_undo; /* zp_alloc_slots_skip's changes (uint32_t slots) */
 } Heads;
 
-/* The allocations whose addresses a head's probe hash takes. */
+/* The allocations whose addresses a head's probe hash takes, and the segments it probes
+ * (probe_hash). */
 #define RECENT 8
+#define PROBES 8
 
 typedef struct {
     const ZpAllocSeq *seq; /* the events */
@@ -382,10 +387,11 @@ typedef struct {
     uint64_t folded; /* events skipped */
     uint64_t recent[RECENT]; /* where the last RECENT allocations went (a ring) */
     uint64_t n_recent;
+    guint probe_n, probe_at[PROBES]; /* probe_places': for probe_n segments */
 } Seq;
 
 /* Whether buffer's free frees a region's slot (then no longer one), not a block. */
-static gboolean region_take(Seq *q, int32_t buffer)
+G_ALWAYS_INLINE static inline gboolean region_take(Seq *q, int32_t buffer)
 {
     if (q->in_region_at) {
         const gboolean was = q->in_region_at[buffer + 1];
@@ -397,8 +403,8 @@ static gboolean region_take(Seq *q, int32_t buffer)
            g_hash_table_remove(q->in_region, GINT_TO_POINTER(buffer + 1));
 }
 
-/* Replays event e (v), as PyTorch's allocator would see it. */
-static void replay_event(Seq *q, uint64_t e, const ZpAllocEvent *v)
+/* Replays event e (v), as PyTorch's allocator would see it (inlined: once an event). */
+G_ALWAYS_INLINE static inline void replay_event(Seq *q, uint64_t e, const ZpAllocEvent *v)
 {
     const uint64_t id = v->buffer >= 0             ? (uint64_t)v->buffer
                         : v->kind == ZP_OP_FREE ? STATE_HANDLE(v->sub)
@@ -464,30 +470,56 @@ static void walk_blocks(const Seq *q, GArray *blocks, guint room)
                 head_block(q, b);
 }
 
+#define FNV_PRIME 1099511628211u
+
+/* A probed block's flags as head_block makes them (allocated, small, special): the handle,
+ * which the hash does not take, not looked up. */
+G_ALWAYS_INLINE static inline uint64_t probe_flags(const Seq *q, const Block *b)
+{
+    const uint64_t special =
+        b->allocated && !(b->id < q->seq->n_buffers && q->alloc_event[b->id] >= 0);
+    return (uint64_t)(b->allocated != 0) | (uint64_t)(b->small != 0) << 1 | special << 2;
+}
+
+/* The probes' places among n segments, kept while the count stays (it changes only where a
+ * segment is made or released: the division and the HeadBlock made whole at each probe were
+ * 60 instructions a head, 0.6 M of Megatron 1T's 10,310). */
+static const guint *probe_places(Seq *q, guint n)
+{
+    if (n != q->probe_n) {
+        const guint probes = MIN(n, PROBES);
+        for (guint k = 0; k < probes; k++)
+            q->probe_at[k] = probes > 1 ? (guint)((uint64_t)k * (n - 1) / (probes - 1)) : 0;
+        q->probe_n = n;
+    }
+    return q->probe_at;
+}
+
 /* A few segments' first blocks (at most PROBES, spread over them: where they lie, how large,
  * whether taken; not whose, since a handle held all along ages) and where the last RECENT
  * allocations went, hashed: what two heads whose states repeat share, at a cost that does not
  * grow with the blocks (a stage can keep thousands; the recent addresses tell apart the turns
  * of a stage's blocks round its micro-batches). Heads with equal probes are compared whole,
  * a period later (try_fold). */
-#define PROBES 8
-
-static uint64_t probe_hash(const Seq *q)
+static uint64_t probe_hash(Seq *q)
 {
     const GPtrArray *segments = q->a->segments;
     uint64_t hash = 14695981039346656037u; /* FNV-1a's basis and prime */
-    hash = (hash ^ segments->len) * 1099511628211u;
+    hash = (hash ^ segments->len) * FNV_PRIME;
     const guint n = segments->len, probes = MIN(n, PROBES);
+    const guint *at = probe_places(q, n);
     for (guint k = 0; k < probes; k++) {
-        const guint at = probes > 1 ? (guint)((uint64_t)k * (n - 1) / (probes - 1)) : 0;
-        const HeadBlock hb = head_block(q, g_ptr_array_index(segments, at));
-        const uint64_t words[] = {hb.addr, hb.size,
-                                  hb.allocated | hb.small << 1 | hb.special << 2};
-        for (size_t w = 0; w < G_N_ELEMENTS(words); w++)
-            hash = (hash ^ words[w]) * 1099511628211u;
+        const Block *b = g_ptr_array_index(segments, at[k]);
+        hash = (hash ^ b->addr) * FNV_PRIME;
+        hash = (hash ^ b->size) * FNV_PRIME;
+        hash = (hash ^ probe_flags(q, b)) * FNV_PRIME;
     }
-    for (uint64_t k = 0; k < RECENT; k++)
-        hash = (hash ^ q->recent[(q->n_recent + k) % RECENT]) * 1099511628211u;
+    /* the ring from its oldest, as recent[(n_recent + k) % RECENT] for k from 0 */
+    const uint64_t oldest = q->n_recent % RECENT;
+    for (uint64_t k = oldest; k < RECENT; k++)
+        hash = (hash ^ q->recent[k]) * FNV_PRIME;
+    for (uint64_t k = 0; k < oldest; k++)
+        hash = (hash ^ q->recent[k]) * FNV_PRIME;
     return hash;
 }
 
@@ -555,7 +587,7 @@ static gboolean is_fixed(const GArray *fixed, uint64_t handle)
 /* Whether event v, a region's slot (ZP_ALLOC_EV_CKPT or ZP_ALLOC_EV_GRAD), is the slot event
  * u a period before it again and leaves the allocator alone: its region taken already (an
  * alloc then only marks the slot; a free that finds its slot marked only unmarks it, which
- * skip_slots checks as it replays the marks). */
+ * zp_alloc_slots_skip checks as it replays the marks). */
 static gboolean same_slot(const Seq *q, const ZpAllocEvent *v, const ZpAllocEvent *u)
 {
     const uint8_t region = v->flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD);
@@ -610,15 +642,23 @@ static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArra
 {
     uint64_t j = e, next = e;
     ZpAllocCursor at_v = ZP_ALLOC_CURSOR_INIT, at_u = ZP_ALLOC_CURSOR_INIT;
-    for (; j < q->seq->n_ev; j++) {
+    /* their buffers and ops aside (a run's listed ones do), v and u walked by pointer through
+     * n_v and n_u events in order (zp_alloc_seq_cursor_span) */
+    const ZpAllocEvent *v = NULL, *u = NULL;
+    uint64_t n_v = 0, n_u = 0;
+    for (; j < q->seq->n_ev; j++, v++, u++, n_v--, n_u--) {
         if (j >= next) {
-            j = repeat_in_run(q, e, j, period, fixed, &next);
+            const uint64_t to = repeat_in_run(q, e, j, period, fixed, &next);
+            if (to != j)
+                n_v = n_u = 0;
+            j = to;
             if (j >= q->seq->n_ev)
                 break;
         }
-        /* their buffers and ops aside (a run's listed ones do) */
-        const ZpAllocEvent *v = zp_alloc_seq_cursor_listed(q->seq, &at_v, j);
-        const ZpAllocEvent *u = zp_alloc_seq_cursor_listed(q->seq, &at_u, j - period);
+        if (n_v == 0)
+            v = zp_alloc_seq_cursor_span(q->seq, &at_v, j, &n_v);
+        if (n_u == 0)
+            u = zp_alloc_seq_cursor_span(q->seq, &at_u, j - period, &n_u);
         if (!(v->flags & ZP_ALLOC_EV_PLAIN) && same_slot(q, v, u))
             continue;
         if (!(v->flags & u->flags & ZP_ALLOC_EV_PLAIN) || v->kind != u->kind || v->sub != u->sub ||
@@ -684,109 +724,6 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
     return ok;
 }
 
-/* Puts back the marks skip_slots changed (undo: the slots, each change a flip). */
-static void skip_slots_undo(Seq *q, const GArray *undo)
-{
-    for (guint k = undo->len; k-- > 0;) {
-        const uint32_t slot = g_array_index(undo, uint32_t, k);
-        q->in_region_at[slot] = !q->in_region_at[slot];
-    }
-}
-
-/* Sets slot's mark to `mark`, the change in undo. */
-static void set_mark(Seq *q, uint32_t slot, gboolean mark, GArray *undo)
-{
-    if (q->in_region_at[slot] != mark) {
-        g_array_append_val(undo, slot);
-        q->in_region_at[slot] = (uint8_t)mark;
-    }
-}
-
-/* Run x's window of buffers (its copies take them again) turned `copies` copies on: where
- * the window's k-th buffer is then. */
-static uint32_t window_slot(const ZpAllocEventRun *x, uint64_t copies, int64_t k)
-{
-    const uint64_t window = (uint64_t)x->buffer_window;
-    const uint64_t turn = copies % window * (uint64_t)x->buffer_step % window;
-    return (uint32_t)(x->buffer_first + (int64_t)(((uint64_t)k + turn) % window) + 1);
-}
-
-/* The marks of run x's window at the head of its copy `copies` (from 0), turned back by as
- * many copies, into now[]; TRUE where they are `was` (the copy before's, turned back
- * likewise): each copy then leaves the marks as the one before did, turned a copy on, its
- * frees finding theirs as that one's did. */
-static gboolean window_marks_repeat(const Seq *q, const ZpAllocEventRun *x, uint64_t copies,
-                                    uint8_t *now, const uint8_t *was)
-{
-    for (int64_t k = 0; k < x->buffer_window; k++)
-        now[k] = q->in_region_at[window_slot(x, copies, k)];
-    return was && memcmp(now, was, (size_t)x->buffer_window) == 0;
-}
-
-/* The region slots' marks (in_region_at) as the events [from, to) leave them: each slot's
- * alloc marks it, each slot's free unmarks it; FALSE, the marks as they were, where a slot's
- * free finds no mark (it would release a block: not the no-op repeating counted on). The
- * plain frees skipped find no mark: a buffer's plain alloc comes only after its slot's free
- * (zp_alloc_seq_build), which unmarked it. Inside a run whose copies take their buffers
- * again, from the copy whose head's marks are the one before's turned a copy on
- * (window_marks_repeat) to its last whole copy in range, the marks are those turned on (each
- * buffer is freed before it is taken again, so they repeat within a window's copies: gpt-1t
- * ZeRO-3's contiguous gradient buckets over 20,000 micro-steps were 128 M events a fold, and
- * a change each in the undo list, 268 MB). */
-static gboolean skip_slots(Seq *q, uint64_t from, uint64_t to, GArray *undo)
-{
-    g_array_set_size(undo, 0);
-    gboolean ok = TRUE;
-    ZpAllocCursor at = ZP_ALLOC_CURSOR_INIT;
-    uint8_t *marks[2] = {NULL, NULL}; /* a window's, turned back: now and the copy before */
-    const ZpAllocEventRun *marked = NULL;
-    uint64_t marked_at = 0;
-    for (uint64_t j = from; ok && j < to; j++) {
-        ZpAllocEvent tmp;
-        const ZpAllocEvent *v = zp_alloc_seq_cursor_event(q->seq, &at, j, &tmp);
-        const ZpAllocEventRun *x = v == &tmp ? at.run : NULL;
-        if (x && !x->slots) { /* a run without slots changes none */
-            j = MIN(to, x->end) - 1;
-            continue;
-        }
-        if (x && x->buffer_window > 0 && (j - x->start) % x->len == 0) {
-            const uint64_t copies = (j - x->start) / x->len;
-            const uint64_t last = (MIN(to, x->end) - x->start) / x->len;
-            const gboolean after = marked == x && marked_at + x->len == j;
-            if (marked != x) {
-                g_free(marks[0]);
-                g_free(marks[1]);
-                marks[0] = g_new(uint8_t, x->buffer_window);
-                marks[1] = g_new(uint8_t, x->buffer_window);
-            }
-            uint8_t *was = marks[1];
-            marks[1] = marks[0];
-            marks[0] = was;
-            marked = x;
-            marked_at = j;
-            if (window_marks_repeat(q, x, copies, marks[1], after ? marks[0] : NULL) &&
-                last > copies) {
-                for (int64_t k = 0; k < x->buffer_window; k++)
-                    set_mark(q, window_slot(x, last, k), marks[1][k], undo);
-                marked = NULL;
-                j = x->start + last * x->len - 1;
-                continue;
-            }
-        }
-        if (!(v->flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD)))
-            continue;
-        const uint32_t slot = (uint32_t)(v->buffer + 1);
-        ok = v->kind == ZP_OP_ALLOC || q->in_region_at[slot];
-        if (ok)
-            set_mark(q, slot, v->kind == ZP_OP_ALLOC, undo);
-    }
-    g_free(marks[0]);
-    g_free(marks[1]);
-    if (!ok)
-        skip_slots_undo(q, undo);
-    return ok;
-}
-
 /* Drops the candidate and the hashes: the heads before cannot be a fold's. */
 static void candidates_clear(Heads *h)
 {
@@ -810,10 +747,11 @@ static uint64_t try_fold(Seq *q, Heads *h, GArray *fixed, const Head *now)
     if (!same_blocks(&h->candidate, now, fixed))
         return e;
     const uint64_t periods = repeating(q, e, h->period, fixed) / h->period;
-    if (periods == 0 || !skip_slots(q, e, e + periods * h->period, h->slot_undo))
+    if (periods == 0 ||
+        !zp_alloc_slots_skip(q->seq, q->in_region_at, e, e + periods * h->period, h->slot_undo))
         return e;
     if (!skip(q, periods, h->period, fixed)) {
-        skip_slots_undo(q, h->slot_undo);
+        zp_alloc_slots_undo(q->in_region_at, h->slot_undo);
         return e;
     }
     q->folded += periods * h->period;
@@ -862,6 +800,33 @@ static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
     return e;
 }
 
+/* Event e (v) where a fold is looked for (q->alloc_event): at a head, the heads taken and a
+ * fold tried (at_head). The next event: e, or past the periods folded. */
+G_ALWAYS_INLINE static inline uint64_t event_head(Seq *q, Heads *heads, GArray *fixed, uint64_t e,
+                                                 const ZpAllocEvent *v)
+{
+    if (!q->alloc_event || !(v->flags & ZP_ALLOC_EV_HEAD))
+        return e;
+    if (v->flags & ZP_ALLOC_EV_STAGE)
+        heads_clear(heads);
+    return at_head(q, heads, fixed, e);
+}
+
+/* Replays the listed events from e (v) to `end`, the next one where v + 1 is, or to a fold:
+ * the next event. A stretch walked by pointer, not by the cursor (its tests and its event's
+ * address were 15 instructions an event, 0.9 M of Megatron 1T's replay). */
+static uint64_t replay_listed(Seq *q, Heads *heads, GArray *fixed, uint64_t e, uint64_t end,
+                              const ZpAllocEvent *v)
+{
+    for (; q->ok && e < end; e++, v++) {
+        const uint64_t next = event_head(q, heads, fixed, e, v);
+        if (next != e)
+            return next;
+        replay_event(q, e, v);
+    }
+    return e;
+}
+
 /* Replays the sequence (q: its events, and whether to fold) against capacity_bytes. */
 static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes, gboolean fold,
                                 uint64_t *folded)
@@ -893,14 +858,14 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
     for (uint64_t e = 0; q.ok && e < q.seq->n_ev;) {
         ZpAllocEvent tmp;
         const ZpAllocEvent *v = zp_alloc_seq_cursor_event(q.seq, &at, e, &tmp);
-        if (q.alloc_event && (v->flags & ZP_ALLOC_EV_HEAD)) {
-            if (v->flags & ZP_ALLOC_EV_STAGE)
-                heads_clear(&heads);
-            const uint64_t next = at_head(&q, &heads, fixed, e);
-            if (next != e) {
-                e = next;
-                continue;
-            }
+        if (v != &tmp) { /* listed: the stretch to at.to, walked without the cursor */
+            e = replay_listed(&q, &heads, fixed, e, at.to, v);
+            continue;
+        }
+        const uint64_t next = event_head(&q, &heads, fixed, e, v);
+        if (next != e) {
+            e = next;
+            continue;
         }
         replay_event(&q, e, v);
         e++;
