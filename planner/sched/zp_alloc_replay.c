@@ -837,6 +837,37 @@ static uint64_t replay_listed(Seq *q, Heads *heads, GArray *fixed, uint64_t e, u
     return e;
 }
 
+/* Replays run x's events from e (in it) to its end, or to a fold or an out-of-memory: the
+ * next event. Each made from its listed event copy by copy, as zp_alloc_seq_run_event makes
+ * it, not through the cursor (its tests, a search and two divisions an event). */
+static uint64_t replay_run(Seq *q, Heads *heads, GArray *fixed, uint64_t e,
+                           const ZpAllocEventRun *x)
+{
+    const gboolean fold = q->alloc_event != NULL;
+    uint64_t g = (e - x->start) / x->len + 1; /* the copy, from 1 */
+    uint32_t o = (uint32_t)((e - x->start) % x->len);
+    while (e < x->end) {
+        ZpAllocEvent v = q->seq->ev[x->first + o];
+        v.buffer = zp_alloc_run_buffer(v.buffer, g, x->buffer_step, x->buffer_first,
+                                       x->buffer_window);
+        v.op += (uint32_t)g * x->op_step;
+        if (fold && (v.flags & ZP_ALLOC_EV_HEAD)) {
+            const uint64_t next = event_head(q, heads, fixed, e, &v);
+            if (next != e)
+                return next;
+        }
+        replay_event(q, e, &v);
+        e++;
+        if (G_UNLIKELY(!q->ok))
+            return e;
+        if (++o == x->len) {
+            o = 0;
+            g++;
+        }
+    }
+    return e;
+}
+
 /* Replays the sequence (q: its events, and whether to fold) against capacity_bytes. */
 static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes, gboolean fold,
                                 uint64_t *folded)
@@ -868,17 +899,9 @@ static ZpAllocStats replay_once(const ZpAllocSeq *events, double capacity_bytes,
     for (uint64_t e = 0; q.ok && e < q.seq->n_ev;) {
         ZpAllocEvent tmp;
         const ZpAllocEvent *v = zp_alloc_seq_cursor_event(q.seq, &at, e, &tmp);
-        if (v != &tmp) { /* listed: the stretch to at.to, walked without the cursor */
-            e = replay_listed(&q, &heads, fixed, e, at.to, v);
-            continue;
-        }
-        const uint64_t next = event_head(&q, &heads, fixed, e, v);
-        if (next != e) {
-            e = next;
-            continue;
-        }
-        replay_event(&q, e, v);
-        e++;
+        /* listed: the stretch to at.to, else the run's events, walked without the cursor */
+        e = v != &tmp ? replay_listed(&q, &heads, fixed, e, at.to, v)
+                      : replay_run(&q, &heads, fixed, e, at.run);
     }
     heads_clear(&heads);
     zp_u64map_free(&heads.by_hash);
