@@ -3,6 +3,7 @@
  * bound, as PyTorch's std::set of blocks does it. Sizes are whole bytes. */
 #include "zp_alloc_replay.h"
 #include "zp_alloc_ops.h"
+#include "zp_alloc_repeat.h"
 #include "zp_alloc_seq.h"
 #include "zp_alloc_slots.h"
 #include "zp_u64map.h"
@@ -544,12 +545,6 @@ static gboolean same_figures(const Head *x, const Head *y)
            x->free_large == y->free_large && x->free_small == y->free_small;
 }
 
-static int u64_cmp(const void *x, const void *y)
-{
-    const uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return a < b ? -1 : a > b;
-}
-
 /* Whether the allocator's blocks at head e are head x's a period (e - x->at) on: the same
  * blocks, each allocated one held by the same handle (kept in `fixed`, sorted) or by the one
  * allocated a period later. Read from the segments as walk_blocks lists them, not taken into
@@ -581,102 +576,8 @@ static gboolean same_blocks(const Seq *q, const Head *x, uint64_t e, GArray *fix
         }
     if (k != n)
         return FALSE;
-    if (fixed->len > 0) /* an empty GArray's data is NULL, which qsort may not be given */
-        qsort(fixed->data, fixed->len, sizeof(uint64_t), u64_cmp);
+    zp_alloc_repeat_sort(fixed);
     return TRUE;
-}
-
-static gboolean is_fixed(const GArray *fixed, uint64_t handle)
-{
-    return fixed->len > 0 &&
-           bsearch(&handle, fixed->data, fixed->len, sizeof(uint64_t), u64_cmp) != NULL;
-}
-
-/* Whether event v, a region's slot (ZP_ALLOC_EV_CKPT or ZP_ALLOC_EV_GRAD), is the slot event
- * u a period before it again and leaves the allocator alone: its region taken already (an
- * alloc then only marks the slot; a free that finds its slot marked only unmarks it, which
- * zp_alloc_slots_skip checks as it replays the marks). */
-static gboolean same_slot(const Seq *q, const ZpAllocEvent *v, const ZpAllocEvent *u)
-{
-    const uint8_t region = v->flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD);
-    return region && v->flags == u->flags && v->kind == u->kind && v->sub == u->sub &&
-           v->bytes == u->bytes && (region == ZP_ALLOC_EV_CKPT ? q->ckpt_taken : q->grad_taken);
-}
-
-/* Where the repeat checked from `from` to `ahead` (each event the one a period before) goes
- * on unchecked inside a run of copies: to the run's end, or to the first free of a fixed
- * handle's alloc (or the one a period after it), which the caller checks. Once the last len
- * events checked, those a period before them and their frees' allocs all lie in the run,
- * each later event and the one a period before it are a copy's events at offsets just
- * checked. `ahead` where it cannot; *next: the event to ask again at. */
-static uint64_t repeat_in_run(const Seq *q, uint64_t from, uint64_t ahead, uint64_t period,
-                              const GArray *fixed, uint64_t *next)
-{
-    *next = UINT64_MAX;
-    if (q->seq->n_runs == 0)
-        return ahead;
-    if (ahead < q->seq->runs[0].start) {
-        *next = q->seq->runs[0].start;
-        return ahead;
-    }
-    const ZpAllocEventRun *x = zp_alloc_seq_run_at(q->seq, ahead);
-    if (ahead >= x->end) {
-        *next = x + 1 < q->seq->runs + q->seq->n_runs ? x[1].start : UINT64_MAX;
-        return ahead;
-    }
-    const uint64_t ready = MAX(x->start + period + x->max_partner, from) + x->len;
-    if (ahead < ready) {
-        *next = ready;
-        return ahead;
-    }
-    uint64_t to = x->end;
-    for (guint k = 0; k < fixed->len; k++) {
-        const uint64_t f = g_array_index(fixed, uint64_t, k);
-        const uint32_t after = f >= x->start && f < x->end
-                                   ? x->free_after[(f - x->start) % x->len]
-                                   : 0;
-        if (after > 0 && f + after >= ahead)
-            to = MIN(to, f + after);
-        else if (after > 0 && f + after + period >= ahead)
-            to = MIN(to, f + after + period);
-    }
-    *next = to + 1;
-    return to;
-}
-
-/* How many events from e on repeat the event a period before each: plain events, and slots
- * that leave the allocator alone (same_slot). */
-static uint64_t repeating(const Seq *q, uint64_t e, uint64_t period, const GArray *fixed)
-{
-    uint64_t j = e, next = e;
-    ZpAllocCursor at_v = ZP_ALLOC_CURSOR_INIT, at_u = ZP_ALLOC_CURSOR_INIT;
-    /* their buffers and ops aside (a run's listed ones do), v and u walked by pointer through
-     * n_v and n_u events in order (zp_alloc_seq_cursor_span) */
-    const ZpAllocEvent *v = NULL, *u = NULL;
-    uint64_t n_v = 0, n_u = 0;
-    for (; j < q->seq->n_ev; j++, v++, u++, n_v--, n_u--) {
-        if (j >= next) {
-            const uint64_t to = repeat_in_run(q, e, j, period, fixed, &next);
-            if (to != j)
-                n_v = n_u = 0;
-            j = to;
-            if (j >= q->seq->n_ev)
-                break;
-        }
-        if (n_v == 0)
-            v = zp_alloc_seq_cursor_span(q->seq, &at_v, j, &n_v);
-        if (n_u == 0)
-            u = zp_alloc_seq_cursor_span(q->seq, &at_u, j - period, &n_u);
-        if (!(v->flags & ZP_ALLOC_EV_PLAIN) && same_slot(q, v, u))
-            continue;
-        if (!(v->flags & u->flags & ZP_ALLOC_EV_PLAIN) || v->kind != u->kind || v->sub != u->sub ||
-            v->bytes != u->bytes || v->partner != u->partner)
-            break;
-        if (v->kind == ZP_OP_FREE &&
-            (is_fixed(fixed, j - v->partner) || is_fixed(fixed, j - period - u->partner)))
-            break;
-    }
-    return j - e;
 }
 
 /* Skips `periods` periods: every live handle that is not fixed becomes the one allocated
@@ -703,7 +604,7 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
             uint64_t id = b->id;
             events[k] = UINT64_MAX;
             if (id < q->seq->n_buffers && q->alloc_event[id] >= 0 &&
-                !is_fixed(fixed, (uint64_t)q->alloc_event[id])) {
+                !zp_alloc_repeat_fixed(fixed, (uint64_t)q->alloc_event[id])) {
                 const uint64_t to = (uint64_t)q->alloc_event[id] + periods * period;
                 ZpAllocEvent tmp;
                 const ZpAllocEvent *v =
@@ -753,7 +654,9 @@ static uint64_t try_fold(Seq *q, Heads *h, GArray *fixed, uint64_t e)
 {
     if (!same_blocks(q, &h->candidate, e, fixed))
         return e;
-    const uint64_t periods = repeating(q, e, h->period, fixed) / h->period;
+    const uint64_t periods =
+        zp_alloc_repeat_events(q->seq, e, h->period, fixed, q->ckpt_taken, q->grad_taken) /
+        h->period;
     if (periods == 0 ||
         !zp_alloc_slots_skip(q->seq, q->in_region_at, e, e + periods * h->period, h->slot_undo))
         return e;
@@ -792,15 +695,21 @@ static uint64_t at_head(Seq *q, Heads *h, GArray *fixed, uint64_t e)
         }
     }
     const uint64_t hash = probe_hash(q);
-    const uint64_t before = zp_u64map_get(&h->by_hash, hash, UINT64_MAX); /* its last head */
+    uint64_t before; /* its last head; this one in its place (one probe, not a get and a put) */
+    if (zp_u64map_size(&h->by_hash) >= MAX_HEADS) {
+        before = zp_u64map_get(&h->by_hash, hash, UINT64_MAX);
+        zp_u64map_clear(&h->by_hash);
+        zp_u64map_put(&h->by_hash, hash, e);
+    } else {
+        uint64_t *at = zp_u64map_at(&h->by_hash, hash, UINT64_MAX);
+        before = *at;
+        *at = e;
+    }
     if (h->candidate.at == UINT64_MAX && before != UINT64_MAX) {
         h->candidate = now;
         h->period = e - before;
         take_blocks(q, &h->candidate);
     }
-    if (zp_u64map_size(&h->by_hash) >= MAX_HEADS)
-        zp_u64map_clear(&h->by_hash);
-    zp_u64map_put(&h->by_hash, hash, e);
     return e;
 }
 

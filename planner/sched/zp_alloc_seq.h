@@ -34,7 +34,7 @@ enum {
 /* Where a run of copies the ops leave out (ZpAllocRun) lies among the events: [start, end),
  * copy g (from 1) of the listed events ev[first, first + len) with its buffers g x
  * buffer_step and its places g x op_step on; `before` events left out by the runs before.
- * For the replay's fold (zp_alloc_replay.c repeating, zp_alloc_slots_skip): the farthest
+ * For the replay's fold (zp_alloc_repeat_events, zp_alloc_slots_skip): the farthest
  * back a plain free of a copy looks (max_partner), [offset]: how far on the plain free of the
  * alloc at that offset of a copy is (free_after, 0: none in the copies), and whether a copy
  * has region slots. */
@@ -140,7 +140,7 @@ zp_alloc_seq_cursor_event(const ZpAllocSeq *q, ZpAllocCursor *c, uint64_t j, ZpA
 
 /* The listed event that event j is or copies, from cursor c: a run's event is its listed
  * event with its buffer and op moved on (zp_alloc_seq_run_event), which a comparison of
- * kinds, sizes, flags and partners (zp_alloc_replay.c repeating) does not read; building it
+ * kinds, sizes, flags and partners (zp_alloc_repeat_events) does not read; building it
  * was 36 instructions at each of the 32,000 run events Megatron 1T's fold compared. */
 G_ALWAYS_INLINE static inline const ZpAllocEvent *
 zp_alloc_seq_cursor_listed(const ZpAllocSeq *q, ZpAllocCursor *c, uint64_t j)

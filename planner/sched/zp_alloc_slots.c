@@ -42,12 +42,12 @@ static gboolean window_marks_repeat(const uint8_t *marks, const ZpAllocEventRun 
     return was && memcmp(now, was, (size_t)x->buffer_window) == 0;
 }
 
-/* The region slots' marks (region[buffer + 1]) as the events [from, to) leave them: each slot's
- * alloc marks it, each slot's free unmarks it; FALSE, the marks as they were, where a slot's
- * free finds no mark (it would release a block: not the no-op repeating counted on). The
- * plain frees skipped find no mark: a buffer's plain alloc comes only after its slot's free
- * (zp_alloc_seq_build), which unmarked it. Inside a run whose copies take their buffers
- * again, from the copy whose head's marks are the one before's turned a copy on
+/* The region slots' marks (region[buffer + 1]) as the events [from, to) leave them: each
+ * slot's alloc marks it, each slot's free unmarks it; FALSE, the marks as they were, where a
+ * slot's free finds no mark (it would release a block: not the no-op zp_alloc_repeat_events
+ * counted on). The plain frees skipped find no mark: a buffer's plain alloc comes only after
+ * its slot's free (zp_alloc_seq_build), which unmarked it. Inside a run whose copies take
+ * their buffers again, from the copy whose head's marks are the one before's turned a copy on
  * (window_marks_repeat) to its last whole copy in range, the marks are those turned on (each
  * buffer is freed before it is taken again, so they repeat within a window's copies: gpt-1t
  * ZeRO-3's contiguous gradient buckets over 20,000 micro-steps were 128 M events a fold, and
