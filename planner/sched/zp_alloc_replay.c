@@ -407,12 +407,9 @@ G_ALWAYS_INLINE static inline gboolean region_take(Seq *q, int32_t buffer)
 /* Replays event e (v), as PyTorch's allocator would see it (inlined: once an event). */
 G_ALWAYS_INLINE static inline void replay_event(Seq *q, uint64_t e, const ZpAllocEvent *v)
 {
-    const uint64_t id = v->buffer >= 0             ? (uint64_t)v->buffer
-                        : v->kind == ZP_OP_FREE ? STATE_HANDLE(v->sub)
-                                                : RETAKEN_HANDLE(v->op);
     if (v->kind == ZP_OP_FREE) {
         if (!region_take(q, v->buffer))
-            replay_release(q->a, id);
+            replay_release(q->a, v->buffer >= 0 ? (uint64_t)v->buffer : STATE_HANDLE(v->sub));
         return;
     }
     if (v->flags & (ZP_ALLOC_EV_CKPT | ZP_ALLOC_EV_GRAD)) {
@@ -429,6 +426,7 @@ G_ALWAYS_INLINE static inline void replay_event(Seq *q, uint64_t e, const ZpAllo
         return;
     }
     if (v->bytes > 0) {
+        const uint64_t id = v->buffer >= 0 ? (uint64_t)v->buffer : RETAKEN_HANDLE(v->op);
         q->ok = replay_malloc(q->a, id, v->bytes);
         q->recent[q->n_recent++ % RECENT] = q->a->last_addr;
         if (q->alloc_event && v->buffer >= 0)
