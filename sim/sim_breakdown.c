@@ -92,6 +92,8 @@ gboolean sim_breakdown_check_end(Sim *sim, GError **error)
      * rank (a seventh of Megatron 1T's evaluation). */
     const gboolean all_done =
         sim->op_events - sim->virtual_op_events == sim_breakdown_rank_ops(sim);
+    if (!all_done) /* the count below reads each op's place in its stream */
+        sim_ops_stream_places(sim);
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const uint32_t k = rank_class(sim, r);
         const uint32_t done = all_done ? sim->class_ops[k] : ops_done(sim, r);

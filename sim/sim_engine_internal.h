@@ -218,7 +218,8 @@ typedef struct {
      * linked by SimOp.stream_next) and how many. One class without a pipeline. */
     uint32_t *stream_first;
     uint32_t *stream_len;
-    uint32_t *stream_pos;         /* [op]: a stream op's place in its class's stream */
+    uint32_t *stream_pos;         /* [op]: a stream op's place in its class's stream (0 off
+                                   * the streams); NULL until sim_ops_stream_places */
     uint32_t *class_ops;          /* [class]: ops a rank of it runs */
     const double *class_state;    /* [class * ZP_MEM_N + c]: bytes held all step */
 
@@ -465,6 +466,9 @@ void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes, co
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
  * streams; the result's per-rank sums come from here (sim_sums.h). */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error);
+/* Sim.stream_pos, made where it is NULL (after sim_ops_build): read only where a run did not
+ * finish every op (sim_breakdown.c), so not made with the streams. */
+void sim_ops_stream_places(Sim *sim);
 
 /* sim_sums.c: the result's sums from the figures kept (Sim.sum_slot; nothing where none were),
  * in the order of the schedule the result stands for: where `extended` (the fold counted

@@ -240,63 +240,76 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
         memcpy(&list[cursor[all_deps[first + d]].rest++], &word, sizeof word);
 }
 
-/* Each class's streams, linked in op order: an op's stream_pos is its place in its own
- * class's stream (0 off the streams), SimOp.stream_next the op after it there. streams_begin
- * allocates them and returns them with each list's last op so far; stream_link appends op
- * i, in op order, in build_dependents' pass over the SimOps, which writes every stream_pos
- * (not cleared first: a calloc's clearing was another pass). There, not in the costing pass,
- * whose two dozen values left the streams' arrays to be loaded again for each op: 0.36 M
- * more of Megatron 1T's instructions, 0.71 M more of narayanan21-t1-529.6b's. The arrays
- * travel in a StreamLinks, a local of that pass: read through the Sim, they were loaded again
- * after each dependent's store (memcpy's, which may alias anything), 0.13 M and 0.31 M more. */
+/* Each class's streams, linked in op order: SimOp.stream_next the op after it on its class's
+ * stream. streams_begin allocates them and returns, for each list, where its next op goes
+ * (`tail`: its stream_first, then its last op's stream_next, which the costing pass set to
+ * NO_OP); stream_link appends op i, in op order, in build_dependents' pass over the SimOps.
+ * There, not in the costing pass, whose two dozen values left the streams' arrays to be
+ * loaded again for each op: 0.36 M more of Megatron 1T's instructions, 0.71 M more of
+ * narayanan21-t1-529.6b's. The arrays travel in a StreamLinks, a local of that pass: read
+ * through the Sim, they were loaded again after each dependent's store (memcpy's, which may
+ * alias anything), 0.13 M and 0.31 M more. Each op's place in its stream (Sim.stream_pos),
+ * which only a run that did not finish reads, is made then (sim_ops_stream_places). */
 typedef struct {
     SimOp *ops;
-    uint32_t *first, *len, *pos, *class_ops;
-    uint32_t *last;
+    uint32_t *len, *class_ops;
+    uint32_t **tail;
 } StreamLinks;
 
 static StreamLinks streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
-    uint32_t *last = g_new(uint32_t, lists);
+    uint32_t **tail = g_new(uint32_t *, lists);
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
-    sim->stream_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
-    zp_advise_huge_pages(sim->stream_pos, MAX(sim->n_ops, 1) * sizeof(uint32_t));
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
-    for (uint32_t l = 0; l < lists; l++)
-        sim->stream_first[l] = last[l] = NO_OP;
-    return (StreamLinks){.ops = sim->ops, .first = sim->stream_first, .len = sim->stream_len,
-                         .pos = sim->stream_pos, .class_ops = sim->class_ops, .last = last};
+    for (uint32_t l = 0; l < lists; l++) {
+        sim->stream_first[l] = NO_OP;
+        tail[l] = &sim->stream_first[l];
+    }
+    return (StreamLinks){.ops = sim->ops, .len = sim->stream_len, .class_ops = sim->class_ops,
+                         .tail = tail};
 }
 
-/* Appends op i, on `stage` and `stream` where `on_stream`, to its stream. class_ops counts
- * the ops off the streams here, and streams_end adds the streams' lengths: an increment for
- * every op was 4 instructions an op (1.1 M at narayanan21-t1-529.6b), for 27% of them. */
+/* Appends op i, on `stage` and `stream` where `on_stream`, to its stream: through the list's
+ * tail, without asking whether it is the first (its stream_first or the last op's
+ * stream_next, and a place kept for each op, were 1.1 M of Megatron 1T's instructions).
+ * class_ops counts the ops off the streams here, and streams_end adds the streams' lengths:
+ * an increment for every op was 4 instructions an op (1.1 M at narayanan21-t1-529.6b), for
+ * 27% of them. */
 static inline void stream_link(StreamLinks *s, gboolean on_stream, uint16_t stage,
                                uint8_t stream, uint32_t i)
 {
     if (!on_stream) {
         s->class_ops[stage]++;
-        s->pos[i] = 0;
         return;
     }
     const uint32_t l = stage * ZP_STREAM_N + stream;
-    s->pos[i] = s->len[l]++;
-    if (s->last[l] == NO_OP)
-        s->first[l] = i;
-    else
-        s->ops[s->last[l]].stream_next = i;
-    s->last[l] = i;
+    s->len[l]++;
+    *s->tail[l] = i;
+    s->tail[l] = &s->ops[i].stream_next;
 }
 
-/* Adds each class's streams to its ops (stream_link), and frees streams_begin's `last`. */
+/* Adds each class's streams to its ops (stream_link), and frees streams_begin's `tail`. */
 static void streams_end(Sim *sim, StreamLinks *s)
 {
     for (uint32_t k = 0; k < sim->sim_pp; k++)
         for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
             sim->class_ops[k] += sim->stream_len[k * ZP_STREAM_N + stream];
-    g_free(s->last);
+    g_free(s->tail);
+}
+
+void sim_ops_stream_places(Sim *sim)
+{
+    if (sim->stream_pos)
+        return;
+    uint32_t *len = g_new0(uint32_t, (gsize)sim->sim_pp * ZP_STREAM_N);
+    sim->stream_pos = g_new(uint32_t, MAX(sim->n_ops, 1));
+    for (uint32_t i = 0; i < sim->n_ops; i++) {
+        const SimOp *o = &sim->ops[i];
+        sim->stream_pos[i] = op_on_stream(o) ? len[o->stage * ZP_STREAM_N + o->stream]++ : 0;
+    }
+    g_free(len);
 }
 
 /* build_dependents' pass: each op's dependencies at dep_start[i], or packed where dep_start
@@ -324,7 +337,7 @@ static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
  * else at dep_start[i] (ZpOp's, noted by count_pass). Each op's list is open already (the
  * costing pass's open_dependents, after count_pass counted them all): one pass over the
  * SimOps places each op among the lists of those it depends on, and links the streams
- * (streams_begin). Frees cursor, dep_start and the links' `last`. */
+ * (streams_begin). Frees cursor, dep_start and the links' `tail`. */
 static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
                              StreamLinks links)
 {
@@ -493,6 +506,7 @@ static inline gboolean count_op(CountState *c, const OpLimits *limits, uint32_t 
     if (c->dep_start)
         c->dep_start[i] = op->dep_start;
     c->packed_end = (uint32_t)dep_end; /* check_op: within the list, a uint32_t */
+
     return TRUE;
 }
 
@@ -596,6 +610,16 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
      * on a later one, as every pipeline schedule's do, a pass of its own opened them all
      * first): 0.23 M fewer of Megatron 1T's instructions, 0.55 M of narayanan21-t1-529.6b's. */
     uint32_t dep_offset = 0;
+    /* Each op's countdown, and the seed's roots, written here as its SimOp is (a pass of its
+     * own over the SimOps in sim_ranks_alloc_state, which listed the roots, was 2.2 M of
+     * Megatron 1T's instructions): COUNTS_DONE without
+     * dependencies, COUNTS_WIDE for a wide op (over 255), COUNTS_UNUSED otherwise, one above
+     * and one below it, chosen without a branch. Taken with the SimOps, a fifth of their
+     * size; sim_ranks_alloc_state counts it in the run's state. */
+    G_STATIC_ASSERT(COUNTS_DONE == COUNTS_UNUSED + 1 && COUNTS_WIDE == COUNTS_UNUSED - 1);
+    Countdown *const countdown = sim->countdown = g_new(Countdown, MAX(sim->n_ops, 1));
+    zp_advise_huge_pages(countdown, MAX(sim->n_ops, 1) * sizeof *countdown);
+    GArray *const roots = sim->roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (uint32_t i = 0; ok && i < n_checked; i++) {
         const ZpOp *op = zp_sched_op(s, i);
         const uint8_t kind = op->kind, sub = op->sub, group = op->group;
@@ -639,6 +663,12 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             break;
         default:
             largest_buffer = MAX(largest_buffer, op->bytes);
+            /* An alloc or free without dependencies: one of the seed's roots, in op order
+             * (Sim.roots) */
+            if (G_UNLIKELY(n_deps == 0)) {
+                const uint32_t root = i;
+                g_array_append_val(roots, root);
+            }
             break;
         }
         if (!ok)
@@ -652,6 +682,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         o->link = link, o->wide = n_deps > UINT8_MAX, o->stage = stage, o->n_deps = n_deps;
         o->stream_next = NO_OP, o->duration_s = figure, o->transfer_s = transfer_s;
         n_wide += n_deps > UINT8_MAX;
+        countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(n_deps == 0) -
+                                          (uint32_t)(n_deps > UINT8_MAX)};
         open_dependents(o, &cursor[i], &dep_offset);
     }
     sim->n_wide_rows += n_wide;
@@ -668,7 +700,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     if (!ok) {
         g_free(cursor);
         g_free(dep_start);
-        g_free(links.last);
+        g_free(links.tail);
         return FALSE;
     }
     G_STATIC_ASSERT(ZP_SCHED_MAX_GROUPS <= 32); /* Sim.collective_groups */

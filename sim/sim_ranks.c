@@ -165,9 +165,7 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
     g_free(what);
     if (!fits)
         return FALSE;
-    sim->countdown = g_try_new(Countdown, MAX(sim->n_ops, 1));
-    if (sim->countdown) /* 17 MB at 32,000 layers, written once below */
-        zp_advise_huge_pages(sim->countdown, MAX(sim->n_ops, 1) * sizeof(Countdown));
+    /* sim->countdown: taken and written by sim_ops_build (its costing pass), counted here */
     sim->pending_wide = g_try_new(uint32_t, MAX((size_t)sim->n_wide_rows * sim->ranks, 1));
     sim->stream = g_try_new0(StreamState, sim->ranks);
     sim->link_load = g_try_new0(uint16_t, (size_t)sim->ranks * SIM_LINK_N);
@@ -210,25 +208,6 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
                                                                  sizeof *sim->unsettled
                                                            : 0) +
                                              sizeof *sim->mem_pos);
-    /* COUNTS_DONE without dependencies, COUNTS_WIDE for a wide op (which has over 255),
-     * COUNTS_UNUSED otherwise: one above and one below it, chosen without a branch. */
-    G_STATIC_ASSERT(COUNTS_DONE == COUNTS_UNUSED + 1 && COUNTS_WIDE == COUNTS_UNUSED - 1);
-    /* In locals: a store through countdown could alias sim's fields for the compiler. */
-    const SimOp *const ops = sim->ops;
-    Countdown *const countdown = sim->countdown;
-    const uint32_t n_ops = sim->n_ops;
-    /* The seed's roots listed in the same pass (its own over 130,674 ops was 0.8 M of
-     * Megatron 1T's instructions): the count's test of n_deps branches already. */
-    GArray *const roots = sim->roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t i = 0; i < n_ops; i++) {
-        countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(ops[i].n_deps == 0) -
-                                          (uint32_t)(ops[i].wide != 0)};
-        /* kind ALLOC or FREE: not on a stream (op_on_stream), one compare */
-        if (G_UNLIKELY(ops[i].n_deps == 0) && (uint32_t)(ops[i].kind - ZP_OP_ALLOC) < 2) {
-            const uint32_t root = i;
-            g_array_append_val(roots, root);
-        }
-    }
     uint32_t wide_rows = 0; /* the wide ops' rows, in op order (few: a pass where there are) */
     for (uint32_t i = 0; sim->n_wide_rows > 0 && i < sim->n_ops; i++) {
         const SimOp *o = &sim->ops[i];
