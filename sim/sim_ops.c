@@ -198,17 +198,17 @@ static inline gboolean count_dependents(uint32_t n_ops, const ZpOp *zops,
     return TRUE;
 }
 
-/* Op o's dependents start at `*offset`, split after its ready ones (count_ready); its
- * cursors then point where each part's first goes, and *offset past its list. */
-static inline void open_dependents(SimOp *o, DepCursor *c, uint32_t *offset)
+/* An op's dependents start at `*offset`, split after its ready ones (count_ready): returns
+ * where its ready ones end (SimOp.dependents_ready); its cursors then point where each
+ * part's first goes, and *offset past its list (SimOp.dependents_end). */
+static inline uint32_t open_dependents(DepCursor *c, uint32_t *offset)
 {
     const uint32_t start = *offset, n_ready = c->ready == SPLIT_REFUSED ? 0 : c->ready;
     *offset += c->rest;
-    o->dependents_ready = start + n_ready;
-    o->dependents_end = *offset;
     c->rest = start + n_ready;
     if (c->ready != SPLIT_REFUSED)
         c->ready = start;
+    return start + n_ready;
 }
 
 /* Places op i (o) among the dependents of each op it depends on (deps[first ..]): a ready
@@ -395,12 +395,18 @@ static inline uint32_t compute_slot(const SimSums *sums, uint8_t sub, uint16_t s
 }
 
 /* A compute op's duration by what it depends on: FLOPs (all, GEMM's, fused attention's),
- * memory bytes and host bytes, in ZpOp's order, compared bit for bit. */
+ * memory bytes and host bytes, in ZpOp's order, compared bit for bit. 64 bytes, in rows of
+ * MEMO_MODULES: a memo's address a shift, where 56-byte memos in rows of 7 took a multiply
+ * and four more instructions. A memo not set holds a key of all ones, a NaN no op's figures
+ * hold (check_kind: finite). */
+#define MEMO_MODULES 8
+G_STATIC_ASSERT(ZP_MOD_N + 1 <= MEMO_MODULES);
 typedef struct {
     double key[5];
     double duration_s;
-    gboolean set;
+    double pad[2];
 } ComputeMemo;
+G_STATIC_ASSERT(sizeof(ComputeMemo) == 64);
 G_STATIC_ASSERT(offsetof(ZpOp, gemm_flops) == offsetof(ZpOp, flops) + sizeof(double) &&
                 offsetof(ZpOp, attn_flops) == offsetof(ZpOp, flops) + 2 * sizeof(double) &&
                 offsetof(ZpOp, mem_bytes) == offsetof(ZpOp, flops) + 3 * sizeof(double) &&
@@ -412,14 +418,14 @@ G_STATIC_ASSERT(offsetof(ZpOp, gemm_flops) == offsetof(ZpOp, flops) + sizeof(dou
  * module is kept, by its figures bit for bit: both functions read only their arguments and
  * the run's constant ZpCost, so a repeat gets the very double computed again. */
 static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
-                        ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1])
+                        ComputeMemo memo[ZP_COMP_N][MEMO_MODULES])
 {
     /* The key's figures as they lie in the ZpOp (flops, gemm_flops, attn_flops, mem_bytes,
      * bytes), compared in place: copied into an array first, they were 11 instructions of
      * each compute op. */
     const char *key = (const char *)op + offsetof(ZpOp, flops);
     ComputeMemo *m = op->module <= ZP_MOD_N ? &memo[op->sub][op->module] : NULL;
-    if (m && m->set && memcmp(m->key, key, sizeof m->key) == 0)
+    if (m && memcmp(m->key, key, sizeof m->key) == 0)
         return m->duration_s;
     const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
                               ? op->bytes / hw->host_link_bytes_per_s
@@ -428,7 +434,7 @@ static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
         host_s + zp_cost_op_s(&sim->cost, op->sub, zp_op_module(op), op->flops,
                               op->gemm_flops, op->attn_flops, op->mem_bytes);
     if (m) {
-        *m = (ComputeMemo){.duration_s = duration_s, .set = TRUE};
+        m->duration_s = duration_s;
         memcpy(m->key, key, sizeof m->key);
     }
     return duration_s;
@@ -465,6 +471,17 @@ static CollCosted coll_costed(CollRecent *r, ZpCollKind kind, double bytes,
     r->n = MIN(r->n + 1, COLL_RECENT);
     return c;
 }
+
+/* Each communicator's last collective of each kind costed: its size (-1: none yet), time
+ * and bytes sent. 32 bytes, in rows of COLL_KINDS: an entry's address a shift, where
+ * CollCosted's 40 bytes in rows of ZP_COLL_N took a multiply and four more instructions, made
+ * again for each field read (1.3 M of Megatron 1T's instructions). */
+#define COLL_KINDS 8
+G_STATIC_ASSERT(ZP_COLL_N <= COLL_KINDS);
+typedef struct {
+    double bytes, latency_s, transfer_s, sent;
+} CollLast;
+G_STATIC_ASSERT(sizeof(CollLast) == 32);
 
 /* The dep_start of each of the n ops, those before op i noted from their ZpOps. */
 static uint32_t *noted_dep_starts(const ZpOp *zops, uint32_t i, uint32_t n)
@@ -569,13 +586,15 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* Each communicator's last collective costed, by kind: a step repeats the same sizes
      * (every tensor-parallel all-reduce is b s h), so most costs are the one before; and its
      * last COLL_RECENT sizes, for those that alternate (CollRecent). */
-    CollCosted last_cost[ZP_SCHED_MAX_GROUPS][ZP_COLL_N];
+    CollLast last_cost[ZP_SCHED_MAX_GROUPS][COLL_KINDS];
+    uint8_t group_link[ZP_SCHED_MAX_GROUPS]; /* each communicator's SimCollGroup.bottleneck */
     CollRecent *recent = g_new(CollRecent, (gsize)MAX(sim->n_groups, 1) * ZP_COLL_N);
-    ComputeMemo memo[ZP_COMP_N][ZP_MOD_N + 1];
-    memset(memo, 0, sizeof memo);
+    ComputeMemo memo[ZP_COMP_N][MEMO_MODULES];
+    memset(memo, 0xff, sizeof memo); /* no key set (ComputeMemo) */
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
                                           sim->groups[g].stride);
+        group_link[g] = (uint8_t)groups[g].bottleneck;
         for (int k = 0; k < ZP_COLL_N; k++) {
             last_cost[g][k].bytes = -1;
             recent[g * ZP_COLL_N + k].n = recent[g * ZP_COLL_N + k].next = 0;
@@ -620,8 +639,14 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     Countdown *const countdown = sim->countdown = g_new(Countdown, MAX(sim->n_ops, 1));
     zp_advise_huge_pages(countdown, MAX(sim->n_ops, 1) * sizeof *countdown);
     GArray *const roots = sim->roots = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    /* In locals: the Sim's and the sums' fields, read through pointers the stores below may
+     * alias, were loaded again for each op (the sums' kept arrays, the ZpOps' and the
+     * SimOps' data: 7 instructions an op). */
+    const ZpOp *const zops = (const ZpOp *)s->ops->data;
+    SimOp *const sim_ops = sim->ops;
+    const SimSums kept = sums;
     for (uint32_t i = 0; ok && i < n_checked; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
+        const ZpOp *op = &zops[i];
         const uint8_t kind = op->kind, sub = op->sub, group = op->group;
         const uint16_t stage = (uint16_t)op->stage;
         const uint32_t n_deps = op->n_deps;
@@ -641,25 +666,29 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 figure = compute_s(sim, hw, op, memo);
             else
                 ok = zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &figure, error);
-            sum_slot = compute_slot(&sums, sub, stage), sum_x = op->flops;
+            sum_slot = compute_slot(&kept, sub, stage), sum_x = op->flops;
             break;
         case ZP_OP_COLLECTIVE: {
             const SimCollGroup *g = &groups[group];
-            CollCosted *last = &last_cost[group][sub];
-            if (last->bytes != op->bytes)
-                *last = coll_costed(&recent[group * ZP_COLL_N + sub], sub, op->bytes, g);
+            CollLast *last = &last_cost[group][sub];
+            if (last->bytes != op->bytes) {
+                const CollCosted c =
+                    coll_costed(&recent[group * ZP_COLL_N + sub], sub, op->bytes, g);
+                *last = (CollLast){.bytes = c.bytes, .latency_s = c.cost.latency_s,
+                                   .transfer_s = c.cost.transfer_s, .sent = c.sent};
+            }
             /* With an op table (the measured backend's), the rank's own copies around the
              * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
-            figure = last->cost.latency_s +
+            figure = last->latency_s +
                      (copies ? zp_cost_coll_copy_s(&sim->cost, op, zero_stage, g->ranks) : 0.0);
-            transfer_s = last->cost.transfer_s;
-            link = g->bottleneck;
-            sum_slot = sim_sums_comm(&sums, stage, group), sum_x = last->sent;
+            transfer_s = last->transfer_s;
+            link = group_link[group];
+            sum_slot = sim_sums_comm(&kept, stage, group), sum_x = last->sent;
             break;
         }
         case ZP_OP_P2P:
             figure = p2p_time_s(sim, hw, op);
-            sum_slot = sim_sums_comm(&sums, stage, ZP_GROUP_PP), sum_x = op->bytes;
+            sum_slot = sim_sums_comm(&kept, stage, ZP_GROUP_PP), sum_x = op->bytes;
             break;
         default:
             largest_buffer = MAX(largest_buffer, op->bytes);
@@ -673,18 +702,19 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         }
         if (!ok)
             break;
-        sim_sums_put(&sums, i, sum_slot, sum_x);
-        /* Field by field, its dependents' range aside (build_dependents'): a SimOp built
-         * whole on the stack was copied, 27 instructions an op. */
-        SimOp *o = &sim->ops[i];
-        /* kind, sub, stream and group, as one word: they lie alike in both */
+        sim_sums_put(&kept, i, sum_slot, sum_x);
+        const uint32_t wide = n_deps > UINT8_MAX;
+        const uint32_t ready = open_dependents(&cursor[i], &dep_offset);
+        /* Field by field: a SimOp built whole on the stack was copied, 27 instructions an
+         * op; built as three words in registers, the shifts were 5 more. Its first four bytes
+         * are the ZpOp's (kind, sub, stream, group). */
+        SimOp *o = &sim_ops[i];
         memcpy(o, op, offsetof(SimOp, link));
-        o->link = link, o->wide = n_deps > UINT8_MAX, o->stage = stage, o->n_deps = n_deps;
-        o->stream_next = NO_OP, o->duration_s = figure, o->transfer_s = transfer_s;
-        n_wide += n_deps > UINT8_MAX;
-        countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(n_deps == 0) -
-                                          (uint32_t)(n_deps > UINT8_MAX)};
-        open_dependents(o, &cursor[i], &dep_offset);
+        o->link = link, o->wide = (uint8_t)wide, o->stage = stage, o->n_deps = n_deps;
+        o->dependents_end = dep_offset, o->dependents_ready = ready, o->stream_next = NO_OP;
+        o->duration_s = figure, o->transfer_s = transfer_s;
+        n_wide += wide;
+        countdown[i] = (Countdown){.row = COUNTS_UNUSED + (uint32_t)(n_deps == 0) - wide};
     }
     sim->n_wide_rows += n_wide;
     if (in_line)
