@@ -82,12 +82,31 @@ static inline gboolean finite_not_negative(double x)
     return bits < UINT64_C(0x7ff0000000000000) || bits == UINT64_C(0x8000000000000000);
 }
 
+#define FIGURES_FAULT "FLOPs and bytes must be finite and not negative"
+
+/* A compute op's costs (other kinds hold their range there: ZpOp's union), its bytes
+ * checked. The costing pass asks it of those whose figures no compute op's before them had
+ * (compute_s): they repeat (Megatron 1T: 9 of 27,928), and asked of each in count_pass, its
+ * tests were 0.6 M of Megatron 1T's instructions. */
+static inline gboolean check_figures(const ZpOp *op, const OpLimits *l, uint32_t i,
+                                     GError **error)
+{
+    if (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0) ||
+        !isfinite(op->flops + op->gemm_flops + op->mem_bytes))
+        return fail_op(error, i, FIGURES_FAULT);
+    if (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
+        (op->attn_flops > 0 && !l->attention_rated))
+        return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
+    return TRUE;
+}
+
 /* Every field the loop indexes by must be in range, or the loop would read out of bounds.
  * dep_end is where op's dependencies end, dep_start + n_deps (count_pass's sum, which is
  * where the next op's start where they are packed). `kind` is op's, a constant in each of
- * check_op's cases. */
+ * check_op's cases; `figures`, whether a compute op's figures are checked too (a constant:
+ * count_pass leaves them to the costing pass, check_figures). */
 static inline gboolean check_kind(const ZpOp *op, uint8_t kind, const OpLimits *l, uint32_t i,
-                                  uint64_t dep_end, GError **error)
+                                  uint64_t dep_end, gboolean figures, GError **error)
 {
     static const uint8_t sub_limit[] = {
         [ZP_OP_COMPUTE] = ZP_COMP_N, [ZP_OP_COLLECTIVE] = ZP_COLL_N,
@@ -101,15 +120,10 @@ static inline gboolean check_kind(const ZpOp *op, uint8_t kind, const OpLimits *
         return fail_op(error, i, "unknown stream");
     if (kind == ZP_OP_COLLECTIVE && op->group >= l->n_groups)
         return fail_op(error, i, "unknown group");
-    /* A compute op's costs: other kinds hold their range there (ZpOp's union). */
-    const gboolean compute = kind == ZP_OP_COMPUTE;
-    if (!finite_not_negative(op->bytes) ||
-        (compute && (!(op->flops >= 0 && op->gemm_flops >= 0 && op->mem_bytes >= 0) ||
-                     !isfinite(op->flops + op->gemm_flops + op->mem_bytes))))
-        return fail_op(error, i, "FLOPs and bytes must be finite and not negative");
-    if (compute && (!(op->attn_flops >= 0 && op->attn_flops <= op->flops) ||
-                    (op->attn_flops > 0 && !l->attention_rated)))
-        return fail_op(error, i, "attn_flops must be part of flops, and only with a fused kernel");
+    if (!finite_not_negative(op->bytes))
+        return fail_op(error, i, FIGURES_FAULT);
+    if (kind == ZP_OP_COMPUTE && figures && !check_figures(op, l, i, error))
+        return FALSE;
     if (dep_end > l->n_deps_total)
         return fail_op(error, i, "dependencies run past the dependency list");
     return TRUE; /* each dependency's range: count_dependents, in the same pass */
@@ -118,21 +132,21 @@ static inline gboolean check_kind(const ZpOp *op, uint8_t kind, const OpLimits *
 /* check_kind for each kind, its tests by kind known in each case: where they asked the kind
  * again, 1.08 M more of Megatron 1T's instructions, 2.20 M of narayanan21-t1-529.6b's. */
 static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, uint64_t dep_end,
-                                GError **error)
+                                gboolean figures, GError **error)
 {
     switch (op->kind) {
     case ZP_OP_COMPUTE:
-        return check_kind(op, ZP_OP_COMPUTE, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_COMPUTE, l, i, dep_end, figures, error);
     case ZP_OP_COLLECTIVE:
-        return check_kind(op, ZP_OP_COLLECTIVE, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_COLLECTIVE, l, i, dep_end, figures, error);
     case ZP_OP_ALLOC:
-        return check_kind(op, ZP_OP_ALLOC, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_ALLOC, l, i, dep_end, figures, error);
     case ZP_OP_FREE:
-        return check_kind(op, ZP_OP_FREE, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_FREE, l, i, dep_end, figures, error);
     case ZP_OP_P2P:
-        return check_kind(op, ZP_OP_P2P, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_P2P, l, i, dep_end, figures, error);
     case ZP_OP_TRANSFER:
-        return check_kind(op, ZP_OP_TRANSFER, l, i, dep_end, error);
+        return check_kind(op, ZP_OP_TRANSFER, l, i, dep_end, figures, error);
     default:
         return fail_op(error, i, "unknown kind");
     }
@@ -368,6 +382,15 @@ static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
     return hw->inter_node_latency_s + op->bytes / (zp_hw_inter_bus_bytes_per_s(hw) / gpn);
 }
 
+/* Each direction's last send costed (p2p_time_s): a stage's sends of one direction go to one
+ * peer with one size (its micro-batches' activations or their gradients), and the time reads
+ * only those and the run's constants, so a repeat gets the very double computed again: 34
+ * instructions a send and a call, 9,074 sends at Megatron 1T. stage UINT32_MAX: none yet. */
+typedef struct {
+    uint32_t stage, peer;
+    double bytes, duration_s;
+} P2pLast;
+
 /* "NAME: " and how group g costs the collective kinds in the mask `kinds` (bit k: ZpCollKind
  * k), after what result->collective_model holds; nothing for a group of one rank, which sends
  * nothing, or one that runs no collective. */
@@ -412,21 +435,29 @@ G_STATIC_ASSERT(offsetof(ZpOp, gemm_flops) == offsetof(ZpOp, flops) + sizeof(dou
                 offsetof(ZpOp, mem_bytes) == offsetof(ZpOp, flops) + 3 * sizeof(double) &&
                 offsetof(ZpOp, bytes) == offsetof(ZpOp, flops) + 4 * sizeof(double));
 
-/* A compute op's time: its bytes over the host link (Pa+cpu's host_copy; 0 for other ops)
- * and its kernels' (zp_cost_op_s). A step repeats each block op with the same figures
- * thousands of times (Megatron's 1T: 921,794 ops), so the last duration of each kind and
- * module is kept, by its figures bit for bit: both functions read only their arguments and
- * the run's constant ZpCost, so a repeat gets the very double computed again. */
-static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
-                        ComputeMemo memo[ZP_COMP_N][MEMO_MODULES])
+/* A compute op's time (*duration_s): its bytes over the host link (Pa+cpu's host_copy; 0 for
+ * other ops) and its kernels' (zp_cost_op_s). A step repeats each block op with the same
+ * figures thousands of times (Megatron's 1T: 921,794 ops), so the last duration of each kind
+ * and module is kept, by its figures bit for bit: both functions read only their arguments
+ * and the run's constant ZpCost, so a repeat gets the very double computed again. Op i's
+ * figures are checked where they are not a memo's (check_figures: a memo keeps checked
+ * figures only, and none matches before it is set, its key's bytes all ones, a NaN no op
+ * that passed count_pass holds). */
+static gboolean compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
+                          ComputeMemo memo[ZP_COMP_N][MEMO_MODULES], const OpLimits *l,
+                          uint32_t i, double *duration_out, GError **error)
 {
     /* The key's figures as they lie in the ZpOp (flops, gemm_flops, attn_flops, mem_bytes,
      * bytes), compared in place: copied into an array first, they were 11 instructions of
      * each compute op. */
     const char *key = (const char *)op + offsetof(ZpOp, flops);
     ComputeMemo *m = op->module <= ZP_MOD_N ? &memo[op->sub][op->module] : NULL;
-    if (m && memcmp(m->key, key, sizeof m->key) == 0)
-        return m->duration_s;
+    if (m && memcmp(m->key, key, sizeof m->key) == 0) {
+        *duration_out = m->duration_s;
+        return TRUE;
+    }
+    if (!check_figures(op, l, i, error))
+        return FALSE;
     const double host_s = op->bytes > 0 && hw->host_link_bytes_per_s > 0
                               ? op->bytes / hw->host_link_bytes_per_s
                               : 0.0;
@@ -437,7 +468,8 @@ static double compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
         m->duration_s = duration_s;
         memcpy(m->key, key, sizeof m->key);
     }
-    return duration_s;
+    *duration_out = duration_s;
+    return TRUE;
 }
 
 /* A collective's cost and bytes sent at one size. */
@@ -514,8 +546,13 @@ static inline gboolean count_op(CountState *c, const OpLimits *limits, uint32_t 
     if (!zeroed)
         c->cursor[i] = (DepCursor){0, 0};
     const uint64_t dep_end = (uint64_t)op->dep_start + op->n_deps;
-    if (!check_op(op, limits, i, dep_end, error) ||
-        !count_dependents(limits->n_ops, c->zops, c->all_deps, op, i, c->cursor, zeroed,
+    if (!check_op(op, limits, i, dep_end, FALSE, NULL)) {
+        /* The fault the whole check finds first (a compute op's figures before its
+         * dependencies' range) */
+        check_op(op, limits, i, dep_end, TRUE, error);
+        return FALSE;
+    }
+    if (!count_dependents(limits->n_ops, c->zops, c->all_deps, op, i, c->cursor, zeroed,
                           &c->ahead, error))
         return FALSE;
     if (!c->dep_start && op->dep_start != c->packed_end)
@@ -550,7 +587,7 @@ static void streams_in_line(Sim *sim, uint32_t n)
  * index of the op *error names. A pass of its own: folded into the costing pass, their
  * two dozen values lived on the stack, and keeping one more in a register (s->ops' data, a
  * 64-bit sum) cost 1-2.7 M more instructions (spills). */
-static uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cursor,
+static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cursor,
                            uint32_t **dep_start_out, GError **error)
 {
     CountState c = {.zops = (const ZpOp *)sim->sched->ops->data,
@@ -591,6 +628,9 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     CollRecent *recent = g_new(CollRecent, (gsize)MAX(sim->n_groups, 1) * ZP_COLL_N);
     ComputeMemo memo[ZP_COMP_N][MEMO_MODULES];
     memset(memo, 0xff, sizeof memo); /* no key set (ComputeMemo) */
+    P2pLast p2p_last[ZP_P2P_N];
+    for (int k = 0; k < ZP_P2P_N; k++)
+        p2p_last[k].stage = UINT32_MAX;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
                                           sim->groups[g].stride);
@@ -665,9 +705,10 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             break;
         case ZP_OP_COMPUTE:
             if (sub != ZP_COMP_CPU_OPTIMIZER)
-                figure = compute_s(sim, hw, op, memo);
+                ok = compute_s(sim, hw, op, memo, &limits, i, &figure, error);
             else
-                ok = zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &figure, error);
+                ok = check_figures(op, &limits, i, error) &&
+                     zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &figure, error);
             sum_slot = compute_slot(&kept, sub, stage), sum_x = op->flops;
             break;
         case ZP_OP_COLLECTIVE: {
@@ -688,10 +729,16 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             sum_slot = sim_sums_comm(&kept, stage, group), sum_x = last->sent;
             break;
         }
-        case ZP_OP_P2P:
-            figure = p2p_time_s(sim, hw, op);
+        case ZP_OP_P2P: {
+            P2pLast *m = &p2p_last[sub];
+            if (m->stage != op->stage || m->peer != op->peer ||
+                memcmp(&m->bytes, &op->bytes, sizeof m->bytes) != 0)
+                *m = (P2pLast){.stage = op->stage, .peer = op->peer, .bytes = op->bytes,
+                               .duration_s = p2p_time_s(sim, hw, op)};
+            figure = m->duration_s;
             sum_slot = sim_sums_comm(&kept, stage, ZP_GROUP_PP), sum_x = op->bytes;
             break;
+        }
         default:
             largest_buffer = MAX(largest_buffer, op->bytes);
             /* An alloc or free without dependencies: one of the seed's roots, in op order
