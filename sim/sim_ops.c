@@ -225,15 +225,15 @@ static inline uint32_t open_dependents(DepCursor *c, uint32_t *offset)
     return start + n_ready;
 }
 
-/* Places op i (o) among the dependents of each op it depends on (deps[first ..]): a ready
- * alloc or free among the ready ones, unless its op refused the split. */
+/* Places op i (its n_deps, stage and stream, whether on_stream) among the dependents of each
+ * op it depends on (deps[first ..]): a ready alloc or free among the ready ones, unless its
+ * op refused the split. */
 static inline void place_dependent(Dependent *list, DepCursor *cursor, const uint32_t *all_deps,
-                                   const SimOp *o, uint32_t i, uint32_t first)
+                                   gboolean on_stream, uint32_t n_deps, uint16_t stage,
+                                   uint8_t stream, uint32_t i, uint32_t first)
 {
-    const gboolean on_stream = op_on_stream(o);
-    const uint32_t n_deps = o->n_deps; /* once: the stores below may alias it */
-    const Dependent dependent = {.op = i, .stage = o->stage,
-                                 .stream = on_stream ? o->stream : NOT_ON_STREAM,
+    const Dependent dependent = {.op = i, .stage = stage,
+                                 .stream = on_stream ? stream : NOT_ON_STREAM,
                                  .counted = on_stream || n_deps > 1};
     if (!dependent.counted) { /* one dependency at most */
         if (n_deps == 1) {
@@ -336,10 +336,16 @@ static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
     SimOp *ops = sim->ops;
     uint32_t packed_start = 0;
     for (uint32_t i = 0; i < n_ops; i++) {
+        /* Read once, before the stores (stream_link's and the dependents', which may alias
+         * the SimOps): read again after them, 5 instructions an op. */
+        const uint32_t n_deps = ops[i].n_deps;
+        const uint16_t stage = ops[i].stage;
+        const uint8_t stream = ops[i].stream;
+        const gboolean on_stream = op_on_stream(&ops[i]);
         const uint32_t first = dep_start ? dep_start[i] : packed_start;
-        packed_start += ops[i].n_deps;
-        place_dependent(list, cursor, all_deps, &ops[i], i, first);
-        stream_link(links, op_on_stream(&ops[i]), ops[i].stage, ops[i].stream, i);
+        packed_start += n_deps;
+        stream_link(links, on_stream, stage, stream, i);
+        place_dependent(list, cursor, all_deps, on_stream, n_deps, stage, stream, i, first);
     }
 }
 
@@ -420,8 +426,8 @@ static inline uint32_t compute_slot(const SimSums *sums, uint8_t sub, uint16_t s
 /* A compute op's duration by what it depends on: FLOPs (all, GEMM's, fused attention's),
  * memory bytes and host bytes, in ZpOp's order, compared bit for bit. 64 bytes, in rows of
  * MEMO_MODULES: a memo's address a shift, where 56-byte memos in rows of 7 took a multiply
- * and four more instructions. A memo not set holds a key of all ones, a NaN no op's figures
- * hold (check_kind: finite). */
+ * and four more instructions. A memo not set holds a key of all ones: its bytes a NaN no op
+ * that passed count_pass holds (check_kind: finite). */
 #define MEMO_MODULES 8
 G_STATIC_ASSERT(ZP_MOD_N + 1 <= MEMO_MODULES);
 typedef struct {
