@@ -726,13 +726,15 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 *last = (CollLast){.bytes = c.bytes, .latency_s = c.cost.latency_s,
                                    .transfer_s = c.cost.transfer_s, .sent = c.sent};
             }
+            /* Its figures read at once: through `last`, each read made its address again. */
+            const double latency_s = last->latency_s, sent = last->sent;
+            transfer_s = last->transfer_s;
             /* With an op table (the measured backend's), the rank's own copies around the
              * collective, which it pays even alone (zp_cost_coll_copy_bytes). */
-            figure = last->latency_s +
+            figure = latency_s +
                      (copies ? zp_cost_coll_copy_s(&sim->cost, op, zero_stage, g->ranks) : 0.0);
-            transfer_s = last->transfer_s;
             link = group_link[group];
-            sum_slot = sim_sums_comm(&kept, stage, group), sum_x = last->sent;
+            sum_slot = sim_sums_comm(&kept, stage, group), sum_x = sent;
             break;
         }
         case ZP_OP_P2P: {
