@@ -709,14 +709,19 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             figure = op->bytes / zp_offload_link_bytes_per_s(hw, sub, ranks_per_node);
             sum_slot = sim_sums_offload(sub), sum_x = op->bytes;
             break;
-        case ZP_OP_COMPUTE:
+        case ZP_OP_COMPUTE: {
+            /* Out of `figure`, whose address taken kept it on the stack for every op */
+            double duration_s = 0;
             if (sub != ZP_COMP_CPU_OPTIMIZER)
-                ok = compute_s(sim, hw, op, memo, &limits, i, &figure, error);
+                ok = compute_s(sim, hw, op, memo, &limits, i, &duration_s, error);
             else
                 ok = check_figures(op, &limits, i, error) &&
-                     zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &figure, error);
+                     zp_offload_cpu_time_s(hw, op->mem_bytes, ranks_per_node, &duration_s,
+                                           error);
+            figure = duration_s;
             sum_slot = compute_slot(&kept, sub, stage), sum_x = op->flops;
             break;
+        }
         case ZP_OP_COLLECTIVE: {
             const SimCollGroup *g = &groups[group];
             CollLast *last = &last_cost[group][sub];
