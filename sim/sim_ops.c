@@ -264,25 +264,36 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
  * through the Sim, they were loaded again after each dependent's store (memcpy's, which may
  * alias anything), 0.13 M and 0.31 M more. Each op's place in its stream (Sim.stream_pos),
  * which only a run that did not finish reads, is made then (sim_ops_stream_places). */
+/* A list's tail and length side by side, 16 bytes, in rows of STREAM_ROW a class: its place
+ * a shift and an or (stage * ZP_STREAM_N + stream in two arrays took four instructions
+ * more, 0.3 M of Megatron 1T's). */
+#define STREAM_ROW 8
+G_STATIC_ASSERT(ZP_STREAM_N <= STREAM_ROW);
+typedef struct {
+    uint32_t *tail;
+    uint32_t len;
+} StreamTail;
+
 typedef struct {
     SimOp *ops;
-    uint32_t *len, *class_ops;
-    uint32_t **tail;
+    uint32_t *class_ops;
+    StreamTail *lists; /* [stage * STREAM_ROW + stream] */
 } StreamLinks;
 
 static StreamLinks streams_begin(Sim *sim)
 {
     const uint32_t lists = sim->sim_pp * ZP_STREAM_N;
-    uint32_t **tail = g_new(uint32_t *, lists);
+    StreamTail *tails = g_new(StreamTail, (gsize)sim->sim_pp * STREAM_ROW);
     sim->stream_first = g_new(uint32_t, lists);
     sim->stream_len = g_new0(uint32_t, lists);
     sim->class_ops = g_new0(uint32_t, sim->sim_pp);
-    for (uint32_t l = 0; l < lists; l++) {
-        sim->stream_first[l] = NO_OP;
-        tail[l] = &sim->stream_first[l];
-    }
-    return (StreamLinks){.ops = sim->ops, .len = sim->stream_len, .class_ops = sim->class_ops,
-                         .tail = tail};
+    for (uint32_t k = 0; k < sim->sim_pp; k++)
+        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+            const uint32_t l = k * ZP_STREAM_N + stream;
+            sim->stream_first[l] = NO_OP;
+            tails[k * STREAM_ROW + stream] = (StreamTail){.tail = &sim->stream_first[l]};
+        }
+    return (StreamLinks){.ops = sim->ops, .class_ops = sim->class_ops, .lists = tails};
 }
 
 /* Appends op i, on `stage` and `stream` where `on_stream`, to its stream: through the list's
@@ -298,19 +309,22 @@ static inline void stream_link(StreamLinks *s, gboolean on_stream, uint16_t stag
         s->class_ops[stage]++;
         return;
     }
-    const uint32_t l = stage * ZP_STREAM_N + stream;
-    s->len[l]++;
-    *s->tail[l] = i;
-    s->tail[l] = &s->ops[i].stream_next;
+    StreamTail *t = &s->lists[(uint32_t)stage * STREAM_ROW + stream];
+    t->len++;
+    *t->tail = i;
+    t->tail = &s->ops[i].stream_next;
 }
 
-/* Adds each class's streams to its ops (stream_link), and frees streams_begin's `tail`. */
+/* The streams' lengths, and each class's ops (stream_link); frees streams_begin's tails. */
 static void streams_end(Sim *sim, StreamLinks *s)
 {
     for (uint32_t k = 0; k < sim->sim_pp; k++)
-        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
-            sim->class_ops[k] += sim->stream_len[k * ZP_STREAM_N + stream];
-    g_free(s->tail);
+        for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++) {
+            const uint32_t len = s->lists[k * STREAM_ROW + stream].len;
+            sim->stream_len[k * ZP_STREAM_N + stream] = len;
+            sim->class_ops[k] += len;
+        }
+    g_free(s->lists);
 }
 
 void sim_ops_stream_places(Sim *sim)
@@ -357,7 +371,7 @@ static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
  * else at dep_start[i] (ZpOp's, noted by count_pass). Each op's list is open already (the
  * costing pass's open_dependents, after count_pass counted them all): one pass over the
  * SimOps places each op among the lists of those it depends on, and links the streams
- * (streams_begin). Frees cursor, dep_start and the links' `tail`. */
+ * (streams_begin). Frees cursor, dep_start and the links' tails. */
 static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, uint64_t total,
                              StreamLinks links)
 {
@@ -587,14 +601,17 @@ static void streams_in_line(Sim *sim, uint32_t n)
             sim->ops[i].stream = ZP_STREAM_COMPUTE;
 }
 
-/* sim_ops_build's first pass over the ops: checks each and counts it as a dependent of those
- * it depends on (cursor: count_dependents), noting where each op's dependencies start
- * (*dep_start) once they are not packed. Returns how many ops passed, all of them or the
+/* sim_ops_build's first pass over the ops: checks each (a compute op's figures aside:
+ * check_figures) and counts it as a dependent of those it depends on (cursor:
+ * count_dependents), noting where each op's dependencies start (*dep_start) once they are
+ * not packed. Returns how many ops passed, all of them or the
  * index of the op *error names. A pass of its own: folded into the costing pass, their
  * two dozen values lived on the stack, and keeping one more in a register (s->ops' data, a
- * 64-bit sum) cost 1-2.7 M more instructions (spills). */
-static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limits, DepCursor *cursor,
-                           uint32_t **dep_start_out, GError **error)
+ * 64-bit sum) cost 1-2.7 M more instructions (spills). A function of its own: inlined in
+ * sim_ops_build with count_op's second check_op (a fault's), it spilled more, 0.5 M. */
+static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limits,
+                                            DepCursor *cursor, uint32_t **dep_start_out,
+                                            GError **error)
 {
     CountState c = {.zops = (const ZpOp *)sim->sched->ops->data,
                     .all_deps = (const uint32_t *)sim->sched->deps->data, .cursor = cursor};
@@ -616,8 +633,9 @@ static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limi
 
 /* Durations, costs and totals of every op; the result's per-rank sums come from here.
  * count_pass checks the ops and counts their dependents; one pass over those it passed
- * writes each SimOp whole and adds it to the sums; build_dependents then places the
- * dependents and links the streams. */
+ * checks the compute ops' figures no memo holds (check_figures), writes each SimOp whole
+ * with its countdown, and adds it to the sums; build_dependents then places the dependents
+ * and links the streams. */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error)
 {
     const ZpSchedule *s = sim->sched;
@@ -795,7 +813,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     if (!ok) {
         g_free(cursor);
         g_free(dep_start);
-        g_free(links.tail);
+        g_free(links.lists);
         return FALSE;
     }
     G_STATIC_ASSERT(ZP_SCHED_MAX_GROUPS <= 32); /* Sim.collective_groups */
