@@ -575,10 +575,12 @@ static inline gboolean count_op(CountState *c, const OpLimits *limits, uint32_t 
     if (!count_dependents(limits->n_ops, c->zops, c->all_deps, op, i, c->cursor, zeroed,
                           &c->ahead, error))
         return FALSE;
-    if (!c->dep_start && op->dep_start != c->packed_end)
-        c->dep_start = noted_dep_starts(c->zops, i, limits->n_ops);
-    if (c->dep_start)
+    /* Packed so far and still (the builder's): one test */
+    if (G_UNLIKELY(op->dep_start != c->packed_end || c->dep_start)) {
+        if (!c->dep_start)
+            c->dep_start = noted_dep_starts(c->zops, i, limits->n_ops);
         c->dep_start[i] = op->dep_start;
+    }
     c->packed_end = (uint32_t)dep_end; /* check_op: within the list, a uint32_t */
 
     return TRUE;
