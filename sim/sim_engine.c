@@ -41,6 +41,9 @@ void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes,
     return grown;
 }
 
+/* Which copy of the event loop's hot paths runs (PATH_COPIES, below). */
+typedef enum { PATH_FULL, PATH_QUIET, PATH_SOLO } Path;
+
 /* Op began counting its dependencies down: sim_fold's window (Sim.fold_hi) reaches it, but
  * for the far ops (SimFold's far list: an op waiting on one from the first micro-step, in
  * the last), which sim_fold compares in place, and the sinks (an op of no micro-step that
@@ -75,18 +78,22 @@ G_NO_INLINE static gboolean take_row(Sim *sim, uint32_t op, uint32_t stage)
     return TRUE;
 }
 
-/* One dependency of `op` (of `stage`) done on `rank`; TRUE when it was the last. */
-static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint32_t rank)
+/* One dependency of `op` (of `stage`) done on `rank`; TRUE when it was the last. The solo
+ * path (PATH_SOLO: Sim.solo) asks for its Countdown's cases first, without the test for a row
+ * and the load of Sim.solo (over 2% of Megatron 1T's loop); a row, were one taken, is asked
+ * for after them. */
+static inline gboolean pending_done(Sim *sim, const Path path, uint32_t op, uint32_t stage,
+                                    uint32_t rank)
 {
     Countdown *c = &sim->countdown[op];
-    if (c->row >= COUNTS_SOLO) {
+    if (path == PATH_SOLO || c->row >= COUNTS_SOLO) {
         if (c->row == COUNTS_SOLO) {
             if (--c->left != 0)
                 return FALSE;
             c->row = COUNTS_DONE;
             return TRUE;
         }
-        if (c->row == COUNTS_UNUSED && sim->solo) {
+        if (c->row == COUNTS_UNUSED && (path == PATH_SOLO || sim->solo)) {
             /* Its first count down, as take_row's (the stage's one rank: no other to wait). */
             fold_began(sim, op, stage);
             if (sim->ops[op].n_deps == 1) {
@@ -106,7 +113,7 @@ static inline gboolean pending_done(Sim *sim, uint32_t op, uint32_t stage, uint3
                 fold_began(sim, op, stage);
             return --*left == 0;
         }
-        if (!take_row(sim, op, stage))
+        if (c->row >= COUNTS_SOLO && !take_row(sim, op, stage))
             return FALSE;
     }
     if (--sim->rows[(size_t)c->row * sim->ranks + rank] != 0)
@@ -153,39 +160,36 @@ static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *re
     sim->ready_end += n;
 }
 
-/* The event loop comes in two copies (run_queue): `plain`, a constant TRUE or FALSE in each,
- * is TRUE where no timeline is kept (Sim.op_start_s NULL) and sim_fold records nothing
- * (Sim.fold_recording), which the hot paths otherwise ask at each sum and cell; both hold
- * between two calls of sim_fold_boundary, which alone starts a recording. The functions
- * called, not inlined, come in both copies: PLAIN_OR_NOT(name, params, args) makes
- * name_plain and name_full of name_as, and PLAIN_CALL(name, plain) picks one. */
-#define PLAIN_OR_NOT(name, params, args)                                                       \
-    G_NO_INLINE static void name##_plain params                                                \
+/* The event loop's hot paths come in three copies (run_queue), `path` a constant in each:
+ * PATH_FULL asks everything; PATH_QUIET, where no timeline is kept (Sim.op_start_s NULL) and
+ * sim_fold records nothing (Sim.fold_recording), asks neither at each sum and cell; PATH_SOLO,
+ * quiet and each stage one simulated rank, its neighbours' numbers its own (Sim.solo, no
+ * Sim.peer, sim_mp 1), counts down in Countdowns alone and runs flows of one member. Only
+ * sim_fold_boundary starts a recording, so the path is decided again after each. The
+ * functions called, not inlined, come in each copy: PATH_COPIES(name, params, args) makes
+ * name_full, name_quiet and name_solo of name_as, and PATH_CALL(name, path) picks one. */
+#define PATH_COPY(name, suffix, value, params, args)                                          \
+    G_NO_INLINE static void name##suffix params                                                \
     {                                                                                          \
-        const gboolean plain = TRUE;                                                           \
-        name##_as args;                                                                        \
-    }                                                                                          \
-    G_NO_INLINE static void name##_full params                                                 \
-    {                                                                                          \
-        const gboolean plain = FALSE;                                                          \
+        const Path path = value;                                                               \
         name##_as args;                                                                        \
     }
-/* The full copy alone, where the plain one is inlined. */
-#define PLAIN_OR_NOT_FULL(name, params, args)                                                  \
-    G_NO_INLINE static void name##_full params                                                 \
-    {                                                                                          \
-        const gboolean plain = FALSE;                                                          \
-        name##_as args;                                                                        \
-    }
-#define PLAIN_CALL(name, plain) ((plain) ? name##_plain : name##_full)
+#define PATH_COPIES(name, params, args)                                                        \
+    PATH_COPY(name, _full, PATH_FULL, params, args)                                            \
+    PATH_COPY(name, _quiet, PATH_QUIET, params, args)                                          \
+    PATH_COPY(name, _solo, PATH_SOLO, params, args)
+/* The full copy alone, where the others are inlined. */
+#define PATH_COPY_FULL(name, params, args) PATH_COPY(name, _full, PATH_FULL, params, args)
+#define PATH_CALL(name, path)                                                                  \
+    ((path) == PATH_SOLO ? name##_solo : (path) == PATH_QUIET ? name##_quiet : name##_full)
 
 /* field += x for one of the sums a run only writes (busy, exposed, idle times); noted while
  * sim_fold records a period, which it replays for the periods it skips. */
-#define ADD_SUM(sim, plain, field, x)                                                          \
+#define ADD_SUM(sim, path, field, x)                                                           \
     do {                                                                                       \
         const double add_ = (x);                                                               \
         (field) += add_;                                                                       \
-        if (!(plain) && G_UNLIKELY((sim)->fold_recording))                                     \
+        if ((path) == PATH_FULL && G_UNLIKELY((sim)->fold_recording))                                \
             sim_fold_note_add((sim), &(field), add_);                                          \
     } while (0)
 
@@ -199,13 +203,13 @@ static inline void ready_push_block(Sim *sim, uint32_t rank, const Dependent *re
 
 /* A compute op or collective that ran `seconds` ended on rank: its type's seconds and count
  * (SimResult.op_type_s), written only, noted for sim_fold as the busy sums are. */
-static inline void add_op_type(Sim *sim, const gboolean plain, uint32_t rank, const SimOp *op,
+static inline void add_op_type(Sim *sim, const Path path, uint32_t rank, const SimOp *op,
                                double seconds)
 {
     const uint32_t type = op->kind == ZP_OP_COMPUTE ? op->sub : ZP_COMP_N + op->sub;
     double *sums = &sim->op_type_sums[(size_t)rank * 2 * SIM_OP_TYPES];
-    ADD_SUM(sim, plain, sums[type], seconds);
-    ADD_SUM(sim, plain, sums[SIM_OP_TYPES + type], 1.0);
+    ADD_SUM(sim, path, sums[type], seconds);
+    ADD_SUM(sim, path, sums[SIM_OP_TYPES + type], 1.0);
 }
 
 /* How long a timed op runs on rank without contention: on the grid, a slow rank's GPU work
@@ -226,7 +230,7 @@ G_STATIC_ASSERT(offsetof(RankState, comm_active) == offsetof(RankState, compute_
 
 /* Exposed communication: time no compute op runs while a collective of the rank is in flight.
  * Called before either count changes. */
-static inline void account(Sim *sim, const gboolean plain, RankState *rs, double now_s)
+static inline void account(Sim *sim, const Path path, RankState *rs, double now_s)
 {
     /* A rank running nothing adds to no sum below: one load and test for the four counts,
      * where each was loaded and tested (a collective starts so, after the compute op it
@@ -241,14 +245,14 @@ static inline void account(Sim *sim, const gboolean plain, RankState *rs, double
      * offload transfer. */
     const double dt = now_s - rs->mark_s;
     if (rs->compute_running > 1)
-        ADD_SUM(sim, plain, rs->gpu_overlap_s, (rs->compute_running - 1) * dt);
+        ADD_SUM(sim, path, rs->gpu_overlap_s, (rs->compute_running - 1) * dt);
     if (rs->compute_running == 0) {
         if (rs->comm_active > 0)
-            ADD_SUM(sim, plain, rs->exposed_s, dt);
+            ADD_SUM(sim, path, rs->exposed_s, dt);
         else if (rs->cpu_running > 0)
-            ADD_SUM(sim, plain, rs->cpu_optimizer_s, dt);
+            ADD_SUM(sim, path, rs->cpu_optimizer_s, dt);
         else if (rs->transfers_active > 0)
-            ADD_SUM(sim, plain, rs->transfer_s, dt);
+            ADD_SUM(sim, path, rs->transfer_s, dt);
     }
     rs->mark_s = now_s;
 }
@@ -370,7 +374,7 @@ static inline void unsettle(Sim *sim, uint32_t rank)
     sim->unsettled[sim->n_unsettled++] = rank;
 }
 
-G_ALWAYS_INLINE static inline void settle_stream(Sim *sim, const gboolean plain, uint32_t rank,
+G_ALWAYS_INLINE static inline void settle_stream(Sim *sim, const Path path, uint32_t rank,
                                                  uint32_t stream, double now_s)
 {
     RunningCompute *run = &sim->running[(size_t)rank * ZP_STREAM_N + stream];
@@ -396,11 +400,11 @@ G_ALWAYS_INLINE static inline void settle_stream(Sim *sim, const gboolean plain,
     }
     run->slowed = slowed;
     RankBusy *rb = &sim->busy[rank];
-    ADD_SUM(sim, plain, rb->busy_s[op->stream], added_s);
+    ADD_SUM(sim, path, rb->busy_s[op->stream], added_s);
     if (op->sub == ZP_COMP_OPTIMIZER)
-        ADD_SUM(sim, plain, rb->optimizer_s, added_s);
+        ADD_SUM(sim, path, rb->optimizer_s, added_s);
     else
-        ADD_SUM(sim, plain, rb->compute_s, added_s);
+        ADD_SUM(sim, path, rb->compute_s, added_s);
     sim_queue_push(&sim->queue, run->end_s, rank, run->op);
 }
 
@@ -413,7 +417,7 @@ static int compare_ranks(const void *a, const void *b)
 /* The instant's end: its unsettled ranks in rank order (blocks' units, expanded, are the
  * ranks in that order: sim_ranks.c), each stream's compute timed or rescaled, the ends queued
  * as no handling's (MADE_SETTLED: blocks' check_order never takes them for one's). */
-G_ALWAYS_INLINE static inline void settle_contention_as(Sim *sim, const gboolean plain,
+G_ALWAYS_INLINE static inline void settle_contention_as(Sim *sim, const Path path,
                                                        double now_s)
 {
     if (sim->unsettled_unordered)
@@ -426,14 +430,14 @@ G_ALWAYS_INLINE static inline void settle_contention_as(Sim *sim, const gboolean
          * long after the last one set (122M instructions of plan --3d gpt-1t's 4.3G). */
         for (unsigned computing = sim->rank[rank].computing; computing != 0;
              computing &= computing - 1)
-            settle_stream(sim, plain, rank, (uint32_t)__builtin_ctz(computing), now_s);
+            settle_stream(sim, path, rank, (uint32_t)__builtin_ctz(computing), now_s);
     }
     sim->queue.made_mark = 0;
     sim->n_unsettled = 0;
     sim->unsettled_unordered = FALSE;
 }
 
-PLAIN_OR_NOT(settle_contention, (Sim *sim, double now_s), (sim, plain, now_s))
+PATH_COPIES(settle_contention, (Sim *sim, double now_s), (sim, path, now_s))
 
 static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 {
@@ -447,10 +451,10 @@ static void set_link_load(Sim *sim, const Flow *f, uint8_t link, int delta)
 #define NO_TIMELINE SIZE_MAX
 
 /* Where rank's op i sits in the timeline, or NO_TIMELINE where none is kept for the rank. */
-G_ALWAYS_INLINE static inline size_t timeline_at(const Sim *sim, const gboolean plain,
+G_ALWAYS_INLINE static inline size_t timeline_at(const Sim *sim, const Path path,
                                                  uint32_t rank, uint32_t i)
 {
-    if (plain || !sim->op_start_s)
+    if (path != PATH_FULL || !sim->op_start_s)
         return NO_TIMELINE;
     const uint32_t row = sim->timeline_row ? sim->timeline_row[rank] : rank;
     return row == NO_ROW ? NO_TIMELINE : (size_t)row * sim->n_ops + i;
@@ -458,13 +462,13 @@ G_ALWAYS_INLINE static inline size_t timeline_at(const Sim *sim, const gboolean 
 
 /* Member m's part of flow f's start, `last` the member whose arrival starts it: its exposed
  * time brought up to now, the collective counted in flight, its timeline cells. */
-G_ALWAYS_INLINE static inline void member_starts(Sim *sim, const gboolean plain, const Flow *f, uint32_t m,
+G_ALWAYS_INLINE static inline void member_starts(Sim *sim, const Path path, const Flow *f, uint32_t m,
                                                  uint32_t last, double now_s)
 {
-    account(sim, plain, &sim->rank[m], now_s);
+    account(sim, path, &sim->rank[m], now_s);
     sim->rank[m].comm_active++;
     unsettle(sim, m);
-    const size_t at = timeline_at(sim, plain, m, f->op);
+    const size_t at = timeline_at(sim, path, m, f->op);
     if (at != NO_TIMELINE) {
         SET_CELL(sim, op_start_s, at, now_s);
         sim->op_last_rank[at] = arriving_rank(sim, last, f);
@@ -474,7 +478,7 @@ G_ALWAYS_INLINE static inline void member_starts(Sim *sim, const gboolean plain,
 }
 
 /* Flow f (`slot`) of op `op` starts; `last` is the member whose arrival starts it. */
-G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const gboolean plain, Flow *f,
+G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const Path path, Flow *f,
                                                  uint32_t slot, const SimOp *op, uint32_t last,
                                                  double now_s)
 {
@@ -496,7 +500,7 @@ G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const gboolean plain,
          * which reshare_neighbours would walk from member 0; active_on_link counts both, so
          * it is above 1 too and need not be asked. */
         const uint32_t m = member[0];
-        member_starts(sim, plain, f, m, last, now_s);
+        member_starts(sim, path, f, m, last, now_s);
         if (op->transfer_s > 0) {
             uint16_t *load = &sim->link_load[m * SIM_LINK_N + op->link];
             sim->active_on_link[op->link]++;
@@ -506,7 +510,7 @@ G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const gboolean plain,
         return;
     }
     for (uint32_t i = 0; i < f->count; i++)
-        member_starts(sim, plain, f, member[i], last, now_s);
+        member_starts(sim, path, f, member[i], last, now_s);
     if (op->transfer_s > 0) {
         set_link_load(sim, f, op->link, +1);
         /* Alone on its link class anywhere, it has the link to itself: nothing to reshare. */
@@ -515,11 +519,11 @@ G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const gboolean plain,
     }
 }
 
-PLAIN_OR_NOT(start_flow, (Sim *sim, Flow *f, uint32_t slot, const SimOp *op, uint32_t last,
-                          double now_s), (sim, plain, f, slot, op, last, now_s))
+PATH_COPIES(start_flow, (Sim *sim, Flow *f, uint32_t slot, const SimOp *op, uint32_t last,
+                          double now_s), (sim, path, f, slot, op, last, now_s))
 
 /* Starts compute, transfer or p2p op i on rank's stream: its duration booked, its end queued. */
-G_ALWAYS_INLINE static inline void start_timed_op_as(Sim *sim, const gboolean plain,
+G_ALWAYS_INLINE static inline void start_timed_op_as(Sim *sim, const Path path,
                                                      uint32_t rank, uint32_t stream, uint32_t i,
                                                      double now_s)
 {
@@ -529,7 +533,7 @@ G_ALWAYS_INLINE static inline void start_timed_op_as(Sim *sim, const gboolean pl
         RankState *rs = &sim->rank[rank];
         RankBusy *rb = &sim->busy[rank];
         const gboolean gpu = busy == BUSY_GPU;
-        account(sim, plain, rs, now_s);
+        account(sim, path, rs, now_s);
         (*busy_counter(rs, busy))++;
         if (gpu && sim->running) {
             /* With contention, timed at the instant's end (settle_contention). */
@@ -537,18 +541,18 @@ G_ALWAYS_INLINE static inline void start_timed_op_as(Sim *sim, const gboolean pl
                 (RunningCompute){.end_s = -1, .start_s = now_s, .op = i, .started = 1};
             rs->computing |= (uint8_t)(1u << stream);
             unsettle(sim, rank);
-            const size_t at = timeline_at(sim, plain, rank, i);
+            const size_t at = timeline_at(sim, path, rank, i);
             if (at != NO_TIMELINE)
                 SET_CELL(sim, op_start_s, at, now_s);
             return;
         }
         const double duration_s = timed_duration_s(sim, rank, op, gpu);
-        ADD_SUM(sim, plain, rb->busy_s[stream], duration_s);
+        ADD_SUM(sim, path, rb->busy_s[stream], duration_s);
         if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_OPTIMIZER)
-            ADD_SUM(sim, plain, rb->optimizer_s, duration_s);
+            ADD_SUM(sim, path, rb->optimizer_s, duration_s);
         else if (busy == BUSY_GPU)
-            ADD_SUM(sim, plain, rb->compute_s, duration_s);
-        const size_t at = timeline_at(sim, plain, rank, i);
+            ADD_SUM(sim, path, rb->compute_s, duration_s);
+        const size_t at = timeline_at(sim, path, rank, i);
         if (at != NO_TIMELINE)
             SET_CELL(sim, op_start_s, at, now_s);
         sim_queue_push(&sim->queue, now_s + duration_s, rank, i);
@@ -558,55 +562,55 @@ G_ALWAYS_INLINE static inline void start_timed_op_as(Sim *sim, const gboolean pl
      * wait for it, so it is never exposed communication (a rank waiting only for sends idles,
      * in the pipeline's bubble). */
     const double duration_s = sim_clock_q(op->duration_s);
-    ADD_SUM(sim, plain, sim->busy[rank].busy_s[stream], duration_s);
-    const size_t at = timeline_at(sim, plain, rank, i);
+    ADD_SUM(sim, path, sim->busy[rank].busy_s[stream], duration_s);
+    const size_t at = timeline_at(sim, path, rank, i);
     if (at != NO_TIMELINE)
         SET_CELL(sim, op_start_s, at, now_s);
     sim_queue_push(&sim->queue, now_s + duration_s, rank, i);
 }
 
-PLAIN_OR_NOT(start_timed_op, (Sim *sim, uint32_t rank, uint32_t stream, uint32_t i, double now_s),
-             (sim, plain, rank, stream, i, now_s))
+PATH_COPIES(start_timed_op, (Sim *sim, uint32_t rank, uint32_t stream, uint32_t i, double now_s),
+             (sim, path, rank, stream, i, now_s))
 
 /* Starts op i, the next of a rank's idle stream, its dependencies done: a collective counts
  * the rank in (the last member's arrival starts it), any other op is timed. */
-G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, const gboolean plain, uint32_t rank, uint32_t stream,
+G_ALWAYS_INLINE static inline void start_stream_op(Sim *sim, const Path path, uint32_t rank, uint32_t stream,
                                                    uint32_t i, double now_s)
 {
     StreamState *ss = &sim->stream[rank];
     const SimOp *op = &sim->ops[i];
     ss->next[stream] = op->stream_next;
     ss->busy[stream] = 1;
-    const size_t at = timeline_at(sim, plain, rank, i);
+    const size_t at = timeline_at(sim, path, rank, i);
     if (at != NO_TIMELINE)
         SET_CELL(sim, op_ready_s, at, now_s);
     if (op->kind != ZP_OP_COLLECTIVE) {
-        PLAIN_CALL(start_timed_op, plain)(sim, rank, stream, i, now_s);
+        PATH_CALL(start_timed_op, path)(sim, rank, stream, i, now_s);
         return;
     }
     const uint32_t slot = flow_slot(sim, op->group, rank, stream);
     Flow *f = &sim->flows[slot];
     f->op = i;
     if (++f->arrived == f->count)
-        PLAIN_CALL(start_flow, plain)(sim, f, slot, op, rank, now_s);
+        PATH_CALL(start_flow, path)(sim, f, slot, op, rank, now_s);
 }
 
 /* Starts the next op of a rank's stream if the stream is idle and the op's dependencies are
  * done; `ready` is an op known to have none left (UINT32_MAX: none known). The check is
  * inlined in the callers: a third of the calls start nothing. */
-G_ALWAYS_INLINE static inline void try_stream(Sim *sim, const gboolean plain, uint32_t rank, uint32_t stream,
+G_ALWAYS_INLINE static inline void try_stream(Sim *sim, const Path path, uint32_t rank, uint32_t stream,
                                               uint32_t ready, double now_s)
 {
     const StreamState *ss = &sim->stream[rank];
     const uint32_t i = ss->next[stream];
     if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
         return;
-    start_stream_op(sim, plain, rank, stream, i, now_s);
+    start_stream_op(sim, path, rank, stream, i, now_s);
 }
 
 /* Op i is done on rank: counts down its dependents there and starts those now ready (the
  * caller records its end in the timeline, with whatever else it records there). */
-G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, const gboolean plain, uint32_t rank, uint32_t i,
+G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, const Path path, uint32_t rank, uint32_t i,
                                                       double now_s)
 {
     const SimOp *op = &sim->ops[i];
@@ -617,11 +621,13 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, const gboolean p
     const Dependent *const end = &sim->dependents[op->dependents_end];
     for (const Dependent *d = &sim->dependents[op->dependents_ready]; d < end; d++) {
         const Dependent next = *d;
-        const uint32_t at = peer_rank(sim, rank, op->stage, next.stage);
-        if (next.counted && !pending_done(sim, next.op, next.stage, at))
+        /* Solo: no Sim.peer and sim_mp 1, peer_rank's sum without its tests */
+        const uint32_t at = path == PATH_SOLO ? rank + (next.stage - op->stage)
+                                              : peer_rank(sim, rank, op->stage, next.stage);
+        if (next.counted && !pending_done(sim, path, next.op, next.stage, at))
             continue;
         if (next.stream != NOT_ON_STREAM)
-            try_stream(sim, plain, at, next.stream, next.op, now_s);
+            try_stream(sim, path, at, next.stream, next.op, now_s);
         else
             ready_push(sim, at, next.op);
     }
@@ -630,77 +636,77 @@ G_ALWAYS_INLINE static inline void release_dependents(Sim *sim, const gboolean p
 /* A compute op or collective is done on rank. Only these move a rank's clock: an alloc or
  * free runs at the time the op it waited for ended on the same rank, so it never moves
  * end_s, and memory ops never touch RankState. */
-G_ALWAYS_INLINE static inline void complete(Sim *sim, const gboolean plain, uint32_t rank, uint32_t i,
+G_ALWAYS_INLINE static inline void complete(Sim *sim, const Path path, uint32_t rank, uint32_t i,
                                             double now_s)
 {
     const SimOp *op = &sim->ops[i];
     sim->rank[rank].end_s = now_s;
-    const size_t at = timeline_at(sim, plain, rank, i);
+    const size_t at = timeline_at(sim, path, rank, i);
     if (at != NO_TIMELINE)
         SET_CELL(sim, op_end_s, at, now_s);
     /* An op that ends past the caller's time: the step ends later still. */
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
-    release_dependents(sim, plain, rank, i, now_s);
+    release_dependents(sim, path, rank, i, now_s);
     sim->stream[rank].busy[op->stream] = 0;
-    try_stream(sim, plain, rank, op->stream, UINT32_MAX, now_s);
+    try_stream(sim, path, rank, op->stream, UINT32_MAX, now_s);
 }
 
-G_ALWAYS_INLINE static inline void run_memory_op(Sim *sim, const gboolean plain, uint32_t rank, uint32_t i,
+G_ALWAYS_INLINE static inline void run_memory_op(Sim *sim, const Path path, uint32_t rank, uint32_t i,
                                                  double now_s)
 {
     if (!sim_memory_run(sim, rank, i))
         return;
-    const size_t at = timeline_at(sim, plain, rank, i);
+    const size_t at = timeline_at(sim, path, rank, i);
     if (at != NO_TIMELINE) {
         SET_CELL(sim, op_start_s, at, now_s);
         SET_CELL(sim, op_ready_s, at, now_s);
         SET_CELL(sim, op_end_s, at, now_s);
     }
-    release_dependents(sim, plain, rank, i, now_s);
+    release_dependents(sim, path, rank, i, now_s);
 }
 
-G_ALWAYS_INLINE static inline void drain_ready_ops_as(Sim *sim, const gboolean plain,
+G_ALWAYS_INLINE static inline void drain_ready_ops_as(Sim *sim, const Path path,
                                                      double now_s)
 {
     while (sim->ready_head < sim->ready_end && !sim->error) {
         const ReadyOp r = sim->ready[sim->ready_head++];
-        run_memory_op(sim, plain, r.rank, r.op, now_s);
+        run_memory_op(sim, path, r.rank, r.op, now_s);
     }
     sim->ready_head = sim->ready_end = 0;
 }
 
-PLAIN_OR_NOT(drain_ready_ops, (Sim *sim, double now_s), (sim, plain, now_s))
+PATH_COPIES(drain_ready_ops, (Sim *sim, double now_s), (sim, path, now_s))
 
 /* Runs the allocs and frees made ready, in order; the check inlined: after most events there
  * are none (the call was 1.5% of plan --3d gpt-1t's instructions). */
-G_ALWAYS_INLINE static inline void drain_ready(Sim *sim, const gboolean plain, double now_s)
+G_ALWAYS_INLINE static inline void drain_ready(Sim *sim, const Path path, double now_s)
 {
     if (sim->ready_head < sim->ready_end)
-        PLAIN_CALL(drain_ready_ops, plain)(sim, now_s);
+        PATH_CALL(drain_ready_ops, path)(sim, now_s);
 }
 
 /* Member m's part of the end of flow f, op i (started at start_s): its exposed time brought
  * up to now, the collective counted out, its busy time and type's sums, and the op done. */
-G_ALWAYS_INLINE static inline void member_finishes(Sim *sim, const gboolean plain, uint32_t m, uint32_t i,
+G_ALWAYS_INLINE static inline void member_finishes(Sim *sim, const Path path, uint32_t m, uint32_t i,
                                                    const SimOp *op, double start_s,
                                                    double now_s)
 {
     RankState *rs = &sim->rank[m];
-    account(sim, plain, rs, now_s);
+    account(sim, path, rs, now_s);
     rs->comm_active--;
     unsettle(sim, m);
-    ADD_SUM(sim, plain, sim->busy[m].busy_s[op->stream], now_s - start_s);
+    ADD_SUM(sim, path, sim->busy[m].busy_s[op->stream], now_s - start_s);
     if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
-        ADD_SUM(sim, plain, sim->busy[m].alltoall_s, now_s - start_s);
-    add_op_type(sim, plain, m, op, now_s - start_s);
-    complete(sim, plain, m, i, now_s);
+        ADD_SUM(sim, path, sim->busy[m].alltoall_s, now_s - start_s);
+    add_op_type(sim, path, m, op, now_s - start_s);
+    complete(sim, path, m, i, now_s);
 }
 
-/* Flow `slot` ends at now_s: its link reshared, each member's collective done. Its plain copy
- * is inlined into handle's (the call's entry and exit were 1.3 M of Megatron 1T's 165 M),
- * its full copy called (PLAIN_OR_NOT_FULL). */
-G_ALWAYS_INLINE static inline void finish_flow_as(Sim *sim, const gboolean plain, uint32_t slot,
+/* Flow `slot` ends at now_s: its link reshared, each member's collective done. Its quiet and
+ * solo copies are inlined into handle's (the call's entry and exit were 1.3 M of Megatron
+ * 1T's 165 M), its full copy called (PATH_COPY_FULL). */
+G_ALWAYS_INLINE static inline void finish_flow_as(Sim *sim, const Path path, uint32_t slot,
                                                   double now_s)
 {
     Flow *f = &sim->flows[slot];
@@ -722,7 +728,7 @@ G_ALWAYS_INLINE static inline void finish_flow_as(Sim *sim, const gboolean plain
             if (--*load > 0)
                 reshare_walk(sim, f, slot, op->link, 0, now_s, 0);
         }
-        member_finishes(sim, plain, m, i, op, start_s, now_s);
+        member_finishes(sim, path, m, i, op, start_s, now_s);
         return;
     }
     if (op->transfer_s > 0) {
@@ -731,10 +737,10 @@ G_ALWAYS_INLINE static inline void finish_flow_as(Sim *sim, const gboolean plain
             reshare_neighbours(sim, f, slot, op->link, 0, now_s);
     }
     for (uint32_t k = 0; k < count; k++)
-        member_finishes(sim, plain, member[k], i, op, start_s, now_s);
+        member_finishes(sim, path, member[k], i, op, start_s, now_s);
 }
 
-PLAIN_OR_NOT_FULL(finish_flow, (Sim *sim, uint32_t slot, double now_s), (sim, plain, slot, now_s))
+PATH_COPY_FULL(finish_flow, (Sim *sim, uint32_t slot, double now_s), (sim, path, slot, now_s))
 
 /* How many queue events the result counts for e: a unit's stands for one per rank of its
  * block; a flow's for one per group it stands for (Flow.copies). (Ops are counted per unit as
@@ -760,7 +766,7 @@ static void check_order(Sim *sim, const Event *e, double now_s)
     sim->taken_across = across;
 }
 
-G_ALWAYS_INLINE static inline void handle(Sim *sim, const gboolean plain, const Event *e,
+G_ALWAYS_INLINE static inline void handle(Sim *sim, const Path path, const Event *e,
                                           double now_s)
 {
     if (!(e->id & EVENT_FLOW)) {
@@ -780,23 +786,23 @@ G_ALWAYS_INLINE static inline void handle(Sim *sim, const gboolean plain, const 
         /* Contention rescales a running op's end: its seconds are end - start, taken here
          * (one positive addition an op, as every other op's: SimResult.op_types_exact). */
         if (op->kind == ZP_OP_COMPUTE)
-            add_op_type(sim, plain, e->id, op,
+            add_op_type(sim, path, e->id, op,
                         run ? now_s - run->start_s : timed_duration_s(sim, e->id, op, gpu));
         if (op->kind == ZP_OP_COMPUTE || op->kind == ZP_OP_TRANSFER) {
-            account(sim, plain, rs, now_s);
+            account(sim, path, rs, now_s);
             (*busy_counter(rs, busy_of(op)))--;
             if (op->kind == ZP_OP_COMPUTE && op->sub != ZP_COMP_OPTIMIZER &&
                 op->sub != ZP_COMP_CPU_OPTIMIZER)
                 rs->flush_s = now_s;
         }
-        complete(sim, plain, e->id, e->detail, now_s);
+        complete(sim, path, e->id, e->detail, now_s);
         return;
     }
     const uint32_t slot = e->id & ~EVENT_FLOW;
     if (e->detail != sim->flows[slot].version || !sim->flows[slot].active)
         return;
-    if (plain)
-        finish_flow_as(sim, plain, slot, now_s);
+    if (path != PATH_FULL)
+        finish_flow_as(sim, path, slot, now_s);
     else
         finish_flow_full(sim, slot, now_s);
 }
@@ -881,16 +887,24 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
  * rank. */
 static void seed(Sim *sim)
 {
-    const gboolean plain = FALSE; /* seeding may write the timeline: every check kept */
+    const Path path = PATH_FULL; /* seeding may write the timeline: every check kept */
     const GArray *roots = sim->roots;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         for (guint k = 0; k < roots->len; k++)
             if (sim->ops[g_array_index(roots, uint32_t, k)].stage == rank_class(sim, r))
                 ready_push(sim, r, g_array_index(roots, uint32_t, k));
         for (uint32_t s = 0; s < ZP_STREAM_N; s++)
-            try_stream(sim, plain, r, s, UINT32_MAX, 0.0);
+            try_stream(sim, path, r, s, UINT32_MAX, 0.0);
     }
-    drain_ready(sim, plain, 0.0);
+    drain_ready(sim, path, 0.0);
+}
+
+/* The copy of the loop's hot paths that runs now (PATH_COPIES). */
+static Path path_of(const Sim *sim)
+{
+    if (sim->op_start_s || sim->fold_recording)
+        return PATH_FULL;
+    return sim->solo && !sim->peer && sim->sim_mp == 1 ? PATH_SOLO : PATH_QUIET;
 }
 
 /* Takes the queue's events in order until it is empty, an error, the stop time, or (blocks)
@@ -908,13 +922,13 @@ static void run_queue(Sim *sim, const SimOptions *options)
     const gboolean blocks = sim->weight != NULL;
     const uint32_t *const first_next = sim->stream[0].next;
     const uint32_t *const last_next = sim->stream[sim->ranks - 1].next;
-    /* Which copy of the loop's paths runs (PLAIN_OR_NOT): redecided after each boundary. */
-    gboolean plain = !sim->op_start_s && !sim->fold_recording;
+    /* Which copy of the loop's paths runs (PATH_COPIES): decided again after each boundary. */
+    Path path = path_of(sim);
     for (;;) {
         /* The instant is over when no event of its time is left. */
         if (sim->n_unsettled > 0 &&
             (sim->queue.len == 0 || sim_queue_next_time(&sim->queue) != now_s))
-            PLAIN_CALL(settle_contention, plain)(sim, now_s);
+            PATH_CALL(settle_contention, path)(sim, now_s);
         if (sim->queue.len == 0 || sim->error || sim->stopped_s != 0)
             break;
         /* Between two instants (contention settled), the first or the last rank's compute
@@ -924,7 +938,7 @@ static void run_queue(Sim *sim, const SimOptions *options)
              last_next[ZP_STREAM_COMPUTE] != sim->fold_watch[1]) &&
             instant_s >= 0 && sim_queue_next_time(&sim->queue) != instant_s) {
             sim_fold_boundary(fold, sim, instant_s);
-            plain = !sim->op_start_s && !sim->fold_recording;
+            path = path_of(sim);
             if (sim->queue.len == 0)
                 break;
         }
@@ -941,12 +955,15 @@ static void run_queue(Sim *sim, const SimOptions *options)
             instant_s = now_s;
             sim->queue.instant++;
         }
-        if (plain) {
-            handle(sim, TRUE, &e, now_s);
-            drain_ready(sim, TRUE, now_s);
+        if (path == PATH_SOLO) {
+            handle(sim, PATH_SOLO, &e, now_s);
+            drain_ready(sim, PATH_SOLO, now_s);
+        } else if (path == PATH_QUIET) {
+            handle(sim, PATH_QUIET, &e, now_s);
+            drain_ready(sim, PATH_QUIET, now_s);
         } else {
-            handle(sim, FALSE, &e, now_s);
-            drain_ready(sim, FALSE, now_s);
+            handle(sim, PATH_FULL, &e, now_s);
+            drain_ready(sim, PATH_FULL, now_s);
         }
         if (sim->heap_events >= tell_at && options->progress) {
             tell_at = (sim->heap_events / PROGRESS_EVERY_EVENTS + 1) * PROGRESS_EVERY_EVENTS;
