@@ -463,6 +463,10 @@ static inline uint32_t peer_rank(const Sim *sim, uint32_t rank, uint32_t stage,
  * updated): the new array, or NULL and sim->error, naming what, if it does not fit. */
 void *sim_grow_state(Sim *sim, void *items, uint32_t *cap, size_t item_bytes, const char *what);
 
+/* sim_engine.c: the event loop, seeded, run until the queue is empty, an error, the stop time or
+ * (blocks) an order the units cannot stand for; sim_engine_step.c sets the run up around it. */
+void sim_engine_loop(Sim *sim, const SimOptions *options);
+
 /* sim_ops.c: durations, costs and totals of every op, its dependents and the classes'
  * streams; the result's per-rank sums come from here (sim_sums.h). */
 gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **error);
