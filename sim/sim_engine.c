@@ -118,6 +118,22 @@ static inline gboolean pending_done(Sim *sim, const Path path, uint32_t op, uint
     return TRUE;
 }
 
+/* pending_of (sim_engine_internal.h), the solo path's Countdown cases asked first, without
+ * the test for a row (none is taken there; were one, it is asked for after them). */
+static inline uint32_t pending_in(const Sim *sim, const Path path, uint32_t op, uint32_t rank)
+{
+    if (path == PATH_SOLO) {
+        const Countdown *c = &sim->countdown[op];
+        if (c->row == COUNTS_DONE)
+            return 0;
+        if (c->row == COUNTS_SOLO)
+            return c->left;
+        if (c->row == COUNTS_UNUSED)
+            return sim->ops[op].n_deps;
+    }
+    return pending_of(sim, op, rank);
+}
+
 /* Room for n more at the end of the ready queue: slides it back to the front, and grows it
  * if that is not enough. Apart from the pushes so that they, on every alloc and free, stay
  * small enough to inline. */
@@ -615,7 +631,7 @@ G_ALWAYS_INLINE static inline void try_stream(Sim *sim, const Path path, uint32_
 {
     const StreamState *ss = &sim->stream[rank];
     const uint32_t i = ss->next[stream];
-    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_of(sim, i, rank)))
+    if (ss->busy[stream] || i == NO_OP || (i != ready && pending_in(sim, path, i, rank)))
         return;
     start_stream_op(sim, path, rank, stream, i, now_s);
 }
@@ -660,8 +676,12 @@ G_ALWAYS_INLINE static inline void complete(Sim *sim, const Path path, uint32_t 
     if (sim->stop_after_s > 0 && now_s > sim->stop_after_s && sim->stopped_s == 0)
         sim->stopped_s = now_s;
     release_dependents(sim, path, rank, i, now_s);
-    sim->stream[rank].busy[op->stream] = 0;
-    try_stream(sim, path, rank, op->stream, UINT32_MAX, now_s);
+    /* try_stream's, the stream idle now, without loading that back */
+    StreamState *ss = &sim->stream[rank];
+    const uint32_t stream = op->stream, next = ss->next[stream];
+    ss->busy[stream] = 0;
+    if (next != NO_OP && !pending_in(sim, path, next, rank))
+        start_stream_op(sim, path, rank, stream, next, now_s);
 }
 
 G_ALWAYS_INLINE static inline void run_memory_op(Sim *sim, const Path path, uint32_t rank,
